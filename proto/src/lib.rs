@@ -1,0 +1,15 @@
+//! Envoy/xDS v3 protobuf types and their proto3-JSON/YAML mapping.
+//!
+//! The generated types come from `envoy-types` (re-exported as [`pb`]). This crate adds what
+//! that crate lacks: decoding Envoy's JSON/YAML documents with `@type` Anys at any depth
+//! ([`Codec`]), the `udpa`/`xds` `TypedStruct` wrappers, and Any pack/unpack helpers.
+
+mod any;
+mod codec;
+mod pool;
+mod typed_struct;
+
+pub use any::{UnpackError, pack, type_name_of, unpack};
+pub use codec::{Codec, DecodeError, Decoded, Format};
+pub use envoy_types::pb;
+pub use typed_struct::{TypedStruct, UDPA_TYPED_STRUCT, XDS_TYPED_STRUCT};

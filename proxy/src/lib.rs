@@ -1,0 +1,1 @@
+//! revoy: a data-plane proxy that runs Envoy's configuration.
