@@ -1,1 +1,7 @@
 //! revoy: a data-plane proxy that runs Envoy's configuration.
+//!
+//! See ARCHITECTURE.md at the repository root for how the modules fit together.
+
+pub mod body;
+pub mod config;
+pub mod stats;
