@@ -3,5 +3,6 @@
 //! See ARCHITECTURE.md at the repository root for how the modules fit together.
 
 pub mod body;
+pub mod cli;
 pub mod config;
 pub mod stats;
