@@ -5,4 +5,5 @@
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod load;
 pub mod stats;

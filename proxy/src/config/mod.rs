@@ -60,3 +60,6 @@ mod tests {
         assert_eq!(e.path, "listeners[3]");
     }
 }
+
+/// Non-fatal findings of a compile: unsupported-but-tolerated features, named by path.
+pub type Warnings = Vec<String>;

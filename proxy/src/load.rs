@@ -1,0 +1,135 @@
+//! Reading the bootstrap named on the command line: the `-c` file, `--config-yaml` merged over
+//! it (Envoy's proto merge: messages merge, repeated fields append, scalars replace), decoding,
+//! and the `--service-*` node overrides.
+
+use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
+use proto::{Codec, DecodeError, Format};
+use serde_json::Value;
+
+use crate::cli::Options;
+
+/// Why the bootstrap could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// Neither `-c` nor `--config-yaml` was given.
+    #[error("At least one of --config-path or --config-yaml or Options::configProto() should be non-empty")]
+    NoConfig,
+    /// The file could not be read.
+    #[error("unable to read file: {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The text did not decode into a Bootstrap.
+    #[error("{origin}: {source}")]
+    Decode {
+        /// `-c <file>` or `--config-yaml`.
+        origin: String,
+        /// The decoding problem (names the field path).
+        source: DecodeError,
+    },
+}
+
+/// A decoded bootstrap plus the `@type`s kept opaque.
+pub struct Loaded {
+    /// The bootstrap.
+    pub bootstrap: Bootstrap,
+    /// `(field path, type URL)` of Anys this build does not know.
+    pub unknown_types: Vec<(String, String)>,
+}
+
+/// Merges `over` into `base` like protobuf's MergeFrom on the JSON form.
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (Value::Array(b), Value::Array(o)) => b.extend(o),
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Loads the bootstrap the options name.
+pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
+    if opts.config_path.is_empty() && opts.config_yaml.is_empty() {
+        return Err(LoadError::NoConfig);
+    }
+    let mut doc = Value::Object(Default::default());
+    if !opts.config_path.is_empty() {
+        let text = std::fs::read_to_string(&opts.config_path).map_err(|source| LoadError::Read {
+            path: opts.config_path.clone(),
+            source,
+        })?;
+        doc = Codec::parse_text(&text, Format::from_path(&opts.config_path)).map_err(|source| {
+            LoadError::Decode {
+                origin: opts.config_path.clone(),
+                source,
+            }
+        })?;
+    }
+    if !opts.config_yaml.is_empty() {
+        let over = Codec::parse_text(&opts.config_yaml, Format::Yaml).map_err(|source| LoadError::Decode {
+            origin: "--config-yaml".into(),
+            source,
+        })?;
+        merge(&mut doc, over);
+    }
+    let origin = if opts.config_path.is_empty() { "--config-yaml".to_owned() } else { opts.config_path.clone() };
+    let decoded = Codec::new()
+        .decode::<Bootstrap>(doc, opts.allow_unknown_static())
+        .map_err(|source| LoadError::Decode { origin, source })?;
+    let mut bootstrap = decoded.message;
+    let node = bootstrap.node.get_or_insert_with(Default::default);
+    if let Some(c) = &opts.service_cluster {
+        node.cluster = c.clone();
+    }
+    if let Some(n) = &opts.service_node {
+        node.id = n.clone();
+    }
+    if let Some(z) = &opts.service_zone {
+        node.locality.get_or_insert_with(Default::default).zone = z.clone();
+    }
+    Ok(Loaded {
+        bootstrap,
+        unknown_types: decoded.unknown_types,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn merge_is_proto_merge() {
+        let mut base = json!({"a": {"x": 1, "list": [1]}, "s": "old"});
+        merge(&mut base, json!({"a": {"y": 2, "list": [2]}, "s": "new"}));
+        assert_eq!(base, json!({"a": {"x": 1, "y": 2, "list": [1, 2]}, "s": "new"}));
+    }
+
+    #[test]
+    fn config_yaml_alone_and_node_overrides() {
+        let mut opts = <Options as clap::Parser>::parse_from([
+            "revoy",
+            "--config-yaml",
+            "node: {id: a, cluster: b}",
+            "--service-cluster",
+            "c",
+        ]);
+        let loaded = load(&opts).unwrap();
+        let node = loaded.bootstrap.node.unwrap();
+        assert_eq!((node.id.as_str(), node.cluster.as_str()), ("a", "c"));
+        opts.config_yaml = "node: {idd: a}".into();
+        let err = load(&opts).err().unwrap().to_string();
+        assert!(err.contains("--config-yaml") && err.contains("idd"), "{err}");
+    }
+}
