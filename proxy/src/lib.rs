@@ -7,3 +7,4 @@ pub mod cli;
 pub mod config;
 pub mod load;
 pub mod stats;
+pub mod upstream;

@@ -1,6 +1,7 @@
 //! Pure compilation of Envoy protos into runtime structures. No sockets, no tokio: every
 //! function here takes protos and returns compiled values or a [`ConfigError`] naming the field.
 
+pub mod cluster;
 pub mod filter_chain_match;
 
 use std::fmt;

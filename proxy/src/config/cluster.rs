@@ -1,0 +1,643 @@
+//! Cluster protos -> [`ClusterConfig`]: discovery type, endpoints, load balancing, upstream
+//! protocol and connection settings, validated with Envoy's rules.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use proto::pb::envoy::config::core::v3 as core;
+use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use proto::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
+use proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
+    UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
+};
+
+use super::ConfigError;
+
+/// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
+pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const DEFAULT_DNS_REFRESH_RATE: Duration = Duration::from_secs(5);
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A compiled cluster: everything the cluster manager needs, plus the proto for config_dump.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// `name`.
+    pub name: String,
+    /// `alt_stat_name`, or the name: the `observability_name` in /clusters.
+    pub observability_name: String,
+    /// How hosts are found.
+    pub discovery: Discovery,
+    /// Endpoints from `load_assignment`, in configuration order.
+    pub endpoints: Vec<EndpointConfig>,
+    /// How a host is picked.
+    pub lb_policy: LbPolicy,
+    /// `connect_timeout` (default 5 s).
+    pub connect_timeout: Duration,
+    /// `dns_refresh_rate` (default 5 s).
+    pub dns_refresh_rate: Duration,
+    /// `dns_lookup_family`.
+    pub dns_lookup_family: DnsLookupFamily,
+    /// The HTTP protocol spoken to the hosts.
+    pub protocol: UpstreamProtocol,
+    /// `common_http_protocol_options.idle_timeout` (default 1 h; `None` when set to 0).
+    pub idle_timeout: Option<Duration>,
+    /// `max_requests_per_connection`, if limited.
+    pub max_requests_per_connection: Option<u32>,
+    /// `upstream_bind_config.source_address`.
+    pub source_address: Option<SocketAddr>,
+    /// Circuit breaker thresholds: `[default, high]` priority.
+    pub circuit_breakers: [Thresholds; 2],
+    /// `common_lb_config.healthy_panic_threshold` in percent (default 50).
+    pub panic_threshold: f64,
+    /// Whether the cluster came from CDS (set by the caller; shown by /clusters).
+    pub added_via_api: bool,
+    /// The original proto, for `/config_dump` and change detection.
+    pub proto: Arc<Cluster>,
+}
+
+impl ClusterConfig {
+    /// Whether `other` describes the same cluster (same proto, same origin): its runtime state
+    /// can be kept.
+    pub fn same_as(&self, other: &ClusterConfig) -> bool {
+        self.added_via_api == other.added_via_api && self.proto == other.proto
+    }
+}
+
+/// How a cluster's hosts are discovered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovery {
+    /// Fixed IP endpoints.
+    Static,
+    /// Every address of every endpoint name, re-resolved on `dns_refresh_rate`.
+    StrictDns,
+    /// The first address of the single endpoint name, as one logical host.
+    LogicalDns,
+    /// Endpoints arrive by EDS under `service_name` (the cluster name when empty).
+    Eds {
+        /// `eds_cluster_config.service_name` or the cluster name.
+        service_name: String,
+    },
+    /// The connection's original destination (or a request header) is the host.
+    OriginalDst {
+        /// `original_dst_lb_config.use_http_header`.
+        use_http_header: bool,
+        /// The header holding `host:port` (default `x-envoy-original-dst-host`).
+        header_name: String,
+        /// `original_dst_lb_config.upstream_port_override`.
+        port_override: Option<u16>,
+    },
+}
+
+impl Discovery {
+    /// Envoy's name for the type (`STATIC`, `STRICT_DNS`, ...).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Discovery::Static => "STATIC",
+            Discovery::StrictDns => "STRICT_DNS",
+            Discovery::LogicalDns => "LOGICAL_DNS",
+            Discovery::Eds { .. } => "EDS",
+            Discovery::OriginalDst { .. } => "ORIGINAL_DST",
+        }
+    }
+
+    /// Whether endpoint addresses are names to resolve.
+    pub fn uses_dns(&self) -> bool {
+        matches!(self, Discovery::StrictDns | Discovery::LogicalDns)
+    }
+}
+
+/// Where an endpoint is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EndpointAddress {
+    /// An IP address and port.
+    Ip(SocketAddr),
+    /// A DNS name and port (DNS clusters only).
+    Dns {
+        /// The name to resolve.
+        host: String,
+        /// The port.
+        port: u16,
+    },
+}
+
+/// `envoy.config.core.v3.Locality`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Locality {
+    /// Region.
+    pub region: String,
+    /// Zone.
+    pub zone: String,
+    /// Sub-zone.
+    pub sub_zone: String,
+}
+
+/// A host's health as EDS (or the static config) says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HealthStatus {
+    /// UNKNOWN or HEALTHY.
+    #[default]
+    Healthy,
+    /// DEGRADED: used only when no healthy host is left.
+    Degraded,
+    /// UNHEALTHY or TIMEOUT.
+    Unhealthy,
+    /// DRAINING.
+    Draining,
+}
+
+impl HealthStatus {
+    /// From the proto enum value.
+    pub fn from_proto(v: i32) -> Self {
+        match core::HealthStatus::try_from(v) {
+            Ok(core::HealthStatus::Unhealthy | core::HealthStatus::Timeout) => Self::Unhealthy,
+            Ok(core::HealthStatus::Draining) => Self::Draining,
+            Ok(core::HealthStatus::Degraded) => Self::Degraded,
+            _ => Self::Healthy,
+        }
+    }
+
+    /// Envoy's `eds_health_status` name.
+    pub fn eds_name(self) -> &'static str {
+        match self {
+            Self::Healthy => "HEALTHY",
+            Self::Degraded => "DEGRADED",
+            Self::Unhealthy => "UNHEALTHY",
+            Self::Draining => "DRAINING",
+        }
+    }
+}
+
+/// One `lb_endpoint` with its locality's priority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointConfig {
+    /// Address (IP or name).
+    pub address: EndpointAddress,
+    /// `load_balancing_weight` (default 1).
+    pub weight: u32,
+    /// The locality's `priority`.
+    pub priority: u32,
+    /// The locality.
+    pub locality: Locality,
+    /// `health_status`.
+    pub health: HealthStatus,
+    /// `endpoint.hostname`.
+    pub hostname: String,
+}
+
+/// Load balancing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LbPolicy {
+    /// Weighted round robin.
+    RoundRobin,
+    /// Power of two choices over active requests.
+    LeastRequest,
+    /// Weighted random.
+    Random,
+    /// RING_HASH or MAGLEV: consistent on the request hash.
+    ConsistentHash,
+    /// CLUSTER_PROVIDED (original destination).
+    ClusterProvided,
+}
+
+/// `dns_lookup_family`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DnsLookupFamily {
+    /// IPv6 addresses if any, else IPv4.
+    Auto,
+    /// IPv4 only.
+    V4Only,
+    /// IPv6 only.
+    V6Only,
+    /// IPv4 addresses if any, else IPv6.
+    V4Preferred,
+    /// Both families.
+    All,
+}
+
+/// The HTTP protocol used towards the hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    /// HTTP/1.1 (the default).
+    Http1,
+    /// HTTP/2 with prior knowledge.
+    Http2,
+    /// The downstream connection's protocol.
+    UseDownstream,
+}
+
+/// Circuit breaker thresholds for one routing priority.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// `max_connections` (default 1024).
+    pub max_connections: u32,
+    /// `max_pending_requests` (default 1024).
+    pub max_pending_requests: u32,
+    /// `max_requests` (default 1024).
+    pub max_requests: u32,
+    /// `max_retries` (default 3).
+    pub max_retries: u32,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            max_connections: 1024,
+            max_pending_requests: 1024,
+            max_requests: 1024,
+            max_retries: 3,
+        }
+    }
+}
+
+/// Converts a proto Duration, rejecting negative or out-of-range values.
+pub(crate) fn duration(
+    d: &proto::pb::google::protobuf::Duration,
+    path: &str,
+) -> Result<Duration, ConfigError> {
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(ConfigError::new(path, "invalid duration"));
+    }
+    Ok(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+/// Compiles one Cluster. Errors name the field path relative to the cluster.
+#[allow(deprecated)] // dns_refresh_rate and friends are still what Envoy configs use.
+pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
+    if c.name.is_empty() {
+        return Err(ConfigError::new(
+            "name",
+            "value length must be at least 1 characters",
+        ));
+    }
+    let discovery = discovery(c)?;
+    let lb_policy = lb_policy(c, &discovery)?;
+    let endpoints = match &c.load_assignment {
+        Some(la) => endpoints(la, &discovery).map_err(|e| e.within("load_assignment"))?,
+        None => Vec::new(),
+    };
+    if discovery == Discovery::LogicalDns && endpoints.len() != 1 {
+        return Err(ConfigError::new(
+            "load_assignment",
+            "LOGICAL_DNS clusters must have a single locality_lb_endpoint and a single lb_endpoint",
+        ));
+    }
+    if matches!(discovery, Discovery::OriginalDst { .. }) && !endpoints.is_empty() {
+        return Err(ConfigError::new(
+            "load_assignment",
+            "ORIGINAL_DST clusters must have no load assignment configured",
+        ));
+    }
+    let connect_timeout = opt_duration(c.connect_timeout.as_ref(), "connect_timeout")?
+        .unwrap_or(DEFAULT_CONNECT_TIMEOUT);
+    let dns_refresh_rate = match opt_duration(c.dns_refresh_rate.as_ref(), "dns_refresh_rate")? {
+        Some(d) if d < Duration::from_millis(1) => {
+            return Err(ConfigError::new(
+                "dns_refresh_rate",
+                "value must be greater than 1ms",
+            ));
+        }
+        Some(d) => d,
+        None => DEFAULT_DNS_REFRESH_RATE,
+    };
+    let dns_lookup_family = match cluster::DnsLookupFamily::try_from(c.dns_lookup_family) {
+        Ok(cluster::DnsLookupFamily::V4Only) => DnsLookupFamily::V4Only,
+        Ok(cluster::DnsLookupFamily::V6Only) => DnsLookupFamily::V6Only,
+        Ok(cluster::DnsLookupFamily::V4Preferred) => DnsLookupFamily::V4Preferred,
+        Ok(cluster::DnsLookupFamily::All) => DnsLookupFamily::All,
+        _ => DnsLookupFamily::Auto,
+    };
+    let http = http_options(c)?;
+    let source_address = match c
+        .upstream_bind_config
+        .as_ref()
+        .and_then(|b| b.source_address.as_ref())
+    {
+        Some(sa) => {
+            Some(socket_address(sa).map_err(|e| e.within("upstream_bind_config.source_address"))?)
+        }
+        None => None,
+    };
+    let panic_threshold = c
+        .common_lb_config
+        .as_ref()
+        .and_then(|l| l.healthy_panic_threshold.as_ref())
+        .map_or(50.0, |p| p.value);
+    Ok(ClusterConfig {
+        name: c.name.clone(),
+        observability_name: if c.alt_stat_name.is_empty() {
+            c.name.clone()
+        } else {
+            c.alt_stat_name.clone()
+        },
+        discovery,
+        endpoints,
+        lb_policy,
+        connect_timeout,
+        dns_refresh_rate,
+        dns_lookup_family,
+        protocol: http.protocol,
+        idle_timeout: http.idle_timeout,
+        max_requests_per_connection: http.max_requests_per_connection,
+        source_address,
+        circuit_breakers: circuit_breakers(c),
+        panic_threshold,
+        added_via_api: false,
+        proto: Arc::new(c.clone()),
+    })
+}
+
+fn opt_duration(
+    d: Option<&proto::pb::google::protobuf::Duration>,
+    path: &str,
+) -> Result<Option<Duration>, ConfigError> {
+    d.map(|d| duration(d, path)).transpose()
+}
+
+fn discovery(c: &Cluster) -> Result<Discovery, ConfigError> {
+    let ty = match &c.cluster_discovery_type {
+        None => cluster::DiscoveryType::Static,
+        Some(cluster::ClusterDiscoveryType::Type(t)) => cluster::DiscoveryType::try_from(*t)
+            .map_err(|_| ConfigError::new("type", format!("unknown discovery type {t}")))?,
+        Some(cluster::ClusterDiscoveryType::ClusterType(ct)) => {
+            return Err(ConfigError::new(
+                "cluster_type",
+                format!("custom cluster type '{}' is not supported", ct.name),
+            ));
+        }
+    };
+    Ok(match ty {
+        cluster::DiscoveryType::Static => Discovery::Static,
+        cluster::DiscoveryType::StrictDns => Discovery::StrictDns,
+        cluster::DiscoveryType::LogicalDns => Discovery::LogicalDns,
+        cluster::DiscoveryType::Eds => Discovery::Eds {
+            service_name: c
+                .eds_cluster_config
+                .as_ref()
+                .map(|e| e.service_name.clone())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| c.name.clone()),
+        },
+        cluster::DiscoveryType::OriginalDst => {
+            let odc = match &c.lb_config {
+                Some(cluster::LbConfig::OriginalDstLbConfig(o)) => Some(o),
+                _ => None,
+            };
+            Discovery::OriginalDst {
+                use_http_header: odc.is_some_and(|o| o.use_http_header),
+                header_name: odc
+                    .map(|o| o.http_header_name.clone())
+                    .filter(|h| !h.is_empty())
+                    .unwrap_or_else(|| "x-envoy-original-dst-host".to_owned()),
+                port_override: match odc.and_then(|o| o.upstream_port_override.as_ref()) {
+                    Some(p) => Some(u16::try_from(p.value).map_err(|_| {
+                        ConfigError::new(
+                            "original_dst_lb_config.upstream_port_override",
+                            "value must be less than or equal to 65535",
+                        )
+                    })?),
+                    None => None,
+                },
+            }
+        }
+    })
+}
+
+fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError> {
+    let p = cluster::LbPolicy::try_from(c.lb_policy)
+        .map_err(|_| ConfigError::new("lb_policy", format!("unknown lb policy {}", c.lb_policy)))?;
+    let policy = match p {
+        cluster::LbPolicy::RoundRobin => LbPolicy::RoundRobin,
+        cluster::LbPolicy::LeastRequest => LbPolicy::LeastRequest,
+        cluster::LbPolicy::Random => LbPolicy::Random,
+        cluster::LbPolicy::RingHash | cluster::LbPolicy::Maglev => LbPolicy::ConsistentHash,
+        cluster::LbPolicy::ClusterProvided => LbPolicy::ClusterProvided,
+        cluster::LbPolicy::LoadBalancingPolicyConfig => LbPolicy::RoundRobin,
+    };
+    let original_dst = matches!(discovery, Discovery::OriginalDst { .. });
+    if original_dst != (policy == LbPolicy::ClusterProvided) {
+        let msg = if original_dst {
+            format!(
+                "LB policy {} is not valid for Cluster type ORIGINAL_DST. Only 'CLUSTER_PROVIDED' is allowed with cluster type 'ORIGINAL_DST'",
+                p.as_str_name()
+            )
+        } else {
+            format!(
+                "cluster: LB policy {} is not valid for Cluster type {}. 'ORIGINAL_DST' is allowed only when LB policy is 'CLUSTER_PROVIDED'",
+                p.as_str_name(),
+                discovery.type_name()
+            )
+        };
+        return Err(ConfigError::new("lb_policy", msg));
+    }
+    Ok(policy)
+}
+
+fn endpoints(
+    la: &ClusterLoadAssignment,
+    discovery: &Discovery,
+) -> Result<Vec<EndpointConfig>, ConfigError> {
+    let mut out = Vec::new();
+    for (i, lle) in la.endpoints.iter().enumerate() {
+        let locality = lle
+            .locality
+            .as_ref()
+            .map_or_else(Locality::default, |l| Locality {
+                region: l.region.clone(),
+                zone: l.zone.clone(),
+                sub_zone: l.sub_zone.clone(),
+            });
+        for (j, lbe) in lle.lb_endpoints.iter().enumerate() {
+            let path = format!("endpoints[{i}].lb_endpoints[{j}]");
+            let ep = match &lbe.host_identifier {
+                Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => ep,
+                Some(lb_endpoint::HostIdentifier::EndpointName(_)) => {
+                    return Err(ConfigError::new(
+                        format!("{path}.endpoint_name"),
+                        "named endpoints are not supported",
+                    ));
+                }
+                None => {
+                    return Err(ConfigError::new(
+                        format!("{path}.endpoint"),
+                        "endpoint is required",
+                    ));
+                }
+            };
+            let weight = lbe.load_balancing_weight.as_ref().map_or(1, |w| w.value);
+            if weight == 0 {
+                return Err(ConfigError::new(
+                    format!("{path}.load_balancing_weight"),
+                    "value must be greater than or equal to 1",
+                ));
+            }
+            let address = endpoint_address(ep.address.as_ref(), discovery)
+                .map_err(|e| e.within(&format!("{path}.endpoint.address")))?;
+            out.push(EndpointConfig {
+                address,
+                weight,
+                priority: lle.priority,
+                locality: locality.clone(),
+                health: HealthStatus::from_proto(lbe.health_status),
+                hostname: ep.hostname.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn endpoint_address(
+    a: Option<&core::Address>,
+    discovery: &Discovery,
+) -> Result<EndpointAddress, ConfigError> {
+    let sa = match a.and_then(|a| a.address.as_ref()) {
+        Some(core::address::Address::SocketAddress(sa)) => sa,
+        Some(core::address::Address::Pipe(_)) => {
+            return Err(ConfigError::new("pipe", "pipe endpoints are not supported"));
+        }
+        Some(core::address::Address::EnvoyInternalAddress(_)) => {
+            return Err(ConfigError::new(
+                "envoy_internal_address",
+                "internal addresses are not supported",
+            ));
+        }
+        None => return Err(ConfigError::new("", "address is required")),
+    };
+    let port = port(sa)?;
+    match sa.address.parse::<IpAddr>() {
+        Ok(ip) => Ok(EndpointAddress::Ip(SocketAddr::new(ip, port))),
+        Err(_) if discovery.uses_dns() => Ok(EndpointAddress::Dns {
+            host: sa.address.clone(),
+            port,
+        }),
+        Err(_) => Err(ConfigError::new(
+            "socket_address.address",
+            format!(
+                "malformed IP address: {}. Consider setting resolver_name or setting cluster type to 'STRICT_DNS' or 'LOGICAL_DNS'",
+                sa.address
+            ),
+        )),
+    }
+}
+
+fn port(sa: &core::SocketAddress) -> Result<u16, ConfigError> {
+    match &sa.port_specifier {
+        Some(core::socket_address::PortSpecifier::PortValue(p)) => {
+            u16::try_from(*p).map_err(|_| {
+                ConfigError::new(
+                    "socket_address.port_value",
+                    "value must be less than or equal to 65535",
+                )
+            })
+        }
+        Some(core::socket_address::PortSpecifier::NamedPort(_)) => Err(ConfigError::new(
+            "socket_address.named_port",
+            "named ports are not supported",
+        )),
+        None => Ok(0),
+    }
+}
+
+fn socket_address(sa: &core::SocketAddress) -> Result<SocketAddr, ConfigError> {
+    let ip: IpAddr = sa.address.parse().map_err(|_| {
+        ConfigError::new("address", format!("malformed IP address: {}", sa.address))
+    })?;
+    Ok(SocketAddr::new(ip, port(sa)?))
+}
+
+struct HttpSettings {
+    protocol: UpstreamProtocol,
+    idle_timeout: Option<Duration>,
+    max_requests_per_connection: Option<u32>,
+}
+
+#[allow(deprecated)]
+fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
+    let typed = match c
+        .typed_extension_protocol_options
+        .get(HTTP_PROTOCOL_OPTIONS)
+    {
+        Some(any) => Some(proto::unpack::<HttpProtocolOptions>(any).map_err(|e| {
+            ConfigError::new(
+                format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]"),
+                e.to_string(),
+            )
+        })?),
+        None => None,
+    };
+    let protocol = match typed
+        .as_ref()
+        .and_then(|t| t.upstream_protocol_options.as_ref())
+    {
+        Some(UpstreamProtocolOptions::ExplicitHttpConfig(e)) => match e.protocol_config {
+            Some(ProtocolConfig::Http2ProtocolOptions(_)) => UpstreamProtocol::Http2,
+            Some(ProtocolConfig::Http3ProtocolOptions(_)) => {
+                return Err(ConfigError::new(
+                    format!(
+                        "typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"].explicit_http_config.http3_protocol_options"
+                    ),
+                    "HTTP/3 upstreams are not supported",
+                ));
+            }
+            _ => UpstreamProtocol::Http1,
+        },
+        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_)) => {
+            UpstreamProtocol::UseDownstream
+        }
+        Some(UpstreamProtocolOptions::AutoConfig(_)) => UpstreamProtocol::Http1,
+        None if c.http2_protocol_options.is_some() => {
+            if c.protocol_selection
+                == cluster::ClusterProtocolSelection::UseDownstreamProtocol as i32
+            {
+                UpstreamProtocol::UseDownstream
+            } else {
+                UpstreamProtocol::Http2
+            }
+        }
+        None => UpstreamProtocol::Http1,
+    };
+    let common = typed
+        .as_ref()
+        .and_then(|t| t.common_http_protocol_options.as_ref())
+        .or(c.common_http_protocol_options.as_ref());
+    let idle_timeout = match common.and_then(|o| o.idle_timeout.as_ref()) {
+        Some(d) => {
+            let d = duration(d, "common_http_protocol_options.idle_timeout")?;
+            (!d.is_zero()).then_some(d)
+        }
+        None => Some(DEFAULT_IDLE_TIMEOUT),
+    };
+    let max_requests_per_connection = common
+        .and_then(|o| o.max_requests_per_connection.as_ref())
+        .or(c.max_requests_per_connection.as_ref())
+        .map(|v| v.value)
+        .filter(|v| *v > 0);
+    Ok(HttpSettings {
+        protocol,
+        idle_timeout,
+        max_requests_per_connection,
+    })
+}
+
+fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
+    let mut out = [Thresholds::default(); 2];
+    for t in c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds) {
+        let slot = &mut out[usize::from(t.priority == core::RoutingPriority::High as i32)];
+        if let Some(v) = &t.max_connections {
+            slot.max_connections = v.value;
+        }
+        if let Some(v) = &t.max_pending_requests {
+            slot.max_pending_requests = v.value;
+        }
+        if let Some(v) = &t.max_requests {
+            slot.max_requests = v.value;
+        }
+        if let Some(v) = &t.max_retries {
+            slot.max_retries = v.value;
+        }
+    }
+    out
+}

@@ -1,0 +1,330 @@
+//! One cluster at run time: its current hosts, stats, and the request/connect entry points.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::body::Body;
+use crate::config::cluster::{
+    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, Locality,
+    UpstreamProtocol,
+};
+use crate::stats::Store;
+
+use super::error::UpstreamError;
+use super::host::Host;
+use super::lb::{HostSet, LbContext};
+use super::pool::{self, ActiveConnection, ConnectOptions};
+use super::stats::ClusterStats;
+
+/// A TCP connection to a host of a cluster (for tcp_proxy). Counted as active until dropped.
+#[derive(Debug)]
+pub struct UpstreamConnection {
+    /// The connected socket.
+    pub stream: TcpStream,
+    /// The host's address.
+    pub addr: SocketAddr,
+    /// Keep alive as long as the connection is in use (drives `cx_active`).
+    pub active: ActiveConnection,
+}
+
+/// A cluster: configuration, hosts and per-cluster state that survives config updates that
+/// leave the cluster unchanged.
+#[derive(Debug)]
+pub struct Cluster {
+    config: ClusterConfig,
+    stats: Arc<ClusterStats>,
+    hosts: ArcSwap<HostSet>,
+    original_dst_hosts: Mutex<HashMap<SocketAddr, Arc<Host>>>,
+    initialized: watch::Sender<bool>,
+    resolver: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(task) = self.resolver.lock().expect("resolver lock").take() {
+            task.abort();
+        }
+    }
+}
+
+impl Cluster {
+    /// A cluster with the config's static hosts (DNS clusters start empty until resolved).
+    pub(crate) fn new(config: ClusterConfig, store: &Store) -> Arc<Self> {
+        let stats = Arc::new(ClusterStats::new(store, &config.observability_name));
+        let initialized = !config.discovery.uses_dns();
+        let cluster = Arc::new(Cluster {
+            stats,
+            hosts: ArcSwap::from_pointee(HostSet::default()),
+            original_dst_hosts: Mutex::new(HashMap::new()),
+            initialized: watch::Sender::new(initialized),
+            resolver: Mutex::new(None),
+            config,
+        });
+        if !cluster.config.discovery.uses_dns() {
+            let endpoints = cluster.config.endpoints.clone();
+            cluster.set_endpoints(&endpoints);
+        }
+        cluster
+    }
+
+    pub(crate) fn set_resolver(&self, task: tokio::task::AbortHandle) {
+        *self.resolver.lock().expect("resolver lock") = Some(task);
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// The compiled configuration.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The `cluster.<name>.*` stats (the router charges timeouts and retries here).
+    pub fn stats(&self) -> &ClusterStats {
+        &self.stats
+    }
+
+    /// The current hosts.
+    pub fn host_set(&self) -> Arc<HostSet> {
+        self.hosts.load_full()
+    }
+
+    /// Hosts created on demand for ORIGINAL_DST clusters.
+    pub fn original_dst_hosts(&self) -> Vec<Arc<Host>> {
+        let mut v: Vec<_> = self
+            .original_dst_hosts
+            .lock()
+            .expect("original_dst lock")
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|h| h.addr);
+        v
+    }
+
+    /// Whether the first host list is known (DNS clusters: after the first resolution).
+    pub fn is_initialized(&self) -> bool {
+        *self.initialized.borrow()
+    }
+
+    /// Waits until [`Cluster::is_initialized`].
+    pub async fn wait_initialized(&self) {
+        let mut rx = self.initialized.subscribe();
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+
+    /// Replaces the hosts with IP endpoints (static config or EDS). Name endpoints are skipped.
+    pub fn set_endpoints(&self, endpoints: &[EndpointConfig]) {
+        let hosts = endpoints
+            .iter()
+            .filter_map(|e| match &e.address {
+                EndpointAddress::Ip(addr) => Some(Host::new(
+                    *addr,
+                    e.hostname.clone(),
+                    e.weight,
+                    e.priority,
+                    e.locality.clone(),
+                    e.health,
+                )),
+                EndpointAddress::Dns { .. } => None,
+            })
+            .collect();
+        self.set_hosts(hosts);
+    }
+
+    /// Installs a new host list, keeping the existing host (pool, stats) for every unchanged one.
+    pub(crate) fn set_hosts(&self, hosts: Vec<Host>) {
+        let current = self.hosts.load();
+        let changed = hosts.len() != current.hosts().len()
+            || hosts
+                .iter()
+                .zip(current.hosts())
+                .any(|(new, old)| !old.same_identity(new));
+        if changed {
+            let merged: Vec<Arc<Host>> = hosts
+                .into_iter()
+                .map(|h| {
+                    current
+                        .hosts()
+                        .iter()
+                        .find(|old| old.same_identity(&h))
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(h))
+                })
+                .collect();
+            let set = HostSet::new(merged, self.config.panic_threshold);
+            self.stats.membership_total.set(set.hosts().len() as u64);
+            self.stats
+                .membership_healthy
+                .set(set.healthy_count() as u64);
+            self.stats.membership_change.inc();
+            self.hosts.store(Arc::new(set));
+        }
+        self.initialized.send_replace(true);
+    }
+
+    fn connect_options(&self) -> ConnectOptions<'_> {
+        ConnectOptions {
+            timeout: self.config.connect_timeout,
+            source: self.config.source_address,
+            idle_timeout: self.config.idle_timeout,
+            max_requests: self.config.max_requests_per_connection,
+            stats: &self.stats,
+        }
+    }
+
+    /// Picks a host for this request or connection.
+    fn choose(
+        &self,
+        ctx: &LbContext,
+        header_dst: Option<SocketAddr>,
+    ) -> Result<Arc<Host>, UpstreamError> {
+        let picked = match &self.config.discovery {
+            Discovery::OriginalDst { port_override, .. } => {
+                header_dst.or(ctx.original_dst).map(|mut addr| {
+                    if let Some(p) = port_override {
+                        addr.set_port(*p);
+                    }
+                    self.original_dst_host(addr)
+                })
+            }
+            _ => self.hosts.load().pick(self.config.lb_policy, ctx),
+        };
+        picked.ok_or_else(|| {
+            self.stats.upstream_cx_none_healthy.inc();
+            UpstreamError::NoHealthyUpstream
+        })
+    }
+
+    fn original_dst_host(&self, addr: SocketAddr) -> Arc<Host> {
+        let mut hosts = self.original_dst_hosts.lock().expect("original_dst lock");
+        hosts
+            .entry(addr)
+            .or_insert_with(|| {
+                self.stats.membership_total.inc();
+                self.stats.membership_healthy.inc();
+                Arc::new(Host::new(
+                    addr,
+                    String::new(),
+                    1,
+                    0,
+                    Locality::default(),
+                    HealthStatus::Healthy,
+                ))
+            })
+            .clone()
+    }
+
+    /// Sends `req` to a host picked by the load balancer over a pooled connection and returns
+    /// the response head with its streaming body.
+    ///
+    /// `req` may be origin-form (`/path`, with a Host header) or absolute-form; it is rewritten
+    /// for the upstream protocol: origin-form + Host for HTTP/1.1, `:authority` from Host for
+    /// HTTP/2 (connection-specific headers are dropped).
+    pub async fn request(
+        &self,
+        req: Request<Body>,
+        ctx: &LbContext,
+    ) -> Result<Response<Incoming>, UpstreamError> {
+        let header_dst = match &self.config.discovery {
+            Discovery::OriginalDst {
+                use_http_header: true,
+                header_name,
+                ..
+            } => req
+                .headers()
+                .get(header_name.as_str())
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok()),
+            _ => None,
+        };
+        let host = self.choose(ctx, header_dst)?;
+        let limit = self.config.circuit_breakers[0].max_requests;
+        if self.stats.upstream_rq_active.value() >= u64::from(limit) {
+            self.stats.upstream_rq_pending_overflow.inc();
+            return Err(UpstreamError::Overflow);
+        }
+        self.stats.upstream_rq_total.inc();
+        let _active = ActiveRequest::new(&host, &self.stats);
+        let h2 = match self.config.protocol {
+            UpstreamProtocol::Http1 => false,
+            UpstreamProtocol::Http2 => true,
+            UpstreamProtocol::UseDownstream => ctx.downstream_h2,
+        };
+        let opts = self.connect_options();
+        let result = if h2 {
+            pool::send_h2(&host, opts, req).await
+        } else {
+            pool::send_h1(&host, opts, req).await
+        };
+        let hs = &host.stats;
+        match &result {
+            Ok(resp) => {
+                hs.rq_total.fetch_add(1, Ordering::Relaxed);
+                let status = resp.status().as_u16();
+                if status >= 500 {
+                    hs.rq_error.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    hs.rq_success.fetch_add(1, Ordering::Relaxed);
+                }
+                self.stats.charge_status(status);
+            }
+            Err(UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. }) => {
+                hs.rq_error.fetch_add(1, Ordering::Relaxed);
+                self.stats.upstream_rq_pending_failure_eject.inc();
+            }
+            Err(_) => {
+                hs.rq_total.fetch_add(1, Ordering::Relaxed);
+                hs.rq_error.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    /// Opens a TCP connection to a host picked by the load balancer (tcp_proxy).
+    pub async fn connect(&self, ctx: &LbContext) -> Result<UpstreamConnection, UpstreamError> {
+        let host = self.choose(ctx, None)?;
+        let limit = self.config.circuit_breakers[0].max_connections;
+        if self.stats.upstream_cx_active.value() >= u64::from(limit) {
+            self.stats.upstream_cx_overflow.inc();
+            return Err(UpstreamError::Overflow);
+        }
+        let (stream, active) = pool::connect(&host, self.connect_options()).await?;
+        Ok(UpstreamConnection {
+            stream,
+            addr: host.addr,
+            active,
+        })
+    }
+}
+
+/// Counts a request as active on the host and cluster while alive.
+struct ActiveRequest<'a> {
+    host: &'a Host,
+    stats: &'a ClusterStats,
+}
+
+impl<'a> ActiveRequest<'a> {
+    fn new(host: &'a Host, stats: &'a ClusterStats) -> Self {
+        host.stats.rq_active.fetch_add(1, Ordering::Relaxed);
+        stats.upstream_rq_active.inc();
+        ActiveRequest { host, stats }
+    }
+}
+
+impl Drop for ActiveRequest<'_> {
+    fn drop(&mut self) {
+        self.host.stats.rq_active.fetch_sub(1, Ordering::Relaxed);
+        self.stats.upstream_rq_active.dec();
+    }
+}

@@ -1,0 +1,183 @@
+//! Why an upstream request or connection failed, with Envoy's reset-reason wording.
+
+use std::net::SocketAddr;
+
+/// A failure to get a response (or a connection) from a cluster.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The cluster has no host to send to.
+    #[error("no healthy upstream")]
+    NoHealthyUpstream,
+    /// A circuit breaker (max_requests / max_connections) is open.
+    #[error("upstream overflow")]
+    Overflow,
+    /// The TCP connection could not be established (refused, unreachable, ...).
+    #[error("connect to {host} failed: {source}")]
+    ConnectFailure {
+        /// The host tried.
+        host: SocketAddr,
+        /// The socket error.
+        source: std::io::Error,
+    },
+    /// The TCP connection did not complete within `connect_timeout`.
+    #[error("connect to {host} timed out")]
+    ConnectTimeout {
+        /// The host tried.
+        host: SocketAddr,
+    },
+    /// The connection or stream ended before a complete response head arrived.
+    #[error("upstream {host} reset: {reason}")]
+    Reset {
+        /// The host used.
+        host: SocketAddr,
+        /// Why.
+        reason: ResetReason,
+        /// The underlying error, for logs.
+        detail: String,
+    },
+}
+
+/// Envoy's stream reset reasons that an upstream can cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetReason {
+    /// The connection closed before the response head.
+    ConnectionTermination,
+    /// The peer reset the stream (HTTP/2 RST_STREAM).
+    RemoteReset,
+    /// The peer refused the stream (HTTP/2 REFUSED_STREAM).
+    RemoteRefusedStreamReset,
+    /// The response could not be parsed.
+    ProtocolError,
+    /// Reset locally (e.g. the request body failed).
+    LocalReset,
+}
+
+impl ResetReason {
+    /// Envoy's text for the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResetReason::ConnectionTermination => "connection termination",
+            ResetReason::RemoteReset => "remote reset",
+            ResetReason::RemoteRefusedStreamReset => "remote refused stream reset",
+            ResetReason::ProtocolError => "protocol error",
+            ResetReason::LocalReset => "local reset",
+        }
+    }
+}
+
+impl std::fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl UpstreamError {
+    /// Envoy's reset reason text (`remote connection failure`, `connection timeout`, ...);
+    /// `None` for "no healthy upstream", which is not a reset.
+    pub fn reset_reason(&self) -> Option<&'static str> {
+        match self {
+            UpstreamError::NoHealthyUpstream => None,
+            UpstreamError::Overflow => Some("overflow"),
+            UpstreamError::ConnectFailure { .. } => Some("remote connection failure"),
+            UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
+            UpstreamError::Reset { reason, .. } => Some(reason.as_str()),
+        }
+    }
+
+    /// The body of Envoy's local reply for this failure (status 503), e.g.
+    /// `upstream connect error or disconnect/reset before headers. reset reason: remote connection failure`.
+    pub fn local_reply_body(&self) -> String {
+        match self.reset_reason() {
+            None => "no healthy upstream".to_owned(),
+            Some(r) => {
+                format!(
+                    "upstream connect error or disconnect/reset before headers. reset reason: {r}"
+                )
+            }
+        }
+    }
+
+    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`).
+    pub fn response_flag(&self) -> &'static str {
+        match self {
+            UpstreamError::NoHealthyUpstream => "UH",
+            UpstreamError::Overflow => "UO",
+            UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. } => "UF",
+            UpstreamError::Reset {
+                reason: ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset,
+                ..
+            } => "UR",
+            UpstreamError::Reset { .. } => "UC",
+        }
+    }
+
+    /// The host involved, if one was picked.
+    pub fn host(&self) -> Option<SocketAddr> {
+        match self {
+            UpstreamError::ConnectFailure { host, .. }
+            | UpstreamError::ConnectTimeout { host }
+            | UpstreamError::Reset { host, .. } => Some(*host),
+            _ => None,
+        }
+    }
+
+    /// Classifies a hyper client error seen on `host`.
+    pub(crate) fn from_hyper(host: SocketAddr, e: &hyper::Error) -> Self {
+        let reason = if e.is_parse() {
+            ResetReason::ProtocolError
+        } else if e.is_user() {
+            ResetReason::LocalReset
+        } else if let Some(h2) = find_h2(e) {
+            match h2.reason() {
+                Some(h2::Reason::REFUSED_STREAM) => ResetReason::RemoteRefusedStreamReset,
+                Some(_) if h2.is_remote() && !h2.is_go_away() => ResetReason::RemoteReset,
+                _ => ResetReason::ConnectionTermination,
+            }
+        } else {
+            ResetReason::ConnectionTermination
+        };
+        UpstreamError::Reset {
+            host,
+            reason,
+            detail: e.to_string(),
+        }
+    }
+}
+
+fn find_h2(e: &hyper::Error) -> Option<&h2::Error> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return Some(h2);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_reply_bodies_use_envoys_words() {
+        let host: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let refused = UpstreamError::ConnectFailure {
+            host,
+            source: std::io::ErrorKind::ConnectionRefused.into(),
+        };
+        assert_eq!(
+            refused.local_reply_body(),
+            "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure"
+        );
+        assert_eq!(
+            UpstreamError::NoHealthyUpstream.local_reply_body(),
+            "no healthy upstream"
+        );
+        assert_eq!(
+            UpstreamError::ConnectTimeout { host }.reset_reason(),
+            Some("connection timeout")
+        );
+        assert_eq!(UpstreamError::Overflow.response_flag(), "UO");
+    }
+}

@@ -1,0 +1,122 @@
+//! Hosts (one upstream address each) with their counters and connection pool.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::config::cluster::{HealthStatus, Locality};
+
+use super::pool::Pool;
+
+/// Per-host counters and gauges shown by `/clusters`.
+#[derive(Debug, Default)]
+pub struct HostStats {
+    /// Connections ever opened.
+    pub cx_total: AtomicU64,
+    /// Connections open now.
+    pub cx_active: AtomicU64,
+    /// Connection attempts that failed or timed out.
+    pub cx_connect_fail: AtomicU64,
+    /// Requests sent.
+    pub rq_total: AtomicU64,
+    /// Requests in flight.
+    pub rq_active: AtomicU64,
+    /// Requests answered with a status below 500.
+    pub rq_success: AtomicU64,
+    /// Requests that failed or were answered with 5xx.
+    pub rq_error: AtomicU64,
+    /// Requests that timed out.
+    pub rq_timeout: AtomicU64,
+}
+
+impl HostStats {
+    /// The counters in `/clusters` order (name, value).
+    pub fn counters(&self) -> [(&'static str, u64); 6] {
+        let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("cx_connect_fail", v(&self.cx_connect_fail)),
+            ("cx_total", v(&self.cx_total)),
+            ("rq_error", v(&self.rq_error)),
+            ("rq_success", v(&self.rq_success)),
+            ("rq_timeout", v(&self.rq_timeout)),
+            ("rq_total", v(&self.rq_total)),
+        ]
+    }
+
+    /// The gauges in `/clusters` order (name, value).
+    pub fn gauges(&self) -> [(&'static str, u64); 3] {
+        let v = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("cx_active", v(&self.cx_active)),
+            ("rq_active", v(&self.rq_active)),
+            ("rq_pending_active", 0),
+        ]
+    }
+}
+
+/// One upstream address of a cluster.
+#[derive(Debug)]
+pub struct Host {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// The DNS name it was resolved from (empty for IP endpoints).
+    pub hostname: String,
+    /// Load balancing weight.
+    pub weight: u32,
+    /// Priority level.
+    pub priority: u32,
+    /// Locality.
+    pub locality: Locality,
+    /// Health as configured / reported by EDS.
+    pub health: HealthStatus,
+    /// Counters.
+    pub stats: HostStats,
+    pub(crate) pool: Pool,
+}
+
+impl Host {
+    /// A new host with empty stats and pool.
+    pub fn new(
+        addr: SocketAddr,
+        hostname: String,
+        weight: u32,
+        priority: u32,
+        locality: Locality,
+        health: HealthStatus,
+    ) -> Self {
+        Host {
+            addr,
+            hostname,
+            weight,
+            priority,
+            locality,
+            health,
+            stats: HostStats::default(),
+            pool: Pool::default(),
+        }
+    }
+
+    /// Whether the host takes traffic outside panic mode.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self.health, HealthStatus::Healthy | HealthStatus::Degraded)
+    }
+
+    /// Whether `other` has the same identity (so this host's pool and stats can stand for it).
+    pub(crate) fn same_identity(&self, other: &Host) -> bool {
+        self.addr == other.addr
+            && self.hostname == other.hostname
+            && self.weight == other.weight
+            && self.priority == other.priority
+            && self.locality == other.locality
+            && self.health == other.health
+    }
+
+    /// Envoy's `health_flags` text.
+    pub fn health_flags(&self) -> &'static str {
+        match self.health {
+            HealthStatus::Healthy => "healthy",
+            HealthStatus::Degraded => "/degraded_eds_health",
+            HealthStatus::Unhealthy => "/failed_eds_health",
+            HealthStatus::Draining => "/eds_status_draining",
+        }
+    }
+}
