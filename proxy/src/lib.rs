@@ -7,4 +7,5 @@ pub mod cli;
 pub mod config;
 pub mod load;
 pub mod stats;
+pub mod tcp;
 pub mod upstream;

@@ -1,0 +1,168 @@
+//! `envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy` -> [`TcpProxyConfig`].
+
+use std::time::Duration;
+
+use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+
+use super::ConfigError;
+use super::cluster::duration;
+
+const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A compiled tcp_proxy filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpProxyConfig {
+    /// `stat_prefix` (stats are `tcp.<stat_prefix>.*`).
+    pub stat_prefix: String,
+    /// Where connections go.
+    pub route: TcpRoute,
+    /// `idle_timeout` (default 1 h; `None` when set to 0).
+    pub idle_timeout: Option<Duration>,
+    /// `max_downstream_connection_duration`, if set.
+    pub max_connection_duration: Option<Duration>,
+    /// `max_connect_attempts` (default 1).
+    pub max_connect_attempts: u32,
+}
+
+/// The upstream cluster choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcpRoute {
+    /// `cluster`.
+    Cluster(String),
+    /// `weighted_clusters`: (name, weight) pairs, weights at least 1.
+    Weighted(Vec<(String, u32)>),
+}
+
+/// Compiles a TcpProxy. Errors name the field path relative to the message.
+pub fn compile_tcp_proxy(p: &TcpProxy) -> Result<TcpProxyConfig, ConfigError> {
+    if p.stat_prefix.is_empty() {
+        return Err(ConfigError::new(
+            "stat_prefix",
+            "value length must be at least 1 characters",
+        ));
+    }
+    let route = match &p.cluster_specifier {
+        Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => TcpRoute::Cluster(c.clone()),
+        Some(tcp_proxy::ClusterSpecifier::WeightedClusters(w)) => {
+            if w.clusters.is_empty() {
+                return Err(ConfigError::new(
+                    "weighted_clusters.clusters",
+                    "value must contain at least 1 item(s)",
+                ));
+            }
+            let mut out = Vec::with_capacity(w.clusters.len());
+            for (i, c) in w.clusters.iter().enumerate() {
+                if c.name.is_empty() {
+                    return Err(ConfigError::new(
+                        format!("weighted_clusters.clusters[{i}].name"),
+                        "value length must be at least 1 characters",
+                    ));
+                }
+                if c.weight == 0 {
+                    return Err(ConfigError::new(
+                        format!("weighted_clusters.clusters[{i}].weight"),
+                        "value must be greater than or equal to 1",
+                    ));
+                }
+                out.push((c.name.clone(), c.weight));
+            }
+            TcpRoute::Weighted(out)
+        }
+        None => {
+            return Err(ConfigError::new("cluster_specifier", "value is required"));
+        }
+    };
+    let idle_timeout = match &p.idle_timeout {
+        Some(d) => Some(duration(d, "idle_timeout")?).filter(|d| !d.is_zero()),
+        None => Some(DEFAULT_IDLE_TIMEOUT),
+    };
+    let max_connection_duration = match &p.max_downstream_connection_duration {
+        Some(d) => {
+            Some(duration(d, "max_downstream_connection_duration")?).filter(|d| !d.is_zero())
+        }
+        None => None,
+    };
+    let max_connect_attempts = match &p.max_connect_attempts {
+        Some(v) if v.value == 0 => {
+            return Err(ConfigError::new(
+                "max_connect_attempts",
+                "value must be greater than or equal to 1",
+            ));
+        }
+        Some(v) => v.value,
+        None => 1,
+    };
+    Ok(TcpProxyConfig {
+        stat_prefix: p.stat_prefix.clone(),
+        route,
+        idle_timeout,
+        max_connection_duration,
+        max_connect_attempts,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::{
+        WeightedCluster, weighted_cluster::ClusterWeight,
+    };
+    use proto::pb::google::protobuf::Duration as PbDuration;
+
+    fn proxy(spec: Option<tcp_proxy::ClusterSpecifier>) -> TcpProxy {
+        TcpProxy {
+            stat_prefix: "tcp".into(),
+            cluster_specifier: spec,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_and_single_cluster() {
+        let c = compile_tcp_proxy(&proxy(Some(tcp_proxy::ClusterSpecifier::Cluster(
+            "db".into(),
+        ))))
+        .unwrap();
+        assert_eq!(c.route, TcpRoute::Cluster("db".into()));
+        assert_eq!(c.idle_timeout, Some(Duration::from_secs(3600)));
+        assert_eq!(c.max_connect_attempts, 1);
+    }
+
+    #[test]
+    fn zero_idle_timeout_disables_it() {
+        let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
+        p.idle_timeout = Some(PbDuration {
+            seconds: 0,
+            nanos: 0,
+        });
+        assert_eq!(compile_tcp_proxy(&p).unwrap().idle_timeout, None);
+    }
+
+    #[test]
+    fn errors_name_fields() {
+        let e = compile_tcp_proxy(&proxy(None)).unwrap_err();
+        assert_eq!(e.path, "cluster_specifier");
+        let weighted = WeightedCluster {
+            clusters: vec![
+                ClusterWeight {
+                    name: "a".into(),
+                    weight: 1,
+                    ..Default::default()
+                },
+                ClusterWeight {
+                    name: "b".into(),
+                    weight: 0,
+                    ..Default::default()
+                },
+            ],
+        };
+        let e = compile_tcp_proxy(&proxy(Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            weighted,
+        ))))
+        .unwrap_err();
+        assert_eq!(e.path, "weighted_clusters.clusters[1].weight");
+        let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
+        p.stat_prefix.clear();
+        assert_eq!(compile_tcp_proxy(&p).unwrap_err().path, "stat_prefix");
+    }
+}

@@ -1,0 +1,186 @@
+//! tcp_proxy: connects each downstream connection to a host of the configured cluster and
+//! copies bytes both ways.
+//!
+//! Half-close follows Envoy: end of stream from one side is passed on as a write shutdown
+//! (FIN) to the other, and the connection ends when both directions have ended. A read or
+//! write error on either side, the idle timeout or the maximum connection duration close both.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
+use crate::stats::{Counter, Store};
+use crate::upstream::{ClusterManager, LbContext};
+
+const BUFFER: usize = 16 * 1024;
+
+/// A compiled tcp_proxy with its `tcp.<stat_prefix>.*` stats.
+#[derive(Debug)]
+pub struct TcpProxy {
+    config: TcpProxyConfig,
+    stats: TcpStats,
+}
+
+#[derive(Debug)]
+struct TcpStats {
+    downstream_cx_total: Counter,
+    downstream_cx_no_route: Counter,
+    downstream_cx_rx_bytes_total: Counter,
+    downstream_cx_tx_bytes_total: Counter,
+    idle_timeout: Counter,
+    max_downstream_connection_duration: Counter,
+}
+
+impl TcpProxy {
+    /// Resolves the stats of `config` in `store`.
+    pub fn new(config: TcpProxyConfig, store: &Store) -> Self {
+        let p = format!("tcp.{}.", config.stat_prefix);
+        let c = |n: &str| store.counter(&format!("{p}{n}"));
+        TcpProxy {
+            stats: TcpStats {
+                downstream_cx_total: c("downstream_cx_total"),
+                downstream_cx_no_route: c("downstream_cx_no_route"),
+                downstream_cx_rx_bytes_total: c("downstream_cx_rx_bytes_total"),
+                downstream_cx_tx_bytes_total: c("downstream_cx_tx_bytes_total"),
+                idle_timeout: c("idle_timeout"),
+                max_downstream_connection_duration: c("max_downstream_connection_duration"),
+            },
+            config,
+        }
+    }
+
+    /// The compiled configuration.
+    pub fn config(&self) -> &TcpProxyConfig {
+        &self.config
+    }
+
+    fn pick_cluster(&self) -> &str {
+        match &self.config.route {
+            TcpRoute::Cluster(c) => c,
+            TcpRoute::Weighted(list) => {
+                let total: u64 = list.iter().map(|(_, w)| u64::from(*w)).sum();
+                let mut r = rand::rng().random_range(0..total.max(1));
+                for (name, w) in list {
+                    if r < u64::from(*w) {
+                        return name;
+                    }
+                    r -= u64::from(*w);
+                }
+                &list[0].0
+            }
+        }
+    }
+
+    /// Proxies `downstream` until both directions end, an error occurs or a timeout fires.
+    pub async fn serve(
+        &self,
+        mut downstream: TcpStream,
+        clusters: &ClusterManager,
+        mut ctx: LbContext,
+    ) {
+        self.stats.downstream_cx_total.inc();
+        let name = self.pick_cluster();
+        let Some(cluster) = clusters.get(name) else {
+            tracing::debug!(cluster = name, "tcp_proxy: unknown cluster");
+            self.stats.downstream_cx_no_route.inc();
+            return;
+        };
+        let mut attempts = 0;
+        let mut upstream = loop {
+            attempts += 1;
+            match cluster.connect(&ctx).await {
+                Ok(u) => break u,
+                Err(e) => {
+                    tracing::debug!(cluster = name, error = %e, "tcp_proxy: upstream connect failed");
+                    if attempts >= self.config.max_connect_attempts {
+                        return;
+                    }
+                    if let Some(h) = e.host() {
+                        ctx.avoid.push(h);
+                    }
+                }
+            }
+        };
+        let activity = Activity::new();
+        let (dr, dw) = downstream.split();
+        let (ur, uw) = upstream.stream.split();
+        let copy = async {
+            tokio::try_join!(
+                pump(dr, uw, &activity, &self.stats.downstream_cx_rx_bytes_total),
+                pump(ur, dw, &activity, &self.stats.downstream_cx_tx_bytes_total),
+            )
+        };
+        let max_duration = async {
+            match self.config.max_connection_duration {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            r = copy => {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "tcp_proxy: connection error");
+                }
+            }
+            _ = activity.idle(self.config.idle_timeout) => self.stats.idle_timeout.inc(),
+            _ = max_duration => self.stats.max_downstream_connection_duration.inc(),
+        }
+    }
+}
+
+/// The last time bytes moved, shared by both directions.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing moved for `timeout` (never when `None`).
+    async fn idle(&self, timeout: Option<Duration>) {
+        let Some(timeout) = timeout else {
+            return std::future::pending().await;
+        };
+        loop {
+            let last = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let deadline = last + timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+    }
+}
+
+/// Copies `r` to `w` until end of stream, then shuts down `w` (half-close).
+async fn pump<R, W>(mut r: R, mut w: W, activity: &Activity, bytes: &Counter) -> std::io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; BUFFER];
+    loop {
+        let n = r.read(&mut buf).await?;
+        if n == 0 {
+            return w.shutdown().await;
+        }
+        w.write_all(&buf[..n]).await?;
+        bytes.add(n as u64);
+        activity.touch();
+    }
+}
