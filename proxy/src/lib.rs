@@ -6,6 +6,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod load;
+pub mod route;
 pub mod stats;
 pub mod tcp;
 pub mod upstream;

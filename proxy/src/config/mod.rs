@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod filter_chain_match;
+pub mod route;
 pub mod tcp_proxy;
 
 use std::fmt;

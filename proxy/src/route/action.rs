@@ -1,0 +1,285 @@
+//! What a matched route does: forward to a cluster, redirect, or answer directly.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, StatusCode};
+use regex::Regex;
+
+use super::RouteRequest;
+use super::headers::HeaderRules;
+use super::matcher::{HeaderMatcher, RuntimeFraction, header_value};
+use super::policy::{HashPolicy, MirrorPolicy, RetryPolicy};
+
+/// A route's action.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Proxy to an upstream cluster.
+    Forward(Box<Forward>),
+    /// Answer with a redirect.
+    Redirect(Redirect),
+    /// Answer with a fixed response.
+    DirectResponse(DirectResponse),
+    /// `non_forwarding_action`: matched, but the router filter does nothing.
+    NonForwarding,
+}
+
+/// How the upstream cluster is chosen.
+#[derive(Debug, Clone)]
+pub enum ClusterSpecifier {
+    /// A fixed cluster.
+    Name(String),
+    /// The cluster named by a request header.
+    Header(String),
+    /// One of several clusters, by weight.
+    Weighted(WeightedClusters),
+}
+
+/// `weighted_clusters`.
+#[derive(Debug, Clone)]
+pub struct WeightedClusters {
+    /// The clusters, in order.
+    pub clusters: Vec<WeightedCluster>,
+    /// Sum of the weights.
+    pub total_weight: u64,
+    /// `header_name`: take the random value from this request header when it parses.
+    pub random_value_header: Option<String>,
+}
+
+/// One entry of `weighted_clusters`.
+#[derive(Debug, Clone)]
+pub struct WeightedCluster {
+    /// Cluster name (empty when `cluster_header` is used).
+    pub name: String,
+    /// Take the cluster name from this request header.
+    pub cluster_header: Option<String>,
+    /// Weight.
+    pub weight: u32,
+    /// Per-cluster header mutations (applied before the route's).
+    pub headers: HeaderRules,
+    /// Per-cluster `host_rewrite_literal`.
+    pub host_rewrite_literal: Option<String>,
+}
+
+impl WeightedClusters {
+    /// Envoy's pick: `random_value % total_weight` against cumulative weights.
+    pub fn pick(&self, random_value: u64) -> Option<&WeightedCluster> {
+        if self.total_weight == 0 {
+            return None;
+        }
+        let selected = random_value % self.total_weight;
+        let mut end = 0u64;
+        for c in &self.clusters {
+            end += u64::from(c.weight);
+            if selected < end {
+                return Some(c);
+            }
+        }
+        self.clusters.last()
+    }
+}
+
+/// The cluster chosen for one request.
+#[derive(Debug, Clone)]
+pub struct PickedCluster<'a> {
+    /// Cluster name.
+    pub name: Cow<'a, str>,
+    /// The weighted entry, when `weighted_clusters` chose it.
+    pub weighted: Option<&'a WeightedCluster>,
+}
+
+/// How the path is rewritten before forwarding.
+#[derive(Debug, Clone)]
+pub enum PathRewrite {
+    /// `prefix_rewrite`: replace the matched prefix.
+    Prefix(String),
+    /// `regex_rewrite`: replace every match in the path (query excluded).
+    Regex(Regex, String),
+}
+
+/// How the `:authority` is rewritten before forwarding.
+#[derive(Debug, Clone)]
+pub enum HostRewrite {
+    /// `host_rewrite_literal`.
+    Literal(String),
+    /// `auto_host_rewrite`: the upstream host's hostname (done by the caller, which knows it).
+    Auto,
+    /// `host_rewrite_header`: the value of this request header, when present.
+    Header(String),
+    /// `host_rewrite_path_regex`: substitute on the path (query excluded).
+    PathRegex(Regex, String),
+}
+
+/// A WebSocket/CONNECT style upgrade setting on a route.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UpgradeSetting {
+    /// Lower-case upgrade type (`websocket`).
+    pub upgrade_type: String,
+    /// Whether it is enabled on this route.
+    pub enabled: bool,
+}
+
+/// `max_stream_duration` of a route.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamDuration {
+    /// `max_stream_duration`.
+    pub max: Option<Duration>,
+    /// `grpc_timeout_header_max`.
+    pub grpc_timeout_header_max: Option<Duration>,
+    /// `grpc_timeout_header_offset`.
+    pub grpc_timeout_header_offset: Option<Duration>,
+}
+
+/// Forwarding settings (`RouteAction`).
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// Cluster choice.
+    pub cluster: ClusterSpecifier,
+    /// Status when the chosen cluster does not exist (503, 404 or 500).
+    pub cluster_not_found_response_code: StatusCode,
+    /// Path rewrite.
+    pub path_rewrite: Option<PathRewrite>,
+    /// Host rewrite.
+    pub host_rewrite: Option<HostRewrite>,
+    /// `append_x_forwarded_host`.
+    pub append_x_forwarded_host: bool,
+    /// Upstream timeout: `None` when disabled (configured 0); default 15 s.
+    pub timeout: Option<Duration>,
+    /// `idle_timeout`: `None` when unset or 0.
+    pub idle_timeout: Option<Duration>,
+    /// `max_stream_duration` settings.
+    pub stream_duration: StreamDuration,
+    /// Effective retry policy (route's, else the virtual host's).
+    pub retry_policy: Option<RetryPolicy>,
+    /// Hash policies, in order.
+    pub hash_policies: Vec<HashPolicy>,
+    /// Effective mirror policies (route's, else the virtual host's, else the table's).
+    pub mirror_policies: Vec<MirrorPolicy>,
+    /// Per-route upgrade settings.
+    pub upgrades: Vec<UpgradeSetting>,
+    /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
+    pub per_request_buffer_limit_bytes: Option<u32>,
+    /// `priority` (0 = DEFAULT, 1 = HIGH).
+    pub priority: i32,
+}
+
+impl Forward {
+    /// The cluster for this request; `None` when a `cluster_header` is absent or empty (the
+    /// caller answers with [`Forward::cluster_not_found_response_code`]).
+    pub fn pick_cluster<'a>(&'a self, req: &RouteRequest<'a>) -> Option<PickedCluster<'a>> {
+        match &self.cluster {
+            ClusterSpecifier::Name(n) => Some(PickedCluster {
+                name: Cow::Borrowed(n),
+                weighted: None,
+            }),
+            ClusterSpecifier::Header(h) => {
+                non_empty(header_value(req, h)).map(|name| PickedCluster {
+                    name,
+                    weighted: None,
+                })
+            }
+            ClusterSpecifier::Weighted(w) => {
+                let random = w
+                    .random_value_header
+                    .as_deref()
+                    .and_then(|h| header_value(req, h))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(req.random_value);
+                let c = w.pick(random)?;
+                let name = match &c.cluster_header {
+                    Some(h) => non_empty(header_value(req, h))?,
+                    None => Cow::Borrowed(c.name.as_str()),
+                };
+                Some(PickedCluster {
+                    name,
+                    weighted: Some(c),
+                })
+            }
+        }
+    }
+
+    /// Whether an upgrade of `upgrade_type` is allowed, given the connection manager's
+    /// default for it: a route setting overrides the default.
+    pub fn upgrade_allowed(&self, upgrade_type: &str, hcm_default: bool) -> bool {
+        self.upgrades
+            .iter()
+            .find(|u| u.upgrade_type.eq_ignore_ascii_case(upgrade_type))
+            .map_or(hcm_default, |u| u.enabled)
+    }
+}
+
+fn non_empty(v: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
+    v.filter(|v| !v.is_empty())
+}
+
+/// The path part of a redirect.
+#[derive(Debug, Clone)]
+pub enum RedirectPath {
+    /// Keep the request's path.
+    Keep,
+    /// `path_redirect` (and whether it carries its own query).
+    Path(String, bool),
+    /// `prefix_rewrite`: replace the matched prefix.
+    Prefix(String),
+    /// `regex_rewrite` of the path (query kept).
+    Regex(Regex, String),
+}
+
+/// `RedirectAction`.
+#[derive(Debug, Clone)]
+pub struct Redirect {
+    /// New scheme (`https_redirect` or `scheme_redirect`).
+    pub scheme: Option<String>,
+    /// `host_redirect`.
+    pub host: Option<String>,
+    /// `port_redirect`.
+    pub port: Option<u32>,
+    /// Path handling.
+    pub path: RedirectPath,
+    /// `strip_query`.
+    pub strip_query: bool,
+    /// 301, 302, 303, 307 or 308.
+    pub status: StatusCode,
+}
+
+/// `DirectResponseAction`.
+#[derive(Debug, Clone)]
+pub struct DirectResponse {
+    /// Status code.
+    pub status: StatusCode,
+    /// Body (empty when none).
+    pub body: Bytes,
+}
+
+impl DirectResponse {
+    /// The `content-type` Envoy puts on a local reply with this body (`text/plain` when the
+    /// body is not empty); route `response_headers_to_add` are applied afterwards.
+    pub fn content_type(&self) -> Option<&'static str> {
+        (!self.body.is_empty()).then_some("text/plain")
+    }
+}
+
+/// A compiled `RouteMatch`.
+#[derive(Debug, Clone)]
+pub struct RouteMatch {
+    /// Path condition.
+    pub path: super::matcher::PathMatch,
+    /// `case_sensitive` (default true).
+    pub case_sensitive: bool,
+    /// Header conditions (all must hold).
+    pub headers: Vec<HeaderMatcher>,
+    /// Query-parameter conditions (all must hold).
+    pub query_parameters: Vec<super::matcher::QueryParameterMatcher>,
+    /// `grpc`: only gRPC requests.
+    pub grpc: bool,
+    /// `runtime_fraction`.
+    pub runtime_fraction: Option<RuntimeFraction>,
+    /// `tls_context`: (presented, validated) requirements.
+    pub tls_context: Option<(Option<bool>, Option<bool>)>,
+    /// Cookie conditions: name, matcher, invert.
+    pub cookies: Vec<(String, super::matcher::StringMatcher, bool)>,
+}
+
+/// Header name of the gRPC content type check.
+pub(crate) const CONTENT_TYPE: HeaderName = http::header::CONTENT_TYPE;
