@@ -2,11 +2,16 @@
 //!
 //! See ARCHITECTURE.md at the repository root for how the modules fit together.
 
+pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod http;
+pub mod listener;
 pub mod load;
+pub mod logging;
 pub mod route;
+pub mod server;
 pub mod stats;
 pub mod tcp;
 pub mod upstream;

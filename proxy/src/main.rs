@@ -1,1 +1,73 @@
-fn main() {}
+//! The `revoy` binary: Envoy's command line, plus `revoy router-check`.
+
+use std::process::ExitCode;
+
+use revoy::cli::{Mode, Options, version_line};
+use revoy::config::bootstrap::compile_bootstrap;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let (opts, dropped) = match Options::parse_lenient(args) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    if opts.version {
+        println!("\n{}\n", version_line());
+        return ExitCode::SUCCESS;
+    }
+    match revoy::logging::init(&opts.log_level, &opts.component_log_level, opts.log_path.as_deref()) {
+        Ok(unmapped) => {
+            for c in unmapped {
+                tracing::info!(component = %c, "--component-log-level: no revoy component by this name; level not applied");
+            }
+        }
+        Err(e) => {
+            eprintln!("error initializing logging: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    for flag in dropped {
+        tracing::warn!(%flag, "unknown command-line flag ignored");
+    }
+    let loaded = match revoy::load::load(&opts) {
+        Ok(l) => l,
+        Err(e) => return fail(&opts, &e.to_string()),
+    };
+    for (path, type_url) in &loaded.unknown_types {
+        tracing::warn!(%path, %type_url, "unknown extension type kept as an opaque config");
+    }
+    let mut warnings = Vec::new();
+    let compiled = match compile_bootstrap(&loaded.bootstrap, &mut warnings) {
+        Ok(c) => c,
+        Err(e) => return fail(&opts, &e.to_string()),
+    };
+    for w in &warnings {
+        tracing::warn!("{w}");
+    }
+    drop(loaded);
+    match opts.mode {
+        Mode::Validate => {
+            println!("configuration '{}' OK", opts.config_path);
+            ExitCode::SUCCESS
+        }
+        Mode::InitOnly => ExitCode::SUCCESS,
+        Mode::Serve => match revoy::server::run(compiled, opts) {
+            Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// Reports a configuration error the way Envoy does and exits 1.
+fn fail(opts: &Options, msg: &str) -> ExitCode {
+    tracing::error!("error initializing configuration '{}': {msg}", opts.config_path);
+    eprintln!("error initializing configuration '{}': {msg}", opts.config_path);
+    ExitCode::FAILURE
+}

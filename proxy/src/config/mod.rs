@@ -1,10 +1,13 @@
 //! Pure compilation of Envoy protos into runtime structures. No sockets, no tokio: every
 //! function here takes protos and returns compiled values or a [`ConfigError`] naming the field.
 
+pub mod bootstrap;
 pub mod cluster;
 pub mod filter_chain_match;
-pub mod route;
+pub mod hcm;
+pub mod listener;
 pub mod tcp_proxy;
+pub mod route;
 
 use std::fmt;
 

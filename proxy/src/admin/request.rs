@@ -1,0 +1,131 @@
+//! A minimal HTTP/1.1 request reader for the admin port. pilot-agent sends stats filters
+//! unescaped (`^ \ | ( ) $` in the request target), which strict parsers reject; this one
+//! takes the target verbatim.
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::net::TcpStream;
+
+/// One admin request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdminRequest {
+    /// `GET`, `POST`, ...
+    pub method: String,
+    /// Path without the query.
+    pub path: String,
+    /// Query parameters in order; a flag without `=` has an empty value.
+    pub params: Vec<(String, String)>,
+    /// Whether the client asked to keep the connection open.
+    pub keep_alive: bool,
+}
+
+impl AdminRequest {
+    /// Parses a request line's target into path and parameters.
+    pub fn from_target(method: &str, target: &str) -> Self {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let params = query
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                (percent_decode(k), percent_decode(v))
+            })
+            .collect();
+        AdminRequest {
+            method: method.to_owned(),
+            path: percent_decode(path),
+            params,
+            keep_alive: true,
+        }
+    }
+
+    /// The value of a parameter, if present.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    /// Whether a parameter is present (with or without a value).
+    pub fn has(&self, name: &str) -> bool {
+        self.params.iter().any(|(k, _)| k == name)
+    }
+}
+
+/// Decodes `%XX` escapes (and nothing else: `+` stays `+`, as regexes need it).
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn hex(c: u8) -> Option<u8> {
+    (c as char).to_digit(16).map(|d| d as u8)
+}
+
+/// Reads one request (line, headers, and any body, which is discarded).
+pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).await.ok()? == 0 {
+        return None;
+    }
+    let mut parts = line.split_whitespace();
+    let (method, target, version) = (parts.next()?, parts.next()?, parts.next().unwrap_or("HTTP/1.0"));
+    let mut req = AdminRequest::from_target(method, target);
+    req.keep_alive = version == "HTTP/1.1";
+    let mut content_length = 0usize;
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).await.ok()? == 0 {
+            return None;
+        }
+        let h = h.trim_end();
+        if h.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = h.split_once(':') {
+            let value = value.trim();
+            if name.eq_ignore_ascii_case("content-length") {
+                content_length = value.parse().unwrap_or(0);
+            } else if name.eq_ignore_ascii_case("connection") {
+                req.keep_alive = !value.eq_ignore_ascii_case("close");
+            }
+        }
+    }
+    if content_length > 0 {
+        let mut body = vec![0u8; content_length.min(1 << 20)];
+        reader.read_exact(&mut body).await.ok()?;
+    }
+    Some(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_regex_targets_and_flags() {
+        let r = AdminRequest::from_target(
+            "GET",
+            "/stats?usedonly&filter=^(cluster_manager\\.cds|listener_manager\\.lds)\\.(update_success|update_rejected)$",
+        );
+        assert_eq!(r.path, "/stats");
+        assert!(r.has("usedonly"));
+        assert_eq!(r.param("usedonly"), Some(""));
+        assert_eq!(
+            r.param("filter"),
+            Some("^(cluster_manager\\.cds|listener_manager\\.lds)\\.(update_success|update_rejected)$")
+        );
+        let r = AdminRequest::from_target("GET", "/stats?filter=%5Eserver%5C.state");
+        assert_eq!(r.param("filter"), Some("^server\\.state"));
+    }
+}

@@ -1,0 +1,77 @@
+//! `Bootstrap` -> [`BootstrapConfig`]: the static listeners and clusters plus the admin address.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
+
+use super::cluster::{ClusterConfig, compile_cluster};
+use super::listener::{ListenerConfig, compile_listener, socket_addr};
+use super::{ConfigError, Warnings};
+
+/// A compiled bootstrap.
+#[derive(Debug, Clone)]
+pub struct BootstrapConfig {
+    /// Where the admin API listens, if anywhere.
+    pub admin: Option<SocketAddr>,
+    /// Static listeners.
+    pub listeners: Vec<ListenerConfig>,
+    /// Static clusters.
+    pub clusters: Vec<ClusterConfig>,
+    /// The bootstrap itself, for config_dump and xDS.
+    pub proto: Bootstrap,
+}
+
+/// Compiles a bootstrap. Errors name the field path from the document root.
+pub fn compile_bootstrap(b: &Bootstrap, warnings: &mut Warnings) -> Result<BootstrapConfig, ConfigError> {
+    let admin = b
+        .admin
+        .as_ref()
+        .filter(|a| a.address.is_some())
+        .map(|a| socket_addr(a.address.as_ref(), "admin.address"))
+        .transpose()?;
+    let sr = b.static_resources.clone().unwrap_or_default();
+    let mut clusters = Vec::with_capacity(sr.clusters.len());
+    let mut seen = HashSet::new();
+    for (i, c) in sr.clusters.iter().enumerate() {
+        let path = format!("static_resources.clusters[{i}]");
+        if !seen.insert(c.name.clone()) {
+            return Err(ConfigError::new(
+                path,
+                format!("cluster manager: duplicate cluster '{}' found", c.name),
+            ));
+        }
+        clusters.push(compile_cluster(c).map_err(|e| e.within(&path))?);
+    }
+    let known = |name: &str| seen.contains(name);
+    let mut listeners: Vec<ListenerConfig> = Vec::with_capacity(sr.listeners.len());
+    let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
+    for (i, l) in sr.listeners.iter().enumerate() {
+        let path = format!("static_resources.listeners[{i}]");
+        let compiled = compile_listener(l, Some(&known), warnings).map_err(|e| e.within(&path))?;
+        if listeners.iter().any(|o| o.name == compiled.name) {
+            return Err(ConfigError::new(
+                path,
+                format!("error adding listener named '{}': duplicate listener name", compiled.name),
+            ));
+        }
+        if compiled.bind_to_port && compiled.address.port() != 0 {
+            if let Some(other) = by_addr.insert(compiled.address, compiled.name.clone()) {
+                return Err(ConfigError::new(
+                    path,
+                    format!(
+                        "error adding listener: '{}' has duplicate address '{}' as existing listener '{other}'",
+                        compiled.name, compiled.address
+                    ),
+                ));
+            }
+        }
+        listeners.push(compiled);
+    }
+    Ok(BootstrapConfig {
+        admin,
+        listeners,
+        clusters,
+        proto: b.clone(),
+    })
+}

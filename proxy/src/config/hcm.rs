@@ -1,0 +1,185 @@
+//! `envoy.filters.network.http_connection_manager` -> [`HcmConfig`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
+};
+
+use super::{ConfigError, Warnings};
+use crate::route::RouteTable;
+
+/// Downstream codec (`codec_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    /// HTTP/1.1 or HTTP/2 (prior knowledge), detected per connection.
+    Auto,
+    /// HTTP/1.1 only.
+    Http1,
+    /// HTTP/2 only.
+    Http2,
+}
+
+/// What happens to the response `server` header (`server_header_transformation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerHeader {
+    /// Always set to `server_name`.
+    Overwrite,
+    /// Set to `server_name` when the upstream sent none.
+    AppendIfAbsent,
+    /// Leave the upstream's value (or none) alone.
+    PassThrough,
+}
+
+/// How the port is removed from Host before route matching.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StripPort {
+    /// Host is matched as sent.
+    None,
+    /// The port is removed when it equals the listener's port.
+    Matching,
+    /// Any port is removed.
+    Any,
+}
+
+/// Where the route table comes from.
+#[derive(Debug, Clone)]
+pub enum Routes {
+    /// An inline `route_config`.
+    Static(Arc<RouteTable>),
+    /// `rds`: a named route configuration delivered by xDS.
+    Rds(String),
+}
+
+/// A compiled HTTP connection manager.
+#[derive(Debug, Clone)]
+pub struct HcmConfig {
+    /// `stat_prefix`: stats are `http.<stat_prefix>.*`.
+    pub stat_prefix: String,
+    /// Downstream codec.
+    pub codec: Codec,
+    /// The route table.
+    pub routes: Routes,
+    /// Trust the connection's peer address (edge) instead of `x-forwarded-for`.
+    pub use_remote_address: bool,
+    /// Trusted hops in `x-forwarded-for`.
+    pub xff_num_trusted_hops: u32,
+    /// Do not append the peer address to `x-forwarded-for`.
+    pub skip_xff_append: bool,
+    /// Value of the `server` response header.
+    pub server_name: String,
+    /// What to do with the upstream's `server` header.
+    pub server_header: ServerHeader,
+    /// Generate `x-request-id` when missing.
+    pub generate_request_id: bool,
+    /// Keep an external `x-request-id` on edge requests.
+    pub preserve_external_request_id: bool,
+    /// Echo `x-request-id` in every response.
+    pub always_set_request_id_in_response: bool,
+    /// WebSocket upgrades allowed by `upgrade_configs`.
+    pub websocket: bool,
+    /// Host port stripping.
+    pub strip_port: StripPort,
+    /// `stream_idle_timeout` (default 5 min; `None` disables).
+    pub stream_idle_timeout: Option<Duration>,
+    /// `request_timeout` (`None` disables, the default).
+    pub request_timeout: Option<Duration>,
+    /// Router filter `suppress_envoy_headers`.
+    pub suppress_envoy_headers: bool,
+}
+
+fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
+    let d = Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32);
+    (!d.is_zero()).then_some(d)
+}
+
+const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
+
+/// Compiles an HCM. `clusters` validates static cluster references in an inline route config.
+pub fn compile_hcm(
+    hcm: &HttpConnectionManager,
+    clusters: Option<&dyn Fn(&str) -> bool>,
+    warnings: &mut Warnings,
+) -> Result<HcmConfig, ConfigError> {
+    let routes = match &hcm.route_specifier {
+        Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
+            super::route::compile_route_config(rc, clusters).map_err(|e| e.within("route_config"))?,
+        )),
+        Some(RouteSpecifier::Rds(rds)) => Routes::Rds(rds.route_config_name.clone()),
+        Some(RouteSpecifier::ScopedRoutes(_)) => {
+            return Err(ConfigError::new("scoped_routes", "scoped routes are not supported by revoy"));
+        }
+        None => return Err(ConfigError::new("route_specifier", "one of route_config, rds is required")),
+    };
+    let mut suppress_envoy_headers = false;
+    let mut saw_router = false;
+    for (i, f) in hcm.http_filters.iter().enumerate() {
+        let type_url = match &f.config_type {
+            Some(http_filter::ConfigType::TypedConfig(any)) => any.type_url.as_str(),
+            _ => "",
+        };
+        let type_name = proto::type_name_of(type_url);
+        if type_name == ROUTER || f.name == "envoy.filters.http.router" || f.name == "envoy.router" {
+            if let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type {
+                if type_name == ROUTER {
+                    let router: proto::pb::envoy::extensions::filters::http::router::v3::Router =
+                        proto::unpack(any).map_err(|e| {
+                            ConfigError::new(format!("http_filters[{i}].typed_config"), e.to_string())
+                        })?;
+                    suppress_envoy_headers = router.suppress_envoy_headers;
+                }
+            }
+            saw_router = true;
+        } else {
+            warnings.push(format!(
+                "http_filters[{i}]: HTTP filter '{}' ({}) is not implemented by revoy; requests pass through without it",
+                f.name,
+                if type_url.is_empty() { "no typed_config" } else { type_url }
+            ));
+        }
+    }
+    if !saw_router {
+        warnings.push("http_filters: no router filter; requests get a 404 like Envoy without a terminal filter".into());
+    }
+    let idle = hcm
+        .stream_idle_timeout
+        .as_ref()
+        .map_or(Some(Duration::from_secs(300)), duration);
+    Ok(HcmConfig {
+        stat_prefix: hcm.stat_prefix.clone(),
+        codec: match hcm.codec_type {
+            1 => Codec::Http1,
+            2 => Codec::Http2,
+            _ => Codec::Auto,
+        },
+        routes,
+        use_remote_address: hcm.use_remote_address.is_some_and(|b| b.value),
+        xff_num_trusted_hops: hcm.xff_num_trusted_hops,
+        skip_xff_append: hcm.skip_xff_append,
+        server_name: if hcm.server_name.is_empty() { "envoy".into() } else { hcm.server_name.clone() },
+        server_header: match hcm.server_header_transformation {
+            1 => ServerHeader::AppendIfAbsent,
+            2 => ServerHeader::PassThrough,
+            _ => ServerHeader::Overwrite,
+        },
+        generate_request_id: hcm.generate_request_id.is_none_or(|b| b.value),
+        preserve_external_request_id: hcm.preserve_external_request_id,
+        always_set_request_id_in_response: hcm.always_set_request_id_in_response,
+        websocket: hcm
+            .upgrade_configs
+            .iter()
+            .any(|u| u.upgrade_type.eq_ignore_ascii_case("websocket") && u.enabled.is_none_or(|b| b.value)),
+        strip_port: {
+            use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
+            match hcm.strip_port_mode {
+                Some(StripPortMode::StripAnyHostPort(true)) => StripPort::Any,
+                _ if hcm.strip_matching_host_port => StripPort::Matching,
+                _ => StripPort::None,
+            }
+        },
+        stream_idle_timeout: idle,
+        request_timeout: hcm.request_timeout.as_ref().and_then(duration),
+        suppress_envoy_headers,
+    })
+}

@@ -1,0 +1,252 @@
+//! The HTTP connection manager's own header rules (Envoy's `mutateRequestHeaders` and
+//! response counterpart): hop-by-hop removal, `x-forwarded-for`/`-proto`, `x-request-id`,
+//! `x-envoy-internal`, and the `server` header.
+
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+use crate::config::hcm::{HcmConfig, ServerHeader};
+
+/// Headers that describe one hop and never cross the proxy.
+const HOP_BY_HOP: [&str; 5] = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
+
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
+
+/// `x-envoy-*` request headers Envoy removes from external (edge) requests.
+const INTERNAL_ONLY: [&str; 12] = [
+    "x-envoy-decorator-operation",
+    "x-envoy-downstream-service-cluster",
+    "x-envoy-downstream-service-node",
+    "x-envoy-expected-rq-timeout-ms",
+    "x-envoy-external-address",
+    "x-envoy-force-trace",
+    "x-envoy-hedge-on-per-try-timeout",
+    "x-envoy-ip-tags",
+    "x-envoy-max-retries",
+    "x-envoy-retry-grpc-on",
+    "x-envoy-retry-on",
+    "x-envoy-upstream-alt-stat-name",
+];
+
+/// Facts about the downstream connection the header rules depend on.
+#[derive(Debug, Clone, Copy)]
+pub struct Downstream {
+    /// The peer's address.
+    pub peer: SocketAddr,
+    /// Whether the connection is TLS.
+    pub tls: bool,
+}
+
+/// What the request rules decided, for routing and logging.
+#[derive(Debug, Clone)]
+pub struct RequestFacts {
+    /// The address Envoy considers the client's (peer or from `x-forwarded-for`).
+    pub client: Option<IpAddr>,
+    /// Whether the request counts as internal (it came from an internal address).
+    pub internal: bool,
+    /// Whether this is an upgrade the connection manager allows (WebSocket).
+    pub upgrade: Option<HeaderValue>,
+}
+
+fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_private() || v4.is_loopback(),
+        IpAddr::V6(v6) => v6.is_loopback() || (v6.segments()[0] & 0xfe00) == 0xfc00,
+    }
+}
+
+/// Removes connection-scoped headers; keeps `te: trailers` (gRPC needs it).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(conn) = headers.get(header::CONNECTION).cloned() {
+        if let Ok(list) = conn.to_str() {
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                if !name.eq_ignore_ascii_case("upgrade") && !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive") {
+                    if let Ok(n) = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()) {
+                        if n != header::TE {
+                            headers.remove(n);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    let keep_te = headers
+        .get(header::TE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+    if keep_te {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    } else {
+        headers.remove(header::TE);
+    }
+}
+
+/// The n-th address from the right of `x-forwarded-for` (0 = rightmost).
+fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
+    let joined: Vec<String> = headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .collect();
+    let all: Vec<&str> = joined.iter().flat_map(|v| v.split(',')).map(str::trim).collect();
+    all.len().checked_sub(n + 1).and_then(|i| all[i].parse().ok())
+}
+
+fn new_request_id() -> HeaderValue {
+    let b: [u8; 16] = rand::random();
+    let s = format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+        u16::from_be_bytes([b[4], b[5]]),
+        u16::from_be_bytes([b[6], b[7]]) & 0x0fff,
+        (u16::from_be_bytes([b[8], b[9]]) & 0x3fff) | 0x8000,
+        u64::from_be_bytes([0, 0, b[10], b[11], b[12], b[13], b[14], b[15]])
+    );
+    HeaderValue::from_str(&s).expect("uuid is ASCII")
+}
+
+/// Applies the connection manager's request rules to `headers`.
+pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
+    let upgrade = upgrade_requested(headers)
+        .filter(|u| cfg.websocket && u.to_str().is_ok_and(|s| s.eq_ignore_ascii_case("websocket")));
+    strip_hop_by_hop(headers);
+    let scheme = if down.tls { "https" } else { "http" };
+    let (client, edge) = if cfg.use_remote_address {
+        let peer = down.peer.ip();
+        if !cfg.skip_xff_append {
+            append_xff(headers, peer);
+        }
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+        (Some(peer), true)
+    } else {
+        let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+        }
+        (client, false)
+    };
+    let internal = edge && client.is_some_and(is_internal) && xff_count(headers) <= 1;
+    if edge {
+        if !internal {
+            for h in INTERNAL_ONLY {
+                headers.remove(h);
+            }
+        }
+        if internal {
+            headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
+        } else {
+            headers.remove(&X_ENVOY_INTERNAL);
+        }
+    }
+    let regenerate = !headers.contains_key(&X_REQUEST_ID)
+        || (edge && !internal && !cfg.preserve_external_request_id);
+    if cfg.generate_request_id && regenerate {
+        headers.insert(&X_REQUEST_ID, new_request_id());
+    }
+    if let Some(u) = &upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, u.clone());
+    }
+    RequestFacts { client, internal, upgrade }
+}
+
+fn xff_count(headers: &HeaderMap) -> usize {
+    headers
+        .get_all(&X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.split(',').count())
+        .sum()
+}
+
+fn append_xff(headers: &mut HeaderMap, ip: IpAddr) {
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.is_empty() => format!("{existing},{ip}"),
+        _ => ip.to_string(),
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(&X_FORWARDED_FOR, v);
+    }
+}
+
+fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
+    let conn_upgrade = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")));
+    conn_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// Applies the response rules: hop-by-hop removal and the `server` header.
+pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {
+    let upgrade = keep_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten();
+    strip_hop_by_hop(headers);
+    if let Some(u) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, u);
+    }
+    set_server(cfg, headers);
+}
+
+/// Sets `server` per `server_header_transformation`.
+pub fn set_server(cfg: &HcmConfig, headers: &mut HeaderMap) {
+    let value = || HeaderValue::from_str(&cfg.server_name).unwrap_or(HeaderValue::from_static("envoy"));
+    match cfg.server_header {
+        ServerHeader::Overwrite => {
+            headers.insert(header::SERVER, value());
+        }
+        ServerHeader::AppendIfAbsent => {
+            if !headers.contains_key(header::SERVER) {
+                headers.insert(header::SERVER, value());
+            }
+        }
+        ServerHeader::PassThrough => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xff_picks_trusted_hop_from_the_right() {
+        let mut h = HeaderMap::new();
+        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1, 2.2.2.2,3.3.3.3"));
+        assert_eq!(xff_from_right(&h, 0), Some("3.3.3.3".parse().unwrap()));
+        assert_eq!(xff_from_right(&h, 2), Some("1.1.1.1".parse().unwrap()));
+        assert_eq!(xff_from_right(&h, 3), None);
+    }
+
+    #[test]
+    fn hop_by_hop_goes_te_trailers_stays() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-foo"));
+        h.insert("x-foo", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        h.insert("x-bar", HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert_eq!(h[header::TE], "trailers");
+        assert_eq!(h["x-bar"], "2");
+    }
+
+    #[test]
+    fn request_ids_are_uuid_v4() {
+        let id = new_request_id();
+        let s = id.to_str().unwrap();
+        assert_eq!(s.len(), 36);
+        assert_eq!(&s[14..15], "4");
+        assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"));
+        assert_ne!(new_request_id(), id);
+    }
+}

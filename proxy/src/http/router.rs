@@ -1,0 +1,219 @@
+//! The router filter: picks a route, answers locally (direct response, redirect, errors) or
+//! forwards to the route's cluster and streams the response back.
+
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use hyper::body::Incoming;
+
+use super::ConnContext;
+use super::forwarding;
+use super::local_reply::{UPSTREAM_TIMEOUT, local_reply};
+use crate::body::{self, Body};
+use crate::config::hcm::{Routes, StripPort};
+use crate::config::cluster::{ClusterConfig, EndpointAddress};
+use crate::route::action::HostRewrite;
+use crate::route::{Action, FormatContext, RouteRequest, Selected};
+use crate::upstream::LbContext;
+
+static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
+static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Handles one request end to end; never fails (errors become local replies).
+pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<Body> {
+    let stats = &ctx.hcm.stats;
+    stats.rq_total.inc();
+    stats.rq_active.inc();
+    let request_id = {
+        let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
+        let id = req.headers().get(&X_REQUEST_ID).cloned();
+        let mut resp = route_and_forward(req, ctx, facts).await;
+        forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
+        stats.response(resp.status().as_u16());
+        if ctx.hcm.config.always_set_request_id_in_response {
+            if let Some(id) = id {
+                resp.headers_mut().insert(&X_REQUEST_ID, id);
+            }
+        }
+        resp
+    };
+    stats.rq_active.dec();
+    request_id
+}
+
+/// The request's authority: `:authority` for HTTP/2, else the Host header.
+fn authority(req: &Request<Incoming>) -> String {
+    req.uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
+    let Some((name, port)) = host.rsplit_once(':').filter(|(n, p)| !p.contains(']') && !n.is_empty()) else {
+        return host;
+    };
+    match mode {
+        StripPort::Any => name,
+        StripPort::Matching if port.parse() == Ok(listener_port) => name,
+        _ => host,
+    }
+}
+
+async fn route_and_forward(
+    mut req: Request<Incoming>,
+    ctx: &ConnContext,
+    facts: forwarding::RequestFacts,
+) -> Response<Body> {
+    let cfg = &ctx.hcm.config;
+    let table = match &cfg.routes {
+        Routes::Static(t) => Some(t.clone()),
+        Routes::Rds(name) => ctx.shared.route_table(name),
+    };
+    let Some(table) = table else {
+        return local_reply(StatusCode::NOT_FOUND, "");
+    };
+    let host_full = authority(&req);
+    let host = strip_port(&host_full, cfg.strip_port, ctx.local.port()).to_owned();
+    let path = req.uri().path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "/".into());
+    let https = req
+        .headers()
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
+    let random_value: u64 = rand::random();
+    let method = req.method().clone();
+    let route_headers = req.headers().clone();
+    let mut route_req = RouteRequest::new(&method, &host, &path, &route_headers);
+    route_req.https = https;
+    route_req.random_value = random_value;
+    let Some(selected) = table.select(&route_req) else {
+        return local_reply(StatusCode::NOT_FOUND, "");
+    };
+    let fmt = FormatContext {
+        downstream_remote: Some(ctx.down.peer),
+        downstream_local: Some(ctx.local),
+        ..Default::default()
+    };
+    match &selected.route.action {
+        Action::DirectResponse(dr) => {
+            let mut resp = Response::new(if dr.body.is_empty() { body::empty() } else { body::full(dr.body.clone()) });
+            *resp.status_mut() = dr.status;
+            if let Some(ct) = dr.content_type() {
+                resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+            }
+            resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
+            if dr.status.is_redirection() {
+                if let Ok(v) = HeaderValue::from_str(&Selected::request_url(&route_req)) {
+                    resp.headers_mut().insert(header::LOCATION, v);
+                }
+            }
+            selected.apply_response_headers(None, resp.headers_mut(), &fmt);
+            resp
+        }
+        Action::NonForwarding => local_reply(StatusCode::NOT_FOUND, ""),
+        Action::Redirect(r) => {
+            let location = selected.redirect_location(&route_req).unwrap_or_default();
+            let mut resp = local_reply(r.status, "");
+            if let Ok(v) = HeaderValue::from_str(&location) {
+                resp.headers_mut().insert(header::LOCATION, v);
+            }
+            selected.apply_response_headers(None, resp.headers_mut(), &fmt);
+            resp
+        }
+        Action::Forward(fwd) => {
+            let Some(picked) = fwd.pick_cluster(&route_req) else {
+                return local_reply(fwd.cluster_not_found_response_code, "");
+            };
+            let cluster_name = picked.name.to_string();
+            let weighted = picked.weighted;
+            let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
+                return local_reply(fwd.cluster_not_found_response_code, "");
+            };
+            let new_path = selected.rewritten_path(&route_req);
+            let new_host = match &fwd.host_rewrite {
+                Some(HostRewrite::Auto) => auto_host(cluster.config()),
+                _ => selected.rewritten_host(&route_req, weighted).map(|h| h.into_owned()),
+            };
+            let upgrade = facts
+                .upgrade
+                .clone()
+                .filter(|u| fwd.upgrade_allowed(u.to_str().unwrap_or(""), cfg.websocket));
+            let timeout = fwd.timeout;
+            {
+                let fmt = FormatContext {
+                    upstream_cluster: Some(&cluster_name),
+                    ..fmt.clone()
+                };
+                selected.apply_request_headers(weighted, req.headers_mut(), &fmt);
+            }
+            let authority = new_host.unwrap_or(host_full);
+            if let Ok(v) = HeaderValue::from_str(&authority) {
+                req.headers_mut().insert(header::HOST, v);
+            }
+            if let Some(p) = new_path {
+                if let Ok(uri) = Uri::builder().path_and_query(p.as_str()).build() {
+                    *req.uri_mut() = uri;
+                }
+            } else if let Some(pq) = req.uri().path_and_query().cloned() {
+                *req.uri_mut() = Uri::from(pq);
+            }
+            if !cfg.suppress_envoy_headers {
+                if let Some(t) = timeout {
+                    req.headers_mut().insert(&EXPECTED_TIMEOUT, HeaderValue::from(t.as_millis() as u64));
+                }
+            }
+            let lb = LbContext {
+                original_dst: ctx.original_dst,
+                downstream_h2: req.version() == http::Version::HTTP_2,
+                ..Default::default()
+            };
+            if upgrade.is_some() {
+                return super::upgrade::forward(req, &cluster, &lb, cfg).await;
+            }
+            let start = Instant::now();
+            let (parts, incoming) = req.into_parts();
+            let upstream_req = Request::from_parts(parts, body::boxed(incoming));
+            let result = match timeout {
+                Some(t) => tokio::time::timeout(t, cluster.request(upstream_req, &lb)).await,
+                None => Ok(cluster.request(upstream_req, &lb).await),
+            };
+            let mut resp = match result {
+                Err(_elapsed) => return local_reply(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT),
+                Ok(Err(e)) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
+                Ok(Ok(resp)) => resp.map(body::boxed),
+            };
+            forwarding::mutate_response(cfg, resp.headers_mut(), false);
+            if !cfg.suppress_envoy_headers {
+                resp.headers_mut()
+                    .insert(&UPSTREAM_SERVICE_TIME, HeaderValue::from(elapsed_ms(start)));
+            }
+            let fmt = FormatContext {
+                upstream_cluster: Some(&cluster_name),
+                ..fmt
+            };
+            selected.apply_response_headers(weighted, resp.headers_mut(), &fmt);
+            resp
+        }
+    }
+}
+
+/// `auto_host_rewrite`: the host name of the cluster's endpoint (its `hostname`, or the DNS
+/// name of a DNS cluster); `None` for IP endpoints without a hostname.
+fn auto_host(cluster: &ClusterConfig) -> Option<String> {
+    let ep = cluster.endpoints.first()?;
+    if !ep.hostname.is_empty() {
+        return Some(ep.hostname.clone());
+    }
+    match &ep.address {
+        EndpointAddress::Dns { host, .. } => Some(host.clone()),
+        EndpointAddress::Ip(_) => None,
+    }
+}
+
+fn elapsed_ms(start: Instant) -> u64 {
+    Duration::as_millis(&start.elapsed()) as u64
+}
+

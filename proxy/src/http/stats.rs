@@ -1,0 +1,39 @@
+//! `http.<stat_prefix>.*` stats of a connection manager.
+
+use crate::stats::{Counter, Gauge, Store};
+
+/// Resolved handles for one connection manager's stats.
+#[derive(Debug, Clone)]
+pub struct HcmStats {
+    /// `downstream_cx_total`.
+    pub cx_total: Counter,
+    /// `downstream_cx_active`.
+    pub cx_active: Gauge,
+    /// `downstream_rq_total`.
+    pub rq_total: Counter,
+    /// `downstream_rq_active`.
+    pub rq_active: Gauge,
+    /// `downstream_rq_1xx` .. `downstream_rq_5xx`.
+    pub rq_class: [Counter; 5],
+}
+
+impl HcmStats {
+    /// Resolves the handles under `http.<prefix>.`.
+    pub fn new(store: &Store, prefix: &str) -> Self {
+        let name = |s: &str| format!("http.{prefix}.{s}");
+        HcmStats {
+            cx_total: store.counter(&name("downstream_cx_total")),
+            cx_active: store.gauge(&name("downstream_cx_active")),
+            rq_total: store.counter(&name("downstream_rq_total")),
+            rq_active: store.gauge(&name("downstream_rq_active")),
+            rq_class: [1, 2, 3, 4, 5].map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
+        }
+    }
+
+    /// Counts a response with `status` in its class.
+    pub fn response(&self, status: u16) {
+        if let Some(c) = self.rq_class.get(usize::from(status / 100).wrapping_sub(1)) {
+            c.inc();
+        }
+    }
+}

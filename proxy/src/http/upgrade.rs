@@ -1,0 +1,52 @@
+//! WebSocket (and other `upgrade_configs`) forwarding: the upgrade request goes upstream on a
+//! fresh connection; after a `101`, both upgraded streams are spliced together.
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::forwarding;
+use super::local_reply::local_reply;
+use crate::body::{self, Body};
+use crate::config::hcm::HcmConfig;
+use crate::upstream::{Cluster, LbContext};
+
+/// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
+pub async fn forward(mut req: Request<Incoming>, cluster: &Cluster, lb: &LbContext, cfg: &HcmConfig) -> Response<Body> {
+    let downstream_upgrade = hyper::upgrade::on(&mut req);
+    let conn = match cluster.connect(lb).await {
+        Ok(s) => s,
+        Err(e) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
+    };
+    let active = conn.active;
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(conn.stream)).await {
+        Ok(pair) => pair,
+        Err(e) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &format!("upstream connect error or disconnect/reset before headers. reset reason: {e}")),
+    };
+    tokio::spawn(connection.with_upgrades());
+    let (parts, incoming) = req.into_parts();
+    let mut upstream_resp = match sender.send_request(Request::from_parts(parts, body::boxed(incoming))).await {
+        Ok(r) => r,
+        Err(e) => {
+            return local_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!("upstream connect error or disconnect/reset before headers. reset reason: {e}"),
+            );
+        }
+    };
+    if upstream_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        forwarding::mutate_response(cfg, upstream_resp.headers_mut(), false);
+        return upstream_resp.map(body::boxed);
+    }
+    let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
+    tokio::spawn(async move {
+        let _active = active;
+        if let (Ok(down), Ok(up)) = (downstream_upgrade.await, upstream_upgrade.await) {
+            let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
+            let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+        }
+    });
+    let (mut parts, _) = upstream_resp.into_parts();
+    forwarding::mutate_response(cfg, &mut parts.headers, true);
+    Response::from_parts(parts, body::empty())
+}

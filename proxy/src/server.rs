@@ -1,0 +1,187 @@
+//! Wiring: owns the process-wide state (stats, clusters, listeners, route tables), starts the
+//! data-path runtime and the admin server, and applies configuration.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+
+use crate::cli::Options;
+use crate::config::bootstrap::BootstrapConfig;
+use crate::listener::Listener;
+use crate::route::RouteTable;
+use crate::stats::{Gauge, Store};
+use crate::upstream::ClusterManager;
+
+/// Envoy's `server.state` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Serving.
+    Live = 0,
+    /// Draining listeners.
+    Draining = 1,
+    /// Before initialisation.
+    PreInitializing = 2,
+    /// Initialising (waiting for clusters/listeners).
+    Initializing = 3,
+}
+
+/// Process-wide state shared by the data path and the admin API.
+pub struct Shared {
+    /// All stats.
+    pub stats: Store,
+    /// Clusters by name.
+    pub clusters: ClusterManager,
+    /// Route tables delivered by RDS, by name.
+    pub rds: ArcSwap<HashMap<String, Arc<RouteTable>>>,
+    /// Active listeners, in configuration order.
+    pub listeners: ArcSwap<Vec<Arc<Listener>>>,
+    /// The compiled bootstrap.
+    pub bootstrap: BootstrapConfig,
+    /// Command-line options.
+    pub options: Options,
+    /// When the process started.
+    pub started: Instant,
+    /// `/healthcheck/fail` was called.
+    pub health_failed: AtomicBool,
+    /// `server.state`.
+    pub state: Gauge,
+    /// Tasks of active listeners, so a drain can stop them.
+    pub(crate) accept_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Shared {
+    /// A named RDS route table.
+    pub fn route_table(&self, name: &str) -> Option<Arc<RouteTable>> {
+        self.rds.load().get(name).cloned()
+    }
+
+    /// Sets `server.state`.
+    pub fn set_state(&self, s: ServerState) {
+        self.state.set(s as u64);
+    }
+
+    /// Stops accepting on every listener (`/drain_listeners`).
+    pub fn stop_listeners(&self) {
+        for t in self.accept_tasks.lock().expect("accept tasks").drain(..) {
+            t.abort();
+        }
+    }
+
+    /// Every route table: inline ones of the listeners' connection managers, then RDS ones.
+    pub fn route_tables(&self) -> Vec<Arc<RouteTable>> {
+        use crate::config::hcm::Routes;
+        use crate::config::listener::Terminal;
+        let mut out = Vec::new();
+        for l in self.listeners.load().iter() {
+            for c in l.config().chains.iter().chain(l.config().default_chain.iter()) {
+                if let Terminal::Http(h) = &c.terminal {
+                    if let Routes::Static(t) = &h.routes {
+                        out.push(t.clone());
+                    }
+                }
+            }
+        }
+        out.extend(self.rds.load().values().cloned());
+        out
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener or the admin socket could not be bound.
+    #[error("cannot bind {what} {addr}: {source}")]
+    Bind {
+        /// `listener '<name>'` or `admin`.
+        what: String,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The runtime could not be built.
+    #[error("cannot start the runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Builds the shared state for a compiled bootstrap (no sockets yet).
+pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
+    let stats = Store::new();
+    let state = stats.gauge("server.state");
+    state.set(ServerState::PreInitializing as u64);
+    Shared {
+        clusters: ClusterManager::new(stats.clone()),
+        rds: ArcSwap::from_pointee(HashMap::new()),
+        listeners: ArcSwap::from_pointee(Vec::new()),
+        bootstrap,
+        options,
+        started: Instant::now(),
+        health_failed: AtomicBool::new(false),
+        state,
+        stats,
+        accept_tasks: Mutex::new(Vec::new()),
+    }
+}
+
+/// Runs the proxy until `/quitquitquit` or a termination signal. Returns the exit code.
+pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartError> {
+    let workers = options.concurrency.filter(|n| *n > 0).unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name("revoy-worker")
+        .enable_all()
+        .build()
+        .map_err(StartError::Runtime)?;
+    let shared = Arc::new(build_shared(bootstrap, options));
+    let _guard = runtime.enter();
+    shared.set_state(ServerState::Initializing);
+    shared.clusters.update(shared.bootstrap.clusters.clone());
+    let mut listeners = Vec::new();
+    for cfg in &shared.bootstrap.listeners {
+        let l = Arc::new(Listener::new(Arc::new(cfg.clone()), &shared));
+        if cfg.bind_to_port {
+            let sock = l.bind().map_err(|source| StartError::Bind {
+                what: format!("listener '{}'", cfg.name),
+                addr: cfg.address,
+                source,
+            })?;
+            let task = runtime.spawn(l.clone().run(sock, shared.clone()));
+            shared.accept_tasks.lock().expect("accept tasks").push(task.abort_handle());
+        }
+        listeners.push(l);
+    }
+    shared.listeners.store(Arc::new(listeners));
+    let (quit_tx, quit_rx) = std::sync::mpsc::channel::<i32>();
+    if let Some(addr) = shared.bootstrap.admin {
+        let std_listener = std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind {
+            what: "admin".into(),
+            addr,
+            source,
+        })?;
+        crate::admin::spawn(std_listener, shared.clone(), quit_tx.clone());
+    }
+    shared.stats.gauge("listener_manager.workers_started").set(1);
+    shared.stats.gauge("listener_manager.total_listeners_active").set(shared.listeners.load().len() as u64);
+    shared.stats.gauge("server.live").set(1);
+    shared.stats.gauge("server.concurrency").set(workers as u64);
+    shared.set_state(ServerState::Live);
+    tracing::info!(workers, "all listeners started; revoy is live");
+    let signal_tx = quit_tx;
+    runtime.spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {},
+        }
+        let _ = signal_tx.send(0);
+    });
+    let code = quit_rx.recv().unwrap_or(0);
+    shared.stop_listeners();
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    Ok(code)
+}
