@@ -418,20 +418,23 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
         cluster::LbPolicy::LoadBalancingPolicyConfig => LbPolicy::RoundRobin,
     };
     let original_dst = matches!(discovery, Discovery::OriginalDst { .. });
-    if original_dst != (policy == LbPolicy::ClusterProvided) {
-        let msg = if original_dst {
+    if original_dst && policy != LbPolicy::ClusterProvided {
+        return Err(ConfigError::new(
+            "lb_policy",
             format!(
-                "LB policy {} is not valid for Cluster type ORIGINAL_DST. Only 'CLUSTER_PROVIDED' is allowed with cluster type 'ORIGINAL_DST'",
+                "cluster: LB policy {} is not valid for Cluster type ORIGINAL_DST. Only 'CLUSTER_PROVIDED' is allowed with cluster type 'ORIGINAL_DST'",
                 p.as_str_name()
-            )
-        } else {
+            ),
+        ));
+    }
+    if !original_dst && policy == LbPolicy::ClusterProvided {
+        return Err(ConfigError::new(
+            "lb_policy",
             format!(
-                "cluster: LB policy {} is not valid for Cluster type {}. 'ORIGINAL_DST' is allowed only when LB policy is 'CLUSTER_PROVIDED'",
-                p.as_str_name(),
-                discovery.type_name()
-            )
-        };
-        return Err(ConfigError::new("lb_policy", msg));
+                "cluster manager: cluster provided LB specified but cluster '{}' did not provide one. Check cluster documentation.",
+                c.name
+            ),
+        ));
     }
     Ok(policy)
 }
@@ -640,4 +643,206 @@ fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(yaml: &str) -> Cluster {
+        let codec = proto::Codec::new();
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        codec.decode::<Cluster>(value, false).unwrap().message
+    }
+
+    fn compile(yaml: &str) -> Result<ClusterConfig, ConfigError> {
+        compile_cluster(&cluster(yaml))
+    }
+
+    #[test]
+    fn static_cluster_with_priorities_weights_and_defaults() {
+        let c = compile(
+            r#"
+name: web
+load_assignment:
+  endpoints:
+  - locality: {region: r, zone: z}
+    lb_endpoints:
+    - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: 80}}}
+      load_balancing_weight: 3
+  - priority: 1
+    lb_endpoints:
+    - endpoint: {address: {socket_address: {address: "::1", port_value: 81}}}
+      health_status: UNHEALTHY
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.discovery, Discovery::Static);
+        assert_eq!(c.lb_policy, LbPolicy::RoundRobin);
+        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.protocol, UpstreamProtocol::Http1);
+        assert_eq!(c.idle_timeout, Some(Duration::from_secs(3600)));
+        assert_eq!(c.endpoints.len(), 2);
+        assert_eq!(c.endpoints[0].weight, 3);
+        assert_eq!(c.endpoints[0].locality.zone, "z");
+        assert_eq!(
+            c.endpoints[1].address,
+            EndpointAddress::Ip("[::1]:81".parse().unwrap())
+        );
+        assert_eq!(c.endpoints[1].priority, 1);
+        assert_eq!(c.endpoints[1].health, HealthStatus::Unhealthy);
+        assert_eq!(c.circuit_breakers[0], Thresholds::default());
+    }
+
+    #[test]
+    fn dns_cluster_settings() {
+        let c = compile(
+            r#"
+name: api
+type: STRICT_DNS
+lb_policy: LEAST_REQUEST
+connect_timeout: 0.25s
+dns_refresh_rate: 10s
+dns_lookup_family: V4_ONLY
+load_assignment:
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {address: {socket_address: {address: api.example.com, port_value: 443}}}
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.discovery, Discovery::StrictDns);
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest);
+        assert_eq!(c.connect_timeout, Duration::from_millis(250));
+        assert_eq!(c.dns_refresh_rate, Duration::from_secs(10));
+        assert_eq!(c.dns_lookup_family, DnsLookupFamily::V4Only);
+        assert_eq!(
+            c.endpoints[0].address,
+            EndpointAddress::Dns {
+                host: "api.example.com".into(),
+                port: 443
+            }
+        );
+    }
+
+    #[test]
+    fn http2_from_typed_options_deprecated_field_or_downstream() {
+        let explicit = compile(
+            r#"
+name: grpc
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    common_http_protocol_options: {idle_timeout: 30s}
+    explicit_http_config: {http2_protocol_options: {}}
+"#,
+        )
+        .unwrap();
+        assert_eq!(explicit.protocol, UpstreamProtocol::Http2);
+        assert_eq!(explicit.idle_timeout, Some(Duration::from_secs(30)));
+        let deprecated = compile("name: g\nhttp2_protocol_options: {}\n").unwrap();
+        assert_eq!(deprecated.protocol, UpstreamProtocol::Http2);
+        let downstream = compile(
+            r#"
+name: d
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    use_downstream_protocol_config: {}
+"#,
+        )
+        .unwrap();
+        assert_eq!(downstream.protocol, UpstreamProtocol::UseDownstream);
+    }
+
+    #[test]
+    fn original_dst_eds_bind_and_circuit_breakers() {
+        let c = compile(
+            r#"
+name: passthrough
+type: ORIGINAL_DST
+lb_policy: CLUSTER_PROVIDED
+original_dst_lb_config: {use_http_header: true}
+upstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}}
+circuit_breakers:
+  thresholds:
+  - {max_connections: 10, max_requests: 20}
+  - {priority: HIGH, max_retries: 7}
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            c.discovery,
+            Discovery::OriginalDst {
+                use_http_header: true,
+                header_name: "x-envoy-original-dst-host".into(),
+                port_override: None
+            }
+        );
+        assert_eq!(c.source_address, Some("127.0.0.6:0".parse().unwrap()));
+        assert_eq!(c.circuit_breakers[0].max_connections, 10);
+        assert_eq!(c.circuit_breakers[0].max_requests, 20);
+        assert_eq!(c.circuit_breakers[0].max_pending_requests, 1024);
+        assert_eq!(c.circuit_breakers[1].max_retries, 7);
+        let eds = compile(
+            "name: outbound|80||svc\ntype: EDS\neds_cluster_config: {eds_config: {ads: {}}}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            eds.discovery,
+            Discovery::Eds {
+                service_name: "outbound|80||svc".into()
+            }
+        );
+        assert!(eds.endpoints.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_field_and_use_envoys_words() {
+        let e = compile(
+            "name: c\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: localhost, port_value: 80}}}}]}]}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.path,
+            "load_assignment.endpoints[0].lb_endpoints[0].endpoint.address.socket_address.address"
+        );
+        assert!(
+            e.message.starts_with("malformed IP address: localhost."),
+            "{e}"
+        );
+
+        let e = compile("name: c\ntype: ORIGINAL_DST\n").unwrap_err();
+        assert_eq!(e.path, "lb_policy");
+        assert!(
+            e.message
+                .contains("ROUND_ROBIN is not valid for Cluster type ORIGINAL_DST")
+        );
+
+        let e = compile(
+            "name: c\ntype: LOGICAL_DNS\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: a, port_value: 1}}}}, {endpoint: {address: {socket_address: {address: b, port_value: 1}}}}]}]}\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "load_assignment");
+
+        let e = compile(
+            "name: c\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 1.2.3.4, port_value: 1}}}}, {load_balancing_weight: 0, endpoint: {address: {socket_address: {address: 1.2.3.4, port_value: 2}}}}]}]}\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.path,
+            "load_assignment.endpoints[0].lb_endpoints[1].load_balancing_weight"
+        );
+
+        assert_eq!(compile("connect_timeout: 1s\n").unwrap_err().path, "name");
+    }
+
+    #[test]
+    fn same_proto_means_same_cluster() {
+        let a = compile("name: a\n").unwrap();
+        let b = compile("name: a\n").unwrap();
+        let c = compile("name: a\nconnect_timeout: 2s\n").unwrap();
+        assert!(a.same_as(&b));
+        assert!(!a.same_as(&c));
+    }
 }
