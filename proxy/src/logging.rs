@@ -75,7 +75,12 @@ pub fn init(level: &str, components: &str, path: Option<&str>) -> Result<Vec<Str
     };
     tracing_subscriber::registry()
         .with(layer)
-        .with(tracing_subscriber::fmt::layer().with_writer(writer).with_target(true))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(writer)
+                .with_target(true)
+                .with_ansi(path.is_none() && std::io::IsTerminal::is_terminal(&std::io::stderr())),
+        )
         .try_init()
         .map_err(|e| e.to_string())?;
     let _ = RELOAD.set(handle);

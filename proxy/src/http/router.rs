@@ -173,6 +173,7 @@ async fn route_and_forward(
             if upgrade.is_some() {
                 return super::upgrade::forward(req, &cluster, &lb, cfg).await;
             }
+            let downstream_version = req.version();
             let start = Instant::now();
             let (parts, incoming) = req.into_parts();
             let upstream_req = Request::from_parts(parts, body::boxed(incoming));
@@ -185,6 +186,7 @@ async fn route_and_forward(
                 Ok(Err(e)) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
                 Ok(Ok(resp)) => resp.map(body::boxed),
             };
+            *resp.version_mut() = downstream_version;
             forwarding::mutate_response(cfg, resp.headers_mut(), false);
             if !cfg.suppress_envoy_headers {
                 resp.headers_mut()
