@@ -110,6 +110,11 @@ impl Host {
             && self.health == other.health
     }
 
+    /// How many HTTP/1.1 connections sit idle in this host's pool.
+    pub fn idle_http1_connections(&self) -> usize {
+        self.pool.idle_http1()
+    }
+
     /// Envoy's `health_flags` text.
     pub fn health_flags(&self) -> &'static str {
         match self.health {

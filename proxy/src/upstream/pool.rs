@@ -59,6 +59,12 @@ impl std::fmt::Debug for Pool {
     }
 }
 
+impl Pool {
+    pub(crate) fn idle_http1(&self) -> usize {
+        self.idle_h1.lock().expect("pool lock").len()
+    }
+}
+
 struct IdleH1 {
     sender: http1::SendRequest<Body>,
     since: Instant,
