@@ -11,6 +11,7 @@ pub mod listener;
 pub mod load;
 pub mod logging;
 pub mod route;
+pub mod router_check;
 pub mod server;
 pub mod stats;
 pub mod tcp;

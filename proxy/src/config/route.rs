@@ -22,7 +22,7 @@ use crate::route::{
     Action, Redirect, RedirectPath, Route, RouteTable, TlsRequirement, VirtualCluster, VirtualHost,
 };
 
-pub use matchers::compile_regex;
+pub use matchers::{compile_regex, header_matcher};
 
 /// Cluster-existence check: returns whether a cluster with this name exists.
 pub type ClusterCheck<'a> = &'a dyn Fn(&str) -> bool;
