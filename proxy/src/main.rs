@@ -5,15 +5,25 @@ use std::process::ExitCode;
 use revoy::cli::{Mode, Options, version_line};
 use revoy::config::bootstrap::compile_bootstrap;
 
+/// The default example (`revoy example`): a front proxy that needs no other server.
+const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let (opts, dropped) = match Options::parse_lenient(args) {
+    let mut args: Vec<String> = std::env::args().collect();
+    let example = args.get(1).map(String::as_str) == Some("example");
+    if example {
+        args.remove(1);
+    }
+    let (mut opts, dropped) = match Options::parse_lenient(args) {
         Ok(v) => v,
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
         }
     };
+    if example {
+        opts.config_yaml = EXAMPLE.to_owned();
+    }
     if opts.version {
         println!("\n{}\n", version_line());
         return ExitCode::SUCCESS;
