@@ -10,6 +10,10 @@ const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("router-check") {
+        let code = revoy::router_check::main(args[2..].to_vec());
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     let example = args.get(1).map(String::as_str) == Some("example");
     if example {
         args.remove(1);
