@@ -4,6 +4,7 @@
 mod config_dump;
 mod help;
 mod request;
+mod routes;
 
 pub use request::AdminRequest;
 
@@ -127,6 +128,7 @@ pub fn handle(req: &AdminRequest, shared: &Shared) -> (AdminResponse, Effect) {
             _ => text(200, shared.clusters.render_text()),
         },
         "/listeners" => listeners(shared, req.param("format") == Some("json")),
+        "/routes" => routes::render(shared, req),
         "/stats" => stats(shared, req),
         "/stats/prometheus" => {
             let body = crate::stats::render_prometheus(&shared.stats.snapshot(), req.has("usedonly"));
