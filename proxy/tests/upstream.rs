@@ -184,10 +184,51 @@ async fn refused_connection_gives_envoys_reset_text() {
             .value(),
         1
     );
-    assert!(
-        cm.render_text()
-            .contains(&format!("closed::{closed}::cx_connect_fail::1\n"))
+    // Real Envoy 1.40's /clusters for the same cluster after the same request.
+    let envoy = "closed::observability_name::closed
+closed::default_priority::max_connections::1024
+closed::default_priority::max_pending_requests::1024
+closed::default_priority::max_requests::1024
+closed::default_priority::max_retries::3
+closed::high_priority::max_connections::1024
+closed::high_priority::max_pending_requests::1024
+closed::high_priority::max_requests::1024
+closed::high_priority::max_retries::3
+closed::added_via_api::false
+closed::ADDR::cx_active::0
+closed::ADDR::cx_connect_fail::1
+closed::ADDR::cx_total::1
+closed::ADDR::rq_active::0
+closed::ADDR::rq_error::1
+closed::ADDR::rq_pending_active::0
+closed::ADDR::rq_success::0
+closed::ADDR::rq_timeout::0
+closed::ADDR::rq_total::0
+closed::ADDR::hostname::
+closed::ADDR::health_flags::healthy
+closed::ADDR::weight::1
+closed::ADDR::region::
+closed::ADDR::zone::
+closed::ADDR::sub_zone::
+closed::ADDR::canary::false
+closed::ADDR::priority::0
+closed::ADDR::success_rate::-1
+closed::ADDR::local_origin_success_rate::-1
+";
+    assert_eq!(cm.render_text(), envoy.replace("ADDR", &closed.to_string()));
+    let json = cm.render_json();
+    let host = &json["cluster_statuses"][0]["host_statuses"][0];
+    assert_eq!(
+        host["stats"][0],
+        serde_json::json!({"value": "1", "name": "cx_connect_fail"})
     );
+    assert_eq!(host["stats"][3], serde_json::json!({"name": "rq_success"}));
+    assert_eq!(
+        host["stats"][6],
+        serde_json::json!({"type": "GAUGE", "name": "cx_active"})
+    );
+    assert_eq!(host["health_status"]["eds_health_status"], "HEALTHY");
+    assert_eq!(host["locality"], serde_json::json!({}));
 }
 
 #[tokio::test]

@@ -226,7 +226,9 @@ impl Cluster {
     }
 
     /// Sends `req` to a host picked by the load balancer over a pooled connection and returns
-    /// the response head with its streaming body.
+    /// the response head with its streaming body. Response codes are charged to the cluster
+    /// stats; on error, 503 (the local reply's code) is charged too, so the caller charges only
+    /// the failures it detects itself (e.g. 504 on its timeout) via [`ClusterStats::charge_status`].
     ///
     /// `req` may be origin-form (`/path`, with a Host header) or absolute-form; it is rewritten
     /// for the upstream protocol: origin-form + Host for HTTP/1.1, `:authority` from Host for
@@ -248,13 +250,25 @@ impl Cluster {
                 .and_then(|v| v.parse().ok()),
             _ => None,
         };
+        let result = self.request_inner(req, ctx, header_dst).await;
+        if result.is_err() {
+            self.stats.charge_status(503, ctx.internal);
+        }
+        result
+    }
+
+    async fn request_inner(
+        &self,
+        req: Request<Body>,
+        ctx: &LbContext,
+        header_dst: Option<SocketAddr>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
         let limit = self.config.circuit_breakers[0].max_requests;
         if self.stats.upstream_rq_active.value() >= u64::from(limit) {
             self.stats.upstream_rq_pending_overflow.inc();
             return Err(UpstreamError::Overflow);
         }
-        self.stats.upstream_rq_total.inc();
         let _active = ActiveRequest::new(&host, &self.stats);
         let h2 = match self.config.protocol {
             UpstreamProtocol::Http1 => false,
@@ -270,6 +284,7 @@ impl Cluster {
         let hs = &host.stats;
         match &result {
             Ok(resp) => {
+                self.stats.upstream_rq_total.inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 let status = resp.status().as_u16();
                 if status >= 500 {
@@ -277,13 +292,14 @@ impl Cluster {
                 } else {
                     hs.rq_success.fetch_add(1, Ordering::Relaxed);
                 }
-                self.stats.charge_status(status);
+                self.stats.charge_status(status, ctx.internal);
             }
             Err(UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. }) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
                 self.stats.upstream_rq_pending_failure_eject.inc();
             }
             Err(_) => {
+                self.stats.upstream_rq_total.inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
             }

@@ -26,6 +26,9 @@ pub struct LbContext {
     pub original_dst: Option<SocketAddr>,
     /// Whether the downstream connection is HTTP/2 (for `use_downstream_protocol_config`).
     pub downstream_h2: bool,
+    /// Whether the request is internal (`x-envoy-internal: true`): selects `internal.*` rather
+    /// than `external.*` response code stats.
+    pub internal: bool,
     /// Hosts already tried (retries with `previous_hosts`): avoided when others exist.
     pub avoid: Vec<SocketAddr>,
 }
@@ -162,6 +165,9 @@ struct Weighted {
     /// Cumulative weights; empty when all weights are equal.
     cumulative: Vec<u64>,
     total: u64,
+    /// Round robin visits weight slots `i * stride mod total`: a stride coprime with the total
+    /// visits every slot once per cycle (exact proportions) while interleaving the hosts.
+    stride: u64,
     rr: AtomicU64,
 }
 
@@ -189,6 +195,7 @@ impl Weighted {
         Weighted {
             hosts,
             cumulative,
+            stride: spreading_stride(total),
             total,
             rr: AtomicU64::new(start),
         }
@@ -213,7 +220,8 @@ impl Weighted {
         }
         let h = match policy {
             LbPolicy::RoundRobin | LbPolicy::ClusterProvided => {
-                self.at(self.rr.fetch_add(1, Ordering::Relaxed) % self.total)
+                let i = self.rr.fetch_add(1, Ordering::Relaxed) % self.total;
+                self.at(i * self.stride % self.total)
             }
             LbPolicy::Random => self.random(),
             LbPolicy::LeastRequest => {
@@ -248,6 +256,22 @@ impl Weighted {
         }
         best
     }
+}
+
+/// The first number from about 0.618 x `total` (golden ratio) that is coprime with `total`.
+fn spreading_stride(total: u64) -> u64 {
+    if total <= 2 {
+        return 1;
+    }
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    (total * 618 / 1000..total)
+        .find(|s| *s > 0 && gcd(*s, total) == 1)
+        .unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -288,6 +312,32 @@ mod tests {
         let m = counts(&set, LbPolicy::RoundRobin, 400);
         assert_eq!(m[&1], 300);
         assert_eq!(m[&2], 100);
+    }
+
+    #[test]
+    fn weighted_round_robin_interleaves() {
+        let set = HostSet::new(
+            vec![
+                host(1, 1, 0, HealthStatus::Healthy),
+                host(2, 1, 0, HealthStatus::Healthy),
+                host(3, 2, 0, HealthStatus::Healthy),
+            ],
+            50.0,
+        );
+        let seq: Vec<u16> = (0..8)
+            .map(|_| {
+                set.pick(LbPolicy::RoundRobin, &LbContext::default())
+                    .unwrap()
+                    .addr
+                    .port()
+            })
+            .collect();
+        // Never the same host three times in a row, whatever the starting offset.
+        assert!(
+            seq.windows(3).all(|w| !(w[0] == w[1] && w[1] == w[2])),
+            "{seq:?}"
+        );
+        assert_eq!(seq.iter().filter(|p| **p == 3).count(), 4);
     }
 
     #[test]

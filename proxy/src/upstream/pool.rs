@@ -125,7 +125,10 @@ pub(crate) async fn send_h1(
     loop {
         let (mut idle, reused) = match take_idle(host, opts.idle_timeout) {
             Some(idle) => (idle, true),
-            None => (connect_h1(host, opts).await?, false),
+            None => {
+                opts.stats.upstream_rq_pending_total.inc();
+                (connect_h1(host, opts).await?, false)
+            }
         };
         match idle.sender.try_send_request(req).await {
             Ok(resp) => {
@@ -234,6 +237,7 @@ async fn h2_sender(
     if let Some(s) = usable() {
         return Ok((s, false));
     }
+    opts.stats.upstream_rq_pending_total.inc();
     let _connecting = host.pool.h2_connecting.lock().await;
     if let Some(s) = usable() {
         return Ok((s, false));

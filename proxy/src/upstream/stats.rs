@@ -50,8 +50,57 @@ pub struct ClusterStats {
     pub membership_total: Gauge,
     /// `membership_change`.
     pub membership_change: Counter,
-    classes: [Counter; 5],
+    /// `upstream_rq_pending_total`.
+    pub upstream_rq_pending_total: Counter,
+    codes: CodeStats,
+    external: CodeStats,
+    internal: CodeStats,
+}
+
+/// `<prefix>upstream_rq_<code|class>` and `upstream_rq_completed`, created on first use like
+/// Envoy's dynamic stat names.
+#[derive(Debug)]
+struct CodeStats {
+    prefix: String,
+    completed: OnceLock<Counter>,
+    classes: [OnceLock<Counter>; 5],
     codes: OnceLock<Box<[OnceLock<Counter>]>>,
+}
+
+impl CodeStats {
+    fn new(prefix: String) -> Self {
+        CodeStats {
+            prefix,
+            completed: OnceLock::new(),
+            classes: Default::default(),
+            codes: OnceLock::new(),
+        }
+    }
+
+    fn charge(&self, store: &Store, status: u16) {
+        let counter = |name: &str| store.counter(&format!("{}{name}", self.prefix));
+        self.completed
+            .get_or_init(|| counter("upstream_rq_completed"))
+            .inc();
+        let class = usize::from(status / 100);
+        if let Some(slot) = self.classes.get(class.wrapping_sub(1)) {
+            slot.get_or_init(|| counter(&format!("upstream_rq_{class}xx")))
+                .inc();
+        }
+        let Some(i) = status
+            .checked_sub(FIRST_CODE)
+            .map(usize::from)
+            .filter(|i| *i < CODES)
+        else {
+            return;
+        };
+        let codes = self
+            .codes
+            .get_or_init(|| (0..CODES).map(|_| OnceLock::new()).collect());
+        codes[i]
+            .get_or_init(|| counter(&format!("upstream_rq_{status}")))
+            .inc();
+    }
 }
 
 impl ClusterStats {
@@ -79,42 +128,25 @@ impl ClusterStats {
             membership_healthy: g("membership_healthy"),
             membership_total: g("membership_total"),
             membership_change: c("membership_change"),
-            classes: [
-                c("upstream_rq_1xx"),
-                c("upstream_rq_2xx"),
-                c("upstream_rq_3xx"),
-                c("upstream_rq_4xx"),
-                c("upstream_rq_5xx"),
-            ],
-            codes: OnceLock::new(),
+            upstream_rq_pending_total: c("upstream_rq_pending_total"),
+            codes: CodeStats::new(prefix.clone()),
+            external: CodeStats::new(format!("{prefix}external.")),
+            internal: CodeStats::new(format!("{prefix}internal.")),
             store: store.clone(),
             prefix,
         }
     }
 
-    /// Charges a response status: `upstream_rq_<class>xx`, `upstream_rq_<code>` and
-    /// `upstream_rq_completed`.
-    pub fn charge_status(&self, status: u16) {
-        self.upstream_rq_completed.inc();
-        if let Some(class) = self.classes.get(usize::from(status / 100).wrapping_sub(1)) {
-            class.inc();
+    /// Charges a response status (from the upstream, or of a local reply caused by the
+    /// upstream): `upstream_rq_<class>xx`, `upstream_rq_<code>`, `upstream_rq_completed`, and
+    /// the same under `internal.` or `external.` (per `x-envoy-internal`).
+    pub fn charge_status(&self, status: u16, internal: bool) {
+        self.codes.charge(&self.store, status);
+        if internal {
+            self.internal.charge(&self.store, status);
+        } else {
+            self.external.charge(&self.store, status);
         }
-        let Some(i) = status
-            .checked_sub(FIRST_CODE)
-            .map(usize::from)
-            .filter(|i| *i < CODES)
-        else {
-            return;
-        };
-        let codes = self
-            .codes
-            .get_or_init(|| (0..CODES).map(|_| OnceLock::new()).collect());
-        codes[i]
-            .get_or_init(|| {
-                self.store
-                    .counter(&format!("{}upstream_rq_{status}", self.prefix))
-            })
-            .inc();
     }
 }
 
@@ -126,9 +158,9 @@ mod tests {
     fn status_charges_class_code_and_completed() {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
-        s.charge_status(503);
-        s.charge_status(503);
-        s.charge_status(200);
+        s.charge_status(503, false);
+        s.charge_status(503, false);
+        s.charge_status(200, true);
         assert_eq!(store.counter("cluster.web.upstream_rq_503").value(), 2);
         assert_eq!(store.counter("cluster.web.upstream_rq_5xx").value(), 2);
         assert_eq!(store.counter("cluster.web.upstream_rq_2xx").value(), 1);
