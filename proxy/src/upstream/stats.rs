@@ -13,7 +13,6 @@ const CODES: usize = 500;
 #[derive(Debug)]
 pub struct ClusterStats {
     store: Store,
-    prefix: String,
     /// `upstream_cx_total`.
     pub upstream_cx_total: Counter,
     /// `upstream_cx_active`.
@@ -133,7 +132,6 @@ impl ClusterStats {
             external: CodeStats::new(format!("{prefix}external.")),
             internal: CodeStats::new(format!("{prefix}internal.")),
             store: store.clone(),
-            prefix,
         }
     }
 
