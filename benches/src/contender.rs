@@ -1,0 +1,276 @@
+//! The contenders: each one is a child process (or, for "direct", none) started with a
+//! generated config and one worker, killed by PID when dropped (also while panicking).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::configs::{self, Listen};
+use crate::upstream::Upstream;
+
+/// Who serves the traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// revoy, `--concurrency 1`.
+    Revoy,
+    /// Envoy, `--concurrency 1`.
+    Envoy,
+    /// haproxy, `nbthread 1`.
+    Haproxy,
+    /// nginx, `worker_processes 1`, `master_process off`.
+    Nginx,
+    /// No proxy: the client talks to the upstream.
+    Direct,
+}
+
+impl Kind {
+    /// Every contender, in report order.
+    pub const ALL: [Kind; 5] = [
+        Kind::Revoy,
+        Kind::Envoy,
+        Kind::Haproxy,
+        Kind::Nginx,
+        Kind::Direct,
+    ];
+
+    /// The name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Revoy => "revoy",
+            Kind::Envoy => "envoy",
+            Kind::Haproxy => "haproxy",
+            Kind::Nginx => "nginx",
+            Kind::Direct => "direct",
+        }
+    }
+}
+
+/// Which config a contender runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// HTTP/1.1 + h2 routes to two clusters, and a TCP proxy listener.
+    Standard,
+    /// 1,000 virtual hosts / 1,000 clusters x 3 endpoints, routed by Host.
+    Mesh,
+}
+
+/// Paths of the proxy binaries.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    /// The revoy release binary.
+    pub revoy: PathBuf,
+    /// The Envoy binary.
+    pub envoy: PathBuf,
+}
+
+/// A started contender; dropping it kills the process.
+pub struct Running {
+    /// Which contender.
+    pub kind: Kind,
+    /// Where it listens.
+    pub listen: Listen,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+fn free_port() -> Result<u16, String> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("bind: {e}"))?;
+    listener
+        .local_addr()
+        .map(|a| a.port())
+        .map_err(|e| e.to_string())
+}
+
+impl Running {
+    /// Writes `kind`'s config for `shape` under `dir` and starts it, waiting until it answers
+    /// an HTTP request with 200 (at most 60 s).
+    pub fn start(
+        kind: Kind,
+        shape: Shape,
+        bins: &Binaries,
+        up: &Upstream,
+        dir: &Path,
+        base_id: u32,
+    ) -> Result<Running, String> {
+        if kind == Kind::Direct {
+            let listen = Listen {
+                http: up.http[0].port(),
+                h2: up.http[0].port(),
+                tcp: up.tcp.port(),
+                admin: 0,
+            };
+            return Ok(Running {
+                kind,
+                listen,
+                child: None,
+                log: PathBuf::new(),
+            });
+        }
+        let dir = dir.join(format!("{}-{:?}", kind.name(), shape).to_lowercase());
+        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let http = free_port()?;
+        let h2 = if matches!(kind, Kind::Revoy | Kind::Envoy) {
+            http
+        } else {
+            free_port()?
+        };
+        let listen = Listen {
+            http,
+            h2,
+            tcp: free_port()?,
+            admin: free_port()?,
+        };
+        let prefix = dir.to_string_lossy().into_owned();
+        let write = |name: &str, text: String| -> Result<String, String> {
+            let path = dir.join(name);
+            fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(path.to_string_lossy().into_owned())
+        };
+        let (program, args): (PathBuf, Vec<String>) = match kind {
+            Kind::Revoy | Kind::Envoy => {
+                let text = match shape {
+                    Shape::Standard => configs::envoy_standard(&listen, up),
+                    Shape::Mesh => configs::envoy_mesh(&listen, up),
+                };
+                let config = write("bootstrap.yaml", text)?;
+                let mut args = vec![
+                    "-c".into(),
+                    config,
+                    "--concurrency".into(),
+                    "1".into(),
+                    "-l".into(),
+                    "error".into(),
+                ];
+                if kind == Kind::Envoy {
+                    args.extend([
+                        "--disable-hot-restart".into(),
+                        "--base-id".into(),
+                        base_id.to_string(),
+                    ]);
+                    (bins.envoy.clone(), args)
+                } else {
+                    (bins.revoy.clone(), args)
+                }
+            }
+            Kind::Haproxy => {
+                let text = match shape {
+                    Shape::Standard => configs::haproxy_standard(&listen, up),
+                    Shape::Mesh => {
+                        let map = write("hosts.map", configs::haproxy_mesh_map())?;
+                        configs::haproxy_mesh(&listen, up, &map)
+                    }
+                };
+                let config = write("haproxy.cfg", text)?;
+                ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
+            }
+            Kind::Nginx => {
+                let text = match shape {
+                    Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
+                    Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
+                };
+                let config = write("nginx.conf", text)?;
+                (
+                    "nginx".into(),
+                    vec!["-p".into(), prefix.clone(), "-c".into(), config],
+                )
+            }
+            Kind::Direct => unreachable!("handled above"),
+        };
+        let log = dir.join("output.log");
+        let out = fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(&program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        let mut running = Running {
+            kind,
+            listen,
+            child: Some(child),
+            log,
+        };
+        let host = match shape {
+            Shape::Standard => "bench.local".to_string(),
+            Shape::Mesh => configs::mesh_host(0),
+        };
+        running.wait_ready(&host, Duration::from_secs(60))?;
+        Ok(running)
+    }
+
+    /// The proxy's PID (`None` for "direct").
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn wait_ready(&mut self, host: &str, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        let mut last = String::new();
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Err(format!(
+                    "{} exited with {status}: {}",
+                    self.kind.name(),
+                    self.log_tail()
+                ));
+            }
+            match probe(self.listen.http, host) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!(
+            "{} not ready after {limit:?}: {last}; {}",
+            self.kind.name(),
+            self.log_tail()
+        ))
+    }
+
+    fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let start = text.len().saturating_sub(2000);
+        format!(
+            "log {}: {}",
+            self.log.display(),
+            text.get(start..).unwrap_or(&text)
+        )
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One `GET /` with `Connection: close`; Ok when the answer is a 200.
+fn probe(port: u16, host: &str) -> Result<(), String> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).map_err(|e| e.to_string())?;
+    if head.starts_with(b"HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&head).into_owned())
+    }
+}

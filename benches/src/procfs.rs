@@ -1,0 +1,44 @@
+//! Process sampling from /proc: CPU time (user + sys) and resident memory.
+
+use std::fs;
+
+/// Clock ticks per second used by the `utime`/`stime` fields of `/proc/<pid>/stat`.
+pub fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+/// User + system CPU time of all threads of `pid`, in seconds.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / ticks_per_second())
+}
+
+/// A `Vm*` line of `/proc/<pid>/status` (for example `VmRSS`, `VmHWM`), in KiB.
+pub fn status_kib(pid: u32, key: &str) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix(key)?.strip_prefix(':')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_process() {
+        let pid = std::process::id();
+        assert!(cpu_seconds(pid).is_some());
+        assert!(status_kib(pid, "VmRSS").unwrap() > 0);
+        assert!(status_kib(pid, "VmHWM").unwrap() >= status_kib(pid, "VmRSS").unwrap() / 2);
+        assert_eq!(status_kib(pid, "NoSuchKey"), None);
+    }
+}

@@ -1,0 +1,331 @@
+//! Collected samples, their medians, and the Markdown / JSON / SVG outputs.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde_json::{Value, json};
+
+use crate::contender::Kind;
+use crate::stats::median;
+
+/// A metric: key (JSON) and column title (Markdown).
+#[derive(Clone, Copy, Debug)]
+pub struct Metric {
+    /// JSON key.
+    pub key: &'static str,
+    /// Column title.
+    pub title: &'static str,
+}
+
+/// Every metric, in column order.
+pub const METRICS: [Metric; 13] = [
+    Metric {
+        key: "rps",
+        title: "req/s",
+    },
+    Metric {
+        key: "mib_s",
+        title: "MiB/s",
+    },
+    Metric {
+        key: "cpu_us_per_req",
+        title: "CPU µs/req",
+    },
+    Metric {
+        key: "cpu_ms_per_gib",
+        title: "CPU ms/GiB",
+    },
+    Metric {
+        key: "p50_us",
+        title: "p50 µs",
+    },
+    Metric {
+        key: "p99_us",
+        title: "p99 µs",
+    },
+    Metric {
+        key: "p999_us",
+        title: "p99.9 µs",
+    },
+    Metric {
+        key: "added_p99_us",
+        title: "added p99 µs",
+    },
+    Metric {
+        key: "idle_rss_mib",
+        title: "idle RSS MiB",
+    },
+    Metric {
+        key: "peak_rss_mib",
+        title: "peak RSS MiB",
+    },
+    Metric {
+        key: "mesh_idle_rss_mib",
+        title: "mesh idle RSS MiB",
+    },
+    Metric {
+        key: "mesh_peak_rss_mib",
+        title: "mesh peak RSS MiB",
+    },
+    Metric {
+        key: "errors",
+        title: "errors",
+    },
+];
+
+/// Samples per scenario, contender and metric (one per round).
+#[derive(Debug, Default)]
+pub struct Results {
+    samples: BTreeMap<(String, &'static str), BTreeMap<&'static str, Vec<f64>>>,
+    scenarios: Vec<String>,
+}
+
+impl Results {
+    /// Records one sample.
+    pub fn record(&mut self, scenario: &str, contender: Kind, metric: &'static str, value: f64) {
+        if !self.scenarios.iter().any(|s| s == scenario) {
+            self.scenarios.push(scenario.to_string());
+        }
+        self.samples
+            .entry((scenario.to_string(), contender.name()))
+            .or_default()
+            .entry(metric)
+            .or_default()
+            .push(value);
+    }
+
+    /// The median of the samples of one cell.
+    pub fn median(&self, scenario: &str, contender: Kind, metric: &str) -> Option<f64> {
+        median(
+            self.samples
+                .get(&(scenario.to_string(), contender.name()))?
+                .get(metric)?,
+        )
+    }
+
+    /// Scenarios in the order they were first recorded.
+    pub fn scenarios(&self) -> &[String] {
+        &self.scenarios
+    }
+
+    /// Fills `added_p99_us` (p99 minus direct's p99) for every scenario with latencies.
+    pub fn derive_added_latency(&mut self) {
+        for scenario in self.scenarios.clone() {
+            let Some(direct) = self.median(&scenario, Kind::Direct, "p99_us") else {
+                continue;
+            };
+            for kind in Kind::ALL {
+                if let Some(p99) = self.median(&scenario, kind, "p99_us") {
+                    self.record(&scenario, kind, "added_p99_us", p99 - direct);
+                }
+            }
+        }
+    }
+
+    /// Medians as JSON: `{scenario: {contender: {metric: median}}}`, plus raw samples.
+    pub fn to_json(&self) -> Value {
+        let mut medians = serde_json::Map::new();
+        let mut raw = serde_json::Map::new();
+        for ((scenario, contender), metrics) in &self.samples {
+            let m = medians
+                .entry(scenario.clone())
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .expect("object");
+            let r = raw
+                .entry(scenario.clone())
+                .or_insert_with(|| json!({}))
+                .as_object_mut()
+                .expect("object");
+            let cell: serde_json::Map<String, Value> = metrics
+                .iter()
+                .map(|(k, v)| (k.to_string(), json!(median(v))))
+                .collect();
+            m.insert(contender.to_string(), Value::Object(cell));
+            r.insert(contender.to_string(), json!(metrics));
+        }
+        json!({"medians": medians, "samples": raw})
+    }
+
+    /// One Markdown table per scenario; each cell shows the median and its ratio to Envoy.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::new();
+        for scenario in &self.scenarios {
+            let columns: Vec<Metric> = METRICS
+                .into_iter()
+                .filter(|m| {
+                    Kind::ALL
+                        .iter()
+                        .any(|&k| self.median(scenario, k, m.key).is_some())
+                })
+                .collect();
+            let _ = writeln!(out, "#### {scenario}\n");
+            let _ = writeln!(
+                out,
+                "| contender | {} |",
+                columns
+                    .iter()
+                    .map(|m| m.title)
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            );
+            let _ = writeln!(out, "|---|{}", "---:|".repeat(columns.len()));
+            for kind in Kind::ALL {
+                if columns
+                    .iter()
+                    .all(|m| self.median(scenario, kind, m.key).is_none())
+                {
+                    continue;
+                }
+                let cells: Vec<String> = columns
+                    .iter()
+                    .map(|m| self.cell(scenario, kind, m.key))
+                    .collect();
+                let _ = writeln!(out, "| {} | {} |", kind.name(), cells.join(" | "));
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    fn cell(&self, scenario: &str, kind: Kind, metric: &str) -> String {
+        let Some(value) = self.median(scenario, kind, metric) else {
+            return "—".into();
+        };
+        let shown = format_value(value);
+        if metric == "errors" || kind == Kind::Envoy {
+            return shown;
+        }
+        match self.median(scenario, Kind::Envoy, metric) {
+            Some(envoy) if envoy.abs() > f64::EPSILON => format!("{shown} ({:.2}×)", value / envoy),
+            _ => shown,
+        }
+    }
+}
+
+/// Rounds a figure for a table: integers above 100, one decimal above 10, else two.
+pub fn format_value(value: f64) -> String {
+    if value.abs() >= 100.0 {
+        format!("{value:.0}")
+    } else if value.abs() >= 10.0 {
+        format!("{value:.1}")
+    } else {
+        format!("{value:.2}")
+    }
+}
+
+/// A horizontal bar chart (SVG fragment) at (`x`, `y`) with the given width.
+fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64, width: f64) {
+    let max = bars
+        .iter()
+        .map(|b| b.1)
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
+    let label_width = 70.0;
+    let bar_space = width - label_width - 70.0;
+    let _ = writeln!(
+        out,
+        r#"<text x="{x}" y="{}" font-size="14" font-weight="bold">{title}</text>"#,
+        y + 14.0
+    );
+    for (i, (name, value)) in bars.iter().enumerate() {
+        let top = y + 26.0 + i as f64 * 26.0;
+        let len = bar_space * value / max;
+        let colour = if *name == "revoy" {
+            "#d9480f"
+        } else {
+            "#4c6ef5"
+        };
+        let _ = writeln!(
+            out,
+            r#"<text x="{x}" y="{}" font-size="12">{name}</text>"#,
+            top + 14.0
+        );
+        let _ = writeln!(
+            out,
+            r#"<rect x="{}" y="{top}" width="{len:.1}" height="18" fill="{colour}"/>"#,
+            x + label_width
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{}" font-size="12">{}</text>"#,
+            x + label_width + len + 4.0,
+            top + 14.0,
+            format_value(*value)
+        );
+    }
+}
+
+/// An SVG with two bar charts for `scenario`: throughput and CPU per request per contender.
+pub fn svg_chart(results: &Results, scenario: &str) -> String {
+    let bars = |metric: &str| -> Vec<(&'static str, f64)> {
+        Kind::ALL
+            .iter()
+            .filter_map(|&k| Some((k.name(), results.median(scenario, k, metric)?)))
+            .collect()
+    };
+    let mut body = String::new();
+    bar_chart(
+        &mut body,
+        &format!("{scenario}: requests/s (higher is better)"),
+        &bars("rps"),
+        10.0,
+        10.0,
+        440.0,
+    );
+    bar_chart(
+        &mut body,
+        &format!("{scenario}: proxy CPU µs/request (lower is better)"),
+        &bars("cpu_us_per_req"),
+        470.0,
+        10.0,
+        440.0,
+    );
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"175\" font-family=\"sans-serif\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Results {
+        let mut r = Results::default();
+        for (kind, rps, p99) in [
+            (Kind::Envoy, 10.0, 300.0),
+            (Kind::Revoy, 40.0, 150.0),
+            (Kind::Direct, 80.0, 100.0),
+        ] {
+            r.record("s", kind, "rps", rps);
+            r.record("s", kind, "rps", rps + 2.0);
+            r.record("s", kind, "rps", rps + 1.0);
+            r.record("s", kind, "p99_us", p99);
+        }
+        r
+    }
+
+    #[test]
+    fn medians_and_ratios() {
+        let mut r = sample();
+        assert_eq!(r.median("s", Kind::Revoy, "rps"), Some(41.0));
+        r.derive_added_latency();
+        assert_eq!(r.median("s", Kind::Envoy, "added_p99_us"), Some(200.0));
+        assert_eq!(r.median("s", Kind::Revoy, "added_p99_us"), Some(50.0));
+        let md = r.to_markdown();
+        assert!(
+            md.contains("| revoy | 41.0 (3.73×) | 150 (0.50×) | 50.0 (0.25×) |"),
+            "{md}"
+        );
+        assert!(!md.contains("| haproxy"), "{md}");
+        assert_eq!(r.to_json()["medians"]["s"]["envoy"]["rps"], json!(11.0));
+    }
+
+    #[test]
+    fn chart_has_a_bar_per_contender() {
+        let svg = svg_chart(&sample(), "s");
+        assert_eq!(svg.matches("<rect x=").count(), 3);
+        assert!(svg.starts_with("<svg"));
+    }
+}

@@ -1,0 +1,232 @@
+//! The fast upstream every contender forwards to: a hyper server (HTTP/1.1 and h2c) on its own
+//! single-threaded runtime, and a TCP source that streams a requested number of bytes.
+
+use std::convert::Infallible;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::thread;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+
+/// The body of every small response.
+pub const SMALL_BODY: &[u8] = b"hello from the benchmark upstream\n";
+/// Path answered with a 64 KiB body.
+pub const LARGE_PATH: &str = "/64k";
+/// Size of the large body.
+pub const LARGE_LEN: usize = 64 * 1024;
+/// Paths starting with this prefix get a gRPC unary reply (framed message + `grpc-status: 0`).
+pub const GRPC_PREFIX: &str = "/grpc";
+/// The protobuf payload carried in each gRPC frame (request and reply).
+pub const GRPC_PAYLOAD: &[u8] = b"0123456789abcdef";
+
+/// Addresses of a running upstream.
+#[derive(Clone, Debug)]
+pub struct Upstream {
+    /// HTTP listeners (127.0.0.1, 127.0.0.2, 127.0.0.3): the three endpoints of a mesh cluster.
+    pub http: Vec<SocketAddr>,
+    /// The TCP source: reads a big-endian u64 byte count, writes that many bytes, closes.
+    pub tcp: SocketAddr,
+}
+
+/// A gRPC message frame around `payload` (uncompressed, 4-byte big-endian length).
+pub fn grpc_frame(payload: &[u8]) -> Vec<u8> {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    frame.extend_from_slice(payload);
+    frame
+}
+
+/// Starts the upstream servers on background threads that live as long as the process.
+pub fn start() -> io::Result<Upstream> {
+    let mut listeners = Vec::new();
+    for last in 1..=3u8 {
+        let listener = StdListener::bind((Ipv4Addr::new(127, 0, 0, last), 0))?;
+        listener.set_nonblocking(true)?;
+        listeners.push(listener);
+    }
+    let http = listeners
+        .iter()
+        .map(StdListener::local_addr)
+        .collect::<io::Result<Vec<_>>>()?;
+    thread::Builder::new()
+        .name("upstream-http".into())
+        .spawn(move || serve_http(listeners))?;
+    let tcp_listener = StdListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    let tcp = tcp_listener.local_addr()?;
+    thread::Builder::new()
+        .name("upstream-tcp".into())
+        .spawn(move || serve_tcp(tcp_listener))?;
+    Ok(Upstream { http, tcp })
+}
+
+fn serve_http(listeners: Vec<StdListener>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("upstream runtime");
+    runtime.block_on(async move {
+        let large = Bytes::from(vec![b'x'; LARGE_LEN]);
+        let mut tasks = Vec::new();
+        for listener in listeners {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("upstream listener");
+            let large = large.clone();
+            tasks.push(tokio::spawn(accept_loop(listener, large)));
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    });
+}
+
+async fn accept_loop(listener: tokio::net::TcpListener, large: Bytes) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let large = large.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| respond(req, large.clone()));
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder.http2().max_concurrent_streams(1024);
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn respond(req: Request<Incoming>, large: Bytes) -> Result<Response<Reply>, Infallible> {
+    let path = req.uri().path().to_owned();
+    // Read the whole request body so that neither protocol sees an early reset.
+    let _ = req.into_body().collect().await;
+    let response = if path.starts_with(GRPC_PREFIX) {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        Response::builder()
+            .header("content-type", "application/grpc")
+            .body(Reply {
+                data: Some(Bytes::from(grpc_frame(GRPC_PAYLOAD))),
+                trailers: Some(trailers),
+            })
+    } else if path == LARGE_PATH {
+        Response::builder()
+            .header("content-type", "application/octet-stream")
+            .body(Reply::data(large))
+    } else {
+        Response::builder()
+            .header("content-type", "text/plain")
+            .body(Reply::data(Bytes::from_static(SMALL_BODY)))
+    };
+    Ok(response.expect("static response parts are valid"))
+}
+
+/// A response body: one data frame, then optional trailers.
+struct Reply {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Reply {
+    fn data(data: Bytes) -> Self {
+        Reply {
+            data: Some(data),
+            trailers: None,
+        }
+    }
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.data.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
+
+fn serve_tcp(listener: StdListener) {
+    for stream in listener.incoming().flatten() {
+        let _ = thread::Builder::new()
+            .name("upstream-tcp-conn".into())
+            .spawn(move || stream_bytes(stream));
+    }
+}
+
+fn stream_bytes(mut stream: TcpStream) -> io::Result<()> {
+    let mut len = [0u8; 8];
+    stream.read_exact(&mut len)?;
+    let mut remaining = u64::from_be_bytes(len);
+    let chunk = vec![0u8; 256 * 1024];
+    while remaining > 0 {
+        let n = remaining.min(chunk.len() as u64) as usize;
+        stream.write_all(&chunk[..n])?;
+        remaining -= n as u64;
+    }
+    stream.shutdown(std::net::Shutdown::Write)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_frame_has_length_prefix() {
+        assert_eq!(grpc_frame(b"ab"), vec![0, 0, 0, 0, 2, b'a', b'b']);
+    }
+
+    #[test]
+    fn tcp_source_streams_the_requested_count() {
+        let upstream = start().unwrap();
+        let mut stream = TcpStream::connect(upstream.tcp).unwrap();
+        stream.write_all(&300_000u64.to_be_bytes()).unwrap();
+        let mut got = Vec::new();
+        stream.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 300_000);
+    }
+
+    #[test]
+    fn http_paths() {
+        let upstream = start().unwrap();
+        for (path, expect) in [("/", SMALL_BODY.len()), (LARGE_PATH, LARGE_LEN)] {
+            let mut stream = TcpStream::connect(upstream.http[1]).unwrap();
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut got = Vec::new();
+            stream.read_to_end(&mut got).unwrap();
+            let text = String::from_utf8_lossy(&got);
+            assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+            assert!(
+                text.contains(&format!("content-length: {expect}")),
+                "{text}"
+            );
+        }
+    }
+}
