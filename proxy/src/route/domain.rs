@@ -18,15 +18,21 @@ pub enum DomainKind {
     Any,
 }
 
+/// `(virtual host index, domain slot)` of an indexed domain.
+type Entry = (usize, usize);
+
+/// Wildcard patterns of one length, keyed by their literal part.
+type LengthGroup = (usize, HashMap<String, Entry>);
+
 /// A domain index mapping host names to virtual-host indexes.
 #[derive(Debug, Default, Clone)]
 pub struct DomainIndex {
-    exact: HashMap<String, (usize, usize)>,
+    exact: HashMap<String, Entry>,
     /// Suffix wildcards grouped by suffix length, longest first.
-    suffixes: Vec<(usize, HashMap<String, (usize, usize)>)>,
+    suffixes: Vec<LengthGroup>,
     /// Prefix wildcards grouped by prefix length, longest first.
-    prefixes: Vec<(usize, HashMap<String, (usize, usize)>)>,
-    any: Option<(usize, usize)>,
+    prefixes: Vec<LengthGroup>,
+    any: Option<Entry>,
 }
 
 /// Why a domain could not be added.
