@@ -397,3 +397,45 @@ async fn unchanged_cluster_keeps_state_across_updates() {
     cm.update(Vec::new());
     assert!(cm.get("keep").is_none());
 }
+
+#[tokio::test]
+async fn logical_dns_cluster_is_one_host() {
+    let (addr, _) = http_server().await;
+    let yaml = format!(
+        "name: logical\ntype: LOGICAL_DNS\ndns_lookup_family: V4_ONLY\nload_assignment:\n  endpoints:\n  - lb_endpoints:\n    - endpoint: {{address: {{socket_address: {{address: localhost, port_value: {}}}}}}}\n",
+        addr.port()
+    );
+    let (cm, _) = manager(&yaml);
+    tokio::time::timeout(LIMIT, cm.wait_initialized())
+        .await
+        .unwrap();
+    let cluster = cm.get("logical").unwrap();
+    assert_eq!(cluster.host_set().hosts().len(), 1);
+    let resp = cluster
+        .request(get("/l"), &LbContext::default())
+        .await
+        .unwrap();
+    assert_eq!(body_text(resp).await, "HTTP/1.1 /l 127.0.0.1");
+}
+
+#[tokio::test]
+async fn use_downstream_protocol_follows_the_downstream() {
+    let (addr, _) = http_server().await;
+    let extra = r#"typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    use_downstream_protocol_config: {}"#;
+    let (cm, _) = manager(&static_cluster("follow", extra, addr));
+    let cluster = cm.get("follow").unwrap();
+    let h2 = LbContext {
+        downstream_h2: true,
+        ..Default::default()
+    };
+    let resp = cluster.request(get("/a"), &h2).await.unwrap();
+    assert_eq!(body_text(resp).await, "HTTP/2.0 /a 127.0.0.1");
+    let resp = cluster
+        .request(get("/b"), &LbContext::default())
+        .await
+        .unwrap();
+    assert_eq!(body_text(resp).await, "HTTP/1.1 /b 127.0.0.1");
+}
