@@ -267,7 +267,7 @@ impl RouteTable {
         let path = self.match_path(req.path);
         vh.routes
             .iter()
-            .position(|r| r.mismatch(req, &path).is_none())
+            .position(|r| r.matches(req, &path))
             .map(|i| selected(&vh.routes[i], Some(i)))
     }
 
@@ -294,47 +294,69 @@ impl RouteTable {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Mismatch(pub String);
 
+/// The first condition of a route that failed, without allocating.
+#[derive(Debug, Clone, Copy)]
+enum Failure<'r> {
+    Runtime(&'r str),
+    Path(&'r matcher::PathMatch),
+    Header(&'r HeaderMatcher),
+    Query(&'r str),
+    Grpc,
+    Tls,
+    Cookie(&'r str),
+}
+
 impl Route {
+    /// Whether the route matches the request (whose matching path is `path`).
+    pub fn matches(&self, req: &RouteRequest<'_>, path: &str) -> bool {
+        self.failure(req, path).is_none()
+    }
+
     /// `None` when the route matches the request (whose matching path is `path`), otherwise
-    /// the first condition that failed.
+    /// the first condition that failed, described.
     pub fn mismatch(&self, req: &RouteRequest<'_>, path: &str) -> Option<Mismatch> {
+        Some(Mismatch(match self.failure(req, path)? {
+            Failure::Runtime(key) => format!("runtime_fraction {key:?} not enabled"),
+            Failure::Path(p) => format!("{} does not match", p.describe()),
+            Failure::Header(h) => format!("{} does not match", h.describe()),
+            Failure::Query(name) => format!("query parameter {name:?} does not match"),
+            Failure::Grpc => "not a gRPC request".to_owned(),
+            Failure::Tls => "tls_context does not match".to_owned(),
+            Failure::Cookie(name) => format!("cookie {name:?} does not match"),
+        }))
+    }
+
+    fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
         let m = &self.matcher;
         if let Some(f) = &m.runtime_fraction
             && !f.enabled(req)
         {
-            return Some(Mismatch(format!(
-                "runtime_fraction {:?} not enabled",
-                f.key
-            )));
+            return Some(Failure::Runtime(&f.key));
         }
         if !m.path.matches(path, req.method, m.case_sensitive) {
-            return Some(Mismatch(format!("{} does not match", m.path.describe())));
+            return Some(Failure::Path(&m.path));
         }
         if let Some(h) = m.headers.iter().find(|h| !h.matches(req)) {
-            return Some(Mismatch(format!("{} does not match", h.describe())));
+            return Some(Failure::Header(h));
         }
         let query = matcher::query_of(path);
         if let Some(q) = m.query_parameters.iter().find(|q| !q.matches(query)) {
-            return Some(Mismatch(format!(
-                "query parameter {:?} does not match",
-                q.name
-            )));
+            return Some(Failure::Query(&q.name));
         }
         if m.grpc && !is_grpc(req) {
-            return Some(Mismatch("not a gRPC request".to_owned()));
+            return Some(Failure::Grpc);
         }
         if let Some((presented, validated)) = m.tls_context {
             let ok = req.tls_peer.is_some_and(|(p, v)| {
                 presented.is_none_or(|want| want == p) && validated.is_none_or(|want| want == v)
             });
             if !ok {
-                return Some(Mismatch("tls_context does not match".to_owned()));
+                return Some(Failure::Tls);
             }
         }
         for (name, sm, invert) in &m.cookies {
-            let ok = policy::cookie(req, name).is_some_and(|v| sm.matches(v) != *invert);
-            if !ok {
-                return Some(Mismatch(format!("cookie {name:?} does not match")));
+            if !policy::cookie(req, name).is_some_and(|v| sm.matches(v) != *invert) {
+                return Some(Failure::Cookie(name));
             }
         }
         None
