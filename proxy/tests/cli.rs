@@ -1,0 +1,370 @@
+//! CLI-level tests of the `revoy` binary: `--mode validate` over Istio's bootstrap goldens,
+//! bad input compared with Envoy, Envoy's flags (pilot-agent's argv, old and new), `--version`,
+//! and `--config-yaml` merged over `-c`.
+
+#[path = "differential/oracle.rs"]
+mod oracle;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn revoy() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_revoy"))
+}
+
+/// Runs `command` to completion, killing it (by PID) after 30 s.
+fn run(mut command: Command) -> Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = child.unwrap_or_else(|e| panic!("spawn {command:?}: {e}"));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().expect("try_wait").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("{command:?} did not exit within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("collect output")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+fn scratch(name: &str, contents: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("revoy-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write scratch file");
+    path
+}
+
+fn valid_yaml() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cli/valid.yaml");
+    std::fs::read_to_string(path).expect("tests/cli/valid.yaml")
+}
+
+fn validate(program: Command, config: &Path, extra: &[&str]) -> Output {
+    let mut command = program;
+    command
+        .args(["--mode", "validate", "-c"])
+        .arg(config)
+        .args(extra);
+    run(command)
+}
+
+fn envoy_command(envoy: &Path) -> Command {
+    let mut command = Command::new(envoy);
+    command.args([
+        "--base-id",
+        &std::process::id().to_string(),
+        "--disable-hot-restart",
+    ]);
+    command
+}
+
+/// Envoy itself rejects these two goldens (an Istio-only extension and a tracer removed from
+/// Envoy); revoy must still accept them, since istio-proxy builds carry those extensions.
+const ENVOY_REJECTS: [&str; 2] = ["ambient_golden.json", "tracing_lightstep_golden.json"];
+
+#[test]
+fn validate_accepts_every_istio_bootstrap_golden() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/corpus/istio/pkg/bootstrap/testdata");
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("Istio corpus missing at {}: {e}", dir.display()));
+    let mut goldens: Vec<PathBuf> = entries
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.to_string_lossy().ends_with("_golden.json"))
+        .collect();
+    goldens.sort();
+    assert!(
+        goldens.len() >= 20,
+        "expected the Istio goldens in {}, found {}",
+        dir.display(),
+        goldens.len()
+    );
+    let envoy = oracle::envoy_path();
+    let mut failures = Vec::new();
+    for golden in &goldens {
+        let name = golden
+            .file_name()
+            .expect("file name")
+            .to_string_lossy()
+            .into_owned();
+        if let Some(envoy) = &envoy {
+            let envoy_ok = validate(envoy_command(envoy), golden, &[]).status.success();
+            assert_eq!(
+                envoy_ok,
+                !ENVOY_REJECTS.contains(&name.as_str()),
+                "Envoy's verdict on {name} changed"
+            );
+        }
+        let output = validate(revoy(), golden, &[]);
+        if !output.status.success() {
+            failures.push(format!(
+                "{name}: exit {:?}\n{}",
+                output.status.code(),
+                text(&output)
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "revoy --mode validate rejected:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// One bad bootstrap: a one-line edit of `valid.yaml` and words the error must contain.
+struct BadInput {
+    name: &'static str,
+    from: &'static str,
+    to: &'static str,
+    words: &'static [&'static str],
+}
+
+const BAD_INPUTS: [BadInput; 5] = [
+    BadInput {
+        name: "typo field",
+        from: "    type: STATIC",
+        to: "    typo_field: STATIC",
+        words: &["typo_field", "clusters[0]"],
+    },
+    BadInput {
+        name: "wrong type",
+        from: "port_value: 10001",
+        to: "port_value: \"not-a-number\"",
+        words: &["port_value"],
+    },
+    BadInput {
+        name: "unknown cluster in a route",
+        from: "route: {cluster: a}",
+        to: "route: {cluster: missing_cluster}",
+        words: &["missing_cluster", "unknown"],
+    },
+    BadInput {
+        name: "invalid regex",
+        from: "match: {prefix: \"/\"}",
+        to: "match: {safe_regex: {regex: \"(unclosed\"}}",
+        words: &["(unclosed"],
+    },
+    BadInput {
+        name: "duplicate listener address",
+        from: "  clusters:",
+        to: "  - name: l2\n    address: {socket_address: {address: 127.0.0.1, port_value: 10000}}\n    filter_chains:\n    - filters:\n      - name: envoy.filters.network.tcp_proxy\n        typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: a}\n  clusters:",
+        words: &["duplicate", "127.0.0.1:10000"],
+    },
+];
+
+#[test]
+fn bad_input_fails_like_envoy() {
+    let valid = valid_yaml();
+    let envoy = oracle::envoy_or_skip("cli::bad_input_fails_like_envoy");
+    if let Some(envoy) = &envoy {
+        let ok = validate(envoy_command(envoy), &scratch("valid.yaml", &valid), &[]);
+        assert!(
+            ok.status.success(),
+            "Envoy rejects the valid base:\n{}",
+            text(&ok)
+        );
+    }
+    let mut failures = Vec::new();
+    for bad in &BAD_INPUTS {
+        assert!(
+            valid.contains(bad.from),
+            "{}: valid.yaml lacks {:?}",
+            bad.name,
+            bad.from
+        );
+        let config = scratch(
+            &format!("{}.yaml", bad.name.replace(' ', "_")),
+            &valid.replacen(bad.from, bad.to, 1),
+        );
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), &config, &[]);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{}: Envoy should exit 1:\n{}",
+                bad.name,
+                text(&output)
+            );
+        }
+        let mut modes: Vec<(&str, Output)> =
+            vec![("--mode validate", validate(revoy(), &config, &[]))];
+        let mut serve = revoy();
+        serve.arg("-c").arg(&config).args(["--concurrency", "1"]);
+        modes.push(("serve", run(serve)));
+        for (mode, output) in modes {
+            let message = text(&output);
+            let missing: Vec<_> = bad
+                .words
+                .iter()
+                .filter(|w| !message.contains(**w))
+                .collect();
+            if output.status.code() != Some(1) || !missing.is_empty() {
+                failures.push(format!(
+                    "{} ({mode}): exit {:?}, missing words {missing:?} in:\n{message}",
+                    bad.name,
+                    output.status.code()
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// pilot-agent's current argv (istio-contract.md §1.2), every optional flag included.
+const PILOT_AGENT_FLAGS: &[&str] = &[
+    "--drain-time-s",
+    "45",
+    "--drain-strategy",
+    "immediate",
+    "--local-address-ip-version",
+    "v4",
+    "--file-flush-interval-msec",
+    "1000",
+    "--disable-hot-restart",
+    "--allow-unknown-static-fields",
+    "--file-flush-min-size-kb",
+    "64",
+    "-l",
+    "warning",
+    "--component-log-level",
+    "misc:error",
+    "--skip-deprecated-logs",
+    "--enable-core-dump",
+    "--concurrency",
+    "2",
+    "--log-format",
+    "%Y-%m-%dT%T.%fZ\t%l\tenvoy %n %g:%#\t%v\tthread=%t",
+];
+
+/// Flags of the Istio 1.0 to 1.10 era (istio-contract.md §1.3 and the flag history table).
+const OLD_ISTIO_FLAGS: &[&str] = &[
+    "--restart-epoch",
+    "0",
+    "--parent-shutdown-time-s",
+    "60",
+    "--service-cluster",
+    "istio-proxy",
+    "--service-node",
+    "sidecar~10.1.2.3~pod.ns~ns.svc.cluster.local",
+    "--max-obj-name-len",
+    "189",
+    "--allow-unknown-fields",
+    "--service-zone",
+    "az-1",
+    "--v2-config-only",
+    "--bootstrap-version",
+    "3",
+    "--reject-unknown-dynamic-fields",
+    "--log-path",
+    "/dev/null",
+];
+
+#[test]
+fn accepts_pilot_agent_flags() {
+    let config = scratch("flags.yaml", &valid_yaml());
+    let output = validate(revoy(), &config, PILOT_AGENT_FLAGS);
+    assert!(
+        output.status.success(),
+        "pilot-agent's argv rejected:\n{}",
+        text(&output)
+    );
+    if let Some(envoy) = oracle::envoy_or_skip("cli::accepts_pilot_agent_flags") {
+        let output = validate(envoy_command(&envoy), &config, PILOT_AGENT_FLAGS);
+        assert!(
+            output.status.success(),
+            "Envoy rejects pilot-agent's argv:\n{}",
+            text(&output)
+        );
+    }
+}
+
+#[test]
+fn accepts_old_istio_flags() {
+    let config = scratch("old_flags.yaml", &valid_yaml());
+    let output = validate(revoy(), &config, OLD_ISTIO_FLAGS);
+    assert!(
+        output.status.success(),
+        "old Istio flags rejected:\n{}",
+        text(&output)
+    );
+}
+
+#[test]
+fn version_names_the_version() {
+    let mut command = revoy();
+    command.arg("--version");
+    let output = run(command);
+    let message = text(&output);
+    assert!(output.status.success(), "--version failed:\n{message}");
+    assert!(
+        message.contains("version:"),
+        "--version output lacks `version:` (Envoy's shape):\n{message}"
+    );
+}
+
+#[test]
+fn config_yaml_is_merged_over_the_file() {
+    let broken = scratch(
+        "needs_cluster.yaml",
+        &valid_yaml().replacen("route: {cluster: a}", "route: {cluster: extra}", 1),
+    );
+    let adds_cluster = "{static_resources: {clusters: [{name: extra, type: STATIC, load_assignment: {cluster_name: extra}}]}}";
+    let duplicates_cluster = "{static_resources: {clusters: [{name: a, type: STATIC}]}}";
+    let valid = scratch("merge_base.yaml", &valid_yaml());
+    let cases: [(&str, &Path, &[&str], bool); 3] = [
+        (
+            "the file alone routes to a missing cluster",
+            &broken,
+            &[],
+            false,
+        ),
+        (
+            "--config-yaml appends the missing cluster",
+            &broken,
+            &["--config-yaml", adds_cluster],
+            true,
+        ),
+        (
+            "repeated fields append, so a second `a` is a duplicate",
+            &valid,
+            &["--config-yaml", duplicates_cluster],
+            false,
+        ),
+    ];
+    let envoy = oracle::envoy_or_skip("cli::config_yaml_is_merged_over_the_file");
+    for (name, config, extra, accepted) in cases {
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), config, extra);
+            assert_eq!(
+                output.status.success(),
+                accepted,
+                "Envoy, {name}:\n{}",
+                text(&output)
+            );
+        }
+        let output = validate(revoy(), config, extra);
+        assert_eq!(
+            output.status.success(),
+            accepted,
+            "revoy, {name}:\n{}",
+            text(&output)
+        );
+        if !accepted {
+            assert_eq!(output.status.code(), Some(1), "revoy, {name}: exit code");
+        }
+    }
+}

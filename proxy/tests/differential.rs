@@ -1,0 +1,382 @@
+//! Differential tests: the same config and the same requests through real Envoy and through
+//! revoy, against in-test upstreams that echo what they received. See
+//! `differential/harness.rs` for the template placeholders and `differential/case.rs` for the
+//! case builder. Run Envoy against itself with `REVOY_DIFF_PEER=envoy` to check the cases.
+
+mod differential {
+    pub mod case;
+    pub mod client;
+    pub mod harness;
+    pub mod oracle;
+    pub mod upstream;
+    pub mod websocket;
+}
+
+use differential::case::Case;
+use differential::harness::run;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing() {
+    let cases = [
+        Case::get("vhost exact", "/")
+            .host("exact.example.com")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("vhost exact upper case host", "/").host("EXACT.Example.COM"),
+        Case::get("vhost exact host with port", "/").host("exact.example.com:{{listener_0}}"),
+        Case::get("vhost domain with port", "/")
+            .host("port.example.com:8080")
+            .expect("upstream", "b"),
+        Case::get("vhost domain with port, host without", "/").host("port.example.com"),
+        Case::get("vhost longest suffix wins", "/")
+            .host("x.wild.example.com")
+            .expect("upstream.header.x-vhost", "long_suffix"),
+        Case::get("vhost short suffix", "/")
+            .host("other.example.com")
+            .expect("upstream.header.x-vhost", "short_suffix"),
+        Case::get("vhost suffix needs a label", "/").host("wild.example.com"),
+        Case::get("vhost prefix", "/")
+            .host("api.anything.test")
+            .expect("upstream.header.x-vhost", "prefix"),
+        Case::get("vhost catch-all", "/only-here")
+            .host("unknown.test")
+            .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get("no route in catch-all is 404", "/nothing")
+            .host("unknown.test")
+            .expect("status", "404"),
+        Case::get("route path exact", "/exact")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "path"),
+        Case::get("route path with query", "/exact?x=1")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "path"),
+        Case::get("route path is not a prefix", "/exact/more")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "fallback"),
+        Case::get("route prefix", "/prefix/a/b")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "prefix"),
+        Case::get("route regex full match", "/regex/123")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "regex"),
+        Case::get("route regex partial is no match", "/regex/123abc").host("routes.test"),
+        Case::get("route path_separated_prefix exact", "/sep")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "path_separated_prefix"),
+        Case::get("route path_separated_prefix segment", "/sep/x?q=1").host("routes.test"),
+        Case::get("route path_separated_prefix not a segment", "/separate")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "fallback"),
+        Case::get("route case insensitive", "/caseless/x")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "case_insensitive"),
+        Case::get("route header exact", "/hdr")
+            .host("routes.test")
+            .header("x-mode", "blue")
+            .expect("upstream.header.x-route", "header_exact"),
+        Case::get("route header present", "/hdr")
+            .host("routes.test")
+            .header("x-mode", "green")
+            .expect("upstream.header.x-route", "header_present"),
+        Case::get("route header inverted", "/inv")
+            .host("routes.test")
+            .header("x-mode", "green")
+            .expect("upstream.header.x-route", "header_inverted"),
+        Case::get("route header inverted no match", "/inv")
+            .host("routes.test")
+            .header("x-mode", "red"),
+        Case::get("route header inverted absent", "/inv")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "fallback"),
+        Case::get("route query exact", "/query?debug=1")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "query_exact"),
+        Case::get("route query wrong value", "/query?debug=2").host("routes.test"),
+        Case::get("route query present", "/query?a=1&flag")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "query_present"),
+        Case::get("route http2 downstream", "/prefix/h2")
+            .host("routes.test")
+            .h2()
+            .expect("upstream.header.x-route", "prefix"),
+    ];
+    run("routing", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actions() {
+    let cases = [
+        Case::get("cluster", "/cluster")
+            .host("actions.test")
+            .expect("upstream", "a"),
+        Case::send("post body forwarded", "POST", "/cluster", "hello body")
+            .host("actions.test")
+            .expect("upstream.body", "hello body"),
+        Case::get("weighted 100/0 always first", "/weighted-first")
+            .host("actions.test")
+            .spread(4)
+            .expect("upstreams", "a"),
+        Case::get(
+            "weighted 0/100 with per-cluster headers",
+            "/weighted-second",
+        )
+        .host("actions.test")
+        .expect("upstream.header.x-weighted", "b"),
+        Case::get("cluster_header", "/by-header")
+            .host("actions.test")
+            .header("x-cluster", "b")
+            .expect("upstream", "b"),
+        Case::get("cluster_header unknown cluster", "/by-header")
+            .host("actions.test")
+            .header("x-cluster", "nope")
+            .expect("status", "503"),
+        Case::get("cluster_header missing", "/by-header").host("actions.test"),
+        Case::get("prefix_rewrite", "/rewrite/x/y?q=1")
+            .host("actions.test")
+            .expect("upstream.path", "/new/x/y?q=1"),
+        Case::get("prefix_rewrite to root", "/strip/abc").host("actions.test"),
+        Case::get("regex_rewrite", "/regex-rewrite/abc/123?x=1")
+            .host("actions.test")
+            .expect("upstream.path", "/swapped/123/abc?x=1"),
+        Case::get("host_rewrite_literal", "/host-literal")
+            .host("actions.test")
+            .expect("upstream.host", "rewritten.example.com"),
+        Case::get("auto_host_rewrite strict_dns", "/auto-host-dns").host("actions.test"),
+        Case::get("auto_host_rewrite static is a no-op", "/auto-host-static").host("actions.test"),
+        Case::get("timeout gives 504", "/slow")
+            .host("actions.test")
+            .header("x-echo-delay-ms", "2000")
+            .expect("status", "504"),
+        Case::get("timeout not reached", "/slow")
+            .host("actions.test")
+            .expect("status", "200"),
+        Case::get("upstream status passes through", "/cluster")
+            .host("actions.test")
+            .header("x-echo-status", "503")
+            .expect("upstream", "a"),
+        Case::get("redirect host and path", "/redirect?x=1")
+            .host("actions.test")
+            .expect("status", "308"),
+        Case::get("https redirect", "/https-redirect?x=1")
+            .host("actions.test")
+            .expect("status", "301"),
+        Case::get("prefix redirect strips query", "/prefix-redirect/a?b=1").host("actions.test"),
+        Case::get("direct_response body", "/direct")
+            .host("actions.test")
+            .expect("body", "hello from direct_response\n"),
+        Case::send("direct_response HEAD", "HEAD", "/direct", "").host("actions.test"),
+        Case::get("direct_response without body", "/teapot")
+            .host("actions.test")
+            .expect("status", "418"),
+        Case::get("connect failure 503", "/closed")
+            .host("actions.test")
+            .expect("status", "503"),
+        Case::get("no healthy upstream 503", "/empty")
+            .host("actions.test")
+            .expect("body", "no healthy upstream"),
+        Case::get("no virtual host 404", "/cluster")
+            .host("other.test")
+            .expect("status", "404"),
+        Case::get("direct_response over h2", "/direct")
+            .host("actions.test")
+            .h2(),
+        Case::get("connect failure over h2", "/closed")
+            .host("actions.test")
+            .h2(),
+    ];
+    run("actions", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers() {
+    let cases = [
+        Case::get("three levels add and remove", "/levels")
+            .header("x-remove-at-rc", "1")
+            .header("x-remove-at-vh", "1")
+            .header("x-remove-at-route", "1")
+            .header("x-echo-response-header", "x-upstream-remove-at-rc=1")
+            .header("x-echo-response-header", "x-upstream-remove-at-route=1")
+            .header("x-echo-response-header", "x-upstream-kept=1")
+            .expect("upstream.header.x-rc", "rc"),
+        Case::get("three levels append to client value", "/levels").header("x-level", "client"),
+        Case::get("three levels over h2", "/levels").h2(),
+        Case::get("append actions, headers absent", "/actions"),
+        Case::get("append actions, headers present", "/actions")
+            .header("x-overwrite", "client")
+            .header("x-add-if-absent", "client")
+            .header("x-overwrite-if-exists", "client")
+            .header("x-echo-response-header", "x-resp-overwrite=upstream"),
+        Case::get("hop-by-hop request headers removed", "/plain")
+            .header("connection", "keep-alive, x-hop")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-connection", "keep-alive")
+            .header("x-hop", "1")
+            .header("te", "trailers"),
+        Case::get("hop-by-hop response headers removed", "/plain")
+            .header("x-echo-response-header", "keep-alive=timeout=9")
+            .header("x-echo-response-header", "proxy-connection=keep-alive"),
+        Case::get("x-request-id generated", "/plain"),
+        Case::get("x-request-id preserved", "/plain").header("x-request-id", "client-request-id"),
+        Case::get("server header defaults to envoy", "/plain")
+            .header("x-echo-response-header", "server=upstream-server"),
+        Case::get("server header on direct_response", "/direct"),
+        Case::get("server_name with PASS_THROUGH", "/plain")
+            .listener(1)
+            .header("x-echo-response-header", "server=upstream-server"),
+        Case::get("PASS_THROUGH without upstream server", "/plain").listener(1),
+        Case::get("server_name on direct_response", "/direct").listener(1),
+        Case::get("always_set_request_id_in_response", "/plain")
+            .listener(1)
+            .header("x-request-id", "client-request-id"),
+        Case::get("APPEND_IF_ABSENT with upstream server", "/plain")
+            .listener(2)
+            .header("x-echo-response-header", "server=upstream-server"),
+        Case::get("APPEND_IF_ABSENT without upstream server", "/plain").listener(2),
+    ];
+    run("headers", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xff() {
+    let cases = [
+        Case::get("use_remote_address, no xff", "/")
+            .expect("upstream.header.x-envoy-external-address", "127.0.0.1"),
+        Case::get("use_remote_address, client xff", "/").header("x-forwarded-for", "203.0.113.7"),
+        Case::get("use_remote_address, client proto https", "/")
+            .header("x-forwarded-proto", "https"),
+        Case::get("use_remote_address, from 127.0.0.2", "/").from("127.0.0.2"),
+        Case::get("use_remote_address, client request id", "/").header("x-request-id", "client-id"),
+        Case::get("use_remote_address, client x-envoy headers", "/")
+            .header("x-envoy-internal", "true")
+            .header("x-envoy-retry-on", "5xx")
+            .header("x-envoy-upstream-rq-timeout-ms", "1"),
+        Case::get("use_remote_address over h2", "/")
+            .h2()
+            .header("x-forwarded-for", "203.0.113.7"),
+        Case::get("no remote address, no xff", "/").listener(1),
+        Case::get("no remote address, client xff", "/")
+            .listener(1)
+            .header("x-forwarded-for", "203.0.113.7"),
+        Case::get("no remote address, client proto https", "/")
+            .listener(1)
+            .header("x-forwarded-proto", "https"),
+        Case::get("no remote address, client request id", "/")
+            .listener(1)
+            .header("x-request-id", "client-id"),
+        Case::get("trusted hops 1, two entries", "/")
+            .listener(2)
+            .header("x-forwarded-for", "203.0.113.7, 198.51.100.1"),
+        Case::get("trusted hops 1, one entry", "/")
+            .listener(2)
+            .header("x-forwarded-for", "203.0.113.7"),
+        Case::get("trusted hops 1, none", "/").listener(2),
+        Case::get("skip_xff_append", "/")
+            .listener(3)
+            .header("x-forwarded-for", "203.0.113.7"),
+    ];
+    run("xff", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_chains() {
+    let cases = [
+        Case::get("destination port", "/").expect("upstream.header.x-chain", "port"),
+        Case::get("destination port and source range", "/")
+            .from("127.0.0.2")
+            .expect("upstream.header.x-chain", "port_and_source"),
+        Case::get("default_filter_chain", "/")
+            .listener(1)
+            .expect("upstream.header.x-chain", "default"),
+        Case::get("source range /32", "/")
+            .listener(1)
+            .from("127.0.0.3")
+            .expect("upstream.header.x-chain", "three"),
+        Case::get("transport protocol raw_buffer", "/")
+            .listener(2)
+            .expect("upstream.header.x-chain", "raw_buffer"),
+        Case::get("transport protocol raw_buffer over h2", "/")
+            .listener(2)
+            .h2(),
+        Case::get("no matching chain closes", "/")
+            .listener(3)
+            .expect("error", "no response"),
+        Case::get("source type loopback", "/")
+            .listener(4)
+            .expect("upstream.header.x-chain", "loopback"),
+    ];
+    run("filter_chains", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocols() {
+    let cases = [
+        Case::get("http1 get", "/"),
+        Case::get("h2c get", "/")
+            .h2()
+            .expect("upstream.version", "HTTP/1.1"),
+        Case::send("http1 post", "POST", "/post", "payload"),
+        Case::send("h2c post", "POST", "/post", "payload").h2(),
+        Case::get("h2 upstream from http1", "/h2up").expect("upstream.version", "HTTP/2.0"),
+        Case::get("h2 upstream from h2c", "/h2up").h2(),
+        Case::get("downstream protocol http1", "/downstream-protocol")
+            .expect("upstream.version", "HTTP/1.1"),
+        Case::get("downstream protocol h2c", "/downstream-protocol")
+            .h2()
+            .expect("upstream.version", "HTTP/2.0"),
+        Case::grpc("grpc unary", "/echo.Echo/Say", "hello grpc").expect("trailer.grpc-status", "0"),
+        Case::websocket("websocket echo", "/ws", "hello ws").expect("status", "101"),
+        Case::websocket("websocket without upgrade_configs", "/ws", "hello ws").listener(1),
+        Case::get("missing host", "/").no_host(),
+        Case::raw(
+            "malformed header line",
+            b"GET / HTTP/1.1\r\nHost: x\r\nbad header line\r\n\r\n",
+        )
+        .expect("status", "400"),
+        Case::raw("invalid method token", b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n"),
+        Case::raw("garbage request line", b"hello\r\n\r\n"),
+        Case::raw("http/1.0 request", b"GET / HTTP/1.0\r\n\r\n"),
+        Case::raw(
+            "absolute-form target",
+            b"GET http://abs.example.com/abs?q=1 HTTP/1.1\r\nHost: abs.example.com\r\n\r\n",
+        ),
+        Case::raw(
+            "h2 preface on http1-only",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        )
+        .listener(1),
+        Case::get("h2c on http2-only", "/").h2().listener(2),
+        Case::get("http1 on http2-only", "/").listener(2),
+    ];
+    run("protocols", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp() {
+    let cases = [
+        Case::tcp("tcp_proxy cluster", "hello").expect("tcp.reply", "a:hello"),
+        Case::tcp("tcp_proxy weighted_clusters", "hello")
+            .listener(1)
+            .expect("tcp.reply", "b:hello"),
+        Case::tcp("tcp_proxy closed upstream", "hello").listener(2),
+        Case::tcp("tcp_proxy idle_timeout", "hello").listener(3),
+    ];
+    run("tcp", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters() {
+    let cases = [
+        Case::get("strict_dns localhost", "/strict-dns").expect("upstream", "a"),
+        Case::get("logical_dns localhost", "/logical-dns").expect("upstream", "b"),
+        Case::get("round robin reaches both", "/round-robin")
+            .spread(4)
+            .expect("upstreams", "a,b"),
+        Case::get("least request", "/least-request")
+            .spread_within(4, &["a", "b"])
+            .expect("upstreams.within_pool", "yes"),
+        Case::get("random", "/random")
+            .spread_within(4, &["b", "c"])
+            .expect("upstreams.within_pool", "yes"),
+        Case::get("priority 0 first", "/priority").expect("upstream", "c"),
+    ];
+    run("clusters", &cases).await;
+}

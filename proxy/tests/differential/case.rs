@@ -1,0 +1,177 @@
+//! One differential request case, built in one line:
+//! `Case::get("name", "/path").host("a.test").header("x", "1").h2()`.
+//!
+//! Strings may hold template placeholders (`{{listener_0}}`, `{{upstream_a}}`), rendered per side.
+
+use std::net::IpAddr;
+
+/// Downstream protocol of an HTTP case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Proto {
+    /// HTTP/1.1 over plain TCP.
+    H1,
+    /// HTTP/2 with prior knowledge (h2c).
+    H2,
+}
+
+/// What the case sends.
+#[derive(Clone, Debug)]
+pub enum Kind {
+    /// An HTTP request (`proto` decides the version).
+    Http,
+    /// A gRPC unary call over h2c carrying `message`.
+    Grpc(String),
+    /// A WebSocket upgrade, then one text frame carrying `message`.
+    WebSocket(String),
+    /// A TCP connection that sends one line and reads one line.
+    Tcp(String),
+    /// Raw bytes written to the connection; the response is parsed as HTTP/1.x.
+    Raw(Vec<u8>),
+}
+
+/// A request sent identically to Envoy and to revoy.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// Unique name within its config, shown in mismatch reports.
+    pub name: &'static str,
+    /// Index `N` of the `{{listener_N}}` placeholder the request goes to.
+    pub listener: usize,
+    /// What is sent.
+    pub kind: Kind,
+    /// HTTP method.
+    pub method: String,
+    /// Request target (path and query).
+    pub path: String,
+    /// Host header (HTTP/1.1) or authority (HTTP/2); `None` sends none.
+    pub host: Option<String>,
+    /// Extra request headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// Request body.
+    pub body: String,
+    /// Downstream protocol.
+    pub proto: Proto,
+    /// Client source address (any 127.0.0.0/8 address), default 127.0.0.1.
+    pub source: Option<IpAddr>,
+    /// Send the request this many times and observe the set of upstreams reached.
+    pub repeat: usize,
+    /// With `repeat`: observe only whether every upstream reached is in this pool.
+    pub pool: Vec<String>,
+    /// Fields whose value is asserted on both sides (guards that the case tests what it says).
+    pub expect: Vec<(String, String)>,
+}
+
+impl Case {
+    fn new(name: &'static str, kind: Kind, method: &str, path: &str) -> Case {
+        Case {
+            name,
+            listener: 0,
+            kind,
+            method: method.to_string(),
+            path: path.to_string(),
+            host: Some("example.com".to_string()),
+            headers: Vec::new(),
+            body: String::new(),
+            proto: Proto::H1,
+            source: None,
+            repeat: 1,
+            pool: Vec::new(),
+            expect: Vec::new(),
+        }
+    }
+
+    /// An HTTP GET of `path` with `Host: example.com`.
+    pub fn get(name: &'static str, path: &str) -> Case {
+        Case::new(name, Kind::Http, "GET", path)
+    }
+
+    /// An HTTP request with a method and a body.
+    pub fn send(name: &'static str, method: &str, path: &str, body: &str) -> Case {
+        Case {
+            body: body.to_string(),
+            ..Case::new(name, Kind::Http, method, path)
+        }
+    }
+
+    /// A gRPC unary call to `path` (e.g. `/echo.Echo/Say`) carrying `message`.
+    pub fn grpc(name: &'static str, path: &str, message: &str) -> Case {
+        Case {
+            proto: Proto::H2,
+            ..Case::new(name, Kind::Grpc(message.to_string()), "POST", path)
+        }
+    }
+
+    /// A WebSocket upgrade of `path`, then `message` echoed.
+    pub fn websocket(name: &'static str, path: &str, message: &str) -> Case {
+        Case::new(name, Kind::WebSocket(message.to_string()), "GET", path)
+    }
+
+    /// A TCP connection sending `line`.
+    pub fn tcp(name: &'static str, line: &str) -> Case {
+        Case::new(name, Kind::Tcp(line.to_string()), "", "")
+    }
+
+    /// Raw bytes on an HTTP listener.
+    pub fn raw(name: &'static str, bytes: &[u8]) -> Case {
+        Case::new(name, Kind::Raw(bytes.to_vec()), "", "")
+    }
+
+    /// Sets the Host header / authority.
+    pub fn host(self, host: &str) -> Case {
+        Case {
+            host: Some(host.to_string()),
+            ..self
+        }
+    }
+
+    /// Sends no Host header.
+    pub fn no_host(self) -> Case {
+        Case { host: None, ..self }
+    }
+
+    /// Adds a request header.
+    pub fn header(mut self, name: &str, value: &str) -> Case {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Uses HTTP/2 prior knowledge downstream.
+    pub fn h2(self) -> Case {
+        Case {
+            proto: Proto::H2,
+            ..self
+        }
+    }
+
+    /// Sends to `{{listener_N}}`.
+    pub fn listener(self, listener: usize) -> Case {
+        Case { listener, ..self }
+    }
+
+    /// Connects from this loopback source address.
+    pub fn from(self, source: &str) -> Case {
+        Case {
+            source: Some(source.parse().expect("source address")),
+            ..self
+        }
+    }
+
+    /// Repeats the request `n` times, observing the set of upstreams reached.
+    pub fn spread(self, n: usize) -> Case {
+        Case { repeat: n, ..self }
+    }
+
+    /// Repeats `n` times, observing whether every upstream reached is one of `pool`.
+    pub fn spread_within(self, n: usize, pool: &[&str]) -> Case {
+        Case {
+            repeat: n,
+            pool: pool.iter().map(|s| s.to_string()).collect(),
+            ..self
+        }
+    }
+
+    /// Asserts `field` has `value` on both sides.
+    pub fn expect(mut self, field: &str, value: &str) -> Case {
+        self.expect.push((field.to_string(), value.to_string()));
+        self
+    }
+}

