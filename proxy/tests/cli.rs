@@ -64,11 +64,7 @@ fn validate(program: Command, config: &Path, extra: &[&str]) -> Output {
 
 fn envoy_command(envoy: &Path) -> Command {
     let mut command = Command::new(envoy);
-    command.args([
-        "--base-id",
-        &std::process::id().to_string(),
-        "--disable-hot-restart",
-    ]);
+    command.args(["--base-id", &std::process::id().to_string()]);
     command
 }
 
