@@ -7,6 +7,7 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
     HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
 };
 
+use super::filter_chain_match::Cidr;
 use super::{ConfigError, Warnings};
 use crate::route::RouteTable;
 
@@ -87,6 +88,11 @@ pub struct HcmConfig {
     pub request_timeout: Option<Duration>,
     /// Router filter `suppress_envoy_headers`.
     pub suppress_envoy_headers: bool,
+    /// `internal_address_config.cidr_ranges`: peers whose requests are internal (none by
+    /// default, as in Envoy 1.40).
+    pub internal_ranges: Vec<Cidr>,
+    /// `http_protocol_options.accept_http_10`.
+    pub accept_http_10: bool,
 }
 
 fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
@@ -142,6 +148,12 @@ pub fn compile_hcm(
     if !saw_router {
         warnings.push("http_filters: no router filter; requests get a 404 like Envoy without a terminal filter".into());
     }
+    let internal_ranges = hcm
+        .internal_address_config
+        .iter()
+        .flat_map(|c| c.cidr_ranges.iter().enumerate())
+        .map(|(i, r)| Cidr::compile(r, &format!("internal_address_config.cidr_ranges[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
     let idle = hcm
         .stream_idle_timeout
         .as_ref()
@@ -181,5 +193,7 @@ pub fn compile_hcm(
         stream_idle_timeout: idle,
         request_timeout: hcm.request_timeout.as_ref().and_then(duration),
         suppress_envoy_headers,
+        internal_ranges,
+        accept_http_10: hcm.http_protocol_options.as_ref().is_some_and(|o| o.accept_http_10),
     })
 }

@@ -15,9 +15,10 @@ static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
+static X_ENVOY_EXTERNAL_ADDRESS: HeaderName = HeaderName::from_static("x-envoy-external-address");
 
 /// `x-envoy-*` request headers Envoy removes from external (edge) requests.
-const INTERNAL_ONLY: [&str; 12] = [
+const INTERNAL_ONLY: [&str; 19] = [
     "x-envoy-decorator-operation",
     "x-envoy-downstream-service-cluster",
     "x-envoy-downstream-service-node",
@@ -25,11 +26,18 @@ const INTERNAL_ONLY: [&str; 12] = [
     "x-envoy-external-address",
     "x-envoy-force-trace",
     "x-envoy-hedge-on-per-try-timeout",
+    "x-envoy-internal",
     "x-envoy-ip-tags",
     "x-envoy-max-retries",
+    "x-envoy-retriable-header-names",
+    "x-envoy-retriable-status-codes",
     "x-envoy-retry-grpc-on",
     "x-envoy-retry-on",
     "x-envoy-upstream-alt-stat-name",
+    "x-envoy-upstream-rq-per-try-timeout-ms",
+    "x-envoy-upstream-rq-timeout-alt-response",
+    "x-envoy-upstream-rq-timeout-ms",
+    "x-envoy-upstream-stream-duration-ms",
 ];
 
 /// Facts about the downstream connection the header rules depend on.
@@ -46,16 +54,59 @@ pub struct Downstream {
 pub struct RequestFacts {
     /// The address Envoy considers the client's (peer or from `x-forwarded-for`).
     pub client: Option<IpAddr>,
-    /// Whether the request counts as internal (it came from an internal address).
+    /// Whether the request counts as internal (per `internal_address_config`).
     pub internal: bool,
-    /// Whether this is an upgrade the connection manager allows (WebSocket).
+    /// The requested upgrade (`Upgrade` header with `Connection: upgrade`), allowed or not.
     pub upgrade: Option<HeaderValue>,
 }
 
-fn is_internal(ip: IpAddr) -> bool {
+/// The machine's first non-loopback address of the peer's family, which Envoy appends to
+/// `x-forwarded-for` instead of `127.0.0.1` / `::1` (Envoy's `getLocalAddress`).
+fn local_machine_address(v4: bool) -> Option<IpAddr> {
+    static CACHE: std::sync::OnceLock<(Option<IpAddr>, Option<IpAddr>)> = std::sync::OnceLock::new();
+    let (a4, a6) = CACHE.get_or_init(|| {
+        let (mut v4, mut v6) = (None, None);
+        // SAFETY: getifaddrs allocates a list we walk read-only and free with freeifaddrs.
+        unsafe {
+            let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+            if libc::getifaddrs(&mut list) == 0 {
+                let mut cur = list;
+                while !cur.is_null() {
+                    let addr = (*cur).ifa_addr;
+                    if !addr.is_null() {
+                        match i32::from((*addr).sa_family) {
+                            libc::AF_INET if v4.is_none() => {
+                                let sin = &*addr.cast::<libc::sockaddr_in>();
+                                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                                if !ip.is_loopback() {
+                                    v4 = Some(IpAddr::V4(ip));
+                                }
+                            }
+                            libc::AF_INET6 if v6.is_none() => {
+                                let sin6 = &*addr.cast::<libc::sockaddr_in6>();
+                                let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+                                if !ip.is_loopback() && (ip.segments()[0] & 0xffc0) != 0xfe80 {
+                                    v6 = Some(IpAddr::V6(ip));
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    cur = (*cur).ifa_next;
+                }
+                libc::freeifaddrs(list);
+            }
+        }
+        (v4, v6)
+    });
+    if v4 { *a4 } else { *a6 }
+}
+
+/// Envoy's `isLoopbackAddress`: exactly `127.0.0.1` or `::1`.
+fn is_exact_loopback(ip: IpAddr) -> bool {
     match ip {
-        IpAddr::V4(v4) => v4.is_private() || v4.is_loopback(),
-        IpAddr::V6(v6) => v6.is_loopback() || (v6.segments()[0] & 0xfe00) == 0xfc00,
+        IpAddr::V4(v4) => v4 == std::net::Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6 == std::net::Ipv6Addr::LOCALHOST,
     }
 }
 
@@ -115,56 +166,54 @@ fn new_request_id() -> HeaderValue {
 
 /// Applies the connection manager's request rules to `headers`.
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
-    let upgrade = upgrade_requested(headers)
-        .filter(|u| cfg.websocket && u.to_str().is_ok_and(|s| s.eq_ignore_ascii_case("websocket")));
+    let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
     let scheme = if down.tls { "https" } else { "http" };
-    let (client, edge) = if cfg.use_remote_address {
-        let peer = down.peer.ip();
+    let peer = down.peer.ip();
+    let (client, internal) = if cfg.use_remote_address {
+        let hops = cfg.xff_num_trusted_hops as usize;
+        let remote = if hops > 0 { xff_from_right(headers, hops - 1).unwrap_or(peer) } else { peer };
         if !cfg.skip_xff_append {
-            append_xff(headers, peer);
+            let appended = if is_exact_loopback(peer) {
+                local_machine_address(peer.is_ipv4()).unwrap_or(peer)
+            } else {
+                peer
+            };
+            append_xff(headers, appended);
         }
         headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
-        (Some(peer), true)
-    } else {
-        let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
-        if !headers.contains_key(&X_FORWARDED_PROTO) {
-            headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
-        }
-        (client, false)
-    };
-    let internal = edge && client.is_some_and(is_internal) && xff_count(headers) <= 1;
-    if edge {
-        if !internal {
-            for h in INTERNAL_ONLY {
-                headers.remove(h);
-            }
-        }
+        let internal = cfg.internal_ranges.iter().any(|c| c.contains(remote));
         if internal {
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {
-            headers.remove(&X_ENVOY_INTERNAL);
+            for h in INTERNAL_ONLY {
+                headers.remove(h);
+            }
+            if let Ok(v) = HeaderValue::from_str(&remote.to_string()) {
+                headers.insert(&X_ENVOY_EXTERNAL_ADDRESS, v);
+            }
         }
-    }
-    let regenerate = !headers.contains_key(&X_REQUEST_ID)
-        || (edge && !internal && !cfg.preserve_external_request_id);
+        (Some(remote), internal)
+    } else {
+        if !headers.contains_key(&X_FORWARDED_PROTO) {
+            headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
+        }
+        let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
+        let internal = headers.get(&X_ENVOY_INTERNAL).is_some_and(|v| v == "true");
+        (client, internal)
+    };
+    let edge_external = cfg.use_remote_address && !internal;
+    let regenerate = !headers.contains_key(&X_REQUEST_ID) || (edge_external && !cfg.preserve_external_request_id);
     if cfg.generate_request_id && regenerate {
         headers.insert(&X_REQUEST_ID, new_request_id());
-    }
-    if let Some(u) = &upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, u.clone());
     }
     RequestFacts { client, internal, upgrade }
 }
 
-fn xff_count(headers: &HeaderMap) -> usize {
-    headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(|v| v.split(',').count())
-        .sum()
+/// Restores the upgrade headers on a request the route allows to upgrade.
+pub fn set_upgrade(headers: &mut HeaderMap, upgrade: &HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(header::UPGRADE, upgrade.clone());
 }
 
 fn append_xff(headers: &mut HeaderMap, ip: IpAddr) {
@@ -191,8 +240,7 @@ pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: b
     let upgrade = keep_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten();
     strip_hop_by_hop(headers);
     if let Some(u) = upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, u);
+        set_upgrade(headers, &u);
     }
     set_server(cfg, headers);
 }

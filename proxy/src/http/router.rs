@@ -20,6 +20,15 @@ use crate::upstream::LbContext;
 static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
 static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static ORIGINAL_PATH: HeaderName = HeaderName::from_static("x-envoy-original-path");
+static ORIGINAL_HOST: HeaderName = HeaderName::from_static("x-envoy-original-host");
+
+/// Envoy's answer to an upgrade the connection manager or route does not allow.
+fn upgrade_refused() -> Response<Body> {
+    let mut resp = local_reply(StatusCode::FORBIDDEN, "");
+    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
 
 /// Handles one request end to end; never fails (errors become local replies).
 pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<Body> {
@@ -69,6 +78,22 @@ async fn route_and_forward(
     facts: forwarding::RequestFacts,
 ) -> Response<Body> {
     let cfg = &ctx.hcm.config;
+    if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
+        let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
+    if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+        let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
+        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
+    if let Some(u) = &facts.upgrade {
+        let known = u.to_str().is_ok_and(|t| t.eq_ignore_ascii_case("websocket"));
+        if !(known && cfg.websocket) {
+            return upgrade_refused();
+        }
+    }
     let table = match &cfg.routes {
         Routes::Static(t) => Some(t.clone()),
         Routes::Rds(name) => ctx.shared.route_table(name),
@@ -137,10 +162,13 @@ async fn route_and_forward(
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
                 _ => selected.rewritten_host(&route_req, weighted).map(|h| h.into_owned()),
             };
-            let upgrade = facts
-                .upgrade
-                .clone()
-                .filter(|u| fwd.upgrade_allowed(u.to_str().unwrap_or(""), cfg.websocket));
+            let upgrade = facts.upgrade.clone();
+            if upgrade
+                .as_ref()
+                .is_some_and(|u| !fwd.upgrade_allowed(u.to_str().unwrap_or(""), cfg.websocket))
+            {
+                return upgrade_refused();
+            }
             let timeout = fwd.timeout;
             {
                 let fmt = FormatContext {
@@ -149,11 +177,24 @@ async fn route_and_forward(
                 };
                 selected.apply_request_headers(weighted, req.headers_mut(), &fmt);
             }
+            if let Some(u) = &upgrade {
+                forwarding::set_upgrade(req.headers_mut(), u);
+            }
+            if new_host.is_some() && !cfg.suppress_envoy_headers {
+                if let Ok(v) = HeaderValue::from_str(&host_full) {
+                    req.headers_mut().insert(&ORIGINAL_HOST, v);
+                }
+            }
             let authority = new_host.unwrap_or(host_full);
             if let Ok(v) = HeaderValue::from_str(&authority) {
                 req.headers_mut().insert(header::HOST, v);
             }
             if let Some(p) = new_path {
+                if !cfg.suppress_envoy_headers {
+                    if let Ok(v) = HeaderValue::from_str(&path) {
+                        req.headers_mut().insert(&ORIGINAL_PATH, v);
+                    }
+                }
                 if let Ok(uri) = Uri::builder().path_and_query(p.as_str()).build() {
                     *req.uri_mut() = uri;
                 }
