@@ -136,7 +136,7 @@ pub fn envoy_mesh(listen: &Listen, up: &Upstream) -> String {
 
 const HAPROXY_HEAD: &str = "global
   nbthread 1
-  maxconn 20000
+  maxconn 8000
 defaults
   mode http
   timeout connect 5s
@@ -207,7 +207,7 @@ master_process off;
 daemon off;
 pid {prefix}/nginx.pid;
 error_log {prefix}/error.log error;
-events {{ worker_connections 20000; }}
+events {{ worker_connections 8000; }}
 http {{
   access_log off;
   keepalive_requests 100000000;

@@ -4,6 +4,7 @@
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -183,7 +184,16 @@ impl Running {
         let log = dir.join("output.log");
         let out = fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(&program)
+        let mut command = Command::new(&program);
+        // SAFETY: prctl is async-signal-safe; it makes the child die with the bench even if the
+        // bench is killed before its Drop guards run.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
             .args(&args)
             .stdin(Stdio::null())
             .stdout(out)

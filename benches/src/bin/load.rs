@@ -529,7 +529,7 @@ fn run(opts: &Options) -> Result<(), String> {
     } else {
         Plan {
             rounds: 3,
-            seconds: 4,
+            seconds: 3,
             latency_seconds: 4,
             tcp_bytes: 1 << 30,
             connections: 32,
