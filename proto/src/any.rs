@@ -64,9 +64,15 @@ mod tests {
             ..Default::default()
         };
         let any = pack(&c);
-        assert_eq!(any.type_url, "type.googleapis.com/envoy.config.cluster.v3.Cluster");
+        assert_eq!(
+            any.type_url,
+            "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+        );
         assert_eq!(unpack::<Cluster>(&any).unwrap().name, "web");
         let err = unpack::<Listener>(&any).unwrap_err();
-        assert!(err.to_string().contains("expected envoy.config.listener.v3.Listener"));
+        assert!(
+            err.to_string()
+                .contains("expected envoy.config.listener.v3.Listener")
+        );
     }
 }

@@ -29,7 +29,11 @@ impl Format {
     /// Picks the format from a file name the way Envoy does: `.json` is JSON, anything else YAML
     /// (YAML also accepts JSON).
     pub fn from_path(path: &str) -> Self {
-        if path.ends_with(".json") { Format::Json } else { Format::Yaml }
+        if path.ends_with(".json") {
+            Format::Json
+        } else {
+            Format::Yaml
+        }
     }
 }
 
@@ -115,12 +119,13 @@ impl Codec {
         let mut track = serde_path_to_error::Track::new();
         let de = serde_path_to_error::Deserializer::new(value, &mut track);
         let options = DeserializeOptions::new().deny_unknown_fields(!allow_unknown_fields);
-        let dynamic = DynamicMessage::deserialize_with_options(desc, de, &options).map_err(|e| {
-            DecodeError::Field {
-                path: display_path(&track.path().to_string()),
-                message: e.to_string(),
-            }
-        })?;
+        let dynamic =
+            DynamicMessage::deserialize_with_options(desc, de, &options).map_err(|e| {
+                DecodeError::Field {
+                    path: display_path(&track.path().to_string()),
+                    message: e.to_string(),
+                }
+            })?;
         let message = dynamic
             .transcode_to::<T>()
             .map_err(|e| DecodeError::Transcode {
@@ -151,7 +156,11 @@ impl Codec {
     /// Renders an Any as proto3 JSON with its `@type`; an Any of an unknown type is rendered
     /// as `{"@type": url}` alone.
     pub fn any_to_json(&self, any: &Any) -> Value {
-        if self.pool.get_message_by_name(type_name_of(&any.type_url)).is_none() {
+        if self
+            .pool
+            .get_message_by_name(type_name_of(&any.type_url))
+            .is_none()
+        {
             return serde_json::json!({ "@type": any.type_url });
         }
         self.bytes_to_json("google.protobuf.Any", &any.encode_to_vec())
@@ -166,13 +175,15 @@ impl Codec {
                 m.serialize_with_options(serde_json::value::Serializer, &options)
                     .ok()
             })
-            .unwrap_or_else(|| serde_json::json!({ "@type": format!("type.googleapis.com/{full_name}") }))
+            .unwrap_or_else(
+                || serde_json::json!({ "@type": format!("type.googleapis.com/{full_name}") }),
+            )
     }
 
     fn descriptor(&self, full_name: &str) -> MessageDescriptor {
-        self.pool
-            .get_message_by_name(full_name)
-            .unwrap_or_else(|| panic!("{full_name} is an envoy-types message, so it is in the pool"))
+        self.pool.get_message_by_name(full_name).unwrap_or_else(|| {
+            panic!("{full_name} is an envoy-types message, so it is in the pool")
+        })
     }
 
     fn rewrite_message(
@@ -184,6 +195,9 @@ impl Codec {
     ) {
         if desc.full_name() == "google.protobuf.Any" {
             return self.rewrite_any(value, path, unknown);
+        }
+        if desc.full_name() == "google.protobuf.Duration" {
+            return duration_object_to_string(value);
         }
         if desc.full_name().starts_with("google.protobuf.") {
             return;
@@ -202,14 +216,14 @@ impl Codec {
             }
             path.push_str(key);
             if field.is_map() {
-                if let (Kind::Message(entry), Value::Object(entries)) = (field.kind(), child) {
-                    if let Kind::Message(v) = entry.map_entry_value_field().kind() {
-                        for (k, item) in entries.iter_mut() {
-                            let b = path.len();
-                            path.push_str(&format!("[{k}]"));
-                            self.rewrite_message(item, &v, path, unknown);
-                            path.truncate(b);
-                        }
+                if let (Kind::Message(entry), Value::Object(entries)) = (field.kind(), child)
+                    && let Kind::Message(v) = entry.map_entry_value_field().kind()
+                {
+                    for (k, item) in entries.iter_mut() {
+                        let b = path.len();
+                        path.push_str(&format!("[{k}]"));
+                        self.rewrite_message(item, &v, path, unknown);
+                        path.truncate(b);
                     }
                 }
             } else if let Kind::Message(m) = field.kind() {
@@ -229,16 +243,30 @@ impl Codec {
         }
     }
 
-    fn rewrite_any(&self, value: &mut Value, path: &mut String, unknown: &mut Vec<(String, String)>) {
+    fn rewrite_any(
+        &self,
+        value: &mut Value,
+        path: &mut String,
+        unknown: &mut Vec<(String, String)>,
+    ) {
         let Value::Object(map) = value else { return };
         let Some(url) = map.get("@type").and_then(Value::as_str).map(str::to_owned) else {
             return;
         };
         let name = type_name_of(&url).to_owned();
         if name == UDPA_TYPED_STRUCT || name == XDS_TYPED_STRUCT {
-            let inner = map.get("type_url").or_else(|| map.get("typeUrl")).and_then(Value::as_str);
-            let Some(inner) = inner.map(str::to_owned) else { return };
-            if self.pool.get_message_by_name(type_name_of(&inner)).is_none() {
+            let inner = map
+                .get("type_url")
+                .or_else(|| map.get("typeUrl"))
+                .and_then(Value::as_str);
+            let Some(inner) = inner.map(str::to_owned) else {
+                return;
+            };
+            if self
+                .pool
+                .get_message_by_name(type_name_of(&inner))
+                .is_none()
+            {
                 unknown.push((path.clone(), inner));
                 return;
             }
@@ -266,6 +294,22 @@ impl Codec {
                 });
             }
         }
+    }
+}
+
+/// Envoy's YAML loader also takes a Duration written as `{seconds: 1, nanos: 5}`; proto3 JSON
+/// only has the string form, so such objects become `"1.000000005s"`.
+fn duration_object_to_string(value: &mut Value) {
+    let Value::Object(map) = value else { return };
+    let known = map.keys().all(|k| k == "seconds" || k == "nanos");
+    let int = |k: &str| match map.get(k) {
+        None => Some(0),
+        Some(Value::Number(n)) => n.as_i64(),
+        Some(Value::String(s)) => s.parse().ok(),
+        Some(_) => None,
+    };
+    if let (true, Some(seconds), Some(nanos)) = (known, int("seconds"), int("nanos")) {
+        *value = Value::String(format!("{seconds}.{:09}s", nanos.rem_euclid(1_000_000_000)));
     }
 }
 
@@ -322,7 +366,8 @@ static_resources:
         assert_eq!(sr.clusters[0].connect_timeout.unwrap().nanos, 250_000_000);
         let l = &sr.listeners[0];
         let any = l.filter_chains[0].filters[0].config_type.clone().unwrap();
-        let envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any) = any
+        let envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any) =
+            any
         else {
             panic!("typed config")
         };
@@ -344,7 +389,10 @@ static_resources:
         let d = decode(BOOTSTRAP).unwrap();
         let sr = d.message.static_resources.unwrap();
         let envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(any) =
-            sr.listeners[0].filter_chains[0].filters[0].config_type.clone().unwrap()
+            sr.listeners[0].filter_chains[0].filters[0]
+                .config_type
+                .clone()
+                .unwrap()
         else {
             panic!()
         };
@@ -360,11 +408,36 @@ static_resources:
     fn errors_name_the_field_path() {
         let bad = BOOTSTRAP.replace("0.25s", "soon");
         let err = decode(&bad).unwrap_err().to_string();
-        assert!(err.starts_with("static_resources.clusters[0].connect_timeout:"), "{err}");
+        assert!(
+            err.starts_with("static_resources.clusters[0].connect_timeout:"),
+            "{err}"
+        );
         let typo = BOOTSTRAP.replace("admin: {address", "admin: {adress");
         let err = decode(&typo).unwrap_err().to_string();
         assert!(err.starts_with("admin"), "{err}");
         assert!(err.contains("adress"), "{err}");
+    }
+
+    #[test]
+    fn durations_may_be_objects() {
+        let with_object = BOOTSTRAP.replace(
+            "connect_timeout: 0.25s",
+            "connect_timeout: {seconds: 2, nanos: 500}",
+        );
+        let sr = decode(&with_object)
+            .unwrap()
+            .message
+            .static_resources
+            .unwrap();
+        let d = sr.clusters[0].connect_timeout.unwrap();
+        assert_eq!((d.seconds, d.nanos), (2, 500));
+        let bad = BOOTSTRAP.replace("connect_timeout: 0.25s", "connect_timeout: {seconds: x}");
+        assert!(
+            decode(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("connect_timeout")
+        );
     }
 
     #[test]
@@ -379,8 +452,16 @@ static_resources:
         let codec = Codec::new();
         let d = decode(BOOTSTRAP).unwrap();
         let json = codec.to_json(&d.message);
-        assert_eq!(json["static_resources"]["clusters"][0]["connect_timeout"], "0.250s");
+        assert_eq!(
+            json["static_resources"]["clusters"][0]["connect_timeout"],
+            "0.250s"
+        );
         let tc = &json["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
-        assert!(tc["@type"].as_str().unwrap().ends_with("HttpConnectionManager"));
+        assert!(
+            tc["@type"]
+                .as_str()
+                .unwrap()
+                .ends_with("HttpConnectionManager")
+        );
     }
 }

@@ -2,7 +2,9 @@
 //! `Struct` plus the type URL it stands for. envoy-types has neither, so both are defined here.
 
 use envoy_types::pb::google::protobuf::Struct;
-use prost_types::{DescriptorProto, FieldDescriptorProto, FileDescriptorProto, field_descriptor_proto};
+use prost_types::{
+    DescriptorProto, FieldDescriptorProto, FileDescriptorProto, field_descriptor_proto,
+};
 
 /// Fully qualified name of the udpa TypedStruct.
 pub const UDPA_TYPED_STRUCT: &str = "udpa.type.v1.TypedStruct";

@@ -16,7 +16,9 @@ pub fn empty() -> Body {
 
 /// A body holding `data`.
 pub fn full(data: impl Into<Bytes>) -> Body {
-    Full::new(data.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(data.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// Boxes any body whose error converts into [`BoxError`].

@@ -16,7 +16,11 @@ pub enum Mode {
 
 /// Envoy's command-line options, as parsed by revoy.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "revoy", disable_version_flag = true, about = "revoy: a pure-Rust proxy that runs Envoy configurations")]
+#[command(
+    name = "revoy",
+    disable_version_flag = true,
+    about = "revoy: a pure-Rust proxy that runs Envoy configurations"
+)]
 pub struct Options {
     /// Path to the bootstrap (JSON if it ends in .json, else YAML).
     #[arg(short = 'c', long = "config-path", default_value = "")]
@@ -197,10 +201,11 @@ impl Options {
             }
             let takes_value = name.starts_with("--") && !VALUELESS.contains(&name.as_str());
             kept.push(arg.clone());
-            if takes_value && !arg.contains('=') {
-                if let Some(value) = it.next() {
-                    kept.push(value);
-                }
+            if takes_value
+                && !arg.contains('=')
+                && let Some(value) = it.next()
+            {
+                kept.push(value);
             }
         }
         let opts = Options::try_parse_from(kept)?;
@@ -219,7 +224,11 @@ pub fn version_line() -> String {
         "revoy  version: {}/{}/Clean/{}/rustls",
         option_env!("REVOY_GIT_SHA").unwrap_or("0000000000000000000000000000000000000000"),
         env!("CARGO_PKG_VERSION"),
-        if cfg!(debug_assertions) { "DEBUG" } else { "RELEASE" }
+        if cfg!(debug_assertions) {
+            "DEBUG"
+        } else {
+            "RELEASE"
+        }
     )
 }
 
@@ -236,11 +245,30 @@ mod tests {
     #[test]
     fn accepts_pilot_agent_argv() {
         let (o, dropped) = parse(&[
-            "-c", "/etc/istio/proxy/envoy-rev.json", "--drain-time-s", "45", "--drain-strategy",
-            "immediate", "--local-address-ip-version", "v4", "--file-flush-interval-msec", "1000",
-            "--disable-hot-restart", "--allow-unknown-static-fields", "--file-flush-min-size-kb",
-            "64", "-l", "warning", "--component-log-level", "misc:error", "--skip-deprecated-logs",
-            "--enable-core-dump", "--config-yaml", "{}", "--concurrency", "2",
+            "-c",
+            "/etc/istio/proxy/envoy-rev.json",
+            "--drain-time-s",
+            "45",
+            "--drain-strategy",
+            "immediate",
+            "--local-address-ip-version",
+            "v4",
+            "--file-flush-interval-msec",
+            "1000",
+            "--disable-hot-restart",
+            "--allow-unknown-static-fields",
+            "--file-flush-min-size-kb",
+            "64",
+            "-l",
+            "warning",
+            "--component-log-level",
+            "misc:error",
+            "--skip-deprecated-logs",
+            "--enable-core-dump",
+            "--config-yaml",
+            "{}",
+            "--concurrency",
+            "2",
         ]);
         assert!(dropped.is_empty());
         assert_eq!(o.config_path, "/etc/istio/proxy/envoy-rev.json");
@@ -252,11 +280,26 @@ mod tests {
     #[test]
     fn accepts_istio_1_0_argv() {
         let (o, dropped) = parse(&[
-            "-c", "envoy-rev0.json", "--restart-epoch", "0", "--drain-time-s", "45",
-            "--parent-shutdown-time-s", "60", "--service-cluster", "productpage",
-            "--service-node", "sidecar~10.0.0.1~pp.default~default.svc.cluster.local",
-            "--max-obj-name-len", "189", "--allow-unknown-fields", "-l", "warn",
-            "--v2-config-only", "--bootstrap-version", "3",
+            "-c",
+            "envoy-rev0.json",
+            "--restart-epoch",
+            "0",
+            "--drain-time-s",
+            "45",
+            "--parent-shutdown-time-s",
+            "60",
+            "--service-cluster",
+            "productpage",
+            "--service-node",
+            "sidecar~10.0.0.1~pp.default~default.svc.cluster.local",
+            "--max-obj-name-len",
+            "189",
+            "--allow-unknown-fields",
+            "-l",
+            "warn",
+            "--v2-config-only",
+            "--bootstrap-version",
+            "3",
         ]);
         assert!(dropped.is_empty());
         assert_eq!(o.service_cluster.as_deref(), Some("productpage"));
@@ -265,7 +308,16 @@ mod tests {
 
     #[test]
     fn drops_unknown_flags_with_their_values() {
-        let (o, dropped) = parse(&["--mode", "validate", "--frobnicate", "7", "--wat=1", "--bare", "-c", "x.yaml"]);
+        let (o, dropped) = parse(&[
+            "--mode",
+            "validate",
+            "--frobnicate",
+            "7",
+            "--wat=1",
+            "--bare",
+            "-c",
+            "x.yaml",
+        ]);
         assert_eq!(o.mode, Mode::Validate);
         assert_eq!(o.config_path, "x.yaml");
         assert_eq!(dropped, vec!["--frobnicate 7", "--wat=1", "--bare"]);

@@ -12,7 +12,9 @@ use crate::cli::Options;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// Neither `-c` nor `--config-yaml` was given.
-    #[error("At least one of --config-path or --config-yaml or Options::configProto() should be non-empty")]
+    #[error(
+        "At least one of --config-path or --config-yaml or Options::configProto() should be non-empty"
+    )]
     NoConfig,
     /// The file could not be read.
     #[error("unable to read file: {path}: {source}")]
@@ -65,10 +67,11 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     }
     let mut doc = Value::Object(Default::default());
     if !opts.config_path.is_empty() {
-        let text = std::fs::read_to_string(&opts.config_path).map_err(|source| LoadError::Read {
-            path: opts.config_path.clone(),
-            source,
-        })?;
+        let text =
+            std::fs::read_to_string(&opts.config_path).map_err(|source| LoadError::Read {
+                path: opts.config_path.clone(),
+                source,
+            })?;
         doc = Codec::parse_text(&text, Format::from_path(&opts.config_path)).map_err(|source| {
             LoadError::Decode {
                 origin: opts.config_path.clone(),
@@ -77,13 +80,19 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
         })?;
     }
     if !opts.config_yaml.is_empty() {
-        let over = Codec::parse_text(&opts.config_yaml, Format::Yaml).map_err(|source| LoadError::Decode {
-            origin: "--config-yaml".into(),
-            source,
+        let over = Codec::parse_text(&opts.config_yaml, Format::Yaml).map_err(|source| {
+            LoadError::Decode {
+                origin: "--config-yaml".into(),
+                source,
+            }
         })?;
         merge(&mut doc, over);
     }
-    let origin = if opts.config_path.is_empty() { "--config-yaml".to_owned() } else { opts.config_path.clone() };
+    let origin = if opts.config_path.is_empty() {
+        "--config-yaml".to_owned()
+    } else {
+        opts.config_path.clone()
+    };
     let decoded = Codec::new()
         .decode::<Bootstrap>(doc, opts.allow_unknown_static())
         .map_err(|source| LoadError::Decode { origin, source })?;
@@ -113,7 +122,10 @@ mod tests {
     fn merge_is_proto_merge() {
         let mut base = json!({"a": {"x": 1, "list": [1]}, "s": "old"});
         merge(&mut base, json!({"a": {"y": 2, "list": [2]}, "s": "new"}));
-        assert_eq!(base, json!({"a": {"x": 1, "y": 2, "list": [1, 2]}, "s": "new"}));
+        assert_eq!(
+            base,
+            json!({"a": {"x": 1, "y": 2, "list": [1, 2]}, "s": "new"})
+        );
     }
 
     #[test]
@@ -130,6 +142,9 @@ mod tests {
         assert_eq!((node.id.as_str(), node.cluster.as_str()), ("a", "c"));
         opts.config_yaml = "node: {idd: a}".into();
         let err = load(&opts).err().unwrap().to_string();
-        assert!(err.contains("--config-yaml") && err.contains("idd"), "{err}");
+        assert!(
+            err.contains("--config-yaml") && err.contains("idd"),
+            "{err}"
+        );
     }
 }

@@ -3,7 +3,9 @@
 
 use std::sync::OnceLock;
 
-use tracing_subscriber::{EnvFilter, Registry, layer::SubscriberExt, reload, util::SubscriberInitExt};
+use tracing_subscriber::{
+    EnvFilter, Registry, layer::SubscriberExt, reload, util::SubscriberInitExt,
+};
 
 static RELOAD: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
 static CURRENT: OnceLock<std::sync::Mutex<String>> = OnceLock::new();
@@ -45,8 +47,13 @@ pub fn directives(level: &str, components: &str) -> Result<(String, Vec<String>)
         let (name, lvl) = pair
             .split_once(':')
             .ok_or_else(|| format!("component log level '{pair}' is not component:level"))?;
-        let lvl = level_name(lvl).ok_or_else(|| format!("invalid log level '{lvl}' for component '{name}'"))?;
-        let targets: Vec<_> = COMPONENTS.iter().filter(|(c, _)| *c == name).map(|(_, t)| *t).collect();
+        let lvl = level_name(lvl)
+            .ok_or_else(|| format!("invalid log level '{lvl}' for component '{name}'"))?;
+        let targets: Vec<_> = COMPONENTS
+            .iter()
+            .filter(|(c, _)| *c == name)
+            .map(|(_, t)| *t)
+            .collect();
         if targets.is_empty() {
             unmapped.push(name.to_owned());
         }
@@ -103,7 +110,10 @@ pub fn set(level: &str, components: &str) -> Result<String, String> {
 
 /// The active filter directive.
 pub fn current() -> String {
-    CURRENT.get().map(|c| c.lock().expect("log directive").clone()).unwrap_or_default()
+    CURRENT
+        .get()
+        .map(|c| c.lock().expect("log directive").clone())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -32,7 +32,11 @@ fn main() -> ExitCode {
         println!("\n{}\n", version_line());
         return ExitCode::SUCCESS;
     }
-    match revoy::logging::init(&opts.log_level, &opts.component_log_level, opts.log_path.as_deref()) {
+    match revoy::logging::init(
+        &opts.log_level,
+        &opts.component_log_level,
+        opts.log_path.as_deref(),
+    ) {
         Ok(unmapped) => {
             for c in unmapped {
                 tracing::info!(component = %c, "--component-log-level: no revoy component by this name; level not applied");
@@ -81,7 +85,13 @@ fn main() -> ExitCode {
 
 /// Reports a configuration error the way Envoy does and exits 1.
 fn fail(opts: &Options, msg: &str) -> ExitCode {
-    tracing::error!("error initializing configuration '{}': {msg}", opts.config_path);
-    eprintln!("error initializing configuration '{}': {msg}", opts.config_path);
+    tracing::error!(
+        "error initializing configuration '{}': {msg}",
+        opts.config_path
+    );
+    eprintln!(
+        "error initializing configuration '{}': {msg}",
+        opts.config_path
+    );
     ExitCode::FAILURE
 }

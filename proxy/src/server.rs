@@ -76,11 +76,16 @@ impl Shared {
         use crate::config::listener::Terminal;
         let mut out = Vec::new();
         for l in self.listeners.load().iter() {
-            for c in l.config().chains.iter().chain(l.config().default_chain.iter()) {
-                if let Terminal::Http(h) = &c.terminal {
-                    if let Routes::Static(t) = &h.routes {
-                        out.push(t.clone());
-                    }
+            for c in l
+                .config()
+                .chains
+                .iter()
+                .chain(l.config().default_chain.iter())
+            {
+                if let Terminal::Http(h) = &c.terminal
+                    && let Routes::Static(t) = &h.routes
+                {
+                    out.push(t.clone());
                 }
             }
         }
@@ -128,9 +133,10 @@ pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
 
 /// Runs the proxy until `/quitquitquit` or a termination signal. Returns the exit code.
 pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartError> {
-    let workers = options.concurrency.filter(|n| *n > 0).unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    });
+    let workers = options
+        .concurrency
+        .filter(|n| *n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .thread_name("revoy-worker")
@@ -151,22 +157,33 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                 source,
             })?;
             let task = runtime.spawn(l.clone().run(sock, shared.clone()));
-            shared.accept_tasks.lock().expect("accept tasks").push(task.abort_handle());
+            shared
+                .accept_tasks
+                .lock()
+                .expect("accept tasks")
+                .push(task.abort_handle());
         }
         listeners.push(l);
     }
     shared.listeners.store(Arc::new(listeners));
     let (quit_tx, quit_rx) = std::sync::mpsc::channel::<i32>();
     if let Some(addr) = shared.bootstrap.admin {
-        let std_listener = std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind {
-            what: "admin".into(),
-            addr,
-            source,
-        })?;
+        let std_listener =
+            std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind {
+                what: "admin".into(),
+                addr,
+                source,
+            })?;
         crate::admin::spawn(std_listener, shared.clone(), quit_tx.clone());
     }
-    shared.stats.gauge("listener_manager.workers_started").set(1);
-    shared.stats.gauge("listener_manager.total_listeners_active").set(shared.listeners.load().len() as u64);
+    shared
+        .stats
+        .gauge("listener_manager.workers_started")
+        .set(1);
+    shared
+        .stats
+        .gauge("listener_manager.total_listeners_active")
+        .set(shared.listeners.load().len() as u64);
     shared.stats.gauge("server.live").set(1);
     shared.stats.gauge("server.concurrency").set(workers as u64);
     shared.set_state(ServerState::Live);

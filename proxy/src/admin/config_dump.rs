@@ -62,8 +62,12 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
     for l in &sr.listeners {
         for chain in l.filter_chains.iter().chain(l.default_filter_chain.iter()) {
             for f in &chain.filters {
-                let Some(ConfigType::TypedConfig(any)) = &f.config_type else { continue };
-                let Ok(hcm) = proto::unpack::<HttpConnectionManager>(any) else { continue };
+                let Some(ConfigType::TypedConfig(any)) = &f.config_type else {
+                    continue;
+                };
+                let Ok(hcm) = proto::unpack::<HttpConnectionManager>(any) else {
+                    continue;
+                };
                 if let Some(RouteSpecifier::RouteConfig(rc)) = hcm.route_specifier {
                     routes.static_route_configs.push(StaticRouteConfig {
                         route_config: Some(pack(&rc)),
@@ -74,7 +78,12 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         }
     }
     let dump = ConfigDump {
-        configs: vec![pack(&bootstrap), pack(&clusters), pack(&listeners), pack(&routes)],
+        configs: vec![
+            pack(&bootstrap),
+            pack(&clusters),
+            pack(&listeners),
+            pack(&routes),
+        ],
     };
     let codec = Codec::new();
     let mut value = codec.to_json(&dump);

@@ -12,53 +12,159 @@ pub struct Endpoint {
     pub params: &'static [(&'static str, &'static str)],
 }
 
-const fn ep(path: &'static str, post_only: bool, help: &'static str, params: &'static [(&'static str, &'static str)]) -> Endpoint {
-    Endpoint { path, post_only, help, params }
+const fn ep(
+    path: &'static str,
+    post_only: bool,
+    help: &'static str,
+    params: &'static [(&'static str, &'static str)],
+) -> Endpoint {
+    Endpoint {
+        path,
+        post_only,
+        help,
+        params,
+    }
 }
 
 /// Every endpoint revoy serves, sorted by path as Envoy lists them.
 pub const ENDPOINTS: &[Endpoint] = &[
     ep("/", false, "Admin home page", &[]),
-    ep("/clusters", false, "upstream cluster status", &[("format", "Format to use; One of (text, json)")]),
-    ep("/config_dump", false, "dump current Envoy configs", &[
-        ("resource", "The resource to dump"),
-        ("name_regex", "Dump only the currently loaded configurations whose names match the specified regex."),
-        ("include_eds", "Dump currently loaded configuration including EDS. See the response definition for more information"),
-    ]),
-    ep("/drain_listeners", true, "drain listeners", &[
-        ("graceful", "When draining listeners, enter a graceful drain period prior to closing listeners. This behaviour and duration is configurable via server options or CLI"),
-        ("skip_exit", "When draining listeners, drain the connections but never stop the listeners. The graceful parameter has no effect when this is set, since the drain period only delays stopping the listeners"),
-        ("inboundonly", "Drains all inbound listeners. traffic_direction field in envoy_v3_api_msg_config.listener.v3.Listener is used to determine whether a listener is inbound or outbound."),
-    ]),
-    ep("/healthcheck/fail", true, "cause the server to fail health checks", &[]),
-    ep("/healthcheck/ok", true, "cause the server to pass health checks", &[]),
+    ep(
+        "/clusters",
+        false,
+        "upstream cluster status",
+        &[("format", "Format to use; One of (text, json)")],
+    ),
+    ep(
+        "/config_dump",
+        false,
+        "dump current Envoy configs",
+        &[
+            ("resource", "The resource to dump"),
+            (
+                "name_regex",
+                "Dump only the currently loaded configurations whose names match the specified regex.",
+            ),
+            (
+                "include_eds",
+                "Dump currently loaded configuration including EDS. See the response definition for more information",
+            ),
+        ],
+    ),
+    ep(
+        "/drain_listeners",
+        true,
+        "drain listeners",
+        &[
+            (
+                "graceful",
+                "When draining listeners, enter a graceful drain period prior to closing listeners. This behaviour and duration is configurable via server options or CLI",
+            ),
+            (
+                "skip_exit",
+                "When draining listeners, drain the connections but never stop the listeners. The graceful parameter has no effect when this is set, since the drain period only delays stopping the listeners",
+            ),
+            (
+                "inboundonly",
+                "Drains all inbound listeners. traffic_direction field in envoy_v3_api_msg_config.listener.v3.Listener is used to determine whether a listener is inbound or outbound.",
+            ),
+        ],
+    ),
+    ep(
+        "/healthcheck/fail",
+        true,
+        "cause the server to fail health checks",
+        &[],
+    ),
+    ep(
+        "/healthcheck/ok",
+        true,
+        "cause the server to pass health checks",
+        &[],
+    ),
     ep("/help", false, "print out list of admin commands", &[]),
-    ep("/listeners", false, "print listener info", &[("format", "File format to use; One of (text, json)")]),
-    ep("/logging", true, "query/change logging levels", &[
-        ("paths", "Change multiple logging levels by setting to <logger_name1>:<desired_level1>,<logger_name2>:<desired_level2>."),
-        ("level", "desired logging level, this will change all loggers's level; One of (, trace, debug, info, warning, error, critical, off)"),
-    ]),
+    ep(
+        "/listeners",
+        false,
+        "print listener info",
+        &[("format", "File format to use; One of (text, json)")],
+    ),
+    ep(
+        "/logging",
+        true,
+        "query/change logging levels",
+        &[
+            (
+                "paths",
+                "Change multiple logging levels by setting to <logger_name1>:<desired_level1>,<logger_name2>:<desired_level2>.",
+            ),
+            (
+                "level",
+                "desired logging level, this will change all loggers's level; One of (, trace, debug, info, warning, error, critical, off)",
+            ),
+        ],
+    ),
     ep("/quitquitquit", true, "exit the server", &[]),
-    ep("/ready", false, "print server state, return 200 if LIVE, otherwise return 503", &[]),
+    ep(
+        "/ready",
+        false,
+        "print server state, return 200 if LIVE, otherwise return 503",
+        &[],
+    ),
     ep("/reset_counters", true, "reset all counters to zero", &[]),
-    ep("/routes", false, "print the compiled route tables; with host and path, explain the route decision for one request", &[
-        ("host", "Authority of the request to explain"),
-        ("path", "Path (and query) of the request to explain"),
-        ("method", "Method of the request to explain (default GET)"),
-        ("header", "A request header as name:value; repeatable"),
-        ("route_config", "Explain against this route configuration only"),
-        ("format", "Format to use; One of (json, text)"),
-    ]),
-    ep("/server_info", false, "print server version/status information", &[]),
-    ep("/stats", false, "print server stats", &[
-        ("usedonly", "Only include stats that have been written by system since restart"),
-        ("filter", "Regular expression (Google re2) for filtering stats"),
-        ("format", "Format to use; One of (text, json)"),
-    ]),
-    ep("/stats/prometheus", false, "print server stats in prometheus format", &[
-        ("usedonly", "Only include stats that have been written by system since restart"),
-        ("filter", "Regular expression (Google re2) for filtering stats"),
-    ]),
+    ep(
+        "/routes",
+        false,
+        "print the compiled route tables; with host and path, explain the route decision for one request",
+        &[
+            ("host", "Authority of the request to explain"),
+            ("path", "Path (and query) of the request to explain"),
+            ("method", "Method of the request to explain (default GET)"),
+            ("header", "A request header as name:value; repeatable"),
+            (
+                "route_config",
+                "Explain against this route configuration only",
+            ),
+            ("format", "Format to use; One of (json, text)"),
+        ],
+    ),
+    ep(
+        "/server_info",
+        false,
+        "print server version/status information",
+        &[],
+    ),
+    ep(
+        "/stats",
+        false,
+        "print server stats",
+        &[
+            (
+                "usedonly",
+                "Only include stats that have been written by system since restart",
+            ),
+            (
+                "filter",
+                "Regular expression (Google re2) for filtering stats",
+            ),
+            ("format", "Format to use; One of (text, json)"),
+        ],
+    ),
+    ep(
+        "/stats/prometheus",
+        false,
+        "print server stats in prometheus format",
+        &[
+            (
+                "usedonly",
+                "Only include stats that have been written by system since restart",
+            ),
+            (
+                "filter",
+                "Regular expression (Google re2) for filtering stats",
+            ),
+        ],
+    ),
 ];
 
 /// The `/help` text in Envoy's layout.

@@ -31,7 +31,11 @@ const TEXT: &str = "text/plain; charset=UTF-8";
 const JSON: &str = "application/json";
 
 fn text(status: u16, body: impl Into<String>) -> AdminResponse {
-    AdminResponse { status, content_type: TEXT, body: body.into() }
+    AdminResponse {
+        status,
+        content_type: TEXT,
+        body: body.into(),
+    }
 }
 
 fn json(value: &serde_json::Value) -> AdminResponse {
@@ -60,10 +64,14 @@ pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>, quit: Sender<
                 .build()
                 .expect("admin runtime");
             rt.block_on(async move {
-                listener.set_nonblocking(true).expect("nonblocking admin socket");
+                listener
+                    .set_nonblocking(true)
+                    .expect("nonblocking admin socket");
                 let listener = tokio::net::TcpListener::from_std(listener).expect("admin listener");
                 loop {
-                    let Ok((stream, _)) = listener.accept().await else { continue };
+                    let Ok((stream, _)) = listener.accept().await else {
+                        continue;
+                    };
                     let (shared, quit) = (shared.clone(), quit.clone());
                     tokio::spawn(async move { serve(stream, shared, quit).await });
                 }
@@ -82,10 +90,16 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>, quit: Sender<i32>) {
             reason(resp.status),
             resp.content_type,
             resp.body.len(),
-            if req.keep_alive { "" } else { "connection: close\r\n" }
+            if req.keep_alive {
+                ""
+            } else {
+                "connection: close\r\n"
+            }
         );
         let out = reader.get_mut();
-        if out.write_all(head.as_bytes()).await.is_err() || out.write_all(resp.body.as_bytes()).await.is_err() {
+        if out.write_all(head.as_bytes()).await.is_err()
+            || out.write_all(resp.body.as_bytes()).await.is_err()
+        {
             return;
         }
         let _ = out.flush().await;
@@ -113,10 +127,19 @@ fn reason(status: u16) -> &'static str {
 /// Answers one admin request.
 pub fn handle(req: &AdminRequest, shared: &Shared) -> (AdminResponse, Effect) {
     let Some(ep) = help::ENDPOINTS.iter().find(|e| e.path == req.path) else {
-        return (text(404, format!("invalid path. {}", help::render())), Effect::None);
+        return (
+            text(404, format!("invalid path. {}", help::render())),
+            Effect::None,
+        );
     };
     if ep.post_only && req.method != "POST" {
-        return (text(405, format!("Method {} not allowed, POST required.", req.method)), Effect::None);
+        return (
+            text(
+                405,
+                format!("Method {} not allowed, POST required.", req.method),
+            ),
+            Effect::None,
+        );
     }
     let resp = match req.path.as_str() {
         "/" | "/help" => text(200, help::render()),
@@ -131,8 +154,13 @@ pub fn handle(req: &AdminRequest, shared: &Shared) -> (AdminResponse, Effect) {
         "/routes" => routes::render(shared, req),
         "/stats" => stats(shared, req),
         "/stats/prometheus" => {
-            let body = crate::stats::render_prometheus(&shared.stats.snapshot(), req.has("usedonly"));
-            AdminResponse { status: 200, content_type: "text/plain; version=0.0.4", body }
+            let body =
+                crate::stats::render_prometheus(&shared.stats.snapshot(), req.has("usedonly"));
+            AdminResponse {
+                status: 200,
+                content_type: "text/plain; version=0.0.4",
+                body,
+            }
         }
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
@@ -181,7 +209,8 @@ fn state_name(v: u64) -> &'static str {
 fn server_info(shared: &Shared) -> serde_json::Value {
     let o = &shared.options;
     let up = format!("{}s", shared.started.elapsed().as_secs());
-    let node = proto::Codec::new().to_json(&shared.bootstrap.proto.node.clone().unwrap_or_default());
+    let node =
+        proto::Codec::new().to_json(&shared.bootstrap.proto.node.clone().unwrap_or_default());
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
         "state": state_name(shared.state.value()),
@@ -256,7 +285,10 @@ fn stats(shared: &Shared, req: &AdminRequest) -> AdminResponse {
     let used = req.has("usedonly");
     match req.param("format") {
         Some("json") => json(&crate::stats::render_json(&metrics, used, filter.as_ref())),
-        _ => text(200, crate::stats::render_text(&metrics, used, filter.as_ref())),
+        _ => text(
+            200,
+            crate::stats::render_text(&metrics, used, filter.as_ref()),
+        ),
     }
 }
 
@@ -269,5 +301,8 @@ fn logging(req: &AdminRequest) -> AdminResponse {
             return text(400, format!("error: {e}\n"));
         }
     }
-    text(200, format!("active loggers:\n  {}\n", crate::logging::current()))
+    text(
+        200,
+        format!("active loggers:\n  {}\n", crate::logging::current()),
+    )
 }

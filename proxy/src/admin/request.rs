@@ -40,7 +40,10 @@ impl AdminRequest {
 
     /// The value of a parameter, if present.
     pub fn param(&self, name: &str) -> Option<&str> {
-        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.params
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 
     /// Whether a parameter is present (with or without a value).
@@ -55,12 +58,13 @@ pub fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
-                out.push(h << 4 | l);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2]))
+        {
+            out.push(h << 4 | l);
+            i += 3;
+            continue;
         }
         out.push(b[i]);
         i += 1;
@@ -79,7 +83,11 @@ pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
         return None;
     }
     let mut parts = line.split_whitespace();
-    let (method, target, version) = (parts.next()?, parts.next()?, parts.next().unwrap_or("HTTP/1.0"));
+    let (method, target, version) = (
+        parts.next()?,
+        parts.next()?,
+        parts.next().unwrap_or("HTTP/1.0"),
+    );
     let mut req = AdminRequest::from_target(method, target);
     req.keep_alive = version == "HTTP/1.1";
     let mut content_length = 0usize;
@@ -123,7 +131,9 @@ mod tests {
         assert_eq!(r.param("usedonly"), Some(""));
         assert_eq!(
             r.param("filter"),
-            Some("^(cluster_manager\\.cds|listener_manager\\.lds)\\.(update_success|update_rejected)$")
+            Some(
+                "^(cluster_manager\\.cds|listener_manager\\.lds)\\.(update_success|update_rejected)$"
+            )
         );
         let r = AdminRequest::from_target("GET", "/stats?filter=%5Eserver%5C.state");
         assert_eq!(r.param("filter"), Some("^server\\.state"));

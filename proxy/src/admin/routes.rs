@@ -17,7 +17,13 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> AdminResponse {
         .filter(|t| only.is_none_or(|n| t.name() == n))
         .collect();
     if only.is_some() && selected.is_empty() {
-        return text(404, format!("no route configuration named '{}'\n", only.unwrap_or_default()));
+        return text(
+            404,
+            format!(
+                "no route configuration named '{}'\n",
+                only.unwrap_or_default()
+            ),
+        );
     }
     let Some(host) = req.param("host") else {
         return json(&explain::tables_json(&selected));
@@ -32,7 +38,10 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> AdminResponse {
         let Some((name, value)) = h.split_once(':') else {
             return text(400, format!("header '{h}' is not name:value\n"));
         };
-        match (HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()), HeaderValue::from_str(value.trim())) {
+        match (
+            HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()),
+            HeaderValue::from_str(value.trim()),
+        ) {
             (Ok(n), Ok(v)) => {
                 headers.append(n, v);
             }
@@ -40,11 +49,25 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> AdminResponse {
         }
     }
     let mut route_req = RouteRequest::new(&method, host, path, &headers);
-    route_req.https = headers.get("x-forwarded-proto").is_some_and(|v| v == "https");
-    let explanations: Vec<_> = selected.iter().map(|t| explain::explain(t, &route_req)).collect();
+    route_req.https = headers
+        .get("x-forwarded-proto")
+        .is_some_and(|v| v == "https");
+    let explanations: Vec<_> = selected
+        .iter()
+        .map(|t| explain::explain(t, &route_req))
+        .collect();
     if req.param("format") == Some("text") {
-        text(200, explanations.iter().map(|e| e.to_text()).collect::<Vec<_>>().join("\n"))
+        text(
+            200,
+            explanations
+                .iter()
+                .map(|e| e.to_text())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        )
     } else {
-        json(&serde_json::json!({ "request": {"host": host, "path": path, "method": method.as_str()}, "decisions": explanations }))
+        json(
+            &serde_json::json!({ "request": {"host": host, "path": path, "method": method.as_str()}, "decisions": explanations }),
+        )
     }
 }

@@ -23,7 +23,10 @@ pub struct BootstrapConfig {
 }
 
 /// Compiles a bootstrap. Errors name the field path from the document root.
-pub fn compile_bootstrap(b: &Bootstrap, warnings: &mut Warnings) -> Result<BootstrapConfig, ConfigError> {
+pub fn compile_bootstrap(
+    b: &Bootstrap,
+    warnings: &mut Warnings,
+) -> Result<BootstrapConfig, ConfigError> {
     let admin = b
         .admin
         .as_ref()
@@ -52,19 +55,23 @@ pub fn compile_bootstrap(b: &Bootstrap, warnings: &mut Warnings) -> Result<Boots
         if listeners.iter().any(|o| o.name == compiled.name) {
             return Err(ConfigError::new(
                 path,
-                format!("error adding listener named '{}': duplicate listener name", compiled.name),
+                format!(
+                    "error adding listener named '{}': duplicate listener name",
+                    compiled.name
+                ),
             ));
         }
-        if compiled.bind_to_port && compiled.address.port() != 0 {
-            if let Some(other) = by_addr.insert(compiled.address, compiled.name.clone()) {
-                return Err(ConfigError::new(
-                    path,
-                    format!(
-                        "error adding listener: '{}' has duplicate address '{}' as existing listener '{other}'",
-                        compiled.name, compiled.address
-                    ),
-                ));
-            }
+        if compiled.bind_to_port
+            && compiled.address.port() != 0
+            && let Some(other) = by_addr.insert(compiled.address, compiled.name.clone())
+        {
+            return Err(ConfigError::new(
+                path,
+                format!(
+                    "error adding listener: '{}' has duplicate address '{}' as existing listener '{other}'",
+                    compiled.name, compiled.address
+                ),
+            ));
         }
         listeners.push(compiled);
     }

@@ -28,7 +28,10 @@ impl Cidr {
         })?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let len = r.prefix_len.map_or(max, |v| v.value.min(max));
-        Ok(Cidr { addr, len: len as u8 })
+        Ok(Cidr {
+            addr,
+            len: len as u8,
+        })
     }
 
     /// Whether `ip` is inside the block (IPv4-mapped IPv6 addresses match IPv4 blocks).
@@ -39,11 +42,19 @@ impl Cidr {
         };
         match (self.addr, ip) {
             (IpAddr::V4(a), IpAddr::V4(b)) => {
-                let mask = if self.len == 0 { 0 } else { u32::MAX << (32 - self.len) };
+                let mask = if self.len == 0 {
+                    0
+                } else {
+                    u32::MAX << (32 - self.len)
+                };
                 u32::from(a) & mask == u32::from(b) & mask
             }
             (IpAddr::V6(a), IpAddr::V6(b)) => {
-                let mask = if self.len == 0 { 0 } else { u128::MAX << (128 - self.len) };
+                let mask = if self.len == 0 {
+                    0
+                } else {
+                    u128::MAX << (128 - self.len)
+                };
                 u128::from(a) & mask == u128::from(b) & mask
             }
             _ => false,
@@ -51,7 +62,7 @@ impl Cidr {
     }
 
     /// Prefix length, the specificity of a match.
-    pub fn len(&self) -> u8 {
+    pub fn prefix_len(&self) -> u8 {
         self.len
     }
 }
@@ -108,15 +119,27 @@ impl ChainMatch {
                 .collect::<Result<Vec<_>, _>>()
         };
         let port = |p: u32, field: &str| {
-            u16::try_from(p).map_err(|_| ConfigError::new(format!("{path}.{field}"), format!("invalid port {p}")))
+            u16::try_from(p).map_err(|_| {
+                ConfigError::new(format!("{path}.{field}"), format!("invalid port {p}"))
+            })
         };
         Ok(ChainMatch {
-            destination_port: m.destination_port.map(|p| port(p.value, "destination_port")).transpose()?,
+            destination_port: m
+                .destination_port
+                .map(|p| port(p.value, "destination_port"))
+                .transpose()?,
             prefix_ranges: cidrs(&m.prefix_ranges, "prefix_ranges")?,
-            server_names: m.server_names.iter().map(|s| s.to_ascii_lowercase()).collect(),
+            server_names: m
+                .server_names
+                .iter()
+                .map(|s| s.to_ascii_lowercase())
+                .collect(),
             transport_protocol: m.transport_protocol.clone(),
             application_protocols: m.application_protocols.clone(),
-            direct_source_prefix_ranges: cidrs(&m.direct_source_prefix_ranges, "direct_source_prefix_ranges")?,
+            direct_source_prefix_ranges: cidrs(
+                &m.direct_source_prefix_ranges,
+                "direct_source_prefix_ranges",
+            )?,
             source_type: match m.source_type {
                 1 => SourceType::SameIpOrLoopback,
                 2 => SourceType::External,
@@ -154,7 +177,7 @@ fn score_cidrs(ranges: &[Cidr], ip: Option<IpAddr>) -> Score {
     ranges
         .iter()
         .filter(|c| c.contains(ip))
-        .map(|c| 1 + u32::from(c.len()))
+        .map(|c| 1 + u32::from(c.prefix_len()))
         .max()
 }
 
@@ -228,11 +251,14 @@ fn criteria(m: &ChainMatch, f: &ConnectionFacts<'_>) -> [Score; 9] {
 /// `default_filter_chain`, if any, applies).
 pub fn select(chains: &[&ChainMatch], facts: &ConnectionFacts<'_>) -> Option<usize> {
     let scores: Vec<[Score; 9]> = chains.iter().map(|m| criteria(m, facts)).collect();
-    let mut alive: Vec<usize> = (0..chains.len()).collect();
-    for step in 0..9 {
-        let best = alive.iter().filter_map(|&i| scores[i][step]).max()?;
-        alive.retain(|&i| scores[i][step] == Some(best));
-    }
+    let alive = (0..9).try_fold(
+        (0..chains.len()).collect::<Vec<usize>>(),
+        |mut alive, step| {
+            let best = alive.iter().filter_map(|&i| scores[i][step]).max()?;
+            alive.retain(|&i| scores[i][step] == Some(best));
+            Some(alive)
+        },
+    )?;
     alive.first().copied()
 }
 
@@ -306,18 +332,32 @@ mod tests {
     fn transport_and_source_type() {
         let tls = chain(|m| m.transport_protocol = "tls".into());
         let raw = chain(|m| m.transport_protocol = "raw_buffer".into());
-        assert_eq!(select(&[&tls, &raw], &facts("10.0.0.1:1", "1.2.3.4:5")), Some(1));
+        assert_eq!(
+            select(&[&tls, &raw], &facts("10.0.0.1:1", "1.2.3.4:5")),
+            Some(1)
+        );
         let local = chain(|m| m.source_type = 1);
         let ext = chain(|m| m.source_type = 2);
-        assert_eq!(select(&[&local, &ext], &facts("10.0.0.1:1", "127.0.0.1:5")), Some(0));
-        assert_eq!(select(&[&local, &ext], &facts("10.0.0.1:1", "8.8.8.8:5")), Some(1));
+        assert_eq!(
+            select(&[&local, &ext], &facts("10.0.0.1:1", "127.0.0.1:5")),
+            Some(0)
+        );
+        assert_eq!(
+            select(&[&local, &ext], &facts("10.0.0.1:1", "8.8.8.8:5")),
+            Some(1)
+        );
     }
 
     #[test]
     fn bad_cidr_names_its_field() {
-        let mut m = FilterChainMatch::default();
-        m.source_prefix_ranges = vec![cidr("10.0.0.x", 8)];
+        let m = FilterChainMatch {
+            source_prefix_ranges: vec![cidr("10.0.0.x", 8)],
+            ..Default::default()
+        };
         let e = ChainMatch::compile(Some(&m), "filter_chains[2].filter_chain_match").unwrap_err();
-        assert_eq!(e.path, "filter_chains[2].filter_chain_match.source_prefix_ranges[0].address_prefix");
+        assert_eq!(
+            e.path,
+            "filter_chains[2].filter_chain_match.source_prefix_ranges[0].address_prefix"
+        );
     }
 }

@@ -110,13 +110,22 @@ pub fn compile_hcm(
 ) -> Result<HcmConfig, ConfigError> {
     let routes = match &hcm.route_specifier {
         Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
-            super::route::compile_route_config(rc, clusters).map_err(|e| e.within("route_config"))?,
+            super::route::compile_route_config(rc, clusters)
+                .map_err(|e| e.within("route_config"))?,
         )),
         Some(RouteSpecifier::Rds(rds)) => Routes::Rds(rds.route_config_name.clone()),
         Some(RouteSpecifier::ScopedRoutes(_)) => {
-            return Err(ConfigError::new("scoped_routes", "scoped routes are not supported by revoy"));
+            return Err(ConfigError::new(
+                "scoped_routes",
+                "scoped routes are not supported by revoy",
+            ));
         }
-        None => return Err(ConfigError::new("route_specifier", "one of route_config, rds is required")),
+        None => {
+            return Err(ConfigError::new(
+                "route_specifier",
+                "one of route_config, rds is required",
+            ));
+        }
     };
     let mut suppress_envoy_headers = false;
     let mut saw_router = false;
@@ -126,15 +135,16 @@ pub fn compile_hcm(
             _ => "",
         };
         let type_name = proto::type_name_of(type_url);
-        if type_name == ROUTER || f.name == "envoy.filters.http.router" || f.name == "envoy.router" {
-            if let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type {
-                if type_name == ROUTER {
-                    let router: proto::pb::envoy::extensions::filters::http::router::v3::Router =
-                        proto::unpack(any).map_err(|e| {
-                            ConfigError::new(format!("http_filters[{i}].typed_config"), e.to_string())
-                        })?;
-                    suppress_envoy_headers = router.suppress_envoy_headers;
-                }
+        if type_name == ROUTER || f.name == "envoy.filters.http.router" || f.name == "envoy.router"
+        {
+            if let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type
+                && type_name == ROUTER
+            {
+                let router: proto::pb::envoy::extensions::filters::http::router::v3::Router =
+                    proto::unpack(any).map_err(|e| {
+                        ConfigError::new(format!("http_filters[{i}].typed_config"), e.to_string())
+                    })?;
+                suppress_envoy_headers = router.suppress_envoy_headers;
             }
             saw_router = true;
         } else {
@@ -169,7 +179,11 @@ pub fn compile_hcm(
         use_remote_address: hcm.use_remote_address.is_some_and(|b| b.value),
         xff_num_trusted_hops: hcm.xff_num_trusted_hops,
         skip_xff_append: hcm.skip_xff_append,
-        server_name: if hcm.server_name.is_empty() { "envoy".into() } else { hcm.server_name.clone() },
+        server_name: if hcm.server_name.is_empty() {
+            "envoy".into()
+        } else {
+            hcm.server_name.clone()
+        },
         server_header: match hcm.server_header_transformation {
             1 => ServerHeader::AppendIfAbsent,
             2 => ServerHeader::PassThrough,
@@ -178,10 +192,9 @@ pub fn compile_hcm(
         generate_request_id: hcm.generate_request_id.is_none_or(|b| b.value),
         preserve_external_request_id: hcm.preserve_external_request_id,
         always_set_request_id_in_response: hcm.always_set_request_id_in_response,
-        websocket: hcm
-            .upgrade_configs
-            .iter()
-            .any(|u| u.upgrade_type.eq_ignore_ascii_case("websocket") && u.enabled.is_none_or(|b| b.value)),
+        websocket: hcm.upgrade_configs.iter().any(|u| {
+            u.upgrade_type.eq_ignore_ascii_case("websocket") && u.enabled.is_none_or(|b| b.value)
+        }),
         strip_port: {
             use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
             match hcm.strip_port_mode {
@@ -194,6 +207,9 @@ pub fn compile_hcm(
         request_timeout: hcm.request_timeout.as_ref().and_then(duration),
         suppress_envoy_headers,
         internal_ranges,
-        accept_http_10: hcm.http_protocol_options.as_ref().is_some_and(|o| o.accept_http_10),
+        accept_http_10: hcm
+            .http_protocol_options
+            .as_ref()
+            .is_some_and(|o| o.accept_http_10),
     })
 }

@@ -10,8 +10,8 @@ use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy as T
 
 use super::filter_chain_match::ChainMatch;
 use super::hcm::{HcmConfig, compile_hcm};
-use super::{ConfigError, Warnings};
 use super::tcp_proxy::TcpProxyConfig;
+use super::{ConfigError, Warnings};
 
 /// The filter that terminates a chain: what the connection is used for.
 #[derive(Debug, Clone)]
@@ -88,7 +88,10 @@ pub fn socket_addr(addr: Option<&Address>, path: &str) -> Result<SocketAddr, Con
     })?;
     let port = match &sa.port_specifier {
         Some(PortSpecifier::PortValue(p)) => u16::try_from(*p).map_err(|_| {
-            ConfigError::new(format!("{path}.socket_address.port_value"), format!("invalid port {p}"))
+            ConfigError::new(
+                format!("{path}.socket_address.port_value"),
+                format!("invalid port {p}"),
+            )
         })?,
         Some(PortSpecifier::NamedPort(n)) => {
             return Err(ConfigError::new(
@@ -101,7 +104,8 @@ pub fn socket_addr(addr: Option<&Address>, path: &str) -> Result<SocketAddr, Con
     Ok(SocketAddr::new(ip, port))
 }
 
-const HCM: &str = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const HCM: &str =
+    "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 
 fn compile_chain(
@@ -110,7 +114,10 @@ fn compile_chain(
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
 ) -> Result<ChainConfig, ConfigError> {
-    let matcher = ChainMatch::compile(chain.filter_chain_match.as_ref(), &format!("{path}.filter_chain_match"))?;
+    let matcher = ChainMatch::compile(
+        chain.filter_chain_match.as_ref(),
+        &format!("{path}.filter_chain_match"),
+    )?;
     if chain.transport_socket.is_some() {
         warnings.push(format!(
             "{path}.transport_socket: TLS termination is not implemented yet; the chain serves plaintext"
@@ -120,9 +127,14 @@ fn compile_chain(
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
         let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
-            return Err(ConfigError::new(fpath, format!("filter '{}' has no typed_config", f.name)));
+            return Err(ConfigError::new(
+                fpath,
+                format!("filter '{}' has no typed_config", f.name),
+            ));
         };
-        let at = |e: proto::UnpackError| ConfigError::new(format!("{fpath}.typed_config"), e.to_string());
+        let at = |e: proto::UnpackError| {
+            ConfigError::new(format!("{fpath}.typed_config"), e.to_string())
+        };
         match proto::type_name_of(&any.type_url) {
             HCM => {
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
@@ -149,7 +161,11 @@ fn compile_chain(
         )
     })?;
     Ok(ChainConfig {
-        name: if chain.name.is_empty() { path.rsplit('.').next().unwrap_or(path).to_owned() } else { chain.name.clone() },
+        name: if chain.name.is_empty() {
+            path.rsplit('.').next().unwrap_or(path).to_owned()
+        } else {
+            chain.name.clone()
+        },
         matcher,
         terminal,
     })
@@ -159,7 +175,9 @@ fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFi
     let mut out = ListenerFilters::default();
     for (i, f) in l.listener_filters.iter().enumerate() {
         let type_name = match &f.config_type {
-            Some(listener_filter::ConfigType::TypedConfig(any)) => proto::type_name_of(&any.type_url),
+            Some(listener_filter::ConfigType::TypedConfig(any)) => {
+                proto::type_name_of(&any.type_url)
+            }
             _ => "",
         };
         match (type_name, f.name.as_str()) {
@@ -195,7 +213,10 @@ pub fn compile_listener(
         .map(|(i, c)| compile_chain(c, &format!("filter_chains[{i}]"), clusters, warnings))
         .collect::<Result<Vec<_>, _>>()?;
     for (i, c) in chains.iter().enumerate() {
-        if let Some(j) = chains[..i].iter().position(|o| o.matcher.signature() == c.matcher.signature()) {
+        if let Some(j) = chains[..i]
+            .iter()
+            .position(|o| o.matcher.signature() == c.matcher.signature())
+        {
             return Err(ConfigError::new(
                 format!("filter_chains[{i}]"),
                 format!(
@@ -213,12 +234,19 @@ pub fn compile_listener(
     if chains.is_empty() && default_chain.is_none() {
         return Err(ConfigError::new(
             "filter_chains",
-            format!("error adding listener '{}': no filter chains specified", l.name),
+            format!(
+                "error adding listener '{}': no filter chains specified",
+                l.name
+            ),
         ));
     }
     let filters = compile_listener_filters(l, warnings);
     Ok(ListenerConfig {
-        name: if l.name.is_empty() { address.to_string() } else { l.name.clone() },
+        name: if l.name.is_empty() {
+            address.to_string()
+        } else {
+            l.name.clone()
+        },
         address,
         bind_to_port: l.bind_to_port.is_none_or(|b| b.value),
         use_original_dst: l.use_original_dst.is_some_and(|b| b.value),

@@ -6,8 +6,8 @@ pub mod cluster;
 pub mod filter_chain_match;
 pub mod hcm;
 pub mod listener;
-pub mod tcp_proxy;
 pub mod route;
+pub mod tcp_proxy;
 
 use std::fmt;
 
@@ -52,6 +52,9 @@ impl ConfigError {
     }
 }
 
+/// Non-fatal findings of a compile: unsupported-but-tolerated features, named by path.
+pub type Warnings = Vec<String>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,11 +64,11 @@ mod tests {
         let e = ConfigError::new("match.safe_regex", "missing )")
             .within("routes[2]")
             .within("virtual_hosts[0]");
-        assert_eq!(e.to_string(), "virtual_hosts[0].routes[2].match.safe_regex: missing )");
+        assert_eq!(
+            e.to_string(),
+            "virtual_hosts[0].routes[2].match.safe_regex: missing )"
+        );
         let e = ConfigError::new("[3]", "dup").within("listeners");
         assert_eq!(e.path, "listeners[3]");
     }
 }
-
-/// Non-fatal findings of a compile: unsupported-but-tolerated features, named by path.
-pub type Warnings = Vec<String>;

@@ -9,7 +9,13 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::config::hcm::{HcmConfig, ServerHeader};
 
 /// Headers that describe one hop and never cross the proxy.
-const HOP_BY_HOP: [&str; 5] = ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
+const HOP_BY_HOP: [&str; 5] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -63,7 +69,8 @@ pub struct RequestFacts {
 /// The machine's first non-loopback address of the peer's family, which Envoy appends to
 /// `x-forwarded-for` instead of `127.0.0.1` / `::1` (Envoy's `getLocalAddress`).
 fn local_machine_address(v4: bool) -> Option<IpAddr> {
-    static CACHE: std::sync::OnceLock<(Option<IpAddr>, Option<IpAddr>)> = std::sync::OnceLock::new();
+    static CACHE: std::sync::OnceLock<(Option<IpAddr>, Option<IpAddr>)> =
+        std::sync::OnceLock::new();
     let (a4, a6) = CACHE.get_or_init(|| {
         let (mut v4, mut v6) = (None, None);
         // SAFETY: getifaddrs allocates a list we walk read-only and free with freeifaddrs.
@@ -77,7 +84,8 @@ fn local_machine_address(v4: bool) -> Option<IpAddr> {
                         match i32::from((*addr).sa_family) {
                             libc::AF_INET if v4.is_none() => {
                                 let sin = &*addr.cast::<libc::sockaddr_in>();
-                                let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+                                let ip =
+                                    std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
                                 if !ip.is_loopback() {
                                     v4 = Some(IpAddr::V4(ip));
                                 }
@@ -112,16 +120,17 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
 
 /// Removes connection-scoped headers; keeps `te: trailers` (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if let Some(conn) = headers.get(header::CONNECTION).cloned() {
-        if let Ok(list) = conn.to_str() {
-            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-                if !name.eq_ignore_ascii_case("upgrade") && !name.eq_ignore_ascii_case("close") && !name.eq_ignore_ascii_case("keep-alive") {
-                    if let Ok(n) = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes()) {
-                        if n != header::TE {
-                            headers.remove(n);
-                        }
-                    }
-                }
+    if let Some(conn) = headers.get(header::CONNECTION).cloned()
+        && let Ok(list) = conn.to_str()
+    {
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if !name.eq_ignore_ascii_case("upgrade")
+                && !name.eq_ignore_ascii_case("close")
+                && !name.eq_ignore_ascii_case("keep-alive")
+                && let Ok(n) = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                && n != header::TE
+            {
+                headers.remove(n);
             }
         }
     }
@@ -131,7 +140,10 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let keep_te = headers
         .get(header::TE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("trailers")));
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        });
     if keep_te {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     } else {
@@ -147,8 +159,14 @@ fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
         .filter_map(|v| v.to_str().ok())
         .map(str::to_owned)
         .collect();
-    let all: Vec<&str> = joined.iter().flat_map(|v| v.split(',')).map(str::trim).collect();
-    all.len().checked_sub(n + 1).and_then(|i| all[i].parse().ok())
+    let all: Vec<&str> = joined
+        .iter()
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .collect();
+    all.len()
+        .checked_sub(n + 1)
+        .and_then(|i| all[i].parse().ok())
 }
 
 fn new_request_id() -> HeaderValue {
@@ -172,7 +190,11 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
     let peer = down.peer.ip();
     let (client, internal) = if cfg.use_remote_address {
         let hops = cfg.xff_num_trusted_hops as usize;
-        let remote = if hops > 0 { xff_from_right(headers, hops - 1).unwrap_or(peer) } else { peer };
+        let remote = if hops > 0 {
+            xff_from_right(headers, hops - 1).unwrap_or(peer)
+        } else {
+            peer
+        };
         if !cfg.skip_xff_append {
             let appended = if is_exact_loopback(peer) {
                 local_machine_address(peer.is_ipv4()).unwrap_or(peer)
@@ -203,11 +225,16 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         (client, internal)
     };
     let edge_external = cfg.use_remote_address && !internal;
-    let regenerate = !headers.contains_key(&X_REQUEST_ID) || (edge_external && !cfg.preserve_external_request_id);
+    let regenerate = !headers.contains_key(&X_REQUEST_ID)
+        || (edge_external && !cfg.preserve_external_request_id);
     if cfg.generate_request_id && regenerate {
         headers.insert(&X_REQUEST_ID, new_request_id());
     }
-    RequestFacts { client, internal, upgrade }
+    RequestFacts {
+        client,
+        internal,
+        upgrade,
+    }
 }
 
 /// Restores the upgrade headers on a request the route allows to upgrade.
@@ -231,13 +258,20 @@ fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")));
-    conn_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+        .any(|v| {
+            v.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+        });
+    conn_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten()
 }
 
 /// Applies the response rules: hop-by-hop removal and the `server` header.
 pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {
-    let upgrade = keep_upgrade.then(|| headers.get(header::UPGRADE).cloned()).flatten();
+    let upgrade = keep_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten();
     strip_hop_by_hop(headers);
     if let Some(u) = upgrade {
         set_upgrade(headers, &u);
@@ -247,7 +281,8 @@ pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: b
 
 /// Sets `server` per `server_header_transformation`.
 pub fn set_server(cfg: &HcmConfig, headers: &mut HeaderMap) {
-    let value = || HeaderValue::from_str(&cfg.server_name).unwrap_or(HeaderValue::from_static("envoy"));
+    let value =
+        || HeaderValue::from_str(&cfg.server_name).unwrap_or(HeaderValue::from_static("envoy"));
     match cfg.server_header {
         ServerHeader::Overwrite => {
             headers.insert(header::SERVER, value());
@@ -268,7 +303,10 @@ mod tests {
     #[test]
     fn xff_picks_trusted_hop_from_the_right() {
         let mut h = HeaderMap::new();
-        h.insert(&X_FORWARDED_FOR, HeaderValue::from_static("1.1.1.1, 2.2.2.2,3.3.3.3"));
+        h.insert(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_static("1.1.1.1, 2.2.2.2,3.3.3.3"),
+        );
         assert_eq!(xff_from_right(&h, 0), Some("3.3.3.3".parse().unwrap()));
         assert_eq!(xff_from_right(&h, 2), Some("1.1.1.1".parse().unwrap()));
         assert_eq!(xff_from_right(&h, 3), None);
@@ -277,7 +315,10 @@ mod tests {
     #[test]
     fn hop_by_hop_goes_te_trailers_stays() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-foo"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-foo"),
+        );
         h.insert("x-foo", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));

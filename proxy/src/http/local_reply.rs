@@ -11,7 +11,11 @@ pub const UPSTREAM_TIMEOUT: &str = "upstream request timeout";
 
 /// A local reply with `status` and, when non-empty, a `text/plain` body.
 pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
-    let mut resp = Response::new(if text.is_empty() { body::empty() } else { body::full(text.to_owned()) });
+    let mut resp = Response::new(if text.is_empty() {
+        body::empty()
+    } else {
+        body::full(text.to_owned())
+    });
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     if !text.is_empty() {

@@ -62,7 +62,10 @@ where
     stats.cx_total.inc();
     stats.cx_active.inc();
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).preserve_header_case(false);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .preserve_header_case(false);
     builder.http2().timer(TokioTimer::new());
     let builder = match ctx.hcm.config.codec {
         Codec::Http1 => builder.http1_only(),
@@ -74,7 +77,10 @@ where
         let ctx = svc_ctx.clone();
         async move { Ok::<_, Infallible>(router::handle(req, &ctx).await) }
     });
-    if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(io), service).await {
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), service)
+        .await
+    {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
     }
     stats.cx_active.dec();

@@ -26,7 +26,8 @@ impl HcmStats {
             cx_active: store.gauge(&name("downstream_cx_active")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
-            rq_class: [1, 2, 3, 4, 5].map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
+            rq_class: [1, 2, 3, 4, 5]
+                .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
         }
     }
 

@@ -12,25 +12,46 @@ use crate::config::hcm::HcmConfig;
 use crate::upstream::{Cluster, LbContext};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
-pub async fn forward(mut req: Request<Incoming>, cluster: &Cluster, lb: &LbContext, cfg: &HcmConfig) -> Response<Body> {
+pub async fn forward(
+    mut req: Request<Incoming>,
+    cluster: &Cluster,
+    lb: &LbContext,
+    cfg: &HcmConfig,
+) -> Response<Body> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let conn = match cluster.connect(lb).await {
         Ok(s) => s,
         Err(e) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
     };
     let active = conn.active;
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(conn.stream)).await {
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
+        conn.stream,
+    ))
+    .await
+    {
         Ok(pair) => pair,
-        Err(e) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &format!("upstream connect error or disconnect/reset before headers. reset reason: {e}")),
+        Err(e) => {
+            return local_reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &format!(
+                    "upstream connect error or disconnect/reset before headers. reset reason: {e}"
+                ),
+            );
+        }
     };
     tokio::spawn(connection.with_upgrades());
     let (parts, incoming) = req.into_parts();
-    let mut upstream_resp = match sender.send_request(Request::from_parts(parts, body::boxed(incoming))).await {
+    let mut upstream_resp = match sender
+        .send_request(Request::from_parts(parts, body::boxed(incoming)))
+        .await
+    {
         Ok(r) => r,
         Err(e) => {
             return local_reply(
                 StatusCode::SERVICE_UNAVAILABLE,
-                &format!("upstream connect error or disconnect/reset before headers. reset reason: {e}"),
+                &format!(
+                    "upstream connect error or disconnect/reset before headers. reset reason: {e}"
+                ),
             );
         }
     };

@@ -21,7 +21,11 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Peeks at up to 16 KiB (waiting at most `timeout` for data) and classifies the stream.
 pub async fn inspect(stream: &TcpStream, tls: bool, http: bool, timeout: Duration) -> Inspected {
     let mut buf = vec![0u8; 16 * 1024];
-    let n = tokio::time::timeout(timeout, stream.peek(&mut buf)).await.ok().and_then(Result::ok).unwrap_or(0);
+    let n = tokio::time::timeout(timeout, stream.peek(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or(0);
     let data = &buf[..n];
     let mut out = Inspected {
         transport_protocol: "raw_buffer",
@@ -44,7 +48,10 @@ pub async fn inspect(stream: &TcpStream, tls: bool, http: bool, timeout: Duratio
 }
 
 fn be16(d: &[u8], at: usize) -> Option<usize> {
-    Some(usize::from(u16::from_be_bytes([*d.get(at)?, *d.get(at + 1)?])))
+    Some(usize::from(u16::from_be_bytes([
+        *d.get(at)?,
+        *d.get(at + 1)?,
+    ])))
 }
 
 /// Extracts SNI and ALPN from a TLS record holding a ClientHello.
@@ -65,7 +72,9 @@ pub fn parse_client_hello(d: &[u8]) -> Option<(Option<String>, Vec<String>)> {
         match kind {
             0 if body.len() >= 5 => {
                 let n = be16(body, 3)?;
-                sni = body.get(5..5 + n).map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
+                sni = body
+                    .get(5..5 + n)
+                    .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase());
             }
             16 if body.len() >= 2 => {
                 let mut q = 2;
@@ -118,7 +127,9 @@ mod tests {
         sni.push(0);
         sni.extend_from_slice(&(name.len() as u16).to_be_bytes());
         sni.extend_from_slice(name);
-        let alpn = vec![0, 12, 2, b'h', b'2', 8, b'h', b't', b't', b'p', b'/', b'1', b'.', b'1'];
+        let alpn = vec![
+            0, 12, 2, b'h', b'2', 8, b'h', b't', b't', b'p', b'/', b'1', b'.', b'1',
+        ];
         let rec = hello(&[(0, sni), (16, alpn)]);
         let (sni, alpn) = parse_client_hello(&rec).unwrap();
         assert_eq!(sni.as_deref(), Some("api.example.com"));

@@ -41,15 +41,24 @@ impl Listener {
     pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Self {
         let chain = |c: &ChainConfig| match &c.terminal {
             Terminal::Http(h) => Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats))),
-            Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new((**t).clone(), &shared.stats))),
+            Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new(
+                (**t).clone(),
+                &shared.stats,
+            ))),
         };
         let prefix = config.stat_prefix();
         Listener {
             chains: config.chains.iter().map(chain).collect(),
             default_chain: config.default_chain.as_ref().map(chain),
-            cx_total: shared.stats.counter(&format!("{prefix}.downstream_cx_total")),
-            cx_active: shared.stats.gauge(&format!("{prefix}.downstream_cx_active")),
-            no_filter_chain: shared.stats.counter(&format!("{prefix}.no_filter_chain_match")),
+            cx_total: shared
+                .stats
+                .counter(&format!("{prefix}.downstream_cx_total")),
+            cx_active: shared
+                .stats
+                .gauge(&format!("{prefix}.downstream_cx_active")),
+            no_filter_chain: shared
+                .stats
+                .counter(&format!("{prefix}.no_filter_chain_match")),
             config,
         }
     }
@@ -98,12 +107,23 @@ impl Listener {
     async fn serve(&self, stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(self.config.address);
-        let original = self.config.filters.original_dst.then(|| original_dst(&stream, local)).flatten();
+        let original = self
+            .config
+            .filters
+            .original_dst
+            .then(|| original_dst(&stream, local))
+            .flatten();
         let destination = original.unwrap_or(local);
         let f = self.config.filters;
         let needs_peek = f.tls_inspector || f.http_inspector;
         let inspected = if needs_peek {
-            inspect::inspect(&stream, f.tls_inspector, f.http_inspector, Duration::from_secs(15)).await
+            inspect::inspect(
+                &stream,
+                f.tls_inspector,
+                f.http_inspector,
+                Duration::from_secs(15),
+            )
+            .await
         } else {
             inspect::Inspected {
                 transport_protocol: "raw_buffer",

@@ -19,7 +19,13 @@ pub fn original_dst(socket: &impl AsRawFd, local: SocketAddr) -> Option<SocketAd
         } else {
             (libc::SOL_IPV6, IP6T_SO_ORIGINAL_DST)
         };
-        let rc = libc::getsockopt(fd, level, opt, (&mut storage as *mut libc::sockaddr_storage).cast(), &mut len);
+        let rc = libc::getsockopt(
+            fd,
+            level,
+            opt,
+            (&mut storage as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        );
         if rc != 0 {
             return None;
         }
@@ -27,12 +33,21 @@ pub fn original_dst(socket: &impl AsRawFd, local: SocketAddr) -> Option<SocketAd
             libc::AF_INET => {
                 let sin = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
                 let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-                Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(sin.sin_port))))
+                Some(SocketAddr::V4(SocketAddrV4::new(
+                    ip,
+                    u16::from_be(sin.sin_port),
+                )))
             }
             libc::AF_INET6 => {
-                let sin6 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                let sin6 =
+                    &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
                 let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-                Some(SocketAddr::V6(SocketAddrV6::new(ip, u16::from_be(sin6.sin6_port), 0, 0)))
+                Some(SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    u16::from_be(sin6.sin6_port),
+                    0,
+                    0,
+                )))
             }
             _ => None,
         }

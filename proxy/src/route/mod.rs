@@ -355,7 +355,7 @@ impl Route {
             }
         }
         for (name, sm, invert) in &m.cookies {
-            if !policy::cookie(req, name).is_some_and(|v| sm.matches(v) != *invert) {
+            if policy::cookie(req, name).is_none_or(|v| sm.matches(v) == *invert) {
                 return Some(Failure::Cookie(name));
             }
         }

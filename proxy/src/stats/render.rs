@@ -9,13 +9,17 @@ fn selected<'a>(
     used_only: bool,
     filter: Option<&'a Regex>,
 ) -> impl Iterator<Item = &'a (String, Metric)> {
-    metrics
-        .iter()
-        .filter(move |(name, m)| (!used_only || m.used()) && filter.is_none_or(|f| f.is_match(name)))
+    metrics.iter().filter(move |(name, m)| {
+        (!used_only || m.used()) && filter.is_none_or(|f| f.is_match(name))
+    })
 }
 
 /// `name: value` lines, sorted by name.
-pub fn render_text(metrics: &[(String, Metric)], used_only: bool, filter: Option<&Regex>) -> String {
+pub fn render_text(
+    metrics: &[(String, Metric)],
+    used_only: bool,
+    filter: Option<&Regex>,
+) -> String {
     let mut out = String::new();
     for (name, m) in selected(metrics, used_only, filter) {
         out.push_str(name);
@@ -44,7 +48,13 @@ pub fn render_prometheus(metrics: &[(String, Metric)], used_only: bool) -> Strin
     for (name, m) in selected(metrics, used_only, None) {
         let prom: String = format!("envoy_{name}")
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let kind = match m {
             Metric::Counter(_) => "counter",
