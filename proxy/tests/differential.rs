@@ -94,6 +94,19 @@ async fn routing() {
         Case::get("route query present", "/query?a=1&flag")
             .host("routes.test")
             .expect("upstream.header.x-route", "query_present"),
+        Case::get("route header regex", "/hdr-regex")
+            .host("routes.test")
+            .header("x-version", "v12")
+            .expect("upstream.header.x-route", "header_regex"),
+        Case::get("route header regex no match", "/hdr-regex")
+            .host("routes.test")
+            .header("x-version", "v1a"),
+        Case::get("route query prefix", "/query-prefix?lang=en-GB")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "query_prefix"),
+        Case::get("path with dot segments", "/prefix/../exact").host("routes.test"),
+        Case::get("path with encoded slash", "/prefix%2Fx").host("routes.test"),
+        Case::get("host with trailing dot", "/").host("exact.example.com."),
         Case::get("route http2 downstream", "/prefix/h2")
             .host("routes.test")
             .h2()
@@ -299,11 +312,32 @@ async fn filter_chains() {
         Case::get("no matching chain closes", "/")
             .listener(3)
             .expect("error", "no response"),
+        Case::get("destination prefix range most specific", "/")
+            .listener(5)
+            .expect("upstream.header.x-chain", "dest_32"),
+        Case::get("application protocol http/1.1", "/")
+            .listener(6)
+            .expect("upstream.header.x-chain", "http11"),
+        Case::get("application protocol h2c", "/")
+            .listener(6)
+            .h2()
+            .expect("upstream.header.x-chain", "h2c"),
         Case::get("source type loopback", "/")
             .listener(4)
             .expect("upstream.header.x-chain", "loopback"),
     ];
     run("filter_chains", &cases).await;
+}
+
+/// A request whose headers exceed Envoy's default `max_request_headers_kb` (60).
+fn oversized_headers() -> Vec<u8> {
+    let filler = "a".repeat(8 * 1024);
+    let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
+    for i in 0..9 {
+        request.push_str(&format!("x-filler-{i}: {filler}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -338,6 +372,13 @@ async fn protocols() {
             "absolute-form target",
             b"GET http://abs.example.com/abs?q=1 HTTP/1.1\r\nHost: abs.example.com\r\n\r\n",
         ),
+        Case::raw("chunked request body", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .expect("upstream.body", "hello"),
+        Case::raw("expect 100-continue", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\nhello"),
+        Case::raw("content-length and chunked together", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+        Case::raw("two content-lengths differ", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
+        Case::raw("headers over 60 KiB", &oversized_headers()),
+        Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw(
             "h2 preface on http1-only",
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",

