@@ -44,7 +44,15 @@ pub fn compile_bootstrap(
                 format!("cluster manager: duplicate cluster '{}' found", c.name),
             ));
         }
-        clusters.push(compile_cluster(c).map_err(|e| e.within(&path))?);
+        let compiled = compile_cluster(c).map_err(|e| e.within(&path))?;
+        if !compiled.unreachable_endpoints.is_empty() {
+            warnings.push(format!(
+                "{path}: cluster '{}' has endpoints revoy cannot connect to yet ({}); requests to them get 'no healthy upstream'",
+                compiled.name,
+                compiled.unreachable_endpoints.join(", ")
+            ));
+        }
+        clusters.push(compiled);
     }
     let known = |name: &str| seen.contains(name);
     let mut listeners: Vec<ListenerConfig> = Vec::with_capacity(sr.listeners.len());

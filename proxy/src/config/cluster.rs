@@ -33,6 +33,9 @@ pub struct ClusterConfig {
     pub discovery: Discovery,
     /// Endpoints from `load_assignment`, in configuration order.
     pub endpoints: Vec<EndpointConfig>,
+    /// Endpoints revoy accepts but cannot connect to yet (unix `pipe`s, internal listeners),
+    /// described as `pipe:<path>` / `internal:<listener>`; the server logs them at start-up.
+    pub unreachable_endpoints: Vec<String>,
     /// How a host is picked.
     pub lb_policy: LbPolicy,
     /// `connect_timeout` (default 5 s).
@@ -275,11 +278,11 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     }
     let discovery = discovery(c)?;
     let lb_policy = lb_policy(c, &discovery)?;
-    let endpoints = match &c.load_assignment {
+    let (endpoints, unreachable_endpoints) = match &c.load_assignment {
         Some(la) => endpoints(la, &discovery).map_err(|e| e.within("load_assignment"))?,
-        None => Vec::new(),
+        None => (Vec::new(), Vec::new()),
     };
-    if discovery == Discovery::LogicalDns && endpoints.len() != 1 {
+    if discovery == Discovery::LogicalDns && endpoints.len() + unreachable_endpoints.len() != 1 {
         return Err(ConfigError::new(
             "load_assignment",
             "LOGICAL_DNS clusters must have a single locality_lb_endpoint and a single lb_endpoint",
@@ -328,6 +331,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
         .map_or(50.0, |p| p.value);
     Ok(ClusterConfig {
         name: c.name.clone(),
+        unreachable_endpoints,
         observability_name: if c.alt_stat_name.is_empty() {
             c.name.clone()
         } else {
@@ -442,8 +446,9 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
 fn endpoints(
     la: &ClusterLoadAssignment,
     discovery: &Discovery,
-) -> Result<Vec<EndpointConfig>, ConfigError> {
+) -> Result<(Vec<EndpointConfig>, Vec<String>), ConfigError> {
     let mut out = Vec::new();
+    let mut unreachable = Vec::new();
     for (i, lle) in la.endpoints.iter().enumerate() {
         let locality = lle
             .locality
@@ -477,8 +482,15 @@ fn endpoints(
                     "value must be greater than or equal to 1",
                 ));
             }
-            let address = endpoint_address(ep.address.as_ref(), discovery)
-                .map_err(|e| e.within(&format!("{path}.endpoint.address")))?;
+            let address = match endpoint_address(ep.address.as_ref(), discovery)
+                .map_err(|e| e.within(&format!("{path}.endpoint.address")))?
+            {
+                Reachable::Yes(a) => a,
+                Reachable::No(desc) => {
+                    unreachable.push(desc);
+                    continue;
+                }
+            };
             out.push(EndpointConfig {
                 address,
                 weight,
@@ -489,33 +501,50 @@ fn endpoints(
             });
         }
     }
-    Ok(out)
+    Ok((out, unreachable))
+}
+
+/// An endpoint address revoy can connect to, or a description of one it cannot yet.
+enum Reachable {
+    Yes(EndpointAddress),
+    No(String),
 }
 
 fn endpoint_address(
     a: Option<&core::Address>,
     discovery: &Discovery,
-) -> Result<EndpointAddress, ConfigError> {
+) -> Result<Reachable, ConfigError> {
     let sa = match a.and_then(|a| a.address.as_ref()) {
         Some(core::address::Address::SocketAddress(sa)) => sa,
-        Some(core::address::Address::Pipe(_)) => {
-            return Err(ConfigError::new("pipe", "pipe endpoints are not supported"));
+        Some(core::address::Address::Pipe(p)) => {
+            if p.path.is_empty() {
+                return Err(ConfigError::new(
+                    "pipe.path",
+                    "value length must be at least 1 characters",
+                ));
+            }
+            return Ok(Reachable::No(format!("pipe:{}", p.path)));
         }
-        Some(core::address::Address::EnvoyInternalAddress(_)) => {
-            return Err(ConfigError::new(
-                "envoy_internal_address",
-                "internal addresses are not supported",
-            ));
+        Some(core::address::Address::EnvoyInternalAddress(ia)) => {
+            let name = match &ia.address_name_specifier {
+                Some(core::envoy_internal_address::AddressNameSpecifier::ServerListenerName(n)) => {
+                    n.clone()
+                }
+                None => String::new(),
+            };
+            return Ok(Reachable::No(format!("internal:{name}")));
         }
         None => return Err(ConfigError::new("", "address is required")),
     };
     let port = port(sa)?;
     match sa.address.parse::<IpAddr>() {
-        Ok(ip) => Ok(EndpointAddress::Ip(SocketAddr::new(ip, port))),
-        Err(_) if discovery.uses_dns() => Ok(EndpointAddress::Dns {
+        Ok(ip) => Ok(Reachable::Yes(EndpointAddress::Ip(SocketAddr::new(
+            ip, port,
+        )))),
+        Err(_) if discovery.uses_dns() => Ok(Reachable::Yes(EndpointAddress::Dns {
             host: sa.address.clone(),
             port,
-        }),
+        })),
         Err(_) => Err(ConfigError::new(
             "socket_address.address",
             format!(
@@ -647,6 +676,29 @@ fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn pipe_and_internal_endpoints_are_kept_aside() {
+        let yaml = r#"
+name: xds-grpc
+type: STATIC
+load_assignment:
+  cluster_name: xds-grpc
+  endpoints:
+  - lb_endpoints:
+    - endpoint: {address: {pipe: {path: ./etc/istio/proxy/XDS}}}
+    - endpoint: {address: {envoy_internal_address: {server_listener_name: inner}}}
+    - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 15012}}}
+"#;
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        let c: Cluster = proto::Codec::new().decode(value, false).unwrap().message;
+        let cfg = compile_cluster(&c).unwrap();
+        assert_eq!(cfg.endpoints.len(), 1);
+        assert_eq!(
+            cfg.unreachable_endpoints,
+            vec!["pipe:./etc/istio/proxy/XDS", "internal:inner"]
+        );
+    }
     use super::*;
 
     fn cluster(yaml: &str) -> Cluster {
