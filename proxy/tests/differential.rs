@@ -421,3 +421,21 @@ async fn clusters() {
     ];
     run("clusters", &cases).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin() {
+    let cases = [
+        Case::admin("ready", "GET", "/ready").expect("body", "LIVE\n"),
+        Case::admin("POST-only endpoint with GET", "GET", "/healthcheck/fail"),
+        Case::admin("quitquitquit with GET", "GET", "/quitquitquit"),
+        Case::admin("unknown endpoint", "GET", "/no-such-endpoint").ignore("body"),
+        Case::admin("stats filter", "GET", "/stats?filter=^server\\.live$"),
+        Case::raw(
+            "pilot-agent readiness query, unescaped",
+            b"GET /stats?usedonly&filter=^(server\\.state|listener_manager\\.workers_started) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        )
+        .at_admin()
+        .expect("body", "listener_manager.workers_started: 1\nserver.state: 0\n"),
+    ];
+    run("tcp", &cases).await;
+}

@@ -36,6 +36,8 @@ pub struct Case {
     pub name: &'static str,
     /// Index `N` of the `{{listener_N}}` placeholder the request goes to.
     pub listener: usize,
+    /// Send to the admin port instead of a listener.
+    pub admin: bool,
     /// What is sent.
     pub kind: Kind,
     /// HTTP method.
@@ -58,6 +60,8 @@ pub struct Case {
     pub pool: Vec<String>,
     /// Fields whose value is asserted on both sides (guards that the case tests what it says).
     pub expect: Vec<(String, String)>,
+    /// Fields left out of the comparison (e.g. a body that revoy deliberately extends).
+    pub ignore: Vec<String>,
 }
 
 impl Case {
@@ -65,6 +69,7 @@ impl Case {
         Case {
             name,
             listener: 0,
+            admin: false,
             kind,
             method: method.to_string(),
             path: path.to_string(),
@@ -76,6 +81,7 @@ impl Case {
             repeat: 1,
             pool: Vec::new(),
             expect: Vec::new(),
+            ignore: Vec::new(),
         }
     }
 
@@ -88,6 +94,15 @@ impl Case {
     pub fn send(name: &'static str, method: &str, path: &str, body: &str) -> Case {
         Case {
             body: body.to_string(),
+            ..Case::new(name, Kind::Http, method, path)
+        }
+    }
+
+    /// An HTTP/1.1 request to the admin port.
+    pub fn admin(name: &'static str, method: &str, path: &str) -> Case {
+        Case {
+            admin: true,
+            host: Some("127.0.0.1".to_string()),
             ..Case::new(name, Kind::Http, method, path)
         }
     }
@@ -167,6 +182,20 @@ impl Case {
             pool: pool.iter().map(|s| s.to_string()).collect(),
             ..self
         }
+    }
+
+    /// Sends to the admin port instead of a listener.
+    pub fn at_admin(self) -> Case {
+        Case {
+            admin: true,
+            ..self
+        }
+    }
+
+    /// Leaves `field` out of the comparison.
+    pub fn ignore(mut self, field: &str) -> Case {
+        self.ignore.push(field.to_string());
+        self
     }
 
     /// Asserts `field` has `value` on both sides.

@@ -173,12 +173,20 @@ fn diff(expected: &Observation, actual: &Observation, peer: &str) -> Vec<String>
         .filter(|f| expected.get(*f) != actual.get(*f))
         .map(|f| {
             format!(
-                "  {f}:\n      envoy = {:?}\n      {peer} = {:?}",
-                expected.get(f).unwrap_or(&absent),
-                actual.get(f).unwrap_or(&absent)
+                "  {f}:\n      envoy = {}\n      {peer} = {}",
+                shorten(expected.get(f).unwrap_or(&absent)),
+                shorten(actual.get(f).unwrap_or(&absent))
             )
         })
         .collect()
+}
+
+/// A value for the report, cut to 160 characters.
+fn shorten(value: &str) -> String {
+    match value.char_indices().nth(160) {
+        Some((cut, _)) => format!("{:?}... ({} bytes)", &value[..cut], value.len()),
+        None => format!("{value:?}"),
+    }
 }
 
 fn placeholders(template: &str) -> Vec<String> {
@@ -294,18 +302,20 @@ impl Side {
     }
 
     async fn observe(&self, case: &Case) -> Observation {
-        let Some(port) = self
-            .ports
-            .get(&format!("listener_{}", case.listener))
-            .copied()
-        else {
+        let target = if case.admin {
+            "admin".to_string()
+        } else {
+            format!("listener_{}", case.listener)
+        };
+        let Some(port) = self.ports.get(&target).copied() else {
             panic!(
-                "case {:?} names listener_{} which the config lacks",
-                case.name, case.listener
+                "case {:?} needs {{{{{target}}}}} which the config lacks",
+                case.name
             );
         };
         let render_fn = |s: &str| render(s, &self.ports);
-        let obs = client::observe(case, port, &render_fn).await;
+        let mut obs = client::observe(case, port, &render_fn).await;
+        obs.retain(|field, _| !case.ignore.contains(field));
         normalize(obs, &self.ports)
     }
 
