@@ -183,6 +183,18 @@ async fn actions() {
         Case::get("connect failure 503", "/closed")
             .host("actions.test")
             .expect("status", "503"),
+        Case::get("upstream reset before headers 503", "/cluster")
+            .host("actions.test")
+            .header("x-echo-abort", "1")
+            .expect("status", "503"),
+        Case::get("upstream reset over h2", "/cluster")
+            .host("actions.test")
+            .h2()
+            .header("x-echo-abort", "1"),
+        Case::get("timeout over h2", "/slow")
+            .host("actions.test")
+            .h2()
+            .header("x-echo-delay-ms", "2000"),
         Case::get("no healthy upstream 503", "/empty")
             .host("actions.test")
             .expect("body", "no healthy upstream"),
@@ -349,6 +361,8 @@ async fn protocols() {
             .expect("upstream.version", "HTTP/1.1"),
         Case::send("http1 post", "POST", "/post", "payload"),
         Case::send("h2c post", "POST", "/post", "payload").h2(),
+        Case::send("http1 large body", "POST", "/post", &"x".repeat(300_000)),
+        Case::send("h2c large body", "POST", "/post", &"y".repeat(300_000)).h2(),
         Case::get("h2 upstream from http1", "/h2up").expect("upstream.version", "HTTP/2.0"),
         Case::get("h2 upstream from h2c", "/h2up").h2(),
         Case::get("downstream protocol http1", "/downstream-protocol")

@@ -205,7 +205,8 @@ fn header_pairs(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Observation of an HTTP response: status, headers (minus `date`), and either the echo's
+/// Observation of an HTTP response: status, headers (minus `date` and the body framing, since
+/// content-length and chunked carry the same body), and either the echo's
 /// report of what the upstream saw or the literal body of a local reply.
 fn response_observation(
     status: u16,
@@ -229,9 +230,8 @@ fn response_observation(
     let mut response_headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, value) in headers {
         let value = match name.as_str() {
-            "date" => continue,
+            "date" | "content-length" | "transfer-encoding" => continue,
             "x-envoy-upstream-service-time" => PRESENT.to_string(),
-            "content-length" if echo.is_some() => PRESENT.to_string(),
             _ => value.clone(),
         };
         response_headers

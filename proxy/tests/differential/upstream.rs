@@ -4,7 +4,8 @@
 //! The HTTP echo answers a JSON document `{upstream, method, path, host, version, headers, body}`
 //! describing the request it received. Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
-//! `x-echo-response-header: name=value` (repeatable) adds a response header.
+//! `x-echo-response-header: name=value` (repeatable) adds a response header,
+//! `x-echo-abort: 1` drops the connection without answering.
 //! A `content-type: application/grpc*` request gets the same JSON as one gRPC message, with the
 //! decoded request message as `body`, and `grpc-status: 0` trailers.
 //! A WebSocket upgrade gets a 101, then a text frame with the JSON, then every frame echoed.
@@ -104,7 +105,7 @@ type EchoBody = BoxBody<Bytes, Infallible>;
 async fn handle(
     id: Arc<str>,
     mut req: Request<Incoming>,
-) -> Result<Response<EchoBody>, Infallible> {
+) -> Result<Response<EchoBody>, std::io::Error> {
     let header = |name: &str| {
         req.headers()
             .get(name)
@@ -156,6 +157,11 @@ async fn handle(
         return Ok(response);
     }
 
+    if header("x-echo-abort").is_some() {
+        return Err(std::io::Error::other(
+            "x-echo-abort: dropping the connection",
+        ));
+    }
     let body = req
         .into_body()
         .collect()
