@@ -1,10 +1,16 @@
 //! The HTTP connection manager: serves downstream HTTP/1.1 and HTTP/2 connections with hyper
 //! and runs each request through the router.
 
+mod attempts;
+mod buffered_body;
 pub mod forwarding;
 pub mod local_reply;
+mod mirror;
+mod retry;
 mod router;
 mod stats;
+mod stream_limits;
+mod timeouts;
 mod upgrade;
 
 pub use stats::HcmStats;

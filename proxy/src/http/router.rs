@@ -8,17 +8,24 @@ use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 
 use super::ConnContext;
+use super::attempts::{Exchange, Outcome, RequestBody};
+use super::buffered_body::{self, Buffered};
 use super::forwarding;
-use super::local_reply::{UPSTREAM_TIMEOUT, local_reply};
+use super::local_reply::local_reply;
+use super::mirror;
+use super::retry::RetryState;
+use super::stream_limits::StreamLimits;
+use super::timeouts::Timeouts;
 use crate::body::{self, Body};
-use crate::config::hcm::{Routes, StripPort};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
+use crate::config::hcm::{Routes, StripPort};
 use crate::route::action::HostRewrite;
+use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
 use crate::upstream::LbContext;
 
 static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
-static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static ORIGINAL_PATH: HeaderName = HeaderName::from_static("x-envoy-original-path");
 static ORIGINAL_HOST: HeaderName = HeaderName::from_static("x-envoy-original-host");
@@ -26,7 +33,8 @@ static ORIGINAL_HOST: HeaderName = HeaderName::from_static("x-envoy-original-hos
 /// Envoy's answer to an upgrade the connection manager or route does not allow.
 fn upgrade_refused() -> Response<Body> {
     let mut resp = local_reply(StatusCode::FORBIDDEN, "");
-    resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }
 
@@ -41,10 +49,10 @@ pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<B
         let mut resp = route_and_forward(req, ctx, facts).await;
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
-        if ctx.hcm.config.always_set_request_id_in_response {
-            if let Some(id) = id {
-                resp.headers_mut().insert(&X_REQUEST_ID, id);
-            }
+        if ctx.hcm.config.always_set_request_id_in_response
+            && let Some(id) = id
+        {
+            resp.headers_mut().insert(&X_REQUEST_ID, id);
         }
         resp
     };
@@ -57,12 +65,20 @@ fn authority(req: &Request<Incoming>) -> String {
     req.uri()
         .authority()
         .map(|a| a.as_str().to_owned())
-        .or_else(|| req.headers().get(header::HOST).and_then(|h| h.to_str().ok()).map(str::to_owned))
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+        })
         .unwrap_or_default()
 }
 
 fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
-    let Some((name, port)) = host.rsplit_once(':').filter(|(n, p)| !p.contains(']') && !n.is_empty()) else {
+    let Some((name, port)) = host
+        .rsplit_once(':')
+        .filter(|(n, p)| !p.contains(']') && !n.is_empty())
+    else {
         return host;
     };
     match mode {
@@ -77,19 +93,24 @@ async fn route_and_forward(
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
 ) -> Response<Body> {
+    let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
     if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
         let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
     if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
         let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
-        resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
     if let Some(u) = &facts.upgrade {
-        let known = u.to_str().is_ok_and(|t| t.eq_ignore_ascii_case("websocket"));
+        let known = u
+            .to_str()
+            .is_ok_and(|t| t.eq_ignore_ascii_case("websocket"));
         if !(known && cfg.websocket) {
             return upgrade_refused();
         }
@@ -103,7 +124,11 @@ async fn route_and_forward(
     };
     let host_full = authority(&req);
     let host = strip_port(&host_full, cfg.strip_port, ctx.local.port()).to_owned();
-    let path = req.uri().path_and_query().map(|p| p.as_str().to_owned()).unwrap_or_else(|| "/".into());
+    let path = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
     let https = req
         .headers()
         .get("x-forwarded-proto")
@@ -124,16 +149,22 @@ async fn route_and_forward(
     };
     match &selected.route.action {
         Action::DirectResponse(dr) => {
-            let mut resp = Response::new(if dr.body.is_empty() { body::empty() } else { body::full(dr.body.clone()) });
+            let mut resp = Response::new(if dr.body.is_empty() {
+                body::empty()
+            } else {
+                body::full(dr.body.clone())
+            });
             *resp.status_mut() = dr.status;
             if let Some(ct) = dr.content_type() {
-                resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+                resp.headers_mut()
+                    .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
             }
-            resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
-            if dr.status.is_redirection() {
-                if let Ok(v) = HeaderValue::from_str(&Selected::request_url(&route_req)) {
-                    resp.headers_mut().insert(header::LOCATION, v);
-                }
+            resp.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
+            if dr.status.is_redirection()
+                && let Ok(v) = HeaderValue::from_str(&Selected::request_url(&route_req))
+            {
+                resp.headers_mut().insert(header::LOCATION, v);
             }
             selected.apply_response_headers(None, resp.headers_mut(), &fmt);
             resp
@@ -160,7 +191,9 @@ async fn route_and_forward(
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match &fwd.host_rewrite {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
-                _ => selected.rewritten_host(&route_req, weighted).map(|h| h.into_owned()),
+                _ => selected
+                    .rewritten_host(&route_req, weighted)
+                    .map(|h| h.into_owned()),
             };
             let upgrade = facts.upgrade.clone();
             if upgrade
@@ -169,7 +202,6 @@ async fn route_and_forward(
             {
                 return upgrade_refused();
             }
-            let timeout = fwd.timeout;
             {
                 let fmt = FormatContext {
                     upstream_cluster: Some(&cluster_name),
@@ -180,20 +212,21 @@ async fn route_and_forward(
             if let Some(u) = &upgrade {
                 forwarding::set_upgrade(req.headers_mut(), u);
             }
-            if new_host.is_some() && !cfg.suppress_envoy_headers {
-                if let Ok(v) = HeaderValue::from_str(&host_full) {
-                    req.headers_mut().insert(&ORIGINAL_HOST, v);
-                }
+            if new_host.is_some()
+                && !cfg.suppress_envoy_headers
+                && let Ok(v) = HeaderValue::from_str(&host_full)
+            {
+                req.headers_mut().insert(&ORIGINAL_HOST, v);
             }
             let authority = new_host.unwrap_or(host_full);
             if let Ok(v) = HeaderValue::from_str(&authority) {
                 req.headers_mut().insert(header::HOST, v);
             }
             if let Some(p) = new_path {
-                if !cfg.suppress_envoy_headers {
-                    if let Ok(v) = HeaderValue::from_str(&path) {
-                        req.headers_mut().insert(&ORIGINAL_PATH, v);
-                    }
+                if !cfg.suppress_envoy_headers
+                    && let Ok(v) = HeaderValue::from_str(&path)
+                {
+                    req.headers_mut().insert(&ORIGINAL_PATH, v);
                 }
                 if let Ok(uri) = Uri::builder().path_and_query(p.as_str()).build() {
                     *req.uri_mut() = uri;
@@ -201,43 +234,116 @@ async fn route_and_forward(
             } else if let Some(pq) = req.uri().path_and_query().cloned() {
                 *req.uri_mut() = Uri::from(pq);
             }
+            let timeouts = Timeouts::resolve(fwd, req.headers_mut(), facts.internal);
+            let retry = RetryState::new(
+                fwd.retry_policy.as_ref(),
+                &route_req,
+                req.headers_mut(),
+                facts.internal,
+            );
             if !cfg.suppress_envoy_headers {
-                if let Some(t) = timeout {
-                    req.headers_mut().insert(&EXPECTED_TIMEOUT, HeaderValue::from(t.as_millis() as u64));
-                }
+                timeouts.set_expected(req.headers_mut(), Duration::ZERO);
             }
+            let hash = if fwd.hash_policies.is_empty() {
+                None
+            } else {
+                compute_hash(
+                    &fwd.hash_policies,
+                    &route_req,
+                    facts.client.or(Some(ctx.down.peer.ip())),
+                )
+            };
             let lb = LbContext {
+                hash,
                 original_dst: ctx.original_dst,
                 downstream_h2: req.version() == http::Version::HTTP_2,
-                ..Default::default()
+                internal: facts.internal,
+                avoid: Vec::new(),
             };
             if upgrade.is_some() {
                 return super::upgrade::forward(req, &cluster, &lb, cfg).await;
             }
+            let vhost = selected.virtual_host;
             let downstream_version = req.version();
             let start = Instant::now();
+            let limits = StreamLimits::of(fwd, tokio::time::Instant::from_std(stream_start));
             let (parts, incoming) = req.into_parts();
-            let upstream_req = Request::from_parts(parts, body::boxed(incoming));
-            let result = match timeout {
-                Some(t) => tokio::time::timeout(t, cluster.request(upstream_req, &lb)).await,
-                None => Ok(cluster.request(upstream_req, &lb).await),
+            let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
+            let body = if needs_copy {
+                let limit = fwd
+                    .per_request_buffer_limit_bytes
+                    .map_or(buffered_body::DEFAULT_LIMIT, |l| l as usize);
+                match buffered_body::buffer(incoming, limit).await {
+                    Ok(Buffered::Complete(replay)) => {
+                        mirror::spawn(
+                            &fwd.mirror_policies,
+                            &route_req,
+                            &parts,
+                            &replay,
+                            &ctx.shared.clusters,
+                            &lb,
+                            timeouts.global,
+                        );
+                        RequestBody::Replay(replay)
+                    }
+                    Ok(Buffered::TooLarge(body)) => {
+                        let name = &cluster.config().observability_name;
+                        ctx.shared
+                            .stats
+                            .counter(&format!("cluster.{name}.retry_or_shadow_abandoned"))
+                            .inc();
+                        RequestBody::Once(body)
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "downstream request body failed");
+                        return local_reply(StatusCode::BAD_REQUEST, "");
+                    }
+                }
+            } else {
+                RequestBody::Once(body::boxed(incoming))
             };
-            let mut resp = match result {
-                Err(_elapsed) => return local_reply(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT),
-                Ok(Err(e)) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
-                Ok(Ok(resp)) => resp.map(body::boxed),
+            let exchange = Exchange {
+                cluster: &cluster,
+                lb,
+                timeouts,
+                retry,
+                send_attempt_count: vhost.include_request_attempt_count,
+                send_expected_timeout: !cfg.suppress_envoy_headers,
+                store: &ctx.shared.stats,
             };
-            *resp.version_mut() = downstream_version;
-            forwarding::mutate_response(cfg, resp.headers_mut(), false);
-            if !cfg.suppress_envoy_headers {
-                resp.headers_mut()
-                    .insert(&UPSTREAM_SERVICE_TIME, HeaderValue::from(elapsed_ms(start)));
-            }
+            let run = exchange.run(parts, body);
+            let (outcome, attempts) = match &limits {
+                Some(l) => match l.bound(run).await {
+                    Ok(done) => done,
+                    Err(why) => return local_reply(StatusCode::GATEWAY_TIMEOUT, why),
+                },
+                None => run.await,
+            };
             let fmt = FormatContext {
                 upstream_cluster: Some(&cluster_name),
                 ..fmt
             };
+            let mut resp = match outcome {
+                Outcome::Local(status, text) => local_reply(status, &text),
+                Outcome::Response(resp) => {
+                    let mut resp = match &limits {
+                        Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
+                        None => resp.map(body::boxed),
+                    };
+                    *resp.version_mut() = downstream_version;
+                    forwarding::mutate_response(cfg, resp.headers_mut(), false);
+                    if !cfg.suppress_envoy_headers {
+                        resp.headers_mut()
+                            .insert(&UPSTREAM_SERVICE_TIME, HeaderValue::from(elapsed_ms(start)));
+                    }
+                    resp
+                }
+            };
             selected.apply_response_headers(weighted, resp.headers_mut(), &fmt);
+            if vhost.include_attempt_count_in_response {
+                resp.headers_mut()
+                    .insert(&ATTEMPT_COUNT, HeaderValue::from(attempts));
+            }
             resp
         }
     }
@@ -259,4 +365,3 @@ fn auto_host(cluster: &ClusterConfig) -> Option<String> {
 fn elapsed_ms(start: Instant) -> u64 {
     Duration::as_millis(&start.elapsed()) as u64
 }
-

@@ -1,0 +1,262 @@
+//! Sends a request to a cluster under the router's timeouts and retry policy: one attempt when
+//! the route has no retry policy (the body streams through), else as many as Envoy would make
+//! (the body replayed from memory), with per-try timeouts and jittered back-off in between.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use http::header::HeaderName;
+use http::{HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::time::{Instant, timeout_at};
+
+use super::buffered_body::Replay;
+use super::local_reply::UPSTREAM_TIMEOUT;
+use super::retry::{Failure, RetryState, RetryStats, Verdict};
+use super::timeouts::Timeouts;
+use crate::body::Body;
+use crate::stats::Store;
+use crate::upstream::{Cluster, LbContext};
+
+static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+
+/// The request body of an exchange.
+pub enum RequestBody {
+    /// Streamed once: a single attempt.
+    Once(Body),
+    /// In memory: replayed on every attempt.
+    Replay(Replay),
+}
+
+/// How an exchange ended.
+pub enum Outcome {
+    /// The upstream's response head (its body still streaming).
+    Response(Response<Incoming>),
+    /// A failure answered locally with this status and body.
+    Local(StatusCode, String),
+}
+
+/// One request's trip to a cluster.
+pub struct Exchange<'a> {
+    /// The cluster.
+    pub cluster: &'a Cluster,
+    /// Load-balancer inputs (`avoid` grows with `previous_hosts`).
+    pub lb: LbContext,
+    /// Timeouts in force.
+    pub timeouts: Timeouts,
+    /// Retry state, when the request may be retried.
+    pub retry: Option<RetryState<'a>>,
+    /// Send `x-envoy-attempt-count` upstream.
+    pub send_attempt_count: bool,
+    /// Send `x-envoy-expected-rq-timeout-ms` upstream.
+    pub send_expected_timeout: bool,
+    /// Where the lazily created retry stats live.
+    pub store: &'a Store,
+}
+
+impl Exchange<'_> {
+    /// Runs the exchange; returns the outcome and the number of attempts made.
+    pub async fn run(mut self, head: http::request::Parts, body: RequestBody) -> (Outcome, u32) {
+        let start = Instant::now();
+        let global = self.timeouts.global.map(|t| start + t);
+        let (head, replay) = match body {
+            RequestBody::Once(b) => {
+                self.retry = None;
+                let req = Request::from_parts(head, b);
+                return (self.attempt_once(req, start, global).await, 1);
+            }
+            RequestBody::Replay(r) => (head, r),
+        };
+        let mut retry_stats = None;
+        let mut retrying: Option<RetryHold> = None;
+        let mut attempt = 1u32;
+        loop {
+            let mut req = Request::new(replay.body());
+            *req.method_mut() = head.method.clone();
+            *req.uri_mut() = head.uri.clone();
+            *req.version_mut() = head.version;
+            *req.headers_mut() = head.headers.clone();
+            if self.send_attempt_count {
+                req.headers_mut()
+                    .insert(&ATTEMPT_COUNT, HeaderValue::from(attempt));
+            }
+            if self.send_expected_timeout {
+                self.timeouts
+                    .set_expected(req.headers_mut(), start.elapsed());
+            }
+            let per_try = self.per_try_deadline(global);
+            let result = match per_try.or(global) {
+                Some(d) => timeout_at(d, self.cluster.request(req, &self.lb)).await,
+                None => Ok(self.cluster.request(req, &self.lb).await),
+            };
+            let (retriable, failed_host, outcome) = match result {
+                Err(_) if global.is_some_and(|g| Instant::now() >= g) => {
+                    return (self.global_timeout(), attempt);
+                }
+                Err(_) => {
+                    self.per_try_timeout_stat();
+                    let r = self
+                        .retry
+                        .as_ref()
+                        .is_some_and(|s| s.retriable_failure(Failure::PerTryTimeout));
+                    (r, None, Err(()))
+                }
+                Ok(Err(e)) => {
+                    let r = match (Failure::of(&e), &self.retry) {
+                        (Some(f), Some(s)) => s.retriable_failure(f),
+                        _ => false,
+                    };
+                    (
+                        r,
+                        e.host(),
+                        Ok(Outcome::Local(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            e.local_reply_body(),
+                        )),
+                    )
+                }
+                Ok(Ok(resp)) => {
+                    let r = self
+                        .retry
+                        .as_ref()
+                        .is_some_and(|s| s.retriable_response(resp.status(), resp.headers()));
+                    (r, None, Ok(Outcome::Response(resp)))
+                }
+            };
+            if self.retry.is_none() {
+                return (self.finish(outcome), attempt);
+            }
+            let stats = retry_stats.get_or_insert_with(|| self.retry_stats());
+            let Some(state) = self.retry.as_mut() else {
+                return (self.finish(outcome), attempt);
+            };
+            drop(retrying.take());
+            let budget = RetryBudget::of(self.cluster);
+            let overflow =
+                retriable && budget.is_full(self.cluster.config().circuit_breakers[0].max_retries);
+            let Verdict::RetryAfter(back_off) = state.decide(retriable, overflow, stats) else {
+                return (self.finish(outcome), attempt);
+            };
+            if let (Some(host), true) = (failed_host, state.avoids_previous_hosts()) {
+                self.lb.avoid.push(host);
+            }
+            retrying.replace(budget.hold());
+            drop(outcome);
+            let wait = tokio::time::sleep(back_off);
+            if let Some(g) = global {
+                if timeout_at(g, wait).await.is_err() {
+                    return (self.global_timeout(), attempt);
+                }
+            } else {
+                wait.await;
+            }
+            attempt += 1;
+        }
+    }
+
+    async fn attempt_once(
+        &self,
+        mut req: Request<Body>,
+        start: Instant,
+        global: Option<Instant>,
+    ) -> Outcome {
+        if self.send_attempt_count {
+            req.headers_mut()
+                .insert(&ATTEMPT_COUNT, HeaderValue::from(1u32));
+        }
+        if self.send_expected_timeout {
+            self.timeouts
+                .set_expected(req.headers_mut(), start.elapsed());
+        }
+        let per_try = self.per_try_deadline(global);
+        let result = match per_try.or(global) {
+            Some(d) => timeout_at(d, self.cluster.request(req, &self.lb)).await,
+            None => Ok(self.cluster.request(req, &self.lb).await),
+        };
+        match result {
+            Err(_) if global.is_some_and(|g| Instant::now() >= g) => self.global_timeout(),
+            Err(_) => {
+                self.per_try_timeout_stat();
+                self.finish(Err(()))
+            }
+            Ok(Err(e)) => Outcome::Local(StatusCode::SERVICE_UNAVAILABLE, e.local_reply_body()),
+            Ok(Ok(resp)) => Outcome::Response(resp),
+        }
+    }
+
+    /// The per-try deadline from now, when it comes before the global one.
+    fn per_try_deadline(&self, global: Option<Instant>) -> Option<Instant> {
+        let per_try = [self.timeouts.per_try, self.timeouts.per_try_idle]
+            .into_iter()
+            .flatten()
+            .min()?;
+        let d = Instant::now() + per_try;
+        global.is_none_or(|g| d < g).then_some(d)
+    }
+
+    /// The outcome handed downstream; `Err` is a per-try timeout (Envoy answers 504).
+    fn finish(&self, outcome: Result<Outcome, ()>) -> Outcome {
+        outcome.unwrap_or_else(|()| {
+            self.cluster.stats().charge_status(504, self.lb.internal);
+            Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
+        })
+    }
+
+    fn global_timeout(&self) -> Outcome {
+        let stats = self.cluster.stats();
+        stats.upstream_rq_timeout.inc();
+        stats.charge_status(504, self.lb.internal);
+        Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
+    }
+
+    fn per_try_timeout_stat(&self) {
+        let name = &self.cluster.config().observability_name;
+        self.store
+            .counter(&format!("cluster.{name}.upstream_rq_per_try_timeout"))
+            .inc();
+    }
+
+    fn retry_stats(&self) -> RetryStats {
+        let stats = self.cluster.stats();
+        RetryStats::new(
+            self.store,
+            &self.cluster.config().observability_name,
+            stats.upstream_rq_retry.clone(),
+        )
+    }
+}
+
+/// Retries in flight per cluster (Envoy's `max_retries` circuit breaker).
+#[derive(Debug)]
+struct RetryBudget(Arc<AtomicU32>);
+
+impl RetryBudget {
+    fn of(cluster: &Cluster) -> RetryBudget {
+        static ACTIVE: OnceLock<Mutex<HashMap<String, Arc<AtomicU32>>>> = OnceLock::new();
+        let mut map = ACTIVE
+            .get_or_init(Default::default)
+            .lock()
+            .expect("retry budget lock");
+        let counter = map.entry(cluster.name().to_owned()).or_default().clone();
+        RetryBudget(counter)
+    }
+
+    fn is_full(&self, max: u32) -> bool {
+        self.0.load(Ordering::Relaxed) >= max
+    }
+
+    /// Counts one retry in flight until the guard drops.
+    fn hold(&self) -> RetryHold {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        RetryHold(self.0.clone())
+    }
+}
+
+struct RetryHold(Arc<AtomicU32>);
+
+impl Drop for RetryHold {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,109 @@
+//! The router's timeouts for one request (Envoy's `finalTimeout`): the route timeout and the
+//! per-try timeout, overridden by `x-envoy-upstream-rq-timeout-ms` /
+//! `x-envoy-upstream-rq-per-try-timeout-ms` when those survived the connection manager (which
+//! strips them from external requests), and the `x-envoy-expected-rq-timeout-ms` sent upstream.
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::route::action::Forward;
+
+static RQ_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-upstream-rq-timeout-ms");
+static PER_TRY_TIMEOUT: HeaderName =
+    HeaderName::from_static("x-envoy-upstream-rq-per-try-timeout-ms");
+static EXPECTED_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+
+/// The timeouts in force for one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timeouts {
+    /// The whole exchange up to the response head, all retries included; `None`: disabled.
+    pub global: Option<Duration>,
+    /// Each attempt; `None`: none (or not shorter than the global timeout).
+    pub per_try: Option<Duration>,
+    /// Each attempt, between response bytes (`per_try_idle_timeout`).
+    pub per_try_idle: Option<Duration>,
+}
+
+fn header_ms(headers: &mut HeaderMap, name: &HeaderName) -> Option<Duration> {
+    let value = headers.remove(name)?;
+    value
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
+}
+
+impl Timeouts {
+    /// Resolves the timeouts of `fwd` for a request and consumes the timeout headers; their
+    /// values count only when `honour_headers` (the request is internal).
+    pub fn resolve(fwd: &Forward, headers: &mut HeaderMap, honour_headers: bool) -> Timeouts {
+        let policy = fwd.retry_policy.as_ref();
+        let mut t = Timeouts {
+            global: fwd.timeout,
+            per_try: policy.and_then(|p| p.per_try_timeout),
+            per_try_idle: policy.and_then(|p| p.per_try_idle_timeout),
+        };
+        let global = header_ms(headers, &RQ_TIMEOUT).filter(|_| honour_headers);
+        let per_try = header_ms(headers, &PER_TRY_TIMEOUT).filter(|_| honour_headers);
+        if !honour_headers {
+            headers.remove(&EXPECTED_TIMEOUT);
+        }
+        if let Some(ms) = global {
+            t.global = (!ms.is_zero()).then_some(ms);
+        }
+        if let Some(ms) = per_try {
+            t.per_try = (!ms.is_zero()).then_some(ms);
+        }
+        if let (Some(p), Some(g)) = (t.per_try, t.global)
+            && p >= g
+        {
+            t.per_try = None;
+        }
+        t
+    }
+
+    /// The `x-envoy-expected-rq-timeout-ms` of an attempt started `elapsed` after the first:
+    /// what is left of the global timeout, or the per-try timeout when that is shorter.
+    pub fn expected_ms(&self, elapsed: Duration) -> Option<u64> {
+        let left = self.global.map(|g| g.saturating_sub(elapsed));
+        let expected = match (left, self.per_try) {
+            (Some(l), Some(p)) => l.min(p),
+            (l, p) => l.or(p)?,
+        };
+        Some(expected.as_millis() as u64).filter(|ms| *ms > 0)
+    }
+
+    /// Sets `x-envoy-expected-rq-timeout-ms` for an attempt started `elapsed` after the first.
+    pub fn set_expected(&self, headers: &mut HeaderMap, elapsed: Duration) {
+        if let Some(ms) = self.expected_ms(elapsed) {
+            headers.insert(&EXPECTED_TIMEOUT, HeaderValue::from(ms));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expected(global: Option<u64>, per_try: Option<u64>, elapsed: u64) -> Option<u64> {
+        Timeouts {
+            global: global.map(Duration::from_millis),
+            per_try: per_try.map(Duration::from_millis),
+            per_try_idle: None,
+        }
+        .expected_ms(Duration::from_millis(elapsed))
+    }
+
+    #[test]
+    fn expected_timeout_is_the_shorter_of_what_is_left_and_per_try() {
+        assert_eq!(expected(Some(15_000), None, 0), Some(15_000));
+        assert_eq!(expected(Some(1_000), Some(200), 0), Some(200));
+        assert_eq!(expected(Some(1_000), Some(200), 900), Some(100));
+        assert_eq!(expected(None, Some(200), 5_000), Some(200));
+        assert_eq!(expected(None, None, 0), None);
+        assert_eq!(expected(Some(100), None, 200), None);
+    }
+}
