@@ -93,6 +93,8 @@ pub struct HcmConfig {
     pub internal_ranges: Vec<Cidr>,
     /// `http_protocol_options.accept_http_10`.
     pub accept_http_10: bool,
+    /// `max_request_headers_kb` (default 60).
+    pub max_request_headers_kb: u32,
 }
 
 fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
@@ -207,6 +209,7 @@ pub fn compile_hcm(
         request_timeout: hcm.request_timeout.as_ref().and_then(duration),
         suppress_envoy_headers,
         internal_ranges,
+        max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
         accept_http_10: hcm
             .http_protocol_options
             .as_ref()

@@ -186,6 +186,13 @@ fn new_request_id() -> HeaderValue {
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
+    if headers
+        .get(header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    {
+        // The connection manager answers `100 Continue` itself (hyper does, when the body is read).
+        headers.remove(header::EXPECT);
+    }
     let scheme = if down.tls { "https" } else { "http" };
     let peer = down.peer.ip();
     let (client, internal) = if cfg.use_remote_address {

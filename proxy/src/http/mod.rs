@@ -3,6 +3,7 @@
 
 mod attempts;
 mod buffered_body;
+mod envoy_errors;
 pub mod forwarding;
 pub mod local_reply;
 mod mirror;
@@ -22,7 +23,8 @@ use std::sync::Arc;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 use crate::config::hcm::{Codec, HcmConfig};
 use crate::server::Shared;
@@ -59,11 +61,63 @@ pub struct ConnContext {
     pub original_dst: Option<SocketAddr>,
 }
 
+/// Envoy's codec-level rejection that hyper lets through: headers over
+/// `max_request_headers_kb` get 431 and the connection is closed.
+fn reject_early<B>(
+    req: &http::Request<B>,
+    cfg: &HcmConfig,
+) -> Option<http::Response<crate::body::Body>> {
+    let (status, text) = if req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum::<usize>()
+        > cfg.max_request_headers_kb as usize * 1024
+    {
+        (
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request Header Fields Too Large",
+        )
+    } else {
+        return None;
+    };
+    let mut resp = local_reply::local_reply(status, text);
+    forwarding::set_server(cfg, resp.headers_mut());
+    resp.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    Some(resp)
+}
+
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Envoy's reaction to a connection that speaks the wrong protocol for the codec: an HTTP/2
+/// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
+/// HTTP/2-only connection is closed silently. Returns whether the connection may be served.
+async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
+    if codec == Codec::Auto {
+        return true;
+    }
+    let mut buf = [0u8; 24];
+    let n = stream.peek(&mut buf).await.unwrap_or(0);
+    let head = &buf[..n];
+    match codec {
+        Codec::Http2 => H2_PREFACE.starts_with(head),
+        Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
+            let _ = stream.write_all(&envoy_errors::bad_request(None)).await;
+            false
+        }
+        _ => true,
+    }
+}
+
 /// Serves one downstream connection until it closes.
-pub async fn serve<I>(io: I, ctx: Arc<ConnContext>)
-where
-    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
+pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
+    if !codec_accepts(&mut stream, ctx.hcm.config.codec).await {
+        return;
+    }
+    let io = envoy_errors::EnvoyErrors::new(stream);
     let stats = &ctx.hcm.stats;
     stats.cx_total.inc();
     stats.cx_active.inc();
@@ -81,7 +135,14 @@ where
     let svc_ctx = ctx.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
-        async move { Ok::<_, Infallible>(router::handle(req, &ctx).await) }
+        async move {
+            if let Some(resp) = reject_early(&req, &ctx.hcm.config) {
+                ctx.hcm.stats.rq_total.inc();
+                ctx.hcm.stats.response(resp.status().as_u16());
+                return Ok::<_, Infallible>(resp);
+            }
+            Ok(router::handle(req, &ctx).await)
+        }
     });
     if let Err(e) = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)

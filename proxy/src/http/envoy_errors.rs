@@ -1,0 +1,148 @@
+//! Envoy's answers to HTTP/1 requests hyper rejects before they reach the router: a malformed
+//! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
+//! connection gets the same. hyper writes its own bare 400; this I/O wrapper swaps it for
+//! Envoy's bytes on the way out.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// hyper's status lines for requests it rejects, and Envoy's reason text for each.
+const REJECTIONS: [(&[u8], &str); 2] = [
+    (b"HTTP/1.1 400 Bad Request\r\n", "400 Bad Request"),
+    (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
+        "431 Request Header Fields Too Large",
+    ),
+];
+
+/// Envoy's 400 response for a request it cannot parse, with `date` taken from hyper's reply
+/// (or the current time).
+pub fn bad_request(date: Option<&[u8]>) -> Vec<u8> {
+    rejection("400 Bad Request", date)
+}
+
+/// Envoy's local reply for a codec rejection: `status` is `<code> <reason>`, the body is the reason.
+fn rejection(status: &str, date: Option<&[u8]>) -> Vec<u8> {
+    let reason = status.split_once(' ').map_or(status, |(_, r)| r);
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\ncontent-length: {}\r\ncontent-type: text/plain\r\n",
+        reason.len()
+    )
+    .into_bytes();
+    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+    out.extend_from_slice(b"date: ");
+    out.extend_from_slice(date.unwrap_or(now.as_bytes()));
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(b"server: envoy\r\nconnection: close\r\n\r\n");
+    out.extend_from_slice(reason.as_bytes());
+    out
+}
+
+fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
+    head.split(|b| *b == b'\n').find_map(|line| {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let (n, v) = line.split_at(line.iter().position(|b| *b == b':')?);
+        n.eq_ignore_ascii_case(name).then(|| v[1..].trim_ascii())
+    })
+}
+
+/// Wraps a connection so hyper's own 400 replies become Envoy's.
+pub struct EnvoyErrors<I> {
+    io: I,
+    pending: Vec<u8>,
+}
+
+impl<I> EnvoyErrors<I> {
+    /// Wraps `io`.
+    pub fn new(io: I) -> Self {
+        EnvoyErrors {
+            io,
+            pending: Vec::new(),
+        }
+    }
+}
+
+impl<I: AsyncWrite + Unpin> EnvoyErrors<I> {
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while !self.pending.is_empty() {
+            let n = ready!(Pin::new(&mut self.io).poll_write(cx, &self.pending))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.pending.drain(..n);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        let hyper_rejection = REJECTIONS.iter().find(|(line, _)| buf.starts_with(line));
+        if let Some((_, status)) =
+            hyper_rejection.filter(|_| header_value(buf, b"server").is_none())
+        {
+            self.pending = rejection(status, header_value(buf, b"date"));
+            let _ = self.poll_pending(cx)?;
+            return Poll::Ready(Ok(buf.len()));
+        }
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn hyper_400_becomes_envoys_and_other_writes_pass() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        let mut w = EnvoyErrors::new(a);
+        w.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 12:00:00 GMT\r\n\r\n")
+            .await
+            .unwrap();
+        w.write_all(b"HTTP/1.1 400 Bad Request\r\nserver: envoy\r\n\r\n")
+            .await
+            .unwrap();
+        w.shutdown().await.unwrap();
+        let mut out = Vec::new();
+        b.read_to_end(&mut out).await.unwrap();
+        let expected = [
+            bad_request(Some(b"Mon, 30 Nov 2026 12:00:00 GMT")),
+            b"HTTP/1.1 400 Bad Request\r\nserver: envoy\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&expected)
+        );
+    }
+}
