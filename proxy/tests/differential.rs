@@ -107,6 +107,23 @@ async fn routing() {
         Case::get("path with dot segments", "/prefix/../exact").host("routes.test"),
         Case::get("path with encoded slash", "/prefix%2Fx").host("routes.test"),
         Case::get("host with trailing dot", "/").host("exact.example.com."),
+        Case::get("ipv6 literal host", "/only-here").host("[::1]:8080"),
+        Case::get("normalize dot segments", "/a/../exact")
+            .listener(1)
+            .expect("upstream.path", "/exact"),
+        Case::get("merge slashes", "//exact")
+            .listener(1)
+            .expect("upstream.header.x-route", "path"),
+        Case::get("unescape encoded slash", "/x%2F..%2Fexact").listener(1),
+        Case::get("normalize keeps query", "/./exact?q=/../x").listener(1),
+        Case::get("percent-encoded unreserved", "/%65xact").listener(1),
+        Case::get("strip_any_host_port", "/")
+            .listener(2)
+            .host("exact.example.com:1234")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_any_host_port ipv6", "/")
+            .listener(2)
+            .host("[::1]:1234"),
         Case::get("route http2 downstream", "/prefix/h2")
             .host("routes.test")
             .h2()
@@ -173,6 +190,13 @@ async fn actions() {
             .host("actions.test")
             .expect("status", "301"),
         Case::get("prefix redirect strips query", "/prefix-redirect/a?b=1").host("actions.test"),
+        Case::get("timeout 0s disables the timeout", "/no-timeout").host("actions.test"),
+        Case::get("scheme and port redirect", "/scheme-port-redirect/x")
+            .host("actions.test")
+            .expect("status", "302"),
+        Case::get("regex redirect", "/regex-redirect/abc?d=1")
+            .host("actions.test")
+            .expect("status", "307"),
         Case::get("direct_response body", "/direct")
             .host("actions.test")
             .expect("body", "hello from direct_response\n"),
@@ -230,6 +254,12 @@ async fn headers() {
             .header("x-add-if-absent", "client")
             .header("x-overwrite-if-exists", "client")
             .header("x-echo-response-header", "x-resp-overwrite=upstream"),
+        Case::get("internal_only_headers from an internal client", "/plain")
+            .header("x-internal-secret", "s"),
+        Case::get("internal_only_headers from an external client", "/plain")
+            .header("x-internal-secret", "s")
+            .header("x-forwarded-for", "203.0.113.7"),
+        Case::get("generate_request_id false", "/plain").listener(2),
         Case::get("hop-by-hop request headers removed", "/plain")
             .header("connection", "keep-alive, x-hop")
             .header("keep-alive", "timeout=5")
