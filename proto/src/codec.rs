@@ -86,10 +86,21 @@ impl Default for Codec {
 }
 
 impl Codec {
-    /// Builds the descriptor pool (tens of milliseconds).
+    /// Builds a pool of every Envoy message (tens of milliseconds, tens of MB).
     pub fn new() -> Self {
         Codec {
             pool: crate::pool::build(),
+        }
+    }
+
+    /// Builds a pool of only what decoding `value` as a `root` message can need: `root`'s
+    /// files, the files of every `@type` / `type_url` named in the document, and their imports.
+    /// Much smaller than [`Codec::new`]; decode the document with it, then drop it.
+    pub fn for_document(root: &str, value: &Value) -> Self {
+        let mut names = vec![root.to_owned()];
+        collect_type_names(value, &mut names);
+        Codec {
+            pool: crate::pool::build_for(Some(&names)),
         }
     }
 
@@ -297,6 +308,24 @@ impl Codec {
     }
 }
 
+/// Every message name a document mentions in `@type`, `type_url` or `typeUrl`.
+fn collect_type_names(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                if let (true, Value::String(url)) =
+                    (matches!(k.as_str(), "@type" | "type_url" | "typeUrl"), v)
+                {
+                    out.push(type_name_of(url).to_owned());
+                }
+                collect_type_names(v, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_type_names(v, out)),
+        _ => {}
+    }
+}
+
 /// Envoy's YAML loader also takes a Duration written as `{seconds: 1, nanos: 5}`; proto3 JSON
 /// only has the string form, so such objects become `"1.000000005s"`.
 fn duration_object_to_string(value: &mut Value) {
@@ -356,7 +385,21 @@ static_resources:
 "#;
 
     fn decode(text: &str) -> Result<Decoded<Bootstrap>, DecodeError> {
-        Codec::new().decode(Codec::parse_text(text, Format::Yaml).unwrap(), false)
+        let value = Codec::parse_text(text, Format::Yaml).unwrap();
+        let small = Codec::for_document("envoy.config.bootstrap.v3.Bootstrap", &value)
+            .decode::<Bootstrap>(value.clone(), false);
+        let full = Codec::new().decode::<Bootstrap>(value, false);
+        assert_eq!(
+            small
+                .as_ref()
+                .map(|d| (&d.message, &d.unknown_types))
+                .map_err(|e| e.to_string()),
+            full.as_ref()
+                .map(|d| (&d.message, &d.unknown_types))
+                .map_err(|e| e.to_string()),
+            "a document-sized pool decodes exactly like the full pool"
+        );
+        small
     }
 
     #[test]

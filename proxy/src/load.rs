@@ -93,7 +93,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     } else {
         opts.config_path.clone()
     };
-    let decoded = Codec::new()
+    let decoded = Codec::for_document(&<Bootstrap as prost::Name>::full_name(), &doc)
         .decode::<Bootstrap>(doc, opts.allow_unknown_static())
         .map_err(|source| LoadError::Decode { origin, source })?;
     let mut bootstrap = decoded.message;
