@@ -17,7 +17,7 @@ use super::retry::{Failure, RetryState, RetryStats, Verdict};
 use super::timeouts::Timeouts;
 use crate::body::Body;
 use crate::stats::Store;
-use crate::upstream::{Cluster, LbContext};
+use crate::upstream::{Cluster, LbContext, UpstreamError};
 
 static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
 
@@ -112,7 +112,7 @@ impl Exchange<'_> {
                         e.host(),
                         Ok(Outcome::Local(
                             StatusCode::SERVICE_UNAVAILABLE,
-                            e.local_reply_body(),
+                            failure_body(&e, attempt),
                         )),
                     )
                 }
@@ -258,5 +258,15 @@ struct RetryHold(Arc<AtomicU32>);
 impl Drop for RetryHold {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).
+fn failure_body(e: &UpstreamError, attempt: u32) -> String {
+    match e.reset_reason() {
+        Some(r) if attempt > 1 => format!(
+            "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {r}"
+        ),
+        _ => e.local_reply_body(),
     }
 }

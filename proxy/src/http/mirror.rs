@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderValue, Request, header};
+use http::{HeaderName, HeaderValue, Request, header};
 use http_body_util::BodyExt;
 
 use super::buffered_body::Replay;
@@ -12,17 +12,36 @@ use crate::route::RouteRequest;
 use crate::route::policy::MirrorPolicy;
 use crate::upstream::{ClusterManager, LbContext};
 
+static INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
+static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+
+/// Where and how shadows are sent.
+pub struct Shadowing<'a> {
+    /// Clusters to look the shadow cluster up in.
+    pub clusters: &'a ClusterManager,
+    /// The main request's load-balancer inputs.
+    pub lb: &'a LbContext,
+    /// The route timeout, which bounds each shadow.
+    pub timeout: Option<Duration>,
+    /// Send `x-envoy-attempt-count: 1` (the virtual host's `include_request_attempt_count`).
+    pub attempt_count: bool,
+}
+
 /// Starts one shadow request per policy that admits `route_req` and names an existing cluster.
-/// `head` is the request as it goes upstream; `timeout` is the route's.
+/// `head` is the request as it goes upstream. Like Envoy's, shadows are internal requests.
 pub fn spawn(
     policies: &[MirrorPolicy],
     route_req: &RouteRequest<'_>,
     head: &http::request::Parts,
     body: &Replay,
-    clusters: &ClusterManager,
-    lb: &LbContext,
-    timeout: Option<Duration>,
+    how: &Shadowing<'_>,
 ) {
+    let Shadowing {
+        clusters,
+        lb,
+        timeout,
+        attempt_count,
+    } = *how;
     for policy in policies {
         let req_for_fraction = RouteRequest {
             random_value: rand::random(),
@@ -47,6 +66,12 @@ pub fn spawn(
             .unwrap_or("");
         if let Ok(v) = HeaderValue::from_str(&policy.shadow_host(authority)) {
             req.headers_mut().insert(header::HOST, v);
+        }
+        req.headers_mut()
+            .insert(&INTERNAL, HeaderValue::from_static("true"));
+        if attempt_count {
+            req.headers_mut()
+                .insert(&ATTEMPT_COUNT, HeaderValue::from_static("1"));
         }
         let lb = LbContext {
             avoid: Vec::new(),

@@ -275,15 +275,13 @@ async fn route_and_forward(
                     .map_or(buffered_body::DEFAULT_LIMIT, |l| l as usize);
                 match buffered_body::buffer(incoming, limit).await {
                     Ok(Buffered::Complete(replay)) => {
-                        mirror::spawn(
-                            &fwd.mirror_policies,
-                            &route_req,
-                            &parts,
-                            &replay,
-                            &ctx.shared.clusters,
-                            &lb,
-                            timeouts.global,
-                        );
+                        let how = mirror::Shadowing {
+                            clusters: &ctx.shared.clusters,
+                            lb: &lb,
+                            timeout: timeouts.global,
+                            attempt_count: vhost.include_request_attempt_count,
+                        };
+                        mirror::spawn(&fwd.mirror_policies, &route_req, &parts, &replay, &how);
                         RequestBody::Replay(replay)
                     }
                     Ok(Buffered::TooLarge(body)) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::route::action::Forward;
+use crate::route::action::{Forward, StreamDuration};
 
 static RQ_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-upstream-rq-timeout-ms");
 static PER_TRY_TIMEOUT: HeaderName =
@@ -38,11 +38,13 @@ fn header_ms(headers: &mut HeaderMap, name: &HeaderName) -> Option<Duration> {
 
 impl Timeouts {
     /// Resolves the timeouts of `fwd` for a request and consumes the timeout headers; their
-    /// values count only when `honour_headers` (the request is internal).
+    /// values count only when `honour_headers` (the request is internal). A route with
+    /// `max_stream_duration` has no route timeout (Envoy's "new timeouts").
     pub fn resolve(fwd: &Forward, headers: &mut HeaderMap, honour_headers: bool) -> Timeouts {
         let policy = fwd.retry_policy.as_ref();
+        let uses_stream_duration = fwd.stream_duration != StreamDuration::default();
         let mut t = Timeouts {
-            global: fwd.timeout,
+            global: fwd.timeout.filter(|_| !uses_stream_duration),
             per_try: policy.and_then(|p| p.per_try_timeout),
             per_try_idle: policy.and_then(|p| p.per_try_idle_timeout),
         };
@@ -68,6 +70,7 @@ impl Timeouts {
     /// The `x-envoy-expected-rq-timeout-ms` of an attempt started `elapsed` after the first:
     /// what is left of the global timeout, or the per-try timeout when that is shorter.
     pub fn expected_ms(&self, elapsed: Duration) -> Option<u64> {
+        let elapsed = Duration::from_millis(elapsed.as_millis() as u64);
         let left = self.global.map(|g| g.saturating_sub(elapsed));
         let expected = match (left, self.per_try) {
             (Some(l), Some(p)) => l.min(p),
@@ -105,5 +108,13 @@ mod tests {
         assert_eq!(expected(None, Some(200), 5_000), Some(200));
         assert_eq!(expected(None, None, 0), None);
         assert_eq!(expected(Some(100), None, 200), None);
+        assert_eq!(
+            Timeouts {
+                global: Some(Duration::from_secs(15)),
+                ..Default::default()
+            }
+            .expected_ms(Duration::from_micros(900)),
+            Some(15_000)
+        );
     }
 }
