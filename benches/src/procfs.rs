@@ -9,15 +9,18 @@ pub fn ticks_per_second() -> f64 {
     if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
-/// User + system CPU time of all threads of `pid`, in seconds.
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// User and system CPU time of all threads of `pid`, in seconds.
+pub fn cpu_times(pid: u32) -> Option<(f64, f64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / ticks_per_second())
+    Some((
+        utime as f64 / ticks_per_second(),
+        stime as f64 / ticks_per_second(),
+    ))
 }
 
 /// A `Vm*` line of `/proc/<pid>/status` (for example `VmRSS`, `VmHWM`), in KiB.
@@ -36,7 +39,8 @@ mod tests {
     #[test]
     fn reads_own_process() {
         let pid = std::process::id();
-        assert!(cpu_seconds(pid).is_some());
+        let (user, sys) = cpu_times(pid).unwrap();
+        assert!(user >= 0.0 && sys >= 0.0);
         assert!(status_kib(pid, "VmRSS").unwrap() > 0);
         assert!(status_kib(pid, "VmHWM").unwrap() >= status_kib(pid, "VmRSS").unwrap() / 2);
         assert_eq!(status_kib(pid, "NoSuchKey"), None);

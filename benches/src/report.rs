@@ -18,7 +18,7 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 13] = [
+pub const METRICS: [Metric; 14] = [
     Metric {
         key: "rps",
         title: "req/s",
@@ -34,6 +34,10 @@ pub const METRICS: [Metric; 13] = [
     Metric {
         key: "cpu_ms_per_gib",
         title: "CPU ms/GiB",
+    },
+    Metric {
+        key: "sys_pct",
+        title: "kernel % of CPU",
     },
     Metric {
         key: "p50_us",
