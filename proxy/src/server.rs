@@ -15,6 +15,9 @@ use crate::route::RouteTable;
 use crate::stats::{Gauge, Store};
 use crate::upstream::ClusterManager;
 
+/// `envoy.config.core.v3.TrafficDirection.INBOUND`.
+const INBOUND: i32 = 1;
+
 /// Envoy's `server.state` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerState {
@@ -48,8 +51,8 @@ pub struct Shared {
     pub health_failed: AtomicBool,
     /// `server.state`.
     pub state: Gauge,
-    /// Tasks of active listeners, so a drain can stop them.
-    pub(crate) accept_tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Accept loops of bound listeners and whether each is inbound, so a drain can stop them.
+    pub(crate) accept_tasks: Mutex<Vec<(tokio::task::AbortHandle, bool)>>,
 }
 
 impl Shared {
@@ -63,11 +66,18 @@ impl Shared {
         self.state.set(s as u64);
     }
 
-    /// Stops accepting on every listener (`/drain_listeners`).
-    pub fn stop_listeners(&self) {
-        for t in self.accept_tasks.lock().expect("accept tasks").drain(..) {
-            t.abort();
-        }
+    /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`).
+    pub fn stop_listeners(&self, inbound_only: bool) {
+        self.accept_tasks
+            .lock()
+            .expect("accept tasks")
+            .retain(|(task, inbound)| {
+                let stop = !inbound_only || *inbound;
+                if stop {
+                    task.abort();
+                }
+                !stop
+            });
     }
 
     /// Every route table: inline ones of the listeners' connection managers, then RDS ones.
@@ -161,7 +171,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                 .accept_tasks
                 .lock()
                 .expect("accept tasks")
-                .push(task.abort_handle());
+                .push((task.abort_handle(), cfg.proto.traffic_direction == INBOUND));
         }
         listeners.push(l);
     }
@@ -198,7 +208,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         let _ = signal_tx.send(0);
     });
     let code = quit_rx.recv().unwrap_or(0);
-    shared.stop_listeners();
+    shared.stop_listeners(false);
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     Ok(code)
 }

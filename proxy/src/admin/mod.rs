@@ -125,7 +125,7 @@ fn reason(status: u16) -> &'static str {
 }
 
 /// Answers one admin request.
-pub fn handle(req: &AdminRequest, shared: &Shared) -> (AdminResponse, Effect) {
+pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effect) {
     let Some(ep) = help::ENDPOINTS.iter().find(|e| e.path == req.path) else {
         return (
             text(404, format!("invalid path. {}", help::render())),
@@ -176,16 +176,33 @@ pub fn handle(req: &AdminRequest, shared: &Shared) -> (AdminResponse, Effect) {
             text(200, "OK\n")
         }
         "/drain_listeners" => {
-            shared.set_state(ServerState::Draining);
-            if !req.has("skip_exit") {
-                shared.stop_listeners();
-            }
+            drain_listeners(shared, req);
             text(200, "OK\n")
         }
         "/logging" => logging(req),
         _ => text(404, "invalid path"),
     };
     (resp, Effect::None)
+}
+
+/// `/drain_listeners[?inboundonly][&graceful][&skip_exit]`: enter DRAINING; unless `skip_exit`,
+/// stop the (inbound) listeners, at once or after `--drain-time-s` when `graceful`.
+fn drain_listeners(shared: &Arc<Shared>, req: &AdminRequest) {
+    shared.set_state(ServerState::Draining);
+    if req.has("skip_exit") {
+        return;
+    }
+    let inbound_only = req.has("inboundonly");
+    if req.has("graceful") {
+        let shared = shared.clone();
+        let delay = std::time::Duration::from_secs(shared.options.drain_time_s);
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            shared.stop_listeners(inbound_only);
+        });
+    } else {
+        shared.stop_listeners(inbound_only);
+    }
 }
 
 fn ready(shared: &Shared) -> AdminResponse {
