@@ -466,8 +466,11 @@ async fn read_rest(stream: &mut TcpStream, headers: &[(String, String)]) -> Vec<
     body
 }
 
-/// Parses an HTTP/1.x status line and headers (names lowercased).
-fn parse_head(head: &[u8]) -> Result<(u16, String, Vec<(String, String)>), String> {
+/// Status code, reason phrase and headers (names lowercased) of an HTTP/1.x response head.
+type Head = (u16, String, Vec<(String, String)>);
+
+/// Parses an HTTP/1.x status line and headers.
+fn parse_head(head: &[u8]) -> Result<Head, String> {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
     let status_line = lines.next().unwrap_or_default();
