@@ -1,0 +1,290 @@
+//! The admin API against a running revoy: Envoy's endpoints, pilot-agent's raw-regex stats
+//! queries, POST-only endpoints, config_dump validity, /routes explain, drain and quit.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use proto::Codec;
+use proto::pb::envoy::admin::v3::ConfigDump;
+
+/// A revoy child process, killed on drop.
+struct Revoy {
+    child: Child,
+    admin: u16,
+    listener: u16,
+}
+
+impl Drop for Revoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start() -> Revoy {
+    let (admin, listener) = (free_port(), free_port());
+    let yaml = format!(
+        r#"
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: inbound
+    traffic_direction: INBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: inbound
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            name: local
+            virtual_hosts:
+            - name: web
+              domains: ["web.example", "web.example:*"]
+              routes:
+              - name: api
+                match: {{prefix: /api}}
+                route: {{cluster: backend, prefix_rewrite: /v2}}
+              - name: hello
+                match: {{prefix: /}}
+                direct_response: {{status: 200, body: {{inline_string: hi}}}}
+  clusters:
+  - name: backend
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}
+"#
+    );
+    let path = std::env::temp_dir().join(format!("revoy-admin-test-{admin}.yaml"));
+    std::fs::write(&path, yaml).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_revoy"))
+        .args([
+            "-c",
+            path.to_str().unwrap(),
+            "--concurrency",
+            "1",
+            "-l",
+            "error",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let r = Revoy {
+        child,
+        admin,
+        listener,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if get(&r, "/ready").0 == 200 {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("revoy did not become ready");
+}
+
+/// Sends a raw request (target verbatim, like pilot-agent) and returns (status, body).
+fn raw(port: u16, method: &str, target: &str) -> (u16, String) {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "{method} {target} HTTP/1.1\r\nHost: web.example\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn get(r: &Revoy, target: &str) -> (u16, String) {
+    raw(r.admin, "GET", target)
+}
+
+#[test]
+fn help_lists_endpoints_and_post_only_ones_refuse_get() {
+    let r = start();
+    let (status, help) = get(&r, "/help");
+    assert_eq!(status, 200);
+    assert!(help.starts_with("admin commands are:\n"));
+    for ep in [
+        "/clusters",
+        "/config_dump",
+        "/listeners",
+        "/ready",
+        "/routes",
+        "/server_info",
+        "/stats",
+        "/stats/prometheus",
+    ] {
+        assert!(
+            help.contains(&format!("  {ep}: ")),
+            "{ep} missing from /help"
+        );
+    }
+    for ep in [
+        "/quitquitquit",
+        "/healthcheck/fail",
+        "/healthcheck/ok",
+        "/reset_counters",
+        "/drain_listeners",
+        "/logging",
+    ] {
+        assert!(
+            help.contains(&format!("  {ep} (POST): ")),
+            "{ep} not marked POST"
+        );
+        let (status, body) = get(&r, ep);
+        assert_eq!(
+            (status, body.as_str()),
+            (405, "Method GET not allowed, POST required.")
+        );
+    }
+    assert!(help.contains("      usedonly: "));
+    assert_eq!(get(&r, "/nope").0, 404);
+}
+
+#[test]
+fn stats_answer_pilot_agents_raw_queries() {
+    let r = start();
+    let (status, body) = get(
+        &r,
+        r"/stats?usedonly&filter=^(server\.state|listener_manager\.workers_started)",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(
+        body,
+        "listener_manager.workers_started: 1\nserver.state: 0\n"
+    );
+    assert_eq!(raw(r.listener, "GET", "/").0, 200);
+    let (_, body) = get(
+        &r,
+        r"/stats?filter=^http\.inbound\.downstream_rq_(total|2xx)$",
+    );
+    assert_eq!(
+        body,
+        "http.inbound.downstream_rq_2xx: 1\nhttp.inbound.downstream_rq_total: 1\n"
+    );
+    let (_, json) = get(&r, "/stats?format=json&filter=downstream_rq_total");
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["stats"][0]["name"], "http.inbound.downstream_rq_total");
+    assert_eq!(v["stats"][0]["value"], 1);
+    let (_, prom) = get(&r, "/stats/prometheus");
+    assert!(prom.contains("# TYPE envoy_http_inbound_downstream_rq_total counter\n"));
+    assert_eq!(get(&r, "/stats?filter=(unclosed").0, 400);
+    assert_eq!(raw(r.admin, "POST", "/reset_counters").0, 200);
+    let (_, body) = get(&r, r"/stats?filter=^http\.inbound\.downstream_rq_total$");
+    assert_eq!(body, "http.inbound.downstream_rq_total: 0\n");
+}
+
+#[test]
+fn config_dump_is_a_valid_config_dump() {
+    let r = start();
+    let (status, body) = get(&r, "/config_dump");
+    assert_eq!(status, 200);
+    let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let dump: ConfigDump = Codec::new()
+        .decode(value.clone(), false)
+        .expect("valid envoy.admin.v3.ConfigDump")
+        .message;
+    let types: Vec<&str> = dump.configs.iter().map(|a| a.type_url.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            "type.googleapis.com/envoy.admin.v3.BootstrapConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
+        ]
+    );
+    assert_eq!(
+        value["configs"][3]["static_route_configs"][0]["route_config"]["name"],
+        "local"
+    );
+    let (_, listeners) = get(&r, "/listeners");
+    assert_eq!(listeners, format!("inbound::127.0.0.1:{}\n", r.listener));
+    let (_, clusters) = get(&r, "/clusters");
+    assert!(
+        clusters.contains("backend::127.0.0.1:9::health_flags::healthy\n"),
+        "{clusters}"
+    );
+    let (_, info) = get(&r, "/server_info");
+    let info: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(info["state"], "LIVE");
+}
+
+#[test]
+fn routes_explain_a_decision() {
+    let r = start();
+    let (status, body) = get(&r, "/routes?host=web.example:8080&path=/api/users");
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let d = &v["decisions"][0];
+    assert_eq!(d["route_config"], "local");
+    assert_eq!(d["virtual_host"], "web");
+    assert_eq!(d["domain"], "web.example:*");
+    assert_eq!(d["route_name"], "api");
+    assert_eq!(d["cluster"], "backend");
+    assert_eq!(d["rewritten_path"], "/v2/users");
+    let (_, body) = get(&r, "/routes?host=web.example&path=/other");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["decisions"][0]["route_name"], "hello");
+    assert_eq!(v["decisions"][0]["skipped"][0]["name"], "api");
+    let (_, body) = get(&r, "/routes?host=nobody&path=/");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v["decisions"][0]["virtual_host"].is_null());
+    let (_, tables) = get(&r, "/routes");
+    assert!(tables.contains("\"web.example:*\""));
+    assert_eq!(get(&r, "/routes?route_config=missing").0, 404);
+}
+
+#[test]
+fn drain_then_quit() {
+    let mut r = start();
+    assert_eq!(raw(r.listener, "GET", "/").0, 200);
+    assert_eq!(raw(r.admin, "POST", "/drain_listeners?inboundonly").0, 200);
+    assert_eq!(get(&r, "/ready").0, 503);
+    let (_, state) = get(&r, r"/stats?filter=^server\.state$");
+    assert_eq!(state, "server.state: 1\n");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while raw(r.listener, "GET", "/").0 != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "inbound listener still accepting after drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(raw(r.admin, "POST", "/quitquitquit").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = r.child.try_wait().unwrap() {
+            assert!(status.success());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "revoy did not exit after /quitquitquit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
