@@ -310,6 +310,23 @@ async fn resilience_matches_envoy() {
             report.push_str(&format!("--- {}:\n{}\n", case.name, lines.join("\n")));
         }
     }
+    let (envoy_stats, revoy_stats) = (envoy_side.stats().await, revoy_side.stats().await);
+    assert!(
+        envoy_stats.get(COMPARED_STATS[0]).is_some_and(|v| *v > 0),
+        "HARNESS: envoy's /stats has no {}",
+        COMPARED_STATS[0]
+    );
+    for name in COMPARED_STATS {
+        eprintln!(
+            "{name}: envoy={:?} revoy={:?}",
+            envoy_stats.get(*name),
+            revoy_stats.get(*name)
+        );
+        let (e, r) = (envoy_stats.get(*name), revoy_stats.get(*name));
+        if e.unwrap_or(&0) != r.unwrap_or(&0) {
+            report.push_str(&format!("--- stat {name}: envoy={e:?} revoy={r:?}\n"));
+        }
+    }
     assert!(
         report.is_empty(),
         "{report}\nenvoy log:\n{}\nrevoy log:\n{}",
@@ -317,6 +334,20 @@ async fn resilience_matches_envoy() {
         revoy_side.log_tail()
     );
 }
+
+/// Router counters compared after all cases (absent counts as 0).
+const COMPARED_STATS: &[&str] = &[
+    "cluster.upstream.upstream_rq_retry",
+    "cluster.upstream.upstream_rq_retry_success",
+    "cluster.upstream.upstream_rq_retry_limit_exceeded",
+    "cluster.upstream.upstream_rq_retry_overflow",
+    "cluster.upstream.upstream_rq_per_try_timeout",
+    "cluster.upstream.upstream_rq_timeout",
+    "cluster.upstream.upstream_rq_504",
+    "cluster.upstream.retry_or_shadow_abandoned",
+    "cluster.closed.upstream_rq_retry",
+    "cluster.closed.upstream_rq_retry_limit_exceeded",
+];
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
@@ -421,6 +452,24 @@ impl Proxy {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The admin's `/stats` counters.
+    async fn stats(&self) -> BTreeMap<String, u64> {
+        let request = "GET /stats HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n";
+        let raw = tokio::time::timeout(
+            Duration::from_secs(5),
+            exchange(self.ports["admin"], request),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+        String::from_utf8_lossy(&raw)
+            .lines()
+            .filter_map(|l| l.split_once(": "))
+            .filter_map(|(n, v)| Some((n.to_owned(), v.trim().parse().ok()?)))
+            .collect()
     }
 
     fn log_tail(&self) -> String {
