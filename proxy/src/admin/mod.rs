@@ -85,10 +85,11 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>, quit: Sender<i32>) {
     while let Some(req) = request::read(&mut reader).await {
         let (resp, effect) = handle(&req, &shared);
         let head = format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ncontent-length: {}\r\n{}\r\n",
+            "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ndate: {}\r\nserver: envoy\r\ncontent-length: {}\r\n{}\r\n",
             resp.status,
             reason(resp.status),
             resp.content_type,
+            httpdate::fmt_http_date(std::time::SystemTime::now()),
             resp.body.len(),
             if req.keep_alive {
                 ""

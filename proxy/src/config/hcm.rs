@@ -44,6 +44,19 @@ pub enum StripPort {
     Any,
 }
 
+/// `path_with_escaped_slashes_action`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EscapedSlashes {
+    /// Leave `%2F`/`%5C` alone (the default).
+    Keep,
+    /// Answer 400.
+    Reject,
+    /// Redirect to the unescaped path.
+    UnescapeAndRedirect,
+    /// Unescape and carry on.
+    UnescapeAndForward,
+}
+
 /// Where the route table comes from.
 #[derive(Debug, Clone)]
 pub enum Routes {
@@ -93,6 +106,12 @@ pub struct HcmConfig {
     pub internal_ranges: Vec<Cidr>,
     /// `http_protocol_options.accept_http_10`.
     pub accept_http_10: bool,
+    /// `normalize_path` (RFC 3986 normalisation before routing; default off).
+    pub normalize_path: bool,
+    /// `merge_slashes`.
+    pub merge_slashes: bool,
+    /// `path_with_escaped_slashes_action`.
+    pub escaped_slashes: EscapedSlashes,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
 }
@@ -209,6 +228,14 @@ pub fn compile_hcm(
         request_timeout: hcm.request_timeout.as_ref().and_then(duration),
         suppress_envoy_headers,
         internal_ranges,
+        normalize_path: hcm.normalize_path.is_some_and(|b| b.value),
+        merge_slashes: hcm.merge_slashes,
+        escaped_slashes: match hcm.path_with_escaped_slashes_action {
+            2 => EscapedSlashes::Reject,
+            3 => EscapedSlashes::UnescapeAndRedirect,
+            4 => EscapedSlashes::UnescapeAndForward,
+            _ => EscapedSlashes::Keep,
+        },
         max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
         accept_http_10: hcm
             .http_protocol_options

@@ -7,6 +7,7 @@ mod envoy_errors;
 pub mod forwarding;
 pub mod local_reply;
 mod mirror;
+mod path;
 mod retry;
 mod router;
 mod stats;

@@ -13,6 +13,7 @@ use super::buffered_body::{self, Buffered};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::mirror;
+use super::path::PathVerdict;
 use super::retry::RetryState;
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
@@ -122,13 +123,39 @@ async fn route_and_forward(
     let Some(table) = table else {
         return local_reply(StatusCode::NOT_FOUND, "");
     };
-    let host_full = authority(&req);
-    let host = strip_port(&host_full, cfg.strip_port, ctx.local.port()).to_owned();
-    let path = req
+    let host_full = strip_port(&authority(&req), cfg.strip_port, ctx.local.port()).to_owned();
+    let host = host_full.clone();
+    let mut path = req
         .uri()
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "/".into());
+    match super::path::normalize(cfg, &path) {
+        PathVerdict::Continue(None) => {}
+        PathVerdict::Continue(Some(p)) => {
+            if let Ok(pq) = http::uri::PathAndQuery::try_from(p.as_str()) {
+                let mut parts = req.uri().clone().into_parts();
+                parts.path_and_query = Some(pq);
+                if let Ok(uri) = Uri::from_parts(parts) {
+                    *req.uri_mut() = uri;
+                }
+            }
+            path = p;
+        }
+        PathVerdict::Reject => return local_reply(StatusCode::BAD_REQUEST, ""),
+        PathVerdict::Redirect(p) => {
+            let mut resp = local_reply(StatusCode::TEMPORARY_REDIRECT, "");
+            if let Ok(v) = HeaderValue::from_str(&p) {
+                resp.headers_mut().insert(header::LOCATION, v);
+            }
+            return resp;
+        }
+    }
+    if !facts.internal {
+        for h in table.internal_only_headers() {
+            req.headers_mut().remove(h);
+        }
+    }
     let https = req
         .headers()
         .get("x-forwarded-proto")
