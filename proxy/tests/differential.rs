@@ -124,6 +124,12 @@ async fn routing() {
         Case::get("strip_any_host_port ipv6", "/")
             .listener(2)
             .host("[::1]:1234"),
+        Case::grpc(
+            "grpc without a route is a gRPC local reply",
+            "/pkg.Svc/Method",
+            "x",
+        )
+        .host("unknown.test"),
         Case::get("route http2 downstream", "/prefix/h2")
             .host("routes.test")
             .h2()
@@ -197,6 +203,14 @@ async fn actions() {
         Case::get("regex redirect", "/regex-redirect/abc?d=1")
             .host("actions.test")
             .expect("status", "307"),
+        Case::grpc("grpc connect failure", "/closed/pkg.Svc/M", "x").host("actions.test"),
+        Case::grpc("grpc timeout", "/slow/pkg.Svc/M", "x")
+            .host("actions.test")
+            .header("x-echo-delay-ms", "2000"),
+        Case::send("HEAD to upstream", "HEAD", "/cluster", "").host("actions.test"),
+        Case::send("custom method", "PURGE", "/cluster", "")
+            .host("actions.test")
+            .expect("upstream.method", "PURGE"),
         Case::get("direct_response body", "/direct")
             .host("actions.test")
             .expect("body", "hello from direct_response\n"),
@@ -423,6 +437,7 @@ async fn protocols() {
         Case::raw("two content-lengths differ", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
         Case::raw("headers over 60 KiB", &oversized_headers()),
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        Case::raw("CONNECT without upgrade config", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
         Case::raw(
             "h2 preface on http1-only",
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
