@@ -9,6 +9,10 @@ pub const NO_HEALTHY_UPSTREAM: &str = "no healthy upstream";
 /// Envoy's body for a route timeout.
 pub const UPSTREAM_TIMEOUT: &str = "upstream request timeout";
 
+/// Marks a response the proxy wrote itself, keeping its text for gRPC conversion.
+#[derive(Debug, Clone)]
+pub struct LocalReply(pub String);
+
 /// A local reply with `status` and, when non-empty, a `text/plain` body.
 pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
     let mut resp = Response::new(if text.is_empty() {
@@ -17,10 +21,86 @@ pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
         body::full(text.to_owned())
     });
     *resp.status_mut() = status;
+    resp.extensions_mut().insert(LocalReply(text.to_owned()));
     let h = resp.headers_mut();
     if !text.is_empty() {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
     resp
+}
+
+/// Whether a request is gRPC (`content-type: application/grpc[+proto|;...]`).
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ct| ct.strip_prefix("application/grpc"))
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('+') || rest.starts_with(';'))
+}
+
+/// Envoy's HTTP-status-to-gRPC-status mapping for local replies.
+fn grpc_status(status: StatusCode) -> u16 {
+    match status.as_u16() {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => 14,
+        _ => 2,
+    }
+}
+
+/// Turns a local reply to a gRPC request into a trailers-only gRPC response (HTTP 200,
+/// `grpc-status`, `grpc-message`), as Envoy does. Other responses pass unchanged.
+pub fn grpc_local_reply(resp: Response<Body>) -> Response<Body> {
+    let Some(LocalReply(text)) = resp.extensions().get::<LocalReply>().cloned() else {
+        return resp;
+    };
+    let (mut parts, _) = resp.into_parts();
+    let code = grpc_status(parts.status);
+    parts.status = StatusCode::OK;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    parts.headers.insert("grpc-status", HeaderValue::from(code));
+    if !text.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&text)
+    {
+        parts.headers.insert("grpc-message", v);
+    }
+    Response::from_parts(parts, body::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_requests_get_grpc_status() {
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpcx"),
+        );
+        assert!(!is_grpc(&h));
+        let r = grpc_local_reply(local_reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no healthy upstream",
+        ));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["grpc-status"], "14");
+        assert_eq!(r.headers()["grpc-message"], "no healthy upstream");
+        assert_eq!(r.headers()[header::CONTENT_TYPE], "application/grpc");
+        let not_local = Response::new(body::empty());
+        assert_eq!(grpc_local_reply(not_local).status(), StatusCode::OK);
+        assert_eq!(grpc_status(StatusCode::NOT_FOUND), 12);
+    }
 }

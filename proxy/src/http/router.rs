@@ -47,7 +47,11 @@ pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<B
     let request_id = {
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
         let id = req.headers().get(&X_REQUEST_ID).cloned();
+        let grpc = super::local_reply::is_grpc(req.headers());
         let mut resp = route_and_forward(req, ctx, facts).await;
+        if grpc {
+            resp = super::local_reply::grpc_local_reply(resp);
+        }
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         if ctx.hcm.config.always_set_request_id_in_response
@@ -104,6 +108,12 @@ async fn route_and_forward(
     }
     if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
         let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
+    if req.method() == http::Method::CONNECT {
+        let mut resp = local_reply(StatusCode::NOT_FOUND, "");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
@@ -294,6 +304,14 @@ async fn route_and_forward(
             let downstream_version = req.version();
             let start = Instant::now();
             let limits = StreamLimits::of(fwd, tokio::time::Instant::from_std(stream_start));
+            if http_body::Body::is_end_stream(req.body())
+                && !req.headers().contains_key(header::CONTENT_LENGTH)
+                && !matches!(*req.method(), http::Method::GET | http::Method::HEAD)
+            {
+                // Envoy's HTTP/1 codec states an empty body explicitly unless the method is bodiless.
+                req.headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+            }
             let (parts, incoming) = req.into_parts();
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
