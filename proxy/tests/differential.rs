@@ -498,3 +498,33 @@ async fn admin() {
     ];
     run("tcp", &cases).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries() {
+    let cases = [
+        Case::get("no retry policy", "/plain").expect("upstream.header.x-envoy-attempt-count", "1"),
+        Case::get("5xx retried until exhausted", "/5xx")
+            .header("x-echo-status", "503")
+            .expect("upstream.header.x-envoy-attempt-count", "3"),
+        Case::get("5xx policy ignores 404", "/5xx").header("x-echo-status", "404"),
+        Case::get("retriable status code", "/status-codes")
+            .header("x-echo-status", "418")
+            .expect("upstream.header.x-envoy-attempt-count", "2"),
+        Case::get("status code not listed", "/status-codes").header("x-echo-status", "500"),
+        Case::get("reset retried then local reply", "/reset")
+            .header("x-echo-abort", "1")
+            .expect("status", "503"),
+        Case::get("connect failure retried", "/connect-failure").expect("status", "503"),
+        Case::get("per_try_timeout", "/per-try").header("x-echo-delay-ms", "1000"),
+        Case::get("gateway-error retries 502", "/gateway-error").header("x-echo-status", "502"),
+        Case::get("gateway-error ignores 500", "/gateway-error").header("x-echo-status", "500"),
+        Case::get("x-envoy-retry-on from the client", "/plain")
+            .header("x-envoy-retry-on", "5xx")
+            .header("x-envoy-max-retries", "1")
+            .header("x-echo-status", "503"),
+        Case::get("retries over h2", "/5xx")
+            .h2()
+            .header("x-echo-status", "503"),
+    ];
+    run("retries", &cases).await;
+}
