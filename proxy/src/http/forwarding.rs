@@ -46,6 +46,14 @@ const INTERNAL_ONLY: [&str; 19] = [
     "x-envoy-upstream-stream-duration-ms",
 ];
 
+/// Headers Envoy removes from every request that is not internal, edge or not.
+const NON_EDGE_CLEANED: [&str; 4] = [
+    "x-envoy-internal",
+    "x-envoy-decorator-operation",
+    "x-envoy-downstream-service-cluster",
+    "x-envoy-downstream-service-node",
+];
+
 /// Facts about the downstream connection the header rules depend on.
 #[derive(Debug, Clone, Copy)]
 pub struct Downstream {
@@ -228,7 +236,17 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
             headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
         }
         let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
-        let internal = headers.get(&X_ENVOY_INTERNAL).is_some_and(|v| v == "true");
+        let internal = cfg
+            .internal_ranges
+            .iter()
+            .any(|c| c.contains(client.unwrap_or(peer)));
+        if internal {
+            headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
+        } else {
+            for h in NON_EDGE_CLEANED {
+                headers.remove(h);
+            }
+        }
         (client, internal)
     };
     let edge_external = cfg.use_remote_address && !internal;
