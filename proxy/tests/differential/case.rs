@@ -56,6 +56,8 @@ pub struct Case {
     pub source: Option<IpAddr>,
     /// Send the request this many times and observe the set of upstreams reached.
     pub repeat: usize,
+    /// Send the request this many times on one connection and observe the last answer.
+    pub same_connection: usize,
     /// With `repeat`: observe only whether every upstream reached is in this pool.
     pub pool: Vec<String>,
     /// Fields whose value is asserted on both sides (guards that the case tests what it says).
@@ -79,6 +81,7 @@ impl Case {
             proto: Proto::H1,
             source: None,
             repeat: 1,
+            same_connection: 1,
             pool: Vec::new(),
             expect: Vec::new(),
             ignore: Vec::new(),
@@ -166,6 +169,14 @@ impl Case {
     pub fn from(self, source: &str) -> Case {
         Case {
             source: Some(source.parse().expect("source address")),
+            ..self
+        }
+    }
+
+    /// Sends the request `n` times on one connection (keep-alive / h2 reuse).
+    pub fn same_connection(self, n: usize) -> Case {
+        Case {
+            same_connection: n,
             ..self
         }
     }

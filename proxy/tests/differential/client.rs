@@ -151,26 +151,58 @@ async fn http(
     stream: TcpStream,
     render: &dyn Fn(&str) -> String,
 ) -> Result<Observation, String> {
-    let request = build_request(case, render)?;
     let io = TokioIo::new(stream);
-    let response = match case.proto {
+    let mut sender = match case.proto {
         Proto::H1 => {
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+            let (sender, conn) = hyper::client::conn::http1::handshake(io)
                 .await
                 .map_err(|e| e.to_string())?;
             tokio::spawn(conn);
-            sender.send_request(request).await
+            Sender::H1(sender)
         }
         Proto::H2 => {
-            let (mut sender, conn) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
             tokio::spawn(conn);
+            Sender::H2(sender)
+        }
+    };
+    let mut obs = Observation::new();
+    for round in 1..=case.same_connection.max(1) {
+        obs = http_exchange(case, &mut sender, render)
+            .await
+            .map_err(|e| format!("request {round} on the connection: {e}"))?;
+    }
+    if case.same_connection > 1 {
+        obs.insert(
+            "requests_on_connection".to_string(),
+            case.same_connection.to_string(),
+        );
+    }
+    Ok(obs)
+}
+
+/// A client connection of either HTTP version.
+enum Sender {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+async fn http_exchange(
+    case: &Case,
+    sender: &mut Sender,
+    render: &dyn Fn(&str) -> String,
+) -> Result<Observation, String> {
+    let request = build_request(case, render)?;
+    let response = match sender {
+        Sender::H1(sender) => {
+            sender.ready().await.map_err(|e| e.to_string())?;
             sender.send_request(request).await
         }
+        Sender::H2(sender) => sender.send_request(request).await,
     }
-    .map_err(|e| format!("request: {e}"))?;
+    .map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
     let headers = header_pairs(response.headers());
     let collected = response
