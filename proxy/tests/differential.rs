@@ -475,7 +475,13 @@ async fn tcp() {
             .listener(1)
             .expect("tcp.reply", "b:hello"),
         Case::tcp("tcp_proxy closed upstream", "hello").listener(2),
-        Case::tcp("tcp_proxy idle_timeout", "hello").listener(3),
+        Case::tcp("tcp_proxy idle_timeout", "hello")
+            .listener(3)
+            .watch_close(3000)
+            .expect("tcp.closed_by_proxy", "yes"),
+        Case::tcp("no idle_timeout keeps the connection", "hello")
+            .watch_close(1500)
+            .expect("tcp.closed_by_proxy", "no"),
     ];
     run("tcp", &cases).await;
 }
@@ -486,8 +492,11 @@ async fn clusters() {
         Case::get("strict_dns localhost", "/strict-dns").expect("upstream", "a"),
         Case::get("logical_dns localhost", "/logical-dns").expect("upstream", "b"),
         Case::get("round robin reaches both", "/round-robin")
-            .spread(4)
-            .expect("upstreams", "a,b"),
+            .spread_counts(4)
+            .expect("upstreams.counts", "a:2,b:2"),
+        Case::get("weighted round robin 3:1", "/weighted-round-robin")
+            .spread_counts(8)
+            .expect("upstreams.counts", "a:6,b:2"),
         Case::get("least request", "/least-request")
             .spread_within(4, &["a", "b"])
             .expect("upstreams.within_pool", "yes"),

@@ -4,6 +4,7 @@
 //! Strings may hold template placeholders (`{{listener_0}}`, `{{upstream_a}}`), rendered per side.
 
 use std::net::IpAddr;
+use std::time::Duration;
 
 /// Downstream protocol of an HTTP case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +59,10 @@ pub struct Case {
     pub repeat: usize,
     /// Send the request this many times on one connection and observe the last answer.
     pub same_connection: usize,
+    /// With `repeat`: observe how many requests each upstream answered.
+    pub count: bool,
+    /// TCP: after the reply, wait this long and observe whether the proxy closed the connection.
+    pub watch_close: Option<Duration>,
     /// With `repeat`: observe only whether every upstream reached is in this pool.
     pub pool: Vec<String>,
     /// Fields whose value is asserted on both sides (guards that the case tests what it says).
@@ -82,6 +87,8 @@ impl Case {
             source: None,
             repeat: 1,
             same_connection: 1,
+            count: false,
+            watch_close: None,
             pool: Vec::new(),
             expect: Vec::new(),
             ignore: Vec::new(),
@@ -184,6 +191,23 @@ impl Case {
     /// Repeats the request `n` times, observing the set of upstreams reached.
     pub fn spread(self, n: usize) -> Case {
         Case { repeat: n, ..self }
+    }
+
+    /// Repeats the request `n` times, observing how many each upstream answered.
+    pub fn spread_counts(self, n: usize) -> Case {
+        Case {
+            repeat: n,
+            count: true,
+            ..self
+        }
+    }
+
+    /// TCP: after the reply, waits up to `ms` for the proxy to close the connection.
+    pub fn watch_close(self, ms: u64) -> Case {
+        Case {
+            watch_close: Some(Duration::from_millis(ms)),
+            ..self
+        }
     }
 
     /// Repeats `n` times, observing whether every upstream reached is one of `pool`.

@@ -52,21 +52,32 @@ async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String)
         repeat: 1,
         ..case.clone()
     };
-    let mut upstreams = BTreeSet::new();
+    let mut upstreams: BTreeMap<String, usize> = BTreeMap::new();
     let mut statuses = BTreeSet::new();
     for _ in 0..case.repeat {
         let obs = Box::pin(observe(&single, port, render)).await;
-        upstreams.insert(
-            obs.get("upstream")
-                .cloned()
-                .unwrap_or_else(|| "<none>".to_string()),
-        );
+        let upstream = obs
+            .get("upstream")
+            .cloned()
+            .unwrap_or_else(|| "<none>".to_string());
+        *upstreams.entry(upstream).or_default() += 1;
         statuses.insert(
             obs.get("status")
                 .cloned()
                 .unwrap_or_else(|| "<none>".to_string()),
         );
     }
+    if case.count {
+        let counts: Vec<String> = upstreams.iter().map(|(u, n)| format!("{u}:{n}")).collect();
+        return Observation::from([
+            (
+                "statuses".to_string(),
+                statuses.into_iter().collect::<Vec<_>>().join(","),
+            ),
+            ("upstreams.counts".to_string(), counts.join(",")),
+        ]);
+    }
+    let upstreams: BTreeSet<String> = upstreams.into_keys().collect();
     let join = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(",");
     let mut obs = Observation::from([("statuses".to_string(), join(&statuses))]);
     if case.pool.is_empty() {
@@ -110,7 +121,7 @@ async fn observe_once(
     match &case.kind {
         Kind::Http | Kind::Grpc(_) => http(case, stream, render).await,
         Kind::WebSocket(message) => ws(case, stream, message, render).await,
-        Kind::Tcp(line) => tcp(stream, line).await,
+        Kind::Tcp(line) => tcp(stream, line, case.watch_close).await,
         Kind::Raw(bytes) => raw(stream, bytes).await,
     }
 }
@@ -384,7 +395,11 @@ async fn ws(
     Ok(obs)
 }
 
-async fn tcp(mut stream: TcpStream, line: &str) -> Result<Observation, String> {
+async fn tcp(
+    mut stream: TcpStream,
+    line: &str,
+    watch_close: Option<Duration>,
+) -> Result<Observation, String> {
     stream
         .write_all(format!("{line}\n").as_bytes())
         .await
@@ -402,7 +417,16 @@ async fn tcp(mut stream: TcpStream, line: &str) -> Result<Observation, String> {
     } else {
         reply
     };
-    Ok(Observation::from([("tcp.reply".to_string(), reply)]))
+    let mut obs = Observation::from([("tcp.reply".to_string(), reply)]);
+    if let Some(wait) = watch_close {
+        let mut rest = Vec::new();
+        let closed = timeout(wait, stream.read_to_end(&mut rest)).await.is_ok();
+        obs.insert(
+            "tcp.closed_by_proxy".to_string(),
+            if closed { "yes" } else { "no" }.to_string(),
+        );
+    }
+    Ok(obs)
 }
 
 async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String> {
