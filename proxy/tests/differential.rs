@@ -130,6 +130,33 @@ async fn routing() {
             "x",
         )
         .host("unknown.test"),
+        Case::grpc("route grpc matcher", "/grpc-only/pkg.Svc/M", "x").host("routes.test"),
+        Case::get("route grpc matcher skips plain http", "/grpc-only").host("routes.test"),
+        Case::get("route suffix ignore_case", "/string-matchers")
+            .host("routes.test")
+            .header("x-file", "a.json")
+            .expect("upstream.header.x-route", "suffix_ignore_case"),
+        Case::get("route contains", "/string-matchers")
+            .host("routes.test")
+            .header("x-file", "my-secret.txt")
+            .header("x-flag", "1")
+            .expect("upstream.header.x-route", "contains"),
+        Case::get("route range in", "/string-matchers")
+            .host("routes.test")
+            .header("x-size", "15")
+            .header("x-flag", "1")
+            .expect("upstream.header.x-route", "range"),
+        Case::get("route range end exclusive", "/string-matchers")
+            .host("routes.test")
+            .header("x-size", "20")
+            .header("x-flag", "1"),
+        Case::get("route range not a number", "/string-matchers")
+            .host("routes.test")
+            .header("x-size", "1x")
+            .header("x-flag", "1"),
+        Case::get("route present_match false", "/string-matchers")
+            .host("routes.test")
+            .expect("upstream.header.x-route", "absent"),
         Case::get("route http2 downstream", "/prefix/h2")
             .host("routes.test")
             .h2()
@@ -274,6 +301,10 @@ async fn headers() {
             .header("x-internal-secret", "s")
             .header("x-forwarded-for", "203.0.113.7"),
         Case::get("generate_request_id false", "/plain").listener(2),
+        Case::get("formatters", "/formatters").header("x-source", "copied-value"),
+        Case::get("formatters over h2", "/formatters")
+            .h2()
+            .header("x-source", "copied-value"),
         Case::get("hop-by-hop request headers removed", "/plain")
             .header("connection", "keep-alive, x-hop")
             .header("keep-alive", "timeout=5")
@@ -456,6 +487,12 @@ async fn protocols() {
         Case::raw("space before colon", b"GET / HTTP/1.1\r\nHost: x\r\nX-Bad : 1\r\nConnection: close\r\n\r\n"),
         Case::raw("http/1.1 without host", b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n"),
         Case::raw("bare LF line endings", b"GET / HTTP/1.1\nHost: x\nConnection: close\n\n"),
+        Case::get("headers under max_request_headers_kb", "/").listener(3).header("x-big", &"b".repeat(4000)),
+        Case::get("headers over max_request_headers_kb", "/").listener(3).header("x-big", &"b".repeat(9000)),
+        Case::get("headers over max_headers_count", "/").listener(3)
+            .header("x-1", "1").header("x-2", "2").header("x-3", "3").header("x-4", "4")
+            .header("x-5", "5").header("x-6", "6").header("x-7", "7").header("x-8", "8"),
+        Case::get("h2 headers over max_request_headers_kb", "/").listener(3).h2().header("x-big", &"b".repeat(9000)),
         Case::raw(
             "h2 preface on http1-only",
             b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
@@ -549,6 +586,14 @@ async fn retries() {
             .header("x-envoy-retry-on", "5xx")
             .header("x-envoy-max-retries", "1")
             .header("x-echo-status", "503"),
+        Case::get("virtual host retry policy", "/")
+            .host("vh-retry.test")
+            .header("x-echo-status", "503")
+            .expect("upstream.header.x-envoy-attempt-count", "2"),
+        Case::get("route policy overrides virtual host", "/own")
+            .host("vh-retry.test")
+            .header("x-echo-status", "503")
+            .expect("upstream.header.x-envoy-attempt-count", "3"),
         Case::get("retries over h2", "/5xx")
             .h2()
             .header("x-echo-status", "503"),
