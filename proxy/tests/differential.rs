@@ -301,10 +301,6 @@ async fn headers() {
             .header("x-internal-secret", "s")
             .header("x-forwarded-for", "203.0.113.7"),
         Case::get("generate_request_id false", "/plain").listener(2),
-        Case::get("formatters", "/formatters").header("x-source", "copied-value"),
-        Case::get("formatters over h2", "/formatters")
-            .h2()
-            .header("x-source", "copied-value"),
         Case::get("hop-by-hop request headers removed", "/plain")
             .header("connection", "keep-alive, x-hop")
             .header("keep-alive", "timeout=5")
@@ -599,4 +595,15 @@ async fn retries() {
             .header("x-echo-status", "503"),
     ];
     run("retries", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn formatters() {
+    let cases = [
+        Case::get("formatters", "/formatters").header("x-source", "copied-value"),
+        Case::get("formatters over h2", "/formatters")
+            .h2()
+            .header("x-source", "copied-value"),
+    ];
+    run("formatters", &cases).await;
 }
