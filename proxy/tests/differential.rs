@@ -613,3 +613,26 @@ async fn formatters() {
     ];
     run("formatters", &cases).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses() {
+    let cases = [
+        Case::get("ipv6 listener", "/")
+            .ipv6()
+            .expect("upstream.peer", "127.0.0.1"),
+        Case::get("ipv6 listener over h2", "/").ipv6().h2(),
+        Case::get("ipv6 client xff", "/")
+            .ipv6()
+            .header("x-forwarded-for", "2001:db8::1"),
+        Case::get("upstream_bind_config from ipv6", "/bind")
+            .ipv6()
+            .expect("upstream.peer", "127.0.0.6"),
+        Case::get("upstream_bind_config", "/bind")
+            .listener(1)
+            .expect("upstream.peer", "127.0.0.6"),
+        Case::get("default source address", "/")
+            .listener(1)
+            .expect("upstream.peer", "127.0.0.1"),
+    ];
+    run("addresses", &cases).await;
+}

@@ -55,6 +55,8 @@ pub struct Case {
     pub proto: Proto,
     /// Client source address (any 127.0.0.0/8 address), default 127.0.0.1.
     pub source: Option<IpAddr>,
+    /// Connect to the listener over IPv6 loopback (`[::1]`) instead of 127.0.0.1.
+    pub ipv6: bool,
     /// Send the request this many times and observe the set of upstreams reached.
     pub repeat: usize,
     /// Send the request this many times on one connection and observe the last answer.
@@ -85,6 +87,7 @@ impl Case {
             body: String::new(),
             proto: Proto::H1,
             source: None,
+            ipv6: false,
             repeat: 1,
             same_connection: 1,
             count: false,
@@ -186,6 +189,11 @@ impl Case {
             same_connection: n,
             ..self
         }
+    }
+
+    /// Connects to `[::1]` instead of 127.0.0.1.
+    pub fn ipv6(self) -> Case {
+        Case { ipv6: true, ..self }
     }
 
     /// Repeats the request `n` times, observing the set of upstreams reached.

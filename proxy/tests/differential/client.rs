@@ -1,7 +1,7 @@
 //! Sends a [`Case`] to one proxy and records what came back as an [`Observation`].
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -98,14 +98,19 @@ async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String)
     obs
 }
 
-async fn connect(port: u16, source: Option<IpAddr>) -> Result<TcpStream, String> {
-    let socket = TcpSocket::new_v4().map_err(|e| e.to_string())?;
+async fn connect(port: u16, source: Option<IpAddr>, ipv6: bool) -> Result<TcpStream, String> {
+    let (socket, target) = if ipv6 {
+        (TcpSocket::new_v6(), IpAddr::V6(Ipv6Addr::LOCALHOST))
+    } else {
+        (TcpSocket::new_v4(), IpAddr::V4(Ipv4Addr::LOCALHOST))
+    };
+    let socket = socket.map_err(|e| e.to_string())?;
     if let Some(source) = source {
         socket
             .bind(SocketAddr::new(source, 0))
             .map_err(|e| format!("bind {source}: {e}"))?;
     }
-    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    let addr = SocketAddr::new(target, port);
     socket
         .connect(addr)
         .await
@@ -117,7 +122,7 @@ async fn observe_once(
     port: u16,
     render: &dyn Fn(&str) -> String,
 ) -> Result<Observation, String> {
-    let stream = connect(port, case.source).await?;
+    let stream = connect(port, case.source, case.ipv6).await?;
     match &case.kind {
         Kind::Http | Kind::Grpc(_) => http(case, stream, render).await,
         Kind::WebSocket(message) => ws(case, stream, message, render).await,
@@ -298,7 +303,9 @@ fn response_observation(
 }
 
 fn record_echo(obs: &mut Observation, echo: &Value) {
-    for field in ["upstream", "method", "path", "host", "version", "body"] {
+    for field in [
+        "upstream", "peer", "method", "path", "host", "version", "body",
+    ] {
         let value = match &echo[field] {
             Value::String(s) => s.clone(),
             Value::Null => "<absent>".to_string(),

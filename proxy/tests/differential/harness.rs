@@ -278,7 +278,8 @@ impl Side {
             }
             let mut ready = true;
             for port in &listeners {
-                ready &= TcpStream::connect(("127.0.0.1", *port)).await.is_ok();
+                ready &= TcpStream::connect(("127.0.0.1", *port)).await.is_ok()
+                    || TcpStream::connect(("::1", *port)).await.is_ok();
             }
             if ready && (admin.is_none() || admin_ready(admin.unwrap_or_default()).await) {
                 return Ok(());

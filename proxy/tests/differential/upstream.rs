@@ -1,8 +1,8 @@
 //! In-test upstream servers on loopback: an HTTP echo (HTTP/1.1 and h2c, gRPC unary, WebSocket)
 //! and a TCP echo. Each says which upstream answered.
 //!
-//! The HTTP echo answers a JSON document `{upstream, method, path, host, version, headers, body}`
-//! describing the request it received. Request headers steer it:
+//! The HTTP echo answers a JSON document `{upstream, peer, method, path, host, version, headers,
+//! body}` describing the request it received (`peer` is the proxy's source IP). Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
 //! `x-echo-response-header: name=value` (repeatable) adds a response header,
 //! `x-echo-abort: 1` drops the connection without answering.
@@ -50,12 +50,12 @@ impl Upstreams {
         let id: Arc<str> = id.into();
         self.tasks.push(tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
+                let Ok((stream, peer)) = listener.accept().await else {
                     continue;
                 };
                 let id = id.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(id.clone(), req));
+                    let service = service_fn(move |req| handle(id.clone(), peer.ip(), req));
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
@@ -104,6 +104,7 @@ type EchoBody = BoxBody<Bytes, Infallible>;
 
 async fn handle(
     id: Arc<str>,
+    peer: std::net::IpAddr,
     mut req: Request<Incoming>,
 ) -> Result<Response<EchoBody>, std::io::Error> {
     let header = |name: &str| {
@@ -130,6 +131,7 @@ async fn handle(
         .collect();
     let mut echo = json!({
         "upstream": &*id,
+        "peer": peer.to_string(),
         "method": req.method().as_str(),
         "path": req.uri().path_and_query().map_or("", |p| p.as_str()),
         "host": header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
