@@ -562,7 +562,7 @@ async fn admin() {
         .at_admin()
         .expect("body", "listener_manager.workers_started: 1\nserver.state: 0\n"),
     ];
-    run("tcp", &cases).await;
+    run("admin", &cases).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
