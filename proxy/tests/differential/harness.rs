@@ -382,14 +382,15 @@ fn work_dir(label: &str) -> PathBuf {
     dir
 }
 
-/// A child process killed (by its PID) when dropped; its output goes to a log file.
+/// A child process killed (by its PID) when dropped, which also removes the work directory
+/// holding its log file (reports quote the log's tail before that).
 pub struct Process {
     child: std::sync::Mutex<Child>,
     log: PathBuf,
 }
 
 impl Process {
-    /// Starts `program args`, stdout and stderr to `log`.
+    /// Starts `program args`, stdout and stderr to `log` (inside a directory of its own).
     pub fn spawn(
         name: &str,
         program: &Path,
@@ -435,5 +436,8 @@ impl Drop for Process {
         let child = self.child.get_mut().expect("child lock");
         let _ = child.kill();
         let _ = child.wait();
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
