@@ -142,36 +142,60 @@ pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
 }
 
 /// Runs the proxy until `/quitquitquit` or a termination signal. Returns the exit code.
+///
+/// Each worker is a thread with its own current-thread runtime and its own SO_REUSEPORT socket
+/// per listener (like Envoy's workers): a connection lives on one thread from accept to close,
+/// with no cross-thread scheduling on the hot path.
 pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartError> {
     let workers = options
         .concurrency
         .filter(|n| *n > 0)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .thread_name("revoy-worker")
-        .enable_all()
-        .build()
-        .map_err(StartError::Runtime)?;
+    let runtimes = (0..workers)
+        .map(|_| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(StartError::Runtime)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::http::forwarding::LOCAL_ADDRESS_V6.store(
+        options.local_address_ip_version == "v6",
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let shared = Arc::new(build_shared(bootstrap, options));
-    let _guard = runtime.enter();
     shared.set_state(ServerState::Initializing);
-    shared.clusters.update(shared.bootstrap.clusters.clone());
+    {
+        let _guard = runtimes[0].enter();
+        shared.clusters.update(shared.bootstrap.clusters.clone());
+    }
+    let first_resolution = runtimes[0].block_on(async {
+        let wait = shared.clusters.wait_initialized();
+        tokio::time::timeout(std::time::Duration::from_secs(10), wait).await
+    });
+    if first_resolution.is_err() {
+        tracing::warn!("some clusters have no hosts after 10 s of DNS resolution; starting anyway");
+    }
     let mut listeners = Vec::new();
     for cfg in &shared.bootstrap.listeners {
         let l = Arc::new(Listener::new(Arc::new(cfg.clone()), &shared));
         if cfg.bind_to_port {
-            let sock = l.bind().map_err(|source| StartError::Bind {
-                what: format!("listener '{}'", cfg.name),
-                addr: cfg.address,
-                source,
-            })?;
-            let task = runtime.spawn(l.clone().run(sock, shared.clone()));
-            shared
-                .accept_tasks
-                .lock()
-                .expect("accept tasks")
-                .push((task.abort_handle(), cfg.proto.traffic_direction == INBOUND));
+            // An ephemeral port would differ per socket: such a listener gets one worker.
+            let sockets = if cfg.address.port() == 0 { 1 } else { workers };
+            for rt in &runtimes[..sockets] {
+                let _guard = rt.enter();
+                let sock = l.bind(sockets > 1).map_err(|source| StartError::Bind {
+                    what: format!("listener '{}'", cfg.name),
+                    addr: cfg.address,
+                    source,
+                })?;
+                let task = rt.spawn(l.clone().run(sock, shared.clone()));
+                shared
+                    .accept_tasks
+                    .lock()
+                    .expect("accept tasks")
+                    .push((task.abort_handle(), cfg.proto.traffic_direction == INBOUND));
+            }
         }
         listeners.push(l);
     }
@@ -186,20 +210,8 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             })?;
         crate::admin::spawn(std_listener, shared.clone(), quit_tx.clone());
     }
-    shared
-        .stats
-        .gauge("listener_manager.workers_started")
-        .set(1);
-    shared
-        .stats
-        .gauge("listener_manager.total_listeners_active")
-        .set(shared.listeners.load().len() as u64);
-    shared.stats.gauge("server.live").set(1);
-    shared.stats.gauge("server.concurrency").set(workers as u64);
-    shared.set_state(ServerState::Live);
-    tracing::info!(workers, "all listeners started; revoy is live");
     let signal_tx = quit_tx;
-    runtime.spawn(async move {
+    runtimes[0].spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
@@ -207,8 +219,22 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         }
         let _ = signal_tx.send(0);
     });
+    for (i, rt) in runtimes.into_iter().enumerate() {
+        std::thread::Builder::new()
+            .name(format!("revoy-worker-{i}"))
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .map_err(StartError::Runtime)?;
+    }
+    let stats = &shared.stats;
+    stats.gauge("listener_manager.workers_started").set(1);
+    stats
+        .gauge("listener_manager.total_listeners_active")
+        .set(shared.listeners.load().len() as u64);
+    stats.gauge("server.live").set(1);
+    stats.gauge("server.concurrency").set(workers as u64);
+    shared.set_state(ServerState::Live);
+    tracing::info!(workers, "all listeners started; revoy is live");
     let code = quit_rx.recv().unwrap_or(0);
     shared.stop_listeners(false);
-    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     Ok(code)
 }

@@ -112,6 +112,8 @@ pub struct HcmConfig {
     pub merge_slashes: bool,
     /// `path_with_escaped_slashes_action`.
     pub escaped_slashes: EscapedSlashes,
+    /// `common_http_protocol_options.max_headers_count` (default 100).
+    pub max_headers_count: u32,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
 }
@@ -236,6 +238,11 @@ pub fn compile_hcm(
             4 => EscapedSlashes::UnescapeAndForward,
             _ => EscapedSlashes::Keep,
         },
+        max_headers_count: hcm
+            .common_http_protocol_options
+            .as_ref()
+            .and_then(|o| o.max_headers_count.as_ref())
+            .map_or(100, |v| v.value),
         max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
         accept_http_10: hcm
             .http_protocol_options

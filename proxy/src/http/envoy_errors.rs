@@ -10,7 +10,11 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// hyper's status lines for requests it rejects, and Envoy's reason text for each.
-const REJECTIONS: [(&[u8], &str); 2] = [
+const REJECTIONS: [(&[u8], &str); 3] = [
+    (
+        b"HTTP/1.1 414 URI Too Long\r\n",
+        "431 Request Header Fields Too Large",
+    ),
     (b"HTTP/1.1 400 Bad Request\r\n", "400 Bad Request"),
     (
         b"HTTP/1.1 431 Request Header Fields Too Large\r\n",

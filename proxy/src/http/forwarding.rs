@@ -118,6 +118,10 @@ fn local_machine_address(v4: bool) -> Option<IpAddr> {
     if v4 { *a4 } else { *a6 }
 }
 
+/// `--local-address-ip-version v6`: the local address appended for loopback peers is IPv6.
+pub static LOCAL_ADDRESS_V6: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Envoy's `isLoopbackAddress`: exactly `127.0.0.1` or `::1`.
 fn is_exact_loopback(ip: IpAddr) -> bool {
     match ip {
@@ -212,7 +216,8 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         };
         if !cfg.skip_xff_append {
             let appended = if is_exact_loopback(peer) {
-                local_machine_address(peer.is_ipv4()).unwrap_or(peer)
+                local_machine_address(!LOCAL_ADDRESS_V6.load(std::sync::atomic::Ordering::Relaxed))
+                    .unwrap_or(peer)
             } else {
                 peer
             };

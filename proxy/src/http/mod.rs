@@ -17,7 +17,6 @@ mod upgrade;
 
 pub use stats::HcmStats;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -62,19 +61,43 @@ pub struct ConnContext {
     pub original_dst: Option<SocketAddr>,
 }
 
-/// Envoy's codec-level rejection that hyper lets through: headers over
-/// `max_request_headers_kb` get 431 and the connection is closed.
-fn reject_early<B>(
-    req: &http::Request<B>,
-    cfg: &HcmConfig,
-) -> Option<http::Response<crate::body::Body>> {
-    let (status, text) = if req
+/// A request Envoy's codecs refuse before routing.
+enum Rejection {
+    /// Answer with this local reply and close the connection.
+    Reply(http::Response<crate::body::Body>),
+    /// Reset the HTTP/2 stream without a response.
+    ResetStream,
+}
+
+/// The stream was reset because the request broke a codec limit.
+#[derive(Debug, thiserror::Error)]
+#[error("request rejected by the codec: headers over the configured limits")]
+struct StreamReset;
+
+/// Envoy's codec-level rejections that hyper lets through: a method with lowercase letters or
+/// an authority-form target on anything but CONNECT (400), and headers over
+/// `max_request_headers_kb` or `max_headers_count` (431 on HTTP/1, a stream reset on HTTP/2).
+fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection> {
+    let authority_form = req.uri().scheme().is_none()
+        && req.uri().authority().is_some()
+        && req.method() != http::Method::CONNECT;
+    let lowercase_method = req
+        .method()
+        .as_str()
+        .bytes()
+        .any(|b| b.is_ascii_lowercase());
+    let header_bytes: usize = req
         .headers()
         .iter()
         .map(|(n, v)| n.as_str().len() + v.len())
-        .sum::<usize>()
-        > cfg.max_request_headers_kb as usize * 1024
-    {
+        .sum();
+    let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
+        || req.headers().len() > cfg.max_headers_count as usize;
+    let (status, text) = if lowercase_method || authority_form {
+        (http::StatusCode::BAD_REQUEST, "Bad Request")
+    } else if too_large && req.version() == http::Version::HTTP_2 {
+        return Some(Rejection::ResetStream);
+    } else if too_large {
         (
             http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "Request Header Fields Too Large",
@@ -88,7 +111,7 @@ fn reject_early<B>(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
     );
-    Some(resp)
+    Some(Rejection::Reply(resp))
 }
 
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -137,10 +160,14 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
         async move {
-            if let Some(resp) = reject_early(&req, &ctx.hcm.config) {
-                ctx.hcm.stats.rq_total.inc();
-                ctx.hcm.stats.response(resp.status().as_u16());
-                return Ok::<_, Infallible>(resp);
+            match reject_early(&req, &ctx.hcm.config) {
+                None => {}
+                Some(Rejection::Reply(resp)) => {
+                    ctx.hcm.stats.rq_total.inc();
+                    ctx.hcm.stats.response(resp.status().as_u16());
+                    return Ok(resp);
+                }
+                Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             Ok(router::handle(req, &ctx).await)
         }

@@ -66,17 +66,18 @@ pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<B
 }
 
 /// The request's authority: `:authority` for HTTP/2, else the Host header.
+/// Several `Host` headers are joined with `,`, as Envoy's codec does.
 fn authority(req: &Request<Incoming>) -> String {
-    req.uri()
-        .authority()
-        .map(|a| a.as_str().to_owned())
-        .or_else(|| {
-            req.headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .map(str::to_owned)
-        })
-        .unwrap_or_default()
+    if let Some(a) = req.uri().authority() {
+        return a.as_str().to_owned();
+    }
+    let mut hosts = req
+        .headers()
+        .get_all(header::HOST)
+        .iter()
+        .filter_map(|h| h.to_str().ok());
+    let first = hosts.next().unwrap_or_default().to_owned();
+    hosts.fold(first, |acc, h| acc + "," + h)
 }
 
 fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {

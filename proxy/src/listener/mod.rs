@@ -68,8 +68,9 @@ impl Listener {
         &self.config
     }
 
-    /// Binds the listener's address (SO_REUSEADDR, like Envoy).
-    pub fn bind(&self) -> std::io::Result<TcpListener> {
+    /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
+    /// workers each accept on their own socket).
+    pub fn bind(&self, reuse_port: bool) -> std::io::Result<TcpListener> {
         let addr = self.config.address;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -77,6 +78,9 @@ impl Listener {
             Some(socket2::Protocol::TCP),
         )?;
         socket.set_reuse_address(true)?;
+        if reuse_port {
+            socket.set_reuse_port(true)?;
+        }
         if addr.is_ipv6() {
             socket.set_only_v6(false).ok();
         }
