@@ -129,15 +129,15 @@ pub fn normalize(cfg: &HcmConfig, path_and_query: &str) -> PathVerdict {
     }
     let mut current = path.to_owned();
     let mut redirect = false;
-    if cfg.escaped_slashes != EscapedSlashes::Keep {
-        if let Some(unescaped) = unescape_slashes(&current) {
-            match cfg.escaped_slashes {
-                EscapedSlashes::Reject => return PathVerdict::Reject,
-                EscapedSlashes::UnescapeAndRedirect => redirect = true,
-                _ => {}
-            }
-            current = unescaped;
+    if cfg.escaped_slashes != EscapedSlashes::Keep
+        && let Some(unescaped) = unescape_slashes(&current)
+    {
+        match cfg.escaped_slashes {
+            EscapedSlashes::Reject => return PathVerdict::Reject,
+            EscapedSlashes::UnescapeAndRedirect => redirect = true,
+            _ => {}
         }
+        current = unescaped;
     }
     if cfg.normalize_path {
         match canonical(&current) {
