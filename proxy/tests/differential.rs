@@ -14,6 +14,7 @@ mod differential {
     pub mod client;
     pub mod harness;
     pub mod oracle;
+    pub mod tls;
     pub mod upstream;
     pub mod websocket;
 }
@@ -635,4 +636,30 @@ async fn addresses() {
             .expect("upstream.peer", "127.0.0.1"),
     ];
     run("addresses", &cases).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls() {
+    let cases = [
+        Case::get("sni exact", "/")
+            .tls(Some("a.test"))
+            .expect("upstream.header.x-chain", "sni_exact"),
+        Case::get("sni exact over h2", "/")
+            .tls(Some("a.test"))
+            .h2()
+            .expect("upstream.header.x-chain", "sni_exact"),
+        Case::get("sni wildcard", "/")
+            .tls(Some("x.wild.test"))
+            .expect("upstream.header.x-chain", "sni_wildcard"),
+        Case::get("sni wildcard needs a label", "/").tls(Some("wild.test")),
+        Case::get("sni without a matching name", "/")
+            .tls(Some("other.test"))
+            .expect("upstream.header.x-chain", "tls_any"),
+        Case::get("tls without sni", "/")
+            .tls(None)
+            .expect("upstream.header.x-chain", "tls_any"),
+        Case::get("plaintext on the tls port", "/").expect("upstream.header.x-chain", "plaintext"),
+        Case::grpc("grpc over tls", "/pkg.Svc/M", "x").tls(Some("a.test")),
+    ];
+    run("tls", &cases).await;
 }

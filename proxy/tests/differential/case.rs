@@ -57,6 +57,8 @@ pub struct Case {
     pub source: Option<IpAddr>,
     /// Connect to the listener over IPv6 loopback (`[::1]`) instead of 127.0.0.1.
     pub ipv6: bool,
+    /// Speak TLS first: `Some(Some(sni))` with that SNI, `Some(None)` without SNI.
+    pub tls: Option<Option<String>>,
     /// Send the request this many times and observe the set of upstreams reached.
     pub repeat: usize,
     /// Send the request this many times on one connection and observe the last answer.
@@ -88,6 +90,7 @@ impl Case {
             proto: Proto::H1,
             source: None,
             ipv6: false,
+            tls: None,
             repeat: 1,
             same_connection: 1,
             count: false,
@@ -187,6 +190,14 @@ impl Case {
     pub fn same_connection(self, n: usize) -> Case {
         Case {
             same_connection: n,
+            ..self
+        }
+    }
+
+    /// Speaks TLS with this SNI (`None`: no SNI) before HTTP; ALPN follows the HTTP version.
+    pub fn tls(self, sni: Option<&str>) -> Case {
+        Case {
+            tls: Some(sni.map(str::to_string)),
             ..self
         }
     }

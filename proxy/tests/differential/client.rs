@@ -14,6 +14,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
 use super::case::{Case, Kind, Proto};
+use super::tls;
 use super::upstream::grpc_frame;
 use super::websocket;
 
@@ -124,7 +125,18 @@ async fn observe_once(
 ) -> Result<Observation, String> {
     let stream = connect(port, case.source, case.ipv6).await?;
     match &case.kind {
-        Kind::Http | Kind::Grpc(_) => http(case, stream, render).await,
+        Kind::Http | Kind::Grpc(_) => match &case.tls {
+            Some(sni) => {
+                let alpn: &[u8] = if case.proto == Proto::H2 {
+                    b"h2"
+                } else {
+                    b"http/1.1"
+                };
+                let stream = tls::connect(stream, sni.as_deref(), alpn).await?;
+                http(case, stream, render).await
+            }
+            None => http(case, stream, render).await,
+        },
         Kind::WebSocket(message) => ws(case, stream, message, render).await,
         Kind::Tcp(line) => tcp(stream, line, case.watch_close).await,
         Kind::Raw(bytes) => raw(stream, bytes).await,
@@ -162,11 +174,14 @@ fn build_request(
         .map_err(|e| format!("build request: {e}"))
 }
 
-async fn http(
+async fn http<S>(
     case: &Case,
-    stream: TcpStream,
+    stream: S,
     render: &dyn Fn(&str) -> String,
-) -> Result<Observation, String> {
+) -> Result<Observation, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let io = TokioIo::new(stream);
     let mut sender = match case.proto {
         Proto::H1 => {

@@ -3,6 +3,7 @@
 //! Placeholders in a template: `{{admin}}` and `{{listener_N}}` get fresh ports per proxy;
 //! `{{upstream_X}}` is an HTTP echo with id `X`, `{{tcp_X}}` a TCP echo with id `X`, and
 //! `{{closed_X}}` a port nobody listens on; these are shared by both proxies.
+//! `{{certs_dir}}` is the directory of the test certificate (`server.pem`, `server.key`).
 //!
 //! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy, proving the harness and cases are stable;
 //! `REVOY_DIFF_VERBOSE=1` prints every observation.
@@ -343,11 +344,14 @@ async fn admin_ready(port: u16) -> bool {
         .unwrap_or(false)
 }
 
-/// Replaces `{{name}}` with its port.
+/// Replaces `{{name}}` with its port, and `{{certs_dir}}` with the test certificates' directory.
 fn render(text: &str, ports: &BTreeMap<String, u16>) -> String {
     let re = Regex::new(r"\{\{(\w+)\}\}").expect("placeholder regex");
     re.replace_all(text, |c: &regex::Captures| match ports.get(&c[1]) {
         Some(port) => port.to_string(),
+        None if &c[1] == "certs_dir" => {
+            format!("{}/tests/differential/certs", env!("CARGO_MANIFEST_DIR"))
+        }
         None => c[0].to_string(),
     })
     .into_owned()
