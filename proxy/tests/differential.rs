@@ -473,6 +473,8 @@ async fn protocols() {
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw("CONNECT without upgrade config", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
         Case::get("keep-alive reuse", "/again").same_connection(3).expect("requests_on_connection", "3"),
+        Case::get("upstream http1 connection pooled", "/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),
+        Case::get("upstream h2 connection pooled", "/h2up/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),
         Case::get("h2 stream reuse", "/again").h2().same_connection(3),
         Case::get("client connection close", "/").header("connection", "close"),
         Case::get("upstream connection close", "/").header("x-echo-response-header", "connection=close"),

@@ -73,6 +73,9 @@ pub struct Case {
     pub expect: Vec<(String, String)>,
     /// Fields left out of the comparison (e.g. a body that revoy deliberately extends).
     pub ignore: Vec<String>,
+    /// Compare whether the upstream connection was reused (left out by default, since it
+    /// depends on every earlier case of the config).
+    pub pooling: bool,
 }
 
 impl Case {
@@ -98,6 +101,7 @@ impl Case {
             pool: Vec::new(),
             expect: Vec::new(),
             ignore: Vec::new(),
+            pooling: false,
         }
     }
 
@@ -242,6 +246,14 @@ impl Case {
     pub fn at_admin(self) -> Case {
         Case {
             admin: true,
+            ..self
+        }
+    }
+
+    /// Compares whether the upstream connection was reused for the (last) request.
+    pub fn pooling(self) -> Case {
+        Case {
+            pooling: true,
             ..self
         }
     }

@@ -333,6 +333,10 @@ fn record_echo(obs: &mut Observation, echo: &Value) {
         };
         obs.insert(key, value);
     }
+    if let Some(seq) = echo["conn_seq"].as_u64() {
+        let reused = if seq > 1 { "yes" } else { "no" };
+        obs.insert("upstream.connection_reused".to_string(), reused.to_string());
+    }
     let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for pair in echo["headers"].as_array().into_iter().flatten() {
         if let (Some(name), Some(value)) = (pair[0].as_str(), pair[1].as_str()) {

@@ -317,7 +317,9 @@ impl Side {
         };
         let render_fn = |s: &str| render(s, &self.ports);
         let mut obs = client::observe(case, port, &render_fn).await;
-        obs.retain(|field, _| !case.ignore.contains(field));
+        obs.retain(|field, _| {
+            !case.ignore.contains(field) && (case.pooling || field != "upstream.connection_reused")
+        });
         normalize(obs, &self.ports)
     }
 

@@ -2,7 +2,8 @@
 //! and a TCP echo. Each says which upstream answered.
 //!
 //! The HTTP echo answers a JSON document `{upstream, peer, method, path, host, version, headers,
-//! body}` describing the request it received (`peer` is the proxy's source IP). Request headers steer it:
+//! body, conn_seq}` describing the request it received (`peer` is the proxy's source IP,
+//! `conn_seq` how many requests this upstream connection has carried, this one included). Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
 //! `x-echo-response-header: name=value` (repeatable) adds a response header,
 //! `x-echo-abort: 1` drops the connection without answering.
@@ -12,6 +13,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -55,7 +57,11 @@ impl Upstreams {
                 };
                 let id = id.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(id.clone(), peer.ip(), req));
+                    let served = Arc::new(AtomicU64::new(0));
+                    let service = service_fn(move |req| {
+                        let seq = served.fetch_add(1, Ordering::Relaxed) + 1;
+                        handle(id.clone(), peer.ip(), seq, req)
+                    });
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), service)
                         .await;
@@ -105,6 +111,7 @@ type EchoBody = BoxBody<Bytes, Infallible>;
 async fn handle(
     id: Arc<str>,
     peer: std::net::IpAddr,
+    conn_seq: u64,
     mut req: Request<Incoming>,
 ) -> Result<Response<EchoBody>, std::io::Error> {
     let header = |name: &str| {
@@ -132,6 +139,7 @@ async fn handle(
     let mut echo = json!({
         "upstream": &*id,
         "peer": peer.to_string(),
+        "conn_seq": conn_seq,
         "method": req.method().as_str(),
         "path": req.uri().path_and_query().map_or("", |p| p.as_str()),
         "host": header("host").or_else(|| req.uri().authority().map(|a| a.to_string())),
