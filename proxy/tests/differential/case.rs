@@ -69,7 +69,8 @@ pub struct Case {
     pub watch_close: Option<Duration>,
     /// With `repeat`: observe only whether every upstream reached is in this pool.
     pub pool: Vec<String>,
-    /// Fields whose value is asserted on both sides (guards that the case tests what it says).
+    /// Fields Envoy must show with these values (guards that the case tests what it says);
+    /// revoy is then held to the same values by the comparison.
     pub expect: Vec<(String, String)>,
     /// Fields left out of the comparison (e.g. a body that revoy deliberately extends).
     pub ignore: Vec<String>,
@@ -264,7 +265,7 @@ impl Case {
         self
     }
 
-    /// Asserts `field` has `value` on both sides.
+    /// Asserts Envoy shows `field` with `value` (and so, through the comparison, revoy).
     pub fn expect(mut self, field: &str, value: &str) -> Case {
         self.expect.push((field.to_string(), value.to_string()));
         self
