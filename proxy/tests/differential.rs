@@ -545,6 +545,14 @@ async fn clusters() {
         Case::get("random", "/random")
             .spread_within(4, &["b", "c"])
             .expect("upstreams.within_pool", "yes"),
+        Case::get("original_dst from header", "/original-dst")
+            .header("x-envoy-original-dst-host", "127.0.0.1:{{upstream_b}}")
+            .expect("upstream", "b"),
+        Case::get("original_dst header to a closed port", "/original-dst")
+            .header("x-envoy-original-dst-host", "127.0.0.1:{{closed_x}}")
+            .expect("status", "503"),
+        Case::get("original_dst bad header", "/original-dst")
+            .header("x-envoy-original-dst-host", "not-an-address"),
         Case::get("priority 0 first", "/priority").expect("upstream", "c"),
     ];
     run("clusters", &cases).await;
