@@ -132,6 +132,19 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
 
 /// Removes connection-scoped headers; keeps `te: trailers` (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names first: most requests carry none of these, and a removal of an
+    // absent header still costs a hash and a probe.
+    let hop_by_hop = |n: &HeaderName| {
+        *n == header::CONNECTION
+            || *n == header::TE
+            || *n == header::TRANSFER_ENCODING
+            || *n == header::UPGRADE
+            || n.as_str() == "keep-alive"
+            || n.as_str() == "proxy-connection"
+    };
+    if !headers.keys().any(hop_by_hop) {
+        return;
+    }
     if let Some(conn) = headers.get(header::CONNECTION).cloned()
         && let Ok(list) = conn.to_str()
     {
@@ -163,6 +176,11 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Whether any header name starts with `x-envoy-` (so the cleaning passes have work to do).
+fn has_envoy_headers(headers: &HeaderMap) -> bool {
+    headers.keys().any(|n| n.as_str().starts_with("x-envoy-"))
+}
+
 /// The n-th address from the right of `x-forwarded-for` (0 = rightmost).
 fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
     let joined: Vec<String> = headers
@@ -182,16 +200,22 @@ fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
 }
 
 fn new_request_id() -> HeaderValue {
-    let b: [u8; 16] = rand::random();
-    let s = format!(
-        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
-        u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
-        u16::from_be_bytes([b[4], b[5]]),
-        u16::from_be_bytes([b[6], b[7]]) & 0x0fff,
-        (u16::from_be_bytes([b[8], b[9]]) & 0x3fff) | 0x8000,
-        u64::from_be_bytes([0, 0, b[10], b[11], b[12], b[13], b[14], b[15]])
-    );
-    HeaderValue::from_str(&s).expect("uuid is ASCII")
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let mut out = [0u8; 36];
+    let mut o = 0;
+    for (i, byte) in b.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            out[o] = b'-';
+            o += 1;
+        }
+        out[o] = HEX[usize::from(byte >> 4)];
+        out[o + 1] = HEX[usize::from(byte & 0x0f)];
+        o += 2;
+    }
+    HeaderValue::from_bytes(&out).expect("uuid is ASCII")
 }
 
 /// Applies the connection manager's request rules to `headers`.
@@ -228,8 +252,10 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         if internal {
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {
-            for h in INTERNAL_ONLY {
-                headers.remove(h);
+            if has_envoy_headers(headers) {
+                for h in INTERNAL_ONLY {
+                    headers.remove(h);
+                }
             }
             if let Ok(v) = HeaderValue::from_str(&remote.to_string()) {
                 headers.insert(&X_ENVOY_EXTERNAL_ADDRESS, v);
@@ -248,8 +274,10 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         if internal {
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {
-            for h in NON_EDGE_CLEANED {
-                headers.remove(h);
+            if has_envoy_headers(headers) {
+                for h in NON_EDGE_CLEANED {
+                    headers.remove(h);
+                }
             }
         }
         (client, internal)
