@@ -15,9 +15,8 @@ use proto::pb::google::protobuf as gpb;
 
 use super::ConfigError;
 use crate::route::domain::{DomainConflict, DomainIndex};
-use crate::route::headers::{
-    AppendAction, HeaderAdd, HeaderMutations, HeaderRules, parse_template,
-};
+use crate::route::format::Template;
+use crate::route::headers::{AppendAction, HeaderAdd, HeaderMutations, HeaderRules};
 use crate::route::{
     Action, Redirect, RedirectPath, Route, RouteTable, TlsRequirement, VirtualCluster, VirtualHost,
 };
@@ -337,7 +336,7 @@ pub(crate) fn header_mutations(
             } else {
                 String::from_utf8_lossy(&h.raw_value).into_owned()
             };
-            let value = parse_template(&raw).map_err(|m| ConfigError::new("header.value", m))?;
+            let value = Template::parse(&raw).map_err(|m| ConfigError::new("header.value", m))?;
             use core::header_value_option::HeaderAppendAction as A;
             let action = match o.append {
                 Some(gpb::BoolValue { value: true }) => AppendAction::AppendIfExistsOrAdd,

@@ -5,6 +5,7 @@
 pub mod action;
 pub mod domain;
 pub mod explain;
+pub mod format;
 pub mod headers;
 pub mod matcher;
 pub mod policy;
@@ -19,7 +20,8 @@ pub use action::{
     Redirect, RedirectPath, RouteMatch, WeightedCluster, WeightedClusters,
 };
 pub use domain::DomainKind;
-pub use headers::{FormatContext, HeaderMutations, HeaderRules};
+pub use format::{CertFacts, FormatContext, TlsFacts};
+pub use headers::{HeaderMutations, HeaderRules};
 pub use matcher::{FractionalPercent, Runtime};
 pub use policy::{HashPolicy, MirrorPolicy, RetryPolicy};
 
@@ -411,7 +413,7 @@ impl<'a> Selected<'a> {
         ctx: &FormatContext<'_>,
     ) {
         for level in self.header_levels(weighted).into_iter().flatten() {
-            level.request.apply(headers, ctx);
+            level.request.apply_request(headers, ctx);
         }
     }
 
@@ -423,7 +425,7 @@ impl<'a> Selected<'a> {
         ctx: &FormatContext<'_>,
     ) {
         for level in self.header_levels(weighted).into_iter().flatten() {
-            level.response.apply(headers, ctx);
+            level.response.apply_response(headers, ctx);
         }
     }
 

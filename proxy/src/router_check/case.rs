@@ -4,7 +4,7 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde_json::Value;
 
-use crate::route::headers::FormatContext;
+use crate::route::FormatContext;
 use crate::route::matcher::HeaderMatcher;
 use crate::route::{Action, FractionalPercent, RouteRequest, RouteTable, Runtime, Selected};
 
