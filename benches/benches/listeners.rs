@@ -1,0 +1,123 @@
+//! xDS decode and compile of 129 real Istio sidecar listeners
+//! (`shared/corpus/istio/pr-37071/listeners.json`, a JSON array of `Listener`s in proto3 JSON).
+//!
+//! Measures, for all 129 listeners at once: building the JSON codec for the document, proto3
+//! JSON decode (text parse + `@type` Any handling + transcode), binary protobuf decode (what an
+//! xDS `DiscoveryResponse` carries), and `compile_listener`. Listeners revoy cannot compile are
+//! listed with their errors before the measurements.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use prost::Message;
+use proto::pb::envoy::config::listener::v3::Listener;
+use proto::{Codec, Format};
+use revoy::config::listener::compile_listener;
+use serde_json::Value;
+
+const LISTENER: &str = "envoy.config.listener.v3.Listener";
+
+fn corpus() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/corpus/istio/pr-37071/listeners.json")
+}
+
+fn parse(text: &str) -> Vec<Value> {
+    match Codec::parse_text(text, Format::Json).expect("the corpus is JSON") {
+        Value::Array(items) => items,
+        other => panic!("expected a JSON array of listeners, got {}", kind(&other)),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Object(_) => "an object",
+        Value::Array(_) => "an array",
+        _ => "a scalar",
+    }
+}
+
+fn decode_all(codec: &Codec, text: &str) -> Vec<Listener> {
+    parse(text)
+        .into_iter()
+        .map(|v| {
+            codec
+                .decode::<Listener>(v, false)
+                .expect("corpus listener decodes")
+                .message
+        })
+        .collect()
+}
+
+/// Compiles every listener; returns how many compiled and the failures as `name: error`.
+fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>) {
+    let mut ok = 0;
+    let mut failures = Vec::new();
+    for l in listeners {
+        let mut warnings = Vec::new();
+        match compile_listener(l, None, &mut warnings) {
+            Ok(_) => ok += 1,
+            Err(e) => failures.push(format!("{}: {e}", l.name)),
+        }
+    }
+    (ok, failures)
+}
+
+fn listeners(c: &mut Criterion) {
+    let path = corpus();
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        eprintln!(
+            "listeners bench skipped: corpus {} is missing",
+            path.display()
+        );
+        return;
+    };
+    let document = Value::Array(parse(&text));
+    let codec = Codec::for_document(LISTENER, &document);
+    let decoded = decode_all(&codec, &text);
+    let binary: Vec<Vec<u8>> = decoded.iter().map(Message::encode_to_vec).collect();
+    let total_bytes: usize = binary.iter().map(Vec::len).sum();
+    let (ok, failures) = compile_report(&decoded);
+    eprintln!(
+        "listeners: {} decoded ({} bytes JSON, {total_bytes} bytes protobuf); {ok} compile, {} fail",
+        decoded.len(),
+        text.len(),
+        failures.len()
+    );
+    for f in &failures {
+        eprintln!("  compile failure: {f}");
+    }
+
+    let mut group = c.benchmark_group(format!("listeners/istio pr-37071 x{}", decoded.len()));
+    group.bench_function("codec for_document", |b| {
+        b.iter(|| Codec::for_document(LISTENER, black_box(&document)))
+    });
+    group.bench_function("decode proto3 JSON", |b| {
+        b.iter(|| decode_all(&codec, black_box(&text)))
+    });
+    group.bench_function("decode protobuf", |b| {
+        b.iter(|| {
+            binary
+                .iter()
+                .map(|bytes| Listener::decode(black_box(bytes.as_slice())).expect("round trip"))
+                .collect::<Vec<_>>()
+        })
+    });
+    group.bench_function("compile_listener", |b| {
+        b.iter(|| {
+            black_box(&decoded)
+                .iter()
+                .map(|l| {
+                    let mut warnings = Vec::new();
+                    compile_listener(l, None, &mut warnings).is_ok()
+                })
+                .filter(|ok| *ok)
+                .count()
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, listeners);
+criterion_main!(benches);

