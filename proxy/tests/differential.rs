@@ -255,6 +255,20 @@ async fn actions() {
         Case::get("connect failure 503", "/closed")
             .host("actions.test")
             .expect("status", "503"),
+        Case::get("upstream response headers of 100 KB", "/cluster")
+            .host("actions.test")
+            .header("x-echo-big-response-header", "100000")
+            .expect("status", "502"),
+        Case::get("upstream response headers of 70 KB", "/cluster")
+            .host("actions.test")
+            .header("x-echo-big-response-header", "70000"),
+        Case::get("upstream 204", "/cluster")
+            .host("actions.test")
+            .header("x-echo-status", "204"),
+        Case::get("upstream 304", "/cluster")
+            .host("actions.test")
+            .header("x-echo-status", "304"),
+        Case::send("GET with a body", "GET", "/cluster", "body on a get").host("actions.test"),
         Case::get("upstream reset before headers 503", "/cluster")
             .host("actions.test")
             .header("x-echo-abort", "1")

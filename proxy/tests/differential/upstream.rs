@@ -6,6 +6,7 @@
 //! `conn_seq` how many requests this upstream connection has carried, this one included). Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
 //! `x-echo-response-header: name=value` (repeatable) adds a response header,
+//! `x-echo-big-response-header: N` adds an N-byte `x-big` response header,
 //! `x-echo-abort: 1` drops the connection without answering.
 //! A `content-type: application/grpc*` request gets the same JSON as one gRPC message, with the
 //! decoded request message as `body`, and `grpc-status: 0` trailers.
@@ -123,6 +124,8 @@ async fn handle(
     let status: u16 = header("x-echo-status")
         .and_then(|s| s.parse().ok())
         .unwrap_or(200);
+    let big_header: Option<usize> =
+        header("x-echo-big-response-header").and_then(|s| s.parse().ok());
     let delay: u64 = header("x-echo-delay-ms")
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
@@ -184,6 +187,9 @@ async fn handle(
     let mut builder = Response::builder().status(status);
     for (name, value) in &extra {
         builder = builder.header(name, value);
+    }
+    if let Some(size) = big_header {
+        builder = builder.header("x-big", "b".repeat(size.min(1 << 20)));
     }
     if is_grpc {
         let message = body.get(5..).unwrap_or_default();
