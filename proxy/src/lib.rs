@@ -15,4 +15,5 @@ pub mod router_check;
 pub mod server;
 pub mod stats;
 pub mod tcp;
+pub mod tls;
 pub mod upstream;

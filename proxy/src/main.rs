@@ -69,6 +69,17 @@ fn main() -> ExitCode {
     release_freed_memory();
     match opts.mode {
         Mode::Validate => {
+            for l in &compiled.listeners {
+                for c in l.chains.iter().chain(l.default_chain.iter()) {
+                    if let Some(Err(e)) = c.tls.as_ref().map(revoy::tls::downstream) {
+                        let msg = format!(
+                            "listener '{}' filter chain '{}': transport_socket: {e}",
+                            l.name, c.name
+                        );
+                        return fail(&opts, &msg);
+                    }
+                }
+            }
             println!("configuration '{}' OK", opts.config_path);
             ExitCode::SUCCESS
         }

@@ -3,10 +3,13 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use proto::pb::envoy::config::core::v3::{Address, address, socket_address::PortSpecifier};
+use proto::pb::envoy::config::core::v3::{
+    Address, address, socket_address::PortSpecifier, transport_socket,
+};
 use proto::pb::envoy::config::listener::v3::{FilterChain, Listener, filter, listener_filter};
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
 use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy as TcpProxyProto;
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
 use super::filter_chain_match::ChainMatch;
 use super::hcm::{HcmConfig, compile_hcm};
@@ -31,6 +34,8 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// `transport_socket` as a `DownstreamTlsContext`, when the chain terminates TLS.
+    pub tls: Option<DownstreamTlsContext>,
 }
 
 /// Listener filters revoy implements.
@@ -104,6 +109,7 @@ pub fn socket_addr(addr: Option<&Address>, path: &str) -> Result<SocketAddr, Con
     Ok(SocketAddr::new(ip, port))
 }
 
+const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
@@ -118,11 +124,32 @@ fn compile_chain(
         chain.filter_chain_match.as_ref(),
         &format!("{path}.filter_chain_match"),
     )?;
-    if chain.transport_socket.is_some() {
-        warnings.push(format!(
-            "{path}.transport_socket: TLS termination is not implemented yet; the chain serves plaintext"
-        ));
-    }
+    let tls = match &chain.transport_socket {
+        None => None,
+        Some(ts) => match &ts.config_type {
+            Some(transport_socket::ConfigType::TypedConfig(any))
+                if proto::type_name_of(&any.type_url) == DOWNSTREAM_TLS =>
+            {
+                Some(proto::unpack::<DownstreamTlsContext>(any).map_err(|e| {
+                    ConfigError::new(
+                        format!("{path}.transport_socket.typed_config"),
+                        e.to_string(),
+                    )
+                })?)
+            }
+            Some(transport_socket::ConfigType::TypedConfig(any))
+                if any.type_url.ends_with("raw_buffer.v3.RawBuffer") =>
+            {
+                None
+            }
+            _ => {
+                return Err(ConfigError::new(
+                    format!("{path}.transport_socket"),
+                    format!("transport socket '{}' is not supported by revoy", ts.name),
+                ));
+            }
+        },
+    };
     let mut terminal = None;
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
@@ -160,7 +187,13 @@ fn compile_chain(
             "no terminal filter (http_connection_manager or tcp_proxy) that revoy implements",
         )
     })?;
+    if tls.is_some() && matches!(terminal, Terminal::Tcp(_)) {
+        warnings.push(format!(
+            "{path}.transport_socket: TLS termination in front of tcp_proxy is not implemented; connections on this chain are refused"
+        ));
+    }
     Ok(ChainConfig {
+        tls,
         name: if chain.name.is_empty() {
             path.rsplit('.').next().unwrap_or(path).to_owned()
         } else {

@@ -136,12 +136,29 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
     }
 }
 
-/// Serves one downstream connection until it closes.
+/// Serves one plaintext downstream connection until it closes.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     if !codec_accepts(&mut stream, ctx.hcm.config.codec).await {
         return;
     }
-    let io = envoy_errors::EnvoyErrors::new(stream);
+    let codec = ctx.hcm.config.codec;
+    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+}
+
+/// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec.
+pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: Arc<ConnContext>) {
+    let codec = match stream.get_ref().1.alpn_protocol() {
+        Some(b"h2") => Codec::Http2,
+        Some(b"http/1.1") => Codec::Http1,
+        _ => ctx.hcm.config.codec,
+    };
+    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+}
+
+async fn serve_io<I>(io: I, ctx: Arc<ConnContext>, codec: Codec)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let stats = &ctx.hcm.stats;
     stats.cx_total.inc();
     stats.cx_active.inc();
@@ -151,7 +168,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
         .timer(TokioTimer::new())
         .preserve_header_case(false);
     builder.http2().timer(TokioTimer::new());
-    let builder = match ctx.hcm.config.codec {
+    let builder = match codec {
         Codec::Http1 => builder.http1_only(),
         Codec::Http2 => builder.http2_only(),
         Codec::Auto => builder,

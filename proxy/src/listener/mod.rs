@@ -18,12 +18,16 @@ use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
 use crate::stats::{Counter, Gauge};
+use crate::tls::{self, DownstreamTls};
 use crate::upstream::LbContext;
+
+/// How long a TLS client may take to finish its handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The runtime side of one filter chain.
 enum Chain {
-    Http(Arc<Hcm>),
-    Tcp(Arc<crate::tcp::TcpProxy>),
+    Http(Arc<Hcm>, Option<DownstreamTls>),
+    Tcp(Arc<crate::tcp::TcpProxy>, bool),
 }
 
 /// A listener with its chains' runtime state and stats handles.
@@ -38,18 +42,41 @@ pub struct Listener {
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles).
-    pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Self {
-        let chain = |c: &ChainConfig| match &c.terminal {
-            Terminal::Http(h) => Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats))),
-            Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new(
-                (**t).clone(),
-                &shared.stats,
-            ))),
+    /// Fails when a chain's TLS certificates cannot be loaded.
+    pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Result<Self, String> {
+        let chain = |c: &ChainConfig| -> Result<Chain, String> {
+            Ok(match &c.terminal {
+                Terminal::Http(h) => {
+                    let tls = c
+                        .tls
+                        .as_ref()
+                        .map(|t| {
+                            tls::downstream(t).map_err(|e| {
+                                format!(
+                                    "listener '{}' filter chain '{}': transport_socket: {e}",
+                                    config.name, c.name
+                                )
+                            })
+                        })
+                        .transpose()?;
+                    if let Some(DownstreamTls::AwaitingSds(names)) = &tls {
+                        tracing::warn!(
+                            listener = %config.name, chain = %c.name, secrets = ?names,
+                            "TLS certificates come from SDS, which revoy does not implement yet; connections on this chain are refused"
+                        );
+                    }
+                    Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats)), tls)
+                }
+                Terminal::Tcp(t) => Chain::Tcp(
+                    Arc::new(crate::tcp::TcpProxy::new((**t).clone(), &shared.stats)),
+                    c.tls.is_some(),
+                ),
+            })
         };
         let prefix = config.stat_prefix();
-        Listener {
-            chains: config.chains.iter().map(chain).collect(),
-            default_chain: config.default_chain.as_ref().map(chain),
+        Ok(Listener {
+            chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
+            default_chain: config.default_chain.as_ref().map(chain).transpose()?,
             cx_total: shared
                 .stats
                 .counter(&format!("{prefix}.downstream_cx_total")),
@@ -60,7 +87,7 @@ impl Listener {
                 .stats
                 .counter(&format!("{prefix}.no_filter_chain_match")),
             config,
-        }
+        })
     }
 
     /// The compiled configuration.
@@ -156,17 +183,34 @@ impl Listener {
         self.cx_total.inc();
         self.cx_active.inc();
         match chain {
-            Chain::Http(hcm) => {
-                let ctx = ConnContext {
+            Chain::Http(hcm, tls) => {
+                let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
                     shared: shared.clone(),
-                    down: Downstream { peer, tls: false },
+                    down: Downstream { peer, tls },
                     local: destination,
                     original_dst: original,
                 };
-                http::serve(stream, Arc::new(ctx)).await;
+                match tls {
+                    None => http::serve(stream, Arc::new(ctx(false))).await,
+                    Some(DownstreamTls::Ready(acceptor)) => {
+                        let handshake =
+                            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+                        match handshake.await {
+                            Ok(Ok(tls_stream)) => {
+                                http::serve_tls(tls_stream, Arc::new(ctx(true))).await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        }
+                    }
+                    Some(DownstreamTls::AwaitingSds(_)) => {}
+                }
             }
-            Chain::Tcp(proxy) => {
+            Chain::Tcp(_, true) => {}
+            Chain::Tcp(proxy, false) => {
                 let lb = LbContext {
                     original_dst: original,
                     ..Default::default()
