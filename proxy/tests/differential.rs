@@ -586,6 +586,13 @@ async fn admin() {
         )
         .at_admin()
         .expect("body", "listener_manager.workers_started: 1\nserver.state: 0\n"),
+        Case::raw(
+            "pilot-agent config-received query, unescaped",
+            b"GET /stats?usedonly&filter=^(cluster_manager\\.cds|listener_manager\\.lds)\\.(update_success|update_rejected)$ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
+        )
+        .at_admin(),
+        Case::admin("listeners text", "GET", "/listeners"),
+        Case::admin("listeners json", "GET", "/listeners?format=json"),
     ];
     run("admin", &cases).await;
 }

@@ -308,13 +308,43 @@ fn response_observation(
     match echo {
         Some(echo) => record_echo(&mut obs, &echo),
         None => {
-            obs.insert(
-                "body".to_string(),
-                String::from_utf8_lossy(body).into_owned(),
-            );
+            obs.insert("body".to_string(), body_text(body));
         }
     }
     obs
+}
+
+/// A local reply's body; JSON bodies are compared by value (keys sorted, compact), not layout.
+fn body_text(body: &[u8]) -> String {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(json @ (Value::Object(_) | Value::Array(_))) => {
+            format!("json:{}", canonical_json(&json))
+        }
+        _ => String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+fn canonical_json(value: &Value) -> String {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            let fields: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{}:{}", Value::from(k.as_str()), canonical_json(v)))
+                .collect();
+            format!("{{{}}}", fields.join(","))
+        }
+        Value::Array(items) => format!(
+            "[{}]",
+            items
+                .iter()
+                .map(canonical_json)
+                .collect::<Vec<_>>()
+                .join(",")
+        ),
+        other => other.to_string(),
+    }
 }
 
 fn record_echo(obs: &mut Observation, echo: &Value) {
