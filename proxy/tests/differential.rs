@@ -691,6 +691,18 @@ async fn tls() {
             .expect("upstream.header.x-chain", "tls_any"),
         Case::get("plaintext on the tls port", "/").expect("upstream.header.x-chain", "plaintext"),
         Case::grpc("grpc over tls", "/pkg.Svc/M", "x").tls(Some("a.test")),
+        Case::tcp("tls passthrough by sni", "hello")
+            .listener(1)
+            .tls(Some("a.test"))
+            .expect("tcp.reply", "a:hello"),
+        Case::tcp("tls passthrough by wildcard sni", "hello")
+            .listener(1)
+            .tls(Some("x.wild.test"))
+            .expect("tcp.reply", "b:hello"),
+        Case::tcp("tls passthrough without a matching sni", "hello")
+            .listener(1)
+            .tls(Some("other.test")),
+        Case::tcp("plaintext on the passthrough port", "hello").listener(1),
     ];
     run("tls", &cases).await;
 }

@@ -138,7 +138,13 @@ async fn observe_once(
             None => http(case, stream, render).await,
         },
         Kind::WebSocket(message) => ws(case, stream, message, render).await,
-        Kind::Tcp(line) => tcp(stream, line, case.watch_close).await,
+        Kind::Tcp(line) => match &case.tls {
+            Some(sni) => {
+                let stream = tls::connect(stream, sni.as_deref(), b"").await?;
+                tcp(stream, line, case.watch_close).await
+            }
+            None => tcp(stream, line, case.watch_close).await,
+        },
         Kind::Raw(bytes) => raw(stream, bytes).await,
     }
 }
@@ -451,8 +457,8 @@ async fn ws(
     Ok(obs)
 }
 
-async fn tcp(
-    mut stream: TcpStream,
+async fn tcp<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
     line: &str,
     watch_close: Option<Duration>,
 ) -> Result<Observation, String> {

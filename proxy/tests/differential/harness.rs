@@ -1,7 +1,8 @@
 //! Runs one config template through Envoy and revoy and compares every case.
 //!
 //! Placeholders in a template: `{{admin}}` and `{{listener_N}}` get fresh ports per proxy;
-//! `{{upstream_X}}` is an HTTP echo with id `X`, `{{tcp_X}}` a TCP echo with id `X`, and
+//! `{{upstream_X}}` is an HTTP echo with id `X`, `{{tcp_X}}` a TCP echo with id `X`,
+//! `{{tls_X}}` a TLS-terminating line echo with id `X`, and
 //! `{{closed_X}}` a port nobody listens on; these are shared by both proxies.
 //! `{{certs_dir}}` is the directory of the test certificate (`server.pem`, `server.key`).
 //!
@@ -63,6 +64,8 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
             upstreams.http_echo(id).await
         } else if let Some(id) = name.strip_prefix("tcp_") {
             upstreams.tcp_echo(id).await
+        } else if let Some(id) = name.strip_prefix("tls_") {
+            upstreams.tls_echo(id).await
         } else if name.starts_with("closed_") {
             free_port()
         } else {

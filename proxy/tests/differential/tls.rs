@@ -12,7 +12,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-/// Completes a TLS handshake on `stream`; `sni` of `None` sends no SNI (the server name is an IP).
+/// Completes a TLS handshake on `stream`; `sni` of `None` sends no SNI (the server name is an IP),
+/// an empty `alpn` offers no ALPN.
 pub async fn connect(
     stream: TcpStream,
     sni: Option<&str>,
@@ -25,7 +26,9 @@ pub async fn connect(
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
         .with_no_client_auth();
-    config.alpn_protocols = vec![alpn.to_vec()];
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
     let name = match sni {
         Some(host) => ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?,
         None => ServerName::from(std::net::IpAddr::from([127, 0, 0, 1])),

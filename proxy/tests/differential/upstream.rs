@@ -1,5 +1,5 @@
 //! In-test upstream servers on loopback: an HTTP echo (HTTP/1.1 and h2c, gRPC unary, WebSocket)
-//! and a TCP echo. Each says which upstream answered.
+//! a TCP echo and a TLS echo. Each says which upstream answered.
 //!
 //! The HTTP echo answers a JSON document `{upstream, peer, method, path, host, version, headers,
 //! body, conn_seq}` describing the request it received (`peer` is the proxy's source IP,
@@ -105,6 +105,65 @@ impl Upstreams {
         }));
         port
     }
+}
+
+impl Upstreams {
+    /// Starts a TLS echo (the test certificate from `certs/`): after the handshake, each line `L`
+    /// is answered `id:L`; returns its port.
+    pub async fn tls_echo(&mut self, id: &str) -> u16 {
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_tls_config()));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind tls echo");
+        let port = listener.local_addr().expect("local addr").port();
+        let id = id.to_string();
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let (id, acceptor) = (id.clone(), acceptor.clone());
+                tokio::spawn(async move {
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let (read, mut write) = tokio::io::split(tls);
+                    let mut lines = BufReader::new(read).lines();
+                    for _ in 0..64 {
+                        let Ok(Some(line)) = lines.next_line().await else {
+                            return;
+                        };
+                        if write
+                            .write_all(format!("{id}:{line}\n").as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        }));
+        port
+    }
+}
+
+/// The rustls server config serving `certs/server.pem` with `certs/server.key`.
+fn server_tls_config() -> rustls::ServerConfig {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/differential/certs");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .expect("read server.pem")
+        .collect::<Result<_, _>>()
+        .expect("parse server.pem");
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("read server.key");
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("tls versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("server certificate")
 }
 
 type EchoBody = BoxBody<Bytes, Infallible>;
