@@ -110,7 +110,7 @@ impl Host {
             && self.health == other.health
     }
 
-    /// How many HTTP/1.1 connections sit idle in this host's pool.
+    /// How many HTTP/1.1 connections are pooled for this host (idle, or finishing a response).
     pub fn idle_http1_connections(&self) -> usize {
         self.pool.idle_http1()
     }

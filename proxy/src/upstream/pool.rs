@@ -145,28 +145,33 @@ pub(crate) async fn send_h1(
     }
 }
 
+/// Takes the most recently used connection that is ready for a request. Connections whose
+/// previous response is still streaming stay listed (they are returned as soon as they are
+/// needed again); closed or idle-expired ones are dropped.
 fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<IdleH1> {
     let mut idle = host.pool.idle_h1.lock().expect("pool lock");
-    while let Some(c) = idle.pop() {
-        let fresh = idle_timeout.is_none_or(|t| c.since.elapsed() < t);
-        if fresh && c.sender.is_ready() {
-            return Some(c);
+    let mut i = idle.len();
+    while i > 0 {
+        i -= 1;
+        let c = &idle[i];
+        let expired = idle_timeout.is_some_and(|t| c.since.elapsed() >= t);
+        if c.sender.is_closed() || (expired && c.sender.is_ready()) {
+            idle.swap_remove(i);
+        } else if c.sender.is_ready() {
+            return Some(idle.swap_remove(i));
         }
     }
     None
 }
 
-/// Returns the connection to the idle list once its response is fully read.
+/// Lists the connection again right away; it is handed out once its response is fully read
+/// (no task per request to wait for that).
 fn release_h1(host: Arc<Host>, mut idle: IdleH1, max_requests: Option<u32>) {
     if max_requests.is_some_and(|m| idle.used >= m) {
         return;
     }
-    tokio::spawn(async move {
-        if idle.sender.ready().await.is_ok() {
-            idle.since = Instant::now();
-            host.pool.idle_h1.lock().expect("pool lock").push(idle);
-        }
-    });
+    idle.since = Instant::now();
+    host.pool.idle_h1.lock().expect("pool lock").push(idle);
 }
 
 async fn connect_h1(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<IdleH1, UpstreamError> {
