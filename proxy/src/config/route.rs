@@ -7,6 +7,7 @@
 mod action;
 mod matchers;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3 as core;
@@ -43,14 +44,16 @@ pub fn compile_route_config(
         .map(|(i, m)| {
             action::mirror(m).map_err(|e| e.within(&format!("request_mirror_policies[{i}]")))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Arc<[_]>, _>>()?;
     let inherited = action::Inherited {
         mirrors: &table_mirrors,
         max_body: rc
             .max_direct_response_body_size_bytes
             .map_or(4096, |v| v.value) as usize,
     };
-    let mut domains = DomainIndex::default();
+    let _regexes = matchers::RegexCacheScope::enter();
+    let mut domains =
+        DomainIndex::with_capacity(rc.virtual_hosts.iter().map(|vh| vh.domains.len()).sum());
     let mut virtual_hosts = Vec::with_capacity(rc.virtual_hosts.len());
     for (i, vh) in rc.virtual_hosts.iter().enumerate() {
         let compiled = compile_virtual_host(vh, &inherited, clusters)
@@ -93,6 +96,7 @@ pub fn compile_route_config(
                 header_name(h).map_err(|e| e.within(&format!("internal_only_headers[{i}]")))
             })
             .collect::<Result<_, _>>()?,
+        tls_redirect: tls_redirect_route(),
     })
 }
 
@@ -126,7 +130,7 @@ fn compile_virtual_host(
         .map(|(i, m)| {
             action::mirror(m).map_err(|e| e.within(&format!("request_mirror_policies[{i}]")))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Arc<[_]>, _>>()?;
     let retry = vh
         .retry_policy
         .as_ref()
@@ -142,14 +146,12 @@ fn compile_virtual_host(
         buffer_limit: vh.per_request_buffer_limit_bytes.map(|v| v.value),
         max_body: inherited.max_body,
     };
-    let routes = vh
-        .routes
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            compile_route(r, &vh_ctx, clusters).map_err(|e| e.within(&format!("routes[{i}]")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut routes = Vec::with_capacity(vh.routes.len());
+    for (i, r) in vh.routes.iter().enumerate() {
+        routes.push(
+            compile_route(r, &vh_ctx, clusters).map_err(|e| e.within(&format!("routes[{i}]")))?,
+        );
+    }
     let virtual_clusters = vh
         .virtual_clusters
         .iter()
@@ -181,7 +183,6 @@ fn compile_virtual_host(
         )?,
         include_request_attempt_count: vh.include_request_attempt_count,
         include_attempt_count_in_response: vh.include_attempt_count_in_response,
-        tls_redirect: tls_redirect_route(),
     })
 }
 

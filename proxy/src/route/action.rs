@@ -1,6 +1,7 @@
 //! What a matched route does: forward to a cluster, redirect, or answer directly.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -80,13 +81,14 @@ impl WeightedClusters {
     }
 }
 
-/// The cluster chosen for one request.
+/// The cluster chosen for one request. `'t` is the route table's lifetime: nothing here
+/// borrows the request.
 #[derive(Debug, Clone)]
-pub struct PickedCluster<'a> {
-    /// Cluster name.
-    pub name: Cow<'a, str>,
+pub struct PickedCluster<'t> {
+    /// Cluster name: borrowed from the table, or owned when read from a request header.
+    pub name: Cow<'t, str>,
     /// The weighted entry, when `weighted_clusters` chose it.
-    pub weighted: Option<&'a WeightedCluster>,
+    pub weighted: Option<&'t WeightedCluster>,
 }
 
 /// How the path is rewritten before forwarding.
@@ -154,8 +156,9 @@ pub struct Forward {
     pub retry_policy: Option<RetryPolicy>,
     /// Hash policies, in order.
     pub hash_policies: Vec<HashPolicy>,
-    /// Effective mirror policies (route's, else the virtual host's, else the table's).
-    pub mirror_policies: Vec<MirrorPolicy>,
+    /// Effective mirror policies (route's, else the virtual host's, else the table's);
+    /// inherited lists are shared, not copied.
+    pub mirror_policies: Arc<[MirrorPolicy]>,
     /// Per-route upgrade settings.
     pub upgrades: Vec<UpgradeSetting>,
     /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
@@ -166,19 +169,18 @@ pub struct Forward {
 
 impl Forward {
     /// The cluster for this request; `None` when a `cluster_header` is absent or empty (the
-    /// caller answers with [`Forward::cluster_not_found_response_code`]).
-    pub fn pick_cluster<'a>(&'a self, req: &RouteRequest<'a>) -> Option<PickedCluster<'a>> {
+    /// caller answers with [`Forward::cluster_not_found_response_code`]). The result borrows
+    /// only the route table: names taken from a request header are owned.
+    pub fn pick_cluster<'t>(&'t self, req: &RouteRequest<'_>) -> Option<PickedCluster<'t>> {
         match &self.cluster {
             ClusterSpecifier::Name(n) => Some(PickedCluster {
                 name: Cow::Borrowed(n),
                 weighted: None,
             }),
-            ClusterSpecifier::Header(h) => {
-                non_empty(header_value(req, h)).map(|name| PickedCluster {
-                    name,
-                    weighted: None,
-                })
-            }
+            ClusterSpecifier::Header(h) => owned_header(req, h).map(|name| PickedCluster {
+                name,
+                weighted: None,
+            }),
             ClusterSpecifier::Weighted(w) => {
                 let random = w
                     .random_value_header
@@ -188,7 +190,7 @@ impl Forward {
                     .unwrap_or(req.random_value);
                 let c = w.pick(random)?;
                 let name = match &c.cluster_header {
-                    Some(h) => non_empty(header_value(req, h))?,
+                    Some(h) => owned_header(req, h)?,
                     None => Cow::Borrowed(c.name.as_str()),
                 };
                 Some(PickedCluster {
@@ -209,8 +211,11 @@ impl Forward {
     }
 }
 
-fn non_empty(v: Option<Cow<'_, str>>) -> Option<Cow<'_, str>> {
-    v.filter(|v| !v.is_empty())
+/// A non-empty request header value as an owned `Cow` (it must not borrow the request).
+fn owned_header<'t>(req: &RouteRequest<'_>, name: &str) -> Option<Cow<'t, str>> {
+    header_value(req, name)
+        .filter(|v| !v.is_empty())
+        .map(|v| Cow::Owned(v.into_owned()))
 }
 
 /// The path part of a redirect.

@@ -45,6 +45,14 @@ pub enum DomainConflict {
 }
 
 impl DomainIndex {
+    /// An empty index with room for `exact` exact domains.
+    pub fn with_capacity(exact: usize) -> Self {
+        DomainIndex {
+            exact: HashMap::with_capacity(exact),
+            ..Default::default()
+        }
+    }
+
     /// Adds `domain` (already lower-cased) for virtual host `vhost`; `slot` is the domain's
     /// index within that virtual host (kept for explanations).
     pub fn insert(

@@ -142,8 +142,6 @@ pub struct VirtualHost {
     pub include_request_attempt_count: bool,
     /// `include_attempt_count_in_response`.
     pub include_attempt_count_in_response: bool,
-    /// The 301-to-https route returned when `require_tls` rejects a request.
-    pub tls_redirect: Route,
 }
 
 impl VirtualHost {
@@ -174,6 +172,8 @@ pub struct RouteTable {
     pub(crate) headers: HeaderRules,
     pub(crate) most_specific_header_mutations_wins: bool,
     pub(crate) internal_only_headers: Vec<http::HeaderName>,
+    /// The 301-to-https route returned when a virtual host's `require_tls` rejects a request.
+    pub(crate) tls_redirect: Route,
 }
 
 /// The outcome of routing one request.
@@ -264,7 +264,7 @@ impl RouteTable {
             TlsRequirement::All => !req.https,
         };
         if needs_tls {
-            return Some(selected(&vh.tls_redirect, None));
+            return Some(selected(&self.tls_redirect, None));
         }
         let path = self.match_path(req.path);
         vh.routes

@@ -2,6 +2,7 @@
 
 #![allow(deprecated)] // Envoy still honours the deprecated fields read here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -21,14 +22,14 @@ use crate::route::{
 
 /// Settings a virtual host inherits from the route configuration.
 pub(super) struct Inherited<'a> {
-    pub mirrors: &'a [MirrorPolicy],
+    pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub max_body: usize,
 }
 
 /// Settings a route inherits from its virtual host.
 pub(super) struct VhostDefaults<'a> {
     pub retry: Option<&'a RetryPolicy>,
-    pub mirrors: &'a [MirrorPolicy],
+    pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub buffer_limit: Option<u32>,
     pub max_body: usize,
 }
@@ -248,9 +249,9 @@ pub(super) fn forward(
             .map(|(i, h)| hash_policy(h).map_err(|e| e.within(&format!("hash_policy[{i}]"))))
             .collect::<Result<_, _>>()?,
         mirror_policies: if mirrors.is_empty() {
-            vh.mirrors.to_vec()
+            Arc::clone(vh.mirrors)
         } else {
-            mirrors
+            mirrors.into()
         },
         upgrades: ra
             .upgrade_configs

@@ -2,6 +2,9 @@
 
 #![allow(deprecated)] // Envoy still honours the deprecated fields read here.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::envoy::r#type::matcher::v3 as m;
 use proto::pb::envoy::r#type::v3 as ty;
@@ -14,20 +17,75 @@ use crate::route::matcher::{
 };
 
 /// Compiles an RE2-style regex. `anchored`: the regex must match the whole input (RE2
-/// `FullMatch`), as Envoy's matchers require.
+/// `FullMatch`), as Envoy's matchers require. Inside a [`RegexCacheScope`], identical
+/// patterns are compiled once and shared.
 pub fn compile_regex(re: &str, anchored: bool) -> Result<regex::Regex, ConfigError> {
-    let src = if anchored {
-        format!("^(?:{re})$")
+    if let Some(hit) =
+        REGEX_CACHE.with_borrow(|c| c.as_ref()?[usize::from(anchored)].get(re).cloned())
+    {
+        return Ok(hit);
+    }
+    let compiled = if anchored {
+        regex::Regex::new(&format!("^(?:{re})$"))
     } else {
-        re.to_owned()
-    };
-    regex::Regex::new(&src).map_err(|e| {
+        regex::Regex::new(re)
+    }
+    .map_err(|e| {
         let detail = match &e {
             regex::Error::Syntax(s) => s.lines().last().unwrap_or(s).trim().to_owned(),
             other => other.to_string(),
         };
         ConfigError::new("regex", format!("Invalid regex '{re}': {detail}"))
-    })
+    })?;
+    REGEX_CACHE.with_borrow_mut(|c| {
+        if let Some(c) = c {
+            c[usize::from(anchored)].insert(re.to_owned(), compiled.clone());
+        }
+    });
+    Ok(compiled)
+}
+
+/// Compiled regexes by pattern (unanchored, anchored) while a [`RegexCacheScope`] is open on
+/// this thread.
+type RegexCache = [HashMap<String, regex::Regex>; 2];
+
+thread_local! {
+    static REGEX_CACHE: RefCell<Option<RegexCache>> = const { RefCell::new(None) };
+}
+
+/// While alive, [`compile_regex`] on this thread reuses the regexes it already compiled
+/// (a `Regex` clone shares the compiled program). Compiling one route table opens one scope,
+/// so a table full of identical patterns (Istio's header matchers) compiles each once.
+pub struct RegexCacheScope {
+    outermost: bool,
+}
+
+impl RegexCacheScope {
+    /// Opens a scope (nested scopes share the outermost one's cache).
+    pub fn enter() -> Self {
+        let outermost = REGEX_CACHE.with_borrow_mut(|c| {
+            let fresh = c.is_none();
+            if fresh {
+                *c = Some(Default::default());
+            }
+            fresh
+        });
+        RegexCacheScope { outermost }
+    }
+}
+
+/// How many regexes the open scope holds (`None` outside a scope).
+#[cfg(test)]
+pub(crate) fn cached_regex_count() -> Option<usize> {
+    REGEX_CACHE.with_borrow(|c| c.as_ref().map(|c| c[0].len() + c[1].len()))
+}
+
+impl Drop for RegexCacheScope {
+    fn drop(&mut self) {
+        if self.outermost {
+            REGEX_CACHE.with_borrow_mut(|c| *c = None);
+        }
+    }
 }
 
 fn regex_matcher(r: &m::RegexMatcher) -> Result<regex::Regex, ConfigError> {

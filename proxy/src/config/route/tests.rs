@@ -105,3 +105,24 @@ fn direct_response_body_limit() {
     assert_eq!(&d.body[..], b"tea");
     assert_eq!(d.content_type(), Some("text/plain"));
 }
+
+#[test]
+fn regex_cache_lives_for_one_scope() {
+    use super::matchers::{RegexCacheScope, compile_regex};
+    let cached = || super::matchers::cached_regex_count();
+    assert_eq!(cached(), None);
+    {
+        let _scope = RegexCacheScope::enter();
+        let a = compile_regex("ab+c", true).unwrap();
+        let b = compile_regex("ab+c", true).unwrap();
+        compile_regex("ab+c", false).unwrap();
+        {
+            let _nested = RegexCacheScope::enter();
+            compile_regex("x", true).unwrap();
+        }
+        assert_eq!(cached(), Some(3));
+        assert!(a.is_match("abbc") && b.is_match("abbc") && !b.is_match("xabbc"));
+        assert!(compile_regex("(", true).is_err());
+    }
+    assert_eq!(cached(), None);
+}
