@@ -1,5 +1,6 @@
 //! Resilience and load-balancing policies carried by a route: retries, hashing, mirroring.
 
+use std::borrow::Cow;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 use std::time::Duration;
@@ -140,19 +141,19 @@ pub struct MirrorPolicy {
 }
 
 impl MirrorPolicy {
-    /// The shadow cluster for this request, when it is mirrored at all.
-    pub fn shadow_cluster<'a>(
-        &'a self,
-        req: &RouteRequest<'a>,
-    ) -> Option<std::borrow::Cow<'a, str>> {
+    /// The shadow cluster for this request, when it is mirrored at all. Borrows only the
+    /// policy: a name read from a request header is owned.
+    pub fn shadow_cluster<'t>(&'t self, req: &RouteRequest<'_>) -> Option<Cow<'t, str>> {
         if let Some(f) = &self.runtime_fraction
             && !f.enabled(req)
         {
             return None;
         }
         match &self.cluster_header {
-            Some(h) => header_value(req, h).filter(|v| !v.is_empty()),
-            None => Some(std::borrow::Cow::Borrowed(self.cluster.as_str())),
+            Some(h) => header_value(req, h)
+                .filter(|v| !v.is_empty())
+                .map(|v| Cow::Owned(v.into_owned())),
+            None => Some(Cow::Borrowed(self.cluster.as_str())),
         }
     }
 

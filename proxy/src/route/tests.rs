@@ -200,3 +200,37 @@ fn require_tls_redirects() {
     let req = RouteRequest::new(&Method::GET, "a.com", "/x", &internal);
     assert_eq!(t.select(&req).unwrap().route_index, Some(0));
 }
+
+#[test]
+fn picked_clusters_outlive_the_request() {
+    let t = table(
+        r#"
+name: rc
+virtual_hosts:
+- name: all
+  domains: ["*"]
+  routes:
+  - match: {prefix: /w}
+    route:
+      weighted_clusters:
+        clusters:
+        - {name: w1, weight: 1}
+        - {cluster_header: x-cluster, weight: 1}
+  - match: {prefix: /h}
+    route: {cluster_header: x-cluster}
+"#,
+    );
+    let pick = |path: &str, random: u64| {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-cluster", HeaderValue::from_static("from-header"));
+        let mut req = RouteRequest::new(&Method::GET, "any", path, &headers);
+        req.random_value = random;
+        let selected = t.select(&req).unwrap();
+        let picked = selected.route.forward().unwrap().pick_cluster(&req);
+        drop(headers);
+        picked.map(|p| (p.name.into_owned(), p.weighted.map(|w| w.weight)))
+    };
+    assert_eq!(pick("/w", 0), Some(("w1".to_owned(), Some(1))));
+    assert_eq!(pick("/w", 1), Some(("from-header".to_owned(), Some(1))));
+    assert_eq!(pick("/h", 0), Some(("from-header".to_owned(), None)));
+}
