@@ -6,6 +6,7 @@
 //! xDS `DiscoveryResponse` carries), and `compile_listener`. Listeners revoy cannot compile are
 //! listed with their errors before the measurements.
 
+use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::path::PathBuf;
 
@@ -50,18 +51,25 @@ fn decode_all(codec: &Codec, text: &str) -> Vec<Listener> {
         .collect()
 }
 
-/// Compiles every listener; returns how many compiled and the failures as `name: error`.
-fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>) {
+/// Compiles every listener; returns how many compiled, the failures as `name: error`, and
+/// the distinct warning messages (without their field path) with how often each occurred.
+fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<String, usize>) {
     let mut ok = 0;
     let mut failures = Vec::new();
+    let mut distinct = BTreeMap::new();
     for l in listeners {
         let mut warnings = Vec::new();
-        match compile_listener(l, None, &mut warnings) {
+        let result = compile_listener(l, None, &mut warnings);
+        for w in warnings {
+            let message = w.split_once(": ").map_or(w.as_str(), |(_, m)| m);
+            *distinct.entry(message.to_owned()).or_insert(0) += 1;
+        }
+        match result {
             Ok(_) => ok += 1,
             Err(e) => failures.push(format!("{}: {e}", l.name)),
         }
     }
-    (ok, failures)
+    (ok, failures, distinct)
 }
 
 fn listeners(c: &mut Criterion) {
@@ -78,7 +86,7 @@ fn listeners(c: &mut Criterion) {
     let decoded = decode_all(&codec, &text);
     let binary: Vec<Vec<u8>> = decoded.iter().map(Message::encode_to_vec).collect();
     let total_bytes: usize = binary.iter().map(Vec::len).sum();
-    let (ok, failures) = compile_report(&decoded);
+    let (ok, failures, warnings) = compile_report(&decoded);
     eprintln!(
         "listeners: {} decoded ({} bytes JSON, {total_bytes} bytes protobuf); {ok} compile, {} fail",
         decoded.len(),
@@ -87,6 +95,9 @@ fn listeners(c: &mut Criterion) {
     );
     for f in &failures {
         eprintln!("  compile failure: {f}");
+    }
+    for (w, n) in &warnings {
+        eprintln!("  compile warning (x{n}): {w}");
     }
 
     let mut group = c.benchmark_group(format!("listeners/istio pr-37071 x{}", decoded.len()));
