@@ -111,7 +111,7 @@ impl Exchange<'_> {
                         r,
                         e.host(),
                         Ok(Outcome::Local(
-                            StatusCode::SERVICE_UNAVAILABLE,
+                            e.local_reply_status(),
                             failure_body(&e, attempt),
                         )),
                     )
@@ -180,7 +180,7 @@ impl Exchange<'_> {
                 self.per_try_timeout_stat();
                 self.finish(Err(()))
             }
-            Ok(Err(e)) => Outcome::Local(StatusCode::SERVICE_UNAVAILABLE, e.local_reply_body()),
+            Ok(Err(e)) => Outcome::Local(e.local_reply_status(), e.local_reply_body()),
             Ok(Ok(resp)) => Outcome::Response(resp),
         }
     }

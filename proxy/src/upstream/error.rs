@@ -122,6 +122,18 @@ impl UpstreamError {
     }
 
     /// Classifies a hyper client error seen on `host`.
+    /// The local reply status Envoy's router uses: 502 for an upstream protocol error
+    /// (e.g. response headers over the limit), else 503.
+    pub fn local_reply_status(&self) -> http::StatusCode {
+        match self {
+            UpstreamError::Reset {
+                reason: ResetReason::ProtocolError,
+                ..
+            } => http::StatusCode::BAD_GATEWAY,
+            _ => http::StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
     pub(crate) fn from_hyper(host: SocketAddr, e: &hyper::Error) -> Self {
         let reason = if e.is_parse() {
             ResetReason::ProtocolError

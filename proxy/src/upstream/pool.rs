@@ -17,7 +17,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::body::Body;
 
-use super::error::UpstreamError;
+use super::error::{ResetReason, UpstreamError};
 use super::host::Host;
 use super::stats::ClusterStats;
 
@@ -63,6 +63,20 @@ impl Pool {
     pub(crate) fn idle_http1(&self) -> usize {
         self.idle_h1.lock().expect("pool lock").len()
     }
+}
+
+/// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
+/// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one): a larger head is
+/// an upstream protocol error.
+const MAX_RESPONSE_HEAD: usize = 80 * 1024;
+
+/// Whether a response head is over [`MAX_RESPONSE_HEAD`].
+fn head_too_large(resp: &Response<Incoming>) -> bool {
+    resp.headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum::<usize>()
+        > MAX_RESPONSE_HEAD
 }
 
 struct IdleH1 {
@@ -131,6 +145,13 @@ pub(crate) async fn send_h1(
             }
         };
         match idle.sender.try_send_request(req).await {
+            Ok(resp) if head_too_large(&resp) => {
+                return Err(UpstreamError::Reset {
+                    host: host.addr,
+                    reason: ResetReason::ProtocolError,
+                    detail: "response headers over max_response_headers_kb".into(),
+                });
+            }
             Ok(resp) => {
                 idle.used += 1;
                 release_h1(host.clone(), idle, opts.max_requests);

@@ -74,6 +74,9 @@ pub struct Case {
     pub expect: Vec<(String, String)>,
     /// Fields left out of the comparison (e.g. a body that revoy deliberately extends).
     pub ignore: Vec<String>,
+    /// A deliberate difference (listed in the README): instead of comparing, revoy must show
+    /// these `(field, value)`s.
+    pub deliberate: Vec<(String, String)>,
     /// Compare whether the upstream connection was reused (left out by default, since it
     /// depends on every earlier case of the config).
     pub pooling: bool,
@@ -102,6 +105,7 @@ impl Case {
             pool: Vec::new(),
             expect: Vec::new(),
             ignore: Vec::new(),
+            deliberate: Vec::new(),
             pooling: false,
         }
     }
@@ -262,6 +266,13 @@ impl Case {
     /// Leaves `field` out of the comparison.
     pub fn ignore(mut self, field: &str) -> Case {
         self.ignore.push(field.to_string());
+        self
+    }
+
+    /// Marks a deliberate difference from Envoy (README, "Deliberate differences"): revoy is
+    /// not compared with Envoy on this case but must show `field` with `value`.
+    pub fn deliberate(mut self, field: &str, value: &str) -> Case {
+        self.deliberate.push((field.to_string(), value.to_string()));
         self
     }
 

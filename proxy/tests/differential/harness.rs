@@ -128,7 +128,22 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
         if std::env::var_os("REVOY_DIFF_VERBOSE").is_some() {
             eprintln!("  envoy: {expected:#?}\n  {}: {actual:#?}", peer.name);
         }
-        let mut lines = diff(&expected, &actual, &peer.name);
+        let mut lines = if case.deliberate.is_empty() || peer.name != "revoy" {
+            diff(&expected, &actual, &peer.name)
+        } else {
+            case.deliberate
+                .iter()
+                .filter(|(field, value)| {
+                    actual.get(field).map_or("<missing>", String::as_str) != value
+                })
+                .map(|(field, value)| {
+                    format!(
+                        "  DELIBERATE: revoy's {field} = {:?}, expected {value:?}",
+                        actual.get(field)
+                    )
+                })
+                .collect()
+        };
         for (field, value) in &case.expect {
             if expected.get(field) != Some(value) {
                 lines.push(format!(
