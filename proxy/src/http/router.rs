@@ -23,7 +23,7 @@ use crate::config::hcm::{Routes, StripPort};
 use crate::route::action::HostRewrite;
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
-use crate::upstream::LbContext;
+use crate::upstream::{LbContext, UpstreamHost};
 
 static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
 static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
@@ -180,9 +180,21 @@ async fn route_and_forward(
     let Some(selected) = table.select(&route_req) else {
         return local_reply(StatusCode::NOT_FOUND, "");
     };
+    let protocol = match req.version() {
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2",
+        _ => "HTTP/1.1",
+    };
     let fmt = FormatContext {
         downstream_remote: Some(ctx.down.peer),
+        downstream_direct_remote: Some(ctx.down.peer),
         downstream_local: Some(ctx.local),
+        protocol: Some(protocol),
+        request_method: Some(method.as_str()),
+        request_scheme: Some(if https { "https" } else { "http" }),
+        request_authority: Some(&host_full),
+        request_path: Some(&path),
+        start_time: Some(std::time::SystemTime::now()),
         ..Default::default()
     };
     match &selected.route.action {
@@ -193,7 +205,16 @@ async fn route_and_forward(
                 body::full(dr.body.clone())
             });
             *resp.status_mut() = dr.status;
-            if let Some(ct) = dr.content_type() {
+            let fmt = FormatContext {
+                request_headers: Some(&route_headers),
+                response_status: Some(dr.status.as_u16()),
+                ..fmt
+            };
+            // Envoy applies the response header rules before it adds the body's headers.
+            selected.apply_response_headers(None, resp.headers_mut(), &fmt);
+            if let Some(ct) = dr.content_type()
+                && !resp.headers().contains_key(header::CONTENT_TYPE)
+            {
                 resp.headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
             }
@@ -204,7 +225,6 @@ async fn route_and_forward(
             {
                 resp.headers_mut().insert(header::LOCATION, v);
             }
-            selected.apply_response_headers(None, resp.headers_mut(), &fmt);
             resp
         }
         Action::NonForwarding => local_reply(StatusCode::NOT_FOUND, ""),
@@ -214,6 +234,12 @@ async fn route_and_forward(
             if let Ok(v) = HeaderValue::from_str(&location) {
                 resp.headers_mut().insert(header::LOCATION, v);
             }
+            let fmt = FormatContext {
+                request_headers: Some(&route_headers),
+                response_code: Some(r.status.as_u16()),
+                response_status: Some(r.status.as_u16()),
+                ..fmt
+            };
             selected.apply_response_headers(None, resp.headers_mut(), &fmt);
             resp
         }
@@ -256,7 +282,7 @@ async fn route_and_forward(
             {
                 req.headers_mut().insert(&ORIGINAL_HOST, v);
             }
-            let authority = new_host.unwrap_or(host_full);
+            let authority = new_host.unwrap_or_else(|| host_full.clone());
             if let Ok(v) = HeaderValue::from_str(&authority) {
                 req.headers_mut().insert(header::HOST, v);
             }
@@ -363,10 +389,6 @@ async fn route_and_forward(
                 },
                 None => run.await,
             };
-            let fmt = FormatContext {
-                upstream_cluster: Some(&cluster_name),
-                ..fmt
-            };
             let mut resp = match outcome {
                 Outcome::Local(status, text) => local_reply(status, &text),
                 Outcome::Response(resp) => {
@@ -382,6 +404,15 @@ async fn route_and_forward(
                     }
                     resp
                 }
+            };
+            let status = resp.status().as_u16();
+            let fmt = FormatContext {
+                upstream_cluster: Some(&cluster_name),
+                upstream_remote: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
+                request_headers: Some(&route_headers),
+                response_code: Some(status),
+                response_status: Some(status),
+                ..fmt
             };
             selected.apply_response_headers(weighted, resp.headers_mut(), &fmt);
             if vhost.include_attempt_count_in_response {

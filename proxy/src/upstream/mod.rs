@@ -26,7 +26,7 @@ pub use cluster::{Cluster, UpstreamConnection};
 pub use error::{ResetReason, UpstreamError};
 pub use host::{Host, HostStats};
 pub use lb::{HostSet, LbContext};
-pub use pool::ActiveConnection;
+pub use pool::{ActiveConnection, UpstreamHost};
 pub use stats::ClusterStats;
 
 /// All clusters by name. Cheap to clone; lookups never lock.

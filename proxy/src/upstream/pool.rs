@@ -70,6 +70,10 @@ impl Pool {
 /// an upstream protocol error.
 const MAX_RESPONSE_HEAD: usize = 80 * 1024;
 
+/// The upstream host that answered, attached to every upstream response.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamHost(pub SocketAddr);
+
 /// Whether a response head is over [`MAX_RESPONSE_HEAD`].
 fn head_too_large(resp: &Response<Incoming>) -> bool {
     resp.headers()
@@ -152,7 +156,8 @@ pub(crate) async fn send_h1(
                     detail: "response headers over max_response_headers_kb".into(),
                 });
             }
-            Ok(resp) => {
+            Ok(mut resp) => {
+                resp.extensions_mut().insert(UpstreamHost(host.addr));
                 idle.used += 1;
                 release_h1(host.clone(), idle, opts.max_requests);
                 return Ok(resp);
@@ -236,7 +241,10 @@ pub(crate) async fn send_h2(
             continue;
         }
         match sender.try_send_request(req).await {
-            Ok(resp) => return Ok(resp),
+            Ok(mut resp) => {
+                resp.extensions_mut().insert(UpstreamHost(host.addr));
+                return Ok(resp);
+            }
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
