@@ -12,4 +12,5 @@ mod typed_struct;
 pub use any::{UnpackError, pack, type_name_of, unpack};
 pub use codec::{Codec, DecodeError, Decoded, Format};
 pub use envoy_types::pb;
+pub use pool::embedded_descriptors;
 pub use typed_struct::{TypedStruct, UDPA_TYPED_STRUCT, XDS_TYPED_STRUCT};

@@ -10,6 +10,12 @@ use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet};
 
 static ENVOY_FDS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_types.bin"));
 
+/// The embedded FileDescriptorSet (a few MB, read only while a pool is built), so a process
+/// can hand its pages back to the OS once start-up is over.
+pub fn embedded_descriptors() -> &'static [u8] {
+    ENVOY_FDS
+}
+
 /// Every file (envoy-types' set plus the TypedStructs), with a message-name -> file index.
 struct Files {
     files: Vec<FileDescriptorProto>,

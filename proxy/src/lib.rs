@@ -10,6 +10,7 @@ pub mod http;
 pub mod listener;
 pub mod load;
 pub mod logging;
+pub mod memory;
 pub mod route;
 pub mod router_check;
 pub mod server;

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     drop(loaded);
-    release_freed_memory();
+    revoy::memory::release_startup_pages();
     match opts.mode {
         Mode::Validate => {
             for l in &compiled.listeners {
@@ -92,15 +92,6 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-    }
-}
-
-/// Returns memory freed after start-up (the proto descriptor pool used for decoding is tens of
-/// MB) to the OS; glibc keeps freed arenas otherwise.
-fn release_freed_memory() {
-    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

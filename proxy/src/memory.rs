@@ -1,0 +1,78 @@
+//! Giving start-up memory back to the OS. Decoding the bootstrap touches megabytes that the
+//! data path never reads again: heap freed after decoding, the embedded descriptor set, and
+//! the code of the JSON/YAML decoders. Once serving, those pages are released; anything still
+//! used is faulted back in from the executable on first touch.
+
+/// Releases freed heap and the executable's clean code and descriptor pages.
+pub fn release_startup_pages() {
+    // SAFETY: malloc_trim only returns free heap pages to the OS.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    drop_pages(proto::embedded_descriptors());
+    for (start, len) in executable_code_mappings() {
+        // SAFETY: the range is a read-only, file-backed, never-written (r-xp) mapping of our
+        // own executable; dropping its pages only makes the next access re-read them.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+/// Drops the whole pages inside a read-only static byte slice.
+fn drop_pages(bytes: &'static [u8]) {
+    let page = 4096usize;
+    let start = (bytes.as_ptr() as usize).div_ceil(page) * page;
+    let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
+    if end > start {
+        // SAFETY: [start, end) lies inside a `'static` read-only slice of the executable's
+        // read-only data, which is never written, so dropping the pages loses nothing.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+/// `(start, len)` of every `r-xp` mapping of the running executable.
+fn executable_code_mappings() -> Vec<(usize, usize)> {
+    let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
+        return Vec::new();
+    };
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let range = fields.next()?;
+            let perms = fields.next()?;
+            let path = fields.nth(3)?;
+            if perms != "r-xp" || std::path::Path::new(path) != exe {
+                return None;
+            }
+            let (a, b) = range.split_once('-')?;
+            let (a, b) = (
+                usize::from_str_radix(a, 16).ok()?,
+                usize::from_str_radix(b, 16).ok()?,
+            );
+            Some((a, b - a))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_executables_code() {
+        let code = executable_code_mappings();
+        assert!(!code.is_empty());
+        let here = finds_this_executables_code as usize;
+        assert!(code.iter().any(|(s, l)| (*s..s + l).contains(&here)));
+        let before = proto::embedded_descriptors().to_vec();
+        release_startup_pages();
+        // Dropped pages come back from the executable unchanged.
+        assert!(proto::embedded_descriptors() == before.as_slice());
+    }
+}
