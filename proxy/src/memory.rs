@@ -68,7 +68,7 @@ mod tests {
     fn finds_this_executables_code() {
         let code = executable_code_mappings();
         assert!(!code.is_empty());
-        let here = finds_this_executables_code as usize;
+        let here = finds_this_executables_code as fn() as usize;
         assert!(code.iter().any(|(s, l)| (*s..s + l).contains(&here)));
         let before = proto::embedded_descriptors().to_vec();
         release_startup_pages();
