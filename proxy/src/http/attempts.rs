@@ -78,8 +78,10 @@ impl Exchange<'_> {
             *req.version_mut() = head.version;
             *req.headers_mut() = head.headers.clone();
             if self.send_attempt_count {
-                req.headers_mut()
-                    .insert(&ATTEMPT_COUNT, HeaderValue::from(attempt));
+                req.headers_mut().insert(
+                    &ATTEMPT_COUNT,
+                    super::int_value::int_value(u64::from(attempt)),
+                );
             }
             if self.send_expected_timeout {
                 self.timeouts

@@ -9,13 +9,8 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use crate::config::hcm::{HcmConfig, ServerHeader};
 
 /// Headers that describe one hop and never cross the proxy.
-const HOP_BY_HOP: [&str; 5] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
-];
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -145,7 +140,12 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(hop_by_hop) {
         return;
     }
-    if let Some(conn) = headers.get(header::CONNECTION).cloned()
+    let plain_connection = headers.get(header::CONNECTION).is_none_or(|v| {
+        let v = v.as_bytes();
+        v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+    });
+    if !plain_connection
+        && let Some(conn) = headers.get(header::CONNECTION).cloned()
         && let Ok(list) = conn.to_str()
     {
         for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -159,7 +159,13 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    for name in HOP_BY_HOP {
+    for name in [
+        &header::CONNECTION,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+    ] {
         headers.remove(name);
     }
     let keep_te = headers
@@ -220,6 +226,8 @@ fn new_request_id() -> HeaderValue {
 
 /// Applies the connection manager's request rules to `headers`.
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
+    // Room for what the rules and the router add, so the map grows (and rehashes) once.
+    headers.reserve(8);
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
     if headers
@@ -327,6 +335,7 @@ fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Applies the response rules: hop-by-hop removal and the `server` header.
 pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {
+    headers.reserve(4);
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();

@@ -5,6 +5,7 @@ mod attempts;
 mod buffered_body;
 mod envoy_errors;
 pub mod forwarding;
+mod int_value;
 pub mod local_reply;
 mod mirror;
 mod path;

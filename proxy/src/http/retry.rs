@@ -146,6 +146,9 @@ struct RetryHeaders {
 }
 
 fn take_headers(headers: &mut HeaderMap) -> Option<RetryHeaders> {
+    if !headers.keys().any(|n| n.as_str().starts_with("x-envoy-")) {
+        return None;
+    }
     let on = headers.remove(&RETRY_ON);
     let grpc_on = headers.remove(&RETRY_GRPC_ON);
     let max = headers.remove(&MAX_RETRIES);

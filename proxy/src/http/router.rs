@@ -399,8 +399,10 @@ async fn route_and_forward(
                     *resp.version_mut() = downstream_version;
                     forwarding::mutate_response(cfg, resp.headers_mut(), false);
                     if !cfg.suppress_envoy_headers {
-                        resp.headers_mut()
-                            .insert(&UPSTREAM_SERVICE_TIME, HeaderValue::from(elapsed_ms(start)));
+                        resp.headers_mut().insert(
+                            &UPSTREAM_SERVICE_TIME,
+                            super::int_value::int_value(elapsed_ms(start)),
+                        );
                     }
                     resp
                 }
@@ -416,8 +418,10 @@ async fn route_and_forward(
             };
             selected.apply_response_headers(weighted, resp.headers_mut(), &fmt);
             if vhost.include_attempt_count_in_response {
-                resp.headers_mut()
-                    .insert(&ATTEMPT_COUNT, HeaderValue::from(attempts));
+                resp.headers_mut().insert(
+                    &ATTEMPT_COUNT,
+                    super::int_value::int_value(u64::from(attempts)),
+                );
             }
             resp
         }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName};
 
 use crate::route::action::{Forward, StreamDuration};
 
@@ -82,7 +82,7 @@ impl Timeouts {
     /// Sets `x-envoy-expected-rq-timeout-ms` for an attempt started `elapsed` after the first.
     pub fn set_expected(&self, headers: &mut HeaderMap, elapsed: Duration) {
         if let Some(ms) = self.expected_ms(elapsed) {
-            headers.insert(&EXPECTED_TIMEOUT, HeaderValue::from(ms));
+            headers.insert(&EXPECTED_TIMEOUT, super::int_value::int_value(ms));
         }
     }
 }
