@@ -167,6 +167,9 @@ where
     builder
         .http1()
         .timer(TokioTimer::new())
+        // Envoy has no request-headers timeout unless `request_headers_timeout` is set; hyper's
+        // default would arm a timer for every request.
+        .header_read_timeout(None)
         .preserve_header_case(false);
     builder.http2().timer(TokioTimer::new());
     let builder = match codec {

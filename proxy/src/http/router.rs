@@ -247,7 +247,7 @@ async fn route_and_forward(
             let Some(picked) = fwd.pick_cluster(&route_req) else {
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
-            let cluster_name = picked.name.to_string();
+            let cluster_name = picked.name;
             let weighted = picked.weighted;
             let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
                 return local_reply(fwd.cluster_not_found_response_code, "");
