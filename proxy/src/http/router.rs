@@ -135,7 +135,6 @@ async fn route_and_forward(
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let host_full = strip_port(&authority(&req), cfg.strip_port, ctx.local.port()).to_owned();
-    let host = host_full.clone();
     let mut path = req
         .uri()
         .path_and_query()
@@ -174,7 +173,7 @@ async fn route_and_forward(
     let random_value: u64 = rand::random();
     let method = req.method().clone();
     let route_headers = req.headers().clone();
-    let mut route_req = RouteRequest::new(&method, &host, &path, &route_headers);
+    let mut route_req = RouteRequest::new(&method, &host_full, &path, &route_headers);
     route_req.https = https;
     route_req.random_value = random_value;
     let Some(selected) = table.select(&route_req) else {
