@@ -27,6 +27,19 @@ pub use matchers::{compile_regex, header_matcher};
 /// Cluster-existence check: returns whether a cluster with this name exists.
 pub type ClusterCheck<'a> = &'a dyn Fn(&str) -> bool;
 
+/// Compiles a `request_mirror_policies` list (route configuration or virtual host level).
+fn mirror_policies(
+    policies: &[proto::pb::envoy::config::route::v3::route_action::RequestMirrorPolicy],
+) -> Result<Arc<[crate::route::policy::MirrorPolicy]>, ConfigError> {
+    policies
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            action::mirror(m).map_err(|e| e.within(&format!("request_mirror_policies[{i}]")))
+        })
+        .collect()
+}
+
 /// Compiles a route configuration. When `clusters` is given (static and inline route configs,
 /// unless `validate_clusters` is false), every fixed cluster a route names must exist.
 pub fn compile_route_config(
@@ -37,14 +50,7 @@ pub fn compile_route_config(
         Some(gpb::BoolValue { value: false }) => None,
         _ => clusters,
     };
-    let table_mirrors = rc
-        .request_mirror_policies
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            action::mirror(m).map_err(|e| e.within(&format!("request_mirror_policies[{i}]")))
-        })
-        .collect::<Result<Arc<[_]>, _>>()?;
+    let table_mirrors = mirror_policies(&rc.request_mirror_policies)?;
     let inherited = action::Inherited {
         mirrors: &table_mirrors,
         max_body: rc
@@ -123,14 +129,7 @@ fn compile_virtual_host(
             "the generic matcher API is not supported by revoy",
         ));
     }
-    let mirrors = vh
-        .request_mirror_policies
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            action::mirror(m).map_err(|e| e.within(&format!("request_mirror_policies[{i}]")))
-        })
-        .collect::<Result<Arc<[_]>, _>>()?;
+    let mirrors = mirror_policies(&vh.request_mirror_policies)?;
     let retry = vh
         .retry_policy
         .as_ref()

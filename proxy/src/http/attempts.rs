@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use http::header::HeaderName;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
 
@@ -77,21 +77,7 @@ impl Exchange<'_> {
             *req.uri_mut() = head.uri.clone();
             *req.version_mut() = head.version;
             *req.headers_mut() = head.headers.clone();
-            if self.send_attempt_count {
-                req.headers_mut().insert(
-                    &ATTEMPT_COUNT,
-                    super::int_value::int_value(u64::from(attempt)),
-                );
-            }
-            if self.send_expected_timeout {
-                self.timeouts
-                    .set_expected(req.headers_mut(), start.elapsed());
-            }
-            let per_try = self.per_try_deadline(global);
-            let result = match per_try.or(global) {
-                Some(d) => timeout_at(d, self.cluster.request(req, &self.lb)).await,
-                None => Ok(self.cluster.request(req, &self.lb).await),
-            };
+            let result = self.send(req, attempt, start, global).await;
             let (retriable, failed_host, outcome) = match result {
                 Err(_) if global.is_some_and(|g| Instant::now() >= g) => {
                     return (self.global_timeout(), attempt);
@@ -157,25 +143,39 @@ impl Exchange<'_> {
         }
     }
 
-    async fn attempt_once(
+    /// Sends one attempt: attempt-count and expected-timeout headers, then the request under
+    /// the per-try (or global) deadline. `Err` means the deadline passed.
+    async fn send(
         &self,
         mut req: Request<Body>,
+        attempt: u32,
         start: Instant,
         global: Option<Instant>,
-    ) -> Outcome {
+    ) -> Result<Result<Response<Incoming>, UpstreamError>, tokio::time::error::Elapsed> {
         if self.send_attempt_count {
-            req.headers_mut()
-                .insert(&ATTEMPT_COUNT, HeaderValue::from(1u32));
+            req.headers_mut().insert(
+                &ATTEMPT_COUNT,
+                super::int_value::int_value(u64::from(attempt)),
+            );
         }
         if self.send_expected_timeout {
             self.timeouts
                 .set_expected(req.headers_mut(), start.elapsed());
         }
         let per_try = self.per_try_deadline(global);
-        let result = match per_try.or(global) {
+        match per_try.or(global) {
             Some(d) => timeout_at(d, self.cluster.request(req, &self.lb)).await,
             None => Ok(self.cluster.request(req, &self.lb).await),
-        };
+        }
+    }
+
+    async fn attempt_once(
+        &self,
+        req: Request<Body>,
+        start: Instant,
+        global: Option<Instant>,
+    ) -> Outcome {
+        let result = self.send(req, 1, start, global).await;
         match result {
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => self.global_timeout(),
             Err(_) => {
