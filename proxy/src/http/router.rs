@@ -322,6 +322,11 @@ async fn route_and_forward(
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
+                report_host: selected
+                    .header_levels(weighted)
+                    .iter()
+                    .flatten()
+                    .any(|level| !level.response.is_empty()),
             };
             if upgrade.is_some() {
                 return super::upgrade::forward(req, &cluster, &lb, cfg).await;

@@ -281,6 +281,12 @@ impl Cluster {
         } else {
             pool::send_h1(&host, opts, req).await
         };
+        let mut result = result;
+        if ctx.report_host
+            && let Ok(resp) = &mut result
+        {
+            resp.extensions_mut().insert(pool::UpstreamHost(host.addr));
+        }
         let hs = &host.stats;
         match &result {
             Ok(resp) => {

@@ -31,6 +31,9 @@ pub struct LbContext {
     pub internal: bool,
     /// Hosts already tried (retries with `previous_hosts`): avoided when others exist.
     pub avoid: Vec<SocketAddr>,
+    /// Attach the answering host to the response as an [`UpstreamHost`](super::UpstreamHost)
+    /// extension (costs allocations; asked for only when header formatters may need it).
+    pub report_host: bool,
 }
 
 const OVERPROVISIONING: u64 = 140;

@@ -70,7 +70,7 @@ impl Pool {
 /// an upstream protocol error.
 const MAX_RESPONSE_HEAD: usize = 80 * 1024;
 
-/// The upstream host that answered, attached to every upstream response.
+/// The upstream host that answered, attached to a response when `LbContext::report_host`.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
 
@@ -156,8 +156,7 @@ pub(crate) async fn send_h1(
                     detail: "response headers over max_response_headers_kb".into(),
                 });
             }
-            Ok(mut resp) => {
-                resp.extensions_mut().insert(UpstreamHost(host.addr));
+            Ok(resp) => {
                 idle.used += 1;
                 release_h1(host.clone(), idle, opts.max_requests);
                 return Ok(resp);
@@ -241,10 +240,7 @@ pub(crate) async fn send_h2(
             continue;
         }
         match sender.try_send_request(req).await {
-            Ok(mut resp) => {
-                resp.extensions_mut().insert(UpstreamHost(host.addr));
-                return Ok(resp);
-            }
+            Ok(resp) => return Ok(resp),
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
