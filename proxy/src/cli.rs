@@ -11,6 +11,7 @@ pub enum Mode {
     /// Load and validate the configuration, print the result, exit 0 or 1.
     Validate,
     /// Load the configuration and initialise, then exit.
+    #[value(name = "init_only", alias = "init-only")]
     InitOnly,
 }
 
@@ -304,6 +305,13 @@ mod tests {
         assert!(dropped.is_empty());
         assert_eq!(o.service_cluster.as_deref(), Some("productpage"));
         assert!(o.allow_unknown_static());
+    }
+
+    #[test]
+    fn modes_use_envoys_spelling() {
+        assert_eq!(parse(&["--mode", "init_only"]).0.mode, Mode::InitOnly);
+        assert_eq!(parse(&["--mode", "validate"]).0.mode, Mode::Validate);
+        assert_eq!(parse(&["--mode", "serve"]).0.mode, Mode::Serve);
     }
 
     #[test]
