@@ -134,7 +134,8 @@ fn compile_virtual_host(
         .retry_policy
         .as_ref()
         .map(|r| action::retry_policy(r).map_err(|e| e.within("retry_policy")))
-        .transpose()?;
+        .transpose()?
+        .map(Arc::new);
     let vh_ctx = action::VhostDefaults {
         retry: retry.as_ref(),
         mirrors: if mirrors.is_empty() {

@@ -299,7 +299,7 @@ async fn route_and_forward(
             }
             let timeouts = Timeouts::resolve(fwd, req.headers_mut(), facts.internal);
             let retry = RetryState::new(
-                fwd.retry_policy.as_ref(),
+                fwd.retry_policy.as_deref(),
                 &route_req,
                 req.headers_mut(),
                 facts.internal,

@@ -41,7 +41,7 @@ impl Timeouts {
     /// values count only when `honour_headers` (the request is internal). A route with
     /// `max_stream_duration` has no route timeout (Envoy's "new timeouts").
     pub fn resolve(fwd: &Forward, headers: &mut HeaderMap, honour_headers: bool) -> Timeouts {
-        let policy = fwd.retry_policy.as_ref();
+        let policy = fwd.retry_policy.as_deref();
         let uses_stream_duration = fwd.stream_duration != StreamDuration::default();
         let mut t = Timeouts {
             global: fwd.timeout.filter(|_| !uses_stream_duration),

@@ -153,7 +153,7 @@ pub struct Forward {
     /// `max_stream_duration` settings.
     pub stream_duration: StreamDuration,
     /// Effective retry policy (route's, else the virtual host's).
-    pub retry_policy: Option<RetryPolicy>,
+    pub retry_policy: Option<Arc<RetryPolicy>>,
     /// Hash policies, in order.
     pub hash_policies: Vec<HashPolicy>,
     /// Effective mirror policies (route's, else the virtual host's, else the table's);

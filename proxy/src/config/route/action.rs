@@ -28,7 +28,7 @@ pub(super) struct Inherited<'a> {
 
 /// Settings a route inherits from its virtual host.
 pub(super) struct VhostDefaults<'a> {
-    pub retry: Option<&'a RetryPolicy>,
+    pub retry: Option<&'a Arc<RetryPolicy>>,
     pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub buffer_limit: Option<u32>,
     pub max_body: usize,
@@ -188,7 +188,7 @@ pub(super) fn forward(
         None => None,
     };
     let retry_policy = match &ra.retry_policy {
-        Some(r) => Some(retry_policy(r).map_err(|e| e.within("retry_policy"))?),
+        Some(r) => Some(Arc::new(retry_policy(r).map_err(|e| e.within("retry_policy"))?)),
         None => vh.retry.cloned(),
     };
     let mirrors = ra
