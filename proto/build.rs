@@ -8,7 +8,14 @@ fn main() {
     let target = env::var("TARGET").expect("TARGET set by cargo");
     let manifest = env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR set by cargo");
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", &target])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+            &target,
+        ])
         .current_dir(&manifest)
         .output()
         .expect("run cargo metadata");
@@ -25,7 +32,10 @@ fn main() {
         .find(|p| p["name"] == "envoy-types")
         .expect("envoy-types in the dependency graph");
     let manifest_path = PathBuf::from(pkg["manifest_path"].as_str().expect("manifest_path"));
-    let fds = manifest_path.parent().unwrap().join("src/generated/types.bin");
+    let fds = manifest_path
+        .parent()
+        .unwrap()
+        .join("src/generated/types.bin");
     let dest = PathBuf::from(env::var("OUT_DIR").unwrap()).join("envoy_types.bin");
     fs::copy(&fds, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", fds.display()));
 }

@@ -188,7 +188,9 @@ pub(super) fn forward(
         None => None,
     };
     let retry_policy = match &ra.retry_policy {
-        Some(r) => Some(Arc::new(retry_policy(r).map_err(|e| e.within("retry_policy"))?)),
+        Some(r) => Some(Arc::new(
+            retry_policy(r).map_err(|e| e.within("retry_policy"))?,
+        )),
         None => vh.retry.cloned(),
     };
     let mirrors = ra
