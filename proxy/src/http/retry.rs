@@ -181,13 +181,23 @@ fn take_headers(headers: &mut HeaderMap) -> Option<RetryHeaders> {
     })
 }
 
+/// Whether the policy's `retriable_request_headers` (if any) match the request: when they do
+/// not, the request is not retried.
+pub fn request_retriable(policy: Option<&RetryPolicy>, req: &RouteRequest<'_>) -> bool {
+    policy.is_none_or(|p| {
+        p.retriable_request_headers.is_empty()
+            || p.retriable_request_headers.iter().any(|m| m.matches(req))
+    })
+}
+
 impl<'p> RetryState<'p> {
     /// The retry state for a request, or `None` when nothing can be retried. Always consumes
     /// the retry request headers (Envoy never forwards them); their values count only when
-    /// `honour_headers` (the request is internal: Envoy strips them from the others).
+    /// `honour_headers` (the request is internal: Envoy strips them from the others);
+    /// `request_retriable` comes from [`request_retriable`].
     pub fn new(
         policy: Option<&'p RetryPolicy>,
-        req: &RouteRequest<'_>,
+        request_retriable: bool,
         headers: &mut HeaderMap,
         honour_headers: bool,
     ) -> Option<RetryState<'p>> {
@@ -201,10 +211,7 @@ impl<'p> RetryState<'p> {
         if policy.is_none() && from_headers.as_ref().is_none_or(|h| h.on.is_empty()) {
             return None;
         }
-        if let Some(p) = policy
-            && !p.retriable_request_headers.is_empty()
-            && !p.retriable_request_headers.iter().any(|m| m.matches(req))
-        {
+        if !request_retriable {
             on = RetryOn::default();
         }
         let mut remaining = policy.map_or(1, |p| p.num_retries);
@@ -378,7 +385,7 @@ mod tests {
         let method = http::Method::GET;
         let empty = HeaderMap::new();
         let req = RouteRequest::new(&method, "h", "/", &empty);
-        RetryState::new(p, &req, headers, true)
+        RetryState::new(p, request_retriable(p, &req), headers, true)
     }
 
     fn stats(store: &Store) -> RetryStats {
@@ -398,10 +405,7 @@ mod tests {
     fn headers_of_external_requests_are_dropped_unread() {
         let mut h = HeaderMap::new();
         h.insert("x-envoy-retry-on", "5xx".parse().unwrap());
-        let method = http::Method::GET;
-        let empty = HeaderMap::new();
-        let req = RouteRequest::new(&method, "h", "/", &empty);
-        assert!(RetryState::new(None, &req, &mut h, false).is_none());
+        assert!(RetryState::new(None, true, &mut h, false).is_none());
         assert!(h.is_empty());
     }
 

@@ -14,7 +14,7 @@ use super::forwarding;
 use super::local_reply::local_reply;
 use super::mirror;
 use super::path::PathVerdict;
-use super::retry::RetryState;
+use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
 use crate::body::{self, Body};
@@ -172,13 +172,17 @@ async fn route_and_forward(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
     let random_value: u64 = rand::random();
     let method = req.method().clone();
-    let route_headers = req.headers().clone();
+    // Routing reads the request headers while the forward path rewrites them: they are moved
+    // out for routing and put back before the rewrite (no copy unless a mirror or response
+    // formatter needs the request as routed).
+    let mut route_headers = std::mem::take(req.headers_mut());
     let mut route_req = RouteRequest::new(&method, &host_full, &path, &route_headers);
     route_req.https = https;
     route_req.random_value = random_value;
     let Some(selected) = table.select(&route_req) else {
         return local_reply(StatusCode::NOT_FOUND, "");
     };
+    let route_req = route_req;
     let protocol = match req.version() {
         http::Version::HTTP_10 => "HTTP/1.0",
         http::Version::HTTP_2 => "HTTP/2",
@@ -265,6 +269,25 @@ async fn route_and_forward(
             {
                 return upgrade_refused();
             }
+            let request_retriable =
+                retry::request_retriable(fwd.retry_policy.as_deref(), &route_req);
+            let hash = if fwd.hash_policies.is_empty() {
+                None
+            } else {
+                compute_hash(
+                    &fwd.hash_policies,
+                    &route_req,
+                    facts.client.or(Some(ctx.down.peer.ip())),
+                )
+            };
+            let response_rules = selected
+                .header_levels(weighted)
+                .iter()
+                .flatten()
+                .any(|level| !level.response.is_empty());
+            let routed_view =
+                (response_rules || !fwd.mirror_policies.is_empty()).then(|| route_headers.clone());
+            *req.headers_mut() = std::mem::take(&mut route_headers);
             {
                 let fmt = FormatContext {
                     upstream_cluster: Some(&cluster_name),
@@ -300,33 +323,20 @@ async fn route_and_forward(
             let timeouts = Timeouts::resolve(fwd, req.headers_mut(), facts.internal);
             let retry = RetryState::new(
                 fwd.retry_policy.as_deref(),
-                &route_req,
+                request_retriable,
                 req.headers_mut(),
                 facts.internal,
             );
             if !cfg.suppress_envoy_headers {
                 timeouts.set_expected(req.headers_mut(), Duration::ZERO);
             }
-            let hash = if fwd.hash_policies.is_empty() {
-                None
-            } else {
-                compute_hash(
-                    &fwd.hash_policies,
-                    &route_req,
-                    facts.client.or(Some(ctx.down.peer.ip())),
-                )
-            };
             let lb = LbContext {
                 hash,
                 original_dst: ctx.original_dst,
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
-                report_host: selected
-                    .header_levels(weighted)
-                    .iter()
-                    .flatten()
-                    .any(|level| !level.response.is_empty()),
+                report_host: response_rules,
             };
             if upgrade.is_some() {
                 return super::upgrade::forward(req, &cluster, &lb, cfg).await;
@@ -357,7 +367,11 @@ async fn route_and_forward(
                             timeout: timeouts.global,
                             attempt_count: vhost.include_request_attempt_count,
                         };
-                        mirror::spawn(&fwd.mirror_policies, &route_req, &parts, &replay, &how);
+                        let view = routed_view.as_ref().unwrap_or(&parts.headers);
+                        let mut mirror_req = RouteRequest::new(&method, &host_full, &path, view);
+                        mirror_req.https = https;
+                        mirror_req.random_value = random_value;
+                        mirror::spawn(&fwd.mirror_policies, &mirror_req, &parts, &replay, &how);
                         RequestBody::Replay(replay)
                     }
                     Ok(Buffered::TooLarge(body)) => {
@@ -415,7 +429,7 @@ async fn route_and_forward(
             let fmt = FormatContext {
                 upstream_cluster: Some(&cluster_name),
                 upstream_remote: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
-                request_headers: Some(&route_headers),
+                request_headers: routed_view.as_ref(),
                 response_code: Some(status),
                 response_status: Some(status),
                 ..fmt
