@@ -59,7 +59,9 @@ pub fn compile_bootstrap(
     let mut by_addr: HashMap<SocketAddr, String> = HashMap::new();
     for (i, l) in sr.listeners.iter().enumerate() {
         let path = format!("static_resources.listeners[{i}]");
+        let before = warnings.len();
         let compiled = compile_listener(l, Some(&known), warnings).map_err(|e| e.within(&path))?;
+        super::prefix_warnings(warnings, before, &path);
         if listeners.iter().any(|o| o.name == compiled.name) {
             return Err(ConfigError::new(
                 path,

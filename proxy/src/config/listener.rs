@@ -165,8 +165,10 @@ fn compile_chain(
         match proto::type_name_of(&any.type_url) {
             HCM => {
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
-                let compiled = compile_hcm(&hcm, clusters, warnings)
-                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                let before = warnings.len();
+                let compiled = compile_hcm(&hcm, clusters, warnings);
+                super::prefix_warnings(warnings, before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
             }
             TCP_PROXY => {

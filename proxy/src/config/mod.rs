@@ -55,9 +55,24 @@ impl ConfigError {
 /// Non-fatal findings of a compile: unsupported-but-tolerated features, named by path.
 pub type Warnings = Vec<String>;
 
+/// Prefixes the warnings added since `from` with `prefix.`, so a warning raised deep in a
+/// compile names its full path.
+pub fn prefix_warnings(warnings: &mut Warnings, from: usize, prefix: &str) {
+    for w in &mut warnings[from..] {
+        *w = format!("{prefix}.{w}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_get_the_enclosing_path() {
+        let mut w: Warnings = vec!["kept".into(), "http_filters[0]: x".into()];
+        prefix_warnings(&mut w, 1, "listeners[2]");
+        assert_eq!(w, vec!["kept", "listeners[2].http_filters[0]: x"]);
+    }
 
     #[test]
     fn paths_nest() {
