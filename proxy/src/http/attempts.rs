@@ -2,9 +2,7 @@
 //! the route has no retry policy (the body streams through), else as many as Envoy would make
 //! (the body replayed from memory), with per-try timeouts and jittered back-off in between.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
 
 use http::header::HeaderName;
 use http::{Request, Response, StatusCode};
@@ -13,10 +11,9 @@ use tokio::time::{Instant, timeout_at};
 
 use super::buffered_body::Replay;
 use super::local_reply::UPSTREAM_TIMEOUT;
-use super::retry::{Failure, RetryState, RetryStats, Verdict};
+use super::retry::{Failure, RetryState, Verdict};
 use super::timeouts::Timeouts;
 use crate::body::Body;
-use crate::stats::Store;
 use crate::upstream::{Cluster, LbContext, UpstreamError};
 
 static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
@@ -51,8 +48,6 @@ pub struct Exchange<'a> {
     pub send_attempt_count: bool,
     /// Send `x-envoy-expected-rq-timeout-ms` upstream.
     pub send_expected_timeout: bool,
-    /// Where the lazily created retry stats live.
-    pub store: &'a Store,
 }
 
 impl Exchange<'_> {
@@ -68,7 +63,6 @@ impl Exchange<'_> {
             }
             RequestBody::Replay(r) => (head, r),
         };
-        let mut retry_stats = None;
         let mut retrying: Option<RetryHold> = None;
         let mut attempt = 1u32;
         loop {
@@ -83,7 +77,7 @@ impl Exchange<'_> {
                     return (self.global_timeout(), attempt);
                 }
                 Err(_) => {
-                    self.per_try_timeout_stat();
+                    self.cluster.stats().upstream_rq_per_try_timeout.inc();
                     let r = self
                         .retry
                         .as_ref()
@@ -115,21 +109,22 @@ impl Exchange<'_> {
             if self.retry.is_none() {
                 return (self.finish(outcome), attempt);
             }
-            let stats = retry_stats.get_or_insert_with(|| self.retry_stats());
+            let stats = self.cluster.stats();
             let Some(state) = self.retry.as_mut() else {
                 return (self.finish(outcome), attempt);
             };
             drop(retrying.take());
-            let budget = RetryBudget::of(self.cluster);
-            let overflow =
-                retriable && budget.is_full(self.cluster.config().circuit_breakers[0].max_retries);
+            let in_flight = &stats.retries_in_flight;
+            let overflow = retriable
+                && in_flight.load(Ordering::Relaxed)
+                    >= self.cluster.config().circuit_breakers[0].max_retries;
             let Verdict::RetryAfter(back_off) = state.decide(retriable, overflow, stats) else {
                 return (self.finish(outcome), attempt);
             };
             if let (Some(host), true) = (failed_host, state.avoids_previous_hosts()) {
                 self.lb.avoid.push(host);
             }
-            retrying.replace(budget.hold());
+            retrying.replace(RetryHold::new(in_flight));
             drop(outcome);
             let wait = tokio::time::sleep(back_off);
             if let Some(g) = global {
@@ -179,7 +174,7 @@ impl Exchange<'_> {
         match result {
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => self.global_timeout(),
             Err(_) => {
-                self.per_try_timeout_stat();
+                self.cluster.stats().upstream_rq_per_try_timeout.inc();
                 self.finish(Err(()))
             }
             Ok(Err(e)) => Outcome::Local(e.local_reply_status(), e.local_reply_body()),
@@ -211,53 +206,19 @@ impl Exchange<'_> {
         stats.charge_status(504, self.lb.internal);
         Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
     }
+}
 
-    fn per_try_timeout_stat(&self) {
-        let name = &self.cluster.config().observability_name;
-        self.store
-            .counter(&format!("cluster.{name}.upstream_rq_per_try_timeout"))
-            .inc();
-    }
+/// Counts one retry in flight on its cluster until dropped (the `max_retries` breaker).
+struct RetryHold<'a>(&'a AtomicU32);
 
-    fn retry_stats(&self) -> RetryStats {
-        let stats = self.cluster.stats();
-        RetryStats::new(
-            self.store,
-            &self.cluster.config().observability_name,
-            stats.upstream_rq_retry.clone(),
-        )
+impl<'a> RetryHold<'a> {
+    fn new(in_flight: &'a AtomicU32) -> Self {
+        in_flight.fetch_add(1, Ordering::Relaxed);
+        RetryHold(in_flight)
     }
 }
 
-/// Retries in flight per cluster (Envoy's `max_retries` circuit breaker).
-#[derive(Debug)]
-struct RetryBudget(Arc<AtomicU32>);
-
-impl RetryBudget {
-    fn of(cluster: &Cluster) -> RetryBudget {
-        static ACTIVE: OnceLock<Mutex<HashMap<String, Arc<AtomicU32>>>> = OnceLock::new();
-        let mut map = ACTIVE
-            .get_or_init(Default::default)
-            .lock()
-            .expect("retry budget lock");
-        let counter = map.entry(cluster.name().to_owned()).or_default().clone();
-        RetryBudget(counter)
-    }
-
-    fn is_full(&self, max: u32) -> bool {
-        self.0.load(Ordering::Relaxed) >= max
-    }
-
-    /// Counts one retry in flight until the guard drops.
-    fn hold(&self) -> RetryHold {
-        self.0.fetch_add(1, Ordering::Relaxed);
-        RetryHold(self.0.clone())
-    }
-}
-
-struct RetryHold(Arc<AtomicU32>);
-
-impl Drop for RetryHold {
+impl Drop for RetryHold<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }

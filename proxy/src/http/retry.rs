@@ -9,7 +9,7 @@ use http::{HeaderMap, HeaderName, StatusCode};
 use crate::route::RouteRequest;
 use crate::route::matcher::HeaderMatcher;
 use crate::route::policy::RetryPolicy;
-use crate::upstream::{ResetReason, UpstreamError};
+use crate::upstream::{ClusterStats, ResetReason, UpstreamError};
 
 static RETRY_ON: HeaderName = HeaderName::from_static("x-envoy-retry-on");
 static RETRY_GRPC_ON: HeaderName = HeaderName::from_static("x-envoy-retry-grpc-on");
@@ -305,24 +305,24 @@ impl<'p> RetryState<'p> {
     /// Envoy's `shouldRetry`: charges the retry stats and decides. `retriable` is the verdict
     /// of [`RetryState::retriable_response`] or [`RetryState::retriable_failure`];
     /// `overflow` tells whether the cluster's `max_retries` circuit breaker is open.
-    pub fn decide(&mut self, retriable: bool, overflow: bool, stats: &RetryStats) -> Verdict {
+    pub fn decide(&mut self, retriable: bool, overflow: bool, stats: &ClusterStats) -> Verdict {
         if !retriable {
             if self.retried {
-                stats.success.inc();
+                stats.upstream_rq_retry_success.inc();
             }
             return Verdict::No;
         }
         if self.remaining == 0 {
-            stats.limit_exceeded.inc();
+            stats.upstream_rq_retry_limit_exceeded.inc();
             return Verdict::LimitExceeded;
         }
         self.remaining -= 1;
         if overflow {
-            stats.overflow.inc();
+            stats.upstream_rq_retry_overflow.inc();
             return Verdict::No;
         }
         self.retried = true;
-        stats.retry.inc();
+        stats.upstream_rq_retry.inc();
         Verdict::RetryAfter(self.next_back_off(rand::random()))
     }
 
@@ -337,32 +337,6 @@ impl<'p> RetryState<'p> {
             self.max_interval
         };
         Duration::from_millis((random % interval).min(max))
-    }
-}
-
-/// The retry counters of one cluster, looked up when a request first needs them.
-#[derive(Debug)]
-pub struct RetryStats {
-    /// `upstream_rq_retry`.
-    pub retry: crate::stats::Counter,
-    /// `upstream_rq_retry_success`.
-    pub success: crate::stats::Counter,
-    /// `upstream_rq_retry_overflow`.
-    pub overflow: crate::stats::Counter,
-    /// `upstream_rq_retry_limit_exceeded`.
-    pub limit_exceeded: crate::stats::Counter,
-}
-
-impl RetryStats {
-    /// The counters under `cluster.<stat_name>.`; `retry` is the cluster's own handle.
-    pub fn new(store: &crate::stats::Store, stat_name: &str, retry: crate::stats::Counter) -> Self {
-        let c = |n: &str| store.counter(&format!("cluster.{stat_name}.{n}"));
-        RetryStats {
-            retry,
-            success: c("upstream_rq_retry_success"),
-            overflow: c("upstream_rq_retry_overflow"),
-            limit_exceeded: c("upstream_rq_retry_limit_exceeded"),
-        }
     }
 }
 
@@ -388,8 +362,8 @@ mod tests {
         RetryState::new(p, request_retriable(p, &req), headers, true)
     }
 
-    fn stats(store: &Store) -> RetryStats {
-        RetryStats::new(store, "c", store.counter("cluster.c.upstream_rq_retry"))
+    fn stats(store: &Store) -> ClusterStats {
+        ClusterStats::new(store, "c")
     }
 
     #[test]

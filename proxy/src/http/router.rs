@@ -375,11 +375,7 @@ async fn route_and_forward(
                         RequestBody::Replay(replay)
                     }
                     Ok(Buffered::TooLarge(body)) => {
-                        let name = &cluster.config().observability_name;
-                        ctx.shared
-                            .stats
-                            .counter(&format!("cluster.{name}.retry_or_shadow_abandoned"))
-                            .inc();
+                        cluster.stats().retry_or_shadow_abandoned.inc();
                         RequestBody::Once(body)
                     }
                     Err(e) => {
@@ -397,7 +393,6 @@ async fn route_and_forward(
                 retry,
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
-                store: &ctx.shared.stats,
             };
             let run = exchange.run(parts, body);
             let (outcome, attempts) = match &limits {

@@ -2,6 +2,7 @@
 //! atomics.
 
 use std::sync::OnceLock;
+use std::sync::atomic::AtomicU32;
 
 use crate::stats::{Counter, Gauge, Store};
 
@@ -43,6 +44,18 @@ pub struct ClusterStats {
     pub upstream_rq_timeout: Counter,
     /// `upstream_rq_retry` (charged by the router).
     pub upstream_rq_retry: Counter,
+    /// `upstream_rq_retry_success`.
+    pub upstream_rq_retry_success: Counter,
+    /// `upstream_rq_retry_overflow`.
+    pub upstream_rq_retry_overflow: Counter,
+    /// `upstream_rq_retry_limit_exceeded`.
+    pub upstream_rq_retry_limit_exceeded: Counter,
+    /// `upstream_rq_per_try_timeout`.
+    pub upstream_rq_per_try_timeout: Counter,
+    /// `retry_or_shadow_abandoned`: a body too large to buffer for a retry or a shadow.
+    pub retry_or_shadow_abandoned: Counter,
+    /// Retries in flight, for the `max_retries` circuit breaker.
+    pub retries_in_flight: AtomicU32,
     /// `membership_healthy`.
     pub membership_healthy: Gauge,
     /// `membership_total`.
@@ -124,6 +137,12 @@ impl ClusterStats {
             upstream_rq_pending_failure_eject: c("upstream_rq_pending_failure_eject"),
             upstream_rq_timeout: c("upstream_rq_timeout"),
             upstream_rq_retry: c("upstream_rq_retry"),
+            upstream_rq_retry_success: c("upstream_rq_retry_success"),
+            upstream_rq_retry_overflow: c("upstream_rq_retry_overflow"),
+            upstream_rq_retry_limit_exceeded: c("upstream_rq_retry_limit_exceeded"),
+            upstream_rq_per_try_timeout: c("upstream_rq_per_try_timeout"),
+            retry_or_shadow_abandoned: c("retry_or_shadow_abandoned"),
+            retries_in_flight: AtomicU32::new(0),
             membership_healthy: g("membership_healthy"),
             membership_total: g("membership_total"),
             membership_change: c("membership_change"),
