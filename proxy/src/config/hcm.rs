@@ -82,7 +82,7 @@ pub struct HcmConfig {
     /// Do not append the peer address to `x-forwarded-for`.
     pub skip_xff_append: bool,
     /// Value of the `server` response header.
-    pub server_name: String,
+    pub server_name: http::HeaderValue,
     /// What to do with the upstream's `server` header.
     pub server_header: ServerHeader,
     /// Generate `x-request-id` when missing.
@@ -203,9 +203,14 @@ pub fn compile_hcm(
         xff_num_trusted_hops: hcm.xff_num_trusted_hops,
         skip_xff_append: hcm.skip_xff_append,
         server_name: if hcm.server_name.is_empty() {
-            "envoy".into()
+            http::HeaderValue::from_static("envoy")
         } else {
-            hcm.server_name.clone()
+            http::HeaderValue::from_str(&hcm.server_name).map_err(|_| {
+                ConfigError::new(
+                    "server_name",
+                    format!("invalid header value '{}'", hcm.server_name),
+                )
+            })?
         },
         server_header: match hcm.server_header_transformation {
             1 => ServerHeader::AppendIfAbsent,

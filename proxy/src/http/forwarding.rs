@@ -348,8 +348,7 @@ pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: b
 
 /// Sets `server` per `server_header_transformation`.
 pub fn set_server(cfg: &HcmConfig, headers: &mut HeaderMap) {
-    let value =
-        || HeaderValue::from_str(&cfg.server_name).unwrap_or(HeaderValue::from_static("envoy"));
+    let value = || cfg.server_name.clone();
     match cfg.server_header {
         ServerHeader::Overwrite => {
             headers.insert(header::SERVER, value());

@@ -134,7 +134,9 @@ async fn route_and_forward(
     let Some(table) = table else {
         return local_reply(StatusCode::NOT_FOUND, "");
     };
-    let host_full = strip_port(&authority(&req), cfg.strip_port, ctx.local.port()).to_owned();
+    let mut host_full = authority(&req);
+    let kept = strip_port(&host_full, cfg.strip_port, ctx.local.port()).len();
+    host_full.truncate(kept);
     let mut path = req
         .uri()
         .path_and_query()
