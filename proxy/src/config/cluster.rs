@@ -720,7 +720,7 @@ load_assignment:
   endpoints:
   - locality: {region: r, zone: z}
     lb_endpoints:
-    - endpoint: {address: {socket_address: {address: 10.0.0.1, port_value: 80}}}
+    - endpoint: {address: {socket_address: {address: 127.0.0.2, port_value: 80}}}
       load_balancing_weight: 3
   - priority: 1
     lb_endpoints:

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
 
     fn addrs() -> Vec<SocketAddr> {
-        ["127.0.0.1:80", "[::1]:80", "127.0.0.1:80", "10.0.0.1:80"]
+        ["127.0.0.1:80", "[::1]:80", "127.0.0.1:80", "127.0.0.2:80"]
             .iter()
             .map(|s| s.parse().unwrap())
             .collect()
@@ -129,11 +129,11 @@ mod tests {
         );
         assert_eq!(
             ports(filter_family(addrs(), DnsLookupFamily::V4Only)),
-            ["127.0.0.1:80", "10.0.0.1:80"]
+            ["127.0.0.1:80", "127.0.0.2:80"]
         );
         assert_eq!(
             ports(filter_family(addrs(), DnsLookupFamily::V4Preferred)),
-            ["127.0.0.1:80", "10.0.0.1:80"]
+            ["127.0.0.1:80", "127.0.0.2:80"]
         );
         assert_eq!(ports(filter_family(addrs(), DnsLookupFamily::All)).len(), 3);
         let v4: Vec<SocketAddr> = vec!["127.0.0.1:80".parse().unwrap()];
