@@ -73,32 +73,23 @@ fn lookup(c: &mut Criterion) {
             let host = format!("svc{}.ns{}:80", vhosts / 2, (vhosts / 2) % 50);
             let headers = HeaderMap::new();
             let method = Method::GET;
-            g.bench_with_input(
-                BenchmarkId::new(format!("{routes}_routes_last"), vhosts),
-                &vhosts,
-                |b, _| {
-                    b.iter(|| {
-                        let req = RouteRequest::new(
-                            &method,
-                            black_box(&host),
-                            black_box("/index.html"),
-                            &headers,
-                        );
-                        black_box(table.select(&req).map(|s| s.route_index))
-                    })
-                },
-            );
-            g.bench_with_input(
-                BenchmarkId::new(format!("{routes}_routes_first"), vhosts),
-                &vhosts,
-                |b, _| {
-                    b.iter(|| {
-                        let req = RouteRequest::new(
-                            &method,
-                            black_box(&host),
-                            black_box("/api/v0/x"),
-                            &headers,
-                        );
+            for (which, path) in [("last", "/index.html"), ("first", "/api/v0/x")] {
+                g.bench_with_input(
+                    BenchmarkId::new(format!("{routes}_routes_{which}"), vhosts),
+                    &vhosts,
+                    |b, _| {
+                        b.iter(|| {
+                            let req = RouteRequest::new(
+                                &method,
+                                black_box(&host),
+                                black_box(path),
+                                &headers,
+                            );
+                            black_box(table.select(&req).map(|s| s.route_index))
+                        })
+                    },
+                );
+            }
                         black_box(table.select(&req).map(|s| s.route_index))
                     })
                 },
