@@ -90,10 +90,6 @@ fn lookup(c: &mut Criterion) {
                     },
                 );
             }
-                        black_box(table.select(&req).map(|s| s.route_index))
-                    })
-                },
-            );
         }
     }
     g.finish();
