@@ -66,7 +66,7 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     drop(loaded);
-    revoy::memory::release_startup_pages();
+    revoy::memory::release_idle_pages();
     match opts.mode {
         Mode::Validate => {
             for l in &compiled.listeners {

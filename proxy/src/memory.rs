@@ -3,8 +3,9 @@
 //! the code of the JSON/YAML decoders. Once serving, those pages are released; anything still
 //! used is faulted back in from the executable on first touch.
 
-/// Releases freed heap and the executable's clean code and descriptor pages.
-pub fn release_startup_pages() {
+/// Releases freed heap and the executable's clean code and descriptor pages: after start-up,
+/// and after an admin request that needed a descriptor pool (`/config_dump`, `/server_info`).
+pub fn release_idle_pages() {
     // SAFETY: malloc_trim only returns free heap pages to the OS.
     unsafe {
         libc::malloc_trim(0);
@@ -71,7 +72,7 @@ mod tests {
         let here = finds_this_executables_code as fn() as usize;
         assert!(code.iter().any(|(s, l)| (*s..s + l).contains(&here)));
         let before = proto::embedded_descriptors().to_vec();
-        release_startup_pages();
+        release_idle_pages();
         // Dropped pages come back from the executable unchanged.
         assert!(proto::embedded_descriptors() == before.as_slice());
     }

@@ -145,8 +145,8 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
     let resp = match req.path.as_str() {
         "/" | "/help" => text(200, help::render()),
         "/ready" => ready(shared),
-        "/server_info" => json(&server_info(shared)),
-        "/config_dump" => json(&config_dump::render(shared, req)),
+        "/server_info" => pooled_json(server_info(shared)),
+        "/config_dump" => pooled_json(config_dump::render(shared, req)),
         "/clusters" => match req.param("format") {
             Some("json") => json(&shared.clusters.render_json()),
             _ => text(200, shared.clusters.render_text()),
@@ -206,6 +206,13 @@ fn drain_listeners(shared: &Arc<Shared>, req: &AdminRequest) {
     }
 }
 
+/// A JSON answer rendered with a descriptor pool (megabytes, dropped by now): the freed
+/// memory goes back to the OS.
+fn pooled_json(value: serde_json::Value) -> AdminResponse {
+    crate::memory::release_idle_pages();
+    json(&value)
+}
+
 fn ready(shared: &Shared) -> AdminResponse {
     match shared.state.value() {
         0 => text(200, "LIVE\n"),
@@ -227,8 +234,8 @@ fn state_name(v: u64) -> &'static str {
 fn server_info(shared: &Shared) -> serde_json::Value {
     let o = &shared.options;
     let up = format!("{}s", shared.started.elapsed().as_secs());
-    let node =
-        proto::Codec::new().to_json(&shared.bootstrap.proto.node.clone().unwrap_or_default());
+    let node = proto::Codec::for_document("envoy.config.core.v3.Node", &serde_json::Value::Null)
+        .to_json(&shared.bootstrap.proto.node.clone().unwrap_or_default());
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
         "state": state_name(shared.state.value()),
