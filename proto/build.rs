@@ -1,24 +1,55 @@
 //! Copies envoy-types' FileDescriptorSet (not exported by the crate) into OUT_DIR.
-use std::{env, fs, path::PathBuf, process::Command};
+//!
+//! The crate is pinned (`=0.7.7` in the workspace), so its sources are found in cargo's
+//! registry first. `cargo metadata` is the fallback (vendored or path sources); it runs without
+//! `--offline` when the offline call fails, because on a fresh machine a partial build (say
+//! `cargo run -p revoy`) has not downloaded every package of the workspace yet.
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
-fn main() {
-    println!("cargo:rerun-if-changed=../Cargo.lock");
-    println!("cargo:rerun-if-changed=build.rs");
+const ENVOY_TYPES: &str = "envoy-types-0.7.7";
+const TYPES_BIN: &str = "src/generated/types.bin";
+
+/// `$CARGO_HOME/registry/src/<index>/envoy-types-<version>/src/generated/types.bin`.
+fn from_registry() -> Option<PathBuf> {
+    let home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))?;
+    fs::read_dir(home.join("registry/src"))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|index| index.path().join(ENVOY_TYPES).join(TYPES_BIN))
+        .find(|p| p.is_file())
+}
+
+/// The same file located through `cargo metadata`.
+fn from_metadata() -> PathBuf {
     let cargo = env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let target = env::var("TARGET").expect("TARGET set by cargo");
     let manifest = env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR set by cargo");
-    let out = Command::new(cargo)
-        .args([
+    let metadata = |offline: bool| {
+        let mut cmd = Command::new(&cargo);
+        cmd.args([
             "metadata",
             "--format-version",
             "1",
-            "--offline",
             "--filter-platform",
             &target,
-        ])
-        .current_dir(&manifest)
-        .output()
-        .expect("run cargo metadata");
+        ]);
+        if offline {
+            cmd.arg("--offline");
+        }
+        cmd.current_dir(&manifest)
+            .output()
+            .expect("run cargo metadata")
+    };
+    let mut out = metadata(true);
+    if !out.status.success() {
+        out = metadata(false);
+    }
     assert!(
         out.status.success(),
         "cargo metadata failed: {}",
@@ -32,10 +63,16 @@ fn main() {
         .find(|p| p["name"] == "envoy-types")
         .expect("envoy-types in the dependency graph");
     let manifest_path = PathBuf::from(pkg["manifest_path"].as_str().expect("manifest_path"));
-    let fds = manifest_path
+    manifest_path
         .parent()
-        .unwrap()
-        .join("src/generated/types.bin");
+        .expect("crate directory")
+        .join(TYPES_BIN)
+}
+
+fn main() {
+    println!("cargo:rerun-if-changed=../Cargo.lock");
+    println!("cargo:rerun-if-changed=build.rs");
+    let fds = from_registry().unwrap_or_else(from_metadata);
     let dest = PathBuf::from(env::var("OUT_DIR").unwrap()).join("envoy_types.bin");
     fs::copy(&fds, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", fds.display()));
 }
