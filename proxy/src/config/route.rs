@@ -171,7 +171,11 @@ fn compile_virtual_host(
     };
     Ok(VirtualHost {
         name: vh.name.clone(),
-        domains: vh.domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+        domains: vh
+            .domains
+            .iter()
+            .map(|d| Arc::from(d.to_ascii_lowercase()))
+            .collect(),
         routes,
         require_tls,
         virtual_clusters,

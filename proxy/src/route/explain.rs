@@ -16,7 +16,7 @@ fn table_json(t: &RouteTable) -> Value {
         "name": t.name(),
         "virtual_hosts": t.virtual_hosts().iter().map(|vh| json!({
             "name": vh.name,
-            "domains": vh.domains,
+            "domains": vh.domains.iter().map(|d| &**d).collect::<Vec<&str>>(),
             "require_tls": vh.require_tls,
             "routes": vh.routes.iter().enumerate().map(|(i, r)| route_json(i, r)).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),

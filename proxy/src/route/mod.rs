@@ -128,8 +128,8 @@ pub struct Route {
 pub struct VirtualHost {
     /// Name.
     pub name: String,
-    /// Domains as configured (lower-cased).
-    pub domains: Vec<String>,
+    /// Domains as configured (lower-cased); shared with the table's domain index.
+    pub domains: Vec<std::sync::Arc<str>>,
     /// Routes in match order.
     pub routes: Vec<Route>,
     /// `require_tls`.
@@ -244,7 +244,7 @@ impl RouteTable {
         let host = self.host_key(req);
         let (v, slot, kind) = self.domains.find(&host)?;
         let vh = &self.virtual_hosts[v];
-        Some((vh, vh.domains[slot].as_str(), kind))
+        Some((vh, &vh.domains[slot], kind))
     }
 
     /// Routes a request: virtual host by domain, then the first route that matches.
