@@ -710,3 +710,39 @@ async fn tls() {
     ];
     run("tls", &cases).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uri_template() {
+    let cases = [
+        Case::get("template rewrite keeps the query", "/swap/1/2/3?q=1&r=2")
+            .expect("upstream.path", "/r/2/3/1?q=1&r=2"),
+        Case::get("template ** captures nothing", "/swap/1/").expect("upstream.path", "/r//1"),
+        Case::get("template needs every segment", "/swap/1").expect("status", "404"),
+        Case::get("template * takes = and *", "/swap/x=y*z/w")
+            .expect("upstream.path", "/r/w/x=y*z"),
+        Case::get("template * takes sub-delims", "/swap/a:b@c!$&'()+,;/w"),
+        Case::get("template * stops at a quote", "/swap/x\"y/w").expect("status", "404"),
+        Case::get("template percent-encoded slash", "/swap/%2F/x?"),
+        Case::get("template mixed segment", "/mixed/prefoosuf/any?k=v")
+            .expect("upstream.path", "/r/foo.json?k=v"),
+        Case::get("template mixed segment needs a middle", "/mixed/presuf/any"),
+        Case::get("template suffix after **", "/media/a/b/c.m3u8")
+            .expect("upstream.path", "/hls/a/b/c/index"),
+        Case::get("template suffix after ** empty", "/media/.m3u8"),
+        Case::get("template variable pattern", "/videos/v/1/intro")
+            .expect("upstream.path", "/intro/v/1/"),
+        Case::get(
+            "template variable pattern literal mismatch",
+            "/videos/w/1/intro",
+        ),
+        Case::get("template glob between literals", "/glob/1/2/z")
+            .expect("upstream.header.x-route", "glob"),
+        Case::get("template glob needs its slashes", "/glob/z"),
+        Case::get("template literal star repeats", "/star/bbb")
+            .expect("upstream.header.x-route", "star_literal"),
+        Case::get("template literal star matches empty", "/star/"),
+        Case::get("template literal star is no glob", "/star/bcd"),
+        Case::get("template rewrite over h2", "/swap/a/b?x").h2(),
+    ];
+    run("uri_template", &cases).await;
+}

@@ -98,6 +98,85 @@ pub enum PathRewrite {
     Prefix(String),
     /// `regex_rewrite`: replace every match in the path (query excluded).
     Regex(Regex, String),
+    /// `path_rewrite_policy` (`uri_template_rewriter`): rebuild the path (query excluded)
+    /// from the variables of the route's `path_match_policy` template.
+    Template(TemplateRewrite),
+}
+
+/// One piece of a [`TemplateRewrite`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TemplateRewritePiece {
+    /// Copied as is.
+    Literal(String),
+    /// The text the match template's variable of this name captured.
+    Variable(String),
+}
+
+/// A compiled `path_template_rewrite` (`/v2/{lang}/{rest}`).
+#[derive(Debug, Clone)]
+pub struct TemplateRewrite {
+    /// The configured template.
+    pub template: String,
+    /// Literals and variable references, in order.
+    pub pieces: Vec<TemplateRewritePiece>,
+}
+
+impl TemplateRewrite {
+    /// Parses a rewrite template like Envoy's `parseRewritePattern`: it starts with `/`, has
+    /// no `//`, literals are RFC 3986 `pchar`s or `/`, variables are `{name}`. `None` when
+    /// invalid (Envoy gives no detail).
+    pub fn parse(template: &str) -> Option<Self> {
+        if !template.starts_with('/') || template.contains("//") {
+            return None;
+        }
+        let mut pieces = Vec::new();
+        let mut rest = template;
+        while !rest.is_empty() {
+            let (literal, var) = rest.split_once('{').unwrap_or((rest, ""));
+            if !literal.is_empty() {
+                if !super::matcher::is_template_literal(literal, true) {
+                    return None;
+                }
+                pieces.push(TemplateRewritePiece::Literal(literal.to_owned()));
+            }
+            if literal.len() == rest.len() {
+                break;
+            }
+            let (name, tail) = var.split_once('}')?;
+            if !super::matcher::is_template_variable_name(name) {
+                return None;
+            }
+            pieces.push(TemplateRewritePiece::Variable(name.to_owned()));
+            rest = tail;
+        }
+        Some(TemplateRewrite {
+            template: template.to_owned(),
+            pieces,
+        })
+    }
+
+    /// Whether every variable it references is a named group of `matcher` (the compiled
+    /// match template).
+    pub fn variables_defined_by(&self, matcher: &Regex) -> bool {
+        self.pieces.iter().all(|p| match p {
+            TemplateRewritePiece::Literal(_) => true,
+            TemplateRewritePiece::Variable(v) => matcher.capture_names().any(|n| n == Some(v)),
+        })
+    }
+
+    /// The new path (without query) from the match template's captures.
+    pub fn substitute(&self, captures: &regex::Captures<'_>) -> String {
+        let mut out = String::new();
+        for p in &self.pieces {
+            match p {
+                TemplateRewritePiece::Literal(l) => out.push_str(l),
+                TemplateRewritePiece::Variable(v) => {
+                    out.push_str(captures.name(v).map_or("", |m| m.as_str()))
+                }
+            }
+        }
+        out
+    }
 }
 
 /// How the `:authority` is rewritten before forwarding.

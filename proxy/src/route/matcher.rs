@@ -329,29 +329,318 @@ impl RuntimeFraction {
     }
 }
 
-/// Compiles a URI template (`/foo/{name}/*/**`) into an anchored regex, per Envoy's
-/// `uri_template` extension: `*` and `{x}` match one segment, `**` and `{x=**}` any rest.
-pub fn template_regex(template: &str) -> Result<Regex, String> {
-    if !template.starts_with('/') {
-        return Err(format!("path template {template:?} must start with '/'"));
-    }
-    let mut re = String::from("^");
-    for seg in template[1..].split('/') {
-        re.push('/');
-        let var = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}'));
-        let pattern = match var {
-            Some(v) => v.split_once('=').map(|(_, p)| p).unwrap_or("*"),
-            None => seg,
-        };
-        match pattern {
-            "**" => re.push_str(".*"),
-            "*" => re.push_str("[^/]+"),
-            lit if lit.contains(['{', '}', '*']) => {
-                return Err(format!("invalid path template {template:?}"));
-            }
-            lit => re.push_str(&regex::escape(lit)),
+/// The characters a URI template literal (and a `*` glob) may hold: RFC 3986 `pchar`.
+const TEMPLATE_CHARS: &str = r"a-zA-Z0-9\-._~%!$&'()+,;:@=*";
+
+/// Whether `s` is a non-empty run of [`TEMPLATE_CHARS`] (plus `/` when `slash`).
+pub(super) fn is_template_literal(s: &str, slash: bool) -> bool {
+    !s.is_empty()
+        && s.bytes().all(|b| {
+            b.is_ascii_alphanumeric() || b"-._~%!$&'()+,;:@=*".contains(&b) || (slash && b == b'/')
+        })
+}
+
+/// Whether `s` is a template variable name: a letter, then letters, digits or `_`.
+pub(super) fn is_template_variable_name(s: &str) -> bool {
+    let mut bytes = s.bytes();
+    bytes.next().is_some_and(|b| b.is_ascii_alphabetic())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Envoy's literal-to-regex step: escapes `$ ( ) + .` only, so a `*` in a literal stays a
+/// regex repetition, as in Envoy.
+fn literal_regex(out: &mut String, lit: &str) {
+    for c in lit.chars() {
+        if matches!(c, '$' | '(' | ')' | '+' | '.') {
+            out.push('\\');
         }
+        out.push(c);
+    }
+}
+
+/// Appends the regex of a glob: `*` one non-empty segment, `**` any text including `/`.
+/// Returns whether it was the text glob `**`.
+fn glob_regex(out: &mut String, glob: &str) -> bool {
+    let text = glob == "**";
+    out.push('[');
+    out.push_str(TEMPLATE_CHARS);
+    out.push_str(if text { "/]*" } else { "]+" });
+    text
+}
+
+/// Splits a leading `**` or `*` off `s`.
+fn split_glob(s: &str) -> (&str, &str) {
+    let n = if s.starts_with("**") { 2 } else { 1 };
+    s.split_at(n)
+}
+
+/// What [`template_regex`] tracks while compiling: variable names and glob order.
+#[derive(Default)]
+struct TemplateState {
+    names: Vec<String>,
+    name_error: Option<String>,
+    seen_text_glob: bool,
+    glob_after_text_glob: Option<&'static str>,
+}
+
+impl TemplateState {
+    fn glob(&mut self, out: &mut String, glob: &str) {
+        if self.seen_text_glob {
+            self.glob_after_text_glob
+                .get_or_insert("Glob after text glob.");
+        }
+        self.seen_text_glob = glob_regex(out, glob);
+    }
+
+    /// Compiles `{name}` / `{name=match}` (`body` is between the braces) to a named group.
+    fn variable(&mut self, out: &mut String, body: &str) -> Result<(), String> {
+        let (name, pattern) = match body.split_once('=') {
+            Some((n, p)) => (n, Some(p)),
+            None => (body, None),
+        };
+        if !is_template_variable_name(name) {
+            return Err(format!("Invalid variable name: {name:?}"));
+        }
+        out.push_str("(?P<");
+        out.push_str(name);
+        out.push('>');
+        match pattern {
+            None => {
+                if self.seen_text_glob {
+                    self.glob_after_text_glob
+                        .get_or_insert("Implicit variable path glob after text glob.");
+                }
+                glob_regex(out, "*");
+            }
+            Some("") => return Err("Empty variable match".to_owned()),
+            Some(mut rest) => {
+                let mut first = true;
+                while !rest.is_empty() {
+                    if !first {
+                        out.push('/');
+                    }
+                    first = false;
+                    if rest.starts_with('*') {
+                        let (glob, tail) = split_glob(rest);
+                        self.glob(out, glob);
+                        rest = tail;
+                    } else {
+                        let end = rest.find('/').unwrap_or(rest.len());
+                        let lit = &rest[..end];
+                        if !is_template_literal(lit, false) {
+                            return Err(format!("Invalid literal: {lit:?}"));
+                        }
+                        literal_regex(out, lit);
+                        rest = &rest[end..];
+                    }
+                    if !rest.is_empty() {
+                        match rest.strip_prefix('/') {
+                            Some(tail) if !tail.is_empty() => rest = tail,
+                            _ => return Err(format!("Invalid variable match: {rest:?}")),
+                        }
+                    }
+                }
+            }
+        }
+        out.push(')');
+        let error = if self.names.len() >= 5 {
+            Some("Exceeded variable count limit (5)".to_owned())
+        } else if name.len() > 16 {
+            Some(format!(
+                "Invalid variable name length (length of {name:?} should be at least 1 and no more than 16)"
+            ))
+        } else if self.names.iter().any(|n| n == name) {
+            Some(format!("Repeated variable name: {name:?}"))
+        } else {
+            None
+        };
+        if self.name_error.is_none() {
+            self.name_error = error;
+        }
+        self.names.push(name.to_owned());
+        Ok(())
+    }
+}
+
+/// Compiles a URI template (`/foo/{name}/*/**`, `/v/{id=*}.m3u8`, `/{rest=videos/**}`) into
+/// an anchored regex with one named group per variable, per Envoy's `uri_template` matcher:
+/// `*` and `{x}` match one segment, `**` any rest; a segment may put a literal prefix and
+/// suffix around a variable or glob. Errors carry Envoy's detail text.
+pub fn template_regex(template: &str) -> Result<Regex, String> {
+    let rest = template
+        .strip_prefix('/')
+        .filter(|r| r.bytes().all(|b| b.is_ascii_graphic()))
+        .ok_or_else(|| format!("Invalid pattern: {template:?}"))?;
+    let mut state = TemplateState::default();
+    let mut re = String::from("^/");
+    let mut rest = rest;
+    while !rest.is_empty() {
+        let seg_end = rest.find('/').unwrap_or(rest.len());
+        let brace = rest[..seg_end].find('{');
+        let (suffix_from, invalid_suffix) = if rest.starts_with('*') {
+            let (glob, tail) = split_glob(rest);
+            state.glob(&mut re, glob);
+            (tail, "Invalid literal")
+        } else if let Some(b) = brace.filter(|&b| b == 0 || rest[b..].contains('}')) {
+            let prefix = &rest[..b];
+            if !prefix.is_empty() {
+                if !is_template_literal(prefix, false) {
+                    return Err(format!("Invalid prefix literal: {prefix:?}"));
+                }
+                literal_regex(&mut re, prefix);
+            }
+            let (body, tail) = rest[b + 1..].split_once('}').ok_or_else(|| {
+                format!(
+                    "Unmatched variable bracket in mixed pattern: {:?}",
+                    &rest[b..]
+                )
+            })?;
+            state.variable(&mut re, body)?;
+            (tail, "Invalid suffix literal")
+        } else {
+            let lit = &rest[..seg_end];
+            if !is_template_literal(lit, false) {
+                return Err(format!("Invalid literal: {lit:?}"));
+            }
+            literal_regex(&mut re, lit);
+            (&rest[seg_end..], "Invalid literal")
+        };
+        let end = suffix_from.find('/').unwrap_or(suffix_from.len());
+        let suffix = &suffix_from[..end];
+        if !suffix.is_empty() {
+            if !is_template_literal(suffix, false) {
+                return Err(format!("{invalid_suffix}: {suffix:?}"));
+            }
+            literal_regex(&mut re, suffix);
+        }
+        rest = &suffix_from[end..];
+        if let Some(tail) = rest.strip_prefix('/') {
+            re.push('/');
+            rest = tail;
+            if rest.is_empty() {
+                break;
+            }
+        }
+    }
+    if let Some(e) = state.name_error {
+        return Err(e);
+    }
+    if let Some(e) = state.glob_after_text_glob {
+        return Err(e.to_owned());
     }
     re.push('$');
     Regex::new(&re).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::template_regex;
+
+    /// Whether `template` matches `path`, and what variable `var` captured.
+    fn capture(template: &str, path: &str, var: &str) -> Option<String> {
+        let re = template_regex(template).unwrap();
+        let caps = re.captures(path)?;
+        Some(caps.name(var).map_or("", |m| m.as_str()).to_owned())
+    }
+
+    #[test]
+    fn globs_variables_and_mixed_segments_match_like_envoy() {
+        assert_eq!(
+            capture("/a/{x}/{y=**}", "/a/1/2/3", "y").as_deref(),
+            Some("2/3")
+        );
+        assert_eq!(capture("/a/{x}/{y=**}", "/a/1/", "y").as_deref(), Some(""));
+        assert_eq!(capture("/a/{x}/{y=**}", "/a/1", "x"), None);
+        for ok in ["x=y", "x*y", "a:b@c", "x'y", "x%y", "x(y"] {
+            assert!(
+                capture("/a/{x}", &format!("/a/{ok}"), "x").is_some(),
+                "{ok}"
+            );
+        }
+        for bad in ["x\"y", "x[y", "x{y", "x|y", "x^y"] {
+            assert_eq!(capture("/a/{x}", &format!("/a/{bad}"), "x"), None, "{bad}");
+        }
+        assert_eq!(
+            capture("/b/pre{x}suf/c", "/b/prefoosuf/c", "x").as_deref(),
+            Some("foo")
+        );
+        assert_eq!(capture("/b/pre{x}suf/c", "/b/presuf/c", "x"), None);
+        assert_eq!(
+            capture("/d/{x=**}.m3u8", "/d/x/y.m3u8", "x").as_deref(),
+            Some("x/y")
+        );
+        assert_eq!(
+            capture("/e/{x=v/*}/{y}", "/e/v/1/2", "x").as_deref(),
+            Some("v/1")
+        );
+        assert_eq!(capture("/e/{x=v/*}/{y}", "/e/w/1/2", "x"), None);
+        assert!(capture("/f/**/z", "/f/1/2/z", "").is_some());
+        assert!(capture("/f/**/z", "/f/z", "").is_none());
+        assert!(capture("/h/{x}/", "/h/1", "x").is_none());
+        // Envoy leaves `*` inside a literal unescaped: `b*` is a regex repetition.
+        for (path, hit) in [
+            ("/c/b", true),
+            ("/c/", true),
+            ("/c/bb", true),
+            ("/c/bcd", false),
+        ] {
+            assert_eq!(capture("/c/b*", path, "").is_some(), hit, "{path}");
+        }
+    }
+
+    #[test]
+    fn invalid_templates_give_envoys_reason() {
+        for (template, reason) in [
+            ("a", "Invalid pattern: \"a\""),
+            ("/a/{x}.{y}", "Invalid suffix literal: \".{y}\""),
+            ("/a//b", "Invalid literal: \"\""),
+            ("/a/{x}{y}", "Invalid suffix literal: \"{y}\""),
+            (
+                "/{a}/{b}/{c}/{d}/{e}/{f}",
+                "Exceeded variable count limit (5)",
+            ),
+            (
+                "/{abcdefghijklmnopq}",
+                "Invalid variable name length (length of \"abcdefghijklmnopq\" should be at least 1 and no more than 16)",
+            ),
+            ("/{a}/{a}", "Repeated variable name: \"a\""),
+            ("/a/{x=}", "Empty variable match"),
+            ("/a/{x=*/}", "Invalid variable match: \"/\""),
+            ("/a/{x=*b}", "Invalid variable match: \"b\""),
+            ("/a/{1x}", "Invalid variable name: \"1x\""),
+            ("/a/b?c", "Invalid literal: \"b?c\""),
+            (
+                "/{x=**}/{y}",
+                "Implicit variable path glob after text glob.",
+            ),
+            ("/a/**/*", "Glob after text glob."),
+            (
+                "/a/{x=**}/{y}.jpg",
+                "Implicit variable path glob after text glob.",
+            ),
+            ("/a/*{x}", "Invalid literal: \"{x}\""),
+            ("/a/pre{x", "Invalid literal: \"pre{x\""),
+            (
+                "/foo/{a",
+                "Unmatched variable bracket in mixed pattern: \"{a\"",
+            ),
+            (
+                "/api/MyFunction[{id}]",
+                "Invalid prefix literal: \"MyFunction[\"",
+            ),
+            ("/a/{x=a/?}", "Invalid literal: \"?\""),
+        ] {
+            assert_eq!(template_regex(template).unwrap_err(), reason, "{template}");
+        }
+        for valid in [
+            "/",
+            "/a/",
+            "/a/{x}/**",
+            "/a/**/b",
+            "/a{b}/c",
+            "/a/{x=*}/{y=*}/{z=**}",
+        ] {
+            assert!(template_regex(valid).is_ok(), "{valid}");
+        }
+    }
 }

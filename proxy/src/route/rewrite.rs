@@ -1,6 +1,6 @@
 //! Path rewrites and redirect locations.
 
-use super::action::{PathRewrite, Redirect, RedirectPath};
+use super::action::{PathRewrite, Redirect, RedirectPath, TemplateRewrite};
 use super::matcher::{PathMatch, strip_query};
 use super::{Route, RouteRequest};
 
@@ -14,16 +14,30 @@ fn matched_len(route: &Route, match_path: &str) -> usize {
 }
 
 /// Applies a path rewrite to `path` (as received; `match_path` is the path used for matching).
+/// `None` when a template rewrite does not apply (Envoy then forwards the path unchanged).
 pub(super) fn path(
     route: &Route,
     rewrite: &PathRewrite,
     match_path: &str,
     path: &str,
 ) -> Option<String> {
-    Some(match rewrite {
-        PathRewrite::Prefix(prefix) => prefix_rewrite(route, prefix, match_path, path),
-        PathRewrite::Regex(re, sub) => regex_rewrite(re, sub, path),
-    })
+    match rewrite {
+        PathRewrite::Prefix(prefix) => Some(prefix_rewrite(route, prefix, match_path, path)),
+        PathRewrite::Regex(re, sub) => Some(regex_rewrite(re, sub, path)),
+        PathRewrite::Template(t) => template_rewrite(route, t, path),
+    }
+}
+
+/// Envoy's `uri_template_rewriter`: matches the path (query excluded) against the route's
+/// match template again and substitutes its variables; the query is kept.
+fn template_rewrite(route: &Route, rewrite: &TemplateRewrite, path: &str) -> Option<String> {
+    let PathMatch::Template(_, re) = &route.matcher.path else {
+        return None;
+    };
+    let p = strip_query(path);
+    let mut out = rewrite.substitute(&re.captures(p)?);
+    out.push_str(&path[p.len()..]);
+    Some(out)
 }
 
 fn prefix_rewrite(route: &Route, prefix: &str, match_path: &str, path: &str) -> String {

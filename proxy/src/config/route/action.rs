@@ -12,7 +12,7 @@ use proto::pb::envoy::config::route::v3 as pb;
 use super::matchers::{regex_substitute, runtime_fraction};
 use super::{ClusterCheck, duration, header_rules};
 use crate::config::ConfigError;
-use crate::route::action::{StreamDuration, UpgradeSetting};
+use crate::route::action::{StreamDuration, TemplateRewrite, UpgradeSetting};
 use crate::route::matcher::PathMatch;
 use crate::route::policy::{HashKind, HashPolicy, MirrorPolicy, RetryPolicy};
 use crate::route::{
@@ -145,34 +145,7 @@ pub(super) fn forward(
         }
         None => return Err(ConfigError::new("cluster_specifier", "value is required")),
     };
-    let path_rewrite = match (&ra.prefix_rewrite, &ra.regex_rewrite) {
-        (p, Some(_)) if !p.is_empty() => {
-            return Err(ConfigError::new(
-                "",
-                "Cannot specify both prefix_rewrite and regex_rewrite",
-            ));
-        }
-        (_, Some(r)) => {
-            let (re, sub) = regex_substitute(r).map_err(|e| e.within("regex_rewrite"))?;
-            Some(PathRewrite::Regex(re, sub))
-        }
-        (p, None) if !p.is_empty() => {
-            if matches!(matcher.path, PathMatch::Template(..)) {
-                return Err(ConfigError::new(
-                    "prefix_rewrite",
-                    "Cannot use prefix_rewrite with matcher extension",
-                ));
-            }
-            Some(PathRewrite::Prefix(p.clone()))
-        }
-        _ => None,
-    };
-    if ra.path_rewrite_policy.is_some() {
-        return Err(ConfigError::new(
-            "path_rewrite_policy",
-            "path_rewrite_policy is not supported by revoy",
-        ));
-    }
+    let path_rewrite = path_rewrite(ra, matcher)?;
     use pb::route_action::HostRewriteSpecifier as H;
     let host_rewrite = match &ra.host_rewrite_specifier {
         Some(H::HostRewriteLiteral(h)) | Some(H::HostRewrite(h)) => {
@@ -266,6 +239,96 @@ pub(super) fn forward(
         per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
         priority: ra.priority,
     })))
+}
+
+/// The extension `path_rewrite_policy` must name.
+const URI_TEMPLATE_REWRITER: &str = "envoy.path.rewrite.uri_template.uri_template_rewriter";
+
+/// Compiles the route's path rewrite: `prefix_rewrite`, `regex_rewrite` or a
+/// `path_rewrite_policy` URI template, with Envoy's checks in Envoy's order.
+fn path_rewrite(
+    ra: &pb::RouteAction,
+    matcher: &RouteMatch,
+) -> Result<Option<PathRewrite>, ConfigError> {
+    let template = ra
+        .path_rewrite_policy
+        .as_ref()
+        .map(template_rewrite)
+        .transpose()?;
+    let prefix = (!ra.prefix_rewrite.is_empty()).then_some(&ra.prefix_rewrite);
+    let configured = [
+        template.is_some(),
+        prefix.is_some(),
+        ra.regex_rewrite.is_some(),
+    ];
+    if configured.into_iter().filter(|c| *c).count() > 1 {
+        return Err(ConfigError::new(
+            "",
+            "Specify only one of prefix_rewrite, regex_rewrite or path_rewrite_policy",
+        ));
+    }
+    if let Some(p) = prefix {
+        if matches!(matcher.path, PathMatch::Template(..)) {
+            return Err(ConfigError::new(
+                "prefix_rewrite",
+                "Cannot use prefix_rewrite with matcher extension",
+            ));
+        }
+        return Ok(Some(PathRewrite::Prefix(p.clone())));
+    }
+    if let Some(r) = &ra.regex_rewrite {
+        let (re, sub) = regex_substitute(r).map_err(|e| e.within("regex_rewrite"))?;
+        return Ok(Some(PathRewrite::Regex(re, sub)));
+    }
+    let Some(template) = template else {
+        return Ok(None);
+    };
+    let PathMatch::Template(match_template, re) = &matcher.path else {
+        return Err(ConfigError::new(
+            "path_rewrite_policy",
+            format!(
+                "unable to use {URI_TEMPLATE_REWRITER} extension without \
+                 envoy.path.match.uri_template.uri_template_matcher extension"
+            ),
+        ));
+    };
+    if !template.variables_defined_by(re) {
+        return Err(ConfigError::new(
+            "path_rewrite_policy",
+            format!(
+                "mismatch between variables in path_match_policy {match_template} and \
+                 path_rewrite_policy {}",
+                template.template
+            ),
+        ));
+    }
+    Ok(Some(PathRewrite::Template(template)))
+}
+
+/// Compiles a `path_rewrite_policy` extension (`UriTemplateRewriteConfig` only).
+fn template_rewrite(ext: &core::TypedExtensionConfig) -> Result<TemplateRewrite, ConfigError> {
+    use proto::pb::envoy::extensions::path::rewrite::uri_template::v3::UriTemplateRewriteConfig;
+    let at = "path_rewrite_policy";
+    let config = ext
+        .typed_config
+        .as_ref()
+        .and_then(|any| proto::unpack::<UriTemplateRewriteConfig>(any).ok())
+        .ok_or_else(|| {
+            ConfigError::new(at, format!("only {URI_TEMPLATE_REWRITER} is supported"))
+        })?;
+    let template = config.path_template_rewrite;
+    if !(1..=256).contains(&template.chars().count()) {
+        return Err(ConfigError::new(
+            "path_rewrite_policy.path_template_rewrite",
+            "value must have between 1 and 256 characters inclusive",
+        ));
+    }
+    TemplateRewrite::parse(&template).ok_or_else(|| {
+        ConfigError::new(
+            at,
+            format!("path_rewrite_policy.path_template_rewrite {template} is invalid"),
+        )
+    })
 }
 
 fn hash_policy(h: &pb::route_action::HashPolicy) -> Result<HashPolicy, ConfigError> {

@@ -250,8 +250,18 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
                 .ok_or_else(|| {
                     ConfigError::new("path_match_policy", "only envoy.path.match.uri_template.uri_template_matcher is supported")
                 })?;
-            let re =
-                template_regex(&template).map_err(|m| ConfigError::new("path_match_policy", m))?;
+            if !(1..=256).contains(&template.chars().count()) {
+                return Err(ConfigError::new(
+                    "path_match_policy.path_template",
+                    "value must have between 1 and 256 characters inclusive",
+                ));
+            }
+            let re = template_regex(&template).map_err(|m| {
+                ConfigError::new(
+                    "path_match_policy",
+                    format!("path_match_policy.path_template {template} is invalid: {m}"),
+                )
+            })?;
             PathMatch::Template(template, re)
         }
         None => return Err(ConfigError::new("path_specifier", "value is required")),

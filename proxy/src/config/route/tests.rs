@@ -126,3 +126,85 @@ fn regex_cache_lives_for_one_scope() {
     }
     assert_eq!(cached(), None);
 }
+
+/// A route config with one route: `path_match_policy` template `m` and `route` settings.
+fn template_route(m: &str, route: &str) -> String {
+    format!(
+        "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match:\n      path_match_policy:\n        name: envoy.path.match.uri_template.uri_template_matcher\n        typed_config: {{'@type': type.googleapis.com/envoy.extensions.path.match.uri_template.v3.UriTemplateMatchConfig, path_template: '{m}'}}\n    route: {route}\n"
+    )
+}
+
+/// A `path_rewrite_policy` with rewrite template `r`, plus `extra` route fields.
+fn template_rewrite(r: &str, extra: &str) -> String {
+    format!(
+        "{{cluster: c, {extra} path_rewrite_policy: {{name: envoy.path.rewrite.uri_template.uri_template_rewriter, typed_config: {{'@type': type.googleapis.com/envoy.extensions.path.rewrite.uri_template.v3.UriTemplateRewriteConfig, path_template_rewrite: '{r}'}}}}}}"
+    )
+}
+
+#[test]
+fn path_template_rewrite_substitutes_variables_and_keeps_the_query() {
+    let t = compile(&template_route(
+        "/a/{x}/{y=**}",
+        &template_rewrite("/r/{y}/{x}", ""),
+    ))
+    .unwrap();
+    let h = http::HeaderMap::new();
+    for (path, rewritten) in [
+        ("/a/1/2/3?q=1&r=2", "/r/2/3/1?q=1&r=2"),
+        ("/a/1/", "/r//1"),
+        ("/a/x=y/z?", "/r/z/x=y?"),
+    ] {
+        let req = RouteRequest::new(&http::Method::GET, "h", path, &h);
+        let s = t.select(&req).unwrap();
+        assert_eq!(s.rewritten_path(&req).as_deref(), Some(rewritten), "{path}");
+    }
+}
+
+#[test]
+fn path_template_rewrite_config_errors_match_envoy() {
+    let err = |m: &str, r: &str| compile(&template_route(m, r)).unwrap_err().message;
+    assert_eq!(
+        err("/foo/{a}", &template_rewrite("/{c}", "")),
+        "mismatch between variables in path_match_policy /foo/{a} and path_rewrite_policy /{c}"
+    );
+    for extra in [
+        "prefix_rewrite: /x,",
+        "regex_rewrite: {pattern: {regex: x}, substitution: y},",
+    ] {
+        assert_eq!(
+            err("/foo/{a}", &template_rewrite("/{a}", extra)),
+            "Specify only one of prefix_rewrite, regex_rewrite or path_rewrite_policy"
+        );
+    }
+    for bad in ["foo", "/r//x", "/r/{x=*}", "/r/{x", "/r/a}b", "/r/?q"] {
+        assert_eq!(
+            err("/r/{x}", &template_rewrite(bad, "")),
+            format!("path_rewrite_policy.path_template_rewrite {bad} is invalid")
+        );
+    }
+    assert_eq!(
+        err("/foo/{a", "{cluster: c}"),
+        "path_match_policy.path_template /foo/{a is invalid: Unmatched variable bracket in mixed pattern: \"{a\""
+    );
+    let yaml = format!(
+        "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {{prefix: /}}\n    route: {}\n",
+        template_rewrite("/{c}", "")
+    );
+    assert_eq!(
+        compile(&yaml).unwrap_err().message,
+        "unable to use envoy.path.rewrite.uri_template.uri_template_rewriter extension without envoy.path.match.uri_template.uri_template_matcher extension"
+    );
+    for ok in [
+        "/r/*",
+        "/r/{x}.json",
+        "/{x}x{x}",
+        "/r/a=b",
+        "/r/{x}/",
+        "/r/%20",
+    ] {
+        assert!(
+            compile(&template_route("/r/{x}", &template_rewrite(ok, ""))).is_ok(),
+            "{ok}"
+        );
+    }
+}
