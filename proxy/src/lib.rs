@@ -14,6 +14,7 @@ pub mod memory;
 pub mod route;
 pub mod router_check;
 pub mod server;
+pub mod spawn;
 pub mod stats;
 pub mod tcp;
 pub mod tls;

@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -163,7 +163,7 @@ where
     let stats = &ctx.hcm.stats;
     stats.cx_total.inc();
     stats.cx_active.inc();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(crate::spawn::Executor);
     builder
         .http1()
         .timer(TokioTimer::new())

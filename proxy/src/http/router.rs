@@ -341,7 +341,7 @@ async fn route_and_forward(
                 report_host: response_rules,
             };
             if upgrade.is_some() {
-                return super::upgrade::forward(req, &cluster, &lb, cfg).await;
+                return Box::pin(super::upgrade::forward(req, &cluster, &lb, cfg)).await;
             }
             let vhost = selected.virtual_host;
             let downstream_version = req.version();
@@ -396,13 +396,16 @@ async fn route_and_forward(
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
             };
-            let run = exchange.run(parts, body);
-            let (outcome, attempts) = match &limits {
-                Some(l) => match l.bound(run).await {
-                    Ok(done) => done,
-                    Err(why) => return local_reply(StatusCode::GATEWAY_TIMEOUT, why),
-                },
-                None => run.await,
+            // The exchange future is built inside each arm: a local moved into the timeout
+            // would keep its own slot in this future's state next to the moved copy.
+            let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
+                Some((at, why)) => {
+                    match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
+                        Ok(done) => done,
+                        Err(_) => return local_reply(StatusCode::GATEWAY_TIMEOUT, why),
+                    }
+                }
+                None => exchange.run(parts, body).await,
             };
             let mut resp = match outcome {
                 Outcome::Local(status, text) => local_reply(status, &text),

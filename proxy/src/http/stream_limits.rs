@@ -35,17 +35,16 @@ impl StreamLimits {
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 
-    /// Runs `fut` (the wait for the response head); `Err` carries the local reply body of the
-    /// limit that fired first.
-    pub async fn bound<F: Future>(&self, fut: F) -> Result<F::Output, &'static str> {
+    /// When the wait for the response head must end, and the local reply body of the limit
+    /// that fires first then.
+    pub fn head_deadline(&self) -> Option<(Instant, &'static str)> {
         let idle_at = self.idle.map(|i| Instant::now() + i);
-        let (at, why) = match (idle_at, self.deadline) {
-            (Some(i), Some(d)) if d <= i => (d, DURATION_TIMEOUT),
-            (Some(i), _) => (i, STREAM_TIMEOUT),
-            (None, Some(d)) => (d, DURATION_TIMEOUT),
-            (None, None) => return Ok(fut.await),
-        };
-        tokio::time::timeout_at(at, fut).await.map_err(|_| why)
+        match (idle_at, self.deadline) {
+            (Some(i), Some(d)) if d <= i => Some((d, DURATION_TIMEOUT)),
+            (Some(i), _) => Some((i, STREAM_TIMEOUT)),
+            (None, Some(d)) => Some((d, DURATION_TIMEOUT)),
+            (None, None) => None,
+        }
     }
 
     /// Wraps a response body so that it fails when idle too long or past the deadline.

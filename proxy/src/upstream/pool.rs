@@ -12,7 +12,7 @@ use http::header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::body::Body;
@@ -145,7 +145,9 @@ pub(crate) async fn send_h1(
             Some(idle) => (idle, true),
             None => {
                 opts.stats.upstream_rq_pending_total.inc();
-                (connect_h1(host, opts).await?, false)
+                // Boxed: connection setup is rare, and inline it would enlarge every
+                // request's future (which tokio and hyper move around) by its state.
+                (Box::pin(connect_h1(host, opts)).await?, false)
             }
         };
         match idle.sender.try_send_request(req).await {
@@ -268,13 +270,23 @@ async fn h2_sender(
         return Ok((s, false));
     }
     opts.stats.upstream_rq_pending_total.inc();
+    // Boxed for the same reason as `connect_h1`: rare, and large inline.
+    Box::pin(open_h2(host, opts, usable)).await
+}
+
+/// Opens the host's HTTP/2 connection, unless another request opened it meanwhile.
+async fn open_h2(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+    usable: impl Fn() -> Option<http2::SendRequest<Body>>,
+) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
     let _connecting = host.pool.h2_connecting.lock().await;
     if let Some(s) = usable() {
         return Ok((s, false));
     }
     let (stream, active) = connect(host, opts).await?;
     opts.stats.upstream_cx_http2_total.inc();
-    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+    let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
