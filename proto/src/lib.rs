@@ -6,11 +6,13 @@
 
 mod any;
 mod codec;
+mod encoded;
 mod pool;
 mod typed_struct;
 
 pub use any::{UnpackError, pack, type_name_of, unpack};
 pub use codec::{Codec, DecodeError, Decoded, Format};
+pub use encoded::Encoded;
 pub use envoy_types::pb;
 pub use pool::embedded_descriptors;
 pub use typed_struct::{TypedStruct, UDPA_TYPED_STRUCT, XDS_TYPED_STRUCT};

@@ -15,9 +15,6 @@ use crate::route::RouteTable;
 use crate::stats::{Gauge, Store};
 use crate::upstream::ClusterManager;
 
-/// `envoy.config.core.v3.TrafficDirection.INBOUND`.
-const INBOUND: i32 = 1;
-
 /// Envoy's `server.state` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerState {
@@ -198,7 +195,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                     .accept_tasks
                     .lock()
                     .expect("accept tasks")
-                    .push((task.abort_handle(), cfg.proto.traffic_direction == INBOUND));
+                    .push((task.abort_handle(), cfg.inbound));
             }
         }
         listeners.push(l);

@@ -30,10 +30,10 @@ fn started(shared: &Shared) -> Timestamp {
 /// Renders the dump; `?resource=` selects one repeated field like Envoy.
 pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
     let ts = Some(started(shared));
-    let b = &shared.bootstrap.proto;
+    let b = shared.bootstrap.proto.decode();
     let sr = b.static_resources.clone().unwrap_or_default();
     let bootstrap = BootstrapConfigDump {
-        bootstrap: Some(b.clone()),
+        bootstrap: Some(b),
         last_updated: ts,
     };
     let clusters = ClustersConfigDump {

@@ -18,8 +18,8 @@ pub struct BootstrapConfig {
     pub listeners: Vec<ListenerConfig>,
     /// Static clusters.
     pub clusters: Vec<ClusterConfig>,
-    /// The bootstrap itself, for config_dump and xDS.
-    pub proto: Bootstrap,
+    /// The bootstrap itself, for `/config_dump` and `/server_info`.
+    pub proto: proto::Encoded<Bootstrap>,
 }
 
 /// Compiles a bootstrap. Errors name the field path from the document root.
@@ -89,6 +89,6 @@ pub fn compile_bootstrap(
         admin,
         listeners,
         clusters,
-        proto: b.clone(),
+        proto: proto::Encoded::new(b),
     })
 }

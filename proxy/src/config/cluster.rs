@@ -2,7 +2,6 @@
 //! protocol and connection settings, validated with Envoy's rules.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
@@ -59,7 +58,7 @@ pub struct ClusterConfig {
     /// Whether the cluster came from CDS (set by the caller; shown by /clusters).
     pub added_via_api: bool,
     /// The original proto, for `/config_dump` and change detection.
-    pub proto: Arc<Cluster>,
+    pub proto: proto::Encoded<Cluster>,
 }
 
 impl ClusterConfig {
@@ -350,7 +349,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
         added_via_api: false,
-        proto: Arc::new(c.clone()),
+        proto: proto::Encoded::new(c),
     })
 }
 

@@ -66,8 +66,8 @@ pub struct ListenerConfig {
     pub chains: Vec<ChainConfig>,
     /// `default_filter_chain`.
     pub default_chain: Option<ChainConfig>,
-    /// The proto, for config_dump.
-    pub proto: Listener,
+    /// `traffic_direction` is INBOUND (`/drain_listeners?inboundonly`).
+    pub inbound: bool,
 }
 
 impl ListenerConfig {
@@ -288,6 +288,7 @@ pub fn compile_listener(
         filters,
         chains,
         default_chain,
-        proto: l.clone(),
+        inbound: l.traffic_direction
+            == proto::pb::envoy::config::core::v3::TrafficDirection::Inbound as i32,
     })
 }
