@@ -221,11 +221,7 @@ fn new_request_id() -> HeaderValue {
         out[o + 1] = HEX[usize::from(byte & 0x0f)];
         o += 2;
     }
-    let mut id = HeaderValue::from_bytes(&out).expect("uuid is ASCII");
-    // Unique per request: HTTP/2's HPACK would add every id to its dynamic table and evict
-    // the headers that do repeat. Sensitive values are sent as never-indexed literals.
-    id.set_sensitive(true);
-    id
+    HeaderValue::from_bytes(&out).expect("uuid is ASCII")
 }
 
 /// Applies the connection manager's request rules to `headers`.
