@@ -41,8 +41,8 @@ impl Pipe {
         Ok(Pipe { read, write })
     }
 
-    /// How many bytes one splice into the pipe may move (its capacity).
-    fn capacity(&self) -> usize {
+    /// The pipe's capacity in bytes.
+    fn size(&self) -> usize {
         // SAFETY: F_GETPIPE_SZ only reads the size of an open pipe descriptor.
         let size = unsafe { libc::fcntl(self.write.as_raw_fd(), libc::F_GETPIPE_SZ) };
         usize::try_from(size)
@@ -51,8 +51,23 @@ impl Pipe {
             .unwrap_or(64 * 1024)
     }
 
-    /// Forwards `from` to `to` until `from` reaches end of stream (the caller then shuts down
-    /// `to`'s write side). Each chunk is written fully before the next read, like the copy path.
+    /// Grows the pipe to [`BULK_PIPE_SIZE`] if the system allows it; returns the capacity.
+    fn grow(&self) -> usize {
+        // SAFETY: F_SETPIPE_SZ only resizes an open pipe; on failure (e.g. the per-user pipe
+        // limit) the pipe keeps its size.
+        unsafe {
+            libc::fcntl(
+                self.write.as_raw_fd(),
+                libc::F_SETPIPE_SZ,
+                BULK_PIPE_SIZE as libc::c_int,
+            );
+        }
+        self.size()
+    }
+
+    /// Forwards `from` to `to` until `from` reaches end of stream and everything read was
+    /// written (the caller then shuts down `to`'s write side). Reading and writing overlap:
+    /// the pipe keeps filling from `from` while `to` drains it.
     pub(super) async fn forward(
         &self,
         from: &TcpStream,
@@ -60,42 +75,73 @@ impl Pipe {
         activity: &Activity,
         bytes: &Counter,
     ) -> io::Result<Forwarded> {
-        let chunk = self.capacity();
+        let mut capacity = self.size();
+        let mut grown = false;
+        let mut buffered = 0usize;
+        let mut eof = false;
         let mut moved_any = false;
         loop {
-            let n = loop {
-                from.readable().await?;
+            let mut progress = false;
+            if !eof && buffered < capacity {
                 let r = from.try_io(Interest::READABLE, || {
-                    splice(from.as_raw_fd(), self.write.as_raw_fd(), chunk)
+                    splice(
+                        from.as_raw_fd(),
+                        self.write.as_raw_fd(),
+                        capacity - buffered,
+                    )
                 });
                 match r {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Ok(0) => eof = true,
+                    Ok(n) => {
+                        buffered += n;
+                        if buffered == capacity && !grown {
+                            // A full pipe means a bulk transfer: fewer, larger splices.
+                            grown = true;
+                            capacity = self.grow();
+                        }
+                        moved_any = true;
+                        progress = true;
+                        bytes.add(n as u64);
+                        activity.touch();
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) if !moved_any && unsupported(&e) => return Ok(Forwarded::Unsupported),
                     Err(e) => return Err(e),
                 }
-            };
-            if n == 0 {
-                return Ok(Forwarded::Eof);
             }
-            moved_any = true;
-            let mut left = n;
-            while left > 0 {
-                to.writable().await?;
+            if buffered > 0 {
                 let r = to.try_io(Interest::WRITABLE, || {
-                    splice(self.read.as_raw_fd(), to.as_raw_fd(), left)
+                    splice(self.read.as_raw_fd(), to.as_raw_fd(), buffered)
                 });
                 match r {
-                    Ok(m) => left -= m,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Ok(m) => {
+                        buffered -= m;
+                        progress = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
                 }
             }
-            bytes.add(n as u64);
-            activity.touch();
+            if eof && buffered == 0 {
+                return Ok(Forwarded::Eof);
+            }
+            if progress {
+                continue;
+            }
+            let can_read = !eof && buffered < capacity;
+            tokio::select! {
+                r = from.readable(), if can_read => r?,
+                r = to.writable(), if buffered > 0 => r?,
+            }
         }
     }
 }
+
+/// The pipe size of a connection that filled its default pipe: 1 MiB (Linux's default
+/// `pipe-max-size`), sixteen times the default, so a fast sender is not throttled to 64 KiB
+/// per wake-up. Interactive connections keep the default and its smaller share of the
+/// per-user pipe budget.
+const BULK_PIPE_SIZE: usize = 1024 * 1024;
 
 /// Errors meaning "splice cannot serve these descriptors", not "the connection failed".
 fn unsupported(e: &io::Error) -> bool {
