@@ -125,6 +125,9 @@ impl Exchange<'_> {
                 self.lb.avoid.push(host);
             }
             retrying.replace(RetryHold::new(in_flight));
+            if let Ok(Outcome::Response(resp)) = &outcome {
+                stats.charge_retried(resp.status().as_u16());
+            }
             drop(outcome);
             let wait = tokio::time::sleep(back_off);
             if let Some(g) = global {
@@ -159,8 +162,8 @@ impl Exchange<'_> {
         }
         let per_try = self.per_try_deadline(global);
         match per_try.or(global) {
-            Some(d) => timeout_at(d, self.cluster.request(req, &self.lb)).await,
-            None => Ok(self.cluster.request(req, &self.lb).await),
+            Some(d) => timeout_at(d, self.cluster.attempt(req, &self.lb)).await,
+            None => Ok(self.cluster.attempt(req, &self.lb).await),
         }
     }
 
@@ -171,15 +174,16 @@ impl Exchange<'_> {
         global: Option<Instant>,
     ) -> Outcome {
         let result = self.send(req, 1, start, global).await;
-        match result {
-            Err(_) if global.is_some_and(|g| Instant::now() >= g) => self.global_timeout(),
+        let outcome = match result {
+            Err(_) if global.is_some_and(|g| Instant::now() >= g) => return self.global_timeout(),
             Err(_) => {
                 self.cluster.stats().upstream_rq_per_try_timeout.inc();
-                self.finish(Err(()))
+                Err(())
             }
-            Ok(Err(e)) => Outcome::Local(e.local_reply_status(), e.local_reply_body()),
-            Ok(Ok(resp)) => Outcome::Response(resp),
-        }
+            Ok(Err(e)) => Ok(Outcome::Local(e.local_reply_status(), e.local_reply_body())),
+            Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
+        };
+        self.finish(outcome)
     }
 
     /// The per-try deadline from now, when it comes before the global one.
@@ -192,10 +196,17 @@ impl Exchange<'_> {
         global.is_none_or(|g| d < g).then_some(d)
     }
 
-    /// The outcome handed downstream; `Err` is a per-try timeout (Envoy answers 504).
+    /// The outcome handed downstream, its status charged to the cluster; `Err` is a per-try
+    /// timeout (Envoy answers 504). A local outcome is an upstream failure: Envoy charges 503.
     fn finish(&self, outcome: Result<Outcome, ()>) -> Outcome {
+        let stats = self.cluster.stats();
+        let status = match &outcome {
+            Ok(Outcome::Response(resp)) => resp.status().as_u16(),
+            Ok(Outcome::Local(..)) => 503,
+            Err(()) => 504,
+        };
+        stats.charge_status(status, self.lb.internal);
         outcome.unwrap_or_else(|()| {
-            self.cluster.stats().charge_status(504, self.lb.internal);
             Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
         })
     }

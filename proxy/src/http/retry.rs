@@ -323,6 +323,7 @@ impl<'p> RetryState<'p> {
         }
         self.retried = true;
         stats.upstream_rq_retry.inc();
+        stats.upstream_rq_retry_backoff_exponential.inc();
         Verdict::RetryAfter(self.next_back_off(rand::random()))
     }
 

@@ -238,6 +238,23 @@ impl Cluster {
         req: Request<Body>,
         ctx: &LbContext,
     ) -> Result<Response<Incoming>, UpstreamError> {
+        let result = self.attempt(req, ctx).await;
+        match &result {
+            Ok(resp) => self
+                .stats
+                .charge_status(resp.status().as_u16(), ctx.internal),
+            Err(_) => self.stats.charge_status(503, ctx.internal),
+        }
+        result
+    }
+
+    /// Like [`Cluster::request`], but the response code (or the 503 of a failure) is left
+    /// for the caller to charge: the router charges a retried attempt under `retry.`.
+    pub async fn attempt(
+        &self,
+        req: Request<Body>,
+        ctx: &LbContext,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let header_dst = match &self.config.discovery {
             Discovery::OriginalDst {
                 use_http_header: true,
@@ -250,11 +267,7 @@ impl Cluster {
                 .and_then(|v| v.parse().ok()),
             _ => None,
         };
-        let result = self.request_inner(req, ctx, header_dst).await;
-        if result.is_err() {
-            self.stats.charge_status(503, ctx.internal);
-        }
-        result
+        self.request_inner(req, ctx, header_dst).await
     }
 
     async fn request_inner(
@@ -298,7 +311,6 @@ impl Cluster {
                 } else {
                     hs.rq_success.fetch_add(1, Ordering::Relaxed);
                 }
-                self.stats.charge_status(status, ctx.internal);
             }
             Err(UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. }) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);

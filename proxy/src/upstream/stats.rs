@@ -44,6 +44,8 @@ pub struct ClusterStats {
     pub upstream_rq_timeout: Counter,
     /// `upstream_rq_retry` (charged by the router).
     pub upstream_rq_retry: Counter,
+    /// `upstream_rq_retry_backoff_exponential` (charged by the router).
+    pub upstream_rq_retry_backoff_exponential: Counter,
     /// `upstream_rq_retry_success`.
     pub upstream_rq_retry_success: Counter,
     /// `upstream_rq_retry_overflow`.
@@ -67,6 +69,7 @@ pub struct ClusterStats {
     codes: CodeStats,
     external: CodeStats,
     internal: CodeStats,
+    retried: CodeStats,
 }
 
 /// `<prefix>upstream_rq_<code|class>` and `upstream_rq_completed`, created on first use like
@@ -137,6 +140,7 @@ impl ClusterStats {
             upstream_rq_pending_failure_eject: c("upstream_rq_pending_failure_eject"),
             upstream_rq_timeout: c("upstream_rq_timeout"),
             upstream_rq_retry: c("upstream_rq_retry"),
+            upstream_rq_retry_backoff_exponential: c("upstream_rq_retry_backoff_exponential"),
             upstream_rq_retry_success: c("upstream_rq_retry_success"),
             upstream_rq_retry_overflow: c("upstream_rq_retry_overflow"),
             upstream_rq_retry_limit_exceeded: c("upstream_rq_retry_limit_exceeded"),
@@ -150,6 +154,7 @@ impl ClusterStats {
             codes: CodeStats::new(prefix.clone()),
             external: CodeStats::new(format!("{prefix}external.")),
             internal: CodeStats::new(format!("{prefix}internal.")),
+            retried: CodeStats::new(format!("{prefix}retry.")),
             store: store.clone(),
         }
     }
@@ -164,6 +169,13 @@ impl ClusterStats {
         } else {
             self.external.charge(&self.store, status);
         }
+    }
+
+    /// Charges the status of a response that the router retries instead of returning, as
+    /// Envoy does: `retry.upstream_rq_<code>`, `retry.upstream_rq_<class>xx`,
+    /// `retry.upstream_rq_completed` only.
+    pub fn charge_retried(&self, status: u16) {
+        self.retried.charge(&self.store, status);
     }
 }
 
