@@ -13,8 +13,8 @@ pub fn release_idle_pages() {
     }
     drop_pages(proto::embedded_descriptors());
     for (start, len) in executable_code_mappings() {
-        // SAFETY: the range is a read-only, file-backed, never-written (r-xp) mapping of our
-        // own executable; dropping its pages only makes the next access re-read them.
+        // SAFETY: the range is a read-only, file-backed mapping of our own executable with no
+        // private (written) page; dropping its pages only makes the next access re-read them.
         unsafe {
             libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
         }
@@ -71,31 +71,44 @@ fn drop_pages(bytes: &'static [u8]) {
     }
 }
 
-/// `(start, len)` of every `r-xp` mapping of the running executable.
+/// `(start, len)` of every read-only mapping of the running executable (code and read-only
+/// data) that holds no private page: nothing in it was ever written (relocated data made
+/// read-only afterwards has private pages and is skipped), so every page can be re-read from
+/// the file.
 fn executable_code_mappings() -> Vec<(usize, usize)> {
     let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
         return Vec::new();
     };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return Vec::new();
     };
-    maps.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let range = fields.next()?;
-            let perms = fields.next()?;
-            let path = fields.nth(3)?;
-            if perms != "r-xp" || std::path::Path::new(path) != exe {
-                return None;
+    let mut found = Vec::new();
+    let mut current: Option<(usize, usize)> = None;
+    for line in smaps.lines() {
+        if let Some(kb) = line.strip_prefix("Anonymous:") {
+            if let Some(range) = current.take()
+                && kb.trim() == "0 kB"
+            {
+                found.push(range);
             }
-            let (a, b) = range.split_once('-')?;
-            let (a, b) = (
-                usize::from_str_radix(a, 16).ok()?,
-                usize::from_str_radix(b, 16).ok()?,
-            );
-            Some((a, b - a))
-        })
-        .collect()
+            continue;
+        }
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            continue;
+        };
+        let path = fields.nth(3);
+        current = (matches!(perms, "r-xp" | "r--p")
+            && path.is_some_and(|p| std::path::Path::new(p) == exe))
+        .then_some((a, b - a));
+    }
+    found
 }
 
 #[cfg(test)]
