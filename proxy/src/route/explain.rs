@@ -71,6 +71,7 @@ fn action_json(a: &Action) -> Value {
                 "timeout_ms": f.timeout.map(|t| t.as_millis() as u64),
                 "prefix_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Prefix(p)) => Some(p.as_str()), _ => None },
                 "regex_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Regex(r, s)) => Some(json!({"pattern": r.as_str(), "substitution": s})), _ => None },
+                "path_template_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Template(t)) => Some(t.template.as_str()), _ => None },
                 "retry_on": f.retry_policy.as_ref().map(|r| r.retry_on.join(",")),
             })
         }
