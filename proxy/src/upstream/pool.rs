@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
 use http::header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -325,21 +326,16 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
     let authority = req
         .headers_mut()
         .remove(HOST)
-        .and_then(|h| h.to_str().ok().map(str::to_owned))
-        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
-        .unwrap_or_else(|| addr.to_string());
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_owned();
-    let scheme = req.uri().scheme_str().unwrap_or("http").to_owned();
-    if let Ok(uri) = Uri::builder()
-        .scheme(scheme.as_str())
-        .authority(authority.as_str())
-        .path_and_query(pq.as_str())
-        .build()
-    {
+        .and_then(|h| Authority::try_from(h.as_bytes()).ok())
+        .or_else(|| req.uri().authority().cloned())
+        .or_else(|| Authority::try_from(addr.to_string()).ok());
+    let mut parts = std::mem::take(req.uri_mut()).into_parts();
+    parts.scheme.get_or_insert(Scheme::HTTP);
+    parts.authority = authority;
+    if parts.path_and_query.is_none() {
+        parts.path_and_query = Some(PathAndQuery::from_static("/"));
+    }
+    if let Ok(uri) = Uri::from_parts(parts) {
         *req.uri_mut() = uri;
     }
     let h = req.headers_mut();
