@@ -203,14 +203,14 @@ fn tls_redirect_route() -> Route {
             tls_context: None,
             cookies: Vec::new(),
         },
-        action: Action::Redirect(Redirect {
+        action: Action::Redirect(Box::new(Redirect {
             scheme: Some("https".to_owned()),
             host: None,
             port: None,
             path: RedirectPath::Keep,
             strip_query: false,
             status: http::StatusCode::MOVED_PERMANENTLY,
-        }),
+        })),
         headers: HeaderRules::default(),
         metadata: serde_json::Map::new(),
         stat_prefix: String::new(),
@@ -361,7 +361,10 @@ pub(crate) fn header_mutations(
             })
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
-    Ok(HeaderMutations { remove, add })
+    Ok(HeaderMutations {
+        remove: remove.into(),
+        add: add.into(),
+    })
 }
 
 pub(crate) fn header_rules(

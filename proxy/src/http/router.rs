@@ -258,7 +258,7 @@ async fn route_and_forward(
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
             let new_path = selected.rewritten_path(&route_req);
-            let new_host = match &fwd.host_rewrite {
+            let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
                 _ => selected
                     .rewritten_host(&route_req, weighted)

@@ -18,10 +18,10 @@ use super::policy::{HashPolicy, MirrorPolicy, RetryPolicy};
 pub enum Action {
     /// Proxy to an upstream cluster.
     Forward(Box<Forward>),
-    /// Answer with a redirect.
-    Redirect(Redirect),
+    /// Answer with a redirect (boxed like `Forward`: a route is mostly its action's size).
+    Redirect(Box<Redirect>),
     /// Answer with a fixed response.
-    DirectResponse(DirectResponse),
+    DirectResponse(Box<DirectResponse>),
     /// `non_forwarding_action`: matched, but the router filter does nothing.
     NonForwarding,
 }
@@ -33,8 +33,8 @@ pub enum ClusterSpecifier {
     Name(String),
     /// The cluster named by a request header.
     Header(String),
-    /// One of several clusters, by weight.
-    Weighted(WeightedClusters),
+    /// One of several clusters, by weight (boxed: rare, and large next to a name).
+    Weighted(Box<WeightedClusters>),
 }
 
 /// `weighted_clusters`.
@@ -220,9 +220,9 @@ pub struct Forward {
     /// Status when the chosen cluster does not exist (503, 404 or 500).
     pub cluster_not_found_response_code: StatusCode,
     /// Path rewrite.
-    pub path_rewrite: Option<PathRewrite>,
+    pub path_rewrite: Option<Box<PathRewrite>>,
     /// Host rewrite.
-    pub host_rewrite: Option<HostRewrite>,
+    pub host_rewrite: Option<Box<HostRewrite>>,
     /// `append_x_forwarded_host`.
     pub append_x_forwarded_host: bool,
     /// Upstream timeout: `None` when disabled (configured 0); default 15 s.

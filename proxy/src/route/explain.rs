@@ -69,9 +69,9 @@ fn action_json(a: &Action) -> Value {
                 "type": "route",
                 "target": cluster,
                 "timeout_ms": f.timeout.map(|t| t.as_millis() as u64),
-                "prefix_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Prefix(p)) => Some(p.as_str()), _ => None },
-                "regex_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Regex(r, s)) => Some(json!({"pattern": r.as_str(), "substitution": s})), _ => None },
-                "path_template_rewrite": match &f.path_rewrite { Some(super::PathRewrite::Template(t)) => Some(t.template.as_str()), _ => None },
+                "prefix_rewrite": match f.path_rewrite.as_deref() { Some(super::PathRewrite::Prefix(p)) => Some(p.as_str()), _ => None },
+                "regex_rewrite": match f.path_rewrite.as_deref() { Some(super::PathRewrite::Regex(r, s)) => Some(json!({"pattern": r.as_str(), "substitution": s})), _ => None },
+                "path_template_rewrite": match f.path_rewrite.as_deref() { Some(super::PathRewrite::Template(t)) => Some(t.template.as_str()), _ => None },
                 "retry_on": f.retry_policy.as_ref().map(|r| r.retry_on.join(",")),
             })
         }

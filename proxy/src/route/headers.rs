@@ -43,9 +43,9 @@ impl HeaderAdd {
 #[derive(Debug, Clone, Default)]
 pub struct HeaderMutations {
     /// Headers removed first.
-    pub remove: Vec<HeaderName>,
+    pub remove: Box<[HeaderName]>,
     /// Headers added afterwards, in order.
-    pub add: Vec<HeaderAdd>,
+    pub add: Box<[HeaderAdd]>,
 }
 
 impl HeaderMutations {
@@ -131,8 +131,8 @@ mod tests {
         h.insert("a", HeaderValue::from_static("1"));
         h.insert("b", HeaderValue::from_static("1"));
         let m = HeaderMutations {
-            remove: vec![],
-            add: vec![
+            remove: Box::new([]),
+            add: Box::new([
                 add("a", "2", AppendAction::AppendIfExistsOrAdd, false),
                 add("b", "2", AppendAction::AddIfAbsent, false),
                 add("c", "3", AppendAction::AddIfAbsent, false),
@@ -140,7 +140,7 @@ mod tests {
                 add("d", "4", AppendAction::OverwriteIfExists, false),
                 add("e", "", AppendAction::AppendIfExistsOrAdd, false),
                 add("f", "", AppendAction::AppendIfExistsOrAdd, true),
-            ],
+            ]),
         };
         m.apply_request(&mut h, &FormatContext::default());
         let all = |n: &str| {
@@ -163,8 +163,8 @@ mod tests {
         h.insert("x-id", HeaderValue::from_static("abc"));
         h.insert("x-gone", HeaderValue::from_static("old"));
         let m = HeaderMutations {
-            remove: vec![HeaderName::from_static("x-gone")],
-            add: vec![
+            remove: Box::new([HeaderName::from_static("x-gone")]),
+            add: Box::new([
                 add("x-id", "new", AppendAction::OverwriteIfExistsOrAdd, false),
                 add(
                     "x-copy",
@@ -178,7 +178,7 @@ mod tests {
                     AppendAction::AppendIfExistsOrAdd,
                     true,
                 ),
-            ],
+            ]),
         };
         m.apply_request(&mut h, &FormatContext::default());
         assert_eq!(h["x-id"], "new");
@@ -193,13 +193,13 @@ mod tests {
         let mut resp = HeaderMap::new();
         resp.insert("content-type", HeaderValue::from_static("text/plain"));
         let m = HeaderMutations {
-            remove: vec![],
-            add: vec![add(
+            remove: Box::new([]),
+            add: Box::new([add(
                 "x-v",
                 "%REQ(x-id)% %RESP(content-type)% %RESPONSE_CODE%",
                 AppendAction::OverwriteIfExistsOrAdd,
                 false,
-            )],
+            )]),
         };
         let ctx = FormatContext {
             request_headers: Some(&req),

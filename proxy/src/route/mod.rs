@@ -439,7 +439,7 @@ impl<'a> Selected<'a> {
         let f = self.route.forward()?;
         rewrite::path(
             self.route,
-            f.path_rewrite.as_ref()?,
+            f.path_rewrite.as_deref()?,
             &self.table.match_path(req.path),
             req.path,
         )
@@ -458,7 +458,7 @@ impl<'a> Selected<'a> {
         if let Some(h) = weighted.and_then(|w| w.host_rewrite_literal.as_deref()) {
             return Some(Cow::Borrowed(h));
         }
-        match self.route.forward()?.host_rewrite.as_ref()? {
+        match self.route.forward()?.host_rewrite.as_deref()? {
             HostRewrite::Literal(h) => Some(Cow::Borrowed(h.as_str())),
             HostRewrite::Auto => None,
             HostRewrite::Header(name) => header_value(req, name).filter(|v| !v.is_empty()),

@@ -131,11 +131,11 @@ pub(super) fn forward(
                 }
                 _ => None,
             };
-            ClusterSpecifier::Weighted(WeightedClusters {
+            ClusterSpecifier::Weighted(Box::new(WeightedClusters {
                 clusters: clusters_out,
                 total_weight: sum,
                 random_value_header,
-            })
+            }))
         }
         Some(C::ClusterSpecifierPlugin(_)) | Some(C::InlineClusterSpecifierPlugin(_)) => {
             return Err(ConfigError::new(
@@ -197,8 +197,8 @@ pub(super) fn forward(
     Ok(Action::Forward(Box::new(Forward {
         cluster,
         cluster_not_found_response_code: not_found,
-        path_rewrite,
-        host_rewrite,
+        path_rewrite: path_rewrite.map(Box::new),
+        host_rewrite: host_rewrite.map(Box::new),
         append_x_forwarded_host: ra.append_x_forwarded_host,
         timeout: match &ra.timeout {
             Some(t) => Some(duration(t)).filter(|d| !d.is_zero()),
@@ -475,14 +475,14 @@ pub(super) fn redirect(
         R::TemporaryRedirect => StatusCode::TEMPORARY_REDIRECT,
         R::PermanentRedirect => StatusCode::PERMANENT_REDIRECT,
     };
-    Ok(Action::Redirect(Redirect {
+    Ok(Action::Redirect(Box::new(Redirect {
         scheme,
         host: (!r.host_redirect.is_empty()).then(|| r.host_redirect.clone()),
         port: (r.port_redirect != 0).then_some(r.port_redirect),
         path,
         strip_query: r.strip_query,
         status,
-    }))
+    })))
 }
 
 pub(super) fn direct_response(
@@ -527,5 +527,8 @@ pub(super) fn direct_response(
             "body_format is not supported by revoy",
         ));
     }
-    Ok(Action::DirectResponse(DirectResponse { status, body }))
+    Ok(Action::DirectResponse(Box::new(DirectResponse {
+        status,
+        body,
+    })))
 }
