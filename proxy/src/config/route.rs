@@ -174,7 +174,10 @@ fn compile_virtual_host(
         domains: vh
             .domains
             .iter()
-            .map(|d| Arc::from(d.to_ascii_lowercase()))
+            .map(|d| match d.bytes().any(|b| b.is_ascii_uppercase()) {
+                true => Arc::from(d.to_ascii_lowercase()),
+                false => Arc::from(d.as_str()),
+            })
             .collect(),
         routes,
         require_tls,
