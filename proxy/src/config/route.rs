@@ -376,6 +376,11 @@ pub(crate) fn header_rules(
     resp_add: &[core::HeaderValueOption],
     resp_remove: &[String],
 ) -> Result<HeaderRules, ConfigError> {
+    if req_add.is_empty() && req_remove.is_empty() && resp_add.is_empty() && resp_remove.is_empty()
+    {
+        // Most routes and virtual hosts have none: skip building four empty lists.
+        return Ok(HeaderRules::default());
+    }
     Ok(HeaderRules {
         request: header_mutations(req_add, req_remove)
             .map_err(|e| e.within("request_headers_to_add"))?,
