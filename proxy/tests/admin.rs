@@ -66,12 +66,10 @@ static_resources:
     load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}
 "#
     );
-    let path = std::env::temp_dir().join(format!("revoy-admin-test-{admin}.yaml"));
-    std::fs::write(&path, yaml).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_revoy"))
         .args([
-            "-c",
-            path.to_str().unwrap(),
+            "--config-yaml",
+            yaml.as_str(),
             "--concurrency",
             "1",
             "-l",
