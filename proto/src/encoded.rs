@@ -35,16 +35,14 @@ impl<T> Clone for Encoded<T> {
     }
 }
 
-/// Equal encodings mean equal messages. (Two encodings of one message with a map field may
-/// differ in entry order, which makes them compare unequal: callers use this only to skip
-/// unchanged work, where a false "changed" costs a rebuild, never a wrong result.)
-impl<T> PartialEq for Encoded<T> {
+/// Equal when the messages are equal. Equal bytes settle it at once; otherwise both sides are
+/// decoded and compared, because two encodings of one message may differ (map fields are
+/// written in hash order).
+impl<T: prost::Message + Default + PartialEq> PartialEq for Encoded<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.bytes == other.bytes
+        self.bytes == other.bytes || self.decode() == other.decode()
     }
 }
-
-impl<T> Eq for Encoded<T> {}
 
 impl<T> fmt::Debug for Encoded<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -71,5 +69,32 @@ mod tests {
             ..Default::default()
         };
         assert_ne!(enc, Encoded::new(&b));
+    }
+
+    #[test]
+    fn equal_messages_with_maps_compare_equal() {
+        use crate::pb::envoy::config::core::v3::Metadata;
+        use crate::pb::google::protobuf::Struct;
+        let with = |keys: &[&str]| Cluster {
+            metadata: Some(Metadata {
+                filter_metadata: keys
+                    .iter()
+                    .map(|k| (k.to_string(), Struct::default()))
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let keys: Vec<String> = (0..32).map(|i| format!("k{i}")).collect();
+        let forward: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let backward: Vec<&str> = forward.iter().rev().copied().collect();
+        assert_eq!(
+            Encoded::new(&with(&forward)),
+            Encoded::new(&with(&backward))
+        );
+        assert_ne!(
+            Encoded::new(&with(&forward)),
+            Encoded::new(&with(&forward[1..]))
+        );
     }
 }
