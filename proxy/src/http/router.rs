@@ -308,8 +308,13 @@ async fn route_and_forward(
             {
                 req.headers_mut().insert(&ORIGINAL_HOST, v);
             }
-            let authority = new_host.unwrap_or_else(|| host_full.clone());
-            if let Ok(v) = HeaderValue::from_str(&authority) {
+            // The upstream Host: the rewritten one, else the request's authority. An HTTP/1.1
+            // request usually carries exactly that already, and is left alone.
+            let authority = new_host.as_deref().unwrap_or(&host_full);
+            let present = req.headers().get(header::HOST).map(HeaderValue::as_bytes);
+            if present != Some(authority.as_bytes())
+                && let Ok(v) = HeaderValue::from_str(authority)
+            {
                 req.headers_mut().insert(header::HOST, v);
             }
             if let Some(p) = new_path {
