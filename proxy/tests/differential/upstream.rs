@@ -86,20 +86,8 @@ impl Upstreams {
                 };
                 let id = id.clone();
                 tokio::spawn(async move {
-                    let (read, mut write) = stream.into_split();
-                    let mut lines = BufReader::new(read).lines();
-                    for _ in 0..64 {
-                        let Ok(Some(line)) = lines.next_line().await else {
-                            return;
-                        };
-                        if write
-                            .write_all(format!("{id}:{line}\n").as_bytes())
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
+                    let (read, write) = stream.into_split();
+                    echo_lines(read, write, &id).await;
                 });
             }
         }));
@@ -127,20 +115,8 @@ impl Upstreams {
                     let Ok(tls) = acceptor.accept(stream).await else {
                         return;
                     };
-                    let (read, mut write) = tokio::io::split(tls);
-                    let mut lines = BufReader::new(read).lines();
-                    for _ in 0..64 {
-                        let Ok(Some(line)) = lines.next_line().await else {
-                            return;
-                        };
-                        if write
-                            .write_all(format!("{id}:{line}\n").as_bytes())
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
+                    let (read, write) = tokio::io::split(tls);
+                    echo_lines(read, write, &id).await;
                 });
             }
         }));
@@ -296,6 +272,27 @@ async fn ws_echo<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(mut io
             .await
             .is_err()
             || opcode == websocket::CLOSE
+        {
+            return;
+        }
+    }
+}
+
+/// Answers each line `L` read from `read` with `id:L` (at most 64 lines).
+async fn echo_lines<R, W>(read: R, mut write: W, id: &str)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let mut lines = BufReader::new(read).lines();
+    for _ in 0..64 {
+        let Ok(Some(line)) = lines.next_line().await else {
+            return;
+        };
+        if write
+            .write_all(format!("{id}:{line}\n").as_bytes())
+            .await
+            .is_err()
         {
             return;
         }
