@@ -877,7 +877,7 @@ circuit_breakers:
         assert_eq!(e.path, "load_assignment");
 
         let e = compile(
-            "name: c\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 1.2.3.4, port_value: 1}}}}, {load_balancing_weight: 0, endpoint: {address: {socket_address: {address: 1.2.3.4, port_value: 2}}}}]}]}\n",
+            "name: c\nload_assignment: {endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 203.0.113.4, port_value: 1}}}}, {load_balancing_weight: 0, endpoint: {address: {socket_address: {address: 203.0.113.4, port_value: 2}}}}]}]}\n",
         )
         .unwrap_err();
         assert_eq!(

@@ -294,9 +294,18 @@ mod tests {
         let any = chain(|_| {});
         let p80 = chain(|m| m.destination_port = Some(UInt32Value { value: 80 }));
         let chains = [&any, &p80];
-        assert_eq!(select(&chains, &facts("10.0.0.1:80", "1.2.3.4:5")), Some(1));
-        assert_eq!(select(&chains, &facts("10.0.0.1:81", "1.2.3.4:5")), Some(0));
-        assert_eq!(select(&[&p80], &facts("10.0.0.1:81", "1.2.3.4:5")), None);
+        assert_eq!(
+            select(&chains, &facts("10.0.0.1:80", "203.0.113.4:5")),
+            Some(1)
+        );
+        assert_eq!(
+            select(&chains, &facts("10.0.0.1:81", "203.0.113.4:5")),
+            Some(0)
+        );
+        assert_eq!(
+            select(&[&p80], &facts("10.0.0.1:81", "203.0.113.4:5")),
+            None
+        );
     }
 
     #[test]
@@ -309,9 +318,18 @@ mod tests {
         let chains = [&wide, &narrow];
         // The /16 chain wins the destination-IP step, then fails on source port: no match,
         // exactly like Envoy (no backtracking to the /8 chain).
-        assert_eq!(select(&chains, &facts("10.1.2.3:80", "1.2.3.4:5")), None);
-        assert_eq!(select(&chains, &facts("10.1.2.3:80", "1.2.3.4:9")), Some(1));
-        assert_eq!(select(&chains, &facts("10.2.2.3:80", "1.2.3.4:9")), Some(0));
+        assert_eq!(
+            select(&chains, &facts("10.1.2.3:80", "203.0.113.4:5")),
+            None
+        );
+        assert_eq!(
+            select(&chains, &facts("10.1.2.3:80", "203.0.113.4:9")),
+            Some(1)
+        );
+        assert_eq!(
+            select(&chains, &facts("10.2.2.3:80", "203.0.113.4:9")),
+            Some(0)
+        );
     }
 
     #[test]
@@ -319,7 +337,7 @@ mod tests {
         let wild = chain(|m| m.server_names = vec!["*.example.com".into()]);
         let exact = chain(|m| m.server_names = vec!["api.example.com".into()]);
         let chains = [&wild, &exact];
-        let mut f = facts("10.0.0.1:443", "1.2.3.4:5");
+        let mut f = facts("10.0.0.1:443", "203.0.113.4:5");
         f.server_name = Some("api.example.com");
         assert_eq!(select(&chains, &f), Some(1));
         f.server_name = Some("www.example.com");
@@ -333,7 +351,7 @@ mod tests {
         let tls = chain(|m| m.transport_protocol = "tls".into());
         let raw = chain(|m| m.transport_protocol = "raw_buffer".into());
         assert_eq!(
-            select(&[&tls, &raw], &facts("10.0.0.1:1", "1.2.3.4:5")),
+            select(&[&tls, &raw], &facts("10.0.0.1:1", "203.0.113.4:5")),
             Some(1)
         );
         let local = chain(|m| m.source_type = 1);
@@ -343,7 +361,7 @@ mod tests {
             Some(0)
         );
         assert_eq!(
-            select(&[&local, &ext], &facts("10.0.0.1:1", "8.8.8.8:5")),
+            select(&[&local, &ext], &facts("10.0.0.1:1", "203.0.113.8:5")),
             Some(1)
         );
     }
