@@ -6,7 +6,8 @@
 /// Releases freed heap and the executable's clean code and descriptor pages: after start-up,
 /// and after an admin request that needed a descriptor pool (`/config_dump`, `/server_info`).
 pub fn release_idle_pages() {
-    // SAFETY: both only return free heap pages to the OS (whichever allocator is in use).
+    // SAFETY: both only return free heap pages to the OS: mimalloc's (all Rust allocations)
+    // and glibc's (what libc itself allocated, e.g. for name resolution).
     unsafe {
         mi_collect(true);
         libc::malloc_trim(0);

@@ -28,7 +28,7 @@ type Entry = (usize, usize);
 /// indexing a mesh-sized table. Eight bytes per multiply, with a final mix so the low bits
 /// (the bucket index) depend on every input byte.
 #[derive(Default, Clone, Copy)]
-pub struct DomainHasher(u64);
+struct DomainHasher(u64);
 
 impl DomainHasher {
     const K: u64 = 0x9e37_79b9_7f4a_7c15;
