@@ -174,9 +174,12 @@ fn compile_virtual_host(
         domains: vh
             .domains
             .iter()
-            .map(|d| match d.bytes().any(|b| b.is_ascii_uppercase()) {
-                true => Arc::from(d.to_ascii_lowercase()),
-                false => Arc::from(d.as_str()),
+            .map(|d| {
+                if d.bytes().any(|b| b.is_ascii_uppercase()) {
+                    Arc::from(d.to_ascii_lowercase())
+                } else {
+                    Arc::from(d.as_str())
+                }
             })
             .collect(),
         routes,

@@ -46,10 +46,11 @@ pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<B
     stats.rq_active.inc();
     let request_id = {
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
-        let id = match ctx.hcm.config.always_set_request_id_in_response {
-            // A clone of a header value parsed from the request allocates: only when needed.
-            true => req.headers().get(&X_REQUEST_ID).cloned(),
-            false => None,
+        // A clone of a header value parsed from the request allocates: only when needed.
+        let id = if ctx.hcm.config.always_set_request_id_in_response {
+            req.headers().get(&X_REQUEST_ID).cloned()
+        } else {
+            None
         };
         let grpc = super::local_reply::is_grpc(req.headers());
         let mut resp = route_and_forward(req, ctx, facts).await;
