@@ -101,7 +101,6 @@ impl Pipe {
                         }
                         moved_any = true;
                         progress = true;
-                        bytes.add(n as u64);
                         activity.touch();
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -115,8 +114,10 @@ impl Pipe {
                 });
                 match r {
                     Ok(m) => {
+                        // Counted once written, like the copy path.
                         buffered -= m;
                         progress = true;
+                        bytes.add(m as u64);
                     }
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     Err(e) => return Err(e),
