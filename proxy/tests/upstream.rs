@@ -15,7 +15,7 @@ use revoy::config::cluster::compile_cluster;
 use revoy::config::tcp_proxy::compile_tcp_proxy;
 use revoy::stats::Store;
 use revoy::tcp::TcpProxy;
-use revoy::upstream::{ClusterManager, LbContext, UpstreamError};
+use revoy::upstream::{ClusterManager, LbContext, UpstreamBody, UpstreamError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -80,7 +80,7 @@ fn get(path: &str) -> Request<revoy::body::Body> {
         .unwrap()
 }
 
-async fn body_text(resp: Response<Incoming>) -> String {
+async fn body_text(resp: Response<UpstreamBody>) -> String {
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     String::from_utf8(bytes.to_vec()).unwrap()
 }

@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use http::header::HeaderName;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use tokio::time::{Instant, timeout_at};
 
 use super::buffered_body::Replay;
@@ -14,7 +13,7 @@ use super::local_reply::UPSTREAM_TIMEOUT;
 use super::retry::{Failure, RetryState, Verdict};
 use super::timeouts::Timeouts;
 use crate::body::Body;
-use crate::upstream::{Cluster, LbContext, UpstreamError};
+use crate::upstream::{Cluster, LbContext, UpstreamBody, UpstreamError};
 
 static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
 
@@ -27,9 +26,13 @@ pub enum RequestBody {
 }
 
 /// How an exchange ended.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per request and moved rarely; boxing would cost an allocation per response"
+)]
 pub enum Outcome {
     /// The upstream's response head (its body still streaming).
-    Response(Response<Incoming>),
+    Response(Response<UpstreamBody>),
     /// A failure answered locally with this status and body.
     Local(StatusCode, String),
 }
@@ -149,7 +152,7 @@ impl Exchange<'_> {
         attempt: u32,
         start: Instant,
         global: Option<Instant>,
-    ) -> Result<Result<Response<Incoming>, UpstreamError>, tokio::time::error::Elapsed> {
+    ) -> Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed> {
         if self.send_attempt_count {
             req.headers_mut().insert(
                 &ATTEMPT_COUNT,

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use hyper::body::Incoming;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 
@@ -22,6 +21,7 @@ use super::error::UpstreamError;
 use super::host::Host;
 use super::lb::{HostSet, LbContext};
 use super::pool::{self, ActiveConnection, ConnectOptions};
+use super::response::UpstreamBody;
 use super::stats::ClusterStats;
 
 /// A TCP connection to a host of a cluster (for tcp_proxy). Counted as active until dropped.
@@ -237,7 +237,7 @@ impl Cluster {
         &self,
         req: Request<Body>,
         ctx: &LbContext,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let result = self.attempt(req, ctx).await;
         match &result {
             Ok(resp) => self
@@ -254,7 +254,7 @@ impl Cluster {
         &self,
         req: Request<Body>,
         ctx: &LbContext,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let header_dst = match &self.config.discovery {
             Discovery::OriginalDst {
                 use_http_header: true,
@@ -275,7 +275,7 @@ impl Cluster {
         req: Request<Body>,
         ctx: &LbContext,
         header_dst: Option<SocketAddr>,
-    ) -> Result<Response<Incoming>, UpstreamError> {
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
         let limit = self.config.circuit_breakers[0].max_requests;
         if self.stats.upstream_rq_active.value() >= u64::from(limit) {

@@ -8,10 +8,12 @@
 mod cluster;
 pub mod dns;
 mod error;
+mod h1;
 mod host;
 mod lb;
 mod pool;
 mod render;
+mod response;
 mod stats;
 
 use std::collections::HashMap;
@@ -27,6 +29,7 @@ pub use error::{ResetReason, UpstreamError};
 pub use host::{Host, HostStats};
 pub use lb::{HostSet, LbContext};
 pub use pool::{ActiveConnection, UpstreamHost};
+pub use response::UpstreamBody;
 pub use stats::ClusterStats;
 
 /// All clusters by name. Cheap to clone; lookups never lock.

@@ -1,5 +1,5 @@
-//! Connections to one host: TCP connect (timeout, source address), an HTTP/1.1 keep-alive
-//! pool and one multiplexed HTTP/2 connection. Each host has its own pool, so requests to
+//! Connections to one host: TCP connect (timeout, source address), a pool of idle HTTP/1.1
+//! connections and one multiplexed HTTP/2 connection. Each host has its own pool, so requests to
 //! different hosts never contend; the critical sections only push or pop a sender.
 
 use std::net::SocketAddr;
@@ -11,15 +11,16 @@ use arc_swap::ArcSwapOption;
 use http::header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
-use hyper::body::Incoming;
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::body::Body;
 
 use super::error::{ResetReason, UpstreamError};
+use super::h1;
 use super::host::Host;
+use super::response::UpstreamBody;
 use super::stats::ClusterStats;
 
 /// Connection settings from the cluster config.
@@ -49,7 +50,7 @@ impl Drop for ActiveConnection {
 /// A host's pooled HTTP connections.
 #[derive(Default)]
 pub(crate) struct Pool {
-    idle_h1: Mutex<Vec<IdleH1>>,
+    idle_h1: Mutex<Vec<h1::Connection>>,
     h2: ArcSwapOption<http2::SendRequest<Body>>,
     h2_connecting: tokio::sync::Mutex<()>,
 }
@@ -66,29 +67,9 @@ impl Pool {
     }
 }
 
-/// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
-/// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one): a larger head is
-/// an upstream protocol error.
-const MAX_RESPONSE_HEAD: usize = 80 * 1024;
-
 /// The upstream host that answered, attached to a response when `LbContext::report_host`.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
-
-/// Whether a response head is over [`MAX_RESPONSE_HEAD`].
-fn head_too_large(resp: &Response<Incoming>) -> bool {
-    resp.headers()
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len())
-        .sum::<usize>()
-        > MAX_RESPONSE_HEAD
-}
-
-struct IdleH1 {
-    sender: http1::SendRequest<Body>,
-    since: Instant,
-    used: u32,
-}
 
 /// Opens a TCP connection to `host`, charging connection stats.
 pub(crate) async fn connect(
@@ -139,11 +120,11 @@ pub(crate) async fn send_h1(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
     req: Request<Body>,
-) -> Result<Response<Incoming>, UpstreamError> {
+) -> Result<Response<UpstreamBody>, UpstreamError> {
     let mut req = to_h1(req);
     loop {
-        let (mut idle, reused) = match take_idle(host, opts.idle_timeout) {
-            Some(idle) => (idle, true),
+        let (conn, reused) = match take_idle(host, opts.idle_timeout) {
+            Some(conn) => (conn, true),
             None => {
                 opts.stats.upstream_rq_pending_total.inc();
                 // Boxed: connection setup is rare, and inline it would enlarge every
@@ -151,73 +132,51 @@ pub(crate) async fn send_h1(
                 (Box::pin(connect_h1(host, opts)).await?, false)
             }
         };
-        match idle.sender.try_send_request(req).await {
-            Ok(resp) if head_too_large(&resp) => {
-                return Err(UpstreamError::Reset {
-                    host: host.addr,
-                    reason: ResetReason::ProtocolError,
-                    detail: "response headers over max_response_headers_kb".into(),
-                });
-            }
-            Ok(resp) => {
-                idle.used += 1;
-                release_h1(host.clone(), idle, opts.max_requests);
-                return Ok(resp);
-            }
-            Err(mut e) => match e.take_message() {
-                // A reused connection closed before the request was written: use another.
-                Some(r) if reused => req = r,
-                _ => return Err(UpstreamError::from_hyper(host.addr, e.error())),
-            },
+        let release = h1::Release {
+            host: host.clone(),
+            max_requests: opts.max_requests,
+        };
+        match h1::exchange(conn, req, reused, release).await {
+            Ok(resp) => return Ok(resp.map(UpstreamBody::http1)),
+            // A reused connection closed before the request was written: use another.
+            Err(h1::Failed {
+                unsent: Some(r), ..
+            }) => req = r,
+            Err(failed) => return Err(failed.error),
         }
     }
 }
 
-/// Takes the most recently used connection that is ready for a request. Connections whose
-/// previous response is still streaming stay listed (they are returned as soon as they are
-/// needed again); closed or idle-expired ones are dropped.
-fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<IdleH1> {
+/// Takes the most recently used idle connection that is still open and not idle-expired;
+/// the others it meets are closed.
+fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connection> {
     let mut idle = host.pool.idle_h1.lock().expect("pool lock");
-    let mut i = idle.len();
-    while i > 0 {
-        i -= 1;
-        let c = &idle[i];
-        let expired = idle_timeout.is_some_and(|t| c.since.elapsed() >= t);
-        if c.sender.is_closed() || (expired && c.sender.is_ready()) {
-            idle.swap_remove(i);
-        } else if c.sender.is_ready() {
-            return Some(idle.swap_remove(i));
+    while let Some(mut conn) = idle.pop() {
+        let expired = idle_timeout.is_some_and(|t| conn.since.elapsed() >= t);
+        if !expired && !conn.is_closed() {
+            return Some(conn);
         }
     }
     None
 }
 
-/// Lists the connection again right away; it is handed out once its response is fully read
-/// (no task per request to wait for that).
-fn release_h1(host: Arc<Host>, mut idle: IdleH1, max_requests: Option<u32>) {
-    if max_requests.is_some_and(|m| idle.used >= m) {
+/// Puts a connection whose response ended back in its host's pool, unless it carried
+/// `max_requests` already.
+pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Option<u32>) {
+    if max_requests.is_some_and(|m| conn.used >= m) {
         return;
     }
-    idle.since = Instant::now();
-    host.pool.idle_h1.lock().expect("pool lock").push(idle);
+    conn.since = Instant::now();
+    host.pool.idle_h1.lock().expect("pool lock").push(conn);
 }
 
-async fn connect_h1(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<IdleH1, UpstreamError> {
+async fn connect_h1(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+) -> Result<h1::Connection, UpstreamError> {
     let (stream, active) = connect(host, opts).await?;
     opts.stats.upstream_cx_http1_total.inc();
-    let (sender, conn) = http1::Builder::new()
-        .handshake::<_, Body>(TokioIo::new(stream))
-        .await
-        .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-        drop(active);
-    });
-    Ok(IdleH1 {
-        sender,
-        since: Instant::now(),
-        used: 0,
-    })
+    Ok(h1::Connection::new(stream, active))
 }
 
 /// Sends `req` on the host's HTTP/2 connection, opening (or replacing a closed) one first.
@@ -225,7 +184,7 @@ pub(crate) async fn send_h2(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
     req: Request<Body>,
-) -> Result<Response<Incoming>, UpstreamError> {
+) -> Result<Response<UpstreamBody>, UpstreamError> {
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
@@ -236,14 +195,14 @@ pub(crate) async fn send_h2(
             if fresh_tried {
                 return Err(UpstreamError::Reset {
                     host: host.addr,
-                    reason: super::error::ResetReason::ConnectionTermination,
+                    reason: ResetReason::ConnectionTermination,
                     detail: "http2 connection closed".into(),
                 });
             }
             continue;
         }
         match sender.try_send_request(req).await {
-            Ok(resp) => return Ok(resp),
+            Ok(resp) => return Ok(resp.map(UpstreamBody::http2)),
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
@@ -315,9 +274,6 @@ fn to_h1(mut req: Request<Body>) -> Request<Body> {
             .to_owned();
         *req.uri_mut() = Uri::try_from(pq).unwrap_or_else(|_| Uri::from_static("/"));
     }
-    if req.version() != Version::HTTP_10 {
-        *req.version_mut() = Version::HTTP_11;
-    }
     req
 }
 
@@ -363,7 +319,6 @@ mod tests {
         let req = to_h1(req);
         assert_eq!(req.uri(), "/a?b=1");
         assert_eq!(req.headers()[HOST], "example.com:8080");
-        assert_eq!(req.version(), Version::HTTP_11);
     }
 
     #[test]

@@ -1,0 +1,416 @@
+//! Reading an HTTP/1.1 response: the head, how its body is delimited, whether the connection
+//! stays open, and the chunked transfer coding.
+
+use std::mem::MaybeUninit;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER_ENCODING};
+use http::{HeaderMap, Response, StatusCode, Version};
+use http_body::Frame;
+
+/// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
+/// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one).
+pub(super) const MAX_HEAD: usize = 80 * 1024;
+
+/// Envoy's default `max_headers_count`.
+const MAX_HEADERS: usize = 100;
+
+/// The longest chunk-size line accepted (size, extensions and CRLF).
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Why a response could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The head is not valid HTTP/1.x.
+    #[error("invalid response head: {0}")]
+    Head(&'static str),
+    /// The head is over [`MAX_HEAD`] bytes.
+    #[error("response headers over max_response_headers_kb")]
+    HeadTooLarge,
+    /// The chunked transfer coding is broken.
+    #[error("invalid chunked body: {0}")]
+    Chunked(&'static str),
+}
+
+/// How the response body is delimited (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Framing {
+    /// No body (HEAD request, 1xx, 204, 304).
+    Empty,
+    /// `content-length` bytes.
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// Everything until the upstream closes the connection.
+    UntilClose,
+}
+
+/// Parses a response head at the start of `buf`. On success the head is removed from `buf`
+/// (which then starts with the body); `None` means more bytes are needed.
+pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, DecodeError> {
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(DecodeError::HeadTooLarge);
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(e) => return Err(DecodeError::Head(describe(e))),
+    };
+    if len > MAX_HEAD {
+        return Err(DecodeError::HeadTooLarge);
+    }
+    let status = parsed
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(DecodeError::Head("invalid status code"))?;
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    // Where each name and value sits in the head (offsets fit: the head is under MAX_HEAD).
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+    let ranges: Vec<[u32; 4]> = parsed
+        .headers
+        .iter()
+        .map(|h| {
+            let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+            [n, n + h.name.len() as u32, v, v + h.value.len() as u32]
+        })
+        .collect();
+    let head = buf.split_to(len).freeze();
+    let mut headers = HeaderMap::with_capacity(ranges.len());
+    for [ns, ne, vs, ve] in ranges.into_iter().map(|r| r.map(|o| o as usize)) {
+        let name = HeaderName::from_bytes(&head[ns..ne])
+            .map_err(|_| DecodeError::Head("invalid header name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+            .map_err(|_| DecodeError::Head("invalid header value"))?;
+        headers.append(name, value);
+    }
+    let mut resp = Response::new(());
+    *resp.status_mut() = status;
+    *resp.version_mut() = version;
+    *resp.headers_mut() = headers;
+    Ok(Some(resp))
+}
+
+fn describe(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Status => "invalid status line",
+        httparse::Error::Token => "invalid token",
+        httparse::Error::TooManyHeaders => "too many headers",
+        httparse::Error::Version => "invalid HTTP version",
+    }
+}
+
+/// How the body of `resp` (an answer to a HEAD request when `head_request`) is delimited.
+pub(super) fn framing(resp: &Response<()>, head_request: bool) -> Result<Framing, DecodeError> {
+    let status = resp.status();
+    if head_request
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    let headers = resp.headers();
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .rfind(|t| !t.is_empty());
+        return Ok(match last {
+            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::UntilClose,
+        });
+    }
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let n = parse_decimal(part.trim_ascii())
+                .ok_or(DecodeError::Head("invalid content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(DecodeError::Head("conflicting content-length values"));
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length.map_or(Framing::UntilClose, Framing::Length))
+}
+
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
+    })
+}
+
+/// Whether the connection may carry another request after this response (and its body).
+pub(super) fn keeps_alive(resp: &Response<()>, framing: Framing) -> bool {
+    if framing == Framing::UntilClose
+        || (framing == Framing::Chunked && resp.headers().contains_key(CONTENT_LENGTH))
+    {
+        return false;
+    }
+    let has = |token: &str| {
+        resp.headers()
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case(token))
+    };
+    match resp.version() {
+        Version::HTTP_10 => has("keep-alive"),
+        _ => !has("close"),
+    }
+}
+
+/// Decoding state of a chunked body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunked {
+    /// Expecting a chunk-size line.
+    Size,
+    /// Inside a chunk with this many bytes left.
+    Data(u64),
+    /// Expecting the CRLF after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer fields up to an empty line.
+    Trailers,
+    /// The body ended.
+    Done,
+}
+
+impl Chunked {
+    /// Decodes the next frame from `buf`: data, trailers, or `None` when more bytes are needed
+    /// or the body ended ([`Chunked::Done`]).
+    pub(super) fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+    ) -> Result<Option<Frame<Bytes>>, DecodeError> {
+        loop {
+            match *self {
+                Chunked::Size => {
+                    let Some(end) = buf.iter().position(|&b| b == b'\n') else {
+                        if buf.len() > MAX_CHUNK_LINE {
+                            return Err(DecodeError::Chunked("chunk size line too long"));
+                        }
+                        return Ok(None);
+                    };
+                    let size = chunk_size(&buf[..end])?;
+                    buf.advance(end + 1);
+                    *self = if size == 0 {
+                        Chunked::Trailers
+                    } else {
+                        Chunked::Data(size)
+                    };
+                }
+                Chunked::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let take = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    let data = buf.split_to(take).freeze();
+                    let left = left - take as u64;
+                    *self = if left == 0 {
+                        Chunked::DataEnd
+                    } else {
+                        Chunked::Data(left)
+                    };
+                    return Ok(Some(Frame::data(data)));
+                }
+                Chunked::DataEnd => {
+                    if buf.len() < 2 {
+                        return Ok(None);
+                    }
+                    if &buf[..2] != b"\r\n" {
+                        return Err(DecodeError::Chunked("missing CRLF after chunk data"));
+                    }
+                    buf.advance(2);
+                    *self = Chunked::Size;
+                }
+                Chunked::Trailers => return self.trailers(buf),
+                Chunked::Done => return Ok(None),
+            }
+        }
+    }
+
+    fn trailers(&mut self, buf: &mut BytesMut) -> Result<Option<Frame<Bytes>>, DecodeError> {
+        if buf.starts_with(b"\r\n") {
+            buf.advance(2);
+            *self = Chunked::Done;
+            return Ok(None);
+        }
+        let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let (len, fields) = match httparse::parse_headers(buf, &mut slots) {
+            Ok(httparse::Status::Complete(done)) => done,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(DecodeError::Chunked("trailers too large"));
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(DecodeError::Chunked("invalid trailers")),
+        };
+        let mut trailers = HeaderMap::with_capacity(fields.len());
+        for f in fields.iter() {
+            let name = HeaderName::from_bytes(f.name.as_bytes())
+                .map_err(|_| DecodeError::Chunked("invalid trailer name"))?;
+            let value = HeaderValue::from_bytes(f.value)
+                .map_err(|_| DecodeError::Chunked("invalid trailer value"))?;
+            trailers.append(name, value);
+        }
+        buf.advance(len);
+        *self = Chunked::Done;
+        Ok(Some(Frame::trailers(trailers)))
+    }
+}
+
+/// The size on a chunk-size line (hex digits, then optional extensions), without its LF.
+fn chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line
+        .split(|&b| b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii_end();
+    if digits.is_empty() || digits.len() > 16 {
+        return Err(DecodeError::Chunked("invalid chunk size"));
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        let v = (d as char)
+            .to_digit(16)
+            .ok_or(DecodeError::Chunked("invalid chunk size"))?;
+        Ok((n << 4) | u64::from(v))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str) -> Result<Option<Response<()>>, DecodeError> {
+        response_head(&mut BytesMut::from(raw))
+    }
+
+    fn decode_all(chunks: &[&[u8]]) -> Result<(Vec<u8>, Option<HeaderMap>, Chunked), DecodeError> {
+        let mut state = Chunked::Size;
+        let mut buf = BytesMut::new();
+        let (mut data, mut trailers) = (Vec::new(), None);
+        for piece in chunks {
+            buf.extend_from_slice(piece);
+            while let Some(frame) = state.decode(&mut buf)? {
+                match frame.into_data() {
+                    Ok(d) => data.extend_from_slice(&d),
+                    Err(f) => trailers = f.into_trailers().ok(),
+                }
+            }
+        }
+        Ok((data, trailers, state))
+    }
+
+    #[test]
+    fn a_complete_head_is_split_off_and_the_body_stays() {
+        let mut buf = BytesMut::from(
+            "HTTP/1.1 201 Whatever\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\nhi",
+        );
+        let resp = response_head(&mut buf).unwrap().unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        assert_eq!(resp.version(), Version::HTTP_11);
+        assert_eq!(resp.headers().get_all("x-a").iter().count(), 2);
+        assert_eq!(&buf[..], b"hi");
+        assert_eq!(framing(&resp, false), Ok(Framing::Length(2)));
+        assert_eq!(framing(&resp, true), Ok(Framing::Empty));
+    }
+
+    #[test]
+    fn a_partial_head_needs_more_bytes_until_the_limit() {
+        assert!(matches!(head("HTTP/1.1 200 OK\r\nA: b\r\n"), Ok(None)));
+        let big = format!("HTTP/1.1 200 OK\r\nA: {}\r\n", "x".repeat(MAX_HEAD));
+        assert!(matches!(head(&big), Err(DecodeError::HeadTooLarge)));
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("h{i}: v\r\n")).collect();
+        assert!(head(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")).is_err());
+        assert!(head("HTTP/1.1 abc OK\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let of = |raw: &str| framing(&head(raw).unwrap().unwrap(), false);
+        assert_eq!(
+            of("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(of("HTTP/1.1 304 Not Modified\r\n\r\n"), Ok(Framing::Empty));
+        assert_eq!(
+            of("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n"),
+            Ok(Framing::Chunked)
+        );
+        assert_eq!(
+            of("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
+            Ok(Framing::UntilClose)
+        );
+        assert_eq!(of("HTTP/1.1 200 OK\r\n\r\n"), Ok(Framing::UntilClose));
+        assert_eq!(
+            of("HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\ncontent-length: 7\r\n\r\n"),
+            Ok(Framing::Length(7))
+        );
+        assert!(of("HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 8\r\n\r\n").is_err());
+        assert!(of("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn keep_alive_depends_on_version_connection_and_framing() {
+        let ka = |raw: &str| {
+            let resp = head(raw).unwrap().unwrap();
+            keeps_alive(&resp, framing(&resp, false).unwrap())
+        };
+        assert!(ka("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(!ka(
+            "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: Close\r\n\r\n"
+        ));
+        assert!(!ka("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n"));
+        assert!(ka(
+            "HTTP/1.0 200 OK\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n"
+        ));
+        assert!(!ka("HTTP/1.1 200 OK\r\n\r\n"));
+        assert!(!ka(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn chunked_bodies_decode_across_any_split() {
+        let wire: &[u8] = b"5;ext=1\r\nhello\r\n1\r\n \r\n6\r\nworld!\r\n0\r\nx-t: 1\r\n\r\n";
+        for split in 0..wire.len() {
+            let (data, trailers, state) = decode_all(&[&wire[..split], &wire[split..]]).unwrap();
+            assert_eq!(data, b"hello world!", "split at {split}");
+            assert_eq!(trailers.unwrap()["x-t"], "1");
+            assert_eq!(state, Chunked::Done);
+        }
+        let (data, trailers, state) = decode_all(&[b"3\r\nabc\r\n0\r\n\r\n"]).unwrap();
+        assert_eq!(
+            (data.as_slice(), trailers, state),
+            (&b"abc"[..], None, Chunked::Done)
+        );
+    }
+
+    #[test]
+    fn broken_chunked_bodies_are_errors() {
+        assert!(decode_all(&[b"zz\r\n"]).is_err());
+        assert!(decode_all(&[b"3\r\nabcX\r\n"]).is_err());
+        assert!(decode_all(&[b"11111111111111111\r\n"]).is_err());
+        assert!(decode_all(&[&[b'1'; MAX_CHUNK_LINE + 1]]).is_err());
+    }
+}

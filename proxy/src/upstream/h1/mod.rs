@@ -1,0 +1,390 @@
+//! revoy's HTTP/1.1 client for upstream connections. A pooled connection is only its socket:
+//! no task, channel or buffer while idle. An exchange writes the request and reads the response
+//! head on the caller's task; the response body reads the rest and puts the connection back in
+//! its host's pool the moment the response ends, when both sides allow reuse.
+
+mod body;
+mod decode;
+mod encode;
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use bytes::buf::Chain;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body as _, Frame};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use crate::body::{Body, BoxError};
+
+use super::error::{ResetReason, UpstreamError};
+use super::host::Host;
+use super::pool::{self, ActiveConnection};
+
+use body::Reader;
+pub use body::ResponseBody;
+use decode::DecodeError;
+use encode::BodyFraming;
+
+/// Request bodies whose first frame is at most this large go out in the same write as the head.
+const COALESCE_LIMIT: usize = 16 * 1024;
+
+/// An open HTTP/1.1 connection to one host.
+pub(crate) struct Connection {
+    io: TcpStream,
+    active: ActiveConnection,
+    /// When it last went back to the pool.
+    pub(crate) since: Instant,
+    /// Requests sent on it.
+    pub(crate) used: u32,
+}
+
+impl Connection {
+    /// A connection over a freshly connected socket.
+    pub(crate) fn new(io: TcpStream, active: ActiveConnection) -> Self {
+        Connection {
+            io,
+            active,
+            since: Instant::now(),
+            used: 0,
+        }
+    }
+
+    /// Whether the idle connection is unusable: the upstream closed it, reset it or sent bytes
+    /// nobody asked for. No system call unless the socket turned readable.
+    pub(crate) fn is_closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut buf = ReadBuf::new(&mut byte);
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(&mut self.io)
+            .poll_read(&mut cx, &mut buf)
+            .is_ready()
+    }
+}
+
+/// Where a connection goes when its response ended and it can carry another request.
+pub(crate) struct Release {
+    /// The host whose pool takes it back.
+    pub host: Arc<Host>,
+    /// The cluster's `max_requests_per_connection`.
+    pub max_requests: Option<u32>,
+}
+
+impl Release {
+    fn put(self, conn: Connection) {
+        pool::release_h1(&self.host, conn, self.max_requests);
+    }
+}
+
+/// A failed exchange. `unsent` gives the request back when a reused connection turned out to
+/// be closed before any of it was delivered: the caller sends it on another connection.
+pub(crate) struct Failed {
+    pub error: UpstreamError,
+    pub unsent: Option<Request<Body>>,
+}
+
+impl From<UpstreamError> for Failed {
+    fn from(error: UpstreamError) -> Self {
+        Failed {
+            error,
+            unsent: None,
+        }
+    }
+}
+
+/// Sends `req` (origin-form, with its Host header) on `conn` and returns the response head;
+/// the body streams from the connection. `reused` says the connection carried requests before.
+pub(crate) async fn exchange(
+    mut conn: Connection,
+    req: Request<Body>,
+    reused: bool,
+    release: Release,
+) -> Result<Response<ResponseBody>, Failed> {
+    let addr = release.host.addr;
+    let (mut parts, mut body) = req.into_parts();
+    let head_request = parts.method == Method::HEAD;
+    let framing = encode::framing(&mut parts.headers, body.is_end_stream(), &body.size_hint());
+    let mut out = Vec::with_capacity(256);
+    encode::head(&parts, &mut out);
+    conn.used += 1;
+    let mut buf = BytesMut::new();
+    if framing == BodyFraming::None {
+        if let Err(e) = conn.io.write_all(&out).await {
+            return Err(Failed {
+                error: terminated(addr, &e),
+                unsent: reused.then(|| Request::from_parts(parts, body)),
+            });
+        }
+    } else {
+        let mut sender = BodySender::new(framing);
+        let mut first = match poll_now(body.frame()) {
+            Some(frame) => Some(sender.encode(frame).map_err(|e| local(addr, e))?),
+            None => None,
+        };
+        if let Some(framed) = first.take_if(|f| f.remaining() <= COALESCE_LIMIT) {
+            out.put(framed);
+        }
+        conn.io
+            .write_all(&out)
+            .await
+            .map_err(|e| terminated(addr, &e))?;
+        if let Some(mut framed) = first {
+            conn.io
+                .write_all_buf(&mut framed)
+                .await
+                .map_err(|e| terminated(addr, &e))?;
+        }
+        if let Some(head) = send_body(&mut conn.io, &mut body, &mut sender, &mut buf, addr).await? {
+            let (read, write) = conn.io.into_split();
+            tokio::spawn(sender.rest(write, body));
+            let reader = Reader::Half {
+                read,
+                _active: conn.active,
+            };
+            return Ok(respond(reader, buf, head, head_request, None, addr)?);
+        }
+    }
+    let head = read_head(&mut conn.io, &mut buf, addr).await?;
+    Ok(respond(
+        Reader::Pooled(conn),
+        buf,
+        head,
+        head_request,
+        Some(release),
+        addr,
+    )?)
+}
+
+/// Streams the request body until it ends, watching for a response meanwhile. Returns the
+/// response head when it arrives before the body ended (the upstream answered early).
+async fn send_body(
+    io: &mut TcpStream,
+    body: &mut Body,
+    sender: &mut BodySender,
+    buf: &mut BytesMut,
+    addr: SocketAddr,
+) -> Result<Option<Response<()>>, UpstreamError> {
+    let (mut rd, mut wr) = io.split();
+    while !sender.done {
+        tokio::select! {
+            frame = body.frame() => sender.send(&mut wr, frame).await.map_err(|e| e.into_upstream(addr))?,
+            read = rd.read_buf(reserve(buf)) => {
+                if read.map_err(|e| terminated(addr, &e))? == 0 {
+                    return Err(closed_before_head(addr));
+                }
+                if let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))? {
+                    return Ok(Some(head));
+                }
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Reads until a final (non-1xx) response head is complete.
+async fn read_head(
+    io: &mut TcpStream,
+    buf: &mut BytesMut,
+    addr: SocketAddr,
+) -> Result<Response<()>, UpstreamError> {
+    loop {
+        if let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))? {
+            return Ok(head);
+        }
+        let n = io
+            .read_buf(reserve(buf))
+            .await
+            .map_err(|e| terminated(addr, &e))?;
+        if n == 0 {
+            return Err(closed_before_head(addr));
+        }
+    }
+}
+
+/// The final response head at the start of `buf`, skipping interim 1xx responses (Envoy
+/// does not forward them by default).
+fn final_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, DecodeError> {
+    loop {
+        match decode::response_head(buf)? {
+            Some(head) if head.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                return Err(DecodeError::Head(
+                    "101 response to a request without upgrade",
+                ));
+            }
+            Some(head) if head.status().is_informational() => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+fn respond(
+    reader: Reader,
+    buf: BytesMut,
+    head: Response<()>,
+    head_request: bool,
+    release: Option<Release>,
+    addr: SocketAddr,
+) -> Result<Response<ResponseBody>, UpstreamError> {
+    let framing = decode::framing(&head, head_request).map_err(|e| protocol(addr, &e))?;
+    let release = release.filter(|_| decode::keeps_alive(&head, framing));
+    Ok(head.map(|()| ResponseBody::new(reader, buf, framing, release)))
+}
+
+/// `buf` with room for at least one more read.
+fn reserve(buf: &mut BytesMut) -> &mut BytesMut {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(8 * 1024);
+    }
+    buf
+}
+
+/// Polls `fut` once, without a real waker: its output if it is ready right away.
+fn poll_now<F: Future>(fut: F) -> Option<F::Output> {
+    let fut = pin!(fut);
+    match fut.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => None,
+    }
+}
+
+/// A frame of the request body with its chunk framing around it.
+type Framed = Chain<Chain<Bytes, Bytes>, Bytes>;
+
+/// Writes a request body in its framing and checks it against a declared length.
+struct BodySender {
+    framing: BodyFraming,
+    sent: u64,
+    done: bool,
+}
+
+impl BodySender {
+    fn new(framing: BodyFraming) -> Self {
+        BodySender {
+            framing,
+            sent: 0,
+            done: false,
+        }
+    }
+
+    /// The bytes for the body's next frame (`None`: the body ended); `Err` when the body
+    /// failed or does not match its declared length.
+    fn encode(&mut self, frame: Option<Result<Frame<Bytes>, BoxError>>) -> Result<Framed, String> {
+        let frame = match frame {
+            None => return self.end(None),
+            Some(Err(e)) => return Err(format!("request body failed: {e}")),
+            Some(Ok(frame)) => frame,
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => return self.end(frame.into_trailers().ok().as_ref()),
+        };
+        self.sent += data.len() as u64;
+        if let BodyFraming::Length(n) = self.framing
+            && self.sent > n
+        {
+            return Err(format!("request body longer than its content-length {n}"));
+        }
+        if self.framing == BodyFraming::Chunked && !data.is_empty() {
+            let start = Bytes::from(encode::chunk_start(data.len()));
+            Ok(start.chain(data).chain(Bytes::from_static(b"\r\n")))
+        } else {
+            Ok(Bytes::new().chain(data).chain(Bytes::new()))
+        }
+    }
+
+    /// The bytes that end the body (the last chunk and trailers when chunked).
+    fn end(&mut self, trailers: Option<&http::HeaderMap>) -> Result<Framed, String> {
+        self.done = true;
+        let end = match self.framing {
+            BodyFraming::Chunked => Bytes::from(encode::chunked_end(trailers)),
+            BodyFraming::Length(n) if self.sent < n => {
+                return Err(format!(
+                    "request body ended after {} of its content-length {n} bytes",
+                    self.sent
+                ));
+            }
+            _ => Bytes::new(),
+        };
+        Ok(end.chain(Bytes::new()).chain(Bytes::new()))
+    }
+
+    /// Writes the body's next frame (`None`: the body ended).
+    async fn send<W: AsyncWrite + Unpin>(
+        &mut self,
+        wr: &mut W,
+        frame: Option<Result<Frame<Bytes>, BoxError>>,
+    ) -> Result<(), SendError> {
+        let mut framed = self.encode(frame).map_err(SendError::Body)?;
+        wr.write_all_buf(&mut framed)
+            .await
+            .map_err(SendError::Write)
+    }
+
+    /// Sends what is left of the body after the upstream answered early; the connection is
+    /// not reused, so a failure only ends the sending.
+    async fn rest<W: AsyncWrite + Unpin>(mut self, mut wr: W, mut body: Body) {
+        while !self.done {
+            let frame = body.frame().await;
+            if self.send(&mut wr, frame).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Why a request body could not be delivered.
+enum SendError {
+    /// The downstream body failed or did not match its declared length.
+    Body(String),
+    /// The upstream connection failed.
+    Write(io::Error),
+}
+
+impl SendError {
+    fn into_upstream(self, addr: SocketAddr) -> UpstreamError {
+        match self {
+            SendError::Body(detail) => local(addr, detail),
+            SendError::Write(e) => terminated(addr, &e),
+        }
+    }
+}
+
+fn terminated(addr: SocketAddr, e: &io::Error) -> UpstreamError {
+    UpstreamError::Reset {
+        host: addr,
+        reason: ResetReason::ConnectionTermination,
+        detail: e.to_string(),
+    }
+}
+
+fn closed_before_head(addr: SocketAddr) -> UpstreamError {
+    UpstreamError::Reset {
+        host: addr,
+        reason: ResetReason::ConnectionTermination,
+        detail: "upstream closed the connection before a response".into(),
+    }
+}
+
+fn protocol(addr: SocketAddr, e: &DecodeError) -> UpstreamError {
+    UpstreamError::Reset {
+        host: addr,
+        reason: ResetReason::ProtocolError,
+        detail: e.to_string(),
+    }
+}
+
+fn local(addr: SocketAddr, detail: String) -> UpstreamError {
+    UpstreamError::Reset {
+        host: addr,
+        reason: ResetReason::LocalReset,
+        detail,
+    }
+}
