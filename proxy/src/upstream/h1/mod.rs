@@ -125,23 +125,16 @@ pub(crate) async fn exchange(
         }
     } else {
         let mut sender = BodySender::new(framing);
-        let mut first = match poll_now(body.frame()) {
-            Some(frame) => Some(sender.encode(frame).map_err(|e| local(addr, e))?),
-            None => None,
-        };
-        if let Some(framed) = first.take_if(|f| f.remaining() <= COALESCE_LIMIT) {
+        if let Some(frame) = poll_now(body.frame()) {
+            sender.queue(frame).map_err(|e| local(addr, e))?;
+        }
+        if let Some(framed) = sender.pending.take_if(|f| f.remaining() <= COALESCE_LIMIT) {
             out.put(framed);
         }
         conn.io
             .write_all(&out)
             .await
             .map_err(|e| terminated(addr, &e))?;
-        if let Some(mut framed) = first {
-            conn.io
-                .write_all_buf(&mut framed)
-                .await
-                .map_err(|e| terminated(addr, &e))?;
-        }
         if let Some(head) = send_body(&mut conn.io, &mut body, &mut sender, &mut buf, addr).await? {
             let (read, write) = conn.io.into_split();
             tokio::spawn(sender.rest(write, body));
@@ -163,8 +156,9 @@ pub(crate) async fn exchange(
     )?)
 }
 
-/// Streams the request body until it ends, watching for a response meanwhile. Returns the
-/// response head when it arrives before the body ended (the upstream answered early).
+/// Streams the request body until it ends, reading meanwhile: returns the response head
+/// when it arrives before the body ended (the upstream answered early, perhaps without
+/// reading the body, so a blocked write must not keep the response from being read).
 async fn send_body(
     io: &mut TcpStream,
     body: &mut Body,
@@ -173,9 +167,14 @@ async fn send_body(
     addr: SocketAddr,
 ) -> Result<Option<Response<()>>, UpstreamError> {
     let (mut rd, mut wr) = io.split();
-    while !sender.done {
+    while !sender.finished() {
         tokio::select! {
-            frame = body.frame() => sender.send(&mut wr, frame).await.map_err(|e| e.into_upstream(addr))?,
+            written = write_some(&mut wr, &mut sender.pending), if sender.pending.is_some() => {
+                sender.wrote(written).map_err(|e| terminated(addr, &e))?;
+            }
+            frame = body.frame(), if sender.pending.is_none() => {
+                sender.queue(frame).map_err(|e| local(addr, e))?;
+            }
             read = rd.read_buf(reserve(buf)) => {
                 if read.map_err(|e| terminated(addr, &e))? == 0 {
                     return Err(closed_before_head(addr));
@@ -187,6 +186,17 @@ async fn send_body(
         }
     }
     Ok(None)
+}
+
+/// One write of the pending bytes (never completes when there are none).
+async fn write_some<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    pending: &mut Option<Framed>,
+) -> io::Result<usize> {
+    match pending {
+        Some(bytes) => wr.write_buf(bytes).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Reads until a final (non-1xx) response head is complete.
@@ -262,7 +272,10 @@ type Framed = Chain<Chain<Bytes, Bytes>, Bytes>;
 struct BodySender {
     framing: BodyFraming,
     sent: u64,
+    /// The last frame was encoded.
     done: bool,
+    /// Encoded bytes not written yet.
+    pending: Option<Framed>,
 }
 
 impl BodySender {
@@ -271,7 +284,29 @@ impl BodySender {
             framing,
             sent: 0,
             done: false,
+            pending: None,
         }
+    }
+
+    /// Whether the whole body is written.
+    fn finished(&self) -> bool {
+        self.done && self.pending.is_none()
+    }
+
+    /// Encodes the body's next frame (`None`: the body ended) as the pending bytes.
+    fn queue(&mut self, frame: Option<Result<Frame<Bytes>, BoxError>>) -> Result<(), String> {
+        let framed = self.encode(frame)?;
+        self.pending = framed.has_remaining().then_some(framed);
+        Ok(())
+    }
+
+    /// Accounts for one write of the pending bytes.
+    fn wrote(&mut self, written: io::Result<usize>) -> io::Result<()> {
+        if written? == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        self.pending.take_if(|p| !p.has_remaining());
+        Ok(())
     }
 
     /// The bytes for the body's next frame (`None`: the body ended); `Err` when the body
@@ -316,43 +351,21 @@ impl BodySender {
         Ok(end.chain(Bytes::new()).chain(Bytes::new()))
     }
 
-    /// Writes the body's next frame (`None`: the body ended).
-    async fn send<W: AsyncWrite + Unpin>(
-        &mut self,
-        wr: &mut W,
-        frame: Option<Result<Frame<Bytes>, BoxError>>,
-    ) -> Result<(), SendError> {
-        let mut framed = self.encode(frame).map_err(SendError::Body)?;
-        wr.write_all_buf(&mut framed)
-            .await
-            .map_err(SendError::Write)
-    }
-
     /// Sends what is left of the body after the upstream answered early; the connection is
     /// not reused, so a failure only ends the sending.
     async fn rest<W: AsyncWrite + Unpin>(mut self, mut wr: W, mut body: Body) {
-        while !self.done {
-            let frame = body.frame().await;
-            if self.send(&mut wr, frame).await.is_err() {
+        loop {
+            if let Some(mut framed) = self.pending.take()
+                && wr.write_all_buf(&mut framed).await.is_err()
+            {
                 return;
             }
-        }
-    }
-}
-
-/// Why a request body could not be delivered.
-enum SendError {
-    /// The downstream body failed or did not match its declared length.
-    Body(String),
-    /// The upstream connection failed.
-    Write(io::Error),
-}
-
-impl SendError {
-    fn into_upstream(self, addr: SocketAddr) -> UpstreamError {
-        match self {
-            SendError::Body(detail) => local(addr, detail),
-            SendError::Write(e) => terminated(addr, &e),
+            if self.done {
+                return;
+            }
+            if self.queue(body.frame().await).is_err() {
+                return;
+            }
         }
     }
 }
