@@ -6,9 +6,9 @@ use std::sync::atomic::AtomicU32;
 
 use crate::stats::{Counter, Gauge, Store};
 
-/// The lowest and highest status codes that get their own `upstream_rq_<code>` counter.
-const FIRST_CODE: u16 = 100;
-const CODES: usize = 500;
+/// Distinct status codes per counter set whose `upstream_rq_<code>` handle is kept; further
+/// codes are looked up in the store by name.
+const CODE_SLOTS: usize = 8;
 
 /// Handles for one cluster's stats, named like Envoy's.
 #[derive(Debug)]
@@ -79,7 +79,8 @@ struct CodeStats {
     prefix: String,
     completed: OnceLock<Counter>,
     classes: [OnceLock<Counter>; 5],
-    codes: OnceLock<Box<[OnceLock<Counter>]>>,
+    /// The codes seen so far, filled in order; a cluster answers with few distinct codes.
+    codes: [OnceLock<(u16, Counter)>; CODE_SLOTS],
 }
 
 impl CodeStats {
@@ -88,7 +89,7 @@ impl CodeStats {
             prefix,
             completed: OnceLock::new(),
             classes: Default::default(),
-            codes: OnceLock::new(),
+            codes: Default::default(),
         }
     }
 
@@ -102,19 +103,15 @@ impl CodeStats {
             slot.get_or_init(|| counter(&format!("upstream_rq_{class}xx")))
                 .inc();
         }
-        let Some(i) = status
-            .checked_sub(FIRST_CODE)
-            .map(usize::from)
-            .filter(|i| *i < CODES)
-        else {
-            return;
-        };
-        let codes = self
-            .codes
-            .get_or_init(|| (0..CODES).map(|_| OnceLock::new()).collect());
-        codes[i]
-            .get_or_init(|| counter(&format!("upstream_rq_{status}")))
-            .inc();
+        let name = || format!("upstream_rq_{status}");
+        for slot in &self.codes {
+            let (code, c) = slot.get_or_init(|| (status, counter(&name())));
+            if *code == status {
+                c.inc();
+                return;
+            }
+        }
+        counter(&name()).inc();
     }
 }
 
@@ -197,5 +194,21 @@ mod tests {
             store.counter("cluster.web.upstream_rq_completed").value(),
             3
         );
+    }
+
+    #[test]
+    fn more_distinct_codes_than_slots_are_all_counted() {
+        let store = Store::new();
+        let s = ClusterStats::new(&store, "web");
+        let codes: Vec<u16> = (0..CODE_SLOTS as u16 + 3).map(|i| 200 + i).collect();
+        for _ in 0..2 {
+            for &code in &codes {
+                s.charge_status(code, false);
+            }
+        }
+        for code in codes {
+            let name = format!("cluster.web.upstream_rq_{code}");
+            assert_eq!(store.counter(&name).value(), 2, "{name}");
+        }
     }
 }
