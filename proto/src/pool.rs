@@ -1,12 +1,14 @@
 //! The descriptor pool behind proto3-JSON decoding: envoy-types' FileDescriptorSet plus the
 //! TypedStruct files it lacks. A pool of every Envoy file costs tens of MB, so decoding one
-//! document builds a pool of just the files that document can reach.
+//! document builds a pool of just the files that document can reach, and only those files are
+//! decoded from the embedded set (the rest are indexed from a few of their fields).
 
 use std::collections::{HashMap, HashSet};
 
+use bytes::Bytes;
 use prost::Message;
 use prost_reflect::DescriptorPool;
-use prost_types::{DescriptorProto, FileDescriptorProto, FileDescriptorSet};
+use prost_types::{FileDescriptorProto, FileDescriptorSet};
 
 static ENVOY_FDS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_types.bin"));
 
@@ -16,16 +18,79 @@ pub fn embedded_descriptors() -> &'static [u8] {
     ENVOY_FDS
 }
 
-/// Every file (envoy-types' set plus the TypedStructs), with a message-name -> file index.
+/// The embedded set cut into its files, each still encoded (slices of the static bytes).
+#[derive(Clone, PartialEq, prost::Message)]
+struct EncodedSet {
+    #[prost(bytes = "bytes", repeated, tag = "1")]
+    file: Vec<Bytes>,
+}
+
+/// The parts of a `FileDescriptorProto` the index needs; prost skips the other fields, so
+/// indexing every file costs a fraction of decoding them.
+#[derive(Clone, PartialEq, prost::Message)]
+struct FileHeader {
+    #[prost(string, optional, tag = "1")]
+    name: Option<String>,
+    #[prost(string, optional, tag = "2")]
+    package: Option<String>,
+    #[prost(string, repeated, tag = "3")]
+    dependency: Vec<String>,
+    #[prost(message, repeated, tag = "4")]
+    message_type: Vec<MessageNames>,
+}
+
+/// A message's name and its nested messages' names.
+#[derive(Clone, PartialEq, prost::Message)]
+struct MessageNames {
+    #[prost(string, optional, tag = "1")]
+    name: Option<String>,
+    #[prost(message, repeated, tag = "3")]
+    nested_type: Vec<MessageNames>,
+}
+
+/// A file of the pool's universe: encoded in the embedded set, or built in code.
+enum Source {
+    Embedded(Bytes),
+    Built(Box<FileDescriptorProto>),
+}
+
+impl Source {
+    fn decode(&self) -> FileDescriptorProto {
+        match self {
+            Source::Embedded(bytes) => FileDescriptorProto::decode(bytes.clone())
+                .expect("envoy-types ships valid descriptors"),
+            Source::Built(file) => (**file).clone(),
+        }
+    }
+}
+
+/// Every file (envoy-types' set plus the TypedStructs) with its imports, and indexes by file
+/// name and by message name.
 struct Files {
-    files: Vec<FileDescriptorProto>,
+    sources: Vec<Source>,
+    dependencies: Vec<Vec<String>>,
     by_name: HashMap<String, usize>,
     by_message: HashMap<String, usize>,
 }
 
+impl Files {
+    fn add(&mut self, source: Source, header: FileHeader) {
+        let i = self.sources.len();
+        index_messages(
+            header.package(),
+            &header.message_type,
+            i,
+            &mut self.by_message,
+        );
+        self.by_name.insert(header.name().to_owned(), i);
+        self.dependencies.push(header.dependency);
+        self.sources.push(source);
+    }
+}
+
 fn index_messages(
     prefix: &str,
-    msgs: &[DescriptorProto],
+    msgs: &[MessageNames],
     file: usize,
     out: &mut HashMap<String, usize>,
 ) {
@@ -37,31 +102,28 @@ fn index_messages(
 }
 
 fn all_files() -> Files {
-    let set =
-        FileDescriptorSet::decode(ENVOY_FDS).expect("envoy-types ships a valid descriptor set");
-    let mut files = set.file;
+    let set = EncodedSet::decode(Bytes::from_static(ENVOY_FDS))
+        .expect("envoy-types ships a valid descriptor set");
+    let mut files = Files {
+        sources: Vec::with_capacity(set.file.len() + 2),
+        dependencies: Vec::with_capacity(set.file.len() + 2),
+        by_name: HashMap::new(),
+        by_message: HashMap::new(),
+    };
+    for bytes in set.file {
+        let header =
+            FileHeader::decode(bytes.clone()).expect("envoy-types ships valid descriptors");
+        files.add(Source::Embedded(bytes), header);
+    }
     for f in crate::typed_struct::descriptor_files() {
-        if !files.iter().any(|have| {
-            have.package() == f.package()
-                && have.message_type.iter().any(|m| m.name() == "TypedStruct")
-        }) {
-            files.push(f);
+        let message = format!("{}.TypedStruct", f.package());
+        if !files.by_message.contains_key(&message) {
+            let header = FileHeader::decode(f.encode_to_vec().as_slice())
+                .expect("an encoded descriptor decodes");
+            files.add(Source::Built(Box::new(f)), header);
         }
     }
-    let mut by_message = HashMap::new();
-    for (i, f) in files.iter().enumerate() {
-        index_messages(f.package(), &f.message_type, i, &mut by_message);
-    }
-    let by_name = files
-        .iter()
-        .enumerate()
-        .map(|(i, f)| (f.name().to_owned(), i))
-        .collect();
-    Files {
-        files,
-        by_name,
-        by_message,
-    }
+    files
 }
 
 /// Builds a pool holding every Envoy message (for rendering arbitrary config dumps).
@@ -74,7 +136,7 @@ pub(crate) fn build() -> DescriptorPool {
 pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
     let files = all_files();
     let wanted: Vec<usize> = match roots {
-        None => (0..files.files.len()).collect(),
+        None => (0..files.sources.len()).collect(),
         Some(roots) => {
             let mut seen = HashSet::new();
             let mut order = Vec::new();
@@ -95,8 +157,7 @@ pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
                 if seen.insert(i) {
                     order.push(i);
                     stack.extend(
-                        files.files[i]
-                            .dependency
+                        files.dependencies[i]
                             .iter()
                             .filter_map(|d| files.by_name.get(d).copied()),
                     );
@@ -105,15 +166,16 @@ pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
             order
         }
     };
-    let mut keep = vec![false; files.files.len()];
+    let mut keep = vec![false; files.sources.len()];
     for i in wanted {
         keep[i] = true;
     }
     let chosen: Vec<FileDescriptorProto> = files
-        .files
-        .into_iter()
+        .sources
+        .iter()
         .zip(keep)
-        .filter_map(|(f, k)| k.then_some(f))
+        .filter(|(_, k)| *k)
+        .map(|(f, _)| f.decode())
         .collect();
     DescriptorPool::from_file_descriptor_set(FileDescriptorSet { file: chosen })
         .expect("a dependency-closed subset of envoy-types' descriptors is valid")
