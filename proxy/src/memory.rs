@@ -39,16 +39,35 @@ static CONFIGURE_ALLOCATOR: extern "C" fn() = {
     configure
 };
 
+/// `mi_option_arena_eager_commit` in mimalloc 3's `mi_option_e` (libmimalloc-sys pins the C
+/// sources; a mimalloc upgrade must re-check these indices). Eagerly committed arenas keep freed
+/// pages resident.
+const ARENA_EAGER_COMMIT: i32 = 4;
+/// `mi_option_purge_delay`: milliseconds before a free page goes back to the OS.
+const PURGE_DELAY: i32 = 15;
+/// mimalloc's default purge delay.
+const DEFAULT_PURGE_DELAY_MS: libc::c_long = 10;
+
 /// Tunes mimalloc for a small resident set: freed memory goes back to the OS instead of
-/// staying committed in its arenas. Must run before the first allocation.
+/// staying committed in its arenas, and during start-up at once, so the transient memory of
+/// decoding a large bootstrap (YAML events, JSON tree, protobuf messages, one after the other)
+/// does not add up in the peak. Must run before the first allocation.
 fn configure_allocator() {
-    // `mi_option_arena_eager_commit` in mimalloc 3's `mi_option_e` (libmimalloc-sys pins the
-    // C sources). Eagerly committed arenas keep freed pages resident.
-    const ARENA_EAGER_COMMIT: i32 = 4;
     // SAFETY: plain option setters of the linked allocator, valid at any time.
     unsafe {
         mi_option_set(ARENA_EAGER_COMMIT, 0);
+        mi_option_set(PURGE_DELAY, 0);
     }
+}
+
+/// Start-up is over: freed pages now stay for mimalloc's default delay, so the data path
+/// reuses them instead of faulting them in again; then what start-up left is released.
+pub fn now_serving() {
+    // SAFETY: a plain option setter of the linked allocator, valid at any time.
+    unsafe {
+        mi_option_set(PURGE_DELAY, DEFAULT_PURGE_DELAY_MS);
+    }
+    release_idle_pages();
 }
 
 unsafe extern "C" {

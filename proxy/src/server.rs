@@ -235,7 +235,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     stats.gauge("server.concurrency").set(workers as u64);
     shared.set_state(ServerState::Live);
     tracing::info!(workers, "all listeners started; revoy is live");
-    crate::memory::release_idle_pages();
+    crate::memory::now_serving();
     let code = quit_rx.recv().unwrap_or(0);
     shared.stop_listeners(false);
     Ok(code)
