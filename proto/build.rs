@@ -1,9 +1,13 @@
-//! Copies envoy-types' FileDescriptorSet (not exported by the crate) into OUT_DIR.
+//! Copies envoy-types' FileDescriptorSet (not exported by the crate) into OUT_DIR, without
+//! its source code info (comments and source locations: half the bytes, and nothing revoy
+//! reads).
 //!
 //! The crate is pinned (`=0.7.7` in the workspace), so its sources are found in cargo's
 //! registry first. `cargo metadata` is the fallback (vendored or path sources); it runs without
 //! `--offline` when the offline call fails, because on a fresh machine a partial build (say
 //! `cargo run -p revoy`) has not downloaded every package of the workspace yet.
+use prost::Message;
+use prost_types::FileDescriptorSet;
 use std::{
     env, fs,
     path::{Path, PathBuf},
@@ -73,6 +77,12 @@ fn main() {
     println!("cargo:rerun-if-changed=../Cargo.lock");
     println!("cargo:rerun-if-changed=build.rs");
     let fds = from_registry().unwrap_or_else(from_metadata);
+    let bytes = fs::read(&fds).unwrap_or_else(|e| panic!("read {}: {e}", fds.display()));
+    let mut set = FileDescriptorSet::decode(bytes.as_slice()).expect("a FileDescriptorSet");
+    for file in &mut set.file {
+        file.source_code_info = None;
+    }
     let dest = PathBuf::from(env::var("OUT_DIR").unwrap()).join("envoy_types.bin");
-    fs::copy(&fds, &dest).unwrap_or_else(|e| panic!("copy {}: {e}", fds.display()));
+    fs::write(&dest, set.encode_to_vec())
+        .unwrap_or_else(|e| panic!("write {}: {e}", dest.display()));
 }
