@@ -120,12 +120,25 @@ impl Codec {
     /// Decodes `value` as a `T`. Unknown fields are errors unless `allow_unknown_fields`.
     pub fn decode<T: Message + Name + Default>(
         &self,
+        value: Value,
+        allow_unknown_fields: bool,
+    ) -> Result<Decoded<T>, DecodeError> {
+        self.decode_at(value, allow_unknown_fields, "")
+    }
+
+    /// Like [`Codec::decode`] for a part of a larger document found at path `at` (e.g.
+    /// `static_resources.clusters[3]`): paths in errors and unknown types start with it.
+    /// Decoding a large document part by part keeps one part's intermediate forms in memory
+    /// at a time.
+    pub fn decode_at<T: Message + Name + Default>(
+        &self,
         mut value: Value,
         allow_unknown_fields: bool,
+        at: &str,
     ) -> Result<Decoded<T>, DecodeError> {
         let desc = self.descriptor(&T::full_name());
         let mut unknown_types = Vec::new();
-        let mut path = String::new();
+        let mut path = at.to_owned();
         self.rewrite_message(&mut value, &desc, &mut path, &mut unknown_types);
         let mut track = serde_path_to_error::Track::new();
         let de = serde_path_to_error::Deserializer::new(value, &mut track);
@@ -133,7 +146,7 @@ impl Codec {
         let dynamic =
             DynamicMessage::deserialize_with_options(desc, de, &options).map_err(|e| {
                 DecodeError::Field {
-                    path: display_path(&track.path().to_string()),
+                    path: display_path(at, &track.path().to_string()),
                     message: e.to_string(),
                 }
             })?;
@@ -343,10 +356,13 @@ fn duration_object_to_string(value: &mut Value) {
 }
 
 /// serde_path_to_error prints `a.b[0].c`; a leading `.` or `?` (root) is dropped.
-fn display_path(p: &str) -> String {
-    match p {
-        "." | "?" => "(root)".into(),
-        _ => p.to_owned(),
+/// A serde path (`.` or `?` at the root) below the document path `at`.
+fn display_path(at: &str, p: &str) -> String {
+    match (at, p) {
+        ("", "." | "?") => "(root)".into(),
+        (_, "." | "?") => at.to_owned(),
+        ("", _) => p.to_owned(),
+        _ => format!("{at}.{p}"),
     }
 }
 

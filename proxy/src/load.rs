@@ -60,6 +60,74 @@ fn merge(base: &mut Value, over: Value) {
     }
 }
 
+/// Decodes a bootstrap document with its static clusters and listeners taken out and decoded
+/// one by one: a thousand clusters decoded as one message would hold the whole document in
+/// several forms at once (JSON tree, dynamic message, encoded bytes).
+fn decode_in_parts(
+    codec: &Codec,
+    mut doc: Value,
+    allow_unknown_fields: bool,
+) -> Result<proto::Decoded<Bootstrap>, DecodeError> {
+    let (clusters, listeners) = take_static_lists(&mut doc);
+    let mut decoded = codec.decode::<Bootstrap>(doc, allow_unknown_fields)?;
+    let unknown = &mut decoded.unknown_types;
+    let resources = decoded.message.static_resources.get_or_insert_default();
+    if let Some((at, items)) = clusters {
+        resources.clusters = decode_each(codec, &at, items, allow_unknown_fields, unknown)?;
+    }
+    if let Some((at, items)) = listeners {
+        resources.listeners = decode_each(codec, &at, items, allow_unknown_fields, unknown)?;
+    }
+    Ok(decoded)
+}
+
+/// A list taken out of the document: its path and items.
+type Part = Option<(String, Vec<Value>)>;
+
+/// Removes `static_resources.clusters` and `.listeners` from `doc` when they are arrays (any
+/// other shape stays, for the bootstrap's decoding to report).
+fn take_static_lists(doc: &mut Value) -> (Part, Part) {
+    let Some(d) = doc.as_object_mut() else {
+        return (None, None);
+    };
+    let Some(key) = ["static_resources", "staticResources"]
+        .into_iter()
+        .find(|k| d.get(*k).is_some_and(Value::is_object))
+    else {
+        return (None, None);
+    };
+    let Some(resources) = d.get_mut(key).and_then(Value::as_object_mut) else {
+        return (None, None);
+    };
+    let mut take = |list: &str| match resources.remove(list) {
+        Some(Value::Array(items)) => Some((format!("{key}.{list}"), items)),
+        Some(other) => {
+            resources.insert(list.to_owned(), other);
+            None
+        }
+        None => None,
+    };
+    (take("clusters"), take("listeners"))
+}
+
+fn decode_each<T: prost::Message + prost::Name + Default>(
+    codec: &Codec,
+    at: &str,
+    items: Vec<Value>,
+    allow_unknown_fields: bool,
+    unknown_types: &mut Vec<(String, String)>,
+) -> Result<Vec<T>, DecodeError> {
+    items
+        .into_iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let part = codec.decode_at(item, allow_unknown_fields, &format!("{at}[{i}]"))?;
+            unknown_types.extend(part.unknown_types);
+            Ok(part.message)
+        })
+        .collect()
+}
+
 /// Loads the bootstrap the options name.
 pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     if opts.config_path.is_empty() && opts.config_yaml.is_empty() {
@@ -93,8 +161,8 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     } else {
         opts.config_path.clone()
     };
-    let decoded = Codec::for_document(&<Bootstrap as prost::Name>::full_name(), &doc)
-        .decode::<Bootstrap>(doc, opts.allow_unknown_static())
+    let codec = Codec::for_document(&<Bootstrap as prost::Name>::full_name(), &doc);
+    let decoded = decode_in_parts(&codec, doc, opts.allow_unknown_static())
         .map_err(|source| LoadError::Decode { origin, source })?;
     let mut bootstrap = decoded.message;
     let node = bootstrap.node.get_or_insert_with(Default::default);
@@ -146,5 +214,25 @@ mod tests {
             err.contains("--config-yaml") && err.contains("idd"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn clusters_and_listeners_decode_one_by_one_with_their_paths() {
+        let mut opts = <Options as clap::Parser>::parse_from(["revoy", "--config-yaml", ""]);
+        opts.config_yaml = "staticResources: {clusters: [{name: a}, {name: b}], \
+                            listeners: [{name: l}]}"
+            .into();
+        let loaded = load(&opts).unwrap();
+        let resources = loaded.bootstrap.static_resources.unwrap();
+        let names: Vec<_> = resources.clusters.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(resources.listeners[0].name, "l");
+        opts.config_yaml = "static_resources: {clusters: [{name: a}, {name: b, bogus: 1}]}".into();
+        let err = load(&opts).err().unwrap().to_string();
+        assert!(err.contains("static_resources.clusters[1]"), "{err}");
+        assert!(err.contains("bogus"), "{err}");
+        opts.config_yaml = "static_resources: {clusters: {name: a}}".into();
+        let err = load(&opts).err().unwrap().to_string();
+        assert!(err.contains("static_resources.clusters"), "{err}");
     }
 }
