@@ -135,7 +135,16 @@ pub(crate) async fn exchange(
             .write_all(&out)
             .await
             .map_err(|e| terminated(addr, &e))?;
-        if let Some(head) = send_body(&mut conn.io, &mut body, &mut sender, &mut buf, addr).await? {
+        // Boxed: most requests have no body, and inline this state would enlarge every
+        // request's future (which tokio and hyper move around).
+        let streamed = Box::pin(send_body(
+            &mut conn.io,
+            &mut body,
+            &mut sender,
+            &mut buf,
+            addr,
+        ));
+        if let Some(head) = streamed.await? {
             let (read, write) = conn.io.into_split();
             tokio::spawn(sender.rest(write, body));
             let reader = Reader::Half {
