@@ -15,6 +15,10 @@ pub(super) const MAX_HEAD: usize = 80 * 1024;
 /// Envoy's default `max_headers_count`.
 const MAX_HEADERS: usize = 100;
 
+/// Room in a response's header map for what the proxy adds (`server`, `date`,
+/// `x-envoy-upstream-service-time`, route headers), so it does not grow.
+const EXTRA_HEADERS: usize = 4;
+
 /// The longest chunk-size line accepted (size, extensions and CRLF).
 const MAX_CHUNK_LINE: usize = 4096;
 
@@ -45,9 +49,55 @@ pub(super) enum Framing {
     UntilClose,
 }
 
+/// A parsed response head. The connection-level fields (`connection` naming only `keep-alive`
+/// or `close`, `keep-alive`, `proxy-connection`, `transfer-encoding`) are read here and left
+/// out of the header map: the proxy would strip them anyway.
+pub(super) struct Head {
+    /// Status, version and the end-to-end headers.
+    pub response: Response<()>,
+    close: bool,
+    keep_alive: bool,
+    /// `transfer-encoding` was present; whether its last coding is `chunked`.
+    transfer_chunked: Option<bool>,
+    length: Length,
+}
+
+/// What the `content-length` fields said.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Length {
+    Absent,
+    Valid(u64),
+    Invalid(&'static str),
+}
+
+impl Length {
+    fn add(self, value: &[u8]) -> Length {
+        let mut length = self;
+        for part in value.split(|&b| b == b',') {
+            length = match (length, parse_decimal(part.trim_ascii())) {
+                (Length::Invalid(e), _) => Length::Invalid(e),
+                (_, None) => Length::Invalid("invalid content-length"),
+                (Length::Valid(l), Some(n)) if l != n => {
+                    Length::Invalid("conflicting content-length values")
+                }
+                (_, Some(n)) => Length::Valid(n),
+            };
+        }
+        length
+    }
+}
+
+/// The comma-separated tokens of a header value.
+fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
 /// Parses a response head at the start of `buf`. On success the head is removed from `buf`
 /// (which then starts with the body); `None` means more bytes are needed.
-pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, DecodeError> {
+pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
@@ -85,19 +135,52 @@ pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, 
         })
         .collect();
     let head = buf.split_to(len).freeze();
-    let mut headers = HeaderMap::with_capacity(ranges.len());
+    let mut parsed = Head {
+        response: Response::new(()),
+        close: false,
+        keep_alive: false,
+        transfer_chunked: None,
+        length: Length::Absent,
+    };
+    let mut headers = HeaderMap::with_capacity(ranges.len() + EXTRA_HEADERS);
     for [ns, ne, vs, ve] in ranges.into_iter().map(|r| r.map(|o| o as usize)) {
         let name = HeaderName::from_bytes(&head[ns..ne])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
+        let raw = &head[vs..ve];
+        if name == CONNECTION {
+            let mut only_connection_tokens = true;
+            for t in tokens(raw) {
+                if t.eq_ignore_ascii_case(b"close") {
+                    parsed.close = true;
+                } else if t.eq_ignore_ascii_case(b"keep-alive") {
+                    parsed.keep_alive = true;
+                } else {
+                    only_connection_tokens = false;
+                }
+            }
+            if only_connection_tokens {
+                continue;
+            }
+        } else if name == TRANSFER_ENCODING {
+            if let Some(last) = tokens(raw).last() {
+                parsed.transfer_chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
+            } else {
+                parsed.transfer_chunked.get_or_insert(false);
+            }
+            continue;
+        } else if name == "keep-alive" || name == "proxy-connection" {
+            continue;
+        } else if name == CONTENT_LENGTH {
+            parsed.length = parsed.length.add(raw);
+        }
         let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
             .map_err(|_| DecodeError::Head("invalid header value"))?;
         headers.append(name, value);
     }
-    let mut resp = Response::new(());
-    *resp.status_mut() = status;
-    *resp.version_mut() = version;
-    *resp.headers_mut() = headers;
-    Ok(Some(resp))
+    *parsed.response.status_mut() = status;
+    *parsed.response.version_mut() = version;
+    *parsed.response.headers_mut() = headers;
+    Ok(Some(parsed))
 }
 
 fn describe(e: httparse::Error) -> &'static str {
@@ -112,42 +195,43 @@ fn describe(e: httparse::Error) -> &'static str {
     }
 }
 
-/// How the body of `resp` (an answer to a HEAD request when `head_request`) is delimited.
-pub(super) fn framing(resp: &Response<()>, head_request: bool) -> Result<Framing, DecodeError> {
-    let status = resp.status();
-    if head_request
-        || status.is_informational()
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        return Ok(Framing::Empty);
+impl Head {
+    /// The response status.
+    pub(super) fn status(&self) -> StatusCode {
+        self.response.status()
     }
-    let headers = resp.headers();
-    if headers.contains_key(TRANSFER_ENCODING) {
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|t| !t.is_empty());
-        return Ok(match last {
-            Some(t) if t.eq_ignore_ascii_case("chunked") => Framing::Chunked,
-            _ => Framing::UntilClose,
-        });
-    }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_decimal(part.trim_ascii())
-                .ok_or(DecodeError::Head("invalid content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(DecodeError::Head("conflicting content-length values"));
-            }
-            length = Some(n);
+
+    /// How the body (of an answer to a HEAD request when `head_request`) is delimited.
+    pub(super) fn framing(&self, head_request: bool) -> Result<Framing, DecodeError> {
+        let status = self.status();
+        if head_request
+            || status.is_informational()
+            || status == StatusCode::NO_CONTENT
+            || status == StatusCode::NOT_MODIFIED
+        {
+            return Ok(Framing::Empty);
+        }
+        match (self.transfer_chunked, self.length) {
+            (Some(true), _) => Ok(Framing::Chunked),
+            (Some(false), _) => Ok(Framing::UntilClose),
+            (None, Length::Invalid(e)) => Err(DecodeError::Head(e)),
+            (None, Length::Valid(n)) => Ok(Framing::Length(n)),
+            (None, Length::Absent) => Ok(Framing::UntilClose),
         }
     }
-    Ok(length.map_or(Framing::UntilClose, Framing::Length))
+
+    /// Whether the connection may carry another request after this response (and its body).
+    pub(super) fn keeps_alive(&self, framing: Framing) -> bool {
+        if framing == Framing::UntilClose
+            || (framing == Framing::Chunked && self.length != Length::Absent)
+        {
+            return false;
+        }
+        match self.response.version() {
+            Version::HTTP_10 => self.keep_alive,
+            _ => !self.close,
+        }
+    }
 }
 
 fn parse_decimal(digits: &[u8]) -> Option<u64> {
@@ -157,27 +241,6 @@ fn parse_decimal(digits: &[u8]) -> Option<u64> {
     digits.iter().try_fold(0u64, |n, &d| {
         d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
     })
-}
-
-/// Whether the connection may carry another request after this response (and its body).
-pub(super) fn keeps_alive(resp: &Response<()>, framing: Framing) -> bool {
-    if framing == Framing::UntilClose
-        || (framing == Framing::Chunked && resp.headers().contains_key(CONTENT_LENGTH))
-    {
-        return false;
-    }
-    let has = |token: &str| {
-        resp.headers()
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|t| t.trim().eq_ignore_ascii_case(token))
-    };
-    match resp.version() {
-        Version::HTTP_10 => has("keep-alive"),
-        _ => !has("close"),
-    }
 }
 
 /// Decoding state of a chunked body.
@@ -301,7 +364,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, DecodeError> {
 mod tests {
     use super::*;
 
-    fn head(raw: &str) -> Result<Option<Response<()>>, DecodeError> {
+    fn head(raw: &str) -> Result<Option<Head>, DecodeError> {
         response_head(&mut BytesMut::from(raw))
     }
 
@@ -326,13 +389,13 @@ mod tests {
         let mut buf = BytesMut::from(
             "HTTP/1.1 201 Whatever\r\nContent-Length: 2\r\nX-A: 1\r\nx-a: 2\r\n\r\nhi",
         );
-        let resp = response_head(&mut buf).unwrap().unwrap();
-        assert_eq!(resp.status(), StatusCode::CREATED);
-        assert_eq!(resp.version(), Version::HTTP_11);
-        assert_eq!(resp.headers().get_all("x-a").iter().count(), 2);
+        let head = response_head(&mut buf).unwrap().unwrap();
+        assert_eq!(head.status(), StatusCode::CREATED);
+        assert_eq!(head.response.version(), Version::HTTP_11);
+        assert_eq!(head.response.headers().get_all("x-a").iter().count(), 2);
         assert_eq!(&buf[..], b"hi");
-        assert_eq!(framing(&resp, false), Ok(Framing::Length(2)));
-        assert_eq!(framing(&resp, true), Ok(Framing::Empty));
+        assert_eq!(head.framing(false), Ok(Framing::Length(2)));
+        assert_eq!(head.framing(true), Ok(Framing::Empty));
     }
 
     #[test]
@@ -347,7 +410,7 @@ mod tests {
 
     #[test]
     fn framing_follows_rfc_9112() {
-        let of = |raw: &str| framing(&head(raw).unwrap().unwrap(), false);
+        let of = |raw: &str| head(raw).unwrap().unwrap().framing(false);
         assert_eq!(
             of("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
             Ok(Framing::Empty)
@@ -373,8 +436,8 @@ mod tests {
     #[test]
     fn keep_alive_depends_on_version_connection_and_framing() {
         let ka = |raw: &str| {
-            let resp = head(raw).unwrap().unwrap();
-            keeps_alive(&resp, framing(&resp, false).unwrap())
+            let head = head(raw).unwrap().unwrap();
+            head.keeps_alive(head.framing(false).unwrap())
         };
         assert!(ka("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"));
         assert!(!ka(
@@ -388,6 +451,29 @@ mod tests {
         assert!(!ka(
             "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
         ));
+    }
+
+    #[test]
+    fn connection_level_fields_stay_out_of_the_header_map() {
+        let plain = head(
+            "HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\n\
+             Proxy-Connection: close\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\n\r\n",
+        )
+        .unwrap()
+        .unwrap();
+        let names: Vec<_> = plain
+            .response
+            .headers()
+            .keys()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(names, ["x-a"]);
+        assert_eq!(plain.framing(false), Ok(Framing::Chunked));
+        let nominating = head("HTTP/1.1 200 OK\r\nConnection: close, x-a\r\nX-A: 1\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(nominating.response.headers()["connection"], "close, x-a");
+        assert!(!nominating.keeps_alive(Framing::Length(0)));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use super::pool::{self, ActiveConnection};
 
 use body::Reader;
 pub use body::ResponseBody;
-use decode::DecodeError;
+use decode::{DecodeError, Head};
 use encode::BodyFraming;
 
 /// Request bodies whose first frame is at most this large go out in the same write as the head.
@@ -174,7 +174,7 @@ async fn send_body(
     sender: &mut BodySender,
     buf: &mut BytesMut,
     addr: SocketAddr,
-) -> Result<Option<Response<()>>, UpstreamError> {
+) -> Result<Option<Head>, UpstreamError> {
     let (mut rd, mut wr) = io.split();
     while !sender.finished() {
         tokio::select! {
@@ -213,7 +213,7 @@ async fn read_head(
     io: &mut TcpStream,
     buf: &mut BytesMut,
     addr: SocketAddr,
-) -> Result<Response<()>, UpstreamError> {
+) -> Result<Head, UpstreamError> {
     loop {
         if let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))? {
             return Ok(head);
@@ -230,7 +230,7 @@ async fn read_head(
 
 /// The final response head at the start of `buf`, skipping interim 1xx responses (Envoy
 /// does not forward them by default).
-fn final_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, DecodeError> {
+fn final_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
     loop {
         match decode::response_head(buf)? {
             Some(head) if head.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -247,14 +247,16 @@ fn final_head(buf: &mut BytesMut) -> Result<Option<Response<()>>, DecodeError> {
 fn respond(
     reader: Reader,
     buf: BytesMut,
-    head: Response<()>,
+    head: Head,
     head_request: bool,
     release: Option<Release>,
     addr: SocketAddr,
 ) -> Result<Response<ResponseBody>, UpstreamError> {
-    let framing = decode::framing(&head, head_request).map_err(|e| protocol(addr, &e))?;
-    let release = release.filter(|_| decode::keeps_alive(&head, framing));
-    Ok(head.map(|()| ResponseBody::new(reader, buf, framing, release)))
+    let framing = head.framing(head_request).map_err(|e| protocol(addr, &e))?;
+    let release = release.filter(|_| head.keeps_alive(framing));
+    Ok(head
+        .response
+        .map(|()| ResponseBody::new(reader, buf, framing, release)))
 }
 
 /// `buf` with room for at least one more read.
