@@ -48,16 +48,22 @@ impl Timeouts {
             per_try: policy.and_then(|p| p.per_try_timeout),
             per_try_idle: policy.and_then(|p| p.per_try_idle_timeout),
         };
-        let global = header_ms(headers, &RQ_TIMEOUT).filter(|_| honour_headers);
-        let per_try = header_ms(headers, &PER_TRY_TIMEOUT).filter(|_| honour_headers);
-        if !honour_headers {
-            headers.remove(&EXPECTED_TIMEOUT);
-        }
-        if let Some(ms) = global {
-            t.global = (!ms.is_zero()).then_some(ms);
-        }
-        if let Some(ms) = per_try {
-            t.per_try = (!ms.is_zero()).then_some(ms);
+        // One pass over the names first: most requests carry none of these, and removing an
+        // absent custom header still hashes its name.
+        let timeout_header =
+            |n: &HeaderName| *n == RQ_TIMEOUT || *n == PER_TRY_TIMEOUT || *n == EXPECTED_TIMEOUT;
+        if headers.keys().any(timeout_header) {
+            let global = header_ms(headers, &RQ_TIMEOUT).filter(|_| honour_headers);
+            let per_try = header_ms(headers, &PER_TRY_TIMEOUT).filter(|_| honour_headers);
+            if !honour_headers {
+                headers.remove(&EXPECTED_TIMEOUT);
+            }
+            if let Some(ms) = global {
+                t.global = (!ms.is_zero()).then_some(ms);
+            }
+            if let Some(ms) = per_try {
+                t.per_try = (!ms.is_zero()).then_some(ms);
+            }
         }
         if let (Some(p), Some(g)) = (t.per_try, t.global)
             && p >= g
