@@ -2,7 +2,7 @@
 //!
 //! Tokio stores a task's future inline in the task cell and moves it on spawn and again when it
 //! completes. hyper's HTTP/2 server spawns one task per stream holding the whole per-request
-//! future (≈ 8.5 KiB), and its HTTP/2 client spawns every per-request task as one enum sized by
+//! future (≈ 7.8 KiB), and its HTTP/2 client spawns every per-request task as one enum sized by
 //! the connection task (≈ 1.4 KiB). Futures larger than [`INLINE_LIMIT`] are boxed first, so
 //! spawning them moves a pointer instead of kilobytes.
 

@@ -26,10 +26,6 @@ pub enum RequestBody {
 }
 
 /// How an exchange ended.
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one per request and moved rarely; boxing would cost an allocation per response"
-)]
 pub enum Outcome {
     /// The upstream's response head (its body still streaming).
     Response(Response<UpstreamBody>),

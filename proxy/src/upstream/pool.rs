@@ -136,7 +136,9 @@ pub(crate) async fn send_h1(
             host: host.clone(),
             max_requests: opts.max_requests,
         };
-        match h1::exchange(conn, req, reused, release).await {
+        // Boxed: the exchange's state would otherwise sit in every request's future, HTTP/2
+        // streams included, which tokio and hyper move by value.
+        match Box::pin(h1::exchange(conn, req, reused, release)).await {
             Ok(resp) => return Ok(resp.map(UpstreamBody::http1)),
             // A reused connection closed before the request was written: use another.
             Err(h1::Failed {

@@ -14,14 +14,16 @@ use crate::body::BoxError;
 /// connection.
 pub struct UpstreamBody(Inner);
 
+/// The HTTP/1.1 body is boxed: responses are held across awaits in every request's future,
+/// and inline it would make that future (moved on every HTTP/2 stream spawn) larger.
 enum Inner {
-    Http1(h1::ResponseBody),
+    Http1(Box<h1::ResponseBody>),
     Http2(Incoming),
 }
 
 impl UpstreamBody {
     pub(crate) fn http1(body: h1::ResponseBody) -> Self {
-        UpstreamBody(Inner::Http1(body))
+        UpstreamBody(Inner::Http1(Box::new(body)))
     }
 
     pub(crate) fn http2(body: Incoming) -> Self {
@@ -47,7 +49,7 @@ impl http_body::Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().0 {
-            Inner::Http1(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            Inner::Http1(b) => Pin::new(&mut **b).poll_frame(cx).map_err(Into::into),
             Inner::Http2(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
         }
     }
