@@ -127,8 +127,8 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
 
 /// Removes connection-scoped headers; keeps `te: trailers` (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names first: most requests carry none of these, and a removal of an
-    // absent header still costs a hash and a probe.
+    // One pass over the names first: most requests carry none of these (gRPC ones carry only
+    // `te: trailers`), and a removal of an absent header still costs a hash and a probe.
     let hop_by_hop = |n: &HeaderName| {
         *n == header::CONNECTION
             || *n == header::TE
@@ -140,11 +140,16 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !headers.keys().any(hop_by_hop) {
         return;
     }
-    let plain_connection = headers.get(header::CONNECTION).is_none_or(|v| {
-        let v = v.as_bytes();
-        v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
-    });
-    if !plain_connection
+    let mut present = [false; 5];
+    let mut te = false;
+    for n in headers.keys() {
+        if *n == header::TE {
+            te = true;
+        } else if let Some(i) = CONNECTION_SCOPED.iter().position(|h| *h == n) {
+            present[i] = true;
+        }
+    }
+    if present[0]
         && let Some(conn) = headers.get(header::CONNECTION).cloned()
         && let Ok(list) = conn.to_str()
     {
@@ -159,28 +164,34 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
             }
         }
     }
-    for name in [
-        &header::CONNECTION,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-    ] {
-        headers.remove(name);
+    for (name, _) in CONNECTION_SCOPED.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(*name);
+    }
+    let mut values = headers.get_all(header::TE).iter();
+    if !te || (values.next().is_some_and(|v| v == "trailers") && values.next().is_none()) {
+        return;
     }
     let keep_te = headers
-        .get(header::TE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        });
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
     if keep_te {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     } else {
         headers.remove(header::TE);
     }
 }
+
+/// The connection-scoped headers removed when forwarding (`connection` first).
+static CONNECTION_SCOPED: [&HeaderName; 5] = [
+    &header::CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &header::TRANSFER_ENCODING,
+    &header::UPGRADE,
+];
 
 /// Whether any header name starts with `x-envoy-` (so the cleaning passes have work to do).
 fn has_envoy_headers(headers: &HeaderMap) -> bool {
@@ -393,6 +404,24 @@ mod tests {
         assert_eq!(h.len(), 2);
         assert_eq!(h[header::TE], "trailers");
         assert_eq!(h["x-bar"], "2");
+    }
+
+    #[test]
+    fn te_keeps_only_trailers_whatever_its_shape() {
+        let strip = |values: &[&'static str]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(header::TE, HeaderValue::from_static(v));
+            }
+            h.insert(header::UPGRADE, HeaderValue::from_static("h2c"));
+            strip_hop_by_hop(&mut h);
+            assert!(h.get(header::UPGRADE).is_none());
+            h.get_all(header::TE).iter().cloned().collect::<Vec<_>>()
+        };
+        assert_eq!(strip(&["trailers"]), ["trailers"]);
+        assert_eq!(strip(&["trailers", "gzip"]), ["trailers"]);
+        assert_eq!(strip(&["gzip", "Trailers"]), ["trailers"]);
+        assert!(strip(&["gzip"]).is_empty());
     }
 
     #[test]

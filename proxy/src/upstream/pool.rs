@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use http::header::{CONNECTION, HOST, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::HOST;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::client::conn::http2;
@@ -296,15 +296,7 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
     if let Ok(uri) = Uri::from_parts(parts) {
         *req.uri_mut() = uri;
     }
-    let h = req.headers_mut();
-    for name in [CONNECTION, TRANSFER_ENCODING, UPGRADE] {
-        h.remove(name);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
-    if h.get(TE).is_some_and(|v| v != "trailers") {
-        h.remove(TE);
-    }
+    crate::http::forwarding::strip_hop_by_hop(req.headers_mut());
     *req.version_mut() = Version::HTTP_2;
     req
 }
@@ -312,6 +304,7 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{CONNECTION, TE};
 
     #[test]
     fn h1_requests_are_origin_form_with_host() {
