@@ -59,7 +59,7 @@ fn configure_allocator() {
     // SAFETY: plain option getters and setters of the linked allocator, valid at any time.
     unsafe {
         mi_option_set(ARENA_EAGER_COMMIT, 0);
-        SERVING_PURGE_DELAY.store(i64::from(mi_option_get(PURGE_DELAY)), Ordering::Relaxed);
+        SERVING_PURGE_DELAY.store(mi_option_get(PURGE_DELAY), Ordering::Relaxed);
         mi_option_set(PURGE_DELAY, 0);
     }
 }
@@ -71,7 +71,7 @@ pub fn now_serving() {
     let delay = SERVING_PURGE_DELAY.load(Ordering::Relaxed);
     // SAFETY: a plain option setter of the linked allocator, valid at any time.
     unsafe {
-        mi_option_set(PURGE_DELAY, delay as libc::c_long);
+        mi_option_set(PURGE_DELAY, delay);
     }
     release_idle_pages();
 }
