@@ -129,25 +129,20 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names first: most requests carry none of these (gRPC ones carry only
     // `te: trailers`), and a removal of an absent header still costs a hash and a probe.
-    let hop_by_hop = |n: &HeaderName| {
-        *n == header::CONNECTION
-            || *n == header::TE
-            || *n == header::TRANSFER_ENCODING
-            || *n == header::UPGRADE
-            || n.as_str() == "keep-alive"
-            || n.as_str() == "proxy-connection"
-    };
-    if !headers.keys().any(hop_by_hop) {
-        return;
-    }
-    let mut present = [false; 5];
+    let mut present = [false; CONNECTION_SCOPED.len()];
     let mut te = false;
     for n in headers.keys() {
-        if *n == header::TE {
-            te = true;
-        } else if let Some(i) = CONNECTION_SCOPED.iter().position(|h| *h == n) {
-            present[i] = true;
+        match n.as_str() {
+            "te" => te = true,
+            name => {
+                if let Some(i) = CONNECTION_SCOPED.iter().position(|h| h.as_str() == name) {
+                    present[i] = true;
+                }
+            }
         }
+    }
+    if !te && !present.contains(&true) {
+        return;
     }
     if present[0]
         && let Some(conn) = headers.get(header::CONNECTION).cloned()
