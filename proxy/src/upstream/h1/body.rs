@@ -100,6 +100,13 @@ impl ResponseBody {
         self.buf = BytesMut::new();
     }
 
+    /// The body cannot end well: the connection is closed, and `e` is the body's last item.
+    fn fail(&mut self, e: BodyError) -> BodyError {
+        self.reader = None;
+        self.state = State::Done;
+        e
+    }
+
     /// Reads more bytes into the buffer; `0` means the upstream closed the connection.
     fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         let want = match self.state {
@@ -166,11 +173,7 @@ impl http_body::Body for ResponseBody {
                 Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
                 Ok(None) if matches!(this.state, State::Done) => return Poll::Ready(None),
                 Ok(None) => {}
-                Err(e) => {
-                    this.reader = None;
-                    this.state = State::Done;
-                    return Poll::Ready(Some(Err(e)));
-                }
+                Err(e) => return Poll::Ready(Some(Err(this.fail(e)))),
             }
             let read = ready!(this.poll_fill(cx));
             match read {
@@ -178,17 +181,9 @@ impl http_body::Body for ResponseBody {
                     this.finish();
                     return Poll::Ready(None);
                 }
-                Ok(0) => {
-                    this.reader = None;
-                    this.state = State::Done;
-                    return Poll::Ready(Some(Err(BodyError::Closed)));
-                }
+                Ok(0) => return Poll::Ready(Some(Err(this.fail(BodyError::Closed)))),
                 Ok(_) => {}
-                Err(e) => {
-                    this.reader = None;
-                    this.state = State::Done;
-                    return Poll::Ready(Some(Err(e.into())));
-                }
+                Err(e) => return Poll::Ready(Some(Err(this.fail(e.into())))),
             }
         }
     }
