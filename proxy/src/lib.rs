@@ -17,5 +17,6 @@ pub mod server;
 pub mod spawn;
 pub mod stats;
 pub mod tcp;
+pub mod timer_anchor;
 pub mod tls;
 pub mod upstream;

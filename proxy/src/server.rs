@@ -223,7 +223,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     for (i, rt) in runtimes.into_iter().enumerate() {
         std::thread::Builder::new()
             .name(format!("revoy-worker-{i}"))
-            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .spawn(move || rt.block_on(crate::timer_anchor::hold()))
             .map_err(StartError::Runtime)?;
     }
     let stats = &shared.stats;
