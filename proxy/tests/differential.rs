@@ -522,6 +522,13 @@ async fn protocols() {
         )
         .listener(1),
         Case::get("h2c on http2-only", "/").h2().listener(2),
+        Case::raw("reason phrase Envoy spells its own way", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 203\r\nConnection: close\r\n\r\n")
+            .expect("reason", "Non-Authoritative Information"),
+        Case::raw("reason phrase of an unregistered code", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 299\r\nConnection: close\r\n\r\n")
+            .expect("reason", "Unknown"),
+        Case::raw("reason phrase Envoy does not know", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 418\r\nConnection: close\r\n\r\n"),
+        Case::raw("reason phrase of 599", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 599\r\nConnection: close\r\n\r\n"),
+        Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),
         Case::get("http1 on http2-only", "/").listener(2),
     ];
     run("protocols", &cases).await;

@@ -9,6 +9,7 @@ mod int_value;
 pub mod local_reply;
 mod mirror;
 mod path;
+mod reason;
 mod retry;
 mod router;
 mod stats;
@@ -190,7 +191,9 @@ where
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
-            Ok(router::handle(req, &ctx).await)
+            let mut resp = router::handle(req, &ctx).await;
+            reason::set_envoy_phrase(&mut resp);
+            Ok(resp)
         }
     });
     if let Err(e) = builder
