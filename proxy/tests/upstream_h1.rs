@@ -771,6 +771,57 @@ async fn garbage_status_line_is_a_protocol_error() {
 }
 
 #[tokio::test]
+async fn framing_envoy_refuses_is_a_protocol_error() {
+    // Each answer was sent to Envoy 1.40 the same way: it replies 502 with reset reason
+    // "protocol error" to every one of them.
+    let refused = [
+        "HTTP/1.1 200 OK\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
+        "HTTP/1.1 200 OK\r\ncontent-length: 2, 2\r\n\r\nok",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxyz",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\ncontent-length: 2\r\n\r\nok",
+        "HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\nhello",
+        "HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n",
+    ];
+    for answer in refused {
+        let up = Upstream::start(move |mut peer| async move {
+            peer.request().await;
+            peer.send(answer).await;
+            peer.until_closed().await;
+        })
+        .await;
+        let err = Client::new(up.addr).send(get("/")).await.unwrap_err();
+        assert_eq!(reset_reason(&err), ResetReason::ProtocolError, "{answer:?}");
+        assert_eq!(err.local_reply_status(), StatusCode::BAD_GATEWAY);
+    }
+}
+
+#[tokio::test]
+async fn folded_header_is_forwarded_joined_and_chunked_matches_any_case() {
+    let up = Upstream::start(|mut peer| async move {
+        peer.request().await;
+        peer.send("HTTP/1.1 200 OK\r\nx-fold: a\r\n b\r\ncontent-length: 2\r\n\r\nok")
+            .await;
+        peer.request().await;
+        peer.send("HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n")
+            .await;
+        peer.until_closed().await;
+    })
+    .await;
+    let client = Client::new(up.addr);
+    let resp = client.send(get("/")).await.unwrap();
+    assert_eq!(resp.headers()["x-fold"], "a b");
+    assert_eq!(text(resp).await, "ok");
+    assert_eq!(
+        client.exchange(get("/")).await,
+        (StatusCode::OK, "ok".into())
+    );
+    assert_eq!(up.accepted(), 1);
+}
+
+#[tokio::test]
 async fn response_head_over_80_kib_is_a_protocol_error() {
     let up = Upstream::start(|mut peer| async move {
         peer.request().await;

@@ -57,12 +57,12 @@ pub(super) struct Head {
     pub response: Response<()>,
     close: bool,
     keep_alive: bool,
-    /// `transfer-encoding` was present; whether its last coding is `chunked`.
-    transfer_chunked: Option<bool>,
+    transfer: Transfer,
     length: Length,
 }
 
-/// What the `content-length` fields said.
+/// What the `content-length` fields said. Like Envoy 1.40, exactly one field holding one
+/// decimal number is valid: a second field, even an equal one, or a list is not.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Length {
     Absent,
@@ -72,19 +72,56 @@ enum Length {
 
 impl Length {
     fn add(self, value: &[u8]) -> Length {
-        let mut length = self;
-        for part in value.split(|&b| b == b',') {
-            length = match (length, parse_decimal(part.trim_ascii())) {
-                (Length::Invalid(e), _) => Length::Invalid(e),
-                (_, None) => Length::Invalid("invalid content-length"),
-                (Length::Valid(l), Some(n)) if l != n => {
-                    Length::Invalid("conflicting content-length values")
-                }
-                (_, Some(n)) => Length::Valid(n),
-            };
+        match (self, parse_decimal(value.trim_ascii())) {
+            (Length::Invalid(e), _) => Length::Invalid(e),
+            (Length::Valid(_), _) => Length::Invalid("more than one content-length"),
+            (Length::Absent, None) => Length::Invalid("invalid content-length"),
+            (Length::Absent, Some(n)) => Length::Valid(n),
         }
-        length
     }
+}
+
+/// What the `transfer-encoding` fields said. Envoy 1.40 accepts exactly one field whose value
+/// is `chunked` (any case) and refuses any other coding or list.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Transfer {
+    Absent,
+    Chunked,
+    Invalid(&'static str),
+}
+
+impl Transfer {
+    fn add(self, value: &[u8]) -> Transfer {
+        match self {
+            Transfer::Absent if value.trim_ascii().eq_ignore_ascii_case(b"chunked") => {
+                Transfer::Chunked
+            }
+            Transfer::Absent => Transfer::Invalid("transfer-encoding other than chunked"),
+            Transfer::Chunked => Transfer::Invalid("more than one transfer-encoding"),
+            Transfer::Invalid(e) => Transfer::Invalid(e),
+        }
+    }
+}
+
+/// A header value with obsolete line folding (CRLF then spaces or tabs) joined by single
+/// spaces, as Envoy forwards it.
+fn unfold(value: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.len());
+    let mut folding = false;
+    for &b in value {
+        match b {
+            b'\r' | b'\n' => folding = true,
+            b' ' | b'\t' if folding => {}
+            _ => {
+                if folding {
+                    out.push(b' ');
+                    folding = false;
+                }
+                out.push(b);
+            }
+        }
+    }
+    out
 }
 
 /// The comma-separated tokens of a header value.
@@ -100,11 +137,10 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
-    let len = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut slots,
-    ) {
+    let len = match httparse::ParserConfig::default()
+        .allow_obsolete_multiline_headers_in_responses(true)
+        .parse_response_with_uninit_headers(&mut parsed, buf, &mut slots)
+    {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
             return Err(DecodeError::HeadTooLarge);
@@ -139,14 +175,17 @@ pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeEr
         response: Response::new(()),
         close: false,
         keep_alive: false,
-        transfer_chunked: None,
+        transfer: Transfer::Absent,
         length: Length::Absent,
     };
     let mut headers = HeaderMap::with_capacity(ranges.len() + EXTRA_HEADERS);
     for [ns, ne, vs, ve] in ranges.into_iter().map(|r| r.map(|o| o as usize)) {
         let name = HeaderName::from_bytes(&head[ns..ne])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
-        let raw = &head[vs..ve];
+        let folded = head[vs..ve]
+            .contains(&b'\n')
+            .then(|| Bytes::from(unfold(&head[vs..ve])));
+        let raw = folded.as_deref().unwrap_or(&head[vs..ve]);
         if name == CONNECTION {
             let mut only_connection_tokens = true;
             for t in tokens(raw) {
@@ -162,18 +201,14 @@ pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeEr
                 continue;
             }
         } else if name == TRANSFER_ENCODING {
-            if let Some(last) = tokens(raw).last() {
-                parsed.transfer_chunked = Some(last.eq_ignore_ascii_case(b"chunked"));
-            } else {
-                parsed.transfer_chunked.get_or_insert(false);
-            }
+            parsed.transfer = parsed.transfer.add(raw);
             continue;
         } else if name == "keep-alive" || name == "proxy-connection" {
             continue;
         } else if name == CONTENT_LENGTH {
             parsed.length = parsed.length.add(raw);
         }
-        let value = HeaderValue::from_maybe_shared(head.slice(vs..ve))
+        let value = HeaderValue::from_maybe_shared(folded.unwrap_or_else(|| head.slice(vs..ve)))
             .map_err(|_| DecodeError::Head("invalid header value"))?;
         headers.append(name, value);
     }
@@ -201,9 +236,27 @@ impl Head {
         self.response.status()
     }
 
-    /// How the body (of an answer to a HEAD request when `head_request`) is delimited.
+    /// How the body (of an answer to a HEAD request when `head_request`) is delimited. Framing
+    /// Envoy 1.40 refuses is an error whatever the status: an invalid `content-length` or
+    /// `transfer-encoding`, both at once, or a 204 declaring a body.
     pub(super) fn framing(&self, head_request: bool) -> Result<Framing, DecodeError> {
         let status = self.status();
+        match (self.transfer, self.length) {
+            (Transfer::Invalid(e), _) | (_, Length::Invalid(e)) => {
+                return Err(DecodeError::Head(e));
+            }
+            (Transfer::Chunked, Length::Valid(_)) => {
+                return Err(DecodeError::Head(
+                    "both transfer-encoding and content-length",
+                ));
+            }
+            (Transfer::Chunked, _) | (_, Length::Valid(1..))
+                if status == StatusCode::NO_CONTENT =>
+            {
+                return Err(DecodeError::Head("204 response declaring a body"));
+            }
+            _ => {}
+        }
         if head_request
             || status.is_informational()
             || status == StatusCode::NO_CONTENT
@@ -211,20 +264,16 @@ impl Head {
         {
             return Ok(Framing::Empty);
         }
-        match (self.transfer_chunked, self.length) {
-            (Some(true), _) => Ok(Framing::Chunked),
-            (Some(false), _) => Ok(Framing::UntilClose),
-            (None, Length::Invalid(e)) => Err(DecodeError::Head(e)),
-            (None, Length::Valid(n)) => Ok(Framing::Length(n)),
-            (None, Length::Absent) => Ok(Framing::UntilClose),
-        }
+        Ok(match (self.transfer, self.length) {
+            (Transfer::Chunked, _) => Framing::Chunked,
+            (_, Length::Valid(n)) => Framing::Length(n),
+            _ => Framing::UntilClose,
+        })
     }
 
     /// Whether the connection may carry another request after this response (and its body).
     pub(super) fn keeps_alive(&self, framing: Framing) -> bool {
-        if framing == Framing::UntilClose
-            || (framing == Framing::Chunked && self.length != Length::Absent)
-        {
+        if framing == Framing::UntilClose {
             return false;
         }
         match self.response.version() {
@@ -409,28 +458,47 @@ mod tests {
     }
 
     #[test]
-    fn framing_follows_rfc_9112() {
+    fn framing_follows_rfc_9112_as_strictly_as_envoy() {
         let of = |raw: &str| head(raw).unwrap().unwrap().framing(false);
+        let refused = |raw: &str| assert!(of(raw).is_err(), "accepted: {raw:?}");
         assert_eq!(
-            of("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n"),
+            of("HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n"),
             Ok(Framing::Empty)
         );
-        assert_eq!(of("HTTP/1.1 304 Not Modified\r\n\r\n"), Ok(Framing::Empty));
         assert_eq!(
-            of("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\ncontent-length: 3\r\n\r\n"),
+            of("HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n"),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            of("HTTP/1.1 200 OK\r\ntransfer-encoding: Chunked\r\n\r\n"),
             Ok(Framing::Chunked)
         );
         assert_eq!(
-            of("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n"),
-            Ok(Framing::UntilClose)
-        );
-        assert_eq!(of("HTTP/1.1 200 OK\r\n\r\n"), Ok(Framing::UntilClose));
-        assert_eq!(
-            of("HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\ncontent-length: 7\r\n\r\n"),
+            of("HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\n"),
             Ok(Framing::Length(7))
         );
-        assert!(of("HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 8\r\n\r\n").is_err());
-        assert!(of("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").is_err());
+        assert_eq!(of("HTTP/1.1 200 OK\r\n\r\n"), Ok(Framing::UntilClose));
+        refused("HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n");
+        refused("HTTP/1.1 204 No Content\r\ntransfer-encoding: chunked\r\n\r\n");
+        refused("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n");
+        refused("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n");
+        refused("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n");
+        refused(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n",
+        );
+        refused("HTTP/1.1 200 OK\r\ncontent-length: 7\r\ncontent-length: 7\r\n\r\n");
+        refused("HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\n\r\n");
+        refused("HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n");
+    }
+
+    #[test]
+    fn folded_header_values_are_joined_by_one_space() {
+        let folded =
+            head("HTTP/1.1 200 OK\r\nx-fold: a\r\n  b\r\n\tc\r\ncontent-length: 0\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert_eq!(folded.response.headers()["x-fold"], "a b c");
+        assert!(head("HTTP/1.1 200 OK\r\n x-lead: 1\r\n\r\n").is_err());
     }
 
     #[test]
@@ -448,9 +516,7 @@ mod tests {
             "HTTP/1.0 200 OK\r\ncontent-length: 0\r\nconnection: keep-alive\r\n\r\n"
         ));
         assert!(!ka("HTTP/1.1 200 OK\r\n\r\n"));
-        assert!(!ka(
-            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n"
-        ));
+        assert!(ka("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"));
     }
 
     #[test]
