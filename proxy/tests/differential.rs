@@ -496,6 +496,10 @@ async fn protocols() {
         Case::get("h2 stream reuse", "/again").h2().same_connection(3),
         Case::get("client connection close", "/").header("connection", "close"),
         Case::get("upstream connection close", "/").header("x-echo-response-header", "connection=close"),
+        Case::get("response header named by connection", "/")
+            .header("x-echo-response-header", "connection=x-drop")
+            .header("x-echo-response-header", "x-drop=1")
+            .expect("response.header.x-drop", "1"),
         Case::get("duplicate request headers", "/").header("x-dup", "one").header("x-dup", "two"),
         Case::get("empty header value", "/").header("x-empty", ""),
         Case::get("underscore in header name", "/").header("x_under", "1"),

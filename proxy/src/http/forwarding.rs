@@ -125,8 +125,19 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
     }
 }
 
-/// Removes connection-scoped headers; keeps `te: trailers` (gRPC needs it).
+/// Removes a request's connection-scoped headers, with those its `connection` header names;
+/// keeps `te: trailers` (gRPC needs it).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_connection_scoped(headers, true);
+}
+
+/// Removes a response's connection-scoped headers. Envoy forwards the headers a response's
+/// `connection` header names (only the header itself goes), so they stay.
+fn strip_response_hop_by_hop(headers: &mut HeaderMap) {
+    strip_connection_scoped(headers, false);
+}
+
+fn strip_connection_scoped(headers: &mut HeaderMap, named_too: bool) {
     // One pass over the names first: most requests carry none of these (gRPC ones carry only
     // `te: trailers`), and a removal of an absent header still costs a hash and a probe.
     let mut present = [false; CONNECTION_SCOPED.len()];
@@ -144,7 +155,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !te && !present.contains(&true) {
         return;
     }
-    if present[0]
+    if named_too
+        && present[0]
         && let Some(conn) = headers.get(header::CONNECTION).cloned()
         && let Ok(list) = conn.to_str()
     {
@@ -351,7 +363,7 @@ pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: b
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
-    strip_hop_by_hop(headers);
+    strip_response_hop_by_hop(headers);
     if let Some(u) = upgrade {
         set_upgrade(headers, &u);
     }

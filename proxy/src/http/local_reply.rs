@@ -22,11 +22,12 @@ pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
     });
     *resp.status_mut() = status;
     resp.extensions_mut().insert(LocalReply(text.to_owned()));
+    // Envoy's order: content-length, then content-type.
     let h = resp.headers_mut();
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
     if !text.is_empty() {
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
     resp
 }
 
