@@ -250,8 +250,6 @@ fn new_request_id() -> HeaderValue {
 
 /// Applies the connection manager's request rules to `headers`.
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
-    // Room for what the rules and the router add, so the map grows (and rehashes) once.
-    headers.reserve(8);
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
     if headers
@@ -359,7 +357,6 @@ fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
 
 /// Applies the response rules: hop-by-hop removal and the `server` header.
 pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {
-    headers.reserve(4);
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
