@@ -135,21 +135,49 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// Parses a response head at the start of `buf`. On success the head is removed from `buf`
 /// (which then starts with the body); `None` means more bytes are needed.
 pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
+    match parse_head(buf, false) {
+        // Obsolete line folding is rare: only a head the strict parser refuses pays for a second
+        // parse that accepts it and for looking for folds in every value.
+        Err(Refused::Parser(_)) => parse_head(buf, true),
+        other => other,
+    }
+    .map_err(|refused| match refused {
+        Refused::Parser(e) => DecodeError::Head(describe(e)),
+        Refused::Decode(e) => e,
+    })
+}
+
+/// Why [`parse_head`] gave up.
+enum Refused {
+    /// httparse refused the head; `buf` is untouched.
+    Parser(httparse::Error),
+    /// The head parsed but is not acceptable.
+    Decode(DecodeError),
+}
+
+impl From<DecodeError> for Refused {
+    fn from(e: DecodeError) -> Self {
+        Refused::Decode(e)
+    }
+}
+
+/// [`response_head`] with obsolete line folding refused or accepted (and unfolded).
+fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused> {
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
     let len = match httparse::ParserConfig::default()
-        .allow_obsolete_multiline_headers_in_responses(true)
+        .allow_obsolete_multiline_headers_in_responses(folding)
         .parse_response_with_uninit_headers(&mut parsed, buf, &mut slots)
     {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-            return Err(DecodeError::HeadTooLarge);
+            return Err(DecodeError::HeadTooLarge.into());
         }
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(e) => return Err(DecodeError::Head(describe(e))),
+        Err(e) => return Err(Refused::Parser(e)),
     };
     if len > MAX_HEAD {
-        return Err(DecodeError::HeadTooLarge);
+        return Err(DecodeError::HeadTooLarge.into());
     }
     let status = parsed
         .code
@@ -182,9 +210,8 @@ pub(super) fn response_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeEr
     for [ns, ne, vs, ve] in ranges.into_iter().map(|r| r.map(|o| o as usize)) {
         let name = HeaderName::from_bytes(&head[ns..ne])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
-        let folded = head[vs..ve]
-            .contains(&b'\n')
-            .then(|| Bytes::from(unfold(&head[vs..ve])));
+        let folded =
+            (folding && head[vs..ve].contains(&b'\n')).then(|| Bytes::from(unfold(&head[vs..ve])));
         let raw = folded.as_deref().unwrap_or(&head[vs..ve]);
         if name == CONNECTION {
             let mut only_connection_tokens = true;
