@@ -532,6 +532,23 @@ async fn protocols() {
             .expect("reason", "Unknown"),
         Case::raw("reason phrase Envoy does not know", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 418\r\nConnection: close\r\n\r\n"),
         Case::raw("reason phrase of 599", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 599\r\nConnection: close\r\n\r\n"),
+        Case::raw("request te gzip then chunked", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "501"),
+        Case::raw("request te chunked twice", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "501"),
+        Case::raw("request te identity", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"),
+        Case::raw("request content-length plus sign", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: +5\r\nConnection: close\r\n\r\nhello"),
+        Case::raw("request content-length list", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\nConnection: close\r\n\r\nhello"),
+        Case::raw("request expect other", b"POST /post HTTP/1.1\r\nHost: x\r\nExpect: something\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"),
+        Case::raw("request h2c upgrade", b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nConnection: Upgrade, HTTP2-Settings, close\r\n\r\n")
+            .expect("status", "200"),
+        Case::raw("request te trailers on http1", b"GET / HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n"),
+        Case::raw("request body on get", b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc"),
+        Case::raw("request nul in header value", b"GET / HTTP/1.1\r\nHost: x\r\nX-Nul: a\x00b\r\nConnection: close\r\n\r\n"),
+        Case::raw("request tab in header value", b"GET / HTTP/1.1\r\nHost: x\r\nX-Tab: a\tb\r\nConnection: close\r\n\r\n"),
+        Case::raw("request http/1.1 absolute uri with other host", b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n"),
+        Case::raw("request chunked with extension", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n"),
+        Case::raw("request chunked with trailer", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n"),
         Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),
         Case::get("http1 on http2-only", "/").listener(2),
     ];

@@ -341,7 +341,9 @@ fn append_xff(headers: &mut HeaderMap, ip: IpAddr) {
     }
 }
 
-fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
+/// The upgrade a request asks for. `h2c` is not one: like Envoy, such a request is served as
+/// plain HTTP/1.1, and its `http2-settings` header is dropped with the upgrade headers.
+fn upgrade_requested(headers: &mut HeaderMap) -> Option<HeaderValue> {
     let conn_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -350,10 +352,18 @@ fn upgrade_requested(headers: &HeaderMap) -> Option<HeaderValue> {
             v.split(',')
                 .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
         });
-    conn_upgrade
+    let upgrade = conn_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
-        .flatten()
+        .flatten()?;
+    if upgrade.as_bytes().eq_ignore_ascii_case(b"h2c") {
+        headers.remove(HTTP2_SETTINGS);
+        return None;
+    }
+    Some(upgrade)
 }
+
+/// The settings of an `Upgrade: h2c` request (RFC 7540 section 3.2.1).
+const HTTP2_SETTINGS: &str = "http2-settings";
 
 /// Applies the response rules: hop-by-hop removal and the `server` header.
 pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {

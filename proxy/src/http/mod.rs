@@ -77,7 +77,8 @@ enum Rejection {
 struct StreamReset;
 
 /// Envoy's codec-level rejections that hyper lets through: a method with lowercase letters or
-/// an authority-form target on anything but CONNECT (400), and headers over
+/// an authority-form target on anything but CONNECT (400), an HTTP/1 request with a
+/// `transfer-encoding` other than one `chunked` and no `content-length` (501), and headers over
 /// `max_request_headers_kb` or `max_headers_count` (431 on HTTP/1, a stream reset on HTTP/2).
 fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection> {
     let authority_form = req.uri().scheme().is_none()
@@ -88,15 +89,25 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         .as_str()
         .bytes()
         .any(|b| b.is_ascii_lowercase());
-    let header_bytes: usize = req
-        .headers()
-        .iter()
-        .map(|(n, v)| n.as_str().len() + v.len())
-        .sum();
+    let mut header_bytes = 0;
+    let (mut length, mut codings, mut chunked_only) = (false, 0, true);
+    for (n, v) in req.headers() {
+        header_bytes += n.as_str().len() + v.len();
+        if n == http::header::CONTENT_LENGTH {
+            length = true;
+        } else if n == http::header::TRANSFER_ENCODING {
+            codings += 1;
+            chunked_only &= v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked");
+        }
+    }
+    let http1 = req.version() < http::Version::HTTP_2;
+    let unsupported_coding = http1 && !length && codings > 0 && (codings > 1 || !chunked_only);
     let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
         || req.headers().len() > cfg.max_headers_count as usize;
     let (status, text) = if lowercase_method || authority_form {
         (http::StatusCode::BAD_REQUEST, "Bad Request")
+    } else if unsupported_coding {
+        (http::StatusCode::NOT_IMPLEMENTED, "Not Implemented")
     } else if too_large && req.version() == http::Version::HTTP_2 {
         return Some(Rejection::ResetStream);
     } else if too_large {
