@@ -549,6 +549,14 @@ async fn protocols() {
         Case::raw("request http/1.1 absolute uri with other host", b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n"),
         Case::raw("request chunked with extension", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n"),
         Case::raw("request chunked with trailer", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n"),
+        Case::raw("extension method envoy knows", b"PURGE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("status", "200"),
+        Case::raw("extension method envoy does not know", b"FOO / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("status", "400"),
+        Case::raw("method query", b"QUERY / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        Case::raw("method m-search", b"M-SEARCH * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        Case::raw("http/1.0 keep-alive refused", b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+            .expect("response.header.connection", "close"),
         Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),
         Case::get("http1 on http2-only", "/").listener(2),
     ];

@@ -76,8 +76,9 @@ enum Rejection {
 #[error("request rejected by the codec: headers over the configured limits")]
 struct StreamReset;
 
-/// Envoy's codec-level rejections that hyper lets through: a method with lowercase letters or
-/// an authority-form target on anything but CONNECT (400), an HTTP/1 request with a
+/// Envoy's codec-level rejections that hyper lets through: a method with lowercase letters, an
+/// HTTP/1 method Envoy's codec does not know, or an authority-form target on anything but
+/// CONNECT (400), an HTTP/1 request with a
 /// `transfer-encoding` other than one `chunked` and no `content-length` (501), and headers over
 /// `max_request_headers_kb` or `max_headers_count` (431 on HTTP/1, a stream reset on HTTP/2).
 fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection> {
@@ -104,7 +105,11 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     let unsupported_coding = http1 && !length && codings > 0 && (codings > 1 || !chunked_only);
     let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
         || req.headers().len() > cfg.max_headers_count as usize;
-    let (status, text) = if lowercase_method || authority_form {
+    let unknown_method = http1 && !known_http1_method(req.method());
+    let (status, text) = if unknown_method && req.method().as_str() == "QUERY" {
+        // Envoy's codec knows QUERY but the connection manager refuses it, without a body.
+        (http::StatusCode::BAD_REQUEST, "")
+    } else if lowercase_method || unknown_method || authority_form {
         (http::StatusCode::BAD_REQUEST, "Bad Request")
     } else if unsupported_coding {
         (http::StatusCode::NOT_IMPLEMENTED, "Not Implemented")
@@ -127,6 +132,48 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     Some(Rejection::Reply(resp))
 }
 
+/// Whether Envoy 1.40's HTTP/1 codec accepts `method`: the methods of the http-parser table,
+/// except `M-SEARCH`, which it refuses (each probed through Envoy; `QUERY`, `LABEL` or any
+/// other extension method gets 400).
+fn known_http1_method(method: &http::Method) -> bool {
+    matches!(
+        method.as_str(),
+        "GET"
+            | "POST"
+            | "PUT"
+            | "DELETE"
+            | "HEAD"
+            | "OPTIONS"
+            | "PATCH"
+            | "TRACE"
+            | "CONNECT"
+            | "COPY"
+            | "LOCK"
+            | "MKCOL"
+            | "MOVE"
+            | "PROPFIND"
+            | "PROPPATCH"
+            | "SEARCH"
+            | "UNLOCK"
+            | "BIND"
+            | "REBIND"
+            | "UNBIND"
+            | "ACL"
+            | "REPORT"
+            | "MKACTIVITY"
+            | "CHECKOUT"
+            | "MERGE"
+            | "NOTIFY"
+            | "SUBSCRIBE"
+            | "UNSUBSCRIBE"
+            | "PURGE"
+            | "MKCALENDAR"
+            | "LINK"
+            | "UNLINK"
+            | "SOURCE"
+    )
+}
+
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Envoy's reaction to a connection that speaks the wrong protocol for the codec: an HTTP/2
@@ -147,6 +194,14 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
         }
         _ => true,
     }
+}
+
+/// Whether a response says `connection: close`.
+fn closes<B>(resp: &http::Response<B>) -> bool {
+    resp.headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
 }
 
 /// Serves one plaintext downstream connection until it closes.
@@ -202,8 +257,14 @@ where
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
+            let http10 = req.version() == http::Version::HTTP_10;
             let mut resp = router::handle(req, &ctx).await;
             reason::set_envoy_phrase(&mut resp);
+            if http10 && closes(&resp) {
+                // An HTTP/1.1 head would make hyper add `keep-alive` to our `close` for a
+                // keep-alive HTTP/1.0 client; an HTTP/1.0 one makes it close as Envoy does.
+                *resp.version_mut() = http::Version::HTTP_10;
+            }
             Ok(resp)
         }
     });
