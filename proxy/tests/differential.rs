@@ -557,6 +557,10 @@ async fn protocols() {
         Case::raw("method m-search", b"M-SEARCH * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw("http/1.0 keep-alive refused", b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
             .expect("response.header.connection", "close"),
+        Case::raw("request chunk size not hex", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "400"),
+        Case::raw("request chunk size overflowing", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nfffffffffffffffffffff\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "400"),
         Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),
         Case::get("http1 on http2-only", "/").listener(2),
     ];

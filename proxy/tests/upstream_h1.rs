@@ -296,6 +296,13 @@ fn data(s: &'static str) -> Result<Frame<Bytes>, Infallible> {
     Ok(Frame::data(Bytes::from_static(s.as_bytes())))
 }
 
+/// A broken request body is the downstream's fault: Envoy's codec answers it 400.
+fn assert_request_body_error(err: &UpstreamError) {
+    assert!(matches!(err, UpstreamError::RequestBody { .. }), "{err:?}");
+    assert_eq!(err.local_reply_status(), StatusCode::BAD_REQUEST);
+    assert_eq!(err.local_reply_body(), "Bad Request");
+}
+
 fn reset_reason(err: &UpstreamError) -> ResetReason {
     match err {
         UpstreamError::Reset { reason, .. } => *reason,
@@ -999,7 +1006,7 @@ async fn dropped_response_body_closes_its_connection() {
 }
 
 #[tokio::test]
-async fn failing_request_body_is_a_local_reset_and_closes_the_connection() {
+async fn failing_request_body_is_a_downstream_error_and_closes_the_connection() {
     let (closed_tx, mut closed) = mpsc::unbounded_channel();
     let up = Upstream::start(move |mut peer| {
         let closed_tx = closed_tx.clone();
@@ -1024,7 +1031,7 @@ async fn failing_request_body_is_a_local_reset_and_closes_the_connection() {
         .body(revoy::body::boxed(StreamBody::new(ReceiverStream::new(rx))))
         .unwrap();
     let err = client.send(req).await.unwrap_err();
-    assert_eq!(reset_reason(&err), ResetReason::LocalReset);
+    assert_request_body_error(&err);
     within("upstream sees the close", closed.recv())
         .await
         .unwrap();
@@ -1039,7 +1046,7 @@ async fn failing_request_body_is_a_local_reset_and_closes_the_connection() {
         .body(body)
         .unwrap();
     let err = client.send(req).await.unwrap_err();
-    assert_eq!(reset_reason(&err), ResetReason::LocalReset);
+    assert_request_body_error(&err);
     within("upstream sees the close", closed.recv())
         .await
         .unwrap();

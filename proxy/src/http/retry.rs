@@ -99,7 +99,7 @@ impl Failure {
     /// which end the request at once.
     pub fn of(err: &UpstreamError) -> Option<Failure> {
         match err {
-            UpstreamError::NoHealthyUpstream => None,
+            UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some(Failure::Overflow),
             UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. } => {
                 Some(Failure::Connect)

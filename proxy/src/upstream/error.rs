@@ -25,6 +25,13 @@ pub enum UpstreamError {
         /// The host tried.
         host: SocketAddr,
     },
+    /// The downstream request body broke (e.g. invalid chunked framing) before the response
+    /// head: a downstream protocol error, which Envoy's codec answers with 400.
+    #[error("request body failed: {detail}")]
+    RequestBody {
+        /// The body's error, for logs.
+        detail: String,
+    },
     /// The connection or stream ended before a complete response head arrived.
     #[error("upstream {host} reset: {reason}")]
     Reset {
@@ -48,8 +55,6 @@ pub enum ResetReason {
     RemoteRefusedStreamReset,
     /// The response could not be parsed.
     ProtocolError,
-    /// Reset locally (e.g. the request body failed).
-    LocalReset,
 }
 
 impl ResetReason {
@@ -60,7 +65,6 @@ impl ResetReason {
             ResetReason::RemoteReset => "remote reset",
             ResetReason::RemoteRefusedStreamReset => "remote refused stream reset",
             ResetReason::ProtocolError => "protocol error",
-            ResetReason::LocalReset => "local reset",
         }
     }
 }
@@ -73,10 +77,10 @@ impl std::fmt::Display for ResetReason {
 
 impl UpstreamError {
     /// Envoy's reset reason text (`remote connection failure`, `connection timeout`, ...);
-    /// `None` for "no healthy upstream", which is not a reset.
+    /// `None` for "no healthy upstream" and a broken request body, which are not resets.
     pub fn reset_reason(&self) -> Option<&'static str> {
         match self {
-            UpstreamError::NoHealthyUpstream => None,
+            UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some("overflow"),
             UpstreamError::ConnectFailure { .. } => Some("remote connection failure"),
             UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
@@ -87,6 +91,9 @@ impl UpstreamError {
     /// The body of Envoy's local reply for this failure (status 503), e.g.
     /// `upstream connect error or disconnect/reset before headers. reset reason: remote connection failure`.
     pub fn local_reply_body(&self) -> String {
+        if let UpstreamError::RequestBody { .. } = self {
+            return "Bad Request".to_owned();
+        }
         match self.reset_reason() {
             None => "no healthy upstream".to_owned(),
             Some(r) => {
@@ -97,10 +104,11 @@ impl UpstreamError {
         }
     }
 
-    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`).
+    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`, `DPE`).
     pub fn response_flag(&self) -> &'static str {
         match self {
             UpstreamError::NoHealthyUpstream => "UH",
+            UpstreamError::RequestBody { .. } => "DPE",
             UpstreamError::Overflow => "UO",
             UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. } => "UF",
             UpstreamError::Reset {
@@ -122,10 +130,11 @@ impl UpstreamError {
     }
 
     /// Classifies a hyper client error seen on `host`.
-    /// The local reply status Envoy's router uses: 502 for an upstream protocol error
-    /// (e.g. response headers over the limit), else 503.
+    /// The local reply status: 400 for a broken request body (Envoy's codec), 502 for an
+    /// upstream protocol error (e.g. response headers over the limit), else 503.
     pub fn local_reply_status(&self) -> http::StatusCode {
         match self {
+            UpstreamError::RequestBody { .. } => http::StatusCode::BAD_REQUEST,
             UpstreamError::Reset {
                 reason: ResetReason::ProtocolError,
                 ..
@@ -135,10 +144,14 @@ impl UpstreamError {
     }
 
     pub(crate) fn from_hyper(host: SocketAddr, e: &hyper::Error) -> Self {
+        if e.is_user() {
+            // The only user errors a proxied request meets: its body stream failed.
+            return UpstreamError::RequestBody {
+                detail: e.to_string(),
+            };
+        }
         let reason = if e.is_parse() {
             ResetReason::ProtocolError
-        } else if e.is_user() {
-            ResetReason::LocalReset
         } else if let Some(h2) = find_h2(e) {
             match h2.reason() {
                 Some(h2::Reason::REFUSED_STREAM) => ResetReason::RemoteRefusedStreamReset,

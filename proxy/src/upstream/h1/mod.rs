@@ -126,7 +126,7 @@ pub(crate) async fn exchange(
     } else {
         let mut sender = BodySender::new(framing);
         if let Some(frame) = poll_now(body.frame()) {
-            sender.queue(frame).map_err(|e| local(addr, e))?;
+            sender.queue(frame).map_err(request_body)?;
         }
         if let Some(framed) = sender.pending.take_if(|f| f.remaining() <= COALESCE_LIMIT) {
             out.put(framed);
@@ -182,7 +182,7 @@ async fn send_body(
                 sender.wrote(written).map_err(|e| terminated(addr, &e))?;
             }
             frame = body.frame(), if sender.pending.is_none() => {
-                sender.queue(frame).map_err(|e| local(addr, e))?;
+                sender.queue(frame).map_err(request_body)?;
             }
             read = rd.read_buf(reserve(buf)) => {
                 if read.map_err(|e| terminated(addr, &e))? == 0 {
@@ -405,10 +405,6 @@ fn protocol(addr: SocketAddr, e: &DecodeError) -> UpstreamError {
     }
 }
 
-fn local(addr: SocketAddr, detail: String) -> UpstreamError {
-    UpstreamError::Reset {
-        host: addr,
-        reason: ResetReason::LocalReset,
-        detail,
-    }
+fn request_body(detail: String) -> UpstreamError {
+    UpstreamError::RequestBody { detail }
 }
