@@ -637,6 +637,19 @@ async fn admin() {
         .at_admin(),
         Case::admin("listeners text", "GET", "/listeners"),
         Case::admin("listeners json", "GET", "/listeners?format=json"),
+        Case::admin("tcp proxy connections counted as requests", "GET", "/stats?filter=^cluster\\.tcp_a\\.upstream_(rq_total|rq_pending_total|cx_total)$"),
+        Case::admin("clusters text", "GET", "/clusters"),
+        Case::admin("clusters json", "GET", "/clusters?format=json"),
+        Case::admin("stats json filtered", "GET", "/stats?format=json&filter=^server\\.live$"),
+        Case::admin("prometheus filter on stat names", "GET", "/stats/prometheus?filter=server_live")
+            .expect("body", ""),
+        Case::admin("hot restart version", "GET", "/hot_restart_version").expect("body", "disabled"),
+        Case::admin("config dump of an absent resource", "GET", "/config_dump?resource=dynamic_listeners")
+            .expect("body", "json:{}"),
+        Case::admin("config dump masked", "GET", "/config_dump?mask=bootstrap.admin"),
+        Case::admin("config dump of one resource masked", "GET", "/config_dump?resource=static_clusters&mask=cluster.name"),
+        Case::admin("stats of one type", "GET", "/stats?type=Gauges&filter=^server\\.(live|concurrency)$"),
+
     ];
     run("admin", &cases).await;
 }

@@ -21,9 +21,10 @@ fn started(shared: &Shared) -> Timestamp {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .saturating_sub(shared.started.elapsed());
+    // Envoy's timestamps have millisecond precision.
     Timestamp {
         seconds: since.as_secs() as i64,
-        nanos: since.subsec_nanos() as i32,
+        nanos: (since.subsec_millis() * 1_000_000) as i32,
     }
 }
 
@@ -86,16 +87,118 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         ],
     };
     let codec = Codec::new();
-    let mut value = codec.to_json(&dump);
+    let value = codec.to_json(&dump);
+    let mut configs: Vec<serde_json::Value> = match value {
+        serde_json::Value::Object(mut o) => match o.remove("configs") {
+            Some(serde_json::Value::Array(a)) => a,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
     if let Some(resource) = req.param("resource").filter(|r| !r.is_empty()) {
-        let items: Vec<serde_json::Value> = value["configs"]
-            .as_array()
+        configs = configs
             .into_iter()
-            .flatten()
-            .filter_map(|c| c.get(resource).and_then(|v| v.as_array()).cloned())
+            .filter_map(|c| resource_items(c, resource))
             .flatten()
             .collect();
-        value = serde_json::json!({ "configs": items });
     }
-    value
+    if let Some(mask) = req.param("mask").filter(|m| !m.is_empty()) {
+        let paths: Vec<Vec<&str>> = mask
+            .split(',')
+            .map(|p| p.trim().split('.').collect())
+            .collect();
+        configs = configs
+            .into_iter()
+            .filter_map(|c| masked(c, &paths))
+            .collect();
+    }
+    if configs.is_empty() {
+        // An empty ConfigDump, rendered as Envoy does.
+        return serde_json::json!({});
+    }
+    serde_json::json!({ "configs": configs })
+}
+
+/// The items of the repeated field `resource` of one config, each tagged with its message type
+/// (`<config type>.<item type>`, e.g. `...ListenersConfigDump.StaticListener`) like Envoy.
+fn resource_items(config: serde_json::Value, resource: &str) -> Option<Vec<serde_json::Value>> {
+    let type_url = config.get("@type")?.as_str()?.to_owned();
+    let items = config.get(resource)?.as_array()?.clone();
+    let item_type = format!("{type_url}.{}", item_message(resource)?);
+    Some(
+        items
+            .into_iter()
+            .map(|mut item| {
+                if let serde_json::Value::Object(o) = &mut item {
+                    o.insert("@type".into(), serde_json::Value::String(item_type.clone()));
+                }
+                item
+            })
+            .collect(),
+    )
+}
+
+/// The message type of the items of a config dump's repeated field.
+fn item_message(resource: &str) -> Option<&'static str> {
+    Some(match resource {
+        "static_clusters" => "StaticCluster",
+        "dynamic_active_clusters" | "dynamic_warming_clusters" => "DynamicCluster",
+        "static_listeners" => "StaticListener",
+        "dynamic_listeners" => "DynamicListener",
+        "static_route_configs" => "StaticRouteConfig",
+        "dynamic_route_configs" => "DynamicRouteConfig",
+        _ => return None,
+    })
+}
+
+/// `config` with only the fields under `paths` (dotted field paths, like a protobuf
+/// `FieldMask`), keeping the `@type` of every object on the way (an `Any` stays typed);
+/// `None` when none of the paths is present.
+fn masked(config: serde_json::Value, paths: &[Vec<&str>]) -> Option<serde_json::Value> {
+    let mut out = serde_json::Map::new();
+    for path in paths {
+        if path
+            .iter()
+            .try_fold(&config, |v, field| v.get(field))
+            .is_some()
+        {
+            copy_path(&config, &mut out, path);
+        }
+    }
+    if out.is_empty() {
+        return None;
+    }
+    if let Some(t) = config.get("@type") {
+        out.insert("@type".into(), t.clone());
+    }
+    Some(serde_json::Value::Object(out))
+}
+
+/// Copies the value at the dotted `path` of `src` into `out`, creating the objects on the way
+/// with the `@type` of their source objects.
+fn copy_path(
+    src: &serde_json::Value,
+    out: &mut serde_json::Map<String, serde_json::Value>,
+    path: &[&str],
+) {
+    let Some((first, rest)) = path.split_first() else {
+        return;
+    };
+    let Some(value) = src.get(first) else {
+        return;
+    };
+    if rest.is_empty() {
+        out.insert((*first).to_owned(), value.clone());
+        return;
+    }
+    let next = out
+        .entry(*first)
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    let Some(obj) = next.as_object_mut() else {
+        return;
+    };
+    if let Some(t) = value.get("@type") {
+        obj.insert("@type".into(), t.clone());
+    }
+    copy_path(value, obj, rest);
 }

@@ -84,6 +84,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
     ),
     ep("/help", false, "print out list of admin commands", &[]),
     ep(
+        "/hot_restart_version",
+        false,
+        "print the hot restart compatibility version",
+        &[],
+    ),
+    ep(
         "/listeners",
         false,
         "print listener info",

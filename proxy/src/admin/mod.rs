@@ -153,16 +153,9 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         },
         "/listeners" => listeners(shared, req.param("format") == Some("json")),
         "/routes" => routes::render(shared, req),
-        "/stats" => stats(shared, req),
-        "/stats/prometheus" => {
-            let body =
-                crate::stats::render_prometheus(&shared.stats.snapshot(), req.has("usedonly"));
-            AdminResponse {
-                status: 200,
-                content_type: "text/plain; version=0.0.4",
-                body,
-            }
-        }
+        "/stats" => stats(shared, req, false),
+        "/stats/prometheus" => stats(shared, req, true),
+        "/hot_restart_version" => text(200, "disabled"),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
             shared.health_failed.store(true, Ordering::Relaxed);
@@ -288,7 +281,9 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
     }
 }
 
-fn stats(shared: &Shared, req: &AdminRequest) -> AdminResponse {
+/// `/stats` (text or `format=json`) and `/stats/prometheus`, with Envoy's `filter`,
+/// `usedonly` and `type` (`Counters`, `Gauges`, `Histograms`; anything else: all).
+fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse {
     let filter = match req.param("filter").filter(|f| !f.is_empty()) {
         Some(f) => match regex::Regex::new(f) {
             Ok(r) => Some(r),
@@ -307,7 +302,19 @@ fn stats(shared: &Shared, req: &AdminRequest) -> AdminResponse {
         }),
     ));
     metrics.sort_by(|a, b| a.0.cmp(&b.0));
+    match req.param("type") {
+        Some("Counters") => metrics.retain(|(_, m)| matches!(m, crate::stats::Metric::Counter(_))),
+        Some("Gauges") => metrics.retain(|(_, m)| matches!(m, crate::stats::Metric::Gauge(_))),
+        Some("Histograms") => metrics.clear(),
+        _ => {}
+    }
     let used = req.has("usedonly");
+    if prometheus {
+        return text(
+            200,
+            crate::stats::render_prometheus(&metrics, used, filter.as_ref()),
+        );
+    }
     match req.param("format") {
         Some("json") => json(&crate::stats::render_json(&metrics, used, filter.as_ref())),
         _ => text(

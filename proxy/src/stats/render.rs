@@ -43,9 +43,13 @@ pub fn render_json(
 }
 
 /// Prometheus text exposition: `envoy_` prefix, dots to underscores, TYPE lines.
-pub fn render_prometheus(metrics: &[(String, Metric)], used_only: bool) -> String {
+pub fn render_prometheus(
+    metrics: &[(String, Metric)],
+    used_only: bool,
+    filter: Option<&Regex>,
+) -> String {
     let mut out = String::new();
-    for (name, m) in selected(metrics, used_only, None) {
+    for (name, m) in selected(metrics, used_only, filter) {
         let prom: String = format!("envoy_{name}")
             .chars()
             .map(|c| {

@@ -333,7 +333,19 @@ impl Cluster {
             self.stats.upstream_cx_overflow.inc();
             return Err(UpstreamError::Overflow);
         }
-        let (stream, active) = pool::connect(&host, self.connect_options()).await?;
+        // Envoy's TCP connection pool counts each proxied connection as a request that
+        // waited for a new upstream connection.
+        self.stats.upstream_rq_pending_total.inc();
+        let (stream, active) = match pool::connect(&host, self.connect_options()).await {
+            Ok(connected) => connected,
+            Err(e) => {
+                host.stats.rq_error.fetch_add(1, Ordering::Relaxed);
+                self.stats.upstream_rq_pending_failure_eject.inc();
+                return Err(e);
+            }
+        };
+        self.stats.upstream_rq_total.inc();
+        host.stats.rq_total.fetch_add(1, Ordering::Relaxed);
         Ok(UpstreamConnection {
             stream,
             addr: host.addr,
