@@ -188,7 +188,11 @@ fn stats_answer_pilot_agents_raw_queries() {
     assert_eq!(v["stats"][0]["name"], "http.inbound.downstream_rq_total");
     assert_eq!(v["stats"][0]["value"], 1);
     let (_, prom) = get(&r, "/stats/prometheus");
-    assert!(prom.contains("# TYPE envoy_http_inbound_downstream_rq_total counter\n"));
+    // Envoy's tag extraction: the connection manager's stat prefix becomes a label.
+    assert!(prom.contains(
+        "# TYPE envoy_http_downstream_rq_total counter\n\
+         envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"inbound\"} 1\n"
+    ));
     assert_eq!(get(&r, "/stats?filter=(unclosed").0, 400);
     assert_eq!(raw(r.admin, "POST", "/reset_counters").0, 200);
     let (_, body) = get(&r, r"/stats?filter=^http\.inbound\.downstream_rq_total$");

@@ -348,6 +348,11 @@ async fn headers() {
             .listener(2)
             .header("x-echo-response-header", "server=upstream-server"),
         Case::get("APPEND_IF_ABSENT without upstream server", "/plain").listener(2),
+        Case::admin(
+            "prometheus of http stats with Envoy's default tags",
+            "GET",
+            "/stats/prometheus?filter=^(http\\.(headers|append_if_absent|server_name)\\.downstream_rq_(2xx|total)|cluster\\.[a-z_]+\\.upstream_rq_(200|2xx|total))$",
+        ),
     ];
     run("headers", &cases).await;
 }
@@ -644,6 +649,11 @@ async fn admin() {
         Case::admin("prometheus filter on stat names", "GET", "/stats/prometheus?filter=server_live")
             .expect("body", ""),
         Case::admin("hot restart version", "GET", "/hot_restart_version").expect("body", "disabled"),
+        Case::admin(
+            "prometheus with Envoy's default tags",
+            "GET",
+            "/stats/prometheus?filter=^(cluster\\.tcp_a\\.upstream_cx_total|tcp\\.tcp\\.downstream_cx_total|listener\\.127\\.0\\.0\\.1_[0-9]+\\.downstream_cx_total|server\\.live)$",
+        ),
         Case::admin("config dump of an absent resource", "GET", "/config_dump?resource=dynamic_listeners")
             .expect("body", "json:{}"),
         Case::admin("config dump masked", "GET", "/config_dump?mask=bootstrap.admin"),

@@ -312,7 +312,12 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
     if prometheus {
         return text(
             200,
-            crate::stats::render_prometheus(&metrics, used, filter.as_ref()),
+            crate::stats::render_prometheus(
+                &metrics,
+                used,
+                filter.as_ref(),
+                &shared.bootstrap.stats_tags,
+            ),
         );
     }
     match req.param("format") {

@@ -8,6 +8,7 @@ use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use super::cluster::{ClusterConfig, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
 use super::{ConfigError, Warnings};
+use crate::stats::tags::{TagProducer, TagSpec};
 
 /// A compiled bootstrap.
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct BootstrapConfig {
     pub clusters: Vec<ClusterConfig>,
     /// The bootstrap itself, for `/config_dump` and `/server_info`.
     pub proto: proto::Encoded<Bootstrap>,
+    /// How stat names split into tags (`stats_config`), for `/stats/prometheus`.
+    pub stats_tags: std::sync::Arc<TagProducer>,
 }
 
 /// Compiles a bootstrap. Errors name the field path from the document root.
@@ -89,6 +92,31 @@ pub fn compile_bootstrap(
         admin,
         listeners,
         clusters,
+        stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
         proto: proto::Encoded::new(b),
     })
+}
+
+/// `stats_config`'s tag specifiers. One revoy cannot compile (an ECMAScript construct the
+/// `regex` crate lacks) is left out with a warning: it only changes `/stats/prometheus` labels.
+fn stats_tags(b: &Bootstrap, warnings: &mut Warnings) -> TagProducer {
+    use proto::pb::envoy::config::metrics::v3::tag_specifier::TagValue;
+    let Some(sc) = &b.stats_config else {
+        return TagProducer::default();
+    };
+    let use_defaults = sc.use_all_default_tags.as_ref().is_none_or(|v| v.value);
+    let mut specs = Vec::new();
+    for (i, t) in sc.stats_tags.iter().enumerate() {
+        let spec = match &t.tag_value {
+            Some(TagValue::Regex(r)) => TagSpec::Regex(r.clone()),
+            Some(TagValue::FixedValue(v)) => TagSpec::Fixed(v.clone()),
+            None => TagSpec::Default,
+        };
+        let one = [(t.tag_name.clone(), spec.clone())];
+        match TagProducer::with(false, &one) {
+            Ok(_) => specs.push((t.tag_name.clone(), spec)),
+            Err(e) => warnings.push(format!("stats_config.stats_tags[{i}]: {e}; tag left out")),
+        }
+    }
+    TagProducer::with(use_defaults, &specs).unwrap_or_default()
 }

@@ -68,12 +68,15 @@ pub struct ListenerConfig {
     pub default_chain: Option<ChainConfig>,
     /// `traffic_direction` is INBOUND (`/drain_listeners?inboundonly`).
     pub inbound: bool,
+    /// What names the listener's stats: its `stat_prefix`, else its address with `:` made `_`
+    /// as Envoy sanitizes stat names (`127.0.0.1_10000`, `[__]_80`).
+    pub stats_name: String,
 }
 
 impl ListenerConfig {
-    /// Stats prefix `listener.<address>.` (Envoy names listener stats by address).
+    /// Stats prefix `listener.<stats_name>`.
     pub fn stat_prefix(&self) -> String {
-        format!("listener.{}", self.address)
+        format!("listener.{}", self.stats_name)
     }
 }
 
@@ -290,5 +293,10 @@ pub fn compile_listener(
         default_chain,
         inbound: l.traffic_direction
             == proto::pb::envoy::config::core::v3::TrafficDirection::Inbound as i32,
+        stats_name: if l.stat_prefix.is_empty() {
+            address.to_string().replace(':', "_")
+        } else {
+            l.stat_prefix.clone()
+        },
     })
 }

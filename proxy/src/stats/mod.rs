@@ -2,6 +2,7 @@
 //! and then only touch atomics; the store is read by the admin API.
 
 mod render;
+pub mod tags;
 
 pub use render::{render_json, render_prometheus, render_text};
 

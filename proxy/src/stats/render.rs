@@ -1,6 +1,9 @@
 //! Envoy's `/stats` output formats: text (`name: value`), JSON and Prometheus.
 
+use std::collections::BTreeMap;
+
 use super::Metric;
+use super::tags::TagProducer;
 use regex::Regex;
 
 /// Selects metrics like Envoy's `/stats?usedonly&filter=...`.
@@ -42,29 +45,59 @@ pub fn render_json(
     serde_json::json!({ "stats": stats })
 }
 
-/// Prometheus text exposition: `envoy_` prefix, dots to underscores, TYPE lines.
+/// Prometheus text exposition as Envoy writes it: tags extracted by `tags` become labels, one
+/// `# TYPE` line per metric family (`envoy_` + the tag-extracted name, sanitized).
 pub fn render_prometheus(
     metrics: &[(String, Metric)],
     used_only: bool,
     filter: Option<&Regex>,
+    tags: &TagProducer,
 ) -> String {
-    let mut out = String::new();
+    // Envoy lists counter families, then gauge families, each sorted by name.
+    let mut families: BTreeMap<(u8, String), Vec<(String, u64)>> = BTreeMap::new();
     for (name, m) in selected(metrics, used_only, filter) {
-        let prom: String = format!("envoy_{name}")
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
+        let (extracted, tags) = tags.produce(name);
+        let labels: Vec<String> = tags
+            .iter()
+            .map(|(n, v)| format!("{}=\"{}\"", sanitize(n), escape(v)))
             .collect();
-        let kind = match m {
-            Metric::Counter(_) => "counter",
-            Metric::Gauge(_) => "gauge",
+        let order = match m {
+            Metric::Counter(_) => 0,
+            Metric::Gauge(_) => 1,
         };
-        out.push_str(&format!("# TYPE {prom} {kind}\n{prom}{{}} {}\n", m.value()));
+        families
+            .entry((order, format!("envoy_{}", sanitize(&extracted))))
+            .or_default()
+            .push((labels.join(","), m.value()));
+    }
+    let mut out = String::new();
+    for ((order, family), series) in families {
+        let kind = if order == 0 { "counter" } else { "gauge" };
+        out.push_str(&format!("# TYPE {family} {kind}\n"));
+        for (labels, value) in series {
+            out.push_str(&format!("{family}{{{labels}}} {value}\n"));
+        }
     }
     out
+}
+
+/// A Prometheus metric or label name: anything but ASCII letters, digits and `_` becomes `_`.
+fn sanitize(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
