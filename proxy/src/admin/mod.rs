@@ -316,7 +316,7 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
                 &metrics,
                 used,
                 filter.as_ref(),
-                &shared.bootstrap.stats_tags,
+                shared.bootstrap.stats_tags.producer(),
             ),
         );
     }

@@ -8,7 +8,7 @@ use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use super::cluster::{ClusterConfig, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
 use super::{ConfigError, Warnings};
-use crate::stats::tags::{TagProducer, TagSpec};
+use crate::stats::tags::{StatsTags, TagProducer, TagSpec};
 
 /// A compiled bootstrap.
 #[derive(Debug, Clone)]
@@ -22,7 +22,7 @@ pub struct BootstrapConfig {
     /// The bootstrap itself, for `/config_dump` and `/server_info`.
     pub proto: proto::Encoded<Bootstrap>,
     /// How stat names split into tags (`stats_config`), for `/stats/prometheus`.
-    pub stats_tags: std::sync::Arc<TagProducer>,
+    pub stats_tags: std::sync::Arc<StatsTags>,
 }
 
 /// Compiles a bootstrap. Errors name the field path from the document root.
@@ -99,10 +99,10 @@ pub fn compile_bootstrap(
 
 /// `stats_config`'s tag specifiers. One revoy cannot compile (an ECMAScript construct the
 /// `regex` crate lacks) is left out with a warning: it only changes `/stats/prometheus` labels.
-fn stats_tags(b: &Bootstrap, warnings: &mut Warnings) -> TagProducer {
+fn stats_tags(b: &Bootstrap, warnings: &mut Warnings) -> StatsTags {
     use proto::pb::envoy::config::metrics::v3::tag_specifier::TagValue;
     let Some(sc) = &b.stats_config else {
-        return TagProducer::default();
+        return StatsTags::new(true, Vec::new());
     };
     let use_defaults = sc.use_all_default_tags.as_ref().is_none_or(|v| v.value);
     let mut specs = Vec::new();
@@ -118,5 +118,5 @@ fn stats_tags(b: &Bootstrap, warnings: &mut Warnings) -> TagProducer {
             Err(e) => warnings.push(format!("stats_config.stats_tags[{i}]: {e}; tag left out")),
         }
     }
-    TagProducer::with(use_defaults, &specs).unwrap_or_default()
+    StatsTags::new(use_defaults, specs)
 }

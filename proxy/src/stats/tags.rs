@@ -52,8 +52,10 @@ pub struct TagError {
     pub reason: String,
 }
 
+// ASCII classes (`[0-9]`, not `\d`): Unicode ones would make the compiled regexes megabytes.
 const TAG_VALUE: &str = r"[^\.]+";
-const ADDRESS: &str = r"(?:(?:\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}|\[[a-fA-F_\d]+\])_\d+)";
+const ADDRESS: &str =
+    r"(?:(?:[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[[a-fA-F_0-9]+\])_[0-9]+)";
 
 /// A bootstrap `stats_config.stats_tags` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +66,32 @@ pub enum TagSpec {
     Fixed(String),
     /// Neither: Envoy's default rule of that name.
     Default,
+}
+
+/// A bootstrap's tag rules, compiled the first time `/stats/prometheus` needs them (so a
+/// proxy nobody scrapes does not hold the compiled regexes).
+#[derive(Debug)]
+pub struct StatsTags {
+    use_defaults: bool,
+    specs: Vec<(String, TagSpec)>,
+    producer: std::sync::OnceLock<TagProducer>,
+}
+
+impl StatsTags {
+    /// Rules already checked to compile (see [`TagProducer::with`]).
+    pub fn new(use_defaults: bool, specs: Vec<(String, TagSpec)>) -> Self {
+        StatsTags {
+            use_defaults,
+            specs,
+            producer: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The compiled rules.
+    pub fn producer(&self) -> &TagProducer {
+        self.producer
+            .get_or_init(|| TagProducer::with(self.use_defaults, &self.specs).unwrap_or_default())
+    }
 }
 
 impl Default for TagProducer {
@@ -259,8 +287,11 @@ fn regex(re: &str, substr: &'static str) -> Rule {
 /// (clusters, connection managers, listeners, tcp_proxy, virtual hosts, workers).
 fn default_rules() -> Vec<(&'static str, Rule)> {
     vec![
-        ("envoy.response_code", regex(r"_rq(_(\d{3}))$", "_rq_")),
-        ("envoy.response_code_class", regex(r"_rq_((\d))xx$", "_rq_")),
+        ("envoy.response_code", regex(r"_rq(_([0-9]{3}))$", "_rq_")),
+        (
+            "envoy.response_code_class",
+            regex(r"_rq_(([0-9]))xx$", "_rq_"),
+        ),
         ("envoy.virtual_cluster", tokens("vhost.*.vcluster.$.**")),
         ("envoy.tcp_prefix", tokens("tcp.$.**")),
         ("envoy.cluster_name", tokens("cluster.$.**")),
@@ -272,7 +303,7 @@ fn default_rules() -> Vec<(&'static str, Rule)> {
         (
             "envoy.worker_id",
             regex(
-                r"^(?:listener\.(?:<ADDRESS>|<TAG_VALUE>)\.|server\.|listener_manager\.)worker_((\d+)\.)",
+                r"^(?:listener\.(?:<ADDRESS>|<TAG_VALUE>)\.|server\.|listener_manager\.)worker_(([0-9]+)\.)",
                 "",
             ),
         ),
@@ -290,7 +321,10 @@ fn default_rules() -> Vec<(&'static str, Rule)> {
         ("envoy.virtual_host", tokens("vhost.$.**")),
         (
             "envoy.rds_route_config",
-            regex(r"^http\.<TAG_VALUE>\.rds\.(([\w\-.]+)\.)\w+?$", ".rds."),
+            regex(
+                r"^http\.<TAG_VALUE>\.rds\.(([0-9A-Za-z_\-.]+)\.)[0-9A-Za-z_]+?$",
+                ".rds.",
+            ),
         ),
         ("envoy.route", tokens("vhost.*.route.$.**")),
     ]
