@@ -76,11 +76,13 @@ enum Rejection {
 #[error("request rejected by the codec: headers over the configured limits")]
 struct StreamReset;
 
-/// Envoy's codec-level rejections that hyper lets through: a method with lowercase letters, an
-/// HTTP/1 method Envoy's codec does not know, or an authority-form target on anything but
-/// CONNECT (400), an HTTP/1 request with a
-/// `transfer-encoding` other than one `chunked` and no `content-length` (501), and headers over
-/// `max_request_headers_kb` or `max_headers_count` (431 on HTTP/1, a stream reset on HTTP/2).
+/// Envoy's codec-level rejections that hyper lets through:
+/// - 400: a method with lowercase letters, an HTTP/1 method Envoy's codec does not know, or an
+///   authority-form target on anything but CONNECT;
+/// - 501: an HTTP/1 request with a `transfer-encoding` other than one `chunked` and no
+///   `content-length`;
+/// - headers over `max_request_headers_kb` or `max_headers_count`: 431 on HTTP/1, a stream
+///   reset on HTTP/2.
 fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection> {
     let authority_form = req.uri().scheme().is_none()
         && req.uri().authority().is_some()

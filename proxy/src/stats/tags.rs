@@ -52,7 +52,7 @@ pub struct TagError {
     pub reason: String,
 }
 
-// ASCII classes (`[0-9]`, not `\d`): Unicode ones would make the compiled regexes megabytes.
+// ASCII classes (`[0-9]`, not `\d`): Unicode classes make compiled regexes much larger.
 const TAG_VALUE: &str = r"[^\.]+";
 const ADDRESS: &str =
     r"(?:(?:[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[[a-fA-F_0-9]+\])_[0-9]+)";
