@@ -587,6 +587,16 @@ async fn tcp() {
         Case::tcp("no idle_timeout keeps the connection", "hello")
             .watch_close(1500)
             .expect("tcp.closed_by_proxy", "no"),
+        Case::admin(
+            "tcp_proxy stats",
+            "GET",
+            "/stats?filter=^tcp\\.[a-z_0-9]+\\.(downstream_cx_total|downstream_cx_no_route|downstream_cx_rx_bytes_total|downstream_cx_tx_bytes_total|idle_timeout)$",
+        ),
+        Case::admin(
+            "tcp cluster stats",
+            "GET",
+            "/stats?filter=^cluster\\.[a-z_0-9]+\\.(upstream_cx_total|upstream_cx_connect_fail|upstream_cx_active|upstream_rq_total|upstream_cx_none_healthy)$",
+        ),
     ];
     run("tcp", &cases).await;
 }

@@ -37,6 +37,7 @@ pub struct Listener {
     default_chain: Option<Chain>,
     cx_total: Counter,
     cx_active: Gauge,
+    cx_destroy: Counter,
     no_filter_chain: Counter,
 }
 
@@ -83,6 +84,9 @@ impl Listener {
             cx_active: shared
                 .stats
                 .gauge(&format!("{prefix}.downstream_cx_active")),
+            cx_destroy: shared
+                .stats
+                .counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: shared
                 .stats
                 .counter(&format!("{prefix}.no_filter_chain_match")),
@@ -219,5 +223,6 @@ impl Listener {
             }
         }
         self.cx_active.dec();
+        self.cx_destroy.inc();
     }
 }
