@@ -426,13 +426,13 @@ mod tests {
         assert_eq!(
             tags(
                 &p,
-                "listener.0.0.0.0_15006.http.10.0.0.1_80.downstream_rq_total"
+                "listener.0.0.0.0_15006.http.127.0.0.1_80.downstream_rq_total"
             ),
             (
                 "listener.0.0.0.0_15006.http.downstream_rq_total".into(),
                 t(&[
                     ("mesh", "m1"),
-                    ("http_conn_manager_listener_prefix", "10.0.0.1_80")
+                    ("http_conn_manager_listener_prefix", "127.0.0.1_80")
                 ])
             )
         );
