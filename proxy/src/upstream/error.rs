@@ -91,12 +91,10 @@ impl UpstreamError {
     /// The body of Envoy's local reply for this failure (status 503), e.g.
     /// `upstream connect error or disconnect/reset before headers. reset reason: remote connection failure`.
     pub fn local_reply_body(&self) -> String {
-        if let UpstreamError::RequestBody { .. } = self {
-            return "Bad Request".to_owned();
-        }
-        match self.reset_reason() {
-            None => "no healthy upstream".to_owned(),
-            Some(r) => {
+        match (self, self.reset_reason()) {
+            (UpstreamError::RequestBody { .. }, _) => "Bad Request".to_owned(),
+            (_, None) => "no healthy upstream".to_owned(),
+            (_, Some(r)) => {
                 format!(
                     "upstream connect error or disconnect/reset before headers. reset reason: {r}"
                 )
@@ -129,7 +127,6 @@ impl UpstreamError {
         }
     }
 
-    /// Classifies a hyper client error seen on `host`.
     /// The local reply status: 400 for a broken request body (Envoy's codec), 502 for an
     /// upstream protocol error (e.g. response headers over the limit), else 503.
     pub fn local_reply_status(&self) -> http::StatusCode {
@@ -143,6 +140,7 @@ impl UpstreamError {
         }
     }
 
+    /// Classifies a hyper client error seen on `host`.
     pub(crate) fn from_hyper(host: SocketAddr, e: &hyper::Error) -> Self {
         if e.is_user() {
             // The only user errors a proxied request meets: its body stream failed.
