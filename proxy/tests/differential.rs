@@ -564,6 +564,8 @@ async fn protocols() {
             .expect("response.header.connection", "close"),
         Case::raw("request chunk size not hex", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
+        Case::raw("request chunk size not hex on a keep-alive connection", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "400"),
         Case::raw("request chunk size overflowing", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nfffffffffffffffffffff\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
         Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),

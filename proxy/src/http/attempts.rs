@@ -31,6 +31,9 @@ pub enum Outcome {
     Response(Response<UpstreamBody>),
     /// A failure answered locally with this status and body.
     Local(StatusCode, String),
+    /// The downstream broke its own request (its body failed): answered with this status and
+    /// body and the connection closed, like Envoy's codec; not charged to the cluster.
+    Downstream(StatusCode, String),
 }
 
 /// One request's trip to a cluster.
@@ -82,6 +85,9 @@ impl Exchange<'_> {
                         .as_ref()
                         .is_some_and(|s| s.retriable_failure(Failure::PerTryTimeout));
                     (r, None, Err(()))
+                }
+                Ok(Err(e)) if matches!(e, UpstreamError::RequestBody { .. }) => {
+                    return (downstream(&e), attempt);
                 }
                 Ok(Err(e)) => {
                     let r = match (Failure::of(&e), &self.retry) {
@@ -179,6 +185,7 @@ impl Exchange<'_> {
                 self.cluster.stats().upstream_rq_per_try_timeout.inc();
                 Err(())
             }
+            Ok(Err(e)) if matches!(e, UpstreamError::RequestBody { .. }) => return downstream(&e),
             Ok(Err(e)) => Ok(Outcome::Local(e.local_reply_status(), e.local_reply_body())),
             Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
         };
@@ -201,7 +208,7 @@ impl Exchange<'_> {
         let stats = self.cluster.stats();
         let status = match &outcome {
             Ok(Outcome::Response(resp)) => resp.status().as_u16(),
-            Ok(Outcome::Local(..)) => 503,
+            Ok(Outcome::Local(..) | Outcome::Downstream(..)) => 503,
             Err(()) => 504,
         };
         stats.charge_status(status, self.lb.internal);
@@ -235,6 +242,11 @@ impl Drop for RetryHold<'_> {
 }
 
 /// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).
+/// The outcome of a request whose own body failed.
+fn downstream(e: &UpstreamError) -> Outcome {
+    Outcome::Downstream(e.local_reply_status(), e.local_reply_body())
+}
+
 fn failure_body(e: &UpstreamError, attempt: u32) -> String {
     match e.reset_reason() {
         Some(r) if attempt > 1 => format!(

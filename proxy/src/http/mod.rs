@@ -198,14 +198,6 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
     }
 }
 
-/// Whether a response says `connection: close`.
-fn closes<B>(resp: &http::Response<B>) -> bool {
-    resp.headers()
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"))
-}
-
 /// Serves one plaintext downstream connection until it closes.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     if !codec_accepts(&mut stream, ctx.hcm.config.codec).await {
@@ -259,14 +251,13 @@ where
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
-            let http10 = req.version() == http::Version::HTTP_10;
+            let version = req.version();
             let mut resp = router::handle(req, &ctx).await;
             reason::set_envoy_phrase(&mut resp);
-            if http10 && closes(&resp) {
-                // An HTTP/1.1 head would make hyper add `keep-alive` to our `close` for a
-                // keep-alive HTTP/1.0 client; an HTTP/1.0 one makes it close as Envoy does.
-                *resp.version_mut() = http::Version::HTTP_10;
-            }
+            // Every response carries the request's version, local replies included: for an
+            // HTTP/1.0 client hyper then keeps the connection only if the response says
+            // keep-alive (with an HTTP/1.1 head it would add `keep-alive` to our `close`).
+            *resp.version_mut() = version;
             Ok(resp)
         }
     });

@@ -352,7 +352,6 @@ async fn route_and_forward(
                 return Box::pin(super::upgrade::forward(req, &cluster, &lb, cfg)).await;
             }
             let vhost = selected.virtual_host;
-            let downstream_version = req.version();
             let start = Instant::now();
             let limits = StreamLimits::of(fwd, tokio::time::Instant::from_std(stream_start));
             if http_body::Body::is_end_stream(req.body())
@@ -417,12 +416,17 @@ async fn route_and_forward(
             };
             let mut resp = match outcome {
                 Outcome::Local(status, text) => local_reply(status, &text),
+                Outcome::Downstream(status, text) => {
+                    let mut resp = local_reply(status, &text);
+                    resp.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                    resp
+                }
                 Outcome::Response(resp) => {
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),
                     };
-                    *resp.version_mut() = downstream_version;
                     forwarding::mutate_response(cfg, resp.headers_mut(), false);
                     if !cfg.suppress_envoy_headers {
                         resp.headers_mut().insert(
