@@ -439,6 +439,19 @@ async fn filter_chains() {
 }
 
 /// A request whose headers exceed Envoy's default `max_request_headers_kb` (60).
+/// A GET whose upstream answers with status `code`.
+fn upstream_status(name: &'static str, code: u16) -> Case {
+    let raw =
+        format!("GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: {code}\r\nConnection: close\r\n\r\n");
+    Case::raw(name, raw.as_bytes())
+}
+
+/// A request with this method and target (`"PURGE /"`).
+fn method(name: &'static str, method_and_target: &str) -> Case {
+    let raw = format!("{method_and_target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    Case::raw(name, raw.as_bytes())
+}
+
 fn oversized_headers() -> Vec<u8> {
     let filler = "a".repeat(8 * 1024);
     let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
@@ -531,12 +544,12 @@ async fn protocols() {
         )
         .listener(1),
         Case::get("h2c on http2-only", "/").h2().listener(2),
-        Case::raw("reason phrase Envoy spells its own way", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 203\r\nConnection: close\r\n\r\n")
+        upstream_status("reason phrase Envoy spells its own way", 203)
             .expect("reason", "Non-Authoritative Information"),
-        Case::raw("reason phrase of an unregistered code", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 299\r\nConnection: close\r\n\r\n")
-            .expect("reason", "Unknown"),
-        Case::raw("reason phrase Envoy does not know", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 418\r\nConnection: close\r\n\r\n"),
-        Case::raw("reason phrase of 599", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 599\r\nConnection: close\r\n\r\n"),
+        upstream_status("reason phrase of an unregistered code", 299).expect("reason", "Unknown"),
+        upstream_status("reason phrase Envoy does not know", 418),
+        upstream_status("reason phrase of 599", 599),
+        upstream_status("reason phrase of 425", 425),
         Case::raw("request te gzip then chunked", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
             .expect("status", "501"),
         Case::raw("request te chunked twice", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
@@ -554,12 +567,10 @@ async fn protocols() {
         Case::raw("request http/1.1 absolute uri with other host", b"GET http://a.example/p HTTP/1.1\r\nHost: b.example\r\nConnection: close\r\n\r\n"),
         Case::raw("request chunked with extension", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5;ext=1\r\nhello\r\n0\r\n\r\n"),
         Case::raw("request chunked with trailer", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nX-Trailer: t\r\n\r\n"),
-        Case::raw("extension method envoy knows", b"PURGE / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("status", "200"),
-        Case::raw("extension method envoy does not know", b"FOO / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("status", "400"),
-        Case::raw("method query", b"QUERY / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
-        Case::raw("method m-search", b"M-SEARCH * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        method("extension method envoy knows", "PURGE /").expect("status", "200"),
+        method("extension method envoy does not know", "FOO /").expect("status", "400"),
+        method("method query", "QUERY /"),
+        method("method m-search", "M-SEARCH *"),
         Case::raw("http/1.0 keep-alive refused", b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
             .expect("response.header.connection", "close"),
         Case::raw("request chunk size not hex", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
@@ -568,7 +579,6 @@ async fn protocols() {
             .expect("status", "400"),
         Case::raw("request chunk size overflowing", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nfffffffffffffffffffff\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
-        Case::raw("reason phrase of 425", b"GET / HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 425\r\nConnection: close\r\n\r\n"),
         Case::get("http1 on http2-only", "/").listener(2),
     ];
     run("protocols", &cases).await;
