@@ -754,6 +754,11 @@ async fn addresses() {
         Case::get("default source address", "/")
             .listener(1)
             .expect("upstream.peer", "127.0.0.1"),
+        Case::admin(
+            "ipv6 listener stats name",
+            "GET",
+            "/stats?filter=^listener\\.\\[[^.]*\\.downstream_cx_total$",
+        ),
     ];
     run("addresses", &cases).await;
 }
