@@ -273,13 +273,19 @@ fn tokens(pattern: &str) -> Rule {
 }
 
 fn regex(re: &str, substr: &'static str) -> Rule {
+    regex_unless(re, substr, None)
+}
+
+/// A default regex rule (placeholders expanded) that does not match when its value is
+/// `unless`.
+fn regex_unless(re: &str, substr: &'static str, unless: Option<&'static str>) -> Rule {
     let re = re
         .replace("<TAG_VALUE>", TAG_VALUE)
         .replace("<ADDRESS>", ADDRESS);
     Rule::Regex {
         re: Regex::new(&re).expect("default tag regex"),
         substr,
-        unless: None,
+        unless,
     }
 }
 
@@ -307,17 +313,10 @@ fn default_rules() -> Vec<(&'static str, Rule)> {
                 "",
             ),
         ),
-        ("envoy.listener_address", {
-            let Rule::Regex { re, .. } = regex(r"^listener\.((<ADDRESS>|<TAG_VALUE>)\.)", "")
-            else {
-                unreachable!("regex() builds a regex rule")
-            };
-            Rule::Regex {
-                re,
-                substr: "",
-                unless: Some("admin"),
-            }
-        }),
+        (
+            "envoy.listener_address",
+            regex_unless(r"^listener\.((<ADDRESS>|<TAG_VALUE>)\.)", "", Some("admin")),
+        ),
         ("envoy.virtual_host", tokens("vhost.$.**")),
         (
             "envoy.rds_route_config",
