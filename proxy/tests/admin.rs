@@ -2,12 +2,16 @@
 //! queries, POST-only endpoints, config_dump validity, /routes explain, drain and quit.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proto::Codec;
 use proto::pb::envoy::admin::v3::ConfigDump;
+
+#[path = "support/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// A revoy child process, killed on drop.
 struct Revoy {
@@ -21,14 +25,6 @@ impl Drop for Revoy {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn start() -> Revoy {

@@ -9,6 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "support/ports.rs"]
+mod ports;
+use ports::free_port;
+
 fn revoy() -> Command {
     Command::new(env!("CARGO_BIN_EXE_revoy"))
 }
@@ -393,11 +397,6 @@ fn serves_on(mut command: Command, port: u16, unbound: u16) -> Result<(), String
     let _ = child.kill();
     let output = child.wait_with_output().map_err(|e| e.to_string())?;
     result.map_err(|e| format!("{e}; stderr:\n{}", String::from_utf8_lossy(&output.stderr)))
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
 }
 
 #[test]

@@ -9,6 +9,9 @@
 //! `REVOY_DIFF_VERBOSE=1` prints every observation. Known deliberate differences and what is not
 //! compared: `differential/DIFFERENCES.md`.
 
+#[path = "support/ports.rs"]
+mod ports;
+
 mod differential {
     pub mod case;
     pub mod client;

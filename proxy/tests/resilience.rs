@@ -22,6 +22,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use upstream::Upstream;
 
+#[path = "support/ports.rs"]
+mod ports;
+use ports::free_port;
+
 /// One request and what it must show on Envoy (so a case cannot pass by doing nothing).
 struct Case {
     name: &'static str,
@@ -357,11 +361,6 @@ const COMPARED_STATS: &[&str] = &[
     "cluster.closed.upstream_rq_retry",
     "cluster.closed.upstream_rq_retry_limit_exceeded",
 ];
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    l.local_addr().expect("local addr").port()
-}
 
 /// A running proxy, killed (by PID) when dropped.
 struct Proxy {

@@ -219,11 +219,7 @@ fn placeholders(template: &str) -> Vec<String> {
     names
 }
 
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    listener.local_addr().expect("local addr").port()
-}
+pub use crate::ports::free_port;
 
 /// One running proxy with its own ports.
 struct Side {

@@ -1,0 +1,26 @@
+//! Ports for the servers a test starts, chosen below the kernel's ephemeral range (32768-60999
+//! by default). A port the kernel handed out for `127.0.0.1:0` could be taken by an outgoing
+//! connection's local port between the choice and the proxy's bind (seen as "Address already
+//! in use" once in a while); outgoing connections never take ports below that range.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+
+/// Where this process starts counting: a PID-derived offset, so test binaries running one
+/// after another rarely walk over each other's lingering ports.
+fn start() -> u16 {
+    (std::process::id() % 120) as u16 * 100
+}
+
+/// A loopback port nobody listened on a moment ago, in 20000-31999.
+pub fn free_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (start() + n) % 12_000;
+        let v4 = std::net::TcpListener::bind(("127.0.0.1", port));
+        let v6 = std::net::TcpListener::bind(("::1", port));
+        if v4.is_ok() && v6.is_ok() {
+            return port;
+        }
+    }
+}
