@@ -511,6 +511,26 @@ async fn protocols() {
         Case::raw("headers over 60 KiB", &oversized_headers()),
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw("CONNECT without upgrade config", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
+        Case::conversation("pipelined requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("responses", "200 /a, 200 /b, 200 /c")
+            .expect("closed", "yes"),
+        Case::conversation("bodies between plain requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /d HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("responses", "200 /a, 200 /b, 200 /c, 200 /d")
+            .expect("closed", "no"),
+        Case::conversation("head then get", b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("responses", "200 -, 200 /g")
+            .expect("closed", "yes"),
+        Case::conversation("no content then get", b"GET /n HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 204\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("responses", "204 -, 200 /g")
+            .expect("closed", "no"),
+        Case::conversation("close ends the pipeline", b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("responses", "200 /a")
+            .expect("closed", "yes"),
+        Case::conversation("upstream close then next request", b"GET /a HTTP/1.1\r\nHost: x\r\nX-Echo-Response-Header: connection=close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("responses", "200 /a, 200 /b"),
+        Case::conversation("bad request after a good one", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nG(T /b HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("closed", "yes"),
+        Case::conversation("http/1.0 keep-alive", b"GET /a HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\nHost: x\r\n\r\n"),
         Case::get("keep-alive reuse", "/again").same_connection(3).expect("requests_on_connection", "3"),
         Case::get("upstream http1 connection pooled", "/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),
         Case::get("upstream h2 connection pooled", "/h2up/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),

@@ -1,10 +1,12 @@
-//! The HTTP connection manager: serves downstream HTTP/1.1 and HTTP/2 connections with hyper
-//! and runs each request through the router.
+//! The HTTP connection manager: serves downstream HTTP/1.1 (common requests on its own fast
+//! path, `h1`) and HTTP/2 (with hyper) and runs each request through the router.
 
 mod attempts;
 mod buffered_body;
 mod envoy_errors;
 pub mod forwarding;
+mod h1;
+pub mod header_tokens;
 mod int_value;
 pub mod local_reply;
 mod mirror;
@@ -107,7 +109,7 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     let unsupported_coding = http1 && !length && codings > 0 && (codings > 1 || !chunked_only);
     let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
         || req.headers().len() > cfg.max_headers_count as usize;
-    let unknown_method = http1 && !known_http1_method(req.method());
+    let unknown_method = http1 && !known_http1_method(req.method().as_str());
     let (status, text) = if unknown_method && req.method().as_str() == "QUERY" {
         // Envoy's codec knows QUERY but the connection manager refuses it, without a body.
         (http::StatusCode::BAD_REQUEST, "")
@@ -137,9 +139,9 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
 /// Whether Envoy 1.40's HTTP/1 codec accepts `method`: the methods of the http-parser table,
 /// except `M-SEARCH`, which it refuses (each probed through Envoy; `QUERY`, `LABEL` or any
 /// other extension method gets 400).
-fn known_http1_method(method: &http::Method) -> bool {
+fn known_http1_method(method: &str) -> bool {
     matches!(
-        method.as_str(),
+        method,
         "GET"
             | "POST"
             | "PUT"
@@ -198,13 +200,21 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
     }
 }
 
-/// Serves one plaintext downstream connection until it closes.
+/// Serves one plaintext downstream connection until it closes: HTTP/1 on the fast path
+/// (`h1`), which hands unusual requests and HTTP/2 to hyper's server.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
-    if !codec_accepts(&mut stream, ctx.hcm.config.codec).await {
+    let codec = ctx.hcm.config.codec;
+    if !codec_accepts(&mut stream, codec).await {
         return;
     }
-    let codec = ctx.hcm.config.codec;
-    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+    let stats = ctx.hcm.stats.clone();
+    stats.cx_total.inc();
+    stats.cx_active.inc();
+    match codec {
+        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+        Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
+    }
+    stats.cx_active.dec();
 }
 
 /// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec.
@@ -214,16 +224,18 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
         Some(b"http/1.1") => Codec::Http1,
         _ => ctx.hcm.config.codec,
     };
+    let stats = ctx.hcm.stats.clone();
+    stats.cx_total.inc();
+    stats.cx_active.inc();
     serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+    stats.cx_active.dec();
 }
 
+/// Serves a connection with hyper's server.
 async fn serve_io<I>(io: I, ctx: Arc<ConnContext>, codec: Codec)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let stats = &ctx.hcm.stats;
-    stats.cx_total.inc();
-    stats.cx_active.inc();
     let mut builder = auto::Builder::new(crate::spawn::Executor);
     builder
         .http1()
@@ -252,7 +264,7 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let version = req.version();
-            let mut resp = router::handle(req, &ctx).await;
+            let mut resp = router::handle(req.map(crate::body::boxed), &ctx).await;
             reason::set_envoy_phrase(&mut resp);
             // Every response carries the request's version, local replies included: for an
             // HTTP/1.0 client hyper then keeps the connection only if the response says
@@ -267,5 +279,4 @@ where
     {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
     }
-    stats.cx_active.dec();
 }

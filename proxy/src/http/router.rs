@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
-use hyper::body::Incoming;
 
 use super::ConnContext;
 use super::attempts::{Exchange, Outcome, RequestBody};
@@ -40,7 +39,7 @@ fn upgrade_refused() -> Response<Body> {
 }
 
 /// Handles one request end to end; never fails (errors become local replies).
-pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<Body> {
+pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body> {
     let stats = &ctx.hcm.stats;
     stats.rq_total.inc();
     stats.rq_active.inc();
@@ -70,7 +69,7 @@ pub async fn handle(mut req: Request<Incoming>, ctx: &ConnContext) -> Response<B
 
 /// The request's authority: `:authority` for HTTP/2, else the Host header.
 /// Several `Host` headers are joined with `,`, as Envoy's codec does.
-fn authority(req: &Request<Incoming>) -> String {
+fn authority(req: &Request<Body>) -> String {
     if let Some(a) = req.uri().authority() {
         return a.as_str().to_owned();
     }
@@ -98,7 +97,7 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
 }
 
 async fn route_and_forward(
-    mut req: Request<Incoming>,
+    mut req: Request<Body>,
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
 ) -> Response<Body> {
@@ -362,13 +361,13 @@ async fn route_and_forward(
                 req.headers_mut()
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
-            let (parts, incoming) = req.into_parts();
+            let (parts, downstream_body) = req.into_parts();
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
                     .per_request_buffer_limit_bytes
                     .map_or(buffered_body::DEFAULT_LIMIT, |l| l as usize);
-                match buffered_body::buffer(incoming, limit).await {
+                match buffered_body::buffer(downstream_body, limit).await {
                     Ok(Buffered::Complete(replay)) => {
                         let how = mirror::Shadowing {
                             clusters: &ctx.shared.clusters,
@@ -393,7 +392,7 @@ async fn route_and_forward(
                     }
                 }
             } else {
-                RequestBody::Once(body::boxed(incoming))
+                RequestBody::Once(downstream_body)
             };
             let exchange = Exchange {
                 cluster: &cluster,

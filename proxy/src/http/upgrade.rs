@@ -2,7 +2,6 @@
 //! fresh connection; after a `101`, both upgraded streams are spliced together.
 
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::forwarding;
@@ -13,7 +12,7 @@ use crate::upstream::{Cluster, LbContext};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
 pub async fn forward(
-    mut req: Request<Incoming>,
+    mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
     cfg: &HcmConfig,
@@ -40,11 +39,7 @@ pub async fn forward(
         }
     };
     tokio::spawn(connection.with_upgrades());
-    let (parts, incoming) = req.into_parts();
-    let mut upstream_resp = match sender
-        .send_request(Request::from_parts(parts, body::boxed(incoming)))
-        .await
-    {
+    let mut upstream_resp = match sender.send_request(req).await {
         Ok(r) => r,
         Err(e) => {
             return local_reply(

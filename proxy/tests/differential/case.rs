@@ -28,6 +28,9 @@ pub enum Kind {
     Tcp(String),
     /// Raw bytes written to the connection; the response is parsed as HTTP/1.x.
     Raw(Vec<u8>),
+    /// Raw bytes holding several HTTP/1.x requests written at once; every response is read
+    /// until the connection closes or goes quiet.
+    Conversation(Vec<u8>),
 }
 
 /// A request sent identically to Envoy and to revoy.
@@ -153,6 +156,11 @@ impl Case {
     /// Raw bytes on an HTTP listener.
     pub fn raw(name: &'static str, bytes: &[u8]) -> Case {
         Case::new(name, Kind::Raw(bytes.to_vec()), "", "")
+    }
+
+    /// Several raw requests sent at once on one connection (pipelined).
+    pub fn conversation(name: &'static str, bytes: &[u8]) -> Case {
+        Case::new(name, Kind::Conversation(bytes.to_vec()), "", "")
     }
 
     /// Sets the Host header / authority.

@@ -146,6 +146,7 @@ async fn observe_once(
             None => tcp(stream, line, case.watch_close).await,
         },
         Kind::Raw(bytes) => raw(stream, bytes).await,
+        Kind::Conversation(bytes) => conversation(stream, bytes).await,
     }
 }
 
@@ -520,6 +521,87 @@ async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String>
         obs.insert("interim".to_string(), interim.join(","));
     }
     Ok(obs)
+}
+
+/// Writes several requests at once and reads until the proxy closes the connection or stays
+/// quiet for 1.5 s (Envoy closes after a local reply only once its 1 s `delayed_close_timeout`
+/// has passed). Observes each response as `<status> <path the upstream echoed>` (`-` for
+/// a response the proxy made itself), and whether the connection was closed.
+async fn conversation(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String> {
+    stream.write_all(bytes).await.map_err(|e| e.to_string())?;
+    let mut data = Vec::new();
+    let mut buf = [0u8; 4096];
+    let closed = loop {
+        match timeout(Duration::from_millis(1500), stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => data.extend_from_slice(&buf[..n]),
+            Ok(_) => break "yes",
+            Err(_) => break "no",
+        }
+    };
+    let mut methods = request_methods(bytes).into_iter();
+    let mut responses = Vec::new();
+    let mut rest = &data[..];
+    while let Some(end) = find(rest, b"\r\n\r\n") {
+        let (status, _, headers) = parse_head(&rest[..end + 4])?;
+        rest = &rest[end + 4..];
+        let head_request = methods.next().is_some_and(|m| m == "HEAD");
+        let body = if status == 204 || status == 304 || head_request {
+            Vec::new()
+        } else if is_chunked(&headers) {
+            let end = find(rest, b"0\r\n\r\n").map_or(rest.len(), |e| e + 5);
+            let body = dechunk(&rest[..end]);
+            rest = &rest[end..];
+            body
+        } else {
+            let len = content_length(&headers).unwrap_or(0).min(rest.len());
+            let body = rest[..len].to_vec();
+            rest = &rest[len..];
+            body
+        };
+        let path = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["path"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| "-".to_string());
+        responses.push(format!("{status} {path}"));
+    }
+    let mut obs = Observation::from([
+        ("responses".to_string(), responses.join(", ")),
+        ("closed".to_string(), closed.to_string()),
+    ]);
+    if !rest.is_empty() {
+        obs.insert(
+            "trailing bytes".to_string(),
+            String::from_utf8_lossy(rest).into_owned(),
+        );
+    }
+    Ok(obs)
+}
+
+/// The method of each request in `bytes`, in order (bodies framed by `content-length` or
+/// `transfer-encoding: chunked` are skipped).
+fn request_methods(mut bytes: &[u8]) -> Vec<String> {
+    let mut methods = Vec::new();
+    while let Some(end) = find(bytes, b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&bytes[..end]).to_ascii_lowercase();
+        methods.push(
+            head.split(' ')
+                .next()
+                .unwrap_or_default()
+                .to_ascii_uppercase(),
+        );
+        bytes = &bytes[end + 4..];
+        let length = head.lines().find_map(|l| {
+            l.strip_prefix("content-length:")
+                .and_then(|v| v.trim().parse::<usize>().ok())
+        });
+        if head.contains("transfer-encoding: chunked") {
+            let end = find(bytes, b"0\r\n\r\n").map_or(bytes.len(), |e| e + 5);
+            bytes = &bytes[end..];
+        } else if let Some(n) = length {
+            bytes = &bytes[n.min(bytes.len())..];
+        }
+    }
+    methods
 }
 
 /// Strips leading 1xx interim responses (except 101), returning their status codes.

@@ -8,6 +8,8 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER
 use http::{HeaderMap, Response, StatusCode, Version};
 use http_body::Frame;
 
+use crate::http::header_tokens::tokens;
+
 /// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
 /// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one).
 pub(super) const MAX_HEAD: usize = 80 * 1024;
@@ -122,14 +124,6 @@ fn unfold(value: &[u8]) -> Vec<u8> {
         }
     }
     out
-}
-
-/// The comma-separated tokens of a header value.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|&b| b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|t| !t.is_empty())
 }
 
 /// Parses a response head at the start of `buf`. On success the head is removed from `buf`

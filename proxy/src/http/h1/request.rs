@@ -1,0 +1,125 @@
+//! Reading a request head for the HTTP/1.1 fast path, and deciding whether the fast path may
+//! serve it at all.
+
+use std::mem::MaybeUninit;
+
+use bytes::BytesMut;
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+
+use crate::body::{self, Body};
+use crate::config::hcm::HcmConfig;
+
+/// httparse's slots for one head: Envoy's default `max_headers_count`. A head with more
+/// headers is handed off (and refused there when over the configured limit).
+const MAX_HEADERS: usize = 100;
+
+/// Room in the header map for what the connection manager adds before forwarding
+/// (`x-forwarded-proto`, `x-request-id`, `x-envoy-expected-rq-timeout-ms`, ...).
+const ADDED_HEADERS: usize = 4;
+
+/// What the head at the start of the read buffer is.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per request and taken apart at once; a box would allocate"
+)]
+pub(super) enum Head {
+    /// Incomplete: more bytes are needed.
+    Partial,
+    /// A request the fast path serves; `close` when the client asked to close after it.
+    Served { request: Request<Body>, close: bool },
+    /// Anything else: hyper's server takes the connection from this request on.
+    HandOff,
+}
+
+/// Parses the request head at the start of `buf`. The fast path takes only the common case: an
+/// HTTP/1.1 request without a body (no `transfer-encoding`, no `content-length` but `0`) and
+/// without `upgrade` or `expect`, in origin form, with a method Envoy's codec knows, and
+/// headers within the connection manager's limits. On `Served` the head is removed from `buf`;
+/// otherwise `buf` is untouched so the connection can be handed off with it.
+pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
+    let max_head = cfg.max_request_headers_kb as usize * 1024;
+    let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match httparse::ParserConfig::default().parse_request_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut slots,
+    ) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) if buf.len() <= max_head => return Head::Partial,
+        _ => return Head::HandOff,
+    };
+    let (Some(method), Some(path), Some(1)) = (parsed.method, parsed.path, parsed.version) else {
+        return Head::HandOff;
+    };
+    if !super::super::known_http1_method(method) || !path.starts_with('/') {
+        return Head::HandOff;
+    }
+    let (mut close, mut lengths, mut header_bytes) = (false, 0, 0);
+    for h in parsed.headers.iter() {
+        header_bytes += h.name.len() + h.value.len();
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
+            close |= super::has_token(h.value, b"close");
+        } else if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
+            lengths += 1;
+            if h.value != b"0" || lengths > 1 {
+                return Head::HandOff;
+            }
+        } else if [TRANSFER_ENCODING, UPGRADE, EXPECT]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n.as_str().as_bytes()))
+        {
+            return Head::HandOff;
+        }
+    }
+    if header_bytes > max_head || parsed.headers.len() > cfg.max_headers_count as usize {
+        return Head::HandOff;
+    }
+    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
+        return Head::HandOff;
+    };
+    // Where each piece sits in the head (offsets fit: the head is within the size limit), so
+    // the header map can share the head's bytes once the parser lets go of them.
+    let base = buf.as_ptr() as usize;
+    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+    let path_at = offset(path.as_bytes());
+    let path_range = path_at as usize..path_at as usize + path.len();
+    let mut ranges = [[0u32; 4]; MAX_HEADERS];
+    let count = parsed.headers.len();
+    for (slot, h) in ranges.iter_mut().zip(parsed.headers.iter()) {
+        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+        *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
+    }
+    let head = buf.split_to(len).freeze();
+    let Ok(uri) = Uri::from_maybe_shared(head.slice(path_range)) else {
+        *buf = rejoin(head, std::mem::take(buf));
+        return Head::HandOff;
+    };
+    let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
+    for [ns, ne, vs, ve] in ranges[..count].iter().map(|r| r.map(|o| o as usize)) {
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(&head[ns..ne]),
+            HeaderValue::from_maybe_shared(head.slice(vs..ve)),
+        ) else {
+            *buf = rejoin(head, std::mem::take(buf));
+            return Head::HandOff;
+        };
+        headers.append(name, value);
+    }
+    let mut request = Request::new(body::empty());
+    *request.method_mut() = method;
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = headers;
+    Head::Served { request, close }
+}
+
+/// The head put back in front of the bytes read after it.
+fn rejoin(head: bytes::Bytes, rest: BytesMut) -> BytesMut {
+    let mut joined = BytesMut::with_capacity(head.len() + rest.len());
+    joined.extend_from_slice(&head);
+    joined.extend_from_slice(&rest);
+    joined
+}

@@ -1,0 +1,340 @@
+//! Writing a response on the HTTP/1.1 fast path, with the framing and connection rules hyper's
+//! server applies on the other path (so a connection answers alike on both).
+
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Response, StatusCode};
+use http_body::Body as _;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+use super::date;
+use crate::body::Body;
+use crate::http::reason::envoy_phrase;
+
+/// How the body goes on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// Exactly this many bytes (`content-length`, or none at all).
+    Length(u64),
+    /// `transfer-encoding: chunked`.
+    Chunked,
+}
+
+/// A response head ready to write, and how its body follows.
+struct Encoded {
+    head: Vec<u8>,
+    framing: Framing,
+    /// Trailer fields the `trailer` header announced (only those are sent).
+    trailers: Vec<HeaderName>,
+    /// The connection closes after this response.
+    last: bool,
+}
+
+/// What the body says of its length before it is read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Len {
+    /// Already at its end.
+    Ended,
+    /// Exactly this many bytes.
+    Known(u64),
+    /// Unknown until it ends.
+    Unknown,
+}
+
+/// Encodes the head of `resp` to a `method` request (`close` when the client asked to close).
+fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
+    let status = resp.status();
+    if close {
+        // The client's close is echoed, as hyper's server does.
+        match resp.headers_mut().entry(header::CONNECTION) {
+            header::Entry::Occupied(mut e) => {
+                if !e.iter().any(|v| super::has_token(v.as_bytes(), b"close")) {
+                    e.append(HeaderValue::from_static("close"));
+                }
+            }
+            header::Entry::Vacant(e) => {
+                e.insert(HeaderValue::from_static("close"));
+            }
+        }
+    }
+    let body = resp.body();
+    let len = match body.size_hint().exact() {
+        _ if body.is_end_stream() => Len::Ended,
+        Some(n) => Len::Known(n),
+        None => Len::Unknown,
+    };
+    let head_request = *method == Method::HEAD;
+    let may_have_length = !status.is_informational()
+        && !matches!(status, StatusCode::NO_CONTENT | StatusCode::NOT_MODIFIED);
+    let may_have_body = may_have_length && !head_request;
+    let mut out = Vec::with_capacity(64 + resp.headers().len() * 32);
+    if status == StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(envoy_phrase(status.as_u16()).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let mut framing = None;
+    let mut last = close;
+    let mut wrote_date = false;
+    let mut trailers = Vec::new();
+    let headers = resp.headers();
+    // Values of one name are adjacent in the iteration; `first` marks the first of them.
+    let mut previous: Option<&HeaderName> = None;
+    for (name, value) in headers {
+        let first = previous != Some(name);
+        previous = Some(name);
+        match *name {
+            header::CONTENT_LENGTH => match len {
+                // Only the first value is written; the body's own length rules.
+                Len::Known(n) if first => {
+                    framing = Some(Framing::Length(n));
+                    line(&mut out, name.as_str(), value.as_bytes());
+                }
+                Len::Unknown if first => {
+                    let Some(n) = std::str::from_utf8(value.as_bytes())
+                        .ok()
+                        .and_then(|v| v.parse().ok())
+                    else {
+                        continue;
+                    };
+                    framing = Some(Framing::Length(n));
+                    line(&mut out, name.as_str(), value.as_bytes());
+                }
+                // A finished body keeps its length header only in answer to a HEAD.
+                Len::Ended if head_request => {
+                    framing = Some(Framing::Length(0));
+                    line(&mut out, name.as_str(), value.as_bytes());
+                }
+                _ => {}
+            },
+            // The headers hyper's server writes on one line, values joined.
+            header::TRANSFER_ENCODING if may_have_body && first => {
+                framing = Some(Framing::Chunked);
+                let mut joined = join(headers.get_all(name));
+                let chunked_last = joined
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+                if !chunked_last {
+                    joined.extend_from_slice(b", chunked");
+                }
+                line(&mut out, name.as_str(), &joined);
+            }
+            header::CONNECTION if first => {
+                let joined = join(headers.get_all(name));
+                last |= super::has_token(&joined, b"close");
+                line(&mut out, name.as_str(), &joined);
+            }
+            header::TRAILER if may_have_body && first => {
+                let joined = join(headers.get_all(name));
+                trailers.extend(
+                    joined
+                        .split(|&b| b == b',')
+                        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok()),
+                );
+                line(&mut out, name.as_str(), &joined);
+            }
+            header::TRANSFER_ENCODING | header::CONNECTION | header::TRAILER => {}
+            _ => {
+                wrote_date |= *name == header::DATE;
+                line(&mut out, name.as_str(), value.as_bytes());
+            }
+        }
+    }
+    let framing = match (framing, len) {
+        (Some(f), _) => f,
+        (None, Len::Unknown) if may_have_body => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Chunked
+        }
+        (None, Len::Unknown) => Framing::Length(0),
+        (None, Len::Ended | Len::Known(0)) => {
+            if may_have_body {
+                out.extend_from_slice(b"content-length: 0\r\n");
+            }
+            Framing::Length(0)
+        }
+        (None, Len::Known(n)) => {
+            if may_have_length {
+                out.extend_from_slice(b"content-length: ");
+                out.extend_from_slice(n.to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+            Framing::Length(n)
+        }
+    };
+    if !wrote_date {
+        out.extend_from_slice(b"date: ");
+        date::extend(&mut out);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    Encoded {
+        head: out,
+        framing: if may_have_body {
+            framing
+        } else {
+            Framing::Length(0)
+        },
+        trailers,
+        last,
+    }
+}
+
+fn line(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The values of one header joined by `, ` on one line, as hyper writes them.
+fn join<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Vec<u8> {
+    let mut joined = Vec::new();
+    for v in values {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b", ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    joined
+}
+
+/// Writes `resp` to a `method` request; returns whether the connection may carry another
+/// request (it must close after a failed body, a short one, or a `close` either side asked).
+pub(super) async fn write(
+    stream: &mut TcpStream,
+    mut resp: Response<Body>,
+    method: &Method,
+    close: bool,
+) -> bool {
+    let encoded = encode(&mut resp, method, close);
+    let mut body = resp.into_body();
+    let mut out = encoded.head;
+    let mut remaining = match encoded.framing {
+        Framing::Length(0) => {
+            return stream.write_all(&out).await.is_ok() && !encoded.last;
+        }
+        Framing::Length(n) => Some(n),
+        Framing::Chunked => None,
+    };
+    // A body already complete (a small upstream response) goes out with the head in one write.
+    let mut ready = match Pin::new(&mut body).poll_frame(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(frame) => Some(frame),
+        Poll::Pending => None,
+    };
+    loop {
+        let frame = match ready.take() {
+            Some(frame) => frame,
+            None => {
+                if !out.is_empty() {
+                    if stream.write_all(&out).await.is_err() {
+                        return false;
+                    }
+                    out.clear();
+                }
+                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+            }
+        };
+        match frame {
+            None => break,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "response body failed; closing the downstream connection");
+                let _ = stream.write_all(&out).await;
+                return false;
+            }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => {
+                    if !put_data(stream, &mut out, data, &mut remaining).await {
+                        return false;
+                    }
+                }
+                Err(frame) => {
+                    if let (None, Ok(fields)) = (remaining, frame.into_trailers()) {
+                        put_trailers(&mut out, &fields, &encoded.trailers);
+                        return stream.write_all(&out).await.is_ok() && !encoded.last;
+                    }
+                }
+            },
+        }
+        if !out.is_empty() && ready.is_none() {
+            ready = match Pin::new(&mut body).poll_frame(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(frame) => Some(frame),
+                Poll::Pending => None,
+            };
+        }
+    }
+    match remaining {
+        Some(0) => stream.write_all(&out).await.is_ok() && !encoded.last,
+        Some(_) => {
+            let _ = stream.write_all(&out).await;
+            false
+        }
+        None => {
+            out.extend_from_slice(b"0\r\n\r\n");
+            stream.write_all(&out).await.is_ok() && !encoded.last
+        }
+    }
+}
+
+/// Queues (small) or writes (large) one data frame after what `out` holds.
+async fn put_data(
+    stream: &mut TcpStream,
+    out: &mut Vec<u8>,
+    mut data: Bytes,
+    remaining: &mut Option<u64>,
+) -> bool {
+    if data.is_empty() {
+        return true;
+    }
+    match remaining {
+        Some(left) => {
+            let take = (data.len() as u64).min(*left) as usize;
+            data.truncate(take);
+            *left -= take as u64;
+        }
+        None => {
+            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+        }
+    }
+    if data.len() <= COPY_LIMIT {
+        out.extend_from_slice(&data);
+    } else {
+        if stream.write_all(out).await.is_err() {
+            return false;
+        }
+        out.clear();
+        while data.has_remaining() {
+            if stream.write_buf(&mut data).await.is_err() {
+                return false;
+            }
+        }
+    }
+    if remaining.is_none() {
+        out.extend_from_slice(b"\r\n");
+    }
+    true
+}
+
+/// Data up to this size is copied behind the head (one write); larger frames are written as
+/// they are.
+const COPY_LIMIT: usize = 16 * 1024;
+
+/// The last chunk with the announced trailer fields.
+fn put_trailers(out: &mut Vec<u8>, fields: &HeaderMap, allowed: &[HeaderName]) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in fields {
+        if allowed.contains(name) {
+            line(out, name.as_str(), value.as_bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+}
