@@ -13,7 +13,8 @@ static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// `x-forwarded-proto`.
+pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
 static X_ENVOY_EXTERNAL_ADDRESS: HeaderName = HeaderName::from_static("x-envoy-external-address");
@@ -207,20 +208,15 @@ fn has_envoy_headers(headers: &HeaderMap) -> bool {
 
 /// The n-th address from the right of `x-forwarded-for` (0 = rightmost).
 fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
-    let joined: Vec<String> = headers
+    headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
+        .rev()
         .filter_map(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .collect();
-    let all: Vec<&str> = joined
-        .iter()
-        .flat_map(|v| v.split(','))
+        .flat_map(|v| v.rsplit(','))
         .map(str::trim)
-        .collect();
-    all.len()
-        .checked_sub(n + 1)
-        .and_then(|i| all[i].parse().ok())
+        .nth(n)
+        .and_then(|a| a.parse().ok())
 }
 
 /// A fresh UUID v4 for `x-request-id`. It is marked sensitive, which HTTP/2 sends as an HPACK
@@ -407,6 +403,10 @@ mod tests {
         assert_eq!(xff_from_right(&h, 0), Some("3.3.3.3".parse().unwrap()));
         assert_eq!(xff_from_right(&h, 2), Some("1.1.1.1".parse().unwrap()));
         assert_eq!(xff_from_right(&h, 3), None);
+        h.append(&X_FORWARDED_FOR, HeaderValue::from_static("4.4.4.4"));
+        assert_eq!(xff_from_right(&h, 0), Some("4.4.4.4".parse().unwrap()));
+        assert_eq!(xff_from_right(&h, 1), Some("3.3.3.3".parse().unwrap()));
+        assert_eq!(xff_from_right(&h, 3), Some("1.1.1.1".parse().unwrap()));
     }
 
     #[test]

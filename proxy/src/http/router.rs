@@ -172,7 +172,7 @@ async fn route_and_forward(
     }
     let https = req
         .headers()
-        .get("x-forwarded-proto")
+        .get(&forwarding::X_FORWARDED_PROTO)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
     let random_value: u64 = rand::random();
     let method = req.method().clone();

@@ -184,14 +184,12 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
     // Where each name and value sits in the head (offsets fit: the head is under MAX_HEAD).
     let base = buf.as_ptr() as usize;
     let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
-    let ranges: Vec<[u32; 4]> = parsed
-        .headers
-        .iter()
-        .map(|h| {
-            let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
-            [n, n + h.name.len() as u32, v, v + h.value.len() as u32]
-        })
-        .collect();
+    let mut ranges = [[0u32; 4]; MAX_HEADERS];
+    let count = parsed.headers.len();
+    for (slot, h) in ranges.iter_mut().zip(parsed.headers.iter()) {
+        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+        *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
+    }
     let head = buf.split_to(len).freeze();
     let mut parsed = Head {
         response: Response::new(()),
@@ -200,8 +198,8 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
         transfer: Transfer::Absent,
         length: Length::Absent,
     };
-    let mut headers = HeaderMap::with_capacity(ranges.len() + EXTRA_HEADERS);
-    for [ns, ne, vs, ve] in ranges.into_iter().map(|r| r.map(|o| o as usize)) {
+    let mut headers = HeaderMap::with_capacity(count + EXTRA_HEADERS);
+    for [ns, ne, vs, ve] in ranges[..count].iter().map(|r| r.map(|o| o as usize)) {
         let name = HeaderName::from_bytes(&head[ns..ne])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
         let folded =

@@ -215,7 +215,9 @@ async fn read_head(
     addr: SocketAddr,
 ) -> Result<Head, UpstreamError> {
     loop {
-        if let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))? {
+        if !buf.is_empty()
+            && let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))?
+        {
             return Ok(head);
         }
         let n = io
