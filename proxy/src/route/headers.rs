@@ -68,6 +68,9 @@ impl HeaderMutations {
     /// Like Envoy, every value is rendered against the headers as they are after the
     /// removals and before any addition of this level.
     fn apply(&self, headers: &mut HeaderMap, ctx: &FormatContext<'_>, dir: Direction) {
+        if self.is_empty() {
+            return;
+        }
         for name in &self.remove {
             headers.remove(name);
         }
