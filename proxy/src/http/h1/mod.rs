@@ -23,57 +23,84 @@ use request::Head;
 /// The read buffer's first size, and the room kept free before each read.
 const READ_BUFFER: usize = 8 * 1024;
 
+/// What a client asked of the response to its request.
+pub(super) struct Asked {
+    /// The request method (a HEAD response has no body).
+    method: http::Method,
+    /// `connection: close`: the connection closes after the response.
+    close: bool,
+    /// `te: trailers`: announced trailer fields may follow a chunked body.
+    trailers: bool,
+}
+
+/// The connection's read side: bytes read and not yet parsed, and how many may wait there.
+pub(super) struct Reading {
+    buf: BytesMut,
+    limit: usize,
+}
+
+impl Reading {
+    /// The buffer with room for at least one more read.
+    fn reserve(&mut self) -> &mut BytesMut {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(READ_BUFFER);
+        }
+        &mut self.buf
+    }
+}
+
 /// Serves `stream` until it closes, handing it to hyper's server at the first request the fast
 /// path does not take (or at once for what may be an HTTP/2 preface under `Codec::Auto`).
 pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: Codec) {
-    let mut buf = BytesMut::with_capacity(READ_BUFFER);
-    let limit = ctx.hcm.config.max_request_headers_kb as usize * 1024;
+    let mut reading = Reading {
+        buf: BytesMut::with_capacity(READ_BUFFER),
+        limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
+    };
+    // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
+    let mut codec = codec;
     loop {
-        let (request, close) = loop {
-            if !buf.is_empty() {
-                if codec == Codec::Auto && may_be_h2_preface(&buf) {
-                    return hand_off(stream, buf, ctx, codec).await;
+        let (request, asked) = loop {
+            if !reading.buf.is_empty() {
+                if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
+                    return hand_off(stream, reading.buf, ctx, codec).await;
                 }
-                match request::parse(&mut buf, &ctx.hcm.config) {
+                match request::parse(&mut reading.buf, &ctx.hcm.config) {
                     Head::Partial => {}
-                    Head::Served { request, close } => break (request, close),
-                    Head::HandOff => return hand_off(stream, buf, ctx, codec).await,
+                    Head::Served { request, asked } => break (request, asked),
+                    Head::HandOff => return hand_off(stream, reading.buf, ctx, codec).await,
                 }
             }
-            if !matches!(stream.read_buf(reserve(&mut buf)).await, Ok(n) if n > 0) {
+            if !matches!(stream.read_buf(reading.reserve()).await, Ok(n) if n > 0) {
                 return;
             }
         };
-        let method = request.method().clone();
+        codec = Codec::Http1;
         let handled = super::router::handle(request, &ctx);
         tokio::pin!(handled);
-        // While the response is prepared, the connection is read too: a client that closes
-        // cancels its request (as in Envoy), and pipelined requests wait in the buffer.
-        let response = loop {
-            tokio::select! {
-                biased;
-                response = &mut handled => break Some(response),
-                read = stream.read_buf(reserve(&mut buf)), if buf.len() < limit => {
-                    if !matches!(read, Ok(n) if n > 0) {
-                        break None;
-                    }
-                }
-            }
+        let response = tokio::select! {
+            biased;
+            response = &mut handled => response,
+            () = client_gone(&mut stream, &mut reading) => return,
         };
-        let Some(response) = response else { return };
-        if !response::write(&mut stream, response, &method, close).await {
+        if !response::write(&mut stream, &mut reading, response, &asked).await {
             let _ = stream.shutdown().await;
             return;
         }
     }
 }
 
-/// `buf` with room for at least one more read.
-fn reserve(buf: &mut BytesMut) -> &mut BytesMut {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(READ_BUFFER);
+/// Completes when the client closes the connection (or it fails). Meant to race a request in
+/// flight: a client that goes away cancels it, as in Envoy, and bytes it sends meanwhile
+/// (pipelined requests) wait in the buffer, up to its limit.
+async fn client_gone(stream: &mut TcpStream, reading: &mut Reading) {
+    loop {
+        if reading.buf.len() >= reading.limit {
+            std::future::pending::<()>().await;
+        }
+        if !matches!(stream.read_buf(reading.reserve()).await, Ok(n) if n > 0) {
+            return;
+        }
     }
-    buf
 }
 
 /// Whether the bytes read so far are (the start of) the HTTP/2 connection preface.

@@ -4,9 +4,10 @@
 use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
+use super::Asked;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
 
@@ -26,8 +27,11 @@ const ADDED_HEADERS: usize = 4;
 pub(super) enum Head {
     /// Incomplete: more bytes are needed.
     Partial,
-    /// A request the fast path serves; `close` when the client asked to close after it.
-    Served { request: Request<Body>, close: bool },
+    /// A request the fast path serves, and what its client asked of the response.
+    Served {
+        request: Request<Body>,
+        asked: Asked,
+    },
     /// Anything else: hyper's server takes the connection from this request on.
     HandOff,
 }
@@ -56,12 +60,14 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     if !super::super::known_http1_method(method) || !path.starts_with('/') {
         return Head::HandOff;
     }
-    let (mut close, mut lengths, mut header_bytes) = (false, 0, 0);
+    let (mut close, mut trailers, mut lengths, mut header_bytes) = (false, false, 0, 0);
     for h in parsed.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
             close |= super::has_token(h.value, b"close");
+        } else if name.eq_ignore_ascii_case(TE.as_str().as_bytes()) {
+            trailers |= super::has_token(h.value, b"trailers");
         } else if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
             lengths += 1;
             if h.value != b"0" || lengths > 1 {
@@ -108,12 +114,17 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
         };
         headers.append(name, value);
     }
+    let asked = Asked {
+        method: method.clone(),
+        close,
+        trailers,
+    };
     let mut request = Request::new(body::empty());
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Head::Served { request, close }
+    Head::Served { request, asked }
 }
 
 /// The head put back in front of the bytes read after it.

@@ -12,7 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::date;
-use crate::body::Body;
+use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
 
 /// How the body goes on the wire.
@@ -208,15 +208,25 @@ fn join<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Vec<u8> {
     joined
 }
 
-/// Writes `resp` to a `method` request; returns whether the connection may carry another
-/// request (it must close after a failed body, a short one, or a `close` either side asked).
+/// A body frame polled once without waiting (`None` when it is not ready yet).
+fn ready_frame(body: &mut Body) -> Option<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+    match Pin::new(body).poll_frame(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(frame) => Some(frame),
+        Poll::Pending => None,
+    }
+}
+
+/// Writes `resp` to the request `asked` describes; returns whether the connection may carry
+/// another request (it must close after a failed body, a short one, a `close` either side
+/// asked, or a client that went away while the body streamed). While waiting for body data the
+/// connection is read like while waiting for the response head (see [`super::client_gone`]).
 pub(super) async fn write(
     stream: &mut TcpStream,
+    reading: &mut super::Reading,
     mut resp: Response<Body>,
-    method: &Method,
-    close: bool,
+    asked: &super::Asked,
 ) -> bool {
-    let encoded = encode(&mut resp, method, close);
+    let encoded = encode(&mut resp, &asked.method, asked.close);
     let mut body = resp.into_body();
     let mut out = encoded.head;
     let mut remaining = match encoded.framing {
@@ -227,11 +237,8 @@ pub(super) async fn write(
         Framing::Chunked => None,
     };
     // A body already complete (a small upstream response) goes out with the head in one write.
-    let mut ready = match Pin::new(&mut body).poll_frame(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(frame) => Some(frame),
-        Poll::Pending => None,
-    };
-    loop {
+    let mut ready = ready_frame(&mut body);
+    while remaining != Some(0) {
         let frame = match ready.take() {
             Some(frame) => frame,
             None => {
@@ -241,7 +248,11 @@ pub(super) async fn write(
                     }
                     out.clear();
                 }
-                std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+                tokio::select! {
+                    biased;
+                    frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)) => frame,
+                    () = super::client_gone(stream, reading) => return false,
+                }
             }
         };
         match frame {
@@ -259,17 +270,19 @@ pub(super) async fn write(
                 }
                 Err(frame) => {
                     if let (None, Ok(fields)) = (remaining, frame.into_trailers()) {
-                        put_trailers(&mut out, &fields, &encoded.trailers);
+                        let allowed: &[HeaderName] = if asked.trailers {
+                            &encoded.trailers
+                        } else {
+                            &[]
+                        };
+                        put_trailers(&mut out, &fields, allowed);
                         return stream.write_all(&out).await.is_ok() && !encoded.last;
                     }
                 }
             },
         }
-        if !out.is_empty() && ready.is_none() {
-            ready = match Pin::new(&mut body).poll_frame(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(frame) => Some(frame),
-                Poll::Pending => None,
-            };
+        if !out.is_empty() && remaining != Some(0) {
+            ready = ready_frame(&mut body);
         }
     }
     match remaining {
@@ -328,13 +341,162 @@ async fn put_data(
 /// they are.
 const COPY_LIMIT: usize = 16 * 1024;
 
-/// The last chunk with the announced trailer fields.
+/// Fields hyper's server never sends as trailers.
+const NOT_TRAILERS: [HeaderName; 12] = [
+    header::AUTHORIZATION,
+    header::CACHE_CONTROL,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LENGTH,
+    header::CONTENT_RANGE,
+    header::CONTENT_TYPE,
+    header::HOST,
+    header::MAX_FORWARDS,
+    header::SET_COOKIE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::TE,
+];
+
+/// The last chunk with the trailer fields the `trailer` header announced (`allowed`: empty
+/// unless the request said `te: trailers`).
 fn put_trailers(out: &mut Vec<u8>, fields: &HeaderMap, allowed: &[HeaderName]) {
     out.extend_from_slice(b"0\r\n");
     for (name, value) in fields {
-        if allowed.contains(name) {
+        if allowed.contains(name) && !NOT_TRAILERS.contains(name) {
             line(out, name.as_str(), value.as_bytes());
         }
     }
     out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::body;
+
+    fn head_of(resp: Response<Body>, method: Method, close: bool) -> (String, Encoded) {
+        let mut resp = resp;
+        let encoded = encode(&mut resp, &method, close);
+        let text = String::from_utf8(encoded.head.clone()).unwrap();
+        let without_date = text
+            .lines()
+            .filter(|l| !l.starts_with("date: "))
+            .collect::<Vec<_>>()
+            .join("\n");
+        (without_date, encoded)
+    }
+
+    fn response(
+        status: u16,
+        body: Body,
+        headers: &[(&'static str, &'static str)],
+    ) -> Response<Body> {
+        let mut resp = Response::new(body);
+        *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+        for (n, v) in headers {
+            resp.headers_mut().append(*n, HeaderValue::from_static(v));
+        }
+        resp
+    }
+
+    #[test]
+    fn a_known_body_gets_its_length_and_envoys_reason_phrase() {
+        let (head, enc) = head_of(response(418, body::full("hi"), &[]), Method::GET, false);
+        assert_eq!(head, "HTTP/1.1 418 Unknown\ncontent-length: 2\n");
+        assert_eq!(enc.framing, Framing::Length(2));
+        assert!(!enc.last);
+    }
+
+    #[test]
+    fn a_body_of_unknown_length_goes_chunked() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, BoxError>>(1);
+        drop(tx);
+        let streamed = body::boxed(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let (head, enc) = head_of(response(200, streamed, &[]), Method::GET, false);
+        assert_eq!(head, "HTTP/1.1 200 OK\ntransfer-encoding: chunked\n");
+        assert_eq!(enc.framing, Framing::Chunked);
+    }
+
+    #[test]
+    fn head_keeps_the_declared_length_and_sends_no_body() {
+        let (head, enc) = head_of(
+            response(200, body::empty(), &[("content-length", "42")]),
+            Method::HEAD,
+            false,
+        );
+        assert_eq!(head, "HTTP/1.1 200 OK\ncontent-length: 42\n");
+        assert_eq!(enc.framing, Framing::Length(0));
+    }
+
+    #[test]
+    fn no_content_and_not_modified_carry_no_length() {
+        for status in [204, 304] {
+            let (head, enc) = head_of(
+                response(status, body::empty(), &[("content-length", "0")]),
+                Method::GET,
+                false,
+            );
+            assert!(!head.contains("content-length"), "{head}");
+            assert_eq!(enc.framing, Framing::Length(0));
+        }
+    }
+
+    #[test]
+    fn an_empty_body_says_length_zero() {
+        let (head, _) = head_of(response(503, body::empty(), &[]), Method::GET, false);
+        assert_eq!(
+            head,
+            "HTTP/1.1 503 Service Unavailable\ncontent-length: 0\n"
+        );
+    }
+
+    #[test]
+    fn connection_values_share_one_line_and_close_is_echoed() {
+        let resp = response(
+            200,
+            body::empty(),
+            &[("connection", "x-a"), ("x-a", "1"), ("connection", "x-b")],
+        );
+        let (head, enc) = head_of(resp, Method::GET, true);
+        assert!(head.contains("\nconnection: x-a, x-b, close\n"), "{head}");
+        assert!(enc.last);
+        let (_, enc) = head_of(
+            response(200, body::empty(), &[("connection", "close")]),
+            Method::GET,
+            false,
+        );
+        assert!(enc.last, "an upstream close ends the connection too");
+    }
+
+    #[test]
+    fn a_date_is_added_unless_present() {
+        let mut resp = response(200, body::empty(), &[]);
+        let enc = encode(&mut resp, &Method::GET, false);
+        assert!(String::from_utf8_lossy(&enc.head).contains("\r\ndate: "));
+        let mut resp = response(
+            200,
+            body::empty(),
+            &[("date", "Sun, 06 Nov 1994 08:49:37 GMT")],
+        );
+        let enc = encode(&mut resp, &Method::GET, false);
+        let text = String::from_utf8_lossy(&enc.head).into_owned();
+        assert_eq!(text.matches("date: ").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn only_announced_and_permitted_trailers_are_sent() {
+        let mut fields = HeaderMap::new();
+        fields.insert("x-sum", HeaderValue::from_static("1"));
+        fields.insert("x-other", HeaderValue::from_static("2"));
+        fields.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        let mut out = Vec::new();
+        let allowed = [HeaderName::from_static("x-sum"), header::CONTENT_LENGTH];
+        put_trailers(&mut out, &fields, &allowed);
+        assert_eq!(out, b"0\r\nx-sum: 1\r\n\r\n");
+        let mut out = Vec::new();
+        put_trailers(&mut out, &fields, &[]);
+        assert_eq!(out, b"0\r\n\r\n");
+    }
 }
