@@ -241,12 +241,12 @@ impl Drop for RetryHold<'_> {
     }
 }
 
-/// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).
 /// The outcome of a request whose own body failed.
 fn downstream(e: &UpstreamError) -> Outcome {
     Outcome::Downstream(e.local_reply_status(), e.local_reply_body())
 }
 
+/// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).
 fn failure_body(e: &UpstreamError, attempt: u32) -> String {
     match e.reset_reason() {
         Some(r) if attempt > 1 => format!(

@@ -208,13 +208,13 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
         return;
     }
     let stats = ctx.hcm.stats.clone();
-    stats.cx_total.inc();
-    stats.cx_active.inc();
-    match codec {
-        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
-        Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
-    }
-    stats.cx_active.dec();
+    let served = async move {
+        match codec {
+            Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+            Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
+        }
+    };
+    counted(&stats, served).await;
 }
 
 /// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec.
@@ -225,9 +225,18 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
         _ => ctx.hcm.config.codec,
     };
     let stats = ctx.hcm.stats.clone();
+    counted(
+        &stats,
+        serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec),
+    )
+    .await;
+}
+
+/// Runs a connection's service, counted in `downstream_cx_total` and `downstream_cx_active`.
+async fn counted(stats: &HcmStats, served: impl std::future::Future<Output = ()>) {
     stats.cx_total.inc();
     stats.cx_active.inc();
-    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+    served.await;
     stats.cx_active.dec();
 }
 

@@ -105,8 +105,7 @@ async fn client_gone(stream: &mut TcpStream, reading: &mut Reading) {
 
 /// Whether the bytes read so far are (the start of) the HTTP/2 connection preface.
 fn may_be_h2_preface(buf: &[u8]) -> bool {
-    let preface = super::H2_PREFACE;
-    buf[..buf.len().min(preface.len())] == preface[..buf.len().min(preface.len())]
+    super::H2_PREFACE.starts_with(&buf[..buf.len().min(super::H2_PREFACE.len())])
 }
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf`.

@@ -1,6 +1,7 @@
 //! Writing a response on the HTTP/1.1 fast path, with the framing and connection rules hyper's
 //! server applies on the other path (so a connection answers alike on both).
 
+use std::io::Write as _;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 
@@ -315,7 +316,8 @@ async fn put_data(
             *left -= take as u64;
         }
         None => {
-            out.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            // Writing into a Vec cannot fail.
+            let _ = write!(out, "{:x}\r\n", data.len());
         }
     }
     if data.len() <= COPY_LIMIT {
