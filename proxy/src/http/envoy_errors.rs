@@ -1,12 +1,16 @@
+//! The I/O wrapper between a downstream connection and hyper's server.
+//!
 //! Envoy's answers to HTTP/1 requests hyper rejects before they reach the router: a malformed
 //! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
-//! connection gets the same. hyper writes its own bare 400; this I/O wrapper swaps it for
-//! Envoy's bytes on the way out.
+//! connection gets the same. hyper writes its own bare 400; this wrapper swaps it for Envoy's
+//! bytes on the way out. When hyper takes a connection over from the HTTP/1.1 fast path, the
+//! wrapper also replays the bytes the fast path had read.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// hyper's status lines for requests it rejects, and Envoy's reason text for each.
@@ -57,14 +61,22 @@ fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 pub struct EnvoyErrors<I> {
     io: I,
     pending: Vec<u8>,
+    /// Bytes already read from `io` by someone else, returned by the first reads.
+    replay: BytesMut,
 }
 
 impl<I> EnvoyErrors<I> {
     /// Wraps `io`.
     pub fn new(io: I) -> Self {
+        Self::replaying(BytesMut::new(), io)
+    }
+
+    /// Wraps `io`, whose next reads return `replay` first.
+    pub fn replaying(replay: BytesMut, io: I) -> Self {
         EnvoyErrors {
             io,
             pending: Vec::new(),
+            replay,
         }
     }
 }
@@ -88,7 +100,13 @@ impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        if self.replay.is_empty() {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        }
+        let n = self.replay.len().min(buf.remaining());
+        buf.put_slice(&self.replay[..n]);
+        self.replay.advance(n);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -125,6 +143,17 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn replayed_bytes_come_before_the_connection() {
+        let (a, mut b) = tokio::io::duplex(64);
+        b.write_all(b" world").await.unwrap();
+        drop(b);
+        let mut io = EnvoyErrors::replaying(BytesMut::from(&b"hello"[..]), a);
+        let mut out = String::new();
+        io.read_to_string(&mut out).await.unwrap();
+        assert_eq!(out, "hello world");
+    }
 
     #[tokio::test]
     async fn hyper_400_becomes_envoys_and_other_writes_pass() {

@@ -5,7 +5,6 @@
 //! for the rest of its life, so every unusual case keeps hyper's handling and Envoy's replies.
 
 mod date;
-mod prefixed;
 mod request;
 mod response;
 
@@ -110,6 +109,6 @@ fn may_be_h2_preface(buf: &[u8]) -> bool {
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf`.
 async fn hand_off(stream: TcpStream, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
-    let io = super::envoy_errors::EnvoyErrors::new(prefixed::Prefixed::new(buf, stream));
+    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream);
     super::serve_io(io, ctx, codec).await;
 }
