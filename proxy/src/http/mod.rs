@@ -6,7 +6,6 @@ mod buffered_body;
 mod envoy_errors;
 pub mod forwarding;
 mod h1;
-pub mod header_tokens;
 mod int_value;
 pub mod local_reply;
 mod mirror;
@@ -18,6 +17,7 @@ mod stats;
 mod stream_limits;
 mod timeouts;
 mod upgrade;
+pub mod wire;
 
 pub use stats::HcmStats;
 

@@ -15,12 +15,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
-use super::header_tokens::has_token;
+use super::wire::{READ_BUFFER, has_token, with_room};
 use crate::config::hcm::Codec;
 use request::Head;
-
-/// The read buffer's first size, and the room kept free before each read.
-const READ_BUFFER: usize = 8 * 1024;
 
 /// What a client asked of the response to its request.
 pub(super) struct Asked {
@@ -36,16 +33,6 @@ pub(super) struct Asked {
 pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
-}
-
-impl Reading {
-    /// The buffer with room for at least one more read.
-    fn reserve(&mut self) -> &mut BytesMut {
-        if self.buf.capacity() - self.buf.len() < 1024 {
-            self.buf.reserve(READ_BUFFER);
-        }
-        &mut self.buf
-    }
 }
 
 /// Serves `stream` until it closes, handing it to hyper's server at the first request the fast
@@ -69,7 +56,7 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
                     Head::HandOff => return hand_off(stream, reading.buf, ctx, codec).await,
                 }
             }
-            if !matches!(stream.read_buf(reading.reserve()).await, Ok(n) if n > 0) {
+            if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
                 return;
             }
         };
@@ -96,7 +83,7 @@ async fn client_gone(stream: &mut TcpStream, reading: &mut Reading) {
         if reading.buf.len() >= reading.limit {
             std::future::pending::<()>().await;
         }
-        if !matches!(stream.read_buf(reading.reserve()).await, Ok(n) if n > 0) {
+        if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
             return;
         }
     }

@@ -10,10 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 use super::Asked;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
-
-/// httparse's slots for one head: Envoy's default `max_headers_count`. A head with more
-/// headers is handed off (and refused there when over the configured limit).
-const MAX_HEADERS: usize = 100;
+use crate::http::wire::{HeaderSpans, MAX_HEADERS};
 
 /// Room in the header map for what the connection manager adds before forwarding
 /// (`x-forwarded-proto`, `x-request-id`, `x-envoy-expected-rq-timeout-ms`, ...).
@@ -86,28 +83,22 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Head::HandOff;
     };
-    // Where each piece sits in the head (offsets fit: the head is within the size limit), so
-    // the header map can share the head's bytes once the parser lets go of them.
-    let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
-    let path_at = offset(path.as_bytes());
-    let path_range = path_at as usize..path_at as usize + path.len();
-    let mut ranges = [[0u32; 4]; MAX_HEADERS];
+    // A head with more than MAX_HEADERS fields failed to parse above and was handed off (and
+    // is refused there when over the configured limit).
+    let path_at = path.as_ptr() as usize - buf.as_ptr() as usize;
+    let path_range = path_at..path_at + path.len();
+    let spans = HeaderSpans::of(buf, parsed.headers);
     let count = parsed.headers.len();
-    for (slot, h) in ranges.iter_mut().zip(parsed.headers.iter()) {
-        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
-        *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
-    }
     let head = buf.split_to(len).freeze();
     let Ok(uri) = Uri::from_maybe_shared(head.slice(path_range)) else {
         *buf = rejoin(head, std::mem::take(buf));
         return Head::HandOff;
     };
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
-    for [ns, ne, vs, ve] in ranges[..count].iter().map(|r| r.map(|o| o as usize)) {
+    for (name, value) in spans.iter() {
         let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&head[ns..ne]),
-            HeaderValue::from_maybe_shared(head.slice(vs..ve)),
+            HeaderName::from_bytes(&head[name]),
+            HeaderValue::from_maybe_shared(head.slice(value)),
         ) else {
             *buf = rejoin(head, std::mem::take(buf));
             return Head::HandOff;

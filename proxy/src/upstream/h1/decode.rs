@@ -8,14 +8,11 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER
 use http::{HeaderMap, Response, StatusCode, Version};
 use http_body::Frame;
 
-use crate::http::header_tokens::tokens;
+use crate::http::wire::{HeaderSpans, MAX_HEADERS, tokens};
 
 /// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
 /// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one).
 pub(super) const MAX_HEAD: usize = 80 * 1024;
-
-/// Envoy's default `max_headers_count`.
-const MAX_HEADERS: usize = 100;
 
 /// Room in a response's header map for what the proxy adds (`server`, `date`,
 /// `x-envoy-upstream-service-time`, route headers), so it does not grow.
@@ -181,15 +178,8 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    // Where each name and value sits in the head (offsets fit: the head is under MAX_HEAD).
-    let base = buf.as_ptr() as usize;
-    let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
-    let mut ranges = [[0u32; 4]; MAX_HEADERS];
+    let spans = HeaderSpans::of(buf, parsed.headers);
     let count = parsed.headers.len();
-    for (slot, h) in ranges.iter_mut().zip(parsed.headers.iter()) {
-        let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
-        *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
-    }
     let head = buf.split_to(len).freeze();
     let mut parsed = Head {
         response: Response::new(()),
@@ -199,12 +189,12 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
         length: Length::Absent,
     };
     let mut headers = HeaderMap::with_capacity(count + EXTRA_HEADERS);
-    for [ns, ne, vs, ve] in ranges[..count].iter().map(|r| r.map(|o| o as usize)) {
-        let name = HeaderName::from_bytes(&head[ns..ne])
+    for (name, value) in spans.iter() {
+        let name = HeaderName::from_bytes(&head[name])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
-        let folded =
-            (folding && head[vs..ve].contains(&b'\n')).then(|| Bytes::from(unfold(&head[vs..ve])));
-        let raw = folded.as_deref().unwrap_or(&head[vs..ve]);
+        let folded = (folding && head[value.clone()].contains(&b'\n'))
+            .then(|| Bytes::from(unfold(&head[value.clone()])));
+        let raw = folded.as_deref().unwrap_or(&head[value.clone()]);
         if name == CONNECTION {
             let mut only_connection_tokens = true;
             for t in tokens(raw) {
@@ -227,7 +217,7 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
         } else if name == CONTENT_LENGTH {
             parsed.length = parsed.length.add(raw);
         }
-        let value = HeaderValue::from_maybe_shared(folded.unwrap_or_else(|| head.slice(vs..ve)))
+        let value = HeaderValue::from_maybe_shared(folded.unwrap_or_else(|| head.slice(value)))
             .map_err(|_| DecodeError::Head("invalid header value"))?;
         headers.append(name, value);
     }

@@ -24,6 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::body::{Body, BoxError};
+use crate::http::wire::with_room;
 
 use super::error::{ResetReason, UpstreamError};
 use super::host::Host;
@@ -184,7 +185,7 @@ async fn send_body(
             frame = body.frame(), if sender.pending.is_none() => {
                 sender.queue(frame).map_err(request_body)?;
             }
-            read = rd.read_buf(reserve(buf)) => {
+            read = rd.read_buf(with_room(buf)) => {
                 if read.map_err(|e| terminated(addr, &e))? == 0 {
                     return Err(closed_before_head(addr));
                 }
@@ -221,7 +222,7 @@ async fn read_head(
             return Ok(head);
         }
         let n = io
-            .read_buf(reserve(buf))
+            .read_buf(with_room(buf))
             .await
             .map_err(|e| terminated(addr, &e))?;
         if n == 0 {
@@ -259,14 +260,6 @@ fn respond(
     Ok(head
         .response
         .map(|()| ResponseBody::new(reader, buf, framing, release)))
-}
-
-/// `buf` with room for at least one more read.
-fn reserve(buf: &mut BytesMut) -> &mut BytesMut {
-    if buf.capacity() - buf.len() < 1024 {
-        buf.reserve(8 * 1024);
-    }
-    buf
 }
 
 /// Polls `fut` once, without a real waker: its output if it is ready right away.

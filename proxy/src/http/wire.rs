@@ -1,0 +1,94 @@
+//! HTTP/1 wire helpers shared by the downstream fast path (`http/h1/`) and the upstream client
+//! (`upstream/h1/`): comma-separated header values, where a parsed head's headers sit, and room
+//! in a read buffer.
+
+use std::ops::Range;
+
+use bytes::BytesMut;
+
+/// How many headers a head may carry for httparse: Envoy's default `max_headers_count`.
+pub const MAX_HEADERS: usize = 100;
+
+/// The read buffer's first size, and how much it grows when nearly full.
+pub const READ_BUFFER: usize = 8 * 1024;
+
+/// `buf` with room for at least one more read (1 KiB, else it grows by [`READ_BUFFER`]).
+pub fn with_room(buf: &mut BytesMut) -> &mut BytesMut {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(READ_BUFFER);
+    }
+    buf
+}
+
+/// Where each header's name and value sit in a parsed head, as byte ranges from its start. The
+/// parser borrows the read buffer; once the ranges are taken it can let go, and the header map
+/// is built from slices of the frozen head (no copies).
+pub struct HeaderSpans {
+    spans: [[u32; 4]; MAX_HEADERS],
+    count: usize,
+}
+
+impl HeaderSpans {
+    /// The spans of `headers`, parsed from `head` (offsets fit in `u32`: heads are limited to
+    /// tens of KiB).
+    pub fn of(head: &[u8], headers: &[httparse::Header<'_>]) -> Self {
+        let base = head.as_ptr() as usize;
+        let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
+        let mut spans = [[0u32; 4]; MAX_HEADERS];
+        for (slot, h) in spans.iter_mut().zip(headers) {
+            let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
+            *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
+        }
+        HeaderSpans {
+            spans,
+            count: headers.len().min(MAX_HEADERS),
+        }
+    }
+
+    /// The (name, value) ranges, in order.
+    pub fn iter(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
+        self.spans[..self.count]
+            .iter()
+            .map(|[ns, ne, vs, ve]| (*ns as usize..*ne as usize, *vs as usize..*ve as usize))
+    }
+}
+
+/// The comma-separated tokens of a header value (`connection`, `transfer-encoding`, ...),
+/// trimmed, empty ones skipped.
+pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|&b| b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether `value` lists `token` (compared without case).
+pub fn has_token(value: &[u8], token: &[u8]) -> bool {
+    tokens(value).any(|t| t.eq_ignore_ascii_case(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_point_at_names_and_values() {
+        let head = b"GET / HTTP/1.1\r\nhost: a.test\r\nx-empty:\r\n\r\n";
+        let mut slots = [httparse::EMPTY_HEADER; 4];
+        let mut req = httparse::Request::new(&mut slots);
+        req.parse(head).unwrap();
+        let spans = HeaderSpans::of(head, req.headers);
+        let found: Vec<_> = spans.iter().map(|(n, v)| (&head[n], &head[v])).collect();
+        assert_eq!(
+            found,
+            [(&b"host"[..], &b"a.test"[..]), (&b"x-empty"[..], &b""[..])]
+        );
+    }
+
+    #[test]
+    fn tokens_are_trimmed_and_compared_without_case() {
+        assert!(has_token(b"keep-alive, Close", b"close"));
+        assert!(!has_token(b"closed, x-close", b"close"));
+        assert_eq!(tokens(b" a ,, b").collect::<Vec<_>>(), [&b"a"[..], b"b"]);
+    }
+}
