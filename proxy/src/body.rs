@@ -29,3 +29,16 @@ where
 {
     body.map_err(Into::into).boxed_unsync()
 }
+
+/// `body` without its trailers (its data unchanged): for an HTTP/1 client, to which Envoy's
+/// codec never writes trailers unless `enable_trailers` is set.
+pub fn without_trailers(body: Body) -> Body {
+    body.map_frame(|frame| {
+        if frame.is_trailers() {
+            http_body::Frame::data(Bytes::new())
+        } else {
+            frame
+        }
+    })
+    .boxed_unsync()
+}

@@ -511,6 +511,12 @@ async fn protocols() {
         Case::raw("headers over 60 KiB", &oversized_headers()),
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw("CONNECT without upgrade config", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
+        Case::raw("response trailers to an http/1.1 client", b"GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nConnection: close\r\n\r\n")
+            .expect("response.header.trailer", "x-sum")
+            .expect("trailers", "<missing>"),
+        Case::raw("response trailers to an http/1.1 request with a body", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+            .expect("response.header.trailer", "x-sum")
+            .expect("trailers", "<missing>"),
         Case::conversation("pipelined requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             .expect("responses", "200 /a, 200 /b, 200 /c")
             .expect("closed", "yes"),

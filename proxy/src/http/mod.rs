@@ -279,6 +279,12 @@ where
             // HTTP/1.0 client hyper then keeps the connection only if the response says
             // keep-alive (with an HTTP/1.1 head it would add `keep-alive` to our `close`).
             *resp.version_mut() = version;
+            // hyper's HTTP/1 server writes announced trailers when the request said
+            // `te: trailers`; Envoy's codec drops them (the fast path in `h1` does too).
+            if version < http::Version::HTTP_2 && resp.headers().contains_key(http::header::TRAILER)
+            {
+                resp = resp.map(crate::body::without_trailers);
+            }
             Ok(resp)
         }
     });

@@ -511,12 +511,15 @@ async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String>
     };
     let (status, reason, headers) = parse_head(&rest[..end + 4])?;
     let body = &rest[end + 4..];
-    let body = if is_chunked(&headers) {
+    let (body, trailers) = if is_chunked(&headers) {
         dechunk(body)
     } else {
-        body.to_vec()
+        (body.to_vec(), String::new())
     };
     let mut obs = response_observation(status, &reason, &headers, &body, false);
+    if !trailers.is_empty() {
+        obs.insert("trailers".to_string(), trailers);
+    }
     if !interim.is_empty() {
         obs.insert("interim".to_string(), interim.join(","));
     }
@@ -549,7 +552,7 @@ async fn conversation(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation
             Vec::new()
         } else if is_chunked(&headers) {
             let end = find(rest, b"0\r\n\r\n").map_or(rest.len(), |e| e + 5);
-            let body = dechunk(&rest[..end]);
+            let (body, _) = dechunk(&rest[..end]);
             rest = &rest[end..];
             body
         } else {
@@ -641,14 +644,22 @@ fn is_chunked(headers: &[(String, String)]) -> bool {
         .any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"))
 }
 
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
+/// A chunked body's data, and its trailer section (the lines after the last chunk, joined by
+/// `|`; empty when there are none).
+fn dechunk(mut body: &[u8]) -> (Vec<u8>, String) {
     let mut out = Vec::new();
     while let Some(line_end) = find(body, b"\r\n") {
         let size = std::str::from_utf8(&body[..line_end])
             .ok()
             .and_then(|l| usize::from_str_radix(l.trim(), 16).ok());
         let Some(size) = size.filter(|s| *s > 0) else {
-            break;
+            let section = body.get(line_end + 2..).unwrap_or_default();
+            let trailers = String::from_utf8_lossy(section)
+                .split("\r\n")
+                .take_while(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("|");
+            return (out, trailers);
         };
         let chunk = body
             .get(line_end + 2..line_end + 2 + size)
@@ -656,7 +667,7 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
         out.extend_from_slice(chunk);
         body = body.get(line_end + 4 + size..).unwrap_or_default();
     }
-    out
+    (out, String::new())
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {

@@ -145,7 +145,7 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
                 .collect()
         };
         for (field, value) in &case.expect {
-            if expected.get(field) != Some(value) {
+            if expected.get(field).map_or("<missing>", String::as_str) != value {
                 lines.push(format!(
                     "  HARNESS: envoy's {field} = {:?}, the case expects {value:?}",
                     expected.get(field)

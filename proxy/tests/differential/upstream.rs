@@ -6,6 +6,8 @@
 //! `conn_seq` how many requests this upstream connection has carried, this one included). Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
 //! `x-echo-response-header: name=value` (repeatable) adds a response header,
+//! `x-echo-trailer: name=value` (repeatable) sends the body with these trailers (announced in
+//! a `trailer` header),
 //! `x-echo-big-response-header: N` adds an N-byte `x-big` response header,
 //! `x-echo-abort: 1` drops the connection without answering.
 //! A `content-type: application/grpc*` request gets the same JSON as one gRPC message, with the
@@ -167,13 +169,16 @@ async fn handle(
     let is_grpc = header("content-type").is_some_and(|ct| ct.starts_with("application/grpc"));
     let ws_key = header("sec-websocket-key")
         .filter(|_| header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket")));
-    let extra: Vec<(String, String)> = req
-        .headers()
-        .get_all("x-echo-response-header")
-        .iter()
-        .filter_map(|v| v.to_str().ok()?.split_once('='))
-        .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
-        .collect();
+    let pairs = |name: &str| -> Vec<(String, String)> {
+        req.headers()
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok()?.split_once('='))
+            .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+            .collect()
+    };
+    let extra = pairs("x-echo-response-header");
+    let trailer_fields = pairs("x-echo-trailer");
     let mut echo = json!({
         "upstream": &*id,
         "peer": peer.to_string(),
@@ -242,6 +247,27 @@ async fn handle(
             .expect("grpc response"));
     }
     echo["body"] = json!(String::from_utf8_lossy(&body));
+    if !trailer_fields.is_empty() {
+        let mut trailers = http::HeaderMap::new();
+        for (name, value) in &trailer_fields {
+            if let (Ok(n), Ok(v)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(value),
+            ) {
+                trailers.append(n, v);
+            }
+        }
+        let names: Vec<&str> = trailer_fields.iter().map(|(n, _)| n.as_str()).collect();
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+            Ok(Frame::data(Bytes::from(echo.to_string()))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        return Ok(builder
+            .header("content-type", "application/json")
+            .header("trailer", names.join(", "))
+            .body(StreamBody::new(tokio_stream::iter(frames)).boxed())
+            .expect("echo response with trailers"));
+    }
     let body = Full::new(Bytes::from(echo.to_string())).boxed();
     Ok(builder
         .header("content-type", "application/json")

@@ -25,8 +25,6 @@ pub(super) struct Asked {
     method: http::Method,
     /// `connection: close`: the connection closes after the response.
     close: bool,
-    /// `te: trailers`: announced trailer fields may follow a chunked body.
-    trailers: bool,
 }
 
 /// The connection's read side: bytes read and not yet parsed, and how many may wait there.

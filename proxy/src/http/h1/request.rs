@@ -4,7 +4,7 @@
 use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
-use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TE, TRANSFER_ENCODING, UPGRADE};
+use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
 
 use super::Asked;
@@ -57,14 +57,12 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     if !super::super::known_http1_method(method) || !path.starts_with('/') {
         return Head::HandOff;
     }
-    let (mut close, mut trailers, mut lengths, mut header_bytes) = (false, false, 0, 0);
+    let (mut close, mut lengths, mut header_bytes) = (false, 0, 0);
     for h in parsed.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
             close |= super::has_token(h.value, b"close");
-        } else if name.eq_ignore_ascii_case(TE.as_str().as_bytes()) {
-            trailers |= super::has_token(h.value, b"trailers");
         } else if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
             lengths += 1;
             if h.value != b"0" || lengths > 1 {
@@ -108,7 +106,6 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     let asked = Asked {
         method: method.clone(),
         close,
-        trailers,
     };
     let mut request = Request::new(body::empty());
     *request.method_mut() = method;

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Response, StatusCode};
+use http::{Method, Response, StatusCode};
 use http_body::Body as _;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -29,8 +29,6 @@ enum Framing {
 struct Encoded {
     head: Vec<u8>,
     framing: Framing,
-    /// Trailer fields the `trailer` header announced (only those are sent).
-    trailers: Vec<HeaderName>,
     /// The connection closes after this response.
     last: bool,
 }
@@ -85,7 +83,6 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     let mut framing = None;
     let mut last = close;
     let mut wrote_date = false;
-    let mut trailers = Vec::new();
     let headers = resp.headers();
     // Values of one name are adjacent in the iteration; `first` marks the first of them.
     let mut previous: Option<&HeaderName> = None;
@@ -135,13 +132,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                 line(&mut out, name.as_str(), &joined);
             }
             header::TRAILER if may_have_body && first => {
-                let joined = join(headers.get_all(name));
-                trailers.extend(
-                    joined
-                        .split(|&b| b == b',')
-                        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok()),
-                );
-                line(&mut out, name.as_str(), &joined);
+                line(&mut out, name.as_str(), &join(headers.get_all(name)));
             }
             header::TRANSFER_ENCODING | header::CONNECTION | header::TRAILER => {}
             _ => {
@@ -185,7 +176,6 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
         } else {
             Framing::Length(0)
         },
-        trailers,
         last,
     }
 }
@@ -269,17 +259,10 @@ pub(super) async fn write(
                         return false;
                     }
                 }
-                Err(frame) => {
-                    if let (None, Ok(fields)) = (remaining, frame.into_trailers()) {
-                        let allowed: &[HeaderName] = if asked.trailers {
-                            &encoded.trailers
-                        } else {
-                            &[]
-                        };
-                        put_trailers(&mut out, &fields, allowed);
-                        return stream.write_all(&out).await.is_ok() && !encoded.last;
-                    }
-                }
+                // Trailers end the body without being written: Envoy's HTTP/1 codec drops
+                // them unless `enable_trailers` is set.
+                Err(frame) if frame.is_trailers() => break,
+                Err(_) => {}
             },
         }
         if !out.is_empty() && remaining != Some(0) {
@@ -342,34 +325,6 @@ async fn put_data(
 /// Data up to this size is copied behind the head (one write); larger frames are written as
 /// they are.
 const COPY_LIMIT: usize = 16 * 1024;
-
-/// Fields hyper's server never sends as trailers.
-const NOT_TRAILERS: [HeaderName; 12] = [
-    header::AUTHORIZATION,
-    header::CACHE_CONTROL,
-    header::CONTENT_ENCODING,
-    header::CONTENT_LENGTH,
-    header::CONTENT_RANGE,
-    header::CONTENT_TYPE,
-    header::HOST,
-    header::MAX_FORWARDS,
-    header::SET_COOKIE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::TE,
-];
-
-/// The last chunk with the trailer fields the `trailer` header announced (`allowed`: empty
-/// unless the request said `te: trailers`).
-fn put_trailers(out: &mut Vec<u8>, fields: &HeaderMap, allowed: &[HeaderName]) {
-    out.extend_from_slice(b"0\r\n");
-    for (name, value) in fields {
-        if allowed.contains(name) && !NOT_TRAILERS.contains(name) {
-            line(out, name.as_str(), value.as_bytes());
-        }
-    }
-    out.extend_from_slice(b"\r\n");
-}
 
 #[cfg(test)]
 mod tests {
@@ -472,6 +427,39 @@ mod tests {
         assert!(enc.last, "an upstream close ends the connection too");
     }
 
+    #[tokio::test]
+    async fn trailers_end_a_chunked_body_unwritten() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut server, _) = listener.accept().await.unwrap();
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-sum", HeaderValue::from_static("42"));
+        let frames: Vec<Result<http_body::Frame<Bytes>, BoxError>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"ok"))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let streamed = body::boxed(http_body_util::StreamBody::new(tokio_stream::iter(frames)));
+        let resp = response(200, streamed, &[("trailer", "x-sum")]);
+        let asked = super::super::Asked {
+            method: Method::GET,
+            close: true,
+        };
+        let mut reading = super::super::Reading {
+            buf: bytes::BytesMut::new(),
+            limit: 1024,
+        };
+        assert!(!write(&mut server, &mut reading, resp, &asked).await);
+        drop(server);
+        let mut out = String::new();
+        tokio::io::AsyncReadExt::read_to_string(&mut client, &mut out)
+            .await
+            .unwrap();
+        assert!(out.contains("\r\ntrailer: x-sum\r\n"), "{out}");
+        assert!(out.ends_with("\r\n\r\n2\r\nok\r\n0\r\n\r\n"), "{out}");
+    }
+
     #[test]
     fn a_date_is_added_unless_present() {
         let mut resp = response(200, body::empty(), &[]);
@@ -485,20 +473,5 @@ mod tests {
         let enc = encode(&mut resp, &Method::GET, false);
         let text = String::from_utf8_lossy(&enc.head).into_owned();
         assert_eq!(text.matches("date: ").count(), 1, "{text}");
-    }
-
-    #[test]
-    fn only_announced_and_permitted_trailers_are_sent() {
-        let mut fields = HeaderMap::new();
-        fields.insert("x-sum", HeaderValue::from_static("1"));
-        fields.insert("x-other", HeaderValue::from_static("2"));
-        fields.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
-        let mut out = Vec::new();
-        let allowed = [HeaderName::from_static("x-sum"), header::CONTENT_LENGTH];
-        put_trailers(&mut out, &fields, &allowed);
-        assert_eq!(out, b"0\r\nx-sum: 1\r\n\r\n");
-        let mut out = Vec::new();
-        put_trailers(&mut out, &fields, &[]);
-        assert_eq!(out, b"0\r\n\r\n");
     }
 }
