@@ -455,6 +455,15 @@ fn method(name: &'static str, method_and_target: &str) -> Case {
     Case::raw(name, raw.as_bytes())
 }
 
+/// Several requests written at once on one connection; Envoy must answer with `responses`
+/// (`<status> <path echoed upstream>`, `-` for its own replies) and close the connection or
+/// not (`closed`: `yes`/`no`).
+fn conversation(name: &'static str, bytes: &[u8], responses: &str, closed: &str) -> Case {
+    Case::conversation(name, bytes)
+        .expect("responses", responses)
+        .expect("closed", closed)
+}
+
 fn oversized_headers() -> Vec<u8> {
     let filler = "a".repeat(8 * 1024);
     let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
@@ -517,26 +526,14 @@ async fn protocols() {
         Case::raw("response trailers to an http/1.1 request with a body", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
             .expect("response.header.trailer", "x-sum")
             .expect("trailers", "<missing>"),
-        Case::conversation("pipelined requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("responses", "200 /a, 200 /b, 200 /c")
-            .expect("closed", "yes"),
-        Case::conversation("bodies between plain requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /d HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("responses", "200 /a, 200 /b, 200 /c, 200 /d")
-            .expect("closed", "no"),
-        Case::conversation("head then get", b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("responses", "200 -, 200 /g")
-            .expect("closed", "yes"),
-        Case::conversation("no content then get", b"GET /n HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 204\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("responses", "204 -, 200 /g")
-            .expect("closed", "no"),
-        Case::conversation("close ends the pipeline", b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("responses", "200 /a")
-            .expect("closed", "yes"),
-        Case::conversation("upstream close then next request", b"GET /a HTTP/1.1\r\nHost: x\r\nX-Echo-Response-Header: connection=close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("responses", "200 /a, 200 /b"),
-        Case::conversation("bad request after a good one", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nG(T /b HTTP/1.1\r\nHost: x\r\n\r\n")
-            .expect("closed", "yes"),
-        Case::conversation("http/1.0 keep-alive", b"GET /a HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\nHost: x\r\n\r\n"),
+        conversation("pipelined requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "200 /a, 200 /b, 200 /c", "yes"),
+        conversation("bodies between plain requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /d HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 200 /b, 200 /c, 200 /d", "no"),
+        conversation("head then get", b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "200 -, 200 /g", "yes"),
+        conversation("no content then get", b"GET /n HTTP/1.1\r\nHost: x\r\nX-Echo-Status: 204\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n", "204 -, 200 /g", "no"),
+        conversation("close ends the pipeline", b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a", "yes"),
+        conversation("upstream close then next request", b"GET /a HTTP/1.1\r\nHost: x\r\nX-Echo-Response-Header: connection=close\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 200 /b", "no"),
+        conversation("bad request after a good one", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nG(T /b HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 400 -", "yes"),
+        conversation("http/1.0 keep-alive", b"GET /a HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\nGET /b HTTP/1.0\r\nHost: x\r\n\r\n", "426 -", "yes"),
         Case::get("keep-alive reuse", "/again").same_connection(3).expect("requests_on_connection", "3"),
         Case::get("upstream http1 connection pooled", "/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),
         Case::get("upstream h2 connection pooled", "/h2up/pool").same_connection(3).pooling().expect("upstream.connection_reused", "yes"),

@@ -252,6 +252,15 @@ impl Client {
     }
 }
 
+/// The connection was kept: another GET answers `ok` and the upstream saw one connection.
+async fn next_request_reuses_the_connection(client: &Client, up: &Upstream) {
+    assert_eq!(
+        client.exchange(get("/")).await,
+        (StatusCode::OK, "ok".into())
+    );
+    assert_eq!(up.accepted(), 1);
+}
+
 fn get(path: &str) -> Request<Body> {
     Request::get(path)
         .header("host", "svc")
@@ -527,11 +536,7 @@ async fn head_response_has_no_body_despite_its_content_length() {
     let resp = client.send(head).await.unwrap();
     assert_eq!(resp.headers()["content-length"], "10");
     assert_eq!(text(resp).await, "");
-    assert_eq!(
-        client.exchange(get("/")).await,
-        (StatusCode::OK, "ok".into())
-    );
-    assert_eq!(up.accepted(), 1);
+    next_request_reuses_the_connection(&client, &up).await;
 }
 
 #[tokio::test]
@@ -821,11 +826,7 @@ async fn folded_header_is_forwarded_joined_and_chunked_matches_any_case() {
     let resp = client.send(get("/")).await.unwrap();
     assert_eq!(resp.headers()["x-fold"], "a b");
     assert_eq!(text(resp).await, "ok");
-    assert_eq!(
-        client.exchange(get("/")).await,
-        (StatusCode::OK, "ok".into())
-    );
-    assert_eq!(up.accepted(), 1);
+    next_request_reuses_the_connection(&client, &up).await;
 }
 
 #[tokio::test]
