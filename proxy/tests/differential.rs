@@ -523,6 +523,12 @@ async fn protocols() {
         Case::raw("response trailers to an http/1.1 client", b"GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nConnection: close\r\n\r\n")
             .expect("response.header.trailer", "x-sum")
             .expect("trailers", "<missing>"),
+        Case::get("http/1.1 upstream trailers to an h2 client", "/t")
+            .h2()
+            .header("te", "trailers")
+            .header("x-echo-trailer", "x-sum=42")
+            .expect("response.header.trailer", "x-sum")
+            .expect("trailer.x-sum", "<missing>"),
         Case::raw("response trailers to an http/1.1 request with a body", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
             .expect("response.header.trailer", "x-sum")
             .expect("trailers", "<missing>"),

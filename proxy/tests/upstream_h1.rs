@@ -458,9 +458,9 @@ async fn content_length_body_arriving_in_pieces_is_read_exactly() {
     assert_eq!(up.accepted(), 1, "the body's end was found exactly");
 }
 
-#[tokio::test]
-async fn chunked_body_split_across_writes_yields_data_then_trailers() {
-    let up = Upstream::start(|mut peer| async move {
+/// A chunked response sent in pieces that split its size lines, CRLFs and trailer section.
+async fn chunked_upstream_with_trailers() -> Upstream {
+    Upstream::start(|mut peer| async move {
         while peer.request().await.is_some() {
             let pieces = [
                 "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel",
@@ -475,8 +475,13 @@ async fn chunked_body_split_across_writes_yields_data_then_trailers() {
             }
         }
     })
-    .await;
-    let client = Client::new(up.addr);
+    .await
+}
+
+#[tokio::test]
+async fn chunked_body_split_across_writes_yields_data_then_trailers() {
+    let up = chunked_upstream_with_trailers().await;
+    let client = Client::with(up.addr, "http_protocol_options: {enable_trailers: true}");
     for _ in 0..2 {
         let resp = client.send(get("/")).await.unwrap();
         let frames = frames(resp).await;
@@ -494,6 +499,26 @@ async fn chunked_body_split_across_writes_yields_data_then_trailers() {
         assert_eq!(trailers["x-trailer"], "yes");
     }
     assert_eq!(up.accepted(), 1, "the chunked body's end was found exactly");
+}
+
+#[tokio::test]
+async fn trailers_are_dropped_unless_the_cluster_enables_them() {
+    let up = chunked_upstream_with_trailers().await;
+    let client = Client::new(up.addr);
+    for _ in 0..2 {
+        let resp = client.send(get("/")).await.unwrap();
+        let frames = frames(resp).await;
+        let data: Vec<u8> = frames
+            .iter()
+            .flat_map(|f| f.as_ref().unwrap().data_ref().expect("only data").to_vec())
+            .collect();
+        assert_eq!(data, b"hello world");
+    }
+    assert_eq!(
+        up.accepted(),
+        1,
+        "the connection is reused after the dropped trailers"
+    );
 }
 
 #[tokio::test]

@@ -49,6 +49,9 @@ pub struct ClusterConfig {
     pub idle_timeout: Option<Duration>,
     /// `max_requests_per_connection`, if limited.
     pub max_requests_per_connection: Option<u32>,
+    /// `http_protocol_options.enable_trailers`: an HTTP/1.1 upstream's response trailers are
+    /// forwarded (Envoy's HTTP/1 codec drops them by default).
+    pub http1_trailers: bool,
     /// `upstream_bind_config.source_address`.
     pub source_address: Option<SocketAddr>,
     /// Circuit breaker thresholds: `[default, high]` priority.
@@ -345,6 +348,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
         protocol: http.protocol,
         idle_timeout: http.idle_timeout,
         max_requests_per_connection: http.max_requests_per_connection,
+        http1_trailers: http.http1_trailers,
         source_address,
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
@@ -583,6 +587,7 @@ struct HttpSettings {
     protocol: UpstreamProtocol,
     idle_timeout: Option<Duration>,
     max_requests_per_connection: Option<u32>,
+    http1_trailers: bool,
 }
 
 #[allow(deprecated)]
@@ -646,10 +651,25 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         .or(c.max_requests_per_connection.as_ref())
         .map(|v| v.value)
         .filter(|v| *v > 0);
+    let http1 = match typed
+        .as_ref()
+        .and_then(|t| t.upstream_protocol_options.as_ref())
+    {
+        Some(UpstreamProtocolOptions::ExplicitHttpConfig(e)) => match &e.protocol_config {
+            Some(ProtocolConfig::HttpProtocolOptions(h1)) => Some(h1),
+            _ => None,
+        },
+        Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(d)) => {
+            d.http_protocol_options.as_ref()
+        }
+        Some(UpstreamProtocolOptions::AutoConfig(a)) => a.http_protocol_options.as_ref(),
+        None => c.http_protocol_options.as_ref(),
+    };
     Ok(HttpSettings {
         protocol,
         idle_timeout,
         max_requests_per_connection,
+        http1_trailers: http1.is_some_and(|o| o.enable_trailers),
     })
 }
 
@@ -804,6 +824,25 @@ typed_extension_protocol_options:
         )
         .unwrap();
         assert_eq!(downstream.protocol, UpstreamProtocol::UseDownstream);
+    }
+
+    #[test]
+    fn http1_trailers_only_when_enabled() {
+        assert!(!compile("name: plain\n").unwrap().http1_trailers);
+        let typed = compile(
+            r#"
+name: t
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {http_protocol_options: {enable_trailers: true}}
+"#,
+        )
+        .unwrap();
+        assert!(typed.http1_trailers);
+        let deprecated =
+            compile("name: d\nhttp_protocol_options: {enable_trailers: true}\n").unwrap();
+        assert!(deprecated.http1_trailers);
     }
 
     #[test]

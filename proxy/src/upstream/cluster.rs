@@ -179,6 +179,7 @@ impl Cluster {
             source: self.config.source_address,
             idle_timeout: self.config.idle_timeout,
             max_requests: self.config.max_requests_per_connection,
+            http1_trailers: self.config.http1_trailers,
             stats: &self.stats,
         }
     }

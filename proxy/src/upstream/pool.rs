@@ -30,6 +30,8 @@ pub(crate) struct ConnectOptions<'a> {
     pub source: Option<SocketAddr>,
     pub idle_timeout: Option<Duration>,
     pub max_requests: Option<u32>,
+    /// Forward an HTTP/1.1 response's trailers (`enable_trailers`).
+    pub http1_trailers: bool,
     pub stats: &'a Arc<ClusterStats>,
 }
 
@@ -138,7 +140,15 @@ pub(crate) async fn send_h1(
         };
         // Boxed: the exchange's state would otherwise sit in every request's future, HTTP/2
         // streams included, which tokio and hyper move by value.
-        match Box::pin(h1::exchange(conn, req, reused, release)).await {
+        match Box::pin(h1::exchange(
+            conn,
+            req,
+            reused,
+            release,
+            opts.http1_trailers,
+        ))
+        .await
+        {
             Ok(resp) => return Ok(resp.map(UpstreamBody::http1)),
             // A reused connection closed before the request was written: use another.
             Err(h1::Failed {

@@ -53,16 +53,20 @@ pub struct ResponseBody {
     /// Data already read to the body's end, handed out by the next poll.
     ready: Option<Bytes>,
     release: Option<Release>,
+    /// Yield the chunked body's trailers (else it ends without them, like Envoy's HTTP/1 codec
+    /// unless the cluster sets `enable_trailers`).
+    trailers: bool,
 }
 
 impl ResponseBody {
     /// A body delimited by `framing`, starting with the bytes in `buf`. `release` is set when
-    /// the connection may carry another request after this body.
+    /// the connection may carry another request after this body; `trailers` keeps its trailers.
     pub(super) fn new(
         reader: Reader,
         mut buf: BytesMut,
         framing: Framing,
         release: Option<Release>,
+        trailers: bool,
     ) -> Self {
         let (state, ready) = match framing {
             Framing::Empty => (State::Done, None),
@@ -80,6 +84,7 @@ impl ResponseBody {
             state,
             ready,
             release,
+            trailers,
         };
         if matches!(body.state, State::Done) {
             body.finish();
@@ -170,6 +175,10 @@ impl http_body::Body for ResponseBody {
         }
         loop {
             match this.decode() {
+                // Trailers are the chunked body's last item: without them it has ended.
+                Ok(Some(frame)) if frame.is_trailers() && !this.trailers => {
+                    return Poll::Ready(None);
+                }
                 Ok(Some(frame)) => return Poll::Ready(Some(Ok(frame))),
                 Ok(None) if matches!(this.state, State::Done) => return Poll::Ready(None),
                 Ok(None) => {}

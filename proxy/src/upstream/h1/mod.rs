@@ -102,12 +102,14 @@ impl From<UpstreamError> for Failed {
 }
 
 /// Sends `req` (origin-form, with its Host header) on `conn` and returns the response head;
-/// the body streams from the connection. `reused` says the connection carried requests before.
+/// the body streams from the connection. `reused` says the connection carried requests before;
+/// `trailers` keeps the response's trailers (else its body ends without them).
 pub(crate) async fn exchange(
     mut conn: Connection,
     req: Request<Body>,
     reused: bool,
     release: Release,
+    trailers: bool,
 ) -> Result<Response<ResponseBody>, Failed> {
     let addr = release.host.addr;
     let (mut parts, mut body) = req.into_parts();
@@ -152,15 +154,23 @@ pub(crate) async fn exchange(
                 read,
                 _active: conn.active,
             };
-            return Ok(respond(reader, buf, head, head_request, None, addr)?);
+            let body = Delimit {
+                head_request,
+                trailers,
+            };
+            return Ok(respond(reader, buf, head, body, None, addr)?);
         }
     }
     let head = read_head(&mut conn.io, &mut buf, addr).await?;
+    let body = Delimit {
+        head_request,
+        trailers,
+    };
     Ok(respond(
         Reader::Pooled(conn),
         buf,
         head,
-        head_request,
+        body,
         Some(release),
         addr,
     )?)
@@ -247,19 +257,29 @@ fn final_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
     }
 }
 
+/// How a response body is read: as the answer to a HEAD request or not, with its trailers or
+/// without.
+#[derive(Clone, Copy)]
+struct Delimit {
+    head_request: bool,
+    trailers: bool,
+}
+
 fn respond(
     reader: Reader,
     buf: BytesMut,
     head: Head,
-    head_request: bool,
+    body: Delimit,
     release: Option<Release>,
     addr: SocketAddr,
 ) -> Result<Response<ResponseBody>, UpstreamError> {
-    let framing = head.framing(head_request).map_err(|e| protocol(addr, &e))?;
+    let framing = head
+        .framing(body.head_request)
+        .map_err(|e| protocol(addr, &e))?;
     let release = release.filter(|_| head.keeps_alive(framing));
     Ok(head
         .response
-        .map(|()| ResponseBody::new(reader, buf, framing, release)))
+        .map(|()| ResponseBody::new(reader, buf, framing, release, body.trailers)))
 }
 
 /// Polls `fut` once, without a real waker: its output if it is ready right away.
