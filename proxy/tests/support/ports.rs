@@ -11,16 +11,21 @@ fn start() -> u16 {
     (std::process::id() % 120) as u16 * 100
 }
 
-/// A loopback port nobody listened on a moment ago, in 20000-31999.
+/// A loopback port nobody listened on a moment ago, in 20000-31999 (free on `::1` too, where
+/// the machine has IPv6).
 pub fn free_port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    loop {
+    for _ in 0..12_000 {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = 20_000 + (start() + n) % 12_000;
         let v4 = std::net::TcpListener::bind(("127.0.0.1", port));
-        let v6 = std::net::TcpListener::bind(("::1", port));
-        if v4.is_ok() && v6.is_ok() {
+        let v6 = match std::net::TcpListener::bind(("::1", port)) {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => false,
+            _ => true,
+        };
+        if v4.is_ok() && v6 {
             return port;
         }
     }
+    panic!("no free loopback port in 20000-31999");
 }
