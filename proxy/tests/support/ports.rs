@@ -19,10 +19,10 @@ pub fn free_port() -> u16 {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let port = 20_000 + (start() + n) % 12_000;
         let v4 = std::net::TcpListener::bind(("127.0.0.1", port));
-        let v6 = match std::net::TcpListener::bind(("::1", port)) {
-            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => false,
-            _ => true,
-        };
+        let v6 = !matches!(
+            std::net::TcpListener::bind(("::1", port)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse
+        );
         if v4.is_ok() && v6 {
             return port;
         }
