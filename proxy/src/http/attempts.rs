@@ -48,7 +48,8 @@ pub struct Exchange<'a> {
     pub retry: Option<RetryState<'a>>,
     /// Send `x-envoy-attempt-count` upstream.
     pub send_attempt_count: bool,
-    /// Send `x-envoy-expected-rq-timeout-ms` upstream.
+    /// Send `x-envoy-expected-rq-timeout-ms` upstream again on retries (the router sets the
+    /// first attempt's).
     pub send_expected_timeout: bool,
 }
 
@@ -161,7 +162,9 @@ impl Exchange<'_> {
                 super::int_value::int_value(u64::from(attempt)),
             );
         }
-        if self.send_expected_timeout {
+        // The first attempt's header (nothing elapsed) was set by the router before mirrors
+        // copied the request; like Envoy, a retry sets it again with what is left.
+        if self.send_expected_timeout && attempt > 1 {
             self.timeouts
                 .set_expected(req.headers_mut(), start.elapsed());
         }

@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::hcm::{HcmConfig, ServerHeader};
 
@@ -289,9 +289,9 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         }
         (Some(remote), internal)
     } else {
-        if !headers.contains_key(&X_FORWARDED_PROTO) {
-            headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static(scheme));
-        }
+        headers
+            .entry(&X_FORWARDED_PROTO)
+            .or_insert(HeaderValue::from_static(scheme));
         let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
         let internal = cfg
             .internal_ranges
@@ -309,10 +309,16 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         (client, internal)
     };
     let edge_external = cfg.use_remote_address && !internal;
-    let regenerate = !headers.contains_key(&X_REQUEST_ID)
-        || (edge_external && !cfg.preserve_external_request_id);
-    if cfg.generate_request_id && regenerate {
-        headers.insert(&X_REQUEST_ID, new_request_id());
+    if cfg.generate_request_id {
+        match headers.entry(&X_REQUEST_ID) {
+            Entry::Vacant(e) => {
+                e.insert(new_request_id());
+            }
+            Entry::Occupied(mut e) if edge_external && !cfg.preserve_external_request_id => {
+                e.insert(new_request_id());
+            }
+            Entry::Occupied(_) => {}
+        }
     }
     RequestFacts {
         client,

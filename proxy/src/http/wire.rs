@@ -4,7 +4,8 @@
 
 use std::ops::Range;
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
+use http::HeaderValue;
 
 /// How many headers a head may carry for httparse: Envoy's default `max_headers_count`.
 pub const MAX_HEADERS: usize = 100;
@@ -20,11 +21,16 @@ pub fn with_room(buf: &mut BytesMut) -> &mut BytesMut {
     buf
 }
 
+/// How many header spans sit inline in [`HeaderSpans`]; heads with more spill into a `Vec`.
+const INLINE_SPANS: usize = 16;
+
 /// Where each header's name and value sit in a parsed head, as byte ranges from its start. The
 /// parser borrows the read buffer; once the ranges are taken it can let go, and the header map
-/// is built from slices of the frozen head (no copies).
+/// is built from slices of the frozen head (no copies). Common heads fit inline, so taking the
+/// spans neither allocates nor clears or moves room for [`MAX_HEADERS`] of them.
 pub struct HeaderSpans {
-    spans: [[u32; 4]; MAX_HEADERS],
+    inline: [[u32; 4]; INLINE_SPANS],
+    spilled: Vec<[u32; 4]>,
     count: usize,
 }
 
@@ -34,23 +40,37 @@ impl HeaderSpans {
     pub fn of(head: &[u8], headers: &[httparse::Header<'_>]) -> Self {
         let base = head.as_ptr() as usize;
         let offset = |s: &[u8]| (s.as_ptr() as usize - base) as u32;
-        let mut spans = [[0u32; 4]; MAX_HEADERS];
-        for (slot, h) in spans.iter_mut().zip(headers) {
+        let span = |h: &httparse::Header<'_>| {
             let (n, v) = (offset(h.name.as_bytes()), offset(h.value));
-            *slot = [n, n + h.name.len() as u32, v, v + h.value.len() as u32];
+            [n, n + h.name.len() as u32, v, v + h.value.len() as u32]
+        };
+        let mut inline = [[0u32; 4]; INLINE_SPANS];
+        for (slot, h) in inline.iter_mut().zip(headers) {
+            *slot = span(h);
         }
         HeaderSpans {
-            spans,
-            count: headers.len().min(MAX_HEADERS),
+            inline,
+            spilled: headers.iter().skip(INLINE_SPANS).map(span).collect(),
+            count: headers.len(),
         }
     }
 
     /// The (name, value) ranges, in order.
     pub fn iter(&self) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_ {
-        self.spans[..self.count]
+        self.inline[..self.count.min(INLINE_SPANS)]
             .iter()
+            .chain(&self.spilled)
             .map(|[ns, ne, vs, ve]| (*ns as usize..*ne as usize, *vs as usize..*ve as usize))
     }
+}
+
+/// A header value httparse accepted, without checking its bytes again.
+pub fn parsed_value(bytes: Bytes) -> HeaderValue {
+    // SAFETY: not a memory-safety contract: `HeaderValue` requires bytes free of controls
+    // other than HTAB and of DEL. httparse's value grammar (HTAB, SP to `~`, obs-text; scalar
+    // and SIMD paths alike) accepts exactly those bytes, and `http` re-checks them in debug
+    // builds.
+    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) }
 }
 
 /// The comma-separated tokens of a header value (`connection`, `transfer-encoding`, ...),
@@ -83,6 +103,27 @@ mod tests {
             found,
             [(&b"host"[..], &b"a.test"[..]), (&b"x-empty"[..], &b""[..])]
         );
+    }
+
+    #[test]
+    fn spans_past_the_inline_ones_keep_their_order() {
+        let mut head = b"GET / HTTP/1.1\r\n".to_vec();
+        for i in 0..INLINE_SPANS + 3 {
+            head.extend_from_slice(format!("h{i}: v{i}\r\n").as_bytes());
+        }
+        head.extend_from_slice(b"\r\n");
+        let mut slots = [httparse::EMPTY_HEADER; INLINE_SPANS + 3];
+        let mut req = httparse::Request::new(&mut slots);
+        req.parse(&head).unwrap();
+        let spans = HeaderSpans::of(&head, req.headers);
+        let found: Vec<_> = spans
+            .iter()
+            .map(|(n, v)| (head[n].to_vec(), head[v].to_vec()))
+            .collect();
+        let expected: Vec<_> = (0..INLINE_SPANS + 3)
+            .map(|i| (format!("h{i}").into_bytes(), format!("v{i}").into_bytes()))
+            .collect();
+        assert_eq!(found, expected);
     }
 
     #[test]

@@ -5,12 +5,12 @@ use std::mem::MaybeUninit;
 
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri, Version};
+use http::{HeaderMap, HeaderName, Method, Request, Uri, Version};
 
 use super::Asked;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
-use crate::http::wire::{HeaderSpans, MAX_HEADERS};
+use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
 
 /// Room in the header map for what the connection manager adds before forwarding
 /// (`x-forwarded-proto`, `x-request-id`, `x-envoy-expected-rq-timeout-ms`, ...).
@@ -94,14 +94,11 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     };
     let mut headers = HeaderMap::with_capacity(count + ADDED_HEADERS);
     for (name, value) in spans.iter() {
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(&head[name]),
-            HeaderValue::from_maybe_shared(head.slice(value)),
-        ) else {
+        let Ok(name) = HeaderName::from_bytes(&head[name]) else {
             *buf = rejoin(head, std::mem::take(buf));
             return Head::HandOff;
         };
-        headers.append(name, value);
+        headers.append(name, parsed_value(head.slice(value)));
     }
     let asked = Asked {
         method: method.clone(),

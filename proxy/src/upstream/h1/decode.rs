@@ -8,7 +8,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER
 use http::{HeaderMap, Response, StatusCode, Version};
 use http_body::Frame;
 
-use crate::http::wire::{HeaderSpans, MAX_HEADERS, tokens};
+use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value, tokens};
 
 /// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
 /// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one).
@@ -217,8 +217,11 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
         } else if name == CONTENT_LENGTH {
             parsed.length = parsed.length.add(raw);
         }
-        let value = HeaderValue::from_maybe_shared(folded.unwrap_or_else(|| head.slice(value)))
-            .map_err(|_| DecodeError::Head("invalid header value"))?;
+        let value = match folded {
+            Some(unfolded) => HeaderValue::from_maybe_shared(unfolded)
+                .map_err(|_| DecodeError::Head("invalid header value"))?,
+            None => parsed_value(head.slice(value)),
+        };
         headers.append(name, value);
     }
     *parsed.response.status_mut() = status;
