@@ -1,10 +1,10 @@
 //! The executor hyper spawns its per-stream and per-connection tasks on.
 //!
 //! Tokio stores a task's future inline in the task cell and moves it on spawn and again when it
-//! completes. hyper's HTTP/2 server spawns one task per stream holding the whole per-request
-//! future (≈ 7.8 KiB), and its HTTP/2 client spawns every per-request task as one enum sized by
-//! the connection task (≈ 1.4 KiB). Futures larger than [`INLINE_LIMIT`] are boxed first, so
-//! spawning them moves a pointer instead of kilobytes.
+//! completes. hyper's HTTP/2 client spawns every per-request task as one enum sized by the
+//! connection task (≈ 1.4 KiB), and its HTTP/2 server one task per stream around the service
+//! future (which `http::serve_io` boxes). Futures larger than [`INLINE_LIMIT`] are boxed first,
+//! so spawning them moves a pointer instead of kilobytes.
 
 use std::future::Future;
 

@@ -262,7 +262,9 @@ where
     let svc_ctx = ctx.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
-        async move {
+        // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
+        // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
+        Box::pin(async move {
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
                 Some(Rejection::Reply(resp)) => {
@@ -286,7 +288,7 @@ where
                 resp = resp.map(crate::body::without_trailers);
             }
             Ok(resp)
-        }
+        })
     });
     if let Err(e) = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)
