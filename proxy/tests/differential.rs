@@ -351,6 +351,9 @@ async fn headers() {
             .listener(2)
             .header("x-echo-response-header", "server=upstream-server"),
         Case::get("APPEND_IF_ABSENT without upstream server", "/plain").listener(2),
+        Case::get("APPEND_IF_ABSENT, route adds server", "/route-server")
+            .listener(2)
+            .expect("response.header.server", "route-server"),
         Case::admin(
             "prometheus of http stats with Envoy's default tags",
             "GET",

@@ -367,8 +367,9 @@ fn upgrade_requested(headers: &mut HeaderMap) -> Option<HeaderValue> {
 /// The settings of an `Upgrade: h2c` request (RFC 7540 section 3.2.1).
 const HTTP2_SETTINGS: &str = "http2-settings";
 
-/// Applies the response rules: hop-by-hop removal and the `server` header.
-pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: bool) {
+/// Removes a response's hop-by-hop headers (keeping `upgrade` on a `101` when asked). The
+/// `server` header is the connection manager's last step ([`set_server`]), after route rules.
+pub fn mutate_response(headers: &mut HeaderMap, keep_upgrade: bool) {
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten();
@@ -376,7 +377,6 @@ pub fn mutate_response(cfg: &HcmConfig, headers: &mut HeaderMap, keep_upgrade: b
     if let Some(u) = upgrade {
         set_upgrade(headers, &u);
     }
-    set_server(cfg, headers);
 }
 
 /// Sets `server` per `server_header_transformation`.

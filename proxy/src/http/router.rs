@@ -348,7 +348,7 @@ async fn route_and_forward(
                 report_host: response_rules,
             };
             if upgrade.is_some() {
-                return Box::pin(super::upgrade::forward(req, &cluster, &lb, cfg)).await;
+                return Box::pin(super::upgrade::forward(req, &cluster, &lb)).await;
             }
             let vhost = selected.virtual_host;
             let start = Instant::now();
@@ -426,7 +426,7 @@ async fn route_and_forward(
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),
                     };
-                    forwarding::mutate_response(cfg, resp.headers_mut(), false);
+                    forwarding::mutate_response(resp.headers_mut(), false);
                     if !cfg.suppress_envoy_headers {
                         resp.headers_mut().insert(
                             &UPSTREAM_SERVICE_TIME,

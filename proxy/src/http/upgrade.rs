@@ -7,16 +7,10 @@ use hyper_util::rt::TokioIo;
 use super::forwarding;
 use super::local_reply::local_reply;
 use crate::body::{self, Body};
-use crate::config::hcm::HcmConfig;
 use crate::upstream::{Cluster, LbContext};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
-pub async fn forward(
-    mut req: Request<Body>,
-    cluster: &Cluster,
-    lb: &LbContext,
-    cfg: &HcmConfig,
-) -> Response<Body> {
+pub async fn forward(mut req: Request<Body>, cluster: &Cluster, lb: &LbContext) -> Response<Body> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let conn = match cluster.connect(lb).await {
         Ok(s) => s,
@@ -51,7 +45,7 @@ pub async fn forward(
         }
     };
     if upstream_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        forwarding::mutate_response(cfg, upstream_resp.headers_mut(), false);
+        forwarding::mutate_response(upstream_resp.headers_mut(), false);
         return upstream_resp.map(body::boxed);
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
@@ -63,6 +57,6 @@ pub async fn forward(
         }
     });
     let (mut parts, _) = upstream_resp.into_parts();
-    forwarding::mutate_response(cfg, &mut parts.headers, true);
+    forwarding::mutate_response(&mut parts.headers, true);
     Response::from_parts(parts, body::empty())
 }
