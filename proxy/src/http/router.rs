@@ -83,6 +83,9 @@ fn authority(req: &Request<Body>) -> String {
 }
 
 fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
+    if mode == StripPort::None {
+        return host;
+    }
     let Some((name, port)) = host
         .rsplit_once(':')
         .filter(|(n, p)| !p.contains(']') && !n.is_empty())
