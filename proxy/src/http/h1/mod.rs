@@ -1,6 +1,7 @@
 //! The HTTP/1.1 fast path for plaintext connections: revoy's own reading of request heads and
-//! writing of responses for the common request (HTTP/1.1, no body, no upgrade), where hyper's
-//! server spent about a quarter of a request's instructions. The first request it does not take
+//! writing of responses for the common request (HTTP/1.1, no upgrade, and a body only when it
+//! arrived whole with its `content-length` head), where hyper's server spent about a quarter
+//! of a request's instructions. The first request it does not take
 //! (see [`request::parse`]) hands the connection, with the bytes read so far, to hyper's server
 //! for the rest of its life, so every unusual case keeps hyper's handling and Envoy's replies.
 

@@ -3,6 +3,8 @@
 
 use std::mem::MaybeUninit;
 
+#[cfg(test)]
+use bytes::Bytes;
 use bytes::BytesMut;
 use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, Method, Request, Uri, Version};
@@ -33,10 +35,12 @@ pub(super) enum Head {
     HandOff,
 }
 
-/// Parses the request head at the start of `buf`. The fast path takes only the common case: an
-/// HTTP/1.1 request without a body (no `transfer-encoding`, no `content-length` but `0`) and
-/// without `upgrade` or `expect`, in origin form, with a method Envoy's codec knows, and
-/// headers within the connection manager's limits. On `Served` the head is removed from `buf`;
+/// Parses the request at the start of `buf`. The fast path takes only the common case: an
+/// HTTP/1.1 request without `upgrade` or `expect`, in origin form, with a method Envoy's codec
+/// knows, headers within the connection manager's limits, and either no body or one framed by
+/// a single plain `content-length` that has arrived whole with the head (never
+/// `transfer-encoding`). A body still on its way is streamed by hyper, so an early answer
+/// (say, a 404) never waits for it. On `Served` the head and body are removed from `buf`;
 /// otherwise `buf` is untouched so the connection can be handed off with it.
 pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     let max_head = cfg.max_request_headers_kb as usize * 1024;
@@ -57,16 +61,16 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     if !super::super::known_http1_method(method) || !path.starts_with('/') {
         return Head::HandOff;
     }
-    let (mut close, mut lengths, mut header_bytes) = (false, 0, 0);
+    let (mut close, mut body_len, mut header_bytes) = (false, None, 0);
     for h in parsed.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
             close |= super::has_token(h.value, b"close");
         } else if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
-            lengths += 1;
-            if h.value != b"0" || lengths > 1 {
-                return Head::HandOff;
+            match (body_len, plain_length(h.value)) {
+                (None, Some(n)) => body_len = Some(n),
+                _ => return Head::HandOff,
             }
         } else if [TRANSFER_ENCODING, UPGRADE, EXPECT]
             .iter()
@@ -75,7 +79,11 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
             return Head::HandOff;
         }
     }
-    if header_bytes > max_head || parsed.headers.len() > cfg.max_headers_count as usize {
+    let body_len = body_len.unwrap_or(0);
+    if header_bytes > max_head
+        || parsed.headers.len() > cfg.max_headers_count as usize
+        || buf.len() - len < body_len
+    {
         return Head::HandOff;
     }
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
@@ -100,16 +108,32 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
         };
         headers.append(name, parsed_value(head.slice(value)));
     }
+    let body = match body_len {
+        0 => body::empty(),
+        n => body::full(buf.split_to(n).freeze()),
+    };
     let asked = Asked {
         method: method.clone(),
         close,
     };
-    let mut request = Request::new(body::empty());
+    let mut request = Request::new(body);
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
     Head::Served { request, asked }
+}
+
+/// A `content-length` value of decimal digits without a leading zero (or `0`), as a length the
+/// buffer could hold; anything else (signs, lists, spaces, leading zeros, huge values) is left
+/// to hyper's reading and its errors.
+fn plain_length(value: &[u8]) -> Option<usize> {
+    if value.is_empty() || value.len() > 10 || (value.len() > 1 && value[0] == b'0') {
+        return None;
+    }
+    value.iter().try_fold(0usize, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + usize::from(d - b'0'))
+    })
 }
 
 /// The head put back in front of the bytes read after it.
@@ -118,4 +142,67 @@ fn rejoin(head: bytes::Bytes, rest: BytesMut) -> BytesMut {
     joined.extend_from_slice(&head);
     joined.extend_from_slice(&rest);
     joined
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, http_connection_manager::RouteSpecifier,
+    };
+
+    use super::*;
+    use crate::config::hcm::compile_hcm;
+
+    fn cfg() -> HcmConfig {
+        let hcm = HttpConnectionManager {
+            route_specifier: Some(RouteSpecifier::RouteConfig(Default::default())),
+            ..Default::default()
+        };
+        compile_hcm(&hcm, None, &mut Vec::new()).unwrap()
+    }
+
+    async fn served_body(bytes: &[u8]) -> (Bytes, BytesMut) {
+        let mut buf = BytesMut::from(bytes);
+        let Head::Served { request, .. } = parse(&mut buf, &cfg()) else {
+            panic!("not served: {}", String::from_utf8_lossy(bytes));
+        };
+        let body = request.into_body().collect().await.unwrap().to_bytes();
+        (body, buf)
+    }
+
+    fn handed_off(bytes: &[u8]) -> bool {
+        let mut buf = BytesMut::from(bytes);
+        let off = matches!(parse(&mut buf, &cfg()), Head::HandOff);
+        off && buf == bytes
+    }
+
+    #[tokio::test]
+    async fn a_body_that_arrived_with_its_head_is_served_and_the_rest_stays() {
+        let (body, rest) =
+            served_body(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloGET /b")
+                .await;
+        assert_eq!(body, "hello");
+        assert_eq!(rest, "GET /b");
+        let (body, rest) = served_body(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n").await;
+        assert!(body.is_empty() && rest.is_empty());
+    }
+
+    #[test]
+    fn a_body_still_on_its_way_or_framed_unusually_is_handed_off_untouched() {
+        assert!(handed_off(
+            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello"
+        ));
+        for length in ["05", "+5", "5, 5", "99999999999"] {
+            let req =
+                format!("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nhello");
+            assert!(handed_off(req.as_bytes()), "{length}");
+        }
+        assert!(handed_off(
+            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello"
+        ));
+        assert!(handed_off(
+            b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        ));
+    }
 }
