@@ -535,6 +535,21 @@ async fn protocols() {
         Case::raw("response trailers to an http/1.1 request with a body", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
             .expect("response.header.trailer", "x-sum")
             .expect("trailers", "<missing>"),
+        Case::raw("http/1.1 request trailers dropped by default", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+            .expect("upstream.body", "hello")
+            .expect("upstream.trailer.x-req", "<missing>"),
+        Case::raw("enable_trailers: request trailers to an h2 upstream", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+            .listener(4)
+            .expect("upstream.trailer.x-req", "1"),
+        Case::raw("enable_trailers: request trailers to an http/1.1 upstream", b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+            .listener(4)
+            .expect("upstream.trailer.x-req", "1"),
+        Case::raw("enable_trailers: response trailers without te", b"GET /h2up HTTP/1.1\r\nHost: x\r\nX-Echo-Trailer: x-sum=42\r\nConnection: close\r\n\r\n")
+            .listener(4)
+            .expect("trailers", "x-sum: 42"),
+        Case::raw("enable_trailers: response trailers to a chunked request with te", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n2\r\nhi\r\n0\r\n\r\n")
+            .listener(4)
+            .expect("trailers", "x-sum: 42"),
         conversation("pipelined requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "200 /a, 200 /b, 200 /c", "yes"),
         conversation("bodies between plain requests", b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nGET /d HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 200 /b, 200 /c, 200 /d", "no"),
         conversation("head then get", b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "200 -, 200 /g", "yes"),

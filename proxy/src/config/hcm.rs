@@ -106,6 +106,9 @@ pub struct HcmConfig {
     pub internal_ranges: Vec<Cidr>,
     /// `http_protocol_options.accept_http_10`.
     pub accept_http_10: bool,
+    /// `http_protocol_options.enable_trailers`: HTTP/1 clients' request trailers are forwarded
+    /// and response trailers written to them; without it (Envoy's default) both are dropped.
+    pub http1_trailers: bool,
     /// `normalize_path` (RFC 3986 normalisation before routing; default off).
     pub normalize_path: bool,
     /// `merge_slashes`.
@@ -253,5 +256,9 @@ pub fn compile_hcm(
             .http_protocol_options
             .as_ref()
             .is_some_and(|o| o.accept_http_10),
+        http1_trailers: hcm
+            .http_protocol_options
+            .as_ref()
+            .is_some_and(|o| o.enable_trailers),
     })
 }

@@ -275,16 +275,28 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let version = req.version();
-            let mut resp = router::handle(req.map(crate::body::boxed), &ctx).await;
+            let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
+            // Envoy's HTTP/1 codec drops a chunked request's trailers unless `enable_trailers`.
+            let drop_request_trailers =
+                drop_trailers && req.headers().contains_key(http::header::TRANSFER_ENCODING);
+            let req = req.map(|b| {
+                let body = crate::body::boxed(b);
+                if drop_request_trailers {
+                    crate::body::without_trailers(body)
+                } else {
+                    body
+                }
+            });
+            let mut resp = router::handle(req, &ctx).await;
             reason::set_envoy_phrase(&mut resp);
             // Every response carries the request's version, local replies included: for an
             // HTTP/1.0 client hyper then keeps the connection only if the response says
             // keep-alive (with an HTTP/1.1 head it would add `keep-alive` to our `close`).
             *resp.version_mut() = version;
             // hyper's HTTP/1 server writes announced trailers when the request said
-            // `te: trailers`; Envoy's codec drops them (the fast path in `h1` does too).
-            if version < http::Version::HTTP_2 && resp.headers().contains_key(http::header::TRAILER)
-            {
+            // `te: trailers`; Envoy's codec drops them unless `enable_trailers` (the fast path
+            // in `h1` does the same).
+            if drop_trailers && resp.headers().contains_key(http::header::TRAILER) {
                 resp = resp.map(crate::body::without_trailers);
             }
             Ok(resp)

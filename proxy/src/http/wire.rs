@@ -5,7 +5,7 @@
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
-use http::HeaderValue;
+use http::{HeaderMap, HeaderValue};
 
 /// How many headers a head may carry for httparse: Envoy's default `max_headers_count`.
 pub const MAX_HEADERS: usize = 100;
@@ -71,6 +71,23 @@ pub fn parsed_value(bytes: Bytes) -> HeaderValue {
     // and SIMD paths alike) accepts exactly those bytes, and `http` re-checks them in debug
     // builds.
     unsafe { HeaderValue::from_maybe_shared_unchecked(bytes) }
+}
+
+/// Appends the header line `name: value`.
+pub fn put_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the last chunk of a chunked body, the `trailers` and the final empty line.
+pub fn put_chunked_end(out: &mut Vec<u8>, trailers: Option<&HeaderMap>) {
+    out.extend_from_slice(b"0\r\n");
+    for (name, value) in trailers.into_iter().flatten() {
+        put_field(out, name.as_str(), value.as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
 }
 
 /// The comma-separated tokens of a header value (`connection`, `transfer-encoding`, ...),

@@ -395,6 +395,11 @@ fn record_echo(obs: &mut Observation, echo: &Value) {
     for (name, values) in seen {
         obs.insert(format!("upstream.header.{name}"), values.join(" | "));
     }
+    for pair in echo["trailers"].as_array().into_iter().flatten() {
+        if let (Some(name), Some(value)) = (pair[0].as_str(), pair[1].as_str()) {
+            obs.insert(format!("upstream.trailer.{name}"), value.to_string());
+        }
+    }
 }
 
 async fn ws(

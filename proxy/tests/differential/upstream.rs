@@ -2,7 +2,8 @@
 //! a TCP echo and a TLS echo. Each says which upstream answered.
 //!
 //! The HTTP echo answers a JSON document `{upstream, peer, method, path, host, version, headers,
-//! body, conn_seq}` describing the request it received (`peer` is the proxy's source IP,
+//! body, trailers, conn_seq}` describing the request it received (`trailers` only when the
+//! request had some) (`peer` is the proxy's source IP,
 //! `conn_seq` how many requests this upstream connection has carried, this one included). Request headers steer it:
 //! `x-echo-status: N` answers status N, `x-echo-delay-ms: N` waits first (at most 10 s),
 //! `x-echo-response-header: name=value` (repeatable) adds a response header,
@@ -215,12 +216,14 @@ async fn handle(
             "x-echo-abort: dropping the connection",
         ));
     }
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let collected = req.into_body().collect().await.ok();
+    if let Some(trailers) = collected.as_ref().and_then(|c| c.trailers()) {
+        echo["trailers"] = trailers
+            .iter()
+            .map(|(n, v)| json!([n.as_str(), String::from_utf8_lossy(v.as_bytes())]))
+            .collect();
+    }
+    let body = collected.map(|c| c.to_bytes()).unwrap_or_default();
     if delay > 0 {
         tokio::time::sleep(Duration::from_millis(delay.min(10_000))).await;
     }

@@ -67,7 +67,15 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
             response = &mut handled => response,
             () = client_gone(&mut stream, &mut reading) => return,
         };
-        if !response::write(&mut stream, &mut reading, response, &asked).await {
+        if !response::write(
+            &mut stream,
+            &mut reading,
+            response,
+            &asked,
+            ctx.hcm.config.http1_trailers,
+        )
+        .await
+        {
             let _ = stream.shutdown().await;
             return;
         }

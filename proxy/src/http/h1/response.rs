@@ -15,6 +15,7 @@ use tokio::net::TcpStream;
 use super::date;
 use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
+use crate::http::wire::{put_chunked_end, put_field};
 
 /// How the body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +95,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                 // Only the first value is written; the body's own length rules.
                 Len::Known(n) if first => {
                     framing = Some(Framing::Length(n));
-                    line(&mut out, name.as_str(), value.as_bytes());
+                    put_field(&mut out, name.as_str(), value.as_bytes());
                 }
                 Len::Unknown if first => {
                     let Some(n) = std::str::from_utf8(value.as_bytes())
@@ -104,12 +105,12 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                         continue;
                     };
                     framing = Some(Framing::Length(n));
-                    line(&mut out, name.as_str(), value.as_bytes());
+                    put_field(&mut out, name.as_str(), value.as_bytes());
                 }
                 // A finished body keeps its length header only in answer to a HEAD.
                 Len::Ended if head_request => {
                     framing = Some(Framing::Length(0));
-                    line(&mut out, name.as_str(), value.as_bytes());
+                    put_field(&mut out, name.as_str(), value.as_bytes());
                 }
                 _ => {}
             },
@@ -124,20 +125,20 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                 if !chunked_last {
                     joined.extend_from_slice(b", chunked");
                 }
-                line(&mut out, name.as_str(), &joined);
+                put_field(&mut out, name.as_str(), &joined);
             }
             header::CONNECTION if first => {
                 let joined = join(headers.get_all(name));
                 last |= super::has_token(&joined, b"close");
-                line(&mut out, name.as_str(), &joined);
+                put_field(&mut out, name.as_str(), &joined);
             }
             header::TRAILER if may_have_body && first => {
-                line(&mut out, name.as_str(), &join(headers.get_all(name)));
+                put_field(&mut out, name.as_str(), &join(headers.get_all(name)));
             }
             header::TRANSFER_ENCODING | header::CONNECTION | header::TRAILER => {}
             _ => {
                 wrote_date |= *name == header::DATE;
-                line(&mut out, name.as_str(), value.as_bytes());
+                put_field(&mut out, name.as_str(), value.as_bytes());
             }
         }
     }
@@ -180,13 +181,6 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     }
 }
 
-fn line(out: &mut Vec<u8>, name: &str, value: &[u8]) {
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b": ");
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
 /// The values of one header joined by `, ` on one line, as hyper writes them.
 fn join<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Vec<u8> {
     let mut joined = Vec::new();
@@ -207,15 +201,18 @@ fn ready_frame(body: &mut Body) -> Option<Option<Result<http_body::Frame<Bytes>,
     }
 }
 
-/// Writes `resp` to the request `asked` describes; returns whether the connection may carry
-/// another request (it must close after a failed body, a short one, a `close` either side
-/// asked, or a client that went away while the body streamed). While waiting for body data the
-/// connection is read like while waiting for the response head (see [`super::client_gone`]).
+/// Writes `resp` to the request `asked` describes, with its trailers when `trailers` (the
+/// connection manager's `enable_trailers`) and the body is chunked; returns whether the
+/// connection may carry another request (it must close after a failed body, a short one, a
+/// `close` either side asked, or a client that went away while the body streamed). While
+/// waiting for body data the connection is read like while waiting for the response head (see
+/// [`super::client_gone`]).
 pub(super) async fn write(
     stream: &mut TcpStream,
     reading: &mut super::Reading,
     mut resp: Response<Body>,
     asked: &super::Asked,
+    trailers: bool,
 ) -> bool {
     let encoded = encode(&mut resp, &asked.method, asked.close);
     let mut body = resp.into_body();
@@ -229,6 +226,7 @@ pub(super) async fn write(
     };
     // A body already complete (a small upstream response) goes out with the head in one write.
     let mut ready = ready_frame(&mut body);
+    let mut trailer_fields = None;
     while remaining != Some(0) {
         let frame = match ready.take() {
             Some(frame) => frame,
@@ -259,9 +257,12 @@ pub(super) async fn write(
                         return false;
                     }
                 }
-                // Trailers end the body without being written: Envoy's HTTP/1 codec drops
-                // them unless `enable_trailers` is set.
-                Err(frame) if frame.is_trailers() => break,
+                // Trailers end the body; Envoy's HTTP/1 codec writes them only with
+                // `enable_trailers`.
+                Err(frame) if frame.is_trailers() => {
+                    trailer_fields = frame.into_trailers().ok().filter(|_| trailers);
+                    break;
+                }
                 Err(_) => {}
             },
         }
@@ -276,7 +277,7 @@ pub(super) async fn write(
             false
         }
         None => {
-            out.extend_from_slice(b"0\r\n\r\n");
+            put_chunked_end(&mut out, trailer_fields.as_ref());
             stream.write_all(&out).await.is_ok() && !encoded.last
         }
     }
@@ -427,8 +428,8 @@ mod tests {
         assert!(enc.last, "an upstream close ends the connection too");
     }
 
-    #[tokio::test]
-    async fn trailers_end_a_chunked_body_unwritten() {
+    /// What the client reads of a chunked `ok` body ending in an `x-sum: 42` trailer.
+    async fn written_with_trailers(enable_trailers: bool) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut client = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -450,14 +451,25 @@ mod tests {
             buf: bytes::BytesMut::new(),
             limit: 1024,
         };
-        assert!(!write(&mut server, &mut reading, resp, &asked).await);
+        assert!(!write(&mut server, &mut reading, resp, &asked, enable_trailers).await);
         drop(server);
         let mut out = String::new();
         tokio::io::AsyncReadExt::read_to_string(&mut client, &mut out)
             .await
             .unwrap();
         assert!(out.contains("\r\ntrailer: x-sum\r\n"), "{out}");
+        out
+    }
+
+    #[tokio::test]
+    async fn trailers_end_a_chunked_body_written_only_when_enabled() {
+        let out = written_with_trailers(false).await;
         assert!(out.ends_with("\r\n\r\n2\r\nok\r\n0\r\n\r\n"), "{out}");
+        let out = written_with_trailers(true).await;
+        assert!(
+            out.ends_with("\r\n\r\n2\r\nok\r\n0\r\nx-sum: 42\r\n\r\n"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -5,6 +5,8 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use http_body::SizeHint;
 
+use crate::http::wire::{put_chunked_end, put_field};
+
 /// How the request body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum BodyFraming {
@@ -64,10 +66,7 @@ pub(super) fn head(parts: &Parts, out: &mut Vec<u8>) {
     out.extend_from_slice(if target.is_empty() { "/" } else { target }.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &parts.headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        put_field(out, name.as_str(), value.as_bytes());
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -79,14 +78,8 @@ pub(super) fn chunk_start(len: usize) -> Vec<u8> {
 
 /// The last chunk of a chunked body followed by `trailers` and the final empty line.
 pub(super) fn chunked_end(trailers: Option<&HeaderMap>) -> Vec<u8> {
-    let mut out = b"0\r\n".to_vec();
-    for (name, value) in trailers.into_iter().flatten() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
+    let mut out = Vec::new();
+    put_chunked_end(&mut out, trailers);
     out
 }
 
