@@ -183,14 +183,14 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         if cfg.bind_to_port {
             // An ephemeral port would differ per socket: such a listener gets one worker.
             let sockets = if cfg.address.port() == 0 { 1 } else { workers };
-            for rt in &runtimes[..sockets] {
+            for (worker, rt) in runtimes[..sockets].iter().enumerate() {
                 let _guard = rt.enter();
                 let sock = l.bind(sockets > 1).map_err(|source| StartError::Bind {
                     what: format!("listener '{}'", cfg.name),
                     addr: cfg.address,
                     source,
                 })?;
-                let task = rt.spawn(l.clone().run(sock, shared.clone()));
+                let task = rt.spawn(l.clone().run(sock, shared.clone(), worker));
                 shared
                     .accept_tasks
                     .lock()

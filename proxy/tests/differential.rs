@@ -701,6 +701,8 @@ async fn admin() {
         Case::admin("quitquitquit with GET", "GET", "/quitquitquit"),
         Case::admin("unknown endpoint", "GET", "/no-such-endpoint").ignore("body"),
         Case::admin("stats filter", "GET", "/stats?filter=^server\\.live$"),
+        Case::admin("per-worker listener stats", "GET", "/stats?filter=^listener\\..*\\.worker_"),
+        Case::admin("per-worker listener stats in prometheus", "GET", "/stats/prometheus?filter=\\.worker_0\\.downstream_cx_"),
         Case::raw(
             "pilot-agent readiness query, unescaped",
             b"GET /stats?usedonly&filter=^(server\\.state|listener_manager\\.workers_started) HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",

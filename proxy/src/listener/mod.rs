@@ -30,6 +30,14 @@ enum Chain {
     Tcp(Arc<crate::tcp::TcpProxy>, bool),
 }
 
+/// One worker's connection stats for a listener (Envoy's per-handler listener stats,
+/// `listener.<address>.worker_<n>.*`).
+#[derive(Clone)]
+struct WorkerStats {
+    cx_total: Counter,
+    cx_active: Gauge,
+}
+
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
@@ -122,14 +130,24 @@ impl Listener {
         TcpListener::from_std(socket.into())
     }
 
-    /// Accepts connections forever, each served on its own task.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, shared: Arc<Shared>) {
+    /// Accepts connections forever on worker `worker`'s socket, each served on its own task.
+    pub async fn run(self: Arc<Self>, listener: TcpListener, shared: Arc<Shared>, worker: usize) {
+        let prefix = format!("{}.worker_{worker}", self.config.stat_prefix());
+        let stats = WorkerStats {
+            cx_total: shared
+                .stats
+                .counter(&format!("{prefix}.downstream_cx_total")),
+            cx_active: shared
+                .stats
+                .gauge(&format!("{prefix}.downstream_cx_active")),
+        };
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
                     let me = self.clone();
                     let shared = shared.clone();
-                    tokio::spawn(async move { me.serve(stream, peer, shared).await });
+                    let stats = stats.clone();
+                    tokio::spawn(async move { me.serve(stream, peer, shared, stats).await });
                 }
                 Err(e) => {
                     tracing::warn!(listener = %self.config.name, error = %e, "accept failed");
@@ -139,7 +157,13 @@ impl Listener {
         }
     }
 
-    async fn serve(&self, stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    async fn serve(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        shared: Arc<Shared>,
+        worker: WorkerStats,
+    ) {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(self.config.address);
         let original = self
@@ -186,6 +210,8 @@ impl Listener {
         };
         self.cx_total.inc();
         self.cx_active.inc();
+        worker.cx_total.inc();
+        worker.cx_active.inc();
         match chain {
             Chain::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
@@ -224,5 +250,6 @@ impl Listener {
         }
         self.cx_active.dec();
         self.cx_destroy.inc();
+        worker.cx_active.dec();
     }
 }
