@@ -541,6 +541,10 @@ async fn protocols() {
         Case::raw("enable_trailers: request trailers to an h2 upstream", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
             .listener(4)
             .expect("upstream.trailer.x-req", "1"),
+        Case::raw("enable_trailers: request trailers to a cluster without them", b"POST /plain-cluster HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+            .listener(4)
+            .expect("upstream.body", "hello")
+            .expect("upstream.trailer.x-req", "<missing>"),
         Case::raw("enable_trailers: request trailers to an http/1.1 upstream", b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
             .listener(4)
             .expect("upstream.trailer.x-req", "1"),

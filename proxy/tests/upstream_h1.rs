@@ -373,7 +373,10 @@ async fn post_with_a_known_size_gets_content_length() {
 #[tokio::test]
 async fn streaming_body_of_unknown_size_goes_chunked() {
     let mut up = Upstream::start(|mut peer| async move { peer.serve(OK).await }).await;
-    let client = Arc::new(Client::new(up.addr));
+    let client = Arc::new(Client::with(
+        up.addr,
+        "http_protocol_options: {enable_trailers: true}",
+    ));
     let send = |body: Body| {
         let client = client.clone();
         let req = Request::post("/up")
@@ -415,6 +418,29 @@ async fn streaming_body_of_unknown_size_goes_chunked() {
          1\r\na\r\n11\r\n0123456789abcdef0\r\n0\r\n\r\n"
     );
     assert_eq!(up.accepted(), 1);
+}
+
+#[tokio::test]
+async fn request_trailers_are_dropped_unless_the_cluster_enables_them() {
+    let mut up = Upstream::start(|mut peer| async move { peer.serve(OK).await }).await;
+    let client = Client::new(up.addr);
+    let (tx, body) = channel_body();
+    tx.send(data("hello")).await.unwrap();
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-checksum", "abc".parse().unwrap());
+    tx.send(Ok(Frame::trailers(trailers))).await.unwrap();
+    drop(tx);
+    let req = Request::post("/up")
+        .header("host", "svc")
+        .body(body)
+        .unwrap();
+    let got = within("exchange", client.exchange(req)).await;
+    assert_eq!(got, (StatusCode::OK, "ok".into()));
+    assert_eq!(
+        up.next_request().await,
+        "POST /up HTTP/1.1\r\nhost: svc\r\ntransfer-encoding: chunked\r\n\r\n\
+         5\r\nhello\r\n0\r\n\r\n"
+    );
 }
 
 #[tokio::test]

@@ -132,7 +132,9 @@ fn plain_length(value: &[u8]) -> Option<usize> {
         return None;
     }
     value.iter().try_fold(0usize, |n, &d| {
-        d.is_ascii_digit().then(|| n * 10 + usize::from(d - b'0'))
+        d.is_ascii_digit()
+            .then_some(())
+            .and_then(|()| n.checked_mul(10)?.checked_add(usize::from(d - b'0')))
     })
 }
 

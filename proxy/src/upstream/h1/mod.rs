@@ -127,7 +127,7 @@ pub(crate) async fn exchange(
             });
         }
     } else {
-        let mut sender = BodySender::new(framing);
+        let mut sender = BodySender::new(framing, trailers);
         if let Some(frame) = poll_now(body.frame()) {
             sender.queue(frame).map_err(request_body)?;
         }
@@ -297,6 +297,9 @@ type Framed = Chain<Chain<Bytes, Bytes>, Bytes>;
 /// Writes a request body in its framing and checks it against a declared length.
 struct BodySender {
     framing: BodyFraming,
+    /// Write the body's trailers (the cluster's `enable_trailers`); else, as Envoy's codec,
+    /// the chunked body ends without them.
+    trailers: bool,
     sent: u64,
     /// The last frame was encoded.
     done: bool,
@@ -305,9 +308,10 @@ struct BodySender {
 }
 
 impl BodySender {
-    fn new(framing: BodyFraming) -> Self {
+    fn new(framing: BodyFraming, trailers: bool) -> Self {
         BodySender {
             framing,
+            trailers,
             sent: 0,
             done: false,
             pending: None,
@@ -345,7 +349,10 @@ impl BodySender {
         };
         let data = match frame.into_data() {
             Ok(data) => data,
-            Err(frame) => return self.end(frame.into_trailers().ok().as_ref()),
+            Err(frame) => {
+                let trailers = frame.into_trailers().ok().filter(|_| self.trailers);
+                return self.end(trailers.as_ref());
+            }
         };
         self.sent += data.len() as u64;
         if let BodyFraming::Length(n) = self.framing
