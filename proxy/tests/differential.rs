@@ -359,6 +359,11 @@ async fn headers() {
             "GET",
             "/stats/prometheus?filter=^(http\\.(headers|append_if_absent|server_name)\\.downstream_rq_(2xx|total)|cluster\\.[a-z_]+\\.upstream_rq_(200|2xx|total))$",
         ),
+        Case::admin(
+            "connection manager connections counted",
+            "GET",
+            "/stats?filter=^http\\.(headers|append_if_absent|server_name)\\.downstream_cx_(total|active)$",
+        ),
     ];
     run("headers", &cases).await;
 }

@@ -207,14 +207,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     if !codec_accepts(&mut stream, codec).await {
         return;
     }
-    let stats = ctx.hcm.stats.clone();
-    let served = async move {
-        match codec {
-            Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
-            Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
-        }
-    };
-    counted(&stats, served).await;
+    let hcm = ctx.hcm.clone();
+    let _counted = Counted::new(&hcm.stats);
+    match codec {
+        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+        Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
+    }
 }
 
 /// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec.
@@ -224,20 +222,28 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
         Some(b"http/1.1") => Codec::Http1,
         _ => ctx.hcm.config.codec,
     };
-    let stats = ctx.hcm.stats.clone();
-    counted(
-        &stats,
-        serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec),
-    )
-    .await;
+    let hcm = ctx.hcm.clone();
+    let _counted = Counted::new(&hcm.stats);
+    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
 }
 
-/// Runs a connection's service, counted in `downstream_cx_total` and `downstream_cx_active`.
-async fn counted(stats: &HcmStats, served: impl std::future::Future<Output = ()>) {
-    stats.cx_total.inc();
-    stats.cx_active.inc();
-    served.await;
-    stats.cx_active.dec();
+/// Keeps a connection counted in `downstream_cx_total` and `downstream_cx_active` while it is
+/// served. A guard rather than a wrapper future: an async wrapper would hold the connection's
+/// future twice (as its argument and as what it awaits), doubling every connection's task.
+struct Counted<'a>(&'a HcmStats);
+
+impl<'a> Counted<'a> {
+    fn new(stats: &'a HcmStats) -> Self {
+        stats.cx_total.inc();
+        stats.cx_active.inc();
+        Counted(stats)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.cx_active.dec();
+    }
 }
 
 /// Serves a connection with hyper's server.
