@@ -47,12 +47,12 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
-                    return hand_off(stream, reading.buf, ctx, codec).await;
+                    return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                 }
                 match request::parse(&mut reading.buf, &ctx.hcm.config) {
                     Head::Partial => {}
                     Head::Served { request, asked } => break (request, asked),
-                    Head::HandOff => return hand_off(stream, reading.buf, ctx, codec).await,
+                    Head::HandOff => return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await,
                 }
             }
             if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
