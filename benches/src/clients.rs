@@ -10,6 +10,29 @@ use std::time::Instant;
 
 use crate::stats::quantile;
 
+/// `n` HTTP/1.1 keep-alive connections to `port`, each left open and idle after one `GET /`
+/// answered (one connection at a time, so no request is in flight while the next opens).
+pub fn idle_connections(port: u16, n: usize) -> Result<Vec<TcpStream>, String> {
+    let mut conns = Vec::with_capacity(n);
+    let mut buf = [0u8; 4096];
+    for _ in 0..n {
+        let mut c = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        c.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
+            .map_err(|e| e.to_string())?;
+        let got = c.read(&mut buf).map_err(|e| format!("idle connection: {e}"))?;
+        if !buf[..got].starts_with(b"HTTP/1.1 200") {
+            return Err(format!(
+                "idle connection: unexpected answer {:?}",
+                String::from_utf8_lossy(&buf[..got.min(40)])
+            ));
+        }
+        conns.push(c);
+    }
+    Ok(conns)
+}
+
 /// What a closed-loop run achieved.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Throughput {

@@ -18,7 +18,7 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 14] = [
+pub const METRICS: [Metric; 15] = [
     Metric {
         key: "rps",
         title: "req/s",
@@ -70,6 +70,10 @@ pub const METRICS: [Metric; 14] = [
     Metric {
         key: "mesh_peak_rss_mib",
         title: "mesh peak RSS MiB",
+    },
+    Metric {
+        key: "kib_per_idle_conn",
+        title: "KiB per idle connection",
     },
     Metric {
         key: "errors",

@@ -47,6 +47,8 @@ struct Plan {
     latency_seconds: u32,
     tcp_bytes: u64,
     connections: u32,
+    /// Keep-alive connections left idle to measure memory per connection.
+    idle_connections: usize,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -325,6 +327,29 @@ fn measure_idle(results: &mut Results, running: &[Running], scenario: &str, metr
     }
 }
 
+/// RSS each proxy gains per idle keep-alive HTTP/1.1 connection (`n` of them, opened one
+/// proxy at a time and closed before the next).
+fn measure_idle_connections(
+    results: &mut Results,
+    running: &[Running],
+    n: usize,
+) -> Result<(), String> {
+    for c in running {
+        let Some(before) = rss_mib(c.pid(), "VmRSS") else {
+            continue;
+        };
+        let conns = clients::idle_connections(c.listen.http, n)
+            .map_err(|e| format!("{}: {e}", c.kind.name()))?;
+        thread::sleep(Duration::from_secs(1));
+        if let Some(after) = rss_mib(c.pid(), "VmRSS") {
+            let kib = (after - before).max(0.0) * 1024.0 / n as f64;
+            results.record("memory", c.kind, "kib_per_idle_conn", kib);
+        }
+        drop(conns);
+    }
+    Ok(())
+}
+
 fn warm_up(running: &[Running], host: Option<&str>, work: &Path) -> Result<(), String> {
     for c in running {
         let url = format!("http://127.0.0.1:{}/", c.listen.http);
@@ -582,6 +607,7 @@ fn run(opts: &Options) -> Result<(), String> {
             latency_seconds: 1,
             tcp_bytes: 256 << 20,
             connections: 32,
+            idle_connections: 200,
         }
     } else {
         Plan {
@@ -590,6 +616,7 @@ fn run(opts: &Options) -> Result<(), String> {
             latency_seconds: 4,
             tcp_bytes: 1 << 30,
             connections: 32,
+            idle_connections: 1000,
         }
     };
     let selected: Vec<&str> = SCENARIOS
@@ -623,6 +650,7 @@ fn run(opts: &Options) -> Result<(), String> {
                 bench.results.record("memory", c.kind, "peak_rss_mib", peak);
             }
         }
+        measure_idle_connections(&mut bench.results, &running, plan.idle_connections)?;
     }
     if selected.contains(&"mesh_1000") {
         eprintln!(
@@ -669,11 +697,12 @@ fn run(opts: &Options) -> Result<(), String> {
     let mut md = format!(
         "### Load benchmark\n\nCommand: `{command}`  \nMachine: {machine}  \nRounds: {} (median reported), {} s per closed-loop run, \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
-         TCP bulk {} MiB. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nVersions: {}  \nWall time: {:.0} s\n\n",
+         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nVersions: {}  \nWall time: {:.0} s\n\n",
         plan.rounds,
         plan.seconds,
         plan.connections,
         plan.tcp_bytes >> 20,
+        plan.idle_connections,
         versions
             .iter()
             .map(|(n, v)| format!("{n}: `{v}`"))
