@@ -21,7 +21,9 @@ pub fn idle_connections(port: u16, n: usize) -> Result<Vec<TcpStream>, String> {
             .map_err(|e| e.to_string())?;
         c.write_all(b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n")
             .map_err(|e| e.to_string())?;
-        let got = c.read(&mut buf).map_err(|e| format!("idle connection: {e}"))?;
+        let got = c
+            .read(&mut buf)
+            .map_err(|e| format!("idle connection: {e}"))?;
         if !buf[..got].starts_with(b"HTTP/1.1 200") {
             return Err(format!(
                 "idle connection: unexpected answer {:?}",

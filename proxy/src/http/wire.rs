@@ -2,6 +2,7 @@
 //! (`upstream/h1/`): comma-separated header values, where a parsed head's headers sit, and room
 //! in a read buffer.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
@@ -12,6 +13,34 @@ pub const MAX_HEADERS: usize = 100;
 
 /// The read buffer's first size, and how much it grows when nearly full.
 pub const READ_BUFFER: usize = 8 * 1024;
+
+/// How many empty read buffers a worker thread keeps for its connections to take.
+const SPARE_BUFFERS: usize = 64;
+
+thread_local! {
+    /// Empty read buffers given back by this worker's idle connections.
+    static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A read buffer for a connection that has bytes to read: one an idle connection of this
+/// thread gave back, else a new one.
+pub fn take_buffer() -> BytesMut {
+    SPARE
+        .with_borrow_mut(Vec::pop)
+        .unwrap_or_else(|| BytesMut::with_capacity(READ_BUFFER))
+}
+
+/// Takes an idle connection's empty read buffer for the next connection of this thread to
+/// receive bytes (one that grew past twice [`READ_BUFFER`], or has little room left, is freed).
+pub fn give_back(buf: BytesMut) {
+    if buf.is_empty() && (1024..=2 * READ_BUFFER).contains(&buf.capacity()) {
+        SPARE.with_borrow_mut(|spare| {
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(buf);
+            }
+        });
+    }
+}
 
 /// `buf` with room for at least one more read (1 KiB, else it grows by [`READ_BUFFER`]).
 pub fn with_room(buf: &mut BytesMut) -> &mut BytesMut {
@@ -141,6 +170,20 @@ mod tests {
             .map(|i| (format!("h{i}").into_bytes(), format!("v{i}").into_bytes()))
             .collect();
         assert_eq!(found, expected);
+    }
+
+    #[test]
+    fn an_idle_connections_buffer_goes_to_the_next_one_unless_it_grew() {
+        let given = BytesMut::with_capacity(READ_BUFFER);
+        let at = given.as_ptr();
+        give_back(given);
+        assert_eq!(take_buffer().as_ptr(), at, "the spare buffer is reused");
+        let grown = BytesMut::with_capacity(4 * READ_BUFFER);
+        let at = grown.as_ptr();
+        give_back(grown);
+        let taken = take_buffer();
+        assert_ne!(taken.as_ptr(), at, "a grown buffer is freed, not kept");
+        assert_eq!(taken.capacity(), READ_BUFFER);
     }
 
     #[test]

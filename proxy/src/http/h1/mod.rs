@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
-use super::wire::{READ_BUFFER, has_token, with_room};
+use super::wire::{give_back, has_token, take_buffer, with_room};
 use crate::config::hcm::Codec;
 use request::Head;
 
@@ -38,7 +38,7 @@ pub(super) struct Reading {
 /// path does not take (or at once for what may be an HTTP/2 preface under `Codec::Auto`).
 pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: Codec) {
     let mut reading = Reading {
-        buf: BytesMut::with_capacity(READ_BUFFER),
+        buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
     };
     // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
@@ -52,10 +52,12 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
                 match request::parse(&mut reading.buf, &ctx.hcm.config) {
                     Head::Partial => {}
                     Head::Served { request, asked } => break (request, asked),
-                    Head::HandOff => return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await,
+                    Head::HandOff => {
+                        return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
+                    }
                 }
             }
-            if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
+            if !read_more(&mut stream, &mut reading).await {
                 return;
             }
         };
@@ -80,6 +82,30 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
             return;
         }
     }
+}
+
+/// Reads more of the client's bytes; `false` when it closed (or the read failed). With nothing
+/// buffered, a connection that has to wait gives its read buffer to the worker's spare list and
+/// takes one when bytes arrive: an idle keep-alive connection holds no buffer.
+async fn read_more(stream: &mut TcpStream, reading: &mut Reading) -> bool {
+    if reading.buf.is_empty() {
+        let mut held = Some(std::mem::take(&mut reading.buf));
+        let ready = std::future::poll_fn(|cx| {
+            let ready = stream.poll_read_ready(cx);
+            if ready.is_pending()
+                && let Some(buf) = held.take()
+            {
+                give_back(buf);
+            }
+            ready
+        })
+        .await;
+        reading.buf = held.unwrap_or_else(take_buffer);
+        if ready.is_err() {
+            return false;
+        }
+    }
+    matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0)
 }
 
 /// Completes when the client closes the connection (or it fails). Meant to race a request in
