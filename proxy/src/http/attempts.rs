@@ -54,8 +54,9 @@ pub struct Exchange<'a> {
 }
 
 impl Exchange<'_> {
-    /// Runs the exchange; returns the outcome and the number of attempts made.
-    pub async fn run(mut self, head: http::request::Parts, body: RequestBody) -> (Outcome, u32) {
+    /// Runs the exchange; returns the outcome and the number of attempts made. Borrows the
+    /// exchange, which stays in the caller's state, so the future does not hold it twice.
+    pub async fn run(&mut self, head: http::request::Parts, body: RequestBody) -> (Outcome, u32) {
         let start = Instant::now();
         let global = self.timeouts.global.map(|t| start + t);
         let (head, replay) = match body {

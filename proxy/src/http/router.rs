@@ -397,7 +397,7 @@ async fn route_and_forward(
             } else {
                 RequestBody::Once(downstream_body)
             };
-            let exchange = Exchange {
+            let mut exchange = Exchange {
                 cluster: &cluster,
                 lb,
                 timeouts,
