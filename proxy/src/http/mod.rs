@@ -207,8 +207,10 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     if !codec_accepts(&mut stream, codec).await {
         return;
     }
+    // A guard rather than a wrapper future: an async wrapper would hold the connection's
+    // future twice (as its argument and as what it awaits), doubling every connection's task.
     let hcm = ctx.hcm.clone();
-    let _counted = Counted::new(&hcm.stats);
+    let _open = hcm.stats.cx.open();
     match codec {
         Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
         Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
@@ -223,27 +225,8 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
         _ => ctx.hcm.config.codec,
     };
     let hcm = ctx.hcm.clone();
-    let _counted = Counted::new(&hcm.stats);
+    let _open = hcm.stats.cx.open();
     serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
-}
-
-/// Keeps a connection counted in `downstream_cx_total` and `downstream_cx_active` while it is
-/// served. A guard rather than a wrapper future: an async wrapper would hold the connection's
-/// future twice (as its argument and as what it awaits), doubling every connection's task.
-struct Counted<'a>(&'a HcmStats);
-
-impl<'a> Counted<'a> {
-    fn new(stats: &'a HcmStats) -> Self {
-        stats.cx_total.inc();
-        stats.cx_active.inc();
-        Counted(stats)
-    }
-}
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.cx_active.dec();
-    }
 }
 
 /// Serves a connection with hyper's server.

@@ -1,14 +1,12 @@
 //! `http.<stat_prefix>.*` stats of a connection manager.
 
-use crate::stats::{Counter, Gauge, Store};
+use crate::stats::{Connections, Counter, Gauge, Store};
 
 /// Resolved handles for one connection manager's stats.
 #[derive(Debug, Clone)]
 pub struct HcmStats {
-    /// `downstream_cx_total`.
-    pub cx_total: Counter,
-    /// `downstream_cx_active`.
-    pub cx_active: Gauge,
+    /// `downstream_cx_total` and `downstream_cx_active`.
+    pub cx: Connections,
     /// `downstream_rq_total`.
     pub rq_total: Counter,
     /// `downstream_rq_active`.
@@ -22,8 +20,7 @@ impl HcmStats {
     pub fn new(store: &Store, prefix: &str) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
-            cx_total: store.counter(&name("downstream_cx_total")),
-            cx_active: store.gauge(&name("downstream_cx_active")),
+            cx: Connections::new(store, &format!("http.{prefix}")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
             rq_class: [1, 2, 3, 4, 5]

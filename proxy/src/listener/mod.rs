@@ -17,7 +17,7 @@ use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
-use crate::stats::{Counter, Gauge};
+use crate::stats::{Connections, Counter};
 use crate::tls::{self, DownstreamTls};
 use crate::upstream::LbContext;
 
@@ -30,21 +30,12 @@ enum Chain {
     Tcp(Arc<crate::tcp::TcpProxy>, bool),
 }
 
-/// One worker's connection stats for a listener (Envoy's per-handler listener stats,
-/// `listener.<address>.worker_<n>.*`).
-#[derive(Clone)]
-struct WorkerStats {
-    cx_total: Counter,
-    cx_active: Gauge,
-}
-
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
     chains: Vec<Chain>,
     default_chain: Option<Chain>,
-    cx_total: Counter,
-    cx_active: Gauge,
+    cx: Connections,
     cx_destroy: Counter,
     no_filter_chain: Counter,
 }
@@ -86,12 +77,7 @@ impl Listener {
         Ok(Listener {
             chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
             default_chain: config.default_chain.as_ref().map(chain).transpose()?,
-            cx_total: shared
-                .stats
-                .counter(&format!("{prefix}.downstream_cx_total")),
-            cx_active: shared
-                .stats
-                .gauge(&format!("{prefix}.downstream_cx_active")),
+            cx: Connections::new(&shared.stats, &prefix),
             cx_destroy: shared
                 .stats
                 .counter(&format!("{prefix}.downstream_cx_destroy")),
@@ -132,15 +118,9 @@ impl Listener {
 
     /// Accepts connections forever on worker `worker`'s socket, each served on its own task.
     pub async fn run(self: Arc<Self>, listener: TcpListener, shared: Arc<Shared>, worker: usize) {
+        // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
         let prefix = format!("{}.worker_{worker}", self.config.stat_prefix());
-        let stats = WorkerStats {
-            cx_total: shared
-                .stats
-                .counter(&format!("{prefix}.downstream_cx_total")),
-            cx_active: shared
-                .stats
-                .gauge(&format!("{prefix}.downstream_cx_active")),
-        };
+        let stats = Connections::new(&shared.stats, &prefix);
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
@@ -162,7 +142,7 @@ impl Listener {
         stream: TcpStream,
         peer: SocketAddr,
         shared: Arc<Shared>,
-        worker: WorkerStats,
+        worker: Connections,
     ) {
         let _ = stream.set_nodelay(true);
         let local = stream.local_addr().unwrap_or(self.config.address);
@@ -208,10 +188,7 @@ impl Listener {
                 }
             },
         };
-        self.cx_total.inc();
-        self.cx_active.inc();
-        worker.cx_total.inc();
-        worker.cx_active.inc();
+        let _open = (self.cx.open(), worker.open());
         match chain {
             Chain::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
@@ -248,8 +225,6 @@ impl Listener {
                 proxy.serve(stream, &shared.clusters, lb).await;
             }
         }
-        self.cx_active.dec();
         self.cx_destroy.inc();
-        worker.cx_active.dec();
     }
 }

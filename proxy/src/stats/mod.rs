@@ -97,6 +97,42 @@ impl Metric {
     }
 }
 
+/// `<prefix>.downstream_cx_total` and `<prefix>.downstream_cx_active` of a listener, one of
+/// its workers, or a connection manager.
+#[derive(Clone, Debug)]
+pub struct Connections {
+    total: Counter,
+    active: Gauge,
+}
+
+impl Connections {
+    /// Resolves the two handles under `prefix`.
+    pub fn new(store: &Store, prefix: &str) -> Self {
+        Connections {
+            total: store.counter(&format!("{prefix}.downstream_cx_total")),
+            active: store.gauge(&format!("{prefix}.downstream_cx_active")),
+        }
+    }
+
+    /// Counts a connection; it stays active until the guard drops (also when its task is
+    /// cancelled).
+    pub fn open(&self) -> Open<'_> {
+        self.total.inc();
+        self.active.inc();
+        Open(&self.active)
+    }
+}
+
+/// A connection counted active by [`Connections::open`].
+#[derive(Debug)]
+pub struct Open<'a>(&'a Gauge);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The process-wide registry of metrics by full name. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct Store {
@@ -155,6 +191,20 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_is_active_until_its_guard_drops() {
+        let s = Store::new();
+        let cx = Connections::new(&s, "listener.a");
+        let open = cx.open();
+        let (total, active) = (
+            s.counter("listener.a.downstream_cx_total"),
+            s.gauge("listener.a.downstream_cx_active"),
+        );
+        assert_eq!((total.value(), active.value()), (1, 1));
+        drop(open);
+        assert_eq!((total.value(), active.value()), (1, 0));
+    }
 
     #[test]
     fn handles_share_one_value_and_track_use() {
