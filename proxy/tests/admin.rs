@@ -3,31 +3,26 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use proto::Codec;
 use proto::pb::envoy::admin::v3::ConfigDump;
 
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/ports.rs"]
 mod ports;
+use child::Revoy;
 use ports::free_port;
 
-/// A revoy child process, killed on drop.
-struct Revoy {
-    child: Child,
+/// A running revoy and its ports.
+struct Started {
+    child: Revoy,
     admin: u16,
     listener: u16,
 }
 
-impl Drop for Revoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start() -> Revoy {
+fn start() -> Started {
     let (admin, listener) = (free_port(), free_port());
     let yaml = format!(
         r#"
@@ -62,32 +57,12 @@ static_resources:
     load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}
 "#
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_revoy"))
-        .args([
-            "--config-yaml",
-            yaml.as_str(),
-            "--concurrency",
-            "1",
-            "-l",
-            "error",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let r = Revoy {
+    let child = Revoy::start(&yaml, || raw(admin, "GET", "/ready").0 == 200);
+    Started {
         child,
         admin,
         listener,
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if get(&r, "/ready").0 == 200 {
-            return r;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    panic!("revoy did not become ready");
 }
 
 /// Sends a raw request (target verbatim, like pilot-agent) and returns (status, body).
@@ -111,7 +86,7 @@ fn raw(port: u16, method: &str, target: &str) -> (u16, String) {
     (status, body)
 }
 
-fn get(r: &Revoy, target: &str) -> (u16, String) {
+fn get(r: &Started, target: &str) -> (u16, String) {
     raw(r.admin, "GET", target)
 }
 
@@ -275,7 +250,7 @@ fn drain_then_quit() {
     assert_eq!(raw(r.admin, "POST", "/quitquitquit").0, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Some(status) = r.child.try_wait().unwrap() {
+        if let Some(status) = r.child.0.try_wait().unwrap() {
             assert!(status.success());
             break;
         }

@@ -4,26 +4,18 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/ports.rs"]
 mod ports;
+use child::Revoy;
 use ports::free_port;
 
 /// How long the upstream waits to see its connection closed before the test fails.
 const LIMIT: Duration = Duration::from_secs(5);
-
-/// A revoy child process, killed on drop.
-struct Revoy(Child);
-
-impl Drop for Revoy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// revoy with one listener routing everything to `upstream`; returns it and the listener port.
 fn start(upstream: u16) -> (Revoy, u16) {
@@ -50,18 +42,9 @@ static_resources:
     load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}
 "#
     );
-    let child = Command::new(env!("CARGO_BIN_EXE_revoy"))
-        .args(["--config-yaml", &yaml, "--concurrency", "1", "-l", "error"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let revoy = Revoy(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", listener)).is_err() {
-        assert!(Instant::now() < deadline, "revoy did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let revoy = Revoy::start(&yaml, || {
+        TcpStream::connect(("127.0.0.1", listener)).is_ok()
+    });
     (revoy, listener)
 }
 
