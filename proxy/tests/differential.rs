@@ -472,6 +472,14 @@ fn conversation(name: &'static str, bytes: &[u8], responses: &str, closed: &str)
         .expect("closed", closed)
 }
 
+/// A chunked POST of `hello` to `path` ending in the trailer `x-req: 1`.
+fn with_request_trailer(name: &'static str, path: &str) -> Case {
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n"
+    );
+    Case::raw(name, request.as_bytes())
+}
+
 fn oversized_headers() -> Vec<u8> {
     let filler = "a".repeat(8 * 1024);
     let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
@@ -540,17 +548,17 @@ async fn protocols() {
         Case::raw("response trailers to an http/1.1 request with a body", b"POST /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
             .expect("response.header.trailer", "x-sum")
             .expect("trailers", "<missing>"),
-        Case::raw("http/1.1 request trailers dropped by default", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+        with_request_trailer("http/1.1 request trailers dropped by default", "/h2up")
             .expect("upstream.body", "hello")
             .expect("upstream.trailer.x-req", "<missing>"),
-        Case::raw("enable_trailers: request trailers to an h2 upstream", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+        with_request_trailer("enable_trailers: request trailers to an h2 upstream", "/h2up")
             .listener(4)
             .expect("upstream.trailer.x-req", "1"),
-        Case::raw("enable_trailers: request trailers to a cluster without them", b"POST /plain-cluster HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+        with_request_trailer("enable_trailers: request trailers to a cluster without them", "/plain-cluster")
             .listener(4)
             .expect("upstream.body", "hello")
             .expect("upstream.trailer.x-req", "<missing>"),
-        Case::raw("enable_trailers: request trailers to an http/1.1 upstream", b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\nx-req: 1\r\n\r\n")
+        with_request_trailer("enable_trailers: request trailers to an http/1.1 upstream", "/")
             .listener(4)
             .expect("upstream.trailer.x-req", "1"),
         Case::raw("enable_trailers: response trailers without te", b"GET /h2up HTTP/1.1\r\nHost: x\r\nX-Echo-Trailer: x-sum=42\r\nConnection: close\r\n\r\n")
