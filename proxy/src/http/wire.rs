@@ -3,6 +3,7 @@
 //! in a read buffer.
 
 use std::cell::RefCell;
+use std::io::Write as _;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
@@ -108,6 +109,20 @@ pub fn put_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);
     out.extend_from_slice(b"\r\n");
+}
+
+/// Appends the line that starts a chunk of `len` bytes.
+pub fn put_chunk_start(out: &mut Vec<u8>, len: usize) {
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{len:x}\r\n");
+}
+
+/// Whether a `transfer-encoding` value's last coding is `chunked` (any case).
+pub fn ends_in_chunked(value: &[u8]) -> bool {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Appends the last chunk of a chunked body, the `trailers` and the final empty line.

@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use super::date;
 use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
-use crate::http::wire::{put_chunked_end, put_field};
+use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,11 +118,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
             header::TRANSFER_ENCODING if may_have_body && first => {
                 framing = Some(Framing::Chunked);
                 let mut joined = join(headers.get_all(name));
-                let chunked_last = joined
-                    .rsplit(|&b| b == b',')
-                    .next()
-                    .is_some_and(|t| t.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-                if !chunked_last {
+                if !ends_in_chunked(&joined) {
                     joined.extend_from_slice(b", chunked");
                 }
                 put_field(&mut out, name.as_str(), &joined);
@@ -157,9 +153,8 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
         }
         (None, Len::Known(n)) => {
             if may_have_length {
-                out.extend_from_slice(b"content-length: ");
-                out.extend_from_slice(n.to_string().as_bytes());
-                out.extend_from_slice(b"\r\n");
+                // Writing into a Vec cannot fail.
+                let _ = write!(out, "content-length: {n}\r\n");
             }
             Framing::Length(n)
         }
@@ -299,10 +294,7 @@ async fn put_data(
             data.truncate(take);
             *left -= take as u64;
         }
-        None => {
-            // Writing into a Vec cannot fail.
-            let _ = write!(out, "{:x}\r\n", data.len());
-        }
+        None => put_chunk_start(out, data.len()),
     }
     if data.len() <= COPY_LIMIT {
         out.extend_from_slice(&data);

@@ -5,7 +5,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use http_body::SizeHint;
 
-use crate::http::wire::{put_chunked_end, put_field};
+use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the request body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,9 +32,7 @@ pub(super) fn framing(headers: &mut HeaderMap, ended: bool, hint: &SizeHint) -> 
             .get_all(TRANSFER_ENCODING)
             .iter()
             .next_back()
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.rsplit(',').next())
-            .is_some_and(|t| t.trim().eq_ignore_ascii_case("chunked"));
+            .is_some_and(|v| ends_in_chunked(v.as_bytes()));
         if !chunked_last {
             headers.append(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         }
@@ -73,7 +71,9 @@ pub(super) fn head(parts: &Parts, out: &mut Vec<u8>) {
 
 /// The line that starts a chunk of `len` bytes.
 pub(super) fn chunk_start(len: usize) -> Vec<u8> {
-    format!("{len:x}\r\n").into_bytes()
+    let mut out = Vec::with_capacity(18);
+    put_chunk_start(&mut out, len);
+    out
 }
 
 /// The last chunk of a chunked body followed by `trailers` and the final empty line.
