@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::hcm::{HcmConfig, ServerHeader};
+use crate::http::wire::has_token;
 
 /// Headers that describe one hop and never cross the proxy.
 static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -182,9 +183,7 @@ fn strip_connection_scoped(headers: &mut HeaderMap, named_too: bool) {
     let keep_te = headers
         .get_all(header::TE)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+        .any(|v| has_token(v.as_bytes(), b"trailers"));
     if keep_te {
         headers.insert(header::TE, HeaderValue::from_static("trailers"));
     } else {
@@ -349,11 +348,7 @@ fn upgrade_requested(headers: &mut HeaderMap) -> Option<HeaderValue> {
     let conn_upgrade = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .any(|v| {
-            v.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-        });
+        .any(|v| has_token(v.as_bytes(), b"upgrade"));
     let upgrade = conn_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
         .flatten()?;
