@@ -89,8 +89,10 @@ impl StatsTags {
 
     /// The compiled rules.
     pub fn producer(&self) -> &TagProducer {
-        self.producer
-            .get_or_init(|| TagProducer::with(self.use_defaults, &self.specs).unwrap_or_default())
+        self.producer.get_or_init(|| {
+            TagProducer::with(self.use_defaults, &self.specs)
+                .expect("each custom tag rule compiled when the bootstrap was compiled")
+        })
     }
 }
 
