@@ -1,5 +1,8 @@
 //! The one HTTP body type that flows between downstream and upstream connections.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full, combinators::UnsyncBoxBody};
 
@@ -30,15 +33,67 @@ where
     body.map_err(Into::into).boxed_unsync()
 }
 
-/// `body` without its trailers (its data unchanged): for an HTTP/1 client, to which Envoy's
-/// codec never writes trailers unless `enable_trailers` is set.
+/// `body` ending where its trailers would come, which are dropped (its data unchanged): what
+/// Envoy's HTTP/1 codec does with trailers unless `enable_trailers` is set.
 pub fn without_trailers(body: Body) -> Body {
-    body.map_frame(|frame| {
-        if frame.is_trailers() {
-            http_body::Frame::data(Bytes::new())
-        } else {
-            frame
-        }
-    })
+    UntilTrailers {
+        inner: body,
+        ended: false,
+    }
     .boxed_unsync()
+}
+
+/// See [`without_trailers`].
+struct UntilTrailers {
+    inner: Body,
+    ended: bool,
+}
+
+impl http_body::Body for UntilTrailers {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) if frame.is_trailers() => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            other => other,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn trailers_end_the_body_and_are_dropped() {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-sum", http::HeaderValue::from_static("42"));
+        let frames: Vec<Result<http_body::Frame<Bytes>, BoxError>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"ok"))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let body = boxed(http_body_util::StreamBody::new(tokio_stream::iter(frames)));
+        let collected = without_trailers(body).collect().await.unwrap();
+        assert!(collected.trailers().is_none());
+        assert_eq!(collected.to_bytes(), "ok");
+    }
 }
