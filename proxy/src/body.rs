@@ -1,6 +1,8 @@
 //! The one HTTP body type that flows between downstream and upstream connections.
 
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -31,6 +33,33 @@ where
     B::Error: Into<BoxError>,
 {
     body.map_err(Into::into).boxed_unsync()
+}
+
+/// Whether a body watched by [`watched`] failed (`Default`: a body not watched, which never
+/// fails).
+#[derive(Clone, Debug, Default)]
+pub struct Failed(Option<Arc<AtomicBool>>);
+
+impl Failed {
+    /// Whether the body returned an error.
+    pub fn get(&self) -> bool {
+        self.0.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+}
+
+/// `body` unchanged, and a flag that turns true when it returns an error: how the router tells
+/// a request whose own body broke (a client's bad chunking) from an upstream failure, whichever
+/// upstream protocol carried it.
+pub fn watched(body: Body) -> (Body, Failed) {
+    let flag = Arc::new(AtomicBool::new(false));
+    let failed = Failed(Some(flag.clone()));
+    let body = body
+        .map_err(move |e| {
+            flag.store(true, Ordering::Relaxed);
+            e
+        })
+        .boxed_unsync();
+    (body, failed)
 }
 
 /// `body` ending where its trailers would come, which are dropped (its data unchanged): what
@@ -82,6 +111,21 @@ impl http_body::Body for UntilTrailers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_watched_body_reports_its_failure() {
+        let frames: Vec<Result<http_body::Frame<Bytes>, BoxError>> = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(b"ok"))),
+            Err("bad chunk".into()),
+        ];
+        let (body, failed) = watched(boxed(http_body_util::StreamBody::new(tokio_stream::iter(
+            frames,
+        ))));
+        assert!(!failed.get());
+        assert!(body.collect().await.is_err());
+        assert!(failed.get());
+        assert!(!Failed::default().get());
+    }
 
     #[tokio::test]
     async fn trailers_end_the_body_and_are_dropped() {

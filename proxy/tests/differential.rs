@@ -642,6 +642,7 @@ async fn protocols() {
             .expect("response.header.connection", "close"),
         Case::raw("request chunk size not hex", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
+        Case::raw("request chunk size not hex to an h2 upstream", b"POST /h2up HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nzz\r\nhello\r\n0\r\n\r\n"),
         Case::raw("request chunk size not hex on a keep-alive connection", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
         Case::raw("request chunk size overflowing", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nfffffffffffffffffffff\r\nhello\r\n0\r\n\r\n")
@@ -789,6 +790,7 @@ async fn retries() {
         Case::get("retries over h2", "/5xx")
             .h2()
             .header("x-echo-status", "503"),
+        Case::raw("broken request body on a route with retries", b"POST /5xx HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nzz\r\nhello\r\n0\r\n\r\n"),
     ];
     run("retries", &cases).await;
 }

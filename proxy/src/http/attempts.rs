@@ -31,9 +31,9 @@ pub enum Outcome {
     Response(Response<UpstreamBody>),
     /// A failure answered locally with this status and body.
     Local(StatusCode, String),
-    /// The downstream broke its own request (its body failed): answered with this status and
-    /// body and the connection closed, like Envoy's codec; not charged to the cluster.
-    Downstream(StatusCode, String),
+    /// The downstream broke its own request (its body failed): answered like Envoy's codec
+    /// (see `router::body_failed`); not charged to the cluster.
+    DownstreamBodyFailed,
 }
 
 /// One request's trip to a cluster.
@@ -62,8 +62,14 @@ impl Exchange<'_> {
         let (head, replay) = match body {
             RequestBody::Once(b) => {
                 self.retry = None;
+                // A body already complete cannot fail: most requests pay nothing for the watch.
+                let (b, failed) = if http_body::Body::is_end_stream(&b) {
+                    (b, crate::body::Failed::default())
+                } else {
+                    crate::body::watched(b)
+                };
                 let req = Request::from_parts(head, b);
-                return (self.attempt_once(req, start, global).await, 1);
+                return (self.attempt_once(req, start, global, &failed).await, 1);
             }
             RequestBody::Replay(r) => (head, r),
         };
@@ -87,9 +93,6 @@ impl Exchange<'_> {
                         .as_ref()
                         .is_some_and(|s| s.retriable_failure(Failure::PerTryTimeout));
                     (r, None, Err(()))
-                }
-                Ok(Err(e)) if matches!(e, UpstreamError::RequestBody { .. }) => {
-                    return (downstream(&e), attempt);
                 }
                 Ok(Err(e)) => {
                     let r = match (Failure::of(&e), &self.retry) {
@@ -181,6 +184,7 @@ impl Exchange<'_> {
         req: Request<Body>,
         start: Instant,
         global: Option<Instant>,
+        body_failed: &crate::body::Failed,
     ) -> Outcome {
         let result = self.send(req, 1, start, global).await;
         let outcome = match result {
@@ -189,7 +193,9 @@ impl Exchange<'_> {
                 self.cluster.stats().upstream_rq_per_try_timeout.inc();
                 Err(())
             }
-            Ok(Err(e)) if matches!(e, UpstreamError::RequestBody { .. }) => return downstream(&e),
+            // The request's own body broke: whatever the upstream then reported, the fault is
+            // the client's (an HTTP/2 upstream sees it as a reset stream).
+            Ok(Err(_)) if body_failed.get() => return Outcome::DownstreamBodyFailed,
             Ok(Err(e)) => Ok(Outcome::Local(e.local_reply_status(), e.local_reply_body())),
             Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
         };
@@ -212,7 +218,7 @@ impl Exchange<'_> {
         let stats = self.cluster.stats();
         let status = match &outcome {
             Ok(Outcome::Response(resp)) => resp.status().as_u16(),
-            Ok(Outcome::Local(..) | Outcome::Downstream(..)) => 503,
+            Ok(Outcome::Local(..) | Outcome::DownstreamBodyFailed) => 503,
             Err(()) => 504,
         };
         stats.charge_status(status, self.lb.internal);
@@ -243,11 +249,6 @@ impl Drop for RetryHold<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// The outcome of a request whose own body failed.
-fn downstream(e: &UpstreamError) -> Outcome {
-    Outcome::Downstream(e.local_reply_status(), e.local_reply_body())
 }
 
 /// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).

@@ -391,7 +391,7 @@ async fn route_and_forward(
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "downstream request body failed");
-                        return local_reply(StatusCode::BAD_REQUEST, "");
+                        return body_failed();
                     }
                 }
             } else {
@@ -418,12 +418,7 @@ async fn route_and_forward(
             };
             let mut resp = match outcome {
                 Outcome::Local(status, text) => local_reply(status, &text),
-                Outcome::Downstream(status, text) => {
-                    let mut resp = local_reply(status, &text);
-                    resp.headers_mut()
-                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-                    resp
-                }
+                Outcome::DownstreamBodyFailed => body_failed(),
                 Outcome::Response(resp) => {
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
@@ -471,6 +466,15 @@ fn auto_host(cluster: &ClusterConfig) -> Option<String> {
         EndpointAddress::Dns { host, .. } => Some(host.clone()),
         EndpointAddress::Ip(_) => None,
     }
+}
+
+/// Envoy's answer to a request whose own body broke (its HTTP/1 codec's error): 400
+/// `Bad Request`, and the connection closes.
+fn body_failed() -> Response<Body> {
+    let mut resp = local_reply(StatusCode::BAD_REQUEST, "Bad Request");
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
 }
 
 fn elapsed_ms(start: Instant) -> u64 {
