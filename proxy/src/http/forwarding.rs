@@ -2,6 +2,7 @@
 //! response counterpart): hop-by-hop removal, `x-forwarded-for`/`-proto`, `x-request-id`,
 //! `x-envoy-internal`, and the `server` header.
 
+use bytes::Bytes;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
@@ -223,22 +224,20 @@ fn xff_from_right(headers: &HeaderMap, n: usize) -> Option<IpAddr> {
 /// table, and inserting one per request evicted the entries that do repeat (HTTP/2 80.1k ->
 /// 76.9k instructions per request under callgrind). HTTP/1 ignores the flag.
 fn new_request_id() -> HeaderValue {
+    /// Where each byte's two hex digits go in `8-4-4-4-12`.
+    const AT: [usize; 16] = [0, 2, 4, 6, 9, 11, 14, 16, 19, 21, 24, 26, 28, 30, 32, 34];
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut b: [u8; 16] = rand::random();
+    let mut b = rand::random::<u128>().to_le_bytes();
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
-    let mut out = [0u8; 36];
-    let mut o = 0;
-    for (i, byte) in b.iter().enumerate() {
-        if matches!(i, 4 | 6 | 8 | 10) {
-            out[o] = b'-';
-            o += 1;
-        }
-        out[o] = HEX[usize::from(byte >> 4)];
-        out[o + 1] = HEX[usize::from(byte & 0x0f)];
-        o += 2;
+    let mut out = *b"00000000-0000-0000-0000-000000000000";
+    for (byte, at) in b.into_iter().zip(AT) {
+        out[at] = HEX[usize::from(byte >> 4)];
+        out[at + 1] = HEX[usize::from(byte & 0x0f)];
     }
-    let mut id = HeaderValue::from_bytes(&out).expect("uuid is ASCII");
+    // SAFETY: not a memory-safety contract: `HeaderValue` requires visible ASCII, and the value
+    // is hex digits and dashes.
+    let mut id = unsafe { HeaderValue::from_maybe_shared_unchecked(Bytes::copy_from_slice(&out)) };
     id.set_sensitive(true);
     id
 }
@@ -454,5 +453,22 @@ mod tests {
         assert!(matches!(&s[19..20], "8" | "9" | "a" | "b"));
         assert_ne!(new_request_id(), id);
         assert!(id.is_sensitive(), "kept out of the HPACK dynamic table");
+        let ids: Vec<Vec<u8>> = (0..64)
+            .map(|_| new_request_id().as_bytes().to_vec())
+            .collect();
+        for (i, _) in s.char_indices() {
+            let seen: std::collections::HashSet<u8> = ids.iter().map(|id| id[i]).collect();
+            match i {
+                8 | 13 | 18 | 23 => assert_eq!(seen, [b'-'].into(), "dash at {i}"),
+                14 => assert_eq!(seen, [b'4'].into(), "version nibble"),
+                _ => {
+                    assert!(
+                        seen.iter()
+                            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+                    );
+                    assert!(seen.len() > 1, "position {i} is random");
+                }
+            }
+        }
     }
 }
