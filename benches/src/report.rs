@@ -18,7 +18,7 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 15] = [
+pub const METRICS: [Metric; 18] = [
     Metric {
         key: "rps",
         title: "req/s",
@@ -38,6 +38,18 @@ pub const METRICS: [Metric; 15] = [
     Metric {
         key: "sys_pct",
         title: "kernel % of CPU",
+    },
+    Metric {
+        key: "all_cpu_ms_per_gib",
+        title: "all processes' CPU ms/GiB",
+    },
+    Metric {
+        key: "cores_busy",
+        title: "cores busy",
+    },
+    Metric {
+        key: "bound_mib_s",
+        title: "MiB/s at every core busy",
     },
     Metric {
         key: "p50_us",

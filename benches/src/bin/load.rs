@@ -246,15 +246,33 @@ impl Bench<'_> {
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
             }
             "tcp_bulk" => {
-                let (t, cpu) = with_cpu(pid, || clients::tcp_bulk(c.listen.tcp, plan.tcp_bytes))?;
+                // The source and the client run in this process: its CPU plus the proxy's is
+                // the whole pipeline's.
+                let ((t, cpu), ends) = with_cpu(Some(std::process::id()), || {
+                    with_cpu(pid, || clients::tcp_bulk(c.listen.tcp, plan.tcp_bytes))
+                })?;
                 self.results.record(scenario, kind, "mib_s", t.rate() / MIB);
                 self.results
                     .record(scenario, kind, "errors", t.errors as f64);
+                let gib = t.count.max(1) as f64 / (1024.0 * MIB);
                 if let Some(cpu) = cpu {
-                    let per_gib = cpu.total() * 1e3 * 1024.0 * MIB / t.count.max(1) as f64;
                     self.results
-                        .record(scenario, kind, "cpu_ms_per_gib", per_gib);
+                        .record(scenario, kind, "cpu_ms_per_gib", cpu.total() * 1e3 / gib);
                     record_cpu_share(&mut self.results, scenario, kind, cpu);
+                }
+                if let Some(ends) = ends {
+                    let all = ends.total() + cpu.map_or(0.0, Cpu::total);
+                    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                    self.results
+                        .record(scenario, kind, "all_cpu_ms_per_gib", all * 1e3 / gib);
+                    self.results
+                        .record(scenario, kind, "cores_busy", all / t.seconds);
+                    self.results.record(
+                        scenario,
+                        kind,
+                        "bound_mib_s",
+                        cores as f64 * 1024.0 / (all / gib),
+                    );
                 }
             }
             "mesh_1000" => {
@@ -554,6 +572,15 @@ fn targets(r: &Results, sizes: (Option<f64>, Option<f64>)) -> Vec<Target> {
         false,
         "x",
     );
+    let bound = r
+        .median("tcp_bulk", Kind::Revoy, "bound_mib_s")
+        .zip(r.median("tcp_bulk", Kind::Direct, "mib_s"))
+        .map(|(bound, direct)| format!("{}x direct", report::format_value(bound / direct)));
+    out.push((
+        "TCP bulk: the most every core busy allows at revoy's whole-pipeline CPU".into(),
+        bound.unwrap_or_else(|| "not measured".into()),
+        None,
+    ));
     let (revoy, envoy) = sizes;
     let size = revoy.map(|r| {
         format!(
