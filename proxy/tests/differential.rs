@@ -252,6 +252,12 @@ async fn actions() {
             .host("actions.test")
             .expect("body", "hello from direct_response\n"),
         Case::send("direct_response HEAD", "HEAD", "/direct", "").host("actions.test"),
+        // Answered while the body is still arriving: `connection: close`, as Envoy does.
+        Case::raw(
+            "direct_response before the body arrived",
+            b"POST /direct HTTP/1.1\r\nHost: actions.test\r\nContent-Length: 20\r\n\r\n0123456789",
+        )
+        .expect("response.header.connection", "close"),
         Case::get("direct_response without body", "/teapot")
             .host("actions.test")
             .expect("status", "418"),

@@ -1,6 +1,8 @@
 //! The HTTP/1.1 fast path against a running revoy and a scripted raw upstream: a client that
 //! goes away cancels its exchange, whether it leaves before the response head or while the
-//! body streams, and the upstream connection is closed instead of being read to its end.
+//! body streams, and the upstream connection is closed instead of being read to its end; a
+//! request body that arrives after its head streams upstream, and an answer given before it
+//! has all arrived closes the connection as Envoy's does.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -137,5 +139,131 @@ fn a_client_leaving_before_the_response_head_closes_the_upstream_connection() {
     assert!(
         up.closed.recv_timeout(LIMIT * 2).unwrap(),
         "the upstream connection stayed open after the client left before the head"
+    );
+}
+
+/// An upstream that answers each request on its connection after reading its whole
+/// `content-length` body, echoing the request line and body; reports each request line.
+fn echo_upstream() -> (u16, mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut pending = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") else {
+                match conn.read(&mut buf) {
+                    Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+                continue;
+            };
+            let head = String::from_utf8_lossy(&pending[..end]).into_owned();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.parse().unwrap());
+            while pending.len() < end + 4 + length {
+                match conn.read(&mut buf) {
+                    Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
+                    _ => return,
+                }
+            }
+            let body: Vec<u8> = pending.drain(..end + 4 + length).skip(end + 4).collect();
+            let line = head.lines().next().unwrap().to_string();
+            let reply = format!("{line} {}", String::from_utf8_lossy(&body));
+            let _ = tx.send(line);
+            let out = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{reply}",
+                reply.len()
+            );
+            conn.write_all(out.as_bytes()).unwrap();
+        }
+    });
+    (port, rx)
+}
+
+/// Reads one response with a `content-length` body; returns its head and body.
+fn read_response(mut client: &TcpStream) -> (String, String) {
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1];
+    while !seen.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            client.read(&mut buf).expect("response bytes"),
+            1,
+            "revoy closed"
+        );
+        seen.push(buf[0]);
+    }
+    let head = String::from_utf8(seen).unwrap().to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    let mut body = vec![0u8; length];
+    client.read_exact(&mut body).unwrap();
+    (head, String::from_utf8(body).unwrap())
+}
+
+/// Whether revoy closed `client` (end of stream or reset) without sending anything more.
+fn closed_quietly(mut client: &TcpStream) -> bool {
+    let mut buf = [0u8; 256];
+    match client.read(&mut buf) {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+#[test]
+fn a_body_arriving_after_its_head_streams_upstream_and_the_next_request_follows() {
+    let (up, lines) = echo_upstream();
+    let (_revoy, port) = start(up);
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.set_read_timeout(Some(LIMIT)).unwrap();
+    client
+        .write_all(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello")
+        .unwrap();
+    assert_eq!(
+        lines.recv_timeout(Duration::from_millis(300)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "the upstream has half the body and waits"
+    );
+    client
+        .write_all(b"worldGET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let (head, body) = read_response(&client);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
+    assert_eq!(body, "POST /upload HTTP/1.1 helloworld");
+    let (_, body) = read_response(&client);
+    assert_eq!(body, "GET /next HTTP/1.1 ");
+}
+
+#[test]
+fn an_answer_before_the_body_has_arrived_closes_the_connection_as_envoys_does() {
+    let up = upstream(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nearly");
+    let (_revoy, port) = start(up.port);
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.set_read_timeout(Some(LIMIT)).unwrap();
+    client
+        .write_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+        .unwrap();
+    let (head, body) = read_response(&client);
+    assert_eq!(body, "early");
+    // Envoy 1.40: `connection: close`, and no upstream service time for a request that was not
+    // complete when the response head came.
+    assert!(head.contains("connection: close"), "{head}");
+    assert!(!head.contains("x-envoy-upstream-service-time"), "{head}");
+    // The rest of the body, shaped like a request, is never served as one.
+    let _ = client.write_all(b"ABCDEFGHIJGET / HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert!(
+        closed_quietly(&client),
+        "revoy answered after the early response"
+    );
+    assert!(
+        up.closed.recv_timeout(LIMIT * 2).unwrap(),
+        "the upstream connection carrying the unfinished request stayed open"
     );
 }

@@ -1,11 +1,12 @@
 //! The HTTP/1.1 fast path for plaintext connections: revoy's own reading of request heads and
-//! writing of responses for the common request (HTTP/1.1, no upgrade, and a body only when it
-//! arrived whole with its `content-length` head), where hyper's server spent about a quarter
-//! of a request's instructions. The first request it does not take
+//! writing of responses for the common request (HTTP/1.1, no upgrade, and a body only when
+//! framed by a plain `content-length`, streamed in as it arrives), where hyper's server spent
+//! about a quarter of a request's instructions. The first request it does not take
 //! (see [`request::parse`]) hands the connection, with the bytes read so far, to hyper's server
 //! for the rest of its life, so every unusual case keeps hyper's handling and Envoy's replies.
 
 mod date;
+mod inbound;
 mod request;
 mod response;
 
@@ -18,6 +19,7 @@ use tokio::net::TcpStream;
 use super::ConnContext;
 use super::wire::{give_back, has_token, take_buffer, with_room};
 use crate::config::hcm::Codec;
+use inbound::Inbound;
 use request::Head;
 
 /// What a client asked of the response to its request.
@@ -28,10 +30,12 @@ pub(super) struct Asked {
     close: bool,
 }
 
-/// The connection's read side: bytes read and not yet parsed, and how many may wait there.
+/// The connection's read side: bytes read and not yet parsed, how many may wait there, and the
+/// body of the request in flight still to arrive.
 pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
+    body: Inbound,
 }
 
 /// Serves `stream` until it closes, handing it to hyper's server at the first request the fast
@@ -40,6 +44,7 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
     let mut reading = Reading {
         buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
+        body: Inbound::default(),
     };
     // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
     let mut codec = codec;
@@ -51,7 +56,14 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
                 }
                 match request::parse(&mut reading.buf, &ctx.hcm.config) {
                     Head::Partial => {}
-                    Head::Served { request, asked } => break (request, asked),
+                    Head::Served {
+                        request,
+                        asked,
+                        inbound,
+                    } => {
+                        reading.body = inbound;
+                        break (request, asked);
+                    }
                     Head::HandOff => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
@@ -109,11 +121,17 @@ async fn read_more(stream: &mut TcpStream, reading: &mut Reading) -> bool {
 }
 
 /// Completes when the client closes the connection (or it fails). Meant to race a request in
-/// flight: a client that goes away cancels it, as in Envoy, and bytes it sends meanwhile
-/// (pipelined requests) wait in the buffer, up to its limit.
+/// flight: the rest of its body goes into the request as it arrives, a client that goes away
+/// cancels it, as in Envoy, and bytes it sends after the body (pipelined requests) wait in
+/// the buffer, up to its limit.
 async fn client_gone(stream: &mut TcpStream, reading: &mut Reading) {
     loop {
-        if reading.buf.len() >= reading.limit {
+        if reading.body.incomplete() {
+            reading.body.take_from(&mut reading.buf).await;
+            if !reading.buf.is_empty() {
+                continue;
+            }
+        } else if reading.buf.len() >= reading.limit {
             std::future::pending::<()>().await;
         }
         if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {

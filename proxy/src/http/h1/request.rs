@@ -10,6 +10,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRAD
 use http::{HeaderMap, HeaderName, Method, Request, Uri, Version};
 
 use super::Asked;
+use super::inbound::Inbound;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
 use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
@@ -26,10 +27,12 @@ const ADDED_HEADERS: usize = 4;
 pub(super) enum Head {
     /// Incomplete: more bytes are needed.
     Partial,
-    /// A request the fast path serves, and what its client asked of the response.
+    /// A request the fast path serves, what its client asked of the response, and the part
+    /// of its body still to arrive.
     Served {
         request: Request<Body>,
         asked: Asked,
+        inbound: Inbound,
     },
     /// Anything else: hyper's server takes the connection from this request on.
     HandOff,
@@ -38,10 +41,10 @@ pub(super) enum Head {
 /// Parses the request at the start of `buf`. The fast path takes only the common case: an
 /// HTTP/1.1 request without `upgrade` or `expect`, in origin form, with a method Envoy's codec
 /// knows, headers within the connection manager's limits, and either no body or one framed by
-/// a single plain `content-length` that has arrived whole with the head (never
-/// `transfer-encoding`). A body still on its way is streamed by hyper, so an early answer
-/// (say, a 404) never waits for it. On `Served` the head and body are removed from `buf`;
-/// otherwise `buf` is untouched so the connection can be handed off with it.
+/// a single plain `content-length` (never `transfer-encoding`). On `Served` the head, and the
+/// body when it arrived whole with the head, are removed from `buf`; a body still on its way
+/// is left for the connection's reader to stream into the request ([`Inbound`]). Otherwise
+/// `buf` is untouched so the connection can be handed off with it.
 pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     let max_head = cfg.max_request_headers_kb as usize * 1024;
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -80,10 +83,7 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
         }
     }
     let body_len = body_len.unwrap_or(0);
-    if header_bytes > max_head
-        || parsed.headers.len() > cfg.max_headers_count as usize
-        || buf.len() - len < body_len
-    {
+    if header_bytes > max_head || parsed.headers.len() > cfg.max_headers_count as usize {
         return Head::HandOff;
     }
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
@@ -108,9 +108,13 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
         };
         headers.append(name, parsed_value(head.slice(value)));
     }
-    let body = match body_len {
-        0 => body::empty(),
-        n => body::full(buf.split_to(n).freeze()),
+    let (body, inbound) = match body_len {
+        0 => (body::empty(), Inbound::default()),
+        n if buf.len() >= n => (body::full(buf.split_to(n).freeze()), Inbound::default()),
+        n => {
+            let (inbound, body) = Inbound::arriving(n as u64);
+            (body, inbound)
+        }
     };
     let asked = Asked {
         method: method.clone(),
@@ -121,7 +125,11 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
     *request.headers_mut() = headers;
-    Head::Served { request, asked }
+    Head::Served {
+        request,
+        asked,
+        inbound,
+    }
 }
 
 /// A `content-length` value of decimal digits without a leading zero (or `0`), as a length the
@@ -191,10 +199,22 @@ mod tests {
     }
 
     #[test]
-    fn a_body_still_on_its_way_or_framed_unusually_is_handed_off_untouched() {
-        assert!(handed_off(
-            b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello"
-        ));
+    fn a_body_still_on_its_way_is_served_and_left_for_the_reader() {
+        let mut buf =
+            BytesMut::from(&b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello"[..]);
+        let Head::Served {
+            request, inbound, ..
+        } = parse(&mut buf, &cfg())
+        else {
+            panic!("not served");
+        };
+        assert!(inbound.incomplete());
+        assert_eq!(buf, "hello", "the part that arrived waits for the reader");
+        assert_eq!(http_body::Body::size_hint(request.body()).exact(), Some(6));
+    }
+
+    #[test]
+    fn a_body_framed_unusually_is_handed_off_untouched() {
         for length in ["05", "+5", "5, 5", "99999999999"] {
             let req =
                 format!("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: {length}\r\n\r\nhello");

@@ -17,6 +17,9 @@ use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
 use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
+/// Set by the router on responses from upstream.
+static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
+
 /// How the body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
@@ -209,7 +212,14 @@ pub(super) async fn write(
     asked: &super::Asked,
     trailers: bool,
 ) -> bool {
-    let encoded = encode(&mut resp, &asked.method, asked.close);
+    // Envoy answers a request whose body is still arriving and closes the connection after
+    // the response (`connection: close`); its router then has no upstream service time to
+    // report either.
+    let unfinished = reading.body.incomplete();
+    if unfinished {
+        resp.headers_mut().remove(&UPSTREAM_SERVICE_TIME);
+    }
+    let encoded = encode(&mut resp, &asked.method, asked.close || unfinished);
     let mut body = resp.into_body();
     let mut out = encoded.head;
     let mut remaining = match encoded.framing {
@@ -442,6 +452,7 @@ mod tests {
         let mut reading = super::super::Reading {
             buf: bytes::BytesMut::new(),
             limit: 1024,
+            body: Default::default(),
         };
         assert!(!write(&mut server, &mut reading, resp, &asked, enable_trailers).await);
         drop(server);
