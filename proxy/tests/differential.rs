@@ -258,6 +258,23 @@ async fn actions() {
             b"POST /direct HTTP/1.1\r\nHost: actions.test\r\nContent-Length: 20\r\n\r\n0123456789",
         )
         .expect("response.header.connection", "close"),
+        // A body that came whole with its head is still unread when the router answers.
+        Case::raw(
+            "direct_response to a whole body",
+            b"POST /direct HTTP/1.1\r\nHost: actions.test\r\nContent-Length: 10\r\n\r\n0123456789",
+        )
+        .expect("response.header.connection", "close"),
+        Case::send("no virtual host for a POST", "POST", "/cluster", "hello")
+            .host("other.test")
+            .expect("response.header.connection", "close"),
+        Case::send(
+            "forwarded POST keeps the connection",
+            "POST",
+            "/cluster",
+            "hello",
+        )
+        .host("actions.test")
+        .expect("upstream.body", "hello"),
         Case::get("direct_response without body", "/teapot")
             .host("actions.test")
             .expect("status", "418"),

@@ -52,7 +52,17 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             None
         };
         let grpc = super::local_reply::is_grpc(req.headers());
-        let mut resp = route_and_forward(req, ctx, facts).await;
+        // Envoy's router answers at routing time from the head alone, before its codec hands
+        // it the body: an HTTP/1 request with a body is unfinished then, and Envoy closes the
+        // connection after the answer.
+        let closes_unread =
+            req.version() <= http::Version::HTTP_11 && !http_body::Body::is_end_stream(req.body());
+        let mut forwarded = false;
+        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded).await;
+        if closes_unread && !forwarded {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
@@ -99,10 +109,13 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     }
 }
 
+/// Routes and forwards `req`; `forwarded` turns true once its body is handed on (to be
+/// buffered or sent upstream), so an answer made before that was made at routing time.
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
+    forwarded: &mut bool,
 ) -> Response<Body> {
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
@@ -365,6 +378,7 @@ async fn route_and_forward(
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
             let (parts, downstream_body) = req.into_parts();
+            *forwarded = true;
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
