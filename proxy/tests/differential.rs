@@ -877,6 +877,14 @@ async fn tls() {
         Case::get("tls without sni", "/")
             .tls(None)
             .expect("upstream.header.x-chain", "tls_any"),
+        Case::get("keep-alive over tls", "/")
+            .tls(Some("a.test"))
+            .same_connection(3)
+            .expect("upstream.header.x-chain", "sni_exact"),
+        Case::send("post body over tls", "POST", "/", "hello over tls")
+            .tls(Some("a.test"))
+            .same_connection(2)
+            .expect("upstream.body", "hello over tls"),
         Case::get("plaintext on the tls port", "/").expect("upstream.header.x-chain", "plaintext"),
         Case::grpc("grpc over tls", "/pkg.Svc/M", "x").tls(Some("a.test")),
         Case::tcp("tls passthrough by sni", "hello")

@@ -217,7 +217,8 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     }
 }
 
-/// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec.
+/// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec, and HTTP/1
+/// takes the fast path as over plaintext.
 pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: Arc<ConnContext>) {
     let codec = match stream.get_ref().1.alpn_protocol() {
         Some(b"h2") => Codec::Http2,
@@ -226,7 +227,10 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
     };
     let hcm = ctx.hcm.clone();
     let _open = hcm.stats.cx.open();
-    serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await;
+    match codec {
+        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+        Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
+    }
 }
 
 /// Serves a connection with hyper's server.

@@ -1,4 +1,4 @@
-//! The HTTP/1.1 fast path for plaintext connections: revoy's own reading of request heads and
+//! The HTTP/1.1 fast path, over plaintext TCP or TLS: revoy's own reading of request heads and
 //! writing of responses for the common request (HTTP/1.1, no upgrade, and a body only when
 //! framed by a plain `content-length`, streamed in as it arrives), where hyper's server spent
 //! about a quarter of a request's instructions. The first request it does not take
@@ -12,9 +12,13 @@ mod response;
 
 use std::sync::Arc;
 
+use std::io;
+use std::task::{Context, Poll};
+
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_rustls::server::TlsStream;
 
 use super::ConnContext;
 use super::wire::{give_back, has_token, take_buffer, with_room};
@@ -38,9 +42,38 @@ pub(super) struct Reading {
     body: Inbound,
 }
 
+/// A downstream connection the fast path serves: plaintext TCP, or TLS over it.
+pub(super) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether written bytes may wait in the stream until it is flushed.
+    const HOLDS_WRITES: bool;
+
+    /// Ready when reading may find bytes, without reading them: while it waits, a connection
+    /// between requests holds no read buffer.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+}
+
+impl Downstream for TcpStream {
+    const HOLDS_WRITES: bool = false;
+
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.poll_read_ready(cx)
+    }
+}
+
+impl Downstream for TlsStream<TcpStream> {
+    /// rustls keeps the records it could not write yet.
+    const HOLDS_WRITES: bool = true;
+
+    /// Always ready: rustls may hold decrypted bytes the socket no longer shows, so a TLS
+    /// connection keeps its read buffer and waits in its read.
+    fn poll_readable(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 /// Serves `stream` until it closes, handing it to hyper's server at the first request the fast
 /// path does not take (or at once for what may be an HTTP/2 preface under `Codec::Auto`).
-pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: Codec) {
+pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, codec: Codec) {
     let mut reading = Reading {
         buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
@@ -99,11 +132,11 @@ pub(super) async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>, codec: C
 /// Reads more of the client's bytes; `false` when it closed (or the read failed). With nothing
 /// buffered, a connection that has to wait gives its read buffer to the worker's spare list and
 /// takes one when bytes arrive: an idle keep-alive connection holds no buffer.
-async fn read_more(stream: &mut TcpStream, reading: &mut Reading) -> bool {
+async fn read_more<S: Downstream>(stream: &mut S, reading: &mut Reading) -> bool {
     if reading.buf.is_empty() {
         let mut held = Some(std::mem::take(&mut reading.buf));
         let ready = std::future::poll_fn(|cx| {
-            let ready = stream.poll_read_ready(cx);
+            let ready = stream.poll_readable(cx);
             if ready.is_pending()
                 && let Some(buf) = held.take()
             {
@@ -124,7 +157,7 @@ async fn read_more(stream: &mut TcpStream, reading: &mut Reading) -> bool {
 /// flight: the rest of its body goes into the request as it arrives, a client that goes away
 /// cancels it, as in Envoy, and bytes it sends after the body (pipelined requests) wait in
 /// the buffer, up to its limit.
-async fn client_gone(stream: &mut TcpStream, reading: &mut Reading) {
+async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
     loop {
         if reading.body.incomplete() {
             reading.body.take_from(&mut reading.buf).await;
@@ -146,7 +179,7 @@ fn may_be_h2_preface(buf: &[u8]) -> bool {
 }
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf`.
-async fn hand_off(stream: TcpStream, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
+async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
     let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream);
     super::serve_io(io, ctx, codec).await;
 }

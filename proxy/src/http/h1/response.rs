@@ -10,7 +10,6 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 use http_body::Body as _;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 
 use super::date;
 use crate::body::{Body, BoxError};
@@ -205,8 +204,16 @@ fn ready_frame(body: &mut Body) -> Option<Option<Result<http_body::Frame<Bytes>,
 /// `close` either side asked, or a client that went away while the body streamed). While
 /// waiting for body data the connection is read like while waiting for the response head (see
 /// [`super::client_gone`]).
-pub(super) async fn write(
-    stream: &mut TcpStream,
+/// Writes `$out` to `$stream` and, on a stream that holds writes (TLS), flushes it; whether
+/// that succeeded. A macro, not an async fn, so the plaintext path keeps one future.
+macro_rules! send {
+    ($stream:expr, $out:expr) => {
+        $stream.write_all($out).await.is_ok() && (!S::HOLDS_WRITES || $stream.flush().await.is_ok())
+    };
+}
+
+pub(super) async fn write<S: super::Downstream>(
+    stream: &mut S,
     reading: &mut super::Reading,
     mut resp: Response<Body>,
     asked: &super::Asked,
@@ -224,7 +231,7 @@ pub(super) async fn write(
     let mut out = encoded.head;
     let mut remaining = match encoded.framing {
         Framing::Length(0) => {
-            return stream.write_all(&out).await.is_ok() && !encoded.last;
+            return send!(stream, &out) && !encoded.last;
         }
         Framing::Length(n) => Some(n),
         Framing::Chunked => None,
@@ -236,12 +243,10 @@ pub(super) async fn write(
         let frame = match ready.take() {
             Some(frame) => frame,
             None => {
-                if !out.is_empty() {
-                    if stream.write_all(&out).await.is_err() {
-                        return false;
-                    }
-                    out.clear();
+                if !send!(stream, &out) {
+                    return false;
                 }
+                out.clear();
                 tokio::select! {
                     biased;
                     frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)) => frame,
@@ -253,7 +258,7 @@ pub(super) async fn write(
             None => break,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "response body failed; closing the downstream connection");
-                let _ = stream.write_all(&out).await;
+                let _ = send!(stream, &out);
                 return false;
             }
             Some(Ok(frame)) => match frame.into_data() {
@@ -276,21 +281,21 @@ pub(super) async fn write(
         }
     }
     match remaining {
-        Some(0) => stream.write_all(&out).await.is_ok() && !encoded.last,
+        Some(0) => send!(stream, &out) && !encoded.last,
         Some(_) => {
-            let _ = stream.write_all(&out).await;
+            let _ = send!(stream, &out);
             false
         }
         None => {
             put_chunked_end(&mut out, trailer_fields.as_ref());
-            stream.write_all(&out).await.is_ok() && !encoded.last
+            send!(stream, &out) && !encoded.last
         }
     }
 }
 
 /// Queues (small) or writes (large) one data frame after what `out` holds.
-async fn put_data(
-    stream: &mut TcpStream,
+async fn put_data<S: super::Downstream>(
+    stream: &mut S,
     out: &mut Vec<u8>,
     mut data: Bytes,
     remaining: &mut Option<u64>,
@@ -433,7 +438,7 @@ mod tests {
     /// What the client reads of a chunked `ok` body ending in an `x-sum: 42` trailer.
     async fn written_with_trailers(enable_trailers: bool) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+        let mut client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await
             .unwrap();
         let (mut server, _) = listener.accept().await.unwrap();
