@@ -33,6 +33,9 @@ enum Chain {
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
+    /// The local address of every accepted connection when the listener is bound to one
+    /// (not a wildcard address or an ephemeral port): no `getsockname(2)` per connection.
+    bound_local: Option<SocketAddr>,
     chains: Vec<Chain>,
     default_chain: Option<Chain>,
     cx: Connections,
@@ -74,7 +77,10 @@ impl Listener {
             })
         };
         let prefix = config.stat_prefix();
+        let address = config.address;
         Ok(Listener {
+            bound_local: (!address.ip().is_unspecified() && address.port() != 0)
+                .then_some(address),
             chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
             default_chain: config.default_chain.as_ref().map(chain).transpose()?,
             cx: Connections::new(&shared.stats, &prefix),
@@ -145,7 +151,10 @@ impl Listener {
         worker: Connections,
     ) {
         let _ = stream.set_nodelay(true);
-        let local = stream.local_addr().unwrap_or(self.config.address);
+        let local = match self.bound_local {
+            Some(local) => local,
+            None => stream.local_addr().unwrap_or(self.config.address),
+        };
         let original = self
             .config
             .filters
