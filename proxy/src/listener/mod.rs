@@ -209,18 +209,10 @@ impl Listener {
                 };
                 match tls {
                     None => http::serve(stream, Arc::new(ctx(false))).await,
+                    // Boxed: the handshake and a TLS stream are kilobytes, and every
+                    // plaintext connection's task would otherwise be sized for them.
                     Some(DownstreamTls::Ready(acceptor)) => {
-                        let handshake =
-                            tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
-                        match handshake.await {
-                            Ok(Ok(tls_stream)) => {
-                                http::serve_tls(tls_stream, Arc::new(ctx(true))).await
-                            }
-                            Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "TLS handshake failed")
-                            }
-                            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                        }
+                        Box::pin(serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))).await
                     }
                     Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
@@ -235,5 +227,19 @@ impl Listener {
             }
         }
         self.cx_destroy.inc();
+    }
+}
+
+/// Completes the TLS handshake of a connection and serves it.
+async fn serve_tls(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Arc<ConnContext>,
+) {
+    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls_stream)) => http::serve_tls(tls_stream, ctx).await,
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
 }
