@@ -21,6 +21,11 @@ const LIMIT: Duration = Duration::from_secs(5);
 
 /// revoy with one listener routing everything to `upstream`; returns it and the listener port.
 fn start(upstream: u16) -> (Revoy, u16) {
+    start_with(upstream, "")
+}
+
+/// [`start`] with `hcm` added to the connection manager's settings (one flow-style field).
+fn start_with(upstream: u16, hcm: &str) -> (Revoy, u16) {
     let (admin, listener) = (free_port(), free_port());
     let yaml = format!(
         r#"
@@ -35,6 +40,7 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: l
+          {hcm}
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
             virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]}}]
@@ -266,4 +272,29 @@ fn an_answer_before_the_body_has_arrived_closes_the_connection_as_envoys_does() 
         up.closed.recv_timeout(LIMIT * 2).unwrap(),
         "the upstream connection carrying the unfinished request stayed open"
     );
+}
+
+#[test]
+fn an_upgrade_carrying_a_body_keeps_its_upgrade_answer() {
+    let up = upstream(
+        b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n",
+    );
+    let (_revoy, port) = start_with(up.port, "upgrade_configs: [{upgrade_type: websocket}]");
+    let mut client = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    client.set_read_timeout(Some(LIMIT)).unwrap();
+    client
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\
+              Content-Length: 2\r\n\r\nhi",
+        )
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(client.read(&mut byte).unwrap(), 1, "revoy closed");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(!head.contains("connection: close"), "{head}");
 }

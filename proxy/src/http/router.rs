@@ -364,6 +364,7 @@ async fn route_and_forward(
                 report_host: response_rules,
             };
             if upgrade.is_some() {
+                *forwarded = true;
                 return Box::pin(super::upgrade::forward(req, &cluster, &lb)).await;
             }
             let vhost = selected.virtual_host;

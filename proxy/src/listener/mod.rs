@@ -79,8 +79,7 @@ impl Listener {
         let prefix = config.stat_prefix();
         let address = config.address;
         Ok(Listener {
-            bound_local: (!address.ip().is_unspecified() && address.port() != 0)
-                .then_some(address),
+            bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
             chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
             default_chain: config.default_chain.as_ref().map(chain).transpose()?,
             cx: Connections::new(&shared.stats, &prefix),

@@ -124,9 +124,31 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         .await
         {
             let _ = stream.shutdown().await;
+            if reading.body.incomplete() {
+                linger(&mut stream, &mut reading.buf).await;
+            }
             return;
         }
     }
+}
+
+/// How long a connection closed before its request body ended keeps reading: Envoy's default
+/// `delayed_close_timeout`.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reads and drops what the client still sends, until it closes or [`LINGER`] passes: closing
+/// a socket with unread bytes resets the connection, which can destroy the answer before the
+/// client reads it.
+async fn linger<S: Downstream>(stream: &mut S, buf: &mut BytesMut) {
+    let drain = async {
+        loop {
+            buf.clear();
+            if !matches!(stream.read_buf(with_room(buf)).await, Ok(n) if n > 0) {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER, drain).await;
 }
 
 /// Reads more of the client's bytes; `false` when it closed (or the read failed). With nothing

@@ -198,12 +198,6 @@ fn ready_frame(body: &mut Body) -> Option<Option<Result<http_body::Frame<Bytes>,
     }
 }
 
-/// Writes `resp` to the request `asked` describes, with its trailers when `trailers` (the
-/// connection manager's `enable_trailers`) and the body is chunked; returns whether the
-/// connection may carry another request (it must close after a failed body, a short one, a
-/// `close` either side asked, or a client that went away while the body streamed). While
-/// waiting for body data the connection is read like while waiting for the response head (see
-/// [`super::client_gone`]).
 /// Writes `$out` to `$stream` and, on a stream that holds writes (TLS), flushes it; whether
 /// that succeeded. A macro, not an async fn, so the plaintext path keeps one future.
 macro_rules! send {
@@ -212,6 +206,12 @@ macro_rules! send {
     };
 }
 
+/// Writes `resp` to the request `asked` describes, with its trailers when `trailers` (the
+/// connection manager's `enable_trailers`) and the body is chunked; returns whether the
+/// connection may carry another request (it must close after a failed body, a short one, a
+/// `close` either side asked, or a client that went away while the body streamed). While
+/// waiting for body data the connection is read like while waiting for the response head (see
+/// [`super::client_gone`]).
 pub(super) async fn write<S: super::Downstream>(
     stream: &mut S,
     reading: &mut super::Reading,
