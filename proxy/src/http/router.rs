@@ -24,7 +24,9 @@ use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
 use crate::upstream::{LbContext, UpstreamHost};
 
-static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
+/// The header the router sets on responses from upstream: the upstream's time in ms.
+pub(super) static UPSTREAM_SERVICE_TIME: HeaderName =
+    HeaderName::from_static("x-envoy-upstream-service-time");
 static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static ORIGINAL_PATH: HeaderName = HeaderName::from_static("x-envoy-original-path");
@@ -109,8 +111,8 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     }
 }
 
-/// Routes and forwards `req`; `forwarded` turns true once its body is handed on (to be
-/// buffered or sent upstream), so an answer made before that was made at routing time.
+/// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
+/// buffered or sent), so an answer made before that was made at routing time.
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
@@ -363,8 +365,9 @@ async fn route_and_forward(
                 avoid: Vec::new(),
                 report_host: response_rules,
             };
+            // From here the request goes upstream, upgraded or not.
+            *forwarded = true;
             if upgrade.is_some() {
-                *forwarded = true;
                 return Box::pin(super::upgrade::forward(req, &cluster, &lb)).await;
             }
             let vhost = selected.virtual_host;
@@ -379,7 +382,6 @@ async fn route_and_forward(
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
             let (parts, downstream_body) = req.into_parts();
-            *forwarded = true;
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd

@@ -16,9 +16,6 @@ use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
 use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
-/// Set by the router on responses from upstream.
-static UPSTREAM_SERVICE_TIME: HeaderName = HeaderName::from_static("x-envoy-upstream-service-time");
-
 /// How the body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Framing {
@@ -224,7 +221,8 @@ pub(super) async fn write<S: super::Downstream>(
     // report either.
     let unfinished = reading.body.incomplete();
     if unfinished {
-        resp.headers_mut().remove(&UPSTREAM_SERVICE_TIME);
+        resp.headers_mut()
+            .remove(&crate::http::router::UPSTREAM_SERVICE_TIME);
     }
     let encoded = encode(&mut resp, &asked.method, asked.close || unfinished);
     let mut body = resp.into_body();
