@@ -267,6 +267,15 @@ async fn actions() {
         Case::send("no virtual host for a POST", "POST", "/cluster", "hello")
             .host("other.test")
             .expect("response.header.connection", "close"),
+        // Envoy finds no healthy host while routing, before it reads the body.
+        Case::send("no healthy upstream for a POST", "POST", "/empty", "hello")
+            .host("actions.test")
+            .expect("status", "503")
+            .expect("response.header.connection", "close"),
+        // A refused connection is found after the body was read: the connection stays open.
+        Case::send("connect failure for a POST", "POST", "/closed", "hello")
+            .host("actions.test")
+            .expect("status", "503"),
         Case::send(
             "forwarded POST keeps the connection",
             "POST",

@@ -31,6 +31,9 @@ pub enum Outcome {
     Response(Response<UpstreamBody>),
     /// A failure answered locally with this status and body.
     Local(StatusCode, String),
+    /// Answered locally before the request left for upstream: its cluster had no healthy host
+    /// or a circuit breaker overflowed. Envoy decides both while routing, from the head alone.
+    NotSent(StatusCode, String),
     /// The downstream broke its own request (its body failed): answered like Envoy's codec
     /// (see `router::body_failed`); not charged to the cluster.
     DownstreamBodyFailed,
@@ -99,14 +102,7 @@ impl Exchange<'_> {
                         (Some(f), Some(s)) => s.retriable_failure(f),
                         _ => false,
                     };
-                    (
-                        r,
-                        e.host(),
-                        Ok(Outcome::Local(
-                            e.local_reply_status(),
-                            failure_body(&e, attempt),
-                        )),
-                    )
+                    (r, e.host(), Ok(failure(&e, attempt)))
                 }
                 Ok(Ok(resp)) => {
                     let r = self
@@ -196,7 +192,7 @@ impl Exchange<'_> {
             // The request's own body broke: whatever the upstream then reported, the fault is
             // the client's (an HTTP/2 upstream sees it as a reset stream).
             Ok(Err(_)) if body_failed.get() => return Outcome::DownstreamBodyFailed,
-            Ok(Err(e)) => Ok(Outcome::Local(e.local_reply_status(), e.local_reply_body())),
+            Ok(Err(e)) => Ok(failure(&e, 1)),
             Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
         };
         self.finish(outcome)
@@ -218,7 +214,7 @@ impl Exchange<'_> {
         let stats = self.cluster.stats();
         let status = match &outcome {
             Ok(Outcome::Response(resp)) => resp.status().as_u16(),
-            Ok(Outcome::Local(..) | Outcome::DownstreamBodyFailed) => 503,
+            Ok(Outcome::Local(..) | Outcome::NotSent(..) | Outcome::DownstreamBodyFailed) => 503,
             Err(()) => 504,
         };
         stats.charge_status(status, self.lb.internal);
@@ -248,6 +244,17 @@ impl<'a> RetryHold<'a> {
 impl Drop for RetryHold<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The outcome of attempt number `attempt` failing with `e`.
+fn failure(e: &UpstreamError, attempt: u32) -> Outcome {
+    let status = e.local_reply_status();
+    match e {
+        UpstreamError::NoHealthyUpstream | UpstreamError::Overflow if attempt == 1 => {
+            Outcome::NotSent(status, e.local_reply_body())
+        }
+        _ => Outcome::Local(status, failure_body(e, attempt)),
     }
 }
 

@@ -112,7 +112,8 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
 }
 
 /// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
-/// buffered or sent), so an answer made before that was made at routing time.
+/// buffered or sent), so an answer made before that was made at routing time. It turns back
+/// when no attempt could start (no healthy host, overflow), which Envoy decides at routing time.
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
@@ -435,6 +436,10 @@ async fn route_and_forward(
             };
             let mut resp = match outcome {
                 Outcome::Local(status, text) => local_reply(status, &text),
+                Outcome::NotSent(status, text) => {
+                    *forwarded = false;
+                    local_reply(status, &text)
+                }
                 Outcome::DownstreamBodyFailed => body_failed(),
                 Outcome::Response(resp) => {
                     let mut resp = match &limits {
