@@ -214,6 +214,33 @@ impl Running {
         Ok(running)
     }
 
+    /// Asks the proxy to exit (SIGTERM) and waits up to `limit` for it; an instrumented
+    /// build writes its profile on such an exit, not when killed.
+    pub fn stop(mut self, limit: Duration) -> Result<(), String> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // SAFETY: the PID is our own child's, not yet reaped (so not reused).
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return if status.success() {
+                    Ok(())
+                } else {
+                    Err(format!("{} exited with {status}", self.kind.name()))
+                };
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(format!(
+            "{} did not exit within {limit:?} of SIGTERM",
+            self.kind.name()
+        ))
+    }
+
     /// The proxy's PID (`None` for "direct").
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -1,7 +1,9 @@
 //! Shared pieces of the side-by-side load benchmark (`src/bin/load.rs`): the in-process
-//! upstream, the contenders and their generated configs, the load generators, process
-//! sampling from /proc, and the report writers.
+//! upstream, how the measured revoy is built (plain or profile-guided), the contenders and
+//! their generated configs, the load generators, process sampling from /proc, and the report
+//! writers.
 
+pub mod build;
 pub mod clients;
 pub mod configs;
 pub mod contender;

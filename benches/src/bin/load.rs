@@ -3,7 +3,7 @@
 //! Markdown table, JSON and an SVG chart.
 //!
 //! `cargo run --release -p benches --bin load -- [--quick] [--out DIR] [--revoy PATH]
-//! [--envoy PATH] [--no-build] [--only scenario,...]`
+//! [--envoy PATH] [--no-build] [--no-pgo] [--build-only] [--only scenario,...]`
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use benches::build;
 use benches::clients::{self, Throughput};
 use benches::configs::{MESH_SERVICES, mesh_host};
 use benches::contender::{Binaries, Kind, Running, Shape};
@@ -37,6 +38,10 @@ struct Options {
     revoy: Option<PathBuf>,
     envoy: Option<PathBuf>,
     build: bool,
+    /// Measure the profile-guided build (else the plain release build).
+    pgo: bool,
+    /// Build revoy, print its path and stop.
+    build_only: bool,
     only: Vec<String>,
 }
 
@@ -51,6 +56,39 @@ struct Plan {
     idle_connections: usize,
 }
 
+impl Plan {
+    fn full() -> Plan {
+        Plan {
+            rounds: 3,
+            seconds: 3,
+            latency_seconds: 4,
+            tcp_bytes: 1 << 30,
+            connections: 32,
+            idle_connections: 1000,
+        }
+    }
+
+    fn quick() -> Plan {
+        Plan {
+            rounds: 1,
+            seconds: 1,
+            latency_seconds: 1,
+            tcp_bytes: 256 << 20,
+            connections: 32,
+            idle_connections: 200,
+        }
+    }
+
+    /// The training load of a profile-guided build.
+    fn training() -> Plan {
+        Plan {
+            tcp_bytes: 64 << 20,
+            idle_connections: 0,
+            ..Plan::quick()
+        }
+    }
+}
+
 fn parse_args() -> Result<Options, String> {
     let mut opts = Options {
         quick: false,
@@ -58,6 +96,8 @@ fn parse_args() -> Result<Options, String> {
         revoy: None,
         envoy: None,
         build: true,
+        pgo: true,
+        build_only: false,
         only: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -66,6 +106,8 @@ fn parse_args() -> Result<Options, String> {
         match arg.as_str() {
             "--quick" => opts.quick = true,
             "--no-build" => opts.build = false,
+            "--no-pgo" => opts.pgo = false,
+            "--build-only" => opts.build_only = true,
             "--out" => opts.out = value()?.into(),
             "--revoy" => opts.revoy = Some(value()?.into()),
             "--envoy" => opts.envoy = Some(value()?.into()),
@@ -89,29 +131,8 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn binaries(opts: &Options) -> Result<Binaries, String> {
-    let revoy = match &opts.revoy {
-        Some(path) => path.clone(),
-        None => {
-            let root = workspace_root();
-            if opts.build {
-                eprintln!("building revoy (release)...");
-                let status =
-                    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                        .args(["build", "--release", "-p", "revoy", "--bin", "revoy"])
-                        .current_dir(&root)
-                        .status()
-                        .map_err(|e| format!("cargo: {e}"))?;
-                if !status.success() {
-                    return Err("cargo build --release -p revoy failed".into());
-                }
-            }
-            root.join("target/release/revoy")
-        }
-    };
-    if !revoy.exists() {
-        return Err(format!("{} does not exist", revoy.display()));
-    }
+/// The binaries to measure and how revoy was built (for the report).
+fn binaries(opts: &Options, up: &Upstream, work: &Path) -> Result<(Binaries, String), String> {
     let envoy = match &opts.envoy {
         Some(path) => path.clone(),
         None => {
@@ -122,7 +143,69 @@ fn binaries(opts: &Options) -> Result<Binaries, String> {
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
-    Ok(Binaries { revoy, envoy })
+    let root = workspace_root();
+    let (revoy, how) = match (&opts.revoy, opts.build, opts.pgo) {
+        (Some(path), _, _) => (path.clone(), "given with --revoy".to_string()),
+        (None, false, true) => (
+            root.join("target/pgo/release/revoy"),
+            "profile-guided release, built earlier (target/pgo)".to_string(),
+        ),
+        (None, false, false) => (
+            root.join("target/release/revoy"),
+            "plain release, built earlier".to_string(),
+        ),
+        (None, true, true) => {
+            eprintln!("building revoy: instrumented release for profile-guided optimization...");
+            let instrumented = build::instrumented(&root)?;
+            eprintln!("training it on one short pass of every scenario...");
+            train(&instrumented.binary, &envoy, up, work)?;
+            eprintln!("building revoy: release with the training profile...");
+            (
+                instrumented.optimize(&root)?,
+                "profile-guided release (trained by this command on one short pass of every \
+                 scenario)"
+                    .to_string(),
+            )
+        }
+        (None, true, false) => {
+            eprintln!("building revoy (release)...");
+            (build::plain(&root)?, "plain release".to_string())
+        }
+    };
+    if !revoy.exists() {
+        return Err(format!("{} does not exist", revoy.display()));
+    }
+    Ok((Binaries { revoy, envoy }, how))
+}
+
+/// Runs every scenario once, briefly, through the instrumented revoy `binary`, then stops it
+/// gracefully so that it writes its profile.
+fn train(binary: &Path, envoy: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
+    let plan = Plan::training();
+    let bins = Binaries {
+        revoy: binary.to_path_buf(),
+        envoy: envoy.to_path_buf(),
+    };
+    let mut bench = Bench {
+        plan: &plan,
+        work,
+        results: Results::default(),
+    };
+    let standard: Vec<&str> = SCENARIOS
+        .into_iter()
+        .filter(|s| *s != "mesh_1000")
+        .collect();
+    for (shape, scenarios) in [
+        (Shape::Standard, standard.as_slice()),
+        (Shape::Mesh, &["mesh_1000"][..]),
+    ] {
+        let running = start_all(&[Kind::Revoy], shape, &bins, up, work)?;
+        rounds(&mut bench, &running, scenarios)?;
+        for c in running {
+            c.stop(Duration::from_secs(10))?;
+        }
+    }
+    Ok(())
 }
 
 /// Proxy CPU spent during one run, seconds.
@@ -625,36 +708,27 @@ fn main() {
 }
 
 fn run(opts: &Options) -> Result<(), String> {
+    let work = std::env::temp_dir().join(format!("revoy-load-{}", std::process::id()));
+    fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
+    let up = upstream::start().map_err(|e| format!("upstream: {e}"))?;
+    let (bins, revoy_build) = binaries(opts, &up, &work)?;
+    if opts.build_only {
+        let _ = fs::remove_dir_all(&work);
+        println!("{}", bins.revoy.display());
+        return Ok(());
+    }
     let started = Instant::now();
-    let bins = binaries(opts)?;
     let plan = if opts.quick {
-        Plan {
-            rounds: 1,
-            seconds: 1,
-            latency_seconds: 1,
-            tcp_bytes: 256 << 20,
-            connections: 32,
-            idle_connections: 200,
-        }
+        Plan::quick()
     } else {
-        Plan {
-            rounds: 3,
-            seconds: 3,
-            latency_seconds: 4,
-            tcp_bytes: 1 << 30,
-            connections: 32,
-            idle_connections: 1000,
-        }
+        Plan::full()
     };
     let selected: Vec<&str> = SCENARIOS
         .iter()
         .copied()
         .filter(|s| opts.only.is_empty() || opts.only.iter().any(|o| o == s))
         .collect();
-    let work = std::env::temp_dir().join(format!("revoy-load-{}", std::process::id()));
-    fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
-    let up = upstream::start().map_err(|e| format!("upstream: {e}"))?;
     let mut bench = Bench {
         plan: &plan,
         work: &work,
@@ -724,7 +798,7 @@ fn run(opts: &Options) -> Result<(), String> {
     let mut md = format!(
         "### Load benchmark\n\nCommand: `{command}`  \nMachine: {machine}  \nRounds: {} (median reported), {} s per closed-loop run, \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
-         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nVersions: {}  \nWall time: {:.0} s\n\n",
+         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {revoy_build}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
         plan.rounds,
         plan.seconds,
         plan.connections,
@@ -745,6 +819,7 @@ fn run(opts: &Options) -> Result<(), String> {
         "machine": machine,
         "versions": versions.iter().map(|(n, v)| (n.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "rounds": plan.rounds,
+        "revoy_build": revoy_build,
         "results": results.to_json(),
         "targets": target_rows.iter().map(|(n, v, m)| serde_json::json!({"target": n, "revoy": v, "met": m})).collect::<Vec<_>>(),
         "binary_mib": {"revoy": sizes.0, "envoy": sizes.1},
