@@ -10,25 +10,42 @@ use std::process::Command;
 const INSTRUMENTED_DIR: &str = "target/pgo-generate";
 const OPTIMIZED_DIR: &str = "target/pgo";
 
-/// `cargo build --release -p revoy --bin revoy` with extra `rustflags` into `target_dir`
-/// (`None`: cargo's default); returns the binary's path.
-fn cargo_build(root: &Path, rustflags: &str, target_dir: Option<&str>) -> Result<PathBuf, String> {
+/// `cargo build --release -p revoy --bin revoy`, with `flag` added to the rustflags of the
+/// environment (not to those of cargo config files, which any environment rustflags override),
+/// into `target_dir` (`None`: cargo's default); returns the binary's path.
+fn cargo_build(
+    root: &Path,
+    flag: Option<&str>,
+    target_dir: Option<&str>,
+) -> Result<PathBuf, String> {
     let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     command
         .args(["build", "--release", "-p", "revoy", "--bin", "revoy"])
         .current_dir(root);
-    if !rustflags.is_empty() {
-        let inherited = std::env::var("RUSTFLAGS").unwrap_or_default();
-        command.env("RUSTFLAGS", format!("{inherited} {rustflags}").trim());
+    if let Some(flag) = flag {
+        // The encoded form (flags separated by 0x1f) takes precedence over RUSTFLAGS and keeps
+        // a path with spaces in one flag.
+        let mut flags: Vec<String> = match std::env::var("CARGO_ENCODED_RUSTFLAGS") {
+            Ok(encoded) => encoded.split('\x1f').map(str::to_owned).collect(),
+            Err(_) => std::env::var("RUSTFLAGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+        };
+        flags.retain(|f| !f.is_empty());
+        flags.push(flag.to_owned());
+        command
+            .env_remove("RUSTFLAGS")
+            .env("CARGO_ENCODED_RUSTFLAGS", flags.join("\x1f"));
     }
     if let Some(dir) = target_dir {
         command.env("CARGO_TARGET_DIR", root.join(dir));
     }
     let status = command.status().map_err(|e| format!("cargo: {e}"))?;
     if !status.success() {
-        return Err(format!(
-            "cargo build --release -p revoy (RUSTFLAGS {rustflags:?}) failed"
-        ));
+        let with = flag.map_or(String::new(), |f| format!(" with {f}"));
+        return Err(format!("cargo build --release -p revoy{with} failed"));
     }
     Ok(root
         .join(target_dir.unwrap_or("target"))
@@ -37,7 +54,7 @@ fn cargo_build(root: &Path, rustflags: &str, target_dir: Option<&str>) -> Result
 
 /// The plain release build.
 pub fn plain(root: &Path) -> Result<PathBuf, String> {
-    cargo_build(root, "", None)
+    cargo_build(root, None, None)
 }
 
 /// A profile-guided build in progress: the instrumented binary and where its runs write their
@@ -50,17 +67,18 @@ pub struct Instrumented {
 }
 
 /// Builds the instrumented binary (after checking that a matching `llvm-profdata` exists, so a
-/// missing tool fails before minutes of building) and empties its raw profile directory.
+/// missing tool fails before minutes of building), then empties its raw profile directory:
+/// build scripts compiled with the same flags write profiles there while it builds.
 pub fn instrumented(root: &Path) -> Result<Instrumented, String> {
     let profdata_tool = llvm_profdata()?;
     let raw = root.join(INSTRUMENTED_DIR).join("profiles");
-    let _ = fs::remove_dir_all(&raw);
-    fs::create_dir_all(&raw).map_err(|e| format!("{}: {e}", raw.display()))?;
     let binary = cargo_build(
         root,
-        &format!("-Cprofile-generate={}", raw.display()),
+        Some(&format!("-Cprofile-generate={}", raw.display())),
         Some(INSTRUMENTED_DIR),
     )?;
+    let _ = fs::remove_dir_all(&raw);
+    fs::create_dir_all(&raw).map_err(|e| format!("{}: {e}", raw.display()))?;
     Ok(Instrumented {
         binary,
         raw,
@@ -100,11 +118,26 @@ impl Instrumented {
             .join(INSTRUMENTED_DIR)
             .join(format!("revoy-{:016x}.profdata", fnv1a(&bytes)));
         fs::rename(&merged, &profile).map_err(|e| format!("{}: {e}", profile.display()))?;
-        cargo_build(
+        let binary = cargo_build(
             root,
-            &format!("-Cprofile-use={}", profile.display()),
+            Some(&format!("-Cprofile-use={}", profile.display())),
             Some(OPTIMIZED_DIR),
-        )
+        )?;
+        remove_other_profiles(&profile);
+        Ok(binary)
+    }
+}
+
+/// Deletes the merged profiles of earlier builds beside `kept`.
+fn remove_other_profiles(kept: &Path) {
+    let Some(dir) = kept.parent() else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.filter_map(|e| Some(e.ok()?.path())) {
+        if path != kept && path.extension().is_some_and(|e| e == "profdata") {
+            let _ = fs::remove_file(path);
+        }
     }
 }
 
@@ -115,16 +148,27 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// The `llvm-profdata` whose LLVM major version is rustc's (profiles are not readable across
-/// LLVM versions).
+/// An `llvm-profdata` of rustc's LLVM major version (profiles are not readable across LLVM
+/// versions): rustup's `llvm-tools` component, or a system one.
 fn llvm_profdata() -> Result<PathBuf, String> {
-    let rustc = Command::new("rustc")
-        .arg("-vV")
-        .output()
-        .map_err(|e| format!("rustc: {e}"))?;
-    let major = llvm_major(&String::from_utf8_lossy(&rustc.stdout))
-        .ok_or("rustc -vV names no LLVM version")?;
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let output = |args: &[&str]| -> Result<String, String> {
+        Command::new(&rustc)
+            .args(args)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .map_err(|e| format!("{rustc}: {e}"))
+    };
+    let version = output(&["-vV"])?;
+    let major = llvm_major(&version).ok_or("rustc -vV names no LLVM version")?;
+    let host = version
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .unwrap_or_default()
+        .to_owned();
+    let sysroot = output(&["--print", "sysroot"])?;
     let candidates = [
+        Path::new(sysroot.trim()).join(format!("lib/rustlib/{host}/bin/llvm-profdata")),
         PathBuf::from(format!("llvm-profdata-{major}")),
         PathBuf::from(format!("/usr/lib/llvm-{major}/bin/llvm-profdata")),
         PathBuf::from("llvm-profdata"),
@@ -140,7 +184,8 @@ fn llvm_profdata() -> Result<PathBuf, String> {
         .ok_or_else(|| {
             format!(
                 "profile-guided build needs llvm-profdata for LLVM {major}, rustc's \
-                 (Debian: apt-get install llvm-{major}); or pass --no-pgo"
+                 (rustup component add llvm-tools, or Debian: apt-get install llvm-{major}); \
+                 or pass --no-pgo"
             )
         })
 }

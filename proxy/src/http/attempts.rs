@@ -31,8 +31,8 @@ pub enum Outcome {
     Response(Response<UpstreamBody>),
     /// A failure answered locally with this status and body.
     Local(StatusCode, String),
-    /// Answered locally before the request left for upstream: its cluster had no healthy host
-    /// or a circuit breaker overflowed. Envoy decides both while routing, from the head alone.
+    /// The first attempt could not start: the cluster had no healthy host, or its
+    /// `max_requests` breaker was full. Envoy decides both while routing, from the head alone.
     NotSent(StatusCode, String),
     /// The downstream broke its own request (its body failed): answered like Envoy's codec
     /// (see `router::body_failed`); not charged to the cluster.
@@ -265,5 +265,31 @@ fn failure_body(e: &UpstreamError, attempt: u32) -> String {
             "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {r}"
         ),
         _ => e.local_reply_body(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::ResetReason;
+
+    #[test]
+    fn only_a_first_attempt_that_could_not_start_is_not_sent() {
+        for e in [UpstreamError::NoHealthyUpstream, UpstreamError::Overflow] {
+            assert!(
+                matches!(failure(&e, 1), Outcome::NotSent(s, _) if s == 503),
+                "{e}"
+            );
+            assert!(
+                matches!(failure(&e, 2), Outcome::Local(s, _) if s == 503),
+                "{e}"
+            );
+        }
+        let reset = UpstreamError::Reset {
+            host: "127.0.0.1:1".parse().unwrap(),
+            reason: ResetReason::ConnectionTermination,
+            detail: String::new(),
+        };
+        assert!(matches!(failure(&reset, 1), Outcome::Local(..)));
     }
 }

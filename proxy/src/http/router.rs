@@ -113,7 +113,8 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
 
 /// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
 /// buffered or sent), so an answer made before that was made at routing time. It turns back
-/// when no attempt could start (no healthy host, overflow), which Envoy decides at routing time.
+/// when the first attempt could not start (no healthy host, `max_requests` full), which Envoy
+/// also decides at routing time; an upgrade that finds no host keeps it (not compared).
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
