@@ -543,6 +543,14 @@ async fn protocols() {
         Case::grpc("grpc unary", "/echo.Echo/Say", "hello grpc").expect("trailer.grpc-status", "0"),
         Case::websocket("websocket echo", "/ws", "hello ws").expect("status", "101"),
         Case::websocket("websocket without upgrade_configs", "/ws", "hello ws").listener(1),
+        Case::websocket("websocket to a cluster without hosts", "/empty", "hello ws")
+            .expect("status", "503"),
+        // Envoy finds no host while routing, before the body: it closes the connection.
+        Case::raw(
+            "upgrade with a body to a cluster without hosts",
+            b"GET /empty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 5\r\n\r\nhello",
+        )
+        .expect("status", "503"),
         Case::get("missing host", "/").no_host(),
         Case::raw(
             "malformed header line",

@@ -250,11 +250,10 @@ impl Drop for RetryHold<'_> {
 /// The outcome of attempt number `attempt` failing with `e`.
 fn failure(e: &UpstreamError, attempt: u32) -> Outcome {
     let status = e.local_reply_status();
-    match e {
-        UpstreamError::NoHealthyUpstream | UpstreamError::Overflow if attempt == 1 => {
-            Outcome::NotSent(status, e.local_reply_body())
-        }
-        _ => Outcome::Local(status, failure_body(e, attempt)),
+    if attempt == 1 && e.not_started() {
+        Outcome::NotSent(status, e.local_reply_body())
+    } else {
+        Outcome::Local(status, failure_body(e, attempt))
     }
 }
 

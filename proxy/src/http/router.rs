@@ -32,12 +32,10 @@ static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static ORIGINAL_PATH: HeaderName = HeaderName::from_static("x-envoy-original-path");
 static ORIGINAL_HOST: HeaderName = HeaderName::from_static("x-envoy-original-host");
 
-/// Envoy's answer to an upgrade the connection manager or route does not allow.
+/// Envoy's answer to an upgrade the connection manager or route does not allow (answered at
+/// routing time, so the connection closes; see [`handle`]).
 fn upgrade_refused() -> Response<Body> {
-    let mut resp = local_reply(StatusCode::FORBIDDEN, "");
-    resp.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    resp
+    local_reply(StatusCode::FORBIDDEN, "")
 }
 
 /// Handles one request end to end; never fails (errors become local replies).
@@ -55,10 +53,13 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         };
         let grpc = super::local_reply::is_grpc(req.headers());
         // Envoy's router answers at routing time from the head alone, before its codec hands
-        // it the body: an HTTP/1 request with a body is unfinished then, and Envoy closes the
-        // connection after the answer.
-        let closes_unread =
-            req.version() <= http::Version::HTTP_11 && !http_body::Body::is_end_stream(req.body());
+        // it the body: an HTTP/1 request with a body is unfinished then, and so is one whose
+        // stream goes on after its head (an upgrade, CONNECT); Envoy closes the connection
+        // after such an answer.
+        let closes_unread = req.version() <= http::Version::HTTP_11
+            && (!http_body::Body::is_end_stream(req.body())
+                || facts.upgrade.is_some()
+                || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
         let mut resp = route_and_forward(req, ctx, facts, &mut forwarded).await;
         if closes_unread && !forwarded {
@@ -113,8 +114,8 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
 
 /// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
 /// buffered or sent), so an answer made before that was made at routing time. It turns back
-/// when the first attempt could not start (no healthy host, `max_requests` full), which Envoy
-/// also decides at routing time; an upgrade that finds no host keeps it (not compared).
+/// when the first attempt (or an upgrade's connection) could not start, which Envoy also
+/// decides at routing time (see [`crate::upstream::UpstreamError::not_started`]).
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
@@ -136,10 +137,7 @@ async fn route_and_forward(
         return resp;
     }
     if req.method() == http::Method::CONNECT {
-        let mut resp = local_reply(StatusCode::NOT_FOUND, "");
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return resp;
+        return local_reply(StatusCode::NOT_FOUND, "");
     }
     if let Some(u) = &facts.upgrade {
         let known = u
@@ -370,7 +368,13 @@ async fn route_and_forward(
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
             if upgrade.is_some() {
-                return Box::pin(super::upgrade::forward(req, &cluster, &lb)).await;
+                return match Box::pin(super::upgrade::forward(req, &cluster, &lb)).await {
+                    Ok(resp) => resp,
+                    Err(e) => {
+                        *forwarded = !e.not_started();
+                        local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body())
+                    }
+                };
             }
             let vhost = selected.virtual_host;
             let start = Instant::now();

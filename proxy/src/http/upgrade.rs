@@ -7,15 +7,17 @@ use hyper_util::rt::TokioIo;
 use super::forwarding;
 use super::local_reply::local_reply;
 use crate::body::{self, Body};
-use crate::upstream::{Cluster, LbContext};
+use crate::upstream::{Cluster, LbContext, UpstreamError};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
-pub async fn forward(mut req: Request<Body>, cluster: &Cluster, lb: &LbContext) -> Response<Body> {
+/// `Err` when no upstream connection could be made; the caller answers it.
+pub async fn forward(
+    mut req: Request<Body>,
+    cluster: &Cluster,
+    lb: &LbContext,
+) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
-    let conn = match cluster.connect(lb).await {
-        Ok(s) => s,
-        Err(e) => return local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body()),
-    };
+    let conn = cluster.connect(lb).await?;
     let active = conn.active;
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
         conn.stream,
@@ -24,29 +26,29 @@ pub async fn forward(mut req: Request<Body>, cluster: &Cluster, lb: &LbContext) 
     {
         Ok(pair) => pair,
         Err(e) => {
-            return local_reply(
+            return Ok(local_reply(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!(
                     "upstream connect error or disconnect/reset before headers. reset reason: {e}"
                 ),
-            );
+            ));
         }
     };
     tokio::spawn(connection.with_upgrades());
     let mut upstream_resp = match sender.send_request(req).await {
         Ok(r) => r,
         Err(e) => {
-            return local_reply(
+            return Ok(local_reply(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!(
                     "upstream connect error or disconnect/reset before headers. reset reason: {e}"
                 ),
-            );
+            ));
         }
     };
     if upstream_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         forwarding::mutate_response(upstream_resp.headers_mut(), false);
-        return upstream_resp.map(body::boxed);
+        return Ok(upstream_resp.map(body::boxed));
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
     tokio::spawn(async move {
@@ -58,5 +60,5 @@ pub async fn forward(mut req: Request<Body>, cluster: &Cluster, lb: &LbContext) 
     });
     let (mut parts, _) = upstream_resp.into_parts();
     forwarding::mutate_response(&mut parts.headers, true);
-    Response::from_parts(parts, body::empty())
+    Ok(Response::from_parts(parts, body::empty()))
 }

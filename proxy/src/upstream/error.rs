@@ -76,6 +76,15 @@ impl std::fmt::Display for ResetReason {
 }
 
 impl UpstreamError {
+    /// Whether nothing was sent because no connection could be asked for: no healthy host, or a
+    /// circuit breaker full. Envoy finds both while routing, from the request head alone.
+    pub fn not_started(&self) -> bool {
+        matches!(
+            self,
+            UpstreamError::NoHealthyUpstream | UpstreamError::Overflow
+        )
+    }
+
     /// Envoy's reset reason text (`remote connection failure`, `connection timeout`, ...);
     /// `None` for "no healthy upstream" and a broken request body, which are not resets.
     pub fn reset_reason(&self) -> Option<&'static str> {
