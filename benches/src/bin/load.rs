@@ -48,6 +48,10 @@ struct Options {
 /// Durations and sizes of one suite.
 struct Plan {
     rounds: usize,
+    /// Closed-loop runs per contender, scenario and round; contenders take turns run by run,
+    /// so a drift in the machine's speed lands on all of them alike.
+    slices: usize,
+    /// Seconds per closed-loop run.
     seconds: u32,
     latency_seconds: u32,
     tcp_bytes: u64,
@@ -60,7 +64,8 @@ impl Plan {
     fn full() -> Plan {
         Plan {
             rounds: 3,
-            seconds: 3,
+            slices: 3,
+            seconds: 1,
             latency_seconds: 4,
             tcp_bytes: 1 << 30,
             connections: 32,
@@ -71,6 +76,7 @@ impl Plan {
     fn quick() -> Plan {
         Plan {
             rounds: 1,
+            slices: 1,
             seconds: 1,
             latency_seconds: 1,
             tcp_bytes: 256 << 20,
@@ -287,7 +293,8 @@ struct Bench<'a> {
 }
 
 impl Bench<'_> {
-    fn run(&mut self, scenario: &str, c: &Running) -> Result<(), String> {
+    /// One closed-loop run of `scenario` against `c` (none for TCP bulk).
+    fn closed_loop(&mut self, scenario: &str, c: &Running) -> Result<(), String> {
         let (pid, kind, plan) = (c.pid(), c.kind, self.plan);
         let http = format!("http://127.0.0.1:{}", c.listen.http);
         let h2 = format!("http://127.0.0.1:{}", c.listen.h2);
@@ -298,7 +305,6 @@ impl Bench<'_> {
                     clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], None)
                 })?;
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
-                self.latency(scenario, kind, &format!("{http}/"), true)?;
             }
             "http1_64k" => {
                 let url = format!("{http}{}", upstream::LARGE_PATH);
@@ -328,7 +334,6 @@ impl Bench<'_> {
                 let url = format!("{h2}/h2");
                 let (t, cpu) = with_cpu(pid, || clients::h2load(&url, 4, 32, plan.seconds, &[]))?;
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
-                self.latency(scenario, kind, &url, false)?;
             }
             "grpc_unary" => {
                 let data = self.work.join("grpc-request.bin");
@@ -345,6 +350,32 @@ impl Bench<'_> {
                 let (t, cpu) =
                     with_cpu(pid, || clients::h2load(&url, 4, 32, plan.seconds, &extra))?;
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            "mesh_1000" => {
+                let script = self.work.join("mesh.lua");
+                fs::write(&script, mesh_script()).map_err(|e| e.to_string())?;
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], Some(&script))
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            "tcp_bulk" => {}
+            other => return Err(format!("unknown scenario {other}")),
+        }
+        Ok(())
+    }
+
+    /// The runs of `scenario` against `c` that happen once per round: paced latency, TCP bulk.
+    fn once_per_round(&mut self, scenario: &str, c: &Running) -> Result<(), String> {
+        let (pid, kind, plan) = (c.pid(), c.kind, self.plan);
+        match scenario {
+            "http1_small" => {
+                let url = format!("http://127.0.0.1:{}/", c.listen.http);
+                self.latency(scenario, kind, &url, true)?;
+            }
+            "http2" => {
+                let url = format!("http://127.0.0.1:{}/h2", c.listen.h2);
+                self.latency(scenario, kind, &url, false)?;
             }
             "tcp_bulk" => {
                 // The source and the client run in this process: its CPU plus the proxy's is
@@ -376,15 +407,7 @@ impl Bench<'_> {
                     );
                 }
             }
-            "mesh_1000" => {
-                let script = self.work.join("mesh.lua");
-                fs::write(&script, mesh_script()).map_err(|e| e.to_string())?;
-                let (t, cpu) = with_cpu(pid, || {
-                    clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], Some(&script))
-                })?;
-                record_throughput(&mut self.results, scenario, kind, t, cpu);
-            }
-            other => return Err(format!("unknown scenario {other}")),
+            _ => {}
         }
         Ok(())
     }
@@ -481,23 +504,33 @@ fn warm_up(running: &[Running], host: Option<&str>, work: &Path) -> Result<(), S
     Ok(())
 }
 
-/// Runs `scenarios` for `rounds`, rotating the contender order every round.
+/// Runs `scenarios` for `rounds`. In a round, the contenders take turns at each closed-loop
+/// run (`slices` turns each, the order rotating every turn), then each makes its once-per-round
+/// runs.
 fn rounds(bench: &mut Bench, running: &[Running], scenarios: &[&str]) -> Result<(), String> {
+    let n = running.len();
     for round in 0..bench.plan.rounds {
         for scenario in scenarios {
-            for i in 0..running.len() {
-                let c = &running[(i + round) % running.len()];
-                let started = Instant::now();
-                bench
-                    .run(scenario, c)
-                    .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;
-                eprintln!(
-                    "  round {} {scenario} {} done in {:.1}s",
-                    round + 1,
-                    c.kind.name(),
-                    started.elapsed().as_secs_f64()
-                );
+            let started = Instant::now();
+            for slice in 0..bench.plan.slices {
+                for i in 0..n {
+                    let c = &running[(i + round + slice) % n];
+                    bench
+                        .closed_loop(scenario, c)
+                        .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;
+                }
             }
+            for i in 0..n {
+                let c = &running[(i + round) % n];
+                bench
+                    .once_per_round(scenario, c)
+                    .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;
+            }
+            eprintln!(
+                "  round {} {scenario} done in {:.1}s",
+                round + 1,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
     Ok(())
@@ -814,10 +847,11 @@ fn run(opts: &Options) -> Result<(), String> {
         ("nginx", version(Path::new("nginx"), "-v")),
     ];
     let mut md = format!(
-        "### Load benchmark\n\nCommand: `{command}`  \nMachine: {machine}  \nRounds: {} (median reported), {} s per closed-loop run, \
+        "### Load benchmark\n\nCommand: `{command}`  \nMachine: {machine}  \nRounds: {}; in each, every closed-loop scenario runs {} times {} s per contender, the contenders taking turns run by run (the median of all runs is reported), \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
          TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {revoy_build}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
         plan.rounds,
+        plan.slices,
         plan.seconds,
         plan.connections,
         plan.tcp_bytes >> 20,
@@ -837,6 +871,8 @@ fn run(opts: &Options) -> Result<(), String> {
         "machine": machine,
         "versions": versions.iter().map(|(n, v)| (n.to_string(), serde_json::json!(v))).collect::<serde_json::Map<_, _>>(),
         "rounds": plan.rounds,
+        "closed_loop_runs_per_round": plan.slices,
+        "seconds_per_closed_loop_run": plan.seconds,
         "revoy_build": revoy_build,
         "results": results.to_json(),
         "targets": target_rows.iter().map(|(n, v, m)| serde_json::json!({"target": n, "revoy": v, "met": m})).collect::<Vec<_>>(),
