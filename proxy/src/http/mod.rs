@@ -212,7 +212,12 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     let hcm = ctx.hcm.clone();
     let _open = hcm.stats.cx.open();
     match codec {
-        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+        // Boxed (once per connection): hyper's server is kilobytes that an HTTP/1 connection's
+        // task would otherwise carry.
+        Codec::Http2 => {
+            crate::spawn::boxed(|| serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec))
+                .await
+        }
         Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
     }
 }
@@ -228,7 +233,10 @@ pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: 
     let hcm = ctx.hcm.clone();
     let _open = hcm.stats.cx.open();
     match codec {
-        Codec::Http2 => serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec).await,
+        Codec::Http2 => {
+            crate::spawn::boxed(|| serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec))
+                .await
+        }
         Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
     }
 }
@@ -257,7 +265,7 @@ where
         let ctx = svc_ctx.clone();
         // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
         // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
-        Box::pin(async move {
+        crate::spawn::boxed(|| async move {
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
                 Some(Rejection::Reply(resp)) => {

@@ -211,7 +211,10 @@ impl Listener {
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(DownstreamTls::Ready(acceptor)) => {
-                        Box::pin(serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))).await
+                        crate::spawn::boxed(|| {
+                            serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))
+                        })
+                        .await
                     }
                     Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
@@ -222,7 +225,8 @@ impl Listener {
                     original_dst: original,
                     ..Default::default()
                 };
-                proxy.serve(stream, &shared.clusters, lb).await;
+                // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
+                crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb)).await;
             }
         }
         self.cx_destroy.inc();

@@ -140,14 +140,8 @@ pub(crate) async fn send_h1(
         };
         // Boxed: the exchange's state would otherwise sit in every request's future, HTTP/2
         // streams included, which tokio and hyper move by value.
-        match Box::pin(h1::exchange(
-            conn,
-            req,
-            reused,
-            release,
-            opts.http1_trailers,
-        ))
-        .await
+        match crate::spawn::boxed(|| h1::exchange(conn, req, reused, release, opts.http1_trailers))
+            .await
         {
             Ok(resp) => return Ok(resp.map(UpstreamBody::http1)),
             // A reused connection closed before the request was written: use another.

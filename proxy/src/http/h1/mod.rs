@@ -107,8 +107,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             }
         };
         codec = Codec::Http1;
-        let handled = super::router::handle(request, &ctx);
-        tokio::pin!(handled);
+        // Boxed: an idle connection's task would otherwise keep room for a request.
+        let mut handled = crate::spawn::boxed(|| super::router::handle(request, &ctx));
         let response = tokio::select! {
             biased;
             response = &mut handled => response,
