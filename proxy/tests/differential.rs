@@ -551,6 +551,14 @@ async fn protocols() {
             b"GET /empty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: 5\r\n\r\nhello",
         )
         .expect("status", "503"),
+        // The upstream refuses the upgrade with a plain answer: forwarded, and the connection
+        // closes (`connection: close`). A 2xx or 3xx answer is a known gap (DIFFERENCES.md).
+        Case::raw(
+            "websocket upgrade refused by the upstream (403)",
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nx-echo-status: 403\r\n\r\n",
+        )
+        .expect("status", "403")
+        .expect("response.header.connection", "close"),
         Case::get("missing host", "/").no_host(),
         Case::raw(
             "malformed header line",

@@ -10,6 +10,8 @@ use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
+/// Any other answer is forwarded as is, and an HTTP/1 downstream connection then closes, as in
+/// Envoy (the upstream refused the upgrade; what the client sends next is not a request).
 /// `Err` when no upstream connection could be made; the caller answers it.
 pub async fn forward(
     mut req: Request<Body>,
@@ -17,6 +19,7 @@ pub async fn forward(
     lb: &LbContext,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
+    let http1 = req.version() <= http::Version::HTTP_11;
     let conn = cluster.connect(lb).await?;
     let active = conn.active;
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
@@ -48,6 +51,12 @@ pub async fn forward(
     };
     if upstream_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         forwarding::mutate_response(upstream_resp.headers_mut(), false);
+        if http1 {
+            upstream_resp.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         return Ok(upstream_resp.map(body::boxed));
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);

@@ -168,8 +168,10 @@ async fn handle(
         .and_then(|s| s.parse().ok())
         .unwrap_or(0);
     let is_grpc = header("content-type").is_some_and(|ct| ct.starts_with("application/grpc"));
+    // An upgrade asking for a status (`x-echo-status`) is refused with it, as a plain answer.
     let ws_key = header("sec-websocket-key")
-        .filter(|_| header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket")));
+        .filter(|_| header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket")))
+        .filter(|_| header("x-echo-status").is_none());
     let pairs = |name: &str| -> Vec<(String, String)> {
         req.headers()
             .get_all(name)
