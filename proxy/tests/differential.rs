@@ -559,6 +559,15 @@ async fn protocols() {
         )
         .expect("status", "403")
         .expect("response.header.connection", "close"),
+        // A full max_requests breaker answers at routing time, like no healthy host: a request
+        // whose body has not arrived closes the connection.
+        Case::get("max_requests breaker full", "/full").expect("status", "503"),
+        Case::raw(
+            "max_requests breaker full, body still to come",
+            b"POST /full HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello",
+        )
+        .expect("status", "503")
+        .expect("response.header.connection", "close"),
         Case::get("missing host", "/").no_host(),
         Case::raw(
             "malformed header line",

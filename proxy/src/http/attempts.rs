@@ -25,15 +25,36 @@ pub enum RequestBody {
     Replay(Replay),
 }
 
+/// A failure the router answers itself.
+pub struct LocalFailure {
+    /// Status of the answer.
+    pub status: StatusCode,
+    /// Body of the answer.
+    pub body: String,
+    /// The cluster's `max_requests` breaker was full: Envoy marks the answer
+    /// `x-envoy-overloaded: true`.
+    pub overloaded: bool,
+}
+
+impl LocalFailure {
+    fn new(status: StatusCode, body: String) -> Self {
+        LocalFailure {
+            status,
+            body,
+            overloaded: false,
+        }
+    }
+}
+
 /// How an exchange ended.
 pub enum Outcome {
     /// The upstream's response head (its body still streaming).
     Response(Response<UpstreamBody>),
-    /// A failure answered locally with this status and body.
-    Local(StatusCode, String),
+    /// A failure answered locally.
+    Local(LocalFailure),
     /// The first attempt could not start: the cluster had no healthy host, or its
     /// `max_requests` breaker was full. Envoy decides both while routing, from the head alone.
-    NotSent(StatusCode, String),
+    NotSent(LocalFailure),
     /// The downstream broke its own request (its body failed): answered like Envoy's codec
     /// (see `router::body_failed`); not charged to the cluster.
     DownstreamBodyFailed,
@@ -219,7 +240,10 @@ impl Exchange<'_> {
         };
         stats.charge_status(status, self.lb.internal);
         outcome.unwrap_or_else(|()| {
-            Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
+            Outcome::Local(LocalFailure::new(
+                StatusCode::GATEWAY_TIMEOUT,
+                UPSTREAM_TIMEOUT.to_owned(),
+            ))
         })
     }
 
@@ -227,7 +251,10 @@ impl Exchange<'_> {
         let stats = self.cluster.stats();
         stats.upstream_rq_timeout.inc();
         stats.charge_status(504, self.lb.internal);
-        Outcome::Local(StatusCode::GATEWAY_TIMEOUT, UPSTREAM_TIMEOUT.to_owned())
+        Outcome::Local(LocalFailure::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            UPSTREAM_TIMEOUT.to_owned(),
+        ))
     }
 }
 
@@ -249,11 +276,19 @@ impl Drop for RetryHold<'_> {
 
 /// The outcome of attempt number `attempt` failing with `e`.
 fn failure(e: &UpstreamError, attempt: u32) -> Outcome {
-    let status = e.local_reply_status();
+    let overloaded = matches!(e, UpstreamError::Overflow);
     if attempt == 1 && e.not_started() {
-        Outcome::NotSent(status, e.local_reply_body())
+        Outcome::NotSent(LocalFailure {
+            status: e.local_reply_status(),
+            body: e.local_reply_body(),
+            overloaded,
+        })
     } else {
-        Outcome::Local(status, failure_body(e, attempt))
+        Outcome::Local(LocalFailure {
+            status: e.local_reply_status(),
+            body: failure_body(e, attempt),
+            overloaded,
+        })
     }
 }
 
@@ -276,11 +311,11 @@ mod tests {
     fn only_a_first_attempt_that_could_not_start_is_not_sent() {
         for e in [UpstreamError::NoHealthyUpstream, UpstreamError::Overflow] {
             assert!(
-                matches!(failure(&e, 1), Outcome::NotSent(s, _) if s == 503),
+                matches!(failure(&e, 1), Outcome::NotSent(f) if f.status == 503),
                 "{e}"
             );
             assert!(
-                matches!(failure(&e, 2), Outcome::Local(s, _) if s == 503),
+                matches!(failure(&e, 2), Outcome::Local(f) if f.status == 503),
                 "{e}"
             );
         }

@@ -7,7 +7,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 
 use super::ConnContext;
-use super::attempts::{Exchange, Outcome, RequestBody};
+use super::attempts::{Exchange, LocalFailure, Outcome, RequestBody};
 use super::buffered_body::{self, Buffered};
 use super::forwarding;
 use super::local_reply::local_reply;
@@ -31,6 +31,7 @@ static ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-coun
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static ORIGINAL_PATH: HeaderName = HeaderName::from_static("x-envoy-original-path");
 static ORIGINAL_HOST: HeaderName = HeaderName::from_static("x-envoy-original-host");
+static OVERLOADED: HeaderName = HeaderName::from_static("x-envoy-overloaded");
 
 /// Envoy's answer to an upgrade the connection manager or route does not allow (answered at
 /// routing time, so the connection closes; see [`handle`]).
@@ -440,10 +441,10 @@ async fn route_and_forward(
                 None => exchange.run(parts, body).await,
             };
             let mut resp = match outcome {
-                Outcome::Local(status, text) => local_reply(status, &text),
-                Outcome::NotSent(status, text) => {
+                Outcome::Local(failure) => failure_reply(&failure, cfg.suppress_envoy_headers),
+                Outcome::NotSent(failure) => {
                     *forwarded = false;
-                    local_reply(status, &text)
+                    failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::DownstreamBodyFailed => body_failed(),
                 Outcome::Response(resp) => {
@@ -501,6 +502,17 @@ fn body_failed() -> Response<Body> {
     let mut resp = local_reply(StatusCode::BAD_REQUEST, "Bad Request");
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// The router's answer to a failed exchange; an overflow is marked `x-envoy-overloaded: true`
+/// unless the router suppresses its `x-envoy-` headers.
+fn failure_reply(failure: &LocalFailure, suppress_envoy_headers: bool) -> Response<Body> {
+    let mut resp = local_reply(failure.status, &failure.body);
+    if failure.overloaded && !suppress_envoy_headers {
+        resp.headers_mut()
+            .insert(&OVERLOADED, HeaderValue::from_static("true"));
+    }
     resp
 }
 
