@@ -821,6 +821,13 @@ async fn retries() {
             .header("x-echo-status", "503")
             .expect("upstream.header.x-envoy-attempt-count", "3"),
         Case::get("5xx policy ignores 404", "/5xx").header("x-echo-status", "404"),
+        // Envoy's docs say an upstream's `x-envoy-overloaded` prevents retries; Envoy 1.40
+        // retries such a 503 all the same.
+        Case::get("5xx marked x-envoy-overloaded still retried", "/5xx")
+            .header("x-echo-status", "503")
+            .header("x-echo-response-header", "x-envoy-overloaded=true")
+            .expect("response.header.x-envoy-overloaded", "true")
+            .expect("upstream.header.x-envoy-attempt-count", "3"),
         Case::get("retriable status code", "/status-codes")
             .header("x-echo-status", "418")
             .expect("upstream.header.x-envoy-attempt-count", "2"),
