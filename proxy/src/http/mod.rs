@@ -21,6 +21,7 @@ pub mod wire;
 
 pub use stats::HcmStats;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
+use tokio_util::either::Either;
 
 use crate::config::hcm::{Codec, HcmConfig};
 use crate::server::Shared;
@@ -222,22 +224,24 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     }
 }
 
-/// Serves one TLS downstream connection; ALPN (`h2`, `http/1.1`) picks the codec, and HTTP/1
-/// takes the fast path as over plaintext.
-pub async fn serve_tls(stream: tokio_rustls::server::TlsStream<TcpStream>, ctx: Arc<ConnContext>) {
+/// Serves one TLS downstream connection until it closes; ALPN (`h2`, `http/1.1`) picks the
+/// codec, and HTTP/1 takes the fast path as over plaintext. The caller counts the connection
+/// open (`hcm.stats.cx`) while it awaits: an `async fn` would hold the TLS stream (kilobytes)
+/// twice, as its argument and inside the future it awaits.
+pub fn serve_tls(
+    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    ctx: Arc<ConnContext>,
+) -> impl Future<Output = ()> + Send {
     let codec = match stream.get_ref().1.alpn_protocol() {
         Some(b"h2") => Codec::Http2,
         Some(b"http/1.1") => Codec::Http1,
         _ => ctx.hcm.config.codec,
     };
-    let hcm = ctx.hcm.clone();
-    let _open = hcm.stats.cx.open();
     match codec {
-        Codec::Http2 => {
-            crate::spawn::boxed(|| serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec))
-                .await
-        }
-        Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
+        Codec::Http2 => Either::Left(crate::spawn::boxed(|| {
+            serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec)
+        })),
+        Codec::Http1 | Codec::Auto => Either::Right(h1::serve(stream, ctx, codec)),
     }
 }
 

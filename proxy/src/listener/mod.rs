@@ -241,7 +241,11 @@ async fn serve_tls(
     ctx: Arc<ConnContext>,
 ) {
     match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls_stream)) => http::serve_tls(tls_stream, ctx).await,
+        Ok(Ok(tls_stream)) => {
+            let hcm = ctx.hcm.clone();
+            let _open = hcm.stats.cx.open();
+            http::serve_tls(tls_stream, ctx).await
+        }
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }

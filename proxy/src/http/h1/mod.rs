@@ -64,10 +64,15 @@ impl Downstream for TlsStream<TcpStream> {
     /// rustls keeps the records it could not write yet.
     const HOLDS_WRITES: bool = true;
 
-    /// Always ready: rustls may hold decrypted bytes the socket no longer shows, so a TLS
-    /// connection keeps its read buffer and waits in its read.
-    fn poll_readable(&self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
+    /// Ready at once while rustls holds decrypted bytes the socket no longer shows (it does not
+    /// want more TLS data then); otherwise when the socket is readable.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let (tcp, tls) = self.get_ref();
+        if tls.wants_read() {
+            tcp.poll_read_ready(cx)
+        } else {
+            Poll::Ready(Ok(()))
+        }
     }
 }
 
