@@ -62,6 +62,63 @@ pub fn watched(body: Body) -> (Body, Failed) {
     (body, failed)
 }
 
+/// Whether a body watched by [`tracked`] has been read to its end.
+#[derive(Clone, Debug)]
+pub struct Finished(Arc<AtomicBool>);
+
+impl Finished {
+    /// Whether the body has ended.
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// `body` unchanged, and a flag that turns true once it has been read to its end: how an
+/// answer tells a request still arriving (Envoy then closes an HTTP/1 connection).
+pub fn tracked(body: Body) -> (Body, Finished) {
+    let flag = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
+    let finished = Finished(flag.clone());
+    let body = UntilEnd { inner: body, flag }.boxed_unsync();
+    (body, finished)
+}
+
+/// See [`tracked`].
+struct UntilEnd {
+    inner: Body,
+    flag: Arc<AtomicBool>,
+}
+
+impl http_body::Body for UntilEnd {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        // Trailers are the last frame: a reader need not poll again to see the end.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.flag.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// `body` ending where its trailers would come, which are dropped (its data unchanged): what
 /// Envoy's HTTP/1 codec does with trailers unless `enable_trailers` is set.
 pub fn without_trailers(body: Body) -> Body {
@@ -125,6 +182,34 @@ mod tests {
         assert!(body.collect().await.is_err());
         assert!(failed.get());
         assert!(!Failed::default().get());
+    }
+
+    #[tokio::test]
+    async fn a_tracked_body_reports_its_end() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, BoxError>>(2);
+        let (mut body, finished) = tracked(boxed(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )));
+        tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"ok"))))
+            .await
+            .unwrap();
+        assert!(body.frame().await.unwrap().is_ok());
+        assert!(!finished.get(), "more may come");
+        drop(tx);
+        assert!(body.frame().await.is_none());
+        assert!(finished.get());
+        assert!(
+            tracked(empty()).1.get(),
+            "an empty body has ended from the start"
+        );
+
+        let frames: Vec<Result<http_body::Frame<Bytes>, BoxError>> =
+            vec![Ok(http_body::Frame::trailers(http::HeaderMap::new()))];
+        let (mut body, finished) = tracked(boxed(http_body_util::StreamBody::new(
+            tokio_stream::iter(frames),
+        )));
+        assert!(body.frame().await.unwrap().unwrap().is_trailers());
+        assert!(finished.get(), "trailers are the last frame");
     }
 
     #[tokio::test]

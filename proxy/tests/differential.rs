@@ -568,6 +568,19 @@ async fn protocols() {
         )
         .expect("status", "503")
         .expect("response.header.connection", "close"),
+        // The upstream answers before the request body has all arrived: Envoy forwards the
+        // answer with `connection: close` (no service time) and closes, on revoy's own
+        // HTTP/1.1 path (content-length) and on hyper's (chunked).
+        Case::raw(
+            "early upstream answer, content-length body still arriving",
+            b"POST / HTTP/1.1\r\nHost: x\r\nx-echo-early: 1\r\nContent-Length: 20\r\n\r\nhello",
+        )
+        .expect("response.header.connection", "close"),
+        Case::raw(
+            "early upstream answer, chunked body still arriving",
+            b"POST / HTTP/1.1\r\nHost: x\r\nx-echo-early: 1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+        )
+        .expect("response.header.connection", "close"),
         Case::get("missing host", "/").no_host(),
         Case::raw(
             "malformed header line",

@@ -284,15 +284,30 @@ where
             // Envoy's HTTP/1 codec drops a chunked request's trailers unless `enable_trailers`.
             let drop_request_trailers =
                 drop_trailers && req.headers().contains_key(http::header::TRANSFER_ENCODING);
+            let mut finished = None;
             let req = req.map(|b| {
-                let body = crate::body::boxed(b);
+                let mut body = crate::body::boxed(b);
                 if drop_request_trailers {
-                    crate::body::without_trailers(body)
-                } else {
-                    body
+                    body = crate::body::without_trailers(body);
                 }
+                if version < http::Version::HTTP_2 && !http_body::Body::is_end_stream(&body) {
+                    let (tracked, flag) = crate::body::tracked(body);
+                    finished = Some(flag);
+                    body = tracked;
+                }
+                body
             });
             let mut resp = router::handle(req, &ctx).await;
+            // Envoy answers a request whose body is still arriving and closes the connection
+            // after the response; its router then has no upstream service time to report
+            // (revoy's own HTTP/1.1 path does the same in `h1::response::write`).
+            if finished.is_some_and(|f| !f.get()) {
+                resp.headers_mut().remove(&router::UPSTREAM_SERVICE_TIME);
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             reason::set_envoy_phrase(&mut resp);
             // Every response carries the request's version, local replies included: for an
             // HTTP/1.0 client hyper then keeps the connection only if the response says

@@ -10,7 +10,8 @@
 //! `x-echo-trailer: name=value` (repeatable) sends the body with these trailers (announced in
 //! a `trailer` header),
 //! `x-echo-big-response-header: N` adds an N-byte `x-big` response header,
-//! `x-echo-abort: 1` drops the connection without answering.
+//! `x-echo-abort: 1` drops the connection without answering,
+//! `x-echo-early: 1` answers at once, without reading the request body (the echo's body is "").
 //! A `content-type: application/grpc*` request gets the same JSON as one gRPC message, with the
 //! decoded request message as `body`, and `grpc-status: 0` trailers.
 //! A WebSocket upgrade gets a 101, then a text frame with the JSON, then every frame echoed.
@@ -217,6 +218,14 @@ async fn handle(
         return Err(std::io::Error::other(
             "x-echo-abort: dropping the connection",
         ));
+    }
+    if header("x-echo-early").is_some() {
+        echo["body"] = json!("");
+        return Ok(Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(echo.to_string())).boxed())
+            .expect("early response"));
     }
     let collected = req.into_body().collect().await.ok();
     if let Some(trailers) = collected.as_ref().and_then(|c| c.trailers()) {
