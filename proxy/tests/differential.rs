@@ -562,6 +562,10 @@ async fn protocols() {
         // A full max_requests breaker answers at routing time, like no healthy host: a request
         // whose body has not arrived closes the connection.
         Case::get("max_requests breaker full", "/full").expect("status", "503"),
+        Case::get("max_requests breaker full, suppress_envoy_headers", "/")
+            .listener(5)
+            .expect("status", "503")
+            .expect("response.header.x-envoy-overloaded", "<missing>"),
         Case::raw(
             "max_requests breaker full, body still to come",
             b"POST /full HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhello",
