@@ -44,6 +44,22 @@ impl LocalFailure {
             overloaded: false,
         }
     }
+
+    /// Envoy's answer when attempt number `attempt` fails with `e` (it says so when earlier
+    /// ones were retried).
+    pub fn of(e: &UpstreamError, attempt: u32) -> Self {
+        let body = match e.reset_reason() {
+            Some(r) if attempt > 1 => format!(
+                "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {r}"
+            ),
+            _ => e.local_reply_body(),
+        };
+        LocalFailure {
+            status: e.local_reply_status(),
+            body,
+            overloaded: matches!(e, UpstreamError::Overflow),
+        }
+    }
 }
 
 /// How an exchange ended.
@@ -276,29 +292,11 @@ impl Drop for RetryHold<'_> {
 
 /// The outcome of attempt number `attempt` failing with `e`.
 fn failure(e: &UpstreamError, attempt: u32) -> Outcome {
-    let overloaded = matches!(e, UpstreamError::Overflow);
+    let failure = LocalFailure::of(e, attempt);
     if attempt == 1 && e.not_started() {
-        Outcome::NotSent(LocalFailure {
-            status: e.local_reply_status(),
-            body: e.local_reply_body(),
-            overloaded,
-        })
+        Outcome::NotSent(failure)
     } else {
-        Outcome::Local(LocalFailure {
-            status: e.local_reply_status(),
-            body: failure_body(e, attempt),
-            overloaded,
-        })
-    }
-}
-
-/// Envoy's local reply body for a failed last attempt (it says so when earlier ones were retried).
-fn failure_body(e: &UpstreamError, attempt: u32) -> String {
-    match e.reset_reason() {
-        Some(r) if attempt > 1 => format!(
-            "upstream connect error or disconnect/reset before headers. retried and the latest reset reason: {r}"
-        ),
-        _ => e.local_reply_body(),
+        Outcome::Local(failure)
     }
 }
 

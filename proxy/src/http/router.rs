@@ -373,7 +373,7 @@ async fn route_and_forward(
                     Ok(resp) => resp,
                     Err(e) => {
                         *forwarded = !e.not_started();
-                        local_reply(StatusCode::SERVICE_UNAVAILABLE, &e.local_reply_body())
+                        failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
                     }
                 };
             }
