@@ -37,10 +37,11 @@ pub struct LocalFailure {
 }
 
 impl LocalFailure {
-    fn new(status: StatusCode, body: String) -> Self {
+    /// Envoy's answer when the route's timeout (or the last per-try timeout) passed.
+    fn timeout() -> Self {
         LocalFailure {
-            status,
-            body,
+            status: StatusCode::GATEWAY_TIMEOUT,
+            body: UPSTREAM_TIMEOUT.to_owned(),
             overloaded: false,
         }
     }
@@ -255,22 +256,14 @@ impl Exchange<'_> {
             Err(()) => 504,
         };
         stats.charge_status(status, self.lb.internal);
-        outcome.unwrap_or_else(|()| {
-            Outcome::Local(LocalFailure::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                UPSTREAM_TIMEOUT.to_owned(),
-            ))
-        })
+        outcome.unwrap_or_else(|()| Outcome::Local(LocalFailure::timeout()))
     }
 
     fn global_timeout(&self) -> Outcome {
         let stats = self.cluster.stats();
         stats.upstream_rq_timeout.inc();
         stats.charge_status(504, self.lb.internal);
-        Outcome::Local(LocalFailure::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            UPSTREAM_TIMEOUT.to_owned(),
-        ))
+        Outcome::Local(LocalFailure::timeout())
     }
 }
 
