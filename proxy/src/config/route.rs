@@ -202,12 +202,12 @@ fn tls_redirect_route() -> Route {
         matcher: crate::route::RouteMatch {
             path: crate::route::matcher::PathMatch::Prefix(String::new()),
             case_sensitive: true,
-            headers: Vec::new(),
-            query_parameters: Vec::new(),
+            headers: Box::default(),
+            query_parameters: Box::default(),
             grpc: false,
             runtime_fraction: None,
             tls_context: None,
-            cookies: Vec::new(),
+            cookies: Box::default(),
         },
         action: Action::Redirect(Box::new(Redirect {
             scheme: Some("https".to_owned()),
@@ -217,7 +217,7 @@ fn tls_redirect_route() -> Route {
             strip_query: false,
             status: http::StatusCode::MOVED_PERMANENTLY,
         })),
-        headers: HeaderRules::default(),
+        headers: None,
         metadata: serde_json::Map::new(),
         stat_prefix: String::new(),
     }
@@ -378,18 +378,18 @@ pub(crate) fn header_rules(
     req_remove: &[String],
     resp_add: &[core::HeaderValueOption],
     resp_remove: &[String],
-) -> Result<HeaderRules, ConfigError> {
+) -> Result<Option<Box<HeaderRules>>, ConfigError> {
     if req_add.is_empty() && req_remove.is_empty() && resp_add.is_empty() && resp_remove.is_empty()
     {
-        // Most routes and virtual hosts have none: skip building four empty lists.
-        return Ok(HeaderRules::default());
+        // Most routes and virtual hosts have none.
+        return Ok(None);
     }
-    Ok(HeaderRules {
+    Ok(Some(Box::new(HeaderRules {
         request: header_mutations(req_add, req_remove)
             .map_err(|e| e.within("request_headers_to_add"))?,
         response: header_mutations(resp_add, resp_remove)
             .map_err(|e| e.within("response_headers_to_add"))?,
-    })
+    })))
 }
 
 #[cfg(test)]

@@ -31,7 +31,11 @@ impl StreamLimits {
     /// The limits of `fwd` for a stream that started at `start`; `None` when it has none.
     pub fn of(fwd: &Forward, start: Instant) -> Option<StreamLimits> {
         let idle = fwd.idle_timeout;
-        let deadline = fwd.stream_duration.max.map(|d| start + d);
+        let deadline = fwd
+            .stream_duration
+            .as_ref()
+            .and_then(|s| s.max)
+            .map(|d| start + d);
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 
-use crate::route::action::{Forward, StreamDuration};
+use crate::route::action::Forward;
 
 static RQ_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-upstream-rq-timeout-ms");
 static PER_TRY_TIMEOUT: HeaderName =
@@ -42,7 +42,7 @@ impl Timeouts {
     /// `max_stream_duration` has no route timeout (Envoy's "new timeouts").
     pub fn resolve(fwd: &Forward, headers: &mut HeaderMap, honour_headers: bool) -> Timeouts {
         let policy = fwd.retry_policy.as_deref();
-        let uses_stream_duration = fwd.stream_duration != StreamDuration::default();
+        let uses_stream_duration = fwd.stream_duration.is_some();
         let mut t = Timeouts {
             global: fwd.timeout.filter(|_| !uses_stream_duration),
             per_try: policy.and_then(|p| p.per_try_timeout),

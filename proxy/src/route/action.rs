@@ -58,7 +58,7 @@ pub struct WeightedCluster {
     /// Weight.
     pub weight: u32,
     /// Per-cluster header mutations (applied before the route's).
-    pub headers: HeaderRules,
+    pub headers: Option<Box<HeaderRules>>,
     /// Per-cluster `host_rewrite_literal`.
     pub host_rewrite_literal: Option<String>,
 }
@@ -212,7 +212,8 @@ pub struct StreamDuration {
     pub grpc_timeout_header_offset: Option<Duration>,
 }
 
-/// Forwarding settings (`RouteAction`).
+/// Forwarding settings (`RouteAction`). A route table holds one per forwarding route, so the
+/// settings most routes lack take little room (boxed slices, boxed rarities).
 #[derive(Debug, Clone)]
 pub struct Forward {
     /// Cluster choice.
@@ -229,17 +230,17 @@ pub struct Forward {
     pub timeout: Option<Duration>,
     /// `idle_timeout`: `None` when unset or 0.
     pub idle_timeout: Option<Duration>,
-    /// `max_stream_duration` settings.
-    pub stream_duration: StreamDuration,
+    /// `max_stream_duration` settings; `None` when all are unset (most routes).
+    pub stream_duration: Option<Box<StreamDuration>>,
     /// Effective retry policy (route's, else the virtual host's).
     pub retry_policy: Option<Arc<RetryPolicy>>,
     /// Hash policies, in order.
-    pub hash_policies: Vec<HashPolicy>,
+    pub hash_policies: Box<[HashPolicy]>,
     /// Effective mirror policies (route's, else the virtual host's, else the table's);
     /// inherited lists are shared, not copied.
     pub mirror_policies: Arc<[MirrorPolicy]>,
     /// Per-route upgrade settings.
-    pub upgrades: Vec<UpgradeSetting>,
+    pub upgrades: Box<[UpgradeSetting]>,
     /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
     pub per_request_buffer_limit_bytes: Option<u32>,
     /// `priority` (0 = DEFAULT, 1 = HIGH).
@@ -344,7 +345,8 @@ impl DirectResponse {
     }
 }
 
-/// A compiled `RouteMatch`.
+/// A compiled `RouteMatch`. A route table holds one per route, so the conditions most routes
+/// lack take no room: boxed slices and a boxed runtime fraction.
 #[derive(Debug, Clone)]
 pub struct RouteMatch {
     /// Path condition.
@@ -352,17 +354,17 @@ pub struct RouteMatch {
     /// `case_sensitive` (default true).
     pub case_sensitive: bool,
     /// Header conditions (all must hold).
-    pub headers: Vec<HeaderMatcher>,
+    pub headers: Box<[HeaderMatcher]>,
     /// Query-parameter conditions (all must hold).
-    pub query_parameters: Vec<super::matcher::QueryParameterMatcher>,
+    pub query_parameters: Box<[super::matcher::QueryParameterMatcher]>,
     /// `grpc`: only gRPC requests.
     pub grpc: bool,
     /// `runtime_fraction`.
-    pub runtime_fraction: Option<RuntimeFraction>,
+    pub runtime_fraction: Option<Box<RuntimeFraction>>,
     /// `tls_context`: (presented, validated) requirements.
     pub tls_context: Option<(Option<bool>, Option<bool>)>,
     /// Cookie conditions: name, matcher, invert.
-    pub cookies: Vec<(String, super::matcher::StringMatcher, bool)>,
+    pub cookies: Box<[(String, super::matcher::StringMatcher, bool)]>,
 }
 
 /// Header name of the gRPC content type check.

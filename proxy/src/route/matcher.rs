@@ -223,12 +223,13 @@ pub enum PathMatch {
     Prefix(String),
     /// `path`: the path without query equals it.
     Exact(String),
-    /// `safe_regex`: the regex matches the whole path without query.
-    Regex(Regex),
+    /// `safe_regex`: the regex matches the whole path without query (boxed, like the
+    /// template: a route table holds a `PathMatch` per route, most of them a plain string).
+    Regex(Box<Regex>),
     /// `path_separated_prefix`: the path without query equals it or continues with `/`.
     SeparatedPrefix(String),
     /// `path_match_policy` URI template (`/foo/{bar}/**`), compiled to a regex.
-    Template(String, Regex),
+    Template(Box<UriTemplate>),
     /// `connect_matcher`: matches CONNECT requests only.
     Connect,
 }
@@ -243,7 +244,8 @@ impl PathMatch {
             PathMatch::Prefix(p) => starts_with_ignore_case(path, p),
             PathMatch::Exact(p) if case_sensitive => no_query == p,
             PathMatch::Exact(p) => no_query.eq_ignore_ascii_case(p),
-            PathMatch::Regex(re) | PathMatch::Template(_, re) => re.is_match(no_query),
+            PathMatch::Regex(re) => re.is_match(no_query),
+            PathMatch::Template(t) => t.regex.is_match(no_query),
             PathMatch::SeparatedPrefix(p) => {
                 let starts = if case_sensitive {
                     no_query.starts_with(p.as_str())
@@ -263,10 +265,19 @@ impl PathMatch {
             PathMatch::Exact(p) => format!("path {p:?}"),
             PathMatch::Regex(re) => format!("safe_regex {:?}", re.as_str()),
             PathMatch::SeparatedPrefix(p) => format!("path_separated_prefix {p:?}"),
-            PathMatch::Template(t, _) => format!("path template {t:?}"),
+            PathMatch::Template(t) => format!("path template {:?}", t.template),
             PathMatch::Connect => "connect_matcher".to_owned(),
         }
     }
+}
+
+/// A `path_match_policy` URI template and the regex it compiles to.
+#[derive(Debug, Clone)]
+pub struct UriTemplate {
+    /// The template as configured.
+    pub template: String,
+    /// The whole-path regex whose named groups are the template's variables.
+    pub regex: Regex,
 }
 
 /// The path without its query string and fragment.

@@ -115,8 +115,8 @@ pub struct Route {
     pub matcher: RouteMatch,
     /// What to do.
     pub action: Action,
-    /// Route-level header mutations.
-    pub headers: HeaderRules,
+    /// Route-level header mutations; `None` when there are none (most routes).
+    pub headers: Option<Box<HeaderRules>>,
     /// `metadata.filter_metadata` as JSON (namespace -> struct).
     pub metadata: serde_json::Map<String, serde_json::Value>,
     /// `stat_prefix`.
@@ -136,8 +136,8 @@ pub struct VirtualHost {
     pub require_tls: TlsRequirement,
     /// Virtual clusters in order.
     pub virtual_clusters: Vec<VirtualCluster>,
-    /// Virtual-host-level header mutations.
-    pub headers: HeaderRules,
+    /// Virtual-host-level header mutations; `None` when there are none.
+    pub headers: Option<Box<HeaderRules>>,
     /// `include_request_attempt_count`.
     pub include_request_attempt_count: bool,
     /// `include_attempt_count_in_response`.
@@ -169,7 +169,7 @@ pub struct RouteTable {
     pub(crate) vhost_header: Option<String>,
     pub(crate) ignore_port_in_host_matching: bool,
     pub(crate) ignore_path_parameters: bool,
-    pub(crate) headers: HeaderRules,
+    pub(crate) headers: Option<Box<HeaderRules>>,
     pub(crate) most_specific_header_mutations_wins: bool,
     pub(crate) internal_only_headers: Vec<http::HeaderName>,
     /// The 301-to-https route returned when a virtual host's `require_tls` rejects a request.
@@ -210,8 +210,8 @@ impl RouteTable {
     }
 
     /// Route-configuration-level header mutations.
-    pub fn headers(&self) -> &HeaderRules {
-        &self.headers
+    pub fn headers(&self) -> Option<&HeaderRules> {
+        self.headers.as_deref()
     }
 
     /// The host used for virtual-host selection, lower-cased, port stripped when configured.
@@ -393,15 +393,15 @@ impl<'a> Selected<'a> {
         weighted: Option<&'a WeightedCluster>,
     ) -> [Option<&'a HeaderRules>; 4] {
         let (route, vhost, table) = (
-            &self.route.headers,
-            &self.virtual_host.headers,
-            &self.table.headers,
+            self.route.headers.as_deref(),
+            self.virtual_host.headers.as_deref(),
+            self.table.headers.as_deref(),
         );
-        let w = weighted.map(|w| &w.headers);
+        let w = weighted.and_then(|w| w.headers.as_deref());
         if self.table.most_specific_header_mutations_wins {
-            [w, Some(table), Some(vhost), Some(route)]
+            [w, table, vhost, route]
         } else {
-            [w, Some(route), Some(vhost), Some(table)]
+            [w, route, vhost, table]
         }
     }
 

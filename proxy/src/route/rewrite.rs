@@ -31,11 +31,11 @@ pub(super) fn path(
 /// Envoy's `uri_template_rewriter`: matches the path (query excluded) against the route's
 /// match template again and substitutes its variables; the query is kept.
 fn template_rewrite(route: &Route, rewrite: &TemplateRewrite, path: &str) -> Option<String> {
-    let PathMatch::Template(_, re) = &route.matcher.path else {
+    let PathMatch::Template(t) = &route.matcher.path else {
         return None;
     };
     let p = strip_query(path);
-    let mut out = rewrite.substitute(&re.captures(p)?);
+    let mut out = rewrite.substitute(&t.regex.captures(p)?);
     out.push_str(&path[p.len()..]);
     Some(out)
 }

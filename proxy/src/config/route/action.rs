@@ -205,7 +205,7 @@ pub(super) fn forward(
             None => Some(DEFAULT_TIMEOUT),
         },
         idle_timeout: nonzero(ra.idle_timeout.as_ref()),
-        stream_duration: StreamDuration {
+        stream_duration: Some(StreamDuration {
             max: nonzero(msd.and_then(|m| m.max_stream_duration.as_ref())),
             grpc_timeout_header_max: msd
                 .and_then(|m| m.grpc_timeout_header_max.as_ref())
@@ -215,7 +215,9 @@ pub(super) fn forward(
                 .and_then(|m| m.grpc_timeout_header_offset.as_ref())
                 .or(ra.grpc_timeout_offset.as_ref())
                 .map(duration),
-        },
+        })
+        .filter(|s| *s != StreamDuration::default())
+        .map(Box::new),
         retry_policy,
         hash_policies: ra
             .hash_policy
@@ -283,7 +285,7 @@ fn path_rewrite(
     let Some(template) = template else {
         return Ok(None);
     };
-    let PathMatch::Template(match_template, re) = &matcher.path else {
+    let PathMatch::Template(match_template) = &matcher.path else {
         return Err(ConfigError::new(
             "path_rewrite_policy",
             format!(
@@ -292,13 +294,13 @@ fn path_rewrite(
             ),
         ));
     };
-    if !template.variables_defined_by(re) {
+    if !template.variables_defined_by(&match_template.regex) {
         return Err(ConfigError::new(
             "path_rewrite_policy",
             format!(
-                "mismatch between variables in path_match_policy {match_template} and \
+                "mismatch between variables in path_match_policy {} and \
                  path_rewrite_policy {}",
-                template.template
+                match_template.template, template.template
             ),
         ));
     }

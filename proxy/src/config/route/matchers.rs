@@ -13,7 +13,7 @@ use crate::config::ConfigError;
 use crate::route::RouteMatch;
 use crate::route::matcher::{
     FractionalPercent, HeaderMatcher, HeaderValueMatch, PathMatch, QueryParameterMatcher,
-    RuntimeFraction, StringMatcher, template_regex,
+    RuntimeFraction, StringMatcher, UriTemplate, template_regex,
 };
 
 /// Compiles an RE2-style regex. `anchored`: the regex must match the whole input (RE2
@@ -226,9 +226,9 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
     let path = match &rm.path_specifier {
         Some(P::Prefix(p)) => PathMatch::Prefix(p.clone()),
         Some(P::Path(p)) => PathMatch::Exact(p.clone()),
-        Some(P::SafeRegex(r)) => {
-            PathMatch::Regex(regex_matcher(r).map_err(|e| e.within("safe_regex"))?)
-        }
+        Some(P::SafeRegex(r)) => PathMatch::Regex(Box::new(
+            regex_matcher(r).map_err(|e| e.within("safe_regex"))?,
+        )),
         Some(P::PathSeparatedPrefix(p)) => {
             if p.contains(['?', '#']) || p.ends_with('/') {
                 return Err(ConfigError::new(
@@ -262,7 +262,10 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
                     format!("path_match_policy.path_template {template} is invalid: {m}"),
                 )
             })?;
-            PathMatch::Template(template, re)
+            PathMatch::Template(Box::new(UriTemplate {
+                template,
+                regex: re,
+            }))
         }
         None => return Err(ConfigError::new("path_specifier", "value is required")),
     };
@@ -296,7 +299,7 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
                 value,
             })
         })
-        .collect::<Result<Vec<_>, ConfigError>>()?;
+        .collect::<Result<Box<[_]>, ConfigError>>()?;
     let cookies = rm
         .cookies
         .iter()
@@ -307,14 +310,17 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
             })?;
             Ok((c.name.clone(), string_matcher(sm)?, c.invert_match))
         })
-        .collect::<Result<Vec<_>, ConfigError>>()?;
+        .collect::<Result<Box<[_]>, ConfigError>>()?;
     Ok(RouteMatch {
         path,
         case_sensitive: rm.case_sensitive.is_none_or(|b| b.value),
-        headers: header_matchers(&rm.headers)?,
+        headers: header_matchers(&rm.headers)?.into_boxed_slice(),
         query_parameters,
         grpc: rm.grpc.is_some(),
-        runtime_fraction: rm.runtime_fraction.as_ref().map(runtime_fraction),
+        runtime_fraction: rm
+            .runtime_fraction
+            .as_ref()
+            .map(|f| Box::new(runtime_fraction(f))),
         tls_context: rm
             .tls_context
             .as_ref()
