@@ -51,8 +51,10 @@ pub fn compile_route_config(
         _ => clusters,
     };
     let table_mirrors = mirror_policies(&rc.request_mirror_policies)?;
+    let retries = action::RetryPolicies::default();
     let inherited = action::Inherited {
         mirrors: &table_mirrors,
+        retries: &retries,
         max_body: rc
             .max_direct_response_body_size_bytes
             .map_or(4096, |v| v.value) as usize,
@@ -106,9 +108,9 @@ pub fn compile_route_config(
     })
 }
 
-fn compile_virtual_host(
-    vh: &pb::VirtualHost,
-    inherited: &action::Inherited<'_>,
+fn compile_virtual_host<'p>(
+    vh: &'p pb::VirtualHost,
+    inherited: &action::Inherited<'_, 'p>,
     clusters: Option<ClusterCheck<'_>>,
 ) -> Result<VirtualHost, ConfigError> {
     if vh.name.is_empty() {
@@ -133,9 +135,13 @@ fn compile_virtual_host(
     let retry = vh
         .retry_policy
         .as_ref()
-        .map(|r| action::retry_policy(r).map_err(|e| e.within("retry_policy")))
-        .transpose()?
-        .map(Arc::new);
+        .map(|r| {
+            inherited
+                .retries
+                .get(r)
+                .map_err(|e| e.within("retry_policy"))
+        })
+        .transpose()?;
     let vh_ctx = action::VhostDefaults {
         retry: retry.as_ref(),
         mirrors: if mirrors.is_empty() {
@@ -145,6 +151,7 @@ fn compile_virtual_host(
         },
         buffer_limit: vh.per_request_buffer_limit_bytes.map(|v| v.value),
         max_body: inherited.max_body,
+        retries: inherited.retries,
     };
     let mut routes = Vec::with_capacity(vh.routes.len());
     for (i, r) in vh.routes.iter().enumerate() {
@@ -223,9 +230,9 @@ fn tls_redirect_route() -> Route {
     }
 }
 
-fn compile_route(
-    r: &pb::Route,
-    vh: &action::VhostDefaults<'_>,
+fn compile_route<'p>(
+    r: &'p pb::Route,
+    vh: &action::VhostDefaults<'_, 'p>,
     clusters: Option<ClusterCheck<'_>>,
 ) -> Result<Route, ConfigError> {
     let m = r

@@ -2,6 +2,7 @@
 
 #![allow(deprecated)] // Envoy still honours the deprecated fields read here.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,17 +22,56 @@ use crate::route::{
 };
 
 /// Settings a virtual host inherits from the route configuration.
-pub(super) struct Inherited<'a> {
+pub(super) struct Inherited<'a, 'p> {
     pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub max_body: usize,
+    pub retries: &'a RetryPolicies<'p>,
 }
 
 /// Settings a route inherits from its virtual host.
-pub(super) struct VhostDefaults<'a> {
+pub(super) struct VhostDefaults<'a, 'p> {
     pub retry: Option<&'a Arc<RetryPolicy>>,
     pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub buffer_limit: Option<u32>,
     pub max_body: usize,
+    pub retries: &'a RetryPolicies<'p>,
+}
+
+/// The retry policies compiled for one route table, so that routes and virtual hosts with
+/// the same `retry_policy` share one compiled copy. Istio gives every route the same policy;
+/// compiled, with its lists, it was the largest part of such a route.
+#[derive(Default)]
+pub(super) struct RetryPolicies<'a> {
+    /// The most recently compiled distinct policies, newest last.
+    recent: RefCell<Vec<(&'a pb::RetryPolicy, Arc<RetryPolicy>)>>,
+}
+
+impl<'a> RetryPolicies<'a> {
+    /// How many distinct policies are remembered: enough for a table that alternates between
+    /// a few, without a long scan for one where every route has its own.
+    const REMEMBERED: usize = 4;
+
+    /// `r` compiled, shared with an equal policy compiled before.
+    pub fn get(&self, r: &'a pb::RetryPolicy) -> Result<Arc<RetryPolicy>, ConfigError> {
+        let hit = self
+            .recent
+            .borrow()
+            .iter()
+            .rev()
+            .find_map(|(seen, compiled)| {
+                (std::ptr::eq(*seen, r) || *seen == r).then(|| Arc::clone(compiled))
+            });
+        if let Some(hit) = hit {
+            return Ok(hit);
+        }
+        let compiled = Arc::new(retry_policy(r)?);
+        let mut recent = self.recent.borrow_mut();
+        if recent.len() == Self::REMEMBERED {
+            recent.remove(0);
+        }
+        recent.push((r, Arc::clone(&compiled)));
+        Ok(compiled)
+    }
 }
 
 /// Envoy's default upstream timeout.
@@ -41,10 +81,10 @@ fn nonzero(d: Option<&proto::pb::google::protobuf::Duration>) -> Option<Duration
     d.map(duration).filter(|d| !d.is_zero())
 }
 
-pub(super) fn forward(
-    ra: &pb::RouteAction,
+pub(super) fn forward<'p>(
+    ra: &'p pb::RouteAction,
     matcher: &RouteMatch,
-    vh: &VhostDefaults<'_>,
+    vh: &VhostDefaults<'_, 'p>,
     route_buffer_limit: Option<u32>,
     clusters: Option<ClusterCheck<'_>>,
 ) -> Result<Action, ConfigError> {
@@ -161,9 +201,7 @@ pub(super) fn forward(
         None => None,
     };
     let retry_policy = match &ra.retry_policy {
-        Some(r) => Some(Arc::new(
-            retry_policy(r).map_err(|e| e.within("retry_policy"))?,
-        )),
+        Some(r) => Some(vh.retries.get(r).map_err(|e| e.within("retry_policy"))?),
         None => vh.retry.cloned(),
     };
     let mirrors = ra
@@ -361,7 +399,7 @@ fn hash_policy(h: &pb::route_action::HashPolicy) -> Result<HashPolicy, ConfigErr
 }
 
 /// Compiles a `RetryPolicy` with Envoy's defaults.
-pub(super) fn retry_policy(r: &pb::RetryPolicy) -> Result<RetryPolicy, ConfigError> {
+fn retry_policy(r: &pb::RetryPolicy) -> Result<RetryPolicy, ConfigError> {
     let back_off = r.retry_back_off.as_ref();
     let base = back_off
         .and_then(|b| b.base_interval.as_ref())

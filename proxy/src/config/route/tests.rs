@@ -214,3 +214,42 @@ fn path_template_rewrite_config_errors_match_envoy() {
         );
     }
 }
+
+#[test]
+fn equal_retry_policies_are_compiled_once() {
+    let t = compile(
+        r"
+virtual_hosts:
+- name: a
+  domains: [a]
+  retry_policy: {retry_on: 5xx, num_retries: 2}
+  routes:
+  - match: {prefix: /x}
+    route: {cluster: c, retry_policy: {retry_on: 5xx, num_retries: 2}}
+  - match: {prefix: /y}
+    route: {cluster: c, retry_policy: {retry_on: 5xx, num_retries: 3}}
+  - match: {prefix: /}
+    route: {cluster: c}
+- name: b
+  domains: [b]
+  routes:
+  - match: {prefix: /}
+    route: {cluster: c, retry_policy: {retry_on: 5xx, num_retries: 3}}
+",
+    )
+    .unwrap();
+    let policy = |vh: usize, r: usize| match &t.virtual_hosts()[vh].routes[r].action {
+        Action::Forward(f) => f.retry_policy.clone().unwrap(),
+        other => panic!("not a forward: {other:?}"),
+    };
+    assert!(
+        Arc::ptr_eq(&policy(0, 0), &policy(0, 2)),
+        "route and virtual host share"
+    );
+    assert!(
+        Arc::ptr_eq(&policy(0, 1), &policy(1, 0)),
+        "across virtual hosts"
+    );
+    assert!(!Arc::ptr_eq(&policy(0, 0), &policy(0, 1)));
+    assert_eq!((policy(0, 0).num_retries, policy(0, 1).num_retries), (2, 3));
+}
