@@ -61,13 +61,172 @@ impl Case {
         self
     }
 
+    const fn limited(mut self) -> Case {
+        self.listener = "listener_limited";
+        self
+    }
+
     const fn headers(mut self, headers: &'static [(&'static str, &'static str)]) -> Case {
         self.headers = headers;
         self
     }
 }
 
+/// A gRPC request (by its content type) with these extra headers.
+const GRPC: &[(&str, &str)] = &[("content-type", "application/grpc")];
+const GRPC_200M: &[(&str, &str)] = &[
+    ("content-type", "application/grpc"),
+    ("grpc-timeout", "200m"),
+];
+const GRPC_5S: &[(&str, &str)] = &[("content-type", "application/grpc"), ("grpc-timeout", "5S")];
+const GRPC_300M: &[(&str, &str)] = &[
+    ("content-type", "application/grpc"),
+    ("grpc-timeout", "300m"),
+];
+
 const CASES: &[Case] = &[
+    get(
+        "istio route: grpc-timeout ends a slow gRPC call",
+        "/istio/slow",
+        &[
+            ("header.grpc-status", "4"),
+            ("header.grpc-message", "downstream duration timeout"),
+            ("upstream.first.grpc_timeout", "200m"),
+        ],
+    )
+    .headers(GRPC_200M),
+    get(
+        "istio route: grpc-timeout forwarded",
+        "/istio/ok",
+        &[("upstream.first.grpc_timeout", "5000m")],
+    )
+    .headers(GRPC_5S),
+    get(
+        "istio route: gRPC without grpc-timeout has no limit",
+        "/istio/slow",
+        &[("status", "200"), ("body", "slow")],
+    )
+    .headers(GRPC),
+    get(
+        "istio route: grpc-timeout on a plain request",
+        "/istio/slow",
+        &[
+            ("status", "504"),
+            ("body", "downstream duration timeout"),
+            ("upstream.first.grpc_timeout", "200m"),
+        ],
+    )
+    .headers(&[("grpc-timeout", "200m")]),
+    get(
+        "istio route: grpc-timeout in microseconds",
+        "/istio/ok",
+        &[("upstream.first.grpc_timeout", "251m")],
+    )
+    .headers(&[
+        ("content-type", "application/grpc+proto"),
+        ("grpc-timeout", "250001u"),
+    ]),
+    get(
+        "istio route: malformed grpc-timeout",
+        "/istio/slow",
+        &[("body", "slow"), ("upstream.first.grpc_timeout", "200x")],
+    )
+    .headers(&[
+        ("content-type", "application/grpc"),
+        ("grpc-timeout", "200x"),
+    ]),
+    get(
+        "grpc-timeout capped, then offset",
+        "/grpccap/ok",
+        &[("upstream.first.grpc_timeout", "250m")],
+    )
+    .headers(GRPC_5S),
+    get(
+        "grpc-timeout cap ends a slow call",
+        "/grpccap/slow",
+        &[("header.grpc-status", "4")],
+    )
+    .headers(GRPC_5S),
+    get(
+        "grpc-timeout under the cap, offset",
+        "/grpccap/ok",
+        &[("upstream.first.grpc_timeout", "150m")],
+    )
+    .headers(GRPC_200M),
+    get(
+        "connection manager max_stream_duration",
+        "/plain/slow",
+        &[("status", "504"), ("body", "downstream duration timeout")],
+    )
+    .limited(),
+    get(
+        "route max_stream_duration 0s lifts the connection manager's",
+        "/msdzero/slow",
+        &[("status", "200"), ("body", "slow")],
+    )
+    .limited(),
+    get(
+        "route grpc_timeout_header_max without a header: the connection manager's limit",
+        "/grpccap/slow",
+        &[
+            ("header.grpc-status", "4"),
+            ("upstream.first.grpc_timeout", "300m"),
+        ],
+    )
+    .headers(GRPC)
+    .limited(),
+    get(
+        "max_stream_duration 0s: no route timeout",
+        "/msdzero/slow",
+        &[
+            ("status", "200"),
+            ("body", "slow"),
+            ("upstream.first.expected_timeout", ""),
+        ],
+    ),
+    get(
+        "legacy max_grpc_timeout: grpc-timeout less the offset",
+        "/grpclegacy/ok",
+        &[
+            ("upstream.first.grpc_timeout", "250m"),
+            ("upstream.first.expected_timeout", "250"),
+        ],
+    )
+    .headers(GRPC_300M),
+    get(
+        "legacy max_grpc_timeout: a slow call times out",
+        "/grpclegacy/slow",
+        &[
+            ("header.grpc-status", "14"),
+            ("header.grpc-message", "upstream request timeout"),
+            ("upstream.first.grpc_timeout", "150m"),
+        ],
+    )
+    .headers(GRPC_200M),
+    get(
+        "legacy max_grpc_timeout: not for plain requests",
+        "/grpclegacy/ok",
+        &[
+            ("upstream.first.expected_timeout", "15000"),
+            ("upstream.first.grpc_timeout", "300m"),
+        ],
+    )
+    .headers(&[("grpc-timeout", "300m")]),
+    get(
+        "legacy max_grpc_timeout: cap without a header",
+        "/grpclegacymax/ok",
+        &[
+            ("upstream.first.grpc_timeout", "200m"),
+            ("upstream.first.expected_timeout", "200"),
+        ],
+    )
+    .headers(GRPC),
+    get(
+        "legacy max_grpc_timeout: cap over the header",
+        "/grpclegacymax/ok",
+        &[("upstream.first.grpc_timeout", "200m")],
+    )
+    .headers(GRPC_5S),
     get(
         "200 needs no retry",
         "/retry5xx/ok",
@@ -390,6 +549,7 @@ impl Proxy {
             ("admin", free_port()),
             ("listener_external", free_port()),
             ("listener_internal", free_port()),
+            ("listener_limited", free_port()),
             ("upstream", upstream),
             ("closed", closed),
         ]
@@ -444,7 +604,7 @@ impl Proxy {
                 panic!("{} exited ({status}):\n{}", self.name, self.log_tail());
             }
             let mut ready = true;
-            for l in ["listener_external", "listener_internal"] {
+            for l in ["listener_external", "listener_internal", "listener_limited"] {
                 ready &= TcpStream::connect(("127.0.0.1", self.ports[l]))
                     .await
                     .is_ok();
@@ -546,6 +706,10 @@ impl Proxy {
                 first.expected_timeout.clone().unwrap_or_default(),
             );
             obs.insert(
+                "upstream.first.grpc_timeout".into(),
+                first.grpc_timeout.clone().unwrap_or_default(),
+            );
+            obs.insert(
                 "upstream.first.envoy_headers".into(),
                 first.envoy_headers.join(" "),
             );
@@ -585,7 +749,11 @@ fn parse_response(raw: &[u8], obs: &mut BTreeMap<String, String>) {
         let n = n.trim().to_ascii_lowercase();
         if matches!(
             n.as_str(),
-            "x-envoy-attempt-count" | "content-type" | "x-retry-me"
+            "x-envoy-attempt-count"
+                | "content-type"
+                | "x-retry-me"
+                | "grpc-status"
+                | "grpc-message"
         ) {
             let field = if n == "x-envoy-attempt-count" {
                 "attempt-count".to_owned()

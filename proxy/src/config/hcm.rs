@@ -117,6 +117,9 @@ pub struct HcmConfig {
     pub escaped_slashes: EscapedSlashes,
     /// `common_http_protocol_options.max_headers_count` (default 100).
     pub max_headers_count: u32,
+    /// `common_http_protocol_options.max_stream_duration`: each stream's time limit unless
+    /// its route sets one; `None` when unset or 0.
+    pub max_stream_duration: Option<std::time::Duration>,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
 }
@@ -251,6 +254,12 @@ pub fn compile_hcm(
             .as_ref()
             .and_then(|o| o.max_headers_count.as_ref())
             .map_or(100, |v| v.value),
+        max_stream_duration: hcm
+            .common_http_protocol_options
+            .as_ref()
+            .and_then(|o| o.max_stream_duration.as_ref())
+            .map(crate::config::route::duration)
+            .filter(|d| !d.is_zero()),
         max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
         accept_http_10: hcm
             .http_protocol_options

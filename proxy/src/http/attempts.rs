@@ -200,11 +200,14 @@ impl Exchange<'_> {
                 super::int_value::int_value(u64::from(attempt)),
             );
         }
-        // The first attempt's header (nothing elapsed) was set by the router before mirrors
-        // copied the request; like Envoy, a retry sets it again with what is left.
-        if self.send_expected_timeout && attempt > 1 {
-            self.timeouts
-                .set_expected(req.headers_mut(), start.elapsed());
+        // The first attempt's headers (nothing elapsed) were set by the router before mirrors
+        // copied the request; like Envoy, a retry sets them again with what is left.
+        if attempt > 1 {
+            self.timeouts.set_headers(
+                req.headers_mut(),
+                start.elapsed(),
+                self.send_expected_timeout,
+            );
         }
         let per_try = self.per_try_deadline(global);
         match per_try.or(global) {

@@ -9,9 +9,30 @@ pub const NO_HEALTHY_UPSTREAM: &str = "no healthy upstream";
 /// Envoy's body for a route timeout.
 pub const UPSTREAM_TIMEOUT: &str = "upstream request timeout";
 
-/// Marks a response the proxy wrote itself, keeping its text for gRPC conversion.
+/// Marks a response the proxy wrote itself, keeping what gRPC conversion needs.
 #[derive(Debug, Clone)]
-pub struct LocalReply(pub String);
+pub struct LocalReply {
+    /// The body text (`grpc-message`).
+    pub text: String,
+    /// The `grpc-status` when Envoy names one, instead of mapping the HTTP status.
+    pub grpc_status: Option<u16>,
+}
+
+/// Envoy's `grpc-status` DEADLINE_EXCEEDED.
+pub const GRPC_DEADLINE_EXCEEDED: u16 = 4;
+
+/// A local reply like [`local_reply`] that a gRPC request gets as `grpc_status`.
+pub fn local_reply_with_grpc_status(
+    status: StatusCode,
+    text: &str,
+    grpc_status: u16,
+) -> Response<Body> {
+    let mut resp = local_reply(status, text);
+    if let Some(local) = resp.extensions_mut().get_mut::<LocalReply>() {
+        local.grpc_status = Some(grpc_status);
+    }
+    resp
+}
 
 /// A local reply with `status` and, when non-empty, a `text/plain` body.
 pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
@@ -21,7 +42,10 @@ pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
         body::full(text.to_owned())
     });
     *resp.status_mut() = status;
-    resp.extensions_mut().insert(LocalReply(text.to_owned()));
+    resp.extensions_mut().insert(LocalReply {
+        text: text.to_owned(),
+        grpc_status: None,
+    });
     // Envoy's order: content-length, then content-type.
     let h = resp.headers_mut();
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
@@ -55,11 +79,15 @@ fn grpc_status(status: StatusCode) -> u16 {
 /// Turns a local reply to a gRPC request into a trailers-only gRPC response (HTTP 200,
 /// `grpc-status`, `grpc-message`), as Envoy does. Other responses pass unchanged.
 pub fn grpc_local_reply(resp: Response<Body>) -> Response<Body> {
-    let Some(LocalReply(text)) = resp.extensions().get::<LocalReply>().cloned() else {
+    let Some(LocalReply {
+        text,
+        grpc_status: named,
+    }) = resp.extensions().get::<LocalReply>().cloned()
+    else {
         return resp;
     };
     let (mut parts, _) = resp.into_parts();
-    let code = grpc_status(parts.status);
+    let code = named.unwrap_or_else(|| grpc_status(parts.status));
     parts.status = StatusCode::OK;
     parts.headers.remove(header::CONTENT_LENGTH);
     parts.headers.insert(

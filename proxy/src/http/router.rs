@@ -14,7 +14,7 @@ use super::local_reply::local_reply;
 use super::mirror;
 use super::path::PathVerdict;
 use super::retry::{self, RetryState};
-use super::stream_limits::StreamLimits;
+use super::stream_limits::{self, StreamLimits};
 use super::timeouts::Timeouts;
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
@@ -355,9 +355,11 @@ async fn route_and_forward(
                 req.headers_mut(),
                 facts.internal,
             );
-            if !cfg.suppress_envoy_headers {
-                timeouts.set_expected(req.headers_mut(), Duration::ZERO);
-            }
+            timeouts.set_headers(
+                req.headers_mut(),
+                Duration::ZERO,
+                !cfg.suppress_envoy_headers,
+            );
             let lb = LbContext {
                 hash,
                 original_dst: ctx.original_dst,
@@ -379,7 +381,12 @@ async fn route_and_forward(
             }
             let vhost = selected.virtual_host;
             let start = Instant::now();
-            let limits = StreamLimits::of(fwd, tokio::time::Instant::from_std(stream_start));
+            let limits = StreamLimits::of(
+                fwd,
+                cfg.max_stream_duration,
+                req.headers_mut(),
+                tokio::time::Instant::from_std(stream_start),
+            );
             if http_body::Body::is_end_stream(req.body())
                 && !req.headers().contains_key(header::CONTENT_LENGTH)
                 && !matches!(*req.method(), http::Method::GET | http::Method::HEAD)
@@ -435,7 +442,7 @@ async fn route_and_forward(
                 Some((at, why)) => {
                     match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
                         Ok(done) => done,
-                        Err(_) => return local_reply(StatusCode::GATEWAY_TIMEOUT, why),
+                        Err(_) => return stream_limits::timeout_reply(why),
                     }
                 }
                 None => exchange.run(parts, body).await,

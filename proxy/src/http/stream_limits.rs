@@ -1,7 +1,9 @@
-//! A route's stream-level limits: `idle_timeout` (Envoy's stream idle timeout for the route)
-//! and `max_stream_duration`. Before the response head they end the request with Envoy's local
-//! replies (504 `stream timeout`, 504 `downstream duration timeout`); afterwards they cut the
-//! response body, which resets the downstream stream as Envoy does.
+//! A stream's limits: the route's `idle_timeout` (Envoy's stream idle timeout for the route)
+//! and its time limit: the route's `max_stream_duration` (or, with
+//! `grpc_timeout_header_max`, the request's `grpc-timeout`), else the connection manager's.
+//! Before the response head they end the request with Envoy's local replies (504 `stream
+//! timeout`; 504 `downstream duration timeout`, gRPC DEADLINE_EXCEEDED); afterwards they cut
+//! the response body, which resets the downstream stream as Envoy does.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,8 +14,14 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
+use http::{HeaderMap, Response, StatusCode};
+
+use super::grpc_timeout::{self, GRPC_TIMEOUT};
+use super::local_reply::{
+    GRPC_DEADLINE_EXCEEDED, is_grpc, local_reply, local_reply_with_grpc_status,
+};
 use crate::body::{Body, BoxError};
-use crate::route::action::Forward;
+use crate::route::action::{Forward, StreamTimeouts};
 
 /// Envoy's local reply body when the stream idle timeout fires.
 pub const STREAM_TIMEOUT: &str = "stream timeout";
@@ -28,14 +36,48 @@ pub struct StreamLimits {
 }
 
 impl StreamLimits {
-    /// The limits of `fwd` for a stream that started at `start`; `None` when it has none.
-    pub fn of(fwd: &Forward, start: Instant) -> Option<StreamLimits> {
+    /// The limits of a stream that started at `start` on route `fwd`, under the connection
+    /// manager's `max_stream_duration` `hcm_max`; `None` when it has none. On a route with
+    /// `max_stream_duration`, a gRPC request's `grpc-timeout` is set to its time limit, as
+    /// Envoy tells the upstream.
+    pub fn of(
+        fwd: &Forward,
+        hcm_max: Option<Duration>,
+        headers: &mut HeaderMap,
+        start: Instant,
+    ) -> Option<StreamLimits> {
         let idle = fwd.idle_timeout;
-        let deadline = fwd
-            .stream_duration
-            .as_ref()
-            .and_then(|s| s.max)
-            .map(|d| start + d);
+        let route = match fwd.stream_timeouts.as_deref() {
+            Some(StreamTimeouts::Duration(d)) => Some(d),
+            _ => None,
+        };
+        let header_max = route.and_then(|d| d.grpc_timeout_header_max);
+        let limit = match (grpc_timeout::of(headers), header_max) {
+            (Some(requested), Some(max)) => {
+                let mut t = if !max.is_zero() && requested > max {
+                    max
+                } else {
+                    requested
+                };
+                if let Some(offset) = route.and_then(|d| d.grpc_timeout_header_offset)
+                    && !t.is_zero()
+                {
+                    t = t.saturating_sub(offset);
+                }
+                Some(t)
+            }
+            _ => match route.and_then(|d| d.max) {
+                Some(max) => Some(max).filter(|m| !m.is_zero()),
+                None => hcm_max,
+            },
+        };
+        if let Some(t) = limit
+            && route.is_some()
+            && is_grpc(headers)
+        {
+            headers.insert(&GRPC_TIMEOUT, grpc_timeout::encode(t));
+        }
+        let deadline = limit.map(|t| start + t);
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 
@@ -59,6 +101,16 @@ impl StreamLimits {
             idle_timer: self.idle.map(|i| Box::pin(sleep(i))),
             deadline: self.deadline.map(|d| Box::pin(sleep_until(d))),
         })
+    }
+}
+
+/// Envoy's local reply when a limit from [`StreamLimits::head_deadline`] fires before the
+/// response head.
+pub fn timeout_reply(why: &'static str) -> Response<Body> {
+    if why == DURATION_TIMEOUT {
+        local_reply_with_grpc_status(StatusCode::GATEWAY_TIMEOUT, why, GRPC_DEADLINE_EXCEEDED)
+    } else {
+        local_reply(StatusCode::GATEWAY_TIMEOUT, why)
     }
 }
 

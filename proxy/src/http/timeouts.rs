@@ -1,13 +1,17 @@
-//! The router's timeouts for one request (Envoy's `finalTimeout`): the route timeout and the
+//! The router's timeouts for one request (Envoy's `finalTimeout`): the route timeout (for a
+//! gRPC request on a route with the deprecated `max_grpc_timeout`, its `grpc-timeout`) and the
 //! per-try timeout, overridden by `x-envoy-upstream-rq-timeout-ms` /
 //! `x-envoy-upstream-rq-per-try-timeout-ms` when those survived the connection manager (which
-//! strips them from external requests), and the `x-envoy-expected-rq-timeout-ms` sent upstream.
+//! strips them from external requests), and the `x-envoy-expected-rq-timeout-ms` (and then
+//! `grpc-timeout`) sent upstream.
 
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 
-use crate::route::action::Forward;
+use super::grpc_timeout::{self, GRPC_TIMEOUT};
+use super::local_reply::is_grpc;
+use crate::route::action::{Forward, StreamTimeouts};
 
 static RQ_TIMEOUT: HeaderName = HeaderName::from_static("x-envoy-upstream-rq-timeout-ms");
 static PER_TRY_TIMEOUT: HeaderName =
@@ -23,6 +27,9 @@ pub struct Timeouts {
     pub per_try: Option<Duration>,
     /// Each attempt, between response bytes (`per_try_idle_timeout`).
     pub per_try_idle: Option<Duration>,
+    /// Each attempt's `grpc-timeout` is rewritten to its expected timeout (a gRPC request on a
+    /// route with `max_grpc_timeout`).
+    pub grpc_header: bool,
 }
 
 fn header_ms(headers: &mut HeaderMap, name: &HeaderName) -> Option<Duration> {
@@ -42,11 +49,18 @@ impl Timeouts {
     /// `max_stream_duration` has no route timeout (Envoy's "new timeouts").
     pub fn resolve(fwd: &Forward, headers: &mut HeaderMap, honour_headers: bool) -> Timeouts {
         let policy = fwd.retry_policy.as_deref();
-        let uses_stream_duration = fwd.stream_duration.is_some();
+        let (global, grpc_header) = match fwd.stream_timeouts.as_deref() {
+            Some(StreamTimeouts::Duration(_)) => (None, false),
+            Some(&StreamTimeouts::LegacyGrpc { max, offset }) if is_grpc(headers) => {
+                (legacy_grpc_timeout(headers, max, offset), true)
+            }
+            _ => (fwd.timeout, false),
+        };
         let mut t = Timeouts {
-            global: fwd.timeout.filter(|_| !uses_stream_duration),
+            global,
             per_try: policy.and_then(|p| p.per_try_timeout),
             per_try_idle: policy.and_then(|p| p.per_try_idle_timeout),
+            grpc_header,
         };
         // One pass over the names first: most requests carry none of these, and removing an
         // absent custom header still hashes its name.
@@ -85,12 +99,42 @@ impl Timeouts {
         Some(expected.as_millis() as u64).filter(|ms| *ms > 0)
     }
 
-    /// Sets `x-envoy-expected-rq-timeout-ms` for an attempt started `elapsed` after the first.
-    pub fn set_expected(&self, headers: &mut HeaderMap, elapsed: Duration) {
-        if let Some(ms) = self.expected_ms(elapsed) {
+    /// Sets the timeout headers of an attempt started `elapsed` after the first:
+    /// `x-envoy-expected-rq-timeout-ms` when `expected_header`, and `grpc-timeout` when the
+    /// route's `max_grpc_timeout` governs it.
+    pub fn set_headers(&self, headers: &mut HeaderMap, elapsed: Duration, expected_header: bool) {
+        let Some(ms) = self.expected_ms(elapsed) else {
+            return;
+        };
+        if expected_header {
             headers.insert(&EXPECTED_TIMEOUT, super::int_value::int_value(ms));
         }
+        if self.grpc_header {
+            headers.insert(
+                &GRPC_TIMEOUT,
+                grpc_timeout::encode(Duration::from_millis(ms)),
+            );
+        }
     }
+}
+
+/// The route timeout of a gRPC request under `max_grpc_timeout`: its `grpc-timeout` (none:
+/// unlimited) less `offset` when that leaves some, capped at `max` unless `max` is 0.
+fn legacy_grpc_timeout(
+    headers: &HeaderMap,
+    max: Duration,
+    offset: Option<Duration>,
+) -> Option<Duration> {
+    let mut t = grpc_timeout::of(headers).unwrap_or_default();
+    if let Some(off) = offset
+        && off < t
+    {
+        t -= off;
+    }
+    if !max.is_zero() && (t.is_zero() || t > max) {
+        t = max;
+    }
+    (!t.is_zero()).then_some(t)
 }
 
 #[cfg(test)]
@@ -102,6 +146,7 @@ mod tests {
             global: global.map(Duration::from_millis),
             per_try: per_try.map(Duration::from_millis),
             per_try_idle: None,
+            grpc_header: false,
         }
         .expected_ms(Duration::from_millis(elapsed))
     }

@@ -201,15 +201,33 @@ pub struct UpgradeSetting {
     pub enabled: bool,
 }
 
-/// `max_stream_duration` of a route.
+/// `max_stream_duration` of a route. Its presence alone switches the route to Envoy's "new
+/// timeouts": the route `timeout` no longer applies.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StreamDuration {
-    /// `max_stream_duration`.
+    /// `max_stream_duration`: `Some(0)` means no limit, `None` leaves the connection
+    /// manager's `max_stream_duration` in force.
     pub max: Option<Duration>,
-    /// `grpc_timeout_header_max`.
+    /// `grpc_timeout_header_max`: when set, a request's `grpc-timeout` is its limit instead,
+    /// capped at this (0: no cap).
     pub grpc_timeout_header_max: Option<Duration>,
-    /// `grpc_timeout_header_offset`.
+    /// `grpc_timeout_header_offset`: taken off a `grpc-timeout` limit.
     pub grpc_timeout_header_offset: Option<Duration>,
+}
+
+/// How a route bounds a stream besides its `timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamTimeouts {
+    /// `max_stream_duration` is set.
+    Duration(StreamDuration),
+    /// The deprecated `max_grpc_timeout` (without `max_stream_duration`): a gRPC request's
+    /// `grpc-timeout`, less `offset`, is its route timeout, capped at `max` (0: no cap).
+    LegacyGrpc {
+        /// `max_grpc_timeout`.
+        max: Duration,
+        /// `grpc_timeout_offset`.
+        offset: Option<Duration>,
+    },
 }
 
 /// Forwarding settings (`RouteAction`). A route table holds one per forwarding route, so the
@@ -230,8 +248,8 @@ pub struct Forward {
     pub timeout: Option<Duration>,
     /// `idle_timeout`: `None` when unset or 0.
     pub idle_timeout: Option<Duration>,
-    /// `max_stream_duration` settings; `None` when all are unset (most routes).
-    pub stream_duration: Option<Box<StreamDuration>>,
+    /// `max_stream_duration` or `max_grpc_timeout`; `None` when neither is set.
+    pub stream_timeouts: Option<Box<StreamTimeouts>>,
     /// Effective retry policy (route's, else the virtual host's).
     pub retry_policy: Option<Arc<RetryPolicy>>,
     /// Hash policies, in order.

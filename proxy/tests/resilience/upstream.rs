@@ -21,6 +21,8 @@ pub struct Seen {
     pub attempt_count: Option<String>,
     /// `x-envoy-expected-rq-timeout-ms`.
     pub expected_timeout: Option<String>,
+    /// `grpc-timeout`.
+    pub grpc_timeout: Option<String>,
     /// Names of the `x-envoy-*` headers, sorted.
     pub envoy_headers: Vec<String>,
     /// The Host header.
@@ -137,6 +139,7 @@ async fn serve(mut stream: TcpStream, records: Arc<Mutex<Records>>) {
     let seen = Seen {
         attempt_count: header("x-envoy-attempt-count"),
         expected_timeout: header("x-envoy-expected-rq-timeout-ms"),
+        grpc_timeout: header("grpc-timeout"),
         envoy_headers,
         body_len: buf.len() - head_end,
         host: host.clone(),

@@ -13,7 +13,7 @@ use proto::pb::envoy::config::route::v3 as pb;
 use super::matchers::{regex_substitute, runtime_fraction};
 use super::{ClusterCheck, duration, header_rules};
 use crate::config::ConfigError;
-use crate::route::action::{StreamDuration, TemplateRewrite, UpgradeSetting};
+use crate::route::action::{StreamDuration, StreamTimeouts, TemplateRewrite, UpgradeSetting};
 use crate::route::matcher::PathMatch;
 use crate::route::policy::{HashKind, HashPolicy, MirrorPolicy, RetryPolicy};
 use crate::route::{
@@ -231,7 +231,6 @@ pub(super) fn forward<'p>(
         }
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
-    let msd = ra.max_stream_duration.as_ref();
     Ok(Action::Forward(Box::new(Forward {
         cluster,
         cluster_not_found_response_code: not_found,
@@ -243,18 +242,20 @@ pub(super) fn forward<'p>(
             None => Some(DEFAULT_TIMEOUT),
         },
         idle_timeout: nonzero(ra.idle_timeout.as_ref()),
-        stream_duration: Some(StreamDuration {
-            max: nonzero(msd.and_then(|m| m.max_stream_duration.as_ref())),
-            grpc_timeout_header_max: msd
-                .and_then(|m| m.grpc_timeout_header_max.as_ref())
-                .or(ra.max_grpc_timeout.as_ref())
-                .map(duration),
-            grpc_timeout_header_offset: msd
-                .and_then(|m| m.grpc_timeout_header_offset.as_ref())
-                .or(ra.grpc_timeout_offset.as_ref())
-                .map(duration),
-        })
-        .filter(|s| *s != StreamDuration::default())
+        stream_timeouts: match &ra.max_stream_duration {
+            Some(m) => Some(StreamTimeouts::Duration(StreamDuration {
+                max: m.max_stream_duration.as_ref().map(duration),
+                grpc_timeout_header_max: m.grpc_timeout_header_max.as_ref().map(duration),
+                grpc_timeout_header_offset: m.grpc_timeout_header_offset.as_ref().map(duration),
+            })),
+            None => ra
+                .max_grpc_timeout
+                .as_ref()
+                .map(|max| StreamTimeouts::LegacyGrpc {
+                    max: duration(max),
+                    offset: ra.grpc_timeout_offset.as_ref().map(duration),
+                }),
+        }
         .map(Box::new),
         retry_policy,
         hash_policies: ra
