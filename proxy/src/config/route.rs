@@ -209,12 +209,9 @@ fn tls_redirect_route() -> Route {
         matcher: crate::route::RouteMatch {
             path: crate::route::matcher::PathMatch::Prefix(String::new()),
             case_sensitive: true,
-            headers: Box::default(),
-            query_parameters: Box::default(),
             grpc: false,
-            runtime_fraction: None,
-            tls_context: None,
-            cookies: Box::default(),
+            headers: Box::default(),
+            more: None,
         },
         action: Action::Redirect(Box::new(Redirect {
             scheme: Some("https".to_owned()),
@@ -225,8 +222,8 @@ fn tls_redirect_route() -> Route {
             status: http::StatusCode::MOVED_PERMANENTLY,
         })),
         headers: None,
-        metadata: serde_json::Map::new(),
-        stat_prefix: String::new(),
+        metadata: None,
+        stat_prefix: Box::default(),
     }
 }
 
@@ -277,14 +274,16 @@ fn compile_route<'p>(
         metadata: r
             .metadata
             .as_ref()
+            .filter(|md| !md.filter_metadata.is_empty())
             .map(|md| {
-                md.filter_metadata
-                    .iter()
-                    .map(|(k, v)| (k.clone(), struct_to_json(v)))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        stat_prefix: r.stat_prefix.clone(),
+                Box::new(
+                    md.filter_metadata
+                        .iter()
+                        .map(|(k, v)| (k.clone(), struct_to_json(v)))
+                        .collect(),
+                )
+            }),
+        stat_prefix: r.stat_prefix.as_str().into(),
     })
 }
 

@@ -294,11 +294,11 @@ async fn route_and_forward(
             }
             let request_retriable =
                 retry::request_retriable(fwd.retry_policy.as_deref(), &route_req);
-            let hash = if fwd.hash_policies.is_empty() {
+            let hash = if fwd.hash_policies().is_empty() {
                 None
             } else {
                 compute_hash(
-                    &fwd.hash_policies,
+                    fwd.hash_policies(),
                     &route_req,
                     facts.client.or(Some(ctx.down.peer.ip())),
                 )
@@ -399,7 +399,7 @@ async fn route_and_forward(
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
-                    .per_request_buffer_limit_bytes
+                    .per_request_buffer_limit_bytes()
                     .map_or(buffered_body::DEFAULT_LIMIT, |l| l as usize);
                 match buffered_body::buffer(downstream_body, limit).await {
                     Ok(Buffered::Complete(replay)) => {

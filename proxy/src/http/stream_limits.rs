@@ -46,7 +46,7 @@ impl StreamLimits {
         headers: &mut HeaderMap,
         start: Instant,
     ) -> Option<StreamLimits> {
-        let idle = fwd.idle_timeout;
+        let idle = fwd.idle_timeout();
         let route = match fwd.stream_timeouts.as_deref() {
             Some(StreamTimeouts::Duration(d)) => Some(d),
             _ => None,

@@ -246,23 +246,43 @@ pub struct Forward {
     pub append_x_forwarded_host: bool,
     /// Upstream timeout: `None` when disabled (configured 0); default 15 s.
     pub timeout: Option<Duration>,
-    /// `idle_timeout`: `None` when unset or 0.
-    pub idle_timeout: Option<Duration>,
     /// `max_stream_duration` or `max_grpc_timeout`; `None` when neither is set.
     pub stream_timeouts: Option<Box<StreamTimeouts>>,
     /// Effective retry policy (route's, else the virtual host's).
     pub retry_policy: Option<Arc<RetryPolicy>>,
-    /// Hash policies, in order.
-    pub hash_policies: Box<[HashPolicy]>,
     /// Effective mirror policies (route's, else the virtual host's, else the table's);
     /// inherited lists are shared, not copied.
     pub mirror_policies: Arc<[MirrorPolicy]>,
+    /// Idle timeout, hash policies, upgrades, buffer limit and priority; `None` when all are
+    /// unset.
+    pub more: Option<Box<MoreSettings>>,
+}
+
+/// The forwarding settings few routes have.
+#[derive(Debug, Clone, Default)]
+pub struct MoreSettings {
+    /// `idle_timeout`: `None` when unset or 0.
+    pub idle_timeout: Option<Duration>,
+    /// Hash policies, in order.
+    pub hash_policies: Vec<HashPolicy>,
     /// Per-route upgrade settings.
-    pub upgrades: Box<[UpgradeSetting]>,
+    pub upgrades: Vec<UpgradeSetting>,
     /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
     pub per_request_buffer_limit_bytes: Option<u32>,
     /// `priority` (0 = DEFAULT, 1 = HIGH).
     pub priority: i32,
+}
+
+impl MoreSettings {
+    /// `Some` boxed unless every setting is unset.
+    pub fn boxed(self) -> Option<Box<MoreSettings>> {
+        let empty = self.idle_timeout.is_none()
+            && self.hash_policies.is_empty()
+            && self.upgrades.is_empty()
+            && self.per_request_buffer_limit_bytes.is_none()
+            && self.priority == 0;
+        (!empty).then(|| Box::new(self))
+    }
 }
 
 impl Forward {
@@ -302,10 +322,26 @@ impl Forward {
     /// Whether an upgrade of `upgrade_type` is allowed, given the connection manager's
     /// default for it: a route setting overrides the default.
     pub fn upgrade_allowed(&self, upgrade_type: &str, hcm_default: bool) -> bool {
-        self.upgrades
+        self.more
             .iter()
+            .flat_map(|m| &m.upgrades)
             .find(|u| u.upgrade_type.eq_ignore_ascii_case(upgrade_type))
             .map_or(hcm_default, |u| u.enabled)
+    }
+
+    /// `idle_timeout`: `None` when unset or 0.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        self.more.as_ref()?.idle_timeout
+    }
+
+    /// Hash policies, in order.
+    pub fn hash_policies(&self) -> &[HashPolicy] {
+        self.more.as_ref().map_or(&[], |m| &m.hash_policies)
+    }
+
+    /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
+    pub fn per_request_buffer_limit_bytes(&self) -> Option<u32> {
+        self.more.as_ref()?.per_request_buffer_limit_bytes
     }
 }
 
@@ -364,25 +400,47 @@ impl DirectResponse {
 }
 
 /// A compiled `RouteMatch`. A route table holds one per route, so the conditions most routes
-/// lack take no room: boxed slices and a boxed runtime fraction.
+/// lack take no room: header conditions in a boxed slice, the rarer ones in one box.
 #[derive(Debug, Clone)]
 pub struct RouteMatch {
     /// Path condition.
     pub path: super::matcher::PathMatch,
     /// `case_sensitive` (default true).
     pub case_sensitive: bool,
-    /// Header conditions (all must hold).
-    pub headers: Box<[HeaderMatcher]>,
-    /// Query-parameter conditions (all must hold).
-    pub query_parameters: Box<[super::matcher::QueryParameterMatcher]>,
     /// `grpc`: only gRPC requests.
     pub grpc: bool,
+    /// Header conditions (all must hold).
+    pub headers: Box<[HeaderMatcher]>,
+    /// Query-parameter, cookie, TLS and runtime conditions; `None` when there are none.
+    pub more: Option<Box<MoreConditions>>,
+}
+
+/// The conditions of a `RouteMatch` that few routes have.
+#[derive(Debug, Clone, Default)]
+pub struct MoreConditions {
+    /// Query-parameter conditions (all must hold).
+    pub query_parameters: Vec<super::matcher::QueryParameterMatcher>,
     /// `runtime_fraction`.
-    pub runtime_fraction: Option<Box<RuntimeFraction>>,
+    pub runtime_fraction: Option<RuntimeFraction>,
     /// `tls_context`: (presented, validated) requirements.
     pub tls_context: Option<(Option<bool>, Option<bool>)>,
     /// Cookie conditions: name, matcher, invert.
-    pub cookies: Box<[(String, super::matcher::StringMatcher, bool)]>,
+    pub cookies: Vec<(String, super::matcher::StringMatcher, bool)>,
+}
+
+impl MoreConditions {
+    /// Whether there is no condition at all.
+    fn is_empty(&self) -> bool {
+        self.query_parameters.is_empty()
+            && self.runtime_fraction.is_none()
+            && self.tls_context.is_none()
+            && self.cookies.is_empty()
+    }
+
+    /// `Some` boxed unless empty.
+    pub fn boxed(self) -> Option<Box<MoreConditions>> {
+        (!self.is_empty()).then(|| Box::new(self))
+    }
 }
 
 /// Header name of the gRPC content type check.

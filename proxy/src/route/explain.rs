@@ -27,15 +27,16 @@ fn route_json(index: usize, r: &Route) -> Value {
     let m = &r.matcher;
     let mut conditions = vec![m.path.describe()];
     conditions.extend(m.headers.iter().map(|h| h.describe()));
+    let more = m.more.as_deref();
     conditions.extend(
-        m.query_parameters
-            .iter()
+        more.iter()
+            .flat_map(|c| &c.query_parameters)
             .map(|q| format!("query parameter {:?}", q.name)),
     );
     if m.grpc {
         conditions.push("grpc".to_owned());
     }
-    if let Some(f) = &m.runtime_fraction {
+    if let Some(f) = more.and_then(|c| c.runtime_fraction.as_ref()) {
         conditions.push(format!(
             "runtime_fraction {:?} {}/{}",
             f.key, f.default.numerator, f.default.denominator

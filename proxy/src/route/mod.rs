@@ -117,10 +117,10 @@ pub struct Route {
     pub action: Action,
     /// Route-level header mutations; `None` when there are none (most routes).
     pub headers: Option<Box<HeaderRules>>,
-    /// `metadata.filter_metadata` as JSON (namespace -> struct).
-    pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
+    pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// `stat_prefix`.
-    pub stat_prefix: String,
+    pub stat_prefix: Box<str>,
 }
 
 /// A compiled virtual host.
@@ -330,7 +330,8 @@ impl Route {
 
     fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
         let m = &self.matcher;
-        if let Some(f) = &m.runtime_fraction
+        let more = m.more.as_deref();
+        if let Some(f) = more.and_then(|c| c.runtime_fraction.as_ref())
             && !f.enabled(req)
         {
             return Some(Failure::Runtime(&f.key));
@@ -341,14 +342,17 @@ impl Route {
         if let Some(h) = m.headers.iter().find(|h| !h.matches(req)) {
             return Some(Failure::Header(h));
         }
-        let query = matcher::query_of(path);
-        if let Some(q) = m.query_parameters.iter().find(|q| !q.matches(query)) {
-            return Some(Failure::Query(&q.name));
+        if let Some(more) = more {
+            let query = matcher::query_of(path);
+            if let Some(q) = more.query_parameters.iter().find(|q| !q.matches(query)) {
+                return Some(Failure::Query(&q.name));
+            }
         }
         if m.grpc && !is_grpc(req) {
             return Some(Failure::Grpc);
         }
-        if let Some((presented, validated)) = m.tls_context {
+        let more = more?;
+        if let Some((presented, validated)) = more.tls_context {
             let ok = req.tls_peer.is_some_and(|(p, v)| {
                 presented.is_none_or(|want| want == p) && validated.is_none_or(|want| want == v)
             });
@@ -356,7 +360,7 @@ impl Route {
                 return Some(Failure::Tls);
             }
         }
-        for (name, sm, invert) in &m.cookies {
+        for (name, sm, invert) in &more.cookies {
             if policy::cookie(req, name).is_none_or(|v| sm.matches(v) == *invert) {
                 return Some(Failure::Cookie(name));
             }

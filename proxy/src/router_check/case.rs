@@ -259,7 +259,7 @@ pub fn run_case(
                 s(m, "value").unwrap_or(""),
             );
             let actual = selected
-                .and_then(|sel| sel.route.metadata.get(ns))
+                .and_then(|sel| sel.route.metadata.as_deref()?.get(ns))
                 .and_then(|v| v.get(key))
                 .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_owned))
                 .unwrap_or_default();

@@ -13,7 +13,9 @@ use proto::pb::envoy::config::route::v3 as pb;
 use super::matchers::{regex_substitute, runtime_fraction};
 use super::{ClusterCheck, duration, header_rules};
 use crate::config::ConfigError;
-use crate::route::action::{StreamDuration, StreamTimeouts, TemplateRewrite, UpgradeSetting};
+use crate::route::action::{
+    MoreSettings, StreamDuration, StreamTimeouts, TemplateRewrite, UpgradeSetting,
+};
 use crate::route::matcher::PathMatch;
 use crate::route::policy::{HashKind, HashPolicy, MirrorPolicy, RetryPolicy};
 use crate::route::{
@@ -241,7 +243,6 @@ pub(super) fn forward<'p>(
             Some(t) => Some(duration(t)).filter(|d| !d.is_zero()),
             None => Some(DEFAULT_TIMEOUT),
         },
-        idle_timeout: nonzero(ra.idle_timeout.as_ref()),
         stream_timeouts: match &ra.max_stream_duration {
             Some(m) => Some(StreamTimeouts::Duration(StreamDuration {
                 max: m.max_stream_duration.as_ref().map(duration),
@@ -258,27 +259,31 @@ pub(super) fn forward<'p>(
         }
         .map(Box::new),
         retry_policy,
-        hash_policies: ra
-            .hash_policy
-            .iter()
-            .enumerate()
-            .map(|(i, h)| hash_policy(h).map_err(|e| e.within(&format!("hash_policy[{i}]"))))
-            .collect::<Result<_, _>>()?,
         mirror_policies: if mirrors.is_empty() {
             Arc::clone(vh.mirrors)
         } else {
             mirrors.into()
         },
-        upgrades: ra
-            .upgrade_configs
-            .iter()
-            .map(|u| UpgradeSetting {
-                upgrade_type: u.upgrade_type.to_ascii_lowercase(),
-                enabled: u.enabled.is_none_or(|b| b.value),
-            })
-            .collect(),
-        per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
-        priority: ra.priority,
+        more: MoreSettings {
+            idle_timeout: nonzero(ra.idle_timeout.as_ref()),
+            hash_policies: ra
+                .hash_policy
+                .iter()
+                .enumerate()
+                .map(|(i, h)| hash_policy(h).map_err(|e| e.within(&format!("hash_policy[{i}]"))))
+                .collect::<Result<_, _>>()?,
+            upgrades: ra
+                .upgrade_configs
+                .iter()
+                .map(|u| UpgradeSetting {
+                    upgrade_type: u.upgrade_type.to_ascii_lowercase(),
+                    enabled: u.enabled.is_none_or(|b| b.value),
+                })
+                .collect(),
+            per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
+            priority: ra.priority,
+        }
+        .boxed(),
     })))
 }
 

@@ -11,6 +11,7 @@ use proto::pb::envoy::r#type::v3 as ty;
 
 use crate::config::ConfigError;
 use crate::route::RouteMatch;
+use crate::route::action::MoreConditions;
 use crate::route::matcher::{
     FractionalPercent, HeaderMatcher, HeaderValueMatch, PathMatch, QueryParameterMatcher,
     RuntimeFraction, StringMatcher, UriTemplate, template_regex,
@@ -299,7 +300,7 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
                 value,
             })
         })
-        .collect::<Result<Box<[_]>, ConfigError>>()?;
+        .collect::<Result<Vec<_>, ConfigError>>()?;
     let cookies = rm
         .cookies
         .iter()
@@ -310,21 +311,21 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
             })?;
             Ok((c.name.clone(), string_matcher(sm)?, c.invert_match))
         })
-        .collect::<Result<Box<[_]>, ConfigError>>()?;
+        .collect::<Result<Vec<_>, ConfigError>>()?;
     Ok(RouteMatch {
         path,
         case_sensitive: rm.case_sensitive.is_none_or(|b| b.value),
-        headers: header_matchers(&rm.headers)?.into_boxed_slice(),
-        query_parameters,
         grpc: rm.grpc.is_some(),
-        runtime_fraction: rm
-            .runtime_fraction
-            .as_ref()
-            .map(|f| Box::new(runtime_fraction(f))),
-        tls_context: rm
-            .tls_context
-            .as_ref()
-            .map(|t| (t.presented.map(|b| b.value), t.validated.map(|b| b.value))),
-        cookies,
+        headers: header_matchers(&rm.headers)?.into_boxed_slice(),
+        more: MoreConditions {
+            query_parameters,
+            runtime_fraction: rm.runtime_fraction.as_ref().map(runtime_fraction),
+            tls_context: rm
+                .tls_context
+                .as_ref()
+                .map(|t| (t.presented.map(|b| b.value), t.validated.map(|b| b.value))),
+            cookies,
+        }
+        .boxed(),
     })
 }
