@@ -51,9 +51,12 @@ impl StreamLimits {
             Some(StreamTimeouts::Duration(d)) => Some(d),
             _ => None,
         };
-        let header_max = route.and_then(|d| d.grpc_timeout_header_max);
-        let limit = match (grpc_timeout::of(headers), header_max) {
-            (Some(requested), Some(max)) => {
+        // The header is looked up only where it counts: most routes lack the setting.
+        let requested = route
+            .and_then(|d| d.grpc_timeout_header_max)
+            .and_then(|max| Some((grpc_timeout::of(headers)?, max)));
+        let limit = match requested {
+            Some((requested, max)) => {
                 let mut t = if !max.is_zero() && requested > max {
                     max
                 } else {
@@ -66,7 +69,7 @@ impl StreamLimits {
                 }
                 Some(t)
             }
-            _ => match route.and_then(|d| d.max) {
+            None => match route.and_then(|d| d.max) {
                 Some(max) => Some(max).filter(|m| !m.is_zero()),
                 None => hcm_max,
             },
