@@ -154,12 +154,36 @@ impl Listener {
             Some(local) => local,
             None => stream.local_addr().unwrap_or(self.config.address),
         };
-        let original = self
-            .config
-            .filters
-            .original_dst
+        let original = (self.config.filters.original_dst || self.config.use_original_dst)
             .then(|| original_dst(&stream, local))
             .flatten();
+        if self.config.use_original_dst
+            && let Some(to) = original.filter(|o| *o != local)
+        {
+            let listeners = shared.listeners.load_full();
+            if let Some(target) = handoff_target(&listeners, to, self) {
+                return target
+                    .serve_on(stream, peer, &shared, None, local, original)
+                    .await;
+            }
+        }
+        self.serve_on(stream, peer, &shared, Some(&worker), local, original)
+            .await
+    }
+
+    /// Serves an accepted connection (`original`: its destination before an iptables
+    /// redirect): runs this listener's inspecting filters, picks a chain and hands the
+    /// connection to it. `worker`: the per-worker stats of the accepting listener (`None` for a
+    /// connection handed off by a `use_original_dst` listener, counted on this listener alone).
+    async fn serve_on(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        shared: &Arc<Shared>,
+        worker: Option<&Connections>,
+        local: SocketAddr,
+        original: Option<SocketAddr>,
+    ) {
         let destination = original.unwrap_or(local);
         let f = self.config.filters;
         let needs_peek = f.tls_inspector || f.http_inspector;
@@ -196,7 +220,7 @@ impl Listener {
                 }
             },
         };
-        let _open = (self.cx.open(), worker.open());
+        let _open = (self.cx.open(), worker.map(Connections::open));
         match chain {
             Chain::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
@@ -231,6 +255,23 @@ impl Listener {
         }
         self.cx_destroy.inc();
     }
+}
+
+/// The listener a `use_original_dst` listener hands a connection for `to` to, as Envoy finds
+/// it: one on exactly that address, else one on the wildcard address of its family with that
+/// port (bound or not); never `from` itself.
+fn handoff_target<'l>(
+    listeners: &'l [Arc<Listener>],
+    to: SocketAddr,
+    from: &Listener,
+) -> Option<&'l Arc<Listener>> {
+    let others = || listeners.iter().filter(|l| !std::ptr::eq(&***l, from));
+    others().find(|l| l.config.address == to).or_else(|| {
+        others().find(|l| {
+            let a = l.config.address;
+            a.ip().is_unspecified() && a.port() == to.port() && a.is_ipv4() == to.is_ipv4()
+        })
+    })
 }
 
 /// Completes the TLS handshake of a connection and serves it.
