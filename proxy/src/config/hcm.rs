@@ -254,12 +254,11 @@ pub fn compile_hcm(
             .as_ref()
             .and_then(|o| o.max_headers_count.as_ref())
             .map_or(100, |v| v.value),
-        max_stream_duration: hcm
-            .common_http_protocol_options
-            .as_ref()
-            .and_then(|o| o.max_stream_duration.as_ref())
-            .map(crate::config::route::duration)
-            .filter(|d| !d.is_zero()),
+        max_stream_duration: crate::config::route::nonzero(
+            hcm.common_http_protocol_options
+                .as_ref()
+                .and_then(|o| o.max_stream_duration.as_ref()),
+        ),
         max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
         accept_http_10: hcm
             .http_protocol_options

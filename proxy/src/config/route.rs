@@ -316,6 +316,11 @@ pub fn duration(d: &gpb::Duration) -> Duration {
     Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32)
 }
 
+/// An optional proto Duration where 0 means "none" (Envoy's disabled timeouts and limits).
+pub(crate) fn nonzero(d: Option<&gpb::Duration>) -> Option<Duration> {
+    d.map(duration).filter(|d| !d.is_zero())
+}
+
 pub(crate) fn header_name(name: &str) -> Result<http::HeaderName, ConfigError> {
     http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
         .map_err(|_| ConfigError::new("", format!("invalid header name {name:?}")))

@@ -11,7 +11,7 @@ use proto::pb::envoy::config::core::v3 as core;
 use proto::pb::envoy::config::route::v3 as pb;
 
 use super::matchers::{regex_substitute, runtime_fraction};
-use super::{ClusterCheck, duration, header_rules};
+use super::{ClusterCheck, duration, header_rules, nonzero};
 use crate::config::ConfigError;
 use crate::route::action::{
     MoreSettings, StreamDuration, StreamTimeouts, TemplateRewrite, UpgradeSetting,
@@ -78,10 +78,6 @@ impl<'a> RetryPolicies<'a> {
 
 /// Envoy's default upstream timeout.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(15);
-
-fn nonzero(d: Option<&proto::pb::google::protobuf::Duration>) -> Option<Duration> {
-    d.map(duration).filter(|d| !d.is_zero())
-}
 
 pub(super) fn forward<'p>(
     ra: &'p pb::RouteAction,
