@@ -14,7 +14,7 @@ use super::local_reply::local_reply;
 use super::mirror;
 use super::path::PathVerdict;
 use super::retry::{self, RetryState};
-use super::stream_limits::{self, StreamLimits};
+use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
@@ -442,7 +442,7 @@ async fn route_and_forward(
                 Some((at, why)) => {
                     match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
                         Ok(done) => done,
-                        Err(_) => return stream_limits::timeout_reply(why),
+                        Err(_) => return why.reply(),
                     }
                 }
                 None => exchange.run(parts, body).await,

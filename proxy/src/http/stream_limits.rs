@@ -23,10 +23,37 @@ use super::local_reply::{
 use crate::body::{Body, BoxError};
 use crate::route::action::{Forward, StreamTimeouts};
 
-/// Envoy's local reply body when the stream idle timeout fires.
-pub const STREAM_TIMEOUT: &str = "stream timeout";
-/// Envoy's local reply body when `max_stream_duration` is reached.
-pub const DURATION_TIMEOUT: &str = "downstream duration timeout";
+/// Which limit ended a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// The route's `idle_timeout`.
+    Idle,
+    /// The stream's time limit (`max_stream_duration` or `grpc-timeout`).
+    Duration,
+}
+
+impl Limit {
+    /// Envoy's local reply body for it.
+    fn text(self) -> &'static str {
+        match self {
+            Limit::Idle => "stream timeout",
+            Limit::Duration => "downstream duration timeout",
+        }
+    }
+
+    /// Envoy's local reply when it fires before the response head: 504, and for a gRPC
+    /// request past its time limit DEADLINE_EXCEEDED (other limits map from the 504).
+    pub fn reply(self) -> Response<Body> {
+        match self {
+            Limit::Idle => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
+            Limit::Duration => local_reply_with_grpc_status(
+                StatusCode::GATEWAY_TIMEOUT,
+                self.text(),
+                GRPC_DEADLINE_EXCEEDED,
+            ),
+        }
+    }
+}
 
 /// The limits of one stream.
 #[derive(Debug, Clone, Copy)]
@@ -84,14 +111,13 @@ impl StreamLimits {
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 
-    /// When the wait for the response head must end, and the local reply body of the limit
-    /// that fires first then.
-    pub fn head_deadline(&self) -> Option<(Instant, &'static str)> {
+    /// When the wait for the response head must end, and the limit that fires first then.
+    pub fn head_deadline(&self) -> Option<(Instant, Limit)> {
         let idle_at = self.idle.map(|i| Instant::now() + i);
         match (idle_at, self.deadline) {
-            (Some(i), Some(d)) if d <= i => Some((d, DURATION_TIMEOUT)),
-            (Some(i), _) => Some((i, STREAM_TIMEOUT)),
-            (None, Some(d)) => Some((d, DURATION_TIMEOUT)),
+            (Some(i), Some(d)) if d <= i => Some((d, Limit::Duration)),
+            (Some(i), _) => Some((i, Limit::Idle)),
+            (None, Some(d)) => Some((d, Limit::Duration)),
             (None, None) => None,
         }
     }
@@ -107,16 +133,6 @@ impl StreamLimits {
     }
 }
 
-/// Envoy's local reply when a limit from [`StreamLimits::head_deadline`] fires before the
-/// response head.
-pub fn timeout_reply(why: &'static str) -> Response<Body> {
-    if why == DURATION_TIMEOUT {
-        local_reply_with_grpc_status(StatusCode::GATEWAY_TIMEOUT, why, GRPC_DEADLINE_EXCEEDED)
-    } else {
-        local_reply(StatusCode::GATEWAY_TIMEOUT, why)
-    }
-}
-
 /// A body cut off by an idle timer (reset on every frame) and an absolute deadline.
 struct Limited {
     inner: Body,
@@ -126,8 +142,8 @@ struct Limited {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct LimitReached(&'static str);
+#[error("{}", .0.text())]
+struct LimitReached(Limit);
 
 impl HttpBody for Limited {
     type Data = Bytes;
@@ -149,14 +165,14 @@ impl HttpBody for Limited {
             .as_mut()
             .is_some_and(|d| d.as_mut().poll(cx).is_ready())
         {
-            return Poll::Ready(Some(Err(LimitReached(DURATION_TIMEOUT).into())));
+            return Poll::Ready(Some(Err(LimitReached(Limit::Duration).into())));
         }
         if this
             .idle_timer
             .as_mut()
             .is_some_and(|t| t.as_mut().poll(cx).is_ready())
         {
-            return Poll::Ready(Some(Err(LimitReached(STREAM_TIMEOUT).into())));
+            return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
         }
         Poll::Pending
     }
