@@ -223,7 +223,6 @@ fn tls_redirect_route() -> Route {
         })),
         headers: None,
         metadata: None,
-        stat_prefix: Box::default(),
     }
 }
 
@@ -283,7 +282,6 @@ fn compile_route<'p>(
                         .collect(),
                 )
             }),
-        stat_prefix: r.stat_prefix.as_str().into(),
     })
 }
 

@@ -253,8 +253,7 @@ pub struct Forward {
     /// Effective mirror policies (route's, else the virtual host's, else the table's);
     /// inherited lists are shared, not copied.
     pub mirror_policies: Arc<[MirrorPolicy]>,
-    /// Idle timeout, hash policies, upgrades, buffer limit and priority; `None` when all are
-    /// unset.
+    /// Idle timeout, hash policies, upgrades and buffer limit; `None` when all are unset.
     pub more: Option<Box<MoreSettings>>,
 }
 
@@ -269,8 +268,6 @@ pub struct MoreSettings {
     pub upgrades: Vec<UpgradeSetting>,
     /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
     pub per_request_buffer_limit_bytes: Option<u32>,
-    /// `priority` (0 = DEFAULT, 1 = HIGH).
-    pub priority: i32,
 }
 
 impl MoreSettings {
@@ -279,8 +276,7 @@ impl MoreSettings {
         let empty = self.idle_timeout.is_none()
             && self.hash_policies.is_empty()
             && self.upgrades.is_empty()
-            && self.per_request_buffer_limit_bytes.is_none()
-            && self.priority == 0;
+            && self.per_request_buffer_limit_bytes.is_none();
         (!empty).then(|| Box::new(self))
     }
 }

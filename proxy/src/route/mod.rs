@@ -119,8 +119,6 @@ pub struct Route {
     pub headers: Option<Box<HeaderRules>>,
     /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
-    /// `stat_prefix`.
-    pub stat_prefix: Box<str>,
 }
 
 /// A compiled virtual host.

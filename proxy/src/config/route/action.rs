@@ -277,7 +277,6 @@ pub(super) fn forward<'p>(
                 })
                 .collect(),
             per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
-            priority: ra.priority,
         }
         .boxed(),
     })))
