@@ -234,6 +234,10 @@ pub fn format_value(value: f64) -> String {
     }
 }
 
+/// Height of a bar chart's title line and of each bar's row, in pixels.
+const TITLE_HEIGHT: f64 = 26.0;
+const BAR_HEIGHT: f64 = 26.0;
+
 /// A horizontal bar chart (SVG fragment) at (`x`, `y`) with the given width.
 fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64, width: f64) {
     let max = bars
@@ -249,7 +253,7 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
         y + 14.0
     );
     for (i, (name, value)) in bars.iter().enumerate() {
-        let top = y + 26.0 + i as f64 * 26.0;
+        let top = y + TITLE_HEIGHT + i as f64 * BAR_HEIGHT;
         let len = bar_space * value / max;
         let colour = if *name == "revoy" {
             "#d9480f"
@@ -276,33 +280,85 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
     }
 }
 
-/// An SVG with two bar charts for `scenario`: throughput and CPU per request per contender.
-pub fn svg_chart(results: &Results, scenario: &str) -> String {
-    let bars = |metric: &str| -> Vec<(&'static str, f64)> {
+/// The two charts of a scenario's row: what it delivers and what it costs, as
+/// (metric, title) pairs; `None` for a scenario that has neither.
+fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'static str); 2]> {
+    let has = |metric: &str| {
         Kind::ALL
             .iter()
-            .filter_map(|&k| Some((k.name(), results.median(scenario, k, metric)?)))
-            .collect()
+            .any(|&k| results.median(scenario, k, metric).is_some())
     };
+    if scenario == "memory" {
+        let peak = if has("mesh_peak_rss_mib") {
+            (
+                "mesh_peak_rss_mib",
+                "peak RSS MiB, 1,000-cluster mesh config (lower is better)",
+            )
+        } else {
+            ("peak_rss_mib", "peak RSS MiB (lower is better)")
+        };
+        return Some([
+            (
+                "idle_rss_mib",
+                "idle RSS MiB, trivial config (lower is better)",
+            ),
+            peak,
+        ]);
+    }
+    if has("rps") {
+        return Some([
+            ("rps", "requests/s (higher is better)"),
+            ("cpu_us_per_req", "proxy CPU µs/request (lower is better)"),
+        ]);
+    }
+    if has("mib_s") {
+        return Some([
+            ("mib_s", "MiB/s (higher is better)"),
+            ("cpu_ms_per_gib", "proxy CPU ms/GiB (lower is better)"),
+        ]);
+    }
+    None
+}
+
+/// An SVG with a row per scenario (memory last): throughput and CPU cost per contender side
+/// by side (for memory: idle and peak RSS).
+pub fn svg_chart(results: &Results) -> String {
+    let mut order: Vec<&str> = results
+        .scenarios()
+        .iter()
+        .map(String::as_str)
+        .filter(|s| *s != "memory")
+        .collect();
+    if results.scenarios().iter().any(|s| s == "memory") {
+        order.push("memory");
+    }
     let mut body = String::new();
-    bar_chart(
-        &mut body,
-        &format!("{scenario}: requests/s (higher is better)"),
-        &bars("rps"),
-        10.0,
-        10.0,
-        440.0,
-    );
-    bar_chart(
-        &mut body,
-        &format!("{scenario}: proxy CPU µs/request (lower is better)"),
-        &bars("cpu_us_per_req"),
-        470.0,
-        10.0,
-        440.0,
-    );
+    let mut y = 10.0;
+    for scenario in order {
+        let Some(pair) = chart_pair(results, scenario) else {
+            continue;
+        };
+        let mut rows = 0;
+        for (i, (metric, title)) in pair.into_iter().enumerate() {
+            let bars: Vec<(&str, f64)> = Kind::ALL
+                .iter()
+                .filter_map(|&k| Some((k.name(), results.median(scenario, k, metric)?)))
+                .collect();
+            rows = rows.max(bars.len());
+            let x = 10.0 + i as f64 * 500.0;
+            bar_chart(
+                &mut body,
+                &format!("{scenario}: {title}"),
+                &bars,
+                x,
+                y,
+                480.0,
+            );
+        }
+        y += TITLE_HEIGHT + rows as f64 * BAR_HEIGHT + 20.0;
+    }
     format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"920\" height=\"175\" font-family=\"sans-serif\">\n\
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"{y:.0}\" font-family=\"sans-serif\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n{body}</svg>\n"
     )
 }
@@ -343,9 +399,32 @@ mod tests {
     }
 
     #[test]
-    fn chart_has_a_bar_per_contender() {
-        let svg = svg_chart(&sample(), "s");
-        assert_eq!(svg.matches("<rect x=").count(), 3);
+    fn chart_has_a_bar_per_contender_and_a_row_per_scenario() {
+        let mut r = sample();
+        for (kind, cpu) in [(Kind::Envoy, 40.0), (Kind::Revoy, 10.0)] {
+            r.record("s", kind, "cpu_us_per_req", cpu);
+            r.record("tcp", kind, "mib_s", cpu * 100.0);
+            r.record("tcp", kind, "cpu_ms_per_gib", cpu * 20.0);
+        }
+        r.record("memory", Kind::Revoy, "idle_rss_mib", 6.0);
+        r.record("memory", Kind::Revoy, "peak_rss_mib", 12.0);
+        let svg = svg_chart(&r);
         assert!(svg.starts_with("<svg"));
+        // s: 3 req/s bars, 2 CPU bars; tcp: 2 + 2; memory: 1 + 1.
+        assert_eq!(svg.matches("<rect x=").count(), 11, "{svg}");
+        for title in [
+            "s: requests/s",
+            "s: proxy CPU µs/request",
+            "tcp: MiB/s",
+            "tcp: proxy CPU ms/GiB",
+            "memory: idle RSS MiB",
+            "memory: peak RSS MiB (lower",
+        ] {
+            assert!(svg.contains(title), "{title} missing: {svg}");
+        }
+        assert!(
+            svg.find("tcp: MiB/s") < svg.find("memory: idle"),
+            "memory is the last row"
+        );
     }
 }

@@ -2,8 +2,11 @@
 //! one worker each, same upstream, same scenarios, alternating rounds; medians reported as a
 //! Markdown table, JSON and an SVG chart.
 //!
-//! `cargo run --release -p benches --bin load -- [--quick] [--out DIR] [--revoy PATH]
+//! `cargo run --release -p benches --bin load -- [--quick | --smoke] [--out DIR] [--revoy PATH]
 //! [--envoy PATH] [--no-build] [--no-pgo] [--build-only] [--only scenario,...]`
+//!
+//! `--smoke` runs every scenario and contender once, briefly (the test suite runs it on a
+//! debug build to keep the command working); its figures mean nothing.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -34,6 +37,8 @@ const SCENARIOS: [&str; 7] = [
 
 struct Options {
     quick: bool,
+    /// The smallest plan that still runs every scenario and contender.
+    smoke: bool,
     out: PathBuf,
     revoy: Option<PathBuf>,
     envoy: Option<PathBuf>,
@@ -85,6 +90,16 @@ impl Plan {
         }
     }
 
+    /// Every scenario and contender once, briefly: proof that the suite runs, not figures.
+    fn smoke() -> Plan {
+        Plan {
+            tcp_bytes: 16 << 20,
+            connections: 8,
+            idle_connections: 20,
+            ..Plan::quick()
+        }
+    }
+
     /// The training load of a profile-guided build.
     fn training() -> Plan {
         Plan {
@@ -97,6 +112,7 @@ impl Plan {
 fn parse_args() -> Result<Options, String> {
     let mut opts = Options {
         quick: false,
+        smoke: false,
         out: "benches/results".into(),
         revoy: None,
         envoy: None,
@@ -110,6 +126,7 @@ fn parse_args() -> Result<Options, String> {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--quick" => opts.quick = true,
+            "--smoke" => opts.smoke = true,
             "--no-build" => opts.build = false,
             "--no-pgo" => opts.pgo = false,
             "--build-only" => opts.build_only = true,
@@ -119,6 +136,9 @@ fn parse_args() -> Result<Options, String> {
             "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
             other => return Err(format!("unknown argument {other}")),
         }
+    }
+    if opts.quick && opts.smoke {
+        return Err("--quick and --smoke are two plans: choose one".into());
     }
     if opts.build_only && (opts.revoy.is_some() || !opts.build) {
         return Err("--build-only builds: it cannot go with --revoy or --no-build".into());
@@ -773,7 +793,9 @@ fn run(opts: &Options) -> Result<(), String> {
         envoy: envoy_binary(opts)?,
     };
     let started = Instant::now();
-    let plan = if opts.quick {
+    let plan = if opts.smoke {
+        Plan::smoke()
+    } else if opts.quick {
         Plan::quick()
     } else {
         Plan::full()
@@ -887,7 +909,7 @@ fn run(opts: &Options) -> Result<(), String> {
         "load.json",
         serde_json::to_string_pretty(&json).expect("json"),
     )?;
-    write("load.svg", report::svg_chart(&results, "http1_small"))?;
+    write("load.svg", report::svg_chart(&results))?;
     let _ = fs::remove_dir_all(&work);
     println!("{md}");
     eprintln!(

