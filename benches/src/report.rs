@@ -292,18 +292,12 @@ fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'sta
         let peak = if has("mesh_peak_rss_mib") {
             (
                 "mesh_peak_rss_mib",
-                "peak RSS MiB, 1,000-cluster mesh config (lower is better)",
+                "mesh config peak RSS MiB (lower is better)",
             )
         } else {
             ("peak_rss_mib", "peak RSS MiB (lower is better)")
         };
-        return Some([
-            (
-                "idle_rss_mib",
-                "idle RSS MiB, trivial config (lower is better)",
-            ),
-            peak,
-        ]);
+        return Some([("idle_rss_mib", "idle RSS MiB (lower is better)"), peak]);
     }
     if has("rps") {
         return Some([
