@@ -599,17 +599,24 @@ impl Proxy {
 
     async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
+        // Each listener is probed until it accepts once: a probe counts in its stats, so both
+        // proxies must get the same number of them.
+        let mut pending = vec!["listener_external", "listener_internal", "listener_limited"];
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("{} exited ({status}):\n{}", self.name, self.log_tail());
             }
-            let mut ready = true;
-            for l in ["listener_external", "listener_internal", "listener_limited"] {
-                ready &= TcpStream::connect(("127.0.0.1", self.ports[l]))
+            let mut still = Vec::new();
+            for l in pending {
+                if TcpStream::connect(("127.0.0.1", self.ports[l]))
                     .await
-                    .is_ok();
+                    .is_err()
+                {
+                    still.push(l);
+                }
             }
-            if ready {
+            pending = still;
+            if pending.is_empty() {
                 return;
             }
             assert!(

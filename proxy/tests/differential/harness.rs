@@ -276,7 +276,10 @@ impl Side {
 
     async fn wait_ready(&self) -> Result<(), String> {
         let deadline = Instant::now() + READY_DEADLINE;
-        let listeners: Vec<u16> = self
+        // Each listener is probed until it accepts once, never again: a probe is a connection
+        // the listener's stats count (and a tcp_proxy forwards), so both sides must see the
+        // same number of them however many rounds the slower side needs.
+        let mut pending: Vec<u16> = self
             .ports
             .iter()
             .filter(|(k, _)| k.starts_with("listener_"))
@@ -291,11 +294,16 @@ impl Side {
                     self.process.log_tail()
                 ));
             }
-            let mut ready = true;
-            for port in &listeners {
-                ready &= TcpStream::connect(("127.0.0.1", *port)).await.is_ok()
-                    || TcpStream::connect(("::1", *port)).await.is_ok();
+            let mut still = Vec::new();
+            for port in pending {
+                if TcpStream::connect(("127.0.0.1", port)).await.is_err()
+                    && TcpStream::connect(("::1", port)).await.is_err()
+                {
+                    still.push(port);
+                }
             }
+            pending = still;
+            let ready = pending.is_empty();
             if ready && (admin.is_none() || admin_ready(admin.unwrap_or_default()).await) {
                 return Ok(());
             }
