@@ -167,17 +167,20 @@ impl Results {
         json!({"medians": medians, "samples": raw})
     }
 
+    /// Whether any contender has a sample of `metric` in `scenario`.
+    pub fn has(&self, scenario: &str, metric: &str) -> bool {
+        Kind::ALL
+            .iter()
+            .any(|&k| self.median(scenario, k, metric).is_some())
+    }
+
     /// One Markdown table per scenario; each cell shows the median and its ratio to Envoy.
     pub fn to_markdown(&self) -> String {
         let mut out = String::new();
         for scenario in &self.scenarios {
             let columns: Vec<Metric> = METRICS
                 .into_iter()
-                .filter(|m| {
-                    Kind::ALL
-                        .iter()
-                        .any(|&k| self.median(scenario, k, m.key).is_some())
-                })
+                .filter(|m| self.has(scenario, m.key))
                 .collect();
             let _ = writeln!(out, "#### {scenario}\n");
             let _ = writeln!(
@@ -234,8 +237,9 @@ pub fn format_value(value: f64) -> String {
     }
 }
 
-/// Height of a bar chart's title line and of each bar's row, in pixels.
+/// Height of a bar chart's title line, in pixels.
 const TITLE_HEIGHT: f64 = 26.0;
+/// Height of each bar's row in a bar chart, in pixels.
 const BAR_HEIGHT: f64 = 26.0;
 
 /// A horizontal bar chart (SVG fragment) at (`x`, `y`) with the given width.
@@ -283,11 +287,7 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
 /// The two charts of a scenario's row: what it delivers and what it costs, as
 /// (metric, title) pairs; `None` for a scenario that has neither.
 fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'static str); 2]> {
-    let has = |metric: &str| {
-        Kind::ALL
-            .iter()
-            .any(|&k| results.median(scenario, k, metric).is_some())
-    };
+    let has = |metric: &str| results.has(scenario, metric);
     if scenario == "memory" {
         let peak = if has("mesh_peak_rss_mib") {
             (

@@ -36,9 +36,8 @@ const SCENARIOS: [&str; 7] = [
 ];
 
 struct Options {
-    quick: bool,
-    /// The smallest plan that still runs every scenario and contender.
-    smoke: bool,
+    /// `--quick` or `--smoke`; the full plan when neither is given.
+    plan: Option<Plan>,
     out: PathBuf,
     revoy: Option<PathBuf>,
     envoy: Option<PathBuf>,
@@ -51,6 +50,7 @@ struct Options {
 }
 
 /// Durations and sizes of one suite.
+#[derive(Clone)]
 struct Plan {
     rounds: usize,
     /// Closed-loop runs per contender, scenario and round; contenders take turns run by run,
@@ -111,8 +111,7 @@ impl Plan {
 
 fn parse_args() -> Result<Options, String> {
     let mut opts = Options {
-        quick: false,
-        smoke: false,
+        plan: None,
         out: "benches/results".into(),
         revoy: None,
         envoy: None,
@@ -125,8 +124,16 @@ fn parse_args() -> Result<Options, String> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
-            "--quick" => opts.quick = true,
-            "--smoke" => opts.smoke = true,
+            "--quick" | "--smoke" => {
+                let plan = if arg == "--quick" {
+                    Plan::quick()
+                } else {
+                    Plan::smoke()
+                };
+                if opts.plan.replace(plan).is_some() {
+                    return Err("--quick and --smoke are two plans: choose one".into());
+                }
+            }
             "--no-build" => opts.build = false,
             "--no-pgo" => opts.pgo = false,
             "--build-only" => opts.build_only = true,
@@ -136,9 +143,6 @@ fn parse_args() -> Result<Options, String> {
             "--only" => opts.only = value()?.split(',').map(str::to_owned).collect(),
             other => return Err(format!("unknown argument {other}")),
         }
-    }
-    if opts.quick && opts.smoke {
-        return Err("--quick and --smoke are two plans: choose one".into());
     }
     if opts.build_only && (opts.revoy.is_some() || !opts.build) {
         return Err("--build-only builds: it cannot go with --revoy or --no-build".into());
@@ -784,13 +788,7 @@ fn run(opts: &Options) -> Result<(), String> {
         envoy: envoy_binary(opts)?,
     };
     let started = Instant::now();
-    let plan = if opts.smoke {
-        Plan::smoke()
-    } else if opts.quick {
-        Plan::quick()
-    } else {
-        Plan::full()
-    };
+    let plan = opts.plan.clone().unwrap_or_else(Plan::full);
     let selected: Vec<&str> = SCENARIOS
         .iter()
         .copied()
