@@ -6,6 +6,7 @@ use std::hint::black_box;
 use criterion::{Criterion, criterion_group, criterion_main};
 use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use proto::{Codec, Format};
+use revoy::config::Warnings;
 use revoy::config::bootstrap::compile_bootstrap;
 
 const GOLDEN: &str = "/work/shared/corpus/istio/pkg/bootstrap/testdata/secure_metrics_golden.json";
@@ -27,7 +28,7 @@ fn bootstrap(c: &mut Criterion) {
     });
     c.bench_function("bootstrap/compile istio secure_metrics golden", |b| {
         b.iter(|| {
-            let mut warnings = Vec::new();
+            let mut warnings = Warnings::new();
             compile_bootstrap(black_box(&parsed), &mut warnings).expect("golden compiles")
         })
     });
