@@ -166,6 +166,12 @@ pub fn compile_hcm(
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
 ) -> Result<HcmConfig, ConfigError> {
+    if hcm.stat_prefix.is_empty() {
+        return Err(ConfigError::new(
+            "stat_prefix",
+            "value length must be at least 1 characters",
+        ));
+    }
     let routes = match &hcm.route_specifier {
         Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
             super::route::compile_route_config(rc, clusters)
