@@ -142,10 +142,13 @@ async fn routing() {
             .listener(3)
             .host("exact.example.com:1234")
             .expect("upstream.header.x-vhost", "catch_all"),
-        Case::get("strip_matching_host_port, ipv6 literal with the listener's port", "/")
-            .listener(3)
-            .host("[::1]:{{listener_3}}")
-            .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get(
+            "strip_matching_host_port, ipv6 literal with the listener's port",
+            "/",
+        )
+        .listener(3)
+        .host("[::1]:{{listener_3}}")
+        .expect("upstream.header.x-vhost", "catch_all"),
         Case::grpc(
             "grpc without a route is a gRPC local reply",
             "/pkg.Svc/Method",

@@ -17,7 +17,7 @@ use std::time::Duration;
 mod child;
 #[path = "support/ports.rs"]
 mod ports;
-use child::Revoy;
+use child::Proxy;
 use ports::free_port;
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
@@ -232,7 +232,7 @@ fn unimplemented_security_features_refuse_traffic() {
         tcp: free_port(),
     };
     let yaml = bootstrap(&p, up.port);
-    let _revoy = Revoy::start(&yaml, || admin(p.admin, "/ready").0 == 200);
+    let _revoy = Proxy::start(&yaml, || admin(p.admin, "/ready").0 == 200);
 
     // A filter without security effect is skipped: the request reaches the upstream.
     assert_eq!(get(p.cors), (200, "ok".to_owned()));
@@ -415,7 +415,7 @@ static_resources:
         cluster("xds", &endpoint(9, ""), "")
     );
     // Started once the static listener answers; the server must still not be LIVE.
-    let _revoy = Revoy::start(&yaml, || {
+    let _revoy = Proxy::start(&yaml, || {
         TcpStream::connect(("127.0.0.1", listener)).is_ok() && admin(admin_port, "/ready").0 != 0
     });
     assert_eq!(get(listener).0, 200);

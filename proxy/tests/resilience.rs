@@ -238,6 +238,21 @@ const CASES: &[Case] = &[
         &[("status", "503"), ("upstream.attempts", "3")],
     ),
     get(
+        "a retry budget of nothing allows no retry",
+        "/nobudget/503",
+        &[("status", "503"), ("upstream.attempts", "1")],
+    ),
+    get(
+        "a retry budget's floor overrides max_retries 0",
+        "/budgetfloor/503",
+        &[("status", "503"), ("upstream.attempts", "3")],
+    ),
+    get(
+        "max_retries 0 allows no retry",
+        "/noretries/503",
+        &[("status", "503"), ("upstream.attempts", "1")],
+    ),
+    get(
         "503 once then 200",
         "/retry5xx/flaky",
         &[("status", "200"), ("upstream.attempts", "2")],

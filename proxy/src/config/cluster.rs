@@ -241,7 +241,7 @@ pub enum UpstreamProtocol {
 }
 
 /// Circuit breaker thresholds for one routing priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
     /// `max_connections` (default 1024).
     pub max_connections: u32,
@@ -251,6 +251,32 @@ pub struct Thresholds {
     pub max_requests: u32,
     /// `max_retries` (default 3).
     pub max_retries: u32,
+    /// `retry_budget`, which replaces `max_retries` when set.
+    pub retry_budget: Option<RetryBudget>,
+}
+
+/// A retry budget: concurrent retries as a share of the requests active or pending.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBudget {
+    /// `budget_percent` (default 20).
+    pub percent: f64,
+    /// `min_retry_concurrency` (default 3): retries always allowed, whatever the share.
+    pub min_concurrency: u32,
+}
+
+impl Thresholds {
+    /// How many retries may be in flight at once, with `active` requests sent and `pending`
+    /// waiting for a connection: the retry budget's share (at least its floor), else
+    /// `max_retries`.
+    pub fn retry_limit(&self, active: u64, pending: u64) -> u64 {
+        match self.retry_budget {
+            Some(b) => {
+                let share = (b.percent / 100.0 * (active + pending) as f64) as u64;
+                share.max(u64::from(b.min_concurrency))
+            }
+            None => u64::from(self.max_retries),
+        }
+    }
 }
 
 impl Default for Thresholds {
@@ -260,6 +286,7 @@ impl Default for Thresholds {
             max_pending_requests: 1024,
             max_requests: 1024,
             max_retries: 3,
+            retry_budget: None,
         }
     }
 }
@@ -287,6 +314,19 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
         warnings.skipped(format!("{path}.{field}"), *what);
+    }
+    let thresholds = c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds);
+    for (i, t) in thresholds.enumerate() {
+        if t.retry_budget
+            .as_ref()
+            .and_then(|b| b.budget_interval.as_ref())
+            .is_some_and(|d| d.seconds > 0 || d.nanos > 0)
+        {
+            warnings.skipped(
+                format!("{path}.circuit_breakers.thresholds[{i}].retry_budget.budget_interval"),
+                "a retry budget interval is not implemented by revoy; the budget counts the requests active now",
+            );
+        }
     }
 }
 
@@ -728,6 +768,12 @@ fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
         }
         if let Some(v) = &t.max_retries {
             slot.max_retries = v.value;
+        }
+        if let Some(b) = &t.retry_budget {
+            slot.retry_budget = Some(RetryBudget {
+                percent: b.budget_percent.as_ref().map_or(20.0, |p| p.value),
+                min_concurrency: b.min_retry_concurrency.as_ref().map_or(3, |v| v.value),
+            });
         }
     }
     out

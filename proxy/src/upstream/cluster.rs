@@ -183,6 +183,8 @@ impl Cluster {
             idle_timeout: self.config.idle_timeout,
             max_requests: self.config.max_requests_per_connection,
             http1_trailers: self.config.http1_trailers,
+            max_connections: self.config.circuit_breakers[0].max_connections,
+            max_pending_requests: self.config.circuit_breakers[0].max_pending_requests,
             stats: &self.stats,
         }
     }
@@ -327,6 +329,8 @@ impl Cluster {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
                 self.stats.upstream_rq_pending_failure_eject.inc();
             }
+            // A circuit breaker kept the request from being sent.
+            Err(UpstreamError::Overflow) => {}
             Err(_) => {
                 self.stats.upstream_rq_total.inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
