@@ -1,6 +1,7 @@
-//! CLI-level tests of the `revoy` binary: `--mode validate` over Istio's bootstrap goldens,
-//! bad input compared with Envoy, Envoy's flags (pilot-agent's argv, old and new), `--version`,
-//! and `--config-yaml` merged over `-c`.
+//! CLI-level tests of the `revoy` binary: `--mode validate` over Istio's bootstrap goldens
+//! (`tests/data/istio-bootstrap`, see `tests/data/PROVENANCE.md`), bad input compared with
+//! Envoy, Envoy's flags (pilot-agent's argv, old and new), `--version`, and `--config-yaml`
+//! merged over `-c`.
 
 #[path = "differential/oracle.rs"]
 mod oracle;
@@ -72,26 +73,28 @@ fn envoy_command(envoy: &Path) -> Command {
     command
 }
 
+/// The goldens in `tests/data/istio-bootstrap`: one per case of Istio's bootstrap test.
+const ISTIO_GOLDENS: usize = 30;
+
 /// Envoy itself rejects these two goldens (an Istio-only extension and a tracer removed from
 /// Envoy); revoy must still accept them, since istio-proxy builds carry those extensions.
 const ENVOY_REJECTS: [&str; 2] = ["ambient_golden.json", "tracing_lightstep_golden.json"];
 
 #[test]
 fn validate_accepts_every_istio_bootstrap_golden() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/istio/pkg/bootstrap/testdata");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/istio-bootstrap");
     let entries = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("Istio corpus missing at {}: {e}", dir.display()));
+        .unwrap_or_else(|e| panic!("Istio goldens missing at {}: {e}", dir.display()));
     let mut goldens: Vec<PathBuf> = entries
         .map(|e| e.expect("dir entry").path())
         .filter(|p| p.to_string_lossy().ends_with("_golden.json"))
         .collect();
     goldens.sort();
-    assert!(
-        goldens.len() >= 20,
-        "expected the Istio goldens in {}, found {}",
-        dir.display(),
-        goldens.len()
+    assert_eq!(
+        goldens.len(),
+        ISTIO_GOLDENS,
+        "Istio goldens in {}",
+        dir.display()
     );
     let envoy = oracle::envoy_path();
     let mut failures = Vec::new();
