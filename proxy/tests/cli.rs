@@ -1,7 +1,8 @@
 //! CLI-level tests of the `revoy` binary: `--mode validate` over Istio's bootstrap goldens
 //! (`tests/data/istio-bootstrap`, see `tests/data/PROVENANCE.md`), bad input compared with
 //! Envoy, Envoy's flags (pilot-agent's argv, old and new), `--version`, and `--config-yaml`
-//! merged over `-c`.
+//! merged over `-c`. Without Envoy the tests still check revoy, and their Envoy half is reported
+//! as skipped (`support/skip.rs`), or fails under `CI=true`.
 
 #[path = "differential/oracle.rs"]
 mod oracle;
@@ -12,6 +13,8 @@ use std::time::{Duration, Instant};
 
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 use ports::free_port;
 
 fn revoy() -> Command {
@@ -96,7 +99,9 @@ fn validate_accepts_every_istio_bootstrap_golden() {
         "Istio goldens in {}",
         dir.display()
     );
-    let envoy = oracle::envoy_path();
+    let envoy = oracle::envoy_or_skip(
+        "the Envoy half of cli::validate_accepts_every_istio_bootstrap_golden",
+    );
     let mut failures = Vec::new();
     for golden in &goldens {
         let name = golden
@@ -172,7 +177,7 @@ const BAD_INPUTS: [BadInput; 5] = [
 #[test]
 fn bad_input_fails_like_envoy() {
     let valid = valid_yaml();
-    let envoy = oracle::envoy_or_skip("cli::bad_input_fails_like_envoy");
+    let envoy = oracle::envoy_or_skip("the Envoy half of cli::bad_input_fails_like_envoy");
     if let Some(envoy) = &envoy {
         let ok = validate(envoy_command(envoy), &scratch("valid.yaml", &valid), &[]);
         assert!(
@@ -285,7 +290,7 @@ fn accepts_pilot_agent_flags() {
         "pilot-agent's argv rejected:\n{}",
         text(&output)
     );
-    if let Some(envoy) = oracle::envoy_or_skip("cli::accepts_pilot_agent_flags") {
+    if let Some(envoy) = oracle::envoy_or_skip("the Envoy half of cli::accepts_pilot_agent_flags") {
         let output = validate(envoy_command(&envoy), &config, PILOT_AGENT_FLAGS);
         assert!(
             output.status.success(),
@@ -348,7 +353,7 @@ fn config_yaml_is_merged_over_the_file() {
             false,
         ),
     ];
-    let envoy = oracle::envoy_or_skip("cli::config_yaml_is_merged_over_the_file");
+    let envoy = oracle::envoy_or_skip("the Envoy half of cli::config_yaml_is_merged_over_the_file");
     for (name, config, extra, accepted) in cases {
         if let Some(envoy) = &envoy {
             let output = validate(envoy_command(envoy), config, extra);
@@ -413,7 +418,9 @@ fn config_yaml_overrides_a_scalar_of_the_file() {
     let overlay =
         format!("{{admin: {{address: {{socket_address: {{port_value: {yaml_admin}}}}}}}}}");
     let mut programs = vec![("revoy", revoy())];
-    if let Some(envoy) = oracle::envoy_or_skip("cli::config_yaml_overrides_a_scalar_of_the_file") {
+    if let Some(envoy) =
+        oracle::envoy_or_skip("the Envoy half of cli::config_yaml_overrides_a_scalar_of_the_file")
+    {
         let mut command = Command::new(envoy);
         command.args([
             "--base-id",
