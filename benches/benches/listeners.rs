@@ -15,6 +15,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use prost::Message;
 use proto::pb::envoy::config::listener::v3::Listener;
 use proto::{Codec, Format};
+use revoy::config::Warnings;
 use revoy::config::listener::compile_listener;
 use serde_json::Value;
 
@@ -58,11 +59,10 @@ fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<Strin
     let mut failures = Vec::new();
     let mut distinct = BTreeMap::new();
     for l in listeners {
-        let mut warnings = Vec::new();
+        let mut warnings = Warnings::new();
         let result = compile_listener(l, None, &mut warnings);
-        for w in warnings {
-            let message = w.split_once(": ").map_or(w.as_str(), |(_, m)| m);
-            *distinct.entry(message.to_owned()).or_insert(0) += 1;
+        for w in &warnings {
+            *distinct.entry(w.message.clone()).or_insert(0) += 1;
         }
         match result {
             Ok(_) => ok += 1,
@@ -115,7 +115,7 @@ fn listeners(c: &mut Criterion) {
             black_box(&decoded)
                 .iter()
                 .map(|l| {
-                    let mut warnings = Vec::new();
+                    let mut warnings = Warnings::new();
                     compile_listener(l, None, &mut warnings).is_ok()
                 })
                 .filter(|ok| *ok)

@@ -138,6 +138,18 @@ async fn routing() {
         Case::get("strip_any_host_port ipv6", "/")
             .listener(2)
             .host("[::1]:1234"),
+        Case::get("strip_matching_host_port, the listener's port", "/")
+            .listener(3)
+            .host("exact.example.com:{{listener_3}}")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_matching_host_port, another port", "/")
+            .listener(3)
+            .host("exact.example.com:1234")
+            .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get("strip_matching_host_port, ipv6 literal with the listener's port", "/")
+            .listener(3)
+            .host("[::1]:{{listener_3}}")
+            .expect("upstream.header.x-vhost", "catch_all"),
         Case::grpc(
             "grpc without a route is a gRPC local reply",
             "/pkg.Svc/Method",

@@ -13,6 +13,7 @@ use proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
 };
 
 use super::ConfigError;
+use super::upstream_transport::{Refusal, UpstreamTransport};
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -35,6 +36,8 @@ pub struct ClusterConfig {
     /// Endpoints revoy accepts but cannot connect to yet (unix `pipe`s, internal listeners),
     /// described as `pipe:<path>` / `internal:<listener>`; the server logs them at start-up.
     pub unreachable_endpoints: Vec<String>,
+    /// Which hosts are connected to in plaintext, and why the others are refused.
+    pub transport: UpstreamTransport,
     /// How a host is picked.
     pub lb_policy: LbPolicy,
     /// `connect_timeout` (default 5 s).
@@ -191,6 +194,9 @@ pub struct EndpointConfig {
     pub health: HealthStatus,
     /// `endpoint.hostname`.
     pub hostname: String,
+    /// Why connections to it are refused: its transport socket is one revoy does not
+    /// implement (see [`UpstreamTransport`]).
+    pub transport_refused: Option<Refusal>,
 }
 
 /// Load balancing policy.
@@ -258,6 +264,32 @@ impl Default for Thresholds {
     }
 }
 
+/// Records the cluster's settings that revoy does not act on (`path`: the cluster's field
+/// path). None of them has a security effect; the transport socket, which has, is refused
+/// instead (see [`UpstreamTransport`]).
+pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings) {
+    let skipped = [
+        (
+            !c.health_checks.is_empty(),
+            "health_checks",
+            "active health checks are not implemented by revoy; every host counts as healthy",
+        ),
+        (
+            c.outlier_detection.is_some(),
+            "outlier_detection",
+            "outlier detection is not implemented by revoy; no host is ejected",
+        ),
+        (
+            c.lb_subset_config.is_some(),
+            "lb_subset_config",
+            "load-balancer subsets are not implemented by revoy; a route's metadata_match picks from every host",
+        ),
+    ];
+    for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
+        warnings.skipped(format!("{path}.{field}"), *what);
+    }
+}
+
 /// Converts a proto Duration, rejecting negative or out-of-range values.
 pub(crate) fn duration(
     d: &proto::pb::google::protobuf::Duration,
@@ -280,8 +312,11 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     }
     let discovery = discovery(c)?;
     let lb_policy = lb_policy(c, &discovery)?;
+    let transport = UpstreamTransport::compile(c);
     let (endpoints, unreachable_endpoints) = match &c.load_assignment {
-        Some(la) => endpoints(la, &discovery).map_err(|e| e.within("load_assignment"))?,
+        Some(la) => {
+            endpoints(la, &discovery, &transport).map_err(|e| e.within("load_assignment"))?
+        }
         None => (Vec::new(), Vec::new()),
     };
     if discovery == Discovery::LogicalDns && endpoints.len() + unreachable_endpoints.len() != 1 {
@@ -341,6 +376,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
         },
         discovery,
         endpoints,
+        transport,
         lb_policy,
         connect_timeout,
         dns_refresh_rate,
@@ -446,9 +482,11 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
     Ok(policy)
 }
 
+/// The endpoints of a load assignment, each with its transport.
 fn endpoints(
     la: &ClusterLoadAssignment,
     discovery: &Discovery,
+    transport: &UpstreamTransport,
 ) -> Result<(Vec<EndpointConfig>, Vec<String>), ConfigError> {
     let mut out = Vec::new();
     let mut unreachable = Vec::new();
@@ -501,6 +539,8 @@ fn endpoints(
                 locality: locality.clone(),
                 health: HealthStatus::from_proto(lbe.health_status),
                 hostname: ep.hostname.clone(),
+                transport_refused: transport
+                    .refusal_for(lbe.metadata.as_ref(), lle.metadata.as_ref()),
             });
         }
     }

@@ -128,14 +128,17 @@ impl Cluster {
         let hosts = endpoints
             .iter()
             .filter_map(|e| match &e.address {
-                EndpointAddress::Ip(addr) => Some(Host::new(
-                    *addr,
-                    e.hostname.clone(),
-                    e.weight,
-                    e.priority,
-                    e.locality.clone(),
-                    e.health,
-                )),
+                EndpointAddress::Ip(addr) => Some(
+                    Host::new(
+                        *addr,
+                        e.hostname.clone(),
+                        e.weight,
+                        e.priority,
+                        e.locality.clone(),
+                        e.health,
+                    )
+                    .refusing(e.transport_refused.clone()),
+                ),
                 EndpointAddress::Dns { .. } => None,
             })
             .collect();
@@ -214,14 +217,17 @@ impl Cluster {
             .or_insert_with(|| {
                 self.stats.membership_total.inc();
                 self.stats.membership_healthy.inc();
-                Arc::new(Host::new(
-                    addr,
-                    String::new(),
-                    1,
-                    0,
-                    Locality::default(),
-                    HealthStatus::Healthy,
-                ))
+                Arc::new(
+                    Host::new(
+                        addr,
+                        String::new(),
+                        1,
+                        0,
+                        Locality::default(),
+                        HealthStatus::Healthy,
+                    )
+                    .refusing(self.config.transport.refusal_for(None, None)),
+                )
             })
             .clone()
     }
@@ -313,7 +319,11 @@ impl Cluster {
                     hs.rq_success.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Err(UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. }) => {
+            Err(
+                UpstreamError::ConnectFailure { .. }
+                | UpstreamError::ConnectTimeout { .. }
+                | UpstreamError::TransportRefused { .. },
+            ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
                 self.stats.upstream_rq_pending_failure_eject.inc();
             }

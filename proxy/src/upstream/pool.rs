@@ -79,6 +79,15 @@ pub(crate) async fn connect(
     opts: ConnectOptions<'_>,
 ) -> Result<(TcpStream, ActiveConnection), UpstreamError> {
     let addr = host.addr;
+    if let Some(reason) = &host.refused {
+        host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.fail_closed();
+        return Err(UpstreamError::TransportRefused {
+            host: addr,
+            reason: reason.clone(),
+        });
+    }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_total.inc();
     let fail = |e: UpstreamError| {

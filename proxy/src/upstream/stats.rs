@@ -116,6 +116,14 @@ impl CodeStats {
 }
 
 impl ClusterStats {
+    /// Counts `upstream_cx_fail_closed` (revoy's own, created on first use): a connection
+    /// never made because the host's transport socket is one revoy does not implement.
+    pub fn fail_closed(&self) {
+        self.store
+            .counter(&format!("{}upstream_cx_fail_closed", self.codes.prefix))
+            .inc();
+    }
+
     /// Resolves the handles for `cluster.<stat_name>.`.
     pub fn new(store: &Store, stat_name: &str) -> Self {
         let prefix = format!("cluster.{stat_name}.");
