@@ -1,5 +1,6 @@
 //! xDS decode and compile of 129 real Istio sidecar listeners
-//! (`shared/corpus/istio/pr-37071/listeners.json`, a JSON array of `Listener`s in proto3 JSON).
+//! (`data/istio-listeners.json`, a JSON array of `Listener`s in proto3 JSON; where it comes
+//! from: `data/PROVENANCE.md`).
 //!
 //! Measures, for all 129 listeners at once: building the JSON codec for the document, proto3
 //! JSON decode (text parse + `@type` Any handling + transcode), binary protobuf decode (what an
@@ -21,8 +22,7 @@ use serde_json::Value;
 const LISTENER: &str = "envoy.config.listener.v3.Listener";
 
 fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/istio/pr-37071/listeners.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/istio-listeners.json")
 }
 
 fn parse(text: &str) -> Vec<Value> {
@@ -74,13 +74,8 @@ fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<Strin
 
 fn listeners(c: &mut Criterion) {
     let path = corpus();
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        eprintln!(
-            "listeners bench skipped: corpus {} is missing",
-            path.display()
-        );
-        return;
-    };
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let document = Value::Array(parse(&text));
     let codec = Codec::for_document(LISTENER, &document);
     let decoded = decode_all(&codec, &text);
