@@ -15,6 +15,8 @@ mod child;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
