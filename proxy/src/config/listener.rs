@@ -235,6 +235,15 @@ fn compile_chain(
         refused.get_or_insert_with(|| what.to_owned());
     }
     if let Some(ctx) = &tls {
+        let at = format!("{path}.transport_socket.typed_config");
+        check_tls_required(ctx, &at)?;
+        if ignored_client_certificate_requirement(ctx) {
+            warnings.note(
+                format!("{at}.require_client_certificate"),
+                "has no effect without validation_context.trusted_ca (as in Envoy): client \
+                 certificates are neither required nor verified",
+            );
+        }
         for (field, what) in tls_unimplemented(ctx) {
             warnings.fails_closed(
                 format!("{path}.transport_socket.typed_config.{field}"),
@@ -254,6 +263,42 @@ fn compile_chain(
         matcher,
         terminal,
     })
+}
+
+/// The fields of a `DownstreamTlsContext` that Envoy's proto validation requires.
+fn check_tls_required(ctx: &DownstreamTlsContext, path: &str) -> Result<(), ConfigError> {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    if let Some(ValidationContextType::CombinedValidationContext(c)) = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.validation_context_type.as_ref())
+        && c.validation_context_sds_secret_config.is_none()
+    {
+        return Err(ConfigError::new(
+            format!(
+                "{path}.common_tls_context.combined_validation_context.validation_context_sds_secret_config"
+            ),
+            "value is required",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `require_client_certificate` is set where Envoy ignores it: without a
+/// `validation_context` that has a `trusted_ca` (a combined context always has an SDS part,
+/// which fails closed).
+fn ignored_client_certificate_requirement(ctx: &DownstreamTlsContext) -> bool {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    let validation = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.validation_context_type.as_ref());
+    ctx.require_client_certificate.is_some_and(|b| b.value)
+        && match validation {
+            None => true,
+            Some(ValidationContextType::ValidationContext(v)) => v.trusted_ca.is_none(),
+            Some(_) => false,
+        }
 }
 
 /// What a `DownstreamTlsContext` asks for that revoy cannot do, by field: each would let a
@@ -324,6 +369,16 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
             (
                 v.custom_validator_config.is_some(),
                 "custom_validator_config",
+            ),
+            (
+                v.ca_certificate_provider_instance.is_some(),
+                "ca_certificate_provider_instance",
+            ),
+            // rustls-webpki builds paths of at most 6 intermediates: a larger limit is honoured
+            // (revoy is never laxer), a smaller one is not.
+            (
+                v.max_verify_depth.is_some_and(|d| d.value < 6),
+                "max_verify_depth",
             ),
         ];
         for (_, field) in checks.iter().filter(|(set, _)| *set) {
@@ -444,4 +499,69 @@ pub fn compile_listener(
             l.stat_prefix.clone()
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
+        common_tls_context::ValidationContextType,
+    };
+
+    fn requiring(validation: Option<CertificateValidationContext>) -> DownstreamTlsContext {
+        DownstreamTlsContext {
+            require_client_certificate: Some(proto::pb::google::protobuf::BoolValue {
+                value: true,
+            }),
+            common_tls_context: Some(CommonTlsContext {
+                validation_context_type: validation.map(ValidationContextType::ValidationContext),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn unimplemented_fields(v: CertificateValidationContext) -> Vec<String> {
+        tls_unimplemented(&requiring(Some(v)))
+            .into_iter()
+            .map(|(field, _)| field)
+            .collect()
+    }
+
+    #[test]
+    fn client_certificate_checks_revoy_cannot_make_fail_closed() {
+        let depth = |d: u32| CertificateValidationContext {
+            max_verify_depth: Some(proto::pb::google::protobuf::UInt32Value { value: d }),
+            ..Default::default()
+        };
+        assert_eq!(
+            unimplemented_fields(depth(5)),
+            ["common_tls_context.validation_context.max_verify_depth"]
+        );
+        assert!(unimplemented_fields(depth(6)).is_empty());
+        let provider = CertificateValidationContext {
+            ca_certificate_provider_instance: Some(CertificateProviderPluginInstance::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            unimplemented_fields(provider),
+            ["common_tls_context.validation_context.ca_certificate_provider_instance"]
+        );
+    }
+
+    #[test]
+    fn a_required_client_certificate_without_trusted_ca_is_noted() {
+        assert!(ignored_client_certificate_requirement(&requiring(None)));
+        assert!(ignored_client_certificate_requirement(&requiring(Some(
+            CertificateValidationContext::default()
+        ))));
+        let with_ca = CertificateValidationContext {
+            trusted_ca: Some(Default::default()),
+            ..Default::default()
+        };
+        assert!(!ignored_client_certificate_requirement(&requiring(Some(
+            with_ca
+        ))));
+    }
 }
