@@ -614,3 +614,56 @@ fn maximum_protocol_version_tls12() {
         ],
     );
 }
+
+/// A minimum above the maximum (explicit, or Envoy's default minimum of TLS 1.2 above a
+/// maximum of 1.1): Envoy starts and closes every connection on the chain; so does revoy (it
+/// refused to start before).
+#[test]
+fn inverted_version_limits_close_every_connection() {
+    let closed = || Outcome::Failed {
+        at: Handshake,
+        how: Failure::Closed,
+    };
+    for (test, params) in [
+        (
+            "inverted_version_limits_close_every_connection (1.3 to 1.2)",
+            "tls_minimum_protocol_version: TLSv1_3, tls_maximum_protocol_version: TLSv1_2",
+        ),
+        (
+            "inverted_version_limits_close_every_connection (default to 1.1)",
+            "tls_maximum_protocol_version: TLSv1_1",
+        ),
+    ] {
+        compare(
+            test,
+            &common(&format!(", tls_params: {{{params}}}")),
+            "",
+            &[
+                (Without, Both, closed(), AsEnvoy),
+                (Without, Tls12, closed(), AsEnvoy),
+                (Without, Tls13, closed(), AsEnvoy),
+            ],
+        );
+    }
+}
+
+/// Only TLS 1.0 and 1.1: Envoy refuses a client offering 1.2 and 1.3 with `protocol_version`;
+/// revoy has neither version and refuses the chain's connections (it refused to start
+/// before).
+#[test]
+fn only_tls10_and_tls11_fail_closed() {
+    compare(
+        "only_tls10_and_tls11_fail_closed",
+        &common(
+            ", tls_params: {tls_minimum_protocol_version: TLSv1_0, \
+             tls_maximum_protocol_version: TLSv1_1}",
+        ),
+        "",
+        &[(
+            Without,
+            Both,
+            alert(Handshake, AlertDescription::ProtocolVersion),
+            Revoy::Differs(&FAILS_CLOSED, "TLS 1.0 and 1.1"),
+        )],
+    );
+}

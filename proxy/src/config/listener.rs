@@ -244,6 +244,17 @@ fn compile_chain(
                  certificates are neither required nor verified",
             );
         }
+        if let Some((min, max)) = inverted_tls_versions(ctx) {
+            let what = format!(
+                "tls_minimum_protocol_version {min} is above tls_maximum_protocol_version \
+                 {max}: no handshake can succeed (Envoy closes these connections too)"
+            );
+            warnings.note(
+                format!("{at}.common_tls_context.tls_params"),
+                format!("{what}; connections on this chain are refused"),
+            );
+            refused.get_or_insert(what);
+        }
         for (field, what) in tls_unimplemented(ctx) {
             warnings.fails_closed(
                 format!("{path}.transport_socket.typed_config.{field}"),
@@ -284,6 +295,31 @@ fn check_tls_required(ctx: &DownstreamTlsContext, path: &str) -> Result<(), Conf
     Ok(())
 }
 
+/// The TLS versions a context allows, as Envoy's `TlsProtocol` numbers (1.0 is 1, 1.3 is 4),
+/// with Envoy's server defaults for `TLS_AUTO` (1.2 to 1.3).
+fn tls_version_range(ctx: &DownstreamTlsContext) -> (i32, i32) {
+    let params = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.tls_params.as_ref());
+    let or = |v: i32, auto: i32| if v == 0 { auto } else { v };
+    (
+        or(params.map_or(0, |p| p.tls_minimum_protocol_version), 3),
+        or(params.map_or(0, |p| p.tls_maximum_protocol_version), 4),
+    )
+}
+
+/// The version names of a context whose minimum is above its maximum (explicit or Envoy's
+/// default), where Envoy closes every connection.
+fn inverted_tls_versions(ctx: &DownstreamTlsContext) -> Option<(&'static str, &'static str)> {
+    const NAMES: [&str; 5] = ["TLS_AUTO", "TLSv1_0", "TLSv1_1", "TLSv1_2", "TLSv1_3"];
+    let name = |v: i32| usize::try_from(v).ok().and_then(|v| NAMES.get(v).copied());
+    let (min, max) = tls_version_range(ctx);
+    (min > max)
+        .then(|| Some((name(min)?, name(max)?)))
+        .flatten()
+}
+
 /// Whether `require_client_certificate` is set where Envoy ignores it: without a
 /// `validation_context` that has a `trusted_ca` (a combined context always has an SDS part,
 /// which fails closed).
@@ -311,6 +347,13 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
     let Some(common) = &ctx.common_tls_context else {
         return out;
     };
+    let (min, max) = tls_version_range(ctx);
+    if min <= max && max < 3 {
+        out.push((
+            "common_tls_context.tls_params.tls_maximum_protocol_version".to_owned(),
+            "TLS 1.0 and 1.1 are not implemented by revoy".to_owned(),
+        ));
+    }
     if common.tls_certificates.is_empty() && !common.tls_certificate_sds_secret_configs.is_empty() {
         out.push((
             "common_tls_context.tls_certificate_sds_secret_configs".to_owned(),
