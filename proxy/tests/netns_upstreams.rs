@@ -91,8 +91,8 @@ const DNS_NAME: &str = "backend.netcov.test";
 /// STRICT_DNS on a 0.5 s refresh. Envoy's default resolver (c-ares) reads `/etc/hosts` too,
 /// but caches it for about a minute (seen with Envoy 1.40: a change took ~55 s to show), so
 /// the config names Envoy's getaddrinfo resolver, the system resolver revoy uses, without
-/// retries (a failed lookup is counted at once). revoy has no resolver choice and takes the
-/// field without effect.
+/// retries (a failed lookup is counted at once). revoy has no resolver choice and reports
+/// the field as skipped.
 const DNS_CLUSTER: &str = r#"    type: STRICT_DNS
     connect_timeout: 1s
     dns_refresh_rate: 0.5s
