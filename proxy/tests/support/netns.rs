@@ -6,7 +6,8 @@
 //! made here has its own `hosts` and `resolv.conf` (a resolver that answers nothing:
 //! `127.0.0.1`, where nobody listens on port 53 inside the namespace).
 //!
-//! The test crate declares `support/http1.rs` as `http1` beside this module.
+//! The test crate declares `support/http1.rs` as `http1` and `support/skip.rs` as `skip`
+//! beside this module.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -15,27 +16,33 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Whether this process may create namespaces and has the tools; otherwise a loud SKIP (or a
-/// failure under `CI=true`) naming `test`.
+/// Whether this process may create namespaces and has the tools; otherwise the skip of
+/// `test` is recorded (`support/skip.rs`, which the test crate declares as `skip`), or under
+/// `CI=true` the test fails.
 pub fn tools_or_skip(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let tools = [("ip", "-V"), ("iptables", "--version")]
-        .iter()
-        .all(|(t, version)| {
-            Command::new(t)
+    let mut missing: Vec<&str> = [("ip", "-V"), ("iptables", "--version")]
+        .into_iter()
+        .filter(|(t, version)| {
+            !Command::new(t)
                 .arg(version)
                 .output()
                 .is_ok_and(|o| o.status.success())
-        });
-    if root && tools {
+        })
+        .map(|(t, _)| t)
+        .collect();
+    if !root {
+        missing.insert(0, "root");
+    }
+    if missing.is_empty() {
         return true;
     }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "{test}: needs root, ip and iptables under CI=true"
+    crate::skip::skip(
+        test,
+        &format!("missing {}", missing.join(", ")),
+        "Run as root with iproute2 and iptables installed (`.ci/run` installs them).",
     );
-    eprintln!("\n### SKIP {test}: needs root, ip and iptables.\n");
     false
 }
 
