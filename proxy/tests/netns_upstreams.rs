@@ -2,9 +2,9 @@
 //! under revoy on the same config, inside a network namespace made for the test (see
 //! `support/netns.rs`), and compared:
 //!
-//! - STRICT_DNS re-resolution: the namespace's `/etc/hosts` moves the cluster's name from
-//!   127.0.0.2 to 127.0.0.3, then drops it; requests follow the move, and once lookups fail
-//!   the last addresses are kept.
+//! - STRICT_DNS and LOGICAL_DNS re-resolution: the namespace's `/etc/hosts` moves the
+//!   cluster's name from 127.0.0.2 to 127.0.0.3, then drops it; requests follow the move, and
+//!   once lookups fail the last addresses are kept.
 //! - An ORIGINAL_DST cluster fed by the `original_dst` listener filter (`SO_ORIGINAL_DST`)
 //!   after an iptables REDIRECT.
 //! - `connect_timeout` expiring against an address whose SYNs iptables drops.
@@ -91,11 +91,11 @@ fn stats(ns: &Netns, names: &[&str]) -> Vec<String> {
 
 const DNS_NAME: &str = "backend.netcov.test";
 
-/// STRICT_DNS on a 0.5 s refresh. Envoy's default resolver (c-ares) reads `/etc/hosts` too,
-/// but caches it for about a minute (seen with Envoy 1.40: a change took ~55 s to show), so
-/// the config names Envoy's getaddrinfo resolver, the system resolver revoy uses, without
-/// retries (a failed lookup is counted at once). revoy has no resolver choice and reports
-/// the field as skipped.
+/// STRICT_DNS (LOGICAL_DNS by replacing the type) on a 0.5 s refresh. Envoy's default
+/// resolver (c-ares) reads `/etc/hosts` too, but caches it for about a minute (seen with Envoy
+/// 1.40: a change took ~55 s to show), so the config names Envoy's getaddrinfo resolver, the
+/// system resolver revoy uses, without retries (a failed lookup is counted at once). revoy has
+/// no resolver choice and reports the field as skipped.
 const DNS_CLUSTER: &str = r#"    type: STRICT_DNS
     connect_timeout: 1s
     dns_refresh_rate: 0.5s
@@ -151,17 +151,18 @@ fn dns_observe(ns: &Netns, binary: &Path, config: &Path) -> Vec<String> {
     seen
 }
 
-#[test]
-fn strict_dns_follows_the_name_and_keeps_the_last_addresses() {
-    let Some(contenders) =
-        contenders("netns_upstreams::strict_dns_follows_the_name_and_keeps_the_last_addresses")
-    else {
+/// Runs the DNS scenario on a cluster of `kind` (STRICT_DNS or LOGICAL_DNS) under Envoy, then
+/// revoy, and compares.
+fn dns_case(test: &str, kind: &str) {
+    let Some(contenders) = contenders(test) else {
         return;
     };
-    let ns = Netns::create("dns", &[]);
+    let tag = kind.to_ascii_lowercase().replace('_', "-");
+    let ns = Netns::create(&tag, &[]);
     ns.upstream("127.0.0.2:8080");
     ns.upstream("127.0.0.3:8080");
-    let config = ConfigFile::new("dns", &bootstrap(LISTENER, "", DNS_CLUSTER));
+    let cluster = DNS_CLUSTER.replace("STRICT_DNS", kind);
+    let config = ConfigFile::new(&tag, &bootstrap(LISTENER, "", &cluster));
     let [envoy, revoy] = &contenders;
     let expected = dns_observe(&ns, envoy, &config.0);
     assert_eq!(
@@ -176,6 +177,22 @@ fn strict_dns_follows_the_name_and_keeps_the_last_addresses() {
     );
     let actual = dns_observe(&ns, revoy, &config.0);
     assert_eq!(actual, expected, "revoy (left) differs from Envoy (right)");
+}
+
+#[test]
+fn strict_dns_follows_the_name_and_keeps_the_last_addresses() {
+    dns_case(
+        "netns_upstreams::strict_dns_follows_the_name_and_keeps_the_last_addresses",
+        "STRICT_DNS",
+    );
+}
+
+#[test]
+fn logical_dns_follows_the_name_and_keeps_the_last_address() {
+    dns_case(
+        "netns_upstreams::logical_dns_follows_the_name_and_keeps_the_last_address",
+        "LOGICAL_DNS",
+    );
 }
 
 /// The original destinations dialled (from 10.10.0.100, whose connections iptables
