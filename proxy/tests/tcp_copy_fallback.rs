@@ -212,7 +212,7 @@ fn observe(binary: &Path, errno: i32) -> Vec<String> {
     let stderr = std::fs::File::create(&log).expect("log file");
     // SAFETY: the closure only makes system calls (prctl), which are async-signal-safe.
     unsafe { cmd.pre_exec(move || deny_splice(errno)) };
-    let _proxy = Proxy(
+    let proxy = Proxy(
         cmd.stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -267,15 +267,16 @@ fn observe(binary: &Path, errno: i32) -> Vec<String> {
         let value = stats.lines().find_map(|l| l.strip_prefix(&line));
         seen.push(format!("{line}{value:?}"));
     }
+    drop(proxy);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
     if revoy {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
         let fallbacks = text.matches("splice unsupported, copying").count();
         assert_eq!(
             fallbacks, 2,
-            "revoy did not fall back to copying in both directions (is the filter in place?)"
+            "splice failing with errno {errno}: revoy did not fall back to copying in both directions (is the filter in place?)"
         );
     }
-    let _ = std::fs::remove_file(&log);
     seen
 }
 
