@@ -294,8 +294,30 @@ impl Default for Thresholds {
 /// Records the cluster's settings that revoy does not act on (`path`: the cluster's field
 /// path). None of them has a security effect; the transport socket, which has, is refused
 /// instead (see [`UpstreamTransport`]).
+#[allow(deprecated)] // dns_resolvers and friends are still what Envoy configs use.
 pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings) {
+    const SYSTEM_RESOLVER: &str = "revoy resolves names with the system resolver (getaddrinfo: /etc/hosts, then the servers of /etc/resolv.conf); this resolver setting has no effect";
     let skipped = [
+        (
+            c.typed_dns_resolver_config.is_some(),
+            "typed_dns_resolver_config",
+            SYSTEM_RESOLVER,
+        ),
+        (
+            !c.dns_resolvers.is_empty(),
+            "dns_resolvers",
+            SYSTEM_RESOLVER,
+        ),
+        (
+            c.dns_resolution_config.is_some(),
+            "dns_resolution_config",
+            SYSTEM_RESOLVER,
+        ),
+        (
+            c.use_tcp_for_dns_lookups,
+            "use_tcp_for_dns_lookups",
+            SYSTEM_RESOLVER,
+        ),
         (
             !c.health_checks.is_empty(),
             "health_checks",
@@ -814,6 +836,24 @@ load_assignment:
 
     fn compile(yaml: &str) -> Result<ClusterConfig, ConfigError> {
         compile_cluster(&cluster(yaml))
+    }
+
+    #[test]
+    fn resolver_settings_are_reported_as_skipped() {
+        let c = cluster(
+            "name: c\ntype: STRICT_DNS\ndns_resolvers: [{socket_address: {address: 127.0.0.1, port_value: 53}}]\ntyped_dns_resolver_config: {name: envoy.network.dns_resolver.cares, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.network.dns_resolver.cares.v3.CaresDnsResolverConfig}}\n",
+        );
+        let mut warnings = crate::config::Warnings::new();
+        skipped_features(&c, "static_resources.clusters[0]", &mut warnings);
+        let found: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found[0].starts_with(
+            "not implemented (skipped): static_resources.clusters[0].typed_dns_resolver_config: revoy resolves names with the system resolver"
+        ));
+        assert!(
+            found[1].contains("clusters[0].dns_resolvers: "),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -144,11 +144,14 @@ impl Pipe {
 /// per-user pipe budget.
 const BULK_PIPE_SIZE: usize = 1024 * 1024;
 
-/// Errors meaning "splice cannot serve these descriptors", not "the connection failed".
+/// Errors meaning "splice cannot serve these descriptors", not "the connection failed". EPERM
+/// is not one splice(2) itself returns: it comes from a seccomp profile or security module that
+/// denies the call (Docker's and Kubernetes' default profiles answer a denied call with EPERM,
+/// runc and crun one they do not know with ENOSYS).
 fn unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP | libc::EPERM)
     )
 }
 

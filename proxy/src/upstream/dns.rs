@@ -1,5 +1,6 @@
 //! STRICT_DNS and LOGICAL_DNS resolution with the system resolver, repeated every
-//! `dns_refresh_rate`. A failed lookup keeps the endpoint's previous addresses, like Envoy.
+//! `dns_refresh_rate`. A failed lookup keeps the endpoint's previous addresses, like Envoy, and
+//! is counted in `update_failure` (a lookup that answered in `update_success`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -30,15 +31,19 @@ async fn run(weak: Weak<Cluster>) {
     };
     let mut last: Vec<Vec<SocketAddr>> = vec![Vec::new(); endpoints.len()];
     loop {
+        // Counted like Envoy's per-endpoint resolve targets (an IP endpoint resolves to itself).
+        let mut failures = 0;
         for (ep, known) in endpoints.iter().zip(last.iter_mut()) {
             let resolved = match &ep.address {
                 EndpointAddress::Ip(addr) => vec![*addr],
-                EndpointAddress::Dns { host, port } => {
-                    resolve(host, *port, family).await.unwrap_or_else(|e| {
+                EndpointAddress::Dns { host, port } => match resolve(host, *port, family).await {
+                    Ok(addrs) => addrs,
+                    Err(e) => {
                         tracing::debug!(%host, error = %e, "DNS resolution failed");
+                        failures += 1;
                         Vec::new()
-                    })
-                }
+                    }
+                },
             };
             if !resolved.is_empty() {
                 *known = resolved;
@@ -47,6 +52,12 @@ async fn run(weak: Weak<Cluster>) {
         let Some(cluster) = weak.upgrade() else {
             return;
         };
+        let stats = cluster.stats();
+        stats.update_attempt.add(endpoints.len() as u64);
+        stats
+            .update_success
+            .add((endpoints.len() - failures) as u64);
+        stats.update_failure.add(failures as u64);
         cluster.set_hosts(hosts(&endpoints, &last, logical));
         drop(cluster);
         tokio::time::sleep(refresh).await;

@@ -69,6 +69,12 @@ pub struct ClusterStats {
     /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
     /// one to be released when `max_connections` is reached).
     pub upstream_rq_pending_active: Gauge,
+    /// `update_attempt`: lookups a DNS cluster started, one per endpoint per refresh.
+    pub update_attempt: Counter,
+    /// `update_success`: DNS lookups that answered (the endpoint's addresses replaced).
+    pub update_success: Counter,
+    /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
+    pub update_failure: Counter,
     codes: CodeStats,
     external: CodeStats,
     internal: CodeStats,
@@ -160,6 +166,9 @@ impl ClusterStats {
             membership_change: c("membership_change"),
             upstream_rq_pending_total: c("upstream_rq_pending_total"),
             upstream_rq_pending_active: g("upstream_rq_pending_active"),
+            update_attempt: c("update_attempt"),
+            update_success: c("update_success"),
+            update_failure: c("update_failure"),
             codes: CodeStats::new(prefix.clone()),
             external: CodeStats::new(format!("{prefix}external.")),
             internal: CodeStats::new(format!("{prefix}internal.")),
