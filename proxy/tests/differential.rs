@@ -828,6 +828,11 @@ async fn tcp() {
             "GET",
             "/stats?filter=^cluster\\.[a-z_0-9]+\\.(upstream_cx_total|upstream_cx_connect_fail|upstream_cx_active|upstream_rq_total|upstream_cx_none_healthy)$",
         ),
+        // After the stats: what the HTTP clients send through counts in the byte stats. The
+        // line echo answers with lines of its own: bytes that are not a response.
+        Case::get("http/1.1 through tcp_proxy to a line echo", "/")
+            .expect("error", "garbage: \"a:GET / HTTP/1.1\\n\""),
+        Case::get("h2c through tcp_proxy to a line echo", "/").h2(),
     ];
     run("tcp", &cases).await;
 }

@@ -46,12 +46,21 @@ impl Wire {
         }
     }
 
-    /// The first bytes read, as an escaped string for the report.
-    pub fn first_text(&self) -> String {
-        String::from_utf8_lossy(&self.first)
-            .escape_debug()
-            .to_string()
+    /// The first bytes read, as `garbage: "..."` (see [`garbage`]).
+    pub fn garbage(&self) -> String {
+        garbage(&self.first)
     }
+}
+
+/// `garbage: "<bytes>"`, the bytes escaped and cut after the first line (how much more had
+/// arrived when the client gave up varies).
+pub fn garbage(first: &[u8]) -> String {
+    let line = first
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(first, |end| &first[..=end]);
+    let text = String::from_utf8_lossy(line).escape_debug().to_string();
+    format!("garbage: \"{text}\"")
 }
 
 /// How an I/O error ended a connection: `reset` (ECONNRESET, or a write the peer refused), or
