@@ -253,6 +253,17 @@ async fn actions() {
             .host("actions.test")
             .expect("body", "hello from direct_response\n"),
         Case::send("direct_response HEAD", "HEAD", "/direct", "").host("actions.test"),
+        Case::send("direct_response HEAD over h2", "HEAD", "/direct", "")
+            .host("actions.test")
+            .h2(),
+        Case::send("HEAD without a virtual host", "HEAD", "/cluster", "").host("other.test"),
+        Case::send("HEAD without a virtual host over h2", "HEAD", "/cluster", "")
+            .host("other.test")
+            .h2(),
+        Case::send("HEAD to upstream over h2", "HEAD", "/cluster", "")
+            .host("actions.test")
+            .h2(),
+        Case::send("HEAD to a cluster without hosts", "HEAD", "/empty", "").host("actions.test"),
         // Answered while the body is still arriving: `connection: close`, as Envoy does.
         Case::raw(
             "direct_response before the body arrived",

@@ -289,6 +289,7 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let version = req.version();
+            let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
             // Envoy's HTTP/1 codec drops a chunked request's trailers unless `enable_trailers`.
             let drop_request_trailers =
@@ -327,6 +328,12 @@ where
             // in `h1` does the same).
             if drop_trailers && resp.headers().contains_key(http::header::TRAILER) {
                 resp = resp.map(crate::body::without_trailers);
+            }
+            // hyper's HTTP/2 server sends the body of an answer to a HEAD, which the client
+            // takes for a protocol error; Envoy sends the headers (content-length included)
+            // and ends the stream.
+            if head && version == http::Version::HTTP_2 {
+                resp = resp.map(|_| crate::body::empty());
             }
             Ok(resp)
         })

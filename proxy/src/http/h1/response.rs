@@ -140,6 +140,12 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     }
     let framing = match (framing, len) {
         (Some(f), _) => f,
+        // Envoy's codec tells a HEAD without a length that the body would come chunked
+        // (an informational header: no body follows).
+        (None, _) if head_request && may_have_length => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Length(0)
+        }
         (None, Len::Unknown) if may_have_body => {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
             Framing::Chunked
@@ -391,6 +397,13 @@ mod tests {
             false,
         );
         assert_eq!(head, "HTTP/1.1 200 OK\ncontent-length: 42\n");
+        assert_eq!(enc.framing, Framing::Length(0));
+    }
+
+    #[test]
+    fn head_without_a_length_says_chunked_and_sends_no_body() {
+        let (head, enc) = head_of(response(404, body::empty(), &[]), Method::HEAD, false);
+        assert_eq!(head, "HTTP/1.1 404 Not Found\ntransfer-encoding: chunked\n");
         assert_eq!(enc.framing, Framing::Length(0));
     }
 
