@@ -233,6 +233,14 @@ async fn actions() {
         Case::get("https redirect", "/https-redirect?x=1")
             .host("actions.test")
             .expect("status", "301"),
+        Case::get("redirect over h2", "/redirect?x=1")
+            .host("actions.test")
+            .h2()
+            .expect("status", "308"),
+        Case::get("upstream 204 over h2", "/cluster")
+            .host("actions.test")
+            .h2()
+            .header("x-echo-status", "204"),
         Case::get("prefix redirect strips query", "/prefix-redirect/a?b=1").host("actions.test"),
         Case::get("timeout 0s disables the timeout", "/no-timeout").host("actions.test"),
         Case::get("scheme and port redirect", "/scheme-port-redirect/x")

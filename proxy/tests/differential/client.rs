@@ -853,7 +853,8 @@ async fn raw<S: AsyncRead + AsyncWrite + Unpin>(
 /// Writes several requests at once and reads until the proxy closes the connection or stays
 /// quiet for 1.5 s (Envoy closes after a local reply only once its 1 s `delayed_close_timeout`
 /// has passed). Observes each response as `<status> <path the upstream echoed>` (`-` for
-/// a response the proxy made itself), and whether the connection was closed.
+/// a response the proxy made itself), each response's framing, and whether the connection was
+/// closed.
 async fn conversation<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     bytes: &[u8],
@@ -870,6 +871,7 @@ async fn conversation<S: AsyncRead + AsyncWrite + Unpin>(
     };
     let mut methods = request_methods(bytes).into_iter();
     let mut responses = Vec::new();
+    let mut framings = Vec::new();
     let mut rest = &data[..];
     while let Some(end) = find(rest, b"\r\n\r\n") {
         let (status, _, headers) = parse_head(&rest[..end + 4])?;
@@ -890,12 +892,21 @@ async fn conversation<S: AsyncRead + AsyncWrite + Unpin>(
         };
         let path = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
-            .and_then(|v| v["path"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| "-".to_string());
+            .and_then(|v| v["path"].as_str().map(str::to_owned));
+        let no_body = head_request || status < 200 || status == 204 || status == 304;
+        framings.push(framing(
+            &headers,
+            false,
+            no_body,
+            body.len(),
+            path.is_some(),
+        ));
+        let path = path.unwrap_or_else(|| "-".to_string());
         responses.push(format!("{status} {path}"));
     }
     let mut obs = Observation::from([
         ("responses".to_string(), responses.join(", ")),
+        ("framings".to_string(), framings.join(", ")),
         ("closed".to_string(), closed.to_string()),
     ]);
     if !rest.is_empty() {
