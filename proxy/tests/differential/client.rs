@@ -814,7 +814,7 @@ async fn raw<S: AsyncRead + AsyncWrite + Unpin>(
     let mut buf = [0u8; 4096];
     let ending = loop {
         if data.len() >= 1 << 20 || raw_complete(&data) {
-            break "open".to_string();
+            break "given up with the connection open".to_string();
         }
         match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
             Ok(Ok(0)) => break "closed".to_string(),

@@ -37,12 +37,12 @@ impl Wire {
     }
 
     /// How the connection ended: `reset` (ECONNRESET, or a write the peer refused),
-    /// `closed` (a clean EOF), another I/O error, or `open` when it had not ended.
+    /// `closed` (a clean EOF), another I/O error, or that it had not ended.
     pub fn ending(&self) -> String {
         match self.error {
             Some(kind) => io_ending(kind),
             None if self.eof => "closed".to_string(),
-            None => "open".to_string(),
+            None => "given up with the connection open".to_string(),
         }
     }
 
