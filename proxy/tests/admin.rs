@@ -10,6 +10,8 @@ use proto::pb::envoy::admin::v3::ConfigDump;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/chunked.rs"]
+mod chunked;
 #[path = "support/ports.rs"]
 mod ports;
 use child::Proxy;
@@ -79,25 +81,7 @@ fn raw(port: u16, method: &str, target: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| dechunk(b))
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// The data of a chunked body (the admin API answers chunked, as Envoy's does).
-fn dechunk(mut body: &str) -> String {
-    let mut data = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if size == 0 || rest.len() < size {
-            break;
-        }
-        data.push_str(&rest[..size]);
-        body = rest[size..].strip_prefix("\r\n").unwrap_or_default();
-    }
-    data
+    (status, chunked::body(&out))
 }
 
 fn get(r: &Started, target: &str) -> (u16, String) {
