@@ -235,6 +235,26 @@ fn compile_chain(
         refused.get_or_insert_with(|| what.to_owned());
     }
     if let Some(ctx) = &tls {
+        let at = format!("{path}.transport_socket.typed_config");
+        check_tls_required(ctx, &at)?;
+        if ignored_client_certificate_requirement(ctx) {
+            warnings.note(
+                format!("{at}.require_client_certificate"),
+                "has no effect without validation_context.trusted_ca (as in Envoy): client \
+                 certificates are neither required nor verified",
+            );
+        }
+        if let Some((min, max)) = inverted_tls_versions(ctx) {
+            let what = format!(
+                "tls_minimum_protocol_version {min} is above tls_maximum_protocol_version \
+                 {max}: no handshake can succeed (Envoy closes these connections too)"
+            );
+            warnings.note(
+                format!("{at}.common_tls_context.tls_params"),
+                format!("{what}; connections on this chain are refused"),
+            );
+            refused.get_or_insert(what);
+        }
         for (field, what) in tls_unimplemented(ctx) {
             warnings.fails_closed(
                 format!("{path}.transport_socket.typed_config.{field}"),
@@ -262,6 +282,67 @@ fn compile_chain(
     })
 }
 
+/// The fields of a `DownstreamTlsContext` that Envoy's proto validation requires.
+fn check_tls_required(ctx: &DownstreamTlsContext, path: &str) -> Result<(), ConfigError> {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    if let Some(ValidationContextType::CombinedValidationContext(c)) = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.validation_context_type.as_ref())
+        && c.validation_context_sds_secret_config.is_none()
+    {
+        return Err(ConfigError::new(
+            format!(
+                "{path}.common_tls_context.combined_validation_context.validation_context_sds_secret_config"
+            ),
+            "value is required",
+        ));
+    }
+    Ok(())
+}
+
+/// The TLS versions a context allows, as Envoy's `TlsProtocol` numbers (1.0 is 1, 1.3 is 4),
+/// with Envoy's server defaults for `TLS_AUTO` (1.2 to 1.3).
+fn tls_version_range(ctx: &DownstreamTlsContext) -> (i32, i32) {
+    let params = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.tls_params.as_ref());
+    let or = |v: i32, auto: i32| if v == 0 { auto } else { v };
+    (
+        or(params.map_or(0, |p| p.tls_minimum_protocol_version), 3),
+        or(params.map_or(0, |p| p.tls_maximum_protocol_version), 4),
+    )
+}
+
+/// The version names of a context whose minimum is above its maximum (explicit or Envoy's
+/// default), where Envoy closes every connection.
+fn inverted_tls_versions(ctx: &DownstreamTlsContext) -> Option<(&'static str, &'static str)> {
+    const NAMES: [&str; 5] = ["TLS_AUTO", "TLSv1_0", "TLSv1_1", "TLSv1_2", "TLSv1_3"];
+    let name = |v: i32| usize::try_from(v).ok().and_then(|v| NAMES.get(v).copied());
+    let (min, max) = tls_version_range(ctx);
+    (min > max)
+        .then(|| Some((name(min)?, name(max)?)))
+        .flatten()
+}
+
+/// Whether `require_client_certificate` is set where Envoy ignores it: without a
+/// `validation_context` that has a `trusted_ca` (a combined context always has an SDS part,
+/// which fails closed).
+fn ignored_client_certificate_requirement(ctx: &DownstreamTlsContext) -> bool {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    let validation = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.validation_context_type.as_ref());
+    ctx.require_client_certificate.is_some_and(|b| b.value)
+        && match validation {
+            None => true,
+            Some(ValidationContextType::ValidationContext(v)) => v.trusted_ca.is_none(),
+            Some(_) => false,
+        }
+}
+
 /// What a `DownstreamTlsContext` asks for that revoy cannot do, by field: each would let a
 /// connection through that Envoy refuses (or could not serve at all), so the chain refuses
 /// every connection instead.
@@ -272,6 +353,13 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
     let Some(common) = &ctx.common_tls_context else {
         return out;
     };
+    let (min, max) = tls_version_range(ctx);
+    if min <= max && max < 3 {
+        out.push((
+            "common_tls_context.tls_params.tls_maximum_protocol_version".to_owned(),
+            "TLS 1.0 and 1.1 are not implemented by revoy".to_owned(),
+        ));
+    }
     if common.tls_certificates.is_empty() && !common.tls_certificate_sds_secret_configs.is_empty() {
         out.push((
             "common_tls_context.tls_certificate_sds_secret_configs".to_owned(),
@@ -330,6 +418,16 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
             (
                 v.custom_validator_config.is_some(),
                 "custom_validator_config",
+            ),
+            (
+                v.ca_certificate_provider_instance.is_some(),
+                "ca_certificate_provider_instance",
+            ),
+            // rustls-webpki builds paths of at most 6 intermediates: a larger limit is honoured
+            // (revoy is never laxer), a smaller one is not.
+            (
+                v.max_verify_depth.is_some_and(|d| d.value < 6),
+                "max_verify_depth",
             ),
         ];
         for (_, field) in checks.iter().filter(|(set, _)| *set) {
@@ -493,4 +591,69 @@ pub fn compile_listener(
             l.stat_prefix.clone()
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
+        common_tls_context::ValidationContextType,
+    };
+
+    fn requiring(validation: Option<CertificateValidationContext>) -> DownstreamTlsContext {
+        DownstreamTlsContext {
+            require_client_certificate: Some(proto::pb::google::protobuf::BoolValue {
+                value: true,
+            }),
+            common_tls_context: Some(CommonTlsContext {
+                validation_context_type: validation.map(ValidationContextType::ValidationContext),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn unimplemented_fields(v: CertificateValidationContext) -> Vec<String> {
+        tls_unimplemented(&requiring(Some(v)))
+            .into_iter()
+            .map(|(field, _)| field)
+            .collect()
+    }
+
+    #[test]
+    fn client_certificate_checks_revoy_cannot_make_fail_closed() {
+        let depth = |d: u32| CertificateValidationContext {
+            max_verify_depth: Some(proto::pb::google::protobuf::UInt32Value { value: d }),
+            ..Default::default()
+        };
+        assert_eq!(
+            unimplemented_fields(depth(5)),
+            ["common_tls_context.validation_context.max_verify_depth"]
+        );
+        assert!(unimplemented_fields(depth(6)).is_empty());
+        let provider = CertificateValidationContext {
+            ca_certificate_provider_instance: Some(CertificateProviderPluginInstance::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            unimplemented_fields(provider),
+            ["common_tls_context.validation_context.ca_certificate_provider_instance"]
+        );
+    }
+
+    #[test]
+    fn a_required_client_certificate_without_trusted_ca_is_noted() {
+        assert!(ignored_client_certificate_requirement(&requiring(None)));
+        assert!(ignored_client_certificate_requirement(&requiring(Some(
+            CertificateValidationContext::default()
+        ))));
+        let with_ca = CertificateValidationContext {
+            trusted_ca: Some(Default::default()),
+            ..Default::default()
+        };
+        assert!(!ignored_client_certificate_requirement(&requiring(Some(
+            with_ca
+        ))));
+    }
 }

@@ -160,12 +160,8 @@ pub fn downstream(ctx: &DownstreamTlsContext) -> Result<DownstreamTls, TlsError>
                     .map_err(|e| err("validation_context", e.to_string()))?,
             )
         }
-        None if require_client => {
-            return Err(err(
-                "require_client_certificate",
-                "a client certificate is required but no trusted_ca is configured",
-            ));
-        }
+        // As in Envoy, require_client_certificate has no effect without a trusted_ca: no client
+        // certificate is asked for (config/listener.rs notes it at start).
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
