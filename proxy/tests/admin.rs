@@ -10,6 +10,8 @@ use proto::pb::envoy::admin::v3::ConfigDump;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/chunked.rs"]
+mod chunked;
 #[path = "support/ports.rs"]
 mod ports;
 use child::Proxy;
@@ -79,11 +81,7 @@ fn raw(port: u16, method: &str, target: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    (status, chunked::body(&out))
 }
 
 fn get(r: &Started, target: &str) -> (u16, String) {

@@ -11,6 +11,8 @@
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/chunked.rs"]
+mod chunked;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -145,7 +147,8 @@ fn stat(admin: u16, name: &str) -> Option<u64> {
     .ok()?;
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    out.lines()
+    chunked::body(&out)
+        .lines()
         .find_map(|l| l.strip_prefix(&format!("{name}: ")))
         .and_then(|v| v.trim().parse().ok())
 }

@@ -15,6 +15,8 @@ use std::time::Duration;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/chunked.rs"]
+mod chunked;
 #[path = "support/ports.rs"]
 mod ports;
 use child::Proxy;
@@ -209,8 +211,7 @@ fn admin(port: u16, path: &str) -> (u16, String) {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (status, body)
+    (status, chunked::body(&out))
 }
 
 fn stat(admin_port: u16, name: &str) -> Option<u64> {

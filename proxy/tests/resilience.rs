@@ -754,7 +754,8 @@ async fn exchange(port: u16, request: &str) -> std::io::Result<Vec<u8>> {
     Ok(raw)
 }
 
-/// Status, body, and the response headers the router sets.
+/// Status, body (as sent, chunk sizes included), and the response headers the router sets
+/// and the body's framing.
 fn parse_response(raw: &[u8], obs: &mut BTreeMap<String, String>) {
     let text = String::from_utf8_lossy(raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -771,9 +772,12 @@ fn parse_response(raw: &[u8], obs: &mut BTreeMap<String, String>) {
             continue;
         };
         let n = n.trim().to_ascii_lowercase();
+        // The framing headers too: the body is compared as it came on the wire.
         if matches!(
             n.as_str(),
             "x-envoy-attempt-count"
+                | "content-length"
+                | "transfer-encoding"
                 | "content-type"
                 | "x-retry-me"
                 | "grpc-status"

@@ -8,6 +8,8 @@
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/chunked.rs"]
+mod chunked;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -43,25 +45,7 @@ fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
     .ok()?;
     let mut out = String::new();
     let _ = s.read_to_string(&mut out);
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    if !head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return serde_json::from_str(body).ok();
-    }
-    // Envoy's admin answers chunked: join the chunks.
-    let mut rest = body;
-    let mut joined = String::new();
-    loop {
-        let (size, after) = rest.split_once("\r\n")?;
-        let size = usize::from_str_radix(size.trim(), 16).ok()?;
-        if size == 0 {
-            return serde_json::from_str(&joined).ok();
-        }
-        joined.push_str(after.get(..size)?);
-        rest = after.get(size + 2..)?;
-    }
+    serde_json::from_str(&chunked::body(&out)).ok()
 }
 
 /// The node's identity as `/server_info` and `/config_dump` show it, and the flags as

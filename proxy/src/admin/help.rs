@@ -26,14 +26,18 @@ const fn ep(
     }
 }
 
-/// Every endpoint revoy serves, sorted by path as Envoy lists them.
+/// Every endpoint revoy serves, sorted by path as Envoy lists them, each with the parameters
+/// revoy honours, in Envoy's words (`/routes` is revoy's own).
 pub const ENDPOINTS: &[Endpoint] = &[
     ep("/", false, "Admin home page", &[]),
     ep(
         "/clusters",
         false,
         "upstream cluster status",
-        &[("format", "Format to use; One of (text, json)")],
+        &[(
+            "filter",
+            "Regular expression (Google re2) for filtering clusters by name",
+        )],
     ),
     ep(
         "/config_dump",
@@ -42,8 +46,8 @@ pub const ENDPOINTS: &[Endpoint] = &[
         &[
             ("resource", "The resource to dump"),
             (
-                "name_regex",
-                "Dump only the currently loaded configurations whose names match the specified regex.",
+                "mask",
+                "The mask to apply. When both resource and mask are specified, the mask is applied to every element in the desired repeated field so that only a subset of fields are returned. The mask is parsed as a Protobuf::FieldMask",
             ),
             (
                 "include_eds",
@@ -102,7 +106,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
         &[
             (
                 "paths",
-                "Change multiple logging levels by setting to <logger_name1>:<desired_level1>,<logger_name2>:<desired_level2>.",
+                "Change multiple logging levels by setting to <logger_name1>:<desired_level1>,<logger_name2>:<desired_level2>. If fine grain logging is enabled, use __FILE__ or a glob experision as the logger name. For example, source/common*:warning",
             ),
             (
                 "level",
@@ -154,6 +158,10 @@ pub const ENDPOINTS: &[Endpoint] = &[
                 "Regular expression (Google re2) for filtering stats",
             ),
             ("format", "Format to use; One of (text, json)"),
+            (
+                "type",
+                "Stat types to include.; One of (All, Counters, Histograms, Gauges, TextReadouts)",
+            ),
         ],
     ),
     ep(

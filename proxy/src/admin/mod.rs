@@ -83,23 +83,44 @@ pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>, quit: Sender<
 async fn serve(stream: TcpStream, shared: Arc<Shared>, quit: Sender<i32>) {
     let mut reader = BufReader::new(stream);
     while let Some(req) = request::read(&mut reader).await {
+        if req.http10 {
+            // Envoy's admin refuses HTTP/1.0, as its connection manager does by default.
+            let answer = format!(
+                "HTTP/1.1 426 Upgrade Required\r\ncontent-length: 16\r\ncontent-type: text/plain\r\ndate: {}\r\nserver: envoy\r\nconnection: close\r\n\r\nUpgrade Required",
+                httpdate::fmt_http_date(std::time::SystemTime::now()),
+            );
+            let _ = reader.get_mut().write_all(answer.as_bytes()).await;
+            return;
+        }
         let (resp, effect) = handle(&req, &shared);
+        // Envoy's admin streams every answer, so its bodies go out chunked.
         let head = format!(
-            "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ndate: {}\r\nserver: envoy\r\ncontent-length: {}\r\n{}\r\n",
+            "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ndate: {}\r\nserver: envoy\r\ntransfer-encoding: chunked\r\n{}\r\n",
             resp.status,
             reason(resp.status),
             resp.content_type,
             httpdate::fmt_http_date(std::time::SystemTime::now()),
-            resp.body.len(),
             if req.keep_alive {
                 ""
             } else {
                 "connection: close\r\n"
             }
         );
+        let chunk = if resp.body.is_empty() {
+            String::new()
+        } else {
+            format!("{:x}\r\n", resp.body.len())
+        };
+        let end: &[u8] = if resp.body.is_empty() {
+            b"0\r\n\r\n"
+        } else {
+            b"\r\n0\r\n\r\n"
+        };
         let out = reader.get_mut();
         if out.write_all(head.as_bytes()).await.is_err()
+            || out.write_all(chunk.as_bytes()).await.is_err()
             || out.write_all(resp.body.as_bytes()).await.is_err()
+            || out.write_all(end).await.is_err()
         {
             return;
         }
@@ -147,10 +168,7 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/ready" => ready(shared),
         "/server_info" => pooled_json(server_info(shared)),
         "/config_dump" => pooled_json(config_dump::render(shared, req)),
-        "/clusters" => match req.param("format") {
-            Some("json") => json(&shared.clusters.render_json()),
-            _ => text(200, shared.clusters.render_text()),
-        },
+        "/clusters" => clusters(shared, req),
         "/listeners" => listeners(shared, req.param("format") == Some("json")),
         "/routes" => routes::render(shared, req),
         "/stats" => stats(shared, req, false),
@@ -282,15 +300,34 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
     }
 }
 
+/// `/clusters` (text or `format=json`), of the clusters whose name matches `filter`.
+fn clusters(shared: &Shared, req: &AdminRequest) -> AdminResponse {
+    let filter = match name_filter(req) {
+        Ok(filter) => filter,
+        Err(resp) => return resp,
+    };
+    match req.param("format") {
+        Some("json") => json(&shared.clusters.render_json_matching(filter.as_ref())),
+        _ => text(200, shared.clusters.render_text_matching(filter.as_ref())),
+    }
+}
+
+/// The `filter` parameter as a regex (`None` when absent or empty), or Envoy's 400 answer.
+fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse> {
+    match req.param("filter").filter(|f| !f.is_empty()) {
+        Some(f) => regex::Regex::new(f)
+            .map(Some)
+            .map_err(|e| text(400, format!("Invalid re2 regex: {e}"))),
+        None => Ok(None),
+    }
+}
+
 /// `/stats` (text or `format=json`) and `/stats/prometheus`, with Envoy's `filter`,
 /// `usedonly` and `type` (`Counters`, `Gauges`, `Histograms`; anything else: all).
 fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse {
-    let filter = match req.param("filter").filter(|f| !f.is_empty()) {
-        Some(f) => match regex::Regex::new(f) {
-            Ok(r) => Some(r),
-            Err(e) => return text(400, format!("Invalid re2 regex: {e}")),
-        },
-        None => None,
+    let filter = match name_filter(req) {
+        Ok(filter) => filter,
+        Err(resp) => return resp,
     };
     let snapshot = shared.stats.snapshot();
     let mut metrics = snapshot;

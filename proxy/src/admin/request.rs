@@ -16,6 +16,8 @@ pub struct AdminRequest {
     pub params: Vec<(String, String)>,
     /// Whether the client asked to keep the connection open.
     pub keep_alive: bool,
+    /// Whether the request line said `HTTP/1.0` (or named no version).
+    pub http10: bool,
 }
 
 impl AdminRequest {
@@ -35,6 +37,7 @@ impl AdminRequest {
             path: percent_decode(path),
             params,
             keep_alive: true,
+            http10: false,
         }
     }
 
@@ -71,6 +74,7 @@ pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
     );
     let mut req = AdminRequest::from_target(method, target);
     req.keep_alive = version == "HTTP/1.1";
+    req.http10 = version == "HTTP/1.0";
     let mut content_length = 0usize;
     loop {
         let mut h = String::new();

@@ -204,8 +204,12 @@ pub struct EndpointConfig {
 pub enum LbPolicy {
     /// Weighted round robin.
     RoundRobin,
-    /// Power of two choices over active requests.
-    LeastRequest,
+    /// The host with the fewest active requests among `choices` picked at random (with
+    /// replacement, as Envoy's N_CHOICES; `least_request_lb_config.choice_count`, default 2).
+    LeastRequest {
+        /// How many random hosts are compared.
+        choices: u32,
+    },
     /// Weighted random.
     Random,
     /// RING_HASH or MAGLEV: consistent on the request hash.
@@ -516,7 +520,9 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
         .map_err(|_| ConfigError::new("lb_policy", format!("unknown lb policy {}", c.lb_policy)))?;
     let policy = match p {
         cluster::LbPolicy::RoundRobin => LbPolicy::RoundRobin,
-        cluster::LbPolicy::LeastRequest => LbPolicy::LeastRequest,
+        cluster::LbPolicy::LeastRequest => LbPolicy::LeastRequest {
+            choices: least_request_choices(c)?,
+        },
         cluster::LbPolicy::Random => LbPolicy::Random,
         cluster::LbPolicy::RingHash | cluster::LbPolicy::Maglev => LbPolicy::ConsistentHash,
         cluster::LbPolicy::ClusterProvided => LbPolicy::ClusterProvided,
@@ -542,6 +548,22 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
         ));
     }
     Ok(policy)
+}
+
+/// `least_request_lb_config.choice_count`: 2 when unset; Envoy refuses fewer than 2.
+fn least_request_choices(c: &Cluster) -> Result<u32, ConfigError> {
+    let count = match &c.lb_config {
+        Some(cluster::LbConfig::LeastRequestLbConfig(l)) => l.choice_count.map(|v| v.value),
+        _ => None,
+    };
+    match count {
+        None => Ok(2),
+        Some(n) if n >= 2 => Ok(n),
+        Some(_) => Err(ConfigError::new(
+            "least_request_lb_config.choice_count",
+            "value must be greater than or equal to 2",
+        )),
+    }
 }
 
 /// The endpoints of a load assignment, each with its transport.
@@ -909,7 +931,7 @@ load_assignment:
         )
         .unwrap();
         assert_eq!(c.discovery, Discovery::StrictDns);
-        assert_eq!(c.lb_policy, LbPolicy::LeastRequest);
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest { choices: 2 });
         assert_eq!(c.connect_timeout, Duration::from_millis(250));
         assert_eq!(c.dns_refresh_rate, Duration::from_secs(10));
         assert_eq!(c.dns_lookup_family, DnsLookupFamily::V4Only);
@@ -922,6 +944,18 @@ load_assignment:
         );
     }
 
+    #[test]
+    fn least_request_choice_count() {
+        let config = |count: u32| {
+            format!(
+                "name: c\nlb_policy: LEAST_REQUEST\nleast_request_lb_config: {{choice_count: {count}}}\nload_assignment: {{endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 80}}}}}}}}]}}]}}\n"
+            )
+        };
+        let c = compile(&config(5)).unwrap();
+        assert_eq!(c.lb_policy, LbPolicy::LeastRequest { choices: 5 });
+        let err = compile(&config(1)).unwrap_err();
+        assert_eq!(err.path, "least_request_lb_config.choice_count");
+    }
     #[test]
     fn http2_from_typed_options_deprecated_field_or_downstream() {
         let explicit = compile(

@@ -46,10 +46,11 @@ pub fn local_reply(status: StatusCode, text: &str) -> Response<Body> {
         text: text.to_owned(),
         grpc_status: None,
     });
-    // Envoy's order: content-length, then content-type.
-    let h = resp.headers_mut();
-    h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
+    // Envoy's order: content-length, then content-type. An empty reply has neither: over
+    // HTTP/1.1 the codec writes `content-length: 0`, over HTTP/2 the headers end the stream.
     if !text.is_empty() {
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from(text.len()));
         h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     }
     resp

@@ -185,7 +185,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Envoy's reaction to a connection that speaks the wrong protocol for the codec: an HTTP/2
 /// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
-/// HTTP/2-only connection is closed silently. Returns whether the connection may be served.
+/// HTTP/2-only connection is closed silently (after reading what arrived, so the close is
+/// clean). Returns whether the connection may be served.
 async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
     if codec == Codec::Auto {
         return true;
@@ -194,7 +195,14 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
     let n = stream.peek(&mut buf).await.unwrap_or(0);
     let head = &buf[..n];
     match codec {
-        Codec::Http2 => H2_PREFACE.starts_with(head),
+        Codec::Http2 if H2_PREFACE.starts_with(head) => true,
+        Codec::Http2 => {
+            // Envoy's codec has read what arrived when it gives up, so its close is a clean
+            // FIN; closing with those bytes unread would reset the connection instead.
+            let mut sink = [0u8; 4096];
+            while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+            false
+        }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             let _ = stream.write_all(&envoy_errors::bad_request(None)).await;
             false
@@ -281,6 +289,7 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let version = req.version();
+            let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
             // Envoy's HTTP/1 codec drops a chunked request's trailers unless `enable_trailers`.
             let drop_request_trailers =
@@ -319,6 +328,12 @@ where
             // in `h1` does the same).
             if drop_trailers && resp.headers().contains_key(http::header::TRAILER) {
                 resp = resp.map(crate::body::without_trailers);
+            }
+            // hyper's HTTP/2 server sends the body of an answer to a HEAD, which the client
+            // takes for a protocol error; Envoy sends the headers (content-length included)
+            // and ends the stream.
+            if head && version == http::Version::HTTP_2 {
+                resp = resp.map(|_| crate::body::empty());
             }
             Ok(resp)
         })

@@ -251,8 +251,11 @@ async fn route_and_forward(
                 resp.headers_mut()
                     .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
             }
-            resp.headers_mut()
-                .insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
+            // Without a body, no content-length (see `local_reply`).
+            if !dr.body.is_empty() {
+                resp.headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
+            }
             if dr.status.is_redirection()
                 && let Ok(v) = HeaderValue::from_str(&Selected::request_url(&route_req))
             {

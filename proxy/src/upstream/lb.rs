@@ -227,11 +227,16 @@ impl Weighted {
                 self.at(i * self.stride % self.total)
             }
             LbPolicy::Random => self.random(),
-            LbPolicy::LeastRequest => {
-                let a = self.random();
-                let b = self.random();
+            LbPolicy::LeastRequest { choices } => {
                 let active = |h: &Host| h.stats.rq_active.load(Ordering::Relaxed);
-                if active(b) < active(a) { b } else { a }
+                let mut best = self.random();
+                for _ in 1..choices {
+                    let other = self.random();
+                    if active(other) < active(best) {
+                        best = other;
+                    }
+                }
+                best
             }
             LbPolicy::ConsistentHash => match hash {
                 Some(hash) => self.rendezvous(hash),
@@ -369,7 +374,7 @@ mod tests {
                 .collect(),
             50.0,
         );
-        for policy in [LbPolicy::Random, LbPolicy::LeastRequest] {
+        for policy in [LbPolicy::Random, LbPolicy::LeastRequest { choices: 2 }] {
             let m = counts(&set, policy, 4000);
             assert_eq!(m.len(), 4);
             assert!(m.values().all(|c| *c > 500), "{policy:?} {m:?}");
@@ -381,9 +386,19 @@ mod tests {
         let busy = host(1, 1, 0, HealthStatus::Healthy);
         busy.stats.rq_active.store(10, Ordering::Relaxed);
         let set = HostSet::new(vec![busy, host(2, 1, 0, HealthStatus::Healthy)], 50.0);
-        let m = counts(&set, LbPolicy::LeastRequest, 1000);
+        let m = counts(&set, LbPolicy::LeastRequest { choices: 2 }, 1000);
         // Host 1 wins only when both choices land on it (about a quarter of the time).
         assert!(m[&2] > m.get(&1).copied().unwrap_or(0) * 2, "{m:?}");
+    }
+
+    #[test]
+    fn least_request_with_many_choices_never_takes_the_busy_host() {
+        let busy = host(1, 1, 0, HealthStatus::Healthy);
+        busy.stats.rq_active.store(1, Ordering::Relaxed);
+        let set = HostSet::new(vec![busy, host(2, 1, 0, HealthStatus::Healthy)], 50.0);
+        // All 40 choices land on the busy host about once in 2^40 picks.
+        let m = counts(&set, LbPolicy::LeastRequest { choices: 40 }, 1000);
+        assert_eq!(m.get(&1), None, "{m:?}");
     }
 
     #[test]

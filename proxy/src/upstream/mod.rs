@@ -129,16 +129,39 @@ impl ClusterManager {
 
     /// Envoy's `/clusters` text output.
     pub fn render_text(&self) -> String {
-        let mut out = String::new();
-        for c in self.clusters() {
-            render::text(&mut out, &c);
-        }
-        out
+        self.render_text_matching(None)
     }
 
     /// Envoy's `/clusters?format=json` output (`envoy.admin.v3.Clusters`).
     pub fn render_json(&self) -> serde_json::Value {
-        let statuses: Vec<_> = self.clusters().iter().map(|c| render::json(c)).collect();
+        self.render_json_matching(None)
+    }
+
+    /// Envoy's `/clusters` text output, of the clusters whose name `filter` matches (all
+    /// without one).
+    pub fn render_text_matching(&self, filter: Option<&regex::Regex>) -> String {
+        let mut out = String::new();
+        for c in self.clusters() {
+            if filter.is_none_or(|f| f.is_match(c.name())) {
+                render::text(&mut out, &c);
+            }
+        }
+        out
+    }
+
+    /// Envoy's `/clusters?format=json` output (`envoy.admin.v3.Clusters`), of the clusters
+    /// whose name `filter` matches (all without one).
+    pub fn render_json_matching(&self, filter: Option<&regex::Regex>) -> serde_json::Value {
+        let statuses: Vec<_> = self
+            .clusters()
+            .iter()
+            .filter(|c| filter.is_none_or(|f| f.is_match(c.name())))
+            .map(|c| render::json(c))
+            .collect();
+        // Proto JSON leaves an empty repeated field out.
+        if statuses.is_empty() {
+            return serde_json::json!({});
+        }
         serde_json::json!({ "cluster_statuses": statuses })
     }
 }

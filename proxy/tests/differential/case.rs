@@ -33,6 +33,24 @@ pub enum Kind {
     Conversation(Vec<u8>),
 }
 
+/// A load-balancing property observed over several requests, for policies whose host choice
+/// cannot be compared request by request.
+#[derive(Clone, Debug)]
+pub enum Balance {
+    /// `keys` distinct values of `header`, each sent `repeat` times: observes whether every key
+    /// stayed on one host and whether the keys reached more than one host (hashing policies).
+    Sticky {
+        header: String,
+        keys: usize,
+        repeat: usize,
+    },
+    /// One request held open for `hold_ms` (the upstream delays its answer) while `n` more are
+    /// sent one after another: observes whether all of them avoided the held request's host.
+    AvoidBusy { n: usize, hold_ms: u64 },
+    /// `n` requests: observes the hosts reached and whether they came in strict rotation.
+    Order { n: usize },
+}
+
 /// A request sent identically to Envoy and to revoy.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -70,8 +88,8 @@ pub struct Case {
     pub count: bool,
     /// TCP: after the reply, wait this long and observe whether the proxy closed the connection.
     pub watch_close: Option<Duration>,
-    /// With `repeat`: observe only whether every upstream reached is in this pool.
-    pub pool: Vec<String>,
+    /// Observe a load-balancing property instead of one response.
+    pub balance: Option<Balance>,
     /// Fields Envoy must show with these values (guards that the case tests what it says);
     /// revoy is then held to the same values by the comparison.
     pub expect: Vec<(String, String)>,
@@ -80,6 +98,10 @@ pub struct Case {
     /// A deliberate difference (listed in the README): instead of comparing, revoy must show
     /// these `(field, value)`s.
     pub deliberate: Vec<(String, String)>,
+    /// Known gaps (DIFFERENCES.md, README's "Known differences"): `(field, value)`s revoy shows
+    /// instead of Envoy's; the field is held to that value and left out of the comparison,
+    /// every other field is compared.
+    pub known: Vec<(String, String)>,
     /// Compare whether the upstream connection was reused (left out by default, since it
     /// depends on every earlier case of the config).
     pub pooling: bool,
@@ -105,10 +127,11 @@ impl Case {
             same_connection: 1,
             count: false,
             watch_close: None,
-            pool: Vec::new(),
+            balance: None,
             expect: Vec::new(),
             ignore: Vec::new(),
             deliberate: Vec::new(),
+            known: Vec::new(),
             pooling: false,
         }
     }
@@ -246,11 +269,30 @@ impl Case {
         }
     }
 
-    /// Repeats `n` times, observing whether every upstream reached is one of `pool`.
-    pub fn spread_within(self, n: usize, pool: &[&str]) -> Case {
+    /// Sends `keys` distinct values of `header`, each `repeat` times ([`Balance::Sticky`]).
+    pub fn sticky(self, header: &str, keys: usize, repeat: usize) -> Case {
         Case {
-            repeat: n,
-            pool: pool.iter().map(|s| s.to_string()).collect(),
+            balance: Some(Balance::Sticky {
+                header: header.to_string(),
+                keys,
+                repeat,
+            }),
+            ..self
+        }
+    }
+
+    /// Holds one request open for `hold_ms` while `n` more are sent ([`Balance::AvoidBusy`]).
+    pub fn avoid_busy(self, n: usize, hold_ms: u64) -> Case {
+        Case {
+            balance: Some(Balance::AvoidBusy { n, hold_ms }),
+            ..self
+        }
+    }
+
+    /// Sends `n` requests, observing the hosts and their order ([`Balance::Order`]).
+    pub fn order(self, n: usize) -> Case {
+        Case {
+            balance: Some(Balance::Order { n }),
             ..self
         }
     }
@@ -281,6 +323,13 @@ impl Case {
     /// not compared with Envoy on this case but must show `field` with `value`.
     pub fn deliberate(mut self, field: &str, value: &str) -> Case {
         self.deliberate.push((field.to_string(), value.to_string()));
+        self
+    }
+
+    /// Marks a known gap (DIFFERENCES.md): revoy shows `field` with `value` where Envoy
+    /// differs; the rest of the case is still compared.
+    pub fn known_gap(mut self, field: &str, value: &str) -> Case {
+        self.known.push((field.to_string(), value.to_string()));
         self
     }
 

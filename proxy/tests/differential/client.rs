@@ -9,14 +9,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::Request;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
-use super::case::{Case, Kind, Proto};
+use super::case::{Balance, Case, Kind, Proto};
 use super::tls;
-use super::upstream::grpc_frame;
+use super::upstream::{self, grpc_frame};
 use super::websocket;
+use super::wire::{Watched, Wire, WireLog, garbage, io_ending};
 
 /// Field name -> observed value. Fields are compared one by one between Envoy and revoy.
 pub type Observation = BTreeMap<String, String>;
@@ -28,24 +29,245 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs `case` against the proxy listening on `port`; `render` fills template placeholders.
 pub async fn observe(case: &Case, port: u16, render: &dyn Fn(&str) -> String) -> Observation {
+    if let Some(balance) = &case.balance {
+        return observe_balance(case, balance, port, render).await;
+    }
     if case.repeat > 1 {
         return observe_spread(case, port, render).await;
     }
-    match timeout(REQUEST_TIMEOUT, observe_once(case, port, render)).await {
+    let wire = WireLog::default();
+    let result = timeout(REQUEST_TIMEOUT, observe_once(case, port, render, &wire)).await;
+    let wire = wire.lock().expect("wire log");
+    match result {
         Ok(Ok(obs)) => obs,
-        Ok(Err(err)) => error_observation(&err),
-        Err(_) => error_observation("timeout"),
+        Ok(Err(err)) => error_observation(&failure(case, &wire, &err), &err),
+        Err(_) => error_observation(&failure(case, &wire, "timeout"), "timeout"),
     }
 }
 
-fn error_observation(err: &str) -> Observation {
-    let class = if err.contains("timeout") {
-        "timeout"
-    } else {
-        "no response"
-    };
+fn error_observation(class: &str, err: &str) -> Observation {
     eprintln!("    (request error: {err})");
     Observation::from([("error".to_string(), class.to_string())])
+}
+
+/// How an exchange that got no (whole) HTTP response ended, from what its connection saw:
+/// `refused`, `closed` (EOF before any byte), `reset` (ECONNRESET), `timeout`, `garbage: ...`
+/// (bytes that are not the protocol spoken), an HTTP/2 GOAWAY or RST_STREAM with its reason,
+/// or one of those endings after part of a response (or during the body).
+fn failure(case: &Case, wire: &Wire, err: &str) -> String {
+    if err.starts_with("connect ") {
+        return if err.contains("refused") {
+            "refused".to_string()
+        } else {
+            err.to_string()
+        };
+    }
+    if let Some(at) = err.find(H2_PREFIX) {
+        return format!("h2 {}", &err[at + H2_PREFIX.len()..]);
+    }
+    let ending = if err == "timeout" {
+        "timeout".to_string()
+    } else {
+        wire.ending()
+    };
+    if let Some(tls) = err.strip_prefix("tls handshake: ") {
+        let alert = tls.split_once("alert: ").map(|(_, a)| a);
+        return match alert {
+            Some(alert) => format!("tls handshake: alert {alert}"),
+            None => format!("tls handshake: {ending}"),
+        };
+    }
+    let speaks = if case.tls.is_some() {
+        Speaks::Tls
+    } else if case.proto == Proto::H2 && matches!(case.kind, Kind::Http | Kind::Grpc(_)) {
+        Speaks::H2
+    } else {
+        Speaks::H1
+    };
+    if err.contains(UNPARSABLE) {
+        return wire.garbage();
+    }
+    let ending = if err.contains(BODY) {
+        format!("{ending} during the body")
+    } else {
+        ending
+    };
+    no_response(&wire.first, wire.read, &ending, speaks)
+}
+
+/// The protocol a connection's first bytes should be in.
+#[derive(Clone, Copy)]
+enum Speaks {
+    H1,
+    H2,
+    Tls,
+}
+
+/// Marks an error hyper reported as an unparsable response.
+const UNPARSABLE: &str = "[unparsable] ";
+/// Marks an HTTP/2 error frame (GOAWAY, RST_STREAM) as the reason an exchange failed.
+const H2_PREFIX: &str = "[h2] ";
+/// Marks an error while the response body was read (its head had arrived).
+const BODY: &str = "[body] ";
+
+/// `ending` (`closed`, `reset`, `timeout`, ...) qualified by what had been read: nothing, part
+/// of a response (or, over HTTP/2 or TLS, that protocol's frames), or garbage.
+fn no_response(first: &[u8], read: usize, ending: &str, speaks: Speaks) -> String {
+    if read == 0 {
+        return ending.to_string();
+    }
+    let fits = match speaks {
+        Speaks::H1 => first.starts_with(b"HTTP/") || b"HTTP/".starts_with(first),
+        // A server's first frame is its SETTINGS (type 4).
+        Speaks::H2 => first.get(3).is_none_or(|t| *t == 4),
+        Speaks::Tls => (0x14..=0x17).contains(&first[0]),
+    };
+    if !fits {
+        return garbage(first);
+    }
+    match speaks {
+        Speaks::H1 => format!("{ending} after part of a response"),
+        Speaks::H2 => format!("{ending} after HTTP/2 frames"),
+        Speaks::Tls => format!("{ending} after TLS records"),
+    }
+}
+
+/// A hyper error as the text `failure` reads: HTTP/2 error frames and parse errors are marked.
+fn hyper_failure(err: &hyper::Error) -> String {
+    if err.is_parse() {
+        return format!("{UNPARSABLE}{err}");
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            let reason = h2
+                .reason()
+                .map_or_else(|| "without a reason".to_string(), |r| format!("{r:?}"));
+            let by = if h2.is_remote() {
+                ""
+            } else {
+                " (sent by the client)"
+            };
+            if h2.is_go_away() {
+                return format!("{H2_PREFIX}GOAWAY {reason}{by}");
+            }
+            if h2.is_reset() {
+                return format!("{H2_PREFIX}RST_STREAM {reason}{by}");
+            }
+        }
+        source = cause.source();
+    }
+    err.to_string()
+}
+
+/// Observes a load-balancing property over several requests (see [`Balance`]).
+async fn observe_balance(
+    case: &Case,
+    balance: &Balance,
+    port: u16,
+    render: &dyn Fn(&str) -> String,
+) -> Observation {
+    let single = Case {
+        balance: None,
+        repeat: 1,
+        ..case.clone()
+    };
+    let upstream_of = |obs: &Observation| {
+        obs.get("upstream")
+            .cloned()
+            .unwrap_or_else(|| format!("<none: {}>", obs.get("error").map_or("", String::as_str)))
+    };
+    let mut statuses = BTreeSet::new();
+    let mut obs = Observation::new();
+    match balance {
+        Balance::Sticky {
+            header,
+            keys,
+            repeat,
+        } => {
+            let mut split = Vec::new();
+            let mut reached = BTreeSet::new();
+            for key in 0..*keys {
+                let keyed = single.clone().header(header, &format!("key-{key}"));
+                let mut hosts = BTreeSet::new();
+                for _ in 0..*repeat {
+                    let seen = Box::pin(observe(&keyed, port, render)).await;
+                    statuses.insert(seen.get("status").cloned().unwrap_or_default());
+                    hosts.insert(upstream_of(&seen));
+                }
+                if hosts.len() > 1 {
+                    split.push(format!("key-{key}: {}", join(&hosts)));
+                }
+                reached.extend(hosts);
+            }
+            let same = if split.is_empty() {
+                "yes".to_string()
+            } else {
+                format!("no: {}", split.join("; "))
+            };
+            obs.insert("sticky.same_key_same_host".to_string(), same);
+            let several = if reached.len() > 1 { "yes" } else { "no" };
+            obs.insert(
+                "sticky.keys_reach_several_hosts".to_string(),
+                several.to_string(),
+            );
+        }
+        Balance::AvoidBusy { n, hold_ms } => {
+            let held = single
+                .clone()
+                .header("x-echo-delay-ms", &hold_ms.to_string());
+            let started = upstream::delays_started();
+            let others = async {
+                for _ in 0..500 {
+                    if upstream::delays_started() > started {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                let mut hosts = Vec::new();
+                for _ in 0..*n {
+                    hosts.push(Box::pin(observe(&single, port, render)).await);
+                }
+                hosts
+            };
+            let (held, others) = tokio::join!(Box::pin(observe(&held, port, render)), others);
+            let busy = upstream_of(&held);
+            statuses.insert(held.get("status").cloned().unwrap_or_default());
+            let mut hits = 0;
+            for other in &others {
+                statuses.insert(other.get("status").cloned().unwrap_or_default());
+                hits += usize::from(upstream_of(other) == busy);
+            }
+            let avoided = if hits == 0 {
+                "yes".to_string()
+            } else {
+                format!("no: {hits} of {n} reached the busy host {busy}")
+            };
+            obs.insert("busy.avoided".to_string(), avoided);
+        }
+        Balance::Order { n } => {
+            let mut order = Vec::new();
+            for _ in 0..*n {
+                let seen = Box::pin(observe(&single, port, render)).await;
+                statuses.insert(seen.get("status").cloned().unwrap_or_default());
+                order.push(upstream_of(&seen));
+            }
+            let hosts: BTreeSet<String> = order.iter().cloned().collect();
+            let k = hosts.len();
+            let rotation = order.iter().enumerate().all(|(i, h)| *h == order[i % k]);
+            obs.insert("upstreams".to_string(), join(&hosts));
+            obs.insert(
+                "upstreams.strict_rotation".to_string(),
+                if rotation { "yes" } else { "no" }.to_string(),
+            );
+        }
+    }
+    obs.insert("statuses".to_string(), join(&statuses));
+    obs
+}
+
+fn join(set: &BTreeSet<String>) -> String {
+    set.iter().cloned().collect::<Vec<_>>().join(",")
 }
 
 async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String) -> Observation {
@@ -71,32 +293,15 @@ async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String)
     if case.count {
         let counts: Vec<String> = upstreams.iter().map(|(u, n)| format!("{u}:{n}")).collect();
         return Observation::from([
-            (
-                "statuses".to_string(),
-                statuses.into_iter().collect::<Vec<_>>().join(","),
-            ),
+            ("statuses".to_string(), join(&statuses)),
             ("upstreams.counts".to_string(), counts.join(",")),
         ]);
     }
     let upstreams: BTreeSet<String> = upstreams.into_keys().collect();
-    let join = |set: &BTreeSet<String>| set.iter().cloned().collect::<Vec<_>>().join(",");
-    let mut obs = Observation::from([("statuses".to_string(), join(&statuses))]);
-    if case.pool.is_empty() {
-        obs.insert("upstreams".to_string(), join(&upstreams));
-    } else {
-        let outside: Vec<_> = upstreams
-            .iter()
-            .filter(|u| !case.pool.contains(u))
-            .cloned()
-            .collect();
-        let verdict = if outside.is_empty() {
-            "yes".to_string()
-        } else {
-            format!("no: {}", outside.join(","))
-        };
-        obs.insert("upstreams.within_pool".to_string(), verdict);
-    }
-    obs
+    Observation::from([
+        ("statuses".to_string(), join(&statuses)),
+        ("upstreams".to_string(), join(&upstreams)),
+    ])
 }
 
 async fn connect(port: u16, source: Option<IpAddr>, ipv6: bool) -> Result<TcpStream, String> {
@@ -122,8 +327,10 @@ async fn observe_once(
     case: &Case,
     port: u16,
     render: &dyn Fn(&str) -> String,
+    wire: &WireLog,
 ) -> Result<Observation, String> {
     let stream = connect(port, case.source, case.ipv6).await?;
+    let stream = Watched::new(stream, wire.clone());
     match &case.kind {
         Kind::Http | Kind::Grpc(_) => match &case.tls {
             Some(sni) => {
@@ -194,14 +401,14 @@ where
         Proto::H1 => {
             let (sender, conn) = hyper::client::conn::http1::handshake(io)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| hyper_failure(&e))?;
             tokio::spawn(conn);
             Sender::H1(sender)
         }
         Proto::H2 => {
             let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(|e| hyper_failure(&e))?;
             tokio::spawn(conn);
             Sender::H2(sender)
         }
@@ -235,28 +442,27 @@ async fn http_exchange(
     let request = build_request(case, render)?;
     let response = match sender {
         Sender::H1(sender) => {
-            sender.ready().await.map_err(|e| e.to_string())?;
+            sender.ready().await.map_err(|e| hyper_failure(&e))?;
             sender.send_request(request).await
         }
         Sender::H2(sender) => sender.send_request(request).await,
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| hyper_failure(&e))?;
     let status = response.status().as_u16();
     let headers = header_pairs(response.headers());
     let collected = response
         .into_body()
         .collect()
         .await
-        .map_err(|e| format!("body: {e}"))?;
+        .map_err(|e| format!("{BODY}{}", hyper_failure(&e)))?;
     let trailers = collected.trailers().map(header_pairs).unwrap_or_default();
     let body = collected.to_bytes();
-    let mut obs = response_observation(
-        status,
-        "",
-        &headers,
-        &body,
-        matches!(case.kind, Kind::Grpc(_)),
-    );
+    let exchange = Exchange {
+        h2: case.proto == Proto::H2,
+        head: case.method == "HEAD",
+        grpc: matches!(case.kind, Kind::Grpc(_)),
+    };
+    let mut obs = response_observation(status, "", &headers, &body, exchange);
     for (name, value) in trailers {
         obs.insert(format!("trailer.{name}"), value);
     }
@@ -275,16 +481,72 @@ fn header_pairs(headers: &http::HeaderMap) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Observation of an HTTP response: status, headers (minus `date` and the body framing, since
-/// content-length and chunked carry the same body), and either the echo's
-/// report of what the upstream saw or the literal body of a local reply.
+/// How the response body was delimited: over HTTP/1.1 `transfer-encoding: ...`,
+/// `content-length: N`, both joined by ` + `, `close-delimited` (neither, the body runs to the
+/// connection's end) or `none` (neither, on a response that has no body); over HTTP/2
+/// `content-length: N` or `no content-length`. On an echo, whose length varies with what the
+/// upstream saw, `N` is written `<body>` when it is the length of the body received.
+fn framing(
+    headers: &[(String, String)],
+    h2: bool,
+    no_body: bool,
+    body_len: usize,
+    echo: bool,
+) -> String {
+    let values = |name: &str| -> Vec<&str> {
+        headers
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    let mut parts = Vec::new();
+    let encodings = values("transfer-encoding");
+    if !encodings.is_empty() {
+        parts.push(format!("transfer-encoding: {}", encodings.join(", ")));
+    }
+    match values("content-length").as_slice() {
+        [] => {}
+        [one] if echo && one.parse() == Ok(body_len) => {
+            parts.push("content-length: <body>".to_string());
+        }
+        lengths => parts.push(format!("content-length: {}", lengths.join(", "))),
+    }
+    if parts.is_empty() {
+        let without = if h2 {
+            "no content-length"
+        } else if no_body {
+            "none"
+        } else {
+            "close-delimited"
+        };
+        parts.push(without.to_string());
+    }
+    parts.join(" + ")
+}
+
+/// What the client asked, as far as reading the response depends on it.
+#[derive(Clone, Copy, Default)]
+struct Exchange {
+    /// The response came over HTTP/2.
+    h2: bool,
+    /// The request was a HEAD (its response has no body, whatever the headers say).
+    head: bool,
+    /// The body is a gRPC message.
+    grpc: bool,
+}
+
+/// Observation of an HTTP response: status, headers (minus `date`; `content-length` and
+/// `transfer-encoding` are observed as its `framing`), and either the echo's report of what the
+/// upstream saw or the literal body of a local reply.
 fn response_observation(
     status: u16,
     reason: &str,
     headers: &[(String, String)],
     body: &[u8],
-    grpc: bool,
+    exchange: Exchange,
 ) -> Observation {
+    let grpc = exchange.grpc;
     let mut obs = Observation::from([("status".to_string(), status.to_string())]);
     if !reason.is_empty() {
         obs.insert("reason".to_string(), reason.to_string());
@@ -312,13 +574,53 @@ fn response_observation(
     for (name, values) in response_headers {
         obs.insert(format!("response.header.{name}"), values.join(" | "));
     }
-    match echo {
-        Some(echo) => record_echo(&mut obs, &echo),
-        None => {
+    let no_body = exchange.head || status < 200 || status == 204 || status == 304;
+    obs.insert(
+        "framing".to_string(),
+        framing(headers, exchange.h2, no_body, body.len(), echo.is_some()),
+    );
+    let listing = std::str::from_utf8(body).ok().and_then(help_listing);
+    match (echo, listing) {
+        (Some(echo), _) => record_echo(&mut obs, &echo),
+        (None, Some((first, entries))) => {
+            obs.insert("body".to_string(), first);
+            for (path, entry) in entries {
+                obs.insert(format!("help.{path}"), entry);
+            }
+        }
+        (None, None) => {
             obs.insert("body".to_string(), body_text(body));
         }
     }
     obs
+}
+
+/// The admin's list of endpoints (`/help`, and the answer to an unknown path): its first line,
+/// and each endpoint's entry (its line and its parameters' lines) by path, so that the entries
+/// of endpoints both proxies serve are compared one by one.
+fn help_listing(text: &str) -> Option<(String, Vec<(String, String)>)> {
+    let (first, rest) = text.split_once('\n')?;
+    if !first.ends_with("admin commands are:") {
+        return None;
+    }
+    let mut entries: Vec<(String, String)> = Vec::new();
+    for line in rest.lines() {
+        match (line.strip_prefix("      "), entries.last_mut()) {
+            (Some(_), Some((_, entry))) => {
+                entry.push('\n');
+                entry.push_str(line);
+            }
+            _ => {
+                let path = line
+                    .trim_start()
+                    .split([':', ' '])
+                    .next()
+                    .unwrap_or_default();
+                entries.push((path.to_string(), line.to_string()));
+            }
+        }
+    }
+    Some((first.to_string(), entries))
 }
 
 /// A local reply's body; JSON bodies are compared by value (keys sorted, compact), not layout.
@@ -402,9 +704,9 @@ fn record_echo(obs: &mut Observation, echo: &Value) {
     }
 }
 
-async fn ws(
+async fn ws<S: AsyncRead + AsyncWrite + Unpin>(
     case: &Case,
-    mut stream: TcpStream,
+    mut stream: S,
     message: &str,
     render: &dyn Fn(&str) -> String,
 ) -> Result<Observation, String> {
@@ -433,10 +735,14 @@ async fn ws(
     if status != 101 {
         let body = read_rest(&mut stream, &headers).await;
         return Ok(response_observation(
-            status, &reason, &headers, &body, false,
+            status,
+            &reason,
+            &headers,
+            &body,
+            Exchange::default(),
         ));
     }
-    let mut obs = response_observation(status, &reason, &headers, b"", false);
+    let mut obs = response_observation(status, &reason, &headers, b"", Exchange::default());
     obs.remove("body");
     let (_, first) = websocket::read_frame(&mut stream)
         .await
@@ -480,6 +786,8 @@ async fn tcp<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
         }
     }
     let reply = String::from_utf8_lossy(&reply).trim_end().to_string();
+    // A close and a reset are one here: whether the proxy's close finds the line unread
+    // (a reset) is a race in Envoy itself (DIFFERENCES.md).
     let reply = if reply.is_empty() {
         "<closed without data>".to_string()
     } else {
@@ -497,22 +805,29 @@ async fn tcp<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     Ok(obs)
 }
 
-async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String> {
+async fn raw<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    bytes: &[u8],
+) -> Result<Observation, String> {
     stream.write_all(bytes).await.map_err(|e| e.to_string())?;
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
-    while data.len() < 1 << 20 && !raw_complete(&data) {
-        match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
-            Ok(Ok(n)) if n > 0 => data.extend_from_slice(&buf[..n]),
-            _ => break,
+    let ending = loop {
+        if data.len() >= 1 << 20 || raw_complete(&data) {
+            break "given up with the connection open".to_string();
         }
-    }
+        match timeout(Duration::from_secs(2), stream.read(&mut buf)).await {
+            Ok(Ok(0)) => break "closed".to_string(),
+            Ok(Ok(n)) => data.extend_from_slice(&buf[..n]),
+            Ok(Err(e)) => break io_ending(e.kind()),
+            Err(_) => break "timeout".to_string(),
+        }
+    };
     let (interim, rest) = skip_interim(&data);
     let Some(end) = find(rest, b"\r\n\r\n") else {
-        return Ok(Observation::from([(
-            "error".to_string(),
-            "no response".to_string(),
-        )]));
+        let first = &data[..data.len().min(48)];
+        let class = no_response(first, data.len(), &ending, Speaks::H1);
+        return Ok(Observation::from([("error".to_string(), class)]));
     };
     let (status, reason, headers) = parse_head(&rest[..end + 4])?;
     let body = &rest[end + 4..];
@@ -521,7 +836,11 @@ async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String>
     } else {
         (body.to_vec(), String::new())
     };
-    let mut obs = response_observation(status, &reason, &headers, &body, false);
+    let exchange = Exchange {
+        head: request_methods(bytes).first().is_some_and(|m| m == "HEAD"),
+        ..Exchange::default()
+    };
+    let mut obs = response_observation(status, &reason, &headers, &body, exchange);
     if !trailers.is_empty() {
         obs.insert("trailers".to_string(), trailers);
     }
@@ -534,8 +853,12 @@ async fn raw(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String>
 /// Writes several requests at once and reads until the proxy closes the connection or stays
 /// quiet for 1.5 s (Envoy closes after a local reply only once its 1 s `delayed_close_timeout`
 /// has passed). Observes each response as `<status> <path the upstream echoed>` (`-` for
-/// a response the proxy made itself), and whether the connection was closed.
-async fn conversation(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation, String> {
+/// a response the proxy made itself), each response's framing, and whether the connection was
+/// closed.
+async fn conversation<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    bytes: &[u8],
+) -> Result<Observation, String> {
     stream.write_all(bytes).await.map_err(|e| e.to_string())?;
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
@@ -548,6 +871,7 @@ async fn conversation(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation
     };
     let mut methods = request_methods(bytes).into_iter();
     let mut responses = Vec::new();
+    let mut framings = Vec::new();
     let mut rest = &data[..];
     while let Some(end) = find(rest, b"\r\n\r\n") {
         let (status, _, headers) = parse_head(&rest[..end + 4])?;
@@ -568,12 +892,21 @@ async fn conversation(mut stream: TcpStream, bytes: &[u8]) -> Result<Observation
         };
         let path = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
-            .and_then(|v| v["path"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| "-".to_string());
+            .and_then(|v| v["path"].as_str().map(str::to_owned));
+        let no_body = head_request || status < 200 || status == 204 || status == 304;
+        framings.push(framing(
+            &headers,
+            false,
+            no_body,
+            body.len(),
+            path.is_some(),
+        ));
+        let path = path.unwrap_or_else(|| "-".to_string());
         responses.push(format!("{status} {path}"));
     }
     let mut obs = Observation::from([
         ("responses".to_string(), responses.join(", ")),
+        ("framings".to_string(), framings.join(", ")),
         ("closed".to_string(), closed.to_string()),
     ]);
     if !rest.is_empty() {
@@ -686,7 +1019,7 @@ fn content_length(headers: &[(String, String)]) -> Option<usize> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
-async fn read_rest(stream: &mut TcpStream, headers: &[(String, String)]) -> Vec<u8> {
+async fn read_rest<S: AsyncRead + Unpin>(stream: &mut S, headers: &[(String, String)]) -> Vec<u8> {
     let mut body = vec![0u8; content_length(headers).unwrap_or(0).min(1 << 20)];
     let _ = timeout(Duration::from_secs(2), stream.read_exact(&mut body)).await;
     body
@@ -705,7 +1038,7 @@ fn parse_head(head: &[u8]) -> Result<Head, String> {
     let status = parts
         .next()
         .and_then(|s| s.parse().ok())
-        .ok_or(format!("bad status line {status_line:?}"))?;
+        .ok_or(format!("{UNPARSABLE}bad status line {status_line:?}"))?;
     let reason = parts.next().unwrap_or_default().to_string();
     let headers = lines
         .filter_map(|line| line.split_once(':'))

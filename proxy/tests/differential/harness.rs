@@ -134,10 +134,20 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
     let mut failed = 0;
     for case in cases {
         eprintln!("[{config}] {}", case.name);
-        let expected = oracle_side.observe(case).await;
-        let actual = peer.observe(case).await;
+        let mut expected = oracle_side.observe(case).await;
+        let mut actual = peer.observe(case).await;
         if std::env::var_os("REVOY_DIFF_VERBOSE").is_some() {
             eprintln!("  envoy: {expected:#?}\n  {}: {actual:#?}", peer.name);
+        }
+        let mut gaps = Vec::new();
+        for (field, value) in case.known.iter().filter(|_| peer.name == "revoy") {
+            let shown = actual.remove(field);
+            let envoy = expected.remove(field);
+            if shown.as_deref().unwrap_or("<missing>") != value {
+                gaps.push(format!(
+                    "  KNOWN GAP: revoy's {field} = {shown:?} (envoy's {envoy:?}), the gap says {value:?}"
+                ));
+            }
         }
         let mut lines = if case.deliberate.is_empty() || peer.name != "revoy" {
             diff(&expected, &actual, &peer.name)
@@ -155,6 +165,7 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
                 })
                 .collect()
         };
+        lines.extend(gaps);
         for (field, value) in &case.expect {
             if expected.get(field).map_or("<missing>", String::as_str) != value {
                 lines.push(format!(

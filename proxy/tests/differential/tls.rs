@@ -8,17 +8,17 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::{CryptoProvider, ring};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 /// Completes a TLS handshake on `stream`; `sni` of `None` sends no SNI (the server name is an IP),
 /// an empty `alpn` offers no ALPN.
-pub async fn connect(
-    stream: TcpStream,
+pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
     sni: Option<&str>,
     alpn: &[u8],
-) -> Result<TlsStream<TcpStream>, String> {
+) -> Result<TlsStream<S>, String> {
     let provider = Arc::new(ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()

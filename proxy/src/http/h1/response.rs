@@ -106,8 +106,9 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                     framing = Some(Framing::Length(n));
                     put_field(&mut out, name.as_str(), value.as_bytes());
                 }
-                // A finished body keeps its length header only in answer to a HEAD.
-                Len::Ended if head_request => {
+                // A finished body keeps its length header only in answer to a HEAD, or on a
+                // 304 (the length of what the client has cached), as Envoy forwards it.
+                Len::Ended if head_request || status == StatusCode::NOT_MODIFIED => {
                     framing = Some(Framing::Length(0));
                     put_field(&mut out, name.as_str(), value.as_bytes());
                 }
@@ -139,6 +140,12 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     }
     let framing = match (framing, len) {
         (Some(f), _) => f,
+        // Envoy's codec tells a HEAD without a length that the body would come chunked
+        // (an informational header: no body follows).
+        (None, _) if head_request && may_have_length => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+            Framing::Length(0)
+        }
         (None, Len::Unknown) if may_have_body => {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
             Framing::Chunked
@@ -394,16 +401,32 @@ mod tests {
     }
 
     #[test]
-    fn no_content_and_not_modified_carry_no_length() {
-        for status in [204, 304] {
-            let (head, enc) = head_of(
-                response(status, body::empty(), &[("content-length", "0")]),
-                Method::GET,
-                false,
-            );
-            assert!(!head.contains("content-length"), "{head}");
-            assert_eq!(enc.framing, Framing::Length(0));
-        }
+    fn head_without_a_length_says_chunked_and_sends_no_body() {
+        let (head, enc) = head_of(response(404, body::empty(), &[]), Method::HEAD, false);
+        assert_eq!(head, "HTTP/1.1 404 Not Found\ntransfer-encoding: chunked\n");
+        assert_eq!(enc.framing, Framing::Length(0));
+    }
+
+    #[test]
+    fn no_content_carries_no_length() {
+        let (head, enc) = head_of(
+            response(204, body::empty(), &[("content-length", "0")]),
+            Method::GET,
+            false,
+        );
+        assert!(!head.contains("content-length"), "{head}");
+        assert_eq!(enc.framing, Framing::Length(0));
+    }
+
+    #[test]
+    fn not_modified_keeps_the_upstream_length_and_sends_no_body() {
+        let (head, enc) = head_of(
+            response(304, body::empty(), &[("content-length", "42")]),
+            Method::GET,
+            false,
+        );
+        assert!(head.contains("content-length: 42\n"), "{head}");
+        assert_eq!(enc.framing, Framing::Length(0));
     }
 
     #[test]
