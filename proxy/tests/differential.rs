@@ -27,7 +27,7 @@ mod differential {
     pub mod wire;
 }
 
-use differential::case::Case;
+use differential::case::{Case, StickyKey};
 use differential::harness::run;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -893,14 +893,53 @@ async fn clusters() {
             .order(24)
             .expect("upstreams", "b,c")
             .expect("upstreams.strict_rotation", "no"),
-        Case::get("ring hash keeps a key on one host", "/ring-hash")
-            .sticky("x-user", 16, 3)
+        Case::get("ring hash keeps a header key on one host", "/ring-hash")
+            .sticky(StickyKey::Header("x-user".into()), 16, 3)
             .expect("sticky.same_key_same_host", "yes")
             .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get("maglev keeps a key on one host", "/maglev")
-            .sticky("x-user", 16, 3)
+        Case::get(
+            "ring hash keeps a cookie key on one host",
+            "/ring-hash-cookie",
+        )
+        .sticky(StickyKey::Cookie("user".into()), 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get(
+            "ring hash keeps a query parameter key on one host",
+            "/ring-hash-query",
+        )
+        .sticky(StickyKey::Query("user".into()), 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get(
+            "ring hash keeps a source address key on one host",
+            "/ring-hash-source",
+        )
+        .sticky(StickyKey::SourceIp, 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get("maglev keeps a header key on one host", "/maglev")
+            .sticky(StickyKey::Header("x-user".into()), 16, 3)
             .expect("sticky.same_key_same_host", "yes")
             .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get("maglev keeps a cookie key on one host", "/maglev-cookie")
+            .sticky(StickyKey::Cookie("user".into()), 16, 3)
+            .expect("sticky.same_key_same_host", "yes")
+            .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get(
+            "maglev keeps a query parameter key on one host",
+            "/maglev-query",
+        )
+        .sticky(StickyKey::Query("user".into()), 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes"),
+        Case::get(
+            "maglev keeps a source address key on one host",
+            "/maglev-source",
+        )
+        .sticky(StickyKey::SourceIp, 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes"),
         Case::get("original_dst from header", "/original-dst")
             .header("x-envoy-original-dst-host", "127.0.0.1:{{upstream_b}}")
             .expect("upstream", "b"),

@@ -37,10 +37,10 @@ pub enum Kind {
 /// cannot be compared request by request.
 #[derive(Clone, Debug)]
 pub enum Balance {
-    /// `keys` distinct values of `header`, each sent `repeat` times: observes whether every key
-    /// stayed on one host and whether the keys reached more than one host (hashing policies).
+    /// `keys` distinct keys, each sent `repeat` times: observes whether every key stayed on
+    /// one host and whether the keys reached more than one host (hashing policies).
     Sticky {
-        header: String,
+        key: StickyKey,
         keys: usize,
         repeat: usize,
     },
@@ -49,6 +49,19 @@ pub enum Balance {
     AvoidBusy { n: usize, hold_ms: u64 },
     /// `n` requests: observes the hosts reached and whether they came in strict rotation.
     Order { n: usize },
+}
+
+/// Where a [`Balance::Sticky`] case puts its key (`key-<n>`), for the route's hash policy.
+#[derive(Clone, Debug)]
+pub enum StickyKey {
+    /// In this header.
+    Header(String),
+    /// In a cookie of this name.
+    Cookie(String),
+    /// In a query parameter of this name.
+    Query(String),
+    /// In the client's source address (`127.0.0.<n + 2>`).
+    SourceIp,
 }
 
 /// A request sent identically to Envoy and to revoy.
@@ -269,14 +282,10 @@ impl Case {
         }
     }
 
-    /// Sends `keys` distinct values of `header`, each `repeat` times ([`Balance::Sticky`]).
-    pub fn sticky(self, header: &str, keys: usize, repeat: usize) -> Case {
+    /// Sends `keys` distinct keys, each `repeat` times ([`Balance::Sticky`]).
+    pub fn sticky(self, key: StickyKey, keys: usize, repeat: usize) -> Case {
         Case {
-            balance: Some(Balance::Sticky {
-                header: header.to_string(),
-                keys,
-                repeat,
-            }),
+            balance: Some(Balance::Sticky { key, keys, repeat }),
             ..self
         }
     }

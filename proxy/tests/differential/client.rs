@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::timeout;
 
-use super::case::{Balance, Case, Kind, Proto};
+use super::case::{Balance, Case, Kind, Proto, StickyKey};
 use super::tls;
 use super::upstream::{self, grpc_frame};
 use super::websocket;
@@ -180,15 +180,11 @@ async fn observe_balance(
     let mut statuses = BTreeSet::new();
     let mut obs = Observation::new();
     match balance {
-        Balance::Sticky {
-            header,
-            keys,
-            repeat,
-        } => {
+        Balance::Sticky { key, keys, repeat } => {
             let mut split = Vec::new();
             let mut reached = BTreeSet::new();
-            for key in 0..*keys {
-                let keyed = single.clone().header(header, &format!("key-{key}"));
+            for n in 0..*keys {
+                let keyed = keyed(&single, key, n);
                 let mut hosts = BTreeSet::new();
                 for _ in 0..*repeat {
                     let seen = Box::pin(observe(&keyed, port, render)).await;
@@ -196,7 +192,7 @@ async fn observe_balance(
                     hosts.insert(upstream_of(&seen));
                 }
                 if hosts.len() > 1 {
-                    split.push(format!("key-{key}: {}", join(&hosts)));
+                    split.push(format!("key-{n}: {}", join(&hosts)));
                 }
                 reached.extend(hosts);
             }
@@ -268,6 +264,26 @@ async fn observe_balance(
 
 fn join(set: &BTreeSet<String>) -> String {
     set.iter().cloned().collect::<Vec<_>>().join(",")
+}
+
+/// `single` with key number `n` put where `key` says.
+fn keyed(single: &Case, key: &StickyKey, n: usize) -> Case {
+    let value = format!("key-{n}");
+    match key {
+        StickyKey::Header(name) => single.clone().header(name, &value),
+        StickyKey::Cookie(name) => single.clone().header("cookie", &format!("{name}={value}")),
+        StickyKey::Query(name) => {
+            let sep = if single.path.contains('?') { '&' } else { '?' };
+            Case {
+                path: format!("{}{sep}{name}={value}", single.path),
+                ..single.clone()
+            }
+        }
+        StickyKey::SourceIp => Case {
+            source: Some(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + n as u8))),
+            ..single.clone()
+        },
+    }
 }
 
 async fn observe_spread(case: &Case, port: u16, render: &dyn Fn(&str) -> String) -> Observation {
