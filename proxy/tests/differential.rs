@@ -965,6 +965,10 @@ async fn tls() {
             .listener(1)
             .tls(Some("other.test")),
         Case::tcp("plaintext on the passthrough port", "hello").listener(1),
+        Case::get("x.509 v1 server certificate", "/")
+            .listener(2)
+            .tls(None)
+            .expect("status", "200"),
     ];
     run("tls", &cases).await;
 }
