@@ -1082,6 +1082,16 @@ async fn upgrades() {
         )
         .expect("status", "200"),
         Case::get("GET does not match connect_matcher", "/").host("tunnel.test:443"),
+        // Over HTTP/2 a CONNECT carries only `:authority` (no body: the tunnel itself is not
+        // compared over HTTP/2 yet).
+        Case::send("h2 CONNECT on a route that does not enable it", "CONNECT", "", "")
+            .host("off.test:443")
+            .h2()
+            .expect("status", "403"),
+        Case::send("h2 CONNECT without a connect_matcher route", "CONNECT", "", "")
+            .host("other.test:443")
+            .h2()
+            .expect("status", "404"),
     ];
     run("upgrades", &cases).await;
 }
