@@ -1039,6 +1039,18 @@ async fn upgrades() {
         connect("CONNECT tunnelled by the route", "tunnel.test:443", "hello\n")
             .expect("status", "200")
             .expect("body", "t:hello\n"),
+        connect("CONNECT tunnel to a closed port", "closed.test:443", "hello\n")
+            .expect("status", "503")
+            .expect("response.header.connection", "close"),
+        Case::websocket("websocket to a closed port", "/closed", "x")
+            .listener(1)
+            .expect("status", "503"),
+        Case::raw(
+            "websocket to a closed port, bytes after the head",
+            b"GET /closed HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .listener(1)
+        .expect("status", "503"),
         connect("CONNECT on a route that does not enable it", "off.test:443", "")
             .expect("status", "403")
             .expect("response.header.connection", "close"),

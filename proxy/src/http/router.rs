@@ -387,20 +387,18 @@ async fn route_and_forward(
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
-            if connect && fwd.terminates_connect() {
-                return match Box::pin(super::connect::terminate(req, &cluster, &lb)).await {
-                    Ok(resp) => resp,
-                    Err(e) => {
-                        *forwarded = !e.not_started();
-                        failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
-                    }
-                };
-            }
+            // An upgrade or CONNECT whose upstream connection fails is answered with nothing
+            // sent upstream, and its connection closes: what follows the head is not HTTP.
             if upgrade_type.is_some() {
-                return match Box::pin(super::upgrade::forward(req, &cluster, &lb)).await {
+                let tunnel = if connect && fwd.terminates_connect() {
+                    Box::pin(super::connect::terminate(req, &cluster, &lb)).await
+                } else {
+                    Box::pin(super::upgrade::forward(req, &cluster, &lb)).await
+                };
+                return match tunnel {
                     Ok(resp) => resp,
                     Err(e) => {
-                        *forwarded = !e.not_started();
+                        *forwarded = false;
                         failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
                     }
                 };
