@@ -1093,6 +1093,12 @@ async fn upgrades() {
             b"CONNECT tunnel.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\nx\n",
         )
         .expect("status", "200"),
+        Case::raw(
+            "CONNECT needs no Host header",
+            b"CONNECT tunnel.test:443 HTTP/1.1\r\n\r\nx\n",
+        )
+        .expect("status", "200")
+        .expect("body", "t:x\n"),
         Case::get("GET does not match connect_matcher", "/").host("tunnel.test:443"),
         // Over HTTP/2 a CONNECT carries only `:authority` (no body: the tunnel itself is not
         // compared over HTTP/2 yet).
