@@ -146,6 +146,13 @@ async fn route_and_forward(
     if connect && !super::connect::well_formed(&req) {
         return body_failed();
     }
+    if let Some(why) = &cfg.denied {
+        if let Some(c) = &ctx.hcm.stats.rq_fail_closed {
+            c.inc();
+        }
+        tracing::debug!(reason = %why, "request denied: fail closed");
+        return local_reply(StatusCode::FORBIDDEN, why);
+    }
     // The upgrade the request asks for, `CONNECT` for a CONNECT: allowed or refused once its
     // route is known.
     let upgrade_type = if connect {

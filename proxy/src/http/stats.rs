@@ -13,11 +13,14 @@ pub struct HcmStats {
     pub rq_active: Gauge,
     /// `downstream_rq_1xx` .. `downstream_rq_5xx`.
     pub rq_class: [Counter; 5],
+    /// `downstream_rq_fail_closed` (revoy's own), present only on a connection manager that
+    /// denies every request for a filter revoy does not implement.
+    pub rq_fail_closed: Option<Counter>,
 }
 
 impl HcmStats {
-    /// Resolves the handles under `http.<prefix>.`.
-    pub fn new(store: &Store, prefix: &str) -> Self {
+    /// Resolves the handles under `http.<prefix>.`; `denies` adds `downstream_rq_fail_closed`.
+    pub fn new(store: &Store, prefix: &str, denies: bool) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
             cx: Connections::new(store, &format!("http.{prefix}")),
@@ -25,6 +28,7 @@ impl HcmStats {
             rq_active: store.gauge(&name("downstream_rq_active")),
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
+            rq_fail_closed: denies.then(|| store.counter(&name("downstream_rq_fail_closed"))),
         }
     }
 
