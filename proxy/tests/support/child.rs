@@ -1,5 +1,7 @@
 //! A proxy child process for tests (revoy on a YAML bootstrap, or Envoy on the same one for
 //! comparison), one worker, killed when dropped.
+// Each test binary that includes this module uses only some of its constructors.
+#![allow(dead_code)]
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -18,7 +20,6 @@ impl Proxy {
 
     /// Starts the Envoy at `envoy` on the bootstrap `yaml` (its shared-memory base id from
     /// `base_id`, so parallel tests do not collide) and waits until `ready()` holds.
-    #[allow(dead_code)] // Not every test binary that includes this module compares with Envoy.
     pub fn envoy(envoy: &Path, yaml: &str, base_id: u16, ready: impl Fn() -> bool) -> Proxy {
         let mut command = Command::new(envoy);
         command
@@ -27,7 +28,8 @@ impl Proxy {
         Proxy::spawn(command, ready)
     }
 
-    fn spawn(mut command: Command, ready: impl Fn() -> bool) -> Proxy {
+    /// Starts `command` (a proxy with its arguments) and waits until `ready()` holds.
+    pub fn spawn(mut command: Command, ready: impl Fn() -> bool) -> Proxy {
         let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
