@@ -1129,6 +1129,11 @@ async fn upgrades() {
             .host("other.test:443")
             .h2()
             .expect("status", "404"),
+        Case::admin(
+            "upgrade stats",
+            "GET",
+            "/stats?filter=^http\\.(none|all)_enabled\\.downstream_(cx_upgrades_total|rq_ws_on_non_ws_route)$",
+        ),
     ];
     run("upgrades", &cases).await;
 }

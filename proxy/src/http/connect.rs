@@ -7,6 +7,7 @@
 use http::{Request, Response, header};
 use hyper_util::rt::TokioIo;
 
+use super::stats::ActiveUpgrade;
 use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError};
 
@@ -22,17 +23,18 @@ pub fn well_formed(req: &Request<Body>) -> bool {
 
 /// Connects to the cluster and answers `200`; the tunnel runs on its own task once the client
 /// connection has switched. `Err` when no upstream connection could be made (the caller
-/// answers it, as for any request).
+/// answers it, as for any request). `upgrade` counts the tunnel as active while it runs.
 pub async fn terminate(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
+    upgrade: ActiveUpgrade,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream = hyper::upgrade::on(&mut req);
     let conn = cluster.connect(lb).await?;
     let (active, mut upstream) = (conn.active, conn.stream);
     tokio::spawn(async move {
-        let _active = active;
+        let _active = (active, upgrade);
         if let Ok(down) = downstream.await {
             let mut down = TokioIo::new(down);
             let _ = tokio::io::copy_bidirectional(&mut down, &mut upstream).await;

@@ -232,9 +232,12 @@ async fn route_and_forward(
             _ => &[],
         };
         if !upgrade_allowed(route_upgrades, &cfg.upgrades, upgrade_type) {
+            ctx.hcm.stats.upgrades_refused.inc();
             return upgrade_refused();
         }
     }
+    // Held until the request ends, or moved into its tunnel.
+    let active_upgrade = upgrade_type.map(|_| ctx.hcm.stats.upgrade());
     let route_req = route_req;
     let protocol = match req.version() {
         http::Version::HTTP_10 => "HTTP/1.0",
@@ -396,11 +399,11 @@ async fn route_and_forward(
             *forwarded = true;
             // An upgrade or CONNECT whose upstream connection fails is answered with nothing
             // sent upstream, and its connection closes: what follows the head is not HTTP.
-            if upgrade_type.is_some() {
+            if let Some(active) = active_upgrade {
                 let tunnel = if connect && fwd.terminates_connect() {
-                    Box::pin(super::connect::terminate(req, &cluster, &lb)).await
+                    Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
                 } else {
-                    Box::pin(super::upgrade::forward(req, &cluster, &lb)).await
+                    Box::pin(super::upgrade::forward(req, &cluster, &lb, active)).await
                 };
                 return match tunnel {
                     Ok(resp) => resp,

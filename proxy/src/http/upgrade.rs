@@ -7,6 +7,7 @@ use hyper_util::rt::TokioIo;
 
 use super::forwarding;
 use super::local_reply::local_reply;
+use super::stats::ActiveUpgrade;
 use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError};
 
@@ -14,11 +15,13 @@ use crate::upstream::{Cluster, LbContext, UpstreamError};
 /// tunnels the two connections.
 /// Any other answer is forwarded as is, and an HTTP/1 downstream connection then closes, as in
 /// Envoy (the upstream refused the upgrade; what the client sends next is not a request).
-/// `Err` when no upstream connection could be made; the caller answers it.
+/// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
+/// the tunnel as active while it runs.
 pub async fn forward(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
+    upgrade: ActiveUpgrade,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let http1 = req.version() <= http::Version::HTTP_11;
@@ -70,7 +73,7 @@ pub async fn forward(
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
     tokio::spawn(async move {
-        let _active = active;
+        let _active = (active, upgrade);
         if let (Ok(down), Ok(up)) = (downstream_upgrade.await, upstream_upgrade.await) {
             let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
             let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
