@@ -1119,6 +1119,18 @@ async fn upgrades() {
         .expect("status", "200")
         .expect("body", "t:x\n"),
         Case::get("GET does not match connect_matcher", "/").host("tunnel.test:443"),
+        connect("CONNECT under strip_any_host_port", "tunnel.test:443", "p\n")
+            .listener(2)
+            .expect("status", "200")
+            .expect("body", "t:p\n"),
+        Case::get("GET to a CONNECT-only vhost under strip_any_host_port", "/")
+            .listener(2)
+            .host("tunnel.test:443")
+            .expect("status", "404"),
+        Case::get("GET under strip_any_host_port", "/")
+            .listener(2)
+            .host("other.test:443")
+            .expect("body", "port stripped"),
         // Over HTTP/2 a CONNECT carries only `:authority` (no body: the tunnel itself is not
         // compared over HTTP/2 yet).
         Case::send("h2 CONNECT on a route that does not enable it", "CONNECT", "", "")
