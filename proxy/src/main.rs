@@ -74,7 +74,9 @@ fn main() -> ExitCode {
     match opts.mode {
         Mode::Validate => {
             for l in &compiled.listeners {
-                for c in l.chains.iter().chain(l.default_chain.iter()) {
+                // A refused chain never builds its TLS context: it is listed as failing closed.
+                let served = l.chains.iter().chain(&l.default_chain);
+                for c in served.filter(|c| c.refused.is_none()) {
                     if let Some(Err(e)) = c.tls.as_ref().map(revoy::tls::downstream) {
                         let msg = format!(
                             "listener '{}' filter chain '{}': transport_socket: {e}",

@@ -242,6 +242,12 @@ fn compile_chain(
             );
             refused.get_or_insert(what);
         }
+        for (field, what) in tls_skipped(ctx) {
+            warnings.skipped(
+                format!("{path}.transport_socket.typed_config.{field}"),
+                what,
+            );
+        }
     }
     Ok(ChainConfig {
         tls,
@@ -330,6 +336,49 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
             out.push((
                 format!("{at}.{field}"),
                 format!("client-certificate check '{field}' is not implemented by revoy"),
+            ));
+        }
+    }
+    out
+}
+
+/// What a `DownstreamTlsContext` sets that revoy leaves to rustls' defaults, by field: none of
+/// it lets a connection through that Envoy would refuse, except `require_sni`, listed here until
+/// it is enforced (see the README's known differences).
+fn tls_skipped(ctx: &DownstreamTlsContext) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    if ctx.require_sni.as_ref().is_some_and(|b| b.value) {
+        out.push((
+            "require_sni",
+            "require_sni is not enforced by revoy; a client without SNI gets the chain's certificate",
+        ));
+    }
+    if ctx.ocsp_staple_policy != 0 {
+        out.push((
+            "ocsp_staple_policy",
+            "OCSP stapling is not implemented by revoy; no staple is sent",
+        ));
+    }
+    let Some(common) = &ctx.common_tls_context else {
+        return out;
+    };
+    if common.tls_certificates.len() > 1 {
+        out.push((
+            "common_tls_context.tls_certificates",
+            "only the first certificate is served by revoy (no choice by key type or SNI)",
+        ));
+    }
+    if let Some(p) = &common.tls_params {
+        if !p.cipher_suites.is_empty() {
+            out.push((
+                "common_tls_context.tls_params.cipher_suites",
+                "cipher suites are rustls' own (AEAD with forward secrecy only), not this list",
+            ));
+        }
+        if !p.ecdh_curves.is_empty() {
+            out.push((
+                "common_tls_context.tls_params.ecdh_curves",
+                "key exchange groups are rustls' own, not this list",
             ));
         }
     }
