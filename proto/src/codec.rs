@@ -4,7 +4,9 @@
 //! and (for extensions it does not implement) anything else as an opaque config. prost-reflect
 //! rejects a whole document on one unknown `@type`, so before decoding, a schema-guided pass
 //! unwraps TypedStructs of known types and wraps unknown `@type`s in an `xds.type.v3.TypedStruct`
-//! (recording where), which keeps them as opaque values.
+//! (recording where), which keeps them as opaque values. The same pass takes the laxer forms
+//! Envoy's parser (protobuf's JSON parser with case-insensitive enums) accepts: see
+//! [`lenient`].
 
 use envoy_types::pb::google::protobuf::Any;
 use prost::{Message, Name};
@@ -223,6 +225,9 @@ impl Codec {
         if desc.full_name() == "google.protobuf.Duration" {
             return duration_object_to_string(value);
         }
+        if desc.full_name() == "google.protobuf.BoolValue" {
+            return lenient::bool_from_string(value);
+        }
         if desc.full_name().starts_with("google.protobuf.") {
             return;
         }
@@ -239,6 +244,20 @@ impl Codec {
                 path.push('.');
             }
             path.push_str(key);
+            if field.is_list() {
+                lenient::lift_to_list(child);
+            }
+            match (field.kind(), &mut *child) {
+                (Kind::Enum(e), Value::Array(items)) if field.is_list() => items
+                    .iter_mut()
+                    .for_each(|item| lenient::enum_value(item, &e)),
+                (Kind::Enum(e), _) => lenient::enum_value(child, &e),
+                (Kind::Bool, Value::Array(items)) if field.is_list() => {
+                    items.iter_mut().for_each(lenient::bool_from_string)
+                }
+                (Kind::Bool, _) => lenient::bool_from_string(child),
+                _ => {}
+            }
             if field.is_map() {
                 if let (Kind::Message(entry), Value::Object(entries)) = (field.kind(), child)
                     && let Kind::Message(v) = entry.map_entry_value_field().kind()
@@ -317,6 +336,64 @@ impl Codec {
                     "value": Value::Object(fields),
                 });
             }
+        }
+    }
+}
+
+/// The forms Envoy's parser accepts beyond proto3 JSON (checked against Envoy 1.40's
+/// `--mode validate` and `/config_dump`), rewritten into proto3 JSON before decoding.
+mod lenient {
+    use prost_reflect::EnumDescriptor;
+    use serde_json::Value;
+
+    /// A single value where a list is expected is a one-element list (`domains: "*"`,
+    /// `filters:` as one object); lists nested in the list are flattened into it. `null`
+    /// stays (an empty list).
+    pub fn lift_to_list(value: &mut Value) {
+        match value {
+            Value::Null => {}
+            Value::Array(items) if items.iter().any(Value::is_array) => {
+                let mut flat = Vec::with_capacity(items.len());
+                flatten_into(std::mem::take(items), &mut flat);
+                *items = flat;
+            }
+            Value::Array(_) => {}
+            single => *single = Value::Array(vec![single.take()]),
+        }
+    }
+
+    fn flatten_into(items: Vec<Value>, out: &mut Vec<Value>) {
+        for item in items {
+            match item {
+                Value::Array(inner) => flatten_into(inner, out),
+                other => out.push(other),
+            }
+        }
+    }
+
+    /// An enum value by name in any case (`round_robin`, `Strict_Dns`: Envoy's parser tries
+    /// the upper-cased name), or by number written as a string (`"1"`).
+    pub fn enum_value(value: &mut Value, desc: &EnumDescriptor) {
+        let Value::String(name) = value else { return };
+        if desc.get_value_by_name(name).is_some() {
+            return;
+        }
+        let upper = name.to_ascii_uppercase();
+        if desc.get_value_by_name(&upper).is_some() {
+            *name = upper;
+        } else if let Ok(n) = name.trim().parse::<i32>() {
+            *value = Value::from(n);
+        }
+    }
+
+    /// A bool written as a string, in the words Envoy takes (case-insensitive): `true`, `t`,
+    /// `yes`, `y`, `1`, `on` and `false`, `f`, `no`, `n`, `0`, `off`.
+    pub fn bool_from_string(value: &mut Value) {
+        let Value::String(text) = value else { return };
+        match text.to_ascii_lowercase().as_str() {
+            "true" | "t" | "yes" | "y" | "1" | "on" => *value = Value::Bool(true),
+            "false" | "f" | "no" | "n" | "0" | "off" => *value = Value::Bool(false),
+            _ => {}
         }
     }
 }
@@ -497,6 +574,82 @@ static_resources:
                 .to_string()
                 .contains("connect_timeout")
         );
+    }
+
+    #[test]
+    fn takes_envoys_lax_forms() {
+        let lax = BOOTSTRAP
+            .replace(
+                "connect_timeout: 0.25s",
+                "connect_timeout: 0.25s\n    type: strict_dns\n    lb_policy: Round_Robin\n    dns_lookup_family: \"1\"\n    ignore_health_on_host_removal: \"yes\"",
+            )
+            .replace("domains: [\"*\"]", "domains: \"*\"")
+            .replace("stat_prefix: ingress", "stat_prefix: ingress\n          codec_type: auto\n          use_remote_address: \"true\"");
+        let lax = lax.replacen(
+            "    - filters:\n      - name: hcm",
+            "    - filters:\n        name: hcm",
+            1,
+        );
+        let d = decode(&lax).unwrap();
+        let sr = d.message.static_resources.unwrap();
+        let c = &sr.clusters[0];
+        assert_eq!(
+            (
+                c.lb_policy,
+                c.dns_lookup_family,
+                c.ignore_health_on_host_removal
+            ),
+            (0, 1, true)
+        );
+        assert!(matches!(
+            c.cluster_discovery_type,
+            Some(
+                envoy_types::pb::envoy::config::cluster::v3::cluster::ClusterDiscoveryType::Type(1)
+            )
+        ));
+        let filters = &sr.listeners[0].filter_chains[0].filters;
+        assert_eq!(filters.len(), 1);
+        let Some(envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(
+            any,
+        )) = &filters[0].config_type
+        else {
+            panic!("typed config")
+        };
+        let hcm: HttpConnectionManager = crate::unpack(any).unwrap();
+        assert_eq!(hcm.codec_type, 0);
+        assert_eq!(hcm.use_remote_address.map(|b| b.value), Some(true));
+        let Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier else { panic!() };
+        assert_eq!(rc.virtual_hosts[0].domains, vec!["*"]);
+        let nested = BOOTSTRAP.replace("domains: [\"*\"]", "domains: [[\"*\", a.test]]");
+        let sr = decode(&nested).unwrap().message.static_resources.unwrap();
+        let Some(envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(
+            any,
+        )) = &sr.listeners[0].filter_chains[0].filters[0].config_type
+        else {
+            panic!("typed config")
+        };
+        let hcm: HttpConnectionManager = crate::unpack(any).unwrap();
+        let Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier::RouteConfig(rc)) = &hcm.route_specifier else { panic!() };
+        assert_eq!(rc.virtual_hosts[0].domains, vec!["*", "a.test"]);
+    }
+
+    #[test]
+    fn still_refuses_what_envoy_refuses() {
+        for (from, to) in [
+            (
+                "connect_timeout: 0.25s",
+                "connect_timeout: 0.25s\n    lb_policy: roundRobin",
+            ),
+            ("connect_timeout: 0.25s", "connect_timeout: 5"),
+            ("domains: [\"*\"]", "domains: 5"),
+            (
+                "stat_prefix: ingress",
+                "stat_prefix: ingress\n          use_remote_address: 1",
+            ),
+        ] {
+            let bad = BOOTSTRAP.replace(from, to);
+            assert!(decode(&bad).is_err(), "{to}");
+        }
     }
 
     #[test]

@@ -84,8 +84,9 @@ fn decode_in_parts(
 /// A list taken out of the document: its path and items.
 type Part = Option<(String, Vec<Value>)>;
 
-/// Removes `static_resources.clusters` and `.listeners` from `doc` when they are arrays (any
-/// other shape stays, for the bootstrap's decoding to report).
+/// Removes `static_resources.clusters` and `.listeners` from `doc` when they are arrays, or a
+/// single object (a one-item list to Envoy's parser, as everywhere in the document); any other
+/// shape stays, for the bootstrap's decoding to report.
 fn take_static_lists(doc: &mut Value) -> (Part, Part) {
     let Some(d) = doc.as_object_mut() else {
         return (None, None);
@@ -101,6 +102,7 @@ fn take_static_lists(doc: &mut Value) -> (Part, Part) {
     };
     let mut take = |list: &str| match resources.remove(list) {
         Some(Value::Array(items)) => Some((format!("{key}.{list}"), items)),
+        Some(one @ Value::Object(_)) => Some((format!("{key}.{list}"), vec![one])),
         Some(other) => {
             resources.insert(list.to_owned(), other);
             None
@@ -244,6 +246,15 @@ mod tests {
         assert!(err.contains("static_resources.clusters[1]"), "{err}");
         assert!(err.contains("bogus"), "{err}");
         opts.config_yaml = "static_resources: {clusters: {name: a}}".into();
+        let resources = load(&opts).unwrap().bootstrap.static_resources.unwrap();
+        assert_eq!(
+            resources.clusters[0].name, "a",
+            "one object is a one-item list"
+        );
+        opts.config_yaml = "static_resources: {clusters: {name: a, bogus: 1}}".into();
+        let err = load(&opts).err().unwrap().to_string();
+        assert!(err.contains("static_resources.clusters[0]"), "{err}");
+        opts.config_yaml = "static_resources: {clusters: 5}".into();
         let err = load(&opts).err().unwrap().to_string();
         assert!(err.contains("static_resources.clusters"), "{err}");
     }

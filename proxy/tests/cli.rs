@@ -706,3 +706,143 @@ fn config_yaml_overrides_a_scalar_of_the_file() {
         );
     }
 }
+
+/// Forms Envoy's config parser accepts beyond proto3 JSON, and near misses it refuses, each a
+/// one-line edit of `valid.yaml`: `(name, from, to, Envoy accepts)`. revoy's verdict must be
+/// Envoy's.
+const LAX_INPUTS: [(&str, &str, &str, bool); 12] = [
+    (
+        "lower-case enums",
+        "    type: STATIC",
+        "    type: static\n    lb_policy: round_robin",
+        true,
+    ),
+    (
+        "mixed-case enum",
+        "    type: STATIC",
+        "    type: Strict_Dns",
+        true,
+    ),
+    (
+        "enum number in a string",
+        "    type: STATIC",
+        "    type: \"0\"",
+        true,
+    ),
+    (
+        "enum in camel case",
+        "    type: STATIC",
+        "    type: STATIC\n    lb_policy: roundRobin",
+        false,
+    ),
+    (
+        "lower-case enum inside a typed_config",
+        "stat_prefix: l\n",
+        "stat_prefix: l\n          codec_type: http1\n",
+        true,
+    ),
+    (
+        "a string for a list of strings",
+        "domains: [\"*\"]",
+        "domains: \"*\"",
+        true,
+    ),
+    (
+        "lists nested in a list",
+        "domains: [\"*\"]",
+        "domains: [[\"*\"], [a.test]]",
+        true,
+    ),
+    (
+        "a number for a list of strings",
+        "domains: [\"*\"]",
+        "domains: 5",
+        false,
+    ),
+    (
+        "an object for a list of network filters",
+        "      - name: envoy.filters.network.http_connection_manager",
+        "        name: envoy.filters.network.http_connection_manager",
+        true,
+    ),
+    (
+        "an object for a list of routes",
+        "routes: [{match: {prefix: \"/\"}, route: {cluster: a}}]",
+        "routes: {match: {prefix: \"/\"}, route: {cluster: a}}",
+        true,
+    ),
+    (
+        "bools in strings",
+        "stat_prefix: l\n",
+        "stat_prefix: l\n          use_remote_address: \"yes\"\n          skip_xff_append: \"false\"\n",
+        true,
+    ),
+    (
+        "a number for a bool",
+        "stat_prefix: l\n",
+        "stat_prefix: l\n          use_remote_address: 1\n",
+        false,
+    ),
+];
+
+#[test]
+fn lax_forms_get_envoys_verdict() {
+    let valid = valid_yaml();
+    let envoy = oracle::envoy_or_skip("cli::lax_forms_get_envoys_verdict");
+    let mut failures = Vec::new();
+    for (name, from, to, envoy_accepts) in LAX_INPUTS {
+        assert!(valid.contains(from), "{name}: valid.yaml lacks {from:?}");
+        let config = scratch(
+            &format!("lax_{}.yaml", name.replace(' ', "_")),
+            &valid.replacen(from, to, 1),
+        );
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), &config, &[]);
+            assert_eq!(
+                output.status.success(),
+                envoy_accepts,
+                "{name}: Envoy's verdict changed:\n{}",
+                text(&output)
+            );
+        }
+        let output = validate(revoy(), &config, &[]);
+        if output.status.success() != envoy_accepts {
+            failures.push(format!(
+                "{name}: Envoy {}, revoy exit {:?}:\n{}",
+                if envoy_accepts { "accepts" } else { "refuses" },
+                output.status.code(),
+                text(&output)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A UDP listener (udp_proxy): Envoy serves it; revoy, which has no UDP, refuses the config
+/// naming the field and the reason (a known difference in the README).
+#[test]
+fn udp_listener_is_refused_by_name() {
+    let udp = "  - name: udp\n    address: {socket_address: {protocol: UDP, address: 127.0.0.1, port_value: 10002}}\n    listener_filters:\n    - name: envoy.filters.udp_listener.udp_proxy\n      typed_config:\n        \"@type\": type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.UdpProxyConfig\n        stat_prefix: udp\n        matcher: {on_no_match: {action: {name: route, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.udp.udp_proxy.v3.Route, cluster: a}}}}\n  clusters:";
+    let config = scratch(
+        "udp_listener.yaml",
+        &valid_yaml().replacen("  clusters:", udp, 1),
+    );
+    if let Some(envoy) = oracle::envoy_or_skip("cli::udp_listener_is_refused_by_name") {
+        let output = validate(envoy_command(&envoy), &config, &[]);
+        assert!(
+            output.status.success(),
+            "Envoy's verdict changed:\n{}",
+            text(&output)
+        );
+    }
+    let output = validate(revoy(), &config, &[]);
+    let message = text(&output);
+    assert_eq!(output.status.code(), Some(1), "{message}");
+    for words in [
+        "static_resources.listeners[1].address.socket_address.protocol",
+        "UDP listeners",
+        "not supported",
+    ] {
+        assert!(message.contains(words), "missing {words:?} in:\n{message}");
+    }
+}

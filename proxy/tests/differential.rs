@@ -1134,6 +1134,10 @@ async fn tls() {
             .listener(1)
             .tls(Some("other.test")),
         Case::tcp("plaintext on the passthrough port", "hello").listener(1),
+        Case::get("x.509 v1 server certificate", "/")
+            .listener(2)
+            .tls(None)
+            .expect("status", "200"),
     ];
     run("tls", &cases).await;
 }
@@ -1172,4 +1176,126 @@ async fn uri_template() {
         Case::get("template rewrite over h2", "/swap/a/b?x").h2(),
     ];
     run("uri_template", &cases).await;
+}
+
+/// A raw HTTP/1.1 CONNECT to `authority`, followed at once by `payload` (bytes a client may
+/// send before the answer).
+fn connect(name: &'static str, authority: &str, payload: &str) -> Case {
+    let raw = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n{payload}");
+    Case::raw(name, raw.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrades() {
+    let cases = [
+        Case::websocket("websocket enabled by the route only", "/route-ws", "hello ws")
+            .expect("status", "101")
+            .expect("ws.echo", "opcode 1: hello ws"),
+        Case::websocket("websocket on a route that does not enable it", "/plain", "x")
+            .expect("status", "403"),
+        Case::websocket("websocket on a direct response route", "/direct", "x")
+            .expect("status", "403"),
+        Case::websocket("websocket without a route", "/nowhere", "x").expect("status", "404"),
+        Case::websocket("websocket disabled by the route", "/route-off", "x")
+            .listener(1)
+            .expect("status", "403"),
+        Case::websocket("websocket enabled by the connection manager", "/", "hello ws")
+            .listener(1)
+            .expect("status", "101"),
+        Case::websocket("websocket on a direct response, enabled", "/direct", "x")
+            .listener(1)
+            .expect("status", "200"),
+        connect("CONNECT tunnelled by the route", "tunnel.test:443", "hello\n")
+            .expect("status", "200")
+            .expect("body", "t:hello\n"),
+        connect("CONNECT tunnel to a closed port", "closed.test:443", "hello\n")
+            .expect("status", "503")
+            .expect("response.header.connection", "close"),
+        Case::websocket("websocket to a closed port", "/closed", "x")
+            .listener(1)
+            .expect("status", "503"),
+        Case::raw(
+            "websocket to a closed port, bytes after the head",
+            b"GET /closed HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .listener(1)
+        .expect("status", "503"),
+        connect("CONNECT on a route that does not enable it", "off.test:443", "")
+            .expect("status", "403")
+            .expect("response.header.connection", "close"),
+        connect("CONNECT without a connect_matcher route", "other.test:443", "")
+            .expect("status", "404")
+            .expect("response.header.connection", "close"),
+        connect("CONNECT tunnelled, enabled by the manager", "tunnel.test:443", "hi\n")
+            .listener(1)
+            .expect("status", "200")
+            .expect("body", "t:hi\n"),
+        connect("CONNECT disabled by the route", "off.test:443", "")
+            .listener(1)
+            .expect("status", "403"),
+        connect("CONNECT forwarded to the upstream", "forward.test:443", "")
+            .listener(1)
+            .expect("status", "200"),
+        Case::raw(
+            "CONNECT forwarded, refused by the upstream",
+            b"CONNECT forward.test:443 HTTP/1.1\r\nHost: forward.test:443\r\nx-echo-status: 403\r\n\r\n",
+        )
+        .listener(1)
+        .expect("status", "403"),
+        Case::raw(
+            "CONNECT without a port",
+            b"CONNECT tunnel.test HTTP/1.1\r\nHost: tunnel.test\r\n\r\n",
+        )
+        .expect("status", "400"),
+        Case::raw(
+            "CONNECT with a body",
+            b"CONNECT tunnel.test:443 HTTP/1.1\r\nHost: tunnel.test:443\r\nContent-Length: 3\r\n\r\nabc",
+        )
+        .expect("status", "400"),
+        Case::raw(
+            "CONNECT to a path",
+            b"CONNECT / HTTP/1.1\r\nHost: tunnel.test:443\r\n\r\n",
+        )
+        .expect("status", "400"),
+        Case::raw(
+            "CONNECT target decides the route, not Host",
+            b"CONNECT tunnel.test:443 HTTP/1.1\r\nHost: other.test:443\r\n\r\nx\n",
+        )
+        .expect("status", "200"),
+        Case::raw(
+            "CONNECT needs no Host header",
+            b"CONNECT tunnel.test:443 HTTP/1.1\r\n\r\nx\n",
+        )
+        .expect("status", "200")
+        .expect("body", "t:x\n"),
+        Case::get("GET does not match connect_matcher", "/").host("tunnel.test:443"),
+        connect("CONNECT under strip_any_host_port", "tunnel.test:443", "p\n")
+            .listener(2)
+            .expect("status", "200")
+            .expect("body", "t:p\n"),
+        Case::get("GET to a CONNECT-only vhost under strip_any_host_port", "/")
+            .listener(2)
+            .host("tunnel.test:443")
+            .expect("status", "404"),
+        Case::get("GET under strip_any_host_port", "/")
+            .listener(2)
+            .host("other.test:443")
+            .expect("body", "port stripped"),
+        // Over HTTP/2 a CONNECT carries only `:authority` (no body: the tunnel itself is not
+        // compared over HTTP/2 yet).
+        Case::send("h2 CONNECT on a route that does not enable it", "CONNECT", "", "")
+            .host("off.test:443")
+            .h2()
+            .expect("status", "403"),
+        Case::send("h2 CONNECT without a connect_matcher route", "CONNECT", "", "")
+            .host("other.test:443")
+            .h2()
+            .expect("status", "404"),
+        Case::admin(
+            "upgrade stats",
+            "GET",
+            "/stats?filter=^http\\.(none|all)_enabled\\.downstream_(cx_upgrades_total|rq_ws_on_non_ws_route)$",
+        ),
+    ];
+    run("upgrades", &cases).await;
 }

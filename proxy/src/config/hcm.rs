@@ -94,8 +94,9 @@ pub struct HcmConfig {
     pub preserve_external_request_id: bool,
     /// Echo `x-request-id` in every response.
     pub always_set_request_id_in_response: bool,
-    /// WebSocket upgrades allowed by `upgrade_configs`.
-    pub websocket: bool,
+    /// `upgrade_configs`: the upgrade types (`websocket`, `connect`, ...) and whether each is
+    /// enabled; a route's own entry for a type overrides these.
+    pub upgrades: Vec<crate::route::action::UpgradeSetting>,
     /// Host port stripping.
     pub strip_port: StripPort,
     /// `stream_idle_timeout` (default 5 min; `None` disables).
@@ -159,6 +160,38 @@ fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
 }
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
+
+/// `upgrade_configs`: one entry per type (case-insensitive), as Envoy requires. An upgrade
+/// with its own filter chain is refused: revoy would run it without those filters.
+fn upgrades(
+    hcm: &HttpConnectionManager,
+) -> Result<Vec<crate::route::action::UpgradeSetting>, ConfigError> {
+    let mut out: Vec<crate::route::action::UpgradeSetting> = Vec::new();
+    for (i, u) in hcm.upgrade_configs.iter().enumerate() {
+        let upgrade_type = u.upgrade_type.to_ascii_lowercase();
+        if out.iter().any(|o| o.upgrade_type == upgrade_type) {
+            return Err(ConfigError::new(
+                format!("upgrade_configs[{i}]"),
+                format!(
+                    "Error: multiple upgrade configs with the same name: '{}'",
+                    u.upgrade_type
+                ),
+            ));
+        }
+        if !u.filters.is_empty() {
+            return Err(ConfigError::new(
+                format!("upgrade_configs[{i}].filters"),
+                "upgrade-specific filter chains are not supported by revoy",
+            ));
+        }
+        out.push(crate::route::action::UpgradeSetting {
+            upgrade_type,
+            enabled: u.enabled.is_none_or(|b| b.value),
+            terminate_connect: false,
+        });
+    }
+    Ok(out)
+}
 
 /// Compiles an HCM. `clusters` validates static cluster references in an inline route config.
 pub fn compile_hcm(
@@ -285,9 +318,7 @@ pub fn compile_hcm(
         generate_request_id: hcm.generate_request_id.is_none_or(|b| b.value),
         preserve_external_request_id: hcm.preserve_external_request_id,
         always_set_request_id_in_response: hcm.always_set_request_id_in_response,
-        websocket: hcm.upgrade_configs.iter().any(|u| {
-            u.upgrade_type.eq_ignore_ascii_case("websocket") && u.enabled.is_none_or(|b| b.value)
-        }),
+        upgrades: upgrades(hcm)?,
         strip_port: {
             use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::StripPortMode;
             match hcm.strip_port_mode {

@@ -3,6 +3,7 @@
 
 mod attempts;
 mod buffered_body;
+mod connect;
 mod envoy_errors;
 pub mod forwarding;
 mod grpc_timeout;

@@ -19,7 +19,7 @@ use super::timeouts::Timeouts;
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort};
-use crate::route::action::HostRewrite;
+use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
 use crate::upstream::{LbContext, UpstreamHost};
@@ -131,11 +131,20 @@ async fn route_and_forward(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
-    if req.version() == http::Version::HTTP_11 && !req.headers().contains_key(header::HOST) {
+    let connect = req.method() == http::Method::CONNECT;
+    // An HTTP/1.1 CONNECT names its authority in the request line, which Envoy's codec takes
+    // as `:authority`; it needs no Host header.
+    if req.version() == http::Version::HTTP_11
+        && !connect
+        && !req.headers().contains_key(header::HOST)
+    {
         let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
+    }
+    if connect && !super::connect::well_formed(&req) {
+        return body_failed();
     }
     if let Some(why) = &cfg.denied {
         if let Some(c) = &ctx.hcm.stats.rq_fail_closed {
@@ -144,17 +153,13 @@ async fn route_and_forward(
         tracing::debug!(reason = %why, "request denied: fail closed");
         return local_reply(StatusCode::FORBIDDEN, why);
     }
-    if req.method() == http::Method::CONNECT {
-        return local_reply(StatusCode::NOT_FOUND, "");
-    }
-    if let Some(u) = &facts.upgrade {
-        let known = u
-            .to_str()
-            .is_ok_and(|t| t.eq_ignore_ascii_case("websocket"));
-        if !(known && cfg.websocket) {
-            return upgrade_refused();
-        }
-    }
+    // The upgrade the request asks for, `CONNECT` for a CONNECT: allowed or refused once its
+    // route is known.
+    let upgrade_type = if connect {
+        Some("CONNECT")
+    } else {
+        facts.upgrade.as_ref().map(|u| u.to_str().unwrap_or(""))
+    };
     let table = match &cfg.routes {
         Routes::Static(t) => Some(t.clone()),
         Routes::Rds(name) => ctx.shared.route_table(name),
@@ -165,12 +170,21 @@ async fn route_and_forward(
     let mut host_full = authority(&req);
     let kept = strip_port(&host_full, cfg.strip_port, ctx.local.port()).len();
     host_full.truncate(kept);
-    let mut path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    match super::path::normalize(cfg, &path) {
+    // A CONNECT has no path: only `connect_matcher` routes match it.
+    let mut path = if connect {
+        String::new()
+    } else {
+        req.uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".into())
+    };
+    let verdict = if connect {
+        PathVerdict::Continue(None)
+    } else {
+        super::path::normalize(cfg, &path)
+    };
+    match verdict {
         PathVerdict::Continue(None) => {}
         PathVerdict::Continue(Some(p)) => {
             if let Ok(pq) = http::uri::PathAndQuery::try_from(p.as_str()) {
@@ -212,6 +226,18 @@ async fn route_and_forward(
     let Some(selected) = table.select(&route_req) else {
         return local_reply(StatusCode::NOT_FOUND, "");
     };
+    if let Some(upgrade_type) = upgrade_type {
+        let route_upgrades = match &selected.route.action {
+            Action::Forward(fwd) => fwd.upgrades(),
+            _ => &[],
+        };
+        if !upgrade_allowed(route_upgrades, &cfg.upgrades, upgrade_type) {
+            ctx.hcm.stats.upgrades_refused.inc();
+            return upgrade_refused();
+        }
+    }
+    // Held until the request ends, or moved into its tunnel.
+    let active_upgrade = upgrade_type.map(|_| ctx.hcm.stats.upgrade());
     let route_req = route_req;
     let protocol = match req.version() {
         http::Version::HTTP_10 => "HTTP/1.0",
@@ -296,12 +322,6 @@ async fn route_and_forward(
                     .map(|h| h.into_owned()),
             };
             let upgrade = facts.upgrade.clone();
-            if upgrade
-                .as_ref()
-                .is_some_and(|u| !fwd.upgrade_allowed(u.to_str().unwrap_or(""), cfg.websocket))
-            {
-                return upgrade_refused();
-            }
             let request_retriable =
                 retry::request_retriable(fwd.retry_policy.as_deref(), &route_req);
             let hash = if fwd.hash_policies().is_empty() {
@@ -380,11 +400,18 @@ async fn route_and_forward(
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
-            if upgrade.is_some() {
-                return match Box::pin(super::upgrade::forward(req, &cluster, &lb)).await {
+            // An upgrade or CONNECT whose upstream connection fails is answered with nothing
+            // sent upstream, and its connection closes: what follows the head is not HTTP.
+            if let Some(active) = active_upgrade {
+                let tunnel = if connect && fwd.terminates_connect() {
+                    Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
+                } else {
+                    Box::pin(super::upgrade::forward(req, &cluster, &lb, active)).await
+                };
+                return match tunnel {
                     Ok(resp) => resp,
                     Err(e) => {
-                        *forwarded = !e.not_started();
+                        *forwarded = false;
                         failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
                     }
                 };

@@ -16,6 +16,23 @@ pub struct HcmStats {
     /// `downstream_rq_fail_closed` (revoy's own), present only on a connection manager that
     /// denies every request for a filter revoy does not implement.
     pub rq_fail_closed: Option<Counter>,
+    /// `downstream_cx_upgrades_total`: upgrades and CONNECTs allowed to go on.
+    pub upgrades_total: Counter,
+    /// `downstream_cx_upgrades_active`: those not finished yet (tunnels still open).
+    pub upgrades_active: Gauge,
+    /// `downstream_rq_ws_on_non_ws_route`: upgrades refused (403) by the route or manager.
+    pub upgrades_refused: Counter,
+}
+
+/// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
+/// or with the request when nothing is tunnelled).
+#[derive(Debug)]
+pub struct ActiveUpgrade(Gauge);
+
+impl Drop for ActiveUpgrade {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl HcmStats {
@@ -29,7 +46,17 @@ impl HcmStats {
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
             rq_fail_closed: denies.then(|| store.counter(&name("downstream_rq_fail_closed"))),
+            upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
+            upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),
+            upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
         }
+    }
+
+    /// Counts an allowed upgrade; it stays active while the returned guard lives.
+    pub fn upgrade(&self) -> ActiveUpgrade {
+        self.upgrades_total.inc();
+        self.upgrades_active.inc();
+        ActiveUpgrade(self.upgrades_active.clone())
     }
 
     /// Counts a response with `status` in its class.

@@ -1,25 +1,31 @@
 //! WebSocket (and other `upgrade_configs`) forwarding: the upgrade request goes upstream on a
-//! fresh connection; after a `101`, both upgraded streams are spliced together.
+//! fresh connection; after a `101` (a `2xx` for a forwarded CONNECT), both upgraded streams
+//! are spliced together.
 
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use super::forwarding;
 use super::local_reply::local_reply;
+use super::stats::ActiveUpgrade;
 use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError};
 
-/// Forwards an upgrade request and, on `101 Switching Protocols`, tunnels the two connections.
+/// Forwards an upgrade request and, on `101 Switching Protocols` (any `2xx` to a CONNECT),
+/// tunnels the two connections.
 /// Any other answer is forwarded as is, and an HTTP/1 downstream connection then closes, as in
 /// Envoy (the upstream refused the upgrade; what the client sends next is not a request).
-/// `Err` when no upstream connection could be made; the caller answers it.
+/// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
+/// the tunnel as active while it runs.
 pub async fn forward(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
+    upgrade: ActiveUpgrade,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let http1 = req.version() <= http::Version::HTTP_11;
+    let connect = req.method() == http::Method::CONNECT;
     let conn = cluster.connect(lb).await?;
     let active = conn.active;
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
@@ -49,7 +55,13 @@ pub async fn forward(
             ));
         }
     };
-    if upstream_resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+    // A CONNECT is accepted with any 2xx, an `Upgrade:` only with 101.
+    let upgraded = if connect {
+        upstream_resp.status().is_success()
+    } else {
+        upstream_resp.status() == StatusCode::SWITCHING_PROTOCOLS
+    };
+    if !upgraded {
         forwarding::mutate_response(upstream_resp.headers_mut(), false);
         if http1 {
             upstream_resp.headers_mut().insert(
@@ -61,7 +73,7 @@ pub async fn forward(
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
     tokio::spawn(async move {
-        let _active = active;
+        let _active = (active, upgrade);
         if let (Ok(down), Ok(up)) = (downstream_upgrade.await, upstream_upgrade.await) {
             let (mut down, mut up) = (TokioIo::new(down), TokioIo::new(up));
             let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;

@@ -192,13 +192,32 @@ pub enum HostRewrite {
     PathRegex(Regex, String),
 }
 
-/// A WebSocket/CONNECT style upgrade setting on a route.
+/// One `upgrade_configs` entry, of a route or of the connection manager: an `Upgrade:` type
+/// (`websocket`, any other token) or `CONNECT`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct UpgradeSetting {
-    /// Lower-case upgrade type (`websocket`).
+    /// Lower-case upgrade type (`websocket`, `connect`).
     pub upgrade_type: String,
-    /// Whether it is enabled on this route.
+    /// Whether it is enabled.
     pub enabled: bool,
+    /// A route's `connect_config`: a CONNECT is answered `200` by the proxy itself and its
+    /// payload goes to the upstream as raw TCP; without it the CONNECT request is forwarded.
+    pub terminate_connect: bool,
+}
+
+/// Whether an upgrade of `upgrade_type` (`CONNECT` for a CONNECT request) may go on, as in
+/// Envoy: the matched route's setting for that type when it has one, else the connection
+/// manager's; refused when neither names it.
+pub fn upgrade_allowed(
+    route: &[UpgradeSetting],
+    hcm: &[UpgradeSetting],
+    upgrade_type: &str,
+) -> bool {
+    route
+        .iter()
+        .chain(hcm)
+        .find(|u| u.upgrade_type.eq_ignore_ascii_case(upgrade_type))
+        .is_some_and(|u| u.enabled)
 }
 
 /// `max_stream_duration` of a route. Its presence alone switches the route to Envoy's "new
@@ -315,14 +334,17 @@ impl Forward {
         }
     }
 
-    /// Whether an upgrade of `upgrade_type` is allowed, given the connection manager's
-    /// default for it: a route setting overrides the default.
-    pub fn upgrade_allowed(&self, upgrade_type: &str, hcm_default: bool) -> bool {
-        self.more
+    /// The route's own `upgrade_configs`.
+    pub fn upgrades(&self) -> &[UpgradeSetting] {
+        self.more.as_ref().map_or(&[], |m| &m.upgrades)
+    }
+
+    /// Whether a CONNECT on this route ends at the proxy (`connect_config`): the proxy answers
+    /// `200` and tunnels the payload to the upstream as raw TCP.
+    pub fn terminates_connect(&self) -> bool {
+        self.upgrades()
             .iter()
-            .flat_map(|m| &m.upgrades)
-            .find(|u| u.upgrade_type.eq_ignore_ascii_case(upgrade_type))
-            .map_or(hcm_default, |u| u.enabled)
+            .any(|u| u.terminate_connect && u.upgrade_type == "connect")
     }
 
     /// `idle_timeout`: `None` when unset or 0.

@@ -4,6 +4,8 @@
 //! Contexts whose certificates are delivered by SDS cannot serve until an SDS client exists:
 //! they are reported as [`DownstreamTls::AwaitingSds`] and their connections are refused.
 
+pub mod der;
+
 use std::sync::Arc;
 
 use proto::pb::envoy::config::core::v3::{DataSource, data_source::Specifier};
@@ -12,6 +14,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::server::WebPkiClientVerifier;
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use tokio_rustls::TlsAcceptor;
 
 /// Why a TLS context could not be built; the message names the field.
@@ -66,6 +69,47 @@ fn certificates(pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>,
         ));
     }
     Ok(certs)
+}
+
+/// The certificate chain with its private key, checked to belong together. rustls checks
+/// that by parsing the certificate with webpki, which refuses X.509 v1 certificates (what
+/// `openssl x509 -req` makes without extensions, as in Envoy's TLS sandboxes); Envoy serves
+/// them, so for a certificate webpki cannot parse the key is found with [`der`] instead.
+fn certified_key(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    provider: &rustls::crypto::CryptoProvider,
+) -> Result<CertifiedKey, TlsError> {
+    let signing = provider.key_provider.load_private_key(key).map_err(|e| {
+        err(
+            "tls_certificates[0].private_key",
+            format!("failed to load private key: {e}"),
+        )
+    })?;
+    let certified = CertifiedKey::new(chain, signing);
+    let matches = match certified.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => true,
+        Err(rustls::Error::InconsistentKeys(_)) => false,
+        Err(parse) => {
+            let spki = der::subject_public_key_info(&certified.cert[0]).ok_or_else(|| {
+                err(
+                    "tls_certificates[0].certificate_chain",
+                    format!("failed to load certificate chain: {parse}"),
+                )
+            })?;
+            certified
+                .key
+                .public_key()
+                .is_none_or(|key| key.as_ref() == spki)
+        }
+    };
+    if !matches {
+        return Err(err(
+            "tls_certificates[0].private_key",
+            "the private key does not match the certificate's public key",
+        ));
+    }
+    Ok(certified)
 }
 
 /// Builds the acceptor for a DownstreamTlsContext.
@@ -148,7 +192,8 @@ pub fn downstream(ctx: &DownstreamTlsContext) -> Result<DownstreamTls, TlsError>
                     .add(c)
                     .map_err(|e| err("validation_context.trusted_ca", e.to_string()))?;
             }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
             let verifier = if require_client {
                 verifier
             } else {
@@ -164,9 +209,8 @@ pub fn downstream(ctx: &DownstreamTlsContext) -> Result<DownstreamTls, TlsError>
         // certificate is asked for (config/listener.rs notes it at start).
         None => builder.with_no_client_auth(),
     };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| err("tls_certificates[0]", e.to_string()))?;
+    let certified = certified_key(chain, key, &provider)?;
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
     config.alpn_protocols = common
         .alpn_protocols
         .iter()
@@ -222,6 +266,19 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(e.field, "tls_certificates[0].private_key");
+    }
+
+    #[test]
+    fn serves_x509_v1_certificates_and_checks_their_key() {
+        assert!(matches!(
+            downstream(&context(file("v1.pem"), file("v1.key"))),
+            Ok(DownstreamTls::Ready(_))
+        ));
+        for (cert, key) in [("v1.pem", "server.key"), ("server.pem", "v1.key")] {
+            let e = downstream(&context(file(cert), file(key))).err().unwrap();
+            assert_eq!(e.field, "tls_certificates[0].private_key", "{cert} {key}");
+            assert!(e.message.contains("does not match"), "{e}");
+        }
     }
 
     #[test]

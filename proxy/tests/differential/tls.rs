@@ -39,7 +39,8 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
         .map_err(|e| format!("tls handshake: {e}"))
 }
 
-/// Accepts every server certificate but still checks handshake signatures.
+/// Accepts every server certificate but still checks handshake signatures (TLS 1.3 ones of
+/// X.509 v1 certificates too).
 #[derive(Debug)]
 struct AcceptAny(Arc<CryptoProvider>);
 
@@ -75,12 +76,18 @@ impl ServerCertVerifier for AcceptAny {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        let algorithms = &self.0.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms).or_else(|e| {
+            // webpki reads no X.509 v1 certificate (certs/v1.pem): check the signature
+            // against its key, found by revoy's own DER walk.
+            let spki = revoy::tls::der::subject_public_key_info(cert).ok_or(e)?;
+            rustls::crypto::verify_tls13_signature_with_raw_key(
+                message,
+                &spki.to_vec().into(),
+                dss,
+                algorithms,
+            )
+        })
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {

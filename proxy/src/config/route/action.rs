@@ -268,18 +268,58 @@ pub(super) fn forward<'p>(
                 .enumerate()
                 .map(|(i, h)| hash_policy(h).map_err(|e| e.within(&format!("hash_policy[{i}]"))))
                 .collect::<Result<_, _>>()?,
-            upgrades: ra
-                .upgrade_configs
-                .iter()
-                .map(|u| UpgradeSetting {
-                    upgrade_type: u.upgrade_type.to_ascii_lowercase(),
-                    enabled: u.enabled.is_none_or(|b| b.value),
-                })
-                .collect(),
+            upgrades: route_upgrades(&ra.upgrade_configs)?,
             per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
         }
         .boxed(),
     })))
+}
+
+/// A route's `upgrade_configs`, with Envoy's checks: one entry per type (case-insensitive),
+/// `connect_config` only on CONNECT.
+fn route_upgrades(
+    configs: &[pb::route_action::UpgradeConfig],
+) -> Result<Vec<UpgradeSetting>, ConfigError> {
+    let mut out: Vec<UpgradeSetting> = Vec::with_capacity(configs.len());
+    for (i, u) in configs.iter().enumerate() {
+        let at = format!("upgrade_configs[{i}]");
+        let upgrade_type = u.upgrade_type.to_ascii_lowercase();
+        if out.iter().any(|o| o.upgrade_type == upgrade_type) {
+            return Err(ConfigError::new(
+                at,
+                format!("Duplicate upgrade {}", u.upgrade_type),
+            ));
+        }
+        if let Some(c) = &u.connect_config {
+            if upgrade_type != "connect" {
+                return Err(ConfigError::new(
+                    format!("{at}.connect_config"),
+                    format!(
+                        "Non-CONNECT upgrade type {} has ConnectConfig",
+                        u.upgrade_type
+                    ),
+                ));
+            }
+            if c.proxy_protocol_config.is_some() {
+                return Err(ConfigError::new(
+                    format!("{at}.connect_config.proxy_protocol_config"),
+                    "a PROXY protocol header on CONNECT payloads is not supported by revoy",
+                ));
+            }
+            if c.allow_post {
+                return Err(ConfigError::new(
+                    format!("{at}.connect_config.allow_post"),
+                    "POST payloads as raw TCP are not supported by revoy",
+                ));
+            }
+        }
+        out.push(UpgradeSetting {
+            upgrade_type,
+            enabled: u.enabled.is_none_or(|b| b.value),
+            terminate_connect: u.connect_config.is_some(),
+        });
+    }
+    Ok(out)
 }
 
 /// The extension `path_rewrite_policy` must name.
