@@ -64,11 +64,13 @@ impl ClientCert {
     }
 }
 
-/// The TLS versions a client offers.
+/// The TLS versions a client offers, and whether it names the server (SNI).
 #[derive(Clone, Copy, Debug)]
 enum Offer {
     /// TLS 1.2 and 1.3.
     Both,
+    /// TLS 1.2 and 1.3, without SNI.
+    BothWithoutSni,
     /// TLS 1.2 only.
     Tls12,
     /// TLS 1.3 only.
@@ -80,7 +82,7 @@ impl Offer {
         static TLS12: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS12];
         static TLS13: [&rustls::SupportedProtocolVersion; 1] = [&rustls::version::TLS13];
         match self {
-            Offer::Both => rustls::ALL_VERSIONS,
+            Offer::Both | Offer::BothWithoutSni => rustls::ALL_VERSIONS,
             Offer::Tls12 => &TLS12,
             Offer::Tls13 => &TLS13,
         }
@@ -157,7 +159,7 @@ fn client_config(cert: ClientCert, offer: Offer) -> ClientConfig {
             .with_protocol_versions(offer.versions())
             .expect("versions")
             .with_root_certificates(roots);
-    match cert.file() {
+    let mut config = match cert.file() {
         None => builder.with_no_client_auth(),
         Some(name) => {
             let chain = CertificateDer::pem_file_iter(format!("{DATA}/{name}.pem"))
@@ -170,7 +172,9 @@ fn client_config(cert: ClientCert, offer: Offer) -> ClientConfig {
                 .with_client_auth_cert(chain, key)
                 .expect("client certificate and key match")
         }
-    }
+    };
+    config.enable_sni = !matches!(offer, Offer::BothWithoutSni);
+    config
 }
 
 /// Connects to `port` presenting `cert` and offering `offer`, sends one request, and reports
@@ -590,6 +594,21 @@ fn minimum_protocol_version_tls13() {
                 alert(Handshake, AlertDescription::ProtocolVersion),
                 AsEnvoy,
             ),
+        ],
+    );
+}
+
+/// `require_sni` with one certificate: Envoy 1.40 serves a client without SNI too (its check
+/// runs only where it picks among certificates), and so does revoy.
+#[test]
+fn require_sni() {
+    compare(
+        "require_sni",
+        &format!("require_sni: true\n          {}", common("")),
+        "",
+        &[
+            (Without, Both, answered(V13), AsEnvoy),
+            (Without, BothWithoutSni, answered(V13), AsEnvoy),
         ],
     );
 }

@@ -441,16 +441,9 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
 }
 
 /// What a `DownstreamTlsContext` sets that revoy leaves to rustls' defaults, by field: none of
-/// it lets a connection through that Envoy would refuse, except `require_sni`, listed here until
-/// it is enforced (see the README's known differences).
+/// it lets a connection through that Envoy would refuse.
 fn tls_skipped(ctx: &DownstreamTlsContext) -> Vec<(&'static str, &'static str)> {
     let mut out = Vec::new();
-    if ctx.require_sni.as_ref().is_some_and(|b| b.value) {
-        out.push((
-            "require_sni",
-            "require_sni is not enforced by revoy; a client without SNI gets the chain's certificate",
-        ));
-    }
     if ctx.ocsp_staple_policy != 0 {
         out.push((
             "ocsp_staple_policy",
