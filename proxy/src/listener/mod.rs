@@ -229,6 +229,7 @@ impl Listener {
                     down: Downstream { peer, tls },
                     local: destination,
                     original_dst: original,
+                    inbound: self.config.inbound,
                 };
                 match tls {
                     None => http::serve(stream, Arc::new(ctx(false))).await,

@@ -105,6 +105,15 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     Head::HandOff => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
+                    Head::Ambiguous => {
+                        let reply = super::envoy_errors::bad_request(None);
+                        if stream.write_all(&reply).await.is_ok() {
+                            let _ = stream.shutdown().await;
+                            reading.buf.clear();
+                            linger(&mut stream, &mut reading.buf).await;
+                        }
+                        return;
+                    }
                 }
             }
             if !read_more(&mut stream, &mut reading).await {
@@ -118,6 +127,11 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             biased;
             response = &mut handled => response,
             () = client_gone(&mut stream, &mut reading) => return,
+        };
+        // A draining server answers with `connection: close` and closes, as Envoy does.
+        let asked = Asked {
+            close: asked.close || ctx.drain_close(),
+            ..asked
         };
         if !response::write(
             &mut stream,
