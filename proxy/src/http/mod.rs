@@ -5,6 +5,7 @@ mod attempts;
 mod buffered_body;
 mod envoy_errors;
 pub mod forwarding;
+mod framing;
 mod grpc_timeout;
 mod h1;
 mod int_value;

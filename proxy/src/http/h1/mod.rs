@@ -221,6 +221,11 @@ fn may_be_h2_preface(buf: &[u8]) -> bool {
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf`.
 async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream);
+    let cfg = &ctx.hcm.config;
+    let framing = super::framing::Framing::new(
+        cfg.allow_chunked_length,
+        cfg.max_request_headers_kb as usize * 1024,
+    );
+    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing);
     super::serve_io(io, ctx, codec).await;
 }

@@ -284,4 +284,32 @@ mod tests {
             b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
         ));
     }
+
+    #[test]
+    fn a_length_with_a_coding_is_refused_unless_allow_chunked_length() {
+        for req in [
+            &b"POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nContent-Length: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(req);
+            assert!(matches!(parse(&mut buf, &cfg()), Head::Ambiguous));
+        }
+        let allowing = HcmConfig {
+            allow_chunked_length: true,
+            ..cfg()
+        };
+        let mut buf = BytesMut::from(
+            &b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..],
+        );
+        assert!(matches!(parse(&mut buf, &allowing), Head::HandOff));
+        assert_eq!(
+            buf,
+            &b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..]
+        );
+        let mut buf = BytesMut::from(
+            &b"POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"[..],
+        );
+        assert!(matches!(parse(&mut buf, &allowing), Head::Ambiguous));
+    }
 }
