@@ -231,6 +231,22 @@ fn routes_explain_a_decision() {
     assert_eq!(get(&r, "/routes?route_config=missing").0, 404);
 }
 
+/// `/server_info` says DRAINING while health checks fail, as Envoy 1.40's does (its body is not
+/// comparable whole: uptime, paths and ports differ). The rest of `/healthcheck/fail` is
+/// compared with Envoy in `differential.rs` (`healthcheck_fail`).
+#[test]
+fn server_info_state_follows_health_checks() {
+    let r = start();
+    let state = || {
+        let (_, info) = get(&r, "/server_info");
+        serde_json::from_str::<serde_json::Value>(&info).unwrap()["state"].clone()
+    };
+    assert_eq!(raw(r.admin, "POST", "/healthcheck/fail").0, 200);
+    assert_eq!(state(), "DRAINING");
+    assert_eq!(raw(r.admin, "POST", "/healthcheck/ok").0, 200);
+    assert_eq!(state(), "LIVE");
+}
+
 /// `/quitquitquit` ends the process with status 0. What `/drain_listeners` and
 /// `/healthcheck/fail` do is compared with Envoy in `differential.rs` (`drain_listeners*`,
 /// `healthcheck_fail`).

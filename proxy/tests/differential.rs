@@ -1059,6 +1059,11 @@ async fn healthcheck_fail() {
     let cases = [
         Case::admin("ready before", "GET", "/ready").expect("body", "LIVE\n"),
         held_h1("h1 before", "h1", 0).expect("response.header.connection", "<missing>"),
+        // An absolute-form target: revoy's fast path hands the connection to hyper.
+        Case::get("h1 served by hyper before", "http://example.com/")
+            .listener(2)
+            .held("hyper")
+            .expect("response.header.connection", "<missing>"),
         held_h2("h2 before", "h2", 1).expect("h2.goaway", "none"),
         Case::admin("fail", "POST", "/healthcheck/fail").expect("body", "OK\n"),
         Case::admin("ready while failed", "GET", "/ready")
@@ -1069,9 +1074,20 @@ async fn healthcheck_fail() {
             .expect("response.header.connection", "close"),
         held_h2("open h2 connection while failed", "h2", 1)
             .expect("h2.goaway", "last_stream=2147483647 error=0"),
+        held_h1("open h1 connection served by hyper while failed", "hyper", 2)
+            .expect("response.header.connection", "close"),
         Case::get("new connection while failed", "/")
             .listener(2)
             .expect("response.header.connection", "close"),
+        Case::admin(
+            "connections drain-closed",
+            "GET",
+            "/stats?filter=^http\\.(inbound|outbound|undirected)\\.downstream_cx_drain_close$",
+        )
+        .expect(
+            "body",
+            "http.inbound.downstream_cx_drain_close: 1\nhttp.outbound.downstream_cx_drain_close: 1\nhttp.undirected.downstream_cx_drain_close: 2\n",
+        ),
         Case::admin("ok", "POST", "/healthcheck/ok").expect("body", "OK\n"),
         Case::admin("ready again", "GET", "/ready").expect("body", "LIVE\n"),
         server_state("state again", "0", "1"),

@@ -328,6 +328,7 @@ where
             // with `connection: close` (hyper's server then closes), HTTP/2 with a GOAWAY.
             if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS && ctx.drain_close() {
                 if version < http::Version::HTTP_2 {
+                    ctx.hcm.stats.cx_drain_close.inc();
                     resp.headers_mut().insert(
                         http::header::CONNECTION,
                         http::HeaderValue::from_static("close"),
@@ -359,6 +360,7 @@ where
             biased;
             () = goaway.notified(), if !told => {
                 told = true;
+                ctx.hcm.stats.cx_drain_close.inc();
                 conn.as_mut().graceful_shutdown();
             }
             result = conn.as_mut() => break result,

@@ -88,8 +88,8 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 impl Conn {
-    /// One HTTP/1.1 request; observes the status, the `connection` header and the body
-    /// (framed by `content-length`).
+    /// One HTTP/1.1 request without a body; observes the status, the `connection` header and
+    /// the response body (framed by `content-length`).
     async fn h1_exchange(
         &mut self,
         case: &Case,

@@ -129,8 +129,12 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             () = client_gone(&mut stream, &mut reading) => return,
         };
         // A draining server answers with `connection: close` and closes, as Envoy does.
+        let drain = ctx.drain_close();
+        if drain {
+            ctx.hcm.stats.cx_drain_close.inc();
+        }
         let asked = Asked {
-            close: asked.close || ctx.drain_close(),
+            close: asked.close || drain,
             ..asked
         };
         if !response::write(
