@@ -1290,3 +1290,20 @@ async fn drain_listeners_skip_exit() {
     ];
     run_with_args("lifecycle", &["--drain-time-s", "1"], &cases).await;
 }
+
+/// A request with both `content-length` and `transfer-encoding` counts as a 400 request, as
+/// in Envoy, on revoy's own HTTP/1.1 path and on hyper's (after an absolute-form request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_counted() {
+    let cases = [
+        Case::raw("ambiguous first request", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(2)
+            .expect("status", "400"),
+        Case::conversation("ambiguous request on a connection hyper serves", b"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\nPOST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(2)
+            .expect("responses", "200 -, 400 -"),
+        Case::admin("counted", "GET", "/stats?filter=^http\\.undirected\\.downstream_rq_(total|2xx|4xx)$")
+            .expect("body", "http.undirected.downstream_rq_2xx: 1\nhttp.undirected.downstream_rq_4xx: 2\nhttp.undirected.downstream_rq_total: 3\n"),
+    ];
+    run("lifecycle", &cases).await;
+}

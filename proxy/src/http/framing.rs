@@ -13,6 +13,8 @@
 
 use bytes::BytesMut;
 
+use super::HcmStats;
+
 /// What hyper's parser refuses (a control character in the method) in place of an ambiguous
 /// head.
 const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
@@ -47,16 +49,23 @@ pub(super) struct Framing {
     /// A head longer than this is handed on as it is and the following ends (hyper and the
     /// connection manager's limits refuse it).
     max_head: usize,
+    /// Where a refused request is counted (a 400, as Envoy counts it).
+    stats: Option<HcmStats>,
 }
 
 impl Framing {
-    /// Follows a connection's requests from its first byte.
-    pub(super) fn new(allow_chunked_length: bool, max_head: usize) -> Framing {
+    /// Follows a connection's requests from its first byte, counting refused ones in `stats`.
+    pub(super) fn new(
+        allow_chunked_length: bool,
+        max_head: usize,
+        stats: Option<HcmStats>,
+    ) -> Framing {
         Framing {
             state: State::Head,
             allow_chunked_length,
             held: Vec::new(),
             max_head,
+            stats,
         }
     }
 
@@ -67,6 +76,7 @@ impl Framing {
             allow_chunked_length: false,
             held: Vec::new(),
             max_head: 0,
+            stats: None,
         }
     }
 
@@ -217,6 +227,10 @@ impl Framing {
                 State::ChunkSize
             } else {
                 // Nothing after it goes on: hyper refuses this and closes.
+                if let Some(stats) = &self.stats {
+                    stats.rq_total.inc();
+                    stats.response(400);
+                }
                 out.extend_from_slice(REFUSED_HEAD);
                 self.state = State::Refused;
                 return;
@@ -255,7 +269,7 @@ mod tests {
     use super::*;
 
     fn through(allow: bool, parts: &[&[u8]]) -> String {
-        let mut f = Framing::new(allow, 64 * 1024);
+        let mut f = Framing::new(allow, 64 * 1024, None);
         let mut out = BytesMut::new();
         for p in parts {
             f.feed(p, &mut out);

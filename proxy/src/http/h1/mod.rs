@@ -106,6 +106,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
                     Head::Ambiguous => {
+                        ctx.hcm.stats.rq_total.inc();
+                        ctx.hcm.stats.response(400);
                         let reply = super::envoy_errors::bad_request(None);
                         if stream.write_all(&reply).await.is_ok() {
                             let _ = stream.shutdown().await;
@@ -229,6 +231,7 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
     let framing = super::framing::Framing::new(
         cfg.allow_chunked_length,
         cfg.max_request_headers_kb as usize * 1024,
+        Some(ctx.hcm.stats.clone()),
     );
     let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing);
     super::serve_io(io, ctx, codec).await;
