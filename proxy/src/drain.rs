@@ -3,7 +3,8 @@
 //! (`/healthcheck/fail`) or its listener is draining (`/drain_listeners`).
 //!
 //! As in Envoy 1.40 (each probed): a failed health check tells every connection at once,
-//! whatever `--drain-strategy`; a listener drain (`/drain_listeners`, with or without
+//! whatever `--drain-strategy`, except on listeners with `drain_type: MODIFY_ONLY`; a listener
+//! drain (`/drain_listeners`, with or without
 //! `graceful` or `skip_exit`) tells connections per `--drain-strategy`: `immediate` at once,
 //! `gradual` (the default) with a chance that grows from 0 to 1 over `--drain-time-s`.
 //! Connections are told on their next response; idle ones are left alone.
@@ -35,6 +36,15 @@ impl Strategy {
             )),
         }
     }
+}
+
+/// What of a listener decides whether a drain concerns it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scope {
+    /// `traffic_direction: INBOUND` (`/drain_listeners?inboundonly`).
+    pub inbound: bool,
+    /// `drain_type: MODIFY_ONLY` (not drained by `/healthcheck/fail`).
+    pub modify_only: bool,
 }
 
 /// The process's drain state, read by every connection on each response.
@@ -91,15 +101,17 @@ impl Drain {
         self.any.store(any, Ordering::Relaxed);
     }
 
-    /// Whether a connection of an (inbound or not) listener should close after its current
-    /// response (Envoy's `DrainManager::drainClose`).
-    pub fn close_connection(&self, inbound: bool) -> bool {
+    /// Whether a connection of a listener (inbound or not, drained by health checks unless
+    /// `drain_type: MODIFY_ONLY`) should close after its current response (Envoy's
+    /// `DrainManager::drainClose`).
+    pub fn close_connection(&self, listener: Scope) -> bool {
         if !self.any.load(Ordering::Relaxed) {
             return false;
         }
-        if self.health_failed() {
+        if self.health_failed() && !listener.modify_only {
             return true;
         }
+        let inbound = listener.inbound;
         let started = match (self.all.get(), self.inbound.get().filter(|_| inbound)) {
             (Some(a), Some(i)) => *a.min(i),
             (Some(s), None) | (None, Some(s)) => *s,
@@ -126,24 +138,45 @@ fn gradual(elapsed: Duration, drain_time: Duration, rng: &mut impl Rng) -> bool 
 mod tests {
     use super::*;
 
+    const INBOUND: Scope = Scope {
+        inbound: true,
+        modify_only: false,
+    };
+    const OTHER: Scope = Scope {
+        inbound: false,
+        modify_only: false,
+    };
+    const MODIFY_ONLY: Scope = Scope {
+        inbound: false,
+        modify_only: true,
+    };
+
     #[test]
     fn nothing_closes_until_something_drains() {
         let d = Drain::new(Strategy::Immediate, Duration::from_secs(600));
-        assert!(!d.close_connection(true) && !d.close_connection(false));
+        assert!(!d.close_connection(INBOUND) && !d.close_connection(OTHER));
         d.start(true);
-        assert!(d.close_connection(true), "inbound listeners drain");
-        assert!(!d.close_connection(false), "the others do not");
+        assert!(d.close_connection(INBOUND), "inbound listeners drain");
+        assert!(!d.close_connection(OTHER), "the others do not");
         d.start(false);
-        assert!(d.close_connection(false));
+        assert!(d.close_connection(OTHER));
+        assert!(
+            d.close_connection(MODIFY_ONLY),
+            "a listener drain drains them all"
+        );
     }
 
     #[test]
     fn a_failed_health_check_closes_at_once_whatever_the_strategy() {
         let d = Drain::new(Strategy::Gradual, Duration::from_secs(600));
         d.set_health_failed(true);
-        assert!(d.close_connection(false));
+        assert!(d.close_connection(OTHER));
+        assert!(
+            !d.close_connection(MODIFY_ONLY),
+            "MODIFY_ONLY listeners are spared"
+        );
         d.set_health_failed(false);
-        assert!(!d.close_connection(false));
+        assert!(!d.close_connection(OTHER));
     }
 
     #[test]

@@ -1053,7 +1053,7 @@ fn held_h2(name: &'static str, conn: &'static str, listener: usize) -> Case {
 /// `/healthcheck/fail` until `/healthcheck/ok`: `/ready` answers 503 `DRAINING`, the server
 /// state is DRAINING and not live, and every connection is told to close on its next response
 /// (HTTP/1.1 `connection: close`, HTTP/2 a GOAWAY), whatever `--drain-strategy` (the default,
-/// gradual, here).
+/// gradual, here), except on a `drain_type: MODIFY_ONLY` listener.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn healthcheck_fail() {
     let cases = [
@@ -1079,6 +1079,9 @@ async fn healthcheck_fail() {
         Case::get("new connection while failed", "/")
             .listener(2)
             .expect("response.header.connection", "close"),
+        Case::get("MODIFY_ONLY listener while failed", "/")
+            .listener(3)
+            .expect("response.header.connection", "<missing>"),
         Case::admin(
             "connections drain-closed",
             "GET",
@@ -1240,6 +1243,9 @@ async fn drain_listeners() {
         .expect("error", "no response"),
         held_h1("open outbound h1 connection after drain all", "out", 1)
             .expect("response.header.connection", "close"),
+        Case::get("MODIFY_ONLY listener after drain all", "/")
+            .listener(3)
+            .expect("error", "no response"),
         Case::admin("ready after drain all", "GET", "/ready").expect("body", "LIVE\n"),
     ];
     run_with_args("lifecycle", &["--drain-strategy", "immediate"], &cases).await;

@@ -67,15 +67,15 @@ pub struct ConnContext {
     pub local: SocketAddr,
     /// Original destination, when the connection was redirected.
     pub original_dst: Option<SocketAddr>,
-    /// The listener's `traffic_direction` is INBOUND (`/drain_listeners?inboundonly`).
-    pub inbound: bool,
+    /// Which drains concern the listener (`traffic_direction`, `drain_type`).
+    pub drain_scope: crate::drain::Scope,
 }
 
 impl ConnContext {
     /// Whether the connection should be told to close with its current response (a failed
     /// health check or a draining listener, see [`crate::drain`]).
     fn drain_close(&self) -> bool {
-        self.shared.drain.close_connection(self.inbound)
+        self.shared.drain.close_connection(self.drain_scope)
     }
 }
 

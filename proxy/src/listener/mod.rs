@@ -229,7 +229,10 @@ impl Listener {
                     down: Downstream { peer, tls },
                     local: destination,
                     original_dst: original,
-                    inbound: self.config.inbound,
+                    drain_scope: crate::drain::Scope {
+                        inbound: self.config.inbound,
+                        modify_only: self.config.drain_modify_only,
+                    },
                 };
                 match tls {
                     None => http::serve(stream, Arc::new(ctx(false))).await,
