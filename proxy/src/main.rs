@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use revoy::cli::{Mode, Options, version_line};
 use revoy::config::bootstrap::compile_bootstrap;
+use revoy::config::{Severity, Warnings};
 
 /// The default example (`revoy example`): a front proxy that needs no other server.
 const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
@@ -57,20 +58,25 @@ fn main() -> ExitCode {
     for (path, type_url) in &loaded.unknown_types {
         tracing::warn!(%path, %type_url, "unknown extension type kept as an opaque config");
     }
-    let mut warnings = Vec::new();
+    let mut warnings = Warnings::new();
     let compiled = match compile_bootstrap(&loaded.bootstrap, &mut warnings) {
         Ok(c) => c,
         Err(e) => return fail(&opts, &e.to_string()),
     };
     for w in &warnings {
-        tracing::warn!("{w}");
+        match w.severity {
+            Severity::FailsClosed => tracing::error!("{w}"),
+            _ => tracing::warn!("{w}"),
+        }
     }
     drop(loaded);
     revoy::memory::release_idle_pages();
     match opts.mode {
         Mode::Validate => {
             for l in &compiled.listeners {
-                for c in l.chains.iter().chain(l.default_chain.iter()) {
+                // A refused chain never builds its TLS context: it is listed as failing closed.
+                let served = l.chains.iter().chain(&l.default_chain);
+                for c in served.filter(|c| c.refused.is_none()) {
                     if let Some(Err(e)) = c.tls.as_ref().map(revoy::tls::downstream) {
                         let msg = format!(
                             "listener '{}' filter chain '{}': transport_socket: {e}",
@@ -80,8 +86,7 @@ fn main() -> ExitCode {
                     }
                 }
             }
-            println!("configuration '{}' OK", opts.config_path);
-            ExitCode::SUCCESS
+            validate_verdict(&opts, &warnings)
         }
         Mode::InitOnly => ExitCode::SUCCESS,
         Mode::Serve => match revoy::server::run(compiled, opts) {
@@ -93,6 +98,32 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// `--mode validate`'s answer for a config that compiled: every feature it uses that revoy
+/// does not implement is listed on stdout, and the exit is 1 when one of them fails closed
+/// (revoy would refuse traffic that Envoy serves), else 0 with Envoy's "OK" line.
+fn validate_verdict(opts: &Options, warnings: &Warnings) -> ExitCode {
+    let unimplemented: Vec<_> = warnings
+        .iter()
+        .filter(|w| w.severity != Severity::Note)
+        .collect();
+    for w in &unimplemented {
+        println!("{w}");
+    }
+    if warnings.any_fails_closed() {
+        let n = unimplemented
+            .iter()
+            .filter(|w| w.severity == Severity::FailsClosed)
+            .count();
+        eprintln!(
+            "configuration '{}' uses {n} feature(s) revoy does not implement and refuses traffic for (fails closed)",
+            opts.config_path
+        );
+        return ExitCode::FAILURE;
+    }
+    println!("configuration '{}' OK", opts.config_path);
+    ExitCode::SUCCESS
 }
 
 /// Reports a configuration error the way Envoy does and exits 1.

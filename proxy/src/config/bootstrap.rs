@@ -7,7 +7,7 @@ use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 
 use super::cluster::{ClusterConfig, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
-use super::{ConfigError, Warnings};
+use super::{ConfigError, Severity, Warning, Warnings};
 use crate::stats::tags::{StatsTags, TagProducer, TagSpec};
 
 /// A compiled bootstrap.
@@ -23,6 +23,13 @@ pub struct BootstrapConfig {
     pub proto: proto::Encoded<Bootstrap>,
     /// How stat names split into tags (`stats_config`), for `/stats/prometheus`.
     pub stats_tags: std::sync::Arc<StatsTags>,
+    /// Why the server cannot become LIVE: the bootstrap's `dynamic_resources` ask for
+    /// listeners or clusters from xDS, which revoy does not implement yet, so it never
+    /// reports ready with only part of its config.
+    pub awaits_xds: Option<String>,
+    /// The features this bootstrap uses that revoy does not implement (skipped, or failing
+    /// closed), for `/config_dump`.
+    pub unimplemented: Vec<Warning>,
 }
 
 /// Compiles a bootstrap. Errors name the field path from the document root.
@@ -30,6 +37,7 @@ pub fn compile_bootstrap(
     b: &Bootstrap,
     warnings: &mut Warnings,
 ) -> Result<BootstrapConfig, ConfigError> {
+    let first = warnings.len();
     let admin = b
         .admin
         .as_ref()
@@ -49,11 +57,24 @@ pub fn compile_bootstrap(
         }
         let compiled = compile_cluster(c).map_err(|e| e.within(&path))?;
         if !compiled.unreachable_endpoints.is_empty() {
-            warnings.push(format!(
-                "{path}: cluster '{}' has endpoints revoy cannot connect to yet ({}); requests to them get 'no healthy upstream'",
-                compiled.name,
-                compiled.unreachable_endpoints.join(", ")
-            ));
+            warnings.skipped(
+                &path,
+                format!(
+                    "cluster '{}' has endpoints revoy cannot connect to yet ({}); requests to them get 'no healthy upstream'",
+                    compiled.name,
+                    compiled.unreachable_endpoints.join(", ")
+                ),
+            );
+        }
+        super::cluster::skipped_features(c, &path, warnings);
+        for (field, why) in compiled.transport.refusals() {
+            warnings.fails_closed(
+                format!("{path}.{field}"),
+                format!(
+                    "cluster '{}': {why}; requests to the hosts it applies to fail (503, UF)",
+                    compiled.name
+                ),
+            );
         }
         clusters.push(compiled);
     }
@@ -64,7 +85,7 @@ pub fn compile_bootstrap(
         let path = format!("static_resources.listeners[{i}]");
         let before = warnings.len();
         let compiled = compile_listener(l, Some(&known), warnings).map_err(|e| e.within(&path))?;
-        super::prefix_warnings(warnings, before, &path);
+        warnings.prefix_since(before, &path);
         if listeners.iter().any(|o| o.name == compiled.name) {
             return Err(ConfigError::new(
                 path,
@@ -88,13 +109,78 @@ pub fn compile_bootstrap(
         }
         listeners.push(compiled);
     }
+    skipped_features(b, warnings);
     Ok(BootstrapConfig {
+        unimplemented: warnings
+            .iter()
+            .skip(first)
+            .filter(|w| w.severity != Severity::Note)
+            .cloned()
+            .collect(),
+        awaits_xds: awaits_xds(b),
         admin,
         listeners,
         clusters,
         stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
         proto: proto::Encoded::new(b),
     })
+}
+
+/// What in `dynamic_resources` revoy cannot serve yet, if anything.
+fn awaits_xds(b: &Bootstrap) -> Option<String> {
+    let d = b.dynamic_resources.as_ref()?;
+    let wanted: Vec<&str> = [
+        (
+            d.lds_config.is_some() || !d.lds_resources_locator.is_empty(),
+            "listeners (LDS)",
+        ),
+        (
+            d.cds_config.is_some() || !d.cds_resources_locator.is_empty(),
+            "clusters (CDS)",
+        ),
+        (d.ads_config.is_some(), "an ADS stream's resources"),
+    ]
+    .into_iter()
+    .filter_map(|(set, what)| set.then_some(what))
+    .collect();
+    (!wanted.is_empty()).then(|| {
+        format!(
+            "{} come from xDS, which revoy does not implement yet; the server stays INITIALIZING (not ready) and serves only its static resources",
+            wanted.join(" and ")
+        )
+    })
+}
+
+/// Records the bootstrap's settings that revoy does not act on.
+#[allow(deprecated)] // `tracing` is deprecated in the bootstrap, but configs still set it.
+fn skipped_features(b: &Bootstrap, warnings: &mut Warnings) {
+    if let Some(why) = awaits_xds(b) {
+        warnings.skipped("dynamic_resources", why);
+    }
+    if b.tracing.is_some() {
+        warnings.skipped(
+            "tracing",
+            "tracing is not implemented by revoy; no spans are sent",
+        );
+    }
+    if !b.stats_sinks.is_empty() {
+        warnings.skipped(
+            "stats_sinks",
+            "stats sinks are not implemented by revoy; stats are only served by the admin API",
+        );
+    }
+    if b.overload_manager.is_some() {
+        warnings.skipped(
+            "overload_manager",
+            "the overload manager is not implemented by revoy; no load is shed",
+        );
+    }
+    if b.hds_config.is_some() {
+        warnings.skipped(
+            "hds_config",
+            "health discovery (HDS) is not implemented by revoy",
+        );
+    }
 }
 
 /// `stats_config`'s tag specifiers. One revoy cannot compile (an ECMAScript construct the
@@ -115,7 +201,10 @@ fn stats_tags(b: &Bootstrap, warnings: &mut Warnings) -> StatsTags {
         let one = [(t.tag_name.clone(), spec.clone())];
         match TagProducer::with(false, &one) {
             Ok(_) => specs.push((t.tag_name.clone(), spec)),
-            Err(e) => warnings.push(format!("stats_config.stats_tags[{i}]: {e}; tag left out")),
+            Err(e) => warnings.skipped(
+                format!("stats_config.stats_tags[{i}]"),
+                format!("{e}; tag left out"),
+            ),
         }
     }
     StatsTags::new(use_defaults, specs)

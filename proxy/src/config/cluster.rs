@@ -13,6 +13,7 @@ use proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
 };
 
 use super::ConfigError;
+use super::upstream_transport::{Refusal, UpstreamTransport};
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -35,6 +36,8 @@ pub struct ClusterConfig {
     /// Endpoints revoy accepts but cannot connect to yet (unix `pipe`s, internal listeners),
     /// described as `pipe:<path>` / `internal:<listener>`; the server logs them at start-up.
     pub unreachable_endpoints: Vec<String>,
+    /// Which hosts are connected to in plaintext, and why the others are refused.
+    pub transport: UpstreamTransport,
     /// How a host is picked.
     pub lb_policy: LbPolicy,
     /// `connect_timeout` (default 5 s).
@@ -191,6 +194,9 @@ pub struct EndpointConfig {
     pub health: HealthStatus,
     /// `endpoint.hostname`.
     pub hostname: String,
+    /// Why connections to it are refused: its transport socket is one revoy does not
+    /// implement (see [`UpstreamTransport`]).
+    pub transport_refused: Option<Refusal>,
 }
 
 /// Load balancing policy.
@@ -235,7 +241,7 @@ pub enum UpstreamProtocol {
 }
 
 /// Circuit breaker thresholds for one routing priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Thresholds {
     /// `max_connections` (default 1024).
     pub max_connections: u32,
@@ -245,6 +251,32 @@ pub struct Thresholds {
     pub max_requests: u32,
     /// `max_retries` (default 3).
     pub max_retries: u32,
+    /// `retry_budget`, which replaces `max_retries` when set.
+    pub retry_budget: Option<RetryBudget>,
+}
+
+/// A retry budget: concurrent retries as a share of the requests active or pending.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryBudget {
+    /// `budget_percent` (default 20).
+    pub percent: f64,
+    /// `min_retry_concurrency` (default 3): retries always allowed, whatever the share.
+    pub min_concurrency: u32,
+}
+
+impl Thresholds {
+    /// How many retries may be in flight at once, with `active` requests sent and `pending`
+    /// waiting for a connection: the retry budget's share (at least its floor), else
+    /// `max_retries`.
+    pub fn retry_limit(&self, active: u64, pending: u64) -> u64 {
+        match self.retry_budget {
+            Some(b) => {
+                let share = (b.percent / 100.0 * (active + pending) as f64) as u64;
+                share.max(u64::from(b.min_concurrency))
+            }
+            None => u64::from(self.max_retries),
+        }
+    }
 }
 
 impl Default for Thresholds {
@@ -254,6 +286,46 @@ impl Default for Thresholds {
             max_pending_requests: 1024,
             max_requests: 1024,
             max_retries: 3,
+            retry_budget: None,
+        }
+    }
+}
+
+/// Records the cluster's settings that revoy does not act on (`path`: the cluster's field
+/// path). None of them has a security effect; the transport socket, which has, is refused
+/// instead (see [`UpstreamTransport`]).
+pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings) {
+    let skipped = [
+        (
+            !c.health_checks.is_empty(),
+            "health_checks",
+            "active health checks are not implemented by revoy; every host counts as healthy",
+        ),
+        (
+            c.outlier_detection.is_some(),
+            "outlier_detection",
+            "outlier detection is not implemented by revoy; no host is ejected",
+        ),
+        (
+            c.lb_subset_config.is_some(),
+            "lb_subset_config",
+            "load-balancer subsets are not implemented by revoy; a route's metadata_match picks from every host",
+        ),
+    ];
+    for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
+        warnings.skipped(format!("{path}.{field}"), *what);
+    }
+    let thresholds = c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds);
+    for (i, t) in thresholds.enumerate() {
+        if t.retry_budget
+            .as_ref()
+            .and_then(|b| b.budget_interval.as_ref())
+            .is_some_and(|d| d.seconds > 0 || d.nanos > 0)
+        {
+            warnings.skipped(
+                format!("{path}.circuit_breakers.thresholds[{i}].retry_budget.budget_interval"),
+                "a retry budget interval is not implemented by revoy; the budget counts the requests active now",
+            );
         }
     }
 }
@@ -280,8 +352,11 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     }
     let discovery = discovery(c)?;
     let lb_policy = lb_policy(c, &discovery)?;
+    let transport = UpstreamTransport::compile(c);
     let (endpoints, unreachable_endpoints) = match &c.load_assignment {
-        Some(la) => endpoints(la, &discovery).map_err(|e| e.within("load_assignment"))?,
+        Some(la) => {
+            endpoints(la, &discovery, &transport).map_err(|e| e.within("load_assignment"))?
+        }
         None => (Vec::new(), Vec::new()),
     };
     if discovery == Discovery::LogicalDns && endpoints.len() + unreachable_endpoints.len() != 1 {
@@ -341,6 +416,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
         },
         discovery,
         endpoints,
+        transport,
         lb_policy,
         connect_timeout,
         dns_refresh_rate,
@@ -446,9 +522,11 @@ fn lb_policy(c: &Cluster, discovery: &Discovery) -> Result<LbPolicy, ConfigError
     Ok(policy)
 }
 
+/// The endpoints of a load assignment, each with its transport.
 fn endpoints(
     la: &ClusterLoadAssignment,
     discovery: &Discovery,
+    transport: &UpstreamTransport,
 ) -> Result<(Vec<EndpointConfig>, Vec<String>), ConfigError> {
     let mut out = Vec::new();
     let mut unreachable = Vec::new();
@@ -501,6 +579,8 @@ fn endpoints(
                 locality: locality.clone(),
                 health: HealthStatus::from_proto(lbe.health_status),
                 hostname: ep.hostname.clone(),
+                transport_refused: transport
+                    .refusal_for(lbe.metadata.as_ref(), lle.metadata.as_ref()),
             });
         }
     }
@@ -688,6 +768,12 @@ fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
         }
         if let Some(v) = &t.max_retries {
             slot.max_retries = v.value;
+        }
+        if let Some(b) = &t.retry_budget {
+            slot.retry_budget = Some(RetryBudget {
+                percent: b.budget_percent.as_ref().map_or(20.0, |p| p.value),
+                min_concurrency: b.min_retry_concurrency.as_ref().map_or(3, |v| v.value),
+            });
         }
     }
     out

@@ -69,6 +69,9 @@ pub enum Routes {
 /// A compiled HTTP connection manager.
 #[derive(Debug, Clone)]
 pub struct HcmConfig {
+    /// Why every request is denied (403), when the filter chain carries a filter that controls
+    /// access and that revoy does not implement (see [`super::fail_closed`]).
+    pub denied: Option<Arc<str>>,
     /// `stat_prefix`: stats are `http.<stat_prefix>.*`.
     pub stat_prefix: String,
     /// Downstream codec.
@@ -128,6 +131,32 @@ pub struct HcmConfig {
     pub max_request_headers_kb: u32,
 }
 
+/// Records the connection manager's settings that revoy does not act on (none of them has a
+/// security effect).
+fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
+    if hcm.local_reply_config.is_some() {
+        warnings.skipped(
+            "local_reply_config",
+            "local reply mappers are not implemented by revoy; local replies keep Envoy's default bodies",
+        );
+    }
+    if hcm.tracing.is_some() {
+        warnings.skipped(
+            "tracing",
+            "tracing is not implemented by revoy; no spans are sent",
+        );
+    }
+    if !hcm.access_log.is_empty() {
+        warnings.skipped(
+            "access_log",
+            format!(
+                "access logs are not implemented by revoy; {} access log(s) not written",
+                hcm.access_log.len()
+            ),
+        );
+    }
+}
+
 fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
     let d = Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32);
     (!d.is_zero()).then_some(d)
@@ -141,6 +170,12 @@ pub fn compile_hcm(
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
 ) -> Result<HcmConfig, ConfigError> {
+    if hcm.stat_prefix.is_empty() {
+        return Err(ConfigError::new(
+            "stat_prefix",
+            "value length must be at least 1 characters",
+        ));
+    }
     let routes = match &hcm.route_specifier {
         Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
             super::route::compile_route_config(rc, clusters)
@@ -162,6 +197,7 @@ pub fn compile_hcm(
     };
     let mut suppress_envoy_headers = false;
     let mut saw_router = false;
+    let mut denied = None;
     for (i, f) in hcm.http_filters.iter().enumerate() {
         let type_url = match &f.config_type {
             Some(http_filter::ConfigType::TypedConfig(any)) => any.type_url.as_str(),
@@ -180,17 +216,39 @@ pub fn compile_hcm(
                 suppress_envoy_headers = router.suppress_envoy_headers;
             }
             saw_router = true;
-        } else {
-            warnings.push(format!(
-                "http_filters[{i}]: HTTP filter '{}' ({}) is not implemented by revoy; requests pass through without it",
+        } else if super::fail_closed::filter_fails_closed(&f.name, type_name) {
+            let what = format!(
+                "HTTP filter '{}' ({}) is not implemented by revoy",
                 f.name,
-                if type_url.is_empty() { "no typed_config" } else { type_url }
-            ));
+                if type_url.is_empty() {
+                    "no typed_config"
+                } else {
+                    type_url
+                }
+            );
+            warnings.fails_closed(
+                format!("http_filters[{i}]"),
+                format!("{what}; every request on this connection manager is denied (403)"),
+            );
+            denied.get_or_insert_with(|| Arc::from(format!("access denied: {what}")));
+        } else {
+            warnings.skipped(
+                format!("http_filters[{i}]"),
+                format!(
+                    "HTTP filter '{}' ({}) is not implemented by revoy; requests pass through without it",
+                    f.name,
+                    if type_url.is_empty() { "no typed_config" } else { type_url }
+                ),
+            );
         }
     }
     if !saw_router {
-        warnings.push("http_filters: no router filter; requests get a 404 like Envoy without a terminal filter".into());
+        warnings.note(
+            "http_filters",
+            "no router filter; requests get a 404 like Envoy without a terminal filter",
+        );
     }
+    skipped_features(hcm, warnings);
     let internal_ranges = hcm
         .internal_address_config
         .iter()
@@ -202,6 +260,7 @@ pub fn compile_hcm(
         .as_ref()
         .map_or(Some(Duration::from_secs(300)), duration);
     Ok(HcmConfig {
+        denied,
         stat_prefix: hcm.stat_prefix.clone(),
         codec: match hcm.codec_type {
             1 => Codec::Http1,

@@ -36,6 +36,11 @@ pub struct ChainConfig {
     pub terminal: Terminal,
     /// `transport_socket` as a `DownstreamTlsContext`, when the chain terminates TLS.
     pub tls: Option<DownstreamTlsContext>,
+    /// Why every connection this chain is chosen for is closed at once: it needs a feature
+    /// revoy does not implement and that must not be skipped (a network filter that controls
+    /// access, SDS certificates, a client-certificate check revoy cannot make, TLS in front of
+    /// tcp_proxy).
+    pub refused: Option<Arc<str>>,
 }
 
 /// Listener filters revoy implements.
@@ -156,6 +161,7 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut refused: Option<String> = None;
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
         let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
@@ -172,20 +178,48 @@ fn compile_chain(
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
                 let before = warnings.len();
                 let compiled = compile_hcm(&hcm, clusters, warnings);
-                super::prefix_warnings(warnings, before, &format!("{fpath}.typed_config"));
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
                 let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
+                if !tcp.access_log.is_empty() {
+                    warnings.skipped(
+                        format!("{fpath}.typed_config.access_log"),
+                        "access logs are not implemented by revoy; not written",
+                    );
+                }
+                if tcp.tunneling_config.is_some() {
+                    let what = "tcp_proxy tunneling_config (TCP over HTTP CONNECT) is not implemented by revoy";
+                    warnings.fails_closed(
+                        format!("{fpath}.typed_config.tunneling_config"),
+                        format!("{what}; connections on this chain are refused rather than sent untunnelled"),
+                    );
+                    refused.get_or_insert_with(|| what.to_owned());
+                }
                 let compiled = super::tcp_proxy::compile_tcp_proxy(&tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
             }
-            other => warnings.push(format!(
-                "{fpath}: network filter '{}' ({other}) is not implemented by revoy; skipped",
-                f.name
-            )),
+            other if super::fail_closed::filter_fails_closed(&f.name, other) => {
+                let what = format!(
+                    "network filter '{}' ({other}) is not implemented by revoy",
+                    f.name
+                );
+                warnings.fails_closed(
+                    fpath,
+                    format!("{what}; connections on this chain are refused"),
+                );
+                refused.get_or_insert(what);
+            }
+            other => warnings.skipped(
+                fpath,
+                format!(
+                    "network filter '{}' ({other}) is not implemented by revoy; skipped",
+                    f.name
+                ),
+            ),
         }
     }
     let terminal = terminal.ok_or_else(|| {
@@ -195,12 +229,31 @@ fn compile_chain(
         )
     })?;
     if tls.is_some() && matches!(terminal, Terminal::Tcp(_)) {
-        warnings.push(format!(
-            "{path}.transport_socket: TLS termination in front of tcp_proxy is not implemented; connections on this chain are refused"
-        ));
+        let what = "TLS termination in front of tcp_proxy is not implemented by revoy";
+        warnings.fails_closed(
+            format!("{path}.transport_socket"),
+            format!("{what}; connections on this chain are refused"),
+        );
+        refused.get_or_insert_with(|| what.to_owned());
+    }
+    if let Some(ctx) = &tls {
+        for (field, what) in tls_unimplemented(ctx) {
+            warnings.fails_closed(
+                format!("{path}.transport_socket.typed_config.{field}"),
+                format!("{what}; connections on this chain are refused"),
+            );
+            refused.get_or_insert(what);
+        }
+        for (field, what) in tls_skipped(ctx) {
+            warnings.skipped(
+                format!("{path}.transport_socket.typed_config.{field}"),
+                what,
+            );
+        }
     }
     Ok(ChainConfig {
         tls,
+        refused: refused.map(Arc::from),
         name: if chain.name.is_empty() {
             path.rsplit('.').next().unwrap_or(path).to_owned()
         } else {
@@ -209,6 +262,129 @@ fn compile_chain(
         matcher,
         terminal,
     })
+}
+
+/// What a `DownstreamTlsContext` asks for that revoy cannot do, by field: each would let a
+/// connection through that Envoy refuses (or could not serve at all), so the chain refuses
+/// every connection instead.
+#[allow(deprecated)] // match_subject_alt_names: still in configs, so still checked.
+fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
+    let mut out = Vec::new();
+    let Some(common) = &ctx.common_tls_context else {
+        return out;
+    };
+    if common.tls_certificates.is_empty() && !common.tls_certificate_sds_secret_configs.is_empty() {
+        out.push((
+            "common_tls_context.tls_certificate_sds_secret_configs".to_owned(),
+            "TLS certificates from SDS are not implemented by revoy".to_owned(),
+        ));
+    }
+    let validation = match &common.validation_context_type {
+        Some(ValidationContextType::ValidationContext(v)) => {
+            Some(("common_tls_context.validation_context", v))
+        }
+        Some(ValidationContextType::CombinedValidationContext(c)) => {
+            if c.validation_context_sds_secret_config.is_some() {
+                out.push((
+                    "common_tls_context.combined_validation_context.validation_context_sds_secret_config"
+                        .to_owned(),
+                    "a client-certificate validation context from SDS is not implemented by revoy"
+                        .to_owned(),
+                ));
+            }
+            c.default_validation_context.as_ref().map(|v| {
+                (
+                    "common_tls_context.combined_validation_context.default_validation_context",
+                    v,
+                )
+            })
+        }
+        Some(ValidationContextType::ValidationContextSdsSecretConfig(_)) => {
+            out.push((
+                "common_tls_context.validation_context_sds_secret_config".to_owned(),
+                "a client-certificate validation context from SDS is not implemented by revoy"
+                    .to_owned(),
+            ));
+            None
+        }
+        _ => None,
+    };
+    if let Some((at, v)) = validation {
+        let checks = [
+            (
+                !v.match_typed_subject_alt_names.is_empty(),
+                "match_typed_subject_alt_names",
+            ),
+            (
+                !v.match_subject_alt_names.is_empty(),
+                "match_subject_alt_names",
+            ),
+            (
+                !v.verify_certificate_spki.is_empty(),
+                "verify_certificate_spki",
+            ),
+            (
+                !v.verify_certificate_hash.is_empty(),
+                "verify_certificate_hash",
+            ),
+            (v.crl.is_some(), "crl"),
+            (
+                v.custom_validator_config.is_some(),
+                "custom_validator_config",
+            ),
+        ];
+        for (_, field) in checks.iter().filter(|(set, _)| *set) {
+            out.push((
+                format!("{at}.{field}"),
+                format!("client-certificate check '{field}' is not implemented by revoy"),
+            ));
+        }
+    }
+    out
+}
+
+/// What a `DownstreamTlsContext` sets that revoy leaves to rustls' defaults, by field: none of
+/// it lets a connection through that Envoy would refuse, except `require_sni`, listed here until
+/// it is enforced (see the README's known differences).
+fn tls_skipped(ctx: &DownstreamTlsContext) -> Vec<(&'static str, &'static str)> {
+    let mut out = Vec::new();
+    if ctx.require_sni.as_ref().is_some_and(|b| b.value) {
+        out.push((
+            "require_sni",
+            "require_sni is not enforced by revoy; a client without SNI gets the chain's certificate",
+        ));
+    }
+    if ctx.ocsp_staple_policy != 0 {
+        out.push((
+            "ocsp_staple_policy",
+            "OCSP stapling is not implemented by revoy; no staple is sent",
+        ));
+    }
+    let Some(common) = &ctx.common_tls_context else {
+        return out;
+    };
+    if common.tls_certificates.len() > 1 {
+        out.push((
+            "common_tls_context.tls_certificates",
+            "only the first certificate is served by revoy (no choice by key type or SNI)",
+        ));
+    }
+    if let Some(p) = &common.tls_params {
+        if !p.cipher_suites.is_empty() {
+            out.push((
+                "common_tls_context.tls_params.cipher_suites",
+                "cipher suites are rustls' own (AEAD with forward secrecy only), not this list",
+            ));
+        }
+        if !p.ecdh_curves.is_empty() {
+            out.push((
+                "common_tls_context.tls_params.ecdh_curves",
+                "key exchange groups are rustls' own, not this list",
+            ));
+        }
+    }
+    out
 }
 
 fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFilters {
@@ -221,19 +397,31 @@ fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFi
             _ => "",
         };
         match (type_name, f.name.as_str()) {
-            (t, n) if t.ends_with("original_dst.v3.OriginalDst") || n == "envoy.filters.listener.original_dst" => {
+            (t, n)
+                if t.ends_with("original_dst.v3.OriginalDst")
+                    || n == "envoy.filters.listener.original_dst" =>
+            {
                 out.original_dst = true
             }
-            (t, n) if t.ends_with("tls_inspector.v3.TlsInspector") || n == "envoy.filters.listener.tls_inspector" => {
+            (t, n)
+                if t.ends_with("tls_inspector.v3.TlsInspector")
+                    || n == "envoy.filters.listener.tls_inspector" =>
+            {
                 out.tls_inspector = true
             }
-            (t, n) if t.ends_with("http_inspector.v3.HttpInspector") || n == "envoy.filters.listener.http_inspector" => {
+            (t, n)
+                if t.ends_with("http_inspector.v3.HttpInspector")
+                    || n == "envoy.filters.listener.http_inspector" =>
+            {
                 out.http_inspector = true
             }
-            _ => warnings.push(format!(
-                "listener_filters[{i}]: listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
-                f.name
-            )),
+            _ => warnings.skipped(
+                format!("listener_filters[{i}]"),
+                format!(
+                    "listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
+                    f.name
+                ),
+            ),
         }
     }
     out
@@ -281,6 +469,12 @@ pub fn compile_listener(
         ));
     }
     let filters = compile_listener_filters(l, warnings);
+    if !l.access_log.is_empty() {
+        warnings.skipped(
+            "access_log",
+            "access logs are not implemented by revoy; not written",
+        );
+    }
     Ok(ListenerConfig {
         name: if l.name.is_empty() {
             address.to_string()

@@ -159,9 +159,11 @@ impl Exchange<'_> {
             };
             drop(retrying.take());
             let in_flight = &stats.retries_in_flight;
-            let overflow = retriable
-                && in_flight.load(Ordering::Relaxed)
-                    >= self.cluster.config().circuit_breakers[0].max_retries;
+            let limit = self.cluster.config().circuit_breakers[0].retry_limit(
+                stats.upstream_rq_active.value(),
+                stats.upstream_rq_pending_active.value(),
+            );
+            let overflow = retriable && u64::from(in_flight.load(Ordering::Relaxed)) >= limit;
             let Verdict::RetryAfter(back_off) = state.decide(retriable, overflow, stats) else {
                 return (self.finish(outcome), attempt);
             };

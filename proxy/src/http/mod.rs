@@ -50,7 +50,7 @@ pub struct Hcm {
 impl Hcm {
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
-        let stats = HcmStats::new(store, &config.stat_prefix);
+        let stats = HcmStats::new(store, &config.stat_prefix, config.denied.is_some());
         Hcm { config, stats }
     }
 }

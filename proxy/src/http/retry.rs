@@ -101,9 +101,9 @@ impl Failure {
         match err {
             UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some(Failure::Overflow),
-            UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. } => {
-                Some(Failure::Connect)
-            }
+            UpstreamError::ConnectFailure { .. }
+            | UpstreamError::ConnectTimeout { .. }
+            | UpstreamError::TransportRefused { .. } => Some(Failure::Connect),
             UpstreamError::Reset {
                 reason: ResetReason::RemoteRefusedStreamReset,
                 ..

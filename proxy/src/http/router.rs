@@ -137,6 +137,13 @@ async fn route_and_forward(
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
     }
+    if let Some(why) = &cfg.denied {
+        if let Some(c) = &ctx.hcm.stats.rq_fail_closed {
+            c.inc();
+        }
+        tracing::debug!(reason = %why, "request denied: fail closed");
+        return local_reply(StatusCode::FORBIDDEN, why);
+    }
     if req.method() == http::Method::CONNECT {
         return local_reply(StatusCode::NOT_FOUND, "");
     }

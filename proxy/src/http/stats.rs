@@ -15,11 +15,14 @@ pub struct HcmStats {
     pub rq_class: [Counter; 5],
     /// `downstream_cx_drain_close`: connections told to close because the server drains.
     pub cx_drain_close: Counter,
+    /// `downstream_rq_fail_closed` (revoy's own), present only on a connection manager that
+    /// denies every request for a filter revoy does not implement.
+    pub rq_fail_closed: Option<Counter>,
 }
 
 impl HcmStats {
-    /// Resolves the handles under `http.<prefix>.`.
-    pub fn new(store: &Store, prefix: &str) -> Self {
+    /// Resolves the handles under `http.<prefix>.`; `denies` adds `downstream_rq_fail_closed`.
+    pub fn new(store: &Store, prefix: &str, denies: bool) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
             cx: Connections::new(store, &format!("http.{prefix}")),
@@ -28,6 +31,7 @@ impl HcmStats {
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
+            rq_fail_closed: denies.then(|| store.counter(&name("downstream_rq_fail_closed"))),
         }
     }
 

@@ -27,7 +27,10 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The runtime side of one filter chain.
 enum Chain {
     Http(Arc<Hcm>, Option<DownstreamTls>),
-    Tcp(Arc<crate::tcp::TcpProxy>, bool),
+    Tcp(Arc<crate::tcp::TcpProxy>),
+    /// Every connection is closed at once: the chain needs a feature revoy does not
+    /// implement and must not skip (see [`ChainConfig::refused`]).
+    Refused,
 }
 
 /// A listener with its chains' runtime state and stats handles.
@@ -41,6 +44,8 @@ pub struct Listener {
     cx: Connections,
     cx_destroy: Counter,
     no_filter_chain: Counter,
+    /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
+    fail_closed: Option<Counter>,
 }
 
 impl Listener {
@@ -48,6 +53,13 @@ impl Listener {
     /// Fails when a chain's TLS certificates cannot be loaded.
     pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Result<Self, String> {
         let chain = |c: &ChainConfig| -> Result<Chain, String> {
+            if let Some(why) = &c.refused {
+                tracing::warn!(
+                    listener = %config.name, chain = %c.name,
+                    "{why}; connections on this chain are refused"
+                );
+                return Ok(Chain::Refused);
+            }
             Ok(match &c.terminal {
                 Terminal::Http(h) => {
                     let tls = c
@@ -62,18 +74,12 @@ impl Listener {
                             })
                         })
                         .transpose()?;
-                    if let Some(DownstreamTls::AwaitingSds(names)) = &tls {
-                        tracing::warn!(
-                            listener = %config.name, chain = %c.name, secrets = ?names,
-                            "TLS certificates come from SDS, which revoy does not implement yet; connections on this chain are refused"
-                        );
-                    }
                     Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats)), tls)
                 }
-                Terminal::Tcp(t) => Chain::Tcp(
-                    Arc::new(crate::tcp::TcpProxy::new((**t).clone(), &shared.stats)),
-                    c.tls.is_some(),
-                ),
+                Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new(
+                    (**t).clone(),
+                    &shared.stats,
+                ))),
             })
         };
         let prefix = config.stat_prefix();
@@ -89,6 +95,16 @@ impl Listener {
             no_filter_chain: shared
                 .stats
                 .counter(&format!("{prefix}.no_filter_chain_match")),
+            fail_closed: config
+                .chains
+                .iter()
+                .chain(&config.default_chain)
+                .any(|c| c.refused.is_some())
+                .then(|| {
+                    shared
+                        .stats
+                        .counter(&format!("{prefix}.downstream_cx_fail_closed"))
+                }),
             config,
         })
     }
@@ -247,8 +263,13 @@ impl Listener {
                     Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
             }
-            Chain::Tcp(_, true) => {}
-            Chain::Tcp(proxy, false) => {
+            Chain::Refused => {
+                if let Some(c) = &self.fail_closed {
+                    c.inc();
+                }
+                tracing::debug!(listener = %self.config.name, %peer, "filter chain fails closed; closing");
+            }
+            Chain::Tcp(proxy) => {
                 let lb = LbContext {
                     original_dst: original,
                     ..Default::default()

@@ -128,14 +128,17 @@ impl Cluster {
         let hosts = endpoints
             .iter()
             .filter_map(|e| match &e.address {
-                EndpointAddress::Ip(addr) => Some(Host::new(
-                    *addr,
-                    e.hostname.clone(),
-                    e.weight,
-                    e.priority,
-                    e.locality.clone(),
-                    e.health,
-                )),
+                EndpointAddress::Ip(addr) => Some(
+                    Host::new(
+                        *addr,
+                        e.hostname.clone(),
+                        e.weight,
+                        e.priority,
+                        e.locality.clone(),
+                        e.health,
+                    )
+                    .refusing(e.transport_refused.clone()),
+                ),
                 EndpointAddress::Dns { .. } => None,
             })
             .collect();
@@ -180,6 +183,8 @@ impl Cluster {
             idle_timeout: self.config.idle_timeout,
             max_requests: self.config.max_requests_per_connection,
             http1_trailers: self.config.http1_trailers,
+            max_connections: self.config.circuit_breakers[0].max_connections,
+            max_pending_requests: self.config.circuit_breakers[0].max_pending_requests,
             stats: &self.stats,
         }
     }
@@ -214,14 +219,17 @@ impl Cluster {
             .or_insert_with(|| {
                 self.stats.membership_total.inc();
                 self.stats.membership_healthy.inc();
-                Arc::new(Host::new(
-                    addr,
-                    String::new(),
-                    1,
-                    0,
-                    Locality::default(),
-                    HealthStatus::Healthy,
-                ))
+                Arc::new(
+                    Host::new(
+                        addr,
+                        String::new(),
+                        1,
+                        0,
+                        Locality::default(),
+                        HealthStatus::Healthy,
+                    )
+                    .refusing(self.config.transport.refusal_for(None, None)),
+                )
             })
             .clone()
     }
@@ -313,10 +321,16 @@ impl Cluster {
                     hs.rq_success.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Err(UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. }) => {
+            Err(
+                UpstreamError::ConnectFailure { .. }
+                | UpstreamError::ConnectTimeout { .. }
+                | UpstreamError::TransportRefused { .. },
+            ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
                 self.stats.upstream_rq_pending_failure_eject.inc();
             }
+            // A circuit breaker kept the request from being sent.
+            Err(UpstreamError::Overflow) => {}
             Err(_) => {
                 self.stats.upstream_rq_total.inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);

@@ -62,14 +62,17 @@ fn hosts(endpoints: &[EndpointConfig], addrs: &[Vec<SocketAddr>], logical: bool)
         };
         let take = if logical { 1 } else { addrs.len() };
         for addr in addrs.iter().take(take) {
-            out.push(Host::new(
-                *addr,
-                name.clone(),
-                ep.weight,
-                ep.priority,
-                ep.locality.clone(),
-                ep.health,
-            ));
+            out.push(
+                Host::new(
+                    *addr,
+                    name.clone(),
+                    ep.weight,
+                    ep.priority,
+                    ep.locality.clone(),
+                    ep.health,
+                )
+                .refusing(ep.transport_refused.clone()),
+            );
         }
     }
     out

@@ -19,6 +19,15 @@ pub enum UpstreamError {
         /// The socket error.
         source: std::io::Error,
     },
+    /// No connection was attempted: the host's transport socket is one revoy does not
+    /// implement (upstream TLS), and it is never replaced by plaintext.
+    #[error("connection to {host} refused: {reason}")]
+    TransportRefused {
+        /// The host picked.
+        host: SocketAddr,
+        /// Why.
+        reason: crate::config::upstream_transport::Refusal,
+    },
     /// The TCP connection did not complete within `connect_timeout`.
     #[error("connect to {host} timed out")]
     ConnectTimeout {
@@ -93,6 +102,7 @@ impl UpstreamError {
             UpstreamError::Overflow => Some("overflow"),
             UpstreamError::ConnectFailure { .. } => Some("remote connection failure"),
             UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
+            UpstreamError::TransportRefused { .. } => Some("local connection failure"),
             UpstreamError::Reset { reason, .. } => Some(reason.as_str()),
         }
     }
@@ -102,6 +112,9 @@ impl UpstreamError {
     pub fn local_reply_body(&self) -> String {
         match (self, self.reset_reason()) {
             (UpstreamError::RequestBody { .. }, _) => "Bad Request".to_owned(),
+            (UpstreamError::TransportRefused { reason, .. }, Some(r)) => format!(
+                "upstream connect error or disconnect/reset before headers. reset reason: {r}, transport failure reason: {reason}"
+            ),
             (_, None) => "no healthy upstream".to_owned(),
             (_, Some(r)) => {
                 format!(
@@ -117,7 +130,9 @@ impl UpstreamError {
             UpstreamError::NoHealthyUpstream => "UH",
             UpstreamError::RequestBody { .. } => "DPE",
             UpstreamError::Overflow => "UO",
-            UpstreamError::ConnectFailure { .. } | UpstreamError::ConnectTimeout { .. } => "UF",
+            UpstreamError::ConnectFailure { .. }
+            | UpstreamError::ConnectTimeout { .. }
+            | UpstreamError::TransportRefused { .. } => "UF",
             UpstreamError::Reset {
                 reason: ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset,
                 ..
@@ -131,6 +146,7 @@ impl UpstreamError {
         match self {
             UpstreamError::ConnectFailure { host, .. }
             | UpstreamError::ConnectTimeout { host }
+            | UpstreamError::TransportRefused { host, .. }
             | UpstreamError::Reset { host, .. } => Some(*host),
             _ => None,
         }

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::cluster::{HealthStatus, Locality};
+use crate::config::upstream_transport::Refusal;
 
 use super::pool::Pool;
 
@@ -70,6 +71,8 @@ pub struct Host {
     pub health: HealthStatus,
     /// Counters.
     pub stats: HostStats,
+    /// Why no connection to it is ever made (a transport socket revoy does not implement).
+    pub refused: Option<Refusal>,
     pub(crate) pool: Pool,
 }
 
@@ -91,8 +94,15 @@ impl Host {
             locality,
             health,
             stats: HostStats::default(),
+            refused: None,
             pool: Pool::default(),
         }
+    }
+
+    /// The same host, refusing connections for `reason` when there is one.
+    pub fn refusing(mut self, reason: Option<Refusal>) -> Self {
+        self.refused = reason;
+        self
     }
 
     /// Whether the host takes traffic outside panic mode.
@@ -108,6 +118,7 @@ impl Host {
             && self.priority == other.priority
             && self.locality == other.locality
             && self.health == other.health
+            && self.refused == other.refused
     }
 
     /// How many HTTP/1.1 connections are pooled for this host (idle, or finishing a response).

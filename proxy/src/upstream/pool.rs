@@ -32,6 +32,10 @@ pub(crate) struct ConnectOptions<'a> {
     pub max_requests: Option<u32>,
     /// Forward an HTTP/1.1 response's trailers (`enable_trailers`).
     pub http1_trailers: bool,
+    /// The `max_connections` circuit breaker: HTTP/1.1 connections to the cluster's hosts.
+    pub max_connections: u32,
+    /// The `max_pending_requests` circuit breaker: requests waiting for a connection.
+    pub max_pending_requests: u32,
     pub stats: &'a Arc<ClusterStats>,
 }
 
@@ -46,6 +50,31 @@ impl Drop for ActiveConnection {
     fn drop(&mut self) {
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active.dec();
+        self.host.pool.released.notify_one();
+    }
+}
+
+/// Counts a request as pending (waiting for a connection) while alive.
+struct Pending<'a>(&'a ClusterStats);
+
+impl<'a> Pending<'a> {
+    /// Enters the pending state, unless `max_pending_requests` are pending already (then the
+    /// request overflows, as Envoy's `upstream_rq_pending_overflow`).
+    fn enter(opts: &ConnectOptions<'a>) -> Result<Self, UpstreamError> {
+        let stats = opts.stats;
+        if stats.upstream_rq_pending_active.value() >= u64::from(opts.max_pending_requests) {
+            stats.upstream_rq_pending_overflow.inc();
+            return Err(UpstreamError::Overflow);
+        }
+        stats.upstream_rq_pending_total.inc();
+        stats.upstream_rq_pending_active.inc();
+        Ok(Pending(stats))
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.upstream_rq_pending_active.dec();
     }
 }
 
@@ -53,6 +82,9 @@ impl Drop for ActiveConnection {
 #[derive(Default)]
 pub(crate) struct Pool {
     idle_h1: Mutex<Vec<h1::Connection>>,
+    /// Wakes the longest-waiting request under the `max_connections` circuit breaker when a
+    /// connection goes back to the idle list or closes.
+    released: tokio::sync::Notify,
     h2: ArcSwapOption<http2::SendRequest<Body>>,
     h2_connecting: tokio::sync::Mutex<()>,
 }
@@ -79,6 +111,15 @@ pub(crate) async fn connect(
     opts: ConnectOptions<'_>,
 ) -> Result<(TcpStream, ActiveConnection), UpstreamError> {
     let addr = host.addr;
+    if let Some(reason) = &host.refused {
+        host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.fail_closed();
+        return Err(UpstreamError::TransportRefused {
+            host: addr,
+            reason: reason.clone(),
+        });
+    }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_total.inc();
     let fail = |e: UpstreamError| {
@@ -127,12 +168,9 @@ pub(crate) async fn send_h1(
     loop {
         let (conn, reused) = match take_idle(host, opts.idle_timeout) {
             Some(conn) => (conn, true),
-            None => {
-                opts.stats.upstream_rq_pending_total.inc();
-                // Boxed: connection setup is rare, and inline it would enlarge every
-                // request's future (which tokio and hyper move around) by its state.
-                (Box::pin(connect_h1(host, opts)).await?, false)
-            }
+            // Boxed: connection setup is rare, and inline it would enlarge every request's
+            // future (which tokio and hyper move around) by its state.
+            None => Box::pin(wait_for_h1(host, opts)).await?,
         };
         let release = h1::Release {
             host: host.clone(),
@@ -150,6 +188,41 @@ pub(crate) async fn send_h1(
             }) => req = r,
             Err(failed) => return Err(failed.error),
         }
+    }
+}
+
+/// A connection for a request that found none idle: a new one, or, while the cluster has
+/// `max_connections` open, the next one its host releases (waiters are served in arrival
+/// order). The request is pending meanwhile; it overflows when `max_pending_requests` are
+/// pending already. As in Envoy, `upstream_cx_overflow` counts each time a connection was
+/// wanted but not allowed: when the request starts waiting, and when a released connection
+/// goes to it while others still wait. Returns the connection and whether it was used before.
+async fn wait_for_h1(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+) -> Result<(h1::Connection, bool), UpstreamError> {
+    let _pending = Pending::enter(&opts)?;
+    let stats = opts.stats;
+    let at_limit = || stats.upstream_cx_active.value() >= u64::from(opts.max_connections);
+    let mut waited = false;
+    loop {
+        let released = host.pool.released.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if let Some(conn) = take_idle(host, opts.idle_timeout) {
+            if waited && stats.upstream_rq_pending_active.value() > 1 && at_limit() {
+                stats.upstream_cx_overflow.inc();
+            }
+            return Ok((conn, true));
+        }
+        if !at_limit() {
+            return Ok((connect_h1(host, opts).await?, false));
+        }
+        if !waited {
+            stats.upstream_cx_overflow.inc();
+            waited = true;
+        }
+        released.await;
     }
 }
 
@@ -174,6 +247,7 @@ pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Op
     }
     conn.since = Instant::now();
     host.pool.idle_h1.lock().expect("pool lock").push(conn);
+    host.pool.released.notify_one();
 }
 
 async fn connect_h1(
@@ -235,8 +309,8 @@ async fn h2_sender(
     if let Some(s) = usable() {
         return Ok((s, false));
     }
-    opts.stats.upstream_rq_pending_total.inc();
-    // Boxed for the same reason as `connect_h1`: rare, and large inline.
+    let _pending = Pending::enter(&opts)?;
+    // Boxed for the same reason as `wait_for_h1`: rare, and large inline.
     Box::pin(open_h2(host, opts, usable)).await
 }
 

@@ -66,6 +66,9 @@ pub struct ClusterStats {
     pub membership_change: Counter,
     /// `upstream_rq_pending_total`.
     pub upstream_rq_pending_total: Counter,
+    /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
+    /// one to be released when `max_connections` is reached).
+    pub upstream_rq_pending_active: Gauge,
     codes: CodeStats,
     external: CodeStats,
     internal: CodeStats,
@@ -116,6 +119,14 @@ impl CodeStats {
 }
 
 impl ClusterStats {
+    /// Counts `upstream_cx_fail_closed` (revoy's own, created on first use): a connection
+    /// never made because the host's transport socket is one revoy does not implement.
+    pub fn fail_closed(&self) {
+        self.store
+            .counter(&format!("{}upstream_cx_fail_closed", self.codes.prefix))
+            .inc();
+    }
+
     /// Resolves the handles for `cluster.<stat_name>.`.
     pub fn new(store: &Store, stat_name: &str) -> Self {
         let prefix = format!("cluster.{stat_name}.");
@@ -148,6 +159,7 @@ impl ClusterStats {
             membership_total: g("membership_total"),
             membership_change: c("membership_change"),
             upstream_rq_pending_total: c("upstream_rq_pending_total"),
+            upstream_rq_pending_active: g("upstream_rq_pending_active"),
             codes: CodeStats::new(prefix.clone()),
             external: CodeStats::new(format!("{prefix}external.")),
             internal: CodeStats::new(format!("{prefix}internal.")),

@@ -6,7 +6,8 @@
 //! `{{closed_X}}` a port nobody listens on; these are shared by both proxies.
 //! `{{certs_dir}}` is the directory of the test certificate (`server.pem`, `server.key`).
 //!
-//! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy, proving the harness and cases are stable;
+//! `REVOY_DIFF_PEER=envoy` runs Envoy against Envoy, proving the harness and cases are stable
+//! (refused under `CI=true`, where it would let every test pass without running revoy);
 //! `REVOY_DIFF_VERBOSE=1` prints every observation.
 
 use std::collections::BTreeMap;
@@ -30,13 +31,18 @@ const READY_DEADLINE: Duration = Duration::from_secs(20);
 const CONFIG_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Runs every case of `configs/<config>.yaml` through Envoy and revoy; panics with a per-case
-/// diff when they disagree (or skips loudly when Envoy is missing outside CI).
+/// diff when they disagree (or records a skip when Envoy is missing outside CI).
 pub async fn run(config: &str, cases: &[Case]) {
     run_with_args(config, &[], cases).await;
 }
 
 /// [`run`] with extra command-line flags for both proxies (e.g. `--drain-strategy`).
 pub async fn run_with_args(config: &str, args: &[&str], cases: &[Case]) {
+    assert!(
+        !(peer_is_envoy() && std::env::var("CI").as_deref() == Ok("true")),
+        "differential::{config}: REVOY_DIFF_PEER=envoy compares Envoy with itself and never runs \
+         revoy; it is refused under CI=true"
+    );
     let Some(envoy) = oracle::envoy_or_skip(&format!("differential::{config}")) else {
         return;
     };
@@ -60,6 +66,11 @@ pub async fn run_with_args(config: &str, args: &[&str], cases: &[Case]) {
         Ok(Err(report)) => panic!("{report}"),
         Err(_) => panic!("{config}: did not finish within {CONFIG_DEADLINE:?}"),
     }
+}
+
+/// Whether `REVOY_DIFF_PEER=envoy` asks for Envoy on both sides.
+fn peer_is_envoy() -> bool {
+    std::env::var("REVOY_DIFF_PEER").as_deref() == Ok("envoy")
 }
 
 async fn compare_config(
@@ -91,7 +102,7 @@ async fn compare_config(
         shared.insert(name.clone(), port);
     }
 
-    let peer_is_envoy = std::env::var("REVOY_DIFF_PEER").as_deref() == Ok("envoy");
+    let peer_is_envoy = peer_is_envoy();
     let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
     let oracle_side = Side::start("envoy", envoy, true, config, args, &template, &shared).await?;
     let peer = if peer_is_envoy {

@@ -1,31 +1,54 @@
-//! A revoy child process for tests: one worker on a YAML bootstrap, killed when dropped.
+//! A proxy child process for tests (revoy on a YAML bootstrap, or Envoy on the same one for
+//! comparison), one worker, killed when dropped.
+// Each test binary that includes this module uses only some of its constructors.
+#![allow(dead_code)]
 
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A running revoy (the child process), killed on drop.
-pub struct Revoy(pub Child);
+/// A running proxy (the child process), killed on drop.
+pub struct Proxy(pub Child);
 
-impl Revoy {
+impl Proxy {
     /// Starts revoy on the bootstrap `yaml` and waits (at most 20 s) until `ready()` holds.
-    pub fn start(yaml: &str, ready: impl Fn() -> bool) -> Revoy {
-        let child = Command::new(env!("CARGO_BIN_EXE_revoy"))
+    pub fn start(yaml: &str, ready: impl Fn() -> bool) -> Proxy {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_revoy"));
+        command.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"]);
+        Proxy::spawn(command, ready)
+    }
+
+    /// Starts the Envoy at `envoy` on the bootstrap `yaml` (its shared-memory base id from
+    /// `base_id`, so parallel tests do not collide) and waits until `ready()` holds.
+    pub fn envoy(envoy: &Path, yaml: &str, base_id: u16, ready: impl Fn() -> bool) -> Proxy {
+        let mut command = Command::new(envoy);
+        command
             .args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+            .args(["--base-id", &base_id.to_string(), "--disable-hot-restart"]);
+        Proxy::spawn(command, ready)
+    }
+
+    /// Starts `command` (a proxy with its arguments) and waits until `ready()` holds.
+    pub fn spawn(mut command: Command, ready: impl Fn() -> bool) -> Proxy {
+        let child = command
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("revoy starts");
-        let revoy = Revoy(child);
+            .unwrap_or_else(|e| panic!("{command:?} starts: {e}"));
+        let proxy = Proxy(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         while !ready() {
-            assert!(Instant::now() < deadline, "revoy did not become ready");
+            assert!(
+                Instant::now() < deadline,
+                "{command:?} did not become ready"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
-        revoy
+        proxy
     }
 }
 
-impl Drop for Revoy {
+impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

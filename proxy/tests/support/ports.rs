@@ -1,7 +1,9 @@
-//! Ports for the servers a test starts, chosen below the kernel's ephemeral range (32768-60999
-//! by default). A port the kernel handed out for `127.0.0.1:0` could be taken by an outgoing
-//! connection's local port between the choice and the proxy's bind (seen as "Address already
-//! in use" once in a while); outgoing connections never take ports below that range.
+//! Ports for the servers a test (or the load bench, `benches/src/contender.rs`) starts, chosen
+//! below the kernel's ephemeral range (32768-60999 by default). A port the kernel handed out for
+//! `127.0.0.1:0` could be taken by an outgoing connection's local port between the choice and
+//! the proxy's bind (seen as "Address already in use" once in a while); outgoing connections
+//! never take ports below that range. Binding port 0 is fine only for a listener that stays
+//! open, in the process that binds it (the in-test upstreams): it never gives the port away.
 
 use std::sync::atomic::{AtomicU16, Ordering};
 

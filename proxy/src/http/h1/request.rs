@@ -226,7 +226,7 @@ mod tests {
             route_specifier: Some(RouteSpecifier::RouteConfig(Default::default())),
             ..Default::default()
         };
-        compile_hcm(&hcm, None, &mut Vec::new()).unwrap()
+        compile_hcm(&hcm, None, &mut crate::config::Warnings::new()).unwrap()
     }
 
     async fn served_body(bytes: &[u8]) -> (Bytes, BytesMut) {

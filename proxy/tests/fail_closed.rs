@@ -1,0 +1,426 @@
+//! Fail closed: a feature revoy does not implement never makes it less safe than its config.
+//! An HTTP filter that controls access denies every request (403), a network one closes every
+//! connection, a cluster whose transport socket asks for upstream TLS is never connected to in
+//! plaintext (503, `UF`), and each of them is counted, logged, listed in `/config_dump` and
+//! makes `--mode validate` exit 1. A bootstrap that wants listeners or clusters from xDS never
+//! reports LIVE. Each check failed before revoy failed closed: the filters were skipped, the
+//! cluster got plaintext, validate said OK and the server reported LIVE.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/ports.rs"]
+mod ports;
+use child::Proxy;
+use ports::free_port;
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+const UPSTREAM_TLS: &str = r#"
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: backend.example"#;
+
+/// A plaintext upstream that answers every request with 200 and counts its connections, and
+/// keeps every byte it was sent (so a test can see whether a secret reached it in clear text).
+struct Upstream {
+    port: u16,
+    connections: Arc<AtomicUsize>,
+    received: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let port = free_port();
+        let listener = TcpListener::bind(("127.0.0.1", port)).expect("upstream binds");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (n, seen) = (connections.clone(), received.clone());
+        std::thread::spawn(move || {
+            for mut s in listener.incoming().flatten() {
+                n.fetch_add(1, Ordering::SeqCst);
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 4096];
+                    s.set_read_timeout(Some(Duration::from_secs(2))).ok();
+                    while let Ok(len) = s.read(&mut buf) {
+                        if len == 0 {
+                            break;
+                        }
+                        seen.lock().unwrap().extend_from_slice(&buf[..len]);
+                        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+                            let _ = s.write_all(
+                                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-upstream: plain\r\n\r\nok",
+                            );
+                        }
+                    }
+                });
+            }
+        });
+        Upstream {
+            port,
+            connections,
+            received,
+        }
+    }
+}
+
+fn hcm_listener(name: &str, port: u16, filters: &str, route: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}
+          http_filters: [{filters}{ROUTER}]
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, {route}}}]}}]"#
+    )
+}
+
+fn cluster(name: &str, endpoints: &str, transport: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: {name}
+      endpoints: [{{lb_endpoints: [{endpoints}]}}]{transport}"#
+    )
+}
+
+fn endpoint(port: u16, metadata: &str) -> String {
+    format!(
+        "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}{metadata}}}"
+    )
+}
+
+/// Ports of the fail-closed bootstrap's listeners.
+struct Ports {
+    admin: u16,
+    rbac: u16,
+    cors: u16,
+    tls: u16,
+    istio: u16,
+    tcp: u16,
+}
+
+fn bootstrap(p: &Ports, up: u16) -> String {
+    let rbac = "{name: envoy.filters.http.rbac, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {action: DENY}}}, ";
+    let cors = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, ";
+    let mut listeners = String::new();
+    listeners += &hcm_listener("rbac", p.rbac, rbac, "route: {cluster: plain}");
+    listeners += &hcm_listener("cors", p.cors, cors, "route: {cluster: plain}");
+    listeners += &hcm_listener("tls", p.tls, "", "route: {cluster: secure}");
+    listeners += &hcm_listener("istio", p.istio, "", "route: {cluster: istio}");
+    listeners += &format!(
+        r#"
+  - name: tcp
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.rbac
+        typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: t, rules: {{action: DENY}}}}
+      - name: envoy.filters.network.tcp_proxy
+        typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: plain}}"#,
+        p.tcp
+    );
+    // Istio's outbound cluster shape: mTLS to endpoints labelled tlsMode=istio, plaintext to
+    // the others. The second endpoint is a closed port: only the first may ever be used.
+    let istio_matches = r#"
+    transport_socket_matches:
+    - name: tlsMode-istio
+      match: {tlsMode: istio}
+      transport_socket:
+        name: envoy.transport_sockets.tls
+        typed_config: {"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext}
+    - name: tlsMode-disabled
+      match: {}
+      transport_socket:
+        name: envoy.transport_sockets.raw_buffer
+        typed_config: {"@type": type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer}"#;
+    let mut clusters = String::new();
+    clusters += &cluster("plain", &endpoint(up, ""), "");
+    clusters += &cluster(
+        "secure",
+        &endpoint(up, ""),
+        &format!("\n    transport_socket:{UPSTREAM_TLS}"),
+    );
+    clusters += &cluster(
+        "istio",
+        &endpoint(
+            up,
+            ", metadata: {filter_metadata: {envoy.transport_socket_match: {tlsMode: istio}}}",
+        ),
+        istio_matches,
+    );
+    format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}\nstatic_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
+        p.admin
+    )
+}
+
+/// One HTTP/1.1 request carrying a credential; returns (status, body).
+fn get(port: u16) -> (u16, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret-token\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+fn admin(port: u16, path: &str) -> (u16, String) {
+    let mut s = match TcpStream::connect(("127.0.0.1", port)) {
+        Ok(s) => s,
+        Err(_) => return (0, String::new()),
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
+    (status, body)
+}
+
+fn stat(admin_port: u16, name: &str) -> Option<u64> {
+    let (_, body) = admin(admin_port, "/stats");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn unimplemented_security_features_refuse_traffic() {
+    let up = Upstream::start();
+    let p = Ports {
+        admin: free_port(),
+        rbac: free_port(),
+        cors: free_port(),
+        tls: free_port(),
+        istio: free_port(),
+        tcp: free_port(),
+    };
+    let yaml = bootstrap(&p, up.port);
+    let _revoy = Proxy::start(&yaml, || admin(p.admin, "/ready").0 == 200);
+
+    // A filter without security effect is skipped: the request reaches the upstream.
+    assert_eq!(get(p.cors), (200, "ok".to_owned()));
+    let served = up.connections.load(Ordering::SeqCst);
+    assert_eq!(served, 1);
+
+    // RBAC (here one that would allow everything) is not implemented: every request is denied.
+    let (status, body) = get(p.rbac);
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("envoy.filters.http.rbac"), "{body}");
+    assert_eq!(
+        stat(p.admin, "http.rbac.downstream_rq_fail_closed"),
+        Some(1)
+    );
+
+    // Upstream TLS is not implemented: no connection at all, a 503 that names the reason.
+    let (status, body) = get(p.tls);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.starts_with("upstream connect error or disconnect/reset before headers.")
+            && body.contains("UpstreamTlsContext"),
+        "{body}"
+    );
+    assert_eq!(
+        stat(p.admin, "cluster.secure.upstream_cx_fail_closed"),
+        Some(1)
+    );
+    assert_eq!(
+        stat(p.admin, "cluster.secure.upstream_cx_connect_fail"),
+        Some(1)
+    );
+
+    // The endpoint labelled for mTLS is refused too.
+    let (status, body) = get(p.istio);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        stat(p.admin, "cluster.istio.upstream_cx_fail_closed"),
+        Some(1)
+    );
+
+    // A network RBAC filter: the connection is closed before anything is proxied.
+    let mut s = TcpStream::connect(("127.0.0.1", p.tcp)).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(b"GET / HTTP/1.1\r\nAuthorization: Bearer secret-token\r\n\r\n");
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    assert!(buf.is_empty(), "{:?}", String::from_utf8_lossy(&buf));
+    let refused = format!("listener.127.0.0.1_{}.downstream_cx_fail_closed", p.tcp);
+    assert_eq!(stat(p.admin, &refused), Some(1));
+
+    // Nothing but the one allowed request ever reached the upstream.
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(up.connections.load(Ordering::SeqCst), served);
+    let seen = String::from_utf8_lossy(&up.received.lock().unwrap()).into_owned();
+    assert_eq!(seen.matches("secret-token").count(), 1, "{seen}");
+
+    // /config_dump says why, per field path, in an entry of its own.
+    let (status, dump) = admin(p.admin, "/config_dump");
+    assert_eq!(status, 200);
+    let dump: serde_json::Value = serde_json::from_str(&dump).expect("JSON");
+    let findings = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["@type"] == "type.googleapis.com/google.protobuf.Struct")
+        .expect("an entry listing what is not implemented")["value"]["revoy_unimplemented"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let effect = |path: &str| {
+        findings
+            .iter()
+            .find(|f| f["path"] == path)
+            .map(|f| f["effect"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        effect("static_resources.clusters[1].transport_socket").as_deref(),
+        Some("FAILS_CLOSED")
+    );
+    assert_eq!(
+        effect("static_resources.clusters[2].transport_socket_matches[0].transport_socket")
+            .as_deref(),
+        Some("FAILS_CLOSED")
+    );
+    assert_eq!(
+        effect(
+            "static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[0]"
+        )
+        .as_deref(),
+        Some("FAILS_CLOSED")
+    );
+    assert_eq!(
+        effect(
+            "static_resources.listeners[1].filter_chains[0].filters[0].typed_config.http_filters[0]"
+        )
+        .as_deref(),
+        Some("SKIPPED")
+    );
+    assert_eq!(
+        effect("static_resources.listeners[4].filter_chains[0].filters[0]").as_deref(),
+        Some("FAILS_CLOSED")
+    );
+}
+
+fn validate(yaml: &str) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_revoy"))
+        .args(["--mode", "validate", "--config-yaml", yaml, "-l", "off"])
+        .output()
+        .expect("revoy runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+#[test]
+fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
+    let p = Ports {
+        admin: 1,
+        rbac: 2,
+        cors: 3,
+        tls: 4,
+        istio: 5,
+        tcp: 6,
+    };
+    let (code, out) = validate(&bootstrap(&p, 7));
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(
+        out.matches("not implemented (fails closed)").count(),
+        4,
+        "{out}"
+    );
+    assert_eq!(out.matches("not implemented (skipped)").count(), 1, "{out}");
+    assert!(!out.contains(" OK"), "{out}");
+
+    // Only skipped features: listed, and the config is valid.
+    let cors = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, ";
+    let yaml = format!(
+        "static_resources:\n  listeners:{}\n  clusters:{}\n",
+        hcm_listener("cors", 3, cors, "route: {cluster: plain}"),
+        cluster("plain", &endpoint(7, ""), "")
+    );
+    let yaml = yaml.replace(
+        "stat_prefix: cors",
+        "stat_prefix: cors\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          local_reply_config: {}",
+    );
+    let (code, out) = validate(&yaml);
+    assert_eq!(code, 0, "{out}");
+    for field in ["http_filters[0]", "access_log", "local_reply_config"] {
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("not implemented (skipped)") && l.contains(field)),
+            "{field}: {out}"
+        );
+    }
+    assert!(out.contains("OK"), "{out}");
+}
+
+#[test]
+fn bootstrap_waiting_for_xds_is_never_live() {
+    let admin_port = free_port();
+    let listener = free_port();
+    let yaml = format!(
+        r#"
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}}}
+dynamic_resources:
+  lds_config: {{ads: {{}}}}
+  cds_config: {{ads: {{}}}}
+  ads_config: {{api_type: GRPC, grpc_services: [{{envoy_grpc: {{cluster_name: xds}}}}]}}
+static_resources:
+  listeners:{}
+  clusters:{}
+"#,
+        hcm_listener(
+            "health",
+            listener,
+            "",
+            "direct_response: {status: 200, body: {inline_string: ok}}"
+        ),
+        cluster("xds", &endpoint(9, ""), "")
+    );
+    // Started once the static listener answers; the server must still not be LIVE.
+    let _revoy = Proxy::start(&yaml, || {
+        TcpStream::connect(("127.0.0.1", listener)).is_ok() && admin(admin_port, "/ready").0 != 0
+    });
+    assert_eq!(get(listener).0, 200);
+    let (status, body) = admin(admin_port, "/ready");
+    assert_eq!((status, body.trim()), (503, "INITIALIZING"));
+    assert_eq!(stat(admin_port, "server.state"), Some(3));
+    assert_eq!(stat(admin_port, "server.live"), Some(0));
+}
