@@ -223,6 +223,7 @@ mod tests {
 
     fn cfg() -> HcmConfig {
         let hcm = HttpConnectionManager {
+            stat_prefix: "test".into(),
             route_specifier: Some(RouteSpecifier::RouteConfig(Default::default())),
             ..Default::default()
         };
