@@ -56,9 +56,9 @@ pub struct Options {
     /// Seconds to drain listeners on shutdown or `/drain_listeners?graceful`.
     #[arg(long = "drain-time-s", default_value_t = 600)]
     pub drain_time_s: u64,
-    /// gradual or immediate.
-    #[arg(long = "drain-strategy", default_value = "gradual")]
-    pub drain_strategy: String,
+    /// `gradual` or `immediate` (anything else is refused, as by Envoy).
+    #[arg(long = "drain-strategy", default_value = "gradual", value_parser = crate::drain::Strategy::parse)]
+    pub drain_strategy: crate::drain::Strategy,
     /// Hot-restart parent shutdown time (accepted; revoy does not hot-restart).
     #[arg(long = "parent-shutdown-time-s")]
     pub parent_shutdown_time_s: Option<u64>,
@@ -244,6 +244,12 @@ mod tests {
     }
 
     #[test]
+    fn refuses_a_drain_strategy_envoy_does_not_know() {
+        let args = ["revoy", "--drain-strategy", "Immediate"].map(str::to_owned);
+        assert!(Options::parse_lenient(args.to_vec()).is_err());
+    }
+
+    #[test]
     fn accepts_pilot_agent_argv() {
         let (o, dropped) = parse(&[
             "-c",
@@ -274,6 +280,7 @@ mod tests {
         assert!(dropped.is_empty());
         assert_eq!(o.config_path, "/etc/istio/proxy/envoy-rev.json");
         assert_eq!(o.drain_time_s, 45);
+        assert_eq!(o.drain_strategy, crate::drain::Strategy::Immediate);
         assert_eq!(o.concurrency, Some(2));
         assert!(o.allow_unknown_static());
     }

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod body;
 pub mod cli;
 pub mod config;
+pub mod drain;
 pub mod http;
 pub mod listener;
 pub mod load;

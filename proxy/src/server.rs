@@ -2,7 +2,6 @@
 //! data-path runtime and the admin server, and applies configuration.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -10,6 +9,7 @@ use arc_swap::ArcSwap;
 
 use crate::cli::Options;
 use crate::config::bootstrap::BootstrapConfig;
+use crate::drain::Drain;
 use crate::listener::Listener;
 use crate::route::RouteTable;
 use crate::stats::{Gauge, Store};
@@ -44,10 +44,15 @@ pub struct Shared {
     pub options: Options,
     /// When the process started.
     pub started: Instant,
-    /// `/healthcheck/fail` was called.
-    pub health_failed: AtomicBool,
+    /// Health-check failure and listener drains, which tell connections to close.
+    pub drain: Drain,
+    /// The server's own state (`server.state` shows DRAINING instead while health checks
+    /// fail).
+    state: Mutex<ServerState>,
     /// `server.state`.
-    pub state: Gauge,
+    state_gauge: Gauge,
+    /// `server.live`: 1 while LIVE and passing health checks.
+    live_gauge: Gauge,
     /// Accept loops of bound listeners and whether each is inbound, so a drain can stop them.
     pub(crate) accept_tasks: Mutex<Vec<(tokio::task::AbortHandle, bool)>>,
 }
@@ -58,12 +63,57 @@ impl Shared {
         self.rds.load().get(name).cloned()
     }
 
-    /// Sets `server.state`.
+    /// Sets the server's state (`server.state`, `server.live`).
     pub fn set_state(&self, s: ServerState) {
-        self.state.set(s as u64);
+        *self.state.lock().expect("server state") = s;
+        self.publish_state();
     }
 
-    /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`).
+    /// The state `/ready`, `/server_info` and `server.state` report: DRAINING while health
+    /// checks fail (`/healthcheck/fail`), as in Envoy.
+    pub fn server_state(&self) -> ServerState {
+        let own = *self.state.lock().expect("server state");
+        if self.drain.health_failed() {
+            ServerState::Draining
+        } else {
+            own
+        }
+    }
+
+    /// `/healthcheck/fail` (`true`) or `/healthcheck/ok` (`false`).
+    pub fn set_health_failed(&self, failed: bool) {
+        self.drain.set_health_failed(failed);
+        self.publish_state();
+    }
+
+    fn publish_state(&self) {
+        let s = self.server_state();
+        self.state_gauge.set(s as u64);
+        self.live_gauge.set(u64::from(s == ServerState::Live));
+    }
+
+    /// `/drain_listeners`: starts draining every listener (or only the inbound ones), so their
+    /// connections are told to close; stops them accepting at once, after `--drain-time-s`
+    /// when `graceful`, or never when `skip_exit` (Envoy 1.40's behaviour, which leaves
+    /// `/ready` and `server.state` as they are).
+    pub fn drain_listeners(self: &Arc<Self>, inbound_only: bool, graceful: bool, skip_exit: bool) {
+        self.drain.start(inbound_only);
+        if skip_exit {
+            return;
+        }
+        if graceful {
+            let shared = self.clone();
+            let delay = std::time::Duration::from_secs(self.options.drain_time_s);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                shared.stop_listeners(inbound_only);
+            });
+        } else {
+            self.stop_listeners(inbound_only);
+        }
+    }
+
+    /// Stops accepting on every listener, or only on inbound ones.
     pub fn stop_listeners(&self, inbound_only: bool) {
         self.accept_tasks
             .lock()
@@ -125,8 +175,12 @@ pub enum StartError {
 /// Builds the shared state for a compiled bootstrap (no sockets yet).
 pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
     let stats = Store::new();
-    let state = stats.gauge("server.state");
-    state.set(ServerState::PreInitializing as u64);
+    let state_gauge = stats.gauge("server.state");
+    state_gauge.set(ServerState::PreInitializing as u64);
+    let drain = Drain::new(
+        options.drain_strategy,
+        std::time::Duration::from_secs(options.drain_time_s),
+    );
     Shared {
         clusters: ClusterManager::new(stats.clone()),
         rds: ArcSwap::from_pointee(HashMap::new()),
@@ -134,8 +188,10 @@ pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
         bootstrap,
         options,
         started: Instant::now(),
-        health_failed: AtomicBool::new(false),
-        state,
+        drain,
+        state: Mutex::new(ServerState::PreInitializing),
+        state_gauge,
+        live_gauge: stats.gauge("server.live"),
         stats,
         accept_tasks: Mutex::new(Vec::new()),
     }

@@ -20,6 +20,7 @@ mod differential {
     pub mod case;
     pub mod client;
     pub mod harness;
+    pub mod held;
     pub mod oracle;
     pub mod tls;
     pub mod upstream;
@@ -28,7 +29,7 @@ mod differential {
 }
 
 use differential::case::{Case, StickyKey};
-use differential::harness::run;
+use differential::harness::{run, run_with_args};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routing() {
@@ -716,11 +717,34 @@ async fn protocols() {
         Case::raw("chunked request body", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
             .expect("upstream.body", "hello"),
         Case::raw("expect 100-continue", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\nhello"),
+        // Ambiguous framing (what request smuggling relies on): Envoy answers 400 and closes,
+        // whichever comes first and whatever the coding; revoy's own HTTP/1.1 path decides on
+        // the first request, hyper's on a connection it already serves (after a chunked body).
         Case::raw("content-length and chunked together", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400")
-            .deliberate("status", "200")
-            .deliberate("upstream.body", "hello")
-            .deliberate("upstream.header.content-length", "<missing>"),
+            .expect("body", "Bad Request")
+            .expect("response.header.connection", "close"),
+        Case::raw("chunked then content-length", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "400"),
+        Case::raw("content-length and gzip, chunked", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .expect("status", "400"),
+        conversation("content-length and chunked together ends the connection", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /again HTTP/1.1\r\nHost: x\r\n\r\n", "400 -", "yes"),
+        conversation("content-length and chunked together after a chunked request", b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 400 -", "yes"),
+        // `allow_chunked_length`: the request is forwarded chunked, its content-length removed,
+        // and the connection stays open.
+        Case::raw("allow_chunked_length: content-length and chunked together", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(6)
+            .expect("status", "200")
+            .expect("upstream.body", "hello")
+            .expect("upstream.header.content-length", "<missing>")
+            .expect("upstream.header.transfer-encoding", "chunked"),
+        Case::raw("allow_chunked_length: content-length and gzip, chunked", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(6)
+            .expect("status", "400"),
+        conversation("allow_chunked_length: the connection stays open", b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 200 /b", "no")
+            .listener(6),
+        conversation("allow_chunked_length: after a chunked request", b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\n\r\n", "200 /a, 200 /b, 200 /c", "no")
+            .listener(6),
         Case::raw("two content-lengths differ", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
         Case::raw("headers over 60 KiB", &oversized_headers()),
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
@@ -1298,4 +1322,289 @@ async fn upgrades() {
         ),
     ];
     run("upgrades", &cases).await;
+}
+
+/// `server.state` and `server.live` (Envoy updates `server.state` at its stats flush, every
+/// 0.1 s in this config, so the case waits a little first).
+fn server_state(name: &'static str, state: &str, live: &str) -> Case {
+    Case::admin(name, "GET", "/stats?filter=^server\\.(state|live)$")
+        .after_ms(600)
+        .expect(
+            "body",
+            &format!("server.live: {live}\nserver.state: {state}\n"),
+        )
+}
+
+/// A GET of `/` on the held connection `conn` to `listener`, over HTTP/1.1.
+fn held_h1(name: &'static str, conn: &'static str, listener: usize) -> Case {
+    Case::get(name, "/").listener(listener).held(conn)
+}
+
+/// A GET of `/` on the held HTTP/2 connection `conn` to `listener`.
+fn held_h2(name: &'static str, conn: &'static str, listener: usize) -> Case {
+    Case::get(name, "/").listener(listener).h2().held(conn)
+}
+
+/// `/healthcheck/fail` until `/healthcheck/ok`: `/ready` answers 503 `DRAINING`, the server
+/// state is DRAINING and not live, and every connection is told to close on its next response
+/// (HTTP/1.1 `connection: close`, HTTP/2 a GOAWAY), whatever `--drain-strategy` (the default,
+/// gradual, here), except on a `drain_type: MODIFY_ONLY` listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthcheck_fail() {
+    let cases = [
+        Case::admin("ready before", "GET", "/ready").expect("body", "LIVE\n"),
+        held_h1("h1 before", "h1", 0).expect("response.header.connection", "<missing>"),
+        // An absolute-form target: revoy's fast path hands the connection to hyper.
+        Case::get("h1 served by hyper before", "http://example.com/")
+            .listener(2)
+            .held("hyper")
+            .expect("response.header.connection", "<missing>"),
+        held_h2("h2 before", "h2", 1).expect("h2.goaway", "none"),
+        Case::admin("fail", "POST", "/healthcheck/fail").expect("body", "OK\n"),
+        Case::admin("ready while failed", "GET", "/ready")
+            .expect("status", "503")
+            .expect("body", "DRAINING\n"),
+        server_state("state while failed", "1", "0"),
+        held_h1("open h1 connection while failed", "h1", 0)
+            .expect("response.header.connection", "close"),
+        held_h2("open h2 connection while failed", "h2", 1)
+            .expect("h2.goaway", "last_stream=2147483647 error=0"),
+        held_h1("open h1 connection served by hyper while failed", "hyper", 2)
+            .expect("response.header.connection", "close"),
+        Case::get("new connection while failed", "/")
+            .listener(2)
+            .expect("response.header.connection", "close"),
+        Case::get("MODIFY_ONLY listener while failed", "/")
+            .listener(3)
+            .expect("response.header.connection", "<missing>"),
+        Case::admin(
+            "connections drain-closed",
+            "GET",
+            "/stats?filter=^http\\.(inbound|outbound|undirected)\\.downstream_cx_drain_close$",
+        )
+        .expect(
+            "body",
+            "http.inbound.downstream_cx_drain_close: 1\nhttp.outbound.downstream_cx_drain_close: 1\nhttp.undirected.downstream_cx_drain_close: 2\n",
+        ),
+        Case::admin("ok", "POST", "/healthcheck/ok").expect("body", "OK\n"),
+        Case::admin("ready again", "GET", "/ready").expect("body", "LIVE\n"),
+        server_state("state again", "0", "1"),
+        Case::get("new connection after ok", "/")
+            .listener(2)
+            .expect("response.header.connection", "<missing>"),
+    ];
+    run("lifecycle", &cases).await;
+}
+
+/// Every admin endpoint Envoy's `/help` marks POST-only refuses GET with 405; a POST to those
+/// revoy serves without a state of their own (profilers, runtime, lookups) answers as Envoy's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_post_only() {
+    let mut cases: Vec<Case> = [
+        "/allocprofiler",
+        "/cpuprofiler",
+        "/drain_listeners",
+        "/healthcheck/fail",
+        "/healthcheck/ok",
+        "/heapprofiler",
+        "/logging",
+        "/quitquitquit",
+        "/reopen_logs",
+        "/reset_counters",
+        "/runtime_modify",
+        "/stats/recentlookups/clear",
+        "/stats/recentlookups/disable",
+        "/stats/recentlookups/enable",
+    ]
+    .into_iter()
+    .map(|path| {
+        let name: &'static str = format!("GET {path}").leak();
+        Case::admin(name, "GET", path)
+            .expect("status", "405")
+            .expect("body", "Method GET not allowed, POST required.")
+    })
+    .collect();
+    cases.extend([
+        Case::admin("POST /cpuprofiler without enable", "POST", "/cpuprofiler")
+            .expect("status", "400"),
+        Case::admin(
+            "POST /cpuprofiler?enable=y",
+            "POST",
+            "/cpuprofiler?enable=y",
+        ),
+        Case::admin(
+            "POST /cpuprofiler?enable=n",
+            "POST",
+            "/cpuprofiler?enable=n",
+        ),
+        Case::admin(
+            "POST /cpuprofiler with another parameter",
+            "POST",
+            "/cpuprofiler?enable=n&x=1",
+        ),
+        Case::admin("POST /heapprofiler", "POST", "/heapprofiler?enable=y").expect("status", "501"),
+        Case::admin(
+            "POST /allocprofiler without enable",
+            "POST",
+            "/allocprofiler",
+        ),
+        Case::admin(
+            "POST /allocprofiler?enable=n",
+            "POST",
+            "/allocprofiler?enable=n",
+        ),
+        Case::admin(
+            "POST /runtime_modify without parameters",
+            "POST",
+            "/runtime_modify",
+        )
+        .expect("status", "400"),
+        Case::admin(
+            "POST /runtime_modify without an admin layer",
+            "POST",
+            "/runtime_modify?a=b",
+        )
+        .expect("status", "503"),
+        Case::admin("POST /reopen_logs", "POST", "/reopen_logs").expect("body", "OK\n"),
+        Case::admin("POST /reset_counters", "POST", "/reset_counters").expect("body", "OK\n"),
+        Case::admin(
+            "POST /stats/recentlookups/clear",
+            "POST",
+            "/stats/recentlookups/clear",
+        ),
+        Case::admin(
+            "POST /stats/recentlookups/disable",
+            "POST",
+            "/stats/recentlookups/disable",
+        ),
+        // Envoy lists its own loggers, revoy its own (DIFFERENCES.md).
+        Case::admin("POST /logging", "POST", "/logging")
+            .expect("status", "200")
+            .ignore("body"),
+        Case::admin(
+            "POST /logging with a bad level",
+            "POST",
+            "/logging?level=bogus",
+        )
+        .expect("status", "400")
+        .ignore("body"),
+        Case::admin(
+            "POST /drain_listeners?skip_exit",
+            "POST",
+            "/drain_listeners?skip_exit",
+        )
+        .expect("body", "OK\n"),
+        // Last: the process exits.
+        Case::admin("POST /quitquitquit", "POST", "/quitquitquit").expect("body", "OK\n"),
+        Case::admin("admin gone after quitquitquit", "GET", "/ready")
+            .after_ms(500)
+            .expect("error", "no response"),
+    ]);
+    run("lifecycle", &cases).await;
+}
+
+/// `/drain_listeners?inboundonly` then `/drain_listeners`, with `--drain-strategy immediate`:
+/// the drained listeners stop accepting at once, their open connections are told to close on
+/// the next response, the others carry on; `/ready` and the server state do not change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_listeners() {
+    let cases = [
+        held_h1("inbound h1 before", "in", 0),
+        held_h1("outbound h1 before", "out", 1),
+        held_h2("inbound h2 before", "in2", 0).expect("h2.goaway", "none"),
+        Case::admin("drain inbound", "POST", "/drain_listeners?inboundonly").expect("body", "OK\n"),
+        Case::admin("ready while inbound drains", "GET", "/ready").expect("body", "LIVE\n"),
+        server_state("state while inbound drains", "0", "1"),
+        Case::get("new connection to the drained inbound listener", "/")
+            .expect("error", "no response"),
+        Case::get("new connection to the outbound listener", "/")
+            .listener(1)
+            .expect("response.header.connection", "<missing>"),
+        Case::get("new connection to the undirected listener", "/")
+            .listener(2)
+            .expect("response.header.connection", "<missing>"),
+        held_h1("open inbound h1 connection", "in", 0)
+            .expect("response.header.connection", "close"),
+        held_h2("open inbound h2 connection", "in2", 0)
+            .expect("h2.goaway", "last_stream=2147483647 error=0"),
+        held_h1("open outbound h1 connection", "out", 1)
+            .expect("response.header.connection", "<missing>"),
+        Case::admin("drain all", "POST", "/drain_listeners").expect("body", "OK\n"),
+        Case::get(
+            "new connection to the outbound listener after drain all",
+            "/",
+        )
+        .listener(1)
+        .expect("error", "no response"),
+        held_h1("open outbound h1 connection after drain all", "out", 1)
+            .expect("response.header.connection", "close"),
+        Case::get("MODIFY_ONLY listener after drain all", "/")
+            .listener(3)
+            .expect("error", "no response"),
+        Case::admin("ready after drain all", "GET", "/ready").expect("body", "LIVE\n"),
+    ];
+    run_with_args("lifecycle", &["--drain-strategy", "immediate"], &cases).await;
+}
+
+/// `/drain_listeners?graceful` (`--drain-time-s 1`): listeners keep accepting during the drain
+/// time, telling every connection to close, and stop after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_listeners_graceful() {
+    let cases = [
+        Case::admin("graceful drain", "POST", "/drain_listeners?graceful").expect("body", "OK\n"),
+        Case::get("new connection during the drain time", "/")
+            .expect("status", "200")
+            .expect("response.header.connection", "close"),
+        Case::get("new connection after the drain time", "/")
+            .after_ms(2000)
+            .expect("error", "no response"),
+        Case::admin("ready after the drain", "GET", "/ready").expect("body", "LIVE\n"),
+    ];
+    let args = ["--drain-strategy", "immediate", "--drain-time-s", "1"];
+    run_with_args("lifecycle", &args, &cases).await;
+}
+
+/// `skip_exit`: the listeners never stop, with or without `graceful`; under the default
+/// gradual strategy no connection is told to close in the drain's first second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_listeners_skip_exit() {
+    let cases = [
+        Case::admin(
+            "skip_exit",
+            "POST",
+            "/drain_listeners?skip_exit&inboundonly",
+        )
+        .expect("body", "OK\n"),
+        Case::get("gradual: not told in the first second", "/")
+            .expect("status", "200")
+            .expect("response.header.connection", "<missing>"),
+        Case::admin(
+            "graceful skip_exit",
+            "POST",
+            "/drain_listeners?graceful&skip_exit",
+        )
+        .expect("body", "OK\n"),
+        Case::get("still accepting after the drain time", "/")
+            .listener(1)
+            .after_ms(2000)
+            .expect("status", "200"),
+    ];
+    run_with_args("lifecycle", &["--drain-time-s", "1"], &cases).await;
+}
+
+/// A request with both `content-length` and `transfer-encoding` counts as a 400 request, as
+/// in Envoy, on revoy's own HTTP/1.1 path and on hyper's (after an absolute-form request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ambiguous_framing_is_counted() {
+    let cases = [
+        Case::raw("ambiguous first request", b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(2)
+            .expect("status", "400"),
+        Case::conversation("ambiguous request on a connection hyper serves", b"GET http://x/ HTTP/1.1\r\nHost: x\r\n\r\nPOST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+            .listener(2)
+            .expect("responses", "200 -, 400 -"),
+        Case::admin("counted", "GET", "/stats?filter=^http\\.undirected\\.downstream_rq_(total|2xx|4xx)$")
+            .expect("body", "http.undirected.downstream_rq_2xx: 1\nhttp.undirected.downstream_rq_4xx: 2\nhttp.undirected.downstream_rq_total: 3\n"),
+    ];
+    run("lifecycle", &cases).await;
 }

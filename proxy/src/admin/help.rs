@@ -31,6 +31,15 @@ const fn ep(
 pub const ENDPOINTS: &[Endpoint] = &[
     ep("/", false, "Admin home page", &[]),
     ep(
+        "/allocprofiler",
+        true,
+        "enable/disable the allocation profiler (if supported)",
+        &[(
+            "enable",
+            "enable/disable the allocation profiler; One of (y, n)",
+        )],
+    ),
+    ep(
         "/clusters",
         false,
         "upstream cluster status",
@@ -54,6 +63,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
                 "Dump currently loaded configuration including EDS. See the response definition for more information",
             ),
         ],
+    ),
+    ep(
+        "/cpuprofiler",
+        true,
+        "enable/disable the CPU profiler",
+        &[("enable", "enables the CPU profiler; One of (y, n)")],
     ),
     ep(
         "/drain_listeners",
@@ -85,6 +100,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
         true,
         "cause the server to pass health checks",
         &[],
+    ),
+    ep(
+        "/heapprofiler",
+        true,
+        "enable/disable the heap profiler",
+        &[("enable", "enable/disable the heap profiler; One of (y, n)")],
     ),
     ep("/help", false, "print out list of admin commands", &[]),
     ep(
@@ -121,6 +142,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
         "print server state, return 200 if LIVE, otherwise return 503",
         &[],
     ),
+    ep("/reopen_logs", true, "reopen access logs", &[]),
     ep("/reset_counters", true, "reset all counters to zero", &[]),
     ep(
         "/routes",
@@ -137,6 +159,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
             ),
             ("format", "Format to use; One of (json, text)"),
         ],
+    ),
+    ep(
+        "/runtime_modify",
+        true,
+        "Adds or modifies runtime values as passed in query parameters. To delete a previously added key, use an empty string as the value. Note that deletion only applies to overrides added via this endpoint; values loaded from disk can be modified via override but not deleted. E.g. ?key1=value1&key2=value2...",
+        &[],
     ),
     ep(
         "/server_info",
@@ -178,6 +206,24 @@ pub const ENDPOINTS: &[Endpoint] = &[
                 "Regular expression (Google re2) for filtering stats",
             ),
         ],
+    ),
+    ep(
+        "/stats/recentlookups/clear",
+        true,
+        "clear list of stat-name lookups and counter",
+        &[],
+    ),
+    ep(
+        "/stats/recentlookups/disable",
+        true,
+        "disable recording of reset stat-name lookup names",
+        &[],
+    ),
+    ep(
+        "/stats/recentlookups/enable",
+        true,
+        "enable recording of reset stat-name lookup names",
+        &[],
     ),
 ];
 

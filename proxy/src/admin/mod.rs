@@ -5,11 +5,11 @@ mod config_dump;
 mod help;
 mod request;
 mod routes;
+mod unsupported;
 
 pub use request::AdminRequest;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -141,6 +141,8 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
         503 => "Service Unavailable",
         _ => "",
     }
@@ -176,11 +178,11 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/hot_restart_version" => text(200, "disabled"),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
-            shared.health_failed.store(true, Ordering::Relaxed);
+            shared.set_health_failed(true);
             text(200, "OK\n")
         }
         "/healthcheck/ok" => {
-            shared.health_failed.store(false, Ordering::Relaxed);
+            shared.set_health_failed(false);
             text(200, "OK\n")
         }
         "/reset_counters" => {
@@ -188,33 +190,26 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
             text(200, "OK\n")
         }
         "/drain_listeners" => {
-            drain_listeners(shared, req);
+            shared.drain_listeners(
+                req.has("inboundonly"),
+                req.has("graceful"),
+                req.has("skip_exit"),
+            );
             text(200, "OK\n")
         }
         "/logging" => logging(req),
+        "/cpuprofiler" => unsupported::cpu_profiler(req),
+        "/heapprofiler" => unsupported::heap_profiler(),
+        "/allocprofiler" => unsupported::alloc_profiler(req),
+        "/runtime_modify" => unsupported::runtime_modify(req, shared),
+        "/stats/recentlookups/clear"
+        | "/stats/recentlookups/disable"
+        | "/stats/recentlookups/enable" => unsupported::recent_lookups(&req.path),
+        // revoy writes no access logs, and its own log stays where it was opened.
+        "/reopen_logs" => text(200, "OK\n"),
         _ => text(404, "invalid path"),
     };
     (resp, Effect::None)
-}
-
-/// `/drain_listeners[?inboundonly][&graceful][&skip_exit]`: enter DRAINING; unless `skip_exit`,
-/// stop the (inbound) listeners, at once or after `--drain-time-s` when `graceful`.
-fn drain_listeners(shared: &Arc<Shared>, req: &AdminRequest) {
-    shared.set_state(ServerState::Draining);
-    if req.has("skip_exit") {
-        return;
-    }
-    let inbound_only = req.has("inboundonly");
-    if req.has("graceful") {
-        let shared = shared.clone();
-        let delay = std::time::Duration::from_secs(shared.options.drain_time_s);
-        tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            shared.stop_listeners(inbound_only);
-        });
-    } else {
-        shared.stop_listeners(inbound_only);
-    }
 }
 
 /// A JSON answer rendered with a descriptor pool (megabytes, dropped by now): the freed
@@ -224,21 +219,19 @@ fn pooled_json(value: serde_json::Value) -> AdminResponse {
     json(&value)
 }
 
+/// `/ready`: 200 and `LIVE` when live, else 503 and the state's name.
 fn ready(shared: &Shared) -> AdminResponse {
-    match shared.state.value() {
-        0 => text(200, "LIVE\n"),
-        1 => text(503, "DRAINING\n"),
-        2 => text(503, "PRE_INITIALIZING\n"),
-        _ => text(503, "INITIALIZING\n"),
-    }
+    let state = shared.server_state();
+    let status = if state == ServerState::Live { 200 } else { 503 };
+    text(status, format!("{}\n", state_name(state)))
 }
 
-fn state_name(v: u64) -> &'static str {
-    match v {
-        0 => "LIVE",
-        1 => "DRAINING",
-        2 => "PRE_INITIALIZING",
-        _ => "INITIALIZING",
+fn state_name(state: ServerState) -> &'static str {
+    match state {
+        ServerState::Live => "LIVE",
+        ServerState::Draining => "DRAINING",
+        ServerState::PreInitializing => "PRE_INITIALIZING",
+        ServerState::Initializing => "INITIALIZING",
     }
 }
 
@@ -250,7 +243,7 @@ fn server_info(shared: &Shared) -> serde_json::Value {
         .to_json(&node);
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
-        "state": state_name(shared.state.value()),
+        "state": state_name(shared.server_state()),
         "uptime_current_epoch": up,
         "uptime_all_epochs": up,
         "hot_restart_version": "disabled",
@@ -271,7 +264,10 @@ fn server_info(shared: &Shared) -> serde_json::Value {
             "mode": format!("{:?}", o.mode),
             "disable_hot_restart": o.disable_hot_restart,
             "restart_epoch": o.restart_epoch,
-            "drain_strategy": if o.drain_strategy == "immediate" { "Immediate" } else { "Gradual" },
+            "drain_strategy": match o.drain_strategy {
+                crate::drain::Strategy::Immediate => "Immediate",
+                crate::drain::Strategy::Gradual => "Gradual",
+            },
         },
         "node": node,
     })

@@ -113,6 +113,10 @@ pub struct HcmConfig {
     /// `http_protocol_options.enable_trailers`: HTTP/1 clients' request trailers are forwarded
     /// and response trailers written to them; without it (Envoy's default) both are dropped.
     pub http1_trailers: bool,
+    /// `http_protocol_options.allow_chunked_length`: an HTTP/1 request with both
+    /// `content-length` and `transfer-encoding: chunked` is taken as chunked (its
+    /// `content-length` removed) instead of refused with 400.
+    pub allow_chunked_length: bool,
     /// `normalize_path` (RFC 3986 normalisation before routing; default off).
     pub normalize_path: bool,
     /// `merge_slashes`.
@@ -358,5 +362,9 @@ pub fn compile_hcm(
             .http_protocol_options
             .as_ref()
             .is_some_and(|o| o.enable_trailers),
+        allow_chunked_length: hcm
+            .http_protocol_options
+            .as_ref()
+            .is_some_and(|o| o.allow_chunked_length),
     })
 }

@@ -73,6 +73,8 @@ pub struct ListenerConfig {
     pub default_chain: Option<ChainConfig>,
     /// `traffic_direction` is INBOUND (`/drain_listeners?inboundonly`).
     pub inbound: bool,
+    /// `drain_type: MODIFY_ONLY`: `/healthcheck/fail` does not drain the listener.
+    pub drain_modify_only: bool,
     /// What names the listener's stats: its `stat_prefix`, else its address with `:` made `_`
     /// as Envoy sanitizes stat names (`127.0.0.1_10000`, `[__]_80`).
     pub stats_name: String,
@@ -599,6 +601,8 @@ pub fn compile_listener(
         default_chain,
         inbound: l.traffic_direction
             == proto::pb::envoy::config::core::v3::TrafficDirection::Inbound as i32,
+        drain_modify_only: l.drain_type
+            == proto::pb::envoy::config::listener::v3::listener::DrainType::ModifyOnly as i32,
         stats_name: if l.stat_prefix.is_empty() {
             address.to_string().replace(':', "_")
         } else {

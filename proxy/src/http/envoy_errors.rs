@@ -4,7 +4,9 @@
 //! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
 //! connection gets the same. hyper writes its own bare 400; this wrapper swaps it for Envoy's
 //! bytes on the way out. When hyper takes a connection over from the HTTP/1.1 fast path, the
-//! wrapper also replays the bytes the fast path had read.
+//! wrapper also replays the bytes the fast path had read, and it passes what the client sends
+//! through [`Framing`], which applies Envoy's rule for `content-length` with
+//! `transfer-encoding` that hyper lacks.
 
 use std::io;
 use std::pin::Pin;
@@ -12,6 +14,8 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::framing::Framing;
 
 /// hyper's status lines for requests it rejects, and Envoy's reason text for each.
 const REJECTIONS: [(&[u8], &str); 3] = [
@@ -63,20 +67,27 @@ pub struct EnvoyErrors<I> {
     pending: Vec<u8>,
     /// Bytes already read from `io` by someone else, returned by the first reads.
     replay: BytesMut,
+    /// Follows HTTP/1 requests on their way in (off for HTTP/2).
+    framing: Framing,
+    /// What `framing` let through and hyper has not read yet.
+    ready: BytesMut,
 }
 
 impl<I> EnvoyErrors<I> {
-    /// Wraps `io`.
+    /// Wraps an HTTP/2 connection `io`.
     pub fn new(io: I) -> Self {
-        Self::replaying(BytesMut::new(), io)
+        Self::replaying(BytesMut::new(), io, Framing::off())
     }
 
-    /// Wraps `io`, whose next reads return `replay` first.
-    pub fn replaying(replay: BytesMut, io: I) -> Self {
+    /// Wraps `io`, whose next reads return `replay` first, and whose HTTP/1 requests go
+    /// through `framing`.
+    pub fn replaying(replay: BytesMut, io: I, framing: Framing) -> Self {
         EnvoyErrors {
             io,
             pending: Vec::new(),
             replay,
+            framing,
+            ready: BytesMut::new(),
         }
     }
 }
@@ -100,13 +111,38 @@ impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.replay.is_empty() {
-            return Pin::new(&mut self.io).poll_read(cx, buf);
+        let me = &mut *self;
+        loop {
+            if !me.ready.is_empty() {
+                let n = me.ready.len().min(buf.remaining());
+                buf.put_slice(&me.ready[..n]);
+                me.ready.advance(n);
+                return Poll::Ready(Ok(()));
+            }
+            if !me.replay.is_empty() {
+                let replay = std::mem::take(&mut me.replay);
+                if me.framing.is_off() {
+                    me.ready = replay;
+                } else {
+                    me.framing.feed(&replay, &mut me.ready);
+                }
+                continue;
+            }
+            if me.framing.is_off() {
+                return Pin::new(&mut me.io).poll_read(cx, buf);
+            }
+            let mut scratch = [0u8; 8192];
+            let mut read = ReadBuf::new(&mut scratch);
+            ready!(Pin::new(&mut me.io).poll_read(cx, &mut read))?;
+            if read.filled().is_empty() {
+                me.framing.end(&mut me.ready);
+                if me.ready.is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+            } else {
+                me.framing.feed(read.filled(), &mut me.ready);
+            }
         }
-        let n = self.replay.len().min(buf.remaining());
-        buf.put_slice(&self.replay[..n]);
-        self.replay.advance(n);
-        Poll::Ready(Ok(()))
     }
 }
 
@@ -149,7 +185,7 @@ mod tests {
         let (a, mut b) = tokio::io::duplex(64);
         b.write_all(b" world").await.unwrap();
         drop(b);
-        let mut io = EnvoyErrors::replaying(BytesMut::from(&b"hello"[..]), a);
+        let mut io = EnvoyErrors::replaying(BytesMut::from(&b"hello"[..]), a, Framing::off());
         let mut out = String::new();
         io.read_to_string(&mut out).await.unwrap();
         assert_eq!(out, "hello world");

@@ -6,6 +6,7 @@ mod buffered_body;
 mod connect;
 mod envoy_errors;
 pub mod forwarding;
+mod framing;
 mod grpc_timeout;
 mod h1;
 mod int_value;
@@ -67,6 +68,16 @@ pub struct ConnContext {
     pub local: SocketAddr,
     /// Original destination, when the connection was redirected.
     pub original_dst: Option<SocketAddr>,
+    /// Which drains concern the listener (`traffic_direction`, `drain_type`).
+    pub drain_scope: crate::drain::Scope,
+}
+
+impl ConnContext {
+    /// Whether the connection should be told to close with its current response (a failed
+    /// health check or a draining listener, see [`crate::drain`]).
+    fn drain_close(&self) -> bool {
+        self.shared.drain.close_connection(self.drain_scope)
+    }
 }
 
 /// A request Envoy's codecs refuse before routing.
@@ -275,8 +286,12 @@ where
         Codec::Auto => builder,
     };
     let svc_ctx = ctx.clone();
+    // An HTTP/2 stream answered while the server drains asks for the connection's GOAWAY.
+    let goaway = Arc::new(tokio::sync::Notify::new());
+    let svc_goaway = goaway.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
+        let goaway = svc_goaway.clone();
         // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
         // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
         crate::spawn::boxed(|| async move {
@@ -319,6 +334,19 @@ where
                     http::HeaderValue::from_static("close"),
                 );
             }
+            // A draining server tells the connection on this response, as Envoy does: HTTP/1
+            // with `connection: close` (hyper's server then closes), HTTP/2 with a GOAWAY.
+            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS && ctx.drain_close() {
+                if version < http::Version::HTTP_2 {
+                    ctx.hcm.stats.cx_drain_close.inc();
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                } else {
+                    goaway.notify_one();
+                }
+            }
             reason::set_envoy_phrase(&mut resp);
             // Every response carries the request's version, local replies included: for an
             // HTTP/1.0 client hyper then keeps the connection only if the response says
@@ -339,10 +367,22 @@ where
             Ok(resp)
         })
     });
-    if let Err(e) = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service)
-        .await
-    {
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let mut told = false;
+    let result = loop {
+        tokio::select! {
+            // First, so the GOAWAY goes out before the response that asked for it.
+            biased;
+            () = goaway.notified(), if !told => {
+                told = true;
+                ctx.hcm.stats.cx_drain_close.inc();
+                conn.as_mut().graceful_shutdown();
+            }
+            result = conn.as_mut() => break result,
+        }
+    };
+    if let Err(e) = result {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
     }
 }

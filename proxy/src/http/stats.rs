@@ -13,6 +13,8 @@ pub struct HcmStats {
     pub rq_active: Gauge,
     /// `downstream_rq_1xx` .. `downstream_rq_5xx`.
     pub rq_class: [Counter; 5],
+    /// `downstream_cx_drain_close`: connections told to close because the server drains.
+    pub cx_drain_close: Counter,
     /// `downstream_rq_fail_closed` (revoy's own), present only on a connection manager that
     /// denies every request for a filter revoy does not implement.
     pub rq_fail_closed: Option<Counter>,
@@ -45,6 +47,7 @@ impl HcmStats {
             rq_active: store.gauge(&name("downstream_rq_active")),
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
+            cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
             rq_fail_closed: denies.then(|| store.counter(&name("downstream_rq_fail_closed"))),
             upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
             upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),

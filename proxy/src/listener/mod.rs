@@ -245,6 +245,10 @@ impl Listener {
                     down: Downstream { peer, tls },
                     local: destination,
                     original_dst: original,
+                    drain_scope: crate::drain::Scope {
+                        inbound: self.config.inbound,
+                        modify_only: self.config.drain_modify_only,
+                    },
                 };
                 match tls {
                     None => http::serve(stream, Arc::new(ctx(false))).await,

@@ -108,9 +108,6 @@ pub struct Case {
     pub expect: Vec<(String, String)>,
     /// Fields left out of the comparison (e.g. a body that revoy deliberately extends).
     pub ignore: Vec<String>,
-    /// A deliberate difference (listed in the README): instead of comparing, revoy must show
-    /// these `(field, value)`s.
-    pub deliberate: Vec<(String, String)>,
     /// Known gaps (DIFFERENCES.md, README's "Known differences"): `(field, value)`s revoy shows
     /// instead of Envoy's; the field is held to that value and left out of the comparison,
     /// every other field is compared.
@@ -118,6 +115,12 @@ pub struct Case {
     /// Compare whether the upstream connection was reused (left out by default, since it
     /// depends on every earlier case of the config).
     pub pooling: bool,
+    /// Send on this named connection, opened by the first case that names it and kept open
+    /// for later ones (`differential/held.rs`).
+    pub held: Option<&'static str>,
+    /// Wait this long before sending: only for what Envoy does on a timer (its stats flush
+    /// updates `server.state`; a graceful drain stops listeners after `--drain-time-s`).
+    pub pause: Option<Duration>,
 }
 
 impl Case {
@@ -143,9 +146,10 @@ impl Case {
             balance: None,
             expect: Vec::new(),
             ignore: Vec::new(),
-            deliberate: Vec::new(),
             known: Vec::new(),
             pooling: false,
+            held: None,
+            pause: None,
         }
     }
 
@@ -322,16 +326,25 @@ impl Case {
         }
     }
 
+    /// Sends on the connection `name`, kept open across cases (opened by its first case).
+    pub fn held(self, name: &'static str) -> Case {
+        Case {
+            held: Some(name),
+            ..self
+        }
+    }
+
+    /// Waits `ms` before sending (see [`Case::pause`]).
+    pub fn after_ms(self, ms: u64) -> Case {
+        Case {
+            pause: Some(Duration::from_millis(ms)),
+            ..self
+        }
+    }
+
     /// Leaves `field` out of the comparison.
     pub fn ignore(mut self, field: &str) -> Case {
         self.ignore.push(field.to_string());
-        self
-    }
-
-    /// Marks a deliberate difference from Envoy (README, "Deliberate differences"): revoy is
-    /// not compared with Envoy on this case but must show `field` with `value`.
-    pub fn deliberate(mut self, field: &str, value: &str) -> Case {
-        self.deliberate.push((field.to_string(), value.to_string()));
         self
     }
 

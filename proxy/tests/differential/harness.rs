@@ -23,6 +23,7 @@ use tokio::net::TcpStream;
 
 use super::case::Case;
 use super::client::{self, Observation};
+use super::held::Held;
 use super::oracle;
 use super::upstream::Upstreams;
 
@@ -32,6 +33,11 @@ const CONFIG_DEADLINE: Duration = Duration::from_secs(240);
 /// Runs every case of `configs/<config>.yaml` through Envoy and revoy; panics with a per-case
 /// diff when they disagree (or records a skip when Envoy is missing outside CI).
 pub async fn run(config: &str, cases: &[Case]) {
+    run_with_args(config, &[], cases).await;
+}
+
+/// [`run`] with extra command-line flags for both proxies (e.g. `--drain-strategy`).
+pub async fn run_with_args(config: &str, args: &[&str], cases: &[Case]) {
     assert!(
         !(peer_is_envoy() && std::env::var("CI").as_deref() == Ok("true")),
         "differential::{config}: REVOY_DIFF_PEER=envoy compares Envoy with itself and never runs \
@@ -49,7 +55,13 @@ pub async fn run(config: &str, cases: &[Case]) {
         names.len(),
         "{config}: case names must be unique"
     );
-    match tokio::time::timeout(CONFIG_DEADLINE, compare_config(config, cases, &envoy)).await {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    match tokio::time::timeout(
+        CONFIG_DEADLINE,
+        compare_config(config, &args, cases, &envoy),
+    )
+    .await
+    {
         Ok(Ok(())) => {}
         Ok(Err(report)) => panic!("{report}"),
         Err(_) => panic!("{config}: did not finish within {CONFIG_DEADLINE:?}"),
@@ -61,7 +73,12 @@ fn peer_is_envoy() -> bool {
     std::env::var("REVOY_DIFF_PEER").as_deref() == Ok("envoy")
 }
 
-async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<(), String> {
+async fn compare_config(
+    config: &str,
+    args: &[String],
+    cases: &[Case],
+    envoy: &Path,
+) -> Result<(), String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/differential/configs")
         .join(format!("{config}.yaml"));
@@ -87,38 +104,11 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
 
     let peer_is_envoy = peer_is_envoy();
     let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
-    let oracle_side = Side::start(
-        "envoy",
-        envoy,
-        true,
-        config,
-        &template,
-        &placeholders,
-        &shared,
-    )
-    .await?;
+    let oracle_side = Side::start("envoy", envoy, true, config, args, &template, &shared).await?;
     let peer = if peer_is_envoy {
-        Side::start(
-            "envoy-peer",
-            envoy,
-            true,
-            config,
-            &template,
-            &placeholders,
-            &shared,
-        )
-        .await
+        Side::start("envoy-peer", envoy, true, config, args, &template, &shared).await
     } else {
-        Side::start(
-            "revoy",
-            &revoy,
-            false,
-            config,
-            &template,
-            &placeholders,
-            &shared,
-        )
-        .await
+        Side::start("revoy", &revoy, false, config, args, &template, &shared).await
     };
     let peer = match peer {
         Ok(peer) => peer,
@@ -149,22 +139,7 @@ async fn compare_config(config: &str, cases: &[Case], envoy: &Path) -> Result<()
                 ));
             }
         }
-        let mut lines = if case.deliberate.is_empty() || peer.name != "revoy" {
-            diff(&expected, &actual, &peer.name)
-        } else {
-            case.deliberate
-                .iter()
-                .filter(|(field, value)| {
-                    actual.get(field).map_or("<missing>", String::as_str) != value
-                })
-                .map(|(field, value)| {
-                    format!(
-                        "  DELIBERATE: revoy's {field} = {:?}, expected {value:?}",
-                        actual.get(field)
-                    )
-                })
-                .collect()
-        };
+        let mut lines = diff(&expected, &actual, &peer.name);
         lines.extend(gaps);
         for (field, value) in &case.expect {
             if expected.get(field).map_or("<missing>", String::as_str) != value {
@@ -248,6 +223,7 @@ struct Side {
     name: String,
     ports: BTreeMap<String, u16>,
     process: Process,
+    held: Held,
 }
 
 impl Side {
@@ -256,12 +232,12 @@ impl Side {
         program: &Path,
         is_envoy: bool,
         config: &str,
+        extra_args: &[String],
         template: &str,
-        placeholders: &[String],
         shared: &BTreeMap<String, u16>,
     ) -> Result<Side, String> {
         let mut ports = shared.clone();
-        for placeholder in placeholders {
+        for placeholder in &placeholders(template) {
             if placeholder == "admin" || placeholder.starts_with("listener_") {
                 ports.insert(placeholder.clone(), free_port());
             }
@@ -286,11 +262,13 @@ impl Side {
             args.extend(["--base-id".into(), base_id, "--disable-hot-restart".into()]);
         }
         args.extend(["-l".into(), "warning".into()]);
+        args.extend(extra_args.iter().cloned());
         let process = Process::spawn(name, program, &args, dir.join("log.txt"))?;
         let side = Side {
             name: name.to_string(),
             ports,
             process,
+            held: Held::default(),
         };
         side.wait_ready().await?;
         Ok(side)
@@ -360,7 +338,13 @@ impl Side {
             );
         };
         let render_fn = |s: &str| render(s, &self.ports);
-        let mut obs = client::observe(case, port, &render_fn).await;
+        if let Some(pause) = case.pause {
+            tokio::time::sleep(pause).await;
+        }
+        let mut obs = match case.held {
+            Some(name) => self.held.observe(case, name, port, &render_fn).await,
+            None => client::observe(case, port, &render_fn).await,
+        };
         obs.retain(|field, _| {
             !case.ignore.contains(field) && (case.pooling || field != "upstream.connection_reused")
         });

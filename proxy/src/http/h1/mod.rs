@@ -105,6 +105,17 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     Head::HandOff => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
+                    Head::Ambiguous => {
+                        ctx.hcm.stats.rq_total.inc();
+                        ctx.hcm.stats.response(400);
+                        let reply = super::envoy_errors::bad_request(None);
+                        if stream.write_all(&reply).await.is_ok() {
+                            let _ = stream.shutdown().await;
+                            reading.buf.clear();
+                            linger(&mut stream, &mut reading.buf).await;
+                        }
+                        return;
+                    }
                 }
             }
             if !read_more(&mut stream, &mut reading).await {
@@ -118,6 +129,15 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             biased;
             response = &mut handled => response,
             () = client_gone(&mut stream, &mut reading) => return,
+        };
+        // A draining server answers with `connection: close` and closes, as Envoy does.
+        let drain = ctx.drain_close();
+        if drain {
+            ctx.hcm.stats.cx_drain_close.inc();
+        }
+        let asked = Asked {
+            close: asked.close || drain,
+            ..asked
         };
         if !response::write(
             &mut stream,
@@ -207,6 +227,12 @@ fn may_be_h2_preface(buf: &[u8]) -> bool {
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf`.
 async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream);
+    let cfg = &ctx.hcm.config;
+    let framing = super::framing::Framing::new(
+        cfg.allow_chunked_length,
+        cfg.max_request_headers_kb as usize * 1024,
+        Some(ctx.hcm.stats.clone()),
+    );
+    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing);
     super::serve_io(io, ctx, codec).await;
 }

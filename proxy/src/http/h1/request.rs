@@ -34,6 +34,9 @@ pub(super) enum Head {
         asked: Asked,
         inbound: Inbound,
     },
+    /// Both `content-length` and `transfer-encoding` (without `allow_chunked_length`):
+    /// answered 400 and closed, as by Envoy's codec.
+    Ambiguous,
     /// Anything else: hyper's server takes the connection from this request on.
     HandOff,
 }
@@ -44,7 +47,9 @@ pub(super) enum Head {
 /// a single plain `content-length` (never `transfer-encoding`). On `Served` the head, and the
 /// body when it arrived whole with the head, are removed from `buf`; a body still on its way
 /// is left for the connection's reader to stream into the request ([`Inbound`]). Otherwise
-/// `buf` is untouched so the connection can be handed off with it.
+/// `buf` is untouched so the connection can be handed off with it, except that a chunked
+/// request's `content-length` lines are removed under `allow_chunked_length` (so hyper, which
+/// would close the connection after such a request, sees a plain chunked one).
 pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
     let max_head = cfg.max_request_headers_kb as usize * 1024;
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
@@ -65,27 +70,46 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
         return Head::HandOff;
     }
     let (mut close, mut body_len, mut header_bytes) = (false, None, 0);
+    let (mut lengths, mut codings, mut chunked_only, mut unusual) = (0, 0, true, false);
     for h in parsed.headers.iter() {
         header_bytes += h.name.len() + h.value.len();
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
             close |= super::has_token(h.value, b"close");
         } else if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
-            match (body_len, plain_length(h.value)) {
-                (None, Some(n)) => body_len = Some(n),
-                _ => return Head::HandOff,
-            }
-        } else if [TRANSFER_ENCODING, UPGRADE, EXPECT]
+            lengths += 1;
+            body_len = plain_length(h.value);
+        } else if name.eq_ignore_ascii_case(TRANSFER_ENCODING.as_str().as_bytes()) {
+            codings += 1;
+            chunked_only &= h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+        } else if [UPGRADE, EXPECT]
             .iter()
             .any(|n| name.eq_ignore_ascii_case(n.as_str().as_bytes()))
         {
-            return Head::HandOff;
+            unusual = true;
         }
     }
-    let body_len = body_len.unwrap_or(0);
     if header_bytes > max_head || parsed.headers.len() > cfg.max_headers_count as usize {
         return Head::HandOff;
     }
+    if lengths > 0 && codings > 0 {
+        // Envoy's codec refuses the ambiguous framing request smuggling relies on, unless
+        // `allow_chunked_length`, which takes the request as chunked without its length.
+        if !(cfg.allow_chunked_length && codings == 1 && chunked_only) {
+            return Head::Ambiguous;
+        }
+        let lines = header_lines(buf, parsed.headers, CONTENT_LENGTH.as_str());
+        *buf = without(buf, &lines);
+        return Head::HandOff;
+    }
+    if unusual || codings > 0 || lengths > 1 {
+        return Head::HandOff;
+    }
+    let body_len = match (lengths, body_len) {
+        (0, _) => 0,
+        (_, Some(n)) => n,
+        (_, None) => return Head::HandOff,
+    };
     let Ok(method) = Method::from_bytes(method.as_bytes()) else {
         return Head::HandOff;
     };
@@ -144,6 +168,39 @@ fn plain_length(value: &[u8]) -> Option<usize> {
             .then_some(())
             .and_then(|()| n.checked_mul(10)?.checked_add(usize::from(d - b'0')))
     })
+}
+
+/// Where in `buf` each header line named `name` lies (name to line end, both included).
+fn header_lines(
+    buf: &[u8],
+    headers: &[httparse::Header<'_>],
+    name: &str,
+) -> Vec<std::ops::Range<usize>> {
+    headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| {
+            let start = h.name.as_ptr() as usize - buf.as_ptr() as usize;
+            let value_end = h.value.as_ptr() as usize - buf.as_ptr() as usize + h.value.len();
+            let end = buf[value_end..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(buf.len(), |i| value_end + i + 1);
+            start..end
+        })
+        .collect()
+}
+
+/// `buf` without the byte ranges in `cut` (in order, not overlapping).
+fn without(buf: &[u8], cut: &[std::ops::Range<usize>]) -> BytesMut {
+    let mut out = BytesMut::with_capacity(buf.len());
+    let mut at = 0;
+    for r in cut {
+        out.extend_from_slice(&buf[at..r.start]);
+        at = r.end;
+    }
+    out.extend_from_slice(&buf[at..]);
+    out
 }
 
 /// The head put back in front of the bytes read after it.
@@ -227,5 +284,33 @@ mod tests {
         assert!(handed_off(
             b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
         ));
+    }
+
+    #[test]
+    fn a_length_with_a_coding_is_refused_unless_allow_chunked_length() {
+        for req in [
+            &b"POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"[..],
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nContent-Length: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+        ] {
+            let mut buf = BytesMut::from(req);
+            assert!(matches!(parse(&mut buf, &cfg()), Head::Ambiguous));
+        }
+        let allowing = HcmConfig {
+            allow_chunked_length: true,
+            ..cfg()
+        };
+        let mut buf = BytesMut::from(
+            &b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..],
+        );
+        assert!(matches!(parse(&mut buf, &allowing), Head::HandOff));
+        assert_eq!(
+            buf,
+            &b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..]
+        );
+        let mut buf = BytesMut::from(
+            &b"POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"[..],
+        );
+        assert!(matches!(parse(&mut buf, &allowing), Head::Ambiguous));
     }
 }

@@ -1,0 +1,197 @@
+//! Envoy's drain decisions: whether a connection should be told to close (HTTP/1.1
+//! `connection: close`, an HTTP/2 GOAWAY) because the server failed its health checks
+//! (`/healthcheck/fail`) or its listener is draining (`/drain_listeners`).
+//!
+//! As in Envoy 1.40 (each probed): a failed health check tells every connection at once,
+//! whatever `--drain-strategy`, except on listeners with `drain_type: MODIFY_ONLY`; a listener
+//! drain (`/drain_listeners`, with or without
+//! `graceful` or `skip_exit`) tells connections per `--drain-strategy`: `immediate` at once,
+//! `gradual` (the default) with a chance that grows from 0 to 1 over `--drain-time-s`.
+//! Connections are told on their next response; idle ones are left alone.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+
+/// `--drain-strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Connections are told with a chance that grows over the drain time.
+    Gradual,
+    /// Connections are told as soon as the drain starts.
+    Immediate,
+}
+
+impl Strategy {
+    /// Parses Envoy's `--drain-strategy` value (`gradual` or `immediate`, lower case only, as
+    /// Envoy 1.40 accepts).
+    pub fn parse(value: &str) -> Result<Strategy, String> {
+        match value {
+            "gradual" => Ok(Strategy::Gradual),
+            "immediate" => Ok(Strategy::Immediate),
+            other => Err(format!(
+                "unknown drain-strategy '{other}' (gradual or immediate)"
+            )),
+        }
+    }
+}
+
+/// What of a listener decides whether a drain concerns it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scope {
+    /// `traffic_direction: INBOUND` (`/drain_listeners?inboundonly`).
+    pub inbound: bool,
+    /// `drain_type: MODIFY_ONLY` (not drained by `/healthcheck/fail`).
+    pub modify_only: bool,
+}
+
+/// The process's drain state, read by every connection on each response.
+pub struct Drain {
+    strategy: Strategy,
+    drain_time: Duration,
+    health_failed: AtomicBool,
+    /// Anything above is set: the one load a response pays while nothing drains.
+    any: AtomicBool,
+    /// When `/drain_listeners` started draining every listener.
+    all: OnceLock<Instant>,
+    /// When `/drain_listeners?inboundonly` started draining the inbound listeners.
+    inbound: OnceLock<Instant>,
+}
+
+impl Drain {
+    /// Nothing draining yet.
+    pub fn new(strategy: Strategy, drain_time: Duration) -> Drain {
+        Drain {
+            strategy,
+            drain_time,
+            health_failed: AtomicBool::new(false),
+            any: AtomicBool::new(false),
+            all: OnceLock::new(),
+            inbound: OnceLock::new(),
+        }
+    }
+
+    /// `/healthcheck/fail` (`true`) and `/healthcheck/ok` (`false`).
+    pub fn set_health_failed(&self, failed: bool) {
+        self.health_failed.store(failed, Ordering::Relaxed);
+        self.update_any();
+    }
+
+    /// Whether `/healthcheck/fail` is in force.
+    pub fn health_failed(&self) -> bool {
+        self.health_failed.load(Ordering::Relaxed)
+    }
+
+    /// Starts draining every listener, or only the inbound ones; a drain already started keeps
+    /// its start time.
+    pub fn start(&self, inbound_only: bool) {
+        let now = Instant::now();
+        let _ = if inbound_only {
+            self.inbound.set(now)
+        } else {
+            self.all.set(now)
+        };
+        self.update_any();
+    }
+
+    fn update_any(&self) {
+        let any = self.health_failed() || self.all.get().is_some() || self.inbound.get().is_some();
+        self.any.store(any, Ordering::Relaxed);
+    }
+
+    /// Whether a connection of a listener (inbound or not, drained by health checks unless
+    /// `drain_type: MODIFY_ONLY`) should close after its current response (Envoy's
+    /// `DrainManager::drainClose`).
+    pub fn close_connection(&self, listener: Scope) -> bool {
+        if !self.any.load(Ordering::Relaxed) {
+            return false;
+        }
+        if self.health_failed() && !listener.modify_only {
+            return true;
+        }
+        let inbound = listener.inbound;
+        let started = match (self.all.get(), self.inbound.get().filter(|_| inbound)) {
+            (Some(a), Some(i)) => *a.min(i),
+            (Some(s), None) | (None, Some(s)) => *s,
+            (None, None) => return false,
+        };
+        match self.strategy {
+            Strategy::Immediate => true,
+            Strategy::Gradual => gradual(started.elapsed(), self.drain_time, &mut rand::rng()),
+        }
+    }
+}
+
+/// Envoy's gradual drain: with `elapsed` whole seconds of a `drain_time` drain gone, close when
+/// `elapsed > random % drain_time` (so never in the first second, always once it is over).
+fn gradual(elapsed: Duration, drain_time: Duration, rng: &mut impl Rng) -> bool {
+    let total = drain_time.as_secs();
+    if total == 0 {
+        return true;
+    }
+    elapsed.as_secs() > rng.random_range(0..total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const INBOUND: Scope = Scope {
+        inbound: true,
+        modify_only: false,
+    };
+    const OTHER: Scope = Scope {
+        inbound: false,
+        modify_only: false,
+    };
+    const MODIFY_ONLY: Scope = Scope {
+        inbound: false,
+        modify_only: true,
+    };
+
+    #[test]
+    fn nothing_closes_until_something_drains() {
+        let d = Drain::new(Strategy::Immediate, Duration::from_secs(600));
+        assert!(!d.close_connection(INBOUND) && !d.close_connection(OTHER));
+        d.start(true);
+        assert!(d.close_connection(INBOUND), "inbound listeners drain");
+        assert!(!d.close_connection(OTHER), "the others do not");
+        d.start(false);
+        assert!(d.close_connection(OTHER));
+        assert!(
+            d.close_connection(MODIFY_ONLY),
+            "a listener drain drains them all"
+        );
+    }
+
+    #[test]
+    fn a_failed_health_check_closes_at_once_whatever_the_strategy() {
+        let d = Drain::new(Strategy::Gradual, Duration::from_secs(600));
+        d.set_health_failed(true);
+        assert!(d.close_connection(OTHER));
+        assert!(
+            !d.close_connection(MODIFY_ONLY),
+            "MODIFY_ONLY listeners are spared"
+        );
+        d.set_health_failed(false);
+        assert!(!d.close_connection(OTHER));
+    }
+
+    #[test]
+    fn gradual_never_closes_in_the_first_second_and_always_after_the_drain() {
+        let mut rng = rand::rng();
+        let ten = Duration::from_secs(10);
+        assert!((0..200).all(|_| !gradual(Duration::from_millis(900), ten, &mut rng)));
+        assert!((0..200).all(|_| gradual(Duration::from_secs(10), ten, &mut rng)));
+        assert!(gradual(Duration::ZERO, Duration::ZERO, &mut rng));
+    }
+
+    #[test]
+    fn only_envoys_spellings_are_strategies() {
+        assert_eq!(Strategy::parse("immediate"), Ok(Strategy::Immediate));
+        assert_eq!(Strategy::parse("gradual"), Ok(Strategy::Gradual));
+        assert!(Strategy::parse("Immediate").is_err());
+    }
+}

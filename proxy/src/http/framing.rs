@@ -1,0 +1,361 @@
+//! Follows the HTTP/1 requests a client sends on a connection hyper's server serves, to apply
+//! Envoy's rule for a request with both `content-length` and `transfer-encoding`, which hyper
+//! takes as chunked (and then closes the connection): Envoy's codec answers it 400 and closes,
+//! or, under `allow_chunked_length`, takes it as chunked without its `content-length` and keeps
+//! the connection.
+//!
+//! The bytes pass through on their way to hyper: bodies at once (their framing followed, so
+//! the next head is found), each head held until it is whole, then handed on as it was, without
+//! its `content-length` lines (`allow_chunked_length`), or replaced by a line hyper's parser
+//! refuses, so hyper answers the 400 (made Envoy's by `envoy_errors`) and closes. Anything this
+//! does not follow (an upgrade, CONNECT, a head it cannot parse, an HTTP/2 preface) ends the
+//! following: the rest passes untouched.
+
+use bytes::BytesMut;
+
+use super::HcmStats;
+
+/// What hyper's parser refuses (a control character in the method) in place of an ambiguous
+/// head.
+const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
+
+/// Where in the request stream the next byte is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// In a head (held until whole).
+    Head,
+    /// In a `content-length` body: this many bytes left.
+    Body(u64),
+    /// In a chunk-size line.
+    ChunkSize,
+    /// In chunk data: this many bytes left.
+    ChunkData(u64),
+    /// After chunk data, up to its line end.
+    ChunkEnd,
+    /// In the trailer section after the last chunk; `true` at the start of a line.
+    Trailers(bool),
+    /// No longer followed: everything passes.
+    Off,
+    /// After a refused head: nothing more goes to hyper.
+    Refused,
+}
+
+/// The request-stream follower of one connection.
+pub(super) struct Framing {
+    state: State,
+    allow_chunked_length: bool,
+    /// The head (or chunk-size line) read so far.
+    held: Vec<u8>,
+    /// A head longer than this is handed on as it is and the following ends (hyper and the
+    /// connection manager's limits refuse it).
+    max_head: usize,
+    /// Where a refused request is counted (a 400, as Envoy counts it).
+    stats: Option<HcmStats>,
+}
+
+impl Framing {
+    /// Follows a connection's requests from its first byte, counting refused ones in `stats`.
+    pub(super) fn new(
+        allow_chunked_length: bool,
+        max_head: usize,
+        stats: Option<HcmStats>,
+    ) -> Framing {
+        Framing {
+            state: State::Head,
+            allow_chunked_length,
+            held: Vec::new(),
+            max_head,
+            stats,
+        }
+    }
+
+    /// Follows nothing (an HTTP/2 connection).
+    pub(super) fn off() -> Framing {
+        Framing {
+            state: State::Off,
+            allow_chunked_length: false,
+            held: Vec::new(),
+            max_head: 0,
+            stats: None,
+        }
+    }
+
+    /// Whether everything passes untouched from here on.
+    pub(super) fn is_off(&self) -> bool {
+        self.state == State::Off
+    }
+
+    /// The client closed (or the head is not one to follow): a head still held goes to hyper
+    /// as it is, and so does everything after it.
+    pub(super) fn end(&mut self, out: &mut BytesMut) {
+        if self.state != State::Refused {
+            out.extend_from_slice(&self.held);
+            self.state = State::Off;
+        }
+        self.held.clear();
+    }
+
+    /// Takes bytes the client sent and appends what hyper is to read.
+    pub(super) fn feed(&mut self, mut input: &[u8], out: &mut BytesMut) {
+        while !input.is_empty() {
+            match self.state {
+                State::Off => {
+                    out.extend_from_slice(input);
+                    return;
+                }
+                State::Refused => return,
+                State::Head => {
+                    self.held.extend_from_slice(input);
+                    input = &[];
+                    self.head(out);
+                }
+                State::Body(left) => {
+                    let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    out.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    self.state = if n as u64 == left {
+                        State::Head
+                    } else {
+                        State::Body(left - n as u64)
+                    };
+                    // What follows a body is a head: held from here.
+                    if self.state == State::Head && !input.is_empty() {
+                        self.held.extend_from_slice(input);
+                        input = &[];
+                        self.head(out);
+                    }
+                }
+                State::ChunkData(left) => {
+                    let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    out.extend_from_slice(&input[..n]);
+                    input = &input[n..];
+                    self.state = if n as u64 == left {
+                        State::ChunkEnd
+                    } else {
+                        State::ChunkData(left - n as u64)
+                    };
+                }
+                State::ChunkSize | State::ChunkEnd | State::Trailers(_) => {
+                    let b = input[0];
+                    out.extend_from_slice(&input[..1]);
+                    input = &input[1..];
+                    self.chunk_byte(b);
+                    if self.state == State::Head && !input.is_empty() {
+                        self.held.extend_from_slice(input);
+                        input = &[];
+                        self.head(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One byte of a chunk-size line, a chunk's line end or the trailer section.
+    fn chunk_byte(&mut self, b: u8) {
+        self.state = match (self.state, b) {
+            (State::ChunkEnd, b'\n') => State::ChunkSize,
+            (State::ChunkEnd, _) => State::ChunkEnd,
+            (State::ChunkSize, b'\n') => {
+                let line = std::mem::take(&mut self.held);
+                match chunk_size(&line) {
+                    Some(0) => State::Trailers(true),
+                    Some(n) => State::ChunkData(n),
+                    None => State::Off,
+                }
+            }
+            (State::ChunkSize, _) => {
+                if self.held.len() < 256 {
+                    self.held.push(b);
+                    State::ChunkSize
+                } else {
+                    State::Off
+                }
+            }
+            (State::Trailers(true), b'\n') => State::Head,
+            (State::Trailers(_), b'\n') => State::Trailers(true),
+            (State::Trailers(start), b'\r') => State::Trailers(start),
+            (State::Trailers(_), _) => State::Trailers(false),
+            (other, _) => other,
+        };
+    }
+
+    /// Looks at the held head: while incomplete it stays held; once whole it goes out (as it
+    /// is, without its lengths, or refused) and the state follows its body.
+    fn head(&mut self, out: &mut BytesMut) {
+        let mut headers = [httparse::EMPTY_HEADER; 128];
+        let mut req = httparse::Request::new(&mut headers);
+        let len = match req.parse(&self.held) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return,
+            _ => {
+                self.end(out);
+                return;
+            }
+        };
+        let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
+            (Vec::new(), None, 0, true, req.method == Some("CONNECT"));
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                let start = h.name.as_ptr() as usize - self.held.as_ptr() as usize;
+                let value_end =
+                    h.value.as_ptr() as usize - self.held.as_ptr() as usize + h.value.len();
+                let end = self.held[value_end..len]
+                    .iter()
+                    .position(|b| *b == b'\n')
+                    .map_or(len, |i| value_end + i + 1);
+                lengths.push(start..end);
+                length = std::str::from_utf8(h.value)
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok());
+            } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
+                codings += 1;
+                chunked_only &= h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+            } else if h.name.eq_ignore_ascii_case("upgrade") {
+                opaque = true;
+            }
+        }
+        let rest = self.held.split_off(len);
+        let head = std::mem::take(&mut self.held);
+        self.state = if !lengths.is_empty() && codings > 0 {
+            if self.allow_chunked_length && codings == 1 && chunked_only {
+                let mut at = 0;
+                for r in &lengths {
+                    out.extend_from_slice(&head[at..r.start]);
+                    at = r.end;
+                }
+                out.extend_from_slice(&head[at..]);
+                State::ChunkSize
+            } else {
+                // Nothing after it goes on: hyper refuses this and closes.
+                if let Some(stats) = &self.stats {
+                    stats.rq_total.inc();
+                    stats.response(400);
+                }
+                out.extend_from_slice(REFUSED_HEAD);
+                self.state = State::Refused;
+                return;
+            }
+        } else {
+            out.extend_from_slice(&head);
+            match (opaque, codings, lengths.len(), length) {
+                (true, _, _, _) => State::Off,
+                (_, 0, 0, _) => State::Head,
+                (_, 0, 1, Some(0)) => State::Head,
+                (_, 0, 1, Some(n)) => State::Body(n),
+                (_, 1, 0, _) if chunked_only => State::ChunkSize,
+                // Anything else is hyper's to refuse or frame.
+                _ => State::Off,
+            }
+        };
+        self.feed(&rest, out);
+    }
+}
+
+/// The size of a chunk-size line (hex digits, then extensions, `\r` and whitespace ignored).
+fn chunk_size(line: &[u8]) -> Option<u64> {
+    let digits: &[u8] = line
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    if digits.is_empty() || digits.len() > 16 {
+        return None;
+    }
+    u64::from_str_radix(std::str::from_utf8(digits).ok()?, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn through(allow: bool, parts: &[&[u8]]) -> String {
+        let mut f = Framing::new(allow, 64 * 1024, None);
+        let mut out = BytesMut::new();
+        for p in parts {
+            f.feed(p, &mut out);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    const CHUNKED: &[u8] =
+        b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    const AMBIGUOUS: &[u8] = b"POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    const GET: &[u8] = b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    #[test]
+    fn plain_requests_pass_untouched_however_they_are_cut() {
+        let all = [
+            CHUNKED,
+            GET,
+            b"POST /d HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc",
+            GET,
+        ]
+        .concat();
+        for cut in 1..all.len() {
+            let (a, b) = all.split_at(cut);
+            assert_eq!(
+                through(false, &[a, b]),
+                String::from_utf8_lossy(&all),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_ambiguous_request_after_a_chunked_one_is_refused_and_nothing_follows() {
+        let all = [CHUNKED, AMBIGUOUS, GET].concat();
+        let expected = [CHUNKED, REFUSED_HEAD].concat();
+        for cut in 1..all.len() {
+            let (a, b) = all.split_at(cut);
+            assert_eq!(
+                through(false, &[a, b]),
+                String::from_utf8_lossy(&expected),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn allow_chunked_length_drops_the_length_and_goes_on() {
+        let all = [CHUNKED, AMBIGUOUS, GET].concat();
+        let without = String::from_utf8_lossy(AMBIGUOUS).replace("Content-Length: 5\r\n", "");
+        let expected = format!(
+            "{}{without}{}",
+            String::from_utf8_lossy(CHUNKED),
+            String::from_utf8_lossy(GET)
+        );
+        assert_eq!(through(true, &[&all]), expected);
+        let gzip = String::from_utf8_lossy(AMBIGUOUS).replace("chunked", "gzip, chunked");
+        assert_eq!(
+            through(true, &[gzip.as_bytes()]),
+            String::from_utf8_lossy(REFUSED_HEAD)
+        );
+    }
+
+    #[test]
+    fn a_body_that_looks_like_a_head_is_a_body() {
+        let body = b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let all = [
+            format!("POST /a HTTP/1.1\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(),
+            body,
+            GET,
+        ]
+        .concat();
+        assert_eq!(through(false, &[&all]), String::from_utf8_lossy(&all));
+    }
+
+    #[test]
+    fn upgrades_and_http2_end_the_following() {
+        let upgrade = [
+            &b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"[..],
+            AMBIGUOUS,
+        ]
+        .concat();
+        assert_eq!(
+            through(false, &[&upgrade]),
+            String::from_utf8_lossy(&upgrade)
+        );
+        let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00";
+        assert_eq!(through(false, &[preface]), String::from_utf8_lossy(preface));
+    }
+}
