@@ -1498,7 +1498,7 @@ async fn admin_post_only() {
         Case::admin("POST /quitquitquit", "POST", "/quitquitquit").expect("body", "OK\n"),
         Case::admin("admin gone after quitquitquit", "GET", "/ready")
             .after_ms(500)
-            .expect("error", "no response"),
+            .expect("error", "refused"),
     ]);
     run("lifecycle", &cases).await;
 }
@@ -1516,7 +1516,7 @@ async fn drain_listeners() {
         Case::admin("ready while inbound drains", "GET", "/ready").expect("body", "LIVE\n"),
         server_state("state while inbound drains", "0", "1"),
         Case::get("new connection to the drained inbound listener", "/")
-            .expect("error", "no response"),
+            .expect("error", "refused"),
         Case::get("new connection to the outbound listener", "/")
             .listener(1)
             .expect("response.header.connection", "<missing>"),
@@ -1535,12 +1535,12 @@ async fn drain_listeners() {
             "/",
         )
         .listener(1)
-        .expect("error", "no response"),
+        .expect("error", "refused"),
         held_h1("open outbound h1 connection after drain all", "out", 1)
             .expect("response.header.connection", "close"),
         Case::get("MODIFY_ONLY listener after drain all", "/")
             .listener(3)
-            .expect("error", "no response"),
+            .expect("error", "refused"),
         Case::admin("ready after drain all", "GET", "/ready").expect("body", "LIVE\n"),
     ];
     run_with_args("lifecycle", &["--drain-strategy", "immediate"], &cases).await;
@@ -1557,7 +1557,7 @@ async fn drain_listeners_graceful() {
             .expect("response.header.connection", "close"),
         Case::get("new connection after the drain time", "/")
             .after_ms(2000)
-            .expect("error", "no response"),
+            .expect("error", "refused"),
         Case::admin("ready after the drain", "GET", "/ready").expect("body", "LIVE\n"),
     ];
     let args = ["--drain-strategy", "immediate", "--drain-time-s", "1"];
