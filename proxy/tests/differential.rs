@@ -899,6 +899,27 @@ async fn tcp() {
     run("tcp", &cases).await;
 }
 
+/// A hashing policy's case: 16 keys, each sent 3 times, must each stay on one host and
+/// together reach more than one.
+fn sticky(name: &'static str, path: &str, key: StickyKey) -> Case {
+    Case::get(name, path)
+        .sticky(key, 16, 3)
+        .expect("sticky.same_key_same_host", "yes")
+        .expect("sticky.keys_reach_several_hosts", "yes")
+}
+
+fn header_key() -> StickyKey {
+    StickyKey::Header("x-user".into())
+}
+
+fn cookie_key() -> StickyKey {
+    StickyKey::Cookie("user".into())
+}
+
+fn query_key() -> StickyKey {
+    StickyKey::Query("user".into())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clusters() {
     let cases = [
@@ -917,53 +938,46 @@ async fn clusters() {
             .order(24)
             .expect("upstreams", "b,c")
             .expect("upstreams.strict_rotation", "no"),
-        Case::get("ring hash keeps a header key on one host", "/ring-hash")
-            .sticky(StickyKey::Header("x-user".into()), 16, 3)
-            .expect("sticky.same_key_same_host", "yes")
-            .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get(
+        sticky(
+            "ring hash keeps a header key on one host",
+            "/ring-hash",
+            header_key(),
+        ),
+        sticky(
             "ring hash keeps a cookie key on one host",
             "/ring-hash-cookie",
-        )
-        .sticky(StickyKey::Cookie("user".into()), 16, 3)
-        .expect("sticky.same_key_same_host", "yes")
-        .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get(
-            "ring hash keeps a query parameter key on one host",
+            cookie_key(),
+        ),
+        sticky(
+            "ring hash keeps a query key on one host",
             "/ring-hash-query",
-        )
-        .sticky(StickyKey::Query("user".into()), 16, 3)
-        .expect("sticky.same_key_same_host", "yes")
-        .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get(
-            "ring hash keeps a source address key on one host",
+            query_key(),
+        ),
+        sticky(
+            "ring hash keeps a source key on one host",
             "/ring-hash-source",
-        )
-        .sticky(StickyKey::SourceIp, 16, 3)
-        .expect("sticky.same_key_same_host", "yes")
-        .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get("maglev keeps a header key on one host", "/maglev")
-            .sticky(StickyKey::Header("x-user".into()), 16, 3)
-            .expect("sticky.same_key_same_host", "yes")
-            .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get("maglev keeps a cookie key on one host", "/maglev-cookie")
-            .sticky(StickyKey::Cookie("user".into()), 16, 3)
-            .expect("sticky.same_key_same_host", "yes")
-            .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get(
-            "maglev keeps a query parameter key on one host",
+            StickyKey::SourceIp,
+        ),
+        sticky(
+            "maglev keeps a header key on one host",
+            "/maglev",
+            header_key(),
+        ),
+        sticky(
+            "maglev keeps a cookie key on one host",
+            "/maglev-cookie",
+            cookie_key(),
+        ),
+        sticky(
+            "maglev keeps a query key on one host",
             "/maglev-query",
-        )
-        .sticky(StickyKey::Query("user".into()), 16, 3)
-        .expect("sticky.same_key_same_host", "yes")
-        .expect("sticky.keys_reach_several_hosts", "yes"),
-        Case::get(
-            "maglev keeps a source address key on one host",
+            query_key(),
+        ),
+        sticky(
+            "maglev keeps a source key on one host",
             "/maglev-source",
-        )
-        .sticky(StickyKey::SourceIp, 16, 3)
-        .expect("sticky.same_key_same_host", "yes")
-        .expect("sticky.keys_reach_several_hosts", "yes"),
+            StickyKey::SourceIp,
+        ),
         Case::get("original_dst from header", "/original-dst")
             .header("x-envoy-original-dst-host", "127.0.0.1:{{upstream_b}}")
             .expect("upstream", "b"),
@@ -1515,8 +1529,7 @@ async fn drain_listeners() {
         Case::admin("drain inbound", "POST", "/drain_listeners?inboundonly").expect("body", "OK\n"),
         Case::admin("ready while inbound drains", "GET", "/ready").expect("body", "LIVE\n"),
         server_state("state while inbound drains", "0", "1"),
-        Case::get("new connection to the drained inbound listener", "/")
-            .expect("error", "refused"),
+        Case::get("new connection to the drained inbound listener", "/").expect("error", "refused"),
         Case::get("new connection to the outbound listener", "/")
             .listener(1)
             .expect("response.header.connection", "<missing>"),

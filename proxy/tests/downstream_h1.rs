@@ -9,6 +9,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/ports.rs"]
@@ -24,31 +26,20 @@ fn start(upstream: u16) -> (Proxy, u16) {
     start_with(upstream, "")
 }
 
-/// [`start`] with `hcm` added to the connection manager's settings (one flow-style field).
+/// [`start`] with `hcm` added to the connection manager's settings (lines of YAML).
 fn start_with(upstream: u16, hcm: &str) -> (Proxy, u16) {
     let (admin, listener) = (free_port(), free_port());
     let yaml = format!(
-        r#"
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: l
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: l
-          {hcm}
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config:
-            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]}}]
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}
-"#
+        "{}static_resources:\n  listeners:{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener(
+            "l",
+            listener,
+            hcm,
+            "",
+            "[{match: {prefix: /}, route: {cluster: up}}]"
+        ),
+        bootstrap::cluster("up", upstream, ""),
     );
     let revoy = Proxy::start(&yaml, || {
         TcpStream::connect(("127.0.0.1", listener)).is_ok()

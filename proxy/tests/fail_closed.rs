@@ -13,17 +13,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
-#[path = "support/chunked.rs"]
-mod chunked;
+#[path = "support/http1.rs"]
+mod http1;
 #[path = "support/ports.rs"]
 mod ports;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 const UPSTREAM_TLS: &str = r#"
       name: envoy.transport_sockets.tls
       typed_config:
@@ -75,19 +75,12 @@ impl Upstream {
 }
 
 fn hcm_listener(name: &str, port: u16, filters: &str, route: &str) -> String {
-    format!(
-        r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}{ROUTER}]
-          route_config:
-            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, {route}}}]}}]"#
+    bootstrap::http_listener(
+        name,
+        port,
+        "",
+        filters,
+        &format!("[{{match: {{prefix: /}}, {route}}}]"),
     )
 }
 
@@ -194,24 +187,7 @@ fn get(port: u16) -> (u16, String) {
 }
 
 fn admin(port: u16, path: &str) -> (u16, String) {
-    let mut s = match TcpStream::connect(("127.0.0.1", port)) {
-        Ok(s) => s,
-        Err(_) => return (0, String::new()),
-    };
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, chunked::body(&out))
+    http1::get(None, ([127, 0, 0, 1], port).into(), path).unwrap_or((0, String::new()))
 }
 
 fn stat(admin_port: u16, name: &str) -> Option<u64> {

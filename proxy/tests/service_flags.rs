@@ -8,8 +8,8 @@
 
 #[path = "support/child.rs"]
 mod child;
-#[path = "support/chunked.rs"]
-mod chunked;
+#[path = "support/http1.rs"]
+mod http1;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -17,11 +17,8 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use child::Proxy;
 use ports::free_port;
@@ -36,16 +33,8 @@ const FLAGS: [&str; 6] = [
 ];
 
 fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    serde_json::from_str(&chunked::body(&out)).ok()
+    let (_, body) = http1::get(None, ([127, 0, 0, 1], port).into(), path).ok()?;
+    serde_json::from_str(&body).ok()
 }
 
 /// The node's identity as `/server_info` and `/config_dump` show it, and the flags as

