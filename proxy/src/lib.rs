@@ -10,6 +10,7 @@ pub mod drain;
 pub mod http;
 pub mod listener;
 pub mod load;
+pub mod loggers;
 pub mod logging;
 pub mod memory;
 pub mod route;

@@ -1,73 +1,39 @@
 //! Logging setup from `-l`, `--component-log-level` and `--log-path`, with a reload handle so
 //! the admin `/logging` endpoint can change levels at run time.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
+
+use crate::loggers::{LevelError, Loggers};
 
 use tracing_subscriber::{
     EnvFilter, Registry, layer::SubscriberExt, reload, util::SubscriberInitExt,
 };
 
 static RELOAD: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
-static CURRENT: OnceLock<std::sync::Mutex<String>> = OnceLock::new();
+static LOGGERS: OnceLock<Mutex<Loggers>> = OnceLock::new();
 
-/// Envoy component names and the revoy modules they stand for.
-const COMPONENTS: &[(&str, &str)] = &[
-    ("admin", "revoy::admin"),
-    ("config", "revoy::config"),
-    ("connection", "revoy::listener"),
-    ("conn_handler", "revoy::listener"),
-    ("http", "revoy::http"),
-    ("router", "revoy::http"),
-    ("upstream", "revoy::upstream"),
-    ("pool", "revoy::upstream"),
-    ("filter", "revoy::tcp"),
-    ("main", "revoy::server"),
-];
-
-/// Maps Envoy's level names to tracing's (`warning` -> `warn`, `critical` -> `error`).
-pub fn level_name(envoy: &str) -> Option<&'static str> {
-    Some(match envoy {
-        "trace" => "trace",
-        "debug" => "debug",
-        "info" => "info",
-        "warning" | "warn" => "warn",
-        "error" | "critical" => "error",
-        "off" => "off",
-        _ => return None,
-    })
-}
-
-/// Builds the filter directive for a default level plus `component:level` pairs.
-/// Components revoy has no module for are reported back.
-pub fn directives(level: &str, components: &str) -> Result<(String, Vec<String>), String> {
-    let base = level_name(level).ok_or_else(|| format!("invalid log level '{level}'"))?;
-    let mut out = base.to_owned();
-    let mut unmapped = Vec::new();
+/// Every logger at `level`, then `components` (`name:level` pairs, `,`-separated) over it.
+/// Names Envoy does not have are left out and returned.
+fn loggers(level: &str, components: &str) -> Result<(Loggers, Vec<String>), String> {
+    let mut l = Loggers::new(level).map_err(|_| format!("invalid log level '{level}'"))?;
+    let mut unknown = Vec::new();
     for pair in components.split(',').filter(|p| !p.is_empty()) {
         let (name, lvl) = pair
             .split_once(':')
             .ok_or_else(|| format!("component log level '{pair}' is not component:level"))?;
-        let lvl = level_name(lvl)
-            .ok_or_else(|| format!("invalid log level '{lvl}' for component '{name}'"))?;
-        let targets: Vec<_> = COMPONENTS
-            .iter()
-            .filter(|(c, _)| *c == name)
-            .map(|(_, t)| *t)
-            .collect();
-        if targets.is_empty() {
-            unmapped.push(name.to_owned());
-        }
-        for t in targets {
-            out.push_str(&format!(",{t}={lvl}"));
+        match l.set_one(name, lvl) {
+            Ok(()) => {}
+            Err(LevelError::UnknownName) => unknown.push(name.to_owned()),
+            Err(_) => return Err(format!("invalid log level '{lvl}' for component '{name}'")),
         }
     }
-    Ok((out, unmapped))
+    Ok((l, unknown))
 }
 
-/// Installs the global subscriber. Returns the components that map to nothing in revoy.
+/// Installs the global subscriber. Returns the components Envoy has no logger for.
 pub fn init(level: &str, components: &str, path: Option<&str>) -> Result<Vec<String>, String> {
-    let (directive, unmapped) = directives(level, components)?;
-    let filter = EnvFilter::try_new(&directive).map_err(|e| e.to_string())?;
+    let (loggers, unknown) = loggers(level, components)?;
+    let filter = EnvFilter::try_new(loggers.directive()).map_err(|e| e.to_string())?;
     let (layer, handle) = reload::Layer::new(filter);
     let writer: Box<dyn Fn() -> Box<dyn std::io::Write> + Send + Sync> = match path {
         Some(p) => {
@@ -91,28 +57,36 @@ pub fn init(level: &str, components: &str, path: Option<&str>) -> Result<Vec<Str
         .try_init()
         .map_err(|e| e.to_string())?;
     let _ = RELOAD.set(handle);
-    let _ = CURRENT.set(std::sync::Mutex::new(directive));
-    Ok(unmapped)
+    let _ = LOGGERS.set(Mutex::new(loggers));
+    Ok(unknown)
 }
 
-/// Changes the active levels (admin `/logging`). Returns the new directive.
-pub fn set(level: &str, components: &str) -> Result<String, String> {
-    let (directive, _) = directives(level, components)?;
-    let filter = EnvFilter::try_new(&directive).map_err(|e| e.to_string())?;
-    if let Some(h) = RELOAD.get() {
-        h.reload(filter).map_err(|e| e.to_string())?;
+/// Applies `/logging`'s parameters as Envoy does: none lists, `level=` sets every logger,
+/// `paths=name:level,...` sets some, `name=level` sets one, and more than one parameter is
+/// refused. The loggers that stand for revoy's modules take effect at once.
+pub fn change(params: &[(String, String)]) -> Result<(), LevelError> {
+    let Some(state) = LOGGERS.get() else {
+        return Ok(());
+    };
+    let mut loggers = state.lock().expect("loggers");
+    match params {
+        [] => return Ok(()),
+        [(k, v)] if k == "level" => loggers.set_all(v)?,
+        [(k, v)] if k == "paths" => loggers.set_paths(v)?,
+        [(name, level)] => loggers.set_one(name, level)?,
+        _ => return Err(LevelError::InvalidParameters),
     }
-    if let Some(c) = CURRENT.get() {
-        *c.lock().expect("log directive") = directive.clone();
+    if let (Some(h), Ok(filter)) = (RELOAD.get(), EnvFilter::try_new(loggers.directive())) {
+        let _ = h.reload(filter);
     }
-    Ok(directive)
+    Ok(())
 }
 
-/// The active filter directive.
-pub fn current() -> String {
-    CURRENT
+/// `/logging`'s listing of every logger and its level.
+pub fn listing() -> String {
+    LOGGERS
         .get()
-        .map(|c| c.lock().expect("log directive").clone())
+        .map(|l| l.lock().expect("loggers").listing())
         .unwrap_or_default()
 }
 
@@ -122,10 +96,11 @@ mod tests {
 
     #[test]
     fn envoy_levels_and_components() {
-        let (d, unmapped) = directives("warning", "upstream:debug,misc:error").unwrap();
-        assert_eq!(d, "warn,revoy::upstream=debug");
-        assert_eq!(unmapped, vec!["misc"]);
-        assert!(directives("loud", "").is_err());
-        assert!(directives("info", "upstream").is_err());
+        let (l, unknown) = loggers("warning", "upstream:debug,misc:error,nope:info").unwrap();
+        assert_eq!(l.directive(), "warn,revoy::upstream=debug");
+        assert_eq!(unknown, vec!["nope"]);
+        assert!(loggers("loud", "").is_err());
+        assert!(loggers("info", "upstream").is_err());
+        assert!(loggers("info", "upstream:loud").is_err());
     }
 }

@@ -40,7 +40,7 @@ fn main() -> ExitCode {
     ) {
         Ok(unmapped) => {
             for c in unmapped {
-                tracing::info!(component = %c, "--component-log-level: no revoy component by this name; level not applied");
+                tracing::info!(component = %c, "--component-log-level: Envoy has no logger by this name; level not applied");
             }
         }
         Err(e) => {

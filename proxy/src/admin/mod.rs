@@ -364,16 +364,18 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
 }
 
 fn logging(req: &AdminRequest) -> AdminResponse {
-    let level = req.param("level").unwrap_or("");
-    let paths = req.param("paths").unwrap_or("");
-    if !level.is_empty() || !paths.is_empty() {
-        let base = if level.is_empty() { "info" } else { level };
-        if let Err(e) = crate::logging::set(base, paths) {
-            return text(400, format!("error: {e}\n"));
-        }
+    match crate::logging::change(&req.params) {
+        Ok(()) => text(200, crate::logging::listing()),
+        Err(e) => text(
+            400,
+            format!(
+                "error: {e}\n\n\
+                 usage: /logging?<name>=<level> (change single level)\n\
+                 usage: /logging?paths=name1:level1,name2:level2,... (change multiple levels)\n\
+                 usage: /logging?level=<level> (change all levels)\n\
+                 levels: trace debug info warning error critical off \n{}",
+                crate::logging::listing()
+            ),
+        ),
     }
-    text(
-        200,
-        format!("active loggers:\n  {}\n", crate::logging::current()),
-    )
 }
