@@ -861,6 +861,12 @@ async fn protocols() {
         Case::raw("request chunk size overflowing", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nfffffffffffffffffffff\r\nhello\r\n0\r\n\r\n")
             .expect("status", "400"),
         Case::get("http1 on http2-only", "/").listener(2),
+        // Every connection above is counted under the codec it turned out to speak.
+        Case::admin(
+            "connections per codec",
+            "GET",
+            "/stats?filter=^http\\.(auto|http1_only|http2_only)\\.downstream_cx_http[12]_total$",
+        ),
     ];
     run("protocols", &cases).await;
 }

@@ -180,9 +180,10 @@ fn observe(binary: &Path) -> Vec<String> {
             stat(&format!("{prefix}{name}"))
         ));
     }
-    // Not compared: `downstream_cx_http1_total`, which revoy does not count yet (Envoy: 64).
     for name in [
         "downstream_cx_total",
+        "downstream_cx_http1_total",
+        "downstream_cx_http2_total",
         "downstream_cx_active",
         "downstream_rq_total",
         "downstream_rq_2xx",
@@ -223,6 +224,8 @@ fn two_workers_serve_every_connection_and_sum_their_stats() {
             "listener downstream_cx_active: Some(0)".to_owned(),
             format!("listener downstream_cx_destroy: Some({total})"),
             format!("http.front.downstream_cx_total: Some({total})"),
+            format!("http.front.downstream_cx_http1_total: Some({total})"),
+            "http.front.downstream_cx_http2_total: Some(0)".to_owned(),
             "http.front.downstream_cx_active: Some(0)".to_owned(),
             format!(
                 "http.front.downstream_rq_total: Some({})",

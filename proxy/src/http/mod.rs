@@ -199,13 +199,18 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
 /// HTTP/2-only connection is closed silently (after reading what arrived, so the close is
 /// clean). Returns whether the connection may be served.
-async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
+async fn codec_accepts(stream: &mut TcpStream, codec: Codec, stats: &HcmStats) -> bool {
     if codec == Codec::Auto {
         return true;
     }
     let mut buf = [0u8; 24];
     let n = stream.peek(&mut buf).await.unwrap_or(0);
     let head = &buf[..n];
+    // Envoy makes the connection's codec, and counts it, when the first bytes arrive, even
+    // when the codec then refuses them; HTTP/1 connections it serves count in `h1`.
+    if n > 0 && codec == Codec::Http2 {
+        stats.cx_http2_total.inc();
+    }
     match codec {
         Codec::Http2 if H2_PREFACE.starts_with(head) => true,
         Codec::Http2 => {
@@ -216,6 +221,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
             false
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
+            stats.cx_http1_total.inc();
             let _ = stream.write_all(&envoy_errors::bad_request(None)).await;
             false
         }
@@ -227,7 +233,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec) -> bool {
 /// (`h1`), which hands unusual requests and HTTP/2 to hyper's server.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     let codec = ctx.hcm.config.codec;
-    if !codec_accepts(&mut stream, codec).await {
+    if !codec_accepts(&mut stream, codec, &ctx.hcm.stats).await {
         return;
     }
     // A guard rather than a wrapper future: an async wrapper would hold the connection's
@@ -258,6 +264,9 @@ pub fn serve_tls(
         Some(b"http/1.1") => Codec::Http1,
         _ => ctx.hcm.config.codec,
     };
+    if codec == Codec::Http2 {
+        ctx.hcm.stats.cx_http2_total.inc();
+    }
     match codec {
         Codec::Http2 => Either::Left(crate::spawn::boxed(|| {
             serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec)

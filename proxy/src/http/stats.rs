@@ -24,6 +24,10 @@ pub struct HcmStats {
     pub upgrades_active: Gauge,
     /// `downstream_rq_ws_on_non_ws_route`: upgrades refused (403) by the route or manager.
     pub upgrades_refused: Counter,
+    /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
+    pub cx_http1_total: Counter,
+    /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
+    pub cx_http2_total: Counter,
 }
 
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
@@ -52,6 +56,8 @@ impl HcmStats {
             upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
             upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
+            cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
+            cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
         }
     }
 

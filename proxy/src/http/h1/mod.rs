@@ -86,11 +86,18 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     };
     // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
     let mut codec = codec;
+    // Counted under its codec once the first bytes tell which it is, as Envoy's codec is made.
+    let mut counted = false;
     loop {
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
+                    ctx.hcm.stats.cx_http2_total.inc();
                     return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
+                }
+                if !counted {
+                    ctx.hcm.stats.cx_http1_total.inc();
+                    counted = true;
                 }
                 match request::parse(&mut reading.buf, &ctx.hcm.config) {
                     Head::Partial => {}
