@@ -96,18 +96,28 @@ impl Framing {
     }
 
     /// Takes bytes the client sent and appends what hyper is to read.
-    pub(super) fn feed(&mut self, mut input: &[u8], out: &mut BytesMut) {
+    pub(super) fn feed(&mut self, input: &[u8], out: &mut BytesMut) {
+        // A loop, not recursion: each whole head hands back what follows it, and a read may
+        // carry hundreds of pipelined requests.
+        let mut rest = self.step(input, out);
+        while let Some(more) = rest {
+            rest = self.step(&more, out);
+        }
+    }
+
+    /// Takes bytes up to the end of the next whole head (or all of them); returns what follows
+    /// that head, still to be fed.
+    fn step(&mut self, mut input: &[u8], out: &mut BytesMut) -> Option<Vec<u8>> {
         while !input.is_empty() {
             match self.state {
                 State::Off => {
                     out.extend_from_slice(input);
-                    return;
+                    return None;
                 }
-                State::Refused => return,
+                State::Refused => return None,
                 State::Head => {
                     self.held.extend_from_slice(input);
-                    input = &[];
-                    self.head(out);
+                    return self.head(out);
                 }
                 State::Body(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
@@ -121,8 +131,7 @@ impl Framing {
                     // What follows a body is a head: held from here.
                     if self.state == State::Head && !input.is_empty() {
                         self.held.extend_from_slice(input);
-                        input = &[];
-                        self.head(out);
+                        return self.head(out);
                     }
                 }
                 State::ChunkData(left) => {
@@ -142,12 +151,12 @@ impl Framing {
                     self.chunk_byte(b);
                     if self.state == State::Head && !input.is_empty() {
                         self.held.extend_from_slice(input);
-                        input = &[];
-                        self.head(out);
+                        return self.head(out);
                     }
                 }
             }
         }
+        None
     }
 
     /// One byte of a chunk-size line, a chunk's line end or the trailer section.
@@ -180,16 +189,17 @@ impl Framing {
     }
 
     /// Looks at the held head: while incomplete it stays held; once whole it goes out (as it
-    /// is, without its lengths, or refused) and the state follows its body.
-    fn head(&mut self, out: &mut BytesMut) {
+    /// is, without its lengths, or refused) and the state follows its body. Returns the bytes
+    /// after a whole head.
+    fn head(&mut self, out: &mut BytesMut) -> Option<Vec<u8>> {
         let mut headers = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut headers);
         let len = match req.parse(&self.held) {
             Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return,
+            Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
             _ => {
                 self.end(out);
-                return;
+                return None;
             }
         };
         let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
@@ -233,7 +243,7 @@ impl Framing {
                 }
                 out.extend_from_slice(REFUSED_HEAD);
                 self.state = State::Refused;
-                return;
+                return None;
             }
         } else {
             out.extend_from_slice(&head);
@@ -247,7 +257,7 @@ impl Framing {
                 _ => State::Off,
             }
         };
-        self.feed(&rest, out);
+        (!rest.is_empty()).then_some(rest)
     }
 }
 
@@ -299,6 +309,14 @@ mod tests {
                 "cut at {cut}"
             );
         }
+    }
+
+    #[test]
+    fn many_pipelined_requests_in_one_read_pass_without_recursion() {
+        // Each whole head used to feed what followed it recursively: a few thousand requests
+        // in one read overflowed the thread's stack.
+        let all = GET.repeat(20_000);
+        assert_eq!(through(false, &[&all]), String::from_utf8_lossy(&all));
     }
 
     #[test]
