@@ -29,6 +29,18 @@ pub fn type_name_of(type_url: &str) -> &str {
     type_url.rsplit('/').next().unwrap_or(type_url)
 }
 
+/// The fully qualified name of the extension config `any` stands for: its own type, or, for a
+/// TypedStruct (how the codec keeps a type this build does not know), the type it carries.
+pub fn extension_type(any: &Any) -> String {
+    let name = type_name_of(&any.type_url);
+    if (name == crate::UDPA_TYPED_STRUCT || name == crate::XDS_TYPED_STRUCT)
+        && let Ok(ts) = crate::TypedStruct::decode(any.value.as_slice())
+    {
+        return type_name_of(&ts.type_url).to_owned();
+    }
+    name.to_owned()
+}
+
 /// Decodes `any` as a `T`, checking the type URL first.
 pub fn unpack<T: Message + Name + Default>(any: &Any) -> Result<T, UnpackError> {
     if type_name_of(&any.type_url) != T::full_name() {
@@ -54,6 +66,24 @@ pub fn pack<T: Message + Name>(msg: &T) -> Any {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_typed_struct_stands_for_the_type_it_carries() {
+        let ts = crate::TypedStruct {
+            type_url: "type.googleapis.com/acme.authz.v1.Config".into(),
+            value: None,
+        };
+        let any = Any {
+            type_url: format!("type.googleapis.com/{}", crate::XDS_TYPED_STRUCT),
+            value: ts.encode_to_vec(),
+        };
+        assert_eq!(extension_type(&any), "acme.authz.v1.Config");
+        let plain = Any {
+            type_url: "type.googleapis.com/a.b.C".into(),
+            value: Vec::new(),
+        };
+        assert_eq!(extension_type(&plain), "a.b.C");
+    }
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
     use envoy_types::pb::envoy::config::listener::v3::Listener;
 

@@ -10,7 +10,7 @@ mod encoded;
 mod pool;
 mod typed_struct;
 
-pub use any::{UnpackError, pack, type_name_of, unpack};
+pub use any::{UnpackError, extension_type, pack, type_name_of, unpack};
 pub use codec::{Codec, DecodeError, Decoded, Format};
 pub use encoded::Encoded;
 pub use envoy_types::pb;

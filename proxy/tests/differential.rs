@@ -472,6 +472,28 @@ async fn headers() {
             "GET",
             "/stats?filter=^http\\.(headers|append_if_absent|server_name)\\.downstream_cx_(total|active)$",
         ),
+        // forward_client_cert_details SANITIZE (the default) drops a client's header.
+        Case::get("client cert header sanitized", "/")
+            .header("x-forwarded-client-cert", "By=spiffe://forged")
+            .expect("upstream.header.x-forwarded-client-cert", "<missing>"),
+        Case::get("client cert header forwarded by ALWAYS_FORWARD_ONLY", "/")
+            .listener(3)
+            .header("x-forwarded-client-cert", "By=spiffe://forged")
+            .expect(
+                "upstream.header.x-forwarded-client-cert",
+                "By=spiffe://forged",
+            ),
+        Case::get("underscored header kept by default", "/")
+            .header("x_under", "1")
+            .expect("upstream.header.x_under", "1"),
+        Case::get("underscored header dropped", "/")
+            .listener(3)
+            .header("x_under", "1")
+            .expect("upstream.header.x_under", "<missing>"),
+        Case::get("underscored header refused", "/")
+            .listener(4)
+            .header("x_under", "1")
+            .expect("status", "400"),
     ];
     run("headers", &cases).await;
 }

@@ -401,3 +401,35 @@ static_resources:
     assert_eq!(stat(admin_port, "server.state"), Some(3));
     assert_eq!(stat(admin_port, "server.live"), Some(0));
 }
+
+#[test]
+fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
+    let with_filter = |filter: &str| {
+        format!(
+            "static_resources:\n  listeners:{}\n  clusters:{}\n",
+            hcm_listener("l", 3, filter, "route: {cluster: plain}"),
+            cluster("plain", &endpoint(7, ""), "")
+        )
+    };
+    let cases = [
+        // Envoy picks a filter by its type: this one is RBAC, whatever its name.
+        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC}}, ",
+        // A type this build does not know, kept as a TypedStruct: its own name decides.
+        "{name: vendor_filter, typed_config: {\"@type\": type.googleapis.com/acme.authz.v1.Config, mode: strict}}, ",
+        // A config from ECDS cannot be known at all.
+        "{name: vendor_filter, config_discovery: {config_source: {ads: {}}, type_urls: [type.googleapis.com/acme.authz.v1.Config]}}, ",
+    ];
+    for filter in cases {
+        let (code, out) = validate(&with_filter(filter));
+        assert_eq!(code, 1, "{filter}: {out}");
+        assert!(out.contains("not implemented (fails closed)"), "{filter}: {out}");
+    }
+    // A listener filter that limits connections closes every connection of the listener.
+    let yaml = with_filter("").replace(
+        "    filter_chains:",
+        "    listener_filters: [{name: envoy.filters.listener.local_ratelimit, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit, stat_prefix: r, token_bucket: {max_tokens: 1, fill_interval: 1s}}}]\n    filter_chains:",
+    );
+    let (code, out) = validate(&yaml);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("listener_filters[0]"), "{out}");
+}

@@ -1,6 +1,7 @@
 //! Which extensions revoy does not implement would leave it less safe than its config if they
 //! were skipped: access control, authentication, rate and connection limits, and filters that
-//! run arbitrary code (which may deny). A chain that carries one refuses its traffic instead.
+//! run arbitrary code (which may deny). A chain that carries one refuses its traffic instead
+//! (HTTP, network and listener filters alike).
 
 /// Extension names (the segment after `envoy.filters.http.` / `envoy.filters.network.`, or
 /// after `envoy.extensions.filters.http.` / `...network.` in a type URL) that fail closed.
@@ -18,6 +19,8 @@ const FAIL_CLOSED: &[&str] = &[
     "ext_proc",
     "lua",
     "wasm",
+    "golang",
+    "dynamic_modules",
     "composite",
     "admission_control",
     "adaptive_concurrency",
@@ -63,8 +66,10 @@ fn extension_key(s: &str) -> Option<&str> {
     let rest = s
         .strip_prefix("envoy.extensions.filters.http.")
         .or_else(|| s.strip_prefix("envoy.extensions.filters.network."))
+        .or_else(|| s.strip_prefix("envoy.extensions.filters.listener."))
         .or_else(|| s.strip_prefix("envoy.filters.http."))
-        .or_else(|| s.strip_prefix("envoy.filters.network."))?;
+        .or_else(|| s.strip_prefix("envoy.filters.network."))
+        .or_else(|| s.strip_prefix("envoy.filters.listener."))?;
     rest.split('.').next()
 }
 
@@ -85,6 +90,11 @@ mod tests {
         ));
         assert!(filter_fails_closed("istio_authn", ""));
         assert!(filter_fails_closed("envoy.filters.http.lua", ""));
+        assert!(filter_fails_closed(
+            "",
+            "envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit"
+        ));
+        assert!(filter_fails_closed("envoy.filters.http.golang", ""));
     }
 
     #[test]

@@ -57,6 +57,17 @@ pub enum EscapedSlashes {
     UnescapeAndForward,
 }
 
+/// `headers_with_underscores_action`: what becomes of a request header whose name has `_`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Underscores {
+    /// Kept (the default).
+    Allow,
+    /// The request is answered 400 and the connection closes.
+    Reject,
+    /// The header is removed.
+    Drop,
+}
+
 /// Where the route table comes from.
 #[derive(Debug, Clone)]
 pub enum Routes {
@@ -69,6 +80,11 @@ pub enum Routes {
 /// A compiled HTTP connection manager.
 #[derive(Debug, Clone)]
 pub struct HcmConfig {
+    /// Whether a client's `x-forwarded-client-cert` goes upstream (`forward_client_cert_details:
+    /// ALWAYS_FORWARD_ONLY`); otherwise it is removed, as Envoy's default `SANITIZE` does.
+    pub keep_client_cert_header: bool,
+    /// `common_http_protocol_options.headers_with_underscores_action`.
+    pub underscores: Underscores,
     /// Why every request is denied (403), when the filter chain carries a filter that controls
     /// access and that revoy does not implement (see [`super::fail_closed`]).
     pub denied: Option<Arc<str>>,
@@ -135,6 +151,18 @@ pub struct HcmConfig {
 /// Records the connection manager's settings that revoy does not act on (none of them has a
 /// security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
+    if matches!(hcm.forward_client_cert_details, 1..=3) {
+        warnings.skipped(
+            "forward_client_cert_details",
+            "client certificate details are not tracked by revoy: x-forwarded-client-cert is removed from every request, as SANITIZE does",
+        );
+    }
+    if hcm.set_current_client_cert_details.is_some() {
+        warnings.skipped(
+            "set_current_client_cert_details",
+            "client certificate details are not tracked by revoy; nothing is set",
+        );
+    }
     if hcm.local_reply_config.is_some() {
         warnings.skipped(
             "local_reply_config",
@@ -236,9 +264,19 @@ pub fn compile_hcm(
             Some(http_filter::ConfigType::TypedConfig(any)) => any.type_url.as_str(),
             _ => "",
         };
+        // What the config stands for (a TypedStruct's inner type): what decides fail-closed.
+        let extension = match &f.config_type {
+            Some(http_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
+            _ => String::new(),
+        };
+        let from_ecds = matches!(
+            f.config_type,
+            Some(http_filter::ConfigType::ConfigDiscovery(_))
+        );
         let type_name = proto::type_name_of(type_url);
-        if type_name == ROUTER || f.name == "envoy.filters.http.router" || f.name == "envoy.router"
-        {
+        // The type picks the filter, as in Envoy; the name only when there is no typed_config.
+        let router_named = f.name == "envoy.filters.http.router" || f.name == "envoy.router";
+        if type_name == ROUTER || (type_url.is_empty() && router_named) {
             if let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type
                 && type_name == ROUTER
             {
@@ -249,14 +287,16 @@ pub fn compile_hcm(
                 suppress_envoy_headers = router.suppress_envoy_headers;
             }
             saw_router = true;
-        } else if super::fail_closed::filter_fails_closed(&f.name, type_name) {
+        } else if from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension) {
             let what = format!(
                 "HTTP filter '{}' ({}) is not implemented by revoy",
                 f.name,
-                if type_url.is_empty() {
+                if from_ecds {
+                    "config from ECDS"
+                } else if extension.is_empty() {
                     "no typed_config"
                 } else {
-                    type_url
+                    &extension
                 }
             );
             warnings.fails_closed(
@@ -366,5 +406,17 @@ pub fn compile_hcm(
             .http_protocol_options
             .as_ref()
             .is_some_and(|o| o.allow_chunked_length),
+        // ALWAYS_FORWARD_ONLY; every other mode drops a header the client sent, except with
+        // mutual TLS, where revoy does not know the client's certificate (noted at start).
+        keep_client_cert_header: hcm.forward_client_cert_details == 4,
+        underscores: match hcm
+            .common_http_protocol_options
+            .as_ref()
+            .map_or(0, |o| o.headers_with_underscores_action)
+        {
+            1 => Underscores::Reject,
+            2 => Underscores::Drop,
+            _ => Underscores::Allow,
+        },
     })
 }

@@ -202,7 +202,12 @@ fn compile_chain(
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
             }
-            other if super::fail_closed::filter_fails_closed(&f.name, other) => {
+            other
+                if super::fail_closed::filter_fails_closed(
+                    &f.name,
+                    &proto::extension_type(any),
+                ) =>
+            {
                 let what = format!(
                     "network filter '{}' ({other}) is not implemented by revoy",
                     f.name
@@ -373,6 +378,16 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
             Some(("common_tls_context.validation_context", v))
         }
         Some(ValidationContextType::CombinedValidationContext(c)) => {
+            if c.validation_context_certificate_provider.is_some()
+                || c.validation_context_certificate_provider_instance.is_some()
+            {
+                out.push((
+                    "common_tls_context.combined_validation_context.validation_context_certificate_provider"
+                        .to_owned(),
+                    "a client-certificate validation context from a certificate provider is not implemented by revoy"
+                        .to_owned(),
+                ));
+            }
             if c.validation_context_sds_secret_config.is_some() {
                 out.push((
                     "common_tls_context.combined_validation_context.validation_context_sds_secret_config"
@@ -396,7 +411,15 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
             ));
             None
         }
-        _ => None,
+        Some(_) => {
+            out.push((
+                "common_tls_context.validation_context_certificate_provider".to_owned(),
+                "a client-certificate validation context from a certificate provider is not implemented by revoy"
+                    .to_owned(),
+            ));
+            None
+        }
+        None => None,
     };
     if let Some((at, v)) = validation {
         let checks = [
@@ -478,15 +501,24 @@ fn tls_skipped(ctx: &DownstreamTlsContext) -> Vec<(&'static str, &'static str)> 
     out
 }
 
-fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFilters {
+/// The listener filters revoy runs, and why the listener's connections are all refused when
+/// one it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...).
+fn compile_listener_filters(
+    l: &Listener,
+    warnings: &mut Warnings,
+) -> (ListenerFilters, Option<String>) {
     let mut out = ListenerFilters::default();
+    let mut refused = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
-        let type_name = match &f.config_type {
-            Some(listener_filter::ConfigType::TypedConfig(any)) => {
-                proto::type_name_of(&any.type_url)
-            }
-            _ => "",
+        let extension = match &f.config_type {
+            Some(listener_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
+            _ => String::new(),
         };
+        let type_name = extension.as_str();
+        let from_ecds = matches!(
+            f.config_type,
+            Some(listener_filter::ConfigType::ConfigDiscovery(_))
+        );
         match (type_name, f.name.as_str()) {
             (t, n)
                 if t.ends_with("original_dst.v3.OriginalDst")
@@ -506,6 +538,17 @@ fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFi
             {
                 out.http_inspector = true
             }
+            _ if from_ecds || super::fail_closed::filter_fails_closed(&f.name, type_name) => {
+                let what = format!(
+                    "listener filter '{}' ({type_name}) is not implemented by revoy",
+                    f.name
+                );
+                warnings.fails_closed(
+                    format!("listener_filters[{i}]"),
+                    format!("{what}; every connection to this listener is refused"),
+                );
+                refused.get_or_insert(what);
+            }
             _ => warnings.skipped(
                 format!("listener_filters[{i}]"),
                 format!(
@@ -515,7 +558,7 @@ fn compile_listener_filters(l: &Listener, warnings: &mut Warnings) -> ListenerFi
             ),
         }
     }
-    out
+    (out, refused)
 }
 
 /// A UDP listener (`protocol: UDP`: `udp_proxy`, DNS, QUIC/HTTP/3) is refused: revoy serves
@@ -580,7 +623,14 @@ pub fn compile_listener(
             ),
         ));
     }
-    let filters = compile_listener_filters(l, warnings);
+    let (filters, refused) = compile_listener_filters(l, warnings);
+    let (mut chains, mut default_chain) = (chains, default_chain);
+    if let Some(why) = refused {
+        let why: Arc<str> = Arc::from(why);
+        for c in chains.iter_mut().chain(default_chain.iter_mut()) {
+            c.refused.get_or_insert_with(|| why.clone());
+        }
+    }
     if !l.access_log.is_empty() {
         warnings.skipped(
             "access_log",

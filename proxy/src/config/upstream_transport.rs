@@ -51,16 +51,17 @@ impl UpstreamTransport {
     }
 
     /// Why a host with this endpoint (and locality) metadata is refused, if it is: the first
-    /// of `transport_socket_matches` whose labels the endpoint's metadata carries (else the
-    /// locality's), else the cluster's `transport_socket`, as Envoy picks it.
+    /// of `transport_socket_matches` whose labels the endpoint's metadata carries, else the
+    /// first whose labels the locality's carries, else the cluster's `transport_socket`, as
+    /// Envoy picks it.
     pub fn refusal_for(
         &self,
         endpoint: Option<&Metadata>,
         locality: Option<&Metadata>,
     ) -> Option<Refusal> {
-        self.matches
-            .iter()
-            .find(|(labels, _)| carries(endpoint, labels) || carries(locality, labels))
+        let first = |md| self.matches.iter().find(|(labels, _)| carries(md, labels));
+        first(endpoint)
+            .or_else(|| first(locality))
             .map_or(&self.default, |(_, r)| r)
             .clone()
     }
@@ -203,10 +204,34 @@ transport_socket_matches:
         let istio = metadata("filter_metadata: {envoy.transport_socket_match: {tlsMode: istio}}");
         let other = metadata("filter_metadata: {envoy.transport_socket_match: {tlsMode: other}}");
         assert!(t.refusal_for(Some(&istio), None).is_some());
-        assert!(t.refusal_for(None, Some(&istio)).is_some());
+        // The empty match fits any endpoint, so the locality is never asked.
+        assert_eq!(t.refusal_for(None, Some(&istio)), None);
         assert_eq!(t.refusal_for(Some(&other), None), None);
         assert_eq!(t.refusal_for(None, None), None);
         let fields: Vec<String> = t.refusals().map(|(f, _)| f).collect();
         assert_eq!(fields, ["transport_socket_matches[0].transport_socket"]);
+    }
+
+    #[test]
+    fn every_match_is_tried_on_the_endpoint_before_the_locality() {
+        let t = UpstreamTransport::compile(&cluster(
+            r#"
+name: c
+transport_socket_matches:
+- name: plain
+  match: {a: "1"}
+  transport_socket: {name: envoy.transport_sockets.raw_buffer}
+- name: tls
+  match: {b: "2"}
+  transport_socket:
+    name: envoy.transport_sockets.tls
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+"#,
+        ));
+        let endpoint = metadata(r#"filter_metadata: {envoy.transport_socket_match: {b: "2"}}"#);
+        let locality = metadata(r#"filter_metadata: {envoy.transport_socket_match: {a: "1"}}"#);
+        assert!(t.refusal_for(Some(&endpoint), Some(&locality)).is_some());
+        assert_eq!(t.refusal_for(None, Some(&locality)), None);
     }
 }

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
-use crate::config::hcm::{HcmConfig, ServerHeader};
+use crate::config::hcm::{HcmConfig, ServerHeader, Underscores};
 use crate::http::wire::has_token;
 
 /// Headers that describe one hop and never cross the proxy.
@@ -17,6 +17,8 @@ static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection"
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `x-forwarded-proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+/// The header carrying the client certificate details of the hops before.
+static X_FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
 static X_ENVOY_EXTERNAL_ADDRESS: HeaderName = HeaderName::from_static("x-envoy-external-address");
@@ -246,6 +248,19 @@ fn new_request_id() -> HeaderValue {
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
+    if !cfg.keep_client_cert_header {
+        headers.remove(&X_FORWARDED_CLIENT_CERT);
+    }
+    if cfg.underscores == Underscores::Drop {
+        let named: Vec<HeaderName> = headers
+            .keys()
+            .filter(|n| n.as_str().contains('_'))
+            .cloned()
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+    }
     if headers
         .get(header::EXPECT)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))

@@ -216,8 +216,13 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, stats: &HcmStats) -
         Codec::Http2 => {
             // Envoy's codec has read what arrived when it gives up, so its close is a clean
             // FIN; closing with those bytes unread would reset the connection instead.
+            // At most 64 KiB, so a client that keeps sending cannot hold the worker.
             let mut sink = [0u8; 4096];
-            while matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {}
+            for _ in 0..16 {
+                if !matches!(stream.try_read(&mut sink), Ok(n) if n > 0) {
+                    break;
+                }
+            }
             false
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {

@@ -18,7 +18,7 @@ use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
-use crate::config::hcm::{Routes, StripPort};
+use crate::config::hcm::{Routes, StripPort, Underscores};
 use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
@@ -145,6 +145,15 @@ async fn route_and_forward(
     }
     if connect && !super::connect::well_formed(&req) {
         return body_failed();
+    }
+    // Envoy's codec refuses such a head before any filter runs.
+    if cfg.underscores == Underscores::Reject
+        && req.headers().keys().any(|n| n.as_str().contains('_'))
+    {
+        let mut resp = local_reply(StatusCode::BAD_REQUEST, "Bad Request");
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
     }
     if let Some(why) = &cfg.denied {
         if let Some(c) = &ctx.hcm.stats.rq_fail_closed {

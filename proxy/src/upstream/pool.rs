@@ -215,7 +215,13 @@ async fn wait_for_h1(
             }
             return Ok((conn, true));
         }
-        if !at_limit() {
+        // As in Envoy, a host with no connection at all gets one even at the limit (counted as
+        // an overflow): otherwise it could wait for a release that never comes.
+        let none_here = host.stats.cx_active.load(Ordering::Relaxed) == 0;
+        if !at_limit() || none_here {
+            if at_limit() && !waited {
+                stats.upstream_cx_overflow.inc();
+            }
             return Ok((connect_h1(host, opts).await?, false));
         }
         if !waited {
