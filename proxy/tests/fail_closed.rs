@@ -422,7 +422,10 @@ fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
     for filter in cases {
         let (code, out) = validate(&with_filter(filter));
         assert_eq!(code, 1, "{filter}: {out}");
-        assert!(out.contains("not implemented (fails closed)"), "{filter}: {out}");
+        assert!(
+            out.contains("not implemented (fails closed)"),
+            "{filter}: {out}"
+        );
     }
     // A listener filter that limits connections closes every connection of the listener.
     let yaml = with_filter("").replace(
