@@ -381,10 +381,10 @@ const BAD_INPUTS: [BadInput; 31] = [
     BadInput {
         name: "bad cidr",
         from: "    filter_chains:\n    - filters:",
-        to: "    filter_chains:\n    - filter_chain_match: {prefix_ranges: [{address_prefix: 10.0.0.300, prefix_len: 8}]}\n      filters:",
+        to: "    filter_chains:\n    - filter_chain_match: {prefix_ranges: [{address_prefix: 127.0.0.300, prefix_len: 8}]}\n      filters:",
         words: &[
             "static_resources.listeners[0].filter_chains[0].filter_chain_match.prefix_ranges[0].address_prefix",
-            "10.0.0.300",
+            "127.0.0.300",
         ],
         envoy_rejects: true,
     },
