@@ -3,7 +3,7 @@
 //! different hosts never contend; the critical sections only push or pop a sender.
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -50,7 +50,23 @@ impl Drop for ActiveConnection {
     fn drop(&mut self) {
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active.dec();
-        self.host.pool.released.notify_one();
+        self.host.pool.wake_a_waiter();
+    }
+}
+
+/// Counts a request in its host pool's `waiting` while alive.
+struct Waiting<'a>(&'a Pool);
+
+impl<'a> Waiting<'a> {
+    fn count(pool: &'a Pool) -> Self {
+        pool.waiting.fetch_add(1, Ordering::SeqCst);
+        Waiting(pool)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -85,6 +101,9 @@ pub(crate) struct Pool {
     /// Wakes the longest-waiting request under the `max_connections` circuit breaker when a
     /// connection goes back to the idle list or closes.
     released: tokio::sync::Notify,
+    /// How many requests wait on `released`: a release with none waiting (every response,
+    /// normally) touches nothing else.
+    waiting: AtomicUsize,
     h2: ArcSwapOption<http2::SendRequest<Body>>,
     h2_connecting: tokio::sync::Mutex<()>,
 }
@@ -96,6 +115,15 @@ impl std::fmt::Debug for Pool {
 }
 
 impl Pool {
+    /// Tells one request waiting for a connection that one came free, if any waits. A waiter
+    /// counts itself before it looks at the idle list (under its lock), so a release either
+    /// is seen by its look or sees its count.
+    fn wake_a_waiter(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.released.notify_one();
+        }
+    }
+
     pub(crate) fn idle_http1(&self) -> usize {
         self.idle_h1.lock().expect("pool lock").len()
     }
@@ -202,6 +230,7 @@ async fn wait_for_h1(
     opts: ConnectOptions<'_>,
 ) -> Result<(h1::Connection, bool), UpstreamError> {
     let _pending = Pending::enter(&opts)?;
+    let _waiting = Waiting::count(&host.pool);
     let stats = opts.stats;
     let at_limit = || stats.upstream_cx_active.value() >= u64::from(opts.max_connections);
     let mut waited = false;
@@ -253,7 +282,7 @@ pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Op
     }
     conn.since = Instant::now();
     host.pool.idle_h1.lock().expect("pool lock").push(conn);
-    host.pool.released.notify_one();
+    host.pool.wake_a_waiter();
 }
 
 async fn connect_h1(

@@ -75,6 +75,7 @@ pub struct ClusterStats {
     pub update_success: Counter,
     /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
     pub update_failure: Counter,
+    fail_closed: OnceLock<Counter>,
     codes: CodeStats,
     external: CodeStats,
     internal: CodeStats,
@@ -128,8 +129,11 @@ impl ClusterStats {
     /// Counts `upstream_cx_fail_closed` (revoy's own, created on first use): a connection
     /// never made because the host's transport socket is one revoy does not implement.
     pub fn fail_closed(&self) {
-        self.store
-            .counter(&format!("{}upstream_cx_fail_closed", self.codes.prefix))
+        self.fail_closed
+            .get_or_init(|| {
+                self.store
+                    .counter(&format!("{}upstream_cx_fail_closed", self.codes.prefix))
+            })
             .inc();
     }
 
@@ -169,6 +173,7 @@ impl ClusterStats {
             update_attempt: c("update_attempt"),
             update_success: c("update_success"),
             update_failure: c("update_failure"),
+            fail_closed: OnceLock::new(),
             codes: CodeStats::new(prefix.clone()),
             external: CodeStats::new(format!("{prefix}external.")),
             internal: CodeStats::new(format!("{prefix}internal.")),
