@@ -589,7 +589,7 @@ pub fn compile_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
     let address = socket_addr(l.address.as_ref(), "address")?;
-    let chains = l
+    let mut chains = l
         .filter_chains
         .iter()
         .enumerate()
@@ -609,7 +609,7 @@ pub fn compile_listener(
             ));
         }
     }
-    let default_chain = l
+    let mut default_chain = l
         .default_filter_chain
         .as_ref()
         .map(|c| compile_chain(c, "default_filter_chain", clusters, warnings))
@@ -624,7 +624,6 @@ pub fn compile_listener(
         ));
     }
     let (filters, refused) = compile_listener_filters(l, warnings);
-    let (mut chains, mut default_chain) = (chains, default_chain);
     if let Some(why) = refused {
         let why: Arc<str> = Arc::from(why);
         for c in chains.iter_mut().chain(default_chain.iter_mut()) {
