@@ -61,14 +61,9 @@ fn observe(program: &Path, extra: &[&str]) -> Vec<String> {
     let mut rest = [0u8; 1024];
     let _ = idle.read(&mut rest); // the rest of the first response
     let sent = Instant::now();
-    let pid = proxy.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    let pid = libc::pid_t::try_from(proxy.0.id()).expect("a pid");
+    // SAFETY: kill(2) on the child this test started and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM sent");
     let status = proxy.0.wait().expect("proxy exits");
     let before_drain = sent.elapsed() < Duration::from_secs(DRAIN_TIME_S);
     let after = match idle.read(&mut rest) {
