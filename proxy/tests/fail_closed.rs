@@ -168,22 +168,9 @@ fn bootstrap(p: &Ports, up: u16) -> String {
 
 /// One HTTP/1.1 request carrying a credential; returns (status, body).
 fn get(port: u16) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connects");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret-token\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned();
-    (status, body)
+    let credential = "Authorization: Bearer secret-token\r\n";
+    http1::get_with(None, ([127, 0, 0, 1], port).into(), "/", credential)
+        .unwrap_or((0, String::new()))
 }
 
 fn admin(port: u16, path: &str) -> (u16, String) {

@@ -12,6 +12,16 @@ pub fn get(
     addr: SocketAddr,
     path: &str,
 ) -> Result<(u16, String), String> {
+    get_with(source, addr, path, "")
+}
+
+/// [`get`] with `headers` (whole lines, each ending in `\r\n`) added to the request.
+pub fn get_with(
+    source: Option<SocketAddr>,
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> Result<(u16, String), String> {
     let mut conn = match source {
         None => TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
         Some(source) => {
@@ -30,7 +40,7 @@ pub fn get(
         .map_err(|e| e.to_string())?;
     write!(
         conn,
-        "GET {path} HTTP/1.1\r\nhost: netcov\r\nconnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: netcov\r\n{headers}connection: close\r\n\r\n"
     )
     .map_err(|e| format!("write: {e}"))?;
     let mut raw = Vec::new();
