@@ -1,5 +1,11 @@
-//! ADS client for xDS v3. Holds only the type URLs so far; the streaming client arrives with
-//! the xDS issue.
+//! xDS v3 for revoy: a generic ADS client ([`client`]), SotW and Delta, that knows type URLs but
+//! not what a Listener means, and a snapshot ADS server ([`server`]) for edge users and tests.
+//!
+//! The client hands each response's decoded resources to a [`Handler`], which applies the
+//! valid ones and names the rejected ones; any rejection becomes a NACK whose `error_detail`
+//! lists them (Envoy's per-resource semantics).
+
+use std::time::{Duration, SystemTime};
 
 /// Type URL of `envoy.config.listener.v3.Listener` resources (LDS).
 pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
@@ -10,3 +16,133 @@ pub const ROUTE_TYPE_URL: &str = "type.googleapis.com/envoy.config.route.v3.Rout
 /// Type URL of `envoy.config.endpoint.v3.ClusterLoadAssignment` resources (EDS).
 pub const ENDPOINT_TYPE_URL: &str =
     "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// Type URL of `envoy.extensions.transport_sockets.tls.v3.Secret` resources (SDS).
+pub const SECRET_TYPE_URL: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+
+/// Whether absence from a SotW response removes a resource of this type (LDS, CDS: the
+/// response is the full state) or not (RDS, EDS, SDS: resources are named).
+pub fn is_full_state(type_url: &str) -> bool {
+    type_url == LISTENER_TYPE_URL || type_url == CLUSTER_TYPE_URL
+}
+
+/// One resource of a response, still encoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resource {
+    /// The resource's name (decoded from the resource itself in SotW, `Resource.name` in Delta).
+    pub name: String,
+    /// Its version: the response's `version_info` in SotW, `Resource.version` in Delta.
+    pub version: String,
+    /// The resource (`Any.value`, of the update's type URL).
+    pub value: bytes::Bytes,
+}
+
+/// What one response asks the handler to apply, for one type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    /// The type URL.
+    pub type_url: String,
+    /// `version_info` (SotW) or `system_version_info` (Delta).
+    pub version_info: String,
+    /// Resources added or changed.
+    pub resources: Vec<Resource>,
+    /// Names removed: Delta's `removed_resources`, or for SotW full-state types the names
+    /// known before and absent now.
+    pub removed: Vec<String>,
+}
+
+/// A resource the handler refused, and why (becomes part of the NACK's `error_detail`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// The resource's name.
+    pub name: String,
+    /// What is wrong, with the field path.
+    pub reason: String,
+}
+
+/// The handler's answer to an [`Update`]: the resources it rejected (none means ACK).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Rejected resources; the others were applied.
+    pub rejected: Vec<Rejected>,
+}
+
+/// Events the proxy turns into stats (`control_plane.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A stream to the control plane is up.
+    Connected,
+    /// The stream ended; the client backs off and reconnects.
+    Disconnected,
+    /// A request waited for the rate limit's token bucket.
+    RateLimited,
+}
+
+/// Applies the resources the client receives. Called on the client's task, one update at a
+/// time.
+pub trait Handler: Send + Sync + 'static {
+    /// Applies `update`; answers which resources were rejected.
+    fn apply(&self, update: Update) -> Applied;
+    /// A stream or rate-limit event.
+    fn event(&self, _event: Event) {}
+}
+
+/// An ACK or NACK the client sent, or a response it received, for `/xds`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Every resource applied.
+    Ack,
+    /// The reason sent in `error_detail`.
+    Nack(String),
+}
+
+/// One response received and how it was answered (the push log, newest first in [`Status`]).
+#[derive(Debug, Clone)]
+pub struct Push {
+    /// When it arrived.
+    pub at: SystemTime,
+    /// Its type URL.
+    pub type_url: String,
+    /// `version_info` / `system_version_info`.
+    pub version: String,
+    /// Its nonce.
+    pub nonce: String,
+    /// Names of the resources it carried.
+    pub resources: Vec<String>,
+    /// Names it removed (Delta, or absent from a SotW full-state response).
+    pub removed: Vec<String>,
+    /// The answer.
+    pub verdict: Verdict,
+    /// How long the handler took.
+    pub apply_time: Duration,
+}
+
+/// Where one type's subscription stands.
+#[derive(Debug, Clone, Default)]
+pub struct TypeStatus {
+    /// The type URL.
+    pub type_url: String,
+    /// Subscribed to every resource of the type.
+    pub wildcard: bool,
+    /// Names subscribed to (besides the wildcard).
+    pub names: Vec<String>,
+    /// The last version ACKed.
+    pub acked_version: String,
+    /// The last nonce received.
+    pub nonce: String,
+    /// Whether a request was sent and no response arrived since.
+    pub pending: bool,
+}
+
+/// The client's state for `/xds`.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    /// Whether a stream is up.
+    pub connected: bool,
+    /// Streams opened since start.
+    pub streams: u64,
+    /// Per type, in subscription order.
+    pub types: Vec<TypeStatus>,
+    /// The last pushes, newest first.
+    pub pushes: Vec<Push>,
+}
