@@ -3,11 +3,13 @@
 //! See ARCHITECTURE.md at the repository root for how the modules fit together.
 
 pub mod admin;
+pub mod apply;
 pub mod body;
 pub mod cli;
 pub mod config;
 pub mod drain;
 pub mod http;
+pub mod lifecycle;
 pub mod listener;
 pub mod load;
 pub mod loggers;
@@ -16,9 +18,11 @@ pub mod memory;
 pub mod route;
 pub mod router_check;
 pub mod server;
+pub mod snapshot;
 pub mod spawn;
 pub mod stats;
 pub mod tcp;
 pub mod timer_anchor;
 pub mod tls;
 pub mod upstream;
+pub mod xds;

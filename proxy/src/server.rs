@@ -1,32 +1,20 @@
 //! Wiring: owns the process-wide state (stats, clusters, listeners, route tables), starts the
 //! data-path runtime and the admin server, and applies configuration.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
-use arc_swap::ArcSwap;
-
+use crate::apply::Applier;
 use crate::cli::Options;
 use crate::config::bootstrap::BootstrapConfig;
 use crate::drain::Drain;
-use crate::listener::Listener;
+use crate::lifecycle::Lifecycle;
 use crate::route::RouteTable;
-use crate::stats::{Gauge, Store};
+use crate::snapshot::Published;
+use crate::stats::Store;
 use crate::upstream::ClusterManager;
 
-/// Envoy's `server.state` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerState {
-    /// Serving.
-    Live = 0,
-    /// Draining listeners.
-    Draining = 1,
-    /// Before initialisation.
-    PreInitializing = 2,
-    /// Initialising (waiting for clusters/listeners).
-    Initializing = 3,
-}
+pub use crate::lifecycle::ServerState;
 
 /// Process-wide state shared by the data path and the admin API.
 pub struct Shared {
@@ -34,62 +22,27 @@ pub struct Shared {
     pub stats: Store,
     /// Clusters by name.
     pub clusters: ClusterManager,
-    /// Route tables delivered by RDS, by name.
-    pub rds: ArcSwap<HashMap<String, Arc<RouteTable>>>,
-    /// Active listeners, in configuration order.
-    pub listeners: ArcSwap<Vec<Arc<Listener>>>,
+    /// The listeners and RDS route tables the data path reads; only [`Shared::applier`] stores.
+    pub snapshot: Published,
+    /// The one writer of listeners, route tables and their sockets.
+    pub applier: Applier,
     /// The compiled bootstrap.
     pub bootstrap: BootstrapConfig,
     /// Command-line options.
     pub options: Options,
     /// When the process started.
     pub started: Instant,
-    /// Health-check failure and listener drains, which tell connections to close.
-    pub drain: Drain,
-    /// The server's own state (`server.state` shows DRAINING instead while health checks
-    /// fail).
-    state: Mutex<ServerState>,
-    /// `server.state`.
-    state_gauge: Gauge,
-    /// `server.live`: 1 while LIVE and passing health checks.
-    live_gauge: Gauge,
-    /// Accept loops of bound listeners and whether each is inbound, so a drain can stop them.
-    pub(crate) accept_tasks: Mutex<Vec<(tokio::task::AbortHandle, bool)>>,
+    /// `server.state`, health checks, drains, quit.
+    pub lifecycle: Lifecycle,
+    /// The xDS client's state, when the bootstrap has `dynamic_resources` (for `/xds` and
+    /// `/config_dump`).
+    pub xds: std::sync::OnceLock<crate::xds::Xds>,
 }
 
 impl Shared {
-    /// A named RDS route table.
-    pub fn route_table(&self, name: &str) -> Option<Arc<RouteTable>> {
-        self.rds.load().get(name).cloned()
-    }
-
-    /// Sets the server's state (`server.state`, `server.live`).
-    pub fn set_state(&self, s: ServerState) {
-        *self.state.lock().expect("server state") = s;
-        self.publish_state();
-    }
-
-    /// The state `/ready`, `/server_info` and `server.state` report: DRAINING while health
-    /// checks fail (`/healthcheck/fail`), as in Envoy.
-    pub fn server_state(&self) -> ServerState {
-        let own = *self.state.lock().expect("server state");
-        if self.drain.health_failed() {
-            ServerState::Draining
-        } else {
-            own
-        }
-    }
-
-    /// `/healthcheck/fail` (`true`) or `/healthcheck/ok` (`false`).
-    pub fn set_health_failed(&self, failed: bool) {
-        self.drain.set_health_failed(failed);
-        self.publish_state();
-    }
-
-    fn publish_state(&self) {
-        let s = self.server_state();
-        self.state_gauge.set(s as u64);
-        self.live_gauge.set(u64::from(s == ServerState::Live));
+    /// The drain state connections consult.
+    pub fn drain(&self) -> &crate::drain::Drain {
+        &self.lifecycle.drain
     }
 
     /// `/drain_listeners`: starts draining every listener (or only the inbound ones), so their
@@ -97,7 +50,7 @@ impl Shared {
     /// when `graceful`, or never when `skip_exit` (Envoy 1.40's behaviour, which leaves
     /// `/ready` and `server.state` as they are).
     pub fn drain_listeners(self: &Arc<Self>, inbound_only: bool, graceful: bool, skip_exit: bool) {
-        self.drain.start(inbound_only);
+        self.lifecycle.drain.start(inbound_only);
         if skip_exit {
             return;
         }
@@ -106,33 +59,20 @@ impl Shared {
             let delay = std::time::Duration::from_secs(self.options.drain_time_s);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                shared.stop_listeners(inbound_only);
+                shared.applier.stop_listeners(inbound_only);
             });
         } else {
-            self.stop_listeners(inbound_only);
+            self.applier.stop_listeners(inbound_only);
         }
-    }
-
-    /// Stops accepting on every listener, or only on inbound ones.
-    pub fn stop_listeners(&self, inbound_only: bool) {
-        self.accept_tasks
-            .lock()
-            .expect("accept tasks")
-            .retain(|(task, inbound)| {
-                let stop = !inbound_only || *inbound;
-                if stop {
-                    task.abort();
-                }
-                !stop
-            });
     }
 
     /// Every route table: inline ones of the listeners' connection managers, then RDS ones.
     pub fn route_tables(&self) -> Vec<Arc<RouteTable>> {
         use crate::config::hcm::Routes;
         use crate::config::listener::Terminal;
+        let snapshot = self.snapshot.load_full();
         let mut out = Vec::new();
-        for l in self.listeners.load().iter() {
+        for l in &snapshot.listeners {
             for c in l
                 .config()
                 .chains
@@ -146,7 +86,9 @@ impl Shared {
                 }
             }
         }
-        out.extend(self.rds.load().values().cloned());
+        let mut rds: Vec<_> = snapshot.routes.values().cloned().collect();
+        rds.sort_by(|a, b| a.name().cmp(b.name()));
+        out.extend(rds);
         out
     }
 }
@@ -175,25 +117,20 @@ pub enum StartError {
 /// Builds the shared state for a compiled bootstrap (no sockets yet).
 pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
     let stats = Store::new();
-    let state_gauge = stats.gauge("server.state");
-    state_gauge.set(ServerState::PreInitializing as u64);
     let drain = Drain::new(
         options.drain_strategy,
         std::time::Duration::from_secs(options.drain_time_s),
     );
     Shared {
         clusters: ClusterManager::new(stats.clone()),
-        rds: ArcSwap::from_pointee(HashMap::new()),
-        listeners: ArcSwap::from_pointee(Vec::new()),
+        snapshot: Published::default(),
+        applier: Applier::default(),
         bootstrap,
         options,
         started: Instant::now(),
-        drain,
-        state: Mutex::new(ServerState::PreInitializing),
-        state_gauge,
-        live_gauge: stats.gauge("server.live"),
+        lifecycle: Lifecycle::new(&stats, drain),
+        xds: std::sync::OnceLock::new(),
         stats,
-        accept_tasks: Mutex::new(Vec::new()),
     }
 }
 
@@ -220,7 +157,10 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         std::sync::atomic::Ordering::Relaxed,
     );
     let shared = Arc::new(build_shared(bootstrap, options));
-    shared.set_state(ServerState::Initializing);
+    shared.lifecycle.set_state(ServerState::Initializing);
+    shared
+        .applier
+        .set_workers(runtimes.iter().map(|rt| rt.handle().clone()).collect());
     {
         let _guard = runtimes[0].enter();
         shared.clusters.update(shared.bootstrap.clusters.clone());
@@ -232,32 +172,25 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     if first_resolution.is_err() {
         tracing::warn!("some clusters have no hosts after 10 s of DNS resolution; starting anyway");
     }
-    let mut listeners = Vec::new();
     for cfg in &shared.bootstrap.listeners {
-        let l =
-            Arc::new(Listener::new(Arc::new(cfg.clone()), &shared).map_err(StartError::Listener)?);
-        if cfg.bind_to_port {
-            // An ephemeral port would differ per socket: such a listener gets one worker.
-            let sockets = if cfg.address.port() == 0 { 1 } else { workers };
-            for (worker, rt) in runtimes[..sockets].iter().enumerate() {
-                let _guard = rt.enter();
-                let sock = l.bind(sockets > 1).map_err(|source| StartError::Bind {
-                    what: format!("listener '{}'", cfg.name),
-                    addr: cfg.address,
+        shared
+            .applier
+            .upsert_listener(&shared, cfg.clone())
+            .map_err(|e| match e {
+                crate::apply::ListenerError::Bind {
+                    name,
+                    address,
                     source,
-                })?;
-                let task = rt.spawn(l.clone().run(sock, shared.clone(), worker));
-                shared
-                    .accept_tasks
-                    .lock()
-                    .expect("accept tasks")
-                    .push((task.abort_handle(), cfg.inbound));
-            }
-        }
-        listeners.push(l);
+                } => StartError::Bind {
+                    what: format!("listener '{name}'"),
+                    addr: address,
+                    source,
+                },
+                other => StartError::Listener(other.to_string()),
+            })?;
     }
-    shared.listeners.store(Arc::new(listeners));
     let (quit_tx, quit_rx) = std::sync::mpsc::channel::<i32>();
+    shared.lifecycle.on_quit(quit_tx.clone());
     if let Some(addr) = shared.bootstrap.admin {
         let std_listener =
             std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind {
@@ -265,7 +198,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                 addr,
                 source,
             })?;
-        crate::admin::spawn(std_listener, shared.clone(), quit_tx.clone());
+        crate::admin::spawn(std_listener, shared.clone());
     }
     let signal_tx = quit_tx;
     runtimes[0].spawn(async move {
@@ -284,24 +217,22 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     }
     let stats = &shared.stats;
     stats.gauge("listener_manager.workers_started").set(1);
-    stats
-        .gauge("listener_manager.total_listeners_active")
-        .set(shared.listeners.load().len() as u64);
     stats.gauge("server.concurrency").set(workers as u64);
-    let live = stats.gauge("server.live");
-    match &shared.bootstrap.awaits_xds {
-        Some(why) => tracing::error!(
+    match crate::xds::start(&shared) {
+        Ok(true) => tracing::info!(
             workers,
-            "static listeners started, but dynamic_resources: {why}"
+            "static listeners started; waiting for the initial xDS configuration"
         ),
-        None => {
-            live.set(1);
-            shared.set_state(ServerState::Live);
+        Ok(false) => {
+            shared.lifecycle.set_state(ServerState::Live);
             tracing::info!(workers, "all listeners started; revoy is live");
+        }
+        Err(e) => {
+            return Err(StartError::Listener(format!("dynamic_resources: {e}")));
         }
     }
     crate::memory::now_serving();
     let code = quit_rx.recv().unwrap_or(0);
-    shared.stop_listeners(false);
+    shared.applier.stop_listeners(false);
     Ok(code)
 }

@@ -10,7 +10,6 @@ mod unsupported;
 pub use request::AdminRequest;
 
 use std::sync::Arc;
-use std::sync::mpsc::Sender;
 
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -54,8 +53,8 @@ pub enum Effect {
     Quit(i32),
 }
 
-/// Starts the admin server on its own thread. `quit` receives the exit code on `/quitquitquit`.
-pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>, quit: Sender<i32>) {
+/// Starts the admin server on its own thread.
+pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>) {
     std::thread::Builder::new()
         .name("revoy-admin".into())
         .spawn(move || {
@@ -72,15 +71,15 @@ pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>, quit: Sender<
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (shared, quit) = (shared.clone(), quit.clone());
-                    tokio::spawn(async move { serve(stream, shared, quit).await });
+                    let shared = shared.clone();
+                    tokio::spawn(async move { serve(stream, shared).await });
                 }
             });
         })
         .expect("spawn admin thread");
 }
 
-async fn serve(stream: TcpStream, shared: Arc<Shared>, quit: Sender<i32>) {
+async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     let mut reader = BufReader::new(stream);
     while let Some(req) = request::read(&mut reader).await {
         if req.http10 {
@@ -126,7 +125,7 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>, quit: Sender<i32>) {
         }
         let _ = out.flush().await;
         if let Effect::Quit(code) = effect {
-            let _ = quit.send(code);
+            shared.lifecycle.quit(code);
             return;
         }
         if !req.keep_alive {
@@ -178,11 +177,11 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/hot_restart_version" => text(200, "disabled"),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
-            shared.set_health_failed(true);
+            shared.lifecycle.set_health_failed(true);
             text(200, "OK\n")
         }
         "/healthcheck/ok" => {
-            shared.set_health_failed(false);
+            shared.lifecycle.set_health_failed(false);
             text(200, "OK\n")
         }
         "/reset_counters" => {
@@ -221,7 +220,7 @@ fn pooled_json(value: serde_json::Value) -> AdminResponse {
 
 /// `/ready`: 200 and `LIVE` when live, else 503 and the state's name.
 fn ready(shared: &Shared) -> AdminResponse {
-    let state = shared.server_state();
+    let state = shared.lifecycle.state();
     let status = if state == ServerState::Live { 200 } else { 503 };
     text(status, format!("{}\n", state_name(state)))
 }
@@ -243,7 +242,7 @@ fn server_info(shared: &Shared) -> serde_json::Value {
         .to_json(&node);
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
-        "state": state_name(shared.server_state()),
+        "state": state_name(shared.lifecycle.state()),
         "uptime_current_epoch": up,
         "uptime_all_epochs": up,
         "hot_restart_version": "disabled",
@@ -274,7 +273,8 @@ fn server_info(shared: &Shared) -> serde_json::Value {
 }
 
 fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
-    let ls = shared.listeners.load();
+    let snapshot = shared.snapshot.load_full();
+    let ls = &snapshot.listeners;
     if as_json {
         let statuses: Vec<_> = ls
             .iter()

@@ -459,6 +459,16 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     })
 }
 
+/// Compiles an EDS `ClusterLoadAssignment` into `cluster`'s endpoints (the cluster's
+/// transport sockets decide which hosts are refused). Endpoints revoy cannot connect to (pipes,
+/// internal listeners) are left out.
+pub fn compile_assignment(
+    la: &ClusterLoadAssignment,
+    cluster: &ClusterConfig,
+) -> Result<Vec<EndpointConfig>, ConfigError> {
+    endpoints(la, &cluster.discovery, &cluster.transport).map(|(eps, _)| eps)
+}
+
 fn opt_duration(
     d: Option<&proto::pb::google::protobuf::Duration>,
     path: &str,

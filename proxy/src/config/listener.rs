@@ -41,6 +41,9 @@ pub struct ChainConfig {
     /// access, SDS certificates, a client-certificate check revoy cannot make, TLS in front of
     /// tcp_proxy).
     pub refused: Option<Arc<str>>,
+    /// A digest of the chain's `FilterChain` proto: an update that leaves it unchanged keeps
+    /// the chain's runtime state and connections.
+    pub fingerprint: u64,
 }
 
 /// Listener filters revoy implements.
@@ -286,7 +289,16 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        fingerprint: fingerprint(chain),
     })
+}
+
+/// A digest of a filter chain's encoding (prost encodes equal messages alike).
+fn fingerprint(chain: &FilterChain) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prost::Message::encode_to_vec(chain).hash(&mut h);
+    h.finish()
 }
 
 /// The fields of a `DownstreamTlsContext` that Envoy's proto validation requires.

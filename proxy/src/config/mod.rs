@@ -3,6 +3,7 @@
 
 pub mod bootstrap;
 pub mod cluster;
+pub mod dynamic;
 pub mod fail_closed;
 pub mod filter_chain_match;
 pub mod hcm;

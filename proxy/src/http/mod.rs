@@ -46,13 +46,20 @@ pub struct Hcm {
     pub config: Arc<HcmConfig>,
     /// Its stats (`http.<stat_prefix>.*`).
     pub stats: HcmStats,
+    /// A listener update changed or removed its filter chain: its connections close at their
+    /// next response.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl Hcm {
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
         let stats = HcmStats::new(store, &config.stat_prefix, config.denied.is_some());
-        Hcm { config, stats }
+        Hcm {
+            config,
+            stats,
+            draining: std::sync::atomic::AtomicBool::new(false),
+        }
     }
 }
 
@@ -76,7 +83,8 @@ impl ConnContext {
     /// Whether the connection should be told to close with its current response (a failed
     /// health check or a draining listener, see [`crate::drain`]).
     fn drain_close(&self) -> bool {
-        self.shared.drain.close_connection(self.drain_scope)
+        self.hcm.draining.load(std::sync::atomic::Ordering::Relaxed)
+            || self.shared.drain().close_connection(self.drain_scope)
     }
 }
 

@@ -171,7 +171,7 @@ async fn route_and_forward(
     };
     let table = match &cfg.routes {
         Routes::Static(t) => Some(t.clone()),
-        Routes::Rds(name) => ctx.shared.route_table(name),
+        Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
     };
     let Some(table) = table else {
         return local_reply(StatusCode::NOT_FOUND, "");

@@ -3,9 +3,11 @@
 
 mod inspect;
 mod original_dst;
+mod slot;
 
 pub use inspect::parse_client_hello;
 pub use original_dst::original_dst;
+pub use slot::{Slot, accept_loop};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,20 +19,38 @@ use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
-use crate::stats::{Connections, Counter};
+use crate::stats::{Connections, Counter, Store};
 use crate::tls::{self, DownstreamTls};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The runtime side of one filter chain.
-enum Chain {
+/// The runtime side of one filter chain, shared by the listener generations whose chain is
+/// unchanged (same `FilterChain` proto), so an update leaves its connections alone.
+struct Chain {
+    /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
+    identity: (u64, Option<Arc<str>>),
+    kind: ChainKind,
+}
+
+enum ChainKind {
     Http(Arc<Hcm>, Option<DownstreamTls>),
     Tcp(Arc<crate::tcp::TcpProxy>),
     /// Every connection is closed at once: the chain needs a feature revoy does not
     /// implement and must not skip (see [`ChainConfig::refused`]).
     Refused,
+}
+
+impl Chain {
+    /// Tells the chain's HTTP connections to close at their next response (the chain was
+    /// changed or removed by a listener update).
+    fn drain(&self) {
+        if let ChainKind::Http(hcm, _) = &self.kind {
+            hcm.draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
 }
 
 /// A listener with its chains' runtime state and stats handles.
@@ -39,8 +59,8 @@ pub struct Listener {
     /// The local address of every accepted connection when the listener is bound to one
     /// (not a wildcard address or an ephemeral port): no `getsockname(2)` per connection.
     bound_local: Option<SocketAddr>,
-    chains: Vec<Chain>,
-    default_chain: Option<Chain>,
+    chains: Vec<Arc<Chain>>,
+    default_chain: Option<Arc<Chain>>,
     cx: Connections,
     cx_destroy: Counter,
     no_filter_chain: Counter,
@@ -49,38 +69,48 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Prepares a compiled listener for serving (resolves stats handles).
+    /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
+    /// from `previous` (the listener it replaces) are kept with their state.
     /// Fails when a chain's TLS certificates cannot be loaded.
-    pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Result<Self, String> {
-        let chain = |c: &ChainConfig| -> Result<Chain, String> {
-            if let Some(why) = &c.refused {
+    pub fn new(
+        config: Arc<ListenerConfig>,
+        stats: &Store,
+        previous: Option<&Listener>,
+    ) -> Result<Self, String> {
+        let chain = |c: &ChainConfig| -> Result<Arc<Chain>, String> {
+            let identity = (c.fingerprint, c.refused.clone());
+            if let Some(kept) = previous.and_then(|p| p.chain_by_identity(&identity)) {
+                return Ok(kept);
+            }
+            let kind = if let Some(why) = &c.refused {
                 tracing::warn!(
                     listener = %config.name, chain = %c.name,
                     "{why}; connections on this chain are refused"
                 );
-                return Ok(Chain::Refused);
-            }
-            Ok(match &c.terminal {
-                Terminal::Http(h) => {
-                    let tls = c
-                        .tls
-                        .as_ref()
-                        .map(|t| {
-                            tls::downstream(t).map_err(|e| {
-                                format!(
-                                    "listener '{}' filter chain '{}': transport_socket: {e}",
-                                    config.name, c.name
-                                )
+                ChainKind::Refused
+            } else {
+                match &c.terminal {
+                    Terminal::Http(h) => {
+                        let tls = c
+                            .tls
+                            .as_ref()
+                            .map(|t| {
+                                tls::downstream(t).map_err(|e| {
+                                    format!(
+                                        "listener '{}' filter chain '{}': transport_socket: {e}",
+                                        config.name, c.name
+                                    )
+                                })
                             })
-                        })
-                        .transpose()?;
-                    Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats)), tls)
+                            .transpose()?;
+                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats)), tls)
+                    }
+                    Terminal::Tcp(t) => {
+                        ChainKind::Tcp(Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)))
+                    }
                 }
-                Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new(
-                    (**t).clone(),
-                    &shared.stats,
-                ))),
-            })
+            };
+            Ok(Arc::new(Chain { identity, kind }))
         };
         let prefix = config.stat_prefix();
         let address = config.address;
@@ -88,23 +118,15 @@ impl Listener {
             bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
             chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
             default_chain: config.default_chain.as_ref().map(chain).transpose()?,
-            cx: Connections::new(&shared.stats, &prefix),
-            cx_destroy: shared
-                .stats
-                .counter(&format!("{prefix}.downstream_cx_destroy")),
-            no_filter_chain: shared
-                .stats
-                .counter(&format!("{prefix}.no_filter_chain_match")),
+            cx: Connections::new(stats, &prefix),
+            cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
+            no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
             fail_closed: config
                 .chains
                 .iter()
                 .chain(&config.default_chain)
                 .any(|c| c.refused.is_some())
-                .then(|| {
-                    shared
-                        .stats
-                        .counter(&format!("{prefix}.downstream_cx_fail_closed"))
-                }),
+                .then(|| stats.counter(&format!("{prefix}.downstream_cx_fail_closed"))),
             config,
         })
     }
@@ -112,6 +134,25 @@ impl Listener {
     /// The compiled configuration.
     pub fn config(&self) -> &Arc<ListenerConfig> {
         &self.config
+    }
+
+    fn chains(&self) -> impl Iterator<Item = &Arc<Chain>> {
+        self.chains.iter().chain(&self.default_chain)
+    }
+
+    fn chain_by_identity(&self, identity: &(u64, Option<Arc<str>>)) -> Option<Arc<Chain>> {
+        self.chains().find(|c| &c.identity == identity).cloned()
+    }
+
+    /// Tells the connections of every chain that `next` (the listener replacing this one, if
+    /// any) does not keep to close at their next response.
+    pub fn retire(&self, next: Option<&Listener>) {
+        for c in self.chains() {
+            let kept = next.is_some_and(|n| n.chains().any(|k| Arc::ptr_eq(k, c)));
+            if !kept {
+                c.drain();
+            }
+        }
     }
 
     /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
@@ -137,28 +178,8 @@ impl Listener {
         TcpListener::from_std(socket.into())
     }
 
-    /// Accepts connections forever on worker `worker`'s socket, each served on its own task.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, shared: Arc<Shared>, worker: usize) {
-        // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
-        let prefix = format!("{}.worker_{worker}", self.config.stat_prefix());
-        let stats = Connections::new(&shared.stats, &prefix);
-        loop {
-            match listener.accept().await {
-                Ok((stream, peer)) => {
-                    let me = self.clone();
-                    let shared = shared.clone();
-                    let stats = stats.clone();
-                    tokio::spawn(async move { me.serve(stream, peer, shared, stats).await });
-                }
-                Err(e) => {
-                    tracing::warn!(listener = %self.config.name, error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    }
-
-    async fn serve(
+    /// Serves one accepted connection; `worker`: the accepting worker's listener stats.
+    pub(crate) async fn serve(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
@@ -176,8 +197,8 @@ impl Listener {
         if self.config.use_original_dst
             && let Some(to) = original.filter(|o| *o != local)
         {
-            let listeners = shared.listeners.load_full();
-            if let Some(target) = handoff_target(&listeners, to, self) {
+            let snapshot = shared.snapshot.load_full();
+            if let Some(target) = handoff_target(&snapshot.listeners, to, self) {
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;
@@ -226,9 +247,9 @@ impl Listener {
         };
         let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
         let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i],
+            Some(i) => &self.chains[i].kind,
             None => match &self.default_chain {
-                Some(c) => c,
+                Some(c) => &c.kind,
                 None => {
                     self.no_filter_chain.inc();
                     tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
@@ -238,7 +259,7 @@ impl Listener {
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
         match chain {
-            Chain::Http(hcm, tls) => {
+            ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
                     shared: shared.clone(),
@@ -263,13 +284,13 @@ impl Listener {
                     Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
             }
-            Chain::Refused => {
+            ChainKind::Refused => {
                 if let Some(c) = &self.fail_closed {
                     c.inc();
                 }
                 tracing::debug!(listener = %self.config.name, %peer, "filter chain fails closed; closing");
             }
-            Chain::Tcp(proxy) => {
+            ChainKind::Tcp(proxy) => {
                 let lb = LbContext {
                     original_dst: original,
                     ..Default::default()

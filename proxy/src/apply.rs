@@ -1,0 +1,240 @@
+//! The one writer of what the data path reads: the bootstrap's static resources and every xDS
+//! update go through here. It owns the listener sockets (one [`Slot`] per listener name, kept
+//! across updates), publishes the [`Snapshot`] of active listeners and RDS route tables, and
+//! answers per resource, so callers can turn its answers into ACKs and NACKs.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::config::listener::ListenerConfig;
+use crate::listener::{Listener, Slot, accept_loop};
+use crate::route::RouteTable;
+use crate::server::Shared;
+use crate::snapshot::Snapshot;
+
+/// What applying a listener did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListenerChange {
+    /// A new listener name: its sockets were bound.
+    Added,
+    /// An existing listener on the same address: its sockets were kept, new connections get
+    /// the new configuration, and connections of chains it changed or removed close at their
+    /// next response.
+    InPlace,
+    /// An existing listener moved to another address: new sockets, the old ones closed.
+    Rebound,
+}
+
+/// Why a listener could not be applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenerError {
+    /// Another listener already listens on the address.
+    #[error("error adding listener '{name}': listener '{other}' already listens on {address}")]
+    DuplicateAddress {
+        /// The listener.
+        name: String,
+        /// The one holding the address.
+        other: String,
+        /// The address.
+        address: std::net::SocketAddr,
+    },
+    /// The address could not be bound.
+    #[error("cannot bind listener '{name}' to {address}: {source}")]
+    Bind {
+        /// The listener.
+        name: String,
+        /// The address.
+        address: std::net::SocketAddr,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The listener's runtime state could not be prepared (its TLS certificates).
+    #[error("{0}")]
+    Prepare(String),
+}
+
+/// The applier's state: listener slots by name (in the order listeners were added) and the RDS
+/// route tables.
+#[derive(Default)]
+struct State {
+    slots: Vec<(String, Arc<Slot>)>,
+    routes: HashMap<String, Arc<RouteTable>>,
+}
+
+/// Applies configuration changes and publishes snapshots. One per process, in [`Shared`].
+#[derive(Default)]
+pub struct Applier {
+    state: Mutex<State>,
+    workers: OnceLock<Vec<tokio::runtime::Handle>>,
+}
+
+impl Applier {
+    /// Records the worker runtimes that accept loops run on (before any listener is applied).
+    pub fn set_workers(&self, workers: Vec<tokio::runtime::Handle>) {
+        let _ = self.workers.set(workers);
+    }
+
+    /// Adds or replaces the listener named `config.name`.
+    pub fn upsert_listener(
+        &self,
+        shared: &Arc<Shared>,
+        config: ListenerConfig,
+    ) -> Result<ListenerChange, ListenerError> {
+        let mut state = self.state.lock().expect("applier state");
+        let name = config.name.clone();
+        let existing = state
+            .slots
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, s)| s.clone());
+        if config.bind_to_port
+            && config.address.port() != 0
+            && let Some((other, _)) = state.slots.iter().find(|(n, s)| {
+                *n != name && {
+                    let c = s.current();
+                    c.config().bind_to_port && c.config().address == config.address
+                }
+            })
+        {
+            return Err(ListenerError::DuplicateAddress {
+                name,
+                other: other.clone(),
+                address: config.address,
+            });
+        }
+        let previous = existing.as_ref().map(|s| s.current());
+        let listener = Arc::new(
+            Listener::new(Arc::new(config), &shared.stats, previous.as_deref())
+                .map_err(ListenerError::Prepare)?,
+        );
+        let change = match (&existing, &previous) {
+            (Some(slot), Some(old))
+                if old.config().address == listener.config().address
+                    && old.config().bind_to_port == listener.config().bind_to_port =>
+            {
+                let old = slot.replace(listener.clone());
+                old.retire(Some(&listener));
+                ListenerChange::InPlace
+            }
+            _ => {
+                let slot = Slot::new(listener.clone());
+                self.bind(shared, &slot, &listener)?;
+                match existing.zip(previous) {
+                    Some((old_slot, old)) => {
+                        old_slot.stop();
+                        old.retire(None);
+                        let entry = state
+                            .slots
+                            .iter_mut()
+                            .find(|(n, _)| *n == name)
+                            .expect("slot exists");
+                        entry.1 = slot;
+                        ListenerChange::Rebound
+                    }
+                    None => {
+                        state.slots.push((name, slot));
+                        ListenerChange::Added
+                    }
+                }
+            }
+        };
+        self.publish(shared, &state);
+        Ok(change)
+    }
+
+    /// Removes the listener named `name`: it stops accepting and its connections close at
+    /// their next response. Returns whether it existed.
+    pub fn remove_listener(&self, shared: &Arc<Shared>, name: &str) -> bool {
+        let mut state = self.state.lock().expect("applier state");
+        let Some(i) = state.slots.iter().position(|(n, _)| n == name) else {
+            return false;
+        };
+        let (_, slot) = state.slots.remove(i);
+        slot.stop();
+        slot.current().retire(None);
+        self.publish(shared, &state);
+        true
+    }
+
+    /// Adds or replaces the RDS route table named by `table`.
+    pub fn upsert_route(&self, shared: &Arc<Shared>, table: RouteTable) {
+        let mut state = self.state.lock().expect("applier state");
+        state
+            .routes
+            .insert(table.name().to_owned(), Arc::new(table));
+        self.publish(shared, &state);
+    }
+
+    /// Removes the RDS route table `name`; requests that used it get 404 (no route).
+    pub fn remove_route(&self, shared: &Arc<Shared>, name: &str) -> bool {
+        let mut state = self.state.lock().expect("applier state");
+        let existed = state.routes.remove(name).is_some();
+        if existed {
+            self.publish(shared, &state);
+        }
+        existed
+    }
+
+    /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`, quit).
+    pub fn stop_listeners(&self, inbound_only: bool) {
+        let state = self.state.lock().expect("applier state");
+        for (_, slot) in &state.slots {
+            if !inbound_only || slot.current().config().inbound {
+                slot.stop();
+            }
+        }
+    }
+
+    /// How many listeners are active (have a slot).
+    pub fn listener_count(&self) -> usize {
+        self.state.lock().expect("applier state").slots.len()
+    }
+
+    /// Binds `listener`'s address on every worker (one socket when the port is ephemeral: it
+    /// would differ per socket) and starts their accept loops.
+    fn bind(
+        &self,
+        shared: &Arc<Shared>,
+        slot: &Arc<Slot>,
+        listener: &Listener,
+    ) -> Result<(), ListenerError> {
+        let cfg = listener.config();
+        if !cfg.bind_to_port {
+            return Ok(());
+        }
+        let workers = self.workers.get().map(Vec::as_slice).unwrap_or_default();
+        let count = if cfg.address.port() == 0 {
+            1
+        } else {
+            workers.len()
+        };
+        let mut sockets = Vec::with_capacity(count);
+        for rt in &workers[..count.min(workers.len())] {
+            let _guard = rt.enter();
+            let socket = listener
+                .bind(count > 1)
+                .map_err(|source| ListenerError::Bind {
+                    name: cfg.name.clone(),
+                    address: cfg.address,
+                    source,
+                })?;
+            sockets.push(socket);
+        }
+        for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {
+            let task = rt.spawn(accept_loop(slot.clone(), socket, shared.clone(), worker));
+            slot.add_accept_task(task.abort_handle());
+        }
+        Ok(())
+    }
+
+    fn publish(&self, shared: &Shared, state: &State) {
+        shared.snapshot.store(Snapshot {
+            listeners: state.slots.iter().map(|(_, s)| s.current()).collect(),
+            routes: state.routes.clone(),
+        });
+        shared
+            .stats
+            .gauge("listener_manager.total_listeners_active")
+            .set(state.slots.len() as u64);
+    }
+}

@@ -1,0 +1,90 @@
+//! The server's lifecycle: `server.state` (and `server.live`), the health-check flag, the drain
+//! state connections consult, and quitting. Admin and the wiring call it; nothing else keeps a
+//! copy of any of these.
+
+use std::sync::Mutex;
+use std::sync::mpsc::Sender;
+
+use crate::drain::Drain;
+use crate::stats::{Gauge, Store};
+
+/// Envoy's `server.state` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerState {
+    /// Serving.
+    Live = 0,
+    /// Draining listeners.
+    Draining = 1,
+    /// Before initialisation.
+    PreInitializing = 2,
+    /// Initialising (waiting for clusters/listeners).
+    Initializing = 3,
+}
+
+/// State, health, drain and quit of the process.
+pub struct Lifecycle {
+    /// Health-check failure and listener drains, which tell connections to close.
+    pub drain: Drain,
+    state: Mutex<ServerState>,
+    /// `server.state`.
+    state_gauge: Gauge,
+    /// `server.live`: 1 while LIVE and passing health checks.
+    live_gauge: Gauge,
+    quit: Mutex<Option<Sender<i32>>>,
+}
+
+impl Lifecycle {
+    /// PRE_INITIALIZING, healthy, nothing draining.
+    pub fn new(stats: &Store, drain: Drain) -> Lifecycle {
+        let lifecycle = Lifecycle {
+            drain,
+            state: Mutex::new(ServerState::PreInitializing),
+            state_gauge: stats.gauge("server.state"),
+            live_gauge: stats.gauge("server.live"),
+            quit: Mutex::new(None),
+        };
+        lifecycle.publish();
+        lifecycle
+    }
+
+    /// Sets the server's own state (`server.state`, `server.live`).
+    pub fn set_state(&self, s: ServerState) {
+        *self.state.lock().expect("server state") = s;
+        self.publish();
+    }
+
+    /// The state `/ready`, `/server_info` and `server.state` report: DRAINING while health
+    /// checks fail (`/healthcheck/fail`), as in Envoy.
+    pub fn state(&self) -> ServerState {
+        let own = *self.state.lock().expect("server state");
+        if self.drain.health_failed() {
+            ServerState::Draining
+        } else {
+            own
+        }
+    }
+
+    /// `/healthcheck/fail` (`true`) or `/healthcheck/ok` (`false`).
+    pub fn set_health_failed(&self, failed: bool) {
+        self.drain.set_health_failed(failed);
+        self.publish();
+    }
+
+    /// Where [`Lifecycle::quit`] sends its exit code (the main thread waits on the receiver).
+    pub fn on_quit(&self, tx: Sender<i32>) {
+        *self.quit.lock().expect("quit") = Some(tx);
+    }
+
+    /// Asks the process to exit with `code` (`/quitquitquit`, a signal).
+    pub fn quit(&self, code: i32) {
+        if let Some(tx) = self.quit.lock().expect("quit").as_ref() {
+            let _ = tx.send(code);
+        }
+    }
+
+    fn publish(&self) {
+        let s = self.state();
+        self.state_gauge.set(s as u64);
+        self.live_gauge.set(u64::from(s == ServerState::Live));
+    }
+}

@@ -1,0 +1,79 @@
+//! A listener's sockets, owned apart from its configuration: the accept loops of one listener
+//! name keep their sockets across updates and read the listener's current configuration for
+//! each new connection, so an update refuses no connection and loses no backlog.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::task::AbortHandle;
+
+use super::Listener;
+use crate::server::Shared;
+use crate::stats::Connections;
+
+/// One listener name's current configuration and the accept loops serving it.
+pub struct Slot {
+    current: ArcSwap<Listener>,
+    accept_tasks: Mutex<Vec<AbortHandle>>,
+}
+
+impl Slot {
+    /// A slot serving `listener`, with no socket yet.
+    pub fn new(listener: Arc<Listener>) -> Arc<Slot> {
+        Arc::new(Slot {
+            current: ArcSwap::new(listener),
+            accept_tasks: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The configuration new connections get.
+    pub fn current(&self) -> Arc<Listener> {
+        self.current.load_full()
+    }
+
+    /// Makes `next` the configuration of new connections; returns the one it replaces.
+    pub fn replace(&self, next: Arc<Listener>) -> Arc<Listener> {
+        self.current.swap(next)
+    }
+
+    /// Records an accept loop, so [`Slot::stop`] can end it.
+    pub fn add_accept_task(&self, task: AbortHandle) {
+        self.accept_tasks.lock().expect("accept tasks").push(task);
+    }
+
+    /// Stops accepting: ends the accept loops, closing the sockets. Accepted connections go on.
+    pub fn stop(&self) {
+        for task in self.accept_tasks.lock().expect("accept tasks").drain(..) {
+            task.abort();
+        }
+    }
+
+    /// Whether some accept loop still runs.
+    pub fn accepting(&self) -> bool {
+        !self.accept_tasks.lock().expect("accept tasks").is_empty()
+    }
+}
+
+/// Accepts connections forever on worker `worker`'s socket of `slot`, each served on its own
+/// task with the slot's configuration at the moment it was accepted.
+pub async fn accept_loop(slot: Arc<Slot>, socket: TcpListener, shared: Arc<Shared>, worker: usize) {
+    // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
+    let prefix = format!("{}.worker_{worker}", slot.current().config().stat_prefix());
+    let stats = Connections::new(&shared.stats, &prefix);
+    loop {
+        match socket.accept().await {
+            Ok((stream, peer)) => {
+                let listener = slot.current();
+                let shared = shared.clone();
+                let stats = stats.clone();
+                tokio::spawn(async move { listener.serve(stream, peer, shared, stats).await });
+            }
+            Err(e) => {
+                tracing::warn!(listener = %slot.current().config().name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
