@@ -151,6 +151,11 @@ impl Server {
     /// A server on 127.0.0.1, on an ephemeral port.
     pub async fn tcp() -> Server {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::tcp_on(listener)
+    }
+
+    /// A server on a bound listener.
+    pub fn tcp_on(listener: tokio::net::TcpListener) -> Server {
         let address = listener.local_addr().unwrap();
         let (service, sotw, delta) = Self::service();
         tokio::spawn(
