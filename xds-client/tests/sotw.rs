@@ -2,6 +2,9 @@
 
 mod support;
 
+use prost::Message;
+use proto::pb::envoy::service::discovery::v3::Resource as WrappedResource;
+use proto::pb::google::protobuf::Any;
 use support::{
     Server, cluster, config, endpoints, listener, names, node, response, route, start, strings,
 };
@@ -46,6 +49,7 @@ async fn ack_carries_version_and_nonce() {
 
     let status = client.status();
     assert!(status.connected);
+    assert!(!status.types[0].pending, "an ACK expects no response");
     assert_eq!(status.streams, 1);
     assert_eq!(status.types.len(), 1);
     assert!(status.types[0].wildcard);
@@ -357,5 +361,45 @@ async fn the_handler_may_subscribe_from_inside_apply() {
     let rds = stream.recv().await;
     assert_eq!(rds.type_url, ROUTE_TYPE_URL);
     assert_eq!(rds.resource_names, ["a-routes"]);
+    client.stop();
+}
+
+#[tokio::test]
+async fn wrapped_resources_are_unwrapped() {
+    let mut server = Server::tcp().await;
+    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    client.subscribe(ROUTE_TYPE_URL, strings(&["r1", "r2"]));
+    let mut stream = server.sotw_stream().await;
+    stream.recv().await;
+    let wrapped = WrappedResource {
+        name: "r1".into(),
+        version: "7".into(),
+        resource: Some(route("r1")),
+        ..Default::default()
+    };
+    let any = Any {
+        type_url: "type.googleapis.com/envoy.service.discovery.v3.Resource".into(),
+        value: wrapped.encode_to_vec(),
+    };
+    stream.send(response(ROUTE_TYPE_URL, "v1", "n1", vec![any, route("r2")]));
+    let update = probe.update().await;
+    assert_eq!(names(&update), ["r1", "r2"]);
+    assert_eq!(update.resources[0].version, "7");
+    assert_eq!(update.resources[1].version, "v1");
+    assert_eq!(update.resources[0].value, route("r1").value);
+    assert_eq!(stream.recv().await.error_detail, None);
+    client.stop();
+}
+
+#[tokio::test]
+async fn responses_for_types_not_subscribed_are_ignored() {
+    let mut server = Server::tcp().await;
+    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    client.subscribe_wildcard(LISTENER_TYPE_URL);
+    let mut stream = server.sotw_stream().await;
+    stream.recv().await;
+    stream.send(response(CLUSTER_TYPE_URL, "v1", "n1", vec![cluster("a")]));
+    probe.expect_no_update().await;
+    stream.expect_none().await;
     client.stop();
 }

@@ -157,10 +157,12 @@ impl<P: Protocol> Engine<P> {
                                 .respond(response, &self.subscriptions, &*self.handler);
                         match answer {
                             Some(answer) => {
-                                pending.remove(&answer.push.type_url);
+                                let type_url = answer.push.type_url.clone();
                                 log_verdict(&answer.push);
                                 self.shared.record(answer.push);
                                 self.send(&mut outgoing, bucket, pending, answer.request).await;
+                                // An ACK or NACK expects no response.
+                                pending.remove(&type_url);
                             }
                             None => warn!("xDS: ignoring a response for a type not subscribed to"),
                         }
