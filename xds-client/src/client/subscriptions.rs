@@ -1,0 +1,104 @@
+//! What the proxy asked for, per type, in subscription order: the part of the state that
+//! outlives streams.
+
+use std::collections::BTreeSet;
+
+/// One type's subscription.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Subscription {
+    pub(super) type_url: String,
+    /// Every resource of the type.
+    pub(super) wildcard: bool,
+    /// Names asked for besides the wildcard.
+    pub(super) names: BTreeSet<String>,
+}
+
+impl Subscription {
+    /// Whether there is anything to ask the server for.
+    pub(super) fn is_empty(&self) -> bool {
+        !self.wildcard && self.names.is_empty()
+    }
+}
+
+/// The subscriptions of every type.
+#[derive(Debug, Default)]
+pub(super) struct Subscriptions {
+    list: Vec<Subscription>,
+}
+
+impl Subscriptions {
+    pub(super) fn get(&self, type_url: &str) -> Option<&Subscription> {
+        self.list.iter().find(|s| s.type_url == type_url)
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Subscription> {
+        self.list.iter()
+    }
+
+    fn entry(&mut self, type_url: &str) -> &mut Subscription {
+        let index = match self.list.iter().position(|s| s.type_url == type_url) {
+            Some(index) => index,
+            None => {
+                self.list.push(Subscription {
+                    type_url: type_url.to_string(),
+                    ..Default::default()
+                });
+                self.list.len() - 1
+            }
+        };
+        &mut self.list[index]
+    }
+
+    /// Applies a change; answers the subscription as it was before, or `None` when nothing
+    /// changed.
+    pub(super) fn apply(&mut self, change: Change) -> Option<Subscription> {
+        let type_url = match &change {
+            Change::Wildcard(type_url) | Change::Names(type_url, _) => type_url.clone(),
+        };
+        let subscription = self.entry(&type_url);
+        let before = subscription.clone();
+        match change {
+            Change::Wildcard(_) => subscription.wildcard = true,
+            Change::Names(_, names) => subscription.names = names,
+        }
+        (*subscription != before).then_some(before)
+    }
+}
+
+/// A change the proxy asks for.
+#[derive(Debug)]
+pub(super) enum Change {
+    /// Subscribe to every resource of the type.
+    Wildcard(String),
+    /// Set the names of the type.
+    Names(String, BTreeSet<String>),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn reports_only_changes() {
+        let mut subs = Subscriptions::default();
+        let before = subs
+            .apply(Change::Names("t".into(), names(&["a"])))
+            .unwrap();
+        assert!(before.is_empty());
+        assert!(
+            subs.apply(Change::Names("t".into(), names(&["a"])))
+                .is_none()
+        );
+        let before = subs.apply(Change::Names("t".into(), names(&[]))).unwrap();
+        assert_eq!(before.names, names(&["a"]));
+        assert!(subs.get("t").unwrap().is_empty());
+        assert!(subs.apply(Change::Wildcard("w".into())).is_some());
+        assert!(subs.apply(Change::Wildcard("w".into())).is_none());
+        let order: Vec<&str> = subs.iter().map(|s| s.type_url.as_str()).collect();
+        assert_eq!(order, ["t", "w"]);
+    }
+}

@@ -1,0 +1,97 @@
+//! Transports (unix socket), connection retries and the rate limit.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Server, config, listener, response, start};
+use xds_client::client::{Mode, RateLimit};
+use xds_client::{
+    CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, LISTENER_TYPE_URL, ROUTE_TYPE_URL, SECRET_TYPE_URL,
+};
+
+#[tokio::test]
+async fn unix_socket() {
+    let path = std::env::temp_dir().join(format!("xds-client-test-{}.sock", std::process::id()));
+    let mut server = Server::unix(path.clone()).await;
+    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    client.subscribe_wildcard(LISTENER_TYPE_URL);
+    let mut stream = server.sotw_stream().await;
+    stream.recv().await;
+    stream.send(response(LISTENER_TYPE_URL, "v1", "n1", vec![listener("a")]));
+    assert_eq!(probe.update().await.version_info, "v1");
+    let ack = stream.recv().await;
+    assert_eq!(
+        (ack.version_info.as_str(), ack.response_nonce.as_str()),
+        ("v1", "n1")
+    );
+    client.stop();
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test]
+async fn retries_until_the_server_is_up() {
+    // Reserve a port, free it, and start the server there a little later.
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (client, _recorder, mut probe) = start(config(
+        xds_client::client::Transport::Tcp(address),
+        Mode::Sotw,
+    ));
+    client.subscribe_wildcard(LISTENER_TYPE_URL);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!client.status().connected);
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+    let mut server = Server::tcp_on(listener);
+    let mut stream = server.sotw_stream().await;
+    assert_eq!(stream.recv().await.type_url, LISTENER_TYPE_URL);
+    assert_eq!(probe.event().await, Event::Connected);
+    assert!(client.status().connected);
+    client.stop();
+    assert!(!client.status().connected);
+}
+
+#[tokio::test]
+async fn rate_limited_requests_wait_and_say_so() {
+    let mut server = Server::tcp().await;
+    let mut config = config(server.transport.clone(), Mode::Sotw);
+    config.rate_limit = Some(RateLimit {
+        max_tokens: 2,
+        fill_rate: 20.0,
+    });
+    let (client, _recorder, mut probe) = start(config);
+    for type_url in [
+        LISTENER_TYPE_URL,
+        CLUSTER_TYPE_URL,
+        ROUTE_TYPE_URL,
+        ENDPOINT_TYPE_URL,
+    ] {
+        if type_url == LISTENER_TYPE_URL || type_url == CLUSTER_TYPE_URL {
+            client.subscribe_wildcard(type_url);
+        } else {
+            client.subscribe(type_url, vec!["x".into()]);
+        }
+    }
+    client.subscribe(SECRET_TYPE_URL, vec!["default".into()]);
+    let started = std::time::Instant::now();
+    let mut stream = server.sotw_stream().await;
+    let mut types = Vec::new();
+    for _ in 0..5 {
+        types.push(stream.recv().await.type_url);
+    }
+    assert_eq!(types.len(), 5);
+    // Two at once, then three at 20 per second.
+    assert!(
+        started.elapsed() >= Duration::from_millis(120),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        events.push(probe.event().await);
+    }
+    assert!(events.contains(&Event::RateLimited), "{events:?}");
+    client.stop();
+}
