@@ -2,8 +2,8 @@
 //! proto3-JSON codec, so every nested Any carries its `@type`.
 
 use proto::pb::envoy::admin::v3::{
-    BootstrapConfigDump, ClustersConfigDump, ConfigDump, ListenersConfigDump, RoutesConfigDump,
-    clusters_config_dump::StaticCluster, listeners_config_dump::StaticListener,
+    BootstrapConfigDump, ClustersConfigDump, ConfigDump, EndpointsConfigDump, ListenersConfigDump,
+    RoutesConfigDump, clusters_config_dump::StaticCluster, listeners_config_dump::StaticListener,
     routes_config_dump::StaticRouteConfig,
 };
 use proto::pb::envoy::config::listener::v3::filter::ConfigType;
@@ -79,14 +79,25 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
             }
         }
     }
-    let dump = ConfigDump {
-        configs: vec![
-            pack(&bootstrap),
-            pack(&clusters),
-            pack(&listeners),
-            pack(&routes),
-        ],
-    };
+    let (mut clusters, mut listeners) = (clusters, listeners);
+    let mut eds = req.has("include_eds").then(EndpointsConfigDump::default);
+    super::xds::fill_dump(
+        shared,
+        &mut listeners,
+        &mut clusters,
+        &mut routes,
+        eds.as_mut(),
+    );
+    let mut configs = vec![
+        pack(&bootstrap),
+        pack(&clusters),
+        pack(&listeners),
+        pack(&routes),
+    ];
+    if let Some(eds) = eds {
+        configs.push(pack(&eds));
+    }
+    let dump = ConfigDump { configs };
     let codec = Codec::new();
     let value = codec.to_json(&dump);
     let mut configs: Vec<serde_json::Value> = match value {

@@ -27,7 +27,7 @@ const fn ep(
 }
 
 /// Every endpoint revoy serves, sorted by path as Envoy lists them, each with the parameters
-/// revoy honours, in Envoy's words (`/routes` is revoy's own).
+/// revoy honours, in Envoy's words (`/routes` and `/xds` are revoy's own).
 pub const ENDPOINTS: &[Endpoint] = &[
     ep("/", false, "Admin home page", &[]),
     ep(
@@ -112,6 +112,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
         "/hot_restart_version",
         false,
         "print the hot restart compatibility version",
+        &[],
+    ),
+    ep(
+        "/init_dump",
+        false,
+        "print current initialization configurations for targets",
         &[],
     ),
     ep(
@@ -223,6 +229,12 @@ pub const ENDPOINTS: &[Endpoint] = &[
         "/stats/recentlookups/enable",
         true,
         "enable recording of reset stat-name lookup names",
+        &[],
+    ),
+    ep(
+        "/xds",
+        false,
+        "the xDS stream: each subscription's version and nonce, and the last pushes with their ACK or NACK and reason, newest first",
         &[],
     ),
 ];

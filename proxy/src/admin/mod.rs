@@ -6,6 +6,7 @@ mod help;
 mod request;
 mod routes;
 mod unsupported;
+mod xds;
 
 pub use request::AdminRequest;
 
@@ -172,6 +173,8 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/clusters" => clusters(shared, req),
         "/listeners" => listeners(shared, req.param("format") == Some("json")),
         "/routes" => routes::render(shared, req),
+        "/xds" => json(&xds::render(shared)),
+        "/init_dump" => json(&xds::init_dump(shared)),
         "/stats" => stats(shared, req, false),
         "/stats/prometheus" => stats(shared, req, true),
         "/hot_restart_version" => text(200, "disabled"),

@@ -23,10 +23,9 @@ pub struct BootstrapConfig {
     pub proto: proto::Encoded<Bootstrap>,
     /// How stat names split into tags (`stats_config`), for `/stats/prometheus`.
     pub stats_tags: std::sync::Arc<StatsTags>,
-    /// Why the server cannot become LIVE: the bootstrap's `dynamic_resources` ask for
-    /// listeners or clusters from xDS, which revoy does not implement yet, so it never
-    /// reports ready with only part of its config.
-    pub awaits_xds: Option<String>,
+    /// `dynamic_resources`: listeners and clusters from xDS or files; the server becomes LIVE
+    /// once their initial fetch is done.
+    pub dynamic: Option<super::dynamic::DynamicConfig>,
     /// The features this bootstrap uses that revoy does not implement (skipped, or failing
     /// closed), for `/config_dump`.
     pub unimplemented: Vec<Warning>,
@@ -117,7 +116,7 @@ pub fn compile_bootstrap(
             .filter(|w| w.severity != Severity::Note)
             .cloned()
             .collect(),
-        awaits_xds: awaits_xds(b),
+        dynamic: super::dynamic::compile_dynamic(b)?,
         admin,
         listeners,
         clusters,
@@ -126,37 +125,9 @@ pub fn compile_bootstrap(
     })
 }
 
-/// What in `dynamic_resources` revoy cannot serve yet, if anything.
-fn awaits_xds(b: &Bootstrap) -> Option<String> {
-    let d = b.dynamic_resources.as_ref()?;
-    let wanted: Vec<&str> = [
-        (
-            d.lds_config.is_some() || !d.lds_resources_locator.is_empty(),
-            "listeners (LDS)",
-        ),
-        (
-            d.cds_config.is_some() || !d.cds_resources_locator.is_empty(),
-            "clusters (CDS)",
-        ),
-        (d.ads_config.is_some(), "an ADS stream's resources"),
-    ]
-    .into_iter()
-    .filter_map(|(set, what)| set.then_some(what))
-    .collect();
-    (!wanted.is_empty()).then(|| {
-        format!(
-            "{} come from xDS, which revoy does not implement yet; the server stays INITIALIZING (not ready) and serves only its static resources",
-            wanted.join(" and ")
-        )
-    })
-}
-
 /// Records the bootstrap's settings that revoy does not act on.
 #[allow(deprecated)] // `tracing` is deprecated in the bootstrap, but configs still set it.
 fn skipped_features(b: &Bootstrap, warnings: &mut Warnings) {
-    if let Some(why) = awaits_xds(b) {
-        warnings.skipped("dynamic_resources", why);
-    }
     if b.tracing.is_some() {
         warnings.skipped(
             "tracing",

@@ -113,6 +113,16 @@ impl ClusterManager {
         self.inner.clusters.load().get(name).cloned()
     }
 
+    /// How many clusters there are.
+    pub fn len(&self) -> usize {
+        self.inner.clusters.load().len()
+    }
+
+    /// Whether there is no cluster.
+    pub fn is_empty(&self) -> bool {
+        self.inner.clusters.load().is_empty()
+    }
+
     /// Every cluster, sorted by name.
     pub fn clusters(&self) -> Vec<Arc<Cluster>> {
         let mut v: Vec<_> = self.inner.clusters.load().values().cloned().collect();

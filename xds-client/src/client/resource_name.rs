@@ -4,7 +4,7 @@
 
 /// Why a resource's name could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(super) enum NameError {
+pub enum NameError {
     /// The encoding ends inside a field.
     #[error("truncated protobuf encoding")]
     Truncated,
@@ -46,7 +46,7 @@ fn skip(bytes: &[u8], at: &mut usize, len: u64) -> Result<(), NameError> {
 }
 
 /// The string in field 1 of an encoded message (the last occurrence wins, as in protobuf).
-pub(super) fn name_of(bytes: &[u8]) -> Result<String, NameError> {
+pub fn name_of(bytes: &[u8]) -> Result<String, NameError> {
     let mut at = 0;
     let mut name = None;
     while at < bytes.len() {

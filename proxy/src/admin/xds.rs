@@ -1,0 +1,204 @@
+//! What xDS delivered, for admin: the dynamic sections of `/config_dump` (every resource with
+//! its version, update time, client status and — for every type, not only listeners as in
+//! Envoy — its last rejection), `/init_dump`, and revoy's own `/xds` (each stream's state and
+//! the last pushes with their ACK or NACK).
+
+use std::time::SystemTime;
+
+use proto::pb::envoy::admin::v3::{
+    ClientResourceStatus, ClustersConfigDump, EndpointsConfigDump, ListenersConfigDump,
+    RoutesConfigDump, UpdateFailureState,
+    clusters_config_dump::DynamicCluster,
+    endpoints_config_dump::DynamicEndpointConfig,
+    listeners_config_dump::{DynamicListener, DynamicListenerState},
+    routes_config_dump::DynamicRouteConfig,
+};
+use proto::pb::google::protobuf::Timestamp;
+use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
+
+use crate::server::Shared;
+use crate::xds::handler::{Phase, any};
+use crate::xds::records::{Record, Status};
+
+/// A protobuf timestamp (millisecond precision, as Envoy's).
+pub fn timestamp(t: SystemTime) -> Timestamp {
+    let d = t.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: (d.subsec_millis() * 1_000_000) as i32,
+    }
+}
+
+fn client_status(r: &Record) -> i32 {
+    (match r.status {
+        Status::Acked => ClientResourceStatus::Acked,
+        Status::Nacked => ClientResourceStatus::Nacked,
+        Status::Warming => ClientResourceStatus::Requested,
+    }) as i32
+}
+
+fn error_state(type_url: &str, r: &Record) -> Option<UpdateFailureState> {
+    r.error.as_ref().map(|e| UpdateFailureState {
+        failed_configuration: Some(any(type_url, &e.value)),
+        last_update_attempt: Some(timestamp(e.at)),
+        details: e.reason.clone(),
+        version_info: e.version.clone(),
+    })
+}
+
+/// Adds the dynamic listeners, clusters, route configurations (and endpoint assignments when
+/// `eds` is given) to the dump's sections.
+pub fn fill_dump(
+    shared: &Shared,
+    listeners: &mut ListenersConfigDump,
+    clusters: &mut ClustersConfigDump,
+    routes: &mut RoutesConfigDump,
+    mut eds: Option<&mut EndpointsConfigDump>,
+) {
+    let Some(xds) = shared.xds.get() else {
+        return;
+    };
+    xds.handler.with_state(|st| {
+        for (name, r) in st.listeners.iter() {
+            let state = r.value.as_ref().map(|v| DynamicListenerState {
+                version_info: r.version.clone(),
+                listener: Some(any(LISTENER_TYPE_URL, v)),
+                last_updated: Some(timestamp(r.last_updated)),
+            });
+            let warming = r.status == Status::Warming;
+            listeners.dynamic_listeners.push(DynamicListener {
+                name: name.clone(),
+                active_state: if warming { None } else { state.clone() },
+                warming_state: if warming { state } else { None },
+                draining_state: None,
+                error_state: error_state(LISTENER_TYPE_URL, r),
+                client_status: client_status(r),
+            });
+        }
+        for (_, r) in st.clusters.iter() {
+            let dynamic = DynamicCluster {
+                version_info: r.version.clone(),
+                cluster: r.value.as_ref().map(|v| any(CLUSTER_TYPE_URL, v)),
+                last_updated: Some(timestamp(r.last_updated)),
+                error_state: error_state(CLUSTER_TYPE_URL, r),
+                client_status: client_status(r),
+            };
+            if r.status == Status::Warming {
+                clusters.dynamic_warming_clusters.push(dynamic);
+            } else {
+                clusters.dynamic_active_clusters.push(dynamic);
+            }
+        }
+        for (_, r) in st.routes.iter() {
+            routes.dynamic_route_configs.push(DynamicRouteConfig {
+                version_info: r.version.clone(),
+                route_config: r.value.as_ref().map(|v| any(ROUTE_TYPE_URL, v)),
+                last_updated: Some(timestamp(r.last_updated)),
+                error_state: error_state(ROUTE_TYPE_URL, r),
+                client_status: client_status(r),
+            });
+        }
+        if let Some(eds) = eds.as_deref_mut() {
+            for (_, r) in st.endpoints.iter() {
+                eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
+                    version_info: r.version.clone(),
+                    endpoint_config: r.value.as_ref().map(|v| any(ENDPOINT_TYPE_URL, v)),
+                    last_updated: Some(timestamp(r.last_updated)),
+                    error_state: error_state(ENDPOINT_TYPE_URL, r),
+                    client_status: client_status(r),
+                });
+            }
+        }
+    });
+}
+
+/// `/init_dump`: what start-up still waits for (Envoy lists its unready init targets).
+pub fn init_dump(shared: &Shared) -> serde_json::Value {
+    let Some(xds) = shared.xds.get() else {
+        return serde_json::json!({});
+    };
+    xds.handler.with_state(|st| {
+        let mut targets = Vec::new();
+        match st.phase() {
+            Some(Phase::Clusters) => {
+                targets.push(serde_json::json!({"name": "CDS", "state": "waiting for the initial CDS response and its endpoints"}));
+                for c in st.warming_cluster_names() {
+                    targets.push(serde_json::json!({"name": format!("EDS {c}"), "state": "warming"}));
+                }
+            }
+            Some(Phase::Listeners) => {
+                targets.push(serde_json::json!({"name": "LDS", "state": "waiting for the initial LDS response and its route configurations"}));
+                for l in st.warming_listener_names() {
+                    targets.push(serde_json::json!({"name": format!("Listener {l}"), "state": "warming"}));
+                }
+            }
+            Some(Phase::Done) | None => {}
+        }
+        if targets.is_empty() {
+            serde_json::json!({})
+        } else {
+            serde_json::json!({"unready_targets_dumps": [{"name": "Server", "target_names": targets}]})
+        }
+    })
+}
+
+/// `/xds`: the stream's state, each type's subscription, and the last pushes, newest first.
+pub fn render(shared: &Shared) -> serde_json::Value {
+    let Some(xds) = shared.xds.get() else {
+        return serde_json::json!({"error": "no dynamic_resources in the bootstrap"});
+    };
+    let counts = xds.handler.with_state(|st| {
+        serde_json::json!({
+            "listeners": {"accepted": st.listeners.accepted_names().count(), "warming": st.warming_listener_names().count()},
+            "clusters": {"accepted": st.clusters.accepted_names().count(), "warming": st.warming_cluster_names().count()},
+            "route_configs": st.routes.accepted_names().count(),
+            "endpoint_assignments": st.endpoints.accepted_names().count(),
+            "initialized": st.phase() == Some(Phase::Done),
+        })
+    });
+    let Some(client) = &xds.client else {
+        return serde_json::json!({"resources": counts, "stream": null});
+    };
+    let status = client.status();
+    let types: Vec<_> = status
+        .types
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "type_url": t.type_url,
+                "wildcard": t.wildcard,
+                "names": t.names,
+                "acked_version": t.acked_version,
+                "nonce": t.nonce,
+                "pending": t.pending,
+            })
+        })
+        .collect();
+    let pushes: Vec<_> = status
+        .pushes
+        .iter()
+        .map(|p| {
+            let (verdict, reason) = match &p.verdict {
+                xds_client::Verdict::Ack => ("ACK", None),
+                xds_client::Verdict::Nack(r) => ("NACK", Some(r.clone())),
+            };
+            serde_json::json!({
+                "at": httpdate::fmt_http_date(p.at),
+                "type_url": p.type_url,
+                "version": p.version,
+                "nonce": p.nonce,
+                "resources": p.resources,
+                "removed": p.removed,
+                "verdict": verdict,
+                "reason": reason,
+                "apply_ms": p.apply_time.as_secs_f64() * 1000.0,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "stream": {"connected": status.connected, "streams": status.streams},
+        "resources": counts,
+        "subscriptions": types,
+        "pushes": pushes,
+    })
+}

@@ -1,0 +1,675 @@
+//! The proxy's answer to xDS updates: decode each resource, compile it (pure `config/`), hand
+//! what compiled to the applier, warm what waits for other resources, and name what was
+//! rejected. One update at a time, on the xDS thread.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use bytes::Bytes;
+use prost::Message;
+use proto::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
+use proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use proto::pb::envoy::config::listener::v3::Listener as ListenerProto;
+use proto::pb::envoy::config::route::v3::RouteConfiguration;
+use xds_client::client::Client;
+use xds_client::{
+    Applied, CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, Handler, LISTENER_TYPE_URL,
+    ROUTE_TYPE_URL, Rejected, Resource, Update,
+};
+
+use super::records::{Records, Status};
+use super::stats::XdsStats;
+use crate::apply::ListenerChange;
+use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
+use crate::config::dynamic::{DynamicConfig, Source};
+use crate::config::hcm::Routes;
+use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
+use crate::config::{ConfigError, Severity, Warnings};
+use crate::lifecycle::ServerState;
+use crate::server::Shared;
+
+/// Where start-up stands (Envoy's init order: clusters and their endpoints, then listeners
+/// and their route configurations, then LIVE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Waiting for the first CDS response and the endpoints of the clusters it named.
+    Clusters,
+    /// Waiting for the first LDS response and the route configurations its listeners name.
+    Listeners,
+    /// Initialised: LIVE.
+    Done,
+}
+
+/// Everything received, by type, and what waits for what.
+#[derive(Default)]
+pub struct State {
+    /// Listener records.
+    pub listeners: Records,
+    /// Cluster records.
+    pub clusters: Records,
+    /// Route configuration records.
+    pub routes: Records,
+    /// Endpoint assignment records, by service name.
+    pub endpoints: Records,
+    /// Listeners waiting for their route configurations.
+    warming_listeners: BTreeMap<String, ListenerConfig>,
+    /// RDS names each dynamic listener (active or warming) uses.
+    listener_routes: BTreeMap<String, Vec<String>>,
+    /// Clusters waiting for their endpoints.
+    warming_clusters: BTreeMap<String, ClusterConfig>,
+    /// EDS clusters by service name.
+    eds_users: HashMap<String, BTreeSet<String>>,
+    /// The service name each EDS cluster uses.
+    eds_service_of: HashMap<String, String>,
+    /// The last accepted assignment of each service name.
+    assignments: HashMap<String, ClusterLoadAssignment>,
+    cds_received: bool,
+    lds_received: bool,
+    phase: Option<Phase>,
+}
+
+impl State {
+    /// Names of the listeners waiting for route configurations.
+    pub fn warming_listener_names(&self) -> impl Iterator<Item = &String> {
+        self.warming_listeners.keys()
+    }
+
+    /// Names of the clusters waiting for endpoints.
+    pub fn warming_cluster_names(&self) -> impl Iterator<Item = &String> {
+        self.warming_clusters.keys()
+    }
+
+    /// Where start-up stands.
+    pub fn phase(&self) -> Option<Phase> {
+        self.phase
+    }
+}
+
+/// Applies xDS updates to the proxy.
+pub struct ProxyHandler {
+    shared: Weak<Shared>,
+    config: DynamicConfig,
+    client: OnceLock<Client>,
+    state: Mutex<State>,
+    stats: XdsStats,
+}
+
+impl ProxyHandler {
+    /// A handler for `shared`'s proxy; [`ProxyHandler::set_client`] follows.
+    pub fn new(shared: &Arc<Shared>, config: DynamicConfig) -> Arc<ProxyHandler> {
+        Arc::new(ProxyHandler {
+            stats: XdsStats::new(&shared.stats),
+            shared: Arc::downgrade(shared),
+            config,
+            client: OnceLock::new(),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The client the handler subscribes through.
+    pub fn set_client(&self, client: Client) {
+        let _ = self.client.set(client);
+    }
+
+    /// Runs `f` on the received state (admin).
+    pub fn with_state<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.lock().expect("xds state"))
+    }
+
+    /// Starts the initial fetch: clusters first when CDS is dynamic, else listeners.
+    pub fn begin(self: &Arc<Self>) {
+        let mut st = self.state.lock().expect("xds state");
+        match &self.config.cds {
+            Some(sub) => {
+                st.phase = Some(Phase::Clusters);
+                if sub.source == Source::Ads {
+                    self.subscribe_wildcard(CLUSTER_TYPE_URL);
+                }
+                self.arm_timeout(Phase::Clusters, sub.initial_fetch_timeout);
+            }
+            None => {
+                st.cds_received = true;
+                st.phase = Some(Phase::Clusters);
+            }
+        }
+        self.advance(&mut st);
+    }
+
+    fn subscribe_wildcard(&self, type_url: &str) {
+        if let Some(c) = self.client.get() {
+            c.subscribe_wildcard(type_url);
+        }
+    }
+
+    fn subscribe(&self, type_url: &str, names: Vec<String>) {
+        if let Some(c) = self.client.get() {
+            c.subscribe(type_url, names);
+        }
+    }
+
+    /// After `timeout`, stops start-up waiting in `phase` (what still warms is used as it is).
+    fn arm_timeout(self: &Arc<Self>, phase: Phase, timeout: Option<std::time::Duration>) {
+        let Some(timeout) = timeout else {
+            return;
+        };
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(me) = me.upgrade() {
+                me.fetch_timed_out(phase);
+            }
+        });
+    }
+
+    fn fetch_timed_out(&self, phase: Phase) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        if st.phase != Some(phase) {
+            return;
+        }
+        tracing::warn!(
+            ?phase,
+            "initial_fetch_timeout: going on with what has arrived"
+        );
+        match phase {
+            Phase::Clusters => {
+                st.cds_received = true;
+                let warming = std::mem::take(&mut st.warming_clusters);
+                for (name, cfg) in warming {
+                    shared.clusters.upsert(cfg);
+                    st.clusters.set_status(&name, Status::Acked);
+                }
+            }
+            Phase::Listeners => {
+                st.lds_received = true;
+                let warming = std::mem::take(&mut st.warming_listeners);
+                for (name, cfg) in warming {
+                    self.activate_listener(&shared, &mut st, &name, cfg);
+                }
+            }
+            Phase::Done => {}
+        }
+        self.advance(&mut st);
+    }
+
+    /// Moves start-up on when its phase's resources have arrived and warmed.
+    fn advance(&self, st: &mut State) {
+        if st.phase == Some(Phase::Clusters) && st.cds_received && st.warming_clusters.is_empty() {
+            st.phase = Some(Phase::Listeners);
+            match &self.config.lds {
+                Some(sub) => {
+                    if sub.source == Source::Ads {
+                        self.subscribe_wildcard(LISTENER_TYPE_URL);
+                    }
+                    if let Some(timeout) = sub.initial_fetch_timeout
+                        && let Some(me) = self.me()
+                    {
+                        me.arm_timeout(Phase::Listeners, Some(timeout));
+                    }
+                }
+                None => st.lds_received = true,
+            }
+        }
+        if st.phase == Some(Phase::Listeners) && st.lds_received && st.warming_listeners.is_empty()
+        {
+            st.phase = Some(Phase::Done);
+            if let Some(shared) = self.shared.upgrade() {
+                shared.lifecycle.set_state(ServerState::Live);
+                tracing::info!("initial xDS configuration applied; revoy is live");
+            }
+        }
+    }
+
+    /// An `Arc` of this handler (for timers), while the proxy runs.
+    fn me(&self) -> Option<Arc<ProxyHandler>> {
+        self.shared
+            .upgrade()
+            .and_then(|s| s.xds.get().map(|x| x.handler.clone()))
+    }
+
+    fn apply_clusters(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+        self.stats.cds.attempt.inc();
+        let mut rejected = Vec::new();
+        for r in u.resources {
+            if st.clusters.unchanged(&r.name, &r.value) {
+                continue;
+            }
+            match self.compile_cluster(shared, &r) {
+                Err(reason) => reject(&mut st.clusters, &mut rejected, r, reason),
+                Ok(mut cfg) => {
+                    let name = cfg.name.clone();
+                    let existed = st.clusters.get(&name).is_some_and(|c| c.value.is_some());
+                    forget_eds_user(st, &name);
+                    let status = match cfg.discovery.clone() {
+                        Discovery::Eds { service_name } => {
+                            st.eds_users
+                                .entry(service_name.clone())
+                                .or_default()
+                                .insert(name.clone());
+                            st.eds_service_of.insert(name.clone(), service_name.clone());
+                            match st
+                                .assignments
+                                .get(&service_name)
+                                .map(|cla| compile_assignment(cla, &cfg))
+                            {
+                                Some(Ok(endpoints)) => {
+                                    cfg.endpoints = endpoints;
+                                    st.warming_clusters.remove(&name);
+                                    shared.clusters.upsert(cfg);
+                                    Status::Acked
+                                }
+                                _ => {
+                                    st.warming_clusters.insert(name.clone(), cfg);
+                                    Status::Warming
+                                }
+                            }
+                        }
+                        _ => {
+                            st.warming_clusters.remove(&name);
+                            shared.clusters.upsert(cfg);
+                            Status::Acked
+                        }
+                    };
+                    st.clusters.accept(&name, &r.version, r.value, status);
+                    if existed {
+                        self.stats.cluster_modified.inc();
+                    } else {
+                        self.stats.cluster_added.inc();
+                    }
+                }
+            }
+        }
+        for name in u.removed {
+            if shared.bootstrap.clusters.iter().any(|c| c.name == name) {
+                continue;
+            }
+            st.warming_clusters.remove(&name);
+            forget_eds_user(st, &name);
+            shared.clusters.remove(&name);
+            if st.clusters.remove(&name) {
+                self.stats.cluster_removed.inc();
+            }
+        }
+        st.cds_received = true;
+        let services: Vec<String> = st.eds_users.keys().cloned().collect();
+        self.subscribe(ENDPOINT_TYPE_URL, services);
+        self.stats.cds.finish(&u.version_info, rejected.is_empty());
+        self.publish_cluster_gauges(shared, st);
+        Applied { rejected }
+    }
+
+    fn compile_cluster(&self, shared: &Shared, r: &Resource) -> Result<ClusterConfig, String> {
+        let c = ClusterProto::decode(r.value.clone())
+            .map_err(|e| format!("cluster '{}': cannot decode: {e}", r.name))?;
+        if shared.bootstrap.clusters.iter().any(|s| s.name == c.name) {
+            return Err(format!(
+                "cluster '{}': a static cluster of that name exists (static clusters cannot be changed by CDS)",
+                c.name
+            ));
+        }
+        let mut warnings = Warnings::new();
+        crate::config::cluster::skipped_features(&c, "", &mut warnings);
+        log_warnings("cluster", &c.name, &warnings);
+        let mut cfg = compile_cluster(&c).map_err(|e| located("cluster", &c.name, e))?;
+        cfg.added_via_api = true;
+        Ok(cfg)
+    }
+
+    fn publish_cluster_gauges(&self, shared: &Shared, st: &State) {
+        self.stats
+            .warming_clusters
+            .set(st.warming_clusters.len() as u64);
+        self.stats.active_clusters.set(shared.clusters.len() as u64);
+    }
+
+    fn apply_endpoints(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+        let mut rejected = Vec::new();
+        for r in u.resources {
+            if st.endpoints.unchanged(&r.name, &r.value) {
+                continue;
+            }
+            let cla = match ClusterLoadAssignment::decode(r.value.clone()) {
+                Ok(cla) => cla,
+                Err(e) => {
+                    let reason =
+                        format!("cluster load assignment '{}': cannot decode: {e}", r.name);
+                    reject(&mut st.endpoints, &mut rejected, r, reason);
+                    continue;
+                }
+            };
+            let users: Vec<String> = st
+                .eds_users
+                .get(&r.name)
+                .map(|u| u.iter().cloned().collect())
+                .unwrap_or_default();
+            let mut compiled = Vec::new();
+            let mut failure = None;
+            for user in &users {
+                let cfg = match st.warming_clusters.get(user) {
+                    Some(cfg) => cfg.clone(),
+                    None => match shared.clusters.get(user) {
+                        Some(c) => c.config().clone(),
+                        None => continue,
+                    },
+                };
+                match compile_assignment(&cla, &cfg) {
+                    Ok(eps) => compiled.push((user.clone(), cfg, eps)),
+                    Err(e) => {
+                        failure = Some(located("cluster load assignment", &r.name, e));
+                        break;
+                    }
+                }
+            }
+            if let Some(reason) = failure {
+                reject(&mut st.endpoints, &mut rejected, r, reason);
+                continue;
+            }
+            for (user, mut cfg, eps) in compiled {
+                if st.warming_clusters.remove(&user).is_some() {
+                    cfg.endpoints = eps;
+                    shared.clusters.upsert(cfg);
+                    st.clusters.set_status(&user, Status::Acked);
+                } else if let Some(cluster) = shared.clusters.get(&user) {
+                    cluster.set_endpoints(&eps);
+                }
+            }
+            st.assignments.insert(r.name.clone(), cla);
+            st.endpoints
+                .accept(&r.name, &r.version, r.value, Status::Acked);
+        }
+        for name in u.removed {
+            st.assignments.remove(&name);
+            st.endpoints.remove(&name);
+            for user in st.eds_users.get(&name).into_iter().flatten() {
+                if let Some(cluster) = shared.clusters.get(user) {
+                    cluster.set_endpoints(&[]);
+                }
+            }
+        }
+        self.publish_cluster_gauges(shared, st);
+        Applied { rejected }
+    }
+
+    fn apply_listeners(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+        self.stats.lds.attempt.inc();
+        let mut rejected = Vec::new();
+        for r in u.resources {
+            if st.listeners.unchanged(&r.name, &r.value) {
+                continue;
+            }
+            match self.compile_listener(shared, st, &r) {
+                Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
+                Ok(cfg) => {
+                    let name = cfg.name.clone();
+                    let routes = rds_names(&cfg);
+                    st.listener_routes.insert(name.clone(), routes.clone());
+                    let ready = routes
+                        .iter()
+                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()));
+                    if ready {
+                        st.warming_listeners.remove(&name);
+                        match shared.applier.upsert_listener(shared, cfg) {
+                            Ok(change) => {
+                                self.count_listener_change(change);
+                                st.listeners
+                                    .accept(&name, &r.version, r.value, Status::Acked);
+                            }
+                            Err(e) => {
+                                let reason = format!("error adding listener '{name}': {e}");
+                                reject(&mut st.listeners, &mut rejected, r, reason);
+                            }
+                        }
+                    } else {
+                        st.warming_listeners.insert(name.clone(), cfg);
+                        st.listeners
+                            .accept(&name, &r.version, r.value, Status::Warming);
+                    }
+                }
+            }
+        }
+        for name in u.removed {
+            if shared.bootstrap.listeners.iter().any(|l| l.name == name) {
+                continue;
+            }
+            st.warming_listeners.remove(&name);
+            st.listener_routes.remove(&name);
+            let was_active = shared.applier.remove_listener(shared, &name);
+            if st.listeners.remove(&name) || was_active {
+                self.stats.listener_removed.inc();
+            }
+        }
+        st.lds_received = true;
+        self.resubscribe_routes(shared, st);
+        self.stats.lds.finish(&u.version_info, rejected.is_empty());
+        self.stats
+            .warming_listeners
+            .set(st.warming_listeners.len() as u64);
+        Applied { rejected }
+    }
+
+    fn compile_listener(
+        &self,
+        shared: &Shared,
+        st: &State,
+        r: &Resource,
+    ) -> Result<ListenerConfig, String> {
+        let l = ListenerProto::decode(r.value.clone())
+            .map_err(|e| format!("listener '{}': cannot decode: {e}", r.name))?;
+        if shared.bootstrap.listeners.iter().any(|s| s.name == l.name) {
+            return Err(format!(
+                "error adding listener '{}': a static listener of that name exists",
+                l.name
+            ));
+        }
+        let known = |name: &str| {
+            shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
+        };
+        let mut warnings = Warnings::new();
+        let cfg = compile_listener(&l, Some(&known), &mut warnings)
+            .map_err(|e| located("listener", &l.name, e))?;
+        log_warnings("listener", &l.name, &warnings);
+        Ok(cfg)
+    }
+
+    fn count_listener_change(&self, change: ListenerChange) {
+        match change {
+            ListenerChange::Added => self.stats.listener_added.inc(),
+            ListenerChange::InPlace => {
+                self.stats.listener_modified.inc();
+                self.stats.listener_in_place_updated.inc();
+            }
+            ListenerChange::Rebound => self.stats.listener_modified.inc(),
+        }
+    }
+
+    fn activate_listener(
+        &self,
+        shared: &Arc<Shared>,
+        st: &mut State,
+        name: &str,
+        cfg: ListenerConfig,
+    ) {
+        match shared.applier.upsert_listener(shared, cfg) {
+            Ok(change) => {
+                self.count_listener_change(change);
+                st.listeners.set_status(name, Status::Acked);
+            }
+            Err(e) => {
+                tracing::error!(listener = %name, error = %e, "a warmed listener could not be applied");
+                if let Some(value) = st.listeners.get(name).and_then(|r| r.value.clone()) {
+                    let version = st
+                        .listeners
+                        .get(name)
+                        .map(|r| r.version.clone())
+                        .unwrap_or_default();
+                    st.listeners.reject(name, &version, value, &e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Subscribes to every route configuration a listener uses (static ones too).
+    fn resubscribe_routes(&self, shared: &Shared, st: &State) {
+        let mut names: BTreeSet<String> = st.listener_routes.values().flatten().cloned().collect();
+        for l in &shared.bootstrap.listeners {
+            names.extend(rds_names(l));
+        }
+        self.subscribe(ROUTE_TYPE_URL, names.into_iter().collect());
+    }
+
+    fn apply_routes(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+        let mut rejected = Vec::new();
+        for r in u.resources {
+            if st.routes.unchanged(&r.name, &r.value) {
+                continue;
+            }
+            let compiled = RouteConfiguration::decode(r.value.clone())
+                .map_err(|e| format!("route configuration '{}': cannot decode: {e}", r.name))
+                .and_then(|rc| {
+                    let known = |name: &str| {
+                        shared.clusters.get(name).is_some()
+                            || st.warming_clusters.contains_key(name)
+                    };
+                    // RDS validates clusters only when asked (`validate_clusters: true`).
+                    let check: Option<&dyn Fn(&str) -> bool> = rc
+                        .validate_clusters
+                        .is_some_and(|v| v.value)
+                        .then_some(&known);
+                    crate::config::route::compile_route_config(&rc, check)
+                        .map_err(|e| located("route configuration", &rc.name, e))
+                });
+            match compiled {
+                Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
+                Ok(table) => {
+                    shared.applier.upsert_route(shared, table);
+                    st.routes
+                        .accept(&r.name, &r.version, r.value, Status::Acked);
+                }
+            }
+        }
+        for name in u.removed {
+            shared.applier.remove_route(shared, &name);
+            st.routes.remove(&name);
+        }
+        let ready: Vec<String> = st
+            .warming_listeners
+            .keys()
+            .filter(|l| {
+                st.listener_routes.get(*l).is_none_or(|names| {
+                    names
+                        .iter()
+                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
+                })
+            })
+            .cloned()
+            .collect();
+        for name in ready {
+            if let Some(cfg) = st.warming_listeners.remove(&name) {
+                self.activate_listener(shared, st, &name, cfg);
+            }
+        }
+        self.stats
+            .warming_listeners
+            .set(st.warming_listeners.len() as u64);
+        Applied { rejected }
+    }
+}
+
+impl Handler for ProxyHandler {
+    fn apply(&self, update: Update) -> Applied {
+        let Some(shared) = self.shared.upgrade() else {
+            return Applied::default();
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let applied = match update.type_url.as_str() {
+            CLUSTER_TYPE_URL => self.apply_clusters(&shared, &mut st, update),
+            ENDPOINT_TYPE_URL => self.apply_endpoints(&shared, &mut st, update),
+            LISTENER_TYPE_URL => self.apply_listeners(&shared, &mut st, update),
+            ROUTE_TYPE_URL => self.apply_routes(&shared, &mut st, update),
+            other => Applied {
+                rejected: update
+                    .resources
+                    .iter()
+                    .map(|r| Rejected {
+                        name: r.name.clone(),
+                        reason: format!("revoy does not handle resources of type {other}"),
+                    })
+                    .collect(),
+            },
+        };
+        self.advance(&mut st);
+        applied
+    }
+
+    fn event(&self, event: Event) {
+        match event {
+            Event::Connected => self.stats.connected_state.set(1),
+            Event::Disconnected => self.stats.connected_state.set(0),
+            Event::RateLimited => self.stats.rate_limit_enforced.inc(),
+        }
+    }
+}
+
+/// Records a rejection and adds it to the answer.
+fn reject(records: &mut Records, rejected: &mut Vec<Rejected>, r: Resource, reason: String) {
+    tracing::warn!(resource = %r.name, version = %r.version, "rejected: {reason}");
+    records.reject(&r.name, &r.version, r.value, &reason);
+    rejected.push(Rejected {
+        name: r.name,
+        reason,
+    });
+}
+
+/// A compile error of the resource `kind` `name`, with its field path.
+fn located(kind: &str, name: &str, e: ConfigError) -> String {
+    format!("{kind} '{name}': {e}")
+}
+
+/// Logs a resource's compile findings (what fails closed at error level).
+fn log_warnings(kind: &str, name: &str, warnings: &Warnings) {
+    for w in warnings {
+        match w.severity {
+            Severity::FailsClosed => tracing::error!("{kind} '{name}': {w}"),
+            Severity::Skipped => tracing::warn!("{kind} '{name}': {w}"),
+            Severity::Note => tracing::info!("{kind} '{name}': {w}"),
+        }
+    }
+}
+
+/// The RDS route configuration names a listener's connection managers use.
+fn rds_names(l: &ListenerConfig) -> Vec<String> {
+    l.chains
+        .iter()
+        .chain(&l.default_chain)
+        .filter_map(|c| match &c.terminal {
+            Terminal::Http(h) => match &h.routes {
+                Routes::Rds(name) => Some(name.clone()),
+                Routes::Static(_) => None,
+            },
+            Terminal::Tcp(_) => None,
+        })
+        .collect()
+}
+
+/// Removes `cluster` from the users of the service name it used, if any.
+fn forget_eds_user(st: &mut State, cluster: &str) {
+    let Some(service) = st.eds_service_of.remove(cluster) else {
+        return;
+    };
+    if let Some(users) = st.eds_users.get_mut(&service) {
+        users.remove(cluster);
+        if users.is_empty() {
+            st.eds_users.remove(&service);
+        }
+    }
+}
+
+/// Makes the bytes of a record's value an `Any` of `type_url` (for `/config_dump`).
+pub fn any(type_url: &str, value: &Bytes) -> proto::pb::google::protobuf::Any {
+    proto::pb::google::protobuf::Any {
+        type_url: type_url.to_owned(),
+        value: value.to_vec(),
+    }
+}
