@@ -403,3 +403,17 @@ async fn responses_for_types_not_subscribed_are_ignored() {
     stream.expect_none().await;
     client.stop();
 }
+
+#[tokio::test]
+async fn subscriptions_made_after_start_open_the_stream() {
+    let mut server = Server::tcp().await;
+    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    // The engine connects and opens the call with nothing to send yet; the server answers
+    // the call only after a first request (as grpc-go does).
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    client.subscribe_wildcard(CLUSTER_TYPE_URL);
+    let mut stream = server.sotw_stream().await;
+    assert_eq!(stream.recv().await.type_url, CLUSTER_TYPE_URL);
+    assert_eq!(probe.event().await, Event::Connected);
+    client.stop();
+}

@@ -124,13 +124,25 @@ impl<P: Protocol> Engine<P> {
         for request in self.protocol.new_stream(&self.subscriptions) {
             self.send(&mut outgoing, bucket, pending, request).await;
         }
-        let mut responses = match P::open(channel, UnboundedReceiverStream::new(receiver)).await {
-            Ok(responses) => responses,
-            Err(status) => {
-                return End::Disconnected {
-                    received: false,
-                    error: status.into(),
-                };
+        // Changes are taken while the call opens: with nothing subscribed yet, such a server
+        // answers the call only once a change sends a request.
+        let open = P::open(channel, UnboundedReceiverStream::new(receiver));
+        tokio::pin!(open);
+        let mut responses = loop {
+            tokio::select! {
+                opened = &mut open => match opened {
+                    Ok(responses) => break responses,
+                    Err(status) => {
+                        return End::Disconnected {
+                            received: false,
+                            error: status.into(),
+                        };
+                    }
+                },
+                change = self.changes.recv() => {
+                    let Some(change) = change else { return End::Stopped };
+                    self.change(&mut outgoing, bucket, pending, change).await;
+                }
             }
         };
         self.shared.stream_opened();
@@ -142,12 +154,7 @@ impl<P: Protocol> Engine<P> {
             tokio::select! {
                 change = self.changes.recv() => {
                     let Some(change) = change else { break End::Stopped };
-                    if let Some(before) = self.subscriptions.apply(change)
-                        && let Some(now) = self.subscriptions.get(&before.type_url)
-                        && let Some(request) = self.protocol.changed(now, &before)
-                    {
-                        self.send(&mut outgoing, bucket, pending, request).await;
-                    }
+                    self.change(&mut outgoing, bucket, pending, change).await;
                 }
                 message = responses.message() => match message {
                     Ok(Some(response)) => {
@@ -178,6 +185,23 @@ impl<P: Protocol> Engine<P> {
             self.handler.event(Event::Disconnected);
         }
         end
+    }
+
+    /// Applies a subscription change on a stream: sends the request it needs, if any.
+    async fn change(
+        &mut self,
+        outgoing: &mut Outgoing<P::Request>,
+        bucket: &mut Option<TokenBucket>,
+        pending: &mut BTreeSet<String>,
+        change: Change,
+    ) {
+        if let Some(before) = self.subscriptions.apply(change)
+            && let Some(now) = self.subscriptions.get(&before.type_url)
+            && let Some(request) = self.protocol.changed(now, &before)
+        {
+            self.send(outgoing, bucket, pending, request).await;
+        }
+        self.publish(pending);
     }
 
     /// Sends a request once the rate limit allows, with the node when due.

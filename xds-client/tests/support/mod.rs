@@ -77,16 +77,23 @@ struct Service {
     delta: UnboundedSender<DeltaStream>,
 }
 
-fn forward<Req, Resp>(
+/// Hands a new stream to the test. Like grpc-go (istiod), the call is answered (response
+/// headers) only once the first request arrived.
+async fn forward<Req, Resp>(
     mut incoming: Streaming<Req>,
     streams: &UnboundedSender<Stream<Req, Resp>>,
-) -> UnboundedReceiverStream<Result<Resp, Status>>
+) -> Result<Response<UnboundedReceiverStream<Result<Resp, Status>>>, Status>
 where
     Req: Send + 'static,
     Streaming<Req>: tokio_stream::Stream<Item = Result<Req, Status>> + Unpin + Send,
 {
+    let first = incoming
+        .next()
+        .await
+        .ok_or_else(|| Status::cancelled("no request"))??;
     let (request_tx, requests) = unbounded_channel();
     let (responses, response_rx) = unbounded_channel();
+    request_tx.send(first).expect("receiver held below");
     tokio::spawn(async move {
         while let Some(Ok(request)) = incoming.next().await {
             if request_tx.send(request).is_err() {
@@ -100,7 +107,7 @@ where
             responses,
         })
         .expect("test gone");
-    UnboundedReceiverStream::new(response_rx)
+    Ok(Response::new(UnboundedReceiverStream::new(response_rx)))
 }
 
 #[tonic::async_trait]
@@ -114,14 +121,14 @@ impl AggregatedDiscoveryService for Service {
         &self,
         request: Request<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Self::StreamAggregatedResourcesStream>, Status> {
-        Ok(Response::new(forward(request.into_inner(), &self.sotw)))
+        forward(request.into_inner(), &self.sotw).await
     }
 
     async fn delta_aggregated_resources(
         &self,
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<Self::DeltaAggregatedResourcesStream>, Status> {
-        Ok(Response::new(forward(request.into_inner(), &self.delta)))
+        forward(request.into_inner(), &self.delta).await
     }
 }
 
