@@ -7,6 +7,8 @@
 
 use std::time::{Duration, SystemTime};
 
+pub mod server;
+
 /// Type URL of `envoy.config.listener.v3.Listener` resources (LDS).
 pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 /// Type URL of `envoy.config.cluster.v3.Cluster` resources (CDS).
