@@ -8,6 +8,7 @@
 use std::time::{Duration, SystemTime};
 
 pub mod client;
+pub mod server;
 
 /// Type URL of `envoy.config.listener.v3.Listener` resources (LDS).
 pub const LISTENER_TYPE_URL: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
