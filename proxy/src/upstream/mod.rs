@@ -2,7 +2,7 @@
 //! load balancing, connection pools and stats.
 //!
 //! The data path calls [`ClusterManager::get`] then [`Cluster::request`] (HTTP) or
-//! [`Cluster::connect`] (TCP). Config updates call [`ClusterManager::update`]; a cluster whose
+//! [`Cluster::connect`] (TCP). Config updates call [`ClusterManager::update`] (the bootstrap) and [`ClusterManager::apply`] (CDS, EDS); a cluster whose
 //! configuration did not change keeps its hosts, pools and DNS task.
 
 mod cluster;
@@ -70,26 +70,22 @@ impl ClusterManager {
         self.inner.clusters.store(Arc::new(next));
     }
 
-    /// Adds or replaces one cluster (CDS incremental updates).
-    pub fn upsert(&self, cluster: ClusterConfig) {
-        let _guard = self.inner.updating.lock().expect("cluster update lock");
-        let current = self.inner.clusters.load_full();
-        let mut next = (*current).clone();
-        next.insert(cluster.name.clone(), self.reuse_or_build(&current, cluster));
-        self.inner.clusters.store(Arc::new(next));
-    }
-
-    /// Removes one cluster; returns whether it existed.
-    pub fn remove(&self, name: &str) -> bool {
-        let _guard = self.inner.updating.lock().expect("cluster update lock");
-        let current = self.inner.clusters.load_full();
-        if !current.contains_key(name) {
-            return false;
+    /// Adds or replaces `upserts` and removes `removals` in one swap (a CDS or EDS response):
+    /// the cost is one copy of the map, whatever the number of clusters changed.
+    pub fn apply(&self, upserts: Vec<ClusterConfig>, removals: &[String]) {
+        if upserts.is_empty() && removals.is_empty() {
+            return;
         }
+        let _guard = self.inner.updating.lock().expect("cluster update lock");
+        let current = self.inner.clusters.load_full();
         let mut next = (*current).clone();
-        next.remove(name);
+        for name in removals {
+            next.remove(name);
+        }
+        for cfg in upserts {
+            next.insert(cfg.name.clone(), self.reuse_or_build(&current, cfg));
+        }
         self.inner.clusters.store(Arc::new(next));
-        true
     }
 
     fn reuse_or_build(
