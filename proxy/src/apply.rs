@@ -113,7 +113,7 @@ impl Applier {
                     && old.config().bind_to_port == listener.config().bind_to_port =>
             {
                 let old = slot.replace(listener.clone());
-                old.retire(Some(&listener));
+                old.retire(Some(&listener), drain_time(shared));
                 ListenerChange::InPlace
             }
             _ => {
@@ -122,7 +122,7 @@ impl Applier {
                 match existing.zip(previous) {
                     Some((old_slot, old)) => {
                         old_slot.stop();
-                        old.retire(None);
+                        old.retire(None, drain_time(shared));
                         let entry = state
                             .slots
                             .iter_mut()
@@ -151,7 +151,7 @@ impl Applier {
         };
         let (_, slot) = state.slots.remove(i);
         slot.stop();
-        slot.current().retire(None);
+        slot.current().retire(None, drain_time(shared));
         self.publish(shared, &state);
         true
     }
@@ -237,4 +237,9 @@ impl Applier {
             .gauge("listener_manager.total_listeners_active")
             .set(state.slots.len() as u64);
     }
+}
+
+/// `--drain-time-s`: how long a retired chain's TCP connections may go on.
+fn drain_time(shared: &Shared) -> std::time::Duration {
+    std::time::Duration::from_secs(shared.options.drain_time_s)
 }

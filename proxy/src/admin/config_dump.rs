@@ -110,6 +110,14 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
     if let Some(findings) = unimplemented(shared) {
         configs.push(findings);
     }
+    if let Some(pattern) = req.param("name_regex").filter(|r| !r.is_empty()) {
+        let Ok(re) = regex::Regex::new(&format!("^(?:{pattern})$")) else {
+            return serde_json::json!({ "error": format!("invalid name_regex '{pattern}'") });
+        };
+        for c in &mut configs {
+            keep_named(c, &re);
+        }
+    }
     if let Some(resource) = req.param("resource").filter(|r| !r.is_empty()) {
         configs = configs
             .into_iter()
@@ -132,6 +140,35 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         return serde_json::json!({});
     }
     serde_json::json!({ "configs": configs })
+}
+
+/// Keeps, in every list of `config`, the resources whose name `re` matches (`?name_regex=`):
+/// the item's `name`, or that of the resource it wraps (`listener`, `cluster`, `route_config`,
+/// `endpoint_config`'s `cluster_name`).
+fn keep_named(config: &mut serde_json::Value, re: &regex::Regex) {
+    let Some(fields) = config.as_object_mut() else {
+        return;
+    };
+    for value in fields.values_mut() {
+        if let Some(items) = value.as_array_mut() {
+            items.retain(|item| item_name(item).is_none_or(|n| re.is_match(n)));
+        }
+    }
+}
+
+fn item_name(item: &serde_json::Value) -> Option<&str> {
+    own_name(item).or_else(|| {
+        item.as_object()?
+            .values()
+            .filter(|v| v.is_object())
+            .find_map(own_name)
+    })
+}
+
+fn own_name(v: &serde_json::Value) -> Option<&str> {
+    v.get("name")
+        .or_else(|| v.get("cluster_name"))
+        .and_then(|n| n.as_str())
 }
 
 /// What the config uses that revoy does not implement, as one more entry of the dump (a

@@ -59,6 +59,10 @@ pub const ENDPOINTS: &[Endpoint] = &[
                 "The mask to apply. When both resource and mask are specified, the mask is applied to every element in the desired repeated field so that only a subset of fields are returned. The mask is parsed as a Protobuf::FieldMask",
             ),
             (
+                "name_regex",
+                "Dump only the currently loaded configurations whose names match the specified regex. Can be used with both resource and mask query parameters.",
+            ),
+            (
                 "include_eds",
                 "Dump currently loaded configuration including EDS. See the response definition for more information",
             ),
@@ -117,7 +121,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
     ep(
         "/init_dump",
         false,
-        "print current initialization configurations for targets",
+        "dump current Envoy init manager information (experimental)",
         &[],
     ),
     ep(

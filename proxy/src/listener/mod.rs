@@ -43,12 +43,15 @@ enum ChainKind {
 }
 
 impl Chain {
-    /// Tells the chain's HTTP connections to close at their next response (the chain was
-    /// changed or removed by a listener update).
-    fn drain(&self) {
-        if let ChainKind::Http(hcm, _) = &self.kind {
-            hcm.draining
-                .store(true, std::sync::atomic::Ordering::Relaxed);
+    /// The chain was changed or removed by a listener update: its HTTP connections close at
+    /// their next response, its TCP connections after `drain_time`.
+    fn drain(&self, drain_time: Duration) {
+        match &self.kind {
+            ChainKind::Http(hcm, _) => hcm
+                .draining
+                .store(true, std::sync::atomic::Ordering::Relaxed),
+            ChainKind::Tcp(proxy) => proxy.retire(drain_time),
+            ChainKind::Refused => {}
         }
     }
 }
@@ -144,13 +147,13 @@ impl Listener {
         self.chains().find(|c| &c.identity == identity).cloned()
     }
 
-    /// Tells the connections of every chain that `next` (the listener replacing this one, if
-    /// any) does not keep to close at their next response.
-    pub fn retire(&self, next: Option<&Listener>) {
+    /// Drains every chain that `next` (the listener replacing this one, if any) does not
+    /// keep: HTTP connections close at their next response, TCP ones after `drain_time`.
+    pub fn retire(&self, next: Option<&Listener>, drain_time: Duration) {
         for c in self.chains() {
             let kept = next.is_some_and(|n| n.chains().any(|k| Arc::ptr_eq(k, c)));
             if !kept {
-                c.drain();
+                c.drain(drain_time);
             }
         }
     }

@@ -30,6 +30,8 @@ const BUFFER: usize = 16 * 1024;
 pub struct TcpProxy {
     config: TcpProxyConfig,
     stats: TcpStats,
+    /// When a listener update changed or removed the chain: the moment its connections end.
+    retired_at: tokio::sync::watch::Sender<Option<tokio::time::Instant>>,
 }
 
 #[derive(Debug)]
@@ -57,7 +59,29 @@ impl TcpProxy {
                 max_downstream_connection_duration: c("max_downstream_connection_duration"),
             },
             config,
+            retired_at: tokio::sync::watch::Sender::new(None),
         }
+    }
+
+    /// Ends this proxy's connections `after` from now (its chain was changed or removed by a
+    /// listener update; new connections use the new chain).
+    pub fn retire(&self, after: std::time::Duration) {
+        self.retired_at
+            .send_replace(Some(tokio::time::Instant::now() + after));
+    }
+
+    /// Completes when the proxy was retired and its drain time has passed.
+    async fn retired(&self) {
+        let mut rx = self.retired_at.subscribe();
+        let deadline = loop {
+            if let Some(at) = *rx.borrow_and_update() {
+                break at;
+            }
+            if rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::time::sleep_until(deadline).await;
     }
 
     /// The compiled configuration.
@@ -135,6 +159,7 @@ impl TcpProxy {
             }
             _ = activity.idle(self.config.idle_timeout) => self.stats.idle_timeout.inc(),
             _ = max_duration => self.stats.max_downstream_connection_duration.inc(),
+            _ = self.retired() => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
         }
     }
 }
