@@ -581,7 +581,8 @@ async fn filter_chains() {
 
 /// The entries of Envoy's admin listing (`/help`) not compared with revoy's, each for a reason
 /// (DIFFERENCES.md): the endpoints revoy does not serve, the ones where it honours fewer
-/// parameters than Envoy lists (named after each), and `/routes`, which is revoy's own.
+/// parameters than Envoy lists (named after each), and `/routes` and `/xds`, which are revoy's
+/// own.
 const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/allocprofiler",
     "/certs",
@@ -589,6 +590,7 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/cpuprofiler",
     "/heap_dump",
     "/heapprofiler",
+    // mask
     "/init_dump",
     "/memory",
     "/memory/tcmalloc",
@@ -600,8 +602,6 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/stats/recentlookups/clear",
     "/stats/recentlookups/disable",
     "/stats/recentlookups/enable",
-    // name_regex
-    "/config_dump",
     // group
     "/logging",
     // invert_filter, histogram_buckets, and the html formats
@@ -609,6 +609,7 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     // text_readouts, invert_filter, histogram_buckets
     "/stats/prometheus",
     "/routes",
+    "/xds",
 ];
 
 /// An admin request whose answer is the endpoint listing, compared entry by entry except for
