@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use revoy::cli::{Mode, Options, version_line};
 use revoy::config::bootstrap::compile_bootstrap;
-use revoy::config::{Severity, Warnings};
+use revoy::config::{Context, Severity, SystemIo, Warnings};
 
 /// The default example (`revoy example`): a front proxy that needs no other server.
 const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
@@ -59,10 +59,11 @@ fn main() -> ExitCode {
         tracing::warn!(%path, %type_url, "unknown extension type kept as an opaque config");
     }
     let mut warnings = Warnings::new();
-    let compiled = match compile_bootstrap(&loaded.bootstrap, &mut warnings) {
-        Ok(c) => c,
-        Err(e) => return fail(&opts, &e.to_string()),
-    };
+    let compiled =
+        match compile_bootstrap(&Context::new(&SystemIo), &loaded.bootstrap, &mut warnings) {
+            Ok(c) => c,
+            Err(e) => return fail(&opts, &e.to_string()),
+        };
     for w in &warnings {
         match w.severity {
             Severity::FailsClosed => tracing::error!("{w}"),

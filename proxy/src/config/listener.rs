@@ -14,7 +14,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsConte
 use super::filter_chain_match::ChainMatch;
 use super::hcm::{HcmConfig, compile_hcm};
 use super::tcp_proxy::TcpProxyConfig;
-use super::{ConfigError, Warnings};
+use super::{ConfigError, Context, Warnings};
 
 /// The filter that terminates a chain: what the connection is used for.
 #[derive(Debug, Clone)]
@@ -125,6 +125,7 @@ const HCM: &str =
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 
 fn compile_chain(
+    ctx: &Context<'_>,
     chain: &FilterChain,
     path: &str,
     clusters: Option<&dyn Fn(&str) -> bool>,
@@ -177,7 +178,7 @@ fn compile_chain(
             HCM => {
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
                 let before = warnings.len();
-                let compiled = compile_hcm(&hcm, clusters, warnings);
+                let compiled = compile_hcm(ctx, &hcm, clusters, warnings);
                 warnings.prefix_since(before, &format!("{fpath}.typed_config"));
                 let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
@@ -583,6 +584,7 @@ fn refuse_udp(l: &Listener) -> Result<(), ConfigError> {
 
 /// Compiles one listener. `path` is its location (`static_resources.listeners[0]`).
 pub fn compile_listener(
+    ctx: &Context<'_>,
     l: &Listener,
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
@@ -593,7 +595,7 @@ pub fn compile_listener(
         .filter_chains
         .iter()
         .enumerate()
-        .map(|(i, c)| compile_chain(c, &format!("filter_chains[{i}]"), clusters, warnings))
+        .map(|(i, c)| compile_chain(ctx, c, &format!("filter_chains[{i}]"), clusters, warnings))
         .collect::<Result<Vec<_>, _>>()?;
     for (i, c) in chains.iter().enumerate() {
         if let Some(j) = chains[..i]
@@ -612,7 +614,7 @@ pub fn compile_listener(
     let mut default_chain = l
         .default_filter_chain
         .as_ref()
-        .map(|c| compile_chain(c, "default_filter_chain", clusters, warnings))
+        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, warnings))
         .transpose()?;
     if chains.is_empty() && default_chain.is_none() {
         return Err(ConfigError::new(

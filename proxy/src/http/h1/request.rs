@@ -227,7 +227,13 @@ mod tests {
             route_specifier: Some(RouteSpecifier::RouteConfig(Default::default())),
             ..Default::default()
         };
-        compile_hcm(&hcm, None, &mut crate::config::Warnings::new()).unwrap()
+        compile_hcm(
+            &crate::config::Context::new(&crate::config::FakeIo::new()),
+            &hcm,
+            None,
+            &mut crate::config::Warnings::new(),
+        )
+        .unwrap()
     }
 
     async fn served_body(bytes: &[u8]) -> (Bytes, BytesMut) {
