@@ -20,5 +20,4 @@ pub mod spawn;
 pub mod stats;
 pub mod tcp;
 pub mod timer_anchor;
-pub mod tls;
 pub mod upstream;

@@ -73,22 +73,7 @@ fn main() -> ExitCode {
     drop(loaded);
     revoy::memory::release_idle_pages();
     match opts.mode {
-        Mode::Validate => {
-            for l in &compiled.listeners {
-                // A refused chain never builds its TLS context: it is listed as failing closed.
-                let served = l.chains.iter().chain(&l.default_chain);
-                for c in served.filter(|c| c.refused.is_none()) {
-                    if let Some(Err(e)) = c.tls.as_ref().map(revoy::tls::downstream) {
-                        let msg = format!(
-                            "listener '{}' filter chain '{}': transport_socket: {e}",
-                            l.name, c.name
-                        );
-                        return fail(&opts, &msg);
-                    }
-                }
-            }
-            validate_verdict(&opts, &warnings)
-        }
+        Mode::Validate => validate_verdict(&opts, &warnings),
         Mode::InitOnly => ExitCode::SUCCESS,
         Mode::Serve => match revoy::server::run(compiled, opts) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

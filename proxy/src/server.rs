@@ -164,9 +164,6 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// A listener could not be prepared (e.g. its TLS certificates do not load).
-    #[error("{0}")]
-    Listener(String),
     /// The runtime could not be built.
     #[error("cannot start the runtime: {0}")]
     Runtime(std::io::Error),
@@ -234,8 +231,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     }
     let mut listeners = Vec::new();
     for cfg in &shared.bootstrap.listeners {
-        let l =
-            Arc::new(Listener::new(Arc::new(cfg.clone()), &shared).map_err(StartError::Listener)?);
+        let l = Arc::new(Listener::new(Arc::new(cfg.clone()), &shared));
         if cfg.bind_to_port {
             // An ephemeral port would differ per socket: such a listener gets one worker.
             let sockets = if cfg.address.port() == 0 { 1 } else { workers };

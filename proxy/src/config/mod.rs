@@ -12,6 +12,7 @@ pub mod hcm;
 pub mod listener;
 pub mod route;
 pub mod tcp_proxy;
+pub mod tls;
 pub mod upstream_transport;
 
 use std::fmt;

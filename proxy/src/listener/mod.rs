@@ -18,15 +18,15 @@ use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
 use crate::stats::{Connections, Counter};
-use crate::tls::{self, DownstreamTls};
 use crate::upstream::LbContext;
+use tokio_rustls::TlsAcceptor;
 
 /// How long a TLS client may take to finish its handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The runtime side of one filter chain.
 enum Chain {
-    Http(Arc<Hcm>, Option<DownstreamTls>),
+    Http(Arc<Hcm>, Option<TlsAcceptor>),
     Tcp(Arc<crate::tcp::TcpProxy>),
     /// Every connection is closed at once: the chain needs a feature revoy does not
     /// implement and must not skip (see [`ChainConfig::refused`]).
@@ -50,44 +50,32 @@ pub struct Listener {
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles).
-    /// Fails when a chain's TLS certificates cannot be loaded.
-    pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Result<Self, String> {
-        let chain = |c: &ChainConfig| -> Result<Chain, String> {
+    pub fn new(config: Arc<ListenerConfig>, shared: &Shared) -> Self {
+        let chain = |c: &ChainConfig| -> Chain {
             if let Some(why) = &c.refused {
                 tracing::warn!(
                     listener = %config.name, chain = %c.name,
                     "{why}; connections on this chain are refused"
                 );
-                return Ok(Chain::Refused);
+                return Chain::Refused;
             }
-            Ok(match &c.terminal {
-                Terminal::Http(h) => {
-                    let tls = c
-                        .tls
-                        .as_ref()
-                        .map(|t| {
-                            tls::downstream(t).map_err(|e| {
-                                format!(
-                                    "listener '{}' filter chain '{}': transport_socket: {e}",
-                                    config.name, c.name
-                                )
-                            })
-                        })
-                        .transpose()?;
-                    Chain::Http(Arc::new(Hcm::new(h.clone(), &shared.stats)), tls)
-                }
+            match &c.terminal {
+                Terminal::Http(h) => Chain::Http(
+                    Arc::new(Hcm::new(h.clone(), &shared.stats)),
+                    c.tls.clone().map(TlsAcceptor::from),
+                ),
                 Terminal::Tcp(t) => Chain::Tcp(Arc::new(crate::tcp::TcpProxy::new(
                     (**t).clone(),
                     &shared.stats,
                 ))),
-            })
+            }
         };
         let prefix = config.stat_prefix();
         let address = config.address;
-        Ok(Listener {
+        Listener {
             bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
-            chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
-            default_chain: config.default_chain.as_ref().map(chain).transpose()?,
+            chains: config.chains.iter().map(chain).collect(),
+            default_chain: config.default_chain.as_ref().map(chain),
             cx: Connections::new(&shared.stats, &prefix),
             cx_destroy: shared
                 .stats
@@ -106,7 +94,7 @@ impl Listener {
                         .counter(&format!("{prefix}.downstream_cx_fail_closed"))
                 }),
             config,
-        })
+        }
     }
 
     /// The compiled configuration.
@@ -254,13 +242,12 @@ impl Listener {
                     None => http::serve(stream, Arc::new(ctx(false))).await,
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
-                    Some(DownstreamTls::Ready(acceptor)) => {
+                    Some(acceptor) => {
                         crate::spawn::boxed(|| {
                             serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))
                         })
                         .await
                     }
-                    Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
             }
             Chain::Refused => {
@@ -301,7 +288,7 @@ fn handoff_target<'l>(
 
 /// Completes the TLS handshake of a connection and serves it.
 async fn serve_tls(
-    acceptor: &tokio_rustls::TlsAcceptor,
+    acceptor: &TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
     ctx: Arc<ConnContext>,
