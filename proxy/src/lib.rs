@@ -21,3 +21,4 @@ pub mod stats;
 pub mod tcp;
 pub mod timer_anchor;
 pub mod upstream;
+pub mod wire;

@@ -13,7 +13,7 @@ use super::Asked;
 use super::inbound::Inbound;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
-use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
+use crate::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
 
 /// Room in the header map for what the connection manager adds before forwarding
 /// (`x-forwarded-proto`, `x-request-id`, `x-envoy-expected-rq-timeout-ms`, ...).
