@@ -33,7 +33,8 @@ fn bootstrap(c: &mut Criterion) {
     c.bench_function("bootstrap/compile istio secure_metrics golden", |b| {
         b.iter(|| {
             let mut warnings = Warnings::new();
-            compile_bootstrap(&Context::new(&SystemIo), black_box(&parsed), &mut warnings).expect("golden compiles")
+            compile_bootstrap(&Context::new(&SystemIo), black_box(&parsed), &mut warnings)
+                .expect("golden compiles")
         })
     });
 }
