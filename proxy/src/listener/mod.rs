@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
@@ -19,7 +20,6 @@ use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
 use crate::stats::{Connections, Counter};
 use crate::upstream::LbContext;
-use tokio_rustls::TlsAcceptor;
 
 /// How long a TLS client may take to finish its handshake.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
