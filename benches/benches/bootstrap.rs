@@ -8,8 +8,8 @@ use std::path::Path;
 use criterion::{Criterion, criterion_group, criterion_main};
 use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use proto::{Codec, Format};
-use revoy::config::Warnings;
 use revoy::config::bootstrap::compile_bootstrap;
+use revoy::config::{Context, SystemIo, Warnings};
 
 const GOLDEN: &str = "../proxy/tests/data/istio-bootstrap/secure_metrics_golden.json";
 
@@ -33,7 +33,8 @@ fn bootstrap(c: &mut Criterion) {
     c.bench_function("bootstrap/compile istio secure_metrics golden", |b| {
         b.iter(|| {
             let mut warnings = Warnings::new();
-            compile_bootstrap(black_box(&parsed), &mut warnings).expect("golden compiles")
+            compile_bootstrap(&Context::new(&SystemIo), black_box(&parsed), &mut warnings)
+                .expect("golden compiles")
         })
     });
 }

@@ -15,8 +15,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use prost::Message;
 use proto::pb::envoy::config::listener::v3::Listener;
 use proto::{Codec, Format};
-use revoy::config::Warnings;
 use revoy::config::listener::compile_listener;
+use revoy::config::{Context, SystemIo, Warnings};
 use serde_json::Value;
 
 const LISTENER: &str = "envoy.config.listener.v3.Listener";
@@ -60,7 +60,7 @@ fn compile_report(listeners: &[Listener]) -> (usize, Vec<String>, BTreeMap<Strin
     let mut distinct = BTreeMap::new();
     for l in listeners {
         let mut warnings = Warnings::new();
-        let result = compile_listener(l, None, &mut warnings);
+        let result = compile_listener(&Context::new(&SystemIo), l, None, &mut warnings);
         for w in &warnings {
             *distinct.entry(w.message.clone()).or_insert(0) += 1;
         }
@@ -116,7 +116,7 @@ fn listeners(c: &mut Criterion) {
                 .iter()
                 .map(|l| {
                     let mut warnings = Warnings::new();
-                    compile_listener(l, None, &mut warnings).is_ok()
+                    compile_listener(&Context::new(&SystemIo), l, None, &mut warnings).is_ok()
                 })
                 .filter(|ok| *ok)
                 .count()

@@ -48,9 +48,6 @@ pub enum ListenerError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The listener's runtime state could not be prepared (its TLS certificates).
-    #[error("{0}")]
-    Prepare(String),
 }
 
 /// The applier's state: listener slots by name (in the order listeners were added) and the RDS
@@ -103,10 +100,11 @@ impl Applier {
             });
         }
         let previous = existing.as_ref().map(|s| s.current());
-        let listener = Arc::new(
-            Listener::new(Arc::new(config), &shared.stats, previous.as_deref())
-                .map_err(ListenerError::Prepare)?,
-        );
+        let listener = Arc::new(Listener::new(
+            Arc::new(config),
+            &shared.stats,
+            previous.as_deref(),
+        ));
         let change = match (&existing, &previous) {
             (Some(slot), Some(old))
                 if old.config().address == listener.config().address

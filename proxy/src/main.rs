@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use revoy::cli::{Mode, Options, version_line};
 use revoy::config::bootstrap::compile_bootstrap;
-use revoy::config::{Severity, Warnings};
+use revoy::config::{Context, Severity, SystemIo, Warnings};
 
 /// The default example (`revoy example`): a front proxy that needs no other server.
 const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
@@ -59,10 +59,11 @@ fn main() -> ExitCode {
         tracing::warn!(%path, %type_url, "unknown extension type kept as an opaque config");
     }
     let mut warnings = Warnings::new();
-    let compiled = match compile_bootstrap(&loaded.bootstrap, &mut warnings) {
-        Ok(c) => c,
-        Err(e) => return fail(&opts, &e.to_string()),
-    };
+    let compiled =
+        match compile_bootstrap(&Context::new(&SystemIo), &loaded.bootstrap, &mut warnings) {
+            Ok(c) => c,
+            Err(e) => return fail(&opts, &e.to_string()),
+        };
     for w in &warnings {
         match w.severity {
             Severity::FailsClosed => tracing::error!("{w}"),
@@ -72,22 +73,7 @@ fn main() -> ExitCode {
     drop(loaded);
     revoy::memory::release_idle_pages();
     match opts.mode {
-        Mode::Validate => {
-            for l in &compiled.listeners {
-                // A refused chain never builds its TLS context: it is listed as failing closed.
-                let served = l.chains.iter().chain(&l.default_chain);
-                for c in served.filter(|c| c.refused.is_none()) {
-                    if let Some(Err(e)) = c.tls.as_ref().map(revoy::tls::downstream) {
-                        let msg = format!(
-                            "listener '{}' filter chain '{}': transport_socket: {e}",
-                            l.name, c.name
-                        );
-                        return fail(&opts, &msg);
-                    }
-                }
-            }
-            validate_verdict(&opts, &warnings)
-        }
+        Mode::Validate => validate_verdict(&opts, &warnings),
         Mode::InitOnly => ExitCode::SUCCESS,
         Mode::Serve => match revoy::server::run(compiled, opts) {
             Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -95,7 +95,9 @@ mod tests {
             name: "r".into(),
             ..Default::default()
         };
-        let table = crate::config::route::compile_route_config(&rc, None).expect("empty table");
+        let io = crate::config::FakeIo::new();
+        let ctx = crate::config::Context::new(&io);
+        let table = crate::config::route::compile_route_config(&ctx, &rc, None).expect("table");
         next.routes.insert("r".into(), Arc::new(table));
         a.store(next);
         assert!(a.with(|s| s.route_table("r").is_some()));

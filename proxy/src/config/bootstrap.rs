@@ -7,7 +7,7 @@ use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 
 use super::cluster::{ClusterConfig, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
-use super::{ConfigError, Severity, Warning, Warnings};
+use super::{ConfigError, Context, Severity, Warning, Warnings};
 use crate::stats::tags::{StatsTags, TagProducer, TagSpec};
 
 /// A compiled bootstrap.
@@ -31,8 +31,9 @@ pub struct BootstrapConfig {
     pub unimplemented: Vec<Warning>,
 }
 
-/// Compiles a bootstrap. Errors name the field path from the document root.
+/// Compiles a bootstrap, doing its I/O through `ctx`. Errors name the field path from the document root.
 pub fn compile_bootstrap(
+    ctx: &Context<'_>,
     b: &Bootstrap,
     warnings: &mut Warnings,
 ) -> Result<BootstrapConfig, ConfigError> {
@@ -83,7 +84,8 @@ pub fn compile_bootstrap(
     for (i, l) in sr.listeners.iter().enumerate() {
         let path = format!("static_resources.listeners[{i}]");
         let before = warnings.len();
-        let compiled = compile_listener(l, Some(&known), warnings).map_err(|e| e.within(&path))?;
+        let compiled =
+            compile_listener(ctx, l, Some(&known), warnings).map_err(|e| e.within(&path))?;
         warnings.prefix_since(before, &path);
         if listeners.iter().any(|o| o.name == compiled.name) {
             return Err(ConfigError::new(

@@ -8,7 +8,7 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 };
 
 use super::filter_chain_match::Cidr;
-use super::{ConfigError, Warnings};
+use super::{ConfigError, Context, Warnings};
 use crate::route::RouteTable;
 
 /// Downstream codec (`codec_type`).
@@ -225,8 +225,9 @@ fn upgrades(
     Ok(out)
 }
 
-/// Compiles an HCM. `clusters` validates static cluster references in an inline route config.
+/// Compiles an HCM (I/O through `ctx`). `clusters` validates static cluster references in an inline route config.
 pub fn compile_hcm(
+    ctx: &Context<'_>,
     hcm: &HttpConnectionManager,
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
@@ -239,7 +240,7 @@ pub fn compile_hcm(
     }
     let routes = match &hcm.route_specifier {
         Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
-            super::route::compile_route_config(rc, clusters)
+            super::route::compile_route_config(ctx, rc, clusters)
                 .map_err(|e| e.within("route_config"))?,
         )),
         Some(RouteSpecifier::Rds(rds)) => Routes::Rds(rds.route_config_name.clone()),

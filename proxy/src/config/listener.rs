@@ -14,7 +14,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsConte
 use super::filter_chain_match::ChainMatch;
 use super::hcm::{HcmConfig, compile_hcm};
 use super::tcp_proxy::TcpProxyConfig;
-use super::{ConfigError, Warnings};
+use super::{ConfigError, Context, Warnings};
 
 /// The filter that terminates a chain: what the connection is used for.
 #[derive(Debug, Clone)]
@@ -34,8 +34,10 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
-    /// `transport_socket` as a `DownstreamTlsContext`, when the chain terminates TLS.
-    pub tls: Option<DownstreamTlsContext>,
+    /// The rustls server configuration built from the `transport_socket`'s
+    /// `DownstreamTlsContext`, when the chain terminates TLS and serves (a refused chain's
+    /// context is not built).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Why every connection this chain is chosen for is closed at once: it needs a feature
     /// revoy does not implement and that must not be skipped (a network filter that controls
     /// access, SDS certificates, a client-certificate check revoy cannot make, TLS in front of
@@ -127,12 +129,15 @@ const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 
+/// Compiles a filter chain, all but its TLS context, which is returned to be built by
+/// [`build_tls`] once the chain is known to serve.
 fn compile_chain(
+    ctx: &Context<'_>,
     chain: &FilterChain,
     path: &str,
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
-) -> Result<ChainConfig, ConfigError> {
+) -> Result<(ChainConfig, Option<DownstreamTlsContext>), ConfigError> {
     let matcher = ChainMatch::compile(
         chain.filter_chain_match.as_ref(),
         &format!("{path}.filter_chain_match"),
@@ -180,7 +185,7 @@ fn compile_chain(
             HCM => {
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
                 let before = warnings.len();
-                let compiled = compile_hcm(&hcm, clusters, warnings);
+                let compiled = compile_hcm(ctx, &hcm, clusters, warnings);
                 warnings.prefix_since(before, &format!("{fpath}.typed_config"));
                 let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
@@ -279,8 +284,8 @@ fn compile_chain(
             );
         }
     }
-    Ok(ChainConfig {
-        tls,
+    let compiled = ChainConfig {
+        tls: None,
         refused: refused.map(Arc::from),
         name: if chain.name.is_empty() {
             path.rsplit('.').next().unwrap_or(path).to_owned()
@@ -290,7 +295,23 @@ fn compile_chain(
         matcher,
         terminal,
         fingerprint: fingerprint(chain),
-    })
+    };
+    Ok((compiled, tls))
+}
+
+/// Builds the TLS context of a chain (at `path`) that serves; a refused chain's is left
+/// unbuilt, as it never accepts a connection (SDS certificates, for one, never arrive).
+fn build_tls(
+    ctx: &Context<'_>,
+    (mut chain, tls): (ChainConfig, Option<DownstreamTlsContext>),
+    path: &str,
+) -> Result<ChainConfig, ConfigError> {
+    if let Some(tls) = tls.filter(|_| chain.refused.is_none()) {
+        let built = super::tls::downstream(ctx, &tls)
+            .map_err(|e| e.within(&format!("{path}.transport_socket.typed_config")))?;
+        chain.tls = Some(built);
+    }
+    Ok(chain)
 }
 
 /// A digest of a filter chain's encoding (prost encodes equal messages alike).
@@ -595,6 +616,7 @@ fn refuse_udp(l: &Listener) -> Result<(), ConfigError> {
 
 /// Compiles one listener. `path` is its location (`static_resources.listeners[0]`).
 pub fn compile_listener(
+    ctx: &Context<'_>,
     l: &Listener,
     clusters: Option<&dyn Fn(&str) -> bool>,
     warnings: &mut Warnings,
@@ -605,12 +627,12 @@ pub fn compile_listener(
         .filter_chains
         .iter()
         .enumerate()
-        .map(|(i, c)| compile_chain(c, &format!("filter_chains[{i}]"), clusters, warnings))
+        .map(|(i, c)| compile_chain(ctx, c, &format!("filter_chains[{i}]"), clusters, warnings))
         .collect::<Result<Vec<_>, _>>()?;
-    for (i, c) in chains.iter().enumerate() {
+    for (i, (c, _)) in chains.iter().enumerate() {
         if let Some(j) = chains[..i]
             .iter()
-            .position(|o| o.matcher.signature() == c.matcher.signature())
+            .position(|(o, _)| o.matcher.signature() == c.matcher.signature())
         {
             return Err(ConfigError::new(
                 format!("filter_chains[{i}]"),
@@ -624,7 +646,7 @@ pub fn compile_listener(
     let mut default_chain = l
         .default_filter_chain
         .as_ref()
-        .map(|c| compile_chain(c, "default_filter_chain", clusters, warnings))
+        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, warnings))
         .transpose()?;
     if chains.is_empty() && default_chain.is_none() {
         return Err(ConfigError::new(
@@ -638,10 +660,18 @@ pub fn compile_listener(
     let (filters, refused) = compile_listener_filters(l, warnings);
     if let Some(why) = refused {
         let why: Arc<str> = Arc::from(why);
-        for c in chains.iter_mut().chain(default_chain.iter_mut()) {
+        for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {
             c.refused.get_or_insert_with(|| why.clone());
         }
     }
+    let chains = chains
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| build_tls(ctx, c, &format!("filter_chains[{i}]")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let default_chain = default_chain
+        .map(|c| build_tls(ctx, c, "default_filter_chain"))
+        .transpose()?;
     if !l.access_log.is_empty() {
         warnings.skipped(
             "access_log",
@@ -718,6 +748,77 @@ mod tests {
         assert_eq!(
             unimplemented_fields(provider),
             ["common_tls_context.validation_context.ca_certificate_provider_instance"]
+        );
+    }
+
+    /// A listener with one HTTP chain terminating TLS with `common_tls_context`.
+    fn tls_listener(common_tls_context: &str) -> Listener {
+        let yaml = format!(
+            r#"name: l
+address: {{socket_address: {{address: 127.0.0.1, port_value: 10443}}}}
+filter_chains:
+- transport_socket:
+    name: envoy.transport_sockets.tls
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+      common_tls_context: {common_tls_context}
+  filters:
+  - name: envoy.filters.network.http_connection_manager
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+      stat_prefix: h
+      route_config: {{virtual_hosts: [{{name: v, domains: ['*'], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]}}
+      http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+"#
+        );
+        let codec = proto::Codec::new();
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        codec.decode::<Listener>(value, false).unwrap().message
+    }
+
+    fn compile_with(
+        io: &crate::config::FakeIo,
+        l: &Listener,
+    ) -> Result<ListenerConfig, ConfigError> {
+        compile_listener(&Context::new(io), l, None, &mut Warnings::new())
+    }
+
+    #[test]
+    fn tls_contexts_are_built_at_compile_and_bad_ones_named_by_field() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/differential/certs");
+        let read = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
+        let io = crate::config::FakeIo::new()
+            .with_file("/certs/server.pem", read("server.pem"))
+            .with_file("/certs/server.key", read("server.key"));
+        let certs = |chain: &str| {
+            format!(
+                "{{tls_certificates: [{{certificate_chain: {{filename: {chain}}}, private_key: {{filename: /certs/server.key}}}}]}}"
+            )
+        };
+        let compiled = compile_with(&io, &tls_listener(&certs("/certs/server.pem"))).unwrap();
+        assert!(compiled.chains[0].tls.is_some());
+        let e = compile_with(&io, &tls_listener(&certs("/certs/gone.pem"))).unwrap_err();
+        assert_eq!(
+            e.path,
+            "filter_chains[0].transport_socket.typed_config.common_tls_context.tls_certificates[0].certificate_chain"
+        );
+        assert!(
+            e.message.starts_with("failed to read file /certs/gone.pem"),
+            "{e}"
+        );
+        let e = compile_with(&io, &tls_listener(&certs("/certs/server.key"))).unwrap_err();
+        assert!(e.message.contains("no certificate found"), "{e}");
+    }
+
+    #[test]
+    fn sds_certificates_fail_closed_without_building() {
+        let l = tls_listener("{tls_certificate_sds_secret_configs: [{name: default}]}");
+        let compiled = compile_with(&crate::config::FakeIo::new(), &l).unwrap();
+        let chain = &compiled.chains[0];
+        assert!(chain.tls.is_none());
+        assert!(
+            chain.refused.as_deref().unwrap().contains("SDS"),
+            "{chain:?}"
         );
     }
 

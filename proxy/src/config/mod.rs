@@ -1,8 +1,11 @@
 //! Pure compilation of Envoy protos into runtime structures. No sockets, no tokio: every
 //! function here takes protos and returns compiled values or a [`ConfigError`] naming the field.
+//! What a compile reads from outside (files, environment, host name) comes through the
+//! [`Context`] it is given.
 
 pub mod bootstrap;
 pub mod cluster;
+pub mod context;
 pub mod dynamic;
 pub mod fail_closed;
 pub mod filter_chain_match;
@@ -10,9 +13,12 @@ pub mod hcm;
 pub mod listener;
 pub mod route;
 pub mod tcp_proxy;
+pub mod tls;
 pub mod upstream_transport;
 
 use std::fmt;
+
+pub use context::{ConfigIo, Context, FakeIo, SystemIo};
 
 /// A configuration problem: where it is (a field path like
 /// `static_resources.listeners[0].filter_chains[1]`) and what is wrong.

@@ -14,7 +14,7 @@ use proto::pb::envoy::config::core::v3 as core;
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::google::protobuf as gpb;
 
-use super::ConfigError;
+use super::{ConfigError, Context};
 use crate::route::domain::{DomainConflict, DomainIndex};
 use crate::route::format::Template;
 use crate::route::headers::{AppendAction, HeaderAdd, HeaderMutations, HeaderRules};
@@ -40,9 +40,10 @@ fn mirror_policies(
         .collect()
 }
 
-/// Compiles a route configuration. When `clusters` is given (static and inline route configs,
+/// Compiles a route configuration, with `ctx`'s I/O and regex cache. When `clusters` is given (static and inline route configs,
 /// unless `validate_clusters` is false), every fixed cluster a route names must exist.
 pub fn compile_route_config(
+    ctx: &Context<'_>,
     rc: &pb::RouteConfiguration,
     clusters: Option<ClusterCheck<'_>>,
 ) -> Result<RouteTable, ConfigError> {
@@ -53,13 +54,13 @@ pub fn compile_route_config(
     let table_mirrors = mirror_policies(&rc.request_mirror_policies)?;
     let retries = action::RetryPolicies::default();
     let inherited = action::Inherited {
+        ctx,
         mirrors: &table_mirrors,
         retries: &retries,
         max_body: rc
             .max_direct_response_body_size_bytes
             .map_or(4096, |v| v.value) as usize,
     };
-    let _regexes = matchers::RegexCacheScope::enter();
     let mut domains =
         DomainIndex::with_capacity(rc.virtual_hosts.iter().map(|vh| vh.domains.len()).sum());
     let mut virtual_hosts = Vec::with_capacity(rc.virtual_hosts.len());
@@ -90,6 +91,7 @@ pub fn compile_route_config(
         ignore_port_in_host_matching: rc.ignore_port_in_host_matching,
         ignore_path_parameters: rc.ignore_path_parameters_in_path_matching,
         headers: header_rules(
+            ctx,
             &rc.request_headers_to_add,
             &rc.request_headers_to_remove,
             &rc.response_headers_to_add,
@@ -138,11 +140,12 @@ fn compile_virtual_host<'p>(
         .map(|r| {
             inherited
                 .retries
-                .get(r)
+                .get(inherited.ctx, r)
                 .map_err(|e| e.within("retry_policy"))
         })
         .transpose()?;
     let vh_ctx = action::VhostDefaults {
+        ctx: inherited.ctx,
         retry: retry.as_ref(),
         mirrors: if mirrors.is_empty() {
             inherited.mirrors
@@ -166,7 +169,7 @@ fn compile_virtual_host<'p>(
         .map(|(i, vc)| {
             Ok(VirtualCluster {
                 name: vc.name.clone(),
-                headers: matchers::header_matchers(&vc.headers)
+                headers: matchers::header_matchers(inherited.ctx, &vc.headers)
                     .map_err(|e: ConfigError| e.within(&format!("virtual_clusters[{i}]")))?,
             })
         })
@@ -193,6 +196,7 @@ fn compile_virtual_host<'p>(
         require_tls,
         virtual_clusters,
         headers: header_rules(
+            inherited.ctx,
             &vh.request_headers_to_add,
             &vh.request_headers_to_remove,
             &vh.response_headers_to_add,
@@ -235,7 +239,7 @@ fn compile_route<'p>(
         .r#match
         .as_ref()
         .ok_or_else(|| ConfigError::new("match", "value is required"))?;
-    let matcher = matchers::route_match(m).map_err(|e| e.within("match"))?;
+    let matcher = matchers::route_match(vh.ctx, m).map_err(|e| e.within("match"))?;
     let act = match &r.action {
         Some(pb::route::Action::Route(ra)) => action::forward(
             ra,
@@ -246,10 +250,11 @@ fn compile_route<'p>(
         )
         .map_err(|e| e.within("route"))?,
         Some(pb::route::Action::Redirect(ra)) => {
-            action::redirect(ra, &matcher).map_err(|e| e.within("redirect"))?
+            action::redirect(vh.ctx, ra, &matcher).map_err(|e| e.within("redirect"))?
         }
         Some(pb::route::Action::DirectResponse(d)) => {
-            action::direct_response(d, vh.max_body).map_err(|e| e.within("direct_response"))?
+            action::direct_response(vh.ctx, d, vh.max_body)
+                .map_err(|e| e.within("direct_response"))?
         }
         Some(pb::route::Action::NonForwardingAction(_)) => Action::NonForwarding,
         Some(pb::route::Action::FilterAction(_)) => {
@@ -265,6 +270,7 @@ fn compile_route<'p>(
         matcher,
         action: act,
         headers: header_rules(
+            vh.ctx,
             &r.request_headers_to_add,
             &r.request_headers_to_remove,
             &r.response_headers_to_add,
@@ -336,6 +342,7 @@ fn mutable_header(name: &str) -> Result<http::HeaderName, ConfigError> {
 
 /// Compiles one direction of header mutations.
 pub(crate) fn header_mutations(
+    ctx: &Context<'_>,
     add: &[core::HeaderValueOption],
     remove: &[String],
 ) -> Result<HeaderMutations, ConfigError> {
@@ -356,7 +363,8 @@ pub(crate) fn header_mutations(
             } else {
                 String::from_utf8_lossy(&h.raw_value).into_owned()
             };
-            let value = Template::parse(&raw).map_err(|m| ConfigError::new("header.value", m))?;
+            let value =
+                Template::parse(&raw, ctx).map_err(|m| ConfigError::new("header.value", m))?;
             use core::header_value_option::HeaderAppendAction as A;
             let action = match o.append {
                 Some(gpb::BoolValue { value: true }) => AppendAction::AppendIfExistsOrAdd,
@@ -383,6 +391,7 @@ pub(crate) fn header_mutations(
 }
 
 pub(crate) fn header_rules(
+    ctx: &Context<'_>,
     req_add: &[core::HeaderValueOption],
     req_remove: &[String],
     resp_add: &[core::HeaderValueOption],
@@ -394,9 +403,9 @@ pub(crate) fn header_rules(
         return Ok(None);
     }
     Ok(Some(Box::new(HeaderRules {
-        request: header_mutations(req_add, req_remove)
+        request: header_mutations(ctx, req_add, req_remove)
             .map_err(|e| e.within("request_headers_to_add"))?,
-        response: header_mutations(resp_add, resp_remove)
+        response: header_mutations(ctx, resp_add, resp_remove)
             .map_err(|e| e.within("response_headers_to_add"))?,
     })))
 }

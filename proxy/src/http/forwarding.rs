@@ -8,11 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::hcm::{HcmConfig, ServerHeader, Underscores};
-use crate::http::wire::has_token;
-
-/// Headers that describe one hop and never cross the proxy.
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+use crate::wire::{has_token, strip_hop_by_hop};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `x-forwarded-proto`.
@@ -130,78 +126,11 @@ fn is_exact_loopback(ip: IpAddr) -> bool {
     }
 }
 
-/// Removes a request's connection-scoped headers, with those its `connection` header names;
-/// keeps `te: trailers` (gRPC needs it).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    strip_connection_scoped(headers, true);
-}
-
 /// Removes a response's connection-scoped headers. Envoy forwards the headers a response's
 /// `connection` header names (only the header itself goes), so they stay.
 fn strip_response_hop_by_hop(headers: &mut HeaderMap) {
-    strip_connection_scoped(headers, false);
+    crate::wire::strip_connection_scoped(headers, false);
 }
-
-fn strip_connection_scoped(headers: &mut HeaderMap, named_too: bool) {
-    // One pass over the names first: most requests carry none of these (gRPC ones carry only
-    // `te: trailers`), and a removal of an absent header still costs a hash and a probe.
-    let mut present = [false; CONNECTION_SCOPED.len()];
-    let mut te = false;
-    for n in headers.keys() {
-        match n.as_str() {
-            "te" => te = true,
-            name => {
-                if let Some(i) = CONNECTION_SCOPED.iter().position(|h| h.as_str() == name) {
-                    present[i] = true;
-                }
-            }
-        }
-    }
-    if !te && !present.contains(&true) {
-        return;
-    }
-    if named_too
-        && present[0]
-        && let Some(conn) = headers.get(header::CONNECTION).cloned()
-        && let Ok(list) = conn.to_str()
-    {
-        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            if !name.eq_ignore_ascii_case("upgrade")
-                && !name.eq_ignore_ascii_case("close")
-                && !name.eq_ignore_ascii_case("keep-alive")
-                && let Ok(n) = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-                && n != header::TE
-            {
-                headers.remove(n);
-            }
-        }
-    }
-    for (name, _) in CONNECTION_SCOPED.iter().zip(present).filter(|(_, p)| *p) {
-        headers.remove(*name);
-    }
-    let mut values = headers.get_all(header::TE).iter();
-    if !te || (values.next().is_some_and(|v| v == "trailers") && values.next().is_none()) {
-        return;
-    }
-    let keep_te = headers
-        .get_all(header::TE)
-        .iter()
-        .any(|v| has_token(v.as_bytes(), b"trailers"));
-    if keep_te {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    } else {
-        headers.remove(header::TE);
-    }
-}
-
-/// The connection-scoped headers removed when forwarding (`connection` first).
-static CONNECTION_SCOPED: [&HeaderName; 5] = [
-    &header::CONNECTION,
-    &KEEP_ALIVE,
-    &PROXY_CONNECTION,
-    &header::TRANSFER_ENCODING,
-    &header::UPGRADE,
-];
 
 /// Whether any header name starts with `x-envoy-` (so the cleaning passes have work to do).
 fn has_envoy_headers(headers: &HeaderMap) -> bool {

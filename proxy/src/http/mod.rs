@@ -20,7 +20,6 @@ mod stats;
 mod stream_limits;
 mod timeouts;
 mod upgrade;
-pub mod wire;
 
 pub use stats::HcmStats;
 

@@ -14,13 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::server::Shared;
 use crate::stats::{Connections, Counter, Store};
-use crate::tls::{self, DownstreamTls};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -35,7 +35,7 @@ struct Chain {
 }
 
 enum ChainKind {
-    Http(Arc<Hcm>, Option<DownstreamTls>),
+    Http(Arc<Hcm>, Option<TlsAcceptor>),
     Tcp(Arc<crate::tcp::TcpProxy>),
     /// Every connection is closed at once: the chain needs a feature revoy does not
     /// implement and must not skip (see [`ChainConfig::refused`]).
@@ -74,16 +74,11 @@ pub struct Listener {
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
     /// from `previous` (the listener it replaces) are kept with their state.
-    /// Fails when a chain's TLS certificates cannot be loaded.
-    pub fn new(
-        config: Arc<ListenerConfig>,
-        stats: &Store,
-        previous: Option<&Listener>,
-    ) -> Result<Self, String> {
-        let chain = |c: &ChainConfig| -> Result<Arc<Chain>, String> {
+    pub fn new(config: Arc<ListenerConfig>, stats: &Store, previous: Option<&Listener>) -> Self {
+        let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());
             if let Some(kept) = previous.and_then(|p| p.chain_by_identity(&identity)) {
-                return Ok(kept);
+                return kept;
             }
             let kind = if let Some(why) = &c.refused {
                 tracing::warn!(
@@ -93,34 +88,23 @@ impl Listener {
                 ChainKind::Refused
             } else {
                 match &c.terminal {
-                    Terminal::Http(h) => {
-                        let tls = c
-                            .tls
-                            .as_ref()
-                            .map(|t| {
-                                tls::downstream(t).map_err(|e| {
-                                    format!(
-                                        "listener '{}' filter chain '{}': transport_socket: {e}",
-                                        config.name, c.name
-                                    )
-                                })
-                            })
-                            .transpose()?;
-                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats)), tls)
-                    }
+                    Terminal::Http(h) => ChainKind::Http(
+                        Arc::new(Hcm::new(h.clone(), stats)),
+                        c.tls.clone().map(TlsAcceptor::from),
+                    ),
                     Terminal::Tcp(t) => {
                         ChainKind::Tcp(Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)))
                     }
                 }
             };
-            Ok(Arc::new(Chain { identity, kind }))
+            Arc::new(Chain { identity, kind })
         };
         let prefix = config.stat_prefix();
         let address = config.address;
-        Ok(Listener {
+        Listener {
             bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
-            chains: config.chains.iter().map(chain).collect::<Result<_, _>>()?,
-            default_chain: config.default_chain.as_ref().map(chain).transpose()?,
+            chains: config.chains.iter().map(chain).collect(),
+            default_chain: config.default_chain.as_ref().map(chain),
             cx: Connections::new(stats, &prefix),
             cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
@@ -131,7 +115,7 @@ impl Listener {
                 .any(|c| c.refused.is_some())
                 .then(|| stats.counter(&format!("{prefix}.downstream_cx_fail_closed"))),
             config,
-        })
+        }
     }
 
     /// The compiled configuration.
@@ -278,13 +262,12 @@ impl Listener {
                     None => http::serve(stream, Arc::new(ctx(false))).await,
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
-                    Some(DownstreamTls::Ready(acceptor)) => {
+                    Some(acceptor) => {
                         crate::spawn::boxed(|| {
                             serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))
                         })
                         .await
                     }
-                    Some(DownstreamTls::AwaitingSds(_)) => {}
                 }
             }
             ChainKind::Refused => {
@@ -325,7 +308,7 @@ fn handoff_target<'l>(
 
 /// Completes the TLS handshake of a connection and serves it.
 async fn serve_tls(
-    acceptor: &tokio_rustls::TlsAcceptor,
+    acceptor: &TlsAcceptor,
     stream: TcpStream,
     peer: SocketAddr,
     ctx: Arc<ConnContext>,

@@ -265,7 +265,12 @@ mod tests {
         let rc = crate::config::route::tests::decode(
             "name: rc\nvirtual_hosts:\n- name: web\n  domains: ['*.example.com']\n  routes:\n  - name: api\n    match: {prefix: /api, headers: [{name: x-canary, string_match: {exact: 'yes'}}]}\n    route: {cluster: canary}\n  - name: exact\n    match: {path: /exact}\n    route: {cluster: e}\n  - name: rest\n    match: {prefix: /}\n    route: {cluster: web, prefix_rewrite: /v2/}\n",
         );
-        crate::config::route::compile_route_config(&rc, None).unwrap()
+        crate::config::route::compile_route_config(
+            &crate::config::Context::new(&crate::config::FakeIo::new()),
+            &rc,
+            None,
+        )
+        .unwrap()
     }
 
     #[test]

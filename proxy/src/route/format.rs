@@ -4,10 +4,18 @@
 mod clock;
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 use std::time::SystemTime;
 
 use http::HeaderMap;
+
+/// What a template takes from the machine it is compiled for: `%ENVIRONMENT(NAME)%` and
+/// `%HOSTNAME%` are resolved once, when the template is parsed, as in Envoy.
+pub trait Machine {
+    /// The value of environment variable `name`, when it is set.
+    fn env(&self, name: &str) -> Option<String>;
+    /// This machine's host name.
+    fn hostname(&self) -> String;
+}
 
 /// A compiled header value template: literal text and formatters, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -282,7 +290,8 @@ pub enum Direction {
 impl Template {
     /// Parses a header value with Envoy's grammar: `%%` is a literal `%`; a command is
     /// `%NAME%`, `%NAME(param)%` or `%NAME(param):length%`. Errors carry Envoy's message.
-    pub fn parse(value: &str) -> Result<Template, String> {
+    /// `machine` answers `%ENVIRONMENT(..)%` and `%HOSTNAME%`.
+    pub fn parse(value: &str, machine: &dyn Machine) -> Result<Template, String> {
         let mut pieces = Vec::new();
         let mut text = String::new();
         let mut pos = 0;
@@ -298,7 +307,7 @@ impl Template {
                     "Incorrect configuration: {value}. Couldn't find valid command at position {i}"
                 )
             })?;
-            match command.compile()? {
+            match command.compile(machine)? {
                 Piece::Text(t) => text.push_str(&t),
                 piece => {
                     if !text.is_empty() {
@@ -567,7 +576,7 @@ fn split_command(value: &str, start: usize) -> Option<(Command<'_>, usize)> {
 }
 
 impl Command<'_> {
-    fn compile(&self) -> Result<Piece, String> {
+    fn compile(&self, machine: &dyn Machine) -> Result<Piece, String> {
         let name = self.name;
         let no_length = || match self.length {
             Some(_) => Err(format!("{name} does not allow length to be specified.")),
@@ -606,7 +615,7 @@ impl Command<'_> {
             }
             "ENVIRONMENT" => {
                 let key = required()?;
-                let value = std::env::var(key).unwrap_or_else(|_| "-".to_owned());
+                let value = machine.env(key).unwrap_or_else(|| "-".to_owned());
                 let mut out = String::new();
                 push_truncated(&mut out, Some(&value), self.length);
                 Piece::Text(out)
@@ -648,7 +657,7 @@ impl Command<'_> {
             }
             _ => {
                 let piece = match name {
-                    "HOSTNAME" => Piece::Hostname(machine_hostname().to_owned()),
+                    "HOSTNAME" => Piece::Hostname(machine.hostname()),
                     other => Piece::Fact(
                         fact(other)
                             .ok_or_else(|| format!("Not supported field in StreamInfo: {other}"))?,
@@ -713,19 +722,6 @@ fn fact(name: &str) -> Option<Fact> {
         "DOWNSTREAM_LOCAL_OTHERNAME_SAN" => Fact::Tls(T::LocalOthernameSan),
         "DOWNSTREAM_LOCAL_SUBJECT" => Fact::Tls(T::LocalSubject),
         _ => return None,
-    })
-}
-
-/// This machine's host name (`/proc/sys/kernel/hostname`, else `$HOSTNAME`), read once.
-fn machine_hostname() -> &'static str {
-    static NAME: OnceLock<String> = OnceLock::new();
-    NAME.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_owned())
-            .ok()
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_default()
     })
 }
 

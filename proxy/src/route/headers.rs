@@ -118,11 +118,12 @@ pub struct HeaderRules {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{Context, FakeIo};
 
     fn add(name: &str, value: &str, action: AppendAction, keep: bool) -> HeaderAdd {
         HeaderAdd {
             name: HeaderName::from_bytes(name.as_bytes()).unwrap(),
-            value: Template::parse(value).unwrap(),
+            value: Template::parse(value, &Context::new(&FakeIo::new())).unwrap(),
             action,
             keep_empty_value: keep,
         }

@@ -4,7 +4,12 @@ use super::*;
 
 fn table(yaml: &str) -> RouteTable {
     let rc = crate::config::route::tests::decode(yaml);
-    crate::config::route::compile_route_config(&rc, None).unwrap()
+    crate::config::route::compile_route_config(
+        &crate::config::Context::new(&crate::config::FakeIo::new()),
+        &rc,
+        None,
+    )
+    .unwrap()
 }
 
 fn route_name<'t>(

@@ -113,7 +113,8 @@ impl Report {
 pub fn run(opts: &Options) -> Result<Report, String> {
     let codec = Codec::new();
     let rc = load_route_config(&codec, &opts.config_path)?;
-    let table = crate::config::route::compile_route_config(&rc, None)
+    let ctx = crate::config::Context::new(&crate::config::SystemIo);
+    let table = crate::config::route::compile_route_config(&ctx, &rc, None)
         .map_err(|e| format!("{}: {e}", opts.config_path))?;
     let text =
         std::fs::read_to_string(&opts.test_path).map_err(|e| format!("{}: {e}", opts.test_path))?;
@@ -126,7 +127,7 @@ pub fn run(opts: &Options) -> Result<Report, String> {
         let m = codec
             .decode::<PbHeaderMatcher>(v.clone(), false)
             .map_err(|e| e.to_string())?;
-        crate::config::route::header_matcher(&m.message).map_err(|e| e.to_string())
+        crate::config::route::header_matcher(&ctx, &m.message).map_err(|e| e.to_string())
     };
     let mut covered = std::collections::HashSet::new();
     let mut results = Vec::with_capacity(cases.len());

@@ -409,7 +409,7 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
     if let Ok(uri) = Uri::from_parts(parts) {
         *req.uri_mut() = uri;
     }
-    crate::http::forwarding::strip_hop_by_hop(req.headers_mut());
+    crate::wire::strip_hop_by_hop(req.headers_mut());
     *req.version_mut() = Version::HTTP_2;
     req
 }

@@ -24,7 +24,7 @@ use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compi
 use crate::config::dynamic::{DynamicConfig, Source};
 use crate::config::hcm::Routes;
 use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
-use crate::config::{ConfigError, Severity, Warnings};
+use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
 use crate::lifecycle::ServerState;
 use crate::server::Shared;
 
@@ -88,6 +88,9 @@ impl State {
 /// Applies xDS updates to the proxy.
 pub struct ProxyHandler {
     shared: Weak<Shared>,
+    /// Files, environment and host name, for what the resources read (direct_response
+    /// bodies, formatters, certificates).
+    io: Box<dyn ConfigIo + Send + Sync>,
     config: DynamicConfig,
     client: OnceLock<Client>,
     state: Mutex<State>,
@@ -100,6 +103,7 @@ impl ProxyHandler {
         Arc::new(ProxyHandler {
             stats: XdsStats::new(&shared.stats),
             shared: Arc::downgrade(shared),
+            io: Box::new(SystemIo),
             config,
             client: OnceLock::new(),
             state: Mutex::new(State::default()),
@@ -397,14 +401,20 @@ impl ProxyHandler {
         Applied { rejected }
     }
 
-    fn apply_listeners(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+    fn apply_listeners(
+        &self,
+        ctx: &Context<'_>,
+        shared: &Arc<Shared>,
+        st: &mut State,
+        u: Update,
+    ) -> Applied {
         self.stats.lds.attempt.inc();
         let mut rejected = Vec::new();
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
                 continue;
             }
-            match self.compile_listener(shared, st, &r) {
+            match self.compile_listener(ctx, shared, st, &r) {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
                 Ok(cfg) => {
                     let name = cfg.name.clone();
@@ -456,6 +466,7 @@ impl ProxyHandler {
 
     fn compile_listener(
         &self,
+        ctx: &Context<'_>,
         shared: &Shared,
         st: &State,
         r: &Resource,
@@ -472,7 +483,7 @@ impl ProxyHandler {
             shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
         };
         let mut warnings = Warnings::new();
-        let cfg = compile_listener(&l, Some(&known), &mut warnings)
+        let cfg = compile_listener(ctx, &l, Some(&known), &mut warnings)
             .map_err(|e| located("listener", &l.name, e))?;
         log_warnings("listener", &l.name, &warnings);
         Ok(cfg)
@@ -524,7 +535,13 @@ impl ProxyHandler {
         self.subscribe(ROUTE_TYPE_URL, names.into_iter().collect());
     }
 
-    fn apply_routes(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+    fn apply_routes(
+        &self,
+        ctx: &Context<'_>,
+        shared: &Arc<Shared>,
+        st: &mut State,
+        u: Update,
+    ) -> Applied {
         let mut rejected = Vec::new();
         for r in u.resources {
             if st.routes.unchanged(&r.name, &r.value) {
@@ -542,7 +559,7 @@ impl ProxyHandler {
                         .validate_clusters
                         .is_some_and(|v| v.value)
                         .then_some(&known);
-                    crate::config::route::compile_route_config(&rc, check)
+                    crate::config::route::compile_route_config(ctx, &rc, check)
                         .map_err(|e| located("route configuration", &rc.name, e))
                 });
             match compiled {
@@ -588,11 +605,12 @@ impl Handler for ProxyHandler {
             return Applied::default();
         };
         let mut st = self.state.lock().expect("xds state");
+        let ctx = Context::new(&*self.io);
         let applied = match update.type_url.as_str() {
             CLUSTER_TYPE_URL => self.apply_clusters(&shared, &mut st, update),
             ENDPOINT_TYPE_URL => self.apply_endpoints(&shared, &mut st, update),
-            LISTENER_TYPE_URL => self.apply_listeners(&shared, &mut st, update),
-            ROUTE_TYPE_URL => self.apply_routes(&shared, &mut st, update),
+            LISTENER_TYPE_URL => self.apply_listeners(&ctx, &shared, &mut st, update),
+            ROUTE_TYPE_URL => self.apply_routes(&ctx, &shared, &mut st, update),
             other => Applied {
                 rejected: update
                     .resources

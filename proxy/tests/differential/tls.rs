@@ -80,7 +80,7 @@ impl ServerCertVerifier for AcceptAny {
         rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms).or_else(|e| {
             // webpki reads no X.509 v1 certificate (certs/v1.pem): check the signature
             // against its key, found by revoy's own DER walk.
-            let spki = revoy::tls::der::subject_public_key_info(cert).ok_or(e)?;
+            let spki = revoy::config::tls::der::subject_public_key_info(cert).ok_or(e)?;
             rustls::crypto::verify_tls13_signature_with_raw_key(
                 message,
                 &spki.to_vec().into(),

@@ -12,7 +12,7 @@ use proto::pb::envoy::config::route::v3 as pb;
 
 use super::matchers::{regex_substitute, runtime_fraction};
 use super::{ClusterCheck, duration, header_rules, nonzero};
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Context};
 use crate::route::action::{
     MoreSettings, StreamDuration, StreamTimeouts, TemplateRewrite, UpgradeSetting,
 };
@@ -25,6 +25,7 @@ use crate::route::{
 
 /// Settings a virtual host inherits from the route configuration.
 pub(super) struct Inherited<'a, 'p> {
+    pub ctx: &'a Context<'a>,
     pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub max_body: usize,
     pub retries: &'a RetryPolicies<'p>,
@@ -32,6 +33,7 @@ pub(super) struct Inherited<'a, 'p> {
 
 /// Settings a route inherits from its virtual host.
 pub(super) struct VhostDefaults<'a, 'p> {
+    pub ctx: &'a Context<'a>,
     pub retry: Option<&'a Arc<RetryPolicy>>,
     pub mirrors: &'a Arc<[MirrorPolicy]>,
     pub buffer_limit: Option<u32>,
@@ -54,7 +56,11 @@ impl<'a> RetryPolicies<'a> {
     const REMEMBERED: usize = 4;
 
     /// `r` compiled, shared with an equal policy compiled before.
-    pub fn get(&self, r: &'a pb::RetryPolicy) -> Result<Arc<RetryPolicy>, ConfigError> {
+    pub fn get(
+        &self,
+        ctx: &Context<'_>,
+        r: &'a pb::RetryPolicy,
+    ) -> Result<Arc<RetryPolicy>, ConfigError> {
         let hit = self
             .recent
             .borrow()
@@ -66,7 +72,7 @@ impl<'a> RetryPolicies<'a> {
         if let Some(hit) = hit {
             return Ok(hit);
         }
-        let compiled = Arc::new(retry_policy(r)?);
+        let compiled = Arc::new(retry_policy(ctx, r)?);
         let mut recent = self.recent.borrow_mut();
         if recent.len() == Self::REMEMBERED {
             recent.remove(0);
@@ -129,6 +135,7 @@ pub(super) fn forward<'p>(
                     cluster_header: (!c.cluster_header.is_empty()).then(|| c.cluster_header.to_ascii_lowercase()),
                     weight,
                     headers: header_rules(
+                        vh.ctx,
                         &c.request_headers_to_add,
                         &c.request_headers_to_remove,
                         &c.response_headers_to_add,
@@ -183,7 +190,7 @@ pub(super) fn forward<'p>(
         }
         None => return Err(ConfigError::new("cluster_specifier", "value is required")),
     };
-    let path_rewrite = path_rewrite(ra, matcher)?;
+    let path_rewrite = path_rewrite(vh.ctx, ra, matcher)?;
     use pb::route_action::HostRewriteSpecifier as H;
     let host_rewrite = match &ra.host_rewrite_specifier {
         Some(H::HostRewriteLiteral(h)) | Some(H::HostRewrite(h)) => {
@@ -193,13 +200,18 @@ pub(super) fn forward<'p>(
         Some(H::AutoHostRewrite(_)) => None,
         Some(H::HostRewriteHeader(h)) => Some(HostRewrite::Header(h.to_ascii_lowercase())),
         Some(H::HostRewritePathRegex(r)) => {
-            let (re, sub) = regex_substitute(r).map_err(|e| e.within("host_rewrite_path_regex"))?;
+            let (re, sub) =
+                regex_substitute(vh.ctx, r).map_err(|e| e.within("host_rewrite_path_regex"))?;
             Some(HostRewrite::PathRegex(re, sub))
         }
         None => None,
     };
     let retry_policy = match &ra.retry_policy {
-        Some(r) => Some(vh.retries.get(r).map_err(|e| e.within("retry_policy"))?),
+        Some(r) => Some(
+            vh.retries
+                .get(vh.ctx, r)
+                .map_err(|e| e.within("retry_policy"))?,
+        ),
         None => vh.retry.cloned(),
     };
     let mirrors = ra
@@ -266,7 +278,9 @@ pub(super) fn forward<'p>(
                 .hash_policy
                 .iter()
                 .enumerate()
-                .map(|(i, h)| hash_policy(h).map_err(|e| e.within(&format!("hash_policy[{i}]"))))
+                .map(|(i, h)| {
+                    hash_policy(vh.ctx, h).map_err(|e| e.within(&format!("hash_policy[{i}]")))
+                })
                 .collect::<Result<_, _>>()?,
             upgrades: route_upgrades(&ra.upgrade_configs)?,
             per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
@@ -328,6 +342,7 @@ const URI_TEMPLATE_REWRITER: &str = "envoy.path.rewrite.uri_template.uri_templat
 /// Compiles the route's path rewrite: `prefix_rewrite`, `regex_rewrite` or a
 /// `path_rewrite_policy` URI template, with Envoy's checks in Envoy's order.
 fn path_rewrite(
+    ctx: &Context<'_>,
     ra: &pb::RouteAction,
     matcher: &RouteMatch,
 ) -> Result<Option<PathRewrite>, ConfigError> {
@@ -358,7 +373,7 @@ fn path_rewrite(
         return Ok(Some(PathRewrite::Prefix(p.clone())));
     }
     if let Some(r) = &ra.regex_rewrite {
-        let (re, sub) = regex_substitute(r).map_err(|e| e.within("regex_rewrite"))?;
+        let (re, sub) = regex_substitute(ctx, r).map_err(|e| e.within("regex_rewrite"))?;
         return Ok(Some(PathRewrite::Regex(re, sub)));
     }
     let Some(template) = template else {
@@ -412,14 +427,17 @@ fn template_rewrite(ext: &core::TypedExtensionConfig) -> Result<TemplateRewrite,
     })
 }
 
-fn hash_policy(h: &pb::route_action::HashPolicy) -> Result<HashPolicy, ConfigError> {
+fn hash_policy(
+    ctx: &Context<'_>,
+    h: &pb::route_action::HashPolicy,
+) -> Result<HashPolicy, ConfigError> {
     use pb::route_action::hash_policy::PolicySpecifier as P;
     let kind = match &h.policy_specifier {
         Some(P::Header(hd)) => HashKind::Header(
             hd.header_name.to_ascii_lowercase(),
             hd.regex_rewrite
                 .as_ref()
-                .map(regex_substitute)
+                .map(|r| regex_substitute(ctx, r))
                 .transpose()?,
         ),
         Some(P::Cookie(c)) => HashKind::Cookie {
@@ -440,7 +458,7 @@ fn hash_policy(h: &pb::route_action::HashPolicy) -> Result<HashPolicy, ConfigErr
 }
 
 /// Compiles a `RetryPolicy` with Envoy's defaults.
-fn retry_policy(r: &pb::RetryPolicy) -> Result<RetryPolicy, ConfigError> {
+fn retry_policy(ctx: &Context<'_>, r: &pb::RetryPolicy) -> Result<RetryPolicy, ConfigError> {
     let back_off = r.retry_back_off.as_ref();
     let base = back_off
         .and_then(|b| b.base_interval.as_ref())
@@ -486,10 +504,13 @@ fn retry_policy(r: &pb::RetryPolicy) -> Result<RetryPolicy, ConfigError> {
             .map(|p| p.name.clone())
             .collect(),
         host_selection_retry_max_attempts: r.host_selection_retry_max_attempts,
-        retriable_headers: super::matchers::header_matchers(&r.retriable_headers)
+        retriable_headers: super::matchers::header_matchers(ctx, &r.retriable_headers)
             .map_err(|e| e.within("retriable_headers"))?,
-        retriable_request_headers: super::matchers::header_matchers(&r.retriable_request_headers)
-            .map_err(|e| e.within("retriable_request_headers"))?,
+        retriable_request_headers: super::matchers::header_matchers(
+            ctx,
+            &r.retriable_request_headers,
+        )
+        .map_err(|e| e.within("retriable_request_headers"))?,
     })
 }
 
@@ -515,6 +536,7 @@ pub(super) fn mirror(
 }
 
 pub(super) fn redirect(
+    ctx: &Context<'_>,
     r: &pb::RedirectAction,
     matcher: &RouteMatch,
 ) -> Result<Action, ConfigError> {
@@ -539,7 +561,7 @@ pub(super) fn redirect(
             RedirectPath::Prefix(p.clone())
         }
         Some(P::RegexRewrite(rr)) => {
-            let (re, sub) = regex_substitute(rr).map_err(|e| e.within("regex_rewrite"))?;
+            let (re, sub) = regex_substitute(ctx, rr).map_err(|e| e.within("regex_rewrite"))?;
             RedirectPath::Regex(re, sub)
         }
         Some(P::PathRewrite(_)) => {
@@ -567,6 +589,7 @@ pub(super) fn redirect(
 }
 
 pub(super) fn direct_response(
+    ctx: &Context<'_>,
     d: &pb::DirectResponseAction,
     max_body: usize,
 ) -> Result<Action, ConfigError> {
@@ -580,11 +603,15 @@ pub(super) fn direct_response(
         None => bytes::Bytes::new(),
         Some(S::InlineString(s)) => bytes::Bytes::copy_from_slice(s.as_bytes()),
         Some(S::InlineBytes(b)) => bytes::Bytes::copy_from_slice(b),
-        Some(S::Filename(f)) => std::fs::read(f)
+        Some(S::Filename(f)) => ctx
+            .io()
+            .read_file(f)
             .map_err(|e| ConfigError::new("body.filename", format!("cannot read {f}: {e}")))?
             .into(),
-        Some(S::EnvironmentVariable(v)) => std::env::var(v)
-            .map_err(|_| {
+        Some(S::EnvironmentVariable(v)) => ctx
+            .io()
+            .env(v)
+            .ok_or_else(|| {
                 ConfigError::new(
                     "body.environment_variable",
                     format!("Environment variable doesn't exist: {v}"),

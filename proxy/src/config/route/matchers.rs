@@ -2,14 +2,11 @@
 
 #![allow(deprecated)] // Envoy still honours the deprecated fields read here.
 
-use std::cell::RefCell;
-use std::collections::HashMap;
-
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::envoy::r#type::matcher::v3 as m;
 use proto::pb::envoy::r#type::v3 as ty;
 
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Context};
 use crate::route::RouteMatch;
 use crate::route::action::MoreConditions;
 use crate::route::matcher::{
@@ -18,15 +15,10 @@ use crate::route::matcher::{
 };
 
 /// Compiles an RE2-style regex. `anchored`: the regex must match the whole input (RE2
-/// `FullMatch`), as Envoy's matchers require. Inside a [`RegexCacheScope`], identical
-/// patterns are compiled once and shared.
+/// `FullMatch`), as Envoy's matchers require. [`Context::regex`] shares the result within one
+/// compile.
 pub fn compile_regex(re: &str, anchored: bool) -> Result<regex::Regex, ConfigError> {
-    if let Some(hit) =
-        REGEX_CACHE.with_borrow(|c| c.as_ref()?[usize::from(anchored)].get(re).cloned())
-    {
-        return Ok(hit);
-    }
-    let compiled = if anchored {
+    if anchored {
         regex::Regex::new(&format!("^(?:{re})$"))
     } else {
         regex::Regex::new(re)
@@ -37,60 +29,11 @@ pub fn compile_regex(re: &str, anchored: bool) -> Result<regex::Regex, ConfigErr
             other => other.to_string(),
         };
         ConfigError::new("regex", format!("Invalid regex '{re}': {detail}"))
-    })?;
-    REGEX_CACHE.with_borrow_mut(|c| {
-        if let Some(c) = c {
-            c[usize::from(anchored)].insert(re.to_owned(), compiled.clone());
-        }
-    });
-    Ok(compiled)
+    })
 }
 
-/// Compiled regexes by pattern (unanchored, anchored) while a [`RegexCacheScope`] is open on
-/// this thread.
-type RegexCache = [HashMap<String, regex::Regex>; 2];
-
-thread_local! {
-    static REGEX_CACHE: RefCell<Option<RegexCache>> = const { RefCell::new(None) };
-}
-
-/// While alive, [`compile_regex`] on this thread reuses the regexes it already compiled
-/// (a `Regex` clone shares the compiled program). Compiling one route table opens one scope,
-/// so a table full of identical patterns (Istio's header matchers) compiles each once.
-pub struct RegexCacheScope {
-    outermost: bool,
-}
-
-impl RegexCacheScope {
-    /// Opens a scope (nested scopes share the outermost one's cache).
-    pub fn enter() -> Self {
-        let outermost = REGEX_CACHE.with_borrow_mut(|c| {
-            let fresh = c.is_none();
-            if fresh {
-                *c = Some(Default::default());
-            }
-            fresh
-        });
-        RegexCacheScope { outermost }
-    }
-}
-
-/// How many regexes the open scope holds (`None` outside a scope).
-#[cfg(test)]
-pub(crate) fn cached_regex_count() -> Option<usize> {
-    REGEX_CACHE.with_borrow(|c| c.as_ref().map(|c| c[0].len() + c[1].len()))
-}
-
-impl Drop for RegexCacheScope {
-    fn drop(&mut self) {
-        if self.outermost {
-            REGEX_CACHE.with_borrow_mut(|c| *c = None);
-        }
-    }
-}
-
-fn regex_matcher(r: &m::RegexMatcher) -> Result<regex::Regex, ConfigError> {
-    compile_regex(&r.regex, true)
+fn regex_matcher(ctx: &Context<'_>, r: &m::RegexMatcher) -> Result<regex::Regex, ConfigError> {
+    ctx.regex(&r.regex, true)
 }
 
 /// RE2 substitution (`\1`, `\\`) -> regex crate replacement (`${1}`, `$$` for `$`).
@@ -117,20 +60,21 @@ pub fn substitution(sub: &str) -> String {
 
 /// Compiles a `RegexMatchAndSubstitute` (unanchored: every match is replaced).
 pub fn regex_substitute(
+    ctx: &Context<'_>,
     r: &m::RegexMatchAndSubstitute,
 ) -> Result<(regex::Regex, String), ConfigError> {
     let p = r
         .pattern
         .as_ref()
         .ok_or_else(|| ConfigError::new("pattern", "value is required"))?;
-    Ok((
-        compile_regex(&p.regex, false)?,
-        substitution(&r.substitution),
-    ))
+    Ok((ctx.regex(&p.regex, false)?, substitution(&r.substitution)))
 }
 
 /// Compiles a `StringMatcher`.
-pub fn string_matcher(s: &m::StringMatcher) -> Result<StringMatcher, ConfigError> {
+pub fn string_matcher(
+    ctx: &Context<'_>,
+    s: &m::StringMatcher,
+) -> Result<StringMatcher, ConfigError> {
     use m::string_matcher::MatchPattern as P;
     let ic = s.ignore_case;
     Ok(match &s.match_pattern {
@@ -139,7 +83,7 @@ pub fn string_matcher(s: &m::StringMatcher) -> Result<StringMatcher, ConfigError
         Some(P::Suffix(v)) => StringMatcher::Suffix(v.clone(), ic),
         Some(P::Contains(v)) => StringMatcher::Contains(v.clone(), ic),
         Some(P::SafeRegex(r)) => {
-            StringMatcher::Regex(regex_matcher(r).map_err(|e| e.within("safe_regex"))?)
+            StringMatcher::Regex(regex_matcher(ctx, r).map_err(|e| e.within("safe_regex"))?)
         }
         Some(P::Custom(_)) => {
             return Err(ConfigError::new(
@@ -152,7 +96,10 @@ pub fn string_matcher(s: &m::StringMatcher) -> Result<StringMatcher, ConfigError
 }
 
 /// Compiles one `HeaderMatcher`.
-pub fn header_matcher(h: &pb::HeaderMatcher) -> Result<HeaderMatcher, ConfigError> {
+pub fn header_matcher(
+    ctx: &Context<'_>,
+    h: &pb::HeaderMatcher,
+) -> Result<HeaderMatcher, ConfigError> {
     use pb::header_matcher::HeaderMatchSpecifier as S;
     let value = match &h.header_match_specifier {
         None => HeaderValueMatch::Present(true),
@@ -168,11 +115,11 @@ pub fn header_matcher(h: &pb::HeaderMatcher) -> Result<HeaderMatcher, ConfigErro
             HeaderValueMatch::String(StringMatcher::Contains(v.clone(), false))
         }
         Some(S::SafeRegexMatch(r)) => HeaderValueMatch::String(StringMatcher::Regex(
-            regex_matcher(r).map_err(|e| e.within("safe_regex_match"))?,
+            regex_matcher(ctx, r).map_err(|e| e.within("safe_regex_match"))?,
         )),
         Some(S::RangeMatch(ty::Int64Range { start, end })) => HeaderValueMatch::Range(*start, *end),
         Some(S::StringMatch(s)) => {
-            HeaderValueMatch::String(string_matcher(s).map_err(|e| e.within("string_match"))?)
+            HeaderValueMatch::String(string_matcher(ctx, s).map_err(|e| e.within("string_match"))?)
         }
     };
     Ok(HeaderMatcher {
@@ -184,10 +131,13 @@ pub fn header_matcher(h: &pb::HeaderMatcher) -> Result<HeaderMatcher, ConfigErro
 }
 
 /// Compiles a list of header matchers.
-pub fn header_matchers(hs: &[pb::HeaderMatcher]) -> Result<Vec<HeaderMatcher>, ConfigError> {
+pub fn header_matchers(
+    ctx: &Context<'_>,
+    hs: &[pb::HeaderMatcher],
+) -> Result<Vec<HeaderMatcher>, ConfigError> {
     hs.iter()
         .enumerate()
-        .map(|(i, h)| header_matcher(h).map_err(|e| e.within(&format!("headers[{i}]"))))
+        .map(|(i, h)| header_matcher(ctx, h).map_err(|e| e.within(&format!("headers[{i}]"))))
         .collect()
 }
 
@@ -222,13 +172,13 @@ pub fn runtime_fraction(
 }
 
 /// Compiles a `RouteMatch`.
-pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
+pub fn route_match(ctx: &Context<'_>, rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
     use pb::route_match::PathSpecifier as P;
     let path = match &rm.path_specifier {
         Some(P::Prefix(p)) => PathMatch::Prefix(p.clone()),
         Some(P::Path(p)) => PathMatch::Exact(p.clone()),
         Some(P::SafeRegex(r)) => PathMatch::Regex(Box::new(
-            regex_matcher(r).map_err(|e| e.within("safe_regex"))?,
+            regex_matcher(ctx, r).map_err(|e| e.within("safe_regex"))?,
         )),
         Some(P::PathSeparatedPrefix(p)) => {
             if p.contains(['?', '#']) || p.ends_with('/') {
@@ -290,7 +240,7 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
             use pb::query_parameter_matcher::QueryParameterMatchSpecifier as Q;
             let value = match &q.query_parameter_match_specifier {
                 Some(Q::StringMatch(s)) => Some(
-                    string_matcher(s)
+                    string_matcher(ctx, s)
                         .map_err(|e| e.within(&format!("query_parameters[{i}].string_match")))?,
                 ),
                 Some(Q::PresentMatch(_)) | None => None,
@@ -309,14 +259,14 @@ pub fn route_match(rm: &pb::RouteMatch) -> Result<RouteMatch, ConfigError> {
             let sm = c.string_match.as_ref().ok_or_else(|| {
                 ConfigError::new(format!("cookies[{i}].string_match"), "value is required")
             })?;
-            Ok((c.name.clone(), string_matcher(sm)?, c.invert_match))
+            Ok((c.name.clone(), string_matcher(ctx, sm)?, c.invert_match))
         })
         .collect::<Result<Vec<_>, ConfigError>>()?;
     Ok(RouteMatch {
         path,
         case_sensitive: rm.case_sensitive.is_none_or(|b| b.value),
         grpc: rm.grpc.is_some(),
-        headers: header_matchers(&rm.headers)?.into_boxed_slice(),
+        headers: header_matchers(ctx, &rm.headers)?.into_boxed_slice(),
         more: MoreConditions {
             query_parameters,
             runtime_fraction: rm.runtime_fraction.as_ref().map(runtime_fraction),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::FakeIo;
 use crate::route::{Action, RouteRequest};
 
 pub(crate) fn decode(yaml: &str) -> pb::RouteConfiguration {
@@ -11,7 +12,11 @@ pub(crate) fn decode(yaml: &str) -> pb::RouteConfiguration {
 }
 
 fn compile(yaml: &str) -> Result<RouteTable, ConfigError> {
-    compile_route_config(&decode(yaml), Some(&|c: &str| c != "missing"))
+    compile_route_config(
+        &Context::new(&FakeIo::new()),
+        &decode(yaml),
+        Some(&|c: &str| c != "missing"),
+    )
 }
 
 #[test]
@@ -23,6 +28,7 @@ fn unknown_cluster_is_an_error() {
     assert_eq!(e.path, "virtual_hosts[0].routes[0].route.cluster");
     assert_eq!(e.message, "route: unknown cluster 'missing'");
     let ok = compile_route_config(
+        &Context::new(&FakeIo::new()),
         &decode(
             "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {prefix: /}\n    route: {cluster: missing}\n",
         ),
@@ -106,25 +112,97 @@ fn direct_response_body_limit() {
     assert_eq!(d.content_type(), Some("text/plain"));
 }
 
+/// The machine the tests' route tables are compiled for.
+fn fake_io() -> FakeIo {
+    FakeIo::new()
+        .with_file("/etc/revoy/teapot.txt", "short and stout")
+        .with_env("GREETING", "hello")
+        .with_env("ZONE", "eu-west-1")
+        .with_hostname("pod-7")
+}
+
+fn compile_with(io: &FakeIo, yaml: &str) -> Result<RouteTable, ConfigError> {
+    compile_route_config(&Context::new(io), &decode(yaml), None)
+}
+
+/// The body of the only route's direct response.
+fn direct_body(t: &RouteTable) -> &[u8] {
+    let Action::DirectResponse(d) = &t.virtual_hosts[0].routes[0].action else {
+        panic!("not a direct response")
+    };
+    &d.body
+}
+
 #[test]
-fn regex_cache_lives_for_one_scope() {
-    use super::matchers::{RegexCacheScope, compile_regex};
-    let cached = || super::matchers::cached_regex_count();
-    assert_eq!(cached(), None);
-    {
-        let _scope = RegexCacheScope::enter();
-        let a = compile_regex("ab+c", true).unwrap();
-        let b = compile_regex("ab+c", true).unwrap();
-        compile_regex("ab+c", false).unwrap();
-        {
-            let _nested = RegexCacheScope::enter();
-            compile_regex("x", true).unwrap();
-        }
-        assert_eq!(cached(), Some(3));
-        assert!(a.is_match("abbc") && b.is_match("abbc") && !b.is_match("xabbc"));
-        assert!(compile_regex("(", true).is_err());
-    }
-    assert_eq!(cached(), None);
+fn direct_response_bodies_come_through_the_context() {
+    let io = fake_io();
+    let route = |body: &str| {
+        format!(
+            "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {{prefix: /}}\n    direct_response: {{status: 200, body: {body}}}\n"
+        )
+    };
+    let t = compile_with(&io, &route("{filename: /etc/revoy/teapot.txt}")).unwrap();
+    assert_eq!(direct_body(&t), b"short and stout");
+    let t = compile_with(&io, &route("{environment_variable: GREETING}")).unwrap();
+    assert_eq!(direct_body(&t), b"hello");
+    let e = compile_with(&io, &route("{filename: /etc/revoy/missing.txt}")).unwrap_err();
+    assert_eq!(
+        e.path,
+        "virtual_hosts[0].routes[0].direct_response.body.filename"
+    );
+    assert!(
+        e.message
+            .starts_with("cannot read /etc/revoy/missing.txt: "),
+        "{e}"
+    );
+    let e = compile_with(&io, &route("{environment_variable: PATH}")).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "virtual_hosts[0].routes[0].direct_response.body.environment_variable: Environment variable doesn't exist: PATH"
+    );
+}
+
+#[test]
+fn environment_and_hostname_formatters_are_fixed_from_the_context() {
+    let t = compile_with(
+        &fake_io(),
+        "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {prefix: /}\n    route: {cluster: c}\n    request_headers_to_add:\n    - header: {key: x-zone, value: '%ENVIRONMENT(ZONE)%/%ENVIRONMENT(UNSET):4%'}\n    - header: {key: x-host, value: 'on %HOSTNAME%'}\n",
+    )
+    .unwrap();
+    let rules = t.virtual_hosts[0].routes[0].headers.as_ref().unwrap();
+    let values: Vec<String> = rules
+        .request
+        .add
+        .iter()
+        .map(|a| {
+            a.value.render(
+                &http::HeaderMap::new(),
+                &Default::default(),
+                crate::route::format::Direction::Request,
+            )
+        })
+        .collect();
+    assert_eq!(values, ["eu-west-1/-", "on pod-7"]);
+    assert_eq!(rules.request.add[0].value.literal(), Some("eu-west-1/-"));
+}
+
+#[test]
+fn identical_regexes_are_compiled_once_per_context() {
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let yaml = "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {safe_regex: {regex: '/a+'}, headers: [{name: x, string_match: {safe_regex: {regex: 'b+'}}}]}\n    route: {cluster: c}\n  - match: {safe_regex: {regex: '/a+'}, headers: [{name: x, string_match: {safe_regex: {regex: 'b+'}}}]}\n    route: {cluster: c, regex_rewrite: {pattern: {regex: 'b+'}, substitution: x}}\n";
+    compile_route_config(&ctx, &decode(yaml), None).unwrap();
+    assert_eq!(
+        ctx.cached_regexes(),
+        3,
+        "two anchored patterns, one unanchored"
+    );
+    compile_route_config(&ctx, &decode(yaml), None).unwrap();
+    assert_eq!(
+        ctx.cached_regexes(),
+        3,
+        "shared across tables of one compile"
+    );
 }
 
 /// A route config with one route: `path_match_policy` template `m` and `route` settings.

@@ -21,8 +21,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
 use super::ConnContext;
-use super::wire::{give_back, has_token, take_buffer, with_room};
 use crate::config::hcm::Codec;
+use crate::wire::{give_back, has_token, take_buffer, with_room};
 use inbound::Inbound;
 use request::Head;
 

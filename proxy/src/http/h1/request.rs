@@ -13,7 +13,7 @@ use super::Asked;
 use super::inbound::Inbound;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
-use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
+use crate::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
 
 /// Room in the header map for what the connection manager adds before forwarding
 /// (`x-forwarded-proto`, `x-request-id`, `x-envoy-expected-rq-timeout-ms`, ...).
@@ -227,7 +227,13 @@ mod tests {
             route_specifier: Some(RouteSpecifier::RouteConfig(Default::default())),
             ..Default::default()
         };
-        compile_hcm(&hcm, None, &mut crate::config::Warnings::new()).unwrap()
+        compile_hcm(
+            &crate::config::Context::new(&crate::config::FakeIo::new()),
+            &hcm,
+            None,
+            &mut crate::config::Warnings::new(),
+        )
+        .unwrap()
     }
 
     async fn served_body(bytes: &[u8]) -> (Bytes, BytesMut) {

@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::date;
 use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
-use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
+use crate::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use http::header::{CONNECTION, CONTENT_LENGTH, HeaderName, HeaderValue, TRANSFER
 use http::{HeaderMap, Response, StatusCode, Version};
 use http_body::Frame;
 
-use crate::http::wire::{HeaderSpans, MAX_HEADERS, parsed_value, tokens};
+use crate::wire::{HeaderSpans, MAX_HEADERS, parsed_value, tokens};
 
 /// The response head size Envoy's upstream codec accepts by default (`max_response_headers_kb`
 /// unset: 80 KiB; Envoy 1.40 takes a 70 KB head and resets on a 100 KB one).

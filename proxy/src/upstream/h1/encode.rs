@@ -5,7 +5,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderValue};
 use http_body::SizeHint;
 
-use crate::http::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
+use crate::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the request body goes on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::body::{Body, BoxError};
-use crate::http::wire::with_room;
+use crate::wire::with_room;
 
 use super::error::{ResetReason, UpstreamError};
 use super::host::Host;

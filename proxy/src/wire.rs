@@ -1,12 +1,14 @@
-//! HTTP/1 wire helpers shared by the downstream fast path (`http/h1/`) and the upstream client
-//! (`upstream/h1/`): comma-separated header values, where a parsed head's headers sit, and room
-//! in a read buffer.
+//! HTTP wire helpers shared by the connection manager (`http/`) and the upstream client
+//! (`upstream/`), so neither imports the other: comma-separated header values, where a parsed
+//! head's headers sit, room in a read buffer, and the connection-scoped headers that never
+//! cross the proxy.
 
 use std::cell::RefCell;
 use std::io::Write as _;
 use std::ops::Range;
 
 use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName};
 use http::{HeaderMap, HeaderValue};
 
 /// How many headers a head may carry for httparse: Envoy's default `max_headers_count`.
@@ -147,6 +149,79 @@ pub fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
 pub fn has_token(value: &[u8], token: &[u8]) -> bool {
     tokens(value).any(|t| t.eq_ignore_ascii_case(token))
 }
+
+/// Headers that describe one hop and never cross the proxy.
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Removes a request's connection-scoped headers, with those its `connection` header names;
+/// keeps `te: trailers` (gRPC needs it).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_connection_scoped(headers, true);
+}
+
+/// Removes the connection-scoped headers; `named_too`: also those the `connection` header
+/// names (a request's; a response's stay, as in Envoy).
+pub fn strip_connection_scoped(headers: &mut HeaderMap, named_too: bool) {
+    // One pass over the names first: most requests carry none of these (gRPC ones carry only
+    // `te: trailers`), and a removal of an absent header still costs a hash and a probe.
+    let mut present = [false; CONNECTION_SCOPED.len()];
+    let mut te = false;
+    for n in headers.keys() {
+        match n.as_str() {
+            "te" => te = true,
+            name => {
+                if let Some(i) = CONNECTION_SCOPED.iter().position(|h| h.as_str() == name) {
+                    present[i] = true;
+                }
+            }
+        }
+    }
+    if !te && !present.contains(&true) {
+        return;
+    }
+    if named_too
+        && present[0]
+        && let Some(conn) = headers.get(header::CONNECTION).cloned()
+        && let Ok(list) = conn.to_str()
+    {
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if !name.eq_ignore_ascii_case("upgrade")
+                && !name.eq_ignore_ascii_case("close")
+                && !name.eq_ignore_ascii_case("keep-alive")
+                && let Ok(n) = HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                && n != header::TE
+            {
+                headers.remove(n);
+            }
+        }
+    }
+    for (name, _) in CONNECTION_SCOPED.iter().zip(present).filter(|(_, p)| *p) {
+        headers.remove(*name);
+    }
+    let mut values = headers.get_all(header::TE).iter();
+    if !te || (values.next().is_some_and(|v| v == "trailers") && values.next().is_none()) {
+        return;
+    }
+    let keep_te = headers
+        .get_all(header::TE)
+        .iter()
+        .any(|v| has_token(v.as_bytes(), b"trailers"));
+    if keep_te {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    } else {
+        headers.remove(header::TE);
+    }
+}
+
+/// The connection-scoped headers removed when forwarding (`connection` first).
+static CONNECTION_SCOPED: [&HeaderName; 5] = [
+    &header::CONNECTION,
+    &KEEP_ALIVE,
+    &PROXY_CONNECTION,
+    &header::TRANSFER_ENCODING,
+    &header::UPGRADE,
+];
 
 #[cfg(test)]
 mod tests {
