@@ -22,3 +22,4 @@ pub mod tcp;
 pub mod timer_anchor;
 pub mod tls;
 pub mod upstream;
+pub mod xds_server;
