@@ -12,7 +12,7 @@ const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("xds-server") {
-        let code = revoy::xds_server::main(args[1..].to_vec());
+        let code = revoy::xds_server::main(args[2..].to_vec());
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     if args.get(1).map(String::as_str) == Some("router-check") {

