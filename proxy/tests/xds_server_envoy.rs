@@ -116,8 +116,9 @@ fn pack(codec: &Codec, value: Value) -> Any {
     codec.decode::<Any>(value, false).unwrap().message
 }
 
-/// Envoy's bootstrap: admin on `admin`, LDS over ADS (`api_type`) from `xds`.
-fn bootstrap(admin: u16, xds: SocketAddr, api_type: &str) -> String {
+/// Envoy's bootstrap: admin on `admin`, LDS and CDS over ADS (`api_type`) from the server at
+/// `xds_address` (a flow-style Envoy `Address`).
+fn bootstrap(admin: u16, xds_address: &str, api_type: &str) -> String {
     format!(
         r#"
 node: {{id: {NODE}, cluster: test}}
@@ -142,9 +143,8 @@ static_resources:
       cluster_name: xds_cluster
       endpoints:
       - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+        - endpoint: {{address: {xds_address}}}
 "#,
-        port = xds.port()
     )
 }
 
@@ -163,17 +163,42 @@ fn answers(port: u16, expected: &str) {
     }
 }
 
-async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
+/// Where the test's ADS server listens.
+enum Transport {
+    /// 127.0.0.1, an ephemeral port.
+    Tcp,
+    /// A Unix socket (an Envoy `pipe` address).
+    Unix,
+}
+
+async fn envoy_acks_and_nacks(test: &str, api_type: &'static str, transport: Transport) {
     let Some(envoy) = oracle::envoy_or_skip(test) else {
         return;
     };
     let codec = Codec::new();
     let server = Server::new();
-    let (xds, _task) = server.serve_tcp("127.0.0.1:0").await.unwrap();
+    let socket =
+        std::env::temp_dir().join(format!("revoy-xds-{}-{api_type}.sock", std::process::id()));
+    let (xds_address, _task) = match transport {
+        Transport::Tcp => {
+            let (addr, task) = server.serve_tcp("127.0.0.1:0").await.unwrap();
+            (
+                format!(
+                    "{{socket_address: {{address: 127.0.0.1, port_value: {}}}}}",
+                    addr.port()
+                ),
+                task,
+            )
+        }
+        Transport::Unix => {
+            let task = server.serve_unix(&socket).await.unwrap();
+            (format!("{{pipe: {{path: {}}}}}", socket.display()), task)
+        }
+    };
     let port = free_port();
     server.set(snapshot(&codec, "1", port, "1s", &[]));
     let admin = free_port();
-    let yaml = bootstrap(admin, xds, api_type);
+    let yaml = bootstrap(admin, &xds_address, api_type);
     let _envoy = tokio::task::spawn_blocking(move || {
         Proxy::envoy(&envoy, &yaml, admin, || {
             TcpStream::connect(("127.0.0.1", admin)).is_ok()
@@ -196,7 +221,7 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
         .unwrap();
 
     // A changed cluster warms on the endpoints sent after it, long before Envoy's 15 s
-    // initial fetch timeout would end the warming.
+    // initial fetch timeout would end the warming. Without them: one EDS update.
     server.set(snapshot(&codec, "2", port, "2s", &[]));
     let verdict = server.acked(NODE, CLUSTER_TYPE_URL, "2", WAIT).await;
     assert_eq!(verdict, Some(Verdict::Ack), "{:?}", server.events());
@@ -207,7 +232,8 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
                 stat(admin, "cluster_manager.warming_clusters"),
                 stat(admin, "cluster.backend.update_success"),
             );
-            if seen == (Some(0), Some(2)) || Instant::now() > deadline {
+            let done = seen.0 == Some(0) && seen.1.is_some_and(|n| n >= 2);
+            if done || Instant::now() > deadline {
                 return seen;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -215,10 +241,11 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
     })
     .await
     .unwrap();
-    assert_eq!(
-        warmed,
-        (Some(0), Some(2)),
-        "warming clusters, backend EDS updates"
+    // Two EDS updates at least (Delta's watch map may also hand the new cluster the cached
+    // assignment, a third).
+    assert!(
+        warmed.0 == Some(0) && warmed.1.is_some_and(|n| n >= 2),
+        "warming clusters, backend EDS updates: {warmed:?}"
     );
 
     // A listener without an address: Envoy rejects it and says why.
@@ -236,6 +263,7 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str) {
     tokio::task::spawn_blocking(move || answers(port, "from xds"))
         .await
         .unwrap();
+    let _ = std::fs::remove_file(&socket);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,15 +271,17 @@ async fn envoy_over_sotw_acks_a_listener_and_nacks_a_broken_one() {
     envoy_acks_and_nacks(
         "envoy_over_sotw_acks_a_listener_and_nacks_a_broken_one",
         "GRPC",
+        Transport::Tcp,
     )
     .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn envoy_over_delta_acks_a_listener_and_nacks_a_broken_one() {
+async fn envoy_over_delta_on_a_unix_socket_acks_a_listener_and_nacks_a_broken_one() {
     envoy_acks_and_nacks(
-        "envoy_over_delta_acks_a_listener_and_nacks_a_broken_one",
+        "envoy_over_delta_on_a_unix_socket_acks_a_listener_and_nacks_a_broken_one",
         "DELTA_GRPC",
+        Transport::Unix,
     )
     .await;
 }
