@@ -219,3 +219,12 @@ async fn a_changed_cluster_is_followed_by_its_endpoints_even_if_unchanged() {
         .count();
     assert_eq!(acks, 1);
 }
+
+#[tokio::test]
+async fn a_nonce_from_an_earlier_stream_does_not_block_the_first_response() {
+    let (_server, addr) = start(Some(v1())).await;
+    let mut c = Sotw::connect(addr, "n1").await;
+    c.request(CLUSTER_TYPE_URL, &[], "v0", "41", None).await;
+    let cds = c.recv().await;
+    assert_eq!(names(&cds), ["c1", "c2"]);
+}

@@ -90,7 +90,9 @@ impl SotwStream {
                         at: SystemTime::now(),
                     });
                 }
-                _ => {
+                // Nothing sent on this stream yet: a nonce of an earlier stream, not stale.
+                None => {}
+                Some(_) => {
                     tracing::debug!(node = %self.node_id, type_url = %req.type_url,
                         nonce = %req.response_nonce, "stale nonce: request ignored");
                     return Vec::new();
