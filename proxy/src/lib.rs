@@ -26,3 +26,4 @@ pub mod timer_anchor;
 pub mod upstream;
 pub mod wire;
 pub mod xds;
+pub mod xds_server;

@@ -1,4 +1,4 @@
-//! The `revoy` binary: Envoy's command line, plus `revoy router-check`.
+//! The `revoy` binary: Envoy's command line, plus `revoy router-check` and `revoy xds-server`.
 
 use std::process::ExitCode;
 
@@ -11,6 +11,10 @@ const EXAMPLE: &str = include_str!("../../examples/front-proxy.yaml");
 
 fn main() -> ExitCode {
     let mut args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("xds-server") {
+        let code = revoy::xds_server::main(args[2..].to_vec());
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
     if args.get(1).map(String::as_str) == Some("router-check") {
         let code = revoy::router_check::main(args[2..].to_vec());
         return ExitCode::from(u8::try_from(code).unwrap_or(1));

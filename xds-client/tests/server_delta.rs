@@ -162,3 +162,40 @@ async fn an_empty_wildcard_is_still_answered_once() {
     c.ack(&r).await;
     c.nothing().await;
 }
+
+#[tokio::test]
+async fn a_changed_cluster_is_followed_by_its_endpoints_even_if_unchanged() {
+    let snapshot = |tag: &str| {
+        Snapshot::new(tag)
+            .with_message("c1", &cluster("c1", tag))
+            .with_message("c2", &cluster("c2", "a"))
+            .with_message("c1", &endpoints("c1", 0))
+            .with_message("c2", &endpoints("c2", 0))
+    };
+    let (server, addr) = start(Some(snapshot("v1"))).await;
+    let mut c = Delta::connect(addr, "d5").await;
+    c.request(DeltaReq {
+        type_url: CLUSTER_TYPE_URL,
+        ..Default::default()
+    })
+    .await;
+    let cds = c.recv().await;
+    c.ack(&cds).await;
+    c.request(DeltaReq {
+        type_url: ENDPOINT_TYPE_URL,
+        subscribe: &["c1", "c2"],
+        ..Default::default()
+    })
+    .await;
+    let eds = c.recv().await;
+    c.ack(&eds).await;
+    server.set(snapshot("v2"));
+    let cds = c.recv().await;
+    assert_eq!(delta_names(&cds), ["c1"]);
+    let eds = c.recv().await;
+    assert_eq!(eds.type_url, ENDPOINT_TYPE_URL);
+    assert_eq!(delta_names(&eds), ["c1"]);
+    c.ack(&cds).await;
+    c.ack(&eds).await;
+    c.nothing().await;
+}

@@ -185,3 +185,46 @@ async fn a_removed_listener_leaves_the_full_state_and_an_emptied_type_is_still_s
     assert_eq!(lds.version_info, "v2");
     assert!(lds.resources.is_empty());
 }
+
+#[tokio::test]
+async fn a_changed_cluster_is_followed_by_its_endpoints_even_if_unchanged() {
+    let (server, addr) = start(Some(v1())).await;
+    let mut c = Sotw::connect(addr, "n1").await;
+    for (t, n) in [
+        (CLUSTER_TYPE_URL, &[][..]),
+        (ENDPOINT_TYPE_URL, &["c1"][..]),
+    ] {
+        c.request(t, n, "", "", None).await;
+        let r = c.recv().await;
+        c.ack(&r, n).await;
+    }
+    let mut v2 = v1().with_message("c1", &cluster("c1", "b"));
+    v2.set_version("v2");
+    server.set(v2);
+    let cds = c.recv().await;
+    assert_eq!(cds.type_url, CLUSTER_TYPE_URL);
+    let eds = c.recv().await;
+    assert_eq!(eds.type_url, ENDPOINT_TYPE_URL);
+    assert_eq!(eds.version_info, "v2");
+    assert_eq!(names(&eds), ["c1"]);
+    c.ack(&cds, &[]).await;
+    c.ack(&eds, &["c1"]).await;
+    // Envoy's re-request with the same nonce is not a second ACK.
+    c.ack(&eds, &["c1"]).await;
+    c.nothing().await;
+    let acks = server
+        .events()
+        .iter()
+        .filter(|e| e.nonce == eds.nonce)
+        .count();
+    assert_eq!(acks, 1);
+}
+
+#[tokio::test]
+async fn a_nonce_from_an_earlier_stream_does_not_block_the_first_response() {
+    let (_server, addr) = start(Some(v1())).await;
+    let mut c = Sotw::connect(addr, "n1").await;
+    c.request(CLUSTER_TYPE_URL, &[], "v0", "41", None).await;
+    let cds = c.recv().await;
+    assert_eq!(names(&cds), ["c1", "c2"]);
+}

@@ -11,7 +11,7 @@ use proto::pb::envoy::service::discovery::v3::{
 
 use super::log::{ClientEvent, EventLog, Protocol};
 use super::snapshot::{Snapshot, push_order};
-use crate::{Verdict, is_full_state};
+use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Verdict, is_full_state};
 
 /// One Delta stream's state.
 #[derive(Default)]
@@ -32,8 +32,8 @@ struct TypeState {
     known: BTreeMap<String, String>,
     /// Whether a response of this type went out on this stream.
     responded: bool,
-    /// The last response's nonce and version.
-    last: Option<(String, String)>,
+    /// The last response's nonce and version, and whether the client answered it.
+    last: Option<(String, String, bool)>,
 }
 
 impl DeltaStream {
@@ -54,6 +54,11 @@ impl DeltaStream {
             tracing::warn!(node = %self.node_id, "Delta request without a type_url ignored");
             return Vec::new();
         }
+        tracing::debug!(node = %self.node_id, type_url = %req.type_url,
+            nonce = %req.response_nonce, subscribe = ?req.resource_names_subscribe,
+            unsubscribe = ?req.resource_names_unsubscribe,
+            initial = req.initial_resource_versions.len(), nack = req.error_detail.is_some(),
+            "Delta request");
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
         if first {
@@ -80,8 +85,10 @@ impl DeltaStream {
             }
         }
         if !req.response_nonce.is_empty() {
-            match &ts.last {
-                Some((nonce, version)) if *nonce == req.response_nonce => {
+            match &mut ts.last {
+                Some((nonce, _, true)) if *nonce == req.response_nonce => {}
+                Some((nonce, version, answered)) if *nonce == req.response_nonce => {
+                    *answered = true;
                     let verdict = match &req.error_detail {
                         Some(status) => Verdict::Nack(status.message.clone()),
                         None => Verdict::Ack,
@@ -103,9 +110,9 @@ impl DeltaStream {
         let Some(snapshot) = snapshot else {
             return Vec::new();
         };
-        respond(&req.type_url, ts, snapshot, &mut self.nonces)
-            .into_iter()
-            .collect()
+        let mut out = Vec::new();
+        self.respond_type(&req.type_url, snapshot, &mut out);
+        out
     }
 
     /// Handles a new snapshot: a response for each subscribed type that has something new for
@@ -117,11 +124,42 @@ impl DeltaStream {
             .collect();
         let mut out = Vec::new();
         for type_url in order {
-            if let Some(ts) = self.types.get_mut(&type_url) {
-                out.extend(respond(&type_url, ts, snapshot, &mut self.nonces));
-            }
+            self.respond_type(&type_url, snapshot, &mut out);
         }
         out
+    }
+
+    /// Adds the response `type_url` needs to `out`; after a CDS response that added or
+    /// changed clusters the client also watches in EDS, their ClusterLoadAssignments again,
+    /// even if unchanged (Envoy keeps an updated cluster warming until it gets one).
+    fn respond_type(
+        &mut self,
+        type_url: &str,
+        snapshot: &Snapshot,
+        out: &mut Vec<DeltaDiscoveryResponse>,
+    ) {
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        let Some(response) = respond(type_url, ts, snapshot, &mut self.nonces) else {
+            return;
+        };
+        let changed: Vec<String> = if type_url == CLUSTER_TYPE_URL {
+            response.resources.iter().map(|r| r.name.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        out.push(response);
+        let Some(eds) = self.types.get_mut(ENDPOINT_TYPE_URL) else {
+            return;
+        };
+        let mut forced = false;
+        for name in changed {
+            forced |= eds.known.remove(&name).is_some();
+        }
+        if forced {
+            self.respond_type(ENDPOINT_TYPE_URL, snapshot, out);
+        }
     }
 }
 
@@ -158,7 +196,7 @@ fn respond(
     *nonces += 1;
     let nonce = nonces.to_string();
     ts.responded = true;
-    ts.last = Some((nonce.clone(), snapshot.version().to_owned()));
+    ts.last = Some((nonce.clone(), snapshot.version().to_owned(), false));
     Some(DeltaDiscoveryResponse {
         system_version_info: snapshot.version().to_owned(),
         resources,

@@ -22,7 +22,7 @@ use crate::ENDPOINT_TYPE_URL;
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
     /// The directory or a file could not be read.
-    #[error("{}: {source}", path.display())]
+    #[error("cannot read {}: {source}", path.display())]
     Read {
         /// The directory or file.
         path: PathBuf,

@@ -9,7 +9,7 @@ use proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryRespon
 
 use super::log::{ClientEvent, EventLog, Protocol};
 use super::snapshot::{Snapshot, SnapshotResource, push_order};
-use crate::{Verdict, is_full_state};
+use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Verdict, is_full_state};
 
 /// One SotW stream's state.
 #[derive(Default)]
@@ -31,12 +31,18 @@ struct TypeState {
     names: BTreeSet<String>,
     /// The last response sent.
     sent: Option<Sent>,
+    /// Send the next response even if its content is unchanged (EDS after a cluster changed:
+    /// Envoy warms an updated cluster only on a ClusterLoadAssignment response).
+    force: bool,
 }
 
 /// What the last response of a type carried.
 struct Sent {
     version: String,
     nonce: String,
+    /// Whether the client answered it (later requests with its nonce only update the
+    /// subscription).
+    answered: bool,
     /// Name -> resource version.
     content: BTreeMap<String, String>,
 }
@@ -60,11 +66,16 @@ impl SotwStream {
             tracing::warn!(node = %self.node_id, "SotW request without a type_url ignored");
             return Vec::new();
         }
+        tracing::debug!(node = %self.node_id, type_url = %req.type_url,
+            version = %req.version_info, nonce = %req.response_nonce,
+            names = ?req.resource_names, nack = req.error_detail.is_some(), "SotW request");
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
         if !req.response_nonce.is_empty() {
-            match &ts.sent {
+            match &mut ts.sent {
+                Some(sent) if sent.nonce == req.response_nonce && sent.answered => {}
                 Some(sent) if sent.nonce == req.response_nonce => {
+                    sent.answered = true;
                     let verdict = match &req.error_detail {
                         Some(status) => Verdict::Nack(status.message.clone()),
                         None => Verdict::Ack,
@@ -79,7 +90,9 @@ impl SotwStream {
                         at: SystemTime::now(),
                     });
                 }
-                _ => {
+                // Nothing sent on this stream yet: a nonce of an earlier stream, not stale.
+                None => {}
+                Some(_) => {
                     tracing::debug!(node = %self.node_id, type_url = %req.type_url,
                         nonce = %req.response_nonce, "stale nonce: request ignored");
                     return Vec::new();
@@ -94,10 +107,9 @@ impl SotwStream {
         let Some(snapshot) = snapshot else {
             return Vec::new();
         };
-        let nonce = &mut self.nonces;
-        respond(&req.type_url, ts, snapshot, nonce)
-            .into_iter()
-            .collect()
+        let mut out = Vec::new();
+        self.respond_type(&req.type_url, snapshot, &mut out);
+        out
     }
 
     /// Handles a new snapshot: a response for each subscribed type whose content for this
@@ -109,11 +121,52 @@ impl SotwStream {
             .collect();
         let mut out = Vec::new();
         for type_url in order {
-            if let Some(ts) = self.types.get_mut(&type_url) {
-                out.extend(respond(&type_url, ts, snapshot, &mut self.nonces));
-            }
+            self.respond_type(&type_url, snapshot, &mut out);
         }
         out
+    }
+
+    /// Adds the response `type_url` needs to `out`; after a CDS response in which clusters
+    /// the client also watches in EDS were added or changed, the EDS response too, even if the
+    /// endpoints did not change (Envoy keeps an updated cluster warming until it gets one).
+    fn respond_type(
+        &mut self,
+        type_url: &str,
+        snapshot: &Snapshot,
+        out: &mut Vec<DiscoveryResponse>,
+    ) {
+        let Some(ts) = self.types.get_mut(type_url) else {
+            return;
+        };
+        let before = ts
+            .sent
+            .as_ref()
+            .map(|s| s.content.clone())
+            .unwrap_or_default();
+        let Some(response) = respond(type_url, ts, snapshot, &mut self.nonces) else {
+            return;
+        };
+        out.push(response);
+        if type_url != CLUSTER_TYPE_URL {
+            return;
+        }
+        let after = ts.sent.as_ref().map(|s| &s.content);
+        let changed: Vec<String> = after
+            .into_iter()
+            .flatten()
+            .filter(|(n, v)| before.get(*n) != Some(*v))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let Some(eds) = self.types.get(ENDPOINT_TYPE_URL) else {
+            return;
+        };
+        let watched = |n: &String| eds.wildcard || eds.names.contains(n);
+        if eds.sent.is_some() && changed.iter().any(watched) {
+            if let Some(eds) = self.types.get_mut(ENDPOINT_TYPE_URL) {
+                eds.force = true;
+            }
+            self.respond_type(ENDPOINT_TYPE_URL, snapshot, out);
+        }
     }
 }
 
@@ -140,7 +193,7 @@ fn respond(
         .map(|(n, r)| ((*n).clone(), r.version.clone()))
         .collect();
     let send = match &ts.sent {
-        Some(sent) => sent.content != content,
+        Some(sent) => sent.content != content || ts.force,
         None => is_full_state(type_url) || ts.wildcard || !content.is_empty(),
     };
     if !send {
@@ -148,9 +201,11 @@ fn respond(
     }
     *nonces += 1;
     let nonce = nonces.to_string();
+    ts.force = false;
     ts.sent = Some(Sent {
         version: snapshot.version().to_owned(),
         nonce: nonce.clone(),
+        answered: false,
         content,
     });
     Some(DiscoveryResponse {
