@@ -356,7 +356,7 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
 }
 
 #[test]
-fn bootstrap_waiting_for_xds_is_never_live() {
+fn bootstrap_waiting_for_xds_is_not_live_while_its_control_plane_is_unreachable() {
     let admin_port = free_port();
     let listener = free_port();
     let yaml = format!(
@@ -378,7 +378,8 @@ static_resources:
         ),
         cluster("xds", &endpoint(9, ""), "")
     );
-    // Started once the static listener answers; the server must still not be LIVE.
+    // Started once the static listener answers; with no control plane (nothing listens on
+    // the xds cluster's port) the server is not LIVE before `initial_fetch_timeout` (15 s).
     let _revoy = Proxy::start(&yaml, || {
         TcpStream::connect(("127.0.0.1", listener)).is_ok() && admin(admin_port, "/ready").0 != 0
     });
