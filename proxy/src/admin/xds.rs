@@ -66,9 +66,18 @@ pub fn fill_dump(
                 last_updated: Some(timestamp(r.last_updated)),
             });
             let warming = r.status == Status::Warming;
+            // An update warming while the previous version serves: both are shown.
+            let serving = r
+                .serving
+                .as_ref()
+                .map(|(version, value, at)| DynamicListenerState {
+                    version_info: version.clone(),
+                    listener: Some(any(LISTENER_TYPE_URL, value)),
+                    last_updated: Some(timestamp(*at)),
+                });
             listeners.dynamic_listeners.push(DynamicListener {
                 name: name.clone(),
-                active_state: if warming { None } else { state.clone() },
+                active_state: if warming { serving } else { state.clone() },
                 warming_state: if warming { state } else { None },
                 draining_state: None,
                 error_state: error_state(LISTENER_TYPE_URL, r),

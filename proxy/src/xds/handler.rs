@@ -438,8 +438,7 @@ impl ProxyHandler {
                         }
                     } else {
                         st.warming_listeners.insert(name.clone(), cfg);
-                        st.listeners
-                            .accept(&name, &r.version, r.value, Status::Warming);
+                        st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
             }

@@ -43,6 +43,10 @@ pub struct Record {
     pub error: Option<ErrorState>,
     /// Its status.
     pub status: Status,
+    /// While `value` warms as an update of a resource already serving: the version still
+    /// serving, its resource and when it was applied (`/config_dump` shows both, as Envoy's
+    /// active and warming listener states).
+    pub serving: Option<(String, Bytes, SystemTime)>,
 }
 
 /// The records of one resource type, by name.
@@ -75,14 +79,37 @@ impl Records {
                 last_updated: SystemTime::now(),
                 error: None,
                 status,
+                serving: None,
             },
         );
+    }
+
+    /// Records `value` at `version` as accepted and warming; a version serving until then is
+    /// kept as [`Record::serving`] until the new one is activated ([`Records::set_status`]).
+    pub fn accept_warming(&mut self, name: &str, version: &str, value: Bytes) {
+        let serving = self
+            .by_name
+            .get(name)
+            .and_then(|r| match (&r.serving, &r.value) {
+                (Some(serving), _) => Some(serving.clone()),
+                (None, Some(v)) if r.status != Status::Warming => {
+                    Some((r.version.clone(), v.clone(), r.last_updated))
+                }
+                _ => None,
+            });
+        self.accept(name, version, value, Status::Warming);
+        if let Some(r) = self.by_name.get_mut(name) {
+            r.serving = serving;
+        }
     }
 
     /// Sets the status of `name`'s accepted version.
     pub fn set_status(&mut self, name: &str, status: Status) {
         if let Some(r) = self.by_name.get_mut(name) {
             r.status = status;
+            if status != Status::Warming {
+                r.serving = None;
+            }
         }
     }
 
@@ -103,6 +130,7 @@ impl Records {
                 last_updated: SystemTime::now(),
                 error: None,
                 status: Status::Nacked,
+                serving: None,
             });
         r.error = Some(error);
         r.status = Status::Nacked;

@@ -1,0 +1,820 @@
+//! revoy driven over xDS: an in-process ADS server (`xds_client::server`, SotW and Delta) feeds
+//! a revoy child process, and every test asserts what revoy does through HTTP requests to its
+//! listeners, its admin endpoints and the ACKs and NACKs the server received. Start-up order,
+//! per-type ACKs, per-resource NACKs, live updates (routes, endpoints, clusters, listeners),
+//! warming, a control-plane restart, and `path_config_source` files.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use xds_client::server::Snapshot;
+use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict};
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/xds.rs"]
+mod xds;
+
+use child::Proxy;
+use ports::free_port;
+use xds::*;
+
+const TYPES: [&str; 4] = [
+    CLUSTER_TYPE_URL,
+    ENDPOINT_TYPE_URL,
+    LISTENER_TYPE_URL,
+    ROUTE_TYPE_URL,
+];
+
+/// A control plane with no snapshot yet and a revoy subscribed to it; answers the admin port.
+fn start(delta: bool) -> (Plane, Proxy, u16) {
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let revoy = start_revoy(&ads_bootstrap(admin, xds, delta), admin);
+    (plane, revoy, admin)
+}
+
+/// Waits until `/ready` says LIVE.
+fn wait_live(admin: u16) {
+    eventually("LIVE", || {
+        (ready(admin) == (200, "LIVE".to_owned())).then_some(())
+    });
+}
+
+/// The dynamic listener `name` of `/config_dump` (panics if absent).
+fn dumped_listener(admin: u16, name: &str) -> serde_json::Value {
+    dynamic_listeners(admin)
+        .into_iter()
+        .find(|l| l["name"] == name)
+        .unwrap_or_else(|| panic!("listener {name} not in /config_dump"))
+}
+
+/// Runs GETs on new connections to `port` on a thread until the returned flag is set; the
+/// thread answers (successes, failures with their errors).
+fn load(
+    port: u16,
+) -> (
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<(usize, Vec<String>)>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, Vec::new());
+        while !flag.load(Ordering::Relaxed) {
+            match get(port, "/") {
+                Ok(r) if r.status == 200 => ok += 1,
+                Ok(r) => failed.push(format!("{} {}", r.status, r.body)),
+                Err(e) => failed.push(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        (ok, failed)
+    });
+    (stop, thread)
+}
+
+/// Ends a [`load`] and asserts no request failed and some succeeded.
+fn no_failures(
+    load: (
+        Arc<AtomicBool>,
+        std::thread::JoinHandle<(usize, Vec<String>)>,
+    ),
+) {
+    load.0.store(true, Ordering::Relaxed);
+    let (ok, failed) = load.1.join().expect("load thread");
+    assert!(
+        failed.is_empty(),
+        "{} requests failed: {failed:?}",
+        failed.len()
+    );
+    assert!(ok > 0, "no request ran");
+}
+
+fn init_order(delta: bool) {
+    let up = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(delta);
+    assert_eq!(ready(admin), (503, "INITIALIZING".to_owned()));
+
+    // Clusters first: an EDS cluster warms until its endpoints arrive.
+    plane.set(Snapshot::new("1").with_message("svc", &eds_cluster("svc")));
+    plane.ack(CLUSTER_TYPE_URL, "1");
+    assert_eq!(ready(admin).0, 503);
+    let (_, init) = admin_get(admin, "/init_dump");
+    assert!(init.contains("EDS svc"), "{init}");
+
+    // Endpoints, then listeners: the listener warms until its route configuration arrives.
+    plane.set(
+        Snapshot::new("2")
+            .with_message("svc", &eds_cluster("svc"))
+            .with_message("svc", &assignment("svc", up))
+            .with_message("main", &rds_listener("main", port, "main", "routes")),
+    );
+    plane.ack(ENDPOINT_TYPE_URL, "2");
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(ready(admin), (503, "INITIALIZING".to_owned()));
+    let main = dumped_listener(admin, "main");
+    assert!(main["warming_state"].is_object(), "{main}");
+    assert!(main["active_state"].is_null(), "{main}");
+    assert!(refused(port), "a warming listener accepts");
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(1)
+    );
+
+    plane.set(
+        Snapshot::new("3")
+            .with_message("svc", &eds_cluster("svc"))
+            .with_message("svc", &assignment("svc", up))
+            .with_message("main", &rds_listener("main", port, "main", "routes"))
+            .with_message("routes", &route_config("routes", &to_cluster("svc"))),
+    );
+    plane.ack(ROUTE_TYPE_URL, "3");
+    wait_live(admin);
+    let r = get(port, "/").expect("first request");
+    assert_eq!((r.status, r.body.as_str()), (200, "upstream-a"));
+    assert!(dumped_listener(admin, "main")["active_state"].is_object());
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(0)
+    );
+}
+
+/// `/ready` is 503 INITIALIZING until CDS, EDS, LDS and RDS arrived, then LIVE; the first
+/// request routes to the EDS cluster's endpoint.
+#[test]
+fn init_waits_for_every_type_then_serves_sotw() {
+    init_order(false);
+}
+
+/// [`init_waits_for_every_type_then_serves_sotw`] over Delta.
+#[test]
+fn init_waits_for_every_type_then_serves_delta() {
+    init_order(true);
+}
+
+/// The snapshot of a listener `main` on `port` using RDS `routes` to the EDS cluster `svc`.
+fn serving(version: &str, port: u16, up: u16, route_to: &str) -> Snapshot {
+    Snapshot::new(version)
+        .with_message("svc", &eds_cluster("svc"))
+        .with_message("svc", &assignment("svc", up))
+        .with_message("main", &rds_listener("main", port, "main", "routes"))
+        .with_message("routes", &route_config("routes", &to_cluster(route_to)))
+}
+
+fn acks(delta: bool) {
+    let up = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(delta);
+    plane.set(serving("v1", port, up, "svc"));
+    for t in TYPES {
+        plane.ack(t, "v1");
+    }
+    wait_live(admin);
+    let events = plane.server.events();
+    let status = xds_status(admin);
+    for t in TYPES {
+        let e = events
+            .iter()
+            .find(|e| e.type_url == t && e.version == "v1")
+            .expect("an event");
+        assert_eq!(e.verdict, Verdict::Ack);
+        assert!(!e.nonce.is_empty(), "{t}: ACK without nonce");
+        let sub = status["subscriptions"]
+            .as_array()
+            .expect("subscriptions")
+            .iter()
+            .find(|s| s["type_url"] == t)
+            .unwrap_or_else(|| panic!("{t} not in /xds: {status}"));
+        assert_eq!(sub["acked_version"], "v1", "{sub}");
+        assert_eq!(sub["nonce"], e.nonce.as_str(), "{sub}");
+    }
+    // A change of one type is answered with that type's new version and a new nonce.
+    plane.set(serving("v2", port, up, "svc").with_message(
+        "routes",
+        &route_config(
+            "routes",
+            "[{match: {prefix: \"/x\"}, route: {cluster: svc}}, {match: {prefix: \"/\"}, direct_response: {status: 204}}]",
+        ),
+    ));
+    plane.ack(ROUTE_TYPE_URL, "v2");
+    let events = plane.server.events();
+    let nonces: Vec<&str> = events
+        .iter()
+        .filter(|e| e.type_url == ROUTE_TYPE_URL)
+        .map(|e| e.nonce.as_str())
+        .collect();
+    assert!(nonces.len() >= 2 && nonces[nonces.len() - 1] != nonces[nonces.len() - 2]);
+    assert_eq!(get(port, "/").expect("GET").status, 204);
+    assert!(
+        events.iter().all(|e| e.verdict == Verdict::Ack),
+        "{events:#?}"
+    );
+}
+
+/// Each type's ACK carries the response's version and nonce (SotW); `/xds` agrees.
+#[test]
+fn each_type_is_acked_with_version_and_nonce_sotw() {
+    acks(false);
+}
+
+/// [`each_type_is_acked_with_version_and_nonce_sotw`] over Delta.
+#[test]
+fn each_type_is_acked_with_version_and_nonce_delta() {
+    acks(true);
+}
+
+/// One listener of three with an invalid regex: the NACK names it with the field path, the
+/// other two serve, `/config_dump` shows its error_state and `update_rejected` counts it. An
+/// invalid route configuration update keeps the previous table serving.
+#[test]
+fn bad_resources_are_nacked_one_by_one() {
+    let up = upstream("upstream-a");
+    let (p1, p2, p3, p4) = (free_port(), free_port(), free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let bad_routes = "[{match: {safe_regex: {regex: \"((\"}}, route: {cluster: svc}}]";
+    let snapshot = |version: &str, routes: &str| {
+        Snapshot::new(version)
+            .with_message("svc", &static_cluster("svc", up))
+            .with_message("good-1", &inline_listener("good-1", p1, &to_cluster("svc")))
+            .with_message("bad", &inline_listener("bad", p2, bad_routes))
+            .with_message("good-2", &inline_listener("good-2", p3, &to_cluster("svc")))
+            .with_message("rds", &rds_listener("rds", p4, "rds", "routes"))
+            .with_message("routes", &route_config("routes", routes))
+    };
+    plane.set(snapshot("1", &to_cluster("svc")));
+    let Verdict::Nack(reason) = plane.verdict(LISTENER_TYPE_URL, "1") else {
+        panic!("the listeners were ACKed");
+    };
+    assert!(reason.contains("'bad'"), "{reason}");
+    assert!(reason.contains("safe_regex"), "no field path: {reason}");
+    assert!(!reason.contains("good-"), "{reason}");
+    plane.ack(ROUTE_TYPE_URL, "1");
+    wait_live(admin);
+    assert_eq!(body_of(p1).as_deref(), Some("upstream-a"));
+    assert_eq!(body_of(p3).as_deref(), Some("upstream-a"));
+    assert_eq!(body_of(p4).as_deref(), Some("upstream-a"));
+    assert!(refused(p2), "the rejected listener accepts");
+    let bad = dumped_listener(admin, "bad");
+    let details = bad["error_state"]["details"].as_str().unwrap_or_default();
+    assert!(details.contains("safe_regex"), "{bad}");
+    assert!(bad["active_state"].is_null(), "{bad}");
+    assert!(dumped_listener(admin, "good-1")["error_state"].is_null());
+    assert_eq!(stat(admin, "listener_manager.lds.update_rejected"), Some(1));
+
+    plane.set(snapshot("2", bad_routes));
+    let Verdict::Nack(reason) = plane.verdict(ROUTE_TYPE_URL, "2") else {
+        panic!("the invalid route configuration was ACKed");
+    };
+    assert!(reason.contains("'routes'"), "{reason}");
+    assert!(reason.contains("safe_regex"), "{reason}");
+    assert_eq!(body_of(p4).as_deref(), Some("upstream-a"));
+    let status = xds_status(admin);
+    let rds = status["subscriptions"]
+        .as_array()
+        .expect("subscriptions")
+        .iter()
+        .find(|s| s["type_url"] == ROUTE_TYPE_URL)
+        .cloned()
+        .expect("RDS in /xds");
+    assert_eq!(rds["acked_version"], "1", "{rds}");
+}
+
+/// Route, endpoint and cluster changes apply to the next request, on an open keep-alive
+/// connection too.
+#[test]
+fn route_endpoint_and_cluster_changes_apply_live() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, route_to: &str, b_at: u16, with_b: bool| {
+        let s = Snapshot::new(version)
+            .with_message("a", &eds_cluster("a"))
+            .with_message("a", &assignment("a", a))
+            .with_message("main", &rds_listener("main", port, "main", "routes"))
+            .with_message("routes", &route_config("routes", &to_cluster(route_to)));
+        if with_b {
+            s.with_message("b", &eds_cluster("b"))
+                .with_message("b", &assignment("b", b_at))
+        } else {
+            s
+        }
+    };
+    plane.set(snapshot("1", "a", b, true));
+    wait_live(admin);
+    let mut conn = Conn::open(port).expect("connect");
+    assert_eq!(conn.get("/").expect("GET").body, "upstream-a");
+
+    // RDS: the open connection's next request takes the new table.
+    plane.set(snapshot("2", "b", b, true));
+    plane.ack(ROUTE_TYPE_URL, "2");
+    let r = conn.get("/").expect("GET after RDS");
+    assert_eq!(r.body, "upstream-b");
+    assert!(!r.closes(), "a route change closed the connection");
+
+    // EDS: cluster b's endpoint moves to upstream a.
+    plane.set(snapshot("3", "b", a, true));
+    plane.ack(ENDPOINT_TYPE_URL, "3");
+    assert_eq!(conn.get("/").expect("GET after EDS").body, "upstream-a");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+
+    // CDS: cluster b removed; its route answers 503.
+    plane.set(snapshot("4", "b", a, false));
+    plane.ack(CLUSTER_TYPE_URL, "4");
+    let r = conn.get("/").expect("GET after CDS");
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(stat(admin, "cluster_manager.cluster_removed"), Some(1));
+}
+
+/// A listener's changed filter chain: the open connection is told to close at its next
+/// response, new connections get the new configuration, none is refused meanwhile; an
+/// unchanged listener's connections are left alone; a removed listener stops accepting.
+#[test]
+fn listener_changes_apply_live() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let (port, other) = (free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, route_to: &str, with_other: bool| {
+        let s = Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("b", &static_cluster("b", b))
+            .with_message(
+                "main",
+                &inline_listener("main", port, &to_cluster(route_to)),
+            );
+        if with_other {
+            s.with_message("other", &inline_listener("other", other, &to_cluster("a")))
+        } else {
+            s
+        }
+    };
+    plane.set(snapshot("1", "a", true));
+    wait_live(admin);
+    let mut conn = Conn::open(port).expect("connect");
+    assert_eq!(conn.get("/").expect("GET").body, "upstream-a");
+    let mut untouched = Conn::open(other).expect("connect");
+    assert_eq!(untouched.get("/").expect("GET").body, "upstream-a");
+
+    let running = load(port);
+    plane.set(snapshot("2", "b", true));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    let r = conn.get("/").expect("GET after LDS");
+    assert!(
+        r.closes(),
+        "no connection: close after the chain changed: {r:?}"
+    );
+    assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    no_failures(running);
+    let r = untouched.get("/").expect("GET on the unchanged listener");
+    assert!(!r.closes(), "an unchanged listener's connection was closed");
+    assert_eq!(
+        stat(admin, "listener_manager.listener_in_place_updated"),
+        Some(1)
+    );
+
+    plane.set(snapshot("3", "b", false));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    // Worker accept loops stop asynchronously (as Envoy's workers do after its ACK).
+    eventually("the removed listener refuses", || {
+        refused(other).then_some(())
+    });
+    let r = untouched
+        .get("/")
+        .expect("GET on the removed listener's connection");
+    assert!(r.closes(), "{r:?}");
+    assert_eq!(stat(admin, "listener_manager.listener_removed"), Some(1));
+    assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
+}
+
+/// A listener added after start-up whose route configuration has not arrived is not active
+/// until it does; `/config_dump` shows it warming.
+#[test]
+fn a_new_listener_warms_until_its_routes_arrive() {
+    let a = upstream("upstream-a");
+    let (port, late) = (free_port(), free_port());
+    let (plane, _revoy, admin) = start(true);
+    let base = |version: &str| {
+        Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &inline_listener("main", port, &to_cluster("a")))
+            .with_message("late", &rds_listener("late", late, "late", "late-routes"))
+    };
+    plane.set(
+        Snapshot::new("1")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &inline_listener("main", port, &to_cluster("a"))),
+    );
+    wait_live(admin);
+    plane.set(base("2"));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    let l = dumped_listener(admin, "late");
+    assert!(l["warming_state"].is_object(), "{l}");
+    assert!(l["active_state"].is_null(), "{l}");
+    assert!(refused(late), "a warming listener accepts");
+    let (_, listeners) = admin_get(admin, "/listeners");
+    assert!(!listeners.contains("late::"), "{listeners}");
+    assert_eq!(
+        ready(admin).0,
+        200,
+        "a listener warming after start-up is not start-up"
+    );
+
+    plane.set(base("3").with_message(
+        "late-routes",
+        &route_config("late-routes", &to_cluster("a")),
+    ));
+    plane.ack(ROUTE_TYPE_URL, "3");
+    assert_eq!(body_of(late).as_deref(), Some("upstream-a"));
+    assert!(dumped_listener(admin, "late")["active_state"].is_object());
+    let (_, listeners) = admin_get(admin, "/listeners");
+    assert!(listeners.contains("late::"), "{listeners}");
+}
+
+fn restart(delta: bool) {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let port = free_port();
+    let (mut plane, _revoy, admin) = start(delta);
+    plane.set(serving("1", port, a, "svc"));
+    wait_live(admin);
+    assert_eq!(stat(admin, "control_plane.connected_state"), Some(1));
+    let counters = [
+        "cluster_manager.cluster_added",
+        "cluster_manager.cluster_modified",
+        "cluster_manager.cluster_removed",
+        "listener_manager.listener_added",
+        "listener_manager.listener_modified",
+        "listener_manager.listener_removed",
+    ];
+    let before: Vec<_> = counters.iter().map(|c| stat(admin, c)).collect();
+    let mut conn = Conn::open(port).expect("connect");
+    assert_eq!(conn.get("/").expect("GET").body, "upstream-a");
+
+    let running = load(port);
+    let pushed_before = pushes_of(admin, "1");
+    assert!(!pushed_before.is_empty());
+    plane.kill();
+    eventually("connected_state 0", || {
+        (stat(admin, "control_plane.connected_state") == Some(0)).then_some(())
+    });
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    plane.restart();
+    eventually("connected_state 1", || {
+        (stat(admin, "control_plane.connected_state") == Some(1)).then_some(())
+    });
+    if delta {
+        // Delta: revoy resubscribes with the versions it holds, so nothing is sent again
+        // (checked once the update below has been answered).
+    } else {
+        // SotW: the restarted server sends every type again; revoy ACKs them unchanged.
+        assert!(plane.wait_events(|events| {
+            events
+                .iter()
+                .filter(|e| e.type_url == LISTENER_TYPE_URL && e.version == "1")
+                .count()
+                >= 2
+        }));
+    }
+    no_failures(running);
+    let r = conn
+        .get("/")
+        .expect("GET on the connection opened before the restart");
+    assert_eq!(r.body, "upstream-a");
+    assert!(!r.closes(), "a reconnect closed connections: {r:?}");
+    let after: Vec<_> = counters.iter().map(|c| stat(admin, c)).collect();
+    assert_eq!(before, after, "{counters:?} changed across the reconnect");
+
+    // The new stream carries the subscriptions: an update applies.
+    let mut next = serving("2", port, a, "b");
+    next = next
+        .with_message("b", &eds_cluster("b"))
+        .with_message("b", &assignment("b", b));
+    plane.set(next);
+    plane.ack(ROUTE_TYPE_URL, "2");
+    assert_eq!(conn.get("/").expect("GET").body, "upstream-b");
+    let events = plane.server.events();
+    assert!(
+        events.iter().all(|e| e.verdict == Verdict::Ack),
+        "{events:#?}"
+    );
+    if delta {
+        assert_eq!(
+            pushes_of(admin, "1"),
+            pushed_before,
+            "resources of version 1 were sent again after the restart"
+        );
+    }
+}
+
+/// The resources revoy received in responses of `version`, per response (`/xds`'s push log).
+fn pushes_of(admin: u16, version: &str) -> Vec<serde_json::Value> {
+    let status = xds_status(admin);
+    status["pushes"]
+        .as_array()
+        .expect("pushes")
+        .iter()
+        .filter(|p| p["version"] == version && !p["resources"].as_array().is_none_or(Vec::is_empty))
+        .map(|p| p["resources"].clone())
+        .collect()
+}
+
+/// The control plane dies and comes back on the same port while requests run (SotW): none
+/// fails, revoy reconnects and the configuration stays.
+#[test]
+fn control_plane_restart_sotw() {
+    restart(false);
+}
+
+/// [`control_plane_restart_sotw`] over Delta (revoy resubscribes with the versions it holds).
+#[test]
+fn control_plane_restart_delta() {
+    restart(true);
+}
+
+/// LDS and CDS from `path_config_source` files: written in place, renamed over, and swapped
+/// through a `..data` symlink as Kubernetes mounts do; each new version applies.
+#[test]
+fn path_config_source_files_are_watched() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let (admin, port) = (free_port(), free_port());
+    let dir = std::env::temp_dir().join(format!("revoy-xds-files-{}-{admin}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let lds = dir.join("lds.yaml");
+    let cds = dir.join("cds.yaml");
+    let cluster = |name: &str, port: u16| {
+        format!(
+            r#"
+  - "@type": type.googleapis.com/envoy.config.cluster.v3.Cluster
+    name: {name}
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"#
+        )
+    };
+    std::fs::write(
+        &cds,
+        format!(
+            "version_info: c1\nresources:{}{}\n",
+            cluster("a", a),
+            cluster("b", b)
+        ),
+    )
+    .expect("write cds");
+    let listeners = |version: &str, to: &str| {
+        format!(
+            "version_info: {version}\nresources:{}\n",
+            inline_listener_yaml("main", port, &to_cluster(to))
+        )
+    };
+    std::fs::write(&lds, listeners("l1", "a")).expect("write lds");
+    let yaml = format!(
+        r#"
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+node: {{id: {NODE}, cluster: xds-test}}
+dynamic_resources:
+  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}
+  cds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}
+"#,
+        lds.display(),
+        cds.display()
+    );
+    let _revoy = start_revoy(&yaml, admin);
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let serves = |body: &str| {
+        eventually(&format!("{body} served"), || {
+            (body_of(port).as_deref() == Some(body)).then_some(())
+        })
+    };
+
+    // Written in place.
+    std::fs::write(&lds, listeners("l2", "b")).expect("write lds");
+    serves("upstream-b");
+
+    // Renamed over.
+    let tmp = dir.join("lds.yaml.tmp");
+    std::fs::write(&tmp, listeners("l3", "a")).expect("write tmp");
+    std::fs::rename(&tmp, &lds).expect("rename");
+    serves("upstream-a");
+
+    // Kubernetes: lds.yaml -> ..data/lds.yaml, ..data -> ..v4, then ..data swapped to ..v5.
+    use std::os::unix::fs::symlink;
+    for (v, to) in [("..v4", "b"), ("..v5", "a")] {
+        std::fs::create_dir(dir.join(v)).expect("mkdir");
+        std::fs::write(dir.join(v).join("lds.yaml"), listeners(v, to)).expect("write");
+    }
+    symlink("..v4", dir.join("..data")).expect("symlink");
+    symlink("..data/lds.yaml", &tmp).expect("symlink");
+    std::fs::rename(&tmp, &lds).expect("rename the link over");
+    serves("upstream-b");
+    symlink("..v5", dir.join("..data_tmp")).expect("symlink");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    serves("upstream-a");
+    assert_eq!(stat(admin, "listener_manager.lds.update_rejected"), Some(0));
+    assert_eq!(stat(admin, "listener_manager.lds.update_success"), Some(5));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Over Delta, a listener and a cluster removed by `removed_resources` go away; a listener
+/// moved to another port is rebound (the old port refuses); an invalid update of an active
+/// listener keeps its previous version serving; a listener on a taken address is refused.
+#[test]
+fn delta_removals_rebinds_and_rejected_updates() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let (p1, p2, p3) = (free_port(), free_port(), free_port());
+    let (plane, _revoy, admin) = start(true);
+    let base = Snapshot::new("1")
+        .with_message("a", &static_cluster("a", a))
+        .with_message("b", &static_cluster("b", b))
+        .with_message("one", &inline_listener("one", p1, &to_cluster("a")))
+        .with_message("two", &inline_listener("two", p2, &to_cluster("b")));
+    plane.set(base.clone());
+    wait_live(admin);
+    assert_eq!(body_of(p2).as_deref(), Some("upstream-b"));
+
+    // Removed: listener two and cluster b.
+    plane.set(
+        Snapshot::new("2")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("one", &inline_listener("one", p1, &to_cluster("a"))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "2");
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    // Worker accept loops stop asynchronously (as Envoy's workers do after its ACK).
+    eventually("the removed listener refuses", || refused(p2).then_some(()));
+    assert_eq!(stat(admin, "cluster_manager.cluster_removed"), Some(1));
+    assert!(dynamic_listeners(admin).iter().all(|l| l["name"] != "two"));
+
+    // Rebound: listener one moves to p3.
+    plane.set(
+        Snapshot::new("3")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("one", &inline_listener("one", p3, &to_cluster("a"))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "3");
+    assert_eq!(body_of(p3).as_deref(), Some("upstream-a"));
+    eventually("the old port refuses", || refused(p1).then_some(()));
+
+    // An invalid update of listener one: version 3 keeps serving.
+    plane.set(
+        Snapshot::new("4")
+            .with_message("a", &static_cluster("a", a))
+            .with_message(
+                "one",
+                &inline_listener(
+                    "one",
+                    p3,
+                    "[{match: {safe_regex: {regex: \"[\"}}, route: {cluster: a}}]",
+                ),
+            ),
+    );
+    assert!(matches!(
+        plane.verdict(LISTENER_TYPE_URL, "4"),
+        Verdict::Nack(_)
+    ));
+    assert_eq!(body_of(p3).as_deref(), Some("upstream-a"));
+    let one = dumped_listener(admin, "one");
+    assert!(one["active_state"].is_object(), "{one}");
+    assert!(one["error_state"].is_object(), "{one}");
+
+    // A second listener on listener one's address is refused by name.
+    plane.set(
+        Snapshot::new("5")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("one", &inline_listener("one", p3, &to_cluster("a")))
+            .with_message("twin", &inline_listener("twin", p3, &to_cluster("a"))),
+    );
+    let Verdict::Nack(reason) = plane.verdict(LISTENER_TYPE_URL, "5") else {
+        panic!("two listeners on one address were ACKed");
+    };
+    assert!(reason.contains("'twin'"), "{reason}");
+    assert_eq!(body_of(p3).as_deref(), Some("upstream-a"));
+}
+
+/// An active listener updated to use a route configuration that has not arrived keeps
+/// serving its previous version until the new one warms (Envoy's listener warming).
+#[test]
+fn an_updated_listener_serves_its_old_version_while_the_new_one_warms() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, route: &str| {
+        Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("b", &static_cluster("b", b))
+            .with_message("main", &rds_listener("main", port, "main", route))
+            .with_message("routes", &route_config("routes", &to_cluster("a")))
+    };
+    plane.set(snapshot("1", "routes"));
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    plane.set(snapshot("2", "routes-2"));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let main = dumped_listener(admin, "main");
+    assert!(main["warming_state"].is_object(), "{main}");
+    assert!(
+        main["active_state"].is_object(),
+        "the serving version is not shown: {main}"
+    );
+    plane.set(
+        snapshot("3", "routes-2")
+            .with_message("routes-2", &route_config("routes-2", &to_cluster("b"))),
+    );
+    plane.ack(ROUTE_TYPE_URL, "3");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
+    let main = dumped_listener(admin, "main");
+    assert!(main["warming_state"].is_null(), "{main}");
+}
+
+/// Routes find clusters by name at request time: a route to a cluster that arrives later
+/// starts working, a cluster changed by CDS sends traffic to its new endpoint, and two
+/// listeners sharing one route configuration both follow its updates.
+#[test]
+fn routes_follow_cluster_and_shared_route_changes() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let (p1, p2) = (free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, clusters: &[(&str, u16)], route_to: &str| {
+        let mut s = Snapshot::new(version)
+            .with_message("one", &rds_listener("one", p1, "one", "shared"))
+            .with_message("two", &rds_listener("two", p2, "two", "shared"))
+            .with_message("shared", &route_config("shared", &to_cluster(route_to)));
+        for (name, port) in clusters {
+            s = s.with_message(*name, &static_cluster(name, *port));
+        }
+        s
+    };
+    plane.set(snapshot("1", &[("a", a)], "late"));
+    wait_live(admin);
+    assert_eq!(get(p1, "/").expect("GET").status, 503);
+
+    plane.set(snapshot("2", &[("a", a), ("late", b)], "late"));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(body_of(p1).as_deref(), Some("upstream-b"));
+    assert_eq!(body_of(p2).as_deref(), Some("upstream-b"));
+
+    plane.set(snapshot("3", &[("a", a), ("late", a)], "late"));
+    plane.ack(CLUSTER_TYPE_URL, "3");
+    assert_eq!(body_of(p1).as_deref(), Some("upstream-a"));
+    assert_eq!(stat(admin, "cluster_manager.cluster_modified"), Some(1));
+
+    plane.set(snapshot("4", &[("a", a), ("late", a), ("b", b)], "b"));
+    plane.ack(ROUTE_TYPE_URL, "4");
+    assert_eq!(body_of(p1).as_deref(), Some("upstream-b"));
+    assert_eq!(body_of(p2).as_deref(), Some("upstream-b"));
+}
+
+/// Over Delta, an EDS cluster's endpoints follow their assignment, and an assignment removed
+/// leaves the cluster without hosts (503) until one comes back.
+#[test]
+fn delta_endpoint_updates_and_removal() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let port = free_port();
+    let (plane, _revoy, admin) = start(true);
+    let base = |version: &str| {
+        Snapshot::new(version)
+            .with_message("svc", &eds_cluster("svc"))
+            .with_message("main", &rds_listener("main", port, "main", "routes"))
+            .with_message("routes", &route_config("routes", &to_cluster("svc")))
+    };
+    plane.set(base("1").with_message("svc", &assignment("svc", a)));
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    plane.set(base("2").with_message("svc", &assignment("svc", b)));
+    plane.ack(ENDPOINT_TYPE_URL, "2");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
+    plane.set(base("3"));
+    plane.ack(ENDPOINT_TYPE_URL, "3");
+    assert_eq!(get(port, "/").expect("GET").status, 503);
+    plane.set(base("4").with_message("svc", &assignment("svc", a)));
+    plane.ack(ENDPOINT_TYPE_URL, "4");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+}
+
+/// With a non-zero `initial_fetch_timeout` and no control plane, start-up goes on (LIVE) once
+/// the timeouts pass; when the control plane appears, its configuration applies.
+#[test]
+fn initial_fetch_timeout_goes_live_without_a_control_plane() {
+    let a = upstream("upstream-a");
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let yaml = ads_bootstrap(admin, xds, false)
+        .replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 0.2s");
+    let _revoy = start_revoy(&yaml, admin);
+    wait_live(admin);
+    assert_eq!(stat(admin, "control_plane.connected_state"), Some(0));
+    let plane = Plane::start(xds);
+    plane.set(
+        Snapshot::new("1")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &inline_listener("main", port, &to_cluster("a"))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "1");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+}
