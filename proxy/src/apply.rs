@@ -219,8 +219,9 @@ impl Applier {
             sockets.push(socket);
         }
         for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
             let task = rt.spawn(accept_loop(slot.clone(), socket, shared.clone(), worker));
-            slot.add_accept_task(task.abort_handle());
+            slot.add_accept_task(task.abort_handle(), fd);
         }
         Ok(())
     }

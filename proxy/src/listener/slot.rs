@@ -2,6 +2,7 @@
 //! name keep their sockets across updates and read the listener's current configuration for
 //! each new connection, so an update refuses no connection and loses no backlog.
 
+use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,7 +17,8 @@ use crate::stats::Connections;
 /// One listener name's current configuration and the accept loops serving it.
 pub struct Slot {
     current: ArcSwap<Listener>,
-    accept_tasks: Mutex<Vec<AbortHandle>>,
+    /// Each accept loop and the descriptor of the socket it owns.
+    accept_tasks: Mutex<Vec<(AbortHandle, RawFd)>>,
 }
 
 impl Slot {
@@ -38,14 +40,22 @@ impl Slot {
         self.current.swap(next)
     }
 
-    /// Records an accept loop, so [`Slot::stop`] can end it.
-    pub fn add_accept_task(&self, task: AbortHandle) {
-        self.accept_tasks.lock().expect("accept tasks").push(task);
+    /// Records an accept loop and its socket's descriptor, so [`Slot::stop`] can end them.
+    pub fn add_accept_task(&self, task: AbortHandle, socket: RawFd) {
+        self.accept_tasks
+            .lock()
+            .expect("accept tasks")
+            .push((task, socket));
     }
 
-    /// Stops accepting: ends the accept loops, closing the sockets. Accepted connections go on.
+    /// Stops accepting before it returns: each socket stops listening at once (a connection
+    /// after this is refused, not accepted and then dropped), then its accept loop ends,
+    /// closing it. Accepted connections go on.
     pub fn stop(&self) {
-        for task in self.accept_tasks.lock().expect("accept tasks").drain(..) {
+        for (task, socket) in self.accept_tasks.lock().expect("accept tasks").drain(..) {
+            // SAFETY: the descriptor is still open: its accept loop owns it until aborted,
+            // which happens only below. shutdown(2) on a listening socket ends its listening.
+            unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
             task.abort();
         }
     }
@@ -70,6 +80,8 @@ pub async fn accept_loop(slot: Arc<Slot>, socket: TcpListener, shared: Arc<Share
                 let stats = stats.clone();
                 tokio::spawn(async move { listener.serve(stream, peer, shared, stats).await });
             }
+            // The socket was shut down by `Slot::stop`; the loop is being aborted.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
             Err(e) => {
                 tracing::warn!(listener = %slot.current().config().name, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;

@@ -246,7 +246,7 @@ impl ProxyHandler {
                 Ok(mut cfg) => {
                     let name = cfg.name.clone();
                     let existed = st.clusters.get(&name).is_some_and(|c| c.value.is_some());
-                    forget_eds_user(st, &name);
+                    forget_eds_user(st, &name, false);
                     let status = match cfg.discovery.clone() {
                         Discovery::Eds { service_name } => {
                             st.eds_users
@@ -292,7 +292,7 @@ impl ProxyHandler {
                 continue;
             }
             st.warming_clusters.remove(&name);
-            forget_eds_user(st, &name);
+            forget_eds_user(st, &name, true);
             if st.clusters.remove(&name) {
                 self.stats.cluster_removed.inc();
             }
@@ -675,8 +675,10 @@ fn rds_names(l: &ListenerConfig) -> Vec<String> {
         .collect()
 }
 
-/// Removes `cluster` from the users of the service name it used, if any.
-fn forget_eds_user(st: &mut State, cluster: &str) {
+/// Removes `cluster` from the users of the service name it used, if any. When the cluster was
+/// `removed` and was the service's last user, its assignment is forgotten too (the
+/// subscription ends; a cluster added again waits for a fresh one, as in Envoy).
+fn forget_eds_user(st: &mut State, cluster: &str, removed: bool) {
     let Some(service) = st.eds_service_of.remove(cluster) else {
         return;
     };
@@ -684,6 +686,10 @@ fn forget_eds_user(st: &mut State, cluster: &str) {
         users.remove(cluster);
         if users.is_empty() {
             st.eds_users.remove(&service);
+            if removed {
+                st.assignments.remove(&service);
+                st.endpoints.remove(&service);
+            }
         }
     }
 }
