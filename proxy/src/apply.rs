@@ -183,9 +183,14 @@ impl Applier {
         }
     }
 
-    /// How many listeners are active (have a slot).
-    pub fn listener_count(&self) -> usize {
-        self.state.lock().expect("applier state").slots.len()
+    /// The stat prefix (`listener.<stats name>`) of the active listener `name`.
+    pub fn stat_prefix_of(&self, name: &str) -> Option<String> {
+        let state = self.state.lock().expect("applier state");
+        state
+            .slots
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, s)| s.current().config().stat_prefix())
     }
 
     /// Binds `listener`'s address on every worker (one socket when the port is ephemeral: it
@@ -226,11 +231,17 @@ impl Applier {
         Ok(())
     }
 
-    fn publish(&self, shared: &Shared, state: &State) {
+    /// Publishes the state as the new snapshot, and has every worker refresh its cached copy
+    /// at once, so an idle worker does not keep removed listeners and tables alive.
+    fn publish(&self, shared: &Arc<Shared>, state: &State) {
         shared.snapshot.store(Snapshot {
             listeners: state.slots.iter().map(|(_, s)| s.current()).collect(),
             routes: state.routes.clone(),
         });
+        for rt in self.workers.get().into_iter().flatten() {
+            let shared = shared.clone();
+            rt.spawn(async move { shared.snapshot.with(|_| ()) });
+        }
         shared
             .stats
             .gauge("listener_manager.total_listeners_active")

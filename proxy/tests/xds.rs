@@ -818,3 +818,46 @@ fn initial_fetch_timeout_goes_live_without_a_control_plane() {
     plane.ack(LISTENER_TYPE_URL, "1");
     assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
 }
+
+/// The stats of a removed cluster and a removed listener are dropped once nothing holds them
+/// (no unbounded growth as resources come and go); those of the ones left stay.
+#[test]
+fn removed_resources_free_their_stats() {
+    let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
+    let (port, extra) = (free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, with_extra: bool| {
+        let s = Snapshot::new(version)
+            .with_message("a", &eds_cluster("a"))
+            .with_message("a", &assignment("a", a))
+            .with_message("main", &rds_listener("main", port, "main", "routes"))
+            .with_message("routes", &route_config("routes", &to_cluster("a")));
+        if with_extra {
+            s.with_message("gone", &eds_cluster("gone"))
+                .with_message("gone", &assignment("gone", b))
+                .with_message(
+                    "extra",
+                    &inline_listener("extra", extra, &to_cluster("gone")),
+                )
+        } else {
+            s
+        }
+    };
+    plane.set(snapshot("1", true));
+    wait_live(admin);
+    assert_eq!(body_of(extra).as_deref(), Some("upstream-b"));
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let listener_stat = format!("listener.127.0.0.1_{extra}.downstream_cx_total");
+    assert_eq!(stat(admin, "cluster.gone.upstream_rq_total"), Some(1));
+    assert_eq!(stat(admin, &listener_stat), Some(1));
+
+    plane.set(snapshot("2", false));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    plane.ack(LISTENER_TYPE_URL, "2");
+    eventually("the removed cluster's and listener's stats dropped", || {
+        (stat(admin, "cluster.gone.upstream_rq_total").is_none()
+            && stat(admin, &listener_stat).is_none())
+        .then_some(())
+    });
+    assert_eq!(stat(admin, "cluster.a.upstream_rq_total"), Some(1));
+}

@@ -59,11 +59,6 @@ impl Slot {
             task.abort();
         }
     }
-
-    /// Whether some accept loop still runs.
-    pub fn accepting(&self) -> bool {
-        !self.accept_tasks.lock().expect("accept tasks").is_empty()
-    }
 }
 
 /// Accepts connections forever on worker `worker`'s socket of `slot`, each served on its own

@@ -177,6 +177,35 @@ impl Store {
         m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
+    /// Drops the metrics named `prefix*` that nothing but the store holds any more (those of
+    /// a removed cluster or listener, once its last connection or request let go). Answers
+    /// whether some under `prefix` are still held, so the caller can try again later.
+    pub fn release(&self, prefix: &str) -> bool {
+        let mut m = self.metrics.lock().expect("stats lock");
+        let mut held = false;
+        let unheld: Vec<String> = m
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .filter(|(_, metric)| {
+                let cell = match metric {
+                    Metric::Counter(c) => &c.0,
+                    Metric::Gauge(g) => &g.0,
+                };
+                let keep = Arc::strong_count(cell) > 1;
+                held |= keep;
+                !keep
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in unheld {
+            m.remove(&name);
+        }
+        held
+    }
+
     /// Sets every counter back to zero (`/reset_counters`).
     pub fn reset_counters(&self) {
         let m = self.metrics.lock().expect("stats lock");
@@ -204,6 +233,26 @@ mod tests {
         assert_eq!((total.value(), active.value()), (1, 1));
         drop(open);
         assert_eq!((total.value(), active.value()), (1, 0));
+    }
+
+    #[test]
+    fn release_drops_only_what_nothing_else_holds() {
+        let s = Store::new();
+        let held = s.counter("cluster.gone.upstream_rq_total");
+        s.gauge("cluster.gone.membership_total");
+        s.counter("cluster.gone2.upstream_rq_total");
+        assert!(s.release("cluster.gone."));
+        let names: Vec<String> = s.snapshot().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            [
+                "cluster.gone.upstream_rq_total",
+                "cluster.gone2.upstream_rq_total"
+            ]
+        );
+        drop(held);
+        assert!(!s.release("cluster.gone."));
+        assert_eq!(s.snapshot().len(), 1);
     }
 
     #[test]

@@ -123,6 +123,21 @@ impl Cluster {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
+    /// The cluster was removed or replaced: every host's pool stops keeping connections.
+    pub(crate) fn retire(&self) {
+        for h in self.hosts.load().hosts() {
+            h.pool.retire();
+        }
+        for h in self
+            .original_dst_hosts
+            .lock()
+            .expect("original_dst lock")
+            .values()
+        {
+            h.pool.retire();
+        }
+    }
+
     /// Replaces the hosts with IP endpoints (static config or EDS). Name endpoints are skipped.
     pub fn set_endpoints(&self, endpoints: &[EndpointConfig]) {
         let hosts = endpoints
@@ -165,6 +180,11 @@ impl Cluster {
                         .unwrap_or_else(|| Arc::new(h))
                 })
                 .collect();
+            for old in current.hosts() {
+                if !merged.iter().any(|h| Arc::ptr_eq(h, old)) {
+                    old.pool.retire();
+                }
+            }
             let set = HostSet::new(merged, self.config.panic_threshold);
             self.stats.membership_total.set(set.hosts().len() as u64);
             self.stats

@@ -79,13 +79,21 @@ impl ClusterManager {
         let _guard = self.inner.updating.lock().expect("cluster update lock");
         let current = self.inner.clusters.load_full();
         let mut next = (*current).clone();
+        let mut retired = Vec::new();
         for name in removals {
-            next.remove(name);
+            retired.extend(next.remove(name));
         }
         for cfg in upserts {
-            next.insert(cfg.name.clone(), self.reuse_or_build(&current, cfg));
+            let cluster = self.reuse_or_build(&current, cfg);
+            retired.extend(
+                next.insert(cluster.name().to_owned(), cluster.clone())
+                    .filter(|old| !Arc::ptr_eq(old, &cluster)),
+            );
         }
         self.inner.clusters.store(Arc::new(next));
+        for old in retired {
+            old.retire();
+        }
     }
 
     fn reuse_or_build(

@@ -106,6 +106,8 @@ pub(crate) struct Pool {
     waiting: AtomicUsize,
     h2: ArcSwapOption<http2::SendRequest<Body>>,
     h2_connecting: tokio::sync::Mutex<()>,
+    /// The host left its cluster (or the cluster went away): connections are no longer kept.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -122,6 +124,15 @@ impl Pool {
         if self.waiting.load(Ordering::SeqCst) > 0 {
             self.released.notify_one();
         }
+    }
+
+    /// The host left its cluster: closes its idle connections now, and those in use when
+    /// their response ends (an idle connection holds its host, so keeping one would keep the
+    /// host, its stats and the socket for ever).
+    pub(crate) fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        self.idle_h1.lock().expect("pool lock").clear();
+        self.h2.store(None);
     }
 
     pub(crate) fn idle_http1(&self) -> usize {
@@ -277,7 +288,7 @@ fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connecti
 /// Puts a connection whose response ended back in its host's pool, unless it carried
 /// `max_requests` already.
 pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Option<u32>) {
-    if max_requests.is_some_and(|m| conn.used >= m) {
+    if max_requests.is_some_and(|m| conn.used >= m) || host.pool.retired.load(Ordering::Relaxed) {
         return;
     }
     conn.since = Instant::now();

@@ -28,6 +28,9 @@ use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings
 use crate::lifecycle::ServerState;
 use crate::server::Shared;
 
+/// How often the stats of removed resources still held at their removal are looked at again.
+const STATS_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Where start-up stands (Envoy's init order: clusters and their endpoints, then listeners
 /// and their route configurations, then LIVE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +66,8 @@ pub struct State {
     eds_service_of: HashMap<String, String>,
     /// The last accepted assignment of each service name.
     assignments: HashMap<String, ClusterLoadAssignment>,
+    /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
+    stats_to_release: BTreeSet<String>,
     cds_received: bool,
     lds_received: bool,
     phase: Option<Phase>,
@@ -120,8 +125,21 @@ impl ProxyHandler {
         f(&self.state.lock().expect("xds state"))
     }
 
-    /// Starts the initial fetch: clusters first when CDS is dynamic, else listeners.
+    /// Starts the initial fetch (clusters first when CDS is dynamic, else listeners), and
+    /// the sweep that drops the stats of removed resources once nothing holds them.
     pub fn begin(self: &Arc<Self>) {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(STATS_SWEEP);
+            loop {
+                tick.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                let Some(shared) = me.shared.upgrade() else {
+                    return;
+                };
+                release_stats(&shared, &mut me.state.lock().expect("xds state"));
+            }
+        });
         let mut st = self.state.lock().expect("xds state");
         match &self.config.cds {
             Some(sub) => {
@@ -291,6 +309,10 @@ impl ProxyHandler {
             if shared.bootstrap.clusters.iter().any(|c| c.name == name) {
                 continue;
             }
+            if let Some(c) = shared.clusters.get(&name) {
+                st.stats_to_release
+                    .insert(format!("cluster.{}.", c.config().observability_name));
+            }
             st.warming_clusters.remove(&name);
             forget_eds_user(st, &name, true);
             if st.clusters.remove(&name) {
@@ -298,7 +320,12 @@ impl ProxyHandler {
             }
             removals.push(name);
         }
+        for cfg in &upserts {
+            st.stats_to_release
+                .remove(&format!("cluster.{}.", cfg.observability_name));
+        }
         shared.clusters.apply(upserts, &removals);
+        release_stats(shared, st);
         st.cds_received = true;
         let services: Vec<String> = st.eds_users.keys().cloned().collect();
         self.subscribe(ENDPOINT_TYPE_URL, services);
@@ -418,6 +445,8 @@ impl ProxyHandler {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
                 Ok(cfg) => {
                     let name = cfg.name.clone();
+                    st.stats_to_release
+                        .remove(&format!("{}.", cfg.stat_prefix()));
                     let routes = rds_names(&cfg);
                     st.listener_routes.insert(name.clone(), routes.clone());
                     let ready = routes
@@ -449,12 +478,16 @@ impl ProxyHandler {
             }
             st.warming_listeners.remove(&name);
             st.listener_routes.remove(&name);
+            if let Some(prefix) = shared.applier.stat_prefix_of(&name) {
+                st.stats_to_release.insert(format!("{prefix}."));
+            }
             let was_active = shared.applier.remove_listener(shared, &name);
             if st.listeners.remove(&name) || was_active {
                 self.stats.listener_removed.inc();
             }
         }
         st.lds_received = true;
+        release_stats(shared, st);
         self.resubscribe_routes(shared, st);
         self.stats.lds.finish(&u.version_info, rejected.is_empty());
         self.stats
@@ -632,6 +665,13 @@ impl Handler for ProxyHandler {
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
         }
     }
+}
+
+/// Drops the stats of removed clusters and listeners that nothing holds any more; those still
+/// held (by requests or connections in flight) are tried again at the next update.
+fn release_stats(shared: &Shared, st: &mut State) {
+    st.stats_to_release
+        .retain(|prefix| shared.stats.release(prefix));
 }
 
 /// Records a rejection and adds it to the answer.
