@@ -185,6 +185,17 @@ impl Applier {
         }
     }
 
+    /// The address listener `name`'s socket is bound to (the kernel's port for a configured
+    /// port 0); `None` when it has no socket.
+    pub fn local_address(&self, name: &str) -> Option<std::net::SocketAddr> {
+        let state = self.state.lock().expect("applier state");
+        state
+            .slots
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, s)| s.local_address())
+    }
+
     /// How many listeners are active (have a slot).
     pub fn listener_count(&self) -> usize {
         self.state.lock().expect("applier state").slots.len()
@@ -218,6 +229,9 @@ impl Applier {
                     address: cfg.address,
                     source,
                 })?;
+            if let Ok(local) = socket.local_addr() {
+                slot.set_local_address(local);
+            }
             sockets.push(socket);
         }
         for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {
