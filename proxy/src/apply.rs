@@ -87,14 +87,15 @@ impl Applier {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| s.clone());
-        if config.bind_to_port
-            && config.address.port() != 0
-            && let Some((other, _)) = state.slots.iter().find(|(n, s)| {
-                *n != name && {
-                    let c = s.current();
-                    c.config().bind_to_port && c.config().address == config.address
-                }
-            })
+        // Envoy's duplicate-address rule: another listener with the same address is a
+        // duplicate unless the new one binds port 0 (the kernel picks a port per socket); a
+        // listener that does not bind (`bind_to_port: false`, used through `use_original_dst`)
+        // must not share its address either, or which one gets the connections is ambiguous.
+        if (!config.bind_to_port || config.address.port() != 0)
+            && let Some((other, _)) = state
+                .slots
+                .iter()
+                .find(|(n, s)| *n != name && s.current().config().address == config.address)
         {
             return Err(ListenerError::DuplicateAddress {
                 name,
