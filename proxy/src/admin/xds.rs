@@ -98,7 +98,7 @@ pub fn fill_dump(
                 client_status: client_status(r),
             });
         }
-        if let Some(eds) = eds.as_deref_mut() {
+        if let Some(eds) = eds.as_mut() {
             for (_, r) in st.endpoints.iter() {
                 eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
                     version_info: r.version.clone(),
