@@ -384,6 +384,11 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             &format!("[{{filters: [{}]}}]", hcm(name, &rds("routes"))),
         )
     };
+    let waiting = || {
+        let rds = "rds: {route_config_name: missing, config_source: {ads: {}, \
+                   resource_api_version: V3, initial_fetch_timeout: 1s}}";
+        http_listener("waiting", &hcm("waiting", rds))
+    };
     const MAIN: &[(&str, &str)] = &[("main", "/svc"), ("main", "/other"), ("main", "/")];
     const BOTH: &[(&str, &str)] = &[
         ("main", "/svc"),
@@ -535,6 +540,39 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             ],
             pushed: &[LDS],
             requests: MAIN,
+            known: &[],
+        },
+        Step {
+            what: "a listener whose route configuration does not come (yet)",
+            resources: vec![
+                svc(),
+                assignment("svc", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+        },
+        Step {
+            // Envoy answers this CDS response only once `cold` is warm: after its EDS
+            // initial_fetch_timeout (1 s); `waiting` has passed its RDS one by then.
+            what: "a cluster whose endpoints do not come, past the initial fetch timeouts",
+            resources: vec![
+                svc(),
+                format!(
+                    "{{\"@type\": {CDS}, name: cold, type: EDS, connect_timeout: 1s, \
+                     eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3, \
+                     initial_fetch_timeout: 1s}}}}}}"
+                ),
+                assignment("svc", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[CDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
         },
     ]
@@ -719,8 +757,9 @@ async fn differential(test: &str, delta: bool) {
             }
         }
         let t1 = Instant::now();
-        // Workers pick the update up after the ACK; give them a moment.
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Workers pick the update up after the ACK, and a 1 s initial_fetch_timeout armed
+        // when revoy answered ends a few ms after Envoy's; give them a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let mut seen: [BTreeMap<String, String>; 2] = Default::default();
         for ((side, verdicts), seen) in sides.iter().zip(verdicts).zip(&mut seen) {
             *seen = observe(side, step.requests).await;
@@ -1073,6 +1112,14 @@ async fn xds_control_plane_restart() {
     cp.kill();
     let during = counts.ok.load(Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(700)).await;
+    // The stream really ended (a kill that left it up would prove nothing).
+    let (_, stats) = revoy
+        .admin("/stats?filter=control_plane.connected_state")
+        .await;
+    assert!(
+        stats.contains("control_plane.connected_state: 0"),
+        "revoy still connected after the kill: {stats:?}"
+    );
     // A restarted control plane: same port, no memory of the client, a newer snapshot (the
     // route configuration's body changes, so the resync shows in answers too).
     let cp = tokio::task::block_in_place(|| ControlPlane::start(port));
