@@ -1065,6 +1065,13 @@ fn load_snapshot(n: u32, a: u16) -> (Snapshot, &'static str) {
     (snapshot(&format!("u{n}"), &resources), pushed)
 }
 
+/// Prints `line` where `cargo test` shows it even for a passing test (libtest captures only
+/// the print macros, not the process's stderr), so the counts are seen beside each other.
+fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// Waits until node `node` answered `version` of `type_url`; panics after the deadline.
 async fn answered(server: &Server, node: &str, type_url: &str, version: &str) -> Verdict {
     server
@@ -1137,7 +1144,9 @@ async fn xds_control_plane_restart() {
         counts.failed.load(Ordering::Relaxed),
         counts.reset.load(Ordering::Relaxed),
     );
-    eprintln!("control plane restart: revoy ok={ok} failed={failed} reset={reset}");
+    report(&format!(
+        "control plane restart: revoy ok={ok} failed={failed} reset={reset}"
+    ));
     assert_eq!(verdict, Verdict::Ack, "revoy resyncs after the restart");
     assert_eq!(
         (failed, reset),
@@ -1205,11 +1214,11 @@ async fn xds_updates_under_load() {
         }
         let c = [&counts.ok, &counts.failed, &counts.reset, &counts.closed]
             .map(|c| c.load(Ordering::Relaxed));
-        eprintln!(
+        report(&format!(
             "{UPDATES} updates in {pushing:?} under load: {:5} ok={} failed={} reset={} \
              (connections closed after a response: {})",
             side.name, c[0], c[1], c[2], c[3]
-        );
+        ));
         results.push(c);
     }
     task.abort();
