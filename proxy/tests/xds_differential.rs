@@ -205,8 +205,9 @@ struct Side {
 }
 
 impl Side {
-    /// Starts `program` as node `name` on an ADS bootstrap pointing at 127.0.0.1:`xds`.
-    fn start(name: &'static str, program: &Path, xds: u16, delta: bool) -> Side {
+    /// Starts `program` as node `name` on an ADS bootstrap pointing at 127.0.0.1:`xds`, with
+    /// the extra command-line arguments `args`.
+    fn start(name: &'static str, program: &Path, xds: u16, delta: bool, args: &[&str]) -> Side {
         let admin = free_port();
         let api = if delta { "DELTA_GRPC" } else { "GRPC" };
         let yaml = format!(
@@ -239,7 +240,8 @@ static_resources:
         command
             .arg("-c")
             .arg(&config)
-            .args(["--concurrency", "1", "-l", "info"]);
+            .args(["--concurrency", "1", "-l", "info"])
+            .args(args);
         if name == "envoy" {
             command.args(["--base-id", &admin.to_string(), "--disable-hot-restart"]);
         }
@@ -714,8 +716,8 @@ async fn differential(test: &str, delta: bool) {
         .expect("serve ADS");
     let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
     let sides = [
-        Side::start("envoy", &envoy, addr.port(), delta),
-        Side::start("revoy", &revoy, addr.port(), delta),
+        Side::start("envoy", &envoy, addr.port(), delta, &[]),
+        Side::start("revoy", &revoy, addr.port(), delta, &[]),
     ];
     let protocol = if delta {
         Protocol::Delta
@@ -1105,7 +1107,13 @@ async fn xds_control_plane_restart() {
     let mut cp = tokio::task::block_in_place(|| ControlPlane::start(port));
     let (v1, _) = load_snapshot(0, a);
     cp.server.set(v1);
-    let revoy = Side::start("revoy", Path::new(env!("CARGO_BIN_EXE_revoy")), port, false);
+    let revoy = Side::start(
+        "revoy",
+        Path::new(env!("CARGO_BIN_EXE_revoy")),
+        port,
+        false,
+        &[],
+    );
     for type_url in [CDS, LDS, RDS] {
         assert_eq!(
             answered(&cp.server, "revoy", type_url, "u0").await,
@@ -1177,8 +1185,22 @@ async fn xds_updates_under_load() {
     server.set(initial);
     let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
     let sides = [
-        Side::start("envoy", &envoy, addr.port(), false),
-        Side::start("revoy", &revoy, addr.port(), false),
+        // A drain time shorter than the load, so Envoy's drains of replaced filter chains and
+        // listeners end (closing what they drained) while the load runs.
+        Side::start(
+            "envoy",
+            &envoy,
+            addr.port(),
+            false,
+            &["--drain-time-s", "1"],
+        ),
+        Side::start(
+            "revoy",
+            &revoy,
+            addr.port(),
+            false,
+            &["--drain-time-s", "1"],
+        ),
     ];
     for side in &sides {
         for type_url in [CDS, LDS, RDS] {
