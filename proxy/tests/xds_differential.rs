@@ -4,8 +4,9 @@
 //!
 //! `xds_sotw_matches_envoy` / `xds_delta_matches_envoy` push a scripted sequence of snapshots
 //! (valid start, RDS change, EDS change, a listener with a bad regex beside good ones, a
-//! cluster with an invalid field, a route configuration with a bad regex, a cluster removal,
-//! a listener removal, duplicate-address listeners); after each step both clients must have
+//! cluster with an invalid field, a cluster rejected by name, a route configuration with a bad
+//! regex, a cluster removal, a listener removal, duplicate-address listeners, a listener and a
+//! cluster warming past their initial fetch timeouts); after each step both clients must have
 //! answered the version for every type pushed, and the test compares per type ACK vs NACK
 //! (and which resources a NACK names), the answers to the same requests (status, which
 //! upstream, body) and the resource names of the dynamic `/config_dump` sections.
@@ -13,8 +14,10 @@
 //! `xds_control_plane_restart` kills the control plane mid-traffic and starts it again on the
 //! same port: no request through revoy fails, and revoy ACKs a snapshot pushed afterwards.
 //! `xds_updates_under_load` pushes 100 updates (routes, clusters, listeners, filter chains of
-//! the listener under load) while keep-alive clients load that listener, through revoy and
-//! through Envoy: revoy must fail or reset no request; Envoy's counts are printed beside.
+//! the listener under load, a listener-level field of it) while keep-alive clients load that
+//! listener, through revoy and through Envoy (both with `--drain-time-s 1`): revoy must fail or
+//! reset no request; Envoy's counts are printed beside. Deliberate and known differences left
+//! out of the comparison: `differential/DIFFERENCES.md`, section xDS.
 //!
 //! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
 //! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
