@@ -84,14 +84,15 @@ impl Applier {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| s.clone());
-        if config.bind_to_port
-            && config.address.port() != 0
-            && let Some((other, _)) = state.slots.iter().find(|(n, s)| {
-                *n != name && {
-                    let c = s.current();
-                    c.config().bind_to_port && c.config().address == config.address
-                }
-            })
+        // Envoy's duplicate-address rule: another listener with the same address is a
+        // duplicate unless the new one binds port 0 (the kernel picks a port per socket); a
+        // listener that does not bind (`bind_to_port: false`, used through `use_original_dst`)
+        // must not share its address either, or which one gets the connections is ambiguous.
+        if (!config.bind_to_port || config.address.port() != 0)
+            && let Some((other, _)) = state
+                .slots
+                .iter()
+                .find(|(n, s)| *n != name && s.current().config().address == config.address)
         {
             return Err(ListenerError::DuplicateAddress {
                 name,
@@ -183,6 +184,17 @@ impl Applier {
         }
     }
 
+    /// The address listener `name`'s socket is bound to (the kernel's port for a configured
+    /// port 0); `None` when it has no socket.
+    pub fn local_address(&self, name: &str) -> Option<std::net::SocketAddr> {
+        let state = self.state.lock().expect("applier state");
+        state
+            .slots
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, s)| s.local_address())
+    }
+
     /// The stat prefix (`listener.<stats name>`) of the active listener `name`.
     pub fn stat_prefix_of(&self, name: &str) -> Option<String> {
         let state = self.state.lock().expect("applier state");
@@ -221,6 +233,9 @@ impl Applier {
                     address: cfg.address,
                     source,
                 })?;
+            if let Ok(local) = socket.local_addr() {
+                slot.set_local_address(local);
+            }
             sockets.push(socket);
         }
         for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {

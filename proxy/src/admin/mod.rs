@@ -282,7 +282,12 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
         let statuses: Vec<_> = ls
             .iter()
             .map(|l| {
-                let a = l.config().address;
+                // The bound address, as Envoy shows it (a configured port 0 becomes the
+                // kernel's port); the configured one when not bound (`bind_to_port: false`).
+                let a = shared
+                    .applier
+                    .local_address(&l.config().name)
+                    .unwrap_or(l.config().address);
                 serde_json::json!({
                     "name": l.config().name,
                     "local_address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}},
@@ -293,7 +298,13 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
     } else {
         let body: String = ls
             .iter()
-            .map(|l| format!("{}::{}\n", l.config().name, l.config().address))
+            .map(|l| {
+                let a = shared
+                    .applier
+                    .local_address(&l.config().name)
+                    .unwrap_or(l.config().address);
+                format!("{}::{}\n", l.config().name, a)
+            })
             .collect();
         text(200, body)
     }

@@ -17,6 +17,16 @@ use super::ConfigError;
 /// Envoy's default `initial_fetch_timeout`.
 const DEFAULT_INITIAL_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long what `cs` delivers is waited for before going on without it: its
+/// `initial_fetch_timeout`, 15 s when unset, `None` (for ever) when 0.
+pub fn initial_fetch_timeout(cs: &ConfigSource) -> Option<Duration> {
+    match &cs.initial_fetch_timeout {
+        None => Some(DEFAULT_INITIAL_FETCH_TIMEOUT),
+        Some(d) if d.seconds == 0 && d.nanos == 0 => None,
+        Some(d) => Some(super::route::duration(d)),
+    }
+}
+
 /// Where the control plane is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ControlPlane {
@@ -113,11 +123,7 @@ fn subscription(
     let Some(cs) = source else {
         return Ok(None);
     };
-    let initial_fetch_timeout = match &cs.initial_fetch_timeout {
-        None => Some(DEFAULT_INITIAL_FETCH_TIMEOUT),
-        Some(d) if d.seconds == 0 && d.nanos == 0 => None,
-        Some(d) => Some(super::route::duration(d)),
-    };
+    let initial_fetch_timeout = initial_fetch_timeout(cs);
     #[allow(deprecated)] // `path` is deprecated in favour of `path_config_source`; still used.
     let source = match &cs.config_source_specifier {
         Some(ConfigSourceSpecifier::Ads(_)) => Source::Ads,

@@ -19,6 +19,7 @@ pub struct Slot {
     current: ArcSwap<Listener>,
     /// Each accept loop and the descriptor of the socket it owns.
     accept_tasks: Mutex<Vec<(AbortHandle, RawFd)>>,
+    local_address: Mutex<Option<std::net::SocketAddr>>,
 }
 
 impl Slot {
@@ -27,7 +28,19 @@ impl Slot {
         Arc::new(Slot {
             current: ArcSwap::new(listener),
             accept_tasks: Mutex::new(Vec::new()),
+            local_address: Mutex::new(None),
         })
+    }
+
+    /// Records the address the slot's socket is bound to (the port the kernel chose when the
+    /// configured port is 0).
+    pub fn set_local_address(&self, address: std::net::SocketAddr) {
+        *self.local_address.lock().expect("local address") = Some(address);
+    }
+
+    /// The address the slot's socket is bound to, once bound.
+    pub fn local_address(&self) -> Option<std::net::SocketAddr> {
+        *self.local_address.lock().expect("local address")
     }
 
     /// The configuration new connections get.

