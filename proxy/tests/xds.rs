@@ -861,3 +861,43 @@ fn removed_resources_free_their_stats() {
     });
     assert_eq!(stat(admin, "cluster.a.upstream_rq_total"), Some(1));
 }
+
+/// The per-subscription stats Envoy keeps besides CDS and LDS: each route configuration's
+/// under its connection manager (`http.<stat_prefix>.rds.<name>.*`), each EDS cluster's
+/// (`cluster.<name>.update_*`), and the dumps' `version_info` of the last LDS and CDS applied.
+#[test]
+fn rds_and_eds_subscriptions_have_envoys_stats() {
+    let up = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    plane.set(serving("1", port, up, "svc"));
+    wait_live(admin);
+    plane.set(serving("2", port, up, "svc").with_message(
+        "routes",
+        &route_config(
+            "routes",
+            "[{match: {safe_regex: {regex: \"(\"}}, route: {cluster: svc}}]",
+        ),
+    ));
+    assert!(matches!(
+        plane.verdict(ROUTE_TYPE_URL, "2"),
+        Verdict::Nack(_)
+    ));
+    assert_eq!(stat(admin, "http.main.rds.routes.update_attempt"), Some(2));
+    assert_eq!(stat(admin, "http.main.rds.routes.update_success"), Some(1));
+    assert_eq!(stat(admin, "http.main.rds.routes.update_rejected"), Some(1));
+    assert_eq!(stat(admin, "cluster.svc.update_success"), Some(1));
+    let (_, dump) = admin_get(admin, "/config_dump");
+    let dump: serde_json::Value = serde_json::from_str(&dump).expect("JSON");
+    let version_of = |suffix: &str| {
+        dump["configs"]
+            .as_array()
+            .expect("configs")
+            .iter()
+            .find(|c| c["@type"].as_str().is_some_and(|t| t.ends_with(suffix)))
+            .map(|c| c["version_info"].clone())
+    };
+    // Version 2 changed only the route configuration: LDS and CDS were last pushed at 1.
+    assert_eq!(version_of("ListenersConfigDump"), Some("1".into()));
+    assert_eq!(version_of("ClustersConfigDump"), Some("1".into()));
+}

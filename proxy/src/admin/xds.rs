@@ -59,6 +59,8 @@ pub fn fill_dump(
         return;
     };
     xds.handler.with_state(|st| {
+        listeners.version_info = st.lds_version.clone();
+        clusters.version_info = st.cds_version.clone();
         for (name, r) in st.listeners.iter() {
             let state = r.value.as_ref().map(|v| DynamicListenerState {
                 version_info: r.version.clone(),

@@ -22,7 +22,7 @@ use xds_client::{
 };
 
 use super::records::{Records, Status};
-use super::stats::XdsStats;
+use super::stats::{UpdateStats, XdsStats};
 use crate::apply::ListenerChange;
 use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
 use crate::config::dynamic::{DynamicConfig, Source, initial_fetch_timeout};
@@ -72,6 +72,10 @@ pub struct State {
     assignments: HashMap<String, ClusterLoadAssignment>,
     /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
     stats_to_release: BTreeSet<String>,
+    /// The `version_info` of the last CDS response applied whole.
+    pub cds_version: String,
+    /// The `version_info` of the last LDS response applied whole.
+    pub lds_version: String,
     cds_received: bool,
     lds_received: bool,
     phase: Option<Phase>,
@@ -340,6 +344,9 @@ impl ProxyHandler {
         let services: Vec<String> = st.eds_users.keys().cloned().collect();
         self.subscribe(ENDPOINT_TYPE_URL, services);
         self.stats.cds.finish(&u.version_info, rejected.is_empty());
+        if rejected.is_empty() {
+            st.cds_version = u.version_info;
+        }
         self.publish_cluster_gauges(shared, st);
         Applied { rejected }
     }
@@ -399,6 +406,22 @@ impl ProxyHandler {
                 .get(&r.name)
                 .map(|u| u.iter().cloned().collect())
                 .unwrap_or_default();
+            // Each user cluster's EDS stats (`cluster.<name>.update_*`).
+            let counted: Vec<String> = users
+                .iter()
+                .filter_map(|u| {
+                    st.warming_clusters
+                        .get(u)
+                        .map(|c| c.observability_name.clone())
+                        .or_else(|| {
+                            shared
+                                .clusters
+                                .get(u)
+                                .map(|c| c.config().observability_name.clone())
+                        })
+                })
+                .map(|n| format!("cluster.{n}"))
+                .collect();
             let mut compiled = Vec::new();
             let mut failure = None;
             for user in &users {
@@ -417,6 +440,7 @@ impl ProxyHandler {
                     }
                 }
             }
+            UpdateStats::count(&shared.stats, &counted, &r.version, failure.is_none());
             if let Some(reason) = failure {
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
@@ -511,6 +535,9 @@ impl ProxyHandler {
         release_stats(shared, st);
         self.resubscribe_routes(shared, st);
         self.stats.lds.finish(&u.version_info, rejected.is_empty());
+        if rejected.is_empty() {
+            st.lds_version = u.version_info;
+        }
         self.stats
             .warming_listeners
             .set(st.warming_listeners.len() as u64);
@@ -675,6 +702,12 @@ impl ProxyHandler {
                     crate::config::route::compile_route_config(ctx, &rc, check)
                         .map_err(|e| located("route configuration", &rc.name, e))
                 });
+            UpdateStats::count(
+                &shared.stats,
+                &rds_stat_prefixes(shared, st, &r.name),
+                &r.version,
+                compiled.is_ok(),
+            );
             match compiled {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
@@ -742,7 +775,17 @@ impl Handler for ProxyHandler {
     fn event(&self, event: Event) {
         match event {
             Event::Connected => self.stats.connected_state.set(1),
-            Event::Disconnected => self.stats.connected_state.set(0),
+            Event::Disconnected => {
+                self.stats.connected_state.set(0);
+                for (sub, stats) in [
+                    (&self.config.cds, &self.stats.cds),
+                    (&self.config.lds, &self.stats.lds),
+                ] {
+                    if sub.as_ref().is_some_and(|s| s.source == Source::Ads) {
+                        stats.failure.inc();
+                    }
+                }
+            }
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
         }
     }
@@ -813,6 +856,28 @@ fn log_warnings(kind: &str, name: &str, warnings: &Warnings) {
             Severity::Note => tracing::info!("{kind} '{name}': {w}"),
         }
     }
+}
+
+/// `http.<stat_prefix>.rds.<route_config>` of every connection manager (of an active or
+/// warming listener) that uses route configuration `name`.
+fn rds_stat_prefixes(shared: &Shared, st: &State, name: &str) -> Vec<String> {
+    let active = shared.snapshot.load_full();
+    let configs = active
+        .listeners
+        .iter()
+        .map(|l| &**l.config())
+        .chain(st.warming_listeners.values());
+    let mut prefixes = BTreeSet::new();
+    for l in configs {
+        for c in l.chains.iter().chain(&l.default_chain) {
+            if let Terminal::Http(h) = &c.terminal
+                && matches!(&h.routes, Routes::Rds(n) if n == name)
+            {
+                prefixes.insert(format!("http.{}.rds.{name}", h.stat_prefix));
+            }
+        }
+    }
+    prefixes.into_iter().collect()
 }
 
 /// The RDS route configuration names a listener's connection managers use.

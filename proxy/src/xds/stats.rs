@@ -13,17 +13,31 @@ pub struct UpdateStats {
     pub success: Counter,
     /// `update_rejected`: responses with a rejected resource.
     pub rejected: Counter,
+    /// `update_failure`: the stream failed.
+    pub failure: Counter,
     /// `version`: a hash of the last accepted `version_info`.
     pub version: Gauge,
 }
 
 impl UpdateStats {
-    fn new(store: &Store, prefix: &str) -> Self {
+    /// The stats of the subscription named by `prefix` (`cluster.<name>` for EDS,
+    /// `http.<stat_prefix>.rds.<route_config>` for RDS).
+    pub fn new(store: &Store, prefix: &str) -> Self {
         UpdateStats {
             attempt: store.counter(&format!("{prefix}.update_attempt")),
             success: store.counter(&format!("{prefix}.update_success")),
             rejected: store.counter(&format!("{prefix}.update_rejected")),
+            failure: store.counter(&format!("{prefix}.update_failure")),
             version: store.gauge(&format!("{prefix}.version")),
+        }
+    }
+
+    /// Counts one update of the subscriptions named by `prefixes`: an attempt, and its outcome.
+    pub fn count(store: &Store, prefixes: &[String], version_info: &str, accepted: bool) {
+        for p in prefixes {
+            let stats = UpdateStats::new(store, p);
+            stats.attempt.inc();
+            stats.finish(version_info, accepted);
         }
     }
 
