@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryResponse, Resource, ResourceName};
 use proto::pb::google::protobuf::Any;
-use support::{Server, cluster, config, endpoints, names, node, start, strings};
+use support::{cluster, endpoints, names, node, serve_and_start, strings};
 use xds_client::client::Mode;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, Verdict};
 
@@ -38,8 +38,7 @@ fn delta(
 
 #[tokio::test]
 async fn subscribe_and_unsubscribe_are_differences() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, _probe) = start(config(server.transport.clone(), Mode::Delta));
+    let (mut server, client, _recorder, _probe) = serve_and_start(Mode::Delta).await;
     client.subscribe_wildcard(CLUSTER_TYPE_URL);
     client.subscribe(ENDPOINT_TYPE_URL, strings(&["a", "b"]));
     client.subscribe("type.googleapis.com/unused", vec![]);
@@ -72,8 +71,7 @@ async fn subscribe_and_unsubscribe_are_differences() {
 
 #[tokio::test]
 async fn responses_deliver_versions_and_removals_and_are_acked_by_nonce() {
-    let mut server = Server::tcp().await;
-    let (client, recorder, mut probe) = start(config(server.transport.clone(), Mode::Delta));
+    let (mut server, client, recorder, mut probe) = serve_and_start(Mode::Delta).await;
     client.subscribe_wildcard(CLUSTER_TYPE_URL);
     let mut stream = server.delta_stream().await;
     stream.recv().await;
@@ -136,8 +134,7 @@ async fn responses_deliver_versions_and_removals_and_are_acked_by_nonce() {
 
 #[tokio::test]
 async fn duplicate_and_foreign_resources() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Delta));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Delta).await;
     client.subscribe(ENDPOINT_TYPE_URL, strings(&["a", "b"]));
     let mut stream = server.delta_stream().await;
     stream.recv().await;
@@ -184,8 +181,7 @@ async fn duplicate_and_foreign_resources() {
 
 #[tokio::test]
 async fn reconnect_sends_initial_resource_versions_of_applied_resources() {
-    let mut server = Server::tcp().await;
-    let (client, recorder, mut probe) = start(config(server.transport.clone(), Mode::Delta));
+    let (mut server, client, recorder, mut probe) = serve_and_start(Mode::Delta).await;
     client.subscribe_wildcard(CLUSTER_TYPE_URL);
     client.subscribe(ENDPOINT_TYPE_URL, strings(&["e1", "e2"]));
     let mut stream = server.delta_stream().await;

@@ -6,7 +6,8 @@ use prost::Message;
 use proto::pb::envoy::service::discovery::v3::Resource as WrappedResource;
 use proto::pb::google::protobuf::Any;
 use support::{
-    Server, cluster, config, endpoints, listener, names, node, response, route, start, strings,
+    Server, cluster, config, endpoints, listener, names, node, response, route, serve_and_start,
+    start, strings,
 };
 use xds_client::client::Mode;
 use xds_client::{
@@ -15,8 +16,7 @@ use xds_client::{
 
 #[tokio::test]
 async fn ack_carries_version_and_nonce() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     let mut stream = server.sotw_stream().await;
     let first = stream.recv().await;
@@ -63,8 +63,7 @@ async fn ack_carries_version_and_nonce() {
 
 #[tokio::test]
 async fn partial_rejection_nacks_with_last_good_version() {
-    let mut server = Server::tcp().await;
-    let (client, recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(CLUSTER_TYPE_URL);
     let mut stream = server.sotw_stream().await;
     stream.recv().await;
@@ -110,8 +109,7 @@ async fn partial_rejection_nacks_with_last_good_version() {
 
 #[tokio::test]
 async fn duplicate_names_nack_the_whole_response() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     let mut stream = server.sotw_stream().await;
     stream.recv().await;
@@ -136,8 +134,7 @@ async fn duplicate_names_nack_the_whole_response() {
 
 #[tokio::test]
 async fn foreign_type_is_rejected_by_name_and_the_rest_delivered() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     let mut stream = server.sotw_stream().await;
     stream.recv().await;
@@ -158,8 +155,7 @@ async fn foreign_type_is_rejected_by_name_and_the_rest_delivered() {
 
 #[tokio::test]
 async fn full_state_types_remove_absent_names_named_types_do_not() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(CLUSTER_TYPE_URL);
     client.subscribe(ENDPOINT_TYPE_URL, strings(&["x", "y"]));
     let mut stream = server.sotw_stream().await;
@@ -212,8 +208,7 @@ async fn full_state_types_remove_absent_names_named_types_do_not() {
 
 #[tokio::test]
 async fn wildcard_rules() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, _probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, _probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     // An empty set for a type never asked for sends nothing (empty would mean wildcard).
     client.subscribe(ROUTE_TYPE_URL, vec![]);
@@ -243,8 +238,7 @@ async fn wildcard_rules() {
 
 #[tokio::test]
 async fn names_are_sent_only_when_the_set_changes() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe(ROUTE_TYPE_URL, strings(&["b", "a"]));
     let mut stream = server.sotw_stream().await;
     assert_eq!(stream.recv().await.resource_names, ["a", "b"]);
@@ -294,8 +288,7 @@ async fn node_only_on_the_first_message_when_asked() {
 
 #[tokio::test]
 async fn reconnect_resends_versions_and_names_without_touching_the_handler() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     client.subscribe(ROUTE_TYPE_URL, strings(&["r1", "r2"]));
     let mut stream = server.sotw_stream().await;
@@ -338,8 +331,7 @@ async fn reconnect_resends_versions_and_names_without_touching_the_handler() {
 
 #[tokio::test]
 async fn the_handler_may_subscribe_from_inside_apply() {
-    let mut server = Server::tcp().await;
-    let (client, recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     let inner = client.clone();
     recorder.react(Box::new(move |update| {
         if update.type_url == LISTENER_TYPE_URL {
@@ -366,8 +358,7 @@ async fn the_handler_may_subscribe_from_inside_apply() {
 
 #[tokio::test]
 async fn wrapped_resources_are_unwrapped() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe(ROUTE_TYPE_URL, strings(&["r1", "r2"]));
     let mut stream = server.sotw_stream().await;
     stream.recv().await;
@@ -393,8 +384,7 @@ async fn wrapped_resources_are_unwrapped() {
 
 #[tokio::test]
 async fn responses_for_types_not_subscribed_are_ignored() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     client.subscribe_wildcard(LISTENER_TYPE_URL);
     let mut stream = server.sotw_stream().await;
     stream.recv().await;
@@ -406,8 +396,7 @@ async fn responses_for_types_not_subscribed_are_ignored() {
 
 #[tokio::test]
 async fn subscriptions_made_after_start_open_the_stream() {
-    let mut server = Server::tcp().await;
-    let (client, _recorder, mut probe) = start(config(server.transport.clone(), Mode::Sotw));
+    let (mut server, client, _recorder, mut probe) = serve_and_start(Mode::Sotw).await;
     // The engine connects and opens the call with nothing to send yet; the server answers
     // the call only after a first request (as grpc-go does).
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -6,6 +6,7 @@ use std::time::{Instant, SystemTime};
 
 use proto::pb::google::rpc::Status as RpcStatus;
 
+use super::protocol::Progress;
 use crate::{Handler, Push, Rejected, Resource, Update, Verdict};
 
 /// gRPC's INVALID_ARGUMENT, the code of a NACK's `error_detail`.
@@ -58,8 +59,14 @@ fn duplicate(incoming: &Incoming) -> Option<&str> {
     names.chain(refused).find(|name| !seen.insert(*name))
 }
 
-/// Checks a response, hands it to the handler, and decides the verdict.
-pub(super) fn deliver(incoming: Incoming, handler: &dyn Handler) -> Outcome {
+/// Checks a response, hands it to the handler, and decides the verdict; `progress` takes the
+/// response's nonce, and its version if ACKed.
+pub(super) fn deliver(
+    incoming: Incoming,
+    handler: &dyn Handler,
+    progress: &mut Progress,
+) -> Outcome {
+    progress.nonce.clone_from(&incoming.nonce);
     let mut names: Vec<String> = incoming.resources.iter().map(|r| r.name.clone()).collect();
     names.extend(incoming.refused.iter().map(|r| r.name.clone()));
     let push = |verdict: Verdict, apply_time| Push {
@@ -106,6 +113,7 @@ pub(super) fn deliver(incoming: Incoming, handler: &dyn Handler) -> Outcome {
         .map(|r| format!("{}: {}", r.name, r.reason))
         .collect();
     let verdict = if lines.is_empty() {
+        progress.acked_version.clone_from(&incoming.version_info);
         Verdict::Ack
     } else {
         Verdict::Nack(lines.join("\n"))

@@ -4,8 +4,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
-use proto::pb::envoy::config::core::v3::Node;
-use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
@@ -13,22 +11,17 @@ use tonic::transport::Channel;
 use tracing::debug;
 
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Protocol};
-use super::subscriptions::{Subscription, Subscriptions};
-use crate::{Handler, Rejected, Resource, Verdict};
-
-/// The explicit wildcard name.
-const WILDCARD: &str = "*";
+use super::protocol::{Answer, Progress, Protocol, ads_client};
+use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
+use crate::{Handler, Rejected, Resource};
 
 /// One type's Delta state.
 #[derive(Debug, Default)]
 struct TypeState {
     /// The resources applied, name -> version: `initial_resource_versions` on reconnect.
     held: BTreeMap<String, String>,
-    /// The `system_version_info` of the last response ACKed.
-    acked_version: String,
-    /// The last nonce received on this stream.
-    nonce: String,
+    /// The `system_version_info` ACKed and the nonce received.
+    progress: Progress,
 }
 
 /// The Delta variant's state.
@@ -45,25 +38,15 @@ impl Protocol for Delta {
         channel: Channel,
         requests: UnboundedReceiverStream<DeltaDiscoveryRequest>,
     ) -> Result<Streaming<DeltaDiscoveryResponse>, tonic::Status> {
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-        Ok(client
+        Ok(ads_client(channel)
             .delta_aggregated_resources(requests)
             .await?
             .into_inner())
     }
 
-    fn type_url(request: &DeltaDiscoveryRequest) -> &str {
-        &request.type_url
-    }
-
-    fn set_node(request: &mut DeltaDiscoveryRequest, node: &Node) {
-        request.node = Some(node.clone());
-    }
-
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DeltaDiscoveryRequest> {
         for state in self.types.values_mut() {
-            state.nonce.clear();
+            state.progress.nonce.clear();
         }
         // An empty subscribe list on a type's first request would mean wildcard (legacy):
         // types with nothing to ask for are left out.
@@ -161,11 +144,10 @@ impl Protocol for Delta {
         let mut removed = response.removed_resources;
         removed.extend(response.removed_resource_names.into_iter().map(|n| n.name));
         let state = self.types.entry(type_url.clone()).or_default();
-        state.nonce = response.nonce.clone();
         let outcome = deliver(
             Incoming {
                 type_url: type_url.clone(),
-                version_info: response.system_version_info.clone(),
+                version_info: response.system_version_info,
                 nonce: response.nonce.clone(),
                 resources,
                 refused,
@@ -173,15 +155,13 @@ impl Protocol for Delta {
                 at,
             },
             handler,
+            &mut state.progress,
         );
         if outcome.delivered {
             for name in &removed {
                 state.held.remove(name);
             }
             state.held.extend(outcome.applied.iter().cloned());
-        }
-        if outcome.verdict == Verdict::Ack {
-            state.acked_version = response.system_version_info;
         }
         Some(Answer {
             request: DeltaDiscoveryRequest {
@@ -194,10 +174,7 @@ impl Protocol for Delta {
         })
     }
 
-    fn progress(&self, type_url: &str) -> (String, String) {
-        self.types
-            .get(type_url)
-            .map(|s| (s.acked_version.clone(), s.nonce.clone()))
-            .unwrap_or_default()
+    fn progress(&self, type_url: &str) -> Option<&Progress> {
+        self.types.get(type_url).map(|s| &s.progress)
     }
 }

@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+use tokio::task::AbortHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{debug, info, warn};
 
 use super::backoff::Attempts;
-use super::protocol::Protocol;
+use super::protocol::{Protocol, Request as _};
 use super::rate_limit::TokenBucket;
 use super::shared::Shared;
 use super::subscriptions::{Change, Subscriptions};
@@ -48,17 +49,35 @@ struct Outgoing<R> {
 
 /// The engine: one per [`super::Client`].
 pub(super) struct Engine<P: Protocol> {
-    pub(super) protocol: P,
-    pub(super) config: Config,
-    pub(super) handler: Arc<dyn Handler>,
-    pub(super) changes: UnboundedReceiver<Change>,
-    pub(super) shared: Arc<Shared>,
-    pub(super) subscriptions: Subscriptions,
+    protocol: P,
+    config: Config,
+    handler: Arc<dyn Handler>,
+    changes: UnboundedReceiver<Change>,
+    shared: Arc<Shared>,
+    subscriptions: Subscriptions,
 }
 
 impl<P: Protocol> Engine<P> {
+    /// Spawns an engine speaking `P` on the current tokio runtime.
+    pub(super) fn spawn(
+        config: Config,
+        handler: Arc<dyn Handler>,
+        changes: UnboundedReceiver<Change>,
+        shared: Arc<Shared>,
+    ) -> AbortHandle {
+        let engine = Engine {
+            protocol: P::default(),
+            config,
+            handler,
+            changes,
+            shared,
+            subscriptions: Subscriptions::default(),
+        };
+        tokio::spawn(engine.run()).abort_handle()
+    }
+
     /// Runs streams until every [`super::Client`] is dropped.
-    pub(super) async fn run(mut self) {
+    async fn run(mut self) {
         let mut attempts = Attempts::new(self.config.backoff);
         let mut bucket = self.config.rate_limit.map(TokenBucket::new);
         let mut pending = BTreeSet::new();
@@ -224,10 +243,10 @@ impl<P: Protocol> Engine<P> {
             }
         }
         if outgoing.first || !self.config.set_node_on_first_message_only {
-            P::set_node(&mut request, &self.config.node);
+            request.set_node(&self.config.node);
         }
         outgoing.first = false;
-        pending.insert(P::type_url(&request).to_string());
+        pending.insert(request.type_url().to_string());
         // A closed stream shows on the response side.
         let _ = outgoing.sender.send(request);
     }
@@ -238,13 +257,14 @@ impl<P: Protocol> Engine<P> {
             .subscriptions
             .iter()
             .map(|subscription| {
-                let (acked_version, nonce) = self.protocol.progress(&subscription.type_url);
+                let progress = self.protocol.progress(&subscription.type_url);
+                let progress = progress.cloned().unwrap_or_default();
                 TypeStatus {
                     type_url: subscription.type_url.clone(),
                     wildcard: subscription.wildcard,
                     names: subscription.names.iter().cloned().collect(),
-                    acked_version,
-                    nonce,
+                    acked_version: progress.acked_version,
+                    nonce: progress.nonce,
                     pending: pending.contains(&subscription.type_url),
                 }
             })

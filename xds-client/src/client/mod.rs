@@ -33,7 +33,7 @@ pub use transport::Transport;
 
 use engine::Engine;
 use shared::Shared;
-use subscriptions::{Change, Subscriptions};
+use subscriptions::Change;
 
 use crate::{Handler, Status};
 
@@ -98,33 +98,13 @@ pub fn start(config: Config, handler: Arc<dyn Handler>) -> Client {
     let (changes, receiver) = unbounded_channel();
     let shared = Arc::new(Shared::new(config.push_log_len));
     let task = match config.mode {
-        Mode::Sotw => tokio::spawn(
-            Engine {
-                protocol: sotw::Sotw::default(),
-                config,
-                handler,
-                changes: receiver,
-                shared: shared.clone(),
-                subscriptions: Subscriptions::default(),
-            }
-            .run(),
-        ),
-        Mode::Delta => tokio::spawn(
-            Engine {
-                protocol: delta::Delta::default(),
-                config,
-                handler,
-                changes: receiver,
-                shared: shared.clone(),
-                subscriptions: Subscriptions::default(),
-            }
-            .run(),
-        ),
+        Mode::Sotw => Engine::<sotw::Sotw>::spawn(config, handler, receiver, shared.clone()),
+        Mode::Delta => Engine::<delta::Delta>::spawn(config, handler, receiver, shared.clone()),
     };
     Client {
         changes,
         shared,
-        task: task.abort_handle(),
+        task,
     }
 }
 

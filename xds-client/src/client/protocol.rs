@@ -4,6 +4,8 @@
 use std::future::Future;
 
 use proto::pb::envoy::config::core::v3::Node;
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
@@ -17,10 +19,50 @@ pub(super) struct Answer<R> {
     pub(super) push: Push,
 }
 
+/// A type's progress with the server.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Progress {
+    /// The last version ACKed (kept across streams).
+    pub(super) acked_version: String,
+    /// The last nonce received on this stream.
+    pub(super) nonce: String,
+}
+
+/// A request of either variant, as the engine sees it.
+pub(super) trait Request: Send + 'static {
+    /// The type the request is about.
+    fn type_url(&self) -> &str;
+
+    /// Sets the request's node.
+    fn set_node(&mut self, node: &Node);
+}
+
+/// Implements [`Request`] for request messages, which spell its fields alike.
+macro_rules! impl_request {
+    ($($message:ty),*) => {$(
+        impl Request for $message {
+            fn type_url(&self) -> &str {
+                &self.type_url
+            }
+
+            fn set_node(&mut self, node: &Node) {
+                self.node = Some(node.clone());
+            }
+        }
+    )*};
+}
+
+impl_request!(DiscoveryRequest, DeltaDiscoveryRequest);
+
+/// The ADS client on `channel`, taking responses of any size.
+pub(super) fn ads_client(channel: Channel) -> AggregatedDiscoveryServiceClient<Channel> {
+    AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
+}
+
 /// One xDS variant's protocol state: versions, nonces, what the stream was told.
-pub(super) trait Protocol: Send + 'static {
+pub(super) trait Protocol: Default + Send + Sync + 'static {
     /// What the client sends.
-    type Request: Send + 'static;
+    type Request: Request;
     /// What the server sends.
     type Response: Send + 'static;
 
@@ -29,12 +71,6 @@ pub(super) trait Protocol: Send + 'static {
         channel: Channel,
         requests: UnboundedReceiverStream<Self::Request>,
     ) -> impl Future<Output = Result<Streaming<Self::Response>, tonic::Status>> + Send;
-
-    /// The type a request is about.
-    fn type_url(request: &Self::Request) -> &str;
-
-    /// Sets the request's node.
-    fn set_node(request: &mut Self::Request, node: &Node);
 
     /// Forgets what the previous stream was told; answers the requests that (re)subscribe
     /// every type on a new one.
@@ -52,6 +88,6 @@ pub(super) trait Protocol: Send + 'static {
         handler: &dyn Handler,
     ) -> Option<Answer<Self::Request>>;
 
-    /// The last version ACKed and the last nonce received, for a type.
-    fn progress(&self, type_url: &str) -> (String, String);
+    /// The progress of a type, once a request or response of it went by.
+    fn progress(&self, type_url: &str) -> Option<&Progress>;
 }

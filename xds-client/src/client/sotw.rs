@@ -4,8 +4,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use prost::Message;
-use proto::pb::envoy::config::core::v3::Node;
-use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{
     DiscoveryRequest, DiscoveryResponse, Resource as WrappedResource,
 };
@@ -15,24 +13,19 @@ use tonic::codec::Streaming;
 use tonic::transport::Channel;
 
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Protocol};
+use super::protocol::{Answer, Progress, Protocol, ads_client};
 use super::resource_name::name_of;
-use super::subscriptions::{Subscription, Subscriptions};
-use crate::{Handler, Rejected, Resource, Verdict, is_full_state};
+use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
+use crate::{Handler, Rejected, Resource, is_full_state};
 
 /// The type URL of a resource wrapped in `envoy.service.discovery.v3.Resource`.
 const WRAPPED_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
 
-/// The explicit wildcard name.
-const WILDCARD: &str = "*";
-
 /// One type's SotW state.
 #[derive(Debug, Default)]
 struct TypeState {
-    /// The last version ACKed (kept across streams).
-    acked_version: String,
-    /// The last nonce received on this stream.
-    nonce: String,
+    /// The version ACKed and the nonce received.
+    progress: Progress,
     /// For full-state types: the names of the last response handed to the handler.
     known: BTreeSet<String>,
     /// Whether a request for this type was sent on this stream.
@@ -119,10 +112,10 @@ impl Sotw {
         state.sent = true;
         state.named |= !names.is_empty();
         DiscoveryRequest {
-            version_info: state.acked_version.clone(),
+            version_info: state.progress.acked_version.clone(),
             resource_names: names,
             type_url: subscription.type_url.clone(),
-            response_nonce: state.nonce.clone(),
+            response_nonce: state.progress.nonce.clone(),
             ..Default::default()
         }
     }
@@ -136,25 +129,15 @@ impl Protocol for Sotw {
         channel: Channel,
         requests: UnboundedReceiverStream<DiscoveryRequest>,
     ) -> Result<Streaming<DiscoveryResponse>, tonic::Status> {
-        let mut client =
-            AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX);
-        Ok(client
+        Ok(ads_client(channel)
             .stream_aggregated_resources(requests)
             .await?
             .into_inner())
     }
 
-    fn type_url(request: &DiscoveryRequest) -> &str {
-        &request.type_url
-    }
-
-    fn set_node(request: &mut DiscoveryRequest, node: &Node) {
-        request.node = Some(node.clone());
-    }
-
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DiscoveryRequest> {
         for state in self.types.values_mut() {
-            state.nonce.clear();
+            state.progress.nonce.clear();
             state.sent = false;
             state.named = false;
         }
@@ -201,7 +184,6 @@ impl Protocol for Sotw {
         }
         let full_state = is_full_state(&type_url);
         let state = self.types.entry(type_url.clone()).or_default();
-        state.nonce = response.nonce.clone();
         let removed = if full_state {
             state.known.difference(&present).cloned().collect()
         } else {
@@ -210,7 +192,7 @@ impl Protocol for Sotw {
         let outcome = deliver(
             Incoming {
                 type_url,
-                version_info: response.version_info.clone(),
+                version_info: response.version_info,
                 nonce: response.nonce,
                 resources,
                 refused,
@@ -218,12 +200,10 @@ impl Protocol for Sotw {
                 at,
             },
             handler,
+            &mut state.progress,
         );
         if outcome.delivered && full_state {
             state.known = present;
-        }
-        if outcome.verdict == Verdict::Ack {
-            state.acked_version = response.version_info;
         }
         let mut request = self.request(subscription);
         request.error_detail = outcome.error_detail();
@@ -233,10 +213,7 @@ impl Protocol for Sotw {
         })
     }
 
-    fn progress(&self, type_url: &str) -> (String, String) {
-        self.types
-            .get(type_url)
-            .map(|s| (s.acked_version.clone(), s.nonce.clone()))
-            .unwrap_or_default()
+    fn progress(&self, type_url: &str) -> Option<&Progress> {
+        self.types.get(type_url).map(|s| &s.progress)
     }
 }

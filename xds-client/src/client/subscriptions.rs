@@ -3,6 +3,9 @@
 
 use std::collections::BTreeSet;
 
+/// The explicit wildcard name.
+pub(super) const WILDCARD: &str = "*";
+
 /// One type's subscription.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Subscription {

@@ -2,23 +2,21 @@
 //! client holds; responses carry what was added or changed and what was removed.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::SystemTime;
 
 use proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
 
-use super::log::{ClientEvent, EventLog, Protocol};
-use super::snapshot::{Snapshot, push_order};
-use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Verdict, is_full_state};
+use super::log::{EventLog, Protocol};
+use super::peer::{LastResponse, NonceCheck, Peer};
+use super::snapshot::Snapshot;
+use super::stream::AdsStream;
+use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, is_full_state};
 
 /// One Delta stream's state.
-#[derive(Default)]
 pub(crate) struct DeltaStream {
-    node_id: String,
+    peer: Peer,
     types: BTreeMap<String, TypeState>,
-    nonces: u64,
 }
 
 /// One type's subscription on a stream.
@@ -32,29 +30,36 @@ struct TypeState {
     known: BTreeMap<String, String>,
     /// Whether a response of this type went out on this stream.
     responded: bool,
-    /// The last response's nonce and version, and whether the client answered it.
-    last: Option<(String, String, bool)>,
+    /// The last response sent.
+    last: Option<LastResponse>,
 }
 
-impl DeltaStream {
-    /// Handles a request; answers the responses to send (none or one).
-    pub(crate) fn on_request(
+impl AdsStream for DeltaStream {
+    type Request = DeltaDiscoveryRequest;
+    type Response = DeltaDiscoveryResponse;
+
+    fn new() -> Self {
+        DeltaStream {
+            peer: Peer::new(Protocol::Delta),
+            types: BTreeMap::new(),
+        }
+    }
+
+    fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    fn on_request(
         &mut self,
         req: DeltaDiscoveryRequest,
         snapshot: Option<&Snapshot>,
         log: &EventLog,
     ) -> Vec<DeltaDiscoveryResponse> {
-        if let Some(node) = &req.node
-            && self.node_id.is_empty()
-        {
-            self.node_id.clone_from(&node.id);
-            tracing::info!(node = %self.node_id, "Delta stream: node identified");
-        }
-        if req.type_url.is_empty() {
-            tracing::warn!(node = %self.node_id, "Delta request without a type_url ignored");
+        if !self.peer.admit(req.node.as_ref(), &req.type_url) {
             return Vec::new();
         }
-        tracing::debug!(node = %self.node_id, type_url = %req.type_url,
+        let node_id = &self.peer.node_id;
+        tracing::debug!(node = %node_id, type_url = %req.type_url,
             nonce = %req.response_nonce, subscribe = ?req.resource_names_subscribe,
             unsubscribe = ?req.resource_names_unsubscribe,
             initial = req.initial_resource_versions.len(), nack = req.error_detail.is_some(),
@@ -84,49 +89,22 @@ impl DeltaStream {
                 }
             }
         }
-        if !req.response_nonce.is_empty() {
-            match &mut ts.last {
-                Some((nonce, _, true)) if *nonce == req.response_nonce => {}
-                Some((nonce, version, answered)) if *nonce == req.response_nonce => {
-                    *answered = true;
-                    let verdict = match &req.error_detail {
-                        Some(status) => Verdict::Nack(status.message.clone()),
-                        None => Verdict::Ack,
-                    };
-                    log.record(ClientEvent {
-                        node_id: self.node_id.clone(),
-                        protocol: Protocol::Delta,
-                        type_url: req.type_url.clone(),
-                        version: version.clone(),
-                        nonce: nonce.clone(),
-                        verdict,
-                        at: SystemTime::now(),
-                    });
-                }
-                _ => tracing::debug!(node = %self.node_id, type_url = %req.type_url,
-                    nonce = %req.response_nonce, "stale nonce: not an ACK or NACK"),
-            }
+        let check = self.peer.check_nonce(
+            &req.type_url,
+            &req.response_nonce,
+            req.error_detail.as_ref(),
+            ts.last.as_mut(),
+            log,
+        );
+        if matches!(check, NonceCheck::NothingSent | NonceCheck::Stale) {
+            tracing::debug!(node = %node_id, type_url = %req.type_url,
+                nonce = %req.response_nonce, "stale nonce: not an ACK or NACK");
         }
-        let Some(snapshot) = snapshot else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        self.respond_type(&req.type_url, snapshot, &mut out);
-        out
+        self.respond_to_request(&req.type_url, snapshot)
     }
 
-    /// Handles a new snapshot: a response for each subscribed type that has something new for
-    /// this client, in push order.
-    pub(crate) fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<DeltaDiscoveryResponse> {
-        let order: Vec<String> = push_order(self.types.keys().map(String::as_str))
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let mut out = Vec::new();
-        for type_url in order {
-            self.respond_type(&type_url, snapshot, &mut out);
-        }
-        out
+    fn type_urls(&self) -> impl Iterator<Item = &str> {
+        self.types.keys().map(String::as_str)
     }
 
     /// Adds the response `type_url` needs to `out`; after a CDS response that added or
@@ -141,7 +119,7 @@ impl DeltaStream {
         let Some(ts) = self.types.get_mut(type_url) else {
             return;
         };
-        let Some(response) = respond(type_url, ts, snapshot, &mut self.nonces) else {
+        let Some(response) = respond(type_url, ts, snapshot, &mut self.peer) else {
             return;
         };
         let changed: Vec<String> = if type_url == CLUSTER_TYPE_URL {
@@ -161,6 +139,13 @@ impl DeltaStream {
             self.respond_type(ENDPOINT_TYPE_URL, snapshot, out);
         }
     }
+
+    fn log_response(&self, response: &DeltaDiscoveryResponse) {
+        tracing::debug!(node = %self.peer.node_id, type_url = %response.type_url,
+            version = %response.system_version_info, nonce = %response.nonce,
+            resources = response.resources.len(), removed = response.removed_resources.len(),
+            "Delta response");
+    }
 }
 
 /// The response bringing the client of `ts` up to `snapshot`, if anything differs. A wildcard
@@ -169,7 +154,7 @@ fn respond(
     type_url: &str,
     ts: &mut TypeState,
     snapshot: &Snapshot,
-    nonces: &mut u64,
+    peer: &mut Peer,
 ) -> Option<DeltaDiscoveryResponse> {
     let all = snapshot.resources(type_url);
     let wanted = |name: &str| all.contains_key(name) && (ts.wildcard || ts.names.contains(name));
@@ -193,10 +178,12 @@ fn respond(
     for r in &resources {
         ts.known.insert(r.name.clone(), r.version.clone());
     }
-    *nonces += 1;
-    let nonce = nonces.to_string();
+    let nonce = peer.next_nonce();
     ts.responded = true;
-    ts.last = Some((nonce.clone(), snapshot.version().to_owned(), false));
+    ts.last = Some(LastResponse::new(
+        snapshot.version().to_owned(),
+        nonce.clone(),
+    ));
     Some(DeltaDiscoveryResponse {
         system_version_info: snapshot.version().to_owned(),
         resources,
@@ -205,49 +192,4 @@ fn respond(
         nonce,
         ..Default::default()
     })
-}
-
-/// Runs one stream: requests in, responses out, until either side ends.
-pub(crate) async fn run(
-    shared: Arc<super::Shared>,
-    mut requests: tonic::Streaming<DeltaDiscoveryRequest>,
-    out: tokio::sync::mpsc::Sender<Result<DeltaDiscoveryResponse, tonic::Status>>,
-) {
-    let mut stream = DeltaStream::default();
-    let mut snapshots = shared.snapshot.subscribe();
-    loop {
-        let responses = tokio::select! {
-            req = requests.message() => match req {
-                Ok(Some(req)) => {
-                    let snapshot = snapshots.borrow().clone();
-                    stream.on_request(req, snapshot.as_deref(), &shared.log)
-                }
-                Ok(None) => break,
-                Err(status) => {
-                    tracing::debug!(node = %stream.node_id, %status, "Delta stream error");
-                    break;
-                }
-            },
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                let snapshot = snapshots.borrow_and_update().clone();
-                match snapshot {
-                    Some(s) => stream.on_snapshot(&s),
-                    None => Vec::new(),
-                }
-            }
-        };
-        for response in responses {
-            tracing::debug!(node = %stream.node_id, type_url = %response.type_url,
-                version = %response.system_version_info, nonce = %response.nonce,
-                resources = response.resources.len(), removed = response.removed_resources.len(),
-                "Delta response");
-            if out.send(Ok(response)).await.is_err() {
-                return;
-            }
-        }
-    }
-    tracing::info!(node = %stream.node_id, "Delta stream closed");
 }

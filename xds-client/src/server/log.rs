@@ -20,6 +20,16 @@ pub enum Protocol {
     Delta,
 }
 
+impl Protocol {
+    /// The variant's name in logs.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Protocol::Sotw => "SotW",
+            Protocol::Delta => "Delta",
+        }
+    }
+}
+
 /// A client's answer to one response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientEvent {

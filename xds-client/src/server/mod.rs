@@ -5,8 +5,10 @@
 mod delta;
 pub mod files;
 mod log;
+mod peer;
 mod snapshot;
 mod sotw;
+mod stream;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -171,7 +173,11 @@ impl AggregatedDiscoveryService for Server {
     ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
         tracing::debug!(peer = ?request.remote_addr(), "SotW stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(sotw::run(self.shared.clone(), request.into_inner(), tx));
+        tokio::spawn(stream::run::<sotw::SotwStream>(
+            self.shared.clone(),
+            request.into_inner(),
+            tx,
+        ));
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
     }
 
@@ -181,7 +187,11 @@ impl AggregatedDiscoveryService for Server {
     ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
         tracing::debug!(peer = ?request.remote_addr(), "Delta stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(delta::run(self.shared.clone(), request.into_inner(), tx));
+        tokio::spawn(stream::run::<delta::DeltaStream>(
+            self.shared.clone(),
+            request.into_inner(),
+            tx,
+        ));
         Ok(tonic::Response::new(ReceiverStream::new(rx)))
     }
 }

@@ -2,21 +2,19 @@
 //! last sent; a response whenever a request or a snapshot changes what the client should have.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::SystemTime;
 
 use proto::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 
-use super::log::{ClientEvent, EventLog, Protocol};
-use super::snapshot::{Snapshot, SnapshotResource, push_order};
-use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Verdict, is_full_state};
+use super::log::{EventLog, Protocol};
+use super::peer::{LastResponse, NonceCheck, Peer};
+use super::snapshot::{Snapshot, SnapshotResource};
+use super::stream::AdsStream;
+use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, is_full_state};
 
 /// One SotW stream's state.
-#[derive(Default)]
 pub(crate) struct SotwStream {
-    node_id: String,
+    peer: Peer,
     types: BTreeMap<String, TypeState>,
-    nonces: u64,
 }
 
 /// One type's subscription on a stream.
@@ -38,92 +36,66 @@ struct TypeState {
 
 /// What the last response of a type carried.
 struct Sent {
-    version: String,
-    nonce: String,
-    /// Whether the client answered it (later requests with its nonce only update the
-    /// subscription).
-    answered: bool,
+    /// Its version and nonce, and whether the client answered it.
+    response: LastResponse,
     /// Name -> resource version.
     content: BTreeMap<String, String>,
 }
 
-impl SotwStream {
-    /// Handles a request; answers the responses to send (none or one). `snapshot` is `None`
-    /// until the server has one: the subscription is kept and answered once it comes.
-    pub(crate) fn on_request(
+impl AdsStream for SotwStream {
+    type Request = DiscoveryRequest;
+    type Response = DiscoveryResponse;
+
+    fn new() -> Self {
+        SotwStream {
+            peer: Peer::new(Protocol::Sotw),
+            types: BTreeMap::new(),
+        }
+    }
+
+    fn peer(&self) -> &Peer {
+        &self.peer
+    }
+
+    fn on_request(
         &mut self,
         req: DiscoveryRequest,
         snapshot: Option<&Snapshot>,
         log: &EventLog,
     ) -> Vec<DiscoveryResponse> {
-        if let Some(node) = &req.node
-            && self.node_id.is_empty()
-        {
-            self.node_id.clone_from(&node.id);
-            tracing::info!(node = %self.node_id, "SotW stream: node identified");
-        }
-        if req.type_url.is_empty() {
-            tracing::warn!(node = %self.node_id, "SotW request without a type_url ignored");
+        if !self.peer.admit(req.node.as_ref(), &req.type_url) {
             return Vec::new();
         }
-        tracing::debug!(node = %self.node_id, type_url = %req.type_url,
+        let node_id = &self.peer.node_id;
+        tracing::debug!(node = %node_id, type_url = %req.type_url,
             version = %req.version_info, nonce = %req.response_nonce,
             names = ?req.resource_names, nack = req.error_detail.is_some(), "SotW request");
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
-        if !req.response_nonce.is_empty() {
-            match &mut ts.sent {
-                Some(sent) if sent.nonce == req.response_nonce && sent.answered => {}
-                Some(sent) if sent.nonce == req.response_nonce => {
-                    sent.answered = true;
-                    let verdict = match &req.error_detail {
-                        Some(status) => Verdict::Nack(status.message.clone()),
-                        None => Verdict::Ack,
-                    };
-                    log.record(ClientEvent {
-                        node_id: self.node_id.clone(),
-                        protocol: Protocol::Sotw,
-                        type_url: req.type_url.clone(),
-                        version: sent.version.clone(),
-                        nonce: sent.nonce.clone(),
-                        verdict,
-                        at: SystemTime::now(),
-                    });
-                }
-                // Nothing sent on this stream yet: a nonce of an earlier stream, not stale.
-                None => {}
-                Some(_) => {
-                    tracing::debug!(node = %self.node_id, type_url = %req.type_url,
-                        nonce = %req.response_nonce, "stale nonce: request ignored");
-                    return Vec::new();
-                }
-            }
+        let last = ts.sent.as_mut().map(|sent| &mut sent.response);
+        let check = self.peer.check_nonce(
+            &req.type_url,
+            &req.response_nonce,
+            req.error_detail.as_ref(),
+            last,
+            log,
+        );
+        // A nonce of an earlier stream (nothing sent on this one yet) is not stale.
+        if check == NonceCheck::Stale {
+            tracing::debug!(node = %node_id, type_url = %req.type_url,
+                nonce = %req.response_nonce, "stale nonce: request ignored");
+            return Vec::new();
         }
         let mut names: BTreeSet<String> = req.resource_names.into_iter().collect();
         let star = names.remove("*");
         ts.legacy_wildcard = !star && names.is_empty() && (first || ts.legacy_wildcard);
         ts.wildcard = star || ts.legacy_wildcard;
         ts.names = names;
-        let Some(snapshot) = snapshot else {
-            return Vec::new();
-        };
-        let mut out = Vec::new();
-        self.respond_type(&req.type_url, snapshot, &mut out);
-        out
+        self.respond_to_request(&req.type_url, snapshot)
     }
 
-    /// Handles a new snapshot: a response for each subscribed type whose content for this
-    /// client changed, in push order.
-    pub(crate) fn on_snapshot(&mut self, snapshot: &Snapshot) -> Vec<DiscoveryResponse> {
-        let order: Vec<String> = push_order(self.types.keys().map(String::as_str))
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let mut out = Vec::new();
-        for type_url in order {
-            self.respond_type(&type_url, snapshot, &mut out);
-        }
-        out
+    fn type_urls(&self) -> impl Iterator<Item = &str> {
+        self.types.keys().map(String::as_str)
     }
 
     /// Adds the response `type_url` needs to `out`; after a CDS response in which clusters
@@ -143,7 +115,7 @@ impl SotwStream {
             .as_ref()
             .map(|s| s.content.clone())
             .unwrap_or_default();
-        let Some(response) = respond(type_url, ts, snapshot, &mut self.nonces) else {
+        let Some(response) = respond(type_url, ts, snapshot, &mut self.peer) else {
             return;
         };
         out.push(response);
@@ -168,6 +140,12 @@ impl SotwStream {
             self.respond_type(ENDPOINT_TYPE_URL, snapshot, out);
         }
     }
+
+    fn log_response(&self, response: &DiscoveryResponse) {
+        tracing::debug!(node = %self.peer.node_id, type_url = %response.type_url,
+            version = %response.version_info, nonce = %response.nonce,
+            resources = response.resources.len(), "SotW response");
+    }
 }
 
 /// The response `ts` needs, if its content differs from the last one sent. The first response
@@ -177,7 +155,7 @@ fn respond(
     type_url: &str,
     ts: &mut TypeState,
     snapshot: &Snapshot,
-    nonces: &mut u64,
+    peer: &mut Peer,
 ) -> Option<DiscoveryResponse> {
     let all = snapshot.resources(type_url);
     let chosen: Vec<(&String, &SnapshotResource)> = if ts.wildcard {
@@ -199,13 +177,10 @@ fn respond(
     if !send {
         return None;
     }
-    *nonces += 1;
-    let nonce = nonces.to_string();
+    let nonce = peer.next_nonce();
     ts.force = false;
     ts.sent = Some(Sent {
-        version: snapshot.version().to_owned(),
-        nonce: nonce.clone(),
-        answered: false,
+        response: LastResponse::new(snapshot.version().to_owned(), nonce.clone()),
         content,
     });
     Some(DiscoveryResponse {
@@ -215,48 +190,4 @@ fn respond(
         nonce,
         ..Default::default()
     })
-}
-
-/// Runs one stream: requests in, responses out, until either side ends.
-pub(crate) async fn run(
-    shared: Arc<super::Shared>,
-    mut requests: tonic::Streaming<DiscoveryRequest>,
-    out: tokio::sync::mpsc::Sender<Result<DiscoveryResponse, tonic::Status>>,
-) {
-    let mut stream = SotwStream::default();
-    let mut snapshots = shared.snapshot.subscribe();
-    loop {
-        let responses = tokio::select! {
-            req = requests.message() => match req {
-                Ok(Some(req)) => {
-                    let snapshot = snapshots.borrow().clone();
-                    stream.on_request(req, snapshot.as_deref(), &shared.log)
-                }
-                Ok(None) => break,
-                Err(status) => {
-                    tracing::debug!(node = %stream.node_id, %status, "SotW stream error");
-                    break;
-                }
-            },
-            changed = snapshots.changed() => {
-                if changed.is_err() {
-                    break;
-                }
-                let snapshot = snapshots.borrow_and_update().clone();
-                match snapshot {
-                    Some(s) => stream.on_snapshot(&s),
-                    None => Vec::new(),
-                }
-            }
-        };
-        for response in responses {
-            tracing::debug!(node = %stream.node_id, type_url = %response.type_url,
-                version = %response.version_info, nonce = %response.nonce,
-                resources = response.resources.len(), "SotW response");
-            if out.send(Ok(response)).await.is_err() {
-                return;
-            }
-        }
-    }
-    tracing::info!(node = %stream.node_id, "SotW stream closed");
 }

@@ -336,6 +336,13 @@ pub fn start(config: Config) -> (Client, Arc<Recorder>, Probe) {
     (client, recorder, probe)
 }
 
+/// A scripted server on loopback and a client of `mode` started on it with [`config`].
+pub async fn serve_and_start(mode: Mode) -> (Server, Client, Arc<Recorder>, Probe) {
+    let server = Server::tcp().await;
+    let (client, recorder, probe) = start(config(server.transport.clone(), mode));
+    (server, client, recorder, probe)
+}
+
 fn any(type_url: &str, value: Vec<u8>) -> Any {
     Any {
         type_url: type_url.to_string(),
