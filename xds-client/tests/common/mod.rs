@@ -92,12 +92,33 @@ pub fn names(resp: &DiscoveryResponse) -> Vec<String> {
         .collect()
 }
 
-/// A raw SotW ADS stream.
-pub struct Sotw {
+/// A raw ADS stream: requests of type `Req` out, responses of type `Resp` in.
+pub struct Raw<Req, Resp> {
     node: String,
-    tx: mpsc::Sender<DiscoveryRequest>,
-    rx: tonic::Streaming<DiscoveryResponse>,
+    tx: mpsc::Sender<Req>,
+    rx: tonic::Streaming<Resp>,
 }
+
+impl<Req, Resp: std::fmt::Debug> Raw<Req, Resp> {
+    /// The next response.
+    pub async fn recv(&mut self) -> Resp {
+        tokio::time::timeout(WAIT, self.rx.message())
+            .await
+            .expect("no response in time")
+            .unwrap()
+            .expect("stream ended")
+    }
+
+    /// Asserts that nothing arrives for a while.
+    pub async fn nothing(&mut self) {
+        if let Ok(r) = tokio::time::timeout(QUIET, self.rx.message()).await {
+            panic!("unexpected response: {r:?}");
+        }
+    }
+}
+
+/// A raw SotW ADS stream.
+pub type Sotw = Raw<DiscoveryRequest, DiscoveryResponse>;
 
 impl Sotw {
     pub async fn connect(addr: SocketAddr, node: &str) -> Self {
@@ -150,29 +171,10 @@ impl Sotw {
         self.request(&resp.type_url, names, &resp.version_info, &resp.nonce, None)
             .await;
     }
-
-    pub async fn recv(&mut self) -> DiscoveryResponse {
-        tokio::time::timeout(WAIT, self.rx.message())
-            .await
-            .expect("no response in time")
-            .unwrap()
-            .expect("stream ended")
-    }
-
-    /// Asserts that nothing arrives for a while.
-    pub async fn nothing(&mut self) {
-        if let Ok(r) = tokio::time::timeout(QUIET, self.rx.message()).await {
-            panic!("unexpected response: {r:?}");
-        }
-    }
 }
 
 /// A raw Delta ADS stream.
-pub struct Delta {
-    node: String,
-    tx: mpsc::Sender<DeltaDiscoveryRequest>,
-    rx: tonic::Streaming<DeltaDiscoveryResponse>,
-}
+pub type Delta = Raw<DeltaDiscoveryRequest, DeltaDiscoveryResponse>;
 
 /// One Delta request's fields a test sets.
 #[derive(Default)]
@@ -237,21 +239,6 @@ impl Delta {
             ..Default::default()
         })
         .await;
-    }
-
-    pub async fn recv(&mut self) -> DeltaDiscoveryResponse {
-        tokio::time::timeout(WAIT, self.rx.message())
-            .await
-            .expect("no response in time")
-            .unwrap()
-            .expect("stream ended")
-    }
-
-    /// Asserts that nothing arrives for a while.
-    pub async fn nothing(&mut self) {
-        if let Ok(r) = tokio::time::timeout(QUIET, self.rx.message()).await {
-            panic!("unexpected response: {r:?}");
-        }
     }
 }
 
