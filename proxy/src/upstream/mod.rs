@@ -79,6 +79,42 @@ impl ClusterManager {
         self.inner.clusters.store(Arc::new(next));
     }
 
+    /// Adds or replaces many clusters at once: one copy of the map for the whole batch (a CDS
+    /// response of 10,000 clusters, or the endpoints that warm them), where calling
+    /// [`ClusterManager::upsert`] for each would copy it once per cluster.
+    pub fn upsert_all(&self, clusters: Vec<ClusterConfig>) {
+        if clusters.is_empty() {
+            return;
+        }
+        let _guard = self.inner.updating.lock().expect("cluster update lock");
+        let current = self.inner.clusters.load_full();
+        let mut next = (*current).clone();
+        for cluster in clusters {
+            next.insert(cluster.name.clone(), self.reuse_or_build(&current, cluster));
+        }
+        self.inner.clusters.store(Arc::new(next));
+    }
+
+    /// Removes many clusters with one copy of the map; answers those that existed.
+    pub fn remove_all(&self, names: &[String]) -> Vec<String> {
+        let _guard = self.inner.updating.lock().expect("cluster update lock");
+        let current = self.inner.clusters.load_full();
+        let existed: Vec<String> = names
+            .iter()
+            .filter(|n| current.contains_key(n.as_str()))
+            .cloned()
+            .collect();
+        if existed.is_empty() {
+            return existed;
+        }
+        let mut next = (*current).clone();
+        for name in &existed {
+            next.remove(name);
+        }
+        self.inner.clusters.store(Arc::new(next));
+        existed
+    }
+
     /// Removes one cluster; returns whether it existed.
     pub fn remove(&self, name: &str) -> bool {
         let _guard = self.inner.updating.lock().expect("cluster update lock");

@@ -177,10 +177,10 @@ impl ProxyHandler {
             Phase::Clusters => {
                 st.cds_received = true;
                 let warming = std::mem::take(&mut st.warming_clusters);
-                for (name, cfg) in warming {
-                    shared.clusters.upsert(cfg);
-                    st.clusters.set_status(&name, Status::Acked);
+                for name in warming.keys() {
+                    st.clusters.set_status(name, Status::Acked);
                 }
+                shared.clusters.upsert_all(warming.into_values().collect());
             }
             Phase::Listeners => {
                 st.lds_received = true;
@@ -232,6 +232,8 @@ impl ProxyHandler {
     fn apply_clusters(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
         self.stats.cds.attempt.inc();
         let mut rejected = Vec::new();
+        // Applied at once after the loop: one copy of the cluster map per response.
+        let mut upserts = Vec::new();
         for r in u.resources {
             if st.clusters.unchanged(&r.name, &r.value) {
                 continue;
@@ -257,7 +259,7 @@ impl ProxyHandler {
                                 Some(Ok(endpoints)) => {
                                     cfg.endpoints = endpoints;
                                     st.warming_clusters.remove(&name);
-                                    shared.clusters.upsert(cfg);
+                                    upserts.push(cfg);
                                     Status::Acked
                                 }
                                 _ => {
@@ -268,7 +270,7 @@ impl ProxyHandler {
                         }
                         _ => {
                             st.warming_clusters.remove(&name);
-                            shared.clusters.upsert(cfg);
+                            upserts.push(cfg);
                             Status::Acked
                         }
                     };
@@ -281,17 +283,20 @@ impl ProxyHandler {
                 }
             }
         }
+        shared.clusters.upsert_all(upserts);
+        let mut removed = Vec::new();
         for name in u.removed {
             if shared.bootstrap.clusters.iter().any(|c| c.name == name) {
                 continue;
             }
             st.warming_clusters.remove(&name);
             forget_eds_user(st, &name);
-            shared.clusters.remove(&name);
             if st.clusters.remove(&name) {
                 self.stats.cluster_removed.inc();
             }
+            removed.push(name);
         }
+        shared.clusters.remove_all(&removed);
         st.cds_received = true;
         let services: Vec<String> = st.eds_users.keys().cloned().collect();
         self.subscribe(ENDPOINT_TYPE_URL, services);
@@ -326,6 +331,8 @@ impl ProxyHandler {
 
     fn apply_endpoints(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
         let mut rejected = Vec::new();
+        // Clusters these endpoints warm, applied at once after the loop.
+        let mut warmed = Vec::new();
         for r in u.resources {
             if st.endpoints.unchanged(&r.name, &r.value) {
                 continue;
@@ -369,7 +376,7 @@ impl ProxyHandler {
             for (user, mut cfg, eps) in compiled {
                 if st.warming_clusters.remove(&user).is_some() {
                     cfg.endpoints = eps;
-                    shared.clusters.upsert(cfg);
+                    warmed.push(cfg);
                     st.clusters.set_status(&user, Status::Acked);
                 } else if let Some(cluster) = shared.clusters.get(&user) {
                     cluster.set_endpoints(&eps);
@@ -379,6 +386,7 @@ impl ProxyHandler {
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
         }
+        shared.clusters.upsert_all(warmed);
         for name in u.removed {
             st.assignments.remove(&name);
             st.endpoints.remove(&name);
