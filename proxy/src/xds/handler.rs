@@ -61,8 +61,6 @@ pub struct State {
     eds_users: HashMap<String, BTreeSet<String>>,
     /// The service name each EDS cluster uses.
     eds_service_of: HashMap<String, String>,
-    /// The last accepted assignment of each service name.
-    assignments: HashMap<String, ClusterLoadAssignment>,
     cds_received: bool,
     lds_received: bool,
     phase: Option<Phase>,
@@ -251,10 +249,14 @@ impl ProxyHandler {
                                 .or_default()
                                 .insert(name.clone());
                             st.eds_service_of.insert(name.clone(), service_name.clone());
+                            // The accepted assignment is kept encoded only (its record): a
+                            // decoded copy per service cost more than the bytes.
                             match st
-                                .assignments
+                                .endpoints
                                 .get(&service_name)
-                                .map(|cla| compile_assignment(cla, &cfg))
+                                .and_then(|r| r.value.as_ref())
+                                .and_then(|v| ClusterLoadAssignment::decode(v.clone()).ok())
+                                .map(|cla| compile_assignment(&cla, &cfg))
                             {
                                 Some(Ok(endpoints)) => {
                                     cfg.endpoints = endpoints;
@@ -382,13 +384,11 @@ impl ProxyHandler {
                     cluster.set_endpoints(&eps);
                 }
             }
-            st.assignments.insert(r.name.clone(), cla);
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
         }
         shared.clusters.upsert_all(warmed);
         for name in u.removed {
-            st.assignments.remove(&name);
             st.endpoints.remove(&name);
             for user in st.eds_users.get(&name).into_iter().flatten() {
                 if let Some(cluster) = shared.clusters.get(user) {
@@ -608,6 +608,7 @@ impl Handler for ProxyHandler {
             },
         };
         self.advance(&mut st);
+        crate::memory::release_free_heap_soon();
         applied
     }
 
