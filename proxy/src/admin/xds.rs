@@ -53,7 +53,7 @@ pub fn fill_dump(
     listeners: &mut ListenersConfigDump,
     clusters: &mut ClustersConfigDump,
     routes: &mut RoutesConfigDump,
-    mut eds: Option<&mut EndpointsConfigDump>,
+    eds: Option<&mut EndpointsConfigDump>,
 ) {
     let Some(xds) = shared.xds.get() else {
         return;
@@ -98,7 +98,7 @@ pub fn fill_dump(
                 client_status: client_status(r),
             });
         }
-        if let Some(eds) = eds.as_deref_mut() {
+        if let Some(eds) = eds {
             for (_, r) in st.endpoints.iter() {
                 eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
                     version_info: r.version.clone(),
