@@ -339,6 +339,21 @@ static_resources:
     )
 }
 
+/// How a proxy is started.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Its `node.id` (how the server's events name it).
+    pub node_id: String,
+    /// Its admin port.
+    pub admin: u16,
+    /// The ADS server.
+    pub xds: SocketAddr,
+    /// Delta ADS (else SotW).
+    pub delta: bool,
+    /// Envoy's `--base-id`.
+    pub base_id: u32,
+}
+
 /// A proxy connected to the bench's ADS server; killed by PID when dropped.
 pub struct Proxy {
     /// Which proxy.
@@ -353,19 +368,17 @@ pub struct Proxy {
 
 impl Proxy {
     /// Writes the bootstrap under `dir` and starts `binary` with `--concurrency 2`.
-    pub fn start(
-        kind: Kind,
-        binary: &Path,
-        dir: &Path,
-        node_id: &str,
-        admin: u16,
-        xds: SocketAddr,
-        delta: bool,
-        base_id: u32,
-    ) -> Result<Proxy, String> {
+    pub fn start(kind: Kind, binary: &Path, dir: &Path, launch: &Launch) -> Result<Proxy, String> {
+        let Launch {
+            node_id,
+            admin,
+            xds,
+            delta,
+            base_id,
+        } = launch.clone();
         fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let config = dir.join("bootstrap.yaml");
-        fs::write(&config, bootstrap(node_id, admin, xds, delta))
+        fs::write(&config, bootstrap(&node_id, admin, xds, delta))
             .map_err(|e| format!("{}: {e}", config.display()))?;
         let mut args: Vec<String> = vec![
             "-c".into(),
@@ -404,7 +417,7 @@ impl Proxy {
         Ok(Proxy {
             kind,
             admin,
-            node_id: node_id.into(),
+            node_id,
             child,
             log,
         })

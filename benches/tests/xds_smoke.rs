@@ -104,7 +104,13 @@ fn xds_smoke_run_measures_every_figure() {
         }
         expect(-1.0, &push, "cpu_ms");
         let churn = format!("churn_{protocol}_100");
-        for metric in ["updates", "acked_updates", "ack_p50_ms", "ack_p99_ms"] {
+        for metric in [
+            "updates",
+            "acked_updates",
+            "ack_p50_ms",
+            "ack_p99_ms",
+            "rss_after_churn_mib",
+        ] {
             expect(0.0, &churn, metric);
         }
         expect(-1.0, &churn, "cpu_ms_per_update");

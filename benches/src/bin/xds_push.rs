@@ -2,7 +2,8 @@
 //! connected over ADS to one in-process snapshot server (`xds_client::server`) on loopback.
 //!
 //! `cargo run --release -p benches --bin xds_push -- [--smoke] [--no-delta] [--no-load]
-//! [--out DIR] [--revoy PATH] [--envoy PATH]`
+//! [--sizes N,N,...] [--churn-sizes N,...] [--only revoy|envoy] [--out DIR] [--revoy PATH]
+//! [--envoy PATH]`
 //!
 //! Per size N (1,000 / 5,000 / 10,000 EDS clusters; `--smoke`: 100) and proxy, a fresh
 //! proxy connects to a fresh server with no snapshot; then the snapshot is set and the bench
@@ -31,7 +32,7 @@ use benches::procfs;
 use benches::report::format_value;
 use benches::stats::{median, quantile};
 use benches::upstream::{self, Upstream};
-use benches::xds::{Mesh, Proxy};
+use benches::xds::{Launch, Mesh, Proxy};
 use serde_json::{Value, json};
 use tokio::runtime::Runtime;
 use xds_client::server::{ClientEvent, Server};
@@ -96,29 +97,47 @@ impl Plan {
 
 struct Options {
     smoke: bool,
+    /// `--sizes`: push sizes instead of the plan's.
+    sizes: Option<Vec<usize>>,
+    /// `--churn-sizes`: churn sizes instead of the plan's.
+    churn_sizes: Option<Vec<usize>>,
     out: PathBuf,
     revoy: Option<PathBuf>,
     envoy: Option<PathBuf>,
     delta: bool,
     load: bool,
+    /// `--only revoy|envoy`: measure one proxy (for profiling; no ratios then).
+    only: Option<Kind>,
 }
 
 fn parse_args() -> Result<Options, String> {
     let mut opts = Options {
         smoke: false,
+        sizes: None,
+        churn_sizes: None,
         out: "benches/results".into(),
         revoy: None,
         envoy: None,
         delta: true,
         load: true,
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value"));
         match arg.as_str() {
             "--smoke" => opts.smoke = true,
+            "--sizes" => opts.sizes = Some(sizes(&value()?)?),
+            "--churn-sizes" => opts.churn_sizes = Some(sizes(&value()?)?),
             "--no-delta" => opts.delta = false,
             "--no-load" => opts.load = false,
+            "--only" => {
+                opts.only = Some(match value()?.as_str() {
+                    "revoy" => Kind::Revoy,
+                    "envoy" => Kind::Envoy,
+                    other => return Err(format!("--only revoy or envoy, not {other}")),
+                })
+            }
             "--out" => opts.out = value()?.into(),
             "--revoy" => opts.revoy = Some(value()?.into()),
             "--envoy" => opts.envoy = Some(value()?.into()),
@@ -126,6 +145,18 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     Ok(opts)
+}
+
+/// A comma-separated list of cluster counts (at least 2 each: cluster 0 is the live one).
+fn sizes(list: &str) -> Result<Vec<usize>, String> {
+    let sizes: Vec<usize> = list
+        .split(',')
+        .map(|n| n.trim().parse().map_err(|_| format!("bad size {n:?}")))
+        .collect::<Result<_, _>>()?;
+    match sizes.iter().find(|&&n| n < 2) {
+        Some(n) => Err(format!("size {n}: at least 2 clusters")),
+        None => Ok(sizes),
+    }
 }
 
 fn workspace_root() -> PathBuf {
@@ -201,6 +232,19 @@ fn settled_cpu(pid: u32) -> f64 {
         last = now;
     }
 }
+
+/// `VmRSS` of `pid` in MiB, read [`RSS_AFTER`] after `since` (when its CPU settled):
+/// allocators give freed memory back with a delay (mimalloc after a second, tcmalloc
+/// gradually).
+fn steady_rss(pid: u32, since: Instant) -> f64 {
+    if let Some(wait) = (since + RSS_AFTER).checked_duration_since(Instant::now()) {
+        thread::sleep(wait);
+    }
+    procfs::status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0
+}
+
+/// How long after an update its RSS is read.
+const RSS_AFTER: Duration = Duration::from_secs(3);
 
 fn millis_between(from: SystemTime, to: SystemTime) -> f64 {
     to.duration_since(from)
@@ -280,16 +324,14 @@ impl Bench {
         let node = format!("{}-{}-{n}", kind.name(), protocol.name());
         let dir = self.work.join(&node);
         self.base_id += 1;
-        let mut proxy = Proxy::start(
-            kind,
-            self.binary(kind),
-            &dir,
-            &node,
-            free_port(),
-            addr,
-            protocol == Protocol::Delta,
-            self.base_id,
-        )?;
+        let launch = Launch {
+            node_id: node.clone(),
+            admin: free_port(),
+            xds: addr,
+            delta: protocol == Protocol::Delta,
+            base_id: self.base_id,
+        };
+        let mut proxy = Proxy::start(kind, self.binary(kind), &dir, &launch)?;
         let outcome = (|| {
             proxy.wait_connected(Duration::from_secs(60))?;
             thread::sleep(Duration::from_millis(300));
@@ -359,7 +401,18 @@ impl Bench {
                 )
             })??;
         let cpu_after = settled_cpu(pid);
-        let rss = procfs::status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0;
+        let rss = steady_rss(pid, Instant::now());
+        if let Some(hold) = std::env::var("XDS_BENCH_HOLD")
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+        {
+            eprintln!(
+                "holding {} (pid {pid}, admin {}) for {hold} s",
+                proxy.kind.name(),
+                proxy.admin
+            );
+            thread::sleep(Duration::from_secs(hold));
+        }
         let scenario = format!("push_{}_{}", protocol.name(), mesh.n);
         let kind = proxy.kind;
         let mut last = set_at;
@@ -449,6 +502,7 @@ impl Bench {
         }
         let cpu_after = settled_cpu(pid);
         proxy.check_alive()?;
+        let rss = steady_rss(pid, Instant::now());
         let events = server.events();
         let mut latencies: Vec<f64> = sent
             .iter()
@@ -479,6 +533,7 @@ impl Bench {
             (cpu_after - cpu_before) * 1000.0 / f64::from(updates),
         );
         r.record(&scenario, kind, "idle_cpu_ms_per_s", idle_ms_per_s);
+        r.record(&scenario, kind, "rss_after_churn_mib", rss);
         if let Some(p50) = median(&latencies) {
             r.record(&scenario, kind, "ack_p50_ms", p50);
         }
@@ -499,7 +554,7 @@ impl Bench {
 }
 
 /// Column titles of the metrics, in table order.
-const METRICS: [(&str, &str); 19] = [
+const METRICS: [(&str, &str); 20] = [
     ("ack_ms", "push to last ACK (CDS, EDS, LDS, RDS) ms"),
     ("cds_ack_ms", "push to CDS ACK ms"),
     ("eds_ack_ms", "push to EDS ACK ms"),
@@ -507,13 +562,17 @@ const METRICS: [(&str, &str); 19] = [
     ("rds_ack_ms", "push to RDS ACK ms"),
     ("ready_ms", "push to /ready 200 ms"),
     ("cpu_ms", "CPU ms for the push"),
-    ("rss_mib", "RSS after MiB"),
+    ("rss_mib", "RSS after the push (settled + 3 s) MiB"),
     ("updates", "updates sent"),
     ("acked_updates", "updates ACKed (SotW coalesces)"),
     ("cpu_ms_per_update", "CPU ms per update"),
     ("idle_cpu_ms_per_s", "idle CPU ms/s before"),
     ("ack_p50_ms", "update to EDS ACK p50 ms"),
     ("ack_p99_ms", "update to EDS ACK p99 ms"),
+    (
+        "rss_after_churn_mib",
+        "RSS after the churn (settled + 3 s) MiB",
+    ),
     ("p50_us", "load p50 µs"),
     ("p99_us", "load p99 µs"),
     ("p999_us", "load p99.9 µs"),
@@ -738,11 +797,26 @@ fn machine() -> String {
 }
 
 fn run(opts: &Options) -> Result<Vec<String>, String> {
-    let plan = if opts.smoke {
+    let mut plan = if opts.smoke {
         Plan::smoke()
     } else {
         Plan::full()
     };
+    if let Some(sizes) = &opts.sizes {
+        plan.sizes.clone_from(sizes);
+        plan.churn_sizes.retain(|n| sizes.contains(n));
+    }
+    if let Some(churn) = &opts.churn_sizes {
+        plan.churn_sizes.clone_from(churn);
+        for n in churn {
+            if !plan.sizes.contains(n) {
+                plan.sizes.push(*n);
+            }
+        }
+    }
+    if plan.churn_sizes.is_empty() {
+        return Err("no churn size left: give --churn-sizes".into());
+    }
     let envoy = opts
         .envoy
         .clone()
@@ -797,6 +871,9 @@ fn run(opts: &Options) -> Result<Vec<String>, String> {
             [PROXIES[1], PROXIES[0]]
         };
         for kind in order {
+            if opts.only.is_some_and(|only| only != kind) {
+                continue;
+            }
             if let Err(e) = bench.session(kind, n, protocol) {
                 eprintln!("error: {e}");
                 errors.push(e);
