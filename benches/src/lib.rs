@@ -1,7 +1,7 @@
 //! Shared pieces of the side-by-side load benchmark (`src/bin/load.rs`): the in-process
 //! upstream, how the measured revoy is built (plain or profile-guided), the contenders and
 //! their generated configs, the load generators, process sampling from /proc, and the report
-//! writers.
+//! writers; and the xDS push benchmark's resources and proxies (`src/bin/xds_push.rs`).
 
 pub mod build;
 pub mod clients;
@@ -11,3 +11,4 @@ pub mod procfs;
 pub mod report;
 pub mod stats;
 pub mod upstream;
+pub mod xds;

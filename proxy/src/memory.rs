@@ -4,7 +4,7 @@
 //! used is faulted back in from the executable on first touch.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 /// Releases freed heap and the executable's clean code and descriptor pages: after start-up,
 /// and after an admin request that needed a descriptor pool (`/config_dump`, `/server_info`).
@@ -121,6 +121,30 @@ fn configure_allocator() {
         SERVING_PURGE_DELAY.store(mi_option_get(PURGE_DELAY), Ordering::Relaxed);
         mi_option_set(PURGE_DELAY, 0);
     }
+}
+
+/// Whether a [`release_free_heap_soon`] is pending.
+static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Gives the heap this thread freed back to the OS a second from now (once for any number of
+/// calls meanwhile). Meant for a current-thread tokio runtime (the xDS thread's), whose tasks
+/// run on the calling thread; does nothing outside a runtime. mimalloc purges freed pages only
+/// when the thread that freed them allocates or frees again, and the xDS thread sleeps between
+/// updates: after a 10,000-cluster push it kept about 40 MB of freed pages (the decoded
+/// responses) resident for good.
+pub fn release_free_heap_soon() {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if RELEASE_PENDING.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    runtime.spawn(async {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        RELEASE_PENDING.store(false, Ordering::Release);
+        // SAFETY: only returns this thread's free heap pages to the OS.
+        unsafe { mi_collect(true) };
+    });
 }
 
 /// Start-up is over: freed pages now stay for mimalloc's default delay (1 s in mimalloc 3),

@@ -68,8 +68,6 @@ pub struct State {
     eds_users: HashMap<String, BTreeSet<String>>,
     /// The service name each EDS cluster uses.
     eds_service_of: HashMap<String, String>,
-    /// The last accepted assignment of each service name.
-    assignments: HashMap<String, ClusterLoadAssignment>,
     /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
     stats_to_release: BTreeSet<String>,
     /// The `version_info` of the last CDS response applied whole.
@@ -280,10 +278,14 @@ impl ProxyHandler {
                                 .or_default()
                                 .insert(name.clone());
                             st.eds_service_of.insert(name.clone(), service_name.clone());
+                            // The accepted assignment is kept encoded only (its record): a
+                            // decoded copy per service cost more than the bytes.
                             match st
-                                .assignments
+                                .endpoints
                                 .get(&service_name)
-                                .map(|cla| compile_assignment(cla, &cfg))
+                                .and_then(|r| r.value.as_ref())
+                                .and_then(|v| ClusterLoadAssignment::decode(v.clone()).ok())
+                                .map(|cla| compile_assignment(&cla, &cfg))
                             {
                                 Some(Ok(endpoints)) => {
                                     cfg.endpoints = endpoints;
@@ -454,13 +456,11 @@ impl ProxyHandler {
                     cluster.set_endpoints(&eps);
                 }
             }
-            st.assignments.insert(r.name.clone(), cla);
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
         }
         shared.clusters.apply(warmed, &[]);
         for name in u.removed {
-            st.assignments.remove(&name);
             st.endpoints.remove(&name);
             for user in st.eds_users.get(&name).into_iter().flatten() {
                 if let Some(cluster) = shared.clusters.get(user) {
@@ -769,6 +769,7 @@ impl Handler for ProxyHandler {
             },
         };
         self.advance(&mut st);
+        crate::memory::release_free_heap_soon();
         applied
     }
 
@@ -907,7 +908,6 @@ fn forget_eds_user(st: &mut State, cluster: &str, removed: bool) {
         if users.is_empty() {
             st.eds_users.remove(&service);
             if removed {
-                st.assignments.remove(&service);
                 st.endpoints.remove(&service);
             }
         }
