@@ -99,6 +99,10 @@ pub enum Verdict {
     Nack(String),
 }
 
+/// How many resource names a [`Push`] keeps of each list: a 10,000-cluster push logged whole,
+/// 64 times over, would hold tens of megabytes of names.
+pub const PUSH_NAMES: usize = 100;
+
 /// One response received and how it was answered (the push log, newest first in [`Status`]).
 #[derive(Debug, Clone)]
 pub struct Push {
@@ -110,10 +114,15 @@ pub struct Push {
     pub version: String,
     /// Its nonce.
     pub nonce: String,
-    /// Names of the resources it carried.
+    /// Names of the resources it carried (the first [`PUSH_NAMES`]).
     pub resources: Vec<String>,
-    /// Names it removed (Delta, or absent from a SotW full-state response).
+    /// How many resources it carried.
+    pub resource_count: usize,
+    /// Names it removed (Delta, or absent from a SotW full-state response; the first
+    /// [`PUSH_NAMES`]).
     pub removed: Vec<String>,
+    /// How many it removed.
+    pub removed_count: usize,
     /// The answer.
     pub verdict: Verdict,
     /// How long the handler took.

@@ -74,8 +74,15 @@ pub(super) fn deliver(
         type_url: incoming.type_url.clone(),
         version: incoming.version_info.clone(),
         nonce: incoming.nonce.clone(),
-        resources: names.clone(),
-        removed: incoming.removed.clone(),
+        resources: names.iter().take(crate::PUSH_NAMES).cloned().collect(),
+        resource_count: names.len(),
+        removed: incoming
+            .removed
+            .iter()
+            .take(crate::PUSH_NAMES)
+            .cloned()
+            .collect(),
+        removed_count: incoming.removed.len(),
         verdict,
         apply_time,
     };
@@ -123,5 +130,44 @@ pub(super) fn deliver(
         applied,
         push: push(verdict.clone(), apply_time),
         verdict,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Applied;
+
+    struct AcceptAll;
+
+    impl Handler for AcceptAll {
+        fn apply(&self, _update: Update) -> Applied {
+            Applied::default()
+        }
+    }
+
+    #[test]
+    fn a_large_push_is_logged_with_its_counts_and_the_first_names() {
+        let resource = |i: usize| Resource {
+            name: format!("c{i:04}"),
+            version: "1".into(),
+            value: bytes::Bytes::new(),
+        };
+        let incoming = Incoming {
+            type_url: crate::CLUSTER_TYPE_URL.into(),
+            version_info: "1".into(),
+            nonce: "n".into(),
+            resources: (0..250).map(resource).collect(),
+            refused: Vec::new(),
+            removed: (0..120).map(|i| format!("gone{i}")).collect(),
+            at: SystemTime::now(),
+        };
+        let outcome = deliver(incoming, &AcceptAll, &mut Progress::default());
+        assert_eq!(outcome.verdict, Verdict::Ack);
+        let push = outcome.push;
+        assert_eq!((push.resource_count, push.removed_count), (250, 120));
+        assert_eq!(push.resources.len(), crate::PUSH_NAMES);
+        assert_eq!(push.resources[0], "c0000");
+        assert_eq!(push.removed.len(), crate::PUSH_NAMES);
     }
 }

@@ -50,7 +50,9 @@ mod tests {
             version: version.to_string(),
             nonce: String::new(),
             resources: Vec::new(),
+            resource_count: 0,
             removed: Vec::new(),
+            removed_count: 0,
             verdict: Verdict::Ack,
             apply_time: Duration::ZERO,
         }
