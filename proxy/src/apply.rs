@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::config::listener::ListenerConfig;
 use crate::listener::{Listener, Slot, accept_loop};
 use crate::route::RouteTable;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::snapshot::Snapshot;
 
 /// What applying a listener did.

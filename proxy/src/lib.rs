@@ -18,6 +18,7 @@ pub mod memory;
 pub mod route;
 pub mod router_check;
 pub mod server;
+pub mod shared;
 pub mod snapshot;
 pub mod spawn;
 pub mod stats;

@@ -15,7 +15,7 @@ use proto::{Codec, pack};
 
 use super::AdminRequest;
 use crate::config::Severity;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 fn started(shared: &Shared) -> Timestamp {
     let since = std::time::SystemTime::now()

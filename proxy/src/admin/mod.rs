@@ -15,7 +15,8 @@ use std::sync::Arc;
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::server::{ServerState, Shared};
+use crate::lifecycle::ServerState;
+use crate::shared::Shared;
 
 /// An admin response: status, content type, body.
 pub struct AdminResponse {

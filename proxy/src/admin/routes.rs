@@ -4,7 +4,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{AdminRequest, AdminResponse, json, text};
 use crate::route::{RouteRequest, RouteTable, explain};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Renders `/routes` (all tables) or `/routes?host=..&path=..` (the decision, explained, for
 /// every table or the one named by `route_config`).

@@ -4,7 +4,7 @@
 //! profiler and has no heap profiler), and with a 501 naming what is missing otherwise.
 
 use super::{AdminRequest, AdminResponse, text};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 const ENABLE_USAGE: &str = "?enable=<y|n>\n";
 

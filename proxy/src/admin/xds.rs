@@ -16,7 +16,7 @@ use proto::pb::envoy::admin::v3::{
 use proto::pb::google::protobuf::Timestamp;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
 
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::xds::handler::{Phase, any};
 use crate::xds::records::{Record, Status};
 

@@ -35,7 +35,7 @@ use tokio::net::TcpStream;
 use tokio_util::either::Either;
 
 use crate::config::hcm::{Codec, HcmConfig};
-use crate::server::Shared;
+use crate::shared::Shared;
 use forwarding::Downstream;
 
 /// A connection manager ready to serve: its config plus resolved stats handles.

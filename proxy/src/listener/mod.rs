@@ -19,7 +19,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::upstream::LbContext;
 

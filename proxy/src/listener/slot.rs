@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 
 use super::Listener;
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::stats::Connections;
 
 /// One listener name's current configuration and the accept loops serving it.

@@ -30,7 +30,7 @@ use crate::config::hcm::Routes;
 use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
 use crate::lifecycle::ServerState;
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// How often the stats of removed resources still held at their removal are looked at again.
 const STATS_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use xds_client::client::{self, Client, Mode, RateLimit, Transport};
 
 use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
-use crate::server::Shared;
+use crate::shared::Shared;
 use handler::ProxyHandler;
 
 /// The proxy's xDS machinery, for admin (`/xds`, `/config_dump`, `/init_dump`).

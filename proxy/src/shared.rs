@@ -1,0 +1,113 @@
+//! The process-wide state the data path, admin and xDS share: stats, clusters, the published
+//! snapshot and its one writer, the bootstrap, the lifecycle. It holds handles only; the
+//! wiring that starts threads and sockets is `server.rs`, which nothing but `main` imports.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::apply::Applier;
+use crate::cli::Options;
+use crate::config::bootstrap::BootstrapConfig;
+use crate::drain::Drain;
+use crate::lifecycle::Lifecycle;
+use crate::route::RouteTable;
+use crate::snapshot::Published;
+use crate::stats::Store;
+use crate::upstream::ClusterManager;
+
+/// Process-wide state shared by the data path and the admin API.
+pub struct Shared {
+    /// All stats.
+    pub stats: Store,
+    /// Clusters by name.
+    pub clusters: ClusterManager,
+    /// The listeners and RDS route tables the data path reads; only [`Shared::applier`] stores.
+    pub snapshot: Published,
+    /// The one writer of listeners, route tables and their sockets.
+    pub applier: Applier,
+    /// The compiled bootstrap.
+    pub bootstrap: BootstrapConfig,
+    /// Command-line options.
+    pub options: Options,
+    /// When the process started.
+    pub started: Instant,
+    /// `server.state`, health checks, drains, quit.
+    pub lifecycle: Lifecycle,
+    /// The xDS client's state, when the bootstrap has `dynamic_resources` (for `/xds` and
+    /// `/config_dump`).
+    pub xds: std::sync::OnceLock<crate::xds::Xds>,
+}
+
+impl Shared {
+    /// The drain state connections consult.
+    pub fn drain(&self) -> &crate::drain::Drain {
+        &self.lifecycle.drain
+    }
+
+    /// `/drain_listeners`: starts draining every listener (or only the inbound ones), so their
+    /// connections are told to close; stops them accepting at once, after `--drain-time-s`
+    /// when `graceful`, or never when `skip_exit` (Envoy 1.40's behaviour, which leaves
+    /// `/ready` and `server.state` as they are).
+    pub fn drain_listeners(self: &Arc<Self>, inbound_only: bool, graceful: bool, skip_exit: bool) {
+        self.lifecycle.drain.start(inbound_only);
+        if skip_exit {
+            return;
+        }
+        if graceful {
+            let shared = self.clone();
+            let delay = std::time::Duration::from_secs(self.options.drain_time_s);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                shared.applier.stop_listeners(inbound_only);
+            });
+        } else {
+            self.applier.stop_listeners(inbound_only);
+        }
+    }
+
+    /// Every route table: inline ones of the listeners' connection managers, then RDS ones.
+    pub fn route_tables(&self) -> Vec<Arc<RouteTable>> {
+        use crate::config::hcm::Routes;
+        use crate::config::listener::Terminal;
+        let snapshot = self.snapshot.load_full();
+        let mut out = Vec::new();
+        for l in &snapshot.listeners {
+            for c in l
+                .config()
+                .chains
+                .iter()
+                .chain(l.config().default_chain.iter())
+            {
+                if let Terminal::Http(h) = &c.terminal
+                    && let Routes::Static(t) = &h.routes
+                {
+                    out.push(t.clone());
+                }
+            }
+        }
+        let mut rds: Vec<_> = snapshot.routes.values().cloned().collect();
+        rds.sort_by(|a, b| a.name().cmp(b.name()));
+        out.extend(rds);
+        out
+    }
+}
+
+/// Builds the shared state for a compiled bootstrap (no sockets yet).
+pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
+    let stats = Store::new();
+    let drain = Drain::new(
+        options.drain_strategy,
+        std::time::Duration::from_secs(options.drain_time_s),
+    );
+    Shared {
+        clusters: ClusterManager::new(stats.clone()),
+        snapshot: Published::default(),
+        applier: Applier::default(),
+        bootstrap,
+        options,
+        started: Instant::now(),
+        lifecycle: Lifecycle::new(&stats, drain),
+        xds: std::sync::OnceLock::new(),
+        stats,
+    }
+}
