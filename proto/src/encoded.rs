@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 /// (`/config_dump`, change detection). A decoded Envoy `Cluster` is about 3.4 KB of mostly empty
 /// fields; encoded it is the size of what was configured. Decoded again on demand.
 pub struct Encoded<T> {
-    bytes: Box<[u8]>,
+    bytes: bytes::Bytes,
     message: PhantomData<fn() -> T>,
 }
 
@@ -15,7 +15,16 @@ impl<T: prost::Message + Default> Encoded<T> {
     /// Encodes `message`.
     pub fn new(message: &T) -> Self {
         Encoded {
-            bytes: message.encode_to_vec().into_boxed_slice(),
+            bytes: message.encode_to_vec().into(),
+            message: PhantomData,
+        }
+    }
+
+    /// Keeps `bytes`, which decode as a `T` (an xDS resource as received: the record of it
+    /// and the compiled config then share one buffer).
+    pub fn from_encoded(bytes: bytes::Bytes) -> Self {
+        Encoded {
+            bytes,
             message: PhantomData,
         }
     }

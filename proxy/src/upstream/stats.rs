@@ -76,10 +76,26 @@ pub struct ClusterStats {
     /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
     pub update_failure: Counter,
     fail_closed: OnceLock<Counter>,
-    codes: CodeStats,
-    external: CodeStats,
-    internal: CodeStats,
-    retried: CodeStats,
+    /// `cluster.<stat name>.`.
+    prefix: Box<str>,
+    codes: LazyCodes,
+    external: LazyCodes,
+    internal: LazyCodes,
+    retried: LazyCodes,
+}
+
+/// A [`CodeStats`] made at the first response: a cluster that never answers (most of an
+/// Istio sidecar's thousands) pays 16 bytes for it instead of some 400.
+#[derive(Debug, Default)]
+struct LazyCodes(OnceLock<Box<CodeStats>>);
+
+impl LazyCodes {
+    /// Charges `status` to `<prefix><sub>upstream_rq_*`.
+    fn charge(&self, store: &Store, prefix: &str, sub: &str, status: u16) {
+        self.0
+            .get_or_init(|| Box::new(CodeStats::new(format!("{prefix}{sub}"))))
+            .charge(store, status);
+    }
 }
 
 /// `<prefix>upstream_rq_<code|class>` and `upstream_rq_completed`, created on first use like
@@ -132,7 +148,7 @@ impl ClusterStats {
         self.fail_closed
             .get_or_init(|| {
                 self.store
-                    .counter(&format!("{}upstream_cx_fail_closed", self.codes.prefix))
+                    .counter(&format!("{}upstream_cx_fail_closed", self.prefix))
             })
             .inc();
     }
@@ -174,10 +190,11 @@ impl ClusterStats {
             update_success: c("update_success"),
             update_failure: c("update_failure"),
             fail_closed: OnceLock::new(),
-            codes: CodeStats::new(prefix.clone()),
-            external: CodeStats::new(format!("{prefix}external.")),
-            internal: CodeStats::new(format!("{prefix}internal.")),
-            retried: CodeStats::new(format!("{prefix}retry.")),
+            codes: LazyCodes::default(),
+            external: LazyCodes::default(),
+            internal: LazyCodes::default(),
+            retried: LazyCodes::default(),
+            prefix: prefix.into(),
             store: store.clone(),
         }
     }
@@ -186,11 +203,13 @@ impl ClusterStats {
     /// upstream): `upstream_rq_<class>xx`, `upstream_rq_<code>`, `upstream_rq_completed`, and
     /// the same under `internal.` or `external.` (per `x-envoy-internal`).
     pub fn charge_status(&self, status: u16, internal: bool) {
-        self.codes.charge(&self.store, status);
+        self.codes.charge(&self.store, &self.prefix, "", status);
         if internal {
-            self.internal.charge(&self.store, status);
+            self.internal
+                .charge(&self.store, &self.prefix, "internal.", status);
         } else {
-            self.external.charge(&self.store, status);
+            self.external
+                .charge(&self.store, &self.prefix, "external.", status);
         }
     }
 
@@ -198,7 +217,8 @@ impl ClusterStats {
     /// Envoy does: `retry.upstream_rq_<code>`, `retry.upstream_rq_<class>xx`,
     /// `retry.upstream_rq_completed` only.
     pub fn charge_retried(&self, status: u16) {
-        self.retried.charge(&self.store, status);
+        self.retried
+            .charge(&self.store, &self.prefix, "retry.", status);
     }
 }
 

@@ -372,6 +372,8 @@ impl ProxyHandler {
         log_warnings("cluster", &c.name, &warnings);
         let mut cfg = compile_cluster(&c).map_err(|e| located("cluster", &c.name, e))?;
         cfg.added_via_api = true;
+        // The record keeps these bytes too: one buffer for both.
+        cfg.proto = proto::Encoded::from_encoded(r.value.clone());
         let eds_source = c
             .eds_cluster_config
             .as_ref()
