@@ -6,7 +6,8 @@
 //! (valid start, RDS change, EDS change, a listener with a bad regex beside good ones, a
 //! cluster with an invalid field, a cluster rejected by name, a route configuration with a bad
 //! regex, a cluster removal, a listener removal, duplicate-address listeners, a listener and a
-//! cluster warming past their initial fetch timeouts); after each step both clients must have
+//! cluster warming past their initial fetch timeouts, a second EDS cluster, a change to one of
+//! the two assignments: SotW sends that one alone); after each step both clients must have
 //! answered the version for every type pushed, and the test compares per type ACK vs NACK
 //! (and which resources a NACK names), the answers to the same requests (status, which
 //! upstream, body) and the resource names of the dynamic `/config_dump` sections.
@@ -394,6 +395,13 @@ fn script(a: u16, b: u16) -> Vec<Step> {
                    resource_api_version: V3, initial_fetch_timeout: 1s}}";
         http_listener("waiting", &hcm("waiting", rds))
     };
+    let cold = || {
+        format!(
+            "{{\"@type\": {CDS}, name: cold, type: EDS, connect_timeout: 1s, \
+             eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3, \
+             initial_fetch_timeout: 1s}}}}}}"
+        )
+    };
     const MAIN: &[(&str, &str)] = &[("main", "/svc"), ("main", "/other"), ("main", "/")];
     const BOTH: &[(&str, &str)] = &[
         ("main", "/svc"),
@@ -566,17 +574,48 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             what: "a cluster whose endpoints do not come, past the initial fetch timeouts",
             resources: vec![
                 svc(),
-                format!(
-                    "{{\"@type\": {CDS}, name: cold, type: EDS, connect_timeout: 1s, \
-                     eds_cluster_config: {{eds_config: {{ads: {{}}, resource_api_version: V3, \
-                     initial_fetch_timeout: 1s}}}}}}"
-                ),
+                cold(),
                 assignment("svc", b),
                 main(),
                 waiting(),
                 routes("v5", "svc"),
             ],
             pushed: &[CDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+        },
+        Step {
+            // SotW sends the new cluster's assignment alone once the clients ask for it.
+            what: "a second EDS cluster",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc", b),
+                assignment("svc2", a),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[CDS, EDS],
+            requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+        },
+        Step {
+            // SotW sends svc2's assignment alone: both clients keep svc's (`/svc` still
+            // reaches b).
+            what: "one of two EDS assignments changes",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc", b),
+                assignment("svc2", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[EDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
         },

@@ -44,10 +44,18 @@ async fn named_rds_and_eds_get_only_the_names_asked_that_exist() {
     assert_eq!(names(&rds), ["r2"]);
     c.request(ENDPOINT_TYPE_URL, &["c1"], "", "", None).await;
     assert_eq!(names(&c.recv().await), ["c1"]);
-    // A changed subscription gets the new set.
+    // A new name gets its resource; the client keeps the one it has (RDS is not full-state).
     c.request(ROUTE_TYPE_URL, &["r1", "r2"], "v1", &rds.nonce, None)
         .await;
-    assert_eq!(names(&c.recv().await), ["r1", "r2"]);
+    let rds = c.recv().await;
+    assert_eq!(names(&rds), ["r1"]);
+    // Dropping a name needs no response; subscribing to it again resends it, unchanged.
+    c.request(ROUTE_TYPE_URL, &["r1"], "v1", &rds.nonce, None)
+        .await;
+    c.nothing().await;
+    c.request(ROUTE_TYPE_URL, &["r1", "r2"], "v1", &rds.nonce, None)
+        .await;
+    assert_eq!(names(&c.recv().await), ["r2"]);
     // Names that exist nowhere are not answered until they do.
     c.request(
         "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
@@ -227,4 +235,82 @@ async fn a_nonce_from_an_earlier_stream_does_not_block_the_first_response() {
     c.request(CLUSTER_TYPE_URL, &[], "v0", "41", None).await;
     let cds = c.recv().await;
     assert_eq!(names(&cds), ["c1", "c2"]);
+}
+
+/// v1 plus clusters c3 and c4 with their endpoints.
+fn four_clusters() -> Snapshot {
+    v1().with_message("c3", &cluster("c3", "a"))
+        .with_message("c4", &cluster("c4", "a"))
+        .with_message("c3", &endpoints("c3", 0))
+        .with_message("c4", &endpoints("c4", 0))
+}
+
+#[tokio::test]
+async fn a_change_to_one_of_several_assignments_sends_only_that_one_and_cds_stays_full() {
+    let (server, addr) = start(Some(four_clusters())).await;
+    let mut c = Sotw::connect(addr, "n1").await;
+    let eds_names = ["c1", "c2", "c3", "c4"];
+    for (t, n) in [
+        (CLUSTER_TYPE_URL, &[][..]),
+        (ENDPOINT_TYPE_URL, &eds_names[..]),
+    ] {
+        c.request(t, n, "", "", None).await;
+        let r = c.recv().await;
+        assert_eq!(names(&r), eds_names);
+        c.ack(&r, n).await;
+    }
+    // v2 moves c3's endpoints only.
+    let mut v2 = four_clusters().with_message("c3", &endpoints("c3", 1));
+    v2.set_version("v2");
+    server.set(v2);
+    let eds = c.recv().await;
+    assert_eq!(eds.type_url, ENDPOINT_TYPE_URL);
+    assert_eq!(eds.version_info, "v2");
+    assert_eq!(names(&eds), ["c3"]);
+    c.ack(&eds, &eds_names).await;
+    assert_eq!(
+        server.acked("n1", ENDPOINT_TYPE_URL, "v2", WAIT).await,
+        Some(Verdict::Ack)
+    );
+    c.nothing().await;
+    // v3 changes cluster c2 (its endpoints unchanged) and c4's endpoints: CDS is the full
+    // state, then EDS carries c4 and c2 (the updated cluster warms until it gets its own).
+    let mut v3 = four_clusters()
+        .with_message("c3", &endpoints("c3", 1))
+        .with_message("c2", &cluster("c2", "b"))
+        .with_message("c4", &endpoints("c4", 1));
+    v3.set_version("v3");
+    server.set(v3);
+    let cds = c.recv().await;
+    assert_eq!(cds.type_url, CLUSTER_TYPE_URL);
+    assert_eq!(names(&cds), eds_names);
+    let eds = c.recv().await;
+    assert_eq!(eds.type_url, ENDPOINT_TYPE_URL);
+    assert_eq!(names(&eds), ["c2", "c4"]);
+    c.nothing().await;
+}
+
+#[tokio::test]
+async fn a_reconnected_client_gets_every_assignment_it_asks_for() {
+    let (server, addr) = start(Some(four_clusters())).await;
+    let eds_names = ["c1", "c2", "c3", "c4"];
+    let mut c = Sotw::connect(addr, "n1").await;
+    c.request(ENDPOINT_TYPE_URL, &eds_names, "", "", None).await;
+    let eds = c.recv().await;
+    assert_eq!(names(&eds), eds_names);
+    c.ack(&eds, &eds_names).await;
+    let mut v2 = four_clusters().with_message("c1", &endpoints("c1", 1));
+    v2.set_version("v2");
+    server.set(v2);
+    let eds = c.recv().await;
+    assert_eq!(names(&eds), ["c1"]);
+    drop(c);
+    // A new stream holds nothing: what the client had on the old one is sent again, at the
+    // version it says it has.
+    let mut c = Sotw::connect(addr, "n1").await;
+    c.request(ENDPOINT_TYPE_URL, &eds_names, "v2", "", None)
+        .await;
+    let eds = c.recv().await;
+    assert_eq!(eds.version_info, "v2");
+    assert_eq!(names(&eds), eds_names);
 }

@@ -1,5 +1,11 @@
-//! State-of-the-world ADS streams: per type, what the client subscribed to and what it was
-//! last sent; a response whenever a request or a snapshot changes what the client should have.
+//! State-of-the-world ADS streams: per type, what the client subscribed to and holds; a
+//! response whenever a request or a snapshot changes what the client should have.
+//!
+//! Listener and Cluster responses carry the full state (a resource left out is removed). The
+//! other types (RDS, EDS, SDS) are named, not full-state: the client keeps what a response
+//! leaves out, so a response carries only the subscribed resources the client does not hold
+//! at their current version on this stream (changed ones, newly subscribed names, everything
+//! after a reconnect).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,18 +34,11 @@ struct TypeState {
     /// Names subscribed to.
     names: BTreeSet<String>,
     /// The last response sent.
-    sent: Option<Sent>,
-    /// Send the next response even if its content is unchanged (EDS after a cluster changed:
-    /// Envoy warms an updated cluster only on a ClusterLoadAssignment response).
-    force: bool,
-}
-
-/// What the last response of a type carried.
-struct Sent {
-    /// Its version and nonce, and whether the client answered it.
-    response: LastResponse,
-    /// Name -> resource version.
-    content: BTreeMap<String, String>,
+    last: Option<LastResponse>,
+    /// Name -> version of what the client got on this stream: for a full-state type, the
+    /// last response's resources; for the others, every resource sent since the client
+    /// subscribed to its name.
+    held: BTreeMap<String, String>,
 }
 
 impl AdsStream for SotwStream {
@@ -72,12 +71,11 @@ impl AdsStream for SotwStream {
             names = ?req.resource_names, nack = req.error_detail.is_some(), "SotW request");
         let first = !self.types.contains_key(&req.type_url);
         let ts = self.types.entry(req.type_url.clone()).or_default();
-        let last = ts.sent.as_mut().map(|sent| &mut sent.response);
         let check = self.peer.check_nonce(
             &req.type_url,
             &req.response_nonce,
             req.error_detail.as_ref(),
-            last,
+            ts.last.as_mut(),
             log,
         );
         // A nonce of an earlier stream (nothing sent on this one yet) is not stale.
@@ -91,6 +89,11 @@ impl AdsStream for SotwStream {
         ts.legacy_wildcard = !star && names.is_empty() && (first || ts.legacy_wildcard);
         ts.wildcard = star || ts.legacy_wildcard;
         ts.names = names;
+        // A name unsubscribed from is sent again if subscribed to later, changed or not.
+        if !is_full_state(&req.type_url) && !ts.wildcard {
+            let names = &ts.names;
+            ts.held.retain(|n, _| names.contains(n));
+        }
         self.respond_to_request(&req.type_url, snapshot)
     }
 
@@ -99,8 +102,8 @@ impl AdsStream for SotwStream {
     }
 
     /// Adds the response `type_url` needs to `out`; after a CDS response in which clusters
-    /// the client also watches in EDS were added or changed, the EDS response too, even if the
-    /// endpoints did not change (Envoy keeps an updated cluster warming until it gets one).
+    /// the client holds the endpoints of were added or changed, their ClusterLoadAssignments
+    /// again, even if unchanged (Envoy keeps an updated cluster warming until it gets one).
     fn respond_type(
         &mut self,
         type_url: &str,
@@ -110,33 +113,21 @@ impl AdsStream for SotwStream {
         let Some(ts) = self.types.get_mut(type_url) else {
             return;
         };
-        let before = ts
-            .sent
-            .as_ref()
-            .map(|s| s.content.clone())
-            .unwrap_or_default();
-        let Some(response) = respond(type_url, ts, snapshot, &mut self.peer) else {
+        let Some((response, changed)) = respond(type_url, ts, snapshot, &mut self.peer) else {
             return;
         };
         out.push(response);
         if type_url != CLUSTER_TYPE_URL {
             return;
         }
-        let after = ts.sent.as_ref().map(|s| &s.content);
-        let changed: Vec<String> = after
-            .into_iter()
-            .flatten()
-            .filter(|(n, v)| before.get(*n) != Some(*v))
-            .map(|(n, _)| n.clone())
-            .collect();
-        let Some(eds) = self.types.get(ENDPOINT_TYPE_URL) else {
+        let Some(eds) = self.types.get_mut(ENDPOINT_TYPE_URL) else {
             return;
         };
-        let watched = |n: &String| eds.wildcard || eds.names.contains(n);
-        if eds.sent.is_some() && changed.iter().any(watched) {
-            if let Some(eds) = self.types.get_mut(ENDPOINT_TYPE_URL) {
-                eds.force = true;
-            }
+        let mut forced = false;
+        for name in changed {
+            forced |= eds.held.remove(&name).is_some();
+        }
+        if forced {
             self.respond_type(ENDPOINT_TYPE_URL, snapshot, out);
         }
     }
@@ -148,17 +139,20 @@ impl AdsStream for SotwStream {
     }
 }
 
-/// The response `ts` needs, if its content differs from the last one sent. The first response
-/// of a type goes out even when empty for full-state and wildcard subscriptions (the client
-/// waits for it to finish initializing); named types wait until a resource exists.
+/// The response `ts` needs, if any, with the names of the resources it carries that the
+/// client did not hold at that version. A full-state type's response carries every resource
+/// subscribed to and goes out when that set differs from the last one sent; another type's
+/// carries only the resources the client does not hold. The first response of a type goes out
+/// even when empty for full-state and wildcard subscriptions (the client waits for it to
+/// finish initializing); named types wait until a resource exists.
 fn respond(
     type_url: &str,
     ts: &mut TypeState,
     snapshot: &Snapshot,
     peer: &mut Peer,
-) -> Option<DiscoveryResponse> {
+) -> Option<(DiscoveryResponse, Vec<String>)> {
     let all = snapshot.resources(type_url);
-    let chosen: Vec<(&String, &SnapshotResource)> = if ts.wildcard {
+    let subscribed: Vec<(&String, &SnapshotResource)> = if ts.wildcard {
         all.iter().collect()
     } else {
         ts.names
@@ -166,28 +160,43 @@ fn respond(
             .filter_map(|n| all.get_key_value(n))
             .collect()
     };
-    let content: BTreeMap<String, String> = chosen
+    let new: Vec<(&String, &SnapshotResource)> = subscribed
         .iter()
-        .map(|(n, r)| ((*n).clone(), r.version.clone()))
+        .filter(|(n, r)| ts.held.get(*n) != Some(&r.version))
+        .copied()
         .collect();
-    let send = match &ts.sent {
-        Some(sent) => sent.content != content || ts.force,
-        None => is_full_state(type_url) || ts.wildcard || !content.is_empty(),
+    let full_state = is_full_state(type_url);
+    let send = match ts.last {
+        Some(_) if full_state => !new.is_empty() || ts.held.len() != subscribed.len(),
+        Some(_) => !new.is_empty(),
+        None => full_state || ts.wildcard || !new.is_empty(),
     };
     if !send {
         return None;
     }
+    let changed: Vec<String> = new.iter().map(|(n, _)| (*n).clone()).collect();
+    let chosen = if full_state {
+        ts.held.clear();
+        subscribed
+    } else {
+        new
+    };
+    ts.held.extend(
+        chosen
+            .iter()
+            .map(|(n, r)| ((*n).clone(), r.version.clone())),
+    );
     let nonce = peer.next_nonce();
-    ts.force = false;
-    ts.sent = Some(Sent {
-        response: LastResponse::new(snapshot.version().to_owned(), nonce.clone()),
-        content,
-    });
-    Some(DiscoveryResponse {
+    ts.last = Some(LastResponse::new(
+        snapshot.version().to_owned(),
+        nonce.clone(),
+    ));
+    let response = DiscoveryResponse {
         version_info: snapshot.version().to_owned(),
         resources: chosen.iter().map(|(_, r)| (*r.any).clone()).collect(),
         type_url: type_url.to_owned(),
         nonce,
         ..Default::default()
-    })
+    };
+    Some((response, changed))
 }
