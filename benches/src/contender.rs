@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::configs::{self, Listen};
 use crate::upstream::Upstream;
+use crate::xds::{self, AdsServer};
 
 // The test suite's port allocator: ports below the ephemeral range, probed before use.
 #[path = "../../proxy/tests/support/ports.rs"]
@@ -23,6 +24,9 @@ use ports::free_port;
 pub enum Kind {
     /// revoy, `--concurrency 1`.
     Revoy,
+    /// The same revoy binary and config, its listeners, routes, clusters and endpoints
+    /// delivered over ADS (SotW) by an in-process server instead of a static bootstrap.
+    RevoyXds,
     /// Envoy, `--concurrency 1`.
     Envoy,
     /// haproxy, `nbthread 1`.
@@ -35,8 +39,9 @@ pub enum Kind {
 
 impl Kind {
     /// Every contender, in report order.
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Revoy,
+        Kind::RevoyXds,
         Kind::Envoy,
         Kind::Haproxy,
         Kind::Nginx,
@@ -47,6 +52,7 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Revoy => "revoy",
+            Kind::RevoyXds => "revoy-xds",
             Kind::Envoy => "envoy",
             Kind::Haproxy => "haproxy",
             Kind::Nginx => "nginx",
@@ -67,7 +73,7 @@ pub enum Shape {
 /// Paths of the proxy binaries.
 #[derive(Clone, Debug)]
 pub struct Binaries {
-    /// The revoy release binary.
+    /// The revoy release binary (also the `revoy-xds` contender's).
     pub revoy: PathBuf,
     /// The Envoy binary.
     pub envoy: PathBuf,
@@ -97,11 +103,14 @@ pub struct Running {
     pub listen: Listen,
     child: Option<Child>,
     log: PathBuf,
+    /// The ADS server of `revoy-xds`; dropped after the process is killed.
+    ads: Option<AdsServer>,
 }
 
 impl Running {
     /// Writes `kind`'s config for `shape` under `dir` and starts it, waiting until it answers
-    /// an HTTP request with 200 (at most 60 s).
+    /// an HTTP request with 200 (at most 60 s); `revoy-xds` also until its `/ready` answers
+    /// 200, and it fails at once on a NACK.
     pub fn start(
         kind: Kind,
         shape: Shape,
@@ -122,12 +131,13 @@ impl Running {
                 listen,
                 child: None,
                 log: PathBuf::new(),
+                ads: None,
             });
         }
         let dir = dir.join(format!("{}-{:?}", kind.name(), shape).to_lowercase());
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let http = free_port();
-        let h2 = if matches!(kind, Kind::Revoy | Kind::Envoy) {
+        let h2 = if matches!(kind, Kind::Revoy | Kind::RevoyXds | Kind::Envoy) {
             http
         } else {
             free_port()
@@ -144,12 +154,20 @@ impl Running {
             fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(path.to_string_lossy().into_owned())
         };
+        let mut ads = None;
         let (program, args): (PathBuf, Vec<String>) = match kind {
-            Kind::Revoy | Kind::Envoy => {
-                let text = match shape {
+            Kind::Revoy | Kind::RevoyXds | Kind::Envoy => {
+                let mut text = match shape {
                     Shape::Standard => configs::envoy_standard(&listen, up),
                     Shape::Mesh => configs::envoy_mesh(&listen, up),
                 };
+                if kind == Kind::RevoyXds {
+                    // The static contender's resources, served over ADS; the bootstrap only
+                    // names the server.
+                    let server = AdsServer::start(xds::snapshot_of_static(&text, "v1")?)?;
+                    text = xds::bootstrap(kind.name(), listen.admin, server.addr, false);
+                    ads = Some(server);
+                }
                 let config = write("bootstrap.yaml", text)?;
                 let mut args = vec![
                     "-c".into(),
@@ -218,6 +236,7 @@ impl Running {
             listen,
             child: Some(child),
             log,
+            ads,
         };
         let host = match shape {
             Shape::Standard => "bench.local".to_string(),
@@ -272,7 +291,16 @@ impl Running {
                     self.log_tail()
                 ));
             }
-            match probe(self.listen.http, host) {
+            if let Some(ads) = &self.ads
+                && let Some(nack) = ads.nacks().into_iter().next()
+            {
+                return Err(format!(
+                    "{} rejected its config: {nack}; {}",
+                    self.kind.name(),
+                    self.log_tail()
+                ));
+            }
+            match self.ready().and_then(|()| probe(self.listen.http, host)) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e,
             }
@@ -283,6 +311,18 @@ impl Running {
             self.kind.name(),
             self.log_tail()
         ))
+    }
+
+    /// For a contender configured over xDS, whether its admin's `/ready` answers 200 (the
+    /// initial fetches are done); for the others, Ok.
+    fn ready(&self) -> Result<(), String> {
+        if self.ads.is_none() {
+            return Ok(());
+        }
+        match xds::admin_get(self.listen.admin, "/ready")? {
+            (200, _) => Ok(()),
+            (code, body) => Err(format!("/ready answered {code}: {}", body.trim())),
+        }
     }
 
     fn log_tail(&self) -> String {

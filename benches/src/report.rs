@@ -259,10 +259,10 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
     for (i, (name, value)) in bars.iter().enumerate() {
         let top = y + TITLE_HEIGHT + i as f64 * BAR_HEIGHT;
         let len = bar_space * value / max;
-        let colour = if *name == "revoy" {
-            "#d9480f"
-        } else {
-            "#4c6ef5"
+        let colour = match *name {
+            "revoy" => "#d9480f",
+            "revoy-xds" => "#f08c00",
+            _ => "#4c6ef5",
         };
         let _ = writeln!(
             out,

