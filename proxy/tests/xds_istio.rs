@@ -6,15 +6,13 @@
 //! LIVE with every listener active.
 
 use std::collections::BTreeSet;
-use std::net::TcpStream;
-use std::time::{Duration, Instant};
 
 use proto::pb::envoy::config::cluster::v3::Cluster;
 use proto::pb::envoy::config::listener::v3::Listener;
 use proto::pb::envoy::config::route::v3::RouteConfiguration;
 use proto::{Codec, Format};
 use serde_json::Value;
-use xds_client::server::{Server, Snapshot};
+use xds_client::server::Snapshot;
 use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict};
 
 #[path = "support/child.rs"]
@@ -23,10 +21,10 @@ mod child;
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
-use child::Proxy;
+#[path = "support/xds.rs"]
+mod xds;
 use ports::free_port;
-
-const NODE: &str = "sidecar~10.244.0.17~productpage-v1.default~default.svc.cluster.local";
+use xds::*;
 
 /// The listeners istiod sends: the file's named ones (its two nameless ones, on 15090 and
 /// 15021, are the bootstrap's static listeners, never sent over LDS).
@@ -111,84 +109,41 @@ fn istio_snapshot() -> (Snapshot, usize) {
     (snapshot, count)
 }
 
-fn admin(port: u16, path: &str) -> Option<(u16, String)> {
-    http1::get(None, ([127, 0, 0, 1], port).into(), path).ok()
-}
-
-fn stat(port: u16, name: &str) -> Option<u64> {
-    let (_, body) = admin(port, &format!("/stats?filter=^{name}$"))?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 #[test]
 fn istio_sidecar_listeners_over_delta_ads_are_all_accepted() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let server = Server::new();
-    let (addr, _task) = rt.block_on(server.serve_tcp("127.0.0.1:0")).expect("serve");
+    let (admin, xds_port) = (free_port(), free_port());
+    let plane = Plane::start(xds_port);
     let (snapshot, listeners) = istio_snapshot();
-    server.set(snapshot);
-    let admin_port = free_port();
-    let yaml = format!(
-        r#"
-node:
-  id: "{NODE}"
-  cluster: productpage.default
-  metadata: {{ISTIO_VERSION: "1.24.0", CLUSTER_ID: Kubernetes, NAMESPACE: default}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}}}
-dynamic_resources:
-  lds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
-  cds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
-  ads_config:
-    api_type: DELTA_GRPC
-    set_node_on_first_message_only: true
-    transport_api_version: V3
-    grpc_services: [{{envoy_grpc: {{cluster_name: xds-grpc}}}}]
-static_resources:
-  clusters:
-  - name: xds-grpc
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: xds-grpc
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]
-"#,
-        port = addr.port()
-    );
-    let _revoy = Proxy::start(&yaml, || {
-        TcpStream::connect(("127.0.0.1", admin_port)).is_ok()
-    });
+    plane.set(snapshot);
+    // As pilot-agent's bootstrap: Delta ADS, the node once, Istio's node metadata.
+    let yaml = ads_bootstrap(admin, xds_port, true)
+        .replace(
+            &format!("node: {{id: {NODE}, cluster: xds-test}}"),
+            &format!(
+                "node: {{id: {NODE}, cluster: productpage.default, metadata: {{ISTIO_VERSION: \"1.24.0\", CLUSTER_ID: Kubernetes, NAMESPACE: default}}}}"
+            ),
+        )
+        .replace(
+            "    api_type: DELTA_GRPC",
+            "    api_type: DELTA_GRPC\n    set_node_on_first_message_only: true",
+        );
+    assert!(yaml.contains("ISTIO_VERSION") && yaml.contains("first_message_only"));
+    let _revoy = start_revoy(&yaml, admin);
     for type_url in [CLUSTER_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL] {
-        let verdict = rt.block_on(server.acked(NODE, type_url, "istio-1", Duration::from_secs(30)));
-        assert_eq!(verdict, Some(Verdict::Ack), "{type_url}");
+        assert_eq!(
+            plane.verdict(type_url, "istio-1"),
+            Verdict::Ack,
+            "{type_url}"
+        );
     }
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while admin(admin_port, "/ready").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "revoy never became LIVE");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("LIVE", || (ready(admin).0 == 200).then_some(()));
     assert_eq!(
-        stat(admin_port, "listener_manager.total_listeners_active"),
+        stat(admin, "listener_manager.total_listeners_active"),
         Some(listeners as u64)
     );
-    assert_eq!(
-        stat(admin_port, "listener_manager.lds.update_rejected"),
-        Some(0)
-    );
-    assert_eq!(
-        stat(admin_port, "cluster_manager.cds.update_rejected"),
-        Some(0)
-    );
-    let (_, dump) = admin(admin_port, "/config_dump?resource=dynamic_listeners").expect("dump");
-    let dump: Value = serde_json::from_str(&dump).expect("JSON");
-    let active = dump["configs"]
-        .as_array()
-        .expect("configs")
+    assert_eq!(stat(admin, "listener_manager.lds.update_rejected"), Some(0));
+    assert_eq!(stat(admin, "cluster_manager.cds.update_rejected"), Some(0));
+    let active = dynamic_listeners(admin)
         .iter()
         .filter(|l| l.get("active_state").is_some() && l.get("error_state").is_none())
         .count();
