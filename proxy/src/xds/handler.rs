@@ -23,6 +23,7 @@ use xds_client::{
 
 use super::records::{Records, Status};
 use super::stats::{UpdateStats, XdsStats};
+use super::waiting::Waiting;
 use crate::apply::ListenerChange;
 use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
 use crate::config::dynamic::{DynamicConfig, Source, initial_fetch_timeout};
@@ -31,6 +32,9 @@ use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
 use crate::lifecycle::ServerState;
 use crate::shared::Shared;
+
+/// Resources in an update from which its freed heap is handed back to the OS soon after.
+const LARGE_UPDATE: usize = 64;
 
 /// How often the stats of removed resources still held at their removal are looked at again.
 const STATS_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
@@ -59,11 +63,11 @@ pub struct State {
     /// Endpoint assignment records, by service name.
     pub endpoints: Records,
     /// Listeners waiting for their route configurations.
-    warming_listeners: BTreeMap<String, ListenerConfig>,
+    warming_listeners: Waiting<ListenerConfig>,
     /// RDS names each dynamic listener (active or warming) uses.
     listener_routes: BTreeMap<String, Vec<String>>,
     /// Clusters waiting for their endpoints.
-    warming_clusters: BTreeMap<String, ClusterConfig>,
+    warming_clusters: Waiting<ClusterConfig>,
     /// EDS clusters by service name.
     eds_users: HashMap<String, BTreeSet<String>>,
     /// The service name each EDS cluster uses.
@@ -204,7 +208,7 @@ impl ProxyHandler {
         match phase {
             Phase::Clusters => {
                 st.cds_received = true;
-                let warming = std::mem::take(&mut st.warming_clusters);
+                let warming = st.warming_clusters.take();
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
@@ -212,7 +216,7 @@ impl ProxyHandler {
             }
             Phase::Listeners => {
                 st.lds_received = true;
-                let warming = std::mem::take(&mut st.warming_listeners);
+                let warming = st.warming_listeners.take();
                 for (name, cfg) in warming {
                     self.activate_listener(&shared, &mut st, &name, cfg);
                 }
@@ -295,12 +299,14 @@ impl ProxyHandler {
                                 }
                                 _ => {
                                     st.warming_clusters.insert(name.clone(), cfg);
-                                    self.arm_warming_timeout(
+                                    if let Some(timer) = self.arm_warming_timeout(
                                         Warming::Cluster,
                                         &name,
                                         &r.version,
                                         eds_timeout,
-                                    );
+                                    ) {
+                                        st.warming_clusters.set_timer(&name, timer);
+                                    }
                                     Status::Warming
                                 }
                             }
@@ -513,7 +519,14 @@ impl ProxyHandler {
                         }
                     } else {
                         st.warming_listeners.insert(name.clone(), cfg);
-                        self.arm_warming_timeout(Warming::Listener, &name, &r.version, rds_timeout);
+                        if let Some(timer) = self.arm_warming_timeout(
+                            Warming::Listener,
+                            &name,
+                            &r.version,
+                            rds_timeout,
+                        ) {
+                            st.warming_listeners.set_timer(&name, timer);
+                        }
                         st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
@@ -580,18 +593,19 @@ impl ProxyHandler {
         name: &str,
         version: &str,
         timeout: Option<Duration>,
-    ) {
+    ) -> Option<tokio::task::AbortHandle> {
         let (Some(timeout), Some(me)) = (timeout, self.me()) else {
-            return;
+            return None;
         };
         let me = Arc::downgrade(&me);
         let (name, version) = (name.to_owned(), version.to_owned());
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(me) = me.upgrade() {
                 me.warming_timed_out(kind, &name, &version);
             }
         });
+        Some(task.abort_handle())
     }
 
     fn warming_timed_out(&self, kind: Warming, name: &str, version: &str) {
@@ -754,6 +768,7 @@ impl Handler for ProxyHandler {
         };
         let mut st = self.state.lock().expect("xds state");
         let ctx = Context::new(&*self.io);
+        let size = update.resources.len() + update.removed.len();
         let applied = match update.type_url.as_str() {
             CLUSTER_TYPE_URL => self.apply_clusters(&shared, &mut st, update),
             ENDPOINT_TYPE_URL => self.apply_endpoints(&shared, &mut st, update),
@@ -771,7 +786,11 @@ impl Handler for ProxyHandler {
             },
         };
         self.advance(&mut st);
-        crate::memory::release_free_heap_soon();
+        // Only a large update frees enough to be worth a pass over the xDS thread's heap (which
+        // grows with the config: after every one-endpoint change it cost O(clusters) CPU).
+        if size >= LARGE_UPDATE {
+            crate::memory::release_free_heap_soon();
+        }
         applied
     }
 

@@ -7,6 +7,7 @@ pub mod files;
 pub mod handler;
 pub mod records;
 mod stats;
+mod waiting;
 
 use std::sync::Arc;
 
