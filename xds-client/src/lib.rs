@@ -136,8 +136,10 @@ pub struct TypeStatus {
     pub type_url: String,
     /// Subscribed to every resource of the type.
     pub wildcard: bool,
-    /// Names subscribed to (besides the wildcard).
+    /// Names subscribed to (besides the wildcard; the first [`PUSH_NAMES`]).
     pub names: Vec<String>,
+    /// How many names are subscribed to.
+    pub name_count: usize,
     /// The last version ACKed.
     pub acked_version: String,
     /// The last nonce received.

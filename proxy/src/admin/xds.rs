@@ -179,6 +179,7 @@ pub fn render(shared: &Shared) -> serde_json::Value {
                 "type_url": t.type_url,
                 "wildcard": t.wildcard,
                 "names": t.names,
+                "name_count": t.name_count,
                 "acked_version": t.acked_version,
                 "nonce": t.nonce,
                 "pending": t.pending,

@@ -262,7 +262,15 @@ impl<P: Protocol> Engine<P> {
                 TypeStatus {
                     type_url: subscription.type_url.clone(),
                     wildcard: subscription.wildcard,
-                    names: subscription.names.iter().cloned().collect(),
+                    // Copied after every response: a copy of 10,000 EDS names each time made
+                    // a one-endpoint update cost O(clusters).
+                    names: subscription
+                        .names
+                        .iter()
+                        .take(crate::PUSH_NAMES)
+                        .cloned()
+                        .collect(),
+                    name_count: subscription.names.len(),
                     acked_version: progress.acked_version,
                     nonce: progress.nonce,
                     pending: pending.contains(&subscription.type_url),
