@@ -899,7 +899,16 @@ fn run(opts: &Options) -> Result<Vec<String>, String> {
                   started fresh per size; Istio-shaped EDS clusters (3 loopback endpoints), \
                   one outbound listener with an RDS route configuration of a virtual host per \
                   cluster",
-        "revoy": format!("`{}` ({})", version_of(&revoy), revoy.display()),
+        // Relative to the working directory: a path of this machine has no place in a result
+        // that is committed.
+        "revoy": format!(
+            "`{}` ({})",
+            version_of(&revoy),
+            std::env::current_dir()
+                .ok()
+                .and_then(|cwd| revoy.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+                .unwrap_or_else(|| revoy.display().to_string())
+        ),
         "envoy": format!("`{}`", version_of(&envoy)),
         "wall_time": format!("{:.0} s", wall.elapsed().as_secs_f64()),
         "sizes": bench.plan.sizes,
