@@ -313,7 +313,7 @@ impl Handler for Recorder {
 /// The node tests send.
 pub fn node() -> Node {
     Node {
-        id: "sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local".into(),
+        id: "sidecar~127.0.0.1~pod.ns~ns.svc.cluster.local".into(),
         cluster: "pod.ns".into(),
         ..Default::default()
     }
