@@ -365,8 +365,7 @@ impl ProxyHandler {
         shared: &Shared,
         r: &Resource,
     ) -> Result<(ClusterConfig, Option<Duration>), String> {
-        let c = ClusterProto::decode(r.value.clone())
-            .map_err(|e| format!("cluster '{}': cannot decode: {e}", r.name))?;
+        let c: ClusterProto = decode(r, "cluster")?;
         if shared.bootstrap.clusters.iter().any(|s| s.name == c.name) {
             return Err(format!(
                 "cluster '{}': a static cluster of that name exists (static clusters cannot be changed by CDS)",
@@ -402,11 +401,9 @@ impl ProxyHandler {
             if st.endpoints.unchanged(&r.name, &r.value) {
                 continue;
             }
-            let cla = match ClusterLoadAssignment::decode(r.value.clone()) {
+            let cla: ClusterLoadAssignment = match decode(&r, "cluster load assignment") {
                 Ok(cla) => cla,
-                Err(e) => {
-                    let reason =
-                        format!("cluster load assignment '{}': cannot decode: {e}", r.name);
+                Err(reason) => {
                     reject(&mut st.endpoints, &mut rejected, r, reason);
                     continue;
                 }
@@ -566,8 +563,7 @@ impl ProxyHandler {
         st: &State,
         r: &Resource,
     ) -> Result<(ListenerConfig, Option<Duration>), String> {
-        let l = ListenerProto::decode(r.value.clone())
-            .map_err(|e| format!("listener '{}': cannot decode: {e}", r.name))?;
+        let l: ListenerProto = decode(r, "listener")?;
         if shared.bootstrap.listeners.iter().any(|s| s.name == l.name) {
             return Err(format!(
                 "error adding listener '{}': a static listener of that name exists",
@@ -703,21 +699,18 @@ impl ProxyHandler {
             if st.routes.unchanged(&r.name, &r.value) {
                 continue;
             }
-            let compiled = RouteConfiguration::decode(r.value.clone())
-                .map_err(|e| format!("route configuration '{}': cannot decode: {e}", r.name))
-                .and_then(|rc| {
-                    let known = |name: &str| {
-                        shared.clusters.get(name).is_some()
-                            || st.warming_clusters.contains_key(name)
-                    };
-                    // RDS validates clusters only when asked (`validate_clusters: true`).
-                    let check: Option<&dyn Fn(&str) -> bool> = rc
-                        .validate_clusters
-                        .is_some_and(|v| v.value)
-                        .then_some(&known);
-                    crate::config::route::compile_route_config(ctx, &rc, check)
-                        .map_err(|e| located("route configuration", &rc.name, e))
-                });
+            let compiled = decode::<RouteConfiguration>(&r, "route configuration").and_then(|rc| {
+                let known = |name: &str| {
+                    shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
+                };
+                // RDS validates clusters only when asked (`validate_clusters: true`).
+                let check: Option<&dyn Fn(&str) -> bool> = rc
+                    .validate_clusters
+                    .is_some_and(|v| v.value)
+                    .then_some(&known);
+                crate::config::route::compile_route_config(ctx, &rc, check)
+                    .map_err(|e| located("route configuration", &rc.name, e))
+            });
             UpdateStats::count(
                 &shared.stats,
                 &rds_stat_prefixes(shared, st, &r.name),
@@ -852,6 +845,11 @@ fn rds_fetch_timeout(l: &ListenerProto) -> Option<Duration> {
         }
     }
     longest
+}
+
+/// Decodes resource `r`, a `kind` (for the error).
+fn decode<T: Message + Default>(r: &Resource, kind: &str) -> Result<T, String> {
+    T::decode(r.value.clone()).map_err(|e| format!("{kind} '{}': cannot decode: {e}", r.name))
 }
 
 /// Records a rejection and adds it to the answer.
