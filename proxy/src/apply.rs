@@ -104,6 +104,7 @@ impl Applier {
         let listener = Arc::new(Listener::new(
             Arc::new(config),
             &shared.stats,
+            &shared.secrets,
             previous.as_deref(),
         ));
         let change = match (&existing, &previous) {

@@ -21,6 +21,8 @@ pub struct Shared {
     pub stats: Store,
     /// Clusters by name.
     pub clusters: ClusterManager,
+    /// The secrets TLS contexts use (static, SDS), as live values.
+    pub secrets: Arc<crate::tls::SecretStore>,
     /// The listeners and RDS route tables the data path reads; only [`Shared::applier`] stores.
     pub snapshot: Published,
     /// The one writer of listeners, route tables and their sockets.
@@ -99,8 +101,22 @@ pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
         options.drain_strategy,
         std::time::Duration::from_secs(options.drain_time_s),
     );
+    let secrets = Arc::new(crate::tls::SecretStore::new());
+    for s in &bootstrap.secrets {
+        secrets.set(
+            &s.proto.name,
+            &crate::config::tls::sds::SecretSource::Static,
+            crate::tls::secrets::Delivered {
+                value: s.value.clone(),
+                version: String::new(),
+                updated: std::time::SystemTime::now(),
+                proto: s.proto.clone(),
+            },
+        );
+    }
     Shared {
-        clusters: ClusterManager::new(stats.clone()),
+        clusters: ClusterManager::new(stats.clone(), secrets.clone()),
+        secrets,
         snapshot: Published::default(),
         applier: Applier::default(),
         bootstrap,

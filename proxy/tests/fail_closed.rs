@@ -1,6 +1,6 @@
 //! Fail closed: a feature revoy does not implement never makes it less safe than its config.
 //! An HTTP filter that controls access denies every request (403), a network one closes every
-//! connection, a cluster whose transport socket asks for upstream TLS is never connected to in
+//! connection, a cluster whose transport socket revoy lacks (ALTS) is never connected to in
 //! plaintext (503, `UF`), and each of them is counted, logged, listed in `/config_dump` and
 //! makes `--mode validate` exit 1. A bootstrap that wants listeners or clusters from xDS never
 //! reports LIVE. Each check failed before revoy failed closed: the filters were skipped, the
@@ -24,11 +24,11 @@ mod ports;
 use child::Proxy;
 use ports::free_port;
 
-const UPSTREAM_TLS: &str = r#"
-      name: envoy.transport_sockets.tls
+const UPSTREAM_ALTS: &str = r#"
+      name: envoy.transport_sockets.alts
       typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: backend.example"#;
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.alts.v3.Alts
+        handshaker_service: 127.0.0.1:1"#;
 
 /// A plaintext upstream that answers every request with 200 and counts its connections, and
 /// keeps every byte it was sent (so a test can see whether a secret reached it in clear text).
@@ -131,15 +131,15 @@ fn bootstrap(p: &Ports, up: u16) -> String {
         typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: plain}}"#,
         p.tcp
     );
-    // Istio's outbound cluster shape: mTLS to endpoints labelled tlsMode=istio, plaintext to
-    // the others. The second endpoint is a closed port: only the first may ever be used.
+    // Istio's outbound cluster shape, with a socket revoy lacks for endpoints labelled
+    // tlsMode=istio and plaintext for the others.
     let istio_matches = r#"
     transport_socket_matches:
     - name: tlsMode-istio
       match: {tlsMode: istio}
       transport_socket:
-        name: envoy.transport_sockets.tls
-        typed_config: {"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext}
+        name: envoy.transport_sockets.alts
+        typed_config: {"@type": type.googleapis.com/envoy.extensions.transport_sockets.alts.v3.Alts, handshaker_service: "127.0.0.1:1"}
     - name: tlsMode-disabled
       match: {}
       transport_socket:
@@ -150,7 +150,7 @@ fn bootstrap(p: &Ports, up: u16) -> String {
     clusters += &cluster(
         "secure",
         &endpoint(up, ""),
-        &format!("\n    transport_socket:{UPSTREAM_TLS}"),
+        &format!("\n    transport_socket:{UPSTREAM_ALTS}"),
     );
     clusters += &cluster(
         "istio",
@@ -212,12 +212,12 @@ fn unimplemented_security_features_refuse_traffic() {
         Some(1)
     );
 
-    // Upstream TLS is not implemented: no connection at all, a 503 that names the reason.
+    // ALTS is not implemented: no connection at all, a 503 that names the reason.
     let (status, body) = get(p.tls);
     assert_eq!(status, 503, "{body}");
     assert!(
         body.starts_with("upstream connect error or disconnect/reset before headers.")
-            && body.contains("UpstreamTlsContext"),
+            && body.contains("envoy.transport_sockets.alts"),
         "{body}"
     );
     assert_eq!(
@@ -229,7 +229,7 @@ fn unimplemented_security_features_refuse_traffic() {
         Some(1)
     );
 
-    // The endpoint labelled for mTLS is refused too.
+    // The endpoint whose match picks the socket revoy lacks is refused too.
     let (status, body) = get(p.istio);
     assert_eq!(status, 503, "{body}");
     assert_eq!(

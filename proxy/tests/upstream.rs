@@ -36,8 +36,14 @@ fn decode<T: prost::Message + prost::Name + Default>(yaml: &str) -> T {
 
 fn manager(yaml: &str) -> (ClusterManager, Store) {
     let store = Store::new();
-    let cm = ClusterManager::new(store.clone());
-    cm.update(vec![compile_cluster(&decode(yaml)).unwrap()]);
+    let cm = ClusterManager::new(store.clone(), Default::default());
+    cm.update(vec![
+        compile_cluster(
+            &revoy::config::Context::new(&revoy::config::SystemIo),
+            &decode(yaml),
+        )
+        .unwrap(),
+    ]);
     (cm, store)
 }
 
@@ -370,7 +376,7 @@ async fn tcp_proxy_idle_timeout_closes_both_sides() {
 #[tokio::test]
 async fn tcp_proxy_unknown_cluster_counts_no_route() {
     let store = Store::new();
-    let cm = ClusterManager::new(store.clone());
+    let cm = ClusterManager::new(store.clone(), Default::default());
     let cfg = compile_tcp_proxy(&decode("stat_prefix: nr\ncluster: missing\n")).unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
     let mut client = TcpStream::connect(front).await.unwrap();
@@ -389,10 +395,20 @@ async fn unchanged_cluster_keeps_state_across_updates() {
     let yaml = static_cluster("keep", "", addr);
     let (cm, _) = manager(&yaml);
     let before = cm.get("keep").unwrap();
-    cm.update(vec![compile_cluster(&decode(&yaml)).unwrap()]);
+    cm.update(vec![
+        compile_cluster(
+            &revoy::config::Context::new(&revoy::config::SystemIo),
+            &decode(&yaml),
+        )
+        .unwrap(),
+    ]);
     assert!(Arc::ptr_eq(&before, &cm.get("keep").unwrap()));
     cm.update(vec![
-        compile_cluster(&decode(&format!("{yaml}connect_timeout: 1s\n"))).unwrap(),
+        compile_cluster(
+            &revoy::config::Context::new(&revoy::config::SystemIo),
+            &decode(&format!("{yaml}connect_timeout: 1s\n")),
+        )
+        .unwrap(),
     ]);
     assert!(!Arc::ptr_eq(&before, &cm.get("keep").unwrap()));
     cm.update(Vec::new());

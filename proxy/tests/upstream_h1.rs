@@ -222,8 +222,14 @@ impl Client {
         let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
         let config = proto::Codec::new().decode(value, false).unwrap().message;
         let store = Store::new();
-        let manager = ClusterManager::new(store.clone());
-        manager.update(vec![compile_cluster(&config).unwrap()]);
+        let manager = ClusterManager::new(store.clone(), Default::default());
+        manager.update(vec![
+            compile_cluster(
+                &revoy::config::Context::new(&revoy::config::SystemIo),
+                &config,
+            )
+            .unwrap(),
+        ]);
         let cluster = manager.get("up").unwrap();
         Client {
             _manager: manager,

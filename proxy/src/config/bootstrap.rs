@@ -4,9 +4,13 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
 use super::cluster::{ClusterConfig, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
+use super::tls::sds::{SecretRef, SecretSource};
+use super::tls::secret::{self, SecretValue};
+use super::upstream_transport::Socket;
 use super::{ConfigError, Context, Severity, Warning, Warnings};
 use crate::stats::tags::{StatsTags, TagProducer, TagSpec};
 
@@ -29,6 +33,17 @@ pub struct BootstrapConfig {
     /// The features this bootstrap uses that revoy does not implement (skipped, or failing
     /// closed), for `/config_dump`.
     pub unimplemented: Vec<Warning>,
+    /// `static_resources.secrets`, compiled.
+    pub secrets: Vec<StaticSecret>,
+}
+
+/// One of `static_resources.secrets`.
+#[derive(Debug, Clone)]
+pub struct StaticSecret {
+    /// Its compile.
+    pub value: SecretValue,
+    /// As configured (for `/config_dump`, which redacts private keys).
+    pub proto: Secret,
 }
 
 /// Compiles a bootstrap, doing its I/O through `ctx`. Errors name the field path from the document root.
@@ -45,6 +60,31 @@ pub fn compile_bootstrap(
         .map(|a| socket_addr(a.address.as_ref(), "admin.address"))
         .transpose()?;
     let sr = b.static_resources.clone().unwrap_or_default();
+    let mut secrets: Vec<StaticSecret> = Vec::with_capacity(sr.secrets.len());
+    for (i, s) in sr.secrets.iter().enumerate() {
+        let path = format!("static_resources.secrets[{i}]");
+        if secrets.iter().any(|o| o.proto.name == s.name) {
+            return Err(ConfigError::new(
+                path,
+                format!("Duplicate static TlsCertificate secret name {}", s.name),
+            ));
+        }
+        secrets.push(StaticSecret {
+            value: secret::compile(ctx, s).map_err(|e| e.within(&path))?,
+            proto: s.clone(),
+        });
+    }
+    let static_secret = |refs: Vec<&SecretRef>, path: &str| -> Result<(), ConfigError> {
+        for r in refs {
+            if r.source == SecretSource::Static && !secrets.iter().any(|s| s.proto.name == r.name) {
+                return Err(ConfigError::new(
+                    path,
+                    format!("Unknown static secret: {}", r.name),
+                ));
+            }
+        }
+        Ok(())
+    };
     let mut clusters = Vec::with_capacity(sr.clusters.len());
     let mut seen = HashSet::new();
     for (i, c) in sr.clusters.iter().enumerate() {
@@ -55,7 +95,12 @@ pub fn compile_bootstrap(
                 format!("cluster manager: duplicate cluster '{}' found", c.name),
             ));
         }
-        let compiled = compile_cluster(c).map_err(|e| e.within(&path))?;
+        let compiled = compile_cluster(ctx, c).map_err(|e| e.within(&path))?;
+        for socket in compiled.transport.sockets() {
+            if let Socket::Tls(tls) = socket {
+                static_secret(tls.common.secrets(), &path)?;
+            }
+        }
         if !compiled.unreachable_endpoints.is_empty() {
             warnings.skipped(
                 &path,
@@ -87,6 +132,11 @@ pub fn compile_bootstrap(
         let compiled =
             compile_listener(ctx, l, Some(&known), warnings).map_err(|e| e.within(&path))?;
         warnings.prefix_since(before, &path);
+        for chain in compiled.chains.iter().chain(&compiled.default_chain) {
+            if let Some(tls) = &chain.tls {
+                static_secret(tls.common.secrets(), &path)?;
+            }
+        }
         if listeners.iter().any(|o| o.name == compiled.name) {
             return Err(ConfigError::new(
                 path,
@@ -124,6 +174,7 @@ pub fn compile_bootstrap(
         clusters,
         stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
         proto: proto::Encoded::new(b),
+        secrets,
     })
 }
 

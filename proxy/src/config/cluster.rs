@@ -13,7 +13,8 @@ use proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
 };
 
 use super::ConfigError;
-use super::upstream_transport::{Refusal, UpstreamTransport};
+use super::Context;
+use super::upstream_transport::UpstreamTransport;
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -36,7 +37,7 @@ pub struct ClusterConfig {
     /// Endpoints revoy accepts but cannot connect to yet (unix `pipe`s, internal listeners),
     /// described as `pipe:<path>` / `internal:<listener>`; the server logs them at start-up.
     pub unreachable_endpoints: Vec<String>,
-    /// Which hosts are connected to in plaintext, and why the others are refused.
+    /// Which hosts are connected to in plaintext, which over TLS, and why any are refused.
     pub transport: UpstreamTransport,
     /// How a host is picked.
     pub lb_policy: LbPolicy,
@@ -194,9 +195,8 @@ pub struct EndpointConfig {
     pub health: HealthStatus,
     /// `endpoint.hostname`.
     pub hostname: String,
-    /// Why connections to it are refused: its transport socket is one revoy does not
-    /// implement (see [`UpstreamTransport`]).
-    pub transport_refused: Option<Refusal>,
+    /// Its transport socket: an index into the cluster's [`UpstreamTransport::sockets`].
+    pub socket: usize,
 }
 
 /// Load balancing policy.
@@ -369,7 +369,7 @@ pub(crate) fn duration(
 
 /// Compiles one Cluster. Errors name the field path relative to the cluster.
 #[allow(deprecated)] // dns_refresh_rate and friends are still what Envoy configs use.
-pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
+pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     if c.name.is_empty() {
         return Err(ConfigError::new(
             "name",
@@ -378,7 +378,7 @@ pub fn compile_cluster(c: &Cluster) -> Result<ClusterConfig, ConfigError> {
     }
     let discovery = discovery(c)?;
     let lb_policy = lb_policy(c, &discovery)?;
-    let transport = UpstreamTransport::compile(c);
+    let transport = UpstreamTransport::compile(ctx, c)?;
     let (endpoints, unreachable_endpoints) = match &c.load_assignment {
         Some(la) => {
             endpoints(la, &discovery, &transport).map_err(|e| e.within("load_assignment"))?
@@ -633,8 +633,7 @@ fn endpoints(
                 locality: locality.clone(),
                 health: HealthStatus::from_proto(lbe.health_status),
                 hostname: ep.hostname.clone(),
-                transport_refused: transport
-                    .refusal_for(lbe.metadata.as_ref(), lle.metadata.as_ref()),
+                socket: transport.socket_for(lbe.metadata.as_ref(), lle.metadata.as_ref()),
             });
         }
     }
@@ -851,7 +850,7 @@ load_assignment:
 "#;
         let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
         let c: Cluster = proto::Codec::new().decode(value, false).unwrap().message;
-        let cfg = compile_cluster(&c).unwrap();
+        let cfg = compile_cluster(&Context::new(&crate::config::FakeIo::new()), &c).unwrap();
         assert_eq!(cfg.endpoints.len(), 1);
         assert_eq!(
             cfg.unreachable_endpoints,
@@ -867,7 +866,7 @@ load_assignment:
     }
 
     fn compile(yaml: &str) -> Result<ClusterConfig, ConfigError> {
-        compile_cluster(&cluster(yaml))
+        compile_cluster(&Context::new(&crate::config::FakeIo::new()), &cluster(yaml))
     }
 
     #[test]

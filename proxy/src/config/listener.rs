@@ -34,14 +34,12 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
-    /// The rustls server configuration built from the `transport_socket`'s
-    /// `DownstreamTlsContext`, when the chain terminates TLS and serves (a refused chain's
-    /// context is not built).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
+    /// terminates TLS and serves (a refused chain's context is not compiled).
+    pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
     /// Why every connection this chain is chosen for is closed at once: it needs a feature
     /// revoy does not implement and that must not be skipped (a network filter that controls
-    /// access, SDS certificates, a client-certificate check revoy cannot make, TLS in front of
-    /// tcp_proxy).
+    /// access, TLS versions before 1.2 only).
     pub refused: Option<Arc<str>>,
     /// A digest of the chain's `FilterChain` proto: an update that leaves it unchanged keeps
     /// the chain's runtime state and connections.
@@ -241,17 +239,8 @@ fn compile_chain(
             "no terminal filter (http_connection_manager or tcp_proxy) that revoy implements",
         )
     })?;
-    if tls.is_some() && matches!(terminal, Terminal::Tcp(_)) {
-        let what = "TLS termination in front of tcp_proxy is not implemented by revoy";
-        warnings.fails_closed(
-            format!("{path}.transport_socket"),
-            format!("{what}; connections on this chain are refused"),
-        );
-        refused.get_or_insert_with(|| what.to_owned());
-    }
     if let Some(ctx) = &tls {
         let at = format!("{path}.transport_socket.typed_config");
-        check_tls_required(ctx, &at)?;
         if ignored_client_certificate_requirement(ctx) {
             warnings.note(
                 format!("{at}.require_client_certificate"),
@@ -277,12 +266,6 @@ fn compile_chain(
             );
             refused.get_or_insert(what);
         }
-        for (field, what) in tls_skipped(ctx) {
-            warnings.skipped(
-                format!("{path}.transport_socket.typed_config.{field}"),
-                what,
-            );
-        }
     }
     let compiled = ChainConfig {
         tls: None,
@@ -307,9 +290,9 @@ fn build_tls(
     path: &str,
 ) -> Result<ChainConfig, ConfigError> {
     if let Some(tls) = tls.filter(|_| chain.refused.is_none()) {
-        let built = super::tls::downstream(ctx, &tls)
+        let built = super::tls::downstream::compile(ctx, &tls)
             .map_err(|e| e.within(&format!("{path}.transport_socket.typed_config")))?;
-        chain.tls = Some(built);
+        chain.tls = Some(Arc::new(built));
     }
     Ok(chain)
 }
@@ -320,25 +303,6 @@ fn fingerprint(chain: &FilterChain) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     prost::Message::encode_to_vec(chain).hash(&mut h);
     h.finish()
-}
-
-/// The fields of a `DownstreamTlsContext` that Envoy's proto validation requires.
-fn check_tls_required(ctx: &DownstreamTlsContext, path: &str) -> Result<(), ConfigError> {
-    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
-    if let Some(ValidationContextType::CombinedValidationContext(c)) = ctx
-        .common_tls_context
-        .as_ref()
-        .and_then(|c| c.validation_context_type.as_ref())
-        && c.validation_context_sds_secret_config.is_none()
-    {
-        return Err(ConfigError::new(
-            format!(
-                "{path}.common_tls_context.combined_validation_context.validation_context_sds_secret_config"
-            ),
-            "value is required",
-        ));
-    }
-    Ok(())
 }
 
 /// The TLS versions a context allows, as Envoy's `TlsProtocol` numbers (1.0 is 1, 1.3 is 4),
@@ -383,155 +347,17 @@ fn ignored_client_certificate_requirement(ctx: &DownstreamTlsContext) -> bool {
         }
 }
 
-/// What a `DownstreamTlsContext` asks for that revoy cannot do, by field: each would let a
-/// connection through that Envoy refuses (or could not serve at all), so the chain refuses
-/// every connection instead.
-#[allow(deprecated)] // match_subject_alt_names: still in configs, so still checked.
+/// What a `DownstreamTlsContext` asks for that revoy cannot do, by field: TLS versions
+/// before 1.2 only. The chain refuses every connection instead.
 fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
-    use proto::pb::envoy::extensions::transport_sockets::tls::v3::common_tls_context::ValidationContextType;
-    let mut out = Vec::new();
-    let Some(common) = &ctx.common_tls_context else {
-        return out;
-    };
     let (min, max) = tls_version_range(ctx);
     if min <= max && max < 3 {
-        out.push((
+        return vec![(
             "common_tls_context.tls_params.tls_maximum_protocol_version".to_owned(),
             "TLS 1.0 and 1.1 are not implemented by revoy".to_owned(),
-        ));
+        )];
     }
-    if common.tls_certificates.is_empty() && !common.tls_certificate_sds_secret_configs.is_empty() {
-        out.push((
-            "common_tls_context.tls_certificate_sds_secret_configs".to_owned(),
-            "TLS certificates from SDS are not implemented by revoy".to_owned(),
-        ));
-    }
-    let validation = match &common.validation_context_type {
-        Some(ValidationContextType::ValidationContext(v)) => {
-            Some(("common_tls_context.validation_context", v))
-        }
-        Some(ValidationContextType::CombinedValidationContext(c)) => {
-            if c.validation_context_certificate_provider.is_some()
-                || c.validation_context_certificate_provider_instance.is_some()
-            {
-                out.push((
-                    "common_tls_context.combined_validation_context.validation_context_certificate_provider"
-                        .to_owned(),
-                    "a client-certificate validation context from a certificate provider is not implemented by revoy"
-                        .to_owned(),
-                ));
-            }
-            if c.validation_context_sds_secret_config.is_some() {
-                out.push((
-                    "common_tls_context.combined_validation_context.validation_context_sds_secret_config"
-                        .to_owned(),
-                    "a client-certificate validation context from SDS is not implemented by revoy"
-                        .to_owned(),
-                ));
-            }
-            c.default_validation_context.as_ref().map(|v| {
-                (
-                    "common_tls_context.combined_validation_context.default_validation_context",
-                    v,
-                )
-            })
-        }
-        Some(ValidationContextType::ValidationContextSdsSecretConfig(_)) => {
-            out.push((
-                "common_tls_context.validation_context_sds_secret_config".to_owned(),
-                "a client-certificate validation context from SDS is not implemented by revoy"
-                    .to_owned(),
-            ));
-            None
-        }
-        Some(_) => {
-            out.push((
-                "common_tls_context.validation_context_certificate_provider".to_owned(),
-                "a client-certificate validation context from a certificate provider is not implemented by revoy"
-                    .to_owned(),
-            ));
-            None
-        }
-        None => None,
-    };
-    if let Some((at, v)) = validation {
-        let checks = [
-            (
-                !v.match_typed_subject_alt_names.is_empty(),
-                "match_typed_subject_alt_names",
-            ),
-            (
-                !v.match_subject_alt_names.is_empty(),
-                "match_subject_alt_names",
-            ),
-            (
-                !v.verify_certificate_spki.is_empty(),
-                "verify_certificate_spki",
-            ),
-            (
-                !v.verify_certificate_hash.is_empty(),
-                "verify_certificate_hash",
-            ),
-            (v.crl.is_some(), "crl"),
-            (
-                v.custom_validator_config.is_some(),
-                "custom_validator_config",
-            ),
-            (
-                v.ca_certificate_provider_instance.is_some(),
-                "ca_certificate_provider_instance",
-            ),
-            // rustls-webpki builds paths of at most 6 intermediates: a larger limit is honoured
-            // (revoy is never laxer), a smaller one is not.
-            (
-                v.max_verify_depth.is_some_and(|d| d.value < 6),
-                "max_verify_depth",
-            ),
-        ];
-        for (_, field) in checks.iter().filter(|(set, _)| *set) {
-            out.push((
-                format!("{at}.{field}"),
-                format!("client-certificate check '{field}' is not implemented by revoy"),
-            ));
-        }
-    }
-    out
-}
-
-/// What a `DownstreamTlsContext` sets that revoy leaves to rustls' defaults, by field: none of
-/// it lets a connection through that Envoy would refuse.
-fn tls_skipped(ctx: &DownstreamTlsContext) -> Vec<(&'static str, &'static str)> {
-    let mut out = Vec::new();
-    if ctx.ocsp_staple_policy != 0 {
-        out.push((
-            "ocsp_staple_policy",
-            "OCSP stapling is not implemented by revoy; no staple is sent",
-        ));
-    }
-    let Some(common) = &ctx.common_tls_context else {
-        return out;
-    };
-    if common.tls_certificates.len() > 1 {
-        out.push((
-            "common_tls_context.tls_certificates",
-            "only the first certificate is served by revoy (no choice by key type or SNI)",
-        ));
-    }
-    if let Some(p) = &common.tls_params {
-        if !p.cipher_suites.is_empty() {
-            out.push((
-                "common_tls_context.tls_params.cipher_suites",
-                "cipher suites are rustls' own (AEAD with forward secrecy only), not this list",
-            ));
-        }
-        if !p.ecdh_curves.is_empty() {
-            out.push((
-                "common_tls_context.tls_params.ecdh_curves",
-                "key exchange groups are rustls' own, not this list",
-            ));
-        }
-    }
-    out
+    Vec::new()
 }
 
 /// The listener filters revoy runs, and why the listener's connections are all refused when
@@ -706,8 +532,7 @@ pub fn compile_listener(
 mod tests {
     use super::*;
     use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
-        CertificateProviderPluginInstance, CertificateValidationContext, CommonTlsContext,
-        common_tls_context::ValidationContextType,
+        CertificateValidationContext, CommonTlsContext, common_tls_context::ValidationContextType,
     };
 
     fn requiring(validation: Option<CertificateValidationContext>) -> DownstreamTlsContext {
@@ -723,32 +548,25 @@ mod tests {
         }
     }
 
-    fn unimplemented_fields(v: CertificateValidationContext) -> Vec<String> {
-        tls_unimplemented(&requiring(Some(v)))
-            .into_iter()
-            .map(|(field, _)| field)
-            .collect()
-    }
-
     #[test]
-    fn client_certificate_checks_revoy_cannot_make_fail_closed() {
-        let depth = |d: u32| CertificateValidationContext {
-            max_verify_depth: Some(proto::pb::google::protobuf::UInt32Value { value: d }),
-            ..Default::default()
-        };
-        assert_eq!(
-            unimplemented_fields(depth(5)),
-            ["common_tls_context.validation_context.max_verify_depth"]
+    fn tls_before_1_2_only_fails_closed() {
+        let mut tls = requiring(None);
+        tls.common_tls_context.as_mut().unwrap().tls_params = Some(
+            proto::pb::envoy::extensions::transport_sockets::tls::v3::TlsParameters {
+                tls_minimum_protocol_version: 1,
+                tls_maximum_protocol_version: 2,
+                ..Default::default()
+            },
         );
-        assert!(unimplemented_fields(depth(6)).is_empty());
-        let provider = CertificateValidationContext {
-            ca_certificate_provider_instance: Some(CertificateProviderPluginInstance::default()),
-            ..Default::default()
-        };
+        let fields: Vec<String> = tls_unimplemented(&tls)
+            .into_iter()
+            .map(|(f, _)| f)
+            .collect();
         assert_eq!(
-            unimplemented_fields(provider),
-            ["common_tls_context.validation_context.ca_certificate_provider_instance"]
+            fields,
+            ["common_tls_context.tls_params.tls_maximum_protocol_version"]
         );
+        assert!(tls_unimplemented(&requiring(None)).is_empty());
     }
 
     /// A listener with one HTTP chain terminating TLS with `common_tls_context`.
@@ -811,15 +629,21 @@ filter_chains:
     }
 
     #[test]
-    fn sds_certificates_fail_closed_without_building() {
-        let l = tls_listener("{tls_certificate_sds_secret_configs: [{name: default}]}");
+    fn sds_certificates_are_named_for_the_secret_store() {
+        let l = tls_listener(
+            "{tls_certificate_sds_secret_configs: [{name: default, sds_config: {ads: {}}}]}",
+        );
         let compiled = compile_with(&crate::config::FakeIo::new(), &l).unwrap();
         let chain = &compiled.chains[0];
-        assert!(chain.tls.is_none());
-        assert!(
-            chain.refused.as_deref().unwrap().contains("SDS"),
-            "{chain:?}"
-        );
+        assert!(chain.refused.is_none());
+        let tls = chain.tls.as_ref().unwrap();
+        let names: Vec<&str> = tls
+            .common
+            .secrets()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["default"]);
     }
 
     #[test]

@@ -5,7 +5,7 @@
 #![allow(deprecated)] // Envoy still honours the deprecated fields read here.
 
 mod action;
-mod matchers;
+pub(crate) mod matchers;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,13 +1,17 @@
-//! A cluster's `transport_socket` and `transport_socket_matches`, as far as revoy honours them:
-//! which hosts are connected to in plaintext, and why the others are refused. Upstream TLS is
-//! not implemented yet, so a host whose transport socket asks for it (or for any socket revoy
-//! lacks) is never connected to at all: its requests fail with 503 (`UF`), naming the reason.
+//! A cluster's `transport_socket` and `transport_socket_matches`: which hosts are connected
+//! to in plaintext, which over TLS (`UpstreamTlsContext`, compiled by `config::tls`), and
+//! which are refused (a transport socket revoy lacks: never replaced by plaintext; their
+//! requests fail with 503 `UF`, naming the reason).
 
 use std::sync::Arc;
 
 use proto::pb::envoy::config::cluster::v3::Cluster;
 use proto::pb::envoy::config::core::v3::{Metadata, TransportSocket, transport_socket};
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
 use proto::pb::google::protobuf::Struct;
+
+use super::tls::upstream::{self, ClientTls};
+use super::{ConfigError, Context};
 
 /// The metadata namespace `transport_socket_matches` compare against.
 const MATCH_NAMESPACE: &str = "envoy.transport_socket_match";
@@ -15,69 +19,93 @@ const MATCH_NAMESPACE: &str = "envoy.transport_socket_match";
 /// Why connections to a host are refused (shown in its 503 body and in the logs).
 pub type Refusal = Arc<str>;
 
+/// One compiled transport socket.
+#[derive(Debug, Clone)]
+pub enum Socket {
+    /// `raw_buffer`, or none configured.
+    Plain,
+    /// `envoy.transport_sockets.tls`.
+    Tls(Arc<ClientTls>),
+    /// One revoy does not implement: no connection at all.
+    Refused(Refusal),
+}
+
 /// The compiled transport sockets of one cluster.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct UpstreamTransport {
-    /// `transport_socket_matches` in order: the labels an endpoint's metadata must carry, and
-    /// the refusal of its socket (`None`: plaintext).
-    matches: Vec<(Struct, Option<Refusal>)>,
-    /// The cluster's `transport_socket` (`None`: plaintext).
-    default: Option<Refusal>,
+    /// Index 0: the cluster's `transport_socket`; then each of `transport_socket_matches`.
+    sockets: Vec<Socket>,
+    /// `transport_socket_matches` in order: the labels an endpoint's metadata must carry.
+    matches: Vec<Struct>,
+}
+
+impl Default for UpstreamTransport {
+    fn default() -> Self {
+        UpstreamTransport {
+            sockets: vec![Socket::Plain],
+            matches: Vec::new(),
+        }
+    }
 }
 
 impl UpstreamTransport {
-    /// Compiles the cluster's transport sockets.
-    pub fn compile(c: &Cluster) -> UpstreamTransport {
+    /// Compiles the cluster's transport sockets; a bad TLS context is an error naming its
+    /// field.
+    pub fn compile(ctx: &Context<'_>, c: &Cluster) -> Result<UpstreamTransport, ConfigError> {
         let default = if c.transport_socket_matcher.is_some() {
-            Some(Refusal::from(
+            Socket::Refused(Refusal::from(
                 "transport_socket_matcher is not implemented by revoy",
             ))
         } else {
-            c.transport_socket.as_ref().and_then(refusal)
+            match &c.transport_socket {
+                None => Socket::Plain,
+                Some(ts) => socket(ctx, ts).map_err(|e| e.within("transport_socket"))?,
+            }
         };
-        UpstreamTransport {
-            matches: c
-                .transport_socket_matches
-                .iter()
-                .map(|m| {
-                    (
-                        m.r#match.clone().unwrap_or_default(),
-                        m.transport_socket.as_ref().and_then(refusal),
-                    )
-                })
-                .collect(),
-            default,
+        let mut sockets = vec![default];
+        let mut matches = Vec::new();
+        for (i, m) in c.transport_socket_matches.iter().enumerate() {
+            sockets.push(match &m.transport_socket {
+                None => Socket::Plain,
+                Some(ts) => socket(ctx, ts).map_err(|e| {
+                    e.within(&format!("transport_socket_matches[{i}].transport_socket"))
+                })?,
+            });
+            matches.push(m.r#match.clone().unwrap_or_default());
         }
+        Ok(UpstreamTransport { sockets, matches })
     }
 
-    /// Why a host with this endpoint (and locality) metadata is refused, if it is: the first
+    /// The socket of a host with this endpoint (and locality) metadata, by index: the first
     /// of `transport_socket_matches` whose labels the endpoint's metadata carries, else the
     /// first whose labels the locality's carries, else the cluster's `transport_socket`, as
     /// Envoy picks it.
-    pub fn refusal_for(
-        &self,
-        endpoint: Option<&Metadata>,
-        locality: Option<&Metadata>,
-    ) -> Option<Refusal> {
-        let first = |md| self.matches.iter().find(|(labels, _)| carries(md, labels));
+    pub fn socket_for(&self, endpoint: Option<&Metadata>, locality: Option<&Metadata>) -> usize {
+        let first = |md| self.matches.iter().position(|labels| carries(md, labels));
         first(endpoint)
             .or_else(|| first(locality))
-            .map_or(&self.default, |(_, r)| r)
-            .clone()
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Every socket, by index.
+    pub fn sockets(&self) -> &[Socket] {
+        &self.sockets
     }
 
     /// Each configured socket revoy refuses, by field (`transport_socket`,
     /// `transport_socket_matches[1].transport_socket`), for the start-up report.
     pub fn refusals(&self) -> impl Iterator<Item = (String, &Refusal)> {
-        let matches = self.matches.iter().enumerate().filter_map(|(i, (_, r))| {
-            r.as_ref()
-                .map(|r| (format!("transport_socket_matches[{i}].transport_socket"), r))
-        });
-        self.default
-            .as_ref()
-            .map(|r| ("transport_socket".to_owned(), r))
-            .into_iter()
-            .chain(matches)
+        self.sockets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| match s {
+                Socket::Refused(r) if i == 0 => Some(("transport_socket".to_owned(), r)),
+                Socket::Refused(r) => Some((
+                    format!("transport_socket_matches[{}].transport_socket", i - 1),
+                    r,
+                )),
+                _ => None,
+            })
     }
 }
 
@@ -96,41 +124,45 @@ fn carries(md: Option<&Metadata>, labels: &Struct) -> bool {
         .all(|(k, v)| have.fields.get(k) == Some(v))
 }
 
-/// Why revoy refuses connections over `ts`; `None` for plaintext (`raw_buffer`).
-fn refusal(ts: &TransportSocket) -> Option<Refusal> {
-    let type_url = match &ts.config_type {
-        Some(transport_socket::ConfigType::TypedConfig(any)) => any.type_url.as_str(),
-        None => "",
-    };
+/// Compiles one transport socket.
+fn socket(ctx: &Context<'_>, ts: &TransportSocket) -> Result<Socket, ConfigError> {
+    let any = ts
+        .config_type
+        .as_ref()
+        .map(|transport_socket::ConfigType::TypedConfig(any)| any);
+    let type_url = any.map_or("", |a| a.type_url.as_str());
     let type_name = proto::type_name_of(type_url);
     if type_name.ends_with("raw_buffer.v3.RawBuffer")
         || (type_url.is_empty() && ts.name == "envoy.transport_sockets.raw_buffer")
     {
-        return None;
+        return Ok(Socket::Plain);
     }
-    Some(Refusal::from(
-        if type_name.ends_with("tls.v3.UpstreamTlsContext") {
-            format!(
-                "upstream TLS (transport socket '{}', UpstreamTlsContext) is not implemented by revoy; not connecting in plaintext instead",
-                ts.name
-            )
+    if let Some(any) = any.filter(|_| type_name.ends_with("tls.v3.UpstreamTlsContext")) {
+        let tls = proto::unpack::<UpstreamTlsContext>(any)
+            .map_err(|e| ConfigError::new("typed_config", e.to_string()))?;
+        let compiled = upstream::compile(ctx, &tls).map_err(|e| e.within("typed_config"))?;
+        if compiled.common.params.versions.is_empty() {
+            return Ok(Socket::Refused(Refusal::from(
+                "tls_params allow no TLS version revoy implements (1.2, 1.3)",
+            )));
+        }
+        return Ok(Socket::Tls(Arc::new(compiled)));
+    }
+    Ok(Socket::Refused(Refusal::from(format!(
+        "transport socket '{}' ({}) is not implemented by revoy; not connecting in plaintext instead",
+        ts.name,
+        if type_url.is_empty() {
+            "no typed_config"
         } else {
-            format!(
-                "transport socket '{}' ({}) is not implemented by revoy; not connecting in plaintext instead",
-                ts.name,
-                if type_url.is_empty() {
-                    "no typed_config"
-                } else {
-                    type_url
-                }
-            )
-        },
-    ))
+            type_url
+        }
+    ))))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::FakeIo;
 
     fn cluster(yaml: &str) -> Cluster {
         let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
@@ -148,9 +180,13 @@ mod tests {
             .message
     }
 
+    fn compile(yaml: &str) -> Result<UpstreamTransport, ConfigError> {
+        UpstreamTransport::compile(&Context::new(&FakeIo::new()), &cluster(yaml))
+    }
+
     #[test]
-    fn upstream_tls_is_refused_and_raw_buffer_is_not() {
-        let tls = UpstreamTransport::compile(&cluster(
+    fn tls_is_compiled_raw_buffer_is_plain_and_unknown_sockets_are_refused() {
+        let tls = compile(
             r#"
 name: secure
 transport_socket:
@@ -159,11 +195,13 @@ transport_socket:
     "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
     sni: example.com
 "#,
-        ));
-        let why = tls.refusal_for(None, None).expect("refused");
-        assert!(why.contains("UpstreamTlsContext"), "{why}");
-        assert_eq!(tls.refusals().next().unwrap().0, "transport_socket");
-        let plain = UpstreamTransport::compile(&cluster(
+        )
+        .unwrap();
+        match &tls.sockets()[tls.socket_for(None, None)] {
+            Socket::Tls(t) => assert_eq!(t.sni.as_deref(), Some("example.com")),
+            other => panic!("{other:?}"),
+        }
+        let plain = compile(
             r#"
 name: plain
 transport_socket:
@@ -171,11 +209,42 @@ transport_socket:
   typed_config:
     "@type": type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer
 "#,
-        ));
-        assert_eq!(plain.refusal_for(None, None), None);
+        )
+        .unwrap();
+        assert!(matches!(plain.sockets()[0], Socket::Plain));
+        let alts = compile(
+            r#"
+name: alts
+transport_socket:
+  name: envoy.transport_sockets.alts
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.transport_sockets.alts.v3.Alts
+"#,
+        )
+        .unwrap();
+        assert_eq!(alts.refusals().next().unwrap().0, "transport_socket");
+    }
+
+    #[test]
+    fn a_bad_tls_context_is_an_error_at_its_field() {
+        let e = compile(
+            r#"
+name: secure
+transport_socket_matches:
+- name: m
+  match: {}
+  transport_socket:
+    name: envoy.transport_sockets.tls
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+      common_tls_context:
+        validation_context: {trusted_ca: {filename: /missing.pem}}
+"#,
+        )
+        .unwrap_err();
         assert_eq!(
-            UpstreamTransport::compile(&cluster("name: none")).refusal_for(None, None),
-            None
+            e.path,
+            "transport_socket_matches[0].transport_socket.typed_config.common_tls_context.validation_context.trusted_ca"
         );
     }
 
@@ -183,7 +252,7 @@ transport_socket:
     fn matches_pick_the_socket_by_endpoint_then_locality_metadata() {
         // Istio's outbound cluster shape: mTLS for endpoints labelled tlsMode=istio,
         // plaintext for the rest.
-        let t = UpstreamTransport::compile(&cluster(
+        let t = compile(
             r#"
 name: outbound|80||svc
 transport_socket_matches:
@@ -200,21 +269,21 @@ transport_socket_matches:
     typed_config:
       "@type": type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer
 "#,
-        ));
+        )
+        .unwrap();
         let istio = metadata("filter_metadata: {envoy.transport_socket_match: {tlsMode: istio}}");
         let other = metadata("filter_metadata: {envoy.transport_socket_match: {tlsMode: other}}");
-        assert!(t.refusal_for(Some(&istio), None).is_some());
+        assert_eq!(t.socket_for(Some(&istio), None), 1);
         // The empty match fits any endpoint, so the locality is never asked.
-        assert_eq!(t.refusal_for(None, Some(&istio)), None);
-        assert_eq!(t.refusal_for(Some(&other), None), None);
-        assert_eq!(t.refusal_for(None, None), None);
-        let fields: Vec<String> = t.refusals().map(|(f, _)| f).collect();
-        assert_eq!(fields, ["transport_socket_matches[0].transport_socket"]);
+        assert_eq!(t.socket_for(None, Some(&istio)), 2);
+        assert_eq!(t.socket_for(Some(&other), None), 2);
+        assert!(matches!(t.sockets()[1], Socket::Tls(_)));
+        assert!(matches!(t.sockets()[2], Socket::Plain));
     }
 
     #[test]
     fn every_match_is_tried_on_the_endpoint_before_the_locality() {
-        let t = UpstreamTransport::compile(&cluster(
+        let t = compile(
             r#"
 name: c
 transport_socket_matches:
@@ -228,10 +297,12 @@ transport_socket_matches:
     typed_config:
       "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
 "#,
-        ));
+        )
+        .unwrap();
         let endpoint = metadata(r#"filter_metadata: {envoy.transport_socket_match: {b: "2"}}"#);
         let locality = metadata(r#"filter_metadata: {envoy.transport_socket_match: {a: "1"}}"#);
-        assert!(t.refusal_for(Some(&endpoint), Some(&locality)).is_some());
-        assert_eq!(t.refusal_for(None, Some(&locality)), None);
+        assert_eq!(t.socket_for(Some(&endpoint), Some(&locality)), 2);
+        assert_eq!(t.socket_for(None, Some(&locality)), 1);
+        assert_eq!(t.socket_for(None, None), 0);
     }
 }

@@ -103,6 +103,7 @@ impl Failure {
             UpstreamError::Overflow => Some(Failure::Overflow),
             UpstreamError::ConnectFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
+            | UpstreamError::TlsFailure { .. }
             | UpstreamError::TransportRefused { .. } => Some(Failure::Connect),
             UpstreamError::Reset {
                 reason: ResetReason::RemoteRefusedStreamReset,

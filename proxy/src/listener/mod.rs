@@ -21,6 +21,8 @@ use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
+use crate::tls::SecretStore;
+use crate::tls::stats::TlsStats;
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -34,9 +36,42 @@ struct Chain {
     kind: ChainKind,
 }
 
+/// A chain's TLS termination: the acceptor (its resolvers read the live secrets) and the
+/// listener's `ssl.*` stats.
+struct Tls {
+    acceptor: TlsAcceptor,
+    stats: TlsStats,
+}
+
+impl Tls {
+    /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
+    async fn accept(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
+            Ok(Ok(s)) => {
+                self.stats.handshake_done(s.get_ref().1);
+                Some(s)
+            }
+            Ok(Err(e)) => {
+                self.stats.handshake_failed(&e);
+                tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                self.stats.connection_error.inc();
+                tracing::debug!(%peer, "TLS handshake timed out");
+                None
+            }
+        }
+    }
+}
+
 enum ChainKind {
-    Http(Arc<Hcm>, Option<TlsAcceptor>),
-    Tcp(Arc<crate::tcp::TcpProxy>),
+    Http(Arc<Hcm>, Option<Tls>),
+    Tcp(Arc<crate::tcp::TcpProxy>, Option<Tls>),
     /// Every connection is closed at once: the chain needs a feature revoy does not
     /// implement and must not skip (see [`ChainConfig::refused`]).
     Refused,
@@ -50,7 +85,7 @@ impl Chain {
             ChainKind::Http(hcm, _) => hcm
                 .draining
                 .store(true, std::sync::atomic::Ordering::Relaxed),
-            ChainKind::Tcp(proxy) => proxy.retire(drain_time),
+            ChainKind::Tcp(proxy, _) => proxy.retire(drain_time),
             ChainKind::Refused => {}
         }
     }
@@ -74,7 +109,22 @@ pub struct Listener {
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
     /// from `previous` (the listener it replaces) are kept with their state.
-    pub fn new(config: Arc<ListenerConfig>, stats: &Store, previous: Option<&Listener>) -> Self {
+    pub fn new(
+        config: Arc<ListenerConfig>,
+        stats: &Store,
+        secrets: &SecretStore,
+        previous: Option<&Listener>,
+    ) -> Self {
+        let prefix = config.stat_prefix();
+        let tls = |c: &ChainConfig| {
+            let spec = c.tls.as_ref()?;
+            let stats = TlsStats::new(stats, &format!("{prefix}."));
+            let config = crate::tls::server_config(spec, secrets, stats.clone())?;
+            Some(Tls {
+                acceptor: TlsAcceptor::from(config),
+                stats,
+            })
+        };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());
             if let Some(kept) = previous.and_then(|p| p.chain_by_identity(&identity)) {
@@ -88,18 +138,17 @@ impl Listener {
                 ChainKind::Refused
             } else {
                 match &c.terminal {
-                    Terminal::Http(h) => ChainKind::Http(
-                        Arc::new(Hcm::new(h.clone(), stats)),
-                        c.tls.clone().map(TlsAcceptor::from),
-                    ),
-                    Terminal::Tcp(t) => {
-                        ChainKind::Tcp(Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)))
+                    Terminal::Http(h) => {
+                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats)), tls(c))
                     }
+                    Terminal::Tcp(t) => ChainKind::Tcp(
+                        Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)),
+                        tls(c),
+                    ),
                 }
             };
             Arc::new(Chain { identity, kind })
         };
-        let prefix = config.stat_prefix();
         let address = config.address;
         Listener {
             bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
@@ -262,11 +311,9 @@ impl Listener {
                     None => http::serve(stream, Arc::new(ctx(false))).await,
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
-                    Some(acceptor) => {
-                        crate::spawn::boxed(|| {
-                            serve_tls(acceptor, stream, peer, Arc::new(ctx(true)))
-                        })
-                        .await
+                    Some(tls) => {
+                        crate::spawn::boxed(|| serve_tls(tls, stream, peer, Arc::new(ctx(true))))
+                            .await
                     }
                 }
             }
@@ -276,13 +323,23 @@ impl Listener {
                 }
                 tracing::debug!(listener = %self.config.name, %peer, "filter chain fails closed; closing");
             }
-            ChainKind::Tcp(proxy) => {
+            ChainKind::Tcp(proxy, tls) => {
                 let lb = LbContext {
                     original_dst: original,
                     ..Default::default()
                 };
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
-                crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb)).await;
+                match tls {
+                    None => crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb)).await,
+                    Some(tls) => {
+                        crate::spawn::boxed(|| async {
+                            if let Some(s) = tls.accept(stream, peer).await {
+                                proxy.serve_tls(s, &shared.clusters, lb).await;
+                            }
+                        })
+                        .await
+                    }
+                }
             }
         }
         self.cx_destroy.inc();
@@ -307,19 +364,10 @@ fn handoff_target<'l>(
 }
 
 /// Completes the TLS handshake of a connection and serves it.
-async fn serve_tls(
-    acceptor: &TlsAcceptor,
-    stream: TcpStream,
-    peer: SocketAddr,
-    ctx: Arc<ConnContext>,
-) {
-    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(tls_stream)) => {
-            let hcm = ctx.hcm.clone();
-            let _open = hcm.stats.cx.open();
-            http::serve_tls(tls_stream, ctx).await
-        }
-        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+async fn serve_tls(tls: &Tls, stream: TcpStream, peer: SocketAddr, ctx: Arc<ConnContext>) {
+    if let Some(tls_stream) = tls.accept(stream, peer).await {
+        let hcm = ctx.hcm.clone();
+        let _open = hcm.stats.cx.open();
+        http::serve_tls(tls_stream, ctx).await
     }
 }

@@ -12,13 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
 use crate::stats::{Counter, Store};
-use crate::upstream::{ClusterManager, LbContext};
+use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 
 #[cfg(target_os = "linux")]
 mod splice;
@@ -106,45 +106,113 @@ impl TcpProxy {
         }
     }
 
-    /// Proxies `downstream` until both directions end, an error occurs or a timeout fires.
+    /// Proxies a plaintext `downstream` until both directions end, an error occurs or a
+    /// timeout fires.
     pub async fn serve(
         &self,
         mut downstream: TcpStream,
         clusters: &ClusterManager,
-        mut ctx: LbContext,
+        ctx: LbContext,
     ) {
+        let Some(mut upstream) = self.upstream(clusters, ctx).await else {
+            return;
+        };
+        let activity = Activity::new();
+        match &mut upstream.stream {
+            UpstreamIo::Plain(u) => {
+                let (dr, dw) = downstream.split();
+                let (ur, uw) = u.split();
+                let copy = async {
+                    tokio::try_join!(
+                        pump(dr, uw, &activity, &self.stats.downstream_cx_rx_bytes_total),
+                        pump(ur, dw, &activity, &self.stats.downstream_cx_tx_bytes_total),
+                    )
+                };
+                self.run(copy, &activity).await;
+            }
+            tls => {
+                self.run(self.copy_both(&mut downstream, tls, &activity), &activity)
+                    .await
+            }
+        }
+    }
+
+    /// Proxies a `downstream` whose TLS revoy terminated (a chain with a
+    /// `DownstreamTlsContext` in front of tcp_proxy).
+    pub async fn serve_tls(
+        &self,
+        mut downstream: tokio_rustls::server::TlsStream<TcpStream>,
+        clusters: &ClusterManager,
+        ctx: LbContext,
+    ) {
+        let Some(mut upstream) = self.upstream(clusters, ctx).await else {
+            return;
+        };
+        let activity = Activity::new();
+        self.run(
+            self.copy_both(&mut downstream, &mut upstream.stream, &activity),
+            &activity,
+        )
+        .await;
+    }
+
+    /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts).
+    async fn upstream(
+        &self,
+        clusters: &ClusterManager,
+        mut ctx: LbContext,
+    ) -> Option<UpstreamConnection> {
         self.stats.downstream_cx_total.inc();
         let name = self.pick_cluster();
         let Some(cluster) = clusters.get(name) else {
             tracing::debug!(cluster = name, "tcp_proxy: unknown cluster");
             self.stats.downstream_cx_no_route.inc();
-            return;
+            return None;
         };
         let mut attempts = 0;
-        let mut upstream = loop {
+        loop {
             attempts += 1;
             match cluster.connect(&ctx).await {
-                Ok(u) => break u,
+                Ok(u) => return Some(u),
                 Err(e) => {
                     tracing::debug!(cluster = name, error = %e, "tcp_proxy: upstream connect failed");
                     if attempts >= self.config.max_connect_attempts {
-                        return;
+                        return None;
                     }
                     if let Some(h) = e.host() {
                         ctx.avoid.push(h);
                     }
                 }
             }
-        };
-        let activity = Activity::new();
-        let (dr, dw) = downstream.split();
-        let (ur, uw) = upstream.stream.split();
-        let copy = async {
-            tokio::try_join!(
-                pump(dr, uw, &activity, &self.stats.downstream_cx_rx_bytes_total),
-                pump(ur, dw, &activity, &self.stats.downstream_cx_tx_bytes_total),
-            )
-        };
+        }
+    }
+
+    /// Copies both ways through buffers (one side or both speak TLS, so no splice).
+    async fn copy_both<D, U>(
+        &self,
+        down: &mut D,
+        up: &mut U,
+        activity: &Activity,
+    ) -> std::io::Result<((), ())>
+    where
+        D: AsyncRead + AsyncWrite + Unpin,
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (dr, dw) = tokio::io::split(down);
+        let (ur, uw) = tokio::io::split(up);
+        tokio::try_join!(
+            copy(dr, uw, activity, &self.stats.downstream_cx_rx_bytes_total),
+            copy(ur, dw, activity, &self.stats.downstream_cx_tx_bytes_total),
+        )
+    }
+
+    /// Runs `copy` until it ends, the connection idles out, reaches its maximum duration or
+    /// its chain is retired.
+    async fn run(
+        &self,
+        copy: impl Future<Output = std::io::Result<((), ())>>,
+        activity: &Activity,
+    ) {
         let max_duration = async {
             match self.config.max_connection_duration {
                 Some(d) => tokio::time::sleep(d).await,
@@ -224,9 +292,9 @@ async fn pump(
 }
 
 /// Copies `r` to `w` through a buffer until end of stream, then shuts down `w`.
-async fn copy(
-    mut r: ReadHalf<'_>,
-    mut w: WriteHalf<'_>,
+async fn copy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut r: R,
+    mut w: W,
     activity: &Activity,
     bytes: &Counter,
 ) -> std::io::Result<()> {

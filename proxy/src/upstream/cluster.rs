@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::body::Body;
@@ -15,10 +14,14 @@ use crate::config::cluster::{
     ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, Locality,
     UpstreamProtocol,
 };
+use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
+use crate::tls::stats::TlsStats;
+use crate::tls::{ClientContext, SecretStore};
 
 use super::error::UpstreamError;
-use super::host::Host;
+use super::host::{Host, HostTransport};
+use super::io::UpstreamIo;
 use super::lb::{HostSet, LbContext};
 use super::pool::{self, ActiveConnection, ConnectOptions};
 use super::response::UpstreamBody;
@@ -27,8 +30,8 @@ use super::stats::ClusterStats;
 /// A TCP connection to a host of a cluster (for tcp_proxy). Counted as active until dropped.
 #[derive(Debug)]
 pub struct UpstreamConnection {
-    /// The connected socket.
-    pub stream: TcpStream,
+    /// The connected socket (TLS when the host's transport socket asks for it).
+    pub stream: UpstreamIo,
     /// The host's address.
     pub addr: SocketAddr,
     /// Keep alive as long as the connection is in use (drives `cx_active`).
@@ -45,6 +48,8 @@ pub struct Cluster {
     original_dst_hosts: Mutex<HashMap<SocketAddr, Arc<Host>>>,
     initialized: watch::Sender<bool>,
     resolver: Mutex<Option<tokio::task::AbortHandle>>,
+    /// How hosts are connected to, by transport socket index (`UpstreamTransport::sockets`).
+    transports: Vec<HostTransport>,
 }
 
 impl Drop for Cluster {
@@ -57,8 +62,27 @@ impl Drop for Cluster {
 
 impl Cluster {
     /// A cluster with the config's static hosts (DNS clusters start empty until resolved).
-    pub(crate) fn new(config: ClusterConfig, store: &Store) -> Arc<Self> {
+    pub(crate) fn new(config: ClusterConfig, store: &Store, secrets: &SecretStore) -> Arc<Self> {
         let stats = Arc::new(ClusterStats::new(store, &config.observability_name));
+        let transports = config
+            .transport
+            .sockets()
+            .iter()
+            .map(|socket| match socket {
+                Socket::Plain => HostTransport::Plain,
+                Socket::Refused(why) => HostTransport::Refused(why.clone()),
+                Socket::Tls(spec) => {
+                    let stats =
+                        TlsStats::new(store, &format!("cluster.{}.", config.observability_name));
+                    match ClientContext::new(spec, secrets, stats) {
+                        Some(ctx) => HostTransport::Tls(Arc::new(ctx)),
+                        None => HostTransport::Refused(
+                            "tls_params allow no TLS version revoy implements (1.2, 1.3)".into(),
+                        ),
+                    }
+                }
+            })
+            .collect();
         let initialized = !config.discovery.uses_dns();
         let cluster = Arc::new(Cluster {
             stats,
@@ -66,6 +90,7 @@ impl Cluster {
             original_dst_hosts: Mutex::new(HashMap::new()),
             initialized: watch::Sender::new(initialized),
             resolver: Mutex::new(None),
+            transports,
             config,
         });
         if !cluster.config.discovery.uses_dns() {
@@ -138,6 +163,14 @@ impl Cluster {
         }
     }
 
+    /// How hosts with transport socket `index` are connected to.
+    pub(crate) fn transport(&self, index: usize) -> HostTransport {
+        self.transports
+            .get(index)
+            .cloned()
+            .unwrap_or(HostTransport::Plain)
+    }
+
     /// Replaces the hosts with IP endpoints (static config or EDS). Name endpoints are skipped.
     pub fn set_endpoints(&self, endpoints: &[EndpointConfig]) {
         let hosts = endpoints
@@ -152,7 +185,7 @@ impl Cluster {
                         e.locality.clone(),
                         e.health,
                     )
-                    .refusing(e.transport_refused.clone()),
+                    .with_transport(self.transport(e.socket)),
                 ),
                 EndpointAddress::Dns { .. } => None,
             })
@@ -248,7 +281,7 @@ impl Cluster {
                         Locality::default(),
                         HealthStatus::Healthy,
                     )
-                    .refusing(self.config.transport.refusal_for(None, None)),
+                    .with_transport(self.transport(0)),
                 )
             })
             .clone()
@@ -344,6 +377,7 @@ impl Cluster {
             Err(
                 UpstreamError::ConnectFailure { .. }
                 | UpstreamError::ConnectTimeout { .. }
+                | UpstreamError::TlsFailure { .. }
                 | UpstreamError::TransportRefused { .. },
             ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);

@@ -58,13 +58,18 @@ async fn run(weak: Weak<Cluster>) {
             .update_success
             .add((endpoints.len() - failures) as u64);
         stats.update_failure.add(failures as u64);
-        cluster.set_hosts(hosts(&endpoints, &last, logical));
+        cluster.set_hosts(hosts(&cluster, &endpoints, &last, logical));
         drop(cluster);
         tokio::time::sleep(refresh).await;
     }
 }
 
-fn hosts(endpoints: &[EndpointConfig], addrs: &[Vec<SocketAddr>], logical: bool) -> Vec<Host> {
+fn hosts(
+    cluster: &Cluster,
+    endpoints: &[EndpointConfig],
+    addrs: &[Vec<SocketAddr>],
+    logical: bool,
+) -> Vec<Host> {
     let mut out = Vec::new();
     for (ep, addrs) in endpoints.iter().zip(addrs) {
         let name = match &ep.address {
@@ -82,7 +87,7 @@ fn hosts(endpoints: &[EndpointConfig], addrs: &[Vec<SocketAddr>], logical: bool)
                     ep.locality.clone(),
                     ep.health,
                 )
-                .refusing(ep.transport_refused.clone()),
+                .with_transport(cluster.transport(ep.socket)),
             );
         }
     }

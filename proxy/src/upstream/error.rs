@@ -28,6 +28,14 @@ pub enum UpstreamError {
         /// Why.
         reason: crate::config::upstream_transport::Refusal,
     },
+    /// The TLS handshake with the host failed.
+    #[error("TLS handshake with {host} failed: {reason}")]
+    TlsFailure {
+        /// The host tried.
+        host: SocketAddr,
+        /// Envoy's transport failure reason (`TLS_error:...`).
+        reason: String,
+    },
     /// The TCP connection did not complete within `connect_timeout`.
     #[error("connect to {host} timed out")]
     ConnectTimeout {
@@ -100,7 +108,9 @@ impl UpstreamError {
         match self {
             UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some("overflow"),
-            UpstreamError::ConnectFailure { .. } => Some("remote connection failure"),
+            UpstreamError::ConnectFailure { .. } | UpstreamError::TlsFailure { .. } => {
+                Some("remote connection failure")
+            }
             UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
             UpstreamError::TransportRefused { .. } => Some("local connection failure"),
             UpstreamError::Reset { reason, .. } => Some(reason.as_str()),
@@ -113,6 +123,9 @@ impl UpstreamError {
         match (self, self.reset_reason()) {
             (UpstreamError::RequestBody { .. }, _) => "Bad Request".to_owned(),
             (UpstreamError::TransportRefused { reason, .. }, Some(r)) => format!(
+                "upstream connect error or disconnect/reset before headers. reset reason: {r}, transport failure reason: {reason}"
+            ),
+            (UpstreamError::TlsFailure { reason, .. }, Some(r)) => format!(
                 "upstream connect error or disconnect/reset before headers. reset reason: {r}, transport failure reason: {reason}"
             ),
             (_, None) => "no healthy upstream".to_owned(),
@@ -132,6 +145,7 @@ impl UpstreamError {
             UpstreamError::Overflow => "UO",
             UpstreamError::ConnectFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
+            | UpstreamError::TlsFailure { .. }
             | UpstreamError::TransportRefused { .. } => "UF",
             UpstreamError::Reset {
                 reason: ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset,
@@ -145,6 +159,7 @@ impl UpstreamError {
     pub fn host(&self) -> Option<SocketAddr> {
         match self {
             UpstreamError::ConnectFailure { host, .. }
+            | UpstreamError::TlsFailure { host, .. }
             | UpstreamError::ConnectTimeout { host }
             | UpstreamError::TransportRefused { host, .. }
             | UpstreamError::Reset { host, .. } => Some(*host),

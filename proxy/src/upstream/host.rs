@@ -1,10 +1,12 @@
 //! Hosts (one upstream address each) with their counters and connection pool.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::cluster::{HealthStatus, Locality};
 use crate::config::upstream_transport::Refusal;
+use crate::tls::ClientContext;
 
 use super::pool::Pool;
 
@@ -54,6 +56,29 @@ impl HostStats {
     }
 }
 
+/// How connections to a host are made (its cluster's transport socket for it).
+#[derive(Debug, Clone)]
+pub enum HostTransport {
+    /// Plaintext TCP.
+    Plain,
+    /// TLS with the cluster's context for this socket.
+    Tls(Arc<ClientContext>),
+    /// None at all: the socket is one revoy does not implement (never replaced by plaintext).
+    Refused(Refusal),
+}
+
+impl HostTransport {
+    /// Whether two hosts connect alike (so one's pool can stand for the other's).
+    fn same(&self, other: &HostTransport) -> bool {
+        match (self, other) {
+            (HostTransport::Plain, HostTransport::Plain) => true,
+            (HostTransport::Tls(a), HostTransport::Tls(b)) => Arc::ptr_eq(a, b),
+            (HostTransport::Refused(a), HostTransport::Refused(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// One upstream address of a cluster.
 #[derive(Debug)]
 pub struct Host {
@@ -71,8 +96,8 @@ pub struct Host {
     pub health: HealthStatus,
     /// Counters.
     pub stats: HostStats,
-    /// Why no connection to it is ever made (a transport socket revoy does not implement).
-    pub refused: Option<Refusal>,
+    /// How connections to it are made: plaintext, TLS, or not at all.
+    pub transport: HostTransport,
     pub(crate) pool: Pool,
 }
 
@@ -94,14 +119,14 @@ impl Host {
             locality,
             health,
             stats: HostStats::default(),
-            refused: None,
+            transport: HostTransport::Plain,
             pool: Pool::default(),
         }
     }
 
-    /// The same host, refusing connections for `reason` when there is one.
-    pub fn refusing(mut self, reason: Option<Refusal>) -> Self {
-        self.refused = reason;
+    /// The same host, connected to over `transport`.
+    pub fn with_transport(mut self, transport: HostTransport) -> Self {
+        self.transport = transport;
         self
     }
 
@@ -118,7 +143,7 @@ impl Host {
             && self.priority == other.priority
             && self.locality == other.locality
             && self.health == other.health
-            && self.refused == other.refused
+            && self.transport.same(&other.transport)
     }
 
     /// How many HTTP/1.1 connections are pooled for this host (idle, or finishing a response).

@@ -10,6 +10,7 @@ pub mod dns;
 mod error;
 mod h1;
 mod host;
+mod io;
 mod lb;
 mod pool;
 mod render;
@@ -23,10 +24,12 @@ use arc_swap::ArcSwap;
 
 use crate::config::cluster::ClusterConfig;
 use crate::stats::Store;
+use crate::tls::SecretStore;
 
 pub use cluster::{Cluster, UpstreamConnection};
 pub use error::{ResetReason, UpstreamError};
-pub use host::{Host, HostStats};
+pub use host::{Host, HostStats, HostTransport};
+pub use io::UpstreamIo;
 pub use lb::{HostSet, LbContext};
 pub use pool::{ActiveConnection, UpstreamHost};
 pub use response::UpstreamBody;
@@ -41,16 +44,19 @@ pub struct ClusterManager {
 #[derive(Debug)]
 struct Inner {
     store: Store,
+    secrets: Arc<SecretStore>,
     clusters: ArcSwap<HashMap<String, Arc<Cluster>>>,
     updating: Mutex<()>,
 }
 
 impl ClusterManager {
-    /// An empty cluster manager charging stats into `stats`.
-    pub fn new(stats: Store) -> Self {
+    /// An empty cluster manager charging stats into `stats`, its TLS contexts reading
+    /// `secrets`.
+    pub fn new(stats: Store, secrets: Arc<SecretStore>) -> Self {
         ClusterManager {
             inner: Arc::new(Inner {
                 store: stats,
+                secrets,
                 clusters: ArcSwap::from_pointee(HashMap::new()),
                 updating: Mutex::new(()),
             }),
@@ -105,7 +111,7 @@ impl ClusterManager {
             return old.clone();
         }
         let uses_dns = cfg.discovery.uses_dns();
-        let cluster = Cluster::new(cfg, &self.inner.store);
+        let cluster = Cluster::new(cfg, &self.inner.store, &self.inner.secrets);
         if uses_dns {
             dns::start(&cluster);
         }

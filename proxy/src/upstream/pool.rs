@@ -19,9 +19,11 @@ use crate::body::Body;
 
 use super::error::{ResetReason, UpstreamError};
 use super::h1;
-use super::host::Host;
+use super::host::{Host, HostTransport};
+use super::io::UpstreamIo;
 use super::response::UpstreamBody;
 use super::stats::ClusterStats;
+use crate::tls::ClientContext;
 
 /// Connection settings from the cluster config.
 #[derive(Debug, Clone, Copy)]
@@ -144,13 +146,14 @@ impl Pool {
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
 
-/// Opens a TCP connection to `host`, charging connection stats.
+/// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
+/// charging connection stats.
 pub(crate) async fn connect(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
-) -> Result<(TcpStream, ActiveConnection), UpstreamError> {
+) -> Result<(UpstreamIo, ActiveConnection), UpstreamError> {
     let addr = host.addr;
-    if let Some(reason) = &host.refused {
+    if let HostTransport::Refused(reason) = &host.transport {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
         opts.stats.upstream_cx_connect_fail.inc();
         opts.stats.fail_closed();
@@ -186,6 +189,14 @@ pub(crate) async fn connect(
         }
     };
     let _ = stream.set_nodelay(true);
+    let stream = match &host.transport {
+        HostTransport::Tls(tls) => UpstreamIo::Tls(Box::new(
+            handshake(tls, stream, addr, opts.timeout)
+                .await
+                .map_err(fail)?,
+        )),
+        _ => UpstreamIo::Plain(stream),
+    };
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_active.inc();
     Ok((
@@ -195,6 +206,36 @@ pub(crate) async fn connect(
             stats: opts.stats.clone(),
         },
     ))
+}
+
+/// The TLS handshake on a connected socket, within `timeout`; counted in the cluster's
+/// `ssl.*` stats.
+async fn handshake(
+    tls: &ClientContext,
+    stream: TcpStream,
+    addr: SocketAddr,
+    timeout: Duration,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
+    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let outcome =
+        tokio::time::timeout(timeout, connector.connect(tls.server_name(addr), stream)).await;
+    match outcome {
+        Ok(Ok(s)) => {
+            tls.stats.handshake_done(s.get_ref().1);
+            Ok(s)
+        }
+        Ok(Err(e)) => {
+            tls.stats.connection_error.inc();
+            Err(UpstreamError::TlsFailure {
+                host: addr,
+                reason: crate::tls::failure_reason(&e),
+            })
+        }
+        Err(_) => {
+            tls.stats.connection_error.inc();
+            Err(UpstreamError::ConnectTimeout { host: addr })
+        }
+    }
 }
 
 /// Sends `req` over a pooled HTTP/1.1 connection (reusing an idle one when possible).

@@ -375,7 +375,8 @@ impl ProxyHandler {
         let mut warnings = Warnings::new();
         crate::config::cluster::skipped_features(&c, "", &mut warnings);
         log_warnings("cluster", &c.name, &warnings);
-        let mut cfg = compile_cluster(&c).map_err(|e| located("cluster", &c.name, e))?;
+        let mut cfg = compile_cluster(&Context::new(&*self.io), &c)
+            .map_err(|e| located("cluster", &c.name, e))?;
         cfg.added_via_api = true;
         // The record keeps these bytes too: one buffer for both.
         cfg.proto = proto::Encoded::from_encoded(r.value.clone());

@@ -6,7 +6,6 @@ use std::task::{Context, Poll, ready};
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
-use tokio::net::tcp::OwnedReadHalf;
 use tokio_util::io::poll_read_buf;
 
 use super::decode::{Chunked, DecodeError, Framing};
@@ -33,7 +32,7 @@ pub(super) enum Reader {
     Pooled(Connection),
     /// The read side of a connection whose request body is still being sent by another task.
     Half {
-        read: OwnedReadHalf,
+        read: tokio::io::ReadHalf<super::UpstreamIo>,
         _active: ActiveConnection,
     },
 }

@@ -21,13 +21,13 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::net::TcpStream;
 
 use crate::body::{Body, BoxError};
 use crate::wire::with_room;
 
 use super::error::{ResetReason, UpstreamError};
 use super::host::Host;
+use super::io::UpstreamIo;
 use super::pool::{self, ActiveConnection};
 
 use body::Reader;
@@ -40,7 +40,7 @@ const COALESCE_LIMIT: usize = 16 * 1024;
 
 /// An open HTTP/1.1 connection to one host.
 pub(crate) struct Connection {
-    io: TcpStream,
+    io: UpstreamIo,
     active: ActiveConnection,
     /// When it last went back to the pool.
     pub(crate) since: Instant,
@@ -50,7 +50,7 @@ pub(crate) struct Connection {
 
 impl Connection {
     /// A connection over a freshly connected socket.
-    pub(crate) fn new(io: TcpStream, active: ActiveConnection) -> Self {
+    pub(crate) fn new(io: UpstreamIo, active: ActiveConnection) -> Self {
         Connection {
             io,
             active,
@@ -148,7 +148,7 @@ pub(crate) async fn exchange(
             addr,
         ));
         if let Some(head) = streamed.await? {
-            let (read, write) = conn.io.into_split();
+            let (read, write) = tokio::io::split(conn.io);
             tokio::spawn(sender.rest(write, body));
             let reader = Reader::Half {
                 read,
@@ -180,13 +180,13 @@ pub(crate) async fn exchange(
 /// when it arrives before the body ended (the upstream answered early, perhaps without
 /// reading the body, so a blocked write must not keep the response from being read).
 async fn send_body(
-    io: &mut TcpStream,
+    io: &mut UpstreamIo,
     body: &mut Body,
     sender: &mut BodySender,
     buf: &mut BytesMut,
     addr: SocketAddr,
 ) -> Result<Option<Head>, UpstreamError> {
-    let (mut rd, mut wr) = io.split();
+    let (mut rd, mut wr) = tokio::io::split(io);
     while !sender.finished() {
         tokio::select! {
             written = write_some(&mut wr, &mut sender.pending), if sender.pending.is_some() => {
@@ -221,7 +221,7 @@ async fn write_some<W: AsyncWrite + Unpin>(
 
 /// Reads until a final (non-1xx) response head is complete.
 async fn read_head(
-    io: &mut TcpStream,
+    io: &mut UpstreamIo,
     buf: &mut BytesMut,
     addr: SocketAddr,
 ) -> Result<Head, UpstreamError> {

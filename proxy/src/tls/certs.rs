@@ -1,0 +1,141 @@
+//! The certificates a TLS context presents, as they are now: written in the config, or
+//! delivered (and rotated) by SDS. A handshake asks for the current set and picks one by the
+//! client's server name and the signature schemes it offers.
+
+use std::sync::Arc;
+
+use rustls::SignatureScheme;
+use rustls::client::ResolvesClientCert;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use x509_parser::extensions::GeneralName;
+
+use super::SecretStore;
+use super::secrets::SecretCell;
+use crate::config::tls::common::Certificates;
+use crate::config::tls::secret::SecretValue;
+
+/// A context's certificates, bound to the secrets that deliver them.
+#[derive(Debug)]
+pub enum LiveCertificates {
+    /// None (a client without a client certificate).
+    None,
+    /// Written in the config.
+    Static(Vec<Arc<CertifiedKey>>),
+    /// Delivered by SDS, in configured order.
+    Sds(Vec<Arc<SecretCell>>),
+}
+
+impl LiveCertificates {
+    /// Binds a compiled spec to the store's secrets.
+    pub fn bind(spec: &Certificates, store: &SecretStore) -> Self {
+        match spec {
+            Certificates::None => LiveCertificates::None,
+            Certificates::Static(certs) => {
+                LiveCertificates::Static(certs.iter().map(|c| c.key.clone()).collect())
+            }
+            Certificates::Sds(refs) => {
+                LiveCertificates::Sds(refs.iter().map(|r| store.cell(r)).collect())
+            }
+        }
+    }
+
+    /// The certificates in force, in configured order (an SDS secret not arrived yet, or not
+    /// a certificate, is left out).
+    pub fn current(&self) -> Vec<Arc<CertifiedKey>> {
+        match self {
+            LiveCertificates::None => Vec::new(),
+            LiveCertificates::Static(certs) => certs.clone(),
+            LiveCertificates::Sds(cells) => cells
+                .iter()
+                .filter_map(|cell| match &cell.current()?.value {
+                    SecretValue::Certificate(c) => Some(c.key.clone()),
+                    SecretValue::Validation { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Picks the certificate for a peer offering `schemes` (and asking for `server_name`):
+    /// among those whose DNS names cover the server name (all, when none does), the first
+    /// whose key can sign with an offered scheme, else the first.
+    fn pick(
+        &self,
+        server_name: Option<&str>,
+        schemes: &[SignatureScheme],
+    ) -> Option<Arc<CertifiedKey>> {
+        let all = self.current();
+        if all.len() <= 1 {
+            return all.into_iter().next();
+        }
+        let named: Vec<&Arc<CertifiedKey>> = match server_name {
+            Some(name) => all.iter().filter(|c| covers(c, name)).collect(),
+            None => Vec::new(),
+        };
+        let candidates: Vec<&Arc<CertifiedKey>> = if named.is_empty() {
+            all.iter().collect()
+        } else {
+            named
+        };
+        candidates
+            .iter()
+            .find(|c| c.key.choose_scheme(schemes).is_some())
+            .or(candidates.first())
+            .map(|c| (*c).clone())
+    }
+}
+
+/// Whether a certificate's DNS names (or, without any, its common name) cover `name`, a
+/// leading `*.` standing for one label.
+fn covers(cert: &CertifiedKey, name: &str) -> bool {
+    let Some(Ok((_, parsed))) = cert
+        .cert
+        .first()
+        .map(|d| x509_parser::parse_x509_certificate(d))
+    else {
+        return false;
+    };
+    let matches = |pattern: &str| {
+        pattern.eq_ignore_ascii_case(name)
+            || pattern.strip_prefix("*.").is_some_and(|suffix| {
+                name.split_once('.').is_some_and(|(label, rest)| {
+                    !label.is_empty() && rest.eq_ignore_ascii_case(suffix)
+                })
+            })
+    };
+    match parsed.subject_alternative_name() {
+        Ok(Some(ext)) => ext.value.general_names.iter().any(|g| match g {
+            GeneralName::DNSName(d) => matches(d),
+            _ => false,
+        }),
+        _ => parsed
+            .subject()
+            .iter_common_name()
+            .filter_map(|cn| cn.as_str().ok())
+            .any(matches),
+    }
+}
+
+/// A listener's certificate resolver.
+#[derive(Debug)]
+pub struct ServerCertificates(pub LiveCertificates);
+
+impl ResolvesServerCert for ServerCertificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.pick(hello.server_name(), hello.signature_schemes())
+    }
+}
+
+/// A cluster's client-certificate resolver.
+#[derive(Debug)]
+pub struct ClientCertificates(pub LiveCertificates);
+
+impl ResolvesClientCert for ClientCertificates {
+    fn resolve(&self, _hints: &[&[u8]], schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.0.pick(None, schemes)
+    }
+
+    fn has_certs(&self) -> bool {
+        !matches!(self.0, LiveCertificates::None)
+    }
+}

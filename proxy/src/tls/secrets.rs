@@ -1,0 +1,164 @@
+//! The secrets TLS contexts use, by name and source, as live values: a handshake reads the
+//! current one, so an SDS rotation reaches new handshakes at once and rebuilds nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use arc_swap::ArcSwapOption;
+use tokio::sync::watch;
+
+use crate::config::tls::sds::{SecretRef, SecretSource};
+use crate::config::tls::secret::SecretValue;
+
+/// One secret as it is now, with what `/config_dump` shows of it.
+#[derive(Debug)]
+pub struct Delivered {
+    /// The compiled secret.
+    pub value: SecretValue,
+    /// The `version_info` it came with.
+    pub version: String,
+    /// When it was applied.
+    pub updated: SystemTime,
+    /// The `Secret` proto as delivered (private keys included: `/config_dump` redacts them).
+    pub proto: proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret,
+}
+
+/// One named secret from one source.
+#[derive(Debug)]
+pub struct SecretCell {
+    /// Its name.
+    pub name: String,
+    /// Where it comes from.
+    pub source: SecretSource,
+    current: ArcSwapOption<Delivered>,
+    /// Bumped on each change; consumers that derive values from the secret cache by it.
+    generation: AtomicU64,
+    arrived: watch::Sender<bool>,
+}
+
+impl SecretCell {
+    fn new(name: &str, source: &SecretSource) -> Self {
+        SecretCell {
+            name: name.to_owned(),
+            source: source.clone(),
+            current: ArcSwapOption::empty(),
+            generation: AtomicU64::new(0),
+            arrived: watch::Sender::new(false),
+        }
+    }
+
+    /// The secret now, if it has arrived.
+    pub fn current(&self) -> Option<Arc<Delivered>> {
+        self.current.load_full()
+    }
+
+    /// Changes each time the secret does.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the secret has arrived.
+    pub fn is_ready(&self) -> bool {
+        *self.arrived.borrow()
+    }
+
+    /// Waits until the secret has arrived.
+    pub async fn ready(&self) {
+        let mut rx = self.arrived.subscribe();
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+
+    fn set(&self, delivered: Delivered) {
+        self.current.store(Some(Arc::new(delivered)));
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.arrived.send_replace(true);
+    }
+}
+
+/// Every secret some TLS context uses or the bootstrap defines.
+#[derive(Debug, Default)]
+pub struct SecretStore {
+    cells: Mutex<HashMap<(String, SecretSource), Arc<SecretCell>>>,
+    /// Bumped when a secret is first asked for, so SDS subscriptions follow.
+    wanted: watch::Sender<u64>,
+}
+
+impl SecretStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        SecretStore::default()
+    }
+
+    /// The cell of the secret `r` names, made (and so subscribed to) on first use.
+    pub fn cell(&self, r: &SecretRef) -> Arc<SecretCell> {
+        let mut cells = self.cells.lock().expect("secret store lock");
+        let key = (r.name.clone(), r.source.clone());
+        if let Some(cell) = cells.get(&key) {
+            return cell.clone();
+        }
+        let cell = Arc::new(SecretCell::new(&r.name, &r.source));
+        cells.insert(key, cell.clone());
+        drop(cells);
+        self.wanted.send_modify(|n| *n += 1);
+        cell
+    }
+
+    /// Stores a secret's new value (a cell is made if nothing asked for it yet).
+    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) {
+        let cell = {
+            let mut cells = self.cells.lock().expect("secret store lock");
+            cells
+                .entry((name.to_owned(), source.clone()))
+                .or_insert_with(|| Arc::new(SecretCell::new(name, source)))
+                .clone()
+        };
+        cell.set(delivered);
+    }
+
+    /// The names wanted from `source` that some context still uses (or that arrived), sorted.
+    pub fn names(&self, source: &SecretSource) -> Vec<String> {
+        let cells = self.cells.lock().expect("secret store lock");
+        let mut names: Vec<String> = cells
+            .iter()
+            .filter(|((_, s), _)| s == source)
+            .map(|((n, _), _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Every source some secret is wanted from.
+    pub fn sources(&self) -> Vec<SecretSource> {
+        let cells = self.cells.lock().expect("secret store lock");
+        let mut sources: Vec<SecretSource> = cells.keys().map(|(_, s)| s.clone()).collect();
+        sources.sort();
+        sources.dedup();
+        sources
+    }
+
+    /// Every cell, sorted by source and name (for `/certs` and `/config_dump`).
+    pub fn cells(&self) -> Vec<Arc<SecretCell>> {
+        let cells = self.cells.lock().expect("secret store lock");
+        let mut out: Vec<_> = cells.values().cloned().collect();
+        out.sort_by(|a, b| (&a.source, &a.name).cmp(&(&b.source, &b.name)));
+        out
+    }
+
+    /// Forgets the cells nothing uses any more (no context holds them), so their
+    /// subscriptions end; returns how many went.
+    pub fn prune(&self) -> usize {
+        let mut cells = self.cells.lock().expect("secret store lock");
+        let before = cells.len();
+        cells.retain(|(_, source), cell| {
+            *source == SecretSource::Static || Arc::strong_count(cell) > 1
+        });
+        before - cells.len()
+    }
+
+    /// Changes whenever a secret is first asked for.
+    pub fn watch_wanted(&self) -> watch::Receiver<u64> {
+        self.wanted.subscribe()
+    }
+}

@@ -1,0 +1,143 @@
+//! Envoy's TLS stats (`listener.<address>.ssl.*`, `cluster.<name>.ssl.*`).
+
+use rustls::{CipherSuite, CommonState, NamedGroup, ProtocolVersion};
+
+use crate::stats::{Counter, Store};
+
+/// Why a peer's certificate was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VerifyFailure {
+    /// None presented where one is required (`fail_verify_no_cert`).
+    NoCertificate,
+    /// The chain did not verify (`fail_verify_error`).
+    Chain,
+    /// No subject alternative name matched (`fail_verify_san`).
+    San,
+    /// Neither the SPKI nor the certificate pins matched (`fail_verify_cert_hash`).
+    Pin,
+}
+
+/// One TLS context's counters.
+#[derive(Debug, Clone)]
+pub struct TlsStats {
+    store: Store,
+    prefix: String,
+    /// `ssl.handshake`: completed handshakes.
+    pub handshake: Counter,
+    /// `ssl.connection_error`: handshakes that failed.
+    pub connection_error: Counter,
+    /// `ssl.session_reused`.
+    pub session_reused: Counter,
+    /// `ssl.no_certificate`: handshakes where the peer presented none.
+    pub no_certificate: Counter,
+    fail_verify_no_cert: Counter,
+    fail_verify_error: Counter,
+    fail_verify_san: Counter,
+    fail_verify_cert_hash: Counter,
+}
+
+impl TlsStats {
+    /// The counters under `<scope>ssl.` (`scope` is `listener.<address>.` or
+    /// `cluster.<name>.`).
+    pub fn new(store: &Store, scope: &str) -> Self {
+        let prefix = format!("{scope}ssl.");
+        let c = |name: &str| store.counter(&format!("{prefix}{name}"));
+        TlsStats {
+            handshake: c("handshake"),
+            connection_error: c("connection_error"),
+            session_reused: c("session_reused"),
+            no_certificate: c("no_certificate"),
+            fail_verify_no_cert: c("fail_verify_no_cert"),
+            fail_verify_error: c("fail_verify_error"),
+            fail_verify_san: c("fail_verify_san"),
+            fail_verify_cert_hash: c("fail_verify_cert_hash"),
+            store: store.clone(),
+            prefix,
+        }
+    }
+
+    /// Counts a refused peer certificate.
+    pub fn verify_failed(&self, why: VerifyFailure) {
+        match why {
+            VerifyFailure::NoCertificate => &self.fail_verify_no_cert,
+            VerifyFailure::Chain => &self.fail_verify_error,
+            VerifyFailure::San => &self.fail_verify_san,
+            VerifyFailure::Pin => &self.fail_verify_cert_hash,
+        }
+        .inc();
+    }
+
+    /// Counts a failed handshake: `connection_error`, and `fail_verify_no_cert` when the peer
+    /// presented no certificate where one is required.
+    pub fn handshake_failed(&self, e: &std::io::Error) {
+        self.connection_error.inc();
+        if let Some(rustls::Error::NoCertificatesPresented) =
+            e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
+        {
+            self.fail_verify_no_cert.inc();
+        }
+    }
+
+    /// Counts a completed handshake: `handshake`, `session_reused`, `no_certificate`, and the
+    /// negotiated `versions.*`, `ciphers.*` and `curves.*`, named as Envoy names them.
+    pub fn handshake_done(&self, conn: &CommonState) {
+        self.handshake.inc();
+        if conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+            self.session_reused.inc();
+        }
+        if conn.peer_certificates().is_none_or(|c| c.is_empty()) {
+            self.no_certificate.inc();
+        }
+        let named = |kind: &str, name: &str| {
+            self.store
+                .counter(&format!("{}{kind}.{name}", self.prefix))
+                .inc()
+        };
+        if let Some(v) = conn.protocol_version() {
+            named("versions", version_name(v));
+        }
+        if let Some(s) = conn.negotiated_cipher_suite() {
+            named("ciphers", cipher_name(s.suite()));
+        }
+        if let Some(g) = conn.negotiated_key_exchange_group() {
+            named("curves", curve_name(g.name()));
+        }
+    }
+}
+
+/// Envoy's (BoringSSL's) name of a TLS version.
+pub fn version_name(v: ProtocolVersion) -> &'static str {
+    match v {
+        ProtocolVersion::TLSv1_3 => "TLSv1.3",
+        ProtocolVersion::TLSv1_2 => "TLSv1.2",
+        _ => "unknown",
+    }
+}
+
+/// Envoy's (BoringSSL's) name of a cipher suite.
+pub fn cipher_name(s: CipherSuite) -> &'static str {
+    match s {
+        CipherSuite::TLS13_AES_128_GCM_SHA256 => "TLS_AES_128_GCM_SHA256",
+        CipherSuite::TLS13_AES_256_GCM_SHA384 => "TLS_AES_256_GCM_SHA384",
+        CipherSuite::TLS13_CHACHA20_POLY1305_SHA256 => "TLS_CHACHA20_POLY1305_SHA256",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256 => "ECDHE-ECDSA-AES128-GCM-SHA256",
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256 => "ECDHE-RSA-AES128-GCM-SHA256",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384 => "ECDHE-ECDSA-AES256-GCM-SHA384",
+        CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384 => "ECDHE-RSA-AES256-GCM-SHA384",
+        CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256 => {
+            "ECDHE-ECDSA-CHACHA20-POLY1305"
+        }
+        CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => "ECDHE-RSA-CHACHA20-POLY1305",
+        _ => "unknown",
+    }
+}
+
+/// Envoy's (BoringSSL's) name of a key-exchange group.
+pub fn curve_name(g: NamedGroup) -> &'static str {
+    match g {
+        NamedGroup::X25519 => "X25519",
+        NamedGroup::secp256r1 => "P-256",
+        NamedGroup::secp384r1 => "P-384",
+        _ => "unknown",
+    }
+}
