@@ -201,7 +201,7 @@ fn ads_config(b: &Bootstrap, a: &ApiConfigSource) -> Result<AdsConfig, ConfigErr
 }
 
 /// The address of the static cluster `name`'s first endpoint: a socket address or a pipe.
-fn cluster_target(b: &Bootstrap, name: &str) -> Result<ControlPlane, ConfigError> {
+pub fn cluster_target(b: &Bootstrap, name: &str) -> Result<ControlPlane, ConfigError> {
     let cluster = b
         .static_resources
         .as_ref()

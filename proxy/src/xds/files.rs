@@ -1,4 +1,4 @@
-//! `path_config_source` for LDS and CDS: a file holding a `DiscoveryResponse` (YAML or JSON,
+//! `path_config_source` for LDS, CDS and SDS: a file holding a `DiscoveryResponse` (YAML or JSON,
 //! `resources` as `@type` Anys), read at start and again whenever it changes — written in
 //! place, renamed over, or swapped by a symlink as Kubernetes mounts do (the directory is
 //! watched, not the file). Each version goes through the same handler as an ADS response;
@@ -12,8 +12,6 @@ use std::time::Duration;
 use notify::Watcher;
 use proto::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use xds_client::{Handler, Resource, Update};
-
-use super::handler::ProxyHandler;
 
 /// How long changes settle before the file is read (an editor's write is several events).
 const SETTLE: Duration = Duration::from_millis(100);
@@ -114,7 +112,7 @@ fn content_version(text: &str) -> String {
 }
 
 /// Applies `path` now and on every change, until the process ends.
-pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<ProxyHandler>) {
+pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<dyn Handler>) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let dir = path
         .parent()
@@ -161,7 +159,7 @@ pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<ProxyHandler>) 
 /// Applies one version of the file: what it no longer names is removed. Returns the names it
 /// holds.
 fn apply(
-    handler: &ProxyHandler,
+    handler: &Arc<dyn Handler>,
     type_url: &str,
     version: &str,
     resources: Vec<Resource>,

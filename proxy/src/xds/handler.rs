@@ -18,7 +18,7 @@ use proto::pb::envoy::config::route::v3::RouteConfiguration;
 use xds_client::client::Client;
 use xds_client::{
     Applied, CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, Handler, LISTENER_TYPE_URL,
-    ROUTE_TYPE_URL, Rejected, Resource, Update,
+    ROUTE_TYPE_URL, Rejected, Resource, SECRET_TYPE_URL, Update,
 };
 
 use super::records::{Records, Status};
@@ -29,6 +29,8 @@ use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compi
 use crate::config::dynamic::{DynamicConfig, Source, initial_fetch_timeout};
 use crate::config::hcm::Routes;
 use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
+use crate::config::tls::sds::{SecretRef, SecretSource};
+use crate::config::upstream_transport::Socket;
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
 use crate::lifecycle::ServerState;
 use crate::shared::Shared;
@@ -68,6 +70,8 @@ pub struct State {
     listener_routes: BTreeMap<String, Vec<String>>,
     /// Clusters waiting for their endpoints.
     warming_clusters: Waiting<ClusterConfig>,
+    /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
+    clusters_awaiting_secrets: BTreeMap<String, ClusterConfig>,
     /// EDS clusters by service name.
     eds_users: HashMap<String, BTreeSet<String>>,
     /// The service name each EDS cluster uses.
@@ -89,9 +93,11 @@ impl State {
         self.warming_listeners.keys()
     }
 
-    /// Names of the clusters waiting for endpoints.
+    /// Names of the clusters waiting for endpoints or secrets.
     pub fn warming_cluster_names(&self) -> impl Iterator<Item = &String> {
-        self.warming_clusters.keys()
+        self.warming_clusters
+            .keys()
+            .chain(self.clusters_awaiting_secrets.keys())
     }
 
     /// Where start-up stands.
@@ -208,7 +214,8 @@ impl ProxyHandler {
         match phase {
             Phase::Clusters => {
                 st.cds_received = true;
-                let warming = st.warming_clusters.take();
+                let mut warming = st.warming_clusters.take();
+                warming.append(&mut st.clusters_awaiting_secrets);
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
@@ -228,7 +235,11 @@ impl ProxyHandler {
 
     /// Moves start-up on when its phase's resources have arrived and warmed.
     fn advance(&self, st: &mut State) {
-        if st.phase == Some(Phase::Clusters) && st.cds_received && st.warming_clusters.is_empty() {
+        if st.phase == Some(Phase::Clusters)
+            && st.cds_received
+            && st.warming_clusters.is_empty()
+            && st.clusters_awaiting_secrets.is_empty()
+        {
             st.phase = Some(Phase::Listeners);
             match &self.config.lds {
                 Some(sub) => {
@@ -294,8 +305,7 @@ impl ProxyHandler {
                                 Some(Ok(endpoints)) => {
                                     cfg.endpoints = endpoints;
                                     st.warming_clusters.remove(&name);
-                                    upserts.push(cfg);
-                                    Status::Acked
+                                    self.use_or_await_secrets(shared, st, cfg, &mut upserts)
                                 }
                                 _ => {
                                     st.warming_clusters.insert(name.clone(), cfg);
@@ -313,8 +323,7 @@ impl ProxyHandler {
                         }
                         _ => {
                             st.warming_clusters.remove(&name);
-                            upserts.push(cfg);
-                            Status::Acked
+                            self.use_or_await_secrets(shared, st, cfg, &mut upserts)
                         }
                     };
                     st.clusters.accept(&name, &r.version, r.value, status);
@@ -336,6 +345,7 @@ impl ProxyHandler {
                     .insert(format!("cluster.{}.", c.config().observability_name));
             }
             st.warming_clusters.remove(&name);
+            st.clusters_awaiting_secrets.remove(&name);
             forget_eds_user(st, &name, true);
             if st.clusters.remove(&name) {
                 self.stats.cluster_removed.inc();
@@ -391,7 +401,7 @@ impl ProxyHandler {
     fn publish_cluster_gauges(&self, shared: &Shared, st: &State) {
         self.stats
             .warming_clusters
-            .set(st.warming_clusters.len() as u64);
+            .set((st.warming_clusters.len() + st.clusters_awaiting_secrets.len()) as u64);
         self.stats.active_clusters.set(shared.clusters.len() as u64);
     }
 
@@ -456,8 +466,10 @@ impl ProxyHandler {
             for (user, mut cfg, eps) in compiled {
                 if st.warming_clusters.remove(&user).is_some() {
                     cfg.endpoints = eps;
-                    warmed.push(cfg);
-                    st.clusters.set_status(&user, Status::Acked);
+                    let status = self.use_or_await_secrets(shared, st, cfg, &mut warmed);
+                    st.clusters.set_status(&user, status);
+                } else if let Some(waiting) = st.clusters_awaiting_secrets.get_mut(&user) {
+                    waiting.endpoints = eps;
                 } else if let Some(cluster) = shared.clusters.get(&user) {
                     cluster.set_endpoints(&eps);
                 }
@@ -499,9 +511,14 @@ impl ProxyHandler {
                         .remove(&format!("{}.", cfg.stat_prefix()));
                     let routes = rds_names(&cfg);
                     st.listener_routes.insert(name.clone(), routes.clone());
+                    let secrets = listener_secrets(&cfg);
                     let ready = routes
                         .iter()
-                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()));
+                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
+                        && secrets_ready(shared, &secrets);
+                    if !secrets_ready(shared, &secrets) {
+                        self.await_secrets(shared, &secrets);
+                    }
                     if ready {
                         st.warming_listeners.remove(&name);
                         match shared.applier.upsert_listener(shared, cfg) {
@@ -731,6 +748,12 @@ impl ProxyHandler {
             shared.applier.remove_route(shared, &name);
             st.routes.remove(&name);
         }
+        self.activate_ready_listeners(shared, st);
+        Applied { rejected }
+    }
+
+    /// Activates the warming listeners whose route configurations and secrets have arrived.
+    fn activate_ready_listeners(&self, shared: &Arc<Shared>, st: &mut State) {
         let ready: Vec<String> = st
             .warming_listeners
             .keys()
@@ -739,7 +762,10 @@ impl ProxyHandler {
                     names
                         .iter()
                         .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
-                })
+                }) && st
+                    .warming_listeners
+                    .get(l)
+                    .is_none_or(|cfg| secrets_ready(shared, &listener_secrets(cfg)))
             })
             .cloned()
             .collect();
@@ -751,8 +777,99 @@ impl ProxyHandler {
         self.stats
             .warming_listeners
             .set(st.warming_listeners.len() as u64);
-        Applied { rejected }
     }
+
+    /// Adds `cfg` to `ready` when the secrets of its TLS contexts have arrived (answering
+    /// `Acked`); else it waits for them (`Warming`), as Envoy warms such a cluster.
+    fn use_or_await_secrets(
+        &self,
+        shared: &Arc<Shared>,
+        st: &mut State,
+        cfg: ClusterConfig,
+        ready: &mut Vec<ClusterConfig>,
+    ) -> Status {
+        let secrets = cluster_secrets(&cfg);
+        if secrets_ready(shared, &secrets) {
+            st.clusters_awaiting_secrets.remove(&cfg.name);
+            ready.push(cfg);
+            Status::Acked
+        } else {
+            self.await_secrets(shared, &secrets);
+            st.clusters_awaiting_secrets.insert(cfg.name.clone(), cfg);
+            Status::Warming
+        }
+    }
+
+    /// Looks at what warms again once every one of `secrets` has arrived.
+    fn await_secrets(&self, shared: &Shared, secrets: &[SecretRef]) {
+        let Some(me) = self.me() else {
+            return;
+        };
+        let cells: Vec<_> = secrets.iter().map(|r| shared.secrets.cell(r)).collect();
+        let me = Arc::downgrade(&me);
+        tokio::spawn(async move {
+            for cell in &cells {
+                cell.ready().await;
+            }
+            if let Some(me) = me.upgrade() {
+                me.secrets_arrived();
+            }
+        });
+    }
+
+    /// Uses the listeners and clusters whose secrets have all arrived.
+    fn secrets_arrived(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let st = &mut *st;
+        let ready: Vec<String> = st
+            .clusters_awaiting_secrets
+            .iter()
+            .filter(|(_, cfg)| secrets_ready(&shared, &cluster_secrets(cfg)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        let mut warmed = Vec::new();
+        for name in ready {
+            if let Some(cfg) = st.clusters_awaiting_secrets.remove(&name) {
+                st.clusters.set_status(&name, Status::Acked);
+                warmed.push(cfg);
+            }
+        }
+        shared.clusters.apply(warmed, &[]);
+        self.publish_cluster_gauges(&shared, st);
+        self.activate_ready_listeners(&shared, st);
+        self.advance(st);
+    }
+}
+
+/// The SDS secrets a listener's TLS chains use.
+fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
+    cfg.chains
+        .iter()
+        .chain(&cfg.default_chain)
+        .filter_map(|c| c.tls.as_ref())
+        .flat_map(|t| t.common.secrets().into_iter().cloned())
+        .collect()
+}
+
+/// The SDS secrets a cluster's TLS transport sockets use.
+fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
+    cfg.transport
+        .sockets()
+        .iter()
+        .filter_map(|s| match s {
+            Socket::Tls(t) => Some(t),
+            _ => None,
+        })
+        .flat_map(|t| t.common.secrets().into_iter().cloned())
+        .collect()
+}
+
+/// Whether every one of `secrets` has arrived (asking subscribes to it).
+fn secrets_ready(shared: &Shared, secrets: &[SecretRef]) -> bool {
+    secrets.iter().all(|r| shared.secrets.cell(r).is_ready())
 }
 
 impl Handler for ProxyHandler {
@@ -768,6 +885,10 @@ impl Handler for ProxyHandler {
             ENDPOINT_TYPE_URL => self.apply_endpoints(&shared, &mut st, update),
             LISTENER_TYPE_URL => self.apply_listeners(&ctx, &shared, &mut st, update),
             ROUTE_TYPE_URL => self.apply_routes(&ctx, &shared, &mut st, update),
+            SECRET_TYPE_URL => {
+                super::sds::SecretHandler::new(shared.secrets.clone(), SecretSource::Ads)
+                    .apply(update)
+            }
             other => Applied {
                 rejected: update
                     .resources

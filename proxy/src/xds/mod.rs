@@ -6,6 +6,7 @@
 pub mod files;
 pub mod handler;
 pub mod records;
+pub mod sds;
 mod stats;
 mod waiting;
 
@@ -28,12 +29,20 @@ pub struct Xds {
 /// How many pushes `/xds` keeps.
 const PUSH_LOG_LEN: usize = 64;
 
-/// Starts xDS for the bootstrap's `dynamic_resources`; answers whether start-up waits for it
-/// (the server turns LIVE when the initial fetch is done).
+/// Starts xDS for the bootstrap's `dynamic_resources`, and SDS for the secrets the static
+/// listeners and clusters name; answers whether start-up waits for it (the server turns LIVE
+/// when the initial fetch is done).
 pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
-    let Some(dynamic) = shared.bootstrap.dynamic.clone() else {
+    let dynamic = shared.bootstrap.dynamic.clone();
+    let needs_sds = shared
+        .secrets
+        .sources()
+        .iter()
+        .any(|s| *s != crate::config::tls::sds::SecretSource::Static);
+    if dynamic.is_none() && !needs_sds {
         return Ok(false);
-    };
+    }
+    let waits = dynamic.is_some();
     let shared = shared.clone();
     std::thread::Builder::new()
         .name("revoy-xds".into())
@@ -49,12 +58,15 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
                 }
             };
             rt.block_on(async move {
-                run(&shared, dynamic);
+                match dynamic {
+                    Some(dynamic) => run(&shared, dynamic),
+                    None => sds::follow(shared, None),
+                }
                 std::future::pending::<()>().await;
             });
         })
         .map_err(|e| format!("cannot start the xDS thread: {e}"))?;
-    Ok(true)
+    Ok(waits)
 }
 
 /// Sets up the client and file watchers on the xDS runtime and starts the initial fetch.
@@ -67,6 +79,7 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
     if let Some(c) = &client {
         handler.set_client(c.clone());
     }
+    sds::follow(shared.clone(), client.clone());
     let _ = shared.xds.set(Xds {
         client,
         handler: handler.clone(),

@@ -10,8 +10,9 @@ use tonic::codec::Streaming;
 use tonic::transport::Channel;
 use tracing::debug;
 
+use super::Service;
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Progress, Protocol, ads_client};
+use super::protocol::{Answer, Progress, Protocol, ads_client, sds_client};
 use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
 use crate::{Handler, Rejected, Resource};
 
@@ -36,12 +37,18 @@ impl Protocol for Delta {
 
     async fn open(
         channel: Channel,
+        service: Service,
         requests: UnboundedReceiverStream<DeltaDiscoveryRequest>,
     ) -> Result<Streaming<DeltaDiscoveryResponse>, tonic::Status> {
-        Ok(ads_client(channel)
-            .delta_aggregated_resources(requests)
-            .await?
-            .into_inner())
+        Ok(match service {
+            Service::Aggregated => {
+                ads_client(channel)
+                    .delta_aggregated_resources(requests)
+                    .await?
+            }
+            Service::Secret => sds_client(channel).delta_secrets(requests).await?,
+        }
+        .into_inner())
     }
 
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DeltaDiscoveryRequest> {

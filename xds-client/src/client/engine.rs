@@ -145,7 +145,11 @@ impl<P: Protocol> Engine<P> {
         }
         // Changes are taken while the call opens: with nothing subscribed yet, such a server
         // answers the call only once a change sends a request.
-        let open = P::open(channel, UnboundedReceiverStream::new(receiver));
+        let open = P::open(
+            channel,
+            self.config.service,
+            UnboundedReceiverStream::new(receiver),
+        );
         tokio::pin!(open);
         let mut responses = loop {
             tokio::select! {

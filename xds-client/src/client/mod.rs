@@ -46,6 +46,17 @@ pub enum Mode {
     Delta,
 }
 
+/// Which gRPC service the stream is opened on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Service {
+    /// `AggregatedDiscoveryService`: every type on one stream (ADS).
+    #[default]
+    Aggregated,
+    /// `SecretDiscoveryService`: secrets only (an `api_config_source` for SDS, such as Istio's
+    /// `sds-grpc` cluster).
+    Secret,
+}
+
 /// How to reach the control plane and what to tell it.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -53,6 +64,8 @@ pub struct Config {
     pub transport: Transport,
     /// SotW or Delta.
     pub mode: Mode,
+    /// The gRPC service of the stream.
+    pub service: Service,
     /// The node sent to the control plane.
     pub node: Node,
     /// Send the node on the first request of a stream only (Envoy's
@@ -76,6 +89,7 @@ impl Config {
         Config {
             transport,
             mode,
+            service: Service::Aggregated,
             node,
             set_node_on_first_message_only: false,
             rate_limit: None,

@@ -6,10 +6,12 @@ use std::future::Future;
 use proto::pb::envoy::config::core::v3::Node;
 use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use proto::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
 
+use super::Service;
 use super::subscriptions::{Subscription, Subscriptions};
 use crate::{Handler, Push};
 
@@ -59,6 +61,11 @@ pub(super) fn ads_client(channel: Channel) -> AggregatedDiscoveryServiceClient<C
     AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
 }
 
+/// The SDS client on `channel` (a secret server of its own, such as Istio's pilot-agent).
+pub(super) fn sds_client(channel: Channel) -> SecretDiscoveryServiceClient<Channel> {
+    SecretDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
+}
+
 /// One xDS variant's protocol state: versions, nonces, what the stream was told.
 pub(super) trait Protocol: Default + Send + Sync + 'static {
     /// What the client sends.
@@ -66,9 +73,10 @@ pub(super) trait Protocol: Default + Send + Sync + 'static {
     /// What the server sends.
     type Response: Send + 'static;
 
-    /// Opens the ADS stream that carries `requests`.
+    /// Opens the stream of `service` that carries `requests`.
     fn open(
         channel: Channel,
+        service: Service,
         requests: UnboundedReceiverStream<Self::Request>,
     ) -> impl Future<Output = Result<Streaming<Self::Response>, tonic::Status>> + Send;
 

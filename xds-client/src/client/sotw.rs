@@ -12,8 +12,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
 
+use super::Service;
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Progress, Protocol, ads_client};
+use super::protocol::{Answer, Progress, Protocol, ads_client, sds_client};
 use super::resource_name::name_of;
 use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
 use crate::{Handler, Rejected, Resource, is_full_state};
@@ -127,12 +128,18 @@ impl Protocol for Sotw {
 
     async fn open(
         channel: Channel,
+        service: Service,
         requests: UnboundedReceiverStream<DiscoveryRequest>,
     ) -> Result<Streaming<DiscoveryResponse>, tonic::Status> {
-        Ok(ads_client(channel)
-            .stream_aggregated_resources(requests)
-            .await?
-            .into_inner())
+        Ok(match service {
+            Service::Aggregated => {
+                ads_client(channel)
+                    .stream_aggregated_resources(requests)
+                    .await?
+            }
+            Service::Secret => sds_client(channel).stream_secrets(requests).await?,
+        }
+        .into_inner())
     }
 
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DiscoveryRequest> {

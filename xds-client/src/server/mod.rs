@@ -1,4 +1,5 @@
-//! A snapshot ADS server (SotW and Delta) for edge users and tests: [`Server::set`] replaces
+//! A snapshot ADS server (SotW and Delta; also serving `SecretDiscoveryService`, as an SDS
+//! server such as pilot-agent's) for edge users and tests: [`Server::set`] replaces
 //! the [`Snapshot`] and every connected stream gets what changed for it; the ACKs and NACKs
 //! clients send are kept ([`Server::events`]) and logged.
 
@@ -19,6 +20,9 @@ use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_serve
 };
 use proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use proto::pb::envoy::service::secret::v3::secret_discovery_service_server::{
+    SecretDiscoveryService, SecretDiscoveryServiceServer,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -127,6 +131,7 @@ impl Server {
     {
         tonic::transport::Server::builder()
             .add_service(self.service())
+            .add_service(SecretDiscoveryServiceServer::new(self.clone()))
             .serve_with_incoming(incoming)
             .await
     }
@@ -180,6 +185,23 @@ impl AggregatedDiscoveryService for Server {
         &self,
         request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
     ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
+        Ok(self.sotw(request))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        Ok(self.delta(request))
+    }
+}
+
+impl Server {
+    /// Serves one SotW stream (ADS or SDS: the snapshot answers the types asked for).
+    fn sotw(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> tonic::Response<ReceiverStream<Result<DiscoveryResponse, tonic::Status>>> {
         tracing::debug!(peer = ?request.remote_addr(), "SotW stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream::run::<sotw::SotwStream>(
@@ -187,13 +209,14 @@ impl AggregatedDiscoveryService for Server {
             request.into_inner(),
             tx,
         ));
-        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+        tonic::Response::new(ReceiverStream::new(rx))
     }
 
-    async fn delta_aggregated_resources(
+    /// Serves one Delta stream.
+    fn delta(
         &self,
         request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
-    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+    ) -> tonic::Response<ReceiverStream<Result<DeltaDiscoveryResponse, tonic::Status>>> {
         tracing::debug!(peer = ?request.remote_addr(), "Delta stream opened");
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(stream::run::<delta::DeltaStream>(
@@ -201,6 +224,37 @@ impl AggregatedDiscoveryService for Server {
             request.into_inner(),
             tx,
         ));
-        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+        tonic::Response::new(ReceiverStream::new(rx))
+    }
+}
+
+/// SDS on its own service (Envoy's `api_config_source` for secrets, pilot-agent's socket):
+/// the same streams, carrying secrets.
+#[tonic::async_trait]
+impl SecretDiscoveryService for Server {
+    type StreamSecretsStream = ReceiverStream<Result<DiscoveryResponse, tonic::Status>>;
+    type DeltaSecretsStream = ReceiverStream<Result<DeltaDiscoveryResponse, tonic::Status>>;
+
+    async fn stream_secrets(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::StreamSecretsStream>, tonic::Status> {
+        Ok(self.sotw(request))
+    }
+
+    async fn delta_secrets(
+        &self,
+        request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaSecretsStream>, tonic::Status> {
+        Ok(self.delta(request))
+    }
+
+    async fn fetch_secrets(
+        &self,
+        _request: tonic::Request<DiscoveryRequest>,
+    ) -> Result<tonic::Response<DiscoveryResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented(
+            "FetchSecrets (REST-style) is not served; use StreamSecrets or DeltaSecrets",
+        ))
     }
 }
