@@ -24,6 +24,7 @@ pub mod spawn;
 pub mod stats;
 pub mod tcp;
 pub mod timer_anchor;
+pub mod tls;
 pub mod upstream;
 pub mod wire;
 pub mod xds;
