@@ -7,6 +7,7 @@ pub mod certs;
 pub mod secrets;
 pub mod stats;
 pub mod verify;
+pub mod x509;
 
 use std::sync::Arc;
 
