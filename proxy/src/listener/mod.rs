@@ -21,8 +21,8 @@ use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
-use crate::tls::SecretStore;
 use crate::tls::stats::TlsStats;
+use crate::tls::{ContextCertificates, SecretStore};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -36,10 +36,11 @@ struct Chain {
     kind: ChainKind,
 }
 
-/// A chain's TLS termination: the acceptor (its resolvers read the live secrets) and the
-/// listener's `ssl.*` stats.
+/// A chain's TLS termination: the acceptor (its resolvers read the live secrets), what it
+/// presents and trusts (for `/certs`) and the listener's `ssl.*` stats.
 struct Tls {
     acceptor: TlsAcceptor,
+    certificates: ContextCertificates,
     stats: TlsStats,
 }
 
@@ -119,9 +120,10 @@ impl Listener {
         let tls = |c: &ChainConfig| {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
-            let config = crate::tls::server_config(spec, secrets, stats.clone())?;
+            let context = crate::tls::server_context(spec, secrets, stats.clone())?;
             Some(Tls {
-                acceptor: TlsAcceptor::from(config),
+                acceptor: TlsAcceptor::from(context.config),
+                certificates: context.certificates,
                 stats,
             })
         };
@@ -174,6 +176,15 @@ impl Listener {
 
     fn chains(&self) -> impl Iterator<Item = &Arc<Chain>> {
         self.chains.iter().chain(&self.default_chain)
+    }
+
+    /// The TLS contexts of the chains that terminate TLS, in chain order (the default chain
+    /// last), for `/certs`.
+    pub fn tls_contexts(&self) -> impl Iterator<Item = &ContextCertificates> {
+        self.chains().filter_map(|c| match &c.kind {
+            ChainKind::Http(_, Some(tls)) | ChainKind::Tcp(_, Some(tls)) => Some(&tls.certificates),
+            _ => None,
+        })
     }
 
     fn chain_by_identity(&self, identity: &(u64, Option<Arc<str>>)) -> Option<Arc<Chain>> {

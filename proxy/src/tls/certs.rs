@@ -12,6 +12,7 @@ use x509_parser::extensions::GeneralName;
 
 use super::SecretStore;
 use super::secrets::SecretCell;
+use crate::config::tls::certificate::Certificate;
 use crate::config::tls::common::Certificates;
 use crate::config::tls::secret::SecretValue;
 
@@ -21,7 +22,7 @@ pub enum LiveCertificates {
     /// None (a client without a client certificate).
     None,
     /// Written in the config.
-    Static(Vec<Arc<CertifiedKey>>),
+    Static(Vec<Certificate>),
     /// Delivered by SDS, in configured order.
     Sds(Vec<Arc<SecretCell>>),
 }
@@ -31,9 +32,7 @@ impl LiveCertificates {
     pub fn bind(spec: &Certificates, store: &SecretStore) -> Self {
         match spec {
             Certificates::None => LiveCertificates::None,
-            Certificates::Static(certs) => {
-                LiveCertificates::Static(certs.iter().map(|c| c.key.clone()).collect())
-            }
+            Certificates::Static(certs) => LiveCertificates::Static(certs.clone()),
             Certificates::Sds(refs) => {
                 LiveCertificates::Sds(refs.iter().map(|r| store.cell(r)).collect())
             }
@@ -45,11 +44,28 @@ impl LiveCertificates {
     pub fn current(&self) -> Vec<Arc<CertifiedKey>> {
         match self {
             LiveCertificates::None => Vec::new(),
-            LiveCertificates::Static(certs) => certs.clone(),
+            LiveCertificates::Static(certs) => certs.iter().map(|c| c.key.clone()).collect(),
             LiveCertificates::Sds(cells) => cells
                 .iter()
                 .filter_map(|cell| match &cell.current()?.value {
                     SecretValue::Certificate(c) => Some(c.key.clone()),
+                    SecretValue::Validation { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Every certificate with where it came from, in configured order; `None` until each SDS
+    /// secret has arrived as a certificate (Envoy builds no context before that, so `/certs`
+    /// does not list it).
+    pub fn in_force(&self) -> Option<Vec<Certificate>> {
+        match self {
+            LiveCertificates::None => Some(Vec::new()),
+            LiveCertificates::Static(certs) => Some(certs.clone()),
+            LiveCertificates::Sds(cells) => cells
+                .iter()
+                .map(|cell| match &cell.current()?.value {
+                    SecretValue::Certificate(c) => Some(c.clone()),
                     SecretValue::Validation { .. } => None,
                 })
                 .collect(),
@@ -118,7 +134,7 @@ fn covers(cert: &CertifiedKey, name: &str) -> bool {
 
 /// A listener's certificate resolver.
 #[derive(Debug)]
-pub struct ServerCertificates(pub LiveCertificates);
+pub struct ServerCertificates(pub Arc<LiveCertificates>);
 
 impl ResolvesServerCert for ServerCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
@@ -128,7 +144,7 @@ impl ResolvesServerCert for ServerCertificates {
 
 /// A cluster's client-certificate resolver.
 #[derive(Debug)]
-pub struct ClientCertificates(pub LiveCertificates);
+pub struct ClientCertificates(pub Arc<LiveCertificates>);
 
 impl ResolvesClientCert for ClientCertificates {
     fn resolve(&self, _hints: &[&[u8]], schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
@@ -136,6 +152,6 @@ impl ResolvesClientCert for ClientCertificates {
     }
 
     fn has_certs(&self) -> bool {
-        !matches!(self.0, LiveCertificates::None)
+        !matches!(*self.0, LiveCertificates::None)
     }
 }

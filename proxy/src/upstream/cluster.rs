@@ -17,7 +17,7 @@ use crate::config::cluster::{
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
 use crate::tls::stats::TlsStats;
-use crate::tls::{ClientContext, SecretStore};
+use crate::tls::{ClientContext, ContextCertificates, SecretStore};
 
 use super::error::UpstreamError;
 use super::host::{Host, HostTransport};
@@ -161,6 +161,15 @@ impl Cluster {
         {
             h.pool.retire();
         }
+    }
+
+    /// The TLS contexts of its transport sockets (`transport_socket`, then each of
+    /// `transport_socket_matches`), for `/certs`.
+    pub fn tls_contexts(&self) -> impl Iterator<Item = &ContextCertificates> {
+        self.transports.iter().filter_map(|t| match t {
+            HostTransport::Tls(ctx) => Some(&ctx.certificates),
+            _ => None,
+        })
     }
 
     /// How hosts with transport socket `index` are connected to.
