@@ -22,7 +22,7 @@ use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
-use crate::tls::{ContextCertificates, SecretStore};
+use crate::tls::{ContextCertificates, PeerTls, SecretStore};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -51,7 +51,34 @@ impl Tls {
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
+        self.finish(handshake.await, peer)
+    }
+
+    /// [`Tls::accept`], also returning the connection's certificates (the client's chain and
+    /// the one presented to it) for the connection manager's request rules.
+    async fn accept_recording(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerTls)> {
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
+        let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
+        let stream = self.finish(outcome, peer)?;
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
+        Some((stream, certificates))
+    }
+
+    /// Counts a handshake's outcome; the stream when it completed.
+    fn finish(
+        &self,
+        outcome: Result<
+            std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>,
+            tokio::time::error::Elapsed,
+        >,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        match outcome {
             Ok(Ok(s)) => {
                 self.stats.handshake_done(s.get_ref().1);
                 Some(s)
@@ -319,12 +346,16 @@ impl Listener {
                     },
                 };
                 match tls {
-                    None => http::serve(stream, Arc::new(ctx(false))).await,
+                    None => http::serve(stream, Arc::new(ctx(None))).await,
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
-                        crate::spawn::boxed(|| serve_tls(tls, stream, peer, Arc::new(ctx(true))))
-                            .await
+                        crate::spawn::boxed(|| {
+                            serve_tls(tls, stream, peer, |peer_tls| {
+                                Arc::new(ctx(Some(Arc::new(peer_tls))))
+                            })
+                        })
+                        .await
                     }
                 }
             }
@@ -374,9 +405,16 @@ fn handoff_target<'l>(
     })
 }
 
-/// Completes the TLS handshake of a connection and serves it.
-async fn serve_tls(tls: &Tls, stream: TcpStream, peer: SocketAddr, ctx: Arc<ConnContext>) {
-    if let Some(tls_stream) = tls.accept(stream, peer).await {
+/// Completes the TLS handshake of a connection and serves it, with the context `ctx` makes
+/// from the connection's certificates.
+async fn serve_tls(
+    tls: &Tls,
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
+) {
+    if let Some((tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+        let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
         http::serve_tls(tls_stream, ctx).await

@@ -2,6 +2,7 @@
 //! delivered (and rotated) by SDS. A handshake asks for the current set and picks one by the
 //! client's server name and the signature schemes it offers.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rustls::SignatureScheme;
@@ -132,13 +133,33 @@ fn covers(cert: &CertifiedKey, name: &str) -> bool {
     }
 }
 
+tokio::task_local! {
+    /// The certificate picked for the server handshake being polled (see [`recording_pick`]).
+    static PICKED: RefCell<Option<Arc<CertifiedKey>>>;
+}
+
+/// Runs a server handshake and returns its outcome with the certificate the listener's
+/// resolver picked for it (`None` if it picked none). The resolver runs inside the
+/// handshake's poll, so a task-local (scoped to this handshake alone) carries its pick out.
+pub async fn recording_pick<F: Future>(handshake: F) -> (F::Output, Option<Arc<CertifiedKey>>) {
+    let mut scoped = std::pin::pin!(PICKED.scope(RefCell::new(None), handshake));
+    let outcome = scoped.as_mut().await;
+    let picked = scoped.as_mut().take_value().and_then(RefCell::into_inner);
+    (outcome, picked)
+}
+
 /// A listener's certificate resolver.
 #[derive(Debug)]
 pub struct ServerCertificates(pub Arc<LiveCertificates>);
 
 impl ResolvesServerCert for ServerCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.0.pick(hello.server_name(), hello.signature_schemes())
+        let picked = self.0.pick(hello.server_name(), hello.signature_schemes());
+        if let Some(key) = &picked {
+            // Outside `recording_pick` nobody asks which certificate was presented.
+            let _ = PICKED.try_with(|slot| *slot.borrow_mut() = Some(key.clone()));
+        }
+        picked
     }
 }
 

@@ -4,6 +4,7 @@
 //! leaves listeners, clusters and established connections alone.
 
 pub mod certs;
+pub mod peer;
 pub mod secrets;
 pub mod stats;
 pub mod verify;
@@ -18,6 +19,7 @@ use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 use crate::config::tls::certificate::Certificate;
 use crate::config::tls::downstream::ServerTls;
 use crate::config::tls::upstream::ClientTls;
+pub use peer::PeerTls;
 pub use secrets::SecretStore;
 use stats::TlsStats;
 use verify::LiveValidation;
