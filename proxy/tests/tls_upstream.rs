@@ -194,7 +194,8 @@ fn upstream_tls_sends_sni_alpn_and_client_certificate_and_validates_the_server()
         client.chain.display(),
         client.key.display()
     );
-    let p: Vec<u16> = (0..9).map(|_| free_port()).collect();
+    let p: Vec<u16> = (0..10).map(|_| free_port()).collect();
+    let h1_only = tls_upstream(&server, None, &["http/1.1"]);
     let clusters = [
         ("plain_ok", p[0], good, context("backend.test", &ca, "", "")),
         (
@@ -282,22 +283,35 @@ fn upstream_tls_sends_sni_alpn_and_client_certificate_and_validates_the_server()
                 "",
             ),
         ),
+        ("auto", p[9], h1_only, context("backend.test", &ca, "", "")),
     ];
     let admin = free_port();
-    let yaml = bootstrap(admin, &clusters);
+    let yaml = bootstrap(admin, &clusters).replace(
+        "  - name: auto\n    type: STATIC\n",
+        "  - name: auto\n    type: STATIC\n    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        auto_config: {}\n",
+    );
     let _revoy = Proxy::start(&yaml, || {
         http1::get(None, ([127, 0, 0, 1], admin).into(), "/ready").is_ok_and(|(s, _)| s == 200)
     });
 
+    // No ALPN in the context: an HTTP/1.1 cluster offers `http/1.1` (Envoy's fallback).
     assert_eq!(
         get(p[0]),
-        (200, "sni=backend.test;alpn=none;client=none".to_owned())
+        (200, "sni=backend.test;alpn=http/1.1;client=none".to_owned())
     );
     assert_eq!(
         get(p[1]),
         (200, "sni=backend.test;alpn=istio-peer-exchange;client=spiffe://cluster.local/ns/front/sa/web".to_owned())
     );
     assert_eq!(get(p[5]).0, 200);
+    // auto_config offers h2 and http/1.1; this server only speaks HTTP/1.1, so HTTP/1.1 it is,
+    // on this connection and the ones after it.
+    for _ in 0..2 {
+        assert_eq!(
+            get(p[9]),
+            (200, "sni=backend.test;alpn=http/1.1;client=none".to_owned())
+        );
+    }
     assert_eq!(get(p[7]).0, 200);
     for (cluster, port, counter) in [
         ("wrong_san", p[2], "fail_verify_san"),

@@ -242,6 +242,8 @@ pub enum UpstreamProtocol {
     Http2,
     /// The downstream connection's protocol.
     UseDownstream,
+    /// `auto_config`: HTTP/2 or HTTP/1.1 as a TLS host's ALPN decides (HTTP/1.1 in plaintext).
+    Auto,
 }
 
 /// Circuit breaker thresholds for one routing priority.
@@ -780,7 +782,7 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_)) => {
             UpstreamProtocol::UseDownstream
         }
-        Some(UpstreamProtocolOptions::AutoConfig(_)) => UpstreamProtocol::Http1,
+        Some(UpstreamProtocolOptions::AutoConfig(_)) => UpstreamProtocol::Auto,
         None if c.http2_protocol_options.is_some() => {
             if c.protocol_selection
                 == cluster::ClusterProtocolSelection::UseDownstreamProtocol as i32

@@ -17,8 +17,8 @@ use xds_client::client::{self, Client, Mode, RateLimit, TlsConnect, Transport};
 use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
 use crate::config::upstream_transport::Socket;
 use crate::shared::Shared;
-use crate::tls::ClientContext;
 use crate::tls::stats::TlsStats;
+use crate::tls::{Carries, ClientContext};
 use handler::ProxyHandler;
 
 /// The proxy's xDS machinery, for admin (`/xds`, `/config_dump`, `/init_dump`).
@@ -109,8 +109,8 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
 }
 
 /// How to reach a control plane at `target` through the static cluster `cluster` (if any):
-/// over TLS when the cluster's transport socket is an `UpstreamTlsContext` (its ALPN offers
-/// `h2` when it names none), else in plaintext.
+/// over TLS when the cluster's transport socket is an `UpstreamTlsContext` (offering `h2`
+/// when it names no ALPN), else in plaintext.
 pub(crate) fn transport(
     shared: &Shared,
     target: &ControlPlane,
@@ -137,14 +137,10 @@ pub(crate) fn transport(
                     c.name
                 )
             })?;
-            let mut config = (*ctx.config).clone();
-            if config.alpn_protocols.is_empty() {
-                config.alpn_protocols = vec![b"h2".to_vec()];
-            }
             Ok(Transport::Tls(
                 *addr,
                 TlsConnect {
-                    config: Arc::new(config),
+                    config: ctx.config(Carries::Http2),
                     server_name: ctx.server_name(*addr),
                     observer: Some(Arc::new(ctx.stats.clone())),
                 },
