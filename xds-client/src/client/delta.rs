@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
@@ -11,7 +12,7 @@ use tonic::transport::Channel;
 use tracing::debug;
 
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Progress, Protocol, ads_client};
+use super::protocol::{Answer, Progress, Protocol};
 use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
 use crate::{Handler, Rejected, Resource};
 
@@ -38,7 +39,8 @@ impl Protocol for Delta {
         channel: Channel,
         requests: UnboundedReceiverStream<DeltaDiscoveryRequest>,
     ) -> Result<Streaming<DeltaDiscoveryResponse>, tonic::Status> {
-        Ok(ads_client(channel)
+        Ok(AggregatedDiscoveryServiceClient::new(channel)
+            .max_decoding_message_size(usize::MAX)
             .delta_aggregated_resources(requests)
             .await?
             .into_inner())
