@@ -16,6 +16,7 @@ mod rate_limit;
 mod resource_name;
 mod shared;
 mod sotw;
+mod sotw_wire;
 mod subscriptions;
 mod transport;
 
