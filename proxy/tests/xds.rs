@@ -901,3 +901,32 @@ fn rds_and_eds_subscriptions_have_envoys_stats() {
     assert_eq!(version_of("ListenersConfigDump"), Some("1".into()));
     assert_eq!(version_of("ClustersConfigDump"), Some("1".into()));
 }
+
+/// Under `rate_limit_settings` the requests the bucket holds back wait in a queue, which
+/// `control_plane.pending_requests` counts (Envoy's gauge); it is 0 again once they are sent.
+#[test]
+fn rate_limited_requests_are_pending_until_sent() {
+    let up = upstream("upstream-a");
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let plane = Plane::start(xds);
+    // One token, then one every half second: each response's ACK and the subscription it
+    // leads to queue behind each other through start-up.
+    let yaml = ads_bootstrap(admin, xds, false).replace(
+        "    transport_api_version: V3\n    grpc_services",
+        "    transport_api_version: V3\n    rate_limit_settings: {max_tokens: 1, fill_rate: 2}\n    grpc_services",
+    );
+    let _revoy = start_revoy(&yaml, admin);
+    plane.set(serving("1", port, up, "svc"));
+    eventually("a request pending", || {
+        stat(admin, "control_plane.pending_requests").filter(|pending| *pending > 0)
+    });
+    wait_live(admin);
+    for type_url in TYPES {
+        plane.ack(type_url, "1");
+    }
+    eventually("no request pending", || {
+        (stat(admin, "control_plane.pending_requests") == Some(0)).then_some(())
+    });
+    assert!(stat(admin, "control_plane.rate_limit_enforced") > Some(0));
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+}

@@ -77,8 +77,12 @@ pub enum Event {
     Connected,
     /// The stream ended; the client backs off and reconnects.
     Disconnected,
-    /// A request waited for the rate limit's token bucket.
+    /// The rate limit held a request back (counted at each attempt to send that found no
+    /// token, as Envoy's `rate_limit_enforced`).
     RateLimited,
+    /// How many requests wait for the rate limit, reported when that number changes
+    /// (Envoy's `pending_requests`).
+    Queued(usize),
 }
 
 /// Applies the resources the client receives. Called on the client's task, one update at a

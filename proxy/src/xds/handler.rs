@@ -924,6 +924,7 @@ impl Handler for ProxyHandler {
                 }
             }
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
+            Event::Queued(queued) => self.stats.pending_requests.set(queued as u64),
         }
     }
 }

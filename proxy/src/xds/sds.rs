@@ -11,10 +11,10 @@ use std::time::SystemTime;
 
 use prost::Message;
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
-use xds_client::client::{self, Client, Mode, Service, Transport};
+use xds_client::client::{self, Client, Mode, Service};
 use xds_client::{Applied, Handler, Rejected, SECRET_TYPE_URL, Update};
 
-use crate::config::dynamic::{ControlPlane, cluster_target};
+use crate::config::dynamic::cluster_target;
 use crate::config::tls::sds::SecretSource;
 use crate::config::{Context, SystemIo};
 use crate::shared::Shared;
@@ -148,10 +148,8 @@ fn stream(
     source: &SecretSource,
 ) -> Result<Client, String> {
     let bootstrap = shared.bootstrap.proto.decode();
-    let transport = match cluster_target(&bootstrap, cluster).map_err(|e| e.message)? {
-        ControlPlane::Tcp(addr) => Transport::Tcp(addr),
-        ControlPlane::Unix(path) => Transport::Unix(path),
-    };
+    let target = cluster_target(&bootstrap, cluster).map_err(|e| e.message)?;
+    let transport = super::transport(shared, &target, Some(cluster))?;
     let node = crate::load::effective_node(bootstrap.node.as_ref(), &shared.options);
     let mode = if delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);

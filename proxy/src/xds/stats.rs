@@ -84,6 +84,8 @@ pub struct XdsStats {
     pub connected_state: Gauge,
     /// `control_plane.rate_limit_enforced`.
     pub rate_limit_enforced: Counter,
+    /// `control_plane.pending_requests`: the requests waiting for the rate limit.
+    pub pending_requests: Gauge,
 }
 
 impl XdsStats {
@@ -106,6 +108,7 @@ impl XdsStats {
             warming_listeners: g("listener_manager.total_listeners_warming"),
             connected_state: g("control_plane.connected_state"),
             rate_limit_enforced: c("control_plane.rate_limit_enforced"),
+            pending_requests: g("control_plane.pending_requests"),
         }
     }
 }

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DeltaDiscoveryResponse};
+use proto::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
@@ -12,7 +14,7 @@ use tracing::debug;
 
 use super::Service;
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Progress, Protocol, ads_client, sds_client};
+use super::protocol::{Answer, Progress, Protocol};
 use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
 use crate::{Handler, Rejected, Resource};
 
@@ -42,11 +44,17 @@ impl Protocol for Delta {
     ) -> Result<Streaming<DeltaDiscoveryResponse>, tonic::Status> {
         Ok(match service {
             Service::Aggregated => {
-                ads_client(channel)
+                AggregatedDiscoveryServiceClient::new(channel)
+                    .max_decoding_message_size(usize::MAX)
                     .delta_aggregated_resources(requests)
                     .await?
             }
-            Service::Secret => sds_client(channel).delta_secrets(requests).await?,
+            Service::Secret => {
+                SecretDiscoveryServiceClient::new(channel)
+                    .max_decoding_message_size(usize::MAX)
+                    .delta_secrets(requests)
+                    .await?
+            }
         }
         .into_inner())
     }

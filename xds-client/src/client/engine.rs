@@ -1,7 +1,7 @@
 //! The task that owns the ADS stream: connects, (re)subscribes, answers responses, applies
 //! subscription changes, and backs off between streams.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,11 +40,23 @@ enum End {
     Disconnected { received: bool, error: StreamError },
 }
 
+/// A request waiting for the rate limit.
+struct Queued<R> {
+    request: R,
+    /// An ACK or NACK, which expects no response.
+    answer: bool,
+}
+
 /// The requests of the current stream.
 struct Outgoing<R> {
     sender: UnboundedSender<R>,
     /// No request was sent on this stream yet.
     first: bool,
+    /// Requests the rate limit holds back, oldest first (Envoy's request queue: responses
+    /// are still read and applied meanwhile).
+    queue: VecDeque<Queued<R>>,
+    /// When the rate limit has a token for the oldest queued request.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 /// The engine: one per [`super::Client`].
@@ -55,6 +67,12 @@ pub(super) struct Engine<P: Protocol> {
     changes: UnboundedReceiver<Change>,
     shared: Arc<Shared>,
     subscriptions: Subscriptions,
+    /// The rate limit's bucket, kept across streams.
+    bucket: Option<TokenBucket>,
+    /// Types whose request was sent and not answered yet on this stream.
+    pending: BTreeSet<String>,
+    /// The queue length last reported ([`Event::Queued`]).
+    queued: usize,
 }
 
 impl<P: Protocol> Engine<P> {
@@ -67,11 +85,14 @@ impl<P: Protocol> Engine<P> {
     ) -> AbortHandle {
         let engine = Engine {
             protocol: P::default(),
+            bucket: config.rate_limit.map(TokenBucket::new),
             config,
             handler,
             changes,
             shared,
             subscriptions: Subscriptions::default(),
+            pending: BTreeSet::new(),
+            queued: 0,
         };
         tokio::spawn(engine.run()).abort_handle()
     }
@@ -79,18 +100,19 @@ impl<P: Protocol> Engine<P> {
     /// Runs streams until every [`super::Client`] is dropped.
     async fn run(mut self) {
         let mut attempts = Attempts::new(self.config.backoff);
-        let mut bucket = self.config.rate_limit.map(TokenBucket::new);
-        let mut pending = BTreeSet::new();
         loop {
-            let (received, error) = match self.session(&mut bucket, &mut pending).await {
+            let end = self.session().await;
+            // What was queued was for the stream that ended; a new one asks afresh.
+            self.report_queued(0);
+            let (received, error) = match end {
                 End::Stopped => break,
                 End::Disconnected { received, error } => (received, error),
             };
             if received {
                 attempts.reset();
             }
-            pending.clear();
-            self.publish(&pending);
+            self.pending.clear();
+            self.publish();
             let delay = attempts.next_delay();
             warn!(%error, ?delay, "xDS: ADS stream down; reconnecting");
             if !self.wait(delay).await {
@@ -111,7 +133,7 @@ impl<P: Protocol> Engine<P> {
                     None => return false,
                     Some(change) => {
                         self.subscriptions.apply(change);
-                        self.publish(&BTreeSet::new());
+                        self.publish();
                     }
                 },
             }
@@ -119,11 +141,7 @@ impl<P: Protocol> Engine<P> {
     }
 
     /// One stream, from connecting to its end.
-    async fn session(
-        &mut self,
-        bucket: &mut Option<TokenBucket>,
-        pending: &mut BTreeSet<String>,
-    ) -> End {
+    async fn session(&mut self) -> End {
         let channel = match transport::connect(&self.config.transport).await {
             Ok(channel) => channel,
             Err(error) => {
@@ -137,12 +155,18 @@ impl<P: Protocol> Engine<P> {
         let mut outgoing = Outgoing {
             sender,
             first: true,
+            queue: VecDeque::new(),
+            retry_at: None,
         };
-        // Queued before the call: a server may hold its response headers until it has read
+        // Sent before the call: a server may hold its response headers until it has read
         // a request.
         for request in self.protocol.new_stream(&self.subscriptions) {
-            self.send(&mut outgoing, bucket, pending, request).await;
+            outgoing.queue.push_back(Queued {
+                request,
+                answer: false,
+            });
         }
+        self.drain(&mut outgoing);
         // Changes are taken while the call opens: with nothing subscribed yet, such a server
         // answers the call only once a change sends a request.
         let open = P::open(
@@ -164,12 +188,13 @@ impl<P: Protocol> Engine<P> {
                 },
                 change = self.changes.recv() => {
                     let Some(change) = change else { return End::Stopped };
-                    self.change(&mut outgoing, bucket, pending, change).await;
+                    self.change(&mut outgoing, change);
                 }
+                () = token(outgoing.retry_at) => self.drain(&mut outgoing),
             }
         };
         self.shared.stream_opened();
-        self.publish(pending);
+        self.publish();
         info!("xDS: ADS stream up");
         self.handler.event(Event::Connected);
         let mut received = false;
@@ -177,8 +202,9 @@ impl<P: Protocol> Engine<P> {
             tokio::select! {
                 change = self.changes.recv() => {
                     let Some(change) = change else { break End::Stopped };
-                    self.change(&mut outgoing, bucket, pending, change).await;
+                    self.change(&mut outgoing, change);
                 }
+                () = token(outgoing.retry_at) => self.drain(&mut outgoing),
                 message = responses.message() => match message {
                     Ok(Some(response)) => {
                         received = true;
@@ -187,12 +213,10 @@ impl<P: Protocol> Engine<P> {
                                 .respond(response, &self.subscriptions, &*self.handler);
                         match answer {
                             Some(answer) => {
-                                let type_url = answer.push.type_url.clone();
+                                self.pending.remove(&answer.push.type_url);
                                 log_verdict(&answer.push);
                                 self.shared.record(answer.push);
-                                self.send(&mut outgoing, bucket, pending, answer.request).await;
-                                // An ACK or NACK expects no response.
-                                pending.remove(&type_url);
+                                self.send(&mut outgoing, answer.request, true);
                             }
                             None => warn!("xDS: ignoring a response for a type not subscribed to"),
                         }
@@ -201,7 +225,7 @@ impl<P: Protocol> Engine<P> {
                     Err(status) => break End::Disconnected { received, error: status.into() },
                 },
             }
-            self.publish(pending);
+            self.publish();
         };
         self.shared.disconnected();
         if matches!(end, End::Disconnected { .. }) {
@@ -211,52 +235,67 @@ impl<P: Protocol> Engine<P> {
     }
 
     /// Applies a subscription change on a stream: sends the request it needs, if any.
-    async fn change(
-        &mut self,
-        outgoing: &mut Outgoing<P::Request>,
-        bucket: &mut Option<TokenBucket>,
-        pending: &mut BTreeSet<String>,
-        change: Change,
-    ) {
+    fn change(&mut self, outgoing: &mut Outgoing<P::Request>, change: Change) {
         if let Some(before) = self.subscriptions.apply(change)
             && let Some(now) = self.subscriptions.get(&before.type_url)
             && let Some(request) = self.protocol.changed(now, &before)
         {
-            self.send(outgoing, bucket, pending, request).await;
+            self.send(outgoing, request, false);
         }
-        self.publish(pending);
+        self.publish();
     }
 
-    /// Sends a request once the rate limit allows, with the node when due.
-    async fn send(
-        &self,
-        outgoing: &mut Outgoing<P::Request>,
-        bucket: &mut Option<TokenBucket>,
-        pending: &mut BTreeSet<String>,
-        mut request: P::Request,
-    ) {
-        if let Some(bucket) = bucket {
-            let mut limited = false;
-            while let Err(wait) = bucket.take(Instant::now()) {
-                if !limited {
-                    limited = true;
-                    debug!(?wait, "xDS: request rate limited");
-                    self.handler.event(Event::RateLimited);
-                }
-                tokio::time::sleep(wait).await;
+    /// Queues a request (`answer`: an ACK or NACK) and sends what the rate limit allows.
+    fn send(&mut self, outgoing: &mut Outgoing<P::Request>, request: P::Request, answer: bool) {
+        outgoing.queue.push_back(Queued { request, answer });
+        self.drain(outgoing);
+    }
+
+    /// Sends queued requests, oldest first, while the rate limit has tokens; when it holds one
+    /// back, counts that and notes when to try again.
+    fn drain(&mut self, outgoing: &mut Outgoing<P::Request>) {
+        outgoing.retry_at = None;
+        while let Some(Queued {
+            mut request,
+            answer,
+        }) = outgoing.queue.pop_front()
+        {
+            if let Some(bucket) = &mut self.bucket
+                && let Err(wait) = bucket.take(Instant::now())
+            {
+                outgoing.queue.push_front(Queued { request, answer });
+                debug!(
+                    ?wait,
+                    queued = outgoing.queue.len(),
+                    "xDS: request rate limited"
+                );
+                self.handler.event(Event::RateLimited);
+                outgoing.retry_at = Some(tokio::time::Instant::now() + wait);
+                break;
             }
+            if outgoing.first || !self.config.set_node_on_first_message_only {
+                request.set_node(&self.config.node);
+            }
+            outgoing.first = false;
+            if !answer {
+                self.pending.insert(request.type_url().to_string());
+            }
+            // A closed stream shows on the response side.
+            let _ = outgoing.sender.send(request);
         }
-        if outgoing.first || !self.config.set_node_on_first_message_only {
-            request.set_node(&self.config.node);
+        self.report_queued(outgoing.queue.len());
+    }
+
+    /// Tells the handler how many requests wait for the rate limit, when that changed.
+    fn report_queued(&mut self, queued: usize) {
+        if queued != self.queued {
+            self.queued = queued;
+            self.handler.event(Event::Queued(queued));
         }
-        outgoing.first = false;
-        pending.insert(request.type_url().to_string());
-        // A closed stream shows on the response side.
-        let _ = outgoing.sender.send(request);
     }
 
     /// Copies the per-type status where [`super::Client::status`] reads it.
-    fn publish(&self, pending: &BTreeSet<String>) {
+    fn publish(&self) {
         let types = self
             .subscriptions
             .iter()
@@ -277,11 +316,20 @@ impl<P: Protocol> Engine<P> {
                     name_count: subscription.names.len(),
                     acked_version: progress.acked_version,
                     nonce: progress.nonce,
-                    pending: pending.contains(&subscription.type_url),
+                    pending: self.pending.contains(&subscription.type_url),
                 }
             })
             .collect();
         self.shared.set_types(types);
+    }
+}
+
+/// Resolves at `at`, when the rate limit has a token for the oldest queued request; never
+/// without one.
+async fn token(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

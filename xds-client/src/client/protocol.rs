@@ -4,14 +4,13 @@
 use std::future::Future;
 
 use proto::pb::envoy::config::core::v3::Node;
-use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
-use proto::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
-use proto::pb::envoy::service::secret::v3::secret_discovery_service_client::SecretDiscoveryServiceClient;
+use proto::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
 
 use super::Service;
+use super::sotw_wire::SotwRequest;
 use super::subscriptions::{Subscription, Subscriptions};
 use crate::{Handler, Push};
 
@@ -54,17 +53,7 @@ macro_rules! impl_request {
     )*};
 }
 
-impl_request!(DiscoveryRequest, DeltaDiscoveryRequest);
-
-/// The ADS client on `channel`, taking responses of any size.
-pub(super) fn ads_client(channel: Channel) -> AggregatedDiscoveryServiceClient<Channel> {
-    AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
-}
-
-/// The SDS client on `channel` (a secret server of its own, such as Istio's pilot-agent).
-pub(super) fn sds_client(channel: Channel) -> SecretDiscoveryServiceClient<Channel> {
-    SecretDiscoveryServiceClient::new(channel).max_decoding_message_size(usize::MAX)
-}
+impl_request!(SotwRequest, DeltaDiscoveryRequest);
 
 /// One xDS variant's protocol state: versions, nonces, what the stream was told.
 pub(super) trait Protocol: Default + Send + Sync + 'static {

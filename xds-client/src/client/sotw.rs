@@ -4,23 +4,30 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::SystemTime;
 
 use prost::Message;
-use proto::pb::envoy::service::discovery::v3::{
-    DiscoveryRequest, DiscoveryResponse, Resource as WrappedResource,
-};
+use proto::pb::envoy::service::discovery::v3::{DiscoveryResponse, Resource as WrappedResource};
 use proto::pb::google::protobuf::Any;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
+use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
 use super::Service;
 use super::deliver::{Incoming, deliver};
-use super::protocol::{Answer, Progress, Protocol, ads_client, sds_client};
+use super::protocol::{Answer, Progress, Protocol};
 use super::resource_name::name_of;
-use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
+use super::sotw_wire::{EncodedNames, SotwCodec, SotwRequest};
+use super::subscriptions::{Subscription, Subscriptions};
 use crate::{Handler, Rejected, Resource, is_full_state};
 
 /// The type URL of a resource wrapped in `envoy.service.discovery.v3.Resource`.
 const WRAPPED_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
+
+/// The SotW ADS method.
+const STREAM_AGGREGATED_RESOURCES: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+
+/// The SotW SDS method (a secret server of its own, such as Istio's pilot-agent).
+const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
 
 /// One type's SotW state.
 #[derive(Debug, Default)]
@@ -34,6 +41,8 @@ struct TypeState {
     /// Whether a request for this type carried names on this stream: from then on an empty
     /// list no longer means wildcard.
     named: bool,
+    /// The subscription's names, encoded, and the [`Subscription::revision`] they are of.
+    names: (u64, EncodedNames),
 }
 
 /// The SotW variant's state.
@@ -103,18 +112,20 @@ fn decode(index: usize, any: Any, type_url: &str, version_info: &str) -> Decoded
 
 impl Sotw {
     /// The request that tells the server the subscription, with the type's version and nonce.
-    fn request(&mut self, subscription: &Subscription) -> DiscoveryRequest {
+    /// Its names are encoded only when the subscription changed since the last request.
+    fn request(&mut self, subscription: &Subscription) -> SotwRequest {
         let state = self.types.entry(subscription.type_url.clone()).or_default();
-        let mut names = Vec::new();
-        if subscription.wildcard && (state.named || !subscription.names.is_empty()) {
-            names.push(WILDCARD.to_string());
+        if state.names.0 != subscription.revision {
+            let names = subscription.names.iter().map(String::as_str);
+            state.names = (subscription.revision, EncodedNames::new(names));
         }
-        names.extend(subscription.names.iter().cloned());
+        let wildcard = subscription.wildcard && (state.named || !subscription.names.is_empty());
         state.sent = true;
-        state.named |= !names.is_empty();
-        DiscoveryRequest {
+        state.named |= wildcard || !subscription.names.is_empty();
+        SotwRequest {
             version_info: state.progress.acked_version.clone(),
-            resource_names: names,
+            wildcard,
+            names: state.names.1.clone(),
             type_url: subscription.type_url.clone(),
             response_nonce: state.progress.nonce.clone(),
             ..Default::default()
@@ -123,26 +134,27 @@ impl Sotw {
 }
 
 impl Protocol for Sotw {
-    type Request = DiscoveryRequest;
+    type Request = SotwRequest;
     type Response = DiscoveryResponse;
 
     async fn open(
         channel: Channel,
         service: Service,
-        requests: UnboundedReceiverStream<DiscoveryRequest>,
+        requests: UnboundedReceiverStream<SotwRequest>,
     ) -> Result<Streaming<DiscoveryResponse>, tonic::Status> {
-        Ok(match service {
-            Service::Aggregated => {
-                ads_client(channel)
-                    .stream_aggregated_resources(requests)
-                    .await?
-            }
-            Service::Secret => sds_client(channel).stream_secrets(requests).await?,
-        }
-        .into_inner())
+        let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(usize::MAX);
+        grpc.ready()
+            .await
+            .map_err(|e| tonic::Status::unknown(format!("the xDS channel is not ready: {e}")))?;
+        let path = PathAndQuery::from_static(match service {
+            Service::Aggregated => STREAM_AGGREGATED_RESOURCES,
+            Service::Secret => STREAM_SECRETS,
+        });
+        let request = tonic::Request::new(requests);
+        Ok(grpc.streaming(request, path, SotwCodec).await?.into_inner())
     }
 
-    fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DiscoveryRequest> {
+    fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<SotwRequest> {
         for state in self.types.values_mut() {
             state.progress.nonce.clear();
             state.sent = false;
@@ -155,7 +167,7 @@ impl Protocol for Sotw {
             .collect()
     }
 
-    fn changed(&mut self, now: &Subscription, _before: &Subscription) -> Option<DiscoveryRequest> {
+    fn changed(&mut self, now: &Subscription, _before: &Subscription) -> Option<SotwRequest> {
         let sent = self.types.get(&now.type_url).is_some_and(|s| s.sent);
         // An empty first request would mean wildcard: with nothing asked yet, there is
         // nothing to unsubscribe.
@@ -170,7 +182,7 @@ impl Protocol for Sotw {
         response: DiscoveryResponse,
         subscriptions: &Subscriptions,
         handler: &dyn Handler,
-    ) -> Option<Answer<DiscoveryRequest>> {
+    ) -> Option<Answer<SotwRequest>> {
         let subscription = subscriptions.get(&response.type_url)?;
         let at = SystemTime::now();
         let type_url = response.type_url;
@@ -222,5 +234,102 @@ impl Protocol for Sotw {
 
     fn progress(&self, type_url: &str) -> Option<&Progress> {
         self.types.get(type_url).map(|s| &s.progress)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
+
+    use super::super::subscriptions::Change;
+    use super::*;
+    use crate::{Applied, CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Update};
+
+    struct AcceptAll;
+
+    impl Handler for AcceptAll {
+        fn apply(&self, _update: Update) -> Applied {
+            Applied::default()
+        }
+    }
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| n.to_string()).collect()
+    }
+
+    /// Checks that `request` goes on the wire as prost encodes `expected`.
+    fn assert_wire(request: SotwRequest, expected: DiscoveryRequest) {
+        let bytes = request.into_bytes();
+        assert_eq!(
+            DiscoveryRequest::decode(bytes.as_slice()).unwrap(),
+            expected
+        );
+        assert_eq!(bytes, expected.encode_to_vec());
+    }
+
+    fn expected(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: version.into(),
+            resource_names: names.iter().map(|n| n.to_string()).collect(),
+            type_url: type_url.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    /// Applies `change` and answers the request it sends.
+    fn change(sotw: &mut Sotw, subscriptions: &mut Subscriptions, change: Change) -> SotwRequest {
+        let before = subscriptions.apply(change).expect("a change");
+        let now = subscriptions.get(&before.type_url).unwrap();
+        sotw.changed(now, &before).expect("a request")
+    }
+
+    #[test]
+    fn requests_carry_the_current_names_after_subscription_changes() {
+        let mut sotw = Sotw::default();
+        let mut subscriptions = Subscriptions::default();
+        let eds = |list: &[&str]| Change::Names(ENDPOINT_TYPE_URL.into(), names(list));
+
+        let request = change(&mut sotw, &mut subscriptions, eds(&["b", "a"]));
+        assert_wire(request, expected(ENDPOINT_TYPE_URL, &["a", "b"], "", ""));
+
+        // An ACK names the whole subscription, with the version and nonce it answers.
+        let response = DiscoveryResponse {
+            version_info: "v1".into(),
+            type_url: ENDPOINT_TYPE_URL.into(),
+            nonce: "n1".into(),
+            ..Default::default()
+        };
+        let answer = sotw.respond(response, &subscriptions, &AcceptAll).unwrap();
+        assert_wire(
+            answer.request,
+            expected(ENDPOINT_TYPE_URL, &["a", "b"], "v1", "n1"),
+        );
+
+        let request = change(&mut sotw, &mut subscriptions, eds(&["c", "b"]));
+        assert_wire(
+            request,
+            expected(ENDPOINT_TYPE_URL, &["b", "c"], "v1", "n1"),
+        );
+        let request = change(&mut sotw, &mut subscriptions, eds(&[]));
+        assert_wire(request, expected(ENDPOINT_TYPE_URL, &[], "v1", "n1"));
+
+        // A wildcard subscription: empty on the stream's first request, then `*` once it
+        // named anything.
+        let wildcard = Change::Wildcard(CLUSTER_TYPE_URL.into());
+        let request = change(&mut sotw, &mut subscriptions, wildcard);
+        assert_wire(request, expected(CLUSTER_TYPE_URL, &[], "", ""));
+        let cds = Change::Names(CLUSTER_TYPE_URL.into(), names(&["x"]));
+        let request = change(&mut sotw, &mut subscriptions, cds);
+        assert_wire(request, expected(CLUSTER_TYPE_URL, &["*", "x"], "", ""));
+        let cds = Change::Names(CLUSTER_TYPE_URL.into(), names(&[]));
+        let request = change(&mut sotw, &mut subscriptions, cds);
+        assert_wire(request, expected(CLUSTER_TYPE_URL, &["*"], "", ""));
+
+        // A new stream asks again with what is subscribed now.
+        let requests = sotw.new_stream(&subscriptions);
+        let [cds] = <[SotwRequest; 1]>::try_from(requests).unwrap();
+        assert_wire(cds, expected(CLUSTER_TYPE_URL, &[], "", ""));
     }
 }

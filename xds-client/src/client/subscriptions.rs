@@ -14,6 +14,8 @@ pub(super) struct Subscription {
     pub(super) wildcard: bool,
     /// Names asked for besides the wildcard.
     pub(super) names: BTreeSet<String>,
+    /// How many times `names` changed: what the SotW variant keeps encoded is of this one.
+    pub(super) revision: u64,
 }
 
 impl Subscription {
@@ -62,7 +64,12 @@ impl Subscriptions {
         let before = subscription.clone();
         match change {
             Change::Wildcard(_) => subscription.wildcard = true,
-            Change::Names(_, names) => subscription.names = names,
+            Change::Names(_, names) => {
+                if names != subscription.names {
+                    subscription.names = names;
+                    subscription.revision += 1;
+                }
+            }
         }
         (*subscription != before).then_some(before)
     }
@@ -96,9 +103,11 @@ mod tests {
             subs.apply(Change::Names("t".into(), names(&["a"])))
                 .is_none()
         );
+        assert_eq!(subs.get("t").unwrap().revision, 1);
         let before = subs.apply(Change::Names("t".into(), names(&[]))).unwrap();
         assert_eq!(before.names, names(&["a"]));
         assert!(subs.get("t").unwrap().is_empty());
+        assert_eq!(subs.get("t").unwrap().revision, 2);
         assert!(subs.apply(Change::Wildcard("w".into())).is_some());
         assert!(subs.apply(Change::Wildcard("w".into())).is_none());
         let order: Vec<&str> = subs.iter().map(|s| s.type_url.as_str()).collect();
