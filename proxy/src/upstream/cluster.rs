@@ -186,11 +186,11 @@ impl Cluster {
                 }
             }
             let set = HostSet::new(merged, self.config.panic_threshold);
-            self.stats.membership_total.set(set.hosts().len() as u64);
+            self.stats.membership_total().set(set.hosts().len() as u64);
             self.stats
-                .membership_healthy
+                .membership_healthy()
                 .set(set.healthy_count() as u64);
-            self.stats.membership_change.inc();
+            self.stats.membership_change().inc();
             self.hosts.store(Arc::new(set));
         }
         self.initialized.send_replace(true);
@@ -227,7 +227,7 @@ impl Cluster {
             _ => self.hosts.load().pick(self.config.lb_policy, ctx),
         };
         picked.ok_or_else(|| {
-            self.stats.upstream_cx_none_healthy.inc();
+            self.stats.upstream_cx_none_healthy().inc();
             UpstreamError::NoHealthyUpstream
         })
     }
@@ -237,8 +237,8 @@ impl Cluster {
         hosts
             .entry(addr)
             .or_insert_with(|| {
-                self.stats.membership_total.inc();
-                self.stats.membership_healthy.inc();
+                self.stats.membership_total().inc();
+                self.stats.membership_healthy().inc();
                 Arc::new(
                     Host::new(
                         addr,
@@ -307,8 +307,8 @@ impl Cluster {
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
         let limit = self.config.circuit_breakers[0].max_requests;
-        if self.stats.upstream_rq_active.value() >= u64::from(limit) {
-            self.stats.upstream_rq_pending_overflow.inc();
+        if self.stats.upstream_rq_active().value() >= u64::from(limit) {
+            self.stats.upstream_rq_pending_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
         let _active = ActiveRequest::new(&host, &self.stats);
@@ -332,7 +332,7 @@ impl Cluster {
         let hs = &host.stats;
         match &result {
             Ok(resp) => {
-                self.stats.upstream_rq_total.inc();
+                self.stats.upstream_rq_total().inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 let status = resp.status().as_u16();
                 if status >= 500 {
@@ -347,12 +347,12 @@ impl Cluster {
                 | UpstreamError::TransportRefused { .. },
             ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
-                self.stats.upstream_rq_pending_failure_eject.inc();
+                self.stats.upstream_rq_pending_failure_eject().inc();
             }
             // A circuit breaker kept the request from being sent.
             Err(UpstreamError::Overflow) => {}
             Err(_) => {
-                self.stats.upstream_rq_total.inc();
+                self.stats.upstream_rq_total().inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
             }
@@ -364,22 +364,22 @@ impl Cluster {
     pub async fn connect(&self, ctx: &LbContext) -> Result<UpstreamConnection, UpstreamError> {
         let host = self.choose(ctx, None)?;
         let limit = self.config.circuit_breakers[0].max_connections;
-        if self.stats.upstream_cx_active.value() >= u64::from(limit) {
-            self.stats.upstream_cx_overflow.inc();
+        if self.stats.upstream_cx_active().value() >= u64::from(limit) {
+            self.stats.upstream_cx_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
         // Envoy's TCP connection pool counts each proxied connection as a request that
         // waited for a new upstream connection.
-        self.stats.upstream_rq_pending_total.inc();
+        self.stats.upstream_rq_pending_total().inc();
         let (stream, active) = match pool::connect(&host, self.connect_options()).await {
             Ok(connected) => connected,
             Err(e) => {
                 host.stats.rq_error.fetch_add(1, Ordering::Relaxed);
-                self.stats.upstream_rq_pending_failure_eject.inc();
+                self.stats.upstream_rq_pending_failure_eject().inc();
                 return Err(e);
             }
         };
-        self.stats.upstream_rq_total.inc();
+        self.stats.upstream_rq_total().inc();
         host.stats.rq_total.fetch_add(1, Ordering::Relaxed);
         Ok(UpstreamConnection {
             stream,
@@ -398,7 +398,7 @@ struct ActiveRequest<'a> {
 impl<'a> ActiveRequest<'a> {
     fn new(host: &'a Host, stats: &'a ClusterStats) -> Self {
         host.stats.rq_active.fetch_add(1, Ordering::Relaxed);
-        stats.upstream_rq_active.inc();
+        stats.upstream_rq_active().inc();
         ActiveRequest { host, stats }
     }
 }
@@ -406,6 +406,6 @@ impl<'a> ActiveRequest<'a> {
 impl Drop for ActiveRequest<'_> {
     fn drop(&mut self) {
         self.host.stats.rq_active.fetch_sub(1, Ordering::Relaxed);
-        self.stats.upstream_rq_active.dec();
+        self.stats.upstream_rq_active().dec();
     }
 }

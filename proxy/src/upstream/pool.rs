@@ -49,7 +49,7 @@ pub struct ActiveConnection {
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
-        self.stats.upstream_cx_active.dec();
+        self.stats.upstream_cx_active().dec();
         self.host.pool.wake_a_waiter();
     }
 }
@@ -78,19 +78,19 @@ impl<'a> Pending<'a> {
     /// request overflows, as Envoy's `upstream_rq_pending_overflow`).
     fn enter(opts: &ConnectOptions<'a>) -> Result<Self, UpstreamError> {
         let stats = opts.stats;
-        if stats.upstream_rq_pending_active.value() >= u64::from(opts.max_pending_requests) {
-            stats.upstream_rq_pending_overflow.inc();
+        if stats.upstream_rq_pending_active().value() >= u64::from(opts.max_pending_requests) {
+            stats.upstream_rq_pending_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
-        stats.upstream_rq_pending_total.inc();
-        stats.upstream_rq_pending_active.inc();
+        stats.upstream_rq_pending_total().inc();
+        stats.upstream_rq_pending_active().inc();
         Ok(Pending(stats))
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.0.upstream_rq_pending_active.dec();
+        self.0.upstream_rq_pending_active().dec();
     }
 }
 
@@ -152,7 +152,7 @@ pub(crate) async fn connect(
     let addr = host.addr;
     if let Some(reason) = &host.refused {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.upstream_cx_connect_fail().inc();
         opts.stats.fail_closed();
         return Err(UpstreamError::TransportRefused {
             host: addr,
@@ -160,10 +160,10 @@ pub(crate) async fn connect(
         });
     }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
-    opts.stats.upstream_cx_total.inc();
+    opts.stats.upstream_cx_total().inc();
     let fail = |e: UpstreamError| {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.upstream_cx_connect_fail().inc();
         e
     };
     let socket = if addr.is_ipv4() {
@@ -181,13 +181,13 @@ pub(crate) async fn connect(
         Ok(Ok(s)) => s,
         Ok(Err(source)) => return Err(fail(UpstreamError::ConnectFailure { host: addr, source })),
         Err(_) => {
-            opts.stats.upstream_cx_connect_timeout.inc();
+            opts.stats.upstream_cx_connect_timeout().inc();
             return Err(fail(UpstreamError::ConnectTimeout { host: addr }));
         }
     };
     let _ = stream.set_nodelay(true);
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
-    opts.stats.upstream_cx_active.inc();
+    opts.stats.upstream_cx_active().inc();
     Ok((
         stream,
         ActiveConnection {
@@ -243,15 +243,15 @@ async fn wait_for_h1(
     let _pending = Pending::enter(&opts)?;
     let _waiting = Waiting::count(&host.pool);
     let stats = opts.stats;
-    let at_limit = || stats.upstream_cx_active.value() >= u64::from(opts.max_connections);
+    let at_limit = || stats.upstream_cx_active().value() >= u64::from(opts.max_connections);
     let mut waited = false;
     loop {
         let released = host.pool.released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
         if let Some(conn) = take_idle(host, opts.idle_timeout) {
-            if waited && stats.upstream_rq_pending_active.value() > 1 && at_limit() {
-                stats.upstream_cx_overflow.inc();
+            if waited && stats.upstream_rq_pending_active().value() > 1 && at_limit() {
+                stats.upstream_cx_overflow().inc();
             }
             return Ok((conn, true));
         }
@@ -260,12 +260,12 @@ async fn wait_for_h1(
         let none_here = host.stats.cx_active.load(Ordering::Relaxed) == 0;
         if !at_limit() || none_here {
             if at_limit() && !waited {
-                stats.upstream_cx_overflow.inc();
+                stats.upstream_cx_overflow().inc();
             }
             return Ok((connect_h1(host, opts).await?, false));
         }
         if !waited {
-            stats.upstream_cx_overflow.inc();
+            stats.upstream_cx_overflow().inc();
             waited = true;
         }
         released.await;
@@ -301,7 +301,7 @@ async fn connect_h1(
     opts: ConnectOptions<'_>,
 ) -> Result<h1::Connection, UpstreamError> {
     let (stream, active) = connect(host, opts).await?;
-    opts.stats.upstream_cx_http1_total.inc();
+    opts.stats.upstream_cx_http1_total().inc();
     Ok(h1::Connection::new(stream, active))
 }
 
@@ -371,7 +371,7 @@ async fn open_h2(
         return Ok((s, false));
     }
     let (stream, active) = connect(host, opts).await?;
-    opts.stats.upstream_cx_http2_total.inc();
+    opts.stats.upstream_cx_http2_total().inc();
     let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
         .handshake::<_, Body>(TokioIo::new(stream))
         .await

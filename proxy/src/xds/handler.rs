@@ -427,7 +427,6 @@ impl ProxyHandler {
                                 .map(|c| c.config().observability_name.clone())
                         })
                 })
-                .map(|n| format!("cluster.{n}"))
                 .collect();
             let mut compiled = Vec::new();
             let mut failure = None;
@@ -447,7 +446,7 @@ impl ProxyHandler {
                     }
                 }
             }
-            UpdateStats::count(&shared.stats, &counted, &r.version, failure.is_none());
+            UpdateStats::count_eds(&shared.stats, &counted, &r.version, failure.is_none());
             if let Some(reason) = failure {
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
