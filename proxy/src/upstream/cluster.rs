@@ -12,8 +12,7 @@ use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::config::cluster::{
-    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, Locality,
-    UpstreamProtocol,
+    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, UpstreamProtocol,
 };
 use crate::stats::Store;
 
@@ -126,7 +125,7 @@ impl Cluster {
     /// The cluster was removed or replaced: every host's pool stops keeping connections.
     pub(crate) fn retire(&self) {
         for h in self.hosts.load().hosts() {
-            h.pool.retire();
+            h.retire();
         }
         for h in self
             .original_dst_hosts
@@ -134,7 +133,7 @@ impl Cluster {
             .expect("original_dst lock")
             .values()
         {
-            h.pool.retire();
+            h.retire();
         }
     }
 
@@ -169,20 +168,22 @@ impl Cluster {
                 .zip(current.hosts())
                 .any(|(new, old)| !old.same_identity(new));
         if changed {
-            let merged: Vec<Arc<Host>> = hosts
-                .into_iter()
-                .map(|h| {
+            // Filled one by one: collecting the mapped `Vec<Host>` would reuse its allocation
+            // in place, keeping a `Host`'s size per 8-byte `Arc` for the life of the set.
+            let mut merged: Vec<Arc<Host>> = Vec::with_capacity(hosts.len());
+            for h in hosts {
+                merged.push(
                     current
                         .hosts()
                         .iter()
                         .find(|old| old.same_identity(&h))
                         .cloned()
-                        .unwrap_or_else(|| Arc::new(h))
-                })
-                .collect();
+                        .unwrap_or_else(|| Arc::new(h)),
+                );
+            }
             for old in current.hosts() {
                 if !merged.iter().any(|h| Arc::ptr_eq(h, old)) {
-                    old.pool.retire();
+                    old.retire();
                 }
             }
             let set = HostSet::new(merged, self.config.panic_threshold);
@@ -245,7 +246,7 @@ impl Cluster {
                         String::new(),
                         1,
                         0,
-                        Locality::default(),
+                        Arc::default(),
                         HealthStatus::Healthy,
                     )
                     .refusing(self.config.transport.refusal_for(None, None)),

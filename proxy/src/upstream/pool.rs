@@ -50,7 +50,7 @@ impl Drop for ActiveConnection {
     fn drop(&mut self) {
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active().dec();
-        self.host.pool.wake_a_waiter();
+        self.host.pool().wake_a_waiter();
     }
 }
 
@@ -241,12 +241,12 @@ async fn wait_for_h1(
     opts: ConnectOptions<'_>,
 ) -> Result<(h1::Connection, bool), UpstreamError> {
     let _pending = Pending::enter(&opts)?;
-    let _waiting = Waiting::count(&host.pool);
+    let _waiting = Waiting::count(host.pool());
     let stats = opts.stats;
     let at_limit = || stats.upstream_cx_active().value() >= u64::from(opts.max_connections);
     let mut waited = false;
     loop {
-        let released = host.pool.released.notified();
+        let released = host.pool().released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
         if let Some(conn) = take_idle(host, opts.idle_timeout) {
@@ -275,7 +275,7 @@ async fn wait_for_h1(
 /// Takes the most recently used idle connection that is still open and not idle-expired;
 /// the others it meets are closed.
 fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connection> {
-    let mut idle = host.pool.idle_h1.lock().expect("pool lock");
+    let mut idle = host.pool().idle_h1.lock().expect("pool lock");
     while let Some(mut conn) = idle.pop() {
         let expired = idle_timeout.is_some_and(|t| conn.since.elapsed() >= t);
         if !expired && !conn.is_closed() {
@@ -288,12 +288,12 @@ fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connecti
 /// Puts a connection whose response ended back in its host's pool, unless it carried
 /// `max_requests` already.
 pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Option<u32>) {
-    if max_requests.is_some_and(|m| conn.used >= m) || host.pool.retired.load(Ordering::Relaxed) {
+    if max_requests.is_some_and(|m| conn.used >= m) || host.pool().retired.load(Ordering::Relaxed) {
         return;
     }
     conn.since = Instant::now();
-    host.pool.idle_h1.lock().expect("pool lock").push(conn);
-    host.pool.wake_a_waiter();
+    host.pool().idle_h1.lock().expect("pool lock").push(conn);
+    host.pool().wake_a_waiter();
 }
 
 async fn connect_h1(
@@ -317,7 +317,7 @@ pub(crate) async fn send_h2(
         let (mut sender, fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if sender.ready().await.is_err() {
-            host.pool.h2.store(None);
+            host.pool().h2.store(None);
             if fresh_tried {
                 return Err(UpstreamError::Reset {
                     host: host.addr,
@@ -332,7 +332,7 @@ pub(crate) async fn send_h2(
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
-                    host.pool.h2.store(None);
+                    host.pool().h2.store(None);
                     req = r;
                 }
                 _ => return Err(UpstreamError::from_hyper(host.addr, e.error())),
@@ -346,7 +346,7 @@ async fn h2_sender(
     opts: ConnectOptions<'_>,
 ) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
     let usable = || {
-        host.pool
+        host.pool()
             .h2
             .load_full()
             .filter(|s| !s.is_closed())
@@ -366,7 +366,7 @@ async fn open_h2(
     opts: ConnectOptions<'_>,
     usable: impl Fn() -> Option<http2::SendRequest<Body>>,
 ) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
-    let _connecting = host.pool.h2_connecting.lock().await;
+    let _connecting = host.pool().h2_connecting.lock().await;
     if let Some(s) = usable() {
         return Ok((s, false));
     }
@@ -380,7 +380,7 @@ async fn open_h2(
         let _ = conn.await;
         drop(active);
     });
-    host.pool.h2.store(Some(Arc::new(sender.clone())));
+    host.pool().h2.store(Some(Arc::new(sender.clone())));
     Ok((sender, true))
 }
 
