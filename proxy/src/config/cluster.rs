@@ -2,6 +2,7 @@
 //! protocol and connection settings, validated with Envoy's rules.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
@@ -189,8 +190,8 @@ pub struct EndpointConfig {
     pub weight: u32,
     /// The locality's `priority`.
     pub priority: u32,
-    /// The locality.
-    pub locality: Locality,
+    /// The locality, shared by the endpoints of one `LocalityLbEndpoints` (and their hosts).
+    pub locality: Arc<Locality>,
     /// `health_status`.
     pub health: HealthStatus,
     /// `endpoint.hostname`.
@@ -587,14 +588,16 @@ fn endpoints(
     let mut out = Vec::new();
     let mut unreachable = Vec::new();
     for (i, lle) in la.endpoints.iter().enumerate() {
-        let locality = lle
-            .locality
-            .as_ref()
-            .map_or_else(Locality::default, |l| Locality {
-                region: l.region.clone(),
-                zone: l.zone.clone(),
-                sub_zone: l.sub_zone.clone(),
-            });
+        let locality =
+            Arc::new(
+                lle.locality
+                    .as_ref()
+                    .map_or_else(Locality::default, |l| Locality {
+                        region: l.region.clone(),
+                        zone: l.zone.clone(),
+                        sub_zone: l.sub_zone.clone(),
+                    }),
+            );
         for (j, lbe) in lle.lb_endpoints.iter().enumerate() {
             let path = format!("endpoints[{i}].lb_endpoints[{j}]");
             let ep = match &lbe.host_identifier {
@@ -639,6 +642,8 @@ fn endpoints(
             });
         }
     }
+    // Kept for the cluster's life: no spare capacity.
+    out.shrink_to_fit();
     Ok((out, unreachable))
 }
 
