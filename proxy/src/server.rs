@@ -116,7 +116,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     match crate::xds::start(&shared) {
         Ok(true) => tracing::info!(
             workers,
-            "static listeners started; waiting for the initial xDS configuration"
+            "static listeners started; waiting for their secrets and the initial xDS configuration"
         ),
         Ok(false) => {
             shared.lifecycle.set_state(ServerState::Live);

@@ -845,7 +845,7 @@ impl ProxyHandler {
 }
 
 /// The SDS secrets a listener's TLS chains use.
-fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
+pub(crate) fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
     cfg.chains
         .iter()
         .chain(&cfg.default_chain)
@@ -855,7 +855,7 @@ fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
 }
 
 /// The SDS secrets a cluster's TLS transport sockets use.
-fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
+pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
     cfg.transport
         .sockets()
         .iter()

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use xds_client::client::{self, Client, Mode, RateLimit, Transport};
 
 use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
+use crate::lifecycle::ServerState;
 use crate::shared::Shared;
 use handler::ProxyHandler;
 
@@ -31,18 +32,13 @@ const PUSH_LOG_LEN: usize = 64;
 
 /// Starts xDS for the bootstrap's `dynamic_resources`, and SDS for the secrets the static
 /// listeners and clusters name; answers whether start-up waits for it (the server turns LIVE
-/// when the initial fetch is done).
+/// once the static resources' secrets have arrived and the initial fetch is done).
 pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
     let dynamic = shared.bootstrap.dynamic.clone();
-    let needs_sds = shared
-        .secrets
-        .sources()
-        .iter()
-        .any(|s| *s != crate::config::tls::sds::SecretSource::Static);
+    let needs_sds = !sds::static_secrets(shared).is_empty();
     if dynamic.is_none() && !needs_sds {
         return Ok(false);
     }
-    let waits = dynamic.is_some();
     let shared = shared.clone();
     std::thread::Builder::new()
         .name("revoy-xds".into())
@@ -60,13 +56,20 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
             rt.block_on(async move {
                 match dynamic {
                     Some(dynamic) => run(&shared, dynamic),
-                    None => sds::follow(shared, None),
+                    None => {
+                        sds::follow(shared.clone(), None);
+                        sds::static_secrets_arrived(&shared).await;
+                        shared.lifecycle.set_state(ServerState::Live);
+                        tracing::info!(
+                            "the static listeners' and clusters' secrets arrived; revoy is live"
+                        );
+                    }
                 }
                 std::future::pending::<()>().await;
             });
         })
         .map_err(|e| format!("cannot start the xDS thread: {e}"))?;
-    Ok(waits)
+    Ok(true)
 }
 
 /// Sets up the client and file watchers on the xDS runtime and starts the initial fetch.
@@ -96,7 +99,13 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
             files::watch(path.clone(), type_url, handler.clone());
         }
     }
-    handler.begin();
+    // As Envoy's cluster manager initializes the static clusters (their secrets included)
+    // before CDS, the initial fetch starts once the static resources' secrets are in.
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        sds::static_secrets_arrived(&shared).await;
+        handler.begin();
+    });
 }
 
 fn client_config(shared: &Shared, ads: &AdsConfig) -> client::Config {
