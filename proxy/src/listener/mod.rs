@@ -97,7 +97,6 @@ impl Tls {
                 None
             }
             Err(_) => {
-                self.stats.connection_error.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");
                 None
             }

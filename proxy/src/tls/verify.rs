@@ -271,12 +271,14 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        verify_tls12_signature(
+        let valid = verify_tls12_signature(
             message,
             cert,
             dss,
             &self.provider.signature_verification_algorithms,
-        )
+        )?;
+        self.stats.peer_signature(dss.scheme);
+        Ok(valid)
     }
 
     fn verify_tls13_signature(
@@ -285,12 +287,14 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        verify_tls13_signature(
+        let valid = verify_tls13_signature(
             message,
             cert,
             dss,
             &self.provider.signature_verification_algorithms,
-        )
+        )?;
+        self.stats.peer_signature(dss.scheme);
+        Ok(valid)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -339,12 +343,14 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        verify_tls12_signature(
+        let valid = verify_tls12_signature(
             message,
             cert,
             dss,
             &self.provider.signature_verification_algorithms,
-        )
+        )?;
+        self.stats.peer_signature(dss.scheme);
+        Ok(valid)
     }
 
     fn verify_tls13_signature(
@@ -353,12 +359,14 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        verify_tls13_signature(
+        let valid = verify_tls13_signature(
             message,
             cert,
             dss,
             &self.provider.signature_verification_algorithms,
-        )
+        )?;
+        self.stats.peer_signature(dss.scheme);
+        Ok(valid)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
