@@ -47,9 +47,10 @@ pub fn server_config(
             provider: params.provider.clone(),
         })),
     };
-    let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates(
-        certs::LiveCertificates::bind(&spec.common.certificates, store),
-    )));
+    let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates {
+        certificates: certs::LiveCertificates::bind(&spec.common.certificates, store),
+        full_scan: spec.full_scan_certs_on_sni_mismatch,
+    }));
     config.alpn_protocols = spec.common.alpn.clone();
     if spec.tickets
         && let Ok(ticketer) = rustls::crypto::ring::Ticketer::new()
