@@ -67,7 +67,14 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     if first_resolution.is_err() {
         tracing::warn!("some clusters have no hosts after 10 s of DNS resolution; starting anyway");
     }
-    for cfg in &shared.bootstrap.listeners {
+    // A static listener whose SDS secrets have not arrived warms: it is bound once they have
+    // (or their initial_fetch_timeout passed), never serving without its certificate.
+    let (ready, warming): (Vec<_>, Vec<_>) = shared
+        .bootstrap
+        .listeners
+        .iter()
+        .partition(|l| static_secrets_ready(&shared, l));
+    for cfg in ready {
         shared
             .applier
             .upsert_listener(&shared, cfg.clone())
@@ -113,11 +120,25 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     let stats = &shared.stats;
     stats.gauge("listener_manager.workers_started").set(1);
     stats.gauge("server.concurrency").set(workers as u64);
+    let warming: Vec<_> = warming.into_iter().cloned().collect();
+    let static_warming = !warming.is_empty();
     match crate::xds::start(&shared) {
-        Ok(true) => tracing::info!(
-            workers,
-            "static listeners started; waiting for their secrets and the initial xDS configuration"
-        ),
+        Ok(true) => {
+            warm_static_listeners(&shared, warming, false);
+            tracing::info!(
+                workers,
+                "static listeners started; waiting for the initial xDS configuration"
+            )
+        }
+        Ok(false)
+            if static_warming || !crate::xds::sds::static_cluster_secrets(&shared).is_empty() =>
+        {
+            warm_static_listeners(&shared, warming, true);
+            tracing::info!(
+                workers,
+                "listeners started but those waiting for SDS secrets; revoy is live once the static listeners' and clusters' secrets are in"
+            );
+        }
         Ok(false) => {
             shared.lifecycle.set_state(ServerState::Live);
             tracing::info!(workers, "all listeners started; revoy is live");
@@ -130,4 +151,81 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     let code = quit_rx.recv().unwrap_or(0);
     shared.applier.stop_listeners(false);
     Ok(code)
+}
+
+/// Whether every SDS secret a static listener's TLS chains use has arrived (asking for one
+/// subscribes to it).
+fn static_secrets_ready(
+    shared: &crate::shared::Shared,
+    l: &crate::config::listener::ListenerConfig,
+) -> bool {
+    l.chains
+        .iter()
+        .chain(&l.default_chain)
+        .filter_map(|c| c.tls.as_ref())
+        .flat_map(|t| t.common.secrets())
+        .all(|r| shared.secrets.cell(r).is_ready())
+}
+
+/// Binds each static listener in `warming` once its secrets have arrived or the shortest
+/// `initial_fetch_timeout` among them passed; with `then_live`, the server turns LIVE after
+/// the last one (a bootstrap without `dynamic_resources`).
+fn warm_static_listeners(
+    shared: &Arc<crate::shared::Shared>,
+    warming: Vec<crate::config::listener::ListenerConfig>,
+    then_live: bool,
+) {
+    let shared = shared.clone();
+    std::thread::Builder::new()
+        .name("revoy-warming".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot wait for the static listeners' secrets");
+                    return;
+                }
+            };
+            rt.block_on(async {
+                for cfg in warming {
+                    let refs: Vec<_> = cfg
+                        .chains
+                        .iter()
+                        .chain(&cfg.default_chain)
+                        .filter_map(|c| c.tls.as_ref())
+                        .flat_map(|t| t.common.secrets().into_iter().cloned())
+                        .collect();
+                    let timeout = refs.iter().filter_map(|r| r.initial_fetch_timeout).min();
+                    let cells: Vec<_> = refs.iter().map(|r| shared.secrets.cell(r)).collect();
+                    let all = async {
+                        for cell in &cells {
+                            cell.ready().await;
+                        }
+                    };
+                    let arrived = match timeout {
+                        Some(t) => tokio::time::timeout(t, all).await.is_ok(),
+                        None => {
+                            all.await;
+                            true
+                        }
+                    };
+                    if !arrived {
+                        tracing::warn!(listener = %cfg.name, "initial_fetch_timeout: SDS secrets did not come; the listener starts without them");
+                    }
+                    let name = cfg.name.clone();
+                    if let Err(e) = shared.applier.upsert_listener(&shared, cfg) {
+                        tracing::error!(listener = %name, error = %e, "a warmed static listener could not be started");
+                    }
+                }
+                if then_live {
+                    // As Envoy's initialization, LIVE waits for the static clusters' secrets too.
+                    let clusters = crate::xds::sds::static_cluster_secrets(&shared);
+                    crate::xds::sds::secrets_arrived(&shared, &clusters).await;
+                    shared.lifecycle.set_state(ServerState::Live);
+                    tracing::info!("the static listeners' and clusters' secrets arrived; revoy is live");
+                }
+            });
+        })
+        .map_err(|e| tracing::error!(error = %e, "cannot start the warming thread"))
+        .ok();
 }

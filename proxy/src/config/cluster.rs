@@ -244,6 +244,8 @@ pub enum UpstreamProtocol {
     Http2,
     /// The downstream connection's protocol.
     UseDownstream,
+    /// `auto_config`: HTTP/2 or HTTP/1.1 as a TLS host's ALPN decides (HTTP/1.1 in plaintext).
+    Auto,
 }
 
 /// Circuit breaker thresholds for one routing priority.
@@ -771,6 +773,30 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         })?),
         None => None,
     };
+    let upstream_options = typed
+        .as_ref()
+        .and_then(|t| t.upstream_http_protocol_options.as_ref());
+    for (set, field, what) in [
+        (
+            upstream_options.is_some_and(|o| o.auto_sni),
+            "auto_sni",
+            "a per-request SNI from the Host header",
+        ),
+        (
+            upstream_options.is_some_and(|o| o.auto_san_validation),
+            "auto_san_validation",
+            "checking the upstream certificate against the per-request SNI",
+        ),
+    ] {
+        if set {
+            return Err(ConfigError::new(
+                format!(
+                    "typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"].upstream_http_protocol_options.{field}"
+                ),
+                format!("{what} is not implemented by revoy"),
+            ));
+        }
+    }
     let protocol = match typed
         .as_ref()
         .and_then(|t| t.upstream_protocol_options.as_ref())
@@ -790,7 +816,7 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         Some(UpstreamProtocolOptions::UseDownstreamProtocolConfig(_)) => {
             UpstreamProtocol::UseDownstream
         }
-        Some(UpstreamProtocolOptions::AutoConfig(_)) => UpstreamProtocol::Http1,
+        Some(UpstreamProtocolOptions::AutoConfig(_)) => UpstreamProtocol::Auto,
         None if c.http2_protocol_options.is_some() => {
             if c.protocol_selection
                 == cluster::ClusterProtocolSelection::UseDownstreamProtocol as i32

@@ -41,6 +41,9 @@ pub enum ControlPlane {
 pub struct AdsConfig {
     /// Where to connect.
     pub target: ControlPlane,
+    /// The static cluster it is reached through (`envoy_grpc`), whose transport socket
+    /// (TLS, for one) the stream uses; `None` for `google_grpc`.
+    pub cluster: Option<String>,
     /// `api_type: DELTA_GRPC` (else `GRPC`, state of the world).
     pub delta: bool,
     /// `set_node_on_first_message_only`.
@@ -174,11 +177,17 @@ fn ads_config(b: &Bootstrap, a: &ApiConfigSource) -> Result<AdsConfig, ConfigErr
             ));
         }
     };
-    let target = match &service.target_specifier {
-        Some(TargetSpecifier::EnvoyGrpc(e)) => cluster_target(b, &e.cluster_name)
-            .map_err(|e| e.within("grpc_services[0].envoy_grpc.cluster_name"))?,
-        Some(TargetSpecifier::GoogleGrpc(g)) => uri_target(&g.target_uri)
-            .map_err(|e| e.within("grpc_services[0].google_grpc.target_uri"))?,
+    let (target, cluster) = match &service.target_specifier {
+        Some(TargetSpecifier::EnvoyGrpc(e)) => (
+            cluster_target(b, &e.cluster_name)
+                .map_err(|e| e.within("grpc_services[0].envoy_grpc.cluster_name"))?,
+            Some(e.cluster_name.clone()),
+        ),
+        Some(TargetSpecifier::GoogleGrpc(g)) => (
+            uri_target(&g.target_uri)
+                .map_err(|e| e.within("grpc_services[0].google_grpc.target_uri"))?,
+            None,
+        ),
         None => {
             return Err(ConfigError::new(
                 "grpc_services[0]",
@@ -194,6 +203,7 @@ fn ads_config(b: &Bootstrap, a: &ApiConfigSource) -> Result<AdsConfig, ConfigErr
     });
     Ok(AdsConfig {
         target,
+        cluster,
         delta,
         set_node_on_first_message_only: a.set_node_on_first_message_only,
         rate_limit,

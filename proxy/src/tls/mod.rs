@@ -85,11 +85,28 @@ fn rotating_secrets(common: &CommonTls, store: &SecretStore) -> Vec<Arc<secrets:
         .collect()
 }
 
-/// A cluster's TLS: the rustls client configuration and the server name sent.
-#[derive(Debug, Clone)]
+/// What an upstream connection will carry, which decides the ALPN it offers when its
+/// context names none (Envoy's ALPN fallback by connection-pool protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carries {
+    /// Bytes for tcp_proxy: only the context's ALPN.
+    Raw,
+    /// HTTP/1.1: `http/1.1`.
+    Http1,
+    /// HTTP/2: `h2`.
+    Http2,
+    /// Either, by what the server picks (`auto_config`): `h2`, `http/1.1`.
+    Auto,
+}
+
+/// A cluster's TLS: the rustls client configurations and the server name sent.
+#[derive(Debug)]
 pub struct ClientContext {
-    /// The rustls client configuration.
-    pub config: Arc<rustls::ClientConfig>,
+    /// The configuration with the context's own ALPN list.
+    config: Arc<rustls::ClientConfig>,
+    /// Without a list of its own: one configuration per [`Carries`] with Envoy's fallback,
+    /// made on first use (most clusters only ever carry one protocol).
+    fallbacks: [std::sync::OnceLock<Arc<rustls::ClientConfig>>; 3],
     /// `sni`.
     pub sni: Option<ServerName<'static>>,
     /// `cluster.<name>.ssl.*`.
@@ -133,9 +150,28 @@ impl ClientContext {
         };
         Some(ClientContext {
             config: Arc::new(config),
+            fallbacks: Default::default(),
             sni,
             stats,
         })
+    }
+
+    /// The configuration for a connection that carries `what`.
+    pub fn config(&self, what: Carries) -> Arc<rustls::ClientConfig> {
+        let (slot, alpn): (usize, &[&[u8]]) = match what {
+            _ if !self.config.alpn_protocols.is_empty() => return self.config.clone(),
+            Carries::Raw => return self.config.clone(),
+            Carries::Http1 => (0, &[b"http/1.1"]),
+            Carries::Http2 => (1, &[b"h2"]),
+            Carries::Auto => (2, &[b"h2", b"http/1.1"]),
+        };
+        self.fallbacks[slot]
+            .get_or_init(|| {
+                let mut config = (*self.config).clone();
+                config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+                Arc::new(config)
+            })
+            .clone()
     }
 
     /// The server name for a connection to `addr`: `sni`, else the address (used for

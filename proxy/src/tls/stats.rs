@@ -171,3 +171,13 @@ pub fn curve_name(g: NamedGroup) -> &'static str {
         _ => "unknown",
     }
 }
+
+impl xds_client::client::HandshakeObserver for TlsStats {
+    fn completed(&self, connection: &CommonState) {
+        self.handshake_done(connection);
+    }
+
+    fn failed(&self, error: &std::io::Error) {
+        self.handshake_failed(error);
+    }
+}

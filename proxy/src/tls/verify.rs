@@ -12,10 +12,10 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, Error, SignatureScheme};
 use webpki::{EndEntityCert, KeyUsage, RevocationCheckDepth, RevocationOptionsBuilder};
-use x509_parser::extensions::GeneralName;
 
 use super::secrets::SecretCell;
 use super::stats::{TlsStats, VerifyFailure};
+use super::x509::SubjectAltName;
 use crate::config::tls::common::{ValidationSpec, combine};
 use crate::config::tls::secret::SecretValue;
 use crate::config::tls::validation::{self, SanKind, Validation};
@@ -166,36 +166,22 @@ fn chain_error(e: webpki::Error) -> CertificateError {
     }
 }
 
-/// Whether one of the certificate's subject alternative names matches one matcher.
+/// Whether one of the certificate's subject alternative names (as Envoy writes them)
+/// matches one matcher.
 fn sans_match(v: &Validation, der: &CertificateDer<'_>) -> bool {
-    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+    let Ok(info) = super::x509::parse(der) else {
         return false;
     };
-    let Ok(Some(ext)) = cert.subject_alternative_name() else {
-        return false;
-    };
-    ext.value.general_names.iter().any(|name| {
-        let (kind, value) = match name {
-            GeneralName::DNSName(s) => (SanKind::Dns, (*s).to_owned()),
-            GeneralName::URI(s) => (SanKind::Uri, (*s).to_owned()),
-            GeneralName::RFC822Name(s) => (SanKind::Email, (*s).to_owned()),
-            GeneralName::IPAddress(b) => match ip_text(b) {
-                Some(ip) => (SanKind::Ip, ip),
-                None => return false,
-            },
-            _ => return false,
+    info.sans.iter().any(|san| {
+        let kind = match san {
+            SubjectAltName::Dns(_) => SanKind::Dns,
+            SubjectAltName::Uri(_) => SanKind::Uri,
+            SubjectAltName::Email(_) => SanKind::Email,
+            SubjectAltName::Ip(_) => SanKind::Ip,
         };
-        v.sans.iter().any(|m| m.matches(kind, &value))
+        let text = san.to_string();
+        v.sans.iter().any(|m| m.matches(kind, &text))
     })
-}
-
-/// An IP SAN's bytes as text.
-fn ip_text(b: &[u8]) -> Option<String> {
-    match b.len() {
-        4 => Some(std::net::Ipv4Addr::from(<[u8; 4]>::try_from(b).ok()?).to_string()),
-        16 => Some(std::net::Ipv6Addr::from(<[u8; 16]>::try_from(b).ok()?).to_string()),
-        _ => None,
-    }
 }
 
 /// Whether the certificate's SHA-256 or its public key's is pinned.

@@ -17,7 +17,7 @@ use crate::config::cluster::{
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
 use crate::tls::stats::TlsStats;
-use crate::tls::{ClientContext, SecretStore};
+use crate::tls::{Carries, ClientContext, SecretStore};
 
 use super::error::UpstreamError;
 use super::host::{Host, HostTransport};
@@ -229,8 +229,9 @@ impl Cluster {
         self.initialized.send_replace(true);
     }
 
-    fn connect_options(&self) -> ConnectOptions<'_> {
+    fn connect_options(&self, carries: Carries) -> ConnectOptions<'_> {
         ConnectOptions {
+            carries,
             timeout: self.config.connect_timeout,
             source: self.config.source_address,
             idle_timeout: self.config.idle_timeout,
@@ -345,16 +346,18 @@ impl Cluster {
             return Err(UpstreamError::Overflow);
         }
         let _active = ActiveRequest::new(&host, &self.stats);
-        let h2 = match self.config.protocol {
-            UpstreamProtocol::Http1 => false,
-            UpstreamProtocol::Http2 => true,
-            UpstreamProtocol::UseDownstream => ctx.downstream_h2,
+        let carries = match self.config.protocol {
+            UpstreamProtocol::Http1 => Carries::Http1,
+            UpstreamProtocol::Http2 => Carries::Http2,
+            UpstreamProtocol::UseDownstream if ctx.downstream_h2 => Carries::Http2,
+            UpstreamProtocol::UseDownstream => Carries::Http1,
+            UpstreamProtocol::Auto => Carries::Auto,
         };
-        let opts = self.connect_options();
-        let result = if h2 {
-            pool::send_h2(&host, opts, req).await
-        } else {
-            pool::send_h1(&host, opts, req).await
+        let opts = self.connect_options(carries);
+        let result = match carries {
+            Carries::Http2 => pool::send_h2(&host, opts, req).await,
+            Carries::Auto => pool::send_auto(&host, opts, req).await,
+            _ => pool::send_h1(&host, opts, req).await,
         };
         let mut result = result;
         if ctx.report_host
@@ -405,7 +408,8 @@ impl Cluster {
         // Envoy's TCP connection pool counts each proxied connection as a request that
         // waited for a new upstream connection.
         self.stats.upstream_rq_pending_total.inc();
-        let (stream, active) = match pool::connect(&host, self.connect_options()).await {
+        let (stream, active) = match pool::connect(&host, self.connect_options(Carries::Raw)).await
+        {
             Ok(connected) => connected,
             Err(e) => {
                 host.stats.rq_error.fetch_add(1, Ordering::Relaxed);

@@ -23,7 +23,7 @@ use super::host::{Host, HostTransport};
 use super::io::UpstreamIo;
 use super::response::UpstreamBody;
 use super::stats::ClusterStats;
-use crate::tls::ClientContext;
+use crate::tls::{Carries, ClientContext};
 
 /// Connection settings from the cluster config.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +39,8 @@ pub(crate) struct ConnectOptions<'a> {
     /// The `max_pending_requests` circuit breaker: requests waiting for a connection.
     pub max_pending_requests: u32,
     pub stats: &'a Arc<ClusterStats>,
+    /// What the connections carry (the ALPN a TLS host is offered when its context names none).
+    pub carries: Carries,
 }
 
 /// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive.
@@ -110,6 +112,9 @@ pub(crate) struct Pool {
     h2_connecting: tokio::sync::Mutex<()>,
     /// The host left its cluster (or the cluster went away): connections are no longer kept.
     retired: std::sync::atomic::AtomicBool,
+    /// `auto_config`: the protocol the host's first TLS handshake chose (0: not yet, 1:
+    /// HTTP/1.1, 2: HTTP/2).
+    negotiated: std::sync::atomic::AtomicU8,
 }
 
 impl std::fmt::Debug for Pool {
@@ -191,7 +196,7 @@ pub(crate) async fn connect(
     let _ = stream.set_nodelay(true);
     let stream = match &host.transport {
         HostTransport::Tls(tls) => UpstreamIo::Tls(Box::new(
-            handshake(tls, stream, addr, opts.timeout)
+            handshake(tls, opts.carries, stream, addr, opts.timeout)
                 .await
                 .map_err(fail)?,
         )),
@@ -212,11 +217,12 @@ pub(crate) async fn connect(
 /// `ssl.*` stats.
 async fn handshake(
     tls: &ClientContext,
+    carries: Carries,
     stream: TcpStream,
     addr: SocketAddr,
     timeout: Duration,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
-    let connector = tokio_rustls::TlsConnector::from(tls.config.clone());
+    let connector = tokio_rustls::TlsConnector::from(tls.config(carries));
     let outcome =
         tokio::time::timeout(timeout, connector.connect(tls.server_name(addr), stream)).await;
     match outcome {
@@ -409,6 +415,16 @@ async fn open_h2(
         return Ok((s, false));
     }
     let (stream, active) = connect(host, opts).await?;
+    Ok((start_h2(host, opts, stream, active).await?, true))
+}
+
+/// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection.
+async fn start_h2(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+    stream: UpstreamIo,
+    active: ActiveConnection,
+) -> Result<http2::SendRequest<Body>, UpstreamError> {
     opts.stats.upstream_cx_http2_total.inc();
     let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
         .handshake::<_, Body>(TokioIo::new(stream))
@@ -419,7 +435,42 @@ async fn open_h2(
         drop(active);
     });
     host.pool.h2.store(Some(Arc::new(sender.clone())));
-    Ok((sender, true))
+    Ok(sender)
+}
+
+/// Sends `req` over HTTP/2 or HTTP/1.1 as the host's TLS handshake decides (`auto_config`:
+/// ALPN `h2` or `http/1.1`; a plaintext host speaks HTTP/1.1). The first connection to the
+/// host decides for the ones after it.
+pub(crate) async fn send_auto(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+    req: Request<Body>,
+) -> Result<Response<UpstreamBody>, UpstreamError> {
+    const UNKNOWN: u8 = 0;
+    const HTTP1: u8 = 1;
+    const HTTP2: u8 = 2;
+    match host.pool.negotiated.load(Ordering::Relaxed) {
+        HTTP2 => return send_h2(host, opts, req).await,
+        HTTP1 => return send_h1(host, opts, req).await,
+        _ if !matches!(host.transport, HostTransport::Tls(_)) => {
+            host.pool.negotiated.store(HTTP1, Ordering::Relaxed);
+            return send_h1(host, opts, req).await;
+        }
+        _ => {}
+    }
+    let (stream, active) = Box::pin(connect(host, opts)).await?;
+    if stream.alpn() == Some(b"h2") {
+        host.pool.negotiated.store(HTTP2, Ordering::Relaxed);
+        Box::pin(start_h2(host, opts, stream, active)).await?;
+        send_h2(host, opts, req).await
+    } else {
+        if host.pool.negotiated.load(Ordering::Relaxed) == UNKNOWN {
+            host.pool.negotiated.store(HTTP1, Ordering::Relaxed);
+        }
+        opts.stats.upstream_cx_http1_total.inc();
+        release_h1(host, h1::Connection::new(stream, active), opts.max_requests);
+        send_h1(host, opts, req).await
+    }
 }
 
 /// HTTP/1.1 wants origin-form with a Host header.

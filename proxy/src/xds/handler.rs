@@ -845,7 +845,7 @@ impl ProxyHandler {
 }
 
 /// The SDS secrets a listener's TLS chains use.
-pub(crate) fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
+fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
     cfg.chains
         .iter()
         .chain(&cfg.default_chain)

@@ -12,11 +12,13 @@ mod waiting;
 
 use std::sync::Arc;
 
-use xds_client::client::{self, Client, Mode, RateLimit, Transport};
+use xds_client::client::{self, Client, Mode, RateLimit, TlsConnect, Transport};
 
 use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
-use crate::lifecycle::ServerState;
+use crate::config::upstream_transport::Socket;
 use crate::shared::Shared;
+use crate::tls::stats::TlsStats;
+use crate::tls::{Carries, ClientContext};
 use handler::ProxyHandler;
 
 /// The proxy's xDS machinery, for admin (`/xds`, `/config_dump`, `/init_dump`).
@@ -32,13 +34,18 @@ const PUSH_LOG_LEN: usize = 64;
 
 /// Starts xDS for the bootstrap's `dynamic_resources`, and SDS for the secrets the static
 /// listeners and clusters name; answers whether start-up waits for it (the server turns LIVE
-/// once the static resources' secrets have arrived and the initial fetch is done).
+/// when the initial fetch is done).
 pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
     let dynamic = shared.bootstrap.dynamic.clone();
-    let needs_sds = !sds::static_secrets(shared).is_empty();
+    let needs_sds = shared
+        .secrets
+        .sources()
+        .iter()
+        .any(|s| *s != crate::config::tls::sds::SecretSource::Static);
     if dynamic.is_none() && !needs_sds {
         return Ok(false);
     }
+    let waits = dynamic.is_some();
     let shared = shared.clone();
     std::thread::Builder::new()
         .name("revoy-xds".into())
@@ -56,20 +63,13 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
             rt.block_on(async move {
                 match dynamic {
                     Some(dynamic) => run(&shared, dynamic),
-                    None => {
-                        sds::follow(shared.clone(), None);
-                        sds::static_secrets_arrived(&shared).await;
-                        shared.lifecycle.set_state(ServerState::Live);
-                        tracing::info!(
-                            "the static listeners' and clusters' secrets arrived; revoy is live"
-                        );
-                    }
+                    None => sds::follow(shared, None),
                 }
                 std::future::pending::<()>().await;
             });
         })
         .map_err(|e| format!("cannot start the xDS thread: {e}"))?;
-    Ok(true)
+    Ok(waits)
 }
 
 /// Sets up the client and file watchers on the xDS runtime and starts the initial fetch.
@@ -78,7 +78,13 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
     let client = dynamic
         .ads
         .as_ref()
-        .map(|ads| client::start(client_config(shared, ads), handler.clone()));
+        .and_then(|ads| match client_config(shared, ads) {
+            Ok(config) => Some(client::start(config, handler.clone())),
+            Err(e) => {
+                tracing::error!("dynamic_resources.ads_config: {e}; no ADS stream");
+                None
+            }
+        });
     if let Some(c) = &client {
         handler.set_client(c.clone());
     }
@@ -100,23 +106,61 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
         }
     }
     // As Envoy's cluster manager initializes the static clusters (their secrets included)
-    // before CDS, the initial fetch starts once the static resources' secrets are in.
+    // before CDS, the initial fetch starts once the static clusters' secrets are in.
     let shared = shared.clone();
     tokio::spawn(async move {
-        sds::static_secrets_arrived(&shared).await;
+        sds::secrets_arrived(&shared, &sds::static_cluster_secrets(&shared)).await;
         handler.begin();
     });
 }
 
-fn client_config(shared: &Shared, ads: &AdsConfig) -> client::Config {
+/// How to reach a control plane at `target` through the static cluster `cluster` (if any):
+/// over TLS when the cluster's transport socket is an `UpstreamTlsContext` (offering `h2`
+/// when it names no ALPN), else in plaintext.
+pub(crate) fn transport(
+    shared: &Shared,
+    target: &ControlPlane,
+    cluster: Option<&str>,
+) -> Result<Transport, String> {
+    let tls = cluster
+        .and_then(|name| shared.bootstrap.clusters.iter().find(|c| c.name == name))
+        .and_then(|c| match c.transport.sockets().first() {
+            Some(Socket::Tls(spec)) => Some((c, spec.clone())),
+            _ => None,
+        });
+    match (target, tls) {
+        (ControlPlane::Tcp(addr), None) => Ok(Transport::Tcp(*addr)),
+        (ControlPlane::Unix(path), None) => Ok(Transport::Unix(path.clone())),
+        (ControlPlane::Unix(_), Some((c, _))) => Err(format!(
+            "cluster '{}': TLS over a pipe to the control plane is not implemented by revoy",
+            c.name
+        )),
+        (ControlPlane::Tcp(addr), Some((c, spec))) => {
+            let stats = TlsStats::new(&shared.stats, &format!("cluster.{}.", c.observability_name));
+            let ctx = ClientContext::new(&spec, &shared.secrets, stats).ok_or_else(|| {
+                format!(
+                    "cluster '{}': tls_params allow no TLS version revoy implements",
+                    c.name
+                )
+            })?;
+            Ok(Transport::Tls(
+                *addr,
+                TlsConnect {
+                    config: ctx.config(Carries::Http2),
+                    server_name: ctx.server_name(*addr),
+                    observer: Some(Arc::new(ctx.stats.clone())),
+                },
+            ))
+        }
+    }
+}
+
+fn client_config(shared: &Shared, ads: &AdsConfig) -> Result<client::Config, String> {
     let node = crate::load::effective_node(
         shared.bootstrap.proto.decode().node.as_ref(),
         &shared.options,
     );
-    let transport = match &ads.target {
-        ControlPlane::Tcp(addr) => Transport::Tcp(*addr),
-        ControlPlane::Unix(path) => Transport::Unix(path.clone()),
-    };
+    let transport = transport(shared, &ads.target, ads.cluster.as_deref())?;
     let mode = if ads.delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);
     config.set_node_on_first_message_only = ads.set_node_on_first_message_only;
@@ -125,5 +169,5 @@ fn client_config(shared: &Shared, ads: &AdsConfig) -> client::Config {
         fill_rate,
     });
     config.push_log_len = PUSH_LOG_LEN;
-    config
+    Ok(config)
 }

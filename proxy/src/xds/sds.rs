@@ -11,10 +11,10 @@ use std::time::SystemTime;
 
 use prost::Message;
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
-use xds_client::client::{self, Client, Mode, Service, Transport};
+use xds_client::client::{self, Client, Mode, Service};
 use xds_client::{Applied, Handler, Rejected, SECRET_TYPE_URL, Update};
 
-use crate::config::dynamic::{ControlPlane, cluster_target};
+use crate::config::dynamic::cluster_target;
 use crate::config::tls::sds::SecretSource;
 use crate::config::{Context, SystemIo};
 use crate::shared::Shared;
@@ -139,24 +139,23 @@ pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
     });
 }
 
-/// The secrets the bootstrap's static listeners and clusters wait for (those SDS delivers).
-pub fn static_secrets(shared: &Shared) -> Vec<crate::config::tls::sds::SecretRef> {
-    let b = &shared.bootstrap;
-    b.listeners
+/// The secrets the bootstrap's static clusters wait for (those SDS delivers).
+pub fn static_cluster_secrets(shared: &Shared) -> Vec<crate::config::tls::sds::SecretRef> {
+    shared
+        .bootstrap
+        .clusters
         .iter()
-        .flat_map(super::handler::listener_secrets)
-        .chain(b.clusters.iter().flat_map(super::handler::cluster_secrets))
+        .flat_map(super::handler::cluster_secrets)
         .filter(|r| r.source != SecretSource::Static)
         .collect()
 }
 
-/// Waits until every one of [`static_secrets`] has arrived, each for at most its
-/// `initial_fetch_timeout` (none: for ever), as Envoy's initialization waits for them before
-/// the server is LIVE.
-pub async fn static_secrets_arrived(shared: &Shared) {
+/// Waits until every one of `secrets` has arrived, each for at most its
+/// `initial_fetch_timeout` (none: for ever), as Envoy's initialization waits for them.
+pub async fn secrets_arrived(shared: &Shared, secrets: &[crate::config::tls::sds::SecretRef]) {
     let start = tokio::time::Instant::now();
-    for r in static_secrets(shared) {
-        let cell = shared.secrets.cell(&r);
+    for r in secrets {
+        let cell = shared.secrets.cell(r);
         match r.initial_fetch_timeout {
             None => cell.ready().await,
             Some(timeout) => {
@@ -179,10 +178,8 @@ fn stream(
     source: &SecretSource,
 ) -> Result<Client, String> {
     let bootstrap = shared.bootstrap.proto.decode();
-    let transport = match cluster_target(&bootstrap, cluster).map_err(|e| e.message)? {
-        ControlPlane::Tcp(addr) => Transport::Tcp(addr),
-        ControlPlane::Unix(path) => Transport::Unix(path),
-    };
+    let target = cluster_target(&bootstrap, cluster).map_err(|e| e.message)?;
+    let transport = super::transport(shared, &target, Some(cluster))?;
     let node = crate::load::effective_node(bootstrap.node.as_ref(), &shared.options);
     let mode = if delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);

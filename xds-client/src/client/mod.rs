@@ -29,7 +29,7 @@ use tokio::task::AbortHandle;
 pub use backoff::Backoff;
 pub use rate_limit::RateLimit;
 pub use resource_name::{NameError, name_of as resource_name};
-pub use transport::Transport;
+pub use transport::{HandshakeObserver, TlsConnect, Transport};
 
 use engine::Engine;
 use shared::Shared;

@@ -1,7 +1,8 @@
-//! The gRPC channel to the control plane: plaintext HTTP/2 over TCP or a unix socket, with
-//! HTTP/2 keep-alive.
+//! The gRPC channel to the control plane: HTTP/2 over TCP (plaintext or TLS) or a unix
+//! socket, with HTTP/2 keep-alive.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -16,10 +17,6 @@ const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the control plane listens.
-///
-/// Both variants are plaintext. TLS to the control plane (istiod's 15012) is a later
-/// addition: a `Tls` variant carrying a rustls client config, whose connector would wrap the
-/// TCP stream before handing it to [`Endpoint::connect_with_connector`] as the unix one does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
     /// Plaintext HTTP/2 to an address.
@@ -27,7 +24,38 @@ pub enum Transport {
     /// Plaintext HTTP/2 over a unix socket (Istio's pilot-agent proxies istiod at
     /// `./etc/istio/proxy/XDS`).
     Unix(PathBuf),
+    /// HTTP/2 over TLS to an address (a control plane such as istiod's 15012, reached
+    /// directly through an xDS cluster with a TLS transport socket).
+    Tls(std::net::SocketAddr, TlsConnect),
 }
+
+/// Told how each TLS handshake with the control plane went (the proxy counts its `ssl.*`
+/// stats).
+pub trait HandshakeObserver: Send + Sync + std::fmt::Debug {
+    /// A handshake completed.
+    fn completed(&self, connection: &tokio_rustls::rustls::CommonState);
+    /// A handshake failed.
+    fn failed(&self, error: &std::io::Error);
+}
+
+/// How the TLS connection to the control plane is made.
+#[derive(Debug, Clone)]
+pub struct TlsConnect {
+    /// The rustls client configuration (its ALPN should offer `h2`).
+    pub config: Arc<tokio_rustls::rustls::ClientConfig>,
+    /// The server name sent and checked.
+    pub server_name: tokio_rustls::rustls::pki_types::ServerName<'static>,
+    /// Told of each handshake.
+    pub observer: Option<Arc<dyn HandshakeObserver>>,
+}
+
+impl PartialEq for TlsConnect {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config) && self.server_name == other.server_name
+    }
+}
+
+impl Eq for TlsConnect {}
 
 fn endpoint(uri: String) -> Result<Endpoint, Error> {
     Ok(Endpoint::from_shared(uri)?
@@ -49,6 +77,29 @@ pub(super) async fn connect(transport: &Transport) -> Result<Channel, Error> {
                 async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
             });
             endpoint("http://localhost".to_string())?
+                .connect_with_connector(connector)
+                .await
+        }
+        Transport::Tls(address, tls) => {
+            let (address, tls) = (*address, tls.clone());
+            let connector = tower::service_fn(move |_: Uri| {
+                let tls = tls.clone();
+                async move {
+                    let tcp = tokio::net::TcpStream::connect(address).await?;
+                    tcp.set_nodelay(true)?;
+                    let stream = tokio_rustls::TlsConnector::from(tls.config)
+                        .connect(tls.server_name, tcp)
+                        .await;
+                    if let Some(observer) = &tls.observer {
+                        match &stream {
+                            Ok(s) => observer.completed(s.get_ref().1),
+                            Err(e) => observer.failed(e),
+                        }
+                    }
+                    Ok::<_, std::io::Error>(TokioIo::new(stream?))
+                }
+            });
+            endpoint(format!("http://{address}"))?
                 .connect_with_connector(connector)
                 .await
         }

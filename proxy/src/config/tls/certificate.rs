@@ -47,8 +47,12 @@ pub fn compile(ctx: &Context<'_>, cert: &TlsCertificate) -> Result<Certificate, 
         CHAIN,
     )?;
     let key = source::private_key(&source::data(ctx, cert.private_key.as_ref(), KEY)?, KEY)?;
+    let mut certified = certified_key(chain, key)?;
+    if cert.ocsp_staple.is_some() {
+        certified.ocsp = Some(source::data(ctx, cert.ocsp_staple.as_ref(), "ocsp_staple")?);
+    }
     Ok(Certificate {
-        key: Arc::new(certified_key(chain, key)?),
+        key: Arc::new(certified),
         origin: origin(cert.certificate_chain.as_ref()),
     })
 }

@@ -128,9 +128,22 @@ const CURVES: &[(&str, &dyn SupportedKxGroup)] = &[
 const DEFAULT_CURVES: &[&str] = &["X25519", "P-256"];
 
 /// Compiles `tls_params` (absent: Envoy's defaults for `side`). Errors name fields relative to
-/// `tls_params`.
+/// `tls_params`. Contexts with Envoy's defaults (nearly all) share one provider per side.
 pub fn compile(params: Option<&TlsParameters>, side: Side) -> Result<Params, ConfigError> {
-    let p = params.cloned().unwrap_or_default();
+    static SERVER: LazyLock<Params> =
+        LazyLock::new(|| build(&TlsParameters::default(), Side::Server).expect("defaults compile"));
+    static CLIENT: LazyLock<Params> =
+        LazyLock::new(|| build(&TlsParameters::default(), Side::Client).expect("defaults compile"));
+    match params {
+        Some(p) if *p != TlsParameters::default() => build(p, side),
+        _ => Ok(match side {
+            Side::Server => SERVER.clone(),
+            Side::Client => CLIENT.clone(),
+        }),
+    }
+}
+
+fn build(p: &TlsParameters, side: Side) -> Result<Params, ConfigError> {
     let min = if p.tls_minimum_protocol_version == 0 {
         3
     } else {
