@@ -13,8 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::server::Acceptor;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
@@ -36,21 +37,56 @@ struct Chain {
     kind: ChainKind,
 }
 
-/// A chain's TLS termination: the acceptor (its resolvers read the live secrets) and the
-/// listener's `ssl.*` stats.
+/// A chain's TLS termination: the rustls configuration (its resolvers read the live
+/// secrets) and the listener's `ssl.*` stats.
 struct Tls {
-    acceptor: TlsAcceptor,
+    config: Arc<rustls::ServerConfig>,
+    /// The same configuration without ALPN, for a client whose ALPN offer has none of the
+    /// chain's protocols: Envoy then goes on without ALPN (Istio's clients offer
+    /// `istio-http/1.1` to chains of `h2, http/1.1`), where rustls would refuse the handshake.
+    /// `None` when the chain has no ALPN.
+    without_alpn: Option<Arc<rustls::ServerConfig>>,
     stats: TlsStats,
 }
 
 impl Tls {
+    fn new(config: Arc<rustls::ServerConfig>, stats: TlsStats) -> Self {
+        let without_alpn = (!config.alpn_protocols.is_empty()).then(|| {
+            let mut plain = (*config).clone();
+            plain.alpn_protocols.clear();
+            Arc::new(plain)
+        });
+        Tls {
+            config,
+            without_alpn,
+            stats,
+        }
+    }
+
     /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
     async fn accept(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream)).await {
+        let handshake = async {
+            let Some(without_alpn) = &self.without_alpn else {
+                return TlsAcceptor::from(self.config.clone()).accept(stream).await;
+            };
+            let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+            let ours = &self.config.alpn_protocols;
+            let shares_one = start
+                .client_hello()
+                .alpn()
+                .is_none_or(|mut offered| offered.any(|p| ours.iter().any(|o| o == p)));
+            let config = if shares_one {
+                &self.config
+            } else {
+                without_alpn
+            };
+            start.into_stream(config.clone()).await
+        };
+        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
             Ok(Ok(s)) => {
                 self.stats.handshake_done(s.get_ref().1);
                 Some(s)
@@ -61,7 +97,6 @@ impl Tls {
                 None
             }
             Err(_) => {
-                self.stats.connection_error.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");
                 None
             }
@@ -120,10 +155,7 @@ impl Listener {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
             let config = crate::tls::server_config(spec, secrets, stats.clone())?;
-            Some(Tls {
-                acceptor: TlsAcceptor::from(config),
-                stats,
-            })
+            Some(Tls::new(config, stats))
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());

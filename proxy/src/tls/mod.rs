@@ -5,6 +5,7 @@
 
 pub mod certs;
 pub mod secrets;
+pub mod sessions;
 pub mod stats;
 pub mod verify;
 pub mod x509;
@@ -15,7 +16,9 @@ use rustls::client::Resumption;
 use rustls::pki_types::{ServerName, SignatureVerificationAlgorithm};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 
+use crate::config::tls::common::CommonTls;
 use crate::config::tls::downstream::ServerTls;
+use crate::config::tls::sds::SecretSource;
 use crate::config::tls::upstream::ClientTls;
 pub use secrets::SecretStore;
 use stats::TlsStats;
@@ -47,24 +50,39 @@ pub fn server_config(
             provider: params.provider.clone(),
         })),
     };
-    let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates(
-        certs::LiveCertificates::bind(&spec.common.certificates, store),
-    )));
+    let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates {
+        certificates: certs::LiveCertificates::bind(&spec.common.certificates, store),
+        full_scan: spec.full_scan_certs_on_sni_mismatch,
+    }));
     config.alpn_protocols = spec.common.alpn.clone();
-    if spec.tickets
-        && let Ok(ticketer) = rustls::crypto::ring::Ticketer::new()
-    {
-        config.ticketer = ticketer;
+    // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
+    let rotating = rotating_secrets(&spec.common, store);
+    if spec.tickets {
+        if !rotating.is_empty() {
+            config.ticketer = Arc::new(sessions::Tickets::new(rotating.clone()));
+        } else if let Ok(ticketer) = rustls::crypto::ring::Ticketer::new() {
+            config.ticketer = ticketer;
+        }
     }
-    config.session_storage = if spec.session_cache {
-        ServerSessionMemoryCache::new(1024)
-    } else {
-        Arc::new(NoServerSessionStorage {})
+    config.session_storage = match (spec.session_cache, rotating.is_empty()) {
+        (false, _) => Arc::new(NoServerSessionStorage {}),
+        (true, true) => ServerSessionMemoryCache::new(1024),
+        (true, false) => Arc::new(sessions::ServerSessions::new(rotating)),
     };
     if !spec.tickets && !spec.session_cache {
         config.send_tls13_tickets = 0;
     }
     Some(Arc::new(config))
+}
+
+/// The cells of the secrets of `common` that SDS delivers (and may rotate).
+fn rotating_secrets(common: &CommonTls, store: &SecretStore) -> Vec<Arc<secrets::SecretCell>> {
+    common
+        .secrets()
+        .into_iter()
+        .filter(|r| r.source != SecretSource::Static)
+        .map(|r| store.cell(r))
+        .collect()
 }
 
 /// What an upstream connection will carry, which decides the ALPN it offers when its
@@ -113,10 +131,17 @@ impl ClientContext {
             certs::LiveCertificates::bind(&spec.common.certificates, store),
         )));
         config.alpn_protocols = spec.common.alpn.clone();
+        let rotating = rotating_secrets(&spec.common, store);
         config.resumption = if spec.max_session_keys == 0 {
             Resumption::disabled()
-        } else {
+        } else if rotating.is_empty() {
             Resumption::in_memory_sessions(spec.max_session_keys)
+        } else {
+            // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
+            Resumption::store(Arc::new(sessions::ClientSessions::new(
+                rotating,
+                spec.max_session_keys,
+            )))
         };
         config.enable_sni = spec.sni.is_some();
         let sni = match &spec.sni {

@@ -231,16 +231,13 @@ async fn handshake(
             Ok(s)
         }
         Ok(Err(e)) => {
-            tls.stats.connection_error.inc();
+            tls.stats.handshake_failed(&e);
             Err(UpstreamError::TlsFailure {
                 host: addr,
                 reason: crate::tls::failure_reason(&e),
             })
         }
-        Err(_) => {
-            tls.stats.connection_error.inc();
-            Err(UpstreamError::ConnectTimeout { host: addr })
-        }
+        Err(_) => Err(UpstreamError::ConnectTimeout { host: addr }),
     }
 }
 

@@ -854,7 +854,7 @@ fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
 }
 
 /// The SDS secrets a cluster's TLS transport sockets use.
-fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
+pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
     cfg.transport
         .sockets()
         .iter()
