@@ -55,7 +55,7 @@ const ROTATIONS: usize = 3;
 const REQUESTS_PER_CERTIFICATE: u64 = 60;
 
 /// The longest any wait of the test lasts.
-const WAIT: Duration = Duration::from_secs(15);
+const WAIT: Duration = Duration::from_secs(30);
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
