@@ -1,13 +1,14 @@
 //! Copies envoy-types' FileDescriptorSet (not exported by the crate) into OUT_DIR, without
 //! its source code info (comments and source locations: half the bytes, and nothing revoy
-//! reads).
+//! reads). The files are cut at the wire level: decoding them into `prost_types` would drop
+//! the extensions in their options (`udpa.annotations.sensitive`, which `/config_dump`
+//! redaction reads).
 //!
 //! The crate is pinned (`=0.7.7` in the workspace), so its sources are found in cargo's
 //! registry first. `cargo metadata` is the fallback (vendored or path sources); it runs without
 //! `--offline` when the offline call fails, because on a fresh machine a partial build (say
 //! `cargo run -p revoy`) has not downloaded every package of the workspace yet.
 use prost::Message;
-use prost_types::FileDescriptorSet;
 use std::{
     env, fs,
     path::{Path, PathBuf},
@@ -78,11 +79,60 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     let fds = from_registry().unwrap_or_else(from_metadata);
     let bytes = fs::read(&fds).unwrap_or_else(|e| panic!("read {}: {e}", fds.display()));
-    let mut set = FileDescriptorSet::decode(bytes.as_slice()).expect("a FileDescriptorSet");
+    let mut set = EncodedSet::decode(bytes.as_slice()).expect("a FileDescriptorSet");
     for file in &mut set.file {
-        file.source_code_info = None;
+        *file = without_field(file, SOURCE_CODE_INFO);
     }
     let dest = PathBuf::from(env::var("OUT_DIR").unwrap()).join("envoy_types.bin");
     fs::write(&dest, set.encode_to_vec())
         .unwrap_or_else(|e| panic!("write {}: {e}", dest.display()));
+}
+
+/// A FileDescriptorSet with its files still encoded.
+#[derive(Clone, PartialEq, prost::Message)]
+struct EncodedSet {
+    #[prost(bytes = "vec", repeated, tag = "1")]
+    file: Vec<Vec<u8>>,
+}
+
+/// `FileDescriptorProto.source_code_info`.
+const SOURCE_CODE_INFO: u64 = 9;
+
+/// `message` (encoded) without its top-level field `number`; every other byte as it was.
+fn without_field(message: &[u8], number: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len());
+    let mut rest = message;
+    while !rest.is_empty() {
+        let field = rest;
+        let key = varint(&mut rest);
+        let len = match key & 7 {
+            0 => {
+                varint(&mut rest);
+                0
+            }
+            1 => 8,
+            2 => usize::try_from(varint(&mut rest)).expect("a length fits usize"),
+            5 => 4,
+            wire => panic!("wire type {wire} in a FileDescriptorProto"),
+        };
+        rest = &rest[len..];
+        if key >> 3 != number {
+            out.extend_from_slice(&field[..field.len() - rest.len()]);
+        }
+    }
+    out
+}
+
+/// Reads a varint off the front of `bytes`.
+fn varint(bytes: &mut &[u8]) -> u64 {
+    let mut value = 0;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first().expect("a complete varint");
+        *bytes = rest;
+        value |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    value
 }

@@ -192,6 +192,15 @@ impl Codec {
         self.bytes_to_json("google.protobuf.Any", &any.encode_to_vec())
     }
 
+    /// Redacts `value`, the JSON of a `full_name` message, as Envoy's admin dumps do: every
+    /// field marked `udpa.annotations.sensitive` (private keys, passwords, generic secrets),
+    /// and everything under one, loses its value.
+    pub fn redact(&self, full_name: &str, value: &mut Value) {
+        if let Some(desc) = self.pool.get_message_by_name(full_name) {
+            crate::redact::Redactor::new(&self.pool).message(&desc, value, false);
+        }
+    }
+
     fn bytes_to_json(&self, full_name: &str, bytes: &[u8]) -> Value {
         let desc = self.descriptor(full_name);
         let options = SerializeOptions::new().use_proto_field_name(true);

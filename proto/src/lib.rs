@@ -8,6 +8,7 @@ mod any;
 mod codec;
 mod encoded;
 mod pool;
+mod redact;
 mod typed_struct;
 
 pub use any::{UnpackError, extension_type, pack, type_name_of, unpack};

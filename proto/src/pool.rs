@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use bytes::Bytes;
 use prost::Message;
 use prost_reflect::DescriptorPool;
-use prost_types::{FileDescriptorProto, FileDescriptorSet};
+use prost_types::FileDescriptorProto;
 
 static ENVOY_FDS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_types.bin"));
 
@@ -55,11 +55,12 @@ enum Source {
 }
 
 impl Source {
-    fn decode(&self) -> FileDescriptorProto {
+    /// The file, encoded (as embedded: its options keep their extensions, such as
+    /// `udpa.annotations.sensitive`, which decoding into `prost_types` would drop).
+    fn encoded(&self) -> Bytes {
         match self {
-            Source::Embedded(bytes) => FileDescriptorProto::decode(bytes.clone())
-                .expect("envoy-types ships valid descriptors"),
-            Source::Built(file) => (**file).clone(),
+            Source::Embedded(bytes) => bytes.clone(),
+            Source::Built(file) => Bytes::from(file.encode_to_vec()),
         }
     }
 }
@@ -170,13 +171,15 @@ pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
     for i in wanted {
         keep[i] = true;
     }
-    let chosen: Vec<FileDescriptorProto> = files
-        .sources
-        .iter()
-        .zip(keep)
-        .filter(|(_, k)| *k)
-        .map(|(f, _)| f.decode())
-        .collect();
-    DescriptorPool::from_file_descriptor_set(FileDescriptorSet { file: chosen })
+    let chosen = EncodedSet {
+        file: files
+            .sources
+            .iter()
+            .zip(keep)
+            .filter(|(_, k)| *k)
+            .map(|(f, _)| f.encoded())
+            .collect(),
+    };
+    DescriptorPool::decode(chosen.encode_to_vec().as_slice())
         .expect("a dependency-closed subset of envoy-types' descriptors is valid")
 }

@@ -88,18 +88,21 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         &mut routes,
         eds.as_mut(),
     );
-    let mut configs = vec![
-        pack(&bootstrap),
-        pack(&clusters),
-        pack(&listeners),
-        pack(&routes),
-    ];
+    // Envoy's order: bootstrap, clusters, endpoints, listeners, routes, secrets.
+    let mut configs = vec![pack(&bootstrap), pack(&clusters)];
     if let Some(eds) = eds {
         configs.push(pack(&eds));
     }
+    configs.extend([
+        pack(&listeners),
+        pack(&routes),
+        pack(&super::secrets::dump(shared)),
+    ]);
     let dump = ConfigDump { configs };
     let codec = Codec::new();
-    let value = codec.to_json(&dump);
+    let mut value = codec.to_json(&dump);
+    // Private keys, passwords and other sensitive fields never leave, wherever they are.
+    codec.redact("envoy.admin.v3.ConfigDump", &mut value);
     let mut configs: Vec<serde_json::Value> = match value {
         serde_json::Value::Object(mut o) => match o.remove("configs") {
             Some(serde_json::Value::Array(a)) => a,
@@ -227,6 +230,8 @@ fn item_message(resource: &str) -> Option<&'static str> {
         "dynamic_listeners" => "DynamicListener",
         "static_route_configs" => "StaticRouteConfig",
         "dynamic_route_configs" => "DynamicRouteConfig",
+        "static_secrets" => "StaticSecret",
+        "dynamic_active_secrets" | "dynamic_warming_secrets" => "DynamicSecret",
         _ => return None,
     })
 }

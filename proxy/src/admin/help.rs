@@ -39,6 +39,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
             "enable/disable the allocation profiler; One of (y, n)",
         )],
     ),
+    ep("/certs", false, "print certs on machine", &[]),
     ep(
         "/clusters",
         false,

@@ -1,10 +1,12 @@
 //! The admin API (Envoy's endpoints plus `/routes`), served on its own thread and runtime so a
 //! slow scrape never takes a data-path worker.
 
+mod certs;
 mod config_dump;
 mod help;
 mod request;
 mod routes;
+mod secrets;
 mod unsupported;
 mod xds;
 
@@ -171,6 +173,7 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/ready" => ready(shared),
         "/server_info" => pooled_json(server_info(shared)),
         "/config_dump" => pooled_json(config_dump::render(shared, req)),
+        "/certs" => json(&certs::render(shared, std::time::SystemTime::now())),
         "/clusters" => clusters(shared, req),
         "/listeners" => listeners(shared, req.param("format") == Some("json")),
         "/routes" => routes::render(shared, req),

@@ -68,6 +68,43 @@ pub enum Underscores {
     Drop,
 }
 
+/// `forward_client_cert_details`: what becomes of a request's `x-forwarded-client-cert`.
+/// Every mode but `ALWAYS_FORWARD_ONLY` removes it unless the client presented a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardClientCert {
+    /// `SANITIZE` (the default): removed.
+    Sanitize,
+    /// `FORWARD_ONLY`: forwarded as it came.
+    ForwardOnly,
+    /// `APPEND_FORWARD`: this hop's element is appended.
+    AppendForward(ClientCertDetails),
+    /// `SANITIZE_SET`: replaced by this hop's element.
+    SanitizeSet(ClientCertDetails),
+    /// `ALWAYS_FORWARD_ONLY`: forwarded as it came, whatever the connection.
+    AlwaysForwardOnly,
+}
+
+/// `set_current_client_cert_details`: what this hop's element carries besides `By` (the
+/// URI SANs of the certificate revoy presented) and `Hash` (of the client's certificate).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientCertDetails {
+    /// `Cert`: the client's certificate, URL-encoded PEM.
+    pub cert: bool,
+    /// `Chain`: the chain it presented, URL-encoded PEM.
+    pub chain: bool,
+    /// `Subject`.
+    pub subject: bool,
+    /// `URI`: its URI SANs.
+    pub uri: bool,
+    /// `DNS`: its DNS SANs.
+    pub dns: bool,
+    /// `Issuer`.
+    pub issuer: bool,
+    /// `format: JSON`: a header this hop starts is a JSON array (an existing one keeps its
+    /// own format).
+    pub json: bool,
+}
+
 /// Where the route table comes from.
 #[derive(Debug, Clone)]
 pub enum Routes {
@@ -80,9 +117,8 @@ pub enum Routes {
 /// A compiled HTTP connection manager.
 #[derive(Debug, Clone)]
 pub struct HcmConfig {
-    /// Whether a client's `x-forwarded-client-cert` goes upstream (`forward_client_cert_details:
-    /// ALWAYS_FORWARD_ONLY`); otherwise it is removed, as Envoy's default `SANITIZE` does.
-    pub keep_client_cert_header: bool,
+    /// `forward_client_cert_details` with `set_current_client_cert_details`.
+    pub forward_client_cert: ForwardClientCert,
     /// `common_http_protocol_options.headers_with_underscores_action`.
     pub underscores: Underscores,
     /// Why every request is denied (403), when the filter chain carries a filter that controls
@@ -151,16 +187,10 @@ pub struct HcmConfig {
 /// Records the connection manager's settings that revoy does not act on (none of them has a
 /// security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
-    if matches!(hcm.forward_client_cert_details, 1..=3) {
+    if hcm.forward_client_cert_matcher.is_some() {
         warnings.skipped(
-            "forward_client_cert_details",
-            "client certificate details are not tracked by revoy: x-forwarded-client-cert is removed from every request, as SANITIZE does",
-        );
-    }
-    if hcm.set_current_client_cert_details.is_some() {
-        warnings.skipped(
-            "set_current_client_cert_details",
-            "client certificate details are not tracked by revoy; nothing is set",
+            "forward_client_cert_matcher",
+            "per-request x-forwarded-client-cert rules are not implemented by revoy: the header is removed from every request, as SANITIZE does",
         );
     }
     if hcm.local_reply_config.is_some() {
@@ -183,6 +213,31 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
                 hcm.access_log.len()
             ),
         );
+    }
+}
+
+/// `forward_client_cert_details` with `set_current_client_cert_details`; with a
+/// `forward_client_cert_matcher` (not implemented) the header is always removed.
+fn forward_client_cert(hcm: &HttpConnectionManager) -> ForwardClientCert {
+    if hcm.forward_client_cert_matcher.is_some() {
+        return ForwardClientCert::Sanitize;
+    }
+    let d = hcm.set_current_client_cert_details.unwrap_or_default();
+    let details = ClientCertDetails {
+        cert: d.cert,
+        chain: d.chain,
+        subject: d.subject.is_some_and(|b| b.value),
+        uri: d.uri,
+        dns: d.dns,
+        issuer: d.issuer,
+        json: d.format == 1,
+    };
+    match hcm.forward_client_cert_details {
+        1 => ForwardClientCert::ForwardOnly,
+        2 => ForwardClientCert::AppendForward(details),
+        3 => ForwardClientCert::SanitizeSet(details),
+        4 => ForwardClientCert::AlwaysForwardOnly,
+        _ => ForwardClientCert::Sanitize,
     }
 }
 
@@ -407,9 +462,7 @@ pub fn compile_hcm(
             .http_protocol_options
             .as_ref()
             .is_some_and(|o| o.allow_chunked_length),
-        // ALWAYS_FORWARD_ONLY; every other mode drops a header the client sent, except with
-        // mutual TLS, where revoy does not know the client's certificate (noted at start).
-        keep_client_cert_header: hcm.forward_client_cert_details == 4,
+        forward_client_cert: forward_client_cert(hcm),
         underscores: match hcm
             .common_http_protocol_options
             .as_ref()

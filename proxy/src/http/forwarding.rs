@@ -4,17 +4,17 @@
 
 use bytes::Bytes;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::hcm::{HcmConfig, ServerHeader, Underscores};
+use crate::tls::PeerTls;
 use crate::wire::{has_token, strip_hop_by_hop};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `x-forwarded-proto`.
 pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-/// The header carrying the client certificate details of the hops before.
-static X_FORWARDED_CLIENT_CERT: HeaderName = HeaderName::from_static("x-forwarded-client-cert");
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
 static X_ENVOY_EXTERNAL_ADDRESS: HeaderName = HeaderName::from_static("x-envoy-external-address");
@@ -51,12 +51,12 @@ const NON_EDGE_CLEANED: [&str; 4] = [
 ];
 
 /// Facts about the downstream connection the header rules depend on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Downstream {
     /// The peer's address.
     pub peer: SocketAddr,
-    /// Whether the connection is TLS.
-    pub tls: bool,
+    /// The connection's certificates when it is TLS (`None`: plaintext).
+    pub tls: Option<Arc<PeerTls>>,
 }
 
 /// What the request rules decided, for routing and logging.
@@ -177,9 +177,7 @@ fn new_request_id() -> HeaderValue {
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
-    if !cfg.keep_client_cert_header {
-        headers.remove(&X_FORWARDED_CLIENT_CERT);
-    }
+    super::xfcc::mutate(cfg.forward_client_cert, down.tls.as_deref(), headers);
     if cfg.underscores == Underscores::Drop {
         let named: Vec<HeaderName> = headers
             .keys()
@@ -197,7 +195,7 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         // The connection manager answers `100 Continue` itself (hyper does, when the body is read).
         headers.remove(header::EXPECT);
     }
-    let scheme = if down.tls { "https" } else { "http" };
+    let scheme = if down.tls.is_some() { "https" } else { "http" };
     let peer = down.peer.ip();
     let (client, internal) = if cfg.use_remote_address {
         let hops = cfg.xff_num_trusted_hops as usize;

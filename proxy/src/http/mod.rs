@@ -20,6 +20,7 @@ mod stats;
 mod stream_limits;
 mod timeouts;
 mod upgrade;
+mod xfcc;
 
 pub use stats::HcmStats;
 

@@ -22,8 +22,8 @@ use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
-use crate::tls::SecretStore;
 use crate::tls::stats::TlsStats;
+use crate::tls::{ContextCertificates, PeerTls, SecretStore};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -38,7 +38,7 @@ struct Chain {
 }
 
 /// A chain's TLS termination: the rustls configuration (its resolvers read the live
-/// secrets) and the listener's `ssl.*` stats.
+/// secrets), what it presents and trusts (for `/certs`) and the listener's `ssl.*` stats.
 struct Tls {
     config: Arc<rustls::ServerConfig>,
     /// The same configuration without ALPN, for a client whose ALPN offer has none of the
@@ -46,11 +46,13 @@ struct Tls {
     /// `istio-http/1.1` to chains of `h2, http/1.1`), where rustls would refuse the handshake.
     /// `None` when the chain has no ALPN.
     without_alpn: Option<Arc<rustls::ServerConfig>>,
+    certificates: ContextCertificates,
     stats: TlsStats,
 }
 
 impl Tls {
-    fn new(config: Arc<rustls::ServerConfig>, stats: TlsStats) -> Self {
+    fn new(context: crate::tls::ServerContext, stats: TlsStats) -> Self {
+        let config = context.config;
         let without_alpn = (!config.alpn_protocols.is_empty()).then(|| {
             let mut plain = (*config).clone();
             plain.alpn_protocols.clear();
@@ -59,6 +61,7 @@ impl Tls {
         Tls {
             config,
             without_alpn,
+            certificates: context.certificates,
             stats,
         }
     }
@@ -69,24 +72,57 @@ impl Tls {
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-        let handshake = async {
-            let Some(without_alpn) = &self.without_alpn else {
-                return TlsAcceptor::from(self.config.clone()).accept(stream).await;
-            };
-            let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
-            let ours = &self.config.alpn_protocols;
-            let shares_one = start
-                .client_hello()
-                .alpn()
-                .is_none_or(|mut offered| offered.any(|p| ours.iter().any(|o| o == p)));
-            let config = if shares_one {
-                &self.config
-            } else {
-                without_alpn
-            };
-            start.into_stream(config.clone()).await
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
+        self.finish(handshake.await, peer)
+    }
+
+    /// The handshake itself: with the chain's ALPN when the client's offer shares a protocol
+    /// with it (or offers none), else without ALPN.
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+        let Some(without_alpn) = &self.without_alpn else {
+            return TlsAcceptor::from(self.config.clone()).accept(stream).await;
         };
-        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, handshake).await {
+        let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let ours = &self.config.alpn_protocols;
+        let shares_one = start
+            .client_hello()
+            .alpn()
+            .is_none_or(|mut offered| offered.any(|p| ours.iter().any(|o| o == p)));
+        let config = if shares_one {
+            &self.config
+        } else {
+            without_alpn
+        };
+        start.into_stream(config.clone()).await
+    }
+
+    /// [`Tls::accept`], also returning the connection's certificates (the client's chain and
+    /// the one presented to it) for the connection manager's request rules.
+    async fn accept_recording(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerTls)> {
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
+        let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
+        let stream = self.finish(outcome, peer)?;
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
+        Some((stream, certificates))
+    }
+
+    /// Counts a handshake's outcome; the stream when it completed.
+    fn finish(
+        &self,
+        outcome: Result<
+            std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>,
+            tokio::time::error::Elapsed,
+        >,
+        peer: SocketAddr,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        match outcome {
             Ok(Ok(s)) => {
                 self.stats.handshake_done(s.get_ref().1);
                 Some(s)
@@ -154,8 +190,8 @@ impl Listener {
         let tls = |c: &ChainConfig| {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
-            let config = crate::tls::server_config(spec, secrets, stats.clone())?;
-            Some(Tls::new(config, stats))
+            let context = crate::tls::server_context(spec, secrets, stats.clone())?;
+            Some(Tls::new(context, stats))
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());
@@ -206,6 +242,15 @@ impl Listener {
 
     fn chains(&self) -> impl Iterator<Item = &Arc<Chain>> {
         self.chains.iter().chain(&self.default_chain)
+    }
+
+    /// The TLS contexts of the chains that terminate TLS, in chain order (the default chain
+    /// last), for `/certs`.
+    pub fn tls_contexts(&self) -> impl Iterator<Item = &ContextCertificates> {
+        self.chains().filter_map(|c| match &c.kind {
+            ChainKind::Http(_, Some(tls)) | ChainKind::Tcp(_, Some(tls)) => Some(&tls.certificates),
+            _ => None,
+        })
     }
 
     fn chain_by_identity(&self, identity: &(u64, Option<Arc<str>>)) -> Option<Arc<Chain>> {
@@ -340,12 +385,16 @@ impl Listener {
                     },
                 };
                 match tls {
-                    None => http::serve(stream, Arc::new(ctx(false))).await,
+                    None => http::serve(stream, Arc::new(ctx(None))).await,
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
-                        crate::spawn::boxed(|| serve_tls(tls, stream, peer, Arc::new(ctx(true))))
-                            .await
+                        crate::spawn::boxed(|| {
+                            serve_tls(tls, stream, peer, |peer_tls| {
+                                Arc::new(ctx(Some(Arc::new(peer_tls))))
+                            })
+                        })
+                        .await
                     }
                 }
             }
@@ -395,9 +444,16 @@ fn handoff_target<'l>(
     })
 }
 
-/// Completes the TLS handshake of a connection and serves it.
-async fn serve_tls(tls: &Tls, stream: TcpStream, peer: SocketAddr, ctx: Arc<ConnContext>) {
-    if let Some(tls_stream) = tls.accept(stream, peer).await {
+/// Completes the TLS handshake of a connection and serves it, with the context `ctx` makes
+/// from the connection's certificates.
+async fn serve_tls(
+    tls: &Tls,
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
+) {
+    if let Some((tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+        let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
         http::serve_tls(tls_stream, ctx).await

@@ -2,6 +2,7 @@
 //! delivered (and rotated) by SDS. A handshake asks for the current set and picks one by the
 //! client's server name and the signature schemes it offers.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use rustls::client::ResolvesClientCert;
@@ -12,6 +13,7 @@ use x509_parser::extensions::GeneralName;
 
 use super::SecretStore;
 use super::secrets::SecretCell;
+use crate::config::tls::certificate::Certificate;
 use crate::config::tls::common::Certificates;
 use crate::config::tls::secret::SecretValue;
 
@@ -21,7 +23,7 @@ pub enum LiveCertificates {
     /// None (a client without a client certificate).
     None,
     /// Written in the config.
-    Static(Vec<Arc<CertifiedKey>>),
+    Static(Vec<Certificate>),
     /// Delivered by SDS, in configured order.
     Sds(Vec<Arc<SecretCell>>),
 }
@@ -31,9 +33,7 @@ impl LiveCertificates {
     pub fn bind(spec: &Certificates, store: &SecretStore) -> Self {
         match spec {
             Certificates::None => LiveCertificates::None,
-            Certificates::Static(certs) => {
-                LiveCertificates::Static(certs.iter().map(|c| c.key.clone()).collect())
-            }
+            Certificates::Static(certs) => LiveCertificates::Static(certs.clone()),
             Certificates::Sds(refs) => {
                 LiveCertificates::Sds(refs.iter().map(|r| store.cell(r)).collect())
             }
@@ -45,11 +45,28 @@ impl LiveCertificates {
     pub fn current(&self) -> Vec<Arc<CertifiedKey>> {
         match self {
             LiveCertificates::None => Vec::new(),
-            LiveCertificates::Static(certs) => certs.clone(),
+            LiveCertificates::Static(certs) => certs.iter().map(|c| c.key.clone()).collect(),
             LiveCertificates::Sds(cells) => cells
                 .iter()
                 .filter_map(|cell| match &cell.current()?.value {
                     SecretValue::Certificate(c) => Some(c.key.clone()),
+                    SecretValue::Validation { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Every certificate with where it came from, in configured order; `None` until each SDS
+    /// secret has arrived as a certificate (Envoy builds no context before that, so `/certs`
+    /// does not list it).
+    pub fn in_force(&self) -> Option<Vec<Certificate>> {
+        match self {
+            LiveCertificates::None => Some(Vec::new()),
+            LiveCertificates::Static(certs) => Some(certs.clone()),
+            LiveCertificates::Sds(cells) => cells
+                .iter()
+                .map(|cell| match &cell.current()?.value {
+                    SecretValue::Certificate(c) => Some(c.clone()),
                     SecretValue::Validation { .. } => None,
                 })
                 .collect(),
@@ -139,28 +156,48 @@ fn covers(cert: &CertifiedKey, name: &str, how: Match) -> bool {
     }
 }
 
+tokio::task_local! {
+    /// The certificate picked for the server handshake being polled (see [`recording_pick`]).
+    static PICKED: RefCell<Option<Arc<CertifiedKey>>>;
+}
+
+/// Runs a server handshake and returns its outcome with the certificate the listener's
+/// resolver picked for it (`None` if it picked none). The resolver runs inside the
+/// handshake's poll, so a task-local (scoped to this handshake alone) carries its pick out.
+pub async fn recording_pick<F: Future>(handshake: F) -> (F::Output, Option<Arc<CertifiedKey>>) {
+    let mut scoped = std::pin::pin!(PICKED.scope(RefCell::new(None), handshake));
+    let outcome = scoped.as_mut().await;
+    let picked = scoped.as_mut().take_value().and_then(RefCell::into_inner);
+    (outcome, picked)
+}
+
 /// A listener's certificate resolver.
 #[derive(Debug)]
 pub struct ServerCertificates {
     /// The chain's certificates.
-    pub certificates: LiveCertificates,
+    pub certificates: Arc<LiveCertificates>,
     /// `full_scan_certs_on_sni_mismatch`.
     pub full_scan: bool,
 }
 
 impl ResolvesServerCert for ServerCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.certificates.pick(
+        let picked = self.certificates.pick(
             hello.server_name(),
             hello.signature_schemes(),
             self.full_scan,
-        )
+        );
+        if let Some(key) = &picked {
+            // Outside `recording_pick` nobody asks which certificate was presented.
+            let _ = PICKED.try_with(|slot| *slot.borrow_mut() = Some(key.clone()));
+        }
+        picked
     }
 }
 
 /// A cluster's client-certificate resolver.
 #[derive(Debug)]
-pub struct ClientCertificates(pub LiveCertificates);
+pub struct ClientCertificates(pub Arc<LiveCertificates>);
 
 impl ResolvesClientCert for ClientCertificates {
     fn resolve(&self, _hints: &[&[u8]], schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
@@ -168,6 +205,6 @@ impl ResolvesClientCert for ClientCertificates {
     }
 
     fn has_certs(&self) -> bool {
-        !matches!(self.0, LiveCertificates::None)
+        !matches!(*self.0, LiveCertificates::None)
     }
 }

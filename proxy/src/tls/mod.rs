@@ -4,6 +4,7 @@
 //! leaves listeners, clusters and established connections alone.
 
 pub mod certs;
+pub mod peer;
 pub mod secrets;
 pub mod sessions;
 pub mod stats;
@@ -16,12 +17,60 @@ use rustls::client::Resumption;
 use rustls::pki_types::{ServerName, SignatureVerificationAlgorithm};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 
+use crate::config::tls::certificate::Certificate;
 use crate::config::tls::common::CommonTls;
 use crate::config::tls::downstream::ServerTls;
 use crate::config::tls::sds::SecretSource;
 use crate::config::tls::upstream::ClientTls;
+pub use peer::PeerTls;
 pub use secrets::SecretStore;
 use stats::TlsStats;
+use verify::LiveValidation;
+
+/// What one TLS context presents and checks its peer against, as it is now: what `/certs`
+/// lists (one entry per context, as Envoy's context manager holds them).
+#[derive(Debug, Clone)]
+pub struct ContextCertificates {
+    /// The certificates the context presents.
+    pub presented: Arc<certs::LiveCertificates>,
+    /// The validation context its peer is checked against, if any.
+    pub validation: Option<Arc<LiveValidation>>,
+}
+
+impl ContextCertificates {
+    /// The certificates presented (with where each came from) and the trusted CA
+    /// certificates (with where they came from), once every SDS secret the context names has
+    /// arrived; `None` before, when Envoy has not built the context yet.
+    pub fn in_force(&self) -> Option<(Vec<Certificate>, Option<TrustedCertificates>)> {
+        let presented = self.presented.in_force()?;
+        let trusted = match &self.validation {
+            None => None,
+            Some(v) => v.current()?.trusted.as_ref().map(|t| TrustedCertificates {
+                certificates: t.certificates.clone(),
+                origin: t.origin.clone(),
+            }),
+        };
+        Some((presented, trusted))
+    }
+}
+
+/// The trusted CA certificates of a validation context in force.
+#[derive(Debug, Clone)]
+pub struct TrustedCertificates {
+    /// The CA certificates, in file order.
+    pub certificates: Vec<rustls::pki_types::CertificateDer<'static>>,
+    /// Where they came from (a file, or `<inline>`).
+    pub origin: String,
+}
+
+/// A listener chain's TLS: the rustls server configuration and what it presents and trusts.
+#[derive(Debug)]
+pub struct ServerContext {
+    /// The rustls server configuration.
+    pub config: Arc<rustls::ServerConfig>,
+    /// Its certificates, for `/certs`.
+    pub certificates: ContextCertificates,
+}
 
 /// The signature algorithms chains are verified with (ring's).
 pub(crate) fn provider_algorithms() -> &'static [&'static dyn SignatureVerificationAlgorithm] {
@@ -30,28 +79,33 @@ pub(crate) fn provider_algorithms() -> &'static [&'static dyn SignatureVerificat
         .all
 }
 
-/// The rustls server configuration of a listener's chain; `None` when its `tls_params` allow
-/// no version revoy has (the chain then refuses every connection).
-pub fn server_config(
+/// The TLS of a listener's chain, bound to the store's secrets; `None` when its `tls_params`
+/// allow no version revoy has (the chain then refuses every connection).
+pub fn server_context(
     spec: &ServerTls,
     store: &SecretStore,
     stats: TlsStats,
-) -> Option<Arc<rustls::ServerConfig>> {
+) -> Option<ServerContext> {
     let params = &spec.common.params;
     let builder = rustls::ServerConfig::builder_with_provider(params.provider.clone())
         .with_protocol_versions(&params.versions)
         .ok()?;
-    let builder = match verify::LiveValidation::bind(&spec.common.validation, store) {
+    let validation = LiveValidation::bind(&spec.common.validation, store).map(Arc::new);
+    let builder = match &validation {
         None => builder.with_no_client_auth(),
         Some(validation) => builder.with_client_cert_verifier(Arc::new(verify::ClientVerifier {
-            validation,
+            validation: validation.clone(),
             mandatory: spec.require_client_certificate,
             stats,
             provider: params.provider.clone(),
         })),
     };
+    let presented = Arc::new(certs::LiveCertificates::bind(
+        &spec.common.certificates,
+        store,
+    ));
     let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates {
-        certificates: certs::LiveCertificates::bind(&spec.common.certificates, store),
+        certificates: presented.clone(),
         full_scan: spec.full_scan_certs_on_sni_mismatch,
     }));
     config.alpn_protocols = spec.common.alpn.clone();
@@ -72,7 +126,13 @@ pub fn server_config(
     if !spec.tickets && !spec.session_cache {
         config.send_tls13_tickets = 0;
     }
-    Some(Arc::new(config))
+    Some(ServerContext {
+        config: Arc::new(config),
+        certificates: ContextCertificates {
+            presented,
+            validation,
+        },
+    })
 }
 
 /// The cells of the secrets of `common` that SDS delivers (and may rotate).
@@ -111,6 +171,8 @@ pub struct ClientContext {
     pub sni: Option<ServerName<'static>>,
     /// `cluster.<name>.ssl.*`.
     pub stats: TlsStats,
+    /// What it presents and trusts, for `/certs`.
+    pub certificates: ContextCertificates,
 }
 
 impl ClientContext {
@@ -118,18 +180,22 @@ impl ClientContext {
     /// `tls_params` allow no version revoy has.
     pub fn new(spec: &ClientTls, store: &SecretStore, stats: TlsStats) -> Option<Self> {
         let params = &spec.common.params;
+        let validation = LiveValidation::bind(&spec.common.validation, store).map(Arc::new);
         let builder = rustls::ClientConfig::builder_with_provider(params.provider.clone())
             .with_protocol_versions(&params.versions)
             .ok()?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier {
-                validation: verify::LiveValidation::bind(&spec.common.validation, store),
+                validation: validation.clone(),
                 stats: stats.clone(),
                 provider: params.provider.clone(),
             }));
-        let mut config = builder.with_client_cert_resolver(Arc::new(certs::ClientCertificates(
-            certs::LiveCertificates::bind(&spec.common.certificates, store),
-        )));
+        let presented = Arc::new(certs::LiveCertificates::bind(
+            &spec.common.certificates,
+            store,
+        ));
+        let mut config = builder
+            .with_client_cert_resolver(Arc::new(certs::ClientCertificates(presented.clone())));
         config.alpn_protocols = spec.common.alpn.clone();
         let rotating = rotating_secrets(&spec.common, store);
         config.resumption = if spec.max_session_keys == 0 {
@@ -153,6 +219,10 @@ impl ClientContext {
             fallbacks: Default::default(),
             sni,
             stats,
+            certificates: ContextCertificates {
+                presented,
+                validation,
+            },
         })
     }
 

@@ -21,7 +21,8 @@ pub struct Delivered {
     pub version: String,
     /// When it was applied.
     pub updated: SystemTime,
-    /// The `Secret` proto as delivered (private keys included: `/config_dump` redacts them).
+    /// The `Secret` proto as delivered, with an SDS secret's files read in as Envoy does
+    /// (private keys included: `/config_dump` redacts them).
     pub proto: proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret,
 }
 
@@ -32,6 +33,8 @@ pub struct SecretCell {
     pub name: String,
     /// Where it comes from.
     pub source: SecretSource,
+    /// When a context first asked for it (what `/config_dump` shows while it warms).
+    pub created: SystemTime,
     current: ArcSwapOption<Delivered>,
     /// Bumped on each change; consumers that derive values from the secret cache by it.
     generation: AtomicU64,
@@ -43,6 +46,7 @@ impl SecretCell {
         SecretCell {
             name: name.to_owned(),
             source: source.clone(),
+            created: SystemTime::now(),
             current: ArcSwapOption::empty(),
             generation: AtomicU64::new(0),
             arrived: watch::Sender::new(false),

@@ -211,7 +211,7 @@ const NOT_READY: Refused = (VerifyFailure::Chain, CertificateError::UnknownIssue
 #[derive(Debug)]
 pub struct ClientVerifier {
     /// What client certificates are checked against.
-    pub validation: LiveValidation,
+    pub validation: Arc<LiveValidation>,
     /// `require_client_certificate`.
     pub mandatory: bool,
     /// Where failures are counted.
@@ -296,7 +296,7 @@ impl ClientCertVerifier for ClientVerifier {
 #[derive(Debug)]
 pub struct ServerVerifier {
     /// What server certificates are checked against (`None`: anything).
-    pub validation: Option<LiveValidation>,
+    pub validation: Option<Arc<LiveValidation>>,
     /// Where failures are counted.
     pub stats: TlsStats,
     /// Signature checks.

@@ -16,7 +16,7 @@ use crate::config::cluster::{
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
 use crate::tls::stats::TlsStats;
-use crate::tls::{Carries, ClientContext, SecretStore};
+use crate::tls::{Carries, ClientContext, ContextCertificates, SecretStore};
 
 use super::error::UpstreamError;
 use super::host::{Host, HostTransport};
@@ -160,6 +160,15 @@ impl Cluster {
         {
             h.retire();
         }
+    }
+
+    /// The TLS contexts of its transport sockets (`transport_socket`, then each of
+    /// `transport_socket_matches`), for `/certs`.
+    pub fn tls_contexts(&self) -> impl Iterator<Item = &ContextCertificates> {
+        self.transports.iter().filter_map(|t| match t {
+            HostTransport::Tls(ctx) => Some(&ctx.certificates),
+            _ => None,
+        })
     }
 
     /// How hosts with transport socket `index` are connected to.

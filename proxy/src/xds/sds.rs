@@ -49,7 +49,8 @@ impl Handler for SecretHandler {
         for r in update.resources {
             let compiled = Secret::decode(r.value.clone())
                 .map_err(|e| format!("secret '{}': cannot decode: {e}", r.name))
-                .and_then(|s| {
+                .and_then(|mut s| {
+                    crate::config::tls::secret::inline_files(&ctx, &mut s);
                     crate::config::tls::secret::compile(&ctx, &s)
                         .map(|value| (s, value))
                         .map_err(|e| format!("secret '{}': {e}", r.name))

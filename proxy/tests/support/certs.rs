@@ -181,6 +181,15 @@ enum KeyKind {
 }
 
 impl Leaf<'_> {
+    /// With the DNS name `name` added to its subject alternative names (a workload
+    /// certificate a client can also check by name).
+    pub fn dns(mut self, name: &str) -> Self {
+        self.sans.push(SanType::DnsName(
+            name.try_into().expect("a DNS name is IA5"),
+        ));
+        self
+    }
+
     /// Valid for the usual length, but that window ended a day ago.
     pub fn expired(mut self) -> Self {
         self.when = When::Past;

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use proto::pb::envoy::config::core::v3::{DataSource, data_source::Specifier};
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, Secret, secret::Type,
 };
@@ -49,5 +50,28 @@ pub fn compile(ctx: &Context<'_>, s: &Secret) -> Result<SecretValue, ConfigError
             "type",
             "a secret needs one of tls_certificate, validation_context",
         )),
+    }
+}
+
+/// An SDS secret as Envoy holds it: the files its certificate chain, private key and trusted
+/// CA name read into `inline_bytes` (so `/certs` names them `<inline>`, and `/config_dump`
+/// shows them inline). A file that cannot be read stays named; compiling the secret then
+/// says why.
+pub fn inline_files(ctx: &Context<'_>, s: &mut Secret) {
+    let inline = |source: Option<&mut DataSource>| {
+        if let Some(source) = source
+            && let Some(Specifier::Filename(path)) = &source.specifier
+            && let Ok(bytes) = ctx.io().read_file(path)
+        {
+            source.specifier = Some(Specifier::InlineBytes(bytes));
+        }
+    };
+    match &mut s.r#type {
+        Some(Type::TlsCertificate(c)) => {
+            inline(c.certificate_chain.as_mut());
+            inline(c.private_key.as_mut());
+        }
+        Some(Type::ValidationContext(v)) => inline(v.trusted_ca.as_mut()),
+        _ => {}
     }
 }

@@ -1,0 +1,80 @@
+//! The certificates of one downstream TLS connection: the chain the client presented and the
+//! certificate this side presented, kept as the handshake left them and read (parsed) only
+//! when a request rule asks, at most once per connection.
+
+use std::sync::{Arc, OnceLock};
+
+use rustls::pki_types::CertificateDer;
+use rustls::sign::CertifiedKey;
+
+use super::x509::{self, CertInfo};
+
+/// A downstream TLS connection's certificates.
+#[derive(Debug)]
+pub struct PeerTls {
+    /// What the client presented, leaf first; empty when it presented nothing.
+    chain: Vec<CertificateDer<'static>>,
+    /// What this side presented.
+    local: Option<Arc<CertifiedKey>>,
+    /// The client's certificate read (`None` inside: it does not parse).
+    peer_info: OnceLock<Option<CertInfo>>,
+    /// The URI SANs of this side's certificate.
+    local_uris: OnceLock<Vec<String>>,
+    /// This hop's `x-forwarded-client-cert` element in its text and JSON forms, each built
+    /// by the connection manager on the first request that needs it (a connection has one
+    /// connection manager, so one element of each form).
+    xfcc: [OnceLock<String>; 2],
+}
+
+impl PeerTls {
+    /// The certificates of a completed handshake: the client's chain (`None` or empty: none
+    /// presented) and the certificate this side presented.
+    pub fn new(
+        chain: Option<&[CertificateDer<'static>]>,
+        local: Option<Arc<CertifiedKey>>,
+    ) -> Self {
+        PeerTls {
+            chain: chain.map(<[_]>::to_vec).unwrap_or_default(),
+            local,
+            peer_info: OnceLock::new(),
+            local_uris: OnceLock::new(),
+            xfcc: [OnceLock::new(), OnceLock::new()],
+        }
+    }
+
+    /// Whether the client presented a certificate (Envoy's `peerCertificatePresented`).
+    pub fn presented(&self) -> bool {
+        !self.chain.is_empty()
+    }
+
+    /// The chain the client presented, leaf first.
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.chain
+    }
+
+    /// The client's certificate, read; `None` without one or when it does not parse.
+    pub fn peer(&self) -> Option<&CertInfo> {
+        self.peer_info
+            .get_or_init(|| x509::parse(self.chain.first()?).ok())
+            .as_ref()
+    }
+
+    /// The URI SANs of the certificate this side presented (Envoy's
+    /// `uriSanLocalCertificate`).
+    pub fn local_uri_sans(&self) -> &[String] {
+        self.local_uris.get_or_init(|| {
+            self.local
+                .as_ref()
+                .and_then(|key| key.cert.first())
+                .and_then(|der| x509::parse(der).ok())
+                .map(|info| info.uri_sans().map(str::to_owned).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    /// The connection's `x-forwarded-client-cert` element in its text (`json` false) or JSON
+    /// form, built by `build` the first time.
+    pub fn xfcc(&self, json: bool, build: impl FnOnce(&PeerTls) -> String) -> &str {
+        self.xfcc[usize::from(json)].get_or_init(|| build(self))
+    }
+}
