@@ -1,14 +1,21 @@
-//! Load generators: wrk (HTTP/1.1, closed loop), h2load (HTTP/2, and paced HTTP/1.1 or h2 for
-//! latency), and a TCP bulk reader.
+//! Load generators: wrk (HTTP/1.1, plaintext or over TLS, closed loop), h2load (HTTP/2, and
+//! paced HTTP/1.1 or h2 for latency), a TCP bulk reader, and the bench's own TLS client (a new
+//! connection per request with a full handshake each, and idle TLS connections).
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::{ClientConnection, HandshakeKind, StreamOwned};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_rustls::TlsConnector;
 
 use crate::stats::quantile;
+use crate::tls::TlsClient;
 
 /// `n` HTTP/1.1 keep-alive connections to `port`, each left open and idle after one `GET /`
 /// answered (one connection at a time, so no request is in flight while the next opens).
@@ -282,6 +289,221 @@ pub fn tcp_bulk(port: u16, bytes: u64) -> Result<Throughput, String> {
     })
 }
 
+/// How long one TLS exchange (connect, handshake, request, response) may take before it
+/// counts as an error.
+const TLS_EXCHANGE_LIMIT: Duration = Duration::from_secs(10);
+
+/// A `GET` of `path` for the bench's TLS client; `close` asks the server to close the
+/// connection after answering.
+fn tls_request(path: &str, close: bool) -> String {
+    let connection = if close { "connection: close\r\n" } else { "" };
+    format!(
+        "GET {path} HTTP/1.1\r\nhost: {}\r\n{connection}\r\n",
+        crate::tls::PROXY_NAME
+    )
+}
+
+/// The status code of an HTTP/1.1 response's first line.
+fn status_of(response: &[u8]) -> Option<u16> {
+    let line = response.strip_prefix(b"HTTP/1.1 ")?;
+    std::str::from_utf8(line.get(..3)?).ok()?.parse().ok()
+}
+
+/// How many bytes of `buf` one whole response takes (head and `content-length` body), once
+/// they are all there.
+fn response_len(buf: &[u8]) -> Option<usize> {
+    let head = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+    let text = std::str::from_utf8(&buf[..head]).ok()?;
+    let body = text
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .unwrap_or(0);
+    (buf.len() >= head + body).then_some(head + body)
+}
+
+/// What a run of new TLS connections achieved.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TlsRun {
+    /// Connections whose request was answered with a 2xx (each one full handshake, one
+    /// request); errors: failed connections, handshakes or requests, and other answers.
+    pub throughput: Throughput,
+    /// Handshakes that resumed a session (the client offers none, so a non-zero count means
+    /// the measurement is wrong).
+    pub resumed: u64,
+    /// The cipher suite and key exchange group the server chose (of the last handshake).
+    pub negotiated: Option<String>,
+}
+
+/// One connection: TLS handshake, `request`, the whole answer, close; its status code,
+/// whether the handshake was a full one, and what was negotiated.
+async fn tls_exchange(
+    connector: &TlsConnector,
+    client: &TlsClient,
+    port: u16,
+    request: &[u8],
+) -> io::Result<(Option<u16>, bool, String)> {
+    let tcp = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port)).await?;
+    tcp.set_nodelay(true)?;
+    let mut tls = connector.connect(client.name.clone(), tcp).await?;
+    let (full, negotiated) = {
+        let conn = tls.get_ref().1;
+        let suite = conn.negotiated_cipher_suite().map(|s| s.suite());
+        let group = conn.negotiated_key_exchange_group().map(|g| g.name());
+        let negotiated = match suite.zip(group) {
+            Some((suite, group)) => format!("{suite:?}, {group:?}"),
+            None => "?".to_string(),
+        };
+        (
+            conn.handshake_kind() == Some(HandshakeKind::Full),
+            negotiated,
+        )
+    };
+    tls.write_all(request).await?;
+    // Read the whole answer, then close (close_notify and FIN) as wrk and browsers do: a server
+    // may wait for the client to close first (Envoy's `delayed_close_timeout`).
+    let mut response = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while response_len(&response).is_none() {
+        match tls.read(&mut chunk).await? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => response.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let _ = tls.shutdown().await;
+    Ok((status_of(&response), full, negotiated))
+}
+
+/// Closed loop for `seconds`: `connections` concurrent loops, each making a new TLS
+/// connection per request (`GET path` with `connection: close`; closed once answered), on one
+/// client thread. Every handshake is a full one: the client has session
+/// resumption disabled, and counts any handshake that resumed anyway.
+pub fn tls_new_connections(
+    port: u16,
+    client: &TlsClient,
+    path: &str,
+    connections: u32,
+    seconds: u32,
+) -> Result<TlsRun, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let request: Arc<[u8]> = tls_request(path, true).into_bytes().into();
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(seconds.into());
+    let runs = runtime.block_on(async {
+        let mut tasks = Vec::new();
+        for _ in 0..connections {
+            let (client, request) = (client.clone(), request.clone());
+            tasks.push(tokio::spawn(async move {
+                let connector = TlsConnector::from(client.config.clone());
+                let mut run = TlsRun::default();
+                while Instant::now() < deadline {
+                    let exchange = tokio::time::timeout(
+                        TLS_EXCHANGE_LIMIT,
+                        tls_exchange(&connector, &client, port, &request),
+                    )
+                    .await;
+                    match exchange {
+                        Ok(Ok((status, full, negotiated))) => {
+                            if status.is_some_and(|s| (200..300).contains(&s)) {
+                                run.throughput.count += 1;
+                            } else {
+                                run.throughput.errors += 1;
+                            }
+                            run.resumed += u64::from(!full);
+                            run.negotiated = Some(negotiated);
+                        }
+                        Ok(Err(_)) | Err(_) => run.throughput.errors += 1,
+                    }
+                }
+                run
+            }));
+        }
+        let mut runs = Vec::new();
+        for task in tasks {
+            runs.push(task.await.map_err(|e| e.to_string())?);
+        }
+        Ok::<_, String>(runs)
+    })?;
+    let mut total = TlsRun {
+        throughput: Throughput {
+            seconds: start.elapsed().as_secs_f64(),
+            ..Throughput::default()
+        },
+        ..TlsRun::default()
+    };
+    for run in runs {
+        total.throughput.count += run.throughput.count;
+        total.throughput.errors += run.throughput.errors;
+        total.resumed += run.resumed;
+        total.negotiated = total.negotiated.or(run.negotiated);
+    }
+    Ok(total)
+}
+
+/// An open TLS connection of the bench's client (blocking).
+pub type TlsConnection = StreamOwned<ClientConnection, TcpStream>;
+
+/// Opens a TLS connection to `port`, sends `GET path` (keep-alive, or `connection: close`
+/// when `close`) and reads the whole answer; the connection and the answer's status code.
+pub fn tls_get(
+    port: u16,
+    client: &TlsClient,
+    path: &str,
+    close: bool,
+) -> Result<(TlsConnection, u16), String> {
+    let tcp = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).map_err(|e| e.to_string())?;
+    tcp.set_read_timeout(Some(TLS_EXCHANGE_LIMIT))
+        .map_err(|e| e.to_string())?;
+    let conn = ClientConnection::new(client.config.clone(), client.name.clone())
+        .map_err(|e| e.to_string())?;
+    let mut tls = StreamOwned::new(conn, tcp);
+    tls.write_all(tls_request(path, close).as_bytes())
+        .map_err(|e| format!("TLS request: {e}"))?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while response_len(&buf).is_none() {
+        match tls.read(&mut chunk) {
+            Ok(0) => return Err("TLS connection closed before a whole answer".into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) => return Err(format!("TLS answer: {e}")),
+        }
+    }
+    let status = status_of(&buf).ok_or_else(|| {
+        format!(
+            "not an HTTP/1.1 answer: {:?}",
+            String::from_utf8_lossy(&buf[..buf.len().min(40)])
+        )
+    })?;
+    Ok((tls, status))
+}
+
+/// `n` TLS connections to `port`, each left open and idle after one keep-alive `GET path`
+/// answered (one connection at a time); also how many answers were not a 200 (their
+/// connections are kept as well).
+pub fn tls_idle_connections(
+    port: u16,
+    client: &TlsClient,
+    path: &str,
+    n: usize,
+) -> Result<(Vec<TlsConnection>, u64), String> {
+    let mut conns = Vec::with_capacity(n);
+    let mut not_ok = 0;
+    for _ in 0..n {
+        let (conn, status) =
+            tls_get(port, client, path, false).map_err(|e| format!("idle TLS connection: {e}"))?;
+        not_ok += u64::from(status != 200);
+        conns.push(conn);
+    }
+    Ok((conns, not_ok))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,6 +530,17 @@ mod tests {
         assert_eq!(t.count, 10000);
         assert_eq!(t.errors, 3);
         assert!((t.seconds - 10000.0 / 5000.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn http1_answers_are_framed_by_content_length() {
+        let head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 5\r\n\r\n";
+        assert_eq!(status_of(head), Some(503));
+        assert_eq!(response_len(head), None);
+        let whole = [&head[..], b"hello"].concat();
+        assert_eq!(response_len(&whole), Some(whole.len()));
+        assert_eq!(response_len(b"HTTP/1.1 200 OK\r\n\r\n"), Some(19));
+        assert_eq!(status_of(b"garbage"), None);
     }
 
     #[test]

@@ -1,13 +1,20 @@
 //! Equivalent configs for every contender, generated from the upstream's addresses.
 //!
-//! Two shapes: `standard` (an HTTP listener routing `/grpc*` and `/h2*` to an HTTP/2 upstream
-//! and everything else to an HTTP/1.1 upstream, plus a TCP proxy listener) and `mesh`
-//! (1,000 virtual hosts, each routing by Host to its own cluster of 3 endpoints).
+//! Three shapes: `standard` (an HTTP listener routing `/grpc*` and `/h2*` to an HTTP/2 upstream
+//! and everything else to an HTTP/1.1 upstream, plus a TCP proxy listener), `mesh`
+//! (1,000 virtual hosts, each routing by Host to its own cluster of 3 endpoints) and `tls` (an
+//! HTTPS listener, TLS 1.3 with an ECDSA P-256 certificate, routing `/reencrypt*` to the
+//! upstream over TLS and everything else to it in plaintext, both HTTP/1.1).
 
 use std::fmt::Write;
 use std::net::SocketAddr;
 
+use crate::tls::{PkiFiles, UPSTREAM_NAME};
 use crate::upstream::Upstream;
+
+/// The path prefix the TLS config routes to the upstream over TLS (re-encryption); every other
+/// path goes to it in plaintext.
+pub const REENCRYPT_PREFIX: &str = "/reencrypt";
 
 /// Number of virtual hosts and clusters in the mesh config.
 pub const MESH_SERVICES: usize = 1000;
@@ -47,13 +54,18 @@ fn envoy_head(listen: &Listen) -> String {
     )
 }
 
-fn envoy_hcm_listener(port: u16, routes_yaml: &str) -> String {
+/// An HTTP listener; `transport_socket`, when given, is the filter chain's (YAML indented
+/// by 8 spaces).
+fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&str>) -> String {
+    let chain = match transport_socket {
+        None => "    - filters:\n".to_string(),
+        Some(socket) => format!("    - transport_socket:\n{socket}      filters:\n"),
+    };
     format!(
         r#"  - name: http
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
+{chain}      - name: envoy.filters.network.http_connection_manager
         typed_config:
           "@type": {HCM_TYPE}
           stat_prefix: http
@@ -96,7 +108,7 @@ pub fn envoy_standard(listen: &Listen, up: &Upstream) -> String {
                 route: {cluster: h1}
 "#;
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener(listen.http, routes);
+    out += &envoy_hcm_listener(listen.http, routes, None);
     let _ = write!(
         out,
         r#"  - name: tcp
@@ -115,6 +127,60 @@ pub fn envoy_standard(listen: &Listen, up: &Upstream) -> String {
     out
 }
 
+const TLS13_ONLY: &str =
+    "tls_params: {tls_minimum_protocol_version: TLSv1_3, tls_maximum_protocol_version: TLSv1_3}";
+
+/// The TLS config for Envoy and revoy (YAML bootstrap): a `DownstreamTlsContext` with the
+/// proxy's certificate from files, and the re-encrypting cluster's `UpstreamTlsContext` (SNI,
+/// the bench CA as `trusted_ca`, the upstream's name as the subject alternative name to match).
+pub fn envoy_tls(listen: &Listen, up: &Upstream, files: &PkiFiles) -> String {
+    let routes = format!(
+        r#"            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "{REENCRYPT_PREFIX}"}}
+                route: {{cluster: h1_tls}}
+              - match: {{prefix: "/"}}
+                route: {{cluster: h1}}
+"#
+    );
+    let downstream = format!(
+        r#"        name: envoy.transport_sockets.tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            {TLS13_ONLY}
+            tls_certificates:
+            - certificate_chain: {{filename: {}}}
+              private_key: {{filename: {}}}
+"#,
+        files.proxy_cert.display(),
+        files.proxy_key.display()
+    );
+    let upstream = format!(
+        r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: {UPSTREAM_NAME}
+        common_tls_context:
+          {TLS13_ONLY}
+          validation_context:
+            trusted_ca: {{filename: {}}}
+            match_typed_subject_alt_names:
+            - san_type: DNS
+              matcher: {{exact: {UPSTREAM_NAME}}}"#,
+        files.ca.display()
+    );
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener(listen.http, &routes, Some(&downstream));
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out += &envoy_cluster("h1_tls", &[up.https], &upstream);
+    out
+}
+
 /// The mesh config for Envoy and revoy (YAML bootstrap).
 pub fn envoy_mesh(listen: &Listen, up: &Upstream) -> String {
     let mut routes = String::new();
@@ -126,7 +192,7 @@ pub fn envoy_mesh(listen: &Listen, up: &Upstream) -> String {
         );
     }
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener(listen.http, &routes);
+    out += &envoy_hcm_listener(listen.http, &routes, None);
     out += "  clusters:\n";
     for i in 0..MESH_SERVICES {
         out += &envoy_cluster(&format!("svc-{i}"), &up.http, "");
@@ -169,6 +235,27 @@ listen tcp
         h2 = listen.h2,
         tcp = listen.tcp,
         tcp_up = up.tcp,
+    )
+}
+
+/// The TLS config for haproxy: `ssl crt` on the frontend, `ssl verify required` with the
+/// bench CA, SNI and `verifyhost` on the re-encrypting backend.
+pub fn haproxy_tls(listen: &Listen, up: &Upstream, files: &PkiFiles) -> String {
+    format!(
+        "{HAPROXY_HEAD}frontend fe_https
+  bind 127.0.0.1:{port} ssl crt {pem} ssl-min-ver TLSv1.3
+  use_backend be_h1_tls if {{ path_beg {REENCRYPT_PREFIX} }}
+  default_backend be_h1
+backend be_h1
+  server s1 {h1}
+backend be_h1_tls
+  server s1 {https} ssl verify required ca-file {ca} sni str({UPSTREAM_NAME}) verifyhost {UPSTREAM_NAME} ssl-min-ver TLSv1.3
+",
+        port = listen.http,
+        pem = files.proxy_pem.display(),
+        h1 = up.http[0],
+        https = up.https,
+        ca = files.ca.display(),
     )
 }
 
@@ -250,6 +337,40 @@ stream {{ server {{ listen 127.0.0.1:{}; proxy_pass {}; }} }}
     out
 }
 
+/// The TLS config for nginx (`prefix` is its private working directory): `listen ... ssl`,
+/// and `proxy_pass https://` with `proxy_ssl_verify`, the bench CA and SNI for the
+/// re-encrypting location.
+pub fn nginx_tls(listen: &Listen, up: &Upstream, prefix: &str, files: &PkiFiles) -> String {
+    let mut out = nginx_head(prefix, false);
+    out += &nginx_upstream("h1", &up.http[..1]);
+    out += &nginx_upstream("h1_tls", &[up.https]);
+    let _ = write!(
+        out,
+        "  server {{
+    listen 127.0.0.1:{port} ssl;
+    ssl_certificate {cert};
+    ssl_certificate_key {key};
+    ssl_protocols TLSv1.3;
+    location / {{ proxy_pass http://h1; }}
+    location {REENCRYPT_PREFIX} {{
+      proxy_pass https://h1_tls;
+      proxy_ssl_server_name on;
+      proxy_ssl_name {UPSTREAM_NAME};
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate {ca};
+      proxy_ssl_protocols TLSv1.3;
+    }}
+  }}
+}}
+",
+        port = listen.http,
+        cert = files.proxy_cert.display(),
+        key = files.proxy_key.display(),
+        ca = files.ca.display(),
+    );
+    out
+}
+
 /// The mesh config for nginx (`prefix` is its private working directory).
 pub fn nginx_mesh(listen: &Listen, up: &Upstream, prefix: &str) -> String {
     let mut out = nginx_head(prefix, false);
@@ -272,6 +393,11 @@ pub fn nginx_mesh(listen: &Listen, up: &Upstream, prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
+    use proto::pb::envoy::config::core::v3::{TransportSocket, transport_socket::ConfigType};
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+        DownstreamTlsContext, UpstreamTlsContext,
+    };
 
     fn upstream() -> Upstream {
         Upstream {
@@ -281,6 +407,17 @@ mod tests {
                 "127.0.0.3:1003".parse().unwrap(),
             ],
             tcp: "127.0.0.1:2000".parse().unwrap(),
+            https: "127.0.0.1:1443".parse().unwrap(),
+            pki: std::sync::Arc::new(crate::tls::Pki::generate().unwrap()),
+        }
+    }
+
+    fn files() -> PkiFiles {
+        PkiFiles {
+            ca: "/d/ca.crt".into(),
+            proxy_cert: "/d/proxy.crt".into(),
+            proxy_key: "/d/proxy.key".into(),
+            proxy_pem: "/d/proxy.pem".into(),
         }
     }
 
@@ -310,6 +447,55 @@ mod tests {
             assert!(text.contains("1001"), "{text}");
             assert!(text.contains("2000"), "{text}");
             assert!(text.contains("3000") && text.contains("3002"), "{text}");
+        }
+    }
+
+    #[test]
+    fn tls_configs_terminate_and_reencrypt_with_validation() {
+        let up = upstream();
+        let envoy = envoy_tls(&LISTEN, &up, &files());
+        assert!(envoy.contains("DownstreamTlsContext") && envoy.contains("UpstreamTlsContext"));
+        assert!(envoy.contains("sni: upstream.bench.local"));
+        assert!(envoy.contains("trusted_ca: {filename: /d/ca.crt}"));
+        assert!(envoy.contains("matcher: {exact: upstream.bench.local}"));
+        // The TLS cluster points at the upstream's TLS listener, the other at plaintext.
+        assert!(envoy.contains("port_value: 1443") && envoy.contains("port_value: 1001"));
+        // It decodes as a bootstrap, each TLS context where Envoy looks for it.
+        let value = proto::Codec::parse_text(&envoy, proto::Format::Yaml).unwrap();
+        let codec = proto::Codec::for_document("envoy.config.bootstrap.v3.Bootstrap", &value);
+        let resources = codec
+            .decode::<Bootstrap>(value, false)
+            .unwrap()
+            .message
+            .static_resources
+            .unwrap();
+        let socket = |s: &Option<TransportSocket>| match &s.as_ref().unwrap().config_type {
+            Some(ConfigType::TypedConfig(any)) => any.clone(),
+            None => panic!("no typed_config"),
+        };
+        let down: DownstreamTlsContext = proto::unpack(&socket(
+            &resources.listeners[0].filter_chains[0].transport_socket,
+        ))
+        .unwrap();
+        let common = down.common_tls_context.unwrap();
+        assert_eq!(common.tls_certificates.len(), 1);
+        assert_eq!(common.tls_params.unwrap().tls_minimum_protocol_version, 4);
+        let tls_cluster = &resources.clusters[1];
+        assert_eq!(tls_cluster.name, "h1_tls");
+        let up_tls: UpstreamTlsContext =
+            proto::unpack(&socket(&tls_cluster.transport_socket)).unwrap();
+        assert_eq!(up_tls.sni, UPSTREAM_NAME);
+        assert!(resources.clusters[0].transport_socket.is_none());
+        for text in [
+            haproxy_tls(&LISTEN, &up, &files()),
+            nginx_tls(&LISTEN, &up, "/p", &files()),
+        ] {
+            assert!(text.contains("3000") && text.contains("1443"), "{text}");
+            assert!(
+                text.contains("/d/ca.crt") && text.contains(UPSTREAM_NAME),
+                "{text}"
+            );
+            assert!(text.contains("TLSv1.3"), "{text}");
         }
     }
 

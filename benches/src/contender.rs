@@ -10,7 +10,9 @@ use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::clients;
 use crate::configs::{self, Listen};
+use crate::tls::{PROXY_NAME, TlsClient, UPSTREAM_NAME};
 use crate::upstream::Upstream;
 use crate::xds::{self, AdsServer};
 
@@ -68,6 +70,9 @@ pub enum Shape {
     Standard,
     /// 1,000 virtual hosts / 1,000 clusters x 3 endpoints, routed by Host.
     Mesh,
+    /// An HTTPS listener (TLS 1.3, ECDSA P-256) on `Listen::http`: `/reencrypt*` to the
+    /// upstream over TLS, the rest in plaintext.
+    Tls,
 }
 
 /// Paths of the proxy binaries.
@@ -101,6 +106,9 @@ pub struct Running {
     pub kind: Kind,
     /// Where it listens.
     pub listen: Listen,
+    /// The bench's TLS client for this contender (the TLS shape only): the proxies' name, or
+    /// the upstream's for "direct".
+    pub tls: Option<TlsClient>,
     child: Option<Child>,
     log: PathBuf,
     /// The ADS server of `revoy-xds`; dropped after the process is killed.
@@ -119,9 +127,19 @@ impl Running {
         dir: &Path,
         base_id: u32,
     ) -> Result<Running, String> {
+        let tls = match (shape, kind) {
+            (Shape::Tls, Kind::Direct) => Some(up.pki.client(UPSTREAM_NAME)?),
+            (Shape::Tls, _) => Some(up.pki.client(PROXY_NAME)?),
+            _ => None,
+        };
         if kind == Kind::Direct {
+            let http = if shape == Shape::Tls {
+                up.https.port()
+            } else {
+                up.http[0].port()
+            };
             let listen = Listen {
-                http: up.http[0].port(),
+                http,
                 h2: up.http[0].port(),
                 tcp: up.tcp.port(),
                 admin: 0,
@@ -129,6 +147,7 @@ impl Running {
             return Ok(Running {
                 kind,
                 listen,
+                tls,
                 child: None,
                 log: PathBuf::new(),
                 ads: None,
@@ -154,12 +173,23 @@ impl Running {
             fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(path.to_string_lossy().into_owned())
         };
+        let files = if shape == Shape::Tls {
+            Some(
+                up.pki
+                    .write(&dir)
+                    .map_err(|e| format!("{}: {e}", dir.display()))?,
+            )
+        } else {
+            None
+        };
+        let tls_files = || files.as_ref().expect("written for the TLS shape");
         let mut ads = None;
         let (program, args): (PathBuf, Vec<String>) = match kind {
             Kind::Revoy | Kind::RevoyXds | Kind::Envoy => {
                 let mut text = match shape {
                     Shape::Standard => configs::envoy_standard(&listen, up),
                     Shape::Mesh => configs::envoy_mesh(&listen, up),
+                    Shape::Tls => configs::envoy_tls(&listen, up, tls_files()),
                 };
                 if kind == Kind::RevoyXds {
                     // The static contender's resources, served over ADS; the bootstrap only
@@ -195,6 +225,7 @@ impl Running {
                         let map = write("hosts.map", configs::haproxy_mesh_map())?;
                         configs::haproxy_mesh(&listen, up, &map)
                     }
+                    Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
                 };
                 let config = write("haproxy.cfg", text)?;
                 ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
@@ -203,6 +234,7 @@ impl Running {
                 let text = match shape {
                     Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
+                    Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
                 };
                 let config = write("nginx.conf", text)?;
                 (
@@ -234,12 +266,13 @@ impl Running {
         let mut running = Running {
             kind,
             listen,
+            tls,
             child: Some(child),
             log,
             ads,
         };
         let host = match shape {
-            Shape::Standard => "bench.local".to_string(),
+            Shape::Standard | Shape::Tls => "bench.local".to_string(),
             Shape::Mesh => configs::mesh_host(0),
         };
         running.wait_ready(&host, Duration::from_secs(60))?;
@@ -300,7 +333,11 @@ impl Running {
                     self.log_tail()
                 ));
             }
-            match self.ready().and_then(|()| probe(self.listen.http, host)) {
+            let probe = || match &self.tls {
+                Some(tls) => tls_probe(self.listen.http, tls),
+                None => probe(self.listen.http, host),
+            };
+            match self.ready().and_then(|()| probe()) {
                 Ok(()) => return Ok(()),
                 Err(e) => last = e,
             }
@@ -362,6 +399,14 @@ fn probe(port: u16, host: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(String::from_utf8_lossy(&head).into_owned())
+    }
+}
+
+/// One `GET /` over TLS with `Connection: close`; Ok when the answer is a 200.
+fn tls_probe(port: u16, tls: &TlsClient) -> Result<(), String> {
+    match clients::tls_get(port, tls, "/", true)? {
+        (_, 200) => Ok(()),
+        (_, status) => Err(format!("answered {status}")),
     }
 }
 

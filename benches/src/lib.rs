@@ -1,7 +1,8 @@
 //! Shared pieces of the side-by-side load benchmark (`src/bin/load.rs`): the in-process
 //! upstream, how the measured revoy is built (plain or profile-guided), the contenders and
-//! their generated configs, the load generators, process sampling from /proc, and the report
-//! writers; and the xDS push benchmark's resources and proxies (`src/bin/xds_push.rs`).
+//! their generated configs, the load generators, the TLS scenarios' certificates and client,
+//! process sampling from /proc, and the report writers; and the xDS push benchmark's
+//! resources and proxies (`src/bin/xds_push.rs`).
 
 pub mod build;
 pub mod clients;
@@ -10,5 +11,6 @@ pub mod contender;
 pub mod procfs;
 pub mod report;
 pub mod stats;
+pub mod tls;
 pub mod upstream;
 pub mod xds;

@@ -18,10 +18,14 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 18] = [
+pub const METRICS: [Metric; 23] = [
     Metric {
         key: "rps",
         title: "req/s",
+    },
+    Metric {
+        key: "handshakes_s",
+        title: "handshakes/s",
     },
     Metric {
         key: "mib_s",
@@ -30,6 +34,10 @@ pub const METRICS: [Metric; 18] = [
     Metric {
         key: "cpu_us_per_req",
         title: "CPU µs/req",
+    },
+    Metric {
+        key: "cpu_us_per_handshake",
+        title: "CPU µs/handshake",
     },
     Metric {
         key: "cpu_ms_per_gib",
@@ -86,6 +94,18 @@ pub const METRICS: [Metric; 18] = [
     Metric {
         key: "kib_per_idle_conn",
         title: "KiB per idle connection",
+    },
+    Metric {
+        key: "kib_per_idle_tls_conn",
+        title: "KiB per idle TLS connection",
+    },
+    Metric {
+        key: "kib_per_idle_tls_conn_reencrypt",
+        title: "KiB per idle TLS connection, re-encrypting",
+    },
+    Metric {
+        key: "resumed",
+        title: "resumed handshakes",
     },
     Metric {
         key: "errors",
@@ -216,7 +236,7 @@ impl Results {
             return "—".into();
         };
         let shown = format_value(value);
-        if metric == "errors" || kind == Kind::Envoy {
+        if matches!(metric, "errors" | "resumed") || kind == Kind::Envoy {
             return shown;
         }
         match self.median(scenario, Kind::Envoy, metric) {
@@ -284,10 +304,27 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
     }
 }
 
+/// Whether a scenario is a memory row (drawn last).
+fn is_memory(scenario: &str) -> bool {
+    scenario == "memory" || scenario == "tls_memory"
+}
+
 /// The two charts of a scenario's row: what it delivers and what it costs, as
 /// (metric, title) pairs; `None` for a scenario that has neither.
 fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'static str); 2]> {
     let has = |metric: &str| results.has(scenario, metric);
+    if scenario == "tls_memory" {
+        return Some([
+            (
+                "kib_per_idle_tls_conn",
+                "KiB per idle TLS connection (lower is better)",
+            ),
+            (
+                "kib_per_idle_tls_conn_reencrypt",
+                "the same, re-encrypting (lower is better)",
+            ),
+        ]);
+    }
     if scenario == "memory" {
         let peak = if has("mesh_peak_rss_mib") {
             (
@@ -298,6 +335,15 @@ fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'sta
             ("peak_rss_mib", "peak RSS MiB (lower is better)")
         };
         return Some([("idle_rss_mib", "idle RSS MiB (lower is better)"), peak]);
+    }
+    if has("handshakes_s") {
+        return Some([
+            ("handshakes_s", "full handshakes/s (higher is better)"),
+            (
+                "cpu_us_per_handshake",
+                "proxy CPU µs/handshake (lower is better)",
+            ),
+        ]);
     }
     if has("rps") {
         return Some([
@@ -315,17 +361,14 @@ fn chart_pair(results: &Results, scenario: &str) -> Option<[(&'static str, &'sta
 }
 
 /// An SVG with a row per scenario (memory last): throughput and CPU cost per contender side
-/// by side (for memory: idle and peak RSS).
+/// by side (for memory: idle and peak RSS; for the TLS config's: RSS per idle TLS connection).
 pub fn svg_chart(results: &Results) -> String {
-    let mut order: Vec<&str> = results
+    let (mut order, memory): (Vec<&str>, Vec<&str>) = results
         .scenarios()
         .iter()
         .map(String::as_str)
-        .filter(|s| *s != "memory")
-        .collect();
-    if results.scenarios().iter().any(|s| s == "memory") {
-        order.push("memory");
-    }
+        .partition(|s| !is_memory(s));
+    order.extend(memory);
     let mut body = String::new();
     let mut y = 10.0;
     for scenario in order {

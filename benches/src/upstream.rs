@@ -1,10 +1,12 @@
-//! The fast upstream every contender forwards to: a hyper server (HTTP/1.1 and h2c) on its own
-//! single-threaded runtime, and a TCP source that streams a requested number of bytes.
+//! The fast upstream every contender forwards to: a hyper server (HTTP/1.1 and h2c, and
+//! HTTP/1.1 over TLS on a listener of its own) on its own single-threaded runtime, and a TCP
+//! source that streams a requested number of bytes.
 
 use std::convert::Infallible;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::thread;
 
@@ -16,6 +18,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
+use tokio_rustls::TlsAcceptor;
+
+use crate::tls::Pki;
 
 /// The body of every small response.
 pub const SMALL_BODY: &[u8] = b"hello from the benchmark upstream\n";
@@ -35,6 +40,11 @@ pub struct Upstream {
     pub http: Vec<SocketAddr>,
     /// The TCP source: reads a big-endian u64 byte count, writes that many bytes, closes.
     pub tcp: SocketAddr,
+    /// HTTP/1.1 over TLS 1.3 (127.0.0.1), serving [`Pki::upstream`]'s certificate; the same
+    /// responses as `http`.
+    pub https: SocketAddr,
+    /// The certificates of the TLS scenarios, made when the upstream started.
+    pub pki: Arc<Pki>,
 }
 
 /// A gRPC message frame around `payload` (uncompressed, 4-byte big-endian length).
@@ -57,18 +67,28 @@ pub fn start() -> io::Result<Upstream> {
         .iter()
         .map(StdListener::local_addr)
         .collect::<io::Result<Vec<_>>>()?;
+    let pki = Arc::new(Pki::generate().map_err(io::Error::other)?);
+    let tls = TlsAcceptor::from(pki.upstream_server().map_err(io::Error::other)?);
+    let https_listener = StdListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    https_listener.set_nonblocking(true)?;
+    let https = https_listener.local_addr()?;
     thread::Builder::new()
         .name("upstream-http".into())
-        .spawn(move || serve_http(listeners))?;
+        .spawn(move || serve_http(listeners, (https_listener, tls)))?;
     let tcp_listener = StdListener::bind((Ipv4Addr::LOCALHOST, 0))?;
     let tcp = tcp_listener.local_addr()?;
     thread::Builder::new()
         .name("upstream-tcp".into())
         .spawn(move || serve_tcp(tcp_listener))?;
-    Ok(Upstream { http, tcp })
+    Ok(Upstream {
+        http,
+        tcp,
+        https,
+        pki,
+    })
 }
 
-fn serve_http(listeners: Vec<StdListener>) {
+fn serve_http(listeners: Vec<StdListener>, (https, tls): (StdListener, TlsAcceptor)) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -81,6 +101,8 @@ fn serve_http(listeners: Vec<StdListener>) {
             let large = large.clone();
             tasks.push(tokio::spawn(accept_loop(listener, large)));
         }
+        let https = tokio::net::TcpListener::from_std(https).expect("upstream TLS listener");
+        tasks.push(tokio::spawn(accept_tls_loop(https, tls, large)));
         for task in tasks {
             let _ = task.await;
         }
@@ -99,6 +121,25 @@ async fn accept_loop(listener: tokio::net::TcpListener, large: Bytes) {
             let mut builder = auto::Builder::new(TokioExecutor::new());
             builder.http2().max_concurrent_streams(1024);
             let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn accept_tls_loop(listener: tokio::net::TcpListener, tls: TlsAcceptor, large: Bytes) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let (tls, large) = (tls.clone(), large.clone());
+        tokio::spawn(async move {
+            let Ok(stream) = tls.accept(stream).await else {
+                return;
+            };
+            let service = service_fn(move |req| respond(req, large.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
@@ -207,6 +248,31 @@ mod tests {
         let mut got = Vec::new();
         stream.read_to_end(&mut got).unwrap();
         assert_eq!(got.len(), 300_000);
+    }
+
+    #[test]
+    fn tls_listener_serves_full_handshakes_and_the_client_counts_resumed_ones() {
+        use crate::clients::{tls_get, tls_idle_connections, tls_new_connections};
+        let upstream = start().unwrap();
+        let port = upstream.https.port();
+        let client = upstream.pki.client(crate::tls::UPSTREAM_NAME).unwrap();
+        assert_eq!(tls_get(port, &client, "/", true).unwrap().1, 200);
+        let (idle, not_ok) = tls_idle_connections(port, &client, "/", 3).unwrap();
+        assert_eq!((idle.len(), not_ok), (3, 0));
+        let run = tls_new_connections(port, &client, "/", 2, 1).unwrap();
+        assert!(run.throughput.count > 0, "{run:?}");
+        assert_eq!((run.throughput.errors, run.resumed), (0, 0), "{run:?}");
+        assert!(run.negotiated.unwrap().contains("TLS13"));
+        // The same client keeping the server's tickets resumes, and is counted.
+        let mut resuming = client.clone();
+        let mut config = (*client.config).clone();
+        config.resumption = rustls::client::Resumption::in_memory_sessions(16);
+        resuming.config = Arc::new(config);
+        let run = tls_new_connections(port, &resuming, "/", 1, 1).unwrap();
+        assert!(run.resumed > 0, "{run:?}");
+        // A client expecting another name fails its handshakes.
+        let wrong = upstream.pki.client(crate::tls::PROXY_NAME).unwrap();
+        assert!(tls_get(port, &wrong, "/", true).is_err());
     }
 
     #[test]

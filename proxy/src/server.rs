@@ -130,11 +130,13 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                 "static listeners started; waiting for the initial xDS configuration"
             )
         }
-        Ok(false) if static_warming => {
+        Ok(false)
+            if static_warming || !crate::xds::sds::static_cluster_secrets(&shared).is_empty() =>
+        {
             warm_static_listeners(&shared, warming, true);
             tracing::info!(
                 workers,
-                "listeners started but those waiting for SDS secrets; revoy is live once they are"
+                "listeners started but those waiting for SDS secrets; revoy is live once the static listeners' and clusters' secrets are in"
             );
         }
         Ok(false) => {
@@ -216,8 +218,11 @@ fn warm_static_listeners(
                     }
                 }
                 if then_live {
+                    // As Envoy's initialization, LIVE waits for the static clusters' secrets too.
+                    let clusters = crate::xds::sds::static_cluster_secrets(&shared);
+                    crate::xds::sds::secrets_arrived(&shared, &clusters).await;
                     shared.lifecycle.set_state(ServerState::Live);
-                    tracing::info!("the static listeners' secrets arrived; revoy is live");
+                    tracing::info!("the static listeners' and clusters' secrets arrived; revoy is live");
                 }
             });
         })

@@ -1,11 +1,17 @@
-//! Transports (unix socket), connection retries and the rate limit.
+//! Transports (unix socket), connection retries, a refused call and the rate limit.
 
 mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use support::{Server, config, listener, response, start};
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use support::{PATIENCE, QUIET, Server, config, listener, response, start};
 use xds_client::client::{Mode, RateLimit};
 use xds_client::{
     CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, LISTENER_TYPE_URL, ROUTE_TYPE_URL, SECRET_TYPE_URL,
@@ -87,4 +93,61 @@ async fn rate_limited_requests_queue_and_say_so() {
     assert!(most.max() >= Some(2), "{events:?}");
     assert!(events.contains(&Event::RateLimited), "{events:?}");
     client.stop();
+}
+
+/// An ADS service that refuses every call, as a control plane answers a client it does not
+/// authorize (a trailers-only gRPC error), and counts the calls.
+struct Refusing(tokio::sync::mpsc::UnboundedSender<()>);
+
+type Responses<T> = tokio_stream::wrappers::UnboundedReceiverStream<Result<T, tonic::Status>>;
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Refusing {
+    type StreamAggregatedResourcesStream = Responses<DiscoveryResponse>;
+    type DeltaAggregatedResourcesStream = Responses<DeltaDiscoveryResponse>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
+        let _ = self.0.send(());
+        Err(tonic::Status::permission_denied("not authorized"))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        let _ = self.0.send(());
+        Err(tonic::Status::permission_denied("not authorized"))
+    }
+}
+
+#[tokio::test]
+async fn a_refused_call_is_not_a_stream_and_is_tried_again() {
+    for mode in [Mode::Sotw, Mode::Delta] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let (calls, mut called) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AggregatedDiscoveryServiceServer::new(Refusing(calls)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let transport = xds_client::client::Transport::Tcp(address);
+        let (client, _recorder, mut probe) = start(config(transport, mode));
+        client.subscribe_wildcard(LISTENER_TYPE_URL);
+        for _ in 0..2 {
+            tokio::time::timeout(PATIENCE, called.recv())
+                .await
+                .expect("a call in time")
+                .expect("the server runs");
+        }
+        assert!(!client.status().connected, "{mode:?}");
+        if let Ok(event) = tokio::time::timeout(QUIET, probe.event()).await {
+            panic!("{mode:?}: no stream came up, yet {event:?}");
+        }
+        client.stop();
+        server.abort();
+    }
 }

@@ -63,20 +63,17 @@ pub fn fill_dump(
         clusters.version_info = st.cds_version.clone();
         for (name, r) in st.listeners.iter() {
             let state = r.value.as_ref().map(|v| DynamicListenerState {
-                version_info: r.version.clone(),
+                version_info: r.version.to_string(),
                 listener: Some(any(LISTENER_TYPE_URL, v)),
                 last_updated: Some(timestamp(r.last_updated)),
             });
             let warming = r.status == Status::Warming;
             // An update warming while the previous version serves: both are shown.
-            let serving = r
-                .serving
-                .as_ref()
-                .map(|(version, value, at)| DynamicListenerState {
-                    version_info: version.clone(),
-                    listener: Some(any(LISTENER_TYPE_URL, value)),
-                    last_updated: Some(timestamp(*at)),
-                });
+            let serving = r.serving.as_ref().map(|s| DynamicListenerState {
+                version_info: s.version.to_string(),
+                listener: Some(any(LISTENER_TYPE_URL, &s.value)),
+                last_updated: Some(timestamp(s.at)),
+            });
             listeners.dynamic_listeners.push(DynamicListener {
                 name: name.clone(),
                 active_state: if warming { serving } else { state.clone() },
@@ -88,7 +85,7 @@ pub fn fill_dump(
         }
         for (_, r) in st.clusters.iter() {
             let dynamic = DynamicCluster {
-                version_info: r.version.clone(),
+                version_info: r.version.to_string(),
                 cluster: r.value.as_ref().map(|v| any(CLUSTER_TYPE_URL, v)),
                 last_updated: Some(timestamp(r.last_updated)),
                 error_state: error_state(CLUSTER_TYPE_URL, r),
@@ -102,7 +99,7 @@ pub fn fill_dump(
         }
         for (_, r) in st.routes.iter() {
             routes.dynamic_route_configs.push(DynamicRouteConfig {
-                version_info: r.version.clone(),
+                version_info: r.version.to_string(),
                 route_config: r.value.as_ref().map(|v| any(ROUTE_TYPE_URL, v)),
                 last_updated: Some(timestamp(r.last_updated)),
                 error_state: error_state(ROUTE_TYPE_URL, r),
@@ -112,7 +109,7 @@ pub fn fill_dump(
         if let Some(eds) = eds {
             for (_, r) in st.endpoints.iter() {
                 eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
-                    version_info: r.version.clone(),
+                    version_info: r.version.to_string(),
                     endpoint_config: r.value.as_ref().map(|v| any(ENDPOINT_TYPE_URL, v)),
                     last_updated: Some(timestamp(r.last_updated)),
                     error_state: error_state(ENDPOINT_TYPE_URL, r),

@@ -2,11 +2,14 @@
 //! protocol and connection settings, validated with Envoy's rules.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use proto::pb::envoy::config::core::v3 as core;
+use proto::pb::envoy::config::core::v3::transport_socket;
 use proto::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
 use proto::pb::envoy::extensions::upstreams::http::v3::HttpProtocolOptions;
 use proto::pb::envoy::extensions::upstreams::http::v3::http_protocol_options::{
     UpstreamProtocolOptions, explicit_http_config::ProtocolConfig,
@@ -189,8 +192,8 @@ pub struct EndpointConfig {
     pub weight: u32,
     /// The locality's `priority`.
     pub priority: u32,
-    /// The locality.
-    pub locality: Locality,
+    /// The locality, shared by the endpoints of one `LocalityLbEndpoints` (and their hosts).
+    pub locality: Arc<Locality>,
     /// `health_status`.
     pub health: HealthStatus,
     /// `endpoint.hostname`.
@@ -342,6 +345,38 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
         warnings.skipped(format!("{path}.{field}"), *what);
+    }
+    let sockets = c
+        .transport_socket
+        .iter()
+        .map(|t| ("transport_socket".to_owned(), t))
+        .chain(
+            c.transport_socket_matches
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| {
+                    let at = format!("transport_socket_matches[{i}].transport_socket");
+                    m.transport_socket.as_ref().map(|t| (at, t))
+                }),
+        );
+    for (at, socket) in sockets {
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            continue;
+        };
+        let Ok(tls) = proto::unpack::<UpstreamTlsContext>(any) else {
+            continue;
+        };
+        let Some(params) = tls.common_tls_context.and_then(|c| c.tls_params) else {
+            continue;
+        };
+        for (i, name) in super::tls::provider::left_out_suites(&params) {
+            warnings.skipped(
+                format!(
+                    "{path}.{at}.typed_config.common_tls_context.tls_params.cipher_suites[{i}]"
+                ),
+                super::tls::provider::left_out_message(&name),
+            );
+        }
     }
     let thresholds = c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds);
     for (i, t) in thresholds.enumerate() {
@@ -587,14 +622,16 @@ fn endpoints(
     let mut out = Vec::new();
     let mut unreachable = Vec::new();
     for (i, lle) in la.endpoints.iter().enumerate() {
-        let locality = lle
-            .locality
-            .as_ref()
-            .map_or_else(Locality::default, |l| Locality {
-                region: l.region.clone(),
-                zone: l.zone.clone(),
-                sub_zone: l.sub_zone.clone(),
-            });
+        let locality =
+            Arc::new(
+                lle.locality
+                    .as_ref()
+                    .map_or_else(Locality::default, |l| Locality {
+                        region: l.region.clone(),
+                        zone: l.zone.clone(),
+                        sub_zone: l.sub_zone.clone(),
+                    }),
+            );
         for (j, lbe) in lle.lb_endpoints.iter().enumerate() {
             let path = format!("endpoints[{i}].lb_endpoints[{j}]");
             let ep = match &lbe.host_identifier {
@@ -639,6 +676,8 @@ fn endpoints(
             });
         }
     }
+    // Kept for the cluster's life: no spare capacity.
+    out.shrink_to_fit();
     Ok((out, unreachable))
 }
 

@@ -259,6 +259,18 @@ fn compile_chain(
             );
             refused.get_or_insert(what);
         }
+        if let Some(params) = ctx
+            .common_tls_context
+            .as_ref()
+            .and_then(|c| c.tls_params.as_ref())
+        {
+            for (i, name) in super::tls::provider::left_out_suites(params) {
+                warnings.skipped(
+                    format!("{at}.common_tls_context.tls_params.cipher_suites[{i}]"),
+                    super::tls::provider::left_out_message(&name),
+                );
+            }
+        }
         for (field, what) in tls_unimplemented(ctx) {
             warnings.fails_closed(
                 format!("{path}.transport_socket.typed_config.{field}"),

@@ -128,7 +128,7 @@ impl Exchange<'_> {
                     return (self.global_timeout(), attempt);
                 }
                 Err(_) => {
-                    self.cluster.stats().upstream_rq_per_try_timeout.inc();
+                    self.cluster.stats().upstream_rq_per_try_timeout().inc();
                     let r = self
                         .retry
                         .as_ref()
@@ -160,8 +160,8 @@ impl Exchange<'_> {
             drop(retrying.take());
             let in_flight = &stats.retries_in_flight;
             let limit = self.cluster.config().circuit_breakers[0].retry_limit(
-                stats.upstream_rq_active.value(),
-                stats.upstream_rq_pending_active.value(),
+                stats.upstream_rq_active().value(),
+                stats.upstream_rq_pending_active().value(),
             );
             let overflow = retriable && u64::from(in_flight.load(Ordering::Relaxed)) >= limit;
             let Verdict::RetryAfter(back_off) = state.decide(retriable, overflow, stats) else {
@@ -229,7 +229,7 @@ impl Exchange<'_> {
         let outcome = match result {
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => return self.global_timeout(),
             Err(_) => {
-                self.cluster.stats().upstream_rq_per_try_timeout.inc();
+                self.cluster.stats().upstream_rq_per_try_timeout().inc();
                 Err(())
             }
             // The request's own body broke: whatever the upstream then reported, the fault is
@@ -266,7 +266,7 @@ impl Exchange<'_> {
 
     fn global_timeout(&self) -> Outcome {
         let stats = self.cluster.stats();
-        stats.upstream_rq_timeout.inc();
+        stats.upstream_rq_timeout().inc();
         stats.charge_status(504, self.lb.internal);
         Outcome::Local(LocalFailure::timeout())
     }

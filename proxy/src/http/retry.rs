@@ -309,22 +309,22 @@ impl<'p> RetryState<'p> {
     pub fn decide(&mut self, retriable: bool, overflow: bool, stats: &ClusterStats) -> Verdict {
         if !retriable {
             if self.retried {
-                stats.upstream_rq_retry_success.inc();
+                stats.upstream_rq_retry_success().inc();
             }
             return Verdict::No;
         }
         if self.remaining == 0 {
-            stats.upstream_rq_retry_limit_exceeded.inc();
+            stats.upstream_rq_retry_limit_exceeded().inc();
             return Verdict::LimitExceeded;
         }
         self.remaining -= 1;
         if overflow {
-            stats.upstream_rq_retry_overflow.inc();
+            stats.upstream_rq_retry_overflow().inc();
             return Verdict::No;
         }
         self.retried = true;
-        stats.upstream_rq_retry.inc();
-        stats.upstream_rq_retry_backoff_exponential.inc();
+        stats.upstream_rq_retry().inc();
+        stats.upstream_rq_retry_backoff_exponential().inc();
         Verdict::RetryAfter(self.next_back_off(rand::random()))
     }
 

@@ -463,7 +463,7 @@ async fn route_and_forward(
                         RequestBody::Replay(replay)
                     }
                     Ok(Buffered::TooLarge(body)) => {
-                        cluster.stats().retry_or_shadow_abandoned.inc();
+                        cluster.stats().retry_or_shadow_abandoned().inc();
                         RequestBody::Once(body)
                     }
                     Err(e) => {

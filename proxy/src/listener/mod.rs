@@ -13,8 +13,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rustls::server::Acceptor;
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
@@ -36,23 +37,66 @@ struct Chain {
     kind: ChainKind,
 }
 
-/// A chain's TLS termination: the acceptor (its resolvers read the live secrets), what it
-/// presents and trusts (for `/certs`) and the listener's `ssl.*` stats.
+/// A chain's TLS termination: the rustls configuration (its resolvers read the live
+/// secrets), what it presents and trusts (for `/certs`) and the listener's `ssl.*` stats.
 struct Tls {
-    acceptor: TlsAcceptor,
+    config: Arc<rustls::ServerConfig>,
+    /// The same configuration without ALPN, for a client whose ALPN offer has none of the
+    /// chain's protocols: Envoy then goes on without ALPN (Istio's clients offer
+    /// `istio-http/1.1` to chains of `h2, http/1.1`), where rustls would refuse the handshake.
+    /// `None` when the chain has no ALPN.
+    without_alpn: Option<Arc<rustls::ServerConfig>>,
     certificates: ContextCertificates,
     stats: TlsStats,
 }
 
 impl Tls {
+    fn new(context: crate::tls::ServerContext, stats: TlsStats) -> Self {
+        let config = context.config;
+        let without_alpn = (!config.alpn_protocols.is_empty()).then(|| {
+            let mut plain = (*config).clone();
+            plain.alpn_protocols.clear();
+            Arc::new(plain)
+        });
+        Tls {
+            config,
+            without_alpn,
+            certificates: context.certificates,
+            stats,
+        }
+    }
+
     /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
     async fn accept(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         self.finish(handshake.await, peer)
+    }
+
+    /// The handshake itself: with the chain's ALPN when the client's offer shares a protocol
+    /// with it (or offers none), else without ALPN.
+    async fn handshake(
+        &self,
+        stream: TcpStream,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+        let Some(without_alpn) = &self.without_alpn else {
+            return TlsAcceptor::from(self.config.clone()).accept(stream).await;
+        };
+        let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
+        let ours = &self.config.alpn_protocols;
+        let shares_one = start
+            .client_hello()
+            .alpn()
+            .is_none_or(|mut offered| offered.any(|p| ours.iter().any(|o| o == p)));
+        let config = if shares_one {
+            &self.config
+        } else {
+            without_alpn
+        };
+        start.into_stream(config.clone()).await
     }
 
     /// [`Tls::accept`], also returning the connection's certificates (the client's chain and
@@ -62,7 +106,7 @@ impl Tls {
         stream: TcpStream,
         peer: SocketAddr,
     ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerTls)> {
-        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.acceptor.accept(stream));
+        let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
         let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
@@ -89,7 +133,6 @@ impl Tls {
                 None
             }
             Err(_) => {
-                self.stats.connection_error.inc();
                 tracing::debug!(%peer, "TLS handshake timed out");
                 None
             }
@@ -148,11 +191,7 @@ impl Listener {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
             let context = crate::tls::server_context(spec, secrets, stats.clone())?;
-            Some(Tls {
-                acceptor: TlsAcceptor::from(context.config),
-                certificates: context.certificates,
-                stats,
-            })
+            Some(Tls::new(context, stats))
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());

@@ -1,34 +1,279 @@
 //! Counters and gauges with Envoy's names. Handles are resolved once (at config compile time)
 //! and then only touch atomics; the store is read by the admin API.
+//!
+//! Metrics live in blocks: a block is a fixed [`Layout`] of metrics under one name prefix,
+//! its values in one allocation, its prefix kept once (a cluster's `cluster.<name>.*`: some
+//! thirty stats whose names would otherwise repeat the cluster's name each). A metric asked
+//! for by its whole name that no block holds is a block of one. Envoy keeps stat names as
+//! sequences of shared symbols for the same reason.
 
 mod render;
 pub mod tags;
 
 pub use render::{render_json, render_prometheus, render_text};
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::borrow::Borrow;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// A monotonically increasing count (Envoy counter).
-#[derive(Clone, Debug, Default)]
-pub struct Counter(Arc<Cell>);
-
-/// A value that goes up and down (Envoy gauge).
-#[derive(Clone, Debug, Default)]
-pub struct Gauge(Arc<Cell>);
-
-#[derive(Debug, Default)]
-struct Cell {
-    value: AtomicU64,
-    used: AtomicBool,
+/// Whether a metric only grows or goes up and down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Envoy's counter.
+    Counter,
+    /// Envoy's gauge.
+    Gauge,
 }
 
-impl Cell {
-    fn mark(&self) {
-        if !self.used.load(Ordering::Relaxed) {
-            self.used.store(true, Ordering::Relaxed);
+/// One metric of a [`Layout`].
+#[derive(Debug)]
+pub struct Slot {
+    /// Its name after the block's prefix.
+    pub name: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// Whether it exists as soon as its block does; otherwise from its first use through
+    /// [`Block::declare`] or a lookup by name (the stats Envoy creates only when needed).
+    pub eager: bool,
+}
+
+/// The metrics of a block, in slot order (at most 64).
+pub type Layout = [Slot];
+
+/// The layout of a metric of its own, whose prefix is its whole name.
+static SINGLE_COUNTER: [Slot; 1] = [Slot {
+    name: "",
+    kind: Kind::Counter,
+    eager: true,
+}];
+
+/// See [`SINGLE_COUNTER`].
+static SINGLE_GAUGE: [Slot; 1] = [Slot {
+    name: "",
+    kind: Kind::Gauge,
+    eager: true,
+}];
+
+/// A block's prefix, layout and values.
+#[derive(Debug)]
+struct Values {
+    prefix: Box<str>,
+    layout: &'static Layout,
+    /// Bit `i`: slot `i` exists (is listed).
+    declared: AtomicU64,
+    /// Bit `i`: slot `i` was ever written (Envoy's `used`).
+    used: AtomicU64,
+    values: Box<[AtomicU64]>,
+}
+
+impl Values {
+    fn new(prefix: &str, layout: &'static Layout) -> Self {
+        assert!(layout.len() <= 64, "a stats block holds at most 64 metrics");
+        let eager = layout
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.eager)
+            .fold(0, |bits, (i, _)| bits | 1 << i);
+        Values {
+            prefix: prefix.into(),
+            layout,
+            declared: AtomicU64::new(eager),
+            used: AtomicU64::new(0),
+            values: layout.iter().map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    fn declared(&self, slot: usize) -> bool {
+        self.declared.load(Ordering::Relaxed) & 1 << slot != 0
+    }
+
+    fn declare(&self, slot: usize) {
+        if !self.declared(slot) {
+            self.declared.fetch_or(1 << slot, Ordering::Relaxed);
+        }
+    }
+
+    fn used(&self, slot: usize) -> bool {
+        self.used.load(Ordering::Relaxed) & 1 << slot != 0
+    }
+
+    fn mark(&self, slot: usize) {
+        if !self.used(slot) {
+            self.used.fetch_or(1 << slot, Ordering::Relaxed);
+        }
+    }
+
+    /// The slot named `name` of `kind`, declared.
+    fn slot(&self, name: &str, kind: Kind) -> Option<usize> {
+        let i = self
+            .layout
+            .iter()
+            .position(|s| s.name == name && s.kind == kind)?;
+        self.declare(i);
+        Some(i)
+    }
+
+    fn add(&self, slot: usize, n: u64) {
+        self.values[slot].fetch_add(n, Ordering::Relaxed);
+        self.mark(slot);
+    }
+
+    fn sub(&self, slot: usize, n: u64) {
+        self.values[slot].fetch_sub(n, Ordering::Relaxed);
+        self.mark(slot);
+    }
+
+    fn set(&self, slot: usize, v: u64) {
+        self.values[slot].store(v, Ordering::Relaxed);
+        self.mark(slot);
+    }
+
+    fn value(&self, slot: usize) -> u64 {
+        self.values[slot].load(Ordering::Relaxed)
+    }
+}
+
+/// A counter of a block, borrowed from it (what a block's owner hands out per use).
+#[derive(Clone, Copy, Debug)]
+pub struct CounterRef<'a> {
+    block: &'a Values,
+    slot: usize,
+}
+
+impl CounterRef<'_> {
+    /// Adds one.
+    pub fn inc(self) {
+        self.block.add(self.slot, 1);
+    }
+    /// Adds `n`.
+    pub fn add(self, n: u64) {
+        self.block.add(self.slot, n);
+    }
+    /// The current value.
+    pub fn value(self) -> u64 {
+        self.block.value(self.slot)
+    }
+}
+
+/// A gauge of a block, borrowed from it.
+#[derive(Clone, Copy, Debug)]
+pub struct GaugeRef<'a> {
+    block: &'a Values,
+    slot: usize,
+}
+
+impl GaugeRef<'_> {
+    /// Adds one.
+    pub fn inc(self) {
+        self.block.add(self.slot, 1);
+    }
+    /// Subtracts one (saturating at zero is the caller's contract: every dec follows an inc).
+    pub fn dec(self) {
+        self.block.sub(self.slot, 1);
+    }
+    /// Sets the value.
+    pub fn set(self, v: u64) {
+        self.block.set(self.slot, v);
+    }
+    /// The current value.
+    pub fn value(self) -> u64 {
+        self.block.value(self.slot)
+    }
+}
+
+/// A block of metrics under one prefix, laid out by a [`Layout`]. Cheap to clone; every
+/// clone is the same block.
+#[derive(Clone, Debug)]
+pub struct Block(Arc<Values>);
+
+impl Block {
+    /// The names' common prefix (`cluster.<name>.`).
+    pub fn prefix(&self) -> &str {
+        &self.0.prefix
+    }
+
+    /// The counter in `slot` (a [`Kind::Counter`] slot of the layout).
+    pub fn counter(&self, slot: usize) -> CounterRef<'_> {
+        debug_assert_eq!(self.0.layout[slot].kind, Kind::Counter);
+        CounterRef {
+            block: &self.0,
+            slot,
+        }
+    }
+
+    /// The gauge in `slot` (a [`Kind::Gauge`] slot of the layout).
+    pub fn gauge(&self, slot: usize) -> GaugeRef<'_> {
+        debug_assert_eq!(self.0.layout[slot].kind, Kind::Gauge);
+        GaugeRef {
+            block: &self.0,
+            slot,
+        }
+    }
+
+    /// Makes `slot` exist from now on (listed even while unused), as Envoy creates a stat on
+    /// first need.
+    pub fn declare(&self, slot: usize) {
+        self.0.declare(slot);
+    }
+
+    /// The counter named `name` (after the prefix), declared; `None` when the layout has none.
+    pub fn named_counter(&self, name: &str) -> Option<Counter> {
+        let slot = self.0.slot(name, Kind::Counter)?;
+        Some(Counter(Handle::new(&self.0, slot)))
+    }
+
+    /// The gauge named `name` (after the prefix), declared; `None` when the layout has none.
+    pub fn named_gauge(&self, name: &str) -> Option<Gauge> {
+        let slot = self.0.slot(name, Kind::Gauge)?;
+        Some(Gauge(Handle::new(&self.0, slot)))
+    }
+}
+
+/// An owned reference to one slot of a block.
+#[derive(Clone, Debug)]
+struct Handle {
+    block: Arc<Values>,
+    slot: u32,
+}
+
+impl Handle {
+    fn new(block: &Arc<Values>, slot: usize) -> Self {
+        Handle {
+            block: block.clone(),
+            slot: slot as u32,
+        }
+    }
+
+    /// A metric of its own, in no store.
+    fn detached(layout: &'static Layout) -> Self {
+        Handle::new(&Arc::new(Values::new("", layout)), 0)
+    }
+
+    fn slot(&self) -> usize {
+        self.slot as usize
+    }
+}
+
+/// A monotonically increasing count (Envoy counter). Cheap to clone; clones count together.
+#[derive(Clone, Debug)]
+pub struct Counter(Handle);
+
+impl Default for Counter {
+    /// A counter in no store.
+    fn default() -> Self {
+        Counter(Handle::detached(&SINGLE_COUNTER))
+    }
+}
+
+/// A value that goes up and down (Envoy gauge). Cheap to clone; clones share the value.
+#[derive(Clone, Debug)]
+pub struct Gauge(Handle);
+
+impl Default for Gauge {
+    /// A gauge in no store.
+    fn default() -> Self {
+        Gauge(Handle::detached(&SINGLE_GAUGE))
     }
 }
 
@@ -39,34 +284,30 @@ impl Counter {
     }
     /// Adds `n`.
     pub fn add(&self, n: u64) {
-        self.0.value.fetch_add(n, Ordering::Relaxed);
-        self.0.mark();
+        self.0.block.add(self.0.slot(), n);
     }
     /// The current value.
     pub fn value(&self) -> u64 {
-        self.0.value.load(Ordering::Relaxed)
+        self.0.block.value(self.0.slot())
     }
 }
 
 impl Gauge {
     /// Adds one.
     pub fn inc(&self) {
-        self.0.value.fetch_add(1, Ordering::Relaxed);
-        self.0.mark();
+        self.0.block.add(self.0.slot(), 1);
     }
     /// Subtracts one (saturating at zero is the caller's contract: every dec follows an inc).
     pub fn dec(&self) {
-        self.0.value.fetch_sub(1, Ordering::Relaxed);
-        self.0.mark();
+        self.0.block.sub(self.0.slot(), 1);
     }
     /// Sets the value.
     pub fn set(&self, v: u64) {
-        self.0.value.store(v, Ordering::Relaxed);
-        self.0.mark();
+        self.0.block.set(self.0.slot(), v);
     }
     /// The current value.
     pub fn value(&self) -> u64 {
-        self.0.value.load(Ordering::Relaxed)
+        self.0.block.value(self.0.slot())
     }
 }
 
@@ -80,20 +321,23 @@ pub enum Metric {
 }
 
 impl Metric {
-    /// The current value.
-    pub fn value(&self) -> u64 {
+    fn handle(&self) -> &Handle {
         match self {
-            Metric::Counter(c) => c.value(),
-            Metric::Gauge(g) => g.value(),
-        }
-    }
-    /// Whether it was ever written (Envoy's `usedonly`).
-    pub fn used(&self) -> bool {
-        let cell = match self {
             Metric::Counter(c) => &c.0,
             Metric::Gauge(g) => &g.0,
-        };
-        cell.used.load(Ordering::Relaxed)
+        }
+    }
+
+    /// The current value.
+    pub fn value(&self) -> u64 {
+        let h = self.handle();
+        h.block.value(h.slot())
+    }
+
+    /// Whether it was ever written (Envoy's `usedonly`).
+    pub fn used(&self) -> bool {
+        let h = self.handle();
+        h.block.used(h.slot())
     }
 }
 
@@ -133,10 +377,40 @@ impl Drop for Open<'_> {
     }
 }
 
-/// The process-wide registry of metrics by full name. Cheap to clone.
+/// A block in the store, ordered and looked up by its prefix.
+#[derive(Debug)]
+struct ByPrefix(Arc<Values>);
+
+impl Borrow<str> for ByPrefix {
+    fn borrow(&self) -> &str {
+        &self.0.prefix
+    }
+}
+
+impl PartialEq for ByPrefix {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.prefix == other.0.prefix
+    }
+}
+
+impl Eq for ByPrefix {}
+
+impl PartialOrd for ByPrefix {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByPrefix {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.prefix.cmp(&other.0.prefix)
+    }
+}
+
+/// The process-wide registry of metrics: blocks by prefix. Cheap to clone.
 #[derive(Clone, Debug, Default)]
 pub struct Store {
-    metrics: Arc<Mutex<BTreeMap<String, Metric>>>,
+    blocks: Arc<Mutex<BTreeSet<ByPrefix>>>,
 }
 
 impl Store {
@@ -145,73 +419,109 @@ impl Store {
         Self::default()
     }
 
+    /// The block of `layout` under `prefix`, created on first use. Asking again returns the
+    /// same block. The names of its slots must not have been asked for one by one before.
+    pub fn block(&self, prefix: &str, layout: &'static Layout) -> Block {
+        let mut blocks = self.blocks.lock().expect("stats lock");
+        if let Some(b) = blocks.get(prefix)
+            && std::ptr::eq(b.0.layout, layout)
+        {
+            return Block(b.0.clone());
+        }
+        let b = Arc::new(Values::new(prefix, layout));
+        blocks.replace(ByPrefix(b.clone()));
+        Block(b)
+    }
+
     /// The counter named `name`, created on first use. Asking again returns the same counter.
     pub fn counter(&self, name: &str) -> Counter {
-        let mut m = self.metrics.lock().expect("stats lock");
-        match m.get(name) {
-            Some(Metric::Counter(c)) => c.clone(),
-            _ => {
-                let c = Counter::default();
-                m.insert(name.to_owned(), Metric::Counter(c.clone()));
-                c
-            }
-        }
+        Counter(self.named(name, Kind::Counter, &SINGLE_COUNTER))
     }
 
     /// The gauge named `name`, created on first use.
     pub fn gauge(&self, name: &str) -> Gauge {
-        let mut m = self.metrics.lock().expect("stats lock");
-        match m.get(name) {
-            Some(Metric::Gauge(g)) => g.clone(),
-            _ => {
-                let g = Gauge::default();
-                m.insert(name.to_owned(), Metric::Gauge(g.clone()));
-                g
+        Gauge(self.named(name, Kind::Gauge, &SINGLE_GAUGE))
+    }
+
+    /// The metric `name` of `kind`: a metric of its own, or the slot of a block whose prefix
+    /// ends at one of the name's dots; else a new metric of its own.
+    fn named(&self, name: &str, kind: Kind, single: &'static Layout) -> Handle {
+        let mut blocks = self.blocks.lock().expect("stats lock");
+        if let Some(b) = blocks.get(name)
+            && std::ptr::eq(b.0.layout, single)
+        {
+            return Handle::new(&b.0, 0);
+        }
+        for (dot, _) in name.match_indices('.') {
+            let (prefix, rest) = name.split_at(dot + 1);
+            if let Some(b) = blocks.get(prefix)
+                && let Some(slot) = b.0.slot(rest, kind)
+            {
+                return Handle::new(&b.0, slot);
             }
         }
+        let b = Arc::new(Values::new(name, single));
+        blocks.replace(ByPrefix(b.clone()));
+        Handle::new(&b, 0)
     }
 
     /// A sorted copy of every metric, for rendering.
     pub fn snapshot(&self) -> Vec<(String, Metric)> {
-        let m = self.metrics.lock().expect("stats lock");
-        m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        let blocks: Vec<Arc<Values>> = {
+            let blocks = self.blocks.lock().expect("stats lock");
+            blocks.iter().map(|b| b.0.clone()).collect()
+        };
+        let mut out = Vec::new();
+        for b in &blocks {
+            for (i, slot) in b.layout.iter().enumerate() {
+                if b.declared(i) {
+                    let h = Handle::new(b, i);
+                    let metric = match slot.kind {
+                        Kind::Counter => Metric::Counter(Counter(h)),
+                        Kind::Gauge => Metric::Gauge(Gauge(h)),
+                    };
+                    out.push((format!("{}{}", b.prefix, slot.name), metric));
+                }
+            }
+        }
+        // Sorted runs already (blocks by prefix, each block's slots as laid out): cheap.
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 
     /// Drops the metrics named `prefix*` that nothing but the store holds any more (those of
     /// a removed cluster or listener, once its last connection or request let go). Answers
     /// whether some under `prefix` are still held, so the caller can try again later.
     pub fn release(&self, prefix: &str) -> bool {
-        let mut m = self.metrics.lock().expect("stats lock");
+        let mut blocks = self.blocks.lock().expect("stats lock");
         let mut held = false;
-        let unheld: Vec<String> = m
+        let unheld: Vec<Arc<Values>> = blocks
             .range::<str, _>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
-            .take_while(|(name, _)| name.starts_with(prefix))
-            .filter(|(_, metric)| {
-                let cell = match metric {
-                    Metric::Counter(c) => &c.0,
-                    Metric::Gauge(g) => &g.0,
-                };
-                let keep = Arc::strong_count(cell) > 1;
+            .take_while(|b| b.0.prefix.starts_with(prefix))
+            .filter(|b| {
+                let keep = Arc::strong_count(&b.0) > 1;
                 held |= keep;
                 !keep
             })
-            .map(|(name, _)| name.clone())
+            .map(|b| b.0.clone())
             .collect();
-        for name in unheld {
-            m.remove(&name);
+        for b in unheld {
+            blocks.remove(&*b.prefix);
         }
         held
     }
 
     /// Sets every counter back to zero (`/reset_counters`).
     pub fn reset_counters(&self) {
-        let m = self.metrics.lock().expect("stats lock");
-        for metric in m.values() {
-            if let Metric::Counter(c) = metric {
-                c.0.value.store(0, Ordering::Relaxed);
+        let blocks = self.blocks.lock().expect("stats lock");
+        for b in blocks.iter() {
+            for (slot, value) in b.0.layout.iter().zip(b.0.values.iter()) {
+                if slot.kind == Kind::Counter {
+                    value.store(0, Ordering::Relaxed);
+                }
             }
         }
     }
@@ -253,6 +563,107 @@ mod tests {
         drop(held);
         assert!(!s.release("cluster.gone."));
         assert_eq!(s.snapshot().len(), 1);
+    }
+
+    static LAYOUT: [Slot; 3] = [
+        Slot {
+            name: "rq_active",
+            kind: Kind::Gauge,
+            eager: true,
+        },
+        Slot {
+            name: "rq_rare",
+            kind: Kind::Counter,
+            eager: false,
+        },
+        Slot {
+            name: "rq_total",
+            kind: Kind::Counter,
+            eager: true,
+        },
+    ];
+
+    fn names(s: &Store) -> Vec<String> {
+        s.snapshot().into_iter().map(|(n, _)| n).collect()
+    }
+
+    #[test]
+    fn a_block_lists_its_eager_slots_and_the_others_once_declared() {
+        let s = Store::new();
+        let b = s.block("cluster.a.b.", &LAYOUT);
+        s.counter("cluster.a.b.upstream_rq_200").inc();
+        assert_eq!(
+            names(&s),
+            [
+                "cluster.a.b.rq_active",
+                "cluster.a.b.rq_total",
+                "cluster.a.b.upstream_rq_200"
+            ]
+        );
+        b.declare(1);
+        assert!(names(&s).contains(&"cluster.a.b.rq_rare".to_owned()));
+        // Asking again is the same block.
+        s.block("cluster.a.b.", &LAYOUT).counter(2).add(2);
+        assert_eq!(b.counter(2).value(), 2);
+    }
+
+    #[test]
+    fn a_name_in_a_block_resolves_to_its_slot() {
+        let s = Store::new();
+        let b = s.block("cluster.a.b.", &LAYOUT);
+        let total = s.counter("cluster.a.b.rq_total");
+        total.inc();
+        b.counter(2).inc();
+        assert_eq!(total.value(), 2);
+        s.gauge("cluster.a.b.rq_active").set(7);
+        assert_eq!(b.gauge(0).value(), 7);
+        // A lazy slot asked for by name is declared by it.
+        s.counter("cluster.a.b.rq_rare").inc();
+        let snap = s.snapshot();
+        let rare = snap.iter().find(|(n, _)| n == "cluster.a.b.rq_rare");
+        assert_eq!(rare.map(|(_, m)| (m.value(), m.used())), Some((1, true)));
+        // The same suffix with the wrong kind is not the slot: a metric of its own.
+        s.gauge("cluster.a.b.rq_total").set(3);
+        assert_eq!(b.counter(2).value(), 2);
+        assert_eq!(names(&s).len(), 4);
+    }
+
+    #[test]
+    fn block_slots_track_use_and_reset_like_the_others() {
+        let s = Store::new();
+        let b = s.block("listener.x.", &LAYOUT);
+        b.gauge(0).set(0);
+        b.counter(2).add(5);
+        let used: Vec<(String, bool)> = s
+            .snapshot()
+            .into_iter()
+            .map(|(n, m)| (n, m.used()))
+            .collect();
+        assert_eq!(
+            used,
+            [
+                ("listener.x.rq_active".to_owned(), true),
+                ("listener.x.rq_total".to_owned(), true)
+            ]
+        );
+        b.gauge(0).set(4);
+        s.reset_counters();
+        assert_eq!((b.gauge(0).value(), b.counter(2).value()), (4, 0));
+    }
+
+    #[test]
+    fn release_drops_a_block_once_nothing_holds_it() {
+        let s = Store::new();
+        let b = s.block("cluster.gone.", &LAYOUT);
+        s.block("cluster.gone2.", &LAYOUT);
+        assert!(s.release("cluster.gone."));
+        assert_eq!(names(&s).len(), 4);
+        drop(b);
+        assert!(!s.release("cluster.gone."));
+        assert_eq!(
+            names(&s),
+            ["cluster.gone2.rq_active", "cluster.gone2.rq_total"]
+        );
     }
 
     #[test]

@@ -5,10 +5,10 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use rustls::SignatureScheme;
 use rustls::client::ResolvesClientCert;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::{SignatureAlgorithm, SignatureScheme};
 use x509_parser::extensions::GeneralName;
 
 use super::SecretStore;
@@ -73,38 +73,62 @@ impl LiveCertificates {
         }
     }
 
-    /// Picks the certificate for a peer offering `schemes` (and asking for `server_name`):
-    /// among those whose DNS names cover the server name (all, when none does), the first
-    /// whose key can sign with an offered scheme, else the first.
+    /// Picks the certificate for a peer offering `schemes` (and asking for `server_name`) as
+    /// Envoy does: with a server name, among the certificates whose DNS names (or, without
+    /// any, common name) are exactly that name, then among those whose wildcard covers it,
+    /// then (only with `full_scan`, Envoy's `full_scan_certs_on_sni_mismatch`) among all;
+    /// without one, among all. Within a set, the first ECDSA certificate the peer can use wins,
+    /// else the first other one it can use. When no set yields one, the first certificate.
     fn pick(
         &self,
         server_name: Option<&str>,
         schemes: &[SignatureScheme],
+        full_scan: bool,
     ) -> Option<Arc<CertifiedKey>> {
         let all = self.current();
         if all.len() <= 1 {
             return all.into_iter().next();
         }
-        let named: Vec<&Arc<CertifiedKey>> = match server_name {
-            Some(name) => all.iter().filter(|c| covers(c, name)).collect(),
-            None => Vec::new(),
+        let chosen = match server_name {
+            Some(name) => {
+                let named = |how: Match| all.iter().filter(move |c| covers(c, name, how));
+                choose(named(Match::Exact), schemes)
+                    .or_else(|| choose(named(Match::Wildcard), schemes))
+                    .or_else(|| full_scan.then(|| choose(all.iter(), schemes)).flatten())
+            }
+            None => choose(all.iter(), schemes),
         };
-        let candidates: Vec<&Arc<CertifiedKey>> = if named.is_empty() {
-            all.iter().collect()
-        } else {
-            named
-        };
-        candidates
-            .iter()
-            .find(|c| c.key.choose_scheme(schemes).is_some())
-            .or(candidates.first())
-            .map(|c| (*c).clone())
+        chosen.or(all.first()).cloned()
     }
 }
 
-/// Whether a certificate's DNS names (or, without any, its common name) cover `name`, a
-/// leading `*.` standing for one label.
-fn covers(cert: &CertifiedKey, name: &str) -> bool {
+/// Envoy's choice among `candidates` (in configured order) for a peer offering `schemes`: the
+/// first ECDSA certificate it can use, else the first other one it can use.
+fn choose<'a>(
+    candidates: impl Iterator<Item = &'a Arc<CertifiedKey>> + Clone,
+    schemes: &[SignatureScheme],
+) -> Option<&'a Arc<CertifiedKey>> {
+    let usable = |ecdsa: bool| {
+        candidates.clone().find(|c| {
+            (c.key.algorithm() == SignatureAlgorithm::ECDSA) == ecdsa
+                && c.key.choose_scheme(schemes).is_some()
+        })
+    };
+    usable(true).or_else(|| usable(false))
+}
+
+/// How a certificate's name is compared with a server name.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Match {
+    /// Equal (ignoring case).
+    Exact,
+    /// A leading `*.` standing for the server name's first label.
+    Wildcard,
+}
+
+/// Whether a certificate's DNS names (or, without any, its common name) cover `name` as
+/// `how` says.
+fn covers(cert: &CertifiedKey, name: &str, how: Match) -> bool {
     let Some(Ok((_, parsed))) = cert
         .cert
         .first()
@@ -112,13 +136,12 @@ fn covers(cert: &CertifiedKey, name: &str) -> bool {
     else {
         return false;
     };
-    let matches = |pattern: &str| {
-        pattern.eq_ignore_ascii_case(name)
-            || pattern.strip_prefix("*.").is_some_and(|suffix| {
-                name.split_once('.').is_some_and(|(label, rest)| {
-                    !label.is_empty() && rest.eq_ignore_ascii_case(suffix)
-                })
-            })
+    let matches = |pattern: &str| match how {
+        Match::Exact => pattern.eq_ignore_ascii_case(name),
+        Match::Wildcard => pattern.strip_prefix("*.").is_some_and(|suffix| {
+            name.split_once('.')
+                .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(suffix))
+        }),
     };
     match parsed.subject_alternative_name() {
         Ok(Some(ext)) => ext.value.general_names.iter().any(|g| match g {
@@ -150,11 +173,20 @@ pub async fn recording_pick<F: Future>(handshake: F) -> (F::Output, Option<Arc<C
 
 /// A listener's certificate resolver.
 #[derive(Debug)]
-pub struct ServerCertificates(pub Arc<LiveCertificates>);
+pub struct ServerCertificates {
+    /// The chain's certificates.
+    pub certificates: Arc<LiveCertificates>,
+    /// `full_scan_certs_on_sni_mismatch`.
+    pub full_scan: bool,
+}
 
 impl ResolvesServerCert for ServerCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let picked = self.0.pick(hello.server_name(), hello.signature_schemes());
+        let picked = self.certificates.pick(
+            hello.server_name(),
+            hello.signature_schemes(),
+            self.full_scan,
+        );
         if let Some(key) = &picked {
             // Outside `recording_pick` nobody asks which certificate was presented.
             let _ = PICKED.try_with(|slot| *slot.borrow_mut() = Some(key.clone()));
@@ -169,7 +201,7 @@ pub struct ClientCertificates(pub Arc<LiveCertificates>);
 
 impl ResolvesClientCert for ClientCertificates {
     fn resolve(&self, _hints: &[&[u8]], schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
-        self.0.pick(None, schemes)
+        self.0.pick(None, schemes, false)
     }
 
     fn has_certs(&self) -> bool {

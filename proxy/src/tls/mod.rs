@@ -6,6 +6,7 @@
 pub mod certs;
 pub mod peer;
 pub mod secrets;
+pub mod sessions;
 pub mod stats;
 pub mod verify;
 pub mod x509;
@@ -17,7 +18,9 @@ use rustls::pki_types::{ServerName, SignatureVerificationAlgorithm};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
 
 use crate::config::tls::certificate::Certificate;
+use crate::config::tls::common::CommonTls;
 use crate::config::tls::downstream::ServerTls;
+use crate::config::tls::sds::SecretSource;
 use crate::config::tls::upstream::ClientTls;
 pub use peer::PeerTls;
 pub use secrets::SecretStore;
@@ -101,18 +104,24 @@ pub fn server_context(
         &spec.common.certificates,
         store,
     ));
-    let mut config =
-        builder.with_cert_resolver(Arc::new(certs::ServerCertificates(presented.clone())));
+    let mut config = builder.with_cert_resolver(Arc::new(certs::ServerCertificates {
+        certificates: presented.clone(),
+        full_scan: spec.full_scan_certs_on_sni_mismatch,
+    }));
     config.alpn_protocols = spec.common.alpn.clone();
-    if spec.tickets
-        && let Ok(ticketer) = rustls::crypto::ring::Ticketer::new()
-    {
-        config.ticketer = ticketer;
+    // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
+    let rotating = rotating_secrets(&spec.common, store);
+    if spec.tickets {
+        if !rotating.is_empty() {
+            config.ticketer = Arc::new(sessions::Tickets::new(rotating.clone()));
+        } else if let Ok(ticketer) = rustls::crypto::ring::Ticketer::new() {
+            config.ticketer = ticketer;
+        }
     }
-    config.session_storage = if spec.session_cache {
-        ServerSessionMemoryCache::new(1024)
-    } else {
-        Arc::new(NoServerSessionStorage {})
+    config.session_storage = match (spec.session_cache, rotating.is_empty()) {
+        (false, _) => Arc::new(NoServerSessionStorage {}),
+        (true, true) => ServerSessionMemoryCache::new(1024),
+        (true, false) => Arc::new(sessions::ServerSessions::new(rotating)),
     };
     if !spec.tickets && !spec.session_cache {
         config.send_tls13_tickets = 0;
@@ -124,6 +133,16 @@ pub fn server_context(
             validation,
         },
     })
+}
+
+/// The cells of the secrets of `common` that SDS delivers (and may rotate).
+fn rotating_secrets(common: &CommonTls, store: &SecretStore) -> Vec<Arc<secrets::SecretCell>> {
+    common
+        .secrets()
+        .into_iter()
+        .filter(|r| r.source != SecretSource::Static)
+        .map(|r| store.cell(r))
+        .collect()
 }
 
 /// What an upstream connection will carry, which decides the ALPN it offers when its
@@ -178,10 +197,17 @@ impl ClientContext {
         let mut config = builder
             .with_client_cert_resolver(Arc::new(certs::ClientCertificates(presented.clone())));
         config.alpn_protocols = spec.common.alpn.clone();
+        let rotating = rotating_secrets(&spec.common, store);
         config.resumption = if spec.max_session_keys == 0 {
             Resumption::disabled()
-        } else {
+        } else if rotating.is_empty() {
             Resumption::in_memory_sessions(spec.max_session_keys)
+        } else {
+            // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
+            Resumption::store(Arc::new(sessions::ClientSessions::new(
+                rotating,
+                spec.max_session_keys,
+            )))
         };
         config.enable_sni = spec.sni.is_some();
         let sni = match &spec.sni {

@@ -1,6 +1,6 @@
 //! Envoy's TLS stats (`listener.<address>.ssl.*`, `cluster.<name>.ssl.*`).
 
-use rustls::{CipherSuite, CommonState, NamedGroup, ProtocolVersion};
+use rustls::{CipherSuite, CommonState, NamedGroup, ProtocolVersion, SignatureScheme};
 
 use crate::stats::{Counter, Store};
 
@@ -24,8 +24,9 @@ pub struct TlsStats {
     prefix: String,
     /// `ssl.handshake`: completed handshakes.
     pub handshake: Counter,
-    /// `ssl.connection_error`: handshakes that failed.
-    pub connection_error: Counter,
+    /// `ssl.connection_error`: handshakes that failed on a TLS error other than a refused
+    /// certificate.
+    connection_error: Counter,
     /// `ssl.session_reused`.
     pub session_reused: Counter,
     /// `ssl.no_certificate`: handshakes where the peer presented none.
@@ -67,15 +68,25 @@ impl TlsStats {
         .inc();
     }
 
-    /// Counts a failed handshake: `connection_error`, and `fail_verify_no_cert` when the peer
-    /// presented no certificate where one is required.
+    /// Counts a failed handshake as Envoy does: `fail_verify_no_cert` when the peer presented
+    /// no certificate where one is required, `connection_error` for any other TLS error. A
+    /// refused certificate is counted by the verifier (`fail_verify_*`) alone, and a failure of
+    /// the connection itself (closed or reset during the handshake) by no `ssl.*` counter.
     pub fn handshake_failed(&self, e: &std::io::Error) {
-        self.connection_error.inc();
-        if let Some(rustls::Error::NoCertificatesPresented) =
-            e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
-        {
-            self.fail_verify_no_cert.inc();
+        match e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            Some(rustls::Error::NoCertificatesPresented) => self.fail_verify_no_cert.inc(),
+            Some(rustls::Error::InvalidCertificate(_)) | None => {}
+            Some(_) => self.connection_error.inc(),
         }
+    }
+
+    /// Counts the peer's handshake signature, verified (`sigalgs.<name>`, named as Envoy names
+    /// it). Envoy counts it when the handshake completes, revoy when it checks the signature:
+    /// a TLS 1.2 client that the server refuses after that check counts one Envoy does not.
+    pub fn peer_signature(&self, scheme: SignatureScheme) {
+        self.store
+            .counter(&format!("{}sigalgs.{}", self.prefix, sigalg_name(scheme)))
+            .inc();
     }
 
     /// Counts a completed handshake: `handshake`, `session_reused`, `no_certificate`, and the
@@ -128,6 +139,25 @@ pub fn cipher_name(s: CipherSuite) -> &'static str {
             "ECDHE-ECDSA-CHACHA20-POLY1305"
         }
         CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256 => "ECDHE-RSA-CHACHA20-POLY1305",
+        _ => "unknown",
+    }
+}
+
+/// Envoy's (BoringSSL's, with the curve) name of a signature algorithm.
+pub fn sigalg_name(s: SignatureScheme) -> &'static str {
+    match s {
+        SignatureScheme::RSA_PKCS1_SHA1 => "rsa_pkcs1_sha1",
+        SignatureScheme::ECDSA_SHA1_Legacy => "ecdsa_sha1",
+        SignatureScheme::RSA_PKCS1_SHA256 => "rsa_pkcs1_sha256",
+        SignatureScheme::RSA_PKCS1_SHA384 => "rsa_pkcs1_sha384",
+        SignatureScheme::RSA_PKCS1_SHA512 => "rsa_pkcs1_sha512",
+        SignatureScheme::ECDSA_NISTP256_SHA256 => "ecdsa_secp256r1_sha256",
+        SignatureScheme::ECDSA_NISTP384_SHA384 => "ecdsa_secp384r1_sha384",
+        SignatureScheme::ECDSA_NISTP521_SHA512 => "ecdsa_secp521r1_sha512",
+        SignatureScheme::RSA_PSS_SHA256 => "rsa_pss_rsae_sha256",
+        SignatureScheme::RSA_PSS_SHA384 => "rsa_pss_rsae_sha384",
+        SignatureScheme::RSA_PSS_SHA512 => "rsa_pss_rsae_sha512",
+        SignatureScheme::ED25519 => "ed25519",
         _ => "unknown",
     }
 }

@@ -11,8 +11,7 @@ use tokio::sync::watch;
 
 use crate::body::Body;
 use crate::config::cluster::{
-    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, Locality,
-    UpstreamProtocol,
+    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, UpstreamProtocol,
 };
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
@@ -151,7 +150,7 @@ impl Cluster {
     /// The cluster was removed or replaced: every host's pool stops keeping connections.
     pub(crate) fn retire(&self) {
         for h in self.hosts.load().hosts() {
-            h.pool.retire();
+            h.retire();
         }
         for h in self
             .original_dst_hosts
@@ -159,7 +158,7 @@ impl Cluster {
             .expect("original_dst lock")
             .values()
         {
-            h.pool.retire();
+            h.retire();
         }
     }
 
@@ -211,28 +210,30 @@ impl Cluster {
                 .zip(current.hosts())
                 .any(|(new, old)| !old.same_identity(new));
         if changed {
-            let merged: Vec<Arc<Host>> = hosts
-                .into_iter()
-                .map(|h| {
+            // Filled one by one: collecting the mapped `Vec<Host>` would reuse its allocation
+            // in place, keeping a `Host`'s size per 8-byte `Arc` for the life of the set.
+            let mut merged: Vec<Arc<Host>> = Vec::with_capacity(hosts.len());
+            for h in hosts {
+                merged.push(
                     current
                         .hosts()
                         .iter()
                         .find(|old| old.same_identity(&h))
                         .cloned()
-                        .unwrap_or_else(|| Arc::new(h))
-                })
-                .collect();
+                        .unwrap_or_else(|| Arc::new(h)),
+                );
+            }
             for old in current.hosts() {
                 if !merged.iter().any(|h| Arc::ptr_eq(h, old)) {
-                    old.pool.retire();
+                    old.retire();
                 }
             }
             let set = HostSet::new(merged, self.config.panic_threshold);
-            self.stats.membership_total.set(set.hosts().len() as u64);
+            self.stats.membership_total().set(set.hosts().len() as u64);
             self.stats
-                .membership_healthy
+                .membership_healthy()
                 .set(set.healthy_count() as u64);
-            self.stats.membership_change.inc();
+            self.stats.membership_change().inc();
             self.hosts.store(Arc::new(set));
         }
         self.initialized.send_replace(true);
@@ -270,7 +271,7 @@ impl Cluster {
             _ => self.hosts.load().pick(self.config.lb_policy, ctx),
         };
         picked.ok_or_else(|| {
-            self.stats.upstream_cx_none_healthy.inc();
+            self.stats.upstream_cx_none_healthy().inc();
             UpstreamError::NoHealthyUpstream
         })
     }
@@ -280,15 +281,15 @@ impl Cluster {
         hosts
             .entry(addr)
             .or_insert_with(|| {
-                self.stats.membership_total.inc();
-                self.stats.membership_healthy.inc();
+                self.stats.membership_total().inc();
+                self.stats.membership_healthy().inc();
                 Arc::new(
                     Host::new(
                         addr,
                         String::new(),
                         1,
                         0,
-                        Locality::default(),
+                        Arc::default(),
                         HealthStatus::Healthy,
                     )
                     .with_transport(self.transport(0)),
@@ -350,8 +351,8 @@ impl Cluster {
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
         let limit = self.config.circuit_breakers[0].max_requests;
-        if self.stats.upstream_rq_active.value() >= u64::from(limit) {
-            self.stats.upstream_rq_pending_overflow.inc();
+        if self.stats.upstream_rq_active().value() >= u64::from(limit) {
+            self.stats.upstream_rq_pending_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
         let _active = ActiveRequest::new(&host, &self.stats);
@@ -377,7 +378,7 @@ impl Cluster {
         let hs = &host.stats;
         match &result {
             Ok(resp) => {
-                self.stats.upstream_rq_total.inc();
+                self.stats.upstream_rq_total().inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 let status = resp.status().as_u16();
                 if status >= 500 {
@@ -393,12 +394,12 @@ impl Cluster {
                 | UpstreamError::TransportRefused { .. },
             ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
-                self.stats.upstream_rq_pending_failure_eject.inc();
+                self.stats.upstream_rq_pending_failure_eject().inc();
             }
             // A circuit breaker kept the request from being sent.
             Err(UpstreamError::Overflow) => {}
             Err(_) => {
-                self.stats.upstream_rq_total.inc();
+                self.stats.upstream_rq_total().inc();
                 hs.rq_total.fetch_add(1, Ordering::Relaxed);
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);
             }
@@ -410,23 +411,23 @@ impl Cluster {
     pub async fn connect(&self, ctx: &LbContext) -> Result<UpstreamConnection, UpstreamError> {
         let host = self.choose(ctx, None)?;
         let limit = self.config.circuit_breakers[0].max_connections;
-        if self.stats.upstream_cx_active.value() >= u64::from(limit) {
-            self.stats.upstream_cx_overflow.inc();
+        if self.stats.upstream_cx_active().value() >= u64::from(limit) {
+            self.stats.upstream_cx_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
         // Envoy's TCP connection pool counts each proxied connection as a request that
         // waited for a new upstream connection.
-        self.stats.upstream_rq_pending_total.inc();
+        self.stats.upstream_rq_pending_total().inc();
         let (stream, active) = match pool::connect(&host, self.connect_options(Carries::Raw)).await
         {
             Ok(connected) => connected,
             Err(e) => {
                 host.stats.rq_error.fetch_add(1, Ordering::Relaxed);
-                self.stats.upstream_rq_pending_failure_eject.inc();
+                self.stats.upstream_rq_pending_failure_eject().inc();
                 return Err(e);
             }
         };
-        self.stats.upstream_rq_total.inc();
+        self.stats.upstream_rq_total().inc();
         host.stats.rq_total.fetch_add(1, Ordering::Relaxed);
         Ok(UpstreamConnection {
             stream,
@@ -445,7 +446,7 @@ struct ActiveRequest<'a> {
 impl<'a> ActiveRequest<'a> {
     fn new(host: &'a Host, stats: &'a ClusterStats) -> Self {
         host.stats.rq_active.fetch_add(1, Ordering::Relaxed);
-        stats.upstream_rq_active.inc();
+        stats.upstream_rq_active().inc();
         ActiveRequest { host, stats }
     }
 }
@@ -453,6 +454,6 @@ impl<'a> ActiveRequest<'a> {
 impl Drop for ActiveRequest<'_> {
     fn drop(&mut self) {
         self.host.stats.rq_active.fetch_sub(1, Ordering::Relaxed);
-        self.stats.upstream_rq_active.dec();
+        self.stats.upstream_rq_active().dec();
     }
 }

@@ -53,11 +53,11 @@ async fn run(weak: Weak<Cluster>) {
             return;
         };
         let stats = cluster.stats();
-        stats.update_attempt.add(endpoints.len() as u64);
+        stats.update_attempt().add(endpoints.len() as u64);
         stats
-            .update_success
+            .update_success()
             .add((endpoints.len() - failures) as u64);
-        stats.update_failure.add(failures as u64);
+        stats.update_failure().add(failures as u64);
         cluster.set_hosts(hosts(&cluster, &endpoints, &last, logical));
         drop(cluster);
         tokio::time::sleep(refresh).await;

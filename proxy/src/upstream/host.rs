@@ -1,8 +1,8 @@
 //! Hosts (one upstream address each) with their counters and connection pool.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::config::cluster::{HealthStatus, Locality};
 use crate::config::upstream_transport::Refusal;
@@ -90,15 +90,16 @@ pub struct Host {
     pub weight: u32,
     /// Priority level.
     pub priority: u32,
-    /// Locality.
-    pub locality: Locality,
+    /// Locality (shared by the endpoints of one `LocalityLbEndpoints`).
+    pub locality: Arc<Locality>,
     /// Health as configured / reported by EDS.
     pub health: HealthStatus,
     /// Counters.
     pub stats: HostStats,
     /// How connections to it are made: plaintext, TLS, or not at all.
     pub transport: HostTransport,
-    pub(crate) pool: Pool,
+    /// Made at the first connection: most hosts of a large mesh are never connected to.
+    pool: OnceLock<Box<Pool>>,
 }
 
 impl Host {
@@ -108,7 +109,7 @@ impl Host {
         hostname: String,
         weight: u32,
         priority: u32,
-        locality: Locality,
+        locality: Arc<Locality>,
         health: HealthStatus,
     ) -> Self {
         Host {
@@ -120,7 +121,7 @@ impl Host {
             health,
             stats: HostStats::default(),
             transport: HostTransport::Plain,
-            pool: Pool::default(),
+            pool: OnceLock::new(),
         }
     }
 
@@ -148,7 +149,19 @@ impl Host {
 
     /// How many HTTP/1.1 connections are pooled for this host (idle, or finishing a response).
     pub fn idle_http1_connections(&self) -> usize {
-        self.pool.idle_http1()
+        self.pool.get().map_or(0, |p| p.idle_http1())
+    }
+
+    /// The host's connection pool, made on first use.
+    pub(crate) fn pool(&self) -> &Pool {
+        self.pool.get_or_init(Box::default)
+    }
+
+    /// The host left its cluster (or the cluster went away): its pool stops keeping
+    /// connections. (A pool is made for it if it had none, so that one made by a request
+    /// racing with this call is retired too.)
+    pub(crate) fn retire(&self) {
+        self.pool().retire();
     }
 
     /// Envoy's `health_flags` text.

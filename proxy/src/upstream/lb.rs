@@ -62,8 +62,9 @@ impl HostSet {
             by_priority.entry(h.priority).or_default().push(h.clone());
         }
         let healthy = hosts.iter().filter(|h| h.is_healthy()).count();
-        let mut health = Vec::new();
-        let mut levels = Vec::new();
+        let mut health = Vec::with_capacity(by_priority.len());
+        // Exactly as many as there are priorities: the set lives as long as its hosts do.
+        let mut levels = Vec::with_capacity(by_priority.len());
         for members in by_priority.into_values() {
             let total = members.len() as u64;
             let ok = members.iter().filter(|h| h.is_healthy()).count() as u64;
@@ -294,7 +295,7 @@ mod tests {
             String::new(),
             weight,
             priority,
-            Locality::default(),
+            std::sync::Arc::new(Locality::default()),
             health,
         ))
     }

@@ -53,8 +53,8 @@ pub struct ActiveConnection {
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
-        self.stats.upstream_cx_active.dec();
-        self.host.pool.wake_a_waiter();
+        self.stats.upstream_cx_active().dec();
+        self.host.pool().wake_a_waiter();
     }
 }
 
@@ -82,19 +82,19 @@ impl<'a> Pending<'a> {
     /// request overflows, as Envoy's `upstream_rq_pending_overflow`).
     fn enter(opts: &ConnectOptions<'a>) -> Result<Self, UpstreamError> {
         let stats = opts.stats;
-        if stats.upstream_rq_pending_active.value() >= u64::from(opts.max_pending_requests) {
-            stats.upstream_rq_pending_overflow.inc();
+        if stats.upstream_rq_pending_active().value() >= u64::from(opts.max_pending_requests) {
+            stats.upstream_rq_pending_overflow().inc();
             return Err(UpstreamError::Overflow);
         }
-        stats.upstream_rq_pending_total.inc();
-        stats.upstream_rq_pending_active.inc();
+        stats.upstream_rq_pending_total().inc();
+        stats.upstream_rq_pending_active().inc();
         Ok(Pending(stats))
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.0.upstream_rq_pending_active.dec();
+        self.0.upstream_rq_pending_active().dec();
     }
 }
 
@@ -160,7 +160,7 @@ pub(crate) async fn connect(
     let addr = host.addr;
     if let HostTransport::Refused(reason) = &host.transport {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.upstream_cx_connect_fail().inc();
         opts.stats.fail_closed();
         return Err(UpstreamError::TransportRefused {
             host: addr,
@@ -168,10 +168,10 @@ pub(crate) async fn connect(
         });
     }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
-    opts.stats.upstream_cx_total.inc();
+    opts.stats.upstream_cx_total().inc();
     let fail = |e: UpstreamError| {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        opts.stats.upstream_cx_connect_fail.inc();
+        opts.stats.upstream_cx_connect_fail().inc();
         e
     };
     let socket = if addr.is_ipv4() {
@@ -189,7 +189,7 @@ pub(crate) async fn connect(
         Ok(Ok(s)) => s,
         Ok(Err(source)) => return Err(fail(UpstreamError::ConnectFailure { host: addr, source })),
         Err(_) => {
-            opts.stats.upstream_cx_connect_timeout.inc();
+            opts.stats.upstream_cx_connect_timeout().inc();
             return Err(fail(UpstreamError::ConnectTimeout { host: addr }));
         }
     };
@@ -203,7 +203,7 @@ pub(crate) async fn connect(
         _ => UpstreamIo::Plain(stream),
     };
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
-    opts.stats.upstream_cx_active.inc();
+    opts.stats.upstream_cx_active().inc();
     Ok((
         stream,
         ActiveConnection {
@@ -231,16 +231,13 @@ async fn handshake(
             Ok(s)
         }
         Ok(Err(e)) => {
-            tls.stats.connection_error.inc();
+            tls.stats.handshake_failed(&e);
             Err(UpstreamError::TlsFailure {
                 host: addr,
                 reason: crate::tls::failure_reason(&e),
             })
         }
-        Err(_) => {
-            tls.stats.connection_error.inc();
-            Err(UpstreamError::ConnectTimeout { host: addr })
-        }
+        Err(_) => Err(UpstreamError::ConnectTimeout { host: addr }),
     }
 }
 
@@ -288,17 +285,17 @@ async fn wait_for_h1(
     opts: ConnectOptions<'_>,
 ) -> Result<(h1::Connection, bool), UpstreamError> {
     let _pending = Pending::enter(&opts)?;
-    let _waiting = Waiting::count(&host.pool);
+    let _waiting = Waiting::count(host.pool());
     let stats = opts.stats;
-    let at_limit = || stats.upstream_cx_active.value() >= u64::from(opts.max_connections);
+    let at_limit = || stats.upstream_cx_active().value() >= u64::from(opts.max_connections);
     let mut waited = false;
     loop {
-        let released = host.pool.released.notified();
+        let released = host.pool().released.notified();
         tokio::pin!(released);
         released.as_mut().enable();
         if let Some(conn) = take_idle(host, opts.idle_timeout) {
-            if waited && stats.upstream_rq_pending_active.value() > 1 && at_limit() {
-                stats.upstream_cx_overflow.inc();
+            if waited && stats.upstream_rq_pending_active().value() > 1 && at_limit() {
+                stats.upstream_cx_overflow().inc();
             }
             return Ok((conn, true));
         }
@@ -307,12 +304,12 @@ async fn wait_for_h1(
         let none_here = host.stats.cx_active.load(Ordering::Relaxed) == 0;
         if !at_limit() || none_here {
             if at_limit() && !waited {
-                stats.upstream_cx_overflow.inc();
+                stats.upstream_cx_overflow().inc();
             }
             return Ok((connect_h1(host, opts).await?, false));
         }
         if !waited {
-            stats.upstream_cx_overflow.inc();
+            stats.upstream_cx_overflow().inc();
             waited = true;
         }
         released.await;
@@ -322,7 +319,7 @@ async fn wait_for_h1(
 /// Takes the most recently used idle connection that is still open and not idle-expired;
 /// the others it meets are closed.
 fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connection> {
-    let mut idle = host.pool.idle_h1.lock().expect("pool lock");
+    let mut idle = host.pool().idle_h1.lock().expect("pool lock");
     while let Some(mut conn) = idle.pop() {
         let expired = idle_timeout.is_some_and(|t| conn.since.elapsed() >= t);
         if !expired && !conn.is_closed() {
@@ -335,12 +332,12 @@ fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connecti
 /// Puts a connection whose response ended back in its host's pool, unless it carried
 /// `max_requests` already.
 pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Option<u32>) {
-    if max_requests.is_some_and(|m| conn.used >= m) || host.pool.retired.load(Ordering::Relaxed) {
+    if max_requests.is_some_and(|m| conn.used >= m) || host.pool().retired.load(Ordering::Relaxed) {
         return;
     }
     conn.since = Instant::now();
-    host.pool.idle_h1.lock().expect("pool lock").push(conn);
-    host.pool.wake_a_waiter();
+    host.pool().idle_h1.lock().expect("pool lock").push(conn);
+    host.pool().wake_a_waiter();
 }
 
 async fn connect_h1(
@@ -348,7 +345,7 @@ async fn connect_h1(
     opts: ConnectOptions<'_>,
 ) -> Result<h1::Connection, UpstreamError> {
     let (stream, active) = connect(host, opts).await?;
-    opts.stats.upstream_cx_http1_total.inc();
+    opts.stats.upstream_cx_http1_total().inc();
     Ok(h1::Connection::new(stream, active))
 }
 
@@ -364,7 +361,7 @@ pub(crate) async fn send_h2(
         let (mut sender, fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if sender.ready().await.is_err() {
-            host.pool.h2.store(None);
+            host.pool().h2.store(None);
             if fresh_tried {
                 return Err(UpstreamError::Reset {
                     host: host.addr,
@@ -379,7 +376,7 @@ pub(crate) async fn send_h2(
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
-                    host.pool.h2.store(None);
+                    host.pool().h2.store(None);
                     req = r;
                 }
                 _ => return Err(UpstreamError::from_hyper(host.addr, e.error())),
@@ -393,7 +390,7 @@ async fn h2_sender(
     opts: ConnectOptions<'_>,
 ) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
     let usable = || {
-        host.pool
+        host.pool()
             .h2
             .load_full()
             .filter(|s| !s.is_closed())
@@ -413,7 +410,7 @@ async fn open_h2(
     opts: ConnectOptions<'_>,
     usable: impl Fn() -> Option<http2::SendRequest<Body>>,
 ) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
-    let _connecting = host.pool.h2_connecting.lock().await;
+    let _connecting = host.pool().h2_connecting.lock().await;
     if let Some(s) = usable() {
         return Ok((s, false));
     }
@@ -428,7 +425,7 @@ async fn start_h2(
     stream: UpstreamIo,
     active: ActiveConnection,
 ) -> Result<http2::SendRequest<Body>, UpstreamError> {
-    opts.stats.upstream_cx_http2_total.inc();
+    opts.stats.upstream_cx_http2_total().inc();
     let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
@@ -437,7 +434,7 @@ async fn start_h2(
         let _ = conn.await;
         drop(active);
     });
-    host.pool.h2.store(Some(Arc::new(sender.clone())));
+    host.pool().h2.store(Some(Arc::new(sender.clone())));
     Ok(sender)
 }
 
@@ -452,25 +449,25 @@ pub(crate) async fn send_auto(
     const UNKNOWN: u8 = 0;
     const HTTP1: u8 = 1;
     const HTTP2: u8 = 2;
-    match host.pool.negotiated.load(Ordering::Relaxed) {
+    match host.pool().negotiated.load(Ordering::Relaxed) {
         HTTP2 => return send_h2(host, opts, req).await,
         HTTP1 => return send_h1(host, opts, req).await,
         _ if !matches!(host.transport, HostTransport::Tls(_)) => {
-            host.pool.negotiated.store(HTTP1, Ordering::Relaxed);
+            host.pool().negotiated.store(HTTP1, Ordering::Relaxed);
             return send_h1(host, opts, req).await;
         }
         _ => {}
     }
     let (stream, active) = Box::pin(connect(host, opts)).await?;
     if stream.alpn() == Some(b"h2") {
-        host.pool.negotiated.store(HTTP2, Ordering::Relaxed);
+        host.pool().negotiated.store(HTTP2, Ordering::Relaxed);
         Box::pin(start_h2(host, opts, stream, active)).await?;
         send_h2(host, opts, req).await
     } else {
-        if host.pool.negotiated.load(Ordering::Relaxed) == UNKNOWN {
-            host.pool.negotiated.store(HTTP1, Ordering::Relaxed);
+        if host.pool().negotiated.load(Ordering::Relaxed) == UNKNOWN {
+            host.pool().negotiated.store(HTTP1, Ordering::Relaxed);
         }
-        opts.stats.upstream_cx_http1_total.inc();
+        opts.stats.upstream_cx_http1_total().inc();
         release_h1(host, h1::Connection::new(stream, active), opts.max_requests);
         send_h1(host, opts, req).await
     }

@@ -1,83 +1,134 @@
 //! Cluster stats (`cluster.<name>.*`), resolved once per cluster so the hot path only touches
-//! atomics.
+//! atomics. The stats every cluster has live in one block of the store (see
+//! [`crate::stats`]): their names are its prefix and a static list.
 
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicU32;
 
-use crate::stats::{Counter, Gauge, Store};
+use crate::stats::{Block, Counter, CounterRef, GaugeRef, Kind, Layout, Slot, Store};
 
 /// Distinct status codes per counter set whose `upstream_rq_<code>` handle is kept; further
 /// codes are looked up in the store by name.
 const CODE_SLOTS: usize = 8;
 
+/// Declares the block's slots once: the layout (names, kinds, whether each exists from the
+/// start), the index of each slot, and an accessor per slot on [`ClusterStats`].
+macro_rules! cluster_block {
+    ($($(#[doc = $doc:literal])* $kind:ident $eager:literal $name:ident;)*) => {
+        /// The slots of [`LAYOUT`], by name.
+        #[allow(non_camel_case_types)]
+        #[derive(Clone, Copy)]
+        enum Index {
+            $($name,)*
+        }
+
+        /// `cluster.<name>.*`: every cluster's stats, sorted by name; those not eager are
+        /// created on first use, as Envoy's.
+        static LAYOUT: &Layout = &[$(Slot {
+            name: stringify!($name),
+            kind: Kind::$kind,
+            eager: $eager,
+        },)*];
+
+        impl ClusterStats {
+            $(cluster_block!(@accessor $kind $name $(#[doc = $doc])*);)*
+        }
+    };
+    (@accessor Counter $name:ident $(#[doc = $doc:literal])*) => {
+        $(#[doc = $doc])*
+        pub fn $name(&self) -> CounterRef<'_> {
+            self.block.counter(Index::$name as usize)
+        }
+    };
+    (@accessor Gauge $name:ident $(#[doc = $doc:literal])*) => {
+        $(#[doc = $doc])*
+        pub fn $name(&self) -> GaugeRef<'_> {
+            self.block.gauge(Index::$name as usize)
+        }
+    };
+}
+
+cluster_block! {
+    /// `membership_change`.
+    Counter true membership_change;
+    /// `membership_healthy`.
+    Gauge true membership_healthy;
+    /// `membership_total`.
+    Gauge true membership_total;
+    /// `retry_or_shadow_abandoned`: a body too large to buffer for a retry or a shadow.
+    Counter true retry_or_shadow_abandoned;
+    /// `update_attempt`: lookups a DNS cluster started, one per endpoint per refresh; EDS
+    /// responses naming the cluster's service.
+    Counter true update_attempt;
+    /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
+    Counter true update_failure;
+    /// `update_rejected`: EDS responses whose assignment was rejected (from the first EDS
+    /// response).
+    Counter false update_rejected;
+    /// `update_success`: DNS lookups that answered (the endpoint's addresses replaced); EDS
+    /// responses applied.
+    Counter true update_success;
+    /// `upstream_cx_active`.
+    Gauge true upstream_cx_active;
+    /// `upstream_cx_connect_fail`.
+    Counter true upstream_cx_connect_fail;
+    /// `upstream_cx_connect_timeout`.
+    Counter true upstream_cx_connect_timeout;
+    /// `upstream_cx_fail_closed` (revoy's own, from its first count): connections never
+    /// made because the host's transport socket is one revoy does not implement.
+    Counter false upstream_cx_fail_closed;
+    /// `upstream_cx_http1_total`.
+    Counter true upstream_cx_http1_total;
+    /// `upstream_cx_http2_total`.
+    Counter true upstream_cx_http2_total;
+    /// `upstream_cx_none_healthy`.
+    Counter true upstream_cx_none_healthy;
+    /// `upstream_cx_overflow`.
+    Counter true upstream_cx_overflow;
+    /// `upstream_cx_total`.
+    Counter true upstream_cx_total;
+    /// `upstream_rq_active`.
+    Gauge true upstream_rq_active;
+    /// `upstream_rq_completed`.
+    Counter true upstream_rq_completed;
+    /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
+    /// one to be released when `max_connections` is reached).
+    Gauge true upstream_rq_pending_active;
+    /// `upstream_rq_pending_failure_eject`.
+    Counter true upstream_rq_pending_failure_eject;
+    /// `upstream_rq_pending_overflow`.
+    Counter true upstream_rq_pending_overflow;
+    /// `upstream_rq_pending_total`.
+    Counter true upstream_rq_pending_total;
+    /// `upstream_rq_per_try_timeout`.
+    Counter true upstream_rq_per_try_timeout;
+    /// `upstream_rq_retry` (charged by the router).
+    Counter true upstream_rq_retry;
+    /// `upstream_rq_retry_backoff_exponential` (charged by the router).
+    Counter true upstream_rq_retry_backoff_exponential;
+    /// `upstream_rq_retry_limit_exceeded`.
+    Counter true upstream_rq_retry_limit_exceeded;
+    /// `upstream_rq_retry_overflow`.
+    Counter true upstream_rq_retry_overflow;
+    /// `upstream_rq_retry_success`.
+    Counter true upstream_rq_retry_success;
+    /// `upstream_rq_timeout` (charged by the router).
+    Counter true upstream_rq_timeout;
+    /// `upstream_rq_total`.
+    Counter true upstream_rq_total;
+    /// `version`: a hash of the `version_info` of the last EDS response applied (from the
+    /// first EDS response).
+    Gauge false version;
+}
+
 /// Handles for one cluster's stats, named like Envoy's.
 #[derive(Debug)]
 pub struct ClusterStats {
     store: Store,
-    /// `upstream_cx_total`.
-    pub upstream_cx_total: Counter,
-    /// `upstream_cx_active`.
-    pub upstream_cx_active: Gauge,
-    /// `upstream_cx_connect_fail`.
-    pub upstream_cx_connect_fail: Counter,
-    /// `upstream_cx_connect_timeout`.
-    pub upstream_cx_connect_timeout: Counter,
-    /// `upstream_cx_http1_total`.
-    pub upstream_cx_http1_total: Counter,
-    /// `upstream_cx_http2_total`.
-    pub upstream_cx_http2_total: Counter,
-    /// `upstream_cx_none_healthy`.
-    pub upstream_cx_none_healthy: Counter,
-    /// `upstream_cx_overflow`.
-    pub upstream_cx_overflow: Counter,
-    /// `upstream_rq_total`.
-    pub upstream_rq_total: Counter,
-    /// `upstream_rq_active`.
-    pub upstream_rq_active: Gauge,
-    /// `upstream_rq_completed`.
-    pub upstream_rq_completed: Counter,
-    /// `upstream_rq_pending_overflow`.
-    pub upstream_rq_pending_overflow: Counter,
-    /// `upstream_rq_pending_failure_eject`.
-    pub upstream_rq_pending_failure_eject: Counter,
-    /// `upstream_rq_timeout` (charged by the router).
-    pub upstream_rq_timeout: Counter,
-    /// `upstream_rq_retry` (charged by the router).
-    pub upstream_rq_retry: Counter,
-    /// `upstream_rq_retry_backoff_exponential` (charged by the router).
-    pub upstream_rq_retry_backoff_exponential: Counter,
-    /// `upstream_rq_retry_success`.
-    pub upstream_rq_retry_success: Counter,
-    /// `upstream_rq_retry_overflow`.
-    pub upstream_rq_retry_overflow: Counter,
-    /// `upstream_rq_retry_limit_exceeded`.
-    pub upstream_rq_retry_limit_exceeded: Counter,
-    /// `upstream_rq_per_try_timeout`.
-    pub upstream_rq_per_try_timeout: Counter,
-    /// `retry_or_shadow_abandoned`: a body too large to buffer for a retry or a shadow.
-    pub retry_or_shadow_abandoned: Counter,
+    /// `cluster.<stat name>.*` (shared by every version of the cluster).
+    block: Block,
     /// Retries in flight, for the `max_retries` circuit breaker.
     pub retries_in_flight: AtomicU32,
-    /// `membership_healthy`.
-    pub membership_healthy: Gauge,
-    /// `membership_total`.
-    pub membership_total: Gauge,
-    /// `membership_change`.
-    pub membership_change: Counter,
-    /// `upstream_rq_pending_total`.
-    pub upstream_rq_pending_total: Counter,
-    /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
-    /// one to be released when `max_connections` is reached).
-    pub upstream_rq_pending_active: Gauge,
-    /// `update_attempt`: lookups a DNS cluster started, one per endpoint per refresh.
-    pub update_attempt: Counter,
-    /// `update_success`: DNS lookups that answered (the endpoint's addresses replaced).
-    pub update_success: Counter,
-    /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
-    pub update_failure: Counter,
-    fail_closed: OnceLock<Counter>,
-    /// `cluster.<stat name>.`.
-    prefix: Box<str>,
     codes: LazyCodes,
     external: LazyCodes,
     internal: LazyCodes,
@@ -142,74 +193,48 @@ impl CodeStats {
 }
 
 impl ClusterStats {
-    /// Counts `upstream_cx_fail_closed` (revoy's own, created on first use): a connection
-    /// never made because the host's transport socket is one revoy does not implement.
+    /// The block of `cluster.<stat_name>.*`, created on first use: a cluster's, or that of
+    /// a cluster still warming (its EDS responses are counted before it exists).
+    pub fn block(store: &Store, stat_name: &str) -> Block {
+        store.block(&format!("cluster.{stat_name}."), LAYOUT)
+    }
+
+    /// Counts `upstream_cx_fail_closed`: a connection never made because the host's
+    /// transport socket is one revoy does not implement.
     pub fn fail_closed(&self) {
-        self.fail_closed
-            .get_or_init(|| {
-                self.store
-                    .counter(&format!("{}upstream_cx_fail_closed", self.prefix))
-            })
-            .inc();
+        self.block.declare(Index::upstream_cx_fail_closed as usize);
+        self.upstream_cx_fail_closed().inc();
     }
 
     /// Resolves the handles for `cluster.<stat_name>.`.
     pub fn new(store: &Store, stat_name: &str) -> Self {
-        let prefix = format!("cluster.{stat_name}.");
-        let c = |n: &str| store.counter(&format!("{prefix}{n}"));
-        let g = |n: &str| store.gauge(&format!("{prefix}{n}"));
         ClusterStats {
-            upstream_cx_total: c("upstream_cx_total"),
-            upstream_cx_active: g("upstream_cx_active"),
-            upstream_cx_connect_fail: c("upstream_cx_connect_fail"),
-            upstream_cx_connect_timeout: c("upstream_cx_connect_timeout"),
-            upstream_cx_http1_total: c("upstream_cx_http1_total"),
-            upstream_cx_http2_total: c("upstream_cx_http2_total"),
-            upstream_cx_none_healthy: c("upstream_cx_none_healthy"),
-            upstream_cx_overflow: c("upstream_cx_overflow"),
-            upstream_rq_total: c("upstream_rq_total"),
-            upstream_rq_active: g("upstream_rq_active"),
-            upstream_rq_completed: c("upstream_rq_completed"),
-            upstream_rq_pending_overflow: c("upstream_rq_pending_overflow"),
-            upstream_rq_pending_failure_eject: c("upstream_rq_pending_failure_eject"),
-            upstream_rq_timeout: c("upstream_rq_timeout"),
-            upstream_rq_retry: c("upstream_rq_retry"),
-            upstream_rq_retry_backoff_exponential: c("upstream_rq_retry_backoff_exponential"),
-            upstream_rq_retry_success: c("upstream_rq_retry_success"),
-            upstream_rq_retry_overflow: c("upstream_rq_retry_overflow"),
-            upstream_rq_retry_limit_exceeded: c("upstream_rq_retry_limit_exceeded"),
-            upstream_rq_per_try_timeout: c("upstream_rq_per_try_timeout"),
-            retry_or_shadow_abandoned: c("retry_or_shadow_abandoned"),
+            block: Self::block(store, stat_name),
             retries_in_flight: AtomicU32::new(0),
-            membership_healthy: g("membership_healthy"),
-            membership_total: g("membership_total"),
-            membership_change: c("membership_change"),
-            upstream_rq_pending_total: c("upstream_rq_pending_total"),
-            upstream_rq_pending_active: g("upstream_rq_pending_active"),
-            update_attempt: c("update_attempt"),
-            update_success: c("update_success"),
-            update_failure: c("update_failure"),
-            fail_closed: OnceLock::new(),
             codes: LazyCodes::default(),
             external: LazyCodes::default(),
             internal: LazyCodes::default(),
             retried: LazyCodes::default(),
-            prefix: prefix.into(),
             store: store.clone(),
         }
+    }
+
+    /// `cluster.<stat name>.`.
+    fn prefix(&self) -> &str {
+        self.block.prefix()
     }
 
     /// Charges a response status (from the upstream, or of a local reply caused by the
     /// upstream): `upstream_rq_<class>xx`, `upstream_rq_<code>`, `upstream_rq_completed`, and
     /// the same under `internal.` or `external.` (per `x-envoy-internal`).
     pub fn charge_status(&self, status: u16, internal: bool) {
-        self.codes.charge(&self.store, &self.prefix, "", status);
+        self.codes.charge(&self.store, self.prefix(), "", status);
         if internal {
             self.internal
-                .charge(&self.store, &self.prefix, "internal.", status);
+                .charge(&self.store, self.prefix(), "internal.", status);
         } else {
             self.external
-                .charge(&self.store, &self.prefix, "external.", status);
+                .charge(&self.store, self.prefix(), "external.", status);
         }
     }
 
@@ -218,7 +243,7 @@ impl ClusterStats {
     /// `retry.upstream_rq_completed` only.
     pub fn charge_retried(&self, status: u16) {
         self.retried
-            .charge(&self.store, &self.prefix, "retry.", status);
+            .charge(&self.store, self.prefix(), "retry.", status);
     }
 }
 
@@ -240,6 +265,38 @@ mod tests {
             store.counter("cluster.web.upstream_rq_completed").value(),
             3
         );
+    }
+
+    #[test]
+    fn the_layout_is_sorted_by_name() {
+        let names: Vec<&str> = LAYOUT.iter().map(|s| s.name).collect();
+        let mut sorted = names.clone();
+        sorted.sort_unstable();
+        assert_eq!(names, sorted);
+    }
+
+    #[test]
+    fn a_cluster_lists_envoys_stats_and_the_lazy_ones_once_used() {
+        let store = Store::new();
+        let s = ClusterStats::new(&store, "web");
+        let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
+        assert_eq!(names().len(), 29);
+        assert!(
+            !names()
+                .iter()
+                .any(|n| n.ends_with(".upstream_cx_fail_closed"))
+        );
+        s.fail_closed();
+        assert_eq!(
+            store.counter("cluster.web.upstream_cx_fail_closed").value(),
+            1
+        );
+        assert_eq!(names().len(), 30);
+        // A second version of the cluster shares the first one's stats.
+        let again = ClusterStats::new(&store, "web");
+        again.upstream_rq_total().inc();
+        assert_eq!(s.upstream_rq_total().value(), 1);
+        assert_eq!(names().len(), 30);
     }
 
     #[test]

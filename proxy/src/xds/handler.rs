@@ -73,7 +73,7 @@ pub struct State {
     /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
     clusters_awaiting_secrets: BTreeMap<String, ClusterConfig>,
     /// EDS clusters by service name.
-    eds_users: HashMap<String, BTreeSet<String>>,
+    eds_users: HashMap<String, Users>,
     /// The service name each EDS cluster uses.
     eds_service_of: HashMap<String, String>,
     /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
@@ -291,7 +291,7 @@ impl ProxyHandler {
                             st.eds_users
                                 .entry(service_name.clone())
                                 .or_default()
-                                .insert(name.clone());
+                                .insert(&name);
                             st.eds_service_of.insert(name.clone(), service_name.clone());
                             // The accepted assignment is kept encoded only (its record): a
                             // decoded copy per service cost more than the bytes.
@@ -438,7 +438,6 @@ impl ProxyHandler {
                                 .map(|c| c.config().observability_name.clone())
                         })
                 })
-                .map(|n| format!("cluster.{n}"))
                 .collect();
             let mut compiled = Vec::new();
             let mut failure = None;
@@ -458,7 +457,7 @@ impl ProxyHandler {
                     }
                 }
             }
-            UpdateStats::count(&shared.stats, &counted, &r.version, failure.is_none());
+            UpdateStats::count_eds(&shared.stats, &counted, &r.version, failure.is_none());
             if let Some(reason) = failure {
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
@@ -480,7 +479,7 @@ impl ProxyHandler {
         shared.clusters.apply(warmed, &[]);
         for name in u.removed {
             st.endpoints.remove(&name);
-            for user in st.eds_users.get(&name).into_iter().flatten() {
+            for user in st.eds_users.get(&name).into_iter().flat_map(Users::iter) {
                 if let Some(cluster) = shared.clusters.get(user) {
                     cluster.set_endpoints(&[]);
                 }
@@ -632,7 +631,7 @@ impl ProxyHandler {
             Warming::Cluster => &st.clusters,
             Warming::Listener => &st.listeners,
         };
-        if records.get(name).is_none_or(|r| r.version != version) {
+        if records.get(name).is_none_or(|r| *r.version != *version) {
             return;
         }
         match kind {
@@ -688,7 +687,7 @@ impl ProxyHandler {
                     let version = st
                         .listeners
                         .get(name)
-                        .map(|r| r.version.clone())
+                        .map(|r| r.version.to_string())
                         .unwrap_or_default();
                     st.listeners.reject(name, &version, value, &e.to_string());
                 }
@@ -855,7 +854,7 @@ fn listener_secrets(cfg: &ListenerConfig) -> Vec<SecretRef> {
 }
 
 /// The SDS secrets a cluster's TLS transport sockets use.
-fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
+pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
     cfg.transport
         .sockets()
         .iter()
@@ -1053,6 +1052,34 @@ fn forget_eds_user(st: &mut State, cluster: &str, removed: bool) {
                 st.endpoints.remove(&service);
             }
         }
+    }
+}
+
+/// The clusters that use one EDS service name, sorted: nearly always one, so a vector (a
+/// set's first node is some 300 bytes).
+#[derive(Debug, Default)]
+struct Users(Vec<String>);
+
+impl Users {
+    fn insert(&mut self, cluster: &str) {
+        if let Err(at) = self.0.binary_search_by(|u| u.as_str().cmp(cluster)) {
+            self.0.reserve_exact(1);
+            self.0.insert(at, cluster.to_owned());
+        }
+    }
+
+    fn remove(&mut self, cluster: &str) {
+        if let Ok(at) = self.0.binary_search_by(|u| u.as_str().cmp(cluster)) {
+            self.0.remove(at);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, String> {
+        self.0.iter()
     }
 }
 

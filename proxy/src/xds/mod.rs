@@ -105,7 +105,13 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
             files::watch(path.clone(), type_url, handler.clone());
         }
     }
-    handler.begin();
+    // As Envoy's cluster manager initializes the static clusters (their secrets included)
+    // before CDS, the initial fetch starts once the static clusters' secrets are in.
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        sds::secrets_arrived(&shared, &sds::static_cluster_secrets(&shared)).await;
+        handler.begin();
+    });
 }
 
 /// How to reach a control plane at `target` through the static cluster `cluster` (if any):

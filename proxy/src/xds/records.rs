@@ -2,6 +2,7 @@
 //! last rejection (rejected version, reason, time) — what `/config_dump` and `/xds` show.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
@@ -30,29 +31,43 @@ pub enum Status {
     Warming,
 }
 
-/// One resource's record.
+/// One resource's record. What few records have (a rejection, a version still serving
+/// while another warms) is boxed: a record per cluster and per endpoint assignment adds up.
 #[derive(Debug, Clone)]
 pub struct Record {
-    /// The version in force (empty when no version was ever accepted).
-    pub version: String,
+    /// The version in force (empty when no version was ever accepted); shared with the other
+    /// resources of the response that brought it.
+    pub version: Arc<str>,
     /// The accepted resource, encoded (`None` when none was accepted).
     pub value: Option<Bytes>,
     /// When the version in force was applied.
     pub last_updated: SystemTime,
-    /// The last rejection since the version in force, if any.
-    pub error: Option<ErrorState>,
     /// Its status.
     pub status: Status,
+    /// The last rejection since the version in force, if any.
+    pub error: Option<Box<ErrorState>>,
     /// While `value` warms as an update of a resource already serving: the version still
-    /// serving, its resource and when it was applied (`/config_dump` shows both, as Envoy's
-    /// active and warming listener states).
-    pub serving: Option<(String, Bytes, SystemTime)>,
+    /// serving (`/config_dump` shows both, as Envoy's active and warming listener states).
+    pub serving: Option<Box<Serving>>,
+}
+
+/// The version of a resource that serves while a newer one warms.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// Its version.
+    pub version: Arc<str>,
+    /// The resource, encoded.
+    pub value: Bytes,
+    /// When it was applied.
+    pub at: SystemTime,
 }
 
 /// The records of one resource type, by name.
 #[derive(Debug, Default)]
 pub struct Records {
     by_name: BTreeMap<String, Record>,
+    /// The version last recorded, shared by the records that have it.
+    last_version: Option<Arc<str>>,
 }
 
 impl Records {
@@ -69,12 +84,26 @@ impl Records {
             .is_some_and(|v| v == value)
     }
 
+    /// `version`, shared with the records that have it already when it is the last one seen
+    /// (the resources of one response share their version).
+    fn shared_version(&mut self, version: &str) -> Arc<str> {
+        match &self.last_version {
+            Some(v) if **v == *version => v.clone(),
+            _ => {
+                let v: Arc<str> = version.into();
+                self.last_version = Some(v.clone());
+                v
+            }
+        }
+    }
+
     /// Records `value` at `version` as accepted, with `status`.
     pub fn accept(&mut self, name: &str, version: &str, value: Bytes, status: Status) {
+        let version = self.shared_version(version);
         self.by_name.insert(
             name.to_owned(),
             Record {
-                version: version.to_owned(),
+                version,
                 value: Some(value),
                 last_updated: SystemTime::now(),
                 error: None,
@@ -92,9 +121,11 @@ impl Records {
             .get(name)
             .and_then(|r| match (&r.serving, &r.value) {
                 (Some(serving), _) => Some(serving.clone()),
-                (None, Some(v)) if r.status != Status::Warming => {
-                    Some((r.version.clone(), v.clone(), r.last_updated))
-                }
+                (None, Some(v)) if r.status != Status::Warming => Some(Box::new(Serving {
+                    version: r.version.clone(),
+                    value: v.clone(),
+                    at: r.last_updated,
+                })),
                 _ => None,
             });
         self.accept(name, version, value, Status::Warming);
@@ -115,17 +146,17 @@ impl Records {
 
     /// Records that `version` of `name` was rejected; the accepted version, if any, stays.
     pub fn reject(&mut self, name: &str, version: &str, value: Bytes, reason: &str) {
-        let error = ErrorState {
+        let error = Box::new(ErrorState {
             version: version.to_owned(),
             reason: reason.to_owned(),
             at: SystemTime::now(),
             value,
-        };
+        });
         let r = self
             .by_name
             .entry(name.to_owned())
             .or_insert_with(|| Record {
-                version: String::new(),
+                version: "".into(),
                 value: None,
                 last_updated: SystemTime::now(),
                 error: None,

@@ -140,6 +140,37 @@ pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
     });
 }
 
+/// The secrets the bootstrap's static clusters wait for (those SDS delivers).
+pub fn static_cluster_secrets(shared: &Shared) -> Vec<crate::config::tls::sds::SecretRef> {
+    shared
+        .bootstrap
+        .clusters
+        .iter()
+        .flat_map(super::handler::cluster_secrets)
+        .filter(|r| r.source != SecretSource::Static)
+        .collect()
+}
+
+/// Waits until every one of `secrets` has arrived, each for at most its
+/// `initial_fetch_timeout` (none: for ever), as Envoy's initialization waits for them.
+pub async fn secrets_arrived(shared: &Shared, secrets: &[crate::config::tls::sds::SecretRef]) {
+    let start = tokio::time::Instant::now();
+    for r in secrets {
+        let cell = shared.secrets.cell(r);
+        match r.initial_fetch_timeout {
+            None => cell.ready().await,
+            Some(timeout) => {
+                if tokio::time::timeout_at(start + timeout, cell.ready())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(secret = %r.name, "initial_fetch_timeout: the secret did not come; going on without it");
+                }
+            }
+        }
+    }
+}
+
 /// Opens the SDS stream to the static cluster `cluster`.
 fn stream(
     shared: &Shared,

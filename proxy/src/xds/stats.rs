@@ -3,7 +3,8 @@
 
 use std::hash::{Hash, Hasher};
 
-use crate::stats::{Counter, Gauge, Store};
+use crate::stats::{Block, Counter, Gauge, Store};
+use crate::upstream::ClusterStats;
 
 /// One subscription's `update_*` stats and `version`.
 pub struct UpdateStats {
@@ -20,8 +21,8 @@ pub struct UpdateStats {
 }
 
 impl UpdateStats {
-    /// The stats of the subscription named by `prefix` (`cluster.<name>` for EDS,
-    /// `http.<stat_prefix>.rds.<route_config>` for RDS).
+    /// The stats of the subscription named by `prefix` (`cluster_manager.cds`,
+    /// `listener_manager.lds`, `http.<stat_prefix>.rds.<route_config>` for RDS).
     pub fn new(store: &Store, prefix: &str) -> Self {
         UpdateStats {
             attempt: store.counter(&format!("{prefix}.update_attempt")),
@@ -36,6 +37,34 @@ impl UpdateStats {
     pub fn count(store: &Store, prefixes: &[String], version_info: &str, accepted: bool) {
         for p in prefixes {
             let stats = UpdateStats::new(store, p);
+            stats.attempt.inc();
+            stats.finish(version_info, accepted);
+        }
+    }
+
+    /// The EDS stats of a cluster, in its block (`cluster.<name>.update_*`, `version`).
+    fn in_block(block: &Block) -> Self {
+        let c = |n: &str| {
+            block
+                .named_counter(n)
+                .expect("the cluster layout has the update stats")
+        };
+        UpdateStats {
+            attempt: c("update_attempt"),
+            success: c("update_success"),
+            rejected: c("update_rejected"),
+            failure: c("update_failure"),
+            version: block
+                .named_gauge("version")
+                .expect("the cluster layout has the version gauge"),
+        }
+    }
+
+    /// Counts one EDS update of the clusters whose stat names are `clusters`, in each one's
+    /// block (created here for a cluster that still warms).
+    pub fn count_eds(store: &Store, clusters: &[String], version_info: &str, accepted: bool) {
+        for name in clusters {
+            let stats = UpdateStats::in_block(&ClusterStats::block(store, name));
             stats.attempt.inc();
             stats.finish(version_info, accepted);
         }
@@ -110,5 +139,40 @@ impl XdsStats {
             rate_limit_enforced: c("control_plane.rate_limit_enforced"),
             pending_requests: g("control_plane.pending_requests"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eds_updates_count_in_the_cluster_block_before_and_after_the_cluster() {
+        let store = Store::new();
+        // The cluster still warms: its first EDS response makes its block.
+        UpdateStats::count_eds(&store, &["c".to_owned()], "v1", true);
+        let cluster = ClusterStats::new(&store, "c");
+        assert_eq!(cluster.update_attempt().value(), 1);
+        assert_eq!(cluster.update_success().value(), 1);
+        UpdateStats::count_eds(&store, &["c".to_owned()], "v2", false);
+        assert_eq!(cluster.update_attempt().value(), 2);
+        assert_eq!(cluster.update_rejected().value(), 1);
+        let snap = store.snapshot();
+        let names: Vec<&str> = snap.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"cluster.c.update_rejected"));
+        assert!(names.contains(&"cluster.c.version"));
+        assert_eq!(names.len(), 31);
+    }
+
+    #[test]
+    fn a_cluster_without_eds_has_no_rejected_or_version_stat() {
+        let store = Store::new();
+        let _cluster = ClusterStats::new(&store, "static");
+        let snap = store.snapshot();
+        assert!(
+            !snap
+                .iter()
+                .any(|(n, _)| n.ends_with(".update_rejected") || n.ends_with(".version"))
+        );
     }
 }

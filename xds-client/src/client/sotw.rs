@@ -8,26 +8,18 @@ use proto::pb::envoy::service::discovery::v3::{DiscoveryResponse, Resource as Wr
 use proto::pb::google::protobuf::Any;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::codec::Streaming;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
 use super::Service;
 use super::deliver::{Incoming, deliver};
 use super::protocol::{Answer, Progress, Protocol};
 use super::resource_name::name_of;
-use super::sotw_wire::{EncodedNames, SotwCodec, SotwRequest};
+use super::sotw_wire::{self, EncodedNames, SotwRequest};
 use super::subscriptions::{Subscription, Subscriptions};
 use crate::{Handler, Rejected, Resource, is_full_state};
 
 /// The type URL of a resource wrapped in `envoy.service.discovery.v3.Resource`.
 const WRAPPED_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
-
-/// The SotW ADS method.
-const STREAM_AGGREGATED_RESOURCES: &str =
-    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-
-/// The SotW SDS method (a secret server of its own, such as Istio's pilot-agent).
-const STREAM_SECRETS: &str = "/envoy.service.secret.v3.SecretDiscoveryService/StreamSecrets";
 
 /// One type's SotW state.
 #[derive(Debug, Default)]
@@ -142,16 +134,7 @@ impl Protocol for Sotw {
         service: Service,
         requests: UnboundedReceiverStream<SotwRequest>,
     ) -> Result<Streaming<DiscoveryResponse>, tonic::Status> {
-        let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(usize::MAX);
-        grpc.ready()
-            .await
-            .map_err(|e| tonic::Status::unknown(format!("the xDS channel is not ready: {e}")))?;
-        let path = PathAndQuery::from_static(match service {
-            Service::Aggregated => STREAM_AGGREGATED_RESOURCES,
-            Service::Secret => STREAM_SECRETS,
-        });
-        let request = tonic::Request::new(requests);
-        Ok(grpc.streaming(request, path, SotwCodec).await?.into_inner())
+        sotw_wire::open(channel, service, requests).await
     }
 
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<SotwRequest> {
@@ -260,7 +243,7 @@ mod tests {
 
     /// Checks that `request` goes on the wire as prost encodes `expected`.
     fn assert_wire(request: SotwRequest, expected: DiscoveryRequest) {
-        let bytes = request.into_bytes();
+        let bytes = request.into_message();
         assert_eq!(
             DiscoveryRequest::decode(bytes.as_slice()).unwrap(),
             expected

@@ -21,6 +21,9 @@ pub struct ServerTls {
     pub tickets: bool,
     /// Stateful resumption (a session cache) is on (`disable_stateful_session_resumption` unset).
     pub session_cache: bool,
+    /// `full_scan_certs_on_sni_mismatch`: a server name no certificate has picks among all of
+    /// them (by key type) rather than taking the first.
+    pub full_scan_certs_on_sni_mismatch: bool,
 }
 
 impl ServerTls {
@@ -76,5 +79,8 @@ pub fn compile(ctx: &Context<'_>, tls: &DownstreamTlsContext) -> Result<ServerTl
         require_client_certificate: tls.require_client_certificate.is_some_and(|b| b.value),
         tickets,
         session_cache: !tls.disable_stateful_session_resumption,
+        full_scan_certs_on_sni_mismatch: tls
+            .full_scan_certs_on_sni_mismatch
+            .is_some_and(|b| b.value),
     })
 }

@@ -65,6 +65,58 @@ const SUITES: &[(&str, CipherSuite)] = &[
     ),
 ];
 
+/// TLS 1.2 cipher suites that BoringSSL (so Envoy) knows and rustls does not have: RSA key
+/// exchange, CBC, PSK and 3DES. A `cipher_suites` entry naming one is left out (Istio's inbound
+/// listeners list `AES256-GCM-SHA384` and `AES128-GCM-SHA256`), so a client offering only such
+/// suites is refused where Envoy would serve it.
+const LEFT_OUT: &[&str] = &[
+    "AES128-GCM-SHA256",
+    "AES256-GCM-SHA384",
+    "AES128-SHA",
+    "AES256-SHA",
+    "ECDHE-ECDSA-AES128-SHA",
+    "ECDHE-ECDSA-AES256-SHA",
+    "ECDHE-RSA-AES128-SHA",
+    "ECDHE-RSA-AES256-SHA",
+    "ECDHE-RSA-AES128-SHA256",
+    "DES-CBC3-SHA",
+    "PSK-AES128-CBC-SHA",
+    "PSK-AES256-CBC-SHA",
+    "ECDHE-PSK-AES128-CBC-SHA",
+    "ECDHE-PSK-AES256-CBC-SHA",
+    "ECDHE-PSK-CHACHA20-POLY1305",
+];
+
+/// The names in `cipher_suites` (with their entry's index) that revoy leaves out: Envoy knows
+/// them, rustls lacks them. For the warnings of the listener or cluster that has them.
+pub fn left_out_suites(p: &TlsParameters) -> Vec<(usize, String)> {
+    p.cipher_suites
+        .iter()
+        .enumerate()
+        .flat_map(|(i, entry)| {
+            suite_names(entry)
+                .filter(|name| LEFT_OUT.contains(name))
+                .map(move |name| (i, name.to_owned()))
+        })
+        .collect()
+}
+
+/// What a listener or cluster warning says of a suite [`left_out_suites`] found.
+pub fn left_out_message(name: &str) -> String {
+    format!(
+        "cipher suite '{name}' is not in rustls (it has no RSA key exchange, CBC, PSK or 3DES \
+         suites); left out, so a client offering only such suites is refused"
+    )
+}
+
+/// The names of one `cipher_suites` entry (`[A|B]` is a group of equal preference).
+fn suite_names(entry: &str) -> impl Iterator<Item = &str> {
+    entry
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split('|')
+}
+
 /// Envoy's curve names and rustls' groups.
 const CURVES: &[(&str, &dyn SupportedKxGroup)] = &[
     ("X25519", ring::kx_group::X25519),
@@ -118,8 +170,7 @@ fn build(p: &TlsParameters, side: Side) -> Result<Params, ConfigError> {
         cipher_suites.extend(base.cipher_suites.iter().filter(|s| s.tls13().is_none()));
     } else {
         for (i, entry) in p.cipher_suites.iter().enumerate() {
-            let group = entry.trim_start_matches('[').trim_end_matches(']');
-            for name in group.split('|') {
+            for name in suite_names(entry).filter(|name| !LEFT_OUT.contains(name)) {
                 let Some((_, id)) = SUITES.iter().find(|(n, _)| *n == name) else {
                     return Err(ConfigError::new(
                         format!("cipher_suites[{i}]"),
@@ -212,12 +263,12 @@ mod tests {
         assert_eq!(c.provider.cipher_suites.len(), 3 + 2);
         assert_eq!(c.provider.kx_groups.len(), 1);
         let p = TlsParameters {
-            cipher_suites: vec!["ECDHE-RSA-AES128-GCM-SHA256".into(), "AES128-SHA".into()],
+            cipher_suites: vec!["ECDHE-RSA-AES128-GCM-SHA256".into(), "NO-SUCH-SUITE".into()],
             ..Default::default()
         };
         let e = compile(Some(&p), Side::Server).unwrap_err();
         assert_eq!(e.path, "cipher_suites[1]");
-        assert!(e.message.contains("'AES128-SHA'"), "{e}");
+        assert!(e.message.contains("'NO-SUCH-SUITE'"), "{e}");
         let p = TlsParameters {
             ecdh_curves: vec!["X25519MLKEM768".into()],
             ..Default::default()
@@ -225,6 +276,33 @@ mod tests {
         assert_eq!(
             compile(Some(&p), Side::Client).unwrap_err().path,
             "ecdh_curves[0]"
+        );
+    }
+
+    #[test]
+    fn suites_envoy_knows_and_rustls_lacks_are_left_out() {
+        // Istio's inbound list.
+        let p = TlsParameters {
+            cipher_suites: [
+                "ECDHE-ECDSA-AES256-GCM-SHA384",
+                "ECDHE-RSA-AES256-GCM-SHA384",
+                "ECDHE-ECDSA-AES128-GCM-SHA256",
+                "ECDHE-RSA-AES128-GCM-SHA256",
+                "AES256-GCM-SHA384",
+                "AES128-GCM-SHA256",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        };
+        let c = compile(Some(&p), Side::Server).unwrap();
+        assert_eq!(c.provider.cipher_suites.len(), 3 + 4);
+        assert_eq!(
+            left_out_suites(&p),
+            [
+                (4, "AES256-GCM-SHA384".into()),
+                (5, "AES128-GCM-SHA256".into())
+            ]
         );
     }
 
