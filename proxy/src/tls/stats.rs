@@ -1,5 +1,7 @@
 //! Envoy's TLS stats (`listener.<address>.ssl.*`, `cluster.<name>.ssl.*`).
 
+use std::sync::{Arc, OnceLock};
+
 use rustls::{CipherSuite, CommonState, NamedGroup, ProtocolVersion, SignatureScheme};
 
 use crate::stats::{Counter, Store};
@@ -17,11 +19,53 @@ pub enum VerifyFailure {
     Pin,
 }
 
+/// The counters named by what a handshake negotiated (`versions.TLSv1.3`,
+/// `ciphers.TLS_AES_128_GCM_SHA256`, ...), each resolved once: a handshake then counts without
+/// formatting a stat name or taking the store's lock. The names come from small fixed tables,
+/// so a few slots hold them all; a name beyond them is looked up in the store.
+#[derive(Debug)]
+struct Negotiated {
+    /// `versions`, `ciphers`, `curves` or `sigalgs`.
+    kind: &'static str,
+    slots: [OnceLock<(&'static str, Counter)>; 16],
+}
+
+impl Negotiated {
+    fn new(kind: &'static str) -> Self {
+        Negotiated {
+            kind,
+            slots: Default::default(),
+        }
+    }
+
+    /// Counts one `<kind>.<name>` under `prefix`.
+    fn inc(&self, store: &Store, prefix: &str, name: &'static str) {
+        let make = || store.counter(&format!("{prefix}{}.{name}", self.kind));
+        for slot in &self.slots {
+            let (held, counter) = slot.get_or_init(|| (name, make()));
+            if *held == name {
+                counter.inc();
+                return;
+            }
+        }
+        make().inc();
+    }
+}
+
+/// The kinds of [`Negotiated`] counters, by index into [`TlsStats::negotiated`].
+const KINDS: [&str; 4] = ["versions", "ciphers", "curves", "sigalgs"];
+const VERSIONS: usize = 0;
+const CIPHERS: usize = 1;
+const CURVES: usize = 2;
+const SIGALGS: usize = 3;
+
 /// One TLS context's counters.
 #[derive(Debug, Clone)]
 pub struct TlsStats {
     store: Store,
-    prefix: String,
+    prefix: Arc<str>,
+    /// `versions.*`, `ciphers.*`, `curves.*`, `sigalgs.*`.
+    negotiated: Arc<[Negotiated; 4]>,
     /// `ssl.handshake`: completed handshakes.
     pub handshake: Counter,
     /// `ssl.connection_error`: handshakes that failed on a TLS error other than a refused
@@ -53,8 +97,13 @@ impl TlsStats {
             fail_verify_san: c("fail_verify_san"),
             fail_verify_cert_hash: c("fail_verify_cert_hash"),
             store: store.clone(),
-            prefix,
+            prefix: prefix.into(),
+            negotiated: Arc::new(KINDS.map(Negotiated::new)),
         }
+    }
+
+    fn count_negotiated(&self, kind: usize, name: &'static str) {
+        self.negotiated[kind].inc(&self.store, &self.prefix, name);
     }
 
     /// Counts a refused peer certificate.
@@ -84,9 +133,7 @@ impl TlsStats {
     /// it). Envoy counts it when the handshake completes, revoy when it checks the signature:
     /// a TLS 1.2 client that the server refuses after that check counts one Envoy does not.
     pub fn peer_signature(&self, scheme: SignatureScheme) {
-        self.store
-            .counter(&format!("{}sigalgs.{}", self.prefix, sigalg_name(scheme)))
-            .inc();
+        self.count_negotiated(SIGALGS, sigalg_name(scheme));
     }
 
     /// Counts a completed handshake: `handshake`, `session_reused`, `no_certificate`, and the
@@ -99,19 +146,14 @@ impl TlsStats {
         if conn.peer_certificates().is_none_or(|c| c.is_empty()) {
             self.no_certificate.inc();
         }
-        let named = |kind: &str, name: &str| {
-            self.store
-                .counter(&format!("{}{kind}.{name}", self.prefix))
-                .inc()
-        };
         if let Some(v) = conn.protocol_version() {
-            named("versions", version_name(v));
+            self.count_negotiated(VERSIONS, version_name(v));
         }
         if let Some(s) = conn.negotiated_cipher_suite() {
-            named("ciphers", cipher_name(s.suite()));
+            self.count_negotiated(CIPHERS, cipher_name(s.suite()));
         }
         if let Some(g) = conn.negotiated_key_exchange_group() {
-            named("curves", curve_name(g.name()));
+            self.count_negotiated(CURVES, curve_name(g.name()));
         }
     }
 }
@@ -179,5 +221,32 @@ impl xds_client::client::HandshakeObserver for TlsStats {
 
     fn failed(&self, error: &std::io::Error) {
         self.handshake_failed(error);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn negotiated_counters_are_named_like_envoys_and_count_past_their_slots() {
+        let store = Store::new();
+        let stats = TlsStats::new(&store, "cluster.c.");
+        let names: Vec<&'static str> = (0..20)
+            .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+            .collect();
+        for name in names.iter().chain(&names) {
+            stats.count_negotiated(CIPHERS, name);
+        }
+        stats.count_negotiated(VERSIONS, "TLSv1.3");
+        for name in &names {
+            assert_eq!(
+                store
+                    .counter(&format!("cluster.c.ssl.ciphers.{name}"))
+                    .value(),
+                2
+            );
+        }
+        assert_eq!(store.counter("cluster.c.ssl.versions.TLSv1.3").value(), 1);
     }
 }
