@@ -9,13 +9,13 @@ use rustls::client::ResolvesClientCert;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::{SignatureAlgorithm, SignatureScheme};
-use x509_parser::extensions::GeneralName;
 
 use super::SecretStore;
 use super::secrets::SecretCell;
 use crate::config::tls::certificate::Certificate;
 use crate::config::tls::common::Certificates;
 use crate::config::tls::secret::SecretValue;
+use crate::config::tls::validation::wildcard_covers;
 
 /// A context's certificates, bound to the secrets that deliver them.
 #[derive(Debug)]
@@ -42,14 +42,14 @@ impl LiveCertificates {
 
     /// The certificates in force, in configured order (an SDS secret not arrived yet, or not
     /// a certificate, is left out).
-    pub fn current(&self) -> Vec<Arc<CertifiedKey>> {
+    pub fn current(&self) -> Vec<Certificate> {
         match self {
             LiveCertificates::None => Vec::new(),
-            LiveCertificates::Static(certs) => certs.iter().map(|c| c.key.clone()).collect(),
+            LiveCertificates::Static(certs) => certs.clone(),
             LiveCertificates::Sds(cells) => cells
                 .iter()
                 .filter_map(|cell| match &cell.current()?.value {
-                    SecretValue::Certificate(c) => Some(c.key.clone()),
+                    SecretValue::Certificate(c) => Some(c.clone()),
                     SecretValue::Validation { .. } => None,
                 })
                 .collect(),
@@ -87,7 +87,7 @@ impl LiveCertificates {
     ) -> Option<Arc<CertifiedKey>> {
         let all = self.current();
         if all.len() <= 1 {
-            return all.into_iter().next();
+            return all.into_iter().next().map(|c| c.key);
         }
         let chosen = match server_name {
             Some(name) => {
@@ -98,20 +98,20 @@ impl LiveCertificates {
             }
             None => choose(all.iter(), schemes),
         };
-        chosen.or(all.first()).cloned()
+        chosen.or(all.first()).map(|c| c.key.clone())
     }
 }
 
 /// Envoy's choice among `candidates` (in configured order) for a peer offering `schemes`: the
 /// first ECDSA certificate it can use, else the first other one it can use.
 fn choose<'a>(
-    candidates: impl Iterator<Item = &'a Arc<CertifiedKey>> + Clone,
+    candidates: impl Iterator<Item = &'a Certificate> + Clone,
     schemes: &[SignatureScheme],
-) -> Option<&'a Arc<CertifiedKey>> {
+) -> Option<&'a Certificate> {
     let usable = |ecdsa: bool| {
         candidates.clone().find(|c| {
-            (c.key.algorithm() == SignatureAlgorithm::ECDSA) == ecdsa
-                && c.key.choose_scheme(schemes).is_some()
+            (c.key.key.algorithm() == SignatureAlgorithm::ECDSA) == ecdsa
+                && c.key.key.choose_scheme(schemes).is_some()
         })
     };
     usable(true).or_else(|| usable(false))
@@ -126,34 +126,13 @@ enum Match {
     Wildcard,
 }
 
-/// Whether a certificate's DNS names (or, without any, its common name) cover `name` as
+/// Whether a certificate's DNS names (or, without any, its common names) cover `name` as
 /// `how` says.
-fn covers(cert: &CertifiedKey, name: &str, how: Match) -> bool {
-    let Some(Ok((_, parsed))) = cert
-        .cert
-        .first()
-        .map(|d| x509_parser::parse_x509_certificate(d))
-    else {
-        return false;
-    };
-    let matches = |pattern: &str| match how {
+fn covers(cert: &Certificate, name: &str, how: Match) -> bool {
+    cert.names.iter().any(|pattern| match how {
         Match::Exact => pattern.eq_ignore_ascii_case(name),
-        Match::Wildcard => pattern.strip_prefix("*.").is_some_and(|suffix| {
-            name.split_once('.')
-                .is_some_and(|(label, rest)| !label.is_empty() && rest.eq_ignore_ascii_case(suffix))
-        }),
-    };
-    match parsed.subject_alternative_name() {
-        Ok(Some(ext)) => ext.value.general_names.iter().any(|g| match g {
-            GeneralName::DNSName(d) => matches(d),
-            _ => false,
-        }),
-        _ => parsed
-            .subject()
-            .iter_common_name()
-            .filter_map(|cn| cn.as_str().ok())
-            .any(matches),
-    }
+        Match::Wildcard => wildcard_covers(pattern, name),
+    })
 }
 
 tokio::task_local! {

@@ -112,13 +112,7 @@ pub enum X509Error {
 /// Reads a certificate (one DER X.509 certificate, v1 or v3) into what Envoy reports about it.
 pub fn parse(der: &[u8]) -> Result<CertInfo, X509Error> {
     let cert = certificate(der)?;
-    let sans = match cert
-        .subject_alternative_name()
-        .map_err(|e| X509Error::SubjectAltName(e.to_string()))?
-    {
-        Some(ext) => ext.value.general_names.iter().filter_map(san).collect(),
-        None => Vec::new(),
-    };
+    let sans = sans_of(&cert)?;
     let validity = cert.validity();
     Ok(CertInfo {
         serial_number: serial_hex(cert.raw_serial()),
@@ -272,6 +266,24 @@ fn hex_lower(bytes: &[u8]) -> String {
 }
 
 /// The whole DER as one certificate.
+/// A certificate's subject alternative names alone, as [`parse`] reads them (for a check
+/// made at each handshake, which needs neither the names nor the digest `parse` formats).
+pub fn subject_alt_names(der: &[u8]) -> Result<Vec<SubjectAltName>, X509Error> {
+    sans_of(&certificate(der)?)
+}
+
+fn sans_of(cert: &X509Certificate<'_>) -> Result<Vec<SubjectAltName>, X509Error> {
+    Ok(
+        match cert
+            .subject_alternative_name()
+            .map_err(|e| X509Error::SubjectAltName(e.to_string()))?
+        {
+            Some(ext) => ext.value.general_names.iter().filter_map(san).collect(),
+            None => Vec::new(),
+        },
+    )
+}
+
 fn certificate(der: &[u8]) -> Result<X509Certificate<'_>, X509Error> {
     let (rest, cert) = X509Certificate::from_der(der).map_err(|e| X509Error::Der(e.to_string()))?;
     if !rest.is_empty() {

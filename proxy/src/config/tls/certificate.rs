@@ -17,7 +17,10 @@ pub struct Certificate {
     /// The chain (leaf first) and signing key.
     pub key: Arc<CertifiedKey>,
     /// Where the chain came from, as Envoy's `/certs` names it: the file, or `<inline>`.
-    pub origin: String,
+    pub origin: Arc<str>,
+    /// The names it serves, for choosing by SNI: its DNS SANs, or without any its common
+    /// names (read once here, not at each handshake).
+    pub names: Arc<[String]>,
 }
 
 /// Compiles a `TlsCertificate`; errors name `chain_certificate` / `private_key` relative to it.
@@ -51,10 +54,40 @@ pub fn compile(ctx: &Context<'_>, cert: &TlsCertificate) -> Result<Certificate, 
     if cert.ocsp_staple.is_some() {
         certified.ocsp = Some(source::data(ctx, cert.ocsp_staple.as_ref(), "ocsp_staple")?);
     }
+    let names = served_names(&certified.cert[0]);
     Ok(Certificate {
         key: Arc::new(certified),
-        origin: origin(cert.certificate_chain.as_ref()),
+        origin: origin(cert.certificate_chain.as_ref()).into(),
+        names,
     })
+}
+
+/// A certificate's DNS SANs, or without any its common names (how Envoy matches SNI).
+fn served_names(der: &[u8]) -> Arc<[String]> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(der) else {
+        return Arc::from([]);
+    };
+    let dns: Vec<String> = match parsed.subject_alternative_name() {
+        Ok(Some(ext)) => ext
+            .value
+            .general_names
+            .iter()
+            .filter_map(|g| match g {
+                x509_parser::extensions::GeneralName::DNSName(d) => Some((*d).to_owned()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    if !dns.is_empty() {
+        return dns.into();
+    }
+    parsed
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// How `/certs` names a data source.

@@ -91,10 +91,13 @@ impl SanMatcher {
 /// Envoy's DNS SAN match: equal ignoring case, or a certificate's wildcard `*.b.c` standing
 /// for one label of `a.b.c`.
 fn dns_name_match(want: &str, cert: &str) -> bool {
-    if want.eq_ignore_ascii_case(cert) {
-        return true;
-    }
-    match (cert.strip_prefix("*."), want.split_once('.')) {
+    want.eq_ignore_ascii_case(cert) || wildcard_covers(cert, want)
+}
+
+/// Whether a certificate's wildcard name `*.b.c` covers `name` (`a.b.c`: exactly one label
+/// in place of the `*`, compared ignoring case).
+pub fn wildcard_covers(pattern: &str, name: &str) -> bool {
+    match (pattern.strip_prefix("*."), name.split_once('.')) {
         (Some(suffix), Some((label, rest))) => {
             !label.is_empty() && rest.eq_ignore_ascii_case(suffix)
         }
