@@ -37,35 +37,15 @@ struct Chain {
     kind: ChainKind,
 }
 
-/// A chain's TLS termination: the rustls configuration (its resolvers read the live
-/// secrets), what it presents and trusts (for `/certs`) and the listener's `ssl.*` stats.
+/// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
+/// the live secrets, and what it presents and trusts, for `/certs`) and the listener's
+/// `ssl.*` stats.
 struct Tls {
-    config: Arc<rustls::ServerConfig>,
-    /// The same configuration without ALPN, for a client whose ALPN offer has none of the
-    /// chain's protocols: Envoy then goes on without ALPN (Istio's clients offer
-    /// `istio-http/1.1` to chains of `h2, http/1.1`), where rustls would refuse the handshake.
-    /// `None` when the chain has no ALPN.
-    without_alpn: Option<Arc<rustls::ServerConfig>>,
-    certificates: ContextCertificates,
+    context: crate::tls::ServerContext,
     stats: TlsStats,
 }
 
 impl Tls {
-    fn new(context: crate::tls::ServerContext, stats: TlsStats) -> Self {
-        let config = context.config;
-        let without_alpn = (!config.alpn_protocols.is_empty()).then(|| {
-            let mut plain = (*config).clone();
-            plain.alpn_protocols.clear();
-            Arc::new(plain)
-        });
-        Tls {
-            config,
-            without_alpn,
-            certificates: context.certificates,
-            stats,
-        }
-    }
-
     /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
     async fn accept(
         &self,
@@ -82,17 +62,20 @@ impl Tls {
         &self,
         stream: TcpStream,
     ) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
-        let Some(without_alpn) = &self.without_alpn else {
-            return TlsAcceptor::from(self.config.clone()).accept(stream).await;
+        let sessions = &self.context.sessions().value;
+        let Some(without_alpn) = &sessions.without_alpn else {
+            return TlsAcceptor::from(sessions.config.clone())
+                .accept(stream)
+                .await;
         };
         let start = LazyConfigAcceptor::new(Acceptor::default(), stream).await?;
-        let ours = &self.config.alpn_protocols;
+        let ours = &sessions.config.alpn_protocols;
         let shares_one = start
             .client_hello()
             .alpn()
             .is_none_or(|mut offered| offered.any(|p| ours.iter().any(|o| o == p)));
         let config = if shares_one {
-            &self.config
+            &sessions.config
         } else {
             without_alpn
         };
@@ -191,7 +174,7 @@ impl Listener {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
             let context = crate::tls::server_context(spec, secrets, stats.clone())?;
-            Some(Tls::new(context, stats))
+            Some(Tls { context, stats })
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());
@@ -248,7 +231,9 @@ impl Listener {
     /// last), for `/certs`.
     pub fn tls_contexts(&self) -> impl Iterator<Item = &ContextCertificates> {
         self.chains().filter_map(|c| match &c.kind {
-            ChainKind::Http(_, Some(tls)) | ChainKind::Tcp(_, Some(tls)) => Some(&tls.certificates),
+            ChainKind::Http(_, Some(tls)) | ChainKind::Tcp(_, Some(tls)) => {
+                Some(&tls.context.certificates)
+            }
             _ => None,
         })
     }

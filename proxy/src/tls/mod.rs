@@ -16,6 +16,7 @@ use std::sync::Arc;
 use rustls::client::Resumption;
 use rustls::pki_types::{ServerName, SignatureVerificationAlgorithm};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache};
+use sessions::{Generation, PerGeneration};
 
 use crate::config::tls::certificate::Certificate;
 use crate::config::tls::common::CommonTls;
@@ -63,13 +64,63 @@ pub struct TrustedCertificates {
     pub origin: String,
 }
 
-/// A listener chain's TLS: the rustls server configuration and what it presents and trusts.
+/// A listener chain's TLS: the rustls server configurations and what it presents and trusts.
+///
+/// Its ticket keys and session cache are made afresh for each generation of its SDS secrets
+/// (`sessions.rs`), as Envoy builds a new context for each SDS update.
 #[derive(Debug)]
 pub struct ServerContext {
-    /// The rustls server configuration.
-    pub config: Arc<rustls::ServerConfig>,
+    /// The configuration with the context's ALPN, before session state.
+    base: Arc<rustls::ServerConfig>,
+    /// `tickets` and `session_cache` of the spec.
+    tickets: bool,
+    session_cache: bool,
+    sessions: PerGeneration<Sessions>,
     /// Its certificates, for `/certs`.
     pub certificates: ContextCertificates,
+}
+
+/// The configurations for one generation of a context's secrets, sharing its session state.
+#[derive(Debug)]
+pub struct Sessions {
+    /// With the context's ALPN.
+    pub config: Arc<rustls::ServerConfig>,
+    /// The same without ALPN, for a client whose ALPN offer has none of the context's
+    /// protocols: Envoy then goes on without ALPN (Istio's clients offer `istio-http/1.1` to
+    /// chains of `h2, http/1.1`), where rustls would refuse. `None` when the context has none.
+    pub without_alpn: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl ServerContext {
+    /// The configurations for a handshake starting now.
+    pub fn sessions(&self) -> Arc<Generation<Sessions>> {
+        self.sessions
+            .current(|| Sessions::new(&self.base, self.tickets, self.session_cache))
+    }
+}
+
+impl Sessions {
+    /// Fresh ticket keys and session cache over `base`.
+    fn new(base: &rustls::ServerConfig, tickets: bool, session_cache: bool) -> Self {
+        let mut config = base.clone();
+        if tickets && let Ok(ticketer) = rustls::crypto::ring::Ticketer::new() {
+            config.ticketer = ticketer;
+        }
+        config.session_storage = if session_cache {
+            ServerSessionMemoryCache::new(1024)
+        } else {
+            Arc::new(NoServerSessionStorage {})
+        };
+        let without_alpn = (!config.alpn_protocols.is_empty()).then(|| {
+            let mut plain = config.clone();
+            plain.alpn_protocols.clear();
+            Arc::new(plain)
+        });
+        Sessions {
+            config: Arc::new(config),
+            without_alpn,
+        }
+    }
 }
 
 /// The signature algorithms chains are verified with (ring's).
@@ -109,25 +160,15 @@ pub fn server_context(
         full_scan: spec.full_scan_certs_on_sni_mismatch,
     }));
     config.alpn_protocols = spec.common.alpn.clone();
-    // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
-    let rotating = rotating_secrets(&spec.common, store);
-    if spec.tickets {
-        if !rotating.is_empty() {
-            config.ticketer = Arc::new(sessions::Tickets::new(rotating.clone()));
-        } else if let Ok(ticketer) = rustls::crypto::ring::Ticketer::new() {
-            config.ticketer = ticketer;
-        }
-    }
-    config.session_storage = match (spec.session_cache, rotating.is_empty()) {
-        (false, _) => Arc::new(NoServerSessionStorage {}),
-        (true, true) => ServerSessionMemoryCache::new(1024),
-        (true, false) => Arc::new(sessions::ServerSessions::new(rotating)),
-    };
     if !spec.tickets && !spec.session_cache {
         config.send_tls13_tickets = 0;
     }
+    let first = Sessions::new(&config, spec.tickets, spec.session_cache);
     Some(ServerContext {
-        config: Arc::new(config),
+        base: Arc::new(config),
+        tickets: spec.tickets,
+        session_cache: spec.session_cache,
+        sessions: PerGeneration::new(rotating_secrets(&spec.common, store), first),
         certificates: ContextCertificates {
             presented,
             validation,
@@ -162,17 +203,45 @@ pub enum Carries {
 /// A cluster's TLS: the rustls client configurations and the server name sent.
 #[derive(Debug)]
 pub struct ClientContext {
-    /// The configuration with the context's own ALPN list.
-    config: Arc<rustls::ClientConfig>,
-    /// Without a list of its own: one configuration per [`Carries`] with Envoy's fallback,
-    /// made on first use (most clusters only ever carry one protocol).
-    fallbacks: [std::sync::OnceLock<Arc<rustls::ClientConfig>>; 3],
+    /// The configuration with the context's own ALPN list, before session state.
+    base: Arc<rustls::ClientConfig>,
+    /// `max_session_keys`.
+    max_session_keys: usize,
+    /// The configurations of each generation of its SDS secrets, with their own session
+    /// cache (`sessions.rs`).
+    configs: PerGeneration<ClientConfigs>,
     /// `sni`.
     pub sni: Option<ServerName<'static>>,
     /// `cluster.<name>.ssl.*`.
     pub stats: TlsStats,
     /// What it presents and trusts, for `/certs`.
     pub certificates: ContextCertificates,
+}
+
+/// A client context's configurations sharing one session cache.
+#[derive(Debug)]
+struct ClientConfigs {
+    /// With the context's own ALPN list.
+    config: Arc<rustls::ClientConfig>,
+    /// Without a list of its own: one configuration per [`Carries`] with Envoy's fallback,
+    /// made on first use (most clusters only ever carry one protocol).
+    fallbacks: [std::sync::OnceLock<Arc<rustls::ClientConfig>>; 3],
+}
+
+impl ClientConfigs {
+    /// `base` with a fresh session cache of `max_session_keys` (0: no resumption).
+    fn new(base: &rustls::ClientConfig, max_session_keys: usize) -> Self {
+        let mut config = base.clone();
+        config.resumption = if max_session_keys == 0 {
+            Resumption::disabled()
+        } else {
+            Resumption::in_memory_sessions(max_session_keys)
+        };
+        ClientConfigs {
+            config: Arc::new(config),
+            fallbacks: Default::default(),
+        }
+    }
 }
 
 impl ClientContext {
@@ -197,26 +266,16 @@ impl ClientContext {
         let mut config = builder
             .with_client_cert_resolver(Arc::new(certs::ClientCertificates(presented.clone())));
         config.alpn_protocols = spec.common.alpn.clone();
-        let rotating = rotating_secrets(&spec.common, store);
-        config.resumption = if spec.max_session_keys == 0 {
-            Resumption::disabled()
-        } else if rotating.is_empty() {
-            Resumption::in_memory_sessions(spec.max_session_keys)
-        } else {
-            // Sessions made under secrets SDS has since rotated are not resumed (sessions.rs).
-            Resumption::store(Arc::new(sessions::ClientSessions::new(
-                rotating,
-                spec.max_session_keys,
-            )))
-        };
         config.enable_sni = spec.sni.is_some();
         let sni = match &spec.sni {
             None => None,
             Some(name) => Some(ServerName::try_from(name.clone()).ok()?),
         };
+        let first = ClientConfigs::new(&config, spec.max_session_keys);
         Some(ClientContext {
-            config: Arc::new(config),
-            fallbacks: Default::default(),
+            base: Arc::new(config),
+            max_session_keys: spec.max_session_keys,
+            configs: PerGeneration::new(rotating_secrets(&spec.common, store), first),
             sni,
             stats,
             certificates: ContextCertificates {
@@ -226,18 +285,22 @@ impl ClientContext {
         })
     }
 
-    /// The configuration for a connection that carries `what`.
+    /// The configuration for a connection that carries `what`, starting now.
     pub fn config(&self, what: Carries) -> Arc<rustls::ClientConfig> {
+        let configs = self
+            .configs
+            .current(|| ClientConfigs::new(&self.base, self.max_session_keys));
+        let configs = &configs.value;
         let (slot, alpn): (usize, &[&[u8]]) = match what {
-            _ if !self.config.alpn_protocols.is_empty() => return self.config.clone(),
-            Carries::Raw => return self.config.clone(),
+            _ if !configs.config.alpn_protocols.is_empty() => return configs.config.clone(),
+            Carries::Raw => return configs.config.clone(),
             Carries::Http1 => (0, &[b"http/1.1"]),
             Carries::Http2 => (1, &[b"h2"]),
             Carries::Auto => (2, &[b"h2", b"http/1.1"]),
         };
-        self.fallbacks[slot]
+        configs.fallbacks[slot]
             .get_or_init(|| {
-                let mut config = (*self.config).clone();
+                let mut config = (*configs.config).clone();
                 config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
                 Arc::new(config)
             })

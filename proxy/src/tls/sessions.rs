@@ -1,176 +1,128 @@
 //! Session resumption that ends when a context's secrets change. Envoy builds a new TLS
-//! context for each SDS update, with an empty client session cache, a new server session cache
-//! and new ticket keys, so no session made under the old certificate or trust anchors is
-//! resumed; a resumed session presents and verifies no certificate. revoy keeps one rustls
-//! configuration across rotations, so its session stores are these, which start afresh when
-//! the secrets they follow change.
+//! context for each SDS update — new ticket keys, empty session caches — so no session made
+//! under an old certificate or old trust anchors is resumed (a resumed session presents and
+//! verifies no certificate). revoy keeps its resolvers and verifiers across rotations and
+//! makes only the session state afresh: a connection takes the state of the secrets'
+//! generation when its handshake starts and keeps it to the end, so a session is only ever
+//! stored and resumed under one generation — also when a rotation lands mid-handshake.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use rustls::NamedGroup;
-use rustls::client::{
-    ClientSessionMemoryCache, ClientSessionStore, Tls12ClientSessionValue, Tls13ClientSessionValue,
-};
-use rustls::pki_types::ServerName;
-use rustls::server::{ProducesTickets, ServerSessionMemoryCache, StoresServerSessions};
+use arc_swap::ArcSwap;
 
 use super::secrets::SecretCell;
 
-/// A value made afresh whenever one of the secrets it follows changes.
-struct PerSecrets<T> {
+/// A value made afresh for each generation of the secrets it follows.
+#[derive(Debug)]
+pub struct PerGeneration<T> {
     cells: Vec<Arc<SecretCell>>,
-    make: Box<dyn Fn() -> T + Send + Sync>,
-    /// The value, with the sum of the cells' generations it was made at (each only grows).
-    current: Mutex<(u64, T)>,
+    current: ArcSwap<Generation<T>>,
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for PerSecrets<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PerSecrets")
-            .field("cells", &self.cells.len())
-            .field("current", &self.current)
-            .finish()
-    }
+/// The value of one generation.
+#[derive(Debug)]
+pub struct Generation<T> {
+    number: u64,
+    /// What was made for it.
+    pub value: T,
 }
 
-impl<T: Clone> PerSecrets<T> {
-    fn new(cells: Vec<Arc<SecretCell>>, make: impl Fn() -> T + Send + Sync + 'static) -> Self {
-        let current = Mutex::new((sum(&cells), make()));
-        PerSecrets {
+impl<T> PerGeneration<T> {
+    /// Follows `cells` (none: one generation for ever), starting with `first`.
+    pub fn new(cells: Vec<Arc<SecretCell>>, first: T) -> Self {
+        let number = sum(&cells);
+        PerGeneration {
             cells,
-            make: Box::new(make),
-            current,
+            current: ArcSwap::from_pointee(Generation {
+                number,
+                value: first,
+            }),
         }
     }
 
-    fn get(&self) -> T {
-        let generation = sum(&self.cells);
-        let mut current = self.current.lock().expect("session store lock");
-        if current.0 != generation {
-            *current = (generation, (self.make)());
+    /// The value of the generation in force now, made by `make` if it is new.
+    pub fn current(&self, make: impl FnOnce() -> T) -> Arc<Generation<T>> {
+        let number = sum(&self.cells);
+        let current = self.current.load_full();
+        if current.number == number {
+            return current;
         }
-        current.1.clone()
+        let next = Arc::new(Generation {
+            number,
+            value: make(),
+        });
+        // Connections racing here agree on one value: the first to swap wins.
+        let previous = self.current.compare_and_swap(&current, next.clone());
+        if Arc::ptr_eq(&previous, &current) {
+            next
+        } else {
+            arc_swap::Guard::into_inner(previous)
+        }
     }
 }
 
+/// Each cell's generation only grows, so their sum changes whenever one of them does.
 fn sum(cells: &[Arc<SecretCell>]) -> u64 {
     cells.iter().map(|c| c.generation()).sum()
 }
 
-/// A client's session cache of `size` entries (as rustls' in-memory one), emptied when
-/// `cells` (its certificate and validation secrets) change.
-#[derive(Debug)]
-pub struct ClientSessions(PerSecrets<Arc<ClientSessionMemoryCache>>);
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
 
-impl ClientSessions {
-    /// A cache following `cells`.
-    pub fn new(cells: Vec<Arc<SecretCell>>, size: usize) -> Self {
-        ClientSessions(PerSecrets::new(cells, move || {
-            Arc::new(ClientSessionMemoryCache::new(size))
-        }))
-    }
-}
+    use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CertificateValidationContext, Secret,
+    };
 
-impl ClientSessionStore for ClientSessions {
-    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
-        self.0.get().set_kx_hint(server_name, group);
-    }
+    use super::*;
+    use crate::config::Context;
+    use crate::config::tls::sds::{SecretRef, SecretSource};
+    use crate::config::tls::validation;
+    use crate::tls::secrets::{Delivered, SecretStore};
 
-    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
-        self.0.get().kx_hint(server_name)
-    }
-
-    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
-        self.0.get().set_tls12_session(server_name, value);
-    }
-
-    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
-        self.0.get().tls12_session(server_name)
-    }
-
-    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
-        self.0.get().remove_tls12_session(server_name);
-    }
-
-    fn insert_tls13_ticket(
-        &self,
-        server_name: ServerName<'static>,
-        value: Tls13ClientSessionValue,
-    ) {
-        self.0.get().insert_tls13_ticket(server_name, value);
+    /// Delivers an (empty) validation context as the ADS secret `name`.
+    fn deliver(store: &SecretStore, name: &str) {
+        let io = crate::config::FakeIo::new();
+        let proto = CertificateValidationContext::default();
+        let compiled = validation::compile(&Context::new(&io), &proto).expect("compiles");
+        let value = crate::config::tls::secret::SecretValue::Validation {
+            proto: Arc::new(proto),
+            compiled: Arc::new(compiled),
+        };
+        store.set(
+            name,
+            &SecretSource::Ads,
+            Delivered {
+                value,
+                version: "1".into(),
+                updated: std::time::SystemTime::now(),
+                proto: Secret::default(),
+            },
+        );
     }
 
-    fn take_tls13_ticket(
-        &self,
-        server_name: &ServerName<'static>,
-    ) -> Option<Tls13ClientSessionValue> {
-        self.0.get().take_tls13_ticket(server_name)
-    }
-}
-
-/// How many sessions a server's cache holds.
-const SERVER_SESSIONS: usize = 1024;
-
-/// A server's session cache, started afresh when `cells` change.
-#[derive(Debug)]
-pub struct ServerSessions(PerSecrets<Arc<ServerSessionMemoryCache>>);
-
-impl ServerSessions {
-    /// A cache following `cells`.
-    pub fn new(cells: Vec<Arc<SecretCell>>) -> Self {
-        ServerSessions(PerSecrets::new(cells, || {
-            ServerSessionMemoryCache::new(SERVER_SESSIONS)
-        }))
-    }
-}
-
-impl StoresServerSessions for ServerSessions {
-    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
-        self.0.get().put(key, value)
-    }
-
-    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.0.get().get(key)
-    }
-
-    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.0.get().take(key)
-    }
-
-    fn can_cache(&self) -> bool {
-        true
-    }
-}
-
-/// A server's session tickets, under a new key when `cells` change: tickets issued before
-/// no longer decrypt. (Without a ticketer, which ring makes unless its random source fails, no
-/// ticket is issued.)
-#[derive(Debug)]
-pub struct Tickets(PerSecrets<Option<Arc<dyn ProducesTickets>>>);
-
-impl Tickets {
-    /// Tickets following `cells`.
-    pub fn new(cells: Vec<Arc<SecretCell>>) -> Self {
-        Tickets(PerSecrets::new(cells, || {
-            rustls::crypto::ring::Ticketer::new().ok()
-        }))
-    }
-}
-
-impl ProducesTickets for Tickets {
-    fn enabled(&self) -> bool {
-        true
-    }
-
-    fn lifetime(&self) -> u32 {
-        self.0.get().map_or(0, |t| t.lifetime())
-    }
-
-    fn encrypt(&self, plain: &[u8]) -> Option<Vec<u8>> {
-        self.0.get()?.encrypt(plain)
-    }
-
-    fn decrypt(&self, cipher: &[u8]) -> Option<Vec<u8>> {
-        self.0.get()?.decrypt(cipher)
+    #[test]
+    fn a_value_lasts_until_a_secret_it_follows_changes() {
+        let store = SecretStore::new();
+        let followed = store.cell(&SecretRef {
+            name: "ROOTCA".into(),
+            source: SecretSource::Ads,
+            initial_fetch_timeout: None,
+        });
+        let made = AtomicU32::new(0);
+        let make = || made.fetch_add(1, Ordering::Relaxed) + 1;
+        let values = PerGeneration::new(vec![followed], 0);
+        assert_eq!(values.current(make).value, 0);
+        deliver(&store, "default");
+        assert_eq!(values.current(make).value, 0, "a secret it does not follow");
+        deliver(&store, "ROOTCA");
+        assert_eq!(
+            values.current(make).value,
+            1,
+            "the secret it follows arrived"
+        );
+        assert_eq!(values.current(make).value, 1, "made once per generation");
+        deliver(&store, "ROOTCA");
+        assert_eq!(values.current(make).value, 2, "and changed");
     }
 }
