@@ -32,7 +32,6 @@ use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::tls::sds::{SecretRef, SecretSource};
 use crate::config::upstream_transport::Socket;
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
-use crate::lifecycle::ServerState;
 use crate::shared::Shared;
 
 /// Resources in an update from which its freed heap is handed back to the OS soon after.
@@ -259,8 +258,8 @@ impl ProxyHandler {
         {
             st.phase = Some(Phase::Done);
             if let Some(shared) = self.shared.upgrade() {
-                shared.lifecycle.set_state(ServerState::Live);
-                tracing::info!("initial xDS configuration applied; revoy is live");
+                shared.lifecycle.part_done();
+                tracing::info!("initial xDS configuration applied");
             }
         }
     }
