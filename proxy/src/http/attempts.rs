@@ -89,7 +89,7 @@ impl LocalFailure {
             overloaded: false,
             why: Why {
                 flag: ResponseFlag::UpstreamRequestTimeout,
-                details: "upstream_response_timeout".to_owned(),
+                details: "response_timeout".to_owned(),
                 host: None,
                 transport_failure: None,
             },

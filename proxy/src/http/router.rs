@@ -545,6 +545,8 @@ async fn route_and_forward(
                 send_expected_timeout: !cfg.suppress_envoy_headers,
                 retries_exhausted: false,
             };
+            // An attempt is under way from here, whether or not it completes.
+            note!(|r| r.attempts = 1);
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
             let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
