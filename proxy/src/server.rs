@@ -51,7 +51,20 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         options.local_address_ip_version == "v6",
         std::sync::atomic::Ordering::Relaxed,
     );
+    let flush = crate::access_log::file::FlushPolicy {
+        interval: options
+            .file_flush_interval_msec
+            .filter(|ms| *ms > 0)
+            .map_or(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_millis,
+            ),
+        min_size: options
+            .file_flush_min_size_kb
+            .map_or(64 * 1024, |kb| kb as usize * 1024),
+    };
     let shared = Arc::new(build_shared(bootstrap, options));
+    crate::access_log::file::init(flush, &shared.stats);
     shared.lifecycle.set_state(ServerState::Initializing);
     shared
         .applier
@@ -102,6 +115,17 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             })?;
         crate::admin::spawn(std_listener, shared.clone());
     }
+    // SIGUSR1 reopens the access log files, as in Envoy.
+    runtimes[0].spawn(async {
+        let Ok(mut usr1) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            crate::access_log::file::reopen_all();
+        }
+    });
     let signal_tx = quit_tx;
     runtimes[0].spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

@@ -7,6 +7,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 
 use super::ConnContext;
+use super::access_log::Pending;
 use super::attempts::{Exchange, LocalFailure, Outcome, RequestBody};
 use super::buffered_body::{self, Buffered};
 use super::forwarding;
@@ -16,6 +17,7 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
+use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort, Underscores};
@@ -53,6 +55,8 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             None
         };
         let grpc = super::local_reply::is_grpc(req.headers());
+        let head = req.method() == http::Method::HEAD;
+        let mut pending = Pending::start(ctx, &mut req);
         // Envoy's router answers at routing time from the head alone, before its codec hands
         // it the body: an HTTP/1 request with a body is unfinished then, and so is one whose
         // stream goes on after its head (an upgrade, CONNECT); Envoy closes the connection
@@ -62,7 +66,8 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
-        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded).await;
+        let log = pending.as_mut().map(Pending::record);
+        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, log).await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -75,7 +80,10 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if let Some(id) = id {
             resp.headers_mut().insert(&X_REQUEST_ID, id);
         }
-        resp
+        match pending {
+            Some(p) => p.finish(resp, head),
+            None => resp,
+        }
     };
     stats.rq_active.dec();
     request_id
@@ -122,10 +130,20 @@ async fn route_and_forward(
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
     forwarded: &mut bool,
+    mut log: Option<&mut Record>,
 ) -> Response<Body> {
+    // Notes what access logs read (nothing when the connection manager has none).
+    macro_rules! note {
+        (|$r:ident| $body:expr) => {
+            if let Some($r) = log.as_deref_mut() {
+                $body;
+            }
+        };
+    }
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
     if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
+        note!(|r| r.details = Some("low_version".into()));
         let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -138,6 +156,7 @@ async fn route_and_forward(
         && !connect
         && !req.headers().contains_key(header::HOST)
     {
+        note!(|r| r.details = Some("missing_host_header".into()));
         let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -174,6 +193,10 @@ async fn route_and_forward(
         Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
     };
     let Some(table) = table else {
+        note!(|r| {
+            r.flags.set(ResponseFlag::NoRouteFound);
+            r.details = Some("route_not_found".into())
+        });
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let mut host_full = authority(&req);
@@ -233,8 +256,16 @@ async fn route_and_forward(
     route_req.https = https;
     route_req.random_value = random_value;
     let Some(selected) = table.select(&route_req) else {
+        note!(|r| {
+            r.flags.set(ResponseFlag::NoRouteFound);
+            r.details = Some("route_not_found".into())
+        });
         return local_reply(StatusCode::NOT_FOUND, "");
     };
+    note!(|r| {
+        r.route_name =
+            (!selected.route.name.is_empty()).then(|| selected.route.name.as_str().into())
+    });
     if let Some(upgrade_type) = upgrade_type {
         let route_upgrades = match &selected.route.action {
             Action::Forward(fwd) => fwd.upgrades(),
@@ -242,6 +273,7 @@ async fn route_and_forward(
         };
         if !upgrade_allowed(route_upgrades, &cfg.upgrades, upgrade_type) {
             ctx.hcm.stats.upgrades_refused.inc();
+            note!(|r| r.details = Some("upgrade_failed".into()));
             return upgrade_refused();
         }
     }
@@ -267,6 +299,7 @@ async fn route_and_forward(
     };
     match &selected.route.action {
         Action::DirectResponse(dr) => {
+            note!(|r| r.details = Some("direct_response".into()));
             let mut resp = Response::new(if dr.body.is_empty() {
                 body::empty()
             } else {
@@ -298,8 +331,15 @@ async fn route_and_forward(
             }
             resp
         }
-        Action::NonForwarding => local_reply(StatusCode::NOT_FOUND, ""),
+        Action::NonForwarding => {
+            note!(|r| {
+                r.flags.set(ResponseFlag::NoRouteFound);
+                r.details = Some("route_not_found".into())
+            });
+            local_reply(StatusCode::NOT_FOUND, "")
+        }
         Action::Redirect(r) => {
+            note!(|l| l.details = Some("direct_response".into()));
             let location = selected.redirect_location(&route_req).unwrap_or_default();
             let mut resp = local_reply(r.status, "");
             if let Ok(v) = HeaderValue::from_str(&location) {
@@ -316,13 +356,22 @@ async fn route_and_forward(
         }
         Action::Forward(fwd) => {
             let Some(picked) = fwd.pick_cluster(&route_req) else {
+                note!(|r| {
+                    r.flags.set(ResponseFlag::NoClusterFound);
+                    r.details = Some("cluster_not_found".into())
+                });
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
             let cluster_name = picked.name;
             let weighted = picked.weighted;
             let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
+                note!(|r| {
+                    r.flags.set(ResponseFlag::NoClusterFound);
+                    r.details = Some("cluster_not_found".into())
+                });
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
+            note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
@@ -405,7 +454,7 @@ async fn route_and_forward(
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
-                report_host: response_rules,
+                report_host: response_rules || log.is_some(),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
@@ -418,10 +467,23 @@ async fn route_and_forward(
                     Box::pin(super::upgrade::forward(req, &cluster, &lb, active)).await
                 };
                 return match tunnel {
-                    Ok(resp) => resp,
+                    Ok(resp) => {
+                        note!(|r| {
+                            r.attempts = 1;
+                            r.first_upstream_rx = Some(Instant::now());
+                            r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                            r.details = Some("via_upstream".into())
+                        });
+                        resp
+                    }
                     Err(e) => {
                         *forwarded = false;
-                        failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
+                        let failure = LocalFailure::of(&e, 1);
+                        note!(|r| {
+                            r.attempts = 1;
+                            note_failure(r, &failure)
+                        });
+                        failure_reply(&failure, cfg.suppress_envoy_headers)
                     }
                 };
             }
@@ -481,26 +543,57 @@ async fn route_and_forward(
                 retry,
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
+                retries_exhausted: false,
             };
+            // An attempt is under way from here, whether or not it completes.
+            note!(|r| r.attempts = 1);
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
             let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
                 Some((at, why)) => {
                     match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
                         Ok(done) => done,
-                        Err(_) => return why.reply(),
+                        Err(_) => {
+                            note!(|r| {
+                                let (flag, details) = why.log_facts();
+                                r.flags.set(flag);
+                                r.details = Some(details.into())
+                            });
+                            return why.reply();
+                        }
                     }
                 }
                 None => exchange.run(parts, body).await,
             };
+            note!(|r| {
+                r.attempts = attempts;
+                if exchange.retries_exhausted {
+                    r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
+                }
+            });
             let mut resp = match outcome {
-                Outcome::Local(failure) => failure_reply(&failure, cfg.suppress_envoy_headers),
-                Outcome::NotSent(failure) => {
-                    *forwarded = false;
+                Outcome::Local(failure) => {
+                    note!(|r| note_failure(r, &failure));
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
-                Outcome::DownstreamBodyFailed => body_failed(),
+                Outcome::NotSent(failure) => {
+                    *forwarded = false;
+                    note!(|r| note_failure(r, &failure));
+                    failure_reply(&failure, cfg.suppress_envoy_headers)
+                }
+                Outcome::DownstreamBodyFailed => {
+                    note!(|r| {
+                        r.flags.set(ResponseFlag::DownstreamProtocolError);
+                        r.details = Some("downstream_protocol_error".into())
+                    });
+                    body_failed()
+                }
                 Outcome::Response(resp) => {
+                    note!(|r| {
+                        r.first_upstream_rx = Some(Instant::now());
+                        r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                        r.details = Some("via_upstream".into())
+                    });
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),
@@ -547,6 +640,16 @@ fn auto_host(cluster: &ClusterConfig) -> Option<String> {
         EndpointAddress::Dns { host, .. } => Some(host.clone()),
         EndpointAddress::Ip(_) => None,
     }
+}
+
+/// Notes a failure answered locally in the request's record.
+fn note_failure(r: &mut Record, failure: &LocalFailure) {
+    r.flags.set(failure.why.flag);
+    r.details = Some(failure.why.details.clone());
+    if failure.why.host.is_some() {
+        r.upstream_host = failure.why.host;
+    }
+    r.upstream_transport_failure = failure.why.transport_failure.clone();
 }
 
 /// Envoy's answer to a request whose own body broke (its HTTP/1 codec's error): 400
