@@ -23,39 +23,31 @@ impl UpdateStats {
     /// The stats of the subscription named by `prefix` (`cluster_manager.cds`,
     /// `listener_manager.lds`, `http.<stat_prefix>.rds.<route_config>` for RDS).
     pub fn new(store: &Store, prefix: &str) -> Self {
-        let c = |n: &str| store.counter(&format!("{prefix}.{n}"));
-        let g = |n: &str| store.gauge(&format!("{prefix}.{n}"));
-        UpdateStats {
-            attempt: c("update_attempt"),
-            success: c("update_success"),
-            rejected: c("update_rejected"),
-            failure: c("update_failure"),
-            init_fetch_timeout: c("init_fetch_timeout"),
-            update_time: g("update_time"),
-            version: g("version"),
-        }
+        UpdateStats::named(
+            |n| store.counter(&format!("{prefix}.{n}")),
+            |n| store.gauge(&format!("{prefix}.{n}")),
+        )
     }
 
     /// The EDS stats of a cluster, in its block (`cluster.<name>.update_*`, `version`).
     fn in_block(block: &Block) -> Self {
-        let c = |n: &str| {
-            block
-                .named_counter(n)
-                .expect("the cluster layout has the update stats")
-        };
-        let g = |n: &str| {
-            block
-                .named_gauge(n)
-                .expect("the cluster layout has the update gauges")
-        };
+        let missing = "the cluster layout has the EDS subscription stats";
+        UpdateStats::named(
+            |n| block.named_counter(n).expect(missing),
+            |n| block.named_gauge(n).expect(missing),
+        )
+    }
+
+    /// The stats `counter` and `gauge` answer by their names after the prefix.
+    fn named(counter: impl Fn(&str) -> Counter, gauge: impl Fn(&str) -> Gauge) -> Self {
         UpdateStats {
-            attempt: c("update_attempt"),
-            success: c("update_success"),
-            rejected: c("update_rejected"),
-            failure: c("update_failure"),
-            init_fetch_timeout: c("init_fetch_timeout"),
-            update_time: g("update_time"),
-            version: g("version"),
+            attempt: counter("update_attempt"),
+            success: counter("update_success"),
+            rejected: counter("update_rejected"),
+            failure: counter("update_failure"),
+            init_fetch_timeout: counter("init_fetch_timeout"),
+            update_time: gauge("update_time"),
+            version: gauge("version"),
         }
     }
 
