@@ -52,6 +52,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         std::sync::atomic::Ordering::Relaxed,
     );
     let shared = Arc::new(build_shared(bootstrap, options));
+    shared.stats.set_workers(workers);
     shared.lifecycle.set_state(ServerState::Initializing);
     shared
         .applier
@@ -114,7 +115,23 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     for (i, rt) in runtimes.into_iter().enumerate() {
         std::thread::Builder::new()
             .name(format!("revoy-worker-{i}"))
-            .spawn(move || rt.block_on(crate::timer_anchor::hold()))
+            .spawn(move || {
+                crate::stats::histogram::enter_worker(i);
+                rt.block_on(crate::timer_anchor::hold())
+            })
+            .map_err(StartError::Runtime)?;
+    }
+    if let crate::config::stats_flush::StatsFlush::Interval(every) = shared.bootstrap.stats_flush {
+        let stats = shared.stats.clone();
+        std::thread::Builder::new()
+            .name("revoy-stats-flush".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    stats.flush_histograms();
+                    crate::memory::publish_gauges(&stats);
+                }
+            })
             .map_err(StartError::Runtime)?;
     }
     let stats = &shared.stats;
@@ -148,6 +165,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         }
     }
     crate::memory::now_serving();
+    crate::memory::publish_gauges(&shared.stats);
     let code = quit_rx.recv().unwrap_or(0);
     shared.applier.stop_listeners(false);
     Ok(code)
