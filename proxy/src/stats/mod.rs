@@ -346,11 +346,13 @@ impl Metric {
 }
 
 /// `<prefix>.downstream_cx_total` and `<prefix>.downstream_cx_active` of a listener, one of
-/// its workers, or a connection manager.
+/// its workers, or a connection manager; a listener's and a manager's also record
+/// `<prefix>.downstream_cx_length_ms`.
 #[derive(Clone, Debug)]
 pub struct Connections {
     total: Counter,
     active: Gauge,
+    length: Option<Histogram>,
 }
 
 impl Connections {
@@ -359,25 +361,43 @@ impl Connections {
         Connections {
             total: store.counter(&format!("{prefix}.downstream_cx_total")),
             active: store.gauge(&format!("{prefix}.downstream_cx_active")),
+            length: None,
+        }
+    }
+
+    /// The two handles and `<prefix>.downstream_cx_length_ms`.
+    pub fn timed(store: &Store, prefix: &str) -> Self {
+        Connections {
+            length: Some(store.histogram(&format!("{prefix}.downstream_cx_length_ms"))),
+            ..Connections::new(store, prefix)
         }
     }
 
     /// Counts a connection; it stays active until the guard drops (also when its task is
-    /// cancelled).
+    /// cancelled), which records its length when timed.
     pub fn open(&self) -> Open<'_> {
         self.total.inc();
         self.active.inc();
-        Open(&self.active)
+        Open {
+            cx: self,
+            since: self.length.as_ref().map(|_| std::time::Instant::now()),
+        }
     }
 }
 
 /// A connection counted active by [`Connections::open`].
 #[derive(Debug)]
-pub struct Open<'a>(&'a Gauge);
+pub struct Open<'a> {
+    cx: &'a Connections,
+    since: Option<std::time::Instant>,
+}
 
 impl Drop for Open<'_> {
     fn drop(&mut self) {
-        self.0.dec();
+        self.cx.active.dec();
+        if let (Some(h), Some(since)) = (&self.cx.length, self.since) {
+            h.record(since.elapsed().as_millis() as u64);
+        }
     }
 }
 
