@@ -148,13 +148,16 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
             .iter()
             .any(|f| l.starts_with(&format!("{f}_")) || l.contains(&format!(" {f} ")))
     };
-    let kept = |l: &&str| !envoy_only(l) && (l.starts_with("# TYPE") || in_family(l));
     let series = prom
         .lines()
-        .filter(kept)
-        .filter(|l| l.starts_with("# TYPE") || in_family(l))
-        .map(|l| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_owned())
-        .filter(|l| !l.starts_with("# TYPE") || l.ends_with(" histogram"))
+        .filter(|l| !envoy_only(l))
+        .filter_map(|l| {
+            if l.starts_with("# TYPE") {
+                l.ends_with(" histogram").then(|| l.to_owned())
+            } else {
+                in_family(l).then(|| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_owned())
+            }
+        })
         .collect();
     let counts = prom
         .lines()
