@@ -4,9 +4,10 @@
 
 use std::sync::Mutex;
 use std::sync::mpsc::Sender;
+use std::time::Instant;
 
 use crate::drain::Drain;
-use crate::stats::{Gauge, Store};
+use crate::stats::{Gauge, Histogram, Store};
 
 /// Envoy's `server.state` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,9 @@ pub struct Lifecycle {
     /// `server.live`: 1 while LIVE and passing health checks.
     live_gauge: Gauge,
     quit: Mutex<Option<Sender<i32>>>,
+    /// When the lifecycle began, and `server.initialization_time_ms` (recorded at the first
+    /// LIVE; `None` once recorded).
+    initializing: Mutex<Option<(Instant, Histogram)>>,
 }
 
 impl Lifecycle {
@@ -46,6 +50,10 @@ impl Lifecycle {
             state_gauge: stats.gauge("server.state"),
             live_gauge: stats.gauge("server.live"),
             quit: Mutex::new(None),
+            initializing: Mutex::new(Some((
+                Instant::now(),
+                stats.histogram("server.initialization_time_ms"),
+            ))),
         };
         lifecycle.publish();
         lifecycle
@@ -54,6 +62,11 @@ impl Lifecycle {
     /// Sets the server's own state (`server.state`, `server.live`).
     pub fn set_state(&self, s: ServerState) {
         *self.state.lock().expect("server state") = s;
+        if s == ServerState::Live
+            && let Some((since, h)) = self.initializing.lock().expect("server state").take()
+        {
+            h.record(since.elapsed().as_millis() as u64);
+        }
         self.publish();
     }
 

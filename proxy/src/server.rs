@@ -65,6 +65,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     };
     let shared = Arc::new(build_shared(bootstrap, options));
     crate::access_log::file::init(flush, &shared.stats);
+    shared.stats.set_workers(workers);
     shared.lifecycle.set_state(ServerState::Initializing);
     shared
         .applier
@@ -138,7 +139,23 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     for (i, rt) in runtimes.into_iter().enumerate() {
         std::thread::Builder::new()
             .name(format!("revoy-worker-{i}"))
-            .spawn(move || rt.block_on(crate::timer_anchor::hold()))
+            .spawn(move || {
+                crate::stats::histogram::enter_worker(i);
+                rt.block_on(crate::timer_anchor::hold())
+            })
+            .map_err(StartError::Runtime)?;
+    }
+    if let crate::config::stats_flush::StatsFlush::Interval(every) = shared.bootstrap.stats_flush {
+        let stats = shared.stats.clone();
+        std::thread::Builder::new()
+            .name("revoy-stats-flush".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(every);
+                    stats.flush_histograms();
+                    crate::memory::publish_gauges(&stats);
+                }
+            })
             .map_err(StartError::Runtime)?;
     }
     let stats = &shared.stats;
@@ -167,6 +184,7 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         tracing::info!(workers, "static listeners started");
     }
     crate::memory::now_serving();
+    crate::memory::publish_gauges(&shared.stats);
     let code = quit_rx.recv().unwrap_or(0);
     shared.applier.stop_listeners(false);
     Ok(code)

@@ -97,6 +97,9 @@ impl Shared {
 /// Builds the shared state for a compiled bootstrap (no sockets yet).
 pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
     let stats = Store::new();
+    stats.set_bucket_settings(crate::stats::BucketSettings::new(
+        bootstrap.histogram_buckets.clone(),
+    ));
     let drain = Drain::new(
         options.drain_strategy,
         std::time::Duration::from_secs(options.drain_time_s),

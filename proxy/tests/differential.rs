@@ -604,7 +604,7 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/stats/recentlookups/enable",
     // group
     "/logging",
-    // invert_filter, histogram_buckets, and the html formats
+    // invert_filter and the html formats
     "/stats",
     // text_readouts, invert_filter, histogram_buckets
     "/stats/prometheus",

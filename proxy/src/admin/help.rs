@@ -146,6 +146,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
             ),
         ],
     ),
+    ep("/memory", false, "print current allocation/heap usage", &[]),
     ep("/quitquitquit", true, "exit the server", &[]),
     ep(
         "/ready",
@@ -200,6 +201,10 @@ pub const ENDPOINTS: &[Endpoint] = &[
             (
                 "type",
                 "Stat types to include.; One of (All, Counters, Histograms, Gauges, TextReadouts)",
+            ),
+            (
+                "histogram_buckets",
+                "Histogram bucket display mode; One of (cumulative, disjoint, detailed, summary)",
             ),
         ],
     ),

@@ -182,6 +182,7 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/stats" => stats(shared, req, false),
         "/stats/prometheus" => stats(shared, req, true),
         "/hot_restart_version" => text(200, "disabled"),
+        "/memory" => json(&crate::memory::admin_json()),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
             shared.lifecycle.set_health_failed(true);
@@ -340,46 +341,68 @@ fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse
 }
 
 /// `/stats` (text or `format=json`) and `/stats/prometheus`, with Envoy's `filter`,
-/// `usedonly` and `type` (`Counters`, `Gauges`, `Histograms`; anything else: all).
+/// `usedonly`, `type` (`Counters`, `Gauges`, `Histograms`; anything else: all) and
+/// `histogram_buckets`.
 fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse {
+    use crate::stats::{BucketsMode, Metric, Selection};
     let filter = match name_filter(req) {
         Ok(filter) => filter,
         Err(resp) => return resp,
     };
-    let snapshot = shared.stats.snapshot();
-    let mut metrics = snapshot;
+    let mode = if prometheus {
+        BucketsMode::Summary
+    } else {
+        match BucketsMode::parse(req.param("histogram_buckets")) {
+            Ok(mode) => mode,
+            Err(usage) => return text(400, usage),
+        }
+    };
+    if shared.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
+        shared.stats.flush_histograms();
+    }
+    let mut metrics = shared.stats.snapshot();
     metrics.push((
         "server.uptime".into(),
-        crate::stats::Metric::Gauge({
+        Metric::Gauge({
             let g = crate::stats::Gauge::default();
             g.set(shared.started.elapsed().as_secs());
             g
         }),
     ));
     metrics.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut histograms = shared.stats.histogram_views();
     match req.param("type") {
-        Some("Counters") => metrics.retain(|(_, m)| matches!(m, crate::stats::Metric::Counter(_))),
-        Some("Gauges") => metrics.retain(|(_, m)| matches!(m, crate::stats::Metric::Gauge(_))),
+        Some("Counters") => {
+            metrics.retain(|(_, m)| matches!(m, Metric::Counter(_)));
+            histograms.clear();
+        }
+        Some("Gauges") => {
+            metrics.retain(|(_, m)| matches!(m, Metric::Gauge(_)));
+            histograms.clear();
+        }
         Some("Histograms") => metrics.clear(),
         _ => {}
     }
-    let used = req.has("usedonly");
+    let sel = Selection {
+        used_only: req.has("usedonly"),
+        filter: filter.as_ref(),
+    };
     if prometheus {
         return text(
             200,
             crate::stats::render_prometheus(
                 &metrics,
-                used,
-                filter.as_ref(),
+                &histograms,
+                sel,
                 shared.bootstrap.stats_tags.producer(),
             ),
         );
     }
     match req.param("format") {
-        Some("json") => json(&crate::stats::render_json(&metrics, used, filter.as_ref())),
+        Some("json") => json(&crate::stats::render_json(&metrics, &histograms, sel, mode)),
         _ => text(
             200,
-            crate::stats::render_text(&metrics, used, filter.as_ref()),
+            crate::stats::render_text(&metrics, &histograms, sel, mode),
         ),
     }
 }

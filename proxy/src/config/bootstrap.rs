@@ -35,6 +35,10 @@ pub struct BootstrapConfig {
     pub unimplemented: Vec<Warning>,
     /// `static_resources.secrets`, compiled.
     pub secrets: Vec<StaticSecret>,
+    /// When histograms are merged (`stats_flush_interval`, `stats_flush_on_admin`).
+    pub stats_flush: super::stats_flush::StatsFlush,
+    /// `stats_config.histogram_bucket_settings`: bucket bounds by histogram name.
+    pub histogram_buckets: Vec<(crate::route::matcher::StringMatcher, Vec<f64>)>,
 }
 
 /// One of `static_resources.secrets`.
@@ -173,6 +177,8 @@ pub fn compile_bootstrap(
         listeners,
         clusters,
         stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
+        stats_flush: super::stats_flush::stats_flush(b)?,
+        histogram_buckets: super::stats_flush::histogram_buckets(ctx, b)?,
         proto: proto::Encoded::new(b),
         secrets,
     })

@@ -205,11 +205,11 @@ impl Exchange<'_> {
                 }
             };
             if self.retry.is_none() {
-                return (self.finish(outcome), attempt);
+                return (self.finish(outcome, start), attempt);
             }
             let stats = self.cluster.stats();
             let Some(state) = self.retry.as_mut() else {
-                return (self.finish(outcome), attempt);
+                return (self.finish(outcome, start), attempt);
             };
             drop(retrying.take());
             let in_flight = &stats.retries_in_flight;
@@ -222,9 +222,9 @@ impl Exchange<'_> {
                 Verdict::RetryAfter(back_off) => back_off,
                 Verdict::LimitExceeded => {
                     self.retries_exhausted = true;
-                    return (self.finish(outcome), attempt);
+                    return (self.finish(outcome, start), attempt);
                 }
-                Verdict::No => return (self.finish(outcome), attempt),
+                Verdict::No => return (self.finish(outcome, start), attempt),
             };
             if let (Some(host), true) = (failed_host, state.avoids_previous_hosts()) {
                 self.lb.avoid.push(host);
@@ -297,7 +297,7 @@ impl Exchange<'_> {
             Ok(Err(e)) => Ok(failure(&e, 1)),
             Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
         };
-        self.finish(outcome)
+        self.finish(outcome, start)
     }
 
     /// The per-try deadline from now, when it comes before the global one.
@@ -310,12 +310,17 @@ impl Exchange<'_> {
         global.is_none_or(|g| d < g).then_some(d)
     }
 
-    /// The outcome handed downstream, its status charged to the cluster; `Err` is a per-try
+    /// The outcome handed downstream, its status charged to the cluster (and a response's
+    /// `upstream_rq_time`, since `start`); `Err` is a per-try
     /// timeout (Envoy answers 504). A local outcome is an upstream failure: Envoy charges 503.
-    fn finish(&self, outcome: Result<Outcome, ()>) -> Outcome {
+    fn finish(&self, outcome: Result<Outcome, ()>, start: Instant) -> Outcome {
         let stats = self.cluster.stats();
         let status = match &outcome {
-            Ok(Outcome::Response(resp)) => resp.status().as_u16(),
+            Ok(Outcome::Response(resp)) => {
+                let ms = start.elapsed().as_millis() as u64;
+                stats.record_rq_time(ms, self.lb.internal);
+                resp.status().as_u16()
+            }
             Ok(Outcome::Local(..) | Outcome::NotSent(..) | Outcome::DownstreamBodyFailed) => 503,
             Err(()) => 504,
         };

@@ -44,6 +44,7 @@ fn upgrade_refused() -> Response<Body> {
 /// Handles one request end to end; never fails (errors become local replies).
 pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body> {
     let stats = &ctx.hcm.stats;
+    let started = Instant::now();
     stats.rq_total.inc();
     stats.rq_active.inc();
     let request_id = {
@@ -86,6 +87,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         }
     };
     stats.rq_active.dec();
+    stats.rq_time.record(started.elapsed().as_millis() as u64);
     request_id
 }
 

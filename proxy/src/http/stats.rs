@@ -1,6 +1,6 @@
 //! `http.<stat_prefix>.*` stats of a connection manager.
 
-use crate::stats::{Connections, Counter, Gauge, Store};
+use crate::stats::{Connections, Counter, Gauge, Histogram, Store};
 
 /// Resolved handles for one connection manager's stats.
 #[derive(Debug, Clone)]
@@ -28,6 +28,8 @@ pub struct HcmStats {
     pub cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
     pub cx_http2_total: Counter,
+    /// `downstream_rq_time`: from a request's head to its response's.
+    pub rq_time: Histogram,
 }
 
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
@@ -46,7 +48,8 @@ impl HcmStats {
     pub fn new(store: &Store, prefix: &str, denies: bool) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
-            cx: Connections::new(store, &format!("http.{prefix}")),
+            cx: Connections::timed(store, &format!("http.{prefix}")),
+            rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
             rq_class: [1, 2, 3, 4, 5]

@@ -205,7 +205,7 @@ impl Listener {
             bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
             chains: config.chains.iter().map(chain).collect(),
             default_chain: config.default_chain.as_ref().map(chain),
-            cx: Connections::new(stats, &prefix),
+            cx: Connections::timed(stats, &prefix),
             cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
             fail_closed: config

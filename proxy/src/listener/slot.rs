@@ -78,11 +78,17 @@ impl Slot {
 /// task with the slot's configuration at the moment it was accepted.
 pub async fn accept_loop(slot: Arc<Slot>, socket: TcpListener, shared: Arc<Shared>, worker: usize) {
     // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
-    let prefix = format!("{}.worker_{worker}", slot.current().config().stat_prefix());
+    let listener_prefix = slot.current().config().stat_prefix();
+    let prefix = format!("{listener_prefix}.worker_{worker}");
     let stats = Connections::new(&shared.stats, &prefix);
+    // revoy takes one connection per accept, each its own event here.
+    let per_event = shared.stats.histogram(&format!(
+        "{listener_prefix}.connections_accepted_per_socket_event"
+    ));
     loop {
         match socket.accept().await {
             Ok((stream, peer)) => {
+                per_event.record(1);
                 let listener = slot.current();
                 let shared = shared.clone();
                 let stats = stats.clone();

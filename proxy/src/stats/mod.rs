@@ -7,14 +7,18 @@
 //! for by its whole name that no block holds is a block of one. Envoy keeps stat names as
 //! sequences of shared symbols for the same reason.
 
+pub mod circllhist;
+pub mod histogram;
+mod number;
 mod render;
 pub mod tags;
 
-pub use render::{render_json, render_prometheus, render_text};
+pub use histogram::{BucketSettings, Histogram, HistogramBlock, HistogramRef, HistogramView};
+pub use render::{BucketsMode, Selection, render_json, render_prometheus, render_text};
 
 use std::borrow::Borrow;
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Whether a metric only grows or goes up and down.
@@ -342,11 +346,13 @@ impl Metric {
 }
 
 /// `<prefix>.downstream_cx_total` and `<prefix>.downstream_cx_active` of a listener, one of
-/// its workers, or a connection manager.
+/// its workers, or a connection manager; a listener's and a manager's also record
+/// `<prefix>.downstream_cx_length_ms`.
 #[derive(Clone, Debug)]
 pub struct Connections {
     total: Counter,
     active: Gauge,
+    length: Option<Histogram>,
 }
 
 impl Connections {
@@ -355,25 +361,43 @@ impl Connections {
         Connections {
             total: store.counter(&format!("{prefix}.downstream_cx_total")),
             active: store.gauge(&format!("{prefix}.downstream_cx_active")),
+            length: None,
+        }
+    }
+
+    /// The two handles and `<prefix>.downstream_cx_length_ms`.
+    pub fn timed(store: &Store, prefix: &str) -> Self {
+        Connections {
+            length: Some(store.histogram(&format!("{prefix}.downstream_cx_length_ms"))),
+            ..Connections::new(store, prefix)
         }
     }
 
     /// Counts a connection; it stays active until the guard drops (also when its task is
-    /// cancelled).
+    /// cancelled), which records its length when timed.
     pub fn open(&self) -> Open<'_> {
         self.total.inc();
         self.active.inc();
-        Open(&self.active)
+        Open {
+            cx: self,
+            since: self.length.as_ref().map(|_| std::time::Instant::now()),
+        }
     }
 }
 
 /// A connection counted active by [`Connections::open`].
 #[derive(Debug)]
-pub struct Open<'a>(&'a Gauge);
+pub struct Open<'a> {
+    cx: &'a Connections,
+    since: Option<std::time::Instant>,
+}
 
 impl Drop for Open<'_> {
     fn drop(&mut self) {
-        self.0.dec();
+        self.cx.active.dec();
+        if let (Some(h), Some(since)) = (&self.cx.length, self.since) {
+            h.record(since.elapsed().as_millis() as u64);
+        }
     }
 }
 
@@ -411,6 +435,16 @@ impl Ord for ByPrefix {
 #[derive(Clone, Debug, Default)]
 pub struct Store {
     blocks: Arc<Mutex<BTreeSet<ByPrefix>>>,
+    histograms: Arc<Histograms>,
+}
+
+/// The store's histogram blocks and what they are made with.
+#[derive(Debug, Default)]
+struct Histograms {
+    blocks: Mutex<BTreeMap<Box<str>, HistogramBlock>>,
+    settings: Mutex<Arc<BucketSettings>>,
+    /// Thread slots per histogram: the workers, and one for every other thread.
+    slots: Arc<AtomicUsize>,
 }
 
 impl Store {
@@ -465,6 +499,62 @@ impl Store {
         Handle::new(&b, 0)
     }
 
+    /// Gives histograms made from now on a shard per worker (`workers` of them) besides the
+    /// one every other thread shares.
+    pub fn set_workers(&self, workers: usize) {
+        self.histograms.slots.store(workers + 1, Ordering::Relaxed);
+    }
+
+    /// Sets the bucket bounds of histograms made from now on (the bootstrap's
+    /// `stats_config.histogram_bucket_settings`).
+    pub fn set_bucket_settings(&self, settings: BucketSettings) {
+        *self.histograms.settings.lock().expect("stats lock") = Arc::new(settings);
+    }
+
+    /// The histograms `names` under `prefix`, made on first use; asking again with the same
+    /// names returns the same block.
+    pub fn histogram_block(&self, prefix: &str, names: &'static [&'static str]) -> HistogramBlock {
+        let mut blocks = self.histograms.blocks.lock().expect("stats lock");
+        if let Some(b) = blocks.get(prefix)
+            && std::ptr::eq(b.0.names(), names)
+        {
+            return b.clone();
+        }
+        let settings = self.histograms.settings.lock().expect("stats lock").clone();
+        let b = HistogramBlock::values(prefix, names, settings, self.histograms.slots.clone());
+        blocks.insert(prefix.into(), b.clone());
+        b
+    }
+
+    /// The histogram named `name`, made on first use.
+    pub fn histogram(&self, name: &str) -> Histogram {
+        static SINGLE: [&str; 1] = [""];
+        self.histogram_block(name, &SINGLE).single()
+    }
+
+    /// A stats flush: every histogram's values since the last one become its interval and
+    /// join its cumulative view.
+    pub fn flush_histograms(&self) {
+        let blocks: Vec<HistogramBlock> = {
+            let blocks = self.histograms.blocks.lock().expect("stats lock");
+            blocks.values().cloned().collect()
+        };
+        for b in blocks {
+            b.0.flush();
+        }
+    }
+
+    /// Every histogram as the last flush left it, sorted by name.
+    pub fn histogram_views(&self) -> Vec<HistogramView> {
+        let blocks: Vec<HistogramBlock> = {
+            let blocks = self.histograms.blocks.lock().expect("stats lock");
+            blocks.values().cloned().collect()
+        };
+        let mut out: Vec<HistogramView> = blocks.iter().flat_map(|b| b.0.views()).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
     /// A sorted copy of every metric, for rendering.
     pub fn snapshot(&self) -> Vec<(String, Metric)> {
         let blocks: Vec<Arc<Values>> = {
@@ -511,6 +601,16 @@ impl Store {
         for b in unheld {
             blocks.remove(&*b.prefix);
         }
+        drop(blocks);
+        let mut histograms = self.histograms.blocks.lock().expect("stats lock");
+        histograms.retain(|p, b| {
+            if !p.starts_with(prefix) {
+                return true;
+            }
+            let keep = Arc::strong_count(&b.0) > 1;
+            held |= keep;
+            keep
+        });
         held
     }
 

@@ -1,66 +1,287 @@
-//! Envoy's `/stats` output formats: text (`name: value`), JSON and Prometheus.
+//! Envoy's `/stats` output formats: text (`name: value`, histograms as quantile or bucket
+//! lines), JSON and Prometheus.
 
 use std::collections::BTreeMap;
 
-use super::Metric;
+use super::circllhist::{self, QUANTILES};
+use super::histogram::HistogramView;
+use super::number;
 use super::tags::TagProducer;
+use super::{Metric, circllhist::Bin};
 use regex::Regex;
+
+/// Which stats a request asks for: Envoy's `usedonly` and `filter`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Selection<'a> {
+    /// Only those ever written (histograms: with values at the last flush).
+    pub used_only: bool,
+    /// Only those whose name the regex finds a match in.
+    pub filter: Option<&'a Regex>,
+}
+
+impl Selection<'_> {
+    fn takes(&self, name: &str, used: bool) -> bool {
+        (!self.used_only || used) && self.filter.is_none_or(|f| f.is_match(name))
+    }
+}
+
+/// How histograms are shown: Envoy's `histogram_buckets` parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BucketsMode {
+    /// Quantiles (`summary`, the default).
+    #[default]
+    Summary,
+    /// Samples at or below each bucket bound.
+    Cumulative,
+    /// Samples per bucket.
+    Disjoint,
+    /// The circllhist bins themselves, and the quantiles.
+    Detailed,
+}
+
+impl BucketsMode {
+    /// Parses the parameter as Envoy does for `/stats` (`prometheusnative` is only for
+    /// `/stats/prometheus`); `Err` is Envoy's 400 text.
+    pub fn parse(value: Option<&str>) -> Result<Self, &'static str> {
+        match value {
+            None | Some("summary") => Ok(BucketsMode::Summary),
+            Some("cumulative") => Ok(BucketsMode::Cumulative),
+            Some("disjoint") => Ok(BucketsMode::Disjoint),
+            Some("detailed") => Ok(BucketsMode::Detailed),
+            Some("prometheusnative") => {
+                Err("Invalid histogram_buckets type for non prometheus stats type")
+            }
+            Some(_) => Err(
+                "usage: /stats?histogram_buckets=(cumulative|disjoint|detailed|summary|prometheusnative)\n",
+            ),
+        }
+    }
+}
 
 /// Selects metrics like Envoy's `/stats?usedonly&filter=...`.
 fn selected<'a>(
     metrics: &'a [(String, Metric)],
-    used_only: bool,
-    filter: Option<&'a Regex>,
+    sel: Selection<'a>,
 ) -> impl Iterator<Item = &'a (String, Metric)> {
-    metrics.iter().filter(move |(name, m)| {
-        (!used_only || m.used()) && filter.is_none_or(|f| f.is_match(name))
-    })
+    metrics
+        .iter()
+        .filter(move |(name, m)| sel.takes(name, m.used()))
 }
 
-/// `name: value` lines, sorted by name.
+fn selected_histograms<'a>(
+    histograms: &'a [HistogramView],
+    sel: Selection<'a>,
+) -> impl Iterator<Item = &'a HistogramView> {
+    histograms
+        .iter()
+        .filter(move |h| sel.takes(&h.name, h.used()))
+}
+
+/// `name: value` lines sorted by name, then the histograms' lines.
 pub fn render_text(
     metrics: &[(String, Metric)],
-    used_only: bool,
-    filter: Option<&Regex>,
+    histograms: &[HistogramView],
+    sel: Selection<'_>,
+    mode: BucketsMode,
 ) -> String {
     let mut out = String::new();
-    for (name, m) in selected(metrics, used_only, filter) {
+    for (name, m) in selected(metrics, sel) {
         out.push_str(name);
         out.push_str(": ");
         out.push_str(&m.value().to_string());
         out.push('\n');
     }
+    for h in selected_histograms(histograms, sel) {
+        out.push_str(&h.name);
+        if !h.used() {
+            out.push_str(": No recorded values\n");
+            continue;
+        }
+        match mode {
+            BucketsMode::Summary => {
+                out.push_str(": ");
+                out.push_str(&quantile_summary(h));
+            }
+            BucketsMode::Cumulative | BucketsMode::Disjoint => {
+                let (interval, cumulative) = buckets(h, mode);
+                out.push_str(": ");
+                let lines: Vec<String> = h
+                    .bounds
+                    .iter()
+                    .zip(interval.iter().zip(&cumulative))
+                    .map(|(b, (i, c))| format!("B{}({i},{c})", number::general(*b, 6)))
+                    .collect();
+                out.push_str(&lines.join(" "));
+            }
+            BucketsMode::Detailed => {
+                out.push_str(":\n  totals=");
+                out.push_str(&detail(h.cumulative()));
+                out.push_str("\n  intervals=");
+                out.push_str(&detail(h.interval()));
+                out.push_str("\n  summary=");
+                out.push_str(&quantile_summary(h));
+            }
+        }
+        out.push('\n');
+    }
     out
 }
 
-/// `{"stats":[{"name":..,"value":..}]}` like Envoy's `/stats?format=json`.
+/// `P0(interval,cumulative) P25(..) ..`.
+fn quantile_summary(h: &HistogramView) -> String {
+    let interval = circllhist::quantiles(h.interval());
+    let cumulative = circllhist::quantiles(h.cumulative());
+    QUANTILES
+        .iter()
+        .zip(interval.iter().zip(&cumulative))
+        .map(|(q, (i, c))| {
+            format!(
+                "P{}({},{})",
+                number::general(q * 100.0, 6),
+                number::shortest(*i),
+                number::shortest(*c)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The interval's and the cumulative view's counts per bucket bound, cumulative or disjoint.
+fn buckets(h: &HistogramView, mode: BucketsMode) -> (Vec<u64>, Vec<u64>) {
+    let count = if mode == BucketsMode::Disjoint {
+        circllhist::disjoint
+    } else {
+        circllhist::cumulative
+    };
+    (
+        count(h.interval(), &h.bounds),
+        count(h.cumulative(), &h.bounds),
+    )
+}
+
+/// `lower,width:count, ..` of each bin.
+fn detail(bins: &[(Bin, u64)]) -> String {
+    bins.iter()
+        .map(|(b, c)| {
+            format!(
+                "{},{}:{c}",
+                number::general(circllhist::lower(*b), 6),
+                number::general(circllhist::width(*b), 6)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `{"stats":[{"name":..,"value":..}, .., {"histograms":..}]}` like Envoy's
+/// `/stats?format=json`; the histograms' entry only when some are selected.
 pub fn render_json(
     metrics: &[(String, Metric)],
-    used_only: bool,
-    filter: Option<&Regex>,
+    histograms: &[HistogramView],
+    sel: Selection<'_>,
+    mode: BucketsMode,
 ) -> serde_json::Value {
-    let stats: Vec<_> = selected(metrics, used_only, filter)
+    let mut stats: Vec<_> = selected(metrics, sel)
         .map(|(name, m)| serde_json::json!({"name": name, "value": m.value()}))
         .collect();
+    let chosen: Vec<&HistogramView> = selected_histograms(histograms, sel).collect();
+    if !chosen.is_empty() {
+        stats.push(serde_json::json!({ "histograms": json_histograms(&chosen, mode) }));
+    }
     serde_json::json!({ "stats": stats })
+}
+
+fn supported_percentiles() -> Vec<serde_json::Value> {
+    QUANTILES.iter().map(|q| number::json(q * 100.0)).collect()
+}
+
+/// Per quantile, `{"cumulative":..,"interval":..}`.
+fn json_percentiles(h: &HistogramView) -> Vec<serde_json::Value> {
+    let interval = circllhist::quantiles(h.interval());
+    let cumulative = circllhist::quantiles(h.cumulative());
+    cumulative
+        .iter()
+        .zip(&interval)
+        .map(|(c, i)| serde_json::json!({"cumulative": number::json(*c), "interval": number::json(*i)}))
+        .collect()
+}
+
+fn json_histograms(chosen: &[&HistogramView], mode: BucketsMode) -> serde_json::Value {
+    match mode {
+        BucketsMode::Summary => {
+            let computed: Vec<_> = chosen
+                .iter()
+                .map(|h| serde_json::json!({"name": h.name, "values": json_percentiles(h)}))
+                .collect();
+            serde_json::json!({
+                "supported_quantiles": supported_percentiles(),
+                "computed_quantiles": computed,
+            })
+        }
+        BucketsMode::Cumulative | BucketsMode::Disjoint => chosen
+            .iter()
+            .map(|h| {
+                let (interval, cumulative) = buckets(h, mode);
+                let buckets: Vec<_> = h
+                    .bounds
+                    .iter()
+                    .zip(interval.iter().zip(&cumulative))
+                    .map(|(b, (i, c))| {
+                        serde_json::json!({"upper_bound": number::json(*b), "interval": i, "cumulative": c})
+                    })
+                    .collect();
+                serde_json::json!({"name": h.name, "buckets": buckets})
+            })
+            .collect(),
+        BucketsMode::Detailed => {
+            let bins = |bins: &[(Bin, u64)]| -> Vec<serde_json::Value> {
+                bins.iter()
+                    .map(|(b, c)| {
+                        serde_json::json!({
+                            "lower_bound": number::json(circllhist::lower(*b)),
+                            "width": number::json(circllhist::width(*b)),
+                            "count": c,
+                        })
+                    })
+                    .collect()
+            };
+            let details: Vec<_> = chosen
+                .iter()
+                .map(|h| {
+                    serde_json::json!({
+                        "name": h.name,
+                        "totals": bins(h.cumulative()),
+                        "intervals": bins(h.interval()),
+                        "percentiles": json_percentiles(h),
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "supported_percentiles": supported_percentiles(),
+                "details": details,
+            })
+        }
+    }
 }
 
 /// Prometheus text exposition as Envoy writes it: tags extracted by `tags` become labels, one
 /// `# TYPE` line per metric family (`envoy_` + the tag-extracted name, sanitized).
 pub fn render_prometheus(
     metrics: &[(String, Metric)],
-    used_only: bool,
-    filter: Option<&Regex>,
+    histograms: &[HistogramView],
+    sel: Selection<'_>,
     tags: &TagProducer,
 ) -> String {
     // Envoy lists counter families, then gauge families, each sorted by name.
     let mut families: BTreeMap<(u8, String), Vec<(String, u64)>> = BTreeMap::new();
-    for (name, m) in selected(metrics, used_only, filter) {
-        let (extracted, tags) = tags.produce(name);
-        let labels: Vec<String> = tags
-            .iter()
+    let labels_of = |tags: &[(&str, String)]| -> Vec<String> {
+        tags.iter()
             .map(|(n, v)| format!("{}=\"{}\"", sanitize(n), escape(v)))
-            .collect();
+            .collect()
+    };
+    for (name, m) in selected(metrics, sel) {
+        let (extracted, tags) = tags.produce(name);
+        let labels = labels_of(&tags);
         let order = match m {
             Metric::Counter(_) => 0,
             Metric::Gauge(_) => 1,
@@ -76,6 +297,35 @@ pub fn render_prometheus(
         out.push_str(&format!("# TYPE {family} {kind}\n"));
         for (labels, value) in series {
             out.push_str(&format!("{family}{{{labels}}} {value}\n"));
+        }
+    }
+    // Then the histogram families: cumulative buckets, `+Inf`, `_sum` and `_count`.
+    let mut hfamilies: BTreeMap<String, Vec<(String, &HistogramView)>> = BTreeMap::new();
+    for h in selected_histograms(histograms, sel) {
+        let (extracted, tags) = tags.produce(&h.name);
+        hfamilies
+            .entry(format!("envoy_{}", sanitize(&extracted)))
+            .or_default()
+            .push((labels_of(&tags).join(","), h));
+    }
+    for (family, series) in hfamilies {
+        out.push_str(&format!("# TYPE {family} histogram\n"));
+        for (labels, h) in series {
+            let sep = if labels.is_empty() { "" } else { "," };
+            let bins = h.cumulative();
+            for (bound, count) in h.bounds.iter().zip(circllhist::cumulative(bins, &h.bounds)) {
+                let le = number::general(*bound, 32);
+                out.push_str(&format!(
+                    "{family}_bucket{{{labels}{sep}le=\"{le}\"}} {count}\n"
+                ));
+            }
+            let count = circllhist::count(bins);
+            out.push_str(&format!(
+                "{family}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}\n"
+            ));
+            let sum = number::general(circllhist::sum(bins), 32);
+            out.push_str(&format!("{family}_sum{{{labels}}} {sum}\n"));
+            out.push_str(&format!("{family}_count{{{labels}}} {count}\n"));
         }
     }
     out

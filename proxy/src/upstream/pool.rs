@@ -48,10 +48,14 @@ pub(crate) struct ConnectOptions<'a> {
 pub struct ActiveConnection {
     host: Arc<Host>,
     stats: Arc<ClusterStats>,
+    /// When it was opened, for `upstream_cx_length_ms`.
+    opened: std::time::Instant,
 }
 
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
+        let ms = self.opened.elapsed().as_millis() as u64;
+        self.stats.cx_length_ms().record(ms);
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active().dec();
         self.host.pool().wake_a_waiter();
@@ -169,6 +173,7 @@ pub(crate) async fn connect(
     }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_total().inc();
+    let started = std::time::Instant::now();
     let fail = |e: UpstreamError| {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
         opts.stats.upstream_cx_connect_fail().inc();
@@ -212,11 +217,15 @@ pub(crate) async fn connect(
     };
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_active().inc();
+    let opened = std::time::Instant::now();
+    let connect_ms = opened.duration_since(started).as_millis() as u64;
+    opts.stats.cx_connect_ms().record(connect_ms);
     Ok((
         stream,
         ActiveConnection {
             host: host.clone(),
             stats: opts.stats.clone(),
+            opened,
         },
     ))
 }

@@ -5,7 +5,10 @@
 use std::sync::OnceLock;
 use std::sync::atomic::AtomicU32;
 
-use crate::stats::{Block, Counter, CounterRef, GaugeRef, Kind, Layout, Slot, Store};
+use crate::stats::{
+    Block, Counter, CounterRef, GaugeRef, Histogram, HistogramBlock, HistogramRef, Kind, Layout,
+    Slot, Store,
+};
 
 /// Distinct status codes per counter set whose `upstream_rq_<code>` handle is kept; further
 /// codes are looked up in the store by name.
@@ -132,12 +135,24 @@ cluster_block! {
     Gauge true version;
 }
 
+/// The histograms every cluster has (`cluster.<name>.*`), in [`HISTOGRAMS`] order.
+const HISTOGRAMS: [&str; 4] = [
+    "upstream_cx_connect_ms",
+    "upstream_cx_length_ms",
+    "upstream_rq_per_cx",
+    "upstream_rq_time",
+];
+
 /// Handles for one cluster's stats, named like Envoy's.
 #[derive(Debug)]
 pub struct ClusterStats {
     store: Store,
     /// `cluster.<stat name>.*` (shared by every version of the cluster).
     block: Block,
+    /// Its histograms (shared likewise).
+    histograms: HistogramBlock,
+    /// `external.upstream_rq_time` and `internal.upstream_rq_time`, made at first use.
+    rq_time_by_origin: [OnceLock<Histogram>; 2],
     /// Retries in flight, for the `max_retries` circuit breaker.
     pub retries_in_flight: AtomicU32,
     codes: LazyCodes,
@@ -219,7 +234,10 @@ impl ClusterStats {
 
     /// Resolves the handles for `cluster.<stat_name>.`.
     pub fn new(store: &Store, stat_name: &str) -> Self {
+        static NAMES: [&str; 4] = HISTOGRAMS;
         ClusterStats {
+            histograms: store.histogram_block(&format!("cluster.{stat_name}."), &NAMES),
+            rq_time_by_origin: Default::default(),
             block: Self::block(store, stat_name),
             retries_in_flight: AtomicU32::new(0),
             codes: LazyCodes::default(),
@@ -228,6 +246,33 @@ impl ClusterStats {
             retried: LazyCodes::default(),
             store: store.clone(),
         }
+    }
+
+    /// `upstream_cx_connect_ms`: how long a connection took to open (TCP, and TLS when used).
+    pub fn cx_connect_ms(&self) -> HistogramRef<'_> {
+        self.histograms.get(0)
+    }
+
+    /// `upstream_cx_length_ms`: how long a connection lived.
+    pub fn cx_length_ms(&self) -> HistogramRef<'_> {
+        self.histograms.get(1)
+    }
+
+    /// Records a response's `upstream_rq_time`, and the same under `internal.` or
+    /// `external.` (per `x-envoy-internal`).
+    pub fn record_rq_time(&self, ms: u64, internal: bool) {
+        self.histograms.get(3).record(ms);
+        let (i, sub) = if internal {
+            (1, "internal.")
+        } else {
+            (0, "external.")
+        };
+        self.rq_time_by_origin[i]
+            .get_or_init(|| {
+                self.store
+                    .histogram(&format!("{}{sub}upstream_rq_time", self.prefix()))
+            })
+            .record(ms);
     }
 
     /// `cluster.<stat name>.`.

