@@ -147,8 +147,10 @@ pub fn server_context(
         Some(validation) => builder.with_client_cert_verifier(Arc::new(verify::ClientVerifier {
             validation: validation.clone(),
             mandatory: spec.require_client_certificate,
-            stats,
-            provider: params.provider.clone(),
+            checks: verify::Checks {
+                stats,
+                provider: params.provider.clone(),
+            },
         })),
     };
     let presented = Arc::new(certs::LiveCertificates::bind(
@@ -256,8 +258,10 @@ impl ClientContext {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier {
                 validation: validation.clone(),
-                stats: stats.clone(),
-                provider: params.provider.clone(),
+                checks: verify::Checks {
+                    stats: stats.clone(),
+                    provider: params.provider.clone(),
+                },
             }));
         let presented = Arc::new(certs::LiveCertificates::bind(
             &spec.common.certificates,

@@ -207,6 +207,42 @@ fn refuse(stats: &TlsStats, (why, error): Refused) -> Error {
 /// A validation context whose SDS secret has not arrived: nothing verifies.
 const NOT_READY: Refused = (VerifyFailure::Chain, CertificateError::UnknownIssuer);
 
+/// The peer signature checks both verifiers make, counted by scheme in the `ssl.*` stats.
+#[derive(Debug)]
+pub struct Checks {
+    /// Where verification failures and signature schemes are counted.
+    pub stats: TlsStats,
+    /// The signature algorithms.
+    pub provider: Arc<CryptoProvider>,
+}
+
+impl Checks {
+    /// Checks a handshake signature (TLS 1.3's when `tls13`, else TLS 1.2's).
+    fn signature(
+        &self,
+        tls13: bool,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        let algorithms = &self.provider.signature_verification_algorithms;
+        let valid = if tls13 {
+            verify_tls13_signature(message, cert, dss, algorithms)
+        } else {
+            verify_tls12_signature(message, cert, dss, algorithms)
+        }?;
+        self.stats.peer_signature(dss.scheme);
+        Ok(valid)
+    }
+
+    /// The schemes the algorithms verify.
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// Verifies clients for a listener's chain.
 #[derive(Debug)]
 pub struct ClientVerifier {
@@ -214,10 +250,8 @@ pub struct ClientVerifier {
     pub validation: Arc<LiveValidation>,
     /// `require_client_certificate`.
     pub mandatory: bool,
-    /// Where failures are counted.
-    pub stats: TlsStats,
-    /// Signature checks.
-    pub provider: Arc<CryptoProvider>,
+    /// Signature checks, and where failures are counted.
+    pub checks: Checks,
 }
 
 impl ClientCertVerifier for ClientVerifier {
@@ -244,11 +278,11 @@ impl ClientCertVerifier for ClientVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, Error> {
         let Some(v) = self.validation.current() else {
-            return Err(refuse(&self.stats, NOT_READY));
+            return Err(refuse(&self.checks.stats, NOT_READY));
         };
         verify(&v, end_entity, intermediates, now, KeyUsage::client_auth())
             .map(|()| ClientCertVerified::assertion())
-            .map_err(|r| refuse(&self.stats, r))
+            .map_err(|r| refuse(&self.checks.stats, r))
     }
 
     fn verify_tls12_signature(
@@ -257,14 +291,7 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let valid = verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )?;
-        self.stats.peer_signature(dss.scheme);
-        Ok(valid)
+        self.checks.signature(false, message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -273,20 +300,11 @@ impl ClientCertVerifier for ClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let valid = verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )?;
-        self.stats.peer_signature(dss.scheme);
-        Ok(valid)
+        self.checks.signature(true, message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.checks.schemes()
     }
 }
 
@@ -297,10 +315,8 @@ impl ClientCertVerifier for ClientVerifier {
 pub struct ServerVerifier {
     /// What server certificates are checked against (`None`: anything).
     pub validation: Option<Arc<LiveValidation>>,
-    /// Where failures are counted.
-    pub stats: TlsStats,
-    /// Signature checks.
-    pub provider: Arc<CryptoProvider>,
+    /// Signature checks, and where failures are counted.
+    pub checks: Checks,
 }
 
 impl ServerCertVerifier for ServerVerifier {
@@ -316,11 +332,11 @@ impl ServerCertVerifier for ServerVerifier {
             return Ok(ServerCertVerified::assertion());
         };
         let Some(v) = live.current() else {
-            return Err(refuse(&self.stats, NOT_READY));
+            return Err(refuse(&self.checks.stats, NOT_READY));
         };
         verify(&v, end_entity, intermediates, now, KeyUsage::server_auth())
             .map(|()| ServerCertVerified::assertion())
-            .map_err(|r| refuse(&self.stats, r))
+            .map_err(|r| refuse(&self.checks.stats, r))
     }
 
     fn verify_tls12_signature(
@@ -329,14 +345,7 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let valid = verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )?;
-        self.stats.peer_signature(dss.scheme);
-        Ok(valid)
+        self.checks.signature(false, message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -345,19 +354,10 @@ impl ServerCertVerifier for ServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, Error> {
-        let valid = verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )?;
-        self.stats.peer_signature(dss.scheme);
-        Ok(valid)
+        self.checks.signature(true, message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.checks.schemes()
     }
 }
