@@ -292,6 +292,7 @@ fn compile_filter(ctx: &Context<'_>, f: &pb::AccessLogFilter) -> Result<Filter, 
             Filter::Runtime {
                 numerator: numerator.min(denominator),
                 denominator,
+                independent: r.use_independent_randomness,
             }
         }
         Some(S::AndFilter(a)) => Filter::And(list(&a.filters, "and_filter")?),
