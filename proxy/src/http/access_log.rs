@@ -52,7 +52,7 @@ impl Pending {
             remote: Some(ctx.down.peer),
             direct_remote: Some(ctx.down.peer),
             local: Some(ctx.local),
-            server_name: None,
+            server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
         }));
         rec.protocol = Some(match req.version() {
             http::Version::HTTP_10 => "HTTP/1.0",
