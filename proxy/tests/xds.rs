@@ -285,6 +285,59 @@ fn bad_resources_are_nacked_one_by_one() {
     assert_eq!(rds["acked_version"], "1", "{rds}");
 }
 
+/// A listener whose access-log file cannot be opened is NACKed with the field and Envoy's
+/// reason (`unable to open file ...`), as Envoy's config load refuses it; the others serve.
+#[test]
+fn a_listener_whose_access_log_cannot_be_opened_is_nacked() {
+    let up = upstream("upstream-a");
+    let (p1, p2) = (free_port(), free_port());
+    let (plane, _revoy, admin) = start(true);
+    let dir = std::env::temp_dir().join(format!("revoy-xds-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let with_log = |name: &str, port: u16, path: &std::path::Path| {
+        listener_with(
+            name,
+            port,
+            &format!(
+                "stat_prefix: {name}\naccess_log: [{{name: l, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: {}}}}}]\nroute_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+                path.display(),
+                to_cluster("svc")
+            ),
+        )
+    };
+    let logged = dir.join("good.log");
+    plane.set(
+        Snapshot::new("1")
+            .with_message("svc", &static_cluster("svc", up))
+            .with_message("good", &with_log("good", p1, &logged))
+            .with_message("bad", &with_log("bad", p2, &dir.join("missing/bad.log"))),
+    );
+    let Verdict::Nack(reason) = plane.verdict(LISTENER_TYPE_URL, "1") else {
+        panic!("the listeners were ACKed");
+    };
+    assert!(reason.contains("'bad'"), "{reason}");
+    assert!(
+        reason.contains("access_log[0].typed_config.path"),
+        "no field path: {reason}"
+    );
+    assert!(
+        reason.contains(&format!(
+            "unable to open file '{}': No such file or directory",
+            dir.join("missing/bad.log").display()
+        )),
+        "{reason}"
+    );
+    assert!(!reason.contains("'good'"), "{reason}");
+    wait_live(admin);
+    assert!(
+        logged.exists(),
+        "the good listener's log was not opened at load"
+    );
+    assert_eq!(body_of(p1).as_deref(), Some("upstream-a"));
+    assert!(refused(p2), "the rejected listener accepts");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Route, endpoint and cluster changes apply to the next request, on an open keep-alive
 /// connection too.
 #[test]

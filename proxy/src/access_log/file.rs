@@ -1,14 +1,14 @@
 //! Access-log files, as Envoy's AccessLogManager keeps them: one buffered writer per path,
-//! shared by every logger naming it, flushed on a thread of its own every flush interval or
-//! as soon as its buffer passes the flush size. A worker only appends to the buffer under a
+//! shared by every logger naming it, opened when the configuration naming it loads, flushed on
+//! a thread of its own every flush interval or as soon as its buffer passes the flush size. A worker only appends to the buffer under a
 //! short lock; a file that cannot be written (a full disk, a FIFO nobody reads) never stalls
 //! it: past [`BUFFER_LIMIT`] lines are dropped and counted.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::stats::{Counter, Gauge, Store};
@@ -67,33 +67,36 @@ impl FileStats {
 struct Pending {
     buf: Vec<u8>,
     reopen: bool,
+    /// Wake now (the flush policy changed).
+    kick: bool,
 }
 
-/// One log file: its buffer and the thread that writes it.
+/// One log file: its buffer and the thread that writes it. A worker only appends to the
+/// buffer under its lock; the flush thread takes the buffer out under that lock and writes it
+/// after releasing it, so a write(2) that blocks holds up no worker.
 #[derive(Debug)]
 pub struct LogFile {
     path: PathBuf,
     pending: Mutex<Pending>,
     wake: Condvar,
-    policy: FlushPolicy,
-    stats: FileStats,
 }
 
 impl LogFile {
     /// Appends `line`; never waits for the file. Over [`BUFFER_LIMIT`] it is dropped.
     pub fn write(&self, line: &[u8]) {
+        let settings = settings();
         let mut p = self.pending.lock().expect("log buffer lock");
         if p.buf.len() + line.len() > BUFFER_LIMIT {
             drop(p);
-            self.stats.write_dropped.inc();
+            settings.stats.write_dropped.inc();
             return;
         }
         p.buf.extend_from_slice(line);
         let len = p.buf.len();
         drop(p);
-        self.stats.write_buffered.inc();
-        self.stats.write_total_buffered.set(len as u64);
-        if len >= self.policy.min_size {
+        settings.stats.write_buffered.inc();
+        settings.stats.write_total_buffered.set(len as u64);
+        if len >= settings.policy.min_size {
             self.wake.notify_one();
         }
     }
@@ -109,113 +112,141 @@ impl LogFile {
         &self.path
     }
 
-    /// The flush thread: waits for the interval or a full buffer, then writes.
-    fn run(self: Arc<Self>) {
-        let mut file: Option<File> = None;
+    /// The flush thread: waits for the interval or a full buffer, then writes `file` (opened
+    /// again when it is missing or a reopen was asked for).
+    fn run(self: Arc<Self>, mut file: Option<File>) {
         loop {
             let (data, reopen, by_timer) = {
                 let p = self.pending.lock().expect("log buffer lock");
+                let policy = settings().policy;
                 let (mut p, timeout) = self
                     .wake
-                    .wait_timeout_while(p, self.policy.interval, |p| {
-                        p.buf.len() < self.policy.min_size && !p.reopen
+                    .wait_timeout_while(p, policy.interval, |p| {
+                        p.buf.len() < settings().policy.min_size && !p.reopen && !p.kick
                     })
                     .expect("log buffer lock");
+                p.kick = false;
                 let reopen = std::mem::take(&mut p.reopen);
                 (std::mem::take(&mut p.buf), reopen, timeout.timed_out())
             };
-            self.stats.write_total_buffered.set(0);
+            let stats = &settings().stats;
+            stats.write_total_buffered.set(0);
             if by_timer {
-                self.stats.flushed_by_timer.inc();
+                stats.flushed_by_timer.inc();
             }
             if !data.is_empty() {
                 self.write_out(&mut file, &data);
             }
             if reopen {
                 file = None;
-                if self.open().is_none() {
-                    self.stats.reopen_failed.inc();
+                match open_file(&self.path) {
+                    Ok(f) => file = Some(f),
+                    Err(e) => {
+                        tracing::warn!(path = %self.path.display(), error = %e, "access log file cannot be reopened");
+                        stats.reopen_failed.inc();
+                    }
                 }
             }
         }
     }
 
-    fn open(&self) -> Option<File> {
-        match OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-        {
-            Ok(f) => Some(f),
-            Err(e) => {
-                tracing::warn!(path = %self.path.display(), error = %e, "access log file cannot be opened");
-                None
-            }
-        }
-    }
-
     fn write_out(&self, file: &mut Option<File>, data: &[u8]) {
+        let stats = &settings().stats;
         if file.is_none() {
-            *file = self.open();
+            match open_file(&self.path) {
+                Ok(f) => *file = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e, "access log file cannot be opened");
+                }
+            }
         }
         match file.as_mut().map(|f| f.write_all(data)) {
-            Some(Ok(())) => self.stats.write_completed.inc(),
+            Some(Ok(())) => stats.write_completed.inc(),
             Some(Err(e)) => {
                 tracing::warn!(path = %self.path.display(), error = %e, "access log write failed");
-                self.stats.write_failed.inc();
+                stats.write_failed.inc();
             }
-            None => self.stats.write_failed.inc(),
+            None => stats.write_failed.inc(),
         }
     }
 }
 
-/// Every log file of the process, by path (Envoy's AccessLogManager).
-#[derive(Debug)]
-pub struct Files {
-    by_path: Mutex<HashMap<PathBuf, Arc<LogFile>>>,
+/// Opens `path` for appending, creating it, as Envoy opens access-log files.
+fn open_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// The flush policy and the stats every file counts into.
+#[derive(Debug, Default)]
+struct Settings {
     policy: FlushPolicy,
     stats: FileStats,
 }
 
-static FILES: OnceLock<Files> = OnceLock::new();
+/// Set once by [`init`]; until then (files opened while the bootstrap compiles) Envoy's
+/// defaults and uncounted stats.
+static SETTINGS: OnceLock<Settings> = OnceLock::new();
 
-/// Sets up the process's log files with `policy` and counts into `store` (once, at start-up;
-/// later calls change nothing).
+fn settings() -> &'static Settings {
+    static UNSET: LazyLock<Settings> = LazyLock::new(Settings::default);
+    SETTINGS.get().unwrap_or(&UNSET)
+}
+
+/// Every log file of the process, by path (Envoy's AccessLogManager).
+static FILES: LazyLock<Mutex<HashMap<PathBuf, Arc<LogFile>>>> = LazyLock::new(Mutex::default);
+
+/// Sets the flush policy of every log file and counts into `store` (once, at start-up; later
+/// calls change nothing). Files opened before (by the bootstrap's compile) follow it from now.
 pub fn init(policy: FlushPolicy, store: &Store) {
-    let _ = FILES.get_or_init(|| Files {
-        by_path: Mutex::new(HashMap::new()),
+    let _ = SETTINGS.set(Settings {
         policy,
         stats: FileStats::new(store),
     });
+    for f in FILES.lock().expect("log files lock").values() {
+        f.pending.lock().expect("log buffer lock").kick = true;
+        f.wake.notify_one();
+    }
 }
 
-fn files() -> &'static Files {
-    FILES.get_or_init(|| Files {
-        by_path: Mutex::new(HashMap::new()),
-        policy: FlushPolicy::default(),
-        stats: FileStats::default(),
-    })
+/// The log file at `path`, shared with every logger that names it: the one already open, or
+/// the file opened now (created when missing) with its flush thread. Fails as Envoy's config
+/// load does when the file cannot be opened.
+pub fn open(path: &Path) -> io::Result<Arc<LogFile>> {
+    let mut by_path = FILES.lock().expect("log files lock");
+    if let Some(f) = by_path.get(path) {
+        return Ok(f.clone());
+    }
+    let opened = open_file(path)?;
+    Ok(register(&mut by_path, path, Some(opened)))
 }
 
-/// The log file at `path`, shared with every logger that names it; its flush thread starts
-/// with it.
-pub fn open(path: &Path) -> Arc<LogFile> {
-    let files = files();
-    let mut by_path = files.by_path.lock().expect("log files lock");
+/// The log file at `path` as [`open`] finds it, or, when it cannot be opened now, one that
+/// tries again at each flush (counting `write_failed` until it can).
+pub fn get(path: &Path) -> Arc<LogFile> {
+    let mut by_path = FILES.lock().expect("log files lock");
     if let Some(f) = by_path.get(path) {
         return f.clone();
     }
+    let opened = open_file(path)
+        .inspect_err(|e| tracing::warn!(path = %path.display(), error = %e, "access log file cannot be opened"))
+        .ok();
+    register(&mut by_path, path, opened)
+}
+
+fn register(
+    by_path: &mut HashMap<PathBuf, Arc<LogFile>>,
+    path: &Path,
+    opened: Option<File>,
+) -> Arc<LogFile> {
     let file = Arc::new(LogFile {
         path: path.to_owned(),
         pending: Mutex::new(Pending::default()),
         wake: Condvar::new(),
-        policy: files.policy,
-        stats: files.stats.clone(),
     });
     let runner = file.clone();
     let spawned = std::thread::Builder::new()
         .name("access-log".into())
-        .spawn(move || runner.run());
+        .spawn(move || runner.run(opened));
     if let Err(e) = spawned {
         tracing::error!(path = %path.display(), error = %e, "access log flush thread did not start");
     }
@@ -226,7 +257,7 @@ pub fn open(path: &Path) -> Arc<LogFile> {
 /// Reopens every log file (`POST /reopen_logs`, SIGUSR1): what is buffered goes to the file
 /// as it was, what follows to the file now at the path.
 pub fn reopen_all() {
-    for f in files().by_path.lock().expect("log files lock").values() {
+    for f in FILES.lock().expect("log files lock").values() {
         f.reopen();
     }
 }

@@ -39,12 +39,16 @@ pub enum Filter {
     NotHealthCheck,
     /// `traceable_filter`: the request is traced; revoy traces nothing, so never.
     Traceable,
-    /// `runtime_filter`: a sample of `numerator` in `denominator` records.
+    /// `runtime_filter`: a sample of `numerator` in `denominator` records, chosen as Envoy
+    /// chooses: by the request id's leading 32 bits (so every proxy a request passes keeps
+    /// or drops it alike), at random without one or with `use_independent_randomness`.
     Runtime {
         /// Records kept...
         numerator: u64,
         /// ...out of this many.
         denominator: u64,
+        /// `use_independent_randomness`.
+        independent: bool,
     },
     /// `and_filter`.
     And(Vec<Filter>),
@@ -76,7 +80,14 @@ impl Filter {
             Filter::Runtime {
                 numerator,
                 denominator,
-            } => rand::random_range(0..*denominator) < *numerator,
+                independent,
+            } => {
+                let value = (!independent)
+                    .then(|| request_id_integer(rec))
+                    .flatten()
+                    .unwrap_or_else(rand::random::<u64>);
+                value % *denominator < *numerator
+            }
             Filter::And(all) => all.iter().all(|f| f.passes(rec)),
             Filter::Or(any) => any.iter().any(|f| f.passes(rec)),
             Filter::Header(m) => {
@@ -105,6 +116,27 @@ impl Filter {
             }
         }
     }
+}
+
+/// The request id as a number, as Envoy's UUID request-id extension reads it: its first eight
+/// characters in hex (none when `x-request-id` is missing, shorter or not hex there).
+fn request_id_integer(rec: &Record) -> Option<u64> {
+    let id = rec
+        .request
+        .as_ref()?
+        .headers
+        .get("x-request-id")?
+        .as_bytes();
+    let head = std::str::from_utf8(id.get(..8)?).ok()?;
+    let digits = head.strip_prefix('+').unwrap_or(head);
+    let digits = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+        .unwrap_or(digits);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(digits, 16).ok()
 }
 
 /// The gRPC status of a response: `grpc-status` in its trailers or headers, else mapped from
@@ -203,14 +235,58 @@ mod tests {
         let all = Filter::Runtime {
             numerator: 100,
             denominator: 100,
+            independent: false,
         };
         let none = Filter::Runtime {
             numerator: 0,
             denominator: 100,
+            independent: false,
         };
         for _ in 0..100 {
             assert!(all.passes(&r));
             assert!(!none.passes(&r));
         }
+    }
+
+    fn with_request_id(id: &str) -> Record {
+        let mut r = rec(Some(200));
+        let mut headers = http::HeaderMap::new();
+        headers.insert("x-request-id", http::HeaderValue::from_str(id).unwrap());
+        r.request = Some(crate::access_log::record::RequestHead {
+            method: "GET".into(),
+            path: "/".into(),
+            authority: "h".into(),
+            scheme: "http",
+            headers,
+        });
+        r
+    }
+
+    #[test]
+    fn runtime_sampling_follows_the_request_id() {
+        let half = |independent| Filter::Runtime {
+            numerator: 50,
+            denominator: 100,
+            independent,
+        };
+        // 0x00000031 = 49 and 0x00000032 = 50: kept below the numerator, dropped at it.
+        let kept = with_request_id("00000031-aaaa-4bbb-8ccc-dddddddddddd");
+        let dropped = with_request_id("00000032-aaaa-4bbb-8ccc-dddddddddddd");
+        // 0x000000c7 = 199, 199 % 100 = 99.
+        let wrapped = with_request_id("000000c7-0000-0000-0000-000000000000");
+        for _ in 0..50 {
+            assert!(half(false).passes(&kept));
+            assert!(!half(false).passes(&dropped));
+            assert!(!half(false).passes(&wrapped));
+        }
+        assert_eq!(
+            request_id_integer(&with_request_id("ffffffff")),
+            Some(0xffff_ffff)
+        );
+        assert_eq!(request_id_integer(&with_request_id("not-a-uuid")), None);
+        assert_eq!(request_id_integer(&with_request_id("abc")), None);
+        assert_eq!(request_id_integer(&rec(Some(200))), None);
+        let independent = (0..400).filter(|_| half(true).passes(&dropped)).count();
+        assert!((100..300).contains(&independent), "{independent} of 400");
     }
 }

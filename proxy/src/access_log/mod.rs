@@ -46,7 +46,7 @@ impl AccessLog {
         }
         let line = self.format.render(rec);
         self.file
-            .get_or_init(|| file::open(&self.path))
+            .get_or_init(|| file::get(&self.path))
             .write(line.as_bytes());
     }
 }

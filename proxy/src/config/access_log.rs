@@ -65,6 +65,12 @@ fn compile_one(ctx: &Context<'_>, log: &pb::AccessLog) -> Result<AccessLog, Conf
                 ));
             }
             let format = file_format(ctx, &f).map_err(|e| e.within("typed_config"))?;
+            ctx.io().open_log(&f.path).map_err(|e| {
+                ConfigError::new(
+                    "typed_config.path",
+                    format!("unable to open file '{}': {}", f.path, os_message(&e)),
+                )
+            })?;
             (PathBuf::from(&f.path), format)
         }
         STDOUT => {
@@ -97,6 +103,15 @@ fn compile_one(ctx: &Context<'_>, log: &pb::AccessLog) -> Result<AccessLog, Conf
         }
     };
     Ok(AccessLog::new(filter, format, path))
+}
+
+/// An I/O error as `strerror` words it (Envoy's message), without Rust's `(os error N)`.
+fn os_message(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.find(" (os error ") {
+        Some(at) => text[..at].to_owned(),
+        None => text,
+    }
 }
 
 #[allow(deprecated)]
@@ -277,6 +292,7 @@ fn compile_filter(ctx: &Context<'_>, f: &pb::AccessLogFilter) -> Result<Filter, 
             Filter::Runtime {
                 numerator: numerator.min(denominator),
                 denominator,
+                independent: r.use_independent_randomness,
             }
         }
         Some(S::AndFilter(a)) => Filter::And(list(&a.filters, "and_filter")?),

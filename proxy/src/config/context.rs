@@ -1,6 +1,6 @@
 //! What a compile takes from outside the protos: files (`filename` data sources), environment
 //! variables (`environment_variable` data sources, `%ENVIRONMENT(..)%`) and the host name
-//! (`%HOSTNAME%`), all through an injected [`ConfigIo`], so compiling stays pure and testable.
+//! (`%HOSTNAME%`), access-log files opened as Envoy opens them at load, all through an injected [`ConfigIo`], so compiling stays pure and testable.
 //! The [`Context`] also shares compiled regexes within one compile.
 
 use std::cell::RefCell;
@@ -19,6 +19,9 @@ pub trait ConfigIo {
     fn env(&self, name: &str) -> Option<String>;
     /// This machine's host name.
     fn hostname(&self) -> String;
+    /// Opens the access-log file at `path` for appending (created when missing), as Envoy
+    /// does when it loads a file access log; the error says why it cannot be.
+    fn open_log(&self, path: &str) -> io::Result<()>;
 }
 
 /// The real file system and process environment, as the binary uses them.
@@ -47,6 +50,11 @@ impl ConfigIo for SystemIo {
         })
         .clone()
     }
+
+    /// Opens it in the process's access-log files, which keep it open for its loggers.
+    fn open_log(&self, path: &str) -> io::Result<()> {
+        crate::access_log::file::open(std::path::Path::new(path)).map(drop)
+    }
 }
 
 /// An in-memory file system, environment and host name, for tests.
@@ -55,6 +63,7 @@ pub struct FakeIo {
     files: HashMap<String, Vec<u8>>,
     env: HashMap<String, String>,
     hostname: String,
+    unopenable: HashMap<String, io::ErrorKind>,
 }
 
 impl FakeIo {
@@ -72,6 +81,12 @@ impl FakeIo {
     /// Sets environment variable `name`.
     pub fn with_env(mut self, name: &str, value: &str) -> Self {
         self.env.insert(name.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Makes opening the access-log file at `path` fail with `kind` (every other opens).
+    pub fn with_unopenable_log(mut self, path: &str, kind: io::ErrorKind) -> Self {
+        self.unopenable.insert(path.to_owned(), kind);
         self
     }
 
@@ -96,6 +111,13 @@ impl ConfigIo for FakeIo {
 
     fn hostname(&self) -> String {
         self.hostname.clone()
+    }
+
+    fn open_log(&self, path: &str) -> io::Result<()> {
+        match self.unopenable.get(path) {
+            Some(kind) => Err(io::Error::from(*kind)),
+            None => Ok(()),
+        }
     }
 }
 

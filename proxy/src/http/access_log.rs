@@ -1,7 +1,8 @@
 //! The connection manager's access logs: a request's [`Record`] kept while it is served (only
 //! when the connection manager has access logs), its request body counted as it arrives, and
 //! its response body counted as it leaves; the record is written when the response ends, or
-//! when the request is cut short (`DC`).
+//! when the request is cut short (`DC`). An upgraded stream's record is handed to its tunnel,
+//! which writes it when the tunnel closes (as Envoy logs an upgrade when its stream ends).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,6 +14,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
+use tokio::sync::oneshot;
 
 use super::ConnContext;
 use crate::access_log::record::{Downstream, RequestHead};
@@ -26,12 +28,16 @@ struct Received {
     done: OnceLock<Instant>,
 }
 
+/// What an upgrade's tunnel receives once the `101` has been sent: the record and its logs.
+pub(super) type Handover = (Box<Record>, AccessLogs);
+
 /// A request being served whose record some access log will read. Dropped before
 /// [`Pending::finish`] (the client went away), it writes the record with `DC`.
 pub(super) struct Pending {
     rec: Option<Box<Record>>,
     logs: AccessLogs,
     received: Arc<Received>,
+    tunnel: Option<oneshot::Sender<Handover>>,
 }
 
 impl Pending {
@@ -46,7 +52,7 @@ impl Pending {
             remote: Some(ctx.down.peer),
             direct_remote: Some(ctx.down.peer),
             local: Some(ctx.local),
-            server_name: None,
+            server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
         }));
         rec.protocol = Some(match req.version() {
             http::Version::HTTP_10 => "HTTP/1.0",
@@ -94,7 +100,16 @@ impl Pending {
             rec: Some(rec),
             logs: logs.clone(),
             received,
+            tunnel: None,
         })
+    }
+
+    /// Where the tunnel of an upgrade learns its record: the record goes there once the
+    /// response is sent, unless the receiver is gone by then (no tunnel was made).
+    pub(super) fn hand_to_tunnel(&mut self) -> oneshot::Receiver<Handover> {
+        let (tx, rx) = oneshot::channel();
+        self.tunnel = Some(tx);
+        rx
     }
 
     /// The record, to fill in.
@@ -120,6 +135,7 @@ impl Pending {
         };
         let logs = std::mem::take(&mut self.logs);
         let received = self.received.clone();
+        let tunnel = self.tunnel.take();
         resp.map(move |inner| {
             Logged {
                 inner,
@@ -127,6 +143,7 @@ impl Pending {
                 logs,
                 received,
                 expected,
+                tunnel,
             }
             .boxed_unsync()
         })
@@ -204,6 +221,8 @@ struct Logged {
     received: Arc<Received>,
     /// The body length the head announced.
     expected: Option<u64>,
+    /// The tunnel of an upgrade, which writes the record when it closes.
+    tunnel: Option<oneshot::Sender<Handover>>,
 }
 
 impl Logged {
@@ -220,8 +239,41 @@ impl Logged {
             rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         }
         take_received(&mut rec, &self.received);
-        self.logs.log(&rec);
+        let logs = std::mem::take(&mut self.logs);
+        let unsent = match self.tunnel.take() {
+            Some(tunnel) => tunnel.send((rec, logs)).err(),
+            None => Some((rec, logs)),
+        };
+        if let Some((rec, logs)) = unsent {
+            logs.log(&rec);
+        }
     }
+}
+
+/// How a tunnel ended: bytes each way, and whether the downstream closed first.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct TunnelEnd {
+    /// Bytes from the downstream.
+    pub received: u64,
+    /// Bytes to the downstream.
+    pub sent: u64,
+    /// The downstream closed its side before the upstream did.
+    pub downstream_closed_first: bool,
+}
+
+/// Writes an upgrade's record handed over by `handover` (if it was) with how its tunnel ended.
+pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: TunnelEnd) {
+    let Ok((mut rec, logs)) = handover.await else {
+        return;
+    };
+    rec.end = Some(Instant::now());
+    rec.bytes_received = end.received;
+    rec.bytes_sent = end.sent;
+    if end.downstream_closed_first {
+        rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
+        rec.details = Some("downstream_remote_disconnect".to_owned());
+    }
+    logs.log(&rec);
 }
 
 impl http_body::Body for Logged {

@@ -58,6 +58,10 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         let grpc = super::local_reply::is_grpc(req.headers());
         let head = req.method() == http::Method::HEAD;
         let mut pending = Pending::start(ctx, &mut req);
+        let tunnel_log = match pending.as_mut() {
+            Some(p) if facts.upgrade.is_some() => Some(p.hand_to_tunnel()),
+            _ => None,
+        };
         // Envoy's router answers at routing time from the head alone, before its codec hands
         // it the body: an HTTP/1 request with a body is unfinished then, and so is one whose
         // stream goes on after its head (an upgrade, CONNECT); Envoy closes the connection
@@ -68,7 +72,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
         let log = pending.as_mut().map(Pending::record);
-        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, log).await;
+        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, log, tunnel_log).await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -133,6 +137,7 @@ async fn route_and_forward(
     facts: forwarding::RequestFacts,
     forwarded: &mut bool,
     mut log: Option<&mut Record>,
+    tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
 ) -> Response<Body> {
     // Notes what access logs read (nothing when the connection manager has none).
     macro_rules! note {
@@ -420,6 +425,11 @@ async fn route_and_forward(
             // The upstream Host: the rewritten one, else the request's authority. An HTTP/1.1
             // request usually carries exactly that already, and is left alone.
             let authority = new_host.as_deref().unwrap_or(&host_full);
+            if let Some(h) = &new_host {
+                note!(|r| if let Some(head) = r.request.as_mut() {
+                    head.authority.clone_from(h);
+                });
+            }
             let present = req.headers().get(header::HOST).map(HeaderValue::as_bytes);
             if present != Some(authority.as_bytes())
                 && let Ok(v) = HeaderValue::from_str(authority)
@@ -430,8 +440,15 @@ async fn route_and_forward(
                 if !cfg.suppress_envoy_headers
                     && let Ok(v) = HeaderValue::from_str(&path)
                 {
+                    note!(|r| if let Some(head) = r.request.as_mut() {
+                        head.headers.insert(&ORIGINAL_PATH, v.clone());
+                    });
                     req.headers_mut().insert(&ORIGINAL_PATH, v);
                 }
+                // Envoy's router rewrites the request its access logs read.
+                note!(|r| if let Some(head) = r.request.as_mut() {
+                    head.path.clone_from(&p);
+                });
                 if let Ok(uri) = Uri::builder().path_and_query(p.as_str()).build() {
                     *req.uri_mut() = uri;
                 }
@@ -466,7 +483,10 @@ async fn route_and_forward(
                 let tunnel = if connect && fwd.terminates_connect() {
                     Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
                 } else {
-                    Box::pin(super::upgrade::forward(req, &cluster, &lb, active)).await
+                    Box::pin(super::upgrade::forward(
+                        req, &cluster, &lb, active, tunnel_log,
+                    ))
+                    .await
                 };
                 return match tunnel {
                     Ok(resp) => {

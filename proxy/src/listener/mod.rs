@@ -92,7 +92,8 @@ impl Tls {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
-        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented)
+            .with_server_name(stream.get_ref().1.server_name());
         Some((stream, certificates))
     }
 

@@ -24,6 +24,8 @@ pub struct PeerTls {
     /// by the connection manager on the first request that needs it (a connection has one
     /// connection manager, so one element of each form).
     xfcc: [OnceLock<String>; 2],
+    /// The SNI the client sent (`%REQUESTED_SERVER_NAME%`).
+    server_name: Option<Arc<str>>,
 }
 
 impl PeerTls {
@@ -39,7 +41,19 @@ impl PeerTls {
             peer_info: OnceLock::new(),
             local_uris: OnceLock::new(),
             xfcc: [OnceLock::new(), OnceLock::new()],
+            server_name: None,
         }
+    }
+
+    /// The same, with the SNI the client sent.
+    pub fn with_server_name(mut self, sni: Option<&str>) -> Self {
+        self.server_name = sni.map(Arc::from);
+        self
+    }
+
+    /// The SNI the client sent, if any.
+    pub fn server_name(&self) -> Option<&Arc<str>> {
+        self.server_name.as_ref()
     }
 
     /// Whether the client presented a certificate (Envoy's `peerCertificatePresented`).

@@ -273,7 +273,9 @@ pub fn inline_listener(name: &str, port: u16, routes: &str) -> Listener {
     )
 }
 
-fn listener_with(name: &str, port: u16, hcm_fields: &str) -> Listener {
+/// A listener `name` on `port` whose connection manager (with a router) has `hcm_fields`
+/// (block-style YAML lines).
+pub fn listener_with(name: &str, port: u16, hcm_fields: &str) -> Listener {
     let fields: String = hcm_fields
         .lines()
         .map(|l| format!("\n        {l}"))

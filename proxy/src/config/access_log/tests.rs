@@ -115,6 +115,30 @@ fn a_bad_operator_names_its_field() {
 }
 
 #[test]
+fn a_file_that_cannot_be_opened_is_an_error_naming_its_path() {
+    let io = FakeIo::new().with_unopenable_log("/nope/x.log", std::io::ErrorKind::NotFound);
+    let logs = [
+        log(any(&file("/tmp/fine.log")), None),
+        log(any(&file("/nope/x.log")), None),
+    ];
+    let e = compile_access_logs(&Context::new(&io), &logs).unwrap_err();
+    assert_eq!(e.path, "[1].typed_config.path");
+    assert_eq!(
+        e.message,
+        format!(
+            "unable to open file '/nope/x.log': {}",
+            std::io::Error::from(std::io::ErrorKind::NotFound)
+        )
+    );
+}
+
+#[test]
+fn os_errors_read_as_strerror() {
+    let e = std::io::Error::from_raw_os_error(libc::ENOENT);
+    assert_eq!(os_message(&e), "No such file or directory");
+}
+
+#[test]
 fn response_flag_filters_check_their_flags() {
     let filter = |flags: Vec<&str>| pb::AccessLogFilter {
         filter_specifier: Some(pb::access_log_filter::FilterSpecifier::ResponseFlagFilter(

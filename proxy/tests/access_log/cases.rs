@@ -1,0 +1,326 @@
+//! More cases against Envoy 1.40: a WebSocket upgrade, a retry on `5xx` that succeeds on its
+//! second attempt, a rewritten path (`X-ENVOY-ORIGINAL-PATH`), and which requests each
+//! access-log filter lets through (status code, duration, response flags, header, and/or,
+//! not-health-check, runtime sampling by request id). Every logger writes the same text
+//! format, led by the case's name, to a file of its own; the files are compared line by line.
+
+use super::*;
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+/// Each line: the case, then what the cases differ in.
+const CASE: &str = "%REQ(X-CASE)% %REQ(:AUTHORITY)% %REQ(:PATH)% %REQ(X-ENVOY-ORIGINAL-PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %UPSTREAM_REQUEST_ATTEMPT_COUNT% %BYTES_RECEIVED% %BYTES_SENT% %UPSTREAM_HOST% %UPSTREAM_CLUSTER% %ROUTE_NAME% %PROTOCOL% %UPSTREAM_TRANSPORT_FAILURE_REASON% %RESP(UPGRADE)%\n";
+
+/// The loggers: a name (its file) and its filter (YAML, or empty for none).
+const FILTERS: [(&str, &str); 9] = [
+    ("all", ""),
+    (
+        "status",
+        "{status_code_filter: {comparison: {op: GE, value: {default_value: 500, runtime_key: none}}}}",
+    ),
+    (
+        "duration",
+        "{duration_filter: {comparison: {op: GE, value: {default_value: 1000, runtime_key: none}}}}",
+    ),
+    ("flags_any", "{response_flag_filter: {}}"),
+    ("flags_uf", "{response_flag_filter: {flags: [UF, NR]}}"),
+    (
+        "header",
+        "{header_filter: {header: {name: x-log, string_match: {exact: \"yes\"}}}}",
+    ),
+    (
+        "and_or",
+        "{or_filter: {filters: [{header_filter: {header: {name: x-log, present_match: true}}}, {and_filter: {filters: [{status_code_filter: {comparison: {op: GE, value: {default_value: 400, runtime_key: none}}}}, {not_health_check_filter: {}}]}}]}}",
+    ),
+    ("not_hc", "{not_health_check_filter: {}}"),
+    (
+        "runtime",
+        "{runtime_filter: {runtime_key: none, percent_sampled: {numerator: 50, denominator: HUNDRED}}}",
+    ),
+];
+
+/// The upstream: `/flaky` answers 503 to the first request of each `x-run`/`x-case`, then
+/// 200; `/ws` accepts a WebSocket upgrade and echoes; `/slowok` answers after 1.1 s; anything
+/// else is `200 hello world`.
+fn case_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    let seen: &'static Mutex<HashSet<String>> = Box::leak(Box::default());
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_case(s, seen));
+        }
+    });
+    port
+}
+
+fn header<'a>(head: &'a str, name: &str) -> &'a str {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+        .unwrap_or("")
+}
+
+fn serve_case(mut s: TcpStream, seen: &Mutex<HashSet<String>>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match s.read(&mut chunk) {
+                Ok(n) if n > 0 => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    continue;
+                }
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end + 4);
+        let path = head.split(' ').nth(1).unwrap_or("");
+        if path.starts_with("/ws") {
+            let _ = s.write_all(
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+            );
+            let _ = s.write_all(&buf);
+            while let Ok(n) = s.read(&mut chunk) {
+                if n == 0 || s.write_all(&chunk[..n]).is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        if path.starts_with("/flaky") {
+            let key = format!("{}/{}", header(&head, "x-run"), header(&head, "x-case"));
+            if seen.lock().unwrap().insert(key) {
+                let _ = s.write_all(
+                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nnope",
+                );
+                continue;
+            }
+        }
+        if path.starts_with("/slowok") {
+            std::thread::sleep(Duration::from_millis(1100));
+        }
+        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n";
+        if s.write_all(reply).is_err() {
+            return;
+        }
+    }
+}
+
+fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -> String {
+    let logs: Vec<String> = FILTERS
+        .iter()
+        .map(|(name, filter)| {
+            let filter = if filter.is_empty() {
+                String::new()
+            } else {
+                format!(", filter: {filter}")
+            };
+            format!(
+                "{{name: {name}{filter}, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: {}, log_format: {}}}}}",
+                dir.join(format!("{name}.log")).display(),
+                text(CASE)
+            )
+        })
+        .collect();
+    let cluster = |name: &str, port: u16| {
+        format!(
+            "\n  - {{name: {name}, connect_timeout: 1s, load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}}}"
+        )
+    };
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: http
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: http
+          preserve_external_request_id: true
+          upgrade_configs: [{{upgrade_type: websocket}}]
+          access_log: [{logs}]
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            validate_clusters: false
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - {{name: ws, match: {{prefix: /ws}}, route: {{cluster: up}}}}
+              - {{name: flaky, match: {{prefix: /flaky}}, route: {{cluster: up, retry_policy: {{retry_on: 5xx, num_retries: 2}}}}}}
+              - {{name: hostrw, match: {{prefix: /hostrw}}, route: {{cluster: up, host_rewrite_literal: new.host}}}}
+              - {{name: old, match: {{prefix: /old/}}, route: {{cluster: up, prefix_rewrite: /new/}}}}
+              - {{name: slowok, match: {{prefix: /slowok}}, route: {{cluster: up}}}}
+              - {{name: ok, match: {{prefix: /ok}}, route: {{cluster: up}}}}
+              - {{name: dead, match: {{prefix: /dead}}, route: {{cluster: dead}}}}
+              - {{name: teapot, match: {{prefix: /teapot}}, direct_response: {{status: 418}}}}
+  clusters:{up}{dead_c}
+"#,
+        logs = logs.join(", "),
+        up = cluster("up", upstream),
+        dead_c = cluster("dead", dead),
+    )
+}
+
+/// A request id whose leading 32 bits are `n` (what runtime sampling reads).
+fn request_id(n: u32) -> String {
+    format!("x-request-id: {n:08x}-aaaa-4bbb-8ccc-dddddddddddd\r\n")
+}
+
+/// One request of case `case` (headers `extra`, whole lines; a request id sampled out at 50%
+/// unless `extra` has one), read to its end.
+fn case_request(port: u16, run: &str, case: &str, path: &str, extra: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let id = if extra.contains("x-request-id") {
+        String::new()
+    } else {
+        request_id(60 + case.len() as u32)
+    };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: {case}\r\n{id}{extra}connection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+/// A WebSocket upgrade: 101, eight bytes each way, then the client closes its side.
+fn websocket(port: u16, run: &str) {
+    let id = request_id(80);
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = format!(
+        "GET /ws HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: websocket\r\n{id}connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).unwrap(),
+            1,
+            "the upgrade's head ended early"
+        );
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s.write_all(b"ws-hello").unwrap();
+    let mut echo = [0u8; 8];
+    s.read_exact(&mut echo).unwrap();
+    assert_eq!(&echo, b"ws-hello");
+    s.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+}
+
+/// The requests, in order; `run` tells the two proxies apart at the upstream.
+fn run_cases(http: u16, run: &str) {
+    let ok = |r: String, status: &str| assert!(r.starts_with(status), "{r}");
+    ok(case_request(http, run, "ok", "/ok", ""), "HTTP/1.1 200");
+    ok(
+        case_request(http, run, "logged", "/ok", "x-log: yes\r\n"),
+        "HTTP/1.1 200",
+    );
+    ok(
+        case_request(http, run, "logged-no", "/ok", "x-log: no\r\n"),
+        "HTTP/1.1 200",
+    );
+    ok(case_request(http, run, "nr", "/none", ""), "HTTP/1.1 404");
+    ok(case_request(http, run, "uf", "/dead", ""), "HTTP/1.1 503");
+    ok(
+        case_request(http, run, "teapot", "/teapot", ""),
+        "HTTP/1.1 418",
+    );
+    ok(
+        case_request(http, run, "retry", "/flaky", ""),
+        "HTTP/1.1 200",
+    );
+    ok(
+        case_request(http, run, "rewrite", "/old/page?q=1", ""),
+        "HTTP/1.1 200",
+    );
+    ok(
+        case_request(http, run, "host-rewrite", "/hostrw", ""),
+        "HTTP/1.1 200",
+    );
+    ok(
+        case_request(http, run, "slow", "/slowok", ""),
+        "HTTP/1.1 200",
+    );
+    for n in [49, 50, 199, 0] {
+        ok(
+            case_request(http, run, &format!("rid-{n}"), "/ok", &request_id(n)),
+            "HTTP/1.1 200",
+        );
+    }
+    websocket(http, run);
+}
+
+fn observe_cases(
+    dir: &Path,
+    run: &str,
+    upstream: u16,
+    dead: u16,
+    start: impl FnOnce(&str, u16) -> Proxy,
+) -> Vec<Vec<String>> {
+    let (admin, http) = (free_port(), free_port());
+    let yaml = case_bootstrap(admin, http, upstream, dead, dir);
+    let _proxy = start(&yaml, http);
+    run_cases(http, run);
+    let want = [15, 1, 1, 3, 2, 1, 5, 15, 2];
+    FILTERS
+        .iter()
+        .zip(want)
+        .map(|((name, _), n)| read_lines(&dir.join(format!("{name}.log")), n))
+        .collect()
+}
+
+/// The lines carry no times or downstream ports, so each file is compared whole: which
+/// requests each filter let through, and what their lines say.
+#[test]
+fn access_log_cases_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("access_log_cases_match_envoy") else {
+        return;
+    };
+    let (upstream, dead) = (case_upstream(), free_port());
+    let flush = ["--file-flush-interval-msec", "50"];
+    let envoy_dir = log_dir("cases-envoy");
+    let theirs = observe_cases(&envoy_dir, "envoy", upstream, dead, |yaml, http| {
+        let mut c = Command::new(&envoy);
+        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+            .args(["--base-id", "4712", "--disable-hot-restart"])
+            .args(flush);
+        Proxy::spawn(c, || wait_port(http))
+    });
+    let revoy_dir = log_dir("cases-revoy");
+    let ours = observe_cases(&revoy_dir, "revoy", upstream, dead, |yaml, http| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
+        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+            .args(flush);
+        Proxy::spawn(c, || wait_port(http))
+    });
+    let mut failures = Vec::new();
+    for (((name, _), e), r) in FILTERS.iter().zip(&theirs).zip(&ours) {
+        if e != r {
+            failures.push(format!("{name}:\n  envoy: {e:#?}\n  revoy: {r:#?}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(theirs[0].len(), 15, "Envoy's lines: {:#?}", theirs[0]);
+    let _ = std::fs::remove_dir_all(&envoy_dir);
+    let _ = std::fs::remove_dir_all(&revoy_dir);
+}
