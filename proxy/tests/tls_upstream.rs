@@ -505,3 +505,109 @@ fn a_stalled_handshake_is_a_connect_timeout_like_envoys() {
     assert_eq!(revoy.0, 503);
     assert_eq!(revoy.2[0], 1, "one connect timeout");
 }
+
+/// `auto_sni`: each upstream TLS connection sends the host of its request (after the route's
+/// host rewrite) or of the `override_auto_sni_header`, connections are pooled per name (the
+/// upstream answers with the SNI of the connection that carried the request), and
+/// `auto_san_validation` refuses a certificate without a SAN for that name — as Envoy 1.40
+/// on the same config.
+#[test]
+fn auto_sni_names_each_connection_after_its_request_like_envoy() {
+    let Some(envoy) =
+        oracle::envoy_or_skip("auto_sni_names_each_connection_after_its_request_like_envoy")
+    else {
+        return;
+    };
+    let dir = CertDir::new();
+    let mesh = Ca::new("cluster.local");
+    let ca = mesh.write_root_to(dir.path(), "ca");
+    let upstream = tls_upstream(&mesh.server(&["a.test", "*.wild.test"]).issue(), None, &[]);
+    let options = |extra: &str| {
+        format!(
+            "\n    typed_extension_protocol_options:\
+             \n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\
+             \n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\
+             \n        upstream_http_protocol_options: {{auto_sni: true{extra}}}\
+             \n        explicit_http_config: {{http_protocol_options: {{}}}}"
+        )
+    };
+    let requests: [(&str, &str); 6] = [
+        ("auto", "x-host: a.test\r\n"),
+        ("auto", "x-host: b.wild.test\r\n"),
+        ("auto", "x-host: a.test\r\n"),
+        ("auto", "x-host: other.test\r\n"),
+        ("override", "x-sni: c.wild.test\r\n"),
+        ("override", ""),
+    ];
+    let counters = [
+        "cluster.auto.ssl.fail_verify_san",
+        "cluster.auto.ssl.handshake",
+        "cluster.auto.upstream_cx_total",
+        "cluster.override.ssl.handshake",
+    ];
+    let mut seen = Vec::new();
+    for envoy in [Some(&envoy), None] {
+        let (admin, auto, over) = (free_port(), free_port(), free_port());
+        let yaml = bootstrap(
+            admin,
+            &[
+                ("auto", auto, upstream, context("x", &ca, "", "")),
+                ("override", over, upstream, context("x", &ca, "", "")),
+            ],
+        )
+        .replace("        sni: x\n", "")
+        .replace(
+            "  - name: auto\n    type: STATIC\n",
+            &format!(
+                "  - name: auto\n    type: STATIC{}\n",
+                options(", auto_san_validation: true")
+            ),
+        )
+        .replace(
+            "  - name: override\n    type: STATIC\n",
+            &format!(
+                "  - name: override\n    type: STATIC{}\n",
+                options(", override_auto_sni_header: x-sni")
+            ),
+        )
+        .replace(
+            "route: {cluster: auto}",
+            "route: {cluster: auto, host_rewrite_header: x-host}",
+        );
+        let ready = || {
+            http1::get(None, ([127, 0, 0, 1], admin).into(), "/ready").is_ok_and(|(s, _)| s == 200)
+        };
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, admin, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let answers: Vec<(u16, String)> = requests
+            .iter()
+            .map(|(cluster, headers)| {
+                let port = if *cluster == "auto" { auto } else { over };
+                let (status, body) =
+                    http1::get_with(None, ([127, 0, 0, 1], port).into(), "/", headers)
+                        .unwrap_or((0, String::new()));
+                // Envoy's and revoy's TLS failure reasons are compared elsewhere.
+                (
+                    status,
+                    body.split(", transport failure")
+                        .next()
+                        .unwrap_or("")
+                        .to_owned(),
+                )
+            })
+            .collect();
+        let counted: Vec<u64> = counters.iter().map(|c| stat(admin, c)).collect();
+        seen.push((answers, counted));
+    }
+    let (envoy, revoy) = (&seen[0], &seen[1]);
+    assert_eq!(
+        revoy, envoy,
+        "revoy (left) and Envoy (right); counters {counters:?}"
+    );
+    assert_eq!(
+        revoy.0[1],
+        (200, "sni=b.wild.test;alpn=none;client=none".to_owned())
+    );
+}

@@ -59,6 +59,9 @@ pub struct ClusterConfig {
     /// `http_protocol_options.enable_trailers`: an HTTP/1.1 upstream's response trailers are
     /// forwarded (Envoy's HTTP/1 codec drops them by default).
     pub http1_trailers: bool,
+    /// `upstream_http_protocol_options` `auto_sni` / `auto_san_validation`: the server name of
+    /// each TLS connection comes from the request it is made for.
+    pub auto_sni: Option<AutoSni>,
     /// `upstream_bind_config.source_address`.
     pub source_address: Option<SocketAddr>,
     /// Circuit breaker thresholds: `[default, high]` priority.
@@ -488,6 +491,7 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         idle_timeout: http.idle_timeout,
         max_requests_per_connection: http.max_requests_per_connection,
         http1_trailers: http.http1_trailers,
+        auto_sni: http.auto_sni,
         source_address,
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
@@ -762,6 +766,18 @@ struct HttpSettings {
     idle_timeout: Option<Duration>,
     max_requests_per_connection: Option<u32>,
     http1_trailers: bool,
+    auto_sni: Option<AutoSni>,
+}
+
+/// A cluster whose upstream TLS connections take their server name from the request each is
+/// opened for (Envoy's `auto_sni`): the `Host` header's host, or the header
+/// `override_auto_sni_header` names when the request has it. Connections are pooled per name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutoSni {
+    /// `override_auto_sni_header`.
+    pub header: Option<http::HeaderName>,
+    /// `auto_san_validation`: the server's certificate must carry a SAN for that name too.
+    pub san_validation: bool,
 }
 
 #[allow(deprecated)]
@@ -781,27 +797,41 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
     let upstream_options = typed
         .as_ref()
         .and_then(|t| t.upstream_http_protocol_options.as_ref());
-    for (set, field, what) in [
-        (
-            upstream_options.is_some_and(|o| o.auto_sni),
-            "auto_sni",
-            "a per-request SNI from the Host header",
+    let (upstream_options, at) = match upstream_options {
+        Some(o) => (
+            Some(o),
+            format!(
+                "typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"].upstream_http_protocol_options"
+            ),
         ),
-        (
-            upstream_options.is_some_and(|o| o.auto_san_validation),
-            "auto_san_validation",
-            "checking the upstream certificate against the per-request SNI",
+        None => (
+            c.upstream_http_protocol_options.as_ref(),
+            "upstream_http_protocol_options".to_owned(),
         ),
-    ] {
-        if set {
+    };
+    let auto_sni = match upstream_options {
+        Some(o) if o.auto_sni => Some(AutoSni {
+            header: match o.override_auto_sni_header.as_str() {
+                "" => None,
+                name => Some(http::HeaderName::try_from(name).map_err(|_| {
+                    ConfigError::new(
+                        format!("{at}.override_auto_sni_header"),
+                        format!("'{name}' is not a header name"),
+                    )
+                })?),
+            },
+            san_validation: o.auto_san_validation,
+        }),
+        // Envoy checks the certificate against the request's host then too, but sends the
+        // configured SNI; revoy's TLS connections check the name they send.
+        Some(o) if o.auto_san_validation => {
             return Err(ConfigError::new(
-                format!(
-                    "typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"].upstream_http_protocol_options.{field}"
-                ),
-                format!("{what} is not implemented by revoy"),
+                format!("{at}.auto_san_validation"),
+                "auto_san_validation without auto_sni is not implemented by revoy",
             ));
         }
-    }
+        _ => None,
+    };
     let protocol = match typed
         .as_ref()
         .and_then(|t| t.upstream_protocol_options.as_ref())
@@ -868,6 +898,7 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         idle_timeout,
         max_requests_per_connection,
         http1_trailers: http1.is_some_and(|o| o.enable_trailers),
+        auto_sni,
     })
 }
 
@@ -1058,6 +1089,47 @@ typed_extension_protocol_options:
         )
         .unwrap();
         assert_eq!(downstream.protocol, UpstreamProtocol::UseDownstream);
+    }
+
+    #[test]
+    fn auto_sni_takes_its_header_and_refuses_san_validation_alone() {
+        let typed = |options: &str| {
+            compile(&format!(
+                r#"
+name: a
+typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    upstream_http_protocol_options: {options}
+    explicit_http_config: {{http_protocol_options: {{}}}}
+"#
+            ))
+        };
+        let auto =
+            typed("{auto_sni: true, auto_san_validation: true, override_auto_sni_header: x-sni}")
+                .unwrap()
+                .auto_sni
+                .expect("auto_sni");
+        assert_eq!(auto.header.as_ref().map(|h| h.as_str()), Some("x-sni"));
+        assert!(auto.san_validation);
+        assert_eq!(typed("{}").unwrap().auto_sni, None);
+        let alone = typed("{auto_san_validation: true}").unwrap_err();
+        assert!(
+            alone
+                .path
+                .ends_with("upstream_http_protocol_options.auto_san_validation")
+        );
+        let bad = typed("{auto_sni: true, override_auto_sni_header: \"a b\"}").unwrap_err();
+        assert!(
+            bad.path.ends_with(".override_auto_sni_header"),
+            "{}",
+            bad.path
+        );
+        let deprecated = compile("name: d\nupstream_http_protocol_options: {auto_sni: true}\n")
+            .unwrap()
+            .auto_sni
+            .expect("auto_sni from the deprecated field");
+        assert!(!deprecated.san_validation);
     }
 
     #[test]

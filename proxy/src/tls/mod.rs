@@ -248,8 +248,15 @@ impl ClientConfigs {
 
 impl ClientContext {
     /// Binds a compiled `UpstreamTlsContext` to the store's secrets; `None` when its
-    /// `tls_params` allow no version revoy has.
-    pub fn new(spec: &ClientTls, store: &SecretStore, stats: TlsStats) -> Option<Self> {
+    /// `tls_params` allow no version revoy has. With `auto_sni`, every connection sends the
+    /// server name it is opened with (see [`crate::upstream::Host`]), and with its
+    /// `san_validation` the server's certificate must be valid for that name.
+    pub fn new(
+        spec: &ClientTls,
+        store: &SecretStore,
+        stats: TlsStats,
+        auto_sni: Option<&crate::config::cluster::AutoSni>,
+    ) -> Option<Self> {
         let params = &spec.common.params;
         let validation = LiveValidation::bind(&spec.common.validation, store).map(Arc::new);
         let builder = rustls::ClientConfig::builder_with_provider(params.provider.clone())
@@ -258,6 +265,7 @@ impl ClientContext {
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verify::ServerVerifier {
                 validation: validation.clone(),
+                name_san: auto_sni.is_some_and(|a| a.san_validation),
                 checks: verify::Checks {
                     stats: stats.clone(),
                     provider: params.provider.clone(),
@@ -270,7 +278,7 @@ impl ClientContext {
         let mut config = builder
             .with_client_cert_resolver(Arc::new(certs::ClientCertificates(presented.clone())));
         config.alpn_protocols = spec.common.alpn.clone();
-        config.enable_sni = spec.sni.is_some();
+        config.enable_sni = spec.sni.is_some() || auto_sni.is_some();
         let sni = match &spec.sni {
             None => None,
             Some(name) => Some(ServerName::try_from(name.clone()).ok()?),

@@ -184,6 +184,24 @@ fn sans_match(v: &Validation, der: &CertificateDer<'_>) -> bool {
     })
 }
 
+/// Whether one of the certificate's SANs names `name` (a DNS SAN, wildcards included, for a
+/// host name; an IP SAN for an address), as Envoy checks `auto_san_validation`.
+fn names(der: &CertificateDer<'_>, name: &ServerName<'_>) -> bool {
+    let Ok(sans) = super::x509::subject_alt_names(der) else {
+        return false;
+    };
+    sans.iter().any(|san| match (san, name) {
+        (SubjectAltName::Dns(pattern), ServerName::DnsName(host)) => {
+            pattern.eq_ignore_ascii_case(host.as_ref())
+                || validation::wildcard_covers(pattern, host.as_ref())
+        }
+        (SubjectAltName::Ip(ip), ServerName::IpAddress(addr)) => {
+            *ip == std::net::IpAddr::from(*addr)
+        }
+        _ => false,
+    })
+}
+
 /// Whether the certificate's SHA-256 or its public key's is pinned.
 fn pins_match(v: &Validation, der: &CertificateDer<'_>) -> bool {
     let digest = |b: &[u8]| {
@@ -315,6 +333,9 @@ impl ClientCertVerifier for ClientVerifier {
 pub struct ServerVerifier {
     /// What server certificates are checked against (`None`: anything).
     pub validation: Option<Arc<LiveValidation>>,
+    /// `auto_san_validation`: the certificate must also carry a SAN for the server name the
+    /// connection was opened with (with or without a validation context, as Envoy).
+    pub name_san: bool,
     /// Signature checks, and where failures are counted.
     pub checks: Checks,
 }
@@ -324,19 +345,25 @@ impl ServerCertVerifier for ServerVerifier {
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
+        server_name: &ServerName<'_>,
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        let Some(live) = &self.validation else {
-            return Ok(ServerCertVerified::assertion());
-        };
-        let Some(v) = live.current() else {
-            return Err(refuse(&self.checks.stats, NOT_READY));
-        };
-        verify(&v, end_entity, intermediates, now, KeyUsage::server_auth())
-            .map(|()| ServerCertVerified::assertion())
-            .map_err(|r| refuse(&self.checks.stats, r))
+        if let Some(live) = &self.validation {
+            let Some(v) = live.current() else {
+                return Err(refuse(&self.checks.stats, NOT_READY));
+            };
+            verify(&v, end_entity, intermediates, now, KeyUsage::server_auth())
+                .map_err(|r| refuse(&self.checks.stats, r))?;
+        }
+        if self.name_san && !names(end_entity, server_name) {
+            let failure = (
+                VerifyFailure::San,
+                CertificateError::ApplicationVerificationFailure,
+            );
+            return Err(refuse(&self.checks.stats, failure));
+        }
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(

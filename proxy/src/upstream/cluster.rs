@@ -7,11 +7,13 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use http::{Request, Response};
+use rustls::pki_types::ServerName;
 use tokio::sync::Notify;
 
 use crate::body::Body;
 use crate::config::cluster::{
-    ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, UpstreamProtocol,
+    AutoSni, ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus,
+    UpstreamProtocol,
 };
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
@@ -77,7 +79,7 @@ impl Cluster {
                 Socket::Tls(spec) => {
                     let stats =
                         TlsStats::new(store, &format!("cluster.{}.", config.observability_name));
-                    match ClientContext::new(spec, secrets, stats) {
+                    match ClientContext::new(spec, secrets, stats, config.auto_sni.as_ref()) {
                         Some(ctx) => HostTransport::Tls(Arc::new(ctx)),
                         None => HostTransport::Refused(
                             "tls_params allow no TLS version revoy implements (1.2, 1.3)".into(),
@@ -365,6 +367,13 @@ impl Cluster {
         header_dst: Option<SocketAddr>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
+        let host = match (&self.config.auto_sni, &host.transport) {
+            (Some(auto), HostTransport::Tls(_)) => match request_server_name(&req, auto) {
+                Some(name) => host.named(name),
+                None => host,
+            },
+            _ => host,
+        };
         let limit = self.config.circuit_breakers[0].max_requests;
         if self.stats.upstream_rq_active().value() >= u64::from(limit) {
             self.stats.upstream_rq_pending_overflow().inc();
@@ -470,5 +479,31 @@ impl Drop for ActiveRequest<'_> {
     fn drop(&mut self) {
         self.host.stats.rq_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_rq_active().dec();
+    }
+}
+
+/// The server name an `auto_sni` cluster's connection for `req` is opened with: the host of
+/// the header `override_auto_sni_header` names when the request has it, else of its `Host`
+/// (its authority). An address is a name only to check the certificate against
+/// (`auto_san_validation`): no SNI is sent for one, as in Envoy, so without that check the
+/// context's own name stays.
+fn request_server_name(req: &Request<Body>, auto: &AutoSni) -> Option<ServerName<'static>> {
+    let value = auto
+        .header
+        .as_ref()
+        .and_then(|h| req.headers().get(h))
+        .or_else(|| req.headers().get(http::header::HOST))
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))?;
+    let authority: http::uri::Authority = value.parse().ok()?;
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    match host.parse::<std::net::IpAddr>() {
+        Ok(ip) if auto.san_validation => Some(ServerName::IpAddress(ip.into())),
+        Ok(_) => None,
+        Err(_) => ServerName::try_from(host.to_owned()).ok(),
     }
 }

@@ -2,7 +2,9 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use rustls::pki_types::ServerName;
 
 use crate::config::cluster::{HealthStatus, Locality};
 use crate::config::upstream_transport::Refusal;
@@ -94,12 +96,17 @@ pub struct Host {
     pub locality: Arc<Locality>,
     /// Health as configured / reported by EDS.
     pub health: HealthStatus,
-    /// Counters.
-    pub stats: HostStats,
+    /// Counters (shared with its [`Host::named`] twins).
+    pub stats: Arc<HostStats>,
     /// How connections to it are made: plaintext, TLS, or not at all.
     pub transport: HostTransport,
     /// Made at the first connection: most hosts of a large mesh are never connected to.
     pool: OnceLock<Box<Pool>>,
+    /// An `auto_sni` cluster's host as reached under each server name: the same host with a
+    /// pool of its own per name (made at the first request for the name).
+    named: OnceLock<Box<Mutex<Vec<Arc<Host>>>>>,
+    /// The server name its TLS connections send, for one of those twins.
+    pub server_name: Option<ServerName<'static>>,
 }
 
 impl Host {
@@ -119,10 +126,43 @@ impl Host {
             priority,
             locality,
             health,
-            stats: HostStats::default(),
+            stats: Arc::default(),
             transport: HostTransport::Plain,
             pool: OnceLock::new(),
+            named: OnceLock::new(),
+            server_name: None,
         }
+    }
+
+    /// This host as reached under the server name `name` (`auto_sni`): its stats, its own
+    /// pool. Retired with it.
+    pub(crate) fn named(&self, name: ServerName<'static>) -> Arc<Host> {
+        let mut twins = self
+            .named
+            .get_or_init(Box::default)
+            .lock()
+            .expect("named hosts");
+        if let Some(twin) = twins.iter().find(|t| t.server_name.as_ref() == Some(&name)) {
+            return twin.clone();
+        }
+        let twin = Arc::new(Host {
+            addr: self.addr,
+            hostname: self.hostname.clone(),
+            weight: self.weight,
+            priority: self.priority,
+            locality: self.locality.clone(),
+            health: self.health,
+            stats: self.stats.clone(),
+            transport: self.transport.clone(),
+            pool: OnceLock::new(),
+            named: OnceLock::new(),
+            server_name: Some(name),
+        });
+        if self.pool().is_retired() {
+            twin.retire();
+        }
+        twins.push(twin.clone());
+        twin
     }
 
     /// The same host, connected to over `transport`.
@@ -162,6 +202,11 @@ impl Host {
     /// racing with this call is retired too.)
     pub(crate) fn retire(&self) {
         self.pool().retire();
+        if let Some(twins) = self.named.get() {
+            for twin in twins.lock().expect("named hosts").iter() {
+                twin.retire();
+            }
+        }
     }
 
     /// Envoy's `health_flags` text.

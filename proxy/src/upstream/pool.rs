@@ -13,6 +13,7 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version};
 use hyper::client::conn::http2;
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::{TcpSocket, TcpStream};
 
 use crate::body::Body;
@@ -146,6 +147,11 @@ impl Pool {
         self.h2.store(None);
     }
 
+    /// Whether [`Pool::retire`] was called.
+    pub(crate) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn idle_http1(&self) -> usize {
         self.idle_h1.lock().expect("pool lock").len()
     }
@@ -205,8 +211,12 @@ pub(crate) async fn connect(
     let _ = stream.set_nodelay(true);
     let stream = match &host.transport {
         HostTransport::Tls(tls) => {
-            match tokio::time::timeout_at(deadline, handshake(tls, opts.carries, stream, addr))
-                .await
+            let name = host.server_name.clone();
+            match tokio::time::timeout_at(
+                deadline,
+                handshake(tls, opts.carries, stream, addr, name),
+            )
+            .await
             {
                 Ok(Ok(s)) => UpstreamIo::Tls(Box::new(s)),
                 Ok(Err(e)) => return Err(fail(e)),
@@ -230,15 +240,18 @@ pub(crate) async fn connect(
     ))
 }
 
-/// The TLS handshake on a connected socket, counted in the cluster's `ssl.*` stats.
+/// The TLS handshake on a connected socket, under `server_name` (else the context's), counted
+/// in the cluster's `ssl.*` stats.
 async fn handshake(
     tls: &ClientContext,
     carries: Carries,
     stream: TcpStream,
     addr: SocketAddr,
+    server_name: Option<ServerName<'static>>,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
     let connector = tokio_rustls::TlsConnector::from(tls.config(carries));
-    match connector.connect(tls.server_name(addr), stream).await {
+    let name = server_name.unwrap_or_else(|| tls.server_name(addr));
+    match connector.connect(name, stream).await {
         Ok(s) => {
             tls.stats.handshake_done(s.get_ref().1);
             Ok(s)

@@ -137,7 +137,7 @@ pub(crate) fn transport(
         )),
         (ControlPlane::Tcp(addr), Some((c, spec))) => {
             let stats = TlsStats::new(&shared.stats, &format!("cluster.{}.", c.observability_name));
-            let ctx = ClientContext::new(&spec, &shared.secrets, stats).ok_or_else(|| {
+            let ctx = ClientContext::new(&spec, &shared.secrets, stats, None).ok_or_else(|| {
                 format!(
                     "cluster '{}': tls_params allow no TLS version revoy implements",
                     c.name
