@@ -105,8 +105,9 @@ pub struct Host {
     /// An `auto_sni` cluster's host as reached under each server name: the same host with a
     /// pool of its own per name (made at the first request for the name).
     named: OnceLock<Box<Mutex<Vec<Arc<Host>>>>>,
-    /// The server name its TLS connections send, for one of those twins.
-    pub server_name: Option<ServerName<'static>>,
+    /// The server name its TLS connections send, for one of those twins (boxed: most hosts
+    /// have none).
+    pub server_name: Option<Box<ServerName<'static>>>,
 }
 
 impl Host {
@@ -142,7 +143,10 @@ impl Host {
             .get_or_init(Box::default)
             .lock()
             .expect("named hosts");
-        if let Some(twin) = twins.iter().find(|t| t.server_name.as_ref() == Some(&name)) {
+        if let Some(twin) = twins
+            .iter()
+            .find(|t| t.server_name.as_deref() == Some(&name))
+        {
             return twin.clone();
         }
         let twin = Arc::new(Host {
@@ -156,7 +160,7 @@ impl Host {
             transport: self.transport.clone(),
             pool: OnceLock::new(),
             named: OnceLock::new(),
-            server_name: Some(name),
+            server_name: Some(Box::new(name)),
         });
         if self.pool().is_retired() {
             twin.retire();

@@ -211,7 +211,7 @@ pub(crate) async fn connect(
     let _ = stream.set_nodelay(true);
     let stream = match &host.transport {
         HostTransport::Tls(tls) => {
-            let name = host.server_name.clone();
+            let name = host.server_name.as_deref().cloned();
             match tokio::time::timeout_at(
                 deadline,
                 handshake(tls, opts.carries, stream, addr, name),
