@@ -31,17 +31,24 @@ fn fixed(neg: bool, digits: &str, exp: i32) -> String {
     format!("{sign}{body}")
 }
 
+/// How both formats spell NaN, the infinities and zero.
+fn special(v: f64) -> Option<&'static str> {
+    if v.is_nan() {
+        Some("nan")
+    } else if v.is_infinite() {
+        Some(if v < 0.0 { "-inf" } else { "inf" })
+    } else if v == 0.0 {
+        Some("0")
+    } else {
+        None
+    }
+}
+
 /// `{fmt}`'s `{}` for a double: shortest round-trip digits, scientific from 1e16 or under
 /// 1e-4; `nan` and `inf` spelled so.
 pub fn shortest(v: f64) -> String {
-    if v.is_nan() {
-        return "nan".into();
-    }
-    if v.is_infinite() {
-        return if v < 0.0 { "-inf" } else { "inf" }.into();
-    }
-    if v == 0.0 {
-        return "0".into();
+    if let Some(special) = special(v) {
+        return special.into();
     }
     let (digits, exp) = shortest_parts(v);
     if !(-5..16).contains(&exp) {
@@ -53,14 +60,8 @@ pub fn shortest(v: f64) -> String {
 
 /// printf's `%.<precision>g`.
 pub fn general(v: f64, precision: usize) -> String {
-    if v.is_nan() {
-        return "nan".into();
-    }
-    if v.is_infinite() {
-        return if v < 0.0 { "-inf" } else { "inf" }.into();
-    }
-    if v == 0.0 {
-        return "0".into();
+    if let Some(special) = special(v) {
+        return special.into();
     }
     let p = precision.max(1);
     let s = format!("{:.*e}", p - 1, v.abs());
