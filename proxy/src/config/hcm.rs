@@ -182,6 +182,10 @@ pub struct HcmConfig {
     pub max_stream_duration: Option<std::time::Duration>,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
+    /// `tracing`: `None` when the connection manager does not trace.
+    pub tracing: Option<Arc<super::tracing::HcmTracing>>,
+    /// `request_id_extension`.
+    pub request_id: super::tracing::RequestIdConfig,
 }
 
 /// Records the connection manager's settings that revoy does not act on (none of them has a
@@ -197,12 +201,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
         warnings.skipped(
             "local_reply_config",
             "local reply mappers are not implemented by revoy; local replies keep Envoy's default bodies",
-        );
-    }
-    if hcm.tracing.is_some() {
-        warnings.skipped(
-            "tracing",
-            "tracing is not implemented by revoy; no spans are sent",
         );
     }
     if !hcm.access_log.is_empty() {
@@ -388,7 +386,18 @@ pub fn compile_hcm(
         .stream_idle_timeout
         .as_ref()
         .map_or(Some(Duration::from_secs(300)), duration);
+    let tracing = hcm
+        .tracing
+        .as_ref()
+        .map(|t| {
+            super::tracing::compile_hcm_tracing(ctx, t, false).map_err(|e| e.within("tracing"))
+        })
+        .transpose()?
+        .map(Arc::new);
+    let request_id = super::tracing::compile_request_id(hcm.request_id_extension.as_ref())?;
     Ok(HcmConfig {
+        tracing,
+        request_id,
         denied,
         stat_prefix: hcm.stat_prefix.clone(),
         codec: match hcm.codec_type {

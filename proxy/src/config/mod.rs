@@ -14,6 +14,7 @@ pub mod listener;
 pub mod route;
 pub mod tcp_proxy;
 pub mod tls;
+pub mod tracing;
 pub mod upstream_transport;
 
 use std::fmt;
