@@ -23,7 +23,7 @@ mod tracing {
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tracing::fakes;
+use tracing::{fakes, observe};
 
 /// The bootstrap: one listener whose connection manager traces with `tracing` (its
 /// `provider` included), routes `/ok` to the upstream, `/empty` to a cluster with no
@@ -99,63 +99,140 @@ async fn get(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dump_envoy_otel() {
-    let Some(envoy) = oracle::envoy_or_skip("dump") else {
-        return;
-    };
+/// Which proxy a run drives.
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    Envoy,
+    Revoy,
+}
+
+/// Runs the requests of the OpenTelemetry scenario through `which` with HCM `tracing`, and
+/// returns what the upstream and the collector saw, as comparable lines.
+async fn otel_run(which: Which, tracing: &str, requests: &[(&str, &str)]) -> Vec<String> {
     let (up, up_log) = fakes::http_server(200).await;
     let (col, col_log) = fakes::otlp_collector().await;
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = bootstrap(
-        admin,
-        listener,
-        up,
-        col,
-        true,
-        &otel_tracing("spawn_upstream_span: true,"),
-        "",
-    );
-    let _p = child::Proxy::envoy(&envoy, &yaml, 71, || {
-        std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok()
-    });
+    let yaml = bootstrap(admin, listener, up, col, true, tracing, "");
+    let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
+    let _p = match which {
+        Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 72, ready),
+        Which::Revoy => child::Proxy::start(&yaml, ready),
+    };
     let addr: SocketAddr = ([127, 0, 0, 1], listener).into();
-    println!("{:?}", get(addr, "/ok", "user-agent: ua\r\n").await);
-    println!(
-        "{:?}",
-        get(
-            addr,
-            "/decorated",
-            "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
-        )
-        .await
+    let mut out = Vec::new();
+    let mut labels = observe::Labels::default();
+    labels.keep = vec![JOIN_TRACE.into(), JOIN_SPAN.into()];
+    for (path, headers) in requests {
+        let before = col_log.lock().unwrap().len();
+        let ups = up_log.lock().unwrap().len();
+        let (status, body) = get(addr, path, headers).await;
+        out.push(format!("request {path} {headers:?} -> {status} {body:?}"));
+        // Each request's spans arrive one export per span (min_flush_spans 1).
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let n = col_log.lock().unwrap().len();
+            if std::time::Instant::now() > deadline
+                || (n > before && n == col_log.lock().unwrap().len() && {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    n == col_log.lock().unwrap().len()
+                })
+            {
+                break;
+            }
+        }
+        for s in up_log.lock().unwrap()[ups..].iter() {
+            let h = |n: &str| s.headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+            out.push(format!(
+                "upstream {} traceparent={:?} tracestate={:?} x-request-id={:?} decorator={:?}",
+                s.path,
+                h("traceparent").map(|v| observe::traceparent(&v, &mut labels)),
+                h("tracestate"),
+                h("x-request-id").map(|v| observe::request_id(&v)),
+                h("x-envoy-decorator-operation"),
+            ));
+        }
+        // Which of a request's spans finishes first is a race in both proxies: exports are
+        // compared in span-name order.
+        let mut exports = col_log.lock().unwrap()[before..].to_vec();
+        exports.sort_by_key(|e| {
+            e.resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .flat_map(|s| &s.spans)
+                .map(|s| s.name.clone())
+                .collect::<Vec<_>>()
+        });
+        out.extend(observe::otel_lines(&exports, &mut labels));
+    }
+    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let stats = tokio::task::spawn_blocking(move || {
+        http1::get(None, admin, "/stats?filter=tracing").unwrap().1
+    })
+    .await
+    .unwrap();
+    out.extend(
+        stats
+            .lines()
+            .filter(|l| !l.contains("timer_flushed"))
+            .map(str::to_owned),
     );
-    println!("{:?}", get(addr, "/nothing", "").await);
-    println!("{:?}", get(addr, "/empty", "").await);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut labels = tracing::observe::Labels::default();
-    labels.keep = vec![
-        "0af7651916cd43dd8448eb211c80319c".into(),
-        "b7ad6b7169203331".into(),
+    out
+}
+
+const JOIN_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const JOIN_SPAN: &str = "b7ad6b7169203331";
+
+fn compare(name: &str, envoy: &[String], revoy: &[String]) {
+    if envoy != revoy {
+        let mut report = format!("{name}: revoy differs from Envoy\n");
+        for i in 0..envoy.len().max(revoy.len()) {
+            let (e, r) = (envoy.get(i), revoy.get(i));
+            let mark = if e == r { " " } else { "!" };
+            report.push_str(&format!(
+                "{mark} envoy: {}\n{mark} revoy: {}\n",
+                e.map_or("<none>", |s| s),
+                r.map_or("<none>", |s| s)
+            ));
+        }
+        panic!("{report}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opentelemetry_spans_match_envoy() {
+    if oracle::envoy_or_skip("opentelemetry_spans_match_envoy").is_none() {
+        return;
+    }
+    let join = format!("traceparent: 00-{JOIN_TRACE}-{JOIN_SPAN}-01\r\ntracestate: k=v\r\n");
+    let requests = [
+        ("/ok", "user-agent: ua\r\n"),
+        ("/decorated", join.as_str()),
+        ("/nothing", ""),
+        ("/empty", ""),
+        ("/ok", "x-client-trace-id: abc\r\n"),
     ];
-    for s in up_log.lock().unwrap().iter() {
-        let tp = s
-            .headers
-            .get("traceparent")
-            .map(|v| tracing::observe::traceparent(v.to_str().unwrap(), &mut labels));
-        println!(
-            "UP {} tp={tp:?} ts={:?} rid={:?} headers={:?}",
-            s.path,
-            s.headers.get("tracestate"),
-            s.headers
-                .get("x-request-id")
-                .map(|v| tracing::observe::request_id(v.to_str().unwrap())),
-            s.headers.keys().collect::<Vec<_>>()
-        );
+    for (name, tracing) in [
+        (
+            "spawn_upstream_span",
+            otel_tracing(
+                "spawn_upstream_span: true, custom_tags: [{tag: lit, literal: {value: one}}, {tag: hdr, request_header: {name: user-agent, default_value: none}}],",
+            ),
+        ),
+        ("one span per request", otel_tracing("")),
+        (
+            "random sampling 0",
+            otel_tracing("random_sampling: {value: 0},")
+                .replace("{random_sampling: {value: 100}, ", "{"),
+        ),
+    ] {
+        let envoy = otel_run(Which::Envoy, &tracing, &requests).await;
+        let revoy = otel_run(Which::Revoy, &tracing, &requests).await;
+        if std::env::var_os("REVOY_TRACE_VERBOSE").is_some() {
+            for l in &envoy {
+                println!("E {l}");
+            }
+        }
+        compare(name, &envoy, &revoy);
     }
-    for l in tracing::observe::otel_lines(&col_log.lock().unwrap(), &mut labels) {
-        println!("{l}");
-    }
-    let stats = get(([127, 0, 0, 1], admin).into(), "/stats?filter=tracing", "").await;
-    println!("{}", stats.1);
 }

@@ -34,6 +34,8 @@ pub struct LocalFailure {
     /// The cluster's `max_requests` breaker was full: Envoy marks the answer
     /// `x-envoy-overloaded: true`.
     pub overloaded: bool,
+    /// Envoy's response flag for it (spans' `response_flags`).
+    pub flag: &'static str,
 }
 
 impl LocalFailure {
@@ -43,6 +45,7 @@ impl LocalFailure {
             status: StatusCode::GATEWAY_TIMEOUT,
             body: UPSTREAM_TIMEOUT.to_owned(),
             overloaded: false,
+            flag: "UT",
         }
     }
 
@@ -59,6 +62,7 @@ impl LocalFailure {
             status: e.local_reply_status(),
             body,
             overloaded: matches!(e, UpstreamError::Overflow),
+            flag: e.response_flag(),
         }
     }
 }

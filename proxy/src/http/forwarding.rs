@@ -114,6 +114,12 @@ fn local_machine_address(v4: bool) -> Option<IpAddr> {
     if v4 { *a4 } else { *a6 }
 }
 
+/// The machine's address (`--local-address-ip-version` picks the family), as Envoy's local
+/// info reports it.
+pub fn machine_address() -> Option<IpAddr> {
+    local_machine_address(!LOCAL_ADDRESS_V6.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 /// `--local-address-ip-version v6`: the local address appended for loopback peers is IPv6.
 pub static LOCAL_ADDRESS_V6: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);

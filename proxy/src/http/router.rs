@@ -16,6 +16,7 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
+use super::trace::{self, RequestTrace};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort, Underscores};
@@ -62,7 +63,8 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
-        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded).await;
+        let mut trace = None;
+        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, &mut trace).await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -72,8 +74,15 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         }
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
+        let id = match trace.as_ref().and_then(|t| t.request_id.clone()) {
+            Some(packed) if id.is_some() => Some(packed),
+            _ => id,
+        };
         if let Some(id) = id {
             resp.headers_mut().insert(&X_REQUEST_ID, id);
+        }
+        if let Some(t) = trace {
+            t.respond(&mut resp);
         }
         resp
     };
@@ -122,6 +131,7 @@ async fn route_and_forward(
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
     forwarded: &mut bool,
+    trace: &mut Option<RequestTrace>,
 ) -> Response<Body> {
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
@@ -173,7 +183,29 @@ async fn route_and_forward(
         Routes::Static(t) => Some(t.clone()),
         Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
     };
+    let protocol = match req.version() {
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2",
+        _ => "HTTP/1.1",
+    };
     let Some(table) = table else {
+        let host = authority(&req);
+        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+        let seen = trace::Seen {
+            host: &host,
+            path,
+            method: req.method().as_str(),
+            protocol,
+            scheme: if ctx.down.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+        };
+        *trace = RequestTrace::begin(ctx, None, req.headers(), &seen);
+        if let Some(t) = trace {
+            t.local_flag("NR");
+        }
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let mut host_full = authority(&req);
@@ -232,9 +264,22 @@ async fn route_and_forward(
     let mut route_req = RouteRequest::new(&method, &host_full, &path, &route_headers);
     route_req.https = https;
     route_req.random_value = random_value;
+    let scheme = if https { "https" } else { "http" };
+    let seen = trace::Seen {
+        host: &host_full,
+        path: &path,
+        method: method.as_str(),
+        protocol,
+        scheme,
+    };
     let Some(selected) = table.select(&route_req) else {
+        *trace = RequestTrace::begin(ctx, None, &route_headers, &seen);
+        if let Some(t) = trace {
+            t.local_flag("NR");
+        }
         return local_reply(StatusCode::NOT_FOUND, "");
     };
+    *trace = RequestTrace::begin(ctx, Some(selected.route), &route_headers, &seen);
     if let Some(upgrade_type) = upgrade_type {
         let route_upgrades = match &selected.route.action {
             Action::Forward(fwd) => fwd.upgrades(),
@@ -248,18 +293,13 @@ async fn route_and_forward(
     // Held until the request ends, or moved into its tunnel.
     let active_upgrade = upgrade_type.map(|_| ctx.hcm.stats.upgrade());
     let route_req = route_req;
-    let protocol = match req.version() {
-        http::Version::HTTP_10 => "HTTP/1.0",
-        http::Version::HTTP_2 => "HTTP/2",
-        _ => "HTTP/1.1",
-    };
     let fmt = FormatContext {
         downstream_remote: Some(ctx.down.peer),
         downstream_direct_remote: Some(ctx.down.peer),
         downstream_local: Some(ctx.local),
         protocol: Some(protocol),
         request_method: Some(method.as_str()),
-        request_scheme: Some(if https { "https" } else { "http" }),
+        request_scheme: Some(scheme),
         request_authority: Some(&host_full),
         request_path: Some(&path),
         start_time: Some(std::time::SystemTime::now()),
@@ -321,6 +361,9 @@ async fn route_and_forward(
             let cluster_name = picked.name;
             let weighted = picked.weighted;
             let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
+                if let Some(t) = trace {
+                    t.local_flag("NC");
+                }
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
             let new_path = selected.rewritten_path(&route_req);
@@ -359,6 +402,9 @@ async fn route_and_forward(
             }
             if let Some(u) = &upgrade {
                 forwarding::set_upgrade(req.headers_mut(), u);
+            }
+            if let Some(t) = trace {
+                t.forward(req.headers_mut(), &cluster_name);
             }
             if new_host.is_some()
                 && !cfg.suppress_envoy_headers
@@ -405,7 +451,7 @@ async fn route_and_forward(
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
-                report_host: response_rules,
+                report_host: response_rules || trace.is_some(),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
@@ -442,6 +488,12 @@ async fn route_and_forward(
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
             let (parts, downstream_body) = req.into_parts();
+            let downstream_body = match trace {
+                Some(t) if !http_body::Body::is_end_stream(&downstream_body) => {
+                    t.count_request(downstream_body)
+                }
+                _ => downstream_body,
+            };
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
@@ -493,6 +545,18 @@ async fn route_and_forward(
                 }
                 None => exchange.run(parts, body).await,
             };
+            if let Some(t) = trace {
+                match &outcome {
+                    Outcome::Local(f) => t.upstream_done(None, None, f.flag),
+                    Outcome::NotSent(f) => t.local_flag(f.flag),
+                    Outcome::DownstreamBodyFailed => t.upstream_done(None, None, "DPE"),
+                    Outcome::Response(r) => t.upstream_done(
+                        r.extensions().get::<UpstreamHost>().map(|h| h.0),
+                        Some(r.status().as_u16()),
+                        "-",
+                    ),
+                }
+            }
             let mut resp = match outcome {
                 Outcome::Local(failure) => failure_reply(&failure, cfg.suppress_envoy_headers),
                 Outcome::NotSent(failure) => {

@@ -69,12 +69,17 @@ pub fn otel_lines(exports: &[ExportTraceServiceRequest], labels: &mut Labels) ->
     let mut out = Vec::new();
     for e in exports {
         for rs in &e.resource_spans {
-            let resource: Vec<String> = rs
+            // Envoy lists these in hash order; the SDK version names the build.
+            let mut resource: Vec<String> = rs
                 .resource
                 .iter()
                 .flat_map(|r| &r.attributes)
-                .map(attribute)
+                .map(|kv| match kv.key.as_str() {
+                    "telemetry.sdk.version" => "telemetry.sdk.version=<build>".to_owned(),
+                    _ => attribute(kv),
+                })
                 .collect();
+            resource.sort();
             out.push(format!(
                 "resource {} schema={:?}",
                 resource.join(" "),
@@ -82,7 +87,11 @@ pub fn otel_lines(exports: &[ExportTraceServiceRequest], labels: &mut Labels) ->
             ));
             for ss in &rs.scope_spans {
                 if let Some(s) = &ss.scope {
-                    out.push(format!("scope {:?} {:?}", s.name, s.version));
+                    out.push(format!(
+                        "scope {:?} version={}",
+                        s.name,
+                        !s.version.is_empty()
+                    ));
                 }
                 for s in &ss.spans {
                     let trace = labels.of("T", &hex(&s.trace_id));

@@ -1,0 +1,123 @@
+//! `envoy.tracers.zipkin` with `collector_endpoint_version: HTTP_JSON`: spans as Zipkin v2
+//! JSON, posted over HTTP/1.1 to a host of the collector cluster.
+
+use std::time::UNIX_EPOCH;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Map, Value, json};
+
+use super::context::b3_trace_hex;
+use super::span::{Kind, Span};
+use crate::config::tracing::ZipkinProvider;
+use crate::upstream::ClusterManager;
+
+fn micros(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// One span as Zipkin v2 JSON; `local` names the proxy (`localEndpoint`).
+pub fn encode_span(s: &Span, local: &Value) -> Value {
+    let mut o = Map::new();
+    o.insert(
+        "traceId".into(),
+        json!(b3_trace_hex(s.trace_id, s.trace_id_128)),
+    );
+    o.insert("id".into(), json!(format!("{:016x}", s.span_id)));
+    if let Some(p) = s.parent_id {
+        o.insert("parentId".into(), json!(format!("{p:016x}")));
+    }
+    o.insert(
+        "kind".into(),
+        json!(match s.kind {
+            Kind::Server => "SERVER",
+            Kind::Client => "CLIENT",
+        }),
+    );
+    o.insert("name".into(), json!(s.name));
+    o.insert("timestamp".into(), json!(micros(s.start)));
+    o.insert(
+        "duration".into(),
+        json!(micros(s.end).saturating_sub(micros(s.start)).max(1)),
+    );
+    o.insert("localEndpoint".into(), local.clone());
+    let tags: Map<String, Value> = s.tags.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
+    o.insert("tags".into(), Value::Object(tags));
+    if s.shared {
+        o.insert("shared".into(), json!(true));
+    }
+    Value::Object(o)
+}
+
+/// The Zipkin client of one tracer.
+pub struct Client {
+    provider: ZipkinProvider,
+    local: Value,
+}
+
+impl Client {
+    /// A client for `provider`, describing the proxy as `local`.
+    pub fn new(provider: ZipkinProvider, local: &super::LocalInfo) -> Client {
+        let mut endpoint = Map::new();
+        endpoint.insert("serviceName".into(), json!(local.cluster));
+        if let Some(ip) = local.address {
+            let key = if ip.is_ipv4() { "ipv4" } else { "ipv6" };
+            endpoint.insert(key.into(), json!(ip.to_string()));
+        }
+        Client {
+            provider,
+            local: Value::Object(endpoint),
+        }
+    }
+
+    /// Posts `spans` in one request; `Err` says why it failed.
+    pub async fn export(
+        &mut self,
+        clusters: &ClusterManager,
+        spans: &[Span],
+    ) -> Result<(), String> {
+        let cluster = clusters
+            .get(&self.provider.cluster)
+            .ok_or_else(|| format!("unknown cluster '{}'", self.provider.cluster))?;
+        let host = cluster
+            .host_set()
+            .hosts()
+            .iter()
+            .find(|h| h.is_healthy())
+            .map(|h| h.addr)
+            .ok_or("no healthy upstream")?;
+        let body: Vec<Value> = spans.iter().map(|s| encode_span(s, &self.local)).collect();
+        let body = serde_json::to_vec(&body).map_err(|e| e.to_string())?;
+        let tcp = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio::net::TcpStream::connect(host),
+        )
+        .await
+        .map_err(|_| "connect timeout".to_owned())?
+        .map_err(|e| e.to_string())?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        let req = http::Request::post(self.provider.endpoint.as_str())
+            .header(http::header::HOST, self.provider.hostname.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let exchange = async {
+            let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status();
+            let _ = resp.into_body().collect().await;
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(format!("collector answered {status}"))
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
+            .await
+            .map_err(|_| "request timeout".to_owned())?
+    }
+}
