@@ -236,3 +236,55 @@ async fn opentelemetry_spans_match_envoy() {
         compare(name, &envoy, &revoy);
     }
 }
+
+/// A collector that is not there costs counters, not requests: every request still succeeds
+/// and the failed exports are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_does_not_fail_or_stall_requests() {
+    let (up, _) = fakes::http_server(200).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (admin, listener) = (ports::free_port(), ports::free_port());
+    let yaml = bootstrap(admin, listener, up, dead, true, &otel_tracing(""), "");
+    let _p = child::Proxy::start(&yaml, || {
+        std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok()
+    });
+    let addr: SocketAddr = ([127, 0, 0, 1], listener).into();
+    for _ in 0..40 {
+        assert_eq!(get(addr, "/ok", "").await.0, 200);
+    }
+    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let failures =
+        "cluster.collector.grpc.opentelemetry.proto.collector.trace.v1.TraceService.Export.failure";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = tokio::task::spawn_blocking(move || {
+            http1::get(None, admin, "/stats?filter=tracing|grpc")
+                .unwrap()
+                .1
+        })
+        .await
+        .unwrap();
+        let value = |name: &str| {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if value(failures).unwrap_or(0) > 0 {
+            assert_eq!(
+                value("tracing.opentelemetry.spans_sent"),
+                Some(40),
+                "{stats}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed export counted: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
