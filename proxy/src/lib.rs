@@ -2,6 +2,7 @@
 //!
 //! See ARCHITECTURE.md at the repository root for how the modules fit together.
 
+pub mod access_log;
 pub mod admin;
 pub mod apply;
 pub mod body;

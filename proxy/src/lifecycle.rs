@@ -26,6 +26,9 @@ pub struct Lifecycle {
     /// Health-check failure and listener drains, which tell connections to close.
     pub drain: Drain,
     state: Mutex<ServerState>,
+    /// Start-up parts not finished yet (Envoy's init targets): the server is LIVE after the
+    /// last.
+    starting: Mutex<usize>,
     /// `server.state`.
     state_gauge: Gauge,
     /// `server.live`: 1 while LIVE and passing health checks.
@@ -39,6 +42,7 @@ impl Lifecycle {
         let lifecycle = Lifecycle {
             drain,
             state: Mutex::new(ServerState::PreInitializing),
+            starting: Mutex::new(0),
             state_gauge: stats.gauge("server.state"),
             live_gauge: stats.gauge("server.live"),
             quit: Mutex::new(None),
@@ -51,6 +55,22 @@ impl Lifecycle {
     pub fn set_state(&self, s: ServerState) {
         *self.state.lock().expect("server state") = s;
         self.publish();
+    }
+
+    /// Start-up waits for one more part (the static listeners' secrets, the initial xDS
+    /// configuration) before the server is LIVE.
+    pub fn await_part(&self) {
+        *self.starting.lock().expect("start-up parts") += 1;
+    }
+
+    /// A start-up part finished; after the last the server is LIVE.
+    pub fn part_done(&self) {
+        let mut starting = self.starting.lock().expect("start-up parts");
+        *starting = starting.saturating_sub(1);
+        if *starting == 0 {
+            self.set_state(ServerState::Live);
+            tracing::info!("start-up finished; revoy is live");
+        }
     }
 
     /// The state `/ready`, `/server_info` and `server.state` report: DRAINING while health

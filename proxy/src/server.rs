@@ -51,7 +51,20 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         options.local_address_ip_version == "v6",
         std::sync::atomic::Ordering::Relaxed,
     );
+    let flush = crate::access_log::file::FlushPolicy {
+        interval: options
+            .file_flush_interval_msec
+            .filter(|ms| *ms > 0)
+            .map_or(
+                std::time::Duration::from_secs(10),
+                std::time::Duration::from_millis,
+            ),
+        min_size: options
+            .file_flush_min_size_kb
+            .map_or(64 * 1024, |kb| kb as usize * 1024),
+    };
     let shared = Arc::new(build_shared(bootstrap, options));
+    crate::access_log::file::init(flush, &shared.stats);
     shared.lifecycle.set_state(ServerState::Initializing);
     shared
         .applier
@@ -102,6 +115,17 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             })?;
         crate::admin::spawn(std_listener, shared.clone());
     }
+    // SIGUSR1 reopens the access log files, as in Envoy.
+    runtimes[0].spawn(async {
+        let Ok(mut usr1) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        else {
+            return;
+        };
+        while usr1.recv().await.is_some() {
+            crate::access_log::file::reopen_all();
+        }
+    });
     let signal_tx = quit_tx;
     runtimes[0].spawn(async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -121,31 +145,26 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     stats.gauge("listener_manager.workers_started").set(1);
     stats.gauge("server.concurrency").set(workers as u64);
     let warming: Vec<_> = warming.into_iter().cloned().collect();
-    let static_warming = !warming.is_empty();
-    match crate::xds::start(&shared) {
-        Ok(true) => {
-            warm_static_listeners(&shared, warming, false);
-            tracing::info!(
-                workers,
-                "static listeners started; waiting for the initial xDS configuration"
-            )
-        }
-        Ok(false)
-            if static_warming || !crate::xds::sds::static_cluster_secrets(&shared).is_empty() =>
-        {
-            warm_static_listeners(&shared, warming, true);
-            tracing::info!(
-                workers,
-                "listeners started but those waiting for SDS secrets; revoy is live once the static listeners' and clusters' secrets are in"
-            );
-        }
-        Ok(false) => {
-            shared.lifecycle.set_state(ServerState::Live);
-            tracing::info!(workers, "all listeners started; revoy is live");
-        }
-        Err(e) => {
-            return Err(StartError::Listener(format!("dynamic_resources: {e}")));
-        }
+    // LIVE once the static listeners' and clusters' secrets and, with `dynamic_resources`,
+    // the initial xDS configuration are in, as after Envoy's init manager.
+    shared.lifecycle.await_part();
+    if shared.bootstrap.dynamic.is_some() {
+        shared.lifecycle.await_part();
+    }
+    if let Err(e) = crate::xds::start(&shared) {
+        return Err(StartError::Listener(format!("dynamic_resources: {e}")));
+    }
+    let static_secrets =
+        !warming.is_empty() || !crate::xds::sds::static_cluster_secrets(&shared).is_empty();
+    if static_secrets {
+        warm_static_listeners(&shared, warming);
+        tracing::info!(
+            workers,
+            "listeners started but those waiting for SDS secrets"
+        );
+    } else {
+        shared.lifecycle.part_done();
+        tracing::info!(workers, "static listeners started");
     }
     crate::memory::now_serving();
     let code = quit_rx.recv().unwrap_or(0);
@@ -168,12 +187,11 @@ fn static_secrets_ready(
 }
 
 /// Binds each static listener in `warming` once its secrets have arrived or the shortest
-/// `initial_fetch_timeout` among them passed; with `then_live`, the server turns LIVE after
-/// the last one (a bootstrap without `dynamic_resources`).
+/// `initial_fetch_timeout` among them passed, then waits for the static clusters' secrets:
+/// one start-up part.
 fn warm_static_listeners(
     shared: &Arc<crate::shared::Shared>,
     warming: Vec<crate::config::listener::ListenerConfig>,
-    then_live: bool,
 ) {
     let shared = shared.clone();
     std::thread::Builder::new()
@@ -217,13 +235,10 @@ fn warm_static_listeners(
                         tracing::error!(listener = %name, error = %e, "a warmed static listener could not be started");
                     }
                 }
-                if then_live {
-                    // As Envoy's initialization, LIVE waits for the static clusters' secrets too.
-                    let clusters = crate::xds::sds::static_cluster_secrets(&shared);
-                    crate::xds::sds::secrets_arrived(&shared, &clusters).await;
-                    shared.lifecycle.set_state(ServerState::Live);
-                    tracing::info!("the static listeners' and clusters' secrets arrived; revoy is live");
-                }
+                let clusters = crate::xds::sds::static_cluster_secrets(&shared);
+                crate::xds::sds::secrets_arrived(&shared, &clusters).await;
+                shared.lifecycle.part_done();
+                tracing::info!("the static listeners' and clusters' secrets arrived");
             });
         })
         .map_err(|e| tracing::error!(error = %e, "cannot start the warming thread"))

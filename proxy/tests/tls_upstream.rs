@@ -4,7 +4,9 @@
 //! what revoy sent, and that revoy refuses every server certificate its validation context
 //! does not accept (a 503 naming the TLS failure, and the `ssl.fail_verify_*` counter Envoy
 //! keeps for it). Plus `tcp_proxy` to a TLS upstream and `transport_socket_matches` (Istio's
-//! `tlsMode: istio` shape).
+//! `tlsMode: istio` shape). And an upstream that never answers the handshake: the
+//! cluster's `connect_timeout` covers TCP connect and handshake together, as in Envoy (compared
+//! with Envoy 1.40).
 
 #[path = "support/certs.rs"]
 mod certs;
@@ -12,8 +14,12 @@ mod certs;
 mod child;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -434,4 +440,68 @@ static_resources:
         bodies,
         ["plaintext", "sni=backend.test;alpn=none;client=none"]
     );
+}
+
+/// A TCP server that accepts connections and never says a word (a TLS server that hangs in the
+/// handshake); it keeps them open until the test process exits.
+fn silent_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for tcp in listener.incoming().flatten() {
+            held.push(tcp);
+        }
+    });
+    port
+}
+
+/// A handshake that never completes ends at the cluster's `connect_timeout`, which counts it
+/// as a connect timeout (a connect failure, no TLS error), and answers 503 as Envoy does.
+#[test]
+fn a_stalled_handshake_is_a_connect_timeout_like_envoys() {
+    let Some(envoy) = oracle::envoy_or_skip("a_stalled_handshake_is_a_connect_timeout_like_envoys")
+    else {
+        return;
+    };
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local").write_root_to(dir.path(), "ca");
+    let upstream = silent_upstream();
+    let counters = [
+        "cluster.stalled.upstream_cx_connect_timeout",
+        "cluster.stalled.upstream_cx_connect_fail",
+        "cluster.stalled.ssl.connection_error",
+        "cluster.stalled.ssl.handshake",
+    ];
+    let mut seen = Vec::new();
+    for envoy in [Some(&envoy), None] {
+        let (admin, port) = (free_port(), free_port());
+        let yaml = bootstrap(
+            admin,
+            &[(
+                "stalled",
+                port,
+                upstream,
+                context("backend.test", &ca, "", ""),
+            )],
+        )
+        .replace("connect_timeout: 2s", "connect_timeout: 0.5s");
+        let ready = || {
+            http1::get(None, ([127, 0, 0, 1], admin).into(), "/ready").is_ok_and(|(s, _)| s == 200)
+        };
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, admin, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let (status, body) = get(port);
+        let counted: Vec<u64> = counters.iter().map(|c| stat(admin, c)).collect();
+        seen.push((status, body, counted));
+    }
+    let (envoy, revoy) = (&seen[0], &seen[1]);
+    assert_eq!(
+        revoy, envoy,
+        "revoy (left) and Envoy (right) differ; counters {counters:?}"
+    );
+    assert_eq!(revoy.0, 503);
+    assert_eq!(revoy.2[0], 1, "one connect timeout");
 }

@@ -325,7 +325,11 @@ async fn tcp_front(proxy: TcpProxy, cm: ClusterManager) -> SocketAddr {
 async fn tcp_proxy_echoes_and_passes_half_close() {
     let echo = echo_server().await;
     let (cm, store) = manager(&static_cluster("echo", "", echo));
-    let cfg = compile_tcp_proxy(&decode("stat_prefix: t\ncluster: echo\n")).unwrap();
+    let cfg = compile_tcp_proxy(
+        &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
+        &decode("stat_prefix: t\ncluster: echo\n"),
+    )
+    .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
     let mut client = TcpStream::connect(front).await.unwrap();
     client.write_all(b"hello").await.unwrap();
@@ -353,9 +357,10 @@ async fn tcp_proxy_idle_timeout_closes_both_sides() {
         s.read(&mut buf).await.unwrap()
     });
     let (cm, store) = manager(&static_cluster("silent", "", silent_addr));
-    let cfg = compile_tcp_proxy(&decode(
-        "stat_prefix: idle\ncluster: silent\nidle_timeout: 0.2s\n",
-    ))
+    let cfg = compile_tcp_proxy(
+        &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
+        &decode("stat_prefix: idle\ncluster: silent\nidle_timeout: 0.2s\n"),
+    )
     .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
     let mut client = TcpStream::connect(front).await.unwrap();
@@ -377,7 +382,11 @@ async fn tcp_proxy_idle_timeout_closes_both_sides() {
 async fn tcp_proxy_unknown_cluster_counts_no_route() {
     let store = Store::new();
     let cm = ClusterManager::new(store.clone(), Default::default());
-    let cfg = compile_tcp_proxy(&decode("stat_prefix: nr\ncluster: missing\n")).unwrap();
+    let cfg = compile_tcp_proxy(
+        &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
+        &decode("stat_prefix: nr\ncluster: missing\n"),
+    )
+    .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
     let mut client = TcpStream::connect(front).await.unwrap();
     let mut buf = [0u8; 1];

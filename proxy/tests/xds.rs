@@ -883,7 +883,8 @@ fn rds_and_eds_subscriptions_have_envoys_stats() {
         plane.verdict(ROUTE_TYPE_URL, "2"),
         Verdict::Nack(_)
     ));
-    assert_eq!(stat(admin, "http.main.rds.routes.update_attempt"), Some(2));
+    // Envoy counts the subscription's start as an attempt, then one per response.
+    assert_eq!(stat(admin, "http.main.rds.routes.update_attempt"), Some(3));
     assert_eq!(stat(admin, "http.main.rds.routes.update_success"), Some(1));
     assert_eq!(stat(admin, "http.main.rds.routes.update_rejected"), Some(1));
     assert_eq!(stat(admin, "cluster.svc.update_success"), Some(1));

@@ -346,8 +346,18 @@ struct Step {
     pushed: &'static [&'static str],
     requests: &'static [(&'static str, &'static str)],
     /// Known differences: (field, Envoy's value, revoy's value), each checked to still hold.
+    /// A field ending in `*` stands for every field it begins (its value: `suffix=value`
+    /// pairs, space-separated, "" when none); one beginning with [`DELTA_ONLY`] applies to the
+    /// Delta run only.
     known: &'static [(&'static str, &'static str, &'static str)],
+    /// Fields (by prefix) whose value at this step depends on when a timer fires against the
+    /// observation: left out of this step's comparison (an `update_attempt` among them is
+    /// compared at the next step, from its value before this one).
+    unsettled: &'static [&'static str],
 }
+
+/// Marks a known difference of the Delta run only.
+const DELTA_ONLY: &str = "delta: ";
 
 /// The script; `a` and `b` are the echo upstreams' ports.
 fn script(a: u16, b: u16) -> Vec<Step> {
@@ -422,6 +432,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS, EDS, LDS, RDS],
             requests: MAIN,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "RDS change",
@@ -435,6 +446,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[RDS],
             requests: MAIN,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "EDS change",
@@ -448,6 +460,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[EDS, RDS],
             requests: MAIN,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a listener with a bad regex beside good ones",
@@ -463,6 +476,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[LDS],
             requests: BOTH,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a cluster with an invalid field beside a new valid one",
@@ -482,11 +496,24 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             // protoc-gen-validate rules, here `connect_timeout` > 0) makes Envoy reject the
             // whole response, valid resources included, naming none; revoy rejects only that
             // resource (naming it) and applies the others, as it does for every rejection.
-            known: &[(
-                "config_dump dynamic_active_clusters",
-                "other svc",
-                "fresh other svc",
-            )],
+            // The stats follow: revoy has the new cluster's, and over Delta (where Envoy counts
+            // an attempt before applying an update and another for its rejection, but none
+            // before decoding) the rejection costs revoy's CDS one attempt more.
+            known: &[
+                (
+                    "config_dump dynamic_active_clusters",
+                    "other svc",
+                    "fresh other svc",
+                ),
+                (
+                    "stat cluster.fresh.*",
+                    "",
+                    "update_attempt=+0 update_empty=0 update_failure=0 update_no_rebuild=0 \
+                     update_success=0 version=0",
+                ),
+                ("delta: stat cluster_manager.cds.update_attempt", "+1", "+2"),
+            ],
+            unsettled: &[],
         },
         Step {
             what: "a cluster rejected by name beside a new valid one",
@@ -503,6 +530,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS],
             requests: BOTH,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a route configuration with a bad regex",
@@ -520,6 +548,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS, RDS],
             requests: BOTH,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a cluster removal",
@@ -533,6 +562,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS, RDS],
             requests: BOTH,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a listener removal",
@@ -540,6 +570,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[LDS],
             requests: BOTH,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "duplicate-address listeners",
@@ -554,6 +585,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[LDS],
             requests: MAIN,
             known: &[],
+            unsettled: &[],
         },
         Step {
             what: "a listener whose route configuration does not come (yet)",
@@ -567,6 +599,9 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[LDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
+            // `waiting`'s RDS initial_fetch_timeout (1 s) may fire before or after this step's
+            // observation, in either proxy.
+            unsettled: &["stat http.waiting.rds.missing."],
         },
         Step {
             // Envoy answers this CDS response only once `cold` is warm: after its EDS
@@ -583,6 +618,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
+            unsettled: &[],
         },
         Step {
             // SotW sends the new cluster's assignment alone once the clients ask for it.
@@ -600,6 +636,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[CDS, EDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
+            unsettled: &[],
         },
         Step {
             // SotW sends svc2's assignment alone: both clients keep svc's (`/svc` still
@@ -618,6 +655,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[EDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
+            unsettled: &[],
         },
     ]
 }
@@ -718,7 +756,80 @@ async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, Str
             obs.insert("config_dump dynamic_route_configs".into(), names);
         }
     }
+    let (_, stats) = side.admin("/stats").await;
+    obs.extend(subscription_stats(&stats));
     obs
+}
+
+/// The stats of the xDS subscriptions (`cluster_manager.cds.*`, `listener_manager.lds.*`,
+/// `http.<prefix>.rds.<name>.*`, each EDS cluster's `cluster.<name>.update_*`) from a `/stats`
+/// text, by name. Left out: the wall-clock gauges (`update_time`, `config_reload_time_ms`), the
+/// `update_duration` histogram and the `version_text` text readout.
+fn subscription_stats(stats: &str) -> BTreeMap<String, String> {
+    const SUBSCRIPTION: [&str; 9] = [
+        "update_attempt",
+        "update_success",
+        "update_rejected",
+        "update_failure",
+        "update_empty",
+        "update_no_rebuild",
+        "init_fetch_timeout",
+        "config_reload",
+        "version",
+    ];
+    stats
+        .lines()
+        .filter_map(|line| line.split_once(": "))
+        .filter(|(name, _)| {
+            let (scope, stat) = name.rsplit_once('.').unwrap_or(("", name));
+            let subscription = scope == "cluster_manager.cds"
+                || scope == "listener_manager.lds"
+                || (scope.starts_with("http.") && scope.contains(".rds."))
+                || (scope.starts_with("cluster.") && stat.starts_with("update_"))
+                || (scope.starts_with("cluster.")
+                    && matches!(stat, "version" | "init_fetch_timeout")
+                    && !scope.starts_with("cluster.xds"));
+            subscription && SUBSCRIPTION.contains(&stat)
+        })
+        .map(|(name, value)| (format!("stat {name}"), value.to_owned()))
+        .collect()
+}
+
+/// Replaces each `update_attempt` stat of `seen` by its growth since `previous` (`+N`; a new
+/// stat grows from 0), and remembers the values in `previous`: a difference in one step then
+/// shows in that step alone.
+fn attempts_per_step(seen: &mut BTreeMap<String, String>, previous: &mut BTreeMap<String, u64>) {
+    let mut now = BTreeMap::new();
+    for (field, value) in seen.iter_mut() {
+        if field.ends_with(".update_attempt") {
+            let count: u64 = value.parse().unwrap_or(0);
+            let before = previous.get(field).copied().unwrap_or(0);
+            *value = format!("+{}", count.saturating_sub(before));
+            now.insert(field.clone(), count);
+        }
+    }
+    *previous = now;
+}
+
+/// Removes the fields of `seen` that begin with `prefix`: `suffix=value` pairs, space-separated
+/// (`Some("")` when none), for a known difference's comparison.
+fn take_prefixed(seen: &mut BTreeMap<String, String>, prefix: &str) -> Option<String> {
+    let fields: Vec<String> = seen
+        .keys()
+        .filter(|f| f.starts_with(prefix))
+        .cloned()
+        .collect();
+    let pairs: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            format!(
+                "{}={}",
+                &f[prefix.len()..],
+                seen.remove(f).unwrap_or_default()
+            )
+        })
+        .collect();
+    Some(pairs.join(" "))
 }
 
 /// The names of the resources (field `field`) of a `/config_dump` section, sorted. Deliberate:
@@ -767,6 +878,8 @@ async fn differential(test: &str, delta: bool) {
         Protocol::Sotw
     };
     let mut report = String::new();
+    // Each side's `update_attempt` values at the previous step.
+    let mut attempts: [BTreeMap<String, u64>; 2] = Default::default();
     for (i, step) in script(a, b).into_iter().enumerate() {
         let version = format!("v{}", i + 1);
         let snap = snapshot(&version, &step.resources);
@@ -805,8 +918,12 @@ async fn differential(test: &str, delta: bool) {
         // when revoy answered ends a few ms after Envoy's; give them a moment.
         tokio::time::sleep(Duration::from_millis(500)).await;
         let mut seen: [BTreeMap<String, String>; 2] = Default::default();
-        for ((side, verdicts), seen) in sides.iter().zip(verdicts).zip(&mut seen) {
+        for (((side, verdicts), seen), attempts) in
+            sides.iter().zip(verdicts).zip(&mut seen).zip(&mut attempts)
+        {
             *seen = observe(side, step.requests).await;
+            seen.retain(|field, _| !step.unsettled.iter().any(|u| field.starts_with(u)));
+            attempts_per_step(seen, attempts);
             seen.extend(verdicts);
         }
         // Envoy rejects a whole response, naming no resource, when a resource fails its
@@ -824,7 +941,18 @@ async fn differential(test: &str, delta: bool) {
             }
         }
         for (field, envoy_value, revoy_value) in step.known {
-            let shown = (seen[0].remove(*field), seen[1].remove(*field));
+            let field = match field.strip_prefix(DELTA_ONLY) {
+                Some(_) if !delta => continue,
+                Some(field) => field,
+                None => field,
+            };
+            let shown = match field.strip_suffix('*') {
+                Some(prefix) => (
+                    take_prefixed(&mut seen[0], prefix),
+                    take_prefixed(&mut seen[1], prefix),
+                ),
+                None => (seen[0].remove(field), seen[1].remove(field)),
+            };
             eprintln!("    KNOWN {field}: envoy={envoy_value:?} revoy={revoy_value:?}");
             if shown != (Some(envoy_value.to_string()), Some(revoy_value.to_string())) {
                 let _ = writeln!(

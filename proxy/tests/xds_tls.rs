@@ -5,6 +5,9 @@
 //!
 //! The control plane is the repo's snapshot server in plaintext behind a first revoy that
 //! terminates TLS in front of tcp_proxy (with `h2` ALPN), so both TLS ends are revoy's.
+//!
+//! Also: with `dynamic_resources`, start-up waits for the static listeners' SDS secrets as
+//! well as for the initial xDS configuration.
 
 #[path = "support/certs.rs"]
 mod certs;
@@ -14,6 +17,8 @@ mod child;
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/sds.rs"]
+mod sds;
 #[path = "support/xds.rs"]
 mod xds;
 
@@ -22,7 +27,12 @@ use std::time::{Duration, Instant};
 
 use certs::{Ca, CertDir};
 use ports::free_port;
-use xds::{Plane, admin_get, body_of, eventually, inline_listener, start_revoy, stat};
+use sds::{Sds, sds_cluster, sds_config};
+use xds::{
+    NODE, Plane, admin_get, ads_bootstrap, body_of, eventually, inline_listener, ready, refused,
+    start_revoy, stat,
+};
+use xds_client::LISTENER_TYPE_URL;
 use xds_client::server::Snapshot;
 
 /// A revoy terminating TLS on `port` (certificate for `xds.test`, ALPN `h2`) and passing the
@@ -148,4 +158,53 @@ fn ads_over_tls_verifies_the_control_plane() {
     let (status, body) = admin_get(admin, "/ready");
     assert_eq!((status, body.trim()), (503, "INITIALIZING"));
     assert_eq!(stat(admin, "control_plane.connected_state"), Some(0));
+}
+
+/// Envoy's init manager: a bootstrap with `dynamic_resources` and a static TLS listener whose
+/// certificate comes over SDS is not LIVE once the initial xDS configuration is in while the
+/// certificate is not; the listener is bound, and the server LIVE, when it arrives.
+#[test]
+fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    let sds = Sds::start(dir.path(), "sds");
+    let plane = Plane::start(free_port());
+    plane.set(Snapshot::new("1"));
+    let (admin, port) = (free_port(), free_port());
+    let yaml = format!(
+        r#"{bootstrap}{sds_cluster}
+  listeners:
+  - name: tls
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}
+      filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: tls
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]}}
+"#,
+        bootstrap = ads_bootstrap(admin, plane.port, false),
+        sds_cluster = sds_cluster(sds.socket()),
+        secret = sds_config("default"),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    plane.ack(LISTENER_TYPE_URL, "1");
+    // The initial xDS configuration is applied; the static listener still waits.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(ready(admin), (503, "INITIALIZING".to_owned()));
+    assert!(
+        refused(port),
+        "the listener is bound without its certificate"
+    );
+
+    let version = sds.put(&[sds::certificate("default", &ca.server(&["a.test"]).issue())]);
+    sds.ack(NODE, &version);
+    eventually("LIVE", || (ready(admin).0 == 200).then_some(()));
+    assert!(
+        !refused(port),
+        "the listener is not bound with its certificate"
+    );
 }

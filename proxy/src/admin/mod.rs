@@ -211,8 +211,11 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/stats/recentlookups/clear"
         | "/stats/recentlookups/disable"
         | "/stats/recentlookups/enable" => unsupported::recent_lookups(&req.path),
-        // revoy writes no access logs, and its own log stays where it was opened.
-        "/reopen_logs" => text(200, "OK\n"),
+        // Access log files reopen; revoy's own log stays where it was opened.
+        "/reopen_logs" => {
+            crate::access_log::file::reopen_all();
+            text(200, "OK\n")
+        }
         _ => text(404, "invalid path"),
     };
     (resp, Effect::None)

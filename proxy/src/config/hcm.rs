@@ -117,6 +117,8 @@ pub enum Routes {
 /// A compiled HTTP connection manager.
 #[derive(Debug, Clone)]
 pub struct HcmConfig {
+    /// `access_log`: written per request.
+    pub access_logs: crate::access_log::AccessLogs,
     /// `forward_client_cert_details` with `set_current_client_cert_details`.
     pub forward_client_cert: ForwardClientCert,
     /// `common_http_protocol_options.headers_with_underscores_action`.
@@ -201,15 +203,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
         warnings.skipped(
             "local_reply_config",
             "local reply mappers are not implemented by revoy; local replies keep Envoy's default bodies",
-        );
-    }
-    if !hcm.access_log.is_empty() {
-        warnings.skipped(
-            "access_log",
-            format!(
-                "access logs are not implemented by revoy; {} access log(s) not written",
-                hcm.access_log.len()
-            ),
         );
     }
 }
@@ -398,6 +391,8 @@ pub fn compile_hcm(
     Ok(HcmConfig {
         tracing,
         request_id,
+        access_logs: super::access_log::compile_access_logs(ctx, &hcm.access_log)
+            .map_err(|e| e.within("access_log"))?,
         denied,
         stat_prefix: hcm.stat_prefix.clone(),
         codec: match hcm.codec_type {

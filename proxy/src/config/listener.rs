@@ -81,6 +81,8 @@ pub struct ListenerConfig {
     /// What names the listener's stats: its `stat_prefix`, else its address with `:` made `_`
     /// as Envoy sanitizes stat names (`127.0.0.1_10000`, `[__]_80`).
     pub stats_name: String,
+    /// `access_log`: written for connections no filter chain took.
+    pub access_logs: crate::access_log::AccessLogs,
 }
 
 impl ListenerConfig {
@@ -190,12 +192,6 @@ fn compile_chain(
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
-                if !tcp.access_log.is_empty() {
-                    warnings.skipped(
-                        format!("{fpath}.typed_config.access_log"),
-                        "access logs are not implemented by revoy; not written",
-                    );
-                }
                 if tcp.tunneling_config.is_some() {
                     let what = "tcp_proxy tunneling_config (TCP over HTTP CONNECT) is not implemented by revoy";
                     warnings.fails_closed(
@@ -204,7 +200,7 @@ fn compile_chain(
                     );
                     refused.get_or_insert_with(|| what.to_owned());
                 }
-                let compiled = super::tcp_proxy::compile_tcp_proxy(&tcp)
+                let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
             }
@@ -529,13 +525,10 @@ pub fn compile_listener(
     let default_chain = default_chain
         .map(|c| build_tls(ctx, c, "default_filter_chain"))
         .transpose()?;
-    if !l.access_log.is_empty() {
-        warnings.skipped(
-            "access_log",
-            "access logs are not implemented by revoy; not written",
-        );
-    }
+    let access_logs = super::access_log::compile_access_logs(ctx, &l.access_log)
+        .map_err(|e| e.within("access_log"))?;
     Ok(ListenerConfig {
+        access_logs,
         name: if l.name.is_empty() {
             address.to_string()
         } else {

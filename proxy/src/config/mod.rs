@@ -3,6 +3,7 @@
 //! What a compile reads from outside (files, environment, host name) comes through the
 //! [`Context`] it is given.
 
+pub mod access_log;
 pub mod bootstrap;
 pub mod cluster;
 pub mod context;

@@ -22,6 +22,8 @@ pub struct TcpProxyConfig {
     pub max_connection_duration: Option<Duration>,
     /// `max_connect_attempts` (default 1).
     pub max_connect_attempts: u32,
+    /// `access_log`: written per connection.
+    pub access_logs: crate::access_log::AccessLogs,
 }
 
 /// The upstream cluster choice.
@@ -34,7 +36,10 @@ pub enum TcpRoute {
 }
 
 /// Compiles a TcpProxy. Errors name the field path relative to the message.
-pub fn compile_tcp_proxy(p: &TcpProxy) -> Result<TcpProxyConfig, ConfigError> {
+pub fn compile_tcp_proxy(
+    ctx: &super::Context<'_>,
+    p: &TcpProxy,
+) -> Result<TcpProxyConfig, ConfigError> {
     if p.stat_prefix.is_empty() {
         return Err(ConfigError::new(
             "stat_prefix",
@@ -98,6 +103,8 @@ pub fn compile_tcp_proxy(p: &TcpProxy) -> Result<TcpProxyConfig, ConfigError> {
         idle_timeout,
         max_connection_duration,
         max_connect_attempts,
+        access_logs: super::access_log::compile_access_logs(ctx, &p.access_log)
+            .map_err(|e| e.within("access_log"))?,
     })
 }
 
@@ -109,6 +116,10 @@ mod tests {
     };
     use proto::pb::google::protobuf::Duration as PbDuration;
 
+    fn ctx() -> crate::config::Context<'static> {
+        crate::config::Context::new(Box::leak(Box::new(crate::config::context::FakeIo::new())))
+    }
+
     fn proxy(spec: Option<tcp_proxy::ClusterSpecifier>) -> TcpProxy {
         TcpProxy {
             stat_prefix: "tcp".into(),
@@ -119,9 +130,10 @@ mod tests {
 
     #[test]
     fn defaults_and_single_cluster() {
-        let c = compile_tcp_proxy(&proxy(Some(tcp_proxy::ClusterSpecifier::Cluster(
-            "db".into(),
-        ))))
+        let c = compile_tcp_proxy(
+            &ctx(),
+            &proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into()))),
+        )
         .unwrap();
         assert_eq!(c.route, TcpRoute::Cluster("db".into()));
         assert_eq!(c.idle_timeout, Some(Duration::from_secs(3600)));
@@ -135,12 +147,12 @@ mod tests {
             seconds: 0,
             nanos: 0,
         });
-        assert_eq!(compile_tcp_proxy(&p).unwrap().idle_timeout, None);
+        assert_eq!(compile_tcp_proxy(&ctx(), &p).unwrap().idle_timeout, None);
     }
 
     #[test]
     fn errors_name_fields() {
-        let e = compile_tcp_proxy(&proxy(None)).unwrap_err();
+        let e = compile_tcp_proxy(&ctx(), &proxy(None)).unwrap_err();
         assert_eq!(e.path, "cluster_specifier");
         let weighted = WeightedCluster {
             clusters: vec![
@@ -156,13 +168,19 @@ mod tests {
                 },
             ],
         };
-        let e = compile_tcp_proxy(&proxy(Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
-            weighted,
-        ))))
+        let e = compile_tcp_proxy(
+            &ctx(),
+            &proxy(Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+                weighted,
+            ))),
+        )
         .unwrap_err();
         assert_eq!(e.path, "weighted_clusters.clusters[1].weight");
         let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
         p.stat_prefix.clear();
-        assert_eq!(compile_tcp_proxy(&p).unwrap_err().path, "stat_prefix");
+        assert_eq!(
+            compile_tcp_proxy(&ctx(), &p).unwrap_err().path,
+            "stat_prefix"
+        );
     }
 }

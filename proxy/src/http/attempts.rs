@@ -12,6 +12,7 @@ use super::buffered_body::Replay;
 use super::local_reply::UPSTREAM_TIMEOUT;
 use super::retry::{Failure, RetryState, Verdict};
 use super::timeouts::Timeouts;
+use crate::access_log::ResponseFlag;
 use crate::body::Body;
 use crate::upstream::{Cluster, LbContext, UpstreamBody, UpstreamError};
 
@@ -34,8 +35,49 @@ pub struct LocalFailure {
     /// The cluster's `max_requests` breaker was full: Envoy marks the answer
     /// `x-envoy-overloaded: true`.
     pub overloaded: bool,
-    /// Envoy's response flag for it (spans' `response_flags`).
-    pub flag: &'static str,
+    /// Why, for access logs: the response flag and `%RESPONSE_CODE_DETAILS%`.
+    pub why: Why,
+}
+
+/// What access logs say about a failure.
+#[derive(Debug, Clone)]
+pub struct Why {
+    /// The response flag.
+    pub flag: ResponseFlag,
+    /// `%RESPONSE_CODE_DETAILS%`.
+    pub details: String,
+    /// The host the failed attempt went to.
+    pub host: Option<std::net::SocketAddr>,
+    /// `%UPSTREAM_TRANSPORT_FAILURE_REASON%`.
+    pub transport_failure: Option<String>,
+}
+
+impl Why {
+    /// Envoy's facts for an attempt that failed with `e`.
+    fn of(e: &UpstreamError) -> Why {
+        let transport_failure = e.transport_failure_reason();
+        let details = match (e, e.reset_reason()) {
+            (UpstreamError::NoHealthyUpstream, _) => "no_healthy_upstream".to_owned(),
+            (UpstreamError::RequestBody { .. }, _) => "downstream_protocol_error".to_owned(),
+            (_, Some(r)) => {
+                let mut d = format!("upstream_reset_before_response_started{{{r}");
+                if let Some(t) = &transport_failure {
+                    d.push('|');
+                    d.push_str(t);
+                }
+                d.push('}');
+                d.replace(' ', "_")
+            }
+            (_, None) => "upstream_reset_before_response_started".to_owned(),
+        };
+        Why {
+            flag: ResponseFlag::from_short(e.response_flag())
+                .unwrap_or(ResponseFlag::UpstreamConnectionFailure),
+            details,
+            host: e.host(),
+            transport_failure,
+        }
+    }
 }
 
 impl LocalFailure {
@@ -45,7 +87,12 @@ impl LocalFailure {
             status: StatusCode::GATEWAY_TIMEOUT,
             body: UPSTREAM_TIMEOUT.to_owned(),
             overloaded: false,
-            flag: "UT",
+            why: Why {
+                flag: ResponseFlag::UpstreamRequestTimeout,
+                details: "response_timeout".to_owned(),
+                host: None,
+                transport_failure: None,
+            },
         }
     }
 
@@ -62,7 +109,7 @@ impl LocalFailure {
             status: e.local_reply_status(),
             body,
             overloaded: matches!(e, UpstreamError::Overflow),
-            flag: e.response_flag(),
+            why: Why::of(e),
         }
     }
 }
@@ -96,6 +143,9 @@ pub struct Exchange<'a> {
     /// Send `x-envoy-expected-rq-timeout-ms` upstream again on retries (the router sets the
     /// first attempt's).
     pub send_expected_timeout: bool,
+    /// Set when a retriable outcome was handed on because `num_retries` was used up (the
+    /// `URX` response flag).
+    pub retries_exhausted: bool,
 }
 
 impl Exchange<'_> {
@@ -168,8 +218,13 @@ impl Exchange<'_> {
                 stats.upstream_rq_pending_active().value(),
             );
             let overflow = retriable && u64::from(in_flight.load(Ordering::Relaxed)) >= limit;
-            let Verdict::RetryAfter(back_off) = state.decide(retriable, overflow, stats) else {
-                return (self.finish(outcome), attempt);
+            let back_off = match state.decide(retriable, overflow, stats) {
+                Verdict::RetryAfter(back_off) => back_off,
+                Verdict::LimitExceeded => {
+                    self.retries_exhausted = true;
+                    return (self.finish(outcome), attempt);
+                }
+                Verdict::No => return (self.finish(outcome), attempt),
             };
             if let (Some(host), true) = (failed_host, state.avoids_previous_hosts()) {
                 self.lb.avoid.push(host);

@@ -1,6 +1,7 @@
 //! The HTTP connection manager: serves downstream HTTP/1.1 (common requests on its own fast
 //! path, `h1`) and HTTP/2 (with hyper) and runs each request through the router.
 
+mod access_log;
 mod attempts;
 mod buffered_body;
 mod connect;

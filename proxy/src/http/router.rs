@@ -7,6 +7,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Uri};
 
 use super::ConnContext;
+use super::access_log::Pending;
 use super::attempts::{Exchange, LocalFailure, Outcome, RequestBody};
 use super::buffered_body::{self, Buffered};
 use super::forwarding;
@@ -16,7 +17,8 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
-use super::trace::{self, RequestTrace};
+use super::trace::Seen;
+use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort, Underscores};
@@ -54,6 +56,8 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             None
         };
         let grpc = super::local_reply::is_grpc(req.headers());
+        let head = req.method() == http::Method::HEAD;
+        let mut pending = Pending::start(ctx, &mut req);
         // Envoy's router answers at routing time from the head alone, before its codec hands
         // it the body: an HTTP/1 request with a body is unfinished then, and so is one whose
         // stream goes on after its head (an upgrade, CONNECT); Envoy closes the connection
@@ -63,8 +67,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
-        let mut trace = None;
-        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, &mut trace).await;
+        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, pending.as_mut()).await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -74,17 +77,17 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         }
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
-        let id = match trace.as_ref().and_then(|t| t.request_id.clone()) {
-            Some(packed) if id.is_some() => Some(packed),
+        let id = match pending.as_ref().and_then(Pending::traced_request_id) {
+            Some(packed) if id.is_some() => Some(packed.clone()),
             _ => id,
         };
         if let Some(id) = id {
             resp.headers_mut().insert(&X_REQUEST_ID, id);
         }
-        if let Some(t) = trace {
-            t.respond(&mut resp);
+        match pending {
+            Some(p) => p.finish(resp, head),
+            None => resp,
         }
-        resp
     };
     stats.rq_active.dec();
     request_id
@@ -131,11 +134,22 @@ async fn route_and_forward(
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
     forwarded: &mut bool,
-    trace: &mut Option<RequestTrace>,
+    mut pending: Option<&mut Pending>,
 ) -> Response<Body> {
+    // Notes what access logs and spans read (nothing when the connection manager has
+    // neither).
+    macro_rules! note {
+        (|$r:ident| $body:expr) => {
+            if let Some(p) = pending.as_deref_mut() {
+                let $r = p.record();
+                $body;
+            }
+        };
+    }
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
     if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
+        note!(|r| r.details = Some("low_version".into()));
         let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -148,6 +162,7 @@ async fn route_and_forward(
         && !connect
         && !req.headers().contains_key(header::HOST)
     {
+        note!(|r| r.details = Some("missing_host_header".into()));
         let mut resp = local_reply(StatusCode::BAD_REQUEST, "");
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -189,22 +204,23 @@ async fn route_and_forward(
         _ => "HTTP/1.1",
     };
     let Some(table) = table else {
-        let host = authority(&req);
-        let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
-        let seen = trace::Seen {
-            host: &host,
-            path,
-            method: req.method().as_str(),
-            protocol,
-            scheme: if ctx.down.tls.is_some() {
-                "https"
-            } else {
-                "http"
-            },
-        };
-        *trace = RequestTrace::begin(ctx, None, req.headers(), &seen);
-        if let Some(t) = trace {
-            t.local_flag("NR");
+        if let Some(p) = pending.as_deref_mut() {
+            let host = authority(&req);
+            let seen = Seen {
+                host: &host,
+                path: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+                method: req.method().as_str(),
+                protocol,
+                scheme: if ctx.down.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+            };
+            p.begin_trace(ctx, None, req.headers(), &seen);
+            let r = p.record();
+            r.flags.set(ResponseFlag::NoRouteFound);
+            r.details = Some("route_not_found".into());
         }
         return local_reply(StatusCode::NOT_FOUND, "");
     };
@@ -265,21 +281,33 @@ async fn route_and_forward(
     route_req.https = https;
     route_req.random_value = random_value;
     let scheme = if https { "https" } else { "http" };
-    let seen = trace::Seen {
+    let seen = Seen {
         host: &host_full,
         path: &path,
         method: method.as_str(),
         protocol,
         scheme,
     };
-    let Some(selected) = table.select(&route_req) else {
-        *trace = RequestTrace::begin(ctx, None, &route_headers, &seen);
-        if let Some(t) = trace {
-            t.local_flag("NR");
-        }
+    let selected = table.select(&route_req);
+    if let Some(p) = pending.as_deref_mut() {
+        p.begin_trace(
+            ctx,
+            selected.as_ref().map(|s| s.route),
+            &route_headers,
+            &seen,
+        );
+    }
+    let Some(selected) = selected else {
+        note!(|r| {
+            r.flags.set(ResponseFlag::NoRouteFound);
+            r.details = Some("route_not_found".into())
+        });
         return local_reply(StatusCode::NOT_FOUND, "");
     };
-    *trace = RequestTrace::begin(ctx, Some(selected.route), &route_headers, &seen);
+    note!(|r| {
+        r.route_name =
+            (!selected.route.name.is_empty()).then(|| selected.route.name.as_str().into())
+    });
     if let Some(upgrade_type) = upgrade_type {
         let route_upgrades = match &selected.route.action {
             Action::Forward(fwd) => fwd.upgrades(),
@@ -287,6 +315,7 @@ async fn route_and_forward(
         };
         if !upgrade_allowed(route_upgrades, &cfg.upgrades, upgrade_type) {
             ctx.hcm.stats.upgrades_refused.inc();
+            note!(|r| r.details = Some("upgrade_failed".into()));
             return upgrade_refused();
         }
     }
@@ -307,6 +336,7 @@ async fn route_and_forward(
     };
     match &selected.route.action {
         Action::DirectResponse(dr) => {
+            note!(|r| r.details = Some("direct_response".into()));
             let mut resp = Response::new(if dr.body.is_empty() {
                 body::empty()
             } else {
@@ -338,8 +368,15 @@ async fn route_and_forward(
             }
             resp
         }
-        Action::NonForwarding => local_reply(StatusCode::NOT_FOUND, ""),
+        Action::NonForwarding => {
+            note!(|r| {
+                r.flags.set(ResponseFlag::NoRouteFound);
+                r.details = Some("route_not_found".into())
+            });
+            local_reply(StatusCode::NOT_FOUND, "")
+        }
         Action::Redirect(r) => {
+            note!(|l| l.details = Some("direct_response".into()));
             let location = selected.redirect_location(&route_req).unwrap_or_default();
             let mut resp = local_reply(r.status, "");
             if let Ok(v) = HeaderValue::from_str(&location) {
@@ -356,16 +393,22 @@ async fn route_and_forward(
         }
         Action::Forward(fwd) => {
             let Some(picked) = fwd.pick_cluster(&route_req) else {
+                note!(|r| {
+                    r.flags.set(ResponseFlag::NoClusterFound);
+                    r.details = Some("cluster_not_found".into())
+                });
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
             let cluster_name = picked.name;
             let weighted = picked.weighted;
             let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
-                if let Some(t) = trace {
-                    t.local_flag("NC");
-                }
+                note!(|r| {
+                    r.flags.set(ResponseFlag::NoClusterFound);
+                    r.details = Some("cluster_not_found".into())
+                });
                 return local_reply(fwd.cluster_not_found_response_code, "");
             };
+            note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
@@ -403,7 +446,7 @@ async fn route_and_forward(
             if let Some(u) = &upgrade {
                 forwarding::set_upgrade(req.headers_mut(), u);
             }
-            if let Some(t) = trace {
+            if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
                 t.forward(req.headers_mut(), &cluster_name);
             }
             if new_host.is_some()
@@ -451,7 +494,7 @@ async fn route_and_forward(
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
-                report_host: response_rules || trace.is_some(),
+                report_host: response_rules || pending.is_some(),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
@@ -464,10 +507,29 @@ async fn route_and_forward(
                     Box::pin(super::upgrade::forward(req, &cluster, &lb, active)).await
                 };
                 return match tunnel {
-                    Ok(resp) => resp,
+                    Ok(resp) => {
+                        note!(|r| {
+                            r.attempts = 1;
+                            r.first_upstream_rx = Some(Instant::now());
+                            r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                            r.details = Some("via_upstream".into())
+                        });
+                        if let Some(p) = pending {
+                            p.upstream_done(Some(resp.status().as_u16()));
+                        }
+                        resp
+                    }
                     Err(e) => {
                         *forwarded = false;
-                        failure_reply(&LocalFailure::of(&e, 1), cfg.suppress_envoy_headers)
+                        let failure = LocalFailure::of(&e, 1);
+                        note!(|r| {
+                            r.attempts = 1;
+                            note_failure(r, &failure)
+                        });
+                        if let Some(p) = pending {
+                            p.upstream_done(None);
+                        }
+                        failure_reply(&failure, cfg.suppress_envoy_headers)
                     }
                 };
             }
@@ -488,12 +550,6 @@ async fn route_and_forward(
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
             let (parts, downstream_body) = req.into_parts();
-            let downstream_body = match trace {
-                Some(t) if !http_body::Body::is_end_stream(&downstream_body) => {
-                    t.count_request(downstream_body)
-                }
-                _ => downstream_body,
-            };
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
@@ -533,38 +589,69 @@ async fn route_and_forward(
                 retry,
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
+                retries_exhausted: false,
             };
+            // An attempt is under way from here, whether or not it completes.
+            note!(|r| r.attempts = 1);
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
             let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
                 Some((at, why)) => {
                     match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
                         Ok(done) => done,
-                        Err(_) => return why.reply(),
+                        Err(_) => {
+                            note!(|r| {
+                                let (flag, details) = why.log_facts();
+                                r.flags.set(flag);
+                                r.details = Some(details.into())
+                            });
+                            return why.reply();
+                        }
                     }
                 }
                 None => exchange.run(parts, body).await,
             };
-            if let Some(t) = trace {
-                match &outcome {
-                    Outcome::Local(f) => t.upstream_done(None, None, f.flag),
-                    Outcome::NotSent(f) => t.local_flag(f.flag),
-                    Outcome::DownstreamBodyFailed => t.upstream_done(None, None, "DPE"),
-                    Outcome::Response(r) => t.upstream_done(
-                        r.extensions().get::<UpstreamHost>().map(|h| h.0),
-                        Some(r.status().as_u16()),
-                        "-",
-                    ),
+            note!(|r| {
+                r.attempts = attempts;
+                if exchange.retries_exhausted {
+                    r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
                 }
-            }
+            });
             let mut resp = match outcome {
-                Outcome::Local(failure) => failure_reply(&failure, cfg.suppress_envoy_headers),
-                Outcome::NotSent(failure) => {
-                    *forwarded = false;
+                Outcome::Local(failure) => {
+                    note!(|r| note_failure(r, &failure));
+                    if let Some(p) = pending {
+                        p.upstream_done(None);
+                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
-                Outcome::DownstreamBodyFailed => body_failed(),
+                Outcome::NotSent(failure) => {
+                    *forwarded = false;
+                    note!(|r| note_failure(r, &failure));
+                    if let Some(t) = pending.and_then(Pending::trace) {
+                        t.no_upstream();
+                    }
+                    failure_reply(&failure, cfg.suppress_envoy_headers)
+                }
+                Outcome::DownstreamBodyFailed => {
+                    note!(|r| {
+                        r.flags.set(ResponseFlag::DownstreamProtocolError);
+                        r.details = Some("downstream_protocol_error".into())
+                    });
+                    if let Some(p) = pending {
+                        p.upstream_done(None);
+                    }
+                    body_failed()
+                }
                 Outcome::Response(resp) => {
+                    note!(|r| {
+                        r.first_upstream_rx = Some(Instant::now());
+                        r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                        r.details = Some("via_upstream".into())
+                    });
+                    if let Some(p) = pending {
+                        p.upstream_done(Some(resp.status().as_u16()));
+                    }
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),
@@ -611,6 +698,16 @@ fn auto_host(cluster: &ClusterConfig) -> Option<String> {
         EndpointAddress::Dns { host, .. } => Some(host.clone()),
         EndpointAddress::Ip(_) => None,
     }
+}
+
+/// Notes a failure answered locally in the request's record.
+fn note_failure(r: &mut Record, failure: &LocalFailure) {
+    r.flags.set(failure.why.flag);
+    r.details = Some(failure.why.details.clone());
+    if failure.why.host.is_some() {
+        r.upstream_host = failure.why.host;
+    }
+    r.upstream_transport_failure = failure.why.transport_failure.clone();
 }
 
 /// Envoy's answer to a request whose own body broke (its HTTP/1 codec's error): 400

@@ -41,6 +41,15 @@ impl Limit {
         }
     }
 
+    /// The response flag and `%RESPONSE_CODE_DETAILS%` access logs give it.
+    pub fn log_facts(self) -> (crate::access_log::ResponseFlag, &'static str) {
+        use crate::access_log::ResponseFlag as F;
+        match self {
+            Limit::Idle => (F::StreamIdleTimeout, "stream_idle_timeout"),
+            Limit::Duration => (F::DurationTimeout, "max_duration_timeout"),
+        }
+    }
+
     /// Envoy's local reply when it fires before the response head: 504, and for a gRPC
     /// request past its time limit DEADLINE_EXCEEDED (other limits map from the 504).
     pub fn reply(self) -> Response<Body> {

@@ -1,15 +1,15 @@
 //! One request's trace in the connection manager: the decision and the span made once the
 //! route is known, the context sent upstream (and the upstream request's own span with
-//! `spawn_upstream_span`), and Envoy's tags set as the response ends.
+//! `spawn_upstream_span`), and Envoy's tags set as the stream ends, read from the request's
+//! [`Record`] (the one access logs read: its response flags, sizes and upstream host).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use http_body_util::BodyExt;
 
 use super::ConnContext;
+use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::tracing::{HcmTracing, Provider, RouteTracing, TagValue};
 use crate::route::Route;
@@ -55,10 +55,6 @@ pub struct RequestTrace {
     request_tags: Vec<(String, String)>,
     /// Custom tags' values.
     custom: Vec<(String, String)>,
-    cluster: Option<String>,
-    upstream_address: Option<String>,
-    flags: &'static str,
-    request_bytes: Arc<AtomicU64>,
 }
 
 /// The trace context a provider reads from the request.
@@ -237,10 +233,6 @@ impl RequestTrace {
             operation_header,
             request_tags,
             custom,
-            cluster: None,
-            upstream_address: None,
-            flags: "-",
-            request_bytes: Arc::default(),
         })
     }
 
@@ -261,7 +253,6 @@ impl RequestTrace {
             }
             None => {}
         }
-        self.cluster = Some(cluster.to_owned());
         let carrier = if self.cfg.spawn_upstream_span {
             let child = self
                 .span
@@ -290,37 +281,24 @@ impl RequestTrace {
         }
     }
 
-    /// Counts the request body's bytes for `request_size`.
-    pub fn count_request(&self, body: Body) -> Body {
-        let bytes = self.request_bytes.clone();
-        body.map_frame(move |f| {
-            if let Some(d) = f.data_ref() {
-                bytes.fetch_add(d.len() as u64, Ordering::Relaxed);
-            }
-            f
-        })
-        .boxed_unsync()
+    /// Whether the span will be reported (sampled, with a tracer to take it).
+    pub fn reported(&self) -> bool {
+        self.span.sampled && self.exporter.is_some()
     }
 
-    /// Records the upstream attempt's end: its host, and how it answered (`status`, or the
-    /// failure's `flag`); finishes the upstream span.
-    pub fn upstream_done(
-        &mut self,
-        host: Option<std::net::SocketAddr>,
-        status: Option<u16>,
-        flag: &'static str,
-    ) {
-        self.upstream_address = host.map(|h| h.to_string());
-        self.flags = flag;
+    /// Records the end of the upstream request, answered with `status` (`None`: the
+    /// failure the record notes) and finishes the upstream span with the record's host and
+    /// flags.
+    pub fn upstream_done(&mut self, rec: &Record, status: Option<u16>) {
         let Some(mut up) = self.upstream.take() else {
             return;
         };
         up.set_tag("http.protocol", "HTTP/1.1");
-        if let Some(a) = &self.upstream_address {
-            up.set_tag("upstream_address", a.clone());
-            up.set_tag("peer.address", a.clone());
+        if let Some(a) = rec.upstream_host {
+            up.set_tag("upstream_address", a.to_string());
+            up.set_tag("peer.address", a.to_string());
         }
-        self.common_tags(&mut up, status.unwrap_or(0));
+        common_tags(&mut up, rec, status.unwrap_or(0));
         for (k, v) in &self.custom {
             up.set_tag(k, v.clone());
         }
@@ -330,37 +308,16 @@ impl RequestTrace {
         }
     }
 
-    /// Sets the response flag of an answer made without any upstream request (no upstream
-    /// span is reported).
-    pub fn local_flag(&mut self, flag: &'static str) {
-        self.flags = flag;
+    /// The request was answered without an upstream request after all: no upstream span.
+    pub fn no_upstream(&mut self) {
         self.upstream = None;
     }
 
-    fn common_tags(&self, span: &mut Span, status: u16) {
-        span.set_tag("component", "proxy");
-        if let Some(c) = &self.cluster {
-            span.set_tag("upstream_cluster", c.clone());
-            span.set_tag("upstream_cluster.name", c.clone());
-        }
-        span.set_tag("http.status_code", status.to_string());
-        span.set_tag("response_flags", self.flags);
-        if status >= 500 || status == 0 {
-            span.set_tag("error", "true");
-        }
-    }
-
-    /// Sets the response's decorator header (ingress) and makes the response body finish
-    /// the span when it ends, with `response_size`.
-    pub fn respond(mut self, resp: &mut http::Response<Body>) {
-        if let Some(up) = self.upstream.take() {
-            // The upstream request never got an answer of its own.
-            let mut up = up;
-            self.common_tags(&mut up, 0);
-            up.end = SystemTime::now();
-            if let Some(e) = &self.exporter {
-                e.submit(up);
-            }
+    /// Sets the response's decorator header (ingress) or takes the upstream's (egress), and
+    /// finishes an upstream span that never got an answer of its own.
+    pub fn respond(&mut self, rec: &Record, resp: &mut http::Response<Body>) {
+        if self.upstream.is_some() {
+            self.upstream_done(rec, None);
         }
         if self.cfg.egress {
             if let Some(v) = resp.headers_mut().remove(&DECORATOR_OPERATION)
@@ -374,39 +331,25 @@ impl RequestTrace {
         {
             resp.headers_mut().insert(&DECORATOR_OPERATION, v);
         }
-        let status = resp.status().as_u16();
-        let body = std::mem::replace(resp.body_mut(), crate::body::empty());
-        let mut done = Finish {
-            trace: Some(self),
-            status,
-            bytes: 0,
-        };
-        *resp.body_mut() = body
-            .map_frame(move |f| {
-                if let Some(d) = f.data_ref() {
-                    done.count(d.len());
-                }
-                f
-            })
-            .boxed_unsync();
     }
 
-    fn finish(mut self, status: u16, response_bytes: u64) {
+    /// Finishes the request's span as the stream ends, with the record's sizes, status and
+    /// flags.
+    pub fn finish(mut self, rec: &Record) {
+        if self.upstream.is_some() {
+            self.upstream_done(rec, None);
+        }
         let Some(exporter) = self.exporter.take() else {
             return;
         };
-        let mut span =
-            std::mem::replace(&mut self.span, Span::new(String::new(), Kind::Server, 0, 0));
-        for (k, v) in std::mem::take(&mut self.request_tags) {
+        let mut span = self.span;
+        for (k, v) in self.request_tags {
             span.set_tag(&k, v);
         }
-        span.set_tag(
-            "request_size",
-            self.request_bytes.load(Ordering::Relaxed).to_string(),
-        );
-        span.set_tag("response_size", response_bytes.to_string());
-        self.common_tags(&mut span, status);
-        for (k, v) in std::mem::take(&mut self.custom) {
+        span.set_tag("request_size", rec.bytes_received.to_string());
+        span.set_tag("response_size", rec.bytes_sent.to_string());
+        common_tags(&mut span, rec, rec.response_code.unwrap_or(0));
+        for (k, v) in self.custom {
             span.set_tag(&k, v);
         }
         span.end = SystemTime::now();
@@ -414,23 +357,17 @@ impl RequestTrace {
     }
 }
 
-/// Finishes the span when the response body is dropped (sent, or abandoned).
-struct Finish {
-    trace: Option<RequestTrace>,
-    status: u16,
-    bytes: u64,
-}
-
-impl Finish {
-    fn count(&mut self, n: usize) {
-        self.bytes += n as u64;
+/// The tags both spans end with: the cluster, the status, the record's response flags and
+/// `error` for a 5xx or no response at all.
+fn common_tags(span: &mut Span, rec: &Record, status: u16) {
+    span.set_tag("component", "proxy");
+    if let Some(c) = &rec.upstream_cluster {
+        span.set_tag("upstream_cluster", c.to_string());
+        span.set_tag("upstream_cluster.name", c.to_string());
     }
-}
-
-impl Drop for Finish {
-    fn drop(&mut self) {
-        if let Some(t) = self.trace.take() {
-            t.finish(self.status, self.bytes);
-        }
+    span.set_tag("http.status_code", status.to_string());
+    span.set_tag("response_flags", rec.flags.render(false));
+    if status >= 500 || status == 0 {
+        span.set_tag("error", "true");
     }
 }

@@ -306,6 +306,24 @@ impl Listener {
             .await
     }
 
+    /// Writes the listener's access logs for a connection no filter chain took (`NR`).
+    fn log_unmatched(&self, peer: SocketAddr, local: SocketAddr, sni: Option<&str>) {
+        let logs = &self.config.access_logs;
+        if logs.is_empty() {
+            return;
+        }
+        let mut rec = crate::access_log::Record::new(crate::access_log::record::Downstream {
+            remote: Some(peer),
+            direct_remote: Some(peer),
+            local: Some(local),
+            server_name: sni.map(Into::into),
+        });
+        rec.flags.set(crate::access_log::ResponseFlag::NoRouteFound);
+        rec.details = Some("filter_chain_not_found".to_owned());
+        rec.end = Some(std::time::Instant::now());
+        logs.log(&rec);
+    }
+
     /// Serves an accepted connection (`original`: its destination before an iptables
     /// redirect): runs this listener's inspecting filters, picks a chain and hands the
     /// connection to it. `worker`: the per-worker stats of the accepting listener (`None` for a
@@ -350,6 +368,7 @@ impl Listener {
                 Some(c) => &c.kind,
                 None => {
                     self.no_filter_chain.inc();
+                    self.log_unmatched(peer, destination, inspected.server_name.as_deref());
                     tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
                     return;
                 }

@@ -1,7 +1,7 @@
 //! Envoy's substitution formatters (`%COMMAND(PARAM):LENGTH%`) in header values: parsing
 //! with Envoy's validation messages, and rendering against the facts of one stream.
 
-mod clock;
+pub(crate) mod clock;
 
 use std::net::SocketAddr;
 use std::time::SystemTime;
@@ -529,15 +529,18 @@ fn render_tls(out: &mut String, field: TlsField, tls: &TlsFacts) {
 }
 
 /// A `%NAME(param):length%` command as written.
-struct Command<'v> {
-    name: &'v str,
-    param: Option<&'v str>,
-    length: Option<usize>,
+pub(crate) struct Command<'v> {
+    /// The operator's name.
+    pub name: &'v str,
+    /// What is inside the parentheses.
+    pub param: Option<&'v str>,
+    /// The maximum length after `:`.
+    pub length: Option<usize>,
 }
 
 /// Envoy's command grammar `%[A-Z0-9_]+(\([^)]*\))?(:[0-9]+)?%` at byte `start` (a `%`);
 /// returns the command and the byte after its closing `%`.
-fn split_command(value: &str, start: usize) -> Option<(Command<'_>, usize)> {
+pub(crate) fn split_command(value: &str, start: usize) -> Option<(Command<'_>, usize)> {
     let rest = &value[start + 1..];
     let name_len = rest
         .bytes()

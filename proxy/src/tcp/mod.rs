@@ -8,6 +8,7 @@
 //! On Linux the bytes move with `splice(2)` through a pipe per direction (no copy through user
 //! space); where a pipe cannot be created or splice is refused, they are copied through a buffer.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
+use crate::access_log::record::Downstream;
+use crate::access_log::{Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
 use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
@@ -106,6 +109,30 @@ impl TcpProxy {
         }
     }
 
+    /// The record of a connection from `peer` to `local`, when this proxy has access logs.
+    fn record(&self, peer: Option<SocketAddr>, local: Option<SocketAddr>) -> Option<Box<Record>> {
+        if self.config.access_logs.is_empty() {
+            return None;
+        }
+        Some(Box::new(Record::new(Downstream {
+            remote: peer,
+            direct_remote: peer,
+            local,
+            server_name: None,
+        })))
+    }
+
+    /// Writes the record of a connection that ended, with the bytes `activity` counted.
+    fn log(&self, rec: Option<Box<Record>>, activity: Option<&Activity>) {
+        let Some(mut rec) = rec else { return };
+        rec.end = Some(Instant::now());
+        if let Some(a) = activity {
+            rec.bytes_received = a.rx.load(Ordering::Relaxed);
+            rec.bytes_sent = a.tx.load(Ordering::Relaxed);
+        }
+        self.config.access_logs.log(&rec);
+    }
+
     /// Proxies a plaintext `downstream` until both directions end, an error occurs or a
     /// timeout fires.
     pub async fn serve(
@@ -114,27 +141,35 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
     ) {
-        let Some(mut upstream) = self.upstream(clusters, ctx).await else {
-            return;
+        let mut rec = self.record(
+            downstream.peer_addr().ok(),
+            ctx.original_dst.or(downstream.local_addr().ok()),
+        );
+        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+            return self.log(rec, None);
         };
         let activity = Activity::new();
         match &mut upstream.stream {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
                 let (ur, uw) = u.split();
+                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+                let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
                 let copy = async {
-                    tokio::try_join!(
-                        pump(dr, uw, &activity, &self.stats.downstream_cx_rx_bytes_total),
-                        pump(ur, dw, &activity, &self.stats.downstream_cx_tx_bytes_total),
-                    )
+                    tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
                 };
-                self.run(copy, &activity).await;
+                self.run(copy, &activity, rec.as_deref_mut()).await;
             }
             tls => {
-                self.run(self.copy_both(&mut downstream, tls, &activity), &activity)
-                    .await
+                self.run(
+                    self.copy_both(&mut downstream, tls, &activity),
+                    &activity,
+                    rec.as_deref_mut(),
+                )
+                .await
             }
         }
+        self.log(rec, Some(&activity));
     }
 
     /// Proxies a `downstream` whose TLS revoy terminated (a chain with a
@@ -145,15 +180,25 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
     ) {
-        let Some(mut upstream) = self.upstream(clusters, ctx).await else {
-            return;
+        let tcp = downstream.get_ref().0;
+        let mut rec = self.record(
+            tcp.peer_addr().ok(),
+            ctx.original_dst.or(tcp.local_addr().ok()),
+        );
+        if let Some(r) = rec.as_mut() {
+            r.downstream.server_name = downstream.get_ref().1.server_name().map(Into::into);
+        }
+        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+            return self.log(rec, None);
         };
         let activity = Activity::new();
         self.run(
             self.copy_both(&mut downstream, &mut upstream.stream, &activity),
             &activity,
+            rec.as_deref_mut(),
         )
         .await;
+        self.log(rec, Some(&activity));
     }
 
     /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts).
@@ -161,22 +206,49 @@ impl TcpProxy {
         &self,
         clusters: &ClusterManager,
         mut ctx: LbContext,
+        mut rec: Option<&mut Record>,
     ) -> Option<UpstreamConnection> {
         self.stats.downstream_cx_total.inc();
         let name = self.pick_cluster();
         let Some(cluster) = clusters.get(name) else {
             tracing::debug!(cluster = name, "tcp_proxy: unknown cluster");
             self.stats.downstream_cx_no_route.inc();
+            if let Some(r) = rec {
+                r.flags.set(ResponseFlag::NoClusterFound);
+            }
             return None;
         };
+        if let Some(r) = rec.as_deref_mut() {
+            r.upstream_cluster = Some(name.into());
+        }
         let mut attempts = 0;
         loop {
             attempts += 1;
             match cluster.connect(&ctx).await {
-                Ok(u) => return Some(u),
+                Ok(u) => {
+                    if let Some(r) = rec {
+                        r.upstream_host = Some(u.addr);
+                        r.attempts = attempts;
+                    }
+                    return Some(u);
+                }
                 Err(e) => {
                     tracing::debug!(cluster = name, error = %e, "tcp_proxy: upstream connect failed");
+                    if let Some(r) = rec.as_deref_mut() {
+                        r.attempts = attempts;
+                        r.upstream_host = e.host().or(r.upstream_host);
+                        r.upstream_transport_failure = e.transport_failure_reason();
+                    }
                     if attempts >= self.config.max_connect_attempts {
+                        // Envoy's tcp_proxy marks the failure, then the attempts used up
+                        // (even when only one was allowed).
+                        if let Some(r) = rec {
+                            r.flags.set(
+                                ResponseFlag::from_short(e.response_flag())
+                                    .unwrap_or(ResponseFlag::UpstreamConnectionFailure),
+                            );
+                            r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
+                        }
                         return None;
                     }
                     if let Some(h) = e.host() {
@@ -200,10 +272,9 @@ impl TcpProxy {
     {
         let (dr, dw) = tokio::io::split(down);
         let (ur, uw) = tokio::io::split(up);
-        tokio::try_join!(
-            copy(dr, uw, activity, &self.stats.downstream_cx_rx_bytes_total),
-            copy(ur, dw, activity, &self.stats.downstream_cx_tx_bytes_total),
-        )
+        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+        let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
+        tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx),)
     }
 
     /// Runs `copy` until it ends, the connection idles out, reaches its maximum duration or
@@ -212,6 +283,7 @@ impl TcpProxy {
         &self,
         copy: impl Future<Output = std::io::Result<((), ())>>,
         activity: &Activity,
+        rec: Option<&mut Record>,
     ) {
         let max_duration = async {
             match self.config.max_connection_duration {
@@ -226,16 +298,44 @@ impl TcpProxy {
                 }
             }
             _ = activity.idle(self.config.idle_timeout) => self.stats.idle_timeout.inc(),
-            _ = max_duration => self.stats.max_downstream_connection_duration.inc(),
+            _ = max_duration => {
+                self.stats.max_downstream_connection_duration.inc();
+                if let Some(r) = rec {
+                    r.flags.set(ResponseFlag::DurationTimeout);
+                }
+            }
             _ = self.retired() => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
         }
     }
 }
 
-/// The last time bytes moved, shared by both directions.
+/// The last time bytes moved, shared by both directions, and the bytes each way.
 struct Activity {
     start: Instant,
     last_ms: AtomicU64,
+    /// Bytes from the downstream.
+    rx: AtomicU64,
+    /// Bytes to the downstream.
+    tx: AtomicU64,
+}
+
+/// Where one direction's bytes are counted: the proxy's stat and the connection's own count.
+struct Tally<'a> {
+    total: &'a Counter,
+    conn: Option<&'a AtomicU64>,
+}
+
+impl<'a> Tally<'a> {
+    fn new(total: &'a Counter, conn: Option<&'a AtomicU64>) -> Self {
+        Tally { total, conn }
+    }
+
+    fn add(&self, n: u64) {
+        self.total.add(n);
+        if let Some(c) = self.conn {
+            c.fetch_add(n, Ordering::Relaxed);
+        }
+    }
 }
 
 impl Activity {
@@ -243,6 +343,8 @@ impl Activity {
         Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
+            rx: AtomicU64::new(0),
+            tx: AtomicU64::new(0),
         }
     }
 
@@ -273,7 +375,7 @@ async fn pump(
     r: ReadHalf<'_>,
     mut w: WriteHalf<'_>,
     activity: &Activity,
-    bytes: &Counter,
+    bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
     match splice::Pipe::new() {
@@ -296,7 +398,7 @@ async fn copy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut r: R,
     mut w: W,
     activity: &Activity,
-    bytes: &Counter,
+    bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; BUFFER];
     loop {

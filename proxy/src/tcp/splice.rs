@@ -10,8 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::Activity;
-use crate::stats::Counter;
+use super::{Activity, Tally};
 
 /// How a splice forwarding ended.
 pub(super) enum Forwarded {
@@ -73,7 +72,7 @@ impl Pipe {
         from: &TcpStream,
         to: &TcpStream,
         activity: &Activity,
-        bytes: &Counter,
+        bytes: &Tally<'_>,
     ) -> io::Result<Forwarded> {
         let mut capacity = self.size();
         let mut grown = false;
@@ -209,7 +208,7 @@ mod tests {
         let pipe = Pipe::new().unwrap();
         let bytes = Store::new().counter("bytes");
         let ended = pipe
-            .forward(&from, &to, &Activity::new(), &bytes)
+            .forward(&from, &to, &Activity::new(), &Tally::new(&bytes, None))
             .await
             .unwrap();
         assert!(matches!(ended, Forwarded::Eof));

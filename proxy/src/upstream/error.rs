@@ -155,6 +155,24 @@ impl UpstreamError {
         }
     }
 
+    /// Envoy's transport failure reason (`%UPSTREAM_TRANSPORT_FAILURE_REASON%`): the socket
+    /// error of a failed connect (`delayed connect error: Connection refused`) or the TLS
+    /// error.
+    pub fn transport_failure_reason(&self) -> Option<String> {
+        match self {
+            UpstreamError::ConnectFailure { source, .. } => {
+                let text = source.to_string();
+                let text = text
+                    .split_once(" (os error")
+                    .map_or(text.as_str(), |(t, _)| t);
+                Some(format!("delayed connect error: {text}"))
+            }
+            UpstreamError::TlsFailure { reason, .. } => Some(reason.clone()),
+            UpstreamError::TransportRefused { reason, .. } => Some(reason.to_string()),
+            _ => None,
+        }
+    }
+
     /// The host involved, if one was picked.
     pub fn host(&self) -> Option<SocketAddr> {
         match self {

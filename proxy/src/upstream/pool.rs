@@ -185,21 +185,29 @@ pub(crate) async fn connect(
             .bind(src)
             .map_err(|source| fail(UpstreamError::ConnectFailure { host: addr, source }))?;
     }
-    let stream = match tokio::time::timeout(opts.timeout, socket.connect(addr)).await {
+    // `connect_timeout` covers the TCP connect and the TLS handshake together, as in Envoy,
+    // whose connection counts as connected once its transport socket is.
+    let deadline = tokio::time::Instant::now() + opts.timeout;
+    let timed_out = || {
+        opts.stats.upstream_cx_connect_timeout().inc();
+        fail(UpstreamError::ConnectTimeout { host: addr })
+    };
+    let stream = match tokio::time::timeout_at(deadline, socket.connect(addr)).await {
         Ok(Ok(s)) => s,
         Ok(Err(source)) => return Err(fail(UpstreamError::ConnectFailure { host: addr, source })),
-        Err(_) => {
-            opts.stats.upstream_cx_connect_timeout().inc();
-            return Err(fail(UpstreamError::ConnectTimeout { host: addr }));
-        }
+        Err(_) => return Err(timed_out()),
     };
     let _ = stream.set_nodelay(true);
     let stream = match &host.transport {
-        HostTransport::Tls(tls) => UpstreamIo::Tls(Box::new(
-            handshake(tls, opts.carries, stream, addr, opts.timeout)
+        HostTransport::Tls(tls) => {
+            match tokio::time::timeout_at(deadline, handshake(tls, opts.carries, stream, addr))
                 .await
-                .map_err(fail)?,
-        )),
+            {
+                Ok(Ok(s)) => UpstreamIo::Tls(Box::new(s)),
+                Ok(Err(e)) => return Err(fail(e)),
+                Err(_) => return Err(timed_out()),
+            }
+        }
         _ => UpstreamIo::Plain(stream),
     };
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
@@ -213,31 +221,26 @@ pub(crate) async fn connect(
     ))
 }
 
-/// The TLS handshake on a connected socket, within `timeout`; counted in the cluster's
-/// `ssl.*` stats.
+/// The TLS handshake on a connected socket, counted in the cluster's `ssl.*` stats.
 async fn handshake(
     tls: &ClientContext,
     carries: Carries,
     stream: TcpStream,
     addr: SocketAddr,
-    timeout: Duration,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
     let connector = tokio_rustls::TlsConnector::from(tls.config(carries));
-    let outcome =
-        tokio::time::timeout(timeout, connector.connect(tls.server_name(addr), stream)).await;
-    match outcome {
-        Ok(Ok(s)) => {
+    match connector.connect(tls.server_name(addr), stream).await {
+        Ok(s) => {
             tls.stats.handshake_done(s.get_ref().1);
             Ok(s)
         }
-        Ok(Err(e)) => {
+        Err(e) => {
             tls.stats.handshake_failed(&e);
             Err(UpstreamError::TlsFailure {
                 host: addr,
                 reason: crate::tls::failure_reason(&e),
             })
         }
-        Err(_) => Err(UpstreamError::ConnectTimeout { host: addr }),
     }
 }
 

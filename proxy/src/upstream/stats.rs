@@ -49,6 +49,9 @@ macro_rules! cluster_block {
 }
 
 cluster_block! {
+    /// `init_fetch_timeout`: the EDS subscription's initial fetch timed out (from the
+    /// subscription's start).
+    Counter false init_fetch_timeout;
     /// `membership_change`.
     Counter true membership_change;
     /// `membership_healthy`.
@@ -57,17 +60,25 @@ cluster_block! {
     Gauge true membership_total;
     /// `retry_or_shadow_abandoned`: a body too large to buffer for a retry or a shadow.
     Counter true retry_or_shadow_abandoned;
-    /// `update_attempt`: lookups a DNS cluster started, one per endpoint per refresh; EDS
-    /// responses naming the cluster's service.
+    /// `update_attempt`: lookups a DNS cluster started, one per endpoint per refresh; the EDS
+    /// subscription's start and each outcome after it.
     Counter true update_attempt;
+    /// `update_empty`: EDS updates without the cluster's assignment (Envoy keeps the counter
+    /// for every cluster; revoy's EDS never delivers one, as Envoy's SotW and Delta muxes).
+    Counter true update_empty;
     /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
     Counter true update_failure;
-    /// `update_rejected`: EDS responses whose assignment was rejected (from the first EDS
-    /// response).
+    /// `update_no_rebuild`: EDS updates that left the cluster's hosts as they were.
+    Counter true update_no_rebuild;
+    /// `update_rejected`: EDS responses whose assignment was rejected (from the EDS
+    /// subscription's start).
     Counter false update_rejected;
     /// `update_success`: DNS lookups that answered (the endpoint's addresses replaced); EDS
     /// responses applied.
     Counter true update_success;
+    /// `update_time`: when the last EDS update was applied, in ms since the epoch (from the
+    /// EDS subscription's start).
+    Gauge false update_time;
     /// `upstream_cx_active`.
     Gauge true upstream_cx_active;
     /// `upstream_cx_connect_fail`.
@@ -116,9 +127,9 @@ cluster_block! {
     Counter true upstream_rq_timeout;
     /// `upstream_rq_total`.
     Counter true upstream_rq_total;
-    /// `version`: a hash of the `version_info` of the last EDS response applied (from the
-    /// first EDS response).
-    Gauge false version;
+    /// `version`: Envoy's hash of the `version_info` of the last EDS response applied (0 for a
+    /// cluster without EDS).
+    Gauge true version;
 }
 
 /// Handles for one cluster's stats, named like Envoy's.
@@ -280,7 +291,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 29);
+        assert_eq!(names().len(), 32);
         assert!(
             !names()
                 .iter()
@@ -291,12 +302,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 30);
+        assert_eq!(names().len(), 33);
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 30);
+        assert_eq!(names().len(), 33);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use xds_client::{
 };
 
 use super::records::{Records, Status};
-use super::stats::{UpdateStats, XdsStats};
+use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
 use crate::apply::ListenerChange;
 use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
@@ -32,7 +32,6 @@ use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::tls::sds::{SecretRef, SecretSource};
 use crate::config::upstream_transport::Socket;
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
-use crate::lifecycle::ServerState;
 use crate::shared::Shared;
 
 /// Resources in an update from which its freed heap is handed back to the OS soon after.
@@ -78,6 +77,10 @@ pub struct State {
     eds_service_of: HashMap<String, String>,
     /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
     stats_to_release: BTreeSet<String>,
+    /// The RDS subscriptions started: route configuration name -> the stat prefix
+    /// (`http.<prefix>.rds.<name>`) of the connection manager that asked first (Envoy shares
+    /// one subscription per name, its stats under that manager's prefix).
+    rds_started: BTreeMap<String, String>,
     /// The `version_info` of the last CDS response applied whole.
     pub cds_version: String,
     /// The `version_info` of the last LDS response applied whole.
@@ -160,6 +163,7 @@ impl ProxyHandler {
         match &self.config.cds {
             Some(sub) => {
                 st.phase = Some(Phase::Clusters);
+                self.stats.cds.started();
                 if sub.source == Source::Ads {
                     self.subscribe_wildcard(CLUSTER_TYPE_URL);
                 }
@@ -213,6 +217,7 @@ impl ProxyHandler {
         );
         match phase {
             Phase::Clusters => {
+                self.stats.cds.timed_out();
                 st.cds_received = true;
                 let mut warming = st.warming_clusters.take();
                 warming.append(&mut st.clusters_awaiting_secrets);
@@ -222,6 +227,7 @@ impl ProxyHandler {
                 shared.clusters.apply(warming.into_values().collect(), &[]);
             }
             Phase::Listeners => {
+                self.stats.lds.timed_out();
                 st.lds_received = true;
                 let warming = st.warming_listeners.take();
                 for (name, cfg) in warming {
@@ -243,6 +249,7 @@ impl ProxyHandler {
             st.phase = Some(Phase::Listeners);
             match &self.config.lds {
                 Some(sub) => {
+                    self.stats.lds.started();
                     if sub.source == Source::Ads {
                         self.subscribe_wildcard(LISTENER_TYPE_URL);
                     }
@@ -259,8 +266,8 @@ impl ProxyHandler {
         {
             st.phase = Some(Phase::Done);
             if let Some(shared) = self.shared.upgrade() {
-                shared.lifecycle.set_state(ServerState::Live);
-                tracing::info!("initial xDS configuration applied; revoy is live");
+                shared.lifecycle.part_done();
+                tracing::info!("initial xDS configuration applied");
             }
         }
     }
@@ -273,8 +280,8 @@ impl ProxyHandler {
     }
 
     fn apply_clusters(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
-        self.stats.cds.attempt.inc();
         let mut rejected = Vec::new();
+        let mut changed = 0;
         let mut upserts = Vec::new();
         for r in u.resources {
             if st.clusters.unchanged(&r.name, &r.value) {
@@ -286,8 +293,12 @@ impl ProxyHandler {
                     let name = cfg.name.clone();
                     let existed = st.clusters.get(&name).is_some_and(|c| c.value.is_some());
                     forget_eds_user(st, &name, false);
+                    changed += 1;
                     let status = match cfg.discovery.clone() {
                         Discovery::Eds { service_name } => {
+                            // Each version of an EDS cluster starts its own subscription.
+                            UpdateStats::of_cluster(&shared.stats, &cfg.observability_name)
+                                .started();
                             st.eds_users
                                 .entry(service_name.clone())
                                 .or_default()
@@ -361,8 +372,14 @@ impl ProxyHandler {
         st.cds_received = true;
         let services: Vec<String> = st.eds_users.keys().cloned().collect();
         self.subscribe(ENDPOINT_TYPE_URL, services);
-        self.stats.cds.finish(&u.version_info, rejected.is_empty());
+        let delta = self.over_delta(self.config.cds.as_ref());
+        self.stats
+            .cds
+            .finish(&u.version_info, rejected.is_empty(), delta);
         if rejected.is_empty() {
+            if changed > 0 {
+                self.stats.cds_reloads.reloaded();
+            }
             st.cds_version = u.version_info;
         }
         self.publish_cluster_gauges(shared, st);
@@ -409,16 +426,6 @@ impl ProxyHandler {
         let mut rejected = Vec::new();
         let mut warmed = Vec::new();
         for r in u.resources {
-            if st.endpoints.unchanged(&r.name, &r.value) {
-                continue;
-            }
-            let cla: ClusterLoadAssignment = match decode(&r, "cluster load assignment") {
-                Ok(cla) => cla,
-                Err(reason) => {
-                    reject(&mut st.endpoints, &mut rejected, r, reason);
-                    continue;
-                }
-            };
             let users: Vec<String> = st
                 .eds_users
                 .get(&r.name)
@@ -439,6 +446,19 @@ impl ProxyHandler {
                         })
                 })
                 .collect();
+            if st.endpoints.unchanged(&r.name, &r.value) {
+                for name in &counted {
+                    UpdateStats::eds_unchanged(&shared.stats, name, &u.version_info);
+                }
+                continue;
+            }
+            let cla: ClusterLoadAssignment = match decode(&r, "cluster load assignment") {
+                Ok(cla) => cla,
+                Err(reason) => {
+                    reject(&mut st.endpoints, &mut rejected, r, reason);
+                    continue;
+                }
+            };
             let mut compiled = Vec::new();
             let mut failure = None;
             for user in &users {
@@ -457,7 +477,13 @@ impl ProxyHandler {
                     }
                 }
             }
-            UpdateStats::count_eds(&shared.stats, &counted, &r.version, failure.is_none());
+            for name in &counted {
+                UpdateStats::of_cluster(&shared.stats, name).finish(
+                    &u.version_info,
+                    failure.is_none(),
+                    self.ads_delta(),
+                );
+            }
             if let Some(reason) = failure {
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
@@ -496,7 +522,6 @@ impl ProxyHandler {
         st: &mut State,
         u: Update,
     ) -> Applied {
-        self.stats.lds.attempt.inc();
         let mut rejected = Vec::new();
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
@@ -563,7 +588,10 @@ impl ProxyHandler {
         st.lds_received = true;
         release_stats(shared, st);
         self.resubscribe_routes(shared, st);
-        self.stats.lds.finish(&u.version_info, rejected.is_empty());
+        let delta = self.over_delta(self.config.lds.as_ref());
+        self.stats
+            .lds
+            .finish(&u.version_info, rejected.is_empty(), delta);
         if rejected.is_empty() {
             st.lds_version = u.version_info;
         }
@@ -639,6 +667,7 @@ impl ProxyHandler {
                 let Some(cfg) = st.warming_clusters.remove(name) else {
                     return;
                 };
+                UpdateStats::of_cluster(&shared.stats, &cfg.observability_name).timed_out();
                 tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used without");
                 shared.clusters.apply(vec![cfg], &[]);
                 st.clusters.set_status(name, Status::Acked);
@@ -648,6 +677,13 @@ impl ProxyHandler {
                 let Some(cfg) = st.warming_listeners.remove(name) else {
                     return;
                 };
+                for route in rds_names(&cfg) {
+                    if st.routes.get(&route).is_none_or(|r| r.value.is_none())
+                        && let Some(prefix) = st.rds_started.get(&route)
+                    {
+                        UpdateStats::new(&shared.stats, prefix).timed_out();
+                    }
+                }
                 tracing::warn!(listener = %name, "initial_fetch_timeout: a route configuration did not come; the listener starts without");
                 self.activate_listener(&shared, st, name, cfg);
                 self.stats
@@ -696,10 +732,37 @@ impl ProxyHandler {
     }
 
     /// Subscribes to every route configuration a listener uses (static ones too).
-    fn resubscribe_routes(&self, shared: &Shared, st: &State) {
+    /// Whether the ADS stream speaks Delta (RDS and EDS always come over it).
+    fn ads_delta(&self) -> bool {
+        self.config.ads.as_ref().is_some_and(|a| a.delta)
+    }
+
+    /// Whether the subscription `sub` (LDS or CDS) comes over a Delta ADS stream.
+    fn over_delta(&self, sub: Option<&crate::config::dynamic::Subscription>) -> bool {
+        sub.is_some_and(|s| s.source == Source::Ads) && self.ads_delta()
+    }
+
+    /// Starts the stats of RDS subscriptions new since the last call.
+    fn resubscribe_routes(&self, shared: &Shared, st: &mut State) {
         let mut names: BTreeSet<String> = st.listener_routes.values().flatten().cloned().collect();
         for l in &shared.bootstrap.listeners {
             names.extend(rds_names(l));
+        }
+        st.rds_started.retain(|name, _| names.contains(name));
+        for name in &names {
+            if st.rds_started.contains_key(name) {
+                continue;
+            }
+            let Some(prefix) = rds_stat_prefixes(shared, st, name).into_iter().next() else {
+                continue;
+            };
+            UpdateStats::new(&shared.stats, &prefix).started();
+            // Its `config_reload*` stats exist from the start, as Envoy's.
+            Reloads::new(&shared.stats, &prefix);
+            // Envoy's RDS keeps `update_empty` for SotW responses without its configuration,
+            // which its mux (and revoy's) never delivers to an RDS subscription.
+            shared.stats.counter(&format!("{prefix}.update_empty"));
+            st.rds_started.insert(name.clone(), prefix);
         }
         self.subscribe(ROUTE_TYPE_URL, names.into_iter().collect());
     }
@@ -713,7 +776,11 @@ impl ProxyHandler {
     ) -> Applied {
         let mut rejected = Vec::new();
         for r in u.resources {
+            let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
             if st.routes.unchanged(&r.name, &r.value) {
+                for p in &prefixes {
+                    UpdateStats::new(&shared.stats, p).accepted(&u.version_info);
+                }
                 continue;
             }
             let compiled = decode::<RouteConfiguration>(&r, "route configuration").and_then(|rc| {
@@ -728,12 +795,16 @@ impl ProxyHandler {
                 crate::config::route::compile_route_config(ctx, &rc, check)
                     .map_err(|e| located("route configuration", &rc.name, e))
             });
-            UpdateStats::count(
-                &shared.stats,
-                &rds_stat_prefixes(shared, st, &r.name),
-                &r.version,
-                compiled.is_ok(),
-            );
+            for p in &prefixes {
+                UpdateStats::new(&shared.stats, p).finish(
+                    &u.version_info,
+                    compiled.is_ok(),
+                    self.ads_delta(),
+                );
+                if compiled.is_ok() {
+                    Reloads::new(&shared.stats, p).reloaded();
+                }
+            }
             match compiled {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
@@ -918,12 +989,41 @@ impl Handler for ProxyHandler {
                     (&self.config.lds, &self.stats.lds),
                 ] {
                     if sub.as_ref().is_some_and(|s| s.source == Source::Ads) {
-                        stats.failure.inc();
+                        stats.disconnected();
                     }
                 }
+                self.count_rds_and_eds_disconnected();
             }
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
             Event::Queued(queued) => self.stats.pending_requests.set(queued as u64),
+        }
+    }
+}
+
+impl ProxyHandler {
+    /// Every RDS and EDS subscription (all over ADS) counts the lost stream.
+    fn count_rds_and_eds_disconnected(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let st = self.state.lock().expect("xds state");
+        for prefix in st.rds_started.values() {
+            UpdateStats::new(&shared.stats, prefix).disconnected();
+        }
+        for cluster in st.eds_service_of.keys() {
+            let name = st
+                .warming_clusters
+                .get(cluster)
+                .map(|c| c.observability_name.clone())
+                .or_else(|| {
+                    shared
+                        .clusters
+                        .get(cluster)
+                        .map(|c| c.config().observability_name.clone())
+                });
+            if let Some(name) = name {
+                UpdateStats::of_cluster(&shared.stats, &name).disconnected();
+            }
         }
     }
 }
@@ -1001,7 +1101,7 @@ fn log_warnings(kind: &str, name: &str, warnings: &Warnings) {
 }
 
 /// `http.<stat_prefix>.rds.<route_config>` of every connection manager (of an active or
-/// warming listener) that uses route configuration `name`.
+/// warming listener) that uses route configuration `name`, sorted.
 fn rds_stat_prefixes(shared: &Shared, st: &State, name: &str) -> Vec<String> {
     let active = shared.snapshot.load_full();
     let configs = active
@@ -1009,17 +1109,23 @@ fn rds_stat_prefixes(shared: &Shared, st: &State, name: &str) -> Vec<String> {
         .iter()
         .map(|l| &**l.config())
         .chain(st.warming_listeners.values());
-    let mut prefixes = BTreeSet::new();
-    for l in configs {
-        for c in l.chains.iter().chain(&l.default_chain) {
-            if let Terminal::Http(h) = &c.terminal
-                && matches!(&h.routes, Routes::Rds(n) if n == name)
-            {
-                prefixes.insert(format!("http.{}.rds.{name}", h.stat_prefix));
-            }
-        }
-    }
+    let prefixes: BTreeSet<String> = configs.flat_map(|l| rds_prefixes_of(l, name)).collect();
     prefixes.into_iter().collect()
+}
+
+/// The RDS stat prefixes (`http.<stat_prefix>.rds.<name>`) of the connection managers of
+/// listener `l` that use the route configuration `name`.
+fn rds_prefixes_of(l: &ListenerConfig, name: &str) -> Vec<String> {
+    l.chains
+        .iter()
+        .chain(&l.default_chain)
+        .filter_map(|c| match &c.terminal {
+            Terminal::Http(h) if matches!(&h.routes, Routes::Rds(n) if n == name) => {
+                Some(format!("http.{}.rds.{name}", h.stat_prefix))
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 /// The RDS route configuration names a listener's connection managers use.

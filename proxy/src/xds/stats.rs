@@ -1,44 +1,38 @@
 //! The xDS stats, with Envoy's names: `cluster_manager.cds.*`, `listener_manager.lds.*`, the
 //! cluster and listener managers' counts, `control_plane.*`.
 
-use std::hash::{Hash, Hasher};
-
 use crate::stats::{Block, Counter, Gauge, Store};
 use crate::upstream::ClusterStats;
 
-/// One subscription's `update_*` stats and `version`.
+/// One subscription's stats, as Envoy's subscriptions keep them: `update_attempt` counts the
+/// subscription's start and every outcome after it (an update applied or rejected, a lost
+/// stream, the initial fetch timing out).
 pub struct UpdateStats {
-    /// `update_attempt`: responses received.
-    pub attempt: Counter,
-    /// `update_success`: responses applied whole.
-    pub success: Counter,
-    /// `update_rejected`: responses with a rejected resource.
-    pub rejected: Counter,
-    /// `update_failure`: the stream failed.
-    pub failure: Counter,
-    /// `version`: a hash of the last accepted `version_info`.
-    pub version: Gauge,
+    attempt: Counter,
+    success: Counter,
+    rejected: Counter,
+    failure: Counter,
+    init_fetch_timeout: Counter,
+    /// `update_time`: when the last update was applied, in ms since the epoch.
+    update_time: Gauge,
+    /// `version`: Envoy's hash (XXH64) of the last applied `version_info`.
+    version: Gauge,
 }
 
 impl UpdateStats {
     /// The stats of the subscription named by `prefix` (`cluster_manager.cds`,
     /// `listener_manager.lds`, `http.<stat_prefix>.rds.<route_config>` for RDS).
     pub fn new(store: &Store, prefix: &str) -> Self {
+        let c = |n: &str| store.counter(&format!("{prefix}.{n}"));
+        let g = |n: &str| store.gauge(&format!("{prefix}.{n}"));
         UpdateStats {
-            attempt: store.counter(&format!("{prefix}.update_attempt")),
-            success: store.counter(&format!("{prefix}.update_success")),
-            rejected: store.counter(&format!("{prefix}.update_rejected")),
-            failure: store.counter(&format!("{prefix}.update_failure")),
-            version: store.gauge(&format!("{prefix}.version")),
-        }
-    }
-
-    /// Counts one update of the subscriptions named by `prefixes`: an attempt, and its outcome.
-    pub fn count(store: &Store, prefixes: &[String], version_info: &str, accepted: bool) {
-        for p in prefixes {
-            let stats = UpdateStats::new(store, p);
-            stats.attempt.inc();
-            stats.finish(version_info, accepted);
+            attempt: c("update_attempt"),
+            success: c("update_success"),
+            rejected: c("update_rejected"),
+            failure: c("update_failure"),
+            init_fetch_timeout: c("init_fetch_timeout"),
+            update_time: g("update_time"),
+            version: g("version"),
         }
     }
 
@@ -49,44 +43,179 @@ impl UpdateStats {
                 .named_counter(n)
                 .expect("the cluster layout has the update stats")
         };
+        let g = |n: &str| {
+            block
+                .named_gauge(n)
+                .expect("the cluster layout has the update gauges")
+        };
         UpdateStats {
             attempt: c("update_attempt"),
             success: c("update_success"),
             rejected: c("update_rejected"),
             failure: c("update_failure"),
-            version: block
-                .named_gauge("version")
-                .expect("the cluster layout has the version gauge"),
+            init_fetch_timeout: c("init_fetch_timeout"),
+            update_time: g("update_time"),
+            version: g("version"),
         }
     }
 
-    /// Counts one EDS update of the clusters whose stat names are `clusters`, in each one's
-    /// block (created here for a cluster that still warms).
-    pub fn count_eds(store: &Store, clusters: &[String], version_info: &str, accepted: bool) {
-        for name in clusters {
-            let stats = UpdateStats::in_block(&ClusterStats::block(store, name));
-            stats.attempt.inc();
-            stats.finish(version_info, accepted);
-        }
+    /// The EDS subscription stats of the cluster whose stat name is `cluster` (its block is
+    /// made here for a cluster that still warms).
+    pub fn of_cluster(store: &Store, cluster: &str) -> Self {
+        UpdateStats::in_block(&ClusterStats::block(store, cluster))
     }
 
-    /// Counts a response's outcome.
-    pub fn finish(&self, version_info: &str, accepted: bool) {
+    /// An EDS update that left the hosts of the cluster whose stat name is `cluster` as they
+    /// were: applied, without a rebuild (`update_no_rebuild`).
+    pub fn eds_unchanged(store: &Store, cluster: &str, version_info: &str) {
+        let block = ClusterStats::block(store, cluster);
+        UpdateStats::in_block(&block).accepted(version_info);
+        block
+            .named_counter("update_no_rebuild")
+            .expect("the cluster layout has update_no_rebuild")
+            .inc();
+    }
+
+    /// The subscription started.
+    pub fn started(&self) {
+        self.attempt.inc();
+    }
+
+    /// An update was applied whole.
+    pub fn accepted(&self, version_info: &str) {
+        self.attempt.inc();
+        self.success.inc();
+        self.update_time.set(now_ms());
+        self.version.set(xxh64(version_info.as_bytes()));
+    }
+
+    /// An update was rejected (in part). Over Delta, Envoy counts an attempt before it applies
+    /// an update and another for the rejection.
+    pub fn rejected(&self, delta: bool) {
+        self.attempt.add(if delta { 2 } else { 1 });
+        self.rejected.inc();
+    }
+
+    /// The outcome of an update that came over Delta (`delta`) or state of the world:
+    /// [`UpdateStats::accepted`] or [`UpdateStats::rejected`].
+    pub fn finish(&self, version_info: &str, accepted: bool, delta: bool) {
         if accepted {
-            self.success.inc();
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            version_info.hash(&mut h);
-            self.version.set(h.finish());
+            self.accepted(version_info);
         } else {
-            self.rejected.inc();
+            self.rejected(delta);
         }
     }
+
+    /// The stream carrying the subscription failed.
+    pub fn disconnected(&self) {
+        self.attempt.inc();
+        self.failure.inc();
+    }
+
+    /// The initial fetch timed out.
+    pub fn timed_out(&self) {
+        self.attempt.inc();
+        self.init_fetch_timeout.inc();
+    }
+}
+
+/// `config_reload` and `config_reload_time_ms` of CDS and of an RDS subscription: updates
+/// that changed the configuration in force.
+pub struct Reloads {
+    count: Counter,
+    time_ms: Gauge,
+}
+
+impl Reloads {
+    /// The reload stats under `prefix`.
+    pub fn new(store: &Store, prefix: &str) -> Self {
+        Reloads {
+            count: store.counter(&format!("{prefix}.config_reload")),
+            time_ms: store.gauge(&format!("{prefix}.config_reload_time_ms")),
+        }
+    }
+
+    /// The configuration changed.
+    pub fn reloaded(&self) {
+        self.count.inc();
+        self.time_ms.set(now_ms());
+    }
+}
+
+/// Now, in ms since the epoch (Envoy's `update_time` and `config_reload_time_ms`).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// XXH64 with seed 0, the hash Envoy's `version` gauges show of a `version_info` (so the
+/// gauge of a proxy and of Envoy on the same version agree).
+fn xxh64(input: &[u8]) -> u64 {
+    const P1: u64 = 0x9E37_79B1_85EB_CA87;
+    const P2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+    const P3: u64 = 0x1656_67B1_9E37_79F9;
+    const P4: u64 = 0x85EB_CA77_C2B2_AE63;
+    const P5: u64 = 0x27D4_EB2F_1656_67C5;
+    let round = |acc: u64, lane: u64| {
+        acc.wrapping_add(lane.wrapping_mul(P2))
+            .rotate_left(31)
+            .wrapping_mul(P1)
+    };
+    let merge = |h: u64, v: u64| (h ^ round(0, v)).wrapping_mul(P1).wrapping_add(P4);
+    let u64_at = |b: &[u8]| u64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+    let mut rest = input;
+    let mut h = if input.len() >= 32 {
+        let mut v = [P1.wrapping_add(P2), P2, 0, 0u64.wrapping_sub(P1)];
+        while rest.len() >= 32 {
+            for (i, acc) in v.iter_mut().enumerate() {
+                *acc = round(*acc, u64_at(&rest[i * 8..]));
+            }
+            rest = &rest[32..];
+        }
+        let h = v[0]
+            .rotate_left(1)
+            .wrapping_add(v[1].rotate_left(7))
+            .wrapping_add(v[2].rotate_left(12))
+            .wrapping_add(v[3].rotate_left(18));
+        v.iter().fold(h, |h, &lane| merge(h, lane))
+    } else {
+        P5
+    };
+    h = h.wrapping_add(input.len() as u64);
+    while rest.len() >= 8 {
+        h = (h ^ round(0, u64_at(rest)))
+            .rotate_left(27)
+            .wrapping_mul(P1)
+            .wrapping_add(P4);
+        rest = &rest[8..];
+    }
+    if rest.len() >= 4 {
+        let word = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes"));
+        h = (h ^ u64::from(word).wrapping_mul(P1))
+            .rotate_left(23)
+            .wrapping_mul(P2)
+            .wrapping_add(P3);
+        rest = &rest[4..];
+    }
+    for &byte in rest {
+        h = (h ^ u64::from(byte).wrapping_mul(P5))
+            .rotate_left(11)
+            .wrapping_mul(P1);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(P2);
+    h ^= h >> 29;
+    h = h.wrapping_mul(P3);
+    h ^ (h >> 32)
 }
 
 /// Every xDS stat the handler keeps.
 pub struct XdsStats {
     /// `cluster_manager.cds.*`.
     pub cds: UpdateStats,
+    /// `cluster_manager.cds.config_reload*`.
+    pub cds_reloads: Reloads,
     /// `listener_manager.lds.*`.
     pub lds: UpdateStats,
     /// `cluster_manager.cluster_added`.
@@ -124,6 +253,7 @@ impl XdsStats {
         let g = |n: &str| store.gauge(n);
         XdsStats {
             cds: UpdateStats::new(store, "cluster_manager.cds"),
+            cds_reloads: Reloads::new(store, "cluster_manager.cds"),
             lds: UpdateStats::new(store, "listener_manager.lds"),
             cluster_added: c("cluster_manager.cluster_added"),
             cluster_modified: c("cluster_manager.cluster_modified"),
@@ -147,32 +277,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn eds_updates_count_in_the_cluster_block_before_and_after_the_cluster() {
-        let store = Store::new();
-        // The cluster still warms: its first EDS response makes its block.
-        UpdateStats::count_eds(&store, &["c".to_owned()], "v1", true);
-        let cluster = ClusterStats::new(&store, "c");
-        assert_eq!(cluster.update_attempt().value(), 1);
-        assert_eq!(cluster.update_success().value(), 1);
-        UpdateStats::count_eds(&store, &["c".to_owned()], "v2", false);
-        assert_eq!(cluster.update_attempt().value(), 2);
-        assert_eq!(cluster.update_rejected().value(), 1);
-        let snap = store.snapshot();
-        let names: Vec<&str> = snap.iter().map(|(n, _)| n.as_str()).collect();
-        assert!(names.contains(&"cluster.c.update_rejected"));
-        assert!(names.contains(&"cluster.c.version"));
-        assert_eq!(names.len(), 31);
+    fn version_hashes_are_envoys() {
+        // XXH64's reference values, and the `version` Envoy 1.40 showed for `version_info`s.
+        assert_eq!(xxh64(b""), 0xEF46_DB37_51D8_E999);
+        assert_eq!(xxh64(b"9c4bba08591fd2cc"), 3_861_947_411_826_306_299);
+        assert_eq!(xxh64(b"v1"), 9_194_640_092_791_331_756);
+        assert_eq!(xxh64(b"v2"), 17_234_765_554_138_278_603);
+        // Longer than one 32-byte stripe (python-xxhash's values).
+        assert_eq!(
+            xxh64(b"Nobody inspects the spammish repetition"),
+            18_144_624_926_692_707_313
+        );
+        assert_eq!(
+            xxh64(b"a version_info longer than one 32-byte stripe of XXH64"),
+            3_473_997_071_341_947_565
+        );
     }
 
     #[test]
-    fn a_cluster_without_eds_has_no_rejected_or_version_stat() {
+    fn eds_updates_count_in_the_cluster_block_before_and_after_the_cluster() {
+        let store = Store::new();
+        // The cluster still warms: its subscription's start makes its block.
+        UpdateStats::of_cluster(&store, "c").started();
+        UpdateStats::of_cluster(&store, "c").finish("v1", true, false);
+        let cluster = ClusterStats::new(&store, "c");
+        assert_eq!(cluster.update_attempt().value(), 2);
+        assert_eq!(cluster.update_success().value(), 1);
+        UpdateStats::of_cluster(&store, "c").finish("v2", false, false);
+        assert_eq!(cluster.update_attempt().value(), 3);
+        assert_eq!(cluster.update_rejected().value(), 1);
+        UpdateStats::of_cluster(&store, "c").finish("v3", false, true);
+        assert_eq!(
+            cluster.update_attempt().value(),
+            5,
+            "Delta counts two per rejection"
+        );
+        assert_eq!(cluster.update_rejected().value(), 2);
+        let snap = store.snapshot();
+        let names: Vec<&str> = snap.iter().map(|(n, _)| n.as_str()).collect();
+        for eds_only in ["update_rejected", "init_fetch_timeout", "update_time"] {
+            assert!(names.contains(&format!("cluster.c.{eds_only}").as_str()));
+        }
+    }
+
+    #[test]
+    fn a_cluster_without_eds_has_no_rejected_or_fetch_timeout_stat() {
         let store = Store::new();
         let _cluster = ClusterStats::new(&store, "static");
         let snap = store.snapshot();
+        let names: Vec<&str> = snap.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"cluster.static.version"));
+        assert!(names.contains(&"cluster.static.update_no_rebuild"));
         assert!(
-            !snap
+            !names
                 .iter()
-                .any(|(n, _)| n.ends_with(".update_rejected") || n.ends_with(".version"))
+                .any(|n| n.ends_with(".update_rejected") || n.ends_with(".init_fetch_timeout"))
         );
     }
 }

@@ -1,0 +1,484 @@
+//! Access-log formats: Envoy's command operators (`%RESPONSE_CODE%`, `%REQ(X?Y):Z%`...) in a
+//! text line or a JSON object, rendered against a [`Record`] as Envoy renders them (`-` for a
+//! missing value in text, `null` in JSON; numbers kept as numbers in JSON).
+
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use super::record::Record;
+use crate::route::format::{Machine, clock, split_command};
+
+/// Envoy's format when a logger names none.
+pub const DEFAULT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\"\n";
+
+/// A compiled access-log format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LogFormat {
+    /// A text line (its own newline included, as written).
+    Text {
+        /// The template.
+        template: Template,
+        /// `omit_empty_values`: a missing value renders empty instead of `-`.
+        omit_empty: bool,
+    },
+    /// One JSON object per line.
+    Json {
+        /// The object's members, sorted by key (as Envoy writes them).
+        members: Vec<(String, JsonValue)>,
+        /// `omit_empty_values`: members whose value is missing or empty are left out.
+        omit_empty: bool,
+    },
+}
+
+/// A value of a JSON format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum JsonValue {
+    /// A template: one operator alone keeps its type, anything else renders a string.
+    Template(Template),
+    /// A constant (a number or bool from the configuration), already in JSON.
+    Constant(String),
+    /// A nested object, sorted by key.
+    Object(Vec<(String, JsonValue)>),
+}
+
+/// Literal text and operators, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Template(Vec<Piece>);
+
+/// One piece of a template.
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Text(String),
+    Op(Op, Option<usize>),
+}
+
+/// A command operator.
+#[derive(Debug, Clone, PartialEq)]
+enum Op {
+    StartTime(String),
+    Req(Lookup),
+    Resp(Lookup),
+    Trailer(Lookup),
+    Protocol,
+    ResponseCode,
+    ResponseCodeDetails,
+    ResponseFlags,
+    ResponseFlagsLong,
+    BytesReceived,
+    BytesSent,
+    Duration,
+    RequestDuration,
+    ResponseDuration,
+    ResponseTxDuration,
+    UpstreamHost,
+    UpstreamCluster,
+    UpstreamLocal(Part),
+    UpstreamRemote(Part),
+    UpstreamTransportFailureReason,
+    DownstreamRemote(Part),
+    DownstreamDirectRemote(Part),
+    DownstreamLocal(Part),
+    RequestedServerName,
+    RouteName,
+    ConnectionTerminationDetails,
+    AttemptCount,
+    Constant(String),
+}
+
+/// Which part of an address an operator renders.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Full,
+    Ip,
+    Port,
+}
+
+/// The header a `REQ`/`RESP`/`TRAILER` operator reads, and its alternative.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Lookup {
+    name: String,
+    fallback: Option<String>,
+}
+
+/// One rendered value.
+enum Value {
+    Missing,
+    Str(String),
+    Num(u64),
+}
+
+impl Template {
+    /// Parses `format` with Envoy's grammar; errors name the operator at fault.
+    pub fn parse(format: &str, machine: &dyn Machine) -> Result<Template, String> {
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        let mut pos = 0;
+        while let Some(i) = format[pos..].find('%').map(|i| pos + i) {
+            text.push_str(&format[pos..i]);
+            if format[i + 1..].starts_with('%') {
+                text.push('%');
+                pos = i + 2;
+                continue;
+            }
+            let (command, end) = split_command(format, i).ok_or_else(|| {
+                format!(
+                    "Incorrect configuration: {format}. Couldn't find valid command at position {i}"
+                )
+            })?;
+            let op = compile(command.name, command.param, command.length, machine)?;
+            if !text.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            pieces.push(Piece::Op(op, command.length));
+            pos = end;
+        }
+        text.push_str(&format[pos..]);
+        if !text.is_empty() {
+            pieces.push(Piece::Text(text));
+        }
+        Ok(Template(pieces))
+    }
+
+    /// Renders as text: a missing value is `-` (empty when `omit_empty`).
+    pub fn render_text(&self, rec: &Record, omit_empty: bool, out: &mut String) {
+        for piece in &self.0 {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Op(op, max) => match op.value(rec) {
+                    Value::Missing if omit_empty => {}
+                    Value::Missing => out.push('-'),
+                    Value::Str(s) => push_truncated(out, &s, *max),
+                    Value::Num(n) => push_truncated(out, &n.to_string(), *max),
+                },
+            }
+        }
+    }
+
+    /// Renders as a JSON value: one operator alone keeps its type (`null` when missing),
+    /// anything else is a string. `None` when `omit_empty` and the value is missing or empty.
+    fn render_json(&self, rec: &Record, omit_empty: bool, out: &mut String) -> bool {
+        if let [Piece::Op(op, max)] = self.0.as_slice() {
+            match op.value(rec) {
+                Value::Missing if omit_empty => return false,
+                Value::Missing => out.push_str("null"),
+                Value::Num(n) if max.is_none() => {
+                    let _ = write!(out, "{n}");
+                }
+                Value::Num(n) => push_json_str(out, truncated(&n.to_string(), *max)),
+                Value::Str(s) if omit_empty && s.is_empty() => return false,
+                Value::Str(s) => push_json_str(out, truncated(&s, *max)),
+            }
+            return true;
+        }
+        let mut s = String::new();
+        self.render_text(rec, false, &mut s);
+        if omit_empty && s.is_empty() {
+            return false;
+        }
+        push_json_str(out, &s);
+        true
+    }
+}
+
+impl LogFormat {
+    /// Envoy's default text format.
+    pub fn default_text(machine: &dyn Machine) -> LogFormat {
+        LogFormat::Text {
+            template: Template::parse(DEFAULT_FORMAT, machine)
+                .expect("Envoy's default access log format parses"),
+            omit_empty: false,
+        }
+    }
+
+    /// Renders one log line (JSON gets its newline).
+    pub fn render(&self, rec: &Record) -> String {
+        let mut out = String::with_capacity(256);
+        match self {
+            LogFormat::Text {
+                template,
+                omit_empty,
+            } => template.render_text(rec, *omit_empty, &mut out),
+            LogFormat::Json {
+                members,
+                omit_empty,
+            } => {
+                render_object(members, rec, *omit_empty, &mut out);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+fn render_object(
+    members: &[(String, JsonValue)],
+    rec: &Record,
+    omit_empty: bool,
+    out: &mut String,
+) {
+    out.push('{');
+    let mut first = true;
+    for (key, value) in members {
+        let mark = out.len();
+        if !first {
+            out.push(',');
+        }
+        push_json_str(out, key);
+        out.push(':');
+        let kept = match value {
+            JsonValue::Constant(c) => {
+                out.push_str(c);
+                true
+            }
+            JsonValue::Object(inner) => {
+                render_object(inner, rec, omit_empty, out);
+                true
+            }
+            JsonValue::Template(t) => t.render_json(rec, omit_empty, out),
+        };
+        if kept {
+            first = false;
+        } else {
+            out.truncate(mark);
+        }
+    }
+    out.push('}');
+}
+
+/// Writes `s` as a JSON string.
+fn push_json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn truncated(s: &str, max: Option<usize>) -> &str {
+    match max {
+        Some(max) if s.len() > max => {
+            let mut end = max;
+            while !s.is_char_boundary(end) {
+                end -= 1;
+            }
+            &s[..end]
+        }
+        _ => s,
+    }
+}
+
+fn push_truncated(out: &mut String, s: &str, max: Option<usize>) {
+    out.push_str(truncated(s, max));
+}
+
+fn millis(d: Option<Duration>) -> Value {
+    d.map_or(Value::Missing, |d| Value::Num(d.as_millis() as u64))
+}
+
+fn addr(a: Option<SocketAddr>, part: Part) -> Value {
+    match (a, part) {
+        (None, _) => Value::Missing,
+        (Some(a), Part::Full) => Value::Str(a.to_string()),
+        (Some(a), Part::Ip) => Value::Str(a.ip().to_string()),
+        (Some(a), Part::Port) => Value::Num(u64::from(a.port())),
+    }
+}
+
+fn text(s: Option<&str>) -> Value {
+    match s {
+        Some(s) if !s.is_empty() => Value::Str(s.to_owned()),
+        _ => Value::Missing,
+    }
+}
+
+impl Lookup {
+    fn find<'h>(&self, get: impl Fn(&str) -> Option<&'h str>) -> Value {
+        text(get(&self.name).or_else(|| self.fallback.as_deref().and_then(&get)))
+    }
+}
+
+impl Op {
+    fn value(&self, rec: &Record) -> Value {
+        match self {
+            Op::StartTime(f) => Value::Str(clock::format(rec.start_time, f)),
+            Op::Req(l) => match &rec.request {
+                None => Value::Missing,
+                Some(req) => l.find(|name| match name {
+                    ":method" => Some(req.method.as_str()),
+                    ":path" => Some(req.path.as_str()),
+                    ":authority" | "host" => Some(req.authority.as_str()),
+                    ":scheme" => Some(req.scheme),
+                    _ => req.headers.get(name)?.to_str().ok(),
+                }),
+            },
+            Op::Resp(l) => {
+                let status = rec.response_code.map(|c| c.to_string());
+                l.find(|name| match name {
+                    ":status" => status.as_deref(),
+                    _ => rec.response_headers.as_ref()?.get(name)?.to_str().ok(),
+                })
+            }
+            Op::Trailer(l) => {
+                l.find(|name| rec.response_trailers.as_ref()?.get(name)?.to_str().ok())
+            }
+            Op::Protocol => text(rec.protocol),
+            Op::ResponseCode => Value::Num(u64::from(rec.response_code.unwrap_or(0))),
+            Op::ResponseCodeDetails => text(rec.details.as_deref()),
+            Op::ResponseFlags => Value::Str(rec.flags.render(false)),
+            Op::ResponseFlagsLong => Value::Str(rec.flags.render(true)),
+            Op::BytesReceived => Value::Num(rec.bytes_received),
+            Op::BytesSent => Value::Num(rec.bytes_sent),
+            Op::Duration => millis(rec.duration()),
+            Op::RequestDuration => millis(rec.request_duration()),
+            Op::ResponseDuration => millis(rec.response_duration()),
+            Op::ResponseTxDuration => millis(rec.response_tx_duration()),
+            Op::UpstreamHost => addr(rec.upstream_host, Part::Full),
+            Op::UpstreamCluster => text(rec.upstream_cluster.as_deref()),
+            Op::UpstreamLocal(p) => addr(rec.upstream_local, *p),
+            Op::UpstreamRemote(p) => addr(rec.upstream_host, *p),
+            Op::UpstreamTransportFailureReason => text(
+                rec.upstream_transport_failure
+                    .as_deref()
+                    .map(|r| r.replace(' ', "_"))
+                    .as_deref(),
+            ),
+            Op::DownstreamRemote(p) => addr(rec.downstream.remote, *p),
+            Op::DownstreamDirectRemote(p) => {
+                addr(rec.downstream.direct_remote.or(rec.downstream.remote), *p)
+            }
+            Op::DownstreamLocal(p) => addr(rec.downstream.local, *p),
+            Op::RequestedServerName => text(rec.downstream.server_name.as_deref()),
+            Op::RouteName => text(rec.route_name.as_deref()),
+            Op::ConnectionTerminationDetails => text(rec.termination_details.as_deref()),
+            Op::AttemptCount => Value::Num(u64::from(rec.attempts)),
+            Op::Constant(s) => Value::Str(s.clone()),
+        }
+    }
+}
+
+fn lookup(name: &str, param: Option<&str>) -> Result<Lookup, String> {
+    let param = param
+        .filter(|p| !p.is_empty())
+        .ok_or_else(|| format!("{name} requires parameters"))?;
+    let mut alternatives = param.split('?');
+    let main = alternatives.next().unwrap_or_default();
+    let fallback = alternatives.next();
+    if alternatives.next().is_some() {
+        return Err(format!(
+            "More than 1 alternative header specified in token: {param}"
+        ));
+    }
+    Ok(Lookup {
+        name: main.to_ascii_lowercase(),
+        fallback: fallback.map(str::to_ascii_lowercase),
+    })
+}
+
+fn compile(
+    name: &str,
+    param: Option<&str>,
+    length: Option<usize>,
+    machine: &dyn Machine,
+) -> Result<Op, String> {
+    match name {
+        "REQ" => return lookup(name, param).map(Op::Req),
+        "RESP" => return lookup(name, param).map(Op::Resp),
+        "TRAILER" => return lookup(name, param).map(Op::Trailer),
+        "START_TIME" => {
+            if length.is_some() {
+                return Err(format!("{name} does not allow length to be specified."));
+            }
+            let f = param
+                .filter(|p| !p.is_empty())
+                .unwrap_or(clock::DEFAULT_FORMAT);
+            return Ok(Op::StartTime(f.to_owned()));
+        }
+        "ENVIRONMENT" => {
+            let key = param
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| format!("{name} requires parameters"))?;
+            return Ok(match machine.env(key) {
+                Some(v) => Op::Constant(v),
+                None => Op::Constant("-".to_owned()),
+            });
+        }
+        "DYNAMIC_METADATA"
+        | "FILTER_STATE"
+        | "CLUSTER_METADATA"
+        | "UPSTREAM_METADATA"
+        | "ROUTE_METADATA"
+        | "UPSTREAM_FILTER_STATE" => {
+            return Err(format!(
+                "%{name}% is not supported by revoy: it keeps no {} for access logs",
+                if name.contains("FILTER_STATE") {
+                    "filter state"
+                } else {
+                    "metadata"
+                }
+            ));
+        }
+        _ => {}
+    }
+    if param.is_some() {
+        return Err(format!("{name} does not take any parameters or length"));
+    }
+    use Part::{Full, Ip, Port};
+    Ok(match name {
+        "PROTOCOL" => Op::Protocol,
+        "RESPONSE_CODE" => Op::ResponseCode,
+        "RESPONSE_CODE_DETAILS" => Op::ResponseCodeDetails,
+        "RESPONSE_FLAGS" => Op::ResponseFlags,
+        "RESPONSE_FLAGS_LONG" => Op::ResponseFlagsLong,
+        "BYTES_RECEIVED" => Op::BytesReceived,
+        "BYTES_SENT" => Op::BytesSent,
+        "DURATION" => Op::Duration,
+        "REQUEST_DURATION" => Op::RequestDuration,
+        "RESPONSE_DURATION" => Op::ResponseDuration,
+        "RESPONSE_TX_DURATION" => Op::ResponseTxDuration,
+        "UPSTREAM_HOST" => Op::UpstreamHost,
+        // revoy has no `alt_stat_name`: both name the cluster.
+        "UPSTREAM_CLUSTER" | "UPSTREAM_CLUSTER_RAW" => Op::UpstreamCluster,
+        "UPSTREAM_LOCAL_ADDRESS" => Op::UpstreamLocal(Full),
+        "UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT" => Op::UpstreamLocal(Ip),
+        "UPSTREAM_LOCAL_PORT" => Op::UpstreamLocal(Port),
+        "UPSTREAM_REMOTE_ADDRESS" => Op::UpstreamRemote(Full),
+        "UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT" => Op::UpstreamRemote(Ip),
+        "UPSTREAM_REMOTE_PORT" => Op::UpstreamRemote(Port),
+        "UPSTREAM_TRANSPORT_FAILURE_REASON" => Op::UpstreamTransportFailureReason,
+        "DOWNSTREAM_REMOTE_ADDRESS" => Op::DownstreamRemote(Full),
+        "DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT" => Op::DownstreamRemote(Ip),
+        "DOWNSTREAM_REMOTE_PORT" => Op::DownstreamRemote(Port),
+        "DOWNSTREAM_DIRECT_REMOTE_ADDRESS" => Op::DownstreamDirectRemote(Full),
+        "DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT" => Op::DownstreamDirectRemote(Ip),
+        "DOWNSTREAM_DIRECT_REMOTE_PORT" => Op::DownstreamDirectRemote(Port),
+        "DOWNSTREAM_LOCAL_ADDRESS" => Op::DownstreamLocal(Full),
+        "DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT" => Op::DownstreamLocal(Ip),
+        "DOWNSTREAM_LOCAL_PORT" => Op::DownstreamLocal(Port),
+        "REQUESTED_SERVER_NAME" => Op::RequestedServerName,
+        "ROUTE_NAME" => Op::RouteName,
+        "CONNECTION_TERMINATION_DETAILS" => Op::ConnectionTerminationDetails,
+        "UPSTREAM_REQUEST_ATTEMPT_COUNT" => Op::AttemptCount,
+        "HOSTNAME" => Op::Constant(machine.hostname()),
+        other => {
+            return Err(format!(
+                "Not supported field in StreamInfo: {other} (revoy does not implement the %{other}% access log operator)"
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests;

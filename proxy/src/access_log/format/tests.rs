@@ -1,0 +1,233 @@
+use std::time::{Duration, UNIX_EPOCH};
+
+use super::*;
+use crate::access_log::ResponseFlag;
+use crate::access_log::record::{Downstream, RequestHead};
+use crate::config::Context;
+use crate::config::context::FakeIo;
+
+fn parse(format: &str) -> Result<Template, String> {
+    let io = FakeIo::new().with_env("ZONE", "eu-1").with_hostname("box");
+    Template::parse(format, &Context::new(&io))
+}
+
+fn text(format: &str, rec: &Record) -> String {
+    let mut out = String::new();
+    parse(format).unwrap().render_text(rec, false, &mut out);
+    out
+}
+
+fn json(members: Vec<(&str, &str)>, rec: &Record, omit_empty: bool) -> String {
+    let members = members
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), JsonValue::Template(parse(v).unwrap())))
+        .collect();
+    LogFormat::Json {
+        members,
+        omit_empty,
+    }
+    .render(rec)
+}
+
+/// A request that was answered 200 by 10.0.0.2:8080 after 12 ms.
+fn record() -> Record {
+    let mut rec = Record::new(Downstream {
+        remote: Some("192.0.2.7:5555".parse().unwrap()),
+        direct_remote: None,
+        local: Some("10.0.0.1:80".parse().unwrap()),
+        server_name: None,
+    });
+    rec.start_time = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+    rec.end = Some(rec.start + Duration::from_millis(12));
+    rec.last_downstream_rx = Some(rec.start);
+    rec.protocol = Some("HTTP/1.1");
+    let mut headers = http::HeaderMap::new();
+    headers.insert("user-agent", http::HeaderValue::from_static("curl/8.0"));
+    rec.request = Some(RequestHead {
+        method: "GET".into(),
+        path: "/a?b=c".into(),
+        authority: "example.com".into(),
+        scheme: "http",
+        headers,
+    });
+    rec.response_code = Some(200);
+    rec.bytes_sent = 42;
+    rec.upstream_host = Some("10.0.0.2:8080".parse().unwrap());
+    rec.upstream_cluster = Some("backend".into());
+    rec.attempts = 1;
+    rec
+}
+
+#[test]
+fn missing_values_render_a_dash_in_text() {
+    let rec = record();
+    assert_eq!(
+        text(
+            "%REQ(X-MISSING)% %RESP(X-MISSING)% %ROUTE_NAME% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%",
+            &rec
+        ),
+        "- - - - -"
+    );
+    let mut out = String::new();
+    parse("[%ROUTE_NAME%]")
+        .unwrap()
+        .render_text(&rec, true, &mut out);
+    assert_eq!(out, "[]", "omit_empty_values drops the dash");
+}
+
+#[test]
+fn the_default_format_renders_like_envoys() {
+    let rec = record();
+    let line = LogFormat::default_text(&Context::new(&FakeIo::new())).render(&rec);
+    assert_eq!(
+        line,
+        "[2023-11-14T22:13:20.123Z] \"GET /a?b=c HTTP/1.1\" 200 - 0 42 12 - \"-\" \"curl/8.0\" \"-\" \"example.com\" \"10.0.0.2:8080\"\n"
+    );
+}
+
+#[test]
+fn headers_take_their_alternative_and_truncate() {
+    let rec = record();
+    assert_eq!(text("%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%", &rec), "/a?b=c");
+    assert_eq!(text("%REQ(USER-AGENT):4%", &rec), "curl");
+    assert_eq!(
+        text("%REQ(:METHOD)% %REQ(:AUTHORITY)%", &rec),
+        "GET example.com"
+    );
+    assert_eq!(text("%RESP(:STATUS)%", &rec), "200");
+}
+
+#[test]
+fn start_time_formats() {
+    let rec = record();
+    assert_eq!(text("%START_TIME(%s)%", &rec), "1700000000");
+    assert_eq!(text("%START_TIME(%s.%3f)%", &rec), "1700000000.123");
+    assert_eq!(text("%START_TIME(%f)%", &rec), "123456789");
+    assert_eq!(text("%START_TIME(%Y/%m/%d)%", &rec), "2023/11/14");
+}
+
+#[test]
+fn addresses_and_their_parts() {
+    let rec = record();
+    assert_eq!(
+        text(
+            "%DOWNSTREAM_REMOTE_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT% %DOWNSTREAM_REMOTE_PORT%",
+            &rec
+        ),
+        "192.0.2.7:5555 192.0.2.7 5555"
+    );
+    assert_eq!(
+        text("%DOWNSTREAM_DIRECT_REMOTE_ADDRESS%", &rec),
+        "192.0.2.7:5555",
+        "the direct address falls back to the remote one"
+    );
+    assert_eq!(
+        text(
+            "%DOWNSTREAM_LOCAL_ADDRESS% %UPSTREAM_HOST% %UPSTREAM_CLUSTER_RAW%",
+            &rec
+        ),
+        "10.0.0.1:80 10.0.0.2:8080 backend"
+    );
+}
+
+#[test]
+fn durations_and_counts() {
+    let mut rec = record();
+    assert_eq!(
+        text(
+            "%DURATION% %REQUEST_DURATION% %RESPONSE_DURATION% %BYTES_RECEIVED% %BYTES_SENT% %UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+            &rec
+        ),
+        "12 0 - 0 42 1"
+    );
+    rec.first_upstream_rx = Some(rec.start + Duration::from_millis(5));
+    assert_eq!(
+        text("%RESPONSE_DURATION% %RESPONSE_TX_DURATION%", &rec),
+        "5 7"
+    );
+}
+
+#[test]
+fn flags_details_and_transport_failures() {
+    let mut rec = record();
+    rec.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
+    rec.flags.set(ResponseFlag::UpstreamConnectionFailure);
+    rec.upstream_transport_failure = Some("delayed connect error: Connection refused".into());
+    rec.details = Some("via_upstream".into());
+    assert_eq!(
+        text(
+            "%RESPONSE_FLAGS% %RESPONSE_FLAGS_LONG% %UPSTREAM_TRANSPORT_FAILURE_REASON% %RESPONSE_CODE_DETAILS%",
+            &rec
+        ),
+        "URX,UF UpstreamRetryLimitExceeded,UpstreamConnectionFailure delayed_connect_error:_Connection_refused via_upstream"
+    );
+}
+
+#[test]
+fn environment_and_hostname_are_read_at_parse_time() {
+    let rec = record();
+    assert_eq!(
+        text("%ENVIRONMENT(ZONE)% %ENVIRONMENT(NOPE)% %HOSTNAME%", &rec),
+        "eu-1 - box"
+    );
+}
+
+#[test]
+fn json_keeps_types_and_nulls() {
+    let rec = record();
+    let line = json(
+        vec![
+            ("code", "%RESPONSE_CODE%"),
+            ("route", "%ROUTE_NAME%"),
+            ("mix", "x %RESPONSE_CODE% %ROUTE_NAME%"),
+            ("ua", "%REQ(USER-AGENT)%"),
+        ],
+        &rec,
+        false,
+    );
+    assert_eq!(
+        line,
+        "{\"code\":200,\"route\":null,\"mix\":\"x 200 -\",\"ua\":\"curl/8.0\"}\n"
+    );
+    let line = json(
+        vec![("code", "%RESPONSE_CODE%"), ("route", "%ROUTE_NAME%")],
+        &rec,
+        true,
+    );
+    assert_eq!(
+        line, "{\"code\":200}\n",
+        "omit_empty_values leaves nulls out"
+    );
+}
+
+#[test]
+fn json_strings_are_escaped() {
+    let mut rec = record();
+    rec.details = Some("a\"b\\c\u{1}".into());
+    let line = json(vec![("d", "%RESPONSE_CODE_DETAILS%")], &rec, false);
+    assert_eq!(line, "{\"d\":\"a\\\"b\\\\c\\u0001\"}\n");
+}
+
+#[test]
+fn operator_errors_name_the_operator() {
+    assert_eq!(
+        parse("%NOT_A_THING%").unwrap_err(),
+        "Not supported field in StreamInfo: NOT_A_THING (revoy does not implement the %NOT_A_THING% access log operator)"
+    );
+    assert!(
+        parse("%DYNAMIC_METADATA(istio.mixer:status)%")
+            .unwrap_err()
+            .contains("%DYNAMIC_METADATA% is not supported by revoy")
+    );
+    assert_eq!(parse("%REQ%").unwrap_err(), "REQ requires parameters");
+    assert_eq!(
+        parse("%PROTOCOL(x)%").unwrap_err(),
+        "PROTOCOL does not take any parameters or length"
+    );
+    assert!(
+        parse("100%")
+            .unwrap_err()
+            .starts_with("Incorrect configuration: 100%.")
+    );
+    assert_eq!(text("100%%", &record()), "100%");
+}

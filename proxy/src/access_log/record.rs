@@ -1,0 +1,400 @@
+//! The record of one request or connection that access logs read (Envoy's "stream info"):
+//! times, byte counts, addresses, the response and why it was given. Built only when some
+//! access log will read it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use http::HeaderMap;
+
+/// Envoy's response flags (`%RESPONSE_FLAGS%`), with their short and long names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ResponseFlag {
+    /// `LH`: the local health check failed.
+    FailedLocalHealthCheck,
+    /// `UH`: no healthy upstream host.
+    NoHealthyUpstream,
+    /// `UT`: the upstream request timed out.
+    UpstreamRequestTimeout,
+    /// `LR`: reset locally.
+    LocalReset,
+    /// `UR`: the upstream reset the stream.
+    UpstreamRemoteReset,
+    /// `UF`: the upstream connection failed.
+    UpstreamConnectionFailure,
+    /// `UC`: the upstream connection ended.
+    UpstreamConnectionTermination,
+    /// `UO`: a circuit breaker overflowed.
+    UpstreamOverflow,
+    /// `NR`: no route (or no filter chain) matched.
+    NoRouteFound,
+    /// `DI`: a fault filter delayed the request.
+    DelayInjected,
+    /// `FI`: a fault filter aborted the request.
+    FaultInjected,
+    /// `RL`: rate limited.
+    RateLimited,
+    /// `UAEX`: the external authorization service denied the request.
+    UnauthorizedExternalService,
+    /// `RLSE`: the rate limit service failed.
+    RateLimitServiceError,
+    /// `DC`: the downstream connection ended before the stream did.
+    DownstreamConnectionTermination,
+    /// `URX`: the retry (or connect attempt) limit was reached.
+    UpstreamRetryLimitExceeded,
+    /// `SI`: the stream idle timeout passed.
+    StreamIdleTimeout,
+    /// `IH`: invalid `x-envoy-*` request headers.
+    InvalidEnvoyRequestHeaders,
+    /// `DPE`: the downstream broke the HTTP protocol.
+    DownstreamProtocolError,
+    /// `UMSDR`: the upstream stream reached its maximum duration.
+    UpstreamMaxStreamDurationReached,
+    /// `RFCF`: answered from cache.
+    ResponseFromCacheFilter,
+    /// `NFCF`: no filter configuration found.
+    NoFilterConfigFound,
+    /// `DT`: the request or connection reached its maximum duration.
+    DurationTimeout,
+    /// `UPE`: the upstream broke the HTTP protocol.
+    UpstreamProtocolError,
+    /// `NC`: the route's cluster does not exist.
+    NoClusterFound,
+    /// `OM`: the overload manager ended the request.
+    OverloadManager,
+    /// `DF`: DNS resolution failed.
+    DnsResolutionFailed,
+    /// `DO`: dropped by the overload policy.
+    DropOverLoad,
+    /// `DR`: the downstream reset the stream.
+    DownstreamRemoteReset,
+}
+
+/// Every flag, in Envoy's table order (what filters name them by).
+pub const ALL_FLAGS: [ResponseFlag; 29] = {
+    use ResponseFlag::*;
+    [
+        FailedLocalHealthCheck,
+        NoHealthyUpstream,
+        UpstreamRequestTimeout,
+        LocalReset,
+        UpstreamRemoteReset,
+        UpstreamConnectionFailure,
+        UpstreamConnectionTermination,
+        UpstreamOverflow,
+        NoRouteFound,
+        DelayInjected,
+        FaultInjected,
+        RateLimited,
+        UnauthorizedExternalService,
+        RateLimitServiceError,
+        DownstreamConnectionTermination,
+        UpstreamRetryLimitExceeded,
+        StreamIdleTimeout,
+        InvalidEnvoyRequestHeaders,
+        DownstreamProtocolError,
+        UpstreamMaxStreamDurationReached,
+        ResponseFromCacheFilter,
+        NoFilterConfigFound,
+        DurationTimeout,
+        UpstreamProtocolError,
+        NoClusterFound,
+        OverloadManager,
+        DnsResolutionFailed,
+        DropOverLoad,
+        DownstreamRemoteReset,
+    ]
+};
+
+impl ResponseFlag {
+    /// The short name (`UF`).
+    pub fn short(self) -> &'static str {
+        use ResponseFlag::*;
+        match self {
+            FailedLocalHealthCheck => "LH",
+            NoHealthyUpstream => "UH",
+            UpstreamRequestTimeout => "UT",
+            LocalReset => "LR",
+            UpstreamRemoteReset => "UR",
+            UpstreamConnectionFailure => "UF",
+            UpstreamConnectionTermination => "UC",
+            UpstreamOverflow => "UO",
+            NoRouteFound => "NR",
+            DelayInjected => "DI",
+            FaultInjected => "FI",
+            RateLimited => "RL",
+            UnauthorizedExternalService => "UAEX",
+            RateLimitServiceError => "RLSE",
+            DownstreamConnectionTermination => "DC",
+            UpstreamRetryLimitExceeded => "URX",
+            StreamIdleTimeout => "SI",
+            InvalidEnvoyRequestHeaders => "IH",
+            DownstreamProtocolError => "DPE",
+            UpstreamMaxStreamDurationReached => "UMSDR",
+            ResponseFromCacheFilter => "RFCF",
+            NoFilterConfigFound => "NFCF",
+            DurationTimeout => "DT",
+            UpstreamProtocolError => "UPE",
+            NoClusterFound => "NC",
+            OverloadManager => "OM",
+            DnsResolutionFailed => "DF",
+            DropOverLoad => "DO",
+            DownstreamRemoteReset => "DR",
+        }
+    }
+
+    /// The long name (`UpstreamConnectionFailure`).
+    pub fn long(self) -> &'static str {
+        use ResponseFlag::*;
+        match self {
+            FailedLocalHealthCheck => "FailedLocalHealthCheck",
+            NoHealthyUpstream => "NoHealthyUpstream",
+            UpstreamRequestTimeout => "UpstreamRequestTimeout",
+            LocalReset => "LocalReset",
+            UpstreamRemoteReset => "UpstreamRemoteReset",
+            UpstreamConnectionFailure => "UpstreamConnectionFailure",
+            UpstreamConnectionTermination => "UpstreamConnectionTermination",
+            UpstreamOverflow => "UpstreamOverflow",
+            NoRouteFound => "NoRouteFound",
+            DelayInjected => "DelayInjected",
+            FaultInjected => "FaultInjected",
+            RateLimited => "RateLimited",
+            UnauthorizedExternalService => "UnauthorizedExternalService",
+            RateLimitServiceError => "RateLimitServiceError",
+            DownstreamConnectionTermination => "DownstreamConnectionTermination",
+            UpstreamRetryLimitExceeded => "UpstreamRetryLimitExceeded",
+            StreamIdleTimeout => "StreamIdleTimeout",
+            InvalidEnvoyRequestHeaders => "InvalidEnvoyRequestHeaders",
+            DownstreamProtocolError => "DownstreamProtocolError",
+            UpstreamMaxStreamDurationReached => "UpstreamMaxStreamDurationReached",
+            ResponseFromCacheFilter => "ResponseFromCacheFilter",
+            NoFilterConfigFound => "NoFilterConfigFound",
+            DurationTimeout => "DurationTimeout",
+            UpstreamProtocolError => "UpstreamProtocolError",
+            NoClusterFound => "NoClusterFound",
+            OverloadManager => "OverloadManagerTerminated",
+            DnsResolutionFailed => "DnsResolutionFailed",
+            DropOverLoad => "DropOverload",
+            DownstreamRemoteReset => "DownstreamRemoteReset",
+        }
+    }
+
+    /// The flag with short name `name`.
+    pub fn from_short(name: &str) -> Option<ResponseFlag> {
+        ALL_FLAGS.into_iter().find(|f| f.short() == name)
+    }
+}
+
+/// The flags set on a stream, in the order they were set (how Envoy lists them), each once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flags {
+    set: [Option<ResponseFlag>; 6],
+}
+
+impl Flags {
+    /// Sets `flag` (a flag already set keeps its place).
+    pub fn set(&mut self, flag: ResponseFlag) {
+        for slot in &mut self.set {
+            match slot {
+                Some(f) if *f == flag => return,
+                Some(_) => {}
+                None => {
+                    *slot = Some(flag);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether `flag` is set.
+    pub fn has(&self, flag: ResponseFlag) -> bool {
+        self.iter().any(|f| f == flag)
+    }
+
+    /// Whether no flag is set.
+    pub fn is_empty(&self) -> bool {
+        self.set[0].is_none()
+    }
+
+    /// The flags in the order they were set.
+    pub fn iter(&self) -> impl Iterator<Item = ResponseFlag> + '_ {
+        self.set.iter().map_while(|f| *f)
+    }
+
+    /// Envoy's rendering: names joined with `,`, `-` when none.
+    pub fn render(&self, long: bool) -> String {
+        if self.is_empty() {
+            return "-".to_owned();
+        }
+        let names: Vec<&str> = self
+            .iter()
+            .map(|f| if long { f.long() } else { f.short() })
+            .collect();
+        names.join(",")
+    }
+}
+
+/// The downstream side of a connection, as logs see it.
+#[derive(Debug, Clone, Default)]
+pub struct Downstream {
+    /// The client address (the trusted `x-forwarded-for` one when the connection manager
+    /// uses it, else the peer).
+    pub remote: Option<SocketAddr>,
+    /// The TCP peer.
+    pub direct_remote: Option<SocketAddr>,
+    /// The local address the connection arrived on (the original destination when
+    /// redirected).
+    pub local: Option<SocketAddr>,
+    /// The TLS SNI.
+    pub server_name: Option<Arc<str>>,
+}
+
+/// What a request looked like when it was logged: pseudo-headers and headers.
+#[derive(Debug, Clone, Default)]
+pub struct RequestHead {
+    /// `:method`.
+    pub method: String,
+    /// `:path` (with the query), as sent upstream.
+    pub path: String,
+    /// `:authority` / `host`.
+    pub authority: String,
+    /// `:scheme`.
+    pub scheme: &'static str,
+    /// The other headers.
+    pub headers: HeaderMap,
+}
+
+/// One request's or connection's record.
+#[derive(Debug, Clone)]
+pub struct Record {
+    /// When the stream started (wall clock).
+    pub start_time: SystemTime,
+    /// When the stream started (monotonic, for durations).
+    pub start: Instant,
+    /// When the last request byte arrived.
+    pub last_downstream_rx: Option<Instant>,
+    /// When the first byte of the upstream's response arrived.
+    pub first_upstream_rx: Option<Instant>,
+    /// When the stream ended (the last response byte was sent, or it was cut short).
+    pub end: Option<Instant>,
+    /// `HTTP/1.1`, `HTTP/2`...; `None` for TCP.
+    pub protocol: Option<&'static str>,
+    /// The downstream connection.
+    pub downstream: Downstream,
+    /// The request, for `%REQ(..)%` (HTTP only).
+    pub request: Option<RequestHead>,
+    /// The response status, once known.
+    pub response_code: Option<u16>,
+    /// The response headers sent.
+    pub response_headers: Option<HeaderMap>,
+    /// The response trailers sent.
+    pub response_trailers: Option<HeaderMap>,
+    /// `%RESPONSE_CODE_DETAILS%`.
+    pub details: Option<String>,
+    /// `%CONNECTION_TERMINATION_DETAILS%`.
+    pub termination_details: Option<String>,
+    /// Response flags.
+    pub flags: Flags,
+    /// Request body bytes (HTTP) or bytes from the downstream (TCP).
+    pub bytes_received: u64,
+    /// Response body bytes (HTTP) or bytes to the downstream (TCP).
+    pub bytes_sent: u64,
+    /// The route's name.
+    pub route_name: Option<Arc<str>>,
+    /// The upstream cluster chosen.
+    pub upstream_cluster: Option<Arc<str>>,
+    /// The upstream host of the last attempt.
+    pub upstream_host: Option<SocketAddr>,
+    /// The local address of the upstream connection.
+    pub upstream_local: Option<SocketAddr>,
+    /// Why the upstream connection failed (Envoy's transport failure reason).
+    pub upstream_transport_failure: Option<String>,
+    /// How many upstream attempts were made.
+    pub attempts: u32,
+    /// Whether the request was a health check (for `not_health_check_filter`).
+    pub health_check: bool,
+}
+
+impl Record {
+    /// A record of a stream starting now.
+    pub fn new(downstream: Downstream) -> Record {
+        Record {
+            start_time: SystemTime::now(),
+            start: Instant::now(),
+            last_downstream_rx: None,
+            first_upstream_rx: None,
+            end: None,
+            protocol: None,
+            downstream,
+            request: None,
+            response_code: None,
+            response_headers: None,
+            response_trailers: None,
+            details: None,
+            termination_details: None,
+            flags: Flags::default(),
+            bytes_received: 0,
+            bytes_sent: 0,
+            route_name: None,
+            upstream_cluster: None,
+            upstream_host: None,
+            upstream_local: None,
+            upstream_transport_failure: None,
+            attempts: 0,
+            health_check: false,
+        }
+    }
+
+    /// `%DURATION%`: start to end.
+    pub fn duration(&self) -> Option<Duration> {
+        self.end.map(|e| e.saturating_duration_since(self.start))
+    }
+
+    /// `%REQUEST_DURATION%`: start to the last request byte.
+    pub fn request_duration(&self) -> Option<Duration> {
+        self.last_downstream_rx
+            .map(|e| e.saturating_duration_since(self.start))
+    }
+
+    /// `%RESPONSE_DURATION%`: start to the first upstream response byte.
+    pub fn response_duration(&self) -> Option<Duration> {
+        self.first_upstream_rx
+            .map(|e| e.saturating_duration_since(self.start))
+    }
+
+    /// `%RESPONSE_TX_DURATION%`: first upstream response byte to the end.
+    pub fn response_tx_duration(&self) -> Option<Duration> {
+        let first = self.first_upstream_rx?;
+        Some(self.end?.saturating_duration_since(first))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_keep_the_order_they_were_set_in_once_each() {
+        let mut f = Flags::default();
+        assert_eq!(f.render(false), "-");
+        f.set(ResponseFlag::UpstreamRetryLimitExceeded);
+        f.set(ResponseFlag::UpstreamConnectionFailure);
+        f.set(ResponseFlag::UpstreamRetryLimitExceeded);
+        assert_eq!(f.render(false), "URX,UF");
+        assert_eq!(
+            f.render(true),
+            "UpstreamRetryLimitExceeded,UpstreamConnectionFailure"
+        );
+        assert!(f.has(ResponseFlag::UpstreamConnectionFailure));
+        assert!(!f.has(ResponseFlag::NoRouteFound));
+    }
+
+    #[test]
+    fn short_names_are_unique_and_found() {
+        for f in ALL_FLAGS {
+            assert_eq!(ResponseFlag::from_short(f.short()), Some(f));
+        }
+        assert_eq!(ResponseFlag::from_short("XX"), None);
+    }
+}

@@ -1,0 +1,331 @@
+//! The connection manager's access logs and spans: a request's [`Record`] kept while it is
+//! served (only when the connection manager has access logs or traces), its request body
+//! counted as it arrives, and its response body counted as it leaves; the record is written
+//! and the request's span finished from it when the response ends, or when the request is cut
+//! short (`DC`).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use http_body::Frame;
+use http_body_util::BodyExt;
+
+use super::ConnContext;
+use super::trace::{RequestTrace, Seen};
+use crate::access_log::record::{Downstream, RequestHead};
+use crate::access_log::{AccessLogs, Record, ResponseFlag};
+use crate::body::{Body, BoxError};
+use crate::route::Route;
+
+/// What the request body has brought so far.
+#[derive(Debug, Default)]
+struct Received {
+    bytes: AtomicU64,
+    done: OnceLock<Instant>,
+}
+
+/// A request being served whose record some access log or its span will read. Dropped before
+/// [`Pending::finish`] (the client went away), it writes the record with `DC`.
+pub(super) struct Pending {
+    rec: Option<Box<Record>>,
+    logs: AccessLogs,
+    received: Arc<Received>,
+    /// The request's trace, once routing decided it.
+    trace: Option<RequestTrace>,
+}
+
+impl Pending {
+    /// Starts the record of `req` (its headers as the connection manager leaves them, when an
+    /// access log reads them) and counts its body; `None` when the connection manager has
+    /// neither access logs nor tracing.
+    pub(super) fn start(ctx: &ConnContext, req: &mut Request<Body>) -> Option<Pending> {
+        let logs = &ctx.hcm.config.access_logs;
+        if logs.is_empty() && ctx.hcm.config.tracing.is_none() {
+            return None;
+        }
+        let mut rec = Box::new(Record::new(Downstream {
+            remote: Some(ctx.down.peer),
+            direct_remote: Some(ctx.down.peer),
+            local: Some(ctx.local),
+            server_name: None,
+        }));
+        rec.protocol = Some(match req.version() {
+            http::Version::HTTP_10 => "HTTP/1.0",
+            http::Version::HTTP_2 => "HTTP/2",
+            http::Version::HTTP_3 => "HTTP/3",
+            _ => "HTTP/1.1",
+        });
+        let authority = req
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                req.headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        rec.request = (!logs.is_empty()).then(|| RequestHead {
+            method: req.method().as_str().to_owned(),
+            path: req
+                .uri()
+                .path_and_query()
+                .map_or_else(String::new, |p| p.as_str().to_owned()),
+            authority,
+            scheme: if ctx.down.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
+            headers: req.headers().clone(),
+        });
+        let received = Arc::new(Received::default());
+        if http_body::Body::is_end_stream(req.body()) {
+            let _ = received.done.set(rec.start);
+        } else {
+            let body = std::mem::replace(req.body_mut(), crate::body::empty());
+            *req.body_mut() = Counted {
+                inner: body,
+                received: received.clone(),
+            }
+            .boxed_unsync();
+        }
+        Some(Pending {
+            rec: Some(rec),
+            logs: logs.clone(),
+            received,
+            trace: None,
+        })
+    }
+
+    /// The record, to fill in.
+    pub(super) fn record(&mut self) -> &mut Record {
+        self.rec.as_mut().expect("a pending record until finished")
+    }
+
+    /// Decides the request's trace once it is routed (`route`: `None` when none matched);
+    /// nothing when the connection manager does not trace.
+    pub(super) fn begin_trace(
+        &mut self,
+        ctx: &ConnContext,
+        route: Option<&Route>,
+        headers: &HeaderMap,
+        seen: &Seen<'_>,
+    ) {
+        self.trace = RequestTrace::begin(ctx, route, headers, seen);
+    }
+
+    /// The request's trace, once decided.
+    pub(super) fn trace(&mut self) -> Option<&mut RequestTrace> {
+        self.trace.as_mut()
+    }
+
+    /// The upstream request ended, answered with `status` (`None`: failed as the record
+    /// notes): finishes its span.
+    pub(super) fn upstream_done(&mut self, status: Option<u16>) {
+        if let (Some(t), Some(rec)) = (self.trace.as_mut(), self.rec.as_deref()) {
+            t.upstream_done(rec, status);
+        }
+    }
+
+    /// The `x-request-id` the trace decision wrote, when it changed the request's.
+    pub(super) fn traced_request_id(&self) -> Option<&HeaderValue> {
+        self.trace.as_ref()?.request_id.as_ref()
+    }
+
+    /// Notes the response about to be sent and hands the record to its body, which writes it
+    /// (and finishes the span) when it ends. `details` defaults to `via_upstream` when a
+    /// response came from upstream. A record that neither an access log nor a reported span
+    /// reads is dropped here.
+    pub(super) fn finish(mut self, mut resp: Response<Body>, head: bool) -> Response<Body> {
+        let Some(mut rec) = self.rec.take() else {
+            return resp;
+        };
+        let trace = self.trace.take().map(|mut t| {
+            t.respond(&rec, &mut resp);
+            t
+        });
+        let trace = trace.filter(RequestTrace::reported);
+        if self.logs.is_empty() && trace.is_none() {
+            return resp;
+        }
+        let status = resp.status().as_u16();
+        rec.response_code = Some(status);
+        rec.response_headers = Some(resp.headers().clone());
+        let expected = if head || status == 204 || status == 304 {
+            Some(0)
+        } else {
+            resp.headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+        };
+        let logs = std::mem::take(&mut self.logs);
+        let received = self.received.clone();
+        resp.map(move |inner| {
+            Logged {
+                inner,
+                rec: Some(rec),
+                logs,
+                received,
+                expected,
+                trace,
+            }
+            .boxed_unsync()
+        })
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(mut rec) = self.rec.take() {
+            rec.end = Some(Instant::now());
+            rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
+            if rec.details.is_none() {
+                rec.details = Some("downstream_remote_disconnect".to_owned());
+            }
+            take_received(&mut rec, &self.received);
+            if let Some(t) = self.trace.take() {
+                t.finish(&rec);
+            }
+            self.logs.log(&rec);
+        }
+    }
+}
+
+fn take_received(rec: &mut Record, received: &Received) {
+    rec.bytes_received = received.bytes.load(Ordering::Relaxed);
+    rec.last_downstream_rx = received.done.get().copied();
+}
+
+/// A request body counted as it arrives.
+struct Counted {
+    inner: Body,
+    received: Arc<Received>,
+}
+
+impl http_body::Body for Counted {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    this.received
+                        .bytes
+                        .fetch_add(d.len() as u64, Ordering::Relaxed);
+                }
+                if frame.is_trailers() || http_body::Body::is_end_stream(&this.inner) {
+                    let _ = this.received.done.set(Instant::now());
+                }
+            }
+            Poll::Ready(None) => {
+                let _ = this.received.done.set(Instant::now());
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body counted as it leaves; writes the record when it ends (or is dropped).
+struct Logged {
+    inner: Body,
+    rec: Option<Box<Record>>,
+    logs: AccessLogs,
+    received: Arc<Received>,
+    /// The body length the head announced.
+    expected: Option<u64>,
+    /// The span to finish with the record.
+    trace: Option<RequestTrace>,
+}
+
+impl Logged {
+    fn write(&mut self, complete: bool, trailers: Option<HeaderMap>) {
+        let Some(mut rec) = self.rec.take() else {
+            return;
+        };
+        rec.end = Some(Instant::now());
+        rec.response_trailers = trailers;
+        let complete = complete
+            || http_body::Body::is_end_stream(&self.inner)
+            || self.expected.is_some_and(|n| rec.bytes_sent >= n);
+        if !complete {
+            rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
+        }
+        take_received(&mut rec, &self.received);
+        if let Some(t) = self.trace.take() {
+            t.finish(&rec);
+        }
+        self.logs.log(&rec);
+    }
+}
+
+impl http_body::Body for Logged {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref()
+                    && let Some(rec) = this.rec.as_mut()
+                {
+                    rec.bytes_sent += d.len() as u64;
+                }
+                if let Some(t) = frame.trailers_ref() {
+                    this.write(true, Some(t.clone()));
+                } else if http_body::Body::is_end_stream(&this.inner) {
+                    this.write(true, None);
+                }
+            }
+            Poll::Ready(None) => this.write(true, None),
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(rec) = this.rec.as_mut() {
+                    rec.flags.set(ResponseFlag::UpstreamConnectionTermination);
+                }
+                this.write(false, None);
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        self.write(false, None);
+    }
+}
