@@ -19,6 +19,8 @@ mod tracing {
     pub mod fakes;
     pub mod observe;
 }
+#[path = "tracing/zipkin.rs"]
+mod zipkin;
 
 use std::net::SocketAddr;
 use std::time::Duration;

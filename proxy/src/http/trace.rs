@@ -43,6 +43,8 @@ pub struct RequestTrace {
     exporter: Option<Arc<Exporter>>,
     cfg: Arc<HcmTracing>,
     provider_is_zipkin: bool,
+    /// The request's B3 came as the single `b3` header.
+    b3_single: bool,
     span: Span,
     upstream: Option<Span>,
     /// The decision's `x-request-id`, when it changed (sent upstream and echoed).
@@ -98,12 +100,19 @@ impl RequestTrace {
         } else {
             Kind::Server
         };
-        let mut name = if cfg.egress {
+        let shared_context = matches!(provider, Some(Provider::Zipkin(z)) if z.shared_span_context);
+        // Zipkin names a span after the request's host, OpenTelemetry by its direction.
+        let mut name = if zipkin {
+            seen.host.to_owned()
+        } else if cfg.egress {
             format!("egress {}", seen.host)
         } else {
             "ingress".to_owned()
         };
         let mut span = Span::new(String::new(), kind, 0, new_id());
+        // An ingress span shares the caller's id (`shared_span_context`) on Zipkin.
+        span.shared = shared_context && !cfg.egress;
+        let mut b3_single = false;
         match incoming(zipkin, headers) {
             Some(inc) => {
                 span.trace_id = inc.trace_id;
@@ -117,27 +126,28 @@ impl RequestTrace {
                 };
                 span.tracestate = inc.tracestate;
                 span.parent_remote = true;
-                let shared = matches!(provider, Some(Provider::Zipkin(z)) if z.shared_span_context)
-                    && !cfg.egress;
-                if shared {
+                b3_single = inc.single;
+                if span.shared {
                     span.span_id = inc.span_id;
                     span.parent_id = inc.parent_id;
-                    span.shared = true;
                 } else {
                     span.parent_id = Some(inc.span_id);
                 }
             }
             None => {
-                let wide = match provider {
-                    Some(Provider::Zipkin(z)) => z.trace_id_128bit,
-                    _ => true,
-                };
-                span.trace_id = if wide {
-                    rand::random::<u128>()
-                } else {
-                    u128::from(new_id())
-                };
-                span.trace_id_128 = wide;
+                match provider {
+                    // A Zipkin root's trace id ends in its span id.
+                    Some(Provider::Zipkin(z)) => {
+                        let high = if z.trace_id_128bit {
+                            u128::from(new_id()) << 64
+                        } else {
+                            0
+                        };
+                        span.trace_id = high | u128::from(span.span_id);
+                        span.trace_id_128 = z.trace_id_128bit;
+                    }
+                    _ => span.trace_id = rand::random::<u128>(),
+                }
                 span.sampled = match zipkin.then(|| context::b3_sampled_only(headers)).flatten() {
                     Some(s) => s,
                     None => reason.traced(),
@@ -226,6 +236,7 @@ impl RequestTrace {
             exporter,
             cfg,
             provider_is_zipkin: zipkin,
+            b3_single,
             span,
             upstream: None,
             request_id,
@@ -269,6 +280,7 @@ impl RequestTrace {
                 carrier.span_id,
                 carrier.parent_id,
                 carrier.sampled,
+                self.b3_single,
             );
         } else {
             context::inject_w3c(

@@ -28,6 +28,8 @@ pub struct Incoming {
     pub sampled: Option<bool>,
     /// W3C `tracestate`.
     pub tracestate: String,
+    /// B3 came as the single `b3` header (Envoy then propagates it the same way).
+    pub single: bool,
 }
 
 fn hex_u64(s: &str) -> Option<u64> {
@@ -70,6 +72,7 @@ pub fn w3c(headers: &HeaderMap) -> Option<Incoming> {
         parent_id: None,
         sampled: Some(flags & 1 == 1),
         tracestate,
+        single: false,
     })
 }
 
@@ -115,6 +118,7 @@ pub fn b3(headers: &HeaderMap) -> Option<Incoming> {
             parent_id,
             sampled,
             tracestate: String::new(),
+            single: true,
         });
     }
     let get = |n: &HeaderName| headers.get(n).and_then(|v| v.to_str().ok());
@@ -136,6 +140,7 @@ pub fn b3(headers: &HeaderMap) -> Option<Incoming> {
         parent_id,
         sampled,
         tracestate: String::new(),
+        single: false,
     })
 }
 
@@ -185,7 +190,8 @@ pub fn b3_trace_hex(trace_id: u128, wide: bool) -> String {
     }
 }
 
-/// Writes the `x-b3-*` headers of a span.
+/// Writes a span's B3 context: the single `b3` header (`single`: the request came with one) or
+/// the `x-b3-*` headers.
 pub fn inject_b3(
     headers: &mut HeaderMap,
     trace_id: u128,
@@ -193,7 +199,20 @@ pub fn inject_b3(
     span_id: u64,
     parent_id: Option<u64>,
     sampled: bool,
+    single: bool,
 ) {
+    if single {
+        let mut v = format!(
+            "{}-{span_id:016x}-{}",
+            b3_trace_hex(trace_id, wide),
+            u8::from(sampled)
+        );
+        if let Some(p) = parent_id {
+            v.push_str(&format!("-{p:016x}"));
+        }
+        headers.insert(&B3, value(v));
+        return;
+    }
     headers.insert(&B3_TRACE_ID, value(b3_trace_hex(trace_id, wide)));
     headers.insert(&B3_SPAN_ID, value(format!("{span_id:016x}")));
     match parent_id {

@@ -22,11 +22,23 @@ struct Stats {
     spans_sent: Counter,
     /// `timer_flushed`: flushes the interval timer caused.
     timer_flushed: Counter,
-    /// `spans_dropped`: spans the full queue refused.
-    spans_dropped: Counter,
     /// `reports_sent` / `reports_failed` (gRPC: the cluster's call stats): export outcomes.
     sent: Counter,
     failed: Counter,
+    /// Zipkin's `reports_dropped` (the collector did not answer 202) and
+    /// `reports_skipped_no_cluster`.
+    rejected: Option<(Counter, Counter)>,
+}
+
+/// Why a batch did not reach the collector, as Envoy counts it.
+#[derive(Debug)]
+pub enum Failure {
+    /// The collector cluster does not exist (`reports_skipped_no_cluster`).
+    NoCluster,
+    /// The collector answered other than 202 (`reports_dropped`).
+    Rejected(u16),
+    /// The request failed (`reports_failed`).
+    Failed(String),
 }
 
 /// A running tracer: its queue and the task that flushes it.
@@ -35,7 +47,8 @@ pub struct Exporter {
     queue: Mutex<Vec<Span>>,
     wake: Notify,
     min_spans: usize,
-    dropped: Counter,
+    /// Spans the full queue refused (OpenTelemetry's `spans_dropped`).
+    dropped: Option<Counter>,
 }
 
 impl Exporter {
@@ -56,24 +69,34 @@ impl Exporter {
                 Stats {
                     spans_sent: store.counter("tracing.opentelemetry.spans_sent"),
                     timer_flushed: store.counter("tracing.opentelemetry.timer_flushed"),
-                    spans_dropped: store.counter("tracing.opentelemetry.spans_dropped"),
                     sent: store.counter(&format!("{call}.success")),
                     failed: store.counter(&format!("{call}.failure")),
+                    rejected: None,
                 }
             }
             Provider::Zipkin(_) => Stats {
                 spans_sent: store.counter("tracing.zipkin.spans_sent"),
                 timer_flushed: store.counter("tracing.zipkin.timer_flushed"),
-                spans_dropped: store.counter("tracing.zipkin.reports_dropped"),
                 sent: store.counter("tracing.zipkin.reports_sent"),
                 failed: store.counter("tracing.zipkin.reports_failed"),
+                rejected: Some((
+                    store.counter("tracing.zipkin.reports_dropped"),
+                    store.counter("tracing.zipkin.reports_skipped_no_cluster"),
+                )),
             },
+        };
+        // Zipkin has no counter for spans a full queue refuses.
+        let dropped = match provider {
+            Provider::OpenTelemetry(_) => {
+                Some(store.counter("tracing.opentelemetry.spans_dropped"))
+            }
+            Provider::Zipkin(_) => None,
         };
         let exporter = Arc::new(Exporter {
             queue: Mutex::new(Vec::new()),
             wake: Notify::new(),
             min_spans: flush.min_spans.max(1),
-            dropped: stats.spans_dropped.clone(),
+            dropped,
         });
         let sink = match provider {
             Provider::OpenTelemetry(p) => Sink::Otel(super::otel::Client::new(p.clone())),
@@ -98,7 +121,9 @@ impl Exporter {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             if q.len() >= MAX_QUEUED {
                 drop(q);
-                self.dropped.inc();
+                if let Some(d) = &self.dropped {
+                    d.inc();
+                }
                 return;
             }
             q.push(span);
@@ -163,14 +188,19 @@ async fn flushing(
         }
         stats.spans_sent.add(batch.len() as u64);
         let result = match &mut sink {
-            Sink::Otel(c) => c.export(&clusters, &batch).await,
+            Sink::Otel(c) => c.export(&clusters, &batch).await.map_err(Failure::Failed),
             Sink::Zipkin(c) => c.export(&clusters, &batch).await,
         };
-        match result {
-            Ok(()) => stats.sent.inc(),
-            Err(why) => {
+        match (result, &stats.rejected) {
+            (Ok(()), _) => stats.sent.inc(),
+            (Err(Failure::Rejected(status)), Some((dropped, _))) => {
+                dropped.inc();
+                tracing::debug!(status, spans = batch.len(), "collector refused spans");
+            }
+            (Err(Failure::NoCluster), Some((_, skipped))) => skipped.inc(),
+            (Err(why), _) => {
                 stats.failed.inc();
-                tracing::debug!(error = %why, spans = batch.len(), "span export failed");
+                tracing::debug!(error = ?why, spans = batch.len(), "span export failed");
             }
         }
     }

@@ -67,17 +67,19 @@ pub async fn otlp_collector() -> (SocketAddr, Log<ExportTraceServiceRequest>) {
     (addr, log)
 }
 
-/// One request a fake HTTP server got: path and headers.
+/// One request a fake HTTP server got: path, headers and body.
 #[derive(Debug, Clone)]
 pub struct Seen {
     /// The request path.
     pub path: String,
     /// Its headers.
     pub headers: HeaderMap,
+    /// Its body.
+    pub body: Bytes,
 }
 
 /// An HTTP/1.1 server that logs every request and answers `status` with body "ok" (the
-/// upstream).
+/// upstream, or a Zipkin collector).
 pub async fn http_server(status: u16) -> (SocketAddr, Log<Seen>) {
     let (listener, addr) = bind().await;
     let log: Log<Seen> = Arc::default();
@@ -94,8 +96,12 @@ pub async fn http_server(status: u16) -> (SocketAddr, Log<Seen>) {
                     async move {
                         let path = req.uri().path().to_owned();
                         let headers = req.headers().clone();
-                        let _ = req.into_body().collect().await;
-                        log.lock().unwrap().push(Seen { path, headers });
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        log.lock().unwrap().push(Seen {
+                            path,
+                            headers,
+                            body,
+                        });
                         let resp = Response::builder()
                             .status(status)
                             .body(Full::new(Bytes::from_static(b"ok")))
