@@ -72,6 +72,7 @@ static_resources:
               - {{match: {{path: /ok}}, route: {{cluster: backend}}}}
               - {{match: {{path: /decorated}}, route: {{cluster: backend}}, decorator: {{operation: my-op}}}}
               - {{match: {{path: /empty}}, route: {{cluster: empty}}}}
+              - {{match: {{path: /sampled}}, route: {{cluster: backend}}, tracing: {{random_sampling: {{numerator: 100}}}}}}
   clusters:
   - name: backend
     connect_timeout: 1s

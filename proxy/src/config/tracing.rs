@@ -160,8 +160,6 @@ pub struct HcmTracing {
     pub max_path_tag_length: usize,
     /// `spawn_upstream_span`: a CLIENT span per upstream request, child of the request's.
     pub spawn_upstream_span: bool,
-    /// `verbose`: timing events on spans.
-    pub verbose: bool,
     /// `provider`; `None`: the bootstrap's server-wide tracer, if any.
     pub provider: Option<Arc<Provider>>,
 }
@@ -330,6 +328,12 @@ pub fn compile_hcm_tracing(
             "formatted span operation names are not supported by revoy",
         ));
     }
+    if t.verbose {
+        return Err(ConfigError::new(
+            "verbose",
+            "verbose tracing (timing events on spans) is not supported by revoy",
+        ));
+    }
     if !t.upstream_operation.is_empty() {
         return Err(ConfigError::new(
             "upstream_operation",
@@ -346,7 +350,6 @@ pub fn compile_hcm_tracing(
         custom_tags: custom_tags(ctx, &t.custom_tags, "custom_tags")?,
         max_path_tag_length: t.max_path_tag_length.map_or(256, |v| v.value as usize),
         spawn_upstream_span: t.spawn_upstream_span.is_some_and(|b| b.value),
-        verbose: t.verbose,
         provider: t
             .provider
             .as_ref()
@@ -572,5 +575,19 @@ mod tests {
         };
         let err = custom_tags(&ctx, &[tag], "custom_tags").unwrap_err();
         assert_eq!(err.path, "custom_tags[0].metadata");
+    }
+
+    #[test]
+    fn verbose_tracing_is_refused_by_name() {
+        let io = super::super::context::FakeIo::new();
+        let ctx = Context::new(&io);
+        let t = HcmTracingProto {
+            verbose: true,
+            ..Default::default()
+        };
+        let err = compile_hcm_tracing(&ctx, &t, false).unwrap_err();
+        assert_eq!(err.path, "verbose");
+        let quiet = HcmTracingProto::default();
+        assert!(compile_hcm_tracing(&ctx, &quiet, false).is_ok());
     }
 }

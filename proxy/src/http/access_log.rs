@@ -54,12 +54,7 @@ impl Pending {
             local: Some(ctx.local),
             server_name: None,
         }));
-        rec.protocol = Some(match req.version() {
-            http::Version::HTTP_10 => "HTTP/1.0",
-            http::Version::HTTP_2 => "HTTP/2",
-            http::Version::HTTP_3 => "HTTP/3",
-            _ => "HTTP/1.1",
-        });
+        rec.protocol = Some(super::trace::protocol_name(req.version()));
         let authority = req
             .uri()
             .authority()
@@ -126,11 +121,11 @@ impl Pending {
         self.trace.as_mut()
     }
 
-    /// The upstream request ended, answered with `status` (`None`: failed as the record
-    /// notes): finishes its span.
-    pub(super) fn upstream_done(&mut self, status: Option<u16>) {
+    /// The upstream request ended, answered with a status over an HTTP version (`None`:
+    /// failed as the record notes): finishes its span.
+    pub(super) fn upstream_done(&mut self, answer: Option<(u16, http::Version)>) {
         if let (Some(t), Some(rec)) = (self.trace.as_mut(), self.rec.as_deref()) {
-            t.upstream_done(rec, status);
+            t.upstream_done(rec, answer);
         }
     }
 

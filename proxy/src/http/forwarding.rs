@@ -43,11 +43,12 @@ const INTERNAL_ONLY: [&str; 19] = [
 ];
 
 /// Headers Envoy removes from every request that is not internal, edge or not.
-const NON_EDGE_CLEANED: [&str; 4] = [
+const NON_EDGE_CLEANED: [&str; 5] = [
     "x-envoy-internal",
     "x-envoy-decorator-operation",
     "x-envoy-downstream-service-cluster",
     "x-envoy-downstream-service-node",
+    "x-envoy-force-trace",
 ];
 
 /// Facts about the downstream connection the header rules depend on.
@@ -239,10 +240,9 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
             .entry(&X_FORWARDED_PROTO)
             .or_insert(HeaderValue::from_static(scheme));
         let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
-        let internal = cfg
-            .internal_ranges
-            .iter()
-            .any(|c| c.contains(client.unwrap_or(peer)));
+        // Without the remote address, only an address taken from x-forwarded-for can make a
+        // request internal (Envoy 1.40 trusts no peer address here).
+        let internal = client.is_some_and(|c| cfg.internal_ranges.iter().any(|r| r.contains(c)));
         if internal {
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {

@@ -49,8 +49,13 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
     stats.rq_active.inc();
     let request_id = {
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
-        // A clone of a header value parsed from the request allocates: only when needed.
-        let id = if ctx.hcm.config.always_set_request_id_in_response {
+        // A clone of a header value parsed from the request allocates: only when needed. A
+        // forced trace (the header survives only on internal requests) echoes the id too.
+        let id = if ctx.hcm.config.always_set_request_id_in_response
+            || req
+                .headers()
+                .contains_key(&crate::trace::decision::X_ENVOY_FORCE_TRACE)
+        {
             req.headers().get(&X_REQUEST_ID).cloned()
         } else {
             None
@@ -198,11 +203,7 @@ async fn route_and_forward(
         Routes::Static(t) => Some(t.clone()),
         Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
     };
-    let protocol = match req.version() {
-        http::Version::HTTP_10 => "HTTP/1.0",
-        http::Version::HTTP_2 => "HTTP/2",
-        _ => "HTTP/1.1",
-    };
+    let protocol = super::trace::protocol_name(req.version());
     let Some(table) = table else {
         if let Some(p) = pending.as_deref_mut() {
             let host = authority(&req);
@@ -515,7 +516,7 @@ async fn route_and_forward(
                             r.details = Some("via_upstream".into())
                         });
                         if let Some(p) = pending {
-                            p.upstream_done(Some(resp.status().as_u16()));
+                            p.upstream_done(Some((resp.status().as_u16(), resp.version())));
                         }
                         resp
                     }
@@ -650,7 +651,7 @@ async fn route_and_forward(
                         r.details = Some("via_upstream".into())
                     });
                     if let Some(p) = pending {
-                        p.upstream_done(Some(resp.status().as_u16()));
+                        p.upstream_done(Some((resp.status().as_u16(), resp.version())));
                     }
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),

@@ -194,14 +194,12 @@ impl RequestTrace {
             .get(&ORIGINAL_PATH)
             .and_then(|v| v.to_str().ok())
             .unwrap_or(seen.path);
-        let mut url = format!("{}://{}{}", seen.scheme, seen.host, path);
-        if url.len() > cfg.max_path_tag_length {
-            let mut cut = cfg.max_path_tag_length;
-            while !url.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            url.truncate(cut);
+        // Envoy cuts the path, not the whole URL, to max_path_tag_length.
+        let mut cut = path.len().min(cfg.max_path_tag_length);
+        while !path.is_char_boundary(cut) {
+            cut -= 1;
         }
+        let url = format!("{}://{}{}", seen.scheme, seen.host, &path[..cut]);
         let mut request_tags = vec![
             ("guid:x-request-id".to_owned(), id),
             ("http.url".to_owned(), url),
@@ -298,14 +296,17 @@ impl RequestTrace {
         self.span.sampled && self.exporter.is_some()
     }
 
-    /// Records the end of the upstream request, answered with `status` (`None`: the
-    /// failure the record notes) and finishes the upstream span with the record's host and
-    /// flags.
-    pub fn upstream_done(&mut self, rec: &Record, status: Option<u16>) {
+    /// Records the end of the upstream request, answered with `status` over `protocol`
+    /// (`None`: the failure the record notes) and finishes the upstream span with the
+    /// record's host and flags.
+    pub fn upstream_done(&mut self, rec: &Record, answer: Option<(u16, http::Version)>) {
         let Some(mut up) = self.upstream.take() else {
             return;
         };
-        up.set_tag("http.protocol", "HTTP/1.1");
+        if let Some((_, version)) = answer {
+            up.set_tag("http.protocol", protocol_name(version));
+        }
+        let status = answer.map(|(s, _)| s);
         if let Some(a) = rec.upstream_host {
             up.set_tag("upstream_address", a.to_string());
             up.set_tag("peer.address", a.to_string());
@@ -366,6 +367,17 @@ impl RequestTrace {
         }
         span.end = SystemTime::now();
         exporter.submit(span);
+    }
+}
+
+/// Envoy's name of an HTTP version (`http.protocol`).
+pub fn protocol_name(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "HTTP/0.9",
+        http::Version::HTTP_10 => "HTTP/1.0",
+        http::Version::HTTP_2 => "HTTP/2",
+        http::Version::HTTP_3 => "HTTP/3",
+        _ => "HTTP/1.1",
     }
 }
 

@@ -78,8 +78,8 @@ pub struct Seen {
     pub body: Bytes,
 }
 
-/// An HTTP/1.1 server that logs every request and answers `status` with body "ok" (the
-/// upstream, or a Zipkin collector).
+/// An HTTP/1.1 and h2c server that logs every request and answers `status` with body "ok"
+/// (the upstream, or a Zipkin collector).
 pub async fn http_server(status: u16) -> (SocketAddr, Log<Seen>) {
     let (listener, addr) = bind().await;
     let log: Log<Seen> = Arc::default();
@@ -109,7 +109,7 @@ pub async fn http_server(status: u16) -> (SocketAddr, Log<Seen>) {
                         Ok::<_, Infallible>(resp)
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
             });

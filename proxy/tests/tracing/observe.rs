@@ -6,6 +6,9 @@ use std::collections::HashMap;
 
 use revoy::trace::otlp::{ExportTraceServiceRequest, KeyValue, any_value};
 
+/// The custom tags the tests configure.
+const CUSTOM_TAGS: [&str; 2] = ["hdr", "lit"];
+
 /// Gives ids stable names: the n-th distinct id seen is `<prefix><n>`.
 #[derive(Default)]
 pub struct Labels {
@@ -97,7 +100,15 @@ pub fn otel_lines(exports: &[ExportTraceServiceRequest], labels: &mut Labels) ->
                     let trace = labels.of("T", &hex(&s.trace_id));
                     let id = labels.of("S", &hex(&s.span_id));
                     let parent = labels.of("S", &hex(&s.parent_span_id));
-                    let attrs: Vec<String> = s.attributes.iter().map(attribute).collect();
+                    // Envoy keeps custom tags in a hash map: their order varies by process.
+                    let (custom, mut attrs): (Vec<&KeyValue>, Vec<&KeyValue>) = s
+                        .attributes
+                        .iter()
+                        .partition(|kv| CUSTOM_TAGS.contains(&kv.key.as_str()));
+                    let mut custom: Vec<&KeyValue> = custom;
+                    custom.sort_by(|a, b| a.key.cmp(&b.key));
+                    attrs.extend(custom);
+                    let attrs: Vec<String> = attrs.into_iter().map(attribute).collect();
                     let status = s.status.as_ref().map(|s| (s.code, s.message.clone()));
                     out.push(format!(
                         "span {:?} kind={} trace={trace} id={id} parent={parent} state={:?} flags={:#x} status={status:?} events={} attrs: {}",

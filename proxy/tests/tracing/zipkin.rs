@@ -11,6 +11,9 @@ use serde_json::Value;
 use super::tracing::{fakes, observe};
 use super::{Which, bootstrap, child, compare, oracle, ports};
 
+/// A change to the bootstrap a run makes.
+type Edit<'a> = dyn Fn(String) -> String + 'a;
+
 /// B3 ids the requests send (kept verbatim in the comparison).
 const TRACE_64: &str = "463ac35c9f6413ad";
 const TRACE_128: &str = "463ac35c9f6413ad48485a3953bb6124";
@@ -59,20 +62,13 @@ fn id(labels: &mut observe::Labels, prefix: &str, v: &str) -> String {
     format!("{}/{}", labels.of(prefix, v), v.len())
 }
 
-/// A span's annotations: their values, and whether each was made within the span's time.
+/// A span's annotations: their values, and whether each has a time.
 fn annotations(o: &serde_json::Map<String, Value>) -> Vec<String> {
-    let start = o.get("timestamp").and_then(Value::as_u64).unwrap_or(0);
-    let end = start + o.get("duration").and_then(Value::as_u64).unwrap_or(0);
     o.get("annotations")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .map(|a| {
-            let at = a.get("timestamp").and_then(Value::as_u64).unwrap_or(0);
-            // Times come from two clocks: allow a millisecond either way.
-            let within = at + 1000 >= start && at <= end + 1000;
-            format!("{}@{}", a["value"], if within { "in" } else { "out" })
-        })
+        .map(|a| format!("{}@{}", a["value"], a["timestamp"].is_u64()))
         .collect()
 }
 
@@ -126,21 +122,18 @@ fn zipkin_lines(body: &[u8], labels: &mut observe::Labels) -> Vec<String> {
     out
 }
 
-/// Runs `requests` through `which` traced by Zipkin per `tracing` (with `listener_extra`
-/// on the listener); what the upstream, the client and the collector saw, as lines.
+/// Runs `requests` through `which` traced by Zipkin per `tracing`, on the bootstrap as
+/// `edit` leaves it; what the upstream, the client and the collector saw, as lines.
 async fn zipkin_run(
     which: Which,
     tracing: &str,
-    listener_extra: &str,
+    edit: &Edit<'_>,
     requests: &[(&str, String)],
 ) -> Vec<String> {
     let (up, up_log) = fakes::http_server(200).await;
     let (col, col_log) = fakes::http_server(202).await;
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = bootstrap(admin, listener, up, col, false, tracing, "").replace(
-        "  - name: ingress\n",
-        &format!("  - name: ingress\n{listener_extra}"),
-    );
+    let yaml = edit(bootstrap(admin, listener, up, col, false, tracing, ""));
     let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
     let _p = match which {
         Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 73, ready),
@@ -199,9 +192,10 @@ async fn zipkin_run(
             b3.sort();
             let rid = s.headers.get("x-request-id").map(|v| v.to_str().unwrap());
             out.push(format!(
-                "upstream {} x-request-id={:?} {}",
+                "upstream {} x-request-id={:?} force-trace={:?} {}",
                 s.path,
                 rid.map(observe::request_id),
+                s.headers.get("x-envoy-force-trace"),
                 b3.join(" ")
             ));
         }
@@ -257,25 +251,89 @@ async fn zipkin_spans_and_b3_headers_match_envoy() {
         ("/nothing", String::new()),
         ("/empty", String::new()),
     ];
-    let mut runs = Vec::new();
-    for (name, tracing, listener) in [
-        ("defaults", zipkin_tracing("", ""), ""),
+    let h2_backend = |y: String| {
+        y.replace(
+            "  - name: backend\n    connect_timeout: 1s",
+            "  - name: backend\n    connect_timeout: 1s\n    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}",
+        )
+    };
+    let outbound = |y: String| {
+        y.replace(
+            "  - name: ingress\n",
+            "  - name: ingress\n    traffic_direction: OUTBOUND\n",
+        )
+    };
+    let configs: [(&str, String, &Edit<'_>); 3] = [
+        ("defaults", zipkin_tracing("", ""), &|y| y),
         (
-            "128-bit ids, own span ids, upstream spans",
+            "128-bit ids, own span ids, upstream spans over HTTP/2",
             zipkin_tracing(
                 "spawn_upstream_span: true,",
                 "trace_id_128bit: true, shared_span_context: false",
             ),
-            "",
+            &h2_backend,
         ),
+        ("egress", zipkin_tracing("", ""), &outbound),
+    ];
+    let mut runs = Vec::new();
+    for (name, tracing, edit) in configs {
+        let envoy = zipkin_run(Which::Envoy, &tracing, edit, &requests).await;
+        let revoy = zipkin_run(Which::Revoy, &tracing, edit, &requests).await;
+        if std::env::var_os("REVOY_TRACE_VERBOSE").is_some() {
+            for l in &envoy {
+                println!("E {name}: {l}");
+            }
+        }
+        runs.push((name, envoy, revoy));
+    }
+    for (name, envoy, revoy) in runs {
+        compare(name, &envoy, &revoy);
+    }
+}
+
+/// The bootstrap's server-wide Zipkin tracer under a connection manager that samples
+/// nothing at random: a route's own sampling, `x-envoy-force-trace` from an edge client,
+/// `x-client-trace-id`, and `max_path_tag_length`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zipkin_sampling_decisions_and_the_bootstrap_tracer_match_envoy() {
+    if oracle::envoy_or_skip("zipkin_sampling_decisions_and_the_bootstrap_tracer_match_envoy")
+        .is_none()
+    {
+        return;
+    }
+    let requests = [
+        ("/ok", String::new()),
+        ("/sampled?a-long-query-string", String::new()),
+        ("/ok", "x-envoy-force-trace: true\r\n".to_owned()),
         (
-            "egress",
-            zipkin_tracing("", ""),
-            "    traffic_direction: OUTBOUND\n",
+            "/ok",
+            "x-forwarded-for: 127.0.0.1\r\nx-envoy-force-trace: true\r\n".to_owned(),
         ),
-    ] {
-        let envoy = zipkin_run(Which::Envoy, &tracing, listener, &requests).await;
-        let revoy = zipkin_run(Which::Revoy, &tracing, listener, &requests).await;
+        ("/ok", "x-client-trace-id: abc\r\n".to_owned()),
+        (
+            "/ok",
+            "x-client-trace-id: abc\r\nx-request-id: 5b4c1a2e-0d1f-4a39-8c6b-4e3f2a1b0c9d\r\n"
+                .to_owned(),
+        ),
+    ];
+    let tracing = "{random_sampling: {value: 0}, max_path_tag_length: 24}";
+    let server_wide = |y: String| {
+        y + "tracing:\n  http: {name: envoy.tracers.zipkin, typed_config: {\"@type\": type.googleapis.com/envoy.config.trace.v3.ZipkinConfig, collector_cluster: collector, collector_endpoint: /api/v2/spans, collector_endpoint_version: HTTP_JSON}}\n"
+    };
+    let internal = |y: String| {
+        server_wide(y).replace(
+            "stat_prefix: ingress",
+            "stat_prefix: ingress\n          internal_address_config: {cidr_ranges: [{address_prefix: 127.0.0.1, prefix_len: 32}]}",
+        )
+    };
+    let configs: [(&str, &Edit<'_>); 2] = [
+        ("edge client", &server_wide),
+        ("internal client", &internal),
+    ];
+    let mut runs = Vec::new();
+    for (name, edit) in configs {
+        let envoy = zipkin_run(Which::Envoy, tracing, edit, &requests).await;
+        let revoy = zipkin_run(Which::Revoy, tracing, edit, &requests).await;
         if std::env::var_os("REVOY_TRACE_VERBOSE").is_some() {
             for l in &envoy {
                 println!("E {name}: {l}");
