@@ -26,6 +26,7 @@ pub mod stats;
 pub mod tcp;
 pub mod timer_anchor;
 pub mod tls;
+pub mod trace;
 pub mod upstream;
 pub mod wire;
 pub mod xds;

@@ -38,6 +38,8 @@ pub struct Shared {
     /// The xDS client's state, when the bootstrap has `dynamic_resources` (for `/xds` and
     /// `/config_dump`).
     pub xds: std::sync::OnceLock<crate::xds::Xds>,
+    /// The tracers connection managers report spans to.
+    pub tracers: crate::trace::Tracers,
 }
 
 impl Shared {
@@ -94,6 +96,22 @@ impl Shared {
     }
 }
 
+/// The proxy as spans describe it: the bootstrap's `node`, overridden by `--service-node`,
+/// `--service-cluster` and `--service-zone`.
+fn local_info(bootstrap: &BootstrapConfig, options: &Options) -> crate::trace::LocalInfo {
+    let node = bootstrap.proto.decode().node.unwrap_or_default();
+    let pick = |flag: &Option<String>, node: String| flag.clone().unwrap_or(node);
+    crate::trace::LocalInfo {
+        node_id: pick(&options.service_node, node.id),
+        cluster: pick(&options.service_cluster, node.cluster),
+        zone: pick(
+            &options.service_zone,
+            node.locality.map(|l| l.zone).unwrap_or_default(),
+        ),
+        address: crate::http::forwarding::machine_address(),
+    }
+}
+
 /// Builds the shared state for a compiled bootstrap (no sockets yet).
 pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
     let stats = Store::new();
@@ -117,8 +135,17 @@ pub fn build_shared(bootstrap: BootstrapConfig, options: Options) -> Shared {
             },
         );
     }
+    let clusters = ClusterManager::new(stats.clone(), secrets.clone());
+    let tracers = crate::trace::Tracers::new(
+        local_info(&bootstrap, &options),
+        bootstrap.tracer.clone(),
+        bootstrap.trace_flush,
+        stats.clone(),
+        clusters.clone(),
+    );
     Shared {
-        clusters: ClusterManager::new(stats.clone(), secrets.clone()),
+        tracers,
+        clusters,
         secrets,
         snapshot: Published::default(),
         applier: Applier::default(),

@@ -39,6 +39,10 @@ pub struct BootstrapConfig {
     pub stats_flush: super::stats_flush::StatsFlush,
     /// `stats_config.histogram_bucket_settings`: bucket bounds by histogram name.
     pub histogram_buckets: Vec<(crate::route::matcher::StringMatcher, Vec<f64>)>,
+    /// `tracing.http`: the server-wide tracer connection managers without a `provider` use.
+    pub tracer: Option<std::sync::Arc<super::tracing::Provider>>,
+    /// How tracers batch spans (`layered_runtime` keys).
+    pub trace_flush: super::tracing::FlushSettings,
 }
 
 /// One of `static_resources.secrets`.
@@ -165,7 +169,17 @@ pub fn compile_bootstrap(
         listeners.push(compiled);
     }
     skipped_features(b, warnings);
+    #[allow(deprecated)] // Envoy still falls back to the bootstrap's tracer; Istio may set it.
+    let tracer = b
+        .tracing
+        .as_ref()
+        .and_then(|t| t.http.as_ref())
+        .map(|h| super::tracing::compile_provider(h).map_err(|e| e.within("tracing.http")))
+        .transpose()?
+        .map(std::sync::Arc::new);
     Ok(BootstrapConfig {
+        tracer,
+        trace_flush: super::tracing::FlushSettings::from_runtime(b.layered_runtime.as_ref()),
         unimplemented: warnings
             .iter()
             .skip(first)
@@ -185,14 +199,7 @@ pub fn compile_bootstrap(
 }
 
 /// Records the bootstrap's settings that revoy does not act on.
-#[allow(deprecated)] // `tracing` is deprecated in the bootstrap, but configs still set it.
 fn skipped_features(b: &Bootstrap, warnings: &mut Warnings) {
-    if b.tracing.is_some() {
-        warnings.skipped(
-            "tracing",
-            "tracing is not implemented by revoy; no spans are sent",
-        );
-    }
     if !b.stats_sinks.is_empty() {
         warnings.skipped(
             "stats_sinks",

@@ -184,6 +184,10 @@ pub struct HcmConfig {
     pub max_stream_duration: Option<std::time::Duration>,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
+    /// `tracing`: `None` when the connection manager does not trace.
+    pub tracing: Option<Arc<super::tracing::HcmTracing>>,
+    /// `request_id_extension`.
+    pub request_id: super::tracing::RequestIdConfig,
 }
 
 /// Records the connection manager's settings that revoy does not act on (none of them has a
@@ -199,12 +203,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
         warnings.skipped(
             "local_reply_config",
             "local reply mappers are not implemented by revoy; local replies keep Envoy's default bodies",
-        );
-    }
-    if hcm.tracing.is_some() {
-        warnings.skipped(
-            "tracing",
-            "tracing is not implemented by revoy; no spans are sent",
         );
     }
 }
@@ -381,7 +379,18 @@ pub fn compile_hcm(
         .stream_idle_timeout
         .as_ref()
         .map_or(Some(Duration::from_secs(300)), duration);
+    let tracing = hcm
+        .tracing
+        .as_ref()
+        .map(|t| {
+            super::tracing::compile_hcm_tracing(ctx, t, false).map_err(|e| e.within("tracing"))
+        })
+        .transpose()?
+        .map(Arc::new);
+    let request_id = super::tracing::compile_request_id(hcm.request_id_extension.as_ref())?;
     Ok(HcmConfig {
+        tracing,
+        request_id,
         access_logs: super::access_log::compile_access_logs(ctx, &hcm.access_log)
             .map_err(|e| e.within("access_log"))?,
         denied,

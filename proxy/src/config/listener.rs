@@ -448,6 +448,19 @@ fn refuse_udp(l: &Listener) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// An OUTBOUND listener's connection manager traces egress: its spans are `egress <host>`,
+/// CLIENT spans.
+fn egress_tracing(terminal: &mut Terminal) {
+    if let Terminal::Http(hcm) = terminal
+        && hcm.tracing.is_some()
+    {
+        let hcm = Arc::make_mut(hcm);
+        if let Some(t) = hcm.tracing.as_mut() {
+            Arc::make_mut(t).egress = true;
+        }
+    }
+}
+
 /// Compiles one listener. `path` is its location (`static_resources.listeners[0]`).
 pub fn compile_listener(
     ctx: &Context<'_>,
@@ -482,6 +495,12 @@ pub fn compile_listener(
         .as_ref()
         .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, warnings))
         .transpose()?;
+    if l.traffic_direction == proto::pb::envoy::config::core::v3::TrafficDirection::Outbound as i32
+    {
+        for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {
+            egress_tracing(&mut c.terminal);
+        }
+    }
     if chains.is_empty() && default_chain.is_none() {
         return Err(ConfigError::new(
             "filter_chains",

@@ -16,6 +16,7 @@ pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;
 pub mod tls;
+pub mod tracing;
 pub mod upstream_transport;
 
 use std::fmt;

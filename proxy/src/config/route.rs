@@ -227,6 +227,7 @@ fn tls_redirect_route() -> Route {
         })),
         headers: None,
         metadata: None,
+        tracing: None,
     }
 }
 
@@ -265,7 +266,11 @@ fn compile_route<'p>(
         }
         None => return Err(ConfigError::new("action", "value is required")),
     };
+    let tracing =
+        super::tracing::compile_route_tracing(vh.ctx, r.decorator.as_ref(), r.tracing.as_ref())?
+            .map(Box::new);
     Ok(Route {
+        tracing,
         name: r.name.clone(),
         matcher,
         action: act,

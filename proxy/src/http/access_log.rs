@@ -1,8 +1,9 @@
-//! The connection manager's access logs: a request's [`Record`] kept while it is served (only
-//! when the connection manager has access logs), its request body counted as it arrives, and
-//! its response body counted as it leaves; the record is written when the response ends, or
-//! when the request is cut short (`DC`). An upgraded stream's record is handed to its tunnel,
-//! which writes it when the tunnel closes (as Envoy logs an upgrade when its stream ends).
+//! The connection manager's access logs and spans: a request's [`Record`] kept while it is
+//! served (only when the connection manager has access logs or traces), its request body
+//! counted as it arrives, and its response body counted as it leaves; the record is written
+//! and the request's span finished from it when the response ends, or when the request is cut
+//! short (`DC`). An upgraded stream's record (and span) is handed to its tunnel, which writes
+//! it when the tunnel closes (as Envoy logs an upgrade when its stream ends).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,15 +12,17 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 
 use super::ConnContext;
+use super::trace::{RequestTrace, Seen};
 use crate::access_log::record::{Downstream, RequestHead};
 use crate::access_log::{AccessLogs, Record, ResponseFlag};
 use crate::body::{Body, BoxError};
+use crate::route::Route;
 
 /// What the request body has brought so far.
 #[derive(Debug, Default)]
@@ -28,24 +31,28 @@ struct Received {
     done: OnceLock<Instant>,
 }
 
-/// What an upgrade's tunnel receives once the `101` has been sent: the record and its logs.
-pub(super) type Handover = (Box<Record>, AccessLogs);
+/// What an upgrade's tunnel receives once the `101` has been sent: the record, its logs and
+/// the request's span.
+pub(super) type Handover = (Box<Record>, AccessLogs, Option<RequestTrace>);
 
-/// A request being served whose record some access log will read. Dropped before
+/// A request being served whose record some access log or its span will read. Dropped before
 /// [`Pending::finish`] (the client went away), it writes the record with `DC`.
 pub(super) struct Pending {
     rec: Option<Box<Record>>,
     logs: AccessLogs,
     received: Arc<Received>,
     tunnel: Option<oneshot::Sender<Handover>>,
+    /// The request's trace, once routing decided it.
+    trace: Option<RequestTrace>,
 }
 
 impl Pending {
-    /// Starts the record of `req` (its headers as the connection manager leaves them) and
-    /// counts its body; `None` when the connection manager has no access logs.
+    /// Starts the record of `req` (its headers as the connection manager leaves them, when an
+    /// access log reads them) and counts its body; `None` when the connection manager has
+    /// neither access logs nor tracing.
     pub(super) fn start(ctx: &ConnContext, req: &mut Request<Body>) -> Option<Pending> {
         let logs = &ctx.hcm.config.access_logs;
-        if logs.is_empty() {
+        if logs.is_empty() && ctx.hcm.config.tracing.is_none() {
             return None;
         }
         let mut rec = Box::new(Record::new(Downstream {
@@ -54,12 +61,7 @@ impl Pending {
             local: Some(ctx.local),
             server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
         }));
-        rec.protocol = Some(match req.version() {
-            http::Version::HTTP_10 => "HTTP/1.0",
-            http::Version::HTTP_2 => "HTTP/2",
-            http::Version::HTTP_3 => "HTTP/3",
-            _ => "HTTP/1.1",
-        });
+        rec.protocol = Some(super::trace::protocol_name(req.version()));
         let authority = req
             .uri()
             .authority()
@@ -71,7 +73,7 @@ impl Pending {
                     .map(str::to_owned)
             })
             .unwrap_or_default();
-        rec.request = Some(RequestHead {
+        rec.request = (!logs.is_empty()).then(|| RequestHead {
             method: req.method().as_str().to_owned(),
             path: req
                 .uri()
@@ -101,6 +103,7 @@ impl Pending {
             logs: logs.clone(),
             received,
             tunnel: None,
+            trace: None,
         })
     }
 
@@ -117,12 +120,52 @@ impl Pending {
         self.rec.as_mut().expect("a pending record until finished")
     }
 
+    /// Decides the request's trace once it is routed (`route`: `None` when none matched);
+    /// nothing when the connection manager does not trace.
+    pub(super) fn begin_trace(
+        &mut self,
+        ctx: &ConnContext,
+        route: Option<&Route>,
+        headers: &HeaderMap,
+        seen: &Seen<'_>,
+    ) {
+        self.trace = RequestTrace::begin(ctx, route, headers, seen);
+    }
+
+    /// The request's trace, once decided.
+    pub(super) fn trace(&mut self) -> Option<&mut RequestTrace> {
+        self.trace.as_mut()
+    }
+
+    /// The upstream request ended, answered with a status over an HTTP version (`None`:
+    /// failed as the record notes): finishes its span.
+    pub(super) fn upstream_done(&mut self, answer: Option<(u16, http::Version)>) {
+        if let (Some(t), Some(rec)) = (self.trace.as_mut(), self.rec.as_deref()) {
+            t.upstream_done(rec, answer);
+        }
+    }
+
+    /// The `x-request-id` the trace decision wrote, when it changed the request's.
+    pub(super) fn traced_request_id(&self) -> Option<&HeaderValue> {
+        self.trace.as_ref()?.request_id.as_ref()
+    }
+
     /// Notes the response about to be sent and hands the record to its body, which writes it
-    /// when it ends. `details` defaults to `via_upstream` when a response came from upstream.
-    pub(super) fn finish(mut self, resp: Response<Body>, head: bool) -> Response<Body> {
+    /// (and finishes the span) when it ends. `details` defaults to `via_upstream` when a
+    /// response came from upstream. A record that neither an access log nor a reported span
+    /// reads is dropped here.
+    pub(super) fn finish(mut self, mut resp: Response<Body>, head: bool) -> Response<Body> {
         let Some(mut rec) = self.rec.take() else {
             return resp;
         };
+        let trace = self.trace.take().map(|mut t| {
+            t.respond(&rec, &mut resp);
+            t
+        });
+        let trace = trace.filter(RequestTrace::reported);
+        if self.logs.is_empty() && trace.is_none() {
+            return resp;
+        }
         let status = resp.status().as_u16();
         rec.response_code = Some(status);
         rec.response_headers = Some(resp.headers().clone());
@@ -144,6 +187,7 @@ impl Pending {
                 received,
                 expected,
                 tunnel,
+                trace,
             }
             .boxed_unsync()
         })
@@ -159,6 +203,9 @@ impl Drop for Pending {
                 rec.details = Some("downstream_remote_disconnect".to_owned());
             }
             take_received(&mut rec, &self.received);
+            if let Some(t) = self.trace.take() {
+                t.finish(&rec);
+            }
             self.logs.log(&rec);
         }
     }
@@ -223,6 +270,8 @@ struct Logged {
     expected: Option<u64>,
     /// The tunnel of an upgrade, which writes the record when it closes.
     tunnel: Option<oneshot::Sender<Handover>>,
+    /// The span to finish with the record.
+    trace: Option<RequestTrace>,
 }
 
 impl Logged {
@@ -240,11 +289,15 @@ impl Logged {
         }
         take_received(&mut rec, &self.received);
         let logs = std::mem::take(&mut self.logs);
+        let trace = self.trace.take();
         let unsent = match self.tunnel.take() {
-            Some(tunnel) => tunnel.send((rec, logs)).err(),
-            None => Some((rec, logs)),
+            Some(tunnel) => tunnel.send((rec, logs, trace)).err(),
+            None => Some((rec, logs, trace)),
         };
-        if let Some((rec, logs)) = unsent {
+        if let Some((rec, logs, trace)) = unsent {
+            if let Some(t) = trace {
+                t.finish(&rec);
+            }
             logs.log(&rec);
         }
     }
@@ -263,7 +316,7 @@ pub(super) struct TunnelEnd {
 
 /// Writes an upgrade's record handed over by `handover` (if it was) with how its tunnel ended.
 pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: TunnelEnd) {
-    let Ok((mut rec, logs)) = handover.await else {
+    let Ok((mut rec, logs, trace)) = handover.await else {
         return;
     };
     rec.end = Some(Instant::now());
@@ -272,6 +325,9 @@ pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: Tunne
     if end.downstream_closed_first {
         rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         rec.details = Some("downstream_remote_disconnect".to_owned());
+    }
+    if let Some(t) = trace {
+        t.finish(&rec);
     }
     logs.log(&rec);
 }

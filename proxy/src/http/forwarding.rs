@@ -43,11 +43,12 @@ const INTERNAL_ONLY: [&str; 19] = [
 ];
 
 /// Headers Envoy removes from every request that is not internal, edge or not.
-const NON_EDGE_CLEANED: [&str; 4] = [
+const NON_EDGE_CLEANED: [&str; 5] = [
     "x-envoy-internal",
     "x-envoy-decorator-operation",
     "x-envoy-downstream-service-cluster",
     "x-envoy-downstream-service-node",
+    "x-envoy-force-trace",
 ];
 
 /// Facts about the downstream connection the header rules depend on.
@@ -112,6 +113,12 @@ fn local_machine_address(v4: bool) -> Option<IpAddr> {
         (v4, v6)
     });
     if v4 { *a4 } else { *a6 }
+}
+
+/// The machine's address (`--local-address-ip-version` picks the family), as Envoy's local
+/// info reports it.
+pub fn machine_address() -> Option<IpAddr> {
+    local_machine_address(!LOCAL_ADDRESS_V6.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 /// `--local-address-ip-version v6`: the local address appended for loopback peers is IPv6.
@@ -233,10 +240,9 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
             .entry(&X_FORWARDED_PROTO)
             .or_insert(HeaderValue::from_static(scheme));
         let client = xff_from_right(headers, cfg.xff_num_trusted_hops as usize);
-        let internal = cfg
-            .internal_ranges
-            .iter()
-            .any(|c| c.contains(client.unwrap_or(peer)));
+        // Without the remote address, only an address taken from x-forwarded-for can make a
+        // request internal (Envoy 1.40 trusts no peer address here).
+        let internal = client.is_some_and(|c| cfg.internal_ranges.iter().any(|r| r.contains(c)));
         if internal {
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {

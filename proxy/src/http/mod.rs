@@ -20,6 +20,7 @@ mod router;
 mod stats;
 mod stream_limits;
 mod timeouts;
+mod trace;
 mod upgrade;
 mod xfcc;
 
@@ -50,17 +51,59 @@ pub struct Hcm {
     /// A listener update changed or removed its filter chain: its connections close at their
     /// next response.
     pub draining: std::sync::atomic::AtomicBool,
+    /// `http.<stat_prefix>.tracing.*` (client_enabled, health_check, not_traceable,
+    /// random_sampling, service_forced), when it traces.
+    tracing_stats: Option<[crate::stats::Counter; 4]>,
+    /// Its tracer, found on the first traced request.
+    tracer: std::sync::OnceLock<Option<Arc<crate::trace::Exporter>>>,
 }
 
 impl Hcm {
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
         let stats = HcmStats::new(store, &config.stat_prefix, config.denied.is_some());
+        let tracing_stats = config.tracing.as_ref().map(|_| {
+            let p = &config.stat_prefix;
+            // Envoy registers health_check too; revoy has no health-check filter to count.
+            let _ = store.counter(&format!("http.{p}.tracing.health_check"));
+            [
+                "client_enabled",
+                "not_traceable",
+                "random_sampling",
+                "service_forced",
+            ]
+            .map(|s| store.counter(&format!("http.{p}.tracing.{s}")))
+        });
         Hcm {
             config,
             stats,
             draining: std::sync::atomic::AtomicBool::new(false),
+            tracing_stats,
+            tracer: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Counts a trace decision.
+    pub fn tracing_stats(&self, reason: crate::trace::request_id::Reason) {
+        use crate::trace::request_id::Reason;
+        if let Some([client, not_traceable, random, forced]) = &self.tracing_stats {
+            match reason {
+                Reason::ClientForced => client.inc(),
+                Reason::NotTraceable => not_traceable.inc(),
+                Reason::Sampling => random.inc(),
+                Reason::ServiceForced => forced.inc(),
+            }
+        }
+    }
+
+    /// The tracer spans go to (started on first use); `None` without a provider.
+    pub fn exporter(&self, shared: &Shared) -> Option<Arc<crate::trace::Exporter>> {
+        self.tracer
+            .get_or_init(|| {
+                let provider = self.config.tracing.as_ref()?.provider.as_ref();
+                shared.tracers.exporter(provider)
+            })
+            .clone()
     }
 }
 

@@ -17,6 +17,7 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
+use super::trace::Seen;
 use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
@@ -49,8 +50,13 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
     stats.rq_active.inc();
     let request_id = {
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
-        // A clone of a header value parsed from the request allocates: only when needed.
-        let id = if ctx.hcm.config.always_set_request_id_in_response {
+        // A clone of a header value parsed from the request allocates: only when needed. A
+        // forced trace (the header survives only on internal requests) echoes the id too.
+        let id = if ctx.hcm.config.always_set_request_id_in_response
+            || req
+                .headers()
+                .contains_key(&crate::trace::decision::X_ENVOY_FORCE_TRACE)
+        {
             req.headers().get(&X_REQUEST_ID).cloned()
         } else {
             None
@@ -71,8 +77,15 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
-        let log = pending.as_mut().map(Pending::record);
-        let mut resp = route_and_forward(req, ctx, facts, &mut forwarded, log, tunnel_log).await;
+        let mut resp = route_and_forward(
+            req,
+            ctx,
+            facts,
+            &mut forwarded,
+            pending.as_mut(),
+            tunnel_log,
+        )
+        .await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -82,6 +95,10 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         }
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
+        let id = match pending.as_ref().and_then(Pending::traced_request_id) {
+            Some(packed) if id.is_some() => Some(packed.clone()),
+            _ => id,
+        };
         if let Some(id) = id {
             resp.headers_mut().insert(&X_REQUEST_ID, id);
         }
@@ -136,13 +153,15 @@ async fn route_and_forward(
     ctx: &ConnContext,
     facts: forwarding::RequestFacts,
     forwarded: &mut bool,
-    mut log: Option<&mut Record>,
+    mut pending: Option<&mut Pending>,
     tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
 ) -> Response<Body> {
-    // Notes what access logs read (nothing when the connection manager has none).
+    // Notes what access logs and spans read (nothing when the connection manager has
+    // neither).
     macro_rules! note {
         (|$r:ident| $body:expr) => {
-            if let Some($r) = log.as_deref_mut() {
+            if let Some(p) = pending.as_deref_mut() {
+                let $r = p.record();
                 $body;
             }
         };
@@ -199,11 +218,26 @@ async fn route_and_forward(
         Routes::Static(t) => Some(t.clone()),
         Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
     };
+    let protocol = super::trace::protocol_name(req.version());
     let Some(table) = table else {
-        note!(|r| {
+        if let Some(p) = pending.as_deref_mut() {
+            let host = authority(&req);
+            let seen = Seen {
+                host: &host,
+                path: req.uri().path_and_query().map_or("/", |p| p.as_str()),
+                method: req.method().as_str(),
+                protocol,
+                scheme: if ctx.down.tls.is_some() {
+                    "https"
+                } else {
+                    "http"
+                },
+            };
+            p.begin_trace(ctx, None, req.headers(), &seen);
+            let r = p.record();
             r.flags.set(ResponseFlag::NoRouteFound);
-            r.details = Some("route_not_found".into())
-        });
+            r.details = Some("route_not_found".into());
+        }
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let mut host_full = authority(&req);
@@ -262,7 +296,24 @@ async fn route_and_forward(
     let mut route_req = RouteRequest::new(&method, &host_full, &path, &route_headers);
     route_req.https = https;
     route_req.random_value = random_value;
-    let Some(selected) = table.select(&route_req) else {
+    let scheme = if https { "https" } else { "http" };
+    let seen = Seen {
+        host: &host_full,
+        path: &path,
+        method: method.as_str(),
+        protocol,
+        scheme,
+    };
+    let selected = table.select(&route_req);
+    if let Some(p) = pending.as_deref_mut() {
+        p.begin_trace(
+            ctx,
+            selected.as_ref().map(|s| s.route),
+            &route_headers,
+            &seen,
+        );
+    }
+    let Some(selected) = selected else {
         note!(|r| {
             r.flags.set(ResponseFlag::NoRouteFound);
             r.details = Some("route_not_found".into())
@@ -287,18 +338,13 @@ async fn route_and_forward(
     // Held until the request ends, or moved into its tunnel.
     let active_upgrade = upgrade_type.map(|_| ctx.hcm.stats.upgrade());
     let route_req = route_req;
-    let protocol = match req.version() {
-        http::Version::HTTP_10 => "HTTP/1.0",
-        http::Version::HTTP_2 => "HTTP/2",
-        _ => "HTTP/1.1",
-    };
     let fmt = FormatContext {
         downstream_remote: Some(ctx.down.peer),
         downstream_direct_remote: Some(ctx.down.peer),
         downstream_local: Some(ctx.local),
         protocol: Some(protocol),
         request_method: Some(method.as_str()),
-        request_scheme: Some(if https { "https" } else { "http" }),
+        request_scheme: Some(scheme),
         request_authority: Some(&host_full),
         request_path: Some(&path),
         start_time: Some(std::time::SystemTime::now()),
@@ -416,6 +462,9 @@ async fn route_and_forward(
             if let Some(u) = &upgrade {
                 forwarding::set_upgrade(req.headers_mut(), u);
             }
+            if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
+                t.forward(req.headers_mut(), &cluster_name);
+            }
             if new_host.is_some()
                 && !cfg.suppress_envoy_headers
                 && let Ok(v) = HeaderValue::from_str(&host_full)
@@ -473,7 +522,7 @@ async fn route_and_forward(
                 downstream_h2: req.version() == http::Version::HTTP_2,
                 internal: facts.internal,
                 avoid: Vec::new(),
-                report_host: response_rules || log.is_some(),
+                report_host: response_rules || pending.is_some(),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
@@ -496,6 +545,9 @@ async fn route_and_forward(
                             r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                             r.details = Some("via_upstream".into())
                         });
+                        if let Some(p) = pending {
+                            p.upstream_done(Some((resp.status().as_u16(), resp.version())));
+                        }
                         resp
                     }
                     Err(e) => {
@@ -505,6 +557,9 @@ async fn route_and_forward(
                             r.attempts = 1;
                             note_failure(r, &failure)
                         });
+                        if let Some(p) = pending {
+                            p.upstream_done(None);
+                        }
                         failure_reply(&failure, cfg.suppress_envoy_headers)
                     }
                 };
@@ -596,11 +651,17 @@ async fn route_and_forward(
             let mut resp = match outcome {
                 Outcome::Local(failure) => {
                     note!(|r| note_failure(r, &failure));
+                    if let Some(p) = pending {
+                        p.upstream_done(None);
+                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::NotSent(failure) => {
                     *forwarded = false;
                     note!(|r| note_failure(r, &failure));
+                    if let Some(t) = pending.and_then(Pending::trace) {
+                        t.no_upstream();
+                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::DownstreamBodyFailed => {
@@ -608,6 +669,9 @@ async fn route_and_forward(
                         r.flags.set(ResponseFlag::DownstreamProtocolError);
                         r.details = Some("downstream_protocol_error".into())
                     });
+                    if let Some(p) = pending {
+                        p.upstream_done(None);
+                    }
                     body_failed()
                 }
                 Outcome::Response(resp) => {
@@ -616,6 +680,9 @@ async fn route_and_forward(
                         r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                         r.details = Some("via_upstream".into())
                     });
+                    if let Some(p) = pending {
+                        p.upstream_done(Some((resp.status().as_u16(), resp.version())));
+                    }
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),

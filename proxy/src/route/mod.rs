@@ -119,6 +119,8 @@ pub struct Route {
     pub headers: Option<Box<HeaderRules>>,
     /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+    /// `decorator` and `tracing`; `None` when the route sets neither.
+    pub tracing: Option<Box<crate::config::tracing::RouteTracing>>,
 }
 
 /// A compiled virtual host.

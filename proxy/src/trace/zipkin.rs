@@ -1,0 +1,151 @@
+//! `envoy.tracers.zipkin` with `collector_endpoint_version: HTTP_JSON`: spans as Zipkin v2
+//! JSON, posted over HTTP/1.1 to a host of the collector cluster.
+
+use std::time::UNIX_EPOCH;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{Map, Value, json};
+
+use super::context::b3_trace_hex;
+use super::exporter::Failure;
+use super::span::{Kind, Span};
+use crate::config::tracing::ZipkinProvider;
+use crate::upstream::ClusterManager;
+
+fn micros(t: std::time::SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// One span as Zipkin v2 JSON; `local` names the proxy (`localEndpoint`).
+pub fn encode_span(s: &Span, local: &Value) -> Value {
+    let mut o = Map::new();
+    o.insert(
+        "traceId".into(),
+        json!(b3_trace_hex(s.trace_id, s.trace_id_128)),
+    );
+    o.insert("id".into(), json!(format!("{:016x}", s.span_id)));
+    if let Some(p) = s.parent_id {
+        o.insert("parentId".into(), json!(format!("{p:016x}")));
+    }
+    o.insert(
+        "kind".into(),
+        json!(match s.kind {
+            Kind::Server => "SERVER",
+            Kind::Client => "CLIENT",
+        }),
+    );
+    o.insert("name".into(), json!(s.name));
+    o.insert("timestamp".into(), json!(micros(s.start)));
+    o.insert(
+        "duration".into(),
+        json!(micros(s.end).saturating_sub(micros(s.start)).max(1)),
+    );
+    o.insert("localEndpoint".into(), local.clone());
+    // The closing annotation Envoy keeps: server send, or client receive.
+    let closing = match s.kind {
+        Kind::Server => "ss",
+        Kind::Client => "cr",
+    };
+    o.insert(
+        "annotations".into(),
+        json!([{"timestamp": micros(s.end), "value": closing}]),
+    );
+    // Zipkin drops tags without a value.
+    let tags: Map<String, Value> = s
+        .tags
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    if !tags.is_empty() {
+        o.insert("tags".into(), Value::Object(tags));
+    }
+    if s.shared && s.kind == Kind::Server {
+        o.insert("shared".into(), json!(true));
+    }
+    Value::Object(o)
+}
+
+/// The Zipkin client of one tracer.
+pub struct Client {
+    provider: ZipkinProvider,
+    local: Value,
+}
+
+impl Client {
+    /// A client for `provider`, describing the proxy as `local`.
+    pub fn new(provider: ZipkinProvider, local: &super::LocalInfo) -> Client {
+        let mut endpoint = Map::new();
+        endpoint.insert("serviceName".into(), json!(local.cluster));
+        if let Some(ip) = local.address {
+            let key = if ip.is_ipv4() { "ipv4" } else { "ipv6" };
+            endpoint.insert(key.into(), json!(ip.to_string()));
+            endpoint.insert("port".into(), json!(0));
+        }
+        Client {
+            provider,
+            local: Value::Object(endpoint),
+        }
+    }
+
+    /// Posts `spans` in one request; the collector must answer 202, as Envoy expects.
+    pub async fn export(
+        &mut self,
+        clusters: &ClusterManager,
+        spans: &[Span],
+    ) -> Result<(), Failure> {
+        let cluster = clusters
+            .get(&self.provider.cluster)
+            .ok_or(Failure::NoCluster)?;
+        self.post(&cluster, spans).await
+    }
+
+    async fn post(
+        &self,
+        cluster: &crate::upstream::Cluster,
+        spans: &[Span],
+    ) -> Result<(), Failure> {
+        let host = cluster
+            .host_set()
+            .hosts()
+            .iter()
+            .find(|h| h.is_healthy())
+            .map(|h| h.addr)
+            .ok_or(Failure::Failed("no healthy upstream".into()))?;
+        let failed = |e: &dyn std::fmt::Display| Failure::Failed(e.to_string());
+        let body: Vec<Value> = spans.iter().map(|s| encode_span(s, &self.local)).collect();
+        let body = serde_json::to_vec(&body).map_err(|e| failed(&e))?;
+        let tcp = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tokio::net::TcpStream::connect(host),
+        )
+        .await
+        .map_err(|_| Failure::Failed("connect timeout".into()))?
+        .map_err(|e| failed(&e))?;
+        let (mut send, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| failed(&e))?;
+        tokio::spawn(conn);
+        let req = http::Request::post(self.provider.endpoint.as_str())
+            .header(http::header::HOST, self.provider.hostname.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| failed(&e))?;
+        let exchange = async {
+            let resp = send.send_request(req).await.map_err(|e| failed(&e))?;
+            let status = resp.status();
+            let _ = resp.into_body().collect().await;
+            if status == http::StatusCode::ACCEPTED {
+                Ok(())
+            } else {
+                Err(Failure::Rejected(status.as_u16()))
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
+            .await
+            .map_err(|_| Failure::Failed("request timeout".into()))?
+    }
+}

@@ -1,0 +1,293 @@
+//! Distributed tracing against Envoy 1.40: the same bootstrap (an OpenTelemetry or Zipkin
+//! provider pointing at a fake collector in this test) and the same requests through Envoy
+//! and through revoy; the spans the collectors receive and the trace headers the upstream
+//! sees are compared with ids and times masked (their relations kept: which span is whose
+//! parent, which trace an incoming header joined).
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+mod tracing {
+    pub mod fakes;
+    pub mod observe;
+}
+#[path = "tracing/zipkin.rs"]
+mod zipkin;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tracing::{fakes, observe};
+
+/// The bootstrap: one listener whose connection manager traces with `tracing` (its
+/// `provider` included), routes `/ok` to the upstream, `/empty` to a cluster with no
+/// endpoints (503), and nothing else (404); the collector's cluster is `collector`.
+fn bootstrap(
+    admin: u16,
+    listener: u16,
+    upstream: SocketAddr,
+    collector: SocketAddr,
+    collector_h2: bool,
+    tracing: &str,
+    hcm_extra: &str,
+) -> String {
+    let h2 = if collector_h2 {
+        "\n    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}"
+    } else {
+        ""
+    };
+    format!(
+        r#"node: {{id: node-a, cluster: cluster-a, locality: {{zone: zone-a}}}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+layered_runtime:
+  layers:
+  - name: static
+    static_layer: {{tracing.opentelemetry.min_flush_spans: 1, tracing.zipkin.min_flush_spans: 1}}
+static_resources:
+  listeners:
+  - name: ingress
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {listener}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          {hcm_extra}
+          tracing: {tracing}
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - {{match: {{path: /ok}}, route: {{cluster: backend}}}}
+              - {{match: {{path: /decorated}}, route: {{cluster: backend}}, decorator: {{operation: my-op}}}}
+              - {{match: {{path: /empty}}, route: {{cluster: empty}}}}
+              - {{match: {{path: /sampled}}, route: {{cluster: backend}}, tracing: {{random_sampling: {{numerator: 100}}}}}}
+  clusters:
+  - name: backend
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up_port}}}}}}}}}]}}]}}
+  - name: empty
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: empty, endpoints: []}}
+  - name: collector
+    connect_timeout: 1s{h2}
+    load_assignment: {{cluster_name: collector, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {col_port}}}}}}}}}]}}]}}
+"#,
+        up_port = upstream.port(),
+        col_port = collector.port(),
+    )
+}
+
+fn otel_tracing(extra: &str) -> String {
+    format!(
+        "{{random_sampling: {{value: 100}}, {extra} provider: {{name: envoy.tracers.opentelemetry, typed_config: {{\"@type\": type.googleapis.com/envoy.config.trace.v3.OpenTelemetryConfig, service_name: svc-a, grpc_service: {{envoy_grpc: {{cluster_name: collector}}, timeout: 1s}}}}}}}}"
+    )
+}
+
+async fn get(addr: SocketAddr, path: &str, headers: &str) -> (u16, String) {
+    let (path, headers) = (path.to_owned(), headers.to_owned());
+    tokio::task::spawn_blocking(move || http1::get_with(None, addr, &path, &headers).unwrap())
+        .await
+        .unwrap()
+}
+
+/// Which proxy a run drives.
+#[derive(Clone, Copy, Debug)]
+enum Which {
+    Envoy,
+    Revoy,
+}
+
+/// Runs the requests of the OpenTelemetry scenario through `which` with HCM `tracing`, and
+/// returns what the upstream and the collector saw, as comparable lines.
+async fn otel_run(which: Which, tracing: &str, requests: &[(&str, &str)]) -> Vec<String> {
+    let (up, up_log) = fakes::http_server(200).await;
+    let (col, col_log) = fakes::otlp_collector().await;
+    let (admin, listener) = (ports::free_port(), ports::free_port());
+    let yaml = bootstrap(admin, listener, up, col, true, tracing, "");
+    let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
+    let _p = match which {
+        Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 72, ready),
+        Which::Revoy => child::Proxy::start(&yaml, ready),
+    };
+    let addr: SocketAddr = ([127, 0, 0, 1], listener).into();
+    let mut out = Vec::new();
+    let mut labels = observe::Labels::default();
+    labels.keep = vec![JOIN_TRACE.into(), JOIN_SPAN.into()];
+    for (path, headers) in requests {
+        let before = col_log.lock().unwrap().len();
+        let ups = up_log.lock().unwrap().len();
+        let (status, body) = get(addr, path, headers).await;
+        out.push(format!("request {path} {headers:?} -> {status} {body:?}"));
+        // Each request's spans arrive one export per span (min_flush_spans 1).
+        let deadline = std::time::Instant::now() + Duration::from_secs(3);
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let n = col_log.lock().unwrap().len();
+            if std::time::Instant::now() > deadline
+                || (n > before && n == col_log.lock().unwrap().len() && {
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    n == col_log.lock().unwrap().len()
+                })
+            {
+                break;
+            }
+        }
+        for s in up_log.lock().unwrap()[ups..].iter() {
+            let h = |n: &str| s.headers.get(n).map(|v| v.to_str().unwrap().to_owned());
+            out.push(format!(
+                "upstream {} traceparent={:?} tracestate={:?} x-request-id={:?} decorator={:?}",
+                s.path,
+                h("traceparent").map(|v| observe::traceparent(&v, &mut labels)),
+                h("tracestate"),
+                h("x-request-id").map(|v| observe::request_id(&v)),
+                h("x-envoy-decorator-operation"),
+            ));
+        }
+        // Which of a request's spans finishes first is a race in both proxies: exports are
+        // compared in span-name order.
+        let mut exports = col_log.lock().unwrap()[before..].to_vec();
+        exports.sort_by_key(|e| {
+            e.resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .flat_map(|s| &s.spans)
+                .map(|s| s.name.clone())
+                .collect::<Vec<_>>()
+        });
+        out.extend(observe::otel_lines(&exports, &mut labels));
+    }
+    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let stats = tokio::task::spawn_blocking(move || {
+        http1::get(None, admin, "/stats?filter=tracing").unwrap().1
+    })
+    .await
+    .unwrap();
+    out.extend(
+        stats
+            .lines()
+            .filter(|l| !l.contains("timer_flushed"))
+            .map(str::to_owned),
+    );
+    out
+}
+
+const JOIN_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const JOIN_SPAN: &str = "b7ad6b7169203331";
+
+fn compare(name: &str, envoy: &[String], revoy: &[String]) {
+    if envoy != revoy {
+        let mut report = format!("{name}: revoy differs from Envoy\n");
+        for i in 0..envoy.len().max(revoy.len()) {
+            let (e, r) = (envoy.get(i), revoy.get(i));
+            let mark = if e == r { " " } else { "!" };
+            report.push_str(&format!(
+                "{mark} envoy: {}\n{mark} revoy: {}\n",
+                e.map_or("<none>", |s| s),
+                r.map_or("<none>", |s| s)
+            ));
+        }
+        panic!("{report}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opentelemetry_spans_match_envoy() {
+    if oracle::envoy_or_skip("opentelemetry_spans_match_envoy").is_none() {
+        return;
+    }
+    let join = format!("traceparent: 00-{JOIN_TRACE}-{JOIN_SPAN}-01\r\ntracestate: k=v\r\n");
+    let requests = [
+        ("/ok", "user-agent: ua\r\n"),
+        ("/decorated", join.as_str()),
+        ("/nothing", ""),
+        ("/empty", ""),
+        ("/ok", "x-client-trace-id: abc\r\n"),
+    ];
+    for (name, tracing) in [
+        (
+            "spawn_upstream_span",
+            otel_tracing(
+                "spawn_upstream_span: true, custom_tags: [{tag: lit, literal: {value: one}}, {tag: hdr, request_header: {name: user-agent, default_value: none}}],",
+            ),
+        ),
+        ("one span per request", otel_tracing("")),
+        (
+            "random sampling 0",
+            otel_tracing("random_sampling: {value: 0},")
+                .replace("{random_sampling: {value: 100}, ", "{"),
+        ),
+    ] {
+        let envoy = otel_run(Which::Envoy, &tracing, &requests).await;
+        let revoy = otel_run(Which::Revoy, &tracing, &requests).await;
+        if std::env::var_os("REVOY_TRACE_VERBOSE").is_some() {
+            for l in &envoy {
+                println!("E {l}");
+            }
+        }
+        compare(name, &envoy, &revoy);
+    }
+}
+
+/// A collector that is not there costs counters, not requests: every request still succeeds
+/// and the failed exports are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_does_not_fail_or_stall_requests() {
+    let (up, _) = fakes::http_server(200).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let (admin, listener) = (ports::free_port(), ports::free_port());
+    let yaml = bootstrap(admin, listener, up, dead, true, &otel_tracing(""), "");
+    let _p = child::Proxy::start(&yaml, || {
+        std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok()
+    });
+    let addr: SocketAddr = ([127, 0, 0, 1], listener).into();
+    for _ in 0..40 {
+        assert_eq!(get(addr, "/ok", "").await.0, 200);
+    }
+    let admin: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let failures =
+        "cluster.collector.grpc.opentelemetry.proto.collector.trace.v1.TraceService.Export.failure";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let stats = tokio::task::spawn_blocking(move || {
+            http1::get(None, admin, "/stats?filter=tracing|grpc")
+                .unwrap()
+                .1
+        })
+        .await
+        .unwrap();
+        let value = |name: &str| {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if value(failures).unwrap_or(0) > 0 {
+            assert_eq!(
+                value("tracing.opentelemetry.spans_sent"),
+                Some(40),
+                "{stats}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no failed export counted: {stats}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
