@@ -170,13 +170,18 @@ pub fn compile_bootstrap(
     }
     skipped_features(b, warnings);
     #[allow(deprecated)] // Envoy still falls back to the bootstrap's tracer; Istio may set it.
-    let tracer = b
-        .tracing
-        .as_ref()
-        .and_then(|t| t.http.as_ref())
-        .map(|h| super::tracing::compile_provider(h).map_err(|e| e.within("tracing.http")))
-        .transpose()?
-        .map(std::sync::Arc::new);
+    let tracer = match b.tracing.as_ref().and_then(|t| t.http.as_ref()) {
+        Some(h) => match super::tracing::unimplemented_tracer(h) {
+            Some(name) => {
+                warnings.skipped("tracing.http", super::tracing::skipped_tracer(name));
+                None
+            }
+            None => Some(std::sync::Arc::new(
+                super::tracing::compile_provider(h).map_err(|e| e.within("tracing.http"))?,
+            )),
+        },
+        None => None,
+    };
     Ok(BootstrapConfig {
         tracer,
         trace_flush: super::tracing::FlushSettings::from_runtime(b.layered_runtime.as_ref()),

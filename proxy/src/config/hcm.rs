@@ -193,6 +193,14 @@ pub struct HcmConfig {
 /// Records the connection manager's settings that revoy does not act on (none of them has a
 /// security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
+    if let Some(name) = hcm
+        .tracing
+        .as_ref()
+        .and_then(|t| t.provider.as_ref())
+        .and_then(super::tracing::unimplemented_tracer)
+    {
+        warnings.skipped("tracing.provider", super::tracing::skipped_tracer(name));
+    }
     if hcm.forward_client_cert_matcher.is_some() {
         warnings.skipped(
             "forward_client_cert_matcher",
@@ -379,9 +387,17 @@ pub fn compile_hcm(
         .stream_idle_timeout
         .as_ref()
         .map_or(Some(Duration::from_secs(300)), duration);
+    // A connection manager whose own tracer revoy lacks sends no spans (it does not fall back
+    // to the bootstrap's); skipped_features names it.
+    let own_tracer_missing = hcm
+        .tracing
+        .as_ref()
+        .and_then(|t| t.provider.as_ref())
+        .is_some_and(|p| super::tracing::unimplemented_tracer(p).is_some());
     let tracing = hcm
         .tracing
         .as_ref()
+        .filter(|_| !own_tracer_missing)
         .map(|t| {
             super::tracing::compile_hcm_tracing(ctx, t, false).map_err(|e| e.within("tracing"))
         })

@@ -413,6 +413,26 @@ pub fn compile_route_tracing(
     }))
 }
 
+/// The type of the tracer `p` names when revoy does not implement it (it implements
+/// OpenTelemetry and Zipkin): such a tracer is skipped with a warning, as tracing has no
+/// effect on traffic.
+pub fn unimplemented_tracer(p: &HttpTracer) -> Option<&str> {
+    let Some(ConfigType::TypedConfig(any)) = &p.config_type else {
+        return None;
+    };
+    match proto::type_name_of(&any.type_url) {
+        "envoy.config.trace.v3.OpenTelemetryConfig" | "envoy.config.trace.v3.ZipkinConfig" => None,
+        other => Some(other),
+    }
+}
+
+/// What the warning for a tracer [`unimplemented_tracer`] names says.
+pub fn skipped_tracer(type_name: &str) -> String {
+    format!(
+        "tracer '{type_name}' is not implemented by revoy (OpenTelemetry and Zipkin are); no spans are sent"
+    )
+}
+
 /// A `provider` (or the bootstrap's `tracing.http`).
 pub fn compile_provider(p: &HttpTracer) -> Result<Provider, ConfigError> {
     let Some(ConfigType::TypedConfig(any)) = &p.config_type else {
@@ -589,5 +609,28 @@ mod tests {
         assert_eq!(err.path, "verbose");
         let quiet = HcmTracingProto::default();
         assert!(compile_hcm_tracing(&ctx, &quiet, false).is_ok());
+    }
+
+    #[test]
+    fn tracers_revoy_lacks_are_named_for_skipping() {
+        let tracer = |type_name: &str| HttpTracer {
+            name: "t".into(),
+            config_type: Some(ConfigType::TypedConfig(proto::pb::google::protobuf::Any {
+                type_url: format!("type.googleapis.com/{type_name}"),
+                value: Vec::new(),
+            })),
+        };
+        let datadog = tracer("envoy.config.trace.v3.DatadogConfig");
+        assert_eq!(
+            unimplemented_tracer(&datadog),
+            Some("envoy.config.trace.v3.DatadogConfig")
+        );
+        assert!(skipped_tracer("x").contains("no spans are sent"));
+        for implemented in [
+            "envoy.config.trace.v3.OpenTelemetryConfig",
+            "envoy.config.trace.v3.ZipkinConfig",
+        ] {
+            assert_eq!(unimplemented_tracer(&tracer(implemented)), None);
+        }
     }
 }
