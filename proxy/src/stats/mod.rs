@@ -1,4 +1,4 @@
-//! Counters and gauges with Envoy's names. Handles are resolved once (at config compile time)
+//! Counters, gauges, text readouts and histograms with Envoy's names. Handles are resolved once (at config compile time)
 //! and then only touch atomics; the store is read by the admin API.
 //!
 //! Metrics live in blocks: a block is a fixed [`Layout`] of metrics under one name prefix,
@@ -12,9 +12,11 @@ pub mod histogram;
 mod number;
 mod render;
 pub mod tags;
+mod text;
 
 pub use histogram::{BucketSettings, Histogram, HistogramBlock, HistogramRef, HistogramView};
 pub use render::{BucketsMode, Selection, render_json, render_prometheus, render_text};
+pub use text::TextReadout;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -436,6 +438,7 @@ impl Ord for ByPrefix {
 pub struct Store {
     blocks: Arc<Mutex<BTreeSet<ByPrefix>>>,
     histograms: Arc<Histograms>,
+    texts: Arc<Mutex<BTreeMap<Box<str>, TextReadout>>>,
 }
 
 /// The store's histogram blocks and what they are made with.
@@ -497,6 +500,26 @@ impl Store {
         let b = Arc::new(Values::new(name, single));
         blocks.replace(ByPrefix(b.clone()));
         Handle::new(&b, 0)
+    }
+
+    /// The text readout named `name`, made on first use.
+    pub fn text_readout(&self, name: &str) -> TextReadout {
+        let mut texts = self.texts.lock().expect("stats lock");
+        if let Some(t) = texts.get(name) {
+            return t.clone();
+        }
+        let t = TextReadout::default();
+        texts.insert(name.into(), t.clone());
+        t
+    }
+
+    /// Every text readout, sorted by name.
+    pub fn text_readouts(&self) -> Vec<(String, TextReadout)> {
+        let texts = self.texts.lock().expect("stats lock");
+        texts
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect()
     }
 
     /// Gives histograms made from now on a shard per worker (`workers` of them) besides the
@@ -611,6 +634,15 @@ impl Store {
             held |= keep;
             keep
         });
+        drop(histograms);
+        self.texts.lock().expect("stats lock").retain(|n, t| {
+            if !n.starts_with(prefix) {
+                return true;
+            }
+            let keep = t.shared();
+            held |= keep;
+            keep
+        });
         held
     }
 
@@ -663,6 +695,19 @@ mod tests {
         drop(held);
         assert!(!s.release("cluster.gone."));
         assert_eq!(s.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn text_readouts_are_kept_by_name_and_released_like_the_others() {
+        let s = Store::new();
+        s.text_readout("cluster.gone.version_text").set("v1");
+        let held = s.text_readout("cluster.kept.version_text");
+        assert_eq!(s.text_readout("cluster.gone.version_text").value(), "v1");
+        assert!(!s.release("cluster.gone."));
+        assert!(s.release("cluster.kept."));
+        let names: Vec<String> = s.text_readouts().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["cluster.kept.version_text"]);
+        assert!(!held.used());
     }
 
     static LAYOUT: [Slot; 3] = [
