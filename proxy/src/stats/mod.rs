@@ -555,6 +555,23 @@ impl Store {
         self.histogram_block(name, &SINGLE).single()
     }
 
+    /// The histogram named `name`, made on first use, for values recorded off the workers
+    /// (the xDS thread's `update_duration`): one shard, not one per worker, so each of
+    /// thousands of EDS clusters pays for one.
+    pub fn control_histogram(&self, name: &str) -> Histogram {
+        static SINGLE: [&str; 1] = [""];
+        let mut blocks = self.histograms.blocks.lock().expect("stats lock");
+        if let Some(b) = blocks.get(name)
+            && std::ptr::eq(b.0.names(), &SINGLE)
+        {
+            return b.clone().single();
+        }
+        let settings = self.histograms.settings.lock().expect("stats lock").clone();
+        let b = HistogramBlock::values(name, &SINGLE, settings, Arc::new(AtomicUsize::new(1)));
+        blocks.insert(name.into(), b.clone());
+        b.single()
+    }
+
     /// A stats flush: every histogram's values since the last one become its interval and
     /// join its cumulative view.
     pub fn flush_histograms(&self) {
@@ -562,8 +579,9 @@ impl Store {
             let blocks = self.histograms.blocks.lock().expect("stats lock");
             blocks.values().cloned().collect()
         };
+        let mut totals = vec![0u64; circllhist::BINS];
         for b in blocks {
-            b.0.flush();
+            b.0.flush_with(&mut totals);
         }
     }
 

@@ -59,7 +59,7 @@ impl UpdateStats {
     ) -> Self {
         UpdateStats {
             version_text: store.text_readout(&format!("{prefix}version_text")),
-            update_duration: store.histogram(&format!("{prefix}update_duration")),
+            update_duration: store.control_histogram(&format!("{prefix}update_duration")),
             attempt: counter("update_attempt"),
             success: counter("update_success"),
             rejected: counter("update_rejected"),
