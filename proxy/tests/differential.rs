@@ -592,7 +592,6 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/heapprofiler",
     // mask
     "/init_dump",
-    "/memory",
     "/memory/tcmalloc",
     "/peak_heap_dump",
     "/reopen_logs",
@@ -606,7 +605,7 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/logging",
     // invert_filter and the html formats
     "/stats",
-    // text_readouts, invert_filter, histogram_buckets
+    // invert_filter, histogram_buckets
     "/stats/prometheus",
     "/routes",
     "/xds",

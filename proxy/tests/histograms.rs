@@ -1,8 +1,11 @@
 //! Histograms against Envoy 1.40: the same bootstrap (a listener, a cluster whose upstream
-//! answers each request after `HOLD`, a short `stats_flush_interval`, custom buckets for one
-//! histogram) and the same three requests through both. Compared: the histogram series of
+//! answers each request's head at once and its body after `HOLD`, closing its connections
+//! after three requests, a short `stats_flush_interval`, custom buckets for the request
+//! times) and the same three requests through both. Compared: the histogram series of
 //! `/stats/prometheus` (families, labels, bucket bounds) and their counts, the bucket counts
-//! where the hold decides them, the shape of `/stats` histogram lines (quantile names,
+//! where the hold decides them (request times taken at the response's last byte, not its
+//! head), the requests the closed upstream connection carried (`upstream_rq_per_cx`), the
+//! shape of `/stats` histogram lines (quantile names,
 //! `No recorded values`), `usedonly`, and the JSON forms' structure. Timing values differ
 //! between runs, so quantile values are compared by structure only (the maths is checked
 //! against Envoy's numbers in `stats::circllhist`'s unit tests).
@@ -41,7 +44,8 @@ fn envoy_only(name: &str) -> bool {
     name.contains("admin") || name.contains("overload")
 }
 
-/// An upstream answering every request `HOLD` after it arrived, on keep-alive connections.
+/// An upstream answering every request's head at once and its body `HOLD` later, on
+/// keep-alive connections.
 fn slow_upstream() -> u16 {
     let port = free_port();
     let listener = TcpListener::bind(("127.0.0.1", port)).expect("upstream binds");
@@ -57,10 +61,13 @@ fn slow_upstream() -> u16 {
                     buf.extend_from_slice(&chunk[..n]);
                     while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                         buf.drain(..end + 4);
-                        std::thread::sleep(HOLD);
-                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
                             .is_err()
                         {
+                            return;
+                        }
+                        std::thread::sleep(HOLD);
+                        if s.write_all(b"ok").is_err() {
                             return;
                         }
                     }
@@ -75,7 +82,8 @@ fn config(admin: u16, listener: u16, upstream: u16) -> String {
     format!(
         "{}stats_flush_interval: 0.2s\n\
          stats_config:\n  histogram_bucket_settings:\n  \
-         - {{match: {{exact: cluster.backend.upstream_rq_time}}, buckets: [1000, 1, 20]}}\n\
+         - {{match: {{exact: cluster.backend.upstream_rq_time}}, buckets: [1000, 1, 20]}}\n  \
+         - {{match: {{exact: http.ing.downstream_rq_time}}, buckets: [1000, 1, 20]}}\n\
          static_resources:\n  listeners:{}\n  clusters:{}\n",
         bootstrap::admin(admin),
         bootstrap::http_listener(
@@ -85,7 +93,7 @@ fn config(admin: u16, listener: u16, upstream: u16) -> String {
             "",
             "[{match: {prefix: /}, route: {cluster: backend}}]"
         ),
-        bootstrap::cluster("backend", upstream, ""),
+        bootstrap::cluster("backend", upstream, "max_requests_per_connection: 3"),
     )
 }
 
@@ -127,9 +135,16 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
     }
     let prometheus = || admin_get(admin, "/stats/prometheus");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !prometheus()
-        .contains("envoy_cluster_upstream_rq_time_count{envoy_cluster_name=\"backend\"} 3")
-    {
+    let flushed = |p: String| {
+        p.contains("envoy_cluster_upstream_rq_time_count{envoy_cluster_name=\"backend\"} 3")
+            && p.contains(
+                "envoy_http_downstream_rq_time_count{envoy_http_conn_manager_prefix=\"ing\"} 3",
+            )
+            && p.contains(
+                "envoy_cluster_upstream_rq_per_cx_count{envoy_cluster_name=\"backend\"} 1",
+            )
+    };
+    while !flushed(prometheus()) {
         assert!(
             Instant::now() < deadline,
             "no flush showed the three requests"
@@ -162,7 +177,10 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
     let counts = prom
         .lines()
         .filter(|l| {
-            (l.contains("rq_time_count") || l.contains("envoy_cluster_upstream_rq_time_bucket"))
+            (l.contains("rq_time_count")
+                || l.contains("envoy_cluster_upstream_rq_time_bucket")
+                || l.contains("envoy_http_downstream_rq_time_bucket")
+                || l.contains("upstream_rq_per_cx"))
                 && !envoy_only(l)
         })
         .map(str::to_owned)
@@ -258,22 +276,26 @@ fn histograms_match_envoy() {
             .series
             .contains("# TYPE envoy_cluster_upstream_rq_time histogram")
     );
-    assert!(
-        revoy
-            .text
-            .contains("cluster.backend.upstream_rq_per_cx: No recorded values")
-    );
+
     assert!(revoy.used.contains("http.ing.downstream_rq_time"));
     differ("histogram series", &revoy.series, &envoy.series);
     differ("request histogram counts", &revoy.counts, &envoy.counts);
     differ("/stats histogram lines", &revoy.text, &envoy.text);
     differ("usedonly histograms", &revoy.used, &envoy.used);
     assert_eq!(revoy.json, envoy.json, "JSON forms");
-    // The custom buckets apply, and the hold puts every request between 20 and 1000 ms.
+    // The custom buckets apply, and the hold before each body puts every request between 20
+    // and 1000 ms, upstream and downstream: both end at the response's last byte.
+    for family in [
+        "envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name=\"backend\"",
+        "envoy_http_downstream_rq_time_bucket{envoy_http_conn_manager_prefix=\"ing\"",
+    ] {
+        for (le, count) in [("20", 0), ("1000", 3)] {
+            let line = format!("{family},le=\"{le}\"}} {count}");
+            assert!(revoy.counts.contains(&line), "{line}");
+        }
+    }
+    // The upstream connection closed after its three requests.
     assert!(revoy.counts.contains(
-        "envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name=\"backend\",le=\"20\"} 0"
-    ));
-    assert!(revoy.counts.contains(
-        "envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name=\"backend\",le=\"1000\"} 3"
+        "envoy_cluster_upstream_rq_per_cx_bucket{envoy_cluster_name=\"backend\",le=\"5\"} 1"
     ));
 }

@@ -758,15 +758,33 @@ async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, Str
     }
     let (_, stats) = side.admin("/stats").await;
     obs.extend(subscription_stats(&stats));
+    // The text readouts in the other forms: JSON, and Prometheus (tags as labels, the text as
+    // `text_value`) where only `text_readouts` shows them.
+    let (_, json) = side.admin("/stats?format=json&type=TextReadouts").await;
+    let json = serde_json::from_str::<Value>(&json).map_or(json, |v| v.to_string());
+    obs.insert("stats json TextReadouts".into(), json);
+    let (_, prometheus) = side.admin("/stats/prometheus?text_readouts").await;
+    let readouts: Vec<&str> = prometheus
+        .lines()
+        .filter(|l| l.contains("version_text"))
+        .collect();
+    obs.insert("prometheus text_readouts".into(), readouts.join("\n"));
+    let (_, prometheus) = side.admin("/stats/prometheus").await;
+    obs.insert(
+        "prometheus without text_readouts: text_value".into(),
+        prometheus.contains("text_value").to_string(),
+    );
     obs
 }
 
 /// The stats of the xDS subscriptions (`cluster_manager.cds.*`, `listener_manager.lds.*`,
 /// `http.<prefix>.rds.<name>.*`, each EDS cluster's `cluster.<name>.update_*`) from a `/stats`
-/// text, by name. Left out: the wall-clock gauges (`update_time`, `config_reload_time_ms`), the
-/// `update_duration` histogram and the `version_text` text readout.
+/// text, by name; the `version_text` text readouts with their quotes. Left out: the
+/// wall-clock gauges (`update_time`, `config_reload_time_ms`), and the `update_duration`
+/// histograms' values (times, and shown only after a stats flush): those are compared for
+/// being there.
 fn subscription_stats(stats: &str) -> BTreeMap<String, String> {
-    const SUBSCRIPTION: [&str; 9] = [
+    const SUBSCRIPTION: [&str; 11] = [
         "update_attempt",
         "update_success",
         "update_rejected",
@@ -776,6 +794,8 @@ fn subscription_stats(stats: &str) -> BTreeMap<String, String> {
         "init_fetch_timeout",
         "config_reload",
         "version",
+        "version_text",
+        "update_duration",
     ];
     stats
         .lines()
@@ -787,11 +807,18 @@ fn subscription_stats(stats: &str) -> BTreeMap<String, String> {
                 || (scope.starts_with("http.") && scope.contains(".rds."))
                 || (scope.starts_with("cluster.") && stat.starts_with("update_"))
                 || (scope.starts_with("cluster.")
-                    && matches!(stat, "version" | "init_fetch_timeout")
+                    && matches!(stat, "version" | "version_text" | "init_fetch_timeout")
                     && !scope.starts_with("cluster.xds"));
             subscription && SUBSCRIPTION.contains(&stat)
         })
-        .map(|(name, value)| (format!("stat {name}"), value.to_owned()))
+        .map(|(name, value)| {
+            let value = if name.ends_with(".update_duration") {
+                "<histogram>"
+            } else {
+                value
+            };
+            (format!("stat {name}"), value.to_owned())
+        })
         .collect()
 }
 

@@ -71,7 +71,7 @@ pub struct Applied {
 }
 
 /// Events the proxy turns into stats (`control_plane.*`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A stream to the control plane is up.
     Connected,
@@ -83,6 +83,9 @@ pub enum Event {
     /// How many requests wait for the rate limit, reported when that number changes
     /// (Envoy's `pending_requests`).
     Queued(usize),
+    /// A response named its control plane (its `control_plane.identifier`, which Envoy shows
+    /// as the `control_plane.identifier` text readout).
+    Identified(String),
 }
 
 /// Applies the resources the client receives. Called on the client's task, one update at a

@@ -218,6 +218,10 @@ pub const ENDPOINTS: &[Endpoint] = &[
                 "Only include stats that have been written by system since restart",
             ),
             (
+                "text_readouts",
+                "Render text_readouts as new gaugues with value 0 (increases Prometheus data size)",
+            ),
+            (
                 "filter",
                 "Regular expression (Google re2) for filtering stats",
             ),

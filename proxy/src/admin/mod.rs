@@ -341,8 +341,9 @@ fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse
 }
 
 /// `/stats` (text or `format=json`) and `/stats/prometheus`, with Envoy's `filter`,
-/// `usedonly`, `type` (`Counters`, `Gauges`, `Histograms`; anything else: all) and
-/// `histogram_buckets`.
+/// `usedonly`, `type` (`Counters`, `Gauges`, `TextReadouts`, `Histograms`; anything else:
+/// all), `histogram_buckets`, and for Prometheus `text_readouts` (present: shown, whatever
+/// its value, as in Envoy).
 fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse {
     use crate::stats::{BucketsMode, Metric, Selection};
     let filter = match name_filter(req) {
@@ -371,16 +372,30 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
     ));
     metrics.sort_by(|a, b| a.0.cmp(&b.0));
     let mut histograms = shared.stats.histogram_views();
+    let mut texts = if prometheus && !req.has("text_readouts") {
+        Vec::new()
+    } else {
+        shared.stats.text_readouts()
+    };
     match req.param("type") {
         Some("Counters") => {
             metrics.retain(|(_, m)| matches!(m, Metric::Counter(_)));
+            texts.clear();
             histograms.clear();
         }
         Some("Gauges") => {
             metrics.retain(|(_, m)| matches!(m, Metric::Gauge(_)));
+            texts.clear();
             histograms.clear();
         }
-        Some("Histograms") => metrics.clear(),
+        Some("TextReadouts") => {
+            metrics.clear();
+            histograms.clear();
+        }
+        Some("Histograms") => {
+            metrics.clear();
+            texts.clear();
+        }
         _ => {}
     }
     let sel = Selection {
@@ -392,6 +407,7 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
             200,
             crate::stats::render_prometheus(
                 &metrics,
+                &texts,
                 &histograms,
                 sel,
                 shared.bootstrap.stats_tags.producer(),
@@ -399,10 +415,16 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
         );
     }
     match req.param("format") {
-        Some("json") => json(&crate::stats::render_json(&metrics, &histograms, sel, mode)),
+        Some("json") => json(&crate::stats::render_json(
+            &metrics,
+            &texts,
+            &histograms,
+            sel,
+            mode,
+        )),
         _ => text(
             200,
-            crate::stats::render_text(&metrics, &histograms, sel, mode),
+            crate::stats::render_text(&metrics, &texts, &histograms, sel, mode),
         ),
     }
 }

@@ -310,15 +310,15 @@ impl Exchange<'_> {
         global.is_none_or(|g| d < g).then_some(d)
     }
 
-    /// The outcome handed downstream, its status charged to the cluster (and a response's
-    /// `upstream_rq_time`, since `start`); `Err` is a per-try
+    /// The outcome handed downstream, its status charged to the cluster (a response records
+    /// its `upstream_rq_time`, since `start`, when its body ends); `Err` is a per-try
     /// timeout (Envoy answers 504). A local outcome is an upstream failure: Envoy charges 503.
-    fn finish(&self, outcome: Result<Outcome, ()>, start: Instant) -> Outcome {
+    fn finish(&self, mut outcome: Result<Outcome, ()>, start: Instant) -> Outcome {
         let stats = self.cluster.stats();
-        let status = match &outcome {
+        let status = match &mut outcome {
             Ok(Outcome::Response(resp)) => {
-                let ms = start.elapsed().as_millis() as u64;
-                stats.record_rq_time(ms, self.lb.internal);
+                resp.body_mut()
+                    .time(stats, start.into_std(), self.lb.internal);
                 resp.status().as_u16()
             }
             Ok(Outcome::Local(..) | Outcome::NotSent(..) | Outcome::DownstreamBodyFailed) => 503,

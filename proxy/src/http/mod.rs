@@ -370,6 +370,7 @@ where
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
+            let started = std::time::Instant::now();
             let version = req.version();
             let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
@@ -430,7 +431,7 @@ where
             if head && version == http::Version::HTTP_2 {
                 resp = resp.map(|_| crate::body::empty());
             }
-            Ok(resp)
+            Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started)))
         })
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);

@@ -42,10 +42,10 @@ fn upgrade_refused() -> Response<Body> {
     local_reply(StatusCode::FORBIDDEN, "")
 }
 
-/// Handles one request end to end; never fails (errors become local replies).
+/// Handles one request end to end; never fails (errors become local replies). The caller
+/// records its `downstream_rq_time` once the response has been sent.
 pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body> {
     let stats = &ctx.hcm.stats;
-    let started = Instant::now();
     stats.rq_total.inc();
     stats.rq_active.inc();
     let request_id = {
@@ -108,7 +108,6 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         }
     };
     stats.rq_active.dec();
-    stats.rq_time.record(started.elapsed().as_millis() as u64);
     request_id
 }
 

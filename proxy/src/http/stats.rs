@@ -1,5 +1,14 @@
 //! `http.<stat_prefix>.*` stats of a connection manager.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::BodyExt;
+
+use crate::body::{Body, BoxError};
 use crate::stats::{Connections, Counter, Gauge, Histogram, Store};
 
 /// Resolved handles for one connection manager's stats.
@@ -28,8 +37,59 @@ pub struct HcmStats {
     pub cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
     pub cx_http2_total: Counter,
-    /// `downstream_rq_time`: from a request's head to its response's.
+    /// `downstream_rq_time`: from a request's head to the end of its stream (its response's
+    /// last byte, or the stream cut short).
     pub rq_time: Histogram,
+}
+
+/// A request's `downstream_rq_time`, recorded when dropped: where revoy's own HTTP/1.1 path
+/// has written the response (or given up on it).
+#[derive(Debug)]
+pub struct RqTimer<'a> {
+    histogram: &'a Histogram,
+    since: Instant,
+}
+
+impl Drop for RqTimer<'_> {
+    fn drop(&mut self) {
+        self.histogram
+            .record(self.since.elapsed().as_millis() as u64);
+    }
+}
+
+/// A response body that records `downstream_rq_time` when dropped: hyper drops a body once
+/// it has sent it, or when the stream ends without it.
+struct Timed {
+    inner: Body,
+    histogram: Histogram,
+    since: Instant,
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        self.histogram
+            .record(self.since.elapsed().as_millis() as u64);
+    }
+}
+
+impl http_body::Body for Timed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
@@ -62,6 +122,25 @@ impl HcmStats {
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
         }
+    }
+
+    /// Starts a request's `downstream_rq_time`, recorded when the timer drops.
+    pub fn time_request(&self) -> RqTimer<'_> {
+        RqTimer {
+            histogram: &self.rq_time,
+            since: Instant::now(),
+        }
+    }
+
+    /// `body`, recording the `downstream_rq_time` of a request that began at `since` when
+    /// it is dropped (sent, or abandoned).
+    pub fn timed_body(&self, body: Body, since: Instant) -> Body {
+        Timed {
+            inner: body,
+            histogram: self.rq_time.clone(),
+            since,
+        }
+        .boxed_unsync()
     }
 
     /// Counts an allowed upgrade; it stays active while the returned guard lives.

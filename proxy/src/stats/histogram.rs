@@ -69,6 +69,20 @@ impl Shard {
         unsafe { &*p }
     }
 
+    /// How many values this shard holds.
+    fn count(&self) -> u64 {
+        let decades = self.decades.iter().filter_map(|cell| {
+            let p = cell.load(Ordering::Acquire);
+            // SAFETY: as in `decade`.
+            (!p.is_null()).then(|| unsafe { &*p })
+        });
+        let binned: u64 = decades
+            .flat_map(|d| d.iter())
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum();
+        self.zero.load(Ordering::Relaxed) + binned
+    }
+
     /// Adds this shard's counts to `totals` (indexed by bin).
     fn add_to(&self, totals: &mut [u64]) {
         totals[0] += self.zero.load(Ordering::Relaxed);
@@ -103,6 +117,8 @@ impl Drop for Shard {
 struct Merged {
     interval: Vec<(Bin, u64)>,
     cumulative: Vec<(Bin, u64)>,
+    /// How many values `cumulative` holds.
+    count: u64,
 }
 
 /// One histogram of a block.
@@ -237,18 +253,34 @@ impl Values {
 
     /// Merges every histogram's shards: the interval becomes what was recorded since the
     /// previous flush, the cumulative view everything so far.
+    #[cfg(test)]
     pub(super) fn flush(&self) {
-        let mut totals = vec![0u64; circllhist::BINS];
+        self.flush_with(&mut vec![0u64; circllhist::BINS]);
+    }
+
+    /// [`Values::flush`] with `totals` (`circllhist::BINS` long) as scratch space: one buffer
+    /// for a whole stats flush rather than one per block.
+    pub(super) fn flush_with(&self, totals: &mut [u64]) {
         for h in &self.histos {
             let mut merged = h.merged.lock().expect("histogram lock");
             let Some(shards) = h.shards.get() else {
                 continue;
             };
+            // Nothing recorded since the last flush (most of an Istio sidecar's thousands of
+            // histograms): the interval is empty, without merging every bin.
+            let count: u64 = shards.iter().map(Shard::count).sum();
+            if let Some(m) = merged.as_mut()
+                && m.count == count
+            {
+                m.interval.clear();
+                continue;
+            }
             totals.fill(0);
             for s in shards.iter() {
-                s.add_to(&mut totals);
+                s.add_to(totals);
             }
             let m = merged.get_or_insert_with(Default::default);
+            m.count = count;
             let before = std::mem::take(&mut m.cumulative);
             let mut previous = before.iter().peekable();
             m.interval.clear();

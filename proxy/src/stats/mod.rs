@@ -1,4 +1,4 @@
-//! Counters and gauges with Envoy's names. Handles are resolved once (at config compile time)
+//! Counters, gauges, text readouts and histograms with Envoy's names. Handles are resolved once (at config compile time)
 //! and then only touch atomics; the store is read by the admin API.
 //!
 //! Metrics live in blocks: a block is a fixed [`Layout`] of metrics under one name prefix,
@@ -12,9 +12,11 @@ pub mod histogram;
 mod number;
 mod render;
 pub mod tags;
+mod text;
 
 pub use histogram::{BucketSettings, Histogram, HistogramBlock, HistogramRef, HistogramView};
 pub use render::{BucketsMode, Selection, render_json, render_prometheus, render_text};
+pub use text::TextReadout;
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -436,6 +438,7 @@ impl Ord for ByPrefix {
 pub struct Store {
     blocks: Arc<Mutex<BTreeSet<ByPrefix>>>,
     histograms: Arc<Histograms>,
+    texts: Arc<Mutex<BTreeMap<Box<str>, TextReadout>>>,
 }
 
 /// The store's histogram blocks and what they are made with.
@@ -499,6 +502,26 @@ impl Store {
         Handle::new(&b, 0)
     }
 
+    /// The text readout named `name`, made on first use.
+    pub fn text_readout(&self, name: &str) -> TextReadout {
+        let mut texts = self.texts.lock().expect("stats lock");
+        if let Some(t) = texts.get(name) {
+            return t.clone();
+        }
+        let t = TextReadout::default();
+        texts.insert(name.into(), t.clone());
+        t
+    }
+
+    /// Every text readout, sorted by name.
+    pub fn text_readouts(&self) -> Vec<(String, TextReadout)> {
+        let texts = self.texts.lock().expect("stats lock");
+        texts
+            .iter()
+            .map(|(n, t)| (n.to_string(), t.clone()))
+            .collect()
+    }
+
     /// Gives histograms made from now on a shard per worker (`workers` of them) besides the
     /// one every other thread shares.
     pub fn set_workers(&self, workers: usize) {
@@ -532,6 +555,23 @@ impl Store {
         self.histogram_block(name, &SINGLE).single()
     }
 
+    /// The histogram named `name`, made on first use, for values recorded off the workers
+    /// (the xDS thread's `update_duration`): one shard, not one per worker, so each of
+    /// thousands of EDS clusters pays for one.
+    pub fn control_histogram(&self, name: &str) -> Histogram {
+        static SINGLE: [&str; 1] = [""];
+        let mut blocks = self.histograms.blocks.lock().expect("stats lock");
+        if let Some(b) = blocks.get(name)
+            && std::ptr::eq(b.0.names(), &SINGLE)
+        {
+            return b.clone().single();
+        }
+        let settings = self.histograms.settings.lock().expect("stats lock").clone();
+        let b = HistogramBlock::values(name, &SINGLE, settings, Arc::new(AtomicUsize::new(1)));
+        blocks.insert(name.into(), b.clone());
+        b.single()
+    }
+
     /// A stats flush: every histogram's values since the last one become its interval and
     /// join its cumulative view.
     pub fn flush_histograms(&self) {
@@ -539,8 +579,9 @@ impl Store {
             let blocks = self.histograms.blocks.lock().expect("stats lock");
             blocks.values().cloned().collect()
         };
+        let mut totals = vec![0u64; circllhist::BINS];
         for b in blocks {
-            b.0.flush();
+            b.0.flush_with(&mut totals);
         }
     }
 
@@ -611,6 +652,15 @@ impl Store {
             held |= keep;
             keep
         });
+        drop(histograms);
+        self.texts.lock().expect("stats lock").retain(|n, t| {
+            if !n.starts_with(prefix) {
+                return true;
+            }
+            let keep = t.shared();
+            held |= keep;
+            keep
+        });
         held
     }
 
@@ -663,6 +713,19 @@ mod tests {
         drop(held);
         assert!(!s.release("cluster.gone."));
         assert_eq!(s.snapshot().len(), 1);
+    }
+
+    #[test]
+    fn text_readouts_are_kept_by_name_and_released_like_the_others() {
+        let s = Store::new();
+        s.text_readout("cluster.gone.version_text").set("v1");
+        let held = s.text_readout("cluster.kept.version_text");
+        assert_eq!(s.text_readout("cluster.gone.version_text").value(), "v1");
+        assert!(!s.release("cluster.gone."));
+        assert!(s.release("cluster.kept."));
+        let names: Vec<String> = s.text_readouts().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["cluster.kept.version_text"]);
+        assert!(!held.used());
     }
 
     static LAYOUT: [Slot; 3] = [

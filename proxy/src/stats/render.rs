@@ -1,5 +1,5 @@
-//! Envoy's `/stats` output formats: text (`name: value`, histograms as quantile or bucket
-//! lines), JSON and Prometheus.
+//! Envoy's `/stats` output formats: text (`name: value`, text readouts as `name: "text"`,
+//! histograms as quantile or bucket lines), JSON and Prometheus.
 
 use std::collections::BTreeMap;
 
@@ -7,7 +7,7 @@ use super::circllhist::{self, QUANTILES};
 use super::histogram::HistogramView;
 use super::number;
 use super::tags::TagProducer;
-use super::{Metric, circllhist::Bin};
+use super::{Metric, TextReadout, circllhist::Bin};
 use regex::Regex;
 
 /// Which stats a request asks for: Envoy's `usedonly` and `filter`.
@@ -68,6 +68,16 @@ fn selected<'a>(
         .filter(move |(name, m)| sel.takes(name, m.used()))
 }
 
+fn selected_texts<'a>(
+    texts: &'a [(String, TextReadout)],
+    sel: Selection<'a>,
+) -> impl Iterator<Item = (&'a str, String)> {
+    texts
+        .iter()
+        .filter(move |(name, t)| sel.takes(name, t.used()))
+        .map(|(name, t)| (name.as_str(), t.value()))
+}
+
 fn selected_histograms<'a>(
     histograms: &'a [HistogramView],
     sel: Selection<'a>,
@@ -77,14 +87,22 @@ fn selected_histograms<'a>(
         .filter(move |h| sel.takes(&h.name, h.used()))
 }
 
-/// `name: value` lines sorted by name, then the histograms' lines.
+/// The text readouts' `name: "text"` lines (the text as it is, unescaped, as Envoy prints
+/// it), `name: value` lines sorted by name, then the histograms' lines.
 pub fn render_text(
     metrics: &[(String, Metric)],
+    texts: &[(String, TextReadout)],
     histograms: &[HistogramView],
     sel: Selection<'_>,
     mode: BucketsMode,
 ) -> String {
     let mut out = String::new();
+    for (name, text) in selected_texts(texts, sel) {
+        out.push_str(name);
+        out.push_str(": \"");
+        out.push_str(&text);
+        out.push_str("\"\n");
+    }
     for (name, m) in selected(metrics, sel) {
         out.push_str(name);
         out.push_str(": ");
@@ -174,16 +192,22 @@ fn detail(bins: &[(Bin, u64)]) -> String {
 }
 
 /// `{"stats":[{"name":..,"value":..}, .., {"histograms":..}]}` like Envoy's
-/// `/stats?format=json`; the histograms' entry only when some are selected.
+/// `/stats?format=json` (text readouts first, their values strings); the histograms' entry
+/// only when some are selected.
 pub fn render_json(
     metrics: &[(String, Metric)],
+    texts: &[(String, TextReadout)],
     histograms: &[HistogramView],
     sel: Selection<'_>,
     mode: BucketsMode,
 ) -> serde_json::Value {
-    let mut stats: Vec<_> = selected(metrics, sel)
-        .map(|(name, m)| serde_json::json!({"name": name, "value": m.value()}))
+    let mut stats: Vec<_> = selected_texts(texts, sel)
+        .map(|(name, text)| serde_json::json!({"name": name, "value": text}))
         .collect();
+    stats.extend(
+        selected(metrics, sel)
+            .map(|(name, m)| serde_json::json!({"name": name, "value": m.value()})),
+    );
     let chosen: Vec<&HistogramView> = selected_histograms(histograms, sel).collect();
     if !chosen.is_empty() {
         stats.push(serde_json::json!({ "histograms": json_histograms(&chosen, mode) }));
@@ -265,15 +289,19 @@ fn json_histograms(chosen: &[&HistogramView], mode: BucketsMode) -> serde_json::
 }
 
 /// Prometheus text exposition as Envoy writes it: tags extracted by `tags` become labels, one
-/// `# TYPE` line per metric family (`envoy_` + the tag-extracted name, sanitized).
+/// `# TYPE` line per metric family (`envoy_` + the tag-extracted name, sanitized). Text
+/// readouts (those passed: Envoy shows them only when asked with `text_readouts`) are gauges
+/// of value 0 whose text is the label `text_value`, after the other gauges.
 pub fn render_prometheus(
     metrics: &[(String, Metric)],
+    texts: &[(String, TextReadout)],
     histograms: &[HistogramView],
     sel: Selection<'_>,
     tags: &TagProducer,
 ) -> String {
-    // Envoy lists counter families, then gauge families, each sorted by name.
-    let mut families: BTreeMap<(u8, String), Vec<(String, u64)>> = BTreeMap::new();
+    // Envoy lists counter families, then gauge families, then text readouts, each sorted by
+    // tag-extracted name.
+    let mut families: BTreeMap<(u8, Extracted), Vec<(String, u64)>> = BTreeMap::new();
     let labels_of = |tags: &[(&str, String)]| -> Vec<String> {
         tags.iter()
             .map(|(n, v)| format!("{}=\"{}\"", sanitize(n), escape(v)))
@@ -287,12 +315,22 @@ pub fn render_prometheus(
             Metric::Gauge(_) => 1,
         };
         families
-            .entry((order, format!("envoy_{}", sanitize(&extracted))))
+            .entry((order, Extracted(extracted)))
             .or_default()
             .push((labels.join(","), m.value()));
     }
+    for (name, text) in selected_texts(texts, sel) {
+        let (extracted, tags) = tags.produce(name);
+        let mut labels = labels_of(&tags);
+        labels.push(format!("text_value=\"{}\"", escape(&text)));
+        families
+            .entry((2, Extracted(extracted)))
+            .or_default()
+            .push((labels.join(","), 0));
+    }
     let mut out = String::new();
-    for ((order, family), series) in families {
+    for ((order, extracted), series) in families {
+        let family = extracted.family();
         let kind = if order == 0 { "counter" } else { "gauge" };
         out.push_str(&format!("# TYPE {family} {kind}\n"));
         for (labels, value) in series {
@@ -300,15 +338,16 @@ pub fn render_prometheus(
         }
     }
     // Then the histogram families: cumulative buckets, `+Inf`, `_sum` and `_count`.
-    let mut hfamilies: BTreeMap<String, Vec<(String, &HistogramView)>> = BTreeMap::new();
+    let mut hfamilies: BTreeMap<Extracted, Vec<(String, &HistogramView)>> = BTreeMap::new();
     for h in selected_histograms(histograms, sel) {
         let (extracted, tags) = tags.produce(&h.name);
         hfamilies
-            .entry(format!("envoy_{}", sanitize(&extracted)))
+            .entry(Extracted(extracted))
             .or_default()
             .push((labels_of(&tags).join(","), h));
     }
-    for (family, series) in hfamilies {
+    for (extracted, series) in hfamilies {
+        let family = extracted.family();
         out.push_str(&format!("# TYPE {family} histogram\n"));
         for (labels, h) in series {
             let sep = if labels.is_empty() { "" } else { "," };
@@ -331,6 +370,30 @@ pub fn render_prometheus(
     out
 }
 
+/// A tag-extracted stat name, ordered as Envoy orders stat names: token by token (so
+/// `cluster.version_text` comes before `cluster_manager.cds.version_text`).
+#[derive(PartialEq, Eq)]
+struct Extracted(String);
+
+impl Extracted {
+    /// The Prometheus family: `envoy_` and the name, sanitized.
+    fn family(&self) -> String {
+        format!("envoy_{}", sanitize(&self.0))
+    }
+}
+
+impl Ord for Extracted {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.split('.').cmp(other.0.split('.'))
+    }
+}
+
+impl PartialOrd for Extracted {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 /// A Prometheus metric or label name: anything but ASCII letters, digits and `_` becomes `_`.
 fn sanitize(name: &str) -> String {
     name.chars()
@@ -350,4 +413,41 @@ fn escape(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Envoy 1.40's output for a CDS `version_info` of `a<b>&c'd\e` newline `f` tab `g é`.
+    #[test]
+    fn text_readouts_read_as_envoys() {
+        let version = "a<b>&c'd\\e\nf\tg é";
+        let readout = TextReadout::default();
+        readout.set(version);
+        let texts = [("cluster_manager.cds.version_text".to_owned(), readout)];
+        let all = Selection::default();
+        assert_eq!(
+            render_text(&[], &texts, &[], all, BucketsMode::Summary),
+            "cluster_manager.cds.version_text: \"a<b>&c'd\\e\nf\tg é\"\n"
+        );
+        assert_eq!(
+            render_json(&[], &texts, &[], all, BucketsMode::Summary).to_string(),
+            r#"{"stats":[{"name":"cluster_manager.cds.version_text","value":"a<b>&c'd\\e\nf\tg é"}]}"#
+        );
+        assert_eq!(
+            render_prometheus(&[], &texts, &[], all, &TagProducer::default()),
+            "# TYPE envoy_cluster_manager_cds_version_text gauge\n\
+             envoy_cluster_manager_cds_version_text{text_value=\"a<b>&c'd\\\\e\\nf\tg é\"} 0\n"
+        );
+        let used_only = Selection {
+            used_only: true,
+            filter: None,
+        };
+        let unset = [("x.version_text".to_owned(), TextReadout::default())];
+        assert_eq!(
+            render_text(&[], &unset, &[], used_only, BucketsMode::Summary),
+            ""
+        );
+    }
 }

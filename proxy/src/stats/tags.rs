@@ -291,9 +291,19 @@ fn regex_unless(re: &str, substr: &'static str, unless: Option<&'static str>) ->
     }
 }
 
-/// Envoy 1.40's default tag specifiers, in its order, for the stat families revoy emits
-/// (clusters, connection managers, listeners, tcp_proxy, virtual hosts, workers).
+/// Envoy 1.40's default tag specifiers for the stat families revoy emits (clusters,
+/// connection managers, listeners, tcp_proxy, virtual hosts, workers), in the order Envoy
+/// applies them: its regex descriptors, then its tokenized ones (so a stat both kinds tag,
+/// `http.<prefix>.rds.<name>.*`, lists its route configuration first), each kind in the
+/// order of Envoy's list.
 fn default_rules() -> Vec<(&'static str, Rule)> {
+    let mut rules = envoys_list();
+    rules.sort_by_key(|(_, rule)| matches!(rule, Rule::Tokens(_)));
+    rules
+}
+
+/// Envoy's default tag specifiers as its list names them, both kinds together.
+fn envoys_list() -> Vec<(&'static str, Rule)> {
     vec![
         ("envoy.response_code", regex(r"_rq(_([0-9]{3}))$", "_rq_")),
         (
@@ -392,6 +402,18 @@ mod tests {
             )
         );
         assert_eq!(tags(&p, "server.live"), ("server.live".into(), vec![]));
+        // Envoy applies its regex rules before its token rules (Envoy 1.40's Prometheus
+        // output lists `envoy_rds_route_config` first).
+        assert_eq!(
+            tags(&p, "http.main.rds.routes.version_text"),
+            (
+                "http.rds.version_text".into(),
+                t(&[
+                    ("envoy.rds_route_config", "routes"),
+                    ("envoy.http_conn_manager_prefix", "main")
+                ])
+            )
+        );
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl Cluster {
     }
 
     /// The `cluster.<name>.*` stats (the router charges timeouts and retries here).
-    pub fn stats(&self) -> &ClusterStats {
+    pub fn stats(&self) -> &Arc<ClusterStats> {
         &self.stats
     }
 

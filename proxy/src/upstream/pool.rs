@@ -44,19 +44,56 @@ pub(crate) struct ConnectOptions<'a> {
     pub carries: Carries,
 }
 
-/// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive.
+/// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive; when it
+/// closes, records its `upstream_cx_length_ms` and `upstream_rq_per_cx`.
 #[derive(Debug)]
 pub struct ActiveConnection {
     host: Arc<Host>,
     stats: Arc<ClusterStats>,
     /// When it was opened, for `upstream_cx_length_ms`.
     opened: std::time::Instant,
+    /// Requests sent on it, for `upstream_rq_per_cx` (HTTP/2: streams, counted by its pool).
+    requests: Requests,
+}
+
+/// How a connection's requests are counted: by its one user (HTTP/1.1), or by every request
+/// that opens a stream on it (HTTP/2, shared with the pool).
+#[derive(Debug)]
+enum Requests {
+    Own(u32),
+    Shared(Arc<std::sync::atomic::AtomicU32>),
+}
+
+impl ActiveConnection {
+    /// Its cluster's stats.
+    pub(crate) fn stats(&self) -> &ClusterStats {
+        &self.stats
+    }
+
+    /// Counts a request sent on this connection.
+    pub(crate) fn count_request(&mut self) {
+        match &mut self.requests {
+            Requests::Own(n) => *n += 1,
+            Requests::Shared(n) => {
+                n.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// How many requests it has carried.
+    pub(crate) fn requests(&self) -> u32 {
+        match &self.requests {
+            Requests::Own(n) => *n,
+            Requests::Shared(n) => n.load(Ordering::Relaxed),
+        }
+    }
 }
 
 impl Drop for ActiveConnection {
     fn drop(&mut self) {
         let ms = self.opened.elapsed().as_millis() as u64;
         self.stats.cx_length_ms().record(ms);
+        self.stats.rq_per_cx().record(u64::from(self.requests()));
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active().dec();
         self.host.pool().wake_a_waiter();
@@ -103,6 +140,13 @@ impl Drop for Pending<'_> {
     }
 }
 
+/// A host's HTTP/2 connection: what sends on it, and its streams so far (which its
+/// [`ActiveConnection`] records as `upstream_rq_per_cx` when it closes).
+struct H2Connection {
+    sender: http2::SendRequest<Body>,
+    requests: Arc<std::sync::atomic::AtomicU32>,
+}
+
 /// A host's pooled HTTP connections.
 #[derive(Default)]
 pub(crate) struct Pool {
@@ -113,7 +157,7 @@ pub(crate) struct Pool {
     /// How many requests wait on `released`: a release with none waiting (every response,
     /// normally) touches nothing else.
     waiting: AtomicUsize,
-    h2: ArcSwapOption<http2::SendRequest<Body>>,
+    h2: ArcSwapOption<H2Connection>,
     h2_connecting: tokio::sync::Mutex<()>,
     /// The host left its cluster (or the cluster went away): connections are no longer kept.
     retired: std::sync::atomic::AtomicBool,
@@ -236,6 +280,7 @@ pub(crate) async fn connect(
             host: host.clone(),
             stats: opts.stats.clone(),
             opened,
+            requests: Requests::Own(0),
         },
     ))
 }
@@ -357,7 +402,9 @@ fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connecti
 /// Puts a connection whose response ended back in its host's pool, unless it carried
 /// `max_requests` already.
 pub(super) fn release_h1(host: &Host, mut conn: h1::Connection, max_requests: Option<u32>) {
-    if max_requests.is_some_and(|m| conn.used >= m) || host.pool().retired.load(Ordering::Relaxed) {
+    if max_requests.is_some_and(|m| conn.requests() >= m)
+        || host.pool().retired.load(Ordering::Relaxed)
+    {
         return;
     }
     conn.since = Instant::now();
@@ -383,7 +430,7 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
@@ -397,7 +444,10 @@ pub(crate) async fn send_h2(
             continue;
         }
         match sender.try_send_request(req).await {
-            Ok(resp) => return Ok(resp.map(UpstreamBody::http2)),
+            Ok(resp) => {
+                requests.fetch_add(1, Ordering::Relaxed);
+                return Ok(resp.map(UpstreamBody::http2));
+            }
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
                 Some(r) if !fresh_tried => {
@@ -410,19 +460,24 @@ pub(crate) async fn send_h2(
     }
 }
 
-async fn h2_sender(
-    host: &Arc<Host>,
-    opts: ConnectOptions<'_>,
-) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
+/// The host's usable HTTP/2 sender and its stream count, and whether it was opened for this
+/// request.
+type H2Sender = (
+    http2::SendRequest<Body>,
+    Arc<std::sync::atomic::AtomicU32>,
+    bool,
+);
+
+async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sender, UpstreamError> {
     let usable = || {
         host.pool()
             .h2
             .load_full()
-            .filter(|s| !s.is_closed())
-            .map(|s| (*s).clone())
+            .filter(|c| !c.sender.is_closed())
+            .map(|c| (c.sender.clone(), c.requests.clone(), false))
     };
     if let Some(s) = usable() {
-        return Ok((s, false));
+        return Ok(s);
     }
     let _pending = Pending::enter(&opts)?;
     // Boxed for the same reason as `wait_for_h1`: rare, and large inline.
@@ -433,24 +488,28 @@ async fn h2_sender(
 async fn open_h2(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
-    usable: impl Fn() -> Option<http2::SendRequest<Body>>,
-) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
+    usable: impl Fn() -> Option<H2Sender>,
+) -> Result<H2Sender, UpstreamError> {
     let _connecting = host.pool().h2_connecting.lock().await;
     if let Some(s) = usable() {
-        return Ok((s, false));
+        return Ok(s);
     }
     let (stream, active) = connect(host, opts).await?;
-    Ok((start_h2(host, opts, stream, active).await?, true))
+    let (sender, requests) = start_h2(host, opts, stream, active).await?;
+    Ok((sender, requests, true))
 }
 
-/// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection.
+/// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection; answers
+/// its sender and stream count.
 async fn start_h2(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
     stream: UpstreamIo,
-    active: ActiveConnection,
-) -> Result<http2::SendRequest<Body>, UpstreamError> {
+    mut active: ActiveConnection,
+) -> Result<(http2::SendRequest<Body>, Arc<std::sync::atomic::AtomicU32>), UpstreamError> {
     opts.stats.upstream_cx_http2_total().inc();
+    let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    active.requests = Requests::Shared(requests.clone());
     let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
@@ -459,8 +518,11 @@ async fn start_h2(
         let _ = conn.await;
         drop(active);
     });
-    host.pool().h2.store(Some(Arc::new(sender.clone())));
-    Ok(sender)
+    host.pool().h2.store(Some(Arc::new(H2Connection {
+        sender: sender.clone(),
+        requests: requests.clone(),
+    })));
+    Ok((sender, requests))
 }
 
 /// Sends `req` over HTTP/2 or HTTP/1.1 as the host's TLS handshake decides (`auto_config`:

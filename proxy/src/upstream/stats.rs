@@ -258,6 +258,11 @@ impl ClusterStats {
         self.histograms.get(1)
     }
 
+    /// `upstream_rq_per_cx`: how many requests a connection carried, when it closed.
+    pub fn rq_per_cx(&self) -> HistogramRef<'_> {
+        self.histograms.get(2)
+    }
+
     /// Records a response's `upstream_rq_time`, and the same under `internal.` or
     /// `external.` (per `x-envoy-internal`).
     pub fn record_rq_time(&self, ms: u64, internal: bool) {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use prost::Message;
@@ -280,6 +280,7 @@ impl ProxyHandler {
     }
 
     fn apply_clusters(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+        let since = Instant::now();
         let mut rejected = Vec::new();
         let mut changed = 0;
         let mut upserts = Vec::new();
@@ -375,7 +376,7 @@ impl ProxyHandler {
         let delta = self.over_delta(self.config.cds.as_ref());
         self.stats
             .cds
-            .finish(&u.version_info, rejected.is_empty(), delta);
+            .finish(&u.version_info, rejected.is_empty(), delta, since);
         if rejected.is_empty() {
             if changed > 0 {
                 self.stats.cds_reloads.reloaded();
@@ -426,6 +427,7 @@ impl ProxyHandler {
         let mut rejected = Vec::new();
         let mut warmed = Vec::new();
         for r in u.resources {
+            let since = Instant::now();
             let users: Vec<String> = st
                 .eds_users
                 .get(&r.name)
@@ -448,7 +450,7 @@ impl ProxyHandler {
                 .collect();
             if st.endpoints.unchanged(&r.name, &r.value) {
                 for name in &counted {
-                    UpdateStats::eds_unchanged(&shared.stats, name, &u.version_info);
+                    UpdateStats::eds_unchanged(&shared.stats, name, &u.version_info, since);
                 }
                 continue;
             }
@@ -477,14 +479,10 @@ impl ProxyHandler {
                     }
                 }
             }
-            for name in &counted {
-                UpdateStats::of_cluster(&shared.stats, name).finish(
-                    &u.version_info,
-                    failure.is_none(),
-                    self.ads_delta(),
-                );
-            }
             if let Some(reason) = failure {
+                for name in &counted {
+                    UpdateStats::of_cluster(&shared.stats, name).rejected(self.ads_delta());
+                }
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
             }
@@ -501,6 +499,9 @@ impl ProxyHandler {
             }
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
+            for name in &counted {
+                UpdateStats::of_cluster(&shared.stats, name).accepted(&u.version_info, since);
+            }
         }
         shared.clusters.apply(warmed, &[]);
         for name in u.removed {
@@ -522,6 +523,7 @@ impl ProxyHandler {
         st: &mut State,
         u: Update,
     ) -> Applied {
+        let since = Instant::now();
         let mut rejected = Vec::new();
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
@@ -591,7 +593,7 @@ impl ProxyHandler {
         let delta = self.over_delta(self.config.lds.as_ref());
         self.stats
             .lds
-            .finish(&u.version_info, rejected.is_empty(), delta);
+            .finish(&u.version_info, rejected.is_empty(), delta, since);
         if rejected.is_empty() {
             st.lds_version = u.version_info;
         }
@@ -776,10 +778,11 @@ impl ProxyHandler {
     ) -> Applied {
         let mut rejected = Vec::new();
         for r in u.resources {
+            let since = Instant::now();
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
             if st.routes.unchanged(&r.name, &r.value) {
                 for p in &prefixes {
-                    UpdateStats::new(&shared.stats, p).accepted(&u.version_info);
+                    UpdateStats::new(&shared.stats, p).accepted(&u.version_info, since);
                 }
                 continue;
             }
@@ -795,22 +798,24 @@ impl ProxyHandler {
                 crate::config::route::compile_route_config(ctx, &rc, check)
                     .map_err(|e| located("route configuration", &rc.name, e))
             });
-            for p in &prefixes {
-                UpdateStats::new(&shared.stats, p).finish(
-                    &u.version_info,
-                    compiled.is_ok(),
-                    self.ads_delta(),
-                );
-                if compiled.is_ok() {
-                    Reloads::new(&shared.stats, p).reloaded();
-                }
-            }
+            let accepted = compiled.is_ok();
             match compiled {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
                     shared.applier.upsert_route(shared, table);
                     st.routes
                         .accept(&r.name, &r.version, r.value, Status::Acked);
+                }
+            }
+            for p in &prefixes {
+                UpdateStats::new(&shared.stats, p).finish(
+                    &u.version_info,
+                    accepted,
+                    self.ads_delta(),
+                    since,
+                );
+                if accepted {
+                    Reloads::new(&shared.stats, p).reloaded();
                 }
             }
         }
@@ -996,6 +1001,7 @@ impl Handler for ProxyHandler {
             }
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
             Event::Queued(queued) => self.stats.pending_requests.set(queued as u64),
+            Event::Identified(identifier) => self.stats.identifier.set(&identifier),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The xDS stats, with Envoy's names: `cluster_manager.cds.*`, `listener_manager.lds.*`, the
 //! cluster and listener managers' counts, `control_plane.*`.
 
-use crate::stats::{Block, Counter, Gauge, Store};
+use std::time::Instant;
+
+use crate::stats::{Block, Counter, Gauge, Histogram, Store, TextReadout};
 use crate::upstream::ClusterStats;
 
 /// One subscription's stats, as Envoy's subscriptions keep them: `update_attempt` counts the
@@ -17,6 +19,10 @@ pub struct UpdateStats {
     update_time: Gauge,
     /// `version`: Envoy's hash (XXH64) of the last applied `version_info`.
     version: Gauge,
+    /// `version_text`: the last applied `version_info` itself.
+    version_text: TextReadout,
+    /// `update_duration`: the ms each applied update took to apply.
+    update_duration: Histogram,
 }
 
 impl UpdateStats {
@@ -24,23 +30,36 @@ impl UpdateStats {
     /// `listener_manager.lds`, `http.<stat_prefix>.rds.<route_config>` for RDS).
     pub fn new(store: &Store, prefix: &str) -> Self {
         UpdateStats::named(
+            store,
+            &format!("{prefix}."),
             |n| store.counter(&format!("{prefix}.{n}")),
             |n| store.gauge(&format!("{prefix}.{n}")),
         )
     }
 
-    /// The EDS stats of a cluster, in its block (`cluster.<name>.update_*`, `version`).
-    fn in_block(block: &Block) -> Self {
+    /// The EDS stats of a cluster: its counters and gauges in its block
+    /// (`cluster.<name>.update_*`, `version`), `version_text` and `update_duration` by name.
+    fn in_block(store: &Store, block: &Block) -> Self {
         let missing = "the cluster layout has the EDS subscription stats";
         UpdateStats::named(
+            store,
+            block.prefix(),
             |n| block.named_counter(n).expect(missing),
             |n| block.named_gauge(n).expect(missing),
         )
     }
 
-    /// The stats `counter` and `gauge` answer by their names after the prefix.
-    fn named(counter: impl Fn(&str) -> Counter, gauge: impl Fn(&str) -> Gauge) -> Self {
+    /// The stats `counter` and `gauge` answer by their names after the prefix, and the text
+    /// readout and histogram under `prefix` (which ends with a dot).
+    fn named(
+        store: &Store,
+        prefix: &str,
+        counter: impl Fn(&str) -> Counter,
+        gauge: impl Fn(&str) -> Gauge,
+    ) -> Self {
         UpdateStats {
+            version_text: store.text_readout(&format!("{prefix}version_text")),
+            update_duration: store.control_histogram(&format!("{prefix}update_duration")),
             attempt: counter("update_attempt"),
             success: counter("update_success"),
             rejected: counter("update_rejected"),
@@ -54,14 +73,15 @@ impl UpdateStats {
     /// The EDS subscription stats of the cluster whose stat name is `cluster` (its block is
     /// made here for a cluster that still warms).
     pub fn of_cluster(store: &Store, cluster: &str) -> Self {
-        UpdateStats::in_block(&ClusterStats::block(store, cluster))
+        UpdateStats::in_block(store, &ClusterStats::block(store, cluster))
     }
 
-    /// An EDS update that left the hosts of the cluster whose stat name is `cluster` as they
-    /// were: applied, without a rebuild (`update_no_rebuild`).
-    pub fn eds_unchanged(store: &Store, cluster: &str, version_info: &str) {
+    /// An EDS update, whose applying began at `since`, that left the hosts of the cluster
+    /// whose stat name is `cluster` as they were: applied, without a rebuild
+    /// (`update_no_rebuild`).
+    pub fn eds_unchanged(store: &Store, cluster: &str, version_info: &str, since: Instant) {
         let block = ClusterStats::block(store, cluster);
-        UpdateStats::in_block(&block).accepted(version_info);
+        UpdateStats::in_block(store, &block).accepted(version_info, since);
         block
             .named_counter("update_no_rebuild")
             .expect("the cluster layout has update_no_rebuild")
@@ -73,12 +93,16 @@ impl UpdateStats {
         self.attempt.inc();
     }
 
-    /// An update was applied whole.
-    pub fn accepted(&self, version_info: &str) {
+    /// An update, whose applying began at `since`, was applied whole: recorded as Envoy's
+    /// subscriptions do once their callbacks return.
+    pub fn accepted(&self, version_info: &str, since: Instant) {
         self.attempt.inc();
         self.success.inc();
         self.update_time.set(now_ms());
         self.version.set(xxh64(version_info.as_bytes()));
+        self.version_text.set(version_info);
+        self.update_duration
+            .record(since.elapsed().as_millis() as u64);
     }
 
     /// An update was rejected (in part). Over Delta, Envoy counts an attempt before it applies
@@ -88,11 +112,11 @@ impl UpdateStats {
         self.rejected.inc();
     }
 
-    /// The outcome of an update that came over Delta (`delta`) or state of the world:
-    /// [`UpdateStats::accepted`] or [`UpdateStats::rejected`].
-    pub fn finish(&self, version_info: &str, accepted: bool, delta: bool) {
+    /// The outcome of an update that came over Delta (`delta`) or state of the world, whose
+    /// applying began at `since`: [`UpdateStats::accepted`] or [`UpdateStats::rejected`].
+    pub fn finish(&self, version_info: &str, accepted: bool, delta: bool, since: Instant) {
         if accepted {
-            self.accepted(version_info);
+            self.accepted(version_info, since);
         } else {
             self.rejected(delta);
         }
@@ -236,6 +260,9 @@ pub struct XdsStats {
     pub rate_limit_enforced: Counter,
     /// `control_plane.pending_requests`: the requests waiting for the rate limit.
     pub pending_requests: Gauge,
+    /// `control_plane.identifier`: the control plane's `identifier` in the last response
+    /// that named one.
+    pub identifier: TextReadout,
 }
 
 impl XdsStats {
@@ -260,6 +287,7 @@ impl XdsStats {
             connected_state: g("control_plane.connected_state"),
             rate_limit_enforced: c("control_plane.rate_limit_enforced"),
             pending_requests: g("control_plane.pending_requests"),
+            identifier: store.text_readout("control_plane.identifier"),
         }
     }
 }
@@ -291,14 +319,15 @@ mod tests {
         let store = Store::new();
         // The cluster still warms: its subscription's start makes its block.
         UpdateStats::of_cluster(&store, "c").started();
-        UpdateStats::of_cluster(&store, "c").finish("v1", true, false);
+        let now = Instant::now();
+        UpdateStats::of_cluster(&store, "c").finish("v1", true, false, now);
         let cluster = ClusterStats::new(&store, "c");
         assert_eq!(cluster.update_attempt().value(), 2);
         assert_eq!(cluster.update_success().value(), 1);
-        UpdateStats::of_cluster(&store, "c").finish("v2", false, false);
+        UpdateStats::of_cluster(&store, "c").finish("v2", false, false, now);
         assert_eq!(cluster.update_attempt().value(), 3);
         assert_eq!(cluster.update_rejected().value(), 1);
-        UpdateStats::of_cluster(&store, "c").finish("v3", false, true);
+        UpdateStats::of_cluster(&store, "c").finish("v3", false, true, now);
         assert_eq!(
             cluster.update_attempt().value(),
             5,
@@ -310,6 +339,23 @@ mod tests {
         for eds_only in ["update_rejected", "init_fetch_timeout", "update_time"] {
             assert!(names.contains(&format!("cluster.c.{eds_only}").as_str()));
         }
+        // The version applied last, not that of a rejected update.
+        let texts = store.text_readouts();
+        assert_eq!(texts.len(), 1);
+        assert_eq!(texts[0].0, "cluster.c.version_text");
+        assert_eq!(texts[0].1.value(), "v1");
+        store.flush_histograms();
+        let durations: Vec<_> = store
+            .histogram_views()
+            .into_iter()
+            .filter(|h| h.name == "cluster.c.update_duration")
+            .collect();
+        assert_eq!(durations.len(), 1);
+        assert_eq!(
+            crate::stats::circllhist::count(durations[0].cumulative()),
+            1,
+            "one value: the applied update's"
+        );
     }
 
     #[test]
@@ -324,6 +370,13 @@ mod tests {
             !names
                 .iter()
                 .any(|n| n.ends_with(".update_rejected") || n.ends_with(".init_fetch_timeout"))
+        );
+        assert!(store.text_readouts().is_empty());
+        assert!(
+            !store
+                .histogram_views()
+                .iter()
+                .any(|h| h.name.ends_with(".update_duration"))
         );
     }
 }

@@ -16,7 +16,7 @@ use super::Service;
 use super::deliver::{Incoming, deliver};
 use super::protocol::{Answer, Progress, Protocol};
 use super::subscriptions::{Subscription, Subscriptions, WILDCARD};
-use crate::{Handler, Rejected, Resource};
+use crate::{Event, Handler, Rejected, Resource};
 
 /// One type's Delta state.
 #[derive(Debug, Default)]
@@ -123,6 +123,9 @@ impl Protocol for Delta {
         subscriptions: &Subscriptions,
         handler: &dyn Handler,
     ) -> Option<Answer<DeltaDiscoveryRequest>> {
+        if let Some(control_plane) = &response.control_plane {
+            handler.event(Event::Identified(control_plane.identifier.clone()));
+        }
         subscriptions.get(&response.type_url)?;
         let at = SystemTime::now();
         let type_url = response.type_url;

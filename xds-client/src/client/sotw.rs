@@ -16,7 +16,7 @@ use super::protocol::{Answer, Progress, Protocol};
 use super::resource_name::name_of;
 use super::sotw_wire::{self, EncodedNames, SotwRequest};
 use super::subscriptions::{Subscription, Subscriptions};
-use crate::{Handler, Rejected, Resource, is_full_state};
+use crate::{Event, Handler, Rejected, Resource, is_full_state};
 
 /// The type URL of a resource wrapped in `envoy.service.discovery.v3.Resource`.
 const WRAPPED_TYPE_URL: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
@@ -166,6 +166,9 @@ impl Protocol for Sotw {
         subscriptions: &Subscriptions,
         handler: &dyn Handler,
     ) -> Option<Answer<SotwRequest>> {
+        if let Some(control_plane) = &response.control_plane {
+            handler.event(Event::Identified(control_plane.identifier.clone()));
+        }
         let subscription = subscriptions.get(&response.type_url)?;
         let at = SystemTime::now();
         let type_url = response.type_url;

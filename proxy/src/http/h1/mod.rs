@@ -130,6 +130,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             }
         };
         codec = Codec::Http1;
+        // Records `downstream_rq_time` at the end of this iteration: the response written.
+        let _timer = ctx.hcm.stats.time_request();
         // Boxed: an idle connection's task would otherwise keep room for a request.
         let mut handled = crate::spawn::boxed(|| super::router::handle(request, &ctx));
         let response = tokio::select! {

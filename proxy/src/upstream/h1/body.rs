@@ -3,6 +3,7 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
@@ -11,6 +12,7 @@ use tokio_util::io::poll_read_buf;
 use super::decode::{Chunked, DecodeError, Framing};
 use super::{Connection, Release};
 use crate::upstream::pool::ActiveConnection;
+use crate::upstream::stats::ClusterStats;
 
 /// Why a response body could not be read to its end.
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +35,7 @@ pub(super) enum Reader {
     /// The read side of a connection whose request body is still being sent by another task.
     Half {
         read: tokio::io::ReadHalf<super::UpstreamIo>,
-        _active: ActiveConnection,
+        active: ActiveConnection,
     },
 }
 
@@ -55,6 +57,9 @@ pub struct ResponseBody {
     /// Yield the chunked body's trailers (else it ends without them, like Envoy's HTTP/1 codec
     /// unless the cluster sets `enable_trailers`).
     trailers: bool,
+    /// Since when `upstream_rq_time` counts, and whether the request was internal: recorded
+    /// when the body ends.
+    timing: Option<(Instant, bool)>,
 }
 
 impl ResponseBody {
@@ -84,6 +89,7 @@ impl ResponseBody {
             ready,
             release,
             trailers,
+            timing: None,
         };
         if matches!(body.state, State::Done) {
             body.finish();
@@ -91,10 +97,30 @@ impl ResponseBody {
         body
     }
 
-    /// The body ended: the connection goes back to its pool when it may be reused and holds
-    /// nothing beyond this response; otherwise it closes.
+    /// Records `upstream_rq_time`, from `since` to the body's end (now, if it has ended: the
+    /// whole body came with the head), as Envoy's router does when the upstream response
+    /// completes; a body that fails records nothing.
+    pub(crate) fn time(&mut self, stats: &ClusterStats, since: Instant, internal: bool) {
+        if matches!(self.state, State::Done) {
+            stats.record_rq_time(since.elapsed().as_millis() as u64, internal);
+        } else {
+            self.timing = Some((since, internal));
+        }
+    }
+
+    /// The body ended: its `upstream_rq_time` is recorded; the connection goes back to its pool
+    /// when it may be reused and holds nothing beyond this response; otherwise it closes.
     fn finish(&mut self) {
         self.state = State::Done;
+        let active = match &self.reader {
+            Some(Reader::Pooled(conn)) => Some(&conn.active),
+            Some(Reader::Half { active, .. }) => Some(active),
+            None => None,
+        };
+        if let (Some((since, internal)), Some(active)) = (self.timing.take(), active) {
+            let ms = since.elapsed().as_millis() as u64;
+            active.stats().record_rq_time(ms, internal);
+        }
         let reader = self.reader.take();
         if let (Some(Reader::Pooled(conn)), Some(release)) = (reader, self.release.take())
             && self.buf.is_empty()

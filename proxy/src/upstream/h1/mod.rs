@@ -44,8 +44,6 @@ pub(crate) struct Connection {
     active: ActiveConnection,
     /// When it last went back to the pool.
     pub(crate) since: Instant,
-    /// Requests sent on it.
-    pub(crate) used: u32,
 }
 
 impl Connection {
@@ -55,8 +53,12 @@ impl Connection {
             io,
             active,
             since: Instant::now(),
-            used: 0,
         }
+    }
+
+    /// How many requests it has carried.
+    pub(crate) fn requests(&self) -> u32 {
+        self.active.requests()
     }
 
     /// Whether the idle connection is unusable: the upstream closed it, reset it or sent bytes
@@ -117,7 +119,7 @@ pub(crate) async fn exchange(
     let framing = encode::framing(&mut parts.headers, body.is_end_stream(), &body.size_hint());
     let mut out = Vec::with_capacity(256);
     encode::head(&parts, &mut out);
-    conn.used += 1;
+    conn.active.count_request();
     let mut buf = BytesMut::new();
     if framing == BodyFraming::None {
         if let Err(e) = conn.io.write_all(&out).await {
@@ -152,7 +154,7 @@ pub(crate) async fn exchange(
             tokio::spawn(sender.rest(write, body));
             let reader = Reader::Half {
                 read,
-                _active: conn.active,
+                active: conn.active,
             };
             let body = Delimit {
                 head_request,
