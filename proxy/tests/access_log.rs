@@ -21,6 +21,8 @@
 mod cases;
 #[path = "support/child.rs"]
 mod child;
+#[path = "access_log/flush.rs"]
+mod flush;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -28,6 +30,7 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -224,6 +227,41 @@ struct Logs {
     json: Vec<serde_json::Value>,
     istio: Vec<String>,
     tcp: Vec<String>,
+    /// The `filesystem.*` stats before the first request.
+    stats_before: BTreeMap<String, u64>,
+    /// The `filesystem.*` stats once every line is written.
+    stats: BTreeMap<String, u64>,
+}
+
+/// The `filesystem.*` stats (Envoy's file writer's) from the admin's `/stats`.
+fn file_stats(admin: u16) -> BTreeMap<String, u64> {
+    let mut s = TcpStream::connect(("127.0.0.1", admin)).expect("admin accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(
+        b"GET /stats?filter=filesystem HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    out.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(": ")?;
+            Some((k.strip_prefix("filesystem.")?.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The stats once nothing waits in a buffer (the gauge drops after the write).
+fn settled_file_stats(admin: u16) -> BTreeMap<String, u64> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = file_stats(admin);
+        if stats.get("write_total_buffered") == Some(&0) || Instant::now() > deadline {
+            return stats;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn read_lines(path: &Path, want: usize) -> Vec<String> {
@@ -253,6 +291,7 @@ fn observe(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Logs {
         *UPSTREAMS.get_or_init(|| (http_upstream(), echo_upstream(), free_port()));
     let yaml = bootstrap(&ports, upstream, echo, dead, dir);
     let _proxy = start(&yaml);
+    let stats_before = file_stats(ports.admin);
     let http = ports.http;
     assert!(request(http, "GET", "/ok", "").starts_with("HTTP/1.1 200"));
     assert!(request(http, "POST", "/ok/post", "seven!!").starts_with("HTTP/1.1 200"));
@@ -299,6 +338,8 @@ fn observe(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Logs {
         json,
         istio,
         tcp,
+        stats_before,
+        stats: settled_file_stats(ports.admin),
     }
 }
 
@@ -403,8 +444,62 @@ fn access_logs_match_envoy() {
         assert_eq!(r, e, "tcp line {i}");
     }
     assert_eq!(ours.tcp.len(), theirs.tcp.len());
+    compare_file_stats(&theirs, &ours);
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
+}
+
+/// The file writer's stats: the same names (revoy adds its own `write_dropped`), nothing
+/// written before the first request, then one `write_buffered` per line, every byte written
+/// (`write_total_buffered` back to 0), nothing failed, and the flush timer firing (every
+/// 50 ms here). How many writes the lines took depends on timing, so `write_completed` is
+/// only bounded.
+fn compare_file_stats(theirs: &Logs, ours: &Logs) {
+    let names = |s: &BTreeMap<String, u64>| -> Vec<String> {
+        s.keys()
+            .filter(|k| *k != "write_dropped")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        names(&ours.stats_before),
+        names(&theirs.stats_before),
+        "{:?}",
+        ours.stats_before
+    );
+    assert_eq!(ours.stats_before.get("write_dropped"), Some(&0));
+    for logs in [theirs, ours] {
+        assert_eq!(
+            logs.stats_before["write_buffered"], 0,
+            "{:?}",
+            logs.stats_before
+        );
+        assert_eq!(
+            logs.stats_before["write_completed"], 0,
+            "{:?}",
+            logs.stats_before
+        );
+        let s = &logs.stats;
+        assert!(s["flushed_by_timer"] > 0, "{s:?}");
+        assert!(
+            (1..=s["write_buffered"]).contains(&s["write_completed"]),
+            "{s:?}"
+        );
+    }
+    let lines = theirs.text.len() + theirs.json.len() + theirs.istio.len() + theirs.tcp.len();
+    assert_eq!(theirs.stats["write_buffered"], lines as u64);
+    let exact = |s: &BTreeMap<String, u64>| -> Vec<(String, u64)> {
+        [
+            "write_buffered",
+            "write_failed",
+            "reopen_failed",
+            "write_total_buffered",
+        ]
+        .iter()
+        .map(|k| (k.to_string(), s[*k]))
+        .collect()
+    };
+    assert_eq!(exact(&ours.stats), exact(&theirs.stats), "{:?}", ours.stats);
 }
 
 /// The HTTP listener's port in a bootstrap made by [`bootstrap`].
