@@ -159,6 +159,7 @@ impl Drop for Pending {
                 rec.details = Some("downstream_remote_disconnect".to_owned());
             }
             take_received(&mut rec, &self.received);
+            rec.settle();
             self.logs.log(&rec);
         }
     }
@@ -239,6 +240,7 @@ impl Logged {
             rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         }
         take_received(&mut rec, &self.received);
+        rec.settle();
         let logs = std::mem::take(&mut self.logs);
         let unsent = match self.tunnel.take() {
             Some(tunnel) => tunnel.send((rec, logs)).err(),
@@ -273,6 +275,7 @@ pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: Tunne
         rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         rec.details = Some("downstream_remote_disconnect".to_owned());
     }
+    rec.settle();
     logs.log(&rec);
 }
 

@@ -24,7 +24,7 @@ use crate::config::hcm::{Routes, StripPort, Underscores};
 use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
-use crate::upstream::{LbContext, UpstreamHost};
+use crate::upstream::{AttemptTarget, LbContext, UpstreamHost};
 
 /// The header the router sets on responses from upstream: the upstream's time in ms.
 pub(super) static UPSTREAM_SERVICE_TIME: HeaderName =
@@ -467,6 +467,8 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
+            let target = log.is_some().then(std::sync::Arc::<AttemptTarget>::default);
+            note!(|r| r.attempt_target.clone_from(&target));
             let lb = LbContext {
                 hash,
                 original_dst: ctx.original_dst,
@@ -474,6 +476,7 @@ async fn route_and_forward(
                 internal: facts.internal,
                 avoid: Vec::new(),
                 report_host: response_rules || log.is_some(),
+                target,
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;

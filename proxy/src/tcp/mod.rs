@@ -228,6 +228,7 @@ impl TcpProxy {
                 Ok(u) => {
                     if let Some(r) = rec {
                         r.upstream_host = Some(u.addr);
+                        r.upstream_local = u.active.local();
                         r.attempts = attempts;
                     }
                     return Some(u);

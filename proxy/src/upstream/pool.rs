@@ -41,6 +41,8 @@ pub(crate) struct ConnectOptions<'a> {
     pub stats: &'a Arc<ClusterStats>,
     /// What the connections carry (the ALPN a TLS host is offered when its context names none).
     pub carries: Carries,
+    /// Where to note the host and connection each request goes out on (for access logs).
+    pub target: Option<&'a AttemptTarget>,
 }
 
 /// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive.
@@ -50,6 +52,15 @@ pub struct ActiveConnection {
     stats: Arc<ClusterStats>,
     /// When it was opened, for `upstream_cx_length_ms`.
     opened: std::time::Instant,
+    /// The socket's local address (`%UPSTREAM_LOCAL_ADDRESS%`), read once when it connected.
+    local: Option<SocketAddr>,
+}
+
+impl ActiveConnection {
+    /// The connection's local address.
+    pub fn local(&self) -> Option<SocketAddr> {
+        self.local
+    }
 }
 
 impl Drop for ActiveConnection {
@@ -112,7 +123,7 @@ pub(crate) struct Pool {
     /// How many requests wait on `released`: a release with none waiting (every response,
     /// normally) touches nothing else.
     waiting: AtomicUsize,
-    h2: ArcSwapOption<http2::SendRequest<Body>>,
+    h2: ArcSwapOption<H2Connection>,
     h2_connecting: tokio::sync::Mutex<()>,
     /// The host left its cluster (or the cluster went away): connections are no longer kept.
     retired: std::sync::atomic::AtomicBool,
@@ -154,6 +165,30 @@ impl Pool {
 /// The upstream host that answered, attached to a response when `LbContext::report_host`.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
+
+/// Where a request's latest attempt went: its host and its connection's local address, noted
+/// as soon as the attempt has a connection, so they are known even when the attempt never
+/// completes (a route timeout, a client that leaves), as Envoy's access logs know them.
+#[derive(Debug, Default)]
+pub struct AttemptTarget(Mutex<Option<(SocketAddr, Option<SocketAddr>)>>);
+
+impl AttemptTarget {
+    /// Notes an attempt to `host` on a connection from `local`.
+    pub fn note(&self, host: SocketAddr, local: Option<SocketAddr>) {
+        *self.0.lock().expect("attempt target lock") = Some((host, local));
+    }
+
+    /// The latest attempt's host and local address.
+    pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
+        *self.0.lock().expect("attempt target lock")
+    }
+}
+
+/// A host's HTTP/2 connection: its request sender and its local address.
+struct H2Connection {
+    send: http2::SendRequest<Body>,
+    local: Option<SocketAddr>,
+}
 
 /// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
 /// charging connection stats.
@@ -203,6 +238,7 @@ pub(crate) async fn connect(
         Err(_) => return Err(timed_out()),
     };
     let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().ok();
     let stream = match &host.transport {
         HostTransport::Tls(tls) => {
             match tokio::time::timeout_at(deadline, handshake(tls, opts.carries, stream, addr))
@@ -226,6 +262,7 @@ pub(crate) async fn connect(
             host: host.clone(),
             stats: opts.stats.clone(),
             opened,
+            local,
         },
     ))
 }
@@ -267,6 +304,9 @@ pub(crate) async fn send_h1(
             // future (which tokio and hyper move around) by its state.
             None => Box::pin(wait_for_h1(host, opts)).await?,
         };
+        if let Some(t) = opts.target {
+            t.note(host.addr, conn.local());
+        }
         let release = h1::Release {
             host: host.clone(),
             max_requests: opts.max_requests,
@@ -370,8 +410,11 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, fresh) = h2_sender(host, opts).await?;
+        let (mut sender, local, fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
+        if let Some(t) = opts.target {
+            t.note(host.addr, local);
+        }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
             if fresh_tried {
@@ -397,19 +440,21 @@ pub(crate) async fn send_h2(
     }
 }
 
+/// The host's HTTP/2 connection (opened when it has none): its sender, its local address and
+/// whether it was opened now.
 async fn h2_sender(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
-) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
+) -> Result<(http2::SendRequest<Body>, Option<SocketAddr>, bool), UpstreamError> {
     let usable = || {
         host.pool()
             .h2
             .load_full()
-            .filter(|s| !s.is_closed())
-            .map(|s| (*s).clone())
+            .filter(|c| !c.send.is_closed())
+            .map(|c| (c.send.clone(), c.local))
     };
-    if let Some(s) = usable() {
-        return Ok((s, false));
+    if let Some((s, local)) = usable() {
+        return Ok((s, local, false));
     }
     let _pending = Pending::enter(&opts)?;
     // Boxed for the same reason as `wait_for_h1`: rare, and large inline.
@@ -420,14 +465,15 @@ async fn h2_sender(
 async fn open_h2(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
-    usable: impl Fn() -> Option<http2::SendRequest<Body>>,
-) -> Result<(http2::SendRequest<Body>, bool), UpstreamError> {
+    usable: impl Fn() -> Option<(http2::SendRequest<Body>, Option<SocketAddr>)>,
+) -> Result<(http2::SendRequest<Body>, Option<SocketAddr>, bool), UpstreamError> {
     let _connecting = host.pool().h2_connecting.lock().await;
-    if let Some(s) = usable() {
-        return Ok((s, false));
+    if let Some((s, local)) = usable() {
+        return Ok((s, local, false));
     }
     let (stream, active) = connect(host, opts).await?;
-    Ok((start_h2(host, opts, stream, active).await?, true))
+    let local = active.local();
+    Ok((start_h2(host, opts, stream, active).await?, local, true))
 }
 
 /// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection.
@@ -442,11 +488,15 @@ async fn start_h2(
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
+    let local = active.local();
     tokio::spawn(async move {
         let _ = conn.await;
         drop(active);
     });
-    host.pool().h2.store(Some(Arc::new(sender.clone())));
+    host.pool().h2.store(Some(Arc::new(H2Connection {
+        send: sender.clone(),
+        local,
+    })));
     Ok(sender)
 }
 
