@@ -469,6 +469,14 @@ async fn route_and_forward(
             );
             let target = log.is_some().then(std::sync::Arc::<AttemptTarget>::default);
             note!(|r| r.attempt_target.clone_from(&target));
+            // Envoy's access logs read the request as the router leaves it.
+            note!(|r| if let Some(head) = r.request.as_mut() {
+                head.headers.clone_from(req.headers());
+                if selected.virtual_host.include_request_attempt_count {
+                    head.headers
+                        .insert(&ATTEMPT_COUNT, HeaderValue::from_static("1"));
+                }
+            });
             let lb = LbContext {
                 hash,
                 original_dst: ctx.original_dst,
@@ -569,6 +577,7 @@ async fn route_and_forward(
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
                 retries_exhausted: false,
+                last_attempt_at: Duration::ZERO,
             };
             // An attempt is under way from here, whether or not it completes.
             note!(|r| r.attempts = 1);
@@ -594,6 +603,22 @@ async fn route_and_forward(
                 r.attempts = attempts;
                 if exchange.retries_exhausted {
                     r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
+                }
+                // A retry's headers, as Envoy's router sets them again on the request.
+                if attempts > 1
+                    && let Some(head) = r.request.as_mut()
+                {
+                    exchange.timeouts.set_headers(
+                        &mut head.headers,
+                        exchange.last_attempt_at,
+                        !cfg.suppress_envoy_headers,
+                    );
+                    if vhost.include_request_attempt_count {
+                        head.headers.insert(
+                            &ATTEMPT_COUNT,
+                            super::int_value::int_value(u64::from(attempts)),
+                        );
+                    }
                 }
             });
             let mut resp = match outcome {
