@@ -17,6 +17,8 @@
 
 #[path = "access_log/cases.rs"]
 mod cases;
+#[path = "support/certs.rs"]
+mod certs;
 #[path = "support/child.rs"]
 mod child;
 #[path = "access_log/flush.rs"]
@@ -27,6 +29,8 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "access_log/tls.rs"]
+mod tls;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
