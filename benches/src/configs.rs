@@ -1,13 +1,16 @@
 //! Equivalent configs for every contender, generated from the upstream's addresses.
 //!
-//! Three shapes: `standard` (an HTTP listener routing `/grpc*` and `/h2*` to an HTTP/2 upstream
+//! Four shapes: `standard` (an HTTP listener routing `/grpc*` and `/h2*` to an HTTP/2 upstream
 //! and everything else to an HTTP/1.1 upstream, plus a TCP proxy listener), `mesh`
-//! (1,000 virtual hosts, each routing by Host to its own cluster of 3 endpoints) and `tls` (an
+//! (1,000 virtual hosts, each routing by Host to its own cluster of 3 endpoints), `tls` (an
 //! HTTPS listener, TLS 1.3 with an ECDSA P-256 certificate, routing `/reencrypt*` to the
-//! upstream over TLS and everything else to it in plaintext, both HTTP/1.1).
+//! upstream over TLS and everything else to it in plaintext, both HTTP/1.1) and `access_log`
+//! (Envoy and revoy only: an HTTP listener to the HTTP/1.1 upstream that logs every request
+//! to a file in Istio's default text format).
 
 use std::fmt::Write;
 use std::net::SocketAddr;
+use std::path::Path;
 
 use crate::tls::{PkiFiles, UPSTREAM_NAME};
 use crate::upstream::Upstream;
@@ -54,13 +57,34 @@ fn envoy_head(listen: &Listen) -> String {
     )
 }
 
+/// Istio's default access-log format for sidecars (`EnvoyTextLogFormat`, istio/istio
+/// pilot/pkg/model/telemetry_logging.go).
+pub const ISTIO_TEXT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% %UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% %REQUESTED_SERVER_NAME% %ROUTE_NAME%\n";
+
 /// An HTTP listener; `transport_socket`, when given, is the filter chain's (YAML indented
 /// by 8 spaces).
 fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&str>) -> String {
+    envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None)
+}
+
+/// [`envoy_hcm_listener`], writing an access log to `access_log` when given.
+fn envoy_hcm_listener_logged(
+    port: u16,
+    routes_yaml: &str,
+    transport_socket: Option<&str>,
+    access_log: Option<&Path>,
+) -> String {
     let chain = match transport_socket {
         None => "    - filters:\n".to_string(),
         Some(socket) => format!("    - transport_socket:\n{socket}      filters:\n"),
     };
+    let log = access_log.map_or_else(String::new, |path| {
+        format!(
+            "          access_log:\n          - name: envoy.access_loggers.file\n            typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog\n              path: {}\n              log_format: {{text_format_source: {{inline_string: {}}}}}\n",
+            path.display(),
+            serde_json::to_string(ISTIO_TEXT_FORMAT).expect("a string")
+        )
+    });
     format!(
         r#"  - name: http
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
@@ -70,7 +94,7 @@ fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&st
           "@type": {HCM_TYPE}
           stat_prefix: http
           codec_type: AUTO
-          http_filters:
+{log}          http_filters:
           - name: envoy.filters.http.router
             typed_config: {{"@type": {ROUTER_TYPE}}}
           route_config:
@@ -92,6 +116,22 @@ fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
             ep.port()
         );
     }
+    out
+}
+
+/// The access-log config for Envoy and revoy (YAML bootstrap): one HTTP listener to the
+/// HTTP/1.1 upstream, every request logged to `log` in Istio's default text format.
+pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
+    let routes = r#"            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: h1}
+"#;
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener_logged(listen.http, routes, None, Some(log));
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
     out
 }
 

@@ -73,6 +73,9 @@ pub enum Shape {
     /// An HTTPS listener (TLS 1.3, ECDSA P-256) on `Listen::http`: `/reencrypt*` to the
     /// upstream over TLS, the rest in plaintext.
     Tls,
+    /// An HTTP listener (Envoy and revoy only) that logs every request to
+    /// [`Running::access_log`] in Istio's default text format.
+    AccessLog,
 }
 
 /// Paths of the proxy binaries.
@@ -113,6 +116,8 @@ pub struct Running {
     log: PathBuf,
     /// The ADS server of `revoy-xds`; dropped after the process is killed.
     ads: Option<AdsServer>,
+    /// The access-log file (the access-log shape only).
+    pub access_log: Option<PathBuf>,
 }
 
 impl Running {
@@ -151,6 +156,7 @@ impl Running {
                 child: None,
                 log: PathBuf::new(),
                 ads: None,
+                access_log: None,
             });
         }
         let dir = dir.join(format!("{}-{:?}", kind.name(), shape).to_lowercase());
@@ -183,6 +189,7 @@ impl Running {
             None
         };
         let tls_files = || files.as_ref().expect("written for the TLS shape");
+        let access_log = (shape == Shape::AccessLog).then(|| dir.join("access.log"));
         let mut ads = None;
         let (program, args): (PathBuf, Vec<String>) = match kind {
             Kind::Revoy | Kind::RevoyXds | Kind::Envoy => {
@@ -190,6 +197,11 @@ impl Running {
                     Shape::Standard => configs::envoy_standard(&listen, up),
                     Shape::Mesh => configs::envoy_mesh(&listen, up),
                     Shape::Tls => configs::envoy_tls(&listen, up, tls_files()),
+                    Shape::AccessLog => configs::envoy_access_log(
+                        &listen,
+                        up,
+                        access_log.as_deref().expect("set for the shape"),
+                    ),
                 };
                 if kind == Kind::RevoyXds {
                     // The static contender's resources, served over ADS; the bootstrap only
@@ -226,6 +238,7 @@ impl Running {
                         configs::haproxy_mesh(&listen, up, &map)
                     }
                     Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
+                    Shape::AccessLog => return Err("haproxy has no access-log config".into()),
                 };
                 let config = write("haproxy.cfg", text)?;
                 ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
@@ -235,6 +248,7 @@ impl Running {
                     Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
                     Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
+                    Shape::AccessLog => return Err("nginx has no access-log config".into()),
                 };
                 let config = write("nginx.conf", text)?;
                 (
@@ -270,9 +284,10 @@ impl Running {
             child: Some(child),
             log,
             ads,
+            access_log,
         };
         let host = match shape {
-            Shape::Standard | Shape::Tls => "bench.local".to_string(),
+            Shape::Standard | Shape::Tls | Shape::AccessLog => "bench.local".to_string(),
             Shape::Mesh => configs::mesh_host(0),
         };
         running.wait_ready(&host, Duration::from_secs(60))?;

@@ -18,7 +18,7 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 23] = [
+pub const METRICS: [Metric; 24] = [
     Metric {
         key: "rps",
         title: "req/s",
@@ -46,6 +46,10 @@ pub const METRICS: [Metric; 23] = [
     Metric {
         key: "sys_pct",
         title: "kernel % of CPU",
+    },
+    Metric {
+        key: "log_bytes_per_req",
+        title: "access-log bytes written/req",
     },
     Metric {
         key: "all_cpu_ms_per_gib",

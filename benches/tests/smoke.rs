@@ -235,6 +235,11 @@ fn smoke_run_measures_every_scenario_and_contender() {
             expect_above(0.0, "memory", contender, metric);
         }
     }
+    for contender in ["revoy", "envoy"] {
+        for metric in ["rps", "cpu_us_per_req", "log_bytes_per_req"] {
+            expect_above(0.0, "http1_access_log", contender, metric);
+        }
+    }
     expect_above(0.0, "tcp_bulk", "direct", "mib_s");
     expect_above(0.0, "tcp_bulk", STANDARD_ONLY, "mib_s");
     for metric in ["idle_rss_mib", "peak_rss_mib"] {

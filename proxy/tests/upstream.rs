@@ -315,7 +315,7 @@ async fn tcp_front(proxy: TcpProxy, cm: ClusterManager) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
             let (proxy, cm) = (proxy.clone(), cm.clone());
-            tokio::spawn(async move { proxy.serve(s, &cm, LbContext::default()).await });
+            tokio::spawn(async move { proxy.serve(s, &cm, LbContext::default(), None).await });
         }
     });
     addr

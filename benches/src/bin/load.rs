@@ -27,7 +27,7 @@ use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// Every scenario, in run order.
-const SCENARIOS: [&str; 11] = [
+const SCENARIOS: [&str; 12] = [
     "http1_small",
     "http1_64k",
     "http1_new_conn",
@@ -39,7 +39,15 @@ const SCENARIOS: [&str; 11] = [
     "tls_keepalive",
     "tls_handshake_reencrypt",
     "tls_keepalive_reencrypt",
+    "http1_access_log",
 ];
+
+/// The access-log scenario: `http1_small` through revoy and Envoy logging every request to a
+/// file in Istio's default text format (a config of its own, with only those two).
+const ACCESS_LOG: &str = "http1_access_log";
+
+/// The contenders of the access-log config.
+const ACCESS_LOG_CONTENDERS: [Kind; 2] = [Kind::Revoy, Kind::Envoy];
 
 /// The scenarios of the TLS config (`--only tls` names them all); reported in `tls.*`.
 const TLS_SCENARIOS: [&str; 4] = [
@@ -248,12 +256,13 @@ fn envoy_binary(opts: &Options) -> Result<PathBuf, String> {
     })
 }
 
-/// The standard config's scenarios among `selected` (all but the mesh and TLS ones).
+/// The standard config's scenarios among `selected` (all but the mesh, TLS and access-log
+/// ones).
 fn standard_scenarios<'a>(selected: &[&'a str]) -> Vec<&'a str> {
     selected
         .iter()
         .copied()
-        .filter(|s| *s != "mesh_1000" && !TLS_SCENARIOS.contains(s))
+        .filter(|s| *s != "mesh_1000" && *s != ACCESS_LOG && !TLS_SCENARIOS.contains(s))
         .collect()
 }
 
@@ -286,6 +295,7 @@ fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
         ),
         (Shape::Mesh, &[Kind::Revoy][..], &["mesh_1000"][..]),
         (Shape::Tls, &[Kind::Revoy][..], &TLS_SCENARIOS[..]),
+        (Shape::AccessLog, &[Kind::Revoy][..], &[ACCESS_LOG][..]),
     ] {
         let running = start_all(kinds, shape, &bins, up, work)?;
         rounds(&mut bench, &running, scenarios)?;
@@ -421,6 +431,21 @@ impl<'a> Bench<'a> {
                     clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], None)
                 })?;
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
+            }
+            ACCESS_LOG => {
+                let log = c.access_log.as_deref().ok_or("no access log")?;
+                let size = || fs::metadata(log).map_or(0, |m| m.len());
+                let before = size();
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], None)
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+                if t.count > 0 {
+                    // What the flush thread wrote meanwhile: up to a flush's worth may wait.
+                    let per = size().saturating_sub(before) as f64 / t.count as f64;
+                    self.results
+                        .record(scenario, kind, "log_bytes_per_req", per);
+                }
             }
             "http1_64k" => {
                 let url = format!("{http}{}", upstream::LARGE_PATH);
@@ -1059,6 +1084,12 @@ fn run(opts: &Options) -> Result<(), String> {
             }
         }
     }
+    if selected.contains(&ACCESS_LOG) {
+        eprintln!("starting contenders (access-log config: every request logged to a file)");
+        let running = start_all(&ACCESS_LOG_CONTENDERS, Shape::AccessLog, &bins, &up, &work)?;
+        warm_up(&running, None, &work)?;
+        rounds(&mut bench, &running, &[ACCESS_LOG])?;
+    }
     let tls = tls_scenarios(&selected);
     let mut tls_bench = Bench::new(&plan, &work);
     if !tls.is_empty() {
@@ -1118,7 +1149,7 @@ fn run(opts: &Options) -> Result<(), String> {
         started,
     };
     let mut written = Vec::new();
-    if !standard.is_empty() || selected.contains(&"mesh_1000") {
+    if !standard.is_empty() || selected.contains(&"mesh_1000") || selected.contains(&ACCESS_LOG) {
         let sizes = (
             stripped_mib(&bins.revoy, &work),
             stripped_mib(&bins.envoy, &work),
@@ -1209,7 +1240,7 @@ fn write_load_report(
     let mut md = format!(
         "### Load benchmark\n\nCommand: `{}`  \nMachine: {}  \nRounds: {}; in each, every closed-loop scenario runs {} times {} s per contender, the contenders taking turns run by run (the median of all runs is reported), \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
-         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
+         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. http1_access_log is http1_small through revoy and Envoy only, each logging every request to a file with Istio's default text format (default flush settings: every 10 s or past 64 KiB). revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
         run.command,
         run.machine,
         plan.rounds,

@@ -1,15 +1,17 @@
 //! Access-log files, as Envoy's AccessLogManager keeps them: one buffered writer per path,
-//! shared by every logger naming it, opened when the configuration naming it loads, flushed on
-//! a thread of its own every flush interval or as soon as its buffer passes the flush size. A worker only appends to the buffer under a
-//! short lock; a file that cannot be written (a full disk, a FIFO nobody reads) never stalls
-//! it: past [`BUFFER_LIMIT`] lines are dropped and counted.
+//! shared by every logger naming it, opened when the configuration naming it loads, written by
+//! a thread of its own. As in Envoy 1.40, a file's first line is written at once, later ones
+//! when the file's flush timer fires (every flush interval from the file's opening) or as
+//! soon as the buffer passes the flush size. A worker only appends to the buffer under a short
+//! lock; a file that cannot be written (a full disk, a FIFO nobody reads) never stalls it:
+//! past [`BUFFER_LIMIT`] lines are dropped and counted.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, LazyLock, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::stats::{Counter, Gauge, Store};
 
@@ -35,7 +37,8 @@ impl Default for FlushPolicy {
     }
 }
 
-/// Envoy's `access_log_file.*` stats (`write_dropped` is revoy's: Envoy never drops).
+/// Envoy's `filesystem.*` stats, shared by every file (`write_dropped` is revoy's: Envoy never
+/// drops). Like Envoy 1.40, revoy shows them from start-up, with or without a log file.
 #[derive(Debug, Clone, Default)]
 struct FileStats {
     write_buffered: Counter,
@@ -49,7 +52,7 @@ struct FileStats {
 
 impl FileStats {
     fn new(store: &Store) -> FileStats {
-        let c = |n: &str| store.counter(&format!("access_log_file.{n}"));
+        let c = |n: &str| store.counter(&format!("filesystem.{n}"));
         FileStats {
             write_buffered: c("write_buffered"),
             write_completed: c("write_completed"),
@@ -57,7 +60,7 @@ impl FileStats {
             flushed_by_timer: c("flushed_by_timer"),
             reopen_failed: c("reopen_failed"),
             write_dropped: c("write_dropped"),
-            write_total_buffered: store.gauge("access_log_file.write_total_buffered"),
+            write_total_buffered: store.gauge("filesystem.write_total_buffered"),
         }
     }
 }
@@ -67,8 +70,12 @@ impl FileStats {
 struct Pending {
     buf: Vec<u8>,
     reopen: bool,
-    /// Wake now (the flush policy changed).
+    /// The flush policy changed: the timer starts again with it.
     kick: bool,
+    /// A line has been buffered before (the first one is written at once).
+    written: bool,
+    /// Write what is buffered now (the first line).
+    flush_now: bool,
 }
 
 /// One log file: its buffer and the thread that writes it. A worker only appends to the
@@ -92,11 +99,13 @@ impl LogFile {
             return;
         }
         p.buf.extend_from_slice(line);
+        settings.stats.write_total_buffered.add(line.len() as u64);
+        let first = !std::mem::replace(&mut p.written, true);
+        p.flush_now |= first;
         let len = p.buf.len();
         drop(p);
         settings.stats.write_buffered.inc();
-        settings.stats.write_total_buffered.set(len as u64);
-        if len >= settings.policy.min_size {
+        if first || len > settings.policy.min_size {
             self.wake.notify_one();
         }
     }
@@ -112,31 +121,44 @@ impl LogFile {
         &self.path
     }
 
-    /// The flush thread: waits for the interval or a full buffer, then writes `file` (opened
-    /// again when it is missing or a reopen was asked for).
+    /// The flush thread: waits for the file's flush timer (which counts `flushed_by_timer`
+    /// each time it fires, as Envoy's does, whether or not anything waits), a full buffer, the
+    /// first line or a reopen, then writes `file` (opened again when it is missing or a reopen
+    /// was asked for).
     fn run(self: Arc<Self>, mut file: Option<File>) {
+        let mut tick = Instant::now() + settings().policy.interval;
         loop {
-            let (data, reopen, by_timer) = {
-                let p = self.pending.lock().expect("log buffer lock");
-                let policy = settings().policy;
-                let (mut p, timeout) = self
-                    .wake
-                    .wait_timeout_while(p, policy.interval, |p| {
-                        p.buf.len() < settings().policy.min_size && !p.reopen && !p.kick
-                    })
-                    .expect("log buffer lock");
-                p.kick = false;
+            let (data, reopen) = {
+                let mut p = self.pending.lock().expect("log buffer lock");
+                loop {
+                    let policy = settings().policy;
+                    if std::mem::take(&mut p.kick) {
+                        tick = Instant::now() + policy.interval;
+                    }
+                    if p.flush_now || p.reopen || p.buf.len() > policy.min_size {
+                        break;
+                    }
+                    let now = Instant::now();
+                    if now >= tick {
+                        settings().stats.flushed_by_timer.inc();
+                        tick = now + policy.interval;
+                        break;
+                    }
+                    p = self
+                        .wake
+                        .wait_timeout(p, tick - now)
+                        .expect("log buffer lock")
+                        .0;
+                }
+                p.flush_now = false;
                 let reopen = std::mem::take(&mut p.reopen);
-                (std::mem::take(&mut p.buf), reopen, timeout.timed_out())
+                (std::mem::take(&mut p.buf), reopen)
             };
-            let stats = &settings().stats;
-            stats.write_total_buffered.set(0);
-            if by_timer {
-                stats.flushed_by_timer.inc();
-            }
             if !data.is_empty() {
                 self.write_out(&mut file, &data);
+                settings().stats.write_total_buffered.sub(data.len() as u64);
             }
+            let stats = &settings().stats;
             if reopen {
                 file = None;
                 match open_file(&self.path) {

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
 
+use crate::upstream::AttemptTarget;
+
 /// Envoy's response flags (`%RESPONSE_FLAGS%`), with their short and long names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResponseFlag {
@@ -308,6 +310,9 @@ pub struct Record {
     pub upstream_host: Option<SocketAddr>,
     /// The local address of the upstream connection.
     pub upstream_local: Option<SocketAddr>,
+    /// Where the upstream attempts note their host and connection, read by [`Record::settle`]
+    /// (so an attempt cut short still shows them).
+    pub attempt_target: Option<Arc<AttemptTarget>>,
     /// Why the upstream connection failed (Envoy's transport failure reason).
     pub upstream_transport_failure: Option<String>,
     /// How many upstream attempts were made.
@@ -317,6 +322,19 @@ pub struct Record {
 }
 
 impl Record {
+    /// Fills in, before the record is written, the upstream host and local address the last
+    /// attempt noted, where nothing else said them: a host already known (a connect failure's)
+    /// keeps its place, and takes the local address only when it is the noted host's.
+    pub fn settle(&mut self) {
+        let Some((host, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
+            return;
+        };
+        let shown = *self.upstream_host.get_or_insert(host);
+        if shown == host && self.upstream_local.is_none() {
+            self.upstream_local = local;
+        }
+    }
+
     /// A record of a stream starting now.
     pub fn new(downstream: Downstream) -> Record {
         Record {
@@ -340,6 +358,7 @@ impl Record {
             upstream_cluster: None,
             upstream_host: None,
             upstream_local: None,
+            attempt_target: None,
             upstream_transport_failure: None,
             attempts: 0,
             health_check: false,
@@ -373,6 +392,32 @@ impl Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settle_takes_the_noted_attempt_unless_a_later_failure_named_another_host() {
+        let (a, b, local): (SocketAddr, SocketAddr, SocketAddr) = (
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:80".parse().unwrap(),
+            "10.0.0.9:4000".parse().unwrap(),
+        );
+        let target = Arc::new(AttemptTarget::default());
+        target.note(a, Some(local));
+        let mut cut_short = Record::new(Downstream::default());
+        cut_short.attempt_target = Some(target.clone());
+        cut_short.settle();
+        assert_eq!(
+            (cut_short.upstream_host, cut_short.upstream_local),
+            (Some(a), Some(local))
+        );
+        let mut failed_later = Record::new(Downstream::default());
+        failed_later.attempt_target = Some(target);
+        failed_later.upstream_host = Some(b);
+        failed_later.settle();
+        assert_eq!(
+            (failed_later.upstream_host, failed_later.upstream_local),
+            (Some(b), None)
+        );
+    }
 
     #[test]
     fn flags_keep_the_order_they_were_set_in_once_each() {

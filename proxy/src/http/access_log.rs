@@ -203,6 +203,7 @@ impl Drop for Pending {
                 rec.details = Some("downstream_remote_disconnect".to_owned());
             }
             take_received(&mut rec, &self.received);
+            rec.settle();
             if let Some(t) = self.trace.take() {
                 t.finish(&rec);
             }
@@ -288,6 +289,7 @@ impl Logged {
             rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         }
         take_received(&mut rec, &self.received);
+        rec.settle();
         let logs = std::mem::take(&mut self.logs);
         let trace = self.trace.take();
         let unsent = match self.tunnel.take() {
@@ -326,6 +328,7 @@ pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: Tunne
         rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         rec.details = Some("downstream_remote_disconnect".to_owned());
     }
+    rec.settle();
     if let Some(t) = trace {
         t.finish(&rec);
     }

@@ -3,6 +3,7 @@
 //! (the body replayed from memory), with per-try timeouts and jittered back-off in between.
 
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use http::header::HeaderName;
 use http::{Request, Response, StatusCode};
@@ -146,6 +147,9 @@ pub struct Exchange<'a> {
     /// Set when a retriable outcome was handed on because `num_retries` was used up (the
     /// `URX` response flag).
     pub retries_exhausted: bool,
+    /// How long after the first attempt the latest one started (its timeout headers tell
+    /// what was left then).
+    pub last_attempt_at: Duration,
 }
 
 impl Exchange<'_> {
@@ -176,7 +180,8 @@ impl Exchange<'_> {
             *req.uri_mut() = head.uri.clone();
             *req.version_mut() = head.version;
             *req.headers_mut() = head.headers.clone();
-            let result = self.send(req, attempt, start, global).await;
+            self.last_attempt_at = start.elapsed();
+            let result = self.send(req, attempt, self.last_attempt_at, global).await;
             let (retriable, failed_host, outcome) = match result {
                 Err(_) if global.is_some_and(|g| Instant::now() >= g) => {
                     return (self.global_timeout(), attempt);
@@ -246,13 +251,14 @@ impl Exchange<'_> {
         }
     }
 
-    /// Sends one attempt: attempt-count and expected-timeout headers, then the request under
-    /// the per-try (or global) deadline. `Err` means the deadline passed.
+    /// Sends one attempt, started `elapsed` after the first: attempt-count and
+    /// expected-timeout headers, then the request under the per-try (or global) deadline.
+    /// `Err` means the deadline passed.
     async fn send(
         &self,
         mut req: Request<Body>,
         attempt: u32,
-        start: Instant,
+        elapsed: Duration,
         global: Option<Instant>,
     ) -> Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed> {
         if self.send_attempt_count {
@@ -264,11 +270,8 @@ impl Exchange<'_> {
         // The first attempt's headers (nothing elapsed) were set by the router before mirrors
         // copied the request; like Envoy, a retry sets them again with what is left.
         if attempt > 1 {
-            self.timeouts.set_headers(
-                req.headers_mut(),
-                start.elapsed(),
-                self.send_expected_timeout,
-            );
+            self.timeouts
+                .set_headers(req.headers_mut(), elapsed, self.send_expected_timeout);
         }
         let per_try = self.per_try_deadline(global);
         match per_try.or(global) {
@@ -284,7 +287,7 @@ impl Exchange<'_> {
         global: Option<Instant>,
         body_failed: &crate::body::Failed,
     ) -> Outcome {
-        let result = self.send(req, 1, start, global).await;
+        let result = self.send(req, 1, Duration::ZERO, global).await;
         let outcome = match result {
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => return self.global_timeout(),
             Err(_) => {

@@ -75,6 +75,7 @@ pub fn spawn(
         }
         let lb = LbContext {
             avoid: Vec::new(),
+            target: None,
             ..lb.clone()
         };
         tokio::spawn(async move {

@@ -25,7 +25,7 @@ use crate::config::hcm::{Routes, StripPort, Underscores};
 use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
-use crate::upstream::{LbContext, UpstreamHost};
+use crate::upstream::{AttemptTarget, LbContext, UpstreamHost};
 
 /// The header the router sets on responses from upstream: the upstream's time in ms.
 pub(super) static UPSTREAM_SERVICE_TIME: HeaderName =
@@ -515,6 +515,16 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
+            let target = pending.is_some().then(std::sync::Arc::<AttemptTarget>::default);
+            note!(|r| r.attempt_target.clone_from(&target));
+            // Envoy's access logs read the request as the router leaves it.
+            note!(|r| if let Some(head) = r.request.as_mut() {
+                head.headers.clone_from(req.headers());
+                if selected.virtual_host.include_request_attempt_count {
+                    head.headers
+                        .insert(&ATTEMPT_COUNT, HeaderValue::from_static("1"));
+                }
+            });
             let lb = LbContext {
                 hash,
                 original_dst: ctx.original_dst,
@@ -522,6 +532,7 @@ async fn route_and_forward(
                 internal: facts.internal,
                 avoid: Vec::new(),
                 report_host: response_rules || pending.is_some(),
+                target,
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;
@@ -620,6 +631,7 @@ async fn route_and_forward(
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
                 retries_exhausted: false,
+                last_attempt_at: Duration::ZERO,
             };
             // An attempt is under way from here, whether or not it completes.
             note!(|r| r.attempts = 1);
@@ -645,6 +657,22 @@ async fn route_and_forward(
                 r.attempts = attempts;
                 if exchange.retries_exhausted {
                     r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
+                }
+                // A retry's headers, as Envoy's router sets them again on the request.
+                if attempts > 1
+                    && let Some(head) = r.request.as_mut()
+                {
+                    exchange.timeouts.set_headers(
+                        &mut head.headers,
+                        exchange.last_attempt_at,
+                        !cfg.suppress_envoy_headers,
+                    );
+                    if vhost.include_request_attempt_count {
+                        head.headers.insert(
+                            &ATTEMPT_COUNT,
+                            super::int_value::int_value(u64::from(attempts)),
+                        );
+                    }
                 }
             });
             let mut resp = match outcome {

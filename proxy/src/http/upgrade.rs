@@ -34,6 +34,9 @@ pub async fn forward(
     let http1 = req.version() <= http::Version::HTTP_11;
     let connect = req.method() == http::Method::CONNECT;
     let conn = cluster.connect(lb).await?;
+    if let Some(t) = &lb.target {
+        t.note(conn.addr, conn.active.local());
+    }
     let active = conn.active;
     let host = conn.addr;
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(

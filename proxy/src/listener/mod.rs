@@ -92,8 +92,7 @@ impl Tls {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
-        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented)
-            .with_server_name(stream.get_ref().1.server_name());
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
         Some((stream, certificates))
     }
 
@@ -376,6 +375,8 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
+        // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
+        let sni = inspected.server_name.as_deref();
         match chain {
             ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
@@ -396,6 +397,7 @@ impl Listener {
                     Some(tls) => {
                         crate::spawn::boxed(|| {
                             serve_tls(tls, stream, peer, |peer_tls| {
+                                let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
                         })
@@ -416,11 +418,13 @@ impl Listener {
                 };
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
-                    None => crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb)).await,
+                    None => {
+                        crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb, sni)).await
+                    }
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb).await;
+                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
                             }
                         })
                         .await

@@ -307,6 +307,14 @@ impl Gauge {
     pub fn dec(&self) {
         self.0.block.sub(self.0.slot(), 1);
     }
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.block.add(self.0.slot(), n);
+    }
+    /// Subtracts `n` (every sub follows adds at least as large).
+    pub fn sub(&self, n: u64) {
+        self.0.block.sub(self.0.slot(), n);
+    }
     /// Sets the value.
     pub fn set(&self, v: u64) {
         self.0.block.set(self.0.slot(), v);

@@ -109,8 +109,14 @@ impl TcpProxy {
         }
     }
 
-    /// The record of a connection from `peer` to `local`, when this proxy has access logs.
-    fn record(&self, peer: Option<SocketAddr>, local: Option<SocketAddr>) -> Option<Box<Record>> {
+    /// The record of a connection from `peer` to `local` (`sni`: what the listener's
+    /// tls_inspector read), when this proxy has access logs.
+    fn record(
+        &self,
+        peer: Option<SocketAddr>,
+        local: Option<SocketAddr>,
+        sni: Option<&str>,
+    ) -> Option<Box<Record>> {
         if self.config.access_logs.is_empty() {
             return None;
         }
@@ -118,7 +124,7 @@ impl TcpProxy {
             remote: peer,
             direct_remote: peer,
             local,
-            server_name: None,
+            server_name: sni.map(Into::into),
         })))
     }
 
@@ -134,16 +140,19 @@ impl TcpProxy {
     }
 
     /// Proxies a plaintext `downstream` until both directions end, an error occurs or a
-    /// timeout fires.
+    /// timeout fires. `sni`: the server name the listener's tls_inspector read (Envoy's
+    /// requested server name, which only that filter sets).
     pub async fn serve(
         &self,
         mut downstream: TcpStream,
         clusters: &ClusterManager,
         ctx: LbContext,
+        sni: Option<&str>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
             ctx.original_dst.or(downstream.local_addr().ok()),
+            sni,
         );
         let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
             return self.log(rec, None);
@@ -173,21 +182,20 @@ impl TcpProxy {
     }
 
     /// Proxies a `downstream` whose TLS revoy terminated (a chain with a
-    /// `DownstreamTlsContext` in front of tcp_proxy).
+    /// `DownstreamTlsContext` in front of tcp_proxy); `sni` as for [`TcpProxy::serve`].
     pub async fn serve_tls(
         &self,
         mut downstream: tokio_rustls::server::TlsStream<TcpStream>,
         clusters: &ClusterManager,
         ctx: LbContext,
+        sni: Option<&str>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
             tcp.peer_addr().ok(),
             ctx.original_dst.or(tcp.local_addr().ok()),
+            sni,
         );
-        if let Some(r) = rec.as_mut() {
-            r.downstream.server_name = downstream.get_ref().1.server_name().map(Into::into);
-        }
         let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
             return self.log(rec, None);
         };
@@ -228,6 +236,7 @@ impl TcpProxy {
                 Ok(u) => {
                     if let Some(r) = rec {
                         r.upstream_host = Some(u.addr);
+                        r.upstream_local = u.active.local();
                         r.attempts = attempts;
                     }
                     return Some(u);

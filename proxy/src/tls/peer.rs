@@ -45,13 +45,14 @@ impl PeerTls {
         }
     }
 
-    /// The same, with the SNI the client sent.
+    /// The same, with the SNI the client sent as the listener's tls_inspector read it (Envoy's
+    /// requested server name: the handshake alone does not set it).
     pub fn with_server_name(mut self, sni: Option<&str>) -> Self {
         self.server_name = sni.map(Arc::from);
         self
     }
 
-    /// The SNI the client sent, if any.
+    /// The SNI the client sent, when the listener's tls_inspector read it.
     pub fn server_name(&self) -> Option<&Arc<str>> {
         self.server_name.as_ref()
     }

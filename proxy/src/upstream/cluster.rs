@@ -24,7 +24,7 @@ use super::error::UpstreamError;
 use super::host::{Host, HostTransport};
 use super::io::UpstreamIo;
 use super::lb::{HostSet, LbContext};
-use super::pool::{self, ActiveConnection, ConnectOptions};
+use super::pool::{self, ActiveConnection, AttemptTarget, ConnectOptions};
 use super::response::UpstreamBody;
 use super::stats::ClusterStats;
 
@@ -256,8 +256,13 @@ impl Cluster {
         }
     }
 
-    fn connect_options(&self, carries: Carries) -> ConnectOptions<'_> {
+    fn connect_options<'a>(
+        &'a self,
+        carries: Carries,
+        target: Option<&'a AttemptTarget>,
+    ) -> ConnectOptions<'a> {
         ConnectOptions {
+            target,
             carries,
             timeout: self.config.connect_timeout,
             source: self.config.source_address,
@@ -387,7 +392,7 @@ impl Cluster {
             UpstreamProtocol::UseDownstream => Carries::Http1,
             UpstreamProtocol::Auto => Carries::Auto,
         };
-        let opts = self.connect_options(carries);
+        let opts = self.connect_options(carries, ctx.target.as_deref());
         let result = match carries {
             Carries::Http2 => pool::send_h2(&host, opts, req).await,
             Carries::Auto => pool::send_auto(&host, opts, req).await,
@@ -442,15 +447,15 @@ impl Cluster {
         // Envoy's TCP connection pool counts each proxied connection as a request that
         // waited for a new upstream connection.
         self.stats.upstream_rq_pending_total().inc();
-        let (stream, active) = match pool::connect(&host, self.connect_options(Carries::Raw)).await
-        {
-            Ok(connected) => connected,
-            Err(e) => {
-                host.stats.rq_error.fetch_add(1, Ordering::Relaxed);
-                self.stats.upstream_rq_pending_failure_eject().inc();
-                return Err(e);
-            }
-        };
+        let (stream, active) =
+            match pool::connect(&host, self.connect_options(Carries::Raw, None)).await {
+                Ok(connected) => connected,
+                Err(e) => {
+                    host.stats.rq_error.fetch_add(1, Ordering::Relaxed);
+                    self.stats.upstream_rq_pending_failure_eject().inc();
+                    return Err(e);
+                }
+            };
         self.stats.upstream_rq_total().inc();
         host.stats.rq_total.fetch_add(1, Ordering::Relaxed);
         Ok(UpstreamConnection {

@@ -34,6 +34,9 @@ pub struct LbContext {
     /// Attach the answering host to the response as an [`UpstreamHost`](super::UpstreamHost)
     /// extension (costs allocations; asked for only when header formatters may need it).
     pub report_host: bool,
+    /// Where each attempt notes its host and connection when they are known (set when an
+    /// access log reads them).
+    pub target: Option<Arc<super::AttemptTarget>>,
 }
 
 const OVERPROVISIONING: u64 = 140;

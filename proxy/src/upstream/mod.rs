@@ -31,7 +31,7 @@ pub use error::{ResetReason, UpstreamError};
 pub use host::{Host, HostStats, HostTransport};
 pub use io::UpstreamIo;
 pub use lb::{HostSet, LbContext};
-pub use pool::{ActiveConnection, UpstreamHost};
+pub use pool::{ActiveConnection, AttemptTarget, UpstreamHost};
 pub use response::UpstreamBody;
 pub use stats::ClusterStats;
 

@@ -42,6 +42,8 @@ pub(crate) struct ConnectOptions<'a> {
     pub stats: &'a Arc<ClusterStats>,
     /// What the connections carry (the ALPN a TLS host is offered when its context names none).
     pub carries: Carries,
+    /// Where to note the host and connection each request goes out on (for access logs).
+    pub target: Option<&'a AttemptTarget>,
 }
 
 /// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive; when it
@@ -54,6 +56,8 @@ pub struct ActiveConnection {
     opened: std::time::Instant,
     /// Requests sent on it, for `upstream_rq_per_cx` (HTTP/2: streams, counted by its pool).
     requests: Requests,
+    /// The socket's local address (`%UPSTREAM_LOCAL_ADDRESS%`), read once when it connected.
+    local: Option<SocketAddr>,
 }
 
 /// How a connection's requests are counted: by its one user (HTTP/1.1), or by every request
@@ -65,6 +69,11 @@ enum Requests {
 }
 
 impl ActiveConnection {
+    /// The connection's local address.
+    pub fn local(&self) -> Option<SocketAddr> {
+        self.local
+    }
+
     /// Its cluster's stats.
     pub(crate) fn stats(&self) -> &ClusterStats {
         &self.stats
@@ -140,11 +149,12 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// A host's HTTP/2 connection: what sends on it, and its streams so far (which its
-/// [`ActiveConnection`] records as `upstream_rq_per_cx` when it closes).
+/// A host's HTTP/2 connection: what sends on it, its streams so far (which its
+/// [`ActiveConnection`] records as `upstream_rq_per_cx` when it closes) and its local address.
 struct H2Connection {
     sender: http2::SendRequest<Body>,
     requests: Arc<std::sync::atomic::AtomicU32>,
+    local: Option<SocketAddr>,
 }
 
 /// A host's pooled HTTP connections.
@@ -205,6 +215,24 @@ impl Pool {
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
 
+/// Where a request's latest attempt went: its host and its connection's local address, noted
+/// as soon as the attempt has a connection, so they are known even when the attempt never
+/// completes (a route timeout, a client that leaves), as Envoy's access logs know them.
+#[derive(Debug, Default)]
+pub struct AttemptTarget(Mutex<Option<(SocketAddr, Option<SocketAddr>)>>);
+
+impl AttemptTarget {
+    /// Notes an attempt to `host` on a connection from `local`.
+    pub fn note(&self, host: SocketAddr, local: Option<SocketAddr>) {
+        *self.0.lock().expect("attempt target lock") = Some((host, local));
+    }
+
+    /// The latest attempt's host and local address.
+    pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
+        *self.0.lock().expect("attempt target lock")
+    }
+}
+
 /// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
 /// charging connection stats.
 pub(crate) async fn connect(
@@ -253,6 +281,7 @@ pub(crate) async fn connect(
         Err(_) => return Err(timed_out()),
     };
     let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().ok();
     let stream = match &host.transport {
         HostTransport::Tls(tls) => {
             let name = host.server_name.as_deref().cloned();
@@ -281,6 +310,7 @@ pub(crate) async fn connect(
             stats: opts.stats.clone(),
             opened,
             requests: Requests::Own(0),
+            local,
         },
     ))
 }
@@ -325,6 +355,9 @@ pub(crate) async fn send_h1(
             // future (which tokio and hyper move around) by its state.
             None => Box::pin(wait_for_h1(host, opts)).await?,
         };
+        if let Some(t) = opts.target {
+            t.note(host.addr, conn.local());
+        }
         let release = h1::Release {
             host: host.clone(),
             max_requests: opts.max_requests,
@@ -430,8 +463,11 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, requests, fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, local, fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
+        if let Some(t) = opts.target {
+            t.note(host.addr, local);
+        }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
             if fresh_tried {
@@ -460,11 +496,12 @@ pub(crate) async fn send_h2(
     }
 }
 
-/// The host's usable HTTP/2 sender and its stream count, and whether it was opened for this
-/// request.
+/// The host's usable HTTP/2 connection: its sender, its stream count and its local address,
+/// and whether it was opened for this request.
 type H2Sender = (
     http2::SendRequest<Body>,
     Arc<std::sync::atomic::AtomicU32>,
+    Option<SocketAddr>,
     bool,
 );
 
@@ -474,7 +511,7 @@ async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sende
             .h2
             .load_full()
             .filter(|c| !c.sender.is_closed())
-            .map(|c| (c.sender.clone(), c.requests.clone(), false))
+            .map(|c| (c.sender.clone(), c.requests.clone(), c.local, false))
     };
     if let Some(s) = usable() {
         return Ok(s);
@@ -495,8 +532,9 @@ async fn open_h2(
         return Ok(s);
     }
     let (stream, active) = connect(host, opts).await?;
+    let local = active.local();
     let (sender, requests) = start_h2(host, opts, stream, active).await?;
-    Ok((sender, requests, true))
+    Ok((sender, requests, local, true))
 }
 
 /// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection; answers
@@ -514,6 +552,7 @@ async fn start_h2(
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
+    let local = active.local();
     tokio::spawn(async move {
         let _ = conn.await;
         drop(active);
@@ -521,6 +560,7 @@ async fn start_h2(
     host.pool().h2.store(Some(Arc::new(H2Connection {
         sender: sender.clone(),
         requests: requests.clone(),
+        local,
     })));
     Ok((sender, requests))
 }

@@ -3,6 +3,9 @@
 //! access-log filter lets through (status code, duration, response flags, header, and/or,
 //! not-health-check, runtime sampling by request id). Every logger writes the same text
 //! format, led by the case's name, to a file of its own; the files are compared line by line.
+//! One more logger writes the request headers the router adds or removes (route and virtual
+//! host `request_headers_to_add`/`_remove`, `x-envoy-expected-rq-timeout-ms`,
+//! `x-envoy-attempt-count`, set again by a retry), which Envoy's `%REQ(..)%` reads.
 
 use super::*;
 
@@ -11,6 +14,11 @@ use std::sync::Mutex;
 
 /// Each line: the case, then what the cases differ in.
 const CASE: &str = "%REQ(X-CASE)% %REQ(:AUTHORITY)% %REQ(:PATH)% %REQ(X-ENVOY-ORIGINAL-PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %UPSTREAM_REQUEST_ATTEMPT_COUNT% %BYTES_RECEIVED% %BYTES_SENT% %UPSTREAM_HOST% %UPSTREAM_CLUSTER% %ROUTE_NAME% %PROTOCOL% %UPSTREAM_TRANSPORT_FAILURE_REASON% %RESP(UPGRADE)%\n";
+
+/// The `headers` logger's lines: the request headers as the router leaves them (its
+/// `request_headers_to_add`/`_remove` at each level, `x-envoy-expected-rq-timeout-ms`,
+/// `x-envoy-attempt-count`), as Envoy's access logs read them.
+const HEADERS: &str = "%REQ(X-CASE)% %REQ(X-ROUTE-ADDED)% %REQ(X-VHOST-ADDED)% %REQ(X-DROP)% %REQ(X-ENVOY-EXPECTED-RQ-TIMEOUT-MS)% %REQ(X-ENVOY-ATTEMPT-COUNT)% %REQ(X-FORWARDED-PROTO)% %REQ(:AUTHORITY)% %REQ(HOST)% %REQ(X-ENVOY-ORIGINAL-HOST)%\n";
 
 /// The loggers: a name (its file) and its filter (YAML, or empty for none).
 const FILTERS: [(&str, &str); 9] = [
@@ -126,6 +134,7 @@ fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -
                 text(CASE)
             )
         })
+        .chain(std::iter::once(logger(&dir.join("headers.log"), &text(HEADERS))))
         .collect();
     let cluster = |name: &str, port: u16| {
         format!(
@@ -153,7 +162,10 @@ static_resources:
             virtual_hosts:
             - name: all
               domains: ["*"]
+              include_request_attempt_count: true
+              request_headers_to_add: [{{header: {{key: x-vhost-added, value: "vh-%REQ(X-CASE)%"}}}}]
               routes:
+              - {{name: hdrs, match: {{prefix: /hdrs}}, route: {{cluster: up, timeout: 3s}}, request_headers_to_add: [{{header: {{key: x-route-added, value: route}}}}], request_headers_to_remove: [x-drop]}}
               - {{name: ws, match: {{prefix: /ws}}, route: {{cluster: up}}}}
               - {{name: flaky, match: {{prefix: /flaky}}, route: {{cluster: up, retry_policy: {{retry_on: 5xx, num_retries: 2}}}}}}
               - {{name: hostrw, match: {{prefix: /hostrw}}, route: {{cluster: up, host_rewrite_literal: new.host}}}}
@@ -267,6 +279,10 @@ fn run_cases(http: u16, run: &str) {
             "HTTP/1.1 200",
         );
     }
+    ok(
+        case_request(http, run, "headers", "/hdrs", "x-drop: gone\r\n"),
+        "HTTP/1.1 200",
+    );
     websocket(http, run);
 }
 
@@ -281,11 +297,31 @@ fn observe_cases(
     let yaml = case_bootstrap(admin, http, upstream, dead, dir);
     let _proxy = start(&yaml, http);
     run_cases(http, run);
-    let want = [15, 1, 1, 3, 2, 1, 5, 15, 2];
+    let want = [16, 1, 1, 3, 2, 1, 5, 16, 2, 16];
     FILTERS
         .iter()
+        .map(|(name, _)| *name)
+        .chain(["headers"])
         .zip(want)
-        .map(|((name, _), n)| read_lines(&dir.join(format!("{name}.log")), n))
+        .map(|(name, n)| read_lines(&dir.join(format!("{name}.log")), n))
+        .collect()
+}
+
+/// The retry's `x-envoy-expected-rq-timeout-ms` is what was left of the 15 s when the retry
+/// started: checked to be a little under 15000, then masked.
+fn mask_time_left(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| {
+            let mut fields: Vec<&str> = l.split(' ').collect();
+            if fields[0] != "retry" {
+                return l.clone();
+            }
+            let left: u64 = fields[4].parse().unwrap_or_else(|_| panic!("{l}"));
+            assert!((14_000..15_000).contains(&left), "{l}");
+            fields[4] = "LEFT";
+            fields.join(" ")
+        })
         .collect()
 }
 
@@ -299,7 +335,7 @@ fn access_log_cases_match_envoy() {
     let (upstream, dead) = (case_upstream(), free_port());
     let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("cases-envoy");
-    let theirs = observe_cases(&envoy_dir, "envoy", upstream, dead, |yaml, http| {
+    let mut theirs = observe_cases(&envoy_dir, "envoy", upstream, dead, |yaml, http| {
         let mut c = Command::new(&envoy);
         c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
             .args(["--base-id", "4712", "--disable-hot-restart"])
@@ -307,20 +343,25 @@ fn access_log_cases_match_envoy() {
         Proxy::spawn(c, || wait_port(http))
     });
     let revoy_dir = log_dir("cases-revoy");
-    let ours = observe_cases(&revoy_dir, "revoy", upstream, dead, |yaml, http| {
+    let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, |yaml, http| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
         c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
             .args(flush);
         Proxy::spawn(c, || wait_port(http))
     });
+    for logs in [&mut theirs, &mut ours] {
+        let headers = logs.last_mut().expect("the headers log");
+        *headers = mask_time_left(headers);
+    }
     let mut failures = Vec::new();
-    for (((name, _), e), r) in FILTERS.iter().zip(&theirs).zip(&ours) {
+    let names = FILTERS.iter().map(|(name, _)| *name).chain(["headers"]);
+    for ((name, e), r) in names.zip(&theirs).zip(&ours) {
         if e != r {
             failures.push(format!("{name}:\n  envoy: {e:#?}\n  revoy: {r:#?}"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(theirs[0].len(), 15, "Envoy's lines: {:#?}", theirs[0]);
+    assert_eq!(theirs[0].len(), 16, "Envoy's lines: {:#?}", theirs[0]);
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
 }

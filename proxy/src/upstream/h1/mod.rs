@@ -47,6 +47,11 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// The socket's local address.
+    pub(crate) fn local(&self) -> Option<SocketAddr> {
+        self.active.local()
+    }
+
     /// A connection over a freshly connected socket.
     pub(crate) fn new(io: UpstreamIo, active: ActiveConnection) -> Self {
         Connection {
