@@ -109,13 +109,22 @@ enum Which {
     Revoy,
 }
 
-/// Runs the requests of the OpenTelemetry scenario through `which` with HCM `tracing`, and
-/// returns what the upstream and the collector saw, as comparable lines.
-async fn otel_run(which: Which, tracing: &str, requests: &[(&str, &str)]) -> Vec<String> {
+/// A change to the bootstrap a run makes.
+type Edit<'a> = dyn Fn(String) -> String + 'a;
+
+/// Runs the requests of the OpenTelemetry scenario through `which` with HCM `tracing` on the
+/// bootstrap as `edit` leaves it, and returns what the upstream and the collector saw, as
+/// comparable lines.
+async fn otel_run(
+    which: Which,
+    tracing: &str,
+    edit: &Edit<'_>,
+    requests: &[(&str, &str)],
+) -> Vec<String> {
     let (up, up_log) = fakes::http_server(200).await;
     let (col, col_log) = fakes::otlp_collector().await;
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = bootstrap(admin, listener, up, col, true, tracing, "");
+    let yaml = edit(bootstrap(admin, listener, up, col, true, tracing, ""));
     let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
     let _p = match which {
         Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 72, ready),
@@ -214,28 +223,52 @@ async fn opentelemetry_spans_match_envoy() {
         ("/nothing", ""),
         ("/empty", ""),
         ("/ok", "x-client-trace-id: abc\r\n"),
+        ("/ok%2Fx", ""),
     ];
-    for (name, tracing) in [
+    let egress = |y: String| {
+        y.replace(
+            "  - name: ingress\n",
+            "  - name: ingress\n    traffic_direction: OUTBOUND\n",
+        )
+        .replace(
+            "stat_prefix: ingress",
+            "stat_prefix: ingress\n          path_with_escaped_slashes_action: REJECT_REQUEST",
+        )
+    };
+    let configs: [(&str, String, &Edit<'_>); 5] = [
         (
             "spawn_upstream_span",
             otel_tracing(
                 "spawn_upstream_span: true, custom_tags: [{tag: lit, literal: {value: one}}, {tag: hdr, request_header: {name: user-agent, default_value: none}}],",
             ),
+            &|y| y,
         ),
-        ("one span per request", otel_tracing("")),
+        ("one span per request", otel_tracing(""), &|y| y),
         (
             "random sampling 0",
             otel_tracing("random_sampling: {value: 0},")
                 .replace("{random_sampling: {value: 100}, ", "{"),
+            &|y| y,
         ),
-    ] {
-        let envoy = otel_run(Which::Envoy, &tracing, &requests).await;
-        let revoy = otel_run(Which::Revoy, &tracing, &requests).await;
+        (
+            "egress, escaped slashes rejected before routing",
+            otel_tracing("spawn_upstream_span: true,"),
+            &egress,
+        ),
+        ("egress without upstream spans", otel_tracing(""), &egress),
+    ];
+    let mut runs = Vec::new();
+    for (name, tracing, edit) in configs {
+        let envoy = otel_run(Which::Envoy, &tracing, edit, &requests).await;
+        let revoy = otel_run(Which::Revoy, &tracing, edit, &requests).await;
         if std::env::var_os("REVOY_TRACE_VERBOSE").is_some() {
             for l in &envoy {
-                println!("E {l}");
+                println!("E {name}: {l}");
             }
         }
+        runs.push((name, envoy, revoy));
+    }
+    for (name, envoy, revoy) in runs {
         compare(name, &envoy, &revoy);
     }
 }

@@ -254,8 +254,16 @@ async fn route_and_forward(
             }
             path = p;
         }
-        PathVerdict::Reject => return local_reply(StatusCode::BAD_REQUEST, ""),
+        // Envoy answers these before the request has its id: its trace decision counts them
+        // not traceable, and no span is made.
+        PathVerdict::Reject => {
+            ctx.hcm
+                .tracing_stats(crate::trace::request_id::Reason::NotTraceable);
+            return local_reply(StatusCode::BAD_REQUEST, "");
+        }
         PathVerdict::Redirect(p) => {
+            ctx.hcm
+                .tracing_stats(crate::trace::request_id::Reason::NotTraceable);
             let mut resp = local_reply(StatusCode::TEMPORARY_REDIRECT, "");
             if let Ok(v) = HeaderValue::from_str(&p) {
                 resp.headers_mut().insert(header::LOCATION, v);

@@ -95,7 +95,9 @@ impl RequestTrace {
             .as_deref()
             .or(ctx.shared.tracers.default_provider());
         let zipkin = matches!(provider, Some(Provider::Zipkin(_)));
-        let kind = if cfg.egress {
+        // An egress span is CLIENT, except on OpenTelemetry with upstream spans (the upstream
+        // span is the client then), as in Envoy 1.40.
+        let kind = if cfg.egress && (zipkin || !cfg.spawn_upstream_span) {
             Kind::Client
         } else {
             Kind::Server

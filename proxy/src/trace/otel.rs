@@ -59,7 +59,14 @@ fn nanos(t: std::time::SystemTime) -> u64 {
 
 /// One span as OTLP.
 pub fn encode_span(s: &Span) -> otlp::Span {
-    let error = s.tag("error") == Some("true");
+    // An error tag marks the span failed; so does a 5xx, or a 4xx on a CLIENT span (as Envoy's
+    // OpenTelemetry spans set their status from the HTTP status code).
+    let code: u16 = s
+        .tag("http.status_code")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let error =
+        s.tag("error") == Some("true") || code >= 500 || (s.kind == Kind::Client && code >= 400);
     otlp::Span {
         trace_id: s.trace_id.to_be_bytes().to_vec(),
         span_id: s.span_id.to_be_bytes().to_vec(),

@@ -9,10 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::tracing::{fakes, observe};
-use super::{Which, bootstrap, child, compare, oracle, ports};
-
-/// A change to the bootstrap a run makes.
-type Edit<'a> = dyn Fn(String) -> String + 'a;
+use super::{Edit, Which, bootstrap, child, compare, oracle, ports};
 
 /// B3 ids the requests send (kept verbatim in the comparison).
 const TRACE_64: &str = "463ac35c9f6413ad";
