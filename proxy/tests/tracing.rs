@@ -29,11 +29,14 @@ use tracing::{fakes, observe};
 
 /// The bootstrap: one listener whose connection manager traces with `tracing` (its
 /// `provider` included), routes `/ok` to the upstream, `/empty` to a cluster with no
-/// endpoints (503), and nothing else (404); the collector's cluster is `collector`.
+/// endpoints (503), `/retry` to `flaky` with one retry on 5xx, and nothing else (404); the
+/// collector's cluster is `collector`.
+#[allow(clippy::too_many_arguments)]
 fn bootstrap(
     admin: u16,
     listener: u16,
     upstream: SocketAddr,
+    flaky: SocketAddr,
     collector: SocketAddr,
     collector_h2: bool,
     tracing: &str,
@@ -72,6 +75,7 @@ static_resources:
               - {{match: {{path: /ok}}, route: {{cluster: backend}}}}
               - {{match: {{path: /decorated}}, route: {{cluster: backend}}, decorator: {{operation: my-op}}}}
               - {{match: {{path: /empty}}, route: {{cluster: empty}}}}
+              - {{match: {{path: /retry}}, route: {{cluster: flaky, retry_policy: {{retry_on: 5xx, num_retries: 1}}}}}}
               - {{match: {{path: /sampled}}, route: {{cluster: backend}}, tracing: {{random_sampling: {{numerator: 100}}}}}}
   clusters:
   - name: backend
@@ -80,11 +84,15 @@ static_resources:
   - name: empty
     connect_timeout: 1s
     load_assignment: {{cluster_name: empty, endpoints: []}}
+  - name: flaky
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: flaky, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {flaky_port}}}}}}}}}]}}]}}
   - name: collector
     connect_timeout: 1s{h2}
     load_assignment: {{cluster_name: collector, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {col_port}}}}}}}}}]}}]}}
 "#,
         up_port = upstream.port(),
+        flaky_port = flaky.port(),
         col_port = collector.port(),
     )
 }
@@ -122,9 +130,12 @@ async fn otel_run(
     requests: &[(&str, &str)],
 ) -> Vec<String> {
     let (up, up_log) = fakes::http_server(200).await;
+    let (flaky, _) = fakes::http_server(503).await;
     let (col, col_log) = fakes::otlp_collector().await;
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = edit(bootstrap(admin, listener, up, col, true, tracing, ""));
+    let yaml = edit(bootstrap(
+        admin, listener, up, flaky, col, true, tracing, "",
+    ));
     let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
     let _p = match which {
         Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 72, ready),
@@ -224,6 +235,7 @@ async fn opentelemetry_spans_match_envoy() {
         ("/empty", ""),
         ("/ok", "x-client-trace-id: abc\r\n"),
         ("/ok%2Fx", ""),
+        ("/retry", ""),
     ];
     let egress = |y: String| {
         y.replace(
@@ -283,7 +295,7 @@ async fn dead_collector_stats(which: Which) -> String {
         l.local_addr().unwrap()
     };
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = bootstrap(admin, listener, up, dead, true, &otel_tracing(""), "");
+    let yaml = bootstrap(admin, listener, up, up, dead, true, &otel_tracing(""), "");
     let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
     let _p = match which {
         Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 74, ready),

@@ -17,7 +17,7 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
-use super::trace::Seen;
+use super::trace::{AttemptEnd, Seen};
 use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
@@ -510,6 +510,9 @@ async fn route_and_forward(
             // An upgrade or CONNECT whose upstream connection fails is answered with nothing
             // sent upstream, and its connection closes: what follows the head is not HTTP.
             if let Some(active) = active_upgrade {
+                if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
+                    t.attempt_started(req.headers_mut(), 1);
+                }
                 let tunnel = if connect && fwd.terminates_connect() {
                     Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
                 } else {
@@ -523,8 +526,12 @@ async fn route_and_forward(
                             r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                             r.details = Some("via_upstream".into())
                         });
-                        if let Some(p) = pending {
-                            p.upstream_done(Some((resp.status().as_u16(), resp.version())));
+                        if let Some(t) = pending.and_then(Pending::trace) {
+                            t.attempt_ended(AttemptEnd {
+                                answer: Some((resp.status().as_u16(), resp.version())),
+                                host: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
+                                ..AttemptEnd::default()
+                            });
                         }
                         resp
                     }
@@ -535,8 +542,12 @@ async fn route_and_forward(
                             r.attempts = 1;
                             note_failure(r, &failure)
                         });
-                        if let Some(p) = pending {
-                            p.upstream_done(None);
+                        if let Some(t) = pending.and_then(Pending::trace) {
+                            t.attempt_ended(AttemptEnd {
+                                host: e.host(),
+                                flag: Some(failure.why.flag),
+                                ..AttemptEnd::default()
+                            });
                         }
                         failure_reply(&failure, cfg.suppress_envoy_headers)
                     }
@@ -591,6 +602,8 @@ async fn route_and_forward(
             } else {
                 RequestBody::Once(downstream_body)
             };
+            // An attempt is under way from here, whether or not it completes.
+            note!(|r| r.attempts = 1);
             let mut exchange = Exchange {
                 cluster: &cluster,
                 lb,
@@ -599,9 +612,8 @@ async fn route_and_forward(
                 send_attempt_count: vhost.include_request_attempt_count,
                 send_expected_timeout: !cfg.suppress_envoy_headers,
                 retries_exhausted: false,
+                pending: pending.as_deref_mut(),
             };
-            // An attempt is under way from here, whether or not it completes.
-            note!(|r| r.attempts = 1);
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
             let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
@@ -620,26 +632,21 @@ async fn route_and_forward(
                 }
                 None => exchange.run(parts, body).await,
             };
+            let exhausted = exchange.retries_exhausted;
             note!(|r| {
                 r.attempts = attempts;
-                if exchange.retries_exhausted {
+                if exhausted {
                     r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
                 }
             });
             let mut resp = match outcome {
                 Outcome::Local(failure) => {
                     note!(|r| note_failure(r, &failure));
-                    if let Some(p) = pending {
-                        p.upstream_done(None);
-                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::NotSent(failure) => {
                     *forwarded = false;
                     note!(|r| note_failure(r, &failure));
-                    if let Some(t) = pending.and_then(Pending::trace) {
-                        t.no_upstream();
-                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::DownstreamBodyFailed => {
@@ -647,9 +654,6 @@ async fn route_and_forward(
                         r.flags.set(ResponseFlag::DownstreamProtocolError);
                         r.details = Some("downstream_protocol_error".into())
                     });
-                    if let Some(p) = pending {
-                        p.upstream_done(None);
-                    }
                     body_failed()
                 }
                 Outcome::Response(resp) => {
@@ -658,9 +662,6 @@ async fn route_and_forward(
                         r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                         r.details = Some("via_upstream".into())
                     });
-                    if let Some(p) = pending {
-                        p.upstream_done(Some((resp.status().as_u16(), resp.version())));
-                    }
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),
