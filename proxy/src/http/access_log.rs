@@ -137,14 +137,6 @@ impl Pending {
         self.trace.as_mut()
     }
 
-    /// The upstream request ended, answered with a status over an HTTP version (`None`:
-    /// failed as the record notes): finishes its span.
-    pub(super) fn upstream_done(&mut self, answer: Option<(u16, http::Version)>) {
-        if let (Some(t), Some(rec)) = (self.trace.as_mut(), self.rec.as_deref()) {
-            t.upstream_done(rec, answer);
-        }
-    }
-
     /// The `x-request-id` the trace decision wrote, when it changed the request's.
     pub(super) fn traced_request_id(&self) -> Option<&HeaderValue> {
         self.trace.as_ref()?.request_id.as_ref()
@@ -159,7 +151,7 @@ impl Pending {
             return resp;
         };
         let trace = self.trace.take().map(|mut t| {
-            t.respond(&rec, &mut resp);
+            t.respond(&mut resp);
             t
         });
         let trace = trace.filter(RequestTrace::reported);

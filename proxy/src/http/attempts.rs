@@ -9,10 +9,12 @@ use http::header::HeaderName;
 use http::{Request, Response, StatusCode};
 use tokio::time::{Instant, timeout_at};
 
+use super::access_log::Pending;
 use super::buffered_body::Replay;
 use super::local_reply::UPSTREAM_TIMEOUT;
 use super::retry::{Failure, RetryState, Verdict};
 use super::timeouts::Timeouts;
+use super::trace::AttemptEnd;
 use crate::access_log::ResponseFlag;
 use crate::body::Body;
 use crate::upstream::{Cluster, LbContext, UpstreamBody, UpstreamError};
@@ -150,7 +152,12 @@ pub struct Exchange<'a> {
     /// How long after the first attempt the latest one started (its timeout headers tell
     /// what was left then).
     pub last_attempt_at: Duration,
+    /// The request's record and trace, told of each attempt (its upstream span).
+    pub pending: Option<&'a mut Pending>,
 }
+
+/// What one attempt's send came to: the deadline passed, or the cluster's answer.
+type Sent = Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed>;
 
 impl Exchange<'_> {
     /// Runs the exchange; returns the outcome and the number of attempts made. Borrows the
@@ -167,7 +174,8 @@ impl Exchange<'_> {
                 } else {
                     crate::body::watched(b)
                 };
-                let req = Request::from_parts(head, b);
+                let mut req = Request::from_parts(head, b);
+                self.attempt_started(req.headers_mut(), 1);
                 return (self.attempt_once(req, start, global, &failed).await, 1);
             }
             RequestBody::Replay(r) => (head, r),
@@ -181,9 +189,12 @@ impl Exchange<'_> {
             *req.version_mut() = head.version;
             *req.headers_mut() = head.headers.clone();
             self.last_attempt_at = start.elapsed();
+            self.attempt_started(req.headers_mut(), attempt);
             let result = self.send(req, attempt, self.last_attempt_at, global).await;
+            let mut end = attempt_end(&result);
             let (retriable, failed_host, outcome) = match result {
                 Err(_) if global.is_some_and(|g| Instant::now() >= g) => {
+                    self.attempt_ended(end);
                     return (self.global_timeout(), attempt);
                 }
                 Err(_) => {
@@ -209,11 +220,9 @@ impl Exchange<'_> {
                     (r, None, Ok(Outcome::Response(resp)))
                 }
             };
-            if self.retry.is_none() {
-                return (self.finish(outcome, start), attempt);
-            }
             let stats = self.cluster.stats();
             let Some(state) = self.retry.as_mut() else {
+                self.attempt_ended(end);
                 return (self.finish(outcome, start), attempt);
             };
             drop(retrying.take());
@@ -227,13 +236,19 @@ impl Exchange<'_> {
                 Verdict::RetryAfter(back_off) => back_off,
                 Verdict::LimitExceeded => {
                     self.retries_exhausted = true;
+                    self.attempt_ended(end);
                     return (self.finish(outcome, start), attempt);
                 }
-                Verdict::No => return (self.finish(outcome, start), attempt),
+                Verdict::No => {
+                    self.attempt_ended(end);
+                    return (self.finish(outcome, start), attempt);
+                }
             };
             if let (Some(host), true) = (failed_host, state.avoids_previous_hosts()) {
                 self.lb.avoid.push(host);
             }
+            end.retried = true;
+            self.attempt_ended(end);
             retrying.replace(RetryHold::new(in_flight));
             if let Ok(Outcome::Response(resp)) = &outcome {
                 stats.charge_retried(resp.status().as_u16());
@@ -260,7 +275,7 @@ impl Exchange<'_> {
         attempt: u32,
         elapsed: Duration,
         global: Option<Instant>,
-    ) -> Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed> {
+    ) -> Sent {
         if self.send_attempt_count {
             req.headers_mut().insert(
                 &ATTEMPT_COUNT,
@@ -281,13 +296,14 @@ impl Exchange<'_> {
     }
 
     async fn attempt_once(
-        &self,
+        &mut self,
         req: Request<Body>,
         start: Instant,
         global: Option<Instant>,
         body_failed: &crate::body::Failed,
     ) -> Outcome {
         let result = self.send(req, 1, Duration::ZERO, global).await;
+        self.attempt_ended(attempt_end(&result));
         let outcome = match result {
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => return self.global_timeout(),
             Err(_) => {
@@ -301,6 +317,20 @@ impl Exchange<'_> {
             Ok(Ok(resp)) => Ok(Outcome::Response(resp)),
         };
         self.finish(outcome, start)
+    }
+
+    /// Tells the request's trace an attempt is about to be sent with `headers`.
+    fn attempt_started(&mut self, headers: &mut http::HeaderMap, attempt: u32) {
+        if let Some(t) = self.pending.as_deref_mut().and_then(Pending::trace) {
+            t.attempt_started(headers, attempt);
+        }
+    }
+
+    /// Tells the request's trace how the current attempt ended.
+    fn attempt_ended(&mut self, end: AttemptEnd) {
+        if let Some(t) = self.pending.as_deref_mut().and_then(Pending::trace) {
+            t.attempt_ended(end);
+        }
     }
 
     /// The per-try deadline from now, when it comes before the global one.
@@ -352,6 +382,31 @@ impl<'a> RetryHold<'a> {
 impl Drop for RetryHold<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// How an attempt that came to `sent` ended, for its span (not yet known: whether it is
+/// retried).
+fn attempt_end(sent: &Sent) -> AttemptEnd {
+    match sent {
+        Err(_) => AttemptEnd {
+            flag: Some(ResponseFlag::UpstreamRequestTimeout),
+            ..AttemptEnd::default()
+        },
+        Ok(Err(e)) => AttemptEnd {
+            host: e.host(),
+            flag: Some(Why::of(e).flag),
+            not_sent: e.not_started(),
+            ..AttemptEnd::default()
+        },
+        Ok(Ok(resp)) => AttemptEnd {
+            answer: Some((resp.status().as_u16(), resp.version())),
+            host: resp
+                .extensions()
+                .get::<crate::upstream::UpstreamHost>()
+                .map(|h| h.0),
+            ..AttemptEnd::default()
+        },
     }
 }
 

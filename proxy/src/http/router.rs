@@ -17,7 +17,7 @@ use super::path::PathVerdict;
 use super::retry::{self, RetryState};
 use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
-use super::trace::Seen;
+use super::trace::{AttemptEnd, Seen};
 use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
@@ -268,8 +268,16 @@ async fn route_and_forward(
             }
             path = p;
         }
-        PathVerdict::Reject => return local_reply(StatusCode::BAD_REQUEST, ""),
+        // Envoy answers these before the request has its id: its trace decision counts them
+        // not traceable, and no span is made.
+        PathVerdict::Reject => {
+            ctx.hcm
+                .tracing_stats(crate::trace::request_id::Reason::NotTraceable);
+            return local_reply(StatusCode::BAD_REQUEST, "");
+        }
         PathVerdict::Redirect(p) => {
+            ctx.hcm
+                .tracing_stats(crate::trace::request_id::Reason::NotTraceable);
             let mut resp = local_reply(StatusCode::TEMPORARY_REDIRECT, "");
             if let Ok(v) = HeaderValue::from_str(&p) {
                 resp.headers_mut().insert(header::LOCATION, v);
@@ -515,7 +523,9 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
-            let target = pending.is_some().then(std::sync::Arc::<AttemptTarget>::default);
+            let target = pending
+                .is_some()
+                .then(std::sync::Arc::<AttemptTarget>::default);
             note!(|r| r.attempt_target.clone_from(&target));
             // Envoy's access logs read the request as the router leaves it.
             note!(|r| if let Some(head) = r.request.as_mut() {
@@ -539,6 +549,9 @@ async fn route_and_forward(
             // An upgrade or CONNECT whose upstream connection fails is answered with nothing
             // sent upstream, and its connection closes: what follows the head is not HTTP.
             if let Some(active) = active_upgrade {
+                if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
+                    t.attempt_started(req.headers_mut(), 1);
+                }
                 let tunnel = if connect && fwd.terminates_connect() {
                     Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
                 } else {
@@ -555,8 +568,12 @@ async fn route_and_forward(
                             r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                             r.details = Some("via_upstream".into())
                         });
-                        if let Some(p) = pending {
-                            p.upstream_done(Some((resp.status().as_u16(), resp.version())));
+                        if let Some(t) = pending.and_then(Pending::trace) {
+                            t.attempt_ended(AttemptEnd {
+                                answer: Some((resp.status().as_u16(), resp.version())),
+                                host: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
+                                ..AttemptEnd::default()
+                            });
                         }
                         resp
                     }
@@ -567,8 +584,12 @@ async fn route_and_forward(
                             r.attempts = 1;
                             note_failure(r, &failure)
                         });
-                        if let Some(p) = pending {
-                            p.upstream_done(None);
+                        if let Some(t) = pending.and_then(Pending::trace) {
+                            t.attempt_ended(AttemptEnd {
+                                host: e.host(),
+                                flag: Some(failure.why.flag),
+                                ..AttemptEnd::default()
+                            });
                         }
                         failure_reply(&failure, cfg.suppress_envoy_headers)
                     }
@@ -623,6 +644,8 @@ async fn route_and_forward(
             } else {
                 RequestBody::Once(downstream_body)
             };
+            // An attempt is under way from here, whether or not it completes.
+            note!(|r| r.attempts = 1);
             let mut exchange = Exchange {
                 cluster: &cluster,
                 lb,
@@ -632,9 +655,8 @@ async fn route_and_forward(
                 send_expected_timeout: !cfg.suppress_envoy_headers,
                 retries_exhausted: false,
                 last_attempt_at: Duration::ZERO,
+                pending: pending.as_deref_mut(),
             };
-            // An attempt is under way from here, whether or not it completes.
-            note!(|r| r.attempts = 1);
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
             let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
@@ -653,18 +675,25 @@ async fn route_and_forward(
                 }
                 None => exchange.run(parts, body).await,
             };
+            // Done with the exchange (and its borrow of the request's record).
+            let super::attempts::Exchange {
+                retries_exhausted: exhausted,
+                last_attempt_at,
+                timeouts,
+                ..
+            } = exchange;
             note!(|r| {
                 r.attempts = attempts;
-                if exchange.retries_exhausted {
+                if exhausted {
                     r.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);
                 }
                 // A retry's headers, as Envoy's router sets them again on the request.
                 if attempts > 1
                     && let Some(head) = r.request.as_mut()
                 {
-                    exchange.timeouts.set_headers(
+                    timeouts.set_headers(
                         &mut head.headers,
-                        exchange.last_attempt_at,
+                        last_attempt_at,
                         !cfg.suppress_envoy_headers,
                     );
                     if vhost.include_request_attempt_count {
@@ -678,17 +707,11 @@ async fn route_and_forward(
             let mut resp = match outcome {
                 Outcome::Local(failure) => {
                     note!(|r| note_failure(r, &failure));
-                    if let Some(p) = pending {
-                        p.upstream_done(None);
-                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::NotSent(failure) => {
                     *forwarded = false;
                     note!(|r| note_failure(r, &failure));
-                    if let Some(t) = pending.and_then(Pending::trace) {
-                        t.no_upstream();
-                    }
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::DownstreamBodyFailed => {
@@ -696,9 +719,6 @@ async fn route_and_forward(
                         r.flags.set(ResponseFlag::DownstreamProtocolError);
                         r.details = Some("downstream_protocol_error".into())
                     });
-                    if let Some(p) = pending {
-                        p.upstream_done(None);
-                    }
                     body_failed()
                 }
                 Outcome::Response(resp) => {
@@ -707,9 +727,6 @@ async fn route_and_forward(
                         r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
                         r.details = Some("via_upstream".into())
                     });
-                    if let Some(p) = pending {
-                        p.upstream_done(Some((resp.status().as_u16(), resp.version())));
-                    }
                     let mut resp = match &limits {
                         Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
                         None => resp.map(body::boxed),

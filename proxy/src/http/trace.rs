@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::ConnContext;
-use crate::access_log::Record;
+use crate::access_log::{Record, ResponseFlag};
 use crate::body::Body;
 use crate::config::tracing::{HcmTracing, Provider, RouteTracing, TagValue};
 use crate::route::Route;
@@ -46,7 +46,12 @@ pub struct RequestTrace {
     /// The request's B3 came as the single `b3` header.
     b3_single: bool,
     span: Span,
+    /// The current upstream attempt's span (`spawn_upstream_span`).
     upstream: Option<Span>,
+    /// How the current attempt ended, once it did.
+    upstream_answer: Option<AttemptEnd>,
+    /// The cluster upstream spans are named after, once forwarded with upstream spans.
+    upstream_cluster: Option<String>,
     /// The decision's `x-request-id`, when it changed (sent upstream and echoed).
     pub request_id: Option<HeaderValue>,
     /// The route's decorator operation, sent back on an ingress response.
@@ -95,7 +100,9 @@ impl RequestTrace {
             .as_deref()
             .or(ctx.shared.tracers.default_provider());
         let zipkin = matches!(provider, Some(Provider::Zipkin(_)));
-        let kind = if cfg.egress {
+        // An egress span is CLIENT, except on OpenTelemetry with upstream spans (the upstream
+        // span is the client then), as in Envoy 1.40.
+        let kind = if cfg.egress && (zipkin || !cfg.spawn_upstream_span) {
             Kind::Client
         } else {
             Kind::Server
@@ -237,6 +244,8 @@ impl RequestTrace {
             b3_single,
             span,
             upstream: None,
+            upstream_answer: None,
+            upstream_cluster: None,
             request_id,
             decorated,
             operation_header,
@@ -246,7 +255,8 @@ impl RequestTrace {
     }
 
     /// Applies the decision to the request going upstream (its `x-request-id`, the decorator
-    /// header) and writes the trace context for the upstream; `cluster` is where it goes.
+    /// header) and, without upstream spans, writes the trace context for the upstream;
+    /// `cluster` is where it goes.
     pub fn forward(&mut self, headers: &mut HeaderMap, cluster: &str) {
         if let Some(id) = &self.request_id {
             headers.insert(&X_REQUEST_ID, id.clone());
@@ -262,13 +272,18 @@ impl RequestTrace {
             }
             None => {}
         }
-        let carrier = if self.cfg.spawn_upstream_span {
-            let child = self
-                .span
-                .child(format!("router {cluster} egress"), Kind::Client);
-            self.upstream.insert(child)
+        if self.cfg.spawn_upstream_span {
+            self.upstream_cluster = Some(cluster.to_owned());
         } else {
-            &self.span
+            self.inject(headers, false);
+        }
+    }
+
+    /// Writes the context of the request's span, or of the current attempt's (`attempt`).
+    fn inject(&self, headers: &mut HeaderMap, attempt: bool) {
+        let carrier = match (&self.upstream, attempt) {
+            (Some(up), true) => up,
+            _ => &self.span,
         };
         if self.provider_is_zipkin {
             context::inject_b3(
@@ -296,22 +311,71 @@ impl RequestTrace {
         self.span.sampled && self.exporter.is_some()
     }
 
-    /// Records the end of the upstream request, answered with `status` over `protocol`
-    /// (`None`: the failure the record notes) and finishes the upstream span with the
-    /// record's host and flags.
-    pub fn upstream_done(&mut self, rec: &Record, answer: Option<(u16, http::Version)>) {
+    /// An upstream attempt (1 for the first) is about to be sent with `headers`: with
+    /// `spawn_upstream_span`, its own CLIENT span starts and its context goes upstream.
+    pub fn attempt_started(&mut self, headers: &mut HeaderMap, attempt: u32) {
+        let Some(cluster) = &self.upstream_cluster else {
+            return;
+        };
+        let mut up = self
+            .span
+            .child(format!("router {cluster} egress"), Kind::Client);
+        if attempt > 1 {
+            up.set_tag("retry.count", (attempt - 1).to_string());
+        }
+        self.upstream = Some(up);
+        self.upstream_answer = None;
+        self.inject(headers, true);
+    }
+
+    /// The current attempt ended: answered (status, HTTP version), or failed with `flag`, from
+    /// `host`. A retried attempt's span ends now (`canceled` when its answer is dropped); the
+    /// last one's, answered, when the response body ends ([`RequestTrace::finish`]).
+    pub fn attempt_ended(&mut self, end: AttemptEnd) {
+        if end.not_sent {
+            self.upstream = None;
+            return;
+        }
+        let Some(up) = self.upstream.as_mut() else {
+            return;
+        };
+        if end.retried && end.answer.is_some() {
+            up.set_tag("canceled", "true");
+        }
+        self.upstream_answer = Some(end);
+        if self
+            .upstream_answer
+            .as_ref()
+            .is_some_and(|e| e.retried || e.answer.is_none())
+        {
+            self.end_upstream();
+        }
+    }
+
+    /// Finishes the current attempt's span with what its end said (nothing: no answer).
+    fn end_upstream(&mut self) {
         let Some(mut up) = self.upstream.take() else {
             return;
         };
-        if let Some((_, version)) = answer {
+        let end = self.upstream_answer.take().unwrap_or_default();
+        if let Some((_, version)) = end.answer {
             up.set_tag("http.protocol", protocol_name(version));
         }
-        let status = answer.map(|(s, _)| s);
-        if let Some(a) = rec.upstream_host {
+        if let Some(a) = end.host {
             up.set_tag("upstream_address", a.to_string());
             up.set_tag("peer.address", a.to_string());
         }
-        common_tags(&mut up, rec, status.unwrap_or(0));
+        up.set_tag("component", "proxy");
+        if let Some(c) = &self.upstream_cluster {
+            up.set_tag("upstream_cluster", c.clone());
+            up.set_tag("upstream_cluster.name", c.clone());
+        }
+        let status = end.answer.map_or(0, |(s, _)| s);
+        up.set_tag("http.status_code", status.to_string());
+        up.set_tag("response_flags", end.flag.map_or("-", ResponseFlag::short));
+        if status >= 500 || status == 0 {
+            up.set_tag("error", "true");
+        }
         for (k, v) in &self.custom {
             up.set_tag(k, v.clone());
         }
@@ -321,16 +385,12 @@ impl RequestTrace {
         }
     }
 
-    /// The request was answered without an upstream request after all: no upstream span.
-    pub fn no_upstream(&mut self) {
-        self.upstream = None;
-    }
-
     /// Sets the response's decorator header (ingress) or takes the upstream's (egress), and
-    /// finishes an upstream span that never got an answer of its own.
-    pub fn respond(&mut self, rec: &Record, resp: &mut http::Response<Body>) {
-        if self.upstream.is_some() {
-            self.upstream_done(rec, None);
+    /// finishes an upstream span that never got an answer of its own (the request was cut
+    /// short by a timeout).
+    pub fn respond(&mut self, resp: &mut http::Response<Body>) {
+        if self.upstream_answer.is_none() {
+            self.end_upstream();
         }
         if self.cfg.egress {
             if let Some(v) = resp.headers_mut().remove(&DECORATOR_OPERATION)
@@ -349,9 +409,7 @@ impl RequestTrace {
     /// Finishes the request's span as the stream ends, with the record's sizes, status and
     /// flags.
     pub fn finish(mut self, rec: &Record) {
-        if self.upstream.is_some() {
-            self.upstream_done(rec, None);
-        }
+        self.end_upstream();
         let Some(exporter) = self.exporter.take() else {
             return;
         };
@@ -368,6 +426,22 @@ impl RequestTrace {
         span.end = SystemTime::now();
         exporter.submit(span);
     }
+}
+
+/// How one upstream attempt ended, for its span.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttemptEnd {
+    /// Its response's status and HTTP version; `None` when it failed.
+    pub answer: Option<(u16, http::Version)>,
+    /// The host it went to.
+    pub host: Option<std::net::SocketAddr>,
+    /// Its own response flag (`UF`, `UT`...), if it failed.
+    pub flag: Option<ResponseFlag>,
+    /// Another attempt follows.
+    pub retried: bool,
+    /// It never left (no healthy host, a full breaker): Envoy makes no upstream request, so
+    /// no span.
+    pub not_sent: bool,
 }
 
 /// Envoy's name of an HTTP version (`http.protocol`).

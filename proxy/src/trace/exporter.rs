@@ -15,19 +15,29 @@ use crate::upstream::ClusterManager;
 /// Spans a queue holds at most (OpenTelemetry's default `max_cache_size`).
 const MAX_QUEUED: usize = 1024;
 
-/// A tracer's counters, under `tracing.opentelemetry.` or `tracing.zipkin.`.
+/// A tracer's counters, under `tracing.opentelemetry.` or `tracing.zipkin.` (an export's
+/// own request is counted by its cluster, as any request is).
 #[derive(Debug, Clone)]
 struct Stats {
     /// `spans_sent`: spans handed to an export.
     spans_sent: Counter,
     /// `timer_flushed`: flushes the interval timer caused.
     timer_flushed: Counter,
-    /// `reports_sent` / `reports_failed` (gRPC: the cluster's call stats): export outcomes.
+    /// Zipkin's report outcomes (OpenTelemetry counts none).
+    reports: Option<Reports>,
+}
+
+/// Zipkin's `reports_*` counters.
+#[derive(Debug, Clone)]
+struct Reports {
+    /// `reports_sent`: the collector answered 202.
     sent: Counter,
+    /// `reports_dropped`: it answered something else.
+    dropped: Counter,
+    /// `reports_failed`: the request failed.
     failed: Counter,
-    /// Zipkin's `reports_dropped` (the collector did not answer 202) and
-    /// `reports_skipped_no_cluster`.
-    rejected: Option<(Counter, Counter)>,
+    /// `reports_skipped_no_cluster`: the collector cluster does not exist.
+    skipped_no_cluster: Counter,
 }
 
 /// Why a batch did not reach the collector, as Envoy counts it.
@@ -61,28 +71,20 @@ impl Exporter {
         local: &super::LocalInfo,
     ) -> Arc<Exporter> {
         let stats = match provider {
-            Provider::OpenTelemetry(p) => {
-                let call = format!(
-                    "cluster.{}.grpc.opentelemetry.proto.collector.trace.v1.TraceService.Export",
-                    p.cluster
-                );
-                Stats {
-                    spans_sent: store.counter("tracing.opentelemetry.spans_sent"),
-                    timer_flushed: store.counter("tracing.opentelemetry.timer_flushed"),
-                    sent: store.counter(&format!("{call}.success")),
-                    failed: store.counter(&format!("{call}.failure")),
-                    rejected: None,
-                }
-            }
+            Provider::OpenTelemetry(_) => Stats {
+                spans_sent: store.counter("tracing.opentelemetry.spans_sent"),
+                timer_flushed: store.counter("tracing.opentelemetry.timer_flushed"),
+                reports: None,
+            },
             Provider::Zipkin(_) => Stats {
                 spans_sent: store.counter("tracing.zipkin.spans_sent"),
                 timer_flushed: store.counter("tracing.zipkin.timer_flushed"),
-                sent: store.counter("tracing.zipkin.reports_sent"),
-                failed: store.counter("tracing.zipkin.reports_failed"),
-                rejected: Some((
-                    store.counter("tracing.zipkin.reports_dropped"),
-                    store.counter("tracing.zipkin.reports_skipped_no_cluster"),
-                )),
+                reports: Some(Reports {
+                    sent: store.counter("tracing.zipkin.reports_sent"),
+                    dropped: store.counter("tracing.zipkin.reports_dropped"),
+                    failed: store.counter("tracing.zipkin.reports_failed"),
+                    skipped_no_cluster: store.counter("tracing.zipkin.reports_skipped_no_cluster"),
+                }),
             },
         };
         // Zipkin has no counter for spans a full queue refuses.
@@ -191,16 +193,22 @@ async fn flushing(
             Sink::Otel(c) => c.export(&clusters, &batch).await.map_err(Failure::Failed),
             Sink::Zipkin(c) => c.export(&clusters, &batch).await,
         };
-        match (result, &stats.rejected) {
-            (Ok(()), _) => stats.sent.inc(),
-            (Err(Failure::Rejected(status)), Some((dropped, _))) => {
-                dropped.inc();
+        let Some(r) = &stats.reports else {
+            if let Err(why) = result {
+                tracing::debug!(error = ?why, spans = batch.len(), "span export failed");
+            }
+            continue;
+        };
+        match result {
+            Ok(()) => r.sent.inc(),
+            Err(Failure::Rejected(status)) => {
+                r.dropped.inc();
                 tracing::debug!(status, spans = batch.len(), "collector refused spans");
             }
-            (Err(Failure::NoCluster), Some((_, skipped))) => skipped.inc(),
-            (Err(why), _) => {
-                stats.failed.inc();
-                tracing::debug!(error = ?why, spans = batch.len(), "span export failed");
+            Err(Failure::NoCluster) => r.skipped_no_cluster.inc(),
+            Err(Failure::Failed(why)) => {
+                r.failed.inc();
+                tracing::debug!(error = %why, spans = batch.len(), "span export failed");
             }
         }
     }

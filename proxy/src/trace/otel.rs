@@ -1,15 +1,15 @@
 //! `envoy.tracers.opentelemetry`: spans encoded as OTLP and exported over gRPC
-//! (`TraceService/Export`) to a host of the configured cluster.
+//! (`TraceService/Export`) through the configured cluster.
 
-use std::net::SocketAddr;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
-use tonic::transport::{Channel, Endpoint, Uri};
+use http_body_util::BodyExt;
+use prost::Message;
 
 use super::otlp;
 use super::span::{Kind, Span};
 use crate::config::tracing::OtelProvider;
-use crate::upstream::ClusterManager;
+use crate::upstream::{ClusterManager, LbContext};
 
 /// W3C trace flags bit: sampled.
 const SAMPLED: u32 = 0x01;
@@ -59,7 +59,14 @@ fn nanos(t: std::time::SystemTime) -> u64 {
 
 /// One span as OTLP.
 pub fn encode_span(s: &Span) -> otlp::Span {
-    let error = s.tag("error") == Some("true");
+    // An error tag marks the span failed; so does a 5xx, or a 4xx on a CLIENT span (as Envoy's
+    // OpenTelemetry spans set their status from the HTTP status code).
+    let code: u16 = s
+        .tag("http.status_code")
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let error =
+        s.tag("error") == Some("true") || code >= 500 || (s.kind == Kind::Client && code >= 400);
     otlp::Span {
         trace_id: s.trace_id.to_be_bytes().to_vec(),
         span_id: s.span_id.to_be_bytes().to_vec(),
@@ -109,21 +116,19 @@ pub fn encode(resource: &Resource, spans: &[Span]) -> otlp::ExportTraceServiceRe
     }
 }
 
-/// The OTLP client of one tracer: a gRPC channel to a host of its cluster, made again when
-/// the host changes.
+/// The OTLP client of one tracer: each export is a gRPC call sent through its cluster like any
+/// other request (the cluster's pool, load balancing and stats), as Envoy's gRPC client does.
 pub struct Client {
     provider: OtelProvider,
     resource: Resource,
-    channel: Option<(SocketAddr, Channel)>,
 }
 
 impl Client {
-    /// A client for `provider`; connects on first use.
+    /// A client for `provider`.
     pub fn new(provider: OtelProvider) -> Client {
         Client {
             resource: Resource::of(&provider),
             provider,
-            channel: None,
         }
     }
 
@@ -136,42 +141,48 @@ impl Client {
         let cluster = clusters
             .get(&self.provider.cluster)
             .ok_or_else(|| format!("unknown cluster '{}'", self.provider.cluster))?;
-        let host = cluster
-            .host_set()
-            .hosts()
-            .iter()
-            .find(|h| h.is_healthy())
-            .map(|h| h.addr)
-            .ok_or("no healthy upstream")?;
-        let channel = match &self.channel {
-            Some((addr, ch)) if *addr == host => ch.clone(),
-            _ => {
-                let origin: Uri = format!("http://{}", self.provider.authority)
-                    .parse()
-                    .map_err(|e| format!("authority: {e}"))?;
-                let ch = Endpoint::from_shared(format!("http://{host}"))
-                    .map_err(|e| e.to_string())?
-                    .origin(origin)
-                    .connect_timeout(Duration::from_secs(1))
-                    .connect_lazy();
-                self.channel = Some((host, ch.clone()));
-                ch
+        let message = encode(&self.resource, spans).encode_to_vec();
+        let mut framed = Vec::with_capacity(5 + message.len());
+        framed.push(0);
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        let mut req = http::Request::post(otlp::EXPORT_PATH)
+            .version(http::Version::HTTP_2)
+            .header(http::header::HOST, self.provider.authority.as_str())
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .body(crate::body::full(framed))
+            .map_err(|e| e.to_string())?;
+        if let Some(t) = self.provider.timeout
+            && let Ok(v) = http::HeaderValue::from_str(&format!("{}m", t.as_millis()))
+        {
+            req.headers_mut().insert("grpc-timeout", v);
+        }
+        let lb = LbContext {
+            internal: true,
+            ..LbContext::default()
+        };
+        let call = async {
+            let resp = cluster.request(req, &lb).await.map_err(|e| e.to_string())?;
+            let head_status = resp.headers().get("grpc-status").cloned();
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?;
+            let grpc_status = head_status.or_else(|| body.trailers()?.get("grpc-status").cloned());
+            match grpc_status.as_ref().map(http::HeaderValue::as_bytes) {
+                Some(b"0") => Ok(()),
+                Some(code) => Err(format!("grpc-status {}", String::from_utf8_lossy(code))),
+                None => Err(format!("HTTP {status} without grpc-status")),
             }
         };
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.map_err(|e| e.to_string())?;
-        let mut req = tonic::Request::new(encode(&self.resource, spans));
-        if let Some(t) = self.provider.timeout {
-            req.set_timeout(t);
+        match self.provider.timeout {
+            Some(t) => tokio::time::timeout(t, call)
+                .await
+                .map_err(|_| "timeout".to_owned())?,
+            None => call.await,
         }
-        let path = http::uri::PathAndQuery::from_static(otlp::EXPORT_PATH);
-        let codec = tonic_prost::ProstCodec::<
-            otlp::ExportTraceServiceRequest,
-            otlp::ExportTraceServiceResponse,
-        >::default();
-        grpc.unary(req, path, codec)
-            .await
-            .map(|_| ())
-            .map_err(|status| status.to_string())
     }
 }

@@ -1,17 +1,16 @@
 //! `envoy.tracers.zipkin` with `collector_endpoint_version: HTTP_JSON`: spans as Zipkin v2
-//! JSON, posted over HTTP/1.1 to a host of the collector cluster.
+//! JSON, posted through the collector cluster.
 
 use std::time::UNIX_EPOCH;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use serde_json::{Map, Value, json};
 
 use super::context::b3_trace_hex;
 use super::exporter::Failure;
 use super::span::{Kind, Span};
 use crate::config::tracing::ZipkinProvider;
-use crate::upstream::ClusterManager;
+use crate::upstream::{ClusterManager, LbContext};
 
 fn micros(t: std::time::SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -90,7 +89,8 @@ impl Client {
         }
     }
 
-    /// Posts `spans` in one request; the collector must answer 202, as Envoy expects.
+    /// Posts `spans` in one request through the collector cluster (its pool, load
+    /// balancing and stats, as Envoy's async client); the collector must answer 202.
     pub async fn export(
         &mut self,
         clusters: &ClusterManager,
@@ -99,43 +99,20 @@ impl Client {
         let cluster = clusters
             .get(&self.provider.cluster)
             .ok_or(Failure::NoCluster)?;
-        self.post(&cluster, spans).await
-    }
-
-    async fn post(
-        &self,
-        cluster: &crate::upstream::Cluster,
-        spans: &[Span],
-    ) -> Result<(), Failure> {
-        let host = cluster
-            .host_set()
-            .hosts()
-            .iter()
-            .find(|h| h.is_healthy())
-            .map(|h| h.addr)
-            .ok_or(Failure::Failed("no healthy upstream".into()))?;
         let failed = |e: &dyn std::fmt::Display| Failure::Failed(e.to_string());
         let body: Vec<Value> = spans.iter().map(|s| encode_span(s, &self.local)).collect();
         let body = serde_json::to_vec(&body).map_err(|e| failed(&e))?;
-        let tcp = tokio::time::timeout(
-            std::time::Duration::from_secs(5),
-            tokio::net::TcpStream::connect(host),
-        )
-        .await
-        .map_err(|_| Failure::Failed("connect timeout".into()))?
-        .map_err(|e| failed(&e))?;
-        let (mut send, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-                .await
-                .map_err(|e| failed(&e))?;
-        tokio::spawn(conn);
         let req = http::Request::post(self.provider.endpoint.as_str())
             .header(http::header::HOST, self.provider.hostname.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
+            .body(crate::body::full(body))
             .map_err(|e| failed(&e))?;
+        let lb = LbContext {
+            internal: true,
+            ..LbContext::default()
+        };
         let exchange = async {
-            let resp = send.send_request(req).await.map_err(|e| failed(&e))?;
+            let resp = cluster.request(req, &lb).await.map_err(|e| failed(&e))?;
             let status = resp.status();
             let _ = resp.into_body().collect().await;
             if status == http::StatusCode::ACCEPTED {
@@ -144,6 +121,7 @@ impl Client {
                 Err(Failure::Rejected(status.as_u16()))
             }
         };
+        // Envoy's `tracing.zipkin.request_timeout` default.
         tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
             .await
             .map_err(|_| Failure::Failed("request timeout".into()))?

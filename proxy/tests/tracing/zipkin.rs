@@ -9,10 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::tracing::{fakes, observe};
-use super::{Which, bootstrap, child, compare, oracle, ports};
-
-/// A change to the bootstrap a run makes.
-type Edit<'a> = dyn Fn(String) -> String + 'a;
+use super::{Edit, Which, bootstrap, child, compare, oracle, ports};
 
 /// B3 ids the requests send (kept verbatim in the comparison).
 const TRACE_64: &str = "463ac35c9f6413ad";
@@ -133,7 +130,7 @@ async fn zipkin_run(
     let (up, up_log) = fakes::http_server(200).await;
     let (col, col_log) = fakes::http_server(202).await;
     let (admin, listener) = (ports::free_port(), ports::free_port());
-    let yaml = edit(bootstrap(admin, listener, up, col, false, tracing, ""));
+    let yaml = edit(bootstrap(admin, listener, up, up, col, false, tracing, ""));
     let ready = || std::net::TcpStream::connect(("127.0.0.1", listener)).is_ok();
     let _p = match which {
         Which::Envoy => child::Proxy::envoy(&oracle::envoy_path().unwrap(), &yaml, 73, ready),
@@ -165,31 +162,42 @@ async fn zipkin_run(
             last = n;
         }
         for s in up_log.lock().unwrap()[ups..].iter() {
-            let mut b3: Vec<String> = s
-                .headers
-                .iter()
-                .filter(|(n, _)| n.as_str().starts_with("x-b3") || n.as_str() == "b3")
-                .map(|(n, v)| {
-                    let v = v.to_str().unwrap();
-                    let v = match n.as_str() {
-                        "x-b3-traceid" => id(&mut labels, "T", v),
-                        "x-b3-spanid" | "x-b3-parentspanid" => id(&mut labels, "S", v),
-                        "b3" => v
-                            .split('-')
-                            .enumerate()
-                            .map(|(i, p)| match i {
-                                0 => id(&mut labels, "T", p),
-                                1 | 3 => id(&mut labels, "S", p),
-                                _ => p.to_owned(),
-                            })
-                            .collect::<Vec<_>>()
-                            .join("-"),
-                        _ => v.to_owned(),
-                    };
-                    format!("{n}={v}")
-                })
-                .collect();
-            b3.sort();
+            // Labelled in a fixed order: the headers' own order is no part of the comparison.
+            let b3: Vec<String> = [
+                "b3",
+                "x-b3-parentspanid",
+                "x-b3-sampled",
+                "x-b3-spanid",
+                "x-b3-traceid",
+            ]
+            .iter()
+            .filter_map(|n| Some((*n, s.headers.get(*n)?)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .map(|(n, v)| {
+                let v = v.to_str().unwrap();
+                let v = match n {
+                    "x-b3-traceid" => id(&mut labels, "T", v),
+                    "x-b3-spanid" | "x-b3-parentspanid" => id(&mut labels, "S", v),
+                    "b3" => v
+                        .split('-')
+                        .enumerate()
+                        .map(|(i, p)| match i {
+                            0 => id(&mut labels, "T", p),
+                            1 | 3 => id(&mut labels, "S", p),
+                            _ => p.to_owned(),
+                        })
+                        .collect::<Vec<_>>()
+                        .join("-"),
+                    _ => v.to_owned(),
+                };
+                format!("{n}={v}")
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
             let rid = s.headers.get("x-request-id").map(|v| v.to_str().unwrap());
             out.push(format!(
                 "upstream {} x-request-id={:?} force-trace={:?} {}",
