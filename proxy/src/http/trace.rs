@@ -161,9 +161,6 @@ impl RequestTrace {
                 };
             }
         }
-        let local = &ctx.shared.tracers.local;
-        span.set_tag("node_id", local.node_id.clone());
-        span.set_tag("zone", local.zone.clone());
         let mut decorated = None;
         let mut operation_header = None;
         if let Some(op) = route_tracing.and_then(|t| t.operation.clone()) {
@@ -184,59 +181,15 @@ impl RequestTrace {
             operation_header = Some(None);
         }
         span.name = name;
-        let id = request_id
-            .as_ref()
-            .or(headers.get(&X_REQUEST_ID))
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let header = |n: &HeaderName| {
-            headers
-                .get(n)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_owned()
+        // Tags cost allocations: only a span that will be reported gets them.
+        let (request_tags, custom) = if span.sampled && exporter.is_some() {
+            let local = &ctx.shared.tracers.local;
+            span.set_tag("node_id", local.node_id.clone());
+            span.set_tag("zone", local.zone.clone());
+            tags(ctx, &cfg, route_tracing, headers, seen, request_id.as_ref())
+        } else {
+            (Vec::new(), Vec::new())
         };
-        let path = headers
-            .get(&ORIGINAL_PATH)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(seen.path);
-        // Envoy cuts the path, not the whole URL, to max_path_tag_length.
-        let mut cut = path.len().min(cfg.max_path_tag_length);
-        while !path.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let url = format!("{}://{}{}", seen.scheme, seen.host, &path[..cut]);
-        let mut request_tags = vec![
-            ("guid:x-request-id".to_owned(), id),
-            ("http.url".to_owned(), url),
-            ("http.method".to_owned(), seen.method.to_owned()),
-            ("downstream_cluster".to_owned(), header(&DOWNSTREAM_CLUSTER)),
-            ("user_agent".to_owned(), header(&http::header::USER_AGENT)),
-            ("http.protocol".to_owned(), seen.protocol.to_owned()),
-            ("peer.address".to_owned(), ctx.down.peer.ip().to_string()),
-        ];
-        if let Some(v) = headers
-            .get(&X_CLIENT_TRACE_ID)
-            .and_then(|v| v.to_str().ok())
-        {
-            request_tags.push(("guid:x-client-trace-id".to_owned(), v.to_owned()));
-        }
-        let custom = cfg
-            .custom_tags
-            .iter()
-            .chain(route_tracing.iter().flat_map(|t| t.custom_tags.iter()))
-            .filter_map(|t| {
-                let v = match &t.value {
-                    TagValue::Literal(v) => v.clone(),
-                    TagValue::RequestHeader { name, default } => headers
-                        .get(name)
-                        .and_then(|v| v.to_str().ok())
-                        .map_or_else(|| default.clone(), str::to_owned),
-                };
-                (!v.is_empty()).then(|| (t.tag.clone(), v))
-            })
-            .collect();
         Some(RequestTrace {
             exporter,
             cfg,
@@ -426,6 +379,73 @@ impl RequestTrace {
         span.end = SystemTime::now();
         exporter.submit(span);
     }
+}
+
+/// Tags in the order they are set.
+type Tags = Vec<(String, String)>;
+
+/// A reported span's request tags and custom tags, in Envoy's order.
+fn tags(
+    ctx: &ConnContext,
+    cfg: &HcmTracing,
+    route_tracing: Option<&RouteTracing>,
+    headers: &HeaderMap,
+    seen: &Seen<'_>,
+    request_id: Option<&HeaderValue>,
+) -> (Tags, Tags) {
+    let id = request_id
+        .or(headers.get(&X_REQUEST_ID))
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let header = |n: &HeaderName| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let path = headers
+        .get(&ORIGINAL_PATH)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(seen.path);
+    // Envoy cuts the path, not the whole URL, to max_path_tag_length.
+    let mut cut = path.len().min(cfg.max_path_tag_length);
+    while !path.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let url = format!("{}://{}{}", seen.scheme, seen.host, &path[..cut]);
+    let mut request_tags = vec![
+        ("guid:x-request-id".to_owned(), id),
+        ("http.url".to_owned(), url),
+        ("http.method".to_owned(), seen.method.to_owned()),
+        ("downstream_cluster".to_owned(), header(&DOWNSTREAM_CLUSTER)),
+        ("user_agent".to_owned(), header(&http::header::USER_AGENT)),
+        ("http.protocol".to_owned(), seen.protocol.to_owned()),
+        ("peer.address".to_owned(), ctx.down.peer.ip().to_string()),
+    ];
+    if let Some(v) = headers
+        .get(&X_CLIENT_TRACE_ID)
+        .and_then(|v| v.to_str().ok())
+    {
+        request_tags.push(("guid:x-client-trace-id".to_owned(), v.to_owned()));
+    }
+    let custom = cfg
+        .custom_tags
+        .iter()
+        .chain(route_tracing.iter().flat_map(|t| t.custom_tags.iter()))
+        .filter_map(|t| {
+            let v = match &t.value {
+                TagValue::Literal(v) => v.clone(),
+                TagValue::RequestHeader { name, default } => headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map_or_else(|| default.clone(), str::to_owned),
+            };
+            (!v.is_empty()).then(|| (t.tag.clone(), v))
+        })
+        .collect();
+    (request_tags, custom)
 }
 
 /// How one upstream attempt ended, for its span.
