@@ -184,6 +184,9 @@ pub(super) struct Values {
     settings: Arc<BucketSettings>,
     /// How many thread slots a histogram's shards have (the workers and one more).
     slots: Arc<AtomicUsize>,
+    /// Whether any of its histograms has a value: a stats flush passes over the others (most
+    /// of an Istio sidecar's thousands of clusters never see a request).
+    recorded: std::sync::atomic::AtomicBool,
 }
 
 /// A block of histograms under one prefix. Cheap to clone; every clone is the same block.
@@ -234,7 +237,13 @@ impl Values {
                 .collect(),
             settings,
             slots,
+            recorded: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether any of the block's histograms has a value.
+    pub(super) fn recorded(&self) -> bool {
+        self.recorded.load(Ordering::Relaxed)
     }
 
     pub(super) fn names(&self) -> &'static [&'static str] {
@@ -244,6 +253,7 @@ impl Values {
     #[inline]
     fn record(&self, index: usize, value: u64) {
         let shards = self.histos[index].shards.get_or_init(|| {
+            self.recorded.store(true, Ordering::Relaxed);
             let n = self.slots.load(Ordering::Relaxed).max(1);
             (0..n).map(|_| Shard::default()).collect()
         });

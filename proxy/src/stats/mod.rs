@@ -585,7 +585,11 @@ impl Store {
     pub fn flush_histograms(&self) {
         let blocks: Vec<HistogramBlock> = {
             let blocks = self.histograms.blocks.lock().expect("stats lock");
-            blocks.values().cloned().collect()
+            blocks
+                .values()
+                .filter(|b| b.0.recorded())
+                .cloned()
+                .collect()
         };
         let mut totals = vec![0u64; circllhist::BINS];
         for b in blocks {
