@@ -193,6 +193,25 @@ pub struct HcmConfig {
 /// Records the connection manager's settings that revoy does not act on (none of them has a
 /// security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
+    for (i, tag) in hcm
+        .tracing
+        .iter()
+        .flat_map(|t| t.custom_tags.iter())
+        .enumerate()
+    {
+        if matches!(
+            tag.r#type,
+            Some(proto::pb::envoy::r#type::tracing::v3::custom_tag::Type::Metadata(_))
+        ) {
+            warnings.skipped(
+                format!("tracing.custom_tags[{i}].metadata"),
+                format!(
+                    "metadata custom tags are not implemented by revoy; spans carry no '{}' tag",
+                    tag.tag
+                ),
+            );
+        }
+    }
     if let Some(name) = hcm
         .tracing
         .as_ref()

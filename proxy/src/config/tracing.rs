@@ -292,12 +292,9 @@ pub fn custom_tags(
                 })?,
                 default: h.default_value.clone(),
             },
-            Some(custom_tag::Type::Metadata(_)) => {
-                return Err(ConfigError::new(
-                    format!("{at}.metadata"),
-                    "metadata custom tags are not supported by revoy",
-                ));
-            }
+            // revoy keeps no metadata to read the tag from: left out of spans (the connection
+            // manager's compile warns of it), as Istio sets such tags on every listener.
+            Some(custom_tag::Type::Metadata(_)) => continue,
             Some(_) => {
                 return Err(ConfigError::new(
                     format!("{at}.value"),
@@ -586,15 +583,20 @@ mod tests {
     }
 
     #[test]
-    fn metadata_custom_tags_are_refused_by_path() {
+    fn metadata_custom_tags_are_left_out() {
         let io = super::super::context::FakeIo::new();
         let ctx = Context::new(&io);
-        let tag = CustomTagProto {
+        let metadata = CustomTagProto {
             tag: "m".into(),
             r#type: Some(custom_tag::Type::Metadata(Default::default())),
         };
-        let err = custom_tags(&ctx, &[tag], "custom_tags").unwrap_err();
-        assert_eq!(err.path, "custom_tags[0].metadata");
+        let literal = CustomTagProto {
+            tag: "l".into(),
+            r#type: Some(custom_tag::Type::Literal(Default::default())),
+        };
+        let tags = custom_tags(&ctx, &[metadata, literal], "custom_tags").unwrap();
+        assert_eq!(tags.len(), 1);
+        assert_eq!(tags[0].tag, "l");
     }
 
     #[test]
