@@ -396,9 +396,9 @@ mod tests {
     #[test]
     fn settle_takes_the_noted_attempt_unless_a_later_failure_named_another_host() {
         let (a, b, local): (SocketAddr, SocketAddr, SocketAddr) = (
-            "10.0.0.1:80".parse().unwrap(),
-            "10.0.0.2:80".parse().unwrap(),
-            "10.0.0.9:4000".parse().unwrap(),
+            "127.0.0.11:80".parse().unwrap(),
+            "127.0.0.12:80".parse().unwrap(),
+            "127.0.0.19:4000".parse().unwrap(),
         );
         let target = Arc::new(AttemptTarget::default());
         target.note(a, Some(local));

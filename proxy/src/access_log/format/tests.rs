@@ -29,12 +29,12 @@ fn json(members: Vec<(&str, &str)>, rec: &Record, omit_empty: bool) -> String {
     .render(rec)
 }
 
-/// A request that was answered 200 by 10.0.0.2:8080 after 12 ms.
+/// A request that was answered 200 by 127.0.0.12:8080 after 12 ms.
 fn record() -> Record {
     let mut rec = Record::new(Downstream {
         remote: Some("192.0.2.7:5555".parse().unwrap()),
         direct_remote: None,
-        local: Some("10.0.0.1:80".parse().unwrap()),
+        local: Some("127.0.0.11:80".parse().unwrap()),
         server_name: None,
     });
     rec.start_time = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
@@ -52,7 +52,7 @@ fn record() -> Record {
     });
     rec.response_code = Some(200);
     rec.bytes_sent = 42;
-    rec.upstream_host = Some("10.0.0.2:8080".parse().unwrap());
+    rec.upstream_host = Some("127.0.0.12:8080".parse().unwrap());
     rec.upstream_cluster = Some("backend".into());
     rec.attempts = 1;
     rec
@@ -81,7 +81,7 @@ fn the_default_format_renders_like_envoys() {
     let line = LogFormat::default_text(&Context::new(&FakeIo::new())).render(&rec);
     assert_eq!(
         line,
-        "[2023-11-14T22:13:20.123Z] \"GET /a?b=c HTTP/1.1\" 200 - 0 42 12 - \"-\" \"curl/8.0\" \"-\" \"example.com\" \"10.0.0.2:8080\"\n"
+        "[2023-11-14T22:13:20.123Z] \"GET /a?b=c HTTP/1.1\" 200 - 0 42 12 - \"-\" \"curl/8.0\" \"-\" \"example.com\" \"127.0.0.12:8080\"\n"
     );
 }
 
@@ -126,7 +126,7 @@ fn addresses_and_their_parts() {
             "%DOWNSTREAM_LOCAL_ADDRESS% %UPSTREAM_HOST% %UPSTREAM_CLUSTER_RAW%",
             &rec
         ),
-        "10.0.0.1:80 10.0.0.2:8080 backend"
+        "127.0.0.11:80 127.0.0.12:8080 backend"
     );
 }
 
