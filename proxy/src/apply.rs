@@ -62,6 +62,8 @@ struct State {
 #[derive(Default)]
 pub struct Applier {
     state: Mutex<State>,
+    /// The token buckets network rate limits share by `share_key`.
+    buckets: crate::limits::SharedBuckets,
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
 }
 
@@ -105,6 +107,7 @@ impl Applier {
             Arc::new(config),
             &shared.stats,
             &shared.secrets,
+            &self.buckets,
             previous.as_deref(),
         ));
         let change = match (&existing, &previous) {

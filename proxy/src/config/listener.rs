@@ -34,6 +34,8 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// The network filters before it that may close a new connection, in chain order.
+    pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -169,6 +171,7 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut limits = Vec::new();
     let mut refused: Option<String> = None;
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
@@ -203,6 +206,18 @@ fn compile_chain(
                 let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
+            }
+            super::network_limits::LOCAL_RATE_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_rate_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::RateLimit(compiled));
+            }
+            super::network_limits::CONNECTION_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_connection_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(compiled));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -285,6 +300,7 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        limits,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))

@@ -12,10 +12,12 @@ pub mod fail_closed;
 pub mod filter_chain_match;
 pub mod hcm;
 pub mod listener;
+pub mod network_limits;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;
 pub mod tls;
+pub mod token_bucket;
 pub mod tracing;
 pub mod upstream_transport;
 

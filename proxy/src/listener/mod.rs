@@ -34,6 +34,8 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 struct Chain {
     /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
     identity: (u64, Option<Arc<str>>),
+    /// The network filters that may close a new connection before `kind` sees it.
+    limits: crate::limits::NetworkLimiters,
     kind: ChainKind,
 }
 
@@ -162,11 +164,13 @@ pub struct Listener {
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
-    /// from `previous` (the listener it replaces) are kept with their state.
+    /// from `previous` (the listener it replaces) are kept with their state; new rate limits
+    /// with a `share_key` take their bucket from `buckets`.
     pub fn new(
         config: Arc<ListenerConfig>,
         stats: &Store,
         secrets: &SecretStore,
+        buckets: &crate::limits::SharedBuckets,
         previous: Option<&Listener>,
     ) -> Self {
         let prefix = config.stat_prefix();
@@ -198,7 +202,12 @@ impl Listener {
                     ),
                 }
             };
-            Arc::new(Chain { identity, kind })
+            let limits = crate::limits::NetworkLimiters::new(&c.limits, stats, buckets);
+            Arc::new(Chain {
+                identity,
+                limits,
+                kind,
+            })
         };
         let address = config.address;
         Listener {
@@ -363,9 +372,9 @@ impl Listener {
         };
         let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
         let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i].kind,
+            Some(i) => &self.chains[i],
             None => match &self.default_chain {
-                Some(c) => &c.kind,
+                Some(c) => c,
                 None => {
                     self.no_filter_chain.inc();
                     self.log_unmatched(peer, destination, inspected.server_name.as_deref());
@@ -375,9 +384,13 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
+        let Some(_admitted) = chain.limits.admit().await else {
+            self.cx_destroy.inc();
+            return;
+        };
         // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
         let sni = inspected.server_name.as_deref();
-        match chain {
+        match &chain.kind {
             ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),

@@ -1,0 +1,10 @@
+//! Rate and connection limits at run time: token buckets, the buckets shared by `share_key`,
+//! and the network filters that close connections over a limit.
+
+mod network;
+mod shared_buckets;
+mod token_bucket;
+
+pub use network::{Admitted, NetworkLimiters};
+pub use shared_buckets::SharedBuckets;
+pub use token_bucket::TokenBucket;
