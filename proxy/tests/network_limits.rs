@@ -34,7 +34,8 @@ use child::Proxy;
 use ports::free_port;
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-const TCP_PROXY: &str = "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const TCP_PROXY: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
 const RATE_LIMIT: &str =
     "type.googleapis.com/envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit";
 const CONNECTION_LIMIT: &str =
@@ -83,7 +84,9 @@ fn listener(name: &str, port: u16, limits: &str, terminal: &str) -> String {
 }
 
 fn tcp_proxy(cluster: &str) -> String {
-    format!("{{name: tcp, typed_config: {{\"@type\": {TCP_PROXY}, stat_prefix: {cluster}, cluster: {cluster}}}}}")
+    format!(
+        "{{name: tcp, typed_config: {{\"@type\": {TCP_PROXY}, stat_prefix: {cluster}, cluster: {cluster}}}}}"
+    )
 }
 
 fn hcm(cluster: &str) -> String {
@@ -226,7 +229,10 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     seen.push(format!("tcp 2: {}", outcome(&third)));
     drop(third);
     // One bucket of two tokens for both listeners.
-    for (i, port) in [shared_a, shared_b, shared_a, shared_b].into_iter().enumerate() {
+    for (i, port) in [shared_a, shared_b, shared_a, shared_b]
+        .into_iter()
+        .enumerate()
+    {
         seen.push(format!("shared {i}: {}", outcome(&echo(port))));
     }
     // Disabled by its flag's default: never limits.
@@ -263,7 +269,10 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     for role in ROLES {
         let port = ports[ROLES.iter().position(|r| *r == role).unwrap()];
         let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
-        seen.push(format!("{role} downstream_cx_total: {:?}", stat(admin, &name)));
+        seen.push(format!(
+            "{role} downstream_cx_total: {:?}",
+            stat(admin, &name)
+        ));
     }
     seen
 }
@@ -279,7 +288,12 @@ fn network_limits_match_envoy() {
         })
     });
     // The scenario must show the limits at work in Envoy, or it proves nothing.
-    for line in ["http 2: closed", "tcp 1: closed", "shared 2: closed", "delayed 1: closed"] {
+    for line in [
+        "http 2: closed",
+        "tcp 1: closed",
+        "shared 2: closed",
+        "delayed 1: closed",
+    ] {
         assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
     }
     let actual = observe(|admin, yaml| {

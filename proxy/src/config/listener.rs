@@ -217,7 +217,9 @@ fn compile_chain(
                 let p = proto::unpack(any).map_err(at)?;
                 let compiled = super::network_limits::compile_connection_limit(&p)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
-                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(compiled));
+                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(
+                    compiled,
+                ));
             }
             other
                 if super::fail_closed::filter_fails_closed(

@@ -139,8 +139,7 @@ mod tests {
         assert!(!c.enabled);
         let p: LocalRateLimit = decode("{stat_prefix: s}");
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "token_bucket");
-        let p: LocalRateLimit =
-            decode("{token_bucket: {max_tokens: 2, fill_interval: 1s}}");
+        let p: LocalRateLimit = decode("{token_bucket: {max_tokens: 2, fill_interval: 1s}}");
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "stat_prefix");
     }
 
@@ -158,9 +157,8 @@ mod tests {
             compile_connection_limit(&p).unwrap_err().path,
             "max_connections"
         );
-        let p: ConnectionLimit = decode(
-            "{stat_prefix: c, max_connections: 1, runtime_enabled: {runtime_key: k}}",
-        );
+        let p: ConnectionLimit =
+            decode("{stat_prefix: c, max_connections: 1, runtime_enabled: {runtime_key: k}}");
         assert_eq!(
             compile_connection_limit(&p).unwrap_err().path,
             "runtime_enabled.default_value"

@@ -52,10 +52,8 @@ impl NetworkLimiters {
                 NetworkLimit::RateLimit(r) => Limiter::Rate {
                     enabled: r.enabled,
                     bucket: shared.get(&r.share_key, r.bucket),
-                    rate_limited: stats.counter(&format!(
-                        "local_rate_limit.{}.rate_limited",
-                        r.stat_prefix
-                    )),
+                    rate_limited: stats
+                        .counter(&format!("local_rate_limit.{}.rate_limited", r.stat_prefix)),
                 },
                 NetworkLimit::ConnectionLimit(c) => {
                     let prefix = format!("connection_limit.{}", c.stat_prefix);

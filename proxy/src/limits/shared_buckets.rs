@@ -50,6 +50,9 @@ mod tests {
         assert!(!Arc::ptr_eq(&a, &shared.get("", spec(1))));
         assert!(a.try_take());
         drop(a);
-        assert!(shared.get("k", spec(1)).try_take(), "a fresh bucket once none holds it");
+        assert!(
+            shared.get("k", spec(1)).try_take(),
+            "a fresh bucket once none holds it"
+        );
     }
 }

@@ -9,6 +9,7 @@ pub mod format;
 pub mod headers;
 pub mod matcher;
 pub mod policy;
+pub mod rate_limit;
 mod rewrite;
 
 use std::borrow::Cow;
@@ -136,6 +137,8 @@ pub struct VirtualHost {
     pub require_tls: TlsRequirement,
     /// Virtual clusters in order.
     pub virtual_clusters: Vec<VirtualCluster>,
+    /// `rate_limits`.
+    pub rate_limits: Vec<rate_limit::RateLimitPolicy>,
     /// Virtual-host-level header mutations; `None` when there are none.
     pub headers: Option<Box<HeaderRules>>,
     /// `include_request_attempt_count`.

@@ -1,0 +1,328 @@
+//! Rate limit policies of routes and virtual hosts (`rate_limits`): the descriptors a request
+//! gives the rate limit filters, built by each policy's actions in order, as Envoy builds them.
+
+use std::net::IpAddr;
+
+use super::RouteRequest;
+use super::matcher::{HeaderMatcher, QueryParameterMatcher, header_value, query_of, query_param};
+
+/// The highest `stage` a policy may have.
+pub const MAX_STAGE: u32 = 10;
+
+/// One entry of `rate_limits`.
+#[derive(Debug, Clone)]
+pub struct RateLimitPolicy {
+    /// `stage`: the filters with the same stage use it.
+    pub stage: u32,
+    /// `disable_key`: the local rate limit filter skips a policy that has one; the global one
+    /// reads `ratelimit.<key>.http_filter_enabled` (revoy has no runtime: 100%).
+    pub disable_key: String,
+    /// `actions`, in order.
+    pub actions: Vec<RateLimitAction>,
+}
+
+/// One descriptor entry producer.
+#[derive(Debug, Clone)]
+pub enum RateLimitAction {
+    /// `source_cluster`: the local service cluster (`--service-cluster`).
+    SourceCluster,
+    /// `destination_cluster`: the cluster the route sends the request to.
+    DestinationCluster,
+    /// `request_headers`: a header's value under `key`.
+    RequestHeaders {
+        /// The header (lower case).
+        name: String,
+        /// The descriptor key.
+        key: String,
+        /// Whether a missing header leaves the entry out (else: no descriptor).
+        skip_if_absent: bool,
+    },
+    /// `remote_address`: the trusted client address.
+    RemoteAddress,
+    /// `masked_remote_address`: the client address's network, as `a.b.c.d/len`.
+    MaskedRemoteAddress {
+        /// `v4_prefix_mask_len` (default 32).
+        v4: u8,
+        /// `v6_prefix_mask_len` (default 128).
+        v6: u8,
+    },
+    /// `generic_key`: a constant value.
+    GenericKey {
+        /// `descriptor_key` (default `generic_key`).
+        key: String,
+        /// `descriptor_value`.
+        value: String,
+    },
+    /// `header_value_match`: a constant value when the headers match (or do not, when
+    /// `expect_match` is false).
+    HeaderValueMatch {
+        /// `descriptor_key` (default `header_match`).
+        key: String,
+        /// `descriptor_value`.
+        value: String,
+        /// `expect_match` (default true).
+        expect_match: bool,
+        /// `headers`.
+        headers: Vec<HeaderMatcher>,
+    },
+    /// `query_parameter_value_match`: like `header_value_match`, on query parameters.
+    QueryParameterValueMatch {
+        /// `descriptor_key` (default `query_match`).
+        key: String,
+        /// `descriptor_value`.
+        value: String,
+        /// `expect_match` (default true).
+        expect_match: bool,
+        /// `query_parameters`.
+        parameters: Vec<QueryParameterMatcher>,
+    },
+    /// `query_parameters`: a query parameter's value under `key`.
+    QueryParameters {
+        /// The parameter.
+        name: String,
+        /// The descriptor key.
+        key: String,
+        /// Whether a missing parameter leaves the entry out (else: no descriptor).
+        skip_if_absent: bool,
+    },
+}
+
+/// A rate limit descriptor: its entries in order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Descriptor(pub Vec<(String, String)>);
+
+/// What descriptors are made of, besides the request.
+#[derive(Clone, Copy)]
+pub struct DescriptorFacts<'a> {
+    /// The request as routing saw it.
+    pub request: &'a RouteRequest<'a>,
+    /// The local service cluster (`--service-cluster`).
+    pub local_cluster: &'a str,
+    /// The cluster the route sends the request to, when it forwards.
+    pub destination_cluster: Option<&'a str>,
+    /// The trusted client address.
+    pub remote: Option<IpAddr>,
+}
+
+impl RateLimitPolicy {
+    /// The policy's descriptor for a request, unless an action produced nothing (a missing
+    /// header or parameter without `skip_if_absent`, a match that failed) or every entry was
+    /// skipped.
+    pub fn descriptor(&self, facts: &DescriptorFacts<'_>) -> Option<Descriptor> {
+        let mut entries = Vec::with_capacity(self.actions.len());
+        for action in &self.actions {
+            if !action.populate(facts, &mut entries) {
+                return None;
+            }
+        }
+        (!entries.is_empty()).then_some(Descriptor(entries))
+    }
+}
+
+impl RateLimitAction {
+    /// Adds this action's entry; false when the descriptor must not be made.
+    fn populate(&self, facts: &DescriptorFacts<'_>, entries: &mut Vec<(String, String)>) -> bool {
+        let mut push = |k: &str, v: String| entries.push((k.to_owned(), v));
+        match self {
+            RateLimitAction::SourceCluster => push("source_cluster", facts.local_cluster.into()),
+            RateLimitAction::DestinationCluster => match facts.destination_cluster {
+                Some(c) => push("destination_cluster", c.into()),
+                None => return false,
+            },
+            RateLimitAction::RequestHeaders {
+                name,
+                key,
+                skip_if_absent,
+            } => match first_header(facts.request, name) {
+                Some(v) => push(key, v),
+                None => return *skip_if_absent,
+            },
+            RateLimitAction::RemoteAddress => match facts.remote {
+                Some(ip) => push("remote_address", ip.to_string()),
+                None => return false,
+            },
+            RateLimitAction::MaskedRemoteAddress { v4, v6 } => match facts.remote {
+                Some(ip) => push("masked_remote_address", masked(ip, *v4, *v6)),
+                None => return false,
+            },
+            RateLimitAction::GenericKey { key, value } => push(key, value.clone()),
+            RateLimitAction::HeaderValueMatch {
+                key,
+                value,
+                expect_match,
+                headers,
+            } => {
+                if headers.iter().all(|h| h.matches(facts.request)) != *expect_match {
+                    return false;
+                }
+                push(key, value.clone())
+            }
+            RateLimitAction::QueryParameterValueMatch {
+                key,
+                value,
+                expect_match,
+                parameters,
+            } => {
+                let query = query_of(facts.request.path);
+                if parameters.iter().all(|p| p.matches(query)) != *expect_match {
+                    return false;
+                }
+                push(key, value.clone())
+            }
+            RateLimitAction::QueryParameters {
+                name,
+                key,
+                skip_if_absent,
+            } => match query_param(query_of(facts.request.path), name) {
+                Some(v) => push(key, v.into_owned()),
+                None => return *skip_if_absent,
+            },
+        }
+        true
+    }
+}
+
+/// A header's first value (a pseudo-header's value).
+fn first_header(req: &RouteRequest<'_>, name: &str) -> Option<String> {
+    if name.starts_with(':') || name == "host" {
+        return header_value(req, name).map(|v| v.into_owned());
+    }
+    req.headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// `ip` with all but its first `v4` / `v6` bits cleared, as `addr/len`.
+fn masked(ip: IpAddr, v4: u8, v6: u8) -> String {
+    match ip {
+        IpAddr::V4(a) => {
+            let len = v4.min(32);
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            format!("{}/{len}", std::net::Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let len = v6.min(128);
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            format!("{}/{len}", std::net::Ipv6Addr::from(u128::from(a) & mask))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{HeaderMap, Method};
+
+    fn facts<'a>(req: &'a RouteRequest<'a>) -> DescriptorFacts<'a> {
+        DescriptorFacts {
+            request: req,
+            local_cluster: "local",
+            destination_cluster: Some("backend"),
+            remote: Some("10.1.2.3".parse().unwrap()),
+        }
+    }
+
+    fn policy(actions: Vec<RateLimitAction>) -> RateLimitPolicy {
+        RateLimitPolicy {
+            stage: 0,
+            disable_key: String::new(),
+            actions,
+        }
+    }
+
+    fn entries(d: Option<Descriptor>) -> Option<Vec<String>> {
+        d.map(|d| d.0.into_iter().map(|(k, v)| format!("{k}={v}")).collect())
+    }
+
+    #[test]
+    fn actions_make_entries_in_order() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-user", "alice".parse().unwrap());
+        let req = RouteRequest::new(&Method::GET, "h", "/p?tier=gold", &headers);
+        let p = policy(vec![
+            RateLimitAction::SourceCluster,
+            RateLimitAction::DestinationCluster,
+            RateLimitAction::RequestHeaders {
+                name: "x-user".into(),
+                key: "user".into(),
+                skip_if_absent: false,
+            },
+            RateLimitAction::RemoteAddress,
+            RateLimitAction::MaskedRemoteAddress { v4: 16, v6: 128 },
+            RateLimitAction::GenericKey {
+                key: "generic_key".into(),
+                value: "g".into(),
+            },
+            RateLimitAction::QueryParameters {
+                name: "tier".into(),
+                key: "tier".into(),
+                skip_if_absent: false,
+            },
+        ]);
+        assert_eq!(
+            entries(p.descriptor(&facts(&req))).unwrap(),
+            [
+                "source_cluster=local",
+                "destination_cluster=backend",
+                "user=alice",
+                "remote_address=10.1.2.3",
+                "masked_remote_address=10.1.0.0/16",
+                "generic_key=g",
+                "tier=gold"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_header_drops_the_descriptor_unless_skipped() {
+        let headers = HeaderMap::new();
+        let req = RouteRequest::new(&Method::GET, "h", "/", &headers);
+        let header = |skip_if_absent| RateLimitAction::RequestHeaders {
+            name: "x-user".into(),
+            key: "user".into(),
+            skip_if_absent,
+        };
+        let generic = RateLimitAction::GenericKey {
+            key: "k".into(),
+            value: "v".into(),
+        };
+        assert_eq!(
+            entries(policy(vec![generic.clone(), header(false)]).descriptor(&facts(&req))),
+            None
+        );
+        assert_eq!(
+            entries(policy(vec![generic, header(true)]).descriptor(&facts(&req))).unwrap(),
+            ["k=v"]
+        );
+        assert_eq!(
+            entries(policy(vec![header(true)]).descriptor(&facts(&req))),
+            None
+        );
+    }
+
+    #[test]
+    fn header_value_match_honours_expect_match() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-env", "prod".parse().unwrap());
+        let req = RouteRequest::new(&Method::GET, "h", "/", &headers);
+        let matcher = HeaderMatcher {
+            name: "x-env".into(),
+            value: super::super::matcher::HeaderValueMatch::Present(true),
+            invert: false,
+            missing_as_empty: false,
+        };
+        let action = |expect_match| {
+            policy(vec![RateLimitAction::HeaderValueMatch {
+                key: "header_match".into(),
+                value: "has-env".into(),
+                expect_match,
+                headers: vec![matcher.clone()],
+            }])
+        };
+        assert_eq!(
+            entries(action(true).descriptor(&facts(&req))).unwrap(),
+            ["header_match=has-env"]
+        );
+        assert_eq!(entries(action(false).descriptor(&facts(&req))), None);
+    }
+}
