@@ -13,6 +13,7 @@ pub mod filter_chain_match;
 pub mod hcm;
 pub mod listener;
 pub mod network_limits;
+pub mod rate_limit;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;

@@ -6,7 +6,7 @@
 
 mod action;
 pub(crate) mod matchers;
-mod rate_limits;
+pub(crate) mod rate_limits;
 
 use std::sync::Arc;
 use std::time::Duration;
