@@ -42,6 +42,22 @@ impl TokenBucket {
         &self.spec
     }
 
+    /// Tokens added per second.
+    pub fn fill_rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Whole seconds until the next token arrives (0 when the bucket is full).
+    pub fn reset_seconds(&self) -> u64 {
+        let now = self.start.elapsed().as_secs_f64();
+        let tokens = self.tokens_at(f64::from_bits(self.empty_at.load(Ordering::Relaxed)), now);
+        if tokens + ROUNDING >= self.max {
+            return 0;
+        }
+        let missing = 1.0 - (tokens + ROUNDING).fract();
+        (missing / self.rate).ceil() as u64
+    }
+
     /// Takes a token if there is one.
     pub fn try_take(&self) -> bool {
         self.take_at(self.start.elapsed().as_secs_f64())

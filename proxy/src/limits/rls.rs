@@ -1,0 +1,103 @@
+//! The rate limit service client: one `ShouldRateLimit` call per request through the
+//! service's cluster, and the answer as the HTTP `ratelimit` filter reads it.
+
+use http::{HeaderName, HeaderValue};
+use proto::pb::envoy::extensions::common::ratelimit::v3::{
+    RateLimitDescriptor, rate_limit_descriptor,
+};
+use proto::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest, RateLimitResponse, rate_limit_response,
+};
+
+use crate::config::rate_limit::service::{RateLimitServiceConfig, SHOULD_RATE_LIMIT};
+use crate::route::rate_limit::Descriptor;
+use crate::upstream::ClusterManager;
+
+/// What the service said, or that the call failed.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Under the limit (or the service gave no overall code).
+    Ok(Answer),
+    /// Over the limit.
+    OverLimit(Answer),
+    /// The call failed or timed out.
+    Error(String),
+}
+
+/// The headers and body the service asked for.
+#[derive(Debug, Default)]
+pub struct Answer {
+    /// `response_headers_to_add`: added to the response (the upstream's or the 429).
+    pub response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// `request_headers_to_add`: added to the request when it goes on.
+    pub request_headers: Vec<(HeaderName, HeaderValue)>,
+    /// `raw_body`: the body of the over-limit reply.
+    pub body: Vec<u8>,
+}
+
+/// Asks the service whether a request with `descriptors` is over a limit of `domain`.
+pub async fn should_rate_limit(
+    clusters: &ClusterManager,
+    config: &RateLimitServiceConfig,
+    domain: &str,
+    descriptors: &[Descriptor],
+) -> Verdict {
+    let request = RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: descriptors.iter().map(descriptor_proto).collect(),
+        hits_addend: 0,
+    };
+    let response: RateLimitResponse = match crate::upstream::grpc::unary(
+        clusters,
+        &config.cluster,
+        &config.authority,
+        SHOULD_RATE_LIMIT,
+        Some(config.timeout),
+        &request,
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => return Verdict::Error(e.to_string()),
+    };
+    let answer = Answer {
+        response_headers: headers(&response.response_headers_to_add),
+        request_headers: headers(&response.request_headers_to_add),
+        body: response.raw_body,
+    };
+    if response.overall_code == rate_limit_response::Code::OverLimit as i32 {
+        Verdict::OverLimit(answer)
+    } else {
+        Verdict::Ok(answer)
+    }
+}
+
+fn descriptor_proto(d: &Descriptor) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: d
+            .0
+            .iter()
+            .map(|(key, value)| rate_limit_descriptor::Entry {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The service's headers that are valid HTTP headers.
+fn headers(
+    list: &[proto::pb::envoy::config::core::v3::HeaderValue],
+) -> Vec<(HeaderName, HeaderValue)> {
+    list.iter()
+        .filter_map(|h| {
+            let value = if h.raw_value.is_empty() {
+                HeaderValue::from_str(&h.value).ok()
+            } else {
+                HeaderValue::from_bytes(&h.raw_value).ok()
+            };
+            Some((HeaderName::from_bytes(h.key.as_bytes()).ok()?, value?))
+        })
+        .collect()
+}
