@@ -47,15 +47,14 @@ impl TokenBucket {
         self.rate
     }
 
-    /// Whole seconds until the next token arrives (0 when the bucket is full).
+    /// Whole seconds (rounded up) until the bucket has a token again: 0 while it has one.
     pub fn reset_seconds(&self) -> u64 {
         let now = self.start.elapsed().as_secs_f64();
         let tokens = self.tokens_at(f64::from_bits(self.empty_at.load(Ordering::Relaxed)), now);
-        if tokens + ROUNDING >= self.max {
+        if tokens + ROUNDING >= 1.0 {
             return 0;
         }
-        let missing = 1.0 - (tokens + ROUNDING).fract();
-        (missing / self.rate).ceil() as u64
+        ((1.0 - tokens) / self.rate).ceil() as u64
     }
 
     /// Takes a token if there is one.
