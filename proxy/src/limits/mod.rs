@@ -1,6 +1,7 @@
 //! Rate and connection limits at run time: token buckets, the buckets shared by `share_key`,
 //! and the network filters that close connections over a limit.
 
+pub mod http_local;
 mod local_limiter;
 mod network;
 pub mod rls;

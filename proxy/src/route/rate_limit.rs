@@ -87,6 +87,78 @@ pub enum RateLimitAction {
     },
 }
 
+/// Which virtual host `rate_limits` apply besides the route's (a filter's `vh_rate_limits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VhRateLimits {
+    /// The virtual host's, when the route has none.
+    Override,
+    /// The virtual host's too.
+    Include,
+    /// Never the virtual host's.
+    Ignore,
+}
+
+/// Where a filter takes its descriptors from.
+#[derive(Debug, Clone, Copy)]
+pub struct DescriptorSource<'a> {
+    /// The filter's own `rate_limits`: when there are some, only they are used.
+    pub own: &'a [RateLimitPolicy],
+    /// The filter's `stage`: only route and virtual host policies of that stage are used.
+    pub stage: u32,
+    /// Which virtual host policies apply (a route's `include_vh_rate_limits` makes it
+    /// [`VhRateLimits::Include`]).
+    pub vh: VhRateLimits,
+    /// Whether policies with a `disable_key` are left out (the local rate limit filter's rule).
+    pub skip_disable_keys: bool,
+}
+
+/// The descriptors of a request routed to `route` (a forwarding route; none otherwise), made
+/// by the policies `source` selects, in Envoy's order: the route's, then the virtual host's.
+pub fn request_descriptors(
+    source: &DescriptorSource<'_>,
+    route: &super::Selected<'_>,
+    facts: &DescriptorFacts<'_>,
+) -> Vec<Descriptor> {
+    let make = |policies: &[RateLimitPolicy], out: &mut Vec<Descriptor>| {
+        out.extend(
+            policies
+                .iter()
+                .filter(|p| p.stage == source.stage)
+                .filter(|p| !(source.skip_disable_keys && !p.disable_key.is_empty()))
+                .filter_map(|p| p.descriptor(facts)),
+        );
+    };
+    if !source.own.is_empty() {
+        return source
+            .own
+            .iter()
+            .filter_map(|p| p.descriptor(facts))
+            .collect();
+    }
+    let super::Action::Forward(forward) = &route.route.action else {
+        return Vec::new();
+    };
+    let (route_policies, include_vh) = forward.more.as_deref().map_or((&[][..], false), |m| {
+        (&m.rate_limits[..], m.include_vh_rate_limits)
+    });
+    let mut out = Vec::new();
+    make(route_policies, &mut out);
+    let vh = if include_vh {
+        VhRateLimits::Include
+    } else {
+        source.vh
+    };
+    let with_vh = match vh {
+        VhRateLimits::Include => true,
+        VhRateLimits::Override => route_policies.is_empty(),
+        VhRateLimits::Ignore => false,
+    };
+    if with_vh {
+        make(&route.virtual_host.rate_limits, &mut out);
+    }
+    out
+}
+
 /// A rate limit descriptor: its entries in order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Descriptor(pub Vec<(String, String)>);

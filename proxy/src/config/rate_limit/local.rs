@@ -1,6 +1,8 @@
 //! `envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit` -> [`LocalRateLimitConfig`]
 //! (the filter's configuration, or a route's in `typed_per_filter_config`).
 
+use std::sync::{Arc, OnceLock};
+
 use http::StatusCode;
 use proto::pb::envoy::extensions::common::ratelimit::v3::{
     LocalRateLimitDescriptor, VhRateLimitsOptions, XRateLimitHeadersRfcVersion,
@@ -10,24 +12,15 @@ use proto::pb::envoy::extensions::filters::http::local_ratelimit::v3::LocalRateL
 use crate::config::route::matchers::fractional;
 use crate::config::token_bucket::{TokenBucketSpec, compile_token_bucket};
 use crate::config::{ConfigError, Context};
+use crate::limits::LocalLimiter;
+use crate::limits::http_local::LocalStats;
 use crate::route::headers::HeaderMutations;
 use crate::route::matcher::RuntimeFraction;
-use crate::route::rate_limit::{Descriptor, RateLimitPolicy};
+use crate::route::rate_limit::{Descriptor, RateLimitPolicy, VhRateLimits};
 
 /// Type name of the HTTP `LocalRateLimit` filter's config.
 pub const HTTP_LOCAL_RATE_LIMIT: &str =
     "envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit";
-
-/// Which virtual host `rate_limits` apply besides the route's (`vh_rate_limits`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum VhRateLimits {
-    /// The virtual host's, when the route has none.
-    Override,
-    /// The virtual host's too.
-    Include,
-    /// Never the virtual host's.
-    Ignore,
-}
 
 /// A compiled HTTP local rate limit.
 #[derive(Debug, Clone)]
@@ -50,8 +43,6 @@ pub struct LocalRateLimitConfig {
     pub descriptors: Vec<(Descriptor, TokenBucketSpec)>,
     /// `stage`: which route policies make descriptors.
     pub stage: u32,
-    /// `local_rate_limit_per_downstream_connection`: buckets per connection.
-    pub per_connection: bool,
     /// `enable_x_ratelimit_headers: DRAFT_VERSION_03`.
     pub x_ratelimit_headers: bool,
     /// `vh_rate_limits`.
@@ -62,6 +53,11 @@ pub struct LocalRateLimitConfig {
     pub resource_exhausted: bool,
     /// `rate_limits`: the filter's own policies, used instead of the route's.
     pub rate_limits: Vec<RateLimitPolicy>,
+    /// The buckets, full when compiled (a configuration that is compiled again starts
+    /// afresh, as Envoy's does when it loads a configuration); shared by every worker.
+    pub limiter: Arc<LocalLimiter>,
+    /// The stats, resolved by the first request that uses this configuration.
+    pub stats: Arc<OnceLock<LocalStats>>,
 }
 
 fn unimplemented(path: &str, what: &str) -> ConfigError {
@@ -85,6 +81,12 @@ pub fn compile_local(
         return Err(ConfigError::new(
             "token_bucket",
             "local rate limit token bucket must be set for per filter configs",
+        ));
+    }
+    if p.local_rate_limit_per_downstream_connection {
+        return Err(unimplemented(
+            "local_rate_limit_per_downstream_connection",
+            "local_rate_limit_per_downstream_connection",
         ));
     }
     if p.local_cluster_rate_limit.is_some() {
@@ -117,6 +119,14 @@ pub fn compile_local(
         .and_then(|c| StatusCode::from_u16(c).ok())
         .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
     let descriptors = compile_descriptors(&p.descriptors)?;
+    let always_consume_default = p
+        .always_consume_default_token_bucket
+        .is_none_or(|b| b.value);
+    let limiter = Arc::new(LocalLimiter::new(
+        bucket,
+        &descriptors,
+        always_consume_default,
+    ));
     let header_rules = |add, field: &str| {
         crate::config::route::header_mutations(ctx, add, &[]).map_err(|e| e.within(field))
     };
@@ -133,7 +143,6 @@ pub fn compile_local(
         response_headers: header_rules(&p.response_headers_to_add, "response_headers_to_add")?,
         descriptors,
         stage: p.stage,
-        per_connection: p.local_rate_limit_per_downstream_connection,
         x_ratelimit_headers: p.enable_x_ratelimit_headers
             == XRateLimitHeadersRfcVersion::DraftVersion03 as i32,
         vh_rate_limits: match VhRateLimitsOptions::try_from(p.vh_rate_limits) {
@@ -147,6 +156,8 @@ pub fn compile_local(
         resource_exhausted: p.rate_limited_as_resource_exhausted,
         rate_limits: crate::config::route::rate_limits::compile_rate_limits(ctx, &p.rate_limits)
             .map_err(|e| e.within("rate_limits"))?,
+        limiter,
+        stats: Arc::default(),
     })
 }
 

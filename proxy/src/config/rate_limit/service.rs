@@ -11,10 +11,9 @@ use proto::pb::envoy::extensions::filters::http::ratelimit::v3::{
     RateLimit, RateLimitPerRoute as PerRouteProto, rate_limit_per_route,
 };
 
-use super::local::VhRateLimits;
 use crate::config::{ConfigError, Context};
 use crate::route::headers::HeaderMutations;
-use crate::route::rate_limit::RateLimitPolicy;
+use crate::route::rate_limit::{RateLimitPolicy, VhRateLimits};
 
 /// Type name of the HTTP `RateLimit` filter's config.
 pub const HTTP_RATE_LIMIT: &str = "envoy.extensions.filters.http.ratelimit.v3.RateLimit";
