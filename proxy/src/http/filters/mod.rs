@@ -169,10 +169,22 @@ impl Chain {
 impl Encoders {
     /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
     /// they hold alive until its body ends.
-    pub fn encode(self, resp: Response<Body>) -> Response<Body> {
+    pub fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
         if self.0.is_empty() {
             return resp;
         }
+        for e in self.0.iter_mut().rev() {
+            e.encode(&mut resp);
+        }
         resp.map(|b| crate::body::holding(b, self))
+    }
+}
+
+impl Encoder {
+    /// Acts on the response (its head; a filter that rewrites the body wraps it).
+    fn encode(&mut self, _resp: &mut Response<Body>) {
+        match self {
+            Encoder::ActiveFault { .. } => {}
+        }
     }
 }
