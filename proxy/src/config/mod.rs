@@ -14,7 +14,6 @@ pub mod hcm;
 pub mod http_filter;
 pub mod listener;
 pub mod network_limits;
-pub mod rate_limit;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{LocalLimiter, TokenBucket};
-use crate::config::rate_limit::local::LocalRateLimitConfig;
+use crate::config::http_filter::local_ratelimit::LocalRateLimitConfig;
 use crate::route::rate_limit::Descriptor;
 use crate::stats::{Counter, Store};
 

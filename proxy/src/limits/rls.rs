@@ -9,7 +9,7 @@ use proto::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest, RateLimitResponse, rate_limit_response,
 };
 
-use crate::config::rate_limit::service::{RateLimitServiceConfig, SHOULD_RATE_LIMIT};
+use crate::config::http_filter::ratelimit::{RateLimitServiceConfig, SHOULD_RATE_LIMIT};
 use crate::route::rate_limit::Descriptor;
 use crate::upstream::ClusterManager;
 

@@ -7,6 +7,8 @@
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
 pub mod fault;
+pub mod local_ratelimit;
+pub mod ratelimit;
 
 use std::sync::Arc;
 
@@ -62,6 +64,10 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -108,6 +114,10 @@ pub enum PerRoute {
 pub enum PerRouteKind {
     /// `envoy.filters.http.fault`: replaces the filter's fault settings.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.local_ratelimit`: a route's own limits (its own buckets).
+    LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
+    /// `envoy.filters.http.ratelimit`: a route's `RateLimitPerRoute`.
+    RateLimit(Arc<ratelimit::RateLimitPerRoute>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -202,6 +212,12 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             ctx,
             &unpack(any)?,
         )?))),
+        local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(FilterKind::LocalRateLimit(Arc::new(
+            local_ratelimit::compile_local(ctx, &unpack(any)?, false)?,
+        ))),
+        ratelimit::HTTP_RATE_LIMIT => Some(FilterKind::RateLimit(Arc::new(
+            ratelimit::compile_service(ctx, &unpack(any)?)?,
+        ))),
         _ => None,
     })
 }
@@ -244,6 +260,14 @@ pub fn compile_per_filter(
         let kind = match proto::type_name_of(&any.type_url) {
             FAULT => Some(PerRouteKind::Fault(Arc::new(
                 fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            ))),
+            local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(PerRouteKind::LocalRateLimit(Arc::new(
+                local_ratelimit::compile_local(ctx, &unpack(any).map_err(|e| e.within(&at))?, true)
+                    .map_err(|e| e.within(&at))?,
+            ))),
+            ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(PerRouteKind::RateLimit(Arc::new(
+                ratelimit::compile_per_route(ctx, &unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
             _ => None,

@@ -20,7 +20,10 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod descriptors;
 mod fault;
+mod local_ratelimit;
+mod ratelimit;
 
 use std::sync::Arc;
 
@@ -55,6 +58,10 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(local_ratelimit::LocalRateLimit),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(ratelimit::RateLimit),
 }
 
 /// One request as the filters see it, before the router.
@@ -107,6 +114,10 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The `x-ratelimit-*` headers describing a local rate limit bucket.
+    XRateLimit(Arc<crate::limits::TokenBucket>),
+    /// Headers the rate limit service asked to add to the response.
+    AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
 }
 
 impl Chain {
@@ -124,6 +135,12 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::LocalRateLimit(c) => {
+                        Kind::LocalRateLimit(local_ratelimit::LocalRateLimit::new(c, store))
+                    }
+                    FilterKind::RateLimit(c) => {
+                        Kind::RateLimit(ratelimit::RateLimit::new(c, store))
+                    }
                 },
             })
             .collect();
@@ -154,8 +171,25 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    let settings = match route_config {
+                        Some(PerRouteKind::Fault(c)) => Some(c),
+                        _ => None,
+                    };
                     fault.decode(req, settings, encoders).await
+                }
+                Kind::LocalRateLimit(limit) => {
+                    let settings = match route_config {
+                        Some(PerRouteKind::LocalRateLimit(c)) => Some(c),
+                        _ => None,
+                    };
+                    limit.decode(req, settings, encoders)
+                }
+                Kind::RateLimit(limit) => {
+                    let settings = match route_config {
+                        Some(PerRouteKind::RateLimit(c)) => Some(c),
+                        _ => None,
+                    };
+                    limit.decode(req, settings, encoders).await
                 }
             };
             if reply.is_some() {
@@ -182,9 +216,17 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::XRateLimit(bucket) => {
+                crate::limits::http_local::add_x_ratelimit_headers(resp.headers_mut(), bucket)
+            }
+            Encoder::AddHeaders(headers) => {
+                for (name, value) in headers.drain(..) {
+                    resp.headers_mut().append(name, value);
+                }
+            }
         }
     }
 }
