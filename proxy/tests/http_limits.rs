@@ -107,6 +107,17 @@ fn counting_filter() -> String {
     )
 }
 
+fn per_connection_filter() -> String {
+    filter(
+        "envoy.filters.http.local_ratelimit",
+        LOCAL,
+        "stat_prefix: per_connection, token_bucket: {max_tokens: 1, fill_interval: 3600s}, \
+         local_rate_limit_per_downstream_connection: true, \
+         filter_enabled: {runtime_key: pc.enabled, default_value: {numerator: 100}}, \
+         filter_enforced: {runtime_key: pc.enforced, default_value: {numerator: 100}}",
+    )
+}
+
 fn service_filter(deny: bool) -> String {
     filter(
         "envoy.filters.http.ratelimit",
@@ -153,6 +164,7 @@ struct Ports {
     counting: u16,
     service: u16,
     deny: u16,
+    per_connection: u16,
 }
 
 fn bootstrap(p: &Ports, up: u16, rls: u16) -> String {
@@ -163,6 +175,13 @@ fn bootstrap(p: &Ports, up: u16, rls: u16) -> String {
         p.counting,
         "",
         &counting_filter(),
+        "[{match: {prefix: /}, route: {cluster: up}}]",
+    );
+    listeners += &bootstrap::http_listener(
+        "per_connection",
+        p.per_connection,
+        "",
+        &per_connection_filter(),
         "[{match: {prefix: /}, route: {cluster: up}}]",
     );
     listeners += &service_listener(
@@ -222,7 +241,48 @@ fn send(port: u16, path: &str, headers: &str) -> String {
     .unwrap();
     let mut raw = String::new();
     let _ = s.read_to_string(&mut raw);
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    describe(path, headers, &raw)
+}
+
+/// Two requests for `/` on one keep-alive connection, each described like [`send`]'s.
+fn send_two(port: u16) -> [String; 2] {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET / HTTP/1.1\r\nhost: limits\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    let first = loop {
+        assert_eq!(s.read(&mut byte).unwrap(), 1, "first response cut short");
+        raw.push(byte[0]);
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            continue;
+        };
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        if body.len() == length {
+            break text;
+        }
+    };
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nhost: limits\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut second = String::new();
+    let _ = s.read_to_string(&mut second);
+    [describe("/", "", &first), describe("/", "", &second)]
+}
+
+/// `path headers -> status [compared headers] body` of a raw response.
+fn describe(path: &str, headers: &str, raw: &str) -> String {
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
     let mut lines = head.lines();
     let status = lines
         .next()
@@ -261,6 +321,7 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
         counting: free_port(),
         service: free_port(),
         deny: free_port(),
+        per_connection: free_port(),
     };
     let _proxy = start(p.admin, &bootstrap(&p, up, rls.port));
     wait_until("the proxy", || stat(p.admin, "server.live") == Some(1));
@@ -282,6 +343,10 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     for _ in 0..2 {
         seen.push(send(p.counting, "/", ""));
     }
+    // One token per connection: the second request on a connection is refused, a new
+    // connection has its own token.
+    seen.extend(send_two(p.per_connection));
+    seen.push(send(p.per_connection, "/", ""));
     for (port, headers) in [
         (p.service, "x-verdict: fine\r\nx-user: u\r\n"),
         (p.service, "x-verdict: over\r\n"),
@@ -305,6 +370,7 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
         "per_route.http_local_rate_limit.rate_limited",
         "counting.http_local_rate_limit.rate_limited",
         "counting.http_local_rate_limit.enforced",
+        "per_connection.http_local_rate_limit.rate_limited",
         "cluster.up.ratelimit.ok",
         "cluster.up.ratelimit.over_limit",
         "cluster.up.ratelimit.error",
@@ -330,6 +396,7 @@ fn http_rate_limits_match_envoy() {
         "-> 429 [content-type: text/plain; x-local",
         "-> 429 [content-type: text/plain; x-envoy-ratelimited",
         "-> 500",
+        "per_connection.http_local_rate_limit.rate_limited: Some(1)",
     ] {
         assert!(
             expected.iter().any(|l| l.contains(needle)),

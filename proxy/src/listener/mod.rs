@@ -402,6 +402,7 @@ impl Listener {
                         inbound: self.config.inbound,
                         modify_only: self.config.drain_modify_only,
                     },
+                    rate_limiter: std::sync::OnceLock::new(),
                 };
                 match tls {
                     None => http::serve(stream, Arc::new(ctx(None))).await,

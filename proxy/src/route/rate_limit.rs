@@ -124,7 +124,7 @@ pub fn request_descriptors(
             policies
                 .iter()
                 .filter(|p| p.stage == source.stage)
-                .filter(|p| !(source.skip_disable_keys && !p.disable_key.is_empty()))
+                .filter(|p| !source.skip_disable_keys || p.disable_key.is_empty())
                 .filter_map(|p| p.descriptor(facts)),
         );
     };

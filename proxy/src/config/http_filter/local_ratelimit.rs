@@ -43,6 +43,9 @@ pub struct LocalRateLimitConfig {
     pub descriptors: Vec<(Descriptor, TokenBucketSpec)>,
     /// `stage`: which route policies make descriptors.
     pub stage: u32,
+    /// `local_rate_limit_per_downstream_connection`: each connection has buckets of its own
+    /// (made from the first configuration a request of the connection uses, as in Envoy).
+    pub per_connection: bool,
     /// `enable_x_ratelimit_headers: DRAFT_VERSION_03`.
     pub x_ratelimit_headers: bool,
     /// `vh_rate_limits`.
@@ -81,12 +84,6 @@ pub fn compile_local(
         return Err(ConfigError::new(
             "token_bucket",
             "local rate limit token bucket must be set for per filter configs",
-        ));
-    }
-    if p.local_rate_limit_per_downstream_connection {
-        return Err(unimplemented(
-            "local_rate_limit_per_downstream_connection",
-            "local_rate_limit_per_downstream_connection",
         ));
     }
     if p.local_cluster_rate_limit.is_some() {
@@ -143,6 +140,7 @@ pub fn compile_local(
         response_headers: header_rules(&p.response_headers_to_add, "response_headers_to_add")?,
         descriptors,
         stage: p.stage,
+        per_connection: p.local_rate_limit_per_downstream_connection,
         x_ratelimit_headers: p.enable_x_ratelimit_headers
             == XRateLimitHeadersRfcVersion::DraftVersion03 as i32,
         vh_rate_limits: match VhRateLimitsOptions::try_from(p.vh_rate_limits) {

@@ -10,6 +10,7 @@ use crate::access_log::ResponseFlag;
 use crate::body::Body;
 use crate::config::http_filter::local_ratelimit::LocalRateLimitConfig;
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
+use crate::limits::LocalLimiter;
 use crate::limits::http_local::{LocalStats, LocalVerdict, decide};
 use crate::route::rate_limit::DescriptorSource;
 use crate::stats::Store;
@@ -57,7 +58,18 @@ impl LocalRateLimit {
             vh: config.vh_rate_limits,
             skip_disable_keys: true,
         };
-        let decision = decide(config, &config.limiter, stats, rand::random(), || {
+        let limiter: &LocalLimiter = if config.per_connection {
+            req.conn.rate_limiter.get_or_init(|| {
+                Box::new(LocalLimiter::new(
+                    config.bucket,
+                    &config.descriptors,
+                    config.always_consume_default,
+                ))
+            })
+        } else {
+            &config.limiter
+        };
+        let decision = decide(config, limiter, stats, rand::random(), || {
             req.rate_limit_descriptors(&source)
         })?;
         if let Some(bucket) = decision.headers_from {
