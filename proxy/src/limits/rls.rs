@@ -60,8 +60,12 @@ pub async fn should_rate_limit(
         Ok(r) => r,
         Err(e) => return Verdict::Error(e.to_string()),
     };
+    let mut response_headers = headers(&response.response_headers_to_add);
+    if config.x_ratelimit_headers {
+        response_headers.extend(x_ratelimit_headers(&response.statuses));
+    }
     let answer = Answer {
-        response_headers: headers(&response.response_headers_to_add),
+        response_headers,
         request_headers: headers(&response.request_headers_to_add),
         body: response.raw_body,
     };
@@ -70,6 +74,54 @@ pub async fn should_rate_limit(
     } else {
         Verdict::Ok(answer)
     }
+}
+
+/// The `x-ratelimit-limit`, `-remaining` and `-reset` headers of the statuses the service
+/// returned: those of the status with the fewest requests remaining, the limit followed by
+/// every status's quota policy (`, <limit>;w=<window seconds>[;name="<name>"]`).
+fn x_ratelimit_headers(
+    statuses: &[rate_limit_response::DescriptorStatus],
+) -> Vec<(HeaderName, HeaderValue)> {
+    let limited = statuses
+        .iter()
+        .filter_map(|s| Some((s, s.current_limit.as_ref()?)));
+    let Some((least, least_limit)) = limited.clone().min_by_key(|(s, _)| s.limit_remaining) else {
+        return Vec::new();
+    };
+    let mut limit = least_limit.requests_per_unit.to_string();
+    for (_, l) in limited {
+        let Some(window) = window_seconds(l.unit) else {
+            continue;
+        };
+        limit += &format!(", {};w={window}", l.requests_per_unit);
+        if !l.name.is_empty() {
+            limit += &format!(";name=\"{}\"", l.name);
+        }
+    }
+    let reset = least.duration_until_reset.as_ref().map_or(0, |d| d.seconds);
+    [
+        ("x-ratelimit-limit", limit),
+        ("x-ratelimit-remaining", least.limit_remaining.to_string()),
+        ("x-ratelimit-reset", reset.to_string()),
+    ]
+    .into_iter()
+    .filter_map(|(n, v)| Some((HeaderName::from_static(n), HeaderValue::from_str(&v).ok()?)))
+    .collect()
+}
+
+/// A limit unit's length in seconds, as Envoy counts it (a month is 30 days, a year 365).
+fn window_seconds(unit: i32) -> Option<u64> {
+    use rate_limit_response::rate_limit::Unit;
+    Some(match Unit::try_from(unit).ok()? {
+        Unit::Second => 1,
+        Unit::Minute => 60,
+        Unit::Hour => 3600,
+        Unit::Day => 86_400,
+        Unit::Week => 7 * 86_400,
+        Unit::Month => 30 * 86_400,
+        Unit::Year => 365 * 86_400,
+        Unit::Unknown => return None,
+    })
 }
 
 fn descriptor_proto(d: &Descriptor) -> RateLimitDescriptor {

@@ -6,11 +6,17 @@
 //! - `error`: the gRPC status UNAVAILABLE;
 //! - anything else (or none): `OK`, with the response header `x-rls: ok` and the request
 //!   header `x-rls-request: ok`.
+//!
+//! `OK` and `OVER_LIMIT` answers carry descriptor statuses, in the order of the descriptors:
+//! 10 a minute named `first` (3 remaining, reset in 30 s), 1000 an hour (999 remaining, reset
+//! in 1800 s), then statuses without a limit.
 
 use std::sync::{Arc, Mutex};
 
 use proto::pb::envoy::config::core::v3::HeaderValue;
-use proto::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use proto::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit, rate_limit::Unit,
+};
 use proto::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -61,18 +67,43 @@ impl RateLimitService for Service {
             line += &format!(" hits_addend={}", r.hits_addend);
         }
         self.seen.lock().unwrap().push(line);
+        let statuses: Vec<DescriptorStatus> = (0..r.descriptors.len())
+            .map(|i| {
+                let (limit, unit, name, remaining, reset) = match i {
+                    0 => (10, Unit::Minute, "first", 3, 30),
+                    1 => (1000, Unit::Hour, "", 999, 1800),
+                    _ => return DescriptorStatus::default(),
+                };
+                DescriptorStatus {
+                    code: Code::Ok as i32,
+                    current_limit: Some(RateLimit {
+                        name: name.to_owned(),
+                        requests_per_unit: limit,
+                        unit: unit as i32,
+                    }),
+                    limit_remaining: remaining,
+                    duration_until_reset: Some(proto::pb::google::protobuf::Duration {
+                        seconds: reset,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                }
+            })
+            .collect();
         match verdict.as_str() {
             "error" => Err(tonic::Status::unavailable("told to fail")),
             "over" => Ok(tonic::Response::new(RateLimitResponse {
                 overall_code: Code::OverLimit as i32,
                 response_headers_to_add: vec![header("x-rls", "over")],
                 raw_body: b"rls says no".to_vec(),
+                statuses,
                 ..Default::default()
             })),
             _ => Ok(tonic::Response::new(RateLimitResponse {
                 overall_code: Code::Ok as i32,
                 response_headers_to_add: vec![header("x-rls", "ok")],
                 request_headers_to_add: vec![header("x-rls-request", "ok")],
+                statuses,
                 ..Default::default()
             })),
         }

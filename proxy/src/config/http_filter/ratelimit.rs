@@ -54,6 +54,9 @@ pub struct RateLimitServiceConfig {
     pub cluster: String,
     /// The `:authority` of the calls (`envoy_grpc.authority`, else the cluster name).
     pub authority: String,
+    /// `enable_x_ratelimit_headers: DRAFT_VERSION_03`: the service's descriptor statuses
+    /// become `x-ratelimit-*` response headers.
+    pub x_ratelimit_headers: bool,
     /// Whether an over-limit reply carries `x-envoy-ratelimited: true`.
     pub x_envoy_ratelimited: bool,
     /// `rate_limited_status` (429 unless a code of at least 400 is configured).
@@ -129,10 +132,6 @@ pub fn compile_service(
         ),
         (!p.metadata_namespace.is_empty(), "metadata_namespace"),
         (p.enable_retry_after_header, "enable_retry_after_header"),
-        (
-            p.enable_x_ratelimit_headers != XRateLimitHeadersRfcVersion::Off as i32,
-            "enable_x_ratelimit_headers",
-        ),
     ] {
         if set {
             return Err(unimplemented(field, field));
@@ -209,6 +208,8 @@ pub fn compile_service(
         resource_exhausted: p.rate_limited_as_resource_exhausted,
         cluster,
         authority,
+        x_ratelimit_headers: p.enable_x_ratelimit_headers
+            == XRateLimitHeadersRfcVersion::DraftVersion03 as i32,
         x_envoy_ratelimited: !p.disable_x_envoy_ratelimited_header,
         rate_limited_status: status_at_least_400(
             p.rate_limited_status.as_ref().map(|s| s.code),
