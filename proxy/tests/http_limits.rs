@@ -168,9 +168,20 @@ struct Ports {
     per_connection: u16,
 }
 
-fn bootstrap(p: &Ports, up: u16, rls: u16) -> String {
+/// The connection managers' access log: what the filters note.
+fn access_log(path: &std::path::Path) -> String {
+    format!(
+        "access_log: [{{name: l, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: {}, \
+         log_format: {{text_format_source: {{inline_string: \"%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS%\\n\"}}}}}}}}]",
+        path.display()
+    )
+}
+
+fn bootstrap(p: &Ports, up: u16, rls: u16, log: &std::path::Path) -> String {
+    let log = access_log(log);
     let mut listeners = String::new();
-    listeners += &bootstrap::http_listener("local", p.local, "", &local_filter(), &local_routes());
+    listeners +=
+        &bootstrap::http_listener("local", p.local, &log, &local_filter(), &local_routes());
     listeners += &bootstrap::http_listener(
         "counting",
         p.counting,
@@ -192,6 +203,14 @@ fn bootstrap(p: &Ports, up: u16, rls: u16) -> String {
         service_routes(),
     );
     listeners += &service_listener("deny", p.deny, &service_filter(true), service_routes());
+    let listeners = listeners.replace(
+        "stat_prefix: service\n",
+        &format!("stat_prefix: service\n          {log}\n"),
+    );
+    let listeners = listeners.replace(
+        "stat_prefix: deny\n",
+        &format!("stat_prefix: deny\n          {log}\n"),
+    );
     format!(
         "{}static_resources:\n  listeners:{listeners}\n  clusters:{}{}\n",
         bootstrap::admin(p.admin),
@@ -324,7 +343,14 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
         deny: free_port(),
         per_connection: free_port(),
     };
-    let _proxy = start(p.admin, &bootstrap(&p, up, rls.port));
+    let dir = std::env::temp_dir().join(format!(
+        "revoy-http-limits-{}-{}",
+        std::process::id(),
+        p.admin
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("access.log");
+    let proxy = start(p.admin, &bootstrap(&p, up, rls.port, &log));
     wait_until("the proxy", || stat(p.admin, "server.live") == Some(1));
     let mut seen = Vec::new();
     // The descriptor's bucket (1 token) and the default one (2) are both taken from; a
@@ -379,6 +405,13 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     ] {
         seen.push(format!("{name}: {:?}", stat(p.admin, name)));
     }
+    // One line per request on the logging listeners: 8 local, 8 to the service's.
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until("the access log", || read().lines().count() >= 16);
+    drop(proxy);
+    let logged = read();
+    seen.extend(logged.lines().map(|l| format!("logged: {l}")));
+    let _ = std::fs::remove_dir_all(&dir);
     seen
 }
 
@@ -399,6 +432,9 @@ fn http_rate_limits_match_envoy() {
         "-> 500",
         "per_connection.http_local_rate_limit.rate_limited: Some(1)",
         "x-ratelimit-limit: 10, 10;w=60;name=\"first\", 1000;w=3600;",
+        "logged: /tight 429 RL local_rate_limited",
+        "logged: / 429 RL request_rate_limited",
+        "logged: / 500 RLSE rate_limiter_error",
     ] {
         assert!(
             expected.iter().any(|l| l.contains(needle)),
