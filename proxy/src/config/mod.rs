@@ -55,6 +55,11 @@ impl ConfigError {
         }
     }
 
+    /// `what` (at `path`) is a feature revoy does not implement and must not skip.
+    pub fn unimplemented(path: impl Into<String>, what: &str) -> Self {
+        ConfigError::new(path, format!("{what} is not implemented by revoy"))
+    }
+
     /// The same error seen from an enclosing field: `prefix` is prepended to the path.
     pub fn within(mut self, prefix: &str) -> Self {
         self.path = match (prefix.is_empty(), self.path.is_empty()) {

@@ -53,28 +53,17 @@ pub enum RateLimitAction {
         /// `descriptor_value`.
         value: String,
     },
-    /// `header_value_match`: a constant value when the headers match (or do not, when
-    /// `expect_match` is false).
-    HeaderValueMatch {
-        /// `descriptor_key` (default `header_match`).
+    /// `header_value_match` and `query_parameter_value_match`: a constant value when the
+    /// request matches (or does not, when `expect_match` is false).
+    ValueMatch {
+        /// `descriptor_key` (default `header_match` / `query_match`).
         key: String,
         /// `descriptor_value`.
         value: String,
         /// `expect_match` (default true).
         expect_match: bool,
-        /// `headers`.
-        headers: Vec<HeaderMatcher>,
-    },
-    /// `query_parameter_value_match`: like `header_value_match`, on query parameters.
-    QueryParameterValueMatch {
-        /// `descriptor_key` (default `query_match`).
-        key: String,
-        /// `descriptor_value`.
-        value: String,
-        /// `expect_match` (default true).
-        expect_match: bool,
-        /// `query_parameters`.
-        parameters: Vec<QueryParameterMatcher>,
+        /// What must match.
+        matchers: RequestMatchers,
     },
     /// `query_parameters`: a query parameter's value under `key`.
     QueryParameters {
@@ -159,6 +148,27 @@ pub fn request_descriptors(
     out
 }
 
+/// What a [`RateLimitAction::ValueMatch`] matches.
+#[derive(Debug, Clone)]
+pub enum RequestMatchers {
+    /// `headers`: all must match.
+    Headers(Vec<HeaderMatcher>),
+    /// `query_parameters`: all must match.
+    QueryParameters(Vec<QueryParameterMatcher>),
+}
+
+impl RequestMatchers {
+    fn match_all(&self, req: &RouteRequest<'_>) -> bool {
+        match self {
+            RequestMatchers::Headers(h) => h.iter().all(|m| m.matches(req)),
+            RequestMatchers::QueryParameters(q) => {
+                let query = query_of(req.path);
+                q.iter().all(|m| m.matches(query))
+            }
+        }
+    }
+}
+
 /// A rate limit descriptor: its entries in order.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Descriptor(pub Vec<(String, String)>);
@@ -218,25 +228,13 @@ impl RateLimitAction {
                 None => return false,
             },
             RateLimitAction::GenericKey { key, value } => push(key, value.clone()),
-            RateLimitAction::HeaderValueMatch {
+            RateLimitAction::ValueMatch {
                 key,
                 value,
                 expect_match,
-                headers,
+                matchers,
             } => {
-                if headers.iter().all(|h| h.matches(facts.request)) != *expect_match {
-                    return false;
-                }
-                push(key, value.clone())
-            }
-            RateLimitAction::QueryParameterValueMatch {
-                key,
-                value,
-                expect_match,
-                parameters,
-            } => {
-                let query = query_of(facts.request.path);
-                if parameters.iter().all(|p| p.matches(query)) != *expect_match {
+                if matchers.match_all(facts.request) != *expect_match {
                     return false;
                 }
                 push(key, value.clone())
@@ -384,11 +382,11 @@ mod tests {
             missing_as_empty: false,
         };
         let action = |expect_match| {
-            policy(vec![RateLimitAction::HeaderValueMatch {
+            policy(vec![RateLimitAction::ValueMatch {
                 key: "header_match".into(),
                 value: "has-env".into(),
                 expect_match,
-                headers: vec![matcher.clone()],
+                matchers: RequestMatchers::Headers(vec![matcher.clone()]),
             }])
         };
         assert_eq!(

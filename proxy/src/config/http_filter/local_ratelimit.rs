@@ -63,10 +63,6 @@ pub struct LocalRateLimitConfig {
     pub stats: Arc<OnceLock<LocalStats>>,
 }
 
-fn unimplemented(path: &str, what: &str) -> ConfigError {
-    ConfigError::new(path, format!("{what} is not implemented by revoy"))
-}
-
 /// Compiles a `LocalRateLimit`; `per_route` for a route's configuration, which must have a
 /// token bucket. Errors name fields relative to the message.
 pub fn compile_local(
@@ -87,13 +83,13 @@ pub fn compile_local(
         ));
     }
     if p.local_cluster_rate_limit.is_some() {
-        return Err(unimplemented(
+        return Err(ConfigError::unimplemented(
             "local_cluster_rate_limit",
             "local_cluster_rate_limit",
         ));
     }
     if p.enable_retry_after_header {
-        return Err(unimplemented(
+        return Err(ConfigError::unimplemented(
             "enable_retry_after_header",
             "enable_retry_after_header",
         ));
@@ -188,7 +184,10 @@ fn compile_descriptors(
             ));
         }
         if d.shadow_mode {
-            return Err(unimplemented(&format!("{at}.shadow_mode"), "shadow_mode"));
+            return Err(ConfigError::unimplemented(
+                format!("{at}.shadow_mode"),
+                "shadow_mode",
+            ));
         }
         let mut entries = Vec::with_capacity(d.entries.len());
         for (j, e) in d.entries.iter().enumerate() {
@@ -199,8 +198,8 @@ fn compile_descriptors(
                 ));
             }
             if e.value.is_empty() {
-                return Err(unimplemented(
-                    &format!("{at}.entries[{j}].value"),
+                return Err(ConfigError::unimplemented(
+                    format!("{at}.entries[{j}].value"),
                     "a wildcard (empty) descriptor value",
                 ));
             }

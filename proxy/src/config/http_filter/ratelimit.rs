@@ -83,10 +83,6 @@ pub struct RateLimitPerRoute {
     pub domain: Option<String>,
 }
 
-fn unimplemented(path: &str, what: &str) -> ConfigError {
-    ConfigError::new(path, format!("{what} is not implemented by revoy"))
-}
-
 /// A configured `HttpStatus` code when it is at least 400, else `default`.
 fn status_at_least_400(code: Option<i32>, default: StatusCode) -> StatusCode {
     code.and_then(|c| u16::try_from(c).ok())
@@ -134,7 +130,7 @@ pub fn compile_service(
         (p.enable_retry_after_header, "enable_retry_after_header"),
     ] {
         if set {
-            return Err(unimplemented(field, field));
+            return Err(ConfigError::unimplemented(field, field));
         }
     }
     let service = p
@@ -153,13 +149,16 @@ pub fn compile_service(
         .ok_or_else(|| ConfigError::new("rate_limit_service.grpc_service", "value is required"))?;
     let at = "rate_limit_service.grpc_service";
     if !grpc.initial_metadata.is_empty() {
-        return Err(unimplemented(
-            &format!("{at}.initial_metadata"),
+        return Err(ConfigError::unimplemented(
+            format!("{at}.initial_metadata"),
             "initial_metadata",
         ));
     }
     if grpc.retry_policy.is_some() {
-        return Err(unimplemented(&format!("{at}.retry_policy"), "retry_policy"));
+        return Err(ConfigError::unimplemented(
+            format!("{at}.retry_policy"),
+            "retry_policy",
+        ));
     }
     let (cluster, authority) = match &grpc.target_specifier {
         Some(TargetSpecifier::EnvoyGrpc(e)) => {
@@ -170,8 +169,8 @@ pub fn compile_service(
                 ));
             }
             if e.retry_policy.is_some() {
-                return Err(unimplemented(
-                    &format!("{at}.envoy_grpc.retry_policy"),
+                return Err(ConfigError::unimplemented(
+                    format!("{at}.envoy_grpc.retry_policy"),
                     "retry_policy",
                 ));
             }
@@ -183,8 +182,8 @@ pub fn compile_service(
             (e.cluster_name.clone(), authority)
         }
         Some(TargetSpecifier::GoogleGrpc(_)) => {
-            return Err(unimplemented(
-                &format!("{at}.google_grpc"),
+            return Err(ConfigError::unimplemented(
+                format!("{at}.google_grpc"),
                 "a google_grpc rate limit service",
             ));
         }

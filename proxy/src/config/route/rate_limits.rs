@@ -8,7 +8,7 @@ use proto::pb::envoy::config::route::v3::rate_limit::action::ActionSpecifier as 
 use super::matchers::{header_matchers, string_matcher};
 use crate::config::{ConfigError, Context};
 use crate::route::matcher::QueryParameterMatcher;
-use crate::route::rate_limit::{MAX_STAGE, RateLimitAction, RateLimitPolicy};
+use crate::route::rate_limit::{MAX_STAGE, RateLimitAction, RateLimitPolicy, RequestMatchers};
 
 /// Compiles a `rate_limits` list; errors name the entry (`[i]...`).
 pub fn compile_rate_limits(
@@ -20,10 +20,6 @@ pub fn compile_rate_limits(
         .enumerate()
         .map(|(i, l)| compile_policy(ctx, l).map_err(|e| e.within(&format!("[{i}]"))))
         .collect()
-}
-
-fn unimplemented(path: &str, what: &str) -> ConfigError {
-    ConfigError::new(path, format!("{what} is not implemented by revoy"))
 }
 
 fn compile_policy(ctx: &Context<'_>, l: &pb::RateLimit) -> Result<RateLimitPolicy, ConfigError> {
@@ -41,19 +37,22 @@ fn compile_policy(ctx: &Context<'_>, l: &pb::RateLimit) -> Result<RateLimitPolic
         ));
     }
     if l.limit.is_some() {
-        return Err(unimplemented("limit", "a rate limit override (limit)"));
+        return Err(ConfigError::unimplemented(
+            "limit",
+            "a rate limit override (limit)",
+        ));
     }
     if l.hits_addend.is_some() {
-        return Err(unimplemented("hits_addend", "hits_addend"));
+        return Err(ConfigError::unimplemented("hits_addend", "hits_addend"));
     }
     if l.apply_on_stream_done {
-        return Err(unimplemented(
+        return Err(ConfigError::unimplemented(
             "apply_on_stream_done",
             "apply_on_stream_done",
         ));
     }
     if l.x_ratelimit_option != 0 {
-        return Err(unimplemented(
+        return Err(ConfigError::unimplemented(
             "x_ratelimit_option",
             "a rate limit's own x_ratelimit_option",
         ));
@@ -87,8 +86,8 @@ fn required(value: &str, path: &str) -> Result<(), ConfigError> {
 
 fn no_default_value(default_value: &str, path: &str) -> Result<(), ConfigError> {
     if !default_value.is_empty() {
-        return Err(unimplemented(
-            &format!("{path}.default_value"),
+        return Err(ConfigError::unimplemented(
+            format!("{path}.default_value"),
             "default_value",
         ));
     }
@@ -163,12 +162,13 @@ fn compile_action(
                     "value must contain at least 1 item(s)",
                 ));
             }
-            RateLimitAction::HeaderValueMatch {
+            RateLimitAction::ValueMatch {
                 key: or_default(&h.descriptor_key, "header_match"),
                 value: h.descriptor_value.clone(),
                 expect_match: h.expect_match.is_none_or(|b| b.value),
-                headers: header_matchers(ctx, &h.headers)
-                    .map_err(|e| e.within("header_value_match"))?,
+                matchers: RequestMatchers::Headers(
+                    header_matchers(ctx, &h.headers).map_err(|e| e.within("header_value_match"))?,
+                ),
             }
         }
         Some(A::QueryParameterValueMatch(q)) => {
@@ -199,28 +199,33 @@ fn compile_action(
                     })
                 })
                 .collect::<Result<_, ConfigError>>()?;
-            RateLimitAction::QueryParameterValueMatch {
+            RateLimitAction::ValueMatch {
                 key: or_default(&q.descriptor_key, "query_match"),
                 value: q.descriptor_value.clone(),
                 expect_match: q.expect_match.is_none_or(|b| b.value),
-                parameters,
+                matchers: RequestMatchers::QueryParameters(parameters),
             }
         }
         Some(A::DynamicMetadata(_)) => {
-            return Err(unimplemented(
+            return Err(ConfigError::unimplemented(
                 "dynamic_metadata",
                 "the dynamic_metadata action",
             ));
         }
-        Some(A::Metadata(_)) => return Err(unimplemented("metadata", "the metadata action")),
+        Some(A::Metadata(_)) => {
+            return Err(ConfigError::unimplemented(
+                "metadata",
+                "the metadata action",
+            ));
+        }
         Some(A::Extension(e)) => {
-            return Err(unimplemented(
+            return Err(ConfigError::unimplemented(
                 "extension",
                 &format!("the rate limit descriptor extension '{}'", e.name),
             ));
         }
         Some(A::RemoteAddressMatch(_)) => {
-            return Err(unimplemented(
+            return Err(ConfigError::unimplemented(
                 "remote_address_match",
                 "the remote_address_match action",
             ));
@@ -254,7 +259,7 @@ mod tests {
         match &p[0].actions[..] {
             [
                 RateLimitAction::GenericKey { key, .. },
-                RateLimitAction::HeaderValueMatch {
+                RateLimitAction::ValueMatch {
                     key: match_key,
                     expect_match: true,
                     ..
