@@ -390,6 +390,15 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
         "cluster.up.ratelimit.over_limit",
         "cluster.up.ratelimit.error",
         "cluster.up.ratelimit.failure_mode_allowed",
+        "cluster.up.upstream_rq_429",
+        "cluster.up.internal.upstream_rq_429",
+        "cluster.up.external.upstream_rq_429",
+        "cluster.up.upstream_rq_4xx",
+        "cluster.up.upstream_rq_completed",
+        "cluster.up.upstream_rq_total",
+        "http.service.downstream_rq_429",
+        "http.service.downstream_rq_4xx",
+        "http.local.downstream_rq_4xx",
     ] {
         seen.push(format!("{name}: {:?}", stat(p.admin, name)));
     }

@@ -71,7 +71,7 @@ impl RateLimit {
             .pick_cluster(&req.route_request())?
             .name
             .into_owned();
-        req.conn.shared.clusters.get(&cluster)?;
+        let target = req.conn.shared.clusters.get(&cluster)?;
         let own = route_config
             .filter(|r| !r.rate_limits.is_empty())
             .map_or(&config.rate_limits[..], |r| &r.rate_limits[..]);
@@ -105,6 +105,8 @@ impl RateLimit {
             }
             Verdict::OverLimit(answer) => {
                 self.count(&cluster, "over_limit");
+                // Envoy charges the refusal to the route's cluster as an internal 429.
+                target.stats().charge_status(429, true);
                 req.note(ResponseFlag::RateLimited, Some("request_rate_limited"));
                 let text = String::from_utf8_lossy(&answer.body);
                 let mut resp = if config.resource_exhausted {
