@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod buffer;
 pub mod fault;
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use super::{ConfigError, Context, Warnings};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -62,6 +65,8 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`.
+    Buffer(buffer::BufferConfig),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -108,6 +113,8 @@ pub enum PerRoute {
 pub enum PerRouteKind {
     /// `envoy.filters.http.fault`: replaces the filter's fault settings.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`: disables the filter or replaces its limit.
+    Buffer(buffer::BufferPerRouteConfig),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -202,6 +209,7 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             ctx,
             &unpack(any)?,
         )?))),
+        BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
         _ => None,
     })
 }
@@ -246,6 +254,10 @@ pub fn compile_per_filter(
                 fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
+            BUFFER_PER_ROUTE => Some(PerRouteKind::Buffer(
+                buffer::compile_per_route(&unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            )),
             _ => None,
         };
         if let Some(kind) = kind {

@@ -20,6 +20,7 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod buffer;
 mod fault;
 
 use std::sync::Arc;
@@ -30,6 +31,7 @@ use super::ConnContext;
 use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
+use crate::config::http_filter::buffer::BufferPerRouteConfig;
 use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
@@ -55,6 +57,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.buffer`.
+    Buffer(crate::config::http_filter::buffer::BufferConfig),
 }
 
 /// One request as the filters see it, before the router.
@@ -124,6 +128,7 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Buffer(c) => Kind::Buffer(*c),
                 },
             })
             .collect();
@@ -154,9 +159,19 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    let settings = match route_config {
+                        Some(PerRouteKind::Fault(c)) => Some(c),
+                        _ => None,
+                    };
                     fault.decode(req, settings, encoders).await
                 }
+                Kind::Buffer(own) => match route_config {
+                    Some(PerRouteKind::Buffer(BufferPerRouteConfig::Disabled)) => None,
+                    Some(PerRouteKind::Buffer(BufferPerRouteConfig::Buffer(c))) => {
+                        buffer::decode(*c, req).await
+                    }
+                    _ => buffer::decode(*own, req).await,
+                },
             };
             if reply.is_some() {
                 return reply;
