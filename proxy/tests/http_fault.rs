@@ -323,18 +323,42 @@ fn post(port: u16, path: &str, body: &str, chunked: bool) -> String {
     };
     conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
     let framing = if chunked {
-        format!("transfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n", body.len())
+        format!(
+            "transfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
     } else {
         format!("content-length: {}\r\n\r\n{body}", body.len())
     };
     let _ = write!(conn, "POST {path} HTTP/1.1\r\nhost: buffer\r\n{framing}");
+    // Read up to the end of the response (the connection may stay open).
     let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
+    let mut buf = [0u8; 4096];
+    while !response_complete(&raw) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
     let text = String::from_utf8_lossy(&raw).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.lines().next().unwrap_or_default();
     let closes = head.to_ascii_lowercase().contains("\r\nconnection: close");
     format!("{status} close={closes}\n{body}")
+}
+
+/// Whether `raw` holds a whole response whose body has a `content-length`.
+fn response_complete(raw: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ").map(str::to_owned))
+        .and_then(|n| n.trim().parse::<usize>().ok());
+    length.is_some_and(|n| body.len() >= n)
 }
 
 #[test]

@@ -14,7 +14,9 @@
 //! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
 //! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
 //! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
-//! specific entry with a config replaces the filter's own.
+//! specific entry with a config replaces the filter's own: a filter reads it with
+//! `Selected::filter_config::<T>` (its per-route type, compiled in
+//! `config::http_filter::compile_per_filter`).
 //!
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
@@ -32,7 +34,7 @@ use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
-use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -151,7 +153,7 @@ impl Chain {
             if disabled.unwrap_or(f.disabled) {
                 continue;
             }
-            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let route = req.route;
             let reply = match &f.kind {
                 Kind::FailClosed(why, counter) => {
                     counter.inc();
@@ -159,18 +161,13 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = match route_config {
-                        Some(PerRouteKind::Fault(c)) => Some(c),
-                        _ => None,
-                    };
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     fault.decode(req, settings, encoders).await
                 }
-                Kind::Buffer(own) => match route_config {
-                    Some(PerRouteKind::Buffer(BufferPerRouteConfig::Disabled)) => None,
-                    Some(PerRouteKind::Buffer(BufferPerRouteConfig::Buffer(c))) => {
-                        buffer::decode(*c, req).await
-                    }
-                    _ => buffer::decode(*own, req).await,
+                Kind::Buffer(own) => match route.and_then(|r| r.filter_config(&f.name)) {
+                    Some(BufferPerRouteConfig::Disabled) => None,
+                    Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
+                    None => buffer::decode(*own, req).await,
                 },
             };
             if reply.is_some() {
