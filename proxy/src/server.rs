@@ -72,7 +72,10 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
         .set_workers(runtimes.iter().map(|rt| rt.handle().clone()).collect());
     {
         let _guard = runtimes[0].enter();
-        process.shared.clusters.update(process.bootstrap.clusters.clone());
+        process
+            .shared
+            .clusters
+            .update(process.bootstrap.clusters.clone());
     }
     let first_resolution = runtimes[0].block_on(async {
         let wait = process.shared.clusters.wait_initialized();

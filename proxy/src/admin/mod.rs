@@ -329,8 +329,19 @@ fn clusters(process: &Process, req: &AdminRequest) -> AdminResponse {
         Err(resp) => return resp,
     };
     match req.param("format") {
-        Some("json") => json(&process.shared.clusters.render_json_matching(filter.as_ref())),
-        _ => text(200, process.shared.clusters.render_text_matching(filter.as_ref())),
+        Some("json") => json(
+            &process
+                .shared
+                .clusters
+                .render_json_matching(filter.as_ref()),
+        ),
+        _ => text(
+            200,
+            process
+                .shared
+                .clusters
+                .render_text_matching(filter.as_ref()),
+        ),
     }
 }
 

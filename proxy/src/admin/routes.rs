@@ -3,8 +3,8 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{AdminRequest, AdminResponse, json, text};
-use crate::route::{RouteRequest, RouteTable, explain};
 use crate::process::Process;
+use crate::route::{RouteRequest, RouteTable, explain};
 
 /// Renders `/routes` (all tables) or `/routes?host=..&path=..` (the decision, explained, for
 /// every table or the one named by `route_config`).

@@ -38,7 +38,8 @@ pub fn dump(process: &Process) -> SecretsConfigDump {
     let mut active = Vec::new();
     let mut warming = Vec::new();
     let mut cells: Vec<Arc<SecretCell>> = process
-        .shared.secrets
+        .shared
+        .secrets
         .cells()
         .into_iter()
         .filter(|c| c.source != SecretSource::Static)

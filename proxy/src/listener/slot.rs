@@ -101,9 +101,7 @@ pub async fn accept_loop(
                 let listeners = listeners.clone();
                 let stats = stats.clone();
                 tokio::spawn(async move {
-                    listener
-                        .serve(stream, peer, shared, listeners, stats)
-                        .await
+                    listener.serve(stream, peer, shared, listeners, stats).await
                 });
             }
             // The socket was shut down by `Slot::stop`; the loop is being aborted.

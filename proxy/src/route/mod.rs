@@ -10,6 +10,7 @@ pub mod headers;
 pub mod matcher;
 pub mod policy;
 mod rewrite;
+pub mod tracing;
 
 use std::borrow::Cow;
 
@@ -120,7 +121,7 @@ pub struct Route {
     /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// `decorator` and `tracing`; `None` when the route sets neither.
-    pub tracing: Option<Box<crate::config::tracing::RouteTracing>>,
+    pub tracing: Option<Box<tracing::RouteTracing>>,
 }
 
 /// A compiled virtual host.

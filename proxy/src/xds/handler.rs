@@ -227,7 +227,10 @@ impl ProxyHandler {
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
-                process.shared.clusters.apply(warming.into_values().collect(), &[]);
+                process
+                    .shared
+                    .clusters
+                    .apply(warming.into_values().collect(), &[]);
             }
             Phase::Listeners => {
                 self.stats.lds.timed_out();
@@ -421,7 +424,9 @@ impl ProxyHandler {
         self.stats
             .warming_clusters
             .set((st.warming_clusters.len() + st.clusters_awaiting_secrets.len()) as u64);
-        self.stats.active_clusters.set(process.shared.clusters.len() as u64);
+        self.stats
+            .active_clusters
+            .set(process.shared.clusters.len() as u64);
     }
 
     fn apply_endpoints(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
@@ -443,7 +448,8 @@ impl ProxyHandler {
                         .map(|c| c.observability_name.clone())
                         .or_else(|| {
                             process
-                                .shared.clusters
+                                .shared
+                                .clusters
                                 .get(u)
                                 .map(|c| c.config().observability_name.clone())
                         })
@@ -501,7 +507,8 @@ impl ProxyHandler {
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
             for name in &counted {
-                UpdateStats::of_cluster(&process.shared.stats, name).accepted(&u.version_info, since);
+                UpdateStats::of_cluster(&process.shared.stats, name)
+                    .accepted(&u.version_info, since);
             }
         }
         process.shared.clusters.apply(warmed, &[]);
@@ -764,7 +771,10 @@ impl ProxyHandler {
             Reloads::new(&process.shared.stats, &prefix);
             // Envoy's RDS keeps `update_empty` for SotW responses without its configuration,
             // which its mux (and revoy's) never delivers to an RDS subscription.
-            process.shared.stats.counter(&format!("{prefix}.update_empty"));
+            process
+                .shared
+                .stats
+                .counter(&format!("{prefix}.update_empty"));
             st.rds_started.insert(name.clone(), prefix);
         }
         self.subscribe(ROUTE_TYPE_URL, names.into_iter().collect());
@@ -789,7 +799,8 @@ impl ProxyHandler {
             }
             let compiled = decode::<RouteConfiguration>(&r, "route configuration").and_then(|rc| {
                 let known = |name: &str| {
-                    process.shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
+                    process.shared.clusters.get(name).is_some()
+                        || st.warming_clusters.contains_key(name)
                 };
                 // RDS validates clusters only when asked (`validate_clusters: true`).
                 let check: Option<&dyn Fn(&str) -> bool> = rc
@@ -881,7 +892,10 @@ impl ProxyHandler {
         let Some(me) = self.me() else {
             return;
         };
-        let cells: Vec<_> = secrets.iter().map(|r| process.shared.secrets.cell(r)).collect();
+        let cells: Vec<_> = secrets
+            .iter()
+            .map(|r| process.shared.secrets.cell(r))
+            .collect();
         let me = Arc::downgrade(&me);
         tokio::spawn(async move {
             for cell in &cells {
@@ -945,7 +959,9 @@ pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
 
 /// Whether every one of `secrets` has arrived (asking subscribes to it).
 fn secrets_ready(process: &Process, secrets: &[SecretRef]) -> bool {
-    secrets.iter().all(|r| process.shared.secrets.cell(r).is_ready())
+    secrets
+        .iter()
+        .all(|r| process.shared.secrets.cell(r).is_ready())
 }
 
 impl Handler for ProxyHandler {
@@ -1024,7 +1040,8 @@ impl ProxyHandler {
                 .map(|c| c.observability_name.clone())
                 .or_else(|| {
                     process
-                        .shared.clusters
+                        .shared
+                        .clusters
                         .get(cluster)
                         .map(|c| c.config().observability_name.clone())
                 });

@@ -38,7 +38,8 @@ const PUSH_LOG_LEN: usize = 64;
 pub fn start(process: &Arc<Process>, state: Arc<OnceLock<Xds>>) -> Result<bool, String> {
     let dynamic = process.bootstrap.dynamic.clone();
     let needs_sds = process
-        .shared.secrets
+        .shared
+        .secrets
         .sources()
         .iter()
         .any(|s| *s != crate::config::tls::sds::SecretSource::Static);
@@ -137,13 +138,18 @@ pub(crate) fn transport(
             c.name
         )),
         (ControlPlane::Tcp(addr), Some((c, spec))) => {
-            let stats = TlsStats::new(&process.shared.stats, &format!("cluster.{}.", c.observability_name));
-            let ctx = ClientContext::new(&spec, &process.shared.secrets, stats, None).ok_or_else(|| {
-                format!(
-                    "cluster '{}': tls_params allow no TLS version revoy implements",
-                    c.name
-                )
-            })?;
+            let stats = TlsStats::new(
+                &process.shared.stats,
+                &format!("cluster.{}.", c.observability_name),
+            );
+            let ctx = ClientContext::new(&spec, &process.shared.secrets, stats, None).ok_or_else(
+                || {
+                    format!(
+                        "cluster '{}': tls_params allow no TLS version revoy implements",
+                        c.name
+                    )
+                },
+            )?;
             Ok(Transport::Tls(
                 *addr,
                 TlsConnect {

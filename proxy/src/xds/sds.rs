@@ -185,6 +185,9 @@ fn stream(
     let mode = if delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);
     config.service = Service::Secret;
-    let handler = Arc::new(SecretHandler::new(process.shared.secrets.clone(), source.clone()));
+    let handler = Arc::new(SecretHandler::new(
+        process.shared.secrets.clone(),
+        source.clone(),
+    ));
     Ok(client::start(config, handler))
 }
