@@ -11,6 +11,7 @@ pub mod matcher;
 pub mod per_filter;
 pub mod policy;
 mod rewrite;
+pub mod tracing;
 
 use std::borrow::Cow;
 
@@ -123,7 +124,7 @@ pub struct Route {
     /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// `decorator` and `tracing`; `None` when the route sets neither.
-    pub tracing: Option<Box<crate::config::tracing::RouteTracing>>,
+    pub tracing: Option<Box<tracing::RouteTracing>>,
     /// `typed_per_filter_config`.
     pub per_filter: Option<Box<PerFilterConfigs>>,
 }
