@@ -6,21 +6,10 @@ use std::time::Duration;
 use proto::pb::envoy::r#type::v3::TokenBucket;
 
 use super::ConfigError;
+pub use crate::limits::TokenBucketSpec;
 
 /// The shortest fill interval Envoy's local rate limiters accept.
 const MIN_FILL_INTERVAL: Duration = Duration::from_millis(50);
-
-/// A compiled token bucket: it starts full and refills `tokens_per_fill` tokens every
-/// `fill_interval`, never above `max_tokens`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct TokenBucketSpec {
-    /// `max_tokens`: the bucket's size and its initial content.
-    pub max_tokens: u32,
-    /// `tokens_per_fill` (default 1).
-    pub tokens_per_fill: u32,
-    /// `fill_interval`, in whole milliseconds as Envoy reads it.
-    pub fill_interval: Duration,
-}
 
 /// Compiles a required `token_bucket` field (`path` names it); errors name its fields.
 pub fn compile_token_bucket(

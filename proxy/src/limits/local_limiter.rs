@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use super::TokenBucket;
-use crate::config::token_bucket::TokenBucketSpec;
-use crate::route::rate_limit::Descriptor;
+use super::{Descriptor, TokenBucket, TokenBucketSpec};
 
 /// The buckets of one local rate limit configuration (shared by every worker, or made per
 /// connection).

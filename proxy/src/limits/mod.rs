@@ -1,14 +1,13 @@
-//! Rate and connection limits at run time: token buckets, the buckets shared by `share_key`,
-//! and the network filters that close connections over a limit.
+//! Rate limit state at run time, apart from configuration: token buckets (shared by every
+//! worker), the buckets network rate limits share by `share_key`, the HTTP local rate
+//! limiter's default and descriptor buckets, and what the HTTP local rate limit reports.
 
-pub mod http_local;
+mod descriptor;
 mod local_limiter;
-mod network;
-pub mod rls;
 mod shared_buckets;
 mod token_bucket;
 
+pub use descriptor::Descriptor;
 pub use local_limiter::{Decision, LocalLimiter};
-pub use network::{Admitted, NetworkLimiters};
 pub use shared_buckets::SharedBuckets;
-pub use token_bucket::TokenBucket;
+pub use token_bucket::{TokenBucket, TokenBucketSpec};

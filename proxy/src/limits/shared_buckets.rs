@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-use super::TokenBucket;
-use crate::config::token_bucket::TokenBucketSpec;
+use super::{TokenBucket, TokenBucketSpec};
 
 /// The shared buckets in use, by key and bucket.
 #[derive(Debug, Default)]

@@ -3,9 +3,19 @@
 //! when made.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crate::config::token_bucket::TokenBucketSpec;
+/// A compiled token bucket: it starts full and refills `tokens_per_fill` tokens every
+/// `fill_interval`, never above `max_tokens`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucketSpec {
+    /// `max_tokens`: the bucket's size and its initial content.
+    pub max_tokens: u32,
+    /// `tokens_per_fill` (default 1).
+    pub tokens_per_fill: u32,
+    /// `fill_interval`, in whole milliseconds as Envoy reads it.
+    pub fill_interval: Duration,
+}
 
 /// Slack for the floating-point sums: a token that is there up to rounding counts as there.
 const ROUNDING: f64 = 1e-9;

@@ -5,6 +5,7 @@ use std::net::IpAddr;
 
 use super::RouteRequest;
 use super::matcher::{HeaderMatcher, QueryParameterMatcher, header_value, query_of, query_param};
+pub use crate::limits::Descriptor;
 
 /// The highest `stage` a policy may have.
 pub const MAX_STAGE: u32 = 10;
@@ -168,10 +169,6 @@ impl RequestMatchers {
         }
     }
 }
-
-/// A rate limit descriptor: its entries in order.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Descriptor(pub Vec<(String, String)>);
 
 /// What descriptors are made of, besides the request.
 #[derive(Clone, Copy)]

@@ -1,7 +1,7 @@
 //! `envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit` -> [`LocalRateLimitConfig`]
 //! (the filter's configuration, or a route's in `typed_per_filter_config`).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use http::StatusCode;
 use proto::pb::envoy::extensions::common::ratelimit::v3::{
@@ -13,7 +13,6 @@ use crate::config::route::matchers::fractional;
 use crate::config::token_bucket::{TokenBucketSpec, compile_token_bucket};
 use crate::config::{ConfigError, Context};
 use crate::limits::LocalLimiter;
-use crate::limits::http_local::LocalStats;
 use crate::route::headers::HeaderMutations;
 use crate::route::matcher::RuntimeFraction;
 use crate::route::rate_limit::{Descriptor, RateLimitPolicy, VhRateLimits};
@@ -59,8 +58,6 @@ pub struct LocalRateLimitConfig {
     /// The buckets, full when compiled (a configuration that is compiled again starts
     /// afresh, as Envoy's does when it loads a configuration); shared by every worker.
     pub limiter: Arc<LocalLimiter>,
-    /// The stats, resolved by the first request that uses this configuration.
-    pub stats: Arc<OnceLock<LocalStats>>,
 }
 
 /// Compiles a `LocalRateLimit`; `per_route` for a route's configuration, which must have a
@@ -151,7 +148,6 @@ pub fn compile_local(
         rate_limits: crate::config::route::rate_limits::compile_rate_limits(ctx, &p.rate_limits)
             .map_err(|e| e.within("rate_limits"))?,
         limiter,
-        stats: Arc::default(),
     })
 }
 

@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod buffer;
 pub mod fault;
 pub mod local_ratelimit;
 pub mod ratelimit;
@@ -19,9 +20,12 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Any;
 
 use super::{ConfigError, Context, Warnings};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -64,60 +68,12 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`.
+    Buffer(buffer::BufferConfig),
     /// `envoy.filters.http.local_ratelimit`.
     LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
     /// `envoy.filters.http.ratelimit`.
     RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
-}
-
-/// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name.
-#[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs(Vec<(Arc<str>, PerRoute)>);
-
-impl PerFilterConfigs {
-    /// The entry for the filter named `name`.
-    pub fn get(&self, name: &str) -> Option<&PerRoute> {
-        self.0.iter().find(|(n, _)| &**n == name).map(|(_, c)| c)
-    }
-}
-
-impl PerRoute {
-    /// Whether the filter is disabled here.
-    pub fn disabled(&self) -> bool {
-        matches!(self, PerRoute::Disabled)
-    }
-
-    /// The configuration replacing the filter's own here, if any.
-    pub fn config(&self) -> Option<&PerRouteKind> {
-        match self {
-            PerRoute::Config(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
-/// What a route (or virtual host, or route configuration) says about one filter.
-#[derive(Debug, Clone)]
-pub enum PerRoute {
-    /// `FilterConfig{disabled: true}`: the filter does not run here.
-    Disabled,
-    /// `FilterConfig{config: {}}` (an empty config): the filter runs here (even if `disabled`
-    /// in the chain) with its filter-level configuration.
-    Enabled,
-    /// The filter runs here with this configuration instead of its filter-level one.
-    Config(PerRouteKind),
-}
-
-/// A filter's per-route configuration.
-#[derive(Debug, Clone)]
-pub enum PerRouteKind {
-    /// `envoy.filters.http.fault`: replaces the filter's fault settings.
-    Fault(Arc<fault::FaultConfig>),
-    /// `envoy.filters.http.local_ratelimit`: a route's own limits (its own buckets).
-    LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
-    /// `envoy.filters.http.ratelimit`: a route's `RateLimitPerRoute`.
-    RateLimit(Arc<ratelimit::RateLimitPerRoute>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -212,6 +168,7 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             ctx,
             &unpack(any)?,
         )?))),
+        BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
         local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(FilterKind::LocalRateLimit(Arc::new(
             local_ratelimit::compile_local(ctx, &unpack(any)?, false)?,
         ))),
@@ -258,25 +215,39 @@ pub fn compile_per_filter(
             }
         }
         let kind = match proto::type_name_of(&any.type_url) {
-            FAULT => Some(PerRouteKind::Fault(Arc::new(
-                fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            FAULT => Some(routed(fault::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(PerRouteKind::LocalRateLimit(Arc::new(
-                local_ratelimit::compile_local(ctx, &unpack(any).map_err(|e| e.within(&at))?, true)
-                    .map_err(|e| e.within(&at))?,
+            BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(PerRouteKind::RateLimit(Arc::new(
-                ratelimit::compile_per_route(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(routed(local_ratelimit::compile_local(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                true,
+            ))),
+            ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(routed(ratelimit::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,
         };
         if let Some(kind) = kind {
-            out.push((Arc::from(name.as_str()), PerRoute::Config(kind)));
+            out.push((
+                Arc::from(name.as_str()),
+                PerRoute::Config(kind.map_err(|e| e.within(&at))?),
+            ));
         }
     }
     Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out))))
+}
+
+/// A compiled per-route configuration, as routes keep it.
+fn routed<T: FilterRouteConfig>(
+    compiled: Result<T, ConfigError>,
+) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
+    compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

@@ -3,17 +3,20 @@
 
 use std::sync::Arc;
 
-use http::Response;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Response};
 
 use super::{Encoder, Encoders, FilterRequest};
 use crate::access_log::ResponseFlag;
 use crate::body::Body;
 use crate::config::http_filter::local_ratelimit::LocalRateLimitConfig;
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
-use crate::limits::LocalLimiter;
-use crate::limits::http_local::{LocalStats, LocalVerdict, decide};
+use crate::limits::{LocalLimiter, TokenBucket};
+use crate::route::rate_limit::Descriptor;
 use crate::route::rate_limit::DescriptorSource;
-use crate::stats::Store;
+use crate::stats::{Counter, Store};
 
 /// gRPC RESOURCE_EXHAUSTED, for `rate_limited_as_resource_exhausted`.
 const RESOURCE_EXHAUSTED: u16 = 8;
@@ -24,6 +27,10 @@ const LOCAL_RATE_LIMITED: &str = "local_rate_limited";
 #[derive(Debug)]
 pub(super) struct LocalRateLimit {
     config: Arc<LocalRateLimitConfig>,
+    /// The filter's own configuration's stats.
+    stats: LocalStats,
+    /// The stats of route configurations, by stat prefix, resolved on first use.
+    route_stats: Mutex<HashMap<String, LocalStats>>,
     store: Store,
 }
 
@@ -31,13 +38,21 @@ impl LocalRateLimit {
     /// The filter with `config`; its stats (`<stat_prefix>.http_local_rate_limit.*`) are
     /// resolved now, a route configuration's on its first request.
     pub(super) fn new(config: &Arc<LocalRateLimitConfig>, store: &Store) -> LocalRateLimit {
-        config
-            .stats
-            .get_or_init(|| LocalStats::new(store, &config.stat_prefix));
         LocalRateLimit {
+            stats: LocalStats::new(store, &config.stat_prefix),
             config: config.clone(),
+            route_stats: Mutex::default(),
             store: store.clone(),
         }
+    }
+
+    /// The stats of a route's configuration.
+    fn route_stats(&self, stat_prefix: &str) -> LocalStats {
+        let mut known = self.route_stats.lock().unwrap_or_else(|e| e.into_inner());
+        known
+            .entry(stat_prefix.to_owned())
+            .or_insert_with(|| LocalStats::new(&self.store, stat_prefix))
+            .clone()
     }
 
     /// Takes `req`'s tokens per its route's configuration, else the filter's; the local reply
@@ -45,13 +60,17 @@ impl LocalRateLimit {
     pub(super) fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_config: Option<&Arc<LocalRateLimitConfig>>,
+        route_config: Option<&LocalRateLimitConfig>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
-        let config = route_config.unwrap_or(&self.config);
-        let stats = config
-            .stats
-            .get_or_init(|| LocalStats::new(&self.store, &config.stat_prefix));
+        let route_stats;
+        let (config, stats) = match route_config {
+            Some(c) => {
+                route_stats = self.route_stats(&c.stat_prefix);
+                (c, &route_stats)
+            }
+            None => (&*self.config, &self.stats),
+        };
         let source = DescriptorSource {
             own: &config.rate_limits,
             stage: config.stage,
@@ -102,5 +121,115 @@ impl LocalRateLimit {
                 Some(resp)
             }
         }
+    }
+}
+
+/// What the filter does with a request it is enabled for.
+#[derive(Debug)]
+enum LocalVerdict {
+    /// The request goes on.
+    Pass,
+    /// The request is over the limit but the filter does not enforce: it goes on with
+    /// `request_headers_to_add_when_not_enforced`.
+    NotEnforced,
+    /// The request is refused with the configured status and `local_rate_limited`.
+    Refused,
+}
+
+/// The decision for one request.
+#[derive(Debug)]
+struct LocalDecision {
+    /// What to do.
+    verdict: LocalVerdict,
+    /// The bucket the response's `x-ratelimit-*` headers describe, when the filter adds them.
+    headers_from: Option<Arc<TokenBucket>>,
+}
+
+/// Decides for a request: `None` when the filter is not enabled for it (`filter_enabled`
+/// unset, or its fraction not drawn by `random`). `descriptors` is asked only when the
+/// configuration has descriptors to match them against.
+fn decide(
+    config: &LocalRateLimitConfig,
+    limiter: &LocalLimiter,
+    stats: &LocalStats,
+    random: u64,
+    descriptors: impl FnOnce() -> Vec<Descriptor>,
+) -> Option<LocalDecision> {
+    if !config
+        .filter_enabled
+        .as_ref()
+        .is_some_and(|f| f.default.enabled(random))
+    {
+        return None;
+    }
+    stats.enabled.inc();
+    let descriptors = if config.descriptors.is_empty() {
+        Vec::new()
+    } else {
+        descriptors()
+    };
+    let decision = limiter.request_allowed(&descriptors);
+    let headers_from = decision.bucket.filter(|_| config.x_ratelimit_headers);
+    let verdict = if decision.allowed {
+        stats.ok.inc();
+        LocalVerdict::Pass
+    } else {
+        stats.rate_limited.inc();
+        let enforced = config
+            .filter_enforced
+            .as_ref()
+            .is_some_and(|f| f.default.enabled(random));
+        if enforced {
+            stats.enforced.inc();
+            LocalVerdict::Refused
+        } else {
+            LocalVerdict::NotEnforced
+        }
+    };
+    Some(LocalDecision {
+        verdict,
+        headers_from,
+    })
+}
+
+/// The filter's stats, `<stat_prefix>.http_local_rate_limit.*`.
+#[derive(Debug, Clone)]
+pub(super) struct LocalStats {
+    /// `enabled`.
+    enabled: Counter,
+    /// `enforced`.
+    enforced: Counter,
+    /// `rate_limited`.
+    rate_limited: Counter,
+    /// `ok`.
+    ok: Counter,
+}
+
+impl LocalStats {
+    /// Resolves the stats of `stat_prefix` in `store` (all of them, so they show at 0 as
+    /// Envoy's do).
+    fn new(store: &Store, stat_prefix: &str) -> Self {
+        let counter =
+            |name: &str| store.counter(&format!("{stat_prefix}.http_local_rate_limit.{name}"));
+        // Envoy also declares `shadow_mode`, which revoy's configs never count (shadow-mode
+        // descriptors are refused at compile).
+        counter("shadow_mode");
+        LocalStats {
+            enabled: counter("enabled"),
+            enforced: counter("enforced"),
+            rate_limited: counter("rate_limited"),
+            ok: counter("ok"),
+        }
+    }
+}
+
+/// Adds the `x-ratelimit-limit`, `-remaining` and `-reset` headers describing `bucket`.
+pub(super) fn add_x_ratelimit_headers(headers: &mut HeaderMap, bucket: &TokenBucket) {
+    for (name, value) in [
+        ("x-ratelimit-limit", u64::from(bucket.spec().max_tokens)),
+        ("x-ratelimit-remaining", u64::from(bucket.remaining())),
+        ("x-ratelimit-reset", bucket.reset_seconds()),
+    ] {
+        headers.append(HeaderName::from_static(name), HeaderValue::from(value));
     }
 }

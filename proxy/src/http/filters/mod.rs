@@ -14,16 +14,20 @@
 //! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
 //! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
 //! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
-//! specific entry with a config replaces the filter's own.
+//! specific entry with a config replaces the filter's own: a filter reads it with
+//! `Selected::filter_config::<T>` (its per-route type, compiled in
+//! `config::http_filter::compile_per_filter`).
 //!
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod buffer;
 mod descriptors;
 mod fault;
 mod local_ratelimit;
 mod ratelimit;
+mod rls;
 
 use std::sync::Arc;
 
@@ -33,7 +37,8 @@ use super::ConnContext;
 use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
-use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -58,6 +63,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.buffer`.
+    Buffer(crate::config::http_filter::buffer::BufferConfig),
     /// `envoy.filters.http.local_ratelimit`.
     LocalRateLimit(local_ratelimit::LocalRateLimit),
     /// `envoy.filters.http.ratelimit`.
@@ -135,6 +142,7 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Buffer(c) => Kind::Buffer(*c),
                     FilterKind::LocalRateLimit(c) => {
                         Kind::LocalRateLimit(local_ratelimit::LocalRateLimit::new(c, store))
                     }
@@ -163,7 +171,7 @@ impl Chain {
             if disabled.unwrap_or(f.disabled) {
                 continue;
             }
-            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let route = req.route;
             let reply = match &f.kind {
                 Kind::FailClosed(why, counter) => {
                     counter.inc();
@@ -171,24 +179,20 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = match route_config {
-                        Some(PerRouteKind::Fault(c)) => Some(c),
-                        _ => None,
-                    };
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     fault.decode(req, settings, encoders).await
                 }
+                Kind::Buffer(own) => match route.and_then(|r| r.filter_config(&f.name)) {
+                    Some(BufferPerRouteConfig::Disabled) => None,
+                    Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
+                    None => buffer::decode(*own, req).await,
+                },
                 Kind::LocalRateLimit(limit) => {
-                    let settings = match route_config {
-                        Some(PerRouteKind::LocalRateLimit(c)) => Some(c),
-                        _ => None,
-                    };
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     limit.decode(req, settings, encoders)
                 }
                 Kind::RateLimit(limit) => {
-                    let settings = match route_config {
-                        Some(PerRouteKind::RateLimit(c)) => Some(c),
-                        _ => None,
-                    };
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     limit.decode(req, settings, encoders).await
                 }
             };
@@ -220,7 +224,7 @@ impl Encoder {
         match self {
             Encoder::ActiveFault { .. } => {}
             Encoder::XRateLimit(bucket) => {
-                crate::limits::http_local::add_x_ratelimit_headers(resp.headers_mut(), bucket)
+                local_ratelimit::add_x_ratelimit_headers(resp.headers_mut(), bucket)
             }
             Encoder::AddHeaders(headers) => {
                 for (name, value) in headers.drain(..) {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use http::{HeaderValue, Response, header};
 
+use super::rls::{Verdict, should_rate_limit};
 use super::{Encoder, Encoders, FilterRequest};
 use crate::access_log::ResponseFlag;
 use crate::body::{self, Body};
@@ -12,7 +13,6 @@ use crate::config::http_filter::ratelimit::{
     RateLimitPerRoute, RateLimitServiceConfig, RequestType,
 };
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
-use crate::limits::rls::{Verdict, should_rate_limit};
 use crate::route::Action;
 use crate::route::rate_limit::{DescriptorSource, VhRateLimits};
 use crate::stats::Store;
@@ -53,7 +53,7 @@ impl RateLimit {
     pub(super) async fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_config: Option<&Arc<RateLimitPerRoute>>,
+        route_config: Option<&RateLimitPerRoute>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
         let config = &self.config;

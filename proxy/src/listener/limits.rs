@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{SharedBuckets, TokenBucket};
 use crate::config::network_limits::{ConnectionLimitConfig, NetworkLimit};
+use crate::limits::{SharedBuckets, TokenBucket};
 use crate::stats::{Counter, Gauge, Store};
 
 /// One chain's limiting filters with their state (shared by every worker).
