@@ -88,7 +88,7 @@ impl LocalRateLimit {
         } else {
             &config.limiter
         };
-        let decision = decide(config, limiter, stats, rand::random(), || {
+        let decision = decide(config, limiter, stats, rand::random, || {
             req.rate_limit_descriptors(&source)
         })?;
         if let Some(bucket) = decision.headers_from {
@@ -146,19 +146,20 @@ struct LocalDecision {
 }
 
 /// Decides for a request: `None` when the filter is not enabled for it (`filter_enabled`
-/// unset, or its fraction not drawn by `random`). `descriptors` is asked only when the
-/// configuration has descriptors to match them against.
+/// unset, or its fraction not drawn; each fraction draws its own `random` value, as Envoy's
+/// runtime does). `descriptors` is asked only when the configuration has descriptors to match
+/// them against.
 fn decide(
     config: &LocalRateLimitConfig,
     limiter: &LocalLimiter,
     stats: &LocalStats,
-    random: u64,
+    random: impl Fn() -> u64,
     descriptors: impl FnOnce() -> Vec<Descriptor>,
 ) -> Option<LocalDecision> {
     if !config
         .filter_enabled
         .as_ref()
-        .is_some_and(|f| f.default.enabled(random))
+        .is_some_and(|f| f.default.enabled(random()))
     {
         return None;
     }
@@ -178,7 +179,7 @@ fn decide(
         let enforced = config
             .filter_enforced
             .as_ref()
-            .is_some_and(|f| f.default.enabled(random));
+            .is_some_and(|f| f.default.enabled(random()));
         if enforced {
             stats.enforced.inc();
             LocalVerdict::Refused
@@ -231,5 +232,56 @@ pub(super) fn add_x_ratelimit_headers(headers: &mut HeaderMap, bucket: &TokenBuc
         ("x-ratelimit-reset", bucket.reset_seconds()),
     ] {
         headers.append(HeaderName::from_static(name), HeaderValue::from(value));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(yaml: &str) -> LocalRateLimitConfig {
+        let codec = proto::Codec::new();
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        let p = codec.decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        crate::config::http_filter::local_ratelimit::compile_local(
+            &crate::config::Context::new(&io),
+            &p,
+            false,
+        )
+        .unwrap()
+    }
+
+    fn verdicts(c: &LocalRateLimitConfig, n: usize) -> Vec<Option<String>> {
+        let store = Store::new();
+        let stats = LocalStats::new(&store, &c.stat_prefix);
+        (0..n)
+            .map(|_| {
+                decide(c, &c.limiter, &stats, || 0, Vec::new).map(|d| format!("{:?}", d.verdict))
+            })
+            .collect()
+    }
+
+    const BUCKET: &str = "token_bucket: {max_tokens: 1, fill_interval: 3600s}";
+
+    #[test]
+    fn disabled_counting_and_enforcing() {
+        let off = config(&format!("{{stat_prefix: s, {BUCKET}}}"));
+        assert_eq!(verdicts(&off, 2), [None, None]);
+        let counting = config(&format!(
+            "{{stat_prefix: s, {BUCKET}, filter_enabled: {{runtime_key: e, default_value: {{numerator: 100}}}}}}"
+        ));
+        assert_eq!(
+            verdicts(&counting, 2),
+            [Some("Pass".to_owned()), Some("NotEnforced".to_owned())]
+        );
+        let enforcing = config(&format!(
+            "{{stat_prefix: s, {BUCKET}, filter_enabled: {{runtime_key: e, default_value: {{numerator: 100}}}}, \
+             filter_enforced: {{runtime_key: f, default_value: {{numerator: 100}}}}}}"
+        ));
+        assert_eq!(
+            verdicts(&enforcing, 2),
+            [Some("Pass".to_owned()), Some("Refused".to_owned())]
+        );
     }
 }
