@@ -24,6 +24,7 @@
 
 mod buffer;
 mod fault;
+mod health_check;
 
 use std::sync::Arc;
 
@@ -61,6 +62,8 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(health_check::HealthCheck),
 }
 
 /// One request as the filters see it, before the router.
@@ -113,6 +116,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The health-check filter's marks on the response.
+    HealthCheck(health_check::Answer),
 }
 
 impl Chain {
@@ -131,6 +136,9 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::HealthCheck(c) => {
+                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
                 },
             })
             .collect();
@@ -169,6 +177,7 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::HealthCheck(h) => h.decode(req, encoders).await,
             };
             if reply.is_some() {
                 return reply;
@@ -194,9 +203,10 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::HealthCheck(a) => a.encode(resp),
         }
     }
 }
