@@ -34,6 +34,8 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// The `envoy.filters.network.rbac` filters before it, in order.
+    pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -128,6 +130,7 @@ const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.Downstre
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
 
 /// Compiles a filter chain, all but its TLS context, which is returned to be built by
 /// [`build_tls`] once the chain is known to serve.
@@ -169,6 +172,7 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut rbac = Vec::new();
     let mut refused: Option<String> = None;
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
@@ -203,6 +207,15 @@ fn compile_chain(
                 let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
+            }
+            NETWORK_RBAC => {
+                let proto: proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac =
+                    proto::unpack(any).map_err(at)?;
+                let before = warnings.len();
+                let compiled = super::rbac::compile_network(ctx, &proto, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                rbac.push(Arc::new(compiled));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -285,6 +298,7 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        rbac,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))

@@ -12,6 +12,7 @@ pub mod fail_closed;
 pub mod filter_chain_match;
 pub mod hcm;
 pub mod listener;
+pub mod rbac;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;

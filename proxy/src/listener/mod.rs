@@ -20,6 +20,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
+use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
@@ -35,6 +36,8 @@ struct Chain {
     /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
     identity: (u64, Option<Arc<str>>),
     kind: ChainKind,
+    /// Its network RBAC filters, run on each connection before the terminal filter.
+    rbac: Box<[NetworkRbac]>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -198,7 +201,16 @@ impl Listener {
                     ),
                 }
             };
-            Arc::new(Chain { identity, kind })
+            let rbac = c
+                .rbac
+                .iter()
+                .map(|r| NetworkRbac::new(r.clone(), stats))
+                .collect();
+            Arc::new(Chain {
+                identity,
+                kind,
+                rbac,
+            })
         };
         let address = config.address;
         Listener {
@@ -363,9 +375,9 @@ impl Listener {
         };
         let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
         let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i].kind,
+            Some(i) => &self.chains[i],
             None => match &self.default_chain {
-                Some(c) => &c.kind,
+                Some(c) => c,
                 None => {
                     self.no_filter_chain.inc();
                     self.log_unmatched(peer, destination, inspected.server_name.as_deref());
@@ -377,7 +389,23 @@ impl Listener {
         let _open = (self.cx.open(), worker.map(Connections::open));
         // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
         let sni = inspected.server_name.as_deref();
-        match chain {
+        let rbac = RbacGate {
+            filters: &chain.rbac,
+            local: destination,
+            peer,
+            sni,
+        };
+        let mut stream = stream;
+        match &chain.kind {
+            ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
+                if !rbac.admits(None, &mut stream).await =>
+            {
+                self.cx_destroy.inc();
+                return;
+            }
+            _ => {}
+        }
+        match &chain.kind {
             ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
@@ -396,7 +424,7 @@ impl Listener {
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
                         crate::spawn::boxed(|| {
-                            serve_tls(tls, stream, peer, |peer_tls| {
+                            serve_tls(tls, stream, peer, &rbac, |peer_tls| {
                                 let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
@@ -420,6 +448,17 @@ impl Listener {
                 match tls {
                     None => {
                         crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb, sni)).await
+                    }
+                    Some(tls) if !rbac.filters.is_empty() => {
+                        crate::spawn::boxed(|| async {
+                            if let Some((mut s, peer_tls)) =
+                                tls.accept_recording(stream, peer).await
+                                && rbac.admits(Some(&peer_tls), &mut s).await
+                            {
+                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
+                            }
+                        })
+                        .await
                     }
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
@@ -453,15 +492,58 @@ fn handoff_target<'l>(
     })
 }
 
-/// Completes the TLS handshake of a connection and serves it, with the context `ctx` makes
-/// from the connection's certificates.
+/// What a chain's network RBAC filters check a connection against, less its TLS.
+struct RbacGate<'a> {
+    filters: &'a [NetworkRbac],
+    local: SocketAddr,
+    peer: SocketAddr,
+    sni: Option<&'a str>,
+}
+
+impl RbacGate<'_> {
+    /// Whether the chain's network RBAC filters let the connection through (`tls`: its
+    /// certificates, on a TLS chain); a denied one is held until its first bytes, as Envoy
+    /// holds it, and then dropped by the caller.
+    async fn admits<S: tokio::io::AsyncRead + Unpin>(
+        &self,
+        tls: Option<&PeerTls>,
+        stream: &mut S,
+    ) -> bool {
+        if self.filters.is_empty() {
+            return true;
+        }
+        let facts = crate::rbac::Facts {
+            request: None,
+            local: self.local,
+            source: self.peer,
+            direct_remote: self.peer,
+            remote: self.peer,
+            tls,
+            server_name: self.sni.unwrap_or(""),
+        };
+        match network_rbac::check(self.filters, &facts) {
+            Ok(()) => true,
+            Err(denied) => {
+                denied.close(stream).await;
+                false
+            }
+        }
+    }
+}
+
+/// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
+/// serves it, with the context `ctx` makes from the connection's certificates.
 async fn serve_tls(
     tls: &Tls,
     stream: TcpStream,
     peer: SocketAddr,
+    rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    if let Some((tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+    if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+        if !rbac.admits(Some(&certificates), &mut tls_stream).await {
+            return;
+        }
         let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
