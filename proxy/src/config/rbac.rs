@@ -63,7 +63,13 @@ pub fn compile_network(
     Ok(NetworkRbacConfig {
         stat_prefix: p.stat_prefix.clone(),
         shadow_rules_stat_prefix: p.shadow_rules_stat_prefix.clone(),
-        engines: engines(ctx, p.rules.as_ref(), p.shadow_rules.as_ref(), warnings)?,
+        engines: engines(
+            ctx,
+            p.rules.as_ref(),
+            p.shadow_rules.as_ref(),
+            true,
+            warnings,
+        )?,
         delay_deny: p
             .delay_deny
             .as_ref()
@@ -85,15 +91,17 @@ pub fn refuse_matcher_trees(matcher: bool, shadow_matcher: bool) -> Result<(), C
     Ok(())
 }
 
-/// Compiles the `rules` and `shadow_rules` of an RBAC filter.
+/// Compiles the `rules` and `shadow_rules` of an RBAC filter (`network`: the network
+/// filter's, where header rules are refused as Envoy refuses them).
 pub fn engines(
     ctx: &Context<'_>,
     rules: Option<&pb::Rbac>,
     shadow: Option<&pb::Rbac>,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Engines, ConfigError> {
     let mut one = |r: Option<&pb::Rbac>, field: &str| -> Result<Option<Rules>, ConfigError> {
-        r.map(|r| at(warnings, field, |w| compile_rules(ctx, r, w)))
+        r.map(|r| at(warnings, field, |w| compile_rules(ctx, r, network, w)))
             .transpose()
     };
     Ok(Engines {
@@ -102,10 +110,12 @@ pub fn engines(
     })
 }
 
-/// Compiles one `RBAC`: its action and its policies, sorted by name.
+/// Compiles one `RBAC`: its action and its policies, sorted by name (`network`: for the
+/// network filter, which refuses header rules).
 pub fn compile_rules(
     ctx: &Context<'_>,
     r: &pb::Rbac,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Rules, ConfigError> {
     let action = match pb::rbac::Action::try_from(r.action) {
@@ -137,7 +147,9 @@ pub fn compile_rules(
         .into_iter()
         .map(|name| {
             let path = format!("policies[\"{name}\"]");
-            let p = at(warnings, &path, |w| policy(ctx, &r.policies[name], w))?;
+            let p = at(warnings, &path, |w| {
+                policy(ctx, &r.policies[name], network, w)
+            })?;
             Ok((Arc::from(name.as_str()), p))
         })
         .collect::<Result<_, ConfigError>>()?;
@@ -147,6 +159,7 @@ pub fn compile_rules(
 fn policy(
     ctx: &Context<'_>,
     p: &pb::Policy,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Policy, ConfigError> {
     for (set, field) in [
@@ -177,7 +190,7 @@ fn policy(
         .enumerate()
         .map(|(i, x)| {
             at(warnings, &format!("permissions[{i}]"), |w| {
-                permission(ctx, x, w)
+                permission(ctx, x, network, w)
             })
         })
         .collect::<Result<_, _>>()?;
@@ -187,7 +200,7 @@ fn policy(
         .enumerate()
         .map(|(i, x)| {
             at(warnings, &format!("principals[{i}]"), |w| {
-                principal(ctx, x, w)
+                principal(ctx, x, network, w)
             })
         })
         .collect::<Result<_, _>>()?;
@@ -201,13 +214,14 @@ fn permissions(
     ctx: &Context<'_>,
     set: &[pb::Permission],
     field: &str,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Vec<Permission>, ConfigError> {
     set.iter()
         .enumerate()
         .map(|(i, x)| {
             at(warnings, &format!("{field}.rules[{i}]"), |w| {
-                permission(ctx, x, w)
+                permission(ctx, x, network, w)
             })
         })
         .collect()
@@ -216,6 +230,7 @@ fn permissions(
 fn permission(
     ctx: &Context<'_>,
     p: &pb::Permission,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Permission, ConfigError> {
     use pb::permission::Rule as R;
@@ -223,11 +238,16 @@ fn permission(
         None => return Err(ConfigError::new("rule", "value is required")),
         Some(R::Any(true)) => Permission::Any,
         Some(R::Any(false)) => return Err(ConfigError::new("any", "value must equal true")),
-        Some(R::AndRules(s)) => Permission::And(permissions(ctx, &s.rules, "and_rules", warnings)?),
-        Some(R::OrRules(s)) => Permission::Or(permissions(ctx, &s.rules, "or_rules", warnings)?),
+        Some(R::AndRules(s)) => {
+            Permission::And(permissions(ctx, &s.rules, "and_rules", network, warnings)?)
+        }
+        Some(R::OrRules(s)) => {
+            Permission::Or(permissions(ctx, &s.rules, "or_rules", network, warnings)?)
+        }
         Some(R::NotRule(n)) => Permission::Not(Box::new(at(warnings, "not_rule", |w| {
-            permission(ctx, n, w)
+            permission(ctx, n, network, w)
         })?)),
+        Some(R::Header(_)) if network => return Err(network_header()),
         Some(R::Header(h)) => {
             Permission::Header(header_matcher(ctx, h).map_err(|e| e.within("header"))?)
         }
@@ -288,13 +308,14 @@ fn principals(
     ctx: &Context<'_>,
     set: &[pb::Principal],
     field: &str,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Vec<Principal>, ConfigError> {
     set.iter()
         .enumerate()
         .map(|(i, x)| {
             at(warnings, &format!("{field}.ids[{i}]"), |w| {
-                principal(ctx, x, w)
+                principal(ctx, x, network, w)
             })
         })
         .collect()
@@ -303,6 +324,7 @@ fn principals(
 fn principal(
     ctx: &Context<'_>,
     p: &pb::Principal,
+    network: bool,
     warnings: &mut Warnings,
 ) -> Result<Principal, ConfigError> {
     use pb::principal::Identifier as I;
@@ -310,11 +332,13 @@ fn principal(
         None => return Err(ConfigError::new("identifier", "value is required")),
         Some(I::Any(true)) => Principal::Any,
         Some(I::Any(false)) => return Err(ConfigError::new("any", "value must equal true")),
-        Some(I::AndIds(s)) => Principal::And(principals(ctx, &s.ids, "and_ids", warnings)?),
-        Some(I::OrIds(s)) => Principal::Or(principals(ctx, &s.ids, "or_ids", warnings)?),
-        Some(I::NotId(n)) => {
-            Principal::Not(Box::new(at(warnings, "not_id", |w| principal(ctx, n, w))?))
+        Some(I::AndIds(s)) => {
+            Principal::And(principals(ctx, &s.ids, "and_ids", network, warnings)?)
         }
+        Some(I::OrIds(s)) => Principal::Or(principals(ctx, &s.ids, "or_ids", network, warnings)?),
+        Some(I::NotId(n)) => Principal::Not(Box::new(at(warnings, "not_id", |w| {
+            principal(ctx, n, network, w)
+        })?)),
         Some(I::Authenticated(a)) => Principal::Authenticated(
             a.principal_name
                 .as_ref()
@@ -327,6 +351,7 @@ fn principal(
             Principal::DirectRemoteIp(Cidr::compile(c, "direct_remote_ip")?)
         }
         Some(I::RemoteIp(c)) => Principal::RemoteIp(Cidr::compile(c, "remote_ip")?),
+        Some(I::Header(_)) if network => return Err(network_header()),
         Some(I::Header(h)) => {
             Principal::Header(header_matcher(ctx, h).map_err(|e| e.within("header"))?)
         }
@@ -351,6 +376,14 @@ fn principal(
             ));
         }
     })
+}
+
+/// A header rule in a network RBAC filter, which Envoy refuses.
+fn network_header() -> ConfigError {
+    ConfigError::new(
+        "header",
+        "header rules are not supported by the RBAC network filter",
+    )
 }
 
 /// Runs a compile of the field at `path`: its errors and the warnings it adds name that path.

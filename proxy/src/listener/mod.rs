@@ -396,14 +396,15 @@ impl Listener {
             sni,
         };
         let mut stream = stream;
-        match &chain.kind {
+        let plaintext = matches!(
+            &chain.kind,
             ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
-                if !rbac.admits(None, &mut stream).await =>
-            {
-                self.cx_destroy.inc();
-                return;
-            }
-            _ => {}
+        );
+        let checked = plaintext.then(|| rbac.check(None)).flatten();
+        if let Some(denied) = checked.as_ref().filter(|c| !c.allowed()) {
+            denied.close(&mut stream).await;
+            self.cx_destroy.inc();
+            return;
         }
         match &chain.kind {
             ChainKind::Http(hcm, tls) => {
@@ -419,7 +420,14 @@ impl Listener {
                     },
                 };
                 match tls {
-                    None => http::serve(stream, Arc::new(ctx(None))).await,
+                    None => {
+                        if let Some(admitted) = &checked
+                            && first_bytes(&stream).await
+                        {
+                            admitted.count();
+                        }
+                        http::serve(stream, Arc::new(ctx(None))).await
+                    }
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
@@ -447,23 +455,36 @@ impl Listener {
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
-                        crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb, sni)).await
+                        let count = checked.as_ref().map(|c| move || c.count());
+                        let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                        crate::spawn::boxed(|| {
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                        })
+                        .await
                     }
                     Some(tls) if !rbac.filters.is_empty() => {
                         crate::spawn::boxed(|| async {
-                            if let Some((mut s, peer_tls)) =
-                                tls.accept_recording(stream, peer).await
-                                && rbac.admits(Some(&peer_tls), &mut s).await
-                            {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
+                            let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
+                            else {
+                                return;
+                            };
+                            let Some(checked) = rbac.check(Some(&peer_tls)) else {
+                                return;
+                            };
+                            if !checked.allowed() {
+                                return checked.close(&mut s).await;
                             }
+                            let count = || checked.count();
+                            proxy
+                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .await;
                         })
                         .await
                     }
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
+                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
                             }
                         })
                         .await
@@ -500,17 +521,12 @@ struct RbacGate<'a> {
     sni: Option<&'a str>,
 }
 
-impl RbacGate<'_> {
-    /// Whether the chain's network RBAC filters let the connection through (`tls`: its
-    /// certificates, on a TLS chain); a denied one is held until its first bytes, as Envoy
-    /// holds it, and then dropped by the caller.
-    async fn admits<S: tokio::io::AsyncRead + Unpin>(
-        &self,
-        tls: Option<&PeerTls>,
-        stream: &mut S,
-    ) -> bool {
+impl<'a> RbacGate<'a> {
+    /// The chain's network RBAC verdicts on the connection (`tls`: its certificates, on a
+    /// TLS chain); `None` when the chain has no such filter.
+    fn check(&self, tls: Option<&PeerTls>) -> Option<network_rbac::Checked<'a>> {
         if self.filters.is_empty() {
-            return true;
+            return None;
         }
         let facts = crate::rbac::Facts {
             request: None,
@@ -521,14 +537,33 @@ impl RbacGate<'_> {
             tls,
             server_name: self.sni.unwrap_or(""),
         };
-        match network_rbac::check(self.filters, &facts) {
-            Ok(()) => true,
-            Err(denied) => {
-                denied.close(stream).await;
-                false
-            }
-        }
+        Some(network_rbac::check(self.filters, &facts))
     }
+}
+
+/// How long a connection manager's connection is waited on for its first bytes before it is
+/// served uncounted by network RBAC filters (Envoy's default idle timeout).
+const FIRST_BYTES_WAIT: Duration = Duration::from_secs(3600);
+
+/// Whether a plaintext connection sent bytes (they stay unread), waiting at most
+/// [`FIRST_BYTES_WAIT`].
+async fn first_bytes(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let peek = stream.peek(&mut byte);
+    matches!(tokio::time::timeout(FIRST_BYTES_WAIT, peek).await, Ok(Ok(n)) if n > 0)
+}
+
+/// Whether a TLS connection sent application bytes: some the handshake already read, else
+/// bytes on the socket (they stay unread), waiting at most [`FIRST_BYTES_WAIT`].
+async fn first_tls_bytes(stream: &mut tokio_rustls::server::TlsStream<TcpStream>) -> bool {
+    let (tcp, conn) = stream.get_mut();
+    if conn
+        .process_new_packets()
+        .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
+    {
+        return true;
+    }
+    first_bytes(tcp).await
 }
 
 /// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
@@ -541,8 +576,13 @@ async fn serve_tls(
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
     if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
-        if !rbac.admits(Some(&certificates), &mut tls_stream).await {
-            return;
+        if let Some(checked) = rbac.check(Some(&certificates)) {
+            if !checked.allowed() {
+                return checked.close(&mut tls_stream).await;
+            }
+            if first_tls_bytes(&mut tls_stream).await {
+                checked.count();
+            }
         }
         let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();

@@ -1,8 +1,9 @@
 //! Envoy's RBAC at run time: what a request or a connection is checked against.
 //!
 //! [`rules`] holds the compiled policies (compiled by `config::rbac`) and decides for one
-//! [`Facts`] view; [`Engines`] pairs the enforced rules with the shadow rules and counts
-//! Envoy's `rbac.allowed|denied|shadow_allowed|shadow_denied`; [`network`] is
+//! [`Facts`] view; [`Engines`] pairs the enforced rules with the shadow rules into a
+//! [`Verdict`], which [`Stats`] counts as Envoy's
+//! `rbac.allowed|denied|shadow_allowed|shadow_denied`; [`network`] is
 //! `envoy.filters.network.rbac` on a listener's filter chain.
 
 pub mod network;
@@ -46,11 +47,13 @@ pub struct Stats {
 
 impl Stats {
     /// The counters under `base` (`<prefix>rbac.`), the enforced ones after `rules_prefix`
-    /// and the shadow ones after `shadow_prefix`, joined as Envoy's `statPrefixJoin`.
+    /// and the shadow ones after `shadow_prefix`, each step joined as Envoy's
+    /// `statPrefixJoin` (Envoy 1.40 names them `tcp.rbac.dry_.shadow_allowed` for
+    /// `shadow_rules_stat_prefix: dry_`).
     pub fn new(store: &Store, base: &str, rules_prefix: &str, shadow_prefix: &str) -> Self {
         let rules = stat_prefix_join(base, rules_prefix);
         let shadow = stat_prefix_join(base, shadow_prefix);
-        let c = |p: &str, n: &str| store.counter(&format!("{p}{n}"));
+        let c = |p: &str, n: &str| store.counter(&stat_prefix_join(p, n));
         Stats {
             allowed: c(&rules, "allowed"),
             denied: c(&rules, "denied"),
@@ -79,25 +82,51 @@ pub struct Engines {
     pub shadow: Option<Rules>,
 }
 
+/// What an RBAC filter's engines decided for one request or connection.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict {
+    /// The shadow rules' decision (`None`: no shadow rules).
+    pub shadow: Option<Decision>,
+    /// The enforced rules' decision (`None`: no rules, so allowed).
+    pub enforced: Option<Decision>,
+}
+
+impl Verdict {
+    /// Whether the request or connection may continue.
+    pub fn allowed(&self) -> bool {
+        self.enforced.as_ref().is_none_or(|d| d.allowed)
+    }
+}
+
 impl Engines {
-    /// Runs the shadow rules, then the enforced ones, counting both; the enforced decision,
-    /// `None` when there are no enforced rules (allowed, nothing counted).
-    pub fn check(&self, facts: &Facts<'_>, stats: &Stats) -> Option<Decision> {
-        if let Some(shadow) = &self.shadow {
-            let d = shadow.decide(facts);
-            if d.allowed {
-                stats.shadow_allowed.inc();
+    /// Runs the shadow rules and the enforced ones.
+    pub fn decide(&self, facts: &Facts<'_>) -> Verdict {
+        Verdict {
+            shadow: self.shadow.as_ref().map(|r| r.decide(facts)),
+            enforced: self.enforced.as_ref().map(|r| r.decide(facts)),
+        }
+    }
+}
+
+impl Stats {
+    /// Counts a verdict: shadow first, then enforced, as Envoy counts them.
+    pub fn record(&self, v: &Verdict) {
+        if let Some(d) = &v.shadow {
+            let c = if d.allowed {
+                &self.shadow_allowed
             } else {
-                stats.shadow_denied.inc();
-            }
+                &self.shadow_denied
+            };
+            c.inc();
         }
-        let d = self.enforced.as_ref()?.decide(facts);
-        if d.allowed {
-            stats.allowed.inc();
-        } else {
-            stats.denied.inc();
+        if let Some(d) = &v.enforced {
+            let c = if d.allowed {
+                &self.allowed
+            } else {
+                &self.denied
+            };
+            c.inc();
         }
-        Some(d)
     }
 }
 

@@ -10,8 +10,13 @@ fn rules(yaml: &str) -> Rules {
     let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
     let proto: proto::pb::envoy::config::rbac::v3::Rbac =
         proto::Codec::new().decode(value, false).unwrap().message;
-    crate::config::rbac::compile_rules(&Context::new(&FakeIo::new()), &proto, &mut Warnings::new())
-        .unwrap()
+    crate::config::rbac::compile_rules(
+        &Context::new(&FakeIo::new()),
+        &proto,
+        false,
+        &mut Warnings::new(),
+    )
+    .unwrap()
 }
 
 fn addr(s: &str) -> SocketAddr {
@@ -233,13 +238,15 @@ fn stats_count_shadow_and_enforced_decisions_under_their_prefixes() {
         enforced: Some(rules("action: DENY")),
         shadow: Some(rules("action: ALLOW")),
     };
-    let d = engines.check(&connection(), &stats).unwrap();
-    assert!(d.allowed);
+    let v = engines.decide(&connection());
+    assert!(v.allowed());
+    stats.record(&v);
     assert_eq!(store.counter("tcp.rbac.allowed").value(), 1);
-    assert_eq!(store.counter("tcp.rbac.dry_shadow_denied").value(), 1);
+    assert_eq!(store.counter("tcp.rbac.dry_.shadow_denied").value(), 1);
     assert_eq!(store.counter("tcp.rbac.denied").value(), 0);
-    let none = Engines::default();
-    assert_eq!(none.check(&connection(), &stats), None);
+    let none = Engines::default().decide(&connection());
+    assert!(none.allowed());
+    stats.record(&none);
     assert_eq!(store.counter("tcp.rbac.allowed").value(), 1);
 }
 

@@ -28,6 +28,10 @@ mod splice;
 
 const BUFFER: usize = 16 * 1024;
 
+/// Called as the downstream's bytes are passed upstream, from the first bytes on (the chain's
+/// network RBAC filters count their verdicts then, as Envoy's do on their first data).
+pub type OnData<'a> = Option<&'a (dyn Fn() + Sync)>;
+
 /// A compiled tcp_proxy with its `tcp.<stat_prefix>.*` stats.
 #[derive(Debug)]
 pub struct TcpProxy {
@@ -148,6 +152,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
@@ -162,7 +167,8 @@ impl TcpProxy {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
                 let (ur, uw) = u.split();
-                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+                    .on_data(on_data);
                 let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
                 let copy = async {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
@@ -171,7 +177,7 @@ impl TcpProxy {
             }
             tls => {
                 self.run(
-                    self.copy_both(&mut downstream, tls, &activity),
+                    self.copy_both(&mut downstream, tls, &activity, on_data),
                     &activity,
                     rec.as_deref_mut(),
                 )
@@ -189,6 +195,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -201,7 +208,7 @@ impl TcpProxy {
         };
         let activity = Activity::new();
         self.run(
-            self.copy_both(&mut downstream, &mut upstream.stream, &activity),
+            self.copy_both(&mut downstream, &mut upstream.stream, &activity, on_data),
             &activity,
             rec.as_deref_mut(),
         )
@@ -274,6 +281,7 @@ impl TcpProxy {
         down: &mut D,
         up: &mut U,
         activity: &Activity,
+        on_data: OnData<'_>,
     ) -> std::io::Result<((), ())>
     where
         D: AsyncRead + AsyncWrite + Unpin,
@@ -281,7 +289,8 @@ impl TcpProxy {
     {
         let (dr, dw) = tokio::io::split(down);
         let (ur, uw) = tokio::io::split(up);
-        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+            .on_data(on_data);
         let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
         tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx),)
     }
@@ -328,21 +337,36 @@ struct Activity {
     tx: AtomicU64,
 }
 
-/// Where one direction's bytes are counted: the proxy's stat and the connection's own count.
+/// Where one direction's bytes are counted: the proxy's stat and the connection's own count
+/// (and who else is told that bytes moved).
 struct Tally<'a> {
     total: &'a Counter,
     conn: Option<&'a AtomicU64>,
+    on_data: OnData<'a>,
 }
 
 impl<'a> Tally<'a> {
     fn new(total: &'a Counter, conn: Option<&'a AtomicU64>) -> Self {
-        Tally { total, conn }
+        Tally {
+            total,
+            conn,
+            on_data: None,
+        }
+    }
+
+    /// The same, calling `on_data` whenever bytes are counted.
+    fn on_data(mut self, on_data: OnData<'a>) -> Self {
+        self.on_data = on_data;
+        self
     }
 
     fn add(&self, n: u64) {
         self.total.add(n);
         if let Some(c) = self.conn {
             c.fetch_add(n, Ordering::Relaxed);
+        }
+        if let Some(f) = self.on_data {
+            f();
         }
     }
 }

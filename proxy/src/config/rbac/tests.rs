@@ -11,7 +11,7 @@ fn decode<T: prost::Message + Default + prost::Name>(yaml: &str) -> T {
 
 fn rules(yaml: &str) -> (Result<Rules, ConfigError>, Warnings) {
     let mut w = Warnings::new();
-    let r = compile_rules(&Context::new(&FakeIo::new()), &decode(yaml), &mut w);
+    let r = compile_rules(&Context::new(&FakeIo::new()), &decode(yaml), false, &mut w);
     (r, w)
 }
 
@@ -120,4 +120,26 @@ fn network_filter_needs_a_stat_prefix_and_no_matcher_tree() {
     assert!(ok.engines.enforced.is_none());
     assert!(ok.engines.shadow.is_some());
     assert_eq!(ok.delay_deny, Some(Duration::from_millis(500)));
+}
+
+#[test]
+fn the_network_filter_refuses_header_rules_at_any_depth() {
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let e = compile_network(
+        &ctx,
+        &decode(
+            "stat_prefix: t.\nshadow_rules: {policies: {p: {permissions: [{any: true}], principals: [{not_id: {header: {name: x, present_match: true}}}]}}}",
+        ),
+        &mut Warnings::new(),
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.path,
+        r#"shadow_rules.policies["p"].principals[0].not_id.header"#
+    );
+    let (http, _) = rules(
+        "policies: {p: {permissions: [{header: {name: x, present_match: true}}], principals: [{any: true}]}}",
+    );
+    assert!(http.is_ok());
 }
