@@ -24,6 +24,14 @@ pub enum UnpackError {
     },
 }
 
+/// The type URL an empty JSON Any (`{}`) decodes to: Envoy takes it as an Any of no type.
+pub const EMPTY_ANY: &str = "type.googleapis.com/google.protobuf.Empty";
+
+/// Whether `any` is empty: no type, or the [`EMPTY_ANY`] an empty JSON object decodes to.
+pub fn is_empty_any(any: &Any) -> bool {
+    any.type_url.is_empty() || (any.type_url == EMPTY_ANY && any.value.is_empty())
+}
+
 /// The fully qualified message name in a type URL (`type.googleapis.com/a.b.C` -> `a.b.C`).
 pub fn type_name_of(type_url: &str) -> &str {
     type_url.rsplit('/').next().unwrap_or(type_url)

@@ -302,6 +302,13 @@ impl Codec {
         unknown: &mut Vec<(String, String)>,
     ) {
         let Value::Object(map) = value else { return };
+        // Envoy takes `{}` as an Any of no type (a route's `FilterConfig{config: {}}` enables
+        // a filter); prost-reflect wants a type, so it becomes an empty `Empty`.
+        if map.is_empty() {
+            map.insert("@type".into(), Value::String(crate::EMPTY_ANY.into()));
+            map.insert("value".into(), Value::Object(Map::new()));
+            return;
+        }
         let Some(url) = map.get("@type").and_then(Value::as_str).map(str::to_owned) else {
             return;
         };

@@ -11,7 +11,7 @@ mod pool;
 mod redact;
 mod typed_struct;
 
-pub use any::{UnpackError, extension_type, pack, type_name_of, unpack};
+pub use any::{EMPTY_ANY, UnpackError, extension_type, is_empty_any, pack, type_name_of, unpack};
 pub use codec::{Codec, DecodeError, Decoded, Format};
 pub use encoded::Encoded;
 pub use envoy_types::pb;

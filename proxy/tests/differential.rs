@@ -525,6 +525,17 @@ async fn xff() {
         Case::get("no remote address, client request id", "/")
             .listener(1)
             .header("x-request-id", "client-id"),
+        Case::get("no remote address, client x-envoy headers", "/")
+            .listener(1)
+            .header("x-envoy-internal", "true")
+            .header("x-envoy-downstream-service-cluster", "web")
+            .header("x-envoy-downstream-service-node", "node")
+            .header("x-envoy-decorator-operation", "op")
+            .header("x-envoy-external-address", "127.0.0.9")
+            .header("x-envoy-force-trace", "1")
+            .header("x-envoy-ip-tags", "t")
+            .header("x-envoy-upstream-alt-stat-name", "alt")
+            .expect("upstream.header.x-envoy-downstream-service-cluster", "web"),
         Case::get("trusted hops 1, two entries", "/")
             .listener(2)
             .header("x-forwarded-for", "203.0.113.7, 198.51.100.1"),

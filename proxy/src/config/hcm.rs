@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager::RouteSpecifier, http_filter,
+    HttpConnectionManager, http_connection_manager::RouteSpecifier,
 };
 
 use super::filter_chain_match::Cidr;
@@ -123,9 +123,8 @@ pub struct HcmConfig {
     pub forward_client_cert: ForwardClientCert,
     /// `common_http_protocol_options.headers_with_underscores_action`.
     pub underscores: Underscores,
-    /// Why every request is denied (403), when the filter chain carries a filter that controls
-    /// access and that revoy does not implement (see [`super::fail_closed`]).
-    pub denied: Option<Arc<str>>,
+    /// `http_filters`: the filters before the router.
+    pub filters: super::http_filter::FilterChain,
     /// `stat_prefix`: stats are `http.<stat_prefix>.*`.
     pub stat_prefix: String,
     /// Downstream codec.
@@ -264,8 +263,6 @@ fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
     (!d.is_zero()).then_some(d)
 }
 
-const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
-
 /// `upgrade_configs`: one entry per type (case-insensitive), as Envoy requires. An upgrade
 /// with its own filter chain is refused: revoy would run it without those filters.
 fn upgrades(
@@ -330,71 +327,7 @@ pub fn compile_hcm(
             ));
         }
     };
-    let mut suppress_envoy_headers = false;
-    let mut saw_router = false;
-    let mut denied = None;
-    for (i, f) in hcm.http_filters.iter().enumerate() {
-        let type_url = match &f.config_type {
-            Some(http_filter::ConfigType::TypedConfig(any)) => any.type_url.as_str(),
-            _ => "",
-        };
-        // What the config stands for (a TypedStruct's inner type): what decides fail-closed.
-        let extension = match &f.config_type {
-            Some(http_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
-            _ => String::new(),
-        };
-        let from_ecds = matches!(
-            f.config_type,
-            Some(http_filter::ConfigType::ConfigDiscovery(_))
-        );
-        let type_name = proto::type_name_of(type_url);
-        // The type picks the filter, as in Envoy; the name only when there is no typed_config.
-        let router_named = f.name == "envoy.filters.http.router" || f.name == "envoy.router";
-        if type_name == ROUTER || (type_url.is_empty() && router_named) {
-            if let Some(http_filter::ConfigType::TypedConfig(any)) = &f.config_type
-                && type_name == ROUTER
-            {
-                let router: proto::pb::envoy::extensions::filters::http::router::v3::Router =
-                    proto::unpack(any).map_err(|e| {
-                        ConfigError::new(format!("http_filters[{i}].typed_config"), e.to_string())
-                    })?;
-                suppress_envoy_headers = router.suppress_envoy_headers;
-            }
-            saw_router = true;
-        } else if from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension) {
-            let what = format!(
-                "HTTP filter '{}' ({}) is not implemented by revoy",
-                f.name,
-                if from_ecds {
-                    "config from ECDS"
-                } else if extension.is_empty() {
-                    "no typed_config"
-                } else {
-                    &extension
-                }
-            );
-            warnings.fails_closed(
-                format!("http_filters[{i}]"),
-                format!("{what}; every request on this connection manager is denied (403)"),
-            );
-            denied.get_or_insert_with(|| Arc::from(format!("access denied: {what}")));
-        } else {
-            warnings.skipped(
-                format!("http_filters[{i}]"),
-                format!(
-                    "HTTP filter '{}' ({}) is not implemented by revoy; requests pass through without it",
-                    f.name,
-                    if type_url.is_empty() { "no typed_config" } else { type_url }
-                ),
-            );
-        }
-    }
-    if !saw_router {
-        warnings.note(
-            "http_filters",
-            "no router filter; requests get a 404 like Envoy without a terminal filter",
-        );
-    }
+    let filters = super::http_filter::compile_chain(ctx, &hcm.http_filters, warnings)?;
     skipped_features(hcm, warnings);
     let internal_ranges = hcm
         .internal_address_config
@@ -428,7 +361,8 @@ pub fn compile_hcm(
         request_id,
         access_logs: super::access_log::compile_access_logs(ctx, &hcm.access_log)
             .map_err(|e| e.within("access_log"))?,
-        denied,
+        suppress_envoy_headers: filters.suppress_envoy_headers,
+        filters,
         stat_prefix: hcm.stat_prefix.clone(),
         codec: match hcm.codec_type {
             1 => Codec::Http1,
@@ -468,7 +402,6 @@ pub fn compile_hcm(
         },
         stream_idle_timeout: idle,
         request_timeout: hcm.request_timeout.as_ref().and_then(duration),
-        suppress_envoy_headers,
         internal_ranges,
         normalize_path: hcm.normalize_path.is_some_and(|b| b.value),
         merge_slashes: hcm.merge_slashes,

@@ -11,6 +11,7 @@ pub mod dynamic;
 pub mod fail_closed;
 pub mod filter_chain_match;
 pub mod hcm;
+pub mod http_filter;
 pub mod listener;
 pub mod rbac;
 pub mod route;

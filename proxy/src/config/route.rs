@@ -107,6 +107,7 @@ pub fn compile_route_config(
             })
             .collect::<Result<_, _>>()?,
         tls_redirect: tls_redirect_route(),
+        per_filter: super::http_filter::compile_per_filter(ctx, &rc.typed_per_filter_config)?,
     })
 }
 
@@ -204,6 +205,10 @@ fn compile_virtual_host<'p>(
         )?,
         include_request_attempt_count: vh.include_request_attempt_count,
         include_attempt_count_in_response: vh.include_attempt_count_in_response,
+        per_filter: super::http_filter::compile_per_filter(
+            inherited.ctx,
+            &vh.typed_per_filter_config,
+        )?,
     })
 }
 
@@ -228,6 +233,7 @@ fn tls_redirect_route() -> Route {
         headers: None,
         metadata: None,
         tracing: None,
+        per_filter: None,
     }
 }
 
@@ -271,6 +277,7 @@ fn compile_route<'p>(
             .map(Box::new);
     Ok(Route {
         tracing,
+        per_filter: super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,
         name: r.name.clone(),
         matcher,
         action: act,

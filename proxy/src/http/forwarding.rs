@@ -42,13 +42,13 @@ const INTERNAL_ONLY: [&str; 19] = [
     "x-envoy-upstream-stream-duration-ms",
 ];
 
-/// Headers Envoy removes from every request that is not internal, edge or not.
-const NON_EDGE_CLEANED: [&str; 5] = [
-    "x-envoy-internal",
+/// Of [`INTERNAL_ONLY`], those a request that is neither internal nor from the edge keeps
+/// (checked against Envoy 1.40 without `use_remote_address`).
+const KEPT_OFF_EDGE: [&str; 4] = [
     "x-envoy-decorator-operation",
     "x-envoy-downstream-service-cluster",
     "x-envoy-downstream-service-node",
-    "x-envoy-force-trace",
+    "x-envoy-external-address",
 ];
 
 /// Facts about the downstream connection the header rules depend on.
@@ -247,8 +247,8 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
             headers.insert(&X_ENVOY_INTERNAL, HeaderValue::from_static("true"));
         } else {
             if has_envoy_headers(headers) {
-                for h in NON_EDGE_CLEANED {
-                    headers.remove(h);
+                for h in INTERNAL_ONLY.iter().filter(|h| !KEPT_OFF_EDGE.contains(h)) {
+                    headers.remove(*h);
                 }
             }
         }

@@ -6,6 +6,7 @@ mod attempts;
 mod buffered_body;
 mod connect;
 mod envoy_errors;
+pub mod filters;
 pub mod forwarding;
 mod framing;
 mod grpc_timeout;
@@ -48,6 +49,8 @@ pub struct Hcm {
     pub config: Arc<HcmConfig>,
     /// Its stats (`http.<stat_prefix>.*`).
     pub stats: HcmStats,
+    /// Its HTTP filters before the router.
+    pub filters: filters::Chain,
     /// A listener update changed or removed its filter chain: its connections close at their
     /// next response.
     pub draining: std::sync::atomic::AtomicBool,
@@ -61,7 +64,8 @@ pub struct Hcm {
 impl Hcm {
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
-        let stats = HcmStats::new(store, &config.stat_prefix, config.denied.is_some());
+        let stats = HcmStats::new(store, &config.stat_prefix);
+        let filters = filters::Chain::new(&config.filters, store, &config.stat_prefix);
         let tracing_stats = config.tracing.as_ref().map(|_| {
             let p = &config.stat_prefix;
             // Envoy registers health_check too; revoy has no health-check filter to count.
@@ -77,6 +81,7 @@ impl Hcm {
         Hcm {
             config,
             stats,
+            filters,
             draining: std::sync::atomic::AtomicBool::new(false),
             tracing_stats,
             tracer: std::sync::OnceLock::new(),

@@ -10,6 +10,7 @@ use super::ConnContext;
 use super::access_log::Pending;
 use super::attempts::{Exchange, LocalFailure, Outcome, RequestBody};
 use super::buffered_body::{self, Buffered};
+use super::filters::{Encoders, FilterRequest};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::mirror;
@@ -77,6 +78,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
+        let mut encoders = Encoders::default();
         let mut resp = route_and_forward(
             req,
             ctx,
@@ -84,6 +86,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             &mut forwarded,
             pending.as_mut(),
             tunnel_log,
+            &mut encoders,
         )
         .await;
         if closes_unread && !forwarded {
@@ -93,6 +96,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
+        let mut resp = encoders.encode(resp);
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {
@@ -154,6 +158,7 @@ async fn route_and_forward(
     forwarded: &mut bool,
     mut pending: Option<&mut Pending>,
     tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
+    encoders: &mut Encoders,
 ) -> Response<Body> {
     // Notes what access logs and spans read (nothing when the connection manager has
     // neither).
@@ -198,13 +203,6 @@ async fn route_and_forward(
         resp.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
         return resp;
-    }
-    if let Some(why) = &cfg.denied {
-        if let Some(c) = &ctx.hcm.stats.rq_fail_closed {
-            c.inc();
-        }
-        tracing::debug!(reason = %why, "request denied: fail closed");
-        return local_reply(StatusCode::FORBIDDEN, why);
     }
     // The upgrade the request asks for, `CONNECT` for a CONNECT: allowed or refused once its
     // route is known.
@@ -300,9 +298,14 @@ async fn route_and_forward(
     // out for routing and put back before the rewrite (no copy unless a mirror or response
     // formatter needs the request as routed).
     let mut route_headers = std::mem::take(req.headers_mut());
-    let mut route_req = RouteRequest::new(&method, &host_full, &path, &route_headers);
-    route_req.https = https;
-    route_req.random_value = random_value;
+    let route_req = routing(
+        &method,
+        &host_full,
+        &path,
+        &route_headers,
+        https,
+        random_value,
+    );
     let scheme = if https { "https" } else { "http" };
     let seen = Seen {
         host: &host_full,
@@ -320,6 +323,30 @@ async fn route_and_forward(
             &seen,
         );
     }
+    if !ctx.hcm.filters.is_empty() {
+        let mut filtered = FilterRequest {
+            headers: &mut route_headers,
+            method: &method,
+            authority: &host_full,
+            path: &path,
+            body: req.body_mut(),
+            conn: ctx,
+            route: selected,
+            record: pending.as_deref_mut().map(Pending::record),
+        };
+        if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
+            return reply;
+        }
+    }
+    // The filters may have changed the headers the route's actions read.
+    let route_req = routing(
+        &method,
+        &host_full,
+        &path,
+        &route_headers,
+        https,
+        random_value,
+    );
     let Some(selected) = selected else {
         note!(|r| {
             r.flags.set(ResponseFlag::NoRouteFound);
@@ -344,7 +371,6 @@ async fn route_and_forward(
     }
     // Held until the request ends, or moved into its tunnel.
     let active_upgrade = upgrade_type.map(|_| ctx.hcm.stats.upgrade());
-    let route_req = route_req;
     let fmt = FormatContext {
         downstream_remote: Some(ctx.down.peer),
         downstream_direct_remote: Some(ctx.down.peer),
@@ -760,6 +786,21 @@ async fn route_and_forward(
             resp
         }
     }
+}
+
+/// The request as the route table reads it.
+fn routing<'a>(
+    method: &'a http::Method,
+    host: &'a str,
+    path: &'a str,
+    headers: &'a http::HeaderMap,
+    https: bool,
+    random_value: u64,
+) -> RouteRequest<'a> {
+    let mut r = RouteRequest::new(method, host, path, headers);
+    r.https = https;
+    r.random_value = random_value;
+    r
 }
 
 /// `auto_host_rewrite`: the host name of the cluster's endpoint (its `hostname`, or the DNS

@@ -24,9 +24,6 @@ pub struct HcmStats {
     pub rq_class: [Counter; 5],
     /// `downstream_cx_drain_close`: connections told to close because the server drains.
     pub cx_drain_close: Counter,
-    /// `downstream_rq_fail_closed` (revoy's own), present only on a connection manager that
-    /// denies every request for a filter revoy does not implement.
-    pub rq_fail_closed: Option<Counter>,
     /// `downstream_cx_upgrades_total`: upgrades and CONNECTs allowed to go on.
     pub upgrades_total: Counter,
     /// `downstream_cx_upgrades_active`: those not finished yet (tunnels still open).
@@ -104,8 +101,8 @@ impl Drop for ActiveUpgrade {
 }
 
 impl HcmStats {
-    /// Resolves the handles under `http.<prefix>.`; `denies` adds `downstream_rq_fail_closed`.
-    pub fn new(store: &Store, prefix: &str, denies: bool) -> Self {
+    /// Resolves the handles under `http.<prefix>.`.
+    pub fn new(store: &Store, prefix: &str) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
             cx: Connections::timed(store, &format!("http.{prefix}")),
@@ -115,7 +112,6 @@ impl HcmStats {
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
-            rq_fail_closed: denies.then(|| store.counter(&name("downstream_rq_fail_closed"))),
             upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
             upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),

@@ -28,6 +28,8 @@ pub use policy::{HashPolicy, MirrorPolicy, RetryPolicy};
 use domain::DomainIndex;
 use matcher::{HeaderMatcher, header_value};
 
+use crate::config::http_filter::{PerFilterConfigs, PerRoute, PerRouteKind};
+
 /// The facts of one request that routing looks at.
 ///
 /// Build it with [`RouteRequest::new`] and set the other fields as needed; new optional fields
@@ -121,6 +123,8 @@ pub struct Route {
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// `decorator` and `tracing`; `None` when the route sets neither.
     pub tracing: Option<Box<crate::config::tracing::RouteTracing>>,
+    /// `typed_per_filter_config`.
+    pub per_filter: Option<Box<PerFilterConfigs>>,
 }
 
 /// A compiled virtual host.
@@ -142,6 +146,8 @@ pub struct VirtualHost {
     pub include_request_attempt_count: bool,
     /// `include_attempt_count_in_response`.
     pub include_attempt_count_in_response: bool,
+    /// `typed_per_filter_config`.
+    pub per_filter: Option<Box<PerFilterConfigs>>,
 }
 
 impl VirtualHost {
@@ -172,6 +178,7 @@ pub struct RouteTable {
     pub(crate) headers: Option<Box<HeaderRules>>,
     pub(crate) most_specific_header_mutations_wins: bool,
     pub(crate) internal_only_headers: Vec<http::HeaderName>,
+    pub(crate) per_filter: Option<Box<PerFilterConfigs>>,
     /// The 301-to-https route returned when a virtual host's `require_tls` rejects a request.
     pub(crate) tls_redirect: Route,
 }
@@ -389,6 +396,31 @@ fn is_grpc(req: &RouteRequest<'_>) -> bool {
 }
 
 impl<'a> Selected<'a> {
+    /// Whether the filter named `name` is disabled here: what the most specific level (route,
+    /// virtual host, route configuration) naming it says; `None` when none does.
+    pub fn filter_disabled(&self, name: &str) -> Option<bool> {
+        self.per_filter_levels()
+            .find_map(|p| p.get(name))
+            .map(PerRoute::disabled)
+    }
+
+    /// The most specific configuration that replaces the filter `name`'s own here.
+    pub fn filter_config(&self, name: &str) -> Option<&'a PerRouteKind> {
+        self.per_filter_levels()
+            .find_map(|p| p.get(name).and_then(PerRoute::config))
+    }
+
+    /// The levels' `typed_per_filter_config`, most specific first.
+    fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
+        [
+            self.route.per_filter.as_deref(),
+            self.virtual_host.per_filter.as_deref(),
+            self.table.per_filter.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
     /// Header-mutation levels for the request in Envoy's order: weighted cluster first, then
     /// route, virtual host, route configuration (reversed between the last three when
     /// `most_specific_header_mutations_wins`, so the most specific is applied last).

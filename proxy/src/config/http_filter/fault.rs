@@ -1,0 +1,145 @@
+//! `envoy.filters.http.fault` (`HTTPFault`) -> [`FaultConfig`].
+
+use std::time::Duration;
+
+use proto::pb::envoy::extensions::filters::common::fault::v3::fault_delay::FaultDelaySecifier;
+use proto::pb::envoy::extensions::filters::http::fault::v3::{HttpFault, fault_abort::ErrorType};
+
+use crate::config::route::matchers::{fractional, header_matchers};
+use crate::config::{ConfigError, Context};
+use crate::route::matcher::{FractionalPercent, HeaderMatcher};
+
+/// One fault configuration (filter-level, or a route's replacing it).
+#[derive(Debug, Clone)]
+pub struct FaultConfig {
+    /// `delay`.
+    pub delay: Option<Delay>,
+    /// `abort`.
+    pub abort: Option<Abort>,
+    /// `upstream_cluster`: faults apply only to requests routed to it (empty: any).
+    pub upstream_cluster: String,
+    /// `headers`: faults apply only to requests matching all of them.
+    pub headers: Vec<HeaderMatcher>,
+    /// `downstream_nodes`: faults apply only to requests whose
+    /// `x-envoy-downstream-service-node` is one of them (empty: any).
+    pub downstream_nodes: Vec<String>,
+    /// `max_active_faults` (`None`: unlimited).
+    pub max_active_faults: Option<u64>,
+    /// `disable_downstream_cluster_stats`: no stats per `x-envoy-downstream-service-cluster`.
+    pub disable_downstream_cluster_stats: bool,
+}
+
+/// A delay to inject.
+#[derive(Debug, Clone)]
+pub struct Delay {
+    /// How long: fixed, or from the request's `x-envoy-fault-delay-request` header.
+    pub duration: DelaySource,
+    /// On what share of requests.
+    pub percentage: FractionalPercent,
+}
+
+/// Where a delay's duration comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum DelaySource {
+    /// `fixed_delay`.
+    Fixed(Duration),
+    /// `header_delay`: the request's header, in ms.
+    Header,
+}
+
+/// An abort to inject.
+#[derive(Debug, Clone)]
+pub struct Abort {
+    /// What the abort answers.
+    pub error: AbortError,
+    /// On what share of requests.
+    pub percentage: FractionalPercent,
+}
+
+/// What an abort answers.
+#[derive(Debug, Clone, Copy)]
+pub enum AbortError {
+    /// `http_status`.
+    Http(u16),
+    /// `grpc_status`.
+    Grpc(u32),
+    /// `header_abort`: the request's `x-envoy-fault-abort-request` (HTTP) or
+    /// `x-envoy-fault-abort-grpc-request` (gRPC) header.
+    Header,
+}
+
+/// Compiles an `HTTPFault`.
+pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigError> {
+    if f.response_rate_limit.is_some() {
+        return Err(ConfigError::new(
+            "response_rate_limit",
+            "response rate limiting faults are not implemented by revoy",
+        ));
+    }
+    let delay = f
+        .delay
+        .as_ref()
+        .map(|d| {
+            let duration = match &d.fault_delay_secifier {
+                Some(FaultDelaySecifier::FixedDelay(t)) => {
+                    DelaySource::Fixed(crate::config::route::duration(t))
+                }
+                Some(FaultDelaySecifier::HeaderDelay(_)) => DelaySource::Header,
+                None => {
+                    return Err(ConfigError::new(
+                        "delay.fault_delay_secifier",
+                        "one of fixed_delay, header_delay is required",
+                    ));
+                }
+            };
+            Ok(Delay {
+                duration,
+                percentage: d.percentage.as_ref().map_or(NONE, fractional),
+            })
+        })
+        .transpose()?;
+    let abort = f
+        .abort
+        .as_ref()
+        .map(|a| {
+            let error = match a.error_type {
+                Some(ErrorType::HttpStatus(s)) if (200..600).contains(&s) => {
+                    AbortError::Http(s as u16)
+                }
+                Some(ErrorType::HttpStatus(s)) => {
+                    return Err(ConfigError::new(
+                        "abort.http_status",
+                        format!("value must be inside range [200, 600), got {s}"),
+                    ));
+                }
+                Some(ErrorType::GrpcStatus(s)) => AbortError::Grpc(s),
+                Some(ErrorType::HeaderAbort(_)) => AbortError::Header,
+                None => {
+                    return Err(ConfigError::new(
+                        "abort.error_type",
+                        "one of http_status, grpc_status, header_abort is required",
+                    ));
+                }
+            };
+            Ok(Abort {
+                error,
+                percentage: a.percentage.as_ref().map_or(NONE, fractional),
+            })
+        })
+        .transpose()?;
+    Ok(FaultConfig {
+        delay,
+        abort,
+        upstream_cluster: f.upstream_cluster.clone(),
+        headers: header_matchers(ctx, &f.headers)?,
+        downstream_nodes: f.downstream_nodes.clone(),
+        max_active_faults: f.max_active_faults.map(|v| u64::from(v.value)),
+        disable_downstream_cluster_stats: f.disable_downstream_cluster_stats,
+    })
+}
+
+/// An unset percentage: the fault never applies (the proto's zero numerator).
+const NONE: FractionalPercent = FractionalPercent {
+    numerator: 0,
+    denominator: 100,
+};

@@ -1,0 +1,250 @@
+//! `envoy.filters.http.fault`: injected delays and aborts.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, Response, StatusCode};
+
+use super::{Encoder, Encoders, FilterRequest};
+use crate::access_log::ResponseFlag;
+use crate::body::Body;
+use crate::config::http_filter::fault::{AbortError, DelaySource, FaultConfig};
+use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
+use crate::route::matcher::FractionalPercent;
+use crate::stats::{Counter, Gauge, Store};
+
+static DELAY_REQUEST: HeaderName = HeaderName::from_static("x-envoy-fault-delay-request");
+static DELAY_PERCENTAGE: HeaderName =
+    HeaderName::from_static("x-envoy-fault-delay-request-percentage");
+static ABORT_REQUEST: HeaderName = HeaderName::from_static("x-envoy-fault-abort-request");
+static ABORT_GRPC_REQUEST: HeaderName = HeaderName::from_static("x-envoy-fault-abort-grpc-request");
+static ABORT_PERCENTAGE: HeaderName =
+    HeaderName::from_static("x-envoy-fault-abort-request-percentage");
+static DOWNSTREAM_NODE: HeaderName = HeaderName::from_static("x-envoy-downstream-service-node");
+static DOWNSTREAM_CLUSTER: HeaderName =
+    HeaderName::from_static("x-envoy-downstream-service-cluster");
+
+/// The fault filter of one connection manager.
+#[derive(Debug)]
+pub(super) struct Fault {
+    config: Arc<FaultConfig>,
+    stats: Stats,
+}
+
+/// `http.<prefix>.fault.*`.
+#[derive(Debug, Clone)]
+struct Stats {
+    delays_injected: Counter,
+    aborts_injected: Counter,
+    faults_overflow: Counter,
+    active_faults: Gauge,
+    store: Store,
+    prefix: String,
+    /// `<downstream cluster>.delays_injected` and `.aborts_injected`, by downstream cluster
+    /// (held: the store frees a metric nothing holds).
+    by_downstream: Arc<Mutex<HashMap<Box<str>, [Counter; 2]>>>,
+}
+
+/// A request's injected fault, counted in `active_faults` until it is dropped.
+#[derive(Debug)]
+pub(super) struct ActiveFault(Gauge);
+
+impl Drop for ActiveFault {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Fault {
+    /// The filter with `config`, its stats under `http.<stat_prefix>.fault.`.
+    pub(super) fn new(config: &Arc<FaultConfig>, store: &Store, stat_prefix: &str) -> Fault {
+        let prefix = format!("http.{stat_prefix}.fault.");
+        let stats = Stats {
+            delays_injected: store.counter(&format!("{prefix}delays_injected")),
+            aborts_injected: store.counter(&format!("{prefix}aborts_injected")),
+            faults_overflow: store.counter(&format!("{prefix}faults_overflow")),
+            active_faults: store.gauge(&format!("{prefix}active_faults")),
+            store: store.clone(),
+            prefix,
+            by_downstream: Arc::default(),
+        };
+        // Envoy registers the response rate limit's counter with the others.
+        let _ = store.counter(&format!("{}response_rl_injected", stats.prefix));
+        Fault {
+            config: config.clone(),
+            stats,
+        }
+    }
+
+    /// Delays and/or aborts `req` as its settings (the route's, else the filter's) say.
+    pub(super) async fn decode(
+        &self,
+        req: &mut FilterRequest<'_>,
+        route_settings: Option<&Arc<FaultConfig>>,
+        encoders: &mut Encoders,
+    ) -> Option<Response<Body>> {
+        let config = route_settings.unwrap_or(&self.config);
+        if let Some(max) = config.max_active_faults
+            && self.stats.active_faults.value() >= max
+        {
+            self.stats.faults_overflow.inc();
+            return None;
+        }
+        if !applies(config, req) {
+            return None;
+        }
+        let downstream_cluster = req
+            .headers
+            .get(&DOWNSTREAM_CLUSTER)
+            .and_then(|v| v.to_str().ok())
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned);
+        let mut active = false;
+        if let Some(delay) = delay_of(config, req.headers) {
+            self.count(config, true, downstream_cluster.as_deref());
+            self.activate(&mut active, encoders);
+            req.note(ResponseFlag::DelayInjected, None);
+            tracing::debug!(ms = delay.as_millis() as u64, "fault: delaying request");
+            tokio::time::sleep(delay).await;
+        }
+        let (status, grpc) = abort_of(config, req.headers)?;
+        self.count(config, false, downstream_cluster.as_deref());
+        self.activate(&mut active, encoders);
+        req.note(ResponseFlag::FaultInjected, Some("fault_filter_abort"));
+        Some(match grpc {
+            Some(g) => local_reply_with_grpc_status(status, "fault filter abort", g),
+            None => local_reply(status, "fault filter abort"),
+        })
+    }
+
+    /// Counts one injected fault (`delay`, else an abort), and under the downstream cluster's
+    /// name too unless the filter disables those stats.
+    fn count(&self, config: &FaultConfig, delay: bool, downstream_cluster: Option<&str>) {
+        let i = usize::from(!delay);
+        [&self.stats.delays_injected, &self.stats.aborts_injected][i].inc();
+        let Some(c) = downstream_cluster.filter(|_| !config.disable_downstream_cluster_stats)
+        else {
+            return;
+        };
+        let mut by = self
+            .stats
+            .by_downstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !by.contains_key(c) {
+            let counters = ["delays_injected", "aborts_injected"].map(|n| {
+                self.stats
+                    .store
+                    .counter(&format!("{}{c}.{n}", self.stats.prefix))
+            });
+            by.insert(c.into(), counters);
+        }
+        by[c][i].inc();
+    }
+
+    /// Counts the request in `active_faults` once, until it ends.
+    fn activate(&self, active: &mut bool, encoders: &mut Encoders) {
+        if !*active {
+            *active = true;
+            self.stats.active_faults.inc();
+            encoders.0.push(Encoder::ActiveFault {
+                _guard: ActiveFault(self.stats.active_faults.clone()),
+            });
+        }
+    }
+}
+
+/// Whether the request is one `config`'s faults apply to: its cluster, downstream node and
+/// headers.
+fn applies(config: &FaultConfig, req: &FilterRequest<'_>) -> bool {
+    if !config.upstream_cluster.is_empty() {
+        let cluster = req
+            .route
+            .and_then(|s| s.route.forward())
+            .and_then(|f| match &f.cluster {
+                crate::route::action::ClusterSpecifier::Name(n) => Some(n.as_str()),
+                _ => None,
+            });
+        if cluster != Some(config.upstream_cluster.as_str()) {
+            return false;
+        }
+    }
+    if !config.downstream_nodes.is_empty() {
+        let node = req
+            .headers
+            .get(&DOWNSTREAM_NODE)
+            .and_then(|v| v.to_str().ok());
+        if !node.is_some_and(|n| config.downstream_nodes.iter().any(|d| d == n)) {
+            return false;
+        }
+    }
+    let route_req = req.route_request();
+    config.headers.iter().all(|h| h.matches(&route_req))
+}
+
+/// The delay to inject, if any: enabled by its percentage and longer than 0 ms.
+fn delay_of(config: &FaultConfig, headers: &HeaderMap) -> Option<Duration> {
+    let delay = config.delay.as_ref()?;
+    let (duration, percentage) = match delay.duration {
+        DelaySource::Fixed(d) => (Some(d), delay.percentage),
+        DelaySource::Header => (
+            first_number(headers, &DELAY_REQUEST).map(Duration::from_millis),
+            from_header(delay.percentage, headers, &DELAY_PERCENTAGE),
+        ),
+    };
+    if !sampled(percentage) {
+        return None;
+    }
+    duration.filter(|d| d.as_millis() > 0)
+}
+
+/// The abort to inject, if any: its HTTP status, and the gRPC status for gRPC requests.
+fn abort_of(config: &FaultConfig, headers: &HeaderMap) -> Option<(StatusCode, Option<u16>)> {
+    let abort = config.abort.as_ref()?;
+    let (http, grpc, percentage) = match abort.error {
+        AbortError::Http(s) => (Some(s), None, abort.percentage),
+        AbortError::Grpc(g) => (None, Some(g), abort.percentage),
+        AbortError::Header => (
+            first_number(headers, &ABORT_REQUEST)
+                .filter(|c| (200..600).contains(c))
+                .map(|c| c as u16),
+            first_number(headers, &ABORT_GRPC_REQUEST).and_then(|g| u32::try_from(g).ok()),
+            from_header(abort.percentage, headers, &ABORT_PERCENTAGE),
+        ),
+    };
+    if !sampled(percentage) {
+        return None;
+    }
+    let grpc = grpc.map(|g| g.min(u32::from(u16::MAX)) as u16);
+    match (http, grpc) {
+        (Some(s), g) => Some((StatusCode::from_u16(s).ok()?, g)),
+        (None, Some(g)) => Some((StatusCode::OK, Some(g))),
+        (None, None) => None,
+    }
+}
+
+/// The first value of header `name` as a number (only the first: the header is untrusted).
+fn first_number(headers: &HeaderMap, name: &HeaderName) -> Option<u64> {
+    headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// A header-controlled fault's percentage: the header's numerator capped at the configured
+/// one, over the configured denominator.
+fn from_header(
+    configured: FractionalPercent,
+    headers: &HeaderMap,
+    name: &HeaderName,
+) -> FractionalPercent {
+    match first_number(headers, name).and_then(|n| u32::try_from(n).ok()) {
+        Some(n) => FractionalPercent {
+            numerator: n.min(configured.numerator),
+            denominator: configured.denominator,
+        },
+        None => configured,
+    }
+}
+
+fn sampled(p: FractionalPercent) -> bool {
+    p.enabled(rand::random())
+}

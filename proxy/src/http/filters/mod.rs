@@ -1,0 +1,190 @@
+//! The HTTP filter chain at run time: the connection manager's filters before the router, in
+//! order (compiled in [`crate::config::http_filter`]).
+//!
+//! How a request goes through it (see `router::route_and_forward`): once the route is chosen,
+//! [`Chain::decode`] hands each filter the request's head ([`FilterRequest`]): its headers
+//! (which it may change), body (which it may wrap), route and connection. A filter lets the
+//! request go on, or answers it locally, which ends decoding: the filters after it and the
+//! router never see the request. A filter that must see the response, or hold something
+//! until the request ends, leaves an [`Encoder`] in the request's [`Encoders`]; every
+//! response (the upstream's or a local reply, the router's or a filter's) is handed to them
+//! in reverse order by [`Encoders::encode`], and they live until the response body ends
+//! (Envoy's `onDestroy`).
+//!
+//! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
+//! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
+//! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
+//! specific entry with a config replaces the filter's own.
+//!
+//! A filter is a module here with its runtime (stats handles, shared state) built once per
+//! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
+//! acts on responses).
+
+mod fault;
+
+use std::sync::Arc;
+
+use http::{HeaderMap, Method, Response, StatusCode};
+
+use super::ConnContext;
+use super::local_reply::local_reply;
+use crate::access_log::Record;
+use crate::body::Body;
+use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::route::Selected;
+use crate::stats::{Counter, Store};
+
+/// The filters of one connection manager, ready to run.
+#[derive(Debug)]
+pub struct Chain {
+    filters: Box<[Filter]>,
+}
+
+#[derive(Debug)]
+struct Filter {
+    name: Arc<str>,
+    disabled: bool,
+    kind: Kind,
+}
+
+/// A filter's runtime.
+#[derive(Debug)]
+enum Kind {
+    /// A filter revoy lacks that controls access: denies with this reason, counting
+    /// `downstream_rq_fail_closed`.
+    FailClosed(Arc<str>, Counter),
+    /// `envoy.filters.http.fault`.
+    Fault(fault::Fault),
+}
+
+/// One request as the filters see it, before the router.
+pub struct FilterRequest<'a> {
+    /// The request headers (the router reads them after the filters).
+    pub headers: &'a mut HeaderMap,
+    /// The method.
+    pub method: &'a Method,
+    /// The authority the route was chosen by (port stripped as configured).
+    pub authority: &'a str,
+    /// The path (with query) the route was chosen by.
+    pub path: &'a str,
+    /// The request body; a filter may replace it with one wrapping it.
+    pub body: &'a mut Body,
+    /// The connection.
+    pub conn: &'a ConnContext,
+    /// The chosen route, if any.
+    pub route: Option<Selected<'a>>,
+    /// The request's access-log record, when something reads it.
+    pub record: Option<&'a mut Record>,
+}
+
+impl FilterRequest<'_> {
+    /// Notes a response flag and the response code details in the access-log record.
+    fn note(&mut self, flag: crate::access_log::ResponseFlag, details: Option<&str>) {
+        if let Some(r) = self.record.as_deref_mut() {
+            r.flags.set(flag);
+            if let Some(d) = details {
+                r.details = Some(d.into());
+            }
+        }
+    }
+
+    /// The request as route matchers read it.
+    fn route_request(&self) -> crate::route::RouteRequest<'_> {
+        crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
+    }
+}
+
+/// What the request's filters keep after decoding: the per-request state of filters that act
+/// on the response or hold something until the request ends.
+#[derive(Debug, Default)]
+pub struct Encoders(Vec<Encoder>);
+
+/// One filter's per-request state.
+#[derive(Debug)]
+enum Encoder {
+    /// An injected fault, counted in `fault.active_faults` until the request ends.
+    ActiveFault {
+        /// Released when the request ends.
+        _guard: fault::ActiveFault,
+    },
+}
+
+impl Chain {
+    /// The runtime of `config`'s filters, their stats under `http.<stat_prefix>.`.
+    pub fn new(config: &FilterChain, store: &Store, stat_prefix: &str) -> Chain {
+        let filters = config
+            .filters
+            .iter()
+            .map(|f| Filter {
+                name: f.name.clone(),
+                disabled: f.disabled,
+                kind: match &f.kind {
+                    FilterKind::FailClosed(why) => Kind::FailClosed(
+                        why.clone(),
+                        store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
+                    ),
+                    FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                },
+            })
+            .collect();
+        Chain { filters }
+    }
+
+    /// Whether the chain has no filter before the router.
+    pub fn is_empty(&self) -> bool {
+        self.filters.is_empty()
+    }
+
+    /// Runs the filters on `req`; `Some` is the local reply that ends the request.
+    pub async fn decode(
+        &self,
+        req: &mut FilterRequest<'_>,
+        encoders: &mut Encoders,
+    ) -> Option<Response<Body>> {
+        for f in self.filters.iter() {
+            let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
+            if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let reply = match &f.kind {
+                Kind::FailClosed(why, counter) => {
+                    counter.inc();
+                    tracing::debug!(reason = %why, "request denied: fail closed");
+                    Some(local_reply(StatusCode::FORBIDDEN, why))
+                }
+                Kind::Fault(fault) => {
+                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    fault.decode(req, settings, encoders).await
+                }
+            };
+            if reply.is_some() {
+                return reply;
+            }
+        }
+        None
+    }
+}
+
+impl Encoders {
+    /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
+    /// they hold alive until its body ends.
+    pub fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
+        if self.0.is_empty() {
+            return resp;
+        }
+        for e in self.0.iter_mut().rev() {
+            e.encode(&mut resp);
+        }
+        resp.map(|b| crate::body::holding(b, self))
+    }
+}
+
+impl Encoder {
+    /// Acts on the response (its head; a filter that rewrites the body wraps it).
+    fn encode(&mut self, _resp: &mut Response<Body>) {
+        match self {
+            Encoder::ActiveFault { .. } => {}
+        }
+    }
+}
