@@ -19,6 +19,8 @@
 mod certs;
 #[path = "support/child.rs"]
 mod child;
+#[path = "rbac/http.rs"]
+mod http_rbac;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -347,7 +349,7 @@ fn serve(mut conn: TcpStream, kept: &Mutex<String>) {
         }
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         kept.lock().unwrap().push_str(&text);
-        let reply = if text.starts_with("GET ") {
+        let reply = if text.contains(" HTTP/1.1\r\n") {
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec()
         } else {
             buf[..n].to_vec()
@@ -465,6 +467,24 @@ fn rbac_stats(admin: u16) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// Notes in `wrong` every counter whose value differs between Envoy and revoy.
+fn compare_stats(
+    envoy: &BTreeMap<String, u64>,
+    revoy: &BTreeMap<String, u64>,
+    wrong: &mut Vec<String>,
+) {
+    if envoy.is_empty() {
+        wrong.push("Envoy shows no rbac counters".to_owned());
+    }
+    let names: std::collections::BTreeSet<&String> = envoy.keys().chain(revoy.keys()).collect();
+    for name in names {
+        let (e, r) = (envoy.get(name), revoy.get(name));
+        if e != r {
+            wrong.push(format!("{name}: Envoy {e:?}, revoy {r:?}"));
+        }
+    }
+}
+
 /// What one proxy did: each case's outcome, the cases whose payload reached the upstream,
 /// and its `rbac.` counters.
 struct Run {
@@ -534,19 +554,6 @@ fn network_rbac_as_envoy() {
             ));
         }
     }
-    if from_envoy.stats.is_empty() {
-        wrong.push("Envoy shows no rbac counters".to_owned());
-    }
-    let names: std::collections::BTreeSet<&String> = from_envoy
-        .stats
-        .keys()
-        .chain(from_revoy.stats.keys())
-        .collect();
-    for name in names {
-        let (e, r) = (from_envoy.stats.get(name), from_revoy.stats.get(name));
-        if e != r {
-            wrong.push(format!("{name}: Envoy {e:?}, revoy {r:?}"));
-        }
-    }
+    compare_stats(&from_envoy.stats, &from_revoy.stats, &mut wrong);
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

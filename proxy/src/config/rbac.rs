@@ -1,5 +1,6 @@
-//! `envoy.config.rbac.v3.RBAC` -> [`Rules`], and the network RBAC filter's config ->
-//! [`NetworkRbacConfig`]. Every rule kind revoy cannot evaluate is a [`ConfigError`] naming
+//! `envoy.config.rbac.v3.RBAC` -> [`Rules`], the network RBAC filter's config ->
+//! [`NetworkRbacConfig`], and the HTTP RBAC filter's (and its `RBACPerRoute`) ->
+//! [`HttpRbacConfig`]. Every rule kind revoy cannot evaluate is a [`ConfigError`] naming
 //! its field, so an RBAC filter never allows what Envoy would deny.
 
 #![allow(deprecated)] // `metadata` and `source_ip` are deprecated and still honoured.
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proto::pb::envoy::config::rbac::v3 as pb;
+use proto::pb::envoy::extensions::filters::http::rbac::v3::{Rbac as HttpRbacProto, RbacPerRoute};
 use proto::pb::envoy::extensions::filters::network::rbac::v3::{
     Rbac as NetworkRbacProto, rbac::EnforcementType,
 };
@@ -76,6 +78,60 @@ pub fn compile_network(
             .map(|d| Duration::new(d.seconds.max(0) as u64, d.nanos.max(0) as u32))
             .filter(|d| !d.is_zero()),
     })
+}
+
+/// A compiled `envoy.filters.http.rbac`, or a route's `RBACPerRoute` replacing it.
+#[derive(Debug, Clone)]
+pub struct HttpRbacConfig {
+    /// `rules_stat_prefix`: the enforced counters are `http.<hcm>.rbac.<prefix>allowed`.
+    pub rules_stat_prefix: String,
+    /// `shadow_rules_stat_prefix`.
+    pub shadow_rules_stat_prefix: String,
+    /// `rules` and `shadow_rules` (both absent in an `RBACPerRoute` without `rbac`: the
+    /// filter is off on that route).
+    pub engines: Engines,
+}
+
+/// Compiles an HTTP RBAC filter's config.
+pub fn compile_http(
+    ctx: &Context<'_>,
+    p: &HttpRbacProto,
+    warnings: &mut Warnings,
+) -> Result<HttpRbacConfig, ConfigError> {
+    refuse_matcher_trees(p.matcher.is_some(), p.shadow_matcher.is_some())?;
+    if p.track_per_rule_stats {
+        warnings.skipped(
+            "track_per_rule_stats",
+            "per-policy RBAC counters are not implemented by revoy; the filter's own are kept",
+        );
+    }
+    Ok(HttpRbacConfig {
+        rules_stat_prefix: p.rules_stat_prefix.clone(),
+        shadow_rules_stat_prefix: p.shadow_rules_stat_prefix.clone(),
+        engines: engines(
+            ctx,
+            p.rules.as_ref(),
+            p.shadow_rules.as_ref(),
+            false,
+            warnings,
+        )?,
+    })
+}
+
+/// Compiles an `RBACPerRoute`: its `rbac`, or no engines at all without one.
+pub fn compile_per_route(
+    ctx: &Context<'_>,
+    p: &RbacPerRoute,
+    warnings: &mut Warnings,
+) -> Result<HttpRbacConfig, ConfigError> {
+    match &p.rbac {
+        Some(rbac) => at(warnings, "rbac", |w| compile_http(ctx, rbac, w)),
+        None => Ok(HttpRbacConfig {
+            rules_stat_prefix: String::new(),
+            shadow_rules_stat_prefix: String::new(),
+            engines: Engines::default(),
+        }),
+    }
 }
 
 /// `matcher` / `shadow_matcher` (xDS matcher trees) are refused.

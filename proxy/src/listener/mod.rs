@@ -531,9 +531,9 @@ impl<'a> RbacGate<'a> {
         let facts = crate::rbac::Facts {
             request: None,
             local: self.local,
-            source: self.peer,
-            direct_remote: self.peer,
-            remote: self.peer,
+            source: self.peer.ip(),
+            direct_remote: self.peer.ip(),
+            remote: self.peer.ip(),
             tls,
             server_name: self.sni.unwrap_or(""),
         };

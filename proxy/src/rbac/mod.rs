@@ -9,7 +9,7 @@
 pub mod network;
 pub mod rules;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use crate::route::RouteRequest;
 use crate::stats::{Counter, Store};
@@ -25,11 +25,12 @@ pub struct Facts<'a> {
     /// The downstream local address (after an `original_dst` restore).
     pub local: SocketAddr,
     /// The connection's peer address (`source_ip`).
-    pub source: SocketAddr,
+    pub source: IpAddr,
     /// The downstream's direct peer address (`direct_remote_ip`).
-    pub direct_remote: SocketAddr,
-    /// The downstream's address as the connection manager reckons it (`remote_ip`).
-    pub remote: SocketAddr,
+    pub direct_remote: IpAddr,
+    /// The downstream's address as the connection manager reckons it from
+    /// `x-forwarded-for` (`remote_ip`; the peer's on a connection).
+    pub remote: IpAddr,
     /// The connection's TLS, when it is TLS (with or without a client certificate).
     pub tls: Option<&'a PeerTls>,
     /// The server name the client asked for (empty when none).

@@ -1,7 +1,6 @@
 //! Compiled `envoy.config.rbac.v3.RBAC` rules: policies of permission and principal trees,
 //! and what they decide for one request or connection ([`Facts`]).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use regex::Regex;
@@ -196,8 +195,8 @@ impl AbsentMetadata {
     }
 }
 
-fn ip_in(cidr: &Cidr, addr: SocketAddr) -> bool {
-    cidr.contains(addr.ip())
+fn ip_in(cidr: &Cidr, addr: std::net::IpAddr) -> bool {
+    cidr.contains(addr)
 }
 
 /// A header matcher against the request's headers; a connection has none.

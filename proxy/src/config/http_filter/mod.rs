@@ -20,6 +20,8 @@ use super::{ConfigError, Context, Warnings};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -62,6 +64,8 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.rbac`.
+    Rbac(Arc<super::rbac::HttpRbacConfig>),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -108,6 +112,9 @@ pub enum PerRoute {
 pub enum PerRouteKind {
     /// `envoy.filters.http.fault`: replaces the filter's fault settings.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.rbac` (`RBACPerRoute`): replaces the filter's rules; without
+    /// `rbac` the filter checks nothing on the route.
+    Rbac(Arc<super::rbac::HttpRbacConfig>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -150,7 +157,10 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
+                let before = warnings.len();
+                let kind = compile_kind(ctx, any, warnings);
+                warnings.prefix_since(before, &format!("{at}.typed_config"));
+                kind.map_err(|e| e.within(&format!("{at}.typed_config")))?
             }
             None => None,
         };
@@ -196,18 +206,29 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
             &unpack(any)?,
+        )?))),
+        RBAC => Some(FilterKind::Rbac(Arc::new(super::rbac::compile_http(
+            ctx,
+            &unpack(any)?,
+            warnings,
         )?))),
         _ => None,
     })
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
-/// the filter itself is reported where the connection manager names it.
+/// the filter itself is reported where the connection manager names it. Route compiles keep
+/// no warnings, so an `RBACPerRoute`'s notes (metadata matchers that never see metadata) are
+/// not listed; the filter-level rules' are.
 pub fn compile_per_filter(
     ctx: &Context<'_>,
     map: &std::collections::HashMap<String, Any>,
@@ -245,6 +266,14 @@ pub fn compile_per_filter(
             FAULT => Some(PerRouteKind::Fault(Arc::new(
                 fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
+            ))),
+            RBAC_PER_ROUTE => Some(PerRouteKind::Rbac(Arc::new(
+                super::rbac::compile_per_route(
+                    ctx,
+                    &unpack(any).map_err(|e| e.within(&at))?,
+                    &mut Warnings::new(),
+                )
+                .map_err(|e| e.within(&at))?,
             ))),
             _ => None,
         };

@@ -21,6 +21,7 @@
 //! acts on responses).
 
 mod fault;
+mod rbac;
 
 use std::sync::Arc;
 
@@ -55,6 +56,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
 }
 
 /// One request as the filters see it, before the router.
@@ -71,6 +74,9 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
@@ -124,6 +130,7 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Rbac(c) => Kind::Rbac(rbac::Rbac::new(c, store, stat_prefix)),
                 },
             })
             .collect();
@@ -154,8 +161,18 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    let settings = route_config.and_then(|c| match c {
+                        PerRouteKind::Fault(c) => Some(c),
+                        _ => None,
+                    });
                     fault.decode(req, settings, encoders).await
+                }
+                Kind::Rbac(rbac) => {
+                    let rules = route_config.and_then(|c| match c {
+                        PerRouteKind::Rbac(c) => Some(c),
+                        _ => None,
+                    });
+                    rbac.decode(req, rules)
                 }
             };
             if reply.is_some() {
