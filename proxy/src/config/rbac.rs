@@ -58,8 +58,8 @@ pub fn compile_network(
     if p.enforcement_type == EnforcementType::Continuous as i32 {
         warnings.note(
             "enforcement_type",
-            "CONTINUOUS: the decision depends only on the connection, so revoy checks it once, \
-             when the connection starts, and counts it once (Envoy counts every read)",
+            "CONTINUOUS: the decision depends only on the connection, so revoy decides once and \
+             counts once, at the first bytes (Envoy counts again at every read)",
         );
     }
     Ok(NetworkRbacConfig {
