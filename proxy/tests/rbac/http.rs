@@ -3,8 +3,9 @@
 //! peer's SPIFFE ID, through ALLOW, DENY and LOG rules with shadow rules and stat prefixes,
 //! per-route `RBACPerRoute` overrides (one without `rbac`, which turns the filter off there)
 //! and a route that disables the filter, and istiod's own filter for a DENY policy. Each
-//! request's status and body, whether the upstream saw it, and every `rbac.` counter must be
-//! Envoy's; Envoy's statuses must be what each case expects.
+//! request's status and body, its access log's response details (the denying policy, its
+//! whitespace made `_`), whether the upstream saw it, and every `rbac.` counter must be
+//! Envoy's; Envoy's statuses must be what each case expects, and each 403 Envoy's RBAC's.
 
 use std::io::{Read, Write};
 
@@ -166,6 +167,15 @@ fn cases() -> Vec<Case> {
     ]
 }
 
+/// Each connection manager's access log line: the path (which carries the case's token), the
+/// status and the response details.
+const LOG_FORMAT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS%\\n";
+
+/// Where the run whose admin listens on `admin` writes its access log.
+fn log_path(kit: &Kit, admin: u16) -> String {
+    kit.path(&format!("access-{admin}.log"))
+}
+
 fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
     let mut yaml = super::bootstrap_head(admin);
     for (h, port) in HCMS.iter().zip(ports) {
@@ -179,8 +189,12 @@ fn bootstrap(kit: &Kit, admin: u16, ports: &[u16], upstream: u16) -> String {
              filter_chains:\n    - filters:\n      - name: hcm\n        typed_config:\n          \
              \"@type\": {hcm}\n          stat_prefix: {name}\n          http_filters:\n{filters}          \
              - {{name: r, typed_config: {{\"@type\": {router}}}}}\n          \
-             route_config: {{virtual_hosts: [{{name: a, domains: [\"*\"], routes: {routes}}}]}}\n",
+             route_config: {{virtual_hosts: [{{name: a, domains: [\"*\"], routes: {routes}}}]}}\n          \
+             access_log: [{{name: envoy.access_loggers.file, typed_config: {{\"@type\": \
+             type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: {log}, \
+             log_format: {{text_format_source: {{inline_string: \"{LOG_FORMAT}\"}}}}}}}}]\n",
             name = h.name,
+            log = log_path(kit, admin),
             hcm = super::HCM,
             router = super::ROUTER,
             routes = h.routes,
@@ -232,11 +246,12 @@ fn request(kit: &Kit, port: u16, mtls: bool, case: &Case, token: &str) -> (u16, 
     (status, body)
 }
 
-/// What one proxy did: each request's status and body, whether the upstream saw it, and the
-/// `rbac.` counters.
+/// What one proxy did: each request's status and body, whether the upstream saw it, its
+/// access log line (status and response details), and the `rbac.` counters.
 struct Run {
     replies: Vec<(u16, String)>,
     reached: Vec<bool>,
+    logged: Vec<Option<String>>,
     stats: std::collections::BTreeMap<String, u64>,
 }
 
@@ -259,9 +274,22 @@ fn run_all(kit: &Kit, start: &dyn Fn(&str, u16, u16) -> Proxy) -> Run {
         })
         .collect();
     let seen = seen.lock().unwrap().clone();
+    // The logs are flushed every 50 ms.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let log = std::fs::read_to_string(log_path(kit, admin)).unwrap_or_default();
+    let logged = tokens
+        .iter()
+        .map(|t| {
+            log.lines().find_map(|l| {
+                l.split_once(t.as_str())
+                    .map(|(_, rest)| rest.trim().to_owned())
+            })
+        })
+        .collect();
     Run {
         replies,
         reached: tokens.iter().map(|t| seen.contains(t.as_str())).collect(),
+        logged,
         stats: rbac_stats(admin),
     }
 }
@@ -281,6 +309,19 @@ fn http_rbac_as_envoy() {
         }
         if revoy != envoy {
             wrong.push(format!("{what}: revoy {revoy:?}, Envoy {envoy:?}"));
+        }
+        let details = &from_envoy.logged[i];
+        let rbac_denied = details
+            .as_deref()
+            .is_some_and(|d| d.contains("rbac_access_denied_matched_policy["));
+        if rbac_denied != (*expect == 403) {
+            wrong.push(format!("{what}: Envoy logged {details:?}"));
+        }
+        if from_revoy.logged[i] != *details {
+            wrong.push(format!(
+                "{what}: revoy logged {:?}, Envoy {details:?}",
+                from_revoy.logged[i]
+            ));
         }
         let passed = *expect == 200;
         if from_envoy.reached[i] != passed || from_revoy.reached[i] != passed {
