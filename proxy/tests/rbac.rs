@@ -1,6 +1,6 @@
 //! RBAC against Envoy 1.40 on the same bootstrap. `envoy.filters.network.rbac` on TCP proxy
 //! chains (plaintext, mutual TLS, SNI read by the tls_inspector) and in front of a connection
-//! manager: a client from 127.0.0.1 or 127.0.0.2, with a workload certificate, another one or
+//! manager (plaintext, and mutual TLS): a client from 127.0.0.1 or 127.0.0.2, with a workload certificate, another one or
 //! none, sends a payload naming its case; the case passes when the payload comes back from the
 //! upstream (TCP echo, or the upstream's 200), else the connection was closed. For every case
 //! revoy must do what Envoy does, which must be what the case expects (so a case cannot pass by
@@ -167,6 +167,18 @@ const LISTENERS: &[Listener] = &[
         http: false,
     },
     Listener {
+        name: "https",
+        transport: Transport::Mtls,
+        filters: |_| {
+            vec![rbac(
+                "g.",
+                "rules: {policies: {p: {permissions: [{any: true}], \
+                 principals: [{authenticated: {principal_name: {suffix: /sa/sleep}}}]}}}",
+            )]
+        },
+        http: true,
+    },
+    Listener {
         name: "http",
         transport: Transport::Plain,
         filters: |_| {
@@ -302,6 +314,8 @@ fn cases() -> Vec<(&'static str, Client, Outcome)> {
         ("sni", Named("server.test"), Passed),
         ("sni", Named("blocked.test"), Closed),
         ("istio", Workload, Closed),
+        ("https", Workload, Passed),
+        ("https", Stranger, Closed),
         ("http", Local, Passed),
         ("http", Other, Closed),
     ]
