@@ -90,6 +90,8 @@ pub struct HttpRbacConfig {
     /// `rules` and `shadow_rules` (both absent in an `RBACPerRoute` without `rbac`: the
     /// filter is off on that route).
     pub engines: Engines,
+    /// Whether the enforced rules read dynamic metadata or filter state.
+    pub reads_metadata: bool,
 }
 
 /// Compiles an HTTP RBAC filter's config.
@@ -105,16 +107,18 @@ pub fn compile_http(
             "per-policy RBAC counters are not implemented by revoy; the filter's own are kept",
         );
     }
+    let engines = engines(
+        ctx,
+        p.rules.as_ref(),
+        p.shadow_rules.as_ref(),
+        false,
+        warnings,
+    )?;
     Ok(HttpRbacConfig {
         rules_stat_prefix: p.rules_stat_prefix.clone(),
         shadow_rules_stat_prefix: p.shadow_rules_stat_prefix.clone(),
-        engines: engines(
-            ctx,
-            p.rules.as_ref(),
-            p.shadow_rules.as_ref(),
-            false,
-            warnings,
-        )?,
+        reads_metadata: engines.enforced_reads_metadata(),
+        engines,
     })
 }
 
@@ -130,8 +134,19 @@ pub fn compile_per_route(
             rules_stat_prefix: String::new(),
             shadow_rules_stat_prefix: String::new(),
             engines: Engines::default(),
+            reads_metadata: false,
         }),
     }
+}
+
+/// Why an RBAC filter whose enforced rules read dynamic metadata or filter state must deny
+/// everything: `skipped`, a filter revoy does not run that comes before it, may set them in
+/// Envoy (so a DENY rule on them could let through what Envoy stops).
+pub fn unknown_metadata(skipped: &str) -> String {
+    format!(
+        "its rules match dynamic metadata or filter state, which filter '{skipped}' (not \
+         implemented by revoy, earlier in the chain) may set"
+    )
 }
 
 /// `matcher` / `shadow_matcher` (xDS matcher trees) are refused.

@@ -100,6 +100,12 @@ impl Verdict {
 }
 
 impl Engines {
+    /// Whether the enforced rules read dynamic metadata or filter state (the shadow rules
+    /// only count).
+    pub fn enforced_reads_metadata(&self) -> bool {
+        self.enforced.as_ref().is_some_and(Rules::reads_metadata)
+    }
+
     /// Runs the shadow rules and the enforced ones.
     pub fn decide(&self, facts: &Facts<'_>) -> Verdict {
         Verdict {

@@ -41,6 +41,15 @@ pub struct Decision {
 }
 
 impl Rules {
+    /// Whether some rule reads dynamic metadata or filter state, which a filter revoy skips
+    /// might have set in Envoy.
+    pub fn reads_metadata(&self) -> bool {
+        self.policies.iter().any(|(_, p)| {
+            p.permissions.iter().any(Permission::reads_metadata)
+                || p.principals.iter().any(Principal::reads_metadata)
+        })
+    }
+
     /// Envoy's engine: the first matching policy by name, then the action.
     pub fn decide(&self, facts: &Facts<'_>) -> Decision {
         let policy = self
@@ -103,6 +112,15 @@ pub enum Permission {
 }
 
 impl Permission {
+    fn reads_metadata(&self) -> bool {
+        match self {
+            Permission::And(all) | Permission::Or(all) => all.iter().any(Self::reads_metadata),
+            Permission::Not(p) => p.reads_metadata(),
+            Permission::AbsentMetadata(_) => true,
+            _ => false,
+        }
+    }
+
     /// Whether it matches.
     pub fn matches(&self, facts: &Facts<'_>) -> bool {
         match self {
@@ -160,6 +178,15 @@ pub enum Principal {
 }
 
 impl Principal {
+    fn reads_metadata(&self) -> bool {
+        match self {
+            Principal::And(all) | Principal::Or(all) => all.iter().any(Self::reads_metadata),
+            Principal::Not(p) => p.reads_metadata(),
+            Principal::AbsentMetadata(_) | Principal::AbsentFilterState => true,
+            _ => false,
+        }
+    }
+
     /// Whether it matches.
     pub fn matches(&self, facts: &Facts<'_>) -> bool {
         match self {

@@ -65,7 +65,49 @@ pub enum FilterKind {
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.rbac`.
-    Rbac(Arc<super::rbac::HttpRbacConfig>),
+    Rbac {
+        /// Its rules.
+        config: Arc<super::rbac::HttpRbacConfig>,
+        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
+        /// reading dynamic metadata or filter state, which that filter may set, then deny
+        /// every request they see.
+        after_skipped: Option<Arc<str>>,
+    },
+}
+
+impl FilterChain {
+    /// Notes that `skipped`, a network filter revoy does not run, comes before this chain
+    /// (`at`: the chain's path, for the warnings).
+    pub fn after_skipped_network_filter(
+        &mut self,
+        skipped: &str,
+        at: &str,
+        warnings: &mut Warnings,
+    ) {
+        for (i, f) in self.filters.iter_mut().enumerate() {
+            if let FilterKind::Rbac {
+                config,
+                after_skipped: after @ None,
+            } = &mut f.kind
+            {
+                *after = Some(Arc::from(skipped));
+                if config.reads_metadata {
+                    unknown_metadata_warning(warnings, &format!("{at}.http_filters[{i}]"), skipped);
+                }
+            }
+        }
+    }
+}
+
+/// The finding of an RBAC filter at `at` whose rules read what `skipped` may set.
+fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
+    warnings.fails_closed(
+        at,
+        format!(
+            "{}; every request reaching it is denied (403)",
+            super::rbac::unknown_metadata(skipped)
+        ),
+    );
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -125,6 +167,7 @@ pub fn compile_chain(
     warnings: &mut Warnings,
 ) -> Result<FilterChain, ConfigError> {
     let mut chain = FilterChain::default();
+    let mut skipped: Option<Arc<str>> = None;
     for (i, f) in filters.iter().enumerate() {
         let at = format!("http_filters[{i}]");
         if chain.router {
@@ -165,6 +208,15 @@ pub fn compile_chain(
             None => None,
         };
         let kind = match kind {
+            Some(FilterKind::Rbac { config, .. }) => {
+                if let Some(s) = skipped.as_deref().filter(|_| config.reads_metadata) {
+                    unknown_metadata_warning(warnings, &at, s);
+                }
+                FilterKind::Rbac {
+                    config,
+                    after_skipped: skipped.clone(),
+                }
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -181,6 +233,7 @@ pub fn compile_chain(
                 );
                 if !(from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension)) {
                     warnings.skipped(at, format!("{what}; requests pass through without it"));
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
                     continue;
                 }
                 warnings.fails_closed(
@@ -216,11 +269,10 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
-        RBAC => Some(FilterKind::Rbac(Arc::new(super::rbac::compile_http(
-            ctx,
-            &unpack(any)?,
-            warnings,
-        )?))),
+        RBAC => Some(FilterKind::Rbac {
+            config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
+            after_skipped: None,
+        }),
         _ => None,
     })
 }

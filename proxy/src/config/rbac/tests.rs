@@ -143,3 +143,80 @@ fn the_network_filter_refuses_header_rules_at_any_depth() {
     );
     assert!(http.is_ok());
 }
+
+/// An RBAC filter on `istio_authn` metadata (`action`) after a filter revoy skips.
+fn behind_a_skipped_filter(action: &str) -> String {
+    format!(
+        "- {{name: envoy.filters.http.cors, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}}}
+- {{name: envoy.filters.http.rbac, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {{action: {action}, policies: {{p: {{permissions: [{{any: true}}], principals: [{{metadata: {{filter: istio_authn, path: [{{key: a}}], value: {{string_match: {{exact: b}}}}}}}}]}}}}}}}}}}
+- {{name: envoy.filters.http.router, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}"
+    )
+}
+
+#[test]
+fn metadata_rules_behind_a_skipped_http_filter_fail_closed() {
+    use crate::config::http_filter::{FilterKind, compile_chain};
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let hcm: HttpConnectionManager = decode(&format!(
+        "stat_prefix: h\nhttp_filters:\n{}",
+        behind_a_skipped_filter("DENY")
+    ));
+    let mut w = Warnings::new();
+    let chain = compile_chain(&ctx, &hcm.http_filters, &mut w).unwrap();
+    let FilterKind::Rbac { after_skipped, .. } = &chain.filters[0].kind else {
+        panic!("the rbac filter: {:?}", chain.filters);
+    };
+    assert_eq!(after_skipped.as_deref(), Some("envoy.filters.http.cors"));
+    let closed: Vec<&str> = w
+        .iter()
+        .filter(|w| w.severity == crate::config::Severity::FailsClosed)
+        .map(|w| w.path.as_str())
+        .collect();
+    assert_eq!(closed, ["http_filters[1]"]);
+    let hcm: HttpConnectionManager = decode(&format!(
+        "stat_prefix: h\nhttp_filters:\n{}",
+        behind_a_skipped_filter("DENY").replace(
+            "metadata: {filter: istio_authn, path: [{key: a}], value: {string_match: {exact: b}}}",
+            "any: true"
+        )
+    ));
+    let mut w = Warnings::new();
+    compile_chain(&ctx, &hcm.http_filters, &mut w).unwrap();
+    assert!(!w.any_fails_closed(), "rules without metadata: {w:?}");
+}
+
+#[test]
+fn metadata_rules_behind_a_skipped_network_or_listener_filter_fail_closed() {
+    use proto::pb::envoy::config::listener::v3::Listener;
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let rbac = "{name: envoy.filters.network.rbac, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: t., rules: {action: DENY, policies: {p: {permissions: [{any: true}], principals: [{filter_state: {key: io.istio.peer_principal, string_match: {exact: x}}}]}}}}}";
+    let tcp = "{name: tcp, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}";
+    let exchange = "{name: istio.metadata_exchange, typed_config: {'@type': type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange, value: {protocol: istio-peer-exchange}}}";
+    let listener = |filters: &str, listener_filters: &str| -> Listener {
+        decode(&format!(
+            "name: l\naddress: {{socket_address: {{address: 127.0.0.1, port_value: 1}}}}\nlistener_filters: [{listener_filters}]\nfilter_chains: [{{filters: [{filters}]}}]"
+        ))
+    };
+    let refused = |l: &Listener| {
+        crate::config::listener::compile_listener(&ctx, l, None, &mut Warnings::new())
+            .unwrap()
+            .chains[0]
+            .refused
+            .clone()
+    };
+    let why = refused(&listener(&format!("{exchange}, {rbac}, {tcp}"), "")).expect("refused");
+    assert!(why.contains("istio.metadata_exchange"), "{why}");
+    assert_eq!(
+        refused(&listener(&format!("{rbac}, {exchange}, {tcp}"), "")),
+        None
+    );
+    let proxy_protocol = "{name: envoy.filters.listener.proxy_protocol, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.listener.proxy_protocol.v3.ProxyProtocol}}";
+    let why = refused(&listener(&format!("{rbac}, {tcp}"), proxy_protocol)).expect("refused");
+    assert!(
+        why.contains("envoy.filters.listener.proxy_protocol"),
+        "{why}"
+    );
+}

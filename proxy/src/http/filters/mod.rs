@@ -130,7 +130,15 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
-                    FilterKind::Rbac(c) => Kind::Rbac(rbac::Rbac::new(c, store, stat_prefix)),
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                 },
             })
             .collect();

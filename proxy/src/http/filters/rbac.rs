@@ -1,7 +1,9 @@
 //! `envoy.filters.http.rbac`: each request is checked against the shadow rules, then the
 //! enforced ones (a route's `RBACPerRoute` replacing both), counted under
 //! `http.<stat_prefix>.rbac.`; a denied request gets Envoy's 403 `RBAC: access denied` with the
-//! response details `rbac_access_denied_matched_policy[<policy or none>]`.
+//! response details `rbac_access_denied_matched_policy[<policy or none>]`. Rules that read
+//! dynamic metadata or filter state behind a filter revoy skips (which might set them in
+//! Envoy) fail closed instead: 403 for every request, counted in `downstream_rq_fail_closed`.
 
 use std::sync::Arc;
 
@@ -12,21 +14,38 @@ use crate::body::Body;
 use crate::config::rbac::HttpRbacConfig;
 use crate::http::local_reply::local_reply;
 use crate::rbac::{Facts, Stats};
-use crate::stats::Store;
+use crate::stats::{Counter, Store};
 
 /// The RBAC filter of one connection manager.
 #[derive(Debug)]
 pub(super) struct Rbac {
     config: Arc<HttpRbacConfig>,
     stats: Stats,
+    /// When a filter revoy skips runs before this one: why rules reading dynamic metadata
+    /// or filter state deny every request, and `downstream_rq_fail_closed`.
+    unknown_metadata: Option<(String, Counter)>,
 }
 
 impl Rbac {
     /// The filter with `config`, its stats under `http.<stat_prefix>.rbac.` (the per-route
     /// rules count there too, as in Envoy).
-    pub(super) fn new(config: &Arc<HttpRbacConfig>, store: &Store, stat_prefix: &str) -> Rbac {
+    pub(super) fn new(
+        config: &Arc<HttpRbacConfig>,
+        after_skipped: Option<&str>,
+        store: &Store,
+        stat_prefix: &str,
+    ) -> Rbac {
         let base = format!("http.{stat_prefix}.rbac.");
         Rbac {
+            unknown_metadata: after_skipped.map(|s| {
+                (
+                    format!(
+                        "access denied: envoy.filters.http.rbac: {}",
+                        crate::config::rbac::unknown_metadata(s)
+                    ),
+                    store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
+                )
+            }),
             stats: Stats::new(
                 store,
                 &base,
@@ -45,6 +64,15 @@ impl Rbac {
         route_rules: Option<&Arc<HttpRbacConfig>>,
     ) -> Option<Response<Body>> {
         let config = route_rules.unwrap_or(&self.config);
+        if let Some((why, counter)) = self
+            .unknown_metadata
+            .as_ref()
+            .filter(|_| config.reads_metadata)
+        {
+            counter.inc();
+            tracing::debug!(reason = %why, "request denied: fail closed");
+            return Some(local_reply(StatusCode::FORBIDDEN, why));
+        }
         let conn = req.conn;
         let tls = conn.down.tls.as_deref();
         let request = req.route_request();
