@@ -1,8 +1,8 @@
 //! `envoy.filters.http.rbac` against Envoy 1.40: requests by method, path (query stripped,
 //! case-sensitive), header, `remote_ip` from `x-forwarded-for`, source address and the mTLS
 //! peer's SPIFFE ID, through ALLOW, DENY and LOG rules with shadow rules and stat prefixes,
-//! per-route `RBACPerRoute` overrides (one without `rbac`, which turns the filter off there)
-//! and a route that disables the filter, and istiod's own filter for a DENY policy. Each
+//! per-route `RBACPerRoute` overrides (one without `rbac`, which turns the filter off there),
+//! a route that disables the filter and one that turns on a filter disabled in the chain, and istiod's own filter for a DENY policy. Each
 //! request's status and body, its access log's response details (the denying policy, its
 //! whitespace made `_`), whether the upstream saw it, and every `rbac.` counter must be
 //! Envoy's; Envoy's statuses must be what each case expects, and each 403 Envoy's RBAC's.
@@ -82,6 +82,22 @@ const HCMS: &[Hcm] = &[
              rbac: {rules: {policies: {get: {permissions: [{header: {name: ':method', string_match: {exact: GET}}}], principals: [{any: true}]}}}}}}}, \
           {match: {prefix: /disabled}, route: {cluster: upstream}, \
            typed_per_filter_config: {envoy.filters.http.rbac: {\"@type\": type.googleapis.com/envoy.config.route.v3.FilterConfig, disabled: true}}}, \
+          {match: {prefix: /}, route: {cluster: upstream}}]",
+    },
+    Hcm {
+        name: "optin",
+        mtls: false,
+        filters: || {
+            vec![
+                "{name: envoy.filters.http.rbac, disabled: true, typed_config: {\"@type\": \
+                 type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {}}}"
+                    .to_owned(),
+            ]
+        },
+        routes: "[\
+          {match: {prefix: /on}, route: {cluster: upstream}, \
+           typed_per_filter_config: {envoy.filters.http.rbac: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBACPerRoute, \
+             rbac: {rules: {action: DENY, policies: {p: {permissions: [{url_path: {path: {exact: /on/x}}}], principals: [{any: true}]}}}}}}}, \
           {match: {prefix: /}, route: {cluster: upstream}}]",
     },
     Hcm {
