@@ -1,4 +1,5 @@
-//! The HTTP filter chain with `envoy.filters.http.fault`, compared with Envoy 1.40 on the same
+//! The HTTP filter chain with `envoy.filters.http.fault` (and `envoy.filters.http.buffer`,
+//! at the end), compared with Envoy 1.40 on the same
 //! bootstrap: aborts (fixed, per route, header-controlled, gRPC), delays, per-route
 //! `typed_per_filter_config` (a replacing config, `FilterConfig{disabled}`, and a
 //! `FilterConfig` with an empty config enabling a filter the chain marks `disabled`), the filter's position before
@@ -250,4 +251,182 @@ fn fault_filter_matches_envoy() {
         assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
     }
     assert_eq!(got.len(), expected.len());
+}
+
+/// An upstream that answers each request with what it received: its `content-length` and
+/// `transfer-encoding` headers and its body (de-chunked).
+fn echo_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 8192];
+                let mut body: Option<String> = None;
+                while body.is_none() {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                    body = whole_request(&raw);
+                }
+                let answer = body.unwrap_or_default();
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// What the echo upstream answers once `raw` holds a whole request; `None` before.
+fn whole_request(raw: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n")?;
+    let head = head.to_ascii_lowercase();
+    let field = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(str::to_owned)
+    };
+    let (cl, te) = (field("content-length"), field("transfer-encoding"));
+    let body = if let Some(n) = cl.as_deref().and_then(|n| n.parse::<usize>().ok()) {
+        rest.get(..n)?.to_owned()
+    } else if te.is_some() {
+        let mut out = String::new();
+        let mut chunks = rest;
+        loop {
+            let (size, after) = chunks.split_once("\r\n")?;
+            let size = usize::from_str_radix(size.trim(), 16).ok()?;
+            if size == 0 {
+                break;
+            }
+            out += after.get(..size)?;
+            chunks = after.get(size + 2..)?;
+        }
+        out
+    } else {
+        String::new()
+    };
+    Some(format!("cl={cl:?} te={te:?} body={body}"))
+}
+
+/// A POST of `body` to `path`, chunked or with a content-length.
+fn post(port: u16, path: &str, body: &str, chunked: bool) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let framing = if chunked {
+        format!(
+            "transfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    } else {
+        format!("content-length: {}\r\n\r\n{body}", body.len())
+    };
+    let _ = write!(conn, "POST {path} HTTP/1.1\r\nhost: buffer\r\n{framing}");
+    // Read up to the end of the response (the connection may stay open).
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !response_complete(&raw) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or_default();
+    let closes = head.to_ascii_lowercase().contains("\r\nconnection: close");
+    format!("{status} close={closes}\n{body}")
+}
+
+/// Whether `raw` holds a whole response whose body has a `content-length`.
+fn response_complete(raw: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ").map(str::to_owned))
+        .and_then(|n| n.trim().parse::<usize>().ok());
+    length.is_some_and(|n| body.len() >= n)
+}
+
+#[test]
+fn buffer_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("buffer_filter_matches_envoy") else {
+        return;
+    };
+    let up = echo_upstream();
+    const BUFFER: &str = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer";
+    const PER_ROUTE: &str =
+        "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+    let run = |envoy: Option<&std::path::Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let yaml = format!(
+            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: buffer
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: buffer
+          http_filters: [{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}}
+              - {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}}
+              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#
+        );
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 42, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let small = "hello";
+        let large = "0123456789abcdefghij";
+        [
+            ("/", small, false),
+            ("/", small, true),
+            ("/", large, false),
+            ("/", large, true),
+            ("/off", small, true),
+            ("/off", large, true),
+            ("/big", large, true),
+        ]
+        .map(|(path, body, chunked)| {
+            format!(
+                "{path} {} chunked={chunked}\n{}",
+                body.len(),
+                post(port, path, body, chunked)
+            )
+        })
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(expected[2].contains(" 413 "), "{expected:#?}");
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
 }

@@ -5,6 +5,8 @@
 
 #![allow(deprecated)] // `metadata` and `source_ip` are deprecated and still honoured.
 
+pub mod rules;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,8 +20,7 @@ use proto::pb::envoy::r#type::matcher::v3 as m;
 use super::filter_chain_match::Cidr;
 use super::route::matchers::{header_matcher, string_matcher};
 use super::{ConfigError, Context, Warnings};
-use crate::rbac::Engines;
-use crate::rbac::rules::{AbsentMetadata, Action, Permission, Policy, Principal, Rules};
+use rules::{AbsentMetadata, Action, Engines, Permission, Policy, Principal, Rules};
 
 /// The dynamic metadata namespaces Envoy's RBAC filters write themselves (shadow results,
 /// the LOG action's flag), which revoy does not record: a matcher on them is refused.

@@ -1,8 +1,7 @@
 //! Envoy's RBAC at run time: what a request or a connection is checked against.
 //!
-//! [`rules`] holds the compiled policies (compiled by `config::rbac`) and decides for one
-//! [`Facts`] view; [`Engines`] pairs the enforced rules with the shadow rules into a
-//! [`Verdict`], which [`Stats`] counts as Envoy's
+//! [`rules`] decides for one [`Facts`] view what the compiled policies (`config::rbac::rules`)
+//! say; [`Engines`] pairs the enforced rules with the shadow rules into a [`Verdict`], which [`Stats`] counts as Envoy's
 //! `rbac.allowed|denied|shadow_allowed|shadow_denied`; [`network`] is
 //! `envoy.filters.network.rbac` on a listener's filter chain.
 
@@ -15,7 +14,8 @@ use crate::route::RouteRequest;
 use crate::stats::{Counter, Store};
 use crate::tls::PeerTls;
 
-pub use rules::{Decision, Rules};
+pub use crate::config::rbac::rules::{Engines, Rules};
+pub use rules::Decision;
 
 /// What is known about the request or connection being checked.
 #[derive(Clone, Copy)]
@@ -74,15 +74,6 @@ fn stat_prefix_join(prefix: &str, token: &str) -> String {
     }
 }
 
-/// An RBAC filter's enforced and shadow rules (either may be absent: no engine).
-#[derive(Debug, Clone, Default)]
-pub struct Engines {
-    /// `rules`.
-    pub enforced: Option<Rules>,
-    /// `shadow_rules`.
-    pub shadow: Option<Rules>,
-}
-
 /// What an RBAC filter's engines decided for one request or connection.
 #[derive(Debug, Clone, Default)]
 pub struct Verdict {
@@ -100,12 +91,6 @@ impl Verdict {
 }
 
 impl Engines {
-    /// Whether the enforced rules read dynamic metadata or filter state (the shadow rules
-    /// only count).
-    pub fn enforced_reads_metadata(&self) -> bool {
-        self.enforced.as_ref().is_some_and(Rules::reads_metadata)
-    }
-
     /// Runs the shadow rules and the enforced ones.
     pub fn decide(&self, facts: &Facts<'_>) -> Verdict {
         Verdict {

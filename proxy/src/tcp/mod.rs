@@ -25,6 +25,7 @@ use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo}
 
 #[cfg(target_os = "linux")]
 mod splice;
+mod tunnel;
 
 const BUFFER: usize = 16 * 1024;
 
@@ -159,10 +160,28 @@ impl TcpProxy {
             ctx.original_dst.or(downstream.local_addr().ok()),
             sni,
         );
+        let ends = tunnel::Endpoints {
+            remote: downstream.peer_addr().ok(),
+            local: ctx.original_dst.or(downstream.local_addr().ok()),
+        };
         let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
             return self.log(rec, None);
         };
         let activity = Activity::new();
+        if self.config.tunneling.is_some() {
+            if self
+                .tunnel(&mut upstream, &mut downstream, &ends, rec.as_deref_mut())
+                .await
+            {
+                self.run(
+                    self.copy_both(&mut downstream, &mut upstream.stream, &activity, on_data),
+                    &activity,
+                    rec.as_deref_mut(),
+                )
+                .await;
+            }
+            return self.log(rec, Some(&activity));
+        }
         match &mut upstream.stream {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
@@ -203,17 +222,56 @@ impl TcpProxy {
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
         );
+        let ends = tunnel::Endpoints {
+            remote: tcp.peer_addr().ok(),
+            local: ctx.original_dst.or(tcp.local_addr().ok()),
+        };
         let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
             return self.log(rec, None);
         };
         let activity = Activity::new();
-        self.run(
-            self.copy_both(&mut downstream, &mut upstream.stream, &activity, on_data),
-            &activity,
-            rec.as_deref_mut(),
-        )
-        .await;
+        if self.config.tunneling.is_none()
+            || self
+                .tunnel(&mut upstream, &mut downstream, &ends, rec.as_deref_mut())
+                .await
+        {
+            self.run(
+                self.copy_both(&mut downstream, &mut upstream.stream, &activity, on_data),
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+        }
         self.log(rec, Some(&activity));
+    }
+
+    /// Opens the configured tunnel on `upstream` and hands the downstream what the upstream
+    /// sent after its answer; false (the connection is to be closed) when it failed.
+    async fn tunnel<D: AsyncWrite + Unpin>(
+        &self,
+        upstream: &mut UpstreamConnection,
+        downstream: &mut D,
+        ends: &tunnel::Endpoints,
+        rec: Option<&mut Record>,
+    ) -> bool {
+        let Some(t) = &self.config.tunneling else {
+            return true;
+        };
+        let opened = match tunnel::open(&mut upstream.stream, t, ends).await {
+            Ok(first) if first.is_empty() => Ok(()),
+            Ok(first) => downstream.write_all(&first).await.map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "tcp_proxy: tunnel not opened");
+                if let Some(r) = rec {
+                    r.flags.set(ResponseFlag::UpstreamConnectionFailure);
+                }
+                false
+            }
+        }
     }
 
     /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts).
@@ -235,6 +293,18 @@ impl TcpProxy {
         };
         if let Some(r) = rec.as_deref_mut() {
             r.upstream_cluster = Some(name.into());
+        }
+        if self.config.tunneling.is_some()
+            && cluster.config().protocol == crate::config::cluster::UpstreamProtocol::Http2
+        {
+            tracing::warn!(
+                cluster = name,
+                "tcp_proxy: tunneling over HTTP/2 is not implemented by revoy; connection closed"
+            );
+            if let Some(r) = rec {
+                r.flags.set(ResponseFlag::UpstreamConnectionFailure);
+            }
+            return None;
         }
         let mut attempts = 0;
         loop {
@@ -292,6 +362,11 @@ impl TcpProxy {
         let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
             .on_data(on_data);
         let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
+        // A POST tunnel carries the downstream's bytes as the request's chunked body.
+        if self.config.tunneling.as_ref().is_some_and(|t| t.use_post) {
+            let uw = tunnel::Chunked::new(uw);
+            return tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx));
+        }
         tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx),)
     }
 

@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod buffer;
 pub mod fault;
 
 use std::sync::Arc;
@@ -17,9 +18,12 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Any;
 
 use super::{ConfigError, Context, Warnings};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
@@ -64,6 +68,8 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`.
+    Buffer(buffer::BufferConfig),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
@@ -108,55 +114,6 @@ fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
             super::rbac::unknown_metadata(skipped)
         ),
     );
-}
-
-/// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name.
-#[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs(Vec<(Arc<str>, PerRoute)>);
-
-impl PerFilterConfigs {
-    /// The entry for the filter named `name`.
-    pub fn get(&self, name: &str) -> Option<&PerRoute> {
-        self.0.iter().find(|(n, _)| &**n == name).map(|(_, c)| c)
-    }
-}
-
-impl PerRoute {
-    /// Whether the filter is disabled here.
-    pub fn disabled(&self) -> bool {
-        matches!(self, PerRoute::Disabled)
-    }
-
-    /// The configuration replacing the filter's own here, if any.
-    pub fn config(&self) -> Option<&PerRouteKind> {
-        match self {
-            PerRoute::Config(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
-/// What a route (or virtual host, or route configuration) says about one filter.
-#[derive(Debug, Clone)]
-pub enum PerRoute {
-    /// `FilterConfig{disabled: true}`: the filter does not run here.
-    Disabled,
-    /// `FilterConfig{config: {}}` (an empty config): the filter runs here (even if `disabled`
-    /// in the chain) with its filter-level configuration.
-    Enabled,
-    /// The filter runs here with this configuration instead of its filter-level one.
-    Config(PerRouteKind),
-}
-
-/// A filter's per-route configuration.
-#[derive(Debug, Clone)]
-pub enum PerRouteKind {
-    /// `envoy.filters.http.fault`: replaces the filter's fault settings.
-    Fault(Arc<fault::FaultConfig>),
-    /// `envoy.filters.http.rbac` (`RBACPerRoute`): replaces the filter's rules; without
-    /// `rbac` the filter checks nothing on the route.
-    Rbac(Arc<super::rbac::HttpRbacConfig>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -269,6 +226,7 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
+        BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
         RBAC => Some(FilterKind::Rbac {
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
             after_skipped: None,
@@ -315,25 +273,35 @@ pub fn compile_per_filter(
             }
         }
         let kind = match proto::type_name_of(&any.type_url) {
-            FAULT => Some(PerRouteKind::Fault(Arc::new(
-                fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            FAULT => Some(routed(fault::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            RBAC_PER_ROUTE => Some(PerRouteKind::Rbac(Arc::new(
-                super::rbac::compile_per_route(
-                    ctx,
-                    &unpack(any).map_err(|e| e.within(&at))?,
-                    &mut Warnings::new(),
-                )
-                .map_err(|e| e.within(&at))?,
+            BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                &mut Warnings::new(),
             ))),
             _ => None,
         };
         if let Some(kind) = kind {
-            out.push((Arc::from(name.as_str()), PerRoute::Config(kind)));
+            out.push((
+                Arc::from(name.as_str()),
+                PerRoute::Config(kind.map_err(|e| e.within(&at))?),
+            ));
         }
     }
     Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out))))
+}
+
+/// A compiled per-route configuration, as routes keep it.
+fn routed<T: FilterRouteConfig>(
+    compiled: Result<T, ConfigError>,
+) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
+    compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

@@ -14,12 +14,15 @@
 //! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
 //! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
 //! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
-//! specific entry with a config replaces the filter's own.
+//! specific entry with a config replaces the filter's own: a filter reads it with
+//! `Selected::filter_config::<T>` (its per-route type, compiled in
+//! `config::http_filter::compile_per_filter`).
 //!
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod buffer;
 mod fault;
 mod rbac;
 
@@ -31,7 +34,8 @@ use super::ConnContext;
 use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
-use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -56,6 +60,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.buffer`.
+    Buffer(crate::config::http_filter::buffer::BufferConfig),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
 }
@@ -130,6 +136,7 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Buffer(c) => Kind::Buffer(*c),
                     FilterKind::Rbac {
                         config,
                         after_skipped,
@@ -161,7 +168,7 @@ impl Chain {
             if disabled.unwrap_or(f.disabled) {
                 continue;
             }
-            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let route = req.route;
             let reply = match &f.kind {
                 Kind::FailClosed(why, counter) => {
                     counter.inc();
@@ -169,19 +176,15 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.and_then(|c| match c {
-                        PerRouteKind::Fault(c) => Some(c),
-                        _ => None,
-                    });
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     fault.decode(req, settings, encoders).await
                 }
-                Kind::Rbac(rbac) => {
-                    let rules = route_config.and_then(|c| match c {
-                        PerRouteKind::Rbac(c) => Some(c),
-                        _ => None,
-                    });
-                    rbac.decode(req, rules)
-                }
+                Kind::Buffer(own) => match route.and_then(|r| r.filter_config(&f.name)) {
+                    Some(BufferPerRouteConfig::Disabled) => None,
+                    Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
+                    None => buffer::decode(*own, req).await,
+                },
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;

@@ -61,7 +61,7 @@ impl Rbac {
     pub(super) fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_rules: Option<&Arc<HttpRbacConfig>>,
+        route_rules: Option<&HttpRbacConfig>,
     ) -> Option<Response<Body>> {
         let config = route_rules.unwrap_or(&self.config);
         if let Some((why, counter)) = self
