@@ -115,7 +115,8 @@ const HCMS: &[Hcm] = &[
         mtls: true,
         filters: || {
             vec![http_rbac(&format!(
-                "rules: {{policies: {{p: {{permissions: [{{any: true}}], principals: [{{authenticated: {{principal_name: {{exact: \"{}\"}}}}}}]}}}}}}",
+                "rules: {{policies: {{p: {{permissions: [{{header: {{name: ':scheme', string_match: {{exact: https}}}}}}], \
+                 principals: [{{authenticated: {{principal_name: {{exact: \"{}\"}}}}}}]}}}}}}",
                 super::SLEEP
             ))]
         },

@@ -75,7 +75,9 @@ impl Rbac {
         }
         let conn = req.conn;
         let tls = conn.down.tls.as_deref();
-        let request = req.route_request();
+        // `:scheme` is the connection's, as Envoy's codec sets it (not `x-forwarded-proto`).
+        let mut request = req.route_request();
+        request.https = tls.is_some();
         let facts = Facts {
             request: Some(&request),
             local: conn.local,
