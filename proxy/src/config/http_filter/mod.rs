@@ -8,6 +8,7 @@
 
 pub mod buffer;
 pub mod fault;
+pub mod health_check;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
@@ -70,6 +72,8 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.buffer`.
     Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(Arc<health_check::HealthCheckConfig>),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
@@ -227,6 +231,10 @@ fn compile_kind(
             &unpack(any)?,
         )?))),
         BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
         RBAC => Some(FilterKind::Rbac {
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
             after_skipped: None,

@@ -24,6 +24,7 @@
 
 mod buffer;
 mod fault;
+mod health_check;
 mod rbac;
 
 use std::sync::Arc;
@@ -62,6 +63,8 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(health_check::HealthCheck),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
 }
@@ -119,6 +122,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The health-check filter's marks on the response.
+    HealthCheck(health_check::Answer),
 }
 
 impl Chain {
@@ -137,6 +142,9 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::HealthCheck(c) => {
+                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
                     FilterKind::Rbac {
                         config,
                         after_skipped,
@@ -184,6 +192,7 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::HealthCheck(h) => h.decode(req, encoders).await,
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
@@ -210,9 +219,10 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::HealthCheck(a) => a.encode(resp),
         }
     }
 }
