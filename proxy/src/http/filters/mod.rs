@@ -25,6 +25,7 @@
 mod buffer;
 mod fault;
 mod health_check;
+mod rbac;
 
 use std::sync::Arc;
 
@@ -64,6 +65,8 @@ enum Kind {
     Buffer(crate::config::http_filter::buffer::BufferConfig),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
 }
 
 /// One request as the filters see it, before the router.
@@ -80,6 +83,9 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
@@ -139,6 +145,15 @@ impl Chain {
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
                     }
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                 },
             })
             .collect();
@@ -178,6 +193,7 @@ impl Chain {
                     None => buffer::decode(*own, req).await,
                 },
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;
