@@ -8,6 +8,7 @@
 
 pub mod buffer;
 pub mod fault;
+pub mod health_check;
 pub mod local_ratelimit;
 pub mod ratelimit;
 
@@ -25,7 +26,10 @@ use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -74,6 +78,52 @@ pub enum FilterKind {
     LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
     /// `envoy.filters.http.ratelimit`.
     RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(Arc<health_check::HealthCheckConfig>),
+    /// `envoy.filters.http.rbac`.
+    Rbac {
+        /// Its rules.
+        config: Arc<super::rbac::HttpRbacConfig>,
+        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
+        /// reading dynamic metadata or filter state, which that filter may set, then deny
+        /// every request they see.
+        after_skipped: Option<Arc<str>>,
+    },
+}
+
+impl FilterChain {
+    /// Notes that `skipped`, a network filter revoy does not run, comes before this chain
+    /// (`at`: the chain's path, for the warnings).
+    pub fn after_skipped_network_filter(
+        &mut self,
+        skipped: &str,
+        at: &str,
+        warnings: &mut Warnings,
+    ) {
+        for (i, f) in self.filters.iter_mut().enumerate() {
+            if let FilterKind::Rbac {
+                config,
+                after_skipped: after @ None,
+            } = &mut f.kind
+            {
+                *after = Some(Arc::from(skipped));
+                if config.reads_metadata {
+                    unknown_metadata_warning(warnings, &format!("{at}.http_filters[{i}]"), skipped);
+                }
+            }
+        }
+    }
+}
+
+/// The finding of an RBAC filter at `at` whose rules read what `skipped` may set.
+fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
+    warnings.fails_closed(
+        at,
+        format!(
+            "{}; every request reaching it is denied (403)",
+            super::rbac::unknown_metadata(skipped)
+        ),
+    );
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -84,6 +134,7 @@ pub fn compile_chain(
     warnings: &mut Warnings,
 ) -> Result<FilterChain, ConfigError> {
     let mut chain = FilterChain::default();
+    let mut skipped: Option<Arc<str>> = None;
     for (i, f) in filters.iter().enumerate() {
         let at = format!("http_filters[{i}]");
         if chain.router {
@@ -116,11 +167,23 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
+                let before = warnings.len();
+                let kind = compile_kind(ctx, any, warnings);
+                warnings.prefix_since(before, &format!("{at}.typed_config"));
+                kind.map_err(|e| e.within(&format!("{at}.typed_config")))?
             }
             None => None,
         };
         let kind = match kind {
+            Some(FilterKind::Rbac { config, .. }) => {
+                if let Some(s) = skipped.as_deref().filter(|_| config.reads_metadata) {
+                    unknown_metadata_warning(warnings, &at, s);
+                }
+                FilterKind::Rbac {
+                    config,
+                    after_skipped: skipped.clone(),
+                }
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -137,6 +200,7 @@ pub fn compile_chain(
                 );
                 if !(from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension)) {
                     warnings.skipped(at, format!("{what}; requests pass through without it"));
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
                     continue;
                 }
                 warnings.fails_closed(
@@ -162,7 +226,11 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
@@ -175,12 +243,22 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
         ratelimit::HTTP_RATE_LIMIT => Some(FilterKind::RateLimit(Arc::new(
             ratelimit::compile_service(ctx, &unpack(any)?)?,
         ))),
+        HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
+        RBAC => Some(FilterKind::Rbac {
+            config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
+            after_skipped: None,
+        }),
         _ => None,
     })
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
-/// the filter itself is reported where the connection manager names it.
+/// the filter itself is reported where the connection manager names it. Route compiles keep
+/// no warnings, so an `RBACPerRoute`'s notes (metadata matchers that never see metadata) are
+/// not listed; the filter-level rules' are.
 pub fn compile_per_filter(
     ctx: &Context<'_>,
     map: &std::collections::HashMap<String, Any>,
@@ -230,6 +308,11 @@ pub fn compile_per_filter(
             ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(routed(ratelimit::compile_per_route(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                &mut Warnings::new(),
             ))),
             _ => None,
         };

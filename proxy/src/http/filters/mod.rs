@@ -25,8 +25,10 @@
 mod buffer;
 mod descriptors;
 mod fault;
+mod health_check;
 mod local_ratelimit;
 mod ratelimit;
+mod rbac;
 mod rls;
 
 use std::sync::Arc;
@@ -69,6 +71,10 @@ enum Kind {
     LocalRateLimit(local_ratelimit::LocalRateLimit),
     /// `envoy.filters.http.ratelimit`.
     RateLimit(ratelimit::RateLimit),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
 }
 
 /// One request as the filters see it, before the router.
@@ -85,6 +91,9 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
@@ -125,6 +134,8 @@ enum Encoder {
     XRateLimit(Arc<crate::limits::TokenBucket>),
     /// Headers the rate limit service asked to add to the response.
     AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
+    /// The health-check filter's marks on the response.
+    HealthCheck(health_check::Answer),
 }
 
 impl Chain {
@@ -149,6 +160,18 @@ impl Chain {
                     FilterKind::RateLimit(c) => {
                         Kind::RateLimit(ratelimit::RateLimit::new(c, store))
                     }
+                    FilterKind::HealthCheck(c) => {
+                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                 },
             })
             .collect();
@@ -195,6 +218,8 @@ impl Chain {
                     let settings = route.and_then(|r| r.filter_config(&f.name));
                     limit.decode(req, settings, encoders).await
                 }
+                Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;
@@ -231,6 +256,7 @@ impl Encoder {
                     resp.headers_mut().append(name, value);
                 }
             }
+            Encoder::HealthCheck(a) => a.encode(resp),
         }
     }
 }
