@@ -314,7 +314,7 @@ async fn route_and_forward(
         protocol,
         scheme,
     };
-    let selected = table.select(&route_req);
+    let mut selected = table.select(&route_req);
     if let Some(p) = pending.as_deref_mut() {
         p.begin_trace(
             ctx,
@@ -324,6 +324,7 @@ async fn route_and_forward(
         );
     }
     if !ctx.hcm.filters.is_empty() {
+        let version = req.version();
         let mut filtered = FilterRequest {
             headers: &mut route_headers,
             method: &method,
@@ -333,9 +334,21 @@ async fn route_and_forward(
             conn: ctx,
             route: selected,
             record: pending.as_deref_mut().map(Pending::record),
+            version,
+            clear_route_cache: false,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
+        }
+        if filtered.clear_route_cache {
+            selected = table.select(&routing(
+                &method,
+                &host_full,
+                &path,
+                &route_headers,
+                https,
+                random_value,
+            ));
         }
     }
     // The filters may have changed the headers the route's actions read.

@@ -410,6 +410,13 @@ impl<'a> Selected<'a> {
             .find_map(|p| p.get(name).and_then(PerRoute::config))
     }
 
+    /// Every level's configuration replacing the filter `name`'s own, most specific first
+    /// (for filters that merge them, as Envoy's `getMergedPerFilterConfig`).
+    pub fn filter_configs(&self, name: &str) -> impl Iterator<Item = &'a PerRouteKind> {
+        self.per_filter_levels()
+            .filter_map(move |p| p.get(name).and_then(PerRoute::config))
+    }
+
     /// The levels' `typed_per_filter_config`, most specific first.
     fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
         [

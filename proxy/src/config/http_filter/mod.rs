@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod ext_authz;
 pub mod fault;
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use super::{ConfigError, Context, Warnings};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -62,6 +65,8 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -108,6 +113,8 @@ pub enum PerRoute {
 pub enum PerRouteKind {
     /// `envoy.filters.http.fault`: replaces the filter's fault settings.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.ext_authz`: `ExtAuthzPerRoute`.
+    ExtAuthz(Arc<ext_authz::ExtAuthzPerRoute>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -150,7 +157,11 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
+                let from = warnings.len();
+                let kind = compile_kind(ctx, any, warnings)
+                    .map_err(|e| e.within(&format!("{at}.typed_config")))?;
+                warnings.prefix_since(from, &format!("{at}.typed_config"));
+                kind
             }
             None => None,
         };
@@ -196,11 +207,20 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
             &unpack(any)?,
+        )?))),
+        EXT_AUTHZ => Some(FilterKind::ExtAuthz(Arc::new(ext_authz::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
         )?))),
         _ => None,
     })
@@ -244,6 +264,10 @@ pub fn compile_per_filter(
         let kind = match proto::type_name_of(&any.type_url) {
             FAULT => Some(PerRouteKind::Fault(Arc::new(
                 fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            ))),
+            EXT_AUTHZ_PER_ROUTE => Some(PerRouteKind::ExtAuthz(Arc::new(
+                ext_authz::compile_per_route(&unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
             _ => None,

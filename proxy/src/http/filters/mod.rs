@@ -20,6 +20,7 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod ext_authz;
 mod fault;
 
 use std::sync::Arc;
@@ -55,6 +56,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(ext_authz::ExtAuthz),
 }
 
 /// One request as the filters see it, before the router.
@@ -75,6 +78,10 @@ pub struct FilterRequest<'a> {
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
     pub record: Option<&'a mut Record>,
+    /// The request's HTTP version.
+    pub version: http::Version,
+    /// Set by a filter that changed what the route was chosen by: the router chooses it again.
+    pub clear_route_cache: bool,
 }
 
 impl FilterRequest<'_> {
@@ -107,6 +114,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// Headers the authorization service asked to add to the response.
+    ExtAuthz(ext_authz::ResponseHeaders),
 }
 
 impl Chain {
@@ -124,6 +133,9 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::ExtAuthz(c) => {
+                        Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
+                    }
                 },
             })
             .collect();
@@ -154,8 +166,17 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    let settings = route_config.and_then(|c| match c {
+                        PerRouteKind::Fault(c) => Some(c),
+                        _ => None,
+                    });
                     fault.decode(req, settings, encoders).await
+                }
+                Kind::ExtAuthz(authz) => {
+                    let levels = req
+                        .route
+                        .map(|r| ext_authz::route_levels(r.filter_configs(&f.name)));
+                    authz.decode(req, levels, encoders).await
                 }
             };
             if reply.is_some() {
@@ -182,9 +203,10 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::ExtAuthz(headers) => headers.encode(resp),
         }
     }
 }
