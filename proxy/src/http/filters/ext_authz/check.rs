@@ -12,7 +12,7 @@ use proto::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, attrib
 
 use super::super::FilterRequest;
 use crate::body::Body;
-use crate::config::http_filter::ext_authz::{BufferSettings, ExtAuthzConfig};
+use crate::config::http_filter::ext_authz::{BufferSettings, ExtAuthzConfig, Service};
 use crate::http::buffered_body::replay_then;
 use crate::http::local_reply::local_reply;
 
@@ -20,6 +20,8 @@ use crate::http::local_reply::local_reply;
 #[derive(Debug)]
 pub(super) struct CheckBody {
     data: Bytes,
+    /// The bytes of the body received when the check was made.
+    received: usize,
     /// Whether the request's body is longer than `data`.
     partial: bool,
     /// `pack_as_bytes`.
@@ -67,6 +69,7 @@ pub(super) async fn read_body(
     let kept = whole.len().min(settings.max_request_bytes);
     let check = CheckBody {
         data: whole.slice(..kept),
+        received: size,
         partial: kept != whole.len() || !ended,
         as_bytes: settings.pack_as_bytes,
     };
@@ -91,9 +94,11 @@ pub(super) fn request(
         (":method", req.method.as_str()),
         (":scheme", scheme),
     ];
+    // Envoy's header map holds the Host header as `:authority`.
     let regular = req
         .headers
         .iter()
+        .filter(|(n, _)| *n != http::header::HOST)
         .map(|(n, v)| (n.as_str(), std::str::from_utf8(v.as_bytes()).unwrap_or("")));
     for (name, value) in pseudo.into_iter().chain(regular) {
         if !sent(config, name) {
@@ -120,7 +125,7 @@ pub(super) fn request(
             "x-envoy-auth-partial-body".to_owned(),
             b.partial.to_string(),
         );
-        http.size = b.data.len() as i64;
+        http.size = b.received as i64;
         if b.as_bytes {
             http.raw_body = b.data.to_vec();
         } else {
@@ -176,13 +181,27 @@ pub(super) fn request(
     }
 }
 
-/// Whether header `name` goes to the service (`allowed_headers`, `disallowed_headers`).
+/// The request headers an HTTP service is always sent.
+const HTTP_ALWAYS_SENT: [&str; 4] = ["authorization", ":method", ":path", ":authority"];
+
+/// Whether header `name` goes to the service: `allowed_headers` (for an HTTP service, the
+/// ones it is always sent, and its `authorization_request.allowed_headers` when the filter
+/// sets none), less `disallowed_headers`.
 fn sent(config: &ExtAuthzConfig, name: &str) -> bool {
-    config
-        .allowed_headers
-        .as_ref()
-        .is_none_or(|a| a.iter().any(|m| m.matches(name)))
-        && !config.disallowed_headers.iter().any(|m| m.matches(name))
+    let allowed = match (&config.service, &config.allowed_headers) {
+        (Service::Http(h), allowed) => {
+            HTTP_ALWAYS_SENT.contains(&name)
+                || allowed
+                    .as_deref()
+                    .unwrap_or(&h.allowed_headers)
+                    .iter()
+                    .any(|m| m.matches(name))
+        }
+        (Service::Grpc(_), allowed) => allowed
+            .as_ref()
+            .is_none_or(|a| a.iter().any(|m| m.matches(name))),
+    };
+    allowed && !config.disallowed_headers.iter().any(|m| m.matches(name))
 }
 
 fn protocol(v: Version) -> &'static str {

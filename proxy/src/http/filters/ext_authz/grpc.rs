@@ -94,7 +94,9 @@ fn mutations(options: &[HeaderValueOption], response: bool) -> Vec<Mutation> {
                 Some(true) if response => Action::Add,
                 Some(true) => Action::Append,
                 Some(false) => Action::Set,
+                // Envoy 1.40 sets a request header whose action is left at its default.
                 None => match A::try_from(o.append_action) {
+                    Ok(A::AppendIfExistsOrAdd) if !response => Action::Set,
                     Ok(A::AppendIfExistsOrAdd) => Action::Add,
                     Ok(A::AddIfAbsent) => Action::AddIfAbsent,
                     Ok(A::OverwriteIfExists) => Action::OverwriteIfExists,

@@ -1,6 +1,6 @@
-//! Checks against an HTTP authorization service (Envoy's `RawHttpClientImpl`): the request's
-//! method, path (after `path_prefix`), authority, `authorization` and the allowed headers go
-//! to the service's cluster with the body read for the check; a 200 allows, a 5xx or a
+//! Checks against an HTTP authorization service (Envoy's `RawHttpClientImpl`): the check's
+//! headers (its method, path after `path_prefix`, authority, `authorization` and the allowed
+//! headers) go to the service's cluster with the body read for the check; a 200 allows, a 5xx or a
 //! failure is an error, anything else denies with the service's status, headers and body.
 
 use std::time::Duration;
@@ -17,8 +17,6 @@ use crate::upstream::{ClusterManager, LbContext};
 
 /// The header through which the service names request headers to remove.
 const HEADERS_TO_REMOVE: &str = "x-envoy-auth-headers-to-remove";
-/// The request headers that always go to the service.
-const ALWAYS_SENT: [&str; 4] = ["authorization", ":method", ":path", ":authority"];
 /// The denial headers that always reach the client when `allowed_client_headers` is set.
 const ALWAYS_TO_CLIENT: [&str; 4] = [":status", "content-length", "www-authenticate", "location"];
 
@@ -49,9 +47,7 @@ pub(super) async fn check(
     names.sort();
     for name in names {
         let value = &http.headers[name];
-        let wanted = ALWAYS_SENT.contains(&name.as_str())
-            || target.allowed_headers.iter().any(|m| m.matches(name));
-        if !wanted || name == "content-length" {
+        if name == "content-length" {
             continue;
         }
         match name.as_str() {
@@ -72,6 +68,11 @@ pub(super) async fn check(
     else {
         return Decision::Error;
     };
+    // Envoy's HTTP client marks its own requests internal.
+    req.headers_mut().insert(
+        "x-envoy-internal",
+        http::HeaderValue::from_static("true"),
+    );
     for (name, value) in &target.headers_to_add {
         req.headers_mut().insert(name, value.clone());
     }

@@ -33,7 +33,8 @@ pub(super) struct ExtAuthz {
     stats: Stats,
 }
 
-/// `http.<prefix>.ext_authz.[<stat_prefix>.]*`, and `cluster.<route's cluster>.ext_authz.*`.
+/// `http.<prefix>.ext_authz.[<stat_prefix>.]*`, and the same under the route's cluster
+/// (`cluster.<name>.ext_authz.[<stat_prefix>.]*`).
 #[derive(Debug)]
 struct Stats {
     ok: Counter,
@@ -41,12 +42,14 @@ struct Stats {
     error: Counter,
     failure_mode_allowed: Counter,
     store: Store,
+    /// `ext_authz.[<stat_prefix>.]`, the counters' names under a cluster's prefix.
+    own: String,
     /// The route clusters' counters, by cluster name (held: the store frees a metric
     /// nothing holds).
     by_cluster: Mutex<HashMap<Box<str>, Arc<ClusterCounters>>>,
 }
 
-/// `cluster.<name>.ext_authz.{ok,denied,error,failure_mode_allowed}`.
+/// `cluster.<name>.ext_authz.[<stat_prefix>.]{ok,denied,error,failure_mode_allowed}`.
 #[derive(Debug)]
 struct ClusterCounters {
     ok: Counter,
@@ -104,11 +107,14 @@ pub(super) struct ResponseHeaders(Vec<Mutation>);
 impl ExtAuthz {
     /// The filter with `config`, its stats under `http.<stat_prefix>.ext_authz.`.
     pub(super) fn new(config: &Arc<ExtAuthzConfig>, store: &Store, stat_prefix: &str) -> ExtAuthz {
-        let prefix = match config.stat_prefix.as_str() {
-            "" => format!("http.{stat_prefix}.ext_authz."),
-            own => format!("http.{stat_prefix}.ext_authz.{own}."),
+        let own = match config.stat_prefix.as_str() {
+            "" => "ext_authz.".to_owned(),
+            own => format!("ext_authz.{own}."),
         };
-        let counter = |n: &str| store.counter(&format!("{prefix}{n}"));
+        let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.{own}{n}"));
+        // Envoy registers `disabled` with the others; revoy refuses `filter_enabled`, the only
+        // way to count it.
+        let _ = counter("disabled");
         ExtAuthz {
             config: config.clone(),
             stats: Stats {
@@ -117,6 +123,7 @@ impl ExtAuthz {
                 error: counter("error"),
                 failure_mode_allowed: counter("failure_mode_allowed"),
                 store: store.clone(),
+                own,
                 by_cluster: Mutex::default(),
             },
         }
@@ -250,7 +257,7 @@ impl ExtAuthz {
             let counter = |n: &str| {
                 self.stats
                     .store
-                    .counter(&format!("cluster.{name}.ext_authz.{n}"))
+                    .counter(&format!("cluster.{name}.{}{n}", self.stats.own))
             };
             Arc::new(ClusterCounters {
                 ok: counter("ok"),
