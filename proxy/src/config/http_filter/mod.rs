@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod basic_auth;
 pub mod ext_authz;
 pub mod fault;
 
@@ -23,6 +24,8 @@ const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
+const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
+const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -67,6 +70,8 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.ext_authz`.
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(Arc<basic_auth::BasicAuthConfig>),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -115,6 +120,8 @@ pub enum PerRouteKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.ext_authz`: `ExtAuthzPerRoute`.
     ExtAuthz(Arc<ext_authz::ExtAuthzPerRoute>),
+    /// `envoy.filters.http.basic_auth`: `BasicAuthPerRoute`, the users replacing the filter's.
+    BasicAuth(Arc<basic_auth::Users>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -222,6 +229,11 @@ fn compile_kind(
             &unpack(any)?,
             warnings,
         )?))),
+        BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
         _ => None,
     })
 }
@@ -270,6 +282,10 @@ pub fn compile_per_filter(
                 ext_authz::compile_per_route(&unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
+            BASIC_AUTH_PER_ROUTE => Some(PerRouteKind::BasicAuth(
+                basic_auth::compile_per_route(ctx, &unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            )),
             _ => None,
         };
         if let Some(kind) = kind {

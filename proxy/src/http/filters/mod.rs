@@ -20,6 +20,7 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod basic_auth;
 mod ext_authz;
 mod fault;
 
@@ -58,6 +59,8 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.ext_authz`.
     ExtAuthz(ext_authz::ExtAuthz),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(basic_auth::BasicAuth),
 }
 
 /// One request as the filters see it, before the router.
@@ -92,6 +95,13 @@ impl FilterRequest<'_> {
             if let Some(d) = details {
                 r.details = Some(d.into());
             }
+        }
+    }
+
+    /// Notes the response code details in the access-log record.
+    fn note_details(&mut self, details: &str) {
+        if let Some(r) = self.record.as_deref_mut() {
+            r.details = Some(details.into());
         }
     }
 
@@ -136,6 +146,9 @@ impl Chain {
                     FilterKind::ExtAuthz(c) => {
                         Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
                     }
+                    FilterKind::BasicAuth(c) => {
+                        Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
+                    }
                 },
             })
             .collect();
@@ -177,6 +190,13 @@ impl Chain {
                         .route
                         .map(|r| ext_authz::route_levels(r.filter_configs(&f.name)));
                     authz.decode(req, levels, encoders).await
+                }
+                Kind::BasicAuth(auth) => {
+                    let users = route_config.and_then(|c| match c {
+                        PerRouteKind::BasicAuth(users) => Some(users),
+                        _ => None,
+                    });
+                    auth.decode(req, users)
                 }
             };
             if reply.is_some() {
