@@ -140,7 +140,11 @@ fn cases() -> Vec<(usize, &'static str, String)> {
         (0, "/", auth("nobody:test1")),
         (0, "/", auth("user1:test1")),
         (0, "/", auth("user2:test2") + "x-user: forged\r\n"),
-        (0, "/", format!("authorization: Basic {}\r\n", "dXNlcjE6dGVzdDE")),
+        (
+            0,
+            "/",
+            format!("authorization: Basic {}\r\n", "dXNlcjE6dGVzdDE"),
+        ),
         (0, "/second", auth("user1:test1")),
         (0, "/second", auth("user2:test2")),
         (0, "/open", String::new()),
@@ -161,7 +165,10 @@ fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
     let mut seen: Vec<String> = cases()
         .iter()
         .map(|(l, path, headers)| {
-            format!("{l} {path} {headers:?}\n{}", request(ports[*l], path, headers))
+            format!(
+                "{l} {path} {headers:?}\n{}",
+                request(ports[*l], path, headers)
+            )
         })
         .collect();
     let stats = request(admin, "/stats", "");

@@ -105,7 +105,12 @@ fn normalised(r: &CheckRequest) -> String {
 /// The fake gRPC service: what it answers depends on the request's `x-authz` header.
 struct GrpcAuthz(Log);
 
-fn option(key: &str, value: &str, append: Option<bool>, action: HeaderAppendAction) -> HeaderValueOption {
+fn option(
+    key: &str,
+    value: &str,
+    append: Option<bool>,
+    action: HeaderAppendAction,
+) -> HeaderValueOption {
     #[allow(deprecated)]
     HeaderValueOption {
         header: Some(HeaderValue {
@@ -126,7 +131,10 @@ impl Authorization for GrpcAuthz {
         req: tonic::Request<CheckRequest>,
     ) -> Result<tonic::Response<CheckResponse>, tonic::Status> {
         let req = req.into_inner();
-        self.0.lock().unwrap().push(format!("grpc {}", normalised(&req)));
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("grpc {}", normalised(&req)));
         let mode = req
             .attributes
             .as_ref()
@@ -151,8 +159,18 @@ impl Authorization for GrpcAuthz {
                             code: StatusCode::Unauthorized as i32,
                         }),
                         headers: vec![
-                            option("x-denied", "yes", None, HeaderAppendAction::AppendIfExistsOrAdd),
-                            option("content-type", "text/x-denied", Some(false), HeaderAppendAction::AppendIfExistsOrAdd),
+                            option(
+                                "x-denied",
+                                "yes",
+                                None,
+                                HeaderAppendAction::AppendIfExistsOrAdd,
+                            ),
+                            option(
+                                "content-type",
+                                "text/x-denied",
+                                Some(false),
+                                HeaderAppendAction::AppendIfExistsOrAdd,
+                            ),
                         ],
                         body: "go away".into(),
                     },
@@ -184,17 +202,40 @@ impl Authorization for GrpcAuthz {
                 status: ok,
                 http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
                     headers: vec![
-                        option("x-added", "1", None, HeaderAppendAction::AppendIfExistsOrAdd),
-                        option("x-app", "more", None, HeaderAppendAction::AppendIfExistsOrAdd),
-                        option("x-set", "new", Some(false), HeaderAppendAction::AppendIfExistsOrAdd),
-                        option("x-joined", "two", Some(true), HeaderAppendAction::AppendIfExistsOrAdd),
+                        option(
+                            "x-added",
+                            "1",
+                            None,
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        ),
+                        option(
+                            "x-app",
+                            "more",
+                            None,
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        ),
+                        option(
+                            "x-set",
+                            "new",
+                            Some(false),
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        ),
+                        option(
+                            "x-joined",
+                            "two",
+                            Some(true),
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        ),
                         option("x-absent", "a", None, HeaderAppendAction::AddIfAbsent),
                         option("x-over", "o", None, HeaderAppendAction::OverwriteIfExists),
                     ],
                     headers_to_remove: vec!["x-remove-me".into(), "host".into()],
-                    response_headers_to_add: vec![
-                        option("x-resp", "r", None, HeaderAppendAction::AppendIfExistsOrAdd),
-                    ],
+                    response_headers_to_add: vec![option(
+                        "x-resp",
+                        "r",
+                        None,
+                        HeaderAppendAction::AppendIfExistsOrAdd,
+                    )],
                     ..Default::default()
                 })),
                 ..Default::default()
@@ -215,7 +256,11 @@ async fn http_authz(
     log: Log,
 ) -> Result<http::Response<Full<bytes::Bytes>>, Infallible> {
     let (head, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let mut headers: Vec<String> = head
         .headers
         .iter()
@@ -263,7 +308,10 @@ fn services(log: &Log) -> (u16, u16) {
         .unwrap();
     let grpc = TcpListener::bind("127.0.0.1:0").unwrap();
     let http = TcpListener::bind("127.0.0.1:0").unwrap();
-    let ports = (grpc.local_addr().unwrap().port(), http.local_addr().unwrap().port());
+    let ports = (
+        grpc.local_addr().unwrap().port(),
+        http.local_addr().unwrap().port(),
+    );
     grpc.set_nonblocking(true).unwrap();
     http.set_nonblocking(true).unwrap();
     let (glog, hlog) = (log.clone(), log.clone());
@@ -358,7 +406,13 @@ static_resources:
   listeners:{}{}{}{}{}
   clusters:{}{}{}{}
 "#,
-        listener("grpc", ports[0], &grpc_filter("authz_grpc", ""), &grpc_routes, &vhost_extra),
+        listener(
+            "grpc",
+            ports[0],
+            &grpc_filter("authz_grpc", ""),
+            &grpc_routes,
+            &vhost_extra
+        ),
         listener(
             "down",
             ports[1],
@@ -420,9 +474,14 @@ fn request(port: u16, method: &str, path: &str, headers: &str, body: &str) -> St
     let mut kept: Vec<String> = lines
         .map(str::to_ascii_lowercase)
         .filter(|l| {
-            ["content-type:", "content-length:", "www-authenticate:", "x-"]
-                .iter()
-                .any(|h| l.starts_with(h))
+            [
+                "content-type:",
+                "content-length:",
+                "www-authenticate:",
+                "x-",
+            ]
+            .iter()
+            .any(|h| l.starts_with(h))
                 && !l.starts_with("x-envoy-upstream-service-time:")
         })
         .collect();
@@ -451,7 +510,13 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     (0, "GET", "/direct", "", ""),
     (1, "GET", "/", "", ""),
     (2, "GET", "/", "", ""),
-    (3, "GET", "/h?x=1", "x-authz: allow\r\nx-remove-me: 1\r\nauthorization: Bearer t\r\nother: o\r\n", ""),
+    (
+        3,
+        "GET",
+        "/h?x=1",
+        "x-authz: allow\r\nx-remove-me: 1\r\nauthorization: Bearer t\r\nother: o\r\n",
+        "",
+    ),
     (3, "POST", "/h", "x-authz: deny\r\n", "abc"),
     (3, "GET", "/h", "x-authz: fail\r\n", ""),
     (4, "POST", "/", "", "short"),
@@ -493,7 +558,9 @@ fn observe(ports: [u16; 5], admin: u16, log: &Log) -> Vec<String> {
         log.lock().unwrap().clear();
         let answer = request(ports[*l], method, path, headers, body);
         let sent = log.lock().unwrap().join("\n");
-        seen.push(format!("{l} {method} {path} {headers:?}\n{answer}\nsent: {sent}"));
+        seen.push(format!(
+            "{l} {method} {path} {headers:?}\n{answer}\nsent: {sent}"
+        ));
     }
     let stats = request(admin, "GET", "/stats", "", "");
     for name in STATS {
@@ -516,7 +583,13 @@ fn ext_authz_matches_envoy() {
     let up = echo::upstream();
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
-        let ports = [free_port(), free_port(), free_port(), free_port(), free_port()];
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
         let yaml = bootstrap(admin, ports, up, grpc, http);
         let ready = || request(admin, "GET", "/ready", "", "").contains(" 200 ");
         let _proxy = match envoy {
@@ -529,7 +602,9 @@ fn ext_authz_matches_envoy() {
     let got = run(None);
     // The cases must exercise the filter: checks allowed and denied.
     assert!(
-        expected.iter().any(|l| l == "http.grpc.ext_authz.denied: 2"),
+        expected
+            .iter()
+            .any(|l| l == "http.grpc.ext_authz.denied: 2"),
         "{expected:#?}"
     );
     let differences: Vec<String> = expected

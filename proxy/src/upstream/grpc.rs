@@ -103,7 +103,10 @@ pub async fn unary(
             .map_err(|e| Failure::unavailable(e.to_string()))?;
         let trailers = body.trailers().cloned();
         let grpc_status = head_status.or_else(|| trailers.as_ref()?.get("grpc-status").cloned());
-        match grpc_status.as_ref().map(|v| v.to_str().map(str::parse::<u32>)) {
+        match grpc_status
+            .as_ref()
+            .map(|v| v.to_str().map(str::parse::<u32>))
+        {
             Some(Ok(Ok(0))) => unframe(body.to_bytes()),
             Some(Ok(Ok(code))) => Err(Failure {
                 status: code,
@@ -115,10 +118,12 @@ pub async fn unary(
         }
     };
     match call.timeout {
-        Some(t) => tokio::time::timeout(t, exchange).await.map_err(|_| Failure {
-            status: DEADLINE_EXCEEDED,
-            message: "timeout".into(),
-        })?,
+        Some(t) => tokio::time::timeout(t, exchange)
+            .await
+            .map_err(|_| Failure {
+                status: DEADLINE_EXCEEDED,
+                message: "timeout".into(),
+            })?,
         None => exchange.await,
     }
 }

@@ -27,7 +27,11 @@ pub fn upstream() -> u16 {
                     let head = String::from_utf8_lossy(&seen[..end]).into_owned();
                     let len: usize = head
                         .lines()
-                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap_or(0)))
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
                         .unwrap_or(0);
                     while seen.len() < end + 4 + len {
                         match s.read(&mut buf) {
@@ -59,4 +63,3 @@ pub fn upstream() -> u16 {
     });
     port
 }
-

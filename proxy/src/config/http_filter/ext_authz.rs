@@ -137,7 +137,10 @@ pub fn compile(
 ) -> Result<ExtAuthzConfig, ConfigError> {
     refuse_unimplemented(c)?;
     for (set, field) in [
-        (!c.metadata_context_namespaces.is_empty(), "metadata_context_namespaces"),
+        (
+            !c.metadata_context_namespaces.is_empty(),
+            "metadata_context_namespaces",
+        ),
         (
             !c.typed_metadata_context_namespaces.is_empty(),
             "typed_metadata_context_namespaces",
@@ -219,7 +222,10 @@ fn refuse_unimplemented(c: &pb::ExtAuthz) -> Result<(), ConfigError> {
     let refused = [
         (c.transport_api_version == 1, "transport_api_version"),
         (c.filter_enabled.is_some(), "filter_enabled"),
-        (c.filter_enabled_metadata.is_some(), "filter_enabled_metadata"),
+        (
+            c.filter_enabled_metadata.is_some(),
+            "filter_enabled_metadata",
+        ),
         (c.deny_at_disable.is_some(), "deny_at_disable"),
         (
             !c.route_metadata_context_namespaces.is_empty(),
@@ -332,9 +338,7 @@ fn http_target(
         .parse::<http::Uri>()
         .ok()
         .and_then(|u| u.authority().map(|a| a.as_str().to_owned()))
-        .ok_or_else(|| {
-            ConfigError::new("server_uri.uri", format!("invalid URI '{}'", uri.uri))
-        })?;
+        .ok_or_else(|| ConfigError::new("server_uri.uri", format!("invalid URI '{}'", uri.uri)))?;
     let timeout = uri
         .timeout
         .as_ref()
@@ -375,8 +379,11 @@ fn http_target(
             authority,
             path_prefix: h.path_prefix.clone(),
             path_override: h.path_override.clone(),
-            allowed_headers: list(&request.allowed_headers, "authorization_request.allowed_headers")?
-                .unwrap_or_default(),
+            allowed_headers: list(
+                &request.allowed_headers,
+                "authorization_request.allowed_headers",
+            )?
+            .unwrap_or_default(),
             headers_to_add,
             allowed_upstream_headers: list(
                 &response.allowed_upstream_headers,
@@ -407,10 +414,9 @@ pub fn compile_per_route(r: &pb::ExtAuthzPerRoute) -> Result<ExtAuthzPerRoute, C
     use pb::ext_authz_per_route::Override;
     match &r.r#override {
         Some(Override::Disabled(true)) => Ok(ExtAuthzPerRoute::Disabled),
-        Some(Override::Disabled(false)) => Err(ConfigError::new(
-            "disabled",
-            "value must equal true",
-        )),
+        Some(Override::Disabled(false)) => {
+            Err(ConfigError::new("disabled", "value must equal true"))
+        }
         Some(Override::CheckSettings(s)) => {
             if s.service_override.is_some() {
                 return Err(ConfigError::new(

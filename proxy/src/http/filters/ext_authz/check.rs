@@ -42,8 +42,7 @@ pub(super) async fn read_body(
     let mut trailers = None;
     let mut size = 0usize;
     let mut ended = true;
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
-    {
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let Ok(frame) = frame else {
             return Err(local_reply(StatusCode::BAD_REQUEST, ""));
         };
@@ -147,9 +146,7 @@ pub(super) fn request(
             .map(|p| p.uri_sans().next().unwrap_or(&p.subject).to_owned())
             .unwrap_or_default(),
         certificate: match tls.and_then(|t| t.chain().first()) {
-            Some(der) if config.include_peer_certificate => {
-                crate::tls::x509::url_encoded_pem(der)
-            }
+            Some(der) if config.include_peer_certificate => crate::tls::x509::url_encoded_pem(der),
             _ => String::new(),
         },
         ..Default::default()
@@ -161,11 +158,11 @@ pub(super) fn request(
             .unwrap_or_default(),
         ..Default::default()
     };
-    let tls_session = tls.filter(|_| config.include_tls_session).map(|t| {
-        attribute_context::TlsSession {
-            sni: t.server_name().map(|s| s.to_string()).unwrap_or_default(),
-        }
-    });
+    let tls_session =
+        tls.filter(|_| config.include_tls_session)
+            .map(|t| attribute_context::TlsSession {
+                sni: t.server_name().map(|s| s.to_string()).unwrap_or_default(),
+            });
     CheckRequest {
         attributes: Some(AttributeContext {
             source: Some(source),

@@ -69,10 +69,8 @@ pub(super) async fn check(
         return Decision::Error;
     };
     // Envoy's HTTP client marks its own requests internal.
-    req.headers_mut().insert(
-        "x-envoy-internal",
-        http::HeaderValue::from_static("true"),
-    );
+    req.headers_mut()
+        .insert("x-envoy-internal", http::HeaderValue::from_static("true"));
     for (name, value) in &target.headers_to_add {
         req.headers_mut().insert(name, value.clone());
     }
@@ -116,7 +114,11 @@ fn decide(target: &HttpTarget, status: u16, mut headers: HeaderMap, body: Bytes)
             .flat_map(|(m, action)| picked(&headers, m, action))
             .collect(),
             remove,
-            response: picked(&headers, &target.allowed_client_headers_on_success, Action::Add),
+            response: picked(
+                &headers,
+                &target.allowed_client_headers_on_success,
+                Action::Add,
+            ),
         };
     }
     let to_client: Vec<Mutation> = headers
@@ -124,7 +126,8 @@ fn decide(target: &HttpTarget, status: u16, mut headers: HeaderMap, body: Bytes)
         .filter(|(name, _)| match &target.allowed_client_headers {
             None => *name != http::header::HOST,
             Some(m) => {
-                ALWAYS_TO_CLIENT.contains(&name.as_str()) || m.iter().any(|m| m.matches(name.as_str()))
+                ALWAYS_TO_CLIENT.contains(&name.as_str())
+                    || m.iter().any(|m| m.matches(name.as_str()))
             }
         })
         .map(|(name, value)| mutation(name, value, Action::Add))

@@ -192,7 +192,9 @@ impl ExtAuthz {
                     }
                 }
                 if !response.is_empty() {
-                    encoders.0.push(Encoder::ExtAuthz(ResponseHeaders(response)));
+                    encoders
+                        .0
+                        .push(Encoder::ExtAuthz(ResponseHeaders(response)));
                 }
                 self.stats.ok.inc();
                 if let Some(c) = cluster {
@@ -214,7 +216,10 @@ impl ExtAuthz {
                 {
                     c.charge_status(status, true);
                 }
-                req.note(ResponseFlag::UnauthorizedExternalService, Some("ext_authz_denied"));
+                req.note(
+                    ResponseFlag::UnauthorizedExternalService,
+                    Some("ext_authz_denied"),
+                );
                 let body = match self.config.max_denied_response_body_bytes {
                     0 => body,
                     max => body.slice(..body.len().min(max)),
@@ -237,7 +242,10 @@ impl ExtAuthz {
                     }
                     return None;
                 }
-                req.note(ResponseFlag::UnauthorizedExternalService, Some("ext_authz_error"));
+                req.note(
+                    ResponseFlag::UnauthorizedExternalService,
+                    Some("ext_authz_error"),
+                );
                 let status = StatusCode::from_u16(self.config.status_on_error)
                     .unwrap_or(StatusCode::FORBIDDEN);
                 Some(local_reply(status, ""))
