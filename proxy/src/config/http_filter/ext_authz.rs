@@ -478,3 +478,79 @@ fn header(key: &str, value: &str) -> Result<(HeaderName, HeaderValue), ConfigErr
         .map_err(|_| ConfigError::new("value", format!("invalid header value '{value}'")))?;
     Ok((name, value))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::config::core::v3::grpc_service::EnvoyGrpc;
+
+    fn grpc(cluster: &str) -> pb::ExtAuthz {
+        pb::ExtAuthz {
+            services: Some(pb::ext_authz::Services::GrpcService(GrpcService {
+                target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(EnvoyGrpc {
+                    cluster_name: cluster.into(),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })),
+            ..Default::default()
+        }
+    }
+
+    fn compiled(c: &pb::ExtAuthz) -> Result<ExtAuthzConfig, ConfigError> {
+        let io = crate::config::context::FakeIo::new();
+        compile(&Context::new(&io), c, &mut Warnings::new())
+    }
+
+    #[test]
+    fn grpc_service_with_envoys_defaults() {
+        let c = compiled(&grpc("authz")).unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(200));
+        assert_eq!(c.status_on_error, 403);
+        assert!(!c.failure_mode_allow);
+        let Service::Grpc(target) = &c.service else {
+            panic!("{:?}", c.service);
+        };
+        assert_eq!(
+            (target.cluster.as_str(), target.authority.as_str()),
+            ("authz", "authz")
+        );
+    }
+
+    #[test]
+    fn what_revoy_lacks_is_an_error_never_ignored() {
+        let mut shadow = grpc("authz");
+        shadow.shadow_mode = true;
+        let mut raw = grpc("authz");
+        raw.encode_raw_headers = true;
+        for (c, field) in [
+            (shadow, "shadow_mode"),
+            (raw, "encode_raw_headers"),
+            (grpc(""), "grpc_service.envoy_grpc.cluster_name"),
+            (pb::ExtAuthz::default(), "services"),
+        ] {
+            let e = compiled(&c).unwrap_err();
+            assert_eq!(e.path, field, "{e}");
+        }
+    }
+
+    #[test]
+    fn per_route_settings() {
+        use pb::ext_authz_per_route::Override;
+        let disabled = pb::ExtAuthzPerRoute {
+            r#override: Some(Override::Disabled(true)),
+        };
+        assert!(matches!(
+            compile_per_route(&disabled),
+            Ok(ExtAuthzPerRoute::Disabled)
+        ));
+        let both = pb::ExtAuthzPerRoute {
+            r#override: Some(Override::CheckSettings(pb::CheckSettings {
+                disable_request_body_buffering: true,
+                with_request_body: Some(pb::BufferSettings::default()),
+                ..Default::default()
+            })),
+        };
+        assert!(compile_per_route(&both).is_err());
+    }
+}
