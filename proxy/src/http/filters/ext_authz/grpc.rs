@@ -44,13 +44,23 @@ pub(super) async fn check(
     }
 }
 
-/// The decision a `CheckResponse` carries: status OK allows; an `error_response` is an
-/// error; anything else denies (403 unless the denial names a status).
+/// The decision a `CheckResponse` carries: status OK allows (unless it changes query
+/// parameters, which revoy cannot); an `error_response` is an error; anything else denies
+/// (403 unless the denial names a status).
 fn decide(r: CheckResponse) -> Decision {
     use check_response::HttpResponse;
     let ok = r.status.as_ref().is_none_or(|s| s.code == 0);
     match r.http_response {
         _ if ok => match r.http_response {
+            // revoy cannot change the path the route was chosen by: an answer it cannot
+            // apply in full is a failed check, never a partial allow.
+            Some(HttpResponse::OkResponse(o))
+                if !(o.query_parameters_to_set.is_empty()
+                    && o.query_parameters_to_remove.is_empty()) =>
+            {
+                tracing::debug!("ext_authz: query parameter changes are not implemented");
+                Decision::Error
+            }
             Some(HttpResponse::OkResponse(o)) => Decision::Ok {
                 upstream: mutations(&o.headers, false),
                 remove: o.headers_to_remove,
@@ -115,4 +125,44 @@ fn mutations(options: &[HeaderValueOption], response: bool) -> Vec<Mutation> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::config::core::v3::QueryParameter;
+    use proto::pb::envoy::service::auth::v3::OkHttpResponse;
+    use proto::pb::google::rpc::Status;
+
+    fn status(code: i32) -> Option<Status> {
+        Some(Status {
+            code,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn an_answer_changing_query_parameters_is_a_failed_check() {
+        let r = CheckResponse {
+            status: status(0),
+            http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                query_parameters_to_set: vec![QueryParameter {
+                    key: "k".into(),
+                    value: "v".into(),
+                }],
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        assert!(matches!(decide(r), Decision::Error));
+    }
+
+    #[test]
+    fn a_denial_without_a_response_is_403() {
+        let r = CheckResponse {
+            status: status(7),
+            ..Default::default()
+        };
+        assert!(matches!(decide(r), Decision::Denied { status: 403, .. }));
+    }
 }
