@@ -323,6 +323,7 @@ async fn route_and_forward(
             &seen,
         );
     }
+    let mut reselect = false;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -340,16 +341,7 @@ async fn route_and_forward(
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
-        if filtered.clear_route_cache {
-            selected = table.select(&routing(
-                &method,
-                &host_full,
-                &path,
-                &route_headers,
-                https,
-                random_value,
-            ));
-        }
+        reselect = filtered.clear_route_cache;
     }
     // The filters may have changed the headers the route's actions read.
     let route_req = routing(
@@ -360,6 +352,9 @@ async fn route_and_forward(
         https,
         random_value,
     );
+    if reselect {
+        selected = table.select(&route_req);
+    }
     let Some(selected) = selected else {
         note!(|r| {
             r.flags.set(ResponseFlag::NoRouteFound);
