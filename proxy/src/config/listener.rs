@@ -192,14 +192,6 @@ fn compile_chain(
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
-                if tcp.tunneling_config.is_some() {
-                    let what = "tcp_proxy tunneling_config (TCP over HTTP CONNECT) is not implemented by revoy";
-                    warnings.fails_closed(
-                        format!("{fpath}.typed_config.tunneling_config"),
-                        format!("{what}; connections on this chain are refused rather than sent untunnelled"),
-                    );
-                    refused.get_or_insert_with(|| what.to_owned());
-                }
                 let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));

@@ -1,10 +1,12 @@
 //! Accept loops: bind a listener's socket, run its listener filters, pick the filter chain and
 //! hand the connection to the chain's terminal filter (HTTP connection manager or tcp_proxy).
 
+mod active;
 mod inspect;
 mod original_dst;
 mod slot;
 
+pub use active::ActiveListeners;
 pub use inspect::parse_client_hello;
 pub use original_dst::original_dst;
 pub use slot::{Slot, accept_loop};
@@ -276,12 +278,14 @@ impl Listener {
         TcpListener::from_std(socket.into())
     }
 
-    /// Serves one accepted connection; `worker`: the accepting worker's listener stats.
+    /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
+    /// from; `worker`: the accepting worker's listener stats.
     pub(crate) async fn serve(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
         shared: Arc<Shared>,
+        listeners: Arc<ActiveListeners>,
         worker: Connections,
     ) {
         let _ = stream.set_nodelay(true);
@@ -295,8 +299,8 @@ impl Listener {
         if self.config.use_original_dst
             && let Some(to) = original.filter(|o| *o != local)
         {
-            let snapshot = shared.snapshot.load_full();
-            if let Some(target) = handoff_target(&snapshot.listeners, to, self) {
+            let listeners = listeners.load_full();
+            if let Some(target) = handoff_target(&listeners, to, self) {
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;

@@ -25,6 +25,7 @@ use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo}
 
 #[cfg(target_os = "linux")]
 mod splice;
+mod tunnel;
 
 const BUFFER: usize = 16 * 1024;
 
@@ -154,10 +155,27 @@ impl TcpProxy {
             ctx.original_dst.or(downstream.local_addr().ok()),
             sni,
         );
-        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+        let ends = tunnel::Endpoints {
+            remote: downstream.peer_addr().ok(),
+            local: ctx.original_dst.or(downstream.local_addr().ok()),
+        };
+        let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
+        else {
             return self.log(rec, None);
         };
         let activity = Activity::new();
+        if self.config.tunneling.is_some() {
+            self.tunnelled(
+                upstream,
+                h2,
+                &mut downstream,
+                &ends,
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+            return self.log(rec, Some(&activity));
+        }
         match &mut upstream.stream {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
@@ -171,7 +189,7 @@ impl TcpProxy {
             }
             tls => {
                 self.run(
-                    self.copy_both(&mut downstream, tls, &activity),
+                    self.copy_both(&mut downstream, tls, &activity, false),
                     &activity,
                     rec.as_deref_mut(),
                 )
@@ -196,26 +214,97 @@ impl TcpProxy {
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
         );
-        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+        let ends = tunnel::Endpoints {
+            remote: tcp.peer_addr().ok(),
+            local: ctx.original_dst.or(tcp.local_addr().ok()),
+        };
+        let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
+        else {
             return self.log(rec, None);
         };
         let activity = Activity::new();
-        self.run(
-            self.copy_both(&mut downstream, &mut upstream.stream, &activity),
-            &activity,
-            rec.as_deref_mut(),
-        )
-        .await;
+        if self.config.tunneling.is_some() {
+            self.tunnelled(
+                upstream,
+                h2,
+                &mut downstream,
+                &ends,
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+        } else {
+            self.run(
+                self.copy_both(&mut downstream, &mut upstream.stream, &activity, false),
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+        }
         self.log(rec, Some(&activity));
     }
 
-    /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts).
+    /// Opens the configured tunnel on `upstream` (over HTTP/2 when `h2`, the cluster's
+    /// protocol), hands the downstream what the upstream sent after its answer, and relays
+    /// the rest; the connection is closed when the tunnel cannot be opened.
+    async fn tunnelled<D: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut upstream: UpstreamConnection,
+        h2: bool,
+        downstream: &mut D,
+        ends: &tunnel::Endpoints,
+        activity: &Activity,
+        mut rec: Option<&mut Record>,
+    ) {
+        let Some(t) = &self.config.tunneling else {
+            return;
+        };
+        let failed = |e: tunnel::TunnelError, rec: Option<&mut Record>| {
+            tracing::debug!(error = %e, "tcp_proxy: tunnel not opened");
+            if let Some(r) = rec {
+                r.flags.set(ResponseFlag::UpstreamConnectionFailure);
+            }
+        };
+        if h2 {
+            match tunnel::open_h2(upstream, t, ends).await {
+                Ok(mut stream) => {
+                    self.run(
+                        self.copy_both(downstream, &mut stream, activity, false),
+                        activity,
+                        rec,
+                    )
+                    .await
+                }
+                Err(e) => failed(e, rec),
+            }
+            return;
+        }
+        let opened = match tunnel::open(&mut upstream.stream, t, ends).await {
+            Ok(first) if first.is_empty() => Ok(()),
+            Ok(first) => downstream.write_all(&first).await.map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(()) => {
+                self.run(
+                    self.copy_both(downstream, &mut upstream.stream, activity, t.use_post),
+                    activity,
+                    rec.as_deref_mut(),
+                )
+                .await
+            }
+            Err(e) => failed(e, rec),
+        }
+    }
+
+    /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts); with
+    /// whether the cluster speaks HTTP/2 (for a tunnel).
     async fn upstream(
         &self,
         clusters: &ClusterManager,
         mut ctx: LbContext,
         mut rec: Option<&mut Record>,
-    ) -> Option<UpstreamConnection> {
+    ) -> Option<(UpstreamConnection, bool)> {
         self.stats.downstream_cx_total.inc();
         let name = self.pick_cluster();
         let Some(cluster) = clusters.get(name) else {
@@ -229,6 +318,7 @@ impl TcpProxy {
         if let Some(r) = rec.as_deref_mut() {
             r.upstream_cluster = Some(name.into());
         }
+        let h2 = cluster.config().protocol == crate::config::cluster::UpstreamProtocol::Http2;
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -239,7 +329,7 @@ impl TcpProxy {
                         r.upstream_local = u.active.local();
                         r.attempts = attempts;
                     }
-                    return Some(u);
+                    return Some((u, h2));
                 }
                 Err(e) => {
                     tracing::debug!(cluster = name, error = %e, "tcp_proxy: upstream connect failed");
@@ -268,12 +358,14 @@ impl TcpProxy {
         }
     }
 
-    /// Copies both ways through buffers (one side or both speak TLS, so no splice).
+    /// Copies both ways through buffers (one side or both speak TLS, or a tunnel's HTTP, so no
+    /// splice); `chunked`: what goes upstream is framed as HTTP/1.1 chunks.
     async fn copy_both<D, U>(
         &self,
         down: &mut D,
         up: &mut U,
         activity: &Activity,
+        chunked: bool,
     ) -> std::io::Result<((), ())>
     where
         D: AsyncRead + AsyncWrite + Unpin,
@@ -283,6 +375,11 @@ impl TcpProxy {
         let (ur, uw) = tokio::io::split(up);
         let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
         let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
+        // An HTTP/1.1 POST tunnel carries the downstream's bytes as a chunked body.
+        if chunked {
+            let uw = tunnel::Chunked::new(uw);
+            return tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx));
+        }
         tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx),)
     }
 

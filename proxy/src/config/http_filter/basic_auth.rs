@@ -72,8 +72,8 @@ pub fn compile(
 pub fn compile_per_route(
     ctx: &Context<'_>,
     r: &pb::BasicAuthPerRoute,
-) -> Result<Arc<Users>, ConfigError> {
-    Ok(Arc::new(users(ctx, r.users.as_ref())?))
+) -> Result<Users, ConfigError> {
+    users(ctx, r.users.as_ref())
 }
 
 /// Reads the htpasswd file `users` names, as Envoy's `readHtpasswd`.

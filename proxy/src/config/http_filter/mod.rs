@@ -7,8 +7,10 @@
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
 pub mod basic_auth;
+pub mod buffer;
 pub mod ext_authz;
 pub mod fault;
+pub mod health_check;
 
 use std::sync::Arc;
 
@@ -19,9 +21,13 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Any;
 
 use super::{ConfigError, Context, Warnings};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
+const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
@@ -68,60 +74,14 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`.
+    Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(Arc<health_check::HealthCheckConfig>),
     /// `envoy.filters.http.ext_authz`.
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(Arc<basic_auth::BasicAuthConfig>),
-}
-
-/// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name.
-#[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs(Vec<(Arc<str>, PerRoute)>);
-
-impl PerFilterConfigs {
-    /// The entry for the filter named `name`.
-    pub fn get(&self, name: &str) -> Option<&PerRoute> {
-        self.0.iter().find(|(n, _)| &**n == name).map(|(_, c)| c)
-    }
-}
-
-impl PerRoute {
-    /// Whether the filter is disabled here.
-    pub fn disabled(&self) -> bool {
-        matches!(self, PerRoute::Disabled)
-    }
-
-    /// The configuration replacing the filter's own here, if any.
-    pub fn config(&self) -> Option<&PerRouteKind> {
-        match self {
-            PerRoute::Config(c) => Some(c),
-            _ => None,
-        }
-    }
-}
-
-/// What a route (or virtual host, or route configuration) says about one filter.
-#[derive(Debug, Clone)]
-pub enum PerRoute {
-    /// `FilterConfig{disabled: true}`: the filter does not run here.
-    Disabled,
-    /// `FilterConfig{config: {}}` (an empty config): the filter runs here (even if `disabled`
-    /// in the chain) with its filter-level configuration.
-    Enabled,
-    /// The filter runs here with this configuration instead of its filter-level one.
-    Config(PerRouteKind),
-}
-
-/// A filter's per-route configuration.
-#[derive(Debug, Clone)]
-pub enum PerRouteKind {
-    /// `envoy.filters.http.fault`: replaces the filter's fault settings.
-    Fault(Arc<fault::FaultConfig>),
-    /// `envoy.filters.http.ext_authz`: `ExtAuthzPerRoute`.
-    ExtAuthz(Arc<ext_authz::ExtAuthzPerRoute>),
-    /// `envoy.filters.http.basic_auth`: `BasicAuthPerRoute`, the users replacing the filter's.
-    BasicAuth(Arc<basic_auth::Users>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -224,6 +184,11 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
+        BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
         EXT_AUTHZ => Some(FilterKind::ExtAuthz(Arc::new(ext_authz::compile(
             ctx,
             &unpack(any)?,
@@ -274,25 +239,37 @@ pub fn compile_per_filter(
             }
         }
         let kind = match proto::type_name_of(&any.type_url) {
-            FAULT => Some(PerRouteKind::Fault(Arc::new(
-                fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            FAULT => Some(routed(fault::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            EXT_AUTHZ_PER_ROUTE => Some(PerRouteKind::ExtAuthz(Arc::new(
-                ext_authz::compile_per_route(&unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            BASIC_AUTH_PER_ROUTE => Some(PerRouteKind::BasicAuth(
-                basic_auth::compile_per_route(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
-            )),
+            EXT_AUTHZ_PER_ROUTE => Some(routed(ext_authz::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            BASIC_AUTH_PER_ROUTE => Some(routed(basic_auth::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
             _ => None,
         };
         if let Some(kind) = kind {
-            out.push((Arc::from(name.as_str()), PerRoute::Config(kind)));
+            out.push((
+                Arc::from(name.as_str()),
+                PerRoute::Config(kind.map_err(|e| e.within(&at))?),
+            ));
         }
     }
     Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out))))
+}
+
+/// A compiled per-route configuration, as routes keep it.
+fn routed<T: FilterRouteConfig>(
+    compiled: Result<T, ConfigError>,
+) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
+    compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

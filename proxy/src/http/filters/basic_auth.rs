@@ -47,7 +47,7 @@ impl BasicAuth {
     pub(super) fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_users: Option<&Arc<Users>>,
+        route_users: Option<&Users>,
     ) -> Option<Response<Body>> {
         let users = route_users.unwrap_or(&self.config.users);
         let Some(value) = req.headers.get(&self.config.authentication_header) else {

@@ -14,15 +14,19 @@
 //! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
 //! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
 //! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
-//! specific entry with a config replaces the filter's own.
+//! specific entry with a config replaces the filter's own: a filter reads it with
+//! `Selected::filter_config::<T>` (its per-route type, compiled in
+//! `config::http_filter::compile_per_filter`).
 //!
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
 mod basic_auth;
+mod buffer;
 mod ext_authz;
 mod fault;
+mod health_check;
 
 use std::sync::Arc;
 
@@ -32,7 +36,8 @@ use super::ConnContext;
 use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
-use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -57,6 +62,10 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.buffer`.
+    Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(health_check::HealthCheck),
     /// `envoy.filters.http.ext_authz`.
     ExtAuthz(ext_authz::ExtAuthz),
     /// `envoy.filters.http.basic_auth`.
@@ -124,6 +133,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The health-check filter's marks on the response.
+    HealthCheck(health_check::Answer),
     /// Headers the authorization service asked to add to the response.
     ExtAuthz(ext_authz::ResponseHeaders),
 }
@@ -143,6 +154,10 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::HealthCheck(c) => {
+                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
                     FilterKind::ExtAuthz(c) => {
                         Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
                     }
@@ -171,7 +186,7 @@ impl Chain {
             if disabled.unwrap_or(f.disabled) {
                 continue;
             }
-            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let route = req.route;
             let reply = match &f.kind {
                 Kind::FailClosed(why, counter) => {
                     counter.inc();
@@ -179,23 +194,21 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.and_then(|c| match c {
-                        PerRouteKind::Fault(c) => Some(c),
-                        _ => None,
-                    });
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     fault.decode(req, settings, encoders).await
                 }
+                Kind::Buffer(own) => match route.and_then(|r| r.filter_config(&f.name)) {
+                    Some(BufferPerRouteConfig::Disabled) => None,
+                    Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
+                    None => buffer::decode(*own, req).await,
+                },
+                Kind::HealthCheck(h) => h.decode(req, encoders).await,
                 Kind::ExtAuthz(authz) => {
-                    let levels = req
-                        .route
-                        .map(|r| ext_authz::route_levels(r.filter_configs(&f.name)));
+                    let levels = route.map(|r| r.filter_configs(&f.name).collect());
                     authz.decode(req, levels, encoders).await
                 }
                 Kind::BasicAuth(auth) => {
-                    let users = route_config.and_then(|c| match c {
-                        PerRouteKind::BasicAuth(users) => Some(users),
-                        _ => None,
-                    });
+                    let users = route.and_then(|r| r.filter_config(&f.name));
                     auth.decode(req, users)
                 }
             };
@@ -226,6 +239,7 @@ impl Encoder {
     fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::HealthCheck(a) => a.encode(resp),
             Encoder::ExtAuthz(headers) => headers.encode(resp),
         }
     }

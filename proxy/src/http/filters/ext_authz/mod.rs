@@ -16,7 +16,6 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use super::{Encoder, Encoders, FilterRequest};
 use crate::access_log::ResponseFlag;
 use crate::body::Body;
-use crate::config::http_filter::PerRouteKind;
 use crate::config::http_filter::ext_authz::{
     CheckSettings, ExtAuthzConfig, ExtAuthzPerRoute, Service,
 };
@@ -331,18 +330,6 @@ fn merged(levels: &[&ExtAuthzPerRoute]) -> Option<CheckSettings> {
         out = Some(merged);
     }
     out
-}
-
-/// The per-route `ExtAuthzPerRoute`s of a request, most specific first.
-pub(super) fn route_levels<'a>(
-    configs: impl Iterator<Item = &'a PerRouteKind>,
-) -> Vec<&'a ExtAuthzPerRoute> {
-    configs
-        .filter_map(|c| match c {
-            PerRouteKind::ExtAuthz(c) => Some(&**c),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Whether the service may remove `name` from the request (not a pseudo-header, nor Host).
