@@ -20,7 +20,6 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
 use ports::free_port;
 
 const BASIC_AUTH: &str =
@@ -140,12 +139,7 @@ fn basic_auth_matches_envoy() {
         let admin = free_port();
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up);
-        let ready = || request(admin, "/ready", "").contains(" 200 ");
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 44, ready),
-            None => Proxy::start(&yaml, ready),
-        };
-        observe(ports, admin)
+        http_diff::observe_with(envoy, 82, &yaml, admin, || observe(ports, admin))
     };
     let expected = run(Some(&envoy));
     let got = run(None);

@@ -42,7 +42,6 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
 use ports::free_port;
 
 const EXT_AUTHZ: &str = "type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
@@ -531,12 +530,7 @@ fn ext_authz_matches_envoy() {
             free_port(),
         ];
         let yaml = bootstrap(admin, ports, up, grpc, http);
-        let ready = || request(admin, "GET", "/ready", "", "").contains(" 200 ");
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 43, ready),
-            None => Proxy::start(&yaml, ready),
-        };
-        observe(ports, admin, &log)
+        http_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
     };
     let expected = run(Some(&envoy));
     let got = run(None);

@@ -1,11 +1,15 @@
 //! What tests comparing revoy with Envoy over HTTP/1.1 read and compare: one exchange's
-//! answer as text, stat values from the admin endpoint, and the comparison itself.
+//! answer as text, stat values from the admin endpoint, a proxy run around the observations,
+//! and the comparison itself (the including test has the `child` support module too).
 // Each test binary that includes this module uses only some of its pieces.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::path::Path;
 use std::time::Duration;
+
+use super::child::Proxy;
 
 /// Sends `request` (a whole HTTP/1.1 request, `connection: close`) to 127.0.0.1:`port` and
 /// returns the status line, the response headers starting with one of `keep` (lowercased,
@@ -62,4 +66,28 @@ pub fn assert_same(expected: &[String], got: &[String]) {
         .collect();
     assert!(differences.is_empty(), "{}", differences.join("\n"));
     assert_eq!(got.len(), expected.len());
+}
+
+/// Starts Envoy at `envoy` (with `base_id`), else revoy, on `yaml` whose admin listens on
+/// `admin`; once it is ready, returns what `observe` saw, and stops it.
+pub fn observe_with(
+    envoy: Option<&Path>,
+    base_id: u16,
+    yaml: &str,
+    admin: u16,
+    observe: impl FnOnce() -> Vec<String>,
+) -> Vec<String> {
+    let ready = || {
+        exchange(
+            admin,
+            "GET /ready HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n",
+            &[],
+        )
+        .contains(" 200 ")
+    };
+    let _proxy = match envoy {
+        Some(path) => Proxy::envoy(path, yaml, base_id, ready),
+        None => Proxy::start(yaml, ready),
+    };
+    observe()
 }
