@@ -3,7 +3,8 @@
 //! HTTP one, each recording what it was sent): allowed, denied (default and custom status,
 //! headers, body), headers added, set, appended and removed upstream, headers added to the
 //! response, service errors (`status_on_error`, `failure_mode_allow` with its header), a
-//! timeout, per-route `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
+//! timeout, `clear_route_cache` (a header the service sets picks another route), per-route
+//! `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
 //! `with_request_body` (partial and refused), the HTTP service's request and response
 //! header rules, and the filter's stats.
 //!
@@ -198,6 +199,19 @@ impl Authorization for GrpcAuthz {
                     ..Default::default()
                 }
             }
+            "reroute" => CheckResponse {
+                status: ok,
+                http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                    headers: vec![option(
+                        "x-route",
+                        "b",
+                        None,
+                        HeaderAppendAction::AppendIfExistsOrAdd,
+                    )],
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
             "headers" => CheckResponse {
                 status: ok,
                 http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
@@ -358,6 +372,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
               {{match: {{prefix: /ctx}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{context_extensions: {{a: route, b: route}}}}}}}}}},
               {{match: {{prefix: /partial}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{with_request_body: {{max_request_bytes: 4, allow_partial_message: true}}}}}}}}}},
               {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: direct}}}}}},
+              {{match: {{prefix: /, headers: [{{name: x-route, string_match: {{exact: b}}}}]}}, direct_response: {{status: 200, body: {{inline_string: rerouted}}}}}},
               {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
     );
     // The virtual host's own entry, after its routes.
@@ -378,7 +393,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
         listener(
             "grpc",
             ports[0],
-            &grpc_filter("authz_grpc", ""),
+            &grpc_filter("authz_grpc", ", clear_route_cache: true"),
             &grpc_routes
         ),
         listener(
@@ -449,6 +464,7 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
         "x-authz: headers\r\nx-app: one\r\nx-set: old\r\nx-joined: one\r\nx-over: old\r\nx-remove-me: 1\r\nx-envoy-downstream-service-cluster: web\r\n",
         "",
     ),
+    (0, "GET", "/", "x-authz: reroute\r\n", ""),
     (0, "GET", "/off", "x-authz: deny\r\n", ""),
     (0, "GET", "/unfiltered", "x-authz: deny\r\n", ""),
     (0, "GET", "/ctx", "", ""),
@@ -534,11 +550,12 @@ fn ext_authz_matches_envoy() {
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the filter: checks allowed and denied.
+    // The cases must exercise the filter: checks allowed and denied, a request re-routed.
     assert!(
         expected
             .iter()
-            .any(|l| l == "http.grpc.ext_authz.denied: 2"),
+            .any(|l| l == "http.grpc.ext_authz.denied: 2")
+            && expected.iter().any(|l| l.contains("\nrerouted\nsent:")),
         "{expected:#?}"
     );
     http_diff::assert_same(&expected, &got);
