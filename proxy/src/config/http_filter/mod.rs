@@ -32,6 +32,8 @@ const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -82,6 +84,50 @@ pub enum FilterKind {
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(Arc<basic_auth::BasicAuthConfig>),
+    /// `envoy.filters.http.rbac`.
+    Rbac {
+        /// Its rules.
+        config: Arc<super::rbac::HttpRbacConfig>,
+        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
+        /// reading dynamic metadata or filter state, which that filter may set, then deny
+        /// every request they see.
+        after_skipped: Option<Arc<str>>,
+    },
+}
+
+impl FilterChain {
+    /// Notes that `skipped`, a network filter revoy does not run, comes before this chain
+    /// (`at`: the chain's path, for the warnings).
+    pub fn after_skipped_network_filter(
+        &mut self,
+        skipped: &str,
+        at: &str,
+        warnings: &mut Warnings,
+    ) {
+        for (i, f) in self.filters.iter_mut().enumerate() {
+            if let FilterKind::Rbac {
+                config,
+                after_skipped: after @ None,
+            } = &mut f.kind
+            {
+                *after = Some(Arc::from(skipped));
+                if config.reads_metadata {
+                    unknown_metadata_warning(warnings, &format!("{at}.http_filters[{i}]"), skipped);
+                }
+            }
+        }
+    }
+}
+
+/// The finding of an RBAC filter at `at` whose rules read what `skipped` may set.
+fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
+    warnings.fails_closed(
+        at,
+        format!(
+            "{}; every request reaching it is denied (403)",
+            super::rbac::unknown_metadata(skipped)
+        ),
+    );
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -92,6 +138,7 @@ pub fn compile_chain(
     warnings: &mut Warnings,
 ) -> Result<FilterChain, ConfigError> {
     let mut chain = FilterChain::default();
+    let mut skipped: Option<Arc<str>> = None;
     for (i, f) in filters.iter().enumerate() {
         let at = format!("http_filters[{i}]");
         if chain.router {
@@ -124,15 +171,23 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                let from = warnings.len();
-                let kind = compile_kind(ctx, any, warnings)
-                    .map_err(|e| e.within(&format!("{at}.typed_config")))?;
-                warnings.prefix_since(from, &format!("{at}.typed_config"));
-                kind
+                let before = warnings.len();
+                let kind = compile_kind(ctx, any, warnings);
+                warnings.prefix_since(before, &format!("{at}.typed_config"));
+                kind.map_err(|e| e.within(&format!("{at}.typed_config")))?
             }
             None => None,
         };
         let kind = match kind {
+            Some(FilterKind::Rbac { config, .. }) => {
+                if let Some(s) = skipped.as_deref().filter(|_| config.reads_metadata) {
+                    unknown_metadata_warning(warnings, &at, s);
+                }
+                FilterKind::Rbac {
+                    config,
+                    after_skipped: skipped.clone(),
+                }
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -149,6 +204,7 @@ pub fn compile_chain(
                 );
                 if !(from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension)) {
                     warnings.skipped(at, format!("{what}; requests pass through without it"));
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
                     continue;
                 }
                 warnings.fails_closed(
@@ -199,12 +255,18 @@ fn compile_kind(
             &unpack(any)?,
             warnings,
         )?))),
+        RBAC => Some(FilterKind::Rbac {
+            config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
+            after_skipped: None,
+        }),
         _ => None,
     })
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
-/// the filter itself is reported where the connection manager names it.
+/// the filter itself is reported where the connection manager names it. Route compiles keep
+/// no warnings, so an `RBACPerRoute`'s notes (metadata matchers that never see metadata) are
+/// not listed; the filter-level rules' are.
 pub fn compile_per_filter(
     ctx: &Context<'_>,
     map: &std::collections::HashMap<String, Any>,
@@ -252,6 +314,11 @@ pub fn compile_per_filter(
             BASIC_AUTH_PER_ROUTE => Some(routed(basic_auth::compile_per_route(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                &mut Warnings::new(),
             ))),
             _ => None,
         };

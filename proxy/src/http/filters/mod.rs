@@ -27,6 +27,7 @@ mod buffer;
 mod ext_authz;
 mod fault;
 mod health_check;
+mod rbac;
 
 use std::sync::Arc;
 
@@ -70,6 +71,8 @@ enum Kind {
     ExtAuthz(ext_authz::ExtAuthz),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(basic_auth::BasicAuth),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
 }
 
 /// One request as the filters see it, before the router.
@@ -86,6 +89,9 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
@@ -164,6 +170,15 @@ impl Chain {
                     FilterKind::BasicAuth(c) => {
                         Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                 },
             })
             .collect();
@@ -211,6 +226,7 @@ impl Chain {
                     let users = route.and_then(|r| r.filter_config(&f.name));
                     auth.decode(req, users)
                 }
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;
