@@ -418,6 +418,17 @@ impl<'a> Selected<'a> {
         (c as &dyn std::any::Any).downcast_ref::<T>()
     }
 
+    /// Every level's configuration replacing the filter `name`'s own, most specific first
+    /// (for filters that merge them, as Envoy's `getMergedPerFilterConfig`).
+    pub fn filter_configs<T: per_filter::FilterRouteConfig>(
+        &self,
+        name: &str,
+    ) -> impl Iterator<Item = &'a T> {
+        self.per_filter_levels()
+            .filter_map(move |p| p.get(name).and_then(PerRoute::config))
+            .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
+    }
+
     /// The levels' `typed_per_filter_config`, most specific first.
     fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
         [

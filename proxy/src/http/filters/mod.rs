@@ -22,8 +22,10 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod basic_auth;
 mod buffer;
 mod descriptors;
+mod ext_authz;
 mod fault;
 mod health_check;
 mod local_ratelimit;
@@ -73,6 +75,10 @@ enum Kind {
     RateLimit(ratelimit::RateLimit),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(ext_authz::ExtAuthz),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(basic_auth::BasicAuth),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
 }
@@ -98,6 +104,10 @@ pub struct FilterRequest<'a> {
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
     pub record: Option<&'a mut Record>,
+    /// The request's HTTP version.
+    pub version: http::Version,
+    /// Set by a filter that changed what the route was chosen by: the router chooses it again.
+    pub clear_route_cache: bool,
 }
 
 impl FilterRequest<'_> {
@@ -108,6 +118,13 @@ impl FilterRequest<'_> {
             if let Some(d) = details {
                 r.details = Some(d.into());
             }
+        }
+    }
+
+    /// Notes the response code details in the access-log record.
+    fn note_details(&mut self, details: &str) {
+        if let Some(r) = self.record.as_deref_mut() {
+            r.details = Some(details.into());
         }
     }
 
@@ -136,6 +153,8 @@ enum Encoder {
     AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
     /// The health-check filter's marks on the response.
     HealthCheck(health_check::Answer),
+    /// Headers the authorization service asked to add to the response.
+    ExtAuthz(ext_authz::ResponseHeaders),
 }
 
 impl Chain {
@@ -162,6 +181,12 @@ impl Chain {
                     }
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
+                    FilterKind::ExtAuthz(c) => {
+                        Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
+                    }
+                    FilterKind::BasicAuth(c) => {
+                        Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
                     FilterKind::Rbac {
                         config,
@@ -219,6 +244,14 @@ impl Chain {
                     limit.decode(req, settings, encoders).await
                 }
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::ExtAuthz(authz) => {
+                    let levels = route.map(|r| r.filter_configs(&f.name).collect());
+                    authz.decode(req, levels, encoders).await
+                }
+                Kind::BasicAuth(auth) => {
+                    let users = route.and_then(|r| r.filter_config(&f.name));
+                    auth.decode(req, users)
+                }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
@@ -257,6 +290,7 @@ impl Encoder {
                 }
             }
             Encoder::HealthCheck(a) => a.encode(resp),
+            Encoder::ExtAuthz(headers) => headers.encode(resp),
         }
     }
 }
