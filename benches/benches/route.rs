@@ -7,7 +7,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method};
 use proto::pb::envoy::config::route::v3 as pb;
 use revoy::config::route::compile_route_config;
-use revoy::config::{Context, SystemIo};
+use revoy::config::{Context, SystemIo, Warnings};
 use revoy::route::RouteRequest;
 
 /// Istio's sidecar outbound domains for one service.
@@ -74,6 +74,7 @@ fn lookup(c: &mut Criterion) {
                 &Context::new(&SystemIo),
                 &table_config(vhosts, routes),
                 None,
+                &mut Warnings::new(),
             )
             .unwrap();
             let host = format!("svc{}.ns{}:80", vhosts / 2, (vhosts / 2) % 50);
@@ -109,18 +110,37 @@ fn compile(c: &mut Criterion) {
     // update also drops the table it replaces.
     g.bench_function("10000_vhosts_x_10_routes", |b| {
         b.iter_with_large_drop(|| {
-            compile_route_config(&Context::new(&SystemIo), black_box(&config), None).unwrap()
+            compile_route_config(
+                &Context::new(&SystemIo),
+                black_box(&config),
+                None,
+                &mut Warnings::new(),
+            )
+            .unwrap()
         })
     });
     g.bench_function("10000_vhosts_x_10_routes_and_drop", |b| {
-        b.iter(|| compile_route_config(&Context::new(&SystemIo), black_box(&config), None).unwrap())
+        b.iter(|| {
+            compile_route_config(
+                &Context::new(&SystemIo),
+                black_box(&config),
+                None,
+                &mut Warnings::new(),
+            )
+            .unwrap()
+        })
     });
     g.finish();
 }
 
 fn router_check(c: &mut Criterion) {
-    let table =
-        compile_route_config(&Context::new(&SystemIo), &table_config(100, 10), None).unwrap();
+    let table = compile_route_config(
+        &Context::new(&SystemIo),
+        &table_config(100, 10),
+        None,
+        &mut Warnings::new(),
+    )
+    .unwrap();
     let case = serde_json::json!({
         "test_name": "t",
         "input": {"authority": "svc50.ns0:80", "path": "/api/v3/x", "method": "GET"},

@@ -3,7 +3,8 @@
 //! exactly one of the files), a file whose writes cannot proceed (a FIFO nobody reads; a full
 //! tmpfs in a private mount namespace, as root) not slowing requests while the dropped or
 //! failed counters grow, and a bootstrap whose log file cannot be opened refused at start-up
-//! as Envoy refuses it.
+//! as Envoy refuses it; access loggers revoy lacks (OpenTelemetry, gRPC) skipped while the
+//! file logger next to them writes.
 
 #[path = "support/child.rs"]
 mod child;
@@ -410,5 +411,86 @@ fn a_log_file_that_cannot_be_opened_refuses_the_bootstrap() {
         stderr.contains("access_log[0].typed_config.path"),
         "{stderr}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A bootstrap as [`bootstrap`]'s, with access loggers revoy lacks next to the file logger:
+/// an OpenTelemetry logger on the connection manager and a gRPC (TCP) logger on the listener,
+/// as Istio's telemetry providers configure them.
+fn bootstrap_with_loggers_revoy_lacks(admin: u16, http: u16, log: &Path) -> String {
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: http
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    access_log:
+    - name: envoy.access_loggers.tcp_grpc
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig
+        common_config: {{log_name: als, transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: als}}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: http
+          access_log:
+          - name: otel
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig
+              common_config: {{log_name: otel_envoy_accesslog, transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: otel}}}}}}
+              body: {{string_value: "%REQ(:METHOD)%"}}
+          - name: file
+            typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{path}", log_format: {{text_format_source: {{inline_string: "%REQ(X-SEQ)%\n"}}}}}}
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]
+"#,
+        path = log.display(),
+    )
+}
+
+/// Access loggers revoy lacks (OpenTelemetry, gRPC) are skipped, each named with its field
+/// path by `--mode validate`, and the listener still serves: its file logger writes every
+/// request.
+#[test]
+fn loggers_revoy_lacks_are_skipped_and_the_file_logger_still_writes() {
+    let dir = test_dir("lacks");
+    let log = dir.join("access.log");
+    let (admin_port, http) = (free_port(), free_port());
+    let yaml = bootstrap_with_loggers_revoy_lacks(admin_port, http, &log);
+    let out = Command::new(env!("CARGO_BIN_EXE_revoy"))
+        .args(["--config-yaml", &yaml, "--mode", "validate", "-l", "error"])
+        .output()
+        .expect("revoy runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    for expected in [
+        "not implemented (skipped): static_resources.listeners[0].filter_chains[0].filters[0].typed_config.access_log[0].typed_config: access logger 'otel' (envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig) is not implemented by revoy",
+        "not implemented (skipped): static_resources.listeners[0].access_log[0].typed_config: access logger 'envoy.access_loggers.tcp_grpc' (envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig) is not implemented by revoy",
+    ] {
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in {stdout}"
+        );
+    }
+    let _proxy = start(None, &yaml, http);
+    let mut client = Client::connect(http);
+    for seq in 0..3 {
+        client.request(seq);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text == "0\n1\n2\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the file logger wrote {text:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
