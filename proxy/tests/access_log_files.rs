@@ -33,28 +33,47 @@ use ports::free_port;
 /// A bootstrap: an admin port, and a listener on `http` answering every request with a direct
 /// `200 ok` and logging it to `log` in `format` (a text format, without its newline).
 fn bootstrap(admin: u16, http: u16, log: &Path, format: &str) -> String {
+    bootstrap_logging(
+        admin,
+        http,
+        "[]",
+        &format!("[{}]", file_logger(log, format)),
+    )
+}
+
+/// A file logger writing to `log` in `format` (a text format, without its newline), as YAML.
+fn file_logger(log: &Path, format: &str) -> String {
+    format!(
+        r#"{{name: l, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{path}", log_format: {{text_format_source: {{inline_string: {format}}}}}}}}}"#,
+        path = log.display(),
+        format = serde_json::to_string(&format!("{format}\n")).unwrap(),
+    )
+}
+
+/// A bootstrap: an admin port, and a listener on `http` answering every request with a direct
+/// `200 ok`, with the access-log lists (YAML) of the listener and of its connection manager.
+fn bootstrap_logging(admin: u16, http: u16, listener_logs: &str, hcm_logs: &str) -> String {
     format!(
         r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
 static_resources:
   listeners:
   - name: http
     address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    access_log: {listener_logs}
     filter_chains:
     - filters:
       - name: hcm
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: http
-          access_log: [{{name: l, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{path}", log_format: {{text_format_source: {{inline_string: {format}}}}}}}}}]
+          access_log: {hcm_logs}
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
             virtual_hosts:
             - name: all
               domains: ["*"]
               routes: [{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]
-"#,
-        path = log.display(),
-        format = serde_json::to_string(&format!("{format}\n")).unwrap(),
+"#
     )
 }
 
@@ -422,39 +441,13 @@ fn a_log_file_that_cannot_be_opened_refuses_the_bootstrap() {
 /// an OpenTelemetry logger on the connection manager and a gRPC (TCP) logger on the listener,
 /// as Istio's telemetry providers configure them.
 fn bootstrap_with_loggers_revoy_lacks(admin: u16, http: u16, log: &Path) -> String {
-    format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    access_log:
-    - name: envoy.access_loggers.tcp_grpc
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig
-        common_config: {{log_name: als, transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: als}}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          access_log:
-          - name: otel
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig
-              common_config: {{log_name: otel_envoy_accesslog, transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: otel}}}}}}
-              body: {{string_value: "%REQ(:METHOD)%"}}
-          - name: file
-            typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{path}", log_format: {{text_format_source: {{inline_string: "%REQ(X-SEQ)%\n"}}}}}}
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]
-"#,
-        path = log.display(),
+    let otel = r#"{name: otel, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig, common_config: {log_name: otel_envoy_accesslog, transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: otel}}}, body: {string_value: "%REQ(:METHOD)%"}}}"#;
+    let tcp_grpc = r#"{name: envoy.access_loggers.tcp_grpc, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.TcpGrpcAccessLogConfig, common_config: {log_name: als, transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: als}}}}}"#;
+    bootstrap_logging(
+        admin,
+        http,
+        &format!("[{tcp_grpc}]"),
+        &format!("[{otel}, {}]", file_logger(log, "%REQ(X-SEQ)%")),
     )
 }
 
