@@ -211,8 +211,10 @@ fn compile_chain(
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
-                let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
-                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                let before = warnings.len();
+                let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
             }
             super::network_limits::LOCAL_RATE_LIMIT => {
@@ -594,8 +596,10 @@ pub fn compile_listener(
     let default_chain = default_chain
         .map(|c| build_tls(ctx, c, "default_filter_chain"))
         .transpose()?;
-    let access_logs = super::access_log::compile_access_logs(ctx, &l.access_log)
-        .map_err(|e| e.within("access_log"))?;
+    let before = warnings.len();
+    let access_logs = super::access_log::compile_access_logs(ctx, &l.access_log, warnings);
+    warnings.prefix_since(before, "access_log");
+    let access_logs = access_logs.map_err(|e| e.within("access_log"))?;
     Ok(ListenerConfig {
         access_logs,
         name: if l.name.is_empty() {
@@ -624,6 +628,7 @@ pub fn compile_listener(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Severity;
     use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
         CertificateValidationContext, CommonTlsContext, common_tls_context::ValidationContextType,
     };
@@ -752,5 +757,78 @@ filter_chains:
         assert!(!ignored_client_certificate_requirement(&requiring(Some(
             with_ca
         ))));
+    }
+
+    /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and
+    /// a route's metadata custom tag are skipped, each warned of at its full path.
+    #[test]
+    fn what_observability_leaves_out_is_named_by_its_path() {
+        let otel = r#"{name: otel, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig}}"#;
+        let yaml = format!(
+            r#"name: l
+address: {{socket_address: {{address: 127.0.0.1, port_value: 10080}}}}
+access_log: [{otel}]
+filter_chains:
+- filter_chain_match: {{destination_port: 80}}
+  filters:
+  - name: envoy.filters.network.http_connection_manager
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+      stat_prefix: h
+      access_log: [{otel}]
+      route_config:
+        virtual_hosts:
+        - name: v
+          domains: ['*']
+          routes:
+          - match: {{prefix: /a}}
+            direct_response: {{status: 200}}
+          - match: {{prefix: /}}
+            direct_response: {{status: 200}}
+            tracing: {{custom_tags: [{{tag: lit, literal: {{value: x}}}}, {{tag: md, metadata: {{kind: {{route: {{}}}}, metadata_key: {{key: k, path: [{{key: p}}]}}}}}}]}}
+      http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+- filter_chain_match: {{destination_port: 81}}
+  filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+      stat_prefix: t
+      cluster: c
+      access_log: [{otel}]
+"#
+        );
+        let codec = proto::Codec::new();
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        let l = codec.decode::<Listener>(value, false).unwrap().message;
+        let mut warnings = Warnings::new();
+        let io = crate::config::FakeIo::new();
+        let compiled = compile_listener(&Context::new(&io), &l, None, &mut warnings).unwrap();
+        assert!(compiled.access_logs.logs().is_empty());
+        let paths: Vec<(&str, Severity)> = warnings
+            .iter()
+            .map(|w| (w.path.as_str(), w.severity))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (
+                    "filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].tracing.custom_tags[1].metadata",
+                    Severity::Skipped
+                ),
+                (
+                    "filter_chains[0].filters[0].typed_config.access_log[0].typed_config",
+                    Severity::Skipped
+                ),
+                (
+                    "filter_chains[1].filters[0].typed_config.access_log[0].typed_config",
+                    Severity::Skipped
+                ),
+                ("access_log[0].typed_config", Severity::Skipped),
+            ]
+        );
+        assert!(
+            warnings.iter().next().unwrap().message.contains("'md'"),
+            "{warnings:?}"
+        );
     }
 }
