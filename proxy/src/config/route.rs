@@ -14,6 +14,8 @@ use proto::pb::envoy::config::core::v3 as core;
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::google::protobuf as gpb;
 
+use super::http_filter::PerFilterConfigs;
+use super::http_filter::cors::CorsPolicy;
 use super::{ConfigError, Context};
 use crate::route::domain::{DomainConflict, DomainIndex};
 use crate::route::format::Template;
@@ -205,11 +207,20 @@ fn compile_virtual_host<'p>(
         )?,
         include_request_attempt_count: vh.include_request_attempt_count,
         include_attempt_count_in_response: vh.include_attempt_count_in_response,
-        per_filter: super::http_filter::compile_per_filter(
-            inherited.ctx,
-            &vh.typed_per_filter_config,
-        )?,
+        per_filter: PerFilterConfigs::with_legacy_cors(
+            super::http_filter::compile_per_filter(inherited.ctx, &vh.typed_per_filter_config)?,
+            legacy_cors(inherited.ctx, vh.cors.as_ref())?,
+        ),
     })
+}
+
+/// A deprecated `cors` field, compiled.
+fn legacy_cors(
+    ctx: &Context<'_>,
+    cors: Option<&pb::CorsPolicy>,
+) -> Result<Option<CorsPolicy>, ConfigError> {
+    cors.map(|c| super::http_filter::cors::compile_legacy(ctx, c).map_err(|e| e.within("cors")))
+        .transpose()
 }
 
 fn tls_redirect_route() -> Route {
@@ -277,7 +288,15 @@ fn compile_route<'p>(
             .map(Box::new);
     Ok(Route {
         tracing,
-        per_filter: super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,
+        per_filter: PerFilterConfigs::with_legacy_cors(
+            super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,
+            match &r.action {
+                Some(pb::route::Action::Route(ra)) => {
+                    legacy_cors(vh.ctx, ra.cors.as_ref()).map_err(|e| e.within("route"))?
+                }
+                _ => None,
+            },
+        ),
         name: r.name.clone(),
         matcher,
         action: act,

@@ -28,6 +28,7 @@ pub use policy::{HashPolicy, MirrorPolicy, RetryPolicy};
 use domain::DomainIndex;
 use matcher::{HeaderMatcher, header_value};
 
+use crate::config::http_filter::cors::CorsPolicy;
 use crate::config::http_filter::{PerFilterConfigs, PerRoute, PerRouteKind};
 
 /// The facts of one request that routing looks at.
@@ -410,8 +411,28 @@ impl<'a> Selected<'a> {
             .find_map(|p| p.get(name).and_then(PerRoute::config))
     }
 
+    /// Every configuration of the filter `name` here, most specific first.
+    pub fn filter_configs<'n>(
+        &self,
+        name: &'n str,
+    ) -> impl Iterator<Item = &'a PerRouteKind> + use<'a, 'n> {
+        self.per_filter_levels()
+            .filter_map(move |p| p.get(name).and_then(PerRoute::config))
+    }
+
+    /// The deprecated `cors` policies of the route action and the virtual host, in that order.
+    pub fn legacy_cors(&self) -> impl Iterator<Item = &'a std::sync::Arc<CorsPolicy>> {
+        [
+            self.route.per_filter.as_deref(),
+            self.virtual_host.per_filter.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(PerFilterConfigs::legacy_cors)
+    }
+
     /// The levels' `typed_per_filter_config`, most specific first.
-    fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
+    fn per_filter_levels(self) -> impl Iterator<Item = &'a PerFilterConfigs> {
         [
             self.route.per_filter.as_deref(),
             self.virtual_host.per_filter.as_deref(),

