@@ -60,10 +60,11 @@ pub fn compile_legacy(
     ctx: &Context<'_>,
     p: &route_pb::CorsPolicy,
 ) -> Result<CorsPolicy, ConfigError> {
-    let filter_enabled = match &p.enabled_specifier {
-        Some(route_pb::cors_policy::EnabledSpecifier::FilterEnabled(f)) => Some(f.clone()),
-        None => None,
-    };
+    use route_pb::cors_policy::EnabledSpecifier;
+    let filter_enabled = p
+        .enabled_specifier
+        .as_ref()
+        .map(|EnabledSpecifier::FilterEnabled(f)| f.clone());
     compile(
         ctx,
         &cors_pb::CorsPolicy {
