@@ -346,11 +346,11 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     );
     let yaml = yaml.replace(
         "stat_prefix: grpc_stats",
-        "stat_prefix: grpc_stats\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          local_reply_config: {}",
+        "stat_prefix: grpc_stats\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          forward_client_cert_matcher: {}",
     );
     let (code, out) = validate(&yaml);
     assert_eq!(code, 0, "{out}");
-    for field in ["http_filters[0]", "local_reply_config"] {
+    for field in ["http_filters[0]", "forward_client_cert_matcher"] {
         assert!(
             out.lines()
                 .any(|l| l.starts_with("not implemented (skipped)") && l.contains(field)),
