@@ -9,7 +9,6 @@ const FAIL_CLOSED: &[&str] = &[
     "rbac",
     "ext_authz",
     "jwt_authn",
-    "csrf",
     "local_ratelimit",
     "ratelimit",
     "rate_limit_quota",

@@ -7,6 +7,7 @@
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
 pub mod cors;
+pub mod csrf;
 pub mod fault;
 
 use std::sync::Arc;
@@ -23,6 +24,7 @@ const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
 const CORS_POLICY: &str = "envoy.extensions.filters.http.cors.v3.CorsPolicy";
+const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -67,6 +69,8 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.cors` (its policies are per route).
     Cors,
+    /// `envoy.filters.http.csrf`.
+    Csrf(Arc<csrf::CsrfConfig>),
 }
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
@@ -139,6 +143,8 @@ pub enum PerRouteKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.cors`: a CORS policy.
     Cors(Arc<cors::CorsPolicy>),
+    /// `envoy.filters.http.csrf`: replaces the filter's policy.
+    Csrf(Arc<csrf::CsrfConfig>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -237,6 +243,10 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             unpack::<proto::pb::envoy::extensions::filters::http::cors::v3::Cors>(any)?;
             Some(FilterKind::Cors)
         }
+        CSRF => Some(FilterKind::Csrf(Arc::new(csrf::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
         _ => None,
     })
 }
@@ -283,6 +293,10 @@ pub fn compile_per_filter(
             ))),
             CORS_POLICY => Some(PerRouteKind::Cors(Arc::new(
                 cors::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
+                    .map_err(|e| e.within(&at))?,
+            ))),
+            CSRF => Some(PerRouteKind::Csrf(Arc::new(
+                csrf::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
                     .map_err(|e| e.within(&at))?,
             ))),
             _ => None,

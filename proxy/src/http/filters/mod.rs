@@ -21,6 +21,7 @@
 //! acts on responses).
 
 mod cors;
+mod csrf;
 mod fault;
 
 use std::sync::Arc;
@@ -58,6 +59,8 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.cors`.
     Cors(cors::Cors),
+    /// `envoy.filters.http.csrf`.
+    Csrf(csrf::Csrf),
 }
 
 /// One request as the filters see it, before the router.
@@ -137,6 +140,7 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
+                    FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
                 },
             })
             .collect();
@@ -174,6 +178,13 @@ impl Chain {
                     fault.decode(req, settings, encoders).await
                 }
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
+                Kind::Csrf(csrf) => {
+                    let policy = match route_config {
+                        Some(PerRouteKind::Csrf(c)) => Some(c),
+                        _ => None,
+                    };
+                    csrf.decode(req, policy)
+                }
             };
             if reply.is_some() {
                 return reply;
