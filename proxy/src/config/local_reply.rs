@@ -121,3 +121,64 @@ fn body_format(ctx: &Context<'_>, f: &SubstitutionFormatString) -> Result<BodyFo
         content_type: Arc::from(content_type),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proto::pb::envoy::config::accesslog::v3::{AccessLogFilter, access_log_filter};
+    use proto::pb::google::protobuf::{Struct, UInt32Value};
+
+    use super::*;
+    use crate::config::FakeIo;
+
+    fn not_health_check() -> AccessLogFilter {
+        AccessLogFilter {
+            filter_specifier: Some(access_log_filter::FilterSpecifier::NotHealthCheckFilter(
+                Default::default(),
+            )),
+        }
+    }
+
+    #[test]
+    fn mappers_need_a_filter_and_a_status_in_range() {
+        let io = FakeIo::new();
+        let ctx = Context::new(&io);
+        let config = LocalReplyProto {
+            mappers: vec![ResponseMapper::default()],
+            ..Default::default()
+        };
+        assert_eq!(
+            compile(&ctx, &config).unwrap_err().path,
+            "mappers[0].filter"
+        );
+        let config = LocalReplyProto {
+            mappers: vec![ResponseMapper {
+                filter: Some(not_health_check()),
+                status_code: Some(UInt32Value { value: 700 }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            compile(&ctx, &config).unwrap_err().path,
+            "mappers[0].status_code"
+        );
+    }
+
+    #[test]
+    fn a_json_body_format_is_application_json_unless_told() {
+        let io = FakeIo::new();
+        let ctx = Context::new(&io);
+        let json = |content_type: &str| LocalReplyProto {
+            body_format: Some(SubstitutionFormatString {
+                format: Some(Format::JsonFormat(Struct::default())),
+                content_type: content_type.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let c = compile(&ctx, &json("")).unwrap();
+        assert_eq!(&*c.body_format.unwrap().content_type, "application/json");
+        let c = compile(&ctx, &json("text/x-json")).unwrap();
+        assert_eq!(&*c.body_format.unwrap().content_type, "text/x-json");
+    }
+}

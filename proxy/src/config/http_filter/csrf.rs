@@ -48,3 +48,39 @@ pub fn compile(ctx: &Context<'_>, p: &CsrfPolicy) -> Result<CsrfConfig, ConfigEr
             .collect::<Result<_, _>>()?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use proto::pb::envoy::config::core::v3::RuntimeFractionalPercent;
+    use proto::pb::envoy::r#type::v3::FractionalPercent;
+
+    use super::*;
+    use crate::config::FakeIo;
+
+    #[test]
+    fn filter_enabled_and_its_default_are_required() {
+        let io = FakeIo::new();
+        let ctx = Context::new(&io);
+        let e = compile(&ctx, &CsrfPolicy::default()).unwrap_err();
+        assert_eq!(e.path, "filter_enabled");
+        let policy = CsrfPolicy {
+            filter_enabled: Some(RuntimeFractionalPercent::default()),
+            ..Default::default()
+        };
+        let e = compile(&ctx, &policy).unwrap_err();
+        assert_eq!(e.path, "filter_enabled.default_value");
+        let policy = CsrfPolicy {
+            filter_enabled: Some(RuntimeFractionalPercent {
+                default_value: Some(FractionalPercent {
+                    numerator: 25,
+                    denominator: 0,
+                }),
+                runtime_key: "csrf.on".into(),
+            }),
+            ..Default::default()
+        };
+        let c = compile(&ctx, &policy).unwrap();
+        assert_eq!(c.filter_enabled.default.numerator, 25);
+        assert!(c.shadow_enabled.is_none());
+    }
+}
