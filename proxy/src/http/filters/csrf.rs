@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use http::{Method, Response, StatusCode, header};
 
-use super::FilterRequest;
+use super::{FilterRequest, sampled};
 use crate::body::Body;
 use crate::config::http_filter::csrf::CsrfConfig;
 use crate::http::local_reply::local_reply;
-use crate::route::matcher::RuntimeFraction;
 use crate::stats::{Counter, Store};
 
 /// The CSRF filter of one connection manager.
@@ -97,11 +96,6 @@ fn host_and_port(value: &str) -> &str {
         return value;
     }
     host
-}
-
-/// Whether a runtime fraction admits this request (its default: revoy has no runtime layer).
-fn sampled(f: &RuntimeFraction) -> bool {
-    f.default.enabled(rand::random())
 }
 
 #[cfg(test)]

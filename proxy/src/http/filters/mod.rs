@@ -194,6 +194,12 @@ impl Chain {
     }
 }
 
+/// Whether a filter's runtime fraction admits this request: its default, as revoy has no
+/// runtime layer.
+fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
+    f.default.enabled(rand::random())
+}
+
 impl Encoders {
     /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
     /// they hold alive until its body ends.
