@@ -21,15 +21,12 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
-use filter_diff::{assert_same, upstream};
+use filter_diff::{HCM, ROUTER, assert_same, upstream};
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const CORS: &str = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}";
 const POLICY: &str = "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// The listeners: `sandbox` (Envoy's cors sandbox) and `typed` (per-route policies).
 fn bootstrap(admin: u16, ports: [u16; 2], up: u16, closed: u16) -> String {
@@ -325,11 +322,7 @@ fn cors_filter_matches_envoy() {
         let admin = free_port();
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
-        let ready = || filter_diff::ready(admin);
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 121, ready),
-            None => Proxy::start(&yaml, ready),
-        };
+        let _proxy = filter_diff::start(envoy, &yaml, 121, admin);
         observe(ports, admin)
     };
     let expected = run(Some(&envoy));

@@ -17,14 +17,11 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
-use filter_diff::{assert_same, upstream};
+use filter_diff::{HCM, ROUTER, assert_same, upstream};
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const POLICY: &str = "type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// One listener: the filter with additional origins; a virtual host `other` with its own
 /// policy; routes in shadow mode, disabled, and off.
@@ -263,11 +260,7 @@ fn csrf_filter_matches_envoy() {
         let admin = free_port();
         let port = free_port();
         let yaml = bootstrap(admin, port, up);
-        let ready = || filter_diff::ready(admin);
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 123, ready),
-            None => Proxy::start(&yaml, ready),
-        };
+        let _proxy = filter_diff::start(envoy, &yaml, 123, admin);
         observe(port, admin)
     };
     let expected = run(Some(&envoy));

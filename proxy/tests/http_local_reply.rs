@@ -19,13 +19,10 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
-use filter_diff::{assert_same, upstream};
+use filter_diff::{HCM, ROUTER, assert_same, upstream};
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const FAULT: &str = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 500, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]}}";
-const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// The listeners: `json` (mappers and a JSON body format) and `text` (a text format from a
 /// data source, a mapper adding its own content type).
@@ -161,11 +158,7 @@ fn local_reply_config_matches_envoy() {
         let admin = free_port();
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
-        let ready = || filter_diff::ready(admin);
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 122, ready),
-            None => Proxy::start(&yaml, ready),
-        };
+        let _proxy = filter_diff::start(envoy, &yaml, 122, admin);
         observe(ports)
     };
     let expected = run(Some(&envoy));

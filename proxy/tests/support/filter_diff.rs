@@ -6,7 +6,23 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::time::Duration;
+
+/// The connection manager's type URL.
+pub const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+/// The router filter, as a flow-style YAML entry of `http_filters`.
+pub const ROUTER: &str = "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// Envoy (when `envoy` names it, as `base_id`) or revoy on `yaml`, once its admin on `admin`
+/// says it is ready.
+pub fn start(envoy: Option<&Path>, yaml: &str, base_id: u16, admin: u16) -> crate::child::Proxy {
+    let ready = || self::ready(admin);
+    match envoy {
+        Some(path) => crate::child::Proxy::envoy(path, yaml, base_id, ready),
+        None => crate::child::Proxy::start(yaml, ready),
+    }
+}
 
 /// An upstream answering every request `200 ok` with an `x-upstream: yes` header.
 pub fn upstream() -> u16 {
