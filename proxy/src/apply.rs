@@ -1,13 +1,15 @@
 //! The one writer of what the data path reads: the bootstrap's static resources and every xDS
 //! update go through here. It owns the listener sockets (one [`Slot`] per listener name, kept
-//! across updates), publishes the [`Snapshot`] of active listeners and RDS route tables, and
-//! answers per resource, so callers can turn its answers into ACKs and NACKs.
+//! across updates), publishes the active listeners ([`ActiveListeners`]) and the [`Snapshot`]
+//! of RDS route tables, and answers per resource, so callers can turn its answers into ACKs
+//! and NACKs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use crate::config::listener::ListenerConfig;
-use crate::listener::{Listener, Slot, accept_loop};
+use crate::listener::{ActiveListeners, Listener, Slot, accept_loop};
 use crate::route::RouteTable;
 use crate::shared::Shared;
 use crate::snapshot::Snapshot;
@@ -58,25 +60,43 @@ struct State {
     routes: HashMap<String, Arc<RouteTable>>,
 }
 
-/// Applies configuration changes and publishes snapshots. One per process, in [`Shared`].
-#[derive(Default)]
+/// Applies configuration changes and publishes them. One per process, in
+/// [`crate::process::Process`].
 pub struct Applier {
+    /// What the listeners it builds serve with, and where it publishes route tables.
+    shared: Arc<Shared>,
+    /// `--drain-time-s`: how long a retired chain's TCP connections may go on.
+    drain_time: Duration,
+    /// The active listeners, as last published.
+    listeners: Arc<ActiveListeners>,
     state: Mutex<State>,
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
 }
 
 impl Applier {
+    /// An applier with no listener or route table yet.
+    pub fn new(shared: Arc<Shared>, drain_time: Duration) -> Applier {
+        Applier {
+            shared,
+            drain_time,
+            listeners: Arc::default(),
+            state: Mutex::default(),
+            workers: OnceLock::new(),
+        }
+    }
+
+    /// The active listeners.
+    pub fn listeners(&self) -> Arc<Vec<Arc<Listener>>> {
+        self.listeners.load_full()
+    }
+
     /// Records the worker runtimes that accept loops run on (before any listener is applied).
     pub fn set_workers(&self, workers: Vec<tokio::runtime::Handle>) {
         let _ = self.workers.set(workers);
     }
 
     /// Adds or replaces the listener named `config.name`.
-    pub fn upsert_listener(
-        &self,
-        shared: &Arc<Shared>,
-        config: ListenerConfig,
-    ) -> Result<ListenerChange, ListenerError> {
+    pub fn upsert_listener(&self, config: ListenerConfig) -> Result<ListenerChange, ListenerError> {
         let mut state = self.state.lock().expect("applier state");
         let name = config.name.clone();
         let existing = state
@@ -103,8 +123,8 @@ impl Applier {
         let previous = existing.as_ref().map(|s| s.current());
         let listener = Arc::new(Listener::new(
             Arc::new(config),
-            &shared.stats,
-            &shared.secrets,
+            &self.shared.stats,
+            &self.shared.secrets,
             previous.as_deref(),
         ));
         let change = match (&existing, &previous) {
@@ -113,16 +133,16 @@ impl Applier {
                     && old.config().bind_to_port == listener.config().bind_to_port =>
             {
                 let old = slot.replace(listener.clone());
-                old.retire(Some(&listener), drain_time(shared));
+                old.retire(Some(&listener), self.drain_time);
                 ListenerChange::InPlace
             }
             _ => {
                 let slot = Slot::new(listener.clone());
-                self.bind(shared, &slot, &listener)?;
+                self.bind(&slot, &listener)?;
                 match existing.zip(previous) {
                     Some((old_slot, old)) => {
                         old_slot.stop();
-                        old.retire(None, drain_time(shared));
+                        old.retire(None, self.drain_time);
                         let entry = state
                             .slots
                             .iter_mut()
@@ -138,39 +158,39 @@ impl Applier {
                 }
             }
         };
-        self.publish(shared, &state);
+        self.publish_listeners(&state);
         Ok(change)
     }
 
     /// Removes the listener named `name`: it stops accepting and its connections close at
     /// their next response. Returns whether it existed.
-    pub fn remove_listener(&self, shared: &Arc<Shared>, name: &str) -> bool {
+    pub fn remove_listener(&self, name: &str) -> bool {
         let mut state = self.state.lock().expect("applier state");
         let Some(i) = state.slots.iter().position(|(n, _)| n == name) else {
             return false;
         };
         let (_, slot) = state.slots.remove(i);
         slot.stop();
-        slot.current().retire(None, drain_time(shared));
-        self.publish(shared, &state);
+        slot.current().retire(None, self.drain_time);
+        self.publish_listeners(&state);
         true
     }
 
     /// Adds or replaces the RDS route table named by `table`.
-    pub fn upsert_route(&self, shared: &Arc<Shared>, table: RouteTable) {
+    pub fn upsert_route(&self, table: RouteTable) {
         let mut state = self.state.lock().expect("applier state");
         state
             .routes
             .insert(table.name().to_owned(), Arc::new(table));
-        self.publish(shared, &state);
+        self.publish_routes(&state);
     }
 
     /// Removes the RDS route table `name`; requests that used it get 404 (no route).
-    pub fn remove_route(&self, shared: &Arc<Shared>, name: &str) -> bool {
+    pub fn remove_route(&self, name: &str) -> bool {
         let mut state = self.state.lock().expect("applier state");
         let existed = state.routes.remove(name).is_some();
         if existed {
-            self.publish(shared, &state);
+            self.publish_routes(&state);
         }
         existed
     }
@@ -208,12 +228,7 @@ impl Applier {
 
     /// Binds `listener`'s address on every worker (one socket when the port is ephemeral: it
     /// would differ per socket) and starts their accept loops.
-    fn bind(
-        &self,
-        shared: &Arc<Shared>,
-        slot: &Arc<Slot>,
-        listener: &Listener,
-    ) -> Result<(), ListenerError> {
+    fn bind(&self, slot: &Arc<Slot>, listener: &Listener) -> Result<(), ListenerError> {
         let cfg = listener.config();
         if !cfg.bind_to_port {
             return Ok(());
@@ -241,31 +256,37 @@ impl Applier {
         }
         for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {
             let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
-            let task = rt.spawn(accept_loop(slot.clone(), socket, shared.clone(), worker));
+            let task = rt.spawn(accept_loop(
+                slot.clone(),
+                socket,
+                self.shared.clone(),
+                self.listeners.clone(),
+                worker,
+            ));
             slot.add_accept_task(task.abort_handle(), fd);
         }
         Ok(())
     }
 
-    /// Publishes the state as the new snapshot, and has every worker refresh its cached copy
-    /// at once, so an idle worker does not keep removed listeners and tables alive.
-    fn publish(&self, shared: &Arc<Shared>, state: &State) {
-        shared.snapshot.store(Snapshot {
-            listeners: state.slots.iter().map(|(_, s)| s.current()).collect(),
-            routes: state.routes.clone(),
-        });
-        for rt in self.workers.get().into_iter().flatten() {
-            let shared = shared.clone();
-            rt.spawn(async move { shared.snapshot.with(|_| ()) });
-        }
-        shared
+    /// Publishes the active listeners.
+    fn publish_listeners(&self, state: &State) {
+        self.listeners
+            .store(state.slots.iter().map(|(_, s)| s.current()).collect());
+        self.shared
             .stats
             .gauge("listener_manager.total_listeners_active")
             .set(state.slots.len() as u64);
     }
-}
 
-/// `--drain-time-s`: how long a retired chain's TCP connections may go on.
-fn drain_time(shared: &Shared) -> std::time::Duration {
-    std::time::Duration::from_secs(shared.options.drain_time_s)
+    /// Publishes the RDS route tables as the new snapshot, and has every worker refresh its
+    /// cached copy at once, so an idle worker does not keep removed tables alive.
+    fn publish_routes(&self, state: &State) {
+        self.shared.snapshot.store(Snapshot {
+            routes: state.routes.clone(),
+        });
+        for rt in self.workers.get().into_iter().flatten() {
+            let shared = self.shared.clone();
+            rt.spawn(async move { shared.snapshot.with(|_| ()) });
+        }
+    }
 }

@@ -16,6 +16,8 @@ pub mod load;
 pub mod loggers;
 pub mod logging;
 pub mod memory;
+pub mod process;
+pub mod rbac;
 pub mod route;
 pub mod router_check;
 pub mod server;

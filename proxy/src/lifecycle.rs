@@ -1,9 +1,9 @@
 //! The server's lifecycle: `server.state` (and `server.live`), the health-check flag, the drain
-//! state connections consult, and quitting. Admin and the wiring call it; nothing else keeps a
-//! copy of any of these.
+//! state connections consult, and quitting. Admin and the wiring call it; the data path only
+//! reads the drain state (through [`crate::shared::Shared`]).
 
-use std::sync::Mutex;
 use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::drain::Drain;
@@ -25,7 +25,7 @@ pub enum ServerState {
 /// State, health, drain and quit of the process.
 pub struct Lifecycle {
     /// Health-check failure and listener drains, which tell connections to close.
-    pub drain: Drain,
+    pub drain: Arc<Drain>,
     state: Mutex<ServerState>,
     /// Start-up parts not finished yet (Envoy's init targets): the server is LIVE after the
     /// last.
@@ -42,7 +42,7 @@ pub struct Lifecycle {
 
 impl Lifecycle {
     /// PRE_INITIALIZING, healthy, nothing draining.
-    pub fn new(stats: &Store, drain: Drain) -> Lifecycle {
+    pub fn new(stats: &Store, drain: Arc<Drain>) -> Lifecycle {
         let lifecycle = Lifecycle {
             drain,
             state: Mutex::new(ServerState::PreInitializing),

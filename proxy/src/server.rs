@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::cli::Options;
 use crate::config::bootstrap::BootstrapConfig;
 use crate::lifecycle::ServerState;
-use crate::shared::build_shared;
+use crate::process::build_process;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -63,19 +63,22 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             .file_flush_min_size_kb
             .map_or(64 * 1024, |kb| kb as usize * 1024),
     };
-    let shared = Arc::new(build_shared(bootstrap, options));
-    crate::access_log::file::init(flush, &shared.stats);
-    shared.stats.set_workers(workers);
-    shared.lifecycle.set_state(ServerState::Initializing);
-    shared
+    let process = Arc::new(build_process(bootstrap, options));
+    crate::access_log::file::init(flush, &process.shared.stats);
+    process.shared.stats.set_workers(workers);
+    process.lifecycle.set_state(ServerState::Initializing);
+    process
         .applier
         .set_workers(runtimes.iter().map(|rt| rt.handle().clone()).collect());
     {
         let _guard = runtimes[0].enter();
-        shared.clusters.update(shared.bootstrap.clusters.clone());
+        process
+            .shared
+            .clusters
+            .update(process.bootstrap.clusters.clone());
     }
     let first_resolution = runtimes[0].block_on(async {
-        let wait = shared.clusters.wait_initialized();
+        let wait = process.shared.clusters.wait_initialized();
         tokio::time::timeout(std::time::Duration::from_secs(10), wait).await
     });
     if first_resolution.is_err() {
@@ -83,15 +86,15 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     }
     // A static listener whose SDS secrets have not arrived warms: it is bound once they have
     // (or their initial_fetch_timeout passed), never serving without its certificate.
-    let (ready, warming): (Vec<_>, Vec<_>) = shared
+    let (ready, warming): (Vec<_>, Vec<_>) = process
         .bootstrap
         .listeners
         .iter()
-        .partition(|l| static_secrets_ready(&shared, l));
+        .partition(|l| static_secrets_ready(&process, l));
     for cfg in ready {
-        shared
+        process
             .applier
-            .upsert_listener(&shared, cfg.clone())
+            .upsert_listener(cfg.clone())
             .map_err(|e| match e {
                 crate::apply::ListenerError::Bind {
                     name,
@@ -105,16 +108,17 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
                 other => StartError::Listener(other.to_string()),
             })?;
     }
+    let xds = Arc::new(std::sync::OnceLock::new());
     let (quit_tx, quit_rx) = std::sync::mpsc::channel::<i32>();
-    shared.lifecycle.on_quit(quit_tx.clone());
-    if let Some(addr) = shared.bootstrap.admin {
+    process.lifecycle.on_quit(quit_tx.clone());
+    if let Some(addr) = process.bootstrap.admin {
         let std_listener =
             std::net::TcpListener::bind(addr).map_err(|source| StartError::Bind {
                 what: "admin".into(),
                 addr,
                 source,
             })?;
-        crate::admin::spawn(std_listener, shared.clone());
+        crate::admin::spawn(std_listener, process.clone(), xds.clone());
     }
     // SIGUSR1 reopens the access log files, as in Envoy.
     runtimes[0].spawn(async {
@@ -145,8 +149,8 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             })
             .map_err(StartError::Runtime)?;
     }
-    if let crate::config::stats_flush::StatsFlush::Interval(every) = shared.bootstrap.stats_flush {
-        let stats = shared.stats.clone();
+    if let crate::config::stats_flush::StatsFlush::Interval(every) = process.bootstrap.stats_flush {
+        let stats = process.shared.stats.clone();
         std::thread::Builder::new()
             .name("revoy-stats-flush".into())
             .spawn(move || {
@@ -158,42 +162,42 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             })
             .map_err(StartError::Runtime)?;
     }
-    let stats = &shared.stats;
+    let stats = &process.shared.stats;
     stats.gauge("listener_manager.workers_started").set(1);
     stats.gauge("server.concurrency").set(workers as u64);
     let warming: Vec<_> = warming.into_iter().cloned().collect();
     // LIVE once the static listeners' and clusters' secrets and, with `dynamic_resources`,
     // the initial xDS configuration are in, as after Envoy's init manager.
-    shared.lifecycle.await_part();
-    if shared.bootstrap.dynamic.is_some() {
-        shared.lifecycle.await_part();
+    process.lifecycle.await_part();
+    if process.bootstrap.dynamic.is_some() {
+        process.lifecycle.await_part();
     }
-    if let Err(e) = crate::xds::start(&shared) {
+    if let Err(e) = crate::xds::start(&process, xds) {
         return Err(StartError::Listener(format!("dynamic_resources: {e}")));
     }
     let static_secrets =
-        !warming.is_empty() || !crate::xds::sds::static_cluster_secrets(&shared).is_empty();
+        !warming.is_empty() || !crate::xds::sds::static_cluster_secrets(&process).is_empty();
     if static_secrets {
-        warm_static_listeners(&shared, warming);
+        warm_static_listeners(&process, warming);
         tracing::info!(
             workers,
             "listeners started but those waiting for SDS secrets"
         );
     } else {
-        shared.lifecycle.part_done();
+        process.lifecycle.part_done();
         tracing::info!(workers, "static listeners started");
     }
     crate::memory::now_serving();
-    crate::memory::publish_gauges(&shared.stats);
+    crate::memory::publish_gauges(&process.shared.stats);
     let code = quit_rx.recv().unwrap_or(0);
-    shared.applier.stop_listeners(false);
+    process.applier.stop_listeners(false);
     Ok(code)
 }
 
 /// Whether every SDS secret a static listener's TLS chains use has arrived (asking for one
 /// subscribes to it).
 fn static_secrets_ready(
-    shared: &crate::shared::Shared,
+    process: &crate::process::Process,
     l: &crate::config::listener::ListenerConfig,
 ) -> bool {
     l.chains
@@ -201,17 +205,17 @@ fn static_secrets_ready(
         .chain(&l.default_chain)
         .filter_map(|c| c.tls.as_ref())
         .flat_map(|t| t.common.secrets())
-        .all(|r| shared.secrets.cell(r).is_ready())
+        .all(|r| process.shared.secrets.cell(r).is_ready())
 }
 
 /// Binds each static listener in `warming` once its secrets have arrived or the shortest
 /// `initial_fetch_timeout` among them passed, then waits for the static clusters' secrets:
 /// one start-up part.
 fn warm_static_listeners(
-    shared: &Arc<crate::shared::Shared>,
+    process: &Arc<crate::process::Process>,
     warming: Vec<crate::config::listener::ListenerConfig>,
 ) {
-    let shared = shared.clone();
+    let process = process.clone();
     std::thread::Builder::new()
         .name("revoy-warming".into())
         .spawn(move || {
@@ -232,7 +236,7 @@ fn warm_static_listeners(
                         .flat_map(|t| t.common.secrets().into_iter().cloned())
                         .collect();
                     let timeout = refs.iter().filter_map(|r| r.initial_fetch_timeout).min();
-                    let cells: Vec<_> = refs.iter().map(|r| shared.secrets.cell(r)).collect();
+                    let cells: Vec<_> = refs.iter().map(|r| process.shared.secrets.cell(r)).collect();
                     let all = async {
                         for cell in &cells {
                             cell.ready().await;
@@ -249,13 +253,13 @@ fn warm_static_listeners(
                         tracing::warn!(listener = %cfg.name, "initial_fetch_timeout: SDS secrets did not come; the listener starts without them");
                     }
                     let name = cfg.name.clone();
-                    if let Err(e) = shared.applier.upsert_listener(&shared, cfg) {
+                    if let Err(e) = process.applier.upsert_listener(cfg) {
                         tracing::error!(listener = %name, error = %e, "a warmed static listener could not be started");
                     }
                 }
-                let clusters = crate::xds::sds::static_cluster_secrets(&shared);
-                crate::xds::sds::secrets_arrived(&shared, &clusters).await;
-                shared.lifecycle.part_done();
+                let clusters = crate::xds::sds::static_cluster_secrets(&process);
+                crate::xds::sds::secrets_arrived(&process, &clusters).await;
+                process.lifecycle.part_done();
                 tracing::info!("the static listeners' and clusters' secrets arrived");
             });
         })

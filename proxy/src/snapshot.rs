@@ -1,7 +1,7 @@
-//! What the data path reads: one immutable snapshot of the active listeners and the RDS route
-//! tables, published whole by the applier ([`crate::apply`]) and read by workers through a
-//! per-thread cache, so finding a route table costs no atomic write on a shared cache line
-//! while nothing changes.
+//! The RDS route tables the data path reads: one immutable snapshot, published whole by the
+//! applier and read by workers through a per-thread cache, so finding a route table costs no
+//! atomic write on a shared cache line while nothing changes. (The active listeners are
+//! published apart, by `listener::ActiveListeners`, so this module stays below the listeners.)
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -10,14 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use arc_swap::ArcSwap;
 
-use crate::listener::Listener;
 use crate::route::RouteTable;
 
-/// The listeners and route tables in force at one moment.
+/// The RDS route tables in force at one moment.
 #[derive(Default)]
 pub struct Snapshot {
-    /// Active listeners, static ones first, then dynamic ones in the order they were added.
-    pub listeners: Vec<Arc<Listener>>,
     /// Route tables delivered by RDS, by name.
     pub routes: HashMap<String, Arc<RouteTable>>,
 }

@@ -3,12 +3,29 @@
 //! access log will read it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
 
-use crate::upstream::AttemptTarget;
+/// Where a request's latest attempt went: its host and its connection's local address, noted
+/// by the upstream pool as soon as the attempt has a connection, so they are known even when
+/// the attempt never completes (a route timeout, a client that leaves), as Envoy's access logs
+/// know them.
+#[derive(Debug, Default)]
+pub struct AttemptTarget(Mutex<Option<(SocketAddr, Option<SocketAddr>)>>);
+
+impl AttemptTarget {
+    /// Notes an attempt to `host` on a connection from `local`.
+    pub fn note(&self, host: SocketAddr, local: Option<SocketAddr>) {
+        *self.0.lock().expect("attempt target lock") = Some((host, local));
+    }
+
+    /// The latest attempt's host and local address.
+    pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
+        *self.0.lock().expect("attempt target lock")
+    }
+}
 
 /// Envoy's response flags (`%RESPONSE_FLAGS%`), with their short and long names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

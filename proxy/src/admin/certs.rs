@@ -8,16 +8,15 @@ use std::time::SystemTime;
 use proto::pb::envoy::admin::v3::subject_alternate_name::Name;
 use serde_json::{Value, json};
 
-use crate::shared::Shared;
+use crate::process::Process;
 use crate::tls::ContextCertificates;
 use crate::tls::x509;
 
 /// The `/certs` answer at `now`.
-pub fn render(shared: &Shared, now: SystemTime) -> Value {
-    let snapshot = shared.snapshot.load_full();
-    let clusters = shared.clusters.clusters();
-    let certificates: Vec<Value> = snapshot
-        .listeners
+pub fn render(process: &Process, now: SystemTime) -> Value {
+    let listeners = process.applier.listeners();
+    let clusters = process.shared.clusters.clusters();
+    let certificates: Vec<Value> = listeners
         .iter()
         .flat_map(|l| l.tls_contexts())
         .chain(clusters.iter().flat_map(|c| c.tls_contexts()))

@@ -15,13 +15,14 @@ use proto::{Codec, pack};
 
 use super::AdminRequest;
 use crate::config::Severity;
-use crate::shared::Shared;
+use crate::process::Process;
+use crate::xds::Xds;
 
-fn started(shared: &Shared) -> Timestamp {
+fn started(process: &Process) -> Timestamp {
     let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
-        .saturating_sub(shared.started.elapsed());
+        .saturating_sub(process.started.elapsed());
     // Envoy's timestamps have millisecond precision.
     Timestamp {
         seconds: since.as_secs() as i64,
@@ -29,10 +30,10 @@ fn started(shared: &Shared) -> Timestamp {
     }
 }
 
-/// Renders the dump; `?resource=` selects one repeated field like Envoy.
-pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
-    let ts = Some(started(shared));
-    let b = shared.bootstrap.proto.decode();
+/// Renders the dump (`xds`: xDS's state, once started); `?resource=` selects one repeated field like Envoy.
+pub fn render(process: &Process, xds: Option<&Xds>, req: &AdminRequest) -> serde_json::Value {
+    let ts = Some(started(process));
+    let b = process.bootstrap.proto.decode();
     let sr = b.static_resources.clone().unwrap_or_default();
     let bootstrap = BootstrapConfigDump {
         bootstrap: Some(b),
@@ -82,7 +83,7 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
     let (mut clusters, mut listeners) = (clusters, listeners);
     let mut eds = req.has("include_eds").then(EndpointsConfigDump::default);
     super::xds::fill_dump(
-        shared,
+        xds,
         &mut listeners,
         &mut clusters,
         &mut routes,
@@ -96,7 +97,7 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
     configs.extend([
         pack(&listeners),
         pack(&routes),
-        pack(&super::secrets::dump(shared)),
+        pack(&super::secrets::dump(process)),
     ]);
     let dump = ConfigDump { configs };
     let codec = Codec::new();
@@ -110,7 +111,7 @@ pub fn render(shared: &Shared, req: &AdminRequest) -> serde_json::Value {
         },
         _ => Vec::new(),
     };
-    if let Some(findings) = unimplemented(shared) {
+    if let Some(findings) = unimplemented(process) {
         configs.push(findings);
     }
     if let Some(pattern) = req.param("name_regex").filter(|r| !r.is_empty()) {
@@ -178,8 +179,8 @@ fn own_name(v: &serde_json::Value) -> Option<&str> {
 /// `google.protobuf.Struct`, so the dump stays a valid `ConfigDump`): each finding's field
 /// path, whether it fails closed or is skipped, and what revoy does instead. `None` when
 /// there is nothing to say.
-fn unimplemented(shared: &Shared) -> Option<serde_json::Value> {
-    let findings = &shared.bootstrap.unimplemented;
+fn unimplemented(process: &Process) -> Option<serde_json::Value> {
+    let findings = &process.bootstrap.unimplemented;
     if findings.is_empty() {
         return None;
     }

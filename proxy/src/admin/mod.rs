@@ -12,13 +12,14 @@ mod xds;
 
 pub use request::AdminRequest;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::lifecycle::ServerState;
-use crate::shared::Shared;
+use crate::process::Process;
+use crate::xds::Xds;
 
 /// An admin response: status, content type, body.
 pub struct AdminResponse {
@@ -57,8 +58,8 @@ pub enum Effect {
     Quit(i32),
 }
 
-/// Starts the admin server on its own thread.
-pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>) {
+/// Starts the admin server on its own thread; `xds` holds xDS's state once xDS has started.
+pub fn spawn(listener: std::net::TcpListener, process: Arc<Process>, xds: Arc<OnceLock<Xds>>) {
     std::thread::Builder::new()
         .name("revoy-admin".into())
         .spawn(move || {
@@ -75,15 +76,15 @@ pub fn spawn(listener: std::net::TcpListener, shared: Arc<Shared>) {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let shared = shared.clone();
-                    tokio::spawn(async move { serve(stream, shared).await });
+                    let (process, xds) = (process.clone(), xds.clone());
+                    tokio::spawn(async move { serve(stream, process, xds).await });
                 }
             });
         })
         .expect("spawn admin thread");
 }
 
-async fn serve(stream: TcpStream, shared: Arc<Shared>) {
+async fn serve(stream: TcpStream, process: Arc<Process>, xds: Arc<OnceLock<Xds>>) {
     let mut reader = BufReader::new(stream);
     while let Some(req) = request::read(&mut reader).await {
         if req.http10 {
@@ -95,7 +96,7 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
             let _ = reader.get_mut().write_all(answer.as_bytes()).await;
             return;
         }
-        let (resp, effect) = handle(&req, &shared);
+        let (resp, effect) = handle(&req, &process, xds.get());
         // Envoy's admin streams every answer, so its bodies go out chunked.
         let head = format!(
             "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ndate: {}\r\nserver: envoy\r\ntransfer-encoding: chunked\r\n{}\r\n",
@@ -129,7 +130,7 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
         }
         let _ = out.flush().await;
         if let Effect::Quit(code) = effect {
-            shared.lifecycle.quit(code);
+            process.lifecycle.quit(code);
             return;
         }
         if !req.keep_alive {
@@ -151,8 +152,12 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Answers one admin request.
-pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effect) {
+/// Answers one admin request (`xds`: xDS's state, once started).
+pub fn handle(
+    req: &AdminRequest,
+    process: &Arc<Process>,
+    xds: Option<&Xds>,
+) -> (AdminResponse, Effect) {
     let Some(ep) = help::ENDPOINTS.iter().find(|e| e.path == req.path) else {
         return (
             text(404, format!("invalid path. {}", help::render())),
@@ -170,34 +175,34 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
     }
     let resp = match req.path.as_str() {
         "/" | "/help" => text(200, help::render()),
-        "/ready" => ready(shared),
-        "/server_info" => pooled_json(server_info(shared)),
-        "/config_dump" => pooled_json(config_dump::render(shared, req)),
-        "/certs" => json(&certs::render(shared, std::time::SystemTime::now())),
-        "/clusters" => clusters(shared, req),
-        "/listeners" => listeners(shared, req.param("format") == Some("json")),
-        "/routes" => routes::render(shared, req),
-        "/xds" => json(&xds::render(shared)),
-        "/init_dump" => json(&xds::init_dump(shared)),
-        "/stats" => stats(shared, req, false),
-        "/stats/prometheus" => stats(shared, req, true),
+        "/ready" => ready(process),
+        "/server_info" => pooled_json(server_info(process)),
+        "/config_dump" => pooled_json(config_dump::render(process, xds, req)),
+        "/certs" => json(&certs::render(process, std::time::SystemTime::now())),
+        "/clusters" => clusters(process, req),
+        "/listeners" => listeners(process, req.param("format") == Some("json")),
+        "/routes" => routes::render(process, req),
+        "/xds" => json(&xds::render(xds)),
+        "/init_dump" => json(&xds::init_dump(xds)),
+        "/stats" => stats(process, req, false),
+        "/stats/prometheus" => stats(process, req, true),
         "/hot_restart_version" => text(200, "disabled"),
         "/memory" => json(&crate::memory::admin_json()),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
         "/healthcheck/fail" => {
-            shared.lifecycle.set_health_failed(true);
+            process.lifecycle.set_health_failed(true);
             text(200, "OK\n")
         }
         "/healthcheck/ok" => {
-            shared.lifecycle.set_health_failed(false);
+            process.lifecycle.set_health_failed(false);
             text(200, "OK\n")
         }
         "/reset_counters" => {
-            shared.stats.reset_counters();
+            process.shared.stats.reset_counters();
             text(200, "OK\n")
         }
         "/drain_listeners" => {
-            shared.drain_listeners(
+            process.drain_listeners(
                 req.has("inboundonly"),
                 req.has("graceful"),
                 req.has("skip_exit"),
@@ -208,7 +213,7 @@ pub fn handle(req: &AdminRequest, shared: &Arc<Shared>) -> (AdminResponse, Effec
         "/cpuprofiler" => unsupported::cpu_profiler(req),
         "/heapprofiler" => unsupported::heap_profiler(),
         "/allocprofiler" => unsupported::alloc_profiler(req),
-        "/runtime_modify" => unsupported::runtime_modify(req, shared),
+        "/runtime_modify" => unsupported::runtime_modify(req, process),
         "/stats/recentlookups/clear"
         | "/stats/recentlookups/disable"
         | "/stats/recentlookups/enable" => unsupported::recent_lookups(&req.path),
@@ -230,8 +235,8 @@ fn pooled_json(value: serde_json::Value) -> AdminResponse {
 }
 
 /// `/ready`: 200 and `LIVE` when live, else 503 and the state's name.
-fn ready(shared: &Shared) -> AdminResponse {
-    let state = shared.lifecycle.state();
+fn ready(process: &Process) -> AdminResponse {
+    let state = process.lifecycle.state();
     let status = if state == ServerState::Live { 200 } else { 503 };
     text(status, format!("{}\n", state_name(state)))
 }
@@ -245,15 +250,15 @@ fn state_name(state: ServerState) -> &'static str {
     }
 }
 
-fn server_info(shared: &Shared) -> serde_json::Value {
-    let o = &shared.options;
-    let up = format!("{}s", shared.started.elapsed().as_secs());
-    let node = crate::load::effective_node(shared.bootstrap.proto.decode().node.as_ref(), o);
+fn server_info(process: &Process) -> serde_json::Value {
+    let o = &process.options;
+    let up = format!("{}s", process.started.elapsed().as_secs());
+    let node = crate::load::effective_node(process.bootstrap.proto.decode().node.as_ref(), o);
     let node = proto::Codec::for_document("envoy.config.core.v3.Node", &serde_json::Value::Null)
         .to_json(&node);
     serde_json::json!({
         "version": crate::cli::version_line().split("version: ").nth(1).unwrap_or_default(),
-        "state": state_name(shared.lifecycle.state()),
+        "state": state_name(process.lifecycle.state()),
         "uptime_current_epoch": up,
         "uptime_all_epochs": up,
         "hot_restart_version": "disabled",
@@ -283,16 +288,15 @@ fn server_info(shared: &Shared) -> serde_json::Value {
     })
 }
 
-fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
-    let snapshot = shared.snapshot.load_full();
-    let ls = &snapshot.listeners;
+fn listeners(process: &Process, as_json: bool) -> AdminResponse {
+    let ls = process.applier.listeners();
     if as_json {
         let statuses: Vec<_> = ls
             .iter()
             .map(|l| {
                 // The bound address, as Envoy shows it (a configured port 0 becomes the
                 // kernel's port); the configured one when not bound (`bind_to_port: false`).
-                let a = shared
+                let a = process
                     .applier
                     .local_address(&l.config().name)
                     .unwrap_or(l.config().address);
@@ -307,7 +311,7 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
         let body: String = ls
             .iter()
             .map(|l| {
-                let a = shared
+                let a = process
                     .applier
                     .local_address(&l.config().name)
                     .unwrap_or(l.config().address);
@@ -319,14 +323,25 @@ fn listeners(shared: &Shared, as_json: bool) -> AdminResponse {
 }
 
 /// `/clusters` (text or `format=json`), of the clusters whose name matches `filter`.
-fn clusters(shared: &Shared, req: &AdminRequest) -> AdminResponse {
+fn clusters(process: &Process, req: &AdminRequest) -> AdminResponse {
     let filter = match name_filter(req) {
         Ok(filter) => filter,
         Err(resp) => return resp,
     };
     match req.param("format") {
-        Some("json") => json(&shared.clusters.render_json_matching(filter.as_ref())),
-        _ => text(200, shared.clusters.render_text_matching(filter.as_ref())),
+        Some("json") => json(
+            &process
+                .shared
+                .clusters
+                .render_json_matching(filter.as_ref()),
+        ),
+        _ => text(
+            200,
+            process
+                .shared
+                .clusters
+                .render_text_matching(filter.as_ref()),
+        ),
     }
 }
 
@@ -344,7 +359,7 @@ fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse
 /// `usedonly`, `type` (`Counters`, `Gauges`, `TextReadouts`, `Histograms`; anything else:
 /// all), `histogram_buckets`, and for Prometheus `text_readouts` (present: shown, whatever
 /// its value, as in Envoy).
-fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse {
+fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminResponse {
     use crate::stats::{BucketsMode, Metric, Selection};
     let filter = match name_filter(req) {
         Ok(filter) => filter,
@@ -358,24 +373,24 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
             Err(usage) => return text(400, usage),
         }
     };
-    if shared.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
-        shared.stats.flush_histograms();
+    if process.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
+        process.shared.stats.flush_histograms();
     }
-    let mut metrics = shared.stats.snapshot();
+    let mut metrics = process.shared.stats.snapshot();
     metrics.push((
         "server.uptime".into(),
         Metric::Gauge({
             let g = crate::stats::Gauge::default();
-            g.set(shared.started.elapsed().as_secs());
+            g.set(process.started.elapsed().as_secs());
             g
         }),
     ));
     metrics.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut histograms = shared.stats.histogram_views();
+    let mut histograms = process.shared.stats.histogram_views();
     let mut texts = if prometheus && !req.has("text_readouts") {
         Vec::new()
     } else {
-        shared.stats.text_readouts()
+        process.shared.stats.text_readouts()
     };
     match req.param("type") {
         Some("Counters") => {
@@ -410,7 +425,7 @@ fn stats(shared: &Shared, req: &AdminRequest, prometheus: bool) -> AdminResponse
                 &texts,
                 &histograms,
                 sel,
-                shared.bootstrap.stats_tags.producer(),
+                process.bootstrap.stats_tags.producer(),
             ),
         );
     }

@@ -3,13 +3,13 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{AdminRequest, AdminResponse, json, text};
+use crate::process::Process;
 use crate::route::{RouteRequest, RouteTable, explain};
-use crate::shared::Shared;
 
 /// Renders `/routes` (all tables) or `/routes?host=..&path=..` (the decision, explained, for
 /// every table or the one named by `route_config`).
-pub fn render(shared: &Shared, req: &AdminRequest) -> AdminResponse {
-    let tables = shared.route_tables();
+pub fn render(process: &Process, req: &AdminRequest) -> AdminResponse {
+    let tables = process.route_tables();
     let only = req.param("route_config");
     let selected: Vec<&RouteTable> = tables
         .iter()

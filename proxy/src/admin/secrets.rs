@@ -14,15 +14,15 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::{Secret, secret::T
 
 use super::xds::timestamp;
 use crate::config::tls::sds::SecretSource;
-use crate::shared::Shared;
+use crate::process::Process;
 use crate::tls::secrets::SecretCell;
 
 /// What Envoy shows as the version of a secret that has not arrived.
 const UNINITIALIZED: &str = "uninitialized";
 
 /// The dump's secrets section.
-pub fn dump(shared: &Shared) -> SecretsConfigDump {
-    let mut statics: Vec<&Secret> = shared.bootstrap.secrets.iter().map(|s| &s.proto).collect();
+pub fn dump(process: &Process) -> SecretsConfigDump {
+    let mut statics: Vec<&Secret> = process.bootstrap.secrets.iter().map(|s| &s.proto).collect();
     statics.sort_by_key(|s| kind_order(s.r#type.as_ref()));
     let static_secrets = statics
         .into_iter()
@@ -37,7 +37,8 @@ pub fn dump(shared: &Shared) -> SecretsConfigDump {
         .collect();
     let mut active = Vec::new();
     let mut warming = Vec::new();
-    let mut cells: Vec<Arc<SecretCell>> = shared
+    let mut cells: Vec<Arc<SecretCell>> = process
+        .shared
         .secrets
         .cells()
         .into_iter()

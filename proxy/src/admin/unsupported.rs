@@ -4,7 +4,7 @@
 //! profiler and has no heap profiler), and with a 501 naming what is missing otherwise.
 
 use super::{AdminRequest, AdminResponse, text};
-use crate::shared::Shared;
+use crate::process::Process;
 
 const ENABLE_USAGE: &str = "?enable=<y|n>\n";
 
@@ -44,7 +44,7 @@ pub fn alloc_profiler(req: &AdminRequest) -> AdminResponse {
 /// `/runtime_modify?key=value...`: Envoy's usage without parameters, and its refusal when the
 /// bootstrap has no admin runtime layer; revoy applies no runtime overrides at all, so with
 /// such a layer it says so.
-pub fn runtime_modify(req: &AdminRequest, shared: &Shared) -> AdminResponse {
+pub fn runtime_modify(req: &AdminRequest, process: &Process) -> AdminResponse {
     use proto::pb::envoy::config::bootstrap::v3::runtime_layer::LayerSpecifier;
     if req.params.is_empty() {
         return text(
@@ -54,7 +54,7 @@ pub fn runtime_modify(req: &AdminRequest, shared: &Shared) -> AdminResponse {
              use an empty value to remove a previously added override",
         );
     }
-    let admin_layer = shared
+    let admin_layer = process
         .bootstrap
         .proto
         .decode()

@@ -16,7 +16,7 @@ use proto::pb::envoy::admin::v3::{
 use proto::pb::google::protobuf::Timestamp;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
 
-use crate::shared::Shared;
+use crate::xds::Xds;
 use crate::xds::handler::{Phase, any};
 use crate::xds::records::{Record, Status};
 
@@ -49,13 +49,13 @@ fn error_state(type_url: &str, r: &Record) -> Option<UpdateFailureState> {
 /// Adds the dynamic listeners, clusters, route configurations (and endpoint assignments when
 /// `eds` is given) to the dump's sections.
 pub fn fill_dump(
-    shared: &Shared,
+    xds: Option<&Xds>,
     listeners: &mut ListenersConfigDump,
     clusters: &mut ClustersConfigDump,
     routes: &mut RoutesConfigDump,
     eds: Option<&mut EndpointsConfigDump>,
 ) {
-    let Some(xds) = shared.xds.get() else {
+    let Some(xds) = xds else {
         return;
     };
     xds.handler.with_state(|st| {
@@ -121,8 +121,8 @@ pub fn fill_dump(
 }
 
 /// `/init_dump`: what start-up still waits for (Envoy lists its unready init targets).
-pub fn init_dump(shared: &Shared) -> serde_json::Value {
-    let Some(xds) = shared.xds.get() else {
+pub fn init_dump(xds: Option<&Xds>) -> serde_json::Value {
+    let Some(xds) = xds else {
         return serde_json::json!({});
     };
     xds.handler.with_state(|st| {
@@ -151,8 +151,8 @@ pub fn init_dump(shared: &Shared) -> serde_json::Value {
 }
 
 /// `/xds`: the stream's state, each type's subscription, and the last pushes, newest first.
-pub fn render(shared: &Shared) -> serde_json::Value {
-    let Some(xds) = shared.xds.get() else {
+pub fn render(xds: Option<&Xds>) -> serde_json::Value {
+    let Some(xds) = xds else {
         return serde_json::json!({"error": "no dynamic_resources in the bootstrap"});
     };
     let counts = xds.handler.with_state(|st| {

@@ -14,6 +14,7 @@ pub mod hcm;
 pub mod http_filter;
 pub mod listener;
 pub mod local_reply;
+pub mod rbac;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;

@@ -14,12 +14,11 @@ use proto::pb::envoy::config::core::v3 as core;
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::google::protobuf as gpb;
 
-use super::http_filter::PerFilterConfigs;
-use super::http_filter::cors::CorsPolicy;
 use super::{ConfigError, Context};
 use crate::route::domain::{DomainConflict, DomainIndex};
 use crate::route::format::Template;
 use crate::route::headers::{AppendAction, HeaderAdd, HeaderMutations, HeaderRules};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs};
 use crate::route::{
     Action, Redirect, RedirectPath, Route, RouteTable, TlsRequirement, VirtualCluster, VirtualHost,
 };
@@ -218,9 +217,12 @@ fn compile_virtual_host<'p>(
 fn legacy_cors(
     ctx: &Context<'_>,
     cors: Option<&pb::CorsPolicy>,
-) -> Result<Option<CorsPolicy>, ConfigError> {
-    cors.map(|c| super::http_filter::cors::compile_legacy(ctx, c).map_err(|e| e.within("cors")))
-        .transpose()
+) -> Result<Option<Arc<dyn FilterRouteConfig>>, ConfigError> {
+    let Some(c) = cors else {
+        return Ok(None);
+    };
+    let policy = super::http_filter::cors::compile_legacy(ctx, c).map_err(|e| e.within("cors"))?;
+    Ok(Some(Arc::new(policy)))
 }
 
 fn tls_redirect_route() -> Route {

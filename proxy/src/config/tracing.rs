@@ -18,96 +18,7 @@ use proto::pb::envoy::r#type::v3::{FractionalPercent, Percent};
 
 use super::{ConfigError, Context};
 use crate::route::format::Machine;
-
-/// A sampling rate: a request is in when `random % denominator < numerator`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Fraction {
-    /// Requests in, out of `denominator`.
-    pub numerator: u32,
-    /// 100, 10 000 or 1 000 000.
-    pub denominator: u32,
-}
-
-impl Fraction {
-    /// Every request (100 %).
-    pub const ALL: Fraction = Fraction {
-        numerator: 100,
-        denominator: 100,
-    };
-
-    /// Whether the request drawing `random` is in.
-    pub fn enabled(self, random: u64) -> bool {
-        random % u64::from(self.denominator) < u64::from(self.numerator)
-    }
-
-    /// A connection manager's `Percent`, kept in ten-thousandths as Envoy rounds it.
-    fn of_percent(p: Option<&Percent>, path: &str) -> Result<Fraction, ConfigError> {
-        let Some(p) = p else {
-            return Ok(Fraction {
-                numerator: 10_000,
-                denominator: 10_000,
-            });
-        };
-        if !(0.0..=100.0).contains(&p.value) {
-            return Err(ConfigError::new(
-                format!("{path}.value"),
-                "value must be inside range [0, 100]",
-            ));
-        }
-        Ok(Fraction {
-            numerator: (p.value * 100.0).round() as u32,
-            denominator: 10_000,
-        })
-    }
-
-    /// A route's `FractionalPercent` (100 % when unset).
-    fn of_fractional(p: Option<&FractionalPercent>) -> Fraction {
-        let Some(p) = p else { return Fraction::ALL };
-        let denominator = match p.denominator {
-            1 => 10_000,
-            2 => 1_000_000,
-            _ => 100,
-        };
-        Fraction {
-            numerator: p.numerator.min(denominator),
-            denominator,
-        }
-    }
-}
-
-/// The three sampling rates a request's trace decision uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sampling {
-    /// `client_sampling`: requests with `x-client-trace-id` that are traced.
-    pub client: Fraction,
-    /// `random_sampling`: other requests that are traced.
-    pub random: Fraction,
-    /// `overall_sampling`: the cap on both.
-    pub overall: Fraction,
-}
-
-/// Where a custom tag's value comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TagValue {
-    /// A fixed value (a `literal`, or an `environment` variable read at compile time).
-    Literal(String),
-    /// A request header, or `default` when the request has none.
-    RequestHeader {
-        /// The header.
-        name: http::HeaderName,
-        /// Its stand-in.
-        default: String,
-    },
-}
-
-/// A `custom_tags` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CustomTag {
-    /// The tag's name.
-    pub tag: String,
-    /// Its value.
-    pub value: TagValue,
-}
+use crate::route::tracing::{CustomTag, Fraction, RouteTracing, Sampling, TagValue};
 
 /// `envoy.tracers.opentelemetry`: OTLP over gRPC to a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,19 +93,6 @@ impl Default for RequestIdConfig {
     }
 }
 
-/// A route's `decorator` and `tracing`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RouteTracing {
-    /// `decorator.operation`: the span's name.
-    pub operation: Option<String>,
-    /// `decorator.propagate` (default true).
-    pub propagate: bool,
-    /// `tracing`'s sampling, replacing the connection manager's.
-    pub sampling: Option<Sampling>,
-    /// `tracing.custom_tags`, added to the connection manager's.
-    pub custom_tags: Vec<CustomTag>,
-}
-
 /// How spans are batched (Envoy's runtime keys, from the bootstrap's static layers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Flush {
@@ -260,6 +158,40 @@ impl FlushSettings {
             }
         }
         out
+    }
+}
+
+/// A connection manager's `Percent`, kept in ten-thousandths as Envoy rounds it.
+fn fraction_of_percent(p: Option<&Percent>, path: &str) -> Result<Fraction, ConfigError> {
+    let Some(p) = p else {
+        return Ok(Fraction {
+            numerator: 10_000,
+            denominator: 10_000,
+        });
+    };
+    if !(0.0..=100.0).contains(&p.value) {
+        return Err(ConfigError::new(
+            format!("{path}.value"),
+            "value must be inside range [0, 100]",
+        ));
+    }
+    Ok(Fraction {
+        numerator: (p.value * 100.0).round() as u32,
+        denominator: 10_000,
+    })
+}
+
+/// A route's `FractionalPercent` (100 % when unset).
+fn fraction_of_fractional(p: Option<&FractionalPercent>) -> Fraction {
+    let Some(p) = p else { return Fraction::ALL };
+    let denominator = match p.denominator {
+        1 => 10_000,
+        2 => 1_000_000,
+        _ => 100,
+    };
+    Fraction {
+        numerator: p.numerator.min(denominator),
+        denominator,
     }
 }
 
@@ -340,9 +272,9 @@ pub fn compile_hcm_tracing(
     Ok(HcmTracing {
         egress,
         sampling: Sampling {
-            client: Fraction::of_percent(t.client_sampling.as_ref(), "client_sampling")?,
-            random: Fraction::of_percent(t.random_sampling.as_ref(), "random_sampling")?,
-            overall: Fraction::of_percent(t.overall_sampling.as_ref(), "overall_sampling")?,
+            client: fraction_of_percent(t.client_sampling.as_ref(), "client_sampling")?,
+            random: fraction_of_percent(t.random_sampling.as_ref(), "random_sampling")?,
+            overall: fraction_of_percent(t.overall_sampling.as_ref(), "overall_sampling")?,
         },
         custom_tags: custom_tags(ctx, &t.custom_tags, "custom_tags")?,
         max_path_tag_length: t.max_path_tag_length.map_or(256, |v| v.value as usize),
@@ -399,9 +331,9 @@ pub fn compile_route_tracing(
         operation: decorator.map(|d| d.operation.clone()),
         propagate: decorator.is_none_or(|d| d.propagate.is_none_or(|b| b.value)),
         sampling: tracing.map(|t| Sampling {
-            client: Fraction::of_fractional(t.client_sampling.as_ref()),
-            random: Fraction::of_fractional(t.random_sampling.as_ref()),
-            overall: Fraction::of_fractional(t.overall_sampling.as_ref()),
+            client: fraction_of_fractional(t.client_sampling.as_ref()),
+            random: fraction_of_fractional(t.random_sampling.as_ref()),
+            overall: fraction_of_fractional(t.overall_sampling.as_ref()),
         }),
         custom_tags: match tracing {
             Some(t) => custom_tags(ctx, &t.custom_tags, "tracing.custom_tags")?,
@@ -570,11 +502,11 @@ mod tests {
 
     #[test]
     fn percents_round_to_ten_thousandths() {
-        let p = |v| Fraction::of_percent(Some(&Percent { value: v }), "x").unwrap();
+        let p = |v| fraction_of_percent(Some(&Percent { value: v }), "x").unwrap();
         assert_eq!(p(0.005).numerator, 1);
         assert_eq!(p(12.34).numerator, 1234);
         assert_eq!(p(100.0).numerator, 10_000);
-        assert!(Fraction::of_percent(Some(&Percent { value: 101.0 }), "random_sampling").is_err());
+        assert!(fraction_of_percent(Some(&Percent { value: 101.0 }), "random_sampling").is_err());
         let f = Fraction {
             numerator: 25,
             denominator: 100,

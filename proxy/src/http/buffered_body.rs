@@ -22,6 +22,11 @@ pub struct Replay {
 }
 
 impl Replay {
+    /// The body's length in bytes.
+    pub fn len(&self) -> usize {
+        self.data.iter().map(Bytes::len).sum()
+    }
+
     /// A fresh body with the same frames.
     pub fn body(&self) -> Body {
         if self.data.is_empty() && self.trailers.is_none() {

@@ -3,7 +3,7 @@
 
 mod access_log;
 mod attempts;
-mod buffered_body;
+pub(crate) mod buffered_body;
 mod connect;
 mod envoy_errors;
 pub mod filters;

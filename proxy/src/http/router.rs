@@ -334,6 +334,7 @@ async fn route_and_forward(
             path: &path,
             body: req.body_mut(),
             conn: ctx,
+            remote: facts.client.unwrap_or(ctx.down.peer.ip()),
             route: selected,
             record: pending.as_deref_mut().map(Pending::record),
         };

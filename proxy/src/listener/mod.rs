@@ -1,10 +1,12 @@
 //! Accept loops: bind a listener's socket, run its listener filters, pick the filter chain and
 //! hand the connection to the chain's terminal filter (HTTP connection manager or tcp_proxy).
 
+mod active;
 mod inspect;
 mod original_dst;
 mod slot;
 
+pub use active::ActiveListeners;
 pub use inspect::parse_client_hello;
 pub use original_dst::original_dst;
 pub use slot::{Slot, accept_loop};
@@ -20,6 +22,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
+use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
@@ -35,6 +38,8 @@ struct Chain {
     /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
     identity: (u64, Option<Arc<str>>),
     kind: ChainKind,
+    /// Its network RBAC filters, run on each connection before the terminal filter.
+    rbac: Box<[NetworkRbac]>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -198,7 +203,16 @@ impl Listener {
                     ),
                 }
             };
-            Arc::new(Chain { identity, kind })
+            let rbac = c
+                .rbac
+                .iter()
+                .map(|r| NetworkRbac::new(r.clone(), stats))
+                .collect();
+            Arc::new(Chain {
+                identity,
+                kind,
+                rbac,
+            })
         };
         let address = config.address;
         Listener {
@@ -276,12 +290,14 @@ impl Listener {
         TcpListener::from_std(socket.into())
     }
 
-    /// Serves one accepted connection; `worker`: the accepting worker's listener stats.
+    /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
+    /// from; `worker`: the accepting worker's listener stats.
     pub(crate) async fn serve(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
         shared: Arc<Shared>,
+        listeners: Arc<ActiveListeners>,
         worker: Connections,
     ) {
         let _ = stream.set_nodelay(true);
@@ -295,8 +311,8 @@ impl Listener {
         if self.config.use_original_dst
             && let Some(to) = original.filter(|o| *o != local)
         {
-            let snapshot = shared.snapshot.load_full();
-            if let Some(target) = handoff_target(&snapshot.listeners, to, self) {
+            let listeners = listeners.load_full();
+            if let Some(target) = handoff_target(&listeners, to, self) {
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;
@@ -363,9 +379,9 @@ impl Listener {
         };
         let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
         let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i].kind,
+            Some(i) => &self.chains[i],
             None => match &self.default_chain {
-                Some(c) => &c.kind,
+                Some(c) => c,
                 None => {
                     self.no_filter_chain.inc();
                     self.log_unmatched(peer, destination, inspected.server_name.as_deref());
@@ -377,7 +393,24 @@ impl Listener {
         let _open = (self.cx.open(), worker.map(Connections::open));
         // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
         let sni = inspected.server_name.as_deref();
-        match chain {
+        let rbac = RbacGate {
+            filters: &chain.rbac,
+            local: destination,
+            peer,
+            sni,
+        };
+        let mut stream = stream;
+        let plaintext = matches!(
+            &chain.kind,
+            ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
+        );
+        let checked = plaintext.then(|| rbac.check(None)).flatten();
+        if let Some(denied) = checked.as_ref().filter(|c| !c.allowed()) {
+            denied.close(&mut stream).await;
+            self.cx_destroy.inc();
+            return;
+        }
+        match &chain.kind {
             ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
@@ -391,12 +424,19 @@ impl Listener {
                     },
                 };
                 match tls {
-                    None => http::serve(stream, Arc::new(ctx(None))).await,
+                    None => {
+                        if let Some(admitted) = &checked
+                            && first_bytes(&stream).await
+                        {
+                            admitted.count();
+                        }
+                        http::serve(stream, Arc::new(ctx(None))).await
+                    }
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
                         crate::spawn::boxed(|| {
-                            serve_tls(tls, stream, peer, |peer_tls| {
+                            serve_tls(tls, stream, peer, &rbac, |peer_tls| {
                                 let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
@@ -419,12 +459,36 @@ impl Listener {
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
-                        crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb, sni)).await
+                        let count = checked.as_ref().map(|c| move || c.count());
+                        let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                        crate::spawn::boxed(|| {
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                        })
+                        .await
+                    }
+                    Some(tls) if !rbac.filters.is_empty() => {
+                        crate::spawn::boxed(|| async {
+                            let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
+                            else {
+                                return;
+                            };
+                            let Some(checked) = rbac.check(Some(&peer_tls)) else {
+                                return;
+                            };
+                            if !checked.allowed() {
+                                return checked.close(&mut s).await;
+                            }
+                            let count = || checked.count();
+                            proxy
+                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .await;
+                        })
+                        .await
                     }
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
+                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
                             }
                         })
                         .await
@@ -453,15 +517,77 @@ fn handoff_target<'l>(
     })
 }
 
-/// Completes the TLS handshake of a connection and serves it, with the context `ctx` makes
-/// from the connection's certificates.
+/// What a chain's network RBAC filters check a connection against, less its TLS.
+struct RbacGate<'a> {
+    filters: &'a [NetworkRbac],
+    local: SocketAddr,
+    peer: SocketAddr,
+    sni: Option<&'a str>,
+}
+
+impl<'a> RbacGate<'a> {
+    /// The chain's network RBAC verdicts on the connection (`tls`: its certificates, on a
+    /// TLS chain); `None` when the chain has no such filter.
+    fn check(&self, tls: Option<&PeerTls>) -> Option<network_rbac::Checked<'a>> {
+        if self.filters.is_empty() {
+            return None;
+        }
+        let facts = crate::rbac::Facts {
+            request: None,
+            local: self.local,
+            source: self.peer.ip(),
+            direct_remote: self.peer.ip(),
+            remote: self.peer.ip(),
+            tls,
+            server_name: self.sni.unwrap_or(""),
+        };
+        Some(network_rbac::check(self.filters, &facts))
+    }
+}
+
+/// How long a connection manager's connection is waited on for its first bytes before it is
+/// served uncounted by network RBAC filters (Envoy's default idle timeout).
+const FIRST_BYTES_WAIT: Duration = Duration::from_secs(3600);
+
+/// Whether a plaintext connection sent bytes (they stay unread), waiting at most
+/// [`FIRST_BYTES_WAIT`].
+async fn first_bytes(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let peek = stream.peek(&mut byte);
+    matches!(tokio::time::timeout(FIRST_BYTES_WAIT, peek).await, Ok(Ok(n)) if n > 0)
+}
+
+/// Whether a TLS connection sent application bytes: some the handshake already read, else
+/// bytes on the socket (they stay unread), waiting at most [`FIRST_BYTES_WAIT`].
+async fn first_tls_bytes(stream: &mut tokio_rustls::server::TlsStream<TcpStream>) -> bool {
+    let (tcp, conn) = stream.get_mut();
+    if conn
+        .process_new_packets()
+        .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
+    {
+        return true;
+    }
+    first_bytes(tcp).await
+}
+
+/// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
+/// serves it, with the context `ctx` makes from the connection's certificates.
 async fn serve_tls(
     tls: &Tls,
     stream: TcpStream,
     peer: SocketAddr,
+    rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    if let Some((tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+    if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+        if let Some(checked) = rbac.check(Some(&certificates)) {
+            if !checked.allowed() {
+                return checked.close(&mut tls_stream).await;
+            }
+            if first_tls_bytes(&mut tls_stream).await {
+                checked.count();
+            }
+        }
         let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();

@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 
-use super::Listener;
+use super::{ActiveListeners, Listener};
 use crate::shared::Shared;
 use crate::stats::Connections;
 
@@ -75,8 +75,15 @@ impl Slot {
 }
 
 /// Accepts connections forever on worker `worker`'s socket of `slot`, each served on its own
-/// task with the slot's configuration at the moment it was accepted.
-pub async fn accept_loop(slot: Arc<Slot>, socket: TcpListener, shared: Arc<Shared>, worker: usize) {
+/// task with the slot's configuration at the moment it was accepted (`listeners`: where a
+/// `use_original_dst` listener hands connections off).
+pub async fn accept_loop(
+    slot: Arc<Slot>,
+    socket: TcpListener,
+    shared: Arc<Shared>,
+    listeners: Arc<ActiveListeners>,
+    worker: usize,
+) {
     // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
     let listener_prefix = slot.current().config().stat_prefix();
     let prefix = format!("{listener_prefix}.worker_{worker}");
@@ -91,8 +98,11 @@ pub async fn accept_loop(slot: Arc<Slot>, socket: TcpListener, shared: Arc<Share
                 per_event.record(1);
                 let listener = slot.current();
                 let shared = shared.clone();
+                let listeners = listeners.clone();
                 let stats = stats.clone();
-                tokio::spawn(async move { listener.serve(stream, peer, shared, stats).await });
+                tokio::spawn(async move {
+                    listener.serve(stream, peer, shared, listeners, stats).await
+                });
             }
             // The socket was shut down by `Slot::stop`; the loop is being aborted.
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,

@@ -8,8 +8,10 @@ pub mod explain;
 pub mod format;
 pub mod headers;
 pub mod matcher;
+pub mod per_filter;
 pub mod policy;
 mod rewrite;
+pub mod tracing;
 
 use std::borrow::Cow;
 
@@ -28,8 +30,7 @@ pub use policy::{HashPolicy, MirrorPolicy, RetryPolicy};
 use domain::DomainIndex;
 use matcher::{HeaderMatcher, header_value};
 
-use crate::config::http_filter::cors::CorsPolicy;
-use crate::config::http_filter::{PerFilterConfigs, PerRoute, PerRouteKind};
+use per_filter::{PerFilterConfigs, PerRoute};
 
 /// The facts of one request that routing looks at.
 ///
@@ -123,7 +124,7 @@ pub struct Route {
     /// `metadata.filter_metadata` as JSON (namespace -> struct); `None` when there is none.
     pub metadata: Option<Box<serde_json::Map<String, serde_json::Value>>>,
     /// `decorator` and `tracing`; `None` when the route sets neither.
-    pub tracing: Option<Box<crate::config::tracing::RouteTracing>>,
+    pub tracing: Option<Box<tracing::RouteTracing>>,
     /// `typed_per_filter_config`.
     pub per_filter: Option<Box<PerFilterConfigs>>,
 }
@@ -405,23 +406,28 @@ impl<'a> Selected<'a> {
             .map(PerRoute::disabled)
     }
 
-    /// The most specific configuration that replaces the filter `name`'s own here.
-    pub fn filter_config(&self, name: &str) -> Option<&'a PerRouteKind> {
-        self.per_filter_levels()
-            .find_map(|p| p.get(name).and_then(PerRoute::config))
+    /// The most specific configuration that replaces the filter `name`'s own here, when it is
+    /// a `T` (the filter's per-route type).
+    pub fn filter_config<T: per_filter::FilterRouteConfig>(&self, name: &str) -> Option<&'a T> {
+        let c = self
+            .per_filter_levels()
+            .find_map(|p| p.get(name).and_then(PerRoute::config))?;
+        (c as &dyn std::any::Any).downcast_ref::<T>()
     }
 
-    /// Every configuration of the filter `name` here, most specific first.
-    pub fn filter_configs<'n>(
+    /// Every configuration of the filter `name` here that is a `T`, most specific first.
+    pub fn filter_configs<'n, T: per_filter::FilterRouteConfig>(
         &self,
         name: &'n str,
-    ) -> impl Iterator<Item = &'a PerRouteKind> + use<'a, 'n> {
+    ) -> impl Iterator<Item = &'a T> + use<'a, 'n, T> {
         self.per_filter_levels()
             .filter_map(move |p| p.get(name).and_then(PerRoute::config))
+            .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
     }
 
-    /// The deprecated `cors` policies of the route action and the virtual host, in that order.
-    pub fn legacy_cors(&self) -> impl Iterator<Item = &'a std::sync::Arc<CorsPolicy>> {
+    /// The deprecated `cors` policies (of type `T`) of the route action and the virtual host,
+    /// in that order.
+    pub fn legacy_cors<T: per_filter::FilterRouteConfig>(&self) -> impl Iterator<Item = &'a T> {
         [
             self.route.per_filter.as_deref(),
             self.virtual_host.per_filter.as_deref(),
@@ -429,6 +435,7 @@ impl<'a> Selected<'a> {
         .into_iter()
         .flatten()
         .filter_map(PerFilterConfigs::legacy_cors)
+        .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
     }
 
     /// The levels' `typed_per_filter_config`, most specific first.

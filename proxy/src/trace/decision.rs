@@ -6,7 +6,8 @@
 use http::HeaderMap;
 
 use super::request_id::{self, Reason};
-use crate::config::tracing::{RequestIdConfig, Sampling};
+use crate::config::tracing::RequestIdConfig;
+use crate::route::tracing::Sampling;
 
 static X_REQUEST_ID: http::HeaderName = http::HeaderName::from_static("x-request-id");
 static X_CLIENT_TRACE_ID: http::HeaderName = http::HeaderName::from_static("x-client-trace-id");
@@ -68,7 +69,7 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::tracing::Fraction;
+    use crate::route::tracing::Fraction;
 
     fn pct(n: u32) -> Fraction {
         Fraction {

@@ -24,9 +24,10 @@ use super::error::UpstreamError;
 use super::host::{Host, HostTransport};
 use super::io::UpstreamIo;
 use super::lb::{HostSet, LbContext};
-use super::pool::{self, ActiveConnection, AttemptTarget, ConnectOptions};
+use super::pool::{self, ActiveConnection, ConnectOptions};
 use super::response::UpstreamBody;
 use super::stats::ClusterStats;
+use crate::access_log::AttemptTarget;
 
 /// A TCP connection to a host of a cluster (for tcp_proxy). Counted as active until dropped.
 #[derive(Debug)]

@@ -26,12 +26,14 @@ use crate::config::cluster::ClusterConfig;
 use crate::stats::Store;
 use crate::tls::SecretStore;
 
+/// Where the pool notes an attempt's host (an access-log type: [`LbContext`] carries it).
+pub use crate::access_log::AttemptTarget;
 pub use cluster::{Cluster, UpstreamConnection};
 pub use error::{ResetReason, UpstreamError};
 pub use host::{Host, HostStats, HostTransport};
 pub use io::UpstreamIo;
 pub use lb::{HostSet, LbContext};
-pub use pool::{ActiveConnection, AttemptTarget, UpstreamHost};
+pub use pool::{ActiveConnection, UpstreamHost};
 pub use response::UpstreamBody;
 pub use stats::ClusterStats;
 

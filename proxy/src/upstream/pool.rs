@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::{TcpSocket, TcpStream};
 
+use crate::access_log::AttemptTarget;
 use crate::body::Body;
 
 use super::error::{ResetReason, UpstreamError};
@@ -214,24 +215,6 @@ impl Pool {
 /// The upstream host that answered, attached to a response when `LbContext::report_host`.
 #[derive(Debug, Clone, Copy)]
 pub struct UpstreamHost(pub SocketAddr);
-
-/// Where a request's latest attempt went: its host and its connection's local address, noted
-/// as soon as the attempt has a connection, so they are known even when the attempt never
-/// completes (a route timeout, a client that leaves), as Envoy's access logs know them.
-#[derive(Debug, Default)]
-pub struct AttemptTarget(Mutex<Option<(SocketAddr, Option<SocketAddr>)>>);
-
-impl AttemptTarget {
-    /// Notes an attempt to `host` on a connection from `local`.
-    pub fn note(&self, host: SocketAddr, local: Option<SocketAddr>) {
-        *self.0.lock().expect("attempt target lock") = Some((host, local));
-    }
-
-    /// The latest attempt's host and local address.
-    pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
-        *self.0.lock().expect("attempt target lock")
-    }
-}
 
 /// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
 /// charging connection stats.

@@ -32,7 +32,7 @@ use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
 use crate::config::tls::sds::{SecretRef, SecretSource};
 use crate::config::upstream_transport::Socket;
 use crate::config::{ConfigError, ConfigIo, Context, Severity, SystemIo, Warnings};
-use crate::shared::Shared;
+use crate::process::Process;
 
 /// Resources in an update from which its freed heap is handed back to the OS soon after.
 const LARGE_UPDATE: usize = 64;
@@ -111,7 +111,9 @@ impl State {
 
 /// Applies xDS updates to the proxy.
 pub struct ProxyHandler {
-    shared: Weak<Shared>,
+    process: Weak<Process>,
+    /// This handler, for the timers and waits it starts.
+    me: Weak<ProxyHandler>,
     /// Files, environment and host name, for what the resources read (direct_response
     /// bodies, formatters, certificates).
     io: Box<dyn ConfigIo + Send + Sync>,
@@ -122,11 +124,12 @@ pub struct ProxyHandler {
 }
 
 impl ProxyHandler {
-    /// A handler for `shared`'s proxy; [`ProxyHandler::set_client`] follows.
-    pub fn new(shared: &Arc<Shared>, config: DynamicConfig) -> Arc<ProxyHandler> {
-        Arc::new(ProxyHandler {
-            stats: XdsStats::new(&shared.stats),
-            shared: Arc::downgrade(shared),
+    /// A handler for `process`'s proxy; [`ProxyHandler::set_client`] follows.
+    pub fn new(process: &Arc<Process>, config: DynamicConfig) -> Arc<ProxyHandler> {
+        Arc::new_cyclic(|me| ProxyHandler {
+            stats: XdsStats::new(&process.shared.stats),
+            process: Arc::downgrade(process),
+            me: me.clone(),
             io: Box::new(SystemIo),
             config,
             client: OnceLock::new(),
@@ -153,10 +156,10 @@ impl ProxyHandler {
             loop {
                 tick.tick().await;
                 let Some(me) = me.upgrade() else { return };
-                let Some(shared) = me.shared.upgrade() else {
+                let Some(process) = me.process.upgrade() else {
                     return;
                 };
-                release_stats(&shared, &mut me.state.lock().expect("xds state"));
+                release_stats(&process, &mut me.state.lock().expect("xds state"));
             }
         });
         let mut st = self.state.lock().expect("xds state");
@@ -204,7 +207,7 @@ impl ProxyHandler {
     }
 
     fn fetch_timed_out(&self, phase: Phase) {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(process) = self.process.upgrade() else {
             return;
         };
         let mut st = self.state.lock().expect("xds state");
@@ -224,14 +227,17 @@ impl ProxyHandler {
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
-                shared.clusters.apply(warming.into_values().collect(), &[]);
+                process
+                    .shared
+                    .clusters
+                    .apply(warming.into_values().collect(), &[]);
             }
             Phase::Listeners => {
                 self.stats.lds.timed_out();
                 st.lds_received = true;
                 let warming = st.warming_listeners.take();
                 for (name, cfg) in warming {
-                    self.activate_listener(&shared, &mut st, &name, cfg);
+                    self.activate_listener(&process, &mut st, &name, cfg);
                 }
             }
             Phase::Done => {}
@@ -265,8 +271,8 @@ impl ProxyHandler {
         if st.phase == Some(Phase::Listeners) && st.lds_received && st.warming_listeners.is_empty()
         {
             st.phase = Some(Phase::Done);
-            if let Some(shared) = self.shared.upgrade() {
-                shared.lifecycle.part_done();
+            if let Some(process) = self.process.upgrade() {
+                process.lifecycle.part_done();
                 tracing::info!("initial xDS configuration applied");
             }
         }
@@ -274,12 +280,10 @@ impl ProxyHandler {
 
     /// An `Arc` of this handler (for timers), while the proxy runs.
     fn me(&self) -> Option<Arc<ProxyHandler>> {
-        self.shared
-            .upgrade()
-            .and_then(|s| s.xds.get().map(|x| x.handler.clone()))
+        self.process.upgrade().and(self.me.upgrade())
     }
 
-    fn apply_clusters(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+    fn apply_clusters(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let since = Instant::now();
         let mut rejected = Vec::new();
         let mut changed = 0;
@@ -288,7 +292,7 @@ impl ProxyHandler {
             if st.clusters.unchanged(&r.name, &r.value) {
                 continue;
             }
-            match self.compile_cluster(shared, &r) {
+            match self.compile_cluster(process, &r) {
                 Err(reason) => reject(&mut st.clusters, &mut rejected, r, reason),
                 Ok((mut cfg, eds_timeout)) => {
                     let name = cfg.name.clone();
@@ -298,7 +302,7 @@ impl ProxyHandler {
                     let status = match cfg.discovery.clone() {
                         Discovery::Eds { service_name } => {
                             // Each version of an EDS cluster starts its own subscription.
-                            UpdateStats::of_cluster(&shared.stats, &cfg.observability_name)
+                            UpdateStats::of_cluster(&process.shared.stats, &cfg.observability_name)
                                 .started();
                             st.eds_users
                                 .entry(service_name.clone())
@@ -317,7 +321,7 @@ impl ProxyHandler {
                                 Some(Ok(endpoints)) => {
                                     cfg.endpoints = endpoints;
                                     st.warming_clusters.remove(&name);
-                                    self.use_or_await_secrets(shared, st, cfg, &mut upserts)
+                                    self.use_or_await_secrets(process, st, cfg, &mut upserts)
                                 }
                                 _ => {
                                     st.warming_clusters.insert(name.clone(), cfg);
@@ -335,7 +339,7 @@ impl ProxyHandler {
                         }
                         _ => {
                             st.warming_clusters.remove(&name);
-                            self.use_or_await_secrets(shared, st, cfg, &mut upserts)
+                            self.use_or_await_secrets(process, st, cfg, &mut upserts)
                         }
                     };
                     st.clusters.accept(&name, &r.version, r.value, status);
@@ -349,10 +353,10 @@ impl ProxyHandler {
         }
         let mut removals = Vec::new();
         for name in u.removed {
-            if shared.bootstrap.clusters.iter().any(|c| c.name == name) {
+            if process.bootstrap.clusters.iter().any(|c| c.name == name) {
                 continue;
             }
-            if let Some(c) = shared.clusters.get(&name) {
+            if let Some(c) = process.shared.clusters.get(&name) {
                 st.stats_to_release
                     .insert(format!("cluster.{}.", c.config().observability_name));
             }
@@ -368,8 +372,8 @@ impl ProxyHandler {
             st.stats_to_release
                 .remove(&format!("cluster.{}.", cfg.observability_name));
         }
-        shared.clusters.apply(upserts, &removals);
-        release_stats(shared, st);
+        process.shared.clusters.apply(upserts, &removals);
+        release_stats(process, st);
         st.cds_received = true;
         let services: Vec<String> = st.eds_users.keys().cloned().collect();
         self.subscribe(ENDPOINT_TYPE_URL, services);
@@ -383,18 +387,18 @@ impl ProxyHandler {
             }
             st.cds_version = u.version_info;
         }
-        self.publish_cluster_gauges(shared, st);
+        self.publish_cluster_gauges(process, st);
         Applied { rejected }
     }
 
     /// Compiles a cluster; answers it with its EDS `initial_fetch_timeout` (how long it may warm).
     fn compile_cluster(
         &self,
-        shared: &Shared,
+        process: &Process,
         r: &Resource,
     ) -> Result<(ClusterConfig, Option<Duration>), String> {
         let c: ClusterProto = decode(r, "cluster")?;
-        if shared.bootstrap.clusters.iter().any(|s| s.name == c.name) {
+        if process.bootstrap.clusters.iter().any(|s| s.name == c.name) {
             return Err(format!(
                 "cluster '{}': a static cluster of that name exists (static clusters cannot be changed by CDS)",
                 c.name
@@ -416,14 +420,16 @@ impl ProxyHandler {
         Ok((cfg, timeout))
     }
 
-    fn publish_cluster_gauges(&self, shared: &Shared, st: &State) {
+    fn publish_cluster_gauges(&self, process: &Process, st: &State) {
         self.stats
             .warming_clusters
             .set((st.warming_clusters.len() + st.clusters_awaiting_secrets.len()) as u64);
-        self.stats.active_clusters.set(shared.clusters.len() as u64);
+        self.stats
+            .active_clusters
+            .set(process.shared.clusters.len() as u64);
     }
 
-    fn apply_endpoints(&self, shared: &Arc<Shared>, st: &mut State, u: Update) -> Applied {
+    fn apply_endpoints(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let mut rejected = Vec::new();
         let mut warmed = Vec::new();
         for r in u.resources {
@@ -441,7 +447,8 @@ impl ProxyHandler {
                         .get(u)
                         .map(|c| c.observability_name.clone())
                         .or_else(|| {
-                            shared
+                            process
+                                .shared
                                 .clusters
                                 .get(u)
                                 .map(|c| c.config().observability_name.clone())
@@ -450,7 +457,7 @@ impl ProxyHandler {
                 .collect();
             if st.endpoints.unchanged(&r.name, &r.value) {
                 for name in &counted {
-                    UpdateStats::eds_unchanged(&shared.stats, name, &u.version_info, since);
+                    UpdateStats::eds_unchanged(&process.shared.stats, name, &u.version_info, since);
                 }
                 continue;
             }
@@ -466,7 +473,7 @@ impl ProxyHandler {
             for user in &users {
                 let cfg = match st.warming_clusters.get(user) {
                     Some(cfg) => cfg.clone(),
-                    None => match shared.clusters.get(user) {
+                    None => match process.shared.clusters.get(user) {
                         Some(c) => c.config().clone(),
                         None => continue,
                     },
@@ -481,7 +488,7 @@ impl ProxyHandler {
             }
             if let Some(reason) = failure {
                 for name in &counted {
-                    UpdateStats::of_cluster(&shared.stats, name).rejected(self.ads_delta());
+                    UpdateStats::of_cluster(&process.shared.stats, name).rejected(self.ads_delta());
                 }
                 reject(&mut st.endpoints, &mut rejected, r, reason);
                 continue;
@@ -489,37 +496,38 @@ impl ProxyHandler {
             for (user, mut cfg, eps) in compiled {
                 if st.warming_clusters.remove(&user).is_some() {
                     cfg.endpoints = eps;
-                    let status = self.use_or_await_secrets(shared, st, cfg, &mut warmed);
+                    let status = self.use_or_await_secrets(process, st, cfg, &mut warmed);
                     st.clusters.set_status(&user, status);
                 } else if let Some(waiting) = st.clusters_awaiting_secrets.get_mut(&user) {
                     waiting.endpoints = eps;
-                } else if let Some(cluster) = shared.clusters.get(&user) {
+                } else if let Some(cluster) = process.shared.clusters.get(&user) {
                     cluster.set_endpoints(&eps);
                 }
             }
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
             for name in &counted {
-                UpdateStats::of_cluster(&shared.stats, name).accepted(&u.version_info, since);
+                UpdateStats::of_cluster(&process.shared.stats, name)
+                    .accepted(&u.version_info, since);
             }
         }
-        shared.clusters.apply(warmed, &[]);
+        process.shared.clusters.apply(warmed, &[]);
         for name in u.removed {
             st.endpoints.remove(&name);
             for user in st.eds_users.get(&name).into_iter().flat_map(Users::iter) {
-                if let Some(cluster) = shared.clusters.get(user) {
+                if let Some(cluster) = process.shared.clusters.get(user) {
                     cluster.set_endpoints(&[]);
                 }
             }
         }
-        self.publish_cluster_gauges(shared, st);
+        self.publish_cluster_gauges(process, st);
         Applied { rejected }
     }
 
     fn apply_listeners(
         &self,
         ctx: &Context<'_>,
-        shared: &Arc<Shared>,
+        process: &Arc<Process>,
         st: &mut State,
         u: Update,
     ) -> Applied {
@@ -529,7 +537,7 @@ impl ProxyHandler {
             if st.listeners.unchanged(&r.name, &r.value) {
                 continue;
             }
-            match self.compile_listener(ctx, shared, st, &r) {
+            match self.compile_listener(ctx, process, st, &r) {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
                 Ok((cfg, rds_timeout)) => {
                     let name = cfg.name.clone();
@@ -541,13 +549,13 @@ impl ProxyHandler {
                     let ready = routes
                         .iter()
                         .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
-                        && secrets_ready(shared, &secrets);
-                    if !secrets_ready(shared, &secrets) {
-                        self.await_secrets(shared, &secrets);
+                        && secrets_ready(process, &secrets);
+                    if !secrets_ready(process, &secrets) {
+                        self.await_secrets(process, &secrets);
                     }
                     if ready {
                         st.warming_listeners.remove(&name);
-                        match shared.applier.upsert_listener(shared, cfg) {
+                        match process.applier.upsert_listener(cfg) {
                             Ok(change) => {
                                 self.count_listener_change(change);
                                 st.listeners
@@ -574,22 +582,22 @@ impl ProxyHandler {
             }
         }
         for name in u.removed {
-            if shared.bootstrap.listeners.iter().any(|l| l.name == name) {
+            if process.bootstrap.listeners.iter().any(|l| l.name == name) {
                 continue;
             }
             st.warming_listeners.remove(&name);
             st.listener_routes.remove(&name);
-            if let Some(prefix) = shared.applier.stat_prefix_of(&name) {
+            if let Some(prefix) = process.applier.stat_prefix_of(&name) {
                 st.stats_to_release.insert(format!("{prefix}."));
             }
-            let was_active = shared.applier.remove_listener(shared, &name);
+            let was_active = process.applier.remove_listener(&name);
             if st.listeners.remove(&name) || was_active {
                 self.stats.listener_removed.inc();
             }
         }
         st.lds_received = true;
-        release_stats(shared, st);
-        self.resubscribe_routes(shared, st);
+        release_stats(process, st);
+        self.resubscribe_routes(process, st);
         let delta = self.over_delta(self.config.lds.as_ref());
         self.stats
             .lds
@@ -606,19 +614,19 @@ impl ProxyHandler {
     fn compile_listener(
         &self,
         ctx: &Context<'_>,
-        shared: &Shared,
+        process: &Process,
         st: &State,
         r: &Resource,
     ) -> Result<(ListenerConfig, Option<Duration>), String> {
         let l: ListenerProto = decode(r, "listener")?;
-        if shared.bootstrap.listeners.iter().any(|s| s.name == l.name) {
+        if process.bootstrap.listeners.iter().any(|s| s.name == l.name) {
             return Err(format!(
                 "error adding listener '{}': a static listener of that name exists",
                 l.name
             ));
         }
         let known = |name: &str| {
-            shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
+            process.shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
         };
         let mut warnings = Warnings::new();
         let cfg = compile_listener(ctx, &l, Some(&known), &mut warnings)
@@ -652,7 +660,7 @@ impl ProxyHandler {
     }
 
     fn warming_timed_out(&self, kind: Warming, name: &str, version: &str) {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(process) = self.process.upgrade() else {
             return;
         };
         let mut st = self.state.lock().expect("xds state");
@@ -669,11 +677,11 @@ impl ProxyHandler {
                 let Some(cfg) = st.warming_clusters.remove(name) else {
                     return;
                 };
-                UpdateStats::of_cluster(&shared.stats, &cfg.observability_name).timed_out();
+                UpdateStats::of_cluster(&process.shared.stats, &cfg.observability_name).timed_out();
                 tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used without");
-                shared.clusters.apply(vec![cfg], &[]);
+                process.shared.clusters.apply(vec![cfg], &[]);
                 st.clusters.set_status(name, Status::Acked);
-                self.publish_cluster_gauges(&shared, st);
+                self.publish_cluster_gauges(&process, st);
             }
             Warming::Listener => {
                 let Some(cfg) = st.warming_listeners.remove(name) else {
@@ -683,11 +691,11 @@ impl ProxyHandler {
                     if st.routes.get(&route).is_none_or(|r| r.value.is_none())
                         && let Some(prefix) = st.rds_started.get(&route)
                     {
-                        UpdateStats::new(&shared.stats, prefix).timed_out();
+                        UpdateStats::new(&process.shared.stats, prefix).timed_out();
                     }
                 }
                 tracing::warn!(listener = %name, "initial_fetch_timeout: a route configuration did not come; the listener starts without");
-                self.activate_listener(&shared, st, name, cfg);
+                self.activate_listener(&process, st, name, cfg);
                 self.stats
                     .warming_listeners
                     .set(st.warming_listeners.len() as u64);
@@ -709,12 +717,12 @@ impl ProxyHandler {
 
     fn activate_listener(
         &self,
-        shared: &Arc<Shared>,
+        process: &Arc<Process>,
         st: &mut State,
         name: &str,
         cfg: ListenerConfig,
     ) {
-        match shared.applier.upsert_listener(shared, cfg) {
+        match process.applier.upsert_listener(cfg) {
             Ok(change) => {
                 self.count_listener_change(change);
                 st.listeners.set_status(name, Status::Acked);
@@ -745,9 +753,9 @@ impl ProxyHandler {
     }
 
     /// Starts the stats of RDS subscriptions new since the last call.
-    fn resubscribe_routes(&self, shared: &Shared, st: &mut State) {
+    fn resubscribe_routes(&self, process: &Process, st: &mut State) {
         let mut names: BTreeSet<String> = st.listener_routes.values().flatten().cloned().collect();
-        for l in &shared.bootstrap.listeners {
+        for l in &process.bootstrap.listeners {
             names.extend(rds_names(l));
         }
         st.rds_started.retain(|name, _| names.contains(name));
@@ -755,15 +763,18 @@ impl ProxyHandler {
             if st.rds_started.contains_key(name) {
                 continue;
             }
-            let Some(prefix) = rds_stat_prefixes(shared, st, name).into_iter().next() else {
+            let Some(prefix) = rds_stat_prefixes(process, st, name).into_iter().next() else {
                 continue;
             };
-            UpdateStats::new(&shared.stats, &prefix).started();
+            UpdateStats::new(&process.shared.stats, &prefix).started();
             // Its `config_reload*` stats exist from the start, as Envoy's.
-            Reloads::new(&shared.stats, &prefix);
+            Reloads::new(&process.shared.stats, &prefix);
             // Envoy's RDS keeps `update_empty` for SotW responses without its configuration,
             // which its mux (and revoy's) never delivers to an RDS subscription.
-            shared.stats.counter(&format!("{prefix}.update_empty"));
+            process
+                .shared
+                .stats
+                .counter(&format!("{prefix}.update_empty"));
             st.rds_started.insert(name.clone(), prefix);
         }
         self.subscribe(ROUTE_TYPE_URL, names.into_iter().collect());
@@ -772,7 +783,7 @@ impl ProxyHandler {
     fn apply_routes(
         &self,
         ctx: &Context<'_>,
-        shared: &Arc<Shared>,
+        process: &Arc<Process>,
         st: &mut State,
         u: Update,
     ) -> Applied {
@@ -782,13 +793,14 @@ impl ProxyHandler {
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
             if st.routes.unchanged(&r.name, &r.value) {
                 for p in &prefixes {
-                    UpdateStats::new(&shared.stats, p).accepted(&u.version_info, since);
+                    UpdateStats::new(&process.shared.stats, p).accepted(&u.version_info, since);
                 }
                 continue;
             }
             let compiled = decode::<RouteConfiguration>(&r, "route configuration").and_then(|rc| {
                 let known = |name: &str| {
-                    shared.clusters.get(name).is_some() || st.warming_clusters.contains_key(name)
+                    process.shared.clusters.get(name).is_some()
+                        || st.warming_clusters.contains_key(name)
                 };
                 // RDS validates clusters only when asked (`validate_clusters: true`).
                 let check: Option<&dyn Fn(&str) -> bool> = rc
@@ -802,33 +814,33 @@ impl ProxyHandler {
             match compiled {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
-                    shared.applier.upsert_route(shared, table);
+                    process.applier.upsert_route(table);
                     st.routes
                         .accept(&r.name, &r.version, r.value, Status::Acked);
                 }
             }
             for p in &prefixes {
-                UpdateStats::new(&shared.stats, p).finish(
+                UpdateStats::new(&process.shared.stats, p).finish(
                     &u.version_info,
                     accepted,
                     self.ads_delta(),
                     since,
                 );
                 if accepted {
-                    Reloads::new(&shared.stats, p).reloaded();
+                    Reloads::new(&process.shared.stats, p).reloaded();
                 }
             }
         }
         for name in u.removed {
-            shared.applier.remove_route(shared, &name);
+            process.applier.remove_route(&name);
             st.routes.remove(&name);
         }
-        self.activate_ready_listeners(shared, st);
+        self.activate_ready_listeners(process, st);
         Applied { rejected }
     }
 
     /// Activates the warming listeners whose route configurations and secrets have arrived.
-    fn activate_ready_listeners(&self, shared: &Arc<Shared>, st: &mut State) {
+    fn activate_ready_listeners(&self, process: &Arc<Process>, st: &mut State) {
         let ready: Vec<String> = st
             .warming_listeners
             .keys()
@@ -840,13 +852,13 @@ impl ProxyHandler {
                 }) && st
                     .warming_listeners
                     .get(l)
-                    .is_none_or(|cfg| secrets_ready(shared, &listener_secrets(cfg)))
+                    .is_none_or(|cfg| secrets_ready(process, &listener_secrets(cfg)))
             })
             .cloned()
             .collect();
         for name in ready {
             if let Some(cfg) = st.warming_listeners.remove(&name) {
-                self.activate_listener(shared, st, &name, cfg);
+                self.activate_listener(process, st, &name, cfg);
             }
         }
         self.stats
@@ -858,29 +870,32 @@ impl ProxyHandler {
     /// `Acked`); else it waits for them (`Warming`), as Envoy warms such a cluster.
     fn use_or_await_secrets(
         &self,
-        shared: &Arc<Shared>,
+        process: &Arc<Process>,
         st: &mut State,
         cfg: ClusterConfig,
         ready: &mut Vec<ClusterConfig>,
     ) -> Status {
         let secrets = cluster_secrets(&cfg);
-        if secrets_ready(shared, &secrets) {
+        if secrets_ready(process, &secrets) {
             st.clusters_awaiting_secrets.remove(&cfg.name);
             ready.push(cfg);
             Status::Acked
         } else {
-            self.await_secrets(shared, &secrets);
+            self.await_secrets(process, &secrets);
             st.clusters_awaiting_secrets.insert(cfg.name.clone(), cfg);
             Status::Warming
         }
     }
 
     /// Looks at what warms again once every one of `secrets` has arrived.
-    fn await_secrets(&self, shared: &Shared, secrets: &[SecretRef]) {
+    fn await_secrets(&self, process: &Process, secrets: &[SecretRef]) {
         let Some(me) = self.me() else {
             return;
         };
-        let cells: Vec<_> = secrets.iter().map(|r| shared.secrets.cell(r)).collect();
+        let cells: Vec<_> = secrets
+            .iter()
+            .map(|r| process.shared.secrets.cell(r))
+            .collect();
         let me = Arc::downgrade(&me);
         tokio::spawn(async move {
             for cell in &cells {
@@ -894,7 +909,7 @@ impl ProxyHandler {
 
     /// Uses the listeners and clusters whose secrets have all arrived.
     fn secrets_arrived(&self) {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(process) = self.process.upgrade() else {
             return;
         };
         let mut st = self.state.lock().expect("xds state");
@@ -902,7 +917,7 @@ impl ProxyHandler {
         let ready: Vec<String> = st
             .clusters_awaiting_secrets
             .iter()
-            .filter(|(_, cfg)| secrets_ready(&shared, &cluster_secrets(cfg)))
+            .filter(|(_, cfg)| secrets_ready(&process, &cluster_secrets(cfg)))
             .map(|(name, _)| name.clone())
             .collect();
         let mut warmed = Vec::new();
@@ -912,9 +927,9 @@ impl ProxyHandler {
                 warmed.push(cfg);
             }
         }
-        shared.clusters.apply(warmed, &[]);
-        self.publish_cluster_gauges(&shared, st);
-        self.activate_ready_listeners(&shared, st);
+        process.shared.clusters.apply(warmed, &[]);
+        self.publish_cluster_gauges(&process, st);
+        self.activate_ready_listeners(&process, st);
         self.advance(st);
     }
 }
@@ -943,25 +958,27 @@ pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
 }
 
 /// Whether every one of `secrets` has arrived (asking subscribes to it).
-fn secrets_ready(shared: &Shared, secrets: &[SecretRef]) -> bool {
-    secrets.iter().all(|r| shared.secrets.cell(r).is_ready())
+fn secrets_ready(process: &Process, secrets: &[SecretRef]) -> bool {
+    secrets
+        .iter()
+        .all(|r| process.shared.secrets.cell(r).is_ready())
 }
 
 impl Handler for ProxyHandler {
     fn apply(&self, update: Update) -> Applied {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(process) = self.process.upgrade() else {
             return Applied::default();
         };
         let mut st = self.state.lock().expect("xds state");
         let ctx = Context::new(&*self.io);
         let size = update.resources.len() + update.removed.len();
         let applied = match update.type_url.as_str() {
-            CLUSTER_TYPE_URL => self.apply_clusters(&shared, &mut st, update),
-            ENDPOINT_TYPE_URL => self.apply_endpoints(&shared, &mut st, update),
-            LISTENER_TYPE_URL => self.apply_listeners(&ctx, &shared, &mut st, update),
-            ROUTE_TYPE_URL => self.apply_routes(&ctx, &shared, &mut st, update),
+            CLUSTER_TYPE_URL => self.apply_clusters(&process, &mut st, update),
+            ENDPOINT_TYPE_URL => self.apply_endpoints(&process, &mut st, update),
+            LISTENER_TYPE_URL => self.apply_listeners(&ctx, &process, &mut st, update),
+            ROUTE_TYPE_URL => self.apply_routes(&ctx, &process, &mut st, update),
             SECRET_TYPE_URL => {
-                super::sds::SecretHandler::new(shared.secrets.clone(), SecretSource::Ads)
+                super::sds::SecretHandler::new(process.shared.secrets.clone(), SecretSource::Ads)
                     .apply(update)
             }
             other => Applied {
@@ -1009,12 +1026,12 @@ impl Handler for ProxyHandler {
 impl ProxyHandler {
     /// Every RDS and EDS subscription (all over ADS) counts the lost stream.
     fn count_rds_and_eds_disconnected(&self) {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(process) = self.process.upgrade() else {
             return;
         };
         let st = self.state.lock().expect("xds state");
         for prefix in st.rds_started.values() {
-            UpdateStats::new(&shared.stats, prefix).disconnected();
+            UpdateStats::new(&process.shared.stats, prefix).disconnected();
         }
         for cluster in st.eds_service_of.keys() {
             let name = st
@@ -1022,13 +1039,14 @@ impl ProxyHandler {
                 .get(cluster)
                 .map(|c| c.observability_name.clone())
                 .or_else(|| {
-                    shared
+                    process
+                        .shared
                         .clusters
                         .get(cluster)
                         .map(|c| c.config().observability_name.clone())
                 });
             if let Some(name) = name {
-                UpdateStats::of_cluster(&shared.stats, &name).disconnected();
+                UpdateStats::of_cluster(&process.shared.stats, &name).disconnected();
             }
         }
     }
@@ -1036,9 +1054,9 @@ impl ProxyHandler {
 
 /// Drops the stats of removed clusters and listeners that nothing holds any more; those still
 /// held (by requests or connections in flight) are tried again at the next update.
-fn release_stats(shared: &Shared, st: &mut State) {
+fn release_stats(process: &Process, st: &mut State) {
     st.stats_to_release
-        .retain(|prefix| shared.stats.release(prefix));
+        .retain(|prefix| process.shared.stats.release(prefix));
 }
 
 /// What warms: a cluster waiting for its endpoints, a listener for its route configurations.
@@ -1108,10 +1126,9 @@ fn log_warnings(kind: &str, name: &str, warnings: &Warnings) {
 
 /// `http.<stat_prefix>.rds.<route_config>` of every connection manager (of an active or
 /// warming listener) that uses route configuration `name`, sorted.
-fn rds_stat_prefixes(shared: &Shared, st: &State, name: &str) -> Vec<String> {
-    let active = shared.snapshot.load_full();
+fn rds_stat_prefixes(process: &Process, st: &State, name: &str) -> Vec<String> {
+    let active = process.applier.listeners();
     let configs = active
-        .listeners
         .iter()
         .map(|l| &**l.config())
         .chain(st.warming_listeners.values());

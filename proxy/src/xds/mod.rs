@@ -10,13 +10,13 @@ pub mod sds;
 mod stats;
 mod waiting;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use xds_client::client::{self, Client, Mode, RateLimit, TlsConnect, Transport};
 
 use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
 use crate::config::upstream_transport::Socket;
-use crate::shared::Shared;
+use crate::process::Process;
 use crate::tls::stats::TlsStats;
 use crate::tls::{Carries, ClientContext};
 use handler::ProxyHandler;
@@ -34,10 +34,11 @@ const PUSH_LOG_LEN: usize = 64;
 
 /// Starts xDS for the bootstrap's `dynamic_resources`, and SDS for the secrets the static
 /// listeners and clusters name; answers whether start-up waits for it (the server turns LIVE
-/// when the initial fetch is done).
-pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
-    let dynamic = shared.bootstrap.dynamic.clone();
-    let needs_sds = shared
+/// when the initial fetch is done). `state` gets the xDS machinery once it runs.
+pub fn start(process: &Arc<Process>, state: Arc<OnceLock<Xds>>) -> Result<bool, String> {
+    let dynamic = process.bootstrap.dynamic.clone();
+    let needs_sds = process
+        .shared
         .secrets
         .sources()
         .iter()
@@ -46,7 +47,7 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
         return Ok(false);
     }
     let waits = dynamic.is_some();
-    let shared = shared.clone();
+    let process = process.clone();
     std::thread::Builder::new()
         .name("revoy-xds".into())
         .spawn(move || {
@@ -62,8 +63,8 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
             };
             rt.block_on(async move {
                 match dynamic {
-                    Some(dynamic) => run(&shared, dynamic),
-                    None => sds::follow(shared, None),
+                    Some(dynamic) => run(&process, dynamic, &state),
+                    None => sds::follow(process, None),
                 }
                 std::future::pending::<()>().await;
             });
@@ -72,13 +73,14 @@ pub fn start(shared: &Arc<Shared>) -> Result<bool, String> {
     Ok(waits)
 }
 
-/// Sets up the client and file watchers on the xDS runtime and starts the initial fetch.
-fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
-    let handler = ProxyHandler::new(shared, dynamic.clone());
+/// Sets up the client and file watchers on the xDS runtime, puts them in `state` and starts
+/// the initial fetch.
+fn run(process: &Arc<Process>, dynamic: DynamicConfig, state: &OnceLock<Xds>) {
+    let handler = ProxyHandler::new(process, dynamic.clone());
     let client = dynamic
         .ads
         .as_ref()
-        .and_then(|ads| match client_config(shared, ads) {
+        .and_then(|ads| match client_config(process, ads) {
             Ok(config) => Some(client::start(config, handler.clone())),
             Err(e) => {
                 tracing::error!("dynamic_resources.ads_config: {e}; no ADS stream");
@@ -88,8 +90,8 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
     if let Some(c) = &client {
         handler.set_client(c.clone());
     }
-    sds::follow(shared.clone(), client.clone());
-    let _ = shared.xds.set(Xds {
+    sds::follow(process.clone(), client.clone());
+    let _ = state.set(Xds {
         client,
         handler: handler.clone(),
     });
@@ -107,9 +109,9 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
     }
     // As Envoy's cluster manager initializes the static clusters (their secrets included)
     // before CDS, the initial fetch starts once the static clusters' secrets are in.
-    let shared = shared.clone();
+    let process = process.clone();
     tokio::spawn(async move {
-        sds::secrets_arrived(&shared, &sds::static_cluster_secrets(&shared)).await;
+        sds::secrets_arrived(&process, &sds::static_cluster_secrets(&process)).await;
         handler.begin();
     });
 }
@@ -118,12 +120,12 @@ fn run(shared: &Arc<Shared>, dynamic: DynamicConfig) {
 /// over TLS when the cluster's transport socket is an `UpstreamTlsContext` (offering `h2`
 /// when it names no ALPN), else in plaintext.
 pub(crate) fn transport(
-    shared: &Shared,
+    process: &Process,
     target: &ControlPlane,
     cluster: Option<&str>,
 ) -> Result<Transport, String> {
     let tls = cluster
-        .and_then(|name| shared.bootstrap.clusters.iter().find(|c| c.name == name))
+        .and_then(|name| process.bootstrap.clusters.iter().find(|c| c.name == name))
         .and_then(|c| match c.transport.sockets().first() {
             Some(Socket::Tls(spec)) => Some((c, spec.clone())),
             _ => None,
@@ -136,13 +138,18 @@ pub(crate) fn transport(
             c.name
         )),
         (ControlPlane::Tcp(addr), Some((c, spec))) => {
-            let stats = TlsStats::new(&shared.stats, &format!("cluster.{}.", c.observability_name));
-            let ctx = ClientContext::new(&spec, &shared.secrets, stats, None).ok_or_else(|| {
-                format!(
-                    "cluster '{}': tls_params allow no TLS version revoy implements",
-                    c.name
-                )
-            })?;
+            let stats = TlsStats::new(
+                &process.shared.stats,
+                &format!("cluster.{}.", c.observability_name),
+            );
+            let ctx = ClientContext::new(&spec, &process.shared.secrets, stats, None).ok_or_else(
+                || {
+                    format!(
+                        "cluster '{}': tls_params allow no TLS version revoy implements",
+                        c.name
+                    )
+                },
+            )?;
             Ok(Transport::Tls(
                 *addr,
                 TlsConnect {
@@ -155,12 +162,12 @@ pub(crate) fn transport(
     }
 }
 
-fn client_config(shared: &Shared, ads: &AdsConfig) -> Result<client::Config, String> {
+fn client_config(process: &Process, ads: &AdsConfig) -> Result<client::Config, String> {
     let node = crate::load::effective_node(
-        shared.bootstrap.proto.decode().node.as_ref(),
-        &shared.options,
+        process.bootstrap.proto.decode().node.as_ref(),
+        &process.options,
     );
-    let transport = transport(shared, &ads.target, ads.cluster.as_deref())?;
+    let transport = transport(process, &ads.target, ads.cluster.as_deref())?;
     let mode = if ads.delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);
     config.set_node_on_first_message_only = ads.set_node_on_first_message_only;

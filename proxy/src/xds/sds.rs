@@ -17,7 +17,7 @@ use xds_client::{Applied, Handler, Rejected, SECRET_TYPE_URL, Update};
 use crate::config::dynamic::cluster_target;
 use crate::config::tls::sds::SecretSource;
 use crate::config::{Context, SystemIo};
-use crate::shared::Shared;
+use crate::process::Process;
 use crate::tls::SecretStore;
 use crate::tls::secrets::Delivered;
 
@@ -88,15 +88,15 @@ impl Handler for SecretHandler {
 /// Follows the store's wanted secrets for as long as the process runs: subscribes their names
 /// on the ADS stream (`ads`), opens an SDS stream per `api_config_source` cluster and watches
 /// each file.
-pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
+pub fn follow(process: Arc<Process>, ads: Option<Client>) {
     tokio::spawn(async move {
-        let mut wanted = shared.secrets.watch_wanted();
+        let mut wanted = process.shared.secrets.watch_wanted();
         let mut streams: HashMap<SecretSource, Client> = HashMap::new();
         let mut files: HashSet<PathBuf> = HashSet::new();
         loop {
-            shared.secrets.prune();
-            for source in shared.secrets.sources() {
-                let names = shared.secrets.names(&source);
+            process.shared.secrets.prune();
+            for source in process.shared.secrets.sources() {
+                let names = process.shared.secrets.names(&source);
                 match &source {
                     SecretSource::Static => {}
                     SecretSource::Ads => match &ads {
@@ -108,7 +108,7 @@ pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
                     },
                     SecretSource::Grpc { cluster, delta } => {
                         if !streams.contains_key(&source) {
-                            match stream(&shared, cluster, *delta, &source) {
+                            match stream(&process, cluster, *delta, &source) {
                                 Ok(c) => {
                                     streams.insert(source.clone(), c);
                                 }
@@ -125,7 +125,7 @@ pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
                     SecretSource::File(path) => {
                         if files.insert(path.clone()) {
                             let handler = Arc::new(SecretHandler::new(
-                                shared.secrets.clone(),
+                                process.shared.secrets.clone(),
                                 source.clone(),
                             ));
                             super::files::watch(path.clone(), SECRET_TYPE_URL, handler);
@@ -141,8 +141,8 @@ pub fn follow(shared: Arc<Shared>, ads: Option<Client>) {
 }
 
 /// The secrets the bootstrap's static clusters wait for (those SDS delivers).
-pub fn static_cluster_secrets(shared: &Shared) -> Vec<crate::config::tls::sds::SecretRef> {
-    shared
+pub fn static_cluster_secrets(process: &Process) -> Vec<crate::config::tls::sds::SecretRef> {
+    process
         .bootstrap
         .clusters
         .iter()
@@ -153,10 +153,10 @@ pub fn static_cluster_secrets(shared: &Shared) -> Vec<crate::config::tls::sds::S
 
 /// Waits until every one of `secrets` has arrived, each for at most its
 /// `initial_fetch_timeout` (none: for ever), as Envoy's initialization waits for them.
-pub async fn secrets_arrived(shared: &Shared, secrets: &[crate::config::tls::sds::SecretRef]) {
+pub async fn secrets_arrived(process: &Process, secrets: &[crate::config::tls::sds::SecretRef]) {
     let start = tokio::time::Instant::now();
     for r in secrets {
-        let cell = shared.secrets.cell(r);
+        let cell = process.shared.secrets.cell(r);
         match r.initial_fetch_timeout {
             None => cell.ready().await,
             Some(timeout) => {
@@ -173,18 +173,21 @@ pub async fn secrets_arrived(shared: &Shared, secrets: &[crate::config::tls::sds
 
 /// Opens the SDS stream to the static cluster `cluster`.
 fn stream(
-    shared: &Shared,
+    process: &Process,
     cluster: &str,
     delta: bool,
     source: &SecretSource,
 ) -> Result<Client, String> {
-    let bootstrap = shared.bootstrap.proto.decode();
+    let bootstrap = process.bootstrap.proto.decode();
     let target = cluster_target(&bootstrap, cluster).map_err(|e| e.message)?;
-    let transport = super::transport(shared, &target, Some(cluster))?;
-    let node = crate::load::effective_node(bootstrap.node.as_ref(), &shared.options);
+    let transport = super::transport(process, &target, Some(cluster))?;
+    let node = crate::load::effective_node(bootstrap.node.as_ref(), &process.options);
     let mode = if delta { Mode::Delta } else { Mode::Sotw };
     let mut config = client::Config::new(transport, mode, node);
     config.service = Service::Secret;
-    let handler = Arc::new(SecretHandler::new(shared.secrets.clone(), source.clone()));
+    let handler = Arc::new(SecretHandler::new(
+        process.shared.secrets.clone(),
+        source.clone(),
+    ));
     Ok(client::start(config, handler))
 }

@@ -6,9 +6,11 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod buffer;
 pub mod cors;
 pub mod csrf;
 pub mod fault;
+pub mod health_check;
 
 use std::sync::Arc;
 
@@ -19,9 +21,15 @@ use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3:
 use proto::pb::google::protobuf::Any;
 
 use super::{ConfigError, Context, Warnings};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs, PerRoute};
 
 const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
+const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
+const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
+const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
 const CORS_POLICY: &str = "envoy.extensions.filters.http.cors.v3.CorsPolicy";
 const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
@@ -67,84 +75,58 @@ pub enum FilterKind {
     FailClosed(Arc<str>),
     /// `envoy.filters.http.fault`.
     Fault(Arc<fault::FaultConfig>),
+    /// `envoy.filters.http.buffer`.
+    Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(Arc<health_check::HealthCheckConfig>),
+    /// `envoy.filters.http.rbac`.
+    Rbac {
+        /// Its rules.
+        config: Arc<super::rbac::HttpRbacConfig>,
+        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
+        /// reading dynamic metadata or filter state, which that filter may set, then deny
+        /// every request they see.
+        after_skipped: Option<Arc<str>>,
+    },
     /// `envoy.filters.http.cors` (its policies are per route).
     Cors,
     /// `envoy.filters.http.csrf`.
     Csrf(Arc<csrf::CsrfConfig>),
 }
 
-/// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name, and the deprecated `cors` policy of a virtual host or route action.
-#[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs {
-    entries: Vec<(Arc<str>, PerRoute)>,
-    legacy_cors: Option<Arc<cors::CorsPolicy>>,
-}
-
-impl PerFilterConfigs {
-    /// The entry for the filter named `name`.
-    pub fn get(&self, name: &str) -> Option<&PerRoute> {
-        self.entries
-            .iter()
-            .find(|(n, _)| &**n == name)
-            .map(|(_, c)| c)
-    }
-
-    /// The deprecated `cors` field of the virtual host or route action, if set.
-    pub fn legacy_cors(&self) -> Option<&Arc<cors::CorsPolicy>> {
-        self.legacy_cors.as_ref()
-    }
-
-    /// `configs` with the deprecated `cors` policy `legacy` added.
-    pub fn with_legacy_cors(
-        configs: Option<Box<PerFilterConfigs>>,
-        legacy: Option<cors::CorsPolicy>,
-    ) -> Option<Box<PerFilterConfigs>> {
-        let Some(legacy) = legacy else {
-            return configs;
-        };
-        let mut configs = configs.unwrap_or_default();
-        configs.legacy_cors = Some(Arc::new(legacy));
-        Some(configs)
-    }
-}
-
-impl PerRoute {
-    /// Whether the filter is disabled here.
-    pub fn disabled(&self) -> bool {
-        matches!(self, PerRoute::Disabled)
-    }
-
-    /// The configuration replacing the filter's own here, if any.
-    pub fn config(&self) -> Option<&PerRouteKind> {
-        match self {
-            PerRoute::Config(c) => Some(c),
-            _ => None,
+impl FilterChain {
+    /// Notes that `skipped`, a network filter revoy does not run, comes before this chain
+    /// (`at`: the chain's path, for the warnings).
+    pub fn after_skipped_network_filter(
+        &mut self,
+        skipped: &str,
+        at: &str,
+        warnings: &mut Warnings,
+    ) {
+        for (i, f) in self.filters.iter_mut().enumerate() {
+            if let FilterKind::Rbac {
+                config,
+                after_skipped: after @ None,
+            } = &mut f.kind
+            {
+                *after = Some(Arc::from(skipped));
+                if config.reads_metadata {
+                    unknown_metadata_warning(warnings, &format!("{at}.http_filters[{i}]"), skipped);
+                }
+            }
         }
     }
 }
 
-/// What a route (or virtual host, or route configuration) says about one filter.
-#[derive(Debug, Clone)]
-pub enum PerRoute {
-    /// `FilterConfig{disabled: true}`: the filter does not run here.
-    Disabled,
-    /// `FilterConfig{config: {}}` (an empty config): the filter runs here (even if `disabled`
-    /// in the chain) with its filter-level configuration.
-    Enabled,
-    /// The filter runs here with this configuration instead of its filter-level one.
-    Config(PerRouteKind),
-}
-
-/// A filter's per-route configuration.
-#[derive(Debug, Clone)]
-pub enum PerRouteKind {
-    /// `envoy.filters.http.fault`: replaces the filter's fault settings.
-    Fault(Arc<fault::FaultConfig>),
-    /// `envoy.filters.http.cors`: a CORS policy.
-    Cors(Arc<cors::CorsPolicy>),
-    /// `envoy.filters.http.csrf`: replaces the filter's policy.
-    Csrf(Arc<csrf::CsrfConfig>),
+/// The finding of an RBAC filter at `at` whose rules read what `skipped` may set.
+fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
+    warnings.fails_closed(
+        at,
+        format!(
+            "{}; every request reaching it is denied (403)",
+            super::rbac::unknown_metadata(skipped)
+        ),
+    );
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -155,6 +137,7 @@ pub fn compile_chain(
     warnings: &mut Warnings,
 ) -> Result<FilterChain, ConfigError> {
     let mut chain = FilterChain::default();
+    let mut skipped: Option<Arc<str>> = None;
     for (i, f) in filters.iter().enumerate() {
         let at = format!("http_filters[{i}]");
         if chain.router {
@@ -187,11 +170,23 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
+                let before = warnings.len();
+                let kind = compile_kind(ctx, any, warnings);
+                warnings.prefix_since(before, &format!("{at}.typed_config"));
+                kind.map_err(|e| e.within(&format!("{at}.typed_config")))?
             }
             None => None,
         };
         let kind = match kind {
+            Some(FilterKind::Rbac { config, .. }) => {
+                if let Some(s) = skipped.as_deref().filter(|_| config.reads_metadata) {
+                    unknown_metadata_warning(warnings, &at, s);
+                }
+                FilterKind::Rbac {
+                    config,
+                    after_skipped: skipped.clone(),
+                }
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -208,6 +203,7 @@ pub fn compile_chain(
                 );
                 if !(from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension)) {
                     warnings.skipped(at, format!("{what}; requests pass through without it"));
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
                     continue;
                 }
                 warnings.fails_closed(
@@ -233,12 +229,25 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
             &unpack(any)?,
         )?))),
+        BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
+        RBAC => Some(FilterKind::Rbac {
+            config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
+            after_skipped: None,
+        }),
         CORS => {
             unpack::<proto::pb::envoy::extensions::filters::http::cors::v3::Cors>(any)?;
             Some(FilterKind::Cors)
@@ -252,7 +261,9 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
-/// the filter itself is reported where the connection manager names it.
+/// the filter itself is reported where the connection manager names it. Route compiles keep
+/// no warnings, so an `RBACPerRoute`'s notes (metadata matchers that never see metadata) are
+/// not listed; the filter-level rules' are.
 pub fn compile_per_filter(
     ctx: &Context<'_>,
     map: &std::collections::HashMap<String, Any>,
@@ -287,30 +298,43 @@ pub fn compile_per_filter(
             }
         }
         let kind = match proto::type_name_of(&any.type_url) {
-            FAULT => Some(PerRouteKind::Fault(Arc::new(
-                fault::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            FAULT => Some(routed(fault::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            CORS_POLICY => Some(PerRouteKind::Cors(Arc::new(
-                cors::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
-            CSRF => Some(PerRouteKind::Csrf(Arc::new(
-                csrf::compile(ctx, &unpack(any).map_err(|e| e.within(&at))?)
-                    .map_err(|e| e.within(&at))?,
+            RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                &mut Warnings::new(),
+            ))),
+            CORS_POLICY => Some(routed(cors::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            CSRF => Some(routed(csrf::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,
         };
         if let Some(kind) = kind {
-            out.push((Arc::from(name.as_str()), PerRoute::Config(kind)));
+            out.push((
+                Arc::from(name.as_str()),
+                PerRoute::Config(kind.map_err(|e| e.within(&at))?),
+            ));
         }
     }
-    Ok((!out.is_empty()).then(|| {
-        Box::new(PerFilterConfigs {
-            entries: out,
-            legacy_cors: None,
-        })
-    }))
+    Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out, None))))
+}
+
+/// A compiled per-route configuration, as routes keep it.
+fn routed<T: FilterRouteConfig>(
+    compiled: Result<T, ConfigError>,
+) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
+    compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

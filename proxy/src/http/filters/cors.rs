@@ -12,7 +12,6 @@ use http::{Method, Response, StatusCode};
 
 use super::{Encoder, Encoders, FilterRequest, sampled};
 use crate::body::{self, Body};
-use crate::config::http_filter::PerRouteKind;
 use crate::config::http_filter::cors::CorsPolicy;
 use crate::route::Action;
 use crate::stats::{Counter, Store};
@@ -72,15 +71,9 @@ impl Cors {
         ) {
             return None;
         }
-        let mut policies: Vec<&CorsPolicy> = route
-            .filter_configs(name)
-            .filter_map(|c| match c {
-                PerRouteKind::Cors(p) => Some(&**p),
-                _ => None,
-            })
-            .collect();
+        let mut policies: Vec<&CorsPolicy> = route.filter_configs(name).collect();
         if policies.is_empty() {
-            policies.extend(route.legacy_cors().map(|p| &**p));
+            policies.extend(route.legacy_cors::<CorsPolicy>());
         }
         let policies = Policies(policies);
         let enabled = policies.enabled();

@@ -39,7 +39,7 @@ impl Csrf {
     pub(super) fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_policy: Option<&Arc<CsrfConfig>>,
+        route_policy: Option<&CsrfConfig>,
     ) -> Option<Response<Body>> {
         let policy = route_policy.unwrap_or(&self.config);
         let enabled = sampled(&policy.filter_enabled);

@@ -81,10 +81,10 @@ impl Fault {
     pub(super) async fn decode(
         &self,
         req: &mut FilterRequest<'_>,
-        route_settings: Option<&Arc<FaultConfig>>,
+        route_settings: Option<&FaultConfig>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
-        let config = route_settings.unwrap_or(&self.config);
+        let config = route_settings.unwrap_or(&*self.config);
         if let Some(max) = config.max_active_faults
             && self.stats.active_faults.value() >= max
         {

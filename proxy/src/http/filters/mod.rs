@@ -14,15 +14,20 @@
 //! Per route, as in Envoy: the most specific `typed_per_filter_config` entry under a filter's
 //! name (route, virtual host, route configuration) says whether it runs (`FilterConfig
 //! {disabled}`; any other entry enables a filter the chain marks `disabled`), and the most
-//! specific entry with a config replaces the filter's own.
+//! specific entry with a config replaces the filter's own: a filter reads it with
+//! `Selected::filter_config::<T>` (its per-route type, compiled in
+//! `config::http_filter::compile_per_filter`).
 //!
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod buffer;
 mod cors;
 mod csrf;
 mod fault;
+mod health_check;
+mod rbac;
 
 use std::sync::Arc;
 
@@ -32,7 +37,8 @@ use super::ConnContext;
 use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
-use crate::config::http_filter::{FilterChain, FilterKind, PerRouteKind};
+use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -57,6 +63,12 @@ enum Kind {
     FailClosed(Arc<str>, Counter),
     /// `envoy.filters.http.fault`.
     Fault(fault::Fault),
+    /// `envoy.filters.http.buffer`.
+    Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.health_check`.
+    HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
     /// `envoy.filters.http.cors`.
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
@@ -77,6 +89,9 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
@@ -120,6 +135,8 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The health-check filter's marks on the response.
+    HealthCheck(health_check::Answer),
     /// A CORS request's allowed origin, set on its response.
     Cors(cors::CorsResponse),
 }
@@ -139,6 +156,19 @@ impl Chain {
                         store.counter(&format!("http.{stat_prefix}.downstream_rq_fail_closed")),
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
+                    FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::HealthCheck(c) => {
+                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
                 },
@@ -163,7 +193,7 @@ impl Chain {
             if disabled.unwrap_or(f.disabled) {
                 continue;
             }
-            let route_config = req.route.and_then(|r| r.filter_config(&f.name));
+            let route = req.route;
             let reply = match &f.kind {
                 Kind::FailClosed(why, counter) => {
                     counter.inc();
@@ -171,20 +201,18 @@ impl Chain {
                     Some(local_reply(StatusCode::FORBIDDEN, why))
                 }
                 Kind::Fault(fault) => {
-                    let settings = match route_config {
-                        Some(PerRouteKind::Fault(c)) => Some(c),
-                        _ => None,
-                    };
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
                     fault.decode(req, settings, encoders).await
                 }
+                Kind::Buffer(own) => match route.and_then(|r| r.filter_config(&f.name)) {
+                    Some(BufferPerRouteConfig::Disabled) => None,
+                    Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
+                    None => buffer::decode(*own, req).await,
+                },
+                Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
-                Kind::Csrf(csrf) => {
-                    let policy = match route_config {
-                        Some(PerRouteKind::Csrf(c)) => Some(c),
-                        _ => None,
-                    };
-                    csrf.decode(req, policy)
-                }
+                Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;
@@ -219,6 +247,7 @@ impl Encoder {
     fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::HealthCheck(a) => a.encode(resp),
             Encoder::Cors(c) => c.encode(resp),
         }
     }

