@@ -21,7 +21,7 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use filter_diff::{Case, HCM, ROUTER, assert_same, upstream};
 use ports::free_port;
 
 const CORS: &str = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}";
@@ -119,15 +119,10 @@ const KEPT: &[&str] = &[
     "x-upstream",
 ];
 
-/// One HTTP/1.1 request, as compared.
-fn request(port: u16, method: &str, host: &str, path: &str, headers: &str) -> String {
-    filter_diff::request(port, method, host, path, headers, KEPT)
-}
-
 const PREFLIGHT: &str = "access-control-request-method: PUT\r\naccess-control-request-headers: x-c\r\naccess-control-request-private-network: true\r\n";
 
-/// The cases: (listener index, method, host, path, extra request headers).
-const CASES: &[(usize, &str, &str, &str, &str)] = &[
+/// The cases.
+const CASES: &[Case] = &[
     (
         0,
         "GET",
@@ -298,15 +293,7 @@ const STATS: &[&str] = &[
 
 /// What one proxy answers to every case, then its CORS stats.
 fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
-    let mut seen: Vec<String> = CASES
-        .iter()
-        .map(|(l, method, host, path, headers)| {
-            format!(
-                "{l} {method} {host}{path} {headers:?}\n{}",
-                request(ports[*l], method, host, path, headers)
-            )
-        })
-        .collect();
+    let mut seen: Vec<String> = filter_diff::answers(&ports, CASES, KEPT);
     seen.push(filter_diff::stats(admin, STATS));
     seen
 }

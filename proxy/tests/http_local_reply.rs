@@ -19,7 +19,7 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use filter_diff::{Case, HCM, ROUTER, assert_same, upstream};
 use ports::free_port;
 
 const FAULT: &str = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 500, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]}}";
@@ -100,15 +100,10 @@ const KEPT: &[&str] = &[
     "location",
 ];
 
-/// One HTTP/1.1 request, as compared.
-fn request(port: u16, method: &str, host: &str, path: &str, headers: &str) -> String {
-    filter_diff::request(port, method, host, path, headers, KEPT)
-}
-
 const GRPC: &str = "content-type: application/grpc\r\n";
 
-/// The cases: (listener index, method, host, path, extra request headers).
-const CASES: &[(usize, &str, &str, &str, &str)] = &[
+/// The cases.
+const CASES: &[Case] = &[
     (0, "GET", "replies", "/", ""),
     (0, "GET", "nowhere", "/missing?q=1", ""),
     (0, "GET", "nowhere", "/missing", "x-map: teapot\r\n"),
@@ -134,19 +129,6 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     (1, "GET", "replies", "/moved", ""),
 ];
 
-/// What one proxy answers to every case.
-fn observe(ports: [u16; 2]) -> Vec<String> {
-    CASES
-        .iter()
-        .map(|(l, method, host, path, headers)| {
-            format!(
-                "{l} {method} {host}{path} {headers:?}\n{}",
-                request(ports[*l], method, host, path, headers)
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn local_reply_config_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("local_reply_config_matches_envoy") else {
@@ -159,7 +141,7 @@ fn local_reply_config_matches_envoy() {
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
         let _proxy = filter_diff::start(envoy, &yaml, 122, admin);
-        observe(ports)
+        filter_diff::answers(&ports, CASES, KEPT)
     };
     let expected = run(Some(&envoy));
     let got = run(None);

@@ -90,6 +90,28 @@ pub fn request(
     format!("{status}\n{}\n{body}", shown.join("\n"))
 }
 
+/// A request to send: (listener index, method, host, path, extra request headers).
+pub type Case = (
+    usize,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+
+/// What the listeners on `ports` answer to each case, each answer after its case.
+pub fn answers(ports: &[u16], cases: &[Case], kept: &[&str]) -> Vec<String> {
+    cases
+        .iter()
+        .map(|(l, method, host, path, headers)| {
+            format!(
+                "{l} {method} {host}{path} {headers:?}\n{}",
+                request(ports[*l], method, host, path, headers, kept)
+            )
+        })
+        .collect()
+}
+
 /// The admin's counters and gauges `names`, as `name: value` lines (`absent` when missing).
 pub fn stats(admin: u16, names: &[&str]) -> String {
     let stats = request(admin, "GET", "admin", "/stats", "", &[]);
