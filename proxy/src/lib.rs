@@ -11,6 +11,7 @@ pub mod config;
 pub mod drain;
 pub mod http;
 pub mod lifecycle;
+pub mod limits;
 pub mod listener;
 pub mod load;
 pub mod loggers;

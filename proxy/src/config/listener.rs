@@ -34,6 +34,8 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// The network filters before it that may close a new connection, in chain order.
+    pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The `envoy.filters.network.rbac` filters before it, in order.
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
@@ -173,6 +175,7 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut limits = Vec::new();
     let mut rbac = Vec::new();
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
@@ -211,6 +214,20 @@ fn compile_chain(
                 let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
+            }
+            super::network_limits::LOCAL_RATE_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_rate_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::RateLimit(compiled));
+            }
+            super::network_limits::CONNECTION_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_connection_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(
+                    compiled,
+                ));
             }
             NETWORK_RBAC => {
                 let proto: proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac =
@@ -320,6 +337,7 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        limits,
         rbac,
         fingerprint: fingerprint(chain),
     };

@@ -3,6 +3,7 @@
 
 mod active;
 mod inspect;
+mod limits;
 mod original_dst;
 mod slot;
 
@@ -37,6 +38,8 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 struct Chain {
     /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
     identity: (u64, Option<Arc<str>>),
+    /// The network filters that may close a new connection before `kind` sees it.
+    limits: limits::NetworkLimiters,
     kind: ChainKind,
     /// Its network RBAC filters, run on each connection before the terminal filter.
     rbac: Box<[NetworkRbac]>,
@@ -136,6 +139,19 @@ enum ChainKind {
     Refused,
 }
 
+impl ChainKind {
+    /// Counts a connection a limiting network filter closed in the terminal filter's
+    /// connection total, as Envoy does (its filters are made for every connection of the
+    /// chain, before any of them runs).
+    fn count_refused(&self) {
+        match self {
+            ChainKind::Http(hcm, _) => drop(hcm.stats.cx.open()),
+            ChainKind::Tcp(proxy, _) => proxy.count_refused(),
+            ChainKind::Refused => {}
+        }
+    }
+}
+
 impl Chain {
     /// The chain was changed or removed by a listener update: its HTTP connections close at
     /// their next response, its TCP connections after `drain_time`.
@@ -167,11 +183,13 @@ pub struct Listener {
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
-    /// from `previous` (the listener it replaces) are kept with their state.
+    /// from `previous` (the listener it replaces) are kept with their state; new rate limits
+    /// with a `share_key` take their bucket from `buckets`.
     pub fn new(
         config: Arc<ListenerConfig>,
         stats: &Store,
         secrets: &SecretStore,
+        buckets: &crate::limits::SharedBuckets,
         previous: Option<&Listener>,
     ) -> Self {
         let prefix = config.stat_prefix();
@@ -203,6 +221,7 @@ impl Listener {
                     ),
                 }
             };
+            let limits = limits::NetworkLimiters::new(&c.limits, stats, buckets);
             let rbac = c
                 .rbac
                 .iter()
@@ -210,6 +229,7 @@ impl Listener {
                 .collect();
             Arc::new(Chain {
                 identity,
+                limits,
                 kind,
                 rbac,
             })
@@ -391,6 +411,11 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
+        let Some(_admitted) = chain.limits.admit().await else {
+            chain.kind.count_refused();
+            self.cx_destroy.inc();
+            return;
+        };
         // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
         let sni = inspected.server_name.as_deref();
         let rbac = RbacGate {
@@ -422,6 +447,7 @@ impl Listener {
                         inbound: self.config.inbound,
                         modify_only: self.config.drain_modify_only,
                     },
+                    rate_limiter: std::sync::OnceLock::new(),
                 };
                 match tls {
                     None => {

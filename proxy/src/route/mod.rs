@@ -10,6 +10,7 @@ pub mod headers;
 pub mod matcher;
 pub mod per_filter;
 pub mod policy;
+pub mod rate_limit;
 mod rewrite;
 pub mod tracing;
 
@@ -142,6 +143,8 @@ pub struct VirtualHost {
     pub require_tls: TlsRequirement,
     /// Virtual clusters in order.
     pub virtual_clusters: Vec<VirtualCluster>,
+    /// `rate_limits`.
+    pub rate_limits: Vec<rate_limit::RateLimitPolicy>,
     /// Virtual-host-level header mutations; `None` when there are none.
     pub headers: Option<Box<HeaderRules>>,
     /// `include_request_attempt_count`.

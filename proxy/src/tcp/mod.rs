@@ -53,6 +53,12 @@ struct TcpStats {
 }
 
 impl TcpProxy {
+    /// Counts a connection of the chain that a network filter before the proxy closed
+    /// (`downstream_cx_total` counts every connection the chain was made for, as in Envoy).
+    pub fn count_refused(&self) {
+        self.stats.downstream_cx_total.inc();
+    }
+
     /// Resolves the stats of `config` in `store`.
     pub fn new(config: TcpProxyConfig, store: &Store) -> Self {
         let p = format!("tcp.{}.", config.stat_prefix);

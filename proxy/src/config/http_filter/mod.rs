@@ -11,6 +11,8 @@ pub mod cors;
 pub mod csrf;
 pub mod fault;
 pub mod health_check;
+pub mod local_ratelimit;
+pub mod ratelimit;
 
 use std::sync::Arc;
 
@@ -77,6 +79,10 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.buffer`.
     Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
     /// `envoy.filters.http.health_check`.
     HealthCheck(Arc<health_check::HealthCheckConfig>),
     /// `envoy.filters.http.rbac`.
@@ -240,6 +246,12 @@ fn compile_kind(
             &unpack(any)?,
         )?))),
         BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(FilterKind::LocalRateLimit(Arc::new(
+            local_ratelimit::compile_local(ctx, &unpack(any)?, false)?,
+        ))),
+        ratelimit::HTTP_RATE_LIMIT => Some(FilterKind::RateLimit(Arc::new(
+            ratelimit::compile_service(ctx, &unpack(any)?)?,
+        ))),
         HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
             ctx,
             &unpack(any)?,
@@ -303,6 +315,15 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(routed(local_ratelimit::compile_local(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                true,
+            ))),
+            ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(routed(ratelimit::compile_per_route(
+                ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(

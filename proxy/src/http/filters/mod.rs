@@ -25,9 +25,13 @@
 mod buffer;
 mod cors;
 mod csrf;
+mod descriptors;
 mod fault;
 mod health_check;
+mod local_ratelimit;
+mod ratelimit;
 mod rbac;
+mod rls;
 
 use std::sync::Arc;
 
@@ -65,6 +69,10 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(local_ratelimit::LocalRateLimit),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(ratelimit::RateLimit),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
     /// `envoy.filters.http.rbac`.
@@ -135,6 +143,10 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The `x-ratelimit-*` headers describing a local rate limit bucket.
+    XRateLimit(Arc<crate::limits::TokenBucket>),
+    /// Headers the rate limit service asked to add to the response.
+    AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
     /// The health-check filter's marks on the response.
     HealthCheck(health_check::Answer),
     /// A CORS request's allowed origin, set on its response.
@@ -157,6 +169,12 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::LocalRateLimit(c) => {
+                        Kind::LocalRateLimit(local_ratelimit::LocalRateLimit::new(c, store))
+                    }
+                    FilterKind::RateLimit(c) => {
+                        Kind::RateLimit(ratelimit::RateLimit::new(c, store))
+                    }
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
                     }
@@ -209,6 +227,14 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::LocalRateLimit(limit) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    limit.decode(req, settings, encoders)
+                }
+                Kind::RateLimit(limit) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    limit.decode(req, settings, encoders).await
+                }
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
@@ -247,6 +273,14 @@ impl Encoder {
     fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::XRateLimit(bucket) => {
+                local_ratelimit::add_x_ratelimit_headers(resp.headers_mut(), bucket)
+            }
+            Encoder::AddHeaders(headers) => {
+                for (name, value) in headers.drain(..) {
+                    resp.headers_mut().append(name, value);
+                }
+            }
             Encoder::HealthCheck(a) => a.encode(resp),
             Encoder::Cors(c) => c.encode(resp),
         }
