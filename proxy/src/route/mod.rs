@@ -418,11 +418,12 @@ impl<'a> Selected<'a> {
         (c as &dyn std::any::Any).downcast_ref::<T>()
     }
 
-    /// Every configuration of the filter `name` here that is a `T`, most specific first.
-    pub fn filter_configs<'n, T: per_filter::FilterRouteConfig>(
+    /// Every level's configuration replacing the filter `name`'s own, most specific first
+    /// (for filters that merge them, as Envoy's `getMergedPerFilterConfig`).
+    pub fn filter_configs<T: per_filter::FilterRouteConfig>(
         &self,
-        name: &'n str,
-    ) -> impl Iterator<Item = &'a T> + use<'a, 'n, T> {
+        name: &str,
+    ) -> impl Iterator<Item = &'a T> {
         self.per_filter_levels()
             .filter_map(move |p| p.get(name).and_then(PerRoute::config))
             .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
@@ -442,7 +443,7 @@ impl<'a> Selected<'a> {
     }
 
     /// The levels' `typed_per_filter_config`, most specific first.
-    fn per_filter_levels(self) -> impl Iterator<Item = &'a PerFilterConfigs> {
+    fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
         [
             self.route.per_filter.as_deref(),
             self.virtual_host.per_filter.as_deref(),

@@ -6,7 +6,7 @@ use std::time::UNIX_EPOCH;
 use super::otlp;
 use super::span::{Kind, Span};
 use crate::config::tracing::OtelProvider;
-use crate::upstream::ClusterManager;
+use crate::upstream::{ClusterManager, grpc};
 
 /// W3C trace flags bit: sampled.
 const SAMPLED: u32 = 0x01;
@@ -135,16 +135,16 @@ impl Client {
         clusters: &ClusterManager,
         spans: &[Span],
     ) -> Result<(), String> {
-        let _: () = crate::upstream::grpc::unary(
-            clusters,
-            &self.provider.cluster,
-            &self.provider.authority,
-            otlp::EXPORT_PATH,
-            self.provider.timeout,
-            &encode(&self.resource, spans),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        Ok(())
+        let call = grpc::Call {
+            cluster: &self.provider.cluster,
+            path: otlp::EXPORT_PATH,
+            authority: &self.provider.authority,
+            metadata: &[],
+            timeout: self.provider.timeout,
+        };
+        grpc::unary(clusters, &call, &encode(&self.resource, spans))
+            .await
+            .map(drop)
+            .map_err(|f| f.to_string())
     }
 }

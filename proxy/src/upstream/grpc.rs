@@ -1,61 +1,87 @@
-//! Unary gRPC calls through a cluster, as Envoy's async gRPC client makes them: the request
-//! goes through the cluster's pool, load balancing and stats like any other request (the
-//! OpenTelemetry exporter, the rate limit service client).
+//! Unary gRPC calls revoy makes itself (trace exports, authorization checks), sent through a
+//! cluster like any other request (its pool, load balancing and stats), as Envoy's gRPC
+//! client does.
 
 use std::time::Duration;
 
+use bytes::{Buf, Bytes};
+use http::{HeaderName, HeaderValue};
 use http_body_util::BodyExt;
-use prost::Message;
 
 use super::{ClusterManager, LbContext};
 
-/// Why a call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum GrpcError {
-    /// The cluster is not configured.
-    #[error("unknown cluster '{0}'")]
-    UnknownCluster(String),
-    /// No answer within the call's timeout.
-    #[error("timeout")]
-    Timeout,
-    /// The request could not be sent or the answer read.
-    #[error("{0}")]
-    Transport(String),
-    /// The answer carried a `grpc-status` other than 0, or none.
-    #[error("{0}")]
-    Status(String),
-    /// The answer's message did not decode.
-    #[error("bad response message: {0}")]
-    Decode(String),
+/// gRPC's status for a call that ran out of time.
+pub const DEADLINE_EXCEEDED: u32 = 4;
+/// gRPC's status for a call that could not reach its service.
+pub const UNAVAILABLE: u32 = 14;
+
+/// One call: where it goes and what it carries besides its message.
+pub struct Call<'a> {
+    /// The cluster.
+    pub cluster: &'a str,
+    /// `/package.Service/Method`.
+    pub path: &'static str,
+    /// The `:authority`.
+    pub authority: &'a str,
+    /// Extra request metadata.
+    pub metadata: &'a [(HeaderName, HeaderValue)],
+    /// Deadline of the whole call, sent as `grpc-timeout` too.
+    pub timeout: Option<Duration>,
 }
 
-/// Calls `path` (`/package.Service/Method`) on `cluster` with `message`, `authority` as the
-/// `:authority`, within `timeout` (also sent as `grpc-timeout`); the decoded answer.
-pub async fn unary<Resp: Message + Default>(
+/// Why a call failed: its gRPC status (a failure to reach the service is `UNAVAILABLE`, a
+/// timeout `DEADLINE_EXCEEDED`) and what happened.
+#[derive(Debug)]
+pub struct Failure {
+    /// The gRPC status code.
+    pub status: u32,
+    /// What happened.
+    pub message: String,
+}
+
+impl Failure {
+    fn unavailable(message: impl Into<String>) -> Failure {
+        Failure {
+            status: UNAVAILABLE,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Sends `message` and returns the response message's bytes.
+pub async fn unary(
     clusters: &ClusterManager,
-    cluster: &str,
-    authority: &str,
-    path: &str,
-    timeout: Option<Duration>,
-    message: &impl Message,
-) -> Result<Resp, GrpcError> {
-    let target = clusters
-        .get(cluster)
-        .ok_or_else(|| GrpcError::UnknownCluster(cluster.to_owned()))?;
-    let encoded = message.encode_to_vec();
-    let mut framed = Vec::with_capacity(5 + encoded.len());
+    call: &Call<'_>,
+    message: &impl prost::Message,
+) -> Result<Bytes, Failure> {
+    let cluster = clusters
+        .get(call.cluster)
+        .ok_or_else(|| Failure::unavailable(format!("unknown cluster '{}'", call.cluster)))?;
+    let len = message.encoded_len();
+    let mut framed = Vec::with_capacity(5 + len);
     framed.push(0);
-    framed.extend_from_slice(&(encoded.len() as u32).to_be_bytes());
-    framed.extend_from_slice(&encoded);
-    let mut req = http::Request::post(path)
+    framed.extend_from_slice(&(len as u32).to_be_bytes());
+    message
+        .encode(&mut framed)
+        .map_err(|e| Failure::unavailable(e.to_string()))?;
+    let mut req = http::Request::post(call.path)
         .version(http::Version::HTTP_2)
-        .header(http::header::HOST, authority)
+        .header(http::header::HOST, call.authority)
         .header(http::header::CONTENT_TYPE, "application/grpc")
         .header(http::header::TE, "trailers")
         .body(crate::body::full(framed))
-        .map_err(|e| GrpcError::Transport(e.to_string()))?;
-    if let Some(t) = timeout
-        && let Ok(v) = http::HeaderValue::from_str(&format!("{}m", t.as_millis()))
+        .map_err(|e| Failure::unavailable(e.to_string()))?;
+    for (name, value) in call.metadata {
+        req.headers_mut().append(name, value.clone());
+    }
+    if let Some(t) = call.timeout
+        && let Ok(v) = HeaderValue::from_str(&format!("{}m", t.as_millis()))
     {
         req.headers_mut().insert("grpc-timeout", v);
     }
@@ -63,76 +89,54 @@ pub async fn unary<Resp: Message + Default>(
         internal: true,
         ..LbContext::default()
     };
-    let call = async {
-        let resp = target
+    let exchange = async {
+        let resp = cluster
             .request(req, &lb)
             .await
-            .map_err(|e| GrpcError::Transport(e.to_string()))?;
+            .map_err(|e| Failure::unavailable(e.to_string()))?;
         let head_status = resp.headers().get("grpc-status").cloned();
         let status = resp.status();
         let body = resp
             .into_body()
             .collect()
             .await
-            .map_err(|e| GrpcError::Transport(e.to_string()))?;
-        let grpc_status = head_status.or_else(|| body.trailers()?.get("grpc-status").cloned());
-        match grpc_status.as_ref().map(http::HeaderValue::as_bytes) {
-            Some(b"0") => {}
-            Some(code) => {
-                return Err(GrpcError::Status(format!(
-                    "grpc-status {}",
-                    String::from_utf8_lossy(code)
-                )));
-            }
-            None => {
-                return Err(GrpcError::Status(format!(
-                    "HTTP {status} without grpc-status"
-                )));
-            }
+            .map_err(|e| Failure::unavailable(e.to_string()))?;
+        let trailers = body.trailers().cloned();
+        let grpc_status = head_status.or_else(|| trailers.as_ref()?.get("grpc-status").cloned());
+        match grpc_status
+            .as_ref()
+            .map(|v| v.to_str().map(str::parse::<u32>))
+        {
+            Some(Ok(Ok(0))) => unframe(body.to_bytes()),
+            Some(Ok(Ok(code))) => Err(Failure {
+                status: code,
+                message: format!("grpc-status {code}"),
+            }),
+            _ => Err(Failure::unavailable(format!(
+                "HTTP {status} without grpc-status"
+            ))),
         }
-        decode_frame(&body.to_bytes())
     };
-    match timeout {
-        Some(t) => tokio::time::timeout(t, call)
+    match call.timeout {
+        Some(t) => tokio::time::timeout(t, exchange)
             .await
-            .map_err(|_| GrpcError::Timeout)?,
-        None => call.await,
+            .map_err(|_| Failure {
+                status: DEADLINE_EXCEEDED,
+                message: "timeout".into(),
+            })?,
+        None => exchange.await,
     }
 }
 
-/// The message of a response body holding one uncompressed gRPC frame (an empty body is an
-/// empty message).
-fn decode_frame<Resp: Message + Default>(body: &[u8]) -> Result<Resp, GrpcError> {
-    if body.is_empty() {
-        return Ok(Resp::default());
+/// The message of a unary response body (one uncompressed length-prefixed message).
+fn unframe(mut body: Bytes) -> Result<Bytes, Failure> {
+    if body.len() < 5 || body[0] != 0 {
+        return Err(Failure::unavailable("malformed gRPC response body"));
     }
-    let (head, rest) = body
-        .split_at_checked(5)
-        .ok_or_else(|| GrpcError::Decode("truncated frame".to_owned()))?;
-    if head[0] != 0 {
-        return Err(GrpcError::Decode("compressed frame".to_owned()));
+    body.advance(1);
+    let len = body.get_u32() as usize;
+    if body.len() < len {
+        return Err(Failure::unavailable("truncated gRPC response message"));
     }
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let payload = rest
-        .get(..len)
-        .ok_or_else(|| GrpcError::Decode("truncated frame".to_owned()))?;
-    Resp::decode(payload).map_err(|e| GrpcError::Decode(e.to_string()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn frames_decode() {
-        let msg = proto::pb::google::protobuf::StringValue { value: "hi".into() };
-        let encoded = msg.encode_to_vec();
-        let mut framed = vec![0, 0, 0, 0, encoded.len() as u8];
-        framed.extend_from_slice(&encoded);
-        let back: proto::pb::google::protobuf::StringValue = decode_frame(&framed).unwrap();
-        assert_eq!(back.value, "hi");
-        assert!(decode_frame::<()>(&[]).is_ok());
-        assert!(decode_frame::<()>(&[0, 0, 0]).is_err());
-        assert!(decode_frame::<()>(&[1, 0, 0, 0, 0]).is_err());
-    }
+    Ok(body.split_to(len))
 }

@@ -6,9 +6,11 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod basic_auth;
 pub mod buffer;
 pub mod cors;
 pub mod csrf;
+pub mod ext_authz;
 pub mod fault;
 pub mod health_check;
 pub mod local_ratelimit;
@@ -30,6 +32,10 @@ const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
 const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
+const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
+const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
@@ -85,6 +91,10 @@ pub enum FilterKind {
     RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
     /// `envoy.filters.http.health_check`.
     HealthCheck(Arc<health_check::HealthCheckConfig>),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(Arc<basic_auth::BasicAuthConfig>),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
@@ -256,6 +266,16 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
+        EXT_AUTHZ => Some(FilterKind::ExtAuthz(Arc::new(ext_authz::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
+        BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
         RBAC => Some(FilterKind::Rbac {
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
             after_skipped: None,
@@ -323,6 +343,13 @@ pub fn compile_per_filter(
                 true,
             ))),
             ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(routed(ratelimit::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            EXT_AUTHZ_PER_ROUTE => Some(routed(ext_authz::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            BASIC_AUTH_PER_ROUTE => Some(routed(basic_auth::compile_per_route(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),

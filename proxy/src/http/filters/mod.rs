@@ -22,10 +22,12 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod basic_auth;
 mod buffer;
 mod cors;
 mod csrf;
 mod descriptors;
+mod ext_authz;
 mod fault;
 mod health_check;
 mod local_ratelimit;
@@ -75,6 +77,10 @@ enum Kind {
     RateLimit(ratelimit::RateLimit),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(ext_authz::ExtAuthz),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(basic_auth::BasicAuth),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
     /// `envoy.filters.http.cors`.
@@ -104,6 +110,10 @@ pub struct FilterRequest<'a> {
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
     pub record: Option<&'a mut Record>,
+    /// The request's HTTP version.
+    pub version: http::Version,
+    /// Set by a filter that changed what the route was chosen by: the router chooses it again.
+    pub clear_route_cache: bool,
 }
 
 impl FilterRequest<'_> {
@@ -149,6 +159,8 @@ enum Encoder {
     AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
     /// The health-check filter's marks on the response.
     HealthCheck(health_check::Answer),
+    /// Headers the authorization service asked to add to the response.
+    ExtAuthz(ext_authz::ResponseHeaders),
     /// A CORS request's allowed origin, set on its response.
     Cors(cors::CorsResponse),
 }
@@ -177,6 +189,12 @@ impl Chain {
                     }
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
+                    }
+                    FilterKind::ExtAuthz(c) => {
+                        Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
+                    }
+                    FilterKind::BasicAuth(c) => {
+                        Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
                     FilterKind::Rbac {
                         config,
@@ -236,6 +254,14 @@ impl Chain {
                     limit.decode(req, settings, encoders).await
                 }
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::ExtAuthz(authz) => {
+                    let levels = route.map(|r| r.filter_configs(&f.name).collect());
+                    authz.decode(req, levels, encoders).await
+                }
+                Kind::BasicAuth(auth) => {
+                    let users = route.and_then(|r| r.filter_config(&f.name));
+                    auth.decode(req, users)
+                }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
@@ -282,6 +308,7 @@ impl Encoder {
                 }
             }
             Encoder::HealthCheck(a) => a.encode(resp),
+            Encoder::ExtAuthz(headers) => headers.encode(resp),
             Encoder::Cors(c) => c.encode(resp),
         }
     }

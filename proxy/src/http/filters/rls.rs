@@ -2,6 +2,7 @@
 //! service's cluster, and the answer as the HTTP `ratelimit` filter reads it.
 
 use http::{HeaderName, HeaderValue};
+use prost::Message;
 use proto::pb::envoy::extensions::common::ratelimit::v3::{
     RateLimitDescriptor, rate_limit_descriptor,
 };
@@ -47,18 +48,20 @@ pub async fn should_rate_limit(
         descriptors: descriptors.iter().map(descriptor_proto).collect(),
         hits_addend: 0,
     };
-    let response: RateLimitResponse = match crate::upstream::grpc::unary(
-        clusters,
-        &config.cluster,
-        &config.authority,
-        SHOULD_RATE_LIMIT,
-        Some(config.timeout),
-        &request,
-    )
-    .await
-    {
+    let call = crate::upstream::grpc::Call {
+        cluster: &config.cluster,
+        path: SHOULD_RATE_LIMIT,
+        authority: &config.authority,
+        metadata: &[],
+        timeout: Some(config.timeout),
+    };
+    let reply = crate::upstream::grpc::unary(clusters, &call, &request)
+        .await
+        .map_err(|f| f.to_string())
+        .and_then(|b| RateLimitResponse::decode(b).map_err(|e| e.to_string()));
+    let response = match reply {
         Ok(r) => r,
-        Err(e) => return Verdict::Error(e.to_string()),
+        Err(e) => return Verdict::Error(e),
     };
     let mut response_headers = headers(&response.response_headers_to_add);
     if config.x_ratelimit_headers {
