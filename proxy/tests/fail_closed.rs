@@ -105,7 +105,7 @@ fn endpoint(port: u16, metadata: &str) -> String {
 struct Ports {
     admin: u16,
     authz: u16,
-    cors: u16,
+    grpc_stats: u16,
     tls: u16,
     istio: u16,
     tcp: u16,
@@ -113,10 +113,15 @@ struct Ports {
 
 fn bootstrap(p: &Ports, up: u16) -> String {
     let authz = "{name: envoy.filters.http.ext_authz, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz, failure_mode_allow: true, grpc_service: {envoy_grpc: {cluster_name: plain}}}}, ";
-    let cors = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, ";
+    let grpc_stats = "{name: envoy.filters.http.grpc_stats, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, ";
     let mut listeners = String::new();
     listeners += &hcm_listener("authz", p.authz, authz, "route: {cluster: plain}");
-    listeners += &hcm_listener("cors", p.cors, cors, "route: {cluster: plain}");
+    listeners += &hcm_listener(
+        "grpc_stats",
+        p.grpc_stats,
+        grpc_stats,
+        "route: {cluster: plain}",
+    );
     listeners += &hcm_listener("tls", p.tls, "", "route: {cluster: secure}");
     listeners += &hcm_listener("istio", p.istio, "", "route: {cluster: istio}");
     listeners += &format!(
@@ -190,7 +195,7 @@ fn unimplemented_security_features_refuse_traffic() {
     let p = Ports {
         admin: free_port(),
         authz: free_port(),
-        cors: free_port(),
+        grpc_stats: free_port(),
         tls: free_port(),
         istio: free_port(),
         tcp: free_port(),
@@ -199,7 +204,7 @@ fn unimplemented_security_features_refuse_traffic() {
     let _revoy = Proxy::start(&yaml, || admin(p.admin, "/ready").0 == 200);
 
     // A filter without security effect is skipped: the request reaches the upstream.
-    assert_eq!(get(p.cors), (200, "ok".to_owned()));
+    assert_eq!(get(p.grpc_stats), (200, "ok".to_owned()));
     let served = up.connections.load(Ordering::SeqCst);
     assert_eq!(served, 1);
 
@@ -319,7 +324,7 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     let p = Ports {
         admin: 1,
         authz: 2,
-        cors: 3,
+        grpc_stats: 3,
         tls: 4,
         istio: 5,
         tcp: 6,
@@ -335,19 +340,19 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     assert!(!out.contains(" OK"), "{out}");
 
     // Only skipped features: listed, and the config is valid.
-    let cors = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, ";
+    let grpc_stats = "{name: envoy.filters.http.grpc_stats, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, ";
     let yaml = format!(
         "static_resources:\n  listeners:{}\n  clusters:{}\n",
-        hcm_listener("cors", 3, cors, "route: {cluster: plain}"),
+        hcm_listener("grpc_stats", 3, grpc_stats, "route: {cluster: plain}"),
         cluster("plain", &endpoint(7, ""), "")
     );
     let yaml = yaml.replace(
-        "stat_prefix: cors",
-        "stat_prefix: cors\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          local_reply_config: {}",
+        "stat_prefix: grpc_stats",
+        "stat_prefix: grpc_stats\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          forward_client_cert_matcher: {}",
     );
     let (code, out) = validate(&yaml);
     assert_eq!(code, 0, "{out}");
-    for field in ["http_filters[0]", "local_reply_config"] {
+    for field in ["http_filters[0]", "forward_client_cert_matcher"] {
         assert!(
             out.lines()
                 .any(|l| l.starts_with("not implemented (skipped)") && l.contains(field)),

@@ -84,6 +84,7 @@ enum Op {
     RouteName,
     ConnectionTerminationDetails,
     AttemptCount,
+    LocalReplyBody,
     Constant(String),
 }
 
@@ -316,6 +317,7 @@ impl Op {
             Op::Protocol => text(rec.protocol),
             Op::ResponseCode => Value::Num(u64::from(rec.response_code.unwrap_or(0))),
             Op::ResponseCodeDetails => text(rec.details.as_deref()),
+            Op::LocalReplyBody => Value::Str(rec.local_reply_body.clone().unwrap_or_default()),
             Op::ResponseFlags => Value::Str(rec.flags.render(false)),
             Op::ResponseFlagsLong => Value::Str(rec.flags.render(true)),
             Op::BytesReceived => Value::Num(rec.bytes_received),
@@ -418,6 +420,7 @@ fn compile(
     Ok(match name {
         "PROTOCOL" => Op::Protocol,
         "RESPONSE_CODE" => Op::ResponseCode,
+        "LOCAL_REPLY_BODY" => Op::LocalReplyBody,
         "RESPONSE_CODE_DETAILS" => Op::ResponseCodeDetails,
         "RESPONSE_FLAGS" => Op::ResponseFlags,
         "RESPONSE_FLAGS_LONG" => Op::ResponseFlagsLong,

@@ -336,6 +336,8 @@ pub struct Record {
     pub attempts: u32,
     /// Whether the request was a health check (for `not_health_check_filter`).
     pub health_check: bool,
+    /// `%LOCAL_REPLY_BODY%`: the body of the local reply being formatted.
+    pub local_reply_body: Option<String>,
 }
 
 impl Record {
@@ -379,6 +381,7 @@ impl Record {
             upstream_transport_failure: None,
             attempts: 0,
             health_check: false,
+            local_reply_body: None,
         }
     }
 

@@ -163,9 +163,12 @@ fn text_format(
     })
 }
 
-/// A `SubstitutionFormatString` (`log_format`).
+/// A `SubstitutionFormatString` (`log_format`, or a local reply's `body_format`).
 #[allow(deprecated)]
-fn substitution(ctx: &Context<'_>, s: &SubstitutionFormatString) -> Result<LogFormat, ConfigError> {
+pub(super) fn substitution(
+    ctx: &Context<'_>,
+    s: &SubstitutionFormatString,
+) -> Result<LogFormat, ConfigError> {
     if let Some(f) = s.formatters.first() {
         return Err(ConfigError::new(
             "formatters[0]",
@@ -262,7 +265,10 @@ fn comparison(c: &pb::ComparisonFilter) -> Result<Comparison, ConfigError> {
     })
 }
 
-fn compile_filter(ctx: &Context<'_>, f: &pb::AccessLogFilter) -> Result<Filter, ConfigError> {
+pub(super) fn compile_filter(
+    ctx: &Context<'_>,
+    f: &pb::AccessLogFilter,
+) -> Result<Filter, ConfigError> {
     use pb::access_log_filter::FilterSpecifier as S;
     let list = |fs: &[pb::AccessLogFilter], field: &str| {
         fs.iter()

@@ -8,7 +8,6 @@
 const FAIL_CLOSED: &[&str] = &[
     "ext_authz",
     "jwt_authn",
-    "csrf",
     "local_ratelimit",
     "ratelimit",
     "rate_limit_quota",

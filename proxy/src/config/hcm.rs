@@ -187,6 +187,8 @@ pub struct HcmConfig {
     pub tracing: Option<Arc<super::tracing::HcmTracing>>,
     /// `request_id_extension`.
     pub request_id: super::tracing::RequestIdConfig,
+    /// `local_reply_config`: `None` when unset (local replies keep their bodies, `text/plain`).
+    pub local_reply: Option<Arc<super::local_reply::LocalReplyConfig>>,
 }
 
 /// Records the connection manager's settings that revoy does not act on (none of them has a
@@ -207,12 +209,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
         warnings.skipped(
             "forward_client_cert_matcher",
             "per-request x-forwarded-client-cert rules are not implemented by revoy: the header is removed from every request, as SANITIZE does",
-        );
-    }
-    if hcm.local_reply_config.is_some() {
-        warnings.skipped(
-            "local_reply_config",
-            "local reply mappers are not implemented by revoy; local replies keep Envoy's default bodies",
         );
     }
 }
@@ -349,6 +345,14 @@ pub fn compile_hcm(
     Ok(HcmConfig {
         tracing,
         request_id,
+        local_reply: hcm
+            .local_reply_config
+            .as_ref()
+            .map(|c| {
+                super::local_reply::compile(ctx, c).map_err(|e| e.within("local_reply_config"))
+            })
+            .transpose()?
+            .map(Arc::new),
         access_logs,
         suppress_envoy_headers: filters.suppress_envoy_headers,
         filters,

@@ -13,6 +13,7 @@ pub mod filter_chain_match;
 pub mod hcm;
 pub mod http_filter;
 pub mod listener;
+pub mod local_reply;
 pub mod network_limits;
 pub mod rbac;
 pub mod route;

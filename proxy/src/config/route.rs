@@ -19,6 +19,7 @@ use super::{ConfigError, Context, Warnings};
 use crate::route::domain::{DomainConflict, DomainIndex};
 use crate::route::format::Template;
 use crate::route::headers::{AppendAction, HeaderAdd, HeaderMutations, HeaderRules};
+use crate::route::per_filter::{FilterRouteConfig, PerFilterConfigs};
 use crate::route::{
     Action, Redirect, RedirectPath, Route, RouteTable, TlsRequirement, VirtualCluster, VirtualHost,
 };
@@ -216,11 +217,23 @@ fn compile_virtual_host<'p>(
         )?,
         include_request_attempt_count: vh.include_request_attempt_count,
         include_attempt_count_in_response: vh.include_attempt_count_in_response,
-        per_filter: super::http_filter::compile_per_filter(
-            inherited.ctx,
-            &vh.typed_per_filter_config,
-        )?,
+        per_filter: PerFilterConfigs::with_legacy_cors(
+            super::http_filter::compile_per_filter(inherited.ctx, &vh.typed_per_filter_config)?,
+            legacy_cors(inherited.ctx, vh.cors.as_ref())?,
+        ),
     })
+}
+
+/// A deprecated `cors` field, compiled.
+fn legacy_cors(
+    ctx: &Context<'_>,
+    cors: Option<&pb::CorsPolicy>,
+) -> Result<Option<Arc<dyn FilterRouteConfig>>, ConfigError> {
+    let Some(c) = cors else {
+        return Ok(None);
+    };
+    let policy = super::http_filter::cors::compile_legacy(ctx, c).map_err(|e| e.within("cors"))?;
+    Ok(Some(Arc::new(policy)))
 }
 
 fn tls_redirect_route() -> Route {
@@ -293,7 +306,15 @@ fn compile_route<'p>(
     .map(Box::new);
     Ok(Route {
         tracing,
-        per_filter: super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,
+        per_filter: PerFilterConfigs::with_legacy_cors(
+            super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,
+            match &r.action {
+                Some(pb::route::Action::Route(ra)) => {
+                    legacy_cors(vh.ctx, ra.cors.as_ref()).map_err(|e| e.within("route"))?
+                }
+                _ => None,
+            },
+        ),
         name: r.name.clone(),
         matcher,
         action: act,

@@ -49,10 +49,11 @@ pub(super) struct Pending {
 impl Pending {
     /// Starts the record of `req` (its headers as the connection manager leaves them, when an
     /// access log reads them) and counts its body; `None` when the connection manager has
-    /// neither access logs nor tracing.
+    /// neither access logs, tracing nor `local_reply_config` (whose mappers read the record).
     pub(super) fn start(ctx: &ConnContext, req: &mut Request<Body>) -> Option<Pending> {
         let logs = &ctx.hcm.config.access_logs;
-        if logs.is_empty() && ctx.hcm.config.tracing.is_none() {
+        let local_reply = ctx.hcm.config.local_reply.is_some();
+        if logs.is_empty() && ctx.hcm.config.tracing.is_none() && !local_reply {
             return None;
         }
         let mut rec = Box::new(Record::new(Downstream {
@@ -62,7 +63,7 @@ impl Pending {
             server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
         }));
         rec.protocol = Some(super::trace::protocol_name(req.version()));
-        rec.request = (!logs.is_empty()).then(|| RequestHead {
+        rec.request = (!logs.is_empty() || local_reply).then(|| RequestHead {
             method: req.method().as_str().to_owned(),
             path: req
                 .uri()

@@ -93,6 +93,9 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
+        if let (Some(config), Some(p)) = (&ctx.hcm.config.local_reply, pending.as_mut()) {
+            resp = super::local_reply::map(config, resp, p.record());
+        }
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
@@ -424,6 +427,13 @@ async fn route_and_forward(
             {
                 resp.headers_mut().insert(header::LOCATION, v);
             }
+            // Envoy sends a direct response as a local reply: `local_reply_config` maps it and a
+            // gRPC request gets it gRPC-shaped.
+            resp.extensions_mut()
+                .insert(super::local_reply::LocalReply {
+                    text: String::from_utf8_lossy(&dr.body).into_owned(),
+                    grpc_status: None,
+                });
             resp
         }
         Action::NonForwarding => {

@@ -429,6 +429,19 @@ impl<'a> Selected<'a> {
             .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
     }
 
+    /// The deprecated `cors` policies (of type `T`) of the route action and the virtual host,
+    /// in that order.
+    pub fn legacy_cors<T: per_filter::FilterRouteConfig>(&self) -> impl Iterator<Item = &'a T> {
+        [
+            self.route.per_filter.as_deref(),
+            self.virtual_host.per_filter.as_deref(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(PerFilterConfigs::legacy_cors)
+        .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
+    }
+
     /// The levels' `typed_per_filter_config`, most specific first.
     fn per_filter_levels(&self) -> impl Iterator<Item = &'a PerFilterConfigs> {
         [

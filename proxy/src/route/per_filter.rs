@@ -13,14 +13,36 @@ pub trait FilterRouteConfig: Any + Debug + Send + Sync {}
 impl<T: Any + Debug + Send + Sync> FilterRouteConfig for T {}
 
 /// A route's, virtual host's or route configuration's `typed_per_filter_config`, by filter
-/// name.
+/// name, and the deprecated `cors` field of a virtual host or route action.
 #[derive(Debug, Clone, Default)]
-pub struct PerFilterConfigs(pub Vec<(Arc<str>, PerRoute)>);
+pub struct PerFilterConfigs(
+    pub Vec<(Arc<str>, PerRoute)>,
+    pub Option<Arc<dyn FilterRouteConfig>>,
+);
 
 impl PerFilterConfigs {
     /// The entry for the filter named `name`.
     pub fn get(&self, name: &str) -> Option<&PerRoute> {
         self.0.iter().find(|(n, _)| &**n == name).map(|(_, c)| c)
+    }
+
+    /// The deprecated `cors` policy of the virtual host or route action, if set (the CORS
+    /// filter reads it when no level has a per-route policy).
+    pub fn legacy_cors(&self) -> Option<&dyn FilterRouteConfig> {
+        self.1.as_deref()
+    }
+
+    /// `configs` with the deprecated `cors` policy `legacy` added.
+    pub fn with_legacy_cors(
+        configs: Option<Box<PerFilterConfigs>>,
+        legacy: Option<Arc<dyn FilterRouteConfig>>,
+    ) -> Option<Box<PerFilterConfigs>> {
+        let Some(legacy) = legacy else {
+            return configs;
+        };
+        let mut configs = configs.unwrap_or_default();
+        configs.1 = Some(legacy);
+        Some(configs)
     }
 }
 

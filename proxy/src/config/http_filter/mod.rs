@@ -8,6 +8,8 @@
 
 pub mod basic_auth;
 pub mod buffer;
+pub mod cors;
+pub mod csrf;
 pub mod ext_authz;
 pub mod fault;
 pub mod health_check;
@@ -36,6 +38,9 @@ const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth"
 const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
+const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
+const CORS_POLICY: &str = "envoy.extensions.filters.http.cors.v3.CorsPolicy";
+const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -99,6 +104,10 @@ pub enum FilterKind {
         /// every request they see.
         after_skipped: Option<Arc<str>>,
     },
+    /// `envoy.filters.http.cors` (its policies are per route).
+    Cors,
+    /// `envoy.filters.http.csrf`.
+    Csrf(Arc<csrf::CsrfConfig>),
 }
 
 impl FilterChain {
@@ -271,6 +280,14 @@ fn compile_kind(
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
             after_skipped: None,
         }),
+        CORS => {
+            unpack::<proto::pb::envoy::extensions::filters::http::cors::v3::Cors>(any)?;
+            Some(FilterKind::Cors)
+        }
+        CSRF => Some(FilterKind::Csrf(Arc::new(csrf::compile(
+            ctx,
+            &unpack(any)?,
+        )?))),
         _ => None,
     })
 }
@@ -341,6 +358,14 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
                 &mut Warnings::new(),
             ))),
+            CORS_POLICY => Some(routed(cors::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            CSRF => Some(routed(csrf::compile(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
             _ => None,
         };
         if let Some(kind) = kind {
@@ -350,7 +375,7 @@ pub fn compile_per_filter(
             ));
         }
     }
-    Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out))))
+    Ok((!out.is_empty()).then(|| Box::new(PerFilterConfigs(out, None))))
 }
 
 /// A compiled per-route configuration, as routes keep it.

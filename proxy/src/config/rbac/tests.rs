@@ -147,7 +147,7 @@ fn the_network_filter_refuses_header_rules_at_any_depth() {
 /// An RBAC filter on `istio_authn` metadata (`action`) after a filter revoy skips.
 fn behind_a_skipped_filter(action: &str) -> String {
     format!(
-        "- {{name: envoy.filters.http.cors, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}}}
+        "- {{name: envoy.filters.http.grpc_stats, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}}}
 - {{name: envoy.filters.http.rbac, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {{action: {action}, policies: {{p: {{permissions: [{{any: true}}], principals: [{{metadata: {{filter: istio_authn, path: [{{key: a}}], value: {{string_match: {{exact: b}}}}}}}}]}}}}}}}}}}
 - {{name: envoy.filters.http.router, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}"
     )
@@ -168,7 +168,10 @@ fn metadata_rules_behind_a_skipped_http_filter_fail_closed() {
     let FilterKind::Rbac { after_skipped, .. } = &chain.filters[0].kind else {
         panic!("the rbac filter: {:?}", chain.filters);
     };
-    assert_eq!(after_skipped.as_deref(), Some("envoy.filters.http.cors"));
+    assert_eq!(
+        after_skipped.as_deref(),
+        Some("envoy.filters.http.grpc_stats")
+    );
     let closed: Vec<&str> = w
         .iter()
         .filter(|w| w.severity == crate::config::Severity::FailsClosed)

@@ -24,6 +24,8 @@
 
 mod basic_auth;
 mod buffer;
+mod cors;
+mod csrf;
 mod descriptors;
 mod ext_authz;
 mod fault;
@@ -81,6 +83,10 @@ enum Kind {
     BasicAuth(basic_auth::BasicAuth),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
+    /// `envoy.filters.http.cors`.
+    Cors(cors::Cors),
+    /// `envoy.filters.http.csrf`.
+    Csrf(csrf::Csrf),
 }
 
 /// One request as the filters see it, before the router.
@@ -155,6 +161,8 @@ enum Encoder {
     HealthCheck(health_check::Answer),
     /// Headers the authorization service asked to add to the response.
     ExtAuthz(ext_authz::ResponseHeaders),
+    /// A CORS request's allowed origin, set on its response.
+    Cors(cors::CorsResponse),
 }
 
 impl Chain {
@@ -197,6 +205,8 @@ impl Chain {
                         store,
                         stat_prefix,
                     )),
+                    FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
+                    FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
                 },
             })
             .collect();
@@ -253,6 +263,8 @@ impl Chain {
                     auth.decode(req, users)
                 }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
+                Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
             };
             if reply.is_some() {
                 return reply;
@@ -260,6 +272,12 @@ impl Chain {
         }
         None
     }
+}
+
+/// Whether a filter's runtime fraction admits this request: its default, as revoy has no
+/// runtime layer.
+fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
+    f.default.enabled(rand::random())
 }
 
 impl Encoders {
@@ -291,6 +309,7 @@ impl Encoder {
             }
             Encoder::HealthCheck(a) => a.encode(resp),
             Encoder::ExtAuthz(headers) => headers.encode(resp),
+            Encoder::Cors(c) => c.encode(resp),
         }
     }
 }
