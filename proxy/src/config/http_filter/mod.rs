@@ -7,6 +7,8 @@
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
 pub mod buffer;
+pub mod compressor;
+pub mod decompressor;
 pub mod fault;
 
 use std::sync::Arc;
@@ -24,6 +26,9 @@ const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
+const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
+const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -68,6 +73,10 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.buffer`.
     Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.compressor`.
+    Compressor(Arc<compressor::CompressorConfig>),
+    /// `envoy.filters.http.decompressor`.
+    Decompressor(Arc<decompressor::DecompressorConfig>),
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -109,9 +118,8 @@ pub fn compile_chain(
             continue;
         }
         let kind = match any {
-            Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
-            }
+            Some(any) => compile_kind(ctx, any, warnings, &at)
+                .map_err(|e| e.within(&format!("{at}.typed_config")))?,
             None => None,
         };
         let kind = match kind {
@@ -156,13 +164,27 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+    at: &str,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
             &unpack(any)?,
         )?))),
         BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        COMPRESSOR => {
+            let mark = warnings.len();
+            let config = compressor::compile(&unpack(any)?, warnings)?;
+            warnings.prefix_since(mark, &format!("{at}.typed_config"));
+            Some(FilterKind::Compressor(Arc::new(config)))
+        }
+        DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
+            &unpack(any)?,
+        )?))),
         _ => None,
     })
 }
@@ -208,6 +230,9 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,

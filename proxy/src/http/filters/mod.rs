@@ -23,6 +23,10 @@
 //! acts on responses).
 
 mod buffer;
+pub mod codec;
+mod coded_body;
+mod compressor;
+mod decompressor;
 mod fault;
 
 use std::sync::Arc;
@@ -61,6 +65,10 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.compressor`.
+    Compressor(Arc<compressor::Compress>),
+    /// `envoy.filters.http.decompressor`.
+    Decompressor(Arc<decompressor::Decompress>),
 }
 
 /// One request as the filters see it, before the router.
@@ -101,9 +109,10 @@ impl FilterRequest<'_> {
 }
 
 /// What the request's filters keep after decoding: the per-request state of filters that act
-/// on the response or hold something until the request ends.
+/// on the response or hold something until the request ends, and the compressor filters'
+/// shared choice of encoding.
 #[derive(Debug, Default)]
-pub struct Encoders(Vec<Encoder>);
+pub struct Encoders(Vec<Encoder>, compressor::Registry);
 
 /// One filter's per-request state.
 #[derive(Debug)]
@@ -113,6 +122,10 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// A compressor filter's request, its response to compress.
+    Compress(compressor::Pending),
+    /// A decompressor filter's request, its response to decompress.
+    Decompress(decompressor::Pending),
 }
 
 impl Chain {
@@ -131,6 +144,12 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::Compressor(c) => {
+                        Kind::Compressor(Arc::new(compressor::Compress::new(c, store, stat_prefix)))
+                    }
+                    FilterKind::Decompressor(c) => Kind::Decompressor(Arc::new(
+                        decompressor::Decompress::new(c, store, stat_prefix),
+                    )),
                 },
             })
             .collect();
@@ -169,6 +188,14 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::Compressor(c) => {
+                    c.decode(req, route.and_then(|r| r.filter_config(&f.name)), encoders);
+                    None
+                }
+                Kind::Decompressor(d) => {
+                    d.decode(req, encoders);
+                    None
+                }
             };
             if reply.is_some() {
                 return reply;
@@ -186,7 +213,7 @@ impl Encoders {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp);
+            e.encode(&mut resp, &mut self.1);
         }
         resp.map(|b| crate::body::holding(b, self))
     }
@@ -194,9 +221,11 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, _resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::Compress(c) => c.encode(resp, registry),
+            Encoder::Decompress(d) => d.encode(resp),
         }
     }
 }
