@@ -25,8 +25,9 @@ pub(super) struct ByteCounters {
 #[derive(Debug)]
 enum Codec {
     Compress(Compressor),
-    /// A decompressor, `None` after it failed: the rest of the body is dropped.
-    Decompress(Option<Decompressor>),
+    /// A decompressor, `None` after it failed (counted in the counter): the rest of the
+    /// body is dropped.
+    Decompress(Option<Decompressor>, Counter),
 }
 
 /// `body` compressed by `codec` as it streams.
@@ -34,9 +35,14 @@ pub(super) fn compressed(body: Body, codec: Compressor, counters: ByteCounters) 
     Coded::wrap(body, Codec::Compress(codec), counters)
 }
 
-/// `body` decompressed by `codec` as it streams.
-pub(super) fn decompressed(body: Body, codec: Decompressor, counters: ByteCounters) -> Body {
-    Coded::wrap(body, Codec::Decompress(Some(codec)), counters)
+/// `body` decompressed by `codec` as it streams; a failure is counted in `errors`.
+pub(super) fn decompressed(
+    body: Body,
+    codec: Decompressor,
+    counters: ByteCounters,
+    errors: Counter,
+) -> Body {
+    Coded::wrap(body, Codec::Decompress(Some(codec), errors), counters)
 }
 
 /// See [`compressed`] and [`decompressed`].
@@ -69,7 +75,7 @@ impl Coded {
                 self.counters.compressed.add(out.len() as u64);
                 Ok(out)
             }
-            Codec::Decompress(slot) => {
+            Codec::Decompress(slot, errors) => {
                 let Some(d) = slot.as_mut() else {
                     return Ok(Vec::new());
                 };
@@ -81,6 +87,7 @@ impl Coded {
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "decompression failed; the rest of the body is dropped");
+                        errors.inc();
                         *slot = None;
                         Ok(Vec::new())
                     }

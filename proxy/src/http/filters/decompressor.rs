@@ -2,7 +2,7 @@
 //! `content-encoding` is the filter's codec are decompressed as they stream, and the
 //! codec is advertised upstream in `accept-encoding`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::header::{ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LENGTH};
 use http::{HeaderMap, HeaderValue, Response};
@@ -11,7 +11,9 @@ use super::codec::Decompressor;
 use super::coded_body::{self, ByteCounters};
 use super::{Encoder, Encoders, FilterRequest};
 use crate::body::Body;
-use crate::config::http_filter::decompressor::{DecompressDirection, DecompressorConfig};
+use crate::config::http_filter::decompressor::{
+    DecompressDirection, DecompressorConfig, DecompressorLibrary,
+};
 use crate::stats::{Counter, Store};
 
 /// One decompressor filter of a connection manager.
@@ -20,6 +22,36 @@ pub(super) struct Decompress {
     config: Arc<DecompressorConfig>,
     request: Stats,
     response: Stats,
+    /// `decompressor_library.*`: the codec's error counters, made (as by Envoy) when the
+    /// first body is decompressed; the first one counts a failed body.
+    library: OnceLock<Vec<Counter>>,
+    store: Store,
+    prefix: String,
+}
+
+/// The codec's error counters under `decompressor_library.`, the one revoy counts first.
+fn library_stats(library: &DecompressorLibrary) -> &'static [&'static str] {
+    match library {
+        DecompressorLibrary::Gzip { .. } => &[
+            "zlib_data_error",
+            "zlib_errno",
+            "zlib_stream_error",
+            "zlib_mem_error",
+            "zlib_buf_error",
+            "zlib_version_error",
+        ],
+        DecompressorLibrary::Brotli { .. } => &[
+            "brotli_error",
+            "brotli_output_overflow",
+            "brotli_redundant_input",
+        ],
+        DecompressorLibrary::Zstd => &[
+            "zstd_generic_error",
+            "zstd_dictionary_error",
+            "zstd_checksum_wrong_error",
+            "zstd_memory_error",
+        ],
+    }
 }
 
 /// `<direction>.decompressed`, `.not_decompressed` and the byte totals.
@@ -67,6 +99,9 @@ impl Decompress {
             request: Stats::new(store, &format!("{prefix}request.")),
             response: Stats::new(store, &format!("{prefix}response.")),
             config: config.clone(),
+            library: OnceLock::new(),
+            store: store.clone(),
+            prefix,
         }
     }
 
@@ -81,11 +116,26 @@ impl Decompress {
             && let Some(codec) = self.start(&c.request, &self.request, req.headers)
         {
             let body = std::mem::replace(req.body, crate::body::empty());
-            *req.body = coded_body::decompressed(body, codec, self.request.bytes.clone());
+            *req.body =
+                coded_body::decompressed(body, codec, self.request.bytes.clone(), self.errors());
         }
         encoders.0.push(Encoder::Decompress(Pending {
             filter: self.clone(),
         }));
+    }
+
+    /// The counter of failed bodies (making the library's counters on first use).
+    fn errors(&self) -> Counter {
+        self.library.get_or_init(|| {
+            library_stats(&self.config.library)
+                .iter()
+                .map(|n| {
+                    self.store
+                        .counter(&format!("{}decompressor_library.{n}", self.prefix))
+                })
+                .collect()
+        })[0]
+            .clone()
     }
 
     /// The decompressor for a message whose headers allow it (headers updated, counted).
@@ -133,7 +183,8 @@ impl Pending {
         let f = &*self.filter;
         if let Some(codec) = f.start(&f.config.response, &f.response, resp.headers_mut()) {
             let body = std::mem::replace(resp.body_mut(), crate::body::empty());
-            *resp.body_mut() = coded_body::decompressed(body, codec, f.response.bytes.clone());
+            *resp.body_mut() =
+                coded_body::decompressed(body, codec, f.response.bytes.clone(), f.errors());
         }
     }
 }
