@@ -64,15 +64,17 @@ pub const ISTIO_TEXT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVO
 /// An HTTP listener; `transport_socket`, when given, is the filter chain's (YAML indented
 /// by 8 spaces).
 fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&str>) -> String {
-    envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None)
+    envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None, "")
 }
 
-/// [`envoy_hcm_listener`], writing an access log to `access_log` when given.
+/// [`envoy_hcm_listener`], writing an access log to `access_log` when given, with
+/// `filters_yaml` (HTTP filters, indented by 10 spaces) before the router.
 fn envoy_hcm_listener_logged(
     port: u16,
     routes_yaml: &str,
     transport_socket: Option<&str>,
     access_log: Option<&Path>,
+    filters_yaml: &str,
 ) -> String {
     let chain = match transport_socket {
         None => "    - filters:\n".to_string(),
@@ -95,13 +97,30 @@ fn envoy_hcm_listener_logged(
           stat_prefix: http
           codec_type: AUTO
 {log}          http_filters:
-          - name: envoy.filters.http.router
+{filters_yaml}          - name: envoy.filters.http.router
             typed_config: {{"@type": {ROUTER_TYPE}}}
           route_config:
             name: local
             virtual_hosts:
 {routes_yaml}"#
     )
+}
+
+/// The gzip config for Envoy and revoy (YAML bootstrap): one HTTP listener to the HTTP/1.1
+/// upstream with the compressor filter, gzip at Envoy's default settings.
+pub fn envoy_gzip(listen: &Listen, up: &Upstream) -> String {
+    let filters = r#"          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              compressor_library:
+                name: gzip
+                typed_config: {"@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip}
+"#;
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, None, filters);
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out
 }
 
 fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
@@ -119,17 +138,19 @@ fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
     out
 }
 
-/// The access-log config for Envoy and revoy (YAML bootstrap): one HTTP listener to the
-/// HTTP/1.1 upstream, every request logged to `log` in Istio's default text format.
-pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
-    let routes = r#"            - name: all
+/// One virtual host for every domain, routing everything to cluster `h1`.
+const ALL_TO_H1: &str = r#"            - name: all
               domains: ["*"]
               routes:
               - match: {prefix: "/"}
                 route: {cluster: h1}
 "#;
+
+/// The access-log config for Envoy and revoy (YAML bootstrap): one HTTP listener to the
+/// HTTP/1.1 upstream, every request logged to `log` in Istio's default text format.
+pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener_logged(listen.http, routes, None, Some(log));
+    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, Some(log), "");
     out += "  clusters:\n";
     out += &envoy_cluster("h1", &up.http[..1], "");
     out

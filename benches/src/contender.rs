@@ -76,6 +76,9 @@ pub enum Shape {
     /// An HTTP listener (Envoy and revoy only) that logs every request to
     /// [`Running::access_log`] in Istio's default text format.
     AccessLog,
+    /// An HTTP listener (Envoy and revoy only) with the compressor filter: gzip at Envoy's
+    /// defaults.
+    Gzip,
 }
 
 /// Paths of the proxy binaries.
@@ -202,6 +205,7 @@ impl Running {
                         up,
                         access_log.as_deref().expect("set for the shape"),
                     ),
+                    Shape::Gzip => configs::envoy_gzip(&listen, up),
                 };
                 if kind == Kind::RevoyXds {
                     // The static contender's resources, served over ADS; the bootstrap only
@@ -239,6 +243,7 @@ impl Running {
                     }
                     Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
                     Shape::AccessLog => return Err("haproxy has no access-log config".into()),
+                    Shape::Gzip => return Err("haproxy has no gzip config".into()),
                 };
                 let config = write("haproxy.cfg", text)?;
                 ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
@@ -249,6 +254,7 @@ impl Running {
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
                     Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
                     Shape::AccessLog => return Err("nginx has no access-log config".into()),
+                    Shape::Gzip => return Err("nginx has no gzip config".into()),
                 };
                 let config = write("nginx.conf", text)?;
                 (
@@ -287,7 +293,9 @@ impl Running {
             access_log,
         };
         let host = match shape {
-            Shape::Standard | Shape::Tls | Shape::AccessLog => "bench.local".to_string(),
+            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::Gzip => {
+                "bench.local".to_string()
+            }
             Shape::Mesh => configs::mesh_host(0),
         };
         running.wait_ready(&host, Duration::from_secs(60))?;

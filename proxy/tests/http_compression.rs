@@ -14,6 +14,8 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "differential/oracle.rs"]
@@ -25,7 +27,6 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const COMPRESSOR: &str =
     "type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor";
 const PER_ROUTE: &str =
@@ -39,7 +40,9 @@ const ZSTD: &str = "type.googleapis.com/envoy.extensions.compression.zstd.compre
 const GUNZIP: &str = "type.googleapis.com/envoy.extensions.compression.gzip.decompressor.v3.Gzip";
 const UNBROTLI: &str =
     "type.googleapis.com/envoy.extensions.compression.brotli.decompressor.v3.Brotli";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// One route sending everything to the upstream.
+const ALL_TO_UP: &str = "[{match: {prefix: /}, route: {cluster: up}}]";
 
 /// The upstream's body of `n` bytes: JSON-like text, deterministic.
 fn body_of(n: usize) -> Vec<u8> {
@@ -351,7 +354,13 @@ fn compress_listener(port: u16) -> String {
               {{match: {{prefix: /gone}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.compressor: {{"@type": {FILTER_CONFIG}, disabled: true}}}}}},
               {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
     );
-    listener("compress", port, &format!("{gzip}, {brotli}"), &routes)
+    bootstrap::http_listener(
+        "compress",
+        port,
+        "",
+        &format!("{gzip}, {brotli}, "),
+        &routes,
+    )
 }
 
 /// The zstd listener: zstd (`choose_first`) before gzip with a response direction that
@@ -363,12 +372,7 @@ fn zstd_listener(port: u16) -> String {
     let gzip = format!(
         r#"{{name: gz, typed_config: {{"@type": {COMPRESSOR}, compressor_library: {{name: g, typed_config: {{"@type": {GZIP}, compression_level: BEST_SPEED, window_bits: 15}}}}, response_direction_config: {{weaken_etag_on_compress: true}}}}}}"#
     );
-    listener(
-        "zstd",
-        port,
-        &format!("{zstd}, {gzip}"),
-        "[{match: {prefix: /}, route: {cluster: up}}]",
-    )
+    bootstrap::http_listener("zstd", port, "", &format!("{zstd}, {gzip}, "), ALL_TO_UP)
 }
 
 /// The decompressor listener: gzip (advertised) and brotli (responses only, not
@@ -380,47 +384,23 @@ fn decompress_listener(port: u16) -> String {
     let unbrotli = format!(
         r#"{{name: unbr, typed_config: {{"@type": {DECOMPRESSOR}, decompressor_library: {{name: db, typed_config: {{"@type": {UNBROTLI}}}}}, request_direction_config: {{common_config: {{enabled: {{default_value: false, runtime_key: unbr.request}}}}, advertise_accept_encoding: false}}}}}}"#
     );
-    listener(
+    bootstrap::http_listener(
         "decompress",
         port,
-        &format!("{gunzip}, {unbrotli}"),
-        "[{match: {prefix: /}, route: {cluster: up}}]",
-    )
-}
-
-fn listener(name: &str, port: u16, filters: &str, routes: &str) -> String {
-    format!(
-        r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: {routes}"#
+        "",
+        &format!("{gunzip}, {unbrotli}, "),
+        ALL_TO_UP,
     )
 }
 
 fn bootstrap(admin: u16, ports: [u16; 3], up: u16) -> String {
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
+        "{}static_resources:\n  listeners:{}{}{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
         compress_listener(ports[0]),
         zstd_listener(ports[1]),
         decompress_listener(ports[2]),
+        bootstrap::cluster("up", up, ""),
     )
 }
 
