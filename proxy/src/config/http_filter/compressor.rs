@@ -208,7 +208,9 @@ pub fn compile(c: &Compressor, warnings: &mut Warnings) -> Result<CompressorConf
         .compressor_library
         .as_ref()
         .ok_or_else(|| ConfigError::new("compressor_library", "value is required"))?;
+    let mark = warnings.len();
     let library = compile_library(lib, warnings).map_err(|e| e.within("compressor_library"))?;
+    warnings.prefix_since(mark, "compressor_library.typed_config");
     let response = match &c.response_direction_config {
         Some(r) => {
             let default = CommonDirectionConfig::default();
@@ -503,4 +505,81 @@ fn zstd(z: &ZstdProto) -> Result<Library, ConfigError> {
         checksum: z.enable_checksum,
         strategy,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::pb::envoy::extensions::filters::http::compressor::v3::compressor::ResponseDirectionConfig;
+    use proto::pb::google::protobuf::UInt32Value;
+
+    fn with_library(any: proto::pb::google::protobuf::Any) -> Compressor {
+        Compressor {
+            compressor_library: Some(TypedExtensionConfig {
+                name: "lib".into(),
+                typed_config: Some(any),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn envoy_defaults_and_the_deprecated_fields_apply() {
+        let mut c = with_library(proto::pack(&GzipProto::default()));
+        #[allow(deprecated)]
+        {
+            c.content_length = Some(UInt32Value { value: 100 });
+            c.content_type = vec!["Text/Plain".into()];
+        }
+        let compiled = compile(&c, &mut Warnings::new()).unwrap();
+        let Library::Gzip(g) = compiled.library else {
+            panic!("gzip expected");
+        };
+        assert_eq!((g.level, g.window_bits), (6, 12));
+        assert!(!compiled.response.own_section);
+        assert_eq!(compiled.response.common.min_content_length, 100);
+        assert_eq!(compiled.response.common.content_types, ["text/plain"]);
+        assert!(compiled.request.is_none());
+
+        c.response_direction_config = Some(ResponseDirectionConfig::default());
+        let compiled = compile(&c, &mut Warnings::new()).unwrap();
+        assert!(compiled.response.own_section);
+        assert_eq!(compiled.response.common.min_content_length, 30);
+        assert!(compiled.response.common.content_types.len() > 10);
+    }
+
+    #[test]
+    fn bad_settings_are_refused_with_their_path() {
+        let bad = GzipProto {
+            window_bits: Some(UInt32Value { value: 16 }),
+            ..Default::default()
+        };
+        let e = compile(&with_library(proto::pack(&bad)), &mut Warnings::new()).unwrap_err();
+        assert_eq!(e.path, "compressor_library.typed_config.window_bits");
+        let unknown = proto::pack(&proto::pb::google::protobuf::Duration::default());
+        let e = compile(&with_library(unknown), &mut Warnings::new()).unwrap_err();
+        assert_eq!(e.path, "compressor_library.typed_config");
+        let e = compile_per_route(&CompressorPerRoute {
+            r#override: Some(Override::Disabled(false)),
+        })
+        .unwrap_err();
+        assert_eq!(e.path, "disabled");
+    }
+
+    #[test]
+    fn settings_revoy_cannot_apply_are_reported() {
+        let g = GzipProto {
+            memory_level: Some(UInt32Value { value: 9 }),
+            compression_strategy: 2,
+            ..Default::default()
+        };
+        let mut warnings = Warnings::new();
+        compile(&with_library(proto::pack(&g)), &mut warnings).unwrap();
+        let paths: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(paths.len(), 2, "{paths:?}");
+        assert!(
+            paths[0].starts_with("compressor_library.typed_config.memory_level: "),
+            "{paths:?}"
+        );
+    }
 }
