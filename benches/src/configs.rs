@@ -68,13 +68,13 @@ fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&st
 }
 
 /// [`envoy_hcm_listener`], writing an access log to `access_log` when given, with
-/// `filters_yaml` (HTTP filters, indented by 10 spaces) before the router.
+/// `filters` (HTTP filters, indented by 10 spaces) before the router.
 fn envoy_hcm_listener_logged(
     port: u16,
     routes_yaml: &str,
     transport_socket: Option<&str>,
     access_log: Option<&Path>,
-    filters_yaml: &str,
+    filters: &str,
 ) -> String {
     let chain = match transport_socket {
         None => "    - filters:\n".to_string(),
@@ -97,7 +97,7 @@ fn envoy_hcm_listener_logged(
           stat_prefix: http
           codec_type: AUTO
 {log}          http_filters:
-{filters_yaml}          - name: envoy.filters.http.router
+{filters}          - name: envoy.filters.http.router
             typed_config: {{"@type": {ROUTER_TYPE}}}
           route_config:
             name: local
@@ -106,18 +106,20 @@ fn envoy_hcm_listener_logged(
     )
 }
 
-/// The gzip config for Envoy and revoy (YAML bootstrap): one HTTP listener to the HTTP/1.1
-/// upstream with the compressor filter, gzip at Envoy's default settings.
-pub fn envoy_gzip(listen: &Listen, up: &Upstream) -> String {
-    let filters = r#"          - name: envoy.filters.http.compressor
+/// The compressor filter with gzip at Envoy's default settings.
+const GZIP_FILTER: &str = r#"          - name: envoy.filters.http.compressor
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
               compressor_library:
                 name: gzip
                 typed_config: {"@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip}
 "#;
+
+/// The gzip config for Envoy and revoy (YAML bootstrap): one HTTP listener to the HTTP/1.1
+/// upstream with the compressor filter, gzip at Envoy's default settings.
+pub fn envoy_gzip(listen: &Listen, up: &Upstream) -> String {
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, None, filters);
+    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, None, GZIP_FILTER);
     out += "  clusters:\n";
     out += &envoy_cluster("h1", &up.http[..1], "");
     out
@@ -151,6 +153,47 @@ const ALL_TO_H1: &str = r#"            - name: all
 pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
     let mut out = envoy_head(listen);
     out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, Some(log), "");
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out
+}
+
+/// Istio's typical sidecar chain before the router, configured but not triggered by the
+/// bench's requests: an RBAC policy allowing GETs from anyone, a fault filter whose abort
+/// applies only to requests carrying `x-fault`, and CORS (the requests have no Origin).
+const SIDECAR_CHAIN: &str = r#"          - name: envoy.filters.http.rbac
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
+              rules:
+                action: ALLOW
+                policies:
+                  ns[default]-policy[allow-get]-rule[0]:
+                    permissions: [{header: {name: ":method", string_match: {exact: GET}}}]
+                    principals: [{any: true}]
+          - name: envoy.filters.http.fault
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+              abort: {http_status: 503, percentage: {numerator: 100}}
+              headers: [{name: x-fault, present_match: true}]
+          - name: envoy.filters.http.cors
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}
+"#;
+
+/// `http1_small`'s route behind [`SIDECAR_CHAIN`] (Envoy and revoy).
+pub fn envoy_sidecar_chain(listen: &Listen, up: &Upstream) -> String {
+    let routes = r#"            - name: all
+              domains: ["*"]
+              typed_per_filter_config:
+                envoy.filters.http.cors:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy
+                  allow_origin_string_match: [{exact: "https://app.example"}]
+                  allow_methods: GET
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: h1}
+"#;
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener_logged(listen.http, routes, None, None, SIDECAR_CHAIN);
     out += "  clusters:\n";
     out += &envoy_cluster("h1", &up.http[..1], "");
     out

@@ -79,6 +79,9 @@ pub enum Shape {
     /// An HTTP listener (Envoy and revoy only) with the compressor filter: gzip at Envoy's
     /// defaults.
     Gzip,
+    /// An HTTP listener (Envoy and revoy only) whose connection manager runs Istio's typical
+    /// sidecar filters before the router, none of them triggered.
+    SidecarChain,
 }
 
 /// Paths of the proxy binaries.
@@ -206,6 +209,7 @@ impl Running {
                         access_log.as_deref().expect("set for the shape"),
                     ),
                     Shape::Gzip => configs::envoy_gzip(&listen, up),
+                    Shape::SidecarChain => configs::envoy_sidecar_chain(&listen, up),
                 };
                 if kind == Kind::RevoyXds {
                     // The static contender's resources, served over ADS; the bootstrap only
@@ -242,8 +246,11 @@ impl Running {
                         configs::haproxy_mesh(&listen, up, &map)
                     }
                     Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
-                    Shape::AccessLog => return Err("haproxy has no access-log config".into()),
-                    Shape::Gzip => return Err("haproxy has no gzip config".into()),
+                    Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
+                        return Err(
+                            "haproxy runs neither Envoy's access logs nor its filters".into()
+                        );
+                    }
                 };
                 let config = write("haproxy.cfg", text)?;
                 ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
@@ -253,8 +260,9 @@ impl Running {
                     Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
                     Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
-                    Shape::AccessLog => return Err("nginx has no access-log config".into()),
-                    Shape::Gzip => return Err("nginx has no gzip config".into()),
+                    Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
+                        return Err("nginx runs neither Envoy's access logs nor its filters".into());
+                    }
                 };
                 let config = write("nginx.conf", text)?;
                 (
@@ -293,7 +301,7 @@ impl Running {
             access_log,
         };
         let host = match shape {
-            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::Gzip => {
+            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
                 "bench.local".to_string()
             }
             Shape::Mesh => configs::mesh_host(0),

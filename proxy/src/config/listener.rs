@@ -34,6 +34,10 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// The network filters before it that may close a new connection, in chain order.
+    pub limits: Vec<super::network_limits::NetworkLimit>,
+    /// The `envoy.filters.network.rbac` filters before it, in order.
+    pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -128,6 +132,7 @@ const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.Downstre
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
 
 /// Compiles a filter chain, all but its TLS context, which is returned to be built by
 /// [`build_tls`] once the chain is known to serve.
@@ -136,6 +141,7 @@ fn compile_chain(
     chain: &FilterChain,
     path: &str,
     clusters: Option<&dyn Fn(&str) -> bool>,
+    skipped_listener_filter: Option<&str>,
     warnings: &mut Warnings,
 ) -> Result<(ChainConfig, Option<DownstreamTlsContext>), ConfigError> {
     let matcher = ChainMatch::compile(
@@ -169,7 +175,12 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut limits = Vec::new();
+    let mut rbac = Vec::new();
     let mut refused: Option<String> = None;
+    // The first listener or network filter revoy skips: what it may set (dynamic metadata,
+    // filter state) is unknown to later RBAC rules.
+    let mut skipped: Option<String> = skipped_listener_filter.map(str::to_owned);
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
         let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
@@ -187,22 +198,60 @@ fn compile_chain(
                 let before = warnings.len();
                 let compiled = compile_hcm(ctx, &hcm, clusters, warnings);
                 warnings.prefix_since(before, &format!("{fpath}.typed_config"));
-                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                let mut compiled =
+                    compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                if let Some(s) = &skipped {
+                    compiled.filters.after_skipped_network_filter(
+                        s,
+                        &format!("{fpath}.typed_config"),
+                        warnings,
+                    );
+                }
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
-                if tcp.tunneling_config.is_some() {
-                    let what = "tcp_proxy tunneling_config (TCP over HTTP CONNECT) is not implemented by revoy";
-                    warnings.fails_closed(
-                        format!("{fpath}.typed_config.tunneling_config"),
-                        format!("{what}; connections on this chain are refused rather than sent untunnelled"),
-                    );
-                    refused.get_or_insert_with(|| what.to_owned());
-                }
                 let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
+            }
+            super::network_limits::LOCAL_RATE_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_rate_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::RateLimit(compiled));
+            }
+            super::network_limits::CONNECTION_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_connection_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(
+                    compiled,
+                ));
+            }
+            NETWORK_RBAC => {
+                let proto: proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac =
+                    proto::unpack(any).map_err(at)?;
+                let before = warnings.len();
+                let compiled = super::rbac::compile_network(ctx, &proto, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                if let Some(s) = skipped
+                    .as_deref()
+                    .filter(|_| compiled.engines.enforced_reads_metadata())
+                {
+                    let what = format!(
+                        "network filter '{}': {}",
+                        f.name,
+                        super::rbac::unknown_metadata(s)
+                    );
+                    warnings.fails_closed(
+                        fpath.clone(),
+                        format!("{what}; connections on this chain are refused"),
+                    );
+                    refused.get_or_insert(what);
+                }
+                rbac.push(Arc::new(compiled));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -220,13 +269,16 @@ fn compile_chain(
                 );
                 refused.get_or_insert(what);
             }
-            other => warnings.skipped(
-                fpath,
-                format!(
-                    "network filter '{}' ({other}) is not implemented by revoy; skipped",
-                    f.name
-                ),
-            ),
+            other => {
+                warnings.skipped(
+                    fpath,
+                    format!(
+                        "network filter '{}' ({other}) is not implemented by revoy; skipped",
+                        f.name
+                    ),
+                );
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
         }
     }
     let terminal = terminal.ok_or_else(|| {
@@ -285,6 +337,8 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        limits,
+        rbac,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))
@@ -368,14 +422,16 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
     Vec::new()
 }
 
-/// The listener filters revoy runs, and why the listener's connections are all refused when
-/// one it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...).
+/// The listener filters revoy runs, why the listener's connections are all refused when one
+/// it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...), and the first
+/// one it skips.
 fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
-) -> (ListenerFilters, Option<String>) {
+) -> (ListenerFilters, Option<String>, Option<String>) {
     let mut out = ListenerFilters::default();
     let mut refused = None;
+    let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
         let extension = match &f.config_type {
             Some(listener_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
@@ -416,16 +472,19 @@ fn compile_listener_filters(
                 );
                 refused.get_or_insert(what);
             }
-            _ => warnings.skipped(
-                format!("listener_filters[{i}]"),
-                format!(
-                    "listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
-                    f.name
-                ),
-            ),
+            _ => {
+                warnings.skipped(
+                    format!("listener_filters[{i}]"),
+                    format!(
+                        "listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
+                        f.name
+                    ),
+                );
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
         }
     }
-    (out, refused)
+    (out, refused, skipped)
 }
 
 /// A UDP listener (`protocol: UDP`: `udp_proxy`, DNS, QUIC/HTTP/3) is refused: revoy serves
@@ -470,11 +529,22 @@ pub fn compile_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
     let address = socket_addr(l.address.as_ref(), "address")?;
+    let (filters, refused, skipped) = compile_listener_filters(l, warnings);
+    let skipped = skipped.as_deref();
     let mut chains = l
         .filter_chains
         .iter()
         .enumerate()
-        .map(|(i, c)| compile_chain(ctx, c, &format!("filter_chains[{i}]"), clusters, warnings))
+        .map(|(i, c)| {
+            compile_chain(
+                ctx,
+                c,
+                &format!("filter_chains[{i}]"),
+                clusters,
+                skipped,
+                warnings,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     for (i, (c, _)) in chains.iter().enumerate() {
         if let Some(j) = chains[..i]
@@ -493,7 +563,7 @@ pub fn compile_listener(
     let mut default_chain = l
         .default_filter_chain
         .as_ref()
-        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, warnings))
+        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, skipped, warnings))
         .transpose()?;
     if l.traffic_direction == proto::pb::envoy::config::core::v3::TrafficDirection::Outbound as i32
     {
@@ -510,7 +580,6 @@ pub fn compile_listener(
             ),
         ));
     }
-    let (filters, refused) = compile_listener_filters(l, warnings);
     if let Some(why) = refused {
         let why: Arc<str> = Arc::from(why);
         for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {

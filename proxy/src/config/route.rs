@@ -6,6 +6,7 @@
 
 mod action;
 pub(crate) mod matchers;
+pub(crate) mod rate_limits;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -196,6 +197,8 @@ fn compile_virtual_host<'p>(
         routes,
         require_tls,
         virtual_clusters,
+        rate_limits: rate_limits::compile_rate_limits(inherited.ctx, &vh.rate_limits)
+            .map_err(|e| e.within("rate_limits"))?,
         headers: header_rules(
             inherited.ctx,
             &vh.request_headers_to_add,

@@ -6,6 +6,8 @@ use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tc
 
 use super::ConfigError;
 use super::cluster::duration;
+use crate::route::format::Template;
+use crate::route::headers::HeaderMutations;
 
 const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -24,7 +26,32 @@ pub struct TcpProxyConfig {
     pub max_connect_attempts: u32,
     /// `access_log`: written per connection.
     pub access_logs: crate::access_log::AccessLogs,
+    /// `tunneling_config`: the bytes go through an HTTP CONNECT (or POST) tunnel.
+    pub tunneling: Option<Tunneling>,
 }
+
+/// `tunneling_config`: how a connection is carried over HTTP to the upstream.
+#[derive(Debug, Clone)]
+pub struct Tunneling {
+    /// `hostname`: the CONNECT authority (command operators allowed).
+    pub hostname: Template,
+    /// `use_post`: a POST to [`Tunneling::post_path`] instead of a CONNECT.
+    pub use_post: bool,
+    /// `post_path` (default `/`).
+    pub post_path: String,
+    /// `headers_to_add`: added to the tunnel's request.
+    pub headers: HeaderMutations,
+    /// What it was compiled from: tunnels compare by it.
+    source: tcp_proxy::TunnelingConfig,
+}
+
+impl PartialEq for Tunneling {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Tunneling {}
 
 /// The upstream cluster choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,7 +124,13 @@ pub fn compile_tcp_proxy(
         Some(v) => v.value,
         None => 1,
     };
+    let tunneling = p
+        .tunneling_config
+        .as_ref()
+        .map(|t| tunneling(ctx, t).map_err(|e| e.within("tunneling_config")))
+        .transpose()?;
     Ok(TcpProxyConfig {
+        tunneling,
         stat_prefix: p.stat_prefix.clone(),
         route,
         idle_timeout,
@@ -105,6 +138,49 @@ pub fn compile_tcp_proxy(
         max_connect_attempts,
         access_logs: super::access_log::compile_access_logs(ctx, &p.access_log)
             .map_err(|e| e.within("access_log"))?,
+    })
+}
+
+/// Compiles a `TunnelingConfig`.
+fn tunneling(
+    ctx: &super::Context<'_>,
+    t: &tcp_proxy::TunnelingConfig,
+) -> Result<Tunneling, ConfigError> {
+    if t.hostname.is_empty() {
+        return Err(ConfigError::new(
+            "hostname",
+            "value length must be at least 1 characters",
+        ));
+    }
+    if !t.post_path.is_empty() && !t.use_post {
+        return Err(ConfigError::new(
+            "post_path",
+            "Can't set a post path when POST method isn't used",
+        ));
+    }
+    for (set, field) in [
+        (t.propagate_response_headers, "propagate_response_headers"),
+        (t.propagate_response_trailers, "propagate_response_trailers"),
+        (t.request_id_extension.is_some(), "request_id_extension"),
+    ] {
+        if set {
+            return Err(ConfigError::new(
+                field,
+                "is not implemented by revoy (it has no filter state to keep them in)",
+            ));
+        }
+    }
+    Ok(Tunneling {
+        hostname: Template::parse(&t.hostname, ctx).map_err(|m| ConfigError::new("hostname", m))?,
+        use_post: t.use_post,
+        post_path: if t.post_path.is_empty() {
+            "/".to_owned()
+        } else {
+            t.post_path.clone()
+        },
+        headers: super::route::header_mutations(ctx, &t.headers_to_add, &[])
+            .map_err(|e| e.within("headers_to_add"))?,
+        source: t.clone(),
     })
 }
 

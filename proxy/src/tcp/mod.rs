@@ -25,8 +25,13 @@ use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo}
 
 #[cfg(target_os = "linux")]
 mod splice;
+mod tunnel;
 
 const BUFFER: usize = 16 * 1024;
+
+/// Called as the downstream's bytes are passed upstream, from the first bytes on (the chain's
+/// network RBAC filters count their verdicts then, as Envoy's do on their first data).
+pub type OnData<'a> = Option<&'a (dyn Fn() + Sync)>;
 
 /// A compiled tcp_proxy with its `tcp.<stat_prefix>.*` stats.
 #[derive(Debug)]
@@ -48,6 +53,12 @@ struct TcpStats {
 }
 
 impl TcpProxy {
+    /// Counts a connection of the chain that a network filter before the proxy closed
+    /// (`downstream_cx_total` counts every connection the chain was made for, as in Envoy).
+    pub fn count_refused(&self) {
+        self.stats.downstream_cx_total.inc();
+    }
+
     /// Resolves the stats of `config` in `store`.
     pub fn new(config: TcpProxyConfig, store: &Store) -> Self {
         let p = format!("tcp.{}.", config.stat_prefix);
@@ -129,7 +140,7 @@ impl TcpProxy {
     }
 
     /// Writes the record of a connection that ended, with the bytes `activity` counted.
-    fn log(&self, rec: Option<Box<Record>>, activity: Option<&Activity>) {
+    fn log(&self, rec: Option<Box<Record>>, activity: Option<&Activity<'_>>) {
         let Some(mut rec) = rec else { return };
         rec.end = Some(Instant::now());
         if let Some(a) = activity {
@@ -148,21 +159,40 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
             ctx.original_dst.or(downstream.local_addr().ok()),
             sni,
         );
-        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+        let ends = tunnel::Endpoints {
+            remote: downstream.peer_addr().ok(),
+            local: ctx.original_dst.or(downstream.local_addr().ok()),
+        };
+        let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
+        else {
             return self.log(rec, None);
         };
-        let activity = Activity::new();
+        let activity = Activity::new(on_data);
+        if self.config.tunneling.is_some() {
+            self.tunnelled(
+                upstream,
+                h2,
+                &mut downstream,
+                &ends,
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+            return self.log(rec, Some(&activity));
+        }
         match &mut upstream.stream {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
                 let (ur, uw) = u.split();
-                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+                    .on_data(activity.on_data);
                 let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
                 let copy = async {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
@@ -171,7 +201,7 @@ impl TcpProxy {
             }
             tls => {
                 self.run(
-                    self.copy_both(&mut downstream, tls, &activity),
+                    self.copy_both(&mut downstream, tls, &activity, false),
                     &activity,
                     rec.as_deref_mut(),
                 )
@@ -189,6 +219,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -196,26 +227,97 @@ impl TcpProxy {
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
         );
-        let Some(mut upstream) = self.upstream(clusters, ctx, rec.as_deref_mut()).await else {
+        let ends = tunnel::Endpoints {
+            remote: tcp.peer_addr().ok(),
+            local: ctx.original_dst.or(tcp.local_addr().ok()),
+        };
+        let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
+        else {
             return self.log(rec, None);
         };
-        let activity = Activity::new();
-        self.run(
-            self.copy_both(&mut downstream, &mut upstream.stream, &activity),
-            &activity,
-            rec.as_deref_mut(),
-        )
-        .await;
+        let activity = Activity::new(on_data);
+        if self.config.tunneling.is_some() {
+            self.tunnelled(
+                upstream,
+                h2,
+                &mut downstream,
+                &ends,
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+        } else {
+            self.run(
+                self.copy_both(&mut downstream, &mut upstream.stream, &activity, false),
+                &activity,
+                rec.as_deref_mut(),
+            )
+            .await;
+        }
         self.log(rec, Some(&activity));
     }
 
-    /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts).
+    /// Opens the configured tunnel on `upstream` (over HTTP/2 when `h2`, the cluster's
+    /// protocol), hands the downstream what the upstream sent after its answer, and relays
+    /// the rest; the connection is closed when the tunnel cannot be opened.
+    async fn tunnelled<D: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut upstream: UpstreamConnection,
+        h2: bool,
+        downstream: &mut D,
+        ends: &tunnel::Endpoints,
+        activity: &Activity<'_>,
+        mut rec: Option<&mut Record>,
+    ) {
+        let Some(t) = &self.config.tunneling else {
+            return;
+        };
+        let failed = |e: tunnel::TunnelError, rec: Option<&mut Record>| {
+            tracing::debug!(error = %e, "tcp_proxy: tunnel not opened");
+            if let Some(r) = rec {
+                r.flags.set(ResponseFlag::UpstreamConnectionFailure);
+            }
+        };
+        if h2 {
+            match tunnel::open_h2(upstream, t, ends).await {
+                Ok(mut stream) => {
+                    self.run(
+                        self.copy_both(downstream, &mut stream, activity, false),
+                        activity,
+                        rec,
+                    )
+                    .await
+                }
+                Err(e) => failed(e, rec),
+            }
+            return;
+        }
+        let opened = match tunnel::open(&mut upstream.stream, t, ends).await {
+            Ok(first) if first.is_empty() => Ok(()),
+            Ok(first) => downstream.write_all(&first).await.map_err(Into::into),
+            Err(e) => Err(e),
+        };
+        match opened {
+            Ok(()) => {
+                self.run(
+                    self.copy_both(downstream, &mut upstream.stream, activity, t.use_post),
+                    activity,
+                    rec.as_deref_mut(),
+                )
+                .await
+            }
+            Err(e) => failed(e, rec),
+        }
+    }
+
+    /// Connects to a host of the cluster (retrying up to `max_connect_attempts` hosts); with
+    /// whether the cluster speaks HTTP/2 (for a tunnel).
     async fn upstream(
         &self,
         clusters: &ClusterManager,
         mut ctx: LbContext,
         mut rec: Option<&mut Record>,
-    ) -> Option<UpstreamConnection> {
+    ) -> Option<(UpstreamConnection, bool)> {
         self.stats.downstream_cx_total.inc();
         let name = self.pick_cluster();
         let Some(cluster) = clusters.get(name) else {
@@ -229,6 +331,7 @@ impl TcpProxy {
         if let Some(r) = rec.as_deref_mut() {
             r.upstream_cluster = Some(name.into());
         }
+        let h2 = cluster.config().protocol == crate::config::cluster::UpstreamProtocol::Http2;
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -239,7 +342,7 @@ impl TcpProxy {
                         r.upstream_local = u.active.local();
                         r.attempts = attempts;
                     }
-                    return Some(u);
+                    return Some((u, h2));
                 }
                 Err(e) => {
                     tracing::debug!(cluster = name, error = %e, "tcp_proxy: upstream connect failed");
@@ -268,12 +371,14 @@ impl TcpProxy {
         }
     }
 
-    /// Copies both ways through buffers (one side or both speak TLS, so no splice).
+    /// Copies both ways through buffers (one side or both speak TLS, or a tunnel's HTTP, so no
+    /// splice); `chunked`: what goes upstream is framed as HTTP/1.1 chunks.
     async fn copy_both<D, U>(
         &self,
         down: &mut D,
         up: &mut U,
-        activity: &Activity,
+        activity: &Activity<'_>,
+        chunked: bool,
     ) -> std::io::Result<((), ())>
     where
         D: AsyncRead + AsyncWrite + Unpin,
@@ -281,8 +386,14 @@ impl TcpProxy {
     {
         let (dr, dw) = tokio::io::split(down);
         let (ur, uw) = tokio::io::split(up);
-        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+            .on_data(activity.on_data);
         let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
+        // An HTTP/1.1 POST tunnel carries the downstream's bytes as a chunked body.
+        if chunked {
+            let uw = tunnel::Chunked::new(uw);
+            return tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx));
+        }
         tokio::try_join!(copy(dr, uw, activity, &rx), copy(ur, dw, activity, &tx),)
     }
 
@@ -291,7 +402,7 @@ impl TcpProxy {
     async fn run(
         &self,
         copy: impl Future<Output = std::io::Result<((), ())>>,
-        activity: &Activity,
+        activity: &Activity<'_>,
         rec: Option<&mut Record>,
     ) {
         let max_duration = async {
@@ -318,25 +429,40 @@ impl TcpProxy {
     }
 }
 
-/// The last time bytes moved, shared by both directions, and the bytes each way.
-struct Activity {
+/// The last time bytes moved, shared by both directions, the bytes each way, and who is told
+/// when the downstream's bytes move.
+struct Activity<'a> {
     start: Instant,
     last_ms: AtomicU64,
     /// Bytes from the downstream.
     rx: AtomicU64,
     /// Bytes to the downstream.
     tx: AtomicU64,
+    /// Told as the downstream's bytes go upstream.
+    on_data: OnData<'a>,
 }
 
-/// Where one direction's bytes are counted: the proxy's stat and the connection's own count.
+/// Where one direction's bytes are counted: the proxy's stat and the connection's own count
+/// (and who else is told that bytes moved).
 struct Tally<'a> {
     total: &'a Counter,
     conn: Option<&'a AtomicU64>,
+    on_data: OnData<'a>,
 }
 
 impl<'a> Tally<'a> {
     fn new(total: &'a Counter, conn: Option<&'a AtomicU64>) -> Self {
-        Tally { total, conn }
+        Tally {
+            total,
+            conn,
+            on_data: None,
+        }
+    }
+
+    /// The same, calling `on_data` whenever bytes are counted.
+    fn on_data(mut self, on_data: OnData<'a>) -> Self {
+        self.on_data = on_data;
+        self
     }
 
     fn add(&self, n: u64) {
@@ -344,16 +470,20 @@ impl<'a> Tally<'a> {
         if let Some(c) = self.conn {
             c.fetch_add(n, Ordering::Relaxed);
         }
+        if let Some(f) = self.on_data {
+            f();
+        }
     }
 }
 
-impl Activity {
-    fn new() -> Self {
+impl<'a> Activity<'a> {
+    fn new(on_data: OnData<'a>) -> Self {
         Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             rx: AtomicU64::new(0),
             tx: AtomicU64::new(0),
+            on_data,
         }
     }
 
@@ -383,7 +513,7 @@ impl Activity {
 async fn pump(
     r: ReadHalf<'_>,
     mut w: WriteHalf<'_>,
-    activity: &Activity,
+    activity: &Activity<'_>,
     bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
@@ -406,7 +536,7 @@ async fn pump(
 async fn copy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut r: R,
     mut w: W,
-    activity: &Activity,
+    activity: &Activity<'_>,
     bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; BUFFER];

@@ -1,4 +1,4 @@
-//! The HTTP filter chain with `envoy.filters.http.fault` (and `envoy.filters.http.buffer`,
+//! The HTTP filter chain with `envoy.filters.http.fault` (and `buffer` and `health_check`,
 //! at the end), compared with Envoy 1.40 on the same
 //! bootstrap: aborts (fixed, per route, header-controlled, gRPC), delays, per-route
 //! `typed_per_filter_config` (a replacing config, `FilterConfig{disabled}`, and a
@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/http_diff.rs"]
+mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -122,36 +124,16 @@ static_resources:
 /// One HTTP/1.1 request: the status line's code, the headers the comparison looks at, and
 /// the body.
 fn request(port: u16, path: &str, headers: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"
+    http_diff::exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"),
+        &[
+            "content-type:",
+            "grpc-status:",
+            "grpc-message:",
+            "content-length:",
+        ],
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(str::to_ascii_lowercase)
-        .filter(|l| {
-            [
-                "content-type:",
-                "grpc-status:",
-                "grpc-message:",
-                "content-length:",
-            ]
-            .iter()
-            .any(|h| l.starts_with(h))
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
 }
 
 /// The cases: (listener index, path, extra request headers).
@@ -426,6 +408,121 @@ static_resources:
     let expected = run(Some(&envoy));
     let got = run(None);
     assert!(expected[2].contains(" 413 "), "{expected:#?}");
+    for (e, g) in expected.iter().zip(&got) {
+        assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
+    }
+}
+
+/// One HTTP/1.1 request with `method`: the status line and the headers the health-check
+/// comparison looks at, and the body.
+fn checked(port: u16, method: &str, path: &str) -> String {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return "connection refused".to_owned();
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
+    let _ = write!(
+        conn,
+        "{method} {path} HTTP/1.1\r\nhost: hc\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    );
+    let mut raw = Vec::new();
+    let _ = conn.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let mut kept: Vec<String> = lines
+        .map(str::to_ascii_lowercase)
+        .filter(|l| {
+            [
+                "x-envoy-upstream-healthchecked-cluster:",
+                "x-envoy-immediate-health-check-fail:",
+                "x-envoy-degraded",
+                "content-length:",
+            ]
+            .iter()
+            .any(|h| l.starts_with(h))
+        })
+        .collect();
+    kept.sort();
+    format!("{method} {path}: {status}\n{}\n{body}", kept.join("\n"))
+}
+
+#[test]
+fn health_check_filter_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("health_check_filter_matches_envoy") else {
+        return;
+    };
+    let up = upstream();
+    const HC: &str =
+        "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port(), free_port(), free_port()];
+        let listener = |name: &str, port: u16, hc: &str| {
+            format!(
+                r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {name}
+          http_filters: [{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {hc}, headers: [{{name: ":path", string_match: {{exact: /healthz}}}}]}}}}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+            )
+        };
+        let yaml = format!(
+            r#"node: {{id: hc-node, cluster: front-proxy}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:{}{}{}{}
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#,
+            listener("local", ports[0], "pass_through_mode: false"),
+            listener("through", ports[1], "pass_through_mode: true"),
+            listener(
+                "healthy",
+                ports[2],
+                "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}"
+            ),
+            listener(
+                "missing",
+                ports[3],
+                "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}"
+            ),
+        );
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 44, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let mut seen = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            seen.push(format!("{i} {}", checked(*port, "GET", "/healthz")));
+            seen.push(format!("{i} {}", checked(*port, "GET", "/other")));
+        }
+        seen.push(checked(admin, "POST", "/healthcheck/fail"));
+        for port in &ports[..2] {
+            seen.push(checked(*port, "GET", "/healthz"));
+            seen.push(checked(*port, "GET", "/other"));
+        }
+        seen
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(
+        expected[0].contains("front-proxy"),
+        "the health check names the proxy's cluster: {expected:#?}"
+    );
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
     }
