@@ -67,7 +67,8 @@ fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&st
     envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None, "")
 }
 
-/// [`envoy_hcm_listener`], writing an access log to `access_log` when given.
+/// [`envoy_hcm_listener`], writing an access log to `access_log` when given, with
+/// `filters` (HTTP filters, indented by 10 spaces) before the router.
 fn envoy_hcm_listener_logged(
     port: u16,
     routes_yaml: &str,
@@ -105,6 +106,25 @@ fn envoy_hcm_listener_logged(
     )
 }
 
+/// The compressor filter with gzip at Envoy's default settings.
+const GZIP_FILTER: &str = r#"          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              compressor_library:
+                name: gzip
+                typed_config: {"@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip}
+"#;
+
+/// The gzip config for Envoy and revoy (YAML bootstrap): one HTTP listener to the HTTP/1.1
+/// upstream with the compressor filter, gzip at Envoy's default settings.
+pub fn envoy_gzip(listen: &Listen, up: &Upstream) -> String {
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, None, GZIP_FILTER);
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out
+}
+
 fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
     let mut out = format!(
         "  - name: {name}\n    type: STATIC\n    connect_timeout: 1s{extra}\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n"
@@ -120,17 +140,19 @@ fn envoy_cluster(name: &str, endpoints: &[SocketAddr], extra: &str) -> String {
     out
 }
 
-/// The access-log config for Envoy and revoy (YAML bootstrap): one HTTP listener to the
-/// HTTP/1.1 upstream, every request logged to `log` in Istio's default text format.
-pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
-    let routes = r#"            - name: all
+/// One virtual host for every domain, routing everything to cluster `h1`.
+const ALL_TO_H1: &str = r#"            - name: all
               domains: ["*"]
               routes:
               - match: {prefix: "/"}
                 route: {cluster: h1}
 "#;
+
+/// The access-log config for Envoy and revoy (YAML bootstrap): one HTTP listener to the
+/// HTTP/1.1 upstream, every request logged to `log` in Istio's default text format.
+pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener_logged(listen.http, routes, None, Some(log), "");
+    out += &envoy_hcm_listener_logged(listen.http, ALL_TO_H1, None, Some(log), "");
     out += "  clusters:\n";
     out += &envoy_cluster("h1", &up.http[..1], "");
     out

@@ -76,6 +76,9 @@ pub enum Shape {
     /// An HTTP listener (Envoy and revoy only) that logs every request to
     /// [`Running::access_log`] in Istio's default text format.
     AccessLog,
+    /// An HTTP listener (Envoy and revoy only) with the compressor filter: gzip at Envoy's
+    /// defaults.
+    Gzip,
     /// An HTTP listener (Envoy and revoy only) whose connection manager runs Istio's typical
     /// sidecar filters before the router, none of them triggered.
     SidecarChain,
@@ -205,6 +208,7 @@ impl Running {
                         up,
                         access_log.as_deref().expect("set for the shape"),
                     ),
+                    Shape::Gzip => configs::envoy_gzip(&listen, up),
                     Shape::SidecarChain => configs::envoy_sidecar_chain(&listen, up),
                 };
                 if kind == Kind::RevoyXds {
@@ -242,7 +246,7 @@ impl Running {
                         configs::haproxy_mesh(&listen, up, &map)
                     }
                     Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
-                    Shape::AccessLog | Shape::SidecarChain => {
+                    Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
                         return Err(
                             "haproxy runs neither Envoy's access logs nor its filters".into()
                         );
@@ -256,7 +260,7 @@ impl Running {
                     Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
                     Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
-                    Shape::AccessLog | Shape::SidecarChain => {
+                    Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
                         return Err("nginx runs neither Envoy's access logs nor its filters".into());
                     }
                 };
@@ -297,7 +301,7 @@ impl Running {
             access_log,
         };
         let host = match shape {
-            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::SidecarChain => {
+            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::SidecarChain | Shape::Gzip => {
                 "bench.local".to_string()
             }
             Shape::Mesh => configs::mesh_host(0),

@@ -28,6 +28,8 @@ pub const SMALL_BODY: &[u8] = b"hello from the benchmark upstream\n";
 pub const LARGE_PATH: &str = "/64k";
 /// Size of the large body.
 pub const LARGE_LEN: usize = 64 * 1024;
+/// Path answered with a 64 KiB JSON body (`application/json`, compressible like real JSON).
+pub const JSON_PATH: &str = "/64k.json";
 /// Paths starting with this prefix get a gRPC unary reply (framed message + `grpc-status: 0`).
 pub const GRPC_PREFIX: &str = "/grpc";
 /// The protobuf payload carried in each gRPC frame (request and reply).
@@ -159,6 +161,10 @@ async fn respond(req: Request<Incoming>, large: Bytes) -> Result<Response<Reply>
                 data: Some(Bytes::from(grpc_frame(GRPC_PAYLOAD))),
                 trailers: Some(trailers),
             })
+    } else if path == JSON_PATH {
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Reply::data(json_body()))
     } else if path == LARGE_PATH {
         Response::builder()
             .header("content-type", "application/octet-stream")
@@ -169,6 +175,29 @@ async fn respond(req: Request<Incoming>, large: Bytes) -> Result<Response<Reply>
             .body(Reply::data(Bytes::from_static(SMALL_BODY)))
     };
     Ok(response.expect("static response parts are valid"))
+}
+
+/// The body of [`JSON_PATH`]: [`LARGE_LEN`] bytes of JSON objects, made once.
+pub fn json_body() -> Bytes {
+    static BODY: std::sync::OnceLock<Bytes> = std::sync::OnceLock::new();
+    BODY.get_or_init(|| {
+        let mut out = Vec::with_capacity(LARGE_LEN + 128);
+        let mut i = 0u64;
+        while out.len() < LARGE_LEN {
+            let item = format!(
+                "{{\"id\":{i},\"name\":\"user-{}\",\"score\":{},\"tags\":[\"a{}\",\"b{}\"]}},",
+                i * 7919 % 10007,
+                i * 31 % 997,
+                i % 13,
+                i % 29
+            );
+            out.extend_from_slice(item.as_bytes());
+            i += 1;
+        }
+        out.truncate(LARGE_LEN);
+        Bytes::from(out)
+    })
+    .clone()
 }
 
 /// A response body: one data frame, then optional trailers.
@@ -278,7 +307,11 @@ mod tests {
     #[test]
     fn http_paths() {
         let upstream = start().unwrap();
-        for (path, expect) in [("/", SMALL_BODY.len()), (LARGE_PATH, LARGE_LEN)] {
+        for (path, expect) in [
+            ("/", SMALL_BODY.len()),
+            (LARGE_PATH, LARGE_LEN),
+            (JSON_PATH, LARGE_LEN),
+        ] {
             let mut stream = TcpStream::connect(upstream.http[1]).unwrap();
             write!(
                 stream,

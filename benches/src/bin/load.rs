@@ -27,7 +27,7 @@ use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// Every scenario, in run order.
-const SCENARIOS: [&str; 13] = [
+const SCENARIOS: [&str; 14] = [
     "http1_small",
     "http1_64k",
     "http1_new_conn",
@@ -41,6 +41,7 @@ const SCENARIOS: [&str; 13] = [
     "tls_keepalive_reencrypt",
     "http1_access_log",
     "http1_sidecar_chain",
+    "http1_64k_gzip",
 ];
 
 /// The access-log scenario: `http1_small` through revoy and Envoy logging every request to a
@@ -51,8 +52,13 @@ const ACCESS_LOG: &str = "http1_access_log";
 /// sidecar filters (RBAC allowing, fault and CORS not triggered) before the router.
 const SIDECAR_CHAIN: &str = "http1_sidecar_chain";
 
-/// The contenders of the access-log and sidecar-chain configs.
+/// The contenders of the access-log, sidecar-chain and gzip configs.
 const ENVOY_AND_REVOY: [Kind; 2] = [Kind::Revoy, Kind::Envoy];
+
+/// The gzip scenario: 64 KiB JSON responses compressed by the compressor filter (gzip at
+/// Envoy's defaults) in revoy and Envoy, for clients sending `accept-encoding: gzip` (a
+/// config of its own, with [`ENVOY_AND_REVOY`]).
+const GZIP: &str = "http1_64k_gzip";
 
 /// The scenarios of the TLS config (`--only tls` names them all); reported in `tls.*`.
 const TLS_SCENARIOS: [&str; 4] = [
@@ -271,6 +277,7 @@ fn standard_scenarios<'a>(selected: &[&'a str]) -> Vec<&'a str> {
             *s != "mesh_1000"
                 && *s != ACCESS_LOG
                 && *s != SIDECAR_CHAIN
+                && *s != GZIP
                 && !TLS_SCENARIOS.contains(s)
         })
         .collect()
@@ -311,6 +318,7 @@ fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
             &[Kind::Revoy][..],
             &[SIDECAR_CHAIN][..],
         ),
+        (Shape::Gzip, &[Kind::Revoy][..], &[GZIP][..]),
     ] {
         let running = start_all(kinds, shape, &bins, up, work)?;
         rounds(&mut bench, &running, scenarios)?;
@@ -460,6 +468,24 @@ impl<'a> Bench<'a> {
                     let per = size().saturating_sub(before) as f64 / t.count as f64;
                     self.results
                         .record(scenario, kind, "log_bytes_per_req", per);
+                }
+            }
+            GZIP => {
+                let url = format!("{http}{}", upstream::JSON_PATH);
+                let (t, cpu) = with_cpu(pid, || {
+                    clients::wrk(&url, conns, plan.seconds, &["Accept-Encoding: gzip"], None)
+                })?;
+                record_throughput(&mut self.results, scenario, kind, t, cpu);
+                let mib = t.count as f64 * upstream::LARGE_LEN as f64 / MIB;
+                self.results.record(
+                    scenario,
+                    kind,
+                    "mib_s",
+                    t.rate() * upstream::LARGE_LEN as f64 / MIB,
+                );
+                if let Some(cpu) = cpu.filter(|_| t.count > 0) {
+                    self.results
+                        .record(scenario, kind, "cpu_ms_per_mib", cpu.total() * 1e3 / mib);
                 }
             }
             "http1_64k" => {
@@ -1113,6 +1139,12 @@ fn run(opts: &Options) -> Result<(), String> {
         warm_up(&running, None, &work)?;
         rounds(&mut bench, &running, &[SIDECAR_CHAIN])?;
     }
+    if selected.contains(&GZIP) {
+        eprintln!("starting contenders (gzip config: 64 KiB JSON responses compressed)");
+        let running = start_all(&ENVOY_AND_REVOY, Shape::Gzip, &bins, &up, &work)?;
+        warm_up(&running, None, &work)?;
+        rounds(&mut bench, &running, &[GZIP])?;
+    }
     let tls = tls_scenarios(&selected);
     let mut tls_bench = Bench::new(&plan, &work);
     if !tls.is_empty() {
@@ -1176,6 +1208,7 @@ fn run(opts: &Options) -> Result<(), String> {
         || selected.contains(&"mesh_1000")
         || selected.contains(&ACCESS_LOG)
         || selected.contains(&SIDECAR_CHAIN)
+        || selected.contains(&GZIP)
     {
         let sizes = (
             stripped_mib(&bins.revoy, &work),
@@ -1267,7 +1300,7 @@ fn write_load_report(
     let mut md = format!(
         "### Load benchmark\n\nCommand: `{}`  \nMachine: {}  \nRounds: {}; in each, every closed-loop scenario runs {} times {} s per contender, the contenders taking turns run by run (the median of all runs is reported), \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
-         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. http1_access_log is http1_small through revoy and Envoy only, each logging every request to a file with Istio's default text format (default flush settings: every 10 s or past 64 KiB). http1_sidecar_chain is http1_small through revoy and Envoy only, with Istio's typical sidecar filters before the router (RBAC allowing every GET, a fault filter and CORS that the requests do not trigger). revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
+         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. http1_access_log is http1_small through revoy and Envoy only, each logging every request to a file with Istio's default text format (default flush settings: every 10 s or past 64 KiB). http1_sidecar_chain is http1_small through revoy and Envoy only, with Istio's typical sidecar filters before the router (RBAC allowing every GET, a fault filter and CORS that the requests do not trigger). http1_64k_gzip is 64 KiB JSON responses through revoy and Envoy, each compressing them with the compressor filter (gzip at Envoy's defaults: level 6, window bits 12) for clients sending `accept-encoding: gzip`; cpu_ms_per_mib is the proxy's CPU per MiB of uncompressed body. revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
         run.command,
         run.machine,
         plan.rounds,

@@ -8,8 +8,10 @@
 
 pub mod basic_auth;
 pub mod buffer;
+pub mod compressor;
 pub mod cors;
 pub mod csrf;
+pub mod decompressor;
 pub mod ext_authz;
 pub mod fault;
 pub mod health_check;
@@ -41,6 +43,9 @@ const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
 const CORS_POLICY: &str = "envoy.extensions.filters.http.cors.v3.CorsPolicy";
 const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
+const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
+const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
+const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -85,6 +90,10 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.buffer`.
     Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.compressor`.
+    Compressor(Arc<compressor::CompressorConfig>),
+    /// `envoy.filters.http.decompressor`.
+    Decompressor(Arc<decompressor::DecompressorConfig>),
     /// `envoy.filters.http.local_ratelimit`.
     LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
     /// `envoy.filters.http.ratelimit`.
@@ -288,6 +297,13 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
+        COMPRESSOR => Some(FilterKind::Compressor(Arc::new(compressor::compile(
+            &unpack(any)?,
+            warnings,
+        )?))),
+        DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
+            &unpack(any)?,
+        )?))),
         _ => None,
     })
 }
@@ -364,6 +380,9 @@ pub fn compile_per_filter(
             ))),
             CSRF => Some(routed(csrf::compile(
                 ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,

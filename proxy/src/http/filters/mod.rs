@@ -24,8 +24,12 @@
 
 mod basic_auth;
 mod buffer;
+pub mod codec;
+mod coded_body;
+mod compressor;
 mod cors;
 mod csrf;
+mod decompressor;
 mod descriptors;
 mod ext_authz;
 mod fault;
@@ -71,6 +75,10 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.compressor`.
+    Compressor(Arc<compressor::Compress>),
+    /// `envoy.filters.http.decompressor`.
+    Decompressor(Arc<decompressor::Decompress>),
     /// `envoy.filters.http.local_ratelimit`.
     LocalRateLimit(local_ratelimit::LocalRateLimit),
     /// `envoy.filters.http.ratelimit`.
@@ -141,9 +149,10 @@ impl FilterRequest<'_> {
 }
 
 /// What the request's filters keep after decoding: the per-request state of filters that act
-/// on the response or hold something until the request ends.
+/// on the response or hold something until the request ends, and the compressor filters'
+/// shared choice of encoding.
 #[derive(Debug, Default)]
-pub struct Encoders(Vec<Encoder>);
+pub struct Encoders(Vec<Encoder>, compressor::Registry);
 
 /// One filter's per-request state.
 #[derive(Debug)]
@@ -153,6 +162,10 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// A compressor filter's request, its response to compress.
+    Compress(compressor::Pending),
+    /// A decompressor filter's request, its response to decompress.
+    Decompress(decompressor::Pending),
     /// The `x-ratelimit-*` headers describing a local rate limit bucket.
     XRateLimit(Arc<crate::limits::TokenBucket>),
     /// Headers the rate limit service asked to add to the response.
@@ -181,6 +194,12 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::Compressor(c) => {
+                        Kind::Compressor(Arc::new(compressor::Compress::new(c, store, stat_prefix)))
+                    }
+                    FilterKind::Decompressor(c) => Kind::Decompressor(Arc::new(
+                        decompressor::Decompress::new(c, store, stat_prefix),
+                    )),
                     FilterKind::LocalRateLimit(c) => {
                         Kind::LocalRateLimit(local_ratelimit::LocalRateLimit::new(c, store))
                     }
@@ -245,6 +264,14 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::Compressor(c) => {
+                    c.decode(req, route.and_then(|r| r.filter_config(&f.name)), encoders);
+                    None
+                }
+                Kind::Decompressor(d) => {
+                    d.decode(req, encoders);
+                    None
+                }
                 Kind::LocalRateLimit(limit) => {
                     let settings = route.and_then(|r| r.filter_config(&f.name));
                     limit.decode(req, settings, encoders)
@@ -288,7 +315,7 @@ impl Encoders {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp);
+            e.encode(&mut resp, &mut self.1);
         }
         resp.map(|b| crate::body::holding(b, self))
     }
@@ -296,9 +323,11 @@ impl Encoders {
 
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::Compress(c) => c.encode(resp, registry),
+            Encoder::Decompress(d) => d.encode(resp),
             Encoder::XRateLimit(bucket) => {
                 local_ratelimit::add_x_ratelimit_headers(resp.headers_mut(), bucket)
             }
