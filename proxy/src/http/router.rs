@@ -96,7 +96,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
-        let mut resp = encoders.encode(resp);
+        let mut resp = encoders.encode(resp).await;
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {
@@ -324,6 +324,7 @@ async fn route_and_forward(
         );
     }
     if !ctx.hcm.filters.is_empty() {
+        let version = req.version();
         let mut filtered = FilterRequest {
             headers: &mut route_headers,
             method: &method,
@@ -333,6 +334,7 @@ async fn route_and_forward(
             conn: ctx,
             route: selected,
             record: pending.as_deref_mut().map(Pending::record),
+            version,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;

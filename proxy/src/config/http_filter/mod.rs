@@ -8,6 +8,7 @@
 
 pub mod buffer;
 pub mod fault;
+pub mod grpc_http1_bridge;
 pub mod health_check;
 
 use std::sync::Arc;
@@ -25,6 +26,8 @@ const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
 const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
+const GRPC_WEB: &str = "envoy.extensions.filters.http.grpc_web.v3.GrpcWeb";
+const GRPC_HTTP1_BRIDGE: &str = "envoy.extensions.filters.http.grpc_http1_bridge.v3.Config";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
@@ -72,6 +75,10 @@ pub enum FilterKind {
     Buffer(buffer::BufferConfig),
     /// `envoy.filters.http.health_check`.
     HealthCheck(Arc<health_check::HealthCheckConfig>),
+    /// `envoy.filters.http.grpc_web`.
+    GrpcWeb,
+    /// `envoy.filters.http.grpc_http1_bridge`.
+    GrpcHttp1Bridge,
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -171,6 +178,14 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
             ctx,
             &unpack(any)?,
         )?))),
+        GRPC_WEB => {
+            unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
+            Some(FilterKind::GrpcWeb)
+        }
+        GRPC_HTTP1_BRIDGE => {
+            grpc_http1_bridge::compile(&unpack(any)?)?;
+            Some(FilterKind::GrpcHttp1Bridge)
+        }
         _ => None,
     })
 }

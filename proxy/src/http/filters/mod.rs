@@ -24,6 +24,8 @@
 
 mod buffer;
 mod fault;
+mod grpc_http1_bridge;
+mod grpc_web;
 mod health_check;
 
 use std::sync::Arc;
@@ -64,6 +66,10 @@ enum Kind {
     Buffer(crate::config::http_filter::buffer::BufferConfig),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.grpc_web`.
+    GrpcWeb,
+    /// `envoy.filters.http.grpc_http1_bridge`.
+    GrpcHttp1Bridge,
 }
 
 /// One request as the filters see it, before the router.
@@ -84,6 +90,8 @@ pub struct FilterRequest<'a> {
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
     pub record: Option<&'a mut Record>,
+    /// The request's HTTP version.
+    pub version: http::Version,
 }
 
 impl FilterRequest<'_> {
@@ -118,6 +126,10 @@ enum Encoder {
     },
     /// The health-check filter's marks on the response.
     HealthCheck(health_check::Answer),
+    /// A gRPC-Web request's response, turned into gRPC-Web.
+    GrpcWeb(grpc_web::Answer),
+    /// An HTTP/1 gRPC request's response, its trailers moved into headers.
+    GrpcHttp1Bridge,
 }
 
 impl Chain {
@@ -139,6 +151,8 @@ impl Chain {
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
                     }
+                    FilterKind::GrpcWeb => Kind::GrpcWeb,
+                    FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },
             })
             .collect();
@@ -178,6 +192,11 @@ impl Chain {
                     None => buffer::decode(*own, req).await,
                 },
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::GrpcWeb => grpc_web::decode(req, encoders),
+                Kind::GrpcHttp1Bridge => {
+                    grpc_http1_bridge::decode(req, encoders);
+                    None
+                }
             };
             if reply.is_some() {
                 return reply;
@@ -190,23 +209,26 @@ impl Chain {
 impl Encoders {
     /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
     /// they hold alive until its body ends.
-    pub fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
+    pub async fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
         if self.0.is_empty() {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp);
+            e.encode(&mut resp).await;
         }
         resp.map(|b| crate::body::holding(b, self))
     }
 }
 
 impl Encoder {
-    /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, resp: &mut Response<Body>) {
+    /// Acts on the response (its head; a filter that rewrites the body wraps it, one that
+    /// must read the body first to write the head reads it here).
+    async fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
             Encoder::HealthCheck(a) => a.encode(resp),
+            Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
+            Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
         }
     }
 }
