@@ -192,7 +192,10 @@ impl Chain {
                     None => buffer::decode(*own, req).await,
                 },
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
-                Kind::GrpcWeb => grpc_web::decode(req, encoders),
+                Kind::GrpcWeb => {
+                    grpc_web::decode(req, encoders);
+                    None
+                }
                 Kind::GrpcHttp1Bridge => {
                     grpc_http1_bridge::decode(req, encoders);
                     None

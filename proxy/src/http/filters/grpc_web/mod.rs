@@ -8,7 +8,6 @@ mod request_body;
 mod response_body;
 
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
@@ -17,7 +16,7 @@ use http_body::Body as _;
 use super::{Encoder, Encoders, FilterRequest};
 use crate::body::Body;
 use crate::http::local_reply::{grpc_status, is_grpc, local_reply};
-use request_body::{BadBase64, Decoder, Decoding};
+use request_body::BadBase64;
 
 const GRPC_WEB: &str = "application/grpc-web";
 const GRPC_WEB_PROTO: &str = "application/grpc-web+proto";
@@ -38,17 +37,16 @@ pub(super) struct Answer {
     bad_body: Arc<OnceLock<BadBase64>>,
 }
 
-/// Turns a gRPC-Web request into a gRPC one; other requests pass untouched. `Some` is the
-/// answer to a `-text` body that is already known not to be base64.
-pub(super) fn decode(
-    req: &mut FilterRequest<'_>,
-    encoders: &mut Encoders,
-) -> Option<Response<Body>> {
-    let content_type = req.headers.get(header::CONTENT_TYPE)?.as_bytes();
-    let text_request = match content_type {
+/// Turns a gRPC-Web request into a gRPC one; other requests pass untouched. A `-text` body
+/// found not to be base64 fails as it goes upstream, and the response is then Envoy's 400.
+pub(super) fn decode(req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
+    let Some(content_type) = req.headers.get(header::CONTENT_TYPE) else {
+        return;
+    };
+    let text_request = match content_type.as_bytes() {
         b if b == GRPC_WEB.as_bytes() || b == GRPC_WEB_PROTO.as_bytes() => false,
         b if b == GRPC_WEB_TEXT.as_bytes() || b == GRPC_WEB_TEXT_PROTO.as_bytes() => true,
-        _ => return None,
+        _ => return,
     };
     let h = &mut *req.headers;
     h.remove(header::CONTENT_LENGTH);
@@ -68,59 +66,12 @@ pub(super) fn decode(
         text,
         bad_body: bad_body.clone(),
     }));
-    if !text_request {
-        return None;
-    }
     let inner = std::mem::replace(req.body, crate::body::empty());
-    match decode_arrived(inner, bad_body) {
-        Ok(body) => {
-            *req.body = crate::body::boxed(body);
-            None
-        }
-        Err(bad) => {
-            req.note(
-                crate::access_log::ResponseFlag::DownstreamProtocolError,
-                Some(&bad.to_string()),
-            );
-            Some(local_reply(StatusCode::BAD_REQUEST, BAD_BASE64))
-        }
-    }
-}
-
-/// The decoding body, with what has already arrived decoded, so that a body known bad at
-/// once is answered before the request goes on (as Envoy, which sees the data before its
-/// upstream connection is ready).
-fn decode_arrived(
-    mut inner: Body,
-    failed: Arc<OnceLock<BadBase64>>,
-) -> Result<Decoding, BadBase64> {
-    let mut decoder = Decoder::default();
-    let mut ready = BytesMut::new();
-    let mut held = None;
-    let mut ended = inner.is_end_stream();
-    let mut cx = Context::from_waker(Waker::noop());
-    while !ended && held.is_none() {
-        match std::pin::Pin::new(&mut inner).poll_frame(&mut cx) {
-            Poll::Ready(Some(Ok(frame))) if frame.is_data() => {
-                let data = frame.into_data().unwrap_or_default();
-                ready.extend_from_slice(&decoder.push(&data)?);
-                ended = inner.is_end_stream();
-            }
-            Poll::Ready(item) => held = Some(item),
-            Poll::Pending => break,
-        }
-    }
-    if ended {
-        decoder.finish()?;
-    }
-    Ok(Decoding {
-        inner,
-        decoder,
-        ready: (!ready.is_empty()).then(|| ready.freeze()),
-        held,
-        ended,
-        failed,
-    })
+    *req.body = if text_request {
+        request_body::decoding(inner, bad_body)
+    } else {
+        crate::body::without_length(inner)
+    };
 }
 
 impl Answer {

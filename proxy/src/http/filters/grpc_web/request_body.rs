@@ -2,12 +2,13 @@
 //! group of four characters is decoded as it arrives, the rest waits for more.
 
 use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::{Bytes, BytesMut};
-use http_body::Frame;
+use http_body::{Body as _, Frame};
 
 use crate::body::{Body, BoxError};
 
@@ -24,13 +25,13 @@ pub(super) enum BadBase64 {
 
 /// The decoding state: the characters of a group not yet complete.
 #[derive(Debug, Default)]
-pub(super) struct Decoder {
+struct Decoder {
     carry: BytesMut,
 }
 
 impl Decoder {
     /// Decodes what `data` completes; the characters left over wait for the next call.
-    pub(super) fn push(&mut self, data: &[u8]) -> Result<Bytes, BadBase64> {
+    fn push(&mut self, data: &[u8]) -> Result<Bytes, BadBase64> {
         self.carry.extend_from_slice(data);
         let whole = self.carry.len() / 4 * 4;
         if whole == 0 {
@@ -44,7 +45,7 @@ impl Decoder {
     }
 
     /// Checks that the body ended on a whole group.
-    pub(super) fn finish(&self) -> Result<(), BadBase64> {
+    fn finish(&self) -> Result<(), BadBase64> {
         if self.carry.is_empty() {
             Ok(())
         } else {
@@ -53,19 +54,27 @@ impl Decoder {
     }
 }
 
-/// One frame of the inner body, or its end.
+/// One frame of a body, or its end.
 type Item = Option<Result<Frame<Bytes>, BoxError>>;
 
-/// The decoded body: what was decoded before it was handed on (`ready`, then `held`, a frame
-/// that came after it), then the rest of `inner` decoded as it arrives.
-pub(super) struct Decoding {
-    pub(super) inner: Body,
-    pub(super) decoder: Decoder,
-    pub(super) ready: Option<Bytes>,
-    pub(super) held: Option<Item>,
-    pub(super) ended: bool,
-    /// Set when the body turns out bad, for the response to tell.
-    pub(super) failed: std::sync::Arc<std::sync::OnceLock<BadBase64>>,
+/// `inner` decoded as it arrives; when it turns out not to be base64 it fails, and `failed`
+/// tells the response why.
+pub(super) fn decoding(inner: Body, failed: Arc<OnceLock<BadBase64>>) -> Body {
+    let ended = inner.is_end_stream();
+    crate::body::boxed(Decoding {
+        inner,
+        decoder: Decoder::default(),
+        ended,
+        failed,
+    })
+}
+
+/// See [`decoding`].
+struct Decoding {
+    inner: Body,
+    decoder: Decoder,
+    ended: bool,
+    failed: Arc<OnceLock<BadBase64>>,
 }
 
 impl Decoding {
@@ -106,14 +115,6 @@ impl http_body::Body for Decoding {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Item> {
         let this = self.get_mut();
-        if let Some(data) = this.ready.take() {
-            return Poll::Ready(Some(Ok(Frame::data(data))));
-        }
-        if let Some(item) = this.held.take()
-            && let Some(out) = this.step(item)
-        {
-            return Poll::Ready(out);
-        }
         loop {
             if this.ended {
                 return Poll::Ready(None);
@@ -126,7 +127,7 @@ impl http_body::Body for Decoding {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ready.is_none() && self.held.is_none() && self.ended
+        self.ended
     }
 }
 
