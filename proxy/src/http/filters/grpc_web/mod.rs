@@ -174,7 +174,7 @@ async fn first_bytes(mut body: Body) -> Bytes {
 fn percent_encode(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len());
     for &b in data {
-        if b < b' ' || b >= b'~' || b == b'%' {
+        if !(b' '..b'~').contains(&b) || b == b'%' {
             out.push_str(&format!("%{b:02X}"));
         } else {
             out.push(b as char);
