@@ -16,6 +16,8 @@ use std::time::Duration;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "differential/oracle.rs"]
@@ -27,8 +29,6 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 const GRPC_WEB: &str = "{name: envoy.filters.http.grpc_web, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_web.v3.GrpcWeb}}";
 const BRIDGE: &str = "{name: envoy.filters.http.grpc_http1_bridge, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_http1_bridge.v3.Config}}";
 
@@ -157,45 +157,17 @@ async fn answer(
 /// The bootstrap: `web` (grpc_web) and `bridge` (grpc_http1_bridge), routes `/svc.` to the
 /// gRPC upstream and `/dead` to a cluster without hosts; nothing else is routed.
 fn bootstrap(admin: u16, web: u16, bridge: u16, up: u16) -> String {
-    let listener = |name: &str, port: u16, filter: &str| {
-        format!(
-            r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filter}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - {{match: {{prefix: /svc.}}, route: {{cluster: up}}}}
-              - {{match: {{prefix: /dead}}, route: {{cluster: dead}}}}"#
-        )
-    };
+    let routes = "[{match: {prefix: /svc.}, route: {cluster: up}}, {match: {prefix: /dead}, route: {cluster: dead}}]";
+    let h2 = r#"typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {http2_protocol_options: {}}"#;
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-  - name: dead
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: dead, endpoints: []}}
-"#,
-        listener("web", web, GRPC_WEB),
-        listener("bridge", bridge, BRIDGE),
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}\n  - {{name: dead, connect_timeout: 1s, load_assignment: {{cluster_name: dead, endpoints: []}}}}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener("web", web, "", &format!("{GRPC_WEB}, "), routes),
+        bootstrap::http_listener("bridge", bridge, "", &format!("{BRIDGE}, "), routes),
+        bootstrap::cluster("up", up, h2),
     )
 }
 
