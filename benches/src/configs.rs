@@ -64,7 +64,7 @@ pub const ISTIO_TEXT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVO
 /// An HTTP listener; `transport_socket`, when given, is the filter chain's (YAML indented
 /// by 8 spaces).
 fn envoy_hcm_listener(port: u16, routes_yaml: &str, transport_socket: Option<&str>) -> String {
-    envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None)
+    envoy_hcm_listener_logged(port, routes_yaml, transport_socket, None, "")
 }
 
 /// [`envoy_hcm_listener`], writing an access log to `access_log` when given.
@@ -73,6 +73,7 @@ fn envoy_hcm_listener_logged(
     routes_yaml: &str,
     transport_socket: Option<&str>,
     access_log: Option<&Path>,
+    filters: &str,
 ) -> String {
     let chain = match transport_socket {
         None => "    - filters:\n".to_string(),
@@ -95,7 +96,7 @@ fn envoy_hcm_listener_logged(
           stat_prefix: http
           codec_type: AUTO
 {log}          http_filters:
-          - name: envoy.filters.http.router
+{filters}          - name: envoy.filters.http.router
             typed_config: {{"@type": {ROUTER_TYPE}}}
           route_config:
             name: local
@@ -129,7 +130,48 @@ pub fn envoy_access_log(listen: &Listen, up: &Upstream, log: &Path) -> String {
                 route: {cluster: h1}
 "#;
     let mut out = envoy_head(listen);
-    out += &envoy_hcm_listener_logged(listen.http, routes, None, Some(log));
+    out += &envoy_hcm_listener_logged(listen.http, routes, None, Some(log), "");
+    out += "  clusters:\n";
+    out += &envoy_cluster("h1", &up.http[..1], "");
+    out
+}
+
+/// Istio's typical sidecar chain before the router, configured but not triggered by the
+/// bench's requests: an RBAC policy allowing GETs from anyone, a fault filter whose abort
+/// applies only to requests carrying `x-fault`, and CORS (the requests have no Origin).
+const SIDECAR_CHAIN: &str = r#"          - name: envoy.filters.http.rbac
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
+              rules:
+                action: ALLOW
+                policies:
+                  ns[default]-policy[allow-get]-rule[0]:
+                    permissions: [{header: {name: ":method", string_match: {exact: GET}}}]
+                    principals: [{any: true}]
+          - name: envoy.filters.http.fault
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+              abort: {http_status: 503, percentage: {numerator: 100}}
+              headers: [{name: x-fault, present_match: true}]
+          - name: envoy.filters.http.cors
+            typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}
+"#;
+
+/// `http1_small`'s route behind [`SIDECAR_CHAIN`] (Envoy and revoy).
+pub fn envoy_sidecar_chain(listen: &Listen, up: &Upstream) -> String {
+    let routes = r#"            - name: all
+              domains: ["*"]
+              typed_per_filter_config:
+                envoy.filters.http.cors:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy
+                  allow_origin_string_match: [{exact: "https://app.example"}]
+                  allow_methods: GET
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: h1}
+"#;
+    let mut out = envoy_head(listen);
+    out += &envoy_hcm_listener_logged(listen.http, routes, None, None, SIDECAR_CHAIN);
     out += "  clusters:\n";
     out += &envoy_cluster("h1", &up.http[..1], "");
     out

@@ -76,6 +76,9 @@ pub enum Shape {
     /// An HTTP listener (Envoy and revoy only) that logs every request to
     /// [`Running::access_log`] in Istio's default text format.
     AccessLog,
+    /// An HTTP listener (Envoy and revoy only) whose connection manager runs Istio's typical
+    /// sidecar filters before the router, none of them triggered.
+    SidecarChain,
 }
 
 /// Paths of the proxy binaries.
@@ -202,6 +205,7 @@ impl Running {
                         up,
                         access_log.as_deref().expect("set for the shape"),
                     ),
+                    Shape::SidecarChain => configs::envoy_sidecar_chain(&listen, up),
                 };
                 if kind == Kind::RevoyXds {
                     // The static contender's resources, served over ADS; the bootstrap only
@@ -238,7 +242,11 @@ impl Running {
                         configs::haproxy_mesh(&listen, up, &map)
                     }
                     Shape::Tls => configs::haproxy_tls(&listen, up, tls_files()),
-                    Shape::AccessLog => return Err("haproxy has no access-log config".into()),
+                    Shape::AccessLog | Shape::SidecarChain => {
+                        return Err(
+                            "haproxy runs neither Envoy's access logs nor its filters".into()
+                        );
+                    }
                 };
                 let config = write("haproxy.cfg", text)?;
                 ("haproxy".into(), vec!["-db".into(), "-f".into(), config])
@@ -248,7 +256,9 @@ impl Running {
                     Shape::Standard => configs::nginx_standard(&listen, up, &prefix),
                     Shape::Mesh => configs::nginx_mesh(&listen, up, &prefix),
                     Shape::Tls => configs::nginx_tls(&listen, up, &prefix, tls_files()),
-                    Shape::AccessLog => return Err("nginx has no access-log config".into()),
+                    Shape::AccessLog | Shape::SidecarChain => {
+                        return Err("nginx runs neither Envoy's access logs nor its filters".into());
+                    }
                 };
                 let config = write("nginx.conf", text)?;
                 (
@@ -287,7 +297,9 @@ impl Running {
             access_log,
         };
         let host = match shape {
-            Shape::Standard | Shape::Tls | Shape::AccessLog => "bench.local".to_string(),
+            Shape::Standard | Shape::Tls | Shape::AccessLog | Shape::SidecarChain => {
+                "bench.local".to_string()
+            }
             Shape::Mesh => configs::mesh_host(0),
         };
         running.wait_ready(&host, Duration::from_secs(60))?;

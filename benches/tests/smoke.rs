@@ -239,6 +239,9 @@ fn smoke_run_measures_every_scenario_and_contender() {
         for metric in ["rps", "cpu_us_per_req", "log_bytes_per_req"] {
             expect_above(0.0, "http1_access_log", contender, metric);
         }
+        for metric in ["rps", "cpu_us_per_req"] {
+            expect_above(0.0, "http1_sidecar_chain", contender, metric);
+        }
     }
     expect_above(0.0, "tcp_bulk", "direct", "mib_s");
     expect_above(0.0, "tcp_bulk", STANDARD_ONLY, "mib_s");

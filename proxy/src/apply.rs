@@ -70,6 +70,8 @@ pub struct Applier {
     /// The active listeners, as last published.
     listeners: Arc<ActiveListeners>,
     state: Mutex<State>,
+    /// The token buckets network rate limits share by `share_key`.
+    buckets: crate::limits::SharedBuckets,
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
 }
 
@@ -81,6 +83,7 @@ impl Applier {
             drain_time,
             listeners: Arc::default(),
             state: Mutex::default(),
+            buckets: crate::limits::SharedBuckets::default(),
             workers: OnceLock::new(),
         }
     }
@@ -125,6 +128,7 @@ impl Applier {
             Arc::new(config),
             &self.shared.stats,
             &self.shared.secrets,
+            &self.buckets,
             previous.as_deref(),
         ));
         let change = match (&existing, &previous) {

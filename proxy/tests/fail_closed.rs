@@ -104,7 +104,7 @@ fn endpoint(port: u16, metadata: &str) -> String {
 /// Ports of the fail-closed bootstrap's listeners.
 struct Ports {
     admin: u16,
-    rbac: u16,
+    authz: u16,
     cors: u16,
     tls: u16,
     istio: u16,
@@ -112,10 +112,10 @@ struct Ports {
 }
 
 fn bootstrap(p: &Ports, up: u16) -> String {
-    let rbac = "{name: envoy.filters.http.rbac, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {action: DENY}}}, ";
+    let authz = "{name: envoy.filters.http.ext_authz, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz, failure_mode_allow: true, grpc_service: {envoy_grpc: {cluster_name: plain}}}}, ";
     let cors = "{name: envoy.filters.http.cors, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, ";
     let mut listeners = String::new();
-    listeners += &hcm_listener("rbac", p.rbac, rbac, "route: {cluster: plain}");
+    listeners += &hcm_listener("authz", p.authz, authz, "route: {cluster: plain}");
     listeners += &hcm_listener("cors", p.cors, cors, "route: {cluster: plain}");
     listeners += &hcm_listener("tls", p.tls, "", "route: {cluster: secure}");
     listeners += &hcm_listener("istio", p.istio, "", "route: {cluster: istio}");
@@ -125,8 +125,8 @@ fn bootstrap(p: &Ports, up: u16) -> String {
     address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}
     filter_chains:
     - filters:
-      - name: envoy.filters.network.rbac
-        typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: t, rules: {{action: DENY}}}}
+      - name: envoy.filters.network.ext_authz
+        typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.ext_authz.v3.ExtAuthz, stat_prefix: t, failure_mode_allow: true, grpc_service: {{envoy_grpc: {{cluster_name: plain}}}}}}
       - name: envoy.filters.network.tcp_proxy
         typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: plain}}"#,
         p.tcp
@@ -189,7 +189,7 @@ fn unimplemented_security_features_refuse_traffic() {
     let up = Upstream::start();
     let p = Ports {
         admin: free_port(),
-        rbac: free_port(),
+        authz: free_port(),
         cors: free_port(),
         tls: free_port(),
         istio: free_port(),
@@ -203,12 +203,13 @@ fn unimplemented_security_features_refuse_traffic() {
     let served = up.connections.load(Ordering::SeqCst);
     assert_eq!(served, 1);
 
-    // RBAC (here one that would allow everything) is not implemented: every request is denied.
-    let (status, body) = get(p.rbac);
+    // External authorization (here one that would allow everything, its server being
+    // unreachable) is not implemented: every request is denied.
+    let (status, body) = get(p.authz);
     assert_eq!(status, 403, "{body}");
-    assert!(body.contains("envoy.filters.http.rbac"), "{body}");
+    assert!(body.contains("envoy.filters.http.ext_authz"), "{body}");
     assert_eq!(
-        stat(p.admin, "http.rbac.downstream_rq_fail_closed"),
+        stat(p.admin, "http.authz.downstream_rq_fail_closed"),
         Some(1)
     );
 
@@ -237,7 +238,8 @@ fn unimplemented_security_features_refuse_traffic() {
         Some(1)
     );
 
-    // A network RBAC filter: the connection is closed before anything is proxied.
+    // A network external authorization filter: the connection is closed before anything is
+    // proxied.
     let mut s = TcpStream::connect(("127.0.0.1", p.tcp)).expect("connects");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let _ = s.write_all(b"GET / HTTP/1.1\r\nAuthorization: Bearer secret-token\r\n\r\n");
@@ -316,7 +318,7 @@ fn validate(yaml: &str) -> (i32, String) {
 fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     let p = Ports {
         admin: 1,
-        rbac: 2,
+        authz: 2,
         cors: 3,
         tls: 4,
         istio: 5,
@@ -402,8 +404,9 @@ fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
         )
     };
     let cases = [
-        // Envoy picks a filter by its type: this one is RBAC, whatever its name.
-        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC}}, ",
+        // Envoy picks a filter by its type: this one is external authorization, whatever its
+        // name.
+        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz}}, ",
         // A type this build does not know, kept as a TypedStruct: its own name decides.
         "{name: vendor_filter, typed_config: {\"@type\": type.googleapis.com/acme.authz.v1.Config, mode: strict}}, ",
         // A config from ECDS cannot be known at all.

@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/http_diff.rs"]
+mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -122,36 +124,16 @@ static_resources:
 /// One HTTP/1.1 request: the status line's code, the headers the comparison looks at, and
 /// the body.
 fn request(port: u16, path: &str, headers: &str) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"
+    http_diff::exchange(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"),
+        &[
+            "content-type:",
+            "grpc-status:",
+            "grpc-message:",
+            "content-length:",
+        ],
     )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let mut kept: Vec<String> = lines
-        .map(str::to_ascii_lowercase)
-        .filter(|l| {
-            [
-                "content-type:",
-                "grpc-status:",
-                "grpc-message:",
-                "content-length:",
-            ]
-            .iter()
-            .any(|h| l.starts_with(h))
-        })
-        .collect();
-    kept.sort();
-    format!("{status}\n{}\n{body}", kept.join("\n"))
 }
 
 /// The cases: (listener index, path, extra request headers).

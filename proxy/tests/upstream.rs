@@ -315,7 +315,9 @@ async fn tcp_front(proxy: TcpProxy, cm: ClusterManager) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
             let (proxy, cm) = (proxy.clone(), cm.clone());
-            tokio::spawn(async move { proxy.serve(s, &cm, LbContext::default(), None).await });
+            tokio::spawn(
+                async move { proxy.serve(s, &cm, LbContext::default(), None, None).await },
+            );
         }
     });
     addr
@@ -328,6 +330,7 @@ async fn tcp_proxy_echoes_and_passes_half_close() {
     let cfg = compile_tcp_proxy(
         &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
         &decode("stat_prefix: t\ncluster: echo\n"),
+        &mut revoy::config::Warnings::new(),
     )
     .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
@@ -360,6 +363,7 @@ async fn tcp_proxy_idle_timeout_closes_both_sides() {
     let cfg = compile_tcp_proxy(
         &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
         &decode("stat_prefix: idle\ncluster: silent\nidle_timeout: 0.2s\n"),
+        &mut revoy::config::Warnings::new(),
     )
     .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;
@@ -385,6 +389,7 @@ async fn tcp_proxy_unknown_cluster_counts_no_route() {
     let cfg = compile_tcp_proxy(
         &revoy::config::Context::new(&revoy::config::context::FakeIo::new()),
         &decode("stat_prefix: nr\ncluster: missing\n"),
+        &mut revoy::config::Warnings::new(),
     )
     .unwrap();
     let front = tcp_front(TcpProxy::new(cfg, &store), cm).await;

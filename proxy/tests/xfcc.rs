@@ -31,8 +31,8 @@ use std::time::Duration;
 use certs::{Ca, CertDir, Issued};
 use child::Proxy;
 use ports::free_port;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
-use rustls::{ClientConfig, ClientConnection, RootCertStore};
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
 
 /// The name the client asks for; the listeners' certificates carry it.
 const SNI: &str = "server.test";
@@ -441,27 +441,12 @@ fn echo(conn: TcpStream) {
 
 /// The client's TLS configuration: trusts the mesh root, presents `client`'s certificate.
 fn client_config(kit: &Kit, client: Client) -> ClientConfig {
-    let mut roots = RootCertStore::empty();
-    let root = CertificateDer::from_pem_file(kit.dir.join("root.pem")).expect("root.pem");
-    roots.add(root).expect("the root is a CA");
-    let builder =
-        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots);
-    let file = match client {
-        Client::Anonymous => return builder.with_no_client_auth(),
-        Client::Workload => "workload",
-        Client::Chained => "chained",
+    let identity = match client {
+        Client::Anonymous => None,
+        Client::Workload => Some("workload"),
+        Client::Chained => Some("chained"),
     };
-    let chain = CertificateDer::pem_file_iter(kit.dir.join(format!("{file}.pem")))
-        .expect("the client chain")
-        .collect::<Result<Vec<_>, _>>()
-        .expect("the chain parses");
-    let key = PrivateKeyDer::from_pem_file(kit.dir.join(format!("{file}.key"))).expect("key");
-    builder
-        .with_client_auth_cert(chain, key)
-        .expect("certificate and key match")
+    certs::client_config(&kit.dir, identity)
 }
 
 /// Sends one request to `port` (over TLS unless `plaintext`) with `xfcc` headers and returns

@@ -27,7 +27,7 @@ use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
 const MIB: f64 = 1024.0 * 1024.0;
 
 /// Every scenario, in run order.
-const SCENARIOS: [&str; 12] = [
+const SCENARIOS: [&str; 13] = [
     "http1_small",
     "http1_64k",
     "http1_new_conn",
@@ -40,14 +40,19 @@ const SCENARIOS: [&str; 12] = [
     "tls_handshake_reencrypt",
     "tls_keepalive_reencrypt",
     "http1_access_log",
+    "http1_sidecar_chain",
 ];
 
 /// The access-log scenario: `http1_small` through revoy and Envoy logging every request to a
 /// file in Istio's default text format (a config of its own, with only those two).
 const ACCESS_LOG: &str = "http1_access_log";
 
-/// The contenders of the access-log config.
-const ACCESS_LOG_CONTENDERS: [Kind; 2] = [Kind::Revoy, Kind::Envoy];
+/// The sidecar-chain scenario: `http1_small` through revoy and Envoy with Istio's typical
+/// sidecar filters (RBAC allowing, fault and CORS not triggered) before the router.
+const SIDECAR_CHAIN: &str = "http1_sidecar_chain";
+
+/// The contenders of the access-log and sidecar-chain configs.
+const ENVOY_AND_REVOY: [Kind; 2] = [Kind::Revoy, Kind::Envoy];
 
 /// The scenarios of the TLS config (`--only tls` names them all); reported in `tls.*`.
 const TLS_SCENARIOS: [&str; 4] = [
@@ -262,7 +267,12 @@ fn standard_scenarios<'a>(selected: &[&'a str]) -> Vec<&'a str> {
     selected
         .iter()
         .copied()
-        .filter(|s| *s != "mesh_1000" && *s != ACCESS_LOG && !TLS_SCENARIOS.contains(s))
+        .filter(|s| {
+            *s != "mesh_1000"
+                && *s != ACCESS_LOG
+                && *s != SIDECAR_CHAIN
+                && !TLS_SCENARIOS.contains(s)
+        })
         .collect()
 }
 
@@ -296,6 +306,11 @@ fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
         (Shape::Mesh, &[Kind::Revoy][..], &["mesh_1000"][..]),
         (Shape::Tls, &[Kind::Revoy][..], &TLS_SCENARIOS[..]),
         (Shape::AccessLog, &[Kind::Revoy][..], &[ACCESS_LOG][..]),
+        (
+            Shape::SidecarChain,
+            &[Kind::Revoy][..],
+            &[SIDECAR_CHAIN][..],
+        ),
     ] {
         let running = start_all(kinds, shape, &bins, up, work)?;
         rounds(&mut bench, &running, scenarios)?;
@@ -426,7 +441,7 @@ impl<'a> Bench<'a> {
                     with_cpu(pid, || clients::wrk(&url, conns, plan.seconds, &[], None))?;
                 record_throughput(&mut self.results, scenario, kind, t, cpu);
             }
-            "http1_small" => {
+            "http1_small" | SIDECAR_CHAIN => {
                 let (t, cpu) = with_cpu(pid, || {
                     clients::wrk(&format!("{http}/"), conns, plan.seconds, &[], None)
                 })?;
@@ -1086,9 +1101,17 @@ fn run(opts: &Options) -> Result<(), String> {
     }
     if selected.contains(&ACCESS_LOG) {
         eprintln!("starting contenders (access-log config: every request logged to a file)");
-        let running = start_all(&ACCESS_LOG_CONTENDERS, Shape::AccessLog, &bins, &up, &work)?;
+        let running = start_all(&ENVOY_AND_REVOY, Shape::AccessLog, &bins, &up, &work)?;
         warm_up(&running, None, &work)?;
         rounds(&mut bench, &running, &[ACCESS_LOG])?;
+    }
+    if selected.contains(&SIDECAR_CHAIN) {
+        eprintln!(
+            "starting contenders (sidecar-chain config: rbac, fault, cors before the router)"
+        );
+        let running = start_all(&ENVOY_AND_REVOY, Shape::SidecarChain, &bins, &up, &work)?;
+        warm_up(&running, None, &work)?;
+        rounds(&mut bench, &running, &[SIDECAR_CHAIN])?;
     }
     let tls = tls_scenarios(&selected);
     let mut tls_bench = Bench::new(&plan, &work);
@@ -1149,7 +1172,11 @@ fn run(opts: &Options) -> Result<(), String> {
         started,
     };
     let mut written = Vec::new();
-    if !standard.is_empty() || selected.contains(&"mesh_1000") || selected.contains(&ACCESS_LOG) {
+    if !standard.is_empty()
+        || selected.contains(&"mesh_1000")
+        || selected.contains(&ACCESS_LOG)
+        || selected.contains(&SIDECAR_CHAIN)
+    {
         let sizes = (
             stripped_mib(&bins.revoy, &work),
             stripped_mib(&bins.envoy, &work),
@@ -1240,7 +1267,7 @@ fn write_load_report(
     let mut md = format!(
         "### Load benchmark\n\nCommand: `{}`  \nMachine: {}  \nRounds: {}; in each, every closed-loop scenario runs {} times {} s per contender, the contenders taking turns run by run (the median of all runs is reported), \
          {} connections (wrk, 1 thread); h2load 4 connections x 32 streams; latency at a paced 2,000 req/s (h2load --rps, 8 connections); \
-         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. http1_access_log is http1_small through revoy and Envoy only, each logging every request to a file with Istio's default text format (default flush settings: every 10 s or past 64 KiB). revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
+         TCP bulk {} MiB; memory per idle connection from {} keep-alive connections left open after one request each. Every proxy runs one worker. http1_access_log is http1_small through revoy and Envoy only, each logging every request to a file with Istio's default text format (default flush settings: every 10 s or past 64 KiB). http1_sidecar_chain is http1_small through revoy and Envoy only, with Istio's typical sidecar filters before the router (RBAC allowing every GET, a fault filter and CORS that the requests do not trigger). revoy-xds is the same revoy binary with the standard config's listeners (routes over RDS), clusters and endpoints (EDS) delivered over ADS (SotW) by an in-process server; it does not run the mesh config. Ratios in parentheses are to Envoy in the same run.  \nrevoy build: {}  \nVersions: {}  \nWall time: {:.0} s (after building)\n\n",
         run.command,
         run.machine,
         plan.rounds,

@@ -110,7 +110,7 @@ impl LogFile {
         }
     }
 
-    /// Asks the flush thread to reopen the file (after writing what is buffered).
+    /// Asks the flush thread to reopen the file, then write what is buffered to it.
     pub fn reopen(&self) {
         self.pending.lock().expect("log buffer lock").reopen = true;
         self.wake.notify_one();
@@ -154,20 +154,21 @@ impl LogFile {
                 let reopen = std::mem::take(&mut p.reopen);
                 (std::mem::take(&mut p.buf), reopen)
             };
-            if !data.is_empty() {
-                self.write_out(&mut file, &data);
-                settings().stats.write_total_buffered.sub(data.len() as u64);
-            }
-            let stats = &settings().stats;
+            // As Envoy's flush thread: the file is reopened before what was buffered is
+            // written, so lines logged before the reopen land in the new file.
             if reopen {
                 file = None;
                 match open_file(&self.path) {
                     Ok(f) => file = Some(f),
                     Err(e) => {
                         tracing::warn!(path = %self.path.display(), error = %e, "access log file cannot be reopened");
-                        stats.reopen_failed.inc();
+                        settings().stats.reopen_failed.inc();
                     }
                 }
+            }
+            if !data.is_empty() {
+                self.write_out(&mut file, &data);
+                settings().stats.write_total_buffered.sub(data.len() as u64);
             }
         }
     }
@@ -276,8 +277,8 @@ fn register(
     file
 }
 
-/// Reopens every log file (`POST /reopen_logs`, SIGUSR1): what is buffered goes to the file
-/// as it was, what follows to the file now at the path.
+/// Reopens every log file (`POST /reopen_logs`, SIGUSR1): what is buffered, and what follows,
+/// goes to the file now at the path, as in Envoy.
 pub fn reopen_all() {
     for f in FILES.lock().expect("log files lock").values() {
         f.reopen();

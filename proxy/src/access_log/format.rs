@@ -7,7 +7,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::record::Record;
-use crate::route::format::{Machine, clock, split_command};
+use crate::route::format::scan::{Compiled, scan};
+use crate::route::format::{Machine, clock};
 
 /// Envoy's format when a logger names none.
 pub const DEFAULT_FORMAT: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\"\n";
@@ -111,32 +112,10 @@ enum Value {
 impl Template {
     /// Parses `format` with Envoy's grammar; errors name the operator at fault.
     pub fn parse(format: &str, machine: &dyn Machine) -> Result<Template, String> {
-        let mut pieces = Vec::new();
-        let mut text = String::new();
-        let mut pos = 0;
-        while let Some(i) = format[pos..].find('%').map(|i| pos + i) {
-            text.push_str(&format[pos..i]);
-            if format[i + 1..].starts_with('%') {
-                text.push('%');
-                pos = i + 2;
-                continue;
-            }
-            let (command, end) = split_command(format, i).ok_or_else(|| {
-                format!(
-                    "Incorrect configuration: {format}. Couldn't find valid command at position {i}"
-                )
-            })?;
-            let op = compile(command.name, command.param, command.length, machine)?;
-            if !text.is_empty() {
-                pieces.push(Piece::Text(std::mem::take(&mut text)));
-            }
-            pieces.push(Piece::Op(op, command.length));
-            pos = end;
-        }
-        text.push_str(&format[pos..]);
-        if !text.is_empty() {
-            pieces.push(Piece::Text(text));
-        }
+        let pieces = scan(format, Piece::Text, |c| {
+            let op = compile(c.name, c.param, c.length, machine)?;
+            Ok(Compiled::Piece(Piece::Op(op, c.length)))
+        })?;
         Ok(Template(pieces))
     }
 

@@ -1,7 +1,8 @@
 //! `access_log` lists (on connection managers, tcp_proxies and listeners) -> [`AccessLogs`]:
-//! the file and stream loggers with their formats and filters. Whatever revoy cannot write
-//! as Envoy would (another logger, a formatter extension, a filter it lacks) is an error
-//! naming it.
+//! the file and stream loggers with their formats and filters. Another logger (gRPC ALS,
+//! OpenTelemetry, Wasm, ...) is skipped with a warning naming it, as such loggers only
+//! report; a file or stream logger that revoy cannot write as Envoy would (a formatter
+//! extension, an operator or a filter it lacks) is an error naming it.
 
 use std::path::PathBuf;
 
@@ -14,7 +15,7 @@ use proto::pb::envoy::extensions::access_loggers::stream::v3::{
 };
 use proto::pb::google::protobuf as gpb;
 
-use super::{ConfigError, Context};
+use super::{ConfigError, Context, Warnings};
 use crate::access_log::filter::Comparison;
 use crate::access_log::format::{JsonValue, Template};
 use crate::access_log::{AccessLog, AccessLogs, Filter, LogFormat, ResponseFlag};
@@ -23,10 +24,12 @@ const FILE: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
 const STDOUT: &str = "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog";
 const STDERR: &str = "envoy.extensions.access_loggers.stream.v3.StderrAccessLog";
 
-/// Compiles an `access_log` list; errors are relative to the list (`[1].typed_config.path`).
+/// Compiles an `access_log` list; errors and the warnings for skipped loggers are relative
+/// to the list (`[1].typed_config.path`).
 pub fn compile_access_logs(
     ctx: &Context<'_>,
     logs: &[pb::AccessLog],
+    warnings: &mut Warnings,
 ) -> Result<AccessLogs, ConfigError> {
     if logs.is_empty() {
         return Ok(AccessLogs::default());
@@ -35,27 +38,48 @@ pub fn compile_access_logs(
     let mut source = Vec::new();
     for (i, log) in logs.iter().enumerate() {
         let at = format!("[{i}]");
-        compiled.push(compile_one(ctx, log).map_err(|e| e.within(&at))?);
+        let before = warnings.len();
+        let one = compile_one(ctx, log, warnings).map_err(|e| e.within(&at));
+        warnings.prefix_since(before, &at);
+        compiled.extend(one?);
         log.encode(&mut source)
             .map_err(|e| ConfigError::new(at, e.to_string()))?;
     }
     Ok(AccessLogs::new(compiled, source))
 }
 
-fn compile_one(ctx: &Context<'_>, log: &pb::AccessLog) -> Result<AccessLog, ConfigError> {
-    let filter = log
-        .filter
-        .as_ref()
-        .map(|f| compile_filter(ctx, f).map_err(|e| e.within("filter")))
-        .transpose()?;
+/// One logger, or `None` for a logger revoy does not write: it is skipped with a warning
+/// and its filter is not read.
+fn compile_one(
+    ctx: &Context<'_>,
+    log: &pb::AccessLog,
+    warnings: &mut Warnings,
+) -> Result<Option<AccessLog>, ConfigError> {
     let Some(pb::access_log::ConfigType::TypedConfig(any)) = &log.config_type else {
         return Err(ConfigError::new(
             "typed_config",
             format!("access log '{}' has no typed_config", log.name),
         ));
     };
+    let type_name = proto::type_name_of(&any.type_url);
+    if ![FILE, STDOUT, STDERR].contains(&type_name) {
+        warnings.skipped(
+            "typed_config",
+            format!(
+                "access logger '{}' ({type_name}) is not implemented by revoy (it writes the file, stdout and stderr loggers); nothing is logged through it",
+                log.name
+            ),
+        );
+        return Ok(None);
+    }
+    // Envoy builds a logger's filter before the logger.
+    let filter = log
+        .filter
+        .as_ref()
+        .map(|f| compile_filter(ctx, f).map_err(|e| e.within("filter")))
+        .transpose()?;
     let at = |e: proto::UnpackError| ConfigError::new("typed_config", e.to_string());
-    let (path, format) = match proto::type_name_of(&any.type_url) {
+    let (path, format) = match type_name {
         FILE => {
             let f: FileAccessLog = proto::unpack(any).map_err(at)?;
             if f.path.is_empty() {
@@ -83,7 +107,8 @@ fn compile_one(ctx: &Context<'_>, log: &pb::AccessLog) -> Result<AccessLog, Conf
             };
             (PathBuf::from("/dev/stdout"), format)
         }
-        STDERR => {
+        // STDERR, the one left.
+        _ => {
             let f: StderrAccessLog = proto::unpack(any).map_err(at)?;
             let format = match &f.access_log_format {
                 Some(stderr_access_log::AccessLogFormat::LogFormat(s)) => {
@@ -93,16 +118,8 @@ fn compile_one(ctx: &Context<'_>, log: &pb::AccessLog) -> Result<AccessLog, Conf
             };
             (PathBuf::from("/dev/stderr"), format)
         }
-        other => {
-            return Err(ConfigError::new(
-                "typed_config",
-                format!(
-                    "access logger {other} is not implemented by revoy (it writes the file, stdout and stderr loggers)"
-                ),
-            ));
-        }
     };
-    Ok(AccessLog::new(filter, format, path))
+    Ok(Some(AccessLog::new(filter, format, path)))
 }
 
 /// An I/O error as `strerror` words it (Envoy's message), without Rust's `(os error N)`.

@@ -6,7 +6,6 @@
 /// Extension names (the segment after `envoy.filters.http.` / `envoy.filters.network.`, or
 /// after `envoy.extensions.filters.http.` / `...network.` in a type URL) that fail closed.
 const FAIL_CLOSED: &[&str] = &[
-    "rbac",
     "ext_authz",
     "jwt_authn",
     "csrf",

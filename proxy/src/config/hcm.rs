@@ -192,24 +192,8 @@ pub struct HcmConfig {
 /// Records the connection manager's settings that revoy does not act on (none of them has a
 /// security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
-    for (i, tag) in hcm
-        .tracing
-        .iter()
-        .flat_map(|t| t.custom_tags.iter())
-        .enumerate()
-    {
-        if matches!(
-            tag.r#type,
-            Some(proto::pb::envoy::r#type::tracing::v3::custom_tag::Type::Metadata(_))
-        ) {
-            warnings.skipped(
-                format!("tracing.custom_tags[{i}].metadata"),
-                format!(
-                    "metadata custom tags are not implemented by revoy; spans carry no '{}' tag",
-                    tag.tag
-                ),
-            );
-        }
+    if let Some(t) = &hcm.tracing {
+        super::tracing::skip_metadata_tags(&t.custom_tags, "tracing.custom_tags", warnings);
     }
     if let Some(name) = hcm
         .tracing
@@ -309,10 +293,12 @@ pub fn compile_hcm(
         ));
     }
     let routes = match &hcm.route_specifier {
-        Some(RouteSpecifier::RouteConfig(rc)) => Routes::Static(Arc::new(
-            super::route::compile_route_config(ctx, rc, clusters)
-                .map_err(|e| e.within("route_config"))?,
-        )),
+        Some(RouteSpecifier::RouteConfig(rc)) => {
+            let before = warnings.len();
+            let table = super::route::compile_route_config(ctx, rc, clusters, warnings);
+            warnings.prefix_since(before, "route_config");
+            Routes::Static(Arc::new(table.map_err(|e| e.within("route_config"))?))
+        }
         Some(RouteSpecifier::Rds(rds)) => Routes::Rds(rds.route_config_name.clone()),
         Some(RouteSpecifier::ScopedRoutes(_)) => {
             return Err(ConfigError::new(
@@ -356,11 +342,14 @@ pub fn compile_hcm(
         .transpose()?
         .map(Arc::new);
     let request_id = super::tracing::compile_request_id(hcm.request_id_extension.as_ref())?;
+    let before = warnings.len();
+    let access_logs = super::access_log::compile_access_logs(ctx, &hcm.access_log, warnings);
+    warnings.prefix_since(before, "access_log");
+    let access_logs = access_logs.map_err(|e| e.within("access_log"))?;
     Ok(HcmConfig {
         tracing,
         request_id,
-        access_logs: super::access_log::compile_access_logs(ctx, &hcm.access_log)
-            .map_err(|e| e.within("access_log"))?,
+        access_logs,
         suppress_envoy_headers: filters.suppress_envoy_headers,
         filters,
         stat_prefix: hcm.stat_prefix.clone(),

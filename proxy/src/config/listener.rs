@@ -34,6 +34,10 @@ pub struct ChainConfig {
     pub matcher: ChainMatch,
     /// The terminal network filter.
     pub terminal: Terminal,
+    /// The network filters before it that may close a new connection, in chain order.
+    pub limits: Vec<super::network_limits::NetworkLimit>,
+    /// The `envoy.filters.network.rbac` filters before it, in order.
+    pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -128,6 +132,7 @@ const DOWNSTREAM_TLS: &str = "envoy.extensions.transport_sockets.tls.v3.Downstre
 const HCM: &str =
     "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const NETWORK_RBAC: &str = "envoy.extensions.filters.network.rbac.v3.RBAC";
 
 /// Compiles a filter chain, all but its TLS context, which is returned to be built by
 /// [`build_tls`] once the chain is known to serve.
@@ -136,6 +141,7 @@ fn compile_chain(
     chain: &FilterChain,
     path: &str,
     clusters: Option<&dyn Fn(&str) -> bool>,
+    skipped_listener_filter: Option<&str>,
     warnings: &mut Warnings,
 ) -> Result<(ChainConfig, Option<DownstreamTlsContext>), ConfigError> {
     let matcher = ChainMatch::compile(
@@ -169,7 +175,12 @@ fn compile_chain(
         },
     };
     let mut terminal = None;
+    let mut limits = Vec::new();
+    let mut rbac = Vec::new();
     let mut refused: Option<String> = None;
+    // The first listener or network filter revoy skips: what it may set (dynamic metadata,
+    // filter state) is unknown to later RBAC rules.
+    let mut skipped: Option<String> = skipped_listener_filter.map(str::to_owned);
     for (i, f) in chain.filters.iter().enumerate() {
         let fpath = format!("{path}.filters[{i}]");
         let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
@@ -187,14 +198,62 @@ fn compile_chain(
                 let before = warnings.len();
                 let compiled = compile_hcm(ctx, &hcm, clusters, warnings);
                 warnings.prefix_since(before, &format!("{fpath}.typed_config"));
-                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                let mut compiled =
+                    compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                if let Some(s) = &skipped {
+                    compiled.filters.after_skipped_network_filter(
+                        s,
+                        &format!("{fpath}.typed_config"),
+                        warnings,
+                    );
+                }
                 terminal = Some(Terminal::Http(Arc::new(compiled)));
             }
             TCP_PROXY => {
                 let tcp: TcpProxyProto = proto::unpack(any).map_err(at)?;
-                let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp)
-                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                let before = warnings.len();
+                let compiled = super::tcp_proxy::compile_tcp_proxy(ctx, &tcp, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 terminal = Some(Terminal::Tcp(Arc::new(compiled)));
+            }
+            super::network_limits::LOCAL_RATE_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_rate_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::RateLimit(compiled));
+            }
+            super::network_limits::CONNECTION_LIMIT => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_connection_limit(&p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::ConnectionLimit(
+                    compiled,
+                ));
+            }
+            NETWORK_RBAC => {
+                let proto: proto::pb::envoy::extensions::filters::network::rbac::v3::Rbac =
+                    proto::unpack(any).map_err(at)?;
+                let before = warnings.len();
+                let compiled = super::rbac::compile_network(ctx, &proto, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                let compiled = compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                if let Some(s) = skipped
+                    .as_deref()
+                    .filter(|_| compiled.engines.enforced_reads_metadata())
+                {
+                    let what = format!(
+                        "network filter '{}': {}",
+                        f.name,
+                        super::rbac::unknown_metadata(s)
+                    );
+                    warnings.fails_closed(
+                        fpath.clone(),
+                        format!("{what}; connections on this chain are refused"),
+                    );
+                    refused.get_or_insert(what);
+                }
+                rbac.push(Arc::new(compiled));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -212,13 +271,16 @@ fn compile_chain(
                 );
                 refused.get_or_insert(what);
             }
-            other => warnings.skipped(
-                fpath,
-                format!(
-                    "network filter '{}' ({other}) is not implemented by revoy; skipped",
-                    f.name
-                ),
-            ),
+            other => {
+                warnings.skipped(
+                    fpath,
+                    format!(
+                        "network filter '{}' ({other}) is not implemented by revoy; skipped",
+                        f.name
+                    ),
+                );
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
         }
     }
     let terminal = terminal.ok_or_else(|| {
@@ -277,6 +339,8 @@ fn compile_chain(
         },
         matcher,
         terminal,
+        limits,
+        rbac,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))
@@ -360,14 +424,16 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
     Vec::new()
 }
 
-/// The listener filters revoy runs, and why the listener's connections are all refused when
-/// one it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...).
+/// The listener filters revoy runs, why the listener's connections are all refused when one
+/// it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...), and the first
+/// one it skips.
 fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
-) -> (ListenerFilters, Option<String>) {
+) -> (ListenerFilters, Option<String>, Option<String>) {
     let mut out = ListenerFilters::default();
     let mut refused = None;
+    let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
         let extension = match &f.config_type {
             Some(listener_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
@@ -408,16 +474,19 @@ fn compile_listener_filters(
                 );
                 refused.get_or_insert(what);
             }
-            _ => warnings.skipped(
-                format!("listener_filters[{i}]"),
-                format!(
-                    "listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
-                    f.name
-                ),
-            ),
+            _ => {
+                warnings.skipped(
+                    format!("listener_filters[{i}]"),
+                    format!(
+                        "listener filter '{}' ({type_name}) is not implemented by revoy; skipped",
+                        f.name
+                    ),
+                );
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
         }
     }
-    (out, refused)
+    (out, refused, skipped)
 }
 
 /// A UDP listener (`protocol: UDP`: `udp_proxy`, DNS, QUIC/HTTP/3) is refused: revoy serves
@@ -462,11 +531,22 @@ pub fn compile_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
     let address = socket_addr(l.address.as_ref(), "address")?;
+    let (filters, refused, skipped) = compile_listener_filters(l, warnings);
+    let skipped = skipped.as_deref();
     let mut chains = l
         .filter_chains
         .iter()
         .enumerate()
-        .map(|(i, c)| compile_chain(ctx, c, &format!("filter_chains[{i}]"), clusters, warnings))
+        .map(|(i, c)| {
+            compile_chain(
+                ctx,
+                c,
+                &format!("filter_chains[{i}]"),
+                clusters,
+                skipped,
+                warnings,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()?;
     for (i, (c, _)) in chains.iter().enumerate() {
         if let Some(j) = chains[..i]
@@ -485,7 +565,7 @@ pub fn compile_listener(
     let mut default_chain = l
         .default_filter_chain
         .as_ref()
-        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, warnings))
+        .map(|c| compile_chain(ctx, c, "default_filter_chain", clusters, skipped, warnings))
         .transpose()?;
     if l.traffic_direction == proto::pb::envoy::config::core::v3::TrafficDirection::Outbound as i32
     {
@@ -502,7 +582,6 @@ pub fn compile_listener(
             ),
         ));
     }
-    let (filters, refused) = compile_listener_filters(l, warnings);
     if let Some(why) = refused {
         let why: Arc<str> = Arc::from(why);
         for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {
@@ -517,8 +596,10 @@ pub fn compile_listener(
     let default_chain = default_chain
         .map(|c| build_tls(ctx, c, "default_filter_chain"))
         .transpose()?;
-    let access_logs = super::access_log::compile_access_logs(ctx, &l.access_log)
-        .map_err(|e| e.within("access_log"))?;
+    let before = warnings.len();
+    let access_logs = super::access_log::compile_access_logs(ctx, &l.access_log, warnings);
+    warnings.prefix_since(before, "access_log");
+    let access_logs = access_logs.map_err(|e| e.within("access_log"))?;
     Ok(ListenerConfig {
         access_logs,
         name: if l.name.is_empty() {
@@ -547,6 +628,7 @@ pub fn compile_listener(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Severity;
     use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
         CertificateValidationContext, CommonTlsContext, common_tls_context::ValidationContextType,
     };
@@ -675,5 +757,78 @@ filter_chains:
         assert!(!ignored_client_certificate_requirement(&requiring(Some(
             with_ca
         ))));
+    }
+
+    /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and
+    /// a route's metadata custom tag are skipped, each warned of at its full path.
+    #[test]
+    fn what_observability_leaves_out_is_named_by_its_path() {
+        let otel = r#"{name: otel, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig}}"#;
+        let yaml = format!(
+            r#"name: l
+address: {{socket_address: {{address: 127.0.0.1, port_value: 10080}}}}
+access_log: [{otel}]
+filter_chains:
+- filter_chain_match: {{destination_port: 80}}
+  filters:
+  - name: envoy.filters.network.http_connection_manager
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+      stat_prefix: h
+      access_log: [{otel}]
+      route_config:
+        virtual_hosts:
+        - name: v
+          domains: ['*']
+          routes:
+          - match: {{prefix: /a}}
+            direct_response: {{status: 200}}
+          - match: {{prefix: /}}
+            direct_response: {{status: 200}}
+            tracing: {{custom_tags: [{{tag: lit, literal: {{value: x}}}}, {{tag: md, metadata: {{kind: {{route: {{}}}}, metadata_key: {{key: k, path: [{{key: p}}]}}}}}}]}}
+      http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+- filter_chain_match: {{destination_port: 81}}
+  filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config:
+      "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+      stat_prefix: t
+      cluster: c
+      access_log: [{otel}]
+"#
+        );
+        let codec = proto::Codec::new();
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        let l = codec.decode::<Listener>(value, false).unwrap().message;
+        let mut warnings = Warnings::new();
+        let io = crate::config::FakeIo::new();
+        let compiled = compile_listener(&Context::new(&io), &l, None, &mut warnings).unwrap();
+        assert!(compiled.access_logs.logs().is_empty());
+        let paths: Vec<(&str, Severity)> = warnings
+            .iter()
+            .map(|w| (w.path.as_str(), w.severity))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (
+                    "filter_chains[0].filters[0].typed_config.route_config.virtual_hosts[0].routes[1].tracing.custom_tags[1].metadata",
+                    Severity::Skipped
+                ),
+                (
+                    "filter_chains[0].filters[0].typed_config.access_log[0].typed_config",
+                    Severity::Skipped
+                ),
+                (
+                    "filter_chains[1].filters[0].typed_config.access_log[0].typed_config",
+                    Severity::Skipped
+                ),
+                ("access_log[0].typed_config", Severity::Skipped),
+            ]
+        );
+        assert!(
+            warnings.iter().next().unwrap().message.contains("'md'"),
+            "{warnings:?}"
+        );
     }
 }

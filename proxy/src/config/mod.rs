@@ -13,10 +13,13 @@ pub mod filter_chain_match;
 pub mod hcm;
 pub mod http_filter;
 pub mod listener;
+pub mod network_limits;
+pub mod rbac;
 pub mod route;
 pub mod stats_flush;
 pub mod tcp_proxy;
 pub mod tls;
+pub mod token_bucket;
 pub mod tracing;
 pub mod upstream_transport;
 
@@ -51,6 +54,11 @@ impl ConfigError {
             path: path.into(),
             message: message.into(),
         }
+    }
+
+    /// `what` (at `path`) is a feature revoy does not implement and must not skip.
+    pub fn unimplemented(path: impl Into<String>, what: &str) -> Self {
+        ConfigError::new(path, format!("{what} is not implemented by revoy"))
     }
 
     /// The same error seen from an enclosing field: `prefix` is prepended to the path.

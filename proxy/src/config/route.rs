@@ -6,6 +6,7 @@
 
 mod action;
 pub(crate) mod matchers;
+pub(crate) mod rate_limits;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +15,7 @@ use proto::pb::envoy::config::core::v3 as core;
 use proto::pb::envoy::config::route::v3 as pb;
 use proto::pb::google::protobuf as gpb;
 
-use super::{ConfigError, Context};
+use super::{ConfigError, Context, Warnings};
 use crate::route::domain::{DomainConflict, DomainIndex};
 use crate::route::format::Template;
 use crate::route::headers::{AppendAction, HeaderAdd, HeaderMutations, HeaderRules};
@@ -42,10 +43,12 @@ fn mirror_policies(
 
 /// Compiles a route configuration, with `ctx`'s I/O and regex cache. When `clusters` is given (static and inline route configs,
 /// unless `validate_clusters` is false), every fixed cluster a route names must exist.
+/// What revoy leaves out is added to `warnings`, with paths relative to the configuration.
 pub fn compile_route_config(
     ctx: &Context<'_>,
     rc: &pb::RouteConfiguration,
     clusters: Option<ClusterCheck<'_>>,
+    warnings: &mut Warnings,
 ) -> Result<RouteTable, ConfigError> {
     let clusters = match rc.validate_clusters {
         Some(gpb::BoolValue { value: false }) => None,
@@ -65,8 +68,11 @@ pub fn compile_route_config(
         DomainIndex::with_capacity(rc.virtual_hosts.iter().map(|vh| vh.domains.len()).sum());
     let mut virtual_hosts = Vec::with_capacity(rc.virtual_hosts.len());
     for (i, vh) in rc.virtual_hosts.iter().enumerate() {
-        let compiled = compile_virtual_host(vh, &inherited, clusters)
-            .map_err(|e| e.within(&format!("virtual_hosts[{i}]")))?;
+        let at = format!("virtual_hosts[{i}]");
+        let before = warnings.len();
+        let compiled = compile_virtual_host(vh, &inherited, clusters, warnings);
+        warnings.prefix_since(before, &at);
+        let compiled = compiled.map_err(|e| e.within(&at))?;
         for (slot, d) in compiled.domains.iter().enumerate() {
             domains.insert(d, i, slot).map_err(|c| {
                 let message = match c {
@@ -115,6 +121,7 @@ fn compile_virtual_host<'p>(
     vh: &'p pb::VirtualHost,
     inherited: &action::Inherited<'_, 'p>,
     clusters: Option<ClusterCheck<'_>>,
+    warnings: &mut Warnings,
 ) -> Result<VirtualHost, ConfigError> {
     if vh.name.is_empty() {
         return Err(ConfigError::new(
@@ -159,9 +166,11 @@ fn compile_virtual_host<'p>(
     };
     let mut routes = Vec::with_capacity(vh.routes.len());
     for (i, r) in vh.routes.iter().enumerate() {
-        routes.push(
-            compile_route(r, &vh_ctx, clusters).map_err(|e| e.within(&format!("routes[{i}]")))?,
-        );
+        let at = format!("routes[{i}]");
+        let before = warnings.len();
+        let compiled = compile_route(r, &vh_ctx, clusters, warnings);
+        warnings.prefix_since(before, &at);
+        routes.push(compiled.map_err(|e| e.within(&at))?);
     }
     let virtual_clusters = vh
         .virtual_clusters
@@ -196,6 +205,8 @@ fn compile_virtual_host<'p>(
         routes,
         require_tls,
         virtual_clusters,
+        rate_limits: rate_limits::compile_rate_limits(inherited.ctx, &vh.rate_limits)
+            .map_err(|e| e.within("rate_limits"))?,
         headers: header_rules(
             inherited.ctx,
             &vh.request_headers_to_add,
@@ -241,6 +252,7 @@ fn compile_route<'p>(
     r: &'p pb::Route,
     vh: &action::VhostDefaults<'_, 'p>,
     clusters: Option<ClusterCheck<'_>>,
+    warnings: &mut Warnings,
 ) -> Result<Route, ConfigError> {
     let m = r
         .r#match
@@ -272,9 +284,13 @@ fn compile_route<'p>(
         }
         None => return Err(ConfigError::new("action", "value is required")),
     };
-    let tracing =
-        super::tracing::compile_route_tracing(vh.ctx, r.decorator.as_ref(), r.tracing.as_ref())?
-            .map(Box::new);
+    let tracing = super::tracing::compile_route_tracing(
+        vh.ctx,
+        r.decorator.as_ref(),
+        r.tracing.as_ref(),
+        warnings,
+    )?
+    .map(Box::new);
     Ok(Route {
         tracing,
         per_filter: super::http_filter::compile_per_filter(vh.ctx, &r.typed_per_filter_config)?,

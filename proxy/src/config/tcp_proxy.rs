@@ -62,10 +62,11 @@ pub enum TcpRoute {
     Weighted(Vec<(String, u32)>),
 }
 
-/// Compiles a TcpProxy. Errors name the field path relative to the message.
+/// Compiles a TcpProxy. Errors and warnings name the field path relative to the message.
 pub fn compile_tcp_proxy(
     ctx: &super::Context<'_>,
     p: &TcpProxy,
+    warnings: &mut super::Warnings,
 ) -> Result<TcpProxyConfig, ConfigError> {
     if p.stat_prefix.is_empty() {
         return Err(ConfigError::new(
@@ -129,6 +130,10 @@ pub fn compile_tcp_proxy(
         .as_ref()
         .map(|t| tunneling(ctx, t).map_err(|e| e.within("tunneling_config")))
         .transpose()?;
+    let before = warnings.len();
+    let access_logs = super::access_log::compile_access_logs(ctx, &p.access_log, warnings);
+    warnings.prefix_since(before, "access_log");
+    let access_logs = access_logs.map_err(|e| e.within("access_log"))?;
     Ok(TcpProxyConfig {
         tunneling,
         stat_prefix: p.stat_prefix.clone(),
@@ -136,8 +141,7 @@ pub fn compile_tcp_proxy(
         idle_timeout,
         max_connection_duration,
         max_connect_attempts,
-        access_logs: super::access_log::compile_access_logs(ctx, &p.access_log)
-            .map_err(|e| e.within("access_log"))?,
+        access_logs,
     })
 }
 
@@ -192,8 +196,13 @@ mod tests {
     };
     use proto::pb::google::protobuf::Duration as PbDuration;
 
-    fn ctx() -> crate::config::Context<'static> {
-        crate::config::Context::new(Box::leak(Box::new(crate::config::context::FakeIo::new())))
+    fn compile(p: &TcpProxy) -> Result<TcpProxyConfig, ConfigError> {
+        let io = crate::config::context::FakeIo::new();
+        compile_tcp_proxy(
+            &crate::config::Context::new(&io),
+            p,
+            &mut crate::config::Warnings::new(),
+        )
     }
 
     fn proxy(spec: Option<tcp_proxy::ClusterSpecifier>) -> TcpProxy {
@@ -206,10 +215,9 @@ mod tests {
 
     #[test]
     fn defaults_and_single_cluster() {
-        let c = compile_tcp_proxy(
-            &ctx(),
-            &proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into()))),
-        )
+        let c = compile(&proxy(Some(tcp_proxy::ClusterSpecifier::Cluster(
+            "db".into(),
+        ))))
         .unwrap();
         assert_eq!(c.route, TcpRoute::Cluster("db".into()));
         assert_eq!(c.idle_timeout, Some(Duration::from_secs(3600)));
@@ -223,12 +231,12 @@ mod tests {
             seconds: 0,
             nanos: 0,
         });
-        assert_eq!(compile_tcp_proxy(&ctx(), &p).unwrap().idle_timeout, None);
+        assert_eq!(compile(&p).unwrap().idle_timeout, None);
     }
 
     #[test]
     fn errors_name_fields() {
-        let e = compile_tcp_proxy(&ctx(), &proxy(None)).unwrap_err();
+        let e = compile(&proxy(None)).unwrap_err();
         assert_eq!(e.path, "cluster_specifier");
         let weighted = WeightedCluster {
             clusters: vec![
@@ -244,19 +252,13 @@ mod tests {
                 },
             ],
         };
-        let e = compile_tcp_proxy(
-            &ctx(),
-            &proxy(Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
-                weighted,
-            ))),
-        )
+        let e = compile(&proxy(Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            weighted,
+        ))))
         .unwrap_err();
         assert_eq!(e.path, "weighted_clusters.clusters[1].weight");
         let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
         p.stat_prefix.clear();
-        assert_eq!(
-            compile_tcp_proxy(&ctx(), &p).unwrap_err().path,
-            "stat_prefix"
-        );
+        assert_eq!(compile(&p).unwrap_err().path, "stat_prefix");
     }
 }

@@ -16,7 +16,7 @@ use proto::pb::envoy::extensions::request_id::uuid::v3::UuidRequestIdConfig;
 use proto::pb::envoy::r#type::tracing::v3::{CustomTag as CustomTagProto, custom_tag};
 use proto::pb::envoy::r#type::v3::{FractionalPercent, Percent};
 
-use super::{ConfigError, Context};
+use super::{ConfigError, Context, Warnings};
 use crate::route::format::Machine;
 use crate::route::tracing::{CustomTag, Fraction, RouteTracing, Sampling, TagValue};
 
@@ -195,7 +195,24 @@ fn fraction_of_fractional(p: Option<&FractionalPercent>) -> Fraction {
     }
 }
 
+/// Warns of each metadata tag in the `custom_tags` at `path`: revoy keeps no metadata to read
+/// it from, so [`custom_tags`] leaves it out of spans.
+pub fn skip_metadata_tags(tags: &[CustomTagProto], path: &str, warnings: &mut Warnings) {
+    for (i, tag) in tags.iter().enumerate() {
+        if matches!(tag.r#type, Some(custom_tag::Type::Metadata(_))) {
+            warnings.skipped(
+                format!("{path}[{i}].metadata"),
+                format!(
+                    "metadata custom tags are not implemented by revoy; spans carry no '{}' tag",
+                    tag.tag
+                ),
+            );
+        }
+    }
+}
+
 /// `custom_tags`; an `environment` tag is read now, as Envoy reads it when it loads the config.
+/// A metadata tag is left out ([`skip_metadata_tags`] warns of it).
 pub fn custom_tags(
     ctx: &Context<'_>,
     tags: &[CustomTagProto],
@@ -224,8 +241,7 @@ pub fn custom_tags(
                 })?,
                 default: h.default_value.clone(),
             },
-            // revoy keeps no metadata to read the tag from: left out of spans (the connection
-            // manager's compile warns of it), as Istio sets such tags on every listener.
+            // Istio sets such tags on every listener.
             Some(custom_tag::Type::Metadata(_)) => continue,
             Some(_) => {
                 return Err(ConfigError::new(
@@ -310,14 +326,19 @@ pub fn compile_request_id(
     })
 }
 
-/// A route's `decorator` and `tracing`; `None` when it has neither.
+/// A route's `decorator` and `tracing`; `None` when it has neither. Its metadata custom
+/// tags are left out, each with a warning.
 pub fn compile_route_tracing(
     ctx: &Context<'_>,
     decorator: Option<&route_pb::Decorator>,
     tracing: Option<&route_pb::Tracing>,
+    warnings: &mut Warnings,
 ) -> Result<Option<RouteTracing>, ConfigError> {
     if decorator.is_none() && tracing.is_none() {
         return Ok(None);
+    }
+    if let Some(t) = tracing {
+        skip_metadata_tags(&t.custom_tags, "tracing.custom_tags", warnings);
     }
     if let Some(d) = decorator
         && d.operation.is_empty()

@@ -62,24 +62,23 @@ impl Pending {
             server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
         }));
         rec.protocol = Some(super::trace::protocol_name(req.version()));
-        let authority = req
-            .uri()
-            .authority()
-            .map(|a| a.as_str().to_owned())
-            .or_else(|| {
-                req.headers()
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok())
-                    .map(str::to_owned)
-            })
-            .unwrap_or_default();
         rec.request = (!logs.is_empty()).then(|| RequestHead {
             method: req.method().as_str().to_owned(),
             path: req
                 .uri()
                 .path_and_query()
                 .map_or_else(String::new, |p| p.as_str().to_owned()),
-            authority,
+            authority: req
+                .uri()
+                .authority()
+                .map(|a| a.as_str())
+                .or_else(|| {
+                    req.headers()
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                })
+                .unwrap_or_default()
+                .to_owned(),
             scheme: if ctx.down.tls.is_some() {
                 "https"
             } else {

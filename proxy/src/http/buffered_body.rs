@@ -83,6 +83,16 @@ where
     Ok(Buffered::Complete(replay))
 }
 
+/// A body of `data`, then `trailers`, then `rest`: a body whose first frames were read
+/// already, put back together.
+pub fn replay_then(data: Vec<Bytes>, trailers: Option<HeaderMap>, rest: Option<Body>) -> Body {
+    crate::body::boxed(Frames {
+        data: data.into(),
+        trailers,
+        rest,
+    })
+}
+
 /// Data frames, then trailers, then (optionally) the rest of a streaming body.
 struct Frames {
     data: VecDeque<Bytes>,

@@ -126,6 +126,9 @@ pub struct ConnContext {
     pub original_dst: Option<SocketAddr>,
     /// Which drains concern the listener (`traffic_direction`, `drain_type`).
     pub drain_scope: crate::drain::Scope,
+    /// The connection's own local rate limit buckets
+    /// (`local_rate_limit_per_downstream_connection`), made on first use.
+    pub rate_limiter: std::sync::OnceLock<Box<crate::limits::LocalLimiter>>,
 }
 
 impl ConnContext {

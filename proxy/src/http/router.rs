@@ -314,7 +314,7 @@ async fn route_and_forward(
         protocol,
         scheme,
     };
-    let selected = table.select(&route_req);
+    let mut selected = table.select(&route_req);
     if let Some(p) = pending.as_deref_mut() {
         p.begin_trace(
             ctx,
@@ -323,6 +323,7 @@ async fn route_and_forward(
             &seen,
         );
     }
+    let mut reselect = false;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -332,13 +333,16 @@ async fn route_and_forward(
             path: &path,
             body: req.body_mut(),
             conn: ctx,
+            remote: facts.client.unwrap_or(ctx.down.peer.ip()),
             route: selected,
             record: pending.as_deref_mut().map(Pending::record),
             version,
+            clear_route_cache: false,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
+        reselect = filtered.clear_route_cache;
     }
     // The filters may have changed the headers the route's actions read.
     let route_req = routing(
@@ -349,6 +353,9 @@ async fn route_and_forward(
         https,
         random_value,
     );
+    if reselect {
+        selected = table.select(&route_req);
+    }
     let Some(selected) = selected else {
         note!(|r| {
             r.flags.set(ResponseFlag::NoRouteFound);

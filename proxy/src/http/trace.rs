@@ -109,14 +109,6 @@ impl RequestTrace {
             Kind::Server
         };
         let shared_context = matches!(provider, Some(Provider::Zipkin(z)) if z.shared_span_context);
-        // Zipkin names a span after the request's host, OpenTelemetry by its direction.
-        let mut name = if zipkin {
-            seen.host.to_owned()
-        } else if cfg.egress {
-            format!("egress {}", seen.host)
-        } else {
-            "ingress".to_owned()
-        };
         let mut span = Span::new(String::new(), kind, 0, new_id());
         // An ingress span shares the caller's id (`shared_span_context`) on Zipkin.
         span.shared = shared_context && !cfg.egress;
@@ -162,28 +154,35 @@ impl RequestTrace {
                 };
             }
         }
-        let mut decorated = None;
+        // The span is named by the route's decorator, or on ingress by the caller's
+        // `x-envoy-decorator-operation`.
+        let route_operation = route_tracing.and_then(|t| t.operation.as_deref());
+        let mut named = route_operation;
+        let mut decorated = route_operation
+            .filter(|_| route_tracing.is_some_and(|t| t.propagate))
+            .map(str::to_owned);
         let mut operation_header = None;
-        if let Some(op) = route_tracing.and_then(|t| t.operation.clone()) {
-            name = op.clone();
-            if route_tracing.is_some_and(|t| t.propagate) {
-                decorated = Some(op);
-            }
-        }
         if cfg.egress {
             operation_header = decorated.clone().map(Some);
         } else if let Some(v) = headers.get(&DECORATOR_OPERATION) {
             if let Ok(op) = v.to_str()
                 && !op.is_empty()
             {
-                name = op.to_owned();
+                named = Some(op);
                 decorated = None;
             }
             operation_header = Some(None);
         }
-        span.name = name;
-        // Tags cost allocations: only a span that will be reported gets them.
+        // A name and tags cost allocations: only a span that will be reported gets them.
         let (request_tags, custom) = if span.sampled && exporter.is_some() {
+            // Without a decorator, Zipkin names a span after the request's host,
+            // OpenTelemetry by its direction.
+            span.name = match named {
+                Some(op) => op.to_owned(),
+                None if zipkin => seen.host.to_owned(),
+                None if cfg.egress => format!("egress {}", seen.host),
+                None => "ingress".to_owned(),
+            };
             let local = &ctx.shared.tracers.local;
             span.set_tag("node_id", local.node_id.clone());
             span.set_tag("zone", local.zone.clone());

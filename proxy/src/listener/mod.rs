@@ -3,6 +3,7 @@
 
 mod active;
 mod inspect;
+mod limits;
 mod original_dst;
 mod slot;
 
@@ -22,6 +23,7 @@ use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 use crate::config::filter_chain_match::{self, ConnectionFacts};
 use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
+use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
@@ -36,7 +38,11 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 struct Chain {
     /// [`ChainConfig::fingerprint`] and [`ChainConfig::refused`]: what makes two chains the same.
     identity: (u64, Option<Arc<str>>),
+    /// The network filters that may close a new connection before `kind` sees it.
+    limits: limits::NetworkLimiters,
     kind: ChainKind,
+    /// Its network RBAC filters, run on each connection before the terminal filter.
+    rbac: Box<[NetworkRbac]>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -133,6 +139,19 @@ enum ChainKind {
     Refused,
 }
 
+impl ChainKind {
+    /// Counts a connection a limiting network filter closed in the terminal filter's
+    /// connection total, as Envoy does (its filters are made for every connection of the
+    /// chain, before any of them runs).
+    fn count_refused(&self) {
+        match self {
+            ChainKind::Http(hcm, _) => drop(hcm.stats.cx.open()),
+            ChainKind::Tcp(proxy, _) => proxy.count_refused(),
+            ChainKind::Refused => {}
+        }
+    }
+}
+
 impl Chain {
     /// The chain was changed or removed by a listener update: its HTTP connections close at
     /// their next response, its TCP connections after `drain_time`.
@@ -164,11 +183,13 @@ pub struct Listener {
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
-    /// from `previous` (the listener it replaces) are kept with their state.
+    /// from `previous` (the listener it replaces) are kept with their state; new rate limits
+    /// with a `share_key` take their bucket from `buckets`.
     pub fn new(
         config: Arc<ListenerConfig>,
         stats: &Store,
         secrets: &SecretStore,
+        buckets: &crate::limits::SharedBuckets,
         previous: Option<&Listener>,
     ) -> Self {
         let prefix = config.stat_prefix();
@@ -200,7 +221,18 @@ impl Listener {
                     ),
                 }
             };
-            Arc::new(Chain { identity, kind })
+            let limits = limits::NetworkLimiters::new(&c.limits, stats, buckets);
+            let rbac = c
+                .rbac
+                .iter()
+                .map(|r| NetworkRbac::new(r.clone(), stats))
+                .collect();
+            Arc::new(Chain {
+                identity,
+                limits,
+                kind,
+                rbac,
+            })
         };
         let address = config.address;
         Listener {
@@ -367,9 +399,9 @@ impl Listener {
         };
         let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
         let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i].kind,
+            Some(i) => &self.chains[i],
             None => match &self.default_chain {
-                Some(c) => &c.kind,
+                Some(c) => c,
                 None => {
                     self.no_filter_chain.inc();
                     self.log_unmatched(peer, destination, inspected.server_name.as_deref());
@@ -379,9 +411,31 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
+        let Some(_admitted) = chain.limits.admit().await else {
+            chain.kind.count_refused();
+            self.cx_destroy.inc();
+            return;
+        };
         // Envoy's requested server name: only the tls_inspector sets it, not the handshake.
         let sni = inspected.server_name.as_deref();
-        match chain {
+        let rbac = RbacGate {
+            filters: &chain.rbac,
+            local: destination,
+            peer,
+            sni,
+        };
+        let mut stream = stream;
+        let plaintext = matches!(
+            &chain.kind,
+            ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
+        );
+        let checked = plaintext.then(|| rbac.check(None)).flatten();
+        if let Some(denied) = checked.as_ref().filter(|c| !c.allowed()) {
+            denied.close(&mut stream).await;
+            self.cx_destroy.inc();
+            return;
+        }
+        match &chain.kind {
             ChainKind::Http(hcm, tls) => {
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
@@ -393,14 +447,22 @@ impl Listener {
                         inbound: self.config.inbound,
                         modify_only: self.config.drain_modify_only,
                     },
+                    rate_limiter: std::sync::OnceLock::new(),
                 };
                 match tls {
-                    None => http::serve(stream, Arc::new(ctx(None))).await,
+                    None => {
+                        if let Some(admitted) = &checked
+                            && first_bytes(&stream).await
+                        {
+                            admitted.count();
+                        }
+                        http::serve(stream, Arc::new(ctx(None))).await
+                    }
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
                         crate::spawn::boxed(|| {
-                            serve_tls(tls, stream, peer, |peer_tls| {
+                            serve_tls(tls, stream, peer, &rbac, |peer_tls| {
                                 let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
@@ -423,12 +485,36 @@ impl Listener {
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
-                        crate::spawn::boxed(|| proxy.serve(stream, &shared.clusters, lb, sni)).await
+                        let count = checked.as_ref().map(|c| move || c.count());
+                        let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                        crate::spawn::boxed(|| {
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                        })
+                        .await
+                    }
+                    Some(tls) if !rbac.filters.is_empty() => {
+                        crate::spawn::boxed(|| async {
+                            let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
+                            else {
+                                return;
+                            };
+                            let Some(checked) = rbac.check(Some(&peer_tls)) else {
+                                return;
+                            };
+                            if !checked.allowed() {
+                                return checked.close(&mut s).await;
+                            }
+                            let count = || checked.count();
+                            proxy
+                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .await;
+                        })
+                        .await
                     }
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni).await;
+                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
                             }
                         })
                         .await
@@ -457,15 +543,77 @@ fn handoff_target<'l>(
     })
 }
 
-/// Completes the TLS handshake of a connection and serves it, with the context `ctx` makes
-/// from the connection's certificates.
+/// What a chain's network RBAC filters check a connection against, less its TLS.
+struct RbacGate<'a> {
+    filters: &'a [NetworkRbac],
+    local: SocketAddr,
+    peer: SocketAddr,
+    sni: Option<&'a str>,
+}
+
+impl<'a> RbacGate<'a> {
+    /// The chain's network RBAC verdicts on the connection (`tls`: its certificates, on a
+    /// TLS chain); `None` when the chain has no such filter.
+    fn check(&self, tls: Option<&PeerTls>) -> Option<network_rbac::Checked<'a>> {
+        if self.filters.is_empty() {
+            return None;
+        }
+        let facts = crate::rbac::Facts {
+            request: None,
+            local: self.local,
+            source: self.peer.ip(),
+            direct_remote: self.peer.ip(),
+            remote: self.peer.ip(),
+            tls,
+            server_name: self.sni.unwrap_or(""),
+        };
+        Some(network_rbac::check(self.filters, &facts))
+    }
+}
+
+/// How long a connection manager's connection is waited on for its first bytes before it is
+/// served uncounted by network RBAC filters (Envoy's default idle timeout).
+const FIRST_BYTES_WAIT: Duration = Duration::from_secs(3600);
+
+/// Whether a plaintext connection sent bytes (they stay unread), waiting at most
+/// [`FIRST_BYTES_WAIT`].
+async fn first_bytes(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let peek = stream.peek(&mut byte);
+    matches!(tokio::time::timeout(FIRST_BYTES_WAIT, peek).await, Ok(Ok(n)) if n > 0)
+}
+
+/// Whether a TLS connection sent application bytes: some the handshake already read, else
+/// bytes on the socket (they stay unread), waiting at most [`FIRST_BYTES_WAIT`].
+async fn first_tls_bytes(stream: &mut tokio_rustls::server::TlsStream<TcpStream>) -> bool {
+    let (tcp, conn) = stream.get_mut();
+    if conn
+        .process_new_packets()
+        .is_ok_and(|state| state.plaintext_bytes_to_read() > 0)
+    {
+        return true;
+    }
+    first_bytes(tcp).await
+}
+
+/// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
+/// serves it, with the context `ctx` makes from the connection's certificates.
 async fn serve_tls(
     tls: &Tls,
     stream: TcpStream,
     peer: SocketAddr,
+    rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    if let Some((tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+    if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+        if let Some(checked) = rbac.check(Some(&certificates)) {
+            if !checked.allowed() {
+                return checked.close(&mut tls_stream).await;
+            }
+            if first_tls_bytes(&mut tls_stream).await {
+                checked.count();
+            }
+        }
         let ctx = ctx(certificates);
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();

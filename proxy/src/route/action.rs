@@ -287,6 +287,10 @@ pub struct MoreSettings {
     pub upgrades: Vec<UpgradeSetting>,
     /// Effective `per_request_buffer_limit_bytes` (route's, else the virtual host's).
     pub per_request_buffer_limit_bytes: Option<u32>,
+    /// The route's `rate_limits`.
+    pub rate_limits: Vec<super::rate_limit::RateLimitPolicy>,
+    /// `include_vh_rate_limits`: the virtual host's policies apply too.
+    pub include_vh_rate_limits: bool,
 }
 
 impl MoreSettings {
@@ -295,7 +299,9 @@ impl MoreSettings {
         let empty = self.idle_timeout.is_none()
             && self.hash_policies.is_empty()
             && self.upgrades.is_empty()
-            && self.per_request_buffer_limit_bytes.is_none();
+            && self.per_request_buffer_limit_bytes.is_none()
+            && self.rate_limits.is_empty()
+            && !self.include_vh_rate_limits;
         (!empty).then(|| Box::new(self))
     }
 }

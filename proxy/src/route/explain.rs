@@ -269,6 +269,7 @@ mod tests {
             &crate::config::Context::new(&crate::config::FakeIo::new()),
             &rc,
             None,
+            &mut crate::config::Warnings::new(),
         )
         .unwrap()
     }

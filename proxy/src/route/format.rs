@@ -2,6 +2,7 @@
 //! with Envoy's validation messages, and rendering against the facts of one stream.
 
 pub(crate) mod clock;
+pub(crate) mod scan;
 
 use std::net::SocketAddr;
 use std::time::SystemTime;
@@ -292,35 +293,14 @@ impl Template {
     /// `%NAME%`, `%NAME(param)%` or `%NAME(param):length%`. Errors carry Envoy's message.
     /// `machine` answers `%ENVIRONMENT(..)%` and `%HOSTNAME%`.
     pub fn parse(value: &str, machine: &dyn Machine) -> Result<Template, String> {
-        let mut pieces = Vec::new();
-        let mut text = String::new();
-        let mut pos = 0;
-        while let Some(i) = value[pos..].find('%').map(|i| pos + i) {
-            text.push_str(&value[pos..i]);
-            if value[i + 1..].starts_with('%') {
-                text.push('%');
-                pos = i + 2;
-                continue;
-            }
-            let (command, end) = split_command(value, i).ok_or_else(|| {
-                format!(
-                    "Incorrect configuration: {value}. Couldn't find valid command at position {i}"
-                )
-            })?;
-            match command.compile(machine)? {
-                Piece::Text(t) => text.push_str(&t),
-                piece => {
-                    if !text.is_empty() {
-                        pieces.push(Piece::Text(std::mem::take(&mut text)));
-                    }
-                    pieces.push(piece);
-                }
-            }
-            pos = end;
-        }
-        text.push_str(&value[pos..]);
-        if !text.is_empty() || pieces.is_empty() {
-            pieces.push(Piece::Text(text));
+        let mut pieces = scan::scan(value, Piece::Text, |command| {
+            Ok(match command.compile(machine)? {
+                Piece::Text(t) => scan::Compiled::Text(t),
+                piece => scan::Compiled::Piece(piece),
+            })
+        })?;
+        if pieces.is_empty() {
+            pieces.push(Piece::Text(String::new()));
         }
         Ok(Template(pieces))
     }
@@ -528,57 +508,7 @@ fn render_tls(out: &mut String, field: TlsField, tls: &TlsFacts) {
     }
 }
 
-/// A `%NAME(param):length%` command as written.
-pub(crate) struct Command<'v> {
-    /// The operator's name.
-    pub name: &'v str,
-    /// What is inside the parentheses.
-    pub param: Option<&'v str>,
-    /// The maximum length after `:`.
-    pub length: Option<usize>,
-}
-
-/// Envoy's command grammar `%[A-Z0-9_]+(\([^)]*\))?(:[0-9]+)?%` at byte `start` (a `%`);
-/// returns the command and the byte after its closing `%`.
-pub(crate) fn split_command(value: &str, start: usize) -> Option<(Command<'_>, usize)> {
-    let rest = &value[start + 1..];
-    let name_len = rest
-        .bytes()
-        .take_while(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || *b == b'_')
-        .count();
-    if name_len == 0 {
-        return None;
-    }
-    let name = &rest[..name_len];
-    let mut rest = &rest[name_len..];
-    let mut param = None;
-    if let Some(r) = rest.strip_prefix('(') {
-        let close = r.find(')')?;
-        param = Some(&r[..close]);
-        rest = &r[close + 1..];
-    }
-    let mut length = None;
-    if let Some(r) = rest.strip_prefix(':') {
-        let digits = r.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 {
-            return None;
-        }
-        length = Some(r[..digits].parse().unwrap_or(usize::MAX));
-        rest = &r[digits..];
-    }
-    rest.strip_prefix('%')?;
-    let end = value.len() - rest.len() + 1;
-    Some((
-        Command {
-            name,
-            param,
-            length,
-        },
-        end,
-    ))
-}
-
-impl Command<'_> {
+impl scan::Command<'_> {
     fn compile(&self, machine: &dyn Machine) -> Result<Piece, String> {
         let name = self.name;
         let no_length = || match self.length {

@@ -10,6 +10,7 @@ pub mod headers;
 pub mod matcher;
 pub mod per_filter;
 pub mod policy;
+pub mod rate_limit;
 mod rewrite;
 pub mod tracing;
 
@@ -142,6 +143,8 @@ pub struct VirtualHost {
     pub require_tls: TlsRequirement,
     /// Virtual clusters in order.
     pub virtual_clusters: Vec<VirtualCluster>,
+    /// `rate_limits`.
+    pub rate_limits: Vec<rate_limit::RateLimitPolicy>,
     /// Virtual-host-level header mutations; `None` when there are none.
     pub headers: Option<Box<HeaderRules>>,
     /// `include_request_attempt_count`.
@@ -413,6 +416,17 @@ impl<'a> Selected<'a> {
             .per_filter_levels()
             .find_map(|p| p.get(name).and_then(PerRoute::config))?;
         (c as &dyn std::any::Any).downcast_ref::<T>()
+    }
+
+    /// Every level's configuration replacing the filter `name`'s own, most specific first
+    /// (for filters that merge them, as Envoy's `getMergedPerFilterConfig`).
+    pub fn filter_configs<T: per_filter::FilterRouteConfig>(
+        &self,
+        name: &str,
+    ) -> impl Iterator<Item = &'a T> {
+        self.per_filter_levels()
+            .filter_map(move |p| p.get(name).and_then(PerRoute::config))
+            .filter_map(|c| (c as &dyn std::any::Any).downcast_ref::<T>())
     }
 
     /// The levels' `typed_per_filter_config`, most specific first.

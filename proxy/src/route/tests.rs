@@ -8,6 +8,7 @@ fn table(yaml: &str) -> RouteTable {
         &crate::config::Context::new(&crate::config::FakeIo::new()),
         &rc,
         None,
+        &mut crate::config::Warnings::new(),
     )
     .unwrap()
 }

@@ -114,7 +114,9 @@ pub fn run(opts: &Options) -> Result<Report, String> {
     let codec = Codec::new();
     let rc = load_route_config(&codec, &opts.config_path)?;
     let ctx = crate::config::Context::new(&crate::config::SystemIo);
-    let table = crate::config::route::compile_route_config(&ctx, &rc, None)
+    // What a compile leaves out concerns tracing, not the routing checked here.
+    let mut left_out = crate::config::Warnings::new();
+    let table = crate::config::route::compile_route_config(&ctx, &rc, None, &mut left_out)
         .map_err(|e| format!("{}: {e}", opts.config_path))?;
     let text =
         std::fs::read_to_string(&opts.test_path).map_err(|e| format!("{}: {e}", opts.test_path))?;

@@ -29,6 +29,10 @@ mod tunnel;
 
 const BUFFER: usize = 16 * 1024;
 
+/// Called as the downstream's bytes are passed upstream, from the first bytes on (the chain's
+/// network RBAC filters count their verdicts then, as Envoy's do on their first data).
+pub type OnData<'a> = Option<&'a (dyn Fn() + Sync)>;
+
 /// A compiled tcp_proxy with its `tcp.<stat_prefix>.*` stats.
 #[derive(Debug)]
 pub struct TcpProxy {
@@ -49,6 +53,12 @@ struct TcpStats {
 }
 
 impl TcpProxy {
+    /// Counts a connection of the chain that a network filter before the proxy closed
+    /// (`downstream_cx_total` counts every connection the chain was made for, as in Envoy).
+    pub fn count_refused(&self) {
+        self.stats.downstream_cx_total.inc();
+    }
+
     /// Resolves the stats of `config` in `store`.
     pub fn new(config: TcpProxyConfig, store: &Store) -> Self {
         let p = format!("tcp.{}.", config.stat_prefix);
@@ -130,7 +140,7 @@ impl TcpProxy {
     }
 
     /// Writes the record of a connection that ended, with the bytes `activity` counted.
-    fn log(&self, rec: Option<Box<Record>>, activity: Option<&Activity>) {
+    fn log(&self, rec: Option<Box<Record>>, activity: Option<&Activity<'_>>) {
         let Some(mut rec) = rec else { return };
         rec.end = Some(Instant::now());
         if let Some(a) = activity {
@@ -149,6 +159,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
@@ -163,7 +174,7 @@ impl TcpProxy {
         else {
             return self.log(rec, None);
         };
-        let activity = Activity::new();
+        let activity = Activity::new(on_data);
         if self.config.tunneling.is_some() {
             self.tunnelled(
                 upstream,
@@ -180,7 +191,8 @@ impl TcpProxy {
             UpstreamIo::Plain(u) => {
                 let (dr, dw) = downstream.split();
                 let (ur, uw) = u.split();
-                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+                let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+                    .on_data(activity.on_data);
                 let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
                 let copy = async {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
@@ -207,6 +219,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        on_data: OnData<'_>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -222,7 +235,7 @@ impl TcpProxy {
         else {
             return self.log(rec, None);
         };
-        let activity = Activity::new();
+        let activity = Activity::new(on_data);
         if self.config.tunneling.is_some() {
             self.tunnelled(
                 upstream,
@@ -253,7 +266,7 @@ impl TcpProxy {
         h2: bool,
         downstream: &mut D,
         ends: &tunnel::Endpoints,
-        activity: &Activity,
+        activity: &Activity<'_>,
         mut rec: Option<&mut Record>,
     ) {
         let Some(t) = &self.config.tunneling else {
@@ -364,7 +377,7 @@ impl TcpProxy {
         &self,
         down: &mut D,
         up: &mut U,
-        activity: &Activity,
+        activity: &Activity<'_>,
         chunked: bool,
     ) -> std::io::Result<((), ())>
     where
@@ -373,7 +386,8 @@ impl TcpProxy {
     {
         let (dr, dw) = tokio::io::split(down);
         let (ur, uw) = tokio::io::split(up);
-        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx));
+        let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
+            .on_data(activity.on_data);
         let tx = Tally::new(&self.stats.downstream_cx_tx_bytes_total, Some(&activity.tx));
         // An HTTP/1.1 POST tunnel carries the downstream's bytes as a chunked body.
         if chunked {
@@ -388,7 +402,7 @@ impl TcpProxy {
     async fn run(
         &self,
         copy: impl Future<Output = std::io::Result<((), ())>>,
-        activity: &Activity,
+        activity: &Activity<'_>,
         rec: Option<&mut Record>,
     ) {
         let max_duration = async {
@@ -415,25 +429,40 @@ impl TcpProxy {
     }
 }
 
-/// The last time bytes moved, shared by both directions, and the bytes each way.
-struct Activity {
+/// The last time bytes moved, shared by both directions, the bytes each way, and who is told
+/// when the downstream's bytes move.
+struct Activity<'a> {
     start: Instant,
     last_ms: AtomicU64,
     /// Bytes from the downstream.
     rx: AtomicU64,
     /// Bytes to the downstream.
     tx: AtomicU64,
+    /// Told as the downstream's bytes go upstream.
+    on_data: OnData<'a>,
 }
 
-/// Where one direction's bytes are counted: the proxy's stat and the connection's own count.
+/// Where one direction's bytes are counted: the proxy's stat and the connection's own count
+/// (and who else is told that bytes moved).
 struct Tally<'a> {
     total: &'a Counter,
     conn: Option<&'a AtomicU64>,
+    on_data: OnData<'a>,
 }
 
 impl<'a> Tally<'a> {
     fn new(total: &'a Counter, conn: Option<&'a AtomicU64>) -> Self {
-        Tally { total, conn }
+        Tally {
+            total,
+            conn,
+            on_data: None,
+        }
+    }
+
+    /// The same, calling `on_data` whenever bytes are counted.
+    fn on_data(mut self, on_data: OnData<'a>) -> Self {
+        self.on_data = on_data;
+        self
     }
 
     fn add(&self, n: u64) {
@@ -441,16 +470,20 @@ impl<'a> Tally<'a> {
         if let Some(c) = self.conn {
             c.fetch_add(n, Ordering::Relaxed);
         }
+        if let Some(f) = self.on_data {
+            f();
+        }
     }
 }
 
-impl Activity {
-    fn new() -> Self {
+impl<'a> Activity<'a> {
+    fn new(on_data: OnData<'a>) -> Self {
         Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
             rx: AtomicU64::new(0),
             tx: AtomicU64::new(0),
+            on_data,
         }
     }
 
@@ -480,7 +513,7 @@ impl Activity {
 async fn pump(
     r: ReadHalf<'_>,
     mut w: WriteHalf<'_>,
-    activity: &Activity,
+    activity: &Activity<'_>,
     bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     #[cfg(target_os = "linux")]
@@ -503,7 +536,7 @@ async fn pump(
 async fn copy<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut r: R,
     mut w: W,
-    activity: &Activity,
+    activity: &Activity<'_>,
     bytes: &Tally<'_>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; BUFFER];

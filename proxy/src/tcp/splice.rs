@@ -71,7 +71,7 @@ impl Pipe {
         &self,
         from: &TcpStream,
         to: &TcpStream,
-        activity: &Activity,
+        activity: &Activity<'_>,
         bytes: &Tally<'_>,
     ) -> io::Result<Forwarded> {
         let mut capacity = self.size();
@@ -208,7 +208,7 @@ mod tests {
         let pipe = Pipe::new().unwrap();
         let bytes = Store::new().counter("bytes");
         let ended = pipe
-            .forward(&from, &to, &Activity::new(), &Tally::new(&bytes, None))
+            .forward(&from, &to, &Activity::new(None), &Tally::new(&bytes, None))
             .await
             .unwrap();
         assert!(matches!(ended, Forwarded::Eof));

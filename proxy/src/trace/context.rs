@@ -159,8 +159,30 @@ pub fn b3_sampled_only(headers: &HeaderMap) -> Option<bool> {
         .and_then(b3_sampled)
 }
 
-fn value(s: String) -> HeaderValue {
-    HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""))
+/// The low `digits` hex digits of `n`, zero-padded, appended to `out` (what `{:0Nx}` writes,
+/// without the formatting machinery: this runs for every traced request, sampled or not).
+fn push_hex(out: &mut Vec<u8>, n: u128, digits: u32) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend(
+        (0..digits)
+            .rev()
+            .map(|i| HEX[((n >> (i * 4)) & 0xf) as usize]),
+    );
+}
+
+/// A header value of hex digits and dashes, taking `bytes` without a copy.
+fn hex_value(bytes: Vec<u8>) -> HeaderValue {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes))
+        .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Appends the B3 hex of a trace id: 16 digits for a 64-bit trace, else 32.
+fn push_b3_trace(out: &mut Vec<u8>, trace_id: u128, wide: bool) {
+    if wide {
+        push_hex(out, trace_id, 32);
+    } else {
+        push_hex(out, trace_id, 16);
+    }
 }
 
 /// Writes `traceparent` (and `tracestate`, empty when there is none, as Envoy does).
@@ -171,23 +193,22 @@ pub fn inject_w3c(
     sampled: bool,
     tracestate: &str,
 ) {
-    headers.insert(
-        &TRACEPARENT,
-        value(format!(
-            "00-{trace_id:032x}-{span_id:016x}-{:02x}",
-            u8::from(sampled)
-        )),
-    );
-    headers.insert(&TRACESTATE, value(tracestate.to_owned()));
+    let mut v = Vec::with_capacity(55);
+    v.extend_from_slice(b"00-");
+    push_hex(&mut v, trace_id, 32);
+    v.push(b'-');
+    push_hex(&mut v, u128::from(span_id), 16);
+    v.extend_from_slice(if sampled { b"-01" } else { b"-00" });
+    headers.insert(&TRACEPARENT, hex_value(v));
+    let state = HeaderValue::from_str(tracestate).unwrap_or_else(|_| HeaderValue::from_static(""));
+    headers.insert(&TRACESTATE, state);
 }
 
 /// The B3 hex of a trace id: 16 digits for a 64-bit trace, else 32.
 pub fn b3_trace_hex(trace_id: u128, wide: bool) -> String {
-    if wide {
-        format!("{trace_id:032x}")
-    } else {
-        format!("{:016x}", trace_id as u64)
-    }
+    let mut out = Vec::with_capacity(32);
+    push_b3_trace(&mut out, trace_id, wide);
+    String::from_utf8(out).expect("hex digits are UTF-8")
 }
 
 /// Writes a span's B3 context: the single `b3` header (`single`: the request came with one) or
@@ -202,22 +223,25 @@ pub fn inject_b3(
     single: bool,
 ) {
     if single {
-        let mut v = format!(
-            "{}-{span_id:016x}-{}",
-            b3_trace_hex(trace_id, wide),
-            u8::from(sampled)
-        );
+        let mut v = Vec::with_capacity(68);
+        push_b3_trace(&mut v, trace_id, wide);
+        v.push(b'-');
+        push_hex(&mut v, u128::from(span_id), 16);
+        v.extend_from_slice(if sampled { b"-1" } else { b"-0" });
         if let Some(p) = parent_id {
-            v.push_str(&format!("-{p:016x}"));
+            v.push(b'-');
+            push_hex(&mut v, u128::from(p), 16);
         }
-        headers.insert(&B3, value(v));
+        headers.insert(&B3, hex_value(v));
         return;
     }
-    headers.insert(&B3_TRACE_ID, value(b3_trace_hex(trace_id, wide)));
-    headers.insert(&B3_SPAN_ID, value(format!("{span_id:016x}")));
+    let mut trace = Vec::with_capacity(32);
+    push_b3_trace(&mut trace, trace_id, wide);
+    headers.insert(&B3_TRACE_ID, hex_value(trace));
+    headers.insert(&B3_SPAN_ID, hex_id(span_id));
     match parent_id {
         Some(p) => {
-            headers.insert(&B3_PARENT, value(format!("{p:016x}")));
+            headers.insert(&B3_PARENT, hex_id(p));
         }
         None => {
             headers.remove(&B3_PARENT);
@@ -227,6 +251,13 @@ pub fn inject_b3(
         &B3_SAMPLED,
         HeaderValue::from_static(if sampled { "1" } else { "0" }),
     );
+}
+
+/// A 64-bit id as 16 hex digits.
+fn hex_id(id: u64) -> HeaderValue {
+    let mut v = Vec::with_capacity(16);
+    push_hex(&mut v, u128::from(id), 16);
+    hex_value(v)
 }
 
 #[cfg(test)]
@@ -298,5 +329,42 @@ mod tests {
         );
         assert_eq!(b3_sampled_only(&headers(&[("b3", "0")])), Some(false));
         assert!(b3(&headers(&[("x-b3-traceid", "463ac35c9f6413ad")])).is_none());
+    }
+
+    #[test]
+    fn b3_is_written_zero_padded_single_or_multi() {
+        let mut out = HeaderMap::new();
+        inject_b3(
+            &mut out,
+            0x1_0000_0000_0000_00ff,
+            true,
+            0xab,
+            Some(2),
+            false,
+            true,
+        );
+        assert_eq!(
+            out["b3"],
+            "000000000000000100000000000000ff-00000000000000ab-0-0000000000000002"
+        );
+        let mut out = headers(&[("x-b3-parentspanid", "0000000000000009")]);
+        inject_b3(
+            &mut out,
+            0x1_0000_0000_0000_00ff,
+            false,
+            0xab,
+            None,
+            true,
+            false,
+        );
+        assert_eq!(out["x-b3-traceid"], "00000000000000ff");
+        assert_eq!(out["x-b3-spanid"], "00000000000000ab");
+        assert_eq!(out["x-b3-sampled"], "1");
+        assert!(!out.contains_key("x-b3-parentspanid"));
+        inject_b3(&mut out, 7, true, 1, Some(u64::MAX), false, false);
+        assert_eq!(out["x-b3-traceid"], "00000000000000000000000000000007");
+        assert_eq!(out["x-b3-parentspanid"], "ffffffffffffffff");
+        assert_eq!(out["x-b3-sampled"], "0");
+        assert_eq!(b3_trace_hex(u128::MAX, false), "ffffffffffffffff");
     }
 }

@@ -3,13 +3,10 @@
 
 use std::time::UNIX_EPOCH;
 
-use http_body_util::BodyExt;
-use prost::Message;
-
 use super::otlp;
 use super::span::{Kind, Span};
 use crate::config::tracing::OtelProvider;
-use crate::upstream::{ClusterManager, LbContext};
+use crate::upstream::{ClusterManager, grpc};
 
 /// W3C trace flags bit: sampled.
 const SAMPLED: u32 = 0x01;
@@ -138,51 +135,16 @@ impl Client {
         clusters: &ClusterManager,
         spans: &[Span],
     ) -> Result<(), String> {
-        let cluster = clusters
-            .get(&self.provider.cluster)
-            .ok_or_else(|| format!("unknown cluster '{}'", self.provider.cluster))?;
-        let message = encode(&self.resource, spans).encode_to_vec();
-        let mut framed = Vec::with_capacity(5 + message.len());
-        framed.push(0);
-        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
-        framed.extend_from_slice(&message);
-        let mut req = http::Request::post(otlp::EXPORT_PATH)
-            .version(http::Version::HTTP_2)
-            .header(http::header::HOST, self.provider.authority.as_str())
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .header(http::header::TE, "trailers")
-            .body(crate::body::full(framed))
-            .map_err(|e| e.to_string())?;
-        if let Some(t) = self.provider.timeout
-            && let Ok(v) = http::HeaderValue::from_str(&format!("{}m", t.as_millis()))
-        {
-            req.headers_mut().insert("grpc-timeout", v);
-        }
-        let lb = LbContext {
-            internal: true,
-            ..LbContext::default()
+        let call = grpc::Call {
+            cluster: &self.provider.cluster,
+            path: otlp::EXPORT_PATH,
+            authority: &self.provider.authority,
+            metadata: &[],
+            timeout: self.provider.timeout,
         };
-        let call = async {
-            let resp = cluster.request(req, &lb).await.map_err(|e| e.to_string())?;
-            let head_status = resp.headers().get("grpc-status").cloned();
-            let status = resp.status();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?;
-            let grpc_status = head_status.or_else(|| body.trailers()?.get("grpc-status").cloned());
-            match grpc_status.as_ref().map(http::HeaderValue::as_bytes) {
-                Some(b"0") => Ok(()),
-                Some(code) => Err(format!("grpc-status {}", String::from_utf8_lossy(code))),
-                None => Err(format!("HTTP {status} without grpc-status")),
-            }
-        };
-        match self.provider.timeout {
-            Some(t) => tokio::time::timeout(t, call)
-                .await
-                .map_err(|_| "timeout".to_owned())?,
-            None => call.await,
-        }
+        grpc::unary(clusters, &call, &encode(&self.resource, spans))
+            .await
+            .map(drop)
+            .map_err(|f| f.to_string())
     }
 }

@@ -8,6 +8,7 @@
 mod cluster;
 pub mod dns;
 mod error;
+pub mod grpc;
 mod h1;
 mod host;
 mod io;

@@ -807,8 +807,12 @@ impl ProxyHandler {
                     .validate_clusters
                     .is_some_and(|v| v.value)
                     .then_some(&known);
-                crate::config::route::compile_route_config(ctx, &rc, check)
-                    .map_err(|e| located("route configuration", &rc.name, e))
+                let mut warnings = Warnings::new();
+                let table =
+                    crate::config::route::compile_route_config(ctx, &rc, check, &mut warnings)
+                        .map_err(|e| located("route configuration", &rc.name, e))?;
+                log_warnings("route configuration", &rc.name, &warnings);
+                Ok(table)
             });
             let accepted = compiled.is_ok();
             match compiled {

@@ -295,6 +295,32 @@ impl Issued {
     }
 }
 
+/// A TLS client configuration (ring) that trusts `<dir>/root.pem` and presents
+/// `<dir>/<identity>.pem` with `<dir>/<identity>.key`, or no certificate without `identity`.
+pub fn client_config(dir: &Path, identity: Option<&str>) -> rustls::ClientConfig {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    let root = CertificateDer::from_pem_file(dir.join("root.pem")).expect("root.pem");
+    roots.add(root).expect("the root is a CA");
+    let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots);
+    let Some(file) = identity else {
+        return builder.with_no_client_auth();
+    };
+    let chain = CertificateDer::pem_file_iter(dir.join(format!("{file}.pem")))
+        .expect("the client chain")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("the chain parses");
+    let key = PrivateKeyDer::from_pem_file(dir.join(format!("{file}.key"))).expect("key");
+    builder
+        .with_client_auth_cert(chain, key)
+        .expect("certificate and key match")
+}
+
 /// A fresh directory under the system's temporary directory, removed (with its files) when
 /// dropped.
 pub struct CertDir {

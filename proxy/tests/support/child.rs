@@ -28,6 +28,21 @@ impl Proxy {
         Proxy::spawn(command, ready)
     }
 
+    /// Starts revoy on `yaml`, ready once its admin on 127.0.0.1:`admin` accepts.
+    pub fn with_admin(yaml: &str, admin: u16) -> Proxy {
+        Proxy::start(yaml, || {
+            std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
+        })
+    }
+
+    /// Starts the Envoy at `envoy` on `yaml`, ready once its admin on 127.0.0.1:`admin`
+    /// accepts (`admin` is its base id too).
+    pub fn envoy_with_admin(envoy: &Path, yaml: &str, admin: u16) -> Proxy {
+        Proxy::envoy(envoy, yaml, admin, || {
+            std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok()
+        })
+    }
+
     /// Starts `command` (a proxy with its arguments) and waits until `ready()` holds.
     pub fn spawn(mut command: Command, ready: impl Fn() -> bool) -> Proxy {
         let child = command

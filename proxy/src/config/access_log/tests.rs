@@ -22,7 +22,7 @@ fn log(typed: Any, filter: Option<pb::AccessLogFilter>) -> pb::AccessLog {
 
 fn compile(logs: &[pb::AccessLog]) -> Result<AccessLogs, ConfigError> {
     let io = FakeIo::new();
-    compile_access_logs(&Context::new(&io), logs)
+    compile_access_logs(&Context::new(&io), logs, &mut Warnings::new())
 }
 
 fn file(path: &str) -> FileAccessLog {
@@ -54,21 +54,76 @@ fn stream_loggers_write_to_the_process_streams() {
     assert_eq!(logs.logs()[1].path, PathBuf::from("/dev/stderr"));
 }
 
+fn other_logger(type_name: &str, name: &str, filter: Option<pb::AccessLogFilter>) -> pb::AccessLog {
+    pb::AccessLog {
+        name: name.into(),
+        filter,
+        config_type: Some(pb::access_log::ConfigType::TypedConfig(Any {
+            type_url: format!("type.googleapis.com/{type_name}"),
+            value: vec![],
+        })),
+    }
+}
+
 #[test]
-fn an_unknown_logger_is_an_error_naming_it() {
-    let other = Any {
-        type_url:
-            "type.googleapis.com/envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig"
-                .into(),
-        value: vec![],
+fn loggers_revoy_lacks_are_skipped_with_a_warning_naming_them() {
+    // Istio's telemetry providers: gRPC ALS and OpenTelemetry, the latter with a CEL filter
+    // (an extension filter, which revoy lacks: a skipped logger's filter is not read).
+    let cel = pb::AccessLogFilter {
+        filter_specifier: Some(pb::access_log_filter::FilterSpecifier::ExtensionFilter(
+            pb::ExtensionFilter {
+                name: "envoy.access_loggers.extension_filters.cel".into(),
+                config_type: None,
+            },
+        )),
     };
-    let e = compile(&[log(any(&file("/tmp/x")), None), log(other, None)]).unwrap_err();
-    assert_eq!(e.path, "[1].typed_config");
-    assert!(
-        e.message
-            .contains("HttpGrpcAccessLogConfig is not implemented"),
-        "{e}"
+    let logs = [
+        other_logger(
+            "envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "envoy.access_loggers.http_grpc",
+            None,
+        ),
+        log(any(&file("/tmp/x")), None),
+        other_logger(
+            "envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig",
+            "otel",
+            Some(cel),
+        ),
+    ];
+    let io = FakeIo::new();
+    let mut warnings = Warnings::new();
+    let compiled = compile_access_logs(&Context::new(&io), &logs, &mut warnings).unwrap();
+    assert_eq!(compiled.logs().len(), 1);
+    assert_eq!(compiled.logs()[0].path, PathBuf::from("/tmp/x"));
+    let found: Vec<_> = warnings
+        .iter()
+        .map(|w| (w.severity, w.path.as_str(), w.message.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (
+                crate::config::Severity::Skipped,
+                "[0].typed_config",
+                "access logger 'envoy.access_loggers.http_grpc' (envoy.extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig) is not implemented by revoy (it writes the file, stdout and stderr loggers); nothing is logged through it"
+            ),
+            (
+                crate::config::Severity::Skipped,
+                "[2].typed_config",
+                "access logger 'otel' (envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig) is not implemented by revoy (it writes the file, stdout and stderr loggers); nothing is logged through it"
+            ),
+        ]
     );
+}
+
+#[test]
+fn a_logger_without_typed_config_is_an_error() {
+    let bare = pb::AccessLog {
+        name: "bare".into(),
+        ..Default::default()
+    };
+    let e = compile(&[bare]).unwrap_err();
+    assert_eq!(e.path, "[0].typed_config");
 }
 
 #[test]
@@ -121,7 +176,7 @@ fn a_file_that_cannot_be_opened_is_an_error_naming_its_path() {
         log(any(&file("/tmp/fine.log")), None),
         log(any(&file("/nope/x.log")), None),
     ];
-    let e = compile_access_logs(&Context::new(&io), &logs).unwrap_err();
+    let e = compile_access_logs(&Context::new(&io), &logs, &mut Warnings::new()).unwrap_err();
     assert_eq!(e.path, "[1].typed_config.path");
     assert_eq!(
         e.message,

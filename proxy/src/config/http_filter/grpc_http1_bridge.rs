@@ -5,12 +5,12 @@ use proto::pb::envoy::extensions::filters::http::grpc_http1_bridge::v3::Config;
 use crate::config::ConfigError;
 
 /// Checks a `Config`: revoy bridges HTTP/1.1 gRPC requests as they are, and refuses the options
-/// that change the request (its filters cannot rewrite the path or re-route).
+/// that change the request (the protobuf upgrade, the path without its query).
 pub fn compile(c: &Config) -> Result<(), ConfigError> {
     if c.upgrade_protobuf_to_grpc {
         return Err(ConfigError::new(
             "upgrade_protobuf_to_grpc",
-            "not supported by revoy (it re-routes the upgraded request)",
+            "not supported by revoy (requests are bridged as they come, not upgraded)",
         ));
     }
     if c.ignore_query_parameters {

@@ -6,10 +6,14 @@
 //! warning, or, when it controls access (see [`super::fail_closed`]), compiles to
 //! [`FilterKind::FailClosed`], which denies every request that reaches it.
 
+pub mod basic_auth;
 pub mod buffer;
+pub mod ext_authz;
 pub mod fault;
 pub mod grpc_http1_bridge;
 pub mod health_check;
+pub mod local_ratelimit;
+pub mod ratelimit;
 
 use std::sync::Arc;
 
@@ -29,6 +33,12 @@ const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.Health
 const GRPC_WEB: &str = "envoy.extensions.filters.http.grpc_web.v3.GrpcWeb";
 const GRPC_HTTP1_BRIDGE: &str = "envoy.extensions.filters.http.grpc_http1_bridge.v3.Config";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
+const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
+const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
+const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
+const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
+const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
+const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -73,12 +83,64 @@ pub enum FilterKind {
     Fault(Arc<fault::FaultConfig>),
     /// `envoy.filters.http.buffer`.
     Buffer(buffer::BufferConfig),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(Arc<local_ratelimit::LocalRateLimitConfig>),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(Arc<ratelimit::RateLimitServiceConfig>),
     /// `envoy.filters.http.health_check`.
     HealthCheck(Arc<health_check::HealthCheckConfig>),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(Arc<basic_auth::BasicAuthConfig>),
+    /// `envoy.filters.http.rbac`.
+    Rbac {
+        /// Its rules.
+        config: Arc<super::rbac::HttpRbacConfig>,
+        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
+        /// reading dynamic metadata or filter state, which that filter may set, then deny
+        /// every request they see.
+        after_skipped: Option<Arc<str>>,
+    },
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+}
+
+impl FilterChain {
+    /// Notes that `skipped`, a network filter revoy does not run, comes before this chain
+    /// (`at`: the chain's path, for the warnings).
+    pub fn after_skipped_network_filter(
+        &mut self,
+        skipped: &str,
+        at: &str,
+        warnings: &mut Warnings,
+    ) {
+        for (i, f) in self.filters.iter_mut().enumerate() {
+            if let FilterKind::Rbac {
+                config,
+                after_skipped: after @ None,
+            } = &mut f.kind
+            {
+                *after = Some(Arc::from(skipped));
+                if config.reads_metadata {
+                    unknown_metadata_warning(warnings, &format!("{at}.http_filters[{i}]"), skipped);
+                }
+            }
+        }
+    }
+}
+
+/// The finding of an RBAC filter at `at` whose rules read what `skipped` may set.
+fn unknown_metadata_warning(warnings: &mut Warnings, at: &str, skipped: &str) {
+    warnings.fails_closed(
+        at,
+        format!(
+            "{}; every request reaching it is denied (403)",
+            super::rbac::unknown_metadata(skipped)
+        ),
+    );
 }
 
 /// Compiles `http_filters`. Filters revoy lacks are reported in `warnings` (skipped, or
@@ -89,6 +151,7 @@ pub fn compile_chain(
     warnings: &mut Warnings,
 ) -> Result<FilterChain, ConfigError> {
     let mut chain = FilterChain::default();
+    let mut skipped: Option<Arc<str>> = None;
     for (i, f) in filters.iter().enumerate() {
         let at = format!("http_filters[{i}]");
         if chain.router {
@@ -121,11 +184,23 @@ pub fn compile_chain(
         }
         let kind = match any {
             Some(any) => {
-                compile_kind(ctx, any).map_err(|e| e.within(&format!("{at}.typed_config")))?
+                let before = warnings.len();
+                let kind = compile_kind(ctx, any, warnings);
+                warnings.prefix_since(before, &format!("{at}.typed_config"));
+                kind.map_err(|e| e.within(&format!("{at}.typed_config")))?
             }
             None => None,
         };
         let kind = match kind {
+            Some(FilterKind::Rbac { config, .. }) => {
+                if let Some(s) = skipped.as_deref().filter(|_| config.reads_metadata) {
+                    unknown_metadata_warning(warnings, &at, s);
+                }
+                FilterKind::Rbac {
+                    config,
+                    after_skipped: skipped.clone(),
+                }
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -142,6 +217,7 @@ pub fn compile_chain(
                 );
                 if !(from_ecds || super::fail_closed::filter_fails_closed(&f.name, &extension)) {
                     warnings.skipped(at, format!("{what}; requests pass through without it"));
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
                     continue;
                 }
                 warnings.fails_closed(
@@ -167,17 +243,41 @@ pub fn compile_chain(
 }
 
 /// The filter `any` configures, or `None` when revoy lacks it.
-fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+fn compile_kind(
+    ctx: &Context<'_>,
+    any: &Any,
+    warnings: &mut Warnings,
+) -> Result<Option<FilterKind>, ConfigError> {
     Ok(match proto::type_name_of(&any.type_url) {
         FAULT => Some(FilterKind::Fault(Arc::new(fault::compile(
             ctx,
             &unpack(any)?,
         )?))),
         BUFFER => Some(FilterKind::Buffer(buffer::compile(&unpack(any)?)?)),
+        local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(FilterKind::LocalRateLimit(Arc::new(
+            local_ratelimit::compile_local(ctx, &unpack(any)?, false)?,
+        ))),
+        ratelimit::HTTP_RATE_LIMIT => Some(FilterKind::RateLimit(Arc::new(
+            ratelimit::compile_service(ctx, &unpack(any)?)?,
+        ))),
         HEALTH_CHECK => Some(FilterKind::HealthCheck(Arc::new(health_check::compile(
             ctx,
             &unpack(any)?,
         )?))),
+        EXT_AUTHZ => Some(FilterKind::ExtAuthz(Arc::new(ext_authz::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
+        BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
+        RBAC => Some(FilterKind::Rbac {
+            config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
+            after_skipped: None,
+        }),
         GRPC_WEB => {
             unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
             Some(FilterKind::GrpcWeb)
@@ -191,7 +291,9 @@ fn compile_kind(ctx: &Context<'_>, any: &Any) -> Result<Option<FilterKind>, Conf
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
-/// the filter itself is reported where the connection manager names it.
+/// the filter itself is reported where the connection manager names it. Route compiles keep
+/// no warnings, so an `RBACPerRoute`'s notes (metadata matchers that never see metadata) are
+/// not listed; the filter-level rules' are.
 pub fn compile_per_filter(
     ctx: &Context<'_>,
     map: &std::collections::HashMap<String, Any>,
@@ -232,6 +334,27 @@ pub fn compile_per_filter(
             ))),
             BUFFER_PER_ROUTE => Some(routed(buffer::compile_per_route(
                 &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            local_ratelimit::HTTP_LOCAL_RATE_LIMIT => Some(routed(local_ratelimit::compile_local(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                true,
+            ))),
+            ratelimit::HTTP_RATE_LIMIT_PER_ROUTE => Some(routed(ratelimit::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            EXT_AUTHZ_PER_ROUTE => Some(routed(ext_authz::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            BASIC_AUTH_PER_ROUTE => Some(routed(basic_auth::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
+                ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+                &mut Warnings::new(),
             ))),
             _ => None,
         };

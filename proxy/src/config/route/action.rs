@@ -284,6 +284,9 @@ pub(super) fn forward<'p>(
                 .collect::<Result<_, _>>()?,
             upgrades: route_upgrades(&ra.upgrade_configs)?,
             per_request_buffer_limit_bytes: route_buffer_limit.or(vh.buffer_limit),
+            rate_limits: super::rate_limits::compile_rate_limits(vh.ctx, &ra.rate_limits)
+                .map_err(|e| e.within("rate_limits"))?,
+            include_vh_rate_limits: include_vh_rate_limits(ra),
         }
         .boxed(),
     })))
@@ -639,4 +642,10 @@ pub(super) fn direct_response(
         status,
         body,
     })))
+}
+
+/// The deprecated `include_vh_rate_limits`.
+#[allow(deprecated)]
+fn include_vh_rate_limits(ra: &pb::RouteAction) -> bool {
+    ra.include_vh_rate_limits.is_some_and(|b| b.value)
 }

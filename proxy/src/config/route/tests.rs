@@ -16,6 +16,7 @@ fn compile(yaml: &str) -> Result<RouteTable, ConfigError> {
         &Context::new(&FakeIo::new()),
         &decode(yaml),
         Some(&|c: &str| c != "missing"),
+        &mut Warnings::new(),
     )
 }
 
@@ -33,6 +34,7 @@ fn unknown_cluster_is_an_error() {
             "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {prefix: /}\n    route: {cluster: missing}\n",
         ),
         None,
+        &mut Warnings::new(),
     );
     assert!(ok.is_ok());
 }
@@ -122,7 +124,7 @@ fn fake_io() -> FakeIo {
 }
 
 fn compile_with(io: &FakeIo, yaml: &str) -> Result<RouteTable, ConfigError> {
-    compile_route_config(&Context::new(io), &decode(yaml), None)
+    compile_route_config(&Context::new(io), &decode(yaml), None, &mut Warnings::new())
 }
 
 /// The body of the only route's direct response.
@@ -191,13 +193,13 @@ fn identical_regexes_are_compiled_once_per_context() {
     let io = FakeIo::new();
     let ctx = Context::new(&io);
     let yaml = "virtual_hosts:\n- name: v\n  domains: ['*']\n  routes:\n  - match: {safe_regex: {regex: '/a+'}, headers: [{name: x, string_match: {safe_regex: {regex: 'b+'}}}]}\n    route: {cluster: c}\n  - match: {safe_regex: {regex: '/a+'}, headers: [{name: x, string_match: {safe_regex: {regex: 'b+'}}}]}\n    route: {cluster: c, regex_rewrite: {pattern: {regex: 'b+'}, substitution: x}}\n";
-    compile_route_config(&ctx, &decode(yaml), None).unwrap();
+    compile_route_config(&ctx, &decode(yaml), None, &mut Warnings::new()).unwrap();
     assert_eq!(
         ctx.cached_regexes(),
         3,
         "two anchored patterns, one unanchored"
     );
-    compile_route_config(&ctx, &decode(yaml), None).unwrap();
+    compile_route_config(&ctx, &decode(yaml), None, &mut Warnings::new()).unwrap();
     assert_eq!(
         ctx.cached_regexes(),
         3,

@@ -22,11 +22,18 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 
+mod basic_auth;
 mod buffer;
+mod descriptors;
+mod ext_authz;
 mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
 mod health_check;
+mod local_ratelimit;
+mod ratelimit;
+mod rbac;
+mod rls;
 
 use std::sync::Arc;
 
@@ -64,8 +71,18 @@ enum Kind {
     Fault(fault::Fault),
     /// `envoy.filters.http.buffer`.
     Buffer(crate::config::http_filter::buffer::BufferConfig),
+    /// `envoy.filters.http.local_ratelimit`.
+    LocalRateLimit(local_ratelimit::LocalRateLimit),
+    /// `envoy.filters.http.ratelimit`.
+    RateLimit(ratelimit::RateLimit),
     /// `envoy.filters.http.health_check`.
     HealthCheck(health_check::HealthCheck),
+    /// `envoy.filters.http.ext_authz`.
+    ExtAuthz(ext_authz::ExtAuthz),
+    /// `envoy.filters.http.basic_auth`.
+    BasicAuth(basic_auth::BasicAuth),
+    /// `envoy.filters.http.rbac`.
+    Rbac(rbac::Rbac),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -86,12 +103,17 @@ pub struct FilterRequest<'a> {
     pub body: &'a mut Body,
     /// The connection.
     pub conn: &'a ConnContext,
+    /// The downstream's address as the connection manager reckons it (from
+    /// `x-forwarded-for` as configured, else the peer's).
+    pub remote: std::net::IpAddr,
     /// The chosen route, if any.
     pub route: Option<Selected<'a>>,
     /// The request's access-log record, when something reads it.
     pub record: Option<&'a mut Record>,
     /// The request's HTTP version.
     pub version: http::Version,
+    /// Set by a filter that changed what the route was chosen by: the router chooses it again.
+    pub clear_route_cache: bool,
 }
 
 impl FilterRequest<'_> {
@@ -102,6 +124,13 @@ impl FilterRequest<'_> {
             if let Some(d) = details {
                 r.details = Some(d.into());
             }
+        }
+    }
+
+    /// Notes the response code details in the access-log record.
+    fn note_details(&mut self, details: &str) {
+        if let Some(r) = self.record.as_deref_mut() {
+            r.details = Some(details.into());
         }
     }
 
@@ -124,8 +153,14 @@ enum Encoder {
         /// Released when the request ends.
         _guard: fault::ActiveFault,
     },
+    /// The `x-ratelimit-*` headers describing a local rate limit bucket.
+    XRateLimit(Arc<crate::limits::TokenBucket>),
+    /// Headers the rate limit service asked to add to the response.
+    AddHeaders(Vec<(http::HeaderName, http::HeaderValue)>),
     /// The health-check filter's marks on the response.
     HealthCheck(health_check::Answer),
+    /// Headers the authorization service asked to add to the response.
+    ExtAuthz(ext_authz::ResponseHeaders),
     /// A gRPC-Web request's response, turned into gRPC-Web.
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
@@ -148,9 +183,30 @@ impl Chain {
                     ),
                     FilterKind::Fault(c) => Kind::Fault(fault::Fault::new(c, store, stat_prefix)),
                     FilterKind::Buffer(c) => Kind::Buffer(*c),
+                    FilterKind::LocalRateLimit(c) => {
+                        Kind::LocalRateLimit(local_ratelimit::LocalRateLimit::new(c, store))
+                    }
+                    FilterKind::RateLimit(c) => {
+                        Kind::RateLimit(ratelimit::RateLimit::new(c, store))
+                    }
                     FilterKind::HealthCheck(c) => {
                         Kind::HealthCheck(health_check::HealthCheck::new(c))
                     }
+                    FilterKind::ExtAuthz(c) => {
+                        Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
+                    }
+                    FilterKind::BasicAuth(c) => {
+                        Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
+                    }
+                    FilterKind::Rbac {
+                        config,
+                        after_skipped,
+                    } => Kind::Rbac(rbac::Rbac::new(
+                        config,
+                        after_skipped.as_deref(),
+                        store,
+                        stat_prefix,
+                    )),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },
@@ -191,7 +247,24 @@ impl Chain {
                     Some(BufferPerRouteConfig::Buffer(c)) => buffer::decode(*c, req).await,
                     None => buffer::decode(*own, req).await,
                 },
+                Kind::LocalRateLimit(limit) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    limit.decode(req, settings, encoders)
+                }
+                Kind::RateLimit(limit) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    limit.decode(req, settings, encoders).await
+                }
                 Kind::HealthCheck(h) => h.decode(req, encoders).await,
+                Kind::ExtAuthz(authz) => {
+                    let levels = route.map(|r| r.filter_configs(&f.name).collect());
+                    authz.decode(req, levels, encoders).await
+                }
+                Kind::BasicAuth(auth) => {
+                    let users = route.and_then(|r| r.filter_config(&f.name));
+                    auth.decode(req, users)
+                }
+                Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -229,7 +302,16 @@ impl Encoder {
     async fn encode(&mut self, resp: &mut Response<Body>) {
         match self {
             Encoder::ActiveFault { .. } => {}
+            Encoder::XRateLimit(bucket) => {
+                local_ratelimit::add_x_ratelimit_headers(resp.headers_mut(), bucket)
+            }
+            Encoder::AddHeaders(headers) => {
+                for (name, value) in headers.drain(..) {
+                    resp.headers_mut().append(name, value);
+                }
+            }
             Encoder::HealthCheck(a) => a.encode(resp),
+            Encoder::ExtAuthz(headers) => headers.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
         }

