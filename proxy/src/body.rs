@@ -165,6 +165,31 @@ impl http_body::Body for UntilTrailers {
     }
 }
 
+/// `body` unchanged but for its size hint, which no longer tells its length: what a filter
+/// that removed the request's `content-length` hands on, so that no length is sent upstream.
+pub fn without_length(body: Body) -> Body {
+    Unsized(body).boxed_unsync()
+}
+
+/// See [`without_length`].
+struct Unsized(Body);
+
+impl http_body::Body for Unsized {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().0).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.is_end_stream()
+    }
+}
+
 /// `body` unchanged, keeping `held` alive until the body is dropped (per-request state that
 /// lasts as long as its response).
 pub fn holding<T: Send + Unpin + 'static>(body: Body, held: T) -> Body {

@@ -145,8 +145,9 @@ pub fn is_grpc(headers: &http::HeaderMap) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('+') || rest.starts_with(';'))
 }
 
-/// Envoy's HTTP-status-to-gRPC-status mapping for local replies.
-fn grpc_status(status: StatusCode) -> u16 {
+/// Envoy's HTTP-status-to-gRPC-status mapping (`Grpc::Utility::httpToGrpcStatus`), for local
+/// replies and the gRPC-Web filter.
+pub fn grpc_status(status: StatusCode) -> u16 {
     match status.as_u16() {
         400 => 13,
         401 => 16,

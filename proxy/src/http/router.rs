@@ -99,7 +99,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
-        let mut resp = encoders.encode(resp);
+        let mut resp = encoders.encode(resp).await;
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {

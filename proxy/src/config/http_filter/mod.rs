@@ -14,6 +14,7 @@ pub mod csrf;
 pub mod decompressor;
 pub mod ext_authz;
 pub mod fault;
+pub mod grpc_http1_bridge;
 pub mod health_check;
 pub mod local_ratelimit;
 pub mod ratelimit;
@@ -33,6 +34,8 @@ const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
 const FAULT: &str = "envoy.extensions.filters.http.fault.v3.HTTPFault";
 const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
 const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
+const GRPC_WEB: &str = "envoy.extensions.filters.http.grpc_web.v3.GrpcWeb";
+const GRPC_HTTP1_BRIDGE: &str = "envoy.extensions.filters.http.grpc_http1_bridge.v3.Config";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
@@ -117,6 +120,10 @@ pub enum FilterKind {
     Cors,
     /// `envoy.filters.http.csrf`.
     Csrf(Arc<csrf::CsrfConfig>),
+    /// `envoy.filters.http.grpc_web`.
+    GrpcWeb,
+    /// `envoy.filters.http.grpc_http1_bridge`.
+    GrpcHttp1Bridge,
 }
 
 impl FilterChain {
@@ -304,6 +311,14 @@ fn compile_kind(
         DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
             &unpack(any)?,
         )?))),
+        GRPC_WEB => {
+            unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
+            Some(FilterKind::GrpcWeb)
+        }
+        GRPC_HTTP1_BRIDGE => {
+            grpc_http1_bridge::compile(&unpack(any)?)?;
+            Some(FilterKind::GrpcHttp1Bridge)
+        }
         _ => None,
     })
 }

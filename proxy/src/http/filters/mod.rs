@@ -33,6 +33,8 @@ mod decompressor;
 mod descriptors;
 mod ext_authz;
 mod fault;
+mod grpc_http1_bridge;
+mod grpc_web;
 mod health_check;
 mod local_ratelimit;
 mod ratelimit;
@@ -95,6 +97,10 @@ enum Kind {
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.grpc_web`.
+    GrpcWeb,
+    /// `envoy.filters.http.grpc_http1_bridge`.
+    GrpcHttp1Bridge,
 }
 
 /// One request as the filters see it, before the router.
@@ -176,6 +182,10 @@ enum Encoder {
     ExtAuthz(ext_authz::ResponseHeaders),
     /// A CORS request's allowed origin, set on its response.
     Cors(cors::CorsResponse),
+    /// A gRPC-Web request's response, turned into gRPC-Web.
+    GrpcWeb(grpc_web::Answer),
+    /// An HTTP/1 gRPC request's response, its trailers moved into headers.
+    GrpcHttp1Bridge,
 }
 
 impl Chain {
@@ -226,6 +236,8 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::GrpcWeb => Kind::GrpcWeb,
+                    FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },
             })
             .collect();
@@ -292,6 +304,14 @@ impl Chain {
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::GrpcWeb => {
+                    grpc_web::decode(req, encoders);
+                    None
+                }
+                Kind::GrpcHttp1Bridge => {
+                    grpc_http1_bridge::decode(req, encoders);
+                    None
+                }
             };
             if reply.is_some() {
                 return reply;
@@ -310,20 +330,21 @@ fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
 impl Encoders {
     /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
     /// they hold alive until its body ends.
-    pub fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
+    pub async fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
         if self.0.is_empty() {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp, &mut self.1);
+            e.encode(&mut resp, &mut self.1).await;
         }
         resp.map(|b| crate::body::holding(b, self))
     }
 }
 
 impl Encoder {
-    /// Acts on the response (its head; a filter that rewrites the body wraps it).
-    fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
+    /// Acts on the response (its head; a filter that rewrites the body wraps it, one that
+    /// must read the body first to write the head reads it here).
+    async fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
         match self {
             Encoder::ActiveFault { .. } => {}
             Encoder::Compress(c) => c.encode(resp, registry),
@@ -339,6 +360,8 @@ impl Encoder {
             Encoder::HealthCheck(a) => a.encode(resp),
             Encoder::ExtAuthz(headers) => headers.encode(resp),
             Encoder::Cors(c) => c.encode(resp),
+            Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
+            Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
         }
     }
 }
