@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "support/http_diff.rs"]
 mod http_diff;
 #[path = "differential/oracle.rs"]
@@ -29,32 +31,6 @@ const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_con
 const FAULT: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
 const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
-
-/// An upstream answering every request `200 ok` (gRPC requests with `grpc-status: 0`).
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 8192];
-                let mut seen = Vec::new();
-                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                while let Ok(n) = s.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
-                        seen.clear();
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
-                    }
-                }
-            });
-        }
-    });
-    port
-}
 
 /// The listeners: `fault` (the filter with a header-matched abort and header-controlled
 /// delays, routes overriding it), `dormant` (the filter `disabled`, enabled on one route),
@@ -208,7 +184,7 @@ fn fault_filter_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("fault_filter_matches_envoy") else {
         return;
     };
-    let up = upstream();
+    let up = filter_diff::upstream();
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
         let ports = [free_port(), free_port(), free_port(), free_port()];
@@ -452,7 +428,7 @@ fn health_check_filter_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("health_check_filter_matches_envoy") else {
         return;
     };
-    let up = upstream();
+    let up = filter_diff::upstream();
     const HC: &str =
         "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
     let run = |envoy: Option<&std::path::Path>| {
