@@ -175,7 +175,7 @@ fn the_scan_flags_what_it_should() {
     let up = "../..";
     for bad in [
         format!(r#"join("{up}/shared/corpus/istio")"#),
-        format!(r#"const P: &str = "/{}/shared/x.json";"#, "work"),
+        format!(r#"const P: &str = "/{}/elsewhere/x.json";"#, "work"),
         format!("cat {up}/../etc/passwd"),
         format!(r#"join("{up}/nothing-here/file")"#),
         format!("see /{}/someone/data", "home"),

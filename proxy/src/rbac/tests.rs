@@ -93,7 +93,7 @@ fn and_or_not_and_address_rules() {
     principals:
     - or_ids:
         ids:
-        - direct_remote_ip: {address_prefix: 10.0.0.0, prefix_len: 8}
+        - direct_remote_ip: {address_prefix: 127.128.0.0, prefix_len: 9}
         - source_ip: {address_prefix: 127.0.0.2, prefix_len: 32}",
     );
     assert!(allowed(&r, &connection()));
@@ -107,7 +107,7 @@ fn and_or_not_and_address_rules() {
     c.source = ip("127.0.0.3");
     c.direct_remote = ip("127.0.0.3");
     assert!(!allowed(&r, &c));
-    c.direct_remote = ip("10.1.2.3");
+    c.direct_remote = ip("127.200.1.2");
     assert!(allowed(&r, &c));
 }
 

@@ -285,7 +285,7 @@ mod tests {
             request: req,
             local_cluster: "local",
             destination_cluster: Some("backend"),
-            remote: Some("10.1.2.3".parse().unwrap()),
+            remote: Some("127.1.2.3".parse().unwrap()),
         }
     }
 
@@ -332,8 +332,8 @@ mod tests {
                 "source_cluster=local",
                 "destination_cluster=backend",
                 "user=alice",
-                "remote_address=10.1.2.3",
-                "masked_remote_address=10.1.0.0/16",
+                "remote_address=127.1.2.3",
+                "masked_remote_address=127.1.0.0/16",
                 "generic_key=g",
                 "tier=gold"
             ]

@@ -1,7 +1,6 @@
 //! `envoy.filters.http.fault`: injected delays and aborts.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, Response, StatusCode};
@@ -12,6 +11,7 @@ use crate::body::Body;
 use crate::config::http_filter::fault::{AbortError, DelaySource, FaultConfig};
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
 use crate::route::matcher::FractionalPercent;
+use crate::stats::keyed::Keyed;
 use crate::stats::{Counter, Gauge, Store};
 
 static DELAY_REQUEST: HeaderName = HeaderName::from_static("x-envoy-fault-delay-request");
@@ -43,7 +43,7 @@ struct Stats {
     prefix: String,
     /// `<downstream cluster>.delays_injected` and `.aborts_injected`, by downstream cluster
     /// (held: the store frees a metric nothing holds).
-    by_downstream: Arc<Mutex<HashMap<Box<str>, [Counter; 2]>>>,
+    by_downstream: Arc<Keyed<[Counter; 2]>>,
 }
 
 /// A request's injected fault, counted in `active_faults` until it is dropped.
@@ -127,20 +127,14 @@ impl Fault {
         else {
             return;
         };
-        let mut by = self
-            .stats
-            .by_downstream
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if !by.contains_key(c) {
-            let counters = ["delays_injected", "aborts_injected"].map(|n| {
+        let counters = self.stats.by_downstream.get(c, || {
+            ["delays_injected", "aborts_injected"].map(|n| {
                 self.stats
                     .store
                     .counter(&format!("{}{c}.{n}", self.stats.prefix))
-            });
-            by.insert(c.into(), counters);
-        }
-        by[c][i].inc();
+            })
+        });
+        counters[i].inc();
     }
 
     /// Counts the request in `active_faults` once, until it ends.

@@ -15,7 +15,8 @@ use crate::config::http_filter::ratelimit::{
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
 use crate::route::Action;
 use crate::route::rate_limit::{DescriptorSource, VhRateLimits};
-use crate::stats::Store;
+use crate::stats::keyed::Keyed;
+use crate::stats::{Counter, Store};
 
 /// gRPC RESOURCE_EXHAUSTED, for `rate_limited_as_resource_exhausted`.
 const RESOURCE_EXHAUSTED: u16 = 8;
@@ -25,7 +26,12 @@ const RESOURCE_EXHAUSTED: u16 = 8;
 pub(super) struct RateLimit {
     config: Arc<RateLimitServiceConfig>,
     store: Store,
+    /// `cluster.<route cluster>.[<stat_prefix>.]ratelimit.*`, by cluster.
+    by_cluster: Keyed<Arc<[Counter; 4]>>,
 }
+
+/// The counters of [`RateLimit::by_cluster`], in this order.
+const COUNTERS: [&str; 4] = ["ok", "over_limit", "error", "failure_mode_allowed"];
 
 impl RateLimit {
     /// The filter with `config`.
@@ -33,18 +39,26 @@ impl RateLimit {
         RateLimit {
             config: config.clone(),
             store: store.clone(),
+            by_cluster: Keyed::default(),
         }
     }
 
-    /// Counts `cluster.<cluster>.[<stat_prefix>.]ratelimit.<name>`.
+    /// Counts `cluster.<cluster>.[<stat_prefix>.]ratelimit.<name>` (`name` one of
+    /// [`COUNTERS`]).
     fn count(&self, cluster: &str, name: &str) {
-        let prefix = match self.config.stat_prefix.as_str() {
-            "" => String::new(),
-            p => format!("{p}."),
-        };
-        self.store
-            .counter(&format!("cluster.{cluster}.{prefix}ratelimit.{name}"))
-            .inc();
+        let counters = self.by_cluster.get(cluster, || {
+            let prefix = match self.config.stat_prefix.as_str() {
+                "" => String::new(),
+                p => format!("{p}."),
+            };
+            Arc::new(COUNTERS.map(|n| {
+                self.store
+                    .counter(&format!("cluster.{cluster}.{prefix}ratelimit.{n}"))
+            }))
+        });
+        if let Some(i) = COUNTERS.iter().position(|n| *n == name) {
+            counters[i].inc();
+        }
     }
 
     /// Calls the service for `req` (when its route forwards to a known cluster and its

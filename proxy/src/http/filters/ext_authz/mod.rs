@@ -7,8 +7,7 @@ mod check;
 mod grpc;
 mod http_service;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -20,6 +19,7 @@ use crate::config::http_filter::ext_authz::{
     CheckSettings, ExtAuthzConfig, ExtAuthzPerRoute, Service,
 };
 use crate::http::local_reply::local_reply;
+use crate::stats::keyed::Keyed;
 use crate::stats::{Counter, Store};
 
 static FAILURE_MODE_ALLOWED: HeaderName =
@@ -45,7 +45,7 @@ struct Stats {
     own: String,
     /// The route clusters' counters, by cluster name (held: the store frees a metric
     /// nothing holds).
-    by_cluster: Mutex<HashMap<Box<str>, Arc<ClusterCounters>>>,
+    by_cluster: Keyed<Arc<ClusterCounters>>,
 }
 
 /// `cluster.<name>.ext_authz.[<stat_prefix>.]{ok,denied,error,failure_mode_allowed}`.
@@ -123,7 +123,7 @@ impl ExtAuthz {
                 failure_mode_allowed: counter("failure_mode_allowed"),
                 store: store.clone(),
                 own,
-                by_cluster: Mutex::default(),
+                by_cluster: Keyed::default(),
             },
         }
     }
@@ -255,12 +255,7 @@ impl ExtAuthz {
     /// The counters of the cluster the route sends to, if it names one.
     fn route_cluster(&self, route: crate::route::Selected<'_>) -> Option<Arc<ClusterCounters>> {
         let name = cluster_name(route)?;
-        let mut by = self
-            .stats
-            .by_cluster
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let counters = by.entry(name.into()).or_insert_with(|| {
+        Some(self.stats.by_cluster.get(name, || {
             let counter = |n: &str| {
                 self.stats
                     .store
@@ -272,8 +267,7 @@ impl ExtAuthz {
                 error: counter("error"),
                 failure_mode_allowed: counter("failure_mode_allowed"),
             })
-        });
-        Some(counters.clone())
+        }))
     }
 
     /// The stats of the cluster the route sends to, if it exists.
