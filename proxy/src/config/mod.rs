@@ -14,6 +14,7 @@ pub mod hcm;
 pub mod http_filter;
 pub mod listener;
 pub mod local_reply;
+pub mod metadata_matcher;
 pub mod network_limits;
 pub mod rbac;
 pub mod route;

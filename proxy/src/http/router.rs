@@ -23,6 +23,7 @@ use crate::access_log::{Record, ResponseFlag};
 use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort, Underscores};
+use crate::metadata::DynamicMetadata;
 use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
@@ -79,6 +80,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
         let mut encoders = Encoders::default();
+        let mut metadata = DynamicMetadata::default();
         let mut resp = route_and_forward(
             req,
             ctx,
@@ -86,12 +88,16 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             &mut forwarded,
             pending.as_mut(),
             tunnel_log,
-            &mut encoders,
+            (&mut encoders, &mut metadata),
         )
         .await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        // From here the request's metadata lives in its record, when it has one.
+        if let Some(p) = pending.as_mut() {
+            p.record().metadata = std::mem::take(&mut metadata);
         }
         if let (Some(config), Some(p)) = (&ctx.hcm.config.local_reply, pending.as_mut()) {
             resp = super::local_reply::map(config, resp, p.record());
@@ -99,7 +105,10 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
-        let mut resp = encoders.encode(resp).await;
+        let mut resp = match pending.as_mut() {
+            Some(p) => encoders.encode(resp, &mut p.record().metadata).await,
+            None => encoders.encode(resp, &mut metadata).await,
+        };
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {
@@ -161,7 +170,7 @@ async fn route_and_forward(
     forwarded: &mut bool,
     mut pending: Option<&mut Pending>,
     tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
-    encoders: &mut Encoders,
+    (encoders, metadata): (&mut Encoders, &mut DynamicMetadata),
 ) -> Response<Body> {
     // Notes what access logs and spans read (nothing when the connection manager has
     // neither).
@@ -341,6 +350,7 @@ async fn route_and_forward(
             record: pending.as_deref_mut().map(Pending::record),
             version,
             clear_route_cache: false,
+            metadata,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;

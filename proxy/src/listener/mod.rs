@@ -566,6 +566,7 @@ impl<'a> RbacGate<'a> {
             remote: self.peer.ip(),
             tls,
             server_name: self.sni.unwrap_or(""),
+            metadata: None,
         };
         Some(network_rbac::check(self.filters, &facts))
     }

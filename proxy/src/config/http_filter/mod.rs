@@ -15,6 +15,7 @@ pub mod decompressor;
 pub mod ext_authz;
 pub mod fault;
 pub mod grpc_http1_bridge;
+pub mod header_to_metadata;
 pub mod health_check;
 pub mod local_ratelimit;
 pub mod ratelimit;
@@ -49,6 +50,7 @@ const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
 const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
 const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
+const HEADER_TO_METADATA: &str = "envoy.extensions.filters.http.header_to_metadata.v3.Config";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -124,6 +126,8 @@ pub enum FilterKind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.header_to_metadata`.
+    HeaderToMetadata(Arc<header_to_metadata::HeaderToMetadataConfig>),
 }
 
 impl FilterChain {
@@ -319,6 +323,9 @@ fn compile_kind(
             grpc_http1_bridge::compile(&unpack(any)?)?;
             Some(FilterKind::GrpcHttp1Bridge)
         }
+        HEADER_TO_METADATA => Some(FilterKind::HeaderToMetadata(Arc::new(
+            header_to_metadata::compile(ctx, &unpack(any)?, false, warnings)?,
+        ))),
         _ => None,
     })
 }
@@ -400,6 +407,15 @@ pub fn compile_per_filter(
             COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
+            HEADER_TO_METADATA => Some(routed(
+                header_to_metadata::compile(
+                    ctx,
+                    &unpack(any).map_err(|e| e.within(&at))?,
+                    true,
+                    &mut Warnings::new(),
+                )
+                .map(Arc::new),
+            )),
             _ => None,
         };
         if let Some(kind) = kind {

@@ -35,6 +35,7 @@ mod ext_authz;
 mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
+mod header_to_metadata;
 mod health_check;
 mod local_ratelimit;
 mod ratelimit;
@@ -50,7 +51,9 @@ use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::header_to_metadata::HeaderToMetadataConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
+use crate::metadata::DynamicMetadata;
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -101,6 +104,8 @@ enum Kind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.header_to_metadata`.
+    HeaderToMetadata(Arc<HeaderToMetadataConfig>),
 }
 
 /// One request as the filters see it, before the router.
@@ -128,6 +133,9 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// The request's dynamic metadata, which filters write and later filters read (see
+    /// [`crate::metadata`]).
+    pub metadata: &'a mut DynamicMetadata,
 }
 
 impl FilterRequest<'_> {
@@ -186,6 +194,8 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// The header_to_metadata filter's response rules (the route's config, else the filter's).
+    HeaderToMetadata(Arc<HeaderToMetadataConfig>),
 }
 
 impl Chain {
@@ -238,6 +248,7 @@ impl Chain {
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
+                    FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
                 },
             })
             .collect();
@@ -312,6 +323,19 @@ impl Chain {
                     grpc_http1_bridge::decode(req, encoders);
                     None
                 }
+                Kind::HeaderToMetadata(own) => {
+                    // A route's config is compiled as an `Arc`, so the response's Encoder can
+                    // hold it.
+                    let config = route
+                        .and_then(|r| r.filter_config::<Arc<HeaderToMetadataConfig>>(&f.name))
+                        .unwrap_or(own)
+                        .clone();
+                    header_to_metadata::apply(&config.request_rules, req.headers, req.metadata);
+                    if !config.response_rules.is_empty() {
+                        encoders.0.push(Encoder::HeaderToMetadata(config));
+                    }
+                    None
+                }
             };
             if reply.is_some() {
                 return reply;
@@ -328,14 +352,18 @@ fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
 }
 
 impl Encoders {
-    /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
-    /// they hold alive until its body ends.
-    pub async fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
+    /// Hands `resp` to the filters that act on responses, last filter first (they may write
+    /// the request's `metadata`), and keeps what they hold alive until its body ends.
+    pub async fn encode(
+        mut self,
+        mut resp: Response<Body>,
+        metadata: &mut DynamicMetadata,
+    ) -> Response<Body> {
         if self.0.is_empty() {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp, &mut self.1).await;
+            e.encode(&mut resp, &mut self.1, metadata).await;
         }
         resp.map(|b| crate::body::holding(b, self))
     }
@@ -344,7 +372,12 @@ impl Encoders {
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it, one that
     /// must read the body first to write the head reads it here).
-    async fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
+    async fn encode(
+        &mut self,
+        resp: &mut Response<Body>,
+        registry: &mut compressor::Registry,
+        metadata: &mut DynamicMetadata,
+    ) {
         match self {
             Encoder::ActiveFault { .. } => {}
             Encoder::Compress(c) => c.encode(resp, registry),
@@ -362,6 +395,9 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::HeaderToMetadata(c) => {
+                header_to_metadata::apply(&c.response_rules, resp.headers_mut(), metadata)
+            }
         }
     }
 }
