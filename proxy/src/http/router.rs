@@ -403,6 +403,7 @@ async fn route_and_forward(
         request_authority: Some(&host_full),
         request_path: Some(&path),
         start_time: Some(std::time::SystemTime::now()),
+        dynamic_metadata: Some(&*metadata),
         ..Default::default()
     };
     match &selected.route.action {

