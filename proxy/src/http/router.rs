@@ -357,8 +357,9 @@ async fn route_and_forward(
         }
         reselect = filtered.clear_route_cache;
     }
-    // The filters may have changed the headers the route's actions read.
-    let route_req = routing(
+    // The filters may have changed the headers the route's actions read, and written
+    // metadata a route chosen again matches on.
+    let mut route_req = routing(
         &method,
         &host_full,
         &path,
@@ -366,6 +367,7 @@ async fn route_and_forward(
         https,
         random_value,
     );
+    route_req.metadata = Some(&*metadata);
     if reselect {
         selected = table.select(&route_req);
     }

@@ -55,6 +55,9 @@ pub struct RouteRequest<'a> {
     pub tls_peer: Option<(bool, bool)>,
     /// Runtime overrides for `runtime_fraction`; `None` uses the configured defaults.
     pub runtime: Option<&'a dyn Runtime>,
+    /// The request's dynamic metadata, when the route is chosen again after the filters
+    /// (`None`: before them, when Envoy also has none).
+    pub metadata: Option<&'a crate::metadata::DynamicMetadata>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -74,6 +77,7 @@ impl<'a> RouteRequest<'a> {
             random_value: 0,
             tls_peer: None,
             runtime: None,
+            metadata: None,
         }
     }
 
@@ -318,6 +322,7 @@ enum Failure<'r> {
     Grpc,
     Tls,
     Cookie(&'r str),
+    DynamicMetadata(&'r str),
 }
 
 impl Route {
@@ -337,6 +342,7 @@ impl Route {
             Failure::Grpc => "not a gRPC request".to_owned(),
             Failure::Tls => "tls_context does not match".to_owned(),
             Failure::Cookie(name) => format!("cookie {name:?} does not match"),
+            Failure::DynamicMetadata(ns) => format!("dynamic metadata of {ns:?} does not match"),
         }))
     }
 
@@ -376,6 +382,13 @@ impl Route {
             if policy::cookie(req, name).is_none_or(|v| sm.matches(v) == *invert) {
                 return Some(Failure::Cookie(name));
             }
+        }
+        if let Some(m) = more
+            .dynamic_metadata
+            .iter()
+            .find(|m| !m.matches(req.metadata))
+        {
+            return Some(Failure::DynamicMetadata(&m.namespace));
         }
         None
     }
