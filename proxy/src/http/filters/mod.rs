@@ -21,6 +21,10 @@
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
+//!
+//! Dynamic metadata: a filter writes the request's [`crate::metadata::DynamicMetadata`]
+//! through [`FilterRequest::metadata`] while decoding, and an [`Encoder`] through the one
+//! [`Encoders::encode`] hands it; later filters, RBAC, the router and the access log read it.
 
 mod basic_auth;
 mod buffer;
