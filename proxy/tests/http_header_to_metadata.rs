@@ -4,7 +4,8 @@
 //! without padding, undecodable values skipped, a regex rewrite, a cookie into the default
 //! namespace) and from response headers (the upstream's and a local reply's); an RBAC filter
 //! after it allows or denies on that metadata (a principal's string matcher, a permission's
-//! number range); a route's own config replaces the filter's, and a route disables it; route
+//! number range), and on the user name a basic_auth filter (`allow_missing`,
+//! `emit_dynamic_metadata`) before them writes; a route's own config replaces the filter's, and a route disables it; route
 //! `dynamic_metadata` matchers, which Envoy evaluates when it picks the route, before the
 //! filters write anything. What is compared: every answer (with a response header a route
 //! formats from the metadata), the access-log lines (text and JSON) reading the metadata with
@@ -32,11 +33,13 @@ use ports::free_port;
 
 const H2M: &str = "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config";
 const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
+const BASIC_AUTH: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
 const FILE_LOG: &str = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog";
 
 /// The text log line: the request, its answer and the metadata it left.
-const TEXT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% A=%DYNAMIC_METADATA(a)% K=%DYNAMIC_METADATA(a:k)% K3=%DYNAMIC_METADATA(a:k):3% N=%DYNAMIC_METADATA(a:n)% PX=%DYNAMIC_METADATA(a:p:x)% MISSING=%DYNAMIC_METADATA(a:zz)% D=%DYNAMIC_METADATA(envoy.filters.http.header_to_metadata)% R=%DYNAMIC_METADATA(r)% RT=%DYNAMIC_METADATA(rt)% XN=%REQ(X-N)%\n";
+const TEXT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% A=%DYNAMIC_METADATA(a)% K=%DYNAMIC_METADATA(a:k)% K3=%DYNAMIC_METADATA(a:k):3% N=%DYNAMIC_METADATA(a:n)% PX=%DYNAMIC_METADATA(a:p:x)% MISSING=%DYNAMIC_METADATA(a:zz)% D=%DYNAMIC_METADATA(envoy.filters.http.header_to_metadata)% R=%DYNAMIC_METADATA(r)% RT=%DYNAMIC_METADATA(rt)% XN=%REQ(X-N)% BA=%DYNAMIC_METADATA(envoy.filters.http.basic_auth)%\n";
 
 /// A `google.protobuf.Value` (`{"x": "y", "z": 2, "b": true, "l": [1, "s", null], "a":
 /// 1.5}`), serialized and base64-encoded.
@@ -69,6 +72,12 @@ static_resources:
               log_format:
                 json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%"}}
           http_filters:
+          - name: envoy.filters.http.basic_auth
+            typed_config:
+              "@type": {BASIC_AUTH}
+              users: {{inline_string: "alice:{{SHA}}nU4eI71bcnBGqeO0t9tXvY1u5oQ="}}
+              allow_missing: true
+              emit_dynamic_metadata: true
           - name: envoy.filters.http.header_to_metadata
             typed_config:
               "@type": {H2M}
@@ -96,6 +105,9 @@ static_resources:
                   role:
                     permissions: [{{any: true}}]
                     principals: [{{metadata: {{filter: a, path: [{{key: role}}], value: {{string_match: {{exact: admin}}}}}}}}]
+                  user:
+                    permissions: [{{any: true}}]
+                    principals: [{{metadata: {{filter: envoy.filters.http.basic_auth, path: [{{key: username}}], value: {{string_match: {{exact: alice}}}}}}}}]
                   level:
                     permissions: [{{metadata: {{filter: a, path: [{{key: level}}], value: {{double_match: {{range: {{start: 5, end: 10}}}}}}}}}}]
                     principals: [{{any: true}}]
@@ -157,6 +169,13 @@ fn cases() -> Vec<(&'static str, String)> {
         ("/route/x", String::new()),
         ("/off", "x-k: z\r\n".into()),
         ("/md", "x-k: v1\r\n".into()),
+        (
+            "/secure",
+            "authorization: Basic YWxpY2U6cGFzcw==\r\n".into(),
+        ),
+        ("/secure", "authorization: Basic YWxpY2U6YmFk\r\n".into()),
+        ("/secure", "authorization: Bearer x\r\n".into()),
+        ("/", "authorization: Basic YWxpY2U6cGFzcw==\r\n".into()),
     ]
 }
 
@@ -194,7 +213,15 @@ fn observe(envoy: Option<&Path>, up: u16, dir: &Path) -> Observed {
         answers,
         text: lines(&dir.join("text.log"), cases.len()),
         json: lines(&dir.join("json.log"), cases.len()),
-        stats: filter_diff::stats(admin, &["http.h2m.rbac.allowed", "http.h2m.rbac.denied"]),
+        stats: filter_diff::stats(
+            admin,
+            &[
+                "http.h2m.rbac.allowed",
+                "http.h2m.rbac.denied",
+                "http.h2m.basic_auth.allowed",
+                "http.h2m.basic_auth.denied",
+            ],
+        ),
     }
 }
 

@@ -7,9 +7,10 @@
 //! [`DynamicMetadata::set`] (a whole `Struct` merged into a namespace, as Envoy's
 //! `setDynamicMetadata`) or [`DynamicMetadata::insert`] (one key); read with
 //! [`DynamicMetadata::namespace`] or [`DynamicMetadata::value`] (a path of keys). The store
-//! stays an empty `Option` (no allocation) for requests no filter writes to. After the
-//! response head passes the filters it moves into the access-log record
-//! (`access_log::Record::metadata`), where `%DYNAMIC_METADATA(NS:KEY...)%` reads it.
+//! is an empty map, which allocates nothing, for requests no filter writes to. When the
+//! request has an access-log record, the store moves into it (`access_log::Record::metadata`)
+//! once the router has its response and before the Encoders see it, so what response filters
+//! write is there too for `%DYNAMIC_METADATA(NS:KEY...)%`.
 
 pub mod json;
 pub mod matcher;
@@ -20,30 +21,29 @@ use proto::pb::google::protobuf::{Struct, Value, value::Kind};
 
 /// One request's dynamic metadata: namespace (a filter's name, usually) -> `Struct`.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct DynamicMetadata(Option<Box<BTreeMap<String, Struct>>>);
+pub struct DynamicMetadata(BTreeMap<String, Struct>);
 
 impl DynamicMetadata {
     /// Whether no namespace was ever set.
     pub fn is_empty(&self) -> bool {
-        self.0.as_ref().is_none_or(|m| m.is_empty())
+        self.0.is_empty()
     }
 
     /// Envoy's `setDynamicMetadata(namespace, fields)`: the namespace's top-level keys named in
     /// `fields` are replaced (not merged deeper); its other keys stay.
     pub fn set(&mut self, namespace: &str, fields: Struct) {
-        let map = self.0.get_or_insert_default();
-        match map.get_mut(namespace) {
+        match self.0.get_mut(namespace) {
             Some(existing) => existing.fields.extend(fields.fields),
             None => {
-                map.insert(namespace.to_owned(), fields);
+                self.0.insert(namespace.to_owned(), fields);
             }
         }
     }
 
     /// Sets one key of `namespace` (as [`DynamicMetadata::set`] with one field).
     pub fn insert(&mut self, namespace: &str, key: &str, value: Value) {
-        let map = self.0.get_or_insert_default();
-        map.entry(namespace.to_owned())
+        self.0
+            .entry(namespace.to_owned())
             .or_default()
             .fields
             .insert(key.to_owned(), value);
@@ -51,7 +51,7 @@ impl DynamicMetadata {
 
     /// The `Struct` of `namespace`, if some filter set it.
     pub fn namespace(&self, namespace: &str) -> Option<&Struct> {
-        self.0.as_ref()?.get(namespace)
+        self.0.get(namespace)
     }
 
     /// The value at `path` (keys into nested structs) in `namespace`, as Envoy's

@@ -294,7 +294,6 @@ fn compile_kind(
         BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
             ctx,
             &unpack(any)?,
-            warnings,
         )?))),
         RBAC => Some(FilterKind::Rbac {
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),

@@ -1,5 +1,8 @@
 //! `envoy.filters.http.basic_auth`: requests must carry `Basic` credentials of a configured
-//! user (the route's users, else the filter's); others get 401 with `www-authenticate`.
+//! user (the route's users, else the filter's); others get 401 with `www-authenticate`. Under
+//! `allow_missing` a request without `Basic` credentials (no header, an empty one, another
+//! scheme) goes on uncounted; under `emit_dynamic_metadata` an authenticated user's name is
+//! written to the request's dynamic metadata as `username` under the filter's name.
 
 use std::sync::Arc;
 
@@ -46,11 +49,16 @@ impl BasicAuth {
     /// filter's users); answers 401 otherwise.
     pub(super) fn decode(
         &self,
+        name: &str,
         req: &mut FilterRequest<'_>,
         route_users: Option<&Users>,
     ) -> Option<Response<Body>> {
         let users = route_users.unwrap_or(&self.config.users);
-        let Some(value) = req.headers.get(&self.config.authentication_header) else {
+        let value = req.headers.get(&self.config.authentication_header);
+        if self.config.allow_missing && value.is_none_or(|v| !v.as_bytes().starts_with(b"Basic ")) {
+            return None;
+        }
+        let Some(value) = value else {
             return self.deny(
                 req,
                 "User authentication failed. Missing username and password.",
@@ -72,9 +80,9 @@ impl BasicAuth {
                 "invalid_format_for_basic_auth",
             );
         };
-        let (name, password) = (&decoded[..colon], &decoded[colon + 1..]);
-        let known = std::str::from_utf8(name)
-            .ok()
+        let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+        let user = std::str::from_utf8(user).ok();
+        let known = user
             .and_then(|n| users.hash(n))
             .is_some_and(|hash| hash == sha1_base64(password));
         if !known {
@@ -84,10 +92,15 @@ impl BasicAuth {
                 "invalid_credential_for_basic_auth",
             );
         }
+        let user = user.unwrap_or_default();
         if let Some(header) = &self.config.forward_username_header
-            && let Ok(v) = HeaderValue::from_bytes(name)
+            && let Ok(v) = HeaderValue::from_str(user)
         {
             req.headers.insert(header, v);
+        }
+        if self.config.emit_dynamic_metadata {
+            req.metadata
+                .insert(name, "username", crate::metadata::string_value(user));
         }
         self.allowed.inc();
         None

@@ -270,7 +270,7 @@ impl Chain {
         req: &mut FilterRequest<'_>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
-        for f in self.filters.iter() {
+        for (i, f) in self.filters.iter().enumerate() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
                 continue;
@@ -314,7 +314,7 @@ impl Chain {
                 }
                 Kind::BasicAuth(auth) => {
                     let users = route.and_then(|r| r.filter_config(&f.name));
-                    auth.decode(req, users)
+                    auth.decode(&f.name, req, users)
                 }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
@@ -328,12 +328,7 @@ impl Chain {
                     None
                 }
                 Kind::HeaderToMetadata(own) => {
-                    // A route's config is compiled as an `Arc`, so the response's Encoder can
-                    // hold it.
-                    let config = route
-                        .and_then(|r| r.filter_config::<Arc<HeaderToMetadataConfig>>(&f.name))
-                        .unwrap_or(own)
-                        .clone();
+                    let config = header_to_metadata_config(own, route, &f.name);
                     header_to_metadata::apply(&config.request_rules, req.headers, req.metadata);
                     if !config.response_rules.is_empty() {
                         encoders.0.push(Encoder::HeaderToMetadata(config));
@@ -342,11 +337,48 @@ impl Chain {
                 }
             };
             if reply.is_some() {
+                self.encoders_after_reply(i, req.route, encoders);
                 return reply;
             }
         }
         None
     }
+
+    /// Envoy hands a filter's local reply to every encoder filter of the chain, those after
+    /// the one answering included (their decoding never ran): the stateless ones among the
+    /// filters after `answered` act on it.
+    fn encoders_after_reply(
+        &self,
+        answered: usize,
+        route: Option<Selected<'_>>,
+        encoders: &mut Encoders,
+    ) {
+        for f in &self.filters[answered + 1..] {
+            let disabled = route.and_then(|r| r.filter_disabled(&f.name));
+            if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Kind::HeaderToMetadata(own) = &f.kind {
+                let config = header_to_metadata_config(own, route, &f.name);
+                if !config.response_rules.is_empty() {
+                    encoders.0.push(Encoder::HeaderToMetadata(config));
+                }
+            }
+        }
+    }
+}
+
+/// The header_to_metadata config for the route: its own (compiled as an `Arc`, so the
+/// response's Encoder can hold it), else the filter's.
+fn header_to_metadata_config(
+    own: &Arc<HeaderToMetadataConfig>,
+    route: Option<Selected<'_>>,
+    name: &str,
+) -> Arc<HeaderToMetadataConfig> {
+    route
+        .and_then(|r| r.filter_config::<Arc<HeaderToMetadataConfig>>(name))
+        .unwrap_or(own)
+        .clone()
 }
 
 /// Whether a filter's runtime fraction admits this request: its default, as revoy has no
