@@ -7,7 +7,8 @@
 //! number range), and on the user name a basic_auth filter (`allow_missing`,
 //! `emit_dynamic_metadata`) before them writes; a route's own config replaces the filter's, and a route disables it; route
 //! `dynamic_metadata` matchers, which Envoy evaluates when it picks the route, before the
-//! filters write anything. What is compared: every answer (with a response header a route
+//! filters write anything; route `rate_limits` `metadata` actions (with a default, and
+//! `skip_if_absent`) feeding a route's local rate limit descriptors. What is compared: every answer (with a response header a route
 //! formats from the metadata), the access-log lines (text and JSON) reading the metadata with
 //! `%DYNAMIC_METADATA(..)%`, and the RBAC counters.
 //!
@@ -35,6 +36,8 @@ const H2M: &str = "type.googleapis.com/envoy.extensions.filters.http.header_to_m
 const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 const BASIC_AUTH: &str =
     "type.googleapis.com/envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
+const LOCAL_RATE_LIMIT: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
 const FILE_LOG: &str = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog";
 
@@ -91,6 +94,7 @@ static_resources:
               - {{header: x-role, on_header_present: {{metadata_namespace: a, key: role}}}}
               - {{header: x-level, on_header_present: {{metadata_namespace: a, key: level, type: NUMBER}}}}
               - {{header: x-fixed, on_header_present: {{metadata_namespace: a, key: fixed, value: constant}}}}
+              - {{header: x-user, on_header_present: {{metadata_namespace: a, key: user}}}}
               response_rules:
               - {{header: x-upstream, on_header_present: {{metadata_namespace: r, key: v}}, on_header_missing: {{metadata_namespace: r, key: m, value: gone}}}}
           - name: envoy.filters.http.rbac
@@ -111,6 +115,9 @@ static_resources:
                   level:
                     permissions: [{{metadata: {{filter: a, path: [{{key: level}}], value: {{double_match: {{range: {{start: 5, end: 10}}}}}}}}}}]
                     principals: [{{any: true}}]
+          - name: envoy.filters.http.local_ratelimit
+            disabled: true
+            typed_config: {{"@type": {LOCAL_RATE_LIMIT}, stat_prefix: unused}}
           - {ROUTER}
           route_config:
             virtual_hosts:
@@ -118,6 +125,23 @@ static_resources:
               domains: ["*"]
               routes:
               - {{match: {{prefix: /secure}}, route: {{cluster: up}}}}
+              - match: {{prefix: /limited}}
+                route:
+                  cluster: up
+                  rate_limits:
+                  - actions: [{{metadata: {{descriptor_key: user, metadata_key: {{key: a, path: [{{key: user}}]}}, default_value: nobody}}}}]
+                  - actions: [{{metadata: {{descriptor_key: role, metadata_key: {{key: a, path: [{{key: role}}]}}, skip_if_absent: true}}}}]
+                typed_per_filter_config:
+                  envoy.filters.http.local_ratelimit:
+                    "@type": {LOCAL_RATE_LIMIT}
+                    stat_prefix: limited
+                    token_bucket: {{max_tokens: 100, fill_interval: 3600s}}
+                    filter_enabled: {{runtime_key: l.enabled, default_value: {{numerator: 100}}}}
+                    filter_enforced: {{runtime_key: l.enforced, default_value: {{numerator: 100}}}}
+                    descriptors:
+                    - {{entries: [{{key: user, value: alice}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
+                    - {{entries: [{{key: user, value: nobody}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
+                    - {{entries: [{{key: role, value: admin}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
               - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: v1}}}}}}]}}
                 direct_response: {{status: 201, body: {{inline_string: metadata matched}}}}
               - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{present_match: true}}, invert: true}}]}}
@@ -176,6 +200,14 @@ fn cases() -> Vec<(&'static str, String)> {
         ("/secure", "authorization: Basic YWxpY2U6YmFk\r\n".into()),
         ("/secure", "authorization: Bearer x\r\n".into()),
         ("/", "authorization: Basic YWxpY2U6cGFzcw==\r\n".into()),
+        ("/limited", "x-user: alice\r\n".into()),
+        ("/limited", "x-user: alice\r\n".into()),
+        ("/limited", "x-user: bob\r\n".into()),
+        ("/limited", "x-user: bob\r\n".into()),
+        ("/limited", String::new()),
+        ("/limited", String::new()),
+        ("/limited", "x-user: carol\r\nx-role: admin\r\n".into()),
+        ("/limited", "x-user: carol\r\nx-role: admin\r\n".into()),
     ]
 }
 
@@ -250,13 +282,15 @@ fn header_to_metadata_and_its_consumers_match_envoy() {
     let up = upstream();
     let expected = observe(Some(&envoy), up, &log_dir("envoy"));
     let got = observe(None, up, &log_dir("revoy"));
-    // The cases exercise the metadata: some requests were denied on it, some allowed by it,
-    // and the logs show it.
-    assert!(
-        expected.answers.iter().any(|a| a.contains(" 403 ")),
-        "{:#?}",
-        expected.answers
-    );
+    // The cases exercise the metadata: requests were denied (RBAC, basic_auth), rate limited
+    // and routed on it, and the logs show it.
+    for status in [" 403 ", " 401 ", " 429 ", " 202 "] {
+        assert!(
+            expected.answers.iter().any(|a| a.contains(status)),
+            "no{status}answer: {:#?}",
+            expected.answers
+        );
+    }
     assert!(
         expected.text.iter().any(|l| l.contains("K=v1,v2")),
         "{:#?}",

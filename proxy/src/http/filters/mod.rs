@@ -160,9 +160,12 @@ impl FilterRequest<'_> {
         }
     }
 
-    /// The request as route matchers read it.
+    /// The request as route matchers read it (with its dynamic metadata so far).
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
-        crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
+        let mut request =
+            crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers);
+        request.metadata = Some(&*self.metadata);
+        request
     }
 }
 
