@@ -360,7 +360,7 @@ pub(super) fn compile_filter(
         Some(S::MetadataFilter(_)) => {
             return Err(ConfigError::new(
                 "metadata_filter",
-                "the access log metadata_filter is not implemented by revoy (it keeps no dynamic metadata)",
+                "the access log metadata_filter is not implemented by revoy",
             ));
         }
         Some(S::LogTypeFilter(_)) => {

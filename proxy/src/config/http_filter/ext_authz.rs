@@ -156,7 +156,9 @@ pub fn compile(
         if set {
             warnings.note(
                 field,
-                "revoy keeps no dynamic metadata, filter state or client spans: no effect",
+                "not implemented by revoy's ext_authz filter (no metadata context in the check, \
+                 the answer's dynamic metadata not written, no filter state or client spans): \
+                 no effect",
             );
         }
     }
@@ -355,7 +357,8 @@ fn http_target(
     if response.dynamic_metadata_from_headers.is_some() {
         warnings.note(
             "http_service.authorization_response.dynamic_metadata_from_headers",
-            "revoy keeps no dynamic metadata: no effect",
+            "not implemented by revoy's ext_authz filter: the headers are not written to \
+             the request's dynamic metadata",
         );
     }
     let list = |l: &Option<ListStringMatcher>, at: &str| {
