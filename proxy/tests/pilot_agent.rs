@@ -594,6 +594,15 @@ fn start_ready_drain_kill(program: &Path, label: &str) -> Vec<String> {
     let mut probe = ReadinessProbe::new(pod.admin);
     out.push(format!("probe before config: {:?}", probe.check()));
     out.push(format!(
+        "live check before config passes: {}",
+        check_envoy_stats(pod.admin).is_ok()
+    ));
+    out.push(format!(
+        "workers_started reported before config: {}",
+        admin_stats(pod.admin, READY_STATS)
+            .is_ok_and(|b| b.contains("listener_manager.workers_started"))
+    ));
+    out.push(format!(
         "kubelet before config is ready: {}",
         kubelet_probe(&pod) == "200"
     ));
@@ -682,6 +691,8 @@ fn readiness_drain_and_kill_as_pilot_agent_does() {
         expected,
         [
             "probe before config: Err(\"config not received from XDS server (is Istiod running?): cds updates: 0 successful, 0 rejected; lds updates: 0 successful, 0 rejected\")",
+            "live check before config passes: false",
+            "workers_started reported before config: false",
             "kubelet before config is ready: false",
             "probe after config: Some(())",
             "kubelet after config: Some(\"200\")",
@@ -706,6 +717,74 @@ fn readiness_drain_and_kill_as_pilot_agent_does() {
         "Envoy 1.40 under pilot-agent"
     );
     let actual = start_ready_drain_kill(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-drain");
+    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
+}
+
+/// A pod with native sidecars: the `preStop` hook's `POST :15020/drain` makes pilot-agent
+/// call `drain_listeners?inboundonly&graceful&skip_exit` (`Agent.DrainNow`), and the SIGTERM
+/// that follows once the app stopped kills the proxy at once. What was seen, in order.
+fn native_sidecar_drain(program: &Path, label: &str) -> Vec<String> {
+    let pod = Pod::new(label, false);
+    let app = App::start();
+    let mesh = Mesh {
+        inbound: free_port(),
+        outbound: free_port(),
+        app: app.port,
+        other: upstream("other"),
+    };
+    agent_status_server(&pod);
+    let plane = Plane::start(&pod);
+    let mut proxy = pod.start(program);
+    plane.push(&mesh);
+    let mut out = Vec::new();
+    let ready = eventually(|| ReadinessProbe::new(pod.admin).check().ok());
+    out.push(format!("ready: {ready:?}"));
+    let mut inbound = Conn::open(mesh.inbound).expect("inbound connects");
+    out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
+    out.push(format!(
+        "drain: {}",
+        admin_post(pod.admin, "/drain_listeners?inboundonly&graceful&skip_exit")
+    ));
+    out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
+    // Past the drain time the inbound listener still accepts: skip_exit never stops it.
+    std::thread::sleep(Duration::from_secs(DRAIN_TIME_S + 2));
+    out.push(format!(
+        "new inbound after --drain-time-s: {}",
+        seen(xds::get(mesh.inbound, "/"))
+    ));
+    out.push(format!(
+        "new outbound after --drain-time-s: {}",
+        seen(xds::get(mesh.outbound, "/"))
+    ));
+    out.push(format!("live check: {:?}", check_envoy_stats(pod.admin)));
+    proxy.0.kill().expect("SIGKILL sent");
+    let status = proxy.0.wait().expect("proxy reaped");
+    out.push(format!("killed by signal: {:?}", status.signal()));
+    drop(plane);
+    out
+}
+
+#[test]
+fn native_sidecar_drain_never_stops_listeners() {
+    let Some(envoy) = oracle::envoy_or_skip("native_sidecar_drain_never_stops_listeners") else {
+        return;
+    };
+    let expected = native_sidecar_drain(&envoy, "envoy-native");
+    assert_eq!(
+        expected,
+        [
+            "ready: Some(())",
+            "inbound keep-alive: 200 app",
+            "drain: 200 OK",
+            "inbound keep-alive: 200 app connection: close",
+            "new inbound after --drain-time-s: 200 app connection: close",
+            "new outbound after --drain-time-s: 200 other",
+            "live check: Ok(())",
+            "killed by signal: Some(9)",
+        ],
+        "Envoy 1.40 under pilot-agent"
+    );
+    let actual = native_sidecar_drain(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-native");
     assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
