@@ -8,9 +8,9 @@
 //!
 //! The proxy runs in a pod directory of its own with pilot-agent's argv
 //! (`-c ./etc/istio/proxy/envoy-rev.json --drain-time-s N --drain-strategy immediate ...`) on
-//! the bootstrap pilot-agent renders: Istio's `default_golden.json` (its bootstrap test's
-//! rendering of `envoy_bootstrap.json`, see `tests/data/PROVENANCE.md`) with the test pod's
-//! values: loopback ports, the xDS socket at `./etc/istio/proxy/XDS` in the pod directory.
+//! the bootstrap pilot-agent renders: Istio's template `envoy_bootstrap.json` (see
+//! `tests/data/PROVENANCE.md`) rendered with the values pilot-agent gives it for the test pod:
+//! loopback ports, the xDS socket at `./etc/istio/proxy/XDS` in the pod directory.
 //! The control plane serves ADS (Delta, as the golden says) on that socket and pushes an
 //! INBOUND and an OUTBOUND listener, stock-Envoy config.
 //!
@@ -19,6 +19,8 @@
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/gotemplate.rs"]
+mod gotemplate;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "differential/oracle.rs"]
@@ -91,57 +93,76 @@ impl Pod {
         pod
     }
 
-    /// Istio's rendered default bootstrap with this pod's values.
+    /// Istio's bootstrap template rendered with the values pilot-agent gives it
+    /// (`pkg/bootstrap/config.go: toTemplateParams`) for this pod: an IPv4 sidecar whose
+    /// wildcard is 127.0.0.1 (a pod's is 0.0.0.0), Delta xDS, the default stats inclusion list
+    /// and runtime flags, stats compression on (the default since 1.29).
     fn render(&self, exit_on_zero: bool) -> Value {
-        let golden = concat!(
+        let template = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/data/istio-bootstrap/default_golden.json"
+            "/tests/data/istio-bootstrap-template/envoy_bootstrap.json"
         );
-        let text = std::fs::read_to_string(golden).expect("Istio's golden bootstrap");
-        let mut b: Value = serde_json::from_str(&text).expect("golden is JSON");
-        b["node"]["id"] = json!(NODE_ID);
-        b["node"]["metadata"]["INSTANCE_IPS"] = json!("127.0.0.1");
-        b["admin"]["address"]["socket_address"]["port_value"] = json!(self.admin);
-        b["admin"]["profile_path"] = json!("./var/lib/istio/data/envoy.prof");
-        for cluster in b["static_resources"]["clusters"]
-            .as_array_mut()
-            .expect("clusters")
-        {
-            let name = cluster["name"].as_str().expect("cluster name").to_owned();
-            let address = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-                ["address"];
-            match name.as_str() {
-                "prometheus_stats" => address["socket_address"]["port_value"] = json!(self.admin),
-                "agent" => address["socket_address"]["port_value"] = json!(self.agent),
-                "xds-grpc" => address["pipe"]["path"] = json!("./etc/istio/proxy/XDS"),
-                "sds-grpc" => {
-                    address["pipe"]["path"] = json!("./var/run/secrets/workload-spiffe-uds/socket")
-                }
-                other => panic!("the golden has a cluster {other} this test does not know"),
-            }
-        }
-        for listener in b["static_resources"]["listeners"]
-            .as_array_mut()
-            .expect("listeners")
-        {
-            let address = &mut listener["address"]["socket_address"];
-            let port = match address["port_value"].as_u64() {
-                Some(15090) => self.prometheus,
-                Some(15021) => self.status,
-                other => panic!("the golden has a listener on {other:?}"),
-            };
-            address["address"] = json!("127.0.0.1");
-            address["port_value"] = json!(port);
-        }
+        let template = std::fs::read_to_string(template).expect("Istio's bootstrap template");
+        let proxy_config = json!({
+            "ProxyAdminPort": self.admin,
+            "StatusPort": self.agent,
+            "ConfigPath": "./etc/istio/proxy",
+        });
+        let mut metadata = json!({
+            "ISTIO_VERSION": "1.32-dev",
+            "NAME": "test-pod",
+            "NAMESPACE": "test-ns",
+            "INSTANCE_IPS": "127.0.0.1",
+            "ENVOY_STATUS_PORT": self.status,
+            "ENVOY_PROMETHEUS_PORT": self.prometheus,
+            "PROXY_CONFIG": {
+                "configPath": "./etc/istio/proxy",
+                "drainDuration": format!("{DRAIN_TIME_S}s"),
+                "proxyAdminPort": self.admin,
+                "statusPort": self.agent,
+            },
+        });
+        // pkg/bootstrap/config.go: `downstream_cx_active` joins the inclusion suffixes.
+        let mut suffixes = vec![
+            "rbac.allowed",
+            "rbac.denied",
+            "shadow_allowed",
+            "shadow_denied",
+        ];
         if exit_on_zero {
-            // pkg/bootstrap/config.go: the inclusion suffixes gain `downstream_cx_active`.
-            b["node"]["metadata"]["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = json!("true");
-            b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
-                .as_array_mut()
-                .expect("inclusion patterns")
-                .push(json!({"suffix": "downstream_cx_active"}));
+            metadata["EXIT_ON_ZERO_ACTIVE_CONNECTIONS"] = json!("true");
+            suffixes.push("downstream_cx_active");
         }
-        b
+        let params = json!({
+            "nodeID": NODE_ID,
+            "cluster": "istio-proxy",
+            "meta_json_str": metadata.to_string(),
+            "runtime_flags": json!({
+                "re2.max_program_size.error_level": "32768",
+                "envoy.deprecated_features:envoy.config.listener.v3.Listener.hidden_envoy_deprecated_use_original_dst": true,
+                "envoy.reloadable_features.http_reject_path_with_fragment": false,
+                "envoy.reloadable_features.fixed_heap_use_allocated": true,
+                "envoy.reloadable_features.coalesce_lb_rebuilds_on_batch_update": false,
+            })
+            .to_string(),
+            "config": proxy_config,
+            "localhost": "127.0.0.1",
+            "wildcard": "127.0.0.1",
+            "dns_lookup_family": "V4_ONLY",
+            "xds_type": "DELTA_GRPC",
+            "workload_identity_socket_file": "socket",
+            "envoy_prometheus_port": self.prometheus,
+            "envoy_status_port": self.status,
+            "inclusionPrefix": ["cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm"],
+            "inclusionSuffix": suffixes,
+            "inclusionRegexps": [r"vhost\..*\.route\..*"],
+            "extraStatTags": [],
+            "global_downstream_max_connections": i32::MAX,
+            "envoy_metrics_stats_compression": true,
+        });
+        let rendered = gotemplate::render(&template, &params).expect("the template renders");
+        serde_json::from_str(&rendered)
+            .unwrap_or_else(|e| panic!("the rendered bootstrap is JSON: {e}\n{rendered}"))
     }
 
     /// pilot-agent's Envoy command for this pod (`(*envoy).args` and `NewProxy`'s extra
@@ -397,8 +418,8 @@ fn parse_stats(body: &str, names: &[&str]) -> Result<Vec<u64>, String> {
 
 /// `Agent.activeProxyConnections`: the sum of the `listener.*.downstream_cx_active` lines of
 /// `/stats?usedonly&filter=downstream_cx_active$`, without per-worker lines, internal listeners
-/// and pilot-agent's own listeners (named by their bound address, 127.0.0.1 here where a pod
-/// has 0.0.0.0); `None` for an empty answer (pilot-agent's -1).
+/// and pilot-agent's own listeners (`listener.0.0.0.0_<port>` in a pod, whose wildcard is
+/// 0.0.0.0; 127.0.0.1 here); `None` for an empty answer (pilot-agent's -1).
 fn active_proxy_connections(pod: &Pod) -> Result<Option<u64>, String> {
     let body = admin_stats(pod.admin, "downstream_cx_active$")?;
     if body.is_empty() {
@@ -904,4 +925,45 @@ fn pilot_agent_argv_validates() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The template renderer against pilot-agent's own rendering: with the values of Istio's
+/// `default` bootstrap test case it yields `default_golden.json`.
+#[test]
+fn the_template_renders_as_pilot_agent_does() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let template = std::fs::read_to_string(format!(
+        "{dir}/istio-bootstrap-template/envoy_bootstrap.json"
+    ))
+    .expect("template");
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/istio-bootstrap/default_golden.json"))
+            .expect("golden"),
+    )
+    .expect("golden is JSON");
+    let params = json!({
+        "nodeID": golden["node"]["id"],
+        "cluster": "istio-proxy",
+        "meta_json_str": golden["node"]["metadata"].to_string(),
+        "runtime_flags": golden["layered_runtime"]["layers"][0]["static_layer"].to_string(),
+        // The test case's ProxyConfig has `ConfigPath` /tmp (its metadata says otherwise).
+        "config": {"ProxyAdminPort": 15000, "StatusPort": 15020, "ConfigPath": "/tmp"},
+        "localhost": "127.0.0.1",
+        "wildcard": "0.0.0.0",
+        "dns_lookup_family": "V4_ONLY",
+        "xds_type": "DELTA_GRPC",
+        "workload_identity_socket_file": "test.sock",
+        "outlier_log_path": "/dev/stdout",
+        "envoy_prometheus_port": 15090,
+        "envoy_status_port": 15021,
+        "inclusionPrefix": ["cluster_manager", "listener_manager", "server", "cluster.xds-grpc", "wasm"],
+        "inclusionSuffix": ["rbac.allowed", "rbac.denied", "shadow_allowed", "shadow_denied"],
+        "inclusionRegexps": [r"vhost\..*\.route\..*"],
+        "extraStatTags": [],
+        "global_downstream_max_connections": i32::MAX,
+        "envoy_metrics_stats_compression": true,
+    });
+    let rendered = gotemplate::render(&template, &params).expect("renders");
+    let rendered: Value = serde_json::from_str(&rendered).expect("rendered JSON");
+    assert_eq!(rendered, golden);
 }
