@@ -237,38 +237,62 @@ impl Plane {
 
     /// Pushes the mesh configuration and waits for the proxy to ACK its clusters and listeners.
     fn push(&self, mesh: &Mesh) {
-        self.server.set(
-            Snapshot::new("1")
-                .with_message("inbound|app", &static_cluster("inbound|app", mesh.app))
-                .with_message(
-                    "outbound|other",
-                    &static_cluster("outbound|other", mesh.other),
-                )
-                .with_message(
-                    "virtualInbound",
-                    &listener("virtualInbound", mesh.inbound, "INBOUND", "inbound|app"),
-                )
-                .with_message(
+        self.push_version(mesh, "1", None, &[CLUSTER_TYPE_URL, LISTENER_TYPE_URL]);
+    }
+
+    /// Pushes version `version` of the mesh configuration, with `extra` listener added, and
+    /// answers the proxy's verdicts on the resource types `changed` (Delta xDS sends only those).
+    fn push_version(
+        &self,
+        mesh: &Mesh,
+        version: &str,
+        extra: Option<Listener>,
+        changed: &[&str],
+    ) -> Vec<Verdict> {
+        let mut snapshot = Snapshot::new(version)
+            .with_message("inbound|app", &static_cluster("inbound|app", mesh.app))
+            .with_message(
+                "outbound|other",
+                &static_cluster("outbound|other", mesh.other),
+            )
+            .with_message(
+                "virtualInbound",
+                &listener("virtualInbound", mesh.inbound, "INBOUND", "inbound|app"),
+            )
+            .with_message(
+                "virtualOutbound",
+                &listener(
                     "virtualOutbound",
-                    &listener(
-                        "virtualOutbound",
-                        mesh.outbound,
-                        "OUTBOUND",
-                        "outbound|other",
-                    ),
+                    mesh.outbound,
+                    "OUTBOUND",
+                    "outbound|other",
                 ),
-        );
-        for type_url in [CLUSTER_TYPE_URL, LISTENER_TYPE_URL] {
-            let verdict = self
-                .runtime
-                .block_on(self.server.acked(NODE_ID, type_url, "1", WAIT));
-            assert_eq!(
-                verdict,
-                Some(Verdict::Ack),
-                "{type_url}: {:?}",
-                self.server.events()
+            );
+        let all_good = extra.is_none();
+        if let Some(l) = extra {
+            snapshot = snapshot.with_message(l.name.clone(), &l);
+        }
+        self.server.set(snapshot);
+        let verdicts: Vec<Verdict> = changed
+            .iter()
+            .map(|type_url| {
+                self.runtime
+                    .block_on(self.server.acked(NODE_ID, type_url, version, WAIT))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "no answer to {type_url} {version}: {:?}",
+                            self.server.events()
+                        )
+                    })
+            })
+            .collect();
+        if all_good {
+            assert!(
+                verdicts.iter().all(|v| *v == Verdict::Ack),
+                "version {version}: {verdicts:?}"
             );
         }
+        verdicts
     }
 }
 
@@ -806,6 +830,116 @@ fn native_sidecar_drain_never_stops_listeners() {
         "Envoy 1.40 under pilot-agent"
     );
     let actual = native_sidecar_drain(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-native");
+    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
+}
+
+/// A gateway (pilot-agent's `Sidecar` false): its configuration first rejected, then
+/// accepted, then the pod's shutdown, whose drain is `drain_listeners?graceful` (every
+/// listener). What was seen, in order.
+fn rejected_config_and_gateway_drain(program: &Path, label: &str) -> Vec<String> {
+    let pod = Pod::new(label, false);
+    let app = App::start();
+    let mesh = Mesh {
+        inbound: free_port(),
+        outbound: free_port(),
+        app: app.port,
+        other: upstream("other"),
+    };
+    agent_status_server(&pod);
+    let plane = Plane::start(&pod);
+    let mut proxy = pod.start(program);
+    let mut out = Vec::new();
+
+    // A listener without an address: the listeners are rejected, the clusters accepted.
+    let broken: Listener = decode("{name: broken, filter_chains: [{filters: []}]}");
+    let verdicts = plane.push_version(
+        &mesh,
+        "1",
+        Some(broken),
+        &[CLUSTER_TYPE_URL, LISTENER_TYPE_URL],
+    );
+    out.push(format!(
+        "verdicts: clusters {}, listeners {}",
+        matches!(verdicts[0], Verdict::Ack),
+        matches!(verdicts[1], Verdict::Ack)
+    ));
+    let mut probe = ReadinessProbe::new(pod.admin);
+    out.push(format!(
+        "probe with listeners rejected: {:?}",
+        probe.check()
+    ));
+    plane.push_version(&mesh, "2", None, &[LISTENER_TYPE_URL]);
+    out.push(format!(
+        "probe after a good push: {:?}",
+        eventually(|| probe.check().ok())
+    ));
+    let (status, metrics) = http1::get(
+        None,
+        ([127, 0, 0, 1], pod.prometheus).into(),
+        "/stats/prometheus",
+    )
+    .unwrap_or((0, String::new()));
+    out.push(format!(
+        "prometheus on 15090: {status}, has envoy_server_state: {}",
+        metrics.lines().any(|l| l.starts_with("envoy_server_state"))
+    ));
+
+    let mut inbound = Conn::open(mesh.inbound).expect("inbound connects");
+    let mut outbound = Conn::open(mesh.outbound).expect("outbound connects");
+    out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
+    out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
+    out.push(format!(
+        "drain: {}",
+        admin_post(pod.admin, "/drain_listeners?graceful")
+    ));
+    out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
+    out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
+    out.push(format!(
+        "new outbound: {}",
+        seen(xds::get(mesh.outbound, "/"))
+    ));
+    out.push(format!(
+        "both closed after --drain-time-s: {}",
+        eventually(|| (refused(mesh.inbound) && refused(mesh.outbound)).then_some(())).is_some()
+    ));
+    // Every listener stops, the bootstrap's 15021 included.
+    out.push(format!("kubelet: {}", kubelet_probe(&pod)));
+    proxy.0.kill().expect("SIGKILL sent");
+    let status = proxy.0.wait().expect("proxy reaped");
+    out.push(format!("killed by signal: {:?}", status.signal()));
+    drop(plane);
+    out
+}
+
+#[test]
+fn rejected_config_and_gateway_drain_as_pilot_agent_sees_them() {
+    let Some(envoy) =
+        oracle::envoy_or_skip("rejected_config_and_gateway_drain_as_pilot_agent_sees_them")
+    else {
+        return;
+    };
+    let expected = rejected_config_and_gateway_drain(&envoy, "envoy-gateway");
+    assert_eq!(
+        expected,
+        [
+            "verdicts: clusters true, listeners false",
+            "probe with listeners rejected: Err(\"config received from XDS server, but was rejected: cds updates: 1 successful, 0 rejected; lds updates: 0 successful, 1 rejected\")",
+            "probe after a good push: Some(())",
+            "prometheus on 15090: 200, has envoy_server_state: true",
+            "inbound keep-alive: 200 app",
+            "outbound keep-alive: 200 other",
+            "drain: 200 OK",
+            "inbound keep-alive: 200 app connection: close",
+            "outbound keep-alive: 200 other connection: close",
+            "new outbound: 200 other connection: close",
+            "both closed after --drain-time-s: true",
+            "kubelet: refused",
+            "killed by signal: Some(9)",
+        ],
+        "Envoy 1.40 under pilot-agent"
+    );
+    let actual =
+        rejected_config_and_gateway_drain(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-gateway");
     assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
