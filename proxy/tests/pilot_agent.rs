@@ -37,6 +37,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -72,9 +73,13 @@ struct Pod {
 impl Pod {
     /// A fresh pod directory with the rendered bootstrap in `etc/istio/proxy/envoy-rev.json`
     /// (with `EXIT_ON_ZERO_ACTIVE_CONNECTIONS` as pilot-agent renders it when `exit_on_zero`).
-    fn new(label: &str, exit_on_zero: bool) -> Pod {
-        let dir =
-            std::env::temp_dir().join(format!("revoy-pilot-agent-{}-{label}", std::process::id()));
+    fn new(exit_on_zero: bool) -> Pod {
+        static PODS: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "revoy-pod-{}-{}",
+            std::process::id(),
+            PODS.fetch_add(1, Ordering::Relaxed)
+        ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("etc/istio/proxy")).expect("pod directory");
         let pod = Pod {
@@ -170,26 +175,16 @@ impl Pod {
     /// and `concurrency: 2`), run in the pod directory.
     fn command(&self, program: &Path) -> Command {
         let mut command = Command::new(program);
-        command.current_dir(&self.dir).args([
-            "-c",
-            "./etc/istio/proxy/envoy-rev.json",
-            "--drain-time-s",
-            &DRAIN_TIME_S.to_string(),
-            "--drain-strategy",
-            "immediate",
-            "--local-address-ip-version",
-            "v4",
-            "--file-flush-interval-msec",
-            "1000",
-            "--disable-hot-restart",
-            "--allow-unknown-static-fields",
-            "-l",
-            "warning",
-            "--component-log-level",
-            "misc:error",
-            "--concurrency",
-            "2",
-        ]);
+        command.current_dir(&self.dir).args(
+            format!(
+                "-c ./etc/istio/proxy/envoy-rev.json --drain-time-s {DRAIN_TIME_S} \
+                 --drain-strategy immediate --local-address-ip-version v4 \
+                 --file-flush-interval-msec 1000 --disable-hot-restart \
+                 --allow-unknown-static-fields -l warning --component-log-level misc:error \
+                 --concurrency 2"
+            )
+            .split_whitespace(),
+        );
         command
     }
 
@@ -619,66 +614,119 @@ fn admin_post(admin: u16, path: &str) -> String {
     format!("{status} {body}")
 }
 
+/// One proxy under a simulated pilot-agent: its pod, the app behind the inbound listener, the
+/// pushed configuration's ports, the control plane (with nothing pushed yet) and the process.
+struct Run {
+    pod: Pod,
+    app: App,
+    mesh: Mesh,
+    plane: Plane,
+    proxy: Proxy,
+}
+
+impl Run {
+    /// Starts `program` as pilot-agent does in a fresh pod.
+    fn start(program: &Path, exit_on_zero: bool) -> Run {
+        let pod = Pod::new(exit_on_zero);
+        let app = App::start();
+        let mesh = Mesh {
+            inbound: free_port(),
+            outbound: free_port(),
+            app: app.port,
+            other: upstream("other"),
+        };
+        agent_status_server(&pod);
+        let plane = Plane::start(&pod);
+        let proxy = pod.start(program);
+        Run {
+            pod,
+            app,
+            mesh,
+            plane,
+            proxy,
+        }
+    }
+
+    /// pilot-agent's end of the proxy, `cmd.Process.Kill()`: how it died.
+    fn kill(&mut self) -> String {
+        self.proxy.0.kill().expect("SIGKILL sent");
+        let status = self.proxy.0.wait().expect("proxy reaped");
+        format!("killed by signal: {:?}", status.signal())
+    }
+}
+
+/// Runs `scenario` on Envoy, checks that Envoy saw `expected`, then runs it on revoy and
+/// checks that revoy saw the same.
+fn against_envoy(test: &str, scenario: fn(&Path) -> Vec<String>, expected: &[&str]) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let seen_by_envoy = scenario(&envoy);
+    assert_eq!(seen_by_envoy, expected, "Envoy 1.40 under pilot-agent");
+    let seen_by_revoy = scenario(Path::new(env!("CARGO_BIN_EXE_revoy")));
+    assert_eq!(
+        seen_by_revoy, seen_by_envoy,
+        "revoy under pilot-agent, against Envoy"
+    );
+}
+
 /// Start-up, readiness and the pod's shutdown on `program`, each step as pilot-agent takes it:
 /// what pilot-agent and the clients saw, in order.
-fn start_ready_drain_kill(program: &Path, label: &str) -> Vec<String> {
-    let pod = Pod::new(label, true);
-    let app = App::start();
-    let mesh = Mesh {
-        inbound: free_port(),
-        outbound: free_port(),
-        app: app.port,
-        other: upstream("other"),
-    };
-    agent_status_server(&pod);
-    let plane = Plane::start(&pod);
-    let mut proxy = pod.start(program);
+fn start_ready_drain_kill(program: &Path) -> Vec<String> {
+    let mut run = Run::start(program, true);
     let mut out = Vec::new();
 
     // Start-up: istiod has not answered yet.
-    let mut probe = ReadinessProbe::new(pod.admin);
+    let mut probe = ReadinessProbe::new(run.pod.admin);
     out.push(format!("probe before config: {:?}", probe.check()));
     out.push(format!(
         "live check before config passes: {}",
-        check_envoy_stats(pod.admin).is_ok()
+        check_envoy_stats(run.pod.admin).is_ok()
     ));
     out.push(format!(
         "workers_started reported before config: {}",
-        admin_stats(pod.admin, READY_STATS)
+        admin_stats(run.pod.admin, READY_STATS)
             .is_ok_and(|b| b.contains("listener_manager.workers_started"))
     ));
     out.push(format!(
         "kubelet before config is ready: {}",
-        kubelet_probe(&pod) == "200"
+        kubelet_probe(&run.pod) == "200"
     ));
-    plane.push(&mesh);
+    run.plane.push(&run.mesh);
     let ready = eventually(|| probe.check().ok());
     out.push(format!("probe after config: {ready:?}"));
     out.push(format!(
         "kubelet after config: {:?}",
-        eventually(|| Some(kubelet_probe(&pod)).filter(|s| s == "200"))
+        eventually(|| Some(kubelet_probe(&run.pod)).filter(|s| s == "200"))
     ));
-    out.push(format!("inbound: {}", seen(xds::get(mesh.inbound, "/"))));
-    out.push(format!("outbound: {}", seen(xds::get(mesh.outbound, "/"))));
+    out.push(format!(
+        "inbound: {}",
+        seen(xds::get(run.mesh.inbound, "/"))
+    ));
+    out.push(format!(
+        "outbound: {}",
+        seen(xds::get(run.mesh.outbound, "/"))
+    ));
 
     // SIGTERM to pilot-agent: a keep-alive client on each side and a request in flight.
-    let mut inbound = Conn::open(mesh.inbound).expect("inbound connects");
-    let mut outbound = Conn::open(mesh.outbound).expect("outbound connects");
+    let mut inbound = Conn::open(run.mesh.inbound).expect("inbound connects");
+    let mut outbound = Conn::open(run.mesh.outbound).expect("outbound connects");
     out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
     out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
-    let inbound_port = mesh.inbound;
+    let inbound_port = run.mesh.inbound;
     let in_flight = std::thread::spawn(move || {
         let mut c = Conn::open(inbound_port).expect("inbound connects");
         seen(c.get("/held"))
     });
-    app.arrived
+    run.app
+        .arrived
         .recv_timeout(WAIT)
         .expect("the held request reached the app");
     out.push(format!(
         "drain: {}",
-        admin_post(pod.admin, "/drain_listeners?inboundonly&graceful")
+        admin_post(run.pod.admin, "/drain_listeners?inboundonly&graceful")
     ));
-    app.release.send(()).expect("release the held request");
+    run.app.release.send(()).expect("release the held request");
     out.push(format!(
         "in-flight inbound: {}",
         in_flight.join().expect("in flight")
@@ -687,54 +735,48 @@ fn start_ready_drain_kill(program: &Path, label: &str) -> Vec<String> {
     out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
     out.push(format!(
         "new inbound: {}",
-        seen(xds::get(mesh.inbound, "/"))
+        seen(xds::get(run.mesh.inbound, "/"))
     ));
     out.push(format!(
         "new outbound: {}",
-        seen(xds::get(mesh.outbound, "/"))
+        seen(xds::get(run.mesh.outbound, "/"))
     ));
     out.push(format!(
         "live check while draining: {:?}",
-        check_envoy_stats(pod.admin)
+        check_envoy_stats(run.pod.admin)
     ));
     out.push(format!(
         "inbound closed after --drain-time-s: {}",
-        eventually(|| refused(mesh.inbound).then_some(())).is_some()
+        eventually(|| refused(run.mesh.inbound).then_some(())).is_some()
     ));
     out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
     out.push(format!(
         "new outbound: {}",
-        seen(xds::get(mesh.outbound, "/"))
+        seen(xds::get(run.mesh.outbound, "/"))
     ));
 
     // EXIT_ON_ZERO_ACTIVE_CONNECTIONS: the outbound client still holds its connection.
     out.push(format!(
         "active connections with a client: {:?}",
-        active_proxy_connections(&pod).map(|n| n.map(|n| n > 0))
+        active_proxy_connections(&run.pod).map(|n| n.map(|n| n > 0))
     ));
     drop(outbound);
     out.push(format!(
         "active connections reach zero: {}",
-        eventually(|| (active_proxy_connections(&pod) == Ok(Some(0))).then_some(())).is_some()
+        eventually(|| (active_proxy_connections(&run.pod) == Ok(Some(0))).then_some(())).is_some()
     ));
 
     // pilot-agent ends the proxy with `cmd.Process.Kill()`.
-    proxy.0.kill().expect("SIGKILL sent");
-    let status = proxy.0.wait().expect("proxy reaped");
-    out.push(format!("killed by signal: {:?}", status.signal()));
-    drop(plane);
+    out.push(run.kill());
     out
 }
 
 #[test]
 fn readiness_drain_and_kill_as_pilot_agent_does() {
-    let Some(envoy) = oracle::envoy_or_skip("readiness_drain_and_kill_as_pilot_agent_does") else {
-        return;
-    };
-    let expected = start_ready_drain_kill(&envoy, "envoy-drain");
-    assert_eq!(
-        expected,
-        [
+    against_envoy(
+        "readiness_drain_and_kill_as_pilot_agent_does",
+        start_ready_drain_kill,
+        &[
             "probe before config: Err(\"config not received from XDS server (is Istiod running?): cds updates: 0 successful, 0 rejected; lds updates: 0 successful, 0 rejected\")",
             "live check before config passes: false",
             "workers_started reported before config: false",
@@ -759,65 +801,52 @@ fn readiness_drain_and_kill_as_pilot_agent_does() {
             "active connections reach zero: true",
             "killed by signal: Some(9)",
         ],
-        "Envoy 1.40 under pilot-agent"
     );
-    let actual = start_ready_drain_kill(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-drain");
-    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
 /// A pod with native sidecars: the `preStop` hook's `POST :15020/drain` makes pilot-agent
 /// call `drain_listeners?inboundonly&graceful&skip_exit` (`Agent.DrainNow`), and the SIGTERM
 /// that follows once the app stopped kills the proxy at once. What was seen, in order.
-fn native_sidecar_drain(program: &Path, label: &str) -> Vec<String> {
-    let pod = Pod::new(label, false);
-    let app = App::start();
-    let mesh = Mesh {
-        inbound: free_port(),
-        outbound: free_port(),
-        app: app.port,
-        other: upstream("other"),
-    };
-    agent_status_server(&pod);
-    let plane = Plane::start(&pod);
-    let mut proxy = pod.start(program);
-    plane.push(&mesh);
+fn native_sidecar_drain(program: &Path) -> Vec<String> {
+    let mut run = Run::start(program, false);
+    run.plane.push(&run.mesh);
     let mut out = Vec::new();
-    let ready = eventually(|| ReadinessProbe::new(pod.admin).check().ok());
+    let ready = eventually(|| ReadinessProbe::new(run.pod.admin).check().ok());
     out.push(format!("ready: {ready:?}"));
-    let mut inbound = Conn::open(mesh.inbound).expect("inbound connects");
+    let mut inbound = Conn::open(run.mesh.inbound).expect("inbound connects");
     out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
     out.push(format!(
         "drain: {}",
-        admin_post(pod.admin, "/drain_listeners?inboundonly&graceful&skip_exit")
+        admin_post(
+            run.pod.admin,
+            "/drain_listeners?inboundonly&graceful&skip_exit"
+        )
     ));
     out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
     // Past the drain time the inbound listener still accepts: skip_exit never stops it.
     std::thread::sleep(Duration::from_secs(DRAIN_TIME_S + 2));
     out.push(format!(
         "new inbound after --drain-time-s: {}",
-        seen(xds::get(mesh.inbound, "/"))
+        seen(xds::get(run.mesh.inbound, "/"))
     ));
     out.push(format!(
         "new outbound after --drain-time-s: {}",
-        seen(xds::get(mesh.outbound, "/"))
+        seen(xds::get(run.mesh.outbound, "/"))
     ));
-    out.push(format!("live check: {:?}", check_envoy_stats(pod.admin)));
-    proxy.0.kill().expect("SIGKILL sent");
-    let status = proxy.0.wait().expect("proxy reaped");
-    out.push(format!("killed by signal: {:?}", status.signal()));
-    drop(plane);
+    out.push(format!(
+        "live check: {:?}",
+        check_envoy_stats(run.pod.admin)
+    ));
+    out.push(run.kill());
     out
 }
 
 #[test]
 fn native_sidecar_drain_never_stops_listeners() {
-    let Some(envoy) = oracle::envoy_or_skip("native_sidecar_drain_never_stops_listeners") else {
-        return;
-    };
-    let expected = native_sidecar_drain(&envoy, "envoy-native");
-    assert_eq!(
-        expected,
-        [
+    against_envoy(
+        "native_sidecar_drain_never_stops_listeners",
+        native_sidecar_drain,
+        &[
             "ready: Some(())",
             "inbound keep-alive: 200 app",
             "drain: 200 OK",
@@ -827,33 +856,20 @@ fn native_sidecar_drain_never_stops_listeners() {
             "live check: Ok(())",
             "killed by signal: Some(9)",
         ],
-        "Envoy 1.40 under pilot-agent"
     );
-    let actual = native_sidecar_drain(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-native");
-    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
 /// A gateway (pilot-agent's `Sidecar` false): its configuration first rejected, then
 /// accepted, then the pod's shutdown, whose drain is `drain_listeners?graceful` (every
 /// listener). What was seen, in order.
-fn rejected_config_and_gateway_drain(program: &Path, label: &str) -> Vec<String> {
-    let pod = Pod::new(label, false);
-    let app = App::start();
-    let mesh = Mesh {
-        inbound: free_port(),
-        outbound: free_port(),
-        app: app.port,
-        other: upstream("other"),
-    };
-    agent_status_server(&pod);
-    let plane = Plane::start(&pod);
-    let mut proxy = pod.start(program);
+fn rejected_config_and_gateway_drain(program: &Path) -> Vec<String> {
+    let mut run = Run::start(program, false);
     let mut out = Vec::new();
 
     // A listener without an address: the listeners are rejected, the clusters accepted.
     let broken: Listener = decode("{name: broken, filter_chains: [{filters: []}]}");
-    let verdicts = plane.push_version(
-        &mesh,
+    let verdicts = run.plane.push_version(
+        &run.mesh,
         "1",
         Some(broken),
         &[CLUSTER_TYPE_URL, LISTENER_TYPE_URL],
@@ -863,19 +879,20 @@ fn rejected_config_and_gateway_drain(program: &Path, label: &str) -> Vec<String>
         matches!(verdicts[0], Verdict::Ack),
         matches!(verdicts[1], Verdict::Ack)
     ));
-    let mut probe = ReadinessProbe::new(pod.admin);
+    let mut probe = ReadinessProbe::new(run.pod.admin);
     out.push(format!(
         "probe with listeners rejected: {:?}",
         probe.check()
     ));
-    plane.push_version(&mesh, "2", None, &[LISTENER_TYPE_URL]);
+    run.plane
+        .push_version(&run.mesh, "2", None, &[LISTENER_TYPE_URL]);
     out.push(format!(
         "probe after a good push: {:?}",
         eventually(|| probe.check().ok())
     ));
     let (status, metrics) = http1::get(
         None,
-        ([127, 0, 0, 1], pod.prometheus).into(),
+        ([127, 0, 0, 1], run.pod.prometheus).into(),
         "/stats/prometheus",
     )
     .unwrap_or((0, String::new()));
@@ -884,44 +901,37 @@ fn rejected_config_and_gateway_drain(program: &Path, label: &str) -> Vec<String>
         metrics.lines().any(|l| l.starts_with("envoy_server_state"))
     ));
 
-    let mut inbound = Conn::open(mesh.inbound).expect("inbound connects");
-    let mut outbound = Conn::open(mesh.outbound).expect("outbound connects");
+    let mut inbound = Conn::open(run.mesh.inbound).expect("inbound connects");
+    let mut outbound = Conn::open(run.mesh.outbound).expect("outbound connects");
     out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
     out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
     out.push(format!(
         "drain: {}",
-        admin_post(pod.admin, "/drain_listeners?graceful")
+        admin_post(run.pod.admin, "/drain_listeners?graceful")
     ));
     out.push(format!("inbound keep-alive: {}", seen(inbound.get("/"))));
     out.push(format!("outbound keep-alive: {}", seen(outbound.get("/"))));
     out.push(format!(
         "new outbound: {}",
-        seen(xds::get(mesh.outbound, "/"))
+        seen(xds::get(run.mesh.outbound, "/"))
     ));
     out.push(format!(
         "both closed after --drain-time-s: {}",
-        eventually(|| (refused(mesh.inbound) && refused(mesh.outbound)).then_some(())).is_some()
+        eventually(|| (refused(run.mesh.inbound) && refused(run.mesh.outbound)).then_some(()))
+            .is_some()
     ));
     // Every listener stops, the bootstrap's 15021 included.
-    out.push(format!("kubelet: {}", kubelet_probe(&pod)));
-    proxy.0.kill().expect("SIGKILL sent");
-    let status = proxy.0.wait().expect("proxy reaped");
-    out.push(format!("killed by signal: {:?}", status.signal()));
-    drop(plane);
+    out.push(format!("kubelet: {}", kubelet_probe(&run.pod)));
+    out.push(run.kill());
     out
 }
 
 #[test]
 fn rejected_config_and_gateway_drain_as_pilot_agent_sees_them() {
-    let Some(envoy) =
-        oracle::envoy_or_skip("rejected_config_and_gateway_drain_as_pilot_agent_sees_them")
-    else {
-        return;
-    };
-    let expected = rejected_config_and_gateway_drain(&envoy, "envoy-gateway");
-    assert_eq!(
-        expected,
-        [
+    against_envoy(
+        "rejected_config_and_gateway_drain_as_pilot_agent_sees_them",
+        rejected_config_and_gateway_drain,
+        &[
             "verdicts: clusters true, listeners false",
             "probe with listeners rejected: Err(\"config received from XDS server, but was rejected: cds updates: 1 successful, 0 rejected; lds updates: 0 successful, 1 rejected\")",
             "probe after a good push: Some(())",
@@ -936,88 +946,78 @@ fn rejected_config_and_gateway_drain_as_pilot_agent_sees_them() {
             "kubelet: refused",
             "killed by signal: Some(9)",
         ],
-        "Envoy 1.40 under pilot-agent"
     );
-    let actual =
-        rejected_config_and_gateway_drain(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-gateway");
-    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
 /// A crash and pilot-agent's restart with the same argv in the same directory, with clients
 /// connected at the crash, then `/quitquitquit`: what was seen, in order.
-fn crash_restart_quit(program: &Path, label: &str) -> Vec<String> {
-    let pod = Pod::new(label, false);
-    let app = App::start();
-    let mesh = Mesh {
-        inbound: free_port(),
-        outbound: free_port(),
-        app: app.port,
-        other: upstream("other"),
-    };
-    agent_status_server(&pod);
-    let plane = Plane::start(&pod);
+fn crash_restart_quit(program: &Path) -> Vec<String> {
+    let mut run = Run::start(program, false);
     let mut out = Vec::new();
-    let mut proxy = pod.start(program);
-    plane.push(&mesh);
-    let ready = eventually(|| ReadinessProbe::new(pod.admin).check().ok());
+    run.plane.push(&run.mesh);
+    let ready = eventually(|| ReadinessProbe::new(run.pod.admin).check().ok());
     out.push(format!("first run ready: {ready:?}"));
-    let mut clients = [mesh.inbound, mesh.outbound, pod.admin, pod.status]
-        .map(|port| Conn::open(port).expect("client connects"));
+    let mut clients = [
+        run.mesh.inbound,
+        run.mesh.outbound,
+        run.pod.admin,
+        run.pod.status,
+    ]
+    .map(|port| Conn::open(port).expect("client connects"));
     out.push(format!("inbound: {}", seen(clients[0].get("/"))));
     out.push(format!("outbound: {}", seen(clients[1].get("/"))));
 
-    proxy.0.kill().expect("crash");
-    let status = proxy.0.wait().expect("proxy reaped");
-    out.push(format!("crashed by signal: {:?}", status.signal()));
+    out.push(run.kill());
     out.push(format!(
         "client after the crash: {}",
         seen(clients[1].get("/")).starts_with("error")
     ));
 
-    let mut proxy = pod.start(program);
-    let ready = eventually(|| ReadinessProbe::new(pod.admin).check().ok());
+    run.proxy = run.pod.start(program);
+    let ready = eventually(|| ReadinessProbe::new(run.pod.admin).check().ok());
     out.push(format!("restarted ready: {ready:?}"));
     out.push(format!(
         "kubelet: {:?}",
-        eventually(|| Some(kubelet_probe(&pod)).filter(|s| s == "200"))
+        eventually(|| Some(kubelet_probe(&run.pod)).filter(|s| s == "200"))
     ));
-    out.push(format!("inbound: {}", seen(xds::get(mesh.inbound, "/"))));
-    out.push(format!("outbound: {}", seen(xds::get(mesh.outbound, "/"))));
+    out.push(format!(
+        "inbound: {}",
+        seen(xds::get(run.mesh.inbound, "/"))
+    ));
+    out.push(format!(
+        "outbound: {}",
+        seen(xds::get(run.mesh.outbound, "/"))
+    ));
 
     out.push(format!(
         "quitquitquit: {}",
-        admin_post(pod.admin, "/quitquitquit")
+        admin_post(run.pod.admin, "/quitquitquit")
     ));
-    let status = proxy.0.wait().expect("proxy exits");
+    let status = run.proxy.0.wait().expect("proxy exits");
     out.push(format!("exit: {:?}", status.code()));
     let released = [
-        pod.admin,
-        pod.status,
-        pod.prometheus,
-        mesh.inbound,
-        mesh.outbound,
+        run.pod.admin,
+        run.pod.status,
+        run.pod.prometheus,
+        run.mesh.inbound,
+        run.mesh.outbound,
     ]
     .iter()
     .all(|&port| TcpListener::bind(("127.0.0.1", port)).is_ok());
     out.push(format!("ports free after exit: {released}"));
-    drop(plane);
     out
 }
 
 #[test]
 fn crash_restart_and_quitquitquit_as_pilot_agent_does() {
-    let Some(envoy) = oracle::envoy_or_skip("crash_restart_and_quitquitquit_as_pilot_agent_does")
-    else {
-        return;
-    };
-    let expected = crash_restart_quit(&envoy, "envoy-restart");
-    assert_eq!(
-        expected,
-        [
+    against_envoy(
+        "crash_restart_and_quitquitquit_as_pilot_agent_does",
+        crash_restart_quit,
+        &[
             "first run ready: Some(())",
             "inbound: 200 app",
             "outbound: 200 other",
-            "crashed by signal: Some(9)",
+            "killed by signal: Some(9)",
             "client after the crash: true",
             "restarted ready: Some(())",
             "kubelet: Some(\"200\")",
@@ -1027,17 +1027,14 @@ fn crash_restart_and_quitquitquit_as_pilot_agent_does() {
             "exit: Some(0)",
             "ports free after exit: true",
         ],
-        "Envoy 1.40 under pilot-agent"
     );
-    let actual = crash_restart_quit(Path::new(env!("CARGO_BIN_EXE_revoy")), "revoy-restart");
-    assert_eq!(actual, expected, "revoy under pilot-agent, against Envoy");
 }
 
 /// The exact argv pilot-agent builds is accepted by both: `--mode validate` on the rendered
 /// bootstrap with it succeeds.
 #[test]
 fn pilot_agent_argv_validates() {
-    let pod = Pod::new("validate", false);
+    let pod = Pod::new(false);
     let mut command = pod.command(Path::new(env!("CARGO_BIN_EXE_revoy")));
     command.args(["--mode", "validate"]);
     let output = command.output().expect("revoy runs");
