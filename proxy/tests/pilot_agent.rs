@@ -44,9 +44,10 @@ use std::time::{Duration, Instant};
 
 use child::Proxy;
 use ports::free_port;
+use proto::pb::envoy::config::core::v3::TrafficDirection;
 use proto::pb::envoy::config::listener::v3::Listener;
 use serde_json::{Value, json};
-use xds::{Conn, WAIT, decode, refused, static_cluster, upstream};
+use xds::{Conn, WAIT, decode, inline_listener, refused, static_cluster, to_cluster, upstream};
 use xds_client::server::{Server, Snapshot};
 use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL, Verdict};
 
@@ -252,14 +253,19 @@ impl Plane {
             )
             .with_message(
                 "virtualInbound",
-                &listener("virtualInbound", mesh.inbound, "INBOUND", "inbound|app"),
+                &listener(
+                    "virtualInbound",
+                    mesh.inbound,
+                    TrafficDirection::Inbound,
+                    "inbound|app",
+                ),
             )
             .with_message(
                 "virtualOutbound",
                 &listener(
                     "virtualOutbound",
                     mesh.outbound,
-                    "OUTBOUND",
+                    TrafficDirection::Outbound,
                     "outbound|other",
                 ),
             );
@@ -293,22 +299,10 @@ impl Plane {
 
 /// A listener on 127.0.0.1:`port` with `traffic_direction` `direction` routing everything to
 /// `cluster`.
-fn listener(name: &str, port: u16, direction: &str, cluster: &str) -> Listener {
-    decode(&format!(
-        r#"
-name: {name}
-traffic_direction: {direction}
-address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-filter_chains:
-- filters:
-  - name: envoy.filters.network.http_connection_manager
-    typed_config:
-      "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-      stat_prefix: {name}
-      route_config: {{name: {name}, virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: "{cluster}"}}}}]}}]}}
-      http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-"#
-    ))
+fn listener(name: &str, port: u16, direction: TrafficDirection, cluster: &str) -> Listener {
+    let mut l = inline_listener(name, port, &to_cluster(cluster));
+    l.set_traffic_direction(direction);
+    l
 }
 
 /// The pushed configuration's ports: the app behind the inbound listener, another service
