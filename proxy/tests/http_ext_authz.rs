@@ -3,7 +3,8 @@
 //! HTTP one, each recording what it was sent): allowed, denied (default and custom status,
 //! headers, body), headers added, set, appended and removed upstream, headers added to the
 //! response, service errors (`status_on_error`, `failure_mode_allow` with its header), a
-//! timeout, `clear_route_cache` (a header the service sets picks another route), per-route
+//! timeout, `clear_route_cache` (a header the service sets picks another route; so does the
+//! dynamic metadata of its answer, through a route's `dynamic_metadata` matcher), per-route
 //! `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
 //! `with_request_body` (partial and refused), the HTTP service's request and response
 //! header rules, and the filter's stats.
@@ -254,6 +255,27 @@ impl Authorization for GrpcAuthz {
                 })),
                 ..Default::default()
             },
+            "metadata" => {
+                use proto::pb::google::protobuf::{Struct, Value, value::Kind};
+                let tenant = Value {
+                    kind: Some(Kind::StringValue("t1".into())),
+                };
+                CheckResponse {
+                    status: ok,
+                    http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                        headers: vec![option(
+                            "x-meta",
+                            "1",
+                            None,
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        )],
+                        ..Default::default()
+                    })),
+                    dynamic_metadata: Some(Struct {
+                        fields: [("tenant".to_owned(), tenant)].into_iter().collect(),
+                    }),
+                }
+            }
             _ => CheckResponse {
                 status: ok,
                 ..Default::default()
@@ -373,6 +395,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
               {{match: {{prefix: /partial}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{with_request_body: {{max_request_bytes: 4, allow_partial_message: true}}}}}}}}}},
               {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: direct}}}}}},
               {{match: {{prefix: /, headers: [{{name: x-route, string_match: {{exact: b}}}}]}}, direct_response: {{status: 200, body: {{inline_string: rerouted}}}}}},
+              {{match: {{prefix: /meta, dynamic_metadata: [{{filter: envoy.filters.http.ext_authz, path: [{{key: tenant}}], value: {{string_match: {{exact: t1}}}}}}]}}, direct_response: {{status: 200, body: {{inline_string: by metadata}}}}}},
               {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
     );
     // The virtual host's own entry, after its routes.
@@ -457,6 +480,8 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     (0, "GET", "/", "x-authz: deny-plain\r\n", ""),
     (0, "GET", "/", "x-authz: error\r\n", ""),
     (0, "GET", "/", "x-authz: slow\r\n", ""),
+    (0, "GET", "/meta", "x-authz: metadata\r\n", ""),
+    (0, "GET", "/meta", "", ""),
     (
         0,
         "GET",
@@ -550,12 +575,14 @@ fn ext_authz_matches_envoy() {
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the filter: checks allowed and denied, a request re-routed.
+    // The cases must exercise the filter: checks allowed and denied, a request re-routed
+    // (by a header, and by the dynamic metadata of the answer).
     assert!(
         expected
             .iter()
             .any(|l| l == "http.grpc.ext_authz.denied: 2")
-            && expected.iter().any(|l| l.contains("\nrerouted\nsent:")),
+            && expected.iter().any(|l| l.contains("\nrerouted\nsent:"))
+            && expected.iter().any(|l| l.contains("\nby metadata\nsent:")),
         "{expected:#?}"
     );
     filter_diff::assert_same(&expected, &got);

@@ -48,6 +48,9 @@ pub struct ExtAuthzConfig {
     pub charge_cluster_response_stats: bool,
     /// `max_denied_response_body_bytes` (0: no limit).
     pub max_denied_response_body_bytes: usize,
+    /// `enable_dynamic_metadata_ingestion` (default true): a gRPC answer's `dynamic_metadata`
+    /// is written to the request's dynamic metadata.
+    pub ingest_dynamic_metadata: bool,
 }
 
 /// The authorization service.
@@ -147,18 +150,13 @@ pub fn compile(
         ),
         (c.filter_metadata.is_some(), "filter_metadata"),
         (c.emit_filter_state_stats, "emit_filter_state_stats"),
-        (
-            c.enable_dynamic_metadata_ingestion.is_some(),
-            "enable_dynamic_metadata_ingestion",
-        ),
         (c.emit_client_span.is_some(), "emit_client_span"),
     ] {
         if set {
             warnings.note(
                 field,
                 "not implemented by revoy's ext_authz filter (no metadata context in the check, \
-                 the answer's dynamic metadata not written, no filter state or client spans): \
-                 no effect",
+                 no filter state or client spans): no effect",
             );
         }
     }
@@ -214,6 +212,7 @@ pub fn compile(
             .unwrap_or_default(),
         charge_cluster_response_stats: c.charge_cluster_response_stats.is_none_or(|b| b.value),
         max_denied_response_body_bytes: c.max_denied_response_body_bytes as usize,
+        ingest_dynamic_metadata: c.enable_dynamic_metadata_ingestion.is_none_or(|b| b.value),
     })
 }
 
