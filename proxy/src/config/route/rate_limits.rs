@@ -379,10 +379,10 @@ mod tests {
     fn unimplemented_actions_and_bad_fields_are_named() {
         let e = compile(
             "{name: v, domains: ['*'], rate_limits: [{actions: [{source_cluster: {}}, \
-             {metadata: {descriptor_key: k, metadata_key: {key: a, path: [{key: b}]}}}]}]}",
+             {remote_address_match: {address_matcher: {}}}]}]}",
         )
         .unwrap_err();
-        assert_eq!(e.path, "[0].actions[1].metadata");
+        assert_eq!(e.path, "[0].actions[1].remote_address_match");
         assert!(e.message.contains("not implemented"), "{e}");
         let e = compile("{name: v, domains: ['*'], rate_limits: [{stage: 11, actions: [{remote_address: {}}]}]}")
             .unwrap_err();
