@@ -201,6 +201,31 @@ mod tests {
     }
 
     #[test]
+    fn metadata_filters_match_set_values_and_fall_back_when_unset() {
+        use crate::metadata::matcher::ValueMatcher;
+        let filter = |match_if_key_not_found| Filter::Metadata {
+            matcher: Some(MetadataMatcher {
+                namespace: "ns".into(),
+                path: vec!["k".into()],
+                value: ValueMatcher::Bool(true),
+                invert: false,
+            }),
+            match_if_key_not_found,
+        };
+        let mut r = rec(Some(200));
+        assert!(filter(true).passes(&r));
+        assert!(!filter(false).passes(&r));
+        r.metadata
+            .insert("ns", "k", crate::metadata::string_value("not a bool"));
+        assert!(!filter(true).passes(&r));
+        let unmatched = Filter::Metadata {
+            matcher: None,
+            match_if_key_not_found: false,
+        };
+        assert!(!unmatched.passes(&r));
+    }
+
+    #[test]
     fn duration_needs_an_ended_stream() {
         let mut r = rec(Some(200));
         assert!(!Filter::Duration(Comparison::Ge(0)).passes(&r));
