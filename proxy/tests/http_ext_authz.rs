@@ -4,7 +4,8 @@
 //! headers, body), headers added, set, appended and removed upstream, headers added to the
 //! response, service errors (`status_on_error`, `failure_mode_allow` with its header), a
 //! timeout, `clear_route_cache` (a header the service sets picks another route; so does the
-//! dynamic metadata of its answer, through a route's `dynamic_metadata` matcher), per-route
+//! dynamic metadata of its answer, or of the HTTP service's `dynamic_metadata_from_headers`,
+//! through a route's `dynamic_metadata` matcher), per-route
 //! `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
 //! `with_request_body` (partial and refused), the HTTP service's request and response
 //! header rules, and the filter's stats.
@@ -330,6 +331,7 @@ async fn http_authz(
             .header("x-client", "c")
             .header("x-ignored", "i")
             .header("x-envoy-auth-headers-to-remove", "x-remove-me")
+            .header("x-meta-tenant", "t1")
             .body(Full::default()),
     };
     Ok(resp.unwrap())
@@ -403,9 +405,11 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
         r#"{grpc_routes}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{context_extensions: {{b: vhost, c: vhost}}}}}}}}"#
     );
     let http_filter = format!(
-        r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, http_service: {{server_uri: {{uri: "http://authz.local", cluster: authz_http, timeout: 1s}}, path_prefix: /check, authorization_request: {{headers_to_add: [{{key: x-from-proxy, value: p}}]}}, authorization_response: {{allowed_upstream_headers: {{patterns: [{{exact: x-up}}]}}, allowed_upstream_headers_to_append: {{patterns: [{{exact: x-up-append}}]}}, allowed_client_headers_on_success: {{patterns: [{{exact: x-client}}]}}}}}}, allowed_headers: {{patterns: [{{prefix: x-}}]}}}}}}"#
+        r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, http_service: {{server_uri: {{uri: "http://authz.local", cluster: authz_http, timeout: 1s}}, path_prefix: /check, authorization_request: {{headers_to_add: [{{key: x-from-proxy, value: p}}]}}, authorization_response: {{allowed_upstream_headers: {{patterns: [{{exact: x-up}}]}}, allowed_upstream_headers_to_append: {{patterns: [{{exact: x-up-append}}]}}, allowed_client_headers_on_success: {{patterns: [{{exact: x-client}}]}}, dynamic_metadata_from_headers: {{patterns: [{{prefix: x-meta}}]}}}}}}, clear_route_cache: true, allowed_headers: {{patterns: [{{prefix: x-}}]}}}}}}"#
     );
     let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
+    let http_routes = "[{match: {prefix: /meta, dynamic_metadata: [{filter: envoy.filters.http.ext_authz, path: [{key: x-meta-tenant}], value: {string_match: {exact: t1}}}]}, \
+         direct_response: {status: 200, body: {inline_string: by header metadata}}}, {match: {prefix: /}, route: {cluster: up}}]";
     let h2 = "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}";
     let listener = |name: &str, port: u16, filter: &str, routes: &str| {
         bootstrap::http_listener(name, port, "", &format!("{filter}, "), routes)
@@ -434,7 +438,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
             ),
             plain,
         ),
-        listener("http", ports[3], &http_filter, plain),
+        listener("http", ports[3], &http_filter, &http_routes),
         listener(
             "body",
             ports[4],
@@ -506,6 +510,7 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     ),
     (3, "POST", "/h", "x-authz: deny\r\n", "abc"),
     (3, "GET", "/h", "x-authz: fail\r\n", ""),
+    (3, "GET", "/meta", "", ""),
     (4, "POST", "/", "", "short"),
     (4, "POST", "/", "", "much too long"),
     (4, "GET", "/", "", ""),
@@ -582,7 +587,10 @@ fn ext_authz_matches_envoy() {
             .iter()
             .any(|l| l == "http.grpc.ext_authz.denied: 2")
             && expected.iter().any(|l| l.contains("\nrerouted\nsent:"))
-            && expected.iter().any(|l| l.contains("\nby metadata\nsent:")),
+            && expected.iter().any(|l| l.contains("\nby metadata\nsent:"))
+            && expected
+                .iter()
+                .any(|l| l.contains("\nby header metadata\nsent:")),
         "{expected:#?}"
     );
     filter_diff::assert_same(&expected, &got);

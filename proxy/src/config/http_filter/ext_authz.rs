@@ -99,6 +99,9 @@ pub struct HttpTarget {
     /// `authorization_response.allowed_client_headers_on_success`: added to the response when
     /// allowed.
     pub allowed_client_headers_on_success: Vec<StringMatcher>,
+    /// `authorization_response.dynamic_metadata_from_headers`: the service's response
+    /// headers (not a 5xx's) written to the request's dynamic metadata as strings.
+    pub dynamic_metadata_from_headers: Vec<StringMatcher>,
 }
 
 /// `BufferSettings`: the request body sent with the check.
@@ -166,8 +169,7 @@ pub fn compile(
             (Service::Grpc(target), timeout)
         }
         Some(pb::ext_authz::Services::HttpService(h)) => {
-            let (target, timeout) =
-                http_target(ctx, h, warnings).map_err(|e| e.within("http_service"))?;
+            let (target, timeout) = http_target(ctx, h).map_err(|e| e.within("http_service"))?;
             (Service::Http(target), timeout)
         }
         None => {
@@ -319,7 +321,6 @@ fn grpc_target(g: &GrpcService) -> Result<(GrpcTarget, Duration), ConfigError> {
 fn http_target(
     ctx: &Context<'_>,
     h: &pb::HttpService,
-    warnings: &mut Warnings,
 ) -> Result<(HttpTarget, Duration), ConfigError> {
     let uri = h
         .server_uri
@@ -353,13 +354,6 @@ fn http_target(
     }
     let request = h.authorization_request.clone().unwrap_or_default();
     let response = h.authorization_response.clone().unwrap_or_default();
-    if response.dynamic_metadata_from_headers.is_some() {
-        warnings.note(
-            "http_service.authorization_response.dynamic_metadata_from_headers",
-            "not implemented by revoy's ext_authz filter: the headers are not written to \
-             the request's dynamic metadata",
-        );
-    }
     let list = |l: &Option<ListStringMatcher>, at: &str| {
         l.as_ref()
             .map(|l| matchers(ctx, l))
@@ -404,6 +398,11 @@ fn http_target(
             allowed_client_headers_on_success: list(
                 &response.allowed_client_headers_on_success,
                 "authorization_response.allowed_client_headers_on_success",
+            )?
+            .unwrap_or_default(),
+            dynamic_metadata_from_headers: list(
+                &response.dynamic_metadata_from_headers,
+                "authorization_response.dynamic_metadata_from_headers",
             )?
             .unwrap_or_default(),
         },

@@ -175,10 +175,9 @@ impl ExtAuthz {
             Service::Grpc(target) => {
                 grpc::check(clusters, target, self.config.timeout, &message).await
             }
-            Service::Http(target) => (
-                http_service::check(clusters, target, self.config.timeout, &message).await,
-                None,
-            ),
+            Service::Http(target) => {
+                http_service::check(clusters, target, self.config.timeout, &message).await
+            }
         };
         if let Some(mut metadata) = metadata.filter(|m| !m.fields.is_empty()) {
             if self.config.ingest_dynamic_metadata {
