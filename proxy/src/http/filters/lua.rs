@@ -218,12 +218,18 @@ impl BodyState {
         Some((collected.to_bytes(), trailers))
     }
 
-    /// The body to send on (`headers` get the new `content-length` of a replaced body).
+    /// The body to send on (`headers` get the `content-length` of a replaced body, which is
+    /// no longer chunked).
     fn into_body(self, headers: &mut HeaderMap) -> Body {
         match self {
             BodyState::Unread(body) => body,
+            // Unchanged, it goes on as it came: without a length when it had none.
+            BodyState::Read(bytes, trailers) if !headers.contains_key(header::CONTENT_LENGTH) => {
+                crate::body::without_length(with_trailers(bytes, trailers))
+            }
             BodyState::Read(bytes, trailers) => with_trailers(bytes, trailers),
             BodyState::Replaced(bytes, trailers) => {
+                headers.remove(header::TRANSFER_ENCODING);
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
                 with_trailers(bytes, trailers)
             }

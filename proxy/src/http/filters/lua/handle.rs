@@ -33,6 +33,9 @@ pub(super) struct Flow {
     pub(super) reply: Option<Response<Body>>,
     /// Whether the script changed the headers.
     pub(super) headers_changed: bool,
+    /// How many times the script waited (`body()`, `httpCall()`, `trailers()`): header
+    /// objects got before a wait are dead after it, as in Envoy.
+    waits: u32,
 }
 
 /// A request's pseudo-headers, in Envoy's order.
@@ -62,6 +65,7 @@ impl Flow {
             body: BodyState::Unread(std::mem::replace(req.body, crate::body::empty())),
             reply: None,
             headers_changed: false,
+            waits: 0,
         }
     }
 
@@ -74,6 +78,7 @@ impl Flow {
             body: BodyState::Unread(std::mem::replace(resp.body_mut(), crate::body::empty())),
             reply: None,
             headers_changed: false,
+            waits: 0,
         }
     }
 
@@ -86,6 +91,7 @@ impl Flow {
             body: std::mem::replace(&mut self.body, BodyState::Unread(crate::body::empty())),
             reply: self.reply.take(),
             headers_changed: self.headers_changed,
+            waits: self.waits,
         }
     }
 }
@@ -170,10 +176,12 @@ impl Handle {
                 _ => return Ok(true),
             }
         };
-        let (bytes, trailers) = BodyState::read(body)
-            .await
-            .ok_or_else(|| mlua::Error::runtime("the body failed while it was read"))?;
-        lock(flow).body = BodyState::Read(bytes, trailers);
+        let read = BodyState::read(body).await;
+        let mut f = lock(flow);
+        f.waits += 1;
+        let (bytes, trailers) =
+            read.ok_or_else(|| mlua::Error::runtime("the body failed while it was read"))?;
+        f.body = BodyState::Read(bytes, trailers);
         Ok(true)
     }
 }
@@ -184,6 +192,7 @@ impl UserData for Handle {
             Ok(Headers {
                 flow: this.flow.clone(),
                 trailers: false,
+                made_after: lock(&this.flow).waits,
             })
         });
         methods.add_async_method("body", |_, this, ()| {
@@ -205,9 +214,11 @@ impl UserData for Handle {
                     &lock(&flow).body,
                     BodyState::Read(_, Some(_)) | BodyState::Replaced(_, Some(_))
                 );
+                let made_after = lock(&flow).waits;
                 Ok(has.then_some(Headers {
                     flow,
                     trailers: true,
+                    made_after,
                 }))
             }
         });
@@ -218,7 +229,16 @@ impl UserData for Handle {
             "httpCall",
             |lua, this, (cluster, headers, body, options, asynchronous): HttpCallArgs| {
                 let call = HttpCall::new(&this.ctx, &cluster, &headers, body, options, asynchronous);
-                async move { call?.run(&lua).await }
+                let flow = this.flow.clone();
+                async move {
+                    let call = call?;
+                    let waits = !call.asynchronous;
+                    let answer = call.run(&lua).await;
+                    if waits {
+                        lock(&flow).waits += 1;
+                    }
+                    answer
+                }
             },
         );
         for (name, level) in [
@@ -322,13 +342,19 @@ impl FromLuaValue for mlua::LuaString {
 struct Headers {
     flow: Arc<Mutex<Flow>>,
     trailers: bool,
+    /// The flow's `waits` when the object was made.
+    made_after: u32,
 }
 
 impl Headers {
-    /// Runs `f` on the map (the trailers: an empty map when there are none).
-    fn with<R>(&self, f: impl FnOnce(&mut HeaderMap, &mut Flow) -> R) -> R {
+    /// Runs `f` on the map (the trailers: an empty map when there are none); an object made
+    /// before the script last waited is dead.
+    fn with<R>(&self, f: impl FnOnce(&mut HeaderMap, &mut Flow) -> mlua::Result<R>) -> mlua::Result<R> {
         let mut flow = lock(&self.flow);
         let flow = &mut *flow;
+        if flow.waits != self.made_after {
+            return Err(mlua::Error::runtime("object used outside of proper scope"));
+        }
         if self.trailers {
             let mut none = HeaderMap::new();
             let map = match &mut flow.body {
@@ -404,6 +430,7 @@ impl Flow {
             body: BodyState::Unread(crate::body::empty()),
             reply: None,
             headers_changed: false,
+            waits: 0,
         }
     }
 }
@@ -440,17 +467,19 @@ fn set_pseudo(
 
 impl UserData for Headers {
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
+        // An absent header is no value at all (not `nil`), as in Envoy.
         methods.add_method("get", |lua, this, name: String| {
             let values = this.values(lua, &name.to_ascii_lowercase())?;
             if values.len() < 2 {
-                return Ok(values.into_iter().next());
+                return Ok(Variadic::from_iter(values));
             }
             let joined: Vec<Vec<u8>> = values.iter().map(|v| v.as_bytes().to_vec()).collect();
-            Ok(Some(lua.create_string(joined.join(&b","[..]))?))
+            Ok(Variadic::from_iter([lua.create_string(joined.join(&b","[..]))?]))
         });
         methods.add_method("getAtIndex", |lua, this, (name, i): (String, i64)| {
             let values = this.values(lua, &name.to_ascii_lowercase())?;
-            Ok(usize::try_from(i).ok().and_then(|i| values.into_iter().nth(i)))
+            let value = usize::try_from(i).ok().and_then(|i| values.into_iter().nth(i));
+            Ok(Variadic::from_iter(value))
         });
         methods.add_method("getNumValues", |lua, this, name: String| {
             Ok(this.values(lua, &name.to_ascii_lowercase())?.len())
@@ -483,15 +512,15 @@ impl UserData for Headers {
                     .filter(|_| !this.trailers)
                     .filter_map(|p| pseudo(flow, p).map(|v| (format!(":{p}"), v.into_bytes())))
                     .collect();
-                pseudo
+                Ok(pseudo
                     .into_iter()
                     .chain(
                         map.iter()
                             .filter(|(n, _)| flow.request_line.is_none() || *n != http::header::HOST)
                             .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())),
                     )
-                    .collect()
-            });
+                    .collect())
+            })?;
             iterate(lua, entries)
         });
     }
@@ -592,9 +621,10 @@ struct Metadata(Arc<StreamCtx>);
 impl UserData for Metadata {
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
         methods.add_method("get", |lua, this, key: String| {
+            // An absent key is no value at all, as in Envoy.
             match this.0.metadata.as_ref().and_then(|m| m.get(&key)) {
-                Some(v) => json_to_lua(lua, v),
-                None => Ok(Value::Nil),
+                Some(v) => Ok(Variadic::from_iter([json_to_lua(lua, v)?])),
+                None => Ok(Variadic::new()),
             }
         });
         methods.add_meta_method(MetaMethod::Pairs, |lua, this, ()| {
@@ -701,8 +731,11 @@ impl HttpCall {
         for (name, value) in entries.into_iter().filter(|(n, _)| !n.starts_with(':')) {
             builder = builder.header(header_name(&name)?, value);
         }
-        // Envoy's HTTP client marks its own requests internal.
+        // Envoy's HTTP client marks its own requests internal, from this machine.
         builder = builder.header("x-envoy-internal", "true");
+        if let Some(ip) = crate::http::forwarding::machine_address() {
+            builder = builder.header("x-forwarded-for", ip.to_string());
+        }
         let request = builder
             .body(crate::body::full(body))
             .map_err(|e| mlua::Error::runtime(format!("invalid http call: {e}")))?;
