@@ -184,6 +184,7 @@ end"#;
 /// A script for the per-route listener: its default.
 const DEFAULT: &str = r#"function envoy_on_request(h)
   h:headers():add("x-by", "default")
+  h:headers():add("x-context", tostring(h:filterContext():get("who")))
 end"#;
 
 /// A `source_codes` entry that reads route metadata.
@@ -192,6 +193,7 @@ const NAMED: &str = r#"function envoy_on_request(h)
   h:headers():add("x-meta", tostring(h:metadata():get("k")))
   h:headers():add("x-meta-num", tostring(h:metadata():get("n")))
   h:headers():add("x-meta-none", tostring(h:metadata():get("absent") == nil))
+  h:headers():add("x-context", tostring(h:filterContext():get("who")))
 end
 function envoy_on_response(h)
   h:headers():add("x-named-response", "yes")
@@ -254,7 +256,7 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
         block(EXAMPLE, 16)
     );
     let per_route = format!(
-        "{}\n              source_codes:\n                named:\n                  inline_string: |\n{}",
+        "{}\n              filter_context: {{who: filter}}\n              source_codes:\n                named:\n                  inline_string: |\n{}",
         default_source(DEFAULT),
         block(NAMED, 20)
     );
@@ -265,7 +267,7 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
               - match: {{prefix: /named}}
                 route: {{cluster: up}}
                 metadata: {{filter_metadata: {{lua: {{k: v1, n: 7}}}}}}
-                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, name: named}}}}
+                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, name: named, filter_context: {{who: route}}}}}}
               - match: {{prefix: /missing}}
                 route: {{cluster: up}}
                 typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, name: nope}}}}
@@ -275,12 +277,12 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
 {PLAIN}"#
     );
     let listeners = [
-        listener("example", ports[0], &example, PLAIN),
-        listener("docs_body", ports[1], &default_source(DOCS_BODY), PLAIN),
-        listener("docs_call", ports[2], &default_source(DOCS_CALL), PLAIN),
-        listener("headers", ports[3], &default_source(HEADERS), PLAIN),
-        listener("body", ports[4], &default_source(BODY), PLAIN),
-        listener("per_route", ports[5], &per_route, &per_route_routes),
+        listener(LISTENERS[0], ports[0], &example, PLAIN),
+        listener(LISTENERS[1], ports[1], &default_source(DOCS_BODY), PLAIN),
+        listener(LISTENERS[2], ports[2], &default_source(DOCS_CALL), PLAIN),
+        listener(LISTENERS[3], ports[3], &default_source(HEADERS), PLAIN),
+        listener(LISTENERS[4], ports[4], &default_source(BODY), PLAIN),
+        listener(LISTENERS[5], ports[5], &per_route, &per_route_routes),
     ];
     let cluster = |name: &str| {
         format!(
@@ -359,9 +361,19 @@ fn cases() -> Vec<(usize, String)> {
 /// The response headers compared.
 const KEPT: &[&str] = &["x-", "content-type", "content-length"];
 
-/// What one proxy answers to every case.
-fn observe(ports: &[u16]) -> Vec<String> {
-    cases()
+/// The listeners' names, which are their stat prefixes.
+const LISTENERS: [&str; 6] = [
+    "example",
+    "docs_body",
+    "docs_call",
+    "headers",
+    "body",
+    "per_route",
+];
+
+/// What one proxy answers to every case, then the filters' stats.
+fn observe(ports: &[u16], admin: u16) -> Vec<String> {
+    let mut seen: Vec<String> = cases()
         .iter()
         .map(|(l, request)| {
             format!(
@@ -369,7 +381,14 @@ fn observe(ports: &[u16]) -> Vec<String> {
                 http_diff::exchange(ports[*l], request, KEPT)
             )
         })
-        .collect()
+        .collect();
+    let names: Vec<String> = LISTENERS
+        .iter()
+        .flat_map(|l| ["errors", "executions"].map(|s| format!("http.{l}.lua.{s}")))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    seen.extend(http_diff::stats(admin, &names));
+    seen
 }
 
 #[test]
@@ -383,7 +402,7 @@ fn lua_filter_matches_envoy() {
         let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
         let yaml = bootstrap(admin, &ports, up);
         let _proxy = filter_diff::start(envoy, &yaml, 131, admin);
-        observe(&ports)
+        observe(&ports, admin)
     };
     let expected = run(Some(&envoy));
     let got = run(None);

@@ -80,11 +80,27 @@ pub struct LuaConfig {
     /// `clear_route_cache` (default true): the route is chosen again after a script changed
     /// the request headers.
     pub clear_route_cache: bool,
+    /// `stat_prefix`: the filter's stats are `http.<hcm prefix>.lua.<stat_prefix>.*`.
+    pub stat_prefix: String,
+    /// `filter_context`, which `handle:filterContext()` returns where a route sets none.
+    pub filter_context: Option<Arc<FilterContext>>,
 }
+
+/// A `filter_context` as JSON.
+pub type FilterContext = serde_json::Map<String, serde_json::Value>;
 
 /// A route's `LuaPerRoute`.
 #[derive(Debug)]
-pub enum LuaPerRouteConfig {
+pub struct LuaPerRouteConfig {
+    /// What runs on the route.
+    pub script: PerRouteScript,
+    /// `filter_context`, replacing the filter's.
+    pub filter_context: Option<Arc<FilterContext>>,
+}
+
+/// What a `LuaPerRoute` runs.
+#[derive(Debug)]
+pub enum PerRouteScript {
     /// `disabled`: the filter does nothing here.
     Disabled,
     /// `name`: the filter's `source_codes` entry run here (nothing runs when it has none,
@@ -96,6 +112,7 @@ pub enum LuaPerRouteConfig {
 
 /// Compiles the filter's configuration, loading every script.
 pub fn compile(ctx: &Context<'_>, c: &Lua) -> Result<LuaConfig, ConfigError> {
+    no_package_paths(&c.package_paths, &c.package_cpaths)?;
     #[allow(deprecated)]
     let inline = &c.inline_code;
     if !inline.is_empty() && c.default_source_code.is_some() {
@@ -120,6 +137,8 @@ pub fn compile(ctx: &Context<'_>, c: &Lua) -> Result<LuaConfig, ConfigError> {
         default,
         named,
         clear_route_cache: c.clear_route_cache.is_none_or(|b| b.value),
+        stat_prefix: c.stat_prefix.clone(),
+        filter_context: c.filter_context.as_ref().map(context),
     })
 }
 
@@ -128,19 +147,44 @@ pub fn compile_per_route(
     ctx: &Context<'_>,
     c: &LuaPerRoute,
 ) -> Result<LuaPerRouteConfig, ConfigError> {
-    match &c.r#override {
-        Some(lua_per_route::Override::Disabled(true)) => Ok(LuaPerRouteConfig::Disabled),
+    no_package_paths(&c.package_paths, &c.package_cpaths)?;
+    let script = match &c.r#override {
+        Some(lua_per_route::Override::Disabled(true)) => PerRouteScript::Disabled,
         Some(lua_per_route::Override::Name(name)) if !name.is_empty() => {
-            Ok(LuaPerRouteConfig::Named(name.clone()))
+            PerRouteScript::Named(name.clone())
         }
-        Some(lua_per_route::Override::SourceCode(source)) => Ok(LuaPerRouteConfig::Source(
-            from_source(ctx, source, "source_code")?,
-        )),
-        _ => Err(ConfigError::new(
-            "",
-            "LuaPerRoute: one of disabled (true), name or source_code is required",
-        )),
+        Some(lua_per_route::Override::SourceCode(source)) => {
+            PerRouteScript::Source(from_source(ctx, source, "source_code")?)
+        }
+        _ => {
+            return Err(ConfigError::new(
+                "",
+                "LuaPerRoute: one of disabled (true), name or source_code is required",
+            ));
+        }
+    };
+    Ok(LuaPerRouteConfig {
+        script,
+        filter_context: c.filter_context.as_ref().map(context),
+    })
+}
+
+/// A `filter_context` as the handle returns it.
+fn context(s: &proto::pb::google::protobuf::Struct) -> Arc<FilterContext> {
+    match crate::config::route::struct_to_json(s) {
+        serde_json::Value::Object(m) => Arc::new(m),
+        _ => Arc::default(),
     }
+}
+
+/// `package_paths` / `package_cpaths`: revoy loads no Lua modules from files.
+fn no_package_paths(paths: &[String], cpaths: &[String]) -> Result<(), ConfigError> {
+    for (field, set) in [("package_paths", paths), ("package_cpaths", cpaths)] {
+        if !set.is_empty() {
+            return Err(ConfigError::new(field, "is not supported by revoy"));
+        }
+    }
+    Ok(())
 }
 
 /// The script a data source holds.

@@ -25,8 +25,10 @@ use http_body_util::BodyExt;
 use super::{Encoder, Encoders, FilterRequest};
 use crate::body::Body;
 use crate::config::http_filter::lua::{
-    self as config, LuaConfig, LuaPerRouteConfig, LuaScript, ON_REQUEST, ON_RESPONSE,
+    self as config, FilterContext, LuaConfig, LuaPerRouteConfig, LuaScript, ON_REQUEST,
+    ON_RESPONSE, PerRouteScript,
 };
+use crate::stats::{Counter, Store};
 use handle::{Flow, Handle, StreamCtx};
 
 /// Idle states kept per script.
@@ -39,6 +41,10 @@ pub(super) struct Lua {
     name: Arc<str>,
     config: Arc<LuaConfig>,
     states: States,
+    /// `lua.executions`: entry points run.
+    executions: Counter,
+    /// `lua.errors`: entry points that failed.
+    errors: Counter,
 }
 
 /// Idle Lua states, by script (a per-route script's entry goes when its route does).
@@ -98,23 +104,44 @@ pub(super) struct Pending {
 }
 
 impl Lua {
-    /// The runtime of `config` for the filter named `name`.
-    pub(super) fn new(name: Arc<str>, config: &Arc<LuaConfig>) -> Lua {
+    /// The runtime of `config` for the filter named `name`, its stats under
+    /// `http.<stat_prefix>.lua.`.
+    pub(super) fn new(
+        name: Arc<str>,
+        config: &Arc<LuaConfig>,
+        store: &Store,
+        stat_prefix: &str,
+    ) -> Lua {
+        let own = match config.stat_prefix.as_str() {
+            "" => String::new(),
+            p => format!("{p}."),
+        };
+        let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.lua.{own}{n}"));
         Lua {
             name,
             config: config.clone(),
             states: States::default(),
+            executions: counter("executions"),
+            errors: counter("errors"),
         }
     }
 
-    /// The script that runs for this request: the route's, else the filter's default.
-    fn script(&self, route: Option<&LuaPerRouteConfig>) -> Option<Arc<LuaScript>> {
-        match route {
-            Some(LuaPerRouteConfig::Disabled) => None,
-            Some(LuaPerRouteConfig::Named(name)) => self.config.named.get(name).cloned(),
-            Some(LuaPerRouteConfig::Source(s)) => Some(s.clone()),
-            None => self.config.default.clone(),
-        }
+    /// The script that runs for this request (the route's, else the filter's default) and
+    /// its filter context.
+    fn script(
+        &self,
+        route: Option<&LuaPerRouteConfig>,
+    ) -> Option<(Arc<LuaScript>, Option<Arc<FilterContext>>)> {
+        let own = || self.config.filter_context.clone();
+        let Some(route) = route else {
+            return Some((self.config.default.clone()?, own()));
+        };
+        let script = match &route.script {
+            PerRouteScript::Disabled => return None,
+            PerRouteScript::Named(name) => self.config.named.get(name).cloned()?,
+            PerRouteScript::Source(s) => s.clone(),
+        };
+        Some((script, route.filter_context.clone().or_else(own)))
     }
 
     /// Runs `envoy_on_request` on `req`; `Some` is the script's local reply.
@@ -124,11 +151,11 @@ impl Lua {
         route: Option<&LuaPerRouteConfig>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
-        let script = self.script(route)?;
+        let (script, context) = self.script(route)?;
         if !script.on_request && !script.on_response {
             return None;
         }
-        let ctx = Arc::new(StreamCtx::new(&self.name, req));
+        let ctx = Arc::new(StreamCtx::new(&self.name, context, req));
         if script.on_response {
             // Pushed first: a local reply of the script passes through it, as in Envoy.
             encoders.0.push(Encoder::Lua(Pending {
@@ -161,7 +188,9 @@ impl Lua {
         ctx: &Arc<StreamCtx>,
     ) -> Arc<Mutex<Flow>> {
         let flow = Arc::new(Mutex::new(flow));
+        self.executions.inc();
         let Some(lua) = self.states.take(script) else {
+            self.errors.inc();
             return flow;
         };
         let result = async {
@@ -177,6 +206,7 @@ impl Lua {
                 .reply
                 .is_some();
             if !responded {
+                self.errors.inc();
                 tracing::error!("script log: {}", config::message(&e));
             }
         }

@@ -241,7 +241,12 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
-                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(f.name.clone(), c))),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },

@@ -14,6 +14,7 @@ use mlua::{
 };
 
 use super::BodyState;
+use crate::config::http_filter::lua::FilterContext;
 use crate::body::Body;
 use crate::http::filters::FilterRequest;
 use crate::http::local_reply::local_reply;
@@ -104,7 +105,9 @@ pub(super) struct StreamCtx {
     server_name: Option<String>,
     tls: Option<bool>,
     /// The route's metadata under the filter's name.
-    metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    metadata: Option<Arc<FilterContext>>,
+    /// The filter context (`filterContext()`).
+    context: Option<Arc<FilterContext>>,
     shared: Arc<Shared>,
 }
 
@@ -118,8 +121,12 @@ impl std::fmt::Debug for StreamCtx {
 }
 
 impl StreamCtx {
-    /// The facts of `req` for the filter named `name`.
-    pub(super) fn new(name: &str, req: &FilterRequest<'_>) -> StreamCtx {
+    /// The facts of `req` for the filter named `name`, with its filter `context`.
+    pub(super) fn new(
+        name: &str,
+        context: Option<Arc<FilterContext>>,
+        req: &FilterRequest<'_>,
+    ) -> StreamCtx {
         let tls = req.conn.down.tls.as_deref();
         StreamCtx {
             protocol: match req.version {
@@ -137,7 +144,8 @@ impl StreamCtx {
                 .and_then(|r| r.route.metadata.as_deref())
                 .and_then(|m| m.get(name))
                 .and_then(|v| v.as_object())
-                .cloned(),
+                .map(|m| Arc::new(m.clone())),
+            context,
             shared: req.conn.shared.clone(),
         }
     }
@@ -263,7 +271,12 @@ impl UserData for Handle {
         }
         methods.add_method("streamInfo", |_, this, ()| Ok(Info(this.ctx.clone())));
         methods.add_method("connection", |_, this, ()| Ok(Info(this.ctx.clone())));
-        methods.add_method("metadata", |_, this, ()| Ok(Metadata(this.ctx.clone())));
+        methods.add_method("metadata", |_, this, ()| {
+            Ok(Metadata(this.ctx.metadata.clone()))
+        });
+        methods.add_method("filterContext", |_, this, ()| {
+            Ok(Metadata(this.ctx.context.clone()))
+        });
     }
 }
 
@@ -615,20 +628,21 @@ impl UserData for Ssl {
     }
 }
 
-/// `metadata()`: the route's metadata under the filter's name.
-struct Metadata(Arc<StreamCtx>);
+/// `metadata()` (the route's metadata under the filter's name) and `filterContext()`: a
+/// struct read by key or iterated.
+struct Metadata(Option<Arc<FilterContext>>);
 
 impl UserData for Metadata {
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
         methods.add_method("get", |lua, this, key: String| {
             // An absent key is no value at all, as in Envoy.
-            match this.0.metadata.as_ref().and_then(|m| m.get(&key)) {
+            match this.0.as_ref().and_then(|m| m.get(&key)) {
                 Some(v) => Ok(Variadic::from_iter([json_to_lua(lua, v)?])),
                 None => Ok(Variadic::new()),
             }
         });
         methods.add_meta_method(MetaMethod::Pairs, |lua, this, ()| {
-            let map = this.0.metadata.clone().unwrap_or_default();
+            let map = this.0.as_deref().cloned().unwrap_or_default();
             let mut entries = map.into_iter();
             let next = lua.create_function_mut(move |lua, _: Variadic<Value>| {
                 Ok(match entries.next() {
