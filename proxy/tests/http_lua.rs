@@ -18,6 +18,8 @@
 
 use std::process::Command;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/echo.rs"]
@@ -32,7 +34,6 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use filter_diff::{HCM, ROUTER};
 use ports::free_port;
 
 const LUA: &str = "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua";
@@ -199,108 +200,91 @@ function envoy_on_response(h)
   h:headers():add("x-named-response", "yes")
 end"#;
 
-/// `script` as the block scalar of a YAML field indented `indent` spaces.
-fn block(script: &str, indent: usize) -> String {
-    let pad = " ".repeat(indent);
-    script
-        .lines()
-        .map(|l| format!("{pad}{l}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+/// `text` as a YAML double-quoted scalar (JSON's string escapes are YAML's).
+fn quoted(text: &str) -> String {
+    serde_json::to_string(text).unwrap()
 }
 
-/// One listener with a Lua filter named `name` configured by `lua` (fields of the `Lua`
-/// message as YAML at 14 spaces), and `routes` (YAML at 14 spaces).
-fn listener(name: &str, port: u16, lua: &str, routes: &str) -> String {
-    format!(
-        r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters:
-          - name: lua
-            typed_config:
-              "@type": {LUA}
-{lua}
-          - {ROUTER}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-{routes}"#
-    )
+/// The Lua filter with `fields` (flow-style fields of the `Lua` message), as an entry of
+/// `http_filters` followed by `, `.
+fn lua_filter(fields: &str) -> String {
+    format!("{{name: lua, typed_config: {{\"@type\": {LUA}, {fields}}}}}, ")
 }
 
 /// `default_source_code` holding `script`.
 fn default_source(script: &str) -> String {
-    format!(
-        "              default_source_code:\n                inline_string: |\n{}",
-        block(script, 18)
-    )
+    format!("default_source_code: {{inline_string: {}}}", quoted(script))
+}
+
+/// A route to the upstream for `prefix`, with `more` (flow-style fields) added.
+fn route(prefix: &str, more: &str) -> String {
+    format!("{{match: {{prefix: {prefix}}}, route: {{cluster: up}}{more}}}")
 }
 
 /// The route sending everything to the upstream.
-const PLAIN: &str = "              - {match: {prefix: /}, route: {cluster: up}}";
+fn plain() -> String {
+    format!("[{}]", route("/", ""))
+}
 
-/// The listeners, in the order the cases name them: example, docs_body, docs_call, headers,
-/// body, per_route; `up` and `side` are the echo upstream.
+/// A route's `LuaPerRoute` with `fields`, as route fields.
+fn per_route(fields: &str) -> String {
+    format!(", typed_per_filter_config: {{lua: {{\"@type\": {PER_ROUTE}, {fields}}}}}")
+}
+
+/// The listeners, named by [`LISTENERS`] in the order the cases use; `up` and `side` are
+/// the echo upstream.
 fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
-    let example = format!(
-        "              inline_code: |\n{}",
-        block(EXAMPLE, 16)
-    );
-    let per_route = format!(
-        "{}\n              filter_context: {{who: filter}}\n              source_codes:\n                named:\n                  inline_string: |\n{}",
-        default_source(DEFAULT),
-        block(NAMED, 20)
-    );
-    let per_route_routes = format!(
-        r#"              - match: {{prefix: /off}}
-                route: {{cluster: up}}
-                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, disabled: true}}}}
-              - match: {{prefix: /named}}
-                route: {{cluster: up}}
-                metadata: {{filter_metadata: {{lua: {{k: v1, n: 7}}}}}}
-                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, name: named, filter_context: {{who: route}}}}}}
-              - match: {{prefix: /missing}}
-                route: {{cluster: up}}
-                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, name: nope}}}}
-              - match: {{prefix: /inline}}
-                route: {{cluster: up}}
-                typed_per_filter_config: {{lua: {{"@type": {PER_ROUTE}, source_code: {{inline_string: "function envoy_on_request(h) h:headers():add('x-by', 'inline') end\nfunction envoy_on_response(h) h:headers():add('x-inline-response', h:headers():get(':status')) end"}}}}}}
-{PLAIN}"#
-    );
-    let listeners = [
-        listener(LISTENERS[0], ports[0], &example, PLAIN),
-        listener(LISTENERS[1], ports[1], &default_source(DOCS_BODY), PLAIN),
-        listener(LISTENERS[2], ports[2], &default_source(DOCS_CALL), PLAIN),
-        listener(LISTENERS[3], ports[3], &default_source(HEADERS), PLAIN),
-        listener(LISTENERS[4], ports[4], &default_source(BODY), PLAIN),
-        listener(LISTENERS[5], ports[5], &per_route, &per_route_routes),
+    let inline = "function envoy_on_request(h) h:headers():add('x-by', 'inline') end\nfunction envoy_on_response(h) h:headers():add('x-inline-response', h:headers():get(':status')) end";
+    let routed = [
+        route("/off", &per_route("disabled: true")),
+        route(
+            "/named",
+            &format!(
+                ", metadata: {{filter_metadata: {{lua: {{k: v1, n: 7}}}}}}{}",
+                per_route("name: named, filter_context: {who: route}")
+            ),
+        ),
+        route("/missing", &per_route("name: nope")),
+        route(
+            "/inline",
+            &per_route(&format!(
+                "source_code: {{inline_string: {}}}",
+                quoted(inline)
+            )),
+        ),
+        route("/", ""),
     ];
-    let cluster = |name: &str| {
+    let filters = [
+        format!("inline_code: {}", quoted(EXAMPLE)),
+        default_source(DOCS_BODY),
+        default_source(DOCS_CALL),
+        default_source(HEADERS),
+        default_source(BODY),
         format!(
-            r#"
-  - name: {name}
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}"#
-        )
-    };
+            "{}, filter_context: {{who: filter}}, source_codes: {{named: {{inline_string: {}}}}}",
+            default_source(DEFAULT),
+            quoted(NAMED)
+        ),
+    ];
+    let listeners: String = LISTENERS
+        .iter()
+        .zip(ports)
+        .zip(&filters)
+        .enumerate()
+        .map(|(i, ((name, port), fields))| {
+            let routes = if i == 5 {
+                format!("[{}]", routed.join(", "))
+            } else {
+                plain()
+            };
+            bootstrap::http_listener(name, *port, "", &lua_filter(fields), &routes)
+        })
+        .collect();
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}
-  clusters:{}{}
-"#,
-        listeners.concat(),
-        cluster("up"),
-        cluster("side"),
+        "{}static_resources:\n  listeners:{listeners}\n  clusters:{}{}\n",
+        bootstrap::admin(admin),
+        bootstrap::cluster("up", up, ""),
+        bootstrap::cluster("side", up, ""),
     )
 }
 
@@ -418,19 +402,18 @@ fn lua_filter_matches_envoy() {
 
 /// A bootstrap whose script does not parse.
 fn syntax_error_bootstrap() -> String {
-    let admin = free_port();
-    let port = free_port();
     let bad = "function envoy_on_request(h)\n  h:headers():add(\"x\" \"y\")\nend";
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}
-"#,
-        listener("bad", port, &default_source(bad), PLAIN)
+        "{}static_resources:\n  listeners:{}\n  clusters:{}\n",
+        bootstrap::admin(free_port()),
+        bootstrap::http_listener(
+            "bad",
+            free_port(),
+            "",
+            &lua_filter(&default_source(bad)),
+            &plain()
+        ),
+        bootstrap::cluster("up", free_port(), ""),
     )
 }
 

@@ -273,7 +273,11 @@ fn with_trailers(bytes: Bytes, trailers: Option<HeaderMap>) -> Body {
         return crate::body::full(bytes);
     };
     crate::body::boxed(
-        http_body_util::Full::new(bytes)
-            .with_trailers(std::future::ready(Some(Ok::<_, std::convert::Infallible>(trailers)))),
+        http_body_util::Full::new(bytes).with_trailers(std::future::ready(Some(Ok::<
+            _,
+            std::convert::Infallible,
+        >(
+            trailers
+        )))),
     )
 }

@@ -9,13 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use mlua::{
-    Lua, MetaMethod, Table, UserData, UserDataMethods, Value, Variadic,
-};
+use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value, Variadic};
 
 use super::BodyState;
-use crate::config::http_filter::lua::FilterContext;
 use crate::body::Body;
+use crate::config::http_filter::lua::FilterContext;
 use crate::http::filters::FilterRequest;
 use crate::http::local_reply::local_reply;
 use crate::shared::Shared;
@@ -230,13 +228,17 @@ impl UserData for Handle {
                 }))
             }
         });
-        methods.add_method("respond", |_, this, (headers, body): (Table, Option<mlua::LuaString>)| {
-            respond(this, &headers, body)
-        });
+        methods.add_method(
+            "respond",
+            |_, this, (headers, body): (Table, Option<mlua::LuaString>)| {
+                respond(this, &headers, body)
+            },
+        );
         methods.add_async_method(
             "httpCall",
             |lua, this, (cluster, headers, body, options, asynchronous): HttpCallArgs| {
-                let call = HttpCall::new(&this.ctx, &cluster, &headers, body, options, asynchronous);
+                let call =
+                    HttpCall::new(&this.ctx, &cluster, &headers, body, options, asynchronous);
                 let flow = this.flow.clone();
                 async move {
                     let call = call?;
@@ -317,12 +319,16 @@ fn header_entries(table: &Table) -> mlua::Result<Vec<(String, HeaderValue)>> {
         let values: Vec<mlua::LuaString> = match value {
             Value::Table(t) => t.sequence_values().collect::<mlua::Result<_>>()?,
             Value::String(s) => vec![s],
-            other => vec![mlua::LuaString::from_lua_value(other)?],
+            other => {
+                return Err(mlua::Error::runtime(format!(
+                    "header values must be strings, not {}",
+                    other.type_name()
+                )));
+            }
         };
         for v in values {
-            let v = HeaderValue::from_bytes(&v.as_bytes()).map_err(|_| {
-                mlua::Error::runtime(format!("invalid header value for: {name}"))
-            })?;
+            let v = HeaderValue::from_bytes(&v.as_bytes())
+                .map_err(|_| mlua::Error::runtime(format!("invalid header value for: {name}")))?;
             out.push((name.to_ascii_lowercase(), v));
         }
     }
@@ -333,22 +339,6 @@ fn header_entries(table: &Table) -> mlua::Result<Vec<(String, HeaderValue)>> {
 fn header_name(name: &str) -> mlua::Result<HeaderName> {
     HeaderName::from_bytes(name.as_bytes())
         .map_err(|_| mlua::Error::runtime(format!("invalid header name: {name}")))
-}
-
-trait FromLuaValue: Sized {
-    fn from_lua_value(v: Value) -> mlua::Result<Self>;
-}
-
-impl FromLuaValue for mlua::LuaString {
-    fn from_lua_value(v: Value) -> mlua::Result<Self> {
-        match v {
-            Value::String(s) => Ok(s),
-            other => Err(mlua::Error::runtime(format!(
-                "header values must be strings, not {}",
-                other.type_name()
-            ))),
-        }
-    }
 }
 
 /// `headers()` / `trailers()`.
@@ -362,7 +352,10 @@ struct Headers {
 impl Headers {
     /// Runs `f` on the map (the trailers: an empty map when there are none); an object made
     /// before the script last waited is dead.
-    fn with<R>(&self, f: impl FnOnce(&mut HeaderMap, &mut Flow) -> mlua::Result<R>) -> mlua::Result<R> {
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut HeaderMap, &mut Flow) -> mlua::Result<R>,
+    ) -> mlua::Result<R> {
         let mut flow = lock(&self.flow);
         let flow = &mut *flow;
         if flow.waits != self.made_after {
@@ -487,21 +480,28 @@ impl UserData for Headers {
                 return Ok(Variadic::from_iter(values));
             }
             let joined: Vec<Vec<u8>> = values.iter().map(|v| v.as_bytes().to_vec()).collect();
-            Ok(Variadic::from_iter([lua.create_string(joined.join(&b","[..]))?]))
+            Ok(Variadic::from_iter([
+                lua.create_string(joined.join(&b","[..]))?
+            ]))
         });
         methods.add_method("getAtIndex", |lua, this, (name, i): (String, i64)| {
             let values = this.values(lua, &name.to_ascii_lowercase())?;
-            let value = usize::try_from(i).ok().and_then(|i| values.into_iter().nth(i));
+            let value = usize::try_from(i)
+                .ok()
+                .and_then(|i| values.into_iter().nth(i));
             Ok(Variadic::from_iter(value))
         });
         methods.add_method("getNumValues", |lua, this, name: String| {
             Ok(this.values(lua, &name.to_ascii_lowercase())?.len())
         });
-        methods.add_method("add", |_, this, (name, value): (String, mlua::LuaString)| {
-            this.change(&name, Some(&value.as_bytes()), |map, n, v| {
-                map.append(n, v.expect("a value"));
-            })
-        });
+        methods.add_method(
+            "add",
+            |_, this, (name, value): (String, mlua::LuaString)| {
+                this.change(&name, Some(&value.as_bytes()), |map, n, v| {
+                    map.append(n, v.expect("a value"));
+                })
+            },
+        );
         methods.add_method(
             "replace",
             |_, this, (name, value): (String, mlua::LuaString)| {
@@ -520,16 +520,19 @@ impl UserData for Headers {
         });
         methods.add_meta_method(MetaMethod::Pairs, |lua, this, ()| {
             let entries: Vec<(String, Vec<u8>)> = this.with(|map, flow| {
-                let pseudo: Vec<(String, Vec<u8>)> = ["authority", "path", "method", "scheme", "status"]
-                    .iter()
-                    .filter(|_| !this.trailers)
-                    .filter_map(|p| pseudo(flow, p).map(|v| (format!(":{p}"), v.into_bytes())))
-                    .collect();
+                let pseudo: Vec<(String, Vec<u8>)> =
+                    ["authority", "path", "method", "scheme", "status"]
+                        .iter()
+                        .filter(|_| !this.trailers)
+                        .filter_map(|p| pseudo(flow, p).map(|v| (format!(":{p}"), v.into_bytes())))
+                        .collect();
                 Ok(pseudo
                     .into_iter()
                     .chain(
                         map.iter()
-                            .filter(|(n, _)| flow.request_line.is_none() || *n != http::header::HOST)
+                            .filter(|(n, _)| {
+                                flow.request_line.is_none() || *n != http::header::HOST
+                            })
                             .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec())),
                     )
                     .collect())
@@ -540,11 +543,17 @@ impl UserData for Headers {
 }
 
 /// A `pairs` iterator over `entries`.
-fn iterate(lua: &Lua, entries: Vec<(String, Vec<u8>)>) -> mlua::Result<(mlua::Function, Value, Value)> {
+fn iterate(
+    lua: &Lua,
+    entries: Vec<(String, Vec<u8>)>,
+) -> mlua::Result<(mlua::Function, Value, Value)> {
     let mut entries = entries.into_iter();
     let next = lua.create_function_mut(move |lua, _: Variadic<Value>| {
         Ok(match entries.next() {
-            Some((n, v)) => (Value::String(lua.create_string(n)?), Value::String(lua.create_string(v)?)),
+            Some((n, v)) => (
+                Value::String(lua.create_string(n)?),
+                Value::String(lua.create_string(v)?),
+            ),
             None => (Value::Nil, Value::Nil),
         })
     })?;
@@ -584,10 +593,11 @@ impl UserData for BodyBuffer {
         });
         methods.add_method("setBytes", |_, this, data: mlua::LuaString| {
             let mut f = lock(&this.flow);
-            let trailers = match std::mem::replace(&mut f.body, BodyState::Unread(crate::body::empty())) {
-                BodyState::Read(_, t) | BodyState::Replaced(_, t) => t,
-                BodyState::Unread(_) => None,
-            };
+            let trailers =
+                match std::mem::replace(&mut f.body, BodyState::Unread(crate::body::empty())) {
+                    BodyState::Read(_, t) | BodyState::Replaced(_, t) => t,
+                    BodyState::Unread(_) => None,
+                };
             f.body = BodyState::Replaced(Bytes::copy_from_slice(&data.as_bytes()), trailers);
             Ok(())
         });
@@ -681,7 +691,13 @@ fn json_to_lua(lua: &Lua, v: &serde_json::Value) -> mlua::Result<Value> {
 
 /// `httpCall`'s arguments: cluster, headers, body, timeout in ms or an options table, and
 /// `asynchronous`.
-type HttpCallArgs = (String, Table, Option<mlua::LuaString>, Option<Value>, Option<bool>);
+type HttpCallArgs = (
+    String,
+    Table,
+    Option<mlua::LuaString>,
+    Option<Value>,
+    Option<bool>,
+);
 
 /// An HTTP call to a cluster, ready to send.
 struct HttpCall {
@@ -712,7 +728,10 @@ impl HttpCall {
                 t.get::<Option<u64>>("timeout_ms")?.unwrap_or(0),
                 t.get::<Option<bool>>("asynchronous")?.unwrap_or(false),
             ),
-            Some(Value::Integer(ms)) => (u64::try_from(ms).unwrap_or(0), asynchronous.unwrap_or(false)),
+            Some(Value::Integer(ms)) => (
+                u64::try_from(ms).unwrap_or(0),
+                asynchronous.unwrap_or(false),
+            ),
             Some(Value::Number(ms)) => (ms.max(0.0) as u64, asynchronous.unwrap_or(false)),
             _ => (0, asynchronous.unwrap_or(false)),
         };
@@ -731,7 +750,9 @@ impl HttpCall {
                 "http call headers must include ':path', ':method', and ':authority'",
             ));
         };
-        let body = body.map(|b| Bytes::copy_from_slice(&b.as_bytes())).unwrap_or_default();
+        let body = body
+            .map(|b| Bytes::copy_from_slice(&b.as_bytes()))
+            .unwrap_or_default();
         let mut builder = Request::builder()
             .method(
                 Method::from_bytes(method.as_bytes())
@@ -779,30 +800,31 @@ impl HttpCall {
                     .transpose()?,
             ),
             None => (
-                Some(HttpResponse(StatusCode::SERVICE_UNAVAILABLE, HeaderMap::new())),
+                Some(HttpResponse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    HeaderMap::new(),
+                )),
                 Some(lua.create_string("upstream failure")?),
             ),
         })
     }
 
     /// The exchange with the cluster (`None`: it failed or timed out).
-    fn exchange(self) -> impl Future<Output = Option<(StatusCode, HeaderMap, Bytes)>> + Send {
-        async move {
-            let cluster = self.shared.clusters.get(&self.cluster)?;
-            let lb = crate::upstream::LbContext {
-                internal: true,
-                ..Default::default()
-            };
-            let exchange = async {
-                let resp = cluster.request(self.request, &lb).await.ok()?;
-                let (head, body) = resp.into_parts();
-                let body = body.collect().await.ok()?.to_bytes();
-                Some((head.status, head.headers, body))
-            };
-            match self.timeout {
-                Some(t) => tokio::time::timeout(t, exchange).await.ok()?,
-                None => exchange.await,
-            }
+    async fn exchange(self) -> Option<(StatusCode, HeaderMap, Bytes)> {
+        let cluster = self.shared.clusters.get(&self.cluster)?;
+        let lb = crate::upstream::LbContext {
+            internal: true,
+            ..Default::default()
+        };
+        let exchange = async {
+            let resp = cluster.request(self.request, &lb).await.ok()?;
+            let (head, body) = resp.into_parts();
+            let body = body.collect().await.ok()?.to_bytes();
+            Some((head.status, head.headers, body))
+        };
+        match self.timeout {
+            Some(t) => tokio::time::timeout(t, exchange).await.ok()?,
+            None => exchange.await,
         }
     }
 }
