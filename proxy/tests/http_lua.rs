@@ -26,8 +26,6 @@ mod child;
 mod echo;
 #[path = "support/filter_diff.rs"]
 mod filter_diff;
-#[path = "support/http_diff.rs"]
-mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -362,7 +360,7 @@ fn observe(ports: &[u16], admin: u16) -> Vec<String> {
         .map(|(l, request)| {
             format!(
                 "{l} {request:?}\n{}",
-                http_diff::exchange(ports[*l], request, KEPT)
+                filter_diff::exchange(ports[*l], request, KEPT)
             )
         })
         .collect();
@@ -371,7 +369,7 @@ fn observe(ports: &[u16], admin: u16) -> Vec<String> {
         .flat_map(|l| ["errors", "executions"].map(|s| format!("http.{l}.lua.{s}")))
         .collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    seen.extend(http_diff::stats(admin, &names));
+    seen.extend(filter_diff::stat_lines(admin, &names));
     seen
 }
 
