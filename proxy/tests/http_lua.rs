@@ -93,6 +93,11 @@ const DOCS_CALL: &str = r#"function envoy_on_request(request_handle)
   if request_handle:headers():get(":path") == "/async" then
     request_handle:httpCall("side", {[":method"] = "GET", [":path"] = "/bg", [":authority"] = "side"}, "", 1000, true)
   end
+  if request_handle:headers():get(":path") == "/dead" then
+    local dead_headers, dead_body = request_handle:httpCall("dead", {[":method"] = "GET", [":path"] = "/", [":authority"] = "dead"}, "", 1000)
+    request_handle:headers():add("x-dead-status", tostring(dead_headers[":status"]))
+    request_handle:headers():add("x-dead-body", tostring(dead_body))
+  end
   if request_handle:headers():get(":path") == "/nowhere" then
     request_handle:httpCall("nowhere", {[":method"] = "GET", [":path"] = "/", [":authority"] = "x"}, "", 1000)
   end
@@ -230,8 +235,10 @@ fn per_route(fields: &str) -> String {
 }
 
 /// The listeners, named by [`LISTENERS`] in the order the cases use; `up` and `side` are
-/// the echo upstream.
+/// the echo upstream, `dead` a port nothing listens on.
 fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
+    // Nothing listens there.
+    let dead = free_port();
     let inline = "function envoy_on_request(h) h:headers():add('x-by', 'inline') end\nfunction envoy_on_response(h) h:headers():add('x-inline-response', h:headers():get(':status')) end";
     let routed = [
         route("/off", &per_route("disabled: true")),
@@ -279,10 +286,11 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
         })
         .collect();
     format!(
-        "{}static_resources:\n  listeners:{listeners}\n  clusters:{}{}\n",
+        "{}static_resources:\n  listeners:{listeners}\n  clusters:{}{}{}\n",
         bootstrap::admin(admin),
         bootstrap::cluster("up", up, ""),
         bootstrap::cluster("side", up, ""),
+        bootstrap::cluster("dead", dead, ""),
     )
 }
 
@@ -317,6 +325,7 @@ fn cases() -> Vec<(usize, String)> {
         (2, get("/deny", "")),
         (2, get("/async", "")),
         (2, get("/nowhere", "")),
+        (2, get("/dead", "")),
         (3, get("/", m)),
         (3, get("/pairs", m)),
         (3, get("/error", m)),

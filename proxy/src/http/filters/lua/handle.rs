@@ -783,8 +783,8 @@ impl HttpCall {
         })
     }
 
-    /// Sends the call; the response's headers (`:status` among them) and body, or nothing
-    /// for an asynchronous call.
+    /// Sends the call; the response's headers (`:status` among them) and body (a failure's
+    /// as Envoy's router answers it), or nothing for an asynchronous call.
     async fn run(self, lua: &Lua) -> mlua::Result<(Option<HttpResponse>, Option<mlua::LuaString>)> {
         let asynchronous = self.asynchronous;
         let exchange = self.exchange();
@@ -792,41 +792,55 @@ impl HttpCall {
             tokio::spawn(exchange);
             return Ok((None, None));
         }
-        Ok(match exchange.await {
-            Some((status, headers, body)) => (
-                Some(HttpResponse(status, headers)),
-                (!body.is_empty())
-                    .then(|| lua.create_string(&body))
-                    .transpose()?,
-            ),
-            None => (
-                Some(HttpResponse(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    HeaderMap::new(),
-                )),
-                Some(lua.create_string("upstream failure")?),
-            ),
-        })
+        let (status, headers, body) = exchange.await;
+        let body = (!body.is_empty())
+            .then(|| lua.create_string(&body))
+            .transpose()?;
+        Ok((Some(HttpResponse(status, headers)), body))
     }
 
-    /// The exchange with the cluster (`None`: it failed or timed out).
-    async fn exchange(self) -> Option<(StatusCode, HeaderMap, Bytes)> {
-        let cluster = self.shared.clusters.get(&self.cluster)?;
+    /// The exchange with the cluster: the response, or the local reply for a failure or a
+    /// timeout.
+    async fn exchange(self) -> (StatusCode, HeaderMap, Bytes) {
+        let Some(cluster) = self.shared.clusters.get(&self.cluster) else {
+            return failure(StatusCode::SERVICE_UNAVAILABLE, "no healthy upstream");
+        };
         let lb = crate::upstream::LbContext {
             internal: true,
             ..Default::default()
         };
         let exchange = async {
-            let resp = cluster.request(self.request, &lb).await.ok()?;
+            let resp = match cluster.request(self.request, &lb).await {
+                Ok(resp) => resp,
+                Err(e) => return failure(e.local_reply_status(), &e.local_reply_body()),
+            };
             let (head, body) = resp.into_parts();
-            let body = body.collect().await.ok()?.to_bytes();
-            Some((head.status, head.headers, body))
+            match body.collect().await {
+                Ok(body) => (head.status, head.headers, body.to_bytes()),
+                Err(_) => failure(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "upstream connect error or disconnect/reset before headers. reset reason: remote reset",
+                ),
+            }
         };
         match self.timeout {
-            Some(t) => tokio::time::timeout(t, exchange).await.ok()?,
+            Some(t) => tokio::time::timeout(t, exchange).await.unwrap_or_else(|_| {
+                failure(StatusCode::GATEWAY_TIMEOUT, "upstream request timeout")
+            }),
             None => exchange.await,
         }
     }
+}
+
+/// The answer to a call that failed: the local reply Envoy's HTTP client gets from its
+/// router.
+fn failure(status: StatusCode, text: &str) -> (StatusCode, HeaderMap, Bytes) {
+    let reply = local_reply(status, text);
+    (
+        status,
+        reply.headers().clone(),
+        Bytes::copy_from_slice(text.as_bytes()),
+    )
 }
 
 /// An HTTP call's response headers, as the table the script gets.
