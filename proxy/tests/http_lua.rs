@@ -1,8 +1,9 @@
 //! `envoy.filters.http.lua`, compared with Envoy 1.40 on the same bootstrap: what reached the
 //! upstream and what the client got, for scripts that add, replace and remove request and
 //! response headers (pseudo-headers read, `getAtIndex`/`getNumValues`, iteration), answer
-//! locally with `respond()`, read and rewrite bodies, make HTTP calls to a cluster, fail at
-//! run time (logged; the request goes on), per-route `LuaPerRoute` (`disabled`, a named
+//! locally with `respond()`, read and rewrite bodies, rewrite `:path` (routed again), make
+//! HTTP calls to a cluster (one nothing listens on), fail at run time (logged; the request
+//! goes on), per-route `LuaPerRoute` (`disabled`, a named
 //! `source_codes` entry, a missing one, an inline `source_code`) and route metadata; and a
 //! syntax error rejected by `--mode validate` with Envoy's message.
 //!
@@ -240,6 +241,7 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
     // Nothing listens there.
     let dead = free_port();
     let inline = "function envoy_on_request(h) h:headers():add('x-by', 'inline') end\nfunction envoy_on_response(h) h:headers():add('x-inline-response', h:headers():get(':status')) end";
+    let rewrite = "function envoy_on_request(h) h:headers():replace(':path', '/moved?from=' .. h:headers():get(':path')) end";
     let routed = [
         route("/off", &per_route("disabled: true")),
         route(
@@ -250,6 +252,15 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
             ),
         ),
         route("/missing", &per_route("name: nope")),
+        route(
+            "/rewrite",
+            &per_route(&format!(
+                "source_code: {{inline_string: {}}}",
+                quoted(rewrite)
+            )),
+        ),
+        "{match: {prefix: /moved}, direct_response: {status: 200, body: {inline_string: moved}}}"
+            .to_owned(),
         route(
             "/inline",
             &per_route(&format!(
@@ -344,6 +355,7 @@ fn cases() -> Vec<(usize, String)> {
         (5, get("/named", "")),
         (5, get("/missing", "")),
         (5, get("/inline", "")),
+        (5, get("/rewrite", "")),
         // Last: the echo upstream reads no chunked body, which would be left on its connection.
         (4, chunked("/chunked")),
     ]
@@ -397,8 +409,14 @@ fn lua_filter_matches_envoy() {
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the scripts: a local reply, a rewritten body, a call's answer.
-    for mark in ["short and stout", "] body 15", "x-upstream-status: 200"] {
+    // The cases must exercise the scripts: a local reply, a rewritten body, a call's answer,
+    // a rewritten path routed again.
+    for mark in [
+        "short and stout",
+        "] body 15",
+        "x-upstream-status: 200",
+        "\nmoved",
+    ] {
         assert!(
             expected.iter().any(|l| l.contains(mark)),
             "{mark}: {expected:#?}"

@@ -11,7 +11,8 @@
 //! point for borrows nothing.
 //!
 //! The handle API is in [`handle`]. Not supported (a Lua error saying so, never silently
-//! ignored): changing request pseudo-headers (`:path`, `:method`, `:authority`, `:scheme`),
+//! ignored): changing the request pseudo-headers but `:path` (`:method`, `:authority`,
+//! `:scheme`),
 //! `streamInfo():dynamicMetadata()`, and the methods revoy does not have.
 
 mod handle;
@@ -172,10 +173,16 @@ impl Lua {
         let flow = flow.lock().unwrap_or_else(|p| p.into_inner()).take();
         *req.headers = flow.headers;
         *req.body = flow.body.into_body(req.headers);
-        if flow.reply.is_none() && flow.headers_changed && self.config.clear_route_cache {
+        if flow.reply.is_some() {
+            return flow.reply;
+        }
+        if let Some(line) = flow.request_line.filter(|l| l.path_changed) {
+            req.new_path = Some(line.path);
+        }
+        if flow.clear_route || (flow.headers_changed && self.config.clear_route_cache) {
             req.clear_route_cache = true;
         }
-        flow.reply
+        None
     }
 
     /// Runs the script's `entry` with a handle on `flow`, logging a runtime error as Envoy

@@ -23,7 +23,7 @@ pub(super) struct Flow {
     /// The headers (without pseudo-headers).
     pub(super) headers: HeaderMap,
     /// The request's pseudo-headers (`None` on the response).
-    request_line: Option<RequestLine>,
+    pub(super) request_line: Option<RequestLine>,
     /// The response's status (on the request: unused).
     pub(super) status: StatusCode,
     /// The body.
@@ -32,15 +32,20 @@ pub(super) struct Flow {
     pub(super) reply: Option<Response<Body>>,
     /// Whether the script changed the headers.
     pub(super) headers_changed: bool,
+    /// Whether the script called `clearRouteCache()`.
+    pub(super) clear_route: bool,
     /// How many times the script waited (`body()`, `httpCall()`, `trailers()`): header
     /// objects got before a wait are dead after it, as in Envoy.
     waits: u32,
 }
 
 /// A request's pseudo-headers, in Envoy's order.
-struct RequestLine {
+pub(super) struct RequestLine {
     authority: String,
-    path: String,
+    /// The path with query, as the script left it.
+    pub(super) path: String,
+    /// Whether the script replaced `:path`.
+    pub(super) path_changed: bool,
     method: String,
     scheme: &'static str,
 }
@@ -53,6 +58,7 @@ impl Flow {
             request_line: Some(RequestLine {
                 authority: req.authority.to_owned(),
                 path: req.path.to_owned(),
+                path_changed: false,
                 method: req.method.as_str().to_owned(),
                 scheme: if req.conn.down.tls.is_some() {
                     "https"
@@ -64,6 +70,7 @@ impl Flow {
             body: BodyState::Unread(std::mem::replace(req.body, crate::body::empty())),
             reply: None,
             headers_changed: false,
+            clear_route: false,
             waits: 0,
         }
     }
@@ -77,6 +84,7 @@ impl Flow {
             body: BodyState::Unread(std::mem::replace(resp.body_mut(), crate::body::empty())),
             reply: None,
             headers_changed: false,
+            clear_route: false,
             waits: 0,
         }
     }
@@ -90,6 +98,7 @@ impl Flow {
             body: std::mem::replace(&mut self.body, BodyState::Unread(crate::body::empty())),
             reply: self.reply.take(),
             headers_changed: self.headers_changed,
+            clear_route: self.clear_route,
             waits: self.waits,
         }
     }
@@ -271,6 +280,10 @@ impl UserData for Handle {
                 Ok(())
             });
         }
+        methods.add_method("clearRouteCache", |_, this, ()| {
+            lock(&this.flow).clear_route = true;
+            Ok(())
+        });
         methods.add_method("streamInfo", |_, this, ()| Ok(Info(this.ctx.clone())));
         methods.add_method("connection", |_, this, ()| Ok(Info(this.ctx.clone())));
         methods.add_method("metadata", |_, this, ()| {
@@ -436,6 +449,7 @@ impl Flow {
             body: BodyState::Unread(crate::body::empty()),
             reply: None,
             headers_changed: false,
+            clear_route: false,
             waits: 0,
         }
     }
@@ -453,13 +467,24 @@ fn pseudo(flow: &Flow, name: &str) -> Option<String> {
     }
 }
 
-/// Sets or removes a pseudo-header: only the response's `:status` can change.
+/// Sets or removes a pseudo-header: only the request's `:path` and the response's `:status`
+/// can change.
 fn set_pseudo(
     flow: &mut Flow,
     name: &str,
     value: Option<HeaderValue>,
     trailers: bool,
 ) -> mlua::Result<()> {
+    if let (Some(line), ":path", false) = (&mut flow.request_line, name, trailers) {
+        let path = value
+            .and_then(|v| v.to_str().ok().map(str::to_owned))
+            .filter(|p| http::uri::PathAndQuery::try_from(p.as_str()).is_ok())
+            .ok_or_else(|| mlua::Error::runtime("invalid :path"))?;
+        line.path = path;
+        line.path_changed = true;
+        flow.headers_changed = true;
+        return Ok(());
+    }
     if trailers || flow.request_line.is_some() || name != ":status" {
         return Err(unsupported(&format!("changing {name}")));
     }
