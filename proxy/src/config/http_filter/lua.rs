@@ -220,6 +220,31 @@ mod tests {
             "script load error: [string \"function envoy_on_request(h) x = = 1...\"]:1: unexpected symbol near '='"
         );
         let e = LuaScript::load("error('at load')").unwrap_err();
-        assert!(e.contains("at load"), "{e}");
+        assert_eq!(
+            e,
+            "script load error: [string \"error('at load')\"]:1: at load"
+        );
+    }
+
+    #[test]
+    fn per_route_configs_and_fields_revoy_lacks() {
+        let io = crate::config::context::FakeIo::new();
+        let ctx = Context::new(&io);
+        let named = LuaPerRoute {
+            r#override: Some(lua_per_route::Override::Name("n".into())),
+            ..Default::default()
+        };
+        assert!(matches!(
+            compile_per_route(&ctx, &named).unwrap().script,
+            PerRouteScript::Named(n) if n == "n"
+        ));
+        let empty = LuaPerRoute::default();
+        assert!(compile_per_route(&ctx, &empty).is_err());
+        let paths = Lua {
+            package_paths: vec!["/lib/?.lua".into()],
+            ..Default::default()
+        };
+        let e = compile(&ctx, &paths).unwrap_err();
+        assert!(e.to_string().contains("package_paths"), "{e}");
     }
 }
