@@ -1,12 +1,19 @@
-//! The network filters that limit connections: `envoy.filters.network.local_ratelimit`
-//! (`LocalRateLimit`) and `envoy.filters.network.connection_limit` (`ConnectionLimit`) ->
-//! [`NetworkLimit`].
+//! The filters that limit connections: the network filters
+//! `envoy.filters.network.local_ratelimit` (`LocalRateLimit`),
+//! `envoy.filters.network.connection_limit` (`ConnectionLimit`) and
+//! `envoy.filters.network.ratelimit` (`RateLimit`, asking a rate limit service) ->
+//! [`NetworkLimit`], and the listener filter `envoy.filters.listener.local_ratelimit` ->
+//! [`ListenerRateLimit`].
 
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3::RuntimeFeatureFlag;
+use proto::pb::envoy::extensions::filters::listener::local_ratelimit::v3::LocalRateLimit as ListenerLocalRateLimit;
 use proto::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
 use proto::pb::envoy::extensions::filters::network::local_ratelimit::v3::LocalRateLimit;
+use proto::pb::envoy::extensions::filters::network::ratelimit::v3::RateLimit;
+
+use crate::limits::Descriptor;
 
 use super::ConfigError;
 use super::token_bucket::{TokenBucketSpec, compile_token_bucket};
@@ -17,6 +24,11 @@ pub const LOCAL_RATE_LIMIT: &str =
 /// Type name of the `ConnectionLimit` filter's config.
 pub const CONNECTION_LIMIT: &str =
     "envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit";
+/// Type name of the network `RateLimit` filter's config.
+pub const RATE_LIMIT_SERVICE: &str = "envoy.extensions.filters.network.ratelimit.v3.RateLimit";
+/// Type name of the listener `LocalRateLimit` filter's config.
+pub const LISTENER_LOCAL_RATE_LIMIT: &str =
+    "envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit";
 
 /// A network filter that may close a new connection before the chain's terminal filter sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +37,41 @@ pub enum NetworkLimit {
     RateLimit(NetworkRateLimit),
     /// `envoy.filters.network.connection_limit`.
     ConnectionLimit(ConnectionLimitConfig),
+    /// `envoy.filters.network.ratelimit`.
+    Service(NetworkRateLimitService),
+}
+
+/// A compiled network `RateLimit`: each new connection is held, unread, until the rate limit
+/// service answers; over the limit (or, with `failure_mode_deny`, when the call fails) it is
+/// closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkRateLimitService {
+    /// `stat_prefix`: stats are `ratelimit.<stat_prefix>.*`.
+    pub stat_prefix: String,
+    /// `domain`.
+    pub domain: String,
+    /// `descriptors`, sent with every call.
+    pub descriptors: Vec<Descriptor>,
+    /// `timeout` of each call (default 20 ms).
+    pub timeout: Duration,
+    /// `failure_mode_deny`: a failed call closes the connection (else it goes on).
+    pub failure_mode_deny: bool,
+    /// The service's cluster.
+    pub cluster: String,
+    /// The `:authority` of the calls.
+    pub authority: String,
+}
+
+/// A compiled listener `LocalRateLimit`: each accepted socket takes a token or is closed
+/// before any other listener filter after it, and before any filter chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerRateLimit {
+    /// `stat_prefix`: stats are `listener_local_ratelimit.<stat_prefix>.rate_limited`.
+    pub stat_prefix: String,
+    /// `token_bucket`.
+    pub bucket: TokenBucketSpec,
+    /// `runtime_enabled`'s default (revoy has no runtime; true when unset).
+    pub enabled: bool,
 }
 
 /// A compiled network `LocalRateLimit`: each new connection takes a token or is closed.
@@ -91,6 +138,104 @@ pub fn compile_connection_limit(p: &ConnectionLimit) -> Result<ConnectionLimitCo
     })
 }
 
+/// Compiles a network `RateLimit`; errors name fields relative to the message.
+pub fn compile_rate_limit_service(p: &RateLimit) -> Result<NetworkRateLimitService, ConfigError> {
+    let stat_prefix = stat_prefix(&p.stat_prefix)?;
+    if p.domain.is_empty() {
+        return Err(ConfigError::new(
+            "domain",
+            "value length must be at least 1 characters",
+        ));
+    }
+    if p.descriptors.is_empty() {
+        return Err(ConfigError::new(
+            "descriptors",
+            "value must contain at least 1 item(s)",
+        ));
+    }
+    let descriptors = p
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| descriptor(d).map_err(|e| e.within(&format!("descriptors[{i}]"))))
+        .collect::<Result<_, _>>()?;
+    let (cluster, authority) =
+        super::http_filter::ratelimit::service_cluster(p.rate_limit_service.as_ref())?;
+    let timeout = match &p.timeout {
+        Some(d) => super::cluster::duration(d, "timeout")?,
+        None => Duration::from_millis(20),
+    };
+    Ok(NetworkRateLimitService {
+        stat_prefix,
+        domain: p.domain.clone(),
+        descriptors,
+        timeout,
+        failure_mode_deny: p.failure_mode_deny,
+        cluster,
+        authority,
+    })
+}
+
+/// One of a network `RateLimit`'s descriptors: literal entries only.
+fn descriptor(
+    d: &proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
+) -> Result<Descriptor, ConfigError> {
+    if d.entries.is_empty() {
+        return Err(ConfigError::new(
+            "entries",
+            "value must contain at least 1 item(s)",
+        ));
+    }
+    for (set, field) in [
+        (d.limit.is_some(), "limit"),
+        (d.hits_addend.is_some(), "hits_addend"),
+        (d.is_negative_hits, "is_negative_hits"),
+    ] {
+        if set {
+            return Err(ConfigError::unimplemented(field, field));
+        }
+    }
+    let entries = d
+        .entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let at = format!("entries[{i}]");
+            if e.key.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.key"),
+                    "value length must be at least 1 characters",
+                ));
+            }
+            if e.value.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.value"),
+                    "value length must be at least 1 characters",
+                ));
+            }
+            if e.value.contains('%') {
+                return Err(ConfigError::unimplemented(
+                    format!("{at}.value"),
+                    "a descriptor value with %COMMAND% substitutions",
+                ));
+            }
+            Ok((e.key.clone(), e.value.clone()))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Descriptor(entries))
+}
+
+/// Compiles a listener `LocalRateLimit`; errors name fields relative to the message.
+pub fn compile_listener_rate_limit(
+    p: &ListenerLocalRateLimit,
+) -> Result<ListenerRateLimit, ConfigError> {
+    Ok(ListenerRateLimit {
+        stat_prefix: stat_prefix(&p.stat_prefix)?,
+        bucket: compile_token_bucket(p.token_bucket.as_ref(), "token_bucket")?,
+        enabled: feature_flag(p.runtime_enabled.as_ref(), "runtime_enabled")?,
+    })
+}
+
 fn stat_prefix(s: &str) -> Result<String, ConfigError> {
     if s.is_empty() {
         return Err(ConfigError::new(
@@ -141,6 +286,95 @@ mod tests {
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "token_bucket");
         let p: LocalRateLimit = decode("{token_bucket: {max_tokens: 2, fill_interval: 1s}}");
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "stat_prefix");
+    }
+
+    #[test]
+    fn rate_limit_service_reads_its_descriptors_and_service() {
+        let service = "rate_limit_service: {transport_api_version: V3, \
+                       grpc_service: {envoy_grpc: {cluster_name: rls}}}";
+        let p: RateLimit = decode(&format!(
+            "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}, \
+             {{key: k2, value: v2}}]}}], failure_mode_deny: true, {service}}}"
+        ));
+        let c = compile_rate_limit_service(&p).unwrap();
+        assert_eq!(
+            c.descriptors,
+            vec![Descriptor(vec![
+                ("k".into(), "v".into()),
+                ("k2".into(), "v2".into())
+            ])]
+        );
+        assert_eq!(c.timeout, Duration::from_millis(20));
+        assert_eq!((c.cluster.as_str(), c.authority.as_str()), ("rls", "rls"));
+        assert!(c.failure_mode_deny);
+        for (yaml, path) in [
+            (
+                format!(
+                    "{{domain: d, descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
+                ),
+                "stat_prefix",
+            ),
+            (
+                format!("{{stat_prefix: n, domain: d, {service}}}"),
+                "descriptors",
+            ),
+            (
+                format!("{{stat_prefix: n, domain: d, descriptors: [{{entries: []}}], {service}}}"),
+                "descriptors[0].entries",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: \"%DOWNSTREAM_REMOTE_ADDRESS%\"}}]}}], {service}}}"
+                ),
+                "descriptors[0].entries[0].value",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}], limit: {{requests_per_unit: 1, unit: SECOND}}}}], {service}}}"
+                ),
+                "descriptors[0].limit",
+            ),
+            (
+                "{stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}]}"
+                    .to_owned(),
+                "rate_limit_service",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
+                ),
+                "domain",
+            ),
+        ] {
+            let p: RateLimit = decode(&yaml);
+            assert_eq!(
+                compile_rate_limit_service(&p).unwrap_err().path,
+                path,
+                "{yaml}"
+            );
+        }
+    }
+
+    #[test]
+    fn listener_rate_limit_needs_a_prefix_and_a_bucket() {
+        let p: ListenerLocalRateLimit =
+            decode("{stat_prefix: l, token_bucket: {max_tokens: 3, fill_interval: 60s}}");
+        let c = compile_listener_rate_limit(&p).unwrap();
+        assert_eq!(
+            (c.stat_prefix.as_str(), c.bucket.max_tokens, c.enabled),
+            ("l", 3, true)
+        );
+        let p: ListenerLocalRateLimit = decode("{stat_prefix: l}");
+        assert_eq!(
+            compile_listener_rate_limit(&p).unwrap_err().path,
+            "token_bucket"
+        );
+        let p: ListenerLocalRateLimit =
+            decode("{token_bucket: {max_tokens: 3, fill_interval: 60s}}");
+        assert_eq!(
+            compile_listener_rate_limit(&p).unwrap_err().path,
+            "stat_prefix"
+        );
     }
 
     #[test]

@@ -39,7 +39,7 @@ mod health_check;
 mod local_ratelimit;
 mod ratelimit;
 mod rbac;
-mod rls;
+pub mod rls;
 
 use std::sync::Arc;
 
@@ -64,6 +64,8 @@ pub struct Chain {
 struct Filter {
     name: Arc<str>,
     disabled: bool,
+    /// An `ExtensionWithMatcher`'s matcher: the filter is skipped where it says so.
+    matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     kind: Kind,
 }
 
@@ -197,6 +199,7 @@ impl Chain {
             .map(|f| Filter {
                 name: f.name.clone(),
                 disabled: f.disabled,
+                matcher: f.matcher.clone(),
                 kind: match &f.kind {
                     FilterKind::FailClosed(why) => Kind::FailClosed(
                         why.clone(),
@@ -258,6 +261,11 @@ impl Chain {
         for f in self.filters.iter() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Some(m) = &f.matcher
+                && m.skips(&req.route_request())
+            {
                 continue;
             }
             let route = req.route;

