@@ -10,8 +10,8 @@
 //! `delay` (the second connection is closed; once the first one closes, a third gets through).
 //!
 //! A second scenario covers the listener filter `envoy.filters.listener.local_ratelimit` (the
-//! third socket of a two-token bucket is closed before any chain, alone and after a
-//! `tls_inspector`) and `envoy.filters.network.ratelimit` calling the fake rate limit service
+//! third socket of a two-token bucket is closed before any chain, alone before a tcp_proxy and
+//! after a `tls_inspector` before a connection manager) and `envoy.filters.network.ratelimit` calling the fake rate limit service
 //! of support/rls.rs: `OK` lets the connection through, `OVER_LIMIT` closes it (before a
 //! tcp_proxy and before a connection manager), a failed call closes it or lets it through by
 //! `failure_mode_deny`, and so does a service that is down; compared are also what the service
@@ -353,7 +353,7 @@ fn service_bootstrap(admin: u16, ports: &[u16; 9], upstream: u16, rls: u16, down
             &bucket("lrl"),
         ),
         with_listener_filters(
-            listener("inspected_rl", ports[1], "", &tcp_proxy("up")),
+            listener("inspected_rl", ports[1], "", &hcm("up")),
             &format!("{inspector}, {}", bucket("lrl_inspected")),
         ),
         listener(
@@ -423,7 +423,9 @@ fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String>
     for (role, port) in SERVICE_ROLES.iter().zip(ports) {
         let tries = if role.ends_with("_rl") { 3 } else { 1 };
         for i in 0..tries {
-            let got = if role.ends_with("http") {
+            // HTTP for the connection managers (and for the tls_inspector, which waits for
+            // a fifth byte before it calls a connection plaintext).
+            let got = if ["inspected_rl", "rls_over_http"].contains(role) {
                 get(port)
             } else {
                 outcome(&echo(port))
