@@ -73,18 +73,23 @@ fn listener(prefix: &str, port: u16, filter: &str) -> String {
 
 fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
     let fault = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 418, percentage: {numerator: 100}}}}";
-    // Skipped for `x-skip: yes`, under `/free/`, under `/api/` when `?v=1`, and for
-    // `x-always: 1` through on_no_match's nested list.
+    // Skipped for `x-skip: yes`; with `x-skip: no`, under `/free/`, under `/api/` when `?v=1`,
+    // and under `/api` with `x-fallback: 1` (also where the longer `/api/` does not skip);
+    // for `x-always: 1` through on_no_match's nested list.
     let by_path = format!(
         "{{matcher: {{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"1\": {SKIP}}}}}}}}}}}",
         query("v")
+    );
+    let fallback = format!(
+        "{{matcher: {{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"1\": {SKIP}}}}}}}}}}}",
+        header("x-fallback")
     );
     let on_no_match = format!(
         "{{matcher: {{matcher_list: {{matchers: [{{predicate: {}, on_match: {SKIP}}}]}}}}}}",
         single(&header("x-always"), "{exact: \"1\"}")
     );
     let fault_tree = format!(
-        "{{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"yes\": {SKIP}, \"no\": {{matcher: {{matcher_tree: {{input: {}, prefix_match_map: {{map: {{/free/: {SKIP}, /api/: {by_path}}}}}}}}}}}}}}}, on_no_match: {on_no_match}}}",
+        "{{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"yes\": {SKIP}, \"no\": {{matcher: {{matcher_tree: {{input: {}, prefix_match_map: {{map: {{/free/: {SKIP}, /api: {fallback}, /api/: {by_path}}}}}}}}}}}}}}}}}, on_no_match: {on_no_match}}}",
         header("x-skip"),
         header(":path"),
     );
@@ -123,6 +128,8 @@ const CASES: &[(usize, &str, &str)] = &[
     (0, "/api/x?v=2", "x-skip: no\r\n"),
     (0, "/api/x?w=1&v=1", "x-skip: no\r\n"),
     (0, "/api/x?v=%31", "x-skip: no\r\n"),
+    (0, "/api/x?v=2", "x-skip: no\r\nx-fallback: 1\r\n"),
+    (0, "/apis", "x-skip: no\r\nx-fallback: 1\r\n"),
     (0, "/", "x-always: 1\r\n"),
     (0, "/", "x-skip: no\r\nx-always: 1\r\n"),
     (0, "/", "x-skip: maybe\r\nx-always: 1\r\n"),
