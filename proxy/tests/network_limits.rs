@@ -356,54 +356,37 @@ fn service_bootstrap(admin: u16, ports: &[u16; 9], upstream: u16, rls: u16, down
             listener("inspected_rl", ports[1], "", &hcm("up")),
             &format!("{inspector}, {}", bucket("lrl_inspected")),
         ),
-        listener(
-            "rls_ok",
-            ports[2],
-            &service_rate_limit("ok", "rls", "ok", true),
-            &tcp_proxy("up"),
-        ),
-        listener(
-            "rls_over",
-            ports[3],
-            &service_rate_limit("over", "rls", "over", false),
-            &tcp_proxy("up"),
-        ),
-        listener(
-            "rls_over_http",
-            ports[4],
-            &service_rate_limit("over_http", "rls", "over", false),
-            &hcm("up"),
-        ),
-        listener(
-            "rls_error_allow",
-            ports[5],
-            &service_rate_limit("error_allow", "rls", "error", false),
-            &tcp_proxy("up"),
-        ),
-        listener(
-            "rls_error_deny",
-            ports[6],
-            &service_rate_limit("error_deny", "rls", "error", true),
-            &tcp_proxy("up"),
-        ),
-        listener(
-            "rls_down_allow",
-            ports[7],
-            &service_rate_limit("down_allow", "down", "ok", false),
-            &tcp_proxy("up"),
-        ),
-        listener(
-            "rls_down_deny",
-            ports[8],
-            &service_rate_limit("down_deny", "down", "ok", true),
-            &tcp_proxy("up"),
-        ),
     ];
+    // (stat prefix, service cluster, verdict, failure_mode_deny), in SERVICE_ROLES' order.
+    let services = [
+        ("ok", "rls", "ok", true),
+        ("over", "rls", "over", false),
+        ("over_http", "rls", "over", false),
+        ("error_allow", "rls", "error", false),
+        ("error_deny", "rls", "error", true),
+        ("down_allow", "down", "ok", false),
+        ("down_deny", "down", "ok", true),
+    ];
+    let listeners = listeners.into_iter().chain(services.iter().enumerate().map(
+        |(i, &(prefix, cluster, verdict, deny))| {
+            let terminal = if prefix == "over_http" {
+                hcm("up")
+            } else {
+                tcp_proxy("up")
+            };
+            listener(
+                SERVICE_ROLES[i + 2],
+                ports[i + 2],
+                &service_rate_limit(prefix, cluster, verdict, deny),
+                &terminal,
+            )
+        },
+    ));
     let h2 = "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}";
     format!(
         "{}static_resources:\n  listeners:{}\n  clusters:{}{}{}\n",
         bootstrap::admin(admin),
-        listeners.concat(),
+        listeners.collect::<String>(),
         bootstrap::cluster("up", upstream, ""),
         bootstrap::cluster("rls", rls, h2),
         bootstrap::cluster("down", down, h2),
