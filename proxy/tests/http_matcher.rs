@@ -104,18 +104,48 @@ const CASES: &[Case] = &[
     (0, "GET", "site.example", "/", ""),
     (0, "GET", "site.example", "/", "x-skip: yes\r\n"),
     (0, "GET", "site.example", "/", "x-skip: YES\r\n"),
-    (0, "GET", "site.example", "/", "x-skip: yes\r\nx-skip: yes\r\n"),
+    (
+        0,
+        "GET",
+        "site.example",
+        "/",
+        "x-skip: yes\r\nx-skip: yes\r\n",
+    ),
     (0, "GET", "site.example", "/free/x", "x-skip: no\r\n"),
     (0, "GET", "site.example", "/free/x", ""),
     (0, "GET", "site.example", "/api/x?v=1", "x-skip: no\r\n"),
     (0, "GET", "site.example", "/api/x?v=2", "x-skip: no\r\n"),
     (0, "GET", "site.example", "/api/x?w=1&v=1", "x-skip: no\r\n"),
     (0, "GET", "site.example", "/api/x?v=%31", "x-skip: no\r\n"),
-    (0, "GET", "site.example", "/api/x?v=2", "x-skip: no\r\nx-fallback: 1\r\n"),
-    (0, "GET", "site.example", "/apis", "x-skip: no\r\nx-fallback: 1\r\n"),
+    (
+        0,
+        "GET",
+        "site.example",
+        "/api/x?v=2",
+        "x-skip: no\r\nx-fallback: 1\r\n",
+    ),
+    (
+        0,
+        "GET",
+        "site.example",
+        "/apis",
+        "x-skip: no\r\nx-fallback: 1\r\n",
+    ),
     (0, "GET", "site.example", "/", "x-always: 1\r\n"),
-    (0, "GET", "site.example", "/", "x-skip: no\r\nx-always: 1\r\n"),
-    (0, "GET", "site.example", "/", "x-skip: maybe\r\nx-always: 1\r\n"),
+    (
+        0,
+        "GET",
+        "site.example",
+        "/",
+        "x-skip: no\r\nx-always: 1\r\n",
+    ),
+    (
+        0,
+        "GET",
+        "site.example",
+        "/",
+        "x-skip: maybe\r\nx-always: 1\r\n",
+    ),
     (0, "GET", "site.example", "/off", ""),
     (1, "GET", "site.example", "/", "x-tier: gold-plus\r\n"),
     (1, "GET", "site.example", "/?free=yes", ""),
@@ -123,7 +153,13 @@ const CASES: &[Case] = &[
     (1, "GET", "site.example", "/", "x-tier: silver\r\n"),
     (1, "GET", "site.example", "/", "x-tier: gold\r\n"),
     (1, "GET", "site.example", "/", ""),
-    (1, "GET", "site.example", "/", "x-tier: gold\r\nx-audit: on\r\n"),
+    (
+        1,
+        "GET",
+        "site.example",
+        "/",
+        "x-tier: gold\r\nx-audit: on\r\n",
+    ),
     (1, "GET", "site.example", "/?free=yes", "x-tier: gold\r\n"),
     (1, "GET", "site.example", "/off", ""),
 ];
@@ -152,8 +188,8 @@ fn filters_with_matchers_match_envoy() {
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
         let ports = [free_port(), free_port()];
-        let _proxy = filter_diff::start(envoy, &bootstrap(admin, ports, up), 124, admin);
-        observe(ports, admin)
+        let yaml = bootstrap(admin, ports, up);
+        filter_diff::observe_with(envoy, 124, &yaml, admin, || observe(ports, admin))
     };
     let expected = run(Some(&envoy));
     let got = run(None);
