@@ -785,6 +785,53 @@ filter_chains:
     /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and
     /// a route's metadata custom tag are skipped, each warned of at its full path.
     #[test]
+    fn limiting_filters_compile_in_place_and_their_errors_name_their_path() {
+        let compile = |listener_filters: &str, filters: &str| {
+            let yaml = format!(
+                r#"name: l
+address: {{socket_address: {{address: 127.0.0.1, port_value: 10080}}}}
+listener_filters: [{listener_filters}]
+filter_chains:
+- filters: [{filters}{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}}}]
+"#
+            );
+            let codec = proto::Codec::new();
+            let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+            let l = codec.decode::<Listener>(value, false).unwrap().message;
+            let io = crate::config::FakeIo::new();
+            compile_listener(&Context::new(&io), &l, None, &mut Warnings::new())
+        };
+        let bucket = r#"{name: rl, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit, stat_prefix: s, token_bucket: {max_tokens: 1, fill_interval: 1s}}}"#;
+        let inspector = r#"{name: envoy.filters.listener.tls_inspector, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}}"#;
+        let first = compile(bucket, "").unwrap();
+        assert!(first.filters.rate_limit.is_some() && first.filters.rate_limit_first);
+        assert!(first.chains[0].refused.is_none());
+        let after = compile(&format!("{inspector}, {bucket}"), "").unwrap();
+        assert!(after.filters.rate_limit.is_some() && !after.filters.rate_limit_first);
+        let e = compile(&bucket.replace("stat_prefix: s, ", ""), "").unwrap_err();
+        assert_eq!(e.path, "listener_filters[0].typed_config.stat_prefix");
+
+        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
+        let l = compile("", service).unwrap();
+        assert!(matches!(
+            l.chains[0].limits.as_slice(),
+            [super::super::network_limits::NetworkLimit::Service(s)] if s.domain == "d"
+        ));
+        let e = compile(
+            "",
+            &service.replace(
+                "envoy_grpc: {cluster_name: rls}",
+                "google_grpc: {target_uri: x, stat_prefix: y}",
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.path,
+            "filter_chains[0].filters[0].typed_config.rate_limit_service.grpc_service.google_grpc"
+        );
+    }
+
+    #[test]
     fn what_observability_leaves_out_is_named_by_its_path() {
         let otel = r#"{name: otel, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig}}"#;
         let yaml = format!(

@@ -340,6 +340,10 @@ impl Listener {
         {
             let listeners = listeners.load_full();
             if let Some(target) = handoff_target(&listeners, to, self) {
+                // The accepting listener's filters run before the hand-off, as in Envoy.
+                if self.rate_limit.as_ref().is_some_and(|r| !r.admit()) {
+                    return;
+                }
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;
