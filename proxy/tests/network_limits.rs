@@ -274,15 +274,20 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     ] {
         seen.push(format!("{name}: {:?}", stat(admin, name)));
     }
-    for role in ROLES {
-        let port = ports[ROLES.iter().position(|r| *r == role).unwrap()];
-        let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
-        seen.push(format!(
-            "{role} downstream_cx_total: {:?}",
-            stat(admin, &name)
-        ));
-    }
+    seen.extend(listener_totals(admin, &ROLES, &ports));
     seen
+}
+
+/// Each listener's `downstream_cx_total`, by role.
+fn listener_totals(admin: u16, roles: &[&str], ports: &[u16]) -> Vec<String> {
+    roles
+        .iter()
+        .zip(ports)
+        .map(|(role, port)| {
+            let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
+            format!("{role} downstream_cx_total: {:?}", stat(admin, &name))
+        })
+        .collect()
 }
 
 #[test]
@@ -447,13 +452,7 @@ fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String>
     for name in ["http.h.downstream_cx_total", "tcp.up.downstream_cx_total"] {
         seen.push(format!("{name}: {:?}", stat(admin, name)));
     }
-    for (role, port) in SERVICE_ROLES.iter().zip(ports) {
-        let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
-        seen.push(format!(
-            "{role} downstream_cx_total: {:?}",
-            stat(admin, &name)
-        ));
-    }
+    seen.extend(listener_totals(admin, &SERVICE_ROLES, &ports));
     seen
 }
 
