@@ -782,8 +782,8 @@ filter_chains:
         ))));
     }
 
-    /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and
-    /// a route's metadata custom tag are skipped, each warned of at its full path.
+    /// The listener local_ratelimit and the network ratelimit compile in place (the former
+    /// noting whether it runs before the inspecting filters); their errors name their path.
     #[test]
     fn limiting_filters_compile_in_place_and_their_errors_name_their_path() {
         let compile = |listener_filters: &str, filters: &str| {
@@ -831,6 +831,8 @@ filter_chains:
         );
     }
 
+    /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and
+    /// a route's metadata custom tag are skipped, each warned of at its full path.
     #[test]
     fn what_observability_leaves_out_is_named_by_its_path() {
         let otel = r#"{name: otel, typed_config: {"@type": type.googleapis.com/envoy.extensions.access_loggers.open_telemetry.v3.OpenTelemetryAccessLogConfig}}"#;
