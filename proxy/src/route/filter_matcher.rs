@@ -10,6 +10,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 
 use super::RouteRequest;
 use super::matcher::{StringMatcher, header_value, query_of, query_param};
@@ -66,26 +67,59 @@ pub enum Predicate {
     Not(Box<Predicate>),
 }
 
-/// What a matcher reads from the request.
+/// What a matcher reads from the request or its connection.
 #[derive(Debug, Clone)]
 pub enum Input {
     /// `HttpRequestHeaderMatchInput`: a header's values (lower-case name), joined with `,`.
     Header(String),
     /// `HttpRequestQueryParamMatchInput`: a query parameter's first value, percent-decoded.
     QueryParam(String),
+    /// `SourceIPInput`: the downstream's address as the connection manager reckons it.
+    SourceIp,
+    /// `DirectSourceIPInput`: the connection's peer address.
+    DirectSourceIp,
+    /// `DestinationIPInput`: the connection's local (original destination) address.
+    DestinationIp,
+    /// `DestinationPortInput`: its port.
+    DestinationPort,
+}
+
+/// The connection facts a matcher may read.
+#[derive(Debug, Clone, Copy)]
+pub struct Connection {
+    /// The downstream's address as the connection manager reckons it (`x-forwarded-for` as
+    /// configured).
+    pub remote: IpAddr,
+    /// The connection's peer address.
+    pub direct_remote: IpAddr,
+    /// The connection's local address (its original destination when redirected).
+    pub local: SocketAddr,
+}
+
+/// What a matcher reads: the request and its connection.
+pub struct Data<'r> {
+    /// The request.
+    pub request: RouteRequest<'r>,
+    /// Its connection.
+    pub connection: Connection,
 }
 
 impl Input {
-    fn value<'r>(&self, req: &RouteRequest<'r>) -> Option<Cow<'r, str>> {
+    fn value<'r>(&self, data: &Data<'r>) -> Option<Cow<'r, str>> {
+        let conn = &data.connection;
         match self {
-            Input::Header(name) => header_value(req, name),
-            Input::QueryParam(name) => query_param(query_of(req.path), name),
+            Input::Header(name) => header_value(&data.request, name),
+            Input::QueryParam(name) => query_param(query_of(data.request.path), name),
+            Input::SourceIp => Some(Cow::Owned(conn.remote.to_string())),
+            Input::DirectSourceIp => Some(Cow::Owned(conn.direct_remote.to_string())),
+            Input::DestinationIp => Some(Cow::Owned(conn.local.ip().to_string())),
+            Input::DestinationPort => Some(Cow::Owned(conn.local.port().to_string())),
         }
     }
 }
 
 impl Predicate {
-    fn holds(&self, req: &RouteRequest<'_>) -> bool {
+    fn holds(&self, req: &Data<'_>) -> bool {
         match self {
             Predicate::Single(input, m) => input.value(req).is_some_and(|v| m.matches(&v)),
             Predicate::Or(ps) => ps.iter().any(|p| p.holds(req)),
@@ -96,7 +130,7 @@ impl Predicate {
 }
 
 impl OnMatch {
-    fn skips(&self, req: &RouteRequest<'_>) -> bool {
+    fn skips(&self, req: &Data<'_>) -> bool {
         match self {
             OnMatch::Skip => true,
             OnMatch::Matcher(m) => m.skips(req),
@@ -106,7 +140,7 @@ impl OnMatch {
 
 impl Matcher {
     /// Whether the matcher ends in `SkipFilter` for `req`: the wrapped filter does not run.
-    pub fn skips(&self, req: &RouteRequest<'_>) -> bool {
+    pub fn skips(&self, req: &Data<'_>) -> bool {
         let (decided, on_no_match) = match self {
             Matcher::List {
                 matchers,

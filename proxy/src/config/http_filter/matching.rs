@@ -5,7 +5,8 @@
 //! What revoy implements of the matching API: `matcher_list` (single predicates with a
 //! `value_match`, `or_matcher`, `and_matcher`, `not_matcher`) and `matcher_tree`
 //! (`exact_match_map`, `prefix_match_map`), nested matchers, `on_no_match`; the inputs
-//! `HttpRequestHeaderMatchInput` and `HttpRequestQueryParamMatchInput`; the action
+//! `HttpRequestHeaderMatchInput`, `HttpRequestQueryParamMatchInput`, and the connection's
+//! `SourceIPInput`, `DirectSourceIPInput`, `DestinationIPInput`, `DestinationPortInput`; the action
 //! `SkipFilter`. Anything else (other inputs and actions, custom matchers, `keep_matching`,
 //! the deprecated `matcher` field) is a configuration error naming it.
 
@@ -29,6 +30,25 @@ pub const EXTENSION_WITH_MATCHER_PER_ROUTE: &str =
 const SKIP_FILTER: &str = "envoy.extensions.filters.common.matcher.action.v3.SkipFilter";
 const HEADER_INPUT: &str = "envoy.type.matcher.v3.HttpRequestHeaderMatchInput";
 const QUERY_PARAM_INPUT: &str = "envoy.type.matcher.v3.HttpRequestQueryParamMatchInput";
+/// The connection inputs revoy reads, by type name.
+const CONNECTION_INPUTS: [(&str, Input); 4] = [
+    (
+        "envoy.extensions.matching.common_inputs.network.v3.SourceIPInput",
+        Input::SourceIp,
+    ),
+    (
+        "envoy.extensions.matching.common_inputs.network.v3.DirectSourceIPInput",
+        Input::DirectSourceIp,
+    ),
+    (
+        "envoy.extensions.matching.common_inputs.network.v3.DestinationIPInput",
+        Input::DestinationIp,
+    ),
+    (
+        "envoy.extensions.matching.common_inputs.network.v3.DestinationPortInput",
+        Input::DestinationPort,
+    ),
+];
 
 /// How deep matchers may nest (Envoy's limit on recursive config is far above real use).
 const MAX_DEPTH: usize = 16;
@@ -295,10 +315,16 @@ fn compile_input(input: &TypedExtensionConfig) -> Result<Input, ConfigError> {
             }
             Ok(Input::QueryParam(q.query_param))
         }
-        other => Err(ConfigError::unimplemented(
-            "typed_config",
-            &format!("the matching input '{}' ({other})", input.name),
-        )),
+        other => CONNECTION_INPUTS
+            .iter()
+            .find(|(name, _)| *name == other)
+            .map(|(_, input)| input.clone())
+            .ok_or_else(|| {
+                ConfigError::unimplemented(
+                    "typed_config",
+                    &format!("the matching input '{}' ({other})", input.name),
+                )
+            }),
     }
 }
 

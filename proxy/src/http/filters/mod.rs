@@ -150,6 +150,18 @@ impl FilterRequest<'_> {
         }
     }
 
+    /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
+    fn matching_data(&self) -> crate::route::filter_matcher::Data<'_> {
+        crate::route::filter_matcher::Data {
+            request: self.route_request(),
+            connection: crate::route::filter_matcher::Connection {
+                remote: self.remote,
+                direct_remote: self.conn.down.peer.ip(),
+                local: self.conn.local,
+            },
+        }
+    }
+
     /// The request as route matchers read it.
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
         crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
@@ -264,7 +276,7 @@ impl Chain {
                 continue;
             }
             if let Some(m) = &f.matcher
-                && m.skips(&req.route_request())
+                && m.skips(&req.matching_data())
             {
                 continue;
             }

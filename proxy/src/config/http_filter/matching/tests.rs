@@ -2,6 +2,7 @@ use http::{HeaderMap, HeaderValue, Method};
 
 use super::*;
 use crate::route::RouteRequest;
+use crate::route::filter_matcher::{Connection, Data};
 
 const FAULT: &str = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault}}";
 const SKIP: &str = "{action: {name: skip, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter}}}";
@@ -36,7 +37,14 @@ fn skips(m: &Matcher, path: &str, headers: &[(&'static str, &str)]) -> bool {
     for (k, v) in headers {
         map.append(*k, HeaderValue::from_str(v).unwrap());
     }
-    m.skips(&RouteRequest::new(&Method::GET, "h", path, &map))
+    m.skips(&Data {
+        request: RouteRequest::new(&Method::GET, "h", path, &map),
+        connection: Connection {
+            remote: [192, 0, 2, 1].into(),
+            direct_remote: [127, 0, 0, 1].into(),
+            local: ([127, 0, 0, 2], 8080).into(),
+        },
+    })
 }
 
 #[test]
@@ -97,6 +105,30 @@ fn a_list_takes_the_first_match_and_falls_back_to_on_no_match() {
 }
 
 #[test]
+fn connection_inputs_read_the_addresses() {
+    let input = |name: &str| {
+        format!(
+            "{{name: i, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.{name}}}}}"
+        )
+    };
+    for (name, value, expected) in [
+        ("SourceIPInput", "192.0.2.1", true),
+        ("SourceIPInput", "127.0.0.1", false),
+        ("DirectSourceIPInput", "127.0.0.1", true),
+        ("DestinationIPInput", "127.0.0.2", true),
+        ("DestinationPortInput", "8080", true),
+        ("DestinationPortInput", "80", false),
+    ] {
+        let m = compile_matcher(&format!(
+            "{{matcher_tree: {{input: {}, exact_match_map: {{map: {{\"{value}\": {SKIP}}}}}}}}}",
+            input(name)
+        ))
+        .unwrap();
+        assert_eq!(skips(&m, "/", &[]), expected, "{name} {value}");
+    }
+}
+
+#[test]
 fn what_revoy_lacks_is_refused_by_name() {
     let tree = |input: &str, on: &str| {
         format!("{{matcher_tree: {{input: {input}, exact_match_map: {{map: {{k: {on}}}}}}}}}")
@@ -104,7 +136,7 @@ fn what_revoy_lacks_is_refused_by_name() {
     let cases = [
         (
             tree(
-                "{name: ip, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.SourceIPInput}}",
+                "{name: ip, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.ServerNameInput}}",
                 SKIP,
             ),
             "xds_matcher.matcher_tree.input.typed_config",
