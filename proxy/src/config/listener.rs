@@ -230,7 +230,7 @@ fn compile_chain(
             }
             super::network_limits::RATE_LIMIT_SERVICE => {
                 let p = proto::unpack(any).map_err(at)?;
-                let compiled = super::network_limits::compile_rate_limit_service(&p)
+                let compiled = super::network_limits::compile_rate_limit_service(ctx, &p)
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 limits.push(super::network_limits::NetworkLimit::Service(compiled));
             }

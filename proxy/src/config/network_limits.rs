@@ -13,7 +13,8 @@ use proto::pb::envoy::extensions::filters::network::connection_limit::v3::Connec
 use proto::pb::envoy::extensions::filters::network::local_ratelimit::v3::LocalRateLimit;
 use proto::pb::envoy::extensions::filters::network::ratelimit::v3::RateLimit;
 
-use crate::limits::Descriptor;
+use super::Context;
+use crate::access_log::format::Template;
 
 use super::ConfigError;
 use super::token_bucket::{TokenBucketSpec, compile_token_bucket};
@@ -31,7 +32,7 @@ pub const LISTENER_LOCAL_RATE_LIMIT: &str =
     "envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit";
 
 /// A network filter that may close a new connection before the chain's terminal filter sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum NetworkLimit {
     /// `envoy.filters.network.local_ratelimit`.
     RateLimit(NetworkRateLimit),
@@ -44,14 +45,15 @@ pub enum NetworkLimit {
 /// A compiled network `RateLimit`: each new connection is held, unread, until the rate limit
 /// service answers; over the limit (or, with `failure_mode_deny`, when the call fails) it is
 /// closed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NetworkRateLimitService {
     /// `stat_prefix`: stats are `ratelimit.<stat_prefix>.*`.
     pub stat_prefix: String,
     /// `domain`.
     pub domain: String,
-    /// `descriptors`, sent with every call.
-    pub descriptors: Vec<Descriptor>,
+    /// `descriptors`, sent with every call: each a list of entries, whose values may hold
+    /// `%COMMAND%` operators rendered for the connection.
+    pub descriptors: Vec<Vec<(String, Template)>>,
     /// `timeout` of each call (default 20 ms).
     pub timeout: Duration,
     /// `failure_mode_deny`: a failed call closes the connection (else it goes on).
@@ -139,7 +141,10 @@ pub fn compile_connection_limit(p: &ConnectionLimit) -> Result<ConnectionLimitCo
 }
 
 /// Compiles a network `RateLimit`; errors name fields relative to the message.
-pub fn compile_rate_limit_service(p: &RateLimit) -> Result<NetworkRateLimitService, ConfigError> {
+pub fn compile_rate_limit_service(
+    ctx: &Context<'_>,
+    p: &RateLimit,
+) -> Result<NetworkRateLimitService, ConfigError> {
     let stat_prefix = stat_prefix(&p.stat_prefix)?;
     if p.domain.is_empty() {
         return Err(ConfigError::new(
@@ -157,7 +162,7 @@ pub fn compile_rate_limit_service(p: &RateLimit) -> Result<NetworkRateLimitServi
         .descriptors
         .iter()
         .enumerate()
-        .map(|(i, d)| descriptor(d).map_err(|e| e.within(&format!("descriptors[{i}]"))))
+        .map(|(i, d)| descriptor(ctx, d).map_err(|e| e.within(&format!("descriptors[{i}]"))))
         .collect::<Result<_, _>>()?;
     let (cluster, authority) =
         super::http_filter::ratelimit::service_cluster(p.rate_limit_service.as_ref())?;
@@ -176,10 +181,12 @@ pub fn compile_rate_limit_service(p: &RateLimit) -> Result<NetworkRateLimitServi
     })
 }
 
-/// One of a network `RateLimit`'s descriptors: literal entries only.
+/// One of a network `RateLimit`'s descriptors: its entries, values compiled as access-log
+/// format strings (as Envoy's substitution formatter reads them).
 fn descriptor(
+    ctx: &Context<'_>,
     d: &proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
-) -> Result<Descriptor, ConfigError> {
+) -> Result<Vec<(String, Template)>, ConfigError> {
     if d.entries.is_empty() {
         return Err(ConfigError::new(
             "entries",
@@ -195,8 +202,7 @@ fn descriptor(
             return Err(ConfigError::unimplemented(field, field));
         }
     }
-    let entries = d
-        .entries
+    d.entries
         .iter()
         .enumerate()
         .map(|(i, e)| {
@@ -213,16 +219,11 @@ fn descriptor(
                     "value length must be at least 1 characters",
                 ));
             }
-            if e.value.contains('%') {
-                return Err(ConfigError::unimplemented(
-                    format!("{at}.value"),
-                    "a descriptor value with %COMMAND% substitutions",
-                ));
-            }
-            Ok((e.key.clone(), e.value.clone()))
+            let value = Template::parse(&e.value, ctx)
+                .map_err(|m| ConfigError::new(format!("{at}.value"), m))?;
+            Ok((e.key.clone(), value))
         })
-        .collect::<Result<_, _>>()?;
-    Ok(Descriptor(entries))
+        .collect()
 }
 
 /// Compiles a listener `LocalRateLimit`; errors name fields relative to the message.
@@ -290,20 +291,17 @@ mod tests {
 
     #[test]
     fn rate_limit_service_reads_its_descriptors_and_service() {
+        let io = crate::config::FakeIo::new();
+        let ctx = Context::new(&io);
         let service = "rate_limit_service: {transport_api_version: V3, \
                        grpc_service: {envoy_grpc: {cluster_name: rls}}}";
         let p: RateLimit = decode(&format!(
             "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}, \
              {{key: k2, value: v2}}]}}], failure_mode_deny: true, {service}}}"
         ));
-        let c = compile_rate_limit_service(&p).unwrap();
-        assert_eq!(
-            c.descriptors,
-            vec![Descriptor(vec![
-                ("k".into(), "v".into()),
-                ("k2".into(), "v2".into())
-            ])]
-        );
+        let c = compile_rate_limit_service(&ctx, &p).unwrap();
+        let keys: Vec<&str> = c.descriptors[0].iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["k", "k2"]);
         assert_eq!(c.timeout, Duration::from_millis(20));
         assert_eq!((c.cluster.as_str(), c.authority.as_str()), ("rls", "rls"));
         assert!(c.failure_mode_deny);
@@ -324,7 +322,7 @@ mod tests {
             ),
             (
                 format!(
-                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: \"%DOWNSTREAM_REMOTE_ADDRESS%\"}}]}}], {service}}}"
+                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: \"%NO_SUCH_COMMAND%\"}}]}}], {service}}}"
                 ),
                 "descriptors[0].entries[0].value",
             ),
@@ -348,7 +346,7 @@ mod tests {
         ] {
             let p: RateLimit = decode(&yaml);
             assert_eq!(
-                compile_rate_limit_service(&p).unwrap_err().path,
+                compile_rate_limit_service(&ctx, &p).unwrap_err().path,
                 path,
                 "{yaml}"
             );

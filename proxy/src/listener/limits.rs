@@ -6,11 +6,12 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::access_log::record::{Downstream, Record};
 use crate::config::network_limits::{
     ConnectionLimitConfig, ListenerRateLimit, NetworkLimit, NetworkRateLimitService,
 };
 use crate::http::filters::rls::{self, Verdict};
-use crate::limits::{SharedBuckets, TokenBucket};
+use crate::limits::{Descriptor, SharedBuckets, TokenBucket};
 use crate::stats::{Counter, Gauge, Store};
 use crate::upstream::ClusterManager;
 
@@ -85,9 +86,31 @@ impl ServiceLimiter {
         }
     }
 
-    /// Asks the service about a new connection: whether it may go on.
-    async fn admit(&self, clusters: &ClusterManager) -> bool {
+    /// The descriptors for a connection from `downstream`, their values rendered.
+    fn descriptors(&self, downstream: Downstream) -> Vec<Descriptor> {
+        let record = Record::new(downstream);
+        self.config
+            .descriptors
+            .iter()
+            .map(|entries| {
+                Descriptor(
+                    entries
+                        .iter()
+                        .map(|(key, value)| {
+                            let mut out = String::new();
+                            value.render_text(&record, false, &mut out);
+                            (key.clone(), out)
+                        })
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Asks the service about a new connection from `downstream`: whether it may go on.
+    async fn admit(&self, clusters: &ClusterManager, downstream: Downstream) -> bool {
         let c = &self.config;
+        let descriptors = self.descriptors(downstream);
         let service = rls::Service {
             cluster: &c.cluster,
             authority: &c.authority,
@@ -96,7 +119,7 @@ impl ServiceLimiter {
         };
         self.total.inc();
         self.active.inc();
-        let verdict = rls::should_rate_limit(clusters, service, &c.domain, &c.descriptors).await;
+        let verdict = rls::should_rate_limit(clusters, service, &c.domain, &descriptors).await;
         self.active.dec();
         let admitted = match verdict {
             Verdict::Ok(_) => {
@@ -176,8 +199,13 @@ impl NetworkLimiters {
     /// Runs the limits in order on a new connection. `None`: a limit refused it, and the
     /// caller closes it (after a `connection_limit`'s `delay`, which this waits out holding
     /// the connection's place, as Envoy does); else the connection's places in the limits.
-    /// A rate limit service is called through `clusters`.
-    pub async fn admit(&self, clusters: &ClusterManager) -> Option<Admitted<'_>> {
+    /// A rate limit service is called through `clusters`, about a connection from
+    /// `downstream()` (made only then).
+    pub async fn admit(
+        &self,
+        clusters: &ClusterManager,
+        downstream: impl Fn() -> Downstream,
+    ) -> Option<Admitted<'_>> {
         let mut admitted = Admitted(Vec::new());
         for limiter in &self.0 {
             match limiter {
@@ -193,7 +221,7 @@ impl NetworkLimiters {
                     }
                 }
                 Limiter::Service(service) => {
-                    if !service.admit(clusters).await {
+                    if !service.admit(clusters, downstream()).await {
                         return None;
                     }
                 }

@@ -429,7 +429,13 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
-        let Some(_admitted) = chain.limits.admit(&shared.clusters).await else {
+        let downstream = || crate::access_log::record::Downstream {
+            remote: Some(peer),
+            direct_remote: Some(peer),
+            local: Some(destination),
+            server_name: inspected.server_name.as_deref().map(Into::into),
+        };
+        let Some(_admitted) = chain.limits.admit(&shared.clusters, downstream).await else {
             chain.kind.count_refused();
             self.cx_destroy.inc();
             return;
