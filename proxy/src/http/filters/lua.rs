@@ -2,7 +2,8 @@
 //! `envoy_on_request(handle)` runs on each request, `envoy_on_response(handle)` on its
 //! response, each as a coroutine that yields while the handle waits (the whole body, an HTTP
 //! call). A runtime error is logged (`script log: ...`) and the stream goes on with what the
-//! script changed before it, as in Envoy; `respond()` answers locally and ends the script.
+//! script changed before it, as in Envoy; `respond()` answers locally and ends the script, as
+//! does a body too large to buffer (a request gets 413, a response is replaced by a 500).
 //!
 //! Lua states: Envoy keeps one per worker thread, globals shared by that worker's requests.
 //! revoy's requests move between threads while they wait, so each script has a small pool of
@@ -231,10 +232,27 @@ impl Pending {
             .run(&self.script, ON_RESPONSE, flow, &self.ctx)
             .await;
         let flow = flow.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(reply) = flow.reply {
+            *resp = reply;
+            return;
+        }
         *resp.status_mut() = flow.status;
         *resp.headers_mut() = flow.headers;
         *resp.body_mut() = flow.body.into_body(resp.headers_mut());
     }
+}
+
+/// How much of a body `body()` buffers: Envoy's default `per_connection_buffer_limit_bytes`
+/// (revoy has no buffer limit setting). Beyond it Envoy answers a request 413 and replaces a
+/// response with a 500.
+const BODY_LIMIT: usize = 1 << 20;
+
+/// Why a body could not be read whole.
+enum ReadError {
+    /// It is larger than [`BODY_LIMIT`].
+    TooLarge,
+    /// It failed (the peer reset, ...).
+    Failed,
 }
 
 /// A stream's body as the script left it.
@@ -249,10 +267,20 @@ enum BodyState {
 
 impl BodyState {
     /// Reads the body whole (once); `None` when it failed.
-    async fn read(body: Body) -> Option<(Bytes, Option<HeaderMap>)> {
-        let collected = body.collect().await.ok()?;
-        let trailers = collected.trailers().cloned();
-        Some((collected.to_bytes(), trailers))
+    /// Reads the body whole, up to [`BODY_LIMIT`].
+    async fn read(mut body: Body) -> Result<(Bytes, Option<HeaderMap>), ReadError> {
+        let mut data = bytes::BytesMut::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            match frame.map_err(|_| ReadError::Failed)?.into_data() {
+                Ok(chunk) if data.len() + chunk.len() > BODY_LIMIT => {
+                    return Err(ReadError::TooLarge);
+                }
+                Ok(chunk) => data.extend_from_slice(&chunk),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        Ok((data.freeze(), trailers))
     }
 
     /// The body to send on (`headers` get the `content-length` of a replaced body, which is

@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body_util::BodyExt;
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value, Variadic};
 
-use super::BodyState;
+use super::{BodyState, ReadError};
 use crate::body::Body;
 use crate::config::http_filter::lua::FilterContext;
 use crate::http::filters::FilterRequest;
@@ -194,10 +194,26 @@ impl Handle {
         let read = BodyState::read(body).await;
         let mut f = lock(flow);
         f.waits += 1;
-        let (bytes, trailers) =
-            read.ok_or_else(|| mlua::Error::runtime("the body failed while it was read"))?;
-        f.body = BodyState::Read(bytes, trailers);
-        Ok(true)
+        match read {
+            Ok((bytes, trailers)) => {
+                f.body = BodyState::Read(bytes, trailers);
+                Ok(true)
+            }
+            Err(ReadError::TooLarge) => {
+                // Ends the script with Envoy's answer, not logged as a script error.
+                f.reply = Some(if f.request_line.is_some() {
+                    local_reply(StatusCode::PAYLOAD_TOO_LARGE, "Payload Too Large")
+                } else {
+                    local_reply(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error")
+                });
+                Err(mlua::Error::runtime(
+                    "the body is larger than the buffer limit",
+                ))
+            }
+            Err(ReadError::Failed) => {
+                Err(mlua::Error::runtime("the body failed while it was read"))
+            }
+        }
     }
 }
 
