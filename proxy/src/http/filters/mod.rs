@@ -42,9 +42,10 @@ mod grpc_web;
 mod header_to_metadata;
 mod health_check;
 mod local_ratelimit;
+mod lua;
 mod ratelimit;
 mod rbac;
-mod rls;
+pub mod rls;
 
 use std::sync::Arc;
 
@@ -71,6 +72,8 @@ pub struct Chain {
 struct Filter {
     name: Arc<str>,
     disabled: bool,
+    /// An `ExtensionWithMatcher`'s matcher: the filter is skipped where it says so.
+    matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     kind: Kind,
 }
 
@@ -104,6 +107,8 @@ enum Kind {
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::Lua>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -140,6 +145,9 @@ pub struct FilterRequest<'a> {
     /// The request's dynamic metadata, which filters write and later filters read (see
     /// [`crate::metadata`]).
     pub metadata: &'a mut DynamicMetadata,
+    /// Set by a filter that rewrote the path (with query): the router sends the request with
+    /// it and routes by it.
+    pub new_path: Option<String>,
 }
 
 impl FilterRequest<'_> {
@@ -157,6 +165,18 @@ impl FilterRequest<'_> {
     fn note_details(&mut self, details: &str) {
         if let Some(r) = self.record.as_deref_mut() {
             r.details = Some(details.into());
+        }
+    }
+
+    /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
+    fn matching_data(&self) -> crate::route::filter_matcher::Data<'_> {
+        crate::route::filter_matcher::Data {
+            request: self.route_request(),
+            connection: crate::route::filter_matcher::Connection {
+                remote: self.remote,
+                direct_remote: self.conn.down.peer.ip(),
+                local: self.conn.local,
+            },
         }
     }
 
@@ -203,6 +223,8 @@ enum Encoder {
     GrpcHttp1Bridge,
     /// The header_to_metadata filter's response rules (the route's config, else the filter's).
     HeaderToMetadata(Arc<HeaderToMetadataConfig>),
+    /// A Lua script's `envoy_on_response`, to run on the response.
+    Lua(lua::Pending),
 }
 
 impl Chain {
@@ -214,6 +236,7 @@ impl Chain {
             .map(|f| Filter {
                 name: f.name.clone(),
                 disabled: f.disabled,
+                matcher: f.matcher.clone(),
                 kind: match &f.kind {
                     FilterKind::FailClosed(why) => Kind::FailClosed(
                         why.clone(),
@@ -253,6 +276,12 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                     FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
@@ -276,6 +305,11 @@ impl Chain {
         for (i, f) in self.filters.iter().enumerate() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Some(m) = &f.matcher
+                && m.skips(&req.matching_data())
+            {
                 continue;
             }
             let route = req.route;
@@ -322,6 +356,10 @@ impl Chain {
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Lua(script) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    script.decode(req, settings, encoders).await
+                }
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -437,6 +475,7 @@ impl Encoder {
             Encoder::HeaderToMetadata(c) => {
                 header_to_metadata::apply(&c.response_rules, resp.headers_mut(), metadata)
             }
+            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
 }
