@@ -378,7 +378,7 @@ impl Chain {
                 }
             };
             if reply.is_some() {
-                self.encoders_after_reply(i, req.route, encoders);
+                self.encoders_after_reply(i, req, encoders);
                 return reply;
             }
         }
@@ -391,12 +391,17 @@ impl Chain {
     fn encoders_after_reply(
         &self,
         answered: usize,
-        route: Option<Selected<'_>>,
+        req: &FilterRequest<'_>,
         encoders: &mut Encoders,
     ) {
+        let route = req.route;
         for f in &self.filters[answered + 1..] {
             let disabled = route.and_then(|r| r.filter_disabled(&f.name));
-            if disabled.unwrap_or(f.disabled) {
+            if disabled.unwrap_or(f.disabled)
+                || f.matcher
+                    .as_ref()
+                    .is_some_and(|m| m.skips(&req.matching_data()))
+            {
                 continue;
             }
             if let Kind::HeaderToMetadata(own) = &f.kind {
