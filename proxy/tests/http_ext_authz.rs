@@ -438,7 +438,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
             ),
             plain,
         ),
-        listener("http", ports[3], &http_filter, &http_routes),
+        listener("http", ports[3], &http_filter, http_routes),
         listener(
             "body",
             ports[4],
