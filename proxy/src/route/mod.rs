@@ -304,6 +304,54 @@ impl RouteTable {
     }
 }
 
+impl RouteMatch {
+    /// Whether the request (whose matching path is `path`) meets every condition.
+    pub fn matches(&self, req: &RouteRequest<'_>, path: &str) -> bool {
+        self.failure(req, path).is_none()
+    }
+
+    /// The first condition the request fails, if any.
+    fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
+        let m = self;
+        let more = m.more.as_deref();
+        if let Some(f) = more.and_then(|c| c.runtime_fraction.as_ref())
+            && !f.enabled(req)
+        {
+            return Some(Failure::Runtime(&f.key));
+        }
+        if !m.path.matches(path, req.method, m.case_sensitive) {
+            return Some(Failure::Path(&m.path));
+        }
+        if let Some(h) = m.headers.iter().find(|h| !h.matches(req)) {
+            return Some(Failure::Header(h));
+        }
+        if let Some(more) = more {
+            let query = matcher::query_of(path);
+            if let Some(q) = more.query_parameters.iter().find(|q| !q.matches(query)) {
+                return Some(Failure::Query(&q.name));
+            }
+        }
+        if m.grpc && !is_grpc(req) {
+            return Some(Failure::Grpc);
+        }
+        let more = more?;
+        if let Some((presented, validated)) = more.tls_context {
+            let ok = req.tls_peer.is_some_and(|(p, v)| {
+                presented.is_none_or(|want| want == p) && validated.is_none_or(|want| want == v)
+            });
+            if !ok {
+                return Some(Failure::Tls);
+            }
+        }
+        for (name, sm, invert) in &more.cookies {
+            if policy::cookie(req, name).is_none_or(|v| sm.matches(v) == *invert) {
+                return Some(Failure::Cookie(name));
+            }
+        }
+        None
+    }
+}
+
 /// Why a route did not match a request.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Mismatch(pub String);
@@ -341,43 +389,7 @@ impl Route {
     }
 
     fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
-        let m = &self.matcher;
-        let more = m.more.as_deref();
-        if let Some(f) = more.and_then(|c| c.runtime_fraction.as_ref())
-            && !f.enabled(req)
-        {
-            return Some(Failure::Runtime(&f.key));
-        }
-        if !m.path.matches(path, req.method, m.case_sensitive) {
-            return Some(Failure::Path(&m.path));
-        }
-        if let Some(h) = m.headers.iter().find(|h| !h.matches(req)) {
-            return Some(Failure::Header(h));
-        }
-        if let Some(more) = more {
-            let query = matcher::query_of(path);
-            if let Some(q) = more.query_parameters.iter().find(|q| !q.matches(query)) {
-                return Some(Failure::Query(&q.name));
-            }
-        }
-        if m.grpc && !is_grpc(req) {
-            return Some(Failure::Grpc);
-        }
-        let more = more?;
-        if let Some((presented, validated)) = more.tls_context {
-            let ok = req.tls_peer.is_some_and(|(p, v)| {
-                presented.is_none_or(|want| want == p) && validated.is_none_or(|want| want == v)
-            });
-            if !ok {
-                return Some(Failure::Tls);
-            }
-        }
-        for (name, sm, invert) in &more.cookies {
-            if policy::cookie(req, name).is_none_or(|v| sm.matches(v) == *invert) {
-                return Some(Failure::Cookie(name));
-            }
-        }
-        None
+        self.matcher.failure(req, path)
     }
 
     /// The `Forward` action, if this route forwards.

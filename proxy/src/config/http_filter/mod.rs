@@ -16,6 +16,7 @@ pub mod ext_authz;
 pub mod fault;
 pub mod grpc_http1_bridge;
 pub mod health_check;
+pub mod jwt_authn;
 pub mod local_ratelimit;
 pub mod ratelimit;
 
@@ -41,6 +42,8 @@ const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
+const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+const JWT_AUTHN_PER_ROUTE: &str = "envoy.extensions.filters.http.jwt_authn.v3.PerRouteConfig";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
@@ -107,6 +110,8 @@ pub enum FilterKind {
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(Arc<basic_auth::BasicAuthConfig>),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(Arc<jwt_authn::JwtAuthnConfig>),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
@@ -219,6 +224,14 @@ pub fn compile_chain(
                     after_skipped: skipped.clone(),
                 }
             }
+            Some(FilterKind::JwtAuthn(config)) => {
+                // The metadata it would set is missing: RBAC rules after it that read
+                // metadata deny, as after a skipped filter.
+                if config.sets_metadata {
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
+                }
+                FilterKind::JwtAuthn(config)
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -288,6 +301,11 @@ fn compile_kind(
             warnings,
         )?))),
         BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
+        JWT_AUTHN => Some(FilterKind::JwtAuthn(Arc::new(jwt_authn::compile(
             ctx,
             &unpack(any)?,
             warnings,
@@ -382,6 +400,9 @@ pub fn compile_per_filter(
             ))),
             BASIC_AUTH_PER_ROUTE => Some(routed(basic_auth::compile_per_route(
                 ctx,
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            JWT_AUTHN_PER_ROUTE => Some(routed(jwt_authn::compile_per_route(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(

@@ -36,6 +36,7 @@ mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
 mod health_check;
+mod jwt_authn;
 mod local_ratelimit;
 mod ratelimit;
 mod rbac;
@@ -91,6 +92,8 @@ enum Kind {
     ExtAuthz(ext_authz::ExtAuthz),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(basic_auth::BasicAuth),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(jwt_authn::JwtAuthn),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
     /// `envoy.filters.http.cors`.
@@ -146,6 +149,28 @@ impl FilterRequest<'_> {
         if let Some(r) = self.record.as_deref_mut() {
             r.details = Some(details.into());
         }
+    }
+
+    /// The request's URI as Envoy's `buildOriginalUri` writes it for challenges:
+    /// `x-forwarded-proto`, `://`, the authority, and the original path (`x-envoy-original-path`
+    /// when set) cut to 256 bytes.
+    fn original_uri(&self) -> String {
+        const MAX_PATH: usize = 256;
+        let scheme = self
+            .headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let path = self
+            .headers
+            .get("x-envoy-original-path")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(self.path);
+        let end = (0..=MAX_PATH.min(path.len()))
+            .rev()
+            .find(|i| path.is_char_boundary(*i))
+            .unwrap_or(0);
+        format!("{scheme}://{}{}", self.authority, &path[..end])
     }
 
     /// The request as route matchers read it.
@@ -225,6 +250,9 @@ impl Chain {
                     FilterKind::BasicAuth(c) => {
                         Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
+                    FilterKind::JwtAuthn(c) => {
+                        Kind::JwtAuthn(jwt_authn::JwtAuthn::new(c, store, stat_prefix))
+                    }
                     FilterKind::Rbac {
                         config,
                         after_skipped,
@@ -300,6 +328,10 @@ impl Chain {
                 Kind::BasicAuth(auth) => {
                     let users = route.and_then(|r| r.filter_config(&f.name));
                     auth.decode(req, users)
+                }
+                Kind::JwtAuthn(authn) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    authn.decode(req, settings).await
                 }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
