@@ -6,7 +6,7 @@
 //!
 //! Requirements are checked in order, one token at a time, as Envoy's verifiers complete
 //! with local keys: `requires_any` ends at the first success (else reports its last
-//! requirement's failure), `requires_all` at the first failure. A provider's tokens are all
+//! requirement's real failure, or a missing token), `requires_all` at the first failure. A provider's tokens are all
 //! checked, last found first, and every one must pass. Remote JWKS are fetched through the
 //! provider's cluster when a token first needs them and kept for `cache_duration`.
 
@@ -182,14 +182,17 @@ impl JwtAuthn {
                         .await
                 }
                 Requirement::Any(list) => {
-                    let mut last = Status::Ok;
+                    // Failing, it reports its last failure other than a missing token or an
+                    // unknown issuer (a token in another provider's place), else "missing".
+                    let mut worst = Status::JwtMissed;
                     for r in list {
-                        last = self.verify(r, req).await;
-                        if last == Status::Ok {
-                            break;
+                        match self.verify(r, req).await {
+                            Status::Ok => return Status::Ok,
+                            Status::JwtMissed | Status::JwtUnknownIssuer => {}
+                            s => worst = s,
                         }
                     }
-                    last
+                    worst
                 }
                 Requirement::All(list) => {
                     for r in list {
