@@ -161,7 +161,7 @@ fn jwks_server(jwks: String, fetches: Arc<AtomicUsize>) -> u16 {
 /// payload and claims forwarded; EC/EdDSA/HMAC in `x-token: Token ...` or `?jwt=`, kept and
 /// forwarded padded; a remote JWKS in `x-remote`), rules per path prefix, and routes that
 /// pick a requirement by name or disable the filter.
-fn bootstrap(admin: u16, port: u16, up: u16, jwks_port: u16, keys: &Keys) -> String {
+fn bootstrap(admin: u16, ports: [u16; 2], up: u16, jwks_port: u16, keys: &Keys) -> String {
     let local = json!({"keys": [keys.rsa_jwk("rsa")]}).to_string();
     let [ed, hs] = keys.other_jwks();
     let other = json!({"keys": [keys.ec_jwk("ec"), ed, hs]}).to_string();
@@ -226,13 +226,77 @@ fn bootstrap(admin: u16, port: u16, up: u16, jwks_port: u16, keys: &Keys) -> Str
         {"match": {"prefix": "/disabled"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"disabled": true}))},
         {"match": {"prefix": "/"}, "route": {"cluster": "up"}}
     ]);
+    let every = json!([{"match": {"prefix": "/"}, "route": {"cluster": "up"}}]).to_string();
     format!(
-        "{}static_resources:\n  listeners:{}\n  clusters:{}{}\n",
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}{}{}\n",
         bootstrap::admin(admin),
-        bootstrap::http_listener("jwt", port, "", &format!("{filter}, "), &routes.to_string()),
+        bootstrap::http_listener(
+            "jwt",
+            ports[0],
+            "",
+            &format!("{filter}, "),
+            &routes.to_string()
+        ),
+        bootstrap::http_listener(
+            "edge",
+            ports[1],
+            DETAILS,
+            &format!("{}, ", edge_filter(keys)),
+            &every
+        ),
         bootstrap::cluster("up", up, ""),
         bootstrap::cluster("jwks", jwks_port, ""),
+        bootstrap::cluster("dead", free_port(), ""),
     )
+}
+
+/// Listener `edge` answers locally with its response code details as the body (its filter
+/// strips its own bodies), which says why a request was denied.
+const DETAILS: &str = r#"local_reply_config: {body_format: {text_format_source: {inline_string: "%RESPONSE_CODE_DETAILS%"}}}"#;
+
+/// Listener `edge`'s filter: failures without body, CORS preflights bypassed; tokens in a
+/// cookie that must expire and have a `user-` subject, tokens living at most 10 minutes, a
+/// remote JWKS that cannot be fetched, and `allow_missing_or_failed`.
+fn edge_filter(keys: &Keys) -> Value {
+    let local = json!({"keys": [keys.rsa_jwk("rsa")]}).to_string();
+    let named = |p: &str| json!({"provider_name": p});
+    let rule =
+        |prefix: &str, requires: Value| json!({"match": {"prefix": prefix}, "requires": requires});
+    json!({
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": JWT_AUTHN,
+            "strip_failure_response": true,
+            "bypass_cors_preflight": true,
+            "providers": {
+                "p_strict": {
+                    "issuer": "https://rsa.test",
+                    "local_jwks": {"inline_string": local},
+                    "require_expiration": true,
+                    "subjects": {"prefix": "user-"},
+                    "from_cookies": ["session"],
+                    "claim_to_headers": [{"header_name": "x-sub", "claim_name": "sub"}]
+                },
+                "p_life": {
+                    "issuer": "life.test",
+                    "local_jwks": {"inline_string": local},
+                    "max_lifetime": "600s",
+                    "from_headers": [{"name": "x-life"}]
+                },
+                "p_down": {
+                    "issuer": "down.test",
+                    "remote_jwks": {"http_uri": {"uri": "http://down.test/keys", "cluster": "dead", "timeout": "1s"}},
+                    "from_headers": [{"name": "x-down"}]
+                }
+            },
+            "rules": [
+                rule("/failed", json!({"requires_any": {"requirements": [named("p_strict"), {"allow_missing_or_failed": {}}]}})),
+                rule("/life", named("p_life")),
+                rule("/down", named("p_down")),
+                rule("/", named("p_strict"))
+            ]
+        }
+    })
 }
 
 /// The tokens the cases send, by name.
@@ -274,60 +338,104 @@ fn tokens(keys: &Keys) -> Vec<(&'static str, String)> {
         ("eddsa", keys.token("EdDSA", "ed", &ec_claims)),
         ("hs256", keys.token("HS256", "hs", &ec_claims)),
         (
+            "session",
+            rsa(json!({"iss": "https://rsa.test", "sub": "user-2", "exp": now + 3600})),
+        ),
+        (
+            "no_exp",
+            rsa(json!({"iss": "https://rsa.test", "sub": "user-2"})),
+        ),
+        (
+            "admin_sub",
+            rsa(json!({"iss": "https://rsa.test", "sub": "admin", "exp": now + 3600})),
+        ),
+        ("short", rsa(json!({"iss": "life.test", "exp": now + 300}))),
+        ("long", rsa(json!({"iss": "life.test", "exp": now + 3600}))),
+        ("down", rsa(json!({"iss": "down.test"}))),
+        (
             "remote",
             keys.token("ES256", "ec", &json!({"iss": "remote.test", "sub": "r"})),
         ),
     ]
 }
 
-/// The cases: (path, request headers), with `{name}` standing for a token.
-const CASES: &[(&str, &str)] = &[
-    ("/", ""),
-    ("/", "authorization: Bearer {rsa}\r\n"),
+/// The cases: (listener, method, path, request headers), with `{name}` standing for a
+/// token.
+const CASES: &[(usize, &str, &str, &str)] = &[
+    (0, "GET", "/", ""),
+    (0, "GET", "/", "authorization: Bearer {rsa}\r\n"),
     (
+        0,
+        "GET",
         "/a/b?x=1",
         "authorization: Bearer {rsa}\r\nx-sub: forged\r\nx-jwt-payload: forged\r\n",
     ),
-    ("/?access_token={rsa}", ""),
-    ("/", "authorization: Bearer {ps256}\r\n"),
-    ("/", "authorization: Bearer {expired}\r\n"),
-    ("/", "authorization: Bearer {future}\r\n"),
-    ("/", "authorization: Bearer {issuer}\r\n"),
-    ("/", "authorization: Bearer {audience}\r\n"),
-    ("/", "authorization: Bearer {bad_sig}\r\n"),
-    ("/", "authorization: Bearer {malformed}\r\n"),
-    ("/", "authorization: Bearer {bad_kid}\r\n"),
-    ("/", "authorization: Basic dXNlcjpwYXNz\r\n"),
+    (0, "GET", "/?access_token={rsa}", ""),
+    (0, "GET", "/", "authorization: Bearer {ps256}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {expired}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {future}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {issuer}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {audience}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {bad_sig}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {malformed}\r\n"),
+    (0, "GET", "/", "authorization: Bearer {bad_kid}\r\n"),
+    (0, "GET", "/", "authorization: Basic dXNlcjpwYXNz\r\n"),
     (
+        0,
+        "GET",
         "/",
         "authorization: Bearer {rsa}\r\nx-forwarded-proto: https\r\n",
     ),
-    ("/any", "x-token: Token {ec}\r\n"),
-    ("/any?jwt={eddsa}", ""),
-    ("/any", "x-token: Token {hs256}\r\n"),
-    ("/any", "x-token: {ec}\r\n"),
-    ("/any", "authorization: Bearer {expired}\r\n"),
-    ("/any", ""),
-    ("/all", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/any", "x-token: Token {ec}\r\n"),
+    (0, "GET", "/any?jwt={eddsa}", ""),
+    (0, "GET", "/any", "x-token: Token {hs256}\r\n"),
+    (0, "GET", "/any", "x-token: {ec}\r\n"),
+    (0, "GET", "/any", "authorization: Bearer {expired}\r\n"),
+    (0, "GET", "/any", ""),
+    (0, "GET", "/all", "authorization: Bearer {rsa}\r\n"),
     (
+        0,
+        "GET",
         "/all",
         "authorization: Bearer {rsa}\r\nx-token: Token {ec}\r\n",
     ),
-    ("/optional", ""),
-    ("/optional", "authorization: Bearer {rsa}\r\n"),
-    ("/optional", "authorization: Bearer {expired}\r\n"),
-    ("/aud", "authorization: Bearer {rsa}\r\n"),
-    ("/open", ""),
-    ("/named", "authorization: Bearer {rsa}\r\n"),
-    ("/named", "x-token: Token {ec}\r\n"),
-    ("/badname", "authorization: Bearer {rsa}\r\n"),
-    ("/disabled", ""),
-    ("/remote", "x-remote: {remote}\r\n"),
-    ("/remote", "x-remote: {remote}\r\n"),
-    ("/remote", "x-remote: {ec}\r\n"),
+    (0, "GET", "/optional", ""),
+    (0, "GET", "/optional", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/optional", "authorization: Bearer {expired}\r\n"),
+    (0, "GET", "/aud", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/open", ""),
+    (0, "GET", "/named", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/named", "x-token: Token {ec}\r\n"),
+    (0, "GET", "/badname", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/disabled", ""),
+    (0, "GET", "/remote", "x-remote: {remote}\r\n"),
+    (0, "GET", "/remote", "x-remote: {remote}\r\n"),
+    (0, "GET", "/remote", "x-remote: {ec}\r\n"),
+    (1, "GET", "/", "cookie: a=b; session={session}\r\n"),
+    (1, "GET", "/", "cookie: session={no_exp}\r\n"),
+    (1, "GET", "/", "cookie: session={admin_sub}\r\n"),
+    (1, "GET", "/", "cookie: session={expired}\r\n"),
+    (1, "GET", "/", "authorization: Bearer {session}\r\n"),
+    (
+        1,
+        "OPTIONS",
+        "/",
+        "origin: http://a.test\r\naccess-control-request-method: GET\r\n",
+    ),
+    (1, "OPTIONS", "/", "origin: http://a.test\r\n"),
+    (1, "GET", "/life", "x-life: {short}\r\n"),
+    (1, "GET", "/life", "x-life: {long}\r\n"),
+    (1, "GET", "/down", "x-down: {down}\r\n"),
+    (1, "GET", "/failed", "cookie: session={admin_sub}\r\n"),
+    (1, "GET", "/failed", ""),
+    (1, "GET", "/failed", "cookie: session={session}\r\n"),
 ];
 
 const STATS: &[&str] = &[
+    "http.edge.jwt_authn.allowed",
+    "http.edge.jwt_authn.denied",
+    "http.edge.jwt_authn.cors_preflight_bypassed",
+    "http.edge.jwt_authn.jwks_fetch_failed",
     "http.jwt.jwt_authn.allowed",
     "http.jwt.jwt_authn.denied",
     "http.jwt.jwt_authn.cors_preflight_bypassed",
@@ -346,14 +454,19 @@ fn fill(text: &str, tokens: &[(&str, String)]) -> String {
 
 /// What one proxy answers to every case, then how often it fetched the JWKS, then its stats;
 /// tokens are shown by name.
-fn observe(port: u16, admin: u16, tokens: &[(&str, String)], fetches: &AtomicUsize) -> Vec<String> {
+fn observe(
+    ports: [u16; 2],
+    admin: u16,
+    tokens: &[(&str, String)],
+    fetches: &AtomicUsize,
+) -> Vec<String> {
     let mut seen: Vec<String> = CASES
         .iter()
-        .map(|(path, headers)| {
+        .map(|(listener, method, path, headers)| {
             let answer = http_diff::exchange(
-                port,
+                ports[*listener],
                 &format!(
-                    "GET {} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
+                    "{method} {} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
                     fill(path, tokens),
                     fill(headers, tokens)
                 ),
@@ -362,7 +475,7 @@ fn observe(port: u16, admin: u16, tokens: &[(&str, String)], fetches: &AtomicUsi
             let answer = tokens.iter().fold(answer, |a, (name, token)| {
                 a.replace(&token.to_ascii_lowercase(), &format!("{{{name}}}"))
             });
-            format!("{path} {headers:?}\n{answer}")
+            format!("{listener} {method} {path} {headers:?}\n{answer}")
         })
         .collect();
     seen.push(format!(
@@ -385,10 +498,10 @@ fn jwt_authn_matches_envoy() {
     let jwks = json!({"keys": [keys.ec_jwk("ec")]}).to_string();
     let jwks_port = jwks_server(jwks, fetches.clone());
     let run = |envoy: Option<&std::path::Path>| {
-        let (admin, port) = (free_port(), free_port());
-        let yaml = bootstrap(admin, port, up, jwks_port, &keys);
+        let (admin, ports) = (free_port(), [free_port(), free_port()]);
+        let yaml = bootstrap(admin, ports, up, jwks_port, &keys);
         http_diff::observe_with(envoy, 131, &yaml, admin, || {
-            observe(port, admin, &tokens, &fetches)
+            observe(ports, admin, &tokens, &fetches)
         })
     };
     let expected = run(Some(&envoy));

@@ -31,7 +31,7 @@ pub enum Status {
     JwtMissed,
     /// `nbf` is in the future.
     JwtNotYetValid,
-    /// `exp` is in the past, or the token lives longer than the provider allows.
+    /// `exp` is in the past.
     JwtExpired,
     /// Not three dot-separated sections.
     JwtBadFormat,
@@ -77,7 +77,7 @@ pub enum Status {
     JwtUnknownIssuer,
     /// None of the token's audiences is allowed.
     JwtAudienceNotAllowed,
-    /// The signature does not verify.
+    /// The signature does not verify (or the subject or lifetime is not allowed).
     JwtVerificationFail,
     /// The JWKS is not JSON.
     JwksParseError,

@@ -287,7 +287,7 @@ impl JwtAuthn {
             let remaining =
                 (jwt.exp != 0).then(|| std::time::Duration::from_secs(jwt.exp).saturating_sub(now));
             if remaining.is_none_or(|r| r >= max) {
-                return Status::JwtExpired;
+                return Status::JwtVerificationFail;
             }
         }
         if p.subjects.as_ref().is_some_and(|m| !m.matches(&jwt.sub)) {
