@@ -224,7 +224,8 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16, jwks_port: u16, keys: &Keys) 
         {"match": {"prefix": "/named"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"requirement_name": "ec_only"}))},
         {"match": {"prefix": "/badname"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"requirement_name": "nope"}))},
         {"match": {"prefix": "/disabled"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"disabled": true}))},
-        {"match": {"prefix": "/"}, "route": {"cluster": "up"}}
+        {"match": {"prefix": "/"}, "route": {"cluster": "up"},
+         "request_headers_to_add": [{"header": {"key": "x-path", "value": "%REQ(:PATH)%"}}]}
     ]);
     let every = json!([{"match": {"prefix": "/"}, "route": {"cluster": "up"}}]).to_string();
     format!(
@@ -371,6 +372,8 @@ const CASES: &[(usize, &str, &str, &str)] = &[
         "authorization: Bearer {rsa}\r\nx-sub: forged\r\nx-jwt-payload: forged\r\n",
     ),
     (0, "GET", "/?access_token={rsa}", ""),
+    (0, "GET", "/q?z=1&access_token={rsa}&a=%41&a=0", ""),
+    (0, "GET", "/any?b=2&jwt={ec}", ""),
     (0, "GET", "/", "authorization: Bearer {ps256}\r\n"),
     (0, "GET", "/", "authorization: Bearer {expired}\r\n"),
     (0, "GET", "/", "authorization: Bearer {future}\r\n"),

@@ -260,13 +260,7 @@ async fn route_and_forward(
     match verdict {
         PathVerdict::Continue(None) => {}
         PathVerdict::Continue(Some(p)) => {
-            if let Ok(pq) = http::uri::PathAndQuery::try_from(p.as_str()) {
-                let mut parts = req.uri().clone().into_parts();
-                parts.path_and_query = Some(pq);
-                if let Ok(uri) = Uri::from_parts(parts) {
-                    *req.uri_mut() = uri;
-                }
-            }
+            set_path(&mut req, &p);
             path = p;
         }
         // Envoy answers these before the request has its id: its trace decision counts them
@@ -341,11 +335,16 @@ async fn route_and_forward(
             record: pending.as_deref_mut().map(Pending::record),
             version,
             clear_route_cache: false,
+            new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
         reselect = filtered.clear_route_cache;
+        if let Some(p) = filtered.new_path {
+            set_path(&mut req, &p);
+            path = p;
+        }
     }
     // The filters may have changed the headers the route's actions read.
     let route_req = routing(
@@ -867,4 +866,15 @@ fn failure_reply(failure: &LocalFailure, suppress_envoy_headers: bool) -> Respon
 
 fn elapsed_ms(start: Instant) -> u64 {
     Duration::as_millis(&start.elapsed()) as u64
+}
+
+/// Replaces the path (with query) of `req`'s URI.
+fn set_path(req: &mut Request<Body>, p: &str) {
+    if let Ok(pq) = http::uri::PathAndQuery::try_from(p) {
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
 }

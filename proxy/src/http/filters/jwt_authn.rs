@@ -64,8 +64,9 @@ struct Found<'c> {
 /// Where a token was found.
 enum Place<'c> {
     Header(&'c HeaderName),
-    /// A query parameter or a cookie: left in place.
-    Other,
+    Param(&'c str),
+    /// A cookie: left in place, as Envoy does.
+    Cookie,
 }
 
 /// How an authenticator treats its tokens' failures.
@@ -316,10 +317,17 @@ impl JwtAuthn {
             return verified;
         }
         forward(req, p, &jwt);
-        if !p.forward
-            && let Place::Header(h) = found.place
-        {
-            req.headers.remove(h);
+        if !p.forward {
+            match found.place {
+                Place::Header(h) => {
+                    req.headers.remove(h);
+                }
+                Place::Param(name) => {
+                    let path = without_param(req.new_path.as_deref().unwrap_or(req.path), name);
+                    req.new_path = Some(path);
+                }
+                Place::Cookie => {}
+            }
         }
         Status::Ok
     }
@@ -443,18 +451,13 @@ fn extract<'c>(req: &FilterRequest<'_>, providers: &[&'c Provider]) -> Vec<Found
         }
     }
     if !params.is_empty() {
-        let query = crate::route::matcher::query_of(req.path);
+        let query = query_params(req.new_path.as_deref().unwrap_or(req.path));
         for (name, issuers) in params {
-            let value = query.split('&').find_map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                (crate::route::matcher::percent_decode(k) == name)
-                    .then(|| crate::route::matcher::percent_decode(v).into_owned())
-            });
-            if let Some(token) = value {
+            if let Some(token) = query.get(name).and_then(|values| values.first()) {
                 found.push(Found {
-                    token,
+                    token: token.clone(),
                     issuers,
-                    place: Place::Other,
+                    place: Place::Param(name),
                 });
             }
         }
@@ -466,12 +469,43 @@ fn extract<'c>(req: &FilterRequest<'_>, providers: &[&'c Provider]) -> Vec<Found
                 found.push(Found {
                     token: token.to_owned(),
                     issuers,
-                    place: Place::Other,
+                    place: Place::Cookie,
                 });
             }
         }
     }
     found
+}
+
+/// The query parameters of `path`, decoded, by name (Envoy's `QueryParamsMulti`).
+fn query_params(path: &str) -> BTreeMap<String, Vec<String>> {
+    let mut params: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let query = crate::route::matcher::query_of(path);
+    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        let decode = |s| crate::route::matcher::percent_decode(s).into_owned();
+        params.entry(decode(k)).or_default().push(decode(v));
+    }
+    params
+}
+
+/// `path` without query parameter `name`, its query rewritten as Envoy's
+/// `replaceQueryString` writes it (decoded parameters, sorted by name).
+fn without_param(path: &str, name: &str) -> String {
+    let mut params = query_params(path);
+    params.remove(name);
+    let mut out = crate::route::matcher::strip_query(path).to_owned();
+    let mut delim = '?';
+    for (k, values) in &params {
+        for v in values {
+            out.push(delim);
+            out.push_str(k);
+            out.push('=');
+            out.push_str(v);
+            delim = '&';
+        }
+    }
+    out
 }
 
 /// The token in a header value after its prefix: from the first base64url (or `.`)
@@ -554,6 +588,15 @@ mod tests {
     fn tokens_start_at_the_first_token_character_after_the_prefix() {
         assert_eq!(token_after("Bearer  abc.def.ghi", 7), "abc.def.ghi");
         assert_eq!(token_after("x Bearer !!", 9), "x Bearer !!");
+    }
+
+    #[test]
+    fn a_removed_parameter_leaves_the_others_sorted() {
+        assert_eq!(
+            without_param("/p?z=1&access_token=t&a=%41", "access_token"),
+            "/p?a=A&z=1"
+        );
+        assert_eq!(without_param("/p?access_token=t", "access_token"), "/p");
     }
 
     #[test]

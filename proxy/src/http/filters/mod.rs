@@ -131,6 +131,9 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// Set by a filter that rewrote the path (with query): the request goes on with this one
+    /// (the filters after it still read `path`, the route stays chosen by it).
+    pub new_path: Option<String>,
 }
 
 impl FilterRequest<'_> {
