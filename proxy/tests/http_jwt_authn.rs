@@ -4,7 +4,8 @@
 //! unknown issuers and audiences (the 401/403 bodies and `www-authenticate`), tokens in a
 //! custom header with a prefix and in a query parameter, `requires_any`, `requires_all`,
 //! `allow_missing`, `provider_and_audiences`, a rule without requirement, a route's
-//! `requirement_name` (known and unknown) and `disabled`, a remote JWKS fetched through a
+//! `requirement_name` (known and unknown) and `disabled`, the route chosen again by a
+//! claim header (`clear_route_cache`), a remote JWKS fetched through a
 //! cluster from a loopback server (fetched once, then cached), and the filter's stats.
 //!
 //! Keys are made at run time with ring, except the RSA key (`data/jwt/`, which ring cannot
@@ -170,6 +171,7 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16, jwks_port: u16, keys: &Keys) 
             "issuer": "https://rsa.test", "audiences": ["api.test"],
             "local_jwks": {"inline_string": local},
             "forward_payload_header": "x-jwt-payload",
+            "clear_route_cache": true,
             "claim_to_headers": [
                 {"header_name": "x-sub", "claim_name": "sub"},
                 {"header_name": "x-nested", "claim_name": "nested.key"},
@@ -221,6 +223,8 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16, jwks_port: u16, keys: &Keys) 
         json!({"envoy.filters.http.jwt_authn": config})
     };
     let routes = json!([
+        {"match": {"prefix": "/routed", "headers": [{"name": "x-sub", "string_match": {"exact": "user-1"}}]},
+         "direct_response": {"status": 200, "body": {"inline_string": "chosen by the claim"}}},
         {"match": {"prefix": "/named"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"requirement_name": "ec_only"}))},
         {"match": {"prefix": "/badname"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"requirement_name": "nope"}))},
         {"match": {"prefix": "/disabled"}, "route": {"cluster": "up"}, "typed_per_filter_config": per_route(json!({"disabled": true}))},
@@ -372,6 +376,8 @@ const CASES: &[(usize, &str, &str, &str)] = &[
         "authorization: Bearer {rsa}\r\nx-sub: forged\r\nx-jwt-payload: forged\r\n",
     ),
     (0, "GET", "/?access_token={rsa}", ""),
+    (0, "GET", "/routed", "authorization: Bearer {rsa}\r\n"),
+    (0, "GET", "/routed", "x-sub: user-1\r\n"),
     (0, "GET", "/q?z=1&access_token={rsa}&a=%41&a=0", ""),
     (0, "GET", "/any?b=2&jwt={ec}", ""),
     (0, "GET", "/", "authorization: Bearer {ps256}\r\n"),
@@ -518,6 +524,10 @@ fn jwt_authn_matches_envoy() {
         expected
             .iter()
             .any(|l| l.contains("HTTP/1.1 200") && l.contains("x-sub: user-1")),
+        "{expected:#?}"
+    );
+    assert!(
+        expected.iter().any(|l| l.ends_with("chosen by the claim")),
         "{expected:#?}"
     );
     http_diff::assert_same(&expected, &got);

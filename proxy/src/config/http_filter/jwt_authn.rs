@@ -78,6 +78,9 @@ pub struct Provider {
     pub claim_to_headers: Vec<(HeaderName, Vec<String>)>,
     /// `clock_skew_seconds` (60 unless set).
     pub clock_skew: u64,
+    /// `clear_route_cache`: the route is chosen again after a token of it is verified (by the
+    /// router, after the whole chain).
+    pub clear_route_cache: bool,
 }
 
 /// Where a provider's keys come from.
@@ -403,12 +406,6 @@ fn provider(
             "revoy keeps no token cache: every token is verified (jwt_cache_hit stays 0)",
         );
     }
-    if p.clear_route_cache {
-        return Err(ConfigError::new(
-            "clear_route_cache",
-            "not implemented by revoy's jwt_authn filter",
-        ));
-    }
     let mut locations = Locations::default();
     for (i, h) in p.from_headers.iter().enumerate() {
         if h.name.is_empty() {
@@ -476,6 +473,7 @@ fn provider(
             0 => DEFAULT_CLOCK_SKEW,
             s => u64::from(s),
         },
+        clear_route_cache: p.clear_route_cache,
     })
 }
 

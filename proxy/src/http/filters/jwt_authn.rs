@@ -317,6 +317,7 @@ impl JwtAuthn {
             return verified;
         }
         forward(req, p, &jwt);
+        req.clear_route_cache |= p.clear_route_cache;
         if !p.forward {
             match found.place {
                 Place::Header(h) => {

@@ -3,7 +3,8 @@
 //!
 //! How a request goes through it (see `router::route_and_forward`): once the route is chosen,
 //! [`Chain::decode`] hands each filter the request's head ([`FilterRequest`]): its headers
-//! (which it may change), body (which it may wrap), route and connection. A filter lets the
+//! (which it may change), path (which it may replace), body (which it may wrap), route and
+//! connection. A filter lets the
 //! request go on, or answers it locally, which ends decoding: the filters after it and the
 //! router never see the request. A filter that must see the response, or hold something
 //! until the request ends, leaves an [`Encoder`] in the request's [`Encoders`]; every
