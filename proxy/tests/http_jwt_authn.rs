@@ -532,3 +532,69 @@ fn jwt_authn_matches_envoy() {
     );
     http_diff::assert_same(&expected, &got);
 }
+
+/// A bootstrap whose jwt_authn filter has `providers` and `rules` (flow-style YAML).
+fn invalid_bootstrap(providers: &str, rules: &str) -> String {
+    let filter = format!(
+        r#"{{name: envoy.filters.http.jwt_authn, typed_config: {{"@type": {JWT_AUTHN}, providers: {providers}, rules: {rules}}}}}, "#
+    );
+    format!(
+        "static_resources:\n  listeners:{}\n",
+        bootstrap::http_listener(
+            "bad",
+            free_port(),
+            "",
+            &filter,
+            "[{match: {prefix: /}, direct_response: {status: 200}}]"
+        )
+    )
+}
+
+/// What `program --mode validate` says of `yaml`.
+fn validate(program: &std::path::Path, yaml: &str) -> String {
+    let out = std::process::Command::new(program)
+        .args(["--mode", "validate", "--config-yaml", yaml])
+        .args(["--base-id", "132", "-l", "error"])
+        .output()
+        .expect("validate runs");
+    assert!(!out.status.success(), "accepted: {yaml}");
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[test]
+fn jwt_authn_config_errors_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("jwt_authn_config_errors_match_envoy") else {
+        return;
+    };
+    let good = r#"{p1: {issuer: i, local_jwks: {inline_string: '{"keys": [{"kty": "oct", "k": "c2VjcmV0"}]}'}}}"#;
+    let cases = [
+        (
+            good,
+            "[{match: {prefix: /}, requires: {provider_name: nope}}]",
+            "Required provider ['nope'] is not configured.",
+        ),
+        (
+            good,
+            "[{match: {prefix: /}, requires: {requires_all: {requirements: [{provider_name: p1}, {provider_name: p2}]}}}]",
+            "Required provider ['p2'] is not configured.",
+        ),
+        (
+            "{p1: {issuer: i, local_jwks: {inline_string: '{}'}}}",
+            "[]",
+            "Provider 'p1' in jwt_authn config has invalid local jwks: Jwks does not have [keys] field",
+        ),
+        (
+            "{p1: {issuer: i, local_jwks: {inline_string: '{\"keys\": [{\"kty\": \"EC\"}]}'}}}",
+            "[]",
+            "Provider 'p1' in jwt_authn config has invalid local jwks: [x] field is missing for an EC key",
+        ),
+    ];
+    for (providers, rules, message) in cases {
+        let yaml = invalid_bootstrap(providers, rules);
+        let revoy = std::path::Path::new(env!("CARGO_BIN_EXE_revoy"));
+        for (who, program) in [("Envoy", envoy.as_path()), ("revoy", revoy)] {
+            let out = validate(program, &yaml);
+            assert!(out.contains(message), "{who} on {rules}:\n{out}");
+        }
+    }
+}

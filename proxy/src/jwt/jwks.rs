@@ -4,13 +4,14 @@
 //!
 //! ring lacks what Envoy also accepts: P-521 keys (ES512), RSA moduli under 2048 bits, and
 //! the Google-style set of X.509 certificates by `kid`. Those keys are left out, so tokens
-//! they would verify are denied (never let through).
+//! they would verify are denied (never let through), and a set of only such keys is
+//! refused.
 
 use ring::signature::{self, RsaPublicKeyComponents, UnparsedPublicKey};
 use serde_json::{Map, Value};
 
 use super::token::Jwt;
-use super::{Status, base64url_decode};
+use super::{KeyError, Status, base64url_decode};
 
 /// The usable keys of a JWKS.
 #[derive(Debug, Clone, Default)]
@@ -52,13 +53,26 @@ impl Jwks {
             Some(Value::Array(keys)) => keys,
             Some(_) => return Err(Status::JwksBadKeys),
         };
-        let keys: Vec<Jwk> = keys
-            .iter()
-            .filter_map(|k| k.as_object().and_then(jwk))
-            .collect();
-        if keys.is_empty() {
-            return Err(Status::JwksNoValidKeys);
+        // As Envoy: the first error since the last good key is the set's status when no
+        // key is good.
+        let mut usable = Vec::new();
+        let mut error = None;
+        for k in keys.iter().filter_map(Value::as_object) {
+            match jwk(k) {
+                Ok(Some(key)) => {
+                    usable.push(key);
+                    error = None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
         }
+        if usable.is_empty() {
+            return Err(error.map_or(Status::JwksNoValidKeys, Status::Key));
+        }
+        let keys = usable;
         Ok(Jwks { keys })
     }
 
@@ -132,69 +146,113 @@ impl Jwks {
     }
 }
 
-/// One key of the set, when revoy can use it.
-fn jwk(k: &Map<String, Value>) -> Option<Jwk> {
-    let text = |name: &str| k.get(name).and_then(Value::as_str);
-    let b64 = |name: &str| text(name).and_then(base64url_decode);
-    let kty = text("kty")?;
-    let alg = text("alg").unwrap_or_default();
+/// One key of the set: `None` when Envoy takes it but ring cannot use it (P-521).
+fn jwk(k: &Map<String, Value>) -> Result<Option<Jwk>, KeyError> {
+    use KeyError as E;
+    // A string field: `missing` when absent, `bad` when not a string.
+    let field = |name: &str, missing: E, bad: E| match k.get(name) {
+        None => Err(missing),
+        Some(Value::String(s)) => Ok(s.as_str()),
+        Some(_) => Err(bad),
+    };
+    let kty = field("kty", E::MissingKty, E::BadKty)?;
+    let alg = k.get("alg").and_then(Value::as_str).unwrap_or_default();
     let key = match kty {
         "RSA" => {
             if !(alg.is_empty() || alg.starts_with("RS") || alg.starts_with("PS")) {
-                return None;
+                return Err(E::RsaBadAlg);
             }
-            let (n, e) = (b64("n")?, b64("e")?);
-            if !matches!(strip_zeros(&e), [3] | [1, 0, 1]) {
-                return None;
+            let n = field("n", E::RsaMissingN, E::RsaBadN)?;
+            let e = field("e", E::RsaMissingE, E::RsaBadE)?;
+            let (n, e) = base64url_decode(n)
+                .zip(base64url_decode(e))
+                .ok_or(E::RsaParseError)?;
+            if !matches!(strip_zeros(&e), [3] | [1, 0, 1]) || strip_zeros(&n).is_empty() {
+                return Err(E::RsaParseError);
             }
             Key::Rsa { n, e }
         }
         "EC" => {
             if !(alg.is_empty() || alg.starts_with("ES")) {
-                return None;
+                return Err(E::EcBadAlg);
             }
             let crv = match k.get("crv") {
                 None => "",
                 Some(Value::String(c)) => c.as_str(),
-                Some(_) => return None,
+                Some(_) => return Err(E::EcBadCrv),
             };
-            let p384 = match (alg, crv) {
-                ("ES256", "P-256" | "") | ("", "P-256" | "") => false,
-                ("ES384", "P-384" | "") | ("", "P-384") => true,
-                _ => return None,
+            if !alg.is_empty()
+                && !crv.is_empty()
+                && !matches!(
+                    (alg, crv),
+                    ("ES256", "P-256") | ("ES384", "P-384") | ("ES512", "P-521")
+                )
+            {
+                return Err(E::EcAlgNotCompatibleWithCrv);
+            }
+            let size = match (alg, crv) {
+                ("ES256", _) | (_, "P-256") | ("", "") => 32,
+                ("ES384", _) | (_, "P-384") => 48,
+                ("ES512", _) | (_, "P-521") => 66,
+                _ => return Err(E::EcAlgOrCrvUnsupported),
             };
-            let len = if p384 { 48 } else { 32 };
+            let x = field("x", E::EcMissingX, E::EcBadX)?;
+            let y = field("y", E::EcMissingY, E::EcBadY)?;
+            let (x, y) = base64url_decode(x)
+                .zip(base64url_decode(y))
+                .ok_or(E::EcXorYBadBase64)?;
             let mut point = vec![4u8];
-            for c in [b64("x")?, b64("y")?] {
+            for c in [x, y] {
                 let c = strip_zeros(&c);
-                if c.len() > len {
-                    return None;
+                if c.len() > size {
+                    return Err(E::EcParseError);
                 }
-                point.extend(std::iter::repeat_n(0, len - c.len()));
+                point.extend(std::iter::repeat_n(0, size - c.len()));
                 point.extend_from_slice(c);
             }
-            Key::Ec { p384, point }
+            if size == 66 {
+                return Ok(None);
+            }
+            Key::Ec {
+                p384: size == 48,
+                point,
+            }
         }
         "oct" => {
             if !(alg.is_empty() || ["HS256", "HS384", "HS512"].contains(&alg)) {
-                return None;
+                return Err(E::HmacBadAlg);
             }
-            let secret = b64("k").filter(|s| !s.is_empty())?;
+            let secret = field("k", E::HmacMissingK, E::HmacBadK)?;
+            let secret = base64url_decode(secret)
+                .filter(|s| !s.is_empty())
+                .ok_or(E::OctBadBase64)?;
             Key::Oct(secret)
         }
         "OKP" => {
-            if !(alg.is_empty() || alg == "EdDSA") || text("crv")? != "Ed25519" {
-                return None;
+            if !(alg.is_empty() || alg == "EdDSA") {
+                return Err(E::OkpBadAlg);
             }
-            Key::Ed25519(b64("x").filter(|x| x.len() == 32)?)
+            if field("crv", E::OkpMissingCrv, E::OkpBadCrv)? != "Ed25519" {
+                return Err(E::OkpCrvUnsupported);
+            }
+            let x = field("x", E::OkpMissingX, E::OkpBadX)?;
+            let x = base64url_decode(x).ok_or(E::OkpXBadBase64)?;
+            if x.len() != 32 {
+                return Err(E::OkpXWrongLength);
+            }
+            Key::Ed25519(x)
         }
-        _ => return None,
+        _ => return Err(E::NotImplementedKty),
     };
-    Some(Jwk {
-        kid: text("kid").unwrap_or_default().to_owned(),
+    Ok(Some(Jwk {
+        kid: k
+            .get("kid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
         alg: alg.to_owned(),
         key,
-    })
+    }))
 }
 
 /// `b` without leading zero bytes.
@@ -213,10 +271,14 @@ mod tests {
             ("not json", Status::JwksParseError),
             ("{}", Status::JwksNoKeys),
             (r#"{"keys": {}}"#, Status::JwksBadKeys),
-            (r#"{"keys": [{"kty": "RSA"}]}"#, Status::JwksNoValidKeys),
+            (r#"{"keys": []}"#, Status::JwksNoValidKeys),
+            (
+                r#"{"keys": [{"kty": "RSA"}, {"kty": "EC"}]}"#,
+                Status::Key(KeyError::RsaMissingN),
+            ),
             (
                 r#"{"keys": [{"kty": "oct", "k": "c2VjcmV0", "alg": "RS256"}]}"#,
-                Status::JwksNoValidKeys,
+                Status::Key(KeyError::HmacBadAlg),
             ),
         ] {
             assert_eq!(Jwks::parse(json.as_bytes()).unwrap_err(), status, "{json}");

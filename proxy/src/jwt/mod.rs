@@ -91,6 +91,87 @@ pub enum Status {
     JwksKidAlgMismatch,
     /// Fetching the remote JWKS failed.
     JwksFetchFail,
+    /// Why one key of a JWKS is unusable.
+    Key(KeyError),
+}
+
+/// Why a key of a JWKS is unusable (Envoy's per-key statuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // each variant is its message
+pub enum KeyError {
+    MissingKty,
+    BadKty,
+    NotImplementedKty,
+    RsaBadAlg,
+    RsaMissingN,
+    RsaBadN,
+    RsaMissingE,
+    RsaBadE,
+    RsaParseError,
+    EcBadAlg,
+    EcBadCrv,
+    EcAlgOrCrvUnsupported,
+    EcAlgNotCompatibleWithCrv,
+    EcMissingX,
+    EcBadX,
+    EcMissingY,
+    EcBadY,
+    EcXorYBadBase64,
+    EcParseError,
+    HmacBadAlg,
+    HmacMissingK,
+    HmacBadK,
+    OctBadBase64,
+    OkpBadAlg,
+    OkpMissingCrv,
+    OkpBadCrv,
+    OkpCrvUnsupported,
+    OkpMissingX,
+    OkpBadX,
+    OkpXBadBase64,
+    OkpXWrongLength,
+}
+
+impl KeyError {
+    /// Envoy's text for the status.
+    pub fn message(self) -> &'static str {
+        use KeyError::*;
+        match self {
+            MissingKty => "[kty] is missing in [keys]",
+            BadKty => "[kty] is bad in [keys]",
+            NotImplementedKty => "[kty] is not supported in [keys]",
+            RsaBadAlg => "[alg] is not started with [RS] or [PS] for an RSA key",
+            RsaMissingN => "[n] field is missing for a RSA key",
+            RsaBadN => "[n] field is not string for a RSA key",
+            RsaMissingE => "[e] field is missing for a RSA key",
+            RsaBadE => "[e] field is not string for a RSA key",
+            RsaParseError => "Jwks RSA [n] or [e] field is missing or has a parse error",
+            EcBadAlg => "[alg] is not started with [ES] for an EC key",
+            EcBadCrv => "[crv] field is not string for an EC key",
+            EcAlgOrCrvUnsupported => "[crv] or [alg] field is not supported for an EC key",
+            EcAlgNotCompatibleWithCrv => {
+                "[crv] field specified is not compatible with [alg] for an EC key"
+            }
+            EcMissingX => "[x] field is missing for an EC key",
+            EcBadX => "[x] field is not string for an EC key",
+            EcMissingY => "[y] field is missing for an EC key",
+            EcBadY => "[y] field is not string for an EC key",
+            EcXorYBadBase64 => "Jwks EC [x] or [y] field is an invalid Base64.",
+            EcParseError => "Jwks EC [x] and [y] fields have a parse error.",
+            HmacBadAlg => "[alg] does not start with [HS] for an HMAC key",
+            HmacMissingK => "[k] field is missing for an HMAC key",
+            HmacBadK => "[k] field is not string for an HMAC key",
+            OctBadBase64 => "Jwks Oct key is an invalid Base64",
+            OkpBadAlg => "[alg] is not [EdDSA] for an OKP key",
+            OkpMissingCrv => "[crv] field is missing for an OKP key",
+            OkpBadCrv => "[crv] field is not string for an OKP key",
+            OkpCrvUnsupported => "[crv] field is not supported for an OKP key",
+            OkpMissingX => "[x] field is missing for an OKP key",
+            OkpBadX => "[x] field is not string for an OKP key",
+            OkpXBadBase64 => "Jwks OKP [x] field is an invalid Base64.",
+            OkpXWrongLength => "Jwks OKP [x] field is wrong length.",
+        }
+    }
 }
 
 impl Status {
@@ -141,6 +222,7 @@ impl Status {
             JwksNoValidKeys => "Jwks doesn't have any valid public key",
             JwksKidAlgMismatch => "Jwks doesn't have key to match kid or alg from Jwt",
             JwksFetchFail => "Jwks remote fetch is failed",
+            Key(k) => k.message(),
         }
     }
 }

@@ -86,8 +86,8 @@ pub struct Provider {
 /// Where a provider's keys come from.
 #[derive(Debug)]
 pub enum JwksSource {
-    /// `local_jwks`: its keys, `None` when the set is unusable (every token then fails).
-    Local(Option<Arc<Jwks>>),
+    /// `local_jwks`: its keys.
+    Local(Arc<Jwks>),
     /// `remote_jwks`.
     Remote(RemoteJwks),
 }
@@ -381,14 +381,16 @@ fn provider(
     let jwks = match &p.jwks_source_specifier {
         Some(pb::jwt_provider::JwksSourceSpecifier::LocalJwks(source)) => {
             let text = data(ctx, Some(source), "local_jwks")?;
-            let jwks = Jwks::parse(&text).ok().map(Arc::new);
-            if jwks.is_none() {
-                warnings.note(
+            let jwks = Jwks::parse(&text).map_err(|status| {
+                ConfigError::new(
                     "local_jwks",
-                    "no usable key: every token of this provider fails verification",
-                );
-            }
-            JwksSource::Local(jwks)
+                    format!(
+                        "Provider '{name}' in jwt_authn config has invalid local jwks: {}",
+                        status.message()
+                    ),
+                )
+            })?;
+            JwksSource::Local(Arc::new(jwks))
         }
         Some(pb::jwt_provider::JwksSourceSpecifier::RemoteJwks(r)) => {
             JwksSource::Remote(remote(name, r, warnings).map_err(|e| e.within("remote_jwks"))?)

@@ -35,9 +35,12 @@ use crate::upstream::{ClusterManager, LbContext};
 pub(super) struct JwtAuthn {
     config: Arc<JwtAuthnConfig>,
     stats: Stats,
-    /// Each provider's fetched remote JWKS and when it expires.
-    remote: Box<[Mutex<Option<(Arc<Jwks>, Instant)>>]>,
+    /// Each provider's fetched remote JWKS.
+    remote: Box<[Mutex<Option<Fetched>>]>,
 }
+
+/// A fetched remote JWKS and when it expires.
+type Fetched = (Arc<Jwks>, Instant);
 
 /// `http.<prefix>.jwt_authn.*`.
 #[derive(Debug)]
@@ -302,8 +305,7 @@ impl JwtAuthn {
             return Status::JwtAudienceNotAllowed;
         }
         let jwks = match &p.jwks {
-            JwksSource::Local(Some(jwks)) => jwks.clone(),
-            JwksSource::Local(None) => return Status::JwksNoValidKeys,
+            JwksSource::Local(jwks) => jwks.clone(),
             JwksSource::Remote(remote) => {
                 let conn = req.conn;
                 match self.remote_jwks(index, remote, &conn.shared.clusters).await {
@@ -524,7 +526,7 @@ fn forward(req: &mut FilterRequest<'_>, p: &Provider, jwt: &Jwt) {
     if let Some(h) = &p.forward_payload_header {
         let mut payload = jwt.payload_base64url.clone();
         if p.pad_forward_payload_header {
-            while payload.len() % 4 != 0 {
+            while !payload.len().is_multiple_of(4) {
                 payload.push('=');
             }
         }
