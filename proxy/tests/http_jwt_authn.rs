@@ -27,11 +27,9 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 
-use std::io::{Read, Write};
-use std::net::TcpListener;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use base64::Engine;
 use ports::free_port;
@@ -127,35 +125,13 @@ impl Keys {
 
 /// A loopback server answering every request with `jwks`, counting the requests.
 fn jwks_server(jwks: String, fetches: Arc<AtomicUsize>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("jwks server binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let (jwks, fetches) = (jwks.clone(), fetches.clone());
-            std::thread::spawn(move || {
-                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match s.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => seen.extend_from_slice(&buf[..n]),
-                        }
-                        continue;
-                    };
-                    seen.drain(..end + 4);
-                    fetches.fetch_add(1, Ordering::SeqCst);
-                    let _ = write!(
-                        s,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{jwks}",
-                        jwks.len()
-                    );
-                }
-            });
-        }
-    });
-    port
+    echo::serve(move |_, _| {
+        fetches.fetch_add(1, Ordering::SeqCst);
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{jwks}",
+            jwks.len()
+        )
+    })
 }
 
 /// The bootstrap: listener `jwt` with three providers (RSA by default locations with the

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use http::HeaderName;
 use pb::jwt_requirement::RequiresType;
-use proto::pb::envoy::config::core::v3::http_uri;
 use proto::pb::envoy::extensions::filters::http::jwt_authn::v3 as pb;
 
 use crate::config::route::matchers::{route_match, string_matcher};
@@ -489,15 +488,7 @@ fn remote(
         .http_uri
         .as_ref()
         .ok_or_else(|| ConfigError::new("http_uri", "value is required"))?;
-    let cluster = match &h.http_upstream_type {
-        Some(http_uri::HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
-        _ => {
-            return Err(ConfigError::new(
-                "http_uri.cluster",
-                "value length must be at least 1 characters",
-            ));
-        }
-    };
+    let (cluster, timeout) = super::http_uri_target(h).map_err(|e| e.within("http_uri"))?;
     let uri = h
         .uri
         .parse::<http::Uri>()
@@ -509,11 +500,6 @@ fn remote(
                 format!("Provider '{name}' has an invalid URI: '{}'", h.uri),
             )
         })?;
-    let timeout = h
-        .timeout
-        .as_ref()
-        .map(crate::config::route::duration)
-        .ok_or_else(|| ConfigError::new("http_uri.timeout", "value is required"))?;
     if r.async_fetch.is_some() {
         warnings.note(
             "async_fetch",

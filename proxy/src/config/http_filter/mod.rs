@@ -440,6 +440,29 @@ fn routed<T: FilterRouteConfig>(
     compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
 }
 
+/// An `HttpUri`'s cluster and timeout, both required (the services and fetches of
+/// ext_authz and jwt_authn go through that cluster).
+fn http_uri_target(
+    h: &proto::pb::envoy::config::core::v3::HttpUri,
+) -> Result<(String, std::time::Duration), ConfigError> {
+    use proto::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+    let cluster = match &h.http_upstream_type {
+        Some(HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
+        _ => {
+            return Err(ConfigError::new(
+                "cluster",
+                "value length must be at least 1 characters",
+            ));
+        }
+    };
+    let timeout = h
+        .timeout
+        .as_ref()
+        .map(super::route::duration)
+        .ok_or_else(|| ConfigError::new("timeout", "value is required"))?;
+    Ok((cluster, timeout))
+}
+
 /// Decodes `any` as a `T`, its error a [`ConfigError`].
 fn unpack<T: prost::Message + prost::Name + Default>(any: &Any) -> Result<T, ConfigError> {
     proto::unpack(any).map_err(|e| ConfigError::new("", e.to_string()))
