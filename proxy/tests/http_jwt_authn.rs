@@ -18,8 +18,8 @@ mod bootstrap;
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
-#[path = "support/http_diff.rs"]
-mod http_diff;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -448,14 +448,14 @@ fn observe(
     let mut seen: Vec<String> = CASES
         .iter()
         .map(|(listener, method, path, headers)| {
-            let answer = http_diff::exchange(
+            let answer = filter_diff::exchange(
                 ports[*listener],
                 &format!(
                     "{method} {} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
                     fill(path, tokens),
                     fill(headers, tokens)
                 ),
-                &["content-type:", "content-length:", "www-authenticate:"],
+                &["content-type", "content-length", "www-authenticate"],
             );
             let answer = tokens.iter().fold(answer, |a, (name, token)| {
                 a.replace(&token.to_ascii_lowercase(), &format!("{{{name}}}"))
@@ -467,7 +467,7 @@ fn observe(
         "jwks fetches: {}",
         fetches.swap(0, Ordering::SeqCst)
     ));
-    seen.extend(http_diff::stats(admin, STATS));
+    seen.extend(filter_diff::stat_lines(admin, STATS));
     seen
 }
 
@@ -485,7 +485,7 @@ fn jwt_authn_matches_envoy() {
     let run = |envoy: Option<&std::path::Path>| {
         let (admin, ports) = (free_port(), [free_port(), free_port()]);
         let yaml = bootstrap(admin, ports, up, jwks_port, &keys);
-        http_diff::observe_with(envoy, 131, &yaml, admin, || {
+        filter_diff::observe_with(envoy, 131, &yaml, admin, || {
             observe(ports, admin, &tokens, &fetches)
         })
     };
@@ -506,7 +506,7 @@ fn jwt_authn_matches_envoy() {
         expected.iter().any(|l| l.ends_with("chosen by the claim")),
         "{expected:#?}"
     );
-    http_diff::assert_same(&expected, &got);
+    filter_diff::assert_same(&expected, &got);
 }
 
 /// A bootstrap whose jwt_authn filter has `providers` and `rules` (flow-style YAML).
