@@ -352,6 +352,12 @@ const CASES: &[(usize, &str, &str, &str)] = &[
         "authorization: Bearer {rsa}\r\nx-sub: forged\r\nx-jwt-payload: forged\r\n",
     ),
     (0, "GET", "/?access_token={rsa}", ""),
+    (
+        0,
+        "GET",
+        "/?access_token={expired}",
+        "authorization: Bearer {rsa}\r\n",
+    ),
     (0, "GET", "/routed", "authorization: Bearer {rsa}\r\n"),
     (0, "GET", "/routed", "x-sub: user-1\r\n"),
     (0, "GET", "/q?z=1&access_token={rsa}&a=%41&a=0", ""),
@@ -377,6 +383,13 @@ const CASES: &[(usize, &str, &str, &str)] = &[
     (0, "GET", "/any", "x-token: {ec}\r\n"),
     (0, "GET", "/any", "authorization: Bearer {expired}\r\n"),
     (0, "GET", "/any", ""),
+    (0, "GET", "/any", "authorization: Bearer {issuer}\r\n"),
+    (
+        0,
+        "GET",
+        "/any",
+        "authorization: Bearer {expired}\r\nx-token: Token {malformed}\r\n",
+    ),
     (0, "GET", "/all", "authorization: Bearer {rsa}\r\n"),
     (
         0,

@@ -186,13 +186,13 @@ impl JwtAuthn {
                         .await
                 }
                 Requirement::Any(list) => {
-                    // Failing, it reports its last failure other than a missing token or an
-                    // unknown issuer (a token in another provider's place), else "missing".
+                    // Failing, it reports its last failure other than a missing token, else
+                    // "missing".
                     let mut worst = Status::JwtMissed;
                     for r in list {
                         match self.verify(r, req).await {
                             Status::Ok => return Status::Ok,
-                            Status::JwtMissed | Status::JwtUnknownIssuer => {}
+                            Status::JwtMissed => {}
                             s => worst = s,
                         }
                     }
