@@ -235,7 +235,7 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16, jwks_port: u16, keys: &Keys) 
 /// strips its own bodies), which says why a request was denied.
 const DETAILS: &str = r#"local_reply_config: {body_format: {text_format_source: {inline_string: "%RESPONSE_CODE_DETAILS%"}}}"#;
 
-/// Listener `edge`'s filter: failures without body, CORS preflights bypassed; tokens in a
+/// Listener `edge`'s filter (its stats under `cookies.`): failures without body, CORS preflights bypassed; tokens in a
 /// cookie that must expire and have a `user-` subject, tokens living at most 10 minutes, a
 /// remote JWKS that cannot be fetched, and `allow_missing_or_failed`.
 fn edge_filter(keys: &Keys) -> Value {
@@ -248,6 +248,7 @@ fn edge_filter(keys: &Keys) -> Value {
         "typed_config": {
             "@type": JWT_AUTHN,
             "strip_failure_response": true,
+            "stat_prefix": "cookies",
             "bypass_cors_preflight": true,
             "providers": {
                 "p_strict": {
@@ -430,10 +431,10 @@ const CASES: &[(usize, &str, &str, &str)] = &[
 ];
 
 const STATS: &[&str] = &[
-    "http.edge.jwt_authn.allowed",
-    "http.edge.jwt_authn.denied",
-    "http.edge.jwt_authn.cors_preflight_bypassed",
-    "http.edge.jwt_authn.jwks_fetch_failed",
+    "http.edge.jwt_authn.cookies.allowed",
+    "http.edge.jwt_authn.cookies.denied",
+    "http.edge.jwt_authn.cookies.cors_preflight_bypassed",
+    "http.edge.jwt_authn.cookies.jwks_fetch_failed",
     "http.jwt.jwt_authn.allowed",
     "http.jwt.jwt_authn.denied",
     "http.jwt.jwt_authn.cors_preflight_bypassed",

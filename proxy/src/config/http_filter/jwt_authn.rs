@@ -6,7 +6,7 @@
 //! What revoy lacks is refused or noted here: `filter_state_rules` and
 //! `extract_only_without_validation` are refused; the `*_in_metadata` outputs are noted (revoy
 //! has no dynamic metadata yet, and an RBAC filter after this one that reads metadata then
-//! denies every request, see `FilterChain`), as are `jwt_cache_config` (no token cache),
+//! denies every request, see `compile_chain`), as are `jwt_cache_config` (no token cache),
 //! `remote_jwks.async_fetch` and `retry_policy` (fetched on first use, once).
 
 use std::collections::HashMap;
@@ -47,6 +47,8 @@ pub struct JwtAuthnConfig {
     pub strip_failure_response: bool,
     /// Whether a provider asks for dynamic metadata revoy does not keep.
     pub sets_metadata: bool,
+    /// `stat_prefix`: the stats are `http.<prefix>.jwt_authn.[<stat_prefix>.]*`.
+    pub stat_prefix: String,
 }
 
 /// One `JwtProvider`.
@@ -159,12 +161,6 @@ pub fn compile(
             "not implemented by revoy: it keeps no filter state",
         ));
     }
-    if !c.stat_prefix.is_empty() {
-        return Err(ConfigError::new(
-            "stat_prefix",
-            "not implemented by revoy's jwt_authn filter",
-        ));
-    }
     let mut names: Vec<&String> = c.providers.keys().collect();
     names.sort();
     let mut sets_metadata = false;
@@ -242,6 +238,7 @@ pub fn compile(
         bypass_cors_preflight: c.bypass_cors_preflight,
         strip_failure_response: c.strip_failure_response,
         sets_metadata,
+        stat_prefix: c.stat_prefix.clone(),
     })
 }
 

@@ -82,9 +82,14 @@ enum Mode<'c> {
 }
 
 impl JwtAuthn {
-    /// The filter with `config`, its stats under `http.<stat_prefix>.jwt_authn.`.
+    /// The filter with `config`, its stats under `http.<stat_prefix>.jwt_authn.` (and the
+    /// filter's own `stat_prefix`).
     pub(super) fn new(config: &Arc<JwtAuthnConfig>, store: &Store, stat_prefix: &str) -> Self {
-        let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.jwt_authn.{n}"));
+        let own = match config.stat_prefix.as_str() {
+            "" => String::new(),
+            p => format!("{p}."),
+        };
+        let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.jwt_authn.{own}{n}"));
         JwtAuthn {
             config: config.clone(),
             stats: Stats {
