@@ -116,9 +116,9 @@ pub enum FilterKind {
     Rbac {
         /// Its rules.
         config: Arc<super::rbac::HttpRbacConfig>,
-        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
-        /// reading dynamic metadata or filter state, which that filter may set, then deny
-        /// every request they see.
+        /// A filter revoy skips (or a jwt_authn asked for metadata revoy does not keep) that
+        /// runs before it (in this chain or the listener's): rules reading dynamic metadata
+        /// or filter state, which that filter may set, then deny every request they see.
         after_skipped: Option<Arc<str>>,
     },
     /// `envoy.filters.http.cors` (its policies are per route).
