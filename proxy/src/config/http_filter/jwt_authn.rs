@@ -129,7 +129,7 @@ pub enum Requirement {
     /// `requires_all`.
     All(Vec<Requirement>),
     /// `allow_missing` (`failed: false`) or `allow_missing_or_failed`: tokens of these
-    /// providers (the siblings in a `requires_any`) are verified if present.
+    /// providers (the siblings in a `requires_any`, else all) are verified if present.
     Allow {
         /// The providers whose locations are searched.
         providers: Vec<usize>,
@@ -289,11 +289,11 @@ fn requirement(
             (!p.audiences.is_empty()).then(|| Audiences::new(&p.audiences)),
         ),
         Some(RequiresType::AllowMissing(_)) => Requirement::Allow {
-            providers: siblings.to_vec(),
+            providers: searched(siblings, index.len()),
             failed: false,
         },
         Some(RequiresType::AllowMissingOrFailed(_)) => Requirement::Allow {
-            providers: siblings.to_vec(),
+            providers: searched(siblings, index.len()),
             failed: true,
         },
         Some(RequiresType::RequiresAll(list)) => {
@@ -350,6 +350,16 @@ fn requirement(
             ));
         }
     })
+}
+
+/// The providers an `allow_missing*` searches: its siblings' in a `requires_any`, else (as
+/// Envoy 1.40) all `count` of them.
+fn searched(siblings: &[usize], count: usize) -> Vec<usize> {
+    if siblings.is_empty() {
+        (0..count).collect()
+    } else {
+        siblings.to_vec()
+    }
 }
 
 /// The error for a requirement list shorter than two (the proto's validation).
