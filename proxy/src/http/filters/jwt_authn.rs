@@ -5,8 +5,8 @@
 //! as headers, and the tokens themselves removed unless `forward`.
 //!
 //! Requirements are checked in order, one token at a time, as Envoy's verifiers complete
-//! with local keys: `requires_any` ends at the first success (else reports its last
-//! requirement's real failure, or a missing token), `requires_all` at the first failure. A provider's tokens are all
+//! with local keys: `requires_any` ends at the first success (else reports its last failure
+//! but a missing token), `requires_all` at the first failure. A provider's tokens are all
 //! checked, last found first, and every one must pass. Remote JWKS are fetched through the
 //! provider's cluster when a token first needs them and kept for `cache_duration`.
 
@@ -42,7 +42,7 @@ pub(super) struct JwtAuthn {
 /// A fetched remote JWKS and when it expires.
 type Fetched = (Arc<Jwks>, Instant);
 
-/// `http.<prefix>.jwt_authn.*`.
+/// `http.<prefix>.jwt_authn.[<stat_prefix>.]*`.
 #[derive(Debug)]
 struct Stats {
     allowed: Counter,
