@@ -7,8 +7,6 @@
 /// after `envoy.extensions.filters.http.` / `...network.` in a type URL) that fail closed.
 const FAIL_CLOSED: &[&str] = &[
     "ext_authz",
-    "local_ratelimit",
-    "ratelimit",
     "rate_limit_quota",
     "oauth2",
     "basic_auth",

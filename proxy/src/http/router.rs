@@ -150,6 +150,17 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     }
 }
 
+/// Replaces `req`'s path and query with `path` (left as it was when `path` is not one).
+fn set_path(req: &mut Request<Body>, path: &str) {
+    if let Ok(pq) = http::uri::PathAndQuery::try_from(path) {
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
 /// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
 /// buffered or sent), so an answer made before that was made at routing time. It turns back
 /// when the first attempt (or an upgrade's connection) could not start, which Envoy also
@@ -341,7 +352,7 @@ async fn route_and_forward(
             return reply;
         }
         reselect = filtered.clear_route_cache;
-        if let Some(p) = filtered.new_path {
+        if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
         }
@@ -866,15 +877,4 @@ fn failure_reply(failure: &LocalFailure, suppress_envoy_headers: bool) -> Respon
 
 fn elapsed_ms(start: Instant) -> u64 {
     Duration::as_millis(&start.elapsed()) as u64
-}
-
-/// Replaces the path (with query) of `req`'s URI.
-fn set_path(req: &mut Request<Body>, p: &str) {
-    if let Ok(pq) = http::uri::PathAndQuery::try_from(p) {
-        let mut parts = req.uri().clone().into_parts();
-        parts.path_and_query = Some(pq);
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *req.uri_mut() = uri;
-        }
-    }
 }

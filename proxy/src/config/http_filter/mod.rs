@@ -18,6 +18,8 @@ pub mod grpc_http1_bridge;
 pub mod health_check;
 pub mod jwt_authn;
 pub mod local_ratelimit;
+pub mod lua;
+pub mod matching;
 pub mod ratelimit;
 
 use std::sync::Arc;
@@ -52,6 +54,8 @@ const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
 const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
 const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
+const LUA: &str = "envoy.extensions.filters.http.lua.v3.Lua";
+const LUA_PER_ROUTE: &str = "envoy.extensions.filters.http.lua.v3.LuaPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -82,6 +86,9 @@ pub struct HttpFilter {
     pub name: Arc<str>,
     /// `disabled`: it runs only where a route or virtual host enables it.
     pub disabled: bool,
+    /// The matcher of an `ExtensionWithMatcher` around it: requests it ends in `SkipFilter`
+    /// for do not run the filter.
+    pub matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     /// What it does.
     pub kind: FilterKind,
 }
@@ -125,6 +132,8 @@ pub enum FilterKind {
     Cors,
     /// `envoy.filters.http.csrf`.
     Csrf(Arc<csrf::CsrfConfig>),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::LuaConfig>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -191,7 +200,31 @@ pub fn compile_chain(
             Some(http_filter::ConfigType::ConfigDiscovery(_)) => (None, true),
             None => (None, false),
         };
+        let wrapper = match any {
+            Some(a) if proto::type_name_of(&a.type_url) == matching::EXTENSION_WITH_MATCHER => {
+                Some(unpack(a).map_err(|e| e.within(&format!("{at}.typed_config")))?)
+            }
+            _ => None,
+        };
+        let (any, matcher) = match &wrapper {
+            Some(w) => {
+                let (inner, matcher) = matching::compile(ctx, w)
+                    .map_err(|e| e.within(&format!("{at}.typed_config")))?;
+                (Some(inner), Some(Arc::new(matcher)))
+            }
+            None => (any, None),
+        };
+        let at = match matcher {
+            Some(_) => format!("{at}.typed_config.extension_config"),
+            None => at,
+        };
         let type_name = any.map_or("", |a| proto::type_name_of(&a.type_url));
+        if matcher.is_some() && type_name == ROUTER {
+            return Err(ConfigError::unimplemented(
+                at,
+                "an ExtensionWithMatcher around the router",
+            ));
+        }
         // The type picks the filter, as in Envoy; the name only when there is no typed_config.
         let router_named = f.name == "envoy.filters.http.router" || f.name == "envoy.router";
         if type_name == ROUTER || (any.is_none() && !from_ecds && router_named) {
@@ -261,6 +294,7 @@ pub fn compile_chain(
         chain.filters.push(HttpFilter {
             name: Arc::from(f.name.as_str()),
             disabled: f.disabled,
+            matcher,
             kind,
         });
     }
@@ -329,6 +363,7 @@ fn compile_kind(
         DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
             &unpack(any)?,
         )?))),
+        LUA => Some(FilterKind::Lua(Arc::new(lua::compile(ctx, &unpack(any)?)?))),
         GRPC_WEB => {
             unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
             Some(FilterKind::GrpcWeb)
@@ -378,6 +413,12 @@ pub fn compile_per_filter(
                 }
             }
         }
+        if proto::type_name_of(&any.type_url) == matching::EXTENSION_WITH_MATCHER_PER_ROUTE {
+            return Err(ConfigError::unimplemented(
+                at,
+                "a per-route ExtensionWithMatcherPerRoute",
+            ));
+        }
         let kind = match proto::type_name_of(&any.type_url) {
             FAULT => Some(routed(fault::compile(
                 ctx,
@@ -419,6 +460,10 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            LUA_PER_ROUTE => Some(routed(lua::compile_per_route(
+                ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,

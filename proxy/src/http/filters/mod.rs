@@ -39,9 +39,10 @@ mod grpc_web;
 mod health_check;
 mod jwt_authn;
 mod local_ratelimit;
+mod lua;
 mod ratelimit;
 mod rbac;
-mod rls;
+pub mod rls;
 
 use std::sync::Arc;
 
@@ -66,6 +67,8 @@ pub struct Chain {
 struct Filter {
     name: Arc<str>,
     disabled: bool,
+    /// An `ExtensionWithMatcher`'s matcher: the filter is skipped where it says so.
+    matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     kind: Kind,
 }
 
@@ -101,6 +104,8 @@ enum Kind {
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::Lua>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -132,8 +137,8 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
-    /// Set by a filter that rewrote the path (with query): the request goes on with this one
-    /// (the filters after it still read `path`, the route stays chosen by it).
+    /// Set by a filter that rewrote the path (with query): the router sends the request with
+    /// it and routes by it.
     pub new_path: Option<String>,
 }
 
@@ -177,6 +182,18 @@ impl FilterRequest<'_> {
         format!("{scheme}://{}{}", self.authority, &path[..end])
     }
 
+    /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
+    fn matching_data(&self) -> crate::route::filter_matcher::Data<'_> {
+        crate::route::filter_matcher::Data {
+            request: self.route_request(),
+            connection: crate::route::filter_matcher::Connection {
+                remote: self.remote,
+                direct_remote: self.conn.down.peer.ip(),
+                local: self.conn.local,
+            },
+        }
+    }
+
     /// The request as route matchers read it.
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
         crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
@@ -215,6 +232,8 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// A Lua script's `envoy_on_response`, to run on the response.
+    Lua(lua::Pending),
 }
 
 impl Chain {
@@ -226,6 +245,7 @@ impl Chain {
             .map(|f| Filter {
                 name: f.name.clone(),
                 disabled: f.disabled,
+                matcher: f.matcher.clone(),
                 kind: match &f.kind {
                     FilterKind::FailClosed(why) => Kind::FailClosed(
                         why.clone(),
@@ -268,6 +288,12 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },
@@ -290,6 +316,11 @@ impl Chain {
         for f in self.filters.iter() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Some(m) = &f.matcher
+                && m.skips(&req.matching_data())
+            {
                 continue;
             }
             let route = req.route;
@@ -340,6 +371,10 @@ impl Chain {
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Lua(script) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    script.decode(req, settings, encoders).await
+                }
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -398,6 +433,7 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
 }
