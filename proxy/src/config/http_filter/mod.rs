@@ -124,6 +124,8 @@ pub enum FilterKind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `istio.alpn`: the ALPN list upstream TLS connections offer, per upstream protocol.
+    IstioAlpn(Arc<super::istio::alpn::AlpnOverrides>),
 }
 
 impl FilterChain {
@@ -319,7 +321,17 @@ fn compile_kind(
             grpc_http1_bridge::compile(&unpack(any)?)?;
             Some(FilterKind::GrpcHttp1Bridge)
         }
-        _ => None,
+        _ => compile_istio(any)?,
+    })
+}
+
+/// The Istio filter `any` configures (from istio/proxy, which stock Envoy lacks), or `None`
+/// when it is none revoy has.
+fn compile_istio(any: &Any) -> Result<Option<FilterKind>, ConfigError> {
+    use super::istio::{Fields, alpn};
+    Ok(match Fields::of(any, alpn::FILTER_CONFIG) {
+        Some(fields) => Some(FilterKind::IstioAlpn(Arc::new(alpn::compile(fields)?))),
+        None => None,
     })
 }
 

@@ -51,6 +51,7 @@ use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
+use crate::config::istio::alpn::AlpnOverrides;
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -101,6 +102,8 @@ enum Kind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `istio.alpn`.
+    IstioAlpn(Arc<AlpnOverrides>),
 }
 
 /// One request as the filters see it, before the router.
@@ -128,6 +131,8 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
+    pub upstream_alpn: Option<Arc<AlpnOverrides>>,
 }
 
 impl FilterRequest<'_> {
@@ -238,6 +243,7 @@ impl Chain {
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
+                    FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
                 },
             })
             .collect();
@@ -310,6 +316,10 @@ impl Chain {
                 }
                 Kind::GrpcHttp1Bridge => {
                     grpc_http1_bridge::decode(req, encoders);
+                    None
+                }
+                Kind::IstioAlpn(overrides) => {
+                    req.upstream_alpn = Some(overrides.clone());
                     None
                 }
             };
