@@ -70,6 +70,9 @@ pub struct ClusterConfig {
     pub panic_threshold: f64,
     /// Whether the cluster came from CDS (set by the caller; shown by /clusters).
     pub added_via_api: bool,
+    /// Its `istio` filter metadata as Istio's filters read it (the destination service,
+    /// whether metadata exchange skips it).
+    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
     /// The original proto, for `/config_dump` and change detection.
     pub proto: proto::Encoded<Cluster>,
 }
@@ -496,6 +499,11 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
         added_via_api: false,
+        istio: c
+            .metadata
+            .as_ref()
+            .and_then(|m| m.filter_metadata.get("istio"))
+            .map(|m| Box::new(crate::config::istio::IstioCluster::from_metadata(m))),
         proto: proto::Encoded::new(c),
     })
 }

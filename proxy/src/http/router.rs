@@ -343,6 +343,7 @@ async fn route_and_forward(
             version,
             clear_route_cache: false,
             upstream_alpn: None,
+            peers: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;

@@ -5,11 +5,57 @@
 //! type in a YAML or JSON file). [`Fields`] reads either.
 
 pub mod alpn;
+pub mod peer_metadata;
+pub mod stats;
+pub mod workload;
 
 use proto::pb::google::protobuf::Any;
 use serde_json::Value;
 
 use super::ConfigError;
+
+/// What istiod writes in a cluster's `istio` filter metadata that Istio's filters read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IstioCluster {
+    /// `services[0].host`: the FQDN of the service the cluster stands for.
+    pub service_host: String,
+    /// `services[0].name`: its short name.
+    pub service_name: String,
+    /// `external`: the cluster leaves the mesh.
+    pub external: bool,
+    /// `disable_mx`: no metadata exchange headers to it.
+    pub disable_mx: bool,
+}
+
+impl IstioCluster {
+    /// Reads a cluster's `istio` filter metadata.
+    pub fn from_metadata(istio: &proto::pb::google::protobuf::Struct) -> IstioCluster {
+        use proto::pb::google::protobuf::{Struct, value::Kind};
+        let text = |s: &Struct, key: &str| match s.fields.get(key).and_then(|v| v.kind.as_ref()) {
+            Some(Kind::StringValue(v)) => v.clone(),
+            _ => String::new(),
+        };
+        let flag = |key: &str| {
+            matches!(
+                istio.fields.get(key).and_then(|v| v.kind.as_ref()),
+                Some(Kind::BoolValue(true))
+            )
+        };
+        let first = match istio.fields.get("services").and_then(|v| v.kind.as_ref()) {
+            Some(Kind::ListValue(l)) => match l.values.first().and_then(|v| v.kind.as_ref()) {
+                Some(Kind::StructValue(s)) => Some(s),
+                _ => None,
+            },
+            _ => None,
+        };
+        IstioCluster {
+            service_host: first.map(|s| text(s, "host")).unwrap_or_default(),
+            service_name: first.map(|s| text(s, "name")).unwrap_or_default(),
+            external: flag("external"),
+            disable_mx: flag("disable_mx"),
+        }
+    }
+}
 
 /// An Istio extension's config, in the form it arrived in.
 #[derive(Debug)]

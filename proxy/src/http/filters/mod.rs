@@ -36,6 +36,7 @@ mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
 mod health_check;
+mod istio;
 mod local_ratelimit;
 mod ratelimit;
 mod rbac;
@@ -59,6 +60,8 @@ use crate::stats::{Counter, Store};
 #[derive(Debug)]
 pub struct Chain {
     filters: Box<[Filter]>,
+    /// The index of its `istio.stats` filter, which observes every request from the start.
+    istio_stats: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -104,6 +107,10 @@ enum Kind {
     GrpcHttp1Bridge,
     /// `istio.alpn`.
     IstioAlpn(Arc<AlpnOverrides>),
+    /// `istio.metadata_exchange`.
+    PeerMetadata(istio::PeerMetadata),
+    /// `istio.stats`.
+    IstioStats(istio::IstioStats),
 }
 
 /// One request as the filters see it, before the router.
@@ -133,6 +140,8 @@ pub struct FilterRequest<'a> {
     pub clear_route_cache: bool,
     /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
     pub upstream_alpn: Option<Arc<AlpnOverrides>>,
+    /// What Istio's filters know of the request's peers, once one of them runs.
+    pub peers: Option<Arc<istio::Peers>>,
 }
 
 impl FilterRequest<'_> {
@@ -191,6 +200,10 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// `istio.metadata_exchange`'s side of the response.
+    PeerMetadata(Box<istio::PeerResponse>),
+    /// `istio.stats`'s request, recorded when it ends.
+    IstioStats(Box<istio::StatsRequest>),
 }
 
 impl Chain {
@@ -244,10 +257,20 @@ impl Chain {
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                     FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
+                    FilterKind::PeerMetadata(c) => {
+                        Kind::PeerMetadata(istio::PeerMetadata(c.clone()))
+                    }
+                    FilterKind::IstioStats(c) => Kind::IstioStats(istio::IstioStats::new(c, store)),
                 },
             })
-            .collect();
-        Chain { filters }
+            .collect::<Box<[Filter]>>();
+        let istio_stats = filters
+            .iter()
+            .position(|f| matches!(f.kind, Kind::IstioStats(_)));
+        Chain {
+            filters,
+            istio_stats,
+        }
     }
 
     /// Whether the chain has no filter before the router.
@@ -261,6 +284,15 @@ impl Chain {
         req: &mut FilterRequest<'_>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
+        if let Some(f) = self.istio_stats.map(|i| &self.filters[i])
+            && let Kind::IstioStats(stats) = &f.kind
+            && !req
+                .route
+                .and_then(|r| r.filter_disabled(&f.name))
+                .unwrap_or(f.disabled)
+        {
+            stats.start(req, encoders);
+        }
         for f in self.filters.iter() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
@@ -322,6 +354,12 @@ impl Chain {
                     req.upstream_alpn = Some(overrides.clone());
                     None
                 }
+                Kind::PeerMetadata(mx) => {
+                    mx.decode(req, encoders);
+                    None
+                }
+                // Started before the first filter.
+                Kind::IstioStats(_) => None,
             };
             if reply.is_some() {
                 return reply;
@@ -372,6 +410,8 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::PeerMetadata(p) => p.encode(resp),
+            Encoder::IstioStats(s) => s.encode(resp),
         }
     }
 }
