@@ -1,11 +1,20 @@
 //! Istio's own proxy filters (istio/proxy), which stock Envoy lacks, so these tests check
 //! revoy against Istio's documented behaviour and wire formats rather than against Envoy.
 //!
+//! `istio.metadata_exchange` and `istio.stats`, as in Istio proxy's own end-to-end test (its
+//! `testdata/`, copied into `tests/data/istio/`): a client revoy (outbound listener) sends
+//! through a server revoy (inbound listener) to a static reply; each node has the metadata of
+//! Istio's test nodes; each must export `istio_requests_total` with exactly the labels,
+//! values and order of Istio's goldens. What the client sends upstream is decoded by a decoder
+//! written here from Istio's format description (base64 of a `google.protobuf.Struct`).
+//!
 //! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
 //! the handshake, so whatever the server then picks), and answers with it: a request's
 //! upstream connection offers the override for the protocol it goes upstream in, in place of
 //! the cluster's own list, and connections with and without an override are not shared.
 
+#[path = "support/admin.rs"]
+mod admin;
 #[path = "support/certs.rs"]
 mod certs;
 #[path = "support/child.rs"]
@@ -234,4 +243,407 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
             "istio-http/1.1,istio,http/1.1",
         ]
     );
+}
+
+/// One of Istio's test templates (Go templates) rendered with every variable unset but
+/// `vars`: `if` / `else if` / `else` / `end` lines pick their branch, `{{ .Vars.X }}` is X's
+/// value or nothing.
+fn render(template: &str, vars: &[(&str, &str)]) -> String {
+    let var = |expr: &str| {
+        let name = expr.trim().trim_start_matches(".Vars.").trim();
+        vars.iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, v)| *v)
+            .to_owned()
+    };
+    // Per open `if`: whether this branch is output, whether some branch was taken.
+    let mut open: Vec<(bool, bool)> = Vec::new();
+    let mut out = String::new();
+    for line in template.lines() {
+        let t = line.trim();
+        let inner = t
+            .strip_prefix("{{-")
+            .or_else(|| t.strip_prefix("{{"))
+            .and_then(|t| t.strip_suffix("}}"))
+            .map(str::trim);
+        let active = open.iter().all(|(on, _)| *on);
+        match inner {
+            Some(c) if c.starts_with("if ") => {
+                let on = !var(&c[3..]).is_empty();
+                open.push((on, on));
+            }
+            Some(c) if c.starts_with("else if ") => {
+                let on = !var(&c[8..]).is_empty();
+                let top = open.last_mut().unwrap();
+                *top = (!top.1 && on, top.1 || on);
+            }
+            Some("else") => {
+                let top = open.last_mut().unwrap();
+                *top = (!top.1, true);
+            }
+            Some("end") => {
+                open.pop();
+            }
+            _ if active => {
+                let mut rest = line;
+                while let Some(start) = rest.find("{{") {
+                    out.push_str(&rest[..start]);
+                    let end = rest[start..].find("}}").unwrap() + start;
+                    out.push_str(&var(&rest[start + 2..end]));
+                    rest = &rest[end + 2..];
+                }
+                out.push_str(rest);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A golden metric's labels (name, value) in order, and its counter value.
+fn golden(file: &str, count: &str) -> (Vec<(String, String)>, String) {
+    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = render(
+        &std::fs::read_to_string(&path).unwrap(),
+        &[("RequestCount", count)],
+    );
+    let mut labels = Vec::new();
+    let mut value = String::new();
+    let mut lines = text.lines().map(str::trim);
+    while let Some(line) = lines.next() {
+        if let Some(name) = line.strip_prefix("- name: ") {
+            let v = lines.next().unwrap().strip_prefix("value: ").unwrap();
+            labels.push((name.to_owned(), v.trim_matches('"').to_owned()));
+        } else if let Some(v) = line.strip_prefix("value: ") {
+            value = v.to_owned();
+        }
+    }
+    (labels, value)
+}
+
+/// The series of `family` in a `/stats/prometheus` text: labels in order, and the value.
+fn series(text: &str, family: &str) -> Vec<(Vec<(String, String)>, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+        .map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ").unwrap();
+            let labels = labels
+                .split("\",")
+                .map(|pair| {
+                    let (k, v) = pair.split_once("=\"").unwrap();
+                    (k.to_owned(), v.trim_end_matches('"').to_owned())
+                })
+                .collect();
+            (labels, value.to_owned())
+        })
+        .collect()
+}
+
+/// A node's metadata from Istio's test node template.
+fn node_metadata(file: &str) -> String {
+    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
+    render(&std::fs::read_to_string(&path).unwrap(), &[])
+}
+
+/// istiod-shaped filters (istio/proxy `testdata/filters/{mx_native,stats}_{in,out}bound`).
+const MX_OUTBOUND: &str = r#"{name: mx_outbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {upstream_discovery: [{istio_headers: {}}, {workload_discovery: {}}], upstream_propagation: [{istio_headers: {}}]}}}"#;
+const MX_INBOUND: &str = r#"{name: mx_inbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {downstream_discovery: [{istio_headers: {}}], downstream_propagation: [{istio_headers: {}}]}}}"#;
+const STATS: &str = r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {}}}"#;
+const ROUTER: &str = r#"{name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}"#;
+
+/// An HCM listener: its direction, port, filters (before the router) and routes.
+fn hcm_listener(name: &str, direction: &str, port: u16, filters: &str, routes: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    traffic_direction: {direction}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: http
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          http_filters: [{filters}{ROUTER}]
+          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}"#
+    )
+}
+
+/// A static cluster to 127.0.0.1:`port`, with istiod's `istio` metadata when `service` is
+/// given (its host and name).
+fn static_cluster(name: &str, port: u16, service: Option<(&str, &str)>) -> String {
+    let metadata = service.map_or(String::new(), |(host, short)| {
+        format!(
+            "\n    metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
+        )
+    });
+    format!(
+        r#"
+  - name: {name}
+    type: STATIC
+    connect_timeout: 2s{metadata}
+    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"#
+    )
+}
+
+fn node_bootstrap(id: &str, metadata: &str, admin: u16, listeners: &str, clusters: &str) -> String {
+    format!(
+        "node: {{id: {id}, cluster: test-cluster, metadata: {{{metadata}}}}}\nadmin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n"
+    )
+}
+
+/// An upstream that hands each request head it reads to the test and answers `200`.
+fn capturing_upstream() -> (u16, std::sync::mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                while let Ok(n @ 1..) = s.read(&mut buf) {
+                    seen.extend_from_slice(&buf[..n]);
+                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let _ = tx.send(String::from_utf8_lossy(&seen[..end]).into_owned());
+                        seen.drain(..end + 4);
+                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// One request with `headers` (whole lines): the response head (lowercased names) and body.
+fn exchange(port: u16, path: &str, headers: &str) -> (String, String) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nhost: server.test\r\n{headers}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of header `name` in a message head.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// A Struct value as Istio's exchange writes them: a string or a nested Struct.
+#[derive(Debug, PartialEq)]
+enum PbValue {
+    Text(String),
+    Map(Vec<(String, PbValue)>),
+}
+
+/// Decodes a `google.protobuf.Struct` from its proto encoding, entries in wire order
+/// (written from the protobuf encoding spec: Struct.fields = 1, a map entry's key = 1 and
+/// value = 2, Value.string_value = 3, Value.struct_value = 5).
+fn decode_struct(mut b: &[u8]) -> Vec<(String, PbValue)> {
+    fn varint(b: &mut &[u8]) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = b[0];
+            *b = &b[1..];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+    /// The next field: its number and its length-delimited bytes (the only wire type used).
+    fn field<'a>(b: &mut &'a [u8]) -> (u64, &'a [u8]) {
+        let key = varint(b);
+        assert_eq!(key & 7, 2, "length-delimited field expected");
+        let len = varint(b) as usize;
+        let (bytes, rest) = b.split_at(len);
+        *b = rest;
+        (key >> 3, bytes)
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let (n, mut entry) = field(&mut b);
+        assert_eq!(n, 1);
+        let (mut key, mut value) = (String::new(), None);
+        while !entry.is_empty() {
+            match field(&mut entry) {
+                (1, k) => key = String::from_utf8(k.to_vec()).unwrap(),
+                (2, mut v) => {
+                    let (kind, bytes) = field(&mut v);
+                    value = Some(match kind {
+                        3 => PbValue::Text(String::from_utf8(bytes.to_vec()).unwrap()),
+                        5 => PbValue::Map(decode_struct(bytes)),
+                        other => panic!("unexpected Value field {other}"),
+                    });
+                }
+                (other, _) => panic!("unexpected entry field {other}"),
+            }
+        }
+        out.push((key, value.unwrap()));
+    }
+    out
+}
+
+/// An `x-envoy-peer-metadata` value decoded.
+fn peer_metadata(value: &str) -> Vec<(String, PbValue)> {
+    use base64::Engine;
+    decode_struct(
+        &base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .unwrap(),
+    )
+}
+
+fn text(s: &str) -> PbValue {
+    PbValue::Text(s.to_owned())
+}
+
+#[test]
+fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
+    let (client_admin, client_port) = (free_port(), free_port());
+    let (server_admin, server_port, backend_port) = (free_port(), free_port(), free_port());
+    let (capture_port, captured) = capturing_upstream();
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        client_admin,
+        &hcm_listener(
+            "client",
+            "OUTBOUND",
+            client_port,
+            &format!("{MX_OUTBOUND}, {STATS}, "),
+            "{match: {prefix: /capture}, route: {cluster: capture}}, {match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
+        ),
+        &(static_cluster(
+            "server-outbound-cluster",
+            server_port,
+            Some(("server.default.svc.cluster.local", "server")),
+        ) + &static_cluster("capture", capture_port, None)),
+    );
+    let server = node_bootstrap(
+        "server",
+        &node_metadata("server_node_metadata.json.tmpl"),
+        server_admin,
+        &(hcm_listener(
+            "server",
+            "INBOUND",
+            server_port,
+            &format!("{MX_INBOUND}, {STATS}, "),
+            "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
+        ) + &hcm_listener(
+            "staticreply",
+            "UNSPECIFIED",
+            backend_port,
+            "",
+            "{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: hello}}}",
+        )),
+        &static_cluster(
+            "server-inbound-cluster",
+            backend_port,
+            Some(("server.default.svc.cluster.local", "server")),
+        ),
+    );
+    let _client = Proxy::with_admin(&client, client_admin);
+    let _server = Proxy::with_admin(&server, server_admin);
+
+    // What the client sends upstream: its node id and its workload, in Istio's format.
+    let (head, _) = exchange(client_port, "/capture", "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let sent = captured.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(header(&sent, "x-envoy-peer-metadata-id"), Some("client"));
+    let metadata = peer_metadata(header(&sent, "x-envoy-peer-metadata").unwrap());
+    assert_eq!(
+        metadata,
+        [
+            ("CLUSTER_ID".to_owned(), text("client-cluster")),
+            (
+                "LABELS".to_owned(),
+                PbValue::Map(vec![
+                    ("app".to_owned(), text("productpage")),
+                    (
+                        "service.istio.io/canonical-name".to_owned(),
+                        text("productpage-v1")
+                    ),
+                    (
+                        "service.istio.io/canonical-revision".to_owned(),
+                        text("version-1")
+                    ),
+                    ("version".to_owned(), text("v1")),
+                ])
+            ),
+            ("NAME".to_owned(), text("productpage-v1-84975bc778-pxz2w")),
+            ("NAMESPACE".to_owned(), text("default")),
+            (
+                "OWNER".to_owned(),
+                text("kubernetes://apis/apps/v1/namespaces/default/deployments/productpage-v1")
+            ),
+            ("WORKLOAD_NAME".to_owned(), text("productpage-v1")),
+        ]
+    );
+
+    // The server answers a peer that sent its metadata with its own, and only then.
+    let client_headers = format!(
+        "x-envoy-peer-metadata-id: client\r\nx-envoy-peer-metadata: {}\r\n",
+        header(&sent, "x-envoy-peer-metadata").unwrap()
+    );
+    let (head, body) = exchange(server_port, "/", &client_headers);
+    assert_eq!(body, "hello");
+    assert_eq!(header(&head, "x-envoy-peer-metadata-id"), Some("server"));
+    let answered = peer_metadata(header(&head, "x-envoy-peer-metadata").unwrap());
+    assert!(answered.contains(&("WORKLOAD_NAME".to_owned(), text("ratings-v1"))));
+    let (head, _) = exchange(server_port, "/", "");
+    assert_eq!(header(&head, "x-envoy-peer-metadata"), None);
+
+    // Through both: the client's response no longer carries the server's headers.
+    for _ in 0..3 {
+        let (head, body) = exchange(client_port, "/", "");
+        assert_eq!(body, "hello");
+        assert_eq!(header(&head, "x-envoy-peer-metadata"), None, "{head}");
+        assert_eq!(header(&head, "x-envoy-peer-metadata-id"), None, "{head}");
+    }
+
+    // Each side's istio_requests_total: the golden's labels, in its order.
+    let scrape = |admin: u16| {
+        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1
+    };
+    let find = |admin: u16, golden: &[(String, String)]| {
+        series(&scrape(admin), "istio_requests_total")
+            .into_iter()
+            .find(|(labels, _)| labels == golden)
+    };
+    let (client_labels, _) = golden("client_request_total.yaml.tmpl", "3");
+    admin::wait_until("the client's three requests counted", || {
+        find(client_admin, &client_labels).is_some_and(|(_, v)| v == "3")
+    });
+    // The server saw the three through the client and the direct one with the client's
+    // metadata: four from productpage-v1 (the one without metadata is another series).
+    let (server_labels, _) = golden("server_request_total.yaml.tmpl", "");
+    let server_series = || find(server_admin, &server_labels);
+    admin::wait_until("the server's requests counted", || {
+        server_series().is_some_and(|(_, v)| v == "4")
+    });
+    let text = scrape(client_admin);
+    assert!(
+        text.contains("# TYPE istio_requests_total counter\n"),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE istio_request_duration_milliseconds histogram\n"));
+    assert!(!text.contains("envoy_istiocustom"));
 }
