@@ -43,6 +43,8 @@ struct Chain {
     kind: ChainKind,
     /// Its network RBAC filters, run on each connection before the terminal filter.
     rbac: Box<[NetworkRbac]>,
+    /// Its `istio.metadata_exchange` filter (for a TCP proxy's connections).
+    metadata_exchange: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -232,6 +234,7 @@ impl Listener {
                 limits,
                 kind,
                 rbac,
+                metadata_exchange: c.metadata_exchange.clone(),
             })
         };
         let address = config.address;
@@ -482,13 +485,17 @@ impl Listener {
                     original_dst: original,
                     ..Default::default()
                 };
+                let exchange = crate::tcp::exchange::Exchange {
+                    local: &shared.local_workload,
+                    downstream: chain.metadata_exchange.as_deref(),
+                };
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
                         let count = checked.as_ref().map(|c| move || c.count());
                         let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
                         crate::spawn::boxed(|| {
-                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data, Some(exchange))
                         })
                         .await
                     }
@@ -506,7 +513,7 @@ impl Listener {
                             }
                             let count = || checked.count();
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count), Some(exchange))
                                 .await;
                         })
                         .await
@@ -514,7 +521,9 @@ impl Listener {
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
+                                proxy
+                                    .serve_tls(s, &shared.clusters, lb, sni, None, Some(exchange))
+                                    .await;
                             }
                         })
                         .await

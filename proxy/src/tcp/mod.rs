@@ -24,6 +24,7 @@ use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 
 #[cfg(target_os = "linux")]
+pub mod exchange;
 mod splice;
 mod tunnel;
 
@@ -160,6 +161,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
+        exchange: Option<exchange::Exchange<'_>>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
@@ -200,8 +202,9 @@ impl TcpProxy {
                 self.run(copy, &activity, rec.as_deref_mut()).await;
             }
             tls => {
+                let up_peer = upstream_exchange(exchange, &upstream.mx, tls).await;
                 self.run(
-                    self.copy_both(&mut downstream, tls, &activity, false),
+                    self.copy_exchanging(&mut downstream, None, tls, up_peer, &activity),
                     &activity,
                     rec.as_deref_mut(),
                 )
@@ -220,6 +223,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
+        exchange: Option<exchange::Exchange<'_>>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -247,14 +251,58 @@ impl TcpProxy {
             )
             .await;
         } else {
+            let down_peer = match exchange {
+                Some(x) => downstream_exchange(x, &mut downstream).await,
+                None => None,
+            };
+            let up_peer = upstream_exchange(exchange, &upstream.mx, &mut upstream.stream).await;
             self.run(
-                self.copy_both(&mut downstream, &mut upstream.stream, &activity, false),
+                self.copy_exchanging(
+                    &mut downstream,
+                    down_peer,
+                    &mut upstream.stream,
+                    up_peer,
+                    &activity,
+                ),
                 &activity,
                 rec.as_deref_mut(),
             )
             .await;
         }
         self.log(rec, Some(&activity));
+    }
+
+    /// [`TcpProxy::copy_both`], each side's peer frame read off first where an exchange
+    /// started (`down_peer`, `up_peer`: where the peers' workloads go).
+    async fn copy_exchanging<D, U>(
+        &self,
+        down: &mut D,
+        down_peer: Option<Peer>,
+        up: &mut U,
+        up_peer: Option<Peer>,
+        activity: &Activity<'_>,
+    ) -> std::io::Result<((), ())>
+    where
+        D: AsyncRead + AsyncWrite + Unpin,
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
+        use exchange::PeerFrame;
+        match (down_peer, up_peer) {
+            (None, None) => self.copy_both(down, up, activity, false).await,
+            (Some(d), None) => {
+                self.copy_both(&mut PeerFrame::new(down, d), up, activity, false)
+                    .await
+            }
+            (None, Some(u)) => {
+                self.copy_both(down, &mut PeerFrame::new(up, u), activity, false)
+                    .await
+            }
+            (Some(d), Some(u)) => {
+                let mut down = PeerFrame::new(down, d);
+                self.copy_both(&mut down, &mut PeerFrame::new(up, u), activity, false)
+                    .await
+            }
+        }
     }
 
     /// Opens the configured tunnel on `upstream` (over HTTP/2 when `h2`, the cluster's
@@ -427,6 +475,38 @@ impl TcpProxy {
             _ = self.retired() => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
         }
     }
+}
+
+/// Where a peer's exchanged workload goes.
+type Peer = std::sync::Arc<std::sync::OnceLock<crate::config::istio::workload::Workload>>;
+
+/// Starts the exchange with a downstream that negotiated the chain's exchange ALPN: sends
+/// this side's frame; `Some` (where the peer's goes) when it started.
+async fn downstream_exchange(
+    exchange: exchange::Exchange<'_>,
+    downstream: &mut tokio_rustls::server::TlsStream<TcpStream>,
+) -> Option<Peer> {
+    let mx = exchange.downstream?;
+    if downstream.get_ref().1.alpn_protocol() != Some(mx.protocol.as_slice()) {
+        return None;
+    }
+    exchange::send_frame(downstream, exchange.local).await.ok()?;
+    Some(Peer::default())
+}
+
+/// Starts the exchange with an upstream whose cluster has the exchange filter and that
+/// negotiated its ALPN: sends this side's frame; `Some` when it started.
+async fn upstream_exchange(
+    exchange: Option<exchange::Exchange<'_>>,
+    mx: &Option<std::sync::Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    upstream: &mut UpstreamIo,
+) -> Option<Peer> {
+    let (exchange, mx) = (exchange?, mx.as_ref()?);
+    if upstream.alpn() != Some(mx.protocol.as_slice()) {
+        return None;
+    }
+    exchange::send_frame(upstream, exchange.local).await.ok()?;
+    Some(Peer::default())
 }
 
 /// The last time bytes moved, shared by both directions, the bytes each way, and who is told

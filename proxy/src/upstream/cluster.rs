@@ -39,6 +39,8 @@ pub struct UpstreamConnection {
     pub addr: SocketAddr,
     /// Keep alive as long as the connection is in use (drives `cx_active`).
     pub active: ActiveConnection,
+    /// The cluster's `istio.metadata_exchange` upstream filter, if it has one.
+    pub mx: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
 }
 
 /// A cluster: configuration, hosts and per-cluster state that survives config updates that
@@ -486,6 +488,7 @@ impl Cluster {
             stream,
             addr: host.addr,
             active,
+            mx: self.config.metadata_exchange.clone(),
         })
     }
 }

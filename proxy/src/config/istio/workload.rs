@@ -141,6 +141,46 @@ impl Workload {
     }
 }
 
+/// The magic number that starts a TCP metadata exchange frame (network byte order).
+pub const EXCHANGE_MAGIC: u32 = 0x3D23_0467;
+
+/// The frame Istio's TCP metadata exchange (`istio.metadata_exchange` network filter, after
+/// ALPN `istio-peer-exchange`) sends first on a connection: the magic, the payload's length
+/// (both 32-bit big-endian), and the payload, an `Any` of a `google.protobuf.Struct` holding
+/// `x-envoy-peer-metadata` (the workload's Struct) and `x-envoy-peer-metadata-id` (the node
+/// id, when there is one).
+pub fn exchange_frame(local: &LocalWorkload) -> Vec<u8> {
+    let metadata = length_delimited(5, &local.workload.to_struct_bytes());
+    let mut data = Vec::new();
+    let mut entry = length_delimited(1, b"x-envoy-peer-metadata");
+    entry.extend(length_delimited(2, &metadata));
+    data.extend(length_delimited(1, &entry));
+    if !local.id.is_empty() {
+        let mut entry = length_delimited(1, b"x-envoy-peer-metadata-id");
+        entry.extend(length_delimited(2, &length_delimited(3, local.id.as_bytes())));
+        data.extend(length_delimited(1, &entry));
+    }
+    let mut any = length_delimited(1, b"type.googleapis.com/google.protobuf.Struct");
+    any.extend(length_delimited(2, &data));
+    let mut frame = Vec::with_capacity(8 + any.len());
+    frame.extend_from_slice(&EXCHANGE_MAGIC.to_be_bytes());
+    frame.extend_from_slice(&(any.len() as u32).to_be_bytes());
+    frame.extend(any);
+    frame
+}
+
+/// The peer's workload in an exchange frame's payload (the `Any` after the 8-byte header);
+/// `None` when it is not one.
+pub fn exchanged_workload(payload: &[u8]) -> Option<Workload> {
+    use proto::pb::google::protobuf::Any;
+    let any: Any = prost::Message::decode(payload).ok()?;
+    let data: Struct = prost::Message::decode(any.value.as_slice()).ok()?;
+    match data.fields.get("x-envoy-peer-metadata")?.kind.as_ref()? {
+        Kind::StructValue(s) => Some(Workload::from_struct(s)),
+        _ => None,
+    }
+}
+
 /// A Struct field's value as the exchange writes them.
 enum Field<'a> {
     Text(&'a str),
@@ -240,6 +280,20 @@ mod tests {
                 "WORKLOAD_NAME"
             ]
         );
+    }
+
+    #[test]
+    fn an_exchange_frame_carries_the_workload_after_its_header() {
+        let local = LocalWorkload {
+            id: "sidecar~10.0.0.1~a.b~b.svc.cluster.local".into(),
+            workload: Workload::from_struct(&node()),
+            header: String::new(),
+        };
+        let frame = exchange_frame(&local);
+        assert_eq!(frame[..4], 0x3D23_0467u32.to_be_bytes());
+        let len = u32::from_be_bytes(frame[4..8].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 8);
+        assert_eq!(exchanged_workload(&frame[8..]), Some(local.workload));
     }
 
     #[test]
