@@ -647,3 +647,201 @@ fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
     assert!(text.contains("# TYPE istio_request_duration_milliseconds histogram\n"));
     assert!(!text.contains("envoy_istiocustom"));
 }
+
+/// A TCP upstream echoing every byte back.
+fn echo_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let mut w = s;
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    port
+}
+
+const TCP_MX: &str = r#"{"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange, value: {protocol: istio-peer-exchange}}"#;
+
+/// A protobuf length-delimited field (for the frame this test builds itself).
+fn pb_field(number: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![number << 3 | 2];
+    let mut len = bytes.len();
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// Reads exactly `n` bytes.
+fn read_n(r: &mut impl Read, n: usize) -> Vec<u8> {
+    let mut buf = vec![0; n];
+    r.read_exact(&mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+    let dir = CertDir::new();
+    let mesh = Ca::new("cluster.local");
+    let ca = mesh.write_root_to(dir.path(), "root");
+    let server_cert = mesh
+        .server(&["server.test"])
+        .issue()
+        .write_to(dir.path(), "server");
+    let echo = echo_upstream();
+    let (client_admin, client_port) = (free_port(), free_port());
+    let (server_admin, server_port) = (free_port(), free_port());
+    let tcp_proxy = |cluster: &str| {
+        format!(
+            r#"{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: {cluster}, cluster: {cluster}}}}}"#
+        )
+    };
+    let server = node_bootstrap(
+        "server",
+        &node_metadata("server_node_metadata.json.tmpl"),
+        server_admin,
+        &format!(
+            r#"
+  - name: inbound
+    traffic_direction: INBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
+    filter_chains:
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {}]
+      transport_socket:
+        name: tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          common_tls_context:
+            alpn_protocols: [istio-peer-exchange, istio]
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]"#,
+            tcp_proxy("echo"),
+            server_cert.chain.display(),
+            server_cert.key.display()
+        ),
+        &static_cluster("echo", echo, None),
+    );
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        client_admin,
+        &format!(
+            r#"
+  - name: outbound
+    traffic_direction: OUTBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {client_port}}}}}
+    filter_chains: [{{filters: [{}]}}]"#,
+            tcp_proxy("mesh")
+        ),
+        &format!(
+            r#"{}
+    filters: [{{name: envoy.filters.network.upstream.metadata_exchange, typed_config: {TCP_MX}}}]
+    transport_socket:
+      name: tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: server.test
+        common_tls_context:
+          alpn_protocols: [istio-peer-exchange, istio]
+          validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+            static_cluster("mesh", server_port, None),
+            ca.display()
+        ),
+    );
+    let _server = Proxy::with_admin(&server, server_admin);
+    let _client = Proxy::with_admin(&client, client_admin);
+
+    // Through both revoys: each took the other's frame off, so the bytes arrive as sent.
+    let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"hello mesh").unwrap();
+    assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+
+    // A client of this test's own, speaking Istio's framing to the server revoy.
+    let tls_client = |alpn: &[u8]| {
+        let mut config = certs::client_config(dir.path(), None);
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let name = "server.test".try_into().unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let tcp = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        rustls::StreamOwned::new(conn, tcp)
+    };
+    let mut s = tls_client(b"istio-peer-exchange");
+    let data = pb_field(
+        1,
+        &[
+            pb_field(1, b"x-envoy-peer-metadata-id"),
+            pb_field(2, &pb_field(3, b"test-peer")),
+        ]
+        .concat(),
+    );
+    let any = [
+        pb_field(1, b"type.googleapis.com/google.protobuf.Struct"),
+        pb_field(2, &data),
+    ]
+    .concat();
+    let mut frame = 0x3D23_0467u32.to_be_bytes().to_vec();
+    frame.extend((any.len() as u32).to_be_bytes());
+    frame.extend(&any);
+    frame.extend(b"ping");
+    s.write_all(&frame).unwrap();
+    // The server's frame first: magic, length, Any(Struct) with its workload and id.
+    let head = read_n(&mut s, 8);
+    assert_eq!(head[..4], [0x3D, 0x23, 0x04, 0x67]);
+    let len = u32::from_be_bytes(head[4..8].try_into().unwrap()) as usize;
+    let any = decode_any(&read_n(&mut s, len));
+    assert_eq!(any.0, "type.googleapis.com/google.protobuf.Struct");
+    let fields = decode_struct(&any.1);
+    assert_eq!(
+        fields[1],
+        ("x-envoy-peer-metadata-id".to_owned(), text("server"))
+    );
+    let PbValue::Map(metadata) = &fields[0].1 else {
+        panic!("{fields:?}")
+    };
+    assert_eq!(fields[0].0, "x-envoy-peer-metadata");
+    assert!(metadata.contains(&("WORKLOAD_NAME".to_owned(), text("ratings-v1"))));
+    // Then the echo of what followed this test's frame, and nothing of the frame.
+    assert_eq!(read_n(&mut s, 4), b"ping");
+
+    // Without the exchange's ALPN the bytes pass as they are, both ways.
+    let mut s = tls_client(b"istio");
+    s.write_all(b"ping").unwrap();
+    assert_eq!(read_n(&mut s, 4), b"ping");
+}
+
+/// An `Any`'s type URL and value (fields 1 and 2).
+fn decode_any(b: &[u8]) -> (String, Vec<u8>) {
+    let mut rest = b;
+    let (mut url, mut value) = (String::new(), Vec::new());
+    while !rest.is_empty() {
+        let key = rest[0];
+        let (len, used) = {
+            let (mut v, mut i) = (0usize, 1);
+            loop {
+                let byte = rest[i];
+                v |= usize::from(byte & 0x7f) << (7 * (i - 1));
+                i += 1;
+                if byte & 0x80 == 0 {
+                    break (v, i);
+                }
+            }
+        };
+        let bytes = &rest[used..used + len];
+        match key >> 3 {
+            1 => url = String::from_utf8(bytes.to_vec()).unwrap(),
+            2 => value = bytes.to_vec(),
+            other => panic!("unexpected Any field {other}"),
+        }
+        rest = &rest[used + len..];
+    }
+    (url, value)
+}

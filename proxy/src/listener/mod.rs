@@ -513,7 +513,14 @@ impl Listener {
                             }
                             let count = || checked.count();
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count), Some(exchange))
+                                .serve_tls(
+                                    s,
+                                    &shared.clusters,
+                                    lb,
+                                    sni,
+                                    Some(&count),
+                                    Some(exchange),
+                                )
                                 .await;
                         })
                         .await

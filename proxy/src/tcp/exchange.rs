@@ -27,7 +27,10 @@ pub struct Exchange<'a> {
 const MAX_PAYLOAD: usize = 1 << 20;
 
 /// Writes this side's exchange frame.
-pub async fn send_frame<S: AsyncWrite + Unpin>(stream: &mut S, local: &LocalWorkload) -> io::Result<()> {
+pub async fn send_frame<S: AsyncWrite + Unpin>(
+    stream: &mut S,
+    local: &LocalWorkload,
+) -> io::Result<()> {
     stream.write_all(&exchange_frame(local)).await?;
     stream.flush().await
 }
@@ -67,8 +70,12 @@ impl<S> PeerFrame<S> {
                 return true;
             }
             if self.buf.len() >= 8 + len {
-                if let Some(w) = crate::config::istio::workload::exchanged_workload(&self.buf[8..8 + len]) {
-                    let _ = self.peer.set(w);
+                if let Some(found) =
+                    crate::config::istio::workload::exchanged_workload(&self.buf[8..8 + len])
+                {
+                    if let Some(w) = found {
+                        let _ = self.peer.set(w);
+                    }
                     self.buf.drain(..8 + len);
                 }
                 return true;
@@ -104,7 +111,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for PeerFrame<S> {
 }
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for PeerFrame<S> {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }
 

@@ -490,7 +490,9 @@ async fn downstream_exchange(
     if downstream.get_ref().1.alpn_protocol() != Some(mx.protocol.as_slice()) {
         return None;
     }
-    exchange::send_frame(downstream, exchange.local).await.ok()?;
+    exchange::send_frame(downstream, exchange.local)
+        .await
+        .ok()?;
     Some(Peer::default())
 }
 

@@ -157,7 +157,10 @@ pub fn exchange_frame(local: &LocalWorkload) -> Vec<u8> {
     data.extend(length_delimited(1, &entry));
     if !local.id.is_empty() {
         let mut entry = length_delimited(1, b"x-envoy-peer-metadata-id");
-        entry.extend(length_delimited(2, &length_delimited(3, local.id.as_bytes())));
+        entry.extend(length_delimited(
+            2,
+            &length_delimited(3, local.id.as_bytes()),
+        ));
         data.extend(length_delimited(1, &entry));
     }
     let mut any = length_delimited(1, b"type.googleapis.com/google.protobuf.Struct");
@@ -169,16 +172,19 @@ pub fn exchange_frame(local: &LocalWorkload) -> Vec<u8> {
     frame
 }
 
-/// The peer's workload in an exchange frame's payload (the `Any` after the 8-byte header);
-/// `None` when it is not one.
-pub fn exchanged_workload(payload: &[u8]) -> Option<Workload> {
+/// What an exchange frame's payload (the `Any` after the 8-byte header) holds: `None` when
+/// it is no `Any` (the frame is then not taken off, as in Istio's filter), else the peer's
+/// workload when the Struct names one.
+pub fn exchanged_workload(payload: &[u8]) -> Option<Option<Workload>> {
     use proto::pb::google::protobuf::Any;
     let any: Any = prost::Message::decode(payload).ok()?;
-    let data: Struct = prost::Message::decode(any.value.as_slice()).ok()?;
-    match data.fields.get("x-envoy-peer-metadata")?.kind.as_ref()? {
-        Kind::StructValue(s) => Some(Workload::from_struct(s)),
-        _ => None,
-    }
+    let data: Option<Struct> = prost::Message::decode(any.value.as_slice()).ok();
+    Some(data.and_then(
+        |d| match d.fields.get("x-envoy-peer-metadata")?.kind.as_ref()? {
+            Kind::StructValue(s) => Some(Workload::from_struct(s)),
+            _ => None,
+        },
+    ))
 }
 
 /// A Struct field's value as the exchange writes them.
@@ -293,7 +299,7 @@ mod tests {
         assert_eq!(frame[..4], 0x3D23_0467u32.to_be_bytes());
         let len = u32::from_be_bytes(frame[4..8].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 8);
-        assert_eq!(exchanged_workload(&frame[8..]), Some(local.workload));
+        assert_eq!(exchanged_workload(&frame[8..]), Some(Some(local.workload)));
     }
 
     #[test]
