@@ -692,9 +692,14 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     let mesh = Ca::new("cluster.local");
     let ca = mesh.write_root_to(dir.path(), "root");
     let server_cert = mesh
-        .server(&["server.test"])
+        .workload("default", "server")
+        .dns("server.test")
         .issue()
         .write_to(dir.path(), "server");
+    let client_cert = mesh
+        .workload("default", "client")
+        .issue()
+        .write_to(dir.path(), "client");
     let echo = echo_upstream();
     let (client_admin, client_port) = (free_port(), free_port());
     let (server_admin, server_port) = (free_port(), free_port());
@@ -713,19 +718,26 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     traffic_direction: INBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
     filter_chains:
-    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {}]
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]
       transport_socket:
         name: tls
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
           common_tls_context:
             alpn_protocols: [istio-peer-exchange, istio]
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]"#,
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
             tcp_proxy("echo"),
             server_cert.chain.display(),
-            server_cert.key.display()
+            server_cert.key.display(),
+            ca.display()
         ),
-        &static_cluster("echo", echo, None),
+        &static_cluster(
+            "echo",
+            echo,
+            Some(("server.default.svc.cluster.local", "server")),
+        ),
     );
     let client = node_bootstrap(
         "client",
@@ -736,7 +748,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
   - name: outbound
     traffic_direction: OUTBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {client_port}}}}}
-    filter_chains: [{{filters: [{}]}}]"#,
+    filter_chains: [{{filters: [{STATS}, {}]}}]"#,
             tcp_proxy("mesh")
         ),
         &format!(
@@ -749,24 +761,51 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
         sni: server.test
         common_tls_context:
           alpn_protocols: [istio-peer-exchange, istio]
+          tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
           validation_context: {{trusted_ca: {{filename: {}}}}}"#,
-            static_cluster("mesh", server_port, None),
+            static_cluster(
+                "mesh",
+                server_port,
+                Some(("server.default.svc.cluster.local", "server"))
+            ),
+            client_cert.chain.display(),
+            client_cert.key.display(),
             ca.display()
         ),
     );
     let _server = Proxy::with_admin(&server, server_admin);
     let _client = Proxy::with_admin(&client, client_admin);
 
-    // Through both revoys: each took the other's frame off, so the bytes arrive as sent.
-    let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    conn.write_all(b"hello mesh").unwrap();
-    assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+    // Through both revoys: each took the other's frame off, so the bytes arrive as sent
+    // (ten connections, as in Istio's TCP test).
+    for _ in 0..10 {
+        let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"hello mesh").unwrap();
+        assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+    }
+    // Each side's istio_tcp_connections_opened_total: Istio's golden labels, peers from the
+    // exchange and principals from the mTLS certificates.
+    for (admin, file) in [
+        (client_admin, "tcp_client_connection_open.yaml.tmpl"),
+        (server_admin, "tcp_server_connection_open.yaml.tmpl"),
+    ] {
+        let (labels, value) = golden(file, "");
+        assert_eq!(value, "10");
+        admin::wait_until(file, || {
+            let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+                .unwrap()
+                .1;
+            series(&text, "istio_tcp_connections_opened_total")
+                .iter()
+                .any(|(l, v)| *l == labels && v == "10")
+        });
+    }
 
     // A client of this test's own, speaking Istio's framing to the server revoy.
     let tls_client = |alpn: &[u8]| {
-        let mut config = certs::client_config(dir.path(), None);
+        let mut config = certs::client_config(dir.path(), Some("client"));
         config.alpn_protocols = vec![alpn.to_vec()];
         let name = "server.test".try_into().unwrap();
         let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();

@@ -40,6 +40,8 @@ pub struct ChainConfig {
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
     /// Its `istio.metadata_exchange` filter (a TCP chain's), if it has one.
     pub metadata_exchange: Option<Arc<super::istio::metadata_exchange::TcpExchange>>,
+    /// Its `istio.stats` network filter (a TCP chain's), if it has one.
+    pub istio_stats: Option<Arc<super::istio::stats::IstioStatsConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -180,6 +182,7 @@ fn compile_chain(
     let mut limits = Vec::new();
     let mut rbac = Vec::new();
     let mut metadata_exchange = None;
+    let mut istio_stats = None;
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
     // filter state) is unknown to later RBAC rules.
@@ -270,6 +273,16 @@ fn compile_chain(
                 // keeps it in filter state): rules after it that read metadata fail closed.
                 skipped.get_or_insert_with(|| f.name.clone());
             }
+            _ if super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG).is_some() => {
+                let fields = super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG)
+                    .expect("checked above");
+                let before = warnings.len();
+                let compiled = super::istio::stats::compile(fields, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                istio_stats = Some(Arc::new(
+                    compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?,
+                ));
+            }
             other
                 if super::fail_closed::filter_fails_closed(
                     &f.name,
@@ -357,6 +370,7 @@ fn compile_chain(
         limits,
         rbac,
         metadata_exchange,
+        istio_stats,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))

@@ -9,6 +9,7 @@
 
 pub mod circllhist;
 pub mod histogram;
+pub mod istio;
 pub mod keyed;
 mod number;
 mod render;

@@ -12,15 +12,26 @@ use std::task::{Context, Poll, ready};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::config::istio::metadata_exchange::TcpExchange;
+use crate::config::istio::stats::IstioStatsConfig;
 use crate::config::istio::workload::{EXCHANGE_MAGIC, LocalWorkload, Workload, exchange_frame};
+use crate::stats::Store;
 
-/// What a proxied connection needs for the exchange.
-#[derive(Debug, Clone, Copy)]
-pub struct Exchange<'a> {
+/// Istio's network filters on a proxied connection: the exchange and `istio.stats`.
+#[derive(Debug, Clone)]
+pub struct IstioFilters<'a> {
     /// This proxy's workload, sent in its frames.
     pub local: &'a LocalWorkload,
     /// The downstream chain's `istio.metadata_exchange` filter, if it has one.
     pub downstream: Option<&'a TcpExchange>,
+    /// The chain's `istio.stats` filter, if it has one.
+    pub stats: Option<&'a IstioStatsConfig>,
+    /// Where its metrics go.
+    pub store: &'a Store,
+    /// Whether the listener is inbound (the destination reports).
+    pub inbound: bool,
+    /// The downstream's certificate's first URI SAN and this side's (TLS chains; empty
+    /// when unknown).
+    pub sans: (String, String),
 }
 
 /// A frame's payload larger than this is not taken for one.

@@ -161,7 +161,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
-        exchange: Option<exchange::Exchange<'_>>,
+        istio: Option<exchange::IstioFilters<'_>>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
@@ -200,15 +200,22 @@ impl TcpProxy {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
                 };
                 self.run(copy, &activity, rec.as_deref_mut()).await;
+                if let Some(istio) = &istio {
+                    record_istio(istio, &upstream, None, None, "", &activity);
+                }
             }
             tls => {
-                let up_peer = upstream_exchange(exchange, &upstream.mx, tls).await;
+                let up_peer = upstream_exchange(istio.as_ref(), &upstream.mx, tls).await;
+                let upstream_san = upstream_peer_san(tls);
                 self.run(
-                    self.copy_exchanging(&mut downstream, None, tls, up_peer, &activity),
+                    self.copy_exchanging(&mut downstream, None, tls, up_peer.clone(), &activity),
                     &activity,
                     rec.as_deref_mut(),
                 )
-                .await
+                .await;
+                if let Some(istio) = &istio {
+                    record_istio(istio, &upstream, None, up_peer, &upstream_san, &activity);
+                }
             }
         }
         self.log(rec, Some(&activity));
@@ -223,7 +230,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
-        exchange: Option<exchange::Exchange<'_>>,
+        istio: Option<exchange::IstioFilters<'_>>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -251,23 +258,35 @@ impl TcpProxy {
             )
             .await;
         } else {
-            let down_peer = match exchange {
+            let down_peer = match &istio {
                 Some(x) => downstream_exchange(x, &mut downstream).await,
                 None => None,
             };
-            let up_peer = upstream_exchange(exchange, &upstream.mx, &mut upstream.stream).await;
+            let up_peer =
+                upstream_exchange(istio.as_ref(), &upstream.mx, &mut upstream.stream).await;
+            let upstream_san = upstream_peer_san(&upstream.stream);
             self.run(
                 self.copy_exchanging(
                     &mut downstream,
-                    down_peer,
+                    down_peer.clone(),
                     &mut upstream.stream,
-                    up_peer,
+                    up_peer.clone(),
                     &activity,
                 ),
                 &activity,
                 rec.as_deref_mut(),
             )
             .await;
+            if let Some(istio) = &istio {
+                record_istio(
+                    istio,
+                    &upstream,
+                    down_peer,
+                    up_peer,
+                    &upstream_san,
+                    &activity,
+                );
+            }
         }
         self.log(rec, Some(&activity));
     }
@@ -483,7 +502,7 @@ type Peer = std::sync::Arc<std::sync::OnceLock<crate::config::istio::workload::W
 /// Starts the exchange with a downstream that negotiated the chain's exchange ALPN: sends
 /// this side's frame; `Some` (where the peer's goes) when it started.
 async fn downstream_exchange(
-    exchange: exchange::Exchange<'_>,
+    exchange: &exchange::IstioFilters<'_>,
     downstream: &mut tokio_rustls::server::TlsStream<TcpStream>,
 ) -> Option<Peer> {
     let mx = exchange.downstream?;
@@ -499,16 +518,98 @@ async fn downstream_exchange(
 /// Starts the exchange with an upstream whose cluster has the exchange filter and that
 /// negotiated its ALPN: sends this side's frame; `Some` when it started.
 async fn upstream_exchange(
-    exchange: Option<exchange::Exchange<'_>>,
+    istio: Option<&exchange::IstioFilters<'_>>,
     mx: &Option<std::sync::Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
     upstream: &mut UpstreamIo,
 ) -> Option<Peer> {
-    let (exchange, mx) = (exchange?, mx.as_ref()?);
+    let (istio, mx) = (istio?, mx.as_ref()?);
     if upstream.alpn() != Some(mx.protocol.as_slice()) {
         return None;
     }
-    exchange::send_frame(upstream, exchange.local).await.ok()?;
+    exchange::send_frame(upstream, istio.local).await.ok()?;
     Some(Peer::default())
+}
+
+/// The first URI SAN of a TLS upstream's certificate (empty for plaintext or none).
+fn upstream_peer_san(upstream: &UpstreamIo) -> String {
+    let UpstreamIo::Tls(tls) = upstream else {
+        return String::new();
+    };
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| crate::tls::x509::parse(c).ok())
+        .and_then(|info| info.uri_sans().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Records a connection that ended in Istio's TCP metrics (`istio.stats` on its chain):
+/// opened and closed, and the bytes each way, labelled with what the exchange learned of the
+/// peer (the downstream's for an inbound listener, the upstream's for an outbound one).
+fn record_istio(
+    istio: &exchange::IstioFilters<'_>,
+    upstream: &UpstreamConnection,
+    down_peer: Option<Peer>,
+    up_peer: Option<Peer>,
+    upstream_san: &str,
+    activity: &Activity<'_>,
+) {
+    use crate::stats::istio::{Ends, count, destination_service};
+    let Some(config) = istio.stats else { return };
+    let peer = if istio.inbound { down_peer } else { up_peer };
+    let upstream_local_san = if istio.inbound {
+        String::new()
+    } else {
+        upstream.active.local_uri_san()
+    };
+    let (service_host, service_name) = destination_service(
+        String::new(),
+        Some(&upstream.cluster),
+        "",
+        upstream.istio.as_deref(),
+    );
+    let ends = Ends {
+        server: istio.inbound,
+        local: &istio.local.workload,
+        peer: peer.as_ref().and_then(|p| p.get()),
+        peer_san: if istio.inbound {
+            &istio.sans.0
+        } else {
+            upstream_san
+        },
+        local_san: if istio.inbound {
+            &istio.sans.1
+        } else {
+            &upstream_local_san
+        },
+        service_host: &service_host,
+        service_name: &service_name,
+    };
+    let mut labels = ends.labels();
+    labels.extend([
+        ("request_protocol", "tcp".to_owned()),
+        ("response_flags", "-".to_owned()),
+        ("connection_security_policy", ends.security_policy()),
+    ]);
+    let store = istio.store;
+    // Indices in `config::istio::stats::METRICS`.
+    count(store, config, 6, &labels, 1);
+    count(
+        store,
+        config,
+        8,
+        &labels,
+        activity.tx.load(Ordering::Relaxed),
+    );
+    count(
+        store,
+        config,
+        9,
+        &labels,
+        activity.rx.load(Ordering::Relaxed),
+    );
+    count(store, config, 7, &labels, 1);
 }
 
 /// The last time bytes moved, shared by both directions, the bytes each way, and who is told

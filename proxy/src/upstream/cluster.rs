@@ -41,6 +41,10 @@ pub struct UpstreamConnection {
     pub active: ActiveConnection,
     /// The cluster's `istio.metadata_exchange` upstream filter, if it has one.
     pub mx: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    /// The cluster's name.
+    pub cluster: String,
+    /// The cluster's `istio` metadata.
+    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
 }
 
 /// A cluster: configuration, hosts and per-cluster state that survives config updates that
@@ -489,6 +493,8 @@ impl Cluster {
             addr: host.addr,
             active,
             mx: self.config.metadata_exchange.clone(),
+            cluster: self.config.name.clone(),
+            istio: self.config.istio.clone(),
         })
     }
 }

@@ -76,6 +76,22 @@ impl ActiveConnection {
         self.local
     }
 
+    /// The first URI SAN of the certificate this side presents on it (TLS with a client
+    /// certificate), else empty.
+    pub fn local_uri_san(&self) -> String {
+        let HostTransport::Tls(tls) = &self.host.transport else {
+            return String::new();
+        };
+        tls.certificates
+            .presented
+            .current()
+            .first()
+            .and_then(|c| c.key.cert.first())
+            .and_then(|der| crate::tls::x509::parse(der).ok())
+            .and_then(|info| info.uri_sans().next().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// Its cluster's stats.
     pub(crate) fn stats(&self) -> &ClusterStats {
         &self.stats

@@ -13,11 +13,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
 use super::{Encoder, Encoders, FilterRequest};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
-use crate::config::istio::stats::{IstioStatsConfig, METRICS};
+use crate::config::istio::stats::IstioStatsConfig;
 use crate::config::istio::workload::{LocalWorkload, Workload};
 use crate::route::action::ClusterSpecifier;
 use crate::route::{Action, Selected};
 use crate::stats::Store;
+use crate::stats::istio::{self, Ends};
 
 /// `x-envoy-peer-metadata-id`: the sender's node id.
 pub static PEER_ID: HeaderName = HeaderName::from_static("x-envoy-peer-metadata-id");
@@ -223,7 +224,7 @@ impl IstioStats {
             .and_then(|c| c.config().istio.clone());
         let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
         let (service_host, service_name) =
-            destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
+            istio::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
         let (peer_san, local_san) = match &req.conn.down.tls {
             Some(tls) => (
                 tls.peer()
@@ -254,46 +255,6 @@ impl IstioStats {
             response: None,
         })));
     }
-}
-
-/// `destination_service` and `destination_service_name` as Istio's stats filter finds them:
-/// the Host header (unless disabled), then the special clusters' names, then the cluster's
-/// `istio` service (its host, and its name or the host's first label).
-fn destination_service(
-    host: String,
-    cluster: Option<&str>,
-    route_name: &str,
-    istio: Option<&crate::config::istio::IstioCluster>,
-) -> (String, String) {
-    const SPECIAL: [&str; 5] = [
-        "BlackHoleCluster",
-        "PassthroughCluster",
-        "InboundPassthroughCluster",
-        "InboundPassthroughClusterIpv4",
-        "InboundPassthroughClusterIpv6",
-    ];
-    let mut service_host = host.clone();
-    let mut service_name = host;
-    match (route_name, cluster) {
-        ("block_all", _) => service_name = "BlackHoleCluster".into(),
-        ("allow_any", _) => service_name = "PassthroughCluster".into(),
-        (_, Some(c)) if SPECIAL.contains(&c) => service_name = c.into(),
-        _ => {
-            if let Some(i) = istio.filter(|i| !i.service_host.is_empty()) {
-                service_host.clone_from(&i.service_host);
-                service_name = if i.service_name.is_empty() {
-                    i.service_host
-                        .split('.')
-                        .next()
-                        .unwrap_or_default()
-                        .to_owned()
-                } else {
-                    i.service_name.clone()
-                };
-            }
-        }
-    }
-    (service_host, service_name)
 }
 
 /// The bytes of a header block as HTTP/1 writes it (`name: value\r\n` each).
@@ -359,105 +320,21 @@ impl StatsRequest {
 
     /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
     fn labels(&self) -> Vec<(&'static str, String)> {
-        const UNKNOWN: &str = "unknown";
-        let or = |v: &str, default: &str| {
-            if v.is_empty() {
-                default.to_owned()
+        let ends = Ends {
+            server: self.server,
+            local: &self.local.workload,
+            // A client's upstream connection's certificates are not known here.
+            peer: if self.server {
+                self.peers.downstream.get()
             } else {
-                v.to_owned()
-            }
+                self.peers.upstream.get()
+            },
+            peer_san: if self.server { &self.peer_san } else { "" },
+            local_san: if self.server { &self.local_san } else { "" },
+            service_host: &self.service_host,
+            service_name: &self.service_name,
         };
-        let local = &self.local.workload;
-        let (peer, peer_san, local_san) = if self.server {
-            (self.peers.downstream.get(), &self.peer_san, &self.local_san)
-        } else {
-            // The upstream connection's certificates are not known here.
-            (self.peers.upstream.get(), &String::new(), &String::new())
-        };
-        let none = Workload::default();
-        let p = peer.unwrap_or(&none);
-        let peer_namespace = namespace_of(peer_san)
-            .map(str::to_owned)
-            .unwrap_or_else(|| p.namespace.clone());
-        let mut out = vec![(
-            "reporter",
-            if self.server { "destination" } else { "source" }.to_owned(),
-        )];
-        if self.server {
-            out.extend([
-                ("source_workload", or(&p.workload, UNKNOWN)),
-                ("source_canonical_service", or(&p.canonical_name, UNKNOWN)),
-                (
-                    "source_canonical_revision",
-                    or(&p.canonical_revision, "latest"),
-                ),
-                ("source_workload_namespace", or(&peer_namespace, UNKNOWN)),
-                ("source_principal", or(peer_san, UNKNOWN)),
-                ("source_app", or(&p.app, UNKNOWN)),
-                ("source_version", or(&p.version, UNKNOWN)),
-                ("source_cluster", or(&p.cluster, UNKNOWN)),
-                ("destination_workload", local.workload.clone()),
-                ("destination_workload_namespace", local.namespace.clone()),
-                ("destination_principal", or(local_san, UNKNOWN)),
-                ("destination_app", local.app.clone()),
-                ("destination_version", local.version.clone()),
-                (
-                    "destination_service",
-                    or(&self.service_host, &local.canonical_name),
-                ),
-                (
-                    "destination_canonical_service",
-                    local.canonical_name.clone(),
-                ),
-                (
-                    "destination_canonical_revision",
-                    local.canonical_revision.clone(),
-                ),
-                (
-                    "destination_service_name",
-                    or(&self.service_name, &local.canonical_name),
-                ),
-                ("destination_service_namespace", local.namespace.clone()),
-                ("destination_cluster", local.cluster.clone()),
-            ]);
-        } else {
-            out.extend([
-                ("source_workload", local.workload.clone()),
-                ("source_canonical_service", local.canonical_name.clone()),
-                (
-                    "source_canonical_revision",
-                    local.canonical_revision.clone(),
-                ),
-                ("source_workload_namespace", local.namespace.clone()),
-                ("source_principal", or(local_san, UNKNOWN)),
-                ("source_app", local.app.clone()),
-                ("source_version", local.version.clone()),
-                ("source_cluster", local.cluster.clone()),
-                ("destination_workload", or(&p.workload, UNKNOWN)),
-                (
-                    "destination_workload_namespace",
-                    or(&peer_namespace, UNKNOWN),
-                ),
-                ("destination_principal", or(peer_san, UNKNOWN)),
-                ("destination_app", or(&p.app, UNKNOWN)),
-                ("destination_version", or(&p.version, UNKNOWN)),
-                ("destination_service", or(&self.service_host, UNKNOWN)),
-                (
-                    "destination_canonical_service",
-                    or(&p.canonical_name, UNKNOWN),
-                ),
-                (
-                    "destination_canonical_revision",
-                    or(&p.canonical_revision, "latest"),
-                ),
-                ("destination_service_name", or(&self.service_name, UNKNOWN)),
-                (
-                    "destination_service_namespace",
-                    or(&peer_namespace, UNKNOWN),
-                ),
-                ("destination_cluster", or(&p.cluster, UNKNOWN)),
-            ]);
-        }
+        let mut out = ends.labels();
         let answer = self.response.as_ref();
         out.extend([
             (
@@ -476,17 +353,7 @@ impl StatsRequest {
                 },
             ),
             ("response_flags", "-".to_owned()),
-            (
-                "connection_security_policy",
-                if !self.server {
-                    UNKNOWN
-                } else if !peer_san.is_empty() && !local_san.is_empty() {
-                    "mutual_tls"
-                } else {
-                    "none"
-                }
-                .to_owned(),
-            ),
+            ("connection_security_policy", ends.security_policy()),
         ]);
         out
     }
@@ -494,29 +361,12 @@ impl StatsRequest {
     /// Records the request in Istio's metrics.
     fn record(&self) {
         let labels = self.labels();
-        let for_metric = |i: usize| -> Option<Vec<(&str, &str)>> {
-            if self.config.dropped[i] {
-                return None;
-            }
-            let removed = &self.config.removed_tags[i];
-            Some(
-                labels
-                    .iter()
-                    .filter(|(k, _)| !removed.iter().any(|r| r == k))
-                    .map(|(k, v)| (*k, v.as_str()))
-                    .collect(),
-            )
-        };
-        let name = |i: usize| format!("istiocustom.istio_{}", METRICS[i]);
-        if let Some(tags) = for_metric(0) {
-            self.store.tagged_counter(&name(0), &tags).inc();
-        }
+        let (store, config) = (&self.store, &self.config);
+        istio::count(store, config, 0, &labels, 1);
         let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
         for (i, value) in [(1, ms), (2, self.request_bytes), (3, response_bytes)] {
-            if let Some(tags) = for_metric(i) {
-                self.store.tagged_histogram(&name(i), &tags).record(value);
-            }
+            istio::record(store, config, i, &labels, value);
         }
     }
 }
@@ -524,50 +374,5 @@ impl StatsRequest {
 impl Drop for StatsRequest {
     fn drop(&mut self) {
         self.record();
-    }
-}
-
-/// The namespace in a SPIFFE principal (`<domain>/ns/<namespace>/sa/<account>`).
-fn namespace_of(principal: &str) -> Option<&str> {
-    let at = principal.find("/ns/")? + 4;
-    let rest = &principal[at..];
-    Some(rest.split('/').next().unwrap_or(rest))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_namespace_comes_from_a_spiffe_principal() {
-        assert_eq!(
-            namespace_of("spiffe://cluster.local/ns/default/sa/bookinfo"),
-            Some("default")
-        );
-        assert_eq!(namespace_of("spiffe://cluster.local/ns/last"), Some("last"));
-        assert_eq!(namespace_of("spiffe://cluster.local/sa/x"), None);
-    }
-
-    #[test]
-    fn the_destination_service_prefers_the_clusters_istio_service() {
-        let istio = crate::config::istio::IstioCluster {
-            service_host: "server.default.svc.cluster.local".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            destination_service("host:80".into(), Some("c"), "", Some(&istio)),
-            (
-                "server.default.svc.cluster.local".to_owned(),
-                "server".to_owned()
-            )
-        );
-        assert_eq!(
-            destination_service("host:80".into(), Some("PassthroughCluster"), "", None),
-            ("host:80".to_owned(), "PassthroughCluster".to_owned())
-        );
-        assert_eq!(
-            destination_service("h".into(), Some("c"), "allow_any", Some(&istio)),
-            ("h".to_owned(), "PassthroughCluster".to_owned())
-        );
     }
 }
