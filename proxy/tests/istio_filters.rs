@@ -19,6 +19,8 @@ mod admin;
 mod certs;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/gotemplate.rs"]
+mod gotemplate;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/ports.rs"]
@@ -245,69 +247,37 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
     );
 }
 
-/// One of Istio's test templates (Go templates) rendered with every variable unset but
-/// `vars`: `if` / `else if` / `else` / `end` lines pick their branch, `{{ .Vars.X }}` is X's
-/// value or nothing.
-fn render(template: &str, vars: &[(&str, &str)]) -> String {
-    let var = |expr: &str| {
-        let name = expr.trim().trim_start_matches(".Vars.").trim();
-        vars.iter()
+/// One of Istio proxy's test templates (`tests/data/istio/`) rendered with the variables its
+/// tests leave empty (`vars` besides).
+fn render(file: &str, vars: &[(&str, &str)]) -> String {
+    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
+    let mut data = serde_json::Map::new();
+    for name in [
+        "GrpcResponseStatus",
+        "SDPort",
+        "StackdriverRootCAFile",
+        "StackdriverTokenFile",
+        "STSPort",
+        "AppVersionFallback",
+        "EnableAdditionalLabels",
+    ]
+    .into_iter()
+    .chain(vars.iter().map(|(n, _)| *n))
+    {
+        let value = vars
+            .iter()
             .find(|(n, _)| *n == name)
-            .map_or("", |(_, v)| *v)
-            .to_owned()
-    };
-    // Per open `if`: whether this branch is output, whether some branch was taken.
-    let mut open: Vec<(bool, bool)> = Vec::new();
-    let mut out = String::new();
-    for line in template.lines() {
-        let t = line.trim();
-        let inner = t
-            .strip_prefix("{{-")
-            .or_else(|| t.strip_prefix("{{"))
-            .and_then(|t| t.strip_suffix("}}"))
-            .map(str::trim);
-        let active = open.iter().all(|(on, _)| *on);
-        match inner {
-            Some(c) if c.starts_with("if ") => {
-                let on = !var(&c[3..]).is_empty();
-                open.push((on, on));
-            }
-            Some(c) if c.starts_with("else if ") => {
-                let on = !var(&c[8..]).is_empty();
-                let top = open.last_mut().unwrap();
-                *top = (!top.1 && on, top.1 || on);
-            }
-            Some("else") => {
-                let top = open.last_mut().unwrap();
-                *top = (!top.1, true);
-            }
-            Some("end") => {
-                open.pop();
-            }
-            _ if active => {
-                let mut rest = line;
-                while let Some(start) = rest.find("{{") {
-                    out.push_str(&rest[..start]);
-                    let end = rest[start..].find("}}").unwrap() + start;
-                    out.push_str(&var(&rest[start + 2..end]));
-                    rest = &rest[end + 2..];
-                }
-                out.push_str(rest);
-                out.push('\n');
-            }
-            _ => {}
-        }
+            .map_or("", |(_, v)| *v);
+        data.insert(name.to_owned(), value.into());
     }
-    out
+    let vars = serde_json::json!({ "Vars": data });
+    gotemplate::render(&std::fs::read_to_string(&path).unwrap(), &vars)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
 }
 
 /// A golden metric's labels (name, value) in order, and its counter value.
 fn golden(file: &str, count: &str) -> (Vec<(String, String)>, String) {
-    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = render(
-        &std::fs::read_to_string(&path).unwrap(),
-        &[("RequestCount", count)],
-    );
+    let text = render(file, &[("RequestCount", count)]);
     let mut labels = Vec::new();
     let mut value = String::new();
     let mut lines = text.lines().map(str::trim);
@@ -342,8 +312,7 @@ fn series(text: &str, family: &str) -> Vec<(Vec<(String, String)>, String)> {
 
 /// A node's metadata from Istio's test node template.
 fn node_metadata(file: &str) -> String {
-    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
-    render(&std::fs::read_to_string(&path).unwrap(), &[])
+    render(file, &[])
 }
 
 /// istiod-shaped filters (istio/proxy `testdata/filters/{mx_native,stats}_{in,out}bound`).
