@@ -15,6 +15,8 @@
 
 #[path = "support/admin.rs"]
 mod admin;
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/certs.rs"]
 mod certs;
 #[path = "support/child.rs"]
@@ -97,24 +99,7 @@ fn answer_offer(config: Arc<rustls::ServerConfig>, mut tcp: TcpStream, seen: &Mu
         return;
     };
     let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{offered}",
-                offered.len()
-            );
-            if stream.write_all(answer.as_bytes()).is_err() {
-                return;
-            }
-        }
-    }
+    http1::answer_heads(&mut stream, |_| http1::ok(&offered));
 }
 
 /// istiod's `istio.alpn` config for outbound listeners (as in its LDS output).
@@ -123,47 +108,44 @@ const ISTIO_ALPN: &str = r#"{name: istio.alpn, typed_config: {"@type": type.goog
 /// Two listeners routing `/h1`, `/h2` and `/down` to clusters of those upstream protocols
 /// (HTTP/1.1, HTTP/2, the downstream's), all TLS to `upstream` with Istio's mTLS ALPN list;
 /// `istio.alpn` runs on the first only.
-fn bootstrap(admin: u16, with: u16, without: u16, upstream: u16, ca: &std::path::Path) -> String {
+fn alpn_bootstrap(
+    admin: u16,
+    with: u16,
+    without: u16,
+    upstream: u16,
+    ca: &std::path::Path,
+) -> String {
+    let routes = "[{match: {prefix: /h1}, route: {cluster: h1}}, {match: {prefix: /h2}, route: {cluster: h2}}, {match: {prefix: /down}, route: {cluster: down}}]";
     let listener = |name: &str, port: u16, filters: &str| {
-        format!(
-            r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
-          http_protocol_options: {{accept_http_10: true}}
-          http_filters: [{filters}{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /h1}}, route: {{cluster: h1}}}}, {{match: {{prefix: /h2}}, route: {{cluster: h2}}}}, {{match: {{prefix: /down}}, route: {{cluster: down}}}}]}}]}}"#
+        bootstrap::http_listener(
+            name,
+            port,
+            "http_protocol_options: {accept_http_10: true}",
+            filters,
+            routes,
         )
     };
     let cluster = |name: &str, protocol: &str| {
-        format!(
-            r#"
-  - name: {name}
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        {protocol}
-    transport_socket:
-      name: envoy.transport_sockets.tls
-      typed_config:
-        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
-        sni: backend.test
-        common_tls_context:
-          alpn_protocols: [istio-peer-exchange, istio]
-          validation_context: {{trusted_ca: {{filename: {}}}}}
-    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}"#,
+        let extra = format!(
+            r#"typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    {protocol}
+transport_socket:
+  name: envoy.transport_sockets.tls
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+    sni: backend.test
+    common_tls_context:
+      alpn_protocols: [istio-peer-exchange, istio]
+      validation_context: {{trusted_ca: {{filename: {}}}}}"#,
             ca.display()
-        )
+        );
+        bootstrap::cluster(name, upstream, &extra)
     };
     format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{}{}\n  clusters:{}{}{}\n",
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}{}{}\n",
+        bootstrap::admin(admin),
         listener("with", with, &format!("{ISTIO_ALPN}, ")),
         listener("without", without, ""),
         cluster("h1", "explicit_http_config: {http_protocol_options: {}}"),
@@ -199,7 +181,7 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
     let ca = mesh.write_root_to(dir.path(), "ca");
     let (upstream, offers) = recording_upstream(&mesh.server(&["backend.test"]).issue());
     let (admin, with, without) = (free_port(), free_port(), free_port());
-    let _revoy = Proxy::with_admin(&bootstrap(admin, with, without, upstream, &ca), admin);
+    let _revoy = Proxy::with_admin(&alpn_bootstrap(admin, with, without, upstream, &ca), admin);
     let get = |port: u16, path: &str| {
         http1::get(None, ([127, 0, 0, 1], port).into(), path).unwrap_or_default()
     };
@@ -319,23 +301,13 @@ fn node_metadata(file: &str) -> String {
 const MX_OUTBOUND: &str = r#"{name: mx_outbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {upstream_discovery: [{istio_headers: {}}, {workload_discovery: {}}], upstream_propagation: [{istio_headers: {}}]}}}"#;
 const MX_INBOUND: &str = r#"{name: mx_inbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {downstream_discovery: [{istio_headers: {}}], downstream_propagation: [{istio_headers: {}}]}}}"#;
 const STATS: &str = r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {}}}"#;
-const ROUTER: &str = r#"{name: envoy.filters.http.router, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}"#;
 
-/// An HCM listener: its direction, port, filters (before the router) and routes.
+/// An HCM listener (see `bootstrap::http_listener`) with its `traffic_direction`.
 fn hcm_listener(name: &str, direction: &str, port: u16, filters: &str, routes: &str) -> String {
-    format!(
-        r#"
-  - name: {name}
-    traffic_direction: {direction}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: http
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
-          http_filters: [{filters}{ROUTER}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}"#
+    bootstrap::http_listener(name, port, "", filters, &format!("[{routes}]")).replacen(
+        &format!("- name: {name}\n"),
+        &format!("- name: {name}\n    traffic_direction: {direction}\n"),
+        1,
     )
 }
 
@@ -344,21 +316,16 @@ fn hcm_listener(name: &str, direction: &str, port: u16, filters: &str, routes: &
 fn static_cluster(name: &str, port: u16, service: Option<(&str, &str)>) -> String {
     let metadata = service.map_or(String::new(), |(host, short)| {
         format!(
-            "\n    metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
+            "metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
         )
     });
-    format!(
-        r#"
-  - name: {name}
-    type: STATIC
-    connect_timeout: 2s{metadata}
-    load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"#
-    )
+    bootstrap::cluster(name, port, &metadata)
 }
 
 fn node_bootstrap(id: &str, metadata: &str, admin: u16, listeners: &str, clusters: &str) -> String {
     format!(
-        "node: {{id: {id}, cluster: test-cluster, metadata: {{{metadata}}}}}\nadmin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n"
+        "node: {{id: {id}, cluster: test-cluster, metadata: {{{metadata}}}}}\n{}static_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
+        bootstrap::admin(admin)
     )
 }
 
@@ -372,16 +339,10 @@ fn capturing_upstream() -> (u16, std::sync::mpsc::Receiver<String>) {
             let tx = tx.clone();
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(5))).ok();
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                while let Ok(n @ 1..) = s.read(&mut buf) {
-                    seen.extend_from_slice(&buf[..n]);
-                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let _ = tx.send(String::from_utf8_lossy(&seen[..end]).into_owned());
-                        seen.drain(..end + 4);
-                        let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
-                    }
-                }
+                http1::answer_heads(&mut s, |head| {
+                    let _ = tx.send(head.to_owned());
+                    http1::ok("")
+                });
             });
         }
     });
