@@ -38,6 +38,7 @@ mod grpc_web;
 mod health_check;
 mod istio;
 mod local_ratelimit;
+mod lua;
 mod ratelimit;
 mod rbac;
 pub mod rls;
@@ -103,6 +104,8 @@ enum Kind {
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::Lua>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -144,6 +147,9 @@ pub struct FilterRequest<'a> {
     pub upstream_alpn: Option<Arc<AlpnOverrides>>,
     /// What Istio's filters know of the request's peers, once one of them runs.
     pub peers: Option<Arc<istio::Peers>>,
+    /// Set by a filter that rewrote the path (with query): the router sends the request with
+    /// it and routes by it.
+    pub new_path: Option<String>,
 }
 
 impl FilterRequest<'_> {
@@ -218,6 +224,8 @@ enum Encoder {
     PeerMetadata(Box<istio::PeerResponse>),
     /// `istio.stats`'s request, recorded when it ends.
     IstioStats(Box<istio::StatsRequest>),
+    /// A Lua script's `envoy_on_response`, to run on the response.
+    Lua(lua::Pending),
 }
 
 impl Chain {
@@ -269,6 +277,12 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                     FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
@@ -362,6 +376,10 @@ impl Chain {
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Lua(script) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    script.decode(req, settings, encoders).await
+                }
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -432,6 +450,7 @@ impl Encoder {
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
             Encoder::PeerMetadata(p) => p.encode(resp),
             Encoder::IstioStats(s) => s.encode(resp),
+            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
 }
