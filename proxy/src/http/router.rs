@@ -332,6 +332,7 @@ async fn route_and_forward(
         );
     }
     let mut reselect = false;
+    let mut upstream_alpn = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -346,12 +347,15 @@ async fn route_and_forward(
             record: pending.as_deref_mut().map(Pending::record),
             version,
             clear_route_cache: false,
+            upstream_alpn: None,
+            peers: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
         reselect = filtered.clear_route_cache;
+        upstream_alpn = filtered.upstream_alpn;
         if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
@@ -598,6 +602,10 @@ async fn route_and_forward(
                 avoid: Vec::new(),
                 report_host: response_rules || pending.is_some(),
                 target,
+                alpn: upstream_alpn.map(|overrides| crate::upstream::RequestAlpn {
+                    overrides,
+                    downstream_http10: req.version() == http::Version::HTTP_10,
+                }),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;

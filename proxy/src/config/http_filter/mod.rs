@@ -138,6 +138,13 @@ pub enum FilterKind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `istio.alpn`: the ALPN list upstream TLS connections offer, per upstream protocol.
+    IstioAlpn(Arc<super::istio::alpn::AlpnOverrides>),
+    /// `istio.metadata_exchange` (io.istio.http.peer_metadata.Config): peers' workload
+    /// metadata from `x-envoy-peer-metadata` headers, and this proxy's sent in them.
+    PeerMetadata(Arc<super::istio::peer_metadata::PeerMetadataConfig>),
+    /// `istio.stats` (stats.PluginConfig): Istio's standard request metrics.
+    IstioStats(Arc<super::istio::stats::IstioStatsConfig>),
 }
 
 impl FilterChain {
@@ -372,8 +379,30 @@ fn compile_kind(
             grpc_http1_bridge::compile(&unpack(any)?)?;
             Some(FilterKind::GrpcHttp1Bridge)
         }
-        _ => None,
+        _ => compile_istio(any, warnings)?,
     })
+}
+
+/// The Istio filter `any` configures (from istio/proxy, which stock Envoy lacks), or `None`
+/// when it is none revoy has.
+fn compile_istio(any: &Any, warnings: &mut Warnings) -> Result<Option<FilterKind>, ConfigError> {
+    use super::istio::{Fields, alpn, peer_metadata, stats};
+    if let Some(fields) = Fields::of(any, alpn::FILTER_CONFIG) {
+        return Ok(Some(FilterKind::IstioAlpn(Arc::new(alpn::compile(
+            fields,
+        )?))));
+    }
+    if let Some(fields) = Fields::of(any, peer_metadata::CONFIG) {
+        return Ok(Some(FilterKind::PeerMetadata(Arc::new(
+            peer_metadata::compile(fields, warnings)?,
+        ))));
+    }
+    if let Some(fields) = Fields::of(any, stats::PLUGIN_CONFIG) {
+        return Ok(Some(FilterKind::IstioStats(Arc::new(stats::compile(
+            fields, warnings,
+        )?))));
+    }
+    Ok(None)
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:

@@ -37,6 +37,7 @@ mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
 mod health_check;
+mod istio;
 mod jwt_authn;
 mod local_ratelimit;
 mod lua;
@@ -54,6 +55,7 @@ use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
+use crate::config::istio::alpn::AlpnOverrides;
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
 
@@ -61,6 +63,8 @@ use crate::stats::{Counter, Store};
 #[derive(Debug)]
 pub struct Chain {
     filters: Box<[Filter]>,
+    /// The index of its `istio.stats` filter, which observes every request from the start.
+    istio_stats: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -110,6 +114,12 @@ enum Kind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `istio.alpn`.
+    IstioAlpn(Arc<AlpnOverrides>),
+    /// `istio.metadata_exchange`.
+    PeerMetadata(istio::PeerMetadata),
+    /// `istio.stats`.
+    IstioStats(istio::IstioStats),
 }
 
 /// One request as the filters see it, before the router.
@@ -137,6 +147,10 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
+    pub upstream_alpn: Option<Arc<AlpnOverrides>>,
+    /// What Istio's filters know of the request's peers, once one of them runs.
+    pub peers: Option<Arc<istio::Peers>>,
     /// Set by a filter that rewrote the path (with query): the router sends the request with
     /// it and routes by it.
     pub new_path: Option<String>,
@@ -232,6 +246,10 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// `istio.metadata_exchange`'s side of the response.
+    PeerMetadata(Box<istio::PeerResponse>),
+    /// `istio.stats`'s request, recorded when it ends.
+    IstioStats(Box<istio::StatsRequest>),
     /// A Lua script's `envoy_on_response`, to run on the response.
     Lua(lua::Pending),
 }
@@ -296,10 +314,21 @@ impl Chain {
                     ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
+                    FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
+                    FilterKind::PeerMetadata(c) => {
+                        Kind::PeerMetadata(istio::PeerMetadata(c.clone()))
+                    }
+                    FilterKind::IstioStats(c) => Kind::IstioStats(istio::IstioStats::new(c, store)),
                 },
             })
-            .collect();
-        Chain { filters }
+            .collect::<Box<[Filter]>>();
+        let istio_stats = filters
+            .iter()
+            .position(|f| matches!(f.kind, Kind::IstioStats(_)));
+        Chain {
+            filters,
+            istio_stats,
+        }
     }
 
     /// Whether the chain has no filter before the router.
@@ -313,6 +342,15 @@ impl Chain {
         req: &mut FilterRequest<'_>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
+        if let Some(f) = self.istio_stats.map(|i| &self.filters[i])
+            && let Kind::IstioStats(stats) = &f.kind
+            && !req
+                .route
+                .and_then(|r| r.filter_disabled(&f.name))
+                .unwrap_or(f.disabled)
+        {
+            stats.start(req, encoders);
+        }
         for f in self.filters.iter() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
@@ -383,6 +421,16 @@ impl Chain {
                     grpc_http1_bridge::decode(req, encoders);
                     None
                 }
+                Kind::IstioAlpn(overrides) => {
+                    req.upstream_alpn = Some(overrides.clone());
+                    None
+                }
+                Kind::PeerMetadata(mx) => {
+                    mx.decode(req, encoders);
+                    None
+                }
+                // Started before the first filter.
+                Kind::IstioStats(_) => None,
             };
             if reply.is_some() {
                 return reply;
@@ -433,6 +481,8 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::PeerMetadata(p) => p.encode(resp),
+            Encoder::IstioStats(s) => s.encode(resp),
             Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
