@@ -38,6 +38,10 @@ pub struct ChainConfig {
     pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The `envoy.filters.network.rbac` filters before it, in order.
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
+    /// Its `istio.metadata_exchange` filter (a TCP chain's), if it has one.
+    pub metadata_exchange: Option<Arc<super::istio::metadata_exchange::TcpExchange>>,
+    /// Its `istio.stats` network filter (a TCP chain's), if it has one.
+    pub istio_stats: Option<Arc<super::istio::stats::IstioStatsConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -182,6 +186,8 @@ fn compile_chain(
     let mut terminal = None;
     let mut limits = Vec::new();
     let mut rbac = Vec::new();
+    let mut metadata_exchange = None;
+    let mut istio_stats = None;
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
     // filter state) is unknown to later RBAC rules.
@@ -265,6 +271,28 @@ fn compile_chain(
                     refused.get_or_insert(what);
                 }
                 rbac.push(Arc::new(compiled));
+            }
+            _ if super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
+                .is_some() =>
+            {
+                let fields = super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
+                    .expect("checked above");
+                let compiled = super::istio::metadata_exchange::compile(fields)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                metadata_exchange = Some(Arc::new(compiled));
+                // The peer metadata it reads is not offered to RBAC rules (Istio's filter
+                // keeps it in filter state): rules after it that read metadata fail closed.
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
+            _ if super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG).is_some() => {
+                let fields = super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG)
+                    .expect("checked above");
+                let before = warnings.len();
+                let compiled = super::istio::stats::compile(fields, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                istio_stats = Some(Arc::new(
+                    compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?,
+                ));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -352,6 +380,8 @@ fn compile_chain(
         terminal,
         limits,
         rbac,
+        metadata_exchange,
+        istio_stats,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))

@@ -12,6 +12,7 @@ pub mod fail_closed;
 pub mod filter_chain_match;
 pub mod hcm;
 pub mod http_filter;
+pub mod istio;
 pub mod listener;
 pub mod local_reply;
 pub mod metadata_matcher;

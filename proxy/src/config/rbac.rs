@@ -144,12 +144,13 @@ pub fn compile_per_route(
 }
 
 /// Why an RBAC filter whose enforced rules read dynamic metadata or filter state must deny
-/// everything: `skipped`, a filter revoy does not run that comes before it, may set them in
-/// Envoy (so a DENY rule on them could let through what Envoy stops).
+/// everything: `skipped`, a filter before it that revoy does not run (or whose metadata it
+/// does not keep: jwt_authn's), may set them in Envoy (so a DENY rule on them could let
+/// through what Envoy stops).
 pub fn unknown_metadata(skipped: &str) -> String {
     format!(
-        "its rules match dynamic metadata or filter state, which filter '{skipped}' (not \
-         implemented by revoy, earlier in the chain) may set"
+        "its rules match dynamic metadata or filter state, which filter '{skipped}' (earlier \
+         in the chain) may set in Envoy and does not in revoy"
     )
 }
 

@@ -159,10 +159,6 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     }
 }
 
-/// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
-/// buffered or sent), so an answer made before that was made at routing time. It turns back
-/// when the first attempt (or an upgrade's connection) could not start, which Envoy also
-/// decides at routing time (see [`crate::upstream::UpstreamError::not_started`]).
 /// Replaces `req`'s path and query with `path` (left as it was when `path` is not one).
 fn set_path(req: &mut Request<Body>, path: &str) {
     if let Ok(pq) = http::uri::PathAndQuery::try_from(path) {
@@ -174,6 +170,10 @@ fn set_path(req: &mut Request<Body>, path: &str) {
     }
 }
 
+/// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
+/// buffered or sent), so an answer made before that was made at routing time. It turns back
+/// when the first attempt (or an upgrade's connection) could not start, which Envoy also
+/// decides at routing time (see [`crate::upstream::UpstreamError::not_started`]).
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
@@ -341,6 +341,7 @@ async fn route_and_forward(
         );
     }
     let mut reselect = false;
+    let mut upstream_alpn = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -356,12 +357,15 @@ async fn route_and_forward(
             version,
             clear_route_cache: false,
             metadata,
+            upstream_alpn: None,
+            peers: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
         reselect = filtered.clear_route_cache;
+        upstream_alpn = filtered.upstream_alpn;
         if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
@@ -611,6 +615,10 @@ async fn route_and_forward(
                 avoid: Vec::new(),
                 report_host: response_rules || pending.is_some(),
                 target,
+                alpn: upstream_alpn.map(|overrides| crate::upstream::RequestAlpn {
+                    overrides,
+                    downstream_http10: req.version() == http::Version::HTTP_10,
+                }),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;

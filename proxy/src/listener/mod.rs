@@ -43,6 +43,10 @@ struct Chain {
     kind: ChainKind,
     /// Its network RBAC filters, run on each connection before the terminal filter.
     rbac: Box<[NetworkRbac]>,
+    /// Its `istio.metadata_exchange` filter (for a TCP proxy's connections).
+    metadata_exchange: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    /// Its `istio.stats` network filter (for a TCP proxy's connections).
+    istio_stats: Option<Arc<crate::config::istio::stats::IstioStatsConfig>>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -234,6 +238,8 @@ impl Listener {
                 limits,
                 kind,
                 rbac,
+                metadata_exchange: c.metadata_exchange.clone(),
+                istio_stats: c.istio_stats.clone(),
             })
         };
         let address = config.address;
@@ -506,31 +512,52 @@ impl Listener {
                     original_dst: original,
                     ..Default::default()
                 };
+                let istio = |sans: (String, String)| crate::tcp::exchange::IstioFilters {
+                    local: &shared.local_workload,
+                    downstream: chain.metadata_exchange.as_deref(),
+                    stats: chain.istio_stats.as_deref(),
+                    store: &shared.stats,
+                    inbound: self.config.inbound,
+                    sans,
+                };
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
                         let count = checked.as_ref().map(|c| move || c.count());
                         let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                        let istio = istio(Default::default());
                         crate::spawn::boxed(|| {
-                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data, Some(istio))
                         })
                         .await
                     }
-                    Some(tls) if !rbac.filters.is_empty() => {
+                    Some(tls) if !rbac.filters.is_empty() || chain.istio_stats.is_some() => {
                         crate::spawn::boxed(|| async {
                             let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
                             else {
                                 return;
                             };
-                            let Some(checked) = rbac.check(Some(&peer_tls)) else {
-                                return;
-                            };
-                            if !checked.allowed() {
+                            let checked = rbac.check(Some(&peer_tls));
+                            if let Some(checked) = &checked
+                                && !checked.allowed()
+                            {
                                 return checked.close(&mut s).await;
                             }
-                            let count = || checked.count();
+                            let count = checked.as_ref().map(|c| move || c.count());
+                            let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                            let sans = (
+                                peer_tls
+                                    .peer()
+                                    .and_then(|c| c.uri_sans().next().map(str::to_owned))
+                                    .unwrap_or_default(),
+                                peer_tls
+                                    .local_uri_sans()
+                                    .first()
+                                    .cloned()
+                                    .unwrap_or_default(),
+                            );
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .serve_tls(s, &shared.clusters, lb, sni, on_data, Some(istio(sans)))
                                 .await;
                         })
                         .await
@@ -538,7 +565,10 @@ impl Listener {
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
+                                let istio = istio(Default::default());
+                                proxy
+                                    .serve_tls(s, &shared.clusters, lb, sni, None, Some(istio))
+                                    .await;
                             }
                         })
                         .await

@@ -1,7 +1,7 @@
 //! The part of Go's `text/template` that Istio's bootstrap template (`envoy_bootstrap.json`)
 //! uses, so tests can render it as pilot-agent does: `{{ .a.b }}`, `{{ $var }}`, `{{ js X }}`,
-//! `{{ toJson X }}`, `{{ if X }}` / `{{ else if X }}` / `{{ else }}` / `{{ end }}` with `or` and
-//! `and`, `{{ range $i, $v := X }}`, and the `{{-` / `-}}` whitespace trims. Data is JSON; a
+//! `{{ toJson X }}`, `{{ if X }}` / `{{ else if X }}` / `{{ else }}` / `{{ end }}` with `or`,
+//! `and` and `eq` (of operands or string literals, as Istio proxy's test templates use it), `{{ range $i, $v := X }}`, and the `{{-` / `-}}` whitespace trims. Data is JSON; a
 //! missing key is false in a condition and an error when printed.
 
 use std::collections::HashMap;
@@ -203,6 +203,13 @@ fn eval(expr: &str, data: &Value, vars: &HashMap<String, Value>) -> Result<Optio
                 }
             }
             Ok(last)
+        }
+        ["eq", a, b] => {
+            let value = |w: &str| match w.strip_prefix('"').and_then(|w| w.strip_suffix('"')) {
+                Some(literal) => Ok(Some(Value::String(literal.to_owned()))),
+                None => operand(w),
+            };
+            Ok(Some(Value::Bool(value(a)? == value(b)?)))
         }
         ["js", arg] => Ok(operand(arg)?.map(|v| Value::String(js_escape(&print(&v))))),
         ["toJson", arg] => Ok(Some(Value::String(

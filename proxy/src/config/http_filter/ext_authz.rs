@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
-use proto::pb::envoy::config::core::v3::{GrpcService, grpc_service, http_uri};
+use proto::pb::envoy::config::core::v3::{GrpcService, grpc_service};
 use proto::pb::envoy::extensions::filters::http::ext_authz::v3 as pb;
 use proto::pb::envoy::r#type::matcher::v3::ListStringMatcher;
 
@@ -326,26 +326,13 @@ fn http_target(
         .server_uri
         .as_ref()
         .ok_or_else(|| ConfigError::new("server_uri", "value is required"))?;
-    let cluster = match &uri.http_upstream_type {
-        Some(http_uri::HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
-        _ => {
-            return Err(ConfigError::new(
-                "server_uri.cluster",
-                "value length must be at least 1 characters",
-            ));
-        }
-    };
+    let (cluster, timeout) = super::http_uri_target(uri).map_err(|e| e.within("server_uri"))?;
     let authority = uri
         .uri
         .parse::<http::Uri>()
         .ok()
         .and_then(|u| u.authority().map(|a| a.as_str().to_owned()))
         .ok_or_else(|| ConfigError::new("server_uri.uri", format!("invalid URI '{}'", uri.uri)))?;
-    let timeout = uri
-        .timeout
-        .as_ref()
-        .map(crate::config::route::duration)
-        .ok_or_else(|| ConfigError::new("server_uri.timeout", "value is required"))?;
     if h.retry_policy.is_some() {
         return Err(ConfigError::new(
             "retry_policy",

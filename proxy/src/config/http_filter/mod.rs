@@ -17,6 +17,7 @@ pub mod fault;
 pub mod grpc_http1_bridge;
 pub mod header_to_metadata;
 pub mod health_check;
+pub mod jwt_authn;
 pub mod local_ratelimit;
 pub mod lua;
 pub mod matching;
@@ -44,6 +45,8 @@ const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
+const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+const JWT_AUTHN_PER_ROUTE: &str = "envoy.extensions.filters.http.jwt_authn.v3.PerRouteConfig";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
@@ -116,13 +119,15 @@ pub enum FilterKind {
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(Arc<basic_auth::BasicAuthConfig>),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(Arc<jwt_authn::JwtAuthnConfig>),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
         config: Arc<super::rbac::HttpRbacConfig>,
-        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
-        /// reading dynamic metadata or filter state, which that filter may set, then deny
-        /// every request they see.
+        /// A filter revoy skips (or a jwt_authn asked for metadata revoy does not keep) that
+        /// runs before it (in this chain or the listener's): rules reading dynamic metadata
+        /// or filter state, which that filter may set, then deny every request they see.
         after_skipped: Option<Arc<str>>,
     },
     /// `envoy.filters.http.cors` (its policies are per route).
@@ -137,6 +142,13 @@ pub enum FilterKind {
     GrpcHttp1Bridge,
     /// `envoy.filters.http.header_to_metadata`.
     HeaderToMetadata(Arc<header_to_metadata::HeaderToMetadataConfig>),
+    /// `istio.alpn`: the ALPN list upstream TLS connections offer, per upstream protocol.
+    IstioAlpn(Arc<super::istio::alpn::AlpnOverrides>),
+    /// `istio.metadata_exchange` (io.istio.http.peer_metadata.Config): peers' workload
+    /// metadata from `x-envoy-peer-metadata` headers, and this proxy's sent in them.
+    PeerMetadata(Arc<super::istio::peer_metadata::PeerMetadataConfig>),
+    /// `istio.stats` (stats.PluginConfig): Istio's standard request metrics.
+    IstioStats(Arc<super::istio::stats::IstioStatsConfig>),
 }
 
 impl FilterChain {
@@ -256,6 +268,14 @@ pub fn compile_chain(
                     after_skipped: skipped.clone(),
                 }
             }
+            Some(FilterKind::JwtAuthn(config)) => {
+                // The metadata it would set is missing: RBAC rules after it that read
+                // metadata deny, as after a skipped filter.
+                if config.sets_metadata {
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
+                }
+                FilterKind::JwtAuthn(config)
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -329,6 +349,11 @@ fn compile_kind(
             ctx,
             &unpack(any)?,
         )?))),
+        JWT_AUTHN => Some(FilterKind::JwtAuthn(Arc::new(jwt_authn::compile(
+            ctx,
+            &unpack(any)?,
+            warnings,
+        )?))),
         RBAC => Some(FilterKind::Rbac {
             config: Arc::new(super::rbac::compile_http(ctx, &unpack(any)?, warnings)?),
             after_skipped: None,
@@ -360,8 +385,30 @@ fn compile_kind(
         HEADER_TO_METADATA => Some(FilterKind::HeaderToMetadata(Arc::new(
             header_to_metadata::compile(ctx, &unpack(any)?, false, warnings)?,
         ))),
-        _ => None,
+        _ => compile_istio(any, warnings)?,
     })
+}
+
+/// The Istio filter `any` configures (from istio/proxy, which stock Envoy lacks), or `None`
+/// when it is none revoy has.
+fn compile_istio(any: &Any, warnings: &mut Warnings) -> Result<Option<FilterKind>, ConfigError> {
+    use super::istio::{Fields, alpn, peer_metadata, stats};
+    if let Some(fields) = Fields::of(any, alpn::FILTER_CONFIG) {
+        return Ok(Some(FilterKind::IstioAlpn(Arc::new(alpn::compile(
+            fields,
+        )?))));
+    }
+    if let Some(fields) = Fields::of(any, peer_metadata::CONFIG) {
+        return Ok(Some(FilterKind::PeerMetadata(Arc::new(
+            peer_metadata::compile(fields, warnings)?,
+        ))));
+    }
+    if let Some(fields) = Fields::of(any, stats::PLUGIN_CONFIG) {
+        return Ok(Some(FilterKind::IstioStats(Arc::new(stats::compile(
+            fields, warnings,
+        )?))));
+    }
+    Ok(None)
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
@@ -431,6 +478,9 @@ pub fn compile_per_filter(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
+            JWT_AUTHN_PER_ROUTE => Some(routed(jwt_authn::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
             RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
@@ -477,6 +527,29 @@ fn routed<T: FilterRouteConfig>(
     compiled: Result<T, ConfigError>,
 ) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
     compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
+}
+
+/// An `HttpUri`'s cluster and timeout, both required (the services and fetches of
+/// ext_authz and jwt_authn go through that cluster).
+fn http_uri_target(
+    h: &proto::pb::envoy::config::core::v3::HttpUri,
+) -> Result<(String, std::time::Duration), ConfigError> {
+    use proto::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+    let cluster = match &h.http_upstream_type {
+        Some(HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
+        _ => {
+            return Err(ConfigError::new(
+                "cluster",
+                "value length must be at least 1 characters",
+            ));
+        }
+    };
+    let timeout = h
+        .timeout
+        .as_ref()
+        .map(super::route::duration)
+        .ok_or_else(|| ConfigError::new("timeout", "value is required"))?;
+    Ok((cluster, timeout))
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

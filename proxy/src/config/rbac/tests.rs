@@ -188,6 +188,39 @@ fn metadata_rules_behind_a_skipped_http_filter_fail_closed() {
 }
 
 #[test]
+fn metadata_rules_behind_jwt_authn_setting_metadata_fail_closed() {
+    use crate::config::http_filter::{FilterKind, compile_chain};
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let jwt = |extra: &str| {
+        format!(
+            "- {{name: jwt, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication, providers: {{p: {{issuer: i, local_jwks: {{inline_string: '{{\"keys\": [{{\"kty\": \"oct\", \"k\": \"c2VjcmV0\"}}]}}'}}{extra}}}}}}}}}\n"
+        )
+    };
+    let after = |extra: &str| {
+        let filters = behind_a_skipped_filter("DENY").replacen(
+            "- {name: envoy.filters.http.grpc_stats, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}\n",
+            &jwt(extra),
+            1,
+        );
+        let hcm: HttpConnectionManager =
+            decode(&format!("stat_prefix: h\nhttp_filters:\n{filters}"));
+        let mut w = Warnings::new();
+        let chain = compile_chain(&ctx, &hcm.http_filters, &mut w).unwrap();
+        let FilterKind::Rbac { after_skipped, .. } = &chain.filters[1].kind else {
+            panic!("the rbac filter: {:?}", chain.filters);
+        };
+        (after_skipped.clone(), w.any_fails_closed())
+    };
+    // The metadata jwt_authn would set is missing in revoy: the rules deny.
+    let (skipped, closed) = after(", payload_in_metadata: i");
+    assert_eq!(skipped.as_deref(), Some("jwt"));
+    assert!(closed);
+    assert_eq!(after(""), (None, false));
+}
+
+#[test]
 fn metadata_rules_behind_a_skipped_network_or_listener_filter_fail_closed() {
     use proto::pb::envoy::config::listener::v3::Listener;
     let io = FakeIo::new();

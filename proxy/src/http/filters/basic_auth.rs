@@ -16,9 +16,6 @@ use crate::config::http_filter::basic_auth::{BasicAuthConfig, Users};
 use crate::http::local_reply::local_reply;
 use crate::stats::{Counter, Store};
 
-/// Envoy's limit on the path in the `www-authenticate` realm.
-const MAX_REALM_PATH: usize = 256;
-
 /// Base64 with or without padding, as Envoy's `decodeWithoutPadding` reads it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
     &base64::alphabet::STANDARD,
@@ -116,18 +113,7 @@ impl BasicAuth {
     ) -> Option<Response<Body>> {
         self.denied.inc();
         req.note_details(details);
-        let scheme = req
-            .headers
-            .get("x-forwarded-proto")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let path = req
-            .headers
-            .get("x-envoy-original-path")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(req.path);
-        let path = &path[..floor_char_boundary(path, MAX_REALM_PATH)];
-        let realm = format!("Basic realm=\"{scheme}://{}{path}\"", req.authority);
+        let realm = format!("Basic realm=\"{}\"", req.original_uri());
         let mut resp = local_reply(StatusCode::UNAUTHORIZED, message);
         if let Ok(v) = HeaderValue::from_str(&realm) {
             resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
@@ -140,14 +126,6 @@ impl BasicAuth {
 fn sha1_base64(password: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, password);
     base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
-}
-
-/// The largest index at most `max` that is a char boundary of `s`.
-fn floor_char_boundary(s: &str, max: usize) -> usize {
-    (0..=max.min(s.len()))
-        .rev()
-        .find(|i| s.is_char_boundary(*i))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //!
 //! How a request goes through it (see `router::route_and_forward`): once the route is chosen,
 //! [`Chain::decode`] hands each filter the request's head ([`FilterRequest`]): its headers
-//! (which it may change), body (which it may wrap), route and connection. A filter lets the
+//! (which it may change), path (which it may replace), body (which it may wrap), route and
+//! connection. A filter lets the
 //! request go on, or answers it locally, which ends decoding: the filters after it and the
 //! router never see the request. A filter that must see the response, or hold something
 //! until the request ends, leaves an [`Encoder`] in the request's [`Encoders`]; every
@@ -41,6 +42,8 @@ mod grpc_http1_bridge;
 mod grpc_web;
 mod header_to_metadata;
 mod health_check;
+mod istio;
+mod jwt_authn;
 mod local_ratelimit;
 mod lua;
 mod ratelimit;
@@ -58,6 +61,7 @@ use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
 use crate::config::http_filter::header_to_metadata::HeaderToMetadataConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
+use crate::config::istio::alpn::AlpnOverrides;
 use crate::metadata::DynamicMetadata;
 use crate::route::Selected;
 use crate::stats::{Counter, Store};
@@ -66,6 +70,8 @@ use crate::stats::{Counter, Store};
 #[derive(Debug)]
 pub struct Chain {
     filters: Box<[Filter]>,
+    /// The index of its `istio.stats` filter, which observes every request from the start.
+    istio_stats: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -101,6 +107,8 @@ enum Kind {
     ExtAuthz(ext_authz::ExtAuthz),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(basic_auth::BasicAuth),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(jwt_authn::JwtAuthn),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
     /// `envoy.filters.http.cors`.
@@ -115,6 +123,12 @@ enum Kind {
     GrpcHttp1Bridge,
     /// `envoy.filters.http.header_to_metadata`.
     HeaderToMetadata(Arc<HeaderToMetadataConfig>),
+    /// `istio.alpn`.
+    IstioAlpn(Arc<AlpnOverrides>),
+    /// `istio.metadata_exchange`.
+    PeerMetadata(istio::PeerMetadata),
+    /// `istio.stats`.
+    IstioStats(istio::IstioStats),
 }
 
 /// One request as the filters see it, before the router.
@@ -145,6 +159,10 @@ pub struct FilterRequest<'a> {
     /// The request's dynamic metadata, which filters write and later filters read (see
     /// [`crate::metadata`]).
     pub metadata: &'a mut DynamicMetadata,
+    /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
+    pub upstream_alpn: Option<Arc<AlpnOverrides>>,
+    /// What Istio's filters know of the request's peers, once one of them runs.
+    pub peers: Option<Arc<istio::Peers>>,
     /// Set by a filter that rewrote the path (with query): the router sends the request with
     /// it and routes by it.
     pub new_path: Option<String>,
@@ -166,6 +184,28 @@ impl FilterRequest<'_> {
         if let Some(r) = self.record.as_deref_mut() {
             r.details = Some(details.into());
         }
+    }
+
+    /// The request's URI as Envoy's `buildOriginalUri` writes it for challenges:
+    /// `x-forwarded-proto`, `://`, the authority, and the original path (`x-envoy-original-path`
+    /// when set) cut to 256 bytes.
+    fn original_uri(&self) -> String {
+        const MAX_PATH: usize = 256;
+        let scheme = self
+            .headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let path = self
+            .headers
+            .get("x-envoy-original-path")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(self.path);
+        let end = (0..=MAX_PATH.min(path.len()))
+            .rev()
+            .find(|i| path.is_char_boundary(*i))
+            .unwrap_or(0);
+        format!("{scheme}://{}{}", self.authority, &path[..end])
     }
 
     /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
@@ -223,6 +263,10 @@ enum Encoder {
     GrpcHttp1Bridge,
     /// The header_to_metadata filter's response rules (the route's config, else the filter's).
     HeaderToMetadata(Arc<HeaderToMetadataConfig>),
+    /// `istio.metadata_exchange`'s side of the response.
+    PeerMetadata(Box<istio::PeerResponse>),
+    /// `istio.stats`'s request, recorded when it ends.
+    IstioStats(Box<istio::StatsRequest>),
     /// A Lua script's `envoy_on_response`, to run on the response.
     Lua(lua::Pending),
 }
@@ -265,6 +309,9 @@ impl Chain {
                     FilterKind::BasicAuth(c) => {
                         Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
+                    FilterKind::JwtAuthn(c) => {
+                        Kind::JwtAuthn(jwt_authn::JwtAuthn::new(c, store, stat_prefix))
+                    }
                     FilterKind::Rbac {
                         config,
                         after_skipped,
@@ -285,10 +332,21 @@ impl Chain {
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                     FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
+                    FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
+                    FilterKind::PeerMetadata(c) => {
+                        Kind::PeerMetadata(istio::PeerMetadata(c.clone()))
+                    }
+                    FilterKind::IstioStats(c) => Kind::IstioStats(istio::IstioStats::new(c, store)),
                 },
             })
-            .collect();
-        Chain { filters }
+            .collect::<Box<[Filter]>>();
+        let istio_stats = filters
+            .iter()
+            .position(|f| matches!(f.kind, Kind::IstioStats(_)));
+        Chain {
+            filters,
+            istio_stats,
+        }
     }
 
     /// Whether the chain has no filter before the router.
@@ -302,6 +360,15 @@ impl Chain {
         req: &mut FilterRequest<'_>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
+        if let Some(f) = self.istio_stats.map(|i| &self.filters[i])
+            && let Kind::IstioStats(stats) = &f.kind
+            && !req
+                .route
+                .and_then(|r| r.filter_disabled(&f.name))
+                .unwrap_or(f.disabled)
+        {
+            stats.start(req, encoders);
+        }
         for (i, f) in self.filters.iter().enumerate() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
@@ -353,6 +420,10 @@ impl Chain {
                     let users = route.and_then(|r| r.filter_config(&f.name));
                     auth.decode(&f.name, req, users)
                 }
+                Kind::JwtAuthn(authn) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    authn.decode(req, settings).await
+                }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
@@ -376,6 +447,16 @@ impl Chain {
                     }
                     None
                 }
+                Kind::IstioAlpn(overrides) => {
+                    req.upstream_alpn = Some(overrides.clone());
+                    None
+                }
+                Kind::PeerMetadata(mx) => {
+                    mx.decode(req, encoders);
+                    None
+                }
+                // Started before the first filter.
+                Kind::IstioStats(_) => None,
             };
             if reply.is_some() {
                 self.encoders_after_reply(i, req, encoders);
@@ -480,6 +561,8 @@ impl Encoder {
             Encoder::HeaderToMetadata(c) => {
                 header_to_metadata::apply(&c.response_rules, resp.headers_mut(), metadata)
             }
+            Encoder::PeerMetadata(p) => p.encode(resp),
+            Encoder::IstioStats(s) => s.encode(resp),
             Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
