@@ -41,8 +41,12 @@ use mesh::{Cluster, PodSpec, Sidecar};
 
 const POD_A: &str = "10.44.0.11";
 const POD_B: &str = "10.44.0.12";
+const POD_C: &str = "10.44.0.13";
+/// A host outside the mesh (no sidecar), in [`mesh::OUTSIDE_RANGE`].
+const OUTSIDE: &str = "10.44.0.200";
 const SVC_A_VIP: &str = "10.96.0.10";
 const SVC_B_VIP: &str = "10.96.0.20";
+const SVC_C_VIP: &str = "10.96.0.30";
 
 fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mtls) -> Workload {
     Workload {
@@ -53,45 +57,62 @@ fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mt
     }
 }
 
-/// Pod `a` (PERMISSIVE) behind `svc-a`, pod `b` (STRICT) behind `svc-b`.
-fn mesh() -> Mesh {
-    let a = workload("a", POD_A, "svc-a", Mtls::Permissive);
-    let b = workload("b", POD_B, "svc-b", Mtls::Strict);
+/// Pod `a` (PERMISSIVE) behind `svc-a`, `b` (STRICT) behind `svc-b`, `c` (PERMISSIVE)
+/// behind `svc-c`; `svc-b`'s [`config::SPLIT_PATH`] is split between `svc-b` and `svc-c`.
+fn mesh(outbound: Outbound) -> Mesh {
+    let service = |name, vip: &str, w| Service {
+        name,
+        vip: vip.to_owned(),
+        endpoints: vec![w],
+    };
     Mesh {
         services: vec![
-            Service {
-                name: "svc-a",
-                vip: SVC_A_VIP.to_owned(),
-                endpoints: vec![a],
-            },
-            Service {
-                name: "svc-b",
-                vip: SVC_B_VIP.to_owned(),
-                endpoints: vec![b],
-            },
+            service(
+                "svc-a",
+                SVC_A_VIP,
+                workload("a", POD_A, "svc-a", Mtls::Permissive),
+            ),
+            service(
+                "svc-b",
+                SVC_B_VIP,
+                workload("b", POD_B, "svc-b", Mtls::Strict),
+            ),
+            service(
+                "svc-c",
+                SVC_C_VIP,
+                workload("c", POD_C, "svc-c", Mtls::Permissive),
+            ),
         ],
-        outbound: Outbound::AllowAny,
+        outbound,
+        splits: vec![("svc-b", "svc-c")],
     }
 }
 
-/// Starts the two pods with `sidecars` (for a and b), or `None` after a loud skip.
-fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 2]) -> Option<Cluster> {
+/// Starts pods a, b and c with `sidecars`, or `None` after a loud skip. a and b have the
+/// injector's default capture, c `-b <its ports> -i <services> -x <outside>`.
+fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 3]) -> Option<Cluster> {
     let envoy = oracle::envoy_or_skip(test)?;
     if !netns::tools_or_skip(test) {
         return None;
     }
-    let mesh = mesh();
+    let mesh = mesh(Outbound::AllowAny);
+    let captures = [
+        Capture::Redirect,
+        Capture::Redirect,
+        Capture::PortsAndRanges,
+    ];
     let pods = mesh
         .services
         .iter()
         .zip(sidecars)
-        .map(|(s, sidecar)| PodSpec {
+        .zip(captures)
+        .map(|((s, sidecar), capture)| PodSpec {
             workload: s.endpoints[0].clone(),
             sidecar,
-            capture: Capture::Redirect,
+            capture,
         })
         .collect();
-    Some(Cluster::start(tag, &mesh, pods, &[], Some(&envoy)))
+    Some(Cluster::start(tag, &mesh, pods, &[OUTSIDE], Some(&envoy)))
 }
 
 fn addr(ip: &str, port: u16) -> SocketAddr {
@@ -99,7 +120,7 @@ fn addr(ip: &str, port: u16) -> SocketAddr {
 }
 
 /// Retries `f` every 200 ms for up to 20 s until it answers `Ok` (the first requests may
-/// race the sidecars' secrets and endpoints); the last answer.
+/// race the sidecars' secrets and endpoints, and pushes take a moment); the last answer.
 fn eventually<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -111,7 +132,24 @@ fn eventually<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> 
     }
 }
 
-/// An HTTP request from pod `from`'s application that must answer 200: the echo's answer.
+/// The sidecars' logs, for a failure message.
+fn logs(cluster: &Cluster) -> String {
+    cluster
+        .pods
+        .iter()
+        .map(|p| {
+            format!(
+                "--- {}'s {:?} sidecar:\n{}",
+                p.workload.pod,
+                p.sidecar,
+                p.proxy_log()
+            )
+        })
+        .collect()
+}
+
+/// An HTTP request from `from`'s application (a pod, or the host outside the mesh) that must
+/// answer 200 (`grpc-status` 0 for gRPC): the echo's answer.
 fn http_ok(
     cluster: &Cluster,
     from: &str,
@@ -120,7 +158,7 @@ fn http_ok(
     host: &str,
     path: &str,
 ) -> String {
-    let ns = &cluster.pod(from).ns;
+    let ns = cluster.ns(from);
     let ok = if proto == Proto::Grpc {
         "grpc-0"
     } else {
@@ -130,62 +168,238 @@ fn http_ok(
         Ok((status, body)) if status == ok => Ok(body),
         other => Err(format!("{other:?}")),
     });
-    answer.unwrap_or_else(|e| {
-        panic!(
-            "{proto:?} {host}{path} from {from}: {e}\n--- a's proxy:\n{}\n--- b's proxy:\n{}",
-            cluster.pod("a").proxy_log(),
-            cluster.pod("b").proxy_log()
-        )
-    })
+    answer.unwrap_or_else(|e| panic!("{proto:?} {host}{path} from {from}: {e}\n{}", logs(cluster)))
 }
 
-/// A's request to `svc-b:80` over `proto` reaches B's application from 127.0.0.6, with the
-/// Host and path it was sent with, and XFCC naming A's identity (the client certificate B's
-/// sidecar verified) and B's (the one it presented).
-fn a_calls_svc_b(cluster: &Cluster, proto: Proto) {
-    let answer = http_ok(cluster, "a", proto, addr(SVC_B_VIP, 80), "svc-b", "/hello");
-    assert_eq!(field(&answer, "Hostname"), Some("b"), "{answer}");
+/// What the TCP clients write: more than the 5 bytes of a TLS record header, which a TLS
+/// inspector waits for before it decides that a connection is plaintext.
+const TCP_MESSAGE: &str = "hello mesh";
+
+/// A TCP exchange from `from`'s application that must succeed: what it read.
+fn tcp_ok(cluster: &Cluster, from: &str, to: SocketAddr, server_first: bool) -> String {
+    eventually(|| app::tcp(cluster.ns(from), to, server_first, TCP_MESSAGE))
+        .unwrap_or_else(|e| panic!("TCP to {to} from {from}: {e}\n{}", logs(cluster)))
+}
+
+/// The port [`config::HTTP_PORT`] as the echo reports it.
+fn http_port() -> String {
+    config::HTTP_PORT.to_string()
+}
+
+/// `from`'s request to `svc-<to>:80` over `proto` reaches `to`'s application from 127.0.0.6,
+/// with the Host and path it was sent with, and XFCC naming `from`'s identity (the client
+/// certificate the server's sidecar verified) and `to`'s (the one it presented).
+fn mesh_call(cluster: &Cluster, from: &str, to: &str, vip: &str, proto: Proto) -> String {
+    let host = format!("svc-{to}");
+    let answer = http_ok(cluster, from, proto, addr(vip, 80), &host, "/hello");
+    assert_eq!(field(&answer, "Hostname"), Some(to), "{answer}");
     assert_eq!(field(&answer, "SourceIP"), Some("127.0.0.6"), "{answer}");
     assert_eq!(field(&answer, "Path"), Some("/hello"), "{answer}");
     assert_eq!(
         field(&answer, "ServicePort"),
-        Some(config::HTTP_PORT.to_string().as_str()),
+        Some(http_port().as_str()),
         "{answer}"
     );
-    let host = field(&answer, "Host").unwrap_or_default();
-    assert!(host == "svc-b" || host == "svc-b:80", "{answer}");
+    let seen_host = field(&answer, "Host").unwrap_or_default();
+    assert!(
+        seen_host == host || seen_host == format!("{host}:80"),
+        "{answer}"
+    );
     let xfcc = field(&answer, "XFCC").unwrap_or_default();
     assert!(
-        xfcc.contains(&format!("URI={}", config::spiffe("svc-a"))),
-        "XFCC lacks A's identity: {answer}"
+        xfcc.contains(&format!("URI={}", config::spiffe(&format!("svc-{from}")))),
+        "XFCC lacks {from}'s identity: {answer}"
     );
     assert!(
-        xfcc.contains(&format!("By={}", config::spiffe("svc-b"))),
-        "XFCC lacks B's identity: {answer}"
+        xfcc.contains(&format!("By={}", config::spiffe(&host))),
+        "XFCC lacks {to}'s identity: {answer}"
     );
-}
-
-fn http1_a_to_b(test: &str, tag: &str, sidecars: [Sidecar; 2]) {
-    let Some(cluster) = cluster(test, tag, sidecars) else {
-        return;
+    let (proto_seen, grpc) = match proto {
+        Proto::H1 => ("HTTP/1.1", "false"),
+        Proto::H2 => ("HTTP/2.0", "false"),
+        Proto::Grpc => ("HTTP/2.0", "true"),
     };
-    a_calls_svc_b(&cluster, Proto::H1);
+    assert_eq!(field(&answer, "Proto"), Some(proto_seen), "{answer}");
+    assert_eq!(field(&answer, "Grpc"), Some(grpc), "{answer}");
+    answer
 }
 
+/// A counter of the sidecar in `pod` (0 when absent).
+fn stat(cluster: &Cluster, pod: &str, name: &str) -> u64 {
+    cluster.pod(pod).ns.stat(name).unwrap_or(0)
+}
+
+/// Everything that holds with every pod's sidecar in place.
+fn scenario(cluster: &Cluster) {
+    // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
+    for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
+        mesh_call(cluster, "a", "b", SVC_B_VIP, proto);
+    }
+    // The other way, to a PERMISSIVE pod: mTLS is used there too.
+    mesh_call(cluster, "b", "a", SVC_A_VIP, Proto::H1);
+
+    // TCP to a VIP reaches the service over mTLS (b is STRICT: plaintext would be refused)
+    // and its application sees the inbound sidecar's 127.0.0.6.
+    let vip_b = |port| addr(SVC_B_VIP, port);
+    assert_eq!(
+        tcp_ok(cluster, "a", vip_b(config::TCP_PORT), false),
+        "b from 127.0.0.6: hello mesh"
+    );
+    // A server-first protocol: the banner arrives before the client writes anything.
+    assert_eq!(
+        tcp_ok(cluster, "a", vip_b(config::FIRST_PORT), true),
+        format!("{}b from 127.0.0.6: hello mesh", app::BANNER)
+    );
+
+    // The sidecar's own upstream connections are not captured again: one connection from the
+    // application is one connection handed to the VIP's listener, and nothing goes through
+    // PassthroughCluster (where a recaptured connection to b's address would land).
+    let accepted = format!(
+        "listener.{SVC_B_VIP}_{}.downstream_cx_total",
+        config::TCP_PORT
+    );
+    let passthrough = "cluster.PassthroughCluster.upstream_cx_total";
+    let before = (
+        stat(cluster, "a", &accepted),
+        stat(cluster, "a", passthrough),
+    );
+    tcp_ok(cluster, "a", vip_b(config::TCP_PORT), false);
+    let after = (
+        stat(cluster, "a", &accepted),
+        stat(cluster, "a", passthrough),
+    );
+    assert_eq!(after, (before.0 + 1, before.1), "{}", logs(cluster));
+
+    // An unknown destination goes through PassthroughCluster (ALLOW_ANY).
+    let before = stat(cluster, "a", passthrough);
+    let outside = addr(OUTSIDE, config::TCP_PORT);
+    assert_eq!(
+        tcp_ok(cluster, "a", outside, false),
+        format!("outside from {POD_A}: hello mesh")
+    );
+    assert_eq!(stat(cluster, "a", passthrough), before + 1);
+
+    // STRICT refuses plaintext; PERMISSIVE takes it, and hands it on from 127.0.0.6.
+    let plain = app::request(
+        cluster.ns("outside"),
+        Proto::H1,
+        addr(POD_B, config::HTTP_PORT),
+        "b",
+        "/",
+    );
+    assert!(plain.is_err(), "STRICT b answered plaintext: {plain:?}");
+    let answer = http_ok(
+        cluster,
+        "outside",
+        Proto::H1,
+        addr(POD_A, config::HTTP_PORT),
+        "a",
+        "/plain",
+    );
+    assert_eq!(field(&answer, "Hostname"), Some("a"), "{answer}");
+    assert_eq!(field(&answer, "SourceIP"), Some("127.0.0.6"), "{answer}");
+    assert_eq!(field(&answer, "XFCC"), Some(""), "{answer}");
+
+    // Pod c's capture (`-b 32000,31000 -i <services> -x <outside>`): services are captured
+    // and reached over mTLS, the excluded range is not captured, and neither is an inbound
+    // port outside `-b`.
+    mesh_call(cluster, "c", "b", SVC_B_VIP, Proto::H1);
+    let before = stat(cluster, "c", passthrough);
+    assert_eq!(
+        tcp_ok(cluster, "c", outside, false),
+        format!("outside from {POD_C}: hello mesh")
+    );
+    assert_eq!(
+        stat(cluster, "c", passthrough),
+        before,
+        "c's excluded range was captured"
+    );
+    let uncaptured = tcp_ok(cluster, "outside", addr(POD_C, config::FIRST_PORT), true);
+    assert_eq!(
+        uncaptured,
+        format!("{}c from {OUTSIDE}: hello mesh", app::BANNER)
+    );
+    let captured = tcp_ok(cluster, "outside", addr(POD_C, config::TCP_PORT), false);
+    assert_eq!(captured, "c from 127.0.0.6: hello mesh");
+
+    // A weighted route splits svc-b's /split between b and c.
+    let mut to_b = 0;
+    const SPLIT_REQUESTS: u32 = 200;
+    for _ in 0..SPLIT_REQUESTS {
+        let answer = http_ok(
+            cluster,
+            "a",
+            Proto::H1,
+            addr(SVC_B_VIP, 80),
+            "svc-b",
+            config::SPLIT_PATH,
+        );
+        match field(&answer, "Hostname") {
+            Some("b") => to_b += 1,
+            Some("c") => {}
+            other => panic!("split reached {other:?}: {answer}"),
+        }
+    }
+    // 50/50 over 200 requests: 100 ± 30 is over four standard deviations.
+    assert!(
+        (70..=130).contains(&to_b),
+        "{to_b} of {SPLIT_REQUESTS} went to b"
+    );
+
+    // REGISTRY_ONLY: the unknown destination is refused through BlackHoleCluster.
+    cluster.push(0, &mesh(Outbound::RegistryOnly));
+    let refused = eventually(
+        || match app::tcp(cluster.ns("a"), outside, false, TCP_MESSAGE) {
+            Ok(answer) => Err(format!("REGISTRY_ONLY let through: {answer}")),
+            Err(_) => Ok(()),
+        },
+    );
+    refused.unwrap_or_else(|e| panic!("{e}\n{}", logs(cluster)));
+    mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
+    cluster.push(0, &mesh(Outbound::AllowAny));
+    tcp_ok(cluster, "a", outside, false);
+}
+
+fn run(test: &str, tag: &str, sidecars: [Sidecar; 3]) {
+    if let Some(cluster) = cluster(test, tag, sidecars) {
+        scenario(&cluster);
+    }
+}
+
+use Sidecar::{Envoy, Revoy};
+
 #[test]
-fn revoy_pods_http1_over_mtls() {
-    http1_a_to_b(
-        "istio_pods::revoy_pods_http1_over_mtls",
-        "rr",
-        [Sidecar::Revoy, Sidecar::Revoy],
+fn revoy_in_every_pod() {
+    run(
+        "istio_pods::revoy_in_every_pod",
+        "rrr",
+        [Revoy, Revoy, Revoy],
     );
 }
 
 #[test]
-fn envoy_pods_http1_over_mtls() {
-    http1_a_to_b(
-        "istio_pods::envoy_pods_http1_over_mtls",
-        "ee",
-        [Sidecar::Envoy, Sidecar::Envoy],
+fn envoy_in_every_pod() {
+    run(
+        "istio_pods::envoy_in_every_pod",
+        "eee",
+        [Envoy, Envoy, Envoy],
+    );
+}
+
+#[test]
+fn envoy_serves_revoy() {
+    run(
+        "istio_pods::envoy_serves_revoy",
+        "rer",
+        [Revoy, Envoy, Revoy],
+    );
+}
+
+#[test]
+fn revoy_serves_envoy() {
+    run(
+        "istio_pods::revoy_serves_envoy",
+        "ere",
+        [Envoy, Revoy, Envoy],
     );
 }

@@ -117,7 +117,13 @@ pub struct Mesh {
     pub services: Vec<Service>,
     /// The outbound traffic policy.
     pub outbound: Outbound,
+    /// VirtualService-style splits: requests for the first service's path [`SPLIT_PATH`] go
+    /// half to it, half to the second.
+    pub splits: Vec<(&'static str, &'static str)>,
 }
+
+/// The path a split sends half to each service.
+pub const SPLIT_PATH: &str = "/split";
 
 /// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
 /// `revoy xds-server` directory of its pod.
@@ -339,18 +345,39 @@ fn route_80(mesh: &Mesh) -> Value {
                 .iter()
                 .flat_map(|n| [n.clone(), format!("{n}:{SERVICE_HTTP_PORT}")])
                 .collect();
+            let mut routes: Vec<Value> = mesh
+                .splits
+                .iter()
+                .filter(|(from, _)| *from == s.name)
+                .filter_map(|(_, to)| mesh.services.iter().find(|o| o.name == *to))
+                .map(|other| {
+                    json!({
+                        "name": "split",
+                        "match": { "prefix": SPLIT_PATH },
+                        "route": {
+                            "weighted_clusters": { "clusters": [
+                                { "name": outbound_name(s, SERVICE_HTTP_PORT), "weight": 50 },
+                                { "name": outbound_name(other, SERVICE_HTTP_PORT), "weight": 50 },
+                            ]},
+                            "timeout": "0s",
+                            "max_grpc_timeout": "0s",
+                        },
+                    })
+                })
+                .collect();
+            routes.push(json!({
+                "name": "default",
+                "match": { "prefix": "/" },
+                "route": {
+                    "cluster": outbound_name(s, SERVICE_HTTP_PORT),
+                    "timeout": "0s",
+                    "max_grpc_timeout": "0s",
+                },
+            }));
             json!({
                 "name": format!("{host}:{SERVICE_HTTP_PORT}"),
                 "domains": domains,
-                "routes": [{
-                    "name": "default",
-                    "match": { "prefix": "/" },
-                    "route": {
-                        "cluster": outbound_name(s, SERVICE_HTTP_PORT),
-                        "timeout": "0s",
-                        "max_grpc_timeout": "0s",
-                    },
-                }],
+                "routes": routes,
                 "include_request_attempt_count": true,
             })
         })
@@ -525,7 +552,22 @@ fn inbound_passthrough() -> Value {
 }
 
 fn inbound_cluster(port: u16) -> Value {
-    original_dst(&inbound_name(port), true)
+    let mut cluster = original_dst(&inbound_name(port), true);
+    if port == HTTP_PORT {
+        follow_downstream_protocol(&mut cluster);
+    }
+    cluster
+}
+
+/// Istio's HTTP options for a port whose protocol is sniffed: HTTP/2 upstream for HTTP/2
+/// downstream (gRPC among it), HTTP/1.1 for HTTP/1.1.
+fn follow_downstream_protocol(cluster: &mut Value) {
+    cluster["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "use_downstream_protocol_config": { "http_protocol_options": {}, "http2_protocol_options": {} },
+        },
+    });
 }
 
 fn blackhole() -> Value {
@@ -534,7 +576,7 @@ fn blackhole() -> Value {
 
 fn outbound_cluster(service: &Service, port: u16) -> Value {
     let name = outbound_name(service, port);
-    json!({
+    let mut cluster = json!({
         "@type": CLUSTER,
         "name": name,
         "type": "EDS",
@@ -566,7 +608,11 @@ fn outbound_cluster(service: &Service, port: u16) -> Value {
                 },
             },
         ],
-    })
+    });
+    if port == SERVICE_HTTP_PORT {
+        follow_downstream_protocol(&mut cluster);
+    }
+    cluster
 }
 
 fn load_assignment(service: &Service, port: u16) -> Value {

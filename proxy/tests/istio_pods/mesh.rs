@@ -161,7 +161,9 @@ fn make_dir(root: &Path, dir: &Path) {
 /// The bootstrap pilot-agent renders (`tests/data/istio-bootstrap/default_golden.json`, the
 /// output of Istio's own bootstrap test) for `workload`: its node id, cluster and instance IP,
 /// and the two sockets where pilot-agent puts them by default (the golden's test points them
-/// elsewhere: `/tmp/XDS` and a `WORKLOAD_IDENTITY_SOCKET_FILE` of `test.sock`).
+/// elsewhere: `/tmp/XDS` and a `WORKLOAD_IDENTITY_SOCKET_FILE` of `test.sock`), and the stats
+/// the test reads included as pilot-agent renders a pod's `proxyStatsMatcher`
+/// `inclusionPrefixes` (appended to the inclusion list).
 pub fn bootstrap(workload: &Workload) -> Value {
     let text = include_str!("../data/istio-bootstrap/default_golden.json");
     let mut b: Value = serde_json::from_str(text).expect("the golden bootstrap is JSON");
@@ -178,6 +180,12 @@ pub fn bootstrap(workload: &Workload) -> Value {
     meta["POD_NAME"] = workload.pod.into();
     meta["SERVICE_ACCOUNT"] = workload.service_account.into();
     meta["WORKLOAD_IDENTITY_SOCKET_FILE"] = "socket".into();
+    let patterns = b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
+        .as_array_mut()
+        .expect("the golden's stats inclusion list");
+    for prefix in STATS_INCLUDED {
+        patterns.push(serde_json::json!({ "prefix": prefix }));
+    }
     let clusters = b["static_resources"]["clusters"]
         .as_array_mut()
         .expect("static clusters");
@@ -192,6 +200,9 @@ pub fn bootstrap(workload: &Workload) -> Value {
     }
     b
 }
+
+/// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
+const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster."];
 
 /// pilot-agent's argv for Envoy (`pkg/envoy/proxy.go`, defaults: drain 45 s, log level
 /// `warning`, `misc:error`), with `--concurrency 2`.
@@ -464,6 +475,9 @@ impl Cluster {
     }
 
     /// Starts pod `i`'s sidecar (`binary`) as uid/gid 1337 in the pod's directory with
+    /// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
+    const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster."];
+
     /// pilot-agent's argv, and waits until its admin says LIVE.
     pub fn start_proxy(&mut self, i: usize, binary: &Path) {
         let pod = &self.pods[i];
@@ -484,6 +498,14 @@ impl Cluster {
             }
         });
         self.pods[i].proxy = Some(proxy);
+    }
+
+    /// The namespace of pod `name`, or of the host outside the mesh for `"outside"`.
+    pub fn ns(&self, name: &str) -> &Netns {
+        match name {
+            "outside" => &self.outside.first().expect("a host outside the mesh").0,
+            pod => &self.pod(pod).ns,
+        }
     }
 
     /// The pod named `name`.
