@@ -32,6 +32,7 @@ mod iptables;
 mod mesh;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use app::{Proto, field};
@@ -47,6 +48,8 @@ const OUTSIDE: &str = "10.44.0.200";
 const SVC_A_VIP: &str = "10.96.0.10";
 const SVC_B_VIP: &str = "10.96.0.20";
 const SVC_C_VIP: &str = "10.96.0.30";
+/// The VIP of the service the live pushes add.
+const SVC_D_VIP: &str = "10.96.0.40";
 
 fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mtls) -> Workload {
     Workload {
@@ -85,6 +88,7 @@ fn mesh(outbound: Outbound) -> Mesh {
         ],
         outbound,
         splits: vec![("svc-b", "svc-c")],
+        path_routes: Vec::new(),
     }
 }
 
@@ -360,9 +364,163 @@ fn scenario(cluster: &Cluster) {
     tcp_ok(cluster, "a", outside, false);
 }
 
+/// What a load loop saw: answers that were right, and the failures.
+#[derive(Default)]
+struct Tally {
+    ok: u32,
+    failed: Vec<String>,
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `one` every 10 ms until `stop`, counting its answers.
+fn load(stop: &AtomicBool, mut one: impl FnMut() -> Result<(), String>) -> Tally {
+    let mut tally = Tally::default();
+    while !stop.load(Ordering::Relaxed) {
+        match one() {
+            Ok(()) => tally.ok += 1,
+            Err(e) => tally.failed.push(e),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tally
+}
+
+/// Waits until `check` holds for `from`'s requests to svc-b's `path` ten times running.
+fn settles(cluster: &Cluster, from: &str, path: &str, what: &str, check: impl Fn(&str) -> bool) {
+    let mut streak = 0;
+    let outcome = eventually(|| {
+        let answer = http_ok(cluster, from, Proto::H1, addr(SVC_B_VIP, 80), "svc-b", path);
+        streak = if check(&answer) { streak + 1 } else { 0 };
+        if streak >= 10 { Ok(()) } else { Err(answer) }
+    });
+    outcome.unwrap_or_else(|last| panic!("{what} did not take: {last}\n{}", logs(cluster)));
+}
+
+/// With HTTP/1.1, gRPC and TCP traffic running from a to svc-b, the control plane pushes an
+/// endpoint added, a route change, a new service, the endpoint removed and new certificates
+/// everywhere: every request succeeds.
+fn live_pushes(cluster: &Cluster) {
+    let stop = AtomicBool::new(false);
+    let vip_b = addr(SVC_B_VIP, 80);
+    let ns_a = cluster.ns("a");
+    let tallies = std::thread::scope(|s| {
+        let loads = [
+            s.spawn(|| {
+                load(&stop, || {
+                    match app::request(ns_a, Proto::H1, vip_b, "svc-b", "/load") {
+                        Ok((status, _)) if status == "200" => Ok(()),
+                        other => Err(format!("HTTP/1.1: {other:?}")),
+                    }
+                })
+            }),
+            s.spawn(|| {
+                load(&stop, || {
+                    match app::request(ns_a, Proto::Grpc, vip_b, "svc-b", "/echo.Echo/Call") {
+                        Ok((status, _)) if status == "grpc-0" => Ok(()),
+                        other => Err(format!("gRPC: {other:?}")),
+                    }
+                })
+            }),
+            s.spawn(|| {
+                let to = addr(SVC_B_VIP, config::TCP_PORT);
+                load(&stop, || match app::tcp(ns_a, to, false, TCP_MESSAGE) {
+                    Ok(answer) if answer.ends_with(TCP_MESSAGE) => Ok(()),
+                    other => Err(format!("TCP: {other:?}")),
+                })
+            }),
+        ];
+        // Stops the loads however this closure ends (the scope waits for them).
+        let stopper = StopOnDrop(&stop);
+        let mut mesh = mesh(Outbound::AllowAny);
+        let c = mesh.services[2].endpoints[0].clone();
+
+        // An endpoint added: svc-b is served by b and c.
+        mesh.services[1].endpoints.push(c.clone());
+        cluster.push_all(&mesh);
+        let mut seen_c = false;
+        let added = eventually(|| {
+            let answer = http_ok(cluster, "a", Proto::H1, vip_b, "svc-b", "/hello");
+            seen_c |= field(&answer, "Hostname") == Some("c");
+            if seen_c { Ok(()) } else { Err(answer) }
+        });
+        added.unwrap_or_else(|e| panic!("c never served svc-b: {e}\n{}", logs(cluster)));
+
+        // A route change: svc-b's /moved goes to svc-a.
+        mesh.path_routes.push(("svc-b", "/moved", "svc-a"));
+        cluster.push_all(&mesh);
+        settles(cluster, "a", "/moved", "the route to svc-a", |answer| {
+            field(answer, "Hostname") == Some("a")
+        });
+
+        // A new service.
+        mesh.services.push(Service {
+            name: "svc-d",
+            vip: SVC_D_VIP.to_owned(),
+            endpoints: vec![c],
+        });
+        cluster.push_all(&mesh);
+        let answer = http_ok(
+            cluster,
+            "a",
+            Proto::H1,
+            addr(SVC_D_VIP, 80),
+            "svc-d",
+            "/new",
+        );
+        assert_eq!(field(&answer, "Hostname"), Some("c"), "{answer}");
+
+        // The endpoint removed again: svc-b is b alone.
+        mesh.services[1].endpoints.truncate(1);
+        cluster.push_all(&mesh);
+        settles(cluster, "a", "/hello", "c's removal from svc-b", |answer| {
+            field(answer, "Hostname") == Some("b")
+        });
+
+        // Certificates rotated: every sidecar presents its new one.
+        for (i, pod) in cluster.pods.iter().enumerate() {
+            let serial = cluster.rotate(i);
+            let presented = eventually(|| match pod.ns.get(None, netns::ADMIN, "/certs") {
+                Ok((200, certs)) if certs.to_ascii_lowercase().contains(&serial) => Ok(()),
+                other => Err(format!("{other:?}")),
+            });
+            presented.unwrap_or_else(|e| {
+                let p = &pod.workload.pod;
+                panic!(
+                    "{p}'s certificate {serial} did not arrive: {e}\n{}",
+                    logs(cluster)
+                )
+            });
+        }
+        // New connections (TCP's, one upstream connection each) verify with them.
+        std::thread::sleep(Duration::from_millis(500));
+        drop(stopper);
+        loads.map(|l| l.join().expect("load thread"))
+    });
+    for (what, tally) in ["HTTP/1.1", "gRPC", "TCP"].iter().zip(&tallies) {
+        assert!(tally.ok > 0, "no {what} request succeeded");
+        assert!(
+            tally.failed.is_empty(),
+            "{} of {} {what} requests failed during the pushes: {:?}\n{}",
+            tally.failed.len(),
+            tally.ok as usize + tally.failed.len(),
+            tally.failed,
+            logs(cluster)
+        );
+    }
+}
+
 fn run(test: &str, tag: &str, sidecars: [Sidecar; 3]) {
     if let Some(cluster) = cluster(test, tag, sidecars) {
         scenario(&cluster);
+        live_pushes(&cluster);
     }
 }
 

@@ -101,12 +101,13 @@ impl Service {
         format!("{}.{NAMESPACE}.svc.{TRUST_DOMAIN}", self.name)
     }
 
-    /// The service account of its workloads (they share one).
-    fn service_account(&self) -> &str {
-        self.endpoints
-            .first()
-            .map(|w| w.service_account)
-            .unwrap_or(self.name)
+    /// The service accounts of its workloads, each once (what its clients accept as the
+    /// server's identity, as istiod lists them).
+    fn service_accounts(&self) -> Vec<&str> {
+        let mut accounts: Vec<&str> = self.endpoints.iter().map(|w| w.service_account).collect();
+        accounts.sort();
+        accounts.dedup();
+        accounts
     }
 }
 
@@ -120,6 +121,9 @@ pub struct Mesh {
     /// VirtualService-style splits: requests for the first service's path [`SPLIT_PATH`] go
     /// half to it, half to the second.
     pub splits: Vec<(&'static str, &'static str)>,
+    /// VirtualService-style path routes: `(service, path prefix, to)` sends the service's
+    /// requests under the prefix to service `to`.
+    pub path_routes: Vec<(&'static str, &'static str, &'static str)>,
 }
 
 /// The path a split sends half to each service.
@@ -226,14 +230,18 @@ fn sds(name: &str) -> Value {
 }
 
 /// Istio's `common_tls_context`: `default` presented, peers checked against `ROOTCA` and the
-/// URI SAN matcher `san`, ALPN `alpn`.
-fn mesh_tls(san: Value, alpn: &[&str]) -> Value {
+/// URI SAN matchers `sans` (any of them), ALPN `alpn`.
+fn mesh_tls(sans: Vec<Value>, alpn: &[&str]) -> Value {
+    let sans: Vec<Value> = sans
+        .into_iter()
+        .map(|matcher| json!({ "san_type": "URI", "matcher": matcher }))
+        .collect();
     json!({
         "alpn_protocols": alpn,
         "tls_certificate_sds_secret_configs": [sds("default")],
         "combined_validation_context": {
             "default_validation_context": {
-                "match_typed_subject_alt_names": [{ "san_type": "URI", "matcher": san }],
+                "match_typed_subject_alt_names": sans,
             },
             "validation_context_sds_secret_config": sds("ROOTCA"),
         },
@@ -246,7 +254,7 @@ fn inbound_tls(alpn: &[&str]) -> Value {
         "name": "envoy.transport_sockets.tls",
         "typed_config": {
             "@type": DOWNSTREAM_TLS,
-            "common_tls_context": mesh_tls(json!({ "prefix": format!("spiffe://{TRUST_DOMAIN}/") }), alpn),
+            "common_tls_context": mesh_tls(vec![json!({ "prefix": format!("spiffe://{TRUST_DOMAIN}/") })], alpn),
             "require_client_certificate": true,
         },
     })
@@ -345,6 +353,23 @@ fn route_80(mesh: &Mesh) -> Value {
                 .iter()
                 .flat_map(|n| [n.clone(), format!("{n}:{SERVICE_HTTP_PORT}")])
                 .collect();
+            let moved = mesh
+                .path_routes
+                .iter()
+                .filter(|(from, _, _)| *from == s.name)
+                .filter_map(|(_, path, to)| {
+                    let to = mesh.services.iter().find(|o| o.name == *to)?;
+                    Some(json!({
+                        "name": format!("to-{}", to.name),
+                        "match": { "prefix": path },
+                        "route": {
+                            "cluster": outbound_name(to, SERVICE_HTTP_PORT),
+                            "timeout": "0s",
+                            "max_grpc_timeout": "0s",
+                            "retry_policy": retry_policy(),
+                        },
+                    }))
+                });
             let mut routes: Vec<Value> = mesh
                 .splits
                 .iter()
@@ -361,9 +386,11 @@ fn route_80(mesh: &Mesh) -> Value {
                             ]},
                             "timeout": "0s",
                             "max_grpc_timeout": "0s",
+                            "retry_policy": retry_policy(),
                         },
                     })
                 })
+                .chain(moved)
                 .collect();
             routes.push(json!({
                 "name": "default",
@@ -372,6 +399,7 @@ fn route_80(mesh: &Mesh) -> Value {
                     "cluster": outbound_name(s, SERVICE_HTTP_PORT),
                     "timeout": "0s",
                     "max_grpc_timeout": "0s",
+                    "retry_policy": retry_policy(),
                 },
             }));
             json!({
@@ -401,6 +429,21 @@ fn route_80(mesh: &Mesh) -> Value {
         "validate_clusters": false,
         "max_direct_response_body_size_bytes": 1_048_576,
         "ignore_port_in_host_matching": true,
+    })
+}
+
+/// The retry policy istiod gives outbound routes by default (as in the `productpage`
+/// config dump of `istioctl/cmd/testdata/authz/`, the predicate with its typed config).
+fn retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,resource-exhausted,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate" },
+        }],
+        "host_selection_retry_max_attempts": 3,
+        "retriable_status_codes": [503],
     })
 }
 
@@ -594,7 +637,10 @@ fn outbound_cluster(service: &Service, port: u16) -> Value {
                     "name": "envoy.transport_sockets.tls",
                     "typed_config": {
                         "@type": UPSTREAM_TLS,
-                        "common_tls_context": mesh_tls(json!({ "exact": spiffe(service.service_account()) }), &MTLS_TCP_ALPN),
+                        "common_tls_context": mesh_tls(
+                            service.service_accounts().into_iter().map(|sa| json!({ "exact": spiffe(sa) })).collect(),
+                            &MTLS_TCP_ALPN,
+                        ),
                         "sni": format!("outbound_.{port}_._.{}", service.host()),
                     },
                 },

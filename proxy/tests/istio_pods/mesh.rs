@@ -425,8 +425,14 @@ impl Cluster {
         }
     }
 
-    /// Issues pod `i` a fresh workload certificate and serves it (with the root) over SDS.
-    pub fn rotate(&self, i: usize) {
+    /// Serves every pod the resources of `mesh`.
+    pub fn push_all(&self, mesh: &Mesh) {
+        (0..self.pods.len()).for_each(|i| self.push(i, mesh));
+    }
+
+    /// Issues pod `i` a fresh workload certificate and serves it (with the root) over SDS;
+    /// answers its serial number in lowercase hex, as `/certs` shows it.
+    pub fn rotate(&self, i: usize) -> String {
         let pod = &self.pods[i];
         let cert = self
             .ca
@@ -434,6 +440,14 @@ impl Cluster {
             .issue();
         let secrets = config::secrets(&cert.chain_pem, &cert.key_pem, self.ca.root_pem());
         write_json(&pod.sds_dir(), "secrets.json", &secrets);
+        let (_, parsed) =
+            x509_parser::parse_x509_certificate(&cert.cert_der).expect("the certificate parses");
+        parsed
+            .tbs_certificate
+            .raw_serial()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect()
     }
 
     /// Starts pod `i`'s ADS and SDS servers in the control plane's namespace (as uid 1337,
