@@ -32,6 +32,7 @@ mod iptables;
 mod mesh;
 
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -43,11 +44,13 @@ use mesh::{Cluster, PodSpec, Sidecar};
 const POD_A: &str = "10.44.0.11";
 const POD_B: &str = "10.44.0.12";
 const POD_C: &str = "10.44.0.13";
+const POD_T: &str = "10.44.0.14";
 /// A host outside the mesh (no sidecar), in [`mesh::OUTSIDE_RANGE`].
 const OUTSIDE: &str = "10.44.0.200";
 const SVC_A_VIP: &str = "10.96.0.10";
 const SVC_B_VIP: &str = "10.96.0.20";
 const SVC_C_VIP: &str = "10.96.0.30";
+const SVC_T_VIP: &str = "10.96.0.50";
 /// The VIP of the service the live pushes add.
 const SVC_D_VIP: &str = "10.96.0.40";
 
@@ -57,11 +60,13 @@ fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mt
         ip: ip.to_owned(),
         service_account,
         mtls,
+        tproxy: false,
     }
 }
 
 /// Pod `a` (PERMISSIVE) behind `svc-a`, `b` (STRICT) behind `svc-b`, `c` (PERMISSIVE)
-/// behind `svc-c`; `svc-b`'s [`config::SPLIT_PATH`] is split between `svc-b` and `svc-c`.
+/// behind `svc-c`, `t` (STRICT, TPROXY) behind `svc-t`; `svc-b`'s [`config::SPLIT_PATH`] is
+/// split between `svc-b` and `svc-c`.
 fn mesh(outbound: Outbound) -> Mesh {
     let service = |name, vip: &str, w| Service {
         name,
@@ -85,6 +90,14 @@ fn mesh(outbound: Outbound) -> Mesh {
                 SVC_C_VIP,
                 workload("c", POD_C, "svc-c", Mtls::Permissive),
             ),
+            service(
+                "svc-t",
+                SVC_T_VIP,
+                Workload {
+                    tproxy: true,
+                    ..workload("t", POD_T, "svc-t", Mtls::Strict)
+                },
+            ),
         ],
         outbound,
         splits: vec![("svc-b", "svc-c")],
@@ -92,9 +105,9 @@ fn mesh(outbound: Outbound) -> Mesh {
     }
 }
 
-/// Starts pods a, b and c with `sidecars`, or `None` after a loud skip. a and b have the
-/// injector's default capture, c `-b <its ports> -i <services> -x <outside>`.
-fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 3]) -> Option<Cluster> {
+/// Starts pods a, b, c and t with `sidecars`, or `None` after a loud skip. a and b have the
+/// injector's default capture, c `-b <its ports> -i <services> -x <outside>`, t TPROXY.
+fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
     let envoy = oracle::envoy_or_skip(test)?;
     if !netns::tools_or_skip(test) {
         return None;
@@ -104,6 +117,7 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 3]) -> Option<Cluster> {
         Capture::Redirect,
         Capture::Redirect,
         Capture::PortsAndRanges,
+        Capture::Tproxy,
     ];
     let pods = mesh
         .services
@@ -326,6 +340,24 @@ fn scenario(cluster: &Cluster) {
     let captured = tcp_ok(cluster, "outside", addr(POD_C, config::TCP_PORT), false);
     assert_eq!(captured, "c from 127.0.0.6: hello mesh");
 
+    // Pod t intercepts inbound traffic with TPROXY: mTLS in, from 127.0.0.6, XFCC; its own
+    // outbound traffic is captured as everywhere; it is STRICT.
+    mesh_call(cluster, "a", "t", SVC_T_VIP, Proto::H1);
+    mesh_call(cluster, "a", "t", SVC_T_VIP, Proto::Grpc);
+    assert_eq!(
+        tcp_ok(cluster, "a", addr(SVC_T_VIP, config::TCP_PORT), false),
+        format!("t from 127.0.0.6: {TCP_MESSAGE}")
+    );
+    mesh_call(cluster, "t", "b", SVC_B_VIP, Proto::H1);
+    let plain = app::request(
+        cluster.ns("outside"),
+        Proto::H1,
+        addr(POD_T, config::HTTP_PORT),
+        "t",
+        "/",
+    );
+    assert!(plain.is_err(), "STRICT t answered plaintext: {plain:?}");
+
     // A weighted route splits svc-b's /split between b and c.
     let mut to_b = 0;
     const SPLIT_REQUESTS: u32 = 200;
@@ -380,13 +412,24 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// The push under way (what a load failure is reported with).
+static PHASE: Mutex<&str> = Mutex::new("before the pushes");
+
+/// Notes the push under way.
+fn phase(name: &'static str) {
+    *PHASE.lock().unwrap_or_else(|e| e.into_inner()) = name;
+}
+
 /// Runs `one` every 10 ms until `stop`, counting its answers.
 fn load(stop: &AtomicBool, mut one: impl FnMut() -> Result<(), String>) -> Tally {
     let mut tally = Tally::default();
     while !stop.load(Ordering::Relaxed) {
         match one() {
             Ok(()) => tally.ok += 1,
-            Err(e) => tally.failed.push(e),
+            Err(e) => {
+                let during = *PHASE.lock().unwrap_or_else(|e| e.into_inner());
+                tally.failed.push(format!("{e} ({during})"));
+            }
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -444,6 +487,7 @@ fn live_pushes(cluster: &Cluster) {
 
         // An endpoint added: svc-b is served by b and c.
         mesh.services[1].endpoints.push(c.clone());
+        phase("endpoint added");
         cluster.push_all(&mesh);
         let mut seen_c = false;
         let added = eventually(|| {
@@ -455,6 +499,7 @@ fn live_pushes(cluster: &Cluster) {
 
         // A route change: svc-b's /moved goes to svc-a.
         mesh.path_routes.push(("svc-b", "/moved", "svc-a"));
+        phase("route change");
         cluster.push_all(&mesh);
         settles(cluster, "a", "/moved", "the route to svc-a", |answer| {
             field(answer, "Hostname") == Some("a")
@@ -466,6 +511,7 @@ fn live_pushes(cluster: &Cluster) {
             vip: SVC_D_VIP.to_owned(),
             endpoints: vec![c],
         });
+        phase("new service");
         cluster.push_all(&mesh);
         let answer = http_ok(
             cluster,
@@ -479,6 +525,7 @@ fn live_pushes(cluster: &Cluster) {
 
         // The endpoint removed again: svc-b is b alone.
         mesh.services[1].endpoints.truncate(1);
+        phase("endpoint removed");
         cluster.push_all(&mesh);
         settles(cluster, "a", "/hello", "c's removal from svc-b", |answer| {
             field(answer, "Hostname") == Some("b")
@@ -486,6 +533,7 @@ fn live_pushes(cluster: &Cluster) {
 
         // Certificates rotated: every sidecar presents its new one.
         for (i, pod) in cluster.pods.iter().enumerate() {
+            phase("certificates rotated");
             let serial = cluster.rotate(i);
             let presented = eventually(|| match pod.ns.get(None, netns::ADMIN, "/certs") {
                 Ok((200, certs)) if certs.to_ascii_lowercase().contains(&serial) => Ok(()),
@@ -517,7 +565,7 @@ fn live_pushes(cluster: &Cluster) {
     }
 }
 
-fn run(test: &str, tag: &str, sidecars: [Sidecar; 3]) {
+fn run(test: &str, tag: &str, sidecars: [Sidecar; 4]) {
     if let Some(cluster) = cluster(test, tag, sidecars) {
         scenario(&cluster);
         live_pushes(&cluster);
@@ -531,7 +579,7 @@ fn revoy_in_every_pod() {
     run(
         "istio_pods::revoy_in_every_pod",
         "rrr",
-        [Revoy, Revoy, Revoy],
+        [Revoy, Revoy, Revoy, Revoy],
     );
 }
 
@@ -540,7 +588,7 @@ fn envoy_in_every_pod() {
     run(
         "istio_pods::envoy_in_every_pod",
         "eee",
-        [Envoy, Envoy, Envoy],
+        [Envoy, Envoy, Envoy, Envoy],
     );
 }
 
@@ -549,7 +597,7 @@ fn envoy_serves_revoy() {
     run(
         "istio_pods::envoy_serves_revoy",
         "rer",
-        [Revoy, Envoy, Revoy],
+        [Revoy, Envoy, Revoy, Envoy],
     );
 }
 
@@ -558,6 +606,6 @@ fn revoy_serves_envoy() {
     run(
         "istio_pods::revoy_serves_envoy",
         "ere",
-        [Envoy, Revoy, Envoy],
+        [Envoy, Revoy, Envoy, Revoy],
     );
 }

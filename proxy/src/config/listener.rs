@@ -72,6 +72,10 @@ pub struct ListenerConfig {
     pub bind_to_port: bool,
     /// Hand connections to the listener bound to their original destination.
     pub use_original_dst: bool,
+    /// `transparent`: the socket is bound with `IP_TRANSPARENT` (`IPV6_TRANSPARENT`), so it
+    /// accepts connections iptables TPROXY diverts to it (Istio's TPROXY interception);
+    /// `None` leaves the socket option alone, as Envoy does.
+    pub transparent: Option<bool>,
     /// Listener filters.
     pub filters: ListenerFilters,
     /// Filter chains in configuration order.
@@ -610,6 +614,7 @@ pub fn compile_listener(
         address,
         bind_to_port: l.bind_to_port.is_none_or(|b| b.value),
         use_original_dst: l.use_original_dst.is_some_and(|b| b.value),
+        transparent: l.transparent.map(|b| b.value),
         filters,
         chains,
         default_chain,

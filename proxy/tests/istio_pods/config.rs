@@ -70,16 +70,13 @@ pub struct Workload {
     pub service_account: &'static str,
     /// Its inbound mTLS mode.
     pub mtls: Mtls,
+    /// Whether its pod intercepts inbound traffic with TPROXY (`virtualInbound` is then
+    /// `transparent`, as istiod makes it for `INTERCEPTION_MODE: TPROXY`).
+    pub tproxy: bool,
 }
 
-impl Workload {
-    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
-    pub fn spiffe(&self) -> String {
-        spiffe(self.service_account)
-    }
-}
-
-/// The SPIFFE identity of `service_account`.
+/// The SPIFFE identity of `service_account`:
+/// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
 pub fn spiffe(service_account: &str) -> String {
     format!("spiffe://{TRUST_DOMAIN}/ns/{NAMESPACE}/sa/{service_account}")
 }
@@ -553,6 +550,7 @@ fn virtual_inbound(workload: &Workload) -> Value {
         "name": "virtualInbound",
         "address": address("0.0.0.0", 15006),
         "traffic_direction": "INBOUND",
+        "transparent": workload.tproxy.then_some(true),
         "continue_on_listener_filters_timeout": true,
         "listener_filters": [
             {

@@ -180,6 +180,12 @@ pub fn bootstrap(workload: &Workload) -> Value {
     meta["POD_NAME"] = workload.pod.into();
     meta["SERVICE_ACCOUNT"] = workload.service_account.into();
     meta["WORKLOAD_IDENTITY_SOCKET_FILE"] = "socket".into();
+    meta["INTERCEPTION_MODE"] = if workload.tproxy {
+        "TPROXY"
+    } else {
+        "REDIRECT"
+    }
+    .into();
     let patterns = b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
         .as_array_mut()
         .expect("the golden's stats inclusion list");
@@ -227,10 +233,10 @@ pub const PILOT_AGENT_ARGV: &[&str] = &[
     "2",
 ];
 
-/// Spawns `cmd` in `ns` as uid/gid `uid` (from a thread that entered the namespace: the child
-/// inherits it).
-fn spawn_in(ns: &Netns, mut cmd: Command, uid: u32, what: String) -> Process {
-    cmd.uid(uid).gid(uid);
+/// Spawns `cmd` in `ns` as `uid` and `gid` (from a thread that entered the namespace: the
+/// child inherits it).
+fn spawn_in(ns: &Netns, mut cmd: Command, uid: u32, gid: u32, what: String) -> Process {
+    cmd.uid(uid).gid(gid);
     let child = ns
         .enter(move || cmd.spawn())
         .unwrap_or_else(|e| panic!("start {what}: {e}"));
@@ -330,6 +336,19 @@ impl Cluster {
             .expect("route to the services");
             let ranges = iptables::ranges_rewrite(SERVICE_RANGE, OUTSIDE_RANGE);
             iptables::apply(ns.name(), &iptables::rules(spec.capture, &ranges));
+            if spec.capture == Capture::Tproxy {
+                // What istio-iptables adds for TPROXY besides the rules: marked packets are
+                // delivered locally.
+                for args in [
+                    ["rule", "add", "fwmark", "1337", "lookup", "133"].as_slice(),
+                    &[
+                        "route", "add", "local", "default", "dev", "lo", "table", "133",
+                    ],
+                ] {
+                    let args: Vec<&str> = ["-n", ns.name()].iter().chain(args).copied().collect();
+                    netns::run("ip", &args).expect("TPROXY routing");
+                }
+            }
             let dir = cluster.root.0.join(pod);
             let pod = Pod {
                 proxy: None,
@@ -347,7 +366,14 @@ impl Cluster {
                 Sidecar::Revoy => PathBuf::from(env!("CARGO_BIN_EXE_revoy")),
                 Sidecar::Envoy => envoy_bin.clone().expect("Envoy's binary for an Envoy pod"),
             };
-            cluster.start_proxy(i, &binary);
+            // The injector runs a TPROXY pod's sidecar as root (NET_ADMIN, for its transparent
+            // listener) in group 1337, which the rules exempt.
+            let uid = if spec.capture == Capture::Tproxy {
+                0
+            } else {
+                PROXY_UID
+            };
+            cluster.start_proxy(i, &binary, uid);
             let p = &cluster.pods[i];
             super::app::serve(
                 &p.ns,
@@ -473,7 +499,7 @@ impl Cluster {
             let (out, err) = log_files(&pod.dir, what);
             cmd.stdout(out).stderr(err);
             let name = format!("{what}-server of {}", pod.workload.pod);
-            let mut server = spawn_in(&self.control_plane, cmd, PROXY_UID, name.clone());
+            let mut server = spawn_in(&self.control_plane, cmd, PROXY_UID, PROXY_UID, name.clone());
             wait_for(&name, || {
                 if let Err(e) = server.check() {
                     panic!("{e}");
@@ -488,19 +514,16 @@ impl Cluster {
         self.pods[i].servers = servers;
     }
 
-    /// Starts pod `i`'s sidecar (`binary`) as uid/gid 1337 in the pod's directory with
-    /// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
-    const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster."];
-
-    /// pilot-agent's argv, and waits until its admin says LIVE.
-    pub fn start_proxy(&mut self, i: usize, binary: &Path) {
+    /// Starts pod `i`'s sidecar (`binary`) as uid `uid` and gid 1337 in the pod's directory
+    /// with pilot-agent's argv, and waits until its admin says LIVE.
+    pub fn start_proxy(&mut self, i: usize, binary: &Path, uid: u32) {
         let pod = &self.pods[i];
         let mut cmd = Command::new(binary);
         cmd.args(PILOT_AGENT_ARGV).current_dir(&pod.dir);
         let (out, err) = log_files(&pod.dir, "proxy");
         cmd.stdout(out).stderr(err);
         let what = format!("{:?} sidecar of {}", pod.sidecar, pod.workload.pod);
-        let mut proxy = spawn_in(&pod.ns, cmd, PROXY_UID, what.clone());
+        let mut proxy = spawn_in(&pod.ns, cmd, uid, PROXY_UID, what.clone());
         let ns = &pod.ns;
         wait_for(&what, || {
             if let Err(e) = proxy.check() {
