@@ -247,6 +247,13 @@ fn stat(cluster: &Cluster, pod: &str, name: &str) -> u64 {
     cluster.pod(pod).ns.stat(name).unwrap_or(0)
 }
 
+/// A plaintext request from outside the mesh to STRICT pod `pod` (at `ip`) is refused.
+fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
+    let to = addr(ip, config::HTTP_PORT);
+    let plain = app::request(cluster.ns("outside"), Proto::H1, to, pod, "/");
+    assert!(plain.is_err(), "STRICT {pod} answered plaintext: {plain:?}");
+}
+
 /// Everything that holds with every pod's sidecar in place.
 fn scenario(cluster: &Cluster) {
     // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
@@ -298,14 +305,7 @@ fn scenario(cluster: &Cluster) {
     assert_eq!(stat(cluster, "a", passthrough), before + 1);
 
     // STRICT refuses plaintext; PERMISSIVE takes it, and hands it on from 127.0.0.6.
-    let plain = app::request(
-        cluster.ns("outside"),
-        Proto::H1,
-        addr(POD_B, config::HTTP_PORT),
-        "b",
-        "/",
-    );
-    assert!(plain.is_err(), "STRICT b answered plaintext: {plain:?}");
+    refuses_plaintext(cluster, "b", POD_B);
     let answer = http_ok(
         cluster,
         "outside",
@@ -349,14 +349,7 @@ fn scenario(cluster: &Cluster) {
         format!("t from 127.0.0.6: {TCP_MESSAGE}")
     );
     mesh_call(cluster, "t", "b", SVC_B_VIP, Proto::H1);
-    let plain = app::request(
-        cluster.ns("outside"),
-        Proto::H1,
-        addr(POD_T, config::HTTP_PORT),
-        "t",
-        "/",
-    );
-    assert!(plain.is_err(), "STRICT t answered plaintext: {plain:?}");
+    refuses_plaintext(cluster, "t", POD_T);
 
     // A weighted route splits svc-b's /split between b and c.
     let mut to_b = 0;

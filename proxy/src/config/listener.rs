@@ -705,6 +705,26 @@ filter_chains:
     }
 
     #[test]
+    fn transparent_is_kept_unset_on_or_off() {
+        let yaml = r#"name: l
+address: {socket_address: {address: 0.0.0.0, port_value: 15006}}
+filter_chains:
+- filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}
+"#;
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        let mut l: Listener = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let compiled = |l: &Listener| compile_with(&io, l).unwrap().transparent;
+        assert_eq!(compiled(&l), None);
+        for on in [true, false] {
+            l.transparent = Some(proto::pb::google::protobuf::BoolValue { value: on });
+            assert_eq!(compiled(&l), Some(on));
+        }
+    }
+
+    #[test]
     fn tls_contexts_are_built_at_compile_and_bad_ones_named_by_field() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/differential/certs");
         let read = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();

@@ -254,6 +254,33 @@ fn log_files(dir: &Path, name: &str) -> (Stdio, Stdio) {
     (open("out"), open("err"))
 }
 
+/// Removes what a killed earlier run with `tag` left (a run's Drop guards do not run when it
+/// is killed): its namespaces, their `/etc/netns` folders and its directory, for runs whose
+/// process is gone.
+fn sweep(tag: &str) {
+    let prefix = format!("netcov-{tag}-");
+    let names = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten();
+    for name in names.filter_map(|e| e.file_name().into_string().ok()) {
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = netns::run("ip", &["netns", "del", &name]);
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&name));
+        let _ =
+            std::fs::remove_dir_all(std::env::temp_dir().join(format!("revoy-pods-{tag}-{pid}")));
+    }
+}
+
 fn wait_for(what: &str, mut f: impl FnMut() -> Result<(), String>) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -276,6 +303,7 @@ impl Cluster {
         outside: &[&str],
         envoy: Option<&Path>,
     ) -> Cluster {
+        sweep(tag);
         let root = std::env::temp_dir().join(format!("revoy-pods-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("the cluster's directory");
