@@ -424,10 +424,10 @@ fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
             "{filter}: {out}"
         );
     }
-    // A listener filter that limits connections closes every connection of the listener.
+    // A listener filter revoy cannot know (from ECDS) closes every connection of the listener.
     let yaml = with_filter("").replace(
         "    filter_chains:",
-        "    listener_filters: [{name: envoy.filters.listener.local_ratelimit, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit, stat_prefix: r, token_bucket: {max_tokens: 1, fill_interval: 1s}}}]\n    filter_chains:",
+        "    listener_filters: [{name: vendor_listener_filter, config_discovery: {config_source: {ads: {}}, type_urls: [type.googleapis.com/acme.authz.v1.Config]}}]\n    filter_chains:",
     );
     let (code, out) = validate(&yaml);
     assert_eq!(code, 1, "{out}");

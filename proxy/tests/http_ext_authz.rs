@@ -35,8 +35,8 @@ mod bootstrap;
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
-#[path = "support/http_diff.rs"]
-mod http_diff;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -436,7 +436,7 @@ fn request(port: u16, method: &str, path: &str, headers: &str, body: &str) -> St
     } else {
         format!("content-length: {}\r\n", body.len())
     };
-    http_diff::exchange(
+    filter_diff::exchange(
         port,
         &format!(
             "{method} {path} HTTP/1.1\r\nhost: authz.test\r\n{headers}{length}connection: close\r\n\r\n{body}"
@@ -524,7 +524,7 @@ fn observe(ports: [u16; 5], admin: u16, log: &Log) -> Vec<String> {
             "{l} {method} {path} {headers:?}\n{answer}\nsent: {sent}"
         ));
     }
-    seen.extend(http_diff::stats(admin, STATS));
+    seen.extend(filter_diff::stat_lines(admin, STATS));
     seen
 }
 
@@ -546,7 +546,7 @@ fn ext_authz_matches_envoy() {
             free_port(),
         ];
         let yaml = bootstrap(admin, ports, up, grpc, http);
-        http_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
+        filter_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
     };
     let expected = run(Some(&envoy));
     let got = run(None);
@@ -558,5 +558,5 @@ fn ext_authz_matches_envoy() {
             && expected.iter().any(|l| l.contains("\nrerouted\nsent:")),
         "{expected:#?}"
     );
-    http_diff::assert_same(&expected, &got);
+    filter_diff::assert_same(&expected, &got);
 }

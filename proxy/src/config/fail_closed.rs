@@ -8,8 +8,6 @@
 const FAIL_CLOSED: &[&str] = &[
     "ext_authz",
     "jwt_authn",
-    "local_ratelimit",
-    "ratelimit",
     "rate_limit_quota",
     "oauth2",
     "basic_auth",

@@ -179,6 +179,8 @@ pub struct Listener {
     no_filter_chain: Counter,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
     fail_closed: Option<Counter>,
+    /// Its `envoy.filters.listener.local_ratelimit`.
+    rate_limit: Option<limits::ListenerRateLimiter>,
 }
 
 impl Listener {
@@ -248,6 +250,11 @@ impl Listener {
                 .chain(&config.default_chain)
                 .any(|c| c.refused.is_some())
                 .then(|| stats.counter(&format!("{prefix}.downstream_cx_fail_closed"))),
+            rate_limit: config
+                .filters
+                .rate_limit
+                .as_ref()
+                .map(|r| limits::ListenerRateLimiter::new(r, stats)),
             config,
         }
     }
@@ -336,6 +343,10 @@ impl Listener {
         {
             let listeners = listeners.load_full();
             if let Some(target) = handoff_target(&listeners, to, self) {
+                // The accepting listener's filters run before the hand-off, as in Envoy.
+                if self.rate_limit.as_ref().is_some_and(|r| !r.admit()) {
+                    return;
+                }
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;
@@ -377,7 +388,11 @@ impl Listener {
         original: Option<SocketAddr>,
     ) {
         let destination = original.unwrap_or(local);
-        let f = self.config.filters;
+        let f = &self.config.filters;
+        let rate_limited = || self.rate_limit.as_ref().is_some_and(|r| !r.admit());
+        if f.rate_limit_first && rate_limited() {
+            return;
+        }
         let needs_peek = f.tls_inspector || f.http_inspector;
         let inspected = if needs_peek {
             inspect::inspect(
@@ -393,6 +408,9 @@ impl Listener {
                 ..Default::default()
             }
         };
+        if !f.rate_limit_first && rate_limited() {
+            return;
+        }
         let facts = ConnectionFacts {
             destination: Some(destination),
             source: Some(peer),
@@ -414,7 +432,13 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
-        let Some(_admitted) = chain.limits.admit().await else {
+        let downstream = || crate::access_log::record::Downstream {
+            remote: Some(peer),
+            direct_remote: Some(peer),
+            local: Some(destination),
+            server_name: inspected.server_name.as_deref().map(Into::into),
+        };
+        let Some(_admitted) = chain.limits.admit(&shared.clusters, downstream).await else {
             chain.kind.count_refused();
             self.cx_destroy.inc();
             return;

@@ -5,6 +5,7 @@
 pub mod action;
 pub mod domain;
 pub mod explain;
+pub mod filter_matcher;
 pub mod format;
 pub mod headers;
 pub mod matcher;

@@ -17,6 +17,7 @@ pub mod fault;
 pub mod grpc_http1_bridge;
 pub mod health_check;
 pub mod local_ratelimit;
+pub mod matching;
 pub mod ratelimit;
 
 use std::sync::Arc;
@@ -79,6 +80,9 @@ pub struct HttpFilter {
     pub name: Arc<str>,
     /// `disabled`: it runs only where a route or virtual host enables it.
     pub disabled: bool,
+    /// The matcher of an `ExtensionWithMatcher` around it: requests it ends in `SkipFilter`
+    /// for do not run the filter.
+    pub matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     /// What it does.
     pub kind: FilterKind,
 }
@@ -186,7 +190,31 @@ pub fn compile_chain(
             Some(http_filter::ConfigType::ConfigDiscovery(_)) => (None, true),
             None => (None, false),
         };
+        let wrapper = match any {
+            Some(a) if proto::type_name_of(&a.type_url) == matching::EXTENSION_WITH_MATCHER => {
+                Some(unpack(a).map_err(|e| e.within(&format!("{at}.typed_config")))?)
+            }
+            _ => None,
+        };
+        let (any, matcher) = match &wrapper {
+            Some(w) => {
+                let (inner, matcher) = matching::compile(ctx, w)
+                    .map_err(|e| e.within(&format!("{at}.typed_config")))?;
+                (Some(inner), Some(Arc::new(matcher)))
+            }
+            None => (any, None),
+        };
+        let at = match matcher {
+            Some(_) => format!("{at}.typed_config.extension_config"),
+            None => at,
+        };
         let type_name = any.map_or("", |a| proto::type_name_of(&a.type_url));
+        if matcher.is_some() && type_name == ROUTER {
+            return Err(ConfigError::unimplemented(
+                at,
+                "an ExtensionWithMatcher around the router",
+            ));
+        }
         // The type picks the filter, as in Envoy; the name only when there is no typed_config.
         let router_named = f.name == "envoy.filters.http.router" || f.name == "envoy.router";
         if type_name == ROUTER || (any.is_none() && !from_ecds && router_named) {
@@ -248,6 +276,7 @@ pub fn compile_chain(
         chain.filters.push(HttpFilter {
             name: Arc::from(f.name.as_str()),
             disabled: f.disabled,
+            matcher,
             kind,
         });
     }
@@ -359,6 +388,12 @@ pub fn compile_per_filter(
                     ));
                 }
             }
+        }
+        if proto::type_name_of(&any.type_url) == matching::EXTENSION_WITH_MATCHER_PER_ROUTE {
+            return Err(ConfigError::unimplemented(
+                at,
+                "a per-route ExtensionWithMatcherPerRoute",
+            ));
         }
         let kind = match proto::type_name_of(&any.type_url) {
             FAULT => Some(routed(fault::compile(

@@ -39,7 +39,7 @@ mod health_check;
 mod local_ratelimit;
 mod ratelimit;
 mod rbac;
-mod rls;
+pub mod rls;
 
 use std::sync::Arc;
 
@@ -64,6 +64,8 @@ pub struct Chain {
 struct Filter {
     name: Arc<str>,
     disabled: bool,
+    /// An `ExtensionWithMatcher`'s matcher: the filter is skipped where it says so.
+    matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     kind: Kind,
 }
 
@@ -148,6 +150,18 @@ impl FilterRequest<'_> {
         }
     }
 
+    /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
+    fn matching_data(&self) -> crate::route::filter_matcher::Data<'_> {
+        crate::route::filter_matcher::Data {
+            request: self.route_request(),
+            connection: crate::route::filter_matcher::Connection {
+                remote: self.remote,
+                direct_remote: self.conn.down.peer.ip(),
+                local: self.conn.local,
+            },
+        }
+    }
+
     /// The request as route matchers read it.
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
         crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
@@ -197,6 +211,7 @@ impl Chain {
             .map(|f| Filter {
                 name: f.name.clone(),
                 disabled: f.disabled,
+                matcher: f.matcher.clone(),
                 kind: match &f.kind {
                     FilterKind::FailClosed(why) => Kind::FailClosed(
                         why.clone(),
@@ -258,6 +273,11 @@ impl Chain {
         for f in self.filters.iter() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Some(m) = &f.matcher
+                && m.skips(&req.matching_data())
+            {
                 continue;
             }
             let route = req.route;
