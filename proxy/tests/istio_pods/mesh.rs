@@ -212,26 +212,10 @@ const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster
 
 /// pilot-agent's argv for Envoy (`pkg/envoy/proxy.go`, defaults: drain 45 s, log level
 /// `warning`, `misc:error`), with `--concurrency 2`.
-pub const PILOT_AGENT_ARGV: &[&str] = &[
-    "-c",
-    "etc/istio/proxy/envoy-rev.json",
-    "--drain-time-s",
-    "45",
-    "--drain-strategy",
-    "immediate",
-    "--local-address-ip-version",
-    "v4",
-    "--file-flush-interval-msec",
-    "1000",
-    "--disable-hot-restart",
-    "--allow-unknown-static-fields",
-    "-l",
-    "warning",
-    "--component-log-level",
-    "misc:error",
-    "--concurrency",
-    "2",
-];
+pub const PILOT_AGENT_ARGV: &str = "-c ./etc/istio/proxy/envoy-rev.json --drain-time-s 45 \
+    --drain-strategy immediate --local-address-ip-version v4 --file-flush-interval-msec 1000 \
+    --disable-hot-restart --allow-unknown-static-fields -l warning --component-log-level misc:error \
+    --concurrency 2";
 
 /// Spawns `cmd` in `ns` as `uid` and `gid` (from a thread that entered the namespace: the
 /// child inherits it).
@@ -547,7 +531,8 @@ impl Cluster {
     pub fn start_proxy(&mut self, i: usize, binary: &Path, uid: u32) {
         let pod = &self.pods[i];
         let mut cmd = Command::new(binary);
-        cmd.args(PILOT_AGENT_ARGV).current_dir(&pod.dir);
+        cmd.args(PILOT_AGENT_ARGV.split_whitespace())
+            .current_dir(&pod.dir);
         let (out, err) = log_files(&pod.dir, "proxy");
         cmd.stdout(out).stderr(err);
         let what = format!("{:?} sidecar of {}", pod.sidecar, pod.workload.pod);
