@@ -154,6 +154,17 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
 /// buffered or sent), so an answer made before that was made at routing time. It turns back
 /// when the first attempt (or an upgrade's connection) could not start, which Envoy also
 /// decides at routing time (see [`crate::upstream::UpstreamError::not_started`]).
+/// Replaces `req`'s path and query with `path` (left as it was when `path` is not one).
+fn set_path(req: &mut Request<Body>, path: &str) {
+    if let Ok(pq) = http::uri::PathAndQuery::try_from(path) {
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
 async fn route_and_forward(
     mut req: Request<Body>,
     ctx: &ConnContext,
@@ -260,13 +271,7 @@ async fn route_and_forward(
     match verdict {
         PathVerdict::Continue(None) => {}
         PathVerdict::Continue(Some(p)) => {
-            if let Ok(pq) = http::uri::PathAndQuery::try_from(p.as_str()) {
-                let mut parts = req.uri().clone().into_parts();
-                parts.path_and_query = Some(pq);
-                if let Ok(uri) = Uri::from_parts(parts) {
-                    *req.uri_mut() = uri;
-                }
-            }
+            set_path(&mut req, &p);
             path = p;
         }
         // Envoy answers these before the request has its id: its trace decision counts them
@@ -341,11 +346,16 @@ async fn route_and_forward(
             record: pending.as_deref_mut().map(Pending::record),
             version,
             clear_route_cache: false,
+            new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
         reselect = filtered.clear_route_cache;
+        if let Some(p) = filtered.new_path.take() {
+            set_path(&mut req, &p);
+            path = p;
+        }
     }
     // The filters may have changed the headers the route's actions read.
     let route_req = routing(

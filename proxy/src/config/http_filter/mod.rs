@@ -17,6 +17,7 @@ pub mod fault;
 pub mod grpc_http1_bridge;
 pub mod health_check;
 pub mod local_ratelimit;
+pub mod lua;
 pub mod matching;
 pub mod ratelimit;
 
@@ -50,6 +51,8 @@ const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
 const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
 const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
+const LUA: &str = "envoy.extensions.filters.http.lua.v3.Lua";
+const LUA_PER_ROUTE: &str = "envoy.extensions.filters.http.lua.v3.LuaPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -124,6 +127,8 @@ pub enum FilterKind {
     Cors,
     /// `envoy.filters.http.csrf`.
     Csrf(Arc<csrf::CsrfConfig>),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::LuaConfig>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -340,6 +345,7 @@ fn compile_kind(
         DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
             &unpack(any)?,
         )?))),
+        LUA => Some(FilterKind::Lua(Arc::new(lua::compile(ctx, &unpack(any)?)?))),
         GRPC_WEB => {
             unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
             Some(FilterKind::GrpcWeb)
@@ -433,6 +439,10 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            LUA_PER_ROUTE => Some(routed(lua::compile_per_route(
+                ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,

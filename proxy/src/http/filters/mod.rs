@@ -37,6 +37,7 @@ mod grpc_http1_bridge;
 mod grpc_web;
 mod health_check;
 mod local_ratelimit;
+mod lua;
 mod ratelimit;
 mod rbac;
 pub mod rls;
@@ -99,6 +100,8 @@ enum Kind {
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::Lua>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
@@ -130,6 +133,9 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// Set by a filter that rewrote the path (with query): the router sends the request with
+    /// it and routes by it.
+    pub new_path: Option<String>,
 }
 
 impl FilterRequest<'_> {
@@ -200,6 +206,8 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// A Lua script's `envoy_on_response`, to run on the response.
+    Lua(lua::Pending),
 }
 
 impl Chain {
@@ -251,6 +259,12 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
                 },
@@ -324,6 +338,10 @@ impl Chain {
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Lua(script) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    script.decode(req, settings, encoders).await
+                }
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -382,6 +400,7 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
 }
