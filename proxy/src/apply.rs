@@ -134,7 +134,8 @@ impl Applier {
         let change = match (&existing, &previous) {
             (Some(slot), Some(old))
                 if old.config().address == listener.config().address
-                    && old.config().bind_to_port == listener.config().bind_to_port =>
+                    && old.config().bind_to_port == listener.config().bind_to_port
+                    && old.config().transparent == listener.config().transparent =>
             {
                 let old = slot.replace(listener.clone());
                 old.retire(Some(&listener), self.drain_time);

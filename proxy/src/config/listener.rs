@@ -81,6 +81,10 @@ pub struct ListenerConfig {
     pub bind_to_port: bool,
     /// Hand connections to the listener bound to their original destination.
     pub use_original_dst: bool,
+    /// `transparent`: the socket is bound with `IP_TRANSPARENT` (`IPV6_TRANSPARENT`), so it
+    /// accepts connections iptables TPROXY diverts to it (Istio's TPROXY interception);
+    /// `None` leaves the socket option alone, as Envoy does.
+    pub transparent: Option<bool>,
     /// Listener filters.
     pub filters: ListenerFilters,
     /// Filter chains in configuration order.
@@ -663,6 +667,7 @@ pub fn compile_listener(
         address,
         bind_to_port: l.bind_to_port.is_none_or(|b| b.value),
         use_original_dst: l.use_original_dst.is_some_and(|b| b.value),
+        transparent: l.transparent.map(|b| b.value),
         filters,
         chains,
         default_chain,
@@ -750,6 +755,26 @@ filter_chains:
         l: &Listener,
     ) -> Result<ListenerConfig, ConfigError> {
         compile_listener(&Context::new(io), l, None, &mut Warnings::new())
+    }
+
+    #[test]
+    fn transparent_is_kept_unset_on_or_off() {
+        let yaml = r#"name: l
+address: {socket_address: {address: 0.0.0.0, port_value: 15006}}
+filter_chains:
+- filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}
+"#;
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        let mut l: Listener = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let compiled = |l: &Listener| compile_with(&io, l).unwrap().transparent;
+        assert_eq!(compiled(&l), None);
+        for on in [true, false] {
+            l.transparent = Some(proto::pb::google::protobuf::BoolValue { value: on });
+            assert_eq!(compiled(&l), Some(on));
+        }
     }
 
     #[test]

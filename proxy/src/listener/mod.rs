@@ -316,6 +316,9 @@ impl Listener {
         if addr.is_ipv6() {
             socket.set_only_v6(false).ok();
         }
+        if let Some(on) = self.config.transparent {
+            set_transparent(&socket, addr, on)?;
+        }
         socket.set_nonblocking(true)?;
         socket.set_tcp_nodelay(true)?;
         socket.bind(&addr.into())?;
@@ -673,5 +676,32 @@ async fn serve_tls(
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
         http::serve_tls(tls_stream, ctx).await
+    }
+}
+
+/// Sets `IP_TRANSPARENT` (`IPV6_TRANSPARENT` on an IPv6 socket) to `on`: a listener's
+/// `transparent` (needs `CAP_NET_ADMIN`; failing to set it fails the bind, as in Envoy).
+fn set_transparent(socket: &socket2::Socket, addr: SocketAddr, on: bool) -> std::io::Result<()> {
+    let (level, option) = if addr.is_ipv6() {
+        (libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
+    } else {
+        (libc::SOL_IP, libc::IP_TRANSPARENT)
+    };
+    let value = libc::c_int::from(on);
+    // SAFETY: setsockopt reads `size_of::<c_int>()` bytes from `value`, which lives across the
+    // call, on a socket descriptor `socket` owns.
+    let rc = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(socket),
+            level,
+            option,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }

@@ -9,7 +9,6 @@
 
 pub mod circllhist;
 pub mod histogram;
-pub mod istio;
 pub mod keyed;
 mod number;
 mod render;

@@ -555,7 +555,7 @@ fn record_istio(
     upstream_san: &str,
     activity: &Activity<'_>,
 ) {
-    use crate::stats::istio::{Ends, count, destination_service};
+    use crate::istio_metrics::{Ends, count, destination_service};
     let Some(config) = istio.stats else { return };
     let peer = if istio.inbound { down_peer } else { up_peer };
     let upstream_local_san = if istio.inbound {

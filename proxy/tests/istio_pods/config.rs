@@ -1,0 +1,687 @@
+//! The Istio-shaped xDS resources the test's control plane serves each pod, shaped after
+//! what istiod sends a sidecar (the listener dump `istio/istio` keeps as
+//! `pr-37071/listeners.json` in the corpus the project read, and Istio's
+//! `pilot/pkg/networking/core` builders as `docs/istio-contract` notes describe them), with the
+//! test's own addresses:
+//!
+//! - `virtualOutbound` on 15001 (`use_original_dst`): a `virtualOutbound-blackhole` chain for
+//!   15001 itself and `virtualOutbound-catchall-tcp` to `PassthroughCluster` (ALLOW_ANY) or
+//!   `BlackHoleCluster` (REGISTRY_ONLY);
+//! - `0.0.0.0_80` (`bind_to_port: false`): the HTTP connection manager on RDS `80`, whose
+//!   virtual hosts are the services' names and VIPs, plus `allow_any` (ALLOW_ANY only);
+//! - `<VIP>_<port>` (`bind_to_port: false`) TCP proxies for the TCP service ports;
+//! - `virtualInbound` on 15006 (`original_dst`, `tls_inspector`, `http_inspector`): per
+//!   application port a chain for Istio's mTLS ALPNs and, PERMISSIVE only, one for plaintext;
+//!   the `virtualInbound` catch-all chains to `InboundPassthroughCluster`;
+//! - EDS clusters `outbound|<port>||<host>` whose endpoints carry `tlsMode: istio` and whose
+//!   `transport_socket_matches` pick Istio's mTLS for them; `inbound|<port>||` ORIGINAL_DST
+//!   clusters bound to 127.0.0.6; `PassthroughCluster`, `InboundPassthroughCluster`,
+//!   `BlackHoleCluster`.
+//!
+//! Istio's own filters (`istio.alpn`, `istio.metadata_exchange`, `istio.stats`) are left out:
+//! stock Envoy lacks them, and every assertion holds without them.
+
+use serde_json::{Value, json};
+
+/// The trust domain of the mesh.
+pub const TRUST_DOMAIN: &str = "cluster.local";
+
+/// The Kubernetes namespace of every workload.
+pub const NAMESPACE: &str = "default";
+
+/// The application's HTTP port (a port `inbound-ports-include.golden` captures).
+pub const HTTP_PORT: u16 = 32000;
+
+/// The application's TCP echo port (the other port `inbound-ports-include.golden` captures).
+pub const TCP_PORT: u16 = 31000;
+
+/// The application's server-first TCP port.
+pub const FIRST_PORT: u16 = 31500;
+
+/// The HTTP service port (targeting [`HTTP_PORT`]).
+pub const SERVICE_HTTP_PORT: u16 = 80;
+
+/// How a pod's inbound side takes plaintext (PeerAuthentication's mTLS mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mtls {
+    /// mTLS only.
+    Strict,
+    /// mTLS or plaintext.
+    Permissive,
+}
+
+/// What the mesh does with a destination it does not know (`outboundTrafficPolicy`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outbound {
+    /// Forwarded to the original destination through `PassthroughCluster`.
+    AllowAny,
+    /// Refused through `BlackHoleCluster`.
+    RegistryOnly,
+}
+
+/// A workload: its pod name, address, service account and inbound mTLS mode.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    /// The pod's name.
+    pub pod: &'static str,
+    /// Its address.
+    pub ip: String,
+    /// Its service account (its SPIFFE identity's last part).
+    pub service_account: &'static str,
+    /// Its inbound mTLS mode.
+    pub mtls: Mtls,
+    /// Whether its pod intercepts inbound traffic with TPROXY (`virtualInbound` is then
+    /// `transparent`, as istiod makes it for `INTERCEPTION_MODE: TPROXY`).
+    pub tproxy: bool,
+}
+
+/// The SPIFFE identity of `service_account`:
+/// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+pub fn spiffe(service_account: &str) -> String {
+    format!("spiffe://{TRUST_DOMAIN}/ns/{NAMESPACE}/sa/{service_account}")
+}
+
+/// A Kubernetes service: its short name, VIP and the workloads behind it (all its ports).
+#[derive(Clone, Debug)]
+pub struct Service {
+    /// The short name (`svc-b`).
+    pub name: &'static str,
+    /// The cluster IP.
+    pub vip: String,
+    /// The workloads selected.
+    pub endpoints: Vec<Workload>,
+}
+
+impl Service {
+    /// `<name>.<namespace>.svc.cluster.local`.
+    pub fn host(&self) -> String {
+        format!("{}.{NAMESPACE}.svc.{TRUST_DOMAIN}", self.name)
+    }
+
+    /// The service accounts of its workloads, each once (what its clients accept as the
+    /// server's identity, as istiod lists them).
+    fn service_accounts(&self) -> Vec<&str> {
+        let mut accounts: Vec<&str> = self.endpoints.iter().map(|w| w.service_account).collect();
+        accounts.sort();
+        accounts.dedup();
+        accounts
+    }
+}
+
+/// The mesh as the control plane knows it.
+#[derive(Clone, Debug)]
+pub struct Mesh {
+    /// Every service.
+    pub services: Vec<Service>,
+    /// The outbound traffic policy.
+    pub outbound: Outbound,
+    /// VirtualService-style splits: requests for the first service's path [`SPLIT_PATH`] go
+    /// half to it, half to the second.
+    pub splits: Vec<(&'static str, &'static str)>,
+    /// VirtualService-style path routes: `(service, path prefix, to)` sends the service's
+    /// requests under the prefix to service `to`.
+    pub path_routes: Vec<(&'static str, &'static str, &'static str)>,
+}
+
+/// The path a split sends half to each service.
+pub const SPLIT_PATH: &str = "/split";
+
+/// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
+/// `revoy xds-server` directory of its pod.
+pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
+    let mut listeners = vec![virtual_outbound(mesh.outbound), http_outbound()];
+    let mut clusters = vec![blackhole(), passthrough(), inbound_passthrough()];
+    let mut endpoints = Vec::new();
+    for service in &mesh.services {
+        for port in [TCP_PORT, FIRST_PORT] {
+            listeners.push(tcp_outbound(service, port));
+        }
+        for port in [SERVICE_HTTP_PORT, TCP_PORT, FIRST_PORT] {
+            clusters.push(outbound_cluster(service, port));
+            endpoints.push(load_assignment(service, port));
+        }
+    }
+    listeners.push(virtual_inbound(workload));
+    for port in [HTTP_PORT, TCP_PORT, FIRST_PORT] {
+        clusters.push(inbound_cluster(port));
+    }
+    vec![
+        ("listeners.json", json!({ "resources": listeners })),
+        ("clusters.json", json!({ "resources": clusters })),
+        ("endpoints.json", json!({ "resources": endpoints })),
+        ("routes.json", json!({ "resources": [route_80(mesh)] })),
+    ]
+}
+
+/// The SDS resources of a workload: Istio's `default` (its certificate chain and key) and
+/// `ROOTCA` (the mesh's root).
+pub fn secrets(chain_pem: &str, key_pem: &str, root_pem: &str) -> Value {
+    json!({ "resources": [
+        {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+            "name": "default",
+            "tls_certificate": {
+                "certificate_chain": { "inline_string": chain_pem },
+                "private_key": { "inline_string": key_pem },
+            },
+        },
+        {
+            "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret",
+            "name": "ROOTCA",
+            "validation_context": { "trusted_ca": { "inline_string": root_pem } },
+        },
+    ]})
+}
+
+const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const CLA: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const TCP_PROXY: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
+const DOWNSTREAM_TLS: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext";
+const UPSTREAM_TLS: &str =
+    "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext";
+
+/// The ALPN values Istio's inbound mTLS chains match for HTTP (`istio.alpn` sets the
+/// `istio-http/*` ones; without it a client offers `istio-peer-exchange, istio`).
+const MTLS_HTTP_ALPN: [&str; 5] = [
+    "istio",
+    "istio-peer-exchange",
+    "istio-http/1.0",
+    "istio-http/1.1",
+    "istio-h2",
+];
+
+/// The ALPN values Istio's outbound mTLS clusters offer, and its TCP inbound chains match.
+const MTLS_TCP_ALPN: [&str; 2] = ["istio-peer-exchange", "istio"];
+
+fn address(ip: &str, port: u16) -> Value {
+    json!({ "socket_address": { "address": ip, "port_value": port } })
+}
+
+fn tcp_proxy(cluster: &str) -> Value {
+    json!({
+        "name": "envoy.filters.network.tcp_proxy",
+        "typed_config": { "@type": TCP_PROXY, "stat_prefix": cluster, "cluster": cluster },
+    })
+}
+
+/// Istio's `SdsSecretConfig` for `name` from pilot-agent's socket (the `sds-grpc` cluster).
+fn sds(name: &str) -> Value {
+    json!({
+        "name": name,
+        "sds_config": {
+            "api_config_source": {
+                "api_type": "GRPC",
+                "set_node_on_first_message_only": true,
+                "transport_api_version": "V3",
+                "grpc_services": [{ "envoy_grpc": { "cluster_name": "sds-grpc" } }],
+            },
+            "initial_fetch_timeout": "0s",
+            "resource_api_version": "V3",
+        },
+    })
+}
+
+/// Istio's `common_tls_context`: `default` presented, peers checked against `ROOTCA` and the
+/// URI SAN matchers `sans` (any of them), ALPN `alpn`.
+fn mesh_tls(sans: Vec<Value>, alpn: &[&str]) -> Value {
+    let sans: Vec<Value> = sans
+        .into_iter()
+        .map(|matcher| json!({ "san_type": "URI", "matcher": matcher }))
+        .collect();
+    json!({
+        "alpn_protocols": alpn,
+        "tls_certificate_sds_secret_configs": [sds("default")],
+        "combined_validation_context": {
+            "default_validation_context": {
+                "match_typed_subject_alt_names": sans,
+            },
+            "validation_context_sds_secret_config": sds("ROOTCA"),
+        },
+    })
+}
+
+/// The inbound mTLS transport socket: a client certificate from the trust domain required.
+fn inbound_tls(alpn: &[&str]) -> Value {
+    json!({
+        "name": "envoy.transport_sockets.tls",
+        "typed_config": {
+            "@type": DOWNSTREAM_TLS,
+            "common_tls_context": mesh_tls(vec![json!({ "prefix": format!("spiffe://{TRUST_DOMAIN}/") })], alpn),
+            "require_client_certificate": true,
+        },
+    })
+}
+
+fn virtual_outbound(outbound: Outbound) -> Value {
+    let catchall = match outbound {
+        Outbound::AllowAny => "PassthroughCluster",
+        Outbound::RegistryOnly => "BlackHoleCluster",
+    };
+    json!({
+        "@type": LISTENER,
+        "name": "virtualOutbound",
+        "address": address("0.0.0.0", 15001),
+        "use_original_dst": true,
+        "traffic_direction": "OUTBOUND",
+        "filter_chains": [
+            {
+                "name": "virtualOutbound-blackhole",
+                "filter_chain_match": { "destination_port": 15001 },
+                "filters": [tcp_proxy("BlackHoleCluster")],
+            },
+            { "name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy(catchall)] },
+        ],
+    })
+}
+
+fn http_outbound() -> Value {
+    json!({
+        "@type": LISTENER,
+        "name": format!("0.0.0.0_{SERVICE_HTTP_PORT}"),
+        "address": address("0.0.0.0", SERVICE_HTTP_PORT),
+        "bind_to_port": false,
+        "traffic_direction": "OUTBOUND",
+        "filter_chains": [{
+            "filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": HCM,
+                    "stat_prefix": format!("outbound_0.0.0.0_{SERVICE_HTTP_PORT}"),
+                    "rds": {
+                        "route_config_name": SERVICE_HTTP_PORT.to_string(),
+                        "config_source": {
+                            "ads": {},
+                            "initial_fetch_timeout": "0s",
+                            "resource_api_version": "V3",
+                        },
+                    },
+                    "http_filters": [router()],
+                    "use_remote_address": false,
+                    "normalize_path": true,
+                    "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
+                    "stream_idle_timeout": "0s",
+                },
+            }],
+        }],
+    })
+}
+
+fn router() -> Value {
+    json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router" },
+    })
+}
+
+fn outbound_name(service: &Service, port: u16) -> String {
+    format!("outbound|{port}||{}", service.host())
+}
+
+fn tcp_outbound(service: &Service, port: u16) -> Value {
+    json!({
+        "@type": LISTENER,
+        "name": format!("{}_{port}", service.vip),
+        "address": address(&service.vip, port),
+        "bind_to_port": false,
+        "traffic_direction": "OUTBOUND",
+        "filter_chains": [{ "filters": [tcp_proxy(&outbound_name(service, port))] }],
+    })
+}
+
+fn route_80(mesh: &Mesh) -> Value {
+    let mut hosts: Vec<Value> = mesh
+        .services
+        .iter()
+        .map(|s| {
+            let host = s.host();
+            let names = [
+                host.clone(),
+                s.name.to_owned(),
+                format!("{}.{NAMESPACE}.svc", s.name),
+                format!("{}.{NAMESPACE}", s.name),
+                s.vip.clone(),
+            ];
+            let domains: Vec<String> = names
+                .iter()
+                .flat_map(|n| [n.clone(), format!("{n}:{SERVICE_HTTP_PORT}")])
+                .collect();
+            let moved = mesh
+                .path_routes
+                .iter()
+                .filter(|(from, _, _)| *from == s.name)
+                .filter_map(|(_, path, to)| {
+                    let to = mesh.services.iter().find(|o| o.name == *to)?;
+                    Some(json!({
+                        "name": format!("to-{}", to.name),
+                        "match": { "prefix": path },
+                        "route": {
+                            "cluster": outbound_name(to, SERVICE_HTTP_PORT),
+                            "timeout": "0s",
+                            "max_grpc_timeout": "0s",
+                            "retry_policy": retry_policy(),
+                        },
+                    }))
+                });
+            let mut routes: Vec<Value> = mesh
+                .splits
+                .iter()
+                .filter(|(from, _)| *from == s.name)
+                .filter_map(|(_, to)| mesh.services.iter().find(|o| o.name == *to))
+                .map(|other| {
+                    json!({
+                        "name": "split",
+                        "match": { "prefix": SPLIT_PATH },
+                        "route": {
+                            "weighted_clusters": { "clusters": [
+                                { "name": outbound_name(s, SERVICE_HTTP_PORT), "weight": 50 },
+                                { "name": outbound_name(other, SERVICE_HTTP_PORT), "weight": 50 },
+                            ]},
+                            "timeout": "0s",
+                            "max_grpc_timeout": "0s",
+                            "retry_policy": retry_policy(),
+                        },
+                    })
+                })
+                .chain(moved)
+                .collect();
+            routes.push(json!({
+                "name": "default",
+                "match": { "prefix": "/" },
+                "route": {
+                    "cluster": outbound_name(s, SERVICE_HTTP_PORT),
+                    "timeout": "0s",
+                    "max_grpc_timeout": "0s",
+                    "retry_policy": retry_policy(),
+                },
+            }));
+            json!({
+                "name": format!("{host}:{SERVICE_HTTP_PORT}"),
+                "domains": domains,
+                "routes": routes,
+                "include_request_attempt_count": true,
+            })
+        })
+        .collect();
+    if mesh.outbound == Outbound::AllowAny {
+        hosts.push(json!({
+            "name": "allow_any",
+            "domains": ["*"],
+            "routes": [{
+                "name": "allow_any",
+                "match": { "prefix": "/" },
+                "route": { "cluster": "PassthroughCluster", "timeout": "0s" },
+            }],
+            "include_request_attempt_count": true,
+        }));
+    }
+    json!({
+        "@type": ROUTE,
+        "name": SERVICE_HTTP_PORT.to_string(),
+        "virtual_hosts": hosts,
+        "validate_clusters": false,
+        "max_direct_response_body_size_bytes": 1_048_576,
+        "ignore_port_in_host_matching": true,
+    })
+}
+
+/// The retry policy istiod gives outbound routes by default (as in the `productpage`
+/// config dump of `istioctl/cmd/testdata/authz/`, the predicate with its typed config).
+fn retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,resource-exhausted,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": { "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate" },
+        }],
+        "host_selection_retry_max_attempts": 3,
+        "retriable_status_codes": [503],
+    })
+}
+
+fn inbound_name(port: u16) -> String {
+    format!("inbound|{port}||")
+}
+
+/// The inbound HTTP connection manager for `port`: XFCC appended with the peer's subject,
+/// URI and DNS SANs, everything routed to `inbound|<port>||`.
+fn inbound_hcm(port: u16) -> Value {
+    let cluster = inbound_name(port);
+    json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": HCM,
+            "stat_prefix": format!("inbound_0.0.0.0_{port}"),
+            "route_config": {
+                "name": cluster,
+                "validate_clusters": false,
+                "virtual_hosts": [{
+                    "name": format!("inbound|http|{port}"),
+                    "domains": ["*"],
+                    "routes": [{
+                        "name": "default",
+                        "match": { "prefix": "/" },
+                        "route": { "cluster": cluster, "timeout": "0s", "max_grpc_timeout": "0s" },
+                    }],
+                }],
+            },
+            "http_filters": [router()],
+            "forward_client_cert_details": "APPEND_FORWARD",
+            "set_current_client_cert_details": { "subject": true, "dns": true, "uri": true },
+            "use_remote_address": false,
+            "normalize_path": true,
+            "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
+            "server_name": "istio-envoy",
+            "stream_idle_timeout": "0s",
+        },
+    })
+}
+
+fn virtual_inbound(workload: &Workload) -> Value {
+    let mut chains = vec![json!({
+        "name": "virtualInbound-blackhole",
+        "filter_chain_match": { "destination_port": 15006 },
+        "filters": [tcp_proxy("BlackHoleCluster")],
+    })];
+    let name = |port: u16| format!("0.0.0.0_{port}");
+    chains.push(json!({
+        "name": name(HTTP_PORT),
+        "filter_chain_match": {
+            "destination_port": HTTP_PORT,
+            "transport_protocol": "tls",
+            "application_protocols": MTLS_HTTP_ALPN,
+        },
+        "filters": [inbound_hcm(HTTP_PORT)],
+        "transport_socket": inbound_tls(&["h2", "http/1.1"]),
+    }));
+    if workload.mtls == Mtls::Permissive {
+        chains.push(json!({
+            "name": name(HTTP_PORT),
+            "filter_chain_match": { "destination_port": HTTP_PORT, "transport_protocol": "raw_buffer" },
+            "filters": [inbound_hcm(HTTP_PORT)],
+        }));
+    }
+    for port in [TCP_PORT, FIRST_PORT] {
+        chains.push(json!({
+            "name": name(port),
+            "filter_chain_match": {
+                "destination_port": port,
+                "transport_protocol": "tls",
+                "application_protocols": MTLS_TCP_ALPN,
+            },
+            "filters": [tcp_proxy(&inbound_name(port))],
+            "transport_socket": inbound_tls(&[]),
+        }));
+        if workload.mtls == Mtls::Permissive {
+            chains.push(json!({
+                "name": name(port),
+                "filter_chain_match": { "destination_port": port, "transport_protocol": "raw_buffer" },
+                "filters": [tcp_proxy(&inbound_name(port))],
+            }));
+        }
+    }
+    chains.push(json!({
+        "name": "virtualInbound",
+        "filter_chain_match": {
+            "prefix_ranges": [{ "address_prefix": "0.0.0.0", "prefix_len": 0 }],
+            "transport_protocol": "tls",
+            "application_protocols": MTLS_TCP_ALPN,
+        },
+        "filters": [tcp_proxy("InboundPassthroughCluster")],
+        "transport_socket": inbound_tls(&[]),
+    }));
+    if workload.mtls == Mtls::Permissive {
+        chains.push(json!({
+            "name": "virtualInbound",
+            "filter_chain_match": {
+                "prefix_ranges": [{ "address_prefix": "0.0.0.0", "prefix_len": 0 }],
+                "transport_protocol": "raw_buffer",
+            },
+            "filters": [tcp_proxy("InboundPassthroughCluster")],
+        }));
+    }
+    json!({
+        "@type": LISTENER,
+        "name": "virtualInbound",
+        "address": address("0.0.0.0", 15006),
+        "traffic_direction": "INBOUND",
+        "transparent": workload.tproxy.then_some(true),
+        "continue_on_listener_filters_timeout": true,
+        "listener_filters": [
+            {
+                "name": "envoy.filters.listener.original_dst",
+                "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst" },
+            },
+            {
+                "name": "envoy.filters.listener.tls_inspector",
+                "typed_config": { "@type": "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector" },
+            },
+        ],
+        "filter_chains": chains,
+    })
+}
+
+/// An ORIGINAL_DST cluster (Istio's passthrough and inbound clusters), bound to 127.0.0.6
+/// when `inbound`, so its connections to the application escape iptables' capture.
+fn original_dst(name: &str, inbound: bool) -> Value {
+    let mut cluster = json!({
+        "@type": CLUSTER,
+        "name": name,
+        "type": "ORIGINAL_DST",
+        "lb_policy": "CLUSTER_PROVIDED",
+        "connect_timeout": "10s",
+        "cleanup_interval": "60s",
+    });
+    if inbound {
+        cluster["upstream_bind_config"] =
+            json!({ "source_address": { "address": "127.0.0.6", "port_value": 0 } });
+    }
+    cluster
+}
+
+fn passthrough() -> Value {
+    original_dst("PassthroughCluster", false)
+}
+
+fn inbound_passthrough() -> Value {
+    original_dst("InboundPassthroughCluster", true)
+}
+
+fn inbound_cluster(port: u16) -> Value {
+    let mut cluster = original_dst(&inbound_name(port), true);
+    if port == HTTP_PORT {
+        follow_downstream_protocol(&mut cluster);
+    }
+    cluster
+}
+
+/// Istio's HTTP options for a port whose protocol is sniffed: HTTP/2 upstream for HTTP/2
+/// downstream (gRPC among it), HTTP/1.1 for HTTP/1.1.
+fn follow_downstream_protocol(cluster: &mut Value) {
+    cluster["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "use_downstream_protocol_config": { "http_protocol_options": {}, "http2_protocol_options": {} },
+        },
+    });
+}
+
+fn blackhole() -> Value {
+    json!({ "@type": CLUSTER, "name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s" })
+}
+
+fn outbound_cluster(service: &Service, port: u16) -> Value {
+    let name = outbound_name(service, port);
+    let mut cluster = json!({
+        "@type": CLUSTER,
+        "name": name,
+        "type": "EDS",
+        "eds_cluster_config": {
+            "service_name": name,
+            "eds_config": { "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" },
+        },
+        "connect_timeout": "10s",
+        "lb_policy": "LEAST_REQUEST",
+        "transport_socket_matches": [
+            {
+                "name": "tlsMode-istio",
+                "match": { "tlsMode": "istio" },
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": {
+                        "@type": UPSTREAM_TLS,
+                        "common_tls_context": mesh_tls(
+                            service.service_accounts().into_iter().map(|sa| json!({ "exact": spiffe(sa) })).collect(),
+                            &MTLS_TCP_ALPN,
+                        ),
+                        "sni": format!("outbound_.{port}_._.{}", service.host()),
+                    },
+                },
+            },
+            {
+                "name": "tlsMode-disabled",
+                "match": {},
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.raw_buffer",
+                    "typed_config": { "@type": "type.googleapis.com/envoy.extensions.transport_sockets.raw_buffer.v3.RawBuffer" },
+                },
+            },
+        ],
+    });
+    if port == SERVICE_HTTP_PORT {
+        follow_downstream_protocol(&mut cluster);
+    }
+    cluster
+}
+
+fn load_assignment(service: &Service, port: u16) -> Value {
+    let target = if port == SERVICE_HTTP_PORT {
+        HTTP_PORT
+    } else {
+        port
+    };
+    let endpoints: Vec<Value> = service
+        .endpoints
+        .iter()
+        .map(|w| {
+            json!({
+                "endpoint": { "address": address(&w.ip, target) },
+                "metadata": { "filter_metadata": {
+                    "envoy.transport_socket_match": { "tlsMode": "istio" },
+                    "istio": { "workload": format!("{};{NAMESPACE};{};;Kubernetes", w.pod, service.name) },
+                }},
+                "load_balancing_weight": 1,
+            })
+        })
+        .collect();
+    json!({
+        "@type": CLA,
+        "cluster_name": outbound_name(service, port),
+        "endpoints": [{ "locality": {}, "lb_endpoints": endpoints }],
+    })
+}
