@@ -19,7 +19,6 @@ pub mod load;
 pub mod loggers;
 pub mod logging;
 pub mod memory;
-pub mod metadata;
 pub mod process;
 pub mod rbac;
 pub mod route;

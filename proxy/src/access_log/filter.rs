@@ -2,8 +2,8 @@
 //! writes.
 
 use super::record::{Record, ResponseFlag};
-use crate::metadata::matcher::MetadataMatcher;
 use crate::route::matcher::HeaderMatcher;
+use crate::route::metadata::matcher::MetadataMatcher;
 
 /// A comparison of `status_code_filter` and `duration_filter`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,7 +202,7 @@ mod tests {
 
     #[test]
     fn metadata_filters_match_set_values_and_fall_back_when_unset() {
-        use crate::metadata::matcher::ValueMatcher;
+        use crate::route::metadata::matcher::ValueMatcher;
         let filter = |match_if_key_not_found| Filter::Metadata {
             matcher: Some(MetadataMatcher {
                 namespace: "ns".into(),
@@ -215,8 +215,11 @@ mod tests {
         let mut r = rec(Some(200));
         assert!(filter(true).passes(&r));
         assert!(!filter(false).passes(&r));
-        r.metadata
-            .insert("ns", "k", crate::metadata::string_value("not a bool"));
+        r.metadata.insert(
+            "ns",
+            "k",
+            crate::route::metadata::string_value("not a bool"),
+        );
         assert!(!filter(true).passes(&r));
         let unmatched = Filter::Metadata {
             matcher: None,

@@ -360,7 +360,7 @@ impl Op {
 /// The request's metadata in `namespace` at `path` (the whole namespace when `path` is
 /// empty): a string as text, anything else as JSON.
 fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
-    use crate::metadata::json;
+    use crate::route::metadata::json;
     if path.is_empty() {
         return rec
             .metadata

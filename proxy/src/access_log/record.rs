@@ -340,7 +340,7 @@ pub struct Record {
     pub local_reply_body: Option<String>,
     /// The request's dynamic metadata, for `%DYNAMIC_METADATA(..)%` (moved here from the
     /// filters once the request is routed; response filters write it here).
-    pub metadata: crate::metadata::DynamicMetadata,
+    pub metadata: crate::route::metadata::DynamicMetadata,
 }
 
 impl Record {

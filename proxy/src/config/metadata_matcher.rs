@@ -1,11 +1,11 @@
 //! `envoy.type.matcher.v3.MetadataMatcher` / `ValueMatcher` ->
-//! [`crate::metadata::matcher`]'s compiled forms, with Envoy's proto validation.
+//! [`crate::route::metadata::matcher`]'s compiled forms, with Envoy's proto validation.
 
 use proto::pb::envoy::r#type::matcher::v3 as m;
 
 use super::route::matchers::string_matcher;
 use super::{ConfigError, Context};
-use crate::metadata::matcher::{MetadataMatcher, ValueMatcher};
+use crate::route::metadata::matcher::{MetadataMatcher, ValueMatcher};
 
 /// Compiles a `MetadataMatcher`.
 pub fn metadata_matcher(

@@ -17,7 +17,7 @@ use proto::pb::envoy::extensions::filters::network::rbac::v3::{
 };
 use proto::pb::envoy::r#type::matcher::v3 as m;
 
-use crate::metadata::matcher::MetadataMatcher;
+use crate::route::metadata::matcher::MetadataMatcher;
 
 use super::filter_chain_match::Cidr;
 use super::metadata_matcher::metadata_matcher;

@@ -451,7 +451,7 @@ pub struct MoreConditions {
     /// Cookie conditions: name, matcher, invert.
     pub cookies: Vec<(String, super::matcher::StringMatcher, bool)>,
     /// `dynamic_metadata` conditions (all must hold).
-    pub dynamic_metadata: Vec<crate::metadata::matcher::MetadataMatcher>,
+    pub dynamic_metadata: Vec<crate::route::metadata::matcher::MetadataMatcher>,
 }
 
 impl MoreConditions {

@@ -288,7 +288,7 @@ pub struct FormatContext<'a> {
     /// `DOWNSTREAM_TLS_*`: the downstream TLS facts; `None` on plaintext connections.
     pub downstream_tls: Option<&'a TlsFacts>,
     /// `DYNAMIC_METADATA`: the request's dynamic metadata, once its filters ran.
-    pub dynamic_metadata: Option<&'a crate::metadata::DynamicMetadata>,
+    pub dynamic_metadata: Option<&'a crate::route::metadata::DynamicMetadata>,
 }
 
 /// Which header map a template is rendered into; decides what `REQ` and `RESP` read.
@@ -392,9 +392,10 @@ impl Template {
                     let value = ctx.dynamic_metadata.and_then(|m| {
                         if path.is_empty() {
                             m.namespace(namespace)
-                                .map(crate::metadata::json::struct_json)
+                                .map(crate::route::metadata::json::struct_json)
                         } else {
-                            m.value(namespace, path).map(crate::metadata::json::text)
+                            m.value(namespace, path)
+                                .map(crate::route::metadata::json::text)
                         }
                     });
                     push_truncated(&mut out, value.as_deref(), *max_length);

@@ -9,6 +9,7 @@ pub mod filter_matcher;
 pub mod format;
 pub mod headers;
 pub mod matcher;
+pub mod metadata;
 pub mod per_filter;
 pub mod policy;
 pub mod rate_limit;
@@ -58,7 +59,7 @@ pub struct RouteRequest<'a> {
     pub runtime: Option<&'a dyn Runtime>,
     /// The request's dynamic metadata, when the route is chosen again after the filters
     /// (`None`: before them, when Envoy also has none).
-    pub metadata: Option<&'a crate::metadata::DynamicMetadata>,
+    pub metadata: Option<&'a crate::route::metadata::DynamicMetadata>,
 }
 
 impl<'a> RouteRequest<'a> {

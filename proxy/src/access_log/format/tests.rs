@@ -238,7 +238,7 @@ fn operator_errors_name_the_operator() {
 
 #[test]
 fn dynamic_metadata_renders_strings_as_text_and_the_rest_as_json() {
-    use crate::metadata::{number_value, string_value};
+    use crate::route::metadata::{number_value, string_value};
     let mut rec = record();
     rec.metadata.insert("ns", "s", string_value("hello"));
     rec.metadata.insert("ns", "n", number_value(42.0));

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use regex::Regex;
 
 use crate::config::filter_chain_match::Cidr;
-use crate::metadata::matcher::MetadataMatcher;
 use crate::route::matcher::{HeaderMatcher, StringMatcher};
+use crate::route::metadata::matcher::MetadataMatcher;
 
 /// What matching a policy means (`RBAC.action`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

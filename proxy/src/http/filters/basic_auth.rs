@@ -97,7 +97,7 @@ impl BasicAuth {
         }
         if self.config.emit_dynamic_metadata {
             req.metadata
-                .insert(name, "username", crate::metadata::string_value(user));
+                .insert(name, "username", crate::route::metadata::string_value(user));
         }
         self.allowed.inc();
         None

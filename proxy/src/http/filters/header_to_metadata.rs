@@ -16,7 +16,7 @@ use http::HeaderMap;
 use proto::pb::google::protobuf::{Struct, Value};
 
 use crate::config::http_filter::header_to_metadata::{Pair, Rule, Source, ValueKind};
-use crate::metadata::{DynamicMetadata, number_value, string_value};
+use crate::route::metadata::{DynamicMetadata, number_value, string_value};
 
 /// Envoy's limit: values this long or longer are not written.
 const MAX_VALUE_LEN: usize = 8 * 1024;
@@ -120,7 +120,7 @@ mod tests {
     use http::{HeaderName, HeaderValue};
 
     use super::*;
-    use crate::metadata::json;
+    use crate::route::metadata::json;
 
     fn pair(namespace: &str, key: &str, kind: ValueKind, base64: bool) -> Pair {
         Pair {

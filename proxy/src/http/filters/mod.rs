@@ -23,7 +23,7 @@
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
 //!
-//! Dynamic metadata: a filter writes the request's [`crate::metadata::DynamicMetadata`]
+//! Dynamic metadata: a filter writes the request's [`crate::route::metadata::DynamicMetadata`]
 //! through [`FilterRequest::metadata`] while decoding, and an [`Encoder`] through the one
 //! [`Encoders::encode`] hands it; later filters, RBAC, the router and the access log read it.
 
@@ -62,8 +62,8 @@ use crate::config::http_filter::buffer::BufferPerRouteConfig;
 use crate::config::http_filter::header_to_metadata::HeaderToMetadataConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
 use crate::config::istio::alpn::AlpnOverrides;
-use crate::metadata::DynamicMetadata;
 use crate::route::Selected;
+use crate::route::metadata::DynamicMetadata;
 use crate::stats::{Counter, Store};
 
 /// The filters of one connection manager, ready to run.
@@ -157,7 +157,7 @@ pub struct FilterRequest<'a> {
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
     /// The request's dynamic metadata, which filters write and later filters read (see
-    /// [`crate::metadata`]).
+    /// [`crate::route::metadata`]).
     pub metadata: &'a mut DynamicMetadata,
     /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
     pub upstream_alpn: Option<Arc<AlpnOverrides>>,

@@ -105,7 +105,7 @@ fn metadata(headers: &HeaderMap, matchers: &[StringMatcher]) -> Struct {
         if name != HEADERS_TO_REMOVE && matchers.iter().any(|m| m.matches(name.as_str())) {
             fields.insert(
                 name.as_str().to_owned(),
-                crate::metadata::string_value(String::from_utf8_lossy(value.as_bytes())),
+                crate::route::metadata::string_value(String::from_utf8_lossy(value.as_bytes())),
             );
         }
     }

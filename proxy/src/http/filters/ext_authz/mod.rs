@@ -186,7 +186,7 @@ impl ExtAuthz {
                     let ms = started.elapsed().as_millis() as f64;
                     metadata.fields.insert(
                         "ext_authz_duration".into(),
-                        crate::metadata::number_value(ms),
+                        crate::route::metadata::number_value(ms),
                     );
                 }
                 req.metadata.set(METADATA_NAMESPACE, metadata);

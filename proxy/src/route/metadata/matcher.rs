@@ -76,7 +76,7 @@ mod tests {
     use proto::pb::google::protobuf::ListValue;
 
     use super::*;
-    use crate::metadata::{number_value, string_value};
+    use crate::route::metadata::{number_value, string_value};
 
     fn matcher(path: &[&str], value: ValueMatcher, invert: bool) -> MetadataMatcher {
         MetadataMatcher {

@@ -81,7 +81,7 @@ mod tests {
     use proto::pb::google::protobuf::ListValue;
 
     use super::*;
-    use crate::metadata::{number_value, string_value};
+    use crate::route::metadata::{number_value, string_value};
 
     #[test]
     fn values_render_as_envoy_writes_them() {
