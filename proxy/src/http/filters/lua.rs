@@ -11,10 +11,10 @@
 //! shared by the requests that happen to reuse a state. A request the filter has no entry
 //! point for borrows nothing.
 //!
-//! The handle API is in [`handle`]. Not supported (a Lua error saying so, never silently
-//! ignored): changing the request pseudo-headers but `:path` (`:method`, `:authority`,
-//! `:scheme`),
-//! `streamInfo():dynamicMetadata()`, and the methods revoy does not have.
+//! The handle API is in [`handle`], `streamInfo():dynamicMetadata()` in
+//! [`dynamic_metadata`]. Not supported (a Lua error saying so, never silently ignored):
+//! changing the request pseudo-headers but `:path` (`:method`, `:authority`, `:scheme`), and
+//! the methods revoy does not have.
 
 mod dynamic_metadata;
 mod handle;
