@@ -656,17 +656,14 @@ fn metadata_bootstrap(admin: u16, port: u16, keys: &Keys) -> String {
     let routes = json!([{"match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
         "response_headers_to_add": [{"header": {"key": "x-md", "value": "%DYNAMIC_METADATA(envoy.filters.http.jwt_authn)%"}}]}]);
-    format!(
-        "{}static_resources:\n  listeners:{}\n",
-        bootstrap::admin(admin),
-        bootstrap::http_listener(
-            "md",
-            port,
-            "",
-            &format!("{jwt}, {rbac}, "),
-            &routes.to_string()
-        ),
-    )
+    let listener = bootstrap::http_listener(
+        "md",
+        port,
+        "",
+        &format!("{jwt}, {rbac}, "),
+        &routes.to_string(),
+    );
+    bootstrap::with_admin(admin, &listener, "")
 }
 
 #[test]

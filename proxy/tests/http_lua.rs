@@ -535,17 +535,14 @@ fn lua_dynamic_metadata_matches_envoy() {
     let run = |envoy: Option<&std::path::Path>| {
         let (admin, port) = (free_port(), free_port());
         let routes = r#"[{match: {prefix: /}, route: {cluster: up}, response_headers_to_add: [{header: {key: x-md, value: "%DYNAMIC_METADATA(envoy.lua)% %DYNAMIC_METADATA(other:n)%"}}]}]"#;
-        let yaml = format!(
-            "{}static_resources:\n  listeners:{}\n",
-            bootstrap::admin(admin),
-            bootstrap::http_listener(
-                "md",
-                port,
-                "",
-                &lua_filter(&default_source(METADATA)),
-                routes
-            )
-        ) + &format!("  clusters:{}\n", bootstrap::cluster("up", up, ""));
+        let listener = bootstrap::http_listener(
+            "md",
+            port,
+            "",
+            &lua_filter(&default_source(METADATA)),
+            routes,
+        );
+        let yaml = bootstrap::with_admin(admin, &listener, &bootstrap::cluster("up", up, ""));
         let _proxy = filter_diff::start(envoy, &yaml, 134, admin);
         vec![filter_diff::exchange(port, &get("/", ""), KEPT)]
     };

@@ -31,7 +31,6 @@ use crate::jwt::jwks::Jwks;
 use crate::jwt::token::Jwt;
 use crate::jwt::{Audiences, Status};
 use crate::route::metadata::json::{from_json, struct_from_json};
-use crate::route::metadata::{number_value, string_value};
 use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext};
 
@@ -276,23 +275,9 @@ impl JwtAuthn {
         if let (Mode::Provider(i, _), false) = (mode, status == Status::Ok) {
             let key = &self.config.providers[i].failed_status_in_metadata;
             if !key.is_empty() {
-                let failure = proto::pb::google::protobuf::Struct {
-                    fields: [
-                        ("code".to_owned(), number_value(f64::from(status.code()))),
-                        ("message".to_owned(), string_value(status.message())),
-                    ]
-                    .into_iter()
-                    .collect(),
-                };
-                req.metadata.insert(
-                    NAMESPACE,
-                    key,
-                    proto::pb::google::protobuf::Value {
-                        kind: Some(proto::pb::google::protobuf::value::Kind::StructValue(
-                            failure,
-                        )),
-                    },
-                );
+                let failure =
+                    serde_json::json!({"code": status.code(), "message": status.message()});
+                req.metadata.insert(NAMESPACE, key, from_json(&failure));
             }
         }
         status
