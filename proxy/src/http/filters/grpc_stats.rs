@@ -1,7 +1,7 @@
 //! `envoy.filters.http.grpc_stats`: per-call gRPC stats in the route's cluster, as Envoy's
 //! gRPC context names them: `cluster.<cluster>.grpc.<service>.<method>.` (or
-//! `cluster.<cluster>.grpc.` for calls without their own names) followed by `<grpc-status>`
-//! (`other` for an unknown one), `success` or `failure`, and `total`, charged for each
+//! `cluster.<cluster>.grpc.` for calls without their own names) followed by the
+//! `grpc-status` value as it comes (any value), `success` (`0`) or `failure`, and `total`, charged for each
 //! `grpc-status` in the response's headers or trailers; `request_message_count` and
 //! `response_message_count` as gRPC frames start in the bodies; `upstream_rq_time` when the
 //! response ends (with `enable_upstream_stats`).
@@ -112,9 +112,8 @@ impl Call {
         let Some(status) = headers.get("grpc-status") else {
             return;
         };
-        let status = status.to_str().unwrap_or_default();
-        let known = matches!(status.parse::<u8>(), Ok(0..=16)) && !status.starts_with('+');
-        self.counter(if known { status } else { "other" }).inc();
+        let status = String::from_utf8_lossy(status.as_bytes());
+        self.counter(&status).inc();
         self.counter(if status == "0" { "success" } else { "failure" })
             .inc();
         self.counter("total").inc();
