@@ -57,13 +57,13 @@ impl GrpcStats {
         if !is_grpc(req.headers) {
             return;
         }
-        let Some(cluster) = req
-            .route
-            .and_then(|r| r.route.forward())
-            .and_then(|f| match &f.cluster {
-                ClusterSpecifier::Name(n) => Some(n.as_str()),
-                _ => None,
-            })
+        let Some(cluster) =
+            req.route
+                .and_then(|r| r.route.forward())
+                .and_then(|f| match &f.cluster {
+                    ClusterSpecifier::Name(n) => Some(n.as_str()),
+                    _ => None,
+                })
         else {
             return;
         };

@@ -336,7 +336,9 @@ impl Chain {
                     ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
-                    FilterKind::GrpcStats(c) => Kind::GrpcStats(grpc_stats::GrpcStats::new(c, store)),
+                    FilterKind::GrpcStats(c) => {
+                        Kind::GrpcStats(grpc_stats::GrpcStats::new(c, store))
+                    }
                     FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
                     FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
                     FilterKind::PeerMetadata(c) => {
