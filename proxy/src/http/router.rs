@@ -363,9 +363,14 @@ async fn route_and_forward(
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             // Envoy adds a forwarding route's response headers to a filter's local reply
-            // once the route is chosen (not a direct response's or redirect's).
+            // once the route is chosen (not a direct response's or redirect's; not to a
+            // reply that is no local reply, as CORS's preflight answer).
+            let local = reply
+                .extensions()
+                .get::<super::local_reply::LocalReply>()
+                .is_some();
             return match selected {
-                Some(s) if matches!(s.route.action, Action::Forward(_)) => {
+                Some(s) if local && matches!(s.route.action, Action::Forward(_)) => {
                     let fmt = FormatContext {
                         downstream_remote: Some(ctx.down.peer),
                         downstream_direct_remote: Some(ctx.down.peer),
