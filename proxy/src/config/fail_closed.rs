@@ -102,7 +102,7 @@ mod tests {
             ("envoy.filters.http.fault", ""),
             ("istio.stats", "stats.PluginConfig"),
             ("istio.metadata_exchange", ""),
-            ("envoy.filters.http.grpc_stats", ""),
+            ("envoy.filters.http.grpc_json_transcoder", ""),
             ("set_authority", ""),
         ] {
             assert!(!filter_fails_closed(name, ty), "{name}");

@@ -362,7 +362,29 @@ async fn route_and_forward(
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
-            return reply;
+            // Envoy adds a forwarding route's response headers to a filter's local reply
+            // once the route is chosen (not a direct response's or redirect's; not to a
+            // reply that is no local reply, as CORS's preflight answer).
+            let local = reply
+                .extensions()
+                .get::<super::local_reply::LocalReply>()
+                .is_some();
+            return match selected {
+                Some(s) if local && matches!(s.route.action, Action::Forward(_)) => {
+                    let fmt = FormatContext {
+                        downstream_remote: Some(ctx.down.peer),
+                        downstream_direct_remote: Some(ctx.down.peer),
+                        downstream_local: Some(ctx.local),
+                        request_method: Some(method.as_str()),
+                        request_authority: Some(&host_full),
+                        request_path: Some(&path),
+                        request_headers: Some(&route_headers),
+                        ..Default::default()
+                    };
+                    with_route_headers(s, reply, &fmt)
+                }
+                _ => reply,
+            };
         }
         reselect = filtered.clear_route_cache;
         upstream_alpn = filtered.upstream_alpn;
@@ -492,7 +514,12 @@ async fn route_and_forward(
                     r.flags.set(ResponseFlag::NoClusterFound);
                     r.details = Some("cluster_not_found".into())
                 });
-                return local_reply(fwd.cluster_not_found_response_code, "");
+                let reply = local_reply(fwd.cluster_not_found_response_code, "");
+                let fmt = FormatContext {
+                    request_headers: Some(&route_headers),
+                    ..fmt
+                };
+                return with_route_headers(selected, reply, &fmt);
             };
             let cluster_name = picked.name;
             let weighted = picked.weighted;
@@ -501,7 +528,12 @@ async fn route_and_forward(
                     r.flags.set(ResponseFlag::NoClusterFound);
                     r.details = Some("cluster_not_found".into())
                 });
-                return local_reply(fwd.cluster_not_found_response_code, "");
+                let reply = local_reply(fwd.cluster_not_found_response_code, "");
+                let fmt = FormatContext {
+                    request_headers: Some(&route_headers),
+                    ..fmt
+                };
+                return with_route_headers(selected, reply, &fmt);
             };
             note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
             let new_path = selected.rewritten_path(&route_req);
@@ -836,6 +868,23 @@ async fn route_and_forward(
             resp
         }
     }
+}
+
+/// `reply`, a local reply on a forwarding route, with the route's response headers (route,
+/// virtual host, route configuration) as Envoy adds them to local replies.
+fn with_route_headers(
+    selected: Selected<'_>,
+    mut reply: Response<Body>,
+    fmt: &FormatContext<'_>,
+) -> Response<Body> {
+    let status = reply.status().as_u16();
+    let fmt = FormatContext {
+        response_code: Some(status),
+        response_status: Some(status),
+        ..fmt.clone()
+    };
+    selected.apply_response_headers(None, reply.headers_mut(), &fmt);
+    reply
 }
 
 /// The request as the route table reads it.

@@ -15,6 +15,7 @@ pub mod decompressor;
 pub mod ext_authz;
 pub mod fault;
 pub mod grpc_http1_bridge;
+pub mod grpc_stats;
 pub mod header_to_metadata;
 pub mod health_check;
 pub mod jwt_authn;
@@ -40,6 +41,7 @@ const BUFFER: &str = "envoy.extensions.filters.http.buffer.v3.Buffer";
 const HEALTH_CHECK: &str = "envoy.extensions.filters.http.health_check.v3.HealthCheck";
 const GRPC_WEB: &str = "envoy.extensions.filters.http.grpc_web.v3.GrpcWeb";
 const GRPC_HTTP1_BRIDGE: &str = "envoy.extensions.filters.http.grpc_http1_bridge.v3.Config";
+const GRPC_STATS: &str = "envoy.extensions.filters.http.grpc_stats.v3.FilterConfig";
 const BUFFER_PER_ROUTE: &str = "envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
 const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
@@ -140,6 +142,8 @@ pub enum FilterKind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.grpc_stats`.
+    GrpcStats(Arc<grpc_stats::GrpcStatsConfig>),
     /// `envoy.filters.http.header_to_metadata`.
     HeaderToMetadata(Arc<header_to_metadata::HeaderToMetadataConfig>),
     /// `istio.alpn`: the ALPN list upstream TLS connections offer, per upstream protocol.
@@ -374,6 +378,10 @@ fn compile_kind(
             grpc_http1_bridge::compile(&unpack(any)?)?;
             Some(FilterKind::GrpcHttp1Bridge)
         }
+        GRPC_STATS => Some(FilterKind::GrpcStats(Arc::new(grpc_stats::compile(
+            &unpack(any)?,
+            warnings,
+        )?))),
         HEADER_TO_METADATA => Some(FilterKind::HeaderToMetadata(Arc::new(
             header_to_metadata::compile(ctx, &unpack(any)?, false, warnings)?,
         ))),

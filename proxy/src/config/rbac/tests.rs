@@ -144,7 +144,7 @@ fn the_network_filter_refuses_header_rules_at_any_depth() {
 /// An RBAC filter on `istio_authn` metadata (`action`) after a filter revoy skips.
 fn behind_a_skipped_filter(action: &str) -> String {
     format!(
-        "- {{name: envoy.filters.http.grpc_stats, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}}}
+        "- {{name: envoy.filters.http.grpc_json_transcoder, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder}}}}
 - {{name: envoy.filters.http.rbac, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {{action: {action}, policies: {{p: {{permissions: [{{any: true}}], principals: [{{metadata: {{filter: istio_authn, path: [{{key: a}}], value: {{string_match: {{exact: b}}}}}}}}]}}}}}}}}}}
 - {{name: envoy.filters.http.router, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}"
     )
@@ -167,7 +167,7 @@ fn metadata_rules_behind_a_skipped_http_filter_fail_closed() {
     };
     assert_eq!(
         after_skipped.as_deref(),
-        Some("envoy.filters.http.grpc_stats")
+        Some("envoy.filters.http.grpc_json_transcoder")
     );
     let closed: Vec<&str> = w
         .iter()
@@ -200,7 +200,7 @@ fn metadata_rules_behind_jwt_authn_setting_metadata_stay_open() {
     };
     let after = |extra: &str| {
         let filters = behind_a_skipped_filter("DENY").replacen(
-            "- {name: envoy.filters.http.grpc_stats, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}\n",
+            "- {name: envoy.filters.http.grpc_json_transcoder, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder}}\n",
             &jwt(extra),
             1,
         );

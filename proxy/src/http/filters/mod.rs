@@ -39,6 +39,7 @@ mod descriptors;
 mod ext_authz;
 mod fault;
 mod grpc_http1_bridge;
+mod grpc_stats;
 mod grpc_web;
 mod header_to_metadata;
 mod health_check;
@@ -121,6 +122,8 @@ enum Kind {
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.grpc_stats`.
+    GrpcStats(grpc_stats::GrpcStats),
     /// `envoy.filters.http.header_to_metadata`.
     HeaderToMetadata(Arc<HeaderToMetadataConfig>),
     /// `istio.alpn`.
@@ -261,6 +264,8 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// A gRPC call counted by the grpc_stats filter.
+    GrpcStats(Arc<grpc_stats::Call>),
     /// The header_to_metadata filter's response rules (the route's config, else the filter's).
     HeaderToMetadata(Arc<HeaderToMetadataConfig>),
     /// `istio.metadata_exchange`'s side of the response.
@@ -331,6 +336,9 @@ impl Chain {
                     ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
+                    FilterKind::GrpcStats(c) => {
+                        Kind::GrpcStats(grpc_stats::GrpcStats::new(c, store))
+                    }
                     FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
                     FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
                     FilterKind::PeerMetadata(c) => {
@@ -437,6 +445,10 @@ impl Chain {
                 }
                 Kind::GrpcHttp1Bridge => {
                     grpc_http1_bridge::decode(req, encoders);
+                    None
+                }
+                Kind::GrpcStats(stats) => {
+                    stats.decode(req, encoders);
                     None
                 }
                 Kind::HeaderToMetadata(own) => {
@@ -558,6 +570,7 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::GrpcStats(call) => call.encode(resp),
             Encoder::HeaderToMetadata(c) => {
                 header_to_metadata::apply(&c.response_rules, resp.headers_mut(), metadata)
             }

@@ -1,0 +1,244 @@
+//! `envoy.filters.http.grpc_stats`: per-call gRPC stats in the route's cluster, as Envoy's
+//! gRPC context names them: `cluster.<cluster>.grpc.<service>.<method>.` (or
+//! `cluster.<cluster>.grpc.` for calls without their own names) followed by the
+//! `grpc-status` value as it comes (any value), `success` (`0`) or `failure`, and `total`, charged for each
+//! `grpc-status` in the response's headers or trailers; `request_message_count` and
+//! `response_message_count` as gRPC frames start in the bodies; `upstream_rq_time` when the
+//! response ends (with `enable_upstream_stats`).
+//!
+//! Only routes to a fixed cluster are counted: with a header or weighted clusters the filter
+//! does not know which cluster the router will pick, and counts nothing.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{HeaderMap, Response};
+use http_body_util::BodyExt;
+
+use super::{Encoder, Encoders, FilterRequest};
+use crate::body::Body;
+use crate::config::http_filter::grpc_stats::{GrpcStatsConfig, PerMethod};
+use crate::http::local_reply::is_grpc;
+use crate::route::action::ClusterSpecifier;
+use crate::stats::{Counter, Store};
+
+/// The filter's runtime.
+#[derive(Debug)]
+pub(super) struct GrpcStats {
+    config: Arc<GrpcStatsConfig>,
+    store: Store,
+}
+
+/// One counted call: its stats prefix, and when it started.
+#[derive(Debug)]
+pub(super) struct Call {
+    store: Store,
+    /// `cluster.<cluster>.grpc.` with `<service>.<method>.` when the call has its own names.
+    prefix: String,
+    started: Instant,
+    upstream_stats: bool,
+}
+
+impl GrpcStats {
+    /// The runtime of `config`, charging stats in `store`.
+    pub(super) fn new(config: &Arc<GrpcStatsConfig>, store: &Store) -> Self {
+        GrpcStats {
+            config: config.clone(),
+            store: store.clone(),
+        }
+    }
+
+    /// Starts counting a gRPC call to a fixed cluster whose path names a service and method:
+    /// its request messages now, its response when it comes.
+    pub(super) fn decode(&self, req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
+        if !is_grpc(req.headers) {
+            return;
+        }
+        let Some(cluster) =
+            req.route
+                .and_then(|r| r.route.forward())
+                .and_then(|f| match &f.cluster {
+                    ClusterSpecifier::Name(n) => Some(n.as_str()),
+                    _ => None,
+                })
+        else {
+            return;
+        };
+        let Some((service, method)) = service_and_method(req.path) else {
+            return;
+        };
+        let names = match &self.config.methods {
+            PerMethod::All if self.config.replace_dots => {
+                Some((service.replace('.', "_"), method.to_owned()))
+            }
+            PerMethod::All => Some((service.to_owned(), method.to_owned())),
+            PerMethod::Allowlist(list) => {
+                let key = (service.to_owned(), method.to_owned());
+                list.contains(&key).then_some(key)
+            }
+        };
+        let prefix = match names {
+            Some((s, m)) => format!("cluster.{cluster}.grpc.{s}.{m}."),
+            None => format!("cluster.{cluster}.grpc."),
+        };
+        let call = Arc::new(Call {
+            store: self.store.clone(),
+            prefix,
+            started: Instant::now(),
+            upstream_stats: self.config.upstream_stats,
+        });
+        let body = std::mem::replace(req.body, crate::body::empty());
+        *req.body = counted(
+            body,
+            FrameCounter::default(),
+            call.counter("request_message_count"),
+            None,
+        );
+        encoders.0.push(Encoder::GrpcStats(call));
+    }
+}
+
+impl Call {
+    fn counter(&self, name: &str) -> Counter {
+        self.store.counter(&format!("{}{name}", self.prefix))
+    }
+
+    /// Charges a `grpc-status` found in `headers`: its own counter, `success` or `failure`,
+    /// and `total`.
+    fn charge_status(&self, headers: &HeaderMap) {
+        let Some(status) = headers.get("grpc-status") else {
+            return;
+        };
+        let status = String::from_utf8_lossy(status.as_bytes());
+        self.counter(&status).inc();
+        self.counter(if status == "0" { "success" } else { "failure" })
+            .inc();
+        self.counter("total").inc();
+    }
+
+    /// Records `upstream_rq_time` when asked to.
+    fn ended(&self) {
+        if self.upstream_stats {
+            let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.store
+                .histogram(&format!("{}upstream_rq_time", self.prefix))
+                .record(ms);
+        }
+    }
+
+    /// Charges the response's status (headers, then trailers) and counts its messages.
+    pub(super) fn encode(self: &Arc<Self>, resp: &mut Response<Body>) {
+        self.charge_status(resp.headers());
+        if http_body::Body::is_end_stream(resp.body()) {
+            self.ended();
+            return;
+        }
+        let grpc = resp.status() == http::StatusCode::OK && is_grpc(resp.headers());
+        let body = std::mem::replace(resp.body_mut(), crate::body::empty());
+        let frames = FrameCounter {
+            disabled: !grpc,
+            ..FrameCounter::default()
+        };
+        let messages = self.counter("response_message_count");
+        *resp.body_mut() = counted(body, frames, messages, Some(self.clone()));
+    }
+}
+
+/// `/<service>/<method>` (empty segments skipped, query dropped), as Envoy resolves a gRPC
+/// path.
+fn service_and_method(path: &str) -> Option<(&str, &str)> {
+    let path = path.split('?').next().unwrap_or_default();
+    let mut parts = path.split('/').filter(|p| !p.is_empty());
+    let (service, method) = (parts.next()?, parts.next()?);
+    parts.next().is_none().then_some((service, method))
+}
+
+/// Counts gRPC frames as they start in a stream of bytes (a 5-byte prefix, then the length
+/// it gives).
+#[derive(Debug, Default)]
+struct FrameCounter {
+    /// Bytes of the current frame still to come (prefix and message).
+    remaining: u64,
+    /// The prefix bytes read so far of the frame being started.
+    prefix: Vec<u8>,
+    /// Set for a body that is not gRPC.
+    disabled: bool,
+}
+
+impl FrameCounter {
+    /// Reads `data`; answers how many frames started in it.
+    fn inspect(&mut self, mut data: &[u8]) -> u64 {
+        let mut started = 0;
+        while !self.disabled && !data.is_empty() {
+            if self.remaining > 0 {
+                let n = usize::try_from(self.remaining)
+                    .unwrap_or(usize::MAX)
+                    .min(data.len());
+                self.remaining -= n as u64;
+                data = &data[n..];
+                continue;
+            }
+            if self.prefix.is_empty() {
+                started += 1;
+            }
+            let n = (5 - self.prefix.len()).min(data.len());
+            self.prefix.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.prefix.len() == 5 {
+                let len = u32::from_be_bytes([
+                    self.prefix[1],
+                    self.prefix[2],
+                    self.prefix[3],
+                    self.prefix[4],
+                ]);
+                self.remaining = u64::from(len);
+                self.prefix.clear();
+            }
+        }
+        started
+    }
+}
+
+/// `body` with its gRPC messages counted in `messages`; a response's (with its `call`) also
+/// charges its trailers' status and ends the call.
+fn counted(
+    body: Body,
+    mut frames: FrameCounter,
+    messages: Counter,
+    call: Option<Arc<Call>>,
+) -> Body {
+    body.map_frame(move |frame| {
+        if let Some(data) = frame.data_ref() {
+            let n = frames.inspect(data);
+            if n > 0 {
+                messages.add(n);
+            }
+        } else if let (Some(trailers), Some(call)) = (frame.trailers_ref(), &call) {
+            call.charge_status(trailers);
+            call.ended();
+        }
+        frame
+    })
+    .boxed_unsync()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_counted_as_they_start() {
+        let mut c = FrameCounter::default();
+        assert_eq!(c.inspect(&[0, 0, 0, 0, 2, 1]), 1);
+        assert_eq!(c.inspect(&[1, 0, 0, 0, 0, 0, 0]), 2);
+        assert_eq!(c.inspect(&[0, 0, 0, 1]), 0);
+        assert_eq!(c.inspect(&[9, 0]), 1);
+    }
+
+    #[test]
+    fn paths_name_service_and_method() {
+        assert_eq!(service_and_method("/a.B/C?x"), Some(("a.B", "C")));
+        assert_eq!(service_and_method("/a/b/c"), None);
+        assert_eq!(service_and_method("/a"), None);
+    }
+}
