@@ -8,6 +8,9 @@
 //! reported as skipped (the suite's `proxy/tests/support/skip.rs`), or fails under `CI=true`.
 //! The figures of a smoke run mean nothing and are not checked against each other, only for
 //! being there.
+//!
+//! Likewise `mesh --smoke` (the mesh benchmark: pods in network namespaces with revoy or Envoy
+//! sidecars), which also needs root, `ip` and `iptables`.
 
 #[path = "../../proxy/tests/support/skip.rs"]
 mod skip;
@@ -300,4 +303,103 @@ fn smoke_run_measures_every_scenario_and_contender() {
             "{scenario} chart missing"
         );
     }
+}
+
+/// The mesh benchmark's sidecars (rows `<scenario>_<sidecar>`).
+const MESH_SIDECARS: [&str; 2] = ["client_sidecar", "server_sidecar"];
+
+/// `mesh --smoke` (one short round) measures every contender through pods in network
+/// namespaces, and each sidecar's CPU and memory; nothing fails.
+#[test]
+fn mesh_smoke_run_measures_every_contender_and_sidecar() {
+    let envoy = installed_envoy();
+    let mut missing: Vec<&str> = [("h2load", "--version"), ("ip", "-V"), ("iptables", "-V")]
+        .into_iter()
+        .filter(|(program, arg)| !runs(program, arg))
+        .map(|(program, _)| program)
+        .collect();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root");
+    }
+    if envoy.is_none() {
+        missing.push("envoy");
+    }
+    if !missing.is_empty() {
+        skip::skip(
+            "smoke::mesh_smoke_run_measures_every_contender_and_sidecar",
+            &format!("missing {}", missing.join(", ")),
+            "Run as root with iproute2, iptables, h2load and Envoy (`.ci/run` installs them).",
+        );
+        return;
+    }
+    // The mesh binary runs the revoy of its own profile directory.
+    revoy();
+    let out = std::env::temp_dir().join(format!("revoy-mesh-smoke-{}", std::process::id()));
+    let run = Command::new(env!("CARGO_BIN_EXE_mesh"))
+        .arg("--smoke")
+        .arg("--envoy")
+        .arg(envoy.expect("checked above"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run mesh");
+    assert!(
+        run.status.success(),
+        "mesh --smoke failed ({}):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let json: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("mesh.json")).expect("mesh.json"))
+            .expect("mesh.json is JSON");
+    let md = std::fs::read_to_string(out.join("mesh.md")).expect("mesh.md");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let medians = &json["results"]["medians"];
+    let mut problems = Vec::new();
+    let mut expect_above = |least: f64, scenario: &str, contender: &str, metric: &str| {
+        let path = format!("/{scenario}/{contender}/{metric}");
+        match number(medians, &path) {
+            Some(v) if v > least => {}
+            other => problems.push(format!("{path}: {other:?}")),
+        }
+    };
+    for contender in ["revoy", "envoy", "direct"] {
+        expect_above(0.0, "mesh_1000rps", contender, "rps");
+        expect_above(0.0, "mesh_1000rps", contender, "p99_us");
+        expect_above(0.0, "mesh_saturation", contender, "rps");
+        expect_above(-1.0, "mesh_saturation", contender, "errors");
+    }
+    for contender in ["revoy", "envoy"] {
+        expect_above(f64::MIN, "mesh_1000rps", contender, "added_p99_us");
+        for sidecar in MESH_SIDECARS {
+            let row = |scenario: &str| format!("{scenario}_{sidecar}");
+            expect_above(0.0, &row("mesh_1000rps"), contender, "cpu_ms_per_s");
+            expect_above(0.0, &row("mesh_1000rps"), contender, "rss_mib");
+            expect_above(0.0, &row("mesh_saturation"), contender, "cpu_us_per_req");
+            expect_above(0.0, &row("mesh_memory"), contender, "idle_rss_mib");
+            expect_above(0.0, &row("mesh_memory"), contender, "peak_rss_mib");
+        }
+    }
+    if number(medians, "/mesh_saturation/revoy/errors") != Some(0.0) {
+        problems.push("revoy's sidecars failed requests".into());
+    }
+    let targets = json["targets"].as_array().expect("targets");
+    if targets.len() != 9 {
+        problems.push(format!("{} mesh targets, expected 9", targets.len()));
+    }
+    // The added-latency target may lack a ratio: in one short run direct's p99 can come out
+    // above Envoy's.
+    for target in targets {
+        let name = target["target"].as_str().unwrap_or_default();
+        let value = target["revoy"].as_str().unwrap_or("not measured");
+        if !name.starts_with("added p99") && value.contains("not measured") {
+            problems.push(format!("target not measured: {target}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "mesh smoke run incomplete: {problems:#?}\n{md}"
+    );
 }
