@@ -15,6 +15,7 @@
 #[path = "../../proxy/tests/support/skip.rs"]
 mod skip;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -71,6 +72,36 @@ fn revoy() -> PathBuf {
         assert!(status.success(), "cargo build -p revoy failed");
     }
     revoy
+}
+
+/// Runs `binary --smoke <args> --out <a new directory>`, which must succeed; the directory.
+fn smoke_run(binary: &str, args: &[&OsStr]) -> PathBuf {
+    let name = Path::new(binary)
+        .file_name()
+        .expect("a binary's name")
+        .to_string_lossy()
+        .into_owned();
+    let out = std::env::temp_dir().join(format!("revoy-{name}-smoke-{}", std::process::id()));
+    let run = Command::new(binary)
+        .arg("--smoke")
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    assert!(
+        run.status.success(),
+        "{name} --smoke failed ({}):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
+/// The JSON report `file` in `dir`.
+fn read_json(dir: &Path, file: &str) -> Value {
+    let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file} is not JSON: {e}"))
 }
 
 fn number(v: &Value, path: &str) -> Option<f64> {
@@ -163,31 +194,20 @@ fn smoke_run_measures_every_scenario_and_contender() {
         );
         return;
     }
-    let out = std::env::temp_dir().join(format!("revoy-load-smoke-{}", std::process::id()));
-    let run = Command::new(env!("CARGO_BIN_EXE_load"))
-        .arg("--smoke")
-        .arg("--revoy")
-        .arg(revoy())
-        .arg("--envoy")
-        .arg(envoy.expect("checked above"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run load");
-    assert!(
-        run.status.success(),
-        "load --smoke failed ({}):\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
+    let revoy = revoy();
+    let out = smoke_run(
+        env!("CARGO_BIN_EXE_load"),
+        &[
+            "--revoy".as_ref(),
+            revoy.as_os_str(),
+            "--envoy".as_ref(),
+            envoy.expect("checked above").as_os_str(),
+        ],
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("load.json")).expect("load.json"))
-            .expect("load.json is JSON");
+    let json = read_json(&out, "load.json");
     let md = std::fs::read_to_string(out.join("load.md")).expect("load.md");
     let svg = std::fs::read_to_string(out.join("load.svg")).expect("load.svg");
-    let tls: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("tls.json")).expect("tls.json"))
-            .expect("tls.json is JSON");
+    let tls = read_json(&out, "tls.json");
     let tls_md = std::fs::read_to_string(out.join("tls.md")).expect("tls.md");
     let tls_svg = std::fs::read_to_string(out.join("tls.svg")).expect("tls.svg");
     let _ = std::fs::remove_dir_all(&out);
@@ -335,24 +355,12 @@ fn mesh_smoke_run_measures_every_contender_and_sidecar() {
     }
     // The mesh binary runs the revoy of its own profile directory.
     revoy();
-    let out = std::env::temp_dir().join(format!("revoy-mesh-smoke-{}", std::process::id()));
-    let run = Command::new(env!("CARGO_BIN_EXE_mesh"))
-        .arg("--smoke")
-        .arg("--envoy")
-        .arg(envoy.expect("checked above"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run mesh");
-    assert!(
-        run.status.success(),
-        "mesh --smoke failed ({}):\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
+    let envoy = envoy.expect("checked above");
+    let out = smoke_run(
+        env!("CARGO_BIN_EXE_mesh"),
+        &["--envoy".as_ref(), envoy.as_os_str()],
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("mesh.json")).expect("mesh.json"))
-            .expect("mesh.json is JSON");
+    let json = read_json(&out, "mesh.json");
     let md = std::fs::read_to_string(out.join("mesh.md")).expect("mesh.md");
     let _ = std::fs::remove_dir_all(&out);
 
