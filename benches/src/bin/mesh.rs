@@ -582,11 +582,16 @@ fn run(opts: &Options) -> Result<(), String> {
         "envoy": version(&envoy, "--version"),
         "h2load": version(Path::new("h2load"), "--version"),
     });
-    let command = if opts.smoke {
-        "cargo run -p benches --bin mesh -- --smoke"
-    } else {
-        "cargo run --release -p benches --bin mesh"
-    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let command = format!(
+        "cargo run{} -p benches --bin mesh{}",
+        if opts.smoke { "" } else { " --release" },
+        if args.is_empty() {
+            String::new()
+        } else {
+            format!(" -- {}", args.join(" "))
+        }
+    );
     let json = json!({
         "command": command,
         "machine": machine(),
