@@ -10,6 +10,8 @@ pub mod cli;
 pub mod config;
 pub mod drain;
 pub mod http;
+pub mod istio_metrics;
+pub mod jwt;
 pub mod lifecycle;
 pub mod limits;
 pub mod listener;

@@ -34,6 +34,9 @@ pub struct Lifecycle {
     state_gauge: Gauge,
     /// `server.live`: 1 while LIVE and passing health checks.
     live_gauge: Gauge,
+    /// `listener_manager.workers_started`: set to 1 at the first LIVE, when Envoy starts its
+    /// workers (pilot-agent's readiness probe requires it; unset before, as in Envoy).
+    workers_started: Gauge,
     quit: Mutex<Option<Sender<i32>>>,
     /// When the lifecycle began, and `server.initialization_time_ms` (recorded at the first
     /// LIVE; `None` once recorded).
@@ -49,6 +52,7 @@ impl Lifecycle {
             starting: Mutex::new(0),
             state_gauge: stats.gauge("server.state"),
             live_gauge: stats.gauge("server.live"),
+            workers_started: stats.gauge("listener_manager.workers_started"),
             quit: Mutex::new(None),
             initializing: Mutex::new(Some((
                 Instant::now(),
@@ -66,6 +70,7 @@ impl Lifecycle {
             && let Some((since, h)) = self.initializing.lock().expect("server state").take()
         {
             h.record(since.elapsed().as_millis() as u64);
+            self.workers_started.set(1);
         }
         self.publish();
     }

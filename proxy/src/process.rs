@@ -127,7 +127,17 @@ pub fn build_process(bootstrap: BootstrapConfig, options: Options) -> Process {
         clusters.clone(),
     );
     let lifecycle = Lifecycle::new(&stats, drain.clone());
-    let shared = Arc::new(Shared::new(stats, clusters, secrets, tracers, drain));
+    let local_workload = crate::config::istio::workload::LocalWorkload::from_node(
+        &crate::load::effective_node(bootstrap.proto.decode().node.as_ref(), &options),
+    );
+    let shared = Arc::new(Shared::new(
+        stats,
+        clusters,
+        secrets,
+        tracers,
+        drain,
+        local_workload,
+    ));
     Process {
         applier: Applier::new(shared.clone(), drain_time),
         shared,

@@ -163,7 +163,6 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
             .map_err(StartError::Runtime)?;
     }
     let stats = &process.shared.stats;
-    stats.gauge("listener_manager.workers_started").set(1);
     stats.gauge("server.concurrency").set(workers as u64);
     let warming: Vec<_> = warming.into_iter().cloned().collect();
     // LIVE once the static listeners' and clusters' secrets and, with `dynamic_resources`,

@@ -1,10 +1,11 @@
 //! The state the data path reads: stats, clusters, live secrets, the RDS route tables, the
-//! tracers and the drain state. It names no data-path module (http/, listener/), and neither
+//! tracers, the drain state and the local Istio workload. It names no data-path module (http/, listener/), and neither
 //! the applier, the bootstrap nor xDS: those are the control side's ([`crate::process`]), so
 //! the data path depends on this module and never on the wiring.
 
 use std::sync::Arc;
 
+use crate::config::istio::workload::LocalWorkload;
 use crate::drain::Drain;
 use crate::snapshot::Published;
 use crate::stats::Store;
@@ -25,6 +26,9 @@ pub struct Shared {
     pub tracers: Tracers,
     /// Health-check failure and listener drains (set through the lifecycle).
     drain: Arc<Drain>,
+    /// This proxy's Istio workload (from the node's metadata), which Istio's filters send
+    /// and report.
+    pub local_workload: Arc<LocalWorkload>,
 }
 
 impl Shared {
@@ -35,6 +39,7 @@ impl Shared {
         secrets: Arc<crate::tls::SecretStore>,
         tracers: Tracers,
         drain: Arc<Drain>,
+        local_workload: LocalWorkload,
     ) -> Shared {
         Shared {
             stats,
@@ -43,6 +48,7 @@ impl Shared {
             snapshot: Published::default(),
             tracers,
             drain,
+            local_workload: Arc::new(local_workload),
         }
     }
 

@@ -112,7 +112,7 @@ struct Ports {
 }
 
 fn bootstrap(p: &Ports, up: u16) -> String {
-    let authz = "{name: envoy.filters.http.jwt_authn, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication}}, ";
+    let authz = "{name: envoy.filters.http.api_key_auth, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.api_key_auth.v3.ApiKeyAuth}}, ";
     let grpc_stats = "{name: envoy.filters.http.grpc_stats, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, ";
     let mut listeners = String::new();
     listeners += &hcm_listener("authz", p.authz, authz, "route: {cluster: plain}");
@@ -208,11 +208,11 @@ fn unimplemented_security_features_refuse_traffic() {
     let served = up.connections.load(Ordering::SeqCst);
     assert_eq!(served, 1);
 
-    // JWT authentication (here one with no provider and no requirement, which would allow
-    // everything) is not implemented: every request is denied.
+    // API key authentication (here one with no credentials) is not implemented: every
+    // request is denied.
     let (status, body) = get(p.authz);
     assert_eq!(status, 403, "{body}");
-    assert!(body.contains("envoy.filters.http.jwt_authn"), "{body}");
+    assert!(body.contains("envoy.filters.http.api_key_auth"), "{body}");
     assert_eq!(
         stat(p.admin, "http.authz.downstream_rq_fail_closed"),
         Some(1)
@@ -409,8 +409,8 @@ fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
         )
     };
     let cases = [
-        // Envoy picks a filter by its type: this one is JWT authentication, whatever its name.
-        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication}}, ",
+        // Envoy picks a filter by its type: this one is OAuth2, whatever its name.
+        "{name: envoy.filters.http.router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.oauth2.v3.OAuth2}}, ",
         // A type this build does not know, kept as a TypedStruct: its own name decides.
         "{name: vendor_filter, typed_config: {\"@type\": type.googleapis.com/acme.authz.v1.Config, mode: strict}}, ",
         // A config from ECDS cannot be known at all.
@@ -424,10 +424,10 @@ fn filters_are_judged_by_what_they_are_not_what_they_are_called() {
             "{filter}: {out}"
         );
     }
-    // A listener filter that limits connections closes every connection of the listener.
+    // A listener filter revoy cannot know (from ECDS) closes every connection of the listener.
     let yaml = with_filter("").replace(
         "    filter_chains:",
-        "    listener_filters: [{name: envoy.filters.listener.local_ratelimit, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit, stat_prefix: r, token_bucket: {max_tokens: 1, fill_interval: 1s}}}]\n    filter_chains:",
+        "    listener_filters: [{name: vendor_listener_filter, config_discovery: {config_source: {ads: {}}, type_urls: [type.googleapis.com/acme.authz.v1.Config]}}]\n    filter_chains:",
     );
     let (code, out) = validate(&yaml);
     assert_eq!(code, 1, "{out}");

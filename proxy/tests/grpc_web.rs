@@ -20,6 +20,8 @@ use base64::engine::general_purpose::STANDARD;
 mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -49,38 +51,11 @@ fn frame(msg: &[u8]) -> Vec<u8> {
 /// `grpc-status: 7`; `/svc.Echo/Fail` is trailers-only `grpc-status: 5`; `/svc.Echo/Html` a
 /// 503 with an HTML body; `/svc.Echo/Empty` a 503 without body.
 fn grpc_upstream(seen: Seen) -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((socket, _)) = listener.accept().await {
-                let seen = seen.clone();
-                tokio::spawn(async move {
-                    let Ok(mut conn) = h2::server::handshake(socket).await else {
-                        return;
-                    };
-                    while let Some(Ok((request, respond))) = conn.accept().await {
-                        tokio::spawn(answer(request, respond, seen.clone()));
-                    }
-                });
-            }
-        });
-    });
-    port
+    h2_server::serve(move |request, respond| answer(request, respond, seen.clone()))
 }
 
 /// One request of [`grpc_upstream`].
-async fn answer(
-    request: http::Request<h2::RecvStream>,
-    mut respond: h2::server::SendResponse<bytes::Bytes>,
-    seen: Seen,
-) {
+async fn answer(request: h2_server::Request, mut respond: h2_server::Respond, seen: Seen) {
     let (head, mut body) = request.into_parts();
     let mut data = Vec::new();
     while let Some(Ok(chunk)) = body.data().await {

@@ -12,8 +12,8 @@ mod bootstrap;
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
-#[path = "support/http_diff.rs"]
-mod http_diff;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -66,7 +66,7 @@ fn bootstrap(admin: u16, ports: [u16; 2], up: u16) -> String {
 /// One HTTP/1.1 request: the status line, the response headers the comparison looks at,
 /// and the body (which says what the upstream saw).
 fn request(port: u16, path: &str, headers: &str) -> String {
-    http_diff::exchange(
+    filter_diff::exchange(
         port,
         &format!("GET {path} HTTP/1.1\r\nhost: basic.test\r\n{headers}connection: close\r\n\r\n"),
         &["content-type:", "content-length:", "www-authenticate:"],
@@ -125,7 +125,7 @@ fn observe(ports: [u16; 2], admin: u16) -> Vec<String> {
             )
         })
         .collect();
-    seen.extend(http_diff::stats(admin, STATS));
+    seen.extend(filter_diff::stat_lines(admin, STATS));
     seen
 }
 
@@ -139,7 +139,7 @@ fn basic_auth_matches_envoy() {
         let admin = free_port();
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up);
-        http_diff::observe_with(envoy, 82, &yaml, admin, || observe(ports, admin))
+        filter_diff::observe_with(envoy, 82, &yaml, admin, || observe(ports, admin))
     };
     let expected = run(Some(&envoy));
     let got = run(None);
@@ -150,5 +150,5 @@ fn basic_auth_matches_envoy() {
             .any(|l| l == "http.basic.basic_auth.allowed: 4"),
         "{expected:#?}"
     );
-    http_diff::assert_same(&expected, &got);
+    filter_diff::assert_same(&expected, &got);
 }

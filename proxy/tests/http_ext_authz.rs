@@ -3,7 +3,9 @@
 //! HTTP one, each recording what it was sent): allowed, denied (default and custom status,
 //! headers, body), headers added, set, appended and removed upstream, headers added to the
 //! response, service errors (`status_on_error`, `failure_mode_allow` with its header), a
-//! timeout, `clear_route_cache` (a header the service sets picks another route), per-route
+//! timeout, `clear_route_cache` (a header the service sets picks another route; so does the
+//! dynamic metadata of its answer, or of the HTTP service's `dynamic_metadata_from_headers`,
+//! through a route's `dynamic_metadata` matcher), per-route
 //! `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
 //! `with_request_body` (partial and refused), the HTTP service's request and response
 //! header rules, and the filter's stats.
@@ -35,8 +37,8 @@ mod bootstrap;
 mod child;
 #[path = "support/echo.rs"]
 mod echo;
-#[path = "support/http_diff.rs"]
-mod http_diff;
+#[path = "support/filter_diff.rs"]
+mod filter_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -254,6 +256,27 @@ impl Authorization for GrpcAuthz {
                 })),
                 ..Default::default()
             },
+            "metadata" => {
+                use proto::pb::google::protobuf::{Struct, Value, value::Kind};
+                let tenant = Value {
+                    kind: Some(Kind::StringValue("t1".into())),
+                };
+                CheckResponse {
+                    status: ok,
+                    http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                        headers: vec![option(
+                            "x-meta",
+                            "1",
+                            None,
+                            HeaderAppendAction::AppendIfExistsOrAdd,
+                        )],
+                        ..Default::default()
+                    })),
+                    dynamic_metadata: Some(Struct {
+                        fields: [("tenant".to_owned(), tenant)].into_iter().collect(),
+                    }),
+                }
+            }
             _ => CheckResponse {
                 status: ok,
                 ..Default::default()
@@ -308,6 +331,7 @@ async fn http_authz(
             .header("x-client", "c")
             .header("x-ignored", "i")
             .header("x-envoy-auth-headers-to-remove", "x-remove-me")
+            .header("x-meta-tenant", "t1")
             .body(Full::default()),
     };
     Ok(resp.unwrap())
@@ -373,6 +397,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
               {{match: {{prefix: /partial}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{with_request_body: {{max_request_bytes: 4, allow_partial_message: true}}}}}}}}}},
               {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: direct}}}}}},
               {{match: {{prefix: /, headers: [{{name: x-route, string_match: {{exact: b}}}}]}}, direct_response: {{status: 200, body: {{inline_string: rerouted}}}}}},
+              {{match: {{prefix: /meta, dynamic_metadata: [{{filter: envoy.filters.http.ext_authz, path: [{{key: tenant}}], value: {{string_match: {{exact: t1}}}}}}]}}, direct_response: {{status: 200, body: {{inline_string: by metadata}}}}}},
               {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
     );
     // The virtual host's own entry, after its routes.
@@ -380,9 +405,11 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
         r#"{grpc_routes}, typed_per_filter_config: {{envoy.filters.http.ext_authz: {{"@type": {PER_ROUTE}, check_settings: {{context_extensions: {{b: vhost, c: vhost}}}}}}}}"#
     );
     let http_filter = format!(
-        r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, http_service: {{server_uri: {{uri: "http://authz.local", cluster: authz_http, timeout: 1s}}, path_prefix: /check, authorization_request: {{headers_to_add: [{{key: x-from-proxy, value: p}}]}}, authorization_response: {{allowed_upstream_headers: {{patterns: [{{exact: x-up}}]}}, allowed_upstream_headers_to_append: {{patterns: [{{exact: x-up-append}}]}}, allowed_client_headers_on_success: {{patterns: [{{exact: x-client}}]}}}}}}, allowed_headers: {{patterns: [{{prefix: x-}}]}}}}}}"#
+        r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, http_service: {{server_uri: {{uri: "http://authz.local", cluster: authz_http, timeout: 1s}}, path_prefix: /check, authorization_request: {{headers_to_add: [{{key: x-from-proxy, value: p}}]}}, authorization_response: {{allowed_upstream_headers: {{patterns: [{{exact: x-up}}]}}, allowed_upstream_headers_to_append: {{patterns: [{{exact: x-up-append}}]}}, allowed_client_headers_on_success: {{patterns: [{{exact: x-client}}]}}, dynamic_metadata_from_headers: {{patterns: [{{prefix: x-meta}}]}}}}}}, clear_route_cache: true, allowed_headers: {{patterns: [{{prefix: x-}}]}}}}}}"#
     );
     let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
+    let http_routes = "[{match: {prefix: /meta, dynamic_metadata: [{filter: envoy.filters.http.ext_authz, path: [{key: x-meta-tenant}], value: {string_match: {exact: t1}}}]}, \
+         direct_response: {status: 200, body: {inline_string: by header metadata}}}, {match: {prefix: /}, route: {cluster: up}}]";
     let h2 = "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}";
     let listener = |name: &str, port: u16, filter: &str, routes: &str| {
         bootstrap::http_listener(name, port, "", &format!("{filter}, "), routes)
@@ -411,7 +438,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
             ),
             plain,
         ),
-        listener("http", ports[3], &http_filter, plain),
+        listener("http", ports[3], &http_filter, http_routes),
         listener(
             "body",
             ports[4],
@@ -436,7 +463,7 @@ fn request(port: u16, method: &str, path: &str, headers: &str, body: &str) -> St
     } else {
         format!("content-length: {}\r\n", body.len())
     };
-    http_diff::exchange(
+    filter_diff::exchange(
         port,
         &format!(
             "{method} {path} HTTP/1.1\r\nhost: authz.test\r\n{headers}{length}connection: close\r\n\r\n{body}"
@@ -457,6 +484,8 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     (0, "GET", "/", "x-authz: deny-plain\r\n", ""),
     (0, "GET", "/", "x-authz: error\r\n", ""),
     (0, "GET", "/", "x-authz: slow\r\n", ""),
+    (0, "GET", "/meta", "x-authz: metadata\r\n", ""),
+    (0, "GET", "/meta", "", ""),
     (
         0,
         "GET",
@@ -481,6 +510,7 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     ),
     (3, "POST", "/h", "x-authz: deny\r\n", "abc"),
     (3, "GET", "/h", "x-authz: fail\r\n", ""),
+    (3, "GET", "/meta", "", ""),
     (4, "POST", "/", "", "short"),
     (4, "POST", "/", "", "much too long"),
     (4, "GET", "/", "", ""),
@@ -524,7 +554,7 @@ fn observe(ports: [u16; 5], admin: u16, log: &Log) -> Vec<String> {
             "{l} {method} {path} {headers:?}\n{answer}\nsent: {sent}"
         ));
     }
-    seen.extend(http_diff::stats(admin, STATS));
+    seen.extend(filter_diff::stat_lines(admin, STATS));
     seen
 }
 
@@ -546,17 +576,22 @@ fn ext_authz_matches_envoy() {
             free_port(),
         ];
         let yaml = bootstrap(admin, ports, up, grpc, http);
-        http_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
+        filter_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the filter: checks allowed and denied, a request re-routed.
+    // The cases must exercise the filter: checks allowed and denied, a request re-routed
+    // (by a header, and by the dynamic metadata of the answer).
     assert!(
         expected
             .iter()
             .any(|l| l == "http.grpc.ext_authz.denied: 2")
-            && expected.iter().any(|l| l.contains("\nrerouted\nsent:")),
+            && expected.iter().any(|l| l.contains("\nrerouted\nsent:"))
+            && expected.iter().any(|l| l.contains("\nby metadata\nsent:"))
+            && expected
+                .iter()
+                .any(|l| l.contains("\nby header metadata\nsent:")),
         "{expected:#?}"
     );
-    http_diff::assert_same(&expected, &got);
+    filter_diff::assert_same(&expected, &got);
 }

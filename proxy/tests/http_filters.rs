@@ -16,8 +16,6 @@ use std::time::Duration;
 mod child;
 #[path = "support/filter_diff.rs"]
 mod filter_diff;
-#[path = "support/http_diff.rs"]
-mod http_diff;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -100,7 +98,7 @@ static_resources:
 /// One HTTP/1.1 request: the status line's code, the headers the comparison looks at, and
 /// the body.
 fn request(port: u16, path: &str, headers: &str) -> String {
-    http_diff::exchange(
+    filter_diff::exchange(
         port,
         &format!("GET {path} HTTP/1.1\r\nhost: faults\r\n{headers}connection: close\r\n\r\n"),
         &[

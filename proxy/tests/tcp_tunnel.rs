@@ -14,6 +14,8 @@ use std::time::Duration;
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -83,57 +85,36 @@ fn tunnel_upstream(status: &'static str, heads: Arc<Mutex<Vec<String>>>) -> u16 
 /// An HTTP/2 tunnel endpoint: records each stream's method, URI and headers, answers 200,
 /// then echoes the stream's data prefixed with `echo:`.
 fn h2_tunnel_upstream(heads: Arc<Mutex<Vec<String>>>) -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((socket, _)) = listener.accept().await {
-                let heads = heads.clone();
-                tokio::spawn(async move {
-                    let Ok(mut conn) = h2::server::handshake(socket).await else {
-                        return;
-                    };
-                    while let Some(Ok((request, mut respond))) = conn.accept().await {
-                        let mut lines: Vec<String> = request
-                            .headers()
-                            .iter()
-                            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap_or("")))
-                            .collect();
-                        lines.sort();
-                        heads.lock().unwrap().push(format!(
-                            "h2 {} {}\n{}",
-                            request.method(),
-                            request.uri(),
-                            lines.join("\n")
-                        ));
-                        let mut body = request.into_body();
-                        let response = http::Response::new(());
-                        let Ok(mut send) = respond.send_response(response, false) else {
-                            return;
-                        };
-                        tokio::spawn(async move {
-                            while let Some(Ok(data)) = body.data().await {
-                                let _ = body.flow_control().release_capacity(data.len());
-                                let mut out = b"echo:".to_vec();
-                                out.extend_from_slice(&data);
-                                if send.send_data(out.into(), false).is_err() {
-                                    return;
-                                }
-                            }
-                            let _ = send.send_data(bytes::Bytes::new(), true);
-                        });
-                    }
-                });
+    h2_server::serve(move |request, mut respond| {
+        let mut lines: Vec<String> = request
+            .headers()
+            .iter()
+            .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap_or("")))
+            .collect();
+        lines.sort();
+        heads.lock().unwrap().push(format!(
+            "h2 {} {}\n{}",
+            request.method(),
+            request.uri(),
+            lines.join("\n")
+        ));
+        let mut body = request.into_body();
+        let send = respond.send_response(http::Response::new(()), false);
+        async move {
+            let Ok(mut send) = send else {
+                return;
+            };
+            while let Some(Ok(data)) = body.data().await {
+                let _ = body.flow_control().release_capacity(data.len());
+                let mut out = b"echo:".to_vec();
+                out.extend_from_slice(&data);
+                if send.send_data(out.into(), false).is_err() {
+                    return;
+                }
             }
-        });
-    });
-    port
+            let _ = send.send_data(bytes::Bytes::new(), true);
+        }
+    })
 }
 
 fn listener(name: &str, port: u16, cluster: &str, tunneling: &str) -> String {

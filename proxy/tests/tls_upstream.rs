@@ -94,24 +94,7 @@ fn serve(config: Arc<rustls::ServerConfig>, mut tcp: TcpStream) {
             .unwrap_or_else(|| "none".into()),
     );
     let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-        while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.drain(..end + 4);
-            let answer = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{seen}",
-                seen.len()
-            );
-            if stream.write_all(answer.as_bytes()).is_err() {
-                return;
-            }
-        }
-    }
+    http1::answer_heads(&mut stream, |_| http1::ok(&seen));
 }
 
 /// A bootstrap with one HTTP listener per cluster (`port` → cluster), each cluster one TLS

@@ -315,9 +315,11 @@ async fn tcp_front(proxy: TcpProxy, cm: ClusterManager) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
             let (proxy, cm) = (proxy.clone(), cm.clone());
-            tokio::spawn(
-                async move { proxy.serve(s, &cm, LbContext::default(), None, None).await },
-            );
+            tokio::spawn(async move {
+                proxy
+                    .serve(s, &cm, LbContext::default(), None, None, None)
+                    .await
+            });
         }
     });
     addr

@@ -3,6 +3,7 @@
 
 use super::record::{Record, ResponseFlag};
 use crate::route::matcher::HeaderMatcher;
+use crate::route::metadata::matcher::MetadataMatcher;
 
 /// A comparison of `status_code_filter` and `duration_filter`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,6 +66,14 @@ pub enum Filter {
         /// `exclude`.
         exclude: bool,
     },
+    /// `metadata_filter`: the request's dynamic metadata at the matcher's path, when set,
+    /// must match; when not set (or without a matcher), `match_if_key_not_found` decides.
+    Metadata {
+        /// `matcher`.
+        matcher: Option<MetadataMatcher>,
+        /// `match_if_key_not_found` (default true).
+        match_if_key_not_found: bool,
+    },
 }
 
 impl Filter {
@@ -114,6 +123,15 @@ impl Filter {
                 let found = grpc_status(rec).is_some_and(|s| statuses.contains(&s));
                 found != *exclude
             }
+            Filter::Metadata {
+                matcher,
+                match_if_key_not_found,
+            } => match matcher {
+                Some(m) if rec.metadata.value(&m.namespace, &m.path).is_some() => {
+                    m.matches(Some(&rec.metadata))
+                }
+                _ => *match_if_key_not_found,
+            },
         }
     }
 }
@@ -180,6 +198,34 @@ mod tests {
         assert!(Filter::StatusCode(Comparison::Eq(503)).passes(&r));
         assert!(!Filter::StatusCode(Comparison::Ne(503)).passes(&r));
         assert!(Filter::StatusCode(Comparison::Eq(0)).passes(&rec(None)));
+    }
+
+    #[test]
+    fn metadata_filters_match_set_values_and_fall_back_when_unset() {
+        use crate::route::metadata::matcher::ValueMatcher;
+        let filter = |match_if_key_not_found| Filter::Metadata {
+            matcher: Some(MetadataMatcher {
+                namespace: "ns".into(),
+                path: vec!["k".into()],
+                value: ValueMatcher::Bool(true),
+                invert: false,
+            }),
+            match_if_key_not_found,
+        };
+        let mut r = rec(Some(200));
+        assert!(filter(true).passes(&r));
+        assert!(!filter(false).passes(&r));
+        r.metadata.insert(
+            "ns",
+            "k",
+            crate::route::metadata::string_value("not a bool"),
+        );
+        assert!(!filter(true).passes(&r));
+        let unmatched = Filter::Metadata {
+            matcher: None,
+            match_if_key_not_found: false,
+        };
+        assert!(!unmatched.passes(&r));
     }
 
     #[test]

@@ -85,6 +85,8 @@ enum Op {
     ConnectionTerminationDetails,
     AttemptCount,
     LocalReplyBody,
+    /// `%DYNAMIC_METADATA(NS:KEY:...)%`: the namespace and the path of keys into it.
+    DynamicMetadata(String, Vec<String>),
     Constant(String),
 }
 
@@ -108,6 +110,8 @@ enum Value {
     Missing,
     Str(String),
     Num(u64),
+    /// A value already in JSON (metadata that is not a string): written as is in both.
+    Json(String),
 }
 
 impl Template {
@@ -128,7 +132,7 @@ impl Template {
                 Piece::Op(op, max) => match op.value(rec) {
                     Value::Missing if omit_empty => {}
                     Value::Missing => out.push('-'),
-                    Value::Str(s) => push_truncated(out, &s, *max),
+                    Value::Str(s) | Value::Json(s) => push_truncated(out, &s, *max),
                     Value::Num(n) => push_truncated(out, &n.to_string(), *max),
                 },
             }
@@ -148,6 +152,8 @@ impl Template {
                 Value::Num(n) => push_json_str(out, truncated(&n.to_string(), *max)),
                 Value::Str(s) if omit_empty && s.is_empty() => return false,
                 Value::Str(s) => push_json_str(out, truncated(&s, *max)),
+                Value::Json(j) if max.is_none() => out.push_str(&j),
+                Value::Json(j) => push_json_str(out, truncated(&j, *max)),
             }
             return true;
         }
@@ -345,8 +351,28 @@ impl Op {
             Op::RouteName => text(rec.route_name.as_deref()),
             Op::ConnectionTerminationDetails => text(rec.termination_details.as_deref()),
             Op::AttemptCount => Value::Num(u64::from(rec.attempts)),
+            Op::DynamicMetadata(namespace, path) => metadata(rec, namespace, path),
             Op::Constant(s) => Value::Str(s.clone()),
         }
+    }
+}
+
+/// The request's metadata in `namespace` at `path` (the whole namespace when `path` is
+/// empty): a string as text, anything else as JSON.
+fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
+    use crate::route::metadata::json;
+    if path.is_empty() {
+        return rec
+            .metadata
+            .namespace(namespace)
+            .map_or(Value::Missing, |s| Value::Json(json::struct_json(s)));
+    }
+    match rec.metadata.value(namespace, path) {
+        None => Value::Missing,
+        Some(v) => match &v.kind {
+            Some(proto::pb::google::protobuf::value::Kind::StringValue(s)) => Value::Str(s.clone()),
+            _ => Value::Json(json::text(v)),
+        },
     }
 }
 
@@ -396,8 +422,15 @@ fn compile(
                 None => Op::Constant("-".to_owned()),
             });
         }
-        "DYNAMIC_METADATA"
-        | "FILTER_STATE"
+        "DYNAMIC_METADATA" => {
+            let param = param
+                .filter(|p| !p.is_empty())
+                .ok_or_else(|| format!("{name} requires parameters"))?;
+            let mut parts = param.split(':').map(str::to_owned);
+            let namespace = parts.next().unwrap_or_default();
+            return Ok(Op::DynamicMetadata(namespace, parts.collect()));
+        }
+        "FILTER_STATE"
         | "CLUSTER_METADATA"
         | "UPSTREAM_METADATA"
         | "ROUTE_METADATA"

@@ -338,6 +338,9 @@ pub struct Record {
     pub health_check: bool,
     /// `%LOCAL_REPLY_BODY%`: the body of the local reply being formatted.
     pub local_reply_body: Option<String>,
+    /// The request's dynamic metadata, for `%DYNAMIC_METADATA(..)%` (moved here from the
+    /// filters once the request is routed; response filters write it here).
+    pub metadata: crate::route::metadata::DynamicMetadata,
 }
 
 impl Record {
@@ -382,6 +385,7 @@ impl Record {
             attempts: 0,
             health_check: false,
             local_reply_body: None,
+            metadata: Default::default(),
         }
     }
 

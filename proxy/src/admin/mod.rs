@@ -426,6 +426,7 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
                 &histograms,
                 sel,
                 process.bootstrap.stats_tags.producer(),
+                &process.shared.stats.tagged(),
             ),
         );
     }

@@ -357,12 +357,17 @@ pub(super) fn compile_filter(
                 ),
             ));
         }
-        Some(S::MetadataFilter(_)) => {
-            return Err(ConfigError::new(
-                "metadata_filter",
-                "the access log metadata_filter is not implemented by revoy (it keeps no dynamic metadata)",
-            ));
-        }
+        Some(S::MetadataFilter(m)) => Filter::Metadata {
+            matcher: m
+                .matcher
+                .as_ref()
+                .map(|md| {
+                    crate::config::metadata_matcher::metadata_matcher(ctx, md)
+                        .map_err(|e| e.within("metadata_filter.matcher"))
+                })
+                .transpose()?,
+            match_if_key_not_found: m.match_if_key_not_found.is_none_or(|b| b.value),
+        },
         Some(S::LogTypeFilter(_)) => {
             return Err(ConfigError::new(
                 "log_type_filter",

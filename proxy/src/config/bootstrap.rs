@@ -211,6 +211,15 @@ fn skipped_features(b: &Bootstrap, warnings: &mut Warnings) {
             "stats sinks are not implemented by revoy; stats are only served by the admin API",
         );
     }
+    if b.stats_config
+        .as_ref()
+        .is_some_and(|c| c.stats_matcher.is_some())
+    {
+        warnings.skipped(
+            "stats_config.stats_matcher",
+            "stat inclusion and exclusion are not implemented by revoy; every stat is kept",
+        );
+    }
     if b.overload_manager.is_some() {
         warnings.skipped(
             "overload_manager",

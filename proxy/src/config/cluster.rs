@@ -70,6 +70,11 @@ pub struct ClusterConfig {
     pub panic_threshold: f64,
     /// Whether the cluster came from CDS (set by the caller; shown by /clusters).
     pub added_via_api: bool,
+    /// Its `istio` filter metadata as Istio's filters read it (the destination service,
+    /// whether metadata exchange skips it).
+    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
+    /// Its `envoy.filters.network.upstream.metadata_exchange` filter (`filters`).
+    pub metadata_exchange: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
     /// The original proto, for `/config_dump` and change detection.
     pub proto: proto::Encoded<Cluster>,
 }
@@ -496,8 +501,34 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
         added_via_api: false,
+        istio: c
+            .metadata
+            .as_ref()
+            .and_then(|m| m.filter_metadata.get("istio"))
+            .map(|m| Box::new(crate::config::istio::IstioCluster::from_metadata(m))),
+        metadata_exchange: upstream_exchange(c)?,
         proto: proto::Encoded::new(c),
     })
+}
+
+/// The cluster's upstream `istio.metadata_exchange` filter, from `filters` (the only
+/// upstream network filter revoy runs; istiod adds no other).
+fn upstream_exchange(
+    c: &Cluster,
+) -> Result<Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>, ConfigError> {
+    use crate::config::istio::{Fields, metadata_exchange};
+    for (i, f) in c.filters.iter().enumerate() {
+        if let Some(fields) = f
+            .typed_config
+            .as_ref()
+            .and_then(|any| Fields::of(any, metadata_exchange::CONFIG))
+        {
+            return metadata_exchange::compile(fields)
+                .map(|x| Some(Arc::new(x)))
+                .map_err(|e| e.within(&format!("filters[{i}].typed_config")));
+        }
+    }
+    Ok(None)
 }
 
 /// Compiles an EDS `ClusterLoadAssignment` into `cluster`'s endpoints (the cluster's

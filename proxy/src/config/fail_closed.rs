@@ -7,9 +7,6 @@
 /// after `envoy.extensions.filters.http.` / `...network.` in a type URL) that fail closed.
 const FAIL_CLOSED: &[&str] = &[
     "ext_authz",
-    "jwt_authn",
-    "local_ratelimit",
-    "ratelimit",
     "rate_limit_quota",
     "oauth2",
     "basic_auth",
@@ -80,7 +77,7 @@ mod tests {
         assert!(filter_fails_closed("envoy.filters.http.rbac", ""));
         assert!(filter_fails_closed(
             "anything",
-            "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication"
+            "envoy.extensions.filters.http.oauth2.v3.OAuth2"
         ));
         assert!(filter_fails_closed(
             "envoy.filters.network.local_ratelimit",

@@ -38,6 +38,10 @@ pub struct ChainConfig {
     pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The `envoy.filters.network.rbac` filters before it, in order.
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
+    /// Its `istio.metadata_exchange` filter (a TCP chain's), if it has one.
+    pub metadata_exchange: Option<Arc<super::istio::metadata_exchange::TcpExchange>>,
+    /// Its `istio.stats` network filter (a TCP chain's), if it has one.
+    pub istio_stats: Option<Arc<super::istio::stats::IstioStatsConfig>>,
     /// The compiled `DownstreamTlsContext` of the `transport_socket`, when the chain
     /// terminates TLS and serves (a refused chain's context is not compiled).
     pub tls: Option<Arc<super::tls::downstream::ServerTls>>,
@@ -51,8 +55,13 @@ pub struct ChainConfig {
 }
 
 /// Listener filters revoy implements.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct ListenerFilters {
+    /// `envoy.filters.listener.local_ratelimit`: a token per accepted socket.
+    pub rate_limit: Option<super::network_limits::ListenerRateLimit>,
+    /// Whether the rate limit comes before the inspecting filters (else it runs once they
+    /// have read what they need, as Envoy runs listener filters in order).
+    pub rate_limit_first: bool,
     /// `envoy.filters.listener.original_dst`: use SO_ORIGINAL_DST as the local address.
     pub original_dst: bool,
     /// `envoy.filters.listener.tls_inspector`: read SNI/ALPN from the ClientHello.
@@ -181,6 +190,8 @@ fn compile_chain(
     let mut terminal = None;
     let mut limits = Vec::new();
     let mut rbac = Vec::new();
+    let mut metadata_exchange = None;
+    let mut istio_stats = None;
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
     // filter state) is unknown to later RBAC rules.
@@ -227,6 +238,12 @@ fn compile_chain(
                     .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
                 limits.push(super::network_limits::NetworkLimit::RateLimit(compiled));
             }
+            super::network_limits::RATE_LIMIT_SERVICE => {
+                let p = proto::unpack(any).map_err(at)?;
+                let compiled = super::network_limits::compile_rate_limit_service(ctx, &p)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                limits.push(super::network_limits::NetworkLimit::Service(compiled));
+            }
             super::network_limits::CONNECTION_LIMIT => {
                 let p = proto::unpack(any).map_err(at)?;
                 let compiled = super::network_limits::compile_connection_limit(&p)
@@ -258,6 +275,28 @@ fn compile_chain(
                     refused.get_or_insert(what);
                 }
                 rbac.push(Arc::new(compiled));
+            }
+            _ if super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
+                .is_some() =>
+            {
+                let fields = super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
+                    .expect("checked above");
+                let compiled = super::istio::metadata_exchange::compile(fields)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                metadata_exchange = Some(Arc::new(compiled));
+                // The peer metadata it reads is not offered to RBAC rules (Istio's filter
+                // keeps it in filter state): rules after it that read metadata fail closed.
+                skipped.get_or_insert_with(|| f.name.clone());
+            }
+            _ if super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG).is_some() => {
+                let fields = super::istio::Fields::of(any, super::istio::stats::PLUGIN_CONFIG)
+                    .expect("checked above");
+                let before = warnings.len();
+                let compiled = super::istio::stats::compile(fields, warnings);
+                warnings.prefix_since(before, &format!("{fpath}.typed_config"));
+                istio_stats = Some(Arc::new(
+                    compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?,
+                ));
             }
             other
                 if super::fail_closed::filter_fails_closed(
@@ -345,6 +384,8 @@ fn compile_chain(
         terminal,
         limits,
         rbac,
+        metadata_exchange,
+        istio_stats,
         fingerprint: fingerprint(chain),
     };
     Ok((compiled, tls))
@@ -429,21 +470,33 @@ fn tls_unimplemented(ctx: &DownstreamTlsContext) -> Vec<(String, String)> {
 }
 
 /// The listener filters revoy runs, why the listener's connections are all refused when one
-/// it lacks controls access (`envoy.filters.listener.local_ratelimit`, ...), and the first
+/// it lacks controls access (a filter from ECDS, a vendor's rate limit, ...), and the first
 /// one it skips.
 fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
-) -> (ListenerFilters, Option<String>, Option<String>) {
+) -> Result<(ListenerFilters, Option<String>, Option<String>), ConfigError> {
     let mut out = ListenerFilters::default();
     let mut refused = None;
     let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
-        let extension = match &f.config_type {
-            Some(listener_filter::ConfigType::TypedConfig(any)) => proto::extension_type(any),
-            _ => String::new(),
+        let typed = match &f.config_type {
+            Some(listener_filter::ConfigType::TypedConfig(any)) => Some(any),
+            _ => None,
         };
+        let extension = typed.map(proto::extension_type).unwrap_or_default();
         let type_name = extension.as_str();
+        if let Some(any) =
+            typed.filter(|_| type_name == super::network_limits::LISTENER_LOCAL_RATE_LIMIT)
+        {
+            let at = format!("listener_filters[{i}].typed_config");
+            let p = proto::unpack(any).map_err(|e| ConfigError::new(&at, e.to_string()))?;
+            let compiled = super::network_limits::compile_listener_rate_limit(&p)
+                .map_err(|e| e.within(&at))?;
+            out.rate_limit_first = !(out.tls_inspector || out.http_inspector);
+            out.rate_limit = Some(compiled);
+            continue;
+        }
         let from_ecds = matches!(
             f.config_type,
             Some(listener_filter::ConfigType::ConfigDiscovery(_))
@@ -490,7 +543,7 @@ fn compile_listener_filters(
             }
         }
     }
-    (out, refused, skipped)
+    Ok((out, refused, skipped))
 }
 
 /// A UDP listener (`protocol: UDP`: `udp_proxy`, DNS, QUIC/HTTP/3) is refused: revoy serves
@@ -535,7 +588,7 @@ pub fn compile_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
     let address = socket_addr(l.address.as_ref(), "address")?;
-    let (filters, refused, skipped) = compile_listener_filters(l, warnings);
+    let (filters, refused, skipped) = compile_listener_filters(l, warnings)?;
     let skipped = skipped.as_deref();
     let mut chains = l
         .filter_chains
@@ -705,6 +758,26 @@ filter_chains:
     }
 
     #[test]
+    fn transparent_is_kept_unset_on_or_off() {
+        let yaml = r#"name: l
+address: {socket_address: {address: 0.0.0.0, port_value: 15006}}
+filter_chains:
+- filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}
+"#;
+        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
+        let mut l: Listener = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let compiled = |l: &Listener| compile_with(&io, l).unwrap().transparent;
+        assert_eq!(compiled(&l), None);
+        for on in [true, false] {
+            l.transparent = Some(proto::pb::google::protobuf::BoolValue { value: on });
+            assert_eq!(compiled(&l), Some(on));
+        }
+    }
+
+    #[test]
     fn tls_contexts_are_built_at_compile_and_bad_ones_named_by_field() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/differential/certs");
         let read = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
@@ -762,6 +835,55 @@ filter_chains:
         assert!(!ignored_client_certificate_requirement(&requiring(Some(
             with_ca
         ))));
+    }
+
+    /// The listener local_ratelimit and the network ratelimit compile in place (the former
+    /// noting whether it runs before the inspecting filters); their errors name their path.
+    #[test]
+    fn limiting_filters_compile_in_place_and_their_errors_name_their_path() {
+        let compile = |listener_filters: &str, filters: &str| {
+            let yaml = format!(
+                r#"name: l
+address: {{socket_address: {{address: 127.0.0.1, port_value: 10080}}}}
+listener_filters: [{listener_filters}]
+filter_chains:
+- filters: [{filters}{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}}}]
+"#
+            );
+            let codec = proto::Codec::new();
+            let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+            let l = codec.decode::<Listener>(value, false).unwrap().message;
+            let io = crate::config::FakeIo::new();
+            compile_listener(&Context::new(&io), &l, None, &mut Warnings::new())
+        };
+        let bucket = r#"{name: rl, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit, stat_prefix: s, token_bucket: {max_tokens: 1, fill_interval: 1s}}}"#;
+        let inspector = r#"{name: envoy.filters.listener.tls_inspector, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}}"#;
+        let first = compile(bucket, "").unwrap();
+        assert!(first.filters.rate_limit.is_some() && first.filters.rate_limit_first);
+        assert!(first.chains[0].refused.is_none());
+        let after = compile(&format!("{inspector}, {bucket}"), "").unwrap();
+        assert!(after.filters.rate_limit.is_some() && !after.filters.rate_limit_first);
+        let e = compile(&bucket.replace("stat_prefix: s, ", ""), "").unwrap_err();
+        assert_eq!(e.path, "listener_filters[0].typed_config.stat_prefix");
+
+        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
+        let l = compile("", service).unwrap();
+        assert!(matches!(
+            l.chains[0].limits.as_slice(),
+            [super::super::network_limits::NetworkLimit::Service(s)] if s.domain == "d"
+        ));
+        let e = compile(
+            "",
+            &service.replace(
+                "envoy_grpc: {cluster_name: rls}",
+                "google_grpc: {target_uri: x, stat_prefix: y}",
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.path,
+            "filter_chains[0].filters[0].typed_config.rate_limit_service.grpc_service.google_grpc"
+        );
     }
 
     /// Access loggers revoy lacks (on the listener, a connection manager and a tcp_proxy) and

@@ -1,12 +1,20 @@
-//! The network filters that limit connections: `envoy.filters.network.local_ratelimit`
-//! (`LocalRateLimit`) and `envoy.filters.network.connection_limit` (`ConnectionLimit`) ->
-//! [`NetworkLimit`].
+//! The filters that limit connections: the network filters
+//! `envoy.filters.network.local_ratelimit` (`LocalRateLimit`),
+//! `envoy.filters.network.connection_limit` (`ConnectionLimit`) and
+//! `envoy.filters.network.ratelimit` (`RateLimit`, asking a rate limit service) ->
+//! [`NetworkLimit`], and the listener filter `envoy.filters.listener.local_ratelimit` ->
+//! [`ListenerRateLimit`].
 
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3::RuntimeFeatureFlag;
+use proto::pb::envoy::extensions::filters::listener::local_ratelimit::v3::LocalRateLimit as ListenerLocalRateLimit;
 use proto::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
 use proto::pb::envoy::extensions::filters::network::local_ratelimit::v3::LocalRateLimit;
+use proto::pb::envoy::extensions::filters::network::ratelimit::v3::RateLimit;
+
+use super::Context;
+use crate::access_log::format::Template;
 
 use super::ConfigError;
 use super::token_bucket::{TokenBucketSpec, compile_token_bucket};
@@ -17,14 +25,55 @@ pub const LOCAL_RATE_LIMIT: &str =
 /// Type name of the `ConnectionLimit` filter's config.
 pub const CONNECTION_LIMIT: &str =
     "envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit";
+/// Type name of the network `RateLimit` filter's config.
+pub const RATE_LIMIT_SERVICE: &str = "envoy.extensions.filters.network.ratelimit.v3.RateLimit";
+/// Type name of the listener `LocalRateLimit` filter's config.
+pub const LISTENER_LOCAL_RATE_LIMIT: &str =
+    "envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit";
 
 /// A network filter that may close a new connection before the chain's terminal filter sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum NetworkLimit {
     /// `envoy.filters.network.local_ratelimit`.
     RateLimit(NetworkRateLimit),
     /// `envoy.filters.network.connection_limit`.
     ConnectionLimit(ConnectionLimitConfig),
+    /// `envoy.filters.network.ratelimit`.
+    Service(NetworkRateLimitService),
+}
+
+/// A compiled network `RateLimit`: each new connection is held, unread, until the rate limit
+/// service answers; over the limit (or, with `failure_mode_deny`, when the call fails) it is
+/// closed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkRateLimitService {
+    /// `stat_prefix`: stats are `ratelimit.<stat_prefix>.*`.
+    pub stat_prefix: String,
+    /// `domain`.
+    pub domain: String,
+    /// `descriptors`, sent with every call: each a list of entries, whose values may hold
+    /// `%COMMAND%` operators rendered for the connection.
+    pub descriptors: Vec<Vec<(String, Template)>>,
+    /// `timeout` of each call (default 20 ms).
+    pub timeout: Duration,
+    /// `failure_mode_deny`: a failed call closes the connection (else it goes on).
+    pub failure_mode_deny: bool,
+    /// The service's cluster.
+    pub cluster: String,
+    /// The `:authority` of the calls.
+    pub authority: String,
+}
+
+/// A compiled listener `LocalRateLimit`: each accepted socket takes a token or is closed
+/// before any other listener filter after it, and before any filter chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerRateLimit {
+    /// `stat_prefix`: stats are `listener_local_ratelimit.<stat_prefix>.rate_limited`.
+    pub stat_prefix: String,
+    /// `token_bucket`.
+    pub bucket: TokenBucketSpec,
+    /// `runtime_enabled`'s default (revoy has no runtime; true when unset).
+    pub enabled: bool,
 }
 
 /// A compiled network `LocalRateLimit`: each new connection takes a token or is closed.
@@ -91,6 +140,103 @@ pub fn compile_connection_limit(p: &ConnectionLimit) -> Result<ConnectionLimitCo
     })
 }
 
+/// Compiles a network `RateLimit`; errors name fields relative to the message.
+pub fn compile_rate_limit_service(
+    ctx: &Context<'_>,
+    p: &RateLimit,
+) -> Result<NetworkRateLimitService, ConfigError> {
+    let stat_prefix = stat_prefix(&p.stat_prefix)?;
+    if p.domain.is_empty() {
+        return Err(ConfigError::new(
+            "domain",
+            "value length must be at least 1 characters",
+        ));
+    }
+    if p.descriptors.is_empty() {
+        return Err(ConfigError::new(
+            "descriptors",
+            "value must contain at least 1 item(s)",
+        ));
+    }
+    let descriptors = p
+        .descriptors
+        .iter()
+        .enumerate()
+        .map(|(i, d)| descriptor(ctx, d).map_err(|e| e.within(&format!("descriptors[{i}]"))))
+        .collect::<Result<_, _>>()?;
+    let (cluster, authority) =
+        super::http_filter::ratelimit::service_cluster(p.rate_limit_service.as_ref())?;
+    let timeout = match &p.timeout {
+        Some(d) => super::cluster::duration(d, "timeout")?,
+        None => Duration::from_millis(20),
+    };
+    Ok(NetworkRateLimitService {
+        stat_prefix,
+        domain: p.domain.clone(),
+        descriptors,
+        timeout,
+        failure_mode_deny: p.failure_mode_deny,
+        cluster,
+        authority,
+    })
+}
+
+/// One of a network `RateLimit`'s descriptors: its entries, values compiled as access-log
+/// format strings (as Envoy's substitution formatter reads them).
+fn descriptor(
+    ctx: &Context<'_>,
+    d: &proto::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor,
+) -> Result<Vec<(String, Template)>, ConfigError> {
+    if d.entries.is_empty() {
+        return Err(ConfigError::new(
+            "entries",
+            "value must contain at least 1 item(s)",
+        ));
+    }
+    for (set, field) in [
+        (d.limit.is_some(), "limit"),
+        (d.hits_addend.is_some(), "hits_addend"),
+        (d.is_negative_hits, "is_negative_hits"),
+    ] {
+        if set {
+            return Err(ConfigError::unimplemented(field, field));
+        }
+    }
+    d.entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let at = format!("entries[{i}]");
+            if e.key.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.key"),
+                    "value length must be at least 1 characters",
+                ));
+            }
+            if e.value.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.value"),
+                    "value length must be at least 1 characters",
+                ));
+            }
+            let value = Template::parse(&e.value, ctx)
+                .map_err(|m| ConfigError::new(format!("{at}.value"), m))?;
+            Ok((e.key.clone(), value))
+        })
+        .collect()
+}
+
+/// Compiles a listener `LocalRateLimit`; errors name fields relative to the message.
+pub fn compile_listener_rate_limit(
+    p: &ListenerLocalRateLimit,
+) -> Result<ListenerRateLimit, ConfigError> {
+    Ok(ListenerRateLimit {
+        stat_prefix: stat_prefix(&p.stat_prefix)?,
+        bucket: compile_token_bucket(p.token_bucket.as_ref(), "token_bucket")?,
+        enabled: feature_flag(p.runtime_enabled.as_ref(), "runtime_enabled")?,
+    })
+}
+
 fn stat_prefix(s: &str) -> Result<String, ConfigError> {
     if s.is_empty() {
         return Err(ConfigError::new(
@@ -141,6 +287,92 @@ mod tests {
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "token_bucket");
         let p: LocalRateLimit = decode("{token_bucket: {max_tokens: 2, fill_interval: 1s}}");
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "stat_prefix");
+    }
+
+    #[test]
+    fn rate_limit_service_reads_its_descriptors_and_service() {
+        let io = crate::config::FakeIo::new();
+        let ctx = Context::new(&io);
+        let service = "rate_limit_service: {transport_api_version: V3, \
+                       grpc_service: {envoy_grpc: {cluster_name: rls}}}";
+        let p: RateLimit = decode(&format!(
+            "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}, \
+             {{key: k2, value: v2}}]}}], failure_mode_deny: true, {service}}}"
+        ));
+        let c = compile_rate_limit_service(&ctx, &p).unwrap();
+        let keys: Vec<&str> = c.descriptors[0].iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["k", "k2"]);
+        assert_eq!(c.timeout, Duration::from_millis(20));
+        assert_eq!((c.cluster.as_str(), c.authority.as_str()), ("rls", "rls"));
+        assert!(c.failure_mode_deny);
+        for (yaml, path) in [
+            (
+                format!(
+                    "{{domain: d, descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
+                ),
+                "stat_prefix",
+            ),
+            (
+                format!("{{stat_prefix: n, domain: d, {service}}}"),
+                "descriptors",
+            ),
+            (
+                format!("{{stat_prefix: n, domain: d, descriptors: [{{entries: []}}], {service}}}"),
+                "descriptors[0].entries",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: \"%NO_SUCH_COMMAND%\"}}]}}], {service}}}"
+                ),
+                "descriptors[0].entries[0].value",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}], limit: {{requests_per_unit: 1, unit: SECOND}}}}], {service}}}"
+                ),
+                "descriptors[0].limit",
+            ),
+            (
+                "{stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}]}"
+                    .to_owned(),
+                "rate_limit_service",
+            ),
+            (
+                format!(
+                    "{{stat_prefix: n, descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
+                ),
+                "domain",
+            ),
+        ] {
+            let p: RateLimit = decode(&yaml);
+            assert_eq!(
+                compile_rate_limit_service(&ctx, &p).unwrap_err().path,
+                path,
+                "{yaml}"
+            );
+        }
+    }
+
+    #[test]
+    fn listener_rate_limit_needs_a_prefix_and_a_bucket() {
+        let p: ListenerLocalRateLimit =
+            decode("{stat_prefix: l, token_bucket: {max_tokens: 3, fill_interval: 60s}}");
+        let c = compile_listener_rate_limit(&p).unwrap();
+        assert_eq!(
+            (c.stat_prefix.as_str(), c.bucket.max_tokens, c.enabled),
+            ("l", 3, true)
+        );
+        let p: ListenerLocalRateLimit = decode("{stat_prefix: l}");
+        assert_eq!(
+            compile_listener_rate_limit(&p).unwrap_err().path,
+            "token_bucket"
+        );
+        let p: ListenerLocalRateLimit =
+            decode("{token_bucket: {max_tokens: 3, fill_interval: 60s}}");
+        assert_eq!(
+            compile_listener_rate_limit(&p).unwrap_err().path,
+            "stat_prefix"
+        );
     }
 
     #[test]

@@ -17,10 +17,13 @@ use proto::pb::envoy::extensions::filters::network::rbac::v3::{
 };
 use proto::pb::envoy::r#type::matcher::v3 as m;
 
+use crate::route::metadata::matcher::MetadataMatcher;
+
 use super::filter_chain_match::Cidr;
+use super::metadata_matcher::metadata_matcher;
 use super::route::matchers::{header_matcher, string_matcher};
 use super::{ConfigError, Context, Warnings};
-use rules::{AbsentMetadata, Action, Engines, Permission, Policy, Principal, Rules};
+use rules::{Action, Engines, Permission, Policy, Principal, Rules};
 
 /// The dynamic metadata namespaces Envoy's RBAC filters write themselves (shadow results,
 /// the LOG action's flag), which revoy does not record: a matcher on them is refused.
@@ -141,12 +144,13 @@ pub fn compile_per_route(
 }
 
 /// Why an RBAC filter whose enforced rules read dynamic metadata or filter state must deny
-/// everything: `skipped`, a filter revoy does not run that comes before it, may set them in
-/// Envoy (so a DENY rule on them could let through what Envoy stops).
+/// everything: `skipped`, a filter before it that revoy does not run (or whose metadata it
+/// does not keep: jwt_authn's), may set them in Envoy (so a DENY rule on them could let
+/// through what Envoy stops).
 pub fn unknown_metadata(skipped: &str) -> String {
     format!(
-        "its rules match dynamic metadata or filter state, which filter '{skipped}' (not \
-         implemented by revoy, earlier in the chain) may set"
+        "its rules match dynamic metadata or filter state, which filter '{skipped}' (earlier \
+         in the chain) may set in Envoy and does not in revoy"
     )
 }
 
@@ -360,9 +364,11 @@ fn permission(
             string_matcher(ctx, s).map_err(|e| e.within("requested_server_name"))?,
         ),
         Some(R::Metadata(md)) => {
-            Permission::AbsentMetadata(absent_metadata(md, "metadata", warnings)?)
+            Permission::Metadata(metadata(ctx, md, "metadata", network, warnings)?)
         }
-        Some(R::SourcedMetadata(s)) => Permission::AbsentMetadata(sourced_metadata(s, warnings)?),
+        Some(R::SourcedMetadata(s)) => {
+            Permission::Metadata(sourced_metadata(ctx, s, network, warnings)?)
+        }
         Some(R::UriTemplate(ext)) => Permission::UriTemplate(Box::new(uri_template(ext)?)),
         Some(R::Matcher(ext)) => {
             return Err(ConfigError::new(
@@ -431,9 +437,11 @@ fn principal(
             Principal::Path(path_matcher(ctx, u).map_err(|e| e.within("url_path"))?)
         }
         Some(I::Metadata(md)) => {
-            Principal::AbsentMetadata(absent_metadata(md, "metadata", warnings)?)
+            Principal::Metadata(metadata(ctx, md, "metadata", network, warnings)?)
         }
-        Some(I::SourcedMetadata(s)) => Principal::AbsentMetadata(sourced_metadata(s, warnings)?),
+        Some(I::SourcedMetadata(s)) => {
+            Principal::Metadata(sourced_metadata(ctx, s, network, warnings)?)
+        }
         Some(I::FilterState(f)) => {
             filter_state(f, warnings)?;
             Principal::AbsentFilterState
@@ -510,19 +518,17 @@ fn uri_template(
     })
 }
 
-/// A metadata matcher (`field`) evaluated against the dynamic metadata revoy never has.
-/// Matchers on the RBAC filters' own metadata, which Envoy does write, are refused.
-fn absent_metadata(
+/// A metadata matcher (`field`) on the request's dynamic metadata. Matchers on the RBAC
+/// filters' own metadata, which Envoy writes and revoy does not, are refused; on a connection
+/// (`network`) no filter revoy runs sets any, which is noted.
+fn metadata(
+    ctx: &Context<'_>,
     md: &m::MetadataMatcher,
     field: &str,
+    network: bool,
     warnings: &mut Warnings,
-) -> Result<AbsentMetadata, ConfigError> {
-    if md.value.is_none() {
-        return Err(ConfigError::new(
-            format!("{field}.value"),
-            "value is required",
-        ));
-    }
+) -> Result<MetadataMatcher, ConfigError> {
+    let compiled = metadata_matcher(ctx, md).map_err(|e| e.within(field))?;
     if RBAC_OWN_NAMESPACES.contains(&md.filter.as_str()) {
         return Err(ConfigError::new(
             format!("{field}.filter"),
@@ -532,27 +538,31 @@ fn absent_metadata(
             ),
         ));
     }
-    warnings.note(
-        field,
-        format!(
-            "no filter revoy runs sets dynamic metadata, so '{}' is always absent here (as in \
-             Envoy when no filter sets it): the matcher {}",
-            md.filter,
-            if md.invert {
-                "always matches (invert)"
-            } else {
-                "never matches"
-            }
-        ),
-    );
-    Ok(AbsentMetadata { invert: md.invert })
+    if network {
+        warnings.note(
+            field,
+            format!(
+                "no network filter revoy runs sets dynamic metadata, so '{}' is always absent \
+                 here (as in Envoy when no filter sets it): the matcher {}",
+                md.filter,
+                if md.invert {
+                    "always matches (invert)"
+                } else {
+                    "never matches"
+                }
+            ),
+        );
+    }
+    Ok(compiled)
 }
 
-/// `sourced_metadata`: dynamic metadata as [`absent_metadata`]; route metadata is refused.
+/// `sourced_metadata`: dynamic metadata as [`metadata`]; route metadata is refused.
 fn sourced_metadata(
+    ctx: &Context<'_>,
     s: &pb::SourcedMetadata,
+    network: bool,
     warnings: &mut Warnings,
-) -> Result<AbsentMetadata, ConfigError> {
+) -> Result<MetadataMatcher, ConfigError> {
     if s.metadata_source == pb::MetadataSource::Route as i32 {
         return Err(ConfigError::new(
             "sourced_metadata.metadata_source",
@@ -562,7 +572,13 @@ fn sourced_metadata(
     let md = s.metadata_matcher.as_ref().ok_or_else(|| {
         ConfigError::new("sourced_metadata.metadata_matcher", "value is required")
     })?;
-    absent_metadata(md, "sourced_metadata.metadata_matcher", warnings)
+    metadata(
+        ctx,
+        md,
+        "sourced_metadata.metadata_matcher",
+        network,
+        warnings,
+    )
 }
 
 /// `filter_state`: revoy keeps no filter state, so the key is never there.

@@ -24,6 +24,7 @@ use crate::body::{self, Body};
 use crate::config::cluster::{ClusterConfig, EndpointAddress};
 use crate::config::hcm::{Routes, StripPort, Underscores};
 use crate::route::action::{HostRewrite, upgrade_allowed};
+use crate::route::metadata::DynamicMetadata;
 use crate::route::policy::compute_hash;
 use crate::route::{Action, FormatContext, RouteRequest, Selected};
 use crate::upstream::{AttemptTarget, LbContext, UpstreamHost};
@@ -79,6 +80,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
         let mut encoders = Encoders::default();
+        let mut metadata = DynamicMetadata::default();
         let mut resp = route_and_forward(
             req,
             ctx,
@@ -86,12 +88,16 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             &mut forwarded,
             pending.as_mut(),
             tunnel_log,
-            &mut encoders,
+            (&mut encoders, &mut metadata),
         )
         .await;
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        // From here the request's metadata lives in its record, when it has one.
+        if let Some(p) = pending.as_mut() {
+            p.record().metadata = std::mem::take(&mut metadata);
         }
         if let (Some(config), Some(p)) = (&ctx.hcm.config.local_reply, pending.as_mut()) {
             resp = super::local_reply::map(config, resp, p.record());
@@ -99,7 +105,10 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
-        let mut resp = encoders.encode(resp).await;
+        let mut resp = match pending.as_mut() {
+            Some(p) => encoders.encode(resp, &mut p.record().metadata).await,
+            None => encoders.encode(resp, &mut metadata).await,
+        };
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
         stats.response(resp.status().as_u16());
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {
@@ -150,6 +159,17 @@ fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     }
 }
 
+/// Replaces `req`'s path and query with `path` (left as it was when `path` is not one).
+fn set_path(req: &mut Request<Body>, path: &str) {
+    if let Ok(pq) = http::uri::PathAndQuery::try_from(path) {
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
 /// Routes and forwards `req`; `forwarded` turns true once it goes upstream (its body to be
 /// buffered or sent), so an answer made before that was made at routing time. It turns back
 /// when the first attempt (or an upgrade's connection) could not start, which Envoy also
@@ -161,7 +181,7 @@ async fn route_and_forward(
     forwarded: &mut bool,
     mut pending: Option<&mut Pending>,
     tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
-    encoders: &mut Encoders,
+    (encoders, metadata): (&mut Encoders, &mut DynamicMetadata),
 ) -> Response<Body> {
     // Notes what access logs and spans read (nothing when the connection manager has
     // neither).
@@ -260,13 +280,7 @@ async fn route_and_forward(
     match verdict {
         PathVerdict::Continue(None) => {}
         PathVerdict::Continue(Some(p)) => {
-            if let Ok(pq) = http::uri::PathAndQuery::try_from(p.as_str()) {
-                let mut parts = req.uri().clone().into_parts();
-                parts.path_and_query = Some(pq);
-                if let Ok(uri) = Uri::from_parts(parts) {
-                    *req.uri_mut() = uri;
-                }
-            }
+            set_path(&mut req, &p);
             path = p;
         }
         // Envoy answers these before the request has its id: its trace decision counts them
@@ -327,6 +341,7 @@ async fn route_and_forward(
         );
     }
     let mut reselect = false;
+    let mut upstream_alpn = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -341,14 +356,24 @@ async fn route_and_forward(
             record: pending.as_deref_mut().map(Pending::record),
             version,
             clear_route_cache: false,
+            metadata,
+            upstream_alpn: None,
+            peers: None,
+            new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             return reply;
         }
         reselect = filtered.clear_route_cache;
+        upstream_alpn = filtered.upstream_alpn;
+        if let Some(p) = filtered.new_path.take() {
+            set_path(&mut req, &p);
+            path = p;
+        }
     }
-    // The filters may have changed the headers the route's actions read.
-    let route_req = routing(
+    // The filters may have changed the headers the route's actions read, and written
+    // metadata a route chosen again matches on.
+    let mut route_req = routing(
         &method,
         &host_full,
         &path,
@@ -356,6 +381,7 @@ async fn route_and_forward(
         https,
         random_value,
     );
+    route_req.metadata = Some(&*metadata);
     if reselect {
         selected = table.select(&route_req);
     }
@@ -393,6 +419,7 @@ async fn route_and_forward(
         request_authority: Some(&host_full),
         request_path: Some(&path),
         start_time: Some(std::time::SystemTime::now()),
+        dynamic_metadata: Some(&*metadata),
         ..Default::default()
     };
     match &selected.route.action {
@@ -588,6 +615,10 @@ async fn route_and_forward(
                 avoid: Vec::new(),
                 report_host: response_rules || pending.is_some(),
                 target,
+                alpn: upstream_alpn.map(|overrides| crate::upstream::RequestAlpn {
+                    overrides,
+                    downstream_http10: req.version() == http::Version::HTTP_10,
+                }),
             };
             // From here the request goes upstream, upgraded or not.
             *forwarded = true;

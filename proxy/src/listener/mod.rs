@@ -43,6 +43,10 @@ struct Chain {
     kind: ChainKind,
     /// Its network RBAC filters, run on each connection before the terminal filter.
     rbac: Box<[NetworkRbac]>,
+    /// Its `istio.metadata_exchange` filter (for a TCP proxy's connections).
+    metadata_exchange: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    /// Its `istio.stats` network filter (for a TCP proxy's connections).
+    istio_stats: Option<Arc<crate::config::istio::stats::IstioStatsConfig>>,
 }
 
 /// A chain's TLS termination: its context (the rustls configurations, whose resolvers read
@@ -179,6 +183,8 @@ pub struct Listener {
     no_filter_chain: Counter,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
     fail_closed: Option<Counter>,
+    /// Its `envoy.filters.listener.local_ratelimit`.
+    rate_limit: Option<limits::ListenerRateLimiter>,
 }
 
 impl Listener {
@@ -232,6 +238,8 @@ impl Listener {
                 limits,
                 kind,
                 rbac,
+                metadata_exchange: c.metadata_exchange.clone(),
+                istio_stats: c.istio_stats.clone(),
             })
         };
         let address = config.address;
@@ -248,6 +256,11 @@ impl Listener {
                 .chain(&config.default_chain)
                 .any(|c| c.refused.is_some())
                 .then(|| stats.counter(&format!("{prefix}.downstream_cx_fail_closed"))),
+            rate_limit: config
+                .filters
+                .rate_limit
+                .as_ref()
+                .map(|r| limits::ListenerRateLimiter::new(r, stats)),
             config,
         }
     }
@@ -336,6 +349,10 @@ impl Listener {
         {
             let listeners = listeners.load_full();
             if let Some(target) = handoff_target(&listeners, to, self) {
+                // The accepting listener's filters run before the hand-off, as in Envoy.
+                if self.rate_limit.as_ref().is_some_and(|r| !r.admit()) {
+                    return;
+                }
                 return target
                     .serve_on(stream, peer, &shared, None, local, original)
                     .await;
@@ -377,7 +394,11 @@ impl Listener {
         original: Option<SocketAddr>,
     ) {
         let destination = original.unwrap_or(local);
-        let f = self.config.filters;
+        let f = &self.config.filters;
+        let rate_limited = || self.rate_limit.as_ref().is_some_and(|r| !r.admit());
+        if f.rate_limit_first && rate_limited() {
+            return;
+        }
         let needs_peek = f.tls_inspector || f.http_inspector;
         let inspected = if needs_peek {
             inspect::inspect(
@@ -393,6 +414,9 @@ impl Listener {
                 ..Default::default()
             }
         };
+        if !f.rate_limit_first && rate_limited() {
+            return;
+        }
         let facts = ConnectionFacts {
             destination: Some(destination),
             source: Some(peer),
@@ -414,7 +438,13 @@ impl Listener {
             },
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
-        let Some(_admitted) = chain.limits.admit().await else {
+        let downstream = || crate::access_log::record::Downstream {
+            remote: Some(peer),
+            direct_remote: Some(peer),
+            local: Some(destination),
+            server_name: inspected.server_name.as_deref().map(Into::into),
+        };
+        let Some(_admitted) = chain.limits.admit(&shared.clusters, downstream).await else {
             chain.kind.count_refused();
             self.cx_destroy.inc();
             return;
@@ -485,31 +515,52 @@ impl Listener {
                     original_dst: original,
                     ..Default::default()
                 };
+                let istio = |sans: (String, String)| crate::tcp::exchange::IstioFilters {
+                    local: &shared.local_workload,
+                    downstream: chain.metadata_exchange.as_deref(),
+                    stats: chain.istio_stats.as_deref(),
+                    store: &shared.stats,
+                    inbound: self.config.inbound,
+                    sans,
+                };
                 // Boxed: an HTTP connection's task would otherwise be sized for a TCP proxy's.
                 match tls {
                     None => {
                         let count = checked.as_ref().map(|c| move || c.count());
                         let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                        let istio = istio(Default::default());
                         crate::spawn::boxed(|| {
-                            proxy.serve(stream, &shared.clusters, lb, sni, on_data)
+                            proxy.serve(stream, &shared.clusters, lb, sni, on_data, Some(istio))
                         })
                         .await
                     }
-                    Some(tls) if !rbac.filters.is_empty() => {
+                    Some(tls) if !rbac.filters.is_empty() || chain.istio_stats.is_some() => {
                         crate::spawn::boxed(|| async {
                             let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
                             else {
                                 return;
                             };
-                            let Some(checked) = rbac.check(Some(&peer_tls)) else {
-                                return;
-                            };
-                            if !checked.allowed() {
+                            let checked = rbac.check(Some(&peer_tls));
+                            if let Some(checked) = &checked
+                                && !checked.allowed()
+                            {
                                 return checked.close(&mut s).await;
                             }
-                            let count = || checked.count();
+                            let count = checked.as_ref().map(|c| move || c.count());
+                            let on_data = count.as_ref().map(|f| f as &(dyn Fn() + Sync));
+                            let sans = (
+                                peer_tls
+                                    .peer()
+                                    .and_then(|c| c.uri_sans().next().map(str::to_owned))
+                                    .unwrap_or_default(),
+                                peer_tls
+                                    .local_uri_sans()
+                                    .first()
+                                    .cloned()
+                                    .unwrap_or_default(),
+                            );
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, Some(&count))
+                                .serve_tls(s, &shared.clusters, lb, sni, on_data, Some(istio(sans)))
                                 .await;
                         })
                         .await
@@ -517,7 +568,10 @@ impl Listener {
                     Some(tls) => {
                         crate::spawn::boxed(|| async {
                             if let Some(s) = tls.accept(stream, peer).await {
-                                proxy.serve_tls(s, &shared.clusters, lb, sni, None).await;
+                                let istio = istio(Default::default());
+                                proxy
+                                    .serve_tls(s, &shared.clusters, lb, sni, None, Some(istio))
+                                    .await;
                             }
                         })
                         .await
@@ -569,6 +623,7 @@ impl<'a> RbacGate<'a> {
             remote: self.peer.ip(),
             tls,
             server_name: self.sni.unwrap_or(""),
+            metadata: None,
         };
         Some(network_rbac::check(self.filters, &facts))
     }

@@ -35,6 +35,8 @@ pub struct Facts<'a> {
     pub tls: Option<&'a PeerTls>,
     /// The server name the client asked for (empty when none).
     pub server_name: &'a str,
+    /// The request's dynamic metadata (`None` on a connection).
+    pub metadata: Option<&'a crate::route::metadata::DynamicMetadata>,
 }
 
 /// The four counters of one RBAC filter.

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::config::filter_chain_match::Cidr;
-use crate::config::rbac::rules::{AbsentMetadata, Action, Permission, Policy, Principal, Rules};
+use crate::config::rbac::rules::{Action, Permission, Policy, Principal, Rules};
 use crate::route::matcher::{HeaderMatcher, StringMatcher, header_value, strip_query};
 
 use super::Facts;
@@ -63,7 +63,7 @@ impl Permission {
                 (*start..*end).contains(&u32::from(facts.local.port()))
             }
             Permission::RequestedServerName(m) => m.matches(facts.server_name),
-            Permission::AbsentMetadata(m) => m.matches(),
+            Permission::Metadata(m) => m.matches(facts.metadata),
         }
     }
 }
@@ -84,15 +84,9 @@ impl Principal {
             Principal::Path(m) => facts
                 .request
                 .is_some_and(|r| m.matches(strip_query(r.path))),
-            Principal::AbsentMetadata(m) => m.matches(),
+            Principal::Metadata(m) => m.matches(facts.metadata),
             Principal::AbsentFilterState => false,
         }
-    }
-}
-
-impl AbsentMetadata {
-    fn matches(self) -> bool {
-        self.invert
     }
 }
 

@@ -37,6 +37,7 @@ fn connection() -> Facts<'static> {
         remote: ip("127.0.0.2"),
         tls: None,
         server_name: "",
+        metadata: None,
     }
 }
 

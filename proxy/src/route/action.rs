@@ -450,6 +450,8 @@ pub struct MoreConditions {
     pub tls_context: Option<(Option<bool>, Option<bool>)>,
     /// Cookie conditions: name, matcher, invert.
     pub cookies: Vec<(String, super::matcher::StringMatcher, bool)>,
+    /// `dynamic_metadata` conditions (all must hold).
+    pub dynamic_metadata: Vec<crate::route::metadata::matcher::MetadataMatcher>,
 }
 
 impl MoreConditions {
@@ -459,6 +461,7 @@ impl MoreConditions {
             && self.runtime_fraction.is_none()
             && self.tls_context.is_none()
             && self.cookies.is_empty()
+            && self.dynamic_metadata.is_empty()
     }
 
     /// `Some` boxed unless empty.

@@ -43,8 +43,18 @@ pub enum Piece {
     PeerCertEnd(String),
     /// `%REQUESTED_SERVER_NAME(mode)%`.
     RequestedServerName(SniMode),
-    /// A formatter Envoy accepts whose value revoy never has (`UPSTREAM_METADATA`,
-    /// `DYNAMIC_METADATA`): renders empty, like Envoy without that metadata.
+    /// `%DYNAMIC_METADATA(NS:KEY...):n%`: the request's metadata (a string as is, anything
+    /// else as JSON; the whole namespace without keys), empty when missing.
+    DynamicMetadata {
+        /// The namespace.
+        namespace: String,
+        /// The keys into it.
+        path: Vec<String>,
+        /// Truncate the value to this many bytes.
+        max_length: Option<usize>,
+    },
+    /// A formatter Envoy accepts whose value revoy never has (`UPSTREAM_METADATA`): renders
+    /// empty, like Envoy without that metadata.
     Empty,
 }
 
@@ -277,6 +287,8 @@ pub struct FormatContext<'a> {
     /// `DOWNSTREAM_PEER_*`, `DOWNSTREAM_LOCAL_*_SAN`, `DOWNSTREAM_LOCAL_SUBJECT`,
     /// `DOWNSTREAM_TLS_*`: the downstream TLS facts; `None` on plaintext connections.
     pub downstream_tls: Option<&'a TlsFacts>,
+    /// `DYNAMIC_METADATA`: the request's dynamic metadata, once its filters ran.
+    pub dynamic_metadata: Option<&'a crate::route::metadata::DynamicMetadata>,
 }
 
 /// Which header map a template is rendered into; decides what `REQ` and `RESP` read.
@@ -371,6 +383,22 @@ impl Template {
                         SniMode::HostFirst => host.or(sni),
                     };
                     out.push_str(value.unwrap_or(""));
+                }
+                Piece::DynamicMetadata {
+                    namespace,
+                    path,
+                    max_length,
+                } => {
+                    let value = ctx.dynamic_metadata.and_then(|m| {
+                        if path.is_empty() {
+                            m.namespace(namespace)
+                                .map(crate::route::metadata::json::struct_json)
+                        } else {
+                            m.value(namespace, path)
+                                .map(crate::route::metadata::json::text)
+                        }
+                    });
+                    push_truncated(&mut out, value.as_deref(), *max_length);
                 }
                 Piece::Empty => {}
             }
@@ -585,8 +613,12 @@ impl scan::Command<'_> {
                 Piece::Empty
             }
             "DYNAMIC_METADATA" => {
-                required()?;
-                Piece::Empty
+                let mut parts = required()?.split(':').map(str::to_owned);
+                Piece::DynamicMetadata {
+                    namespace: parts.next().unwrap_or_default(),
+                    path: parts.collect(),
+                    max_length: self.length,
+                }
             }
             _ => {
                 let piece = match name {

@@ -5,9 +5,11 @@
 pub mod action;
 pub mod domain;
 pub mod explain;
+pub mod filter_matcher;
 pub mod format;
 pub mod headers;
 pub mod matcher;
+pub mod metadata;
 pub mod per_filter;
 pub mod policy;
 pub mod rate_limit;
@@ -55,6 +57,9 @@ pub struct RouteRequest<'a> {
     pub tls_peer: Option<(bool, bool)>,
     /// Runtime overrides for `runtime_fraction`; `None` uses the configured defaults.
     pub runtime: Option<&'a dyn Runtime>,
+    /// The request's dynamic metadata, when the route is chosen again after the filters
+    /// (`None`: before them, when Envoy also has none).
+    pub metadata: Option<&'a crate::route::metadata::DynamicMetadata>,
 }
 
 impl<'a> RouteRequest<'a> {
@@ -74,6 +79,7 @@ impl<'a> RouteRequest<'a> {
             random_value: 0,
             tls_peer: None,
             runtime: None,
+            metadata: None,
         }
     }
 
@@ -304,44 +310,15 @@ impl RouteTable {
     }
 }
 
-/// Why a route did not match a request.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Mismatch(pub String);
-
-/// The first condition of a route that failed, without allocating.
-#[derive(Debug, Clone, Copy)]
-enum Failure<'r> {
-    Runtime(&'r str),
-    Path(&'r matcher::PathMatch),
-    Header(&'r HeaderMatcher),
-    Query(&'r str),
-    Grpc,
-    Tls,
-    Cookie(&'r str),
-}
-
-impl Route {
-    /// Whether the route matches the request (whose matching path is `path`).
+impl RouteMatch {
+    /// Whether the request (whose matching path is `path`) meets every condition.
     pub fn matches(&self, req: &RouteRequest<'_>, path: &str) -> bool {
         self.failure(req, path).is_none()
     }
 
-    /// `None` when the route matches the request (whose matching path is `path`), otherwise
-    /// the first condition that failed, described.
-    pub fn mismatch(&self, req: &RouteRequest<'_>, path: &str) -> Option<Mismatch> {
-        Some(Mismatch(match self.failure(req, path)? {
-            Failure::Runtime(key) => format!("runtime_fraction {key:?} not enabled"),
-            Failure::Path(p) => format!("{} does not match", p.describe()),
-            Failure::Header(h) => format!("{} does not match", h.describe()),
-            Failure::Query(name) => format!("query parameter {name:?} does not match"),
-            Failure::Grpc => "not a gRPC request".to_owned(),
-            Failure::Tls => "tls_context does not match".to_owned(),
-            Failure::Cookie(name) => format!("cookie {name:?} does not match"),
-        }))
-    }
-
+    /// The first condition the request fails, if any.
     fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
-        let m = &self.matcher;
+        let m = self;
         let more = m.more.as_deref();
         if let Some(f) = more.and_then(|c| c.runtime_fraction.as_ref())
             && !f.enabled(req)
@@ -377,7 +354,57 @@ impl Route {
                 return Some(Failure::Cookie(name));
             }
         }
+        if let Some(m) = more
+            .dynamic_metadata
+            .iter()
+            .find(|m| !m.matches(req.metadata))
+        {
+            return Some(Failure::DynamicMetadata(&m.namespace));
+        }
         None
+    }
+}
+
+/// Why a route did not match a request.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Mismatch(pub String);
+
+/// The first condition of a route that failed, without allocating.
+#[derive(Debug, Clone, Copy)]
+enum Failure<'r> {
+    Runtime(&'r str),
+    Path(&'r matcher::PathMatch),
+    Header(&'r HeaderMatcher),
+    Query(&'r str),
+    Grpc,
+    Tls,
+    Cookie(&'r str),
+    DynamicMetadata(&'r str),
+}
+
+impl Route {
+    /// Whether the route matches the request (whose matching path is `path`).
+    pub fn matches(&self, req: &RouteRequest<'_>, path: &str) -> bool {
+        self.failure(req, path).is_none()
+    }
+
+    /// `None` when the route matches the request (whose matching path is `path`), otherwise
+    /// the first condition that failed, described.
+    pub fn mismatch(&self, req: &RouteRequest<'_>, path: &str) -> Option<Mismatch> {
+        Some(Mismatch(match self.failure(req, path)? {
+            Failure::Runtime(key) => format!("runtime_fraction {key:?} not enabled"),
+            Failure::Path(p) => format!("{} does not match", p.describe()),
+            Failure::Header(h) => format!("{} does not match", h.describe()),
+            Failure::Query(name) => format!("query parameter {name:?} does not match"),
+            Failure::Grpc => "not a gRPC request".to_owned(),
+            Failure::Tls => "tls_context does not match".to_owned(),
+            Failure::Cookie(name) => format!("cookie {name:?} does not match"),
+            Failure::DynamicMetadata(ns) => format!("dynamic metadata of {ns:?} does not match"),
+        }))
+    }
+
+    fn failure(&self, req: &RouteRequest<'_>, path: &str) -> Option<Failure<'_>> {
+        self.matcher.failure(req, path)
     }
 
     /// The `Forward` action, if this route forwards.

@@ -114,7 +114,13 @@ fn hash_str(s: &str) -> u64 {
 
 /// The value of cookie `name` in the request's `cookie` headers.
 pub fn cookie<'r>(req: &RouteRequest<'r>, name: &str) -> Option<&'r str> {
-    req.headers
+    cookie_in(req.headers, name)
+}
+
+/// The value of cookie `name` in the `cookie` headers of `headers` (surrounding quotes
+/// removed).
+pub fn cookie_in<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
+    headers
         .get_all(http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())

@@ -54,6 +54,21 @@ pub enum RateLimitAction {
         /// `descriptor_value`.
         value: String,
     },
+    /// `dynamic_metadata` and `metadata` (dynamic source): a string value of the request's
+    /// dynamic metadata (at `path` in `namespace`), else `default_value` when set; else the
+    /// entry is left out (`skip_if_absent`) or there is no descriptor.
+    DynamicMetadata {
+        /// `descriptor_key`.
+        key: String,
+        /// `metadata_key.key`.
+        namespace: String,
+        /// `metadata_key.path`.
+        path: Vec<String>,
+        /// `default_value` (empty: none).
+        default_value: String,
+        /// `skip_if_absent` (`metadata` only).
+        skip_if_absent: bool,
+    },
     /// `header_value_match` and `query_parameter_value_match`: a constant value when the
     /// request matches (or does not, when `expect_match` is false).
     ValueMatch {
@@ -244,6 +259,30 @@ impl RateLimitAction {
                 Some(v) => push(key, v.into_owned()),
                 None => return *skip_if_absent,
             },
+            RateLimitAction::DynamicMetadata {
+                key,
+                namespace,
+                path,
+                default_value,
+                skip_if_absent,
+            } => {
+                let value = facts
+                    .request
+                    .metadata
+                    .and_then(|m| m.value(namespace, path))
+                    .and_then(|v| match &v.kind {
+                        Some(proto::pb::google::protobuf::value::Kind::StringValue(s)) => {
+                            Some(s.as_str())
+                        }
+                        _ => None,
+                    })
+                    .filter(|s| !s.is_empty());
+                match value {
+                    Some(v) => push(key, v.to_owned()),
+                    None if !default_value.is_empty() => push(key, default_value.clone()),
+                    None => return *skip_if_absent,
+                }
+            }
         }
         true
     }

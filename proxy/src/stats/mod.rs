@@ -20,7 +20,7 @@ pub use render::{BucketsMode, Selection, render_json, render_prometheus, render_
 pub use text::TextReadout;
 
 use std::borrow::Borrow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -448,6 +448,34 @@ pub struct Store {
     blocks: Arc<Mutex<BTreeSet<ByPrefix>>>,
     histograms: Arc<Histograms>,
     texts: Arc<Mutex<BTreeMap<Box<str>, TextReadout>>>,
+    /// The metrics made with their tags given ([`Store::tagged_counter`]), by full name.
+    tagged: Arc<Mutex<HashMap<Box<str>, Arc<Tagged>>>>,
+}
+
+/// A metric's tag-extracted name and tags as given when it was made, rather than found by
+/// the tag extraction rules (Envoy's stats made from a name and a tag vector, as Istio's
+/// stats filter makes them).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Tagged {
+    /// The name without its tags.
+    pub family: Box<str>,
+    /// The tags, in order.
+    pub tags: Box<[(Box<str>, Box<str>)]>,
+}
+
+impl Tagged {
+    /// The full name Envoy gives such a metric: the name, then each tag's name and value,
+    /// joined by dots.
+    fn full_name(family: &str, tags: &[(&str, &str)]) -> String {
+        let mut name = String::from(family);
+        for (k, v) in tags {
+            name.push('.');
+            name.push_str(k);
+            name.push('.');
+            name.push_str(v);
+        }
+        name
+    }
 }
 
 /// The store's histogram blocks and what they are made with.
@@ -509,6 +537,42 @@ impl Store {
         let b = Arc::new(Values::new(name, single));
         blocks.replace(ByPrefix(b.clone()));
         Handle::new(&b, 0)
+    }
+
+    /// The counter `family` with `tags` (see [`Tagged`]), made on first use.
+    pub fn tagged_counter(&self, family: &str, tags: &[(&str, &str)]) -> Counter {
+        let name = self.tag(family, tags);
+        self.counter(&name)
+    }
+
+    /// The histogram `family` with `tags` (see [`Tagged`]), made on first use.
+    pub fn tagged_histogram(&self, family: &str, tags: &[(&str, &str)]) -> Histogram {
+        let name = self.tag(family, tags);
+        self.histogram(&name)
+    }
+
+    /// Records the tags of the metric `family` with `tags`; answers its full name.
+    fn tag(&self, family: &str, tags: &[(&str, &str)]) -> String {
+        let name = Tagged::full_name(family, tags);
+        let mut tagged = self.tagged.lock().expect("stats lock");
+        if !tagged.contains_key(name.as_str()) {
+            tagged.insert(
+                name.as_str().into(),
+                Arc::new(Tagged {
+                    family: family.into(),
+                    tags: tags
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                }),
+            );
+        }
+        name
+    }
+
+    /// The metrics made with their tags, by full name.
+    pub fn tagged(&self) -> HashMap<Box<str>, Arc<Tagged>> {
+        self.tagged.lock().expect("stats lock").clone()
     }
 
     /// The text readout named `name`, made on first use.

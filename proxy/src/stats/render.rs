@@ -1,7 +1,8 @@
 //! Envoy's `/stats` output formats: text (`name: value`, text readouts as `name: "text"`,
 //! histograms as quantile or bucket lines), JSON and Prometheus.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use super::circllhist::{self, QUANTILES};
 use super::histogram::HistogramView;
@@ -292,13 +293,26 @@ fn json_histograms(chosen: &[&HistogramView], mode: BucketsMode) -> serde_json::
 /// `# TYPE` line per metric family (`envoy_` + the tag-extracted name, sanitized). Text
 /// readouts (those passed: Envoy shows them only when asked with `text_readouts`) are gauges
 /// of value 0 whose text is the label `text_value`, after the other gauges.
+///
+/// Metrics made with their tags ([`super::Tagged`], in `tagged`) keep them instead; a name in
+/// a custom stat namespace (Istio's `istiocustom`) loses it and gets no `envoy_` prefix.
 pub fn render_prometheus(
     metrics: &[(String, Metric)],
     texts: &[(String, TextReadout)],
     histograms: &[HistogramView],
     sel: Selection<'_>,
     tags: &TagProducer,
+    tagged: &HashMap<Box<str>, Arc<super::Tagged>>,
 ) -> String {
+    let produce = |name: &str| -> (String, Vec<(&str, String)>) {
+        match tagged.get(name) {
+            Some(t) => (
+                t.family.to_string(),
+                t.tags.iter().map(|(k, v)| (&**k, v.to_string())).collect(),
+            ),
+            None => tags.produce(name),
+        }
+    };
     // Envoy lists counter families, then gauge families, then text readouts, each sorted by
     // tag-extracted name.
     let mut families: BTreeMap<(u8, Extracted), Vec<(String, u64)>> = BTreeMap::new();
@@ -308,7 +322,7 @@ pub fn render_prometheus(
             .collect()
     };
     for (name, m) in selected(metrics, sel) {
-        let (extracted, tags) = tags.produce(name);
+        let (extracted, tags) = produce(name);
         let labels = labels_of(&tags);
         let order = match m {
             Metric::Counter(_) => 0,
@@ -340,7 +354,7 @@ pub fn render_prometheus(
     // Then the histogram families: cumulative buckets, `+Inf`, `_sum` and `_count`.
     let mut hfamilies: BTreeMap<Extracted, Vec<(String, &HistogramView)>> = BTreeMap::new();
     for h in selected_histograms(histograms, sel) {
-        let (extracted, tags) = tags.produce(&h.name);
+        let (extracted, tags) = produce(&h.name);
         hfamilies
             .entry(Extracted(extracted))
             .or_default()
@@ -370,15 +384,26 @@ pub fn render_prometheus(
     out
 }
 
+/// The custom stat namespaces extensions register (Envoy's `customStatNamespaces`): only
+/// Istio's stats filter's here.
+const CUSTOM_NAMESPACES: [&str; 1] = ["istiocustom"];
+
 /// A tag-extracted stat name, ordered as Envoy orders stat names: token by token (so
 /// `cluster.version_text` comes before `cluster_manager.cds.version_text`).
 #[derive(PartialEq, Eq)]
 struct Extracted(String);
 
 impl Extracted {
-    /// The Prometheus family: `envoy_` and the name, sanitized.
+    /// The Prometheus family: `envoy_` and the name, sanitized; a name in a custom stat
+    /// namespace without it and without the `envoy_`.
     fn family(&self) -> String {
-        format!("envoy_{}", sanitize(&self.0))
+        match CUSTOM_NAMESPACES
+            .iter()
+            .find_map(|ns| self.0.strip_prefix(ns)?.strip_prefix('.'))
+        {
+            Some(rest) => sanitize(rest),
+            None => format!("envoy_{}", sanitize(&self.0)),
+        }
     }
 }
 
@@ -436,7 +461,14 @@ mod tests {
             r#"{"stats":[{"name":"cluster_manager.cds.version_text","value":"a<b>&c'd\\e\nf\tg é"}]}"#
         );
         assert_eq!(
-            render_prometheus(&[], &texts, &[], all, &TagProducer::default()),
+            render_prometheus(
+                &[],
+                &texts,
+                &[],
+                all,
+                &TagProducer::default(),
+                &HashMap::new()
+            ),
             "# TYPE envoy_cluster_manager_cds_version_text gauge\n\
              envoy_cluster_manager_cds_version_text{text_value=\"a<b>&c'd\\\\e\\nf\tg é\"} 0\n"
         );

@@ -24,6 +24,7 @@ use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 
 #[cfg(target_os = "linux")]
+pub mod exchange;
 mod splice;
 mod tunnel;
 
@@ -160,6 +161,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
+        istio: Option<exchange::IstioFilters<'_>>,
     ) {
         let mut rec = self.record(
             downstream.peer_addr().ok(),
@@ -198,14 +200,22 @@ impl TcpProxy {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
                 };
                 self.run(copy, &activity, rec.as_deref_mut()).await;
+                if let Some(istio) = &istio {
+                    record_istio(istio, &upstream, None, None, "", &activity);
+                }
             }
             tls => {
+                let up_peer = upstream_exchange(istio.as_ref(), &upstream.mx, tls).await;
+                let upstream_san = upstream_peer_san(tls);
                 self.run(
-                    self.copy_both(&mut downstream, tls, &activity, false),
+                    self.copy_exchanging(&mut downstream, None, tls, up_peer.clone(), &activity),
                     &activity,
                     rec.as_deref_mut(),
                 )
-                .await
+                .await;
+                if let Some(istio) = &istio {
+                    record_istio(istio, &upstream, None, up_peer, &upstream_san, &activity);
+                }
             }
         }
         self.log(rec, Some(&activity));
@@ -220,6 +230,7 @@ impl TcpProxy {
         ctx: LbContext,
         sni: Option<&str>,
         on_data: OnData<'_>,
+        istio: Option<exchange::IstioFilters<'_>>,
     ) {
         let tcp = downstream.get_ref().0;
         let mut rec = self.record(
@@ -247,14 +258,70 @@ impl TcpProxy {
             )
             .await;
         } else {
+            let down_peer = match &istio {
+                Some(x) => downstream_exchange(x, &mut downstream).await,
+                None => None,
+            };
+            let up_peer =
+                upstream_exchange(istio.as_ref(), &upstream.mx, &mut upstream.stream).await;
+            let upstream_san = upstream_peer_san(&upstream.stream);
             self.run(
-                self.copy_both(&mut downstream, &mut upstream.stream, &activity, false),
+                self.copy_exchanging(
+                    &mut downstream,
+                    down_peer.clone(),
+                    &mut upstream.stream,
+                    up_peer.clone(),
+                    &activity,
+                ),
                 &activity,
                 rec.as_deref_mut(),
             )
             .await;
+            if let Some(istio) = &istio {
+                record_istio(
+                    istio,
+                    &upstream,
+                    down_peer,
+                    up_peer,
+                    &upstream_san,
+                    &activity,
+                );
+            }
         }
         self.log(rec, Some(&activity));
+    }
+
+    /// [`TcpProxy::copy_both`], each side's peer frame read off first where an exchange
+    /// started (`down_peer`, `up_peer`: where the peers' workloads go).
+    async fn copy_exchanging<D, U>(
+        &self,
+        down: &mut D,
+        down_peer: Option<Peer>,
+        up: &mut U,
+        up_peer: Option<Peer>,
+        activity: &Activity<'_>,
+    ) -> std::io::Result<((), ())>
+    where
+        D: AsyncRead + AsyncWrite + Unpin,
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
+        use exchange::PeerFrame;
+        match (down_peer, up_peer) {
+            (None, None) => self.copy_both(down, up, activity, false).await,
+            (Some(d), None) => {
+                self.copy_both(&mut PeerFrame::new(down, d), up, activity, false)
+                    .await
+            }
+            (None, Some(u)) => {
+                self.copy_both(down, &mut PeerFrame::new(up, u), activity, false)
+                    .await
+            }
+            (Some(d), Some(u)) => {
+                let mut down = PeerFrame::new(down, d);
+                self.copy_both(&mut down, &mut PeerFrame::new(up, u), activity, false)
+                    .await
+            }
+        }
     }
 
     /// Opens the configured tunnel on `upstream` (over HTTP/2 when `h2`, the cluster's
@@ -427,6 +494,122 @@ impl TcpProxy {
             _ = self.retired() => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
         }
     }
+}
+
+/// Where a peer's exchanged workload goes.
+type Peer = std::sync::Arc<std::sync::OnceLock<crate::config::istio::workload::Workload>>;
+
+/// Starts the exchange with a downstream that negotiated the chain's exchange ALPN: sends
+/// this side's frame; `Some` (where the peer's goes) when it started.
+async fn downstream_exchange(
+    exchange: &exchange::IstioFilters<'_>,
+    downstream: &mut tokio_rustls::server::TlsStream<TcpStream>,
+) -> Option<Peer> {
+    let mx = exchange.downstream?;
+    if downstream.get_ref().1.alpn_protocol() != Some(mx.protocol.as_slice()) {
+        return None;
+    }
+    exchange::send_frame(downstream, exchange.local)
+        .await
+        .ok()?;
+    Some(Peer::default())
+}
+
+/// Starts the exchange with an upstream whose cluster has the exchange filter and that
+/// negotiated its ALPN: sends this side's frame; `Some` when it started.
+async fn upstream_exchange(
+    istio: Option<&exchange::IstioFilters<'_>>,
+    mx: &Option<std::sync::Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    upstream: &mut UpstreamIo,
+) -> Option<Peer> {
+    let (istio, mx) = (istio?, mx.as_ref()?);
+    if upstream.alpn() != Some(mx.protocol.as_slice()) {
+        return None;
+    }
+    exchange::send_frame(upstream, istio.local).await.ok()?;
+    Some(Peer::default())
+}
+
+/// The first URI SAN of a TLS upstream's certificate (empty for plaintext or none).
+fn upstream_peer_san(upstream: &UpstreamIo) -> String {
+    let UpstreamIo::Tls(tls) = upstream else {
+        return String::new();
+    };
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|c| crate::tls::x509::parse(c).ok())
+        .and_then(|info| info.uri_sans().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Records a connection that ended in Istio's TCP metrics (`istio.stats` on its chain):
+/// opened and closed, and the bytes each way, labelled with what the exchange learned of the
+/// peer (the downstream's for an inbound listener, the upstream's for an outbound one).
+fn record_istio(
+    istio: &exchange::IstioFilters<'_>,
+    upstream: &UpstreamConnection,
+    down_peer: Option<Peer>,
+    up_peer: Option<Peer>,
+    upstream_san: &str,
+    activity: &Activity<'_>,
+) {
+    use crate::istio_metrics::{Ends, count, destination_service};
+    let Some(config) = istio.stats else { return };
+    let peer = if istio.inbound { down_peer } else { up_peer };
+    let upstream_local_san = if istio.inbound {
+        String::new()
+    } else {
+        upstream.active.local_uri_san()
+    };
+    let (service_host, service_name) = destination_service(
+        String::new(),
+        Some(&upstream.cluster),
+        "",
+        upstream.istio.as_deref(),
+    );
+    let ends = Ends {
+        server: istio.inbound,
+        local: &istio.local.workload,
+        peer: peer.as_ref().and_then(|p| p.get()),
+        peer_san: if istio.inbound {
+            &istio.sans.0
+        } else {
+            upstream_san
+        },
+        local_san: if istio.inbound {
+            &istio.sans.1
+        } else {
+            &upstream_local_san
+        },
+        service_host: &service_host,
+        service_name: &service_name,
+    };
+    let mut labels = ends.labels();
+    labels.extend([
+        ("request_protocol", "tcp".to_owned()),
+        ("response_flags", "-".to_owned()),
+        ("connection_security_policy", ends.security_policy()),
+    ]);
+    let store = istio.store;
+    // Indices in `config::istio::stats::METRICS`.
+    count(store, config, 6, &labels, 1);
+    count(
+        store,
+        config,
+        8,
+        &labels,
+        activity.tx.load(Ordering::Relaxed),
+    );
+    count(
+        store,
+        config,
+        9,
+        &labels,
+        activity.rx.load(Ordering::Relaxed),
+    );
+    count(store, config, 7, &labels, 1);
 }
 
 /// The last time bytes moved, shared by both directions, the bytes each way, and who is told

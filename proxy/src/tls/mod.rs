@@ -319,6 +319,17 @@ impl ClientContext {
             .clone()
     }
 
+    /// The configuration for a connection offering `alpn` in place of the context's list
+    /// (`istio.alpn`), starting now: the current one with that list, its session cache shared.
+    pub fn config_offering(&self, alpn: &[Vec<u8>]) -> Arc<rustls::ClientConfig> {
+        let configs = self
+            .configs
+            .current(|| ClientConfigs::new(&self.base, self.max_session_keys));
+        let mut config = (*configs.value.config).clone();
+        config.alpn_protocols = alpn.to_vec();
+        Arc::new(config)
+    }
+
     /// The server name for a connection to `addr`: `sni`, else the address (used for
     /// session lookup only; no SNI is sent).
     pub fn server_name(&self, addr: std::net::SocketAddr) -> ServerName<'static> {

@@ -15,6 +15,7 @@ use crate::config::cluster::{
     AutoSni, ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus,
     UpstreamProtocol,
 };
+use crate::config::istio::alpn::UpstreamProtocol as AlpnProtocol;
 use crate::config::upstream_transport::Socket;
 use crate::stats::Store;
 use crate::tls::stats::TlsStats;
@@ -38,6 +39,12 @@ pub struct UpstreamConnection {
     pub addr: SocketAddr,
     /// Keep alive as long as the connection is in use (drives `cx_active`).
     pub active: ActiveConnection,
+    /// The cluster's `istio.metadata_exchange` upstream filter, if it has one.
+    pub mx: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
+    /// The cluster's name.
+    pub cluster: String,
+    /// The cluster's `istio` metadata.
+    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
 }
 
 /// A cluster: configuration, hosts and per-cluster state that survives config updates that
@@ -276,6 +283,19 @@ impl Cluster {
         }
     }
 
+    /// The protocol a request goes upstream in, as `istio.alpn` keys its lists (Envoy's
+    /// `upstreamHttpProtocol`, first choice): a cluster following the downstream protocol
+    /// takes the request's, an ALPN-negotiating one counts as HTTP/2.
+    fn alpn_protocol(&self, ctx: &LbContext, downstream_http10: bool) -> AlpnProtocol {
+        match self.config.protocol {
+            UpstreamProtocol::Http1 => AlpnProtocol::Http11,
+            UpstreamProtocol::Http2 | UpstreamProtocol::Auto => AlpnProtocol::Http2,
+            UpstreamProtocol::UseDownstream if ctx.downstream_h2 => AlpnProtocol::Http2,
+            UpstreamProtocol::UseDownstream if downstream_http10 => AlpnProtocol::Http10,
+            UpstreamProtocol::UseDownstream => AlpnProtocol::Http11,
+        }
+    }
+
     /// Picks a host for this request or connection.
     fn choose(
         &self,
@@ -373,11 +393,20 @@ impl Cluster {
         header_dst: Option<SocketAddr>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let host = self.choose(ctx, header_dst)?;
-        let host = match (&self.config.auto_sni, &host.transport) {
-            (Some(auto), HostTransport::Tls(_)) => match request_server_name(&req, auto) {
-                Some(name) => host.named(name),
-                None => host,
-            },
+        let host = match &host.transport {
+            HostTransport::Tls(_) => {
+                let name = self
+                    .config
+                    .auto_sni
+                    .as_ref()
+                    .and_then(|auto| request_server_name(&req, auto));
+                let alpn = ctx.alpn.as_ref().and_then(|a| {
+                    a.overrides
+                        .get(self.alpn_protocol(ctx, a.downstream_http10))
+                        .cloned()
+                });
+                host.twin(name, alpn)
+            }
             _ => host,
         };
         let limit = self.config.circuit_breakers[0].max_requests;
@@ -463,6 +492,9 @@ impl Cluster {
             stream,
             addr: host.addr,
             active,
+            mx: self.config.metadata_exchange.clone(),
+            cluster: self.config.name.clone(),
+            istio: self.config.istio.clone(),
         })
     }
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use rustls::pki_types::ServerName;
 
 use crate::config::cluster::{HealthStatus, Locality};
+use crate::config::istio::alpn::AlpnList;
 use crate::config::upstream_transport::Refusal;
 use crate::tls::ClientContext;
 
@@ -102,12 +103,16 @@ pub struct Host {
     pub transport: HostTransport,
     /// Made at the first connection: most hosts of a large mesh are never connected to.
     pool: OnceLock<Box<Pool>>,
-    /// An `auto_sni` cluster's host as reached under each server name: the same host with a
-    /// pool of its own per name (made at the first request for the name).
+    /// The host as reached under each server name (`auto_sni`) or ALPN list (`istio.alpn`):
+    /// the same host with a pool of its own per name and list (made at the first request
+    /// for them).
     named: OnceLock<Box<Mutex<Vec<Arc<Host>>>>>,
     /// The server name its TLS connections send, for one of those twins (boxed: most hosts
     /// have none).
     pub server_name: Option<Box<ServerName<'static>>>,
+    /// The ALPN list its TLS connections offer instead of the context's, for one of those
+    /// twins.
+    pub alpn: Option<AlpnList>,
 }
 
 impl Host {
@@ -132,12 +137,21 @@ impl Host {
             pool: OnceLock::new(),
             named: OnceLock::new(),
             server_name: None,
+            alpn: None,
         }
     }
 
-    /// This host as reached under the server name `name` (`auto_sni`): its stats, its own
+    /// This host as reached under the server name `name` (`auto_sni`) and offering the ALPN
+    /// list `alpn` (`istio.alpn`), each in place of its own when given: its stats, its own
     /// pool. Retired with it.
-    pub(crate) fn named(&self, name: ServerName<'static>) -> Arc<Host> {
+    pub(crate) fn twin(
+        self: &Arc<Self>,
+        name: Option<ServerName<'static>>,
+        alpn: Option<AlpnList>,
+    ) -> Arc<Host> {
+        if name.is_none() && alpn.is_none() {
+            return self.clone();
+        }
         let mut twins = self
             .named
             .get_or_init(Box::default)
@@ -145,7 +159,7 @@ impl Host {
             .expect("named hosts");
         if let Some(twin) = twins
             .iter()
-            .find(|t| t.server_name.as_deref() == Some(&name))
+            .find(|t| t.server_name.as_deref() == name.as_ref() && t.alpn == alpn)
         {
             return twin.clone();
         }
@@ -160,7 +174,8 @@ impl Host {
             transport: self.transport.clone(),
             pool: OnceLock::new(),
             named: OnceLock::new(),
-            server_name: Some(Box::new(name)),
+            server_name: name.map(Box::new),
+            alpn,
         });
         if self.pool().is_retired() {
             twin.retire();

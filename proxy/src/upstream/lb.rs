@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rand::Rng;
 
 use crate::config::cluster::LbPolicy;
+use crate::config::istio::alpn::AlpnOverrides;
 
 use super::host::Host;
 
@@ -37,6 +38,18 @@ pub struct LbContext {
     /// Where each attempt notes its host and connection when they are known (set when an
     /// access log reads them).
     pub target: Option<Arc<super::AttemptTarget>>,
+    /// The ALPN lists `istio.alpn` chose for the request's upstream TLS connections.
+    pub alpn: Option<RequestAlpn>,
+}
+
+/// A request's `istio.alpn` overrides, with what picks among them.
+#[derive(Debug, Clone)]
+pub struct RequestAlpn {
+    /// The list per upstream protocol.
+    pub overrides: Arc<AlpnOverrides>,
+    /// Whether the downstream request is HTTP/1.0 (a cluster using the downstream protocol
+    /// then goes upstream in HTTP/1.0, as Envoy counts it).
+    pub downstream_http10: bool,
 }
 
 const OVERPROVISIONING: u64 = 140;

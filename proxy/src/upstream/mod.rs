@@ -33,7 +33,7 @@ pub use cluster::{Cluster, UpstreamConnection};
 pub use error::{ResetReason, UpstreamError};
 pub use host::{Host, HostStats, HostTransport};
 pub use io::UpstreamIo;
-pub use lb::{HostSet, LbContext};
+pub use lb::{HostSet, LbContext, RequestAlpn};
 pub use pool::{ActiveConnection, UpstreamHost};
 pub use response::UpstreamBody;
 pub use stats::ClusterStats;

@@ -18,6 +18,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::access_log::AttemptTarget;
 use crate::body::Body;
+use crate::config::istio::alpn::AlpnList;
 
 use super::error::{ResetReason, UpstreamError};
 use super::h1;
@@ -73,6 +74,22 @@ impl ActiveConnection {
     /// The connection's local address.
     pub fn local(&self) -> Option<SocketAddr> {
         self.local
+    }
+
+    /// The first URI SAN of the certificate this side presents on it (TLS with a client
+    /// certificate), else empty.
+    pub fn local_uri_san(&self) -> String {
+        let HostTransport::Tls(tls) = &self.host.transport else {
+            return String::new();
+        };
+        tls.certificates
+            .presented
+            .current()
+            .first()
+            .and_then(|c| c.key.cert.first())
+            .and_then(|der| crate::tls::x509::parse(der).ok())
+            .and_then(|info| info.uri_sans().next().map(str::to_owned))
+            .unwrap_or_default()
     }
 
     /// Its cluster's stats.
@@ -270,7 +287,7 @@ pub(crate) async fn connect(
             let name = host.server_name.as_deref().cloned();
             match tokio::time::timeout_at(
                 deadline,
-                handshake(tls, opts.carries, stream, addr, name),
+                handshake(tls, opts.carries, host.alpn.as_ref(), stream, addr, name),
             )
             .await
             {
@@ -298,16 +315,22 @@ pub(crate) async fn connect(
     ))
 }
 
-/// The TLS handshake on a connected socket, under `server_name` (else the context's), counted
-/// in the cluster's `ssl.*` stats.
+/// The TLS handshake on a connected socket, under `server_name` (else the context's) and
+/// offering `alpn` (else the context's list for what it carries), counted in the cluster's
+/// `ssl.*` stats.
 async fn handshake(
     tls: &ClientContext,
     carries: Carries,
+    alpn: Option<&AlpnList>,
     stream: TcpStream,
     addr: SocketAddr,
     server_name: Option<ServerName<'static>>,
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, UpstreamError> {
-    let connector = tokio_rustls::TlsConnector::from(tls.config(carries));
+    let config = match alpn {
+        Some(alpn) => tls.config_offering(alpn),
+        None => tls.config(carries),
+    };
+    let connector = tokio_rustls::TlsConnector::from(config);
     let name = server_name.unwrap_or_else(|| tls.server_name(addr));
     match connector.connect(name, stream).await {
         Ok(s) => {

@@ -212,26 +212,10 @@ const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster
 
 /// pilot-agent's argv for Envoy (`pkg/envoy/proxy.go`, defaults: drain 45 s, log level
 /// `warning`, `misc:error`), with `--concurrency 2`.
-pub const PILOT_AGENT_ARGV: &[&str] = &[
-    "-c",
-    "etc/istio/proxy/envoy-rev.json",
-    "--drain-time-s",
-    "45",
-    "--drain-strategy",
-    "immediate",
-    "--local-address-ip-version",
-    "v4",
-    "--file-flush-interval-msec",
-    "1000",
-    "--disable-hot-restart",
-    "--allow-unknown-static-fields",
-    "-l",
-    "warning",
-    "--component-log-level",
-    "misc:error",
-    "--concurrency",
-    "2",
-];
+pub const PILOT_AGENT_ARGV: &str = "-c ./etc/istio/proxy/envoy-rev.json --drain-time-s 45 \
+    --drain-strategy immediate --local-address-ip-version v4 --file-flush-interval-msec 1000 \
+    --disable-hot-restart --allow-unknown-static-fields -l warning --component-log-level misc:error \
+    --concurrency 2";
 
 /// Spawns `cmd` in `ns` as `uid` and `gid` (from a thread that entered the namespace: the
 /// child inherits it).
@@ -252,6 +236,33 @@ fn log_files(dir: &Path, name: &str) -> (Stdio, Stdio) {
         Stdio::from(f)
     };
     (open("out"), open("err"))
+}
+
+/// Removes what a killed earlier run with `tag` left (a run's Drop guards do not run when it
+/// is killed): its namespaces, their `/etc/netns` folders and its directory, for runs whose
+/// process is gone.
+fn sweep(tag: &str) {
+    let prefix = format!("netcov-{tag}-");
+    let names = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten();
+    for name in names.filter_map(|e| e.file_name().into_string().ok()) {
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once('-'))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let _ = netns::run("ip", &["netns", "del", &name]);
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&name));
+        let _ =
+            std::fs::remove_dir_all(std::env::temp_dir().join(format!("revoy-pods-{tag}-{pid}")));
+    }
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> Result<(), String>) {
@@ -276,6 +287,7 @@ impl Cluster {
         outside: &[&str],
         envoy: Option<&Path>,
     ) -> Cluster {
+        sweep(tag);
         let root = std::env::temp_dir().join(format!("revoy-pods-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).expect("the cluster's directory");
@@ -519,7 +531,8 @@ impl Cluster {
     pub fn start_proxy(&mut self, i: usize, binary: &Path, uid: u32) {
         let pod = &self.pods[i];
         let mut cmd = Command::new(binary);
-        cmd.args(PILOT_AGENT_ARGV).current_dir(&pod.dir);
+        cmd.args(PILOT_AGENT_ARGV.split_whitespace())
+            .current_dir(&pod.dir);
         let (out, err) = log_files(&pod.dir, "proxy");
         cmd.stdout(out).stderr(err);
         let what = format!("{:?} sidecar of {}", pod.sidecar, pod.workload.pod);

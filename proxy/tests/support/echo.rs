@@ -8,10 +8,34 @@ use std::time::Duration;
 /// An upstream answering every request `200` with the headers it saw that the comparison
 /// looks at (`x-*` but the request id, and `authorization`) and the body's length.
 pub fn upstream() -> u16 {
+    serve(|head, len| {
+        let mut kept: Vec<String> = head
+            .lines()
+            .skip(1)
+            .map(str::to_ascii_lowercase)
+            .filter(|l| {
+                (l.starts_with("x-") || l.starts_with("authorization:"))
+                    && !l.starts_with("x-request-id:")
+                    && !l.starts_with("x-envoy-expected-rq-timeout-ms:")
+            })
+            .collect();
+        kept.sort();
+        let body = format!("upstream saw [{}] body {len}", kept.join(" | "));
+        format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    })
+}
+
+/// An HTTP/1.1 server on loopback answering each request (keep-alive) with what `respond`
+/// makes of its head and its body's length (the whole response, as sent); its port.
+pub fn serve(respond: impl Fn(&str, usize) -> String + Clone + Send + 'static) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for mut s in listener.incoming().flatten() {
+            let respond = respond.clone();
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(5))).ok();
                 let mut seen = Vec::new();
@@ -39,24 +63,8 @@ pub fn upstream() -> u16 {
                             Ok(n) => seen.extend_from_slice(&buf[..n]),
                         }
                     }
-                    let mut kept: Vec<String> = head
-                        .lines()
-                        .skip(1)
-                        .map(str::to_ascii_lowercase)
-                        .filter(|l| {
-                            (l.starts_with("x-") || l.starts_with("authorization:"))
-                                && !l.starts_with("x-request-id:")
-                                && !l.starts_with("x-envoy-expected-rq-timeout-ms:")
-                        })
-                        .collect();
-                    kept.sort();
-                    let body = format!("upstream saw [{}] body {len}", kept.join(" | "));
                     seen.drain(..end + 4 + len);
-                    let _ = write!(
-                        s,
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
+                    let _ = s.write_all(respond(&head, len).as_bytes());
                 }
             });
         }

@@ -1,6 +1,6 @@
 //! What the HTTP filters' differential tests against Envoy share: an upstream, one HTTP/1.1
-//! request reduced to what a comparison looks at, the admin's stats by name, and the
-//! comparison itself.
+//! request reduced to what a comparison looks at, the admin's stats by name, a proxy run
+//! around the observations, and the comparison itself.
 // Each test binary that includes this module uses only some of it.
 #![allow(dead_code)]
 
@@ -62,18 +62,25 @@ pub fn request(
     headers: &str,
     kept: &[&str],
 ) -> String {
+    exchange(
+        port,
+        &format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\n{headers}connection: close\r\n\r\n"),
+        kept,
+    )
+}
+
+/// Sends `raw` (a whole HTTP/1.1 request ending with `connection: close`) to 127.0.0.1:`port`
+/// and returns what [`request`] returns (`x-envoy-upstream-service-time`, a timing, never
+/// kept).
+pub fn exchange(port: u16, raw: &str, kept: &[&str]) -> String {
     let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
         return "connection refused".to_owned();
     };
     conn.set_read_timeout(Some(Duration::from_secs(10))).ok();
-    write!(
-        conn,
-        "{method} {path} HTTP/1.1\r\nhost: {host}\r\n{headers}connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut raw = Vec::new();
-    let _ = conn.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
+    conn.write_all(raw.as_bytes()).unwrap();
+    let mut response = Vec::new();
+    let _ = conn.read_to_end(&mut response);
+    let text = String::from_utf8_lossy(&response).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
     let status = lines.next().unwrap_or_default().to_owned();
@@ -81,8 +88,7 @@ pub fn request(
         .filter_map(|l| {
             let (name, value) = l.split_once(':')?;
             let name = name.to_ascii_lowercase();
-            kept.iter()
-                .any(|k| name.starts_with(k))
+            (name != "x-envoy-upstream-service-time" && kept.iter().any(|k| name.starts_with(k)))
                 .then(|| format!("{name}:{value}"))
         })
         .collect();
@@ -114,6 +120,11 @@ pub fn answers(ports: &[u16], cases: &[Case], kept: &[&str]) -> Vec<String> {
 
 /// The admin's counters and gauges `names`, as `name: value` lines (`absent` when missing).
 pub fn stats(admin: u16, names: &[&str]) -> String {
+    stat_lines(admin, names).join("\n")
+}
+
+/// [`stats`], one line per name.
+pub fn stat_lines(admin: u16, names: &[&str]) -> Vec<String> {
     let stats = request(admin, "GET", "admin", "/stats", "", &[]);
     names
         .iter()
@@ -124,8 +135,7 @@ pub fn stats(admin: u16, names: &[&str]) -> String {
                 .unwrap_or("absent");
             format!("{name}: {value}")
         })
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect()
 }
 
 /// Whether the admin at `admin` answers `/ready` with 200.
@@ -143,4 +153,17 @@ pub fn assert_same(expected: &[String], got: &[String]) {
         .collect();
     assert!(differ.is_empty(), "{}", differ.join("\n---\n"));
     assert_eq!(got.len(), expected.len());
+}
+
+/// Starts Envoy at `envoy` (with `base_id`), else revoy, on `yaml` whose admin listens on
+/// `admin`; once it is ready, returns what `observe` saw, and stops it.
+pub fn observe_with(
+    envoy: Option<&Path>,
+    base_id: u16,
+    yaml: &str,
+    admin: u16,
+    observe: impl FnOnce() -> Vec<String>,
+) -> Vec<String> {
+    let _proxy = start(envoy, yaml, base_id, admin);
+    observe()
 }

@@ -1,5 +1,8 @@
 //! A minimal HTTP/1.1 client for tests: one GET with `connection: close`, read to the end,
-//! `content-length` or chunked bodies.
+//! `content-length` or chunked bodies; and the server side of bodiless requests
+//! ([`answer_heads`]).
+// Each test binary that includes this module uses only some of its pieces.
+#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -58,6 +61,34 @@ pub fn get_with(
         body = dechunk(&body)?;
     }
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Serves bodiless requests on `stream` until it ends: each request head (up to its blank
+/// line, as text) is answered with the whole response `answer` makes of it.
+pub fn answer_heads(stream: &mut (impl Read + Write), mut answer: impl FnMut(&str) -> String) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+        while let Some(end) = find(&buf, b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 4);
+            if stream.write_all(answer(&head).as_bytes()).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A `200 OK` response carrying `body`.
+pub fn ok(body: &str) -> String {
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
 }
 
 fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {

@@ -215,9 +215,13 @@ fn operator_errors_name_the_operator() {
         "Not supported field in StreamInfo: NOT_A_THING (revoy does not implement the %NOT_A_THING% access log operator)"
     );
     assert!(
-        parse("%DYNAMIC_METADATA(istio.mixer:status)%")
+        parse("%FILTER_STATE(a)%")
             .unwrap_err()
-            .contains("%DYNAMIC_METADATA% is not supported by revoy")
+            .contains("%FILTER_STATE% is not supported by revoy")
+    );
+    assert_eq!(
+        parse("%DYNAMIC_METADATA()%").unwrap_err(),
+        "DYNAMIC_METADATA requires parameters"
     );
     assert_eq!(parse("%REQ%").unwrap_err(), "REQ requires parameters");
     assert_eq!(
@@ -230,4 +234,33 @@ fn operator_errors_name_the_operator() {
             .starts_with("Incorrect configuration: 100%.")
     );
     assert_eq!(text("100%%", &record()), "100%");
+}
+
+#[test]
+fn dynamic_metadata_renders_strings_as_text_and_the_rest_as_json() {
+    use crate::route::metadata::{number_value, string_value};
+    let mut rec = record();
+    rec.metadata.insert("ns", "s", string_value("hello"));
+    rec.metadata.insert("ns", "n", number_value(42.0));
+    assert_eq!(
+        text(
+            "%DYNAMIC_METADATA(ns)% %DYNAMIC_METADATA(ns:s):3% %DYNAMIC_METADATA(ns:n)% %DYNAMIC_METADATA(ns:x)% %DYNAMIC_METADATA(other)%",
+            &rec
+        ),
+        r#"{"n":42,"s":"hello"} hel 42 - -"#
+    );
+    let line = json(
+        vec![
+            ("a", "%DYNAMIC_METADATA(ns)%"),
+            ("n", "%DYNAMIC_METADATA(ns:n)%"),
+            ("s", "%DYNAMIC_METADATA(ns:s):2%"),
+            ("m", "%DYNAMIC_METADATA(ns:x)%"),
+        ],
+        &rec,
+        false,
+    );
+    assert_eq!(
+        line,
+        "{\"a\":{\"n\":42,\"s\":\"hello\"},\"n\":42,\"s\":\"he\",\"m\":null}\n"
+    );
 }

@@ -217,7 +217,7 @@ fn filters_revoy_lacks_are_errors() {
         filter_specifier: Some(pb::access_log_filter::FilterSpecifier::AndFilter(
             pb::AndFilter {
                 filters: vec![pb::AccessLogFilter {
-                    filter_specifier: Some(pb::access_log_filter::FilterSpecifier::MetadataFilter(
+                    filter_specifier: Some(pb::access_log_filter::FilterSpecifier::LogTypeFilter(
                         Default::default(),
                     )),
                 }],
@@ -225,7 +225,7 @@ fn filters_revoy_lacks_are_errors() {
         )),
     };
     let e = compile(&[log(any(&file("/tmp/x")), Some(f))]).unwrap_err();
-    assert_eq!(e.path, "[0].filter.and_filter.filters[0].metadata_filter");
+    assert_eq!(e.path, "[0].filter.and_filter.filters[0].log_type_filter");
 }
 
 #[test]

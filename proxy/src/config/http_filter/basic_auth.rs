@@ -9,7 +9,7 @@ use proto::pb::envoy::config::core::v3::DataSource;
 use proto::pb::envoy::extensions::filters::http::basic_auth::v3 as pb;
 
 use crate::config::tls::source::data;
-use crate::config::{ConfigError, Context, Warnings};
+use crate::config::{ConfigError, Context};
 
 /// A compiled `BasicAuth`.
 #[derive(Debug, Clone)]
@@ -20,6 +20,11 @@ pub struct BasicAuthConfig {
     pub forward_username_header: Option<HeaderName>,
     /// `authentication_header`: where the credentials are read (`authorization` unless set).
     pub authentication_header: HeaderName,
+    /// `allow_missing`: a request without `Basic` credentials goes on unauthenticated.
+    pub allow_missing: bool,
+    /// `emit_dynamic_metadata`: the authenticated user's name is written to the request's
+    /// dynamic metadata as `username`, under the filter's name.
+    pub emit_dynamic_metadata: bool,
 }
 
 /// htpasswd users: each name's base64 SHA-1 password hash.
@@ -34,23 +39,7 @@ impl Users {
 }
 
 /// Compiles a `BasicAuth`.
-pub fn compile(
-    ctx: &Context<'_>,
-    c: &pb::BasicAuth,
-    warnings: &mut Warnings,
-) -> Result<BasicAuthConfig, ConfigError> {
-    if c.allow_missing {
-        return Err(ConfigError::new(
-            "allow_missing",
-            "not implemented by revoy: it keeps no dynamic metadata for another filter to check",
-        ));
-    }
-    if c.emit_dynamic_metadata {
-        warnings.note(
-            "emit_dynamic_metadata",
-            "revoy keeps no dynamic metadata: no effect",
-        );
-    }
+pub fn compile(ctx: &Context<'_>, c: &pb::BasicAuth) -> Result<BasicAuthConfig, ConfigError> {
     let header = |field: &str, name: &str| {
         HeaderName::try_from(name.to_ascii_lowercase())
             .map_err(|_| ConfigError::new(field, format!("invalid header name '{name}'")))
@@ -65,6 +54,8 @@ pub fn compile(
             "" => http::header::AUTHORIZATION,
             name => header("authentication_header", name)?,
         },
+        allow_missing: c.allow_missing,
+        emit_dynamic_metadata: c.emit_dynamic_metadata,
     })
 }
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
-use proto::pb::envoy::config::core::v3::{GrpcService, grpc_service, http_uri};
+use proto::pb::envoy::config::core::v3::{GrpcService, grpc_service};
 use proto::pb::envoy::extensions::filters::http::ext_authz::v3 as pb;
 use proto::pb::envoy::r#type::matcher::v3::ListStringMatcher;
 
@@ -48,6 +48,9 @@ pub struct ExtAuthzConfig {
     pub charge_cluster_response_stats: bool,
     /// `max_denied_response_body_bytes` (0: no limit).
     pub max_denied_response_body_bytes: usize,
+    /// `enable_dynamic_metadata_ingestion` (default true): a gRPC answer's `dynamic_metadata`
+    /// is written to the request's dynamic metadata.
+    pub ingest_dynamic_metadata: bool,
 }
 
 /// The authorization service.
@@ -96,6 +99,9 @@ pub struct HttpTarget {
     /// `authorization_response.allowed_client_headers_on_success`: added to the response when
     /// allowed.
     pub allowed_client_headers_on_success: Vec<StringMatcher>,
+    /// `authorization_response.dynamic_metadata_from_headers`: the service's response
+    /// headers (not a 5xx's) written to the request's dynamic metadata as strings.
+    pub dynamic_metadata_from_headers: Vec<StringMatcher>,
 }
 
 /// `BufferSettings`: the request body sent with the check.
@@ -147,16 +153,13 @@ pub fn compile(
         ),
         (c.filter_metadata.is_some(), "filter_metadata"),
         (c.emit_filter_state_stats, "emit_filter_state_stats"),
-        (
-            c.enable_dynamic_metadata_ingestion.is_some(),
-            "enable_dynamic_metadata_ingestion",
-        ),
         (c.emit_client_span.is_some(), "emit_client_span"),
     ] {
         if set {
             warnings.note(
                 field,
-                "revoy keeps no dynamic metadata, filter state or client spans: no effect",
+                "not implemented by revoy's ext_authz filter (no metadata context in the check, \
+                 no filter state or client spans): no effect",
             );
         }
     }
@@ -166,8 +169,7 @@ pub fn compile(
             (Service::Grpc(target), timeout)
         }
         Some(pb::ext_authz::Services::HttpService(h)) => {
-            let (target, timeout) =
-                http_target(ctx, h, warnings).map_err(|e| e.within("http_service"))?;
+            let (target, timeout) = http_target(ctx, h).map_err(|e| e.within("http_service"))?;
             (Service::Http(target), timeout)
         }
         None => {
@@ -212,6 +214,7 @@ pub fn compile(
             .unwrap_or_default(),
         charge_cluster_response_stats: c.charge_cluster_response_stats.is_none_or(|b| b.value),
         max_denied_response_body_bytes: c.max_denied_response_body_bytes as usize,
+        ingest_dynamic_metadata: c.enable_dynamic_metadata_ingestion.is_none_or(|b| b.value),
     })
 }
 
@@ -318,32 +321,18 @@ fn grpc_target(g: &GrpcService) -> Result<(GrpcTarget, Duration), ConfigError> {
 fn http_target(
     ctx: &Context<'_>,
     h: &pb::HttpService,
-    warnings: &mut Warnings,
 ) -> Result<(HttpTarget, Duration), ConfigError> {
     let uri = h
         .server_uri
         .as_ref()
         .ok_or_else(|| ConfigError::new("server_uri", "value is required"))?;
-    let cluster = match &uri.http_upstream_type {
-        Some(http_uri::HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
-        _ => {
-            return Err(ConfigError::new(
-                "server_uri.cluster",
-                "value length must be at least 1 characters",
-            ));
-        }
-    };
+    let (cluster, timeout) = super::http_uri_target(uri).map_err(|e| e.within("server_uri"))?;
     let authority = uri
         .uri
         .parse::<http::Uri>()
         .ok()
         .and_then(|u| u.authority().map(|a| a.as_str().to_owned()))
         .ok_or_else(|| ConfigError::new("server_uri.uri", format!("invalid URI '{}'", uri.uri)))?;
-    let timeout = uri
-        .timeout
-        .as_ref()
-        .map(crate::config::route::duration)
-        .ok_or_else(|| ConfigError::new("server_uri.timeout", "value is required"))?;
     if h.retry_policy.is_some() {
         return Err(ConfigError::new(
             "retry_policy",
@@ -352,12 +341,6 @@ fn http_target(
     }
     let request = h.authorization_request.clone().unwrap_or_default();
     let response = h.authorization_response.clone().unwrap_or_default();
-    if response.dynamic_metadata_from_headers.is_some() {
-        warnings.note(
-            "http_service.authorization_response.dynamic_metadata_from_headers",
-            "revoy keeps no dynamic metadata: no effect",
-        );
-    }
     let list = |l: &Option<ListStringMatcher>, at: &str| {
         l.as_ref()
             .map(|l| matchers(ctx, l))
@@ -402,6 +385,11 @@ fn http_target(
             allowed_client_headers_on_success: list(
                 &response.allowed_client_headers_on_success,
                 "authorization_response.allowed_client_headers_on_success",
+            )?
+            .unwrap_or_default(),
+            dynamic_metadata_from_headers: list(
+                &response.dynamic_metadata_from_headers,
+                "authorization_response.dynamic_metadata_from_headers",
             )?
             .unwrap_or_default(),
         },

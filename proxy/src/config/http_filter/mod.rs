@@ -15,8 +15,12 @@ pub mod decompressor;
 pub mod ext_authz;
 pub mod fault;
 pub mod grpc_http1_bridge;
+pub mod header_to_metadata;
 pub mod health_check;
+pub mod jwt_authn;
 pub mod local_ratelimit;
+pub mod lua;
+pub mod matching;
 pub mod ratelimit;
 
 use std::sync::Arc;
@@ -41,6 +45,8 @@ const EXT_AUTHZ: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz";
 const EXT_AUTHZ_PER_ROUTE: &str = "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute";
 const BASIC_AUTH: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuth";
 const BASIC_AUTH_PER_ROUTE: &str = "envoy.extensions.filters.http.basic_auth.v3.BasicAuthPerRoute";
+const JWT_AUTHN: &str = "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication";
+const JWT_AUTHN_PER_ROUTE: &str = "envoy.extensions.filters.http.jwt_authn.v3.PerRouteConfig";
 const RBAC: &str = "envoy.extensions.filters.http.rbac.v3.RBAC";
 const RBAC_PER_ROUTE: &str = "envoy.extensions.filters.http.rbac.v3.RBACPerRoute";
 const CORS: &str = "envoy.extensions.filters.http.cors.v3.Cors";
@@ -49,6 +55,9 @@ const CSRF: &str = "envoy.extensions.filters.http.csrf.v3.CsrfPolicy";
 const COMPRESSOR: &str = "envoy.extensions.filters.http.compressor.v3.Compressor";
 const COMPRESSOR_PER_ROUTE: &str = "envoy.extensions.filters.http.compressor.v3.CompressorPerRoute";
 const DECOMPRESSOR: &str = "envoy.extensions.filters.http.decompressor.v3.Decompressor";
+const HEADER_TO_METADATA: &str = "envoy.extensions.filters.http.header_to_metadata.v3.Config";
+const LUA: &str = "envoy.extensions.filters.http.lua.v3.Lua";
+const LUA_PER_ROUTE: &str = "envoy.extensions.filters.http.lua.v3.LuaPerRoute";
 const FILTER_CONFIG: &str = "envoy.config.route.v3.FilterConfig";
 
 /// The compiled `http_filters` of a connection manager.
@@ -79,6 +88,9 @@ pub struct HttpFilter {
     pub name: Arc<str>,
     /// `disabled`: it runs only where a route or virtual host enables it.
     pub disabled: bool,
+    /// The matcher of an `ExtensionWithMatcher` around it: requests it ends in `SkipFilter`
+    /// for do not run the filter.
+    pub matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     /// What it does.
     pub kind: FilterKind,
 }
@@ -107,23 +119,36 @@ pub enum FilterKind {
     ExtAuthz(Arc<ext_authz::ExtAuthzConfig>),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(Arc<basic_auth::BasicAuthConfig>),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(Arc<jwt_authn::JwtAuthnConfig>),
     /// `envoy.filters.http.rbac`.
     Rbac {
         /// Its rules.
         config: Arc<super::rbac::HttpRbacConfig>,
-        /// A filter revoy skips that runs before it (in this chain or the listener's): rules
-        /// reading dynamic metadata or filter state, which that filter may set, then deny
-        /// every request they see.
+        /// A filter revoy skips (or a jwt_authn asked for metadata revoy does not keep) that
+        /// runs before it (in this chain or the listener's): rules reading dynamic metadata
+        /// or filter state, which that filter may set, then deny every request they see.
         after_skipped: Option<Arc<str>>,
     },
     /// `envoy.filters.http.cors` (its policies are per route).
     Cors,
     /// `envoy.filters.http.csrf`.
     Csrf(Arc<csrf::CsrfConfig>),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::LuaConfig>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.header_to_metadata`.
+    HeaderToMetadata(Arc<header_to_metadata::HeaderToMetadataConfig>),
+    /// `istio.alpn`: the ALPN list upstream TLS connections offer, per upstream protocol.
+    IstioAlpn(Arc<super::istio::alpn::AlpnOverrides>),
+    /// `istio.metadata_exchange` (io.istio.http.peer_metadata.Config): peers' workload
+    /// metadata from `x-envoy-peer-metadata` headers, and this proxy's sent in them.
+    PeerMetadata(Arc<super::istio::peer_metadata::PeerMetadataConfig>),
+    /// `istio.stats` (stats.PluginConfig): Istio's standard request metrics.
+    IstioStats(Arc<super::istio::stats::IstioStatsConfig>),
 }
 
 impl FilterChain {
@@ -186,7 +211,31 @@ pub fn compile_chain(
             Some(http_filter::ConfigType::ConfigDiscovery(_)) => (None, true),
             None => (None, false),
         };
+        let wrapper = match any {
+            Some(a) if proto::type_name_of(&a.type_url) == matching::EXTENSION_WITH_MATCHER => {
+                Some(unpack(a).map_err(|e| e.within(&format!("{at}.typed_config")))?)
+            }
+            _ => None,
+        };
+        let (any, matcher) = match &wrapper {
+            Some(w) => {
+                let (inner, matcher) = matching::compile(ctx, w)
+                    .map_err(|e| e.within(&format!("{at}.typed_config")))?;
+                (Some(inner), Some(Arc::new(matcher)))
+            }
+            None => (any, None),
+        };
+        let at = match matcher {
+            Some(_) => format!("{at}.typed_config.extension_config"),
+            None => at,
+        };
         let type_name = any.map_or("", |a| proto::type_name_of(&a.type_url));
+        if matcher.is_some() && type_name == ROUTER {
+            return Err(ConfigError::unimplemented(
+                at,
+                "an ExtensionWithMatcher around the router",
+            ));
+        }
         // The type picks the filter, as in Envoy; the name only when there is no typed_config.
         let router_named = f.name == "envoy.filters.http.router" || f.name == "envoy.router";
         if type_name == ROUTER || (any.is_none() && !from_ecds && router_named) {
@@ -219,6 +268,14 @@ pub fn compile_chain(
                     after_skipped: skipped.clone(),
                 }
             }
+            Some(FilterKind::JwtAuthn(config)) => {
+                // The metadata it would set is missing: RBAC rules after it that read
+                // metadata deny, as after a skipped filter.
+                if config.sets_metadata {
+                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
+                }
+                FilterKind::JwtAuthn(config)
+            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();
@@ -248,6 +305,7 @@ pub fn compile_chain(
         chain.filters.push(HttpFilter {
             name: Arc::from(f.name.as_str()),
             disabled: f.disabled,
+            matcher,
             kind,
         });
     }
@@ -290,6 +348,10 @@ fn compile_kind(
         BASIC_AUTH => Some(FilterKind::BasicAuth(Arc::new(basic_auth::compile(
             ctx,
             &unpack(any)?,
+        )?))),
+        JWT_AUTHN => Some(FilterKind::JwtAuthn(Arc::new(jwt_authn::compile(
+            ctx,
+            &unpack(any)?,
             warnings,
         )?))),
         RBAC => Some(FilterKind::Rbac {
@@ -311,6 +373,7 @@ fn compile_kind(
         DECOMPRESSOR => Some(FilterKind::Decompressor(Arc::new(decompressor::compile(
             &unpack(any)?,
         )?))),
+        LUA => Some(FilterKind::Lua(Arc::new(lua::compile(ctx, &unpack(any)?)?))),
         GRPC_WEB => {
             unpack::<proto::pb::envoy::extensions::filters::http::grpc_web::v3::GrpcWeb>(any)?;
             Some(FilterKind::GrpcWeb)
@@ -319,8 +382,33 @@ fn compile_kind(
             grpc_http1_bridge::compile(&unpack(any)?)?;
             Some(FilterKind::GrpcHttp1Bridge)
         }
-        _ => None,
+        HEADER_TO_METADATA => Some(FilterKind::HeaderToMetadata(Arc::new(
+            header_to_metadata::compile(ctx, &unpack(any)?, false, warnings)?,
+        ))),
+        _ => compile_istio(any, warnings)?,
     })
+}
+
+/// The Istio filter `any` configures (from istio/proxy, which stock Envoy lacks), or `None`
+/// when it is none revoy has.
+fn compile_istio(any: &Any, warnings: &mut Warnings) -> Result<Option<FilterKind>, ConfigError> {
+    use super::istio::{Fields, alpn, peer_metadata, stats};
+    if let Some(fields) = Fields::of(any, alpn::FILTER_CONFIG) {
+        return Ok(Some(FilterKind::IstioAlpn(Arc::new(alpn::compile(
+            fields,
+        )?))));
+    }
+    if let Some(fields) = Fields::of(any, peer_metadata::CONFIG) {
+        return Ok(Some(FilterKind::PeerMetadata(Arc::new(
+            peer_metadata::compile(fields, warnings)?,
+        ))));
+    }
+    if let Some(fields) = Fields::of(any, stats::PLUGIN_CONFIG) {
+        return Ok(Some(FilterKind::IstioStats(Arc::new(stats::compile(
+            fields, warnings,
+        )?))));
+    }
+    Ok(None)
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:
@@ -360,6 +448,12 @@ pub fn compile_per_filter(
                 }
             }
         }
+        if proto::type_name_of(&any.type_url) == matching::EXTENSION_WITH_MATCHER_PER_ROUTE {
+            return Err(ConfigError::unimplemented(
+                at,
+                "a per-route ExtensionWithMatcherPerRoute",
+            ));
+        }
         let kind = match proto::type_name_of(&any.type_url) {
             FAULT => Some(routed(fault::compile(
                 ctx,
@@ -384,6 +478,9 @@ pub fn compile_per_filter(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
+            JWT_AUTHN_PER_ROUTE => Some(routed(jwt_authn::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
             RBAC_PER_ROUTE => Some(routed(super::rbac::compile_per_route(
                 ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
@@ -398,6 +495,19 @@ pub fn compile_per_filter(
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             COMPRESSOR_PER_ROUTE => Some(routed(compressor::compile_per_route(
+                &unpack(any).map_err(|e| e.within(&at))?,
+            ))),
+            HEADER_TO_METADATA => Some(routed(
+                header_to_metadata::compile(
+                    ctx,
+                    &unpack(any).map_err(|e| e.within(&at))?,
+                    true,
+                    &mut Warnings::new(),
+                )
+                .map(Arc::new),
+            )),
+            LUA_PER_ROUTE => Some(routed(lua::compile_per_route(
+                ctx,
                 &unpack(any).map_err(|e| e.within(&at))?,
             ))),
             _ => None,
@@ -417,6 +527,29 @@ fn routed<T: FilterRouteConfig>(
     compiled: Result<T, ConfigError>,
 ) -> Result<Arc<dyn FilterRouteConfig>, ConfigError> {
     compiled.map(|c| Arc::new(c) as Arc<dyn FilterRouteConfig>)
+}
+
+/// An `HttpUri`'s cluster and timeout, both required (the services and fetches of
+/// ext_authz and jwt_authn go through that cluster).
+fn http_uri_target(
+    h: &proto::pb::envoy::config::core::v3::HttpUri,
+) -> Result<(String, std::time::Duration), ConfigError> {
+    use proto::pb::envoy::config::core::v3::http_uri::HttpUpstreamType;
+    let cluster = match &h.http_upstream_type {
+        Some(HttpUpstreamType::Cluster(c)) if !c.is_empty() => c.clone(),
+        _ => {
+            return Err(ConfigError::new(
+                "cluster",
+                "value length must be at least 1 characters",
+            ));
+        }
+    };
+    let timeout = h
+        .timeout
+        .as_ref()
+        .map(super::route::duration)
+        .ok_or_else(|| ConfigError::new("timeout", "value is required"))?;
+    Ok((cluster, timeout))
 }
 
 /// Decodes `any` as a `T`, its error a [`ConfigError`].

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use proto::pb::envoy::config::core::v3::grpc_service::TargetSpecifier;
+use proto::pb::envoy::config::ratelimit::v3::RateLimitServiceConfig as RateLimitServiceProto;
 use proto::pb::envoy::extensions::common::ratelimit::v3::XRateLimitHeadersRfcVersion;
 use proto::pb::envoy::extensions::filters::http::ratelimit::v3::{
     RateLimit, RateLimitPerRoute as PerRouteProto, rate_limit_per_route,
@@ -133,67 +134,7 @@ pub fn compile_service(
             return Err(ConfigError::unimplemented(field, field));
         }
     }
-    let service = p
-        .rate_limit_service
-        .as_ref()
-        .ok_or_else(|| ConfigError::new("rate_limit_service", "value is required"))?;
-    if service.transport_api_version != proto::pb::envoy::config::core::v3::ApiVersion::V3 as i32 {
-        return Err(ConfigError::new(
-            "rate_limit_service.transport_api_version",
-            "V2 (and AUTO) xDS transport protocol versions are deprecated in rate limit service config",
-        ));
-    }
-    let grpc = service
-        .grpc_service
-        .as_ref()
-        .ok_or_else(|| ConfigError::new("rate_limit_service.grpc_service", "value is required"))?;
-    let at = "rate_limit_service.grpc_service";
-    if !grpc.initial_metadata.is_empty() {
-        return Err(ConfigError::unimplemented(
-            format!("{at}.initial_metadata"),
-            "initial_metadata",
-        ));
-    }
-    if grpc.retry_policy.is_some() {
-        return Err(ConfigError::unimplemented(
-            format!("{at}.retry_policy"),
-            "retry_policy",
-        ));
-    }
-    let (cluster, authority) = match &grpc.target_specifier {
-        Some(TargetSpecifier::EnvoyGrpc(e)) => {
-            if e.cluster_name.is_empty() {
-                return Err(ConfigError::new(
-                    format!("{at}.envoy_grpc.cluster_name"),
-                    "value length must be at least 1 characters",
-                ));
-            }
-            if e.retry_policy.is_some() {
-                return Err(ConfigError::unimplemented(
-                    format!("{at}.envoy_grpc.retry_policy"),
-                    "retry_policy",
-                ));
-            }
-            let authority = if e.authority.is_empty() {
-                e.cluster_name.clone()
-            } else {
-                e.authority.clone()
-            };
-            (e.cluster_name.clone(), authority)
-        }
-        Some(TargetSpecifier::GoogleGrpc(_)) => {
-            return Err(ConfigError::unimplemented(
-                format!("{at}.google_grpc"),
-                "a google_grpc rate limit service",
-            ));
-        }
-        None => {
-            return Err(ConfigError::new(
-                format!("{at}.target_specifier"),
-                "value is required",
-            ));
-        }
-    };
+    let (cluster, authority) = service_cluster(p.rate_limit_service.as_ref())?;
     let timeout = match &p.timeout {
         Some(d) => crate::config::cluster::duration(d, "timeout")?,
         None => Duration::from_millis(20),
@@ -228,6 +169,69 @@ pub fn compile_service(
         rate_limits: crate::config::route::rate_limits::compile_rate_limits(ctx, &p.rate_limits)
             .map_err(|e| e.within("rate_limits"))?,
     })
+}
+
+/// The cluster and `:authority` of a `rate_limit_service` (an `envoy_grpc` service, V3),
+/// shared by the HTTP and network rate limit filters; errors name fields relative to the
+/// filter's message.
+pub fn service_cluster(
+    service: Option<&RateLimitServiceProto>,
+) -> Result<(String, String), ConfigError> {
+    let service =
+        service.ok_or_else(|| ConfigError::new("rate_limit_service", "value is required"))?;
+    if service.transport_api_version != proto::pb::envoy::config::core::v3::ApiVersion::V3 as i32 {
+        return Err(ConfigError::new(
+            "rate_limit_service.transport_api_version",
+            "V2 (and AUTO) xDS transport protocol versions are deprecated in rate limit service config",
+        ));
+    }
+    let grpc = service
+        .grpc_service
+        .as_ref()
+        .ok_or_else(|| ConfigError::new("rate_limit_service.grpc_service", "value is required"))?;
+    let at = "rate_limit_service.grpc_service";
+    if !grpc.initial_metadata.is_empty() {
+        return Err(ConfigError::unimplemented(
+            format!("{at}.initial_metadata"),
+            "initial_metadata",
+        ));
+    }
+    if grpc.retry_policy.is_some() {
+        return Err(ConfigError::unimplemented(
+            format!("{at}.retry_policy"),
+            "retry_policy",
+        ));
+    }
+    match &grpc.target_specifier {
+        Some(TargetSpecifier::EnvoyGrpc(e)) => {
+            if e.cluster_name.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.envoy_grpc.cluster_name"),
+                    "value length must be at least 1 characters",
+                ));
+            }
+            if e.retry_policy.is_some() {
+                return Err(ConfigError::unimplemented(
+                    format!("{at}.envoy_grpc.retry_policy"),
+                    "retry_policy",
+                ));
+            }
+            let authority = if e.authority.is_empty() {
+                e.cluster_name.clone()
+            } else {
+                e.authority.clone()
+            };
+            Ok((e.cluster_name.clone(), authority))
+        }
+        Some(TargetSpecifier::GoogleGrpc(_)) => Err(ConfigError::unimplemented(
+            format!("{at}.google_grpc"),
+            "a google_grpc rate limit service",
+        )),
+        None => Err(ConfigError::new(
+            format!("{at}.target_specifier"),
+            "value is required",
+        )),
+    }
 }
 
 /// Compiles a route's `RateLimitPerRoute`.

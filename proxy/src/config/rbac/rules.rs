@@ -7,6 +7,7 @@ use regex::Regex;
 
 use crate::config::filter_chain_match::Cidr;
 use crate::route::matcher::{HeaderMatcher, StringMatcher};
+use crate::route::metadata::matcher::MetadataMatcher;
 
 /// What matching a policy means (`RBAC.action`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,8 +75,9 @@ pub enum Permission {
     DestinationPortRange(u32, u32),
     /// `requested_server_name` (empty when the client sent none).
     RequestedServerName(StringMatcher),
-    /// `metadata` / `sourced_metadata` from dynamic metadata, which revoy never has.
-    AbsentMetadata(AbsentMetadata),
+    /// `metadata` / `sourced_metadata`: the request's dynamic metadata (none on a
+    /// connection).
+    Metadata(MetadataMatcher),
 }
 
 impl Permission {
@@ -83,7 +85,7 @@ impl Permission {
         match self {
             Permission::And(all) | Permission::Or(all) => all.iter().any(Self::reads_metadata),
             Permission::Not(p) => p.reads_metadata(),
-            Permission::AbsentMetadata(_) => true,
+            Permission::Metadata(_) => true,
             _ => false,
         }
     }
@@ -113,8 +115,9 @@ pub enum Principal {
     Header(HeaderMatcher),
     /// `url_path`.
     Path(StringMatcher),
-    /// `metadata` / `sourced_metadata`, which revoy never has.
-    AbsentMetadata(AbsentMetadata),
+    /// `metadata` / `sourced_metadata`: the request's dynamic metadata (none on a
+    /// connection).
+    Metadata(MetadataMatcher),
     /// `filter_state`: revoy keeps no filter state, so it never matches (as in Envoy when
     /// no filter set the key).
     AbsentFilterState,
@@ -125,18 +128,10 @@ impl Principal {
         match self {
             Principal::And(all) | Principal::Or(all) => all.iter().any(Self::reads_metadata),
             Principal::Not(p) => p.reads_metadata(),
-            Principal::AbsentMetadata(_) | Principal::AbsentFilterState => true,
+            Principal::Metadata(_) | Principal::AbsentFilterState => true,
             _ => false,
         }
     }
-}
-
-/// A metadata matcher evaluated where there is no metadata: Envoy's value matchers all fail
-/// on a missing value, so the result is its `invert`.
-#[derive(Debug, Clone, Copy)]
-pub struct AbsentMetadata {
-    /// `invert`.
-    pub invert: bool,
 }
 
 /// An RBAC filter's enforced and shadow rules (either may be absent: no engine).

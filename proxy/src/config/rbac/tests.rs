@@ -69,7 +69,7 @@ fn what_revoy_cannot_evaluate_is_an_error_naming_the_field() {
 }
 
 #[test]
-fn metadata_and_filter_state_compile_with_a_note_naming_them() {
+fn filter_state_compiles_with_a_note_and_request_metadata_without() {
     let (r, w) = rules(
         "policies:
   p:
@@ -84,10 +84,7 @@ fn metadata_and_filter_state_compile_with_a_note_naming_them() {
     let paths: Vec<&str> = w.iter().map(|w| w.path.as_str()).collect();
     assert_eq!(
         paths,
-        [
-            r#"policies["p"].principals[0].or_ids.ids[0].metadata"#,
-            r#"policies["p"].principals[0].or_ids.ids[1].filter_state"#,
-        ]
+        [r#"policies["p"].principals[0].or_ids.ids[1].filter_state"#]
     );
 }
 
@@ -188,6 +185,39 @@ fn metadata_rules_behind_a_skipped_http_filter_fail_closed() {
     let mut w = Warnings::new();
     compile_chain(&ctx, &hcm.http_filters, &mut w).unwrap();
     assert!(!w.any_fails_closed(), "rules without metadata: {w:?}");
+}
+
+#[test]
+fn metadata_rules_behind_jwt_authn_setting_metadata_fail_closed() {
+    use crate::config::http_filter::{FilterKind, compile_chain};
+    use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let jwt = |extra: &str| {
+        format!(
+            "- {{name: jwt, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication, providers: {{p: {{issuer: i, local_jwks: {{inline_string: '{{\"keys\": [{{\"kty\": \"oct\", \"k\": \"c2VjcmV0\"}}]}}'}}{extra}}}}}}}}}\n"
+        )
+    };
+    let after = |extra: &str| {
+        let filters = behind_a_skipped_filter("DENY").replacen(
+            "- {name: envoy.filters.http.grpc_stats, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}\n",
+            &jwt(extra),
+            1,
+        );
+        let hcm: HttpConnectionManager =
+            decode(&format!("stat_prefix: h\nhttp_filters:\n{filters}"));
+        let mut w = Warnings::new();
+        let chain = compile_chain(&ctx, &hcm.http_filters, &mut w).unwrap();
+        let FilterKind::Rbac { after_skipped, .. } = &chain.filters[1].kind else {
+            panic!("the rbac filter: {:?}", chain.filters);
+        };
+        (after_skipped.clone(), w.any_fails_closed())
+    };
+    // The metadata jwt_authn would set is missing in revoy: the rules deny.
+    let (skipped, closed) = after(", payload_in_metadata: i");
+    assert_eq!(skipped.as_deref(), Some("jwt"));
+    assert!(closed);
+    assert_eq!(after(""), (None, false));
 }
 
 #[test]

@@ -220,12 +220,15 @@ pub fn route_match(ctx: &Context<'_>, rm: &pb::RouteMatch) -> Result<RouteMatch,
         }
         None => return Err(ConfigError::new("path_specifier", "value is required")),
     };
-    if !rm.dynamic_metadata.is_empty() {
-        return Err(ConfigError::new(
-            "dynamic_metadata",
-            "dynamic_metadata matching is not supported by revoy",
-        ));
-    }
+    let dynamic_metadata = rm
+        .dynamic_metadata
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            crate::config::metadata_matcher::metadata_matcher(ctx, m)
+                .map_err(|e| e.within(&format!("dynamic_metadata[{i}]")))
+        })
+        .collect::<Result<_, _>>()?;
     if !rm.filter_state.is_empty() {
         return Err(ConfigError::new(
             "filter_state",
@@ -275,6 +278,7 @@ pub fn route_match(ctx: &Context<'_>, rm: &pb::RouteMatch) -> Result<RouteMatch,
                 .as_ref()
                 .map(|t| (t.presented.map(|b| b.value), t.validated.map(|b| b.value))),
             cookies,
+            dynamic_metadata,
         }
         .boxed(),
     })

@@ -206,17 +206,28 @@ fn compile_action(
                 matchers: RequestMatchers::QueryParameters(parameters),
             }
         }
-        Some(A::DynamicMetadata(_)) => {
-            return Err(ConfigError::unimplemented(
-                "dynamic_metadata",
-                "the dynamic_metadata action",
-            ));
-        }
-        Some(A::Metadata(_)) => {
-            return Err(ConfigError::unimplemented(
-                "metadata",
-                "the metadata action",
-            ));
+        Some(A::DynamicMetadata(d)) => metadata_action(
+            &d.descriptor_key,
+            d.metadata_key.as_ref(),
+            &d.default_value,
+            false,
+        )
+        .map_err(|e| e.within("dynamic_metadata"))?,
+        Some(A::Metadata(m)) => {
+            use pb::rate_limit::action::meta_data::Source;
+            if m.source != Source::Dynamic as i32 {
+                return Err(ConfigError::unimplemented(
+                    "metadata.source",
+                    "the metadata action's route and cluster metadata sources",
+                ));
+            }
+            metadata_action(
+                &m.descriptor_key,
+                m.metadata_key.as_ref(),
+                &m.default_value,
+                m.skip_if_absent,
+            )
+            .map_err(|e| e.within("metadata"))?
         }
         Some(A::Extension(e)) => {
             return Err(ConfigError::unimplemented(
@@ -233,6 +244,54 @@ fn compile_action(
     })
 }
 
+/// The `dynamic_metadata` and `metadata` (dynamic source) actions: a string in the request's
+/// dynamic metadata, else `default_value`, else nothing (`skip_if_absent`: the entry is left
+/// out, otherwise no descriptor).
+fn metadata_action(
+    descriptor_key: &str,
+    key: Option<&proto::pb::envoy::r#type::metadata::v3::MetadataKey>,
+    default_value: &str,
+    skip_if_absent: bool,
+) -> Result<RateLimitAction, ConfigError> {
+    use proto::pb::envoy::r#type::metadata::v3::metadata_key::path_segment::Segment;
+    required(descriptor_key, "descriptor_key")?;
+    let key = key.ok_or_else(|| ConfigError::new("metadata_key", "value is required"))?;
+    required(&key.key, "metadata_key.key")?;
+    if key.path.is_empty() {
+        return Err(ConfigError::new(
+            "metadata_key.path",
+            "value must contain at least 1 item(s)",
+        ));
+    }
+    let path = key
+        .path
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match &p.segment {
+            Some(Segment::Key(k)) if !k.is_empty() => Ok(k.clone()),
+            Some(Segment::Key(_)) => Err(ConfigError::new(
+                format!("metadata_key.path[{i}].key"),
+                "value length must be at least 1 characters",
+            )),
+            Some(Segment::Index(_)) => Err(ConfigError::unimplemented(
+                format!("metadata_key.path[{i}].index"),
+                "list indexes in metadata keys",
+            )),
+            None => Err(ConfigError::new(
+                format!("metadata_key.path[{i}].segment"),
+                "value is required",
+            )),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(RateLimitAction::DynamicMetadata {
+        key: descriptor_key.to_owned(),
+        namespace: key.key.clone(),
+        path,
+        default_value: default_value.to_owned(),
+        skip_if_absent,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +302,47 @@ mod tests {
         let vh: pb::VirtualHost = codec.decode(value, false).unwrap().message;
         let io = crate::config::FakeIo::new();
         compile_rate_limits(&Context::new(&io), &vh.rate_limits)
+    }
+
+    #[test]
+    fn metadata_actions_read_dynamic_metadata_only() {
+        let p = compile(
+            "{name: v, domains: ['*'], rate_limits: [{actions: [\
+             {dynamic_metadata: {descriptor_key: u, metadata_key: {key: ns, path: [{key: a}, {key: b}]}, default_value: d}}, \
+             {metadata: {descriptor_key: r, metadata_key: {key: ns, path: [{key: r}]}, skip_if_absent: true}}]}]}",
+        )
+        .unwrap();
+        match &p[0].actions[..] {
+            [
+                RateLimitAction::DynamicMetadata {
+                    key,
+                    path,
+                    default_value,
+                    skip_if_absent: false,
+                    ..
+                },
+                RateLimitAction::DynamicMetadata {
+                    skip_if_absent: true,
+                    ..
+                },
+            ] => assert_eq!(
+                (key.as_str(), &path[..], default_value.as_str()),
+                ("u", &["a".to_owned(), "b".to_owned()][..], "d")
+            ),
+            other => panic!("{other:?}"),
+        }
+        let e = compile(
+            "{name: v, domains: ['*'], rate_limits: [{actions: [\
+             {metadata: {descriptor_key: r, metadata_key: {key: ns, path: [{key: r}]}, source: ROUTE_ENTRY}}]}]}",
+        )
+        .unwrap_err();
+        assert!(e.path.ends_with("metadata.source"), "{e:?}");
+        let e = compile(
+            "{name: v, domains: ['*'], rate_limits: [{actions: [\
+             {metadata: {descriptor_key: r, metadata_key: {key: ns}}}]}]}",
+        )
+        .unwrap_err();
+        assert!(e.path.ends_with("metadata.metadata_key.path"), "{e:?}");
     }
 
     #[test]
@@ -279,10 +379,10 @@ mod tests {
     fn unimplemented_actions_and_bad_fields_are_named() {
         let e = compile(
             "{name: v, domains: ['*'], rate_limits: [{actions: [{source_cluster: {}}, \
-             {metadata: {descriptor_key: k, metadata_key: {key: a, path: [{key: b}]}}}]}]}",
+             {remote_address_match: {address_matcher: {}}}]}]}",
         )
         .unwrap_err();
-        assert_eq!(e.path, "[0].actions[1].metadata");
+        assert_eq!(e.path, "[0].actions[1].remote_address_match");
         assert!(e.message.contains("not implemented"), "{e}");
         let e = compile("{name: v, domains: ['*'], rate_limits: [{stage: 11, actions: [{remote_address: {}}]}]}")
             .unwrap_err();

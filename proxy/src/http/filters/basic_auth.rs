@@ -1,5 +1,8 @@
 //! `envoy.filters.http.basic_auth`: requests must carry `Basic` credentials of a configured
-//! user (the route's users, else the filter's); others get 401 with `www-authenticate`.
+//! user (the route's users, else the filter's); others get 401 with `www-authenticate`. Under
+//! `allow_missing` a request without `Basic` credentials (no header, an empty one, another
+//! scheme) goes on uncounted; under `emit_dynamic_metadata` an authenticated user's name is
+//! written to the request's dynamic metadata as `username` under the filter's name.
 
 use std::sync::Arc;
 
@@ -12,9 +15,6 @@ use crate::body::Body;
 use crate::config::http_filter::basic_auth::{BasicAuthConfig, Users};
 use crate::http::local_reply::local_reply;
 use crate::stats::{Counter, Store};
-
-/// Envoy's limit on the path in the `www-authenticate` realm.
-const MAX_REALM_PATH: usize = 256;
 
 /// Base64 with or without padding, as Envoy's `decodeWithoutPadding` reads it.
 const BASE64: GeneralPurpose = GeneralPurpose::new(
@@ -46,11 +46,16 @@ impl BasicAuth {
     /// filter's users); answers 401 otherwise.
     pub(super) fn decode(
         &self,
+        name: &str,
         req: &mut FilterRequest<'_>,
         route_users: Option<&Users>,
     ) -> Option<Response<Body>> {
         let users = route_users.unwrap_or(&self.config.users);
-        let Some(value) = req.headers.get(&self.config.authentication_header) else {
+        let value = req.headers.get(&self.config.authentication_header);
+        if self.config.allow_missing && value.is_none_or(|v| !v.as_bytes().starts_with(b"Basic ")) {
+            return None;
+        }
+        let Some(value) = value else {
             return self.deny(
                 req,
                 "User authentication failed. Missing username and password.",
@@ -72,9 +77,9 @@ impl BasicAuth {
                 "invalid_format_for_basic_auth",
             );
         };
-        let (name, password) = (&decoded[..colon], &decoded[colon + 1..]);
-        let known = std::str::from_utf8(name)
-            .ok()
+        let (user, password) = (&decoded[..colon], &decoded[colon + 1..]);
+        let user = std::str::from_utf8(user).ok();
+        let known = user
             .and_then(|n| users.hash(n))
             .is_some_and(|hash| hash == sha1_base64(password));
         if !known {
@@ -84,10 +89,15 @@ impl BasicAuth {
                 "invalid_credential_for_basic_auth",
             );
         }
+        let user = user.unwrap_or_default();
         if let Some(header) = &self.config.forward_username_header
-            && let Ok(v) = HeaderValue::from_bytes(name)
+            && let Ok(v) = HeaderValue::from_str(user)
         {
             req.headers.insert(header, v);
+        }
+        if self.config.emit_dynamic_metadata {
+            req.metadata
+                .insert(name, "username", crate::route::metadata::string_value(user));
         }
         self.allowed.inc();
         None
@@ -103,18 +113,7 @@ impl BasicAuth {
     ) -> Option<Response<Body>> {
         self.denied.inc();
         req.note_details(details);
-        let scheme = req
-            .headers
-            .get("x-forwarded-proto")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        let path = req
-            .headers
-            .get("x-envoy-original-path")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or(req.path);
-        let path = &path[..floor_char_boundary(path, MAX_REALM_PATH)];
-        let realm = format!("Basic realm=\"{scheme}://{}{path}\"", req.authority);
+        let realm = format!("Basic realm=\"{}\"", req.original_uri());
         let mut resp = local_reply(StatusCode::UNAUTHORIZED, message);
         if let Ok(v) = HeaderValue::from_str(&realm) {
             resp.headers_mut().insert(http::header::WWW_AUTHENTICATE, v);
@@ -127,14 +126,6 @@ impl BasicAuth {
 fn sha1_base64(password: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA1_FOR_LEGACY_USE_ONLY, password);
     base64::engine::general_purpose::STANDARD.encode(digest.as_ref())
-}
-
-/// The largest index at most `max` that is a char boundary of `s`.
-fn floor_char_boundary(s: &str, max: usize) -> usize {
-    (0..=max.min(s.len()))
-        .rev()
-        .find(|i| s.is_char_boundary(*i))
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //!
 //! How a request goes through it (see `router::route_and_forward`): once the route is chosen,
 //! [`Chain::decode`] hands each filter the request's head ([`FilterRequest`]): its headers
-//! (which it may change), body (which it may wrap), route and connection. A filter lets the
+//! (which it may change), path (which it may replace), body (which it may wrap), route and
+//! connection. A filter lets the
 //! request go on, or answers it locally, which ends decoding: the filters after it and the
 //! router never see the request. A filter that must see the response, or hold something
 //! until the request ends, leaves an [`Encoder`] in the request's [`Encoders`]; every
@@ -21,6 +22,10 @@
 //! A filter is a module here with its runtime (stats handles, shared state) built once per
 //! connection manager by [`Chain::new`], and a variant in [`Kind`] (and [`Encoder`] when it
 //! acts on responses).
+//!
+//! Dynamic metadata: a filter writes the request's [`crate::route::metadata::DynamicMetadata`]
+//! through [`FilterRequest::metadata`] while decoding, and an [`Encoder`] through the one
+//! [`Encoders::encode`] hands it; later filters, RBAC, the router and the access log read it.
 
 mod basic_auth;
 mod buffer;
@@ -35,11 +40,15 @@ mod ext_authz;
 mod fault;
 mod grpc_http1_bridge;
 mod grpc_web;
+mod header_to_metadata;
 mod health_check;
+mod istio;
+mod jwt_authn;
 mod local_ratelimit;
+mod lua;
 mod ratelimit;
 mod rbac;
-mod rls;
+pub mod rls;
 
 use std::sync::Arc;
 
@@ -50,20 +59,27 @@ use super::local_reply::local_reply;
 use crate::access_log::Record;
 use crate::body::Body;
 use crate::config::http_filter::buffer::BufferPerRouteConfig;
+use crate::config::http_filter::header_to_metadata::HeaderToMetadataConfig;
 use crate::config::http_filter::{FilterChain, FilterKind};
+use crate::config::istio::alpn::AlpnOverrides;
 use crate::route::Selected;
+use crate::route::metadata::DynamicMetadata;
 use crate::stats::{Counter, Store};
 
 /// The filters of one connection manager, ready to run.
 #[derive(Debug)]
 pub struct Chain {
     filters: Box<[Filter]>,
+    /// The index of its `istio.stats` filter, which observes every request from the start.
+    istio_stats: Option<usize>,
 }
 
 #[derive(Debug)]
 struct Filter {
     name: Arc<str>,
     disabled: bool,
+    /// An `ExtensionWithMatcher`'s matcher: the filter is skipped where it says so.
+    matcher: Option<Arc<crate::route::filter_matcher::Matcher>>,
     kind: Kind,
 }
 
@@ -91,16 +107,28 @@ enum Kind {
     ExtAuthz(ext_authz::ExtAuthz),
     /// `envoy.filters.http.basic_auth`.
     BasicAuth(basic_auth::BasicAuth),
+    /// `envoy.filters.http.jwt_authn`.
+    JwtAuthn(jwt_authn::JwtAuthn),
     /// `envoy.filters.http.rbac`.
     Rbac(rbac::Rbac),
     /// `envoy.filters.http.cors`.
     Cors(cors::Cors),
     /// `envoy.filters.http.csrf`.
     Csrf(csrf::Csrf),
+    /// `envoy.filters.http.lua`.
+    Lua(Arc<lua::Lua>),
     /// `envoy.filters.http.grpc_web`.
     GrpcWeb,
     /// `envoy.filters.http.grpc_http1_bridge`.
     GrpcHttp1Bridge,
+    /// `envoy.filters.http.header_to_metadata`.
+    HeaderToMetadata(Arc<HeaderToMetadataConfig>),
+    /// `istio.alpn`.
+    IstioAlpn(Arc<AlpnOverrides>),
+    /// `istio.metadata_exchange`.
+    PeerMetadata(istio::PeerMetadata),
+    /// `istio.stats`.
+    IstioStats(istio::IstioStats),
 }
 
 /// One request as the filters see it, before the router.
@@ -128,6 +156,16 @@ pub struct FilterRequest<'a> {
     pub version: http::Version,
     /// Set by a filter that changed what the route was chosen by: the router chooses it again.
     pub clear_route_cache: bool,
+    /// The request's dynamic metadata, which filters write and later filters read (see
+    /// [`crate::route::metadata`]).
+    pub metadata: &'a mut DynamicMetadata,
+    /// The ALPN lists upstream TLS connections for this request offer (`istio.alpn`).
+    pub upstream_alpn: Option<Arc<AlpnOverrides>>,
+    /// What Istio's filters know of the request's peers, once one of them runs.
+    pub peers: Option<Arc<istio::Peers>>,
+    /// Set by a filter that rewrote the path (with query): the router sends the request with
+    /// it and routes by it.
+    pub new_path: Option<String>,
 }
 
 impl FilterRequest<'_> {
@@ -148,9 +186,46 @@ impl FilterRequest<'_> {
         }
     }
 
-    /// The request as route matchers read it.
+    /// The request's URI as Envoy's `buildOriginalUri` writes it for challenges:
+    /// `x-forwarded-proto`, `://`, the authority, and the original path (`x-envoy-original-path`
+    /// when set) cut to 256 bytes.
+    fn original_uri(&self) -> String {
+        const MAX_PATH: usize = 256;
+        let scheme = self
+            .headers
+            .get("x-forwarded-proto")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        let path = self
+            .headers
+            .get("x-envoy-original-path")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or(self.path);
+        let end = (0..=MAX_PATH.min(path.len()))
+            .rev()
+            .find(|i| path.is_char_boundary(*i))
+            .unwrap_or(0);
+        format!("{scheme}://{}{}", self.authority, &path[..end])
+    }
+
+    /// What an `ExtensionWithMatcher`'s matcher reads of the request and its connection.
+    fn matching_data(&self) -> crate::route::filter_matcher::Data<'_> {
+        crate::route::filter_matcher::Data {
+            request: self.route_request(),
+            connection: crate::route::filter_matcher::Connection {
+                remote: self.remote,
+                direct_remote: self.conn.down.peer.ip(),
+                local: self.conn.local,
+            },
+        }
+    }
+
+    /// The request as route matchers read it (with its dynamic metadata so far).
     fn route_request(&self) -> crate::route::RouteRequest<'_> {
-        crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers)
+        let mut request =
+            crate::route::RouteRequest::new(self.method, self.authority, self.path, self.headers);
+        request.metadata = Some(&*self.metadata);
+        request
     }
 }
 
@@ -186,6 +261,14 @@ enum Encoder {
     GrpcWeb(grpc_web::Answer),
     /// An HTTP/1 gRPC request's response, its trailers moved into headers.
     GrpcHttp1Bridge,
+    /// The header_to_metadata filter's response rules (the route's config, else the filter's).
+    HeaderToMetadata(Arc<HeaderToMetadataConfig>),
+    /// `istio.metadata_exchange`'s side of the response.
+    PeerMetadata(Box<istio::PeerResponse>),
+    /// `istio.stats`'s request, recorded when it ends.
+    IstioStats(Box<istio::StatsRequest>),
+    /// A Lua script's `envoy_on_response`, to run on the response.
+    Lua(lua::Pending),
 }
 
 impl Chain {
@@ -197,6 +280,7 @@ impl Chain {
             .map(|f| Filter {
                 name: f.name.clone(),
                 disabled: f.disabled,
+                matcher: f.matcher.clone(),
                 kind: match &f.kind {
                     FilterKind::FailClosed(why) => Kind::FailClosed(
                         why.clone(),
@@ -225,6 +309,9 @@ impl Chain {
                     FilterKind::BasicAuth(c) => {
                         Kind::BasicAuth(basic_auth::BasicAuth::new(c, store, stat_prefix))
                     }
+                    FilterKind::JwtAuthn(c) => {
+                        Kind::JwtAuthn(jwt_authn::JwtAuthn::new(c, store, stat_prefix))
+                    }
                     FilterKind::Rbac {
                         config,
                         after_skipped,
@@ -236,12 +323,30 @@ impl Chain {
                     )),
                     FilterKind::Cors => Kind::Cors(cors::Cors::new(store, stat_prefix)),
                     FilterKind::Csrf(c) => Kind::Csrf(csrf::Csrf::new(c, store, stat_prefix)),
+                    FilterKind::Lua(c) => Kind::Lua(Arc::new(lua::Lua::new(
+                        f.name.clone(),
+                        c,
+                        store,
+                        stat_prefix,
+                    ))),
                     FilterKind::GrpcWeb => Kind::GrpcWeb,
                     FilterKind::GrpcHttp1Bridge => Kind::GrpcHttp1Bridge,
+                    FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
+                    FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
+                    FilterKind::PeerMetadata(c) => {
+                        Kind::PeerMetadata(istio::PeerMetadata(c.clone()))
+                    }
+                    FilterKind::IstioStats(c) => Kind::IstioStats(istio::IstioStats::new(c, store)),
                 },
             })
-            .collect();
-        Chain { filters }
+            .collect::<Box<[Filter]>>();
+        let istio_stats = filters
+            .iter()
+            .position(|f| matches!(f.kind, Kind::IstioStats(_)));
+        Chain {
+            filters,
+            istio_stats,
+        }
     }
 
     /// Whether the chain has no filter before the router.
@@ -255,9 +360,23 @@ impl Chain {
         req: &mut FilterRequest<'_>,
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
-        for f in self.filters.iter() {
+        if let Some(f) = self.istio_stats.map(|i| &self.filters[i])
+            && let Kind::IstioStats(stats) = &f.kind
+            && !req
+                .route
+                .and_then(|r| r.filter_disabled(&f.name))
+                .unwrap_or(f.disabled)
+        {
+            stats.start(req, encoders);
+        }
+        for (i, f) in self.filters.iter().enumerate() {
             let disabled = req.route.and_then(|r| r.filter_disabled(&f.name));
             if disabled.unwrap_or(f.disabled) {
+                continue;
+            }
+            if let Some(m) = &f.matcher
+                && m.skips(&req.matching_data())
+            {
                 continue;
             }
             let route = req.route;
@@ -299,11 +418,19 @@ impl Chain {
                 }
                 Kind::BasicAuth(auth) => {
                     let users = route.and_then(|r| r.filter_config(&f.name));
-                    auth.decode(req, users)
+                    auth.decode(&f.name, req, users)
+                }
+                Kind::JwtAuthn(authn) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    authn.decode(req, settings).await
                 }
                 Kind::Rbac(rbac) => rbac.decode(req, route.and_then(|r| r.filter_config(&f.name))),
                 Kind::Cors(cors) => cors.decode(&f.name, req, encoders),
                 Kind::Csrf(csrf) => csrf.decode(req, route.and_then(|r| r.filter_config(&f.name))),
+                Kind::Lua(script) => {
+                    let settings = route.and_then(|r| r.filter_config(&f.name));
+                    script.decode(req, settings, encoders).await
+                }
                 Kind::GrpcWeb => {
                     grpc_web::decode(req, encoders);
                     None
@@ -312,13 +439,73 @@ impl Chain {
                     grpc_http1_bridge::decode(req, encoders);
                     None
                 }
+                Kind::HeaderToMetadata(own) => {
+                    let config = header_to_metadata_config(own, route, &f.name);
+                    header_to_metadata::apply(&config.request_rules, req.headers, req.metadata);
+                    if !config.response_rules.is_empty() {
+                        encoders.0.push(Encoder::HeaderToMetadata(config));
+                    }
+                    None
+                }
+                Kind::IstioAlpn(overrides) => {
+                    req.upstream_alpn = Some(overrides.clone());
+                    None
+                }
+                Kind::PeerMetadata(mx) => {
+                    mx.decode(req, encoders);
+                    None
+                }
+                // Started before the first filter.
+                Kind::IstioStats(_) => None,
             };
             if reply.is_some() {
+                self.encoders_after_reply(i, req, encoders);
                 return reply;
             }
         }
         None
     }
+
+    /// Envoy hands a filter's local reply to every encoder filter of the chain, those after
+    /// the one answering included (their decoding never ran): the stateless ones among the
+    /// filters after `answered` act on it.
+    fn encoders_after_reply(
+        &self,
+        answered: usize,
+        req: &FilterRequest<'_>,
+        encoders: &mut Encoders,
+    ) {
+        let route = req.route;
+        for f in &self.filters[answered + 1..] {
+            let disabled = route.and_then(|r| r.filter_disabled(&f.name));
+            if disabled.unwrap_or(f.disabled)
+                || f.matcher
+                    .as_ref()
+                    .is_some_and(|m| m.skips(&req.matching_data()))
+            {
+                continue;
+            }
+            if let Kind::HeaderToMetadata(own) = &f.kind {
+                let config = header_to_metadata_config(own, route, &f.name);
+                if !config.response_rules.is_empty() {
+                    encoders.0.push(Encoder::HeaderToMetadata(config));
+                }
+            }
+        }
+    }
+}
+
+/// The header_to_metadata config for the route: its own (compiled as an `Arc`, so the
+/// response's Encoder can hold it), else the filter's.
+fn header_to_metadata_config(
+    own: &Arc<HeaderToMetadataConfig>,
+    route: Option<Selected<'_>>,
+    name: &str,
+) -> Arc<HeaderToMetadataConfig> {
+    route
+        .and_then(|r| r.filter_config::<Arc<HeaderToMetadataConfig>>(name))
+        .unwrap_or(own)
+        .clone()
 }
 
 /// Whether a filter's runtime fraction admits this request: its default, as revoy has no
@@ -328,14 +515,18 @@ fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
 }
 
 impl Encoders {
-    /// Hands `resp` to the filters that act on responses, last filter first, and keeps what
-    /// they hold alive until its body ends.
-    pub async fn encode(mut self, mut resp: Response<Body>) -> Response<Body> {
+    /// Hands `resp` to the filters that act on responses, last filter first (they may write
+    /// the request's `metadata`), and keeps what they hold alive until its body ends.
+    pub async fn encode(
+        mut self,
+        mut resp: Response<Body>,
+        metadata: &mut DynamicMetadata,
+    ) -> Response<Body> {
         if self.0.is_empty() {
             return resp;
         }
         for e in self.0.iter_mut().rev() {
-            e.encode(&mut resp, &mut self.1).await;
+            e.encode(&mut resp, &mut self.1, metadata).await;
         }
         resp.map(|b| crate::body::holding(b, self))
     }
@@ -344,7 +535,12 @@ impl Encoders {
 impl Encoder {
     /// Acts on the response (its head; a filter that rewrites the body wraps it, one that
     /// must read the body first to write the head reads it here).
-    async fn encode(&mut self, resp: &mut Response<Body>, registry: &mut compressor::Registry) {
+    async fn encode(
+        &mut self,
+        resp: &mut Response<Body>,
+        registry: &mut compressor::Registry,
+        metadata: &mut DynamicMetadata,
+    ) {
         match self {
             Encoder::ActiveFault { .. } => {}
             Encoder::Compress(c) => c.encode(resp, registry),
@@ -362,6 +558,12 @@ impl Encoder {
             Encoder::Cors(c) => c.encode(resp),
             Encoder::GrpcWeb(a) => Box::pin(a.encode(resp)).await,
             Encoder::GrpcHttp1Bridge => Box::pin(grpc_http1_bridge::encode(resp)).await,
+            Encoder::HeaderToMetadata(c) => {
+                header_to_metadata::apply(&c.response_rules, resp.headers_mut(), metadata)
+            }
+            Encoder::PeerMetadata(p) => p.encode(resp),
+            Encoder::IstioStats(s) => s.encode(resp),
+            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
         }
     }
 }

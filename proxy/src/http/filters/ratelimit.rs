@@ -102,8 +102,13 @@ impl RateLimit {
         let domain = route_config
             .and_then(|r| r.domain.as_deref())
             .unwrap_or(&config.domain);
-        let verdict =
-            should_rate_limit(&req.conn.shared.clusters, config, domain, &descriptors).await;
+        let verdict = should_rate_limit(
+            &req.conn.shared.clusters,
+            config.as_ref().into(),
+            domain,
+            &descriptors,
+        )
+        .await;
         match verdict {
             Verdict::Ok(answer) => {
                 self.count(&cluster, "ok");

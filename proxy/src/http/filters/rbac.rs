@@ -86,6 +86,7 @@ impl Rbac {
             remote: req.remote,
             tls,
             server_name: tls.and_then(|t| t.server_name()).map_or("", |s| &**s),
+            metadata: Some(&*req.metadata),
         };
         let verdict = config.engines.decide(&facts);
         self.stats.record(&verdict);

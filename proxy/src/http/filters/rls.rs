@@ -1,5 +1,6 @@
-//! The rate limit service client: one `ShouldRateLimit` call per request through the
-//! service's cluster, and the answer as the HTTP `ratelimit` filter reads it.
+//! The rate limit service client: one `ShouldRateLimit` call per request (or, for the network
+//! `ratelimit` filter, per connection) through the service's cluster, and the answer as the
+//! filters read it.
 
 use http::{HeaderName, HeaderValue};
 use prost::Message;
@@ -36,10 +37,34 @@ pub struct Answer {
     pub body: Vec<u8>,
 }
 
+/// Where a call goes and how long it may take.
+#[derive(Debug, Clone, Copy)]
+pub struct Service<'a> {
+    /// The service's cluster.
+    pub cluster: &'a str,
+    /// The `:authority` of the call.
+    pub authority: &'a str,
+    /// The call's timeout.
+    pub timeout: std::time::Duration,
+    /// Whether the answer's descriptor statuses become `x-ratelimit-*` response headers.
+    pub x_ratelimit_headers: bool,
+}
+
+impl<'a> From<&'a RateLimitServiceConfig> for Service<'a> {
+    fn from(c: &'a RateLimitServiceConfig) -> Self {
+        Service {
+            cluster: &c.cluster,
+            authority: &c.authority,
+            timeout: c.timeout,
+            x_ratelimit_headers: c.x_ratelimit_headers,
+        }
+    }
+}
+
 /// Asks the service whether a request with `descriptors` is over a limit of `domain`.
 pub async fn should_rate_limit(
     clusters: &ClusterManager,
-    config: &RateLimitServiceConfig,
+    config: Service<'_>,
     domain: &str,
     descriptors: &[Descriptor],
 ) -> Verdict {
@@ -49,9 +74,9 @@ pub async fn should_rate_limit(
         hits_addend: 0,
     };
     let call = crate::upstream::grpc::Call {
-        cluster: &config.cluster,
+        cluster: config.cluster,
         path: SHOULD_RATE_LIMIT,
-        authority: &config.authority,
+        authority: config.authority,
         metadata: &[],
         timeout: Some(config.timeout),
     };

@@ -8,6 +8,7 @@ use http::{HeaderName, HeaderValue};
 use prost::Message;
 use proto::pb::envoy::config::core::v3::{HeaderValueOption, header_value_option};
 use proto::pb::envoy::service::auth::v3::{CheckRequest, CheckResponse, check_response};
+use proto::pb::google::protobuf::Struct;
 
 use super::{Action, Decision, Mutation};
 use crate::config::http_filter::ext_authz::GrpcTarget;
@@ -15,13 +16,14 @@ use crate::upstream::{ClusterManager, grpc};
 
 const CHECK: &str = "/envoy.service.auth.v3.Authorization/Check";
 
-/// Sends `request` to the service and reads its decision; any failure is an error.
+/// Sends `request` to the service and reads its decision, with the dynamic metadata the
+/// answer carries; any failure is an error.
 pub(super) async fn check(
     clusters: &ClusterManager,
     target: &GrpcTarget,
     timeout: Duration,
     request: &CheckRequest,
-) -> Decision {
+) -> (Decision, Option<Struct>) {
     let call = grpc::Call {
         cluster: &target.cluster,
         path: CHECK,
@@ -36,10 +38,13 @@ pub(super) async fn check(
         })
     });
     match reply {
-        Ok(r) => decide(r),
+        Ok(mut r) => {
+            let metadata = r.dynamic_metadata.take();
+            (decide(r), metadata)
+        }
         Err(f) => {
             tracing::debug!(failure = %f, "ext_authz: check failed");
-            Decision::Error
+            (Decision::Error, None)
         }
     }
 }

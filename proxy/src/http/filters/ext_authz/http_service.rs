@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body_util::BodyExt;
 use proto::pb::envoy::service::auth::v3::CheckRequest;
+use proto::pb::google::protobuf::Struct;
 
 use super::{Action, Decision, Mutation};
 use crate::config::http_filter::ext_authz::HttpTarget;
@@ -20,24 +21,25 @@ const HEADERS_TO_REMOVE: &str = "x-envoy-auth-headers-to-remove";
 /// The denial headers that always reach the client when `allowed_client_headers` is set.
 const ALWAYS_TO_CLIENT: [&str; 4] = [":status", "content-length", "www-authenticate", "location"];
 
-/// Sends the check to the service and reads its decision.
+/// Sends the check to the service and reads its decision, with the dynamic metadata its
+/// response headers give.
 pub(super) async fn check(
     clusters: &ClusterManager,
     target: &HttpTarget,
     timeout: Duration,
     request: &CheckRequest,
-) -> Decision {
+) -> (Decision, Option<Struct>) {
     let Some(http) = request
         .attributes
         .as_ref()
         .and_then(|a| a.request.as_ref())
         .and_then(|r| r.http.as_ref())
     else {
-        return Decision::Error;
+        return (Decision::Error, None);
     };
     let Some(cluster) = clusters.get(&target.cluster) else {
         tracing::debug!(cluster = %target.cluster, "ext_authz: no such cluster");
-        return Decision::Error;
+        return (Decision::Error, None);
     };
     let body = Bytes::from(http.body.clone());
     let mut builder = http::Request::builder().header(http::header::CONTENT_LENGTH, body.len());
@@ -66,7 +68,7 @@ pub(super) async fn check(
         .uri(if path.is_empty() { "/" } else { &path })
         .body(crate::body::full(body))
     else {
-        return Decision::Error;
+        return (Decision::Error, None);
     };
     // Envoy's HTTP client marks its own requests internal.
     req.headers_mut()
@@ -85,9 +87,29 @@ pub(super) async fn check(
         Some((head, body))
     };
     match tokio::time::timeout(timeout, exchange).await {
-        Ok(Some((head, body))) => decide(target, head.status.as_u16(), head.headers, body),
-        _ => Decision::Error,
+        Ok(Some((head, body))) => {
+            let status = head.status.as_u16();
+            let metadata = (!(500..600).contains(&status))
+                .then(|| metadata(&head.headers, &target.dynamic_metadata_from_headers));
+            (decide(target, status, head.headers, body), metadata)
+        }
+        _ => (Decision::Error, None),
     }
+}
+
+/// The response headers `matchers` pick (not the one naming headers to remove), as string
+/// values under their names; of a repeated header, its last value.
+fn metadata(headers: &HeaderMap, matchers: &[StringMatcher]) -> Struct {
+    let mut fields = std::collections::HashMap::new();
+    for (name, value) in headers {
+        if name != HEADERS_TO_REMOVE && matchers.iter().any(|m| m.matches(name.as_str())) {
+            fields.insert(
+                name.as_str().to_owned(),
+                crate::route::metadata::string_value(String::from_utf8_lossy(value.as_bytes())),
+            );
+        }
+    }
+    Struct { fields }
 }
 
 /// The decision of the service's response.

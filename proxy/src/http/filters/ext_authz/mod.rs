@@ -37,6 +37,8 @@ pub(super) struct ExtAuthz {
 #[derive(Debug)]
 struct Stats {
     ok: Counter,
+    /// `ignored_dynamic_metadata`: answers whose metadata was not written.
+    ignored_dynamic_metadata: Counter,
     denied: Counter,
     error: Counter,
     failure_mode_allowed: Counter,
@@ -56,6 +58,9 @@ struct ClusterCounters {
     error: Counter,
     failure_mode_allowed: Counter,
 }
+
+/// Where a check's answer writes its dynamic metadata.
+const METADATA_NAMESPACE: &str = "envoy.filters.http.ext_authz";
 
 /// A header change the service asks for.
 #[derive(Debug, Clone)]
@@ -118,6 +123,7 @@ impl ExtAuthz {
             config: config.clone(),
             stats: Stats {
                 ok: counter("ok"),
+                ignored_dynamic_metadata: counter("ignored_dynamic_metadata"),
                 denied: counter("denied"),
                 error: counter("error"),
                 failure_mode_allowed: counter("failure_mode_allowed"),
@@ -164,7 +170,8 @@ impl ExtAuthz {
             settings.map(|s| s.context_extensions).unwrap_or_default(),
             body,
         );
-        let decision = match &self.config.service {
+        let started = std::time::Instant::now();
+        let (decision, metadata) = match &self.config.service {
             Service::Grpc(target) => {
                 grpc::check(clusters, target, self.config.timeout, &message).await
             }
@@ -172,6 +179,21 @@ impl ExtAuthz {
                 http_service::check(clusters, target, self.config.timeout, &message).await
             }
         };
+        if let Some(mut metadata) = metadata.filter(|m| !m.fields.is_empty()) {
+            if self.config.ingest_dynamic_metadata {
+                // Envoy adds how long an allowing check took.
+                if matches!(decision, Decision::Ok { .. }) {
+                    let ms = started.elapsed().as_millis() as f64;
+                    metadata.fields.insert(
+                        "ext_authz_duration".into(),
+                        crate::route::metadata::number_value(ms),
+                    );
+                }
+                req.metadata.set(METADATA_NAMESPACE, metadata);
+            } else {
+                self.stats.ignored_dynamic_metadata.inc();
+            }
+        }
         let cluster = self.route_cluster(route);
         match decision {
             Decision::Ok {

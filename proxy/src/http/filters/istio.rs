@@ -1,0 +1,378 @@
+//! Istio's HTTP filters at run time (compiled in `config::istio`): `istio.metadata_exchange`
+//! (peer metadata in `x-envoy-peer-metadata` headers) and `istio.stats` (Istio's standard
+//! request metrics, labelled with what is known of both peers). What the exchange learns of a
+//! request's peers is kept in its [`Peers`], which the stats filter reads when the request
+//! ends.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
+
+use super::{Encoder, Encoders, FilterRequest};
+use crate::body::Body;
+use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
+use crate::config::istio::stats::IstioStatsConfig;
+use crate::config::istio::workload::{LocalWorkload, Workload};
+use crate::istio_metrics::{self as metrics, Ends};
+use crate::route::action::ClusterSpecifier;
+use crate::route::{Action, Selected};
+use crate::stats::Store;
+
+/// `x-envoy-peer-metadata-id`: the sender's node id.
+pub static PEER_ID: HeaderName = HeaderName::from_static("x-envoy-peer-metadata-id");
+/// `x-envoy-peer-metadata`: the sender's workload, a base64 Struct.
+pub static PEER_METADATA: HeaderName = HeaderName::from_static("x-envoy-peer-metadata");
+
+/// What is known of one request's peers.
+#[derive(Debug, Default)]
+pub struct Peers {
+    /// The downstream peer, from the request.
+    downstream: OnceLock<Workload>,
+    /// The upstream peer, from the response.
+    upstream: OnceLock<Workload>,
+    /// Whether the request carried `x-envoy-peer-metadata-id` / `x-envoy-peer-metadata`
+    /// (this proxy answers with its own only then).
+    received_id: AtomicBool,
+    received_metadata: AtomicBool,
+}
+
+impl FilterRequest<'_> {
+    /// The request's [`Peers`], made on first use.
+    fn peers(&mut self) -> Arc<Peers> {
+        self.peers.get_or_insert_with(Arc::default).clone()
+    }
+
+    /// The name of the cluster the chosen route sends to, when the route names it (or a
+    /// header does).
+    fn route_cluster(&self) -> Option<String> {
+        cluster_of(self.route?, self.headers)
+    }
+}
+
+/// The cluster `route` forwards to: its name, or the header naming it.
+fn cluster_of(route: Selected<'_>, headers: &HeaderMap) -> Option<String> {
+    let Action::Forward(fwd) = &route.route.action else {
+        return None;
+    };
+    match &fwd.cluster {
+        ClusterSpecifier::Name(n) => Some(n.clone()),
+        ClusterSpecifier::Header(h) => headers.get(h)?.to_str().ok().map(str::to_owned),
+        ClusterSpecifier::Weighted(_) => None,
+    }
+}
+
+/// `istio.metadata_exchange`.
+#[derive(Debug)]
+pub(super) struct PeerMetadata(pub(super) Arc<PeerMetadataConfig>);
+
+impl PeerMetadata {
+    /// Discovers the downstream peer (removing its headers) and sends this proxy's metadata
+    /// upstream; leaves an encoder for the response's side of both.
+    pub(super) fn decode(&self, req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
+        let config = &self.0;
+        let peers = req.peers();
+        let local = req.conn.shared.local_workload.clone();
+        if !config.downstream_discovery.is_empty() {
+            peers
+                .received_id
+                .store(req.headers.contains_key(&PEER_ID), Ordering::Relaxed);
+            peers
+                .received_metadata
+                .store(req.headers.contains_key(&PEER_METADATA), Ordering::Relaxed);
+            discover(&config.downstream_discovery, req.headers, &peers.downstream);
+        }
+        let skip = skips_exchange(req);
+        if let Some(p) = config.upstream_propagation
+            && !(skip.external && p.skip_external_clusters || skip.disabled)
+        {
+            inject(&local, req.headers, true, true);
+        }
+        if !config.upstream_discovery.is_empty() || config.downstream_propagation.is_some() {
+            encoders
+                .0
+                .push(Encoder::PeerMetadata(Box::new(PeerResponse {
+                    config: config.clone(),
+                    peers,
+                    local,
+                    skip_external: skip.external,
+                    skip_disabled: skip.disabled,
+                })));
+        }
+    }
+}
+
+/// Whether the request's cluster is outside the mesh (`PassthroughCluster`, or marked
+/// `external`) or has the exchange disabled (`disable_mx`), from its `istio` metadata.
+struct Skip {
+    external: bool,
+    disabled: bool,
+}
+
+fn skips_exchange(req: &FilterRequest<'_>) -> Skip {
+    let Some(name) = req.route_cluster() else {
+        return Skip {
+            external: false,
+            disabled: false,
+        };
+    };
+    let cluster = req.conn.shared.clusters.get(&name);
+    let istio = cluster.as_ref().and_then(|c| c.config().istio.clone());
+    Skip {
+        external: name == "PassthroughCluster" || istio.as_ref().is_some_and(|i| i.external),
+        disabled: istio.as_ref().is_some_and(|i| i.disable_mx),
+    }
+}
+
+/// Runs `methods` in order on `headers` until one finds the peer (into `peer`); the
+/// exchange's headers are removed when one of the methods reads them.
+fn discover(methods: &[Discovery], headers: &mut HeaderMap, peer: &OnceLock<Workload>) {
+    for m in methods {
+        if *m == Discovery::IstioHeaders
+            && let Some(found) = headers
+                .get(&PEER_METADATA)
+                .and_then(|v| Workload::from_header(v.as_bytes()))
+        {
+            let _ = peer.set(found);
+            break;
+        }
+    }
+    if methods.contains(&Discovery::IstioHeaders) {
+        headers.remove(&PEER_ID);
+        headers.remove(&PEER_METADATA);
+    }
+}
+
+/// Sets this proxy's exchange headers (the id and the metadata, each when asked).
+fn inject(local: &LocalWorkload, headers: &mut HeaderMap, id: bool, metadata: bool) {
+    if id && let Ok(v) = HeaderValue::from_str(&local.id) {
+        headers.insert(PEER_ID.clone(), v);
+    }
+    if metadata && let Ok(v) = HeaderValue::from_str(&local.header) {
+        headers.insert(PEER_METADATA.clone(), v);
+    }
+}
+
+/// The response side of `istio.metadata_exchange` for one request.
+#[derive(Debug)]
+pub(super) struct PeerResponse {
+    config: Arc<PeerMetadataConfig>,
+    peers: Arc<Peers>,
+    local: Arc<LocalWorkload>,
+    skip_external: bool,
+    skip_disabled: bool,
+}
+
+impl PeerResponse {
+    /// Discovers the upstream peer from the response (removing its headers) and answers
+    /// a downstream that sent its metadata with this proxy's.
+    pub(super) fn encode(&self, resp: &mut Response<Body>) {
+        discover(
+            &self.config.upstream_discovery,
+            resp.headers_mut(),
+            &self.peers.upstream,
+        );
+        if let Some(Propagation {
+            skip_external_clusters,
+        }) = self.config.downstream_propagation
+            && !(self.skip_external && skip_external_clusters || self.skip_disabled)
+        {
+            inject(
+                &self.local,
+                resp.headers_mut(),
+                self.peers.received_id.load(Ordering::Relaxed),
+                self.peers.received_metadata.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+/// `istio.stats`.
+#[derive(Debug)]
+pub(super) struct IstioStats {
+    config: Arc<IstioStatsConfig>,
+    store: Store,
+}
+
+impl IstioStats {
+    /// The filter, its metrics in `store`.
+    pub(super) fn new(config: &Arc<IstioStatsConfig>, store: &Store) -> Self {
+        IstioStats {
+            config: config.clone(),
+            store: store.clone(),
+        }
+    }
+
+    /// Starts observing a request (before any filter runs, so a request another filter
+    /// answers is counted too, as Envoy's stats filter counts it from the access log).
+    pub(super) fn start(&self, req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
+        let peers = req.peers();
+        let host = if self.config.disable_host_header_fallback {
+            String::new()
+        } else {
+            req.headers
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or(req.authority)
+                .to_owned()
+        };
+        let cluster = req.route_cluster();
+        let istio = cluster
+            .as_deref()
+            .and_then(|c| req.conn.shared.clusters.get(c))
+            .and_then(|c| c.config().istio.clone());
+        let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
+        let (service_host, service_name) =
+            metrics::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
+        let (peer_san, local_san) = match &req.conn.down.tls {
+            Some(tls) => (
+                tls.peer()
+                    .and_then(|c| c.uri_sans().next().map(str::to_owned))
+                    .unwrap_or_default(),
+                tls.local_uri_sans().first().cloned().unwrap_or_default(),
+            ),
+            None => (String::new(), String::new()),
+        };
+        let grpc = req
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/grpc"));
+        encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
+            config: self.config.clone(),
+            store: self.store.clone(),
+            local: req.conn.shared.local_workload.clone(),
+            peers,
+            server: req.conn.drain_scope.inbound,
+            grpc,
+            service_host,
+            service_name,
+            peer_san,
+            local_san,
+            started: Instant::now(),
+            request_bytes: head_bytes(req.headers) + content_length(req.headers),
+            response: None,
+        })));
+    }
+}
+
+/// The bytes of a header block as HTTP/1 writes it (`name: value\r\n` each).
+fn head_bytes(headers: &HeaderMap) -> u64 {
+    headers
+        .iter()
+        .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
+        .sum()
+}
+
+/// The `content-length` of a message, 0 when absent.
+fn content_length(headers: &HeaderMap) -> u64 {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// What the response said, for the labels.
+#[derive(Debug)]
+struct Answer {
+    code: u16,
+    grpc_status: Option<String>,
+    bytes: u64,
+}
+
+/// One request as `istio.stats` observes it; recorded when it ends (dropped with the
+/// response body, or with the request when it is cut short).
+#[derive(Debug)]
+pub(super) struct StatsRequest {
+    config: Arc<IstioStatsConfig>,
+    store: Store,
+    local: Arc<LocalWorkload>,
+    peers: Arc<Peers>,
+    /// An inbound listener's request: reported by the destination.
+    server: bool,
+    grpc: bool,
+    service_host: String,
+    service_name: String,
+    /// The downstream's certificate's first URI SAN (inbound TLS).
+    peer_san: String,
+    /// This side's certificate's first URI SAN (inbound TLS).
+    local_san: String,
+    started: Instant,
+    request_bytes: u64,
+    response: Option<Answer>,
+}
+
+impl StatsRequest {
+    /// Notes the response's code, gRPC status and size.
+    pub(super) fn encode(&mut self, resp: &Response<Body>) {
+        self.response = Some(Answer {
+            code: resp.status().as_u16(),
+            grpc_status: resp
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned),
+            bytes: head_bytes(resp.headers()) + content_length(resp.headers()),
+        });
+    }
+
+    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
+    fn labels(&self) -> Vec<(&'static str, String)> {
+        let ends = Ends {
+            server: self.server,
+            local: &self.local.workload,
+            // A client's upstream connection's certificates are not known here.
+            peer: if self.server {
+                self.peers.downstream.get()
+            } else {
+                self.peers.upstream.get()
+            },
+            peer_san: if self.server { &self.peer_san } else { "" },
+            local_san: if self.server { &self.local_san } else { "" },
+            service_host: &self.service_host,
+            service_name: &self.service_name,
+        };
+        let mut out = ends.labels();
+        let answer = self.response.as_ref();
+        out.extend([
+            (
+                "request_protocol",
+                if self.grpc { "grpc" } else { "http" }.to_owned(),
+            ),
+            ("response_code", answer.map_or(0, |a| a.code).to_string()),
+            (
+                "grpc_response_status",
+                if self.grpc {
+                    answer
+                        .and_then(|a| a.grpc_status.clone())
+                        .unwrap_or_default()
+                } else {
+                    String::new()
+                },
+            ),
+            ("response_flags", "-".to_owned()),
+            ("connection_security_policy", ends.security_policy()),
+        ]);
+        out
+    }
+
+    /// Records the request in Istio's metrics.
+    fn record(&self) {
+        let labels = self.labels();
+        let (store, config) = (&self.store, &self.config);
+        metrics::count(store, config, 0, &labels, 1);
+        let ms = self.started.elapsed().as_millis() as u64;
+        let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
+        for (i, value) in [(1, ms), (2, self.request_bytes), (3, response_bytes)] {
+            metrics::record(store, config, i, &labels, value);
+        }
+    }
+}
+
+impl Drop for StatsRequest {
+    fn drop(&mut self) {
+        self.record();
+    }
+}

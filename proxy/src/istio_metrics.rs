@@ -1,0 +1,302 @@
+//! Istio's standard metrics (what `istio.stats` records, HTTP and TCP): their labels, in the
+//! order Istio's stats filter adds them, from what is known of the local workload and the
+//! peer, and the metrics themselves in the custom stat namespace `istiocustom` (exported to
+//! Prometheus as `istio_*`).
+
+use crate::config::istio::stats::{IstioStatsConfig, METRICS};
+use crate::config::istio::workload::Workload;
+
+use crate::stats::Store;
+
+const UNKNOWN: &str = "unknown";
+
+/// What a connection or request knows of its two ends.
+#[derive(Debug)]
+pub struct Ends<'a> {
+    /// Whether the destination reports it (an inbound listener), else the source.
+    pub server: bool,
+    /// This proxy's workload.
+    pub local: &'a Workload,
+    /// The peer's, when discovered.
+    pub peer: Option<&'a Workload>,
+    /// The peer's certificate's first URI SAN (empty when unknown).
+    pub peer_san: &'a str,
+    /// This side's certificate's first URI SAN (empty when unknown).
+    pub local_san: &'a str,
+    /// `destination_service` as found (empty when not).
+    pub service_host: &'a str,
+    /// `destination_service_name` as found (empty when not).
+    pub service_name: &'a str,
+}
+
+/// `v`, or `default` when empty.
+fn or(v: &str, default: &str) -> String {
+    if v.is_empty() { default } else { v }.to_owned()
+}
+
+impl Ends<'_> {
+    /// The reporter and the source and destination labels.
+    pub fn labels(&self) -> Vec<(&'static str, String)> {
+        let local = self.local;
+        let none = Workload::default();
+        let p = self.peer.unwrap_or(&none);
+        let peer_namespace = namespace_of(self.peer_san)
+            .map(str::to_owned)
+            .unwrap_or_else(|| p.namespace.clone());
+        let mut out = vec![(
+            "reporter",
+            if self.server { "destination" } else { "source" }.to_owned(),
+        )];
+        if self.server {
+            out.extend([
+                ("source_workload", or(&p.workload, UNKNOWN)),
+                ("source_canonical_service", or(&p.canonical_name, UNKNOWN)),
+                (
+                    "source_canonical_revision",
+                    or(&p.canonical_revision, "latest"),
+                ),
+                ("source_workload_namespace", or(&peer_namespace, UNKNOWN)),
+                ("source_principal", or(self.peer_san, UNKNOWN)),
+                ("source_app", or(&p.app, UNKNOWN)),
+                ("source_version", or(&p.version, UNKNOWN)),
+                ("source_cluster", or(&p.cluster, UNKNOWN)),
+                ("destination_workload", local.workload.clone()),
+                ("destination_workload_namespace", local.namespace.clone()),
+                ("destination_principal", or(self.local_san, UNKNOWN)),
+                ("destination_app", local.app.clone()),
+                ("destination_version", local.version.clone()),
+                (
+                    "destination_service",
+                    or(self.service_host, &local.canonical_name),
+                ),
+                (
+                    "destination_canonical_service",
+                    local.canonical_name.clone(),
+                ),
+                (
+                    "destination_canonical_revision",
+                    local.canonical_revision.clone(),
+                ),
+                (
+                    "destination_service_name",
+                    or(self.service_name, &local.canonical_name),
+                ),
+                ("destination_service_namespace", local.namespace.clone()),
+                ("destination_cluster", local.cluster.clone()),
+            ]);
+        } else {
+            out.extend([
+                ("source_workload", local.workload.clone()),
+                ("source_canonical_service", local.canonical_name.clone()),
+                (
+                    "source_canonical_revision",
+                    local.canonical_revision.clone(),
+                ),
+                ("source_workload_namespace", local.namespace.clone()),
+                ("source_principal", or(self.local_san, UNKNOWN)),
+                ("source_app", local.app.clone()),
+                ("source_version", local.version.clone()),
+                ("source_cluster", local.cluster.clone()),
+                ("destination_workload", or(&p.workload, UNKNOWN)),
+                (
+                    "destination_workload_namespace",
+                    or(&peer_namespace, UNKNOWN),
+                ),
+                ("destination_principal", or(self.peer_san, UNKNOWN)),
+                ("destination_app", or(&p.app, UNKNOWN)),
+                ("destination_version", or(&p.version, UNKNOWN)),
+                ("destination_service", or(self.service_host, UNKNOWN)),
+                (
+                    "destination_canonical_service",
+                    or(&p.canonical_name, UNKNOWN),
+                ),
+                (
+                    "destination_canonical_revision",
+                    or(&p.canonical_revision, "latest"),
+                ),
+                ("destination_service_name", or(self.service_name, UNKNOWN)),
+                (
+                    "destination_service_namespace",
+                    or(&peer_namespace, UNKNOWN),
+                ),
+                ("destination_cluster", or(&p.cluster, UNKNOWN)),
+            ]);
+        }
+        out
+    }
+
+    /// `connection_security_policy`: a server knows whether both sides presented
+    /// certificates; a client reports `unknown`.
+    pub fn security_policy(&self) -> String {
+        if !self.server {
+            UNKNOWN
+        } else if !self.peer_san.is_empty() && !self.local_san.is_empty() {
+            "mutual_tls"
+        } else {
+            "none"
+        }
+        .to_owned()
+    }
+}
+
+/// `destination_service` and `destination_service_name` as Istio's stats filter finds them:
+/// the Host header (unless disabled), then the special clusters' names, then the cluster's
+/// `istio` service (its host, and its name or the host's first label).
+pub fn destination_service(
+    host: String,
+    cluster: Option<&str>,
+    route_name: &str,
+    istio: Option<&crate::config::istio::IstioCluster>,
+) -> (String, String) {
+    const SPECIAL: [&str; 5] = [
+        "BlackHoleCluster",
+        "PassthroughCluster",
+        "InboundPassthroughCluster",
+        "InboundPassthroughClusterIpv4",
+        "InboundPassthroughClusterIpv6",
+    ];
+    let mut service_host = host.clone();
+    let mut service_name = host;
+    match (route_name, cluster) {
+        ("block_all", _) => service_name = "BlackHoleCluster".into(),
+        ("allow_any", _) => service_name = "PassthroughCluster".into(),
+        (_, Some(c)) if SPECIAL.contains(&c) => service_name = c.into(),
+        _ => {
+            if let Some(i) = istio.filter(|i| !i.service_host.is_empty()) {
+                service_host.clone_from(&i.service_host);
+                service_name = if i.service_name.is_empty() {
+                    i.service_host
+                        .split('.')
+                        .next()
+                        .unwrap_or_default()
+                        .to_owned()
+                } else {
+                    i.service_name.clone()
+                };
+            }
+        }
+    }
+    (service_host, service_name)
+}
+
+/// The namespace in a SPIFFE principal (`<domain>/ns/<namespace>/sa/<account>`).
+fn namespace_of(principal: &str) -> Option<&str> {
+    let at = principal.find("/ns/")? + 4;
+    let rest = &principal[at..];
+    Some(rest.split('/').next().unwrap_or(rest))
+}
+
+/// A metric of [`METRICS`] (by index) as `config` keeps it: `None` when dropped, else
+/// `labels` less those it removes.
+fn kept<'l>(
+    config: &IstioStatsConfig,
+    i: usize,
+    labels: &'l [(&'static str, String)],
+) -> Option<Vec<(&'l str, &'l str)>> {
+    if config.dropped[i] {
+        return None;
+    }
+    let removed = &config.removed_tags[i];
+    Some(
+        labels
+            .iter()
+            .filter(|(k, _)| !removed.iter().any(|r| r == k))
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect(),
+    )
+}
+
+/// The stat name of metric `i` of [`METRICS`].
+fn name(i: usize) -> String {
+    format!("istiocustom.istio_{}", METRICS[i])
+}
+
+/// Adds `n` to counter `i` of [`METRICS`] with `labels`.
+pub fn count(
+    store: &Store,
+    config: &IstioStatsConfig,
+    i: usize,
+    labels: &[(&'static str, String)],
+    n: u64,
+) {
+    if let Some(tags) = kept(config, i, labels) {
+        store.tagged_counter(&name(i), &tags).add(n);
+    }
+}
+
+/// Records `value` in histogram `i` of [`METRICS`] with `labels`.
+pub fn record(
+    store: &Store,
+    config: &IstioStatsConfig,
+    i: usize,
+    labels: &[(&'static str, String)],
+    value: u64,
+) {
+    if let Some(tags) = kept(config, i, labels) {
+        store.tagged_histogram(&name(i), &tags).record(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_namespace_comes_from_a_spiffe_principal() {
+        assert_eq!(
+            namespace_of("spiffe://cluster.local/ns/default/sa/bookinfo"),
+            Some("default")
+        );
+        assert_eq!(namespace_of("spiffe://cluster.local/ns/last"), Some("last"));
+        assert_eq!(namespace_of("spiffe://cluster.local/sa/x"), None);
+    }
+
+    #[test]
+    fn a_server_names_an_unknown_peer_unknown_and_itself_from_its_node() {
+        let local = Workload {
+            workload: "ratings-v1".into(),
+            ..Default::default()
+        };
+        let ends = Ends {
+            server: true,
+            local: &local,
+            peer: None,
+            peer_san: "spiffe://cluster.local/ns/foo/sa/bar",
+            local_san: "",
+            service_host: "",
+            service_name: "",
+        };
+        let labels = ends.labels();
+        assert_eq!(labels[0], ("reporter", "destination".to_owned()));
+        assert_eq!(
+            labels[3],
+            ("source_canonical_revision", "latest".to_owned())
+        );
+        assert_eq!(labels[4], ("source_workload_namespace", "foo".to_owned()));
+        assert_eq!(labels[9], ("destination_workload", "ratings-v1".to_owned()));
+        assert_eq!(ends.security_policy(), "none");
+    }
+
+    #[test]
+    fn the_destination_service_prefers_the_clusters_istio_service() {
+        let istio = crate::config::istio::IstioCluster {
+            service_host: "server.default.svc.cluster.local".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            destination_service("host:80".into(), Some("c"), "", Some(&istio)),
+            (
+                "server.default.svc.cluster.local".to_owned(),
+                "server".to_owned()
+            )
+        );
+        assert_eq!(
+            destination_service("host:80".into(), Some("PassthroughCluster"), "", None),
+            ("host:80".to_owned(), "PassthroughCluster".to_owned())
+        );
+        assert_eq!(
+            destination_service("h".into(), Some("c"), "allow_any", Some(&istio)),
+            ("h".to_owned(), "PassthroughCluster".to_owned())
+        );
+    }
+}

@@ -1,0 +1,816 @@
+//! Istio's own proxy filters (istio/proxy), which stock Envoy lacks, so these tests check
+//! revoy against Istio's documented behaviour and wire formats rather than against Envoy.
+//!
+//! `istio.metadata_exchange` and `istio.stats`, as in Istio proxy's own end-to-end test (its
+//! `testdata/`, copied into `tests/data/istio/`): a client revoy (outbound listener) sends
+//! through a server revoy (inbound listener) to a static reply; each node has the metadata of
+//! Istio's test nodes; each must export `istio_requests_total` with exactly the labels,
+//! values and order of Istio's goldens. What the client sends upstream is decoded by a decoder
+//! written here from Istio's format description (base64 of a `google.protobuf.Struct`).
+//!
+//! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
+//! the handshake, so whatever the server then picks), and answers with it: a request's
+//! upstream connection offers the override for the protocol it goes upstream in, in place of
+//! the cluster's own list, and connections with and without an override are not shared.
+
+#[path = "support/admin.rs"]
+mod admin;
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
+#[path = "support/certs.rs"]
+mod certs;
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/gotemplate.rs"]
+mod gotemplate;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "support/ports.rs"]
+mod ports;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use certs::{Ca, CertDir, Issued};
+use child::Proxy;
+use ports::free_port;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+
+/// The ALPN lists offered to an upstream, one per connection, comma-joined.
+type Offers = Arc<Mutex<Vec<String>>>;
+
+/// A TLS upstream presenting `server` and negotiating no ALPN, which records what each
+/// connection offered and answers every HTTP/1 request with it.
+fn recording_upstream(server: &Issued) -> (u16, Offers) {
+    let chain = CertificateDer::pem_slice_iter(server.chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).unwrap();
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap(),
+    );
+    let offers = Offers::default();
+    let port = free_port();
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let seen = offers.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let (config, seen) = (config.clone(), seen.clone());
+            std::thread::spawn(move || answer_offer(config, tcp, &seen));
+        }
+    });
+    (port, offers)
+}
+
+/// One connection: its ClientHello's ALPN list recorded, then each request answered with it.
+fn answer_offer(config: Arc<rustls::ServerConfig>, mut tcp: TcpStream, seen: &Mutex<Vec<String>>) {
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok();
+    let mut acceptor = rustls::server::Acceptor::default();
+    let accepted = loop {
+        if acceptor.read_tls(&mut tcp).is_err() {
+            return;
+        }
+        match acceptor.accept() {
+            Ok(Some(accepted)) => break accepted,
+            Ok(None) => {}
+            Err(_) => return,
+        }
+    };
+    let offered = accepted
+        .client_hello()
+        .alpn()
+        .map(|list| {
+            list.map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_else(|| "none".into());
+    seen.lock().unwrap().push(offered.clone());
+    let Ok(mut conn) = accepted.into_connection(config) else {
+        return;
+    };
+    let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+    http1::answer_heads(&mut stream, |_| http1::ok(&offered));
+}
+
+/// istiod's `istio.alpn` config for outbound listeners (as in its LDS output).
+const ISTIO_ALPN: &str = r#"{name: istio.alpn, typed_config: {"@type": type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig, alpn_override: [{alpn_override: [istio-http/1.0, istio, http/1.0]}, {upstream_protocol: HTTP11, alpn_override: [istio-http/1.1, istio, http/1.1]}, {upstream_protocol: HTTP2, alpn_override: [istio-h2, istio, h2]}]}}"#;
+
+/// Two listeners routing `/h1`, `/h2` and `/down` to clusters of those upstream protocols
+/// (HTTP/1.1, HTTP/2, the downstream's), all TLS to `upstream` with Istio's mTLS ALPN list;
+/// `istio.alpn` runs on the first only.
+fn alpn_bootstrap(
+    admin: u16,
+    with: u16,
+    without: u16,
+    upstream: u16,
+    ca: &std::path::Path,
+) -> String {
+    let routes = "[{match: {prefix: /h1}, route: {cluster: h1}}, {match: {prefix: /h2}, route: {cluster: h2}}, {match: {prefix: /down}, route: {cluster: down}}]";
+    let listener = |name: &str, port: u16, filters: &str| {
+        bootstrap::http_listener(
+            name,
+            port,
+            "http_protocol_options: {accept_http_10: true}",
+            filters,
+            routes,
+        )
+    };
+    let cluster = |name: &str, protocol: &str| {
+        let extra = format!(
+            r#"typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    {protocol}
+transport_socket:
+  name: envoy.transport_sockets.tls
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+    sni: backend.test
+    common_tls_context:
+      alpn_protocols: [istio-peer-exchange, istio]
+      validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+            ca.display()
+        );
+        bootstrap::cluster(name, upstream, &extra)
+    };
+    format!(
+        "{}static_resources:\n  listeners:{}{}\n  clusters:{}{}{}\n",
+        bootstrap::admin(admin),
+        listener("with", with, &format!("{ISTIO_ALPN}, ")),
+        listener("without", without, ""),
+        cluster("h1", "explicit_http_config: {http_protocol_options: {}}"),
+        cluster("h2", "explicit_http_config: {http2_protocol_options: {}}"),
+        cluster(
+            "down",
+            "use_downstream_protocol_config: {http_protocol_options: {}, http2_protocol_options: {}}"
+        ),
+    )
+}
+
+/// A request in HTTP/1.0 (no keep-alive): the status and body.
+fn get_http10(port: u16, path: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(conn, "GET {path} HTTP/1.0\r\nhost: backend.test\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_owned())
+}
+
+#[test]
+fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
+    let dir = CertDir::new();
+    let mesh = Ca::new("cluster.local");
+    let ca = mesh.write_root_to(dir.path(), "ca");
+    let (upstream, offers) = recording_upstream(&mesh.server(&["backend.test"]).issue());
+    let (admin, with, without) = (free_port(), free_port(), free_port());
+    let _revoy = Proxy::with_admin(&alpn_bootstrap(admin, with, without, upstream, &ca), admin);
+    let get = |port: u16, path: &str| {
+        http1::get(None, ([127, 0, 0, 1], port).into(), path).unwrap_or_default()
+    };
+
+    // HTTP/1.1 upstream: istiod's HTTP11 list, not the cluster's.
+    assert_eq!(
+        get(with, "/h1"),
+        (200, "istio-http/1.1,istio,http/1.1".to_owned())
+    );
+    // Without the filter the cluster's own list, on a connection of its own.
+    assert_eq!(
+        get(without, "/h1"),
+        (200, "istio-peer-exchange,istio".to_owned())
+    );
+    // The downstream's protocol, HTTP/1.0 here: the HTTP10 list.
+    assert_eq!(
+        get_http10(with, "/down"),
+        (200, "istio-http/1.0,istio,http/1.0".to_owned())
+    );
+    assert_eq!(
+        get(with, "/down"),
+        (200, "istio-http/1.1,istio,http/1.1".to_owned())
+    );
+    // HTTP/2 upstream: the HTTP2 list is offered (this upstream speaks only HTTP/1, so the
+    // request itself fails; what matters is the ClientHello).
+    let before = offers.lock().unwrap().len();
+    let (status, _) = get(with, "/h2");
+    assert_eq!(status, 503);
+    let offered = offers.lock().unwrap()[before..].to_vec();
+    assert_eq!(
+        offered.first().map(String::as_str),
+        Some("istio-h2,istio,h2")
+    );
+    // Each cluster and list had its own connection: the request without the filter reused
+    // none of the first's.
+    let all = offers.lock().unwrap().clone();
+    assert_eq!(
+        all[..4],
+        [
+            "istio-http/1.1,istio,http/1.1",
+            "istio-peer-exchange,istio",
+            "istio-http/1.0,istio,http/1.0",
+            "istio-http/1.1,istio,http/1.1",
+        ]
+    );
+}
+
+/// One of Istio proxy's test templates (`tests/data/istio/`) rendered with the variables its
+/// tests leave empty (`vars` besides).
+fn render(file: &str, vars: &[(&str, &str)]) -> String {
+    let path = format!("{}/tests/data/istio/{file}", env!("CARGO_MANIFEST_DIR"));
+    let mut data = serde_json::Map::new();
+    for name in [
+        "GrpcResponseStatus",
+        "SDPort",
+        "StackdriverRootCAFile",
+        "StackdriverTokenFile",
+        "STSPort",
+        "AppVersionFallback",
+        "EnableAdditionalLabels",
+    ]
+    .into_iter()
+    .chain(vars.iter().map(|(n, _)| *n))
+    {
+        let value = vars
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or("", |(_, v)| *v);
+        data.insert(name.to_owned(), value.into());
+    }
+    let vars = serde_json::json!({ "Vars": data });
+    gotemplate::render(&std::fs::read_to_string(&path).unwrap(), &vars)
+        .unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+/// A golden metric's labels (name, value) in order, and its counter value.
+fn golden(file: &str, count: &str) -> (Vec<(String, String)>, String) {
+    let text = render(file, &[("RequestCount", count)]);
+    let mut labels = Vec::new();
+    let mut value = String::new();
+    let mut lines = text.lines().map(str::trim);
+    while let Some(line) = lines.next() {
+        if let Some(name) = line.strip_prefix("- name: ") {
+            let v = lines.next().unwrap().strip_prefix("value: ").unwrap();
+            labels.push((name.to_owned(), v.trim_matches('"').to_owned()));
+        } else if let Some(v) = line.strip_prefix("value: ") {
+            value = v.to_owned();
+        }
+    }
+    (labels, value)
+}
+
+/// The series of `family` in a `/stats/prometheus` text: labels in order, and the value.
+fn series(text: &str, family: &str) -> Vec<(Vec<(String, String)>, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+        .map(|rest| {
+            let (labels, value) = rest.rsplit_once("} ").unwrap();
+            let labels = labels
+                .split("\",")
+                .map(|pair| {
+                    let (k, v) = pair.split_once("=\"").unwrap();
+                    (k.to_owned(), v.trim_end_matches('"').to_owned())
+                })
+                .collect();
+            (labels, value.to_owned())
+        })
+        .collect()
+}
+
+/// A node's metadata from Istio's test node template.
+fn node_metadata(file: &str) -> String {
+    render(file, &[])
+}
+
+/// istiod-shaped filters (istio/proxy `testdata/filters/{mx_native,stats}_{in,out}bound`).
+const MX_OUTBOUND: &str = r#"{name: mx_outbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {upstream_discovery: [{istio_headers: {}}, {workload_discovery: {}}], upstream_propagation: [{istio_headers: {}}]}}}"#;
+const MX_INBOUND: &str = r#"{name: mx_inbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {downstream_discovery: [{istio_headers: {}}], downstream_propagation: [{istio_headers: {}}]}}}"#;
+const STATS: &str = r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {}}}"#;
+
+/// An HCM listener (see `bootstrap::http_listener`) with its `traffic_direction`.
+fn hcm_listener(name: &str, direction: &str, port: u16, filters: &str, routes: &str) -> String {
+    bootstrap::http_listener(name, port, "", filters, &format!("[{routes}]")).replacen(
+        &format!("- name: {name}\n"),
+        &format!("- name: {name}\n    traffic_direction: {direction}\n"),
+        1,
+    )
+}
+
+/// A static cluster to 127.0.0.1:`port`, with istiod's `istio` metadata when `service` is
+/// given (its host and name).
+fn static_cluster(name: &str, port: u16, service: Option<(&str, &str)>) -> String {
+    let metadata = service.map_or(String::new(), |(host, short)| {
+        format!(
+            "metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
+        )
+    });
+    bootstrap::cluster(name, port, &metadata)
+}
+
+fn node_bootstrap(id: &str, metadata: &str, admin: u16, listeners: &str, clusters: &str) -> String {
+    format!(
+        "node: {{id: {id}, cluster: test-cluster, metadata: {{{metadata}}}}}\n{}static_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
+        bootstrap::admin(admin)
+    )
+}
+
+/// An upstream that hands each request head it reads to the test and answers `200`.
+fn capturing_upstream() -> (u16, std::sync::mpsc::Receiver<String>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                http1::answer_heads(&mut s, |head| {
+                    let _ = tx.send(head.to_owned());
+                    http1::ok("")
+                });
+            });
+        }
+    });
+    (port, rx)
+}
+
+/// One request with `headers` (whole lines): the response head (lowercased names) and body.
+fn exchange(port: u16, path: &str, headers: &str) -> (String, String) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nhost: server.test\r\n{headers}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (head.to_owned(), body.to_owned())
+}
+
+/// The value of header `name` in a message head.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// A Struct value as Istio's exchange writes them: a string or a nested Struct.
+#[derive(Debug, PartialEq)]
+enum PbValue {
+    Text(String),
+    Map(Vec<(String, PbValue)>),
+}
+
+/// Decodes a `google.protobuf.Struct` from its proto encoding, entries in wire order
+/// (written from the protobuf encoding spec: Struct.fields = 1, a map entry's key = 1 and
+/// value = 2, Value.string_value = 3, Value.struct_value = 5).
+fn decode_struct(mut b: &[u8]) -> Vec<(String, PbValue)> {
+    fn varint(b: &mut &[u8]) -> u64 {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = b[0];
+            *b = &b[1..];
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        v
+    }
+    /// The next field: its number and its length-delimited bytes (the only wire type used).
+    fn field<'a>(b: &mut &'a [u8]) -> (u64, &'a [u8]) {
+        let key = varint(b);
+        assert_eq!(key & 7, 2, "length-delimited field expected");
+        let len = varint(b) as usize;
+        let (bytes, rest) = b.split_at(len);
+        *b = rest;
+        (key >> 3, bytes)
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let (n, mut entry) = field(&mut b);
+        assert_eq!(n, 1);
+        let (mut key, mut value) = (String::new(), None);
+        while !entry.is_empty() {
+            match field(&mut entry) {
+                (1, k) => key = String::from_utf8(k.to_vec()).unwrap(),
+                (2, mut v) => {
+                    let (kind, bytes) = field(&mut v);
+                    value = Some(match kind {
+                        3 => PbValue::Text(String::from_utf8(bytes.to_vec()).unwrap()),
+                        5 => PbValue::Map(decode_struct(bytes)),
+                        other => panic!("unexpected Value field {other}"),
+                    });
+                }
+                (other, _) => panic!("unexpected entry field {other}"),
+            }
+        }
+        out.push((key, value.unwrap()));
+    }
+    out
+}
+
+/// An `x-envoy-peer-metadata` value decoded.
+fn peer_metadata(value: &str) -> Vec<(String, PbValue)> {
+    use base64::Engine;
+    decode_struct(
+        &base64::engine::general_purpose::STANDARD
+            .decode(value)
+            .unwrap(),
+    )
+}
+
+fn text(s: &str) -> PbValue {
+    PbValue::Text(s.to_owned())
+}
+
+#[test]
+fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
+    let (client_admin, client_port) = (free_port(), free_port());
+    let (server_admin, server_port, backend_port) = (free_port(), free_port(), free_port());
+    let (capture_port, captured) = capturing_upstream();
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        client_admin,
+        &hcm_listener(
+            "client",
+            "OUTBOUND",
+            client_port,
+            &format!("{MX_OUTBOUND}, {STATS}, "),
+            "{match: {prefix: /capture}, route: {cluster: capture}}, {match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
+        ),
+        &(static_cluster(
+            "server-outbound-cluster",
+            server_port,
+            Some(("server.default.svc.cluster.local", "server")),
+        ) + &static_cluster("capture", capture_port, None)),
+    );
+    let server = node_bootstrap(
+        "server",
+        &node_metadata("server_node_metadata.json.tmpl"),
+        server_admin,
+        &(hcm_listener(
+            "server",
+            "INBOUND",
+            server_port,
+            &format!("{MX_INBOUND}, {STATS}, "),
+            "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
+        ) + &hcm_listener(
+            "staticreply",
+            "UNSPECIFIED",
+            backend_port,
+            "",
+            "{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: hello}}}",
+        )),
+        &static_cluster(
+            "server-inbound-cluster",
+            backend_port,
+            Some(("server.default.svc.cluster.local", "server")),
+        ),
+    );
+    let _client = Proxy::with_admin(&client, client_admin);
+    let _server = Proxy::with_admin(&server, server_admin);
+
+    // What the client sends upstream: its node id and its workload, in Istio's format.
+    let (head, _) = exchange(client_port, "/capture", "");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let sent = captured.recv_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(header(&sent, "x-envoy-peer-metadata-id"), Some("client"));
+    let metadata = peer_metadata(header(&sent, "x-envoy-peer-metadata").unwrap());
+    assert_eq!(
+        metadata,
+        [
+            ("CLUSTER_ID".to_owned(), text("client-cluster")),
+            (
+                "LABELS".to_owned(),
+                PbValue::Map(vec![
+                    ("app".to_owned(), text("productpage")),
+                    (
+                        "service.istio.io/canonical-name".to_owned(),
+                        text("productpage-v1")
+                    ),
+                    (
+                        "service.istio.io/canonical-revision".to_owned(),
+                        text("version-1")
+                    ),
+                    ("version".to_owned(), text("v1")),
+                ])
+            ),
+            ("NAME".to_owned(), text("productpage-v1-84975bc778-pxz2w")),
+            ("NAMESPACE".to_owned(), text("default")),
+            (
+                "OWNER".to_owned(),
+                text("kubernetes://apis/apps/v1/namespaces/default/deployments/productpage-v1")
+            ),
+            ("WORKLOAD_NAME".to_owned(), text("productpage-v1")),
+        ]
+    );
+
+    // The server answers a peer that sent its metadata with its own, and only then.
+    let client_headers = format!(
+        "x-envoy-peer-metadata-id: client\r\nx-envoy-peer-metadata: {}\r\n",
+        header(&sent, "x-envoy-peer-metadata").unwrap()
+    );
+    let (head, body) = exchange(server_port, "/", &client_headers);
+    assert_eq!(body, "hello");
+    assert_eq!(header(&head, "x-envoy-peer-metadata-id"), Some("server"));
+    let answered = peer_metadata(header(&head, "x-envoy-peer-metadata").unwrap());
+    assert!(answered.contains(&("WORKLOAD_NAME".to_owned(), text("ratings-v1"))));
+    let (head, _) = exchange(server_port, "/", "");
+    assert_eq!(header(&head, "x-envoy-peer-metadata"), None);
+
+    // Through both: the client's response no longer carries the server's headers.
+    for _ in 0..3 {
+        let (head, body) = exchange(client_port, "/", "");
+        assert_eq!(body, "hello");
+        assert_eq!(header(&head, "x-envoy-peer-metadata"), None, "{head}");
+        assert_eq!(header(&head, "x-envoy-peer-metadata-id"), None, "{head}");
+    }
+
+    // Each side's istio_requests_total: the golden's labels, in its order.
+    let scrape = |admin: u16| {
+        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1
+    };
+    let find = |admin: u16, golden: &[(String, String)]| {
+        series(&scrape(admin), "istio_requests_total")
+            .into_iter()
+            .find(|(labels, _)| labels == golden)
+    };
+    let (client_labels, _) = golden("client_request_total.yaml.tmpl", "3");
+    admin::wait_until("the client's three requests counted", || {
+        find(client_admin, &client_labels).is_some_and(|(_, v)| v == "3")
+    });
+    // The server saw the three through the client and the direct one with the client's
+    // metadata: four from productpage-v1 (the one without metadata is another series).
+    let (server_labels, _) = golden("server_request_total.yaml.tmpl", "");
+    let server_series = || find(server_admin, &server_labels);
+    admin::wait_until("the server's requests counted", || {
+        server_series().is_some_and(|(_, v)| v == "4")
+    });
+    let text = scrape(client_admin);
+    assert!(
+        text.contains("# TYPE istio_requests_total counter\n"),
+        "{text}"
+    );
+    assert!(text.contains("# TYPE istio_request_duration_milliseconds histogram\n"));
+    assert!(!text.contains("envoy_istiocustom"));
+}
+
+/// A TCP upstream echoing every byte back.
+fn echo_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut r = s.try_clone().unwrap();
+                let mut w = s;
+                let _ = std::io::copy(&mut r, &mut w);
+            });
+        }
+    });
+    port
+}
+
+const TCP_MX: &str = r#"{"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange, value: {protocol: istio-peer-exchange}}"#;
+
+/// A protobuf length-delimited field (for the frame this test builds itself).
+fn pb_field(number: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = vec![number << 3 | 2];
+    let mut len = bytes.len();
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// Reads exactly `n` bytes.
+fn read_n(r: &mut impl Read, n: usize) -> Vec<u8> {
+    let mut buf = vec![0; n];
+    r.read_exact(&mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+    let dir = CertDir::new();
+    let mesh = Ca::new("cluster.local");
+    let ca = mesh.write_root_to(dir.path(), "root");
+    let server_cert = mesh
+        .workload("default", "server")
+        .dns("server.test")
+        .issue()
+        .write_to(dir.path(), "server");
+    let client_cert = mesh
+        .workload("default", "client")
+        .issue()
+        .write_to(dir.path(), "client");
+    let echo = echo_upstream();
+    let (client_admin, client_port) = (free_port(), free_port());
+    let (server_admin, server_port) = (free_port(), free_port());
+    let tcp_proxy = |cluster: &str| {
+        format!(
+            r#"{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: {cluster}, cluster: {cluster}}}}}"#
+        )
+    };
+    let server = node_bootstrap(
+        "server",
+        &node_metadata("server_node_metadata.json.tmpl"),
+        server_admin,
+        &format!(
+            r#"
+  - name: inbound
+    traffic_direction: INBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
+    filter_chains:
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]
+      transport_socket:
+        name: tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            alpn_protocols: [istio-peer-exchange, istio]
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+            tcp_proxy("echo"),
+            server_cert.chain.display(),
+            server_cert.key.display(),
+            ca.display()
+        ),
+        &static_cluster(
+            "echo",
+            echo,
+            Some(("server.default.svc.cluster.local", "server")),
+        ),
+    );
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        client_admin,
+        &format!(
+            r#"
+  - name: outbound
+    traffic_direction: OUTBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {client_port}}}}}
+    filter_chains: [{{filters: [{STATS}, {}]}}]"#,
+            tcp_proxy("mesh")
+        ),
+        &format!(
+            r#"{}
+    filters: [{{name: envoy.filters.network.upstream.metadata_exchange, typed_config: {TCP_MX}}}]
+    transport_socket:
+      name: tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: server.test
+        common_tls_context:
+          alpn_protocols: [istio-peer-exchange, istio]
+          tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+          validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+            static_cluster(
+                "mesh",
+                server_port,
+                Some(("server.default.svc.cluster.local", "server"))
+            ),
+            client_cert.chain.display(),
+            client_cert.key.display(),
+            ca.display()
+        ),
+    );
+    let _server = Proxy::with_admin(&server, server_admin);
+    let _client = Proxy::with_admin(&client, client_admin);
+
+    // Through both revoys: each took the other's frame off, so the bytes arrive as sent
+    // (ten connections, as in Istio's TCP test).
+    for _ in 0..10 {
+        let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"hello mesh").unwrap();
+        assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+    }
+    // Each side's istio_tcp_connections_opened_total: Istio's golden labels, peers from the
+    // exchange and principals from the mTLS certificates.
+    for (admin, file) in [
+        (client_admin, "tcp_client_connection_open.yaml.tmpl"),
+        (server_admin, "tcp_server_connection_open.yaml.tmpl"),
+    ] {
+        let (labels, value) = golden(file, "");
+        assert_eq!(value, "10");
+        admin::wait_until(file, || {
+            let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+                .unwrap()
+                .1;
+            series(&text, "istio_tcp_connections_opened_total")
+                .iter()
+                .any(|(l, v)| *l == labels && v == "10")
+        });
+    }
+
+    // A client of this test's own, speaking Istio's framing to the server revoy.
+    let tls_client = |alpn: &[u8]| {
+        let mut config = certs::client_config(dir.path(), Some("client"));
+        config.alpn_protocols = vec![alpn.to_vec()];
+        let name = "server.test".try_into().unwrap();
+        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+        let tcp = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        rustls::StreamOwned::new(conn, tcp)
+    };
+    let mut s = tls_client(b"istio-peer-exchange");
+    let data = pb_field(
+        1,
+        &[
+            pb_field(1, b"x-envoy-peer-metadata-id"),
+            pb_field(2, &pb_field(3, b"test-peer")),
+        ]
+        .concat(),
+    );
+    let any = [
+        pb_field(1, b"type.googleapis.com/google.protobuf.Struct"),
+        pb_field(2, &data),
+    ]
+    .concat();
+    let mut frame = 0x3D23_0467u32.to_be_bytes().to_vec();
+    frame.extend((any.len() as u32).to_be_bytes());
+    frame.extend(&any);
+    frame.extend(b"ping");
+    s.write_all(&frame).unwrap();
+    // The server's frame first: magic, length, Any(Struct) with its workload and id.
+    let head = read_n(&mut s, 8);
+    assert_eq!(head[..4], [0x3D, 0x23, 0x04, 0x67]);
+    let len = u32::from_be_bytes(head[4..8].try_into().unwrap()) as usize;
+    let any = decode_any(&read_n(&mut s, len));
+    assert_eq!(any.0, "type.googleapis.com/google.protobuf.Struct");
+    let fields = decode_struct(&any.1);
+    assert_eq!(
+        fields[1],
+        ("x-envoy-peer-metadata-id".to_owned(), text("server"))
+    );
+    let PbValue::Map(metadata) = &fields[0].1 else {
+        panic!("{fields:?}")
+    };
+    assert_eq!(fields[0].0, "x-envoy-peer-metadata");
+    assert!(metadata.contains(&("WORKLOAD_NAME".to_owned(), text("ratings-v1"))));
+    // Then the echo of what followed this test's frame, and nothing of the frame.
+    assert_eq!(read_n(&mut s, 4), b"ping");
+
+    // Without the exchange's ALPN the bytes pass as they are, both ways.
+    let mut s = tls_client(b"istio");
+    s.write_all(b"ping").unwrap();
+    assert_eq!(read_n(&mut s, 4), b"ping");
+}
+
+/// An `Any`'s type URL and value (fields 1 and 2).
+fn decode_any(b: &[u8]) -> (String, Vec<u8>) {
+    let mut rest = b;
+    let (mut url, mut value) = (String::new(), Vec::new());
+    while !rest.is_empty() {
+        let key = rest[0];
+        let (len, used) = {
+            let (mut v, mut i) = (0usize, 1);
+            loop {
+                let byte = rest[i];
+                v |= usize::from(byte & 0x7f) << (7 * (i - 1));
+                i += 1;
+                if byte & 0x80 == 0 {
+                    break (v, i);
+                }
+            }
+        };
+        let bytes = &rest[used..used + len];
+        match key >> 3 {
+            1 => url = String::from_utf8(bytes.to_vec()).unwrap(),
+            2 => value = bytes.to_vec(),
+            other => panic!("unexpected Any field {other}"),
+        }
+        rest = &rest[used + len..];
+    }
+    (url, value)
+}
