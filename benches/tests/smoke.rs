@@ -104,6 +104,27 @@ fn read_json(dir: &Path, file: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file} is not JSON: {e}"))
 }
 
+/// What the report's `count` targets of `what` lack: a target not measured, unless its name
+/// starts with `may_lack`; or the count itself.
+fn target_problems(json: &Value, what: &str, count: usize, may_lack: &str) -> Vec<String> {
+    let targets = json["targets"].as_array().expect("targets");
+    let mut problems = Vec::new();
+    if targets.len() != count {
+        problems.push(format!(
+            "{} {what} targets, expected {count}",
+            targets.len()
+        ));
+    }
+    for target in targets {
+        let name = target["target"].as_str().unwrap_or_default();
+        let value = target["revoy"].as_str().unwrap_or("not measured");
+        if !name.starts_with(may_lack) && value.contains("not measured") {
+            problems.push(format!("{what} target not measured: {target}"));
+        }
+    }
+    problems
+}
+
 fn number(v: &Value, path: &str) -> Option<f64> {
     v.pointer(path).and_then(Value::as_f64)
 }
@@ -164,18 +185,8 @@ fn tls_problems(json: &Value) -> Vec<String> {
             problems.push(format!("{contender} negotiated {negotiated:?}"));
         }
     }
-    let targets = json["targets"].as_array().expect("targets");
-    if targets.len() != 10 {
-        problems.push(format!("{} TLS targets, expected 10", targets.len()));
-    }
     // The memory targets may lack a ratio: 20 idle connections may add no page to Envoy.
-    for target in targets {
-        let name = target["target"].as_str().unwrap_or_default();
-        let value = target["revoy"].as_str().unwrap_or("not measured");
-        if !name.starts_with("idle TLS") && value.contains("not measured") {
-            problems.push(format!("TLS target not measured: {target}"));
-        }
-    }
+    problems.extend(target_problems(json, "TLS", 10, "idle TLS"));
     problems
 }
 
@@ -393,19 +404,9 @@ fn mesh_smoke_run_measures_every_contender_and_sidecar() {
     if number(medians, "/mesh_saturation/revoy/errors") != Some(0.0) {
         problems.push("revoy's sidecars failed requests".into());
     }
-    let targets = json["targets"].as_array().expect("targets");
-    if targets.len() != 9 {
-        problems.push(format!("{} mesh targets, expected 9", targets.len()));
-    }
     // The added-latency target may lack a ratio: in one short run direct's p99 can come out
     // above Envoy's.
-    for target in targets {
-        let name = target["target"].as_str().unwrap_or_default();
-        let value = target["revoy"].as_str().unwrap_or("not measured");
-        if !name.starts_with("added p99") && value.contains("not measured") {
-            problems.push(format!("target not measured: {target}"));
-        }
-    }
+    problems.extend(target_problems(&json, "mesh", 9, "added p99"));
     assert!(
         problems.is_empty(),
         "mesh smoke run incomplete: {problems:#?}\n{md}"
