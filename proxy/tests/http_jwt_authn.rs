@@ -9,7 +9,9 @@
 //! `requirement_name` (known and unknown) and `disabled`, the route chosen again by a claim
 //! header (`clear_route_cache`), a remote JWKS fetched through a cluster from a loopback
 //! server (fetched once, then cached) and one that cannot be fetched, CORS preflights,
-//! stripped failures (with their response code details), the filter's stats; and
+//! stripped failures (with their response code details), the filter's stats; the payload,
+//! header and failure written to dynamic metadata (seen through `%DYNAMIC_METADATA%`) and an
+//! RBAC filter after jwt_authn matching the claims there; and
 //! configuration errors against Envoy's `--mode validate`.
 //!
 //! Keys are made at run time with ring, except the RSA key (`data/jwt/`, which ring cannot
@@ -598,4 +600,136 @@ fn jwt_authn_config_errors_match_envoy() {
             assert!(out.contains(message), "{who} on {rules}:\n{out}");
         }
     }
+}
+
+const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
+
+/// Listener `md`: jwt_authn writing payloads (`scope` split into words), headers and
+/// failures to dynamic metadata, then an RBAC filter allowing claims read from it as istiod's
+/// `requestPrincipals` / `request.auth.claims` rules do (or requests with `x-no-rbac`); every
+/// answer carries the metadata in `x-md`.
+fn metadata_bootstrap(admin: u16, port: u16, keys: &Keys) -> String {
+    let local = json!({"keys": [keys.rsa_jwk("rsa")]}).to_string();
+    let other = json!({"keys": [keys.ec_jwk("ec")]}).to_string();
+    let named = |p: &str| json!({"provider_name": p});
+    let rule =
+        |prefix: &str, requires: Value| json!({"match": {"prefix": prefix}, "requires": requires});
+    let jwt = json!({
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": JWT_AUTHN,
+            "providers": {
+                "p_rsa": {
+                    "issuer": "https://rsa.test",
+                    "local_jwks": {"inline_string": local},
+                    "payload_in_metadata": "https://rsa.test",
+                    "header_in_metadata": "header",
+                    "failed_status_in_metadata": "failure",
+                    "normalize_payload_in_metadata": {"space_delimited_claims": ["scope"]}
+                },
+                "p_ec": {
+                    "issuer": "ec.test",
+                    "local_jwks": {"inline_string": other},
+                    "from_headers": [{"name": "x-token", "value_prefix": "Token "}],
+                    "payload_in_metadata": "ec"
+                }
+            },
+            "rules": [
+                rule("/lenient", json!({"requires_any": {"requirements": [named("p_rsa"), {"allow_missing_or_failed": {}}]}})),
+                rule("/ec", named("p_ec")),
+                rule("/", named("p_rsa"))
+            ]
+        }
+    });
+    let claim = |path: Value, value: Value| json!({"metadata": {"filter": "envoy.filters.http.jwt_authn", "path": path, "value": value}});
+    let rbac = json!({
+        "name": "envoy.filters.http.rbac",
+        "typed_config": {"@type": RBAC, "rules": {"policies": {"claims": {
+            "permissions": [{"any": true}],
+            "principals": [
+                claim(json!([{"key": "https://rsa.test"}, {"key": "sub"}]), json!({"string_match": {"exact": "user-1"}})),
+                claim(json!([{"key": "https://rsa.test"}, {"key": "scope"}]), json!({"list_match": {"one_of": {"string_match": {"exact": "write"}}}})),
+                {"header": {"name": "x-no-rbac", "present_match": true}}
+            ]
+        }}}}
+    });
+    let routes = json!([{"match": {"prefix": "/"},
+        "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
+        "response_headers_to_add": [{"header": {"key": "x-md", "value": "%DYNAMIC_METADATA(envoy.filters.http.jwt_authn)%"}}]}]);
+    let listener = bootstrap::http_listener(
+        "md",
+        port,
+        "",
+        &format!("{jwt}, {rbac}, "),
+        &routes.to_string(),
+    );
+    bootstrap::with_admin(admin, &listener, "")
+}
+
+#[test]
+fn jwt_authn_metadata_and_rbac_after_it_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("jwt_authn_metadata_and_rbac_after_it_match_envoy")
+    else {
+        return;
+    };
+    let keys = Keys::new();
+    let mut tokens = tokens(&keys);
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let scoped = json!({"iss": "https://rsa.test", "sub": "user-9", "exp": now + 3600,
+        "scope": "read  write", "roles": ["a", "b"], "n": 1.5});
+    tokens.push(("scoped", keys.token("RS256", "rsa", &scoped)));
+    let cases: &[(&str, &str)] = &[
+        ("/", "authorization: Bearer {rsa}\r\n"),
+        ("/", "authorization: Bearer {scoped}\r\n"),
+        ("/", "authorization: Bearer {session}\r\n"),
+        ("/", "authorization: Bearer {expired}\r\n"),
+        ("/", ""),
+        (
+            "/lenient",
+            "authorization: Bearer {expired}\r\nx-no-rbac: 1\r\n",
+        ),
+        ("/lenient", "authorization: Bearer {bad_sig}\r\n"),
+        (
+            "/lenient",
+            "authorization: Bearer {bad_sig}\r\nx-no-rbac: 1\r\n",
+        ),
+        ("/lenient", "x-no-rbac: 1\r\n"),
+        ("/ec", "x-token: Token {ec}\r\nx-no-rbac: 1\r\n"),
+        ("/ec", "x-token: Token {ec}\r\n"),
+    ];
+    let run = |envoy: Option<&std::path::Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let yaml = metadata_bootstrap(admin, port, &keys);
+        filter_diff::observe_with(envoy, 133, &yaml, admin, || {
+            cases
+                .iter()
+                .map(|(path, headers)| {
+                    let answer = filter_diff::exchange(
+                        port,
+                        &format!(
+                            "GET {path} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
+                            fill(headers, &tokens)
+                        ),
+                        &["x-md", "www-authenticate"],
+                    );
+                    format!("{path} {headers:?}\n{answer}")
+                })
+                .collect()
+        })
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // The metadata is there and RBAC both allows and denies on it.
+    assert!(
+        expected.iter().any(|l| l.contains("\"sub\":\"user-1\"")),
+        "{expected:#?}"
+    );
+    assert!(
+        expected.iter().any(|l| l.contains("HTTP/1.1 403")),
+        "{expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
 }

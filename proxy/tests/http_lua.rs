@@ -5,7 +5,9 @@
 //! HTTP calls to a cluster (one nothing listens on), fail at run time (logged; the request
 //! goes on), per-route `LuaPerRoute` (`disabled`, a named
 //! `source_codes` entry, a missing one, an inline `source_code`) and route metadata; and a
-//! syntax error rejected by `--mode validate` with Envoy's message.
+//! syntax error rejected by `--mode validate` with Envoy's message; a script setting, reading
+//! and iterating `streamInfo():dynamicMetadata()` on both sides (seen by the script, the
+//! upstream and `%DYNAMIC_METADATA%`).
 //!
 //! Scripts adapted from Envoy (loopback only, header names given an `x-` prefix so the echo
 //! upstream reports them):
@@ -487,4 +489,70 @@ fn a_script_that_does_not_load_is_rejected_like_envoy() {
         got.starts_with(&expected),
         "Envoy: {expected}\nrevoy: {got}"
     );
+}
+
+/// A script writing and reading the request's dynamic metadata on both sides.
+const METADATA: &str = r##"local function show(v)
+  if type(v) ~= "table" then return tostring(v) end
+  local keys = {}
+  for k in pairs(v) do keys[#keys + 1] = tostring(k) end
+  table.sort(keys)
+  local out = {}
+  for _, k in ipairs(keys) do
+    local x = v[k]
+    if x == nil then x = v[tonumber(k)] end
+    out[#out + 1] = k .. "=" .. show(x)
+  end
+  return "{" .. table.concat(out, ",") .. "}"
+end
+function envoy_on_request(h)
+  local md = h:streamInfo():dynamicMetadata()
+  h:headers():add("x-before", select("#", md:get("envoy.lua")))
+  md:set("envoy.lua", "who", "request")
+  md:set("envoy.lua", "list", {1, "two", true})
+  md:set("envoy.lua", "obj", {a = 1.5, b = {c = "d"}})
+  md:set("other", "n", 7)
+  md:set("envoy.lua", "who", "request again")
+  local names = {}
+  for name, t in pairs(md) do names[#names + 1] = name .. ":" .. show(t) end
+  table.sort(names)
+  h:headers():add("x-pairs", table.concat(names, ";"))
+  h:headers():add("x-who", md:get("envoy.lua").who)
+end
+function envoy_on_response(h)
+  local md = h:streamInfo():dynamicMetadata()
+  h:headers():add("x-resp", show(md:get("envoy.lua")) .. show(md:get("other")))
+  md:set("other", "late", "yes")
+  h:headers():add("x-late", show(md:get("other")))
+end"##;
+
+#[test]
+fn lua_dynamic_metadata_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("lua_dynamic_metadata_matches_envoy") else {
+        return;
+    };
+    let up = echo::upstream();
+    let run = |envoy: Option<&std::path::Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let routes = r#"[{match: {prefix: /}, route: {cluster: up}, response_headers_to_add: [{header: {key: x-md, value: "%DYNAMIC_METADATA(envoy.lua)% %DYNAMIC_METADATA(other:n)%"}}]}]"#;
+        let listener = bootstrap::http_listener(
+            "md",
+            port,
+            "",
+            &lua_filter(&default_source(METADATA)),
+            routes,
+        );
+        let yaml = bootstrap::with_admin(admin, &listener, &bootstrap::cluster("up", up, ""));
+        let _proxy = filter_diff::start(envoy, &yaml, 134, admin);
+        vec![filter_diff::exchange(port, &get("/", ""), KEPT)]
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(
+        expected
+            .iter()
+            .any(|l| l.contains("x-late: {late=yes,n=7}") && l.contains("x-pairs")),
+        "{expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
 }

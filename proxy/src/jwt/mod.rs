@@ -175,6 +175,48 @@ impl KeyError {
 }
 
 impl Status {
+    /// The status's number in Envoy's `jwt_verify::Status` enum (what
+    /// `failed_status_in_metadata` writes as `code`); a key's error counts as
+    /// `JwksNoValidKeys`, the status it leads to.
+    pub fn code(self) -> u32 {
+        use Status::*;
+        match self {
+            Ok => 0,
+            JwtMissed => 1,
+            JwtNotYetValid => 2,
+            JwtExpired => 3,
+            JwtBadFormat => 4,
+            JwtHeaderParseErrorBadBase64 => 5,
+            JwtHeaderParseErrorBadJson => 6,
+            JwtHeaderBadAlg => 7,
+            JwtHeaderNotImplementedAlg => 8,
+            JwtHeaderBadKid => 9,
+            JwtPayloadParseErrorBadBase64 => 10,
+            JwtEd25519SignatureWrongLength => 11,
+            JwtPayloadParseErrorBadJson => 12,
+            JwtPayloadParseErrorIssNotString => 13,
+            JwtPayloadParseErrorSubNotString => 14,
+            JwtPayloadParseErrorIatNotInteger => 15,
+            JwtPayloadParseErrorIatOutOfRange => 16,
+            JwtPayloadParseErrorNbfNotInteger => 17,
+            JwtPayloadParseErrorNbfOutOfRange => 18,
+            JwtPayloadParseErrorExpNotInteger => 19,
+            JwtPayloadParseErrorExpOutOfRange => 20,
+            JwtPayloadParseErrorJtiNotString => 21,
+            JwtPayloadParseErrorAudNotString => 22,
+            JwtSignatureParseErrorBadBase64 => 23,
+            JwtUnknownIssuer => 24,
+            JwtAudienceNotAllowed => 25,
+            JwtVerificationFail => 26,
+            JwksParseError => 28,
+            JwksNoKeys => 29,
+            JwksBadKeys => 30,
+            JwksNoValidKeys | Key(_) => 31,
+            JwksKidAlgMismatch => 32,
+            JwksFetchFail => 41,
+        }
+    }
+
     /// Envoy's text for the status (`getStatusString`).
     pub fn message(self) -> &'static str {
         use Status::*;

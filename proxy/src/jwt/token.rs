@@ -28,6 +28,8 @@ pub struct Jwt {
     pub exp: u64,
     /// `aud`, a string or a list.
     pub audiences: Vec<String>,
+    /// The header's fields.
+    pub header: Map<String, Value>,
     /// The payload's claims.
     pub payload: Map<String, Value>,
     /// The payload section as sent (base64url).
@@ -104,6 +106,7 @@ impl Jwt {
             nbf,
             exp,
             audiences,
+            header: header_map,
             payload: claims,
             payload_base64url: payload.to_owned(),
             signed: format!("{header}.{payload}"),

@@ -11,6 +11,20 @@ pub fn admin(port: u16) -> String {
     format!("admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n")
 }
 
+/// A whole bootstrap: admin on `admin`, then `listeners` and `clusters` (entries as
+/// [`http_listener`] and [`cluster`] write them; empty `clusters`: none).
+pub fn with_admin(admin: u16, listeners: &str, clusters: &str) -> String {
+    let clusters = if clusters.is_empty() {
+        String::new()
+    } else {
+        format!("  clusters:{clusters}\n")
+    };
+    format!(
+        "{}static_resources:\n  listeners:{listeners}\n{clusters}",
+        self::admin(admin)
+    )
+}
+
 /// One entry of `static_resources.listeners`: listener `name` on 127.0.0.1:`port` whose
 /// connection manager (stat prefix `name`, `settings` added as lines of its own, e.g.
 /// `"codec_type: HTTP1"`) runs the HTTP filters `filters` (flow-style entries, each followed

@@ -4,10 +4,8 @@
 //! first matching rule, or by a route's `requirement_name`).
 //!
 //! What revoy lacks is refused or noted here: `filter_state_rules` and
-//! `extract_only_without_validation` are refused; the `*_in_metadata` outputs are noted (revoy
-//! has no dynamic metadata yet, and an RBAC filter after this one that reads metadata then
-//! denies every request, see `compile_chain`), as are `jwt_cache_config` (no token cache),
-//! `remote_jwks.async_fetch` and `retry_policy` (fetched on first use, once).
+//! `extract_only_without_validation` are refused; `jwt_cache_config` (no token cache),
+//! `remote_jwks.async_fetch` and `retry_policy` (fetched on first use, once) are noted.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -45,8 +43,6 @@ pub struct JwtAuthnConfig {
     pub bypass_cors_preflight: bool,
     /// `strip_failure_response`: denials have no body and no `www-authenticate`.
     pub strip_failure_response: bool,
-    /// Whether a provider asks for dynamic metadata revoy does not keep.
-    pub sets_metadata: bool,
     /// `stat_prefix`: the stats are `http.<prefix>.jwt_authn.[<stat_prefix>.]*`.
     pub stat_prefix: String,
 }
@@ -82,6 +78,17 @@ pub struct Provider {
     /// `clear_route_cache`: the route is chosen again after a token of it is verified (by the
     /// router, after the whole chain).
     pub clear_route_cache: bool,
+    /// `payload_in_metadata`: the key of the verified payload under
+    /// `envoy.filters.http.jwt_authn` (empty: not written).
+    pub payload_in_metadata: String,
+    /// `header_in_metadata`: the key of the verified token's header (empty: not written).
+    pub header_in_metadata: String,
+    /// `failed_status_in_metadata`: the key of a failure's `{code, message}` (empty: not
+    /// written).
+    pub failed_status_in_metadata: String,
+    /// `normalize_payload_in_metadata.space_delimited_claims`: claims whose string value is
+    /// written as the list of its space-separated words.
+    pub space_delimited_claims: Vec<String>,
 }
 
 /// Where a provider's keys come from.
@@ -163,25 +170,13 @@ pub fn compile(
     }
     let mut names: Vec<&String> = c.providers.keys().collect();
     names.sort();
-    let mut sets_metadata = false;
     let providers = names
         .iter()
         .map(|name| {
             let p = &c.providers[*name];
-            sets_metadata |= !(p.payload_in_metadata.is_empty()
-                && p.header_in_metadata.is_empty()
-                && p.failed_status_in_metadata.is_empty());
             provider(ctx, name, p, warnings).map_err(|e| e.within(&format!("providers[{name}]")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    if sets_metadata {
-        warnings.note(
-            "providers",
-            "payload_in_metadata, header_in_metadata and failed_status_in_metadata: revoy's \
-             jwt_authn does not write the request's dynamic metadata, so nothing is set (an \
-             RBAC filter after this one whose rules read metadata denies every request)",
-        );
-    }
     let index: HashMap<&str, usize> = names
         .iter()
         .enumerate()
@@ -237,7 +232,6 @@ pub fn compile(
         requirement_names,
         bypass_cors_preflight: c.bypass_cors_preflight,
         strip_failure_response: c.strip_failure_response,
-        sets_metadata,
         stat_prefix: c.stat_prefix.clone(),
     })
 }
@@ -482,6 +476,14 @@ fn provider(
             s => u64::from(s),
         },
         clear_route_cache: p.clear_route_cache,
+        payload_in_metadata: p.payload_in_metadata.clone(),
+        header_in_metadata: p.header_in_metadata.clone(),
+        failed_status_in_metadata: p.failed_status_in_metadata.clone(),
+        space_delimited_claims: p
+            .normalize_payload_in_metadata
+            .as_ref()
+            .map(|n| n.space_delimited_claims.clone())
+            .unwrap_or_default(),
     })
 }
 

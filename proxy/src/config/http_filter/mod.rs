@@ -268,14 +268,6 @@ pub fn compile_chain(
                     after_skipped: skipped.clone(),
                 }
             }
-            Some(FilterKind::JwtAuthn(config)) => {
-                // The metadata it would set is missing: RBAC rules after it that read
-                // metadata deny, as after a skipped filter.
-                if config.sets_metadata {
-                    skipped.get_or_insert_with(|| Arc::from(f.name.as_str()));
-                }
-                FilterKind::JwtAuthn(config)
-            }
             Some(kind) => kind,
             None => {
                 let extension = any.map(proto::extension_type).unwrap_or_default();

@@ -2,7 +2,10 @@
 //! else the first matching rule's) is checked against the tokens the providers find in it;
 //! a request that fails gets 401 (403 for audiences) with the failure as body and a
 //! `www-authenticate: Bearer` challenge. Verified tokens' payloads and claims are forwarded
-//! as headers, and the tokens themselves removed unless `forward`.
+//! as headers, and the tokens themselves removed unless `forward`. A provider's
+//! `payload_in_metadata`, `header_in_metadata` and `failed_status_in_metadata` are written to
+//! the request's dynamic metadata under `envoy.filters.http.jwt_authn`, where an RBAC filter
+//! after this one reads the claims.
 //!
 //! Requirements are checked in order, one token at a time, as Envoy's verifiers complete
 //! with local keys: `requires_any` ends at the first success (else reports its last failure
@@ -27,8 +30,12 @@ use crate::http::local_reply::local_reply;
 use crate::jwt::jwks::Jwks;
 use crate::jwt::token::Jwt;
 use crate::jwt::{Audiences, Status};
+use crate::route::metadata::json::{from_json, struct_from_json};
 use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext};
+
+/// The dynamic metadata namespace the filter writes.
+const NAMESPACE: &str = "envoy.filters.http.jwt_authn";
 
 /// The jwt_authn filter of one connection manager.
 #[derive(Debug)]
@@ -256,8 +263,28 @@ impl JwtAuthn {
         }
     }
 
-    /// Verifies one token and, when it is good, forwards what its provider asks.
+    /// Verifies one token as [`JwtAuthn::verify_token`] does and, when a provider's token
+    /// fails, writes the failure where its `failed_status_in_metadata` says.
     async fn check(
+        &self,
+        req: &mut FilterRequest<'_>,
+        found: &Found<'_>,
+        mode: Mode<'_>,
+    ) -> Status {
+        let status = self.verify_token(req, found, mode).await;
+        if let (Mode::Provider(i, _), false) = (mode, status == Status::Ok) {
+            let key = &self.config.providers[i].failed_status_in_metadata;
+            if !key.is_empty() {
+                let failure =
+                    serde_json::json!({"code": status.code(), "message": status.message()});
+                req.metadata.insert(NAMESPACE, key, from_json(&failure));
+            }
+        }
+        status
+    }
+
+    /// Verifies one token and, when it is good, forwards what its provider asks.
+    async fn verify_token(
         &self,
         req: &mut FilterRequest<'_>,
         found: &Found<'_>,
@@ -324,6 +351,7 @@ impl JwtAuthn {
             return verified;
         }
         forward(req, p, &jwt);
+        write_metadata(req, p, &jwt);
         req.clear_route_cache |= p.clear_route_cache;
         if !p.forward {
             match found.place {
@@ -375,6 +403,38 @@ impl JwtAuthn {
         *self.remote[index].lock().unwrap_or_else(|e| e.into_inner()) =
             Some((jwks.clone(), Instant::now() + remote.cache_duration));
         Ok(jwks)
+    }
+}
+
+/// Writes a verified token's payload and header where its provider's `*_in_metadata` say,
+/// the `space_delimited_claims` of the payload split into lists of words.
+fn write_metadata(req: &mut FilterRequest<'_>, p: &Provider, jwt: &Jwt) {
+    if !p.payload_in_metadata.is_empty() {
+        let mut payload = struct_from_json(&jwt.payload);
+        for claim in &p.space_delimited_claims {
+            if let Some(Value::String(words)) = jwt.payload.get(claim) {
+                let words = words
+                    .split(' ')
+                    .filter(|w| !w.is_empty())
+                    .map(|w| Value::String(w.to_owned()))
+                    .collect();
+                payload
+                    .fields
+                    .insert(claim.clone(), from_json(&Value::Array(words)));
+            }
+        }
+        let payload = proto::pb::google::protobuf::Value {
+            kind: Some(proto::pb::google::protobuf::value::Kind::StructValue(
+                payload,
+            )),
+        };
+        req.metadata
+            .insert(NAMESPACE, &p.payload_in_metadata, payload);
+    }
+    if !p.header_in_metadata.is_empty() {
+        let header = from_json(&Value::Object(jwt.header.clone()));
+        req.metadata
+            .insert(NAMESPACE, &p.header_in_metadata, header);
     }
 }
 

@@ -11,11 +11,12 @@
 //! shared by the requests that happen to reuse a state. A request the filter has no entry
 //! point for borrows nothing.
 //!
-//! The handle API is in [`handle`]. Not supported (a Lua error saying so, never silently
-//! ignored): changing the request pseudo-headers but `:path` (`:method`, `:authority`,
-//! `:scheme`),
-//! `streamInfo():dynamicMetadata()`, and the methods revoy does not have.
+//! The handle API is in [`handle`], `streamInfo():dynamicMetadata()` in
+//! [`dynamic_metadata`]. Not supported (a Lua error saying so, never silently ignored):
+//! changing the request pseudo-headers but `:path` (`:method`, `:authority`, `:scheme`), and
+//! the methods revoy does not have.
 
+mod dynamic_metadata;
 mod handle;
 
 use std::sync::{Arc, Mutex, Weak};
@@ -30,6 +31,7 @@ use crate::config::http_filter::lua::{
     self as config, FilterContext, LuaConfig, LuaPerRouteConfig, LuaScript, ON_REQUEST,
     ON_RESPONSE, PerRouteScript,
 };
+use crate::route::metadata::DynamicMetadata;
 use crate::stats::{Counter, Store};
 use handle::{Flow, Handle, StreamCtx};
 
@@ -172,6 +174,7 @@ impl Lua {
         let flow = Flow::request(req);
         let flow = self.run(&script, ON_REQUEST, flow, &ctx).await;
         let flow = flow.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *req.metadata = flow.metadata;
         *req.headers = flow.headers;
         *req.body = flow.body.into_body(req.headers);
         if flow.reply.is_some() {
@@ -224,14 +227,15 @@ impl Lua {
 }
 
 impl Pending {
-    /// Runs `envoy_on_response` on `resp`.
-    pub(super) async fn encode(&self, resp: &mut Response<Body>) {
-        let flow = Flow::response(resp);
+    /// Runs `envoy_on_response` on `resp` (and the request's dynamic `metadata`).
+    pub(super) async fn encode(&self, resp: &mut Response<Body>, metadata: &mut DynamicMetadata) {
+        let flow = Flow::response(resp, metadata);
         let flow = self
             .filter
             .run(&self.script, ON_RESPONSE, flow, &self.ctx)
             .await;
         let flow = flow.lock().unwrap_or_else(|p| p.into_inner()).take();
+        *metadata = flow.metadata;
         if let Some(reply) = flow.reply {
             *resp = reply;
             return;

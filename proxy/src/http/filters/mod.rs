@@ -563,7 +563,7 @@ impl Encoder {
             }
             Encoder::PeerMetadata(p) => p.encode(resp),
             Encoder::IstioStats(s) => s.encode(resp),
-            Encoder::Lua(l) => Box::pin(l.encode(resp)).await,
+            Encoder::Lua(l) => Box::pin(l.encode(resp, metadata)).await,
         }
     }
 }

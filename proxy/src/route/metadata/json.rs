@@ -24,6 +24,29 @@ pub fn struct_json(s: &Struct) -> String {
     out
 }
 
+/// A JSON value as a protobuf `Value` (numbers become doubles, as Envoy's JSON conversion).
+pub fn from_json(json: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match json {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(list) => Kind::ListValue(proto::pb::google::protobuf::ListValue {
+            values: list.iter().map(from_json).collect(),
+        }),
+        J::Object(map) => Kind::StructValue(struct_from_json(map)),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// A JSON object as a protobuf `Struct`.
+pub fn struct_from_json(map: &serde_json::Map<String, serde_json::Value>) -> Struct {
+    Struct {
+        fields: map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+    }
+}
+
 /// Writes `value` as JSON.
 pub fn write_value(out: &mut String, value: &Value) {
     match &value.kind {

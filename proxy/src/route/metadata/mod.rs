@@ -49,6 +49,11 @@ impl DynamicMetadata {
             .insert(key.to_owned(), value);
     }
 
+    /// Every namespace and its `Struct`, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Struct)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
     /// The `Struct` of `namespace`, if some filter set it.
     pub fn namespace(&self, namespace: &str) -> Option<&Struct> {
         self.0.get(namespace)

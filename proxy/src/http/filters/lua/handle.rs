@@ -16,6 +16,7 @@ use crate::body::Body;
 use crate::config::http_filter::lua::FilterContext;
 use crate::http::filters::FilterRequest;
 use crate::http::local_reply::local_reply;
+use crate::route::metadata::DynamicMetadata;
 use crate::shared::Shared;
 
 /// What a script works on: one direction of a stream.
@@ -34,6 +35,8 @@ pub(super) struct Flow {
     pub(super) headers_changed: bool,
     /// Whether the script called `clearRouteCache()`.
     pub(super) clear_route: bool,
+    /// The request's dynamic metadata, moved in while the script runs.
+    pub(super) metadata: DynamicMetadata,
     /// How many times the script waited (`body()`, `httpCall()`, `trailers()`): header
     /// objects got before a wait are dead after it, as in Envoy.
     waits: u32,
@@ -51,7 +54,7 @@ pub(super) struct RequestLine {
 }
 
 impl Flow {
-    /// The request side of `req`, its headers and body moved in.
+    /// The request side of `req`, its headers, body and dynamic metadata moved in.
     pub(super) fn request(req: &mut FilterRequest<'_>) -> Flow {
         Flow {
             headers: std::mem::take(req.headers),
@@ -71,12 +74,14 @@ impl Flow {
             reply: None,
             headers_changed: false,
             clear_route: false,
+            metadata: std::mem::take(req.metadata),
             waits: 0,
         }
     }
 
-    /// The response side of `resp`, its headers and body moved in.
-    pub(super) fn response(resp: &mut Response<Body>) -> Flow {
+    /// The response side of `resp`, its headers, body and the request's dynamic `metadata`
+    /// moved in.
+    pub(super) fn response(resp: &mut Response<Body>, metadata: &mut DynamicMetadata) -> Flow {
         Flow {
             headers: std::mem::take(resp.headers_mut()),
             request_line: None,
@@ -85,6 +90,7 @@ impl Flow {
             reply: None,
             headers_changed: false,
             clear_route: false,
+            metadata: std::mem::take(metadata),
             waits: 0,
         }
     }
@@ -99,6 +105,7 @@ impl Flow {
             reply: self.reply.take(),
             headers_changed: self.headers_changed,
             clear_route: self.clear_route,
+            metadata: std::mem::take(&mut self.metadata),
             waits: self.waits,
         }
     }
@@ -300,8 +307,12 @@ impl UserData for Handle {
             lock(&this.flow).clear_route = true;
             Ok(())
         });
-        methods.add_method("streamInfo", |_, this, ()| Ok(Info(this.ctx.clone())));
-        methods.add_method("connection", |_, this, ()| Ok(Info(this.ctx.clone())));
+        methods.add_method("streamInfo", |_, this, ()| {
+            Ok(Info(this.ctx.clone(), this.flow.clone()))
+        });
+        methods.add_method("connection", |_, this, ()| {
+            Ok(Info(this.ctx.clone(), this.flow.clone()))
+        });
         methods.add_method("metadata", |_, this, ()| {
             Ok(Metadata(this.ctx.metadata.clone()))
         });
@@ -466,6 +477,7 @@ impl Flow {
             reply: None,
             headers_changed: false,
             clear_route: false,
+            metadata: DynamicMetadata::default(),
             waits: 0,
         }
     }
@@ -646,7 +658,7 @@ impl UserData for BodyBuffer {
 }
 
 /// `streamInfo()` and `connection()`.
-struct Info(Arc<StreamCtx>);
+struct Info(Arc<StreamCtx>, Arc<Mutex<Flow>>);
 
 impl UserData for Info {
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
@@ -660,8 +672,8 @@ impl UserData for Info {
         methods.add_method("requestedServerName", |_, this, ()| {
             Ok(this.0.server_name.clone().unwrap_or_default())
         });
-        methods.add_method("dynamicMetadata", |_, _, ()| -> mlua::Result<()> {
-            Err(unsupported("streamInfo():dynamicMetadata()"))
+        methods.add_method("dynamicMetadata", |_, this, ()| {
+            Ok(super::dynamic_metadata::DynamicMetadataMap(this.1.clone()))
         });
         methods.add_method("ssl", |_, this, ()| Ok(this.0.tls.map(Ssl)));
         methods.add_method("downstreamSslConnection", |_, this, ()| {
