@@ -218,7 +218,8 @@ fn count_of(list: &str, what: &str) -> u64 {
 }
 
 /// Paced (open-loop) run: `clients` connections each sending `rps_per_client` requests per
-/// second for `seconds`; latency from h2load's per-request log. `h1` selects HTTP/1.1.
+/// second for `seconds`; latency from h2load's per-request log. `h1` selects HTTP/1.1;
+/// `extra` are further h2load arguments (a data file to POST).
 pub fn paced_latency(
     url: &str,
     h1: bool,
@@ -226,6 +227,7 @@ pub fn paced_latency(
     rps_per_client: u32,
     seconds: u32,
     log: &Path,
+    extra: &[String],
 ) -> Result<Latency, String> {
     let mut args = vec![
         "-t1".to_string(),
@@ -237,6 +239,7 @@ pub fn paced_latency(
         args.push("--h1".into());
     }
     args.push(format!("--log-file={}", log.display()));
+    args.extend_from_slice(extra);
     args.push(url.to_string());
     let summary = parse_h2load(&run("h2load", &args)?)?;
     let text = fs::read_to_string(log).map_err(|e| format!("{}: {e}", log.display()))?;

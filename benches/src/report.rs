@@ -18,7 +18,7 @@ pub struct Metric {
 }
 
 /// Every metric, in column order.
-pub const METRICS: [Metric; 24] = [
+pub const METRICS: [Metric; 26] = [
     Metric {
         key: "rps",
         title: "req/s",
@@ -34,6 +34,10 @@ pub const METRICS: [Metric; 24] = [
     Metric {
         key: "cpu_us_per_req",
         title: "CPU µs/req",
+    },
+    Metric {
+        key: "cpu_ms_per_s",
+        title: "CPU ms/s",
     },
     Metric {
         key: "cpu_us_per_handshake",
@@ -78,6 +82,10 @@ pub const METRICS: [Metric; 24] = [
     Metric {
         key: "added_p99_us",
         title: "added p99 µs",
+    },
+    Metric {
+        key: "rss_mib",
+        title: "RSS MiB after the run",
     },
     Metric {
         key: "idle_rss_mib",
@@ -248,6 +256,93 @@ impl Results {
             _ => shown,
         }
     }
+}
+
+/// The machine in one line: CPU model, cores, RAM, kernel.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|m| m.trim_start_matches([' ', '\t', ':']))
+        .unwrap_or("?");
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib / 1024 / 1024);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, {mem} GiB RAM, Linux {}",
+        kernel.trim()
+    )
+}
+
+/// The first non-empty line `program arg` prints (its version), or "" if it cannot run.
+pub fn version(program: &std::path::Path, arg: &str) -> String {
+    std::process::Command::new(program)
+        .arg(arg)
+        .output()
+        .map(|o| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            text.lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// A target row: its description, the measured value (a ratio or figure) as shown, and
+/// whether it is met (`None`: not measured).
+pub type Target = (String, String, Option<bool>);
+
+/// Adds the row of a target: `value` compared with `limit` (at most, or at least).
+pub fn check(
+    out: &mut Vec<Target>,
+    name: &str,
+    value: Option<f64>,
+    limit: f64,
+    at_most: bool,
+    unit: &str,
+) {
+    let met = value.map(|v| if at_most { v <= limit } else { v >= limit });
+    let shown = value.map_or("not measured".to_string(), |v| {
+        format!("{}{unit}", format_value(v))
+    });
+    out.push((name.to_string(), shown, met));
+}
+
+/// The targets as a Markdown table.
+pub fn targets_markdown(rows: &[Target]) -> String {
+    let mut out = String::from("| target | revoy | met |\n|---|---:|---|\n");
+    for (name, value, met) in rows {
+        let met = match met {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "—",
+        };
+        out += &format!("| {name} | {value} | {met} |\n");
+    }
+    out
+}
+
+/// The targets as JSON rows.
+pub fn targets_json(rows: &[Target]) -> Value {
+    rows.iter()
+        .map(|(n, v, m)| json!({"target": n, "revoy": v, "met": m}))
+        .collect()
 }
 
 /// Rounds a figure for a table: integers above 100, one decimal above 10, else two.

@@ -8,10 +8,14 @@
 //! reported as skipped (the suite's `proxy/tests/support/skip.rs`), or fails under `CI=true`.
 //! The figures of a smoke run mean nothing and are not checked against each other, only for
 //! being there.
+//!
+//! Likewise `mesh --smoke` (the mesh benchmark: pods in network namespaces with revoy or Envoy
+//! sidecars), which also needs root, `ip` and `iptables`.
 
 #[path = "../../proxy/tests/support/skip.rs"]
 mod skip;
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -68,6 +72,57 @@ fn revoy() -> PathBuf {
         assert!(status.success(), "cargo build -p revoy failed");
     }
     revoy
+}
+
+/// Runs `binary --smoke <args> --out <a new directory>`, which must succeed; the directory.
+fn smoke_run(binary: &str, args: &[&OsStr]) -> PathBuf {
+    let name = Path::new(binary)
+        .file_name()
+        .expect("a binary's name")
+        .to_string_lossy()
+        .into_owned();
+    let out = std::env::temp_dir().join(format!("revoy-{name}-smoke-{}", std::process::id()));
+    let run = Command::new(binary)
+        .arg("--smoke")
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
+    assert!(
+        run.status.success(),
+        "{name} --smoke failed ({}):\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    out
+}
+
+/// The JSON report `file` in `dir`.
+fn read_json(dir: &Path, file: &str) -> Value {
+    let text = std::fs::read_to_string(dir.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file} is not JSON: {e}"))
+}
+
+/// What the report's `count` targets of `what` lack: a target not measured, unless its name
+/// starts with `may_lack`; or the count itself.
+fn target_problems(json: &Value, what: &str, count: usize, may_lack: &str) -> Vec<String> {
+    let targets = json["targets"].as_array().expect("targets");
+    let mut problems = Vec::new();
+    if targets.len() != count {
+        problems.push(format!(
+            "{} {what} targets, expected {count}",
+            targets.len()
+        ));
+    }
+    for target in targets {
+        let name = target["target"].as_str().unwrap_or_default();
+        let value = target["revoy"].as_str().unwrap_or("not measured");
+        if !name.starts_with(may_lack) && value.contains("not measured") {
+            problems.push(format!("{what} target not measured: {target}"));
+        }
+    }
+    problems
 }
 
 fn number(v: &Value, path: &str) -> Option<f64> {
@@ -130,18 +185,8 @@ fn tls_problems(json: &Value) -> Vec<String> {
             problems.push(format!("{contender} negotiated {negotiated:?}"));
         }
     }
-    let targets = json["targets"].as_array().expect("targets");
-    if targets.len() != 10 {
-        problems.push(format!("{} TLS targets, expected 10", targets.len()));
-    }
     // The memory targets may lack a ratio: 20 idle connections may add no page to Envoy.
-    for target in targets {
-        let name = target["target"].as_str().unwrap_or_default();
-        let value = target["revoy"].as_str().unwrap_or("not measured");
-        if !name.starts_with("idle TLS") && value.contains("not measured") {
-            problems.push(format!("TLS target not measured: {target}"));
-        }
-    }
+    problems.extend(target_problems(json, "TLS", 10, "idle TLS"));
     problems
 }
 
@@ -160,31 +205,20 @@ fn smoke_run_measures_every_scenario_and_contender() {
         );
         return;
     }
-    let out = std::env::temp_dir().join(format!("revoy-load-smoke-{}", std::process::id()));
-    let run = Command::new(env!("CARGO_BIN_EXE_load"))
-        .arg("--smoke")
-        .arg("--revoy")
-        .arg(revoy())
-        .arg("--envoy")
-        .arg(envoy.expect("checked above"))
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .expect("run load");
-    assert!(
-        run.status.success(),
-        "load --smoke failed ({}):\n{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
+    let revoy = revoy();
+    let out = smoke_run(
+        env!("CARGO_BIN_EXE_load"),
+        &[
+            "--revoy".as_ref(),
+            revoy.as_os_str(),
+            "--envoy".as_ref(),
+            envoy.expect("checked above").as_os_str(),
+        ],
     );
-    let json: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("load.json")).expect("load.json"))
-            .expect("load.json is JSON");
+    let json = read_json(&out, "load.json");
     let md = std::fs::read_to_string(out.join("load.md")).expect("load.md");
     let svg = std::fs::read_to_string(out.join("load.svg")).expect("load.svg");
-    let tls: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("tls.json")).expect("tls.json"))
-            .expect("tls.json is JSON");
+    let tls = read_json(&out, "tls.json");
     let tls_md = std::fs::read_to_string(out.join("tls.md")).expect("tls.md");
     let tls_svg = std::fs::read_to_string(out.join("tls.svg")).expect("tls.svg");
     let _ = std::fs::remove_dir_all(&out);
@@ -300,4 +334,81 @@ fn smoke_run_measures_every_scenario_and_contender() {
             "{scenario} chart missing"
         );
     }
+}
+
+/// The mesh benchmark's sidecars (rows `<scenario>_<sidecar>`).
+const MESH_SIDECARS: [&str; 2] = ["client_sidecar", "server_sidecar"];
+
+/// `mesh --smoke` (one short round) measures every contender through pods in network
+/// namespaces, and each sidecar's CPU and memory; nothing fails.
+#[test]
+fn mesh_smoke_run_measures_every_contender_and_sidecar() {
+    let envoy = installed_envoy();
+    let mut missing: Vec<&str> = [("h2load", "--version"), ("ip", "-V"), ("iptables", "-V")]
+        .into_iter()
+        .filter(|(program, arg)| !runs(program, arg))
+        .map(|(program, _)| program)
+        .collect();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root");
+    }
+    if envoy.is_none() {
+        missing.push("envoy");
+    }
+    if !missing.is_empty() {
+        skip::skip(
+            "smoke::mesh_smoke_run_measures_every_contender_and_sidecar",
+            &format!("missing {}", missing.join(", ")),
+            "Run as root with iproute2, iptables, h2load and Envoy (`.ci/run` installs them).",
+        );
+        return;
+    }
+    // The mesh binary runs the revoy of its own profile directory.
+    revoy();
+    let envoy = envoy.expect("checked above");
+    let out = smoke_run(
+        env!("CARGO_BIN_EXE_mesh"),
+        &["--envoy".as_ref(), envoy.as_os_str()],
+    );
+    let json = read_json(&out, "mesh.json");
+    let md = std::fs::read_to_string(out.join("mesh.md")).expect("mesh.md");
+    let _ = std::fs::remove_dir_all(&out);
+
+    let medians = &json["results"]["medians"];
+    let mut problems = Vec::new();
+    let mut expect_above = |least: f64, scenario: &str, contender: &str, metric: &str| {
+        let path = format!("/{scenario}/{contender}/{metric}");
+        match number(medians, &path) {
+            Some(v) if v > least => {}
+            other => problems.push(format!("{path}: {other:?}")),
+        }
+    };
+    for contender in ["revoy", "envoy", "direct"] {
+        expect_above(0.0, "mesh_1000rps", contender, "rps");
+        expect_above(0.0, "mesh_1000rps", contender, "p99_us");
+        expect_above(0.0, "mesh_saturation", contender, "rps");
+        expect_above(-1.0, "mesh_saturation", contender, "errors");
+    }
+    for contender in ["revoy", "envoy"] {
+        expect_above(f64::MIN, "mesh_1000rps", contender, "added_p99_us");
+        for sidecar in MESH_SIDECARS {
+            let row = |scenario: &str| format!("{scenario}_{sidecar}");
+            expect_above(0.0, &row("mesh_1000rps"), contender, "cpu_ms_per_s");
+            expect_above(0.0, &row("mesh_1000rps"), contender, "rss_mib");
+            expect_above(0.0, &row("mesh_saturation"), contender, "cpu_us_per_req");
+            expect_above(0.0, &row("mesh_memory"), contender, "idle_rss_mib");
+            expect_above(0.0, &row("mesh_memory"), contender, "peak_rss_mib");
+        }
+    }
+    if number(medians, "/mesh_saturation/revoy/errors") != Some(0.0) {
+        problems.push("revoy's sidecars failed requests".into());
+    }
+    // The added-latency target may lack a ratio: in one short run direct's p99 can come out
+    // above Envoy's.
+    problems.extend(target_problems(&json, "mesh", 9, "added p99"));
+    assert!(
+        problems.is_empty(),
+        "mesh smoke run incomplete: {problems:#?}\n{md}"
+    );
 }

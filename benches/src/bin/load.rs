@@ -21,7 +21,9 @@ use benches::clients::{self, Throughput};
 use benches::configs::{MESH_SERVICES, REENCRYPT_PREFIX, mesh_host};
 use benches::contender::{Binaries, Kind, Running, Shape, installed_envoy};
 use benches::procfs;
-use benches::report::{self, Results};
+use benches::report::{
+    self, Results, Target, check, machine, targets_json, targets_markdown, version,
+};
 use benches::upstream::{self, GRPC_PAYLOAD, Upstream};
 
 const MIB: f64 = 1024.0 * 1024.0;
@@ -597,7 +599,7 @@ impl<'a> Bench<'a> {
     fn latency(&mut self, scenario: &str, kind: Kind, url: &str, h1: bool) -> Result<(), String> {
         let log = self.work.join("latency.log");
         // 8 connections x 250 req/s = 2,000 req/s: well below every contender's saturation.
-        let l = clients::paced_latency(url, h1, 8, 250, self.plan.latency_seconds, &log)?;
+        let l = clients::paced_latency(url, h1, 8, 250, self.plan.latency_seconds, &log, &[])?;
         for (metric, value) in [("p50_us", l.p50), ("p99_us", l.p99), ("p999_us", l.p999)] {
             self.results.record(scenario, kind, metric, value);
         }
@@ -759,50 +761,6 @@ fn rounds(bench: &mut Bench, running: &[Running], scenarios: &[&str]) -> Result<
     Ok(())
 }
 
-fn machine() -> String {
-    let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|m| m.trim_start_matches([' ', '\t', ':']))
-        .unwrap_or("?");
-    let cores = thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let mem = fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines()
-                .next()
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib / 1024 / 1024);
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!(
-        "{model}, {cores} cores, {mem} GiB RAM, Linux {}",
-        kernel.trim()
-    )
-}
-
-fn version(program: &Path, arg: &str) -> String {
-    Command::new(program)
-        .arg(arg)
-        .output()
-        .map(|o| {
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            );
-            text.lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("")
-                .trim()
-                .to_string()
-        })
-        .unwrap_or_default()
-}
-
 /// Size of a stripped copy of `binary`, in MiB.
 fn stripped_mib(binary: &Path, work: &Path) -> Option<f64> {
     let copy = work.join(format!(
@@ -823,24 +781,6 @@ fn stripped_mib(binary: &Path, work: &Path) -> Option<f64> {
     };
     let _ = fs::remove_file(&copy);
     Some(size as f64 / MIB)
-}
-
-/// A target row: `value` (a ratio or figure) compared with `limit`.
-type Target = (String, String, Option<bool>);
-
-fn check(
-    out: &mut Vec<Target>,
-    name: &str,
-    value: Option<f64>,
-    limit: f64,
-    at_most: bool,
-    unit: &str,
-) {
-    let met = value.map(|v| if at_most { v <= limit } else { v >= limit });
-    let shown = value.map_or("not measured".to_string(), |v| {
-        format!("{}{unit}", report::format_value(v))
-    });
-    out.push((name.to_string(), shown, met));
 }
 
 /// The targets of issue 4 and the xDS issue: description, measured ratio (or value) and
@@ -1035,19 +975,6 @@ fn tls_targets(r: &Results) -> Vec<Target> {
                 check(&mut out, &name, ratio, limit, true, "x");
             }
         }
-    }
-    out
-}
-
-fn targets_markdown(rows: &[Target]) -> String {
-    let mut out = String::from("| target | revoy | met |\n|---|---:|---|\n");
-    for (name, value, met) in rows {
-        let met = match met {
-            Some(true) => "met",
-            Some(false) => "not met",
-            None => "—",
-        };
-        out += &format!("| {name} | {value} | {met} |\n");
     }
     out
 }
@@ -1279,12 +1206,6 @@ fn report_json(run: &RunInfo, fields: serde_json::Value) -> serde_json::Value {
         }
     }
     json
-}
-
-fn targets_json(rows: &[Target]) -> serde_json::Value {
-    rows.iter()
-        .map(|(n, v, m)| serde_json::json!({"target": n, "revoy": v, "met": m}))
-        .collect()
 }
 
 /// `load.md`, `load.json`, `load.svg`: every scenario but the TLS ones.

@@ -460,7 +460,9 @@ impl Bench {
             let seconds = self.plan.churn.as_secs().max(1) as u32;
             let log = self.work.join(format!("{node}-load.log"));
             let rps = self.plan.load_rps;
-            thread::spawn(move || clients::paced_latency(&url, true, 4, rps / 4, seconds, &log))
+            thread::spawn(move || {
+                clients::paced_latency(&url, true, 4, rps / 4, seconds, &log, &[])
+            })
         });
         let cpu_before = cpu(pid);
         let started = Instant::now();
