@@ -20,21 +20,33 @@ use crate::body::Body;
 use crate::config::http_filter::grpc_stats::{GrpcStatsConfig, PerMethod};
 use crate::http::local_reply::is_grpc;
 use crate::route::action::ClusterSpecifier;
-use crate::stats::{Counter, Store};
+use crate::stats::keyed::Keyed;
+use crate::stats::{Counter, Histogram, Store};
 
 /// The filter's runtime.
 #[derive(Debug)]
 pub(super) struct GrpcStats {
     config: Arc<GrpcStatsConfig>,
     store: Store,
+    /// The stats of each prefix calls have had, so that a call formats one name (its
+    /// prefix) and its counters are neither named again nor looked up in the store.
+    prefixes: Keyed<Arc<PrefixStats>>,
 }
 
-/// One counted call: its stats prefix, and when it started.
+/// The stats under one prefix, each made when first charged (as Envoy's are).
 #[derive(Debug)]
-pub(super) struct Call {
+struct PrefixStats {
     store: Store,
     /// `cluster.<cluster>.grpc.` with `<service>.<method>.` when the call has its own names.
-    prefix: String,
+    prefix: Box<str>,
+    counters: Keyed<Counter>,
+    upstream_rq_time: std::sync::OnceLock<Histogram>,
+}
+
+/// One counted call: its stats, and when it started.
+#[derive(Debug)]
+pub(super) struct Call {
+    stats: Arc<PrefixStats>,
     started: Instant,
     upstream_stats: bool,
 }
@@ -45,6 +57,7 @@ impl GrpcStats {
         GrpcStats {
             config: config.clone(),
             store: store.clone(),
+            prefixes: Keyed::default(),
         }
     }
 
@@ -81,9 +94,16 @@ impl GrpcStats {
             Some((s, m)) => format!("cluster.{cluster}.grpc.{s}.{m}."),
             None => format!("cluster.{cluster}.grpc."),
         };
+        let stats = self.prefixes.get(&prefix, || {
+            Arc::new(PrefixStats {
+                store: self.store.clone(),
+                prefix: prefix.as_str().into(),
+                counters: Keyed::default(),
+                upstream_rq_time: std::sync::OnceLock::new(),
+            })
+        });
         let call = Arc::new(Call {
-            store: self.store.clone(),
-            prefix,
+            stats,
             started: Instant::now(),
             upstream_stats: self.config.upstream_stats,
         });
@@ -98,9 +118,17 @@ impl GrpcStats {
     }
 }
 
+impl PrefixStats {
+    fn counter(&self, name: &str) -> Counter {
+        self.counters.get(name, || {
+            self.store.counter(&format!("{}{name}", self.prefix))
+        })
+    }
+}
+
 impl Call {
     fn counter(&self, name: &str) -> Counter {
-        self.store.counter(&format!("{}{name}", self.prefix))
+        self.stats.counter(name)
     }
 
     /// Charges a `grpc-status` found in `headers`: its own counter, `success` or `failure`,
@@ -120,8 +148,14 @@ impl Call {
     fn ended(&self) {
         if self.upstream_stats {
             let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            self.store
-                .histogram(&format!("{}upstream_rq_time", self.prefix))
+            let stats = &self.stats;
+            stats
+                .upstream_rq_time
+                .get_or_init(|| {
+                    stats
+                        .store
+                        .histogram(&format!("{}upstream_rq_time", stats.prefix))
+                })
                 .record(ms);
         }
     }
