@@ -6,7 +6,8 @@
 use crate::config::istio::stats::{IstioStatsConfig, METRICS};
 use crate::config::istio::workload::Workload;
 
-use crate::stats::Store;
+use crate::stats::keyed::Keyed;
+use crate::stats::{Counter, Histogram, Store};
 
 const UNKNOWN: &str = "unknown";
 
@@ -224,16 +225,42 @@ pub fn count(
     }
 }
 
-/// Records `value` in histogram `i` of [`METRICS`] with `labels`.
-pub fn record(
+/// Istio's HTTP metrics (the first four of [`METRICS`]) for one label set, `None` where
+/// dropped.
+#[derive(Debug, Clone)]
+pub struct HttpMetrics {
+    requests: Option<Counter>,
+    histograms: [Option<Histogram>; 3],
+}
+
+/// Counts a request in `istio_requests_total` and records `values` (duration, request bytes,
+/// response bytes) in the three histograms, all with `labels`; a label set's handles are made
+/// once and kept in `cache`, so a request neither names nor looks up its metrics again.
+pub fn record_http(
+    cache: &Keyed<HttpMetrics>,
     store: &Store,
     config: &IstioStatsConfig,
-    i: usize,
     labels: &[(&'static str, String)],
-    value: u64,
+    values: [u64; 3],
 ) {
-    if let Some(tags) = kept(config, i, labels) {
-        store.tagged_histogram(&name(i), &tags).record(value);
+    // The label names come in a fixed order: their values alone tell label sets apart.
+    let key = labels
+        .iter()
+        .map(|(_, v)| v.as_str())
+        .collect::<Vec<_>>()
+        .join("\u{0}");
+    let metrics = cache.get(&key, || HttpMetrics {
+        requests: kept(config, 0, labels).map(|t| store.tagged_counter(&name(0), &t)),
+        histograms: [1, 2, 3]
+            .map(|i| kept(config, i, labels).map(|t| store.tagged_histogram(&name(i), &t))),
+    });
+    if let Some(requests) = &metrics.requests {
+        requests.inc();
+    }
+    for (histogram, value) in metrics.histograms.iter().zip(values) {
+        if let Some(histogram) = histogram {
+            histogram.record(value);
+        }
     }
 }
 

@@ -15,10 +15,11 @@ use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
 use crate::config::istio::workload::{LocalWorkload, Workload};
-use crate::istio_metrics::{self as metrics, Ends};
+use crate::istio_metrics::{self as metrics, Ends, HttpMetrics};
 use crate::route::action::ClusterSpecifier;
 use crate::route::{Action, Selected};
 use crate::stats::Store;
+use crate::stats::keyed::Keyed;
 
 /// `x-envoy-peer-metadata-id`: the sender's node id.
 pub static PEER_ID: HeaderName = HeaderName::from_static("x-envoy-peer-metadata-id");
@@ -193,6 +194,8 @@ impl PeerResponse {
 pub(super) struct IstioStats {
     config: Arc<IstioStatsConfig>,
     store: Store,
+    /// Metric handles by label set, shared by the filter's requests.
+    metrics: Arc<Keyed<HttpMetrics>>,
 }
 
 impl IstioStats {
@@ -201,6 +204,7 @@ impl IstioStats {
         IstioStats {
             config: config.clone(),
             store: store.clone(),
+            metrics: Arc::default(),
         }
     }
 
@@ -242,6 +246,7 @@ impl IstioStats {
         encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
             config: self.config.clone(),
             store: self.store.clone(),
+            metrics: self.metrics.clone(),
             local: req.conn.shared.local_workload.clone(),
             peers,
             server: req.conn.drain_scope.inbound,
@@ -288,6 +293,8 @@ struct Answer {
 pub(super) struct StatsRequest {
     config: Arc<IstioStatsConfig>,
     store: Store,
+    /// The filter's metric handles by label set.
+    metrics: Arc<Keyed<HttpMetrics>>,
     local: Arc<LocalWorkload>,
     peers: Arc<Peers>,
     /// An inbound listener's request: reported by the destination.
@@ -361,13 +368,15 @@ impl StatsRequest {
     /// Records the request in Istio's metrics.
     fn record(&self) {
         let labels = self.labels();
-        let (store, config) = (&self.store, &self.config);
-        metrics::count(store, config, 0, &labels, 1);
         let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
-        for (i, value) in [(1, ms), (2, self.request_bytes), (3, response_bytes)] {
-            metrics::record(store, config, i, &labels, value);
-        }
+        metrics::record_http(
+            &self.metrics,
+            &self.store,
+            &self.config,
+            &labels,
+            [ms, self.request_bytes, response_bytes],
+        );
     }
 }
 
