@@ -50,6 +50,9 @@ use config::{Mesh, Mtls, Outbound, Service, Workload};
 use iptables::Capture;
 use mesh::{Cluster, PodSpec, Sidecar};
 
+// These addresses exist only in the namespaces the harness creates (istio_pods/mesh.rs):
+// pods and outside hosts hang off a bridge in a hub namespace that has no link to the
+// host, so nothing sent to them or to the service VIPs can leave the test's namespaces.
 const POD_A: &str = "10.44.0.11";
 const POD_B: &str = "10.44.0.12";
 const POD_C: &str = "10.44.0.13";
