@@ -824,6 +824,51 @@ fn routes_follow_cluster_and_shared_route_changes() {
     assert_eq!(body_of(p2).as_deref(), Some("upstream-b"));
 }
 
+/// An updated EDS cluster warms until the control plane sends its assignment again, as in
+/// Envoy, while its previous version serves: the new version's settings (here TLS to a
+/// plaintext upstream) never meet the endpoints held for the old one. An assignment sent
+/// again unchanged ends the warming.
+#[test]
+fn an_updated_eds_cluster_serves_its_old_version_until_its_endpoints_come_again() {
+    let a = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let tls: proto::pb::envoy::config::cluster::v3::Cluster = decode(
+        "{name: svc, type: EDS, connect_timeout: 1s, eds_cluster_config: {service_name: svc, \
+         eds_config: {ads: {}, resource_api_version: V3}}, transport_socket: {name: tls, \
+         typed_config: {\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext}}}",
+    );
+    let base = |version: &str, svc: &proto::pb::envoy::config::cluster::v3::Cluster| {
+        Snapshot::new(version)
+            .with_message("svc", svc)
+            .with_message("main", &rds_listener("main", port, "main", "routes"))
+            .with_message("routes", &route_config("routes", &to_cluster("svc")))
+    };
+    plane.set(base("1", &eds_cluster("svc")).with_message("svc", &assignment("svc", a)));
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+
+    // The cluster changes; its assignment is not sent again (yet).
+    plane.set(base("2", &tls));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let dump = admin_get(admin, "/config_dump").1;
+    let dump: serde_json::Value = serde_json::from_str(&dump).expect("config_dump JSON");
+    let clusters = dump["configs"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["dynamic_warming_clusters"].is_array()))
+        .unwrap_or_else(|| panic!("no warming clusters in /config_dump: {dump}"));
+    assert_eq!(
+        clusters["dynamic_warming_clusters"][0]["version_info"], "2",
+        "{clusters}"
+    );
+
+    // The same assignment again: the TLS version takes over (and fails against plaintext).
+    plane.set(base("3", &tls).with_message("svc", &assignment("svc", a)));
+    plane.ack(ENDPOINT_TYPE_URL, "3");
+    assert_eq!(get(port, "/").expect("GET").status, 503);
+}
+
 /// Over Delta, an EDS cluster's endpoints follow their assignment, and an assignment removed
 /// leaves the cluster without hosts (503) until one comes back.
 #[test]

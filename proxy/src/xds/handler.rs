@@ -25,7 +25,9 @@ use super::records::{Records, Status};
 use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
 use crate::apply::ListenerChange;
-use crate::config::cluster::{ClusterConfig, Discovery, compile_assignment, compile_cluster};
+use crate::config::cluster::{
+    ClusterConfig, Discovery, EndpointConfig, compile_assignment, compile_cluster,
+};
 use crate::config::dynamic::{DynamicConfig, Source, initial_fetch_timeout};
 use crate::config::hcm::Routes;
 use crate::config::listener::{ListenerConfig, Terminal, compile_listener};
@@ -294,7 +296,7 @@ impl ProxyHandler {
             }
             match self.compile_cluster(process, &r) {
                 Err(reason) => reject(&mut st.clusters, &mut rejected, r, reason),
-                Ok((mut cfg, eds_timeout)) => {
+                Ok((cfg, eds_timeout)) => {
                     let name = cfg.name.clone();
                     let existed = st.clusters.get(&name).is_some_and(|c| c.value.is_some());
                     forget_eds_user(st, &name, false);
@@ -309,33 +311,22 @@ impl ProxyHandler {
                                 .or_default()
                                 .insert(&name);
                             st.eds_service_of.insert(name.clone(), service_name.clone());
-                            // The accepted assignment is kept encoded only (its record): a
-                            // decoded copy per service cost more than the bytes.
-                            match st
-                                .endpoints
-                                .get(&service_name)
-                                .and_then(|r| r.value.as_ref())
-                                .and_then(|v| ClusterLoadAssignment::decode(v.clone()).ok())
-                                .map(|cla| compile_assignment(&cla, &cfg))
-                            {
-                                Some(Ok(endpoints)) => {
-                                    cfg.endpoints = endpoints;
-                                    st.warming_clusters.remove(&name);
-                                    self.use_or_await_secrets(process, st, cfg, &mut upserts)
-                                }
-                                _ => {
-                                    st.warming_clusters.insert(name.clone(), cfg);
-                                    if let Some(timer) = self.arm_warming_timeout(
-                                        Warming::Cluster,
-                                        &name,
-                                        &r.version,
-                                        eds_timeout,
-                                    ) {
-                                        st.warming_clusters.set_timer(&name, timer);
-                                    }
-                                    Status::Warming
-                                }
+                            // Like Envoy, every version warms until an EDS response names its
+                            // service (control planes send the assignment again after a
+                            // cluster change), while the version before it serves: a new
+                            // version's TLS settings never meet the old endpoints. Only if
+                            // none comes in time is the assignment held used (Envoy's EDS
+                            // cache).
+                            st.warming_clusters.insert(name.clone(), cfg);
+                            if let Some(timer) = self.arm_warming_timeout(
+                                Warming::Cluster,
+                                &name,
+                                &r.version,
+                                eds_timeout,
+                            ) {
+                                st.warming_clusters.set_timer(&name, timer);
                             }
+                            Status::Warming
                         }
                         _ => {
                             st.warming_clusters.remove(&name);
@@ -455,7 +446,10 @@ impl ProxyHandler {
                         })
                 })
                 .collect();
-            if st.endpoints.unchanged(&r.name, &r.value) {
+            // An unchanged assignment still ends its clusters' warming (a cluster's new
+            // version waits for the control plane to send it again).
+            let unchanged = st.endpoints.unchanged(&r.name, &r.value);
+            if unchanged && !users.iter().any(|u| st.warming_clusters.contains_key(u)) {
                 for name in &counted {
                     UpdateStats::eds_unchanged(&process.shared.stats, name, &u.version_info, since);
                 }
@@ -473,6 +467,7 @@ impl ProxyHandler {
             for user in &users {
                 let cfg = match st.warming_clusters.get(user) {
                     Some(cfg) => cfg.clone(),
+                    None if unchanged => continue,
                     None => match process.shared.clusters.get(user) {
                         Some(c) => c.config().clone(),
                         None => continue,
@@ -507,8 +502,12 @@ impl ProxyHandler {
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
             for name in &counted {
-                UpdateStats::of_cluster(&process.shared.stats, name)
-                    .accepted(&u.version_info, since);
+                if unchanged {
+                    UpdateStats::eds_unchanged(&process.shared.stats, name, &u.version_info, since);
+                } else {
+                    UpdateStats::of_cluster(&process.shared.stats, name)
+                        .accepted(&u.version_info, since);
+                }
             }
         }
         process.shared.clusters.apply(warmed, &[]);
@@ -674,11 +673,19 @@ impl ProxyHandler {
         }
         match kind {
             Warming::Cluster => {
-                let Some(cfg) = st.warming_clusters.remove(name) else {
+                let Some(mut cfg) = st.warming_clusters.remove(name) else {
                     return;
                 };
                 UpdateStats::of_cluster(&process.shared.stats, &cfg.observability_name).timed_out();
-                tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used without");
+                match held_assignment(st, &cfg) {
+                    Some(endpoints) => {
+                        cfg.endpoints = endpoints;
+                        tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used with the assignment held");
+                    }
+                    None => {
+                        tracing::warn!(cluster = %name, "initial_fetch_timeout: no endpoints came; the cluster is used without")
+                    }
+                }
                 process.shared.clusters.apply(vec![cfg], &[]);
                 st.clusters.set_status(name, Status::Acked);
                 self.publish_cluster_gauges(&process, st);
@@ -1173,6 +1180,17 @@ fn rds_names(l: &ListenerConfig) -> Vec<String> {
 /// Removes `cluster` from the users of the service name it used, if any. When the cluster was
 /// `removed` and was the service's last user, its assignment is forgotten too (the
 /// subscription ends; a cluster added again waits for a fresh one, as in Envoy).
+/// The endpoints of the assignment held for `cfg`'s EDS service, compiled for it (what a
+/// cluster that waited in vain for its endpoints starts with, as Envoy's EDS cache).
+fn held_assignment(st: &State, cfg: &ClusterConfig) -> Option<Vec<EndpointConfig>> {
+    let Discovery::Eds { service_name } = &cfg.discovery else {
+        return None;
+    };
+    let held = st.endpoints.get(service_name)?.value.as_ref()?;
+    let cla = ClusterLoadAssignment::decode(held.clone()).ok()?;
+    compile_assignment(&cla, cfg).ok()
+}
+
 fn forget_eds_user(st: &mut State, cluster: &str, removed: bool) {
     let Some(service) = st.eds_service_of.remove(cluster) else {
         return;
