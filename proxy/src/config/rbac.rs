@@ -443,8 +443,7 @@ fn principal(
             Principal::Metadata(sourced_metadata(ctx, s, network, warnings)?)
         }
         Some(I::FilterState(f)) => {
-            filter_state(f, warnings)?;
-            Principal::AbsentFilterState
+            filter_state(ctx, f, warnings).map_err(|e| e.within("filter_state"))?
         }
         Some(I::Custom(ext)) => {
             return Err(ConfigError::new(
@@ -581,29 +580,52 @@ fn sourced_metadata(
     )
 }
 
-/// `filter_state`: revoy keeps no filter state, so the key is never there.
-fn filter_state(f: &m::FilterStateMatcher, warnings: &mut Warnings) -> Result<(), ConfigError> {
+/// `filter_state`: the keys Istio's `istio_authn` sets (`io.istio.peer_principal`,
+/// `io.istio.local_principal`) matched as strings; any other key is never there in revoy
+/// (as in Envoy when no filter sets it), nor is an address matcher's object.
+fn filter_state(
+    ctx: &Context,
+    f: &m::FilterStateMatcher,
+    warnings: &mut Warnings,
+) -> Result<Principal, ConfigError> {
+    use m::filter_state_matcher::Matcher;
     if f.key.is_empty() {
         return Err(ConfigError::new(
-            "filter_state.key",
+            "key",
             "value length must be at least 1 characters",
         ));
     }
-    if f.matcher.is_none() {
-        return Err(ConfigError::new(
-            "filter_state.matcher",
-            "value is required",
-        ));
+    let matcher = match &f.matcher {
+        None => return Err(ConfigError::new("matcher", "value is required")),
+        Some(Matcher::StringMatch(s)) => {
+            string_matcher(ctx, s).map_err(|e| e.within("string_match"))?
+        }
+        Some(Matcher::AddressMatch(_)) => {
+            warnings.note(
+                "filter_state.address_match",
+                format!(
+                    "revoy has no address filter state, so '{}' is always absent: the matcher never matches",
+                    f.key
+                ),
+            );
+            return Ok(Principal::AbsentFilterState);
+        }
+    };
+    if !super::istio::authn::sets(&f.key) {
+        warnings.note(
+            "filter_state",
+            format!(
+                "no filter of revoy's sets '{}', so it is always absent (as in Envoy when no \
+                 filter sets it): the matcher never matches",
+                f.key
+            ),
+        );
+        return Ok(Principal::AbsentFilterState);
     }
-    warnings.note(
-        "filter_state",
-        format!(
-            "revoy keeps no filter state, so '{}' is always absent (as in Envoy when no filter \
-             sets it): the matcher never matches",
-            f.key
-        ),
-    );
-    Ok(())
+    Ok(Principal::FilterState {
+        key: f.key.as_str().into(),
+        matcher,
+    })
 }
 
 #[cfg(test)]
