@@ -96,6 +96,35 @@ pub struct HttpRbacConfig {
     pub engines: Engines,
     /// Whether the enforced rules read dynamic metadata or filter state.
     pub reads_metadata: bool,
+    /// The keys its decisions are written under in the request's dynamic metadata.
+    pub metadata_keys: DecisionKeys,
+}
+
+/// Envoy's dynamic metadata keys (namespace `envoy.filters.http.rbac`) for an RBAC filter's
+/// decisions: each engine's first matching policy and its result (`allowed` / `denied`),
+/// after the engine's stat prefix (Istio's CUSTOM authorization reads
+/// `istio_ext_authz_shadow_effective_policy_id`).
+#[derive(Debug, Clone, Default)]
+pub struct DecisionKeys {
+    /// `<shadow_rules_stat_prefix>shadow_effective_policy_id`.
+    pub shadow_policy: String,
+    /// `<shadow_rules_stat_prefix>shadow_engine_result`.
+    pub shadow_result: String,
+    /// `<rules_stat_prefix>enforced_effective_policy_id`.
+    pub enforced_policy: String,
+    /// `<rules_stat_prefix>enforced_engine_result`.
+    pub enforced_result: String,
+}
+
+impl DecisionKeys {
+    fn new(rules_prefix: &str, shadow_prefix: &str) -> DecisionKeys {
+        DecisionKeys {
+            shadow_policy: format!("{shadow_prefix}shadow_effective_policy_id"),
+            shadow_result: format!("{shadow_prefix}shadow_engine_result"),
+            enforced_policy: format!("{rules_prefix}enforced_effective_policy_id"),
+            enforced_result: format!("{rules_prefix}enforced_engine_result"),
+        }
+    }
 }
 
 /// Compiles an HTTP RBAC filter's config.
@@ -122,6 +151,7 @@ pub fn compile_http(
         rules_stat_prefix: p.rules_stat_prefix.clone(),
         shadow_rules_stat_prefix: p.shadow_rules_stat_prefix.clone(),
         reads_metadata: engines.enforced_reads_metadata(),
+        metadata_keys: DecisionKeys::new(&p.rules_stat_prefix, &p.shadow_rules_stat_prefix),
         engines,
     })
 }
@@ -139,6 +169,7 @@ pub fn compile_per_route(
             shadow_rules_stat_prefix: String::new(),
             engines: Engines::default(),
             reads_metadata: false,
+            metadata_keys: DecisionKeys::default(),
         }),
     }
 }
