@@ -316,7 +316,7 @@ fn http_outbound() -> Value {
                             "resource_api_version": "V3",
                         },
                     },
-                    "http_filters": [http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
+                    "http_filters": [grpc_stats(), http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
                     "use_remote_address": false,
                     "normalize_path": true,
                     "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
@@ -337,6 +337,18 @@ fn http_filter(name: &str, ty: &str) -> Value {
     json!({
         "name": name,
         "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{ty}") },
+    })
+}
+
+/// `envoy.filters.http.grpc_stats` as istiod configures it (no per-method stats).
+fn grpc_stats() -> Value {
+    json!({
+        "name": "envoy.filters.http.grpc_stats",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true,
+            "stats_for_all_methods": false,
+        },
     })
 }
 
@@ -569,7 +581,7 @@ fn inbound_hcm(port: u16) -> Value {
                     }],
                 }],
             },
-            "http_filters": [deny, allow, http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
+            "http_filters": [deny, allow, grpc_stats(), http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
             "forward_client_cert_details": "APPEND_FORWARD",
             "set_current_client_cert_details": { "subject": true, "dns": true, "uri": true },
             "use_remote_address": false,
