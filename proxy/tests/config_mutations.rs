@@ -1,8 +1,9 @@
 //! Bad configuration gets an error, never a panic: the listeners istiod sent
-//! (`benches/data/istio-listeners.json`, origin in `benches/data/PROVENANCE.md`) are mutated
-//! one field at a time — a field removed, a value of the wrong type or out of range, an
+//! (`benches/data/istio-listeners.json`, origin in `benches/data/PROVENANCE.md`) and Envoy's
+//! router-check route configurations (`tests/data/envoy-router-check/`) are mutated one field
+//! at a time — a field removed, a value of the wrong type or out of range, an
 //! empty string, a broken regex, a negative duration, an unknown field — by a seeded
-//! generator, then decoded and compiled as an LDS response's resource would be. Each
+//! generator, then decoded and compiled as an LDS or RDS response's resource would be. Each
 //! mutation must decode and compile, or fail with a message naming what is wrong; a panic in
 //! the compile would take down the xDS thread (or, at start, the process) instead of NACKing
 //! one resource.
@@ -10,8 +11,10 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use proto::pb::envoy::config::listener::v3::Listener;
+use proto::pb::envoy::config::route::v3::RouteConfiguration;
 use proto::{Codec, Format};
 use revoy::config::listener::compile_listener;
+use revoy::config::route::compile_route_config;
 use revoy::config::{Context, FakeIo, Warnings};
 use serde_json::{Map, Value};
 
@@ -127,30 +130,87 @@ fn mutate(listener: &mut Value, rng: &mut Rng) -> String {
     format!("{described} = {text}")
 }
 
+/// Envoy's router-check route configurations (those that are not bootstraps).
+fn route_configs() -> Vec<Value> {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/envoy-router-check");
+    let mut configs = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the router-check data") {
+        let path = entry.expect("a directory entry").path();
+        let name = path.to_string_lossy();
+        if !name.ends_with(".yaml") || name.ends_with("Bootstrap.yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("readable");
+        configs.push(Codec::parse_text(&text, Format::Yaml).expect("YAML"));
+    }
+    configs
+}
+
 #[test]
 fn mutated_istio_listeners_compile_or_fail_with_a_reason() {
-    let listeners = corpus();
-    let codec = Codec::for_document(
-        "envoy.config.listener.v3.Listener",
-        &Value::Array(listeners.clone()),
-    );
     let io = FakeIo::new();
     let ctx = Context::new(&io);
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    check_mutations(
+        "envoy.config.listener.v3.Listener",
+        &corpus(),
+        0x9E37_79B9_7F4A_7C15,
+        |codec, v| {
+            let l = codec
+                .decode::<Listener>(v, false)
+                .map_err(|e| e.to_string())?;
+            Ok(
+                compile_listener(&ctx, &l.message, None, &mut Warnings::new())
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            )
+        },
+    );
+}
+
+#[test]
+fn mutated_route_configurations_compile_or_fail_with_a_reason() {
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    check_mutations(
+        "envoy.config.route.v3.RouteConfiguration",
+        &route_configs(),
+        0xD1B5_4A32_D192_ED03,
+        |codec, v| {
+            let rc = codec
+                .decode::<RouteConfiguration>(v, false)
+                .map_err(|e| e.to_string())?;
+            Ok(
+                compile_route_config(&ctx, &rc.message, None, &mut Warnings::new())
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            )
+        },
+    );
+}
+
+/// What decoding answered (`Err`: refused), and if it decoded, what compiling answered.
+type Outcome = Result<Result<(), String>, String>;
+
+/// Mutates documents of `corpus` (messages of type `root`) [`MUTATIONS`] times from `seed`
+/// and runs `compile` on each: none may panic or fail without a reason, and the mutations
+/// must reach every outcome (refused by the decoder, by the compile, compiled).
+fn check_mutations(
+    root: &str,
+    corpus: &[Value],
+    seed: u64,
+    compile: impl Fn(&Codec, Value) -> Outcome,
+) {
+    let codec = Codec::for_document(root, &Value::Array(corpus.to_vec()));
+    let mut rng = Rng(seed);
     let (mut decode_errors, mut compile_errors, mut compiled) = (0, 0, 0);
     let mut failures = Vec::new();
     for _ in 0..MUTATIONS {
-        let mut listener = listeners[rng.below(listeners.len())].clone();
-        let name = listener["name"].as_str().unwrap_or("?").to_owned();
-        let what = mutate(&mut listener, &mut rng);
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
-            let decoded = match codec.decode::<Listener>(listener, false) {
-                Ok(d) => d.message,
-                Err(e) => return Err(("decode", e.to_string())),
-            };
-            compile_listener(&ctx, &decoded, None, &mut Warnings::new())
-                .map(drop)
-                .map_err(|e| ("compile", e.to_string()))
+        let mut document = corpus[rng.below(corpus.len())].clone();
+        let name = document["name"].as_str().unwrap_or("?").to_owned();
+        let what = mutate(&mut document, &mut rng);
+        let outcome = catch_unwind(AssertUnwindSafe(|| match compile(&codec, document) {
+            Err(message) => Err(("decode", message)),
+            Ok(compiled) => compiled.map_err(|message| ("compile", message)),
         }));
         match outcome {
             Err(panic) => {
@@ -174,8 +234,8 @@ fn mutated_istio_listeners_compile_or_fail_with_a_reason() {
         }
     }
     println!(
-        "{MUTATIONS} mutations: {decode_errors} refused by the decoder, {compile_errors} by the \
-         compile, {compiled} compiled"
+        "{root}: {MUTATIONS} mutations: {decode_errors} refused by the decoder, \
+         {compile_errors} by the compile, {compiled} compiled"
     );
     assert!(
         decode_errors > 0 && compile_errors > 0 && compiled > 0,
