@@ -342,6 +342,7 @@ async fn route_and_forward(
     }
     let mut reselect = false;
     let mut upstream_alpn = None;
+    let mut attempt_target = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -359,6 +360,7 @@ async fn route_and_forward(
             metadata,
             upstream_alpn: None,
             peers: None,
+            attempt_target: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
@@ -388,6 +390,7 @@ async fn route_and_forward(
         }
         reselect = filtered.clear_route_cache;
         upstream_alpn = filtered.upstream_alpn;
+        attempt_target = filtered.attempt_target;
         if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
@@ -627,9 +630,11 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
-            let target = pending
-                .is_some()
-                .then(std::sync::Arc::<AttemptTarget>::default);
+            let target = attempt_target.or_else(|| {
+                pending
+                    .is_some()
+                    .then(std::sync::Arc::<AttemptTarget>::default)
+            });
             note!(|r| r.attempt_target.clone_from(&target));
             // Envoy's access logs read the request as the router leaves it.
             note!(|r| if let Some(head) = r.request.as_mut() {

@@ -11,6 +11,9 @@ use std::time::Instant;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
 
 use super::{Encoder, Encoders, FilterRequest};
+use http_body_util::BodyExt;
+
+use crate::access_log::AttemptTarget;
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -238,6 +241,9 @@ impl IstioStats {
             ),
             None => (String::new(), String::new()),
         };
+        // A client's principals are its upstream connection's, which the router notes.
+        let upstream = (!req.conn.drain_scope.inbound)
+            .then(|| req.attempt_target.get_or_insert_with(Arc::default).clone());
         let grpc = req
             .headers
             .get(header::CONTENT_TYPE)
@@ -255,6 +261,8 @@ impl IstioStats {
             service_name,
             peer_san,
             local_san,
+            upstream,
+            trailer_status: Arc::default(),
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
@@ -306,14 +314,35 @@ pub(super) struct StatsRequest {
     peer_san: String,
     /// This side's certificate's first URI SAN (inbound TLS).
     local_san: String,
+    /// Where the router notes an outbound request's upstream connection.
+    upstream: Option<Arc<AttemptTarget>>,
+    /// The `grpc-status` of the response's trailers.
+    trailer_status: Arc<OnceLock<String>>,
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
 }
 
 impl StatsRequest {
-    /// Notes the response's code, gRPC status and size.
-    pub(super) fn encode(&mut self, resp: &Response<Body>) {
+    /// Notes the response's code, gRPC status and size; a gRPC response's trailers are
+    /// read for its status as they pass.
+    pub(super) fn encode(&mut self, resp: &mut Response<Body>) {
+        if self.grpc && !http_body::Body::is_end_stream(resp.body()) {
+            let status = self.trailer_status.clone();
+            let body = std::mem::replace(resp.body_mut(), crate::body::empty());
+            *resp.body_mut() = body
+                .map_frame(move |frame| {
+                    if let Some(v) = frame
+                        .trailers_ref()
+                        .and_then(|t| t.get("grpc-status"))
+                        .and_then(|v| v.to_str().ok())
+                    {
+                        let _ = status.set(v.to_owned());
+                    }
+                    frame
+                })
+                .boxed_unsync();
+        }
         self.response = Some(Answer {
             code: resp.status().as_u16(),
             grpc_status: resp
@@ -327,17 +356,21 @@ impl StatsRequest {
 
     /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
     fn labels(&self) -> Vec<(&'static str, String)> {
+        let upstream = self.upstream.as_ref().and_then(|t| t.sans());
+        let (peer_san, local_san) = match &upstream {
+            Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
+            None => (self.peer_san.as_str(), self.local_san.as_str()),
+        };
         let ends = Ends {
             server: self.server,
             local: &self.local.workload,
-            // A client's upstream connection's certificates are not known here.
             peer: if self.server {
                 self.peers.downstream.get()
             } else {
                 self.peers.upstream.get()
             },
-            peer_san: if self.server { &self.peer_san } else { "" },
-            local_san: if self.server { &self.local_san } else { "" },
+            peer_san,
+            local_san,
             service_host: &self.service_host,
             service_name: &self.service_name,
         };
@@ -352,8 +385,10 @@ impl StatsRequest {
             (
                 "grpc_response_status",
                 if self.grpc {
-                    answer
-                        .and_then(|a| a.grpc_status.clone())
+                    self.trailer_status
+                        .get()
+                        .cloned()
+                        .or_else(|| answer.and_then(|a| a.grpc_status.clone()))
                         .unwrap_or_default()
                 } else {
                     String::new()
