@@ -830,10 +830,17 @@ fn istio_request_principals_match_envoy() {
         ("alice", token(ISTIO_ISSUER, "alice", json!({}))),
         ("bob", token(ISTIO_ISSUER, "bob-2", json!({}))),
         ("mallory", token(ISTIO_ISSUER, "mallory", json!({}))),
-        ("alice_elsewhere", token("https://other.test", "alice", json!({}))),
+        (
+            "alice_elsewhere",
+            token("https://other.test", "alice", json!({})),
+        ),
         (
             "admin",
-            token(ISTIO_ISSUER, "carol", json!({"groups": ["staff", "admins"]})),
+            token(
+                ISTIO_ISSUER,
+                "carol",
+                json!({"groups": ["staff", "admins"]}),
+            ),
         ),
         (
             "staff",

@@ -509,8 +509,24 @@ fn istio_telemetry(cluster: &Cluster) {
     metrics_reach(cluster, "a's HTTP/1.1 calls to svc-b", &http);
     metrics_reach(cluster, "a's gRPC call to svc-b", &grpc);
 
-    let tcp = expect(Call::Tcp, 1);
-    tcp_ok(cluster, "a", addr(SVC_B_VIP, config::TCP_PORT), false);
+    // The TCP echo's bytes each way, as each sidecar passes them between its downstream and
+    // the other end (the exchange's frames are the sidecars' own, not the connection's data).
+    let answer = format!("b from 127.0.0.6: {TCP_MESSAGE}");
+    let mut tcp = expect(Call::Tcp, 1);
+    for (pod, reporter) in [("a", Reporter::Source), ("b", Reporter::Destination)] {
+        let l = labels(reporter, Call::Tcp);
+        for (family, n) in [
+            ("istio_tcp_received_bytes_total", TCP_MESSAGE.len()),
+            ("istio_tcp_sent_bytes_total", answer.len()),
+        ] {
+            let before = istio_metric(cluster, pod, family, &l);
+            tcp.push((pod, family, l.clone(), before + n as u64));
+        }
+    }
+    assert_eq!(
+        tcp_ok(cluster, "a", addr(SVC_B_VIP, config::TCP_PORT), false),
+        answer
+    );
     metrics_reach(cluster, "a's TCP connection to svc-b", &tcp);
 }
 
