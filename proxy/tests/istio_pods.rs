@@ -488,6 +488,25 @@ fn istio_telemetry(cluster: &Cluster) {
         }
         out
     };
+    // The scenario's weighted route sent about half of svc-b's /split to c: Istio names the
+    // service of the cluster picked (svc-c), not the Host header's.
+    let c = &cluster.pod("c").workload;
+    let split = |to: &config::Workload, service: &config::Service| {
+        let l = telemetry::labels(Reporter::Source, a, to, service, Call::Http { grpc: false });
+        istio_metric(cluster, "a", "istio_requests_total", &l)
+    };
+    let to_c: u64 = prometheus::series(&telemetry::scrape(cluster.ns("a")), "istio_requests_total")
+        .iter()
+        .filter(|(l, _)| l.contains(&("destination_workload".into(), c.deployment())))
+        .map(|(_, v)| v.parse::<u64>().expect("a whole number"))
+        .sum();
+    assert!(to_c > 0, "no request of the split reached c");
+    assert_eq!(
+        split(c, &mesh.services[2]),
+        to_c,
+        "a's requests to c not all for svc-c"
+    );
+
     const CALLS: u64 = 3;
     let chain = format!(
         "http.inbound_0.0.0.0_{}.downstream_rq_total",

@@ -13,7 +13,11 @@ use http::HeaderMap;
 /// has a connection, so they are known even when the attempt never completes (a route
 /// timeout, a client that leaves), as Envoy's access logs and Istio's stats filter know them.
 #[derive(Debug, Default)]
-pub struct AttemptTarget(Mutex<Option<Attempt>>);
+pub struct AttemptTarget {
+    attempt: Mutex<Option<Attempt>>,
+    /// The cluster the router picked.
+    cluster: std::sync::OnceLock<Arc<str>>,
+}
 
 /// What [`AttemptTarget`] notes of an attempt.
 type Attempt = (SocketAddr, Option<SocketAddr>, Option<Arc<UpstreamSans>>);
@@ -36,18 +40,28 @@ impl AttemptTarget {
         local: Option<SocketAddr>,
         sans: Option<&Arc<UpstreamSans>>,
     ) {
-        *self.0.lock().expect("attempt target lock") = Some((host, local, sans.cloned()));
+        *self.attempt.lock().expect("attempt target lock") = Some((host, local, sans.cloned()));
+    }
+
+    /// Notes the cluster the router picked for the request (the first noted stays).
+    pub fn note_cluster(&self, name: &str) {
+        let _ = self.cluster.set(Arc::from(name));
+    }
+
+    /// The cluster the router picked.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.get().map(|c| &**c)
     }
 
     /// The latest attempt's host and local address.
     pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
-        let at = self.0.lock().expect("attempt target lock");
+        let at = self.attempt.lock().expect("attempt target lock");
         at.as_ref().map(|(host, local, _)| (*host, *local))
     }
 
     /// The latest attempt's TLS identities (`None` before one, or in plaintext).
     pub fn sans(&self) -> Option<Arc<UpstreamSans>> {
-        let at = self.0.lock().expect("attempt target lock");
+        let at = self.attempt.lock().expect("attempt target lock");
         at.as_ref().and_then(|(_, _, sans)| sans.clone())
     }
 }

@@ -539,6 +539,9 @@ async fn route_and_forward(
                 return with_route_headers(selected, reply, &fmt);
             };
             note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
+            if let Some(t) = &attempt_target {
+                t.note_cluster(&cluster_name);
+            }
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),

@@ -230,6 +230,13 @@ impl IstioStats {
             .and_then(|c| req.conn.shared.clusters.get(c))
             .and_then(|c| c.config().istio.clone());
         let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
+        // A client's weighted route: the service is the picked cluster's, once picked.
+        let weighted = (cluster.is_none() && req.route.is_some() && !req.conn.drain_scope.inbound)
+            .then(|| Weighted {
+                host: host.clone(),
+                route_name: route_name.to_owned(),
+                clusters: req.conn.shared.clusters.clone(),
+            });
         let (service_host, service_name) =
             metrics::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
         let (peer_san, local_san) = match &req.conn.down.tls {
@@ -262,6 +269,7 @@ impl IstioStats {
             peer_san,
             local_san,
             upstream,
+            weighted,
             trailer_status: Arc::default(),
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
@@ -285,6 +293,24 @@ fn content_length(headers: &HeaderMap) -> u64 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// What a weighted route's `destination_service` is found from once the router has picked
+/// its cluster: the Host header, the route's name, and the clusters.
+#[derive(Debug)]
+struct Weighted {
+    host: String,
+    route_name: String,
+    clusters: crate::upstream::ClusterManager,
+}
+
+impl Weighted {
+    /// `destination_service` and `destination_service_name` for the cluster `picked`.
+    fn service(&self, picked: &str) -> (String, String) {
+        let cluster = self.clusters.get(picked);
+        let istio = cluster.as_ref().and_then(|c| c.config().istio.as_deref());
+        metrics::destination_service(self.host.clone(), Some(picked), &self.route_name, istio)
+    }
 }
 
 /// What the response said, for the labels.
@@ -314,8 +340,10 @@ pub(super) struct StatsRequest {
     peer_san: String,
     /// This side's certificate's first URI SAN (inbound TLS).
     local_san: String,
-    /// Where the router notes an outbound request's upstream connection.
+    /// Where the router notes an outbound request's cluster and upstream connection.
     upstream: Option<Arc<AttemptTarget>>,
+    /// Set for a route whose cluster the router picks (weighted).
+    weighted: Option<Weighted>,
     /// The `grpc-status` of the response's trailers.
     trailer_status: Arc<OnceLock<String>>,
     started: Instant,
@@ -357,6 +385,15 @@ impl StatsRequest {
     /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
     fn labels(&self) -> Vec<(&'static str, String)> {
         let upstream = self.upstream.as_ref().and_then(|t| t.sans());
+        let picked = self
+            .weighted
+            .as_ref()
+            .zip(self.upstream.as_ref().and_then(|t| t.cluster()))
+            .map(|(w, cluster)| w.service(cluster));
+        let (service_host, service_name) = match &picked {
+            Some((host, name)) => (host.as_str(), name.as_str()),
+            None => (self.service_host.as_str(), self.service_name.as_str()),
+        };
         let (peer_san, local_san) = match &upstream {
             Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
             None => (self.peer_san.as_str(), self.local_san.as_str()),
@@ -371,8 +408,8 @@ impl StatsRequest {
             },
             peer_san,
             local_san,
-            service_host: &self.service_host,
-            service_name: &self.service_name,
+            service_host,
+            service_name,
         };
         let mut out = ends.labels();
         let answer = self.response.as_ref();
