@@ -602,6 +602,50 @@ fn jwt_authn_config_errors_match_envoy() {
     }
 }
 
+/// A bootstrap with admin `admin` and listener `name` on `port`: the filters `jwt` and
+/// `rbac`, then `routes`.
+fn jwt_then_rbac(
+    name: &str,
+    admin: u16,
+    port: u16,
+    jwt: &Value,
+    rbac: &Value,
+    routes: &Value,
+) -> String {
+    let filters = format!("{jwt}, {rbac}, ");
+    let listener = bootstrap::http_listener(name, port, "", &filters, &routes.to_string());
+    bootstrap::with_admin(admin, &listener, "")
+}
+
+/// What one proxy (Envoy `envoy`, else revoy) on `bootstrap(admin, port)` answers to a GET
+/// of each `(path, headers)` case, tokens filled in, keeping the headers `kept`.
+fn answers(
+    envoy: Option<&std::path::Path>,
+    bootstrap: impl Fn(u16, u16) -> String,
+    cases: &[(&str, &str)],
+    tokens: &[(&str, String)],
+    kept: &[&str],
+) -> Vec<String> {
+    let (admin, port) = (free_port(), free_port());
+    let yaml = bootstrap(admin, port);
+    filter_diff::observe_with(envoy, 133, &yaml, admin, || {
+        cases
+            .iter()
+            .map(|(path, headers)| {
+                let answer = filter_diff::exchange(
+                    port,
+                    &format!(
+                        "GET {path} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
+                        fill(headers, tokens)
+                    ),
+                    kept,
+                );
+                format!("{path} {headers:?}\n{answer}")
+            })
+            .collect()
+    })
+}
+
 const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 
 /// Listener `md`: jwt_authn writing payloads (`scope` split into words), headers and
@@ -656,14 +700,7 @@ fn metadata_bootstrap(admin: u16, port: u16, keys: &Keys) -> String {
     let routes = json!([{"match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
         "response_headers_to_add": [{"header": {"key": "x-md", "value": "%DYNAMIC_METADATA(envoy.filters.http.jwt_authn)%"}}]}]);
-    let listener = bootstrap::http_listener(
-        "md",
-        port,
-        "",
-        &format!("{jwt}, {rbac}, "),
-        &routes.to_string(),
-    );
-    bootstrap::with_admin(admin, &listener, "")
+    jwt_then_rbac("md", admin, port, &jwt, &rbac, &routes)
 }
 
 #[test]
@@ -701,24 +738,14 @@ fn jwt_authn_metadata_and_rbac_after_it_match_envoy() {
         ("/ec", "x-token: Token {ec}\r\n"),
     ];
     let run = |envoy: Option<&std::path::Path>| {
-        let (admin, port) = (free_port(), free_port());
-        let yaml = metadata_bootstrap(admin, port, &keys);
-        filter_diff::observe_with(envoy, 133, &yaml, admin, || {
-            cases
-                .iter()
-                .map(|(path, headers)| {
-                    let answer = filter_diff::exchange(
-                        port,
-                        &format!(
-                            "GET {path} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
-                            fill(headers, &tokens)
-                        ),
-                        &["x-md", "www-authenticate"],
-                    );
-                    format!("{path} {headers:?}\n{answer}")
-                })
-                .collect()
-        })
+        let bootstrap = |admin, port| metadata_bootstrap(admin, port, &keys);
+        answers(
+            envoy,
+            bootstrap,
+            cases,
+            &tokens,
+            &["x-md", "www-authenticate"],
+        )
     };
     let expected = run(Some(&envoy));
     let got = run(None);
@@ -799,14 +826,7 @@ fn istio_request_principals_bootstrap(admin: u16, port: u16, keys: &Keys) -> Str
     });
     let routes = json!([{"match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}]);
-    let listener = bootstrap::http_listener(
-        "istio",
-        port,
-        "",
-        &format!("{jwt}, {rbac}, "),
-        &routes.to_string(),
-    );
-    bootstrap::with_admin(admin, &listener, "")
+    jwt_then_rbac("istio", admin, port, &jwt, &rbac, &routes)
 }
 
 #[test]
@@ -864,26 +884,11 @@ fn istio_request_principals_match_envoy() {
         "authorization: Bearer {staff}\r\n",
         "authorization: Bearer {expired_alice}\r\n",
         "",
-    ];
+    ]
+    .map(|headers| ("/", headers));
     let run = |envoy: Option<&std::path::Path>| {
-        let (admin, port) = (free_port(), free_port());
-        let yaml = istio_request_principals_bootstrap(admin, port, &keys);
-        filter_diff::observe_with(envoy, 133, &yaml, admin, || {
-            cases
-                .iter()
-                .map(|headers| {
-                    let answer = filter_diff::exchange(
-                        port,
-                        &format!(
-                            "GET / HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
-                            fill(headers, &tokens)
-                        ),
-                        &["www-authenticate"],
-                    );
-                    format!("{headers:?}\n{answer}")
-                })
-                .collect()
-        })
+        let bootstrap = |admin, port| istio_request_principals_bootstrap(admin, port, &keys);
+        answers(envoy, bootstrap, &cases, &tokens, &["www-authenticate"])
     };
     let expected = run(Some(&envoy));
     let got = run(None);
