@@ -34,6 +34,48 @@ pub enum Call {
 /// A series' labels, in order.
 pub type Labels = Vec<(String, String)>;
 
+/// The source's labels, in Istio's order.
+const SOURCE_LABELS: [&str; 8] = [
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+];
+
+/// The destination's labels, in Istio's order.
+const DESTINATION_LABELS: [&str; 11] = [
+    "destination_workload",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_service",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_service_name",
+    "destination_service_namespace",
+    "destination_cluster",
+];
+
+/// The values of a workload's labels as an end of a call, in [`SOURCE_LABELS`]' order.
+fn end(w: &Workload) -> [String; 8] {
+    let (app, version) = (w.app().to_owned(), VERSION.to_owned());
+    [
+        w.deployment(),
+        app.clone(),
+        version.clone(),
+        NAMESPACE.to_owned(),
+        config::spiffe(w.service_account),
+        app,
+        version,
+        CLUSTER_ID.to_owned(),
+    ]
+}
+
 /// The labels, in Istio's order, of a call from `from` to `to` through `service`, as
 /// `reporter` reports it.
 pub fn labels(
@@ -47,29 +89,32 @@ pub fn labels(
         Reporter::Source => "source",
         Reporter::Destination => "destination",
     };
-    let (source, destination) = (from.app(), to.app());
-    let mut out: Vec<(&str, String)> = vec![
-        ("reporter", reporter_name.to_owned()),
-        ("source_workload", from.deployment()),
-        ("source_canonical_service", source.to_owned()),
-        ("source_canonical_revision", VERSION.to_owned()),
-        ("source_workload_namespace", NAMESPACE.to_owned()),
-        ("source_principal", config::spiffe(from.service_account)),
-        ("source_app", source.to_owned()),
-        ("source_version", VERSION.to_owned()),
-        ("source_cluster", CLUSTER_ID.to_owned()),
-        ("destination_workload", to.deployment()),
-        ("destination_workload_namespace", NAMESPACE.to_owned()),
-        ("destination_principal", config::spiffe(to.service_account)),
-        ("destination_app", destination.to_owned()),
-        ("destination_version", VERSION.to_owned()),
-        ("destination_service", service.host()),
-        ("destination_canonical_service", destination.to_owned()),
-        ("destination_canonical_revision", VERSION.to_owned()),
-        ("destination_service_name", service.name.to_owned()),
-        ("destination_service_namespace", NAMESPACE.to_owned()),
-        ("destination_cluster", CLUSTER_ID.to_owned()),
+    let [
+        workload,
+        canonical,
+        revision,
+        namespace,
+        principal,
+        app,
+        version,
+        cluster,
+    ] = end(to);
+    let destination = [
+        workload,
+        namespace.clone(),
+        principal,
+        app,
+        version,
+        service.host(),
+        canonical,
+        revision,
+        service.name.to_owned(),
+        namespace,
+        cluster,
     ];
+    let names = SOURCE_LABELS.iter().chain(&DESTINATION_LABELS).copied();
+    let mut out: Vec<(&str, String)> = vec![("reporter", reporter_name.to_owned())];
+    out.extend(names.zip(end(from).into_iter().chain(destination)));
     match call {
         Call::Http { grpc } => out.extend([
             (
