@@ -24,7 +24,8 @@
 //! `pilot/pkg/networking/core/listener_builder.go`, `networkfilter.go`, `cluster_builder.go`,
 //! `pilot/pkg/xds/filters/filters.go`): outbound HTTP `istio.metadata_exchange` (upstream
 //! discovery and propagation), `grpc_stats`, `istio.alpn`, `fault`, `cors`, `istio.stats`;
-//! inbound HTTP the same but downstream discovery and propagation and no `istio.alpn`; inbound
+//! inbound HTTP the same but downstream discovery and propagation, the RBAC filters after the
+//! exchange and no `istio.alpn`; inbound
 //! TCP the network `istio.metadata_exchange` and `istio.stats`, its mTLS offering
 //! `istio-peer-exchange`; outbound TCP `istio.stats`, with the exchange as every outbound
 //! cluster's upstream filter. The inbound HTTP port then takes the chains istiod gives a port
@@ -177,6 +178,22 @@ pub struct Mesh {
 /// The path a split sends half to each service.
 pub const SPLIT_PATH: &str = "/split";
 
+/// The path prefix every pod's AuthorizationPolicy denies (a DENY rule).
+pub const DENIED_PATH: &str = "/admin";
+
+/// The path prefix every pod's AuthorizationPolicy allows only from pod a's service account
+/// (an ALLOW policy whose other rule allows every other path from anyone).
+pub const PRIVATE_PATH: &str = "/private";
+
+/// The path prefix svc-b's VirtualService aborts with [`FAULT_STATUS`] (fault injection).
+pub const FAULT_PATH: &str = "/fault";
+
+/// The status of the injected abort.
+pub const FAULT_STATUS: u16 = 418;
+
+/// The origin svc-b's corsPolicy allows.
+pub const CORS_ORIGIN: &str = "https://app.example";
+
 /// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
 /// `revoy xds-server` directory of its pod.
 pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
@@ -323,41 +340,39 @@ fn istio_alpn() -> Value {
     })
 }
 
-/// A filter with only its typed config's type.
-fn plain_filter(name: &str, type_url: &str) -> Value {
-    json!({ "name": name, "typed_config": { "@type": type_url } })
-}
-
-/// An HTTP connection manager's filters: the router alone, or with Istio's filters, as
-/// istiod orders them for a sidecar's outbound or inbound listener.
+/// An HTTP connection manager's filters in istiod's order: on an inbound listener the
+/// AuthorizationPolicies' RBAC; `fault` and `cors` for the routes' configs; with Istio's
+/// filters, the metadata exchange first, then `grpc_stats`, `istio.alpn` (outbound only) and,
+/// last before the router, `istio.stats`.
 fn http_filters(istio: bool, inbound: bool) -> Vec<Value> {
-    if !istio {
-        return vec![router()];
+    let mut filters = Vec::new();
+    if istio {
+        filters.push(http_exchange(!inbound));
     }
-    let grpc_stats = json!({
-        "name": "envoy.filters.http.grpc_stats",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
-            "emit_filter_state": true,
-            "stats_for_all_methods": false,
-        },
-    });
-    let mut filters = vec![http_exchange(!inbound), grpc_stats];
-    if !inbound {
-        filters.push(istio_alpn());
+    if inbound {
+        filters.extend(authorization_policies());
+    }
+    if istio {
+        filters.push(json!({
+            "name": "envoy.filters.http.grpc_stats",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+                "emit_filter_state": true,
+                "stats_for_all_methods": false,
+            },
+        }));
+        if !inbound {
+            filters.push(istio_alpn());
+        }
     }
     filters.extend([
-        plain_filter(
-            "envoy.filters.http.fault",
-            "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
-        ),
-        plain_filter(
-            "envoy.filters.http.cors",
-            "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors",
-        ),
-        istio_stats(inbound),
-        router(),
+        http_filter(FAULT, "fault.v3.HTTPFault"),
+        http_filter(CORS, "cors.v3.Cors"),
     ]);
+    if istio {
+        filters.push(istio_stats(inbound));
+    }
+    filters.push(router());
     filters
 }
 
@@ -485,6 +500,65 @@ fn http_outbound(istio: bool) -> Value {
     })
 }
 
+const FAULT: &str = "envoy.filters.http.fault";
+const CORS: &str = "envoy.filters.http.cors";
+const RBAC: &str = "envoy.filters.http.rbac";
+
+/// An HTTP filter `name` with an empty config of type `envoy.extensions.filters.http.<ty>`
+/// (what istiod puts in every connection manager; routes carry the real configs).
+fn http_filter(name: &str, ty: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{ty}") },
+    })
+}
+
+/// The RBAC filter istiod makes for every pod's AuthorizationPolicies: a DENY policy for
+/// [`DENIED_PATH`] from anyone, and an ALLOW policy with two rules — every path but
+/// [`PRIVATE_PATH`] from anyone, that one from pod a's service account only — each in
+/// istiod's shape (`and_rules`/`or_rules`, `and_ids`/`or_ids`, the peer's SPIFFE identity as
+/// an `authenticated` principal).
+fn authorization_policies() -> [Value; 2] {
+    let path = |prefix: &str| json!({ "url_path": { "path": { "prefix": prefix } } });
+    let rbac = |action: &str, policies: Value| {
+        json!({
+            "name": RBAC,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+                "rules": { "action": action, "policies": policies },
+            },
+        })
+    };
+    let anyone = json!([{ "and_ids": { "ids": [{ "any": true }] } }]);
+    let from_a = json!([{ "and_ids": { "ids": [{ "or_ids": { "ids": [
+        { "authenticated": { "principal_name": { "exact": spiffe("svc-a") } } },
+    ]}}]}}]);
+    [
+        rbac(
+            "DENY",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[deny-admin]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(DENIED_PATH)] } }] } }],
+                    "principals": anyone,
+                },
+            }),
+        ),
+        rbac(
+            "ALLOW",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[private]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "not_rule": { "or_rules": { "rules": [path(PRIVATE_PATH)] } } }] } }],
+                    "principals": anyone,
+                },
+                format!("ns[{NAMESPACE}]-policy[private]-rule[1]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(PRIVATE_PATH)] } }] } }],
+                    "principals": from_a,
+                },
+            }),
+        ),
+    ]
+}
+
 fn router() -> Value {
     json!({
         "name": "envoy.filters.http.router",
@@ -568,7 +642,7 @@ fn route_80(mesh: &Mesh) -> Value {
                 })
                 .chain(moved)
                 .collect();
-            routes.push(json!({
+            let mut default = json!({
                 "name": "default",
                 "match": { "prefix": "/" },
                 "route": {
@@ -577,7 +651,30 @@ fn route_80(mesh: &Mesh) -> Value {
                     "max_grpc_timeout": "0s",
                     "retry_policy": retry_policy(),
                 },
-            }));
+            });
+            if s.name == "svc-b" {
+                // svc-b's VirtualService: a fault abort on FAULT_PATH and a corsPolicy, each
+                // as istiod puts it on the route.
+                let mut fault = default.clone();
+                fault["name"] = json!("fault");
+                fault["match"] = json!({ "prefix": FAULT_PATH });
+                fault["typed_per_filter_config"] = json!({ FAULT: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                    "abort": {
+                        "http_status": FAULT_STATUS,
+                        "percentage": { "numerator": 1_000_000, "denominator": "MILLION" },
+                    },
+                }});
+                routes.push(fault);
+                default["typed_per_filter_config"] = json!({ CORS: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+                    "allow_origin_string_match": [{ "exact": CORS_ORIGIN }],
+                    "allow_methods": "GET,POST",
+                    "allow_headers": "content-type",
+                    "max_age": "600",
+                }});
+            }
+            routes.push(default);
             json!({
                 "name": format!("{host}:{SERVICE_HTTP_PORT}"),
                 "domains": domains,
