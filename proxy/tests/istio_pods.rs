@@ -475,6 +475,11 @@ fn istio_telemetry(cluster: &Cluster) {
             "istio_tcp_connections_closed_total",
         ]
         .as_slice(),
+        Call::GrpcMessages => [
+            "istio_request_messages_total",
+            "istio_response_messages_total",
+        ]
+        .as_slice(),
     };
     // Each metric of each call, on both sidecars, expected after `n` more calls: the first
     // family's count (a counter, current) plus `n`; the histograms' counts, which a stats
@@ -517,7 +522,9 @@ fn istio_telemetry(cluster: &Cluster) {
     );
     let chain_before = stat(cluster, "b", &chain);
     let http = expect(Call::Http { grpc: false }, CALLS);
-    let grpc = expect(Call::Http { grpc: true }, 1);
+    let mut grpc = expect(Call::Http { grpc: true }, 1);
+    // The echo's unary call: one message each way.
+    grpc.extend(expect(Call::GrpcMessages, 1));
     for _ in 0..CALLS {
         mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
     }

@@ -361,6 +361,7 @@ async fn route_and_forward(
             upstream_alpn: None,
             peers: None,
             attempt_target: None,
+            grpc_messages: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {

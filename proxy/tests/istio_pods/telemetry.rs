@@ -29,6 +29,9 @@ pub enum Call {
     },
     /// A TCP connection.
     Tcp,
+    /// A gRPC call's message counts (`istio_request_messages_total` and the response's),
+    /// which Istio records with the reporter's and the ends' labels only.
+    GrpcMessages,
 }
 
 /// A series' labels, in order.
@@ -116,6 +119,7 @@ pub fn labels(
     let mut out: Vec<(&str, String)> = vec![("reporter", reporter_name.to_owned())];
     out.extend(names.zip(end(from).into_iter().chain(destination)));
     match call {
+        Call::GrpcMessages => return labels_of(out),
         Call::Http { grpc } => out.extend([
             (
                 "request_protocol",
@@ -137,7 +141,12 @@ pub fn labels(
         ("response_flags", "-".to_owned()),
         ("connection_security_policy", security.to_owned()),
     ]);
-    out.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+    labels_of(out)
+}
+
+/// `labels` with owned names.
+fn labels_of(labels: Vec<(&str, String)>) -> Labels {
+    labels.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
 /// The sidecar's `/stats/prometheus` text in `ns`.

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
 
+use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
@@ -256,6 +257,7 @@ impl IstioStats {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/grpc"));
+        let messages = grpc.then(|| req.grpc_messages.get_or_insert_with(Arc::default).clone());
         encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
             config: self.config.clone(),
             store: self.store.clone(),
@@ -271,6 +273,7 @@ impl IstioStats {
             upstream,
             weighted,
             trailer_status: Arc::default(),
+            messages,
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
@@ -346,6 +349,8 @@ pub(super) struct StatsRequest {
     weighted: Option<Weighted>,
     /// The `grpc-status` of the response's trailers.
     trailer_status: Arc<OnceLock<String>>,
+    /// A gRPC call's message counts, as a grpc_stats filter leaves them.
+    messages: Option<Arc<MessageCounts>>,
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
@@ -382,8 +387,10 @@ impl StatsRequest {
         });
     }
 
-    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
-    fn labels(&self) -> Vec<(&'static str, String)> {
+    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them,
+    /// and how many of them name the reporter and the two ends (all that its gRPC message
+    /// counters carry, as Istio records them before adding the others).
+    fn labels(&self) -> (Vec<(&'static str, String)>, usize) {
         let upstream = self.upstream.as_ref().and_then(|t| t.sans());
         let picked = self
             .weighted
@@ -412,6 +419,7 @@ impl StatsRequest {
             service_name,
         };
         let mut out = ends.labels();
+        let end_labels = out.len();
         let answer = self.response.as_ref();
         out.extend([
             (
@@ -434,12 +442,29 @@ impl StatsRequest {
             ("response_flags", "-".to_owned()),
             ("connection_security_policy", ends.security_policy()),
         ]);
-        out
+        (out, end_labels)
     }
 
-    /// Records the request in Istio's metrics.
+    /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
+    /// filter counted them.
     fn record(&self) {
-        let labels = self.labels();
+        let (labels, end_labels) = self.labels();
+        if let Some(m) = self
+            .messages
+            .as_ref()
+            .filter(|m| m.emitted.load(Ordering::Relaxed))
+        {
+            let ends = &labels[..end_labels];
+            for (i, n) in [(4, &m.request), (5, &m.response)] {
+                metrics::count(
+                    &self.store,
+                    &self.config,
+                    i,
+                    ends,
+                    n.load(Ordering::Relaxed),
+                );
+            }
+        }
         let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
         metrics::record_http(
