@@ -600,16 +600,62 @@ fn read_n(r: &mut impl Read, n: usize) -> Vec<u8> {
     buf
 }
 
-#[test]
-fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
-    let dir = CertDir::new();
+/// A mesh CA for `cluster.local` with its root in `dir` (`root.pem`, the path answered) and
+/// the server workload `default/server` (also named `server.test`) issued into `dir`.
+fn mesh_with_server(dir: &CertDir) -> (Ca, std::path::PathBuf, certs::Files) {
     let mesh = Ca::new("cluster.local");
     let ca = mesh.write_root_to(dir.path(), "root");
-    let server_cert = mesh
+    let server = mesh
         .workload("default", "server")
         .dns("server.test")
         .issue()
         .write_to(dir.path(), "server");
+    (mesh, ca, server)
+}
+
+/// A filter chain's `transport_socket` (in a chain entry of a YAML listener list) that
+/// terminates mutual TLS with `server`, trusting `ca`, negotiating `alpn` (a YAML list).
+fn downstream_mtls(server: &certs::Files, ca: &std::path::Path, alpn: &str) -> String {
+    format!(
+        r#"
+      transport_socket:
+        name: tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            alpn_protocols: {alpn}
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+        server.chain.display(),
+        server.key.display(),
+        ca.display()
+    )
+}
+
+/// A TLS connection to `server.test` on 127.0.0.1:`port` presenting `identity` from `dir`,
+/// offering `alpn` (none when empty).
+fn tls_to(
+    dir: &CertDir,
+    identity: &str,
+    port: u16,
+    alpn: &[u8],
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut config = certs::client_config(dir.path(), Some(identity));
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
+    let name = "server.test".try_into().unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+#[test]
+fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+    let dir = CertDir::new();
+    let (mesh, ca, server_cert) = mesh_with_server(&dir);
     let client_cert = mesh
         .workload("default", "client")
         .issue()
@@ -632,20 +678,9 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     traffic_direction: INBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
     filter_chains:
-    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]
-      transport_socket:
-        name: tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          require_client_certificate: true
-          common_tls_context:
-            alpn_protocols: [istio-peer-exchange, istio]
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
-            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]{}"#,
             tcp_proxy("echo"),
-            server_cert.chain.display(),
-            server_cert.key.display(),
-            ca.display()
+            downstream_mtls(&server_cert, &ca, "[istio-peer-exchange, istio]"),
         ),
         &static_cluster(
             "echo",
@@ -718,15 +753,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     }
 
     // A client of this test's own, speaking Istio's framing to the server revoy.
-    let tls_client = |alpn: &[u8]| {
-        let mut config = certs::client_config(dir.path(), Some("client"));
-        config.alpn_protocols = vec![alpn.to_vec()];
-        let name = "server.test".try_into().unwrap();
-        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-        let tcp = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        rustls::StreamOwned::new(conn, tcp)
-    };
+    let tls_client = |alpn: &[u8]| tls_to(&dir, "client", server_port, alpn);
     let mut s = tls_client(b"istio-peer-exchange");
     let data = pb_field(
         1,
@@ -809,13 +836,7 @@ fn decode_any(b: &[u8]) -> (String, Vec<u8>) {
 #[test]
 fn istio_authn_principals_are_what_authorization_policies_match() {
     let dir = CertDir::new();
-    let mesh = Ca::new("cluster.local");
-    let ca = mesh.write_root_to(dir.path(), "root");
-    let server = mesh
-        .workload("default", "server")
-        .dns("server.test")
-        .issue()
-        .write_to(dir.path(), "server");
+    let (mesh, ca, server) = mesh_with_server(&dir);
     for (ns, sa) in [
         ("default", "sleep"),
         ("default", "web"),
@@ -848,20 +869,7 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         "ns[default]-policy[allow-default]-rule[0]",
         "{safe_regex: {regex: '.*/ns/default/.*'}}",
     );
-    let tls = format!(
-        r#"
-      transport_socket:
-        name: tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          require_client_certificate: true
-          common_tls_context:
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
-            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
-        server.chain.display(),
-        server.key.display(),
-        ca.display()
-    );
+    let tls = downstream_mtls(&server, &ca, "[]");
     let hcm = |prefix: &str| {
         format!(
             r#"{{name: hcm, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, stat_prefix: {prefix}, http_filters: [{deny_other}, {allow_default}, {{name: router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: app}}}}]}}]}}}}}}"#
@@ -895,15 +903,7 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
     let config = node_bootstrap("server", "", admin, &listeners, &clusters);
     let _revoy = Proxy::with_admin(&config, admin);
 
-    let connect = |port: u16, identity: &str| {
-        let config = certs::client_config(dir.path(), Some(identity));
-        let conn =
-            rustls::ClientConnection::new(Arc::new(config), "server.test".try_into().unwrap())
-                .unwrap();
-        let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        rustls::StreamOwned::new(conn, tcp)
-    };
+    let connect = |port: u16, identity: &str| tls_to(&dir, identity, port, b"");
     let status = |port: u16, identity: &str| {
         let mut s = connect(port, identity);
         s.write_all(b"GET / HTTP/1.1\r\nhost: server.test\r\nconnection: close\r\n\r\n")

@@ -298,9 +298,61 @@ fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
 /// Everything that holds with every pod's sidecar in place.
 fn scenario(cluster: &Cluster) {
     // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
+    // (Looked up by a filter without the cluster name, whose `|` the admin's regex filter
+    // would take as an alternation.)
+    let grpc_success = |pod: &str, cluster_name: &str| {
+        let name = format!("cluster.{cluster_name}.grpc.success: ");
+        let ns = &cluster.pod(pod).ns;
+        let (_, body) = ns
+            .get(None, netns::ADMIN, "/stats?filter=grpc")
+            .unwrap_or_else(|e| panic!("{pod}'s /stats: {e}"));
+        body.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
+    };
+    let outbound_b = format!(
+        "outbound|80||svc-b.{}.svc.{}",
+        config::NAMESPACE,
+        config::TRUST_DOMAIN
+    );
+    let inbound_b = format!("inbound|{}||", config::HTTP_PORT);
+    let before = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
     for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
         mesh_call(cluster, "a", "b", SVC_B_VIP, proto);
     }
+    // istiod's grpc_stats filter counts a call whose path names a service and method, on
+    // both sides.
+    http_ok(
+        cluster,
+        "a",
+        Proto::Grpc,
+        addr(SVC_B_VIP, 80),
+        "svc-b",
+        "/echo.Echo/Call",
+    );
+    let after = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "grpc_stats: grpc.success {before:?} -> {after:?}\n{}",
+        logs(cluster)
+    );
+    // The bootstrap's stats_matcher (Istio's inclusion list and the prefixes above): what it
+    // leaves out is not in /stats.
+    let (_, listed) = cluster
+        .pod("a")
+        .ns
+        .get(None, netns::ADMIN, "/stats?filter=downstream_rq_total")
+        .unwrap_or_else(|e| panic!("a's /stats: {e}"));
+    assert!(
+        !listed.contains("http.outbound_0.0.0.0_80.downstream_rq_total"),
+        "a stat Istio's inclusion list leaves out: {listed}"
+    );
     policies(cluster);
     // The other way, to a PERMISSIVE pod: mTLS is used there too.
     mesh_call(cluster, "b", "a", SVC_A_VIP, Proto::H1);

@@ -341,9 +341,9 @@ fn istio_alpn() -> Value {
 }
 
 /// An HTTP connection manager's filters in istiod's order: on an inbound listener the
-/// AuthorizationPolicies' RBAC; `fault` and `cors` for the routes' configs; with Istio's
-/// filters, the metadata exchange first, then `grpc_stats`, `istio.alpn` (outbound only) and,
-/// last before the router, `istio.stats`.
+/// AuthorizationPolicies' RBAC; `grpc_stats`; `fault` and `cors` for the routes' configs;
+/// with Istio's filters, the metadata exchange first, `istio.alpn` (outbound only) after
+/// `grpc_stats` and, last before the router, `istio.stats`.
 fn http_filters(istio: bool, inbound: bool) -> Vec<Value> {
     let mut filters = Vec::new();
     if istio {
@@ -352,18 +352,9 @@ fn http_filters(istio: bool, inbound: bool) -> Vec<Value> {
     if inbound {
         filters.extend(authorization_policies());
     }
-    if istio {
-        filters.push(json!({
-            "name": "envoy.filters.http.grpc_stats",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
-                "emit_filter_state": true,
-                "stats_for_all_methods": false,
-            },
-        }));
-        if !inbound {
-            filters.push(istio_alpn());
-        }
+    filters.push(grpc_stats());
+    if istio && !inbound {
+        filters.push(istio_alpn());
     }
     filters.extend([
         http_filter(FAULT, "fault.v3.HTTPFault"),
@@ -510,6 +501,18 @@ fn http_filter(name: &str, ty: &str) -> Value {
     json!({
         "name": name,
         "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{ty}") },
+    })
+}
+
+/// `envoy.filters.http.grpc_stats` as istiod configures it (no per-method stats).
+fn grpc_stats() -> Value {
+    json!({
+        "name": "envoy.filters.http.grpc_stats",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true,
+            "stats_for_all_methods": false,
+        },
     })
 }
 
