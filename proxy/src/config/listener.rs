@@ -68,6 +68,12 @@ pub struct ListenerFilters {
     pub tls_inspector: bool,
     /// `envoy.filters.listener.http_inspector`: detect HTTP/1.x vs h2c.
     pub http_inspector: bool,
+    /// `listener_filters_timeout` (15 s unless set; `None` when set to 0): how long the
+    /// inspecting filters may wait for the bytes they need.
+    pub timeout: Option<std::time::Duration>,
+    /// `continue_on_listener_filters_timeout`: at the timeout, pick a chain with what is known
+    /// (else the connection is closed).
+    pub continue_on_timeout: bool,
 }
 
 /// A compiled listener.
@@ -476,7 +482,17 @@ fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
 ) -> Result<(ListenerFilters, Option<String>, Option<String>), ConfigError> {
-    let mut out = ListenerFilters::default();
+    let mut out = ListenerFilters {
+        timeout: match &l.listener_filters_timeout {
+            None => Some(std::time::Duration::from_secs(15)),
+            Some(d) => {
+                let d = super::cluster::duration(d, "listener_filters_timeout")?;
+                (!d.is_zero()).then_some(d)
+            }
+        },
+        continue_on_timeout: l.continue_on_listener_filters_timeout,
+        ..ListenerFilters::default()
+    };
     let mut refused = None;
     let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {

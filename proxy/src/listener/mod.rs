@@ -181,6 +181,12 @@ pub struct Listener {
     cx: Connections,
     cx_destroy: Counter,
     no_filter_chain: Counter,
+    /// `downstream_pre_cx_timeout`: connections closed (or let through) when the listener
+    /// filters' timeout passed.
+    pre_cx_timeout: Counter,
+    /// `downstream_listener_filter_remote_close`: connections the client closed while the
+    /// listener filters waited for bytes.
+    listener_filter_remote_close: Counter,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
     fail_closed: Option<Counter>,
     /// Its `envoy.filters.listener.local_ratelimit`.
@@ -250,6 +256,9 @@ impl Listener {
             cx: Connections::timed(stats, &prefix),
             cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
+            pre_cx_timeout: stats.counter(&format!("{prefix}.downstream_pre_cx_timeout")),
+            listener_filter_remote_close: stats
+                .counter(&format!("{prefix}.downstream_listener_filter_remote_close")),
             fail_closed: config
                 .chains
                 .iter()
@@ -386,7 +395,7 @@ impl Listener {
     /// connection handed off by a `use_original_dst` listener, counted on this listener alone).
     async fn serve_on(
         &self,
-        stream: TcpStream,
+        mut stream: TcpStream,
         peer: SocketAddr,
         shared: &Arc<Shared>,
         worker: Option<&Connections>,
@@ -400,19 +409,38 @@ impl Listener {
             return;
         }
         let needs_peek = f.tls_inspector || f.http_inspector;
+        let plain = || inspect::Inspected {
+            transport_protocol: "raw_buffer",
+            ..Default::default()
+        };
         let inspected = if needs_peek {
-            inspect::inspect(
-                &stream,
-                f.tls_inspector,
-                f.http_inspector,
-                Duration::from_secs(15),
-            )
-            .await
-        } else {
-            inspect::Inspected {
-                transport_protocol: "raw_buffer",
-                ..Default::default()
+            match inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout).await {
+                Ok(inspected) => inspected,
+                Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {
+                    self.pre_cx_timeout.inc();
+                    // The cut-short wait left the socket's readiness cleared with bytes
+                    // waiting: a fresh registration sees them.
+                    match stream.into_std().and_then(TcpStream::from_std) {
+                        Ok(fresh) => stream = fresh,
+                        Err(e) => {
+                            tracing::debug!(listener = %self.config.name, %peer, "re-registering after the listener filters' timeout: {e}");
+                            return;
+                        }
+                    }
+                    plain()
+                }
+                Err(unfinished) => {
+                    match unfinished {
+                        inspect::Unfinished::TimedOut => self.pre_cx_timeout.inc(),
+                        inspect::Unfinished::Closed => self.listener_filter_remote_close.inc(),
+                        inspect::Unfinished::TooLarge => {}
+                    }
+                    tracing::debug!(listener = %self.config.name, %peer, ?unfinished, "listener filters unfinished; closing");
+                    return;
+                }
             }
+        } else {
+            plain()
         };
         if !f.rate_limit_first && rate_limited() {
             return;
@@ -457,7 +485,6 @@ impl Listener {
             peer,
             sni,
         };
-        let mut stream = stream;
         let plaintext = matches!(
             &chain.kind,
             ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
