@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::server::Acceptor;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
@@ -310,8 +310,8 @@ impl Listener {
     }
 
     /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
-    /// workers each accept on their own socket).
-    pub fn bind(&self, reuse_port: bool) -> std::io::Result<TcpListener> {
+    /// workers each accept on their own socket), not listening yet: see [`listen`].
+    pub fn bind(&self, reuse_port: bool) -> std::io::Result<socket2::Socket> {
         let addr = self.config.address;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -331,8 +331,7 @@ impl Listener {
         socket.set_nonblocking(true)?;
         socket.set_tcp_nodelay(true)?;
         socket.bind(&addr.into())?;
-        socket.listen(1024)?;
-        TcpListener::from_std(socket.into())
+        Ok(socket)
     }
 
     /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
@@ -731,4 +730,11 @@ fn set_transparent(socket: &socket2::Socket, addr: SocketAddr, on: bool) -> std:
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Starts listening on a socket [`Listener::bind`] bound, registered with the current worker's
+/// runtime (call it inside that runtime's context).
+pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListener> {
+    socket.listen(1024)?;
+    tokio::net::TcpListener::from_std(socket.into())
 }
