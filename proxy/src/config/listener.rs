@@ -38,6 +38,9 @@ pub struct ChainConfig {
     pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The `envoy.filters.network.rbac` filters before it, in order.
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
+    /// Whether it has Istio's `istio_authn` filter (the connection's SPIFFE principals
+    /// become filter state, see `crate::filter_state`).
+    pub istio_authn: bool,
     /// Its `istio.metadata_exchange` filter (a TCP chain's), if it has one.
     pub metadata_exchange: Option<Arc<super::istio::metadata_exchange::TcpExchange>>,
     /// Its `istio.stats` network filter (a TCP chain's), if it has one.
@@ -197,6 +200,7 @@ fn compile_chain(
     let mut limits = Vec::new();
     let mut rbac = Vec::new();
     let mut metadata_exchange = None;
+    let mut istio_authn = false;
     let mut istio_stats = None;
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
@@ -281,6 +285,13 @@ fn compile_chain(
                     refused.get_or_insert(what);
                 }
                 rbac.push(Arc::new(compiled));
+            }
+            _ if super::istio::Fields::of(any, super::istio::authn::CONFIG).is_some() => {
+                let fields = super::istio::Fields::of(any, super::istio::authn::CONFIG)
+                    .expect("checked above");
+                super::istio::authn::compile(fields)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                istio_authn = true;
             }
             _ if super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
                 .is_some() =>
@@ -390,6 +401,7 @@ fn compile_chain(
         terminal,
         limits,
         rbac,
+        istio_authn,
         metadata_exchange,
         istio_stats,
         fingerprint: fingerprint(chain),
