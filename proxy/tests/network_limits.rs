@@ -216,7 +216,7 @@ fn get(port: u16) -> String {
 
 /// What one proxy did: each connection's outcome, in order, each upstream's connections, and
 /// the stats.
-fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+fn observe(start: Start) -> Vec<String> {
     let ups: Vec<(u16, Arc<AtomicUsize>)> = (0..ROLES.len()).map(|_| upstream()).collect();
     let ports: [u16; 6] = std::array::from_fn(|_| free_port());
     let admin = free_port();
@@ -297,23 +297,37 @@ fn listener_totals(admin: u16, roles: &[&str], ports: &[u16]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn network_limits_match_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("network_limits_match_envoy") else {
+/// Starts a proxy on an admin port and a bootstrap.
+type Start = Box<dyn FnOnce(u16, &str) -> Proxy>;
+
+/// Runs `observe` through Envoy (which must show each of `shows`, or the scenario proves
+/// nothing) and through revoy, and compares what they did.
+fn matches_envoy(test: &str, observe: fn(Start) -> Vec<String>, shows: &[&str]) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
         return;
     };
-    let expected = observe(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
-    // The scenario must show the limits at work in Envoy, or it proves nothing.
-    for line in [
-        "http 2: closed",
-        "tcp 1: closed",
-        "shared 2: closed",
-        "delayed 1: closed",
-    ] {
+    let expected = observe(Box::new(move |admin, yaml| {
+        Proxy::envoy_with_admin(&envoy, yaml, admin)
+    }));
+    for line in shows {
         assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
     }
-    let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
+    let actual = observe(Box::new(|admin, yaml| Proxy::with_admin(yaml, admin)));
     assert_eq!(actual, expected);
+}
+
+#[test]
+fn network_limits_match_envoy() {
+    matches_envoy(
+        "network_limits_match_envoy",
+        observe,
+        &[
+            "http 2: closed",
+            "tcp 1: closed",
+            "shared 2: closed",
+            "delayed 1: closed",
+        ],
+    );
 }
 
 /// The second scenario's listeners, by role: the listener rate limits, then the network
@@ -410,7 +424,7 @@ fn service_bootstrap(admin: u16, ports: &[u16; 9], upstream: u16, rls: u16, down
 
 /// What one proxy did in the second scenario: each connection's outcome, the upstream's
 /// connections, what the service was asked, and the stats.
-fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+fn observe_service_limits(start: Start) -> Vec<String> {
     let (up, upstream_connections) = upstream();
     let rls = rls::Rls::start();
     let ports: [u16; 9] = std::array::from_fn(|_| free_port());
@@ -468,21 +482,16 @@ fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String>
 
 #[test]
 fn listener_and_service_rate_limits_match_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("listener_and_service_rate_limits_match_envoy") else {
-        return;
-    };
-    let expected =
-        observe_service_limits(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
-    for line in [
-        "listener_rl 2: closed",
-        "rls_over 0: closed",
-        "rls_error_deny 0: closed",
-        "rls_down_allow 0: echoed",
-    ] {
-        assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
-    }
-    let actual = observe_service_limits(|admin, yaml| Proxy::with_admin(yaml, admin));
-    assert_eq!(actual, expected);
+    matches_envoy(
+        "listener_and_service_rate_limits_match_envoy",
+        observe_service_limits,
+        &[
+            "listener_rl 2: closed",
+            "rls_over 0: closed",
+            "rls_error_deny 0: closed",
+            "rls_down_allow 0: echoed",
+        ],
+    );
 }
 
 /// The third scenario's listeners: a `tls_inspector` with a 1 s `listener_filters_timeout`
@@ -545,7 +554,7 @@ fn exchange(port: u16, parts: &[&[u8]], pause: Duration, shut: bool) -> String {
 
 /// What one proxy did in the third scenario: each connection's outcome, whether the upstream
 /// was connected while the inspector still waited, and the listeners' stats.
-fn observe_inspector(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+fn observe_inspector(start: Start) -> Vec<String> {
     let (up, upstream_connections) = upstream();
     let ports: [u16; 2] = std::array::from_fn(|_| free_port());
     let admin = free_port();
@@ -621,19 +630,13 @@ fn observe_inspector(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
 
 #[test]
 fn tls_inspector_waits_for_a_record_header_as_envoy_does() {
-    let Some(envoy) =
-        oracle::envoy_or_skip("tls_inspector_waits_for_a_record_header_as_envoy_does")
-    else {
-        return;
-    };
-    let expected = observe_inspector(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
-    for line in [
-        "after four bytes: 0 upstream connections",
-        "four bytes until the timeout: closed",
-        "four bytes until the timeout, continuing: echoed \"abcd\"",
-    ] {
-        assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
-    }
-    let actual = observe_inspector(|admin, yaml| Proxy::with_admin(yaml, admin));
-    assert_eq!(actual, expected);
+    matches_envoy(
+        "tls_inspector_waits_for_a_record_header_as_envoy_does",
+        observe_inspector,
+        &[
+            "after four bytes: 0 upstream connections",
+            "four bytes until the timeout: closed",
+            "four bytes until the timeout, continuing: echoed \"abcd\"",
+        ],
+    );
 }

@@ -183,10 +183,9 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     }
     let http1 = req.version() < http::Version::HTTP_2;
     let unsupported_coding = http1 && !length && codings > 0 && (codings > 1 || !chunked_only);
-    let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
-        || req.headers().len() > cfg.max_headers_count as usize;
-    let unknown_method = http1 && !known_http1_method(req.method().as_str());
     let too_many = req.headers().len() > cfg.max_headers_count as usize;
+    let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024 || too_many;
+    let unknown_method = http1 && !known_http1_method(req.method().as_str());
     let (status, text, details) = if unknown_method && req.method().as_str() == "QUERY" {
         // Envoy's codec knows QUERY but the connection manager refuses it, without a body.
         (http::StatusCode::BAD_REQUEST, "", None)
