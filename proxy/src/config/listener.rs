@@ -894,7 +894,7 @@ filter_chains:
         let e = compile(&bucket.replace("stat_prefix: s, ", ""), "").unwrap_err();
         assert_eq!(e.path, "listener_filters[0].typed_config.stat_prefix");
 
-        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
+        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: 'n', domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
         let l = compile("", service).unwrap();
         assert!(matches!(
             l.chains[0].limits.as_slice(),
@@ -904,7 +904,7 @@ filter_chains:
             "",
             &service.replace(
                 "envoy_grpc: {cluster_name: rls}",
-                "google_grpc: {target_uri: x, stat_prefix: y}",
+                "google_grpc: {target_uri: x, stat_prefix: 'y'}",
             ),
         )
         .unwrap_err();
