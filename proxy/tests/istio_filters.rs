@@ -629,6 +629,26 @@ fn mesh_with_server(dir: &CertDir) -> (Ca, std::path::PathBuf, certs::Files) {
     (mesh, ca, server)
 }
 
+/// A filter chain's `transport_socket` (in a chain entry of a YAML listener list) that
+/// terminates mutual TLS with `server`, trusting `ca`, negotiating `alpn` (a YAML list).
+fn downstream_mtls(server: &certs::Files, ca: &std::path::Path, alpn: &str) -> String {
+    format!(
+        r#"
+      transport_socket:
+        name: tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            alpn_protocols: {alpn}
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+        server.chain.display(),
+        server.key.display(),
+        ca.display()
+    )
+}
+
 /// A TLS connection to `server.test` on 127.0.0.1:`port` presenting `identity` from `dir`,
 /// offering `alpn` (none when empty).
 fn tls_to(
@@ -674,20 +694,9 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     traffic_direction: INBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
     filter_chains:
-    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]
-      transport_socket:
-        name: tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          require_client_certificate: true
-          common_tls_context:
-            alpn_protocols: [istio-peer-exchange, istio]
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
-            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]{}"#,
             tcp_proxy("echo"),
-            server_cert.chain.display(),
-            server_cert.key.display(),
-            ca.display()
+            downstream_mtls(&server_cert, &ca, "[istio-peer-exchange, istio]"),
         ),
         &static_cluster(
             "echo",
@@ -876,20 +885,7 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         "ns[default]-policy[allow-default]-rule[0]",
         "{safe_regex: {regex: '.*/ns/default/.*'}}",
     );
-    let tls = format!(
-        r#"
-      transport_socket:
-        name: tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          require_client_certificate: true
-          common_tls_context:
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
-            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
-        server.chain.display(),
-        server.key.display(),
-        ca.display()
-    );
+    let tls = downstream_mtls(&server, &ca, "[]");
     let hcm = |prefix: &str| {
         format!(
             r#"{{name: hcm, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, stat_prefix: {prefix}, http_filters: [{deny_other}, {allow_default}, {{name: router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: app}}}}]}}]}}}}}}"#
