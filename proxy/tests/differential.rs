@@ -451,6 +451,12 @@ async fn headers() {
             .listener(1)
             .header("x-echo-response-header", "server=upstream-server"),
         Case::get("PASS_THROUGH without upstream server", "/plain").listener(1),
+        Case::get("via appended both ways", "/plain")
+            .listener(1)
+            .header("via", "1.0 client-proxy")
+            .header("x-echo-response-header", "via=1.1 upstream-proxy")
+            .expect("upstream.header.via", "1.0 client-proxy, 1.1 revoy-test"),
+        Case::get("via on a direct response", "/direct").listener(1),
         Case::get("server_name on direct_response", "/direct").listener(1),
         Case::get("always_set_request_id_in_response", "/plain")
             .listener(1)
