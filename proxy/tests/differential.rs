@@ -148,6 +148,17 @@ async fn routing() {
             .listener(3)
             .host("exact.example.com:1234")
             .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get("strip_trailing_host_dot", "/")
+            .listener(3)
+            .host("exact.example.com.")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_trailing_host_dot with the listener's port", "/")
+            .listener(3)
+            .host("exact.example.com.:{{listener_3}}")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_trailing_host_dot with another port", "/")
+            .listener(3)
+            .host("exact.example.com.:1234"),
         Case::get(
             "strip_matching_host_port, ipv6 literal with the listener's port",
             "/",

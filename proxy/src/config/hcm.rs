@@ -139,6 +139,8 @@ pub struct HcmConfig {
     pub skip_xff_append: bool,
     /// Value of the `server` response header.
     pub server_name: http::HeaderValue,
+    /// `strip_trailing_host_dot`: a host's trailing dot is removed before routing.
+    pub strip_trailing_host_dot: bool,
     /// `via`: appended to the `via` header of every request and response.
     pub via: Option<http::HeaderValue>,
     /// What to do with the upstream's `server` header.
@@ -224,11 +226,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.scheme_header_transformation.is_some(),
             "scheme_header_transformation",
             "the scheme is forwarded as it came",
-        ),
-        (
-            hcm.strip_trailing_host_dot,
-            "strip_trailing_host_dot",
-            "a host with a trailing dot is routed and forwarded as it came",
         ),
         (
             hcm.append_x_forwarded_port,
@@ -508,6 +505,7 @@ pub fn compile_hcm(
                 )
             })?
         },
+        strip_trailing_host_dot: hcm.strip_trailing_host_dot,
         via: (!hcm.via.is_empty())
             .then(|| {
                 http::HeaderValue::from_str(&hcm.via).map_err(|_| {
