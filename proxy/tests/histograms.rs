@@ -129,6 +129,11 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
     let upstream = slow_upstream();
     let (admin, listener) = (free_port(), free_port());
     let _proxy = start(admin, &config(admin, listener, upstream));
+    // The listener accepts once the server is LIVE, a moment after its admin answers.
+    let live = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", listener)).is_err() && Instant::now() < live {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     for _ in 0..3 {
         let got = http1::get(None, ([127, 0, 0, 1], listener).into(), "/");
         assert_eq!(got.map(|(s, _)| s), Ok(200));
