@@ -8,6 +8,11 @@
 //! values and order of Istio's goldens. What the client sends upstream is decoded by a decoder
 //! written here from Istio's format description (base64 of a `google.protobuf.Struct`).
 //!
+//! `response_flags`: Istio's stats filter labels a request with Envoy's short response flags
+//! (`%RESPONSE_FLAGS%`); Envoy 1.40 on the same routes, with an access log in place of the
+//! stats filter, says which flags a request gets, and revoy's `istio_requests_total` must
+//! carry those.
+//!
 //! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
 //! the handshake, so whatever the server then picks), and answers with it: a request's
 //! upstream connection offers the override for the protocol it goes upstream in, in place of
@@ -25,10 +30,14 @@ mod child;
 mod gotemplate;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/prometheus.rs"]
 mod prometheus;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -940,4 +949,136 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         !echoes("web"),
         "another service account's connection is closed"
     );
+}
+
+/// Requests that never reach an upstream, with the status and the flags Envoy gives them
+/// (`NR`: no route, `UH`: a cluster without endpoints, `UF`: an endpoint refusing
+/// connections).
+const FAILING: [(&str, &str, &str); 3] = [
+    ("/nowhere", "404", "NR"),
+    ("/empty", "503", "UH"),
+    ("/refused", "503", "UF"),
+];
+
+/// The routes and clusters behind [`FAILING`] (`refused`: a loopback port nothing listens on).
+fn failing_routes(refused: u16) -> (&'static str, String) {
+    let routes = "{match: {prefix: /empty}, route: {cluster: empty}}, {match: {prefix: /refused}, route: {cluster: refused}}";
+    let clusters = format!(
+        "{}\n  - name: empty\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: empty, endpoints: []}}",
+        static_cluster(
+            "refused",
+            refused,
+            Some(("refused.default.svc.cluster.local", "refused"))
+        )
+    );
+    (routes, clusters)
+}
+
+/// What Envoy 1.40 logs as each of [`FAILING`]'s requests' `%RESPONSE_CODE% %RESPONSE_FLAGS%`
+/// (`None` when Envoy is missing: skipped loudly).
+fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
+    let envoy = oracle::envoy_or_skip("response_flags: Envoy's flags for the failing requests")?;
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let log = std::env::temp_dir().join(format!("revoy-rflags-{}-{port}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let access_log = format!(
+        r#"access_log: [{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%\n"}}}}}}}}]"#,
+        log.display()
+    );
+    let (routes, clusters) = failing_routes(refused);
+    let yaml = bootstrap::with_admin(
+        admin,
+        &bootstrap::http_listener("envoy", port, &access_log, "", &format!("[{routes}]")),
+        &clusters,
+    );
+    let mut command = std::process::Command::new(envoy);
+    command
+        .args(["--config-yaml", &yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
+        .args(["--file-flush-interval-msec", "50"]);
+    let _envoy = Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    for (path, _, _) in FAILING {
+        exchange(port, path, "");
+    }
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    admin::wait_until("Envoy's access log has every request", || {
+        lines().lines().count() == FAILING.len()
+    });
+    let logged = lines()
+        .lines()
+        .map(|l| {
+            let mut f = l.split(' ').map(str::to_owned);
+            (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
+        })
+        .collect();
+    let _ = std::fs::remove_file(&log);
+    Some(logged)
+}
+
+#[test]
+fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
+    if let Some(logged) = envoy_failing_flags() {
+        let expected: Vec<_> = FAILING
+            .iter()
+            .map(|(p, c, f)| (p.to_string(), c.to_string(), f.to_string()))
+            .collect();
+        assert_eq!(logged, expected, "Envoy's flags for the failing requests");
+    }
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let (routes, clusters) = failing_routes(refused);
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        admin,
+        &hcm_listener(
+            "client",
+            "OUTBOUND",
+            port,
+            &format!("{MX_OUTBOUND}, {STATS}, "),
+            routes,
+        ),
+        &clusters,
+    );
+    let _client = Proxy::with_admin(&client, admin);
+    for (path, code, _) in FAILING {
+        let (head, _) = exchange(port, path, "");
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {code}")),
+            "{path}: {head}"
+        );
+    }
+    let series = || {
+        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1;
+        prometheus::series(&text, "istio_requests_total")
+    };
+    let label = |labels: &[(String, String)], name: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    admin::wait_until("the three failing requests counted", || {
+        series().len() == FAILING.len()
+    });
+    let mut seen: Vec<_> = series()
+        .into_iter()
+        .map(|(labels, value)| {
+            assert_eq!(label(&labels, "reporter"), "source");
+            (
+                label(&labels, "response_code"),
+                label(&labels, "response_flags"),
+                value,
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut expected: Vec<_> = FAILING
+        .iter()
+        .map(|(_, c, f)| (c.to_string(), f.to_string(), "1".to_owned()))
+        .collect();
+    expected.sort();
+    assert_eq!(seen, expected);
 }
