@@ -11,7 +11,7 @@
 //! `response_flags`: Istio's stats filter labels a request with Envoy's short response flags
 //! (`%RESPONSE_FLAGS%`); Envoy 1.40 on the same routes, with an access log in place of the
 //! stats filter, says which flags a request gets, and revoy's `istio_requests_total` must
-//! carry those.
+//! carry those; likewise a TCP connection's in `istio_tcp_connections_*_total`.
 //!
 //! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
 //! the handshake, so whatever the server then picks), and answers with it: a request's
@@ -1081,4 +1081,123 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         .collect();
     expected.sort();
     assert_eq!(seen, expected);
+}
+
+/// A tcp_proxy to `cluster` (its `access_log` entries `log`, may be empty), as a filter entry.
+fn tcp_proxy_logging(cluster: &str, log: &str) -> String {
+    format!(
+        r#"{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: {cluster}, cluster: {cluster}{log}}}}}"#
+    )
+}
+
+/// A plaintext listener `name` on `port` whose one chain runs `filters`.
+fn tcp_listener(name: &str, port: u16, filters: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    traffic_direction: OUTBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains: [{{filters: [{filters}]}}]"#
+    )
+}
+
+/// Connects to `port` and reads until the proxy closes the connection.
+fn connect_until_closed(port: u16) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+}
+
+/// What Envoy 1.40 logs as `%RESPONSE_FLAGS%` for a tcp_proxy connection to a refused port
+/// (`None` when Envoy is missing: skipped loudly).
+fn envoy_refused_tcp_flags() -> Option<String> {
+    let envoy = oracle::envoy_or_skip("response_flags: Envoy's flags for a refused TCP upstream")?;
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let log = std::env::temp_dir().join(format!(
+        "revoy-rflags-tcp-{}-{port}.log",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let access_log = format!(
+        r#", access_log: [{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "%RESPONSE_FLAGS%\n"}}}}}}}}]"#,
+        log.display()
+    );
+    let yaml = bootstrap::with_admin(
+        admin,
+        &tcp_listener("tcp", port, &tcp_proxy_logging("refused", &access_log)),
+        &bootstrap::cluster("refused", refused, ""),
+    );
+    let mut command = std::process::Command::new(envoy);
+    command
+        .args(["--config-yaml", &yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
+        .args(["--file-flush-interval-msec", "50"]);
+    let _envoy = Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", admin)).is_ok());
+    // The first connection may be the readiness probe's, on a listener not yet up.
+    admin::wait_until("Envoy's tcp listener", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    admin::wait_until("Envoy's access log has the probe", || !lines().is_empty());
+    let before = lines().lines().count();
+    connect_until_closed(port);
+    admin::wait_until("Envoy's access log has the connection", || {
+        lines().lines().count() > before
+    });
+    let flags = lines().lines().last().unwrap().to_owned();
+    let _ = std::fs::remove_file(&log);
+    Some(flags)
+}
+
+#[test]
+fn istio_tcp_metrics_carry_the_response_flags_envoy_gives_a_connection() {
+    const REFUSED_TCP: &str = "UF,URX";
+    if let Some(flags) = envoy_refused_tcp_flags() {
+        assert_eq!(
+            flags, REFUSED_TCP,
+            "Envoy's flags for a refused TCP upstream"
+        );
+    }
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        admin,
+        &tcp_listener(
+            "tcp",
+            port,
+            &format!("{STATS}, {}", tcp_proxy_logging("refused", "")),
+        ),
+        &static_cluster(
+            "refused",
+            refused,
+            Some(("refused.default.svc.cluster.local", "refused")),
+        ),
+    );
+    let _client = Proxy::with_admin(&client, admin);
+    connect_until_closed(port);
+    let scrape = || {
+        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1
+    };
+    for family in [
+        "istio_tcp_connections_opened_total",
+        "istio_tcp_connections_closed_total",
+    ] {
+        admin::wait_until(family, || {
+            prometheus::series(&scrape(), family)
+                .iter()
+                .any(|(labels, v)| {
+                    v == "1"
+                        && labels.contains(&("response_flags".to_owned(), REFUSED_TCP.to_owned()))
+                        && labels.contains(&(
+                            "destination_service".to_owned(),
+                            "refused.default.svc.cluster.local".to_owned(),
+                        ))
+                })
+        });
+    }
 }

@@ -491,6 +491,17 @@ mod tests {
     }
 
     #[test]
+    fn settling_publishes_the_flags_set_until_then() {
+        let out = Arc::new(OnceLock::new());
+        let mut rec = Record::new(Downstream::default());
+        rec.flags_out = Some(out.clone());
+        rec.flags.set(ResponseFlag::NoHealthyUpstream);
+        assert!(out.get().is_none());
+        rec.settle();
+        assert_eq!(out.get().map(|f| f.render(false)).as_deref(), Some("UH"));
+    }
+
+    #[test]
     fn flags_keep_the_order_they_were_set_in_once_each() {
         let mut f = Flags::default();
         assert_eq!(f.render(false), "-");
