@@ -974,6 +974,25 @@ fn failing_routes(refused: u16) -> (&'static str, String) {
     (routes, clusters)
 }
 
+/// A file access log entry (flow style) writing `format` and a newline to `path`.
+fn file_access_log(path: &std::path::Path, format: &str) -> String {
+    format!(
+        r#"{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "{format}\n"}}}}}}}}"#,
+        path.display()
+    )
+}
+
+/// Envoy on `yaml` (admin `admin`, its base id too) flushing its access logs every 50 ms,
+/// ready once its listener on `port` accepts a connection.
+fn envoy_flushing_logs(envoy: &std::path::Path, yaml: &str, admin: u16, port: u16) -> Proxy {
+    let mut command = std::process::Command::new(envoy);
+    command
+        .args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
+        .args(["--file-flush-interval-msec", "50"]);
+    Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", port)).is_ok())
+}
+
 /// What Envoy 1.40 logs as each of [`FAILING`]'s requests' `%RESPONSE_CODE% %RESPONSE_FLAGS%`
 /// (`None` when Envoy is missing: skipped loudly).
 fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
@@ -982,8 +1001,8 @@ fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
     let log = std::env::temp_dir().join(format!("revoy-rflags-{}-{port}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let access_log = format!(
-        r#"access_log: [{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%\n"}}}}}}}}]"#,
-        log.display()
+        "access_log: [{}]",
+        file_access_log(&log, "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%")
     );
     let (routes, clusters) = failing_routes(refused);
     let yaml = bootstrap::with_admin(
@@ -991,12 +1010,7 @@ fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
         &bootstrap::http_listener("envoy", port, &access_log, "", &format!("[{routes}]")),
         &clusters,
     );
-    let mut command = std::process::Command::new(envoy);
-    command
-        .args(["--config-yaml", &yaml, "--concurrency", "1", "-l", "error"])
-        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
-        .args(["--file-flush-interval-msec", "50"]);
-    let _envoy = Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let _envoy = envoy_flushing_logs(&envoy, &yaml, admin, port);
     for (path, _, _) in FAILING {
         exchange(port, path, "");
     }
@@ -1039,7 +1053,7 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         ),
         &clusters,
     );
-    let _client = Proxy::with_admin(&client, admin);
+    let _client = Proxy::start(&client, || TcpStream::connect(("127.0.0.1", port)).is_ok());
     for (path, code, _) in FAILING {
         let (head, _) = exchange(port, path, "");
         assert!(
@@ -1101,13 +1115,17 @@ fn tcp_listener(name: &str, port: u16, filters: &str) -> String {
     )
 }
 
-/// Connects to `port` and reads until the proxy closes the connection.
-fn connect_until_closed(port: u16) {
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+/// Connects to `port` and reads until the proxy closes the connection; false when the
+/// connection was refused (the listener is not up yet).
+fn connect_until_closed(port: u16) -> bool {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     let mut rest = Vec::new();
     let _ = conn.read_to_end(&mut rest);
+    true
 }
 
 /// What Envoy 1.40 logs as `%RESPONSE_FLAGS%` for a tcp_proxy connection to a refused port
@@ -1121,28 +1139,20 @@ fn envoy_refused_tcp_flags() -> Option<String> {
     ));
     let _ = std::fs::remove_file(&log);
     let access_log = format!(
-        r#", access_log: [{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "%RESPONSE_FLAGS%\n"}}}}}}}}]"#,
-        log.display()
+        ", access_log: [{}]",
+        file_access_log(&log, "%RESPONSE_FLAGS%")
     );
     let yaml = bootstrap::with_admin(
         admin,
         &tcp_listener("tcp", port, &tcp_proxy_logging("refused", &access_log)),
         &bootstrap::cluster("refused", refused, ""),
     );
-    let mut command = std::process::Command::new(envoy);
-    command
-        .args(["--config-yaml", &yaml, "--concurrency", "1", "-l", "error"])
-        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
-        .args(["--file-flush-interval-msec", "50"]);
-    let _envoy = Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", admin)).is_ok());
-    // The first connection may be the readiness probe's, on a listener not yet up.
-    admin::wait_until("Envoy's tcp listener", || {
-        TcpStream::connect(("127.0.0.1", port)).is_ok()
-    });
+    // Ready once the listener accepted a connection: the first one logged.
+    let _envoy = envoy_flushing_logs(&envoy, &yaml, admin, port);
     let lines = || std::fs::read_to_string(&log).unwrap_or_default();
     admin::wait_until("Envoy's access log has the probe", || !lines().is_empty());
     let before = lines().lines().count();
-    connect_until_closed(port);
+    assert!(connect_until_closed(port));
     admin::wait_until("Envoy's access log has the connection", || {
         lines().lines().count() > before
     });
@@ -1177,7 +1187,8 @@ fn istio_tcp_metrics_carry_the_response_flags_envoy_gives_a_connection() {
         ),
     );
     let _client = Proxy::with_admin(&client, admin);
-    connect_until_closed(port);
+    // One connection, once the listener is up.
+    admin::wait_until("revoy's tcp listener", || connect_until_closed(port));
     let scrape = || {
         http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
             .unwrap()
