@@ -139,6 +139,10 @@ pub struct HcmConfig {
     pub skip_xff_append: bool,
     /// Value of the `server` response header.
     pub server_name: http::HeaderValue,
+    /// `strip_trailing_host_dot`: a host's trailing dot is removed before routing.
+    pub strip_trailing_host_dot: bool,
+    /// `via`: appended to the `via` header of every request and response.
+    pub via: Option<http::HeaderValue>,
     /// What to do with the upstream's `server` header.
     pub server_header: ServerHeader,
     /// Generate `x-request-id` when missing.
@@ -218,16 +222,10 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "add_user_agent",
             "no user-agent or x-envoy-downstream-service-cluster is added",
         ),
-        (!hcm.via.is_empty(), "via", "no via header is added"),
         (
             hcm.scheme_header_transformation.is_some(),
             "scheme_header_transformation",
             "the scheme is forwarded as it came",
-        ),
-        (
-            hcm.strip_trailing_host_dot,
-            "strip_trailing_host_dot",
-            "a host with a trailing dot is routed and forwarded as it came",
         ),
         (
             hcm.append_x_forwarded_port,
@@ -507,6 +505,14 @@ pub fn compile_hcm(
                 )
             })?
         },
+        strip_trailing_host_dot: hcm.strip_trailing_host_dot,
+        via: (!hcm.via.is_empty())
+            .then(|| {
+                http::HeaderValue::from_str(&hcm.via).map_err(|_| {
+                    ConfigError::new("via", format!("invalid header value '{}'", hcm.via))
+                })
+            })
+            .transpose()?,
         server_header: match hcm.server_header_transformation {
             1 => ServerHeader::AppendIfAbsent,
             2 => ServerHeader::PassThrough,

@@ -144,6 +144,18 @@ fn authority(req: &Request<Body>) -> String {
     hosts.fold(first, |acc, h| acc + "," + h)
 }
 
+/// Removes the trailing dot of `host`'s name, keeping its port (Envoy's
+/// `strip_trailing_host_dot`).
+fn strip_trailing_dot(host: &mut String) {
+    let name_end = match host.rsplit_once(':') {
+        Some((name, port)) if !port.contains(']') && !name.is_empty() => name.len(),
+        _ => host.len(),
+    };
+    if host[..name_end].ends_with('.') {
+        host.remove(name_end - 1);
+    }
+}
+
 fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     if mode == StripPort::None {
         return host;
@@ -263,6 +275,9 @@ async fn route_and_forward(
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let mut host_full = authority(&req);
+    if cfg.strip_trailing_host_dot {
+        strip_trailing_dot(&mut host_full);
+    }
     let kept = strip_port(&host_full, cfg.strip_port, ctx.local.port()).len();
     host_full.truncate(kept);
     // A CONNECT has no path: only `connect_matcher` routes match it.
