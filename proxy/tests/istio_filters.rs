@@ -192,7 +192,10 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
     let ca = mesh.write_root_to(dir.path(), "ca");
     let (upstream, offers) = recording_upstream(&mesh.server(&["backend.test"]).issue());
     let (admin, with, without) = (free_port(), free_port(), free_port());
-    let _revoy = Proxy::with_admin(&alpn_bootstrap(admin, with, without, upstream, &ca), admin);
+    let _revoy = listening(
+        &alpn_bootstrap(admin, with, without, upstream, &ca),
+        &[with, without],
+    );
     let get = |port: u16, path: &str| {
         http1::get(None, ([127, 0, 0, 1], port).into(), path).unwrap_or_default()
     };
@@ -238,6 +241,16 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
             "istio-http/1.1,istio,http/1.1",
         ]
     );
+}
+
+/// revoy on `yaml`, ready once each of its listeners on `ports` accepts a connection (its
+/// admin answers before they do).
+fn listening(yaml: &str, ports: &[u16]) -> Proxy {
+    Proxy::start(yaml, || {
+        ports
+            .iter()
+            .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+    })
 }
 
 /// One of Istio proxy's test templates (`tests/data/istio/`) rendered with the variables its
@@ -910,7 +923,7 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
     ]
     .concat();
     let config = node_bootstrap("server", "", admin, &listeners, &clusters);
-    let _revoy = Proxy::with_admin(&config, admin);
+    let _revoy = listening(&config, &[with_authn, without_authn, tcp]);
 
     let connect = |port: u16, identity: &str| tls_to(&dir, identity, port, b"");
     let status = |port: u16, identity: &str| {
@@ -1053,7 +1066,7 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         ),
         &clusters,
     );
-    let _client = Proxy::start(&client, || TcpStream::connect(("127.0.0.1", port)).is_ok());
+    let _client = listening(&client, &[port]);
     for (path, code, _) in FAILING {
         let (head, _) = exchange(port, path, "");
         assert!(
