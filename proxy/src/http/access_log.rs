@@ -200,7 +200,10 @@ impl Pending {
         }
         let status = resp.status().as_u16();
         rec.response_code = Some(status);
-        rec.response_headers = Some(resp.headers().clone());
+        // A record only istio.stats reads needs no copy of the headers.
+        if !self.logs.is_empty() || trace.is_some() {
+            rec.response_headers = Some(resp.headers().clone());
+        }
         let expected = if head || status == 204 || status == 304 {
             Some(0)
         } else {
