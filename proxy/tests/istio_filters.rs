@@ -964,27 +964,66 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
     );
 }
 
-/// Requests that never reach an upstream, with the status and the flags Envoy gives them
-/// (`NR`: no route, `UH`: a cluster without endpoints, `UF`: an endpoint refusing
-/// connections).
-const FAILING: [(&str, &str, &str); 3] = [
+/// Requests that never get an upstream's answer, with the status and the flags Envoy gives
+/// them (`NR`: no route, `UH`: a cluster without endpoints, `UF`: an endpoint refusing
+/// connections, `DC`: the client leaves while the upstream holds the request).
+const FAILING: [(&str, &str, &str); 4] = [
     ("/nowhere", "404", "NR"),
     ("/empty", "503", "UH"),
     ("/refused", "503", "UF"),
+    ("/held", "0", "DC"),
 ];
 
-/// The routes and clusters behind [`FAILING`] (`refused`: a loopback port nothing listens on).
-fn failing_routes(refused: u16) -> (&'static str, String) {
-    let routes = "{match: {prefix: /empty}, route: {cluster: empty}}, {match: {prefix: /refused}, route: {cluster: refused}}";
+/// The routes and clusters behind [`FAILING`] (`refused`: a loopback port nothing listens on;
+/// `held`: an upstream that never answers).
+fn failing_routes(refused: u16, held: u16) -> (&'static str, String) {
+    let routes = "{match: {prefix: /empty}, route: {cluster: empty}}, {match: {prefix: /refused}, route: {cluster: refused}}, {match: {prefix: /held}, route: {cluster: held}}";
     let clusters = format!(
-        "{}\n  - name: empty\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: empty, endpoints: []}}",
+        "{}{}\n  - name: empty\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: empty, endpoints: []}}",
         static_cluster(
             "refused",
             refused,
             Some(("refused.default.svc.cluster.local", "refused"))
-        )
+        ),
+        static_cluster("held", held, None)
     );
     (routes, clusters)
+}
+
+/// An upstream that accepts connections, tells the test, and never answers.
+fn holding_upstream() -> (u16, std::sync::mpsc::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+            let _ = tx.send(());
+        }
+    });
+    (port, rx)
+}
+
+/// Sends [`FAILING`]'s requests to `port`, the last one abandoned once the holding upstream
+/// (`held`) has its connection; the heads of the answered ones.
+fn send_failing(port: u16, held: &std::sync::mpsc::Receiver<()>) -> Vec<String> {
+    let (answered, [(abandoned, _, _)]) = FAILING.split_at(FAILING.len() - 1) else {
+        unreachable!()
+    };
+    let heads = answered
+        .iter()
+        .map(|(path, _, _)| exchange(port, path, "").0)
+        .collect();
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        conn,
+        "GET {abandoned} HTTP/1.1\r\nhost: server.test\r\n\r\n"
+    )
+    .unwrap();
+    held.recv_timeout(Duration::from_secs(10)).unwrap();
+    drop(conn);
+    heads
 }
 
 /// A file access log entry (flow style) writing `format` and a newline to `path`.
@@ -1011,22 +1050,21 @@ fn envoy_flushing_logs(envoy: &std::path::Path, yaml: &str, admin: u16, port: u1
 fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
     let envoy = oracle::envoy_or_skip("response_flags: Envoy's flags for the failing requests")?;
     let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let (held, accepted) = holding_upstream();
     let log = std::env::temp_dir().join(format!("revoy-rflags-{}-{port}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let access_log = format!(
         "access_log: [{}]",
         file_access_log(&log, "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%")
     );
-    let (routes, clusters) = failing_routes(refused);
+    let (routes, clusters) = failing_routes(refused, held);
     let yaml = bootstrap::with_admin(
         admin,
         &bootstrap::http_listener("envoy", port, &access_log, "", &format!("[{routes}]")),
         &clusters,
     );
     let _envoy = envoy_flushing_logs(&envoy, &yaml, admin, port);
-    for (path, _, _) in FAILING {
-        exchange(port, path, "");
-    }
+    send_failing(port, &accepted);
     let lines = || std::fs::read_to_string(&log).unwrap_or_default();
     admin::wait_until("Envoy's access log has every request", || {
         lines().lines().count() == FAILING.len()
@@ -1052,7 +1090,8 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         assert_eq!(logged, expected, "Envoy's flags for the failing requests");
     }
     let (admin, port, refused) = (free_port(), free_port(), free_port());
-    let (routes, clusters) = failing_routes(refused);
+    let (held, accepted) = holding_upstream();
+    let (routes, clusters) = failing_routes(refused, held);
     let client = node_bootstrap(
         "client",
         &node_metadata("client_node_metadata.json.tmpl"),
@@ -1067,8 +1106,7 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         &clusters,
     );
     let _client = listening(&client, &[port]);
-    for (path, code, _) in FAILING {
-        let (head, _) = exchange(port, path, "");
+    for (head, (path, code, _)) in send_failing(port, &accepted).iter().zip(FAILING) {
         assert!(
             head.starts_with(&format!("HTTP/1.1 {code}")),
             "{path}: {head}"
@@ -1087,7 +1125,7 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
             .map(|(_, v)| v.clone())
             .unwrap_or_default()
     };
-    admin::wait_until("the three failing requests counted", || {
+    admin::wait_until("the failing requests counted", || {
         series().len() == FAILING.len()
     });
     let mut seen: Vec<_> = series()
