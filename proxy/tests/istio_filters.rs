@@ -8,6 +8,11 @@
 //! values and order of Istio's goldens. What the client sends upstream is decoded by a decoder
 //! written here from Istio's format description (base64 of a `google.protobuf.Struct`).
 //!
+//! `response_flags`: Istio's stats filter labels a request with Envoy's short response flags
+//! (`%RESPONSE_FLAGS%`); Envoy 1.40 on the same routes, with an access log in place of the
+//! stats filter, says which flags a request gets, and revoy's `istio_requests_total` must
+//! carry those; likewise a TCP connection's in `istio_tcp_connections_*_total`.
+//!
 //! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
 //! the handshake, so whatever the server then picks), and answers with it: a request's
 //! upstream connection offers the override for the protocol it goes upstream in, in place of
@@ -25,10 +30,14 @@ mod child;
 mod gotemplate;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/prometheus.rs"]
 mod prometheus;
+#[path = "support/skip.rs"]
+mod skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -183,7 +192,10 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
     let ca = mesh.write_root_to(dir.path(), "ca");
     let (upstream, offers) = recording_upstream(&mesh.server(&["backend.test"]).issue());
     let (admin, with, without) = (free_port(), free_port(), free_port());
-    let _revoy = Proxy::with_admin(&alpn_bootstrap(admin, with, without, upstream, &ca), admin);
+    let _revoy = listening(
+        &alpn_bootstrap(admin, with, without, upstream, &ca),
+        &[with, without],
+    );
     let get = |port: u16, path: &str| {
         http1::get(None, ([127, 0, 0, 1], port).into(), path).unwrap_or_default()
     };
@@ -229,6 +241,16 @@ fn istio_alpn_offers_the_override_for_the_upstream_protocol() {
             "istio-http/1.1,istio,http/1.1",
         ]
     );
+}
+
+/// revoy on `yaml`, ready once each of its listeners on `ports` accepts a connection (its
+/// admin answers before they do).
+fn listening(yaml: &str, ports: &[u16]) -> Proxy {
+    Proxy::start(yaml, || {
+        ports
+            .iter()
+            .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+    })
 }
 
 /// One of Istio proxy's test templates (`tests/data/istio/`) rendered with the variables its
@@ -901,7 +923,7 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
     ]
     .concat();
     let config = node_bootstrap("server", "", admin, &listeners, &clusters);
-    let _revoy = Proxy::with_admin(&config, admin);
+    let _revoy = listening(&config, &[with_authn, without_authn, tcp]);
 
     let connect = |port: u16, identity: &str| tls_to(&dir, identity, port, b"");
     let status = |port: u16, identity: &str| {
@@ -940,4 +962,304 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         !echoes("web"),
         "another service account's connection is closed"
     );
+}
+
+/// Requests that never get an upstream's answer, with the status and the flags Envoy gives
+/// them (`NR`: no route, `UH`: a cluster without endpoints, `UF`: an endpoint refusing
+/// connections, `DC`: the client leaves while the upstream holds the request).
+const FAILING: [(&str, &str, &str); 4] = [
+    ("/nowhere", "404", "NR"),
+    ("/empty", "503", "UH"),
+    ("/refused", "503", "UF"),
+    ("/held", "0", "DC"),
+];
+
+/// The routes and clusters behind [`FAILING`] (`refused`: a loopback port nothing listens on;
+/// `held`: an upstream that never answers).
+fn failing_routes(refused: u16, held: u16) -> (&'static str, String) {
+    let routes = "{match: {prefix: /empty}, route: {cluster: empty}}, {match: {prefix: /refused}, route: {cluster: refused}}, {match: {prefix: /held}, route: {cluster: held}}";
+    let clusters = format!(
+        "{}{}\n  - name: empty\n    connect_timeout: 1s\n    load_assignment: {{cluster_name: empty, endpoints: []}}",
+        static_cluster(
+            "refused",
+            refused,
+            Some(("refused.default.svc.cluster.local", "refused"))
+        ),
+        static_cluster("held", held, None)
+    );
+    (routes, clusters)
+}
+
+/// An upstream that accepts connections, tells the test, and never answers.
+fn holding_upstream() -> (u16, std::sync::mpsc::Receiver<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in listener.incoming().flatten() {
+            held.push(s);
+            let _ = tx.send(());
+        }
+    });
+    (port, rx)
+}
+
+/// Sends [`FAILING`]'s requests to `port`, the last one abandoned once the holding upstream
+/// (`held`) has its connection; the heads of the answered ones.
+fn send_failing(port: u16, held: &std::sync::mpsc::Receiver<()>) -> Vec<String> {
+    let (answered, [(abandoned, _, _)]) = FAILING.split_at(FAILING.len() - 1) else {
+        unreachable!()
+    };
+    let heads = answered
+        .iter()
+        .map(|(path, _, _)| exchange(port, path, "").0)
+        .collect();
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        conn,
+        "GET {abandoned} HTTP/1.1\r\nhost: server.test\r\n\r\n"
+    )
+    .unwrap();
+    held.recv_timeout(Duration::from_secs(10)).unwrap();
+    drop(conn);
+    heads
+}
+
+/// A file access log entry (flow style) writing `format` and a newline to `path`.
+fn file_access_log(path: &std::path::Path, format: &str) -> String {
+    format!(
+        r#"{{name: f, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: "{}", log_format: {{text_format_source: {{inline_string: "{format}\n"}}}}}}}}"#,
+        path.display()
+    )
+}
+
+/// Envoy on `yaml` (admin `admin`, its base id too) flushing its access logs every 50 ms,
+/// ready once its listener on `port` accepts a connection.
+fn envoy_flushing_logs(envoy: &std::path::Path, yaml: &str, admin: u16, port: u16) -> Proxy {
+    let mut command = std::process::Command::new(envoy);
+    command
+        .args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--base-id", &admin.to_string(), "--disable-hot-restart"])
+        .args(["--file-flush-interval-msec", "50"]);
+    Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", port)).is_ok())
+}
+
+/// What Envoy 1.40 logs as each of [`FAILING`]'s requests' `%RESPONSE_CODE% %RESPONSE_FLAGS%`
+/// (`None` when Envoy is missing: skipped loudly).
+fn envoy_failing_flags() -> Option<Vec<(String, String, String)>> {
+    let envoy = oracle::envoy_or_skip("response_flags: Envoy's flags for the failing requests")?;
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let (held, accepted) = holding_upstream();
+    let log = std::env::temp_dir().join(format!("revoy-rflags-{}-{port}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let access_log = format!(
+        "access_log: [{}]",
+        file_access_log(&log, "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS%")
+    );
+    let (routes, clusters) = failing_routes(refused, held);
+    let yaml = bootstrap::with_admin(
+        admin,
+        &bootstrap::http_listener("envoy", port, &access_log, "", &format!("[{routes}]")),
+        &clusters,
+    );
+    let _envoy = envoy_flushing_logs(&envoy, &yaml, admin, port);
+    send_failing(port, &accepted);
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    admin::wait_until("Envoy's access log has every request", || {
+        lines().lines().count() == FAILING.len()
+    });
+    let logged = lines()
+        .lines()
+        .map(|l| {
+            let mut f = l.split(' ').map(str::to_owned);
+            (f.next().unwrap(), f.next().unwrap(), f.next().unwrap())
+        })
+        .collect();
+    let _ = std::fs::remove_file(&log);
+    Some(logged)
+}
+
+#[test]
+fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
+    if let Some(logged) = envoy_failing_flags() {
+        let expected: Vec<_> = FAILING
+            .iter()
+            .map(|(p, c, f)| (p.to_string(), c.to_string(), f.to_string()))
+            .collect();
+        assert_eq!(logged, expected, "Envoy's flags for the failing requests");
+    }
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let (held, accepted) = holding_upstream();
+    let (routes, clusters) = failing_routes(refused, held);
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        admin,
+        &hcm_listener(
+            "client",
+            "OUTBOUND",
+            port,
+            &format!("{MX_OUTBOUND}, {STATS}, "),
+            routes,
+        ),
+        &clusters,
+    );
+    let _client = listening(&client, &[port]);
+    for (head, (path, code, _)) in send_failing(port, &accepted).iter().zip(FAILING) {
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {code}")),
+            "{path}: {head}"
+        );
+    }
+    let series = || {
+        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1;
+        prometheus::series(&text, "istio_requests_total")
+    };
+    let label = |labels: &[(String, String)], name: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    admin::wait_until("the failing requests counted", || {
+        series().len() == FAILING.len()
+    });
+    let mut seen: Vec<_> = series()
+        .into_iter()
+        .map(|(labels, value)| {
+            assert_eq!(label(&labels, "reporter"), "source");
+            (
+                label(&labels, "response_code"),
+                label(&labels, "response_flags"),
+                value,
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut expected: Vec<_> = FAILING
+        .iter()
+        .map(|(_, c, f)| (c.to_string(), f.to_string(), "1".to_owned()))
+        .collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+
+/// A tcp_proxy to `cluster` (its `access_log` entries `log`, may be empty), as a filter entry.
+fn tcp_proxy_logging(cluster: &str, log: &str) -> String {
+    format!(
+        r#"{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: {cluster}, cluster: {cluster}{log}}}}}"#
+    )
+}
+
+/// A plaintext listener `name` on `port` whose one chain runs `filters`.
+fn tcp_listener(name: &str, port: u16, filters: &str) -> String {
+    format!(
+        r#"
+  - name: {name}
+    traffic_direction: OUTBOUND
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains: [{{filters: [{filters}]}}]"#
+    )
+}
+
+/// Connects to `port` and reads until the proxy closes the connection; false when the
+/// connection was refused (the listener is not up yet).
+fn connect_until_closed(port: u16) -> bool {
+    let Ok(mut conn) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = conn.read_to_end(&mut rest);
+    true
+}
+
+/// What Envoy 1.40 logs as `%RESPONSE_FLAGS%` for a tcp_proxy connection to a refused port
+/// (`None` when Envoy is missing: skipped loudly).
+fn envoy_refused_tcp_flags() -> Option<String> {
+    let envoy = oracle::envoy_or_skip("response_flags: Envoy's flags for a refused TCP upstream")?;
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let log = std::env::temp_dir().join(format!(
+        "revoy-rflags-tcp-{}-{port}.log",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&log);
+    let access_log = format!(
+        ", access_log: [{}]",
+        file_access_log(&log, "%RESPONSE_FLAGS%")
+    );
+    let yaml = bootstrap::with_admin(
+        admin,
+        &tcp_listener("tcp", port, &tcp_proxy_logging("refused", &access_log)),
+        &bootstrap::cluster("refused", refused, ""),
+    );
+    // Ready once the listener accepted a connection: the first one logged.
+    let _envoy = envoy_flushing_logs(&envoy, &yaml, admin, port);
+    let lines = || std::fs::read_to_string(&log).unwrap_or_default();
+    admin::wait_until("Envoy's access log has the probe", || !lines().is_empty());
+    let before = lines().lines().count();
+    assert!(connect_until_closed(port));
+    admin::wait_until("Envoy's access log has the connection", || {
+        lines().lines().count() > before
+    });
+    let flags = lines().lines().last().unwrap().to_owned();
+    let _ = std::fs::remove_file(&log);
+    Some(flags)
+}
+
+#[test]
+fn istio_tcp_metrics_carry_the_response_flags_envoy_gives_a_connection() {
+    const REFUSED_TCP: &str = "UF,URX";
+    if let Some(flags) = envoy_refused_tcp_flags() {
+        assert_eq!(
+            flags, REFUSED_TCP,
+            "Envoy's flags for a refused TCP upstream"
+        );
+    }
+    let (admin, port, refused) = (free_port(), free_port(), free_port());
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        admin,
+        &tcp_listener(
+            "tcp",
+            port,
+            &format!("{STATS}, {}", tcp_proxy_logging("refused", "")),
+        ),
+        &static_cluster(
+            "refused",
+            refused,
+            Some(("refused.default.svc.cluster.local", "refused")),
+        ),
+    );
+    let _client = Proxy::with_admin(&client, admin);
+    // One connection, once the listener is up.
+    admin::wait_until("revoy's tcp listener", || connect_until_closed(port));
+    let scrape = || {
+        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1
+    };
+    for family in [
+        "istio_tcp_connections_opened_total",
+        "istio_tcp_connections_closed_total",
+    ] {
+        admin::wait_until(family, || {
+            prometheus::series(&scrape(), family)
+                .iter()
+                .any(|(labels, v)| {
+                    v == "1"
+                        && labels.contains(&("response_flags".to_owned(), REFUSED_TCP.to_owned()))
+                        && labels.contains(&(
+                            "destination_service".to_owned(),
+                            "refused.default.svc.cluster.local".to_owned(),
+                        ))
+                })
+        });
+    }
 }

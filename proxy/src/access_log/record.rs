@@ -3,7 +3,7 @@
 //! access log will read it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
@@ -380,13 +380,20 @@ pub struct Record {
     /// The request's dynamic metadata, for `%DYNAMIC_METADATA(..)%` (moved here from the
     /// filters once the request is routed; response filters write it here).
     pub metadata: crate::route::metadata::DynamicMetadata,
+    /// Where the flags are published when the record is settled, for `istio.stats` (which
+    /// labels its metrics with them once the request ends).
+    pub flags_out: Option<Arc<OnceLock<Flags>>>,
 }
 
 impl Record {
     /// Fills in, before the record is written, the upstream host and local address the last
     /// attempt noted, where nothing else said them: a host already known (a connect failure's)
-    /// keeps its place, and takes the local address only when it is the noted host's.
+    /// keeps its place, and takes the local address only when it is the noted host's. The
+    /// flags, final now, are published to [`Record::flags_out`].
     pub fn settle(&mut self) {
+        if let Some(out) = &self.flags_out {
+            let _ = out.set(self.flags);
+        }
         let Some((host, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
             return;
         };
@@ -425,6 +432,7 @@ impl Record {
             health_check: false,
             local_reply_body: None,
             metadata: Default::default(),
+            flags_out: None,
         }
     }
 
@@ -480,6 +488,17 @@ mod tests {
             (failed_later.upstream_host, failed_later.upstream_local),
             (Some(b), None)
         );
+    }
+
+    #[test]
+    fn settling_publishes_the_flags_set_until_then() {
+        let out = Arc::new(OnceLock::new());
+        let mut rec = Record::new(Downstream::default());
+        rec.flags_out = Some(out.clone());
+        rec.flags.set(ResponseFlag::NoHealthyUpstream);
+        assert!(out.get().is_none());
+        rec.settle();
+        assert_eq!(out.get().map(|f| f.render(false)).as_deref(), Some("UH"));
     }
 
     #[test]

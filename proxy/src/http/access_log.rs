@@ -84,11 +84,16 @@ pub(super) struct Pending {
 impl Pending {
     /// Starts the record of `req` (its headers as the connection manager leaves them, when an
     /// access log reads them) and counts its body; `None` when the connection manager has
-    /// neither access logs, tracing nor `local_reply_config` (whose mappers read the record).
+    /// neither access logs, tracing, `local_reply_config` (whose mappers read the record) nor
+    /// `istio.stats` (which reads its flags).
     pub(super) fn start(ctx: &ConnContext, req: &mut Request<Body>) -> Option<Pending> {
         let logs = &ctx.hcm.config.access_logs;
         let local_reply = ctx.hcm.config.local_reply.is_some();
-        if logs.is_empty() && ctx.hcm.config.tracing.is_none() && !local_reply {
+        if logs.is_empty()
+            && ctx.hcm.config.tracing.is_none()
+            && !local_reply
+            && !ctx.hcm.filters.has_istio_stats()
+        {
             return None;
         }
         let mut rec = Box::new(Record::new(Downstream {
@@ -179,8 +184,8 @@ impl Pending {
 
     /// Notes the response about to be sent and hands the record to its body, which writes it
     /// (and finishes the span) when it ends. `details` defaults to `via_upstream` when a
-    /// response came from upstream. A record that neither an access log nor a reported span
-    /// reads is dropped here.
+    /// response came from upstream. A record that neither an access log, a reported span nor
+    /// `istio.stats` (through [`Record::flags_out`]) reads is dropped here.
     pub(super) fn finish(mut self, mut resp: Response<Body>, head: bool) -> Response<Body> {
         let Some(mut rec) = self.rec.take() else {
             return resp;
@@ -190,12 +195,15 @@ impl Pending {
             t
         });
         let trace = trace.filter(RequestTrace::reported);
-        if self.logs.is_empty() && trace.is_none() {
+        if self.logs.is_empty() && trace.is_none() && rec.flags_out.is_none() {
             return resp;
         }
         let status = resp.status().as_u16();
         rec.response_code = Some(status);
-        rec.response_headers = Some(resp.headers().clone());
+        // A record only istio.stats reads needs no copy of the headers.
+        if !self.logs.is_empty() || trace.is_some() {
+            rec.response_headers = Some(resp.headers().clone());
+        }
         let expected = if head || status == 204 || status == 304 {
             Some(0)
         } else {

@@ -65,6 +65,9 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         };
         let grpc = super::local_reply::is_grpc(req.headers());
         let head = req.method() == http::Method::HEAD;
+        // Declared before the record, so dropped after it: a request cut short publishes
+        // its flags (`DC`) before istio.stats's encoder records them.
+        let mut encoders = Encoders::default();
         let mut pending = Pending::start(ctx, &mut req);
         let tunnel_log = match pending.as_mut() {
             Some(p) if facts.upgrade.is_some() => Some(p.hand_to_tunnel()),
@@ -79,7 +82,6 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || facts.upgrade.is_some()
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
-        let mut encoders = Encoders::default();
         let mut metadata = DynamicMetadata::default();
         let mut resp = route_and_forward(
             req,

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{ReadHalf, WriteHalf};
 
 use crate::access_log::record::Downstream;
-use crate::access_log::{Record, ResponseFlag};
+use crate::access_log::{Flags, Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
 use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
@@ -122,14 +122,16 @@ impl TcpProxy {
     }
 
     /// The record of a connection from `peer` to `local` (`sni`: what the listener's
-    /// tls_inspector read), when this proxy has access logs.
+    /// tls_inspector read), when this proxy has access logs or its chain `istio.stats`
+    /// (`istio`), which labels its metrics with the record's flags.
     fn record(
         &self,
         peer: Option<SocketAddr>,
         local: Option<SocketAddr>,
         sni: Option<&str>,
+        istio: Option<&exchange::IstioFilters<'_>>,
     ) -> Option<Box<Record>> {
-        if self.config.access_logs.is_empty() {
+        if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
             return None;
         }
         Some(Box::new(Record::new(Downstream {
@@ -167,6 +169,7 @@ impl TcpProxy {
             downstream.peer_addr().ok(),
             ctx.original_dst.or(downstream.local_addr().ok()),
             sni,
+            istio.as_ref(),
         );
         let ends = tunnel::Endpoints {
             remote: downstream.peer_addr().ok(),
@@ -174,6 +177,9 @@ impl TcpProxy {
         };
         let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
         else {
+            if let Some(istio) = &istio {
+                record_istio_unconnected(istio, clusters, rec.as_deref());
+            }
             return self.log(rec, None);
         };
         let activity = Activity::new(on_data);
@@ -201,7 +207,8 @@ impl TcpProxy {
                 };
                 self.run(copy, &activity, rec.as_deref_mut()).await;
                 if let Some(istio) = &istio {
-                    record_istio(istio, &upstream, None, None, "", &activity);
+                    let target = Target::connected(&upstream, String::new());
+                    record_istio(istio, target, (None, None), Some(&activity), flags_of(&rec));
                 }
             }
             tls => {
@@ -214,7 +221,14 @@ impl TcpProxy {
                 )
                 .await;
                 if let Some(istio) = &istio {
-                    record_istio(istio, &upstream, None, up_peer, &upstream_san, &activity);
+                    let target = Target::connected(&upstream, upstream_san);
+                    record_istio(
+                        istio,
+                        target,
+                        (None, up_peer),
+                        Some(&activity),
+                        flags_of(&rec),
+                    );
                 }
             }
         }
@@ -237,6 +251,7 @@ impl TcpProxy {
             tcp.peer_addr().ok(),
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
+            istio.as_ref(),
         );
         let ends = tunnel::Endpoints {
             remote: tcp.peer_addr().ok(),
@@ -244,6 +259,9 @@ impl TcpProxy {
         };
         let Some((mut upstream, h2)) = self.upstream(clusters, ctx, rec.as_deref_mut()).await
         else {
+            if let Some(istio) = &istio {
+                record_istio_unconnected(istio, clusters, rec.as_deref());
+            }
             return self.log(rec, None);
         };
         let activity = Activity::new(on_data);
@@ -280,11 +298,10 @@ impl TcpProxy {
             if let Some(istio) = &istio {
                 record_istio(
                     istio,
-                    &upstream,
-                    down_peer,
-                    up_peer,
-                    &upstream_san,
-                    &activity,
+                    Target::connected(&upstream, upstream_san),
+                    (down_peer, up_peer),
+                    Some(&activity),
+                    flags_of(&rec),
                 );
             }
         }
@@ -530,44 +547,97 @@ async fn upstream_exchange(
     Some(Peer::default())
 }
 
+/// Where a connection went, as Istio's TCP metrics label it.
+struct Target<'a> {
+    /// The cluster (`None` when none was found) and its `istio` metadata.
+    cluster: Option<(&'a str, Option<&'a crate::config::istio::IstioCluster>)>,
+    /// The upstream's certificate's first URI SAN (empty when unknown).
+    peer_san: String,
+    /// This side's upstream certificate's first URI SAN (empty when unknown).
+    local_san: String,
+}
+
+impl<'a> Target<'a> {
+    /// The cluster of `upstream`, connected, whose certificate names `peer_san`.
+    fn connected(upstream: &'a UpstreamConnection, peer_san: String) -> Target<'a> {
+        Target {
+            cluster: Some((&upstream.cluster, upstream.istio.as_deref())),
+            peer_san,
+            local_san: upstream.active.local_uri_san(),
+        }
+    }
+}
+
+/// The flags of a connection's record (none without one).
+fn flags_of(rec: &Option<Box<Record>>) -> Flags {
+    rec.as_ref().map_or_else(Flags::default, |r| r.flags)
+}
+
+/// Records a connection that never reached an upstream (no cluster, or no connection) in
+/// Istio's TCP metrics, as Istio's stats filter reports one when it closes: opened and
+/// closed, no bytes, labelled with the record's flags (`UF,URX`, `NC`, ...).
+fn record_istio_unconnected(
+    istio: &exchange::IstioFilters<'_>,
+    clusters: &ClusterManager,
+    rec: Option<&Record>,
+) {
+    let name = rec.and_then(|r| r.upstream_cluster.clone());
+    let cluster = name.as_deref().and_then(|n| clusters.get(n));
+    let target = Target {
+        cluster: name.as_deref().map(|n| {
+            (
+                n,
+                cluster.as_ref().and_then(|c| c.config().istio.as_deref()),
+            )
+        }),
+        peer_san: String::new(),
+        local_san: String::new(),
+    };
+    let flags = rec.map_or_else(Flags::default, |r| r.flags);
+    record_istio(istio, target, (None, None), None, flags);
+}
+
 /// Records a connection that ended in Istio's TCP metrics (`istio.stats` on its chain):
-/// opened and closed, and the bytes each way, labelled with what the exchange learned of the
-/// peer (the downstream's for an inbound listener, the upstream's for an outbound one).
+/// opened and closed, and the bytes each way (`activity`; none when it never connected),
+/// labelled with what the exchange learned of the peer (the downstream's for an inbound
+/// listener, the upstream's for an outbound one) and the connection's `flags`.
 fn record_istio(
     istio: &exchange::IstioFilters<'_>,
-    upstream: &UpstreamConnection,
-    down_peer: Option<Peer>,
-    up_peer: Option<Peer>,
-    upstream_san: &str,
-    activity: &Activity<'_>,
+    target: Target<'_>,
+    (down_peer, up_peer): (Option<Peer>, Option<Peer>),
+    activity: Option<&Activity<'_>>,
+    flags: Flags,
 ) {
     use crate::istio_metrics::{Ends, count, destination_service};
     let Some(config) = istio.stats else { return };
     let peer = if istio.inbound { down_peer } else { up_peer };
-    let upstream_local_san = if istio.inbound {
-        String::new()
+    let peer = peer.as_ref().and_then(|p| p.get());
+    // Istio labels a connection once it has read the peer's metadata (reporting it opened
+    // then), else when it closes: flags set after the exchange do not show.
+    let flags = if peer.is_some() {
+        Flags::default()
     } else {
-        upstream.active.local_uri_san()
+        flags
     };
     let (service_host, service_name) = destination_service(
         String::new(),
-        Some(&upstream.cluster),
+        target.cluster.map(|(name, _)| name),
         "",
-        upstream.istio.as_deref(),
+        target.cluster.and_then(|(_, istio)| istio),
     );
     let ends = Ends {
         server: istio.inbound,
         local: &istio.local.workload,
-        peer: peer.as_ref().and_then(|p| p.get()),
+        peer,
         peer_san: if istio.inbound {
             &istio.sans.0
         } else {
-            upstream_san
+            &target.peer_san
         },
         local_san: if istio.inbound {
             &istio.sans.1
         } else {
-            &upstream_local_san
+            &target.local_san
         },
         service_host: &service_host,
         service_name: &service_name,
@@ -575,26 +645,17 @@ fn record_istio(
     let mut labels = ends.labels();
     labels.extend([
         ("request_protocol", "tcp".to_owned()),
-        ("response_flags", "-".to_owned()),
+        ("response_flags", flags.render(false)),
         ("connection_security_policy", ends.security_policy()),
     ]);
     let store = istio.store;
     // Indices in `config::istio::stats::METRICS`.
     count(store, config, 6, &labels, 1);
-    count(
-        store,
-        config,
-        8,
-        &labels,
-        activity.tx.load(Ordering::Relaxed),
-    );
-    count(
-        store,
-        config,
-        9,
-        &labels,
-        activity.rx.load(Ordering::Relaxed),
-    );
+    let (tx, rx) = activity.map_or((0, 0), |a| {
+        (a.tx.load(Ordering::Relaxed), a.rx.load(Ordering::Relaxed))
+    });
+    count(store, config, 8, &labels, tx);
+    count(store, config, 9, &labels, rx);
     count(store, config, 7, &labels, 1);
 }
 

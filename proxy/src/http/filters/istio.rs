@@ -14,7 +14,7 @@ use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
-use crate::access_log::AttemptTarget;
+use crate::access_log::{AttemptTarget, Flags};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -258,6 +258,11 @@ impl IstioStats {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/grpc"));
         let messages = grpc.then(|| req.grpc_messages.get_or_insert_with(Arc::default).clone());
+        // The request's flags, published by its record once it is settled.
+        let flags = req
+            .record
+            .as_deref_mut()
+            .map(|r| r.flags_out.get_or_insert_with(Arc::default).clone());
         encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
             config: self.config.clone(),
             store: self.store.clone(),
@@ -274,6 +279,7 @@ impl IstioStats {
             weighted,
             trailer_status: Arc::default(),
             messages,
+            flags,
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
@@ -351,6 +357,8 @@ pub(super) struct StatsRequest {
     trailer_status: Arc<OnceLock<String>>,
     /// A gRPC call's message counts, as a grpc_stats filter leaves them.
     messages: Option<Arc<MessageCounts>>,
+    /// Where the request's record publishes its response flags when it is settled.
+    flags: Option<Arc<OnceLock<Flags>>>,
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
@@ -439,7 +447,13 @@ impl StatsRequest {
                     String::new()
                 },
             ),
-            ("response_flags", "-".to_owned()),
+            (
+                "response_flags",
+                self.flags
+                    .as_ref()
+                    .and_then(|f| f.get())
+                    .map_or_else(|| "-".to_owned(), |f| f.render(false)),
+            ),
             ("connection_security_policy", ends.security_policy()),
         ]);
         (out, end_labels)

@@ -368,6 +368,11 @@ impl Chain {
         self.filters.is_empty()
     }
 
+    /// Whether the chain has `istio.stats` (whose labels read the request's record).
+    pub fn has_istio_stats(&self) -> bool {
+        self.istio_stats.is_some()
+    }
+
     /// Runs the filters on `req`; `Some` is the local reply that ends the request.
     pub async fn decode(
         &self,
