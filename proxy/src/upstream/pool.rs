@@ -1,9 +1,14 @@
 //! Connections to one host: TCP connect (timeout, source address), a pool of idle HTTP/1.1
 //! connections and one multiplexed HTTP/2 connection. Each host has its own pool, so requests to
 //! different hosts never contend; the critical sections only push or pop a sender.
+//!
+//! An idle HTTP/1.1 connection is taken again only on the thread that opened it, as Envoy's
+//! pools are per worker: its socket is registered with that thread's runtime, so on another
+//! worker every readiness of it would reach the request through the opener's event loop and a
+//! cross-thread wake-up.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -408,6 +413,9 @@ async fn wait_for_h1(
             }
             return Ok((conn, true));
         }
+        if at_limit() {
+            close_idle_elsewhere(host);
+        }
         // As in Envoy, a host with no connection at all gets one even at the limit (counted as
         // an overflow): otherwise it could wait for a release that never comes.
         let none_here = host.stats.cx_active.load(Ordering::Relaxed) == 0;
@@ -425,17 +433,41 @@ async fn wait_for_h1(
     }
 }
 
-/// Takes the most recently used idle connection that is still open and not idle-expired;
-/// the others it meets are closed.
+/// Takes the most recently used idle connection this thread opened that is still open and not
+/// idle-expired; the others of this thread it meets are closed.
 fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connection> {
+    let here = this_thread();
     let mut idle = host.pool().idle_h1.lock().expect("pool lock");
-    while let Some(mut conn) = idle.pop() {
+    while let Some(i) = idle.iter().rposition(|c| c.thread == here) {
+        let mut conn = idle.remove(i);
         let expired = idle_timeout.is_some_and(|t| conn.since.elapsed() >= t);
         if !expired && !conn.is_closed() {
             return Some(conn);
         }
     }
     None
+}
+
+/// Closes the least recently used idle connection another thread opened, if any: room under
+/// `max_connections` for one this thread can use.
+fn close_idle_elsewhere(host: &Host) {
+    let here = this_thread();
+    let closed = {
+        let mut idle = host.pool().idle_h1.lock().expect("pool lock");
+        let oldest = idle.iter().position(|c| c.thread != here);
+        oldest.map(|i| idle.remove(i))
+    };
+    drop(closed);
+}
+
+/// The calling thread's number, given at its first call: which runtime's sockets a pooled
+/// connection can be served on (each worker is a thread with a runtime of its own).
+pub(super) fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static THREAD: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    THREAD.with(|t| *t)
 }
 
 /// Puts a connection whose response ended back in its host's pool, unless it carried
