@@ -8,7 +8,9 @@
 //! Checked: HTTP/1.1, HTTP/2, gRPC, TCP and a server-first protocol through VIPs; the sidecar's
 //! own connections not captured again; PassthroughCluster (ALLOW_ANY) and BlackHoleCluster
 //! (REGISTRY_ONLY); STRICT refusing plaintext, PERMISSIVE taking both; c's included and
-//! excluded ranges and ports; a weighted route; then, under HTTP/1.1, gRPC and TCP load, an
+//! excluded ranges and ports; a weighted route; istiod's shapes of an AuthorizationPolicy
+//! (DENY a path; ALLOW a path only from one peer identity), a VirtualService fault abort and a
+//! corsPolicy preflight; then, under HTTP/1.1, gRPC and TCP load, an
 //! endpoint added, a route change, a new service, the endpoint removed and every certificate
 //! rotated, without a failed request.
 //!
@@ -279,9 +281,62 @@ fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
 /// Everything that holds with every pod's sidecar in place.
 fn scenario(cluster: &Cluster) {
     // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
+    // (Looked up by a filter without the cluster name, whose `|` the admin's regex filter
+    // would take as an alternation.)
+    let grpc_success = |pod: &str, cluster_name: &str| {
+        let name = format!("cluster.{cluster_name}.grpc.success: ");
+        let ns = &cluster.pod(pod).ns;
+        let (_, body) = ns
+            .get(None, netns::ADMIN, "/stats?filter=grpc")
+            .unwrap_or_else(|e| panic!("{pod}'s /stats: {e}"));
+        body.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
+    };
+    let outbound_b = format!(
+        "outbound|80||svc-b.{}.svc.{}",
+        config::NAMESPACE,
+        config::TRUST_DOMAIN
+    );
+    let inbound_b = format!("inbound|{}||", config::HTTP_PORT);
+    let before = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
     for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
         mesh_call(cluster, "a", "b", SVC_B_VIP, proto);
     }
+    // istiod's grpc_stats filter counts a call whose path names a service and method, on
+    // both sides.
+    http_ok(
+        cluster,
+        "a",
+        Proto::Grpc,
+        addr(SVC_B_VIP, 80),
+        "svc-b",
+        "/echo.Echo/Call",
+    );
+    let after = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "grpc_stats: grpc.success {before:?} -> {after:?}\n{}",
+        logs(cluster)
+    );
+    // The bootstrap's stats_matcher (Istio's inclusion list and the prefixes above): what it
+    // leaves out is not in /stats.
+    let (_, listed) = cluster
+        .pod("a")
+        .ns
+        .get(None, netns::ADMIN, "/stats?filter=downstream_rq_total")
+        .unwrap_or_else(|e| panic!("a's /stats: {e}"));
+    assert!(
+        !listed.contains("http.outbound_0.0.0.0_80.downstream_rq_total"),
+        "a stat Istio's inclusion list leaves out: {listed}"
+    );
+    policies(cluster);
     // The other way, to a PERMISSIVE pod: mTLS is used there too.
     mesh_call(cluster, "b", "a", SVC_A_VIP, Proto::H1);
 
@@ -409,6 +464,67 @@ fn scenario(cluster: &Cluster) {
     mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
     cluster.push(0, &mesh(Outbound::AllowAny));
     tcp_ok(cluster, "a", outside, false);
+}
+
+/// The response to a raw HTTP/1.1 `request` from `from`'s application to svc-b: the status
+/// code, the head and the body.
+fn to_svc_b(cluster: &Cluster, from: &str, request: &str) -> (u16, String, String) {
+    let to = addr(SVC_B_VIP, 80);
+    let answer = app::http1_raw(cluster.ns(from), to, request)
+        .unwrap_or_else(|e| panic!("{from} to svc-b: {e}\n{}", logs(cluster)));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// istiod's shapes of an AuthorizationPolicy (on every pod's inbound side), a VirtualService
+/// fault abort and a corsPolicy (on svc-b's routes, at the client's sidecar) do what Istio
+/// documents for them.
+fn policies(cluster: &Cluster) {
+    let get =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nhost: svc-b\r\nconnection: close\r\n\r\n");
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::DENIED_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "RBAC: access denied"),
+        "DENY rule"
+    );
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::PRIVATE_PATH));
+    assert_eq!(status, 200, "ALLOW rule for a's principal: {body}");
+    assert_eq!(field(&body, "Hostname"), Some("b"), "{body}");
+    let (status, _, body) = to_svc_b(cluster, "c", &get(config::PRIVATE_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "RBAC: access denied"),
+        "c is not allowed"
+    );
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::FAULT_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (config::FAULT_STATUS, "fault filter abort"),
+        "fault injection"
+    );
+    let preflight = format!(
+        "OPTIONS / HTTP/1.1\r\nhost: svc-b\r\norigin: {}\r\naccess-control-request-method: POST\r\nconnection: close\r\n\r\n",
+        config::CORS_ORIGIN
+    );
+    let (status, head, body) = to_svc_b(cluster, "a", &preflight);
+    assert_eq!(status, 200, "CORS preflight: {head}{body}");
+    assert!(
+        head.contains(&format!(
+            "access-control-allow-origin: {}",
+            config::CORS_ORIGIN
+        )),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-methods: get,post"),
+        "{head}"
+    );
+    assert!(
+        !body.contains("Hostname="),
+        "the preflight reached the application: {body}"
+    );
 }
 
 /// What a load loop saw: answers that were right, and the failures.

@@ -1034,11 +1034,6 @@ fn pilot_agent_argv_validates() {
     let output = command.output().expect("revoy runs");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}");
-    // revoy keeps every stat: the bootstrap's inclusion list is reported as not applied.
-    assert!(
-        stdout.contains("not implemented (skipped): stats_config.stats_matcher"),
-        "{stdout}"
-    );
     let Some(envoy) = oracle::envoy_or_skip("pilot_agent_argv_validates (Envoy half)") else {
         return;
     };

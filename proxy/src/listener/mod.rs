@@ -55,6 +55,8 @@ struct Chain {
 struct Tls {
     context: crate::tls::ServerContext,
     stats: TlsStats,
+    /// The chain has Istio's `istio_authn` filter.
+    istio_authn: bool,
 }
 
 impl Tls {
@@ -104,7 +106,8 @@ impl Tls {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
-        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented)
+            .with_istio_authn(self.istio_authn);
         Some((stream, certificates))
     }
 
@@ -203,7 +206,11 @@ impl Listener {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
             let context = crate::tls::server_context(spec, secrets, stats.clone())?;
-            Some(Tls { context, stats })
+            Some(Tls {
+                context,
+                stats,
+                istio_authn: c.istio_authn,
+            })
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());

@@ -126,6 +126,22 @@ pub struct Mesh {
 /// The path a split sends half to each service.
 pub const SPLIT_PATH: &str = "/split";
 
+/// The path prefix every pod's AuthorizationPolicy denies (a DENY rule).
+pub const DENIED_PATH: &str = "/admin";
+
+/// The path prefix every pod's AuthorizationPolicy allows only from pod a's service account
+/// (an ALLOW policy whose other rule allows every other path from anyone).
+pub const PRIVATE_PATH: &str = "/private";
+
+/// The path prefix svc-b's VirtualService aborts with [`FAULT_STATUS`] (fault injection).
+pub const FAULT_PATH: &str = "/fault";
+
+/// The status of the injected abort.
+pub const FAULT_STATUS: u16 = 418;
+
+/// The origin svc-b's corsPolicy allows.
+pub const CORS_ORIGIN: &str = "https://app.example";
+
 /// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
 /// `revoy xds-server` directory of its pod.
 pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
@@ -300,7 +316,7 @@ fn http_outbound() -> Value {
                             "resource_api_version": "V3",
                         },
                     },
-                    "http_filters": [router()],
+                    "http_filters": [grpc_stats(), http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
                     "use_remote_address": false,
                     "normalize_path": true,
                     "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
@@ -309,6 +325,77 @@ fn http_outbound() -> Value {
             }],
         }],
     })
+}
+
+const FAULT: &str = "envoy.filters.http.fault";
+const CORS: &str = "envoy.filters.http.cors";
+const RBAC: &str = "envoy.filters.http.rbac";
+
+/// An HTTP filter `name` with an empty config of type `envoy.extensions.filters.http.<ty>`
+/// (what istiod puts in every connection manager; routes carry the real configs).
+fn http_filter(name: &str, ty: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{ty}") },
+    })
+}
+
+/// `envoy.filters.http.grpc_stats` as istiod configures it (no per-method stats).
+fn grpc_stats() -> Value {
+    json!({
+        "name": "envoy.filters.http.grpc_stats",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true,
+            "stats_for_all_methods": false,
+        },
+    })
+}
+
+/// The RBAC filter istiod makes for every pod's AuthorizationPolicies: a DENY policy for
+/// [`DENIED_PATH`] from anyone, and an ALLOW policy with two rules — every path but
+/// [`PRIVATE_PATH`] from anyone, that one from pod a's service account only — each in
+/// istiod's shape (`and_rules`/`or_rules`, `and_ids`/`or_ids`, the peer's SPIFFE identity as
+/// an `authenticated` principal).
+fn authorization_policies() -> [Value; 2] {
+    let path = |prefix: &str| json!({ "url_path": { "path": { "prefix": prefix } } });
+    let rbac = |action: &str, policies: Value| {
+        json!({
+            "name": RBAC,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+                "rules": { "action": action, "policies": policies },
+            },
+        })
+    };
+    let anyone = json!([{ "and_ids": { "ids": [{ "any": true }] } }]);
+    let from_a = json!([{ "and_ids": { "ids": [{ "or_ids": { "ids": [
+        { "authenticated": { "principal_name": { "exact": spiffe("svc-a") } } },
+    ]}}]}}]);
+    [
+        rbac(
+            "DENY",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[deny-admin]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(DENIED_PATH)] } }] } }],
+                    "principals": anyone,
+                },
+            }),
+        ),
+        rbac(
+            "ALLOW",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[private]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "not_rule": { "or_rules": { "rules": [path(PRIVATE_PATH)] } } }] } }],
+                    "principals": anyone,
+                },
+                format!("ns[{NAMESPACE}]-policy[private]-rule[1]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(PRIVATE_PATH)] } }] } }],
+                    "principals": from_a,
+                },
+            }),
+        ),
+    ]
 }
 
 fn router() -> Value {
@@ -389,7 +476,7 @@ fn route_80(mesh: &Mesh) -> Value {
                 })
                 .chain(moved)
                 .collect();
-            routes.push(json!({
+            let mut default = json!({
                 "name": "default",
                 "match": { "prefix": "/" },
                 "route": {
@@ -398,7 +485,30 @@ fn route_80(mesh: &Mesh) -> Value {
                     "max_grpc_timeout": "0s",
                     "retry_policy": retry_policy(),
                 },
-            }));
+            });
+            if s.name == "svc-b" {
+                // svc-b's VirtualService: a fault abort on FAULT_PATH and a corsPolicy, each
+                // as istiod puts it on the route.
+                let mut fault = default.clone();
+                fault["name"] = json!("fault");
+                fault["match"] = json!({ "prefix": FAULT_PATH });
+                fault["typed_per_filter_config"] = json!({ FAULT: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                    "abort": {
+                        "http_status": FAULT_STATUS,
+                        "percentage": { "numerator": 1_000_000, "denominator": "MILLION" },
+                    },
+                }});
+                routes.push(fault);
+                default["typed_per_filter_config"] = json!({ CORS: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+                    "allow_origin_string_match": [{ "exact": CORS_ORIGIN }],
+                    "allow_methods": "GET,POST",
+                    "allow_headers": "content-type",
+                    "max_age": "600",
+                }});
+            }
+            routes.push(default);
             json!({
                 "name": format!("{host}:{SERVICE_HTTP_PORT}"),
                 "domains": domains,
@@ -452,6 +562,7 @@ fn inbound_name(port: u16) -> String {
 /// URI and DNS SANs, everything routed to `inbound|<port>||`.
 fn inbound_hcm(port: u16) -> Value {
     let cluster = inbound_name(port);
+    let [deny, allow] = authorization_policies();
     json!({
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -470,7 +581,7 @@ fn inbound_hcm(port: u16) -> Value {
                     }],
                 }],
             },
-            "http_filters": [router()],
+            "http_filters": [deny, allow, grpc_stats(), http_filter(FAULT, "fault.v3.HTTPFault"), http_filter(CORS, "cors.v3.Cors"), router()],
             "forward_client_cert_details": "APPEND_FORWARD",
             "set_current_client_cert_details": { "subject": true, "dns": true, "uri": true },
             "use_remote_address": false,

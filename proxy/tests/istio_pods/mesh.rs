@@ -208,7 +208,12 @@ pub fn bootstrap(workload: &Workload) -> Value {
 }
 
 /// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
-const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster."];
+const STATS_INCLUDED: &[&str] = &[
+    "listener.10.96.",
+    "cluster.PassthroughCluster.",
+    "cluster.outbound|80||svc-b.",
+    "cluster.inbound|",
+];
 
 /// pilot-agent's argv for Envoy (`pkg/envoy/proxy.go`, defaults: drain 45 s, log level
 /// `warning`, `misc:error`), with `--concurrency 2`.
