@@ -683,6 +683,131 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
 mod tests {
     use super::*;
     use http::header::{CONNECTION, TE};
+    use http_body_util::BodyExt;
+    use std::io::{BufRead, BufReader, Write};
+
+    /// A keep-alive HTTP/1.1 server on loopback answering every request 200 with no body; how
+    /// many connections it accepted.
+    fn keep_alive_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut writer = conn;
+                    let mut line = String::new();
+                    while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                        if line == "\r\n" {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                            if writer.write_all(ok).is_err() {
+                                return;
+                            }
+                        }
+                        line.clear();
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// A runtime of the calling thread's own, as a worker's.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// One GET to `host` on `rt` (the calling thread's), its (empty) body read to the end so
+    /// the connection goes back to the pool.
+    fn get(
+        rt: &tokio::runtime::Runtime,
+        host: &Arc<Host>,
+        stats: &Arc<ClusterStats>,
+        max_connections: u32,
+    ) {
+        let opts = ConnectOptions {
+            timeout: Duration::from_secs(5),
+            source: None,
+            idle_timeout: None,
+            max_requests: None,
+            http1_trailers: false,
+            max_connections,
+            max_pending_requests: 1024,
+            stats,
+            carries: Carries::Http1,
+            target: None,
+        };
+        rt.block_on(async {
+            let req = Request::get("/").body(crate::body::empty()).unwrap();
+            let resp = send_h1(host, opts, req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+        });
+    }
+
+    fn loopback_host(addr: SocketAddr) -> Arc<Host> {
+        Arc::new(Host::new(
+            addr,
+            String::new(),
+            1,
+            0,
+            Arc::default(),
+            crate::config::cluster::HealthStatus::Healthy,
+        ))
+    }
+
+    #[test]
+    fn an_idle_connection_is_reused_only_by_the_thread_that_opened_it() {
+        let (addr, accepted) = keep_alive_upstream();
+        let host = loopback_host(addr);
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        let rt = runtime();
+        get(&rt, &host, &stats, 1024);
+        get(&rt, &host, &stats, 1024);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "reused on its own thread"
+        );
+        let (h, s) = (host.clone(), stats.clone());
+        std::thread::spawn(move || get(&runtime(), &h, &s, 1024))
+            .join()
+            .unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "another thread opens its own"
+        );
+        assert_eq!(host.pool().idle_http1(), 2);
+        get(&rt, &host, &stats, 1024);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "still reused on the first thread"
+        );
+    }
+
+    #[test]
+    fn at_max_connections_another_threads_idle_connection_makes_room() {
+        let (addr, accepted) = keep_alive_upstream();
+        let host = loopback_host(addr);
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        get(&runtime(), &host, &stats, 1);
+        let (h, s) = (host.clone(), stats.clone());
+        std::thread::spawn(move || get(&runtime(), &h, &s, 1))
+            .join()
+            .unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(host.pool().idle_http1(), 1, "the first thread's was closed");
+        assert_eq!(stats.upstream_cx_active().value(), 1);
+        assert_eq!(stats.upstream_cx_overflow().value(), 0);
+    }
 
     #[test]
     fn h1_requests_are_origin_form_with_host() {
