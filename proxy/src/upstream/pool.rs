@@ -743,12 +743,16 @@ mod tests {
             carries: Carries::Http1,
             target: None,
         };
-        rt.block_on(async {
+        // A connection another thread's runtime serves never turns readable here: the bound
+        // makes that a failure rather than a hang.
+        let exchange = async {
             let req = Request::get("/").body(crate::body::empty()).unwrap();
             let resp = send_h1(host, opts, req).await.unwrap();
             assert_eq!(resp.status(), 200);
             resp.into_body().collect().await.unwrap();
-        });
+        };
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), exchange).await })
+            .expect("the upstream's answer read on this thread");
     }
 
     fn loopback_host(addr: SocketAddr) -> Arc<Host> {
