@@ -148,6 +148,17 @@ async fn routing() {
             .listener(3)
             .host("exact.example.com:1234")
             .expect("upstream.header.x-vhost", "catch_all"),
+        Case::get("strip_trailing_host_dot", "/")
+            .listener(3)
+            .host("exact.example.com.")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_trailing_host_dot with the listener's port", "/")
+            .listener(3)
+            .host("exact.example.com.:{{listener_3}}")
+            .expect("upstream.header.x-vhost", "exact"),
+        Case::get("strip_trailing_host_dot with another port", "/")
+            .listener(3)
+            .host("exact.example.com.:1234"),
         Case::get(
             "strip_matching_host_port, ipv6 literal with the listener's port",
             "/",
@@ -451,6 +462,12 @@ async fn headers() {
             .listener(1)
             .header("x-echo-response-header", "server=upstream-server"),
         Case::get("PASS_THROUGH without upstream server", "/plain").listener(1),
+        Case::get("via appended both ways", "/plain")
+            .listener(1)
+            .header("via", "1.0 client-proxy")
+            .header("x-echo-response-header", "via=1.1 upstream-proxy")
+            .expect("upstream.header.via", "1.0 client-proxy, 1.1 revoy-test"),
+        Case::get("via on a direct response", "/direct").listener(1),
         Case::get("server_name on direct_response", "/direct").listener(1),
         Case::get("always_set_request_id_in_response", "/plain")
             .listener(1)

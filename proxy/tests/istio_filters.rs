@@ -27,6 +27,8 @@ mod gotemplate;
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -272,24 +274,6 @@ fn golden(file: &str, count: &str) -> (Vec<(String, String)>, String) {
         }
     }
     (labels, value)
-}
-
-/// The series of `family` in a `/stats/prometheus` text: labels in order, and the value.
-fn series(text: &str, family: &str) -> Vec<(Vec<(String, String)>, String)> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
-        .map(|rest| {
-            let (labels, value) = rest.rsplit_once("} ").unwrap();
-            let labels = labels
-                .split("\",")
-                .map(|pair| {
-                    let (k, v) = pair.split_once("=\"").unwrap();
-                    (k.to_owned(), v.trim_end_matches('"').to_owned())
-                })
-                .collect();
-            (labels, value.to_owned())
-        })
-        .collect()
 }
 
 /// A node's metadata from Istio's test node template.
@@ -554,7 +538,7 @@ fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
             .1
     };
     let find = |admin: u16, golden: &[(String, String)]| {
-        series(&scrape(admin), "istio_requests_total")
+        prometheus::series(&scrape(admin), "istio_requests_total")
             .into_iter()
             .find(|(labels, _)| labels == golden)
     };
@@ -762,7 +746,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
             let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
                 .unwrap()
                 .1;
-            series(&text, "istio_tcp_connections_opened_total")
+            prometheus::series(&text, "istio_tcp_connections_opened_total")
                 .iter()
                 .any(|(l, v)| *l == labels && v == "10")
         });

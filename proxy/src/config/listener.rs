@@ -71,6 +71,12 @@ pub struct ListenerFilters {
     pub tls_inspector: bool,
     /// `envoy.filters.listener.http_inspector`: detect HTTP/1.x vs h2c.
     pub http_inspector: bool,
+    /// `listener_filters_timeout` (15 s unless set; `None` when set to 0): how long the
+    /// inspecting filters may wait for the bytes they need.
+    pub timeout: Option<std::time::Duration>,
+    /// `continue_on_listener_filters_timeout`: at the timeout, pick a chain with what is known
+    /// (else the connection is closed).
+    pub continue_on_timeout: bool,
 }
 
 /// A compiled listener.
@@ -488,7 +494,17 @@ fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
 ) -> Result<(ListenerFilters, Option<String>, Option<String>), ConfigError> {
-    let mut out = ListenerFilters::default();
+    let mut out = ListenerFilters {
+        timeout: match &l.listener_filters_timeout {
+            None => Some(std::time::Duration::from_secs(15)),
+            Some(d) => {
+                let d = super::cluster::duration(d, "listener_filters_timeout")?;
+                (!d.is_zero()).then_some(d)
+            }
+        },
+        continue_on_timeout: l.continue_on_listener_filters_timeout,
+        ..ListenerFilters::default()
+    };
     let mut refused = None;
     let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
@@ -1023,7 +1039,7 @@ filter_chains:
         let e = compile(&bucket.replace("stat_prefix: s, ", ""), "").unwrap_err();
         assert_eq!(e.path, "listener_filters[0].typed_config.stat_prefix");
 
-        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
+        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: 'n', domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
         let l = compile("", service).unwrap();
         assert!(matches!(
             l.chains[0].limits.as_slice(),
@@ -1033,7 +1049,7 @@ filter_chains:
             "",
             &service.replace(
                 "envoy_grpc: {cluster_name: rls}",
-                "google_grpc: {target_uri: x, stat_prefix: y}",
+                "google_grpc: {target_uri: x, stat_prefix: 'y'}",
             ),
         )
         .unwrap_err();

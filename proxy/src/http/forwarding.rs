@@ -184,6 +184,7 @@ fn new_request_id() -> HeaderValue {
 pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
+    append_via(cfg, headers);
     super::xfcc::mutate(cfg.forward_client_cert, down.tls.as_deref(), headers);
     if cfg.underscores == Underscores::Drop {
         let named: Vec<HeaderName> = headers
@@ -321,8 +322,26 @@ pub fn mutate_response(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Sets `server` per `server_header_transformation`.
+/// Appends the connection manager's `via` value to the `via` header, as Envoy does:
+/// `<existing>, <via>`.
+fn append_via(cfg: &HcmConfig, headers: &mut HeaderMap) {
+    let Some(via) = &cfg.via else { return };
+    let value = match headers.get(header::VIA).filter(|v| !v.is_empty()) {
+        Some(existing) => {
+            let mut joined = existing.as_bytes().to_vec();
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(via.as_bytes());
+            HeaderValue::from_bytes(&joined).unwrap_or_else(|_| via.clone())
+        }
+        None => via.clone(),
+    };
+    headers.insert(header::VIA, value);
+}
+
+/// The connection manager's last response rules: `server` per `server_header_transformation`,
+/// then its `via` appended.
 pub fn set_server(cfg: &HcmConfig, headers: &mut HeaderMap) {
+    append_via(cfg, headers);
     let value = || cfg.server_name.clone();
     match cfg.server_header {
         ServerHeader::Overwrite => {

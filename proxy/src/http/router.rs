@@ -142,6 +142,18 @@ fn authority(req: &Request<Body>) -> String {
     hosts.fold(first, |acc, h| acc + "," + h)
 }
 
+/// Removes the trailing dot of `host`'s name, keeping its port (Envoy's
+/// `strip_trailing_host_dot`).
+fn strip_trailing_dot(host: &mut String) {
+    let name_end = match host.rsplit_once(':') {
+        Some((name, port)) if !port.contains(']') && !name.is_empty() => name.len(),
+        _ => host.len(),
+    };
+    if host[..name_end].ends_with('.') {
+        host.remove(name_end - 1);
+    }
+}
+
 fn strip_port(host: &str, mode: StripPort, listener_port: u16) -> &str {
     if mode == StripPort::None {
         return host;
@@ -261,6 +273,9 @@ async fn route_and_forward(
         return local_reply(StatusCode::NOT_FOUND, "");
     };
     let mut host_full = authority(&req);
+    if cfg.strip_trailing_host_dot {
+        strip_trailing_dot(&mut host_full);
+    }
     let kept = strip_port(&host_full, cfg.strip_port, ctx.local.port()).len();
     host_full.truncate(kept);
     // A CONNECT has no path: only `connect_matcher` routes match it.
@@ -342,6 +357,7 @@ async fn route_and_forward(
     }
     let mut reselect = false;
     let mut upstream_alpn = None;
+    let mut attempt_target = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -359,6 +375,8 @@ async fn route_and_forward(
             metadata,
             upstream_alpn: None,
             peers: None,
+            attempt_target: None,
+            grpc_messages: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
@@ -388,6 +406,7 @@ async fn route_and_forward(
         }
         reselect = filtered.clear_route_cache;
         upstream_alpn = filtered.upstream_alpn;
+        attempt_target = filtered.attempt_target;
         if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
@@ -536,6 +555,9 @@ async fn route_and_forward(
                 return with_route_headers(selected, reply, &fmt);
             };
             note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
+            if let Some(t) = &attempt_target {
+                t.note_cluster(&cluster_name);
+            }
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
@@ -627,9 +649,11 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
-            let target = pending
-                .is_some()
-                .then(std::sync::Arc::<AttemptTarget>::default);
+            let target = attempt_target.or_else(|| {
+                pending
+                    .is_some()
+                    .then(std::sync::Arc::<AttemptTarget>::default)
+            });
             note!(|r| r.attempt_target.clone_from(&target));
             // Envoy's access logs read the request as the router leaves it.
             note!(|r| if let Some(head) = r.request.as_mut() {

@@ -1,5 +1,5 @@
-//! `istio_authn`, the network filter istiod puts first on every inbound filter chain
-//! (io.istio.network.authn.Config): once a TLS handshake in which the peer presented a
+//! `istio_authn`, the network filter istiod releases of the 1.2x series put first on inbound
+//! filter chains (io.istio.network.authn.Config): once a TLS handshake in which the peer presented a
 //! certificate completes, the first `spiffe://` URI SAN of the peer's certificate and of this
 //! side's become the connection's filter state `io.istio.peer_principal` and
 //! `io.istio.local_principal`, which istiod's RBAC rules for AuthorizationPolicy `principals`
