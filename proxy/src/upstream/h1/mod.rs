@@ -44,6 +44,8 @@ pub(crate) struct Connection {
     active: ActiveConnection,
     /// When it last went back to the pool.
     pub(crate) since: Instant,
+    /// The thread that opened it ([`pool::this_thread`]), whose runtime serves its socket.
+    pub(crate) thread: u64,
 }
 
 impl Connection {
@@ -63,6 +65,7 @@ impl Connection {
             io,
             active,
             since: Instant::now(),
+            thread: pool::this_thread(),
         }
     }
 
