@@ -665,7 +665,10 @@ async fn serve_tls(
     rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+    // Boxed apart: the handshake's state (kilobytes) is freed when it ends instead of
+    // sizing the future an established connection keeps for its whole life.
+    let handshake = crate::spawn::boxed(|| tls.accept_recording(stream, peer));
+    if let Some((mut tls_stream, certificates)) = handshake.await {
         if let Some(checked) = rbac.check(Some(&certificates)) {
             if !checked.allowed() {
                 return checked.close(&mut tls_stream).await;
