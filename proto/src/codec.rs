@@ -106,11 +106,12 @@ impl Codec {
         }
     }
 
-    /// Parses JSON or YAML text into a JSON value.
+    /// Parses JSON or YAML text into a JSON value (YAML's plain scalars read as Envoy's
+    /// yaml-cpp loader reads them: `yes`, `n`, `Off` ... are booleans).
     pub fn parse_text(text: &str, format: Format) -> Result<Value, DecodeError> {
         Ok(match format {
             Format::Json => serde_json::from_str(text)?,
-            Format::Yaml => serde_yaml_ng::from_str(text)?,
+            Format::Yaml => crate::yaml::to_json(text)?,
         })
     }
 

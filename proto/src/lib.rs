@@ -10,6 +10,7 @@ mod encoded;
 mod pool;
 mod redact;
 mod typed_struct;
+mod yaml;
 
 pub use any::{EMPTY_ANY, UnpackError, extension_type, is_empty_any, pack, type_name_of, unpack};
 pub use codec::{Codec, DecodeError, Decoded, Format};

@@ -2,14 +2,16 @@
 //! update go through here. It owns the listener sockets (one [`Slot`] per listener name, kept
 //! across updates), publishes the active listeners ([`ActiveListeners`]) and the [`Snapshot`]
 //! of RDS route tables, and answers per resource, so callers can turn its answers into ACKs
-//! and NACKs.
+//! and NACKs. Until the workers start (the server's first LIVE, after the initial xDS fetch),
+//! listener sockets are bound but not listening, so a client is refused, as by Envoy, whose
+//! workers take their listeners only then.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use crate::config::listener::ListenerConfig;
-use crate::listener::{ActiveListeners, Listener, Slot, accept_loop};
+use crate::listener::{ActiveListeners, Listener, Slot, accept_loop, listen};
 use crate::route::RouteTable;
 use crate::shared::Shared;
 use crate::snapshot::Snapshot;
@@ -52,12 +54,30 @@ pub enum ListenerError {
     },
 }
 
-/// The applier's state: listener slots by name (in the order listeners were added) and the RDS
-/// route tables.
+/// A bound socket waiting for the workers to start: its slot, and the worker whose accept loop
+/// will own it.
+struct Unstarted {
+    slot: Arc<Slot>,
+    socket: socket2::Socket,
+    worker: usize,
+}
+
+/// The applier's state: listener slots by name (in the order listeners were added), the RDS
+/// route tables, and, until the workers start, the sockets not listening yet.
 #[derive(Default)]
 struct State {
     slots: Vec<(String, Arc<Slot>)>,
     routes: HashMap<String, Arc<RouteTable>>,
+    workers_started: bool,
+    unstarted: Vec<Unstarted>,
+}
+
+impl State {
+    /// Drops the not-yet-listening sockets of `slot` (a listener removed or moved before the
+    /// workers started).
+    fn forget_unstarted(&mut self, slot: &Arc<Slot>) {
+        self.unstarted.retain(|u| !Arc::ptr_eq(&u.slot, slot));
+    }
 }
 
 /// Applies configuration changes and publishes them. One per process, in
@@ -143,10 +163,11 @@ impl Applier {
             }
             _ => {
                 let slot = Slot::new(listener.clone());
-                self.bind(&slot, &listener)?;
+                self.bind(&mut state, &slot, &listener)?;
                 match existing.zip(previous) {
                     Some((old_slot, old)) => {
                         old_slot.stop();
+                        state.forget_unstarted(&old_slot);
                         old.retire(None, self.drain_time);
                         let entry = state
                             .slots
@@ -176,6 +197,7 @@ impl Applier {
         };
         let (_, slot) = state.slots.remove(i);
         slot.stop();
+        state.forget_unstarted(&slot);
         slot.current().retire(None, self.drain_time);
         self.publish_listeners(&state);
         true
@@ -202,11 +224,26 @@ impl Applier {
 
     /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`, quit).
     pub fn stop_listeners(&self, inbound_only: bool) {
-        let state = self.state.lock().expect("applier state");
-        for (_, slot) in &state.slots {
-            if !inbound_only || slot.current().config().inbound {
-                slot.stop();
-            }
+        let mut state = self.state.lock().expect("applier state");
+        let stopped: Vec<_> = state
+            .slots
+            .iter()
+            .filter(|(_, slot)| !inbound_only || slot.current().config().inbound)
+            .map(|(_, slot)| slot.clone())
+            .collect();
+        for slot in &stopped {
+            slot.stop();
+            state.forget_unstarted(slot);
+        }
+    }
+
+    /// The workers start (the server's first LIVE): every listener bound so far starts
+    /// listening and accepting, and later ones do at once.
+    pub fn start_workers(&self) {
+        let mut state = self.state.lock().expect("applier state");
+        state.workers_started = true;
+        for u in std::mem::take(&mut state.unstarted) {
+            self.accept(&u.slot, u.socket, u.worker);
         }
     }
 
@@ -232,8 +269,14 @@ impl Applier {
     }
 
     /// Binds `listener`'s address on every worker (one socket when the port is ephemeral: it
-    /// would differ per socket) and starts their accept loops.
-    fn bind(&self, slot: &Arc<Slot>, listener: &Listener) -> Result<(), ListenerError> {
+    /// would differ per socket) and starts their accept loops, or keeps the sockets in `state`
+    /// until the workers start.
+    fn bind(
+        &self,
+        state: &mut State,
+        slot: &Arc<Slot>,
+        listener: &Listener,
+    ) -> Result<(), ListenerError> {
         let cfg = listener.config();
         if !cfg.bind_to_port {
             return Ok(());
@@ -245,8 +288,7 @@ impl Applier {
             workers.len()
         };
         let mut sockets = Vec::with_capacity(count);
-        for rt in &workers[..count.min(workers.len())] {
-            let _guard = rt.enter();
+        for _ in 0..count.min(workers.len()) {
             let socket = listener
                 .bind(count > 1)
                 .map_err(|source| ListenerError::Bind {
@@ -254,23 +296,47 @@ impl Applier {
                     address: cfg.address,
                     source,
                 })?;
-            if let Ok(local) = socket.local_addr() {
+            if let Some(local) = socket.local_addr().ok().and_then(|a| a.as_socket()) {
                 slot.set_local_address(local);
             }
             sockets.push(socket);
         }
-        for (worker, (socket, rt)) in sockets.into_iter().zip(workers).enumerate() {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
-            let task = rt.spawn(accept_loop(
-                slot.clone(),
-                socket,
-                self.shared.clone(),
-                self.listeners.clone(),
-                worker,
-            ));
-            slot.add_accept_task(task.abort_handle(), fd);
+        for (worker, socket) in sockets.into_iter().enumerate() {
+            if state.workers_started {
+                self.accept(slot, socket, worker);
+            } else {
+                state.unstarted.push(Unstarted {
+                    slot: slot.clone(),
+                    socket,
+                    worker,
+                });
+            }
         }
         Ok(())
+    }
+
+    /// Starts listening on `socket` and accepting on worker `worker`.
+    fn accept(&self, slot: &Arc<Slot>, socket: socket2::Socket, worker: usize) {
+        let Some(rt) = self.workers.get().and_then(|w| w.get(worker)) else {
+            return;
+        };
+        let _guard = rt.enter();
+        let socket = match listen(socket) {
+            Ok(socket) => socket,
+            Err(e) => {
+                tracing::error!(listener = %slot.current().config().name, error = %e, "cannot listen");
+                return;
+            }
+        };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
+        let task = rt.spawn(accept_loop(
+            slot.clone(),
+            socket,
+            self.shared.clone(),
+            self.listeners.clone(),
+            worker,
+        ));
+        slot.add_accept_task(task.abort_handle(), fd);
     }
 
     /// Publishes the active listeners.

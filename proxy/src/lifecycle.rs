@@ -41,6 +41,8 @@ pub struct Lifecycle {
     /// When the lifecycle began, and `server.initialization_time_ms` (recorded at the first
     /// LIVE; `None` once recorded).
     initializing: Mutex<Option<(Instant, Histogram)>>,
+    /// What starts the workers (their listeners listen from then on), run at the first LIVE.
+    start_workers: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Lifecycle {
@@ -58,18 +60,33 @@ impl Lifecycle {
                 Instant::now(),
                 stats.histogram("server.initialization_time_ms"),
             ))),
+            start_workers: Mutex::new(None),
         };
         lifecycle.publish();
         lifecycle
     }
 
+    /// Sets what starts the workers at the first LIVE (as Envoy starts its workers, and with
+    /// them its listeners, once its init manager is done).
+    pub fn on_workers_start(&self, start: impl FnOnce() + Send + 'static) {
+        *self.start_workers.lock().expect("workers start") = Some(Box::new(start));
+    }
+
     /// Sets the server's own state (`server.state`, `server.live`).
     pub fn set_state(&self, s: ServerState) {
         *self.state.lock().expect("server state") = s;
-        if s == ServerState::Live
-            && let Some((since, h)) = self.initializing.lock().expect("server state").take()
-        {
-            h.record(since.elapsed().as_millis() as u64);
+        let first_live = s == ServerState::Live
+            && self
+                .initializing
+                .lock()
+                .expect("server state")
+                .take()
+                .map(|(since, h)| h.record(since.elapsed().as_millis() as u64))
+                .is_some();
+        if first_live {
+            if let Some(start) = self.start_workers.lock().expect("workers start").take() {
+                start();
+            }
             self.workers_started.set(1);
         }
         self.publish();

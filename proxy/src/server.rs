@@ -67,6 +67,13 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     crate::access_log::file::init(flush, &process.shared.stats);
     process.shared.stats.set_workers(workers);
     process.lifecycle.set_state(ServerState::Initializing);
+    // Listeners are bound from here on, and listen once the workers start (the first LIVE).
+    let weak = Arc::downgrade(&process);
+    process.lifecycle.on_workers_start(move || {
+        if let Some(process) = weak.upgrade() {
+            process.applier.start_workers();
+        }
+    });
     process
         .applier
         .set_workers(runtimes.iter().map(|rt| rt.handle().clone()).collect());

@@ -1,7 +1,9 @@
 //! Access logs against Envoy 1.40: the same bootstrap through both proxies, each writing its
 //! access logs to files of its own, the same requests and connections in the same order, and
 //! the lines compared one by one. Covered: a success (GET and a POST with a body), no route
-//! (`NR`), a route to a missing cluster (`NC`), a direct response, a dead upstream retried
+//! (`NR`), a route to a missing cluster (`NC`), a direct response, requests the HTTP/1 codec
+//! refuses (a malformed header line, `content-length` with `transfer-encoding`, headers over
+//! the size limit: `DPE`), a dead upstream retried
 //! until the retries are used up (`URX,UF`), an upstream that closes before answering (`UC`),
 //! an upstream too slow for the route timeout (`UT`), a client that goes away while the
 //! request is upstream (`DC`), and tcp_proxy sessions (one proxied, one to a dead upstream).
@@ -223,6 +225,16 @@ fn request(port: u16, method: &str, path: &str, body: &str) -> String {
     out
 }
 
+/// Sends `raw` bytes on a connection of their own and reads the answer until the proxy closes.
+fn send_raw(port: u16, raw: &[u8]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = s.write_all(raw);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// What one proxy wrote.
 struct Logs {
     text: Vec<String>,
@@ -300,6 +312,20 @@ fn observe(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Logs {
     assert!(request(http, "GET", "/nothing", "").starts_with("HTTP/1.1 404"));
     assert!(request(http, "GET", "/nocl", "").starts_with("HTTP/1.1 503"));
     assert!(request(http, "GET", "/direct", "").starts_with("HTTP/1.1 200"));
+    // Requests the HTTP/1 codec refuses: a malformed header line, both framings, headers over
+    // the size limit (logged with `DPE` and the codec's details, no request headers).
+    let refused: [&[u8]; 3] = [
+        b"GET /bad HTTP/1.1\r\nhost: h.test\r\nuser-agent: test/1\r\nx-k;\r\n\r\n",
+        b"POST /both HTTP/1.1\r\nhost: h.test\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        &[b"GET /big HTTP/1.1\r\nhost: h.test\r\nx-big: ".as_slice(), &[b'a'; 70_000], b"\r\n\r\n"].concat(),
+    ];
+    for (raw, status) in refused.iter().zip(["400", "400", "431"]) {
+        let answer = send_raw(http, raw);
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status}")),
+            "{answer}"
+        );
+    }
     assert!(request(http, "GET", "/dead", "").starts_with("HTTP/1.1 503"));
     assert!(request(http, "GET", "/reset", "").starts_with("HTTP/1.1 503"));
     assert!(request(http, "GET", "/slow", "").starts_with("HTTP/1.1 504"));
@@ -328,12 +354,12 @@ fn observe(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Logs {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
     }
-    let text = read_lines(&dir.join("text.log"), 9);
-    let json = read_lines(&dir.join("json.log"), 9)
+    let text = read_lines(&dir.join("text.log"), 12);
+    let json = read_lines(&dir.join("json.log"), 12)
         .iter()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
         .collect();
-    let istio = read_lines(&dir.join("istio.log"), 9);
+    let istio = read_lines(&dir.join("istio.log"), 12);
     let tcp = read_lines(&dir.join("tcp.log"), 2);
     Logs {
         text,
@@ -412,7 +438,12 @@ fn access_logs_match_envoy() {
         let http = port_of(yaml);
         Proxy::spawn(c, || wait_port(http))
     });
-    assert_eq!(theirs.text.len(), 9, "Envoy's text log: {:#?}", theirs.text);
+    assert_eq!(
+        theirs.text.len(),
+        12,
+        "Envoy's text log: {:#?}",
+        theirs.text
+    );
     for (i, (e, r)) in theirs.text.iter().zip(&ours.text).enumerate() {
         assert_eq!(r, e, "text line {i}");
     }

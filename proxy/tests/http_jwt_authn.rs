@@ -602,6 +602,50 @@ fn jwt_authn_config_errors_match_envoy() {
     }
 }
 
+/// A bootstrap with admin `admin` and listener `name` on `port`: the filters `jwt` and
+/// `rbac`, then `routes`.
+fn jwt_then_rbac(
+    name: &str,
+    admin: u16,
+    port: u16,
+    jwt: &Value,
+    rbac: &Value,
+    routes: &Value,
+) -> String {
+    let filters = format!("{jwt}, {rbac}, ");
+    let listener = bootstrap::http_listener(name, port, "", &filters, &routes.to_string());
+    bootstrap::with_admin(admin, &listener, "")
+}
+
+/// What one proxy (Envoy `envoy`, else revoy) on `bootstrap(admin, port)` answers to a GET
+/// of each `(path, headers)` case, tokens filled in, keeping the headers `kept`.
+fn answers(
+    envoy: Option<&std::path::Path>,
+    bootstrap: impl Fn(u16, u16) -> String,
+    cases: &[(&str, &str)],
+    tokens: &[(&str, String)],
+    kept: &[&str],
+) -> Vec<String> {
+    let (admin, port) = (free_port(), free_port());
+    let yaml = bootstrap(admin, port);
+    filter_diff::observe_with(envoy, 133, &yaml, admin, || {
+        cases
+            .iter()
+            .map(|(path, headers)| {
+                let answer = filter_diff::exchange(
+                    port,
+                    &format!(
+                        "GET {path} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
+                        fill(headers, tokens)
+                    ),
+                    kept,
+                );
+                format!("{path} {headers:?}\n{answer}")
+            })
+            .collect()
+    })
+}
+
 const RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 
 /// Listener `md`: jwt_authn writing payloads (`scope` split into words), headers and
@@ -656,14 +700,7 @@ fn metadata_bootstrap(admin: u16, port: u16, keys: &Keys) -> String {
     let routes = json!([{"match": {"prefix": "/"},
         "direct_response": {"status": 200, "body": {"inline_string": "ok"}},
         "response_headers_to_add": [{"header": {"key": "x-md", "value": "%DYNAMIC_METADATA(envoy.filters.http.jwt_authn)%"}}]}]);
-    let listener = bootstrap::http_listener(
-        "md",
-        port,
-        "",
-        &format!("{jwt}, {rbac}, "),
-        &routes.to_string(),
-    );
-    bootstrap::with_admin(admin, &listener, "")
+    jwt_then_rbac("md", admin, port, &jwt, &rbac, &routes)
 }
 
 #[test]
@@ -701,24 +738,14 @@ fn jwt_authn_metadata_and_rbac_after_it_match_envoy() {
         ("/ec", "x-token: Token {ec}\r\n"),
     ];
     let run = |envoy: Option<&std::path::Path>| {
-        let (admin, port) = (free_port(), free_port());
-        let yaml = metadata_bootstrap(admin, port, &keys);
-        filter_diff::observe_with(envoy, 133, &yaml, admin, || {
-            cases
-                .iter()
-                .map(|(path, headers)| {
-                    let answer = filter_diff::exchange(
-                        port,
-                        &format!(
-                            "GET {path} HTTP/1.1\r\nhost: jwt.test\r\n{}connection: close\r\n\r\n",
-                            fill(headers, &tokens)
-                        ),
-                        &["x-md", "www-authenticate"],
-                    );
-                    format!("{path} {headers:?}\n{answer}")
-                })
-                .collect()
-        })
+        let bootstrap = |admin, port| metadata_bootstrap(admin, port, &keys);
+        answers(
+            envoy,
+            bootstrap,
+            cases,
+            &tokens,
+            &["x-md", "www-authenticate"],
+        )
     };
     let expected = run(Some(&envoy));
     let got = run(None);
@@ -729,6 +756,156 @@ fn jwt_authn_metadata_and_rbac_after_it_match_envoy() {
     );
     assert!(
         expected.iter().any(|l| l.contains("HTTP/1.1 403")),
+        "{expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
+}
+
+/// The issuer of istiod's RequestAuthentication below.
+const ISTIO_ISSUER: &str = "https://issuer.test";
+
+/// A `metadata` principal on the JWT payload istiod's jwt_authn leaves under `payload`
+/// (istio/istio `pilot/pkg/security/authz/model/util.go`, `MetadataValueMatcherForJWTClaim`).
+fn payload_claim(claim: &str, value: Value) -> Value {
+    json!({"metadata": {"filter": "envoy.filters.http.jwt_authn",
+        "path": [{"key": "payload"}, {"key": claim}], "value": value}})
+}
+
+/// Listener `istio` as istiod configures an inbound listener for a RequestAuthentication
+/// (issuer [`ISTIO_ISSUER`], inline JWKS) and two ALLOW AuthorizationPolicies: one with
+/// `requestPrincipals: ["https://issuer.test/alice", "https://issuer.test/bob-*"]`, one with
+/// `when: request.auth.claims[groups] = admins`. jwt_authn is shaped by istio/istio
+/// `pilot/pkg/security/authn/policy_applier.go` (provider `origins-0`, `payload_in_metadata:
+/// payload`, `scope` and `permission` space-delimited, the provider or `allow_missing`,
+/// `bypass_cors_preflight`), the RBAC policies by `pilot/pkg/security/authz/model/generator.go`
+/// (`requestPrincipalGenerator`: `payload.iss` and `payload.sub` matched together) and the
+/// builder's goldens (`testdata/http/allow-full-rule-out.yaml`).
+fn istio_request_principals_bootstrap(admin: u16, port: u16, keys: &Keys) -> String {
+    let jwks = json!({"keys": [keys.rsa_jwk("rsa")]}).to_string();
+    let jwt = json!({
+        "name": "envoy.filters.http.jwt_authn",
+        "typed_config": {
+            "@type": JWT_AUTHN,
+            "providers": {"origins-0": {
+                "issuer": ISTIO_ISSUER,
+                "local_jwks": {"inline_string": jwks},
+                "payload_in_metadata": "payload",
+                "normalize_payload_in_metadata": {"space_delimited_claims": ["scope", "permission"]}
+            }},
+            "rules": [{"match": {"prefix": "/"}, "requires": {"requires_any": {"requirements": [
+                {"provider_name": "origins-0"}, {"allow_missing": {}}
+            ]}}}],
+            "bypass_cors_preflight": true
+        }
+    });
+    let principal = |sub: Value| {
+        json!({"and_ids": {"ids": [
+            payload_claim("iss", json!({"string_match": {"exact": ISTIO_ISSUER}})),
+            payload_claim("sub", json!({"string_match": sub})),
+        ]}})
+    };
+    let any = json!([{"and_rules": {"rules": [{"any": true}]}}]);
+    let rbac = json!({
+        "name": "envoy.filters.http.rbac",
+        "typed_config": {"@type": RBAC, "rules": {"policies": {
+            "ns[default]-policy[principals]-rule[0]": {
+                "permissions": any,
+                "principals": [{"and_ids": {"ids": [{"or_ids": {"ids": [
+                    principal(json!({"exact": "alice"})),
+                    principal(json!({"prefix": "bob-"})),
+                ]}}]}}]
+            },
+            "ns[default]-policy[admins]-rule[0]": {
+                "permissions": any,
+                "principals": [{"and_ids": {"ids": [payload_claim(
+                    "groups",
+                    json!({"list_match": {"one_of": {"string_match": {"exact": "admins"}}}})
+                )]}}]
+            }
+        }}}
+    });
+    let routes = json!([{"match": {"prefix": "/"},
+        "direct_response": {"status": 200, "body": {"inline_string": "ok"}}}]);
+    jwt_then_rbac("istio", admin, port, &jwt, &rbac, &routes)
+}
+
+#[test]
+fn istio_request_principals_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("istio_request_principals_match_envoy") else {
+        return;
+    };
+    let keys = Keys::new();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let token = |iss: &str, sub: &str, extra: Value| {
+        let mut claims = json!({"iss": iss, "sub": sub, "exp": now + 3600});
+        if let (Some(c), Value::Object(e)) = (claims.as_object_mut(), extra) {
+            c.extend(e);
+        }
+        keys.token("RS256", "rsa", &claims)
+    };
+    let tokens = vec![
+        ("alice", token(ISTIO_ISSUER, "alice", json!({}))),
+        ("bob", token(ISTIO_ISSUER, "bob-2", json!({}))),
+        ("mallory", token(ISTIO_ISSUER, "mallory", json!({}))),
+        (
+            "alice_elsewhere",
+            token("https://other.test", "alice", json!({})),
+        ),
+        (
+            "admin",
+            token(
+                ISTIO_ISSUER,
+                "carol",
+                json!({"groups": ["staff", "admins"]}),
+            ),
+        ),
+        (
+            "staff",
+            token(ISTIO_ISSUER, "dave", json!({"groups": ["staff"]})),
+        ),
+        (
+            "expired_alice",
+            keys.token(
+                "RS256",
+                "rsa",
+                &json!({"iss": ISTIO_ISSUER, "sub": "alice", "exp": now - 3600}),
+            ),
+        ),
+    ];
+    let cases = [
+        "authorization: Bearer {alice}\r\n",
+        "authorization: Bearer {bob}\r\n",
+        "authorization: Bearer {mallory}\r\n",
+        "authorization: Bearer {alice_elsewhere}\r\n",
+        "authorization: Bearer {admin}\r\n",
+        "authorization: Bearer {staff}\r\n",
+        "authorization: Bearer {expired_alice}\r\n",
+        "",
+    ]
+    .map(|headers| ("/", headers));
+    let run = |envoy: Option<&std::path::Path>| {
+        let bootstrap = |admin, port| istio_request_principals_bootstrap(admin, port, &keys);
+        answers(envoy, bootstrap, &cases, &tokens, &["www-authenticate"])
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // Envoy lets alice, bob-2 and the admin through and denies the rest (403 from RBAC for
+    // another principal or none, 401 from jwt_authn for a token it cannot verify).
+    let statuses: Vec<&str> = expected
+        .iter()
+        .map(|l| {
+            l.lines()
+                .nth(1)
+                .and_then(|s| s.split(' ').nth(1))
+                .unwrap_or("")
+        })
+        .collect();
+    assert_eq!(
+        statuses,
+        ["200", "200", "403", "401", "200", "403", "401", "403"],
         "{expected:#?}"
     );
     filter_diff::assert_same(&expected, &got);

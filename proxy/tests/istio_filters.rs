@@ -27,6 +27,8 @@ mod gotemplate;
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -272,24 +274,6 @@ fn golden(file: &str, count: &str) -> (Vec<(String, String)>, String) {
         }
     }
     (labels, value)
-}
-
-/// The series of `family` in a `/stats/prometheus` text: labels in order, and the value.
-fn series(text: &str, family: &str) -> Vec<(Vec<(String, String)>, String)> {
-    text.lines()
-        .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
-        .map(|rest| {
-            let (labels, value) = rest.rsplit_once("} ").unwrap();
-            let labels = labels
-                .split("\",")
-                .map(|pair| {
-                    let (k, v) = pair.split_once("=\"").unwrap();
-                    (k.to_owned(), v.trim_end_matches('"').to_owned())
-                })
-                .collect();
-            (labels, value.to_owned())
-        })
-        .collect()
 }
 
 /// A node's metadata from Istio's test node template.
@@ -554,7 +538,7 @@ fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
             .1
     };
     let find = |admin: u16, golden: &[(String, String)]| {
-        series(&scrape(admin), "istio_requests_total")
+        prometheus::series(&scrape(admin), "istio_requests_total")
             .into_iter()
             .find(|(labels, _)| labels == golden)
     };
@@ -616,16 +600,62 @@ fn read_n(r: &mut impl Read, n: usize) -> Vec<u8> {
     buf
 }
 
-#[test]
-fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
-    let dir = CertDir::new();
+/// A mesh CA for `cluster.local` with its root in `dir` (`root.pem`, the path answered) and
+/// the server workload `default/server` (also named `server.test`) issued into `dir`.
+fn mesh_with_server(dir: &CertDir) -> (Ca, std::path::PathBuf, certs::Files) {
     let mesh = Ca::new("cluster.local");
     let ca = mesh.write_root_to(dir.path(), "root");
-    let server_cert = mesh
+    let server = mesh
         .workload("default", "server")
         .dns("server.test")
         .issue()
         .write_to(dir.path(), "server");
+    (mesh, ca, server)
+}
+
+/// A filter chain's `transport_socket` (in a chain entry of a YAML listener list) that
+/// terminates mutual TLS with `server`, trusting `ca`, negotiating `alpn` (a YAML list).
+fn downstream_mtls(server: &certs::Files, ca: &std::path::Path, alpn: &str) -> String {
+    format!(
+        r#"
+      transport_socket:
+        name: tls
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
+          require_client_certificate: true
+          common_tls_context:
+            alpn_protocols: {alpn}
+            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
+            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+        server.chain.display(),
+        server.key.display(),
+        ca.display()
+    )
+}
+
+/// A TLS connection to `server.test` on 127.0.0.1:`port` presenting `identity` from `dir`,
+/// offering `alpn` (none when empty).
+fn tls_to(
+    dir: &CertDir,
+    identity: &str,
+    port: u16,
+    alpn: &[u8],
+) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
+    let mut config = certs::client_config(dir.path(), Some(identity));
+    if !alpn.is_empty() {
+        config.alpn_protocols = vec![alpn.to_vec()];
+    }
+    let name = "server.test".try_into().unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
+#[test]
+fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+    let dir = CertDir::new();
+    let (mesh, ca, server_cert) = mesh_with_server(&dir);
     let client_cert = mesh
         .workload("default", "client")
         .issue()
@@ -648,20 +678,9 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     traffic_direction: INBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
     filter_chains:
-    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]
-      transport_socket:
-        name: tls
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext
-          require_client_certificate: true
-          common_tls_context:
-            alpn_protocols: [istio-peer-exchange, istio]
-            tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
-            validation_context: {{trusted_ca: {{filename: {}}}}}"#,
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]{}"#,
             tcp_proxy("echo"),
-            server_cert.chain.display(),
-            server_cert.key.display(),
-            ca.display()
+            downstream_mtls(&server_cert, &ca, "[istio-peer-exchange, istio]"),
         ),
         &static_cluster(
             "echo",
@@ -727,22 +746,14 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
             let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
                 .unwrap()
                 .1;
-            series(&text, "istio_tcp_connections_opened_total")
+            prometheus::series(&text, "istio_tcp_connections_opened_total")
                 .iter()
                 .any(|(l, v)| *l == labels && v == "10")
         });
     }
 
     // A client of this test's own, speaking Istio's framing to the server revoy.
-    let tls_client = |alpn: &[u8]| {
-        let mut config = certs::client_config(dir.path(), Some("client"));
-        config.alpn_protocols = vec![alpn.to_vec()];
-        let name = "server.test".try_into().unwrap();
-        let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
-        let tcp = TcpStream::connect(("127.0.0.1", server_port)).unwrap();
-        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        rustls::StreamOwned::new(conn, tcp)
-    };
+    let tls_client = |alpn: &[u8]| tls_to(&dir, "client", server_port, alpn);
     let mut s = tls_client(b"istio-peer-exchange");
     let data = pb_field(
         1,
@@ -813,4 +824,120 @@ fn decode_any(b: &[u8]) -> (String, Vec<u8>) {
         rest = &rest[used + len..];
     }
     (url, value)
+}
+
+/// The RBAC shapes istiod emits for AuthorizationPolicy `principals` and `namespaces`
+/// (istioctl's authz testdata): `filter_state` matchers on `io.istio.peer_principal`, which
+/// the `istio_authn` network filter first on each inbound chain sets from the peer's SPIFFE
+/// certificate (istio/proxy `source/extensions/filters/network/istio_authn`). Through revoy:
+/// an HTTP chain with a DENY filter for namespace `other` and an ALLOW filter for namespace
+/// `default`, a TCP chain with a network ALLOW for one service account, and the same HTTP
+/// chain without `istio_authn` (no principal: the ALLOW matches no one).
+#[test]
+fn istio_authn_principals_are_what_authorization_policies_match() {
+    let dir = CertDir::new();
+    let (mesh, ca, server) = mesh_with_server(&dir);
+    for (ns, sa) in [
+        ("default", "sleep"),
+        ("default", "web"),
+        ("other", "intruder"),
+    ] {
+        mesh.workload(ns, sa).issue().write_to(dir.path(), sa);
+    }
+    let (upstream, _heads) = capturing_upstream();
+    let echo = echo_upstream();
+    let (admin, with_authn, without_authn, tcp) =
+        (free_port(), free_port(), free_port(), free_port());
+    let authn = r#"{name: istio_authn, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.network.authn.Config}}"#;
+    let principal =
+        |m: &str| format!("{{filter_state: {{key: io.istio.peer_principal, string_match: {m}}}}}");
+    let rbac = |name: &str, action: &str, policy: &str, m: &str| {
+        format!(
+            r#"{{name: {name}, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {{action: {action}, policies: {{"{policy}": {{permissions: [{{and_rules: {{rules: [{{any: true}}]}}}}], principals: [{{and_ids: {{ids: [{{or_ids: {{ids: [{}]}}}}]}}}}]}}}}}}}}}}"#,
+            principal(m)
+        )
+    };
+    let deny_other = rbac(
+        "deny",
+        "DENY",
+        "ns[default]-policy[deny-other]-rule[0]",
+        "{safe_regex: {regex: '.*/ns/other/.*'}}",
+    );
+    let allow_default = rbac(
+        "allow",
+        "ALLOW",
+        "ns[default]-policy[allow-default]-rule[0]",
+        "{safe_regex: {regex: '.*/ns/default/.*'}}",
+    );
+    let tls = downstream_mtls(&server, &ca, "[]");
+    let hcm = |prefix: &str| {
+        format!(
+            r#"{{name: hcm, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, stat_prefix: {prefix}, http_filters: [{deny_other}, {allow_default}, {{name: router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: app}}}}]}}]}}}}}}"#
+        )
+    };
+    let network_allow = format!(
+        r#"{{name: envoy.filters.network.rbac, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: tcp., rules: {{action: ALLOW, policies: {{"ns[default]-policy[sleep]-rule[0]": {{permissions: [{{any: true}}], principals: [{}]}}}}}}}}}}"#,
+        principal("{exact: 'spiffe://cluster.local/ns/default/sa/sleep'}")
+    );
+    let listener = |name: &str, port: u16, filters: String| {
+        format!(
+            "\n  - name: {name}\n    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}\n    filter_chains:\n    - filters: [{filters}]{tls}"
+        )
+    };
+    let tcp_proxy = r#"{name: tcp, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: echo, cluster: echo}}"#;
+    let listeners = [
+        listener(
+            "with_authn",
+            with_authn,
+            format!("{authn}, {}", hcm("with_authn")),
+        ),
+        listener("without_authn", without_authn, hcm("without_authn")),
+        listener("tcp", tcp, format!("{authn}, {network_allow}, {tcp_proxy}")),
+    ]
+    .concat();
+    let clusters = [
+        static_cluster("app", upstream, None),
+        static_cluster("echo", echo, None),
+    ]
+    .concat();
+    let config = node_bootstrap("server", "", admin, &listeners, &clusters);
+    let _revoy = Proxy::with_admin(&config, admin);
+
+    let connect = |port: u16, identity: &str| tls_to(&dir, identity, port, b"");
+    let status = |port: u16, identity: &str| {
+        let mut s = connect(port, identity);
+        s.write_all(b"GET / HTTP/1.1\r\nhost: server.test\r\nconnection: close\r\n\r\n")
+            .unwrap();
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        let status = raw.get(9..12).unwrap_or("").to_owned();
+        (status, raw)
+    };
+    for (identity, want) in [("sleep", "200"), ("web", "200"), ("intruder", "403")] {
+        let (got, raw) = status(with_authn, identity);
+        assert_eq!(got, want, "{identity} through istio_authn: {raw}");
+        if want == "403" {
+            assert!(raw.ends_with("RBAC: access denied"), "{raw}");
+        }
+    }
+    let (got, raw) = status(without_authn, "sleep");
+    assert_eq!(
+        got, "403",
+        "without istio_authn there is no principal: {raw}"
+    );
+
+    let echoes = |identity: &str| {
+        let mut s = connect(tcp, identity);
+        if s.write_all(b"ping").is_err() {
+            return false;
+        }
+        let mut got = [0u8; 4];
+        s.read_exact(&mut got).is_ok() && &got == b"ping"
+    };
+    assert!(echoes("sleep"), "the allowed service account's connection");
+    assert!(
+        !echoes("web"),
+        "another service account's connection is closed"
+    );
 }

@@ -8,7 +8,9 @@
 //! Checked: HTTP/1.1, HTTP/2, gRPC, TCP and a server-first protocol through VIPs; the sidecar's
 //! own connections not captured again; PassthroughCluster (ALLOW_ANY) and BlackHoleCluster
 //! (REGISTRY_ONLY); STRICT refusing plaintext, PERMISSIVE taking both; c's included and
-//! excluded ranges and ports; a weighted route; then, under HTTP/1.1, gRPC and TCP load, an
+//! excluded ranges and ports; a weighted route; istiod's shapes of an AuthorizationPolicy
+//! (DENY a path; ALLOW a path only from one peer identity), a VirtualService fault abort and a
+//! corsPolicy preflight; then, under HTTP/1.1, gRPC and TCP load, an
 //! endpoint added, a route change, a new service, the endpoint removed and every certificate
 //! rotated, without a failed request.
 //!
@@ -28,6 +30,8 @@ mod http1;
 mod netns;
 #[path = "differential/oracle.rs"]
 mod oracle;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
 
@@ -39,6 +43,8 @@ mod config;
 mod iptables;
 #[path = "istio_pods/mesh.rs"]
 mod mesh;
+#[path = "istio_pods/telemetry.rs"]
+mod telemetry;
 
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -49,6 +55,7 @@ use app::{Proto, field};
 use config::{Mesh, Mtls, Outbound, Service, Workload};
 use iptables::Capture;
 use mesh::{Cluster, PodSpec, Sidecar};
+use telemetry::{Call, Labels, Reporter};
 
 // These addresses exist only in the namespaces the harness creates (istio_pods/mesh.rs):
 // pods and outside hosts hang off a bridge in a hub namespace that has no link to the
@@ -78,8 +85,8 @@ fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mt
 
 /// Pod `a` (PERMISSIVE) behind `svc-a`, `b` (STRICT) behind `svc-b`, `c` (PERMISSIVE)
 /// behind `svc-c`, `t` (STRICT, TPROXY) behind `svc-t`; `svc-b`'s [`config::SPLIT_PATH`] is
-/// split between `svc-b` and `svc-c`.
-fn mesh(outbound: Outbound) -> Mesh {
+/// split between `svc-b` and `svc-c`; Istio's own filters in the config when `istio_filters`.
+fn mesh(outbound: Outbound, istio_filters: bool) -> Mesh {
     let service = |name, vip: &str, w| Service {
         name,
         vip: vip.to_owned(),
@@ -114,7 +121,19 @@ fn mesh(outbound: Outbound) -> Mesh {
         outbound,
         splits: vec![("svc-b", "svc-c")],
         path_routes: Vec::new(),
+        istio_filters,
     }
+}
+
+/// Whether every pod runs revoy, so the config may have Istio's own filters.
+fn all_revoy(sidecars: &[Sidecar]) -> bool {
+    sidecars.iter().all(|s| *s == Sidecar::Revoy)
+}
+
+/// [`mesh`] for `cluster`'s pods.
+fn mesh_of(cluster: &Cluster, outbound: Outbound) -> Mesh {
+    let sidecars: Vec<Sidecar> = cluster.pods.iter().map(|p| p.sidecar).collect();
+    mesh(outbound, all_revoy(&sidecars))
 }
 
 /// Starts pods a, b, c and t with `sidecars`, or `None` after a loud skip. a and b have the
@@ -128,7 +147,7 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
     if !netns::tools_or_skip(test) {
         return None;
     }
-    let mesh = mesh(Outbound::AllowAny);
+    let mesh = mesh(Outbound::AllowAny, all_revoy(&sidecars));
     let captures = [
         Capture::Redirect,
         Capture::Redirect,
@@ -279,9 +298,62 @@ fn refuses_plaintext(cluster: &Cluster, pod: &str, ip: &str) {
 /// Everything that holds with every pod's sidecar in place.
 fn scenario(cluster: &Cluster) {
     // HTTP/1.1, HTTP/2 and gRPC to a VIP, routed by Host to the service's pod over mTLS.
+    // (Looked up by a filter without the cluster name, whose `|` the admin's regex filter
+    // would take as an alternation.)
+    let grpc_success = |pod: &str, cluster_name: &str| {
+        let name = format!("cluster.{cluster_name}.grpc.success: ");
+        let ns = &cluster.pod(pod).ns;
+        let (_, body) = ns
+            .get(None, netns::ADMIN, "/stats?filter=grpc")
+            .unwrap_or_else(|e| panic!("{pod}'s /stats: {e}"));
+        body.lines()
+            .find_map(|l| l.strip_prefix(&name))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap_or(0))
+    };
+    let outbound_b = format!(
+        "outbound|80||svc-b.{}.svc.{}",
+        config::NAMESPACE,
+        config::TRUST_DOMAIN
+    );
+    let inbound_b = format!("inbound|{}||", config::HTTP_PORT);
+    let before = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
     for proto in [Proto::H1, Proto::H2, Proto::Grpc] {
         mesh_call(cluster, "a", "b", SVC_B_VIP, proto);
     }
+    // istiod's grpc_stats filter counts a call whose path names a service and method, on
+    // both sides.
+    http_ok(
+        cluster,
+        "a",
+        Proto::Grpc,
+        addr(SVC_B_VIP, 80),
+        "svc-b",
+        "/echo.Echo/Call",
+    );
+    let after = (
+        grpc_success("a", &outbound_b),
+        grpc_success("b", &inbound_b),
+    );
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "grpc_stats: grpc.success {before:?} -> {after:?}\n{}",
+        logs(cluster)
+    );
+    // The bootstrap's stats_matcher (Istio's inclusion list and the prefixes above): what it
+    // leaves out is not in /stats.
+    let (_, listed) = cluster
+        .pod("a")
+        .ns
+        .get(None, netns::ADMIN, "/stats?filter=downstream_rq_total")
+        .unwrap_or_else(|e| panic!("a's /stats: {e}"));
+    assert!(
+        !listed.contains("http.outbound_0.0.0.0_80.downstream_rq_total"),
+        "a stat Istio's inclusion list leaves out: {listed}"
+    );
+    policies(cluster);
     // The other way, to a PERMISSIVE pod: mTLS is used there too.
     mesh_call(cluster, "b", "a", SVC_A_VIP, Proto::H1);
 
@@ -398,7 +470,7 @@ fn scenario(cluster: &Cluster) {
     );
 
     // REGISTRY_ONLY: the unknown destination is refused through BlackHoleCluster.
-    cluster.push(0, &mesh(Outbound::RegistryOnly));
+    cluster.push(0, &mesh_of(cluster, Outbound::RegistryOnly));
     let refused = eventually(
         || match app::tcp(cluster.ns("a"), outside, false, TCP_MESSAGE) {
             Ok(answer) => Err(format!("REGISTRY_ONLY let through: {answer}")),
@@ -407,8 +479,197 @@ fn scenario(cluster: &Cluster) {
     );
     refused.unwrap_or_else(|e| panic!("{e}\n{}", logs(cluster)));
     mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
-    cluster.push(0, &mesh(Outbound::AllowAny));
+    cluster.push(0, &mesh_of(cluster, Outbound::AllowAny));
     tcp_ok(cluster, "a", outside, false);
+}
+
+/// The value of `family`'s series with `labels` in `pod`'s sidecar.
+fn istio_metric(cluster: &Cluster, pod: &str, family: &str, labels: &Labels) -> u64 {
+    telemetry::value(&telemetry::scrape(cluster.ns(pod)), family, labels)
+}
+
+/// Waits until each `(pod, family, labels)` has reached its expected value.
+fn metrics_reach(cluster: &Cluster, what: &str, expected: &[(&str, &str, Labels, u64)]) {
+    let reached = eventually(|| {
+        for (pod, family, labels, want) in expected {
+            let text = telemetry::scrape(cluster.ns(pod));
+            let got = telemetry::value(&text, family, labels);
+            if got != *want {
+                return Err(format!(
+                    "{pod}'s {family} with {labels:?} is {got}, not {want}; its series:\n{}",
+                    telemetry::all(&text, family)
+                ));
+            }
+        }
+        Ok(())
+    });
+    reached.unwrap_or_else(|e| panic!("{what}: {e}"));
+}
+
+/// With Istio's filters (revoy in every pod): b's inbound HTTP chain, which only Istio's
+/// `istio-http/*` ALPNs reach, serves a's requests, and both sidecars count a's HTTP/1.1,
+/// gRPC and TCP calls to svc-b in Istio's standard metrics with the labels Istio gives them.
+fn istio_telemetry(cluster: &Cluster) {
+    let mesh = mesh_of(cluster, Outbound::AllowAny);
+    let (a, b) = (&cluster.pod("a").workload, &cluster.pod("b").workload);
+    let svc_b = &mesh.services[1];
+    let labels = |reporter, call| telemetry::labels(reporter, a, b, svc_b, call);
+    let families = |call| match call {
+        Call::Http { .. } => [
+            "istio_requests_total",
+            "istio_request_duration_milliseconds_count",
+            "istio_request_bytes_count",
+            "istio_response_bytes_count",
+        ]
+        .as_slice(),
+        Call::Tcp => [
+            "istio_tcp_connections_opened_total",
+            "istio_tcp_connections_closed_total",
+        ]
+        .as_slice(),
+        Call::GrpcMessages => [
+            "istio_request_messages_total",
+            "istio_response_messages_total",
+        ]
+        .as_slice(),
+    };
+    // Each metric of each call, on both sidecars, expected after `n` more calls: the first
+    // family's count (a counter, current) plus `n`; the histograms' counts, which a stats
+    // flush brings up to date, reach the same.
+    let expect = |call, n| {
+        let mut out = Vec::new();
+        for (pod, reporter) in [("a", Reporter::Source), ("b", Reporter::Destination)] {
+            let l = labels(reporter, call);
+            let families = families(call);
+            let want = istio_metric(cluster, pod, families[0], &l) + n;
+            for family in families.iter().copied() {
+                out.push((pod, family, l.clone(), want));
+            }
+        }
+        out
+    };
+    // The scenario's weighted route sent about half of svc-b's /split to c: Istio names the
+    // service of the cluster picked (svc-c), not the Host header's.
+    let c = &cluster.pod("c").workload;
+    let split = |to: &config::Workload, service: &config::Service| {
+        let l = telemetry::labels(Reporter::Source, a, to, service, Call::Http { grpc: false });
+        istio_metric(cluster, "a", "istio_requests_total", &l)
+    };
+    let to_c: u64 = prometheus::series(&telemetry::scrape(cluster.ns("a")), "istio_requests_total")
+        .iter()
+        .filter(|(l, _)| l.contains(&("destination_workload".into(), c.deployment())))
+        .map(|(_, v)| v.parse::<u64>().expect("a whole number"))
+        .sum();
+    assert!(to_c > 0, "no request of the split reached c");
+    assert_eq!(
+        split(c, &mesh.services[2]),
+        to_c,
+        "a's requests to c not all for svc-c"
+    );
+
+    const CALLS: u64 = 3;
+    let chain = format!(
+        "http.inbound_0.0.0.0_{}.downstream_rq_total",
+        config::HTTP_PORT
+    );
+    let chain_before = stat(cluster, "b", &chain);
+    let http = expect(Call::Http { grpc: false }, CALLS);
+    let mut grpc = expect(Call::Http { grpc: true }, 1);
+    // The echo's unary call: one message each way.
+    grpc.extend(expect(Call::GrpcMessages, 1));
+    for _ in 0..CALLS {
+        mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::H1);
+    }
+    mesh_call(cluster, "a", "b", SVC_B_VIP, Proto::Grpc);
+    assert_eq!(
+        stat(cluster, "b", &chain),
+        chain_before + CALLS + 1,
+        "b's istio-http/* chain did not serve a's requests\n{}",
+        logs(cluster)
+    );
+    metrics_reach(cluster, "a's HTTP/1.1 calls to svc-b", &http);
+    metrics_reach(cluster, "a's gRPC call to svc-b", &grpc);
+
+    // The TCP echo's bytes each way, as each sidecar passes them between its downstream and
+    // the other end (the exchange's frames are the sidecars' own, not the connection's data).
+    let answer = format!("b from 127.0.0.6: {TCP_MESSAGE}");
+    let mut tcp = expect(Call::Tcp, 1);
+    for (pod, reporter) in [("a", Reporter::Source), ("b", Reporter::Destination)] {
+        let l = labels(reporter, Call::Tcp);
+        for (family, n) in [
+            ("istio_tcp_received_bytes_total", TCP_MESSAGE.len()),
+            ("istio_tcp_sent_bytes_total", answer.len()),
+        ] {
+            let before = istio_metric(cluster, pod, family, &l);
+            tcp.push((pod, family, l.clone(), before + n as u64));
+        }
+    }
+    assert_eq!(
+        tcp_ok(cluster, "a", addr(SVC_B_VIP, config::TCP_PORT), false),
+        answer
+    );
+    metrics_reach(cluster, "a's TCP connection to svc-b", &tcp);
+}
+
+/// The response to a raw HTTP/1.1 `request` from `from`'s application to svc-b: the status
+/// code, the head and the body.
+fn to_svc_b(cluster: &Cluster, from: &str, request: &str) -> (u16, String, String) {
+    let to = addr(SVC_B_VIP, 80);
+    let answer = app::http1_raw(cluster.ns(from), to, request)
+        .unwrap_or_else(|e| panic!("{from} to svc-b: {e}\n{}", logs(cluster)));
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, head.to_ascii_lowercase(), body.to_owned())
+}
+
+/// istiod's shapes of an AuthorizationPolicy (on every pod's inbound side), a VirtualService
+/// fault abort and a corsPolicy (on svc-b's routes, at the client's sidecar) do what Istio
+/// documents for them.
+fn policies(cluster: &Cluster) {
+    let get =
+        |path: &str| format!("GET {path} HTTP/1.1\r\nhost: svc-b\r\nconnection: close\r\n\r\n");
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::DENIED_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "RBAC: access denied"),
+        "DENY rule"
+    );
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::PRIVATE_PATH));
+    assert_eq!(status, 200, "ALLOW rule for a's principal: {body}");
+    assert_eq!(field(&body, "Hostname"), Some("b"), "{body}");
+    let (status, _, body) = to_svc_b(cluster, "c", &get(config::PRIVATE_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (403, "RBAC: access denied"),
+        "c is not allowed"
+    );
+    let (status, _, body) = to_svc_b(cluster, "a", &get(config::FAULT_PATH));
+    assert_eq!(
+        (status, body.as_str()),
+        (config::FAULT_STATUS, "fault filter abort"),
+        "fault injection"
+    );
+    let preflight = format!(
+        "OPTIONS / HTTP/1.1\r\nhost: svc-b\r\norigin: {}\r\naccess-control-request-method: POST\r\nconnection: close\r\n\r\n",
+        config::CORS_ORIGIN
+    );
+    let (status, head, body) = to_svc_b(cluster, "a", &preflight);
+    assert_eq!(status, 200, "CORS preflight: {head}{body}");
+    assert!(
+        head.contains(&format!(
+            "access-control-allow-origin: {}",
+            config::CORS_ORIGIN
+        )),
+        "{head}"
+    );
+    assert!(
+        head.contains("access-control-allow-methods: get,post"),
+        "{head}"
+    );
+    assert!(
+        !body.contains("Hostname="),
+        "the preflight reached the application: {body}"
+    );
 }
 
 /// What a load loop saw: answers that were right, and the failures.
@@ -497,7 +758,7 @@ fn live_pushes(cluster: &Cluster) {
         ];
         // Stops the loads however this closure ends (the scope waits for them).
         let stopper = StopOnDrop(&stop);
-        let mut mesh = mesh(Outbound::AllowAny);
+        let mut mesh = mesh_of(cluster, Outbound::AllowAny);
         let c = mesh.services[2].endpoints[0].clone();
 
         // An endpoint added: svc-b is served by b and c.
@@ -583,6 +844,9 @@ fn live_pushes(cluster: &Cluster) {
 fn run(test: &str, tag: &str, sidecars: [Sidecar; 4]) {
     if let Some(cluster) = cluster(test, tag, sidecars) {
         scenario(&cluster);
+        if all_revoy(&sidecars) {
+            istio_telemetry(&cluster);
+        }
         live_pushes(&cluster);
     }
 }

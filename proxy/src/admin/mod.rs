@@ -416,6 +416,7 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
     let sel = Selection {
         used_only: req.has("usedonly"),
         filter: filter.as_ref(),
+        matcher: process.bootstrap.stats_matcher.as_ref(),
     };
     if prometheus {
         return text(

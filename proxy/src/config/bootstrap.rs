@@ -39,6 +39,8 @@ pub struct BootstrapConfig {
     pub stats_flush: super::stats_flush::StatsFlush,
     /// `stats_config.histogram_bucket_settings`: bucket bounds by histogram name.
     pub histogram_buckets: Vec<(crate::route::matcher::StringMatcher, Vec<f64>)>,
+    /// `stats_config.stats_matcher`: the stats the admin API shows (`None`: all).
+    pub stats_matcher: Option<crate::stats::matcher::StatsMatcher>,
     /// `tracing.http`: the server-wide tracer connection managers without a `provider` use.
     pub tracer: Option<std::sync::Arc<super::tracing::Provider>>,
     /// How tracers batch spans (`layered_runtime` keys).
@@ -198,6 +200,7 @@ pub fn compile_bootstrap(
         stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
         stats_flush: super::stats_flush::stats_flush(b)?,
         histogram_buckets: super::stats_flush::histogram_buckets(ctx, b)?,
+        stats_matcher: super::stats_flush::stats_matcher(ctx, b)?,
         proto: proto::Encoded::new(b),
         secrets,
     })
@@ -209,15 +212,6 @@ fn skipped_features(b: &Bootstrap, warnings: &mut Warnings) {
         warnings.skipped(
             "stats_sinks",
             "stats sinks are not implemented by revoy; stats are only served by the admin API",
-        );
-    }
-    if b.stats_config
-        .as_ref()
-        .is_some_and(|c| c.stats_matcher.is_some())
-    {
-        warnings.skipped(
-            "stats_config.stats_matcher",
-            "stat inclusion and exclusion are not implemented by revoy; every stat is kept",
         );
     }
     if b.overload_manager.is_some() {

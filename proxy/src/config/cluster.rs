@@ -350,6 +350,61 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
             "lb_subset_config",
             "load-balancer subsets are not implemented by revoy; a route's metadata_match picks from every host",
         ),
+        (
+            c.load_balancing_policy.is_some(),
+            "load_balancing_policy",
+            "the load-balancing policy extensions are not implemented by revoy; lb_policy applies",
+        ),
+        (
+            c.upstream_connection_options.is_some(),
+            "upstream_connection_options",
+            "upstream socket options (TCP keep-alive) are not set by revoy",
+        ),
+        (
+            c.upstream_config.is_some(),
+            "upstream_config",
+            "custom connection pools are not implemented by revoy; its own pool is used",
+        ),
+        (
+            c.preconnect_policy.is_some(),
+            "preconnect_policy",
+            "revoy connects when a request needs a connection, never ahead",
+        ),
+        (
+            c.connection_pool_per_downstream_connection,
+            "connection_pool_per_downstream_connection",
+            "revoy's pools are shared by every downstream connection",
+        ),
+        (
+            c.respect_dns_ttl || c.dns_jitter.is_some() || c.dns_failure_refresh_rate.is_some(),
+            "respect_dns_ttl",
+            "names are resolved again every dns_refresh_rate, whatever their TTL or a failure",
+        ),
+        (
+            c.lrs_server.is_some() || !c.lrs_report_endpoint_metrics.is_empty(),
+            "lrs_server",
+            "load reports are not implemented by revoy; none is sent",
+        ),
+        (
+            c.track_timeout_budgets || c.track_cluster_stats.is_some(),
+            "track_cluster_stats",
+            "these optional cluster stats are not kept by revoy",
+        ),
+        (
+            c.wait_for_warm_on_init.is_some_and(|b| !b.value),
+            "wait_for_warm_on_init",
+            "start-up waits for every cluster to warm, as by default",
+        ),
+        (
+            c.close_connections_on_host_health_failure || c.ignore_health_on_host_removal,
+            "close_connections_on_host_health_failure",
+            "revoy has no health checking for these to act on",
+        ),
+        (
+            c.cleanup_interval.is_some(),
+            "cleanup_interval",
+            "ORIGINAL_DST hosts are cleaned up on revoy's own schedule",
+        ),
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
         warnings.skipped(format!("{path}.{field}"), *what);

@@ -22,6 +22,9 @@ const FAIL_CLOSED: &[&str] = &[
     "bandwidth_limit",
     "connection_limit",
     "client_ssl_auth",
+    // It may set the filter state RBAC rules read as Istio's principals (waypoints set
+    // `io.istio.peer_principal` with it), which revoy's rules take from `istio_authn` alone.
+    "set_filter_state",
 ];
 
 /// Words (between `.`, `_`, `-` or `/`) that mark a filter of unknown kind (Istio's, a
@@ -90,6 +93,10 @@ mod tests {
             "envoy.extensions.filters.listener.local_ratelimit.v3.LocalRateLimit"
         ));
         assert!(filter_fails_closed("envoy.filters.http.golang", ""));
+        assert!(filter_fails_closed(
+            "envoy.filters.network.set_filter_state",
+            "envoy.extensions.filters.network.set_filter_state.v3.Config"
+        ));
     }
 
     #[test]

@@ -211,6 +211,136 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "per-request x-forwarded-client-cert rules are not implemented by revoy: the header is removed from every request, as SANITIZE does",
         );
     }
+    const NO_EFFECT: &str = "not implemented by revoy; it has no effect";
+    let skipped = [
+        (
+            hcm.add_user_agent.is_some_and(|b| b.value),
+            "add_user_agent",
+            "no user-agent or x-envoy-downstream-service-cluster is added",
+        ),
+        (!hcm.via.is_empty(), "via", "no via header is added"),
+        (
+            hcm.scheme_header_transformation.is_some(),
+            "scheme_header_transformation",
+            "the scheme is forwarded as it came",
+        ),
+        (
+            hcm.strip_trailing_host_dot,
+            "strip_trailing_host_dot",
+            "a host with a trailing dot is routed and forwarded as it came",
+        ),
+        (
+            hcm.append_x_forwarded_port,
+            "append_x_forwarded_port",
+            "no x-forwarded-port is added",
+        ),
+        (
+            hcm.proxy_status_config.is_some(),
+            "proxy_status_config",
+            "no proxy-status header is added",
+        ),
+        (
+            hcm.stream_flush_timeout.is_some(),
+            "stream_flush_timeout",
+            NO_EFFECT,
+        ),
+        (
+            hcm.request_headers_timeout.is_some(),
+            "request_headers_timeout",
+            "no timeout applies to receiving a request's headers",
+        ),
+        (
+            hcm.drain_timeout.is_some(),
+            "drain_timeout",
+            "a draining HTTP/2 connection is closed by revoy's own schedule",
+        ),
+        (
+            hcm.drain_timeout_jitter.is_some(),
+            "drain_timeout_jitter",
+            NO_EFFECT,
+        ),
+        (
+            hcm.delayed_close_timeout.is_some(),
+            "delayed_close_timeout",
+            NO_EFFECT,
+        ),
+        (
+            periodic_access_logs(hcm),
+            "access_log_options",
+            "access logs are written when a request ends, never periodically",
+        ),
+        (hcm.proxy_100_continue, "proxy_100_continue", NO_EFFECT),
+        (
+            hcm.represent_ipv4_remote_address_as_ipv4_mapped_ipv6,
+            "represent_ipv4_remote_address_as_ipv4_mapped_ipv6",
+            NO_EFFECT,
+        ),
+        (
+            hcm.stream_error_on_invalid_http_message.is_some(),
+            "stream_error_on_invalid_http_message",
+            "invalid messages are answered as by default",
+        ),
+        (
+            hcm.path_normalization_options.is_some(),
+            "path_normalization_options",
+            NO_EFFECT,
+        ),
+        (
+            hcm.typed_header_validation_config.is_some(),
+            "typed_header_validation_config",
+            "headers are validated by revoy's own codec rules",
+        ),
+        (
+            hcm.append_local_overload,
+            "append_local_overload",
+            NO_EFFECT,
+        ),
+        (
+            hcm.add_proxy_protocol_connection_state.is_some(),
+            "add_proxy_protocol_connection_state",
+            NO_EFFECT,
+        ),
+        (
+            hcm.forward_proto_config.is_some(),
+            "forward_proto_config",
+            NO_EFFECT,
+        ),
+        (
+            hcm.http1_safe_max_connection_duration,
+            "http1_safe_max_connection_duration",
+            NO_EFFECT,
+        ),
+    ];
+    for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
+        warnings.skipped(*field, *what);
+    }
+}
+
+/// Whether the (deprecated or current) periodic access-log settings are set.
+#[allow(deprecated)]
+fn periodic_access_logs(hcm: &HttpConnectionManager) -> bool {
+    hcm.access_log_flush_interval.is_some()
+        || hcm.flush_access_log_on_new_request
+        || hcm.access_log_options.is_some()
+}
+
+/// The connection manager fields whose absence would change who a request is taken to come
+/// from or how it is routed: configuration errors, as revoy cannot honour them.
+fn refuse_unimplemented(hcm: &HttpConnectionManager) -> Result<(), ConfigError> {
+    if !hcm.original_ip_detection_extensions.is_empty() {
+        return Err(ConfigError::new(
+            "original_ip_detection_extensions",
+            "not implemented by revoy: the client address would come from x-forwarded-for \
+             instead, and RBAC and header rules would see another one",
+        ));
+    }
+    if !hcm.early_header_mutation_extensions.is_empty() {
+        return Err(ConfigError::new(
+            "early_header_mutation_extensions",
+            "not implemented by revoy: requests would be routed on headers these extensions change",
+        ));
+    }
+    Ok(())
 }
 
 /// `forward_client_cert_details` with `set_current_client_cert_details`; with a
@@ -310,6 +440,7 @@ pub fn compile_hcm(
         }
     };
     let filters = super::http_filter::compile_chain(ctx, &hcm.http_filters, warnings)?;
+    refuse_unimplemented(hcm)?;
     skipped_features(hcm, warnings);
     let internal_ranges = hcm
         .internal_address_config
@@ -438,4 +569,36 @@ pub fn compile_hcm(
             _ => Underscores::Allow,
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(extra: &str) -> (Result<HcmConfig, ConfigError>, Warnings) {
+        let yaml = format!(
+            "stat_prefix: h\n{extra}\nhttp_filters: [{{name: r, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]\nroute_config: {{virtual_hosts: [{{name: a, domains: ['*'], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]}}"
+        );
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        let hcm: HttpConnectionManager = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let mut warnings = Warnings::new();
+        let compiled = compile_hcm(&Context::new(&io), &hcm, None, &mut warnings);
+        (compiled, warnings)
+    }
+
+    #[test]
+    fn fields_revoy_does_not_act_on_are_named() {
+        let (compiled, warnings) = compile("via: proxy\nrequest_headers_timeout: 5s");
+        compiled.unwrap();
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["via", "request_headers_timeout"]);
+        let (compiled, _) = compile(
+            "original_ip_detection_extensions: [{name: x, typed_config: {'@type': type.googleapis.com/envoy.extensions.http.original_ip_detection.xff.v3.XffConfig}}]",
+        );
+        assert_eq!(
+            compiled.unwrap_err().path,
+            "original_ip_detection_extensions"
+        );
+    }
 }

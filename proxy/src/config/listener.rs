@@ -38,6 +38,9 @@ pub struct ChainConfig {
     pub limits: Vec<super::network_limits::NetworkLimit>,
     /// The `envoy.filters.network.rbac` filters before it, in order.
     pub rbac: Vec<Arc<super::rbac::NetworkRbacConfig>>,
+    /// Whether it has Istio's `istio_authn` filter (the connection's SPIFFE principals
+    /// become filter state, see `crate::filter_state`).
+    pub istio_authn: bool,
     /// Its `istio.metadata_exchange` filter (a TCP chain's), if it has one.
     pub metadata_exchange: Option<Arc<super::istio::metadata_exchange::TcpExchange>>,
     /// Its `istio.stats` network filter (a TCP chain's), if it has one.
@@ -68,6 +71,12 @@ pub struct ListenerFilters {
     pub tls_inspector: bool,
     /// `envoy.filters.listener.http_inspector`: detect HTTP/1.x vs h2c.
     pub http_inspector: bool,
+    /// `listener_filters_timeout` (15 s unless set; `None` when set to 0): how long the
+    /// inspecting filters may wait for the bytes they need.
+    pub timeout: Option<std::time::Duration>,
+    /// `continue_on_listener_filters_timeout`: at the timeout, pick a chain with what is known
+    /// (else the connection is closed).
+    pub continue_on_timeout: bool,
 }
 
 /// A compiled listener.
@@ -191,6 +200,7 @@ fn compile_chain(
     let mut limits = Vec::new();
     let mut rbac = Vec::new();
     let mut metadata_exchange = None;
+    let mut istio_authn = false;
     let mut istio_stats = None;
     let mut refused: Option<String> = None;
     // The first listener or network filter revoy skips: what it may set (dynamic metadata,
@@ -275,6 +285,13 @@ fn compile_chain(
                     refused.get_or_insert(what);
                 }
                 rbac.push(Arc::new(compiled));
+            }
+            _ if super::istio::Fields::of(any, super::istio::authn::CONFIG).is_some() => {
+                let fields = super::istio::Fields::of(any, super::istio::authn::CONFIG)
+                    .expect("checked above");
+                super::istio::authn::compile(fields)
+                    .map_err(|e| e.within(&format!("{fpath}.typed_config")))?;
+                istio_authn = true;
             }
             _ if super::istio::Fields::of(any, super::istio::metadata_exchange::CONFIG)
                 .is_some() =>
@@ -384,6 +401,7 @@ fn compile_chain(
         terminal,
         limits,
         rbac,
+        istio_authn,
         metadata_exchange,
         istio_stats,
         fingerprint: fingerprint(chain),
@@ -476,7 +494,17 @@ fn compile_listener_filters(
     l: &Listener,
     warnings: &mut Warnings,
 ) -> Result<(ListenerFilters, Option<String>, Option<String>), ConfigError> {
-    let mut out = ListenerFilters::default();
+    let mut out = ListenerFilters {
+        timeout: match &l.listener_filters_timeout {
+            None => Some(std::time::Duration::from_secs(15)),
+            Some(d) => {
+                let d = super::cluster::duration(d, "listener_filters_timeout")?;
+                (!d.is_zero()).then_some(d)
+            }
+        },
+        continue_on_timeout: l.continue_on_listener_filters_timeout,
+        ..ListenerFilters::default()
+    };
     let mut refused = None;
     let mut skipped = None;
     for (i, f) in l.listener_filters.iter().enumerate() {
@@ -566,6 +594,117 @@ fn refuse_udp(l: &Listener) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// The listener fields revoy does not act on: those that decide which filter chain a
+/// connection gets, or where chains come from, are errors (ignoring them could hand a
+/// connection to a chain without the policy meant for it); the rest are skipped with a
+/// warning naming what revoy does instead.
+fn unimplemented_fields(l: &Listener, warnings: &mut Warnings) -> Result<(), ConfigError> {
+    let refused = [
+        (
+            l.filter_chain_matcher.is_some(),
+            "filter_chain_matcher",
+            "the matcher API for choosing filter chains is not implemented by revoy (filter_chain_match is)",
+        ),
+        (
+            l.fcds_config.is_some(),
+            "fcds_config",
+            "filter chain discovery is not implemented by revoy",
+        ),
+        (
+            l.api_listener.is_some(),
+            "api_listener",
+            "API listeners are not implemented by revoy",
+        ),
+    ];
+    if let Some((_, field, why)) = refused.iter().find(|(set, _, _)| *set) {
+        return Err(ConfigError::new(
+            *field,
+            format!("listener '{}': {why}", l.name),
+        ));
+    }
+    let skipped = [
+        (
+            !l.additional_addresses.is_empty(),
+            "additional_addresses",
+            "revoy listens on `address` only; connections to the additional addresses are refused",
+        ),
+        (
+            l.stats_matcher.is_some(),
+            "stats_matcher",
+            "a listener's own stats matcher is not implemented by revoy; its stats are kept",
+        ),
+        (
+            l.per_connection_buffer_limit_bytes.is_some(),
+            "per_connection_buffer_limit_bytes",
+            "revoy's connections use its own buffer sizes",
+        ),
+        (
+            l.per_connection_buffer_high_watermark_timeout.is_some(),
+            "per_connection_buffer_high_watermark_timeout",
+            "not implemented by revoy; no connection is closed for it",
+        ),
+        (
+            l.freebind.is_some_and(|b| b.value),
+            "freebind",
+            "IP_FREEBIND is not set by revoy; binding a non-local address fails",
+        ),
+        (
+            !l.socket_options.is_empty(),
+            "socket_options",
+            "listener socket options are not applied by revoy",
+        ),
+        (
+            l.tcp_fast_open_queue_length.is_some(),
+            "tcp_fast_open_queue_length",
+            "TCP Fast Open is not enabled by revoy",
+        ),
+        (
+            l.connection_balance_config.is_some(),
+            "connection_balance_config",
+            "revoy balances connections by SO_REUSEPORT, one socket per worker",
+        ),
+        (
+            l.enable_reuse_port.is_some_and(|b| !b.value),
+            "enable_reuse_port",
+            "revoy binds one SO_REUSEPORT socket per worker whatever this says",
+        ),
+        (
+            l.tcp_backlog_size.is_some(),
+            "tcp_backlog_size",
+            "revoy uses its own listen backlog",
+        ),
+        (
+            l.max_connections_to_accept_per_socket_event.is_some(),
+            "max_connections_to_accept_per_socket_event",
+            "revoy accepts as its runtime wakes it",
+        ),
+        (
+            l.enable_mptcp,
+            "enable_mptcp",
+            "MPTCP is not enabled by revoy; the listener takes plain TCP",
+        ),
+        (
+            l.tcp_keepalive.is_some(),
+            "tcp_keepalive",
+            "TCP keep-alive is not set on accepted connections by revoy",
+        ),
+        (
+            l.ignore_global_conn_limit,
+            "ignore_global_conn_limit",
+            "revoy has no global connection limit, so nothing to ignore",
+        ),
+        (
+            l.bypass_overload_manager,
+            "bypass_overload_manager",
+            "revoy has no overload manager, so nothing to bypass",
+        ),
+    ];
+    for (_, field, why) in skipped.iter().filter(|(set, _, _)| *set) {
+        warnings.skipped(*field, *why);
+    }
+    Ok(())
+}
+
 /// An OUTBOUND listener's connection manager traces egress: its spans are `egress <host>`,
 /// CLIENT spans.
 fn egress_tracing(terminal: &mut Terminal) {
@@ -587,6 +726,7 @@ pub fn compile_listener(
     warnings: &mut Warnings,
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
+    unimplemented_fields(l, warnings)?;
     let address = socket_addr(l.address.as_ref(), "address")?;
     let (filters, refused, skipped) = compile_listener_filters(l, warnings)?;
     let skipped = skipped.as_deref();
@@ -778,6 +918,39 @@ filter_chains:
     }
 
     #[test]
+    fn fields_revoy_does_not_act_on_are_named() {
+        let yaml = |extra: &str| {
+            format!(
+                r#"name: l
+address: {{socket_address: {{address: 0.0.0.0, port_value: 15006}}}}
+{extra}
+filter_chains:
+- filters:
+  - name: envoy.filters.network.tcp_proxy
+    typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}
+"#
+            )
+        };
+        let decode = |extra: &str| -> Listener {
+            let value = proto::Codec::parse_text(&yaml(extra), proto::Format::Yaml).unwrap();
+            proto::Codec::new().decode(value, false).unwrap().message
+        };
+        let io = crate::config::FakeIo::new();
+        let l = decode(
+            "additional_addresses: [{address: {socket_address: {address: '::', port_value: 15006}}}]\ntcp_keepalive: {}",
+        );
+        let mut warnings = Warnings::new();
+        compile_listener(&Context::new(&io), &l, None, &mut warnings).unwrap();
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["additional_addresses", "tcp_keepalive"]);
+        let l = decode(
+            "filter_chain_matcher: {on_no_match: {action: {name: a, typed_config: {'@type': type.googleapis.com/google.protobuf.StringValue, value: x}}}}",
+        );
+        let e = compile_with(&io, &l).unwrap_err();
+        assert_eq!(e.path, "filter_chain_matcher", "{e}");
+    }
+
+    #[test]
     fn tls_contexts_are_built_at_compile_and_bad_ones_named_by_field() {
         let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/differential/certs");
         let read = |name: &str| std::fs::read(format!("{dir}/{name}")).unwrap();
@@ -866,7 +1039,7 @@ filter_chains:
         let e = compile(&bucket.replace("stat_prefix: s, ", ""), "").unwrap_err();
         assert_eq!(e.path, "listener_filters[0].typed_config.stat_prefix");
 
-        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
+        let service = r#"{name: envoy.filters.network.ratelimit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.ratelimit.v3.RateLimit, stat_prefix: 'n', domain: d, descriptors: [{entries: [{key: k, value: v}]}], rate_limit_service: {transport_api_version: V3, grpc_service: {envoy_grpc: {cluster_name: rls}}}}}, "#;
         let l = compile("", service).unwrap();
         assert!(matches!(
             l.chains[0].limits.as_slice(),
@@ -876,7 +1049,7 @@ filter_chains:
             "",
             &service.replace(
                 "envoy_grpc: {cluster_name: rls}",
-                "google_grpc: {target_uri: x, stat_prefix: y}",
+                "google_grpc: {target_uri: x, stat_prefix: 'y'}",
             ),
         )
         .unwrap_err();

@@ -296,7 +296,7 @@ mod tests {
         let service = "rate_limit_service: {transport_api_version: V3, \
                        grpc_service: {envoy_grpc: {cluster_name: rls}}}";
         let p: RateLimit = decode(&format!(
-            "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}, \
+            "{{stat_prefix: 'n', domain: d, descriptors: [{{entries: [{{key: k, value: v}}, \
              {{key: k2, value: v2}}]}}], failure_mode_deny: true, {service}}}"
         ));
         let c = compile_rate_limit_service(&ctx, &p).unwrap();
@@ -313,33 +313,35 @@ mod tests {
                 "stat_prefix",
             ),
             (
-                format!("{{stat_prefix: n, domain: d, {service}}}"),
+                format!("{{stat_prefix: 'n', domain: d, {service}}}"),
                 "descriptors",
             ),
             (
-                format!("{{stat_prefix: n, domain: d, descriptors: [{{entries: []}}], {service}}}"),
+                format!(
+                    "{{stat_prefix: 'n', domain: d, descriptors: [{{entries: []}}], {service}}}"
+                ),
                 "descriptors[0].entries",
             ),
             (
                 format!(
-                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: \"%NO_SUCH_COMMAND%\"}}]}}], {service}}}"
+                    "{{stat_prefix: 'n', domain: d, descriptors: [{{entries: [{{key: k, value: \"%NO_SUCH_COMMAND%\"}}]}}], {service}}}"
                 ),
                 "descriptors[0].entries[0].value",
             ),
             (
                 format!(
-                    "{{stat_prefix: n, domain: d, descriptors: [{{entries: [{{key: k, value: v}}], limit: {{requests_per_unit: 1, unit: SECOND}}}}], {service}}}"
+                    "{{stat_prefix: 'n', domain: d, descriptors: [{{entries: [{{key: k, value: v}}], limit: {{requests_per_unit: 1, unit: SECOND}}}}], {service}}}"
                 ),
                 "descriptors[0].limit",
             ),
             (
-                "{stat_prefix: n, domain: d, descriptors: [{entries: [{key: k, value: v}]}]}"
+                "{stat_prefix: 'n', domain: d, descriptors: [{entries: [{key: k, value: v}]}]}"
                     .to_owned(),
                 "rate_limit_service",
             ),
             (
                 format!(
-                    "{{stat_prefix: n, descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
+                    "{{stat_prefix: 'n', descriptors: [{{entries: [{{key: k, value: v}}]}}], {service}}}"
                 ),
                 "domain",
             ),

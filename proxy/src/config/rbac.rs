@@ -96,6 +96,35 @@ pub struct HttpRbacConfig {
     pub engines: Engines,
     /// Whether the enforced rules read dynamic metadata or filter state.
     pub reads_metadata: bool,
+    /// The keys its decisions are written under in the request's dynamic metadata.
+    pub metadata_keys: DecisionKeys,
+}
+
+/// Envoy's dynamic metadata keys (namespace `envoy.filters.http.rbac`) for an RBAC filter's
+/// decisions: each engine's first matching policy and its result (`allowed` / `denied`),
+/// after the engine's stat prefix (Istio's CUSTOM authorization reads
+/// `istio_ext_authz_shadow_effective_policy_id`).
+#[derive(Debug, Clone, Default)]
+pub struct DecisionKeys {
+    /// `<shadow_rules_stat_prefix>shadow_effective_policy_id`.
+    pub shadow_policy: String,
+    /// `<shadow_rules_stat_prefix>shadow_engine_result`.
+    pub shadow_result: String,
+    /// `<rules_stat_prefix>enforced_effective_policy_id`.
+    pub enforced_policy: String,
+    /// `<rules_stat_prefix>enforced_engine_result`.
+    pub enforced_result: String,
+}
+
+impl DecisionKeys {
+    fn new(rules_prefix: &str, shadow_prefix: &str) -> DecisionKeys {
+        DecisionKeys {
+            shadow_policy: format!("{shadow_prefix}shadow_effective_policy_id"),
+            shadow_result: format!("{shadow_prefix}shadow_engine_result"),
+            enforced_policy: format!("{rules_prefix}enforced_effective_policy_id"),
+            enforced_result: format!("{rules_prefix}enforced_engine_result"),
+        }
+    }
 }
 
 /// Compiles an HTTP RBAC filter's config.
@@ -122,6 +151,7 @@ pub fn compile_http(
         rules_stat_prefix: p.rules_stat_prefix.clone(),
         shadow_rules_stat_prefix: p.shadow_rules_stat_prefix.clone(),
         reads_metadata: engines.enforced_reads_metadata(),
+        metadata_keys: DecisionKeys::new(&p.rules_stat_prefix, &p.shadow_rules_stat_prefix),
         engines,
     })
 }
@@ -139,6 +169,7 @@ pub fn compile_per_route(
             shadow_rules_stat_prefix: String::new(),
             engines: Engines::default(),
             reads_metadata: false,
+            metadata_keys: DecisionKeys::default(),
         }),
     }
 }
@@ -443,8 +474,7 @@ fn principal(
             Principal::Metadata(sourced_metadata(ctx, s, network, warnings)?)
         }
         Some(I::FilterState(f)) => {
-            filter_state(f, warnings)?;
-            Principal::AbsentFilterState
+            filter_state(ctx, f, warnings).map_err(|e| e.within("filter_state"))?
         }
         Some(I::Custom(ext)) => {
             return Err(ConfigError::new(
@@ -581,29 +611,52 @@ fn sourced_metadata(
     )
 }
 
-/// `filter_state`: revoy keeps no filter state, so the key is never there.
-fn filter_state(f: &m::FilterStateMatcher, warnings: &mut Warnings) -> Result<(), ConfigError> {
+/// `filter_state`: the keys Istio's `istio_authn` sets (`io.istio.peer_principal`,
+/// `io.istio.local_principal`) matched as strings; any other key is never there in revoy
+/// (as in Envoy when no filter sets it), nor is an address matcher's object.
+fn filter_state(
+    ctx: &Context,
+    f: &m::FilterStateMatcher,
+    warnings: &mut Warnings,
+) -> Result<Principal, ConfigError> {
+    use m::filter_state_matcher::Matcher;
     if f.key.is_empty() {
         return Err(ConfigError::new(
-            "filter_state.key",
+            "key",
             "value length must be at least 1 characters",
         ));
     }
-    if f.matcher.is_none() {
-        return Err(ConfigError::new(
-            "filter_state.matcher",
-            "value is required",
-        ));
+    let matcher = match &f.matcher {
+        None => return Err(ConfigError::new("matcher", "value is required")),
+        Some(Matcher::StringMatch(s)) => {
+            string_matcher(ctx, s).map_err(|e| e.within("string_match"))?
+        }
+        Some(Matcher::AddressMatch(_)) => {
+            warnings.note(
+                "filter_state.address_match",
+                format!(
+                    "revoy has no address filter state, so '{}' is always absent: the matcher never matches",
+                    f.key
+                ),
+            );
+            return Ok(Principal::AbsentFilterState);
+        }
+    };
+    if !super::istio::authn::sets(&f.key) {
+        warnings.note(
+            "filter_state",
+            format!(
+                "no filter of revoy's sets '{}', so it is always absent (as in Envoy when no \
+                 filter sets it): the matcher never matches",
+                f.key
+            ),
+        );
+        return Ok(Principal::AbsentFilterState);
     }
-    warnings.note(
-        "filter_state",
-        format!(
-            "revoy keeps no filter state, so '{}' is always absent (as in Envoy when no filter \
-             sets it): the matcher never matches",
-            f.key
-        ),
-    );
-    Ok(())
+    Ok(Principal::FilterState {
+        key: f.key.as_str().into(),
+        matcher,
+    })
 }
 
 #[cfg(test)]

@@ -91,6 +91,48 @@ pub fn histogram_buckets(
     Ok(rules)
 }
 
+/// `stats_config.stats_matcher` (`None`: every stat).
+pub fn stats_matcher(
+    ctx: &Context<'_>,
+    b: &Bootstrap,
+) -> Result<Option<crate::stats::matcher::StatsMatcher>, ConfigError> {
+    use crate::stats::matcher::StatsMatcher;
+    use proto::pb::envoy::config::metrics::v3::stats_matcher::StatsMatcher as M;
+    let path = "stats_config.stats_matcher";
+    let Some(m) = b
+        .stats_config
+        .as_ref()
+        .and_then(|c| c.stats_matcher.as_ref())
+    else {
+        return Ok(None);
+    };
+    let patterns = |list: &proto::pb::envoy::r#type::matcher::v3::ListStringMatcher,
+                    field: &str| {
+        list.patterns
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                super::route::matchers::string_matcher(ctx, p)
+                    .map_err(|e| e.within(&format!("{path}.{field}.patterns[{i}]")))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    match &m.stats_matcher {
+        None => Err(ConfigError::new(
+            path,
+            "one of reject_all, exclusion_list, inclusion_list is required",
+        )),
+        Some(M::RejectAll(true)) => Ok(Some(StatsMatcher::RejectAll)),
+        Some(M::RejectAll(false)) => Ok(None),
+        Some(M::ExclusionList(l)) => {
+            Ok(Some(StatsMatcher::Exclude(patterns(l, "exclusion_list")?)))
+        }
+        Some(M::InclusionList(l)) => {
+            Ok(Some(StatsMatcher::Include(patterns(l, "inclusion_list")?)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

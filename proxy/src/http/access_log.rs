@@ -35,6 +35,41 @@ struct Received {
 /// the request's span.
 pub(super) type Handover = (Box<Record>, AccessLogs, Option<RequestTrace>);
 
+/// Writes the access-log line Envoy writes for a request its HTTP/1 codec refused (answered
+/// `status` with the reason as body, then closed): no request headers, `HTTP/1.1`, the `DPE`
+/// flag and the codec's `details` (`http1.codec_error`, `http1.headers_too_large`, ...).
+pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, details: &str) {
+    let logs = &ctx.hcm.config.access_logs;
+    if logs.is_empty() {
+        return;
+    }
+    let reason = status.canonical_reason().unwrap_or_default();
+    let mut rec = Record::new(Downstream {
+        remote: Some(ctx.down.peer),
+        direct_remote: Some(ctx.down.peer),
+        local: Some(ctx.local),
+        server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
+    });
+    rec.protocol = Some("HTTP/1.1");
+    rec.response_code = Some(status.as_u16());
+    rec.flags.set(ResponseFlag::DownstreamProtocolError);
+    rec.details = Some(details.to_owned());
+    rec.bytes_sent = reason.len() as u64;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_LENGTH,
+        HeaderValue::from(reason.len()),
+    );
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain"),
+    );
+    rec.response_headers = Some(headers);
+    rec.local_reply_body = Some(reason.to_owned());
+    rec.end = Some(Instant::now());
+    logs.log(&rec);
+}
+
 /// A request being served whose record some access log or its span will read. Dropped before
 /// [`Pending::finish`] (the client went away), it writes the record with `DC`.
 pub(super) struct Pending {

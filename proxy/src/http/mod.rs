@@ -142,8 +142,9 @@ impl ConnContext {
 
 /// A request Envoy's codecs refuse before routing.
 enum Rejection {
-    /// Answer with this local reply and close the connection.
-    Reply(http::Response<crate::body::Body>),
+    /// Answer with this local reply and close the connection; on HTTP/1, with the response
+    /// details of Envoy's codec error (which its access logs show), when it is one.
+    Reply(http::Response<crate::body::Body>, Option<&'static str>),
     /// Reset the HTTP/2 stream without a response.
     ResetStream,
 }
@@ -182,22 +183,35 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     }
     let http1 = req.version() < http::Version::HTTP_2;
     let unsupported_coding = http1 && !length && codings > 0 && (codings > 1 || !chunked_only);
-    let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024
-        || req.headers().len() > cfg.max_headers_count as usize;
+    let too_many = req.headers().len() > cfg.max_headers_count as usize;
+    let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024 || too_many;
     let unknown_method = http1 && !known_http1_method(req.method().as_str());
-    let (status, text) = if unknown_method && req.method().as_str() == "QUERY" {
+    let (status, text, details) = if unknown_method && req.method().as_str() == "QUERY" {
         // Envoy's codec knows QUERY but the connection manager refuses it, without a body.
-        (http::StatusCode::BAD_REQUEST, "")
+        (http::StatusCode::BAD_REQUEST, "", None)
     } else if lowercase_method || unknown_method || authority_form {
-        (http::StatusCode::BAD_REQUEST, "Bad Request")
+        (
+            http::StatusCode::BAD_REQUEST,
+            "Bad Request",
+            Some("http1.codec_error"),
+        )
     } else if unsupported_coding {
-        (http::StatusCode::NOT_IMPLEMENTED, "Not Implemented")
+        (
+            http::StatusCode::NOT_IMPLEMENTED,
+            "Not Implemented",
+            Some("http1.invalid_transfer_encoding"),
+        )
     } else if too_large && req.version() == http::Version::HTTP_2 {
         return Some(Rejection::ResetStream);
     } else if too_large {
         (
             http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "Request Header Fields Too Large",
+            Some(if too_many {
+                "http1.too_many_headers"
+            } else {
+                "http1.headers_too_large"
+            }),
         )
     } else {
         return None;
@@ -208,7 +222,7 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
     );
-    Some(Rejection::Reply(resp))
+    Some(Rejection::Reply(resp, details.filter(|_| http1)))
 }
 
 /// Whether Envoy 1.40's HTTP/1 codec accepts `method`: the methods of the http-parser table,
@@ -371,9 +385,12 @@ where
         crate::spawn::boxed(|| async move {
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
-                Some(Rejection::Reply(resp)) => {
+                Some(Rejection::Reply(resp, details)) => {
                     ctx.hcm.stats.rq_total.inc();
                     ctx.hcm.stats.response(resp.status().as_u16());
+                    if let Some(details) = details {
+                        access_log::log_codec_error(&ctx, resp.status(), details);
+                    }
                     return Ok(resp);
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
@@ -459,5 +476,23 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
+        if let Some((status, details)) = e.downcast_ref::<hyper::Error>().and_then(codec_error) {
+            access_log::log_codec_error(&ctx, status, details);
+        }
+    }
+}
+
+/// The status and Envoy's response details for a request hyper's HTTP/1 server refused to
+/// parse (it has answered it; [`envoy_errors`] gave the answer Envoy's bytes).
+fn codec_error(e: &hyper::Error) -> Option<(http::StatusCode, &'static str)> {
+    if e.is_parse_too_large() {
+        Some((
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "http1.headers_too_large",
+        ))
+    } else if e.is_parse() {
+        Some((http::StatusCode::BAD_REQUEST, "http1.codec_error"))
+    } else {
+        None
     }
 }

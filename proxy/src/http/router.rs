@@ -342,6 +342,7 @@ async fn route_and_forward(
     }
     let mut reselect = false;
     let mut upstream_alpn = None;
+    let mut attempt_target = None;
     if !ctx.hcm.filters.is_empty() {
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -359,6 +360,8 @@ async fn route_and_forward(
             metadata,
             upstream_alpn: None,
             peers: None,
+            attempt_target: None,
+            grpc_messages: None,
             new_path: None,
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
@@ -388,6 +391,7 @@ async fn route_and_forward(
         }
         reselect = filtered.clear_route_cache;
         upstream_alpn = filtered.upstream_alpn;
+        attempt_target = filtered.attempt_target;
         if let Some(p) = filtered.new_path.take() {
             set_path(&mut req, &p);
             path = p;
@@ -536,6 +540,9 @@ async fn route_and_forward(
                 return with_route_headers(selected, reply, &fmt);
             };
             note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*cluster_name)));
+            if let Some(t) = &attempt_target {
+                t.note_cluster(&cluster_name);
+            }
             let new_path = selected.rewritten_path(&route_req);
             let new_host = match fwd.host_rewrite.as_deref() {
                 Some(HostRewrite::Auto) => auto_host(cluster.config()),
@@ -627,9 +634,11 @@ async fn route_and_forward(
                 Duration::ZERO,
                 !cfg.suppress_envoy_headers,
             );
-            let target = pending
-                .is_some()
-                .then(std::sync::Arc::<AttemptTarget>::default);
+            let target = attempt_target.or_else(|| {
+                pending
+                    .is_some()
+                    .then(std::sync::Arc::<AttemptTarget>::default)
+            });
             note!(|r| r.attempt_target.clone_from(&target));
             // Envoy's access logs read the request as the router leaves it.
             note!(|r| if let Some(head) = r.request.as_mut() {

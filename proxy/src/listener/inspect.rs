@@ -1,8 +1,11 @@
 //! Listener-filter inspection of a connection's first bytes, without consuming them:
 //! TLS ClientHello (SNI, ALPN) and HTTP/2 prior-knowledge preface.
 
+use std::io;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 
 /// What peeking at the first bytes revealed.
@@ -16,35 +19,157 @@ pub struct Inspected {
     pub application_protocols: Vec<String>,
 }
 
+/// Why an inspection ended before the inspectors could decide; Envoy closes the connection
+/// in each case (a timeout may instead continue, by `continue_on_listener_filters_timeout`:
+/// then the stream must be registered anew, since the wait left its readiness cleared with
+/// bytes pending).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unfinished {
+    /// The client closed (or reset) its side first (`downstream_listener_filter_remote_close`).
+    Closed,
+    /// `listener_filters_timeout` passed (`downstream_pre_cx_timeout`).
+    TimedOut,
+    /// The TLS inspector's limit was reached with the ClientHello still incomplete.
+    TooLarge,
+}
+
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Peeks at up to 16 KiB (waiting at most `timeout` for data) and classifies the stream.
-pub async fn inspect(stream: &TcpStream, tls: bool, http: bool, timeout: Duration) -> Inspected {
-    let mut buf = vec![0u8; 16 * 1024];
-    let n = tokio::time::timeout(timeout, stream.peek(&mut buf))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or(0);
+/// Envoy's default (and largest) `max_client_hello_size`: what the TLS inspector peeks at most.
+const MAX_CLIENT_HELLO: usize = 16 * 1024;
+
+/// Peeks at the connection's first bytes until the inspectors can decide (the TLS inspector
+/// needs a whole record header, and a whole first record when it is a TLS one, as Envoy's
+/// BoringSSL-based inspector does) or the client closes, waiting at most `timeout` (`None`: no
+/// limit), and classifies the stream.
+pub async fn inspect(
+    stream: &TcpStream,
+    tls: bool,
+    http: bool,
+    timeout: Option<Duration>,
+) -> Result<Inspected, Unfinished> {
+    let mut buf = vec![0u8; MAX_CLIENT_HELLO];
+    let peeked = peek_until_decided(stream, &mut buf, tls);
+    let n = match timeout {
+        Some(limit) => tokio::time::timeout(limit, peeked)
+            .await
+            .map_err(|_| Unfinished::TimedOut)?,
+        None => peeked.await,
+    }
+    .unwrap_or(0);
     let data = &buf[..n];
+    if data.is_empty() {
+        return Err(Unfinished::Closed);
+    }
     let mut out = Inspected {
         transport_protocol: "raw_buffer",
         ..Default::default()
     };
-    if tls && data.first() == Some(&0x16) {
-        out.transport_protocol = "tls";
-        if let Some((sni, alpn)) = parse_client_hello(data) {
-            out.server_name = sni;
-            out.application_protocols = alpn;
+    match tls.then(|| tls_verdict(data, buf.len())) {
+        Some(TlsVerdict::TooLarge) => return Err(Unfinished::TooLarge),
+        Some(TlsVerdict::Tls) => {
+            out.transport_protocol = "tls";
+            if let Some((sni, alpn)) = parse_client_hello(data) {
+                out.server_name = sni;
+                out.application_protocols = alpn;
+            }
+            return Ok(out);
         }
-    } else if http && !data.is_empty() {
+        Some(TlsVerdict::NeedMore | TlsVerdict::NotTls) | None => {}
+    }
+    if http {
         if data.starts_with(&H2_PREFACE[..data.len().min(H2_PREFACE.len())]) {
             out.application_protocols.push("h2c".into());
         } else if data.windows(7).any(|w| w == b"HTTP/1.") {
             out.application_protocols.push("http/1.1".into());
         }
     }
-    out
+    Ok(out)
+}
+
+/// Peeks into `buf` until the TLS inspector (when `tls`) has what it needs, the buffer is
+/// full, or the client closed (0, also when it closed its side before sending enough). Waits
+/// for more bytes between peeks: a peek that finds too few clears the socket's readiness, so
+/// the next wait ends only when more data (or the client's close) arrives.
+async fn peek_until_decided(stream: &TcpStream, buf: &mut [u8], tls: bool) -> io::Result<usize> {
+    loop {
+        let ready = stream.ready(Interest::READABLE).await?;
+        let peeked = stream.try_io(Interest::READABLE, || {
+            let n = peek(stream, buf)?;
+            let more = n > 0 && tls && tls_verdict(&buf[..n], buf.len()) == TlsVerdict::NeedMore;
+            if more {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(n)
+            }
+        });
+        match peeked {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && ready.is_read_closed() => {
+                return Ok(0);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return Ok(0),
+            other => return other,
+        }
+    }
+}
+
+/// One non-blocking `recv(MSG_PEEK)`: the bytes waiting, left in the socket.
+fn peek(stream: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: the descriptor is open while `stream` is borrowed, and `buf` is a valid,
+    // writable buffer of `buf.len()` bytes.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+/// What the TLS inspector makes of the bytes so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TlsVerdict {
+    /// Too few bytes to decide: a record header, or the rest of a TLS first record.
+    NeedMore,
+    /// A TLS record holding a ClientHello.
+    Tls,
+    /// Not TLS: a record header with another major version, or a first record that is not a
+    /// handshake record starting a ClientHello (or too long for any record).
+    NotTls,
+    /// A TLS first record longer than the inspector reads (`limit` bytes).
+    TooLarge,
+}
+
+/// TLS plaintext records are at most 2^14 bytes; BoringSSL refuses a record header announcing
+/// more than that plus the largest encryption overhead.
+const MAX_RECORD: usize = 16 * 1024 + 2048;
+
+/// Envoy's rule, as BoringSSL reads the first record: five bytes for the header; a major
+/// version other than 3 is not TLS at once; otherwise the whole record is awaited (up to
+/// `limit` bytes), then its type and first handshake message decide.
+fn tls_verdict(d: &[u8], limit: usize) -> TlsVerdict {
+    let Some(header) = d.get(..5) else {
+        return TlsVerdict::NeedMore;
+    };
+    let length = usize::from(u16::from_be_bytes([header[3], header[4]]));
+    if header[1] != 3 || length > MAX_RECORD {
+        return TlsVerdict::NotTls;
+    }
+    if d.len() < 5 + length {
+        return if d.len() >= limit {
+            TlsVerdict::TooLarge
+        } else {
+            TlsVerdict::NeedMore
+        };
+    }
+    if header[0] == 0x16 && d.get(5) == Some(&1) {
+        TlsVerdict::Tls
+    } else {
+        TlsVerdict::NotTls
+    }
 }
 
 fn be16(d: &[u8], at: usize) -> Option<usize> {
@@ -135,5 +260,29 @@ mod tests {
         assert_eq!(sni.as_deref(), Some("api.example.com"));
         assert_eq!(alpn, vec!["h2", "http/1.1"]);
         assert!(parse_client_hello(b"GET / HTTP/1.1\r\n").is_none());
+    }
+
+    #[test]
+    fn tls_verdict_waits_for_a_record_header_then_a_tls_record() {
+        let limit = MAX_CLIENT_HELLO;
+        assert_eq!(tls_verdict(b"GET ", limit), TlsVerdict::NeedMore);
+        assert_eq!(tls_verdict(b"GET /", limit), TlsVerdict::NotTls);
+        assert_eq!(
+            tls_verdict(b"\x16\x03\x01\x00\x10abc", limit),
+            TlsVerdict::NeedMore
+        );
+        assert_eq!(
+            tls_verdict(b"\x16\x04\x01\x00\x10abc", limit),
+            TlsVerdict::NotTls
+        );
+        assert_eq!(
+            tls_verdict(b"\x17\x03\x03\x00\x01x", limit),
+            TlsVerdict::NotTls
+        );
+        assert_eq!(
+            tls_verdict(b"\x16\x03\x01\x00\x09", 5),
+            TlsVerdict::TooLarge
+        );
+        assert_eq!(tls_verdict(&hello(&[]), limit), TlsVerdict::Tls);
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::server::Acceptor;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
@@ -55,6 +55,8 @@ struct Chain {
 struct Tls {
     context: crate::tls::ServerContext,
     stats: TlsStats,
+    /// The chain has Istio's `istio_authn` filter.
+    istio_authn: bool,
 }
 
 impl Tls {
@@ -104,7 +106,8 @@ impl Tls {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
-        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented);
+        let certificates = PeerTls::new(stream.get_ref().1.peer_certificates(), presented)
+            .with_istio_authn(self.istio_authn);
         Some((stream, certificates))
     }
 
@@ -181,6 +184,12 @@ pub struct Listener {
     cx: Connections,
     cx_destroy: Counter,
     no_filter_chain: Counter,
+    /// `downstream_pre_cx_timeout`: connections closed (or let through) when the listener
+    /// filters' timeout passed.
+    pre_cx_timeout: Counter,
+    /// `downstream_listener_filter_remote_close`: connections the client closed while the
+    /// listener filters waited for bytes.
+    listener_filter_remote_close: Counter,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
     fail_closed: Option<Counter>,
     /// Its `envoy.filters.listener.local_ratelimit`.
@@ -203,7 +212,11 @@ impl Listener {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
             let context = crate::tls::server_context(spec, secrets, stats.clone())?;
-            Some(Tls { context, stats })
+            Some(Tls {
+                context,
+                stats,
+                istio_authn: c.istio_authn,
+            })
         };
         let chain = |c: &ChainConfig| -> Arc<Chain> {
             let identity = (c.fingerprint, c.refused.clone());
@@ -250,6 +263,9 @@ impl Listener {
             cx: Connections::timed(stats, &prefix),
             cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
+            pre_cx_timeout: stats.counter(&format!("{prefix}.downstream_pre_cx_timeout")),
+            listener_filter_remote_close: stats
+                .counter(&format!("{prefix}.downstream_listener_filter_remote_close")),
             fail_closed: config
                 .chains
                 .iter()
@@ -302,8 +318,8 @@ impl Listener {
 
     /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
     /// workers each accept on their own socket; TCP_NODELAY, which Linux copies to every
-    /// socket it accepts).
-    pub fn bind(&self, reuse_port: bool) -> std::io::Result<TcpListener> {
+    /// socket it accepts), not listening yet: see [`listen`].
+    pub fn bind(&self, reuse_port: bool) -> std::io::Result<socket2::Socket> {
         let addr = self.config.address;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
@@ -323,8 +339,7 @@ impl Listener {
         socket.set_nonblocking(true)?;
         socket.set_tcp_nodelay(true)?;
         socket.bind(&addr.into())?;
-        socket.listen(1024)?;
-        TcpListener::from_std(socket.into())
+        Ok(socket)
     }
 
     /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
@@ -388,7 +403,7 @@ impl Listener {
     /// connection handed off by a `use_original_dst` listener, counted on this listener alone).
     async fn serve_on(
         &self,
-        stream: TcpStream,
+        mut stream: TcpStream,
         peer: SocketAddr,
         shared: &Arc<Shared>,
         worker: Option<&Connections>,
@@ -402,19 +417,38 @@ impl Listener {
             return;
         }
         let needs_peek = f.tls_inspector || f.http_inspector;
+        let plain = || inspect::Inspected {
+            transport_protocol: "raw_buffer",
+            ..Default::default()
+        };
         let inspected = if needs_peek {
-            inspect::inspect(
-                &stream,
-                f.tls_inspector,
-                f.http_inspector,
-                Duration::from_secs(15),
-            )
-            .await
-        } else {
-            inspect::Inspected {
-                transport_protocol: "raw_buffer",
-                ..Default::default()
+            match inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout).await {
+                Ok(inspected) => inspected,
+                Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {
+                    self.pre_cx_timeout.inc();
+                    // The cut-short wait left the socket's readiness cleared with bytes
+                    // waiting: a fresh registration sees them.
+                    match stream.into_std().and_then(TcpStream::from_std) {
+                        Ok(fresh) => stream = fresh,
+                        Err(e) => {
+                            tracing::debug!(listener = %self.config.name, %peer, "re-registering after the listener filters' timeout: {e}");
+                            return;
+                        }
+                    }
+                    plain()
+                }
+                Err(unfinished) => {
+                    match unfinished {
+                        inspect::Unfinished::TimedOut => self.pre_cx_timeout.inc(),
+                        inspect::Unfinished::Closed => self.listener_filter_remote_close.inc(),
+                        inspect::Unfinished::TooLarge => {}
+                    }
+                    tracing::debug!(listener = %self.config.name, %peer, ?unfinished, "listener filters unfinished; closing");
+                    return;
+                }
             }
+        } else {
+            plain()
         };
         if !f.rate_limit_first && rate_limited() {
             return;
@@ -459,7 +493,6 @@ impl Listener {
             peer,
             sni,
         };
-        let mut stream = stream;
         let plaintext = matches!(
             &chain.kind,
             ChainKind::Http(_, None) | ChainKind::Tcp(_, None)
@@ -709,4 +742,11 @@ fn set_transparent(socket: &socket2::Socket, addr: SocketAddr, on: bool) -> std:
     } else {
         Err(std::io::Error::last_os_error())
     }
+}
+
+/// Starts listening on a socket [`Listener::bind`] bound, registered with the current worker's
+/// runtime (call it inside that runtime's context).
+pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListener> {
+    socket.listen(1024)?;
+    tokio::net::TcpListener::from_std(socket.into())
 }

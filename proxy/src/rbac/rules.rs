@@ -85,6 +85,10 @@ impl Principal {
                 .request
                 .is_some_and(|r| m.matches(strip_query(r.path))),
             Principal::Metadata(m) => m.matches(facts.metadata),
+            Principal::FilterState { key, matcher } => facts
+                .tls
+                .and_then(|t| t.filter_state(key))
+                .is_some_and(|v| matcher.matches(v)),
             Principal::AbsentFilterState => false,
         }
     }

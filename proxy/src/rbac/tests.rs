@@ -224,6 +224,37 @@ fn authenticated_principal_is_a_uri_san_else_a_dns_san_else_the_subject() {
     assert!(!allowed(&spiffe, &facts));
 }
 
+/// istiod's shapes of AuthorizationPolicy `principals` and `namespaces`: filter state
+/// `io.istio.peer_principal`, which only a chain with `istio_authn` has, and only once the
+/// peer presented a certificate (its first `spiffe://` URI SAN).
+#[test]
+fn istio_peer_principal_is_filter_state_of_istio_authn_chains() {
+    let by = |m: &str| {
+        rules(&format!(
+            "policies: {{p: {{permissions: [{{any: true}}], principals: [{{filter_state: {{key: io.istio.peer_principal, string_match: {m}}}}}]}}}}"
+        ))
+    };
+    let sleep = by("{exact: 'spiffe://cluster.local/ns/default/sa/sleep'}");
+    let namespace = by("{safe_regex: {regex: '.*/ns/default/.*'}}");
+    let other = by("{exact: 'spiffe://cluster.local/ns/default/sa/other'}");
+    let uris = [
+        "https://not-spiffe.example",
+        "spiffe://cluster.local/ns/default/sa/sleep",
+    ];
+    let mut facts = connection();
+    let without_authn = peer(&uris, &[], "sleep");
+    facts.tls = Some(&without_authn);
+    assert!(!allowed(&sleep, &facts), "no istio_authn: no filter state");
+    let with_authn = peer(&uris, &[], "sleep").with_istio_authn(true);
+    facts.tls = Some(&with_authn);
+    assert!(allowed(&sleep, &facts));
+    assert!(allowed(&namespace, &facts));
+    assert!(!allowed(&other, &facts));
+    let anonymous = crate::tls::PeerTls::new(None, None).with_istio_authn(true);
+    facts.tls = Some(&anonymous);
+    assert!(!allowed(&namespace, &facts), "no certificate: no principal");
+}
+
 #[test]
 fn requested_server_name() {
     let r = rules(

@@ -10,6 +10,7 @@
 pub mod circllhist;
 pub mod histogram;
 pub mod keyed;
+pub mod matcher;
 mod number;
 mod render;
 pub mod tags;

@@ -18,11 +18,15 @@ pub struct Selection<'a> {
     pub used_only: bool,
     /// Only those whose name the regex finds a match in.
     pub filter: Option<&'a Regex>,
+    /// Only those the bootstrap's `stats_matcher` keeps.
+    pub matcher: Option<&'a super::matcher::StatsMatcher>,
 }
 
 impl Selection<'_> {
     fn takes(&self, name: &str, used: bool) -> bool {
-        (!self.used_only || used) && self.filter.is_none_or(|f| f.is_match(name))
+        (!self.used_only || used)
+            && self.filter.is_none_or(|f| f.is_match(name))
+            && self.matcher.is_none_or(|m| m.keeps(name))
     }
 }
 
@@ -474,7 +478,7 @@ mod tests {
         );
         let used_only = Selection {
             used_only: true,
-            filter: None,
+            ..Selection::default()
         };
         let unset = [("x.version_text".to_owned(), TextReadout::default())];
         assert_eq!(

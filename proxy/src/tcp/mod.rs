@@ -206,7 +206,7 @@ impl TcpProxy {
             }
             tls => {
                 let up_peer = upstream_exchange(istio.as_ref(), &upstream.mx, tls).await;
-                let upstream_san = upstream_peer_san(tls);
+                let upstream_san = tls.peer_uri_san();
                 self.run(
                     self.copy_exchanging(&mut downstream, None, tls, up_peer.clone(), &activity),
                     &activity,
@@ -264,7 +264,7 @@ impl TcpProxy {
             };
             let up_peer =
                 upstream_exchange(istio.as_ref(), &upstream.mx, &mut upstream.stream).await;
-            let upstream_san = upstream_peer_san(&upstream.stream);
+            let upstream_san = upstream.stream.peer_uri_san();
             self.run(
                 self.copy_exchanging(
                     &mut downstream,
@@ -528,20 +528,6 @@ async fn upstream_exchange(
     }
     exchange::send_frame(upstream, istio.local).await.ok()?;
     Some(Peer::default())
-}
-
-/// The first URI SAN of a TLS upstream's certificate (empty for plaintext or none).
-fn upstream_peer_san(upstream: &UpstreamIo) -> String {
-    let UpstreamIo::Tls(tls) = upstream else {
-        return String::new();
-    };
-    tls.get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(|c| crate::tls::x509::parse(c).ok())
-        .and_then(|info| info.uri_sans().next().map(str::to_owned))
-        .unwrap_or_default()
 }
 
 /// Records a connection that ended in Istio's TCP metrics (`istio.stats` on its chain):

@@ -26,6 +26,8 @@ pub struct PeerTls {
     xfcc: [OnceLock<String>; 2],
     /// The SNI the client sent (`%REQUESTED_SERVER_NAME%`).
     server_name: Option<Arc<str>>,
+    /// Whether the chain's `istio_authn` filter ran: the principals are filter state.
+    istio_authn: bool,
 }
 
 impl PeerTls {
@@ -42,6 +44,34 @@ impl PeerTls {
             local_uris: OnceLock::new(),
             xfcc: [OnceLock::new(), OnceLock::new()],
             server_name: None,
+            istio_authn: false,
+        }
+    }
+
+    /// The same, as a connection of a chain with (`on`) or without Istio's `istio_authn`
+    /// filter.
+    pub fn with_istio_authn(mut self, on: bool) -> Self {
+        self.istio_authn = on;
+        self
+    }
+
+    /// The connection's filter state `key`, as `istio_authn` sets it: once the peer presented
+    /// a certificate, the first `spiffe://` URI SAN of the peer's certificate
+    /// (`io.istio.peer_principal`) and of this side's (`io.istio.local_principal`).
+    pub fn filter_state(&self, key: &str) -> Option<&str> {
+        use crate::config::istio::authn::{LOCAL_PRINCIPAL, PEER_PRINCIPAL};
+        if !self.istio_authn || !self.presented() {
+            return None;
+        }
+        let spiffe = |s: &&str| s.starts_with("spiffe://");
+        match key {
+            PEER_PRINCIPAL => self.peer()?.uri_sans().find(spiffe),
+            LOCAL_PRINCIPAL => self
+                .local_uri_sans()
+                .iter()
+                .map(String::as_str)
+                .find(spiffe),
+            _ => None,
         }
     }
 

@@ -19,6 +19,20 @@ pub enum UpstreamIo {
 }
 
 impl UpstreamIo {
+    /// The first URI SAN of a TLS upstream's certificate (empty for plaintext or none).
+    pub fn peer_uri_san(&self) -> String {
+        let UpstreamIo::Tls(tls) = self else {
+            return String::new();
+        };
+        tls.get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .and_then(|c| crate::tls::x509::parse(c).ok())
+            .and_then(|info| info.uri_sans().next().map(str::to_owned))
+            .unwrap_or_default()
+    }
+
     /// The TCP socket underneath.
     pub fn tcp(&self) -> &TcpStream {
         match self {

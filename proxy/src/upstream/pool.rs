@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::access_log::AttemptTarget;
+use crate::access_log::{AttemptTarget, UpstreamSans};
 use crate::body::Body;
 use crate::config::istio::alpn::AlpnList;
 
@@ -60,6 +60,8 @@ pub struct ActiveConnection {
     requests: Requests,
     /// The socket's local address (`%UPSTREAM_LOCAL_ADDRESS%`), read once when it connected.
     local: Option<SocketAddr>,
+    /// Over TLS, the two certificates' identities, read once when it connected.
+    sans: Option<Arc<UpstreamSans>>,
 }
 
 /// How a connection's requests are counted: by its one user (HTTP/1.1), or by every request
@@ -74,6 +76,11 @@ impl ActiveConnection {
     /// The connection's local address.
     pub fn local(&self) -> Option<SocketAddr> {
         self.local
+    }
+
+    /// Over TLS, the identities of the upstream's certificate and this side's.
+    pub fn sans(&self) -> Option<&Arc<UpstreamSans>> {
+        self.sans.as_ref()
     }
 
     /// The first URI SAN of the certificate this side presents on it (TLS with a client
@@ -173,6 +180,7 @@ struct H2Connection {
     sender: http2::SendRequest<Body>,
     requests: Arc<std::sync::atomic::AtomicU32>,
     local: Option<SocketAddr>,
+    sans: Option<Arc<UpstreamSans>>,
 }
 
 /// A host's pooled HTTP connections.
@@ -303,16 +311,21 @@ pub(crate) async fn connect(
     let opened = std::time::Instant::now();
     let connect_ms = opened.duration_since(started).as_millis() as u64;
     opts.stats.cx_connect_ms().record(connect_ms);
-    Ok((
-        stream,
-        ActiveConnection {
-            host: host.clone(),
-            stats: opts.stats.clone(),
-            opened,
-            requests: Requests::Own(0),
-            local,
-        },
-    ))
+    let mut active = ActiveConnection {
+        host: host.clone(),
+        stats: opts.stats.clone(),
+        opened,
+        requests: Requests::Own(0),
+        local,
+        sans: None,
+    };
+    if let UpstreamIo::Tls(_) = &stream {
+        active.sans = Some(Arc::new(UpstreamSans {
+            peer: stream.peer_uri_san(),
+            local: active.local_uri_san(),
+        }));
+    }
+    Ok((stream, active))
 }
 
 /// The TLS handshake on a connected socket, under `server_name` (else the context's) and
@@ -362,7 +375,7 @@ pub(crate) async fn send_h1(
             None => Box::pin(wait_for_h1(host, opts)).await?,
         };
         if let Some(t) = opts.target {
-            t.note(host.addr, conn.local());
+            t.note(host.addr, conn.local(), conn.sans());
         }
         let release = h1::Release {
             host: host.clone(),
@@ -469,10 +482,10 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, requests, local, fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, (local, sans), fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if let Some(t) = opts.target {
-            t.note(host.addr, local);
+            t.note(host.addr, local, sans.as_ref());
         }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
@@ -502,12 +515,12 @@ pub(crate) async fn send_h2(
     }
 }
 
-/// The host's usable HTTP/2 connection: its sender, its stream count and its local address,
-/// and whether it was opened for this request.
+/// The host's usable HTTP/2 connection: its sender, its stream count, its local address and
+/// TLS identities, and whether it was opened for this request.
 type H2Sender = (
     http2::SendRequest<Body>,
     Arc<std::sync::atomic::AtomicU32>,
-    Option<SocketAddr>,
+    (Option<SocketAddr>, Option<Arc<UpstreamSans>>),
     bool,
 );
 
@@ -517,7 +530,14 @@ async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sende
             .h2
             .load_full()
             .filter(|c| !c.sender.is_closed())
-            .map(|c| (c.sender.clone(), c.requests.clone(), c.local, false))
+            .map(|c| {
+                (
+                    c.sender.clone(),
+                    c.requests.clone(),
+                    (c.local, c.sans.clone()),
+                    false,
+                )
+            })
     };
     if let Some(s) = usable() {
         return Ok(s);
@@ -538,9 +558,9 @@ async fn open_h2(
         return Ok(s);
     }
     let (stream, active) = connect(host, opts).await?;
-    let local = active.local();
+    let at = (active.local(), active.sans().cloned());
     let (sender, requests) = start_h2(host, opts, stream, active).await?;
-    Ok((sender, requests, local, true))
+    Ok((sender, requests, at, true))
 }
 
 /// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection; answers
@@ -559,6 +579,7 @@ async fn start_h2(
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
     let local = active.local();
+    let sans = active.sans().cloned();
     tokio::spawn(async move {
         let _ = conn.await;
         drop(active);
@@ -567,6 +588,7 @@ async fn start_h2(
         sender: sender.clone(),
         requests: requests.clone(),
         local,
+        sans,
     })));
     Ok((sender, requests))
 }

@@ -302,6 +302,24 @@ pub fn tcp(
     })
 }
 
+/// One HTTP/1.1 exchange of `request` (whole, with `connection: close`) from an application
+/// in `ns`: everything that came back, the head with the body.
+pub fn http1_raw(ns: &Netns, addr: SocketAddr, request: &str) -> Result<String, String> {
+    let request = request.to_owned();
+    as_app(ns, move || {
+        let mut conn = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        conn.write_all(request.as_bytes())
+            .map_err(|e| format!("write: {e}"))?;
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer)
+            .map_err(|e| format!("read: {e}"))?;
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    })
+}
+
 /// The value of `key` in an echo answer's `Key=Value` lines.
 pub fn field<'a>(answer: &'a str, key: &str) -> Option<&'a str> {
     answer

@@ -18,8 +18,19 @@
 //!   clusters bound to 127.0.0.6; `PassthroughCluster`, `InboundPassthroughCluster`,
 //!   `BlackHoleCluster`.
 //!
-//! Istio's own filters (`istio.alpn`, `istio.metadata_exchange`, `istio.stats`) are left out:
-//! stock Envoy lacks them, and every assertion holds without them.
+//! Istio's own filters (`istio.alpn`, `istio.metadata_exchange`, `istio.stats`) stock Envoy
+//! lacks, so they are in the config only when [`Mesh::istio_filters`] says so (every pod runs
+//! revoy). They are placed as istiod places them today (istio/istio
+//! `pilot/pkg/networking/core/listener_builder.go`, `networkfilter.go`, `cluster_builder.go`,
+//! `pilot/pkg/xds/filters/filters.go`): outbound HTTP `istio.metadata_exchange` (upstream
+//! discovery and propagation), `grpc_stats`, `istio.alpn`, `fault`, `cors`, `istio.stats`;
+//! inbound HTTP the same but downstream discovery and propagation, the RBAC filters after the
+//! exchange and no `istio.alpn`; inbound
+//! TCP the network `istio.metadata_exchange` and `istio.stats`, its mTLS offering
+//! `istio-peer-exchange`; outbound TCP `istio.stats`, with the exchange as every outbound
+//! cluster's upstream filter. The inbound HTTP port then takes the chains istiod gives a port
+//! whose protocol it sniffs: HTTP only for the `istio-http/*` ALPNs `istio.alpn` offers, TCP for
+//! other mTLS, so the chain a request reaches tells which ALPN its client offered.
 
 use serde_json::{Value, json};
 
@@ -75,6 +86,45 @@ pub struct Workload {
     pub tproxy: bool,
 }
 
+/// Every workload's `version` label and canonical revision.
+pub const VERSION: &str = "v1";
+
+/// The mesh's cluster (pilot-agent's `CLUSTER_ID`).
+pub const CLUSTER_ID: &str = "Kubernetes";
+
+impl Workload {
+    /// Its `app` label and canonical service: its service account's name.
+    pub fn app(&self) -> &'static str {
+        self.service_account
+    }
+
+    /// Its deployment (`WORKLOAD_NAME`): `<app>-v1`.
+    pub fn deployment(&self) -> String {
+        format!("{}-{VERSION}", self.app())
+    }
+
+    /// What pilot-agent puts in its proxy's node metadata about it (the fields Istio's
+    /// filters read; `POD_NAME` and `SERVICE_ACCOUNT` besides).
+    pub fn node_metadata(&self) -> Value {
+        let deployment = self.deployment();
+        json!({
+            "NAME": self.pod,
+            "POD_NAME": self.pod,
+            "NAMESPACE": NAMESPACE,
+            "SERVICE_ACCOUNT": self.service_account,
+            "WORKLOAD_NAME": deployment,
+            "OWNER": format!("kubernetes://apis/apps/v1/namespaces/{NAMESPACE}/deployments/{deployment}"),
+            "CLUSTER_ID": CLUSTER_ID,
+            "LABELS": {
+                "app": self.app(),
+                "version": VERSION,
+                "service.istio.io/canonical-name": self.app(),
+                "service.istio.io/canonical-revision": VERSION,
+            },
+        })
+    }
+}
+
 /// The SPIFFE identity of `service_account`:
 /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
 pub fn spiffe(service_account: &str) -> String {
@@ -121,29 +171,53 @@ pub struct Mesh {
     /// VirtualService-style path routes: `(service, path prefix, to)` sends the service's
     /// requests under the prefix to service `to`.
     pub path_routes: Vec<(&'static str, &'static str, &'static str)>,
+    /// Whether the config has Istio's own filters (only for pods that all run revoy).
+    pub istio_filters: bool,
 }
 
 /// The path a split sends half to each service.
 pub const SPLIT_PATH: &str = "/split";
 
+/// The path prefix every pod's AuthorizationPolicy denies (a DENY rule).
+pub const DENIED_PATH: &str = "/admin";
+
+/// The path prefix every pod's AuthorizationPolicy allows only from pod a's service account
+/// (an ALLOW policy whose other rule allows every other path from anyone).
+pub const PRIVATE_PATH: &str = "/private";
+
+/// The path prefix svc-b's VirtualService aborts with [`FAULT_STATUS`] (fault injection).
+pub const FAULT_PATH: &str = "/fault";
+
+/// The status of the injected abort.
+pub const FAULT_STATUS: u16 = 418;
+
+/// The origin svc-b's corsPolicy allows.
+pub const CORS_ORIGIN: &str = "https://app.example";
+
 /// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
 /// `revoy xds-server` directory of its pod.
 pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
-    let mut listeners = vec![virtual_outbound(mesh.outbound), http_outbound()];
+    let istio = mesh.istio_filters;
+    let mut listeners = vec![virtual_outbound(mesh.outbound), http_outbound(istio)];
     let mut clusters = vec![blackhole(), passthrough(), inbound_passthrough()];
     let mut endpoints = Vec::new();
     for service in &mesh.services {
         for port in [TCP_PORT, FIRST_PORT] {
-            listeners.push(tcp_outbound(service, port));
+            listeners.push(tcp_outbound(service, port, istio));
         }
         for port in [SERVICE_HTTP_PORT, TCP_PORT, FIRST_PORT] {
-            clusters.push(outbound_cluster(service, port));
+            clusters.push(outbound_cluster(service, port, istio));
             endpoints.push(load_assignment(service, port));
         }
     }
-    listeners.push(virtual_inbound(workload));
+    listeners.push(virtual_inbound(workload, istio));
+    let served: Vec<&Service> = mesh
+        .services
+        .iter()
+        .filter(|s| s.endpoints.iter().any(|w| w.pod == workload.pod))
+        .collect();
     for port in [HTTP_PORT, TCP_PORT, FIRST_PORT] {
-        clusters.push(inbound_cluster(port));
+        clusters.push(inbound_cluster(port, &served));
     }
     vec![
         ("listeners.json", json!({ "resources": listeners })),
@@ -197,6 +271,112 @@ const MTLS_HTTP_ALPN: [&str; 5] = [
 
 /// The ALPN values Istio's outbound mTLS clusters offer, and its TCP inbound chains match.
 const MTLS_TCP_ALPN: [&str; 2] = ["istio-peer-exchange", "istio"];
+
+/// The ALPN values the inbound HTTP chain of a port whose protocol istiod sniffs matches
+/// (`mtlsHTTPALPNs`): only what `istio.alpn` offers.
+pub const ISTIO_HTTP_ALPN: [&str; 3] = ["istio-http/1.0", "istio-http/1.1", "istio-h2"];
+
+/// The ALPN an inbound TCP chain's mTLS offers when the metadata exchange is on
+/// (`ALPNDownstreamWithMxc`).
+const DOWNSTREAM_MX_ALPN: [&str; 3] = ["istio-peer-exchange", "h2", "http/1.1"];
+
+const TYPED_STRUCT: &str = "type.googleapis.com/udpa.type.v1.TypedStruct";
+
+/// The name istiod gives both metadata exchange filters (`MxFilterName`).
+const MX: &str = "istio.metadata_exchange";
+
+/// The HTTP `istio.metadata_exchange` (io.istio.http.peer_metadata.Config in a TypedStruct):
+/// istiod's `SidecarOutboundMetadataFilter` (the upstream peer discovered, this proxy's
+/// metadata sent upstream) or `SidecarInboundMetadataFilter` (the same downstream).
+fn http_exchange(outbound: bool) -> Value {
+    let discovery = json!([{ "istio_headers": {} }, { "workload_discovery": {} }]);
+    let propagation = json!([{ "istio_headers": {} }]);
+    let value = if outbound {
+        json!({ "upstream_discovery": discovery, "upstream_propagation": propagation })
+    } else {
+        json!({ "downstream_discovery": discovery, "downstream_propagation": propagation })
+    };
+    json!({
+        "name": MX,
+        "typed_config": {
+            "@type": TYPED_STRUCT,
+            "type_url": "type.googleapis.com/io.istio.http.peer_metadata.Config",
+            "value": value,
+        },
+    })
+}
+
+/// The network metadata exchange's config (istiod's `TCPListenerMx` / `TCPClusterMx`).
+fn tcp_exchange() -> Value {
+    json!({
+        "@type": TYPED_STRUCT,
+        "type_url": "type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange",
+        "value": { "protocol": "istio-peer-exchange", "enable_discovery": true },
+    })
+}
+
+/// `istio.stats` (HTTP or network) as istiod's default Telemetry makes it: an inbound
+/// listener's does not take `destination_service` from the Host header.
+fn istio_stats(inbound: bool) -> Value {
+    let mut config = json!({ "@type": "type.googleapis.com/stats.PluginConfig" });
+    if inbound {
+        config["disable_host_header_fallback"] = true.into();
+    }
+    json!({ "name": "istio.stats", "typed_config": config })
+}
+
+/// istiod's `istio.alpn`: the `istio-http/*` ALPN per upstream protocol.
+fn istio_alpn() -> Value {
+    json!({
+        "name": "istio.alpn",
+        "typed_config": {
+            "@type": "type.googleapis.com/istio.envoy.config.filter.http.alpn.v2alpha1.FilterConfig",
+            "alpn_override": [
+                { "alpn_override": ["istio-http/1.0", "istio", "http/1.0"] },
+                { "upstream_protocol": "HTTP11", "alpn_override": ["istio-http/1.1", "istio", "http/1.1"] },
+                { "upstream_protocol": "HTTP2", "alpn_override": ["istio-h2", "istio", "h2"] },
+            ],
+        },
+    })
+}
+
+/// An HTTP connection manager's filters in istiod's order: on an inbound listener the
+/// AuthorizationPolicies' RBAC; `grpc_stats`; `fault` and `cors` for the routes' configs;
+/// with Istio's filters, the metadata exchange first, `istio.alpn` (outbound only) after
+/// `grpc_stats` and, last before the router, `istio.stats`.
+fn http_filters(istio: bool, inbound: bool) -> Vec<Value> {
+    let mut filters = Vec::new();
+    if istio {
+        filters.push(http_exchange(!inbound));
+    }
+    if inbound {
+        filters.extend(authorization_policies());
+    }
+    filters.push(grpc_stats());
+    if istio && !inbound {
+        filters.push(istio_alpn());
+    }
+    filters.extend([
+        http_filter(FAULT, "fault.v3.HTTPFault"),
+        http_filter(CORS, "cors.v3.Cors"),
+    ]);
+    if istio {
+        filters.push(istio_stats(inbound));
+    }
+    filters.push(router());
+    filters
+}
+
+/// An inbound TCP chain's filters: with Istio's, the exchange and `istio.stats` first.
+fn inbound_tcp_filters(istio: bool, cluster: &str) -> Vec<Value> {
+    let mut filters = Vec::new();
+    if istio {
+        filters.push(json!({ "name": MX, "typed_config": tcp_exchange() }));
+        filters.push(istio_stats(true));
+    }
+    filters.push(tcp_proxy(cluster));
+    filters
+}
 
 fn address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": ip, "port_value": port } })
@@ -279,7 +459,7 @@ fn virtual_outbound(outbound: Outbound) -> Value {
     })
 }
 
-fn http_outbound() -> Value {
+fn http_outbound(istio: bool) -> Value {
     json!({
         "@type": LISTENER,
         "name": format!("0.0.0.0_{SERVICE_HTTP_PORT}"),
@@ -300,7 +480,7 @@ fn http_outbound() -> Value {
                             "resource_api_version": "V3",
                         },
                     },
-                    "http_filters": [router()],
+                    "http_filters": http_filters(istio, false),
                     "use_remote_address": false,
                     "normalize_path": true,
                     "path_with_escaped_slashes_action": "KEEP_UNCHANGED",
@@ -309,6 +489,77 @@ fn http_outbound() -> Value {
             }],
         }],
     })
+}
+
+const FAULT: &str = "envoy.filters.http.fault";
+const CORS: &str = "envoy.filters.http.cors";
+const RBAC: &str = "envoy.filters.http.rbac";
+
+/// An HTTP filter `name` with an empty config of type `envoy.extensions.filters.http.<ty>`
+/// (what istiod puts in every connection manager; routes carry the real configs).
+fn http_filter(name: &str, ty: &str) -> Value {
+    json!({
+        "name": name,
+        "typed_config": { "@type": format!("type.googleapis.com/envoy.extensions.filters.http.{ty}") },
+    })
+}
+
+/// `envoy.filters.http.grpc_stats` as istiod configures it (no per-method stats).
+fn grpc_stats() -> Value {
+    json!({
+        "name": "envoy.filters.http.grpc_stats",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig",
+            "emit_filter_state": true,
+            "stats_for_all_methods": false,
+        },
+    })
+}
+
+/// The RBAC filter istiod makes for every pod's AuthorizationPolicies: a DENY policy for
+/// [`DENIED_PATH`] from anyone, and an ALLOW policy with two rules — every path but
+/// [`PRIVATE_PATH`] from anyone, that one from pod a's service account only — each in
+/// istiod's shape (`and_rules`/`or_rules`, `and_ids`/`or_ids`, the peer's SPIFFE identity as
+/// an `authenticated` principal).
+fn authorization_policies() -> [Value; 2] {
+    let path = |prefix: &str| json!({ "url_path": { "path": { "prefix": prefix } } });
+    let rbac = |action: &str, policies: Value| {
+        json!({
+            "name": RBAC,
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC",
+                "rules": { "action": action, "policies": policies },
+            },
+        })
+    };
+    let anyone = json!([{ "and_ids": { "ids": [{ "any": true }] } }]);
+    let from_a = json!([{ "and_ids": { "ids": [{ "or_ids": { "ids": [
+        { "authenticated": { "principal_name": { "exact": spiffe("svc-a") } } },
+    ]}}]}}]);
+    [
+        rbac(
+            "DENY",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[deny-admin]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(DENIED_PATH)] } }] } }],
+                    "principals": anyone,
+                },
+            }),
+        ),
+        rbac(
+            "ALLOW",
+            json!({
+                format!("ns[{NAMESPACE}]-policy[private]-rule[0]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "not_rule": { "or_rules": { "rules": [path(PRIVATE_PATH)] } } }] } }],
+                    "principals": anyone,
+                },
+                format!("ns[{NAMESPACE}]-policy[private]-rule[1]"): {
+                    "permissions": [{ "and_rules": { "rules": [{ "or_rules": { "rules": [path(PRIVATE_PATH)] } }] } }],
+                    "principals": from_a,
+                },
+            }),
+        ),
+    ]
 }
 
 fn router() -> Value {
@@ -322,14 +573,19 @@ fn outbound_name(service: &Service, port: u16) -> String {
     format!("outbound|{port}||{}", service.host())
 }
 
-fn tcp_outbound(service: &Service, port: u16) -> Value {
+fn tcp_outbound(service: &Service, port: u16, istio: bool) -> Value {
+    let mut filters = Vec::new();
+    if istio {
+        filters.push(istio_stats(false));
+    }
+    filters.push(tcp_proxy(&outbound_name(service, port)));
     json!({
         "@type": LISTENER,
         "name": format!("{}_{port}", service.vip),
         "address": address(&service.vip, port),
         "bind_to_port": false,
         "traffic_direction": "OUTBOUND",
-        "filter_chains": [{ "filters": [tcp_proxy(&outbound_name(service, port))] }],
+        "filter_chains": [{ "filters": filters }],
     })
 }
 
@@ -389,7 +645,7 @@ fn route_80(mesh: &Mesh) -> Value {
                 })
                 .chain(moved)
                 .collect();
-            routes.push(json!({
+            let mut default = json!({
                 "name": "default",
                 "match": { "prefix": "/" },
                 "route": {
@@ -398,7 +654,30 @@ fn route_80(mesh: &Mesh) -> Value {
                     "max_grpc_timeout": "0s",
                     "retry_policy": retry_policy(),
                 },
-            }));
+            });
+            if s.name == "svc-b" {
+                // svc-b's VirtualService: a fault abort on FAULT_PATH and a corsPolicy, each
+                // as istiod puts it on the route.
+                let mut fault = default.clone();
+                fault["name"] = json!("fault");
+                fault["match"] = json!({ "prefix": FAULT_PATH });
+                fault["typed_per_filter_config"] = json!({ FAULT: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+                    "abort": {
+                        "http_status": FAULT_STATUS,
+                        "percentage": { "numerator": 1_000_000, "denominator": "MILLION" },
+                    },
+                }});
+                routes.push(fault);
+                default["typed_per_filter_config"] = json!({ CORS: {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy",
+                    "allow_origin_string_match": [{ "exact": CORS_ORIGIN }],
+                    "allow_methods": "GET,POST",
+                    "allow_headers": "content-type",
+                    "max_age": "600",
+                }});
+            }
+            routes.push(default);
             json!({
                 "name": format!("{host}:{SERVICE_HTTP_PORT}"),
                 "domains": domains,
@@ -450,7 +729,7 @@ fn inbound_name(port: u16) -> String {
 
 /// The inbound HTTP connection manager for `port`: XFCC appended with the peer's subject,
 /// URI and DNS SANs, everything routed to `inbound|<port>||`.
-fn inbound_hcm(port: u16) -> Value {
+fn inbound_hcm(port: u16, istio: bool) -> Value {
     let cluster = inbound_name(port);
     json!({
         "name": "envoy.filters.network.http_connection_manager",
@@ -470,7 +749,7 @@ fn inbound_hcm(port: u16) -> Value {
                     }],
                 }],
             },
-            "http_filters": [router()],
+            "http_filters": http_filters(istio, true),
             "forward_client_cert_details": "APPEND_FORWARD",
             "set_current_client_cert_details": { "subject": true, "dns": true, "uri": true },
             "use_remote_address": false,
@@ -482,28 +761,44 @@ fn inbound_hcm(port: u16) -> Value {
     })
 }
 
-fn virtual_inbound(workload: &Workload) -> Value {
+/// `virtualInbound`'s chains for the application's ports. With Istio's filters, the HTTP
+/// port's mTLS chains are those of a port whose protocol istiod sniffs: the connection
+/// manager for the `istio-http/*` ALPNs, a TCP proxy for any other mTLS.
+fn virtual_inbound(workload: &Workload, istio: bool) -> Value {
     let mut chains = vec![json!({
         "name": "virtualInbound-blackhole",
         "filter_chain_match": { "destination_port": 15006 },
         "filters": [tcp_proxy("BlackHoleCluster")],
     })];
     let name = |port: u16| format!("0.0.0.0_{port}");
+    let (http_alpn, tcp_alpn): (&[&str], &[&str]) = if istio {
+        (&ISTIO_HTTP_ALPN, &DOWNSTREAM_MX_ALPN)
+    } else {
+        (&MTLS_HTTP_ALPN, &[])
+    };
     chains.push(json!({
         "name": name(HTTP_PORT),
         "filter_chain_match": {
             "destination_port": HTTP_PORT,
             "transport_protocol": "tls",
-            "application_protocols": MTLS_HTTP_ALPN,
+            "application_protocols": http_alpn,
         },
-        "filters": [inbound_hcm(HTTP_PORT)],
+        "filters": [inbound_hcm(HTTP_PORT, istio)],
         "transport_socket": inbound_tls(&["h2", "http/1.1"]),
     }));
+    if istio {
+        chains.push(json!({
+            "name": name(HTTP_PORT),
+            "filter_chain_match": { "destination_port": HTTP_PORT, "transport_protocol": "tls" },
+            "filters": inbound_tcp_filters(istio, &inbound_name(HTTP_PORT)),
+            "transport_socket": inbound_tls(tcp_alpn),
+        }));
+    }
     if workload.mtls == Mtls::Permissive {
         chains.push(json!({
             "name": name(HTTP_PORT),
             "filter_chain_match": { "destination_port": HTTP_PORT, "transport_protocol": "raw_buffer" },
-            "filters": [inbound_hcm(HTTP_PORT)],
+            "filters": [inbound_hcm(HTTP_PORT, istio)],
         }));
     }
     for port in [TCP_PORT, FIRST_PORT] {
@@ -514,14 +809,14 @@ fn virtual_inbound(workload: &Workload) -> Value {
                 "transport_protocol": "tls",
                 "application_protocols": MTLS_TCP_ALPN,
             },
-            "filters": [tcp_proxy(&inbound_name(port))],
-            "transport_socket": inbound_tls(&[]),
+            "filters": inbound_tcp_filters(istio, &inbound_name(port)),
+            "transport_socket": inbound_tls(tcp_alpn),
         }));
         if workload.mtls == Mtls::Permissive {
             chains.push(json!({
                 "name": name(port),
                 "filter_chain_match": { "destination_port": port, "transport_protocol": "raw_buffer" },
-                "filters": [tcp_proxy(&inbound_name(port))],
+                "filters": inbound_tcp_filters(istio, &inbound_name(port)),
             }));
         }
     }
@@ -592,8 +887,12 @@ fn inbound_passthrough() -> Value {
     original_dst("InboundPassthroughCluster", true)
 }
 
-fn inbound_cluster(port: u16) -> Value {
+/// The inbound cluster of `port`, its `istio` metadata naming the services the pod serves
+/// there (what `istio.stats` reads `destination_service` from).
+fn inbound_cluster(port: u16, served: &[&Service]) -> Value {
     let mut cluster = original_dst(&inbound_name(port), true);
+    let services: Vec<Value> = served.iter().map(|s| service_metadata(s)).collect();
+    cluster["metadata"] = json!({ "filter_metadata": { "istio": { "services": services } } });
     if port == HTTP_PORT {
         follow_downstream_protocol(&mut cluster);
     }
@@ -615,12 +914,23 @@ fn blackhole() -> Value {
     json!({ "@type": CLUSTER, "name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s" })
 }
 
-fn outbound_cluster(service: &Service, port: u16) -> Value {
+/// A service as istiod describes it in a cluster's `istio` metadata (`buildServiceMetadata`).
+fn service_metadata(service: &Service) -> Value {
+    json!({ "host": service.host(), "name": service.name, "namespace": NAMESPACE })
+}
+
+/// The EDS cluster of `service`'s `port`, with its `istio` metadata and, with Istio's filters,
+/// the metadata exchange as its upstream filter.
+fn outbound_cluster(service: &Service, port: u16, istio: bool) -> Value {
     let name = outbound_name(service, port);
     let mut cluster = json!({
         "@type": CLUSTER,
         "name": name,
         "type": "EDS",
+        "metadata": { "filter_metadata": { "istio": {
+            "services": [service_metadata(service)],
+            "default_original_port": port,
+        }}},
         "eds_cluster_config": {
             "service_name": name,
             "eds_config": { "ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3" },
@@ -653,6 +963,9 @@ fn outbound_cluster(service: &Service, port: u16) -> Value {
             },
         ],
     });
+    if istio {
+        cluster["filters"] = json!([{ "name": MX, "typed_config": tcp_exchange() }]);
+    }
     if port == SERVICE_HTTP_PORT {
         follow_downstream_protocol(&mut cluster);
     }
@@ -673,7 +986,7 @@ fn load_assignment(service: &Service, port: u16) -> Value {
                 "endpoint": { "address": address(&w.ip, target) },
                 "metadata": { "filter_metadata": {
                     "envoy.transport_socket_match": { "tlsMode": "istio" },
-                    "istio": { "workload": format!("{};{NAMESPACE};{};;Kubernetes", w.pod, service.name) },
+                    "istio": { "workload": format!("{};{NAMESPACE};{};{VERSION};{CLUSTER_ID}", w.deployment(), w.app()) },
                 }},
                 "load_balancing_weight": 1,
             })

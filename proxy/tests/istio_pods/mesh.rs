@@ -159,7 +159,8 @@ fn make_dir(root: &Path, dir: &Path) {
 }
 
 /// The bootstrap pilot-agent renders (`tests/data/istio-bootstrap/default_golden.json`, the
-/// output of Istio's own bootstrap test) for `workload`: its node id, cluster and instance IP,
+/// output of Istio's own bootstrap test) for `workload`: its node id, cluster, instance IP and
+/// the node metadata pilot-agent gives a pod's proxy (`Workload::node_metadata`),
 /// and the two sockets where pilot-agent puts them by default (the golden's test points them
 /// elsewhere: `/tmp/XDS` and a `WORKLOAD_IDENTITY_SOCKET_FILE` of `test.sock`), and the stats
 /// the test reads included as pilot-agent renders a pod's `proxyStatsMatcher`
@@ -176,9 +177,9 @@ pub fn bootstrap(workload: &Workload) -> Value {
     b["node"]["cluster"] = format!("{}.{ns}", workload.service_account).into();
     let meta = &mut b["node"]["metadata"];
     meta["INSTANCE_IPS"] = workload.ip.clone().into();
-    meta["NAMESPACE"] = ns.into();
-    meta["POD_NAME"] = workload.pod.into();
-    meta["SERVICE_ACCOUNT"] = workload.service_account.into();
+    if let (Some(meta), Value::Object(fields)) = (meta.as_object_mut(), workload.node_metadata()) {
+        meta.extend(fields);
+    }
     meta["WORKLOAD_IDENTITY_SOCKET_FILE"] = "socket".into();
     meta["INTERCEPTION_MODE"] = if workload.tproxy {
         "TPROXY"
@@ -208,7 +209,13 @@ pub fn bootstrap(workload: &Workload) -> Value {
 }
 
 /// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
-const STATS_INCLUDED: &[&str] = &["listener.10.96.", "cluster.PassthroughCluster."];
+const STATS_INCLUDED: &[&str] = &[
+    "listener.10.96.",
+    "cluster.PassthroughCluster.",
+    "cluster.outbound|80||svc-b.",
+    "cluster.inbound|",
+    "http.inbound_0.0.0.0_",
+];
 
 /// pilot-agent's argv for Envoy (`pkg/envoy/proxy.go`, defaults: drain 45 s, log level
 /// `warning`, `misc:error`), with `--concurrency 2`.

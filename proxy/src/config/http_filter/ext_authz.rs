@@ -12,6 +12,7 @@ use proto::pb::envoy::r#type::matcher::v3::ListStringMatcher;
 use crate::config::route::matchers::string_matcher;
 use crate::config::{ConfigError, Context, Warnings};
 use crate::route::matcher::StringMatcher;
+use crate::route::metadata::matcher::MetadataMatcher;
 
 /// Envoy's timeout for a check when the service sets none.
 const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
@@ -51,6 +52,9 @@ pub struct ExtAuthzConfig {
     /// `enable_dynamic_metadata_ingestion` (default true): a gRPC answer's `dynamic_metadata`
     /// is written to the request's dynamic metadata.
     pub ingest_dynamic_metadata: bool,
+    /// `filter_enabled_metadata`: only requests whose dynamic metadata matches are checked
+    /// (Istio's CUSTOM authorization: the RBAC filter's shadow policy before it).
+    pub enabled_metadata: Option<MetadataMatcher>,
 }
 
 /// The authorization service.
@@ -215,6 +219,12 @@ pub fn compile(
         charge_cluster_response_stats: c.charge_cluster_response_stats.is_none_or(|b| b.value),
         max_denied_response_body_bytes: c.max_denied_response_body_bytes as usize,
         ingest_dynamic_metadata: c.enable_dynamic_metadata_ingestion.is_none_or(|b| b.value),
+        enabled_metadata: c
+            .filter_enabled_metadata
+            .as_ref()
+            .map(|m| crate::config::metadata_matcher::metadata_matcher(ctx, m))
+            .transpose()
+            .map_err(|e| e.within("filter_enabled_metadata"))?,
     })
 }
 
@@ -225,10 +235,6 @@ fn refuse_unimplemented(c: &pb::ExtAuthz) -> Result<(), ConfigError> {
     let refused = [
         (c.transport_api_version == 1, "transport_api_version"),
         (c.filter_enabled.is_some(), "filter_enabled"),
-        (
-            c.filter_enabled_metadata.is_some(),
-            "filter_enabled_metadata",
-        ),
         (c.deny_at_disable.is_some(), "deny_at_disable"),
         (
             !c.route_metadata_context_namespaces.is_empty(),

@@ -6,7 +6,7 @@ use proto::pb::envoy::extensions::filters::http::grpc_stats::v3::{
     FilterConfig, filter_config::PerMethodStatSpecifier,
 };
 
-use crate::config::{ConfigError, Warnings};
+use crate::config::ConfigError;
 
 /// The compiled filter.
 #[derive(Debug, Clone)]
@@ -18,6 +18,9 @@ pub struct GrpcStatsConfig {
     /// `replace_dots_in_grpc_service_name` (with every method counted): dots in service names
     /// become underscores.
     pub replace_dots: bool,
+    /// `emit_filter_state`: a call's message counts are left for the filters after it (what
+    /// Istio's `istio.stats` reads for `istio_request_messages_total` and the response's).
+    pub emit_filter_state: bool,
 }
 
 /// Which calls get stats named after their service and method; the others are counted under
@@ -31,16 +34,8 @@ pub enum PerMethod {
     Allowlist(HashSet<(String, String)>),
 }
 
-/// Compiles a `FilterConfig`. `emit_filter_state` is noted: revoy keeps no filter state (no
-/// access log or filter of revoy reads one), so the counts are not emitted there.
-pub fn compile(c: &FilterConfig, warnings: &mut Warnings) -> Result<GrpcStatsConfig, ConfigError> {
-    if c.emit_filter_state {
-        warnings.note(
-            "emit_filter_state",
-            "revoy keeps no filter state: the message counts are not emitted as filter state \
-             (the stats are)",
-        );
-    }
+/// Compiles a `FilterConfig`.
+pub fn compile(c: &FilterConfig) -> Result<GrpcStatsConfig, ConfigError> {
     let methods = match &c.per_method_stat_specifier {
         Some(PerMethodStatSpecifier::StatsForAllMethods(all)) if all.value => PerMethod::All,
         Some(PerMethodStatSpecifier::IndividualMethodStatsAllowlist(list)) => PerMethod::Allowlist(
@@ -55,5 +50,6 @@ pub fn compile(c: &FilterConfig, warnings: &mut Warnings) -> Result<GrpcStatsCon
         methods,
         upstream_stats: c.enable_upstream_stats,
         replace_dots: c.replace_dots_in_grpc_service_name,
+        emit_filter_state: c.emit_filter_state,
     })
 }

@@ -380,7 +380,6 @@ fn compile_kind(
         }
         GRPC_STATS => Some(FilterKind::GrpcStats(Arc::new(grpc_stats::compile(
             &unpack(any)?,
-            warnings,
         )?))),
         HEADER_TO_METADATA => Some(FilterKind::HeaderToMetadata(Arc::new(
             header_to_metadata::compile(ctx, &unpack(any)?, false, warnings)?,

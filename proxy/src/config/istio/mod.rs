@@ -5,6 +5,7 @@
 //! type in a YAML or JSON file). [`Fields`] reads either.
 
 pub mod alpn;
+pub mod authn;
 pub mod metadata_exchange;
 pub mod peer_metadata;
 pub mod stats;

@@ -118,7 +118,14 @@ pub enum Principal {
     /// `metadata` / `sourced_metadata`: the request's dynamic metadata (none on a
     /// connection).
     Metadata(MetadataMatcher),
-    /// `filter_state`: revoy keeps no filter state, so it never matches (as in Envoy when
+    /// `filter_state` of a key Istio's `istio_authn` sets (a peer or local principal).
+    FilterState {
+        /// The key.
+        key: Arc<str>,
+        /// What its string value must match.
+        matcher: StringMatcher,
+    },
+    /// `filter_state` of a key no filter of revoy's sets: it never matches (as in Envoy when
     /// no filter set the key).
     AbsentFilterState,
 }
@@ -128,6 +135,8 @@ impl Principal {
         match self {
             Principal::And(all) | Principal::Or(all) => all.iter().any(Self::reads_metadata),
             Principal::Not(p) => p.reads_metadata(),
+            // Only `istio_authn` sets the keys a FilterState reads (and it is implemented);
+            // any other key might be set by a filter revoy skips.
             Principal::Metadata(_) | Principal::AbsentFilterState => true,
             _ => false,
         }

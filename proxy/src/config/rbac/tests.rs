@@ -78,14 +78,23 @@ fn filter_state_compiles_with_a_note_and_request_metadata_without() {
     - or_ids:
         ids:
         - metadata: {filter: istio_authn, path: [{key: source.principal}], value: {string_match: {exact: a}}}
-        - filter_state: {key: io.istio.peer_principal, string_match: {exact: a}}",
+        - filter_state: {key: io.istio.peer_principal, string_match: {exact: a}}
+        - filter_state: {key: downstream_peer, string_match: {exact: a}}",
     );
-    assert!(r.is_ok());
+    let r = r.unwrap();
     let paths: Vec<&str> = w.iter().map(|w| w.path.as_str()).collect();
     assert_eq!(
         paths,
-        [r#"policies["p"].principals[0].or_ids.ids[1].filter_state"#]
+        [r#"policies["p"].principals[0].or_ids.ids[2].filter_state"#],
+        "only the key no filter of revoy's sets has a note"
     );
+    let Principal::Or(ids) = &r.policies[0].1.principals[0] else {
+        panic!("or_ids");
+    };
+    assert!(
+        matches!(&ids[1], Principal::FilterState { key, .. } if &**key == "io.istio.peer_principal")
+    );
+    assert!(matches!(ids[2], Principal::AbsentFilterState));
 }
 
 #[test]
@@ -223,7 +232,12 @@ fn metadata_rules_behind_a_skipped_network_or_listener_filter_fail_closed() {
     use proto::pb::envoy::config::listener::v3::Listener;
     let io = FakeIo::new();
     let ctx = Context::new(&io);
-    let rbac = "{name: envoy.filters.network.rbac, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: t., rules: {action: DENY, policies: {p: {permissions: [{any: true}], principals: [{filter_state: {key: io.istio.peer_principal, string_match: {exact: x}}}]}}}}}";
+    let rbac_on = |key: &str| {
+        format!(
+            "{{name: envoy.filters.network.rbac, typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC, stat_prefix: t., rules: {{action: DENY, policies: {{p: {{permissions: [{{any: true}}], principals: [{{filter_state: {{key: {key}, string_match: {{exact: x}}}}}}]}}}}}}}}}}"
+        )
+    };
+    let rbac = &rbac_on("downstream_peer");
     let tcp = "{name: tcp, typed_config: {'@type': type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}";
     let exchange = "{name: istio.metadata_exchange, typed_config: {'@type': type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange, value: {protocol: istio-peer-exchange}}}";
     let listener = |filters: &str, listener_filters: &str| -> Listener {
@@ -240,6 +254,12 @@ fn metadata_rules_behind_a_skipped_network_or_listener_filter_fail_closed() {
     };
     let why = refused(&listener(&format!("{exchange}, {rbac}, {tcp}"), "")).expect("refused");
     assert!(why.contains("istio.metadata_exchange"), "{why}");
+    // The principals istio_authn sets are known: rules on them stay open after it.
+    let principal = rbac_on("io.istio.peer_principal");
+    assert_eq!(
+        refused(&listener(&format!("{exchange}, {principal}, {tcp}"), "")),
+        None
+    );
     assert_eq!(
         refused(&listener(&format!("{rbac}, {exchange}, {tcp}"), "")),
         None

@@ -255,7 +255,7 @@ fn path_template_rewrite_config_errors_match_envoy() {
     );
     for extra in [
         "prefix_rewrite: /x,",
-        "regex_rewrite: {pattern: {regex: x}, substitution: y},",
+        "regex_rewrite: {pattern: {regex: x}, substitution: z},",
     ] {
         assert_eq!(
             err("/foo/{a}", &template_rewrite("/{a}", extra)),

@@ -7,9 +7,12 @@
 //! response ends (with `enable_upstream_stats`).
 //!
 //! Only routes to a fixed cluster are counted: with a header or weighted clusters the filter
-//! does not know which cluster the router will pick, and counts nothing.
+//! does not know which cluster the router will pick, and counts nothing. Under
+//! `emit_filter_state` every gRPC call's message counts are left for the filters after it
+//! ([`MessageCounts`], Envoy's `GrpcStatsObject`), from its first message on.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Instant;
 
 use http::{HeaderMap, Response};
@@ -43,12 +46,26 @@ struct PrefixStats {
     upstream_rq_time: std::sync::OnceLock<Histogram>,
 }
 
-/// One counted call: its stats, and when it started.
+/// One counted call: its stats (when it has them), and when it started.
 #[derive(Debug)]
 pub(super) struct Call {
-    stats: Arc<PrefixStats>,
+    stats: Option<Arc<PrefixStats>>,
     started: Instant,
     upstream_stats: bool,
+    /// Its message counts, when the filter emits them (`emit_filter_state`).
+    emitted: Option<Arc<MessageCounts>>,
+}
+
+/// A call's message counts as `emit_filter_state` leaves them for the filters after
+/// grpc_stats (Envoy's `GrpcStatsObject` filter state): read by Istio's `istio.stats`.
+#[derive(Debug, Default)]
+pub struct MessageCounts {
+    /// Whether a grpc_stats filter counts into it.
+    pub emitted: AtomicBool,
+    /// The request's messages so far.
+    pub request: AtomicU64,
+    /// The response's.
+    pub response: AtomicU64,
 }
 
 impl GrpcStats {
@@ -61,25 +78,49 @@ impl GrpcStats {
         }
     }
 
-    /// Starts counting a gRPC call to a fixed cluster whose path names a service and method:
-    /// its request messages now, its response when it comes.
+    /// Starts counting a gRPC call: its stats when it goes to a fixed cluster and its path
+    /// names a service and method, its messages for the filters after this one under
+    /// `emit_filter_state`; its request messages now, its response when it comes.
     pub(super) fn decode(&self, req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
         if !is_grpc(req.headers) {
             return;
         }
-        let Some(cluster) =
-            req.route
-                .and_then(|r| r.route.forward())
-                .and_then(|f| match &f.cluster {
-                    ClusterSpecifier::Name(n) => Some(n.as_str()),
-                    _ => None,
-                })
-        else {
+        let stats = self.call_stats(req);
+        let emitted = self
+            .config
+            .emit_filter_state
+            .then(|| req.grpc_messages.get_or_insert_with(Arc::default).clone());
+        if stats.is_none() && emitted.is_none() {
             return;
-        };
-        let Some((service, method)) = service_and_method(req.path) else {
-            return;
-        };
+        }
+        let call = Arc::new(Call {
+            stats,
+            started: Instant::now(),
+            upstream_stats: self.config.upstream_stats,
+            emitted,
+        });
+        let body = std::mem::replace(req.body, crate::body::empty());
+        let emitted = call.emitted.clone();
+        *req.body = counted(
+            body,
+            FrameCounter::default(),
+            call.counter("request_message_count"),
+            move |n| emit(emitted.as_deref(), |c| &c.request, n),
+            None,
+        );
+        encoders.0.push(Encoder::GrpcStats(call));
+    }
+
+    /// The stats of a call to a fixed cluster whose path names a service and method.
+    fn call_stats(&self, req: &FilterRequest<'_>) -> Option<Arc<PrefixStats>> {
+        let cluster = req
+            .route
+            .and_then(|r| r.route.forward())
+            .and_then(|f| match &f.cluster {
+                ClusterSpecifier::Name(n) => Some(n.as_str()),
+                _ => None,
+            })?;
+        let (service, method) = service_and_method(req.path)?;
         let names = match &self.config.methods {
             PerMethod::All if self.config.replace_dots => {
                 Some((service.replace('.', "_"), method.to_owned()))
@@ -94,27 +135,23 @@ impl GrpcStats {
             Some((s, m)) => format!("cluster.{cluster}.grpc.{s}.{m}."),
             None => format!("cluster.{cluster}.grpc."),
         };
-        let stats = self.prefixes.get(&prefix, || {
+        Some(self.prefixes.get(&prefix, || {
             Arc::new(PrefixStats {
                 store: self.store.clone(),
                 prefix: prefix.as_str().into(),
                 counters: Keyed::default(),
                 upstream_rq_time: std::sync::OnceLock::new(),
             })
-        });
-        let call = Arc::new(Call {
-            stats,
-            started: Instant::now(),
-            upstream_stats: self.config.upstream_stats,
-        });
-        let body = std::mem::replace(req.body, crate::body::empty());
-        *req.body = counted(
-            body,
-            FrameCounter::default(),
-            call.counter("request_message_count"),
-            None,
-        );
-        encoders.0.push(Encoder::GrpcStats(call));
+        }))
+    }
+}
+
+/// Adds `n` messages to the side `side` picks of `counts`, which are emitted from the first
+/// message on (as Envoy writes its filter state).
+fn emit(counts: Option<&MessageCounts>, side: fn(&MessageCounts) -> &AtomicU64, n: u64) {
+    if let Some(c) = counts {
+        side(c).fetch_add(n, Ordering::Relaxed);
+        c.emitted.store(true, Ordering::Relaxed);
     }
 }
 
@@ -127,28 +164,29 @@ impl PrefixStats {
 }
 
 impl Call {
-    fn counter(&self, name: &str) -> Counter {
-        self.stats.counter(name)
+    /// Its counter `name`, when the call has stats.
+    fn counter(&self, name: &str) -> Option<Counter> {
+        self.stats.as_ref().map(|s| s.counter(name))
     }
 
     /// Charges a `grpc-status` found in `headers`: its own counter, `success` or `failure`,
     /// and `total`.
     fn charge_status(&self, headers: &HeaderMap) {
-        let Some(status) = headers.get("grpc-status") else {
+        let (Some(stats), Some(status)) = (&self.stats, headers.get("grpc-status")) else {
             return;
         };
         let status = String::from_utf8_lossy(status.as_bytes());
-        self.counter(&status).inc();
-        self.counter(if status == "0" { "success" } else { "failure" })
+        stats.counter(&status).inc();
+        stats
+            .counter(if status == "0" { "success" } else { "failure" })
             .inc();
-        self.counter("total").inc();
+        stats.counter("total").inc();
     }
 
     /// Records `upstream_rq_time` when asked to.
     fn ended(&self) {
-        if self.upstream_stats {
+        if let Some(stats) = self.stats.as_ref().filter(|_| self.upstream_stats) {
             let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-            let stats = &self.stats;
             stats
                 .upstream_rq_time
                 .get_or_init(|| {
@@ -174,7 +212,9 @@ impl Call {
             ..FrameCounter::default()
         };
         let messages = self.counter("response_message_count");
-        *resp.body_mut() = counted(body, frames, messages, Some(self.clone()));
+        let emitted = self.emitted.clone();
+        let also = move |n| emit(emitted.as_deref(), |c| &c.response, n);
+        *resp.body_mut() = counted(body, frames, messages, also, Some(self.clone()));
     }
 }
 
@@ -233,19 +273,23 @@ impl FrameCounter {
     }
 }
 
-/// `body` with its gRPC messages counted in `messages`; a response's (with its `call`) also
-/// charges its trailers' status and ends the call.
+/// `body` with its gRPC messages counted in `messages` (when the call has stats) and told to
+/// `also`; a response's (with its `call`) also charges its trailers' status and ends the call.
 fn counted(
     body: Body,
     mut frames: FrameCounter,
-    messages: Counter,
+    messages: Option<Counter>,
+    also: impl Fn(u64) + Send + 'static,
     call: Option<Arc<Call>>,
 ) -> Body {
     body.map_frame(move |frame| {
         if let Some(data) = frame.data_ref() {
             let n = frames.inspect(data);
             if n > 0 {
-                messages.add(n);
+                if let Some(m) = &messages {
+                    m.add(n);
+                }
+                also(n);
             }
         } else if let (Some(trailers), Some(call)) = (frame.trailers_ref(), &call) {
             call.charge_status(trailers);

@@ -10,7 +10,11 @@ use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
 
+use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
+use http_body_util::BodyExt;
+
+use crate::access_log::AttemptTarget;
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -227,6 +231,13 @@ impl IstioStats {
             .and_then(|c| req.conn.shared.clusters.get(c))
             .and_then(|c| c.config().istio.clone());
         let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
+        // A client's weighted route: the service is the picked cluster's, once picked.
+        let weighted = (cluster.is_none() && req.route.is_some() && !req.conn.drain_scope.inbound)
+            .then(|| Weighted {
+                host: host.clone(),
+                route_name: route_name.to_owned(),
+                clusters: req.conn.shared.clusters.clone(),
+            });
         let (service_host, service_name) =
             metrics::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
         let (peer_san, local_san) = match &req.conn.down.tls {
@@ -238,11 +249,15 @@ impl IstioStats {
             ),
             None => (String::new(), String::new()),
         };
+        // A client's principals are its upstream connection's, which the router notes.
+        let upstream = (!req.conn.drain_scope.inbound)
+            .then(|| req.attempt_target.get_or_insert_with(Arc::default).clone());
         let grpc = req
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/grpc"));
+        let messages = grpc.then(|| req.grpc_messages.get_or_insert_with(Arc::default).clone());
         encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
             config: self.config.clone(),
             store: self.store.clone(),
@@ -255,6 +270,10 @@ impl IstioStats {
             service_name,
             peer_san,
             local_san,
+            upstream,
+            weighted,
+            trailer_status: Arc::default(),
+            messages,
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
@@ -277,6 +296,24 @@ fn content_length(headers: &HeaderMap) -> u64 {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// What a weighted route's `destination_service` is found from once the router has picked
+/// its cluster: the Host header, the route's name, and the clusters.
+#[derive(Debug)]
+struct Weighted {
+    host: String,
+    route_name: String,
+    clusters: crate::upstream::ClusterManager,
+}
+
+impl Weighted {
+    /// `destination_service` and `destination_service_name` for the cluster `picked`.
+    fn service(&self, picked: &str) -> (String, String) {
+        let cluster = self.clusters.get(picked);
+        let istio = cluster.as_ref().and_then(|c| c.config().istio.as_deref());
+        metrics::destination_service(self.host.clone(), Some(picked), &self.route_name, istio)
+    }
 }
 
 /// What the response said, for the labels.
@@ -306,14 +343,39 @@ pub(super) struct StatsRequest {
     peer_san: String,
     /// This side's certificate's first URI SAN (inbound TLS).
     local_san: String,
+    /// Where the router notes an outbound request's cluster and upstream connection.
+    upstream: Option<Arc<AttemptTarget>>,
+    /// Set for a route whose cluster the router picks (weighted).
+    weighted: Option<Weighted>,
+    /// The `grpc-status` of the response's trailers.
+    trailer_status: Arc<OnceLock<String>>,
+    /// A gRPC call's message counts, as a grpc_stats filter leaves them.
+    messages: Option<Arc<MessageCounts>>,
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
 }
 
 impl StatsRequest {
-    /// Notes the response's code, gRPC status and size.
-    pub(super) fn encode(&mut self, resp: &Response<Body>) {
+    /// Notes the response's code, gRPC status and size; a gRPC response's trailers are
+    /// read for its status as they pass.
+    pub(super) fn encode(&mut self, resp: &mut Response<Body>) {
+        if self.grpc && !http_body::Body::is_end_stream(resp.body()) {
+            let status = self.trailer_status.clone();
+            let body = std::mem::replace(resp.body_mut(), crate::body::empty());
+            *resp.body_mut() = body
+                .map_frame(move |frame| {
+                    if let Some(v) = frame
+                        .trailers_ref()
+                        .and_then(|t| t.get("grpc-status"))
+                        .and_then(|v| v.to_str().ok())
+                    {
+                        let _ = status.set(v.to_owned());
+                    }
+                    frame
+                })
+                .boxed_unsync();
+        }
         self.response = Some(Answer {
             code: resp.status().as_u16(),
             grpc_status: resp
@@ -325,23 +387,39 @@ impl StatsRequest {
         });
     }
 
-    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them.
-    fn labels(&self) -> Vec<(&'static str, String)> {
+    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them,
+    /// and how many of them name the reporter and the two ends (all that its gRPC message
+    /// counters carry, as Istio records them before adding the others).
+    fn labels(&self) -> (Vec<(&'static str, String)>, usize) {
+        let upstream = self.upstream.as_ref().and_then(|t| t.sans());
+        let picked = self
+            .weighted
+            .as_ref()
+            .zip(self.upstream.as_ref().and_then(|t| t.cluster()))
+            .map(|(w, cluster)| w.service(cluster));
+        let (service_host, service_name) = match &picked {
+            Some((host, name)) => (host.as_str(), name.as_str()),
+            None => (self.service_host.as_str(), self.service_name.as_str()),
+        };
+        let (peer_san, local_san) = match &upstream {
+            Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
+            None => (self.peer_san.as_str(), self.local_san.as_str()),
+        };
         let ends = Ends {
             server: self.server,
             local: &self.local.workload,
-            // A client's upstream connection's certificates are not known here.
             peer: if self.server {
                 self.peers.downstream.get()
             } else {
                 self.peers.upstream.get()
             },
-            peer_san: if self.server { &self.peer_san } else { "" },
-            local_san: if self.server { &self.local_san } else { "" },
-            service_host: &self.service_host,
-            service_name: &self.service_name,
+            peer_san,
+            local_san,
+            service_host,
+            service_name,
         };
         let mut out = ends.labels();
+        let end_labels = out.len();
         let answer = self.response.as_ref();
         out.extend([
             (
@@ -352,8 +430,10 @@ impl StatsRequest {
             (
                 "grpc_response_status",
                 if self.grpc {
-                    answer
-                        .and_then(|a| a.grpc_status.clone())
+                    self.trailer_status
+                        .get()
+                        .cloned()
+                        .or_else(|| answer.and_then(|a| a.grpc_status.clone()))
                         .unwrap_or_default()
                 } else {
                     String::new()
@@ -362,12 +442,29 @@ impl StatsRequest {
             ("response_flags", "-".to_owned()),
             ("connection_security_policy", ends.security_policy()),
         ]);
-        out
+        (out, end_labels)
     }
 
-    /// Records the request in Istio's metrics.
+    /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
+    /// filter counted them.
     fn record(&self) {
-        let labels = self.labels();
+        let (labels, end_labels) = self.labels();
+        if let Some(m) = self
+            .messages
+            .as_ref()
+            .filter(|m| m.emitted.load(Ordering::Relaxed))
+        {
+            let ends = &labels[..end_labels];
+            for (i, n) in [(4, &m.request), (5, &m.response)] {
+                metrics::count(
+                    &self.store,
+                    &self.config,
+                    i,
+                    ends,
+                    n.load(Ordering::Relaxed),
+                );
+            }
+        }
         let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
         metrics::record_http(

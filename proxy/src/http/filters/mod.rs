@@ -166,6 +166,12 @@ pub struct FilterRequest<'a> {
     pub upstream_alpn: Option<Arc<AlpnOverrides>>,
     /// What Istio's filters know of the request's peers, once one of them runs.
     pub peers: Option<Arc<istio::Peers>>,
+    /// A gRPC call's message counts, once istio.stats (which reads them) or a grpc_stats
+    /// filter that emits them (`emit_filter_state`) runs.
+    pub grpc_messages: Option<Arc<grpc_stats::MessageCounts>>,
+    /// Where the router notes the request's upstream attempts, when a filter reads them
+    /// (`istio.stats` on an outbound listener: the upstream connection's identities).
+    pub attempt_target: Option<Arc<crate::access_log::AttemptTarget>>,
     /// Set by a filter that rewrote the path (with query): the router sends the request with
     /// it and routes by it.
     pub new_path: Option<String>,

@@ -11,9 +11,13 @@ use http::{Response, StatusCode};
 
 use super::FilterRequest;
 use crate::body::Body;
-use crate::config::rbac::HttpRbacConfig;
+use crate::config::rbac::{DecisionKeys, HttpRbacConfig};
 use crate::http::local_reply::local_reply;
-use crate::rbac::{Facts, Stats};
+use crate::rbac::{Facts, Stats, Verdict};
+use crate::route::metadata::string_value;
+
+/// The dynamic metadata namespace of the filter's decisions.
+const NAMESPACE: &str = "envoy.filters.http.rbac";
 use crate::stats::{Counter, Store};
 
 /// The RBAC filter of one connection manager.
@@ -90,6 +94,7 @@ impl Rbac {
         };
         let verdict = config.engines.decide(&facts);
         self.stats.record(&verdict);
+        write_metadata(req, &config.metadata_keys, &verdict);
         let denied = verdict.enforced.filter(|d| !d.allowed)?;
         let policy = denied.policy.as_deref().unwrap_or("none");
         tracing::debug!(policy, "rbac: request denied");
@@ -97,6 +102,29 @@ impl Rbac {
             r.details = Some(response_detail(policy));
         }
         Some(local_reply(StatusCode::FORBIDDEN, "RBAC: access denied"))
+    }
+}
+
+/// Writes each engine's decision into the request's dynamic metadata, as Envoy does (the
+/// policy only when one matched).
+fn write_metadata(req: &mut FilterRequest<'_>, keys: &DecisionKeys, verdict: &Verdict) {
+    let decisions = [
+        (&verdict.shadow, &keys.shadow_policy, &keys.shadow_result),
+        (
+            &verdict.enforced,
+            &keys.enforced_policy,
+            &keys.enforced_result,
+        ),
+    ];
+    for (decision, policy_key, result_key) in decisions {
+        let Some(d) = decision else { continue };
+        if let Some(policy) = &d.policy {
+            req.metadata
+                .insert(NAMESPACE, policy_key, string_value(&**policy));
+        }
+        let result = if d.allowed { "allowed" } else { "denied" };
+        req.metadata
+            .insert(NAMESPACE, result_key, string_value(result));
     }
 }
 

@@ -129,6 +129,11 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     Head::Ambiguous => {
                         ctx.hcm.stats.rq_total.inc();
                         ctx.hcm.stats.response(400);
+                        super::access_log::log_codec_error(
+                            &ctx,
+                            http::StatusCode::BAD_REQUEST,
+                            "http1.content_length_and_chunked_not_allowed",
+                        );
                         let reply = super::envoy_errors::bad_request(None);
                         if stream.write_all(&reply).await.is_ok() {
                             let _ = stream.shutdown().await;

@@ -52,6 +52,11 @@ impl Connection {
         self.active.local()
     }
 
+    /// Over TLS, the two certificates' identities.
+    pub(crate) fn sans(&self) -> Option<&std::sync::Arc<crate::access_log::UpstreamSans>> {
+        self.active.sans()
+    }
+
     /// A connection over a freshly connected socket.
     pub(crate) fn new(io: UpstreamIo, active: ActiveConnection) -> Self {
         Connection {

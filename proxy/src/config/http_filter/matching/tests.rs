@@ -83,7 +83,7 @@ fn a_list_takes_the_first_match_and_falls_back_to_on_no_match() {
     };
     let m = compile_matcher(&format!(
         "{{matcher_list: {{matchers: [{{predicate: {{and_matcher: {{predicate: [{}, {{not_matcher: {}}}]}}}}, on_match: {SKIP}}}]}}}}",
-        single(&header_input("x-a"), "{prefix: on}"),
+        single(&header_input("x-a"), "{prefix: 'on'}"),
         single(&query_input("keep"), "{exact: \"1\"}"),
     ))
     .unwrap();

@@ -36,6 +36,8 @@ pub(super) struct ExtAuthz {
 /// (`cluster.<name>.ext_authz.[<stat_prefix>.]*`).
 #[derive(Debug)]
 struct Stats {
+    /// `disabled`: requests `filter_enabled_metadata` left unchecked.
+    disabled: Counter,
     ok: Counter,
     /// `ignored_dynamic_metadata`: answers whose metadata was not written.
     ignored_dynamic_metadata: Counter,
@@ -116,12 +118,10 @@ impl ExtAuthz {
             own => format!("ext_authz.{own}."),
         };
         let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.{own}{n}"));
-        // Envoy registers `disabled` with the others; revoy refuses `filter_enabled`, the only
-        // way to count it.
-        let _ = counter("disabled");
         ExtAuthz {
             config: config.clone(),
             stats: Stats {
+                disabled: counter("disabled"),
                 ok: counter("ok"),
                 ignored_dynamic_metadata: counter("ignored_dynamic_metadata"),
                 denied: counter("denied"),
@@ -146,6 +146,12 @@ impl ExtAuthz {
         let route = req.route?;
         let levels = route_settings.unwrap_or_default();
         if matches!(levels.first(), Some(ExtAuthzPerRoute::Disabled)) {
+            return None;
+        }
+        if let Some(m) = &self.config.enabled_metadata
+            && !m.matches(Some(&*req.metadata))
+        {
+            self.stats.disabled.inc();
             return None;
         }
         let settings = merged(&levels);
