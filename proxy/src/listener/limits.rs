@@ -221,7 +221,10 @@ impl NetworkLimiters {
                     }
                 }
                 Limiter::Service(service) => {
-                    if !service.admit(clusters, downstream()).await {
+                    // Boxed: the gRPC call is kilobytes that every connection's task would
+                    // otherwise carry for its whole life, rate limited or not.
+                    let call = crate::spawn::boxed(|| service.admit(clusters, downstream()));
+                    if !call.await {
                         return None;
                     }
                 }

@@ -317,7 +317,8 @@ impl Listener {
     }
 
     /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
-    /// workers each accept on their own socket), not listening yet: see [`listen`].
+    /// workers each accept on their own socket; TCP_NODELAY, which Linux copies to every
+    /// socket it accepts), not listening yet: see [`listen`].
     pub fn bind(&self, reuse_port: bool) -> std::io::Result<socket2::Socket> {
         let addr = self.config.address;
         let socket = socket2::Socket::new(
@@ -351,7 +352,8 @@ impl Listener {
         listeners: Arc<ActiveListeners>,
         worker: Connections,
     ) {
-        let _ = stream.set_nodelay(true);
+        // No TCP_NODELAY here: an accepted socket inherits it from the listening socket
+        // (`bind` sets it), one setsockopt(2) fewer per connection.
         let local = match self.bound_local {
             Some(local) => local,
             None => stream.local_addr().unwrap_or(self.config.address),
@@ -696,7 +698,10 @@ async fn serve_tls(
     rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    if let Some((mut tls_stream, certificates)) = tls.accept_recording(stream, peer).await {
+    // Boxed apart: the handshake's state (kilobytes) is freed when it ends instead of
+    // sizing the future an established connection keeps for its whole life.
+    let handshake = crate::spawn::boxed(|| tls.accept_recording(stream, peer));
+    if let Some((mut tls_stream, certificates)) = handshake.await {
         if let Some(checked) = rbac.check(Some(&certificates)) {
             if !checked.allowed() {
                 return checked.close(&mut tls_stream).await;

@@ -78,7 +78,9 @@ impl Checked<'_> {
     /// verdicts) or closes, then for the denying filter's `delay_deny`; the caller then drops
     /// the connection. What was read is discarded.
     pub async fn close<S: AsyncRead + Unpin>(&self, stream: &mut S) {
-        let mut buf = [0u8; 16 * 1024];
+        // On the heap: an array here would be part of every connection's future (its
+        // listener's task and a TLS connection's boxed future), denied or not.
+        let mut buf = vec![0u8; 16 * 1024];
         if !matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
             return;
         }

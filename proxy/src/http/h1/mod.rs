@@ -50,6 +50,11 @@ pub(super) trait Downstream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Ready when reading may find bytes, without reading them: while it waits, a connection
     /// between requests holds no read buffer.
     fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+
+    /// Takes as much of `bytes` as the stream can hold without writing to the socket; how
+    /// much it took. The connection's shutdown writes what it holds: the last response of a
+    /// TLS connection then leaves in one write with its `close_notify`.
+    fn hold(&mut self, bytes: &[u8]) -> usize;
 }
 
 impl Downstream for TcpStream {
@@ -57,6 +62,10 @@ impl Downstream for TcpStream {
 
     fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.poll_read_ready(cx)
+    }
+
+    fn hold(&mut self, _: &[u8]) -> usize {
+        0
     }
 }
 
@@ -73,6 +82,11 @@ impl Downstream for TlsStream<TcpStream> {
         } else {
             Poll::Ready(Ok(()))
         }
+    }
+
+    /// Encrypts into rustls's buffer of records to send (up to its limit).
+    fn hold(&mut self, bytes: &[u8]) -> usize {
+        std::io::Write::write(&mut self.get_mut().1.writer(), bytes).unwrap_or(0)
     }
 }
 

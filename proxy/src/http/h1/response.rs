@@ -210,6 +210,20 @@ macro_rules! send {
     };
 }
 
+/// The response's last bytes: as [`send!`], except that on a connection closing after it
+/// (`$last`) they are only handed to the stream as far as it holds them: the caller's
+/// shutdown then writes them with TLS's `close_notify` (one write, not two).
+macro_rules! send_last {
+    ($stream:expr, $out:expr, $last:expr) => {
+        if $last {
+            let held = $stream.hold($out);
+            $stream.write_all(&$out[held..]).await.is_ok()
+        } else {
+            send!($stream, $out)
+        }
+    };
+}
+
 /// Writes `resp` to the request `asked` describes, with its trailers when `trailers` (the
 /// connection manager's `enable_trailers`) and the body is chunked; returns whether the
 /// connection may carry another request (it must close after a failed body, a short one, a
@@ -236,7 +250,7 @@ pub(super) async fn write<S: super::Downstream>(
     let mut out = encoded.head;
     let mut remaining = match encoded.framing {
         Framing::Length(0) => {
-            return send!(stream, &out) && !encoded.last;
+            return send_last!(stream, &out, encoded.last) && !encoded.last;
         }
         Framing::Length(n) => Some(n),
         Framing::Chunked => None,
@@ -263,7 +277,7 @@ pub(super) async fn write<S: super::Downstream>(
             None => break,
             Some(Err(e)) => {
                 tracing::debug!(error = %e, "response body failed; closing the downstream connection");
-                let _ = send!(stream, &out);
+                let _ = send_last!(stream, &out, true);
                 return false;
             }
             Some(Ok(frame)) => match frame.into_data() {
@@ -286,14 +300,14 @@ pub(super) async fn write<S: super::Downstream>(
         }
     }
     match remaining {
-        Some(0) => send!(stream, &out) && !encoded.last,
+        Some(0) => send_last!(stream, &out, encoded.last) && !encoded.last,
         Some(_) => {
-            let _ = send!(stream, &out);
+            let _ = send_last!(stream, &out, true);
             false
         }
         None => {
             put_chunked_end(&mut out, trailer_fields.as_ref());
-            send!(stream, &out) && !encoded.last
+            send_last!(stream, &out, encoded.last) && !encoded.last
         }
     }
 }
