@@ -8,6 +8,9 @@
 //! the compile would take down the xDS thread (or, at start, the process) instead of NACKing
 //! one resource.
 
+#[path = "support/istio_listeners.rs"]
+mod istio_listeners;
+use istio_listeners::corpus;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use proto::pb::envoy::config::listener::v3::Listener;
@@ -20,22 +23,6 @@ use serde_json::{Map, Value};
 
 /// How many mutated listeners are compiled.
 const MUTATIONS: usize = 2000;
-
-/// The listeners istiod sends (the file's named ones).
-fn corpus() -> Vec<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../benches/data/istio-listeners.json"
-    );
-    let text = std::fs::read_to_string(path).expect("the Istio listeners are in the repository");
-    match Codec::parse_text(&text, Format::Json).expect("JSON") {
-        Value::Array(items) => items
-            .into_iter()
-            .filter(|l| l.get("name").is_some())
-            .collect(),
-        _ => panic!("expected an array of listeners"),
-    }
-}
 
 /// xorshift64*: the same mutations on every run.
 struct Rng(u64);

@@ -5,12 +5,15 @@
 //! filters (metadata exchange, stats Wasm, ALPN) are noted, not fatal — and revoy must become
 //! LIVE with every listener active.
 
+#[path = "support/istio_listeners.rs"]
+mod istio_listeners;
+use istio_listeners::corpus;
 use std::collections::BTreeSet;
 
+use proto::Codec;
 use proto::pb::envoy::config::cluster::v3::Cluster;
 use proto::pb::envoy::config::listener::v3::Listener;
 use proto::pb::envoy::config::route::v3::RouteConfiguration;
-use proto::{Codec, Format};
 use serde_json::Value;
 use xds_client::server::Snapshot;
 use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict};
@@ -25,23 +28,6 @@ mod ports;
 mod xds;
 use ports::free_port;
 use xds::*;
-
-/// The listeners istiod sends: the file's named ones (its two nameless ones, on 15090 and
-/// 15021, are the bootstrap's static listeners, never sent over LDS).
-fn corpus() -> Vec<Value> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../benches/data/istio-listeners.json"
-    );
-    let text = std::fs::read_to_string(path).expect("the Istio listeners are in the repository");
-    match Codec::parse_text(&text, Format::Json).expect("JSON") {
-        Value::Array(items) => items
-            .into_iter()
-            .filter(|l| l.get("name").is_some())
-            .collect(),
-        _ => panic!("expected an array of listeners"),
-    }
-}
 
 /// Every string value of `key` anywhere in `v`.
 fn strings_of(v: &Value, key: &str, out: &mut BTreeSet<String>) {
