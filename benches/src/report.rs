@@ -499,6 +499,23 @@ pub fn svg_chart(results: &Results) -> String {
     )
 }
 
+/// A bench binary's `main`: parses its options, runs it, and exits with 2 on bad options
+/// and 1 on a failed run, each message prefixed by `name`.
+pub fn run_main<O>(
+    name: &str,
+    parse: impl FnOnce() -> Result<O, String>,
+    run: impl FnOnce(&O) -> Result<(), String>,
+) {
+    let opts = parse().unwrap_or_else(|e| {
+        eprintln!("{name}: {e}");
+        std::process::exit(2);
+    });
+    if let Err(e) = run(&opts) {
+        eprintln!("{name}: {e}");
+        std::process::exit(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -980,17 +980,7 @@ fn tls_targets(r: &Results) -> Vec<Target> {
 }
 
 fn main() {
-    let opts = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("load: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&opts) {
-        eprintln!("load: {e}");
-        std::process::exit(1);
-    }
+    benches::report::run_main("load", parse_args, run);
 }
 
 fn run(opts: &Options) -> Result<(), String> {

@@ -501,17 +501,7 @@ fn targets(r: &Results) -> Vec<Target> {
 }
 
 fn main() {
-    let opts = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("mesh: {e}");
-            std::process::exit(2);
-        }
-    };
-    if let Err(e) = run(&opts) {
-        eprintln!("mesh: {e}");
-        std::process::exit(1);
-    }
+    benches::report::run_main("mesh", parse_args, run);
 }
 
 fn run(opts: &Options) -> Result<(), String> {
