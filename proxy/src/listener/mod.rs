@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
-use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
+use crate::config::listener::{ChainConfig, ListenAddress, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
@@ -176,9 +176,6 @@ impl Chain {
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
-    /// The local address of every accepted connection when the listener is bound to one
-    /// (not a wildcard address or an ephemeral port): no `getsockname(2)` per connection.
-    bound_local: Option<SocketAddr>,
     chains: Vec<Arc<Chain>>,
     default_chain: Option<Arc<Chain>>,
     cx: Connections,
@@ -255,9 +252,7 @@ impl Listener {
                 istio_stats: c.istio_stats.clone(),
             })
         };
-        let address = config.address;
         Listener {
-            bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
             chains: config.chains.iter().map(chain).collect(),
             default_chain: config.default_chain.as_ref().map(chain),
             cx: Connections::timed(stats, &prefix),
@@ -316,11 +311,16 @@ impl Listener {
         }
     }
 
-    /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
-    /// workers each accept on their own socket; TCP_NODELAY, which Linux copies to every
+    /// Binds one of the listener's addresses (SO_REUSEADDR, like Envoy; SO_REUSEPORT when
+    /// several workers each accept on their own socket; IPV6_V6ONLY on an IPv6 socket unless
+    /// the address is `ipv4_compat`, as in Envoy; TCP_NODELAY, which Linux copies to every
     /// socket it accepts), not listening yet: see [`listen`].
-    pub fn bind(&self, reuse_port: bool) -> std::io::Result<socket2::Socket> {
-        let addr = self.config.address;
+    pub fn bind(
+        &self,
+        address: ListenAddress,
+        reuse_port: bool,
+    ) -> std::io::Result<socket2::Socket> {
+        let addr = address.address;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
             socket2::Type::STREAM,
@@ -331,7 +331,7 @@ impl Listener {
             socket.set_reuse_port(true)?;
         }
         if addr.is_ipv6() {
-            socket.set_only_v6(false).ok();
+            socket.set_only_v6(!address.ipv4_compat)?;
         }
         if let Some(on) = self.config.transparent {
             set_transparent(&socket, addr, on)?;
@@ -342,19 +342,21 @@ impl Listener {
         Ok(socket)
     }
 
-    /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
-    /// from; `worker`: the accepting worker's listener stats.
+    /// Serves one accepted connection; `bound_local`: its local address when the accepting
+    /// socket is bound to one address (else it is asked of the socket); `listeners`: those a
+    /// `use_original_dst` hand-off picks from; `worker`: the accepting worker's listener stats.
     pub(crate) async fn serve(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
+        bound_local: Option<SocketAddr>,
         shared: Arc<Shared>,
         listeners: Arc<ActiveListeners>,
         worker: Connections,
     ) {
         // No TCP_NODELAY here: an accepted socket inherits it from the listening socket
         // (`bind` sets it), one setsockopt(2) fewer per connection.
-        let local = match self.bound_local {
+        let local = match bound_local {
             Some(local) => local,
             None => stream.local_addr().unwrap_or(self.config.address),
         };
@@ -619,18 +621,22 @@ impl Listener {
 }
 
 /// The listener a `use_original_dst` listener hands a connection for `to` to, as Envoy finds
-/// it: one on exactly that address, else one on the wildcard address of its family with that
-/// port (bound or not); never `from` itself.
+/// it: one with exactly that address (its `address` or an additional one), else one with the
+/// wildcard address of its family with that port (bound or not); never `from` itself.
 fn handoff_target<'l>(
     listeners: &'l [Arc<Listener>],
     to: SocketAddr,
     from: &Listener,
 ) -> Option<&'l Arc<Listener>> {
     let others = || listeners.iter().filter(|l| !std::ptr::eq(&***l, from));
-    others().find(|l| l.config.address == to).or_else(|| {
+    let has = |l: &Listener, wanted: &dyn Fn(SocketAddr) -> bool| {
+        l.config.addresses().any(|a| wanted(a.address))
+    };
+    others().find(|l| has(l, &|a| a == to)).or_else(|| {
         others().find(|l| {
-            let a = l.config.address;
-            a.ip().is_unspecified() && a.port() == to.port() && a.is_ipv4() == to.is_ipv4()
+            has(l, &|a| {
+                a.ip().is_unspecified() && a.port() == to.port() && a.is_ipv4() == to.is_ipv4()
+            })
         })
     })
 }
