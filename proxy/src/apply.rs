@@ -149,7 +149,11 @@ impl Applier {
                 continue;
             }
             let holder = state.slots.iter().find(|(n, s)| {
-                *n != name && s.current().config().addresses().any(|a| a.address == address)
+                *n != name
+                    && s.current()
+                        .config()
+                        .addresses()
+                        .any(|a| a.address == address)
             });
             if let Some((other, _)) = holder {
                 return Err(ListenerError::DuplicateAddress {
@@ -328,13 +332,14 @@ impl Applier {
         };
         let mut sockets = Vec::with_capacity(count);
         for worker in 0..count.min(workers.len()) {
-            let socket = listener
-                .bind(address, count > 1)
-                .map_err(|source| ListenerError::Bind {
-                    name: cfg.name.clone(),
-                    address: address.address,
-                    source,
-                })?;
+            let socket =
+                listener
+                    .bind(address, count > 1)
+                    .map_err(|source| ListenerError::Bind {
+                        name: cfg.name.clone(),
+                        address: address.address,
+                        source,
+                    })?;
             let bound = socket
                 .local_addr()
                 .ok()

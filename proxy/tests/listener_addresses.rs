@@ -207,7 +207,8 @@ fn validate(mut proxy: Command, yaml: &str) -> (bool, String) {
         .args(["--mode", "validate", "--config-yaml", yaml])
         .output()
         .expect("proxy runs");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    let text =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
     (out.status.success(), text)
 }
 

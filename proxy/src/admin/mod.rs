@@ -292,11 +292,10 @@ fn listeners(process: &Process, as_json: bool) -> AdminResponse {
     let ls = process.applier.listeners();
     // Each address as Envoy shows it: where its socket is bound (a configured port 0 becomes
     // the kernel's port), as configured when not bound (`bind_to_port: false`).
-    let addresses = |l: &crate::listener::Listener| process.applier.local_addresses(&l.config().name);
+    let addresses =
+        |l: &crate::listener::Listener| process.applier.local_addresses(&l.config().name);
     if as_json {
-        let socket_address = |a: &std::net::SocketAddr| {
-            serde_json::json!({"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}})
-        };
+        let socket_address = |a: &std::net::SocketAddr| serde_json::json!({"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}});
         let statuses: Vec<_> = ls
             .iter()
             .map(|l| {

@@ -146,7 +146,10 @@ mod tests {
         };
         // Envoy's check reads the listener's `address`, whatever the additional one is.
         let e = compat("0.0.0.0", "::").unwrap_err();
-        assert_eq!(e.path, "additional_addresses[0].address.socket_address.ipv4_compat");
+        assert_eq!(
+            e.path,
+            "additional_addresses[0].address.socket_address.ipv4_compat"
+        );
         assert!(
             e.to_string().contains(
                 "Only IPv6 address '::' or valid IPv4-mapped IPv6 address can set ipv4_compat: 0.0.0.0:15001"

@@ -946,13 +946,14 @@ filter_chains:
             proto::Codec::new().decode(value, false).unwrap().message
         };
         let io = crate::config::FakeIo::new();
-        let l = decode(
-            "per_connection_buffer_limit_bytes: 1024\ntcp_keepalive: {}",
-        );
+        let l = decode("per_connection_buffer_limit_bytes: 1024\ntcp_keepalive: {}");
         let mut warnings = Warnings::new();
         compile_listener(&Context::new(&io), &l, None, &mut warnings).unwrap();
         let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(paths, ["per_connection_buffer_limit_bytes", "tcp_keepalive"]);
+        assert_eq!(
+            paths,
+            ["per_connection_buffer_limit_bytes", "tcp_keepalive"]
+        );
         let l = decode(
             "filter_chain_matcher: {on_no_match: {action: {name: a, typed_config: {'@type': type.googleapis.com/google.protobuf.StringValue, value: x}}}}",
         );
