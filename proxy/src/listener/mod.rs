@@ -756,3 +756,57 @@ pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListene
     socket.listen(1024)?;
     tokio::net::TcpListener::from_std(socket.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener compiled from `address` and `extra` (YAML lines), with one TCP proxy chain.
+    fn listener(name: &str, address: &str, extra: &str) -> Arc<Listener> {
+        let yaml = format!(
+            "name: {name}\naddress: {{socket_address: {address}}}\n{extra}\nfilter_chains:\n- filters:\n  - name: t\n    typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}\n"
+        );
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        let proto = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let ctx = crate::config::Context::new(&io);
+        let mut warnings = crate::config::Warnings::new();
+        let config =
+            crate::config::listener::compile_listener(&ctx, &proto, None, &mut warnings).unwrap();
+        Arc::new(Listener::new(
+            Arc::new(config),
+            &Store::new(),
+            &SecretStore::new(),
+            &crate::limits::SharedBuckets::default(),
+            None,
+        ))
+    }
+
+    #[test]
+    fn a_hand_off_finds_a_listener_by_any_of_its_addresses() {
+        let from = listener(
+            "virtual",
+            "{address: 0.0.0.0, port_value: 15001}",
+            "use_original_dst: true",
+        );
+        let dual = listener(
+            "dual",
+            "{address: 127.0.0.1, port_value: 9080}",
+            "bind_to_port: false\nadditional_addresses: [{address: {socket_address: {address: '::1', port_value: 9080}}}]",
+        );
+        let wildcard = listener(
+            "wildcard",
+            "{address: 0.0.0.0, port_value: 9090}",
+            "bind_to_port: false\nadditional_addresses: [{address: {socket_address: {address: '::', port_value: 9090}}}]",
+        );
+        let all = [from.clone(), dual, wildcard];
+        let target = |to: &str| {
+            handoff_target(&all, to.parse().unwrap(), &from).map(|l| l.config().name.clone())
+        };
+        assert_eq!(target("127.0.0.1:9080").as_deref(), Some("dual"));
+        assert_eq!(target("[::1]:9080").as_deref(), Some("dual"));
+        assert_eq!(target("127.0.0.2:9090").as_deref(), Some("wildcard"));
+        assert_eq!(target("[::1]:9090").as_deref(), Some("wildcard"));
+        assert_eq!(target("[::1]:9091"), None);
+    }
+}
