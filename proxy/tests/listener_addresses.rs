@@ -2,7 +2,7 @@
 //! one listener on 127.0.0.1:P with the additional addresses [::1]:Q and [::1]:P serves the
 //! same filter chains on every address, a chain chosen by the connection's destination IP or
 //! port whichever address took it; an IPv6 wildcard listener takes IPv4 only with
-//! `ipv4_compat`. Compared: each address's answer (or refusal), `/listeners` (text and JSON),
+//! `ipv4_compat`; a `bind_to_port: false` listener's addresses are listed, not bound. Compared: each address's answer (or refusal), `/listeners` (text and JSON),
 //! the listener's stats (named by its `address` alone) and the `/config_dump` of the addresses.
 //! An `ipv4_compat` the listener's address does not allow is refused with Envoy's message.
 //!
@@ -53,6 +53,7 @@ struct Ports {
     q: u16,
     v6: u16,
     compat: u16,
+    unbound: u16,
 }
 
 fn bootstrap(ports: &Ports) -> String {
@@ -62,6 +63,7 @@ fn bootstrap(ports: &Ports) -> String {
         q,
         v6,
         compat,
+        unbound,
     } = ports;
     let dual_chains = [
         chain("port_q", &format!("{{destination_port: {q}}}")),
@@ -74,6 +76,7 @@ fn bootstrap(ports: &Ports) -> String {
     .concat();
     let v6_chain = chain("v6_only", "{}");
     let compat_chain = chain("compat", "{}");
+    let unbound_chain = chain("unbound", "{}");
     format!(
         r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
 static_resources:
@@ -90,6 +93,12 @@ static_resources:
   - name: compat
     address: {{socket_address: {{address: '::', port_value: {compat}, ipv4_compat: true}}}}
     filter_chains:{compat_chain}
+  - name: unbound
+    bind_to_port: false
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {unbound}}}}}
+    additional_addresses:
+    - address: {{socket_address: {{address: '::1', port_value: {unbound}}}}}
+    filter_chains:{unbound_chain}
 "#
     )
 }
@@ -132,6 +141,8 @@ fn observe(ports: &Ports) -> Vec<String> {
         v4(ports.v6),
         v6(ports.compat),
         v4(ports.compat),
+        v4(ports.unbound),
+        v6(ports.unbound),
     ];
     let mut seen: Vec<String> = targets.into_iter().map(answer).collect();
     let admin = ports.admin;
@@ -186,6 +197,7 @@ fn additional_addresses_serve_the_listeners_chains_as_envoys_do() {
         q: free_port(),
         v6: free_port(),
         compat: free_port(),
+        unbound: free_port(),
     };
     let yaml = bootstrap(&ports);
     let run = |envoy: Option<&Path>| {
