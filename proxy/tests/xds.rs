@@ -1057,7 +1057,9 @@ fn body_of_v6(port: u16) -> Result<String, String> {
 
 /// An LDS update that adds an additional address binds that address alone, and one that
 /// removes it closes that address alone: the listener's `address` and its other additional
-/// address keep accepting throughout (no connection refused), as `/listeners` follows.
+/// address keep accepting throughout (no connection refused), as `/listeners` follows. When
+/// the `address` itself moves, the additional address's sockets stay and count under the
+/// listener's new stats name.
 #[test]
 fn additional_addresses_are_bound_and_closed_one_by_one() {
     let a = upstream("upstream-a");
@@ -1107,4 +1109,22 @@ fn additional_addresses_are_bound_and_closed_one_by_one() {
         stat(admin, "listener_manager.listener_in_place_updated"),
         Some(0)
     );
+
+    // The listener's `address` moves, its additional address stays: that address's sockets
+    // are kept and count under the listener's new name.
+    let moved = free_port();
+    plane.set(
+        Snapshot::new("4")
+            .with_message("a", &static_cluster("a", a))
+            .with_message(
+                "dual",
+                &dual_listener("dual", moved, &[kept], &to_cluster("a")),
+            ),
+    );
+    plane.ack(LISTENER_TYPE_URL, "4");
+    eventually("the old address refuses", || refused(p).then_some(()));
+    assert_eq!(body_of_v6(kept).as_deref(), Ok("upstream-a"));
+    let worker = |port: u16| format!("listener.127.0.0.1_{port}.worker_0.downstream_cx_total");
+    assert_eq!(stat(admin, &worker(moved)), Some(1));
+    assert_eq!(body_of(moved).as_deref(), Some("upstream-a"));
 }

@@ -108,28 +108,26 @@ pub async fn accept_loop(
     listeners: Arc<ActiveListeners>,
     worker: usize,
 ) {
-    // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
-    let listener_prefix = slot.current().config().stat_prefix();
-    let prefix = format!("{listener_prefix}.worker_{worker}");
-    let stats = Connections::new(&shared.stats, &prefix);
-    // revoy takes one connection per accept, each its own event here.
-    let per_event = shared.stats.histogram(&format!(
-        "{listener_prefix}.connections_accepted_per_socket_event"
-    ));
+    let mut stats = WorkerStats::new(&shared, &slot.current(), worker);
     // Every accepted connection's local address when the socket is bound to one (not a
     // wildcard address or an ephemeral port): no `getsockname(2)` per connection.
     let bound_local = (!address.ip().is_unspecified() && address.port() != 0).then_some(address);
     loop {
         match socket.accept().await {
             Ok((stream, peer)) => {
-                per_event.record(1);
                 let listener = slot.current();
+                // An update that renamed the listener's stats (its `address` moved while an
+                // additional one stayed, or its `stat_prefix` changed) counts under the new name.
+                if listener.config().stats_name != stats.name {
+                    stats = WorkerStats::new(&shared, &listener, worker);
+                }
+                stats.per_event.record(1);
                 let shared = shared.clone();
                 let listeners = listeners.clone();
-                let stats = stats.clone();
+                let connections = stats.connections.clone();
                 tokio::spawn(async move {
                     listener
-                        .serve(stream, peer, bound_local, shared, listeners, stats)
+                        .serve(stream, peer, bound_local, shared, listeners, connections)
                         .await
                 });
             }
@@ -139,6 +137,32 @@ pub async fn accept_loop(
                 tracing::warn!(listener = %slot.current().config().name, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+        }
+    }
+}
+
+/// An accept loop's own stats: Envoy's per-handler listener stats,
+/// `listener.<address>.worker_<n>.*`, and the accepts per socket event.
+struct WorkerStats {
+    /// The listener's stats name they were made for.
+    name: String,
+    connections: Connections,
+    per_event: crate::stats::Histogram,
+}
+
+impl WorkerStats {
+    fn new(shared: &Shared, listener: &Listener, worker: usize) -> WorkerStats {
+        let listener_prefix = listener.config().stat_prefix();
+        WorkerStats {
+            name: listener.config().stats_name.clone(),
+            connections: Connections::new(
+                &shared.stats,
+                &format!("{listener_prefix}.worker_{worker}"),
+            ),
+            // revoy takes one connection per accept, each its own event here.
+            per_event: shared.stats.histogram(&format!(
+                "{listener_prefix}.connections_accepted_per_socket_event"
+            )),
         }
     }
 }
