@@ -5,7 +5,8 @@
 //! `xds_sotw_matches_envoy` / `xds_delta_matches_envoy` push a scripted sequence of snapshots
 //! (valid start, RDS change, EDS change, a listener with a bad regex beside good ones, a
 //! cluster with an invalid field, a cluster rejected by name, a route configuration with a bad
-//! regex, a cluster removal, a listener removal, duplicate-address listeners, a listener and a
+//! regex, a cluster removal, a listener removal, duplicate-address listeners (one by an
+//! additional address), a listener and a
 //! cluster warming past their initial fetch timeouts, a second EDS cluster, a change to one of
 //! the two assignments: SotW sends that one alone, a listener gaining and losing an additional
 //! address); after each step both clients must have
@@ -411,6 +412,17 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             &format!("[{{filters: [{}]}}]", hcm(name, &rds("routes"))),
         )
     };
+    // A listener whose additional address is `dup-a`'s address.
+    let dup_additional = || {
+        listener(
+            "dup-c",
+            0,
+            &format!(
+                "additional_addresses: [{{address: {{socket_address: {{address: 127.0.0.1, port_value: {dup_port}}}}}}}],"
+            ),
+            &format!("[{{filters: [{}]}}]", hcm("dup-c", &rds("routes"))),
+        )
+    };
     let waiting = || {
         let rds = "rds: {route_config_name: missing, config_source: {ads: {}, \
                    resource_api_version: V3, initial_fetch_timeout: 1s}}";
@@ -591,6 +603,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
                 main(),
                 unbound("dup-a"),
                 unbound("dup-b"),
+                dup_additional(),
                 routes("v5", "svc"),
             ],
             pushed: &[LDS],
