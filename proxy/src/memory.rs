@@ -16,6 +16,12 @@ pub fn release_idle_pages() {
         libc::malloc_trim(0);
     }
     drop_pages(proto::embedded_descriptors());
+    drop_code_pages();
+}
+
+/// Drops the resident pages of the executable's code; the data path faults back what it runs
+/// (grouped at the start of `.text` by `link/hot-code.order`, see `build.rs`).
+fn drop_code_pages() {
     for (start, len) in executable_code_mappings() {
         // SAFETY: the range is a read-only, file-backed mapping of our own executable with no
         // private (written) page; dropping its pages only makes the next access re-read them.
@@ -181,7 +187,9 @@ fn configure_allocator() {
 }
 
 /// Whether a [`release_free_heap_soon`] is pending.
-static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+static HEAP_RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+/// Whether a [`release_code_pages_soon`] is pending.
+static CODE_RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
 
 /// Gives the heap this thread freed back to the OS a second from now (once for any number of
 /// calls meanwhile). Meant for a current-thread tokio runtime (the xDS thread's), whose tasks
@@ -190,17 +198,32 @@ static RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
 /// updates: after a 10,000-cluster push it kept about 40 MB of freed pages (the decoded
 /// responses) resident for good.
 pub fn release_free_heap_soon() {
+    release_soon(&HEAP_RELEASE_PENDING, || {
+        // SAFETY: only returns this thread's free heap pages to the OS.
+        unsafe { mi_collect(true) }
+    });
+}
+
+/// Drops the executable's code pages a second from now (once for any number of calls
+/// meanwhile), so the code that decoded and compiled an xDS update (megabytes, scattered over
+/// the executable) does not stay in the resident set after it ran; the data path faults back
+/// its own, grouped, code. Does nothing outside a tokio runtime.
+pub fn release_code_pages_soon() {
+    release_soon(&CODE_RELEASE_PENDING, drop_code_pages);
+}
+
+/// Runs `release` on the current runtime a second from now, unless one is already pending.
+fn release_soon(pending: &'static AtomicBool, release: fn()) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    if RELEASE_PENDING.swap(true, Ordering::AcqRel) {
+    if pending.swap(true, Ordering::AcqRel) {
         return;
     }
-    runtime.spawn(async {
+    runtime.spawn(async move {
         tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        RELEASE_PENDING.store(false, Ordering::Release);
-        // SAFETY: only returns this thread's free heap pages to the OS.
-        unsafe { mi_collect(true) };
+        pending.store(false, Ordering::Release);
+        release();
     });
 }
 

@@ -1009,6 +1009,7 @@ impl Handler for ProxyHandler {
         if size >= LARGE_UPDATE {
             crate::memory::release_free_heap_soon();
         }
+        crate::memory::release_code_pages_soon();
         applied
     }
 
