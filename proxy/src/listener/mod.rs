@@ -27,7 +27,7 @@ use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
-use crate::tls::{ContextCertificates, PeerTls, SecretStore};
+use crate::tls::{ContextCertificates, PeerTls, SecretStore, ServerStream};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -61,11 +61,7 @@ struct Tls {
 
 impl Tls {
     /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
-    async fn accept(
-        &self,
-        stream: TcpStream,
-        peer: SocketAddr,
-    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    async fn accept(&self, stream: TcpStream, peer: SocketAddr) -> Option<ServerStream> {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         self.finish(handshake.await, peer)
     }
@@ -102,7 +98,7 @@ impl Tls {
         &self,
         stream: TcpStream,
         peer: SocketAddr,
-    ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerTls)> {
+    ) -> Option<(ServerStream, PeerTls)> {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
@@ -119,11 +115,11 @@ impl Tls {
             tokio::time::error::Elapsed,
         >,
         peer: SocketAddr,
-    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    ) -> Option<ServerStream> {
         match outcome {
             Ok(Ok(s)) => {
                 self.stats.handshake_done(s.get_ref().1);
-                Some(s)
+                Some(Box::new(s))
             }
             Ok(Err(e)) => {
                 self.stats.handshake_failed(&e);
@@ -595,7 +591,14 @@ impl Listener {
                                     .unwrap_or_default(),
                             );
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, on_data, Some(istio(sans)))
+                                .serve_tls(
+                                    *s,
+                                    &shared.clusters,
+                                    lb,
+                                    sni,
+                                    on_data,
+                                    Some(istio(sans)),
+                                )
                                 .await;
                         })
                         .await
@@ -605,7 +608,7 @@ impl Listener {
                             if let Some(s) = tls.accept(stream, peer).await {
                                 let istio = istio(Default::default());
                                 proxy
-                                    .serve_tls(s, &shared.clusters, lb, sni, None, Some(istio))
+                                    .serve_tls(*s, &shared.clusters, lb, sni, None, Some(istio))
                                     .await;
                             }
                         })
@@ -698,23 +701,37 @@ async fn serve_tls(
     rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
 ) {
-    // Boxed apart: the handshake's state (kilobytes) is freed when it ends instead of
-    // sizing the future an established connection keeps for its whole life.
-    let handshake = crate::spawn::boxed(|| tls.accept_recording(stream, peer));
-    if let Some((mut tls_stream, certificates)) = handshake.await {
-        if let Some(checked) = rbac.check(Some(&certificates)) {
-            if !checked.allowed() {
-                return checked.close(&mut tls_stream).await;
-            }
-            if first_tls_bytes(&mut tls_stream).await {
-                checked.count();
-            }
-        }
-        let ctx = ctx(certificates);
+    // Boxed apart: the handshake's state (kilobytes) and the values it leaves on the way are
+    // freed when it ends instead of sizing the future an established connection keeps for its
+    // whole life.
+    let established = crate::spawn::boxed(|| establish_tls(tls, stream, peer, rbac, ctx));
+    if let Some((tls_stream, ctx)) = established.await {
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
         http::serve_tls(tls_stream, ctx).await
     }
+}
+
+/// [`serve_tls`]'s handshake and network RBAC filters: the stream and its connection's
+/// context when it is to be served.
+async fn establish_tls(
+    tls: &Tls,
+    stream: TcpStream,
+    peer: SocketAddr,
+    rbac: &RbacGate<'_>,
+    ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
+) -> Option<(ServerStream, Arc<ConnContext>)> {
+    let (mut tls_stream, certificates) = tls.accept_recording(stream, peer).await?;
+    if let Some(checked) = rbac.check(Some(&certificates)) {
+        if !checked.allowed() {
+            checked.close(&mut tls_stream).await;
+            return None;
+        }
+        if first_tls_bytes(&mut tls_stream).await {
+            checked.count();
+        }
+    }
+    Some((tls_stream, ctx(certificates)))
 }
 
 /// Sets `IP_TRANSPARENT` (`IPV6_TRANSPARENT` on an IPv6 socket) to `on`: a listener's

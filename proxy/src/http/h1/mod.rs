@@ -18,7 +18,6 @@ use std::task::{Context, Poll};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
 
 use super::ConnContext;
 use crate::config::hcm::Codec;
@@ -69,7 +68,7 @@ impl Downstream for TcpStream {
     }
 }
 
-impl Downstream for TlsStream<TcpStream> {
+impl Downstream for crate::tls::ServerStream {
     /// rustls keeps the records it could not write yet.
     const HOLDS_WRITES: bool = true;
 
@@ -174,7 +173,15 @@ async fn exchange<S: Downstream>(
         close: asked.close || drain,
         ..asked
     };
-    if response::write(stream, reading, response, &asked, ctx.hcm.config.http1_trailers).await {
+    if response::write(
+        stream,
+        reading,
+        response,
+        &asked,
+        ctx.hcm.config.http1_trailers,
+    )
+    .await
+    {
         return true;
     }
     let _ = stream.shutdown().await;
