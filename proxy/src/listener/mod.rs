@@ -418,7 +418,12 @@ impl Listener {
             ..Default::default()
         };
         let inspected = if needs_peek {
-            match inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout).await {
+            // Boxed while it runs, as every phase a connection leaves behind: the task is
+            // sized for its largest state and kept while the connection lives.
+            let inspecting = crate::spawn::boxed(|| {
+                inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout)
+            });
+            match inspecting.await {
                 Ok(inspected) => inspected,
                 Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {
                     self.pre_cx_timeout.inc();
@@ -449,25 +454,28 @@ impl Listener {
         if !f.rate_limit_first && rate_limited() {
             return;
         }
-        let facts = ConnectionFacts {
-            destination: Some(destination),
-            source: Some(peer),
-            server_name: inspected.server_name.as_deref(),
-            transport_protocol: inspected.transport_protocol,
-            application_protocols: &inspected.application_protocols,
-        };
-        let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
-        let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i],
-            None => match &self.default_chain {
-                Some(c) => c,
-                None => {
-                    self.no_filter_chain.inc();
-                    self.log_unmatched(peer, destination, inspected.server_name.as_deref());
-                    tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
-                    return;
-                }
-            },
+        // In a block: the matching's values are not kept in the connection's future.
+        let chain = {
+            let facts = ConnectionFacts {
+                destination: Some(destination),
+                source: Some(peer),
+                server_name: inspected.server_name.as_deref(),
+                transport_protocol: inspected.transport_protocol,
+                application_protocols: &inspected.application_protocols,
+            };
+            let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
+            match filter_chain_match::select(&matchers, &facts) {
+                Some(i) => &self.chains[i],
+                None => match &self.default_chain {
+                    Some(c) => c,
+                    None => {
+                        self.no_filter_chain.inc();
+                        self.log_unmatched(peer, destination, inspected.server_name.as_deref());
+                        tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
+                        return;
+                    }
+                },
+            }
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
         let downstream = || crate::access_log::record::Downstream {
@@ -516,11 +524,12 @@ impl Listener {
                 match tls {
                     None => {
                         if let Some(admitted) = &checked
-                            && first_bytes(&stream).await
+                            && crate::spawn::boxed(|| first_bytes(&stream)).await
                         {
                             admitted.count();
                         }
-                        http::serve(stream, Arc::new(ctx(None))).await
+                        // Boxed: a TLS connection's task would otherwise keep room for it.
+                        crate::spawn::boxed(|| http::serve(stream, Arc::new(ctx(None)))).await
                     }
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.

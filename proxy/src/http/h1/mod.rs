@@ -112,8 +112,10 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     ctx.hcm.stats.cx_http1_total.inc();
                     counted = true;
                 }
-                match request::parse(&mut reading.buf, &ctx.hcm.config) {
-                    Head::Partial => {}
+                // Decided in a statement of its own: the parsed head is not kept in the
+                // connection's future while a hand-off below runs.
+                let refuse = match request::parse(&mut reading.buf, &ctx.hcm.config) {
+                    Head::Partial => None,
                     Head::Served {
                         request,
                         asked,
@@ -122,12 +124,17 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         reading.body = inbound;
                         break (request, asked);
                     }
-                    Head::HandOff => {
+                    Head::HandOff => Some(false),
+                    Head::Ambiguous => Some(true),
+                };
+                match refuse {
+                    None => {}
+                    Some(false) => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
-                    Head::Ambiguous => {
-                        // Boxed, as a request is: a rare state an idle connection need not
-                        // keep room for.
+                    // Boxed, as a request is: a rare state an idle connection need not keep
+                    // room for.
+                    Some(true) => {
                         return crate::spawn::boxed(|| refuse_ambiguous(stream, reading, &ctx))
                             .await;
                     }
