@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::config::listener::ListenerConfig;
+use crate::config::listener::{ListenAddress, ListenerConfig};
 use crate::listener::{ActiveListeners, Listener, Slot, accept_loop, listen};
 use crate::route::RouteTable;
 use crate::shared::Shared;
@@ -21,11 +21,14 @@ use crate::snapshot::Snapshot;
 pub enum ListenerChange {
     /// A new listener name: its sockets were bound.
     Added,
-    /// An existing listener on the same address: its sockets were kept, new connections get
-    /// the new configuration, and connections of chains it changed or removed close at their
-    /// next response.
+    /// An existing listener on the same addresses: its sockets were kept, new connections
+    /// get the new configuration, and connections of chains it changed or removed close at
+    /// their next response.
     InPlace,
-    /// An existing listener moved to another address: new sockets, the old ones closed.
+    /// An existing listener whose addresses changed (its `address` or additional ones): as
+    /// in place, and each address it gained was bound and each it lost closed, the sockets
+    /// of the addresses it kept accepting throughout; or one whose binding changed
+    /// (`bind_to_port`, `transparent`): all new sockets, the old ones closed.
     Rebound,
 }
 
@@ -54,10 +57,12 @@ pub enum ListenerError {
     },
 }
 
-/// A bound socket waiting for the workers to start: its slot, and the worker whose accept loop
-/// will own it.
+/// A bound socket of one of a listener's addresses, not listening yet: its slot, the worker
+/// whose accept loop will own it, and where it is bound.
 struct Unstarted {
     slot: Arc<Slot>,
+    address: ListenAddress,
+    bound: std::net::SocketAddr,
     socket: socket2::Socket,
     worker: usize,
 }
@@ -77,6 +82,13 @@ impl State {
     /// workers started).
     fn forget_unstarted(&mut self, slot: &Arc<Slot>) {
         self.unstarted.retain(|u| !Arc::ptr_eq(&u.slot, slot));
+    }
+
+    /// Drops the not-yet-listening sockets of `slot` for `address` alone (an additional
+    /// address an update removed before the workers started).
+    fn forget_unstarted_address(&mut self, slot: &Arc<Slot>, address: ListenAddress) {
+        self.unstarted
+            .retain(|u| !(Arc::ptr_eq(&u.slot, slot) && u.address == address));
     }
 }
 
@@ -127,21 +139,29 @@ impl Applier {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| s.clone());
-        // Envoy's duplicate-address rule: another listener with the same address is a
-        // duplicate unless the new one binds port 0 (the kernel picks a port per socket); a
-        // listener that does not bind (`bind_to_port: false`, used through `use_original_dst`)
-        // must not share its address either, or which one gets the connections is ambiguous.
-        if (!config.bind_to_port || config.address.port() != 0)
-            && let Some((other, _)) = state
-                .slots
-                .iter()
-                .find(|(n, s)| *n != name && s.current().config().address == config.address)
-        {
-            return Err(ListenerError::DuplicateAddress {
-                name,
-                other: other.clone(),
-                address: config.address,
+        // Envoy's duplicate-address rule, over every address of each listener: another
+        // listener with one of the same addresses is a duplicate unless the new one binds it
+        // with port 0 (the kernel picks a port per socket); a listener that does not bind
+        // (`bind_to_port: false`, used through `use_original_dst`) must not share an address
+        // either, or which one gets the connections is ambiguous.
+        for address in config.addresses().map(|a| a.address) {
+            if config.bind_to_port && address.port() == 0 {
+                continue;
+            }
+            let holder = state.slots.iter().find(|(n, s)| {
+                *n != name
+                    && s.current()
+                        .config()
+                        .addresses()
+                        .any(|a| a.address == address)
             });
+            if let Some((other, _)) = holder {
+                return Err(ListenerError::DuplicateAddress {
+                    name,
+                    other: other.clone(),
+                    address,
+                });
+            }
         }
         let previous = existing.as_ref().map(|s| s.current());
         let listener = Arc::new(Listener::new(
@@ -153,17 +173,36 @@ impl Applier {
         ));
         let change = match (&existing, &previous) {
             (Some(slot), Some(old))
-                if old.config().address == listener.config().address
-                    && old.config().bind_to_port == listener.config().bind_to_port
+                if old.config().bind_to_port == listener.config().bind_to_port
                     && old.config().transparent == listener.config().transparent =>
             {
+                let before = addresses(old.config());
+                let after = addresses(listener.config());
+                let added: Vec<_> = after.iter().filter(|a| !before.contains(a)).collect();
+                let mut sockets = Vec::new();
+                for address in added {
+                    sockets.extend(self.bind_address(slot, &listener, *address)?);
+                }
                 let old = slot.replace(listener.clone());
                 old.retire(Some(&listener), self.drain_time);
-                ListenerChange::InPlace
+                for address in before.iter().filter(|a| !after.contains(a)) {
+                    slot.stop_address(*address);
+                    state.forget_unstarted_address(slot, *address);
+                }
+                self.start(&mut state, sockets);
+                if before.len() == after.len() && before.iter().all(|a| after.contains(a)) {
+                    ListenerChange::InPlace
+                } else {
+                    ListenerChange::Rebound
+                }
             }
             _ => {
                 let slot = Slot::new(listener.clone());
-                self.bind(&mut state, &slot, &listener)?;
+                let mut sockets = Vec::new();
+                for address in addresses(listener.config()) {
+                    sockets.extend(self.bind_address(&slot, &listener, address)?);
+                }
+                self.start(&mut state, sockets);
                 match existing.zip(previous) {
                     Some((old_slot, old)) => {
                         old_slot.stop();
@@ -243,19 +282,23 @@ impl Applier {
         let mut state = self.state.lock().expect("applier state");
         state.workers_started = true;
         for u in std::mem::take(&mut state.unstarted) {
-            self.accept(&u.slot, u.socket, u.worker);
+            self.accept(u);
         }
     }
 
-    /// The address listener `name`'s socket is bound to (the kernel's port for a configured
-    /// port 0); `None` when it has no socket.
-    pub fn local_address(&self, name: &str) -> Option<std::net::SocketAddr> {
+    /// Where listener `name` listens: its `address`, then its additional addresses, each
+    /// where its socket is bound (the kernel's port for a configured port 0), or as
+    /// configured when it has no socket (`bind_to_port: false`). Empty for no such listener.
+    pub fn local_addresses(&self, name: &str) -> Vec<std::net::SocketAddr> {
         let state = self.state.lock().expect("applier state");
-        state
-            .slots
-            .iter()
-            .find(|(n, _)| n == name)
-            .and_then(|(_, s)| s.local_address())
+        let Some((_, slot)) = state.slots.iter().find(|(n, _)| n == name) else {
+            return Vec::new();
+        };
+        slot.current()
+            .config()
+            .addresses()
+            .map(|a| slot.local_address(a).unwrap_or(a.address))
+            .collect()
     }
 
     /// The stat prefix (`listener.<stats name>`) of the active listener `name`.
@@ -268,75 +311,87 @@ impl Applier {
             .map(|(_, s)| s.current().config().stat_prefix())
     }
 
-    /// Binds `listener`'s address on every worker (one socket when the port is ephemeral: it
-    /// would differ per socket) and starts their accept loops, or keeps the sockets in `state`
-    /// until the workers start.
-    fn bind(
+    /// Binds `address`, one of `listener`'s addresses, on every worker (one socket when the
+    /// port is ephemeral: it would differ per socket), not listening yet: [`Applier::start`]
+    /// starts them. Nothing when the listener does not bind.
+    fn bind_address(
         &self,
-        state: &mut State,
         slot: &Arc<Slot>,
         listener: &Listener,
-    ) -> Result<(), ListenerError> {
+        address: ListenAddress,
+    ) -> Result<Vec<Unstarted>, ListenerError> {
         let cfg = listener.config();
         if !cfg.bind_to_port {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let workers = self.workers.get().map(Vec::as_slice).unwrap_or_default();
-        let count = if cfg.address.port() == 0 {
+        let count = if address.address.port() == 0 {
             1
         } else {
             workers.len()
         };
         let mut sockets = Vec::with_capacity(count);
-        for _ in 0..count.min(workers.len()) {
-            let socket = listener
-                .bind(count > 1)
-                .map_err(|source| ListenerError::Bind {
-                    name: cfg.name.clone(),
-                    address: cfg.address,
-                    source,
-                })?;
-            if let Some(local) = socket.local_addr().ok().and_then(|a| a.as_socket()) {
-                slot.set_local_address(local);
-            }
-            sockets.push(socket);
+        for worker in 0..count.min(workers.len()) {
+            let socket =
+                listener
+                    .bind(address, count > 1)
+                    .map_err(|source| ListenerError::Bind {
+                        name: cfg.name.clone(),
+                        address: address.address,
+                        source,
+                    })?;
+            let bound = socket
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_socket())
+                .unwrap_or(address.address);
+            slot.set_local_address(address, bound);
+            sockets.push(Unstarted {
+                slot: slot.clone(),
+                address,
+                bound,
+                socket,
+                worker,
+            });
         }
-        for (worker, socket) in sockets.into_iter().enumerate() {
-            if state.workers_started {
-                self.accept(slot, socket, worker);
-            } else {
-                state.unstarted.push(Unstarted {
-                    slot: slot.clone(),
-                    socket,
-                    worker,
-                });
-            }
-        }
-        Ok(())
+        Ok(sockets)
     }
 
-    /// Starts listening on `socket` and accepting on worker `worker`.
-    fn accept(&self, slot: &Arc<Slot>, socket: socket2::Socket, worker: usize) {
-        let Some(rt) = self.workers.get().and_then(|w| w.get(worker)) else {
+    /// Starts accepting on freshly bound sockets, or keeps them in `state` until the workers
+    /// start.
+    fn start(&self, state: &mut State, sockets: Vec<Unstarted>) {
+        if state.workers_started {
+            for u in sockets {
+                self.accept(u);
+            }
+        } else {
+            state.unstarted.extend(sockets);
+        }
+    }
+
+    /// Starts listening on a bound socket and accepting on its worker.
+    fn accept(&self, u: Unstarted) {
+        let Some(rt) = self.workers.get().and_then(|w| w.get(u.worker)) else {
             return;
         };
         let _guard = rt.enter();
-        let socket = match listen(socket) {
+        let socket = match listen(u.socket) {
             Ok(socket) => socket,
             Err(e) => {
-                tracing::error!(listener = %slot.current().config().name, error = %e, "cannot listen");
+                tracing::error!(listener = %u.slot.current().config().name, address = %u.bound, error = %e, "cannot listen");
                 return;
             }
         };
         let fd = std::os::fd::AsRawFd::as_raw_fd(&socket);
         let task = rt.spawn(accept_loop(
-            slot.clone(),
+            u.slot.clone(),
+            u.bound,
             socket,
             self.shared.clone(),
             self.listeners.clone(),
-            worker,
+            u.worker,
         ));
-        slot.add_accept_task(task.abort_handle(), fd);
+        u.slot.add_accept_task(u.address, task.abort_handle(), fd);
     }
 
     /// Publishes the active listeners.
@@ -360,4 +415,16 @@ impl Applier {
             rt.spawn(async move { shared.snapshot.with(|_| ()) });
         }
     }
+}
+
+/// A listener's addresses, each once: the same address configured twice is bound once (Envoy
+/// binds it twice, with SO_REUSEPORT, which serves the same).
+fn addresses(config: &ListenerConfig) -> Vec<ListenAddress> {
+    let mut all: Vec<ListenAddress> = Vec::new();
+    for a in config.addresses() {
+        if !all.contains(&a) {
+            all.push(a);
+        }
+    }
+    all
 }

@@ -1029,3 +1029,102 @@ fn rate_limited_requests_are_pending_until_sent() {
     assert!(stat(admin, "control_plane.rate_limit_enforced") > Some(0));
     assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
 }
+
+/// Listener `name` of [`inline_listener`] with `additional` (IPv6 loopback ports) as its
+/// additional addresses.
+fn dual_listener(
+    name: &str,
+    port: u16,
+    additional: &[u16],
+    routes: &str,
+) -> proto::pb::envoy::config::listener::v3::Listener {
+    let mut l = inline_listener(name, port, routes);
+    l.additional_addresses = additional
+        .iter()
+        .map(|p| {
+            decode(&format!(
+                "{{address: {{socket_address: {{address: '::1', port_value: {p}}}}}}}"
+            ))
+        })
+        .collect();
+    l
+}
+
+/// What a GET of `/` on [::1]:`port` answers: its body, or the error.
+fn body_of_v6(port: u16) -> Result<String, String> {
+    http1::get(None, (std::net::Ipv6Addr::LOCALHOST, port).into(), "/").map(|(_, body)| body)
+}
+
+/// An LDS update that adds an additional address binds that address alone, and one that
+/// removes it closes that address alone: the listener's `address` and its other additional
+/// address keep accepting throughout (no connection refused), as `/listeners` follows. When
+/// the `address` itself moves, the additional address's sockets stay and count under the
+/// listener's new stats name.
+#[test]
+fn additional_addresses_are_bound_and_closed_one_by_one() {
+    let a = upstream("upstream-a");
+    let (p, kept, added) = (free_port(), free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, additional: &[u16]| {
+        Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message(
+                "dual",
+                &dual_listener("dual", p, additional, &to_cluster("a")),
+            )
+    };
+    let listeners = || admin_get(admin, "/listeners").1;
+    plane.set(snapshot("1", &[kept]));
+    wait_live(admin);
+    assert_eq!(body_of_v6(kept).as_deref(), Ok("upstream-a"));
+    assert!(body_of_v6(added).is_err());
+
+    let running = load(p);
+    plane.set(snapshot("2", &[kept, added]));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(body_of_v6(added).as_deref(), Ok("upstream-a"));
+    assert_eq!(body_of_v6(kept).as_deref(), Ok("upstream-a"));
+    assert_eq!(
+        listeners(),
+        format!("dual::127.0.0.1:{p}\ndual::[::1]:{kept}\ndual::[::1]:{added}\n")
+    );
+
+    plane.set(snapshot("3", &[kept]));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    eventually("the removed address refuses", || {
+        body_of_v6(added)
+            .err()
+            .filter(|e| e.contains("Connection refused"))
+    });
+    assert_eq!(body_of_v6(kept).as_deref(), Ok("upstream-a"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    no_failures(running);
+    assert_eq!(
+        listeners(),
+        format!("dual::127.0.0.1:{p}\ndual::[::1]:{kept}\n")
+    );
+    // Envoy counts an address change as a modification, not an in-place update.
+    assert_eq!(stat(admin, "listener_manager.listener_modified"), Some(2));
+    assert_eq!(
+        stat(admin, "listener_manager.listener_in_place_updated"),
+        Some(0)
+    );
+
+    // The listener's `address` moves, its additional address stays: that address's sockets
+    // are kept and count under the listener's new name.
+    let moved = free_port();
+    plane.set(
+        Snapshot::new("4")
+            .with_message("a", &static_cluster("a", a))
+            .with_message(
+                "dual",
+                &dual_listener("dual", moved, &[kept], &to_cluster("a")),
+            ),
+    );
+    plane.ack(LISTENER_TYPE_URL, "4");
+    eventually("the old address refuses", || refused(p).then_some(()));
+    assert_eq!(body_of_v6(kept).as_deref(), Ok("upstream-a"));
+    let worker = |port: u16| format!("listener.127.0.0.1_{port}.worker_0.downstream_cx_total");
+    assert_eq!(stat(admin, &worker(moved)), Some(1));
+    assert_eq!(body_of(moved).as_deref(), Some("upstream-a"));
+}

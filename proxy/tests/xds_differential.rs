@@ -5,12 +5,16 @@
 //! `xds_sotw_matches_envoy` / `xds_delta_matches_envoy` push a scripted sequence of snapshots
 //! (valid start, RDS change, EDS change, a listener with a bad regex beside good ones, a
 //! cluster with an invalid field, a cluster rejected by name, a route configuration with a bad
-//! regex, a cluster removal, a listener removal, duplicate-address listeners, a listener and a
+//! regex, a cluster removal, a listener removal, duplicate-address listeners (one by an
+//! additional address), a listener and a
 //! cluster warming past their initial fetch timeouts, a second EDS cluster, a change to one of
-//! the two assignments: SotW sends that one alone); after each step both clients must have
+//! the two assignments: SotW sends that one alone, a listener gaining and losing an additional
+//! address); after each step both clients must have
 //! answered the version for every type pushed, and the test compares per type ACK vs NACK
 //! (and which resources a NACK names), the answers to the same requests (status, which
-//! upstream, body) and the resource names of the dynamic `/config_dump` sections.
+//! upstream, body), the resource names of the dynamic `/config_dump` sections, how listener
+//! updates were taken (`listener_manager.listener_modified` / `_in_place_updated`) and each
+//! listener's additional addresses in `/listeners`.
 //!
 //! `xds_control_plane_restart` kills the control plane mid-traffic and starts it again on the
 //! same port: no request through revoy fails, and revoy ACKs a snapshot pushed afterwards.
@@ -364,6 +368,14 @@ fn script(a: u16, b: u16) -> Vec<Step> {
     let svc = || eds_cluster("svc");
     let other = || static_cluster("other", b, "");
     let main = || http_listener("main", &hcm("main", &rds("routes")));
+    let dual_main = || {
+        listener(
+            "main",
+            0,
+            "additional_addresses: [{address: {socket_address: {address: '::1', port_value: 0}}}],",
+            &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
+        )
+    };
     let side = || {
         http_listener(
             "side",
@@ -398,6 +410,17 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             dup_port,
             "bind_to_port: false,",
             &format!("[{{filters: [{}]}}]", hcm(name, &rds("routes"))),
+        )
+    };
+    // A listener whose additional address is `dup-a`'s address.
+    let dup_additional = || {
+        listener(
+            "dup-c",
+            0,
+            &format!(
+                "additional_addresses: [{{address: {{socket_address: {{address: 127.0.0.1, port_value: {dup_port}}}}}}}],"
+            ),
+            &format!("[{{filters: [{}]}}]", hcm("dup-c", &rds("routes"))),
         )
     };
     let waiting = || {
@@ -580,6 +603,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
                 main(),
                 unbound("dup-a"),
                 unbound("dup-b"),
+                dup_additional(),
                 routes("v5", "svc"),
             ],
             pushed: &[LDS],
@@ -654,6 +678,41 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             ],
             pushed: &[EDS],
             requests: &[("main", "/svc"), ("waiting", "/")],
+            known: &[],
+            unsettled: &[],
+        },
+        Step {
+            // A full listener update for both (not in place): its addresses changed.
+            what: "a listener gains an additional address",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc", b),
+                assignment("svc2", b),
+                dual_main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: &[("main", "/svc"), ("main", "/")],
+            known: &[],
+            unsettled: &[],
+        },
+        Step {
+            what: "a listener loses its additional address",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc", b),
+                assignment("svc2", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[LDS],
+            requests: &[("main", "/svc"), ("main", "/")],
             known: &[],
             unsettled: &[],
         },
@@ -756,8 +815,36 @@ async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, Str
             obs.insert("config_dump dynamic_route_configs".into(), names);
         }
     }
+    // Each listener's additional addresses, by family (their ports are the kernel's).
+    let (_, listeners) = side.admin("/listeners?format=json").await;
+    let listeners: Value = serde_json::from_str(&listeners).unwrap_or(Value::Null);
+    for l in listeners["listener_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let additional: Vec<&str> = l["additional_local_addresses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["socket_address"]["address"].as_str())
+            .collect();
+        let name = l["name"].as_str().unwrap_or("?");
+        obs.insert(format!("listeners {name} additional"), additional.join(" "));
+    }
     let (_, stats) = side.admin("/stats").await;
     obs.extend(subscription_stats(&stats));
+    // How each listener update was taken (in place, or a full update).
+    for line in stats.lines() {
+        if let Some((name, value)) = line.split_once(": ")
+            && matches!(
+                name,
+                "listener_manager.listener_modified" | "listener_manager.listener_in_place_updated"
+            )
+        {
+            obs.insert(format!("stat {name}"), value.to_owned());
+        }
+    }
     // The text readouts in the other forms: JSON, and Prometheus (tags as labels, the text as
     // `text_value`) where only `text_readouts` shows them.
     let (_, json) = side.admin("/stats?format=json&type=TextReadouts").await;

@@ -20,6 +20,7 @@ use benches::build;
 use benches::clients::{self, Throughput};
 use benches::configs::{MESH_SERVICES, REENCRYPT_PREFIX, mesh_host};
 use benches::contender::{Binaries, Kind, Running, Shape, installed_envoy};
+use benches::order;
 use benches::procfs;
 use benches::report::{
     self, Results, Target, check, machine, targets_json, targets_markdown, version,
@@ -730,23 +731,25 @@ fn measure_idle_tls_connections(
 }
 
 /// Runs `scenarios` for `rounds`. In a round, the contenders take turns at each closed-loop
-/// run (`slices` turns each, the order rotating every turn), then each makes its once-per-round
-/// runs.
+/// run (`slices` turns each, in an order that changes every turn so that no contender always
+/// runs after the same other one: [`order::turn_order`]), then each makes its once-per-round
+/// runs (in the order of the round's first turn).
 fn rounds(bench: &mut Bench, running: &[Running], scenarios: &[&str]) -> Result<(), String> {
     let n = running.len();
+    let slices = bench.plan.slices;
     for round in 0..bench.plan.rounds {
         for scenario in scenarios {
             let started = Instant::now();
-            for slice in 0..bench.plan.slices {
-                for i in 0..n {
-                    let c = &running[(i + round + slice) % n];
+            for slice in 0..slices {
+                for i in order::turn_order(n, round * slices + slice) {
+                    let c = &running[i];
                     bench
                         .closed_loop(scenario, c)
                         .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;
                 }
             }
-            for i in 0..n {
-                let c = &running[(i + round) % n];
+            for i in order::turn_order(n, round * slices) {
+                let c = &running[i];
                 bench
                     .once_per_round(scenario, c)
                     .map_err(|e| format!("{scenario} / {}: {e}", c.kind.name()))?;

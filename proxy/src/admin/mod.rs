@@ -290,32 +290,38 @@ fn server_info(process: &Process) -> serde_json::Value {
 
 fn listeners(process: &Process, as_json: bool) -> AdminResponse {
     let ls = process.applier.listeners();
+    // Each address as Envoy shows it: where its socket is bound (a configured port 0 becomes
+    // the kernel's port), as configured when not bound (`bind_to_port: false`).
+    let addresses =
+        |l: &crate::listener::Listener| process.applier.local_addresses(&l.config().name);
     if as_json {
+        let socket_address = |a: &std::net::SocketAddr| serde_json::json!({"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}});
         let statuses: Vec<_> = ls
             .iter()
             .map(|l| {
-                // The bound address, as Envoy shows it (a configured port 0 becomes the
-                // kernel's port); the configured one when not bound (`bind_to_port: false`).
-                let a = process
-                    .applier
-                    .local_address(&l.config().name)
-                    .unwrap_or(l.config().address);
-                serde_json::json!({
+                let addresses = addresses(l);
+                let main = addresses.first().copied().unwrap_or(l.config().address);
+                let mut status = serde_json::json!({
                     "name": l.config().name,
-                    "local_address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}},
-                })
+                    "local_address": socket_address(&main),
+                });
+                if addresses.len() > 1 {
+                    status["additional_local_addresses"] =
+                        addresses[1..].iter().map(socket_address).collect();
+                }
+                status
             })
             .collect();
         json(&serde_json::json!({ "listener_statuses": statuses }))
     } else {
+        // One line per address, as Envoy writes them.
         let body: String = ls
             .iter()
-            .map(|l| {
-                let a = process
-                    .applier
-                    .local_address(&l.config().name)
-                    .unwrap_or(l.config().address);
-                format!("{}::{}\n", l.config().name, a)
+            .flat_map(|l| {
+                let name = &l.config().name;
+                addresses(l)
+                    .into_iter()
+                    .map(move |a| format!("{name}::{a}\n"))
             })
             .collect();
         text(200, body)

@@ -356,6 +356,17 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
             "the load-balancing policy extensions are not implemented by revoy; lb_policy applies",
         ),
         (
+            c.upstream_bind_config.as_ref().is_some_and(|b| {
+                !b.extra_source_addresses.is_empty()
+                    || !b.additional_source_addresses.is_empty()
+                    || b.freebind.is_some_and(|f| f.value)
+                    || !b.socket_options.is_empty()
+                    || b.local_address_selector.is_some()
+            }),
+            "upstream_bind_config",
+            "only its source_address is applied by revoy (to hosts of its IP family); extra_source_addresses, additional_source_addresses, freebind, socket_options and local_address_selector are not, so a connection to a host of the other family leaves from the address the system picks",
+        ),
+        (
             c.upstream_connection_options.is_some(),
             "upstream_connection_options",
             "upstream socket options (TCP keep-alive) are not set by revoy",
@@ -1067,6 +1078,17 @@ load_assignment:
             found[1].contains("clusters[0].dns_resolvers: "),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn an_upstream_bind_configs_extra_source_addresses_are_named_as_skipped() {
+        let c = cluster(
+            "name: c\nupstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}, extra_source_addresses: [{address: {address: '::6', port_value: 0}}]}\n",
+        );
+        let mut warnings = crate::config::Warnings::new();
+        skipped_features(&c, "clusters[0]", &mut warnings);
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["clusters[0].upstream_bind_config"]);
     }
 
     #[test]

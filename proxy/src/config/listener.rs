@@ -4,7 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use proto::pb::envoy::config::core::v3::{
-    Address, address, socket_address, socket_address::PortSpecifier, transport_socket,
+    Address, address, socket_address::PortSpecifier, transport_socket,
 };
 use proto::pb::envoy::config::listener::v3::{FilterChain, Listener, filter, listener_filter};
 use proto::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
@@ -13,6 +13,8 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsConte
 
 use super::filter_chain_match::ChainMatch;
 use super::hcm::{HcmConfig, compile_hcm};
+pub use super::listen_address::ListenAddress;
+use super::listen_address::{compile_addresses, is_udp};
 use super::tcp_proxy::TcpProxyConfig;
 use super::{ConfigError, Context, Warnings};
 
@@ -84,8 +86,13 @@ pub struct ListenerFilters {
 pub struct ListenerConfig {
     /// Listener name (defaults to its address, like Envoy).
     pub name: String,
-    /// Where it listens.
+    /// Where it listens (the address that names it in stats and admin).
     pub address: SocketAddr,
+    /// `address`'s `ipv4_compat`.
+    pub ipv4_compat: bool,
+    /// `additional_addresses`: more addresses it listens on, each with its own sockets, all
+    /// feeding the same filter chains.
+    pub additional_addresses: Vec<ListenAddress>,
     /// `bind_to_port` (false: only reachable through a `use_original_dst` hand-off).
     pub bind_to_port: bool,
     /// Hand connections to the listener bound to their original destination.
@@ -112,6 +119,15 @@ pub struct ListenerConfig {
 }
 
 impl ListenerConfig {
+    /// Every address it listens on: `address` first, then the additional ones in order.
+    pub fn addresses(&self) -> impl Iterator<Item = ListenAddress> + '_ {
+        let main = ListenAddress {
+            address: self.address,
+            ipv4_compat: self.ipv4_compat,
+        };
+        std::iter::once(main).chain(self.additional_addresses.iter().copied())
+    }
+
     /// Stats prefix `listener.<stats_name>`.
     pub fn stat_prefix(&self) -> String {
         format!("listener.{}", self.stats_name)
@@ -578,11 +594,7 @@ fn compile_listener_filters(
 /// TCP only. Envoy serves it; without this the listener failed later with a misleading "no
 /// filter chains specified". `udp_listener_config` on a TCP address is ignored, as in Envoy.
 fn refuse_udp(l: &Listener) -> Result<(), ConfigError> {
-    let udp = matches!(
-        l.address.as_ref().and_then(|a| a.address.as_ref()),
-        Some(address::Address::SocketAddress(sa)) if sa.protocol == socket_address::Protocol::Udp as i32
-    );
-    if udp {
+    if is_udp(l.address.as_ref()) {
         return Err(ConfigError::new(
             "address.socket_address.protocol",
             format!(
@@ -623,11 +635,6 @@ fn unimplemented_fields(l: &Listener, warnings: &mut Warnings) -> Result<(), Con
         ));
     }
     let skipped = [
-        (
-            !l.additional_addresses.is_empty(),
-            "additional_addresses",
-            "revoy listens on `address` only; connections to the additional addresses are refused",
-        ),
         (
             l.stats_matcher.is_some(),
             "stats_matcher",
@@ -727,7 +734,8 @@ pub fn compile_listener(
 ) -> Result<ListenerConfig, ConfigError> {
     refuse_udp(l)?;
     unimplemented_fields(l, warnings)?;
-    let address = socket_addr(l.address.as_ref(), "address")?;
+    let (main, additional_addresses) = compile_addresses(l, warnings)?;
+    let address = main.address;
     let (filters, refused, skipped) = compile_listener_filters(l, warnings)?;
     let skipped = skipped.as_deref();
     let mut chains = l
@@ -805,6 +813,8 @@ pub fn compile_listener(
             l.name.clone()
         },
         address,
+        ipv4_compat: main.ipv4_compat,
+        additional_addresses,
         bind_to_port: l.bind_to_port.is_none_or(|b| b.value),
         use_original_dst: l.use_original_dst.is_some_and(|b| b.value),
         transparent: l.transparent.map(|b| b.value),
@@ -936,13 +946,14 @@ filter_chains:
             proto::Codec::new().decode(value, false).unwrap().message
         };
         let io = crate::config::FakeIo::new();
-        let l = decode(
-            "additional_addresses: [{address: {socket_address: {address: '::', port_value: 15006}}}]\ntcp_keepalive: {}",
-        );
+        let l = decode("per_connection_buffer_limit_bytes: 1024\ntcp_keepalive: {}");
         let mut warnings = Warnings::new();
         compile_listener(&Context::new(&io), &l, None, &mut warnings).unwrap();
         let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(paths, ["additional_addresses", "tcp_keepalive"]);
+        assert_eq!(
+            paths,
+            ["per_connection_buffer_limit_bytes", "tcp_keepalive"]
+        );
         let l = decode(
             "filter_chain_matcher: {on_no_match: {action: {name: a, typed_config: {'@type': type.googleapis.com/google.protobuf.StringValue, value: x}}}}",
         );

@@ -13,6 +13,7 @@ pub mod filter_chain_match;
 pub mod hcm;
 pub mod http_filter;
 pub mod istio;
+pub mod listen_address;
 pub mod listener;
 pub mod local_reply;
 pub mod metadata_matcher;

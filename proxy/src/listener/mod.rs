@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
-use crate::config::listener::{ChainConfig, ListenerConfig, Terminal};
+use crate::config::listener::{ChainConfig, ListenAddress, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
@@ -172,9 +172,6 @@ impl Chain {
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
-    /// The local address of every accepted connection when the listener is bound to one
-    /// (not a wildcard address or an ephemeral port): no `getsockname(2)` per connection.
-    bound_local: Option<SocketAddr>,
     chains: Vec<Arc<Chain>>,
     default_chain: Option<Arc<Chain>>,
     cx: Connections,
@@ -251,9 +248,7 @@ impl Listener {
                 istio_stats: c.istio_stats.clone(),
             })
         };
-        let address = config.address;
         Listener {
-            bound_local: (!address.ip().is_unspecified() && address.port() != 0).then_some(address),
             chains: config.chains.iter().map(chain).collect(),
             default_chain: config.default_chain.as_ref().map(chain),
             cx: Connections::timed(stats, &prefix),
@@ -312,11 +307,16 @@ impl Listener {
         }
     }
 
-    /// Binds the listener's address (SO_REUSEADDR, like Envoy; SO_REUSEPORT when several
-    /// workers each accept on their own socket; TCP_NODELAY, which Linux copies to every
+    /// Binds one of the listener's addresses (SO_REUSEADDR, like Envoy; SO_REUSEPORT when
+    /// several workers each accept on their own socket; IPV6_V6ONLY on an IPv6 socket unless
+    /// the address is `ipv4_compat`, as in Envoy; TCP_NODELAY, which Linux copies to every
     /// socket it accepts), not listening yet: see [`listen`].
-    pub fn bind(&self, reuse_port: bool) -> std::io::Result<socket2::Socket> {
-        let addr = self.config.address;
+    pub fn bind(
+        &self,
+        address: ListenAddress,
+        reuse_port: bool,
+    ) -> std::io::Result<socket2::Socket> {
+        let addr = address.address;
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(addr),
             socket2::Type::STREAM,
@@ -327,7 +327,7 @@ impl Listener {
             socket.set_reuse_port(true)?;
         }
         if addr.is_ipv6() {
-            socket.set_only_v6(false).ok();
+            socket.set_only_v6(!address.ipv4_compat)?;
         }
         if let Some(on) = self.config.transparent {
             set_transparent(&socket, addr, on)?;
@@ -338,19 +338,21 @@ impl Listener {
         Ok(socket)
     }
 
-    /// Serves one accepted connection; `listeners`: those a `use_original_dst` hand-off picks
-    /// from; `worker`: the accepting worker's listener stats.
+    /// Serves one accepted connection; `bound_local`: its local address when the accepting
+    /// socket is bound to one address (else it is asked of the socket); `listeners`: those a
+    /// `use_original_dst` hand-off picks from; `worker`: the accepting worker's listener stats.
     pub(crate) async fn serve(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
+        bound_local: Option<SocketAddr>,
         shared: Arc<Shared>,
         listeners: Arc<ActiveListeners>,
         worker: Connections,
     ) {
         // No TCP_NODELAY here: an accepted socket inherits it from the listening socket
         // (`bind` sets it), one setsockopt(2) fewer per connection.
-        let local = match self.bound_local {
+        let local = match bound_local {
             Some(local) => local,
             None => stream.local_addr().unwrap_or(self.config.address),
         };
@@ -631,18 +633,22 @@ impl Listener {
 }
 
 /// The listener a `use_original_dst` listener hands a connection for `to` to, as Envoy finds
-/// it: one on exactly that address, else one on the wildcard address of its family with that
-/// port (bound or not); never `from` itself.
+/// it: one with exactly that address (its `address` or an additional one), else one with the
+/// wildcard address of its family with that port (bound or not); never `from` itself.
 fn handoff_target<'l>(
     listeners: &'l [Arc<Listener>],
     to: SocketAddr,
     from: &Listener,
 ) -> Option<&'l Arc<Listener>> {
     let others = || listeners.iter().filter(|l| !std::ptr::eq(&***l, from));
-    others().find(|l| l.config.address == to).or_else(|| {
+    let has = |l: &Listener, wanted: &dyn Fn(SocketAddr) -> bool| {
+        l.config.addresses().any(|a| wanted(a.address))
+    };
+    others().find(|l| has(l, &|a| a == to)).or_else(|| {
         others().find(|l| {
-            let a = l.config.address;
-            a.ip().is_unspecified() && a.port() == to.port() && a.is_ipv4() == to.is_ipv4()
+            has(l, &|a| {
+                a.ip().is_unspecified() && a.port() == to.port() && a.is_ipv4() == to.is_ipv4()
+            })
         })
     })
 }
@@ -775,4 +781,58 @@ fn set_transparent(socket: &socket2::Socket, addr: SocketAddr, on: bool) -> std:
 pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(1024)?;
     tokio::net::TcpListener::from_std(socket.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener compiled from `address` and `extra` (YAML lines), with one TCP proxy chain.
+    fn listener(name: &str, address: &str, extra: &str) -> Arc<Listener> {
+        let yaml = format!(
+            "name: {name}\naddress: {{socket_address: {address}}}\n{extra}\nfilter_chains:\n- filters:\n  - name: t\n    typed_config: {{'@type': type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: c}}\n"
+        );
+        let value = proto::Codec::parse_text(&yaml, proto::Format::Yaml).unwrap();
+        let proto = proto::Codec::new().decode(value, false).unwrap().message;
+        let io = crate::config::FakeIo::new();
+        let ctx = crate::config::Context::new(&io);
+        let mut warnings = crate::config::Warnings::new();
+        let config =
+            crate::config::listener::compile_listener(&ctx, &proto, None, &mut warnings).unwrap();
+        Arc::new(Listener::new(
+            Arc::new(config),
+            &Store::new(),
+            &SecretStore::new(),
+            &crate::limits::SharedBuckets::default(),
+            None,
+        ))
+    }
+
+    #[test]
+    fn a_hand_off_finds_a_listener_by_any_of_its_addresses() {
+        let from = listener(
+            "virtual",
+            "{address: 0.0.0.0, port_value: 15001}",
+            "use_original_dst: true",
+        );
+        let dual = listener(
+            "dual",
+            "{address: 127.0.0.1, port_value: 9080}",
+            "bind_to_port: false\nadditional_addresses: [{address: {socket_address: {address: '::1', port_value: 9080}}}]",
+        );
+        let wildcard = listener(
+            "wildcard",
+            "{address: 0.0.0.0, port_value: 9090}",
+            "bind_to_port: false\nadditional_addresses: [{address: {socket_address: {address: '::', port_value: 9090}}}]",
+        );
+        let all = [from.clone(), dual, wildcard];
+        let target = |to: &str| {
+            handoff_target(&all, to.parse().unwrap(), &from).map(|l| l.config().name.clone())
+        };
+        assert_eq!(target("127.0.0.1:9080").as_deref(), Some("dual"));
+        assert_eq!(target("[::1]:9080").as_deref(), Some("dual"));
+        assert_eq!(target("127.0.0.2:9090").as_deref(), Some("wildcard"));
+        assert_eq!(target("[::1]:9090").as_deref(), Some("wildcard"));
+        assert_eq!(target("[::1]:9091"), None);
+    }
 }

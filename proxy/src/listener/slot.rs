@@ -2,6 +2,7 @@
 //! name keep their sockets across updates and read the listener's current configuration for
 //! each new connection, so an update refuses no connection and loses no backlog.
 
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,15 +12,20 @@ use tokio::net::TcpListener;
 use tokio::task::AbortHandle;
 
 use super::{ActiveListeners, Listener};
+use crate::config::listener::ListenAddress;
 use crate::shared::Shared;
 use crate::stats::Connections;
 
-/// One listener name's current configuration and the accept loops serving it.
+/// One listener name's current configuration and the accept loops serving it, keyed by the
+/// address each socket is bound to (its `address` and each additional address), so an update
+/// that adds or removes an address opens or closes just that address's sockets.
 pub struct Slot {
     current: ArcSwap<Listener>,
-    /// Each accept loop and the descriptor of the socket it owns.
-    accept_tasks: Mutex<Vec<(AbortHandle, RawFd)>>,
-    local_address: Mutex<Option<std::net::SocketAddr>>,
+    /// Each accept loop, the address it serves and the descriptor of the socket it owns.
+    accept_tasks: Mutex<Vec<(ListenAddress, AbortHandle, RawFd)>>,
+    /// Where each configured address's socket is bound (the port the kernel chose for a
+    /// configured port 0).
+    local_addresses: Mutex<Vec<(ListenAddress, SocketAddr)>>,
 }
 
 impl Slot {
@@ -28,19 +34,21 @@ impl Slot {
         Arc::new(Slot {
             current: ArcSwap::new(listener),
             accept_tasks: Mutex::new(Vec::new()),
-            local_address: Mutex::new(None),
+            local_addresses: Mutex::new(Vec::new()),
         })
     }
 
-    /// Records the address the slot's socket is bound to (the port the kernel chose when the
-    /// configured port is 0).
-    pub fn set_local_address(&self, address: std::net::SocketAddr) {
-        *self.local_address.lock().expect("local address") = Some(address);
+    /// Records where the socket of the configured `address` is bound.
+    pub fn set_local_address(&self, address: ListenAddress, local: SocketAddr) {
+        let mut bound = self.local_addresses.lock().expect("local addresses");
+        bound.retain(|(a, _)| *a != address);
+        bound.push((address, local));
     }
 
-    /// The address the slot's socket is bound to, once bound.
-    pub fn local_address(&self) -> Option<std::net::SocketAddr> {
-        *self.local_address.lock().expect("local address")
+    /// Where the socket of the configured `address` is bound, once bound.
+    pub fn local_address(&self, address: ListenAddress) -> Option<SocketAddr> {
+        let bound = self.local_addresses.lock().expect("local addresses");
+        bound.iter().find(|(a, _)| *a == address).map(|(_, l)| *l)
     }
 
     /// The configuration new connections get.
@@ -53,19 +61,33 @@ impl Slot {
         self.current.swap(next)
     }
 
-    /// Records an accept loop and its socket's descriptor, so [`Slot::stop`] can end them.
-    pub fn add_accept_task(&self, task: AbortHandle, socket: RawFd) {
+    /// Records an accept loop serving `address` and its socket's descriptor, so
+    /// [`Slot::stop`] and [`Slot::stop_address`] can end them.
+    pub fn add_accept_task(&self, address: ListenAddress, task: AbortHandle, socket: RawFd) {
         self.accept_tasks
             .lock()
             .expect("accept tasks")
-            .push((task, socket));
+            .push((address, task, socket));
     }
 
-    /// Stops accepting before it returns: each socket stops listening at once (a connection
-    /// after this is refused, not accepted and then dropped), then its accept loop ends,
-    /// closing it. Accepted connections go on.
+    /// Stops accepting on every address before it returns: each socket stops listening at
+    /// once (a connection after this is refused, not accepted and then dropped), then its
+    /// accept loop ends, closing it. Accepted connections go on.
     pub fn stop(&self) {
-        for (task, socket) in self.accept_tasks.lock().expect("accept tasks").drain(..) {
+        self.stop_matching(|_| true);
+    }
+
+    /// Stops accepting on `address` alone, as [`Slot::stop`] does; the other addresses'
+    /// sockets go on accepting.
+    pub fn stop_address(&self, address: ListenAddress) {
+        self.stop_matching(|a| *a == address);
+        let mut bound = self.local_addresses.lock().expect("local addresses");
+        bound.retain(|(a, _)| *a != address);
+    }
+
+    fn stop_matching(&self, stopped: impl Fn(&ListenAddress) -> bool) {
+        let mut tasks = self.accept_tasks.lock().expect("accept tasks");
+        for (_, task, socket) in tasks.extract_if(.., |(a, _, _)| stopped(a)) {
             // SAFETY: the descriptor is still open: its accept loop owns it until aborted,
             // which happens only below. shutdown(2) on a listening socket ends its listening.
             unsafe { libc::shutdown(socket, libc::SHUT_RDWR) };
@@ -74,34 +96,39 @@ impl Slot {
     }
 }
 
-/// Accepts connections forever on worker `worker`'s socket of `slot`, each served on its own
-/// task with the slot's configuration at the moment it was accepted (`listeners`: where a
-/// `use_original_dst` listener hands connections off).
+/// Accepts connections forever on worker `worker`'s socket of `slot` for `address`, each
+/// served on its own task with the slot's configuration at the moment it was accepted
+/// (`listeners`: where a `use_original_dst` listener hands connections off). Every address of
+/// the listener counts in the same `listener.<address>.*` stats, named by its `address`.
 pub async fn accept_loop(
     slot: Arc<Slot>,
+    address: SocketAddr,
     socket: TcpListener,
     shared: Arc<Shared>,
     listeners: Arc<ActiveListeners>,
     worker: usize,
 ) {
-    // Envoy's per-handler listener stats, `listener.<address>.worker_<n>.*`.
-    let listener_prefix = slot.current().config().stat_prefix();
-    let prefix = format!("{listener_prefix}.worker_{worker}");
-    let stats = Connections::new(&shared.stats, &prefix);
-    // revoy takes one connection per accept, each its own event here.
-    let per_event = shared.stats.histogram(&format!(
-        "{listener_prefix}.connections_accepted_per_socket_event"
-    ));
+    let mut stats = WorkerStats::new(&shared, &slot.current(), worker);
+    // Every accepted connection's local address when the socket is bound to one (not a
+    // wildcard address or an ephemeral port): no `getsockname(2)` per connection.
+    let bound_local = (!address.ip().is_unspecified() && address.port() != 0).then_some(address);
     loop {
         match socket.accept().await {
             Ok((stream, peer)) => {
-                per_event.record(1);
                 let listener = slot.current();
+                // An update that renamed the listener's stats (its `address` moved while an
+                // additional one stayed, or its `stat_prefix` changed) counts under the new name.
+                if listener.config().stats_name != stats.name {
+                    stats = WorkerStats::new(&shared, &listener, worker);
+                }
+                stats.per_event.record(1);
                 let shared = shared.clone();
                 let listeners = listeners.clone();
-                let stats = stats.clone();
+                let connections = stats.connections.clone();
                 tokio::spawn(async move {
-                    listener.serve(stream, peer, shared, listeners, stats).await
+                    listener
+                        .serve(stream, peer, bound_local, shared, listeners, connections)
+                        .await
                 });
             }
             // The socket was shut down by `Slot::stop`; the loop is being aborted.
@@ -110,6 +137,32 @@ pub async fn accept_loop(
                 tracing::warn!(listener = %slot.current().config().name, error = %e, "accept failed");
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
+        }
+    }
+}
+
+/// An accept loop's own stats: Envoy's per-handler listener stats,
+/// `listener.<address>.worker_<n>.*`, and the accepts per socket event.
+struct WorkerStats {
+    /// The listener's stats name they were made for.
+    name: String,
+    connections: Connections,
+    per_event: crate::stats::Histogram,
+}
+
+impl WorkerStats {
+    fn new(shared: &Shared, listener: &Listener, worker: usize) -> WorkerStats {
+        let listener_prefix = listener.config().stat_prefix();
+        WorkerStats {
+            name: listener.config().stats_name.clone(),
+            connections: Connections::new(
+                &shared.stats,
+                &format!("{listener_prefix}.worker_{worker}"),
+            ),
+            // revoy takes one connection per accept, each its own event here.
+            per_event: shared.stats.histogram(&format!(
+                "{listener_prefix}.connections_accepted_per_socket_event"
+            )),
         }
     }
 }
