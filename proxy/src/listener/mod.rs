@@ -536,13 +536,16 @@ impl Listener {
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
-                        crate::spawn::boxed(|| {
-                            serve_tls(tls, stream, peer, &rbac, |peer_tls| {
+                        // The handshake and the RBAC filters boxed apart: their state
+                        // (kilobytes) and what they leave on the way are freed when they end
+                        // instead of sizing the future an established connection keeps.
+                        let established = crate::spawn::boxed(|| {
+                            establish_tls(tls, stream, peer, &rbac, |peer_tls| {
                                 let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
-                        })
-                        .await
+                        });
+                        crate::spawn::boxed(|| serve_tls(established)).await
                     }
                 }
             }
@@ -707,19 +710,11 @@ async fn first_tls_bytes(stream: &mut tokio_rustls::server::TlsStream<TcpStream>
     first_bytes(tcp).await
 }
 
-/// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
-/// serves it, with the context `ctx` makes from the connection's certificates.
+/// Serves a TLS connection once `established` (its handshake and network RBAC filters, see
+/// [`establish_tls`]) gives its stream and context.
 async fn serve_tls(
-    tls: &Tls,
-    stream: TcpStream,
-    peer: SocketAddr,
-    rbac: &RbacGate<'_>,
-    ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
+    established: std::pin::Pin<Box<impl Future<Output = Option<(ServerStream, Arc<ConnContext>)>>>>,
 ) {
-    // Boxed apart: the handshake's state (kilobytes) and the values it leaves on the way are
-    // freed when it ends instead of sizing the future an established connection keeps for its
-    // whole life.
-    let established = crate::spawn::boxed(|| establish_tls(tls, stream, peer, rbac, ctx));
     if let Some((tls_stream, ctx)) = established.await {
         let hcm = ctx.hcm.clone();
         let _open = hcm.stats.cx.open();
@@ -727,8 +722,8 @@ async fn serve_tls(
     }
 }
 
-/// [`serve_tls`]'s handshake and network RBAC filters: the stream and its connection's
-/// context when it is to be served.
+/// Completes the TLS handshake of a connection and runs the chain's network RBAC filters: the
+/// stream and the context `ctx` makes from its certificates, when it is to be served.
 async fn establish_tls(
     tls: &Tls,
     stream: TcpStream,
