@@ -332,10 +332,10 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
 
 /// Serves one TLS downstream connection until it closes; ALPN (`h2`, `http/1.1`) picks the
 /// codec, and HTTP/1 takes the fast path as over plaintext. The caller counts the connection
-/// open (`hcm.stats.cx`) while it awaits: an `async fn` would hold the TLS stream (kilobytes)
-/// twice, as its argument and inside the future it awaits.
+/// open (`hcm.stats.cx`) while it awaits: an `async fn` would keep its arguments beside the
+/// future it awaits, which holds them too.
 pub fn serve_tls(
-    stream: tokio_rustls::server::TlsStream<TcpStream>,
+    stream: crate::tls::ServerStream,
     ctx: Arc<ConnContext>,
 ) -> impl Future<Output = ()> + Send {
     let codec = match stream.get_ref().1.alpn_protocol() {

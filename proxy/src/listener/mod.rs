@@ -27,7 +27,7 @@ use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
 use crate::stats::{Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
-use crate::tls::{ContextCertificates, PeerTls, SecretStore};
+use crate::tls::{ContextCertificates, PeerTls, SecretStore, ServerStream};
 use crate::upstream::LbContext;
 
 /// How long a TLS client may take to finish its handshake.
@@ -61,11 +61,7 @@ struct Tls {
 
 impl Tls {
     /// Completes the handshake of `stream` within [`TLS_HANDSHAKE_TIMEOUT`], counting it.
-    async fn accept(
-        &self,
-        stream: TcpStream,
-        peer: SocketAddr,
-    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    async fn accept(&self, stream: TcpStream, peer: SocketAddr) -> Option<ServerStream> {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         self.finish(handshake.await, peer)
     }
@@ -102,7 +98,7 @@ impl Tls {
         &self,
         stream: TcpStream,
         peer: SocketAddr,
-    ) -> Option<(tokio_rustls::server::TlsStream<TcpStream>, PeerTls)> {
+    ) -> Option<(ServerStream, PeerTls)> {
         let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, self.handshake(stream));
         let (outcome, presented) = crate::tls::certs::recording_pick(handshake).await;
         let stream = self.finish(outcome, peer)?;
@@ -119,11 +115,11 @@ impl Tls {
             tokio::time::error::Elapsed,
         >,
         peer: SocketAddr,
-    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+    ) -> Option<ServerStream> {
         match outcome {
             Ok(Ok(s)) => {
                 self.stats.handshake_done(s.get_ref().1);
-                Some(s)
+                Some(Box::new(s))
             }
             Ok(Err(e)) => {
                 self.stats.handshake_failed(&e);
@@ -424,7 +420,12 @@ impl Listener {
             ..Default::default()
         };
         let inspected = if needs_peek {
-            match inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout).await {
+            // Boxed while it runs, as every phase a connection leaves behind: the task is
+            // sized for its largest state and kept while the connection lives.
+            let inspecting = crate::spawn::boxed(|| {
+                inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout)
+            });
+            match inspecting.await {
                 Ok(inspected) => inspected,
                 Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {
                     self.pre_cx_timeout.inc();
@@ -455,25 +456,28 @@ impl Listener {
         if !f.rate_limit_first && rate_limited() {
             return;
         }
-        let facts = ConnectionFacts {
-            destination: Some(destination),
-            source: Some(peer),
-            server_name: inspected.server_name.as_deref(),
-            transport_protocol: inspected.transport_protocol,
-            application_protocols: &inspected.application_protocols,
-        };
-        let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
-        let chain = match filter_chain_match::select(&matchers, &facts) {
-            Some(i) => &self.chains[i],
-            None => match &self.default_chain {
-                Some(c) => c,
-                None => {
-                    self.no_filter_chain.inc();
-                    self.log_unmatched(peer, destination, inspected.server_name.as_deref());
-                    tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
-                    return;
-                }
-            },
+        // In a block: the matching's values are not kept in the connection's future.
+        let chain = {
+            let facts = ConnectionFacts {
+                destination: Some(destination),
+                source: Some(peer),
+                server_name: inspected.server_name.as_deref(),
+                transport_protocol: inspected.transport_protocol,
+                application_protocols: &inspected.application_protocols,
+            };
+            let matchers: Vec<_> = self.config.chains.iter().map(|c| &c.matcher).collect();
+            match filter_chain_match::select(&matchers, &facts) {
+                Some(i) => &self.chains[i],
+                None => match &self.default_chain {
+                    Some(c) => c,
+                    None => {
+                        self.no_filter_chain.inc();
+                        self.log_unmatched(peer, destination, inspected.server_name.as_deref());
+                        tracing::debug!(listener = %self.config.name, %peer, "no matching filter chain; closing");
+                        return;
+                    }
+                },
+            }
         };
         let _open = (self.cx.open(), worker.map(Connections::open));
         let downstream = || crate::access_log::record::Downstream {
@@ -522,22 +526,26 @@ impl Listener {
                 match tls {
                     None => {
                         if let Some(admitted) = &checked
-                            && first_bytes(&stream).await
+                            && crate::spawn::boxed(|| first_bytes(&stream)).await
                         {
                             admitted.count();
                         }
-                        http::serve(stream, Arc::new(ctx(None))).await
+                        // Boxed: a TLS connection's task would otherwise keep room for it.
+                        crate::spawn::boxed(|| http::serve(stream, Arc::new(ctx(None)))).await
                     }
                     // Boxed: the handshake and a TLS stream are kilobytes, and every
                     // plaintext connection's task would otherwise be sized for them.
                     Some(tls) => {
-                        crate::spawn::boxed(|| {
-                            serve_tls(tls, stream, peer, &rbac, |peer_tls| {
+                        // The handshake and the RBAC filters boxed apart: their state
+                        // (kilobytes) and what they leave on the way are freed when they end
+                        // instead of sizing the future an established connection keeps.
+                        let established = crate::spawn::boxed(|| {
+                            establish_tls(tls, stream, peer, &rbac, |peer_tls| {
                                 let peer_tls = peer_tls.with_server_name(sni);
                                 Arc::new(ctx(Some(Arc::new(peer_tls))))
                             })
-                        })
-                        .await
+                        });
+                        crate::spawn::boxed(|| serve_tls(established)).await
                     }
                 }
             }
@@ -597,7 +605,14 @@ impl Listener {
                                     .unwrap_or_default(),
                             );
                             proxy
-                                .serve_tls(s, &shared.clusters, lb, sni, on_data, Some(istio(sans)))
+                                .serve_tls(
+                                    *s,
+                                    &shared.clusters,
+                                    lb,
+                                    sni,
+                                    on_data,
+                                    Some(istio(sans)),
+                                )
                                 .await;
                         })
                         .await
@@ -607,7 +622,7 @@ impl Listener {
                             if let Some(s) = tls.accept(stream, peer).await {
                                 let istio = istio(Default::default());
                                 proxy
-                                    .serve_tls(s, &shared.clusters, lb, sni, None, Some(istio))
+                                    .serve_tls(*s, &shared.clusters, lb, sni, None, Some(istio))
                                     .await;
                             }
                         })
@@ -695,32 +710,38 @@ async fn first_tls_bytes(stream: &mut tokio_rustls::server::TlsStream<TcpStream>
     first_bytes(tcp).await
 }
 
-/// Completes the TLS handshake of a connection, runs the chain's network RBAC filters and
-/// serves it, with the context `ctx` makes from the connection's certificates.
+/// Serves a TLS connection once `established` (its handshake and network RBAC filters, see
+/// [`establish_tls`]) gives its stream and context.
 async fn serve_tls(
+    established: std::pin::Pin<Box<impl Future<Output = Option<(ServerStream, Arc<ConnContext>)>>>>,
+) {
+    if let Some((tls_stream, ctx)) = established.await {
+        let hcm = ctx.hcm.clone();
+        let _open = hcm.stats.cx.open();
+        http::serve_tls(tls_stream, ctx).await
+    }
+}
+
+/// Completes the TLS handshake of a connection and runs the chain's network RBAC filters: the
+/// stream and the context `ctx` makes from its certificates, when it is to be served.
+async fn establish_tls(
     tls: &Tls,
     stream: TcpStream,
     peer: SocketAddr,
     rbac: &RbacGate<'_>,
     ctx: impl FnOnce(PeerTls) -> Arc<ConnContext>,
-) {
-    // Boxed apart: the handshake's state (kilobytes) is freed when it ends instead of
-    // sizing the future an established connection keeps for its whole life.
-    let handshake = crate::spawn::boxed(|| tls.accept_recording(stream, peer));
-    if let Some((mut tls_stream, certificates)) = handshake.await {
-        if let Some(checked) = rbac.check(Some(&certificates)) {
-            if !checked.allowed() {
-                return checked.close(&mut tls_stream).await;
-            }
-            if first_tls_bytes(&mut tls_stream).await {
-                checked.count();
-            }
+) -> Option<(ServerStream, Arc<ConnContext>)> {
+    let (mut tls_stream, certificates) = tls.accept_recording(stream, peer).await?;
+    if let Some(checked) = rbac.check(Some(&certificates)) {
+        if !checked.allowed() {
+            checked.close(&mut tls_stream).await;
+            return None;
         }
-        let ctx = ctx(certificates);
-        let hcm = ctx.hcm.clone();
-        let _open = hcm.stats.cx.open();
-        http::serve_tls(tls_stream, ctx).await
+        if first_tls_bytes(&mut tls_stream).await {
+            checked.count();
+        }
     }
+    Some((tls_stream, ctx(certificates)))
 }
 
 /// Sets `IP_TRANSPARENT` (`IPV6_TRANSPARENT` on an IPv6 socket) to `on`: a listener's

@@ -24,6 +24,11 @@ use crate::config::tls::downstream::ServerTls;
 use crate::config::tls::sds::SecretSource;
 use crate::config::tls::upstream::ClientTls;
 pub use peer::PeerTls;
+
+/// An established downstream TLS connection, boxed: its rustls state (over a kilobyte) stays
+/// in one place while the connection's futures hold a pointer, instead of being sized into, and
+/// sometimes copied across, each future that takes the stream.
+pub type ServerStream = Box<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>;
 pub use secrets::SecretStore;
 use stats::TlsStats;
 use verify::LiveValidation;

@@ -18,7 +18,6 @@ use std::task::{Context, Poll};
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio_rustls::server::TlsStream;
 
 use super::ConnContext;
 use crate::config::hcm::Codec;
@@ -69,7 +68,7 @@ impl Downstream for TcpStream {
     }
 }
 
-impl Downstream for TlsStream<TcpStream> {
+impl Downstream for crate::tls::ServerStream {
     /// rustls keeps the records it could not write yet.
     const HOLDS_WRITES: bool = true;
 
@@ -113,8 +112,10 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     ctx.hcm.stats.cx_http1_total.inc();
                     counted = true;
                 }
-                match request::parse(&mut reading.buf, &ctx.hcm.config) {
-                    Head::Partial => {}
+                // Decided in a statement of its own: the parsed head is not kept in the
+                // connection's future while a hand-off below runs.
+                let refuse = match request::parse(&mut reading.buf, &ctx.hcm.config) {
+                    Head::Partial => None,
                     Head::Served {
                         request,
                         asked,
@@ -123,24 +124,19 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         reading.body = inbound;
                         break (request, asked);
                     }
-                    Head::HandOff => {
+                    Head::HandOff => Some(false),
+                    Head::Ambiguous => Some(true),
+                };
+                match refuse {
+                    None => {}
+                    Some(false) => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
-                    Head::Ambiguous => {
-                        ctx.hcm.stats.rq_total.inc();
-                        ctx.hcm.stats.response(400);
-                        super::access_log::log_codec_error(
-                            &ctx,
-                            http::StatusCode::BAD_REQUEST,
-                            "http1.content_length_and_chunked_not_allowed",
-                        );
-                        let reply = super::envoy_errors::bad_request(None);
-                        if stream.write_all(&reply).await.is_ok() {
-                            let _ = stream.shutdown().await;
-                            reading.buf.clear();
-                            linger(&mut stream, &mut reading.buf).await;
-                        }
-                        return;
+                    // Boxed, as a request is: a rare state an idle connection need not keep
+                    // room for.
+                    Some(true) => {
+                        return crate::spawn::boxed(|| refuse_ambiguous(stream, reading, &ctx))
+                            .await;
                     }
                 }
             }
@@ -149,39 +145,74 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             }
         };
         codec = Codec::Http1;
-        // Records `downstream_rq_time` at the end of this iteration: the response written.
-        let _timer = ctx.hcm.stats.time_request();
-        // Boxed: an idle connection's task would otherwise keep room for a request.
-        let mut handled = crate::spawn::boxed(|| super::router::handle(request, &ctx));
-        let response = tokio::select! {
-            biased;
-            response = &mut handled => response,
-            () = client_gone(&mut stream, &mut reading) => return,
-        };
-        // A draining server answers with `connection: close` and closes, as Envoy does.
-        let drain = ctx.drain_close();
-        if drain {
-            ctx.hcm.stats.cx_drain_close.inc();
-        }
-        let asked = Asked {
-            close: asked.close || drain,
-            ..asked
-        };
-        if !response::write(
-            &mut stream,
-            &mut reading,
-            response,
-            &asked,
-            ctx.hcm.config.http1_trailers,
-        )
-        .await
-        {
-            let _ = stream.shutdown().await;
-            if reading.body.incomplete() {
-                linger(&mut stream, &mut reading.buf).await;
-            }
+        // Boxed, one allocation per request: an idle connection's task would otherwise keep
+        // room for a request's routing and its response's writing (kilobytes).
+        let exchanged =
+            crate::spawn::boxed(|| exchange(&mut stream, &mut reading, request, asked, &ctx));
+        if !exchanged.await {
             return;
         }
+    }
+}
+
+/// Routes `request`, writes its response and, when the connection ends with it, closes it;
+/// whether the connection stays open for the next request.
+async fn exchange<S: Downstream>(
+    stream: &mut S,
+    reading: &mut Reading,
+    request: http::Request<crate::body::Body>,
+    asked: Asked,
+    ctx: &ConnContext,
+) -> bool {
+    // Records `downstream_rq_time` when dropped: the response written.
+    let _timer = ctx.hcm.stats.time_request();
+    let response = tokio::select! {
+        biased;
+        response = super::router::handle(request, ctx) => response,
+        () = client_gone(stream, reading) => return false,
+    };
+    // A draining server answers with `connection: close` and closes, as Envoy does.
+    let drain = ctx.drain_close();
+    if drain {
+        ctx.hcm.stats.cx_drain_close.inc();
+    }
+    let asked = Asked {
+        close: asked.close || drain,
+        ..asked
+    };
+    if response::write(
+        stream,
+        reading,
+        response,
+        &asked,
+        ctx.hcm.config.http1_trailers,
+    )
+    .await
+    {
+        return true;
+    }
+    let _ = stream.shutdown().await;
+    if reading.body.incomplete() {
+        linger(stream, &mut reading.buf).await;
+    }
+    false
+}
+
+/// Answers a request framed by both `content-length` and `transfer-encoding: chunked` with
+/// Envoy's 400 and closes the connection.
+async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
+    ctx.hcm.stats.rq_total.inc();
+    ctx.hcm.stats.response(400);
+    super::access_log::log_codec_error(
+        ctx,
+        http::StatusCode::BAD_REQUEST,
+        "http1.content_length_and_chunked_not_allowed",
+    );
+    let reply = super::envoy_errors::bad_request(None);
+    if stream.write_all(&reply).await.is_ok() {
+        let _ = stream.shutdown().await;
+        reading.buf.clear();
+        linger(&mut stream, &mut reading.buf).await;
     }
 }
 
