@@ -10,7 +10,7 @@
 //!
 //! Each request POSTs 1 KiB; each contender runs paced at 1,000 requests/s (latency, and each
 //! sidecar's CPU per second) and closed-loop at saturation (each sidecar's CPU per request),
-//! 3 rounds, the order rotating every round; medians go to `mesh.md` and `mesh.json`.
+//! 3 rounds, the contenders' order changing every round (`benches::order`, balanced); medians go to `mesh.md` and `mesh.json`.
 //!
 //! `cargo run --release -p benches --bin mesh -- [--smoke] [--no-build] [--envoy PATH]
 //! [--out DIR] [--hold]`
@@ -57,6 +57,7 @@ use std::time::{Duration, Instant};
 use benches::build;
 use benches::clients::{self, Throughput};
 use benches::contender::{Kind, installed_envoy};
+use benches::order;
 use benches::procfs;
 use benches::report::{Results, Target, check, machine, targets_json, targets_markdown, version};
 use serde_json::json;
@@ -567,12 +568,12 @@ fn run(opts: &Options) -> Result<(), String> {
     }
     for round in 0..plan.rounds {
         eprintln!("round {} of {}...", round + 1, plan.rounds);
-        let turn = |i: usize| &contenders[(round + i) % contenders.len()];
-        for i in 0..contenders.len() {
-            bench.paced(turn(i))?;
+        let turn = order::turn_order(contenders.len(), round);
+        for &i in &turn {
+            bench.paced(&contenders[i])?;
         }
-        for i in 0..contenders.len() {
-            bench.saturation(turn(i), plan.saturation_seconds, true)?;
+        for &i in &turn {
+            bench.saturation(&contenders[i], plan.saturation_seconds, true)?;
         }
     }
     for c in &contenders {
@@ -622,7 +623,7 @@ fn run(opts: &Options) -> Result<(), String> {
          at the start: {load_at_start}; at the end: {load_at_end}  \nrevoy build: {revoy_build}  \n\
          Versions: {versions}  \nRounds: {}; in each, every contender runs paced ({PACED_RATE} \
          req/s over {PACED_CONNECTIONS} HTTP/1.1 connections, {} s) and then closed-loop \
-         ({SATURATION_CONNECTIONS} connections, {} s), the order rotating every round; medians of \
+         ({SATURATION_CONNECTIONS} connections, {} s), in a balanced order that changes every round; medians of \
          the rounds. Every request POSTs {PAYLOAD_BYTES} bytes; the echo's answer body, in bytes: \
          {} (direct's carries no `x-forwarded-client-cert`). Sidecars: `--concurrency 2` each (pilot-agent's argv).\n\n\
          {}\n#### Targets (revoy / Envoy, same run)\n\n{}",
