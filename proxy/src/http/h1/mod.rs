@@ -114,8 +114,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
                 // connection's future while a hand-off below runs.
-                let refuse = match request::parse(&mut reading.buf, &ctx.hcm.config) {
-                    Head::Partial => None,
+                let next = match request::parse(&mut reading.buf, &ctx.hcm.config) {
+                    Head::Partial => NotServed::ReadMore,
                     Head::Served {
                         request,
                         asked,
@@ -124,17 +124,17 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         reading.body = inbound;
                         break (request, asked);
                     }
-                    Head::HandOff => Some(false),
-                    Head::Ambiguous => Some(true),
+                    Head::HandOff => NotServed::HandOff,
+                    Head::Ambiguous => NotServed::Refuse,
                 };
-                match refuse {
-                    None => {}
-                    Some(false) => {
+                match next {
+                    NotServed::ReadMore => {}
+                    NotServed::HandOff => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
                     }
                     // Boxed, as a request is: a rare state an idle connection need not keep
                     // room for.
-                    Some(true) => {
+                    NotServed::Refuse => {
                         return crate::spawn::boxed(|| refuse_ambiguous(stream, reading, &ctx))
                             .await;
                     }
@@ -153,6 +153,16 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             return;
         }
     }
+}
+
+/// What the fast path does with a head it did not serve.
+enum NotServed {
+    /// The head is not whole yet.
+    ReadMore,
+    /// Hyper serves the connection from this head on.
+    HandOff,
+    /// Envoy's codec refuses the head (ambiguous framing).
+    Refuse,
 }
 
 /// Routes `request`, writes its response and, when the connection ends with it, closes it;
