@@ -309,8 +309,8 @@ fn observe_cases(
 
 /// The retry's `x-envoy-expected-rq-timeout-ms` is what was left of the 15 s when the retry
 /// started: checked to be at most 15000 and not much under it (whole milliseconds elapsed are
-/// taken off, by both proxies: a retry started within 1 ms of the request, its back-off jitter
-/// near 0, still has 15000 left), then masked.
+/// taken off: a retry started within 1 ms of the request, its back-off jitter near 0, still
+/// has 15000 left), then masked.
 fn mask_time_left(lines: &[String]) -> Vec<String> {
     lines
         .iter()
