@@ -882,6 +882,11 @@ async fn protocols() {
         upstream_status("reason phrase of 425", 425),
         Case::raw("request te gzip then chunked", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
             .expect("status", "501"),
+        Case::raw("request te gzip", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n\r\nhello")
+            .expect("status", "501"),
+        Case::raw("request te chunked then gzip", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, gzip\r\nConnection: close\r\n\r\nhello")
+            .expect("status", "501"),
+        conversation("request te gzip after a chunked request", b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\nPOST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nhello", "200 /a, 501 -", "yes"),
         Case::raw("request te chunked twice", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
             .expect("status", "501"),
         Case::raw("request te identity", b"POST /post HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: identity\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello"),

@@ -1,13 +1,18 @@
 //! Follows the HTTP/1 requests a client sends on a connection hyper's server serves, to apply
-//! Envoy's rule for a request with both `content-length` and `transfer-encoding`, which hyper
-//! takes as chunked (and then closes the connection): Envoy's codec answers it 400 and closes,
-//! or, under `allow_chunked_length`, takes it as chunked without its `content-length` and keeps
-//! the connection.
+//! two of Envoy's codec rules hyper lacks:
+//! - a request with both `content-length` and `transfer-encoding`, which hyper takes as
+//!   chunked (and then closes the connection): Envoy's codec answers it 400 and closes, or,
+//!   under `allow_chunked_length`, takes it as chunked without its `content-length` and keeps
+//!   the connection;
+//! - a request whose `transfer-encoding` does not end in `chunked` (`gzip`), which hyper answers
+//!   400: Envoy's codec answers 501, as it does any coding but a single `chunked`. Such a head
+//!   goes on with a `transfer-encoding: chunked` line added, so hyper parses it and the
+//!   connection manager's early checks answer Envoy's 501.
 //!
 //! The bytes pass through on their way to hyper: bodies at once (their framing followed, so
 //! the next head is found), each head held until it is whole, then handed on as it was, without
-//! its `content-length` lines (`allow_chunked_length`), or replaced by a line hyper's parser
-//! refuses, so hyper answers the 400 (made Envoy's by `envoy_errors`) and closes. Anything this
+//! its `content-length` lines (`allow_chunked_length`), with a `chunked` coding added, or
+//! replaced by a line hyper's parser refuses, so hyper answers the 400 (made Envoy's by `envoy_errors`) and closes. Anything this
 //! does not follow (an upgrade, CONNECT, a head it cannot parse, an HTTP/2 preface) ends the
 //! following: the rest passes untouched.
 
@@ -204,6 +209,7 @@ impl Framing {
         };
         let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
             (Vec::new(), None, 0, true, req.method == Some("CONNECT"));
+        let mut ends_chunked = false;
         for h in req.headers.iter() {
             if h.name.eq_ignore_ascii_case("content-length") {
                 let start = h.name.as_ptr() as usize - self.held.as_ptr() as usize;
@@ -220,6 +226,11 @@ impl Framing {
             } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
                 codings += 1;
                 chunked_only &= h.value.trim_ascii().eq_ignore_ascii_case(b"chunked");
+                ends_chunked = h
+                    .value
+                    .rsplit(|b| *b == b',')
+                    .next()
+                    .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             } else if h.name.eq_ignore_ascii_case("upgrade") {
                 opaque = true;
             }
@@ -245,6 +256,15 @@ impl Framing {
                 self.state = State::Refused;
                 return None;
             }
+        } else if codings > 0 && !ends_chunked {
+            // The line goes before the blank line that ends the head (CRLF or bare LF).
+            let blank = if head.ends_with(b"\r\n\r\n") { 2 } else { 1 };
+            let (fields, end) = head.split_at(head.len() - blank);
+            out.extend_from_slice(fields);
+            out.extend_from_slice(b"transfer-encoding: chunked");
+            out.extend_from_slice(end);
+            out.extend_from_slice(end);
+            State::Off
         } else {
             out.extend_from_slice(&head);
             match (opaque, codings, lengths.len(), length) {
@@ -317,6 +337,33 @@ mod tests {
         // in one read overflowed the thread's stack.
         let all = GET.repeat(20_000);
         assert_eq!(through(false, &[&all]), String::from_utf8_lossy(&all));
+    }
+
+    #[test]
+    fn a_coding_not_ending_in_chunked_gets_a_chunked_line_hyper_accepts() {
+        let gzip = b"POST /g HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\nxyz";
+        let bare = b"POST /g HTTP/1.1\nTransfer-Encoding: chunked, gzip\n\nxyz";
+        let all = [CHUNKED, gzip].concat();
+        for cut in 1..all.len() {
+            let (a, b) = all.split_at(cut);
+            assert_eq!(
+                through(false, &[a, b]),
+                format!(
+                    "{}POST /g HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\nxyz",
+                    String::from_utf8_lossy(CHUNKED)
+                ),
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(
+            through(false, &[bare]),
+            "POST /g HTTP/1.1\nTransfer-Encoding: chunked, gzip\ntransfer-encoding: chunked\n\nxyz"
+        );
+        let ending_chunked = b"POST /g HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n";
+        assert_eq!(
+            through(false, &[ending_chunked]),
+            String::from_utf8_lossy(ending_chunked)
+        );
     }
 
     #[test]
