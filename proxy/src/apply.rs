@@ -27,7 +27,8 @@ pub enum ListenerChange {
     InPlace,
     /// An existing listener whose addresses changed (its `address` or additional ones): as
     /// in place, and each address it gained was bound and each it lost closed, the sockets
-    /// of the addresses it kept accepting throughout; or one whose binding changed
+    /// of the addresses it kept accepting throughout (an address whose `ipv4_compat` alone
+    /// changed keeps its socket as bound, as in Envoy); or one whose binding changed
     /// (`bind_to_port`, `transparent`): all new sockets, the old ones closed.
     Rebound,
 }
@@ -88,7 +89,7 @@ impl State {
     /// address an update removed before the workers started).
     fn forget_unstarted_address(&mut self, slot: &Arc<Slot>, address: ListenAddress) {
         self.unstarted
-            .retain(|u| !(Arc::ptr_eq(&u.slot, slot) && u.address == address));
+            .retain(|u| !(Arc::ptr_eq(&u.slot, slot) && u.address.same_socket(&address)));
     }
 }
 
@@ -178,14 +179,16 @@ impl Applier {
             {
                 let before = addresses(old.config());
                 let after = addresses(listener.config());
-                let added: Vec<_> = after.iter().filter(|a| !before.contains(a)).collect();
+                let kept =
+                    |a: &ListenAddress, by: &[ListenAddress]| by.iter().any(|b| b.same_socket(a));
+                let added: Vec<_> = after.iter().filter(|a| !kept(a, &before)).collect();
                 let mut sockets = Vec::new();
                 for address in added {
                     sockets.extend(self.bind_address(slot, &listener, *address)?);
                 }
                 let old = slot.replace(listener.clone());
                 old.retire(Some(&listener), self.drain_time);
-                for address in before.iter().filter(|a| !after.contains(a)) {
+                for address in before.iter().filter(|a| !kept(a, &after)) {
                     slot.stop_address(*address);
                     state.forget_unstarted_address(slot, *address);
                 }

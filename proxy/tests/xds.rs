@@ -61,14 +61,44 @@ fn load(
     Arc<AtomicBool>,
     std::thread::JoinHandle<(usize, Vec<String>)>,
 ) {
+    load_on(move || match get(port, "/") {
+        Ok(r) if r.status == 200 => Ok(()),
+        Ok(r) => Err(format!("{} {}", r.status, r.body)),
+        Err(e) => Err(e),
+    })
+}
+
+/// [`load`] on [::1]:`port`.
+fn load_v6(
+    port: u16,
+) -> (
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<(usize, Vec<String>)>,
+) {
+    load_on(
+        move || match http1::get(None, (std::net::Ipv6Addr::LOCALHOST, port).into(), "/") {
+            Ok((200, _)) => Ok(()),
+            Ok((status, body)) => Err(format!("{status} {body}")),
+            Err(e) => Err(e),
+        },
+    )
+}
+
+/// Runs `request` on a thread until the returned flag is set; the thread answers
+/// (successes, failures with their errors).
+fn load_on(
+    request: impl Fn() -> Result<(), String> + Send + 'static,
+) -> (
+    Arc<AtomicBool>,
+    std::thread::JoinHandle<(usize, Vec<String>)>,
+) {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let thread = std::thread::spawn(move || {
         let (mut ok, mut failed) = (0, Vec::new());
         while !flag.load(Ordering::Relaxed) {
-            match get(port, "/") {
-                Ok(r) if r.status == 200 => ok += 1,
-                Ok(r) => failed.push(format!("{} {}", r.status, r.body)),
+            match request() {
+                Ok(()) => ok += 1,
                 Err(e) => failed.push(e),
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
@@ -1127,4 +1157,48 @@ fn additional_addresses_are_bound_and_closed_one_by_one() {
     let worker = |port: u16| format!("listener.127.0.0.1_{port}.worker_0.downstream_cx_total");
     assert_eq!(stat(admin, &worker(moved)), Some(1));
     assert_eq!(body_of(moved).as_deref(), Some("upstream-a"));
+}
+
+/// An LDS update that changes only `ipv4_compat` of a listener's `[::]:P` is accepted and keeps
+/// the socket as it was bound, as Envoy 1.40 does (probed with it: `listener_modified` counts
+/// the update, and `[::]:P` keeps taking IPv6 only after `ipv4_compat: true` comes, and the
+/// reverse). revoy used to bind a second socket for the changed address while the first was
+/// open, and NACKed with "address in use".
+#[test]
+fn an_ipv4_compat_change_alone_keeps_the_socket() {
+    let a = upstream("upstream-a");
+    let p = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let snapshot = |version: &str, compat: bool| {
+        let mut l = inline_listener("compat", p, &to_cluster("a"));
+        l.address = Some(decode(&format!(
+            "{{socket_address: {{address: '::', port_value: {p}, ipv4_compat: {compat}}}}}"
+        )));
+        Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("compat", &l)
+    };
+    plane.set(snapshot("1", false));
+    wait_live(admin);
+    assert_eq!(body_of_v6(p).as_deref(), Ok("upstream-a"));
+    assert!(refused(p), "[::]:{p} without ipv4_compat takes IPv4");
+
+    let running = load_v6(p);
+    plane.set(snapshot("2", true));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(stat(admin, "listener_manager.lds.update_rejected"), Some(0));
+    assert_eq!(stat(admin, "listener_manager.listener_modified"), Some(1));
+    assert_eq!(
+        dumped_listener(admin, "compat")["active_state"]["listener"]["address"]["socket_address"]["ipv4_compat"],
+        true
+    );
+    assert_eq!(body_of_v6(p).as_deref(), Ok("upstream-a"));
+    assert!(refused(p), "the socket kept as bound takes IPv6 only");
+
+    plane.set(snapshot("3", false));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    assert_eq!(stat(admin, "listener_manager.listener_modified"), Some(2));
+    assert_eq!(body_of_v6(p).as_deref(), Ok("upstream-a"));
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    no_failures(running);
 }

@@ -22,6 +22,15 @@ pub struct ListenAddress {
     pub ipv4_compat: bool,
 }
 
+impl ListenAddress {
+    /// Whether a socket bound for `self` serves `other` too: the same IP and port. A change of
+    /// `ipv4_compat` alone keeps the socket as it was bound, as Envoy keeps a listener's socket
+    /// when its address compares equal.
+    pub fn same_socket(&self, other: &ListenAddress) -> bool {
+        self.address == other.address
+    }
+}
+
 /// The listener's `address` and its `additional_addresses`, in configuration order, checked as
 /// Envoy checks them (same socket type, `ipv4_compat` only where Envoy allows it).
 pub fn compile_addresses(

@@ -17,8 +17,9 @@ use crate::shared::Shared;
 use crate::stats::Connections;
 
 /// One listener name's current configuration and the accept loops serving it, keyed by the
-/// address each socket is bound to (its `address` and each additional address), so an update
-/// that adds or removes an address opens or closes just that address's sockets.
+/// address each socket is bound to (its `address` and each additional address; IP and port,
+/// see [`ListenAddress::same_socket`]), so an update that adds or removes an address opens or
+/// closes just that address's sockets.
 pub struct Slot {
     current: ArcSwap<Listener>,
     /// Each accept loop, the address it serves and the descriptor of the socket it owns.
@@ -41,14 +42,17 @@ impl Slot {
     /// Records where the socket of the configured `address` is bound.
     pub fn set_local_address(&self, address: ListenAddress, local: SocketAddr) {
         let mut bound = self.local_addresses.lock().expect("local addresses");
-        bound.retain(|(a, _)| *a != address);
+        bound.retain(|(a, _)| !a.same_socket(&address));
         bound.push((address, local));
     }
 
     /// Where the socket of the configured `address` is bound, once bound.
     pub fn local_address(&self, address: ListenAddress) -> Option<SocketAddr> {
         let bound = self.local_addresses.lock().expect("local addresses");
-        bound.iter().find(|(a, _)| *a == address).map(|(_, l)| *l)
+        bound
+            .iter()
+            .find(|(a, _)| a.same_socket(&address))
+            .map(|(_, l)| *l)
     }
 
     /// The configuration new connections get.
@@ -80,9 +84,9 @@ impl Slot {
     /// Stops accepting on `address` alone, as [`Slot::stop`] does; the other addresses'
     /// sockets go on accepting.
     pub fn stop_address(&self, address: ListenAddress) {
-        self.stop_matching(|a| *a == address);
+        self.stop_matching(|a| a.same_socket(&address));
         let mut bound = self.local_addresses.lock().expect("local addresses");
-        bound.retain(|(a, _)| *a != address);
+        bound.retain(|(a, _)| !a.same_socket(&address));
     }
 
     fn stop_matching(&self, stopped: impl Fn(&ListenAddress) -> bool) {
