@@ -718,13 +718,23 @@ async fn protocols() {
         )
         .expect("status", "503"),
         // The upstream refuses the upgrade with a plain answer: forwarded, and the connection
-        // closes (`connection: close`). A 2xx or 3xx answer is a known gap (DIFFERENCES.md).
+        // closes (`connection: close`); a 2xx or 3xx answer loses its body and content-type.
         Case::raw(
             "websocket upgrade refused by the upstream (403)",
             b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nx-echo-status: 403\r\n\r\n",
         )
         .expect("status", "403")
         .expect("response.header.connection", "close"),
+        Case::raw(
+            "websocket upgrade answered 200 by the upstream",
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nx-echo-status: 200\r\n\r\n",
+        )
+        .expect("status", "200"),
+        Case::raw(
+            "websocket upgrade answered 302 by the upstream",
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nx-echo-status: 302\r\n\r\n",
+        )
+        .expect("status", "302"),
         // A full max_requests breaker answers at routing time, like no healthy host: a request
         // whose body has not arrived closes the connection.
         Case::get("max_requests breaker full", "/full").expect("status", "503"),

@@ -18,8 +18,9 @@ use crate::upstream::{Cluster, LbContext, UpstreamError, UpstreamHost};
 
 /// Forwards an upgrade request and, on `101 Switching Protocols` (any `2xx` to a CONNECT),
 /// tunnels the two connections.
-/// Any other answer is forwarded as is, and an HTTP/1 downstream connection then closes, as in
-/// Envoy (the upstream refused the upgrade; what the client sends next is not a request).
+/// Any other answer is forwarded (a `2xx` or `3xx` one to an `Upgrade:` without its body, as
+/// Envoy does), and an HTTP/1 downstream connection then closes, as in Envoy (the upstream
+/// refused the upgrade; what the client sends next is not a request).
 /// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
 /// the tunnel as active while it runs; `log`, when access logs keep a record, gets it back
 /// once the response is sent, and the tunnel writes it when it closes.
@@ -74,13 +75,18 @@ pub async fn forward(
     };
     if !upgraded {
         forwarding::mutate_response(upstream_resp.headers_mut(), false);
+        let mut resp = if !connect && status_2xx_or_3xx(upstream_resp.status()) {
+            without_body(upstream_resp)
+        } else {
+            upstream_resp.map(body::boxed)
+        };
         if http1 {
-            upstream_resp.headers_mut().insert(
+            resp.headers_mut().insert(
                 http::header::CONNECTION,
                 http::HeaderValue::from_static("close"),
             );
         }
-        return Ok(upstream_resp.map(body::boxed));
+        return Ok(resp);
     }
     let upstream_upgrade = hyper::upgrade::on(&mut upstream_resp);
     tokio::spawn(async move {
@@ -105,6 +111,32 @@ pub async fn forward(
     forwarding::mutate_response(&mut parts.headers, true);
     parts.extensions.insert(UpstreamHost(host));
     Ok(Response::from_parts(parts, body::empty()))
+}
+
+/// Whether `status` is one Envoy gives without a body when it answers an upgrade.
+fn status_2xx_or_3xx(status: StatusCode) -> bool {
+    status.is_success() || status.is_redirection()
+}
+
+/// A `2xx` or `3xx` answer to an upgrade (not `101`) as Envoy 1.40 gives it to the client:
+/// the upstream's head without `content-type` and its framing, and no body (`content-length:
+/// 0` where a body may be), probed side by side with Envoy.
+fn without_body(resp: Response<hyper::body::Incoming>) -> Response<Body> {
+    let (mut parts, _) = resp.into_parts();
+    for name in [
+        http::header::CONTENT_TYPE,
+        http::header::CONTENT_LENGTH,
+        http::header::TRANSFER_ENCODING,
+    ] {
+        parts.headers.remove(name);
+    }
+    if parts.status != StatusCode::NO_CONTENT && parts.status != StatusCode::NOT_MODIFIED {
+        parts.headers.insert(
+            http::header::CONTENT_LENGTH,
+            http::HeaderValue::from_static("0"),
+        );
+    }
+    Response::from_parts(parts, body::empty())
 }
 
 /// Copies `from` to `to` until `from` ends or either side fails, then shuts `to` down; the
