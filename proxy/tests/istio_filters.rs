@@ -674,8 +674,19 @@ fn tls_to(
     rustls::StreamOwned::new(conn, tcp)
 }
 
-#[test]
-fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+/// Two revoys as Istio sidecars for TCP: a client's outbound listener (with `stats`) to a
+/// cluster that speaks Istio's TCP metadata exchange over mTLS, and a server's inbound
+/// listener (exchange and `stats`) in front of an echo upstream.
+struct TcpMesh {
+    dir: CertDir,
+    client_port: u16,
+    client_admin: u16,
+    server_port: u16,
+    server_admin: u16,
+    _proxies: [Proxy; 2],
+}
+
+fn tcp_mesh(stats: &str) -> TcpMesh {
     let dir = CertDir::new();
     let (mesh, ca, server_cert) = mesh_with_server(&dir);
     let client_cert = mesh
@@ -700,7 +711,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     traffic_direction: INBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {server_port}}}}}
     filter_chains:
-    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {STATS}, {}]{}"#,
+    - filters: [{{name: istio.metadata_exchange, typed_config: {TCP_MX}}}, {stats}, {}]{}"#,
             tcp_proxy("echo"),
             downstream_mtls(&server_cert, &ca, "[istio-peer-exchange, istio]"),
         ),
@@ -719,7 +730,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
   - name: outbound
     traffic_direction: OUTBOUND
     address: {{socket_address: {{address: 127.0.0.1, port_value: {client_port}}}}}
-    filter_chains: [{{filters: [{STATS}, {}]}}]"#,
+    filter_chains: [{{filters: [{stats}, {}]}}]"#,
             tcp_proxy("mesh")
         ),
         &format!(
@@ -744,8 +755,30 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
             ca.display()
         ),
     );
-    let _server = Proxy::with_admin(&server, server_admin);
-    let _client = Proxy::with_admin(&client, client_admin);
+    let proxies = [
+        Proxy::with_admin(&server, server_admin),
+        Proxy::with_admin(&client, client_admin),
+    ];
+    TcpMesh {
+        dir,
+        client_port,
+        client_admin,
+        server_port,
+        server_admin,
+        _proxies: proxies,
+    }
+}
+
+#[test]
+fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
+    let TcpMesh {
+        dir,
+        client_port,
+        client_admin,
+        server_port,
+        server_admin,
+        _proxies,
+    } = tcp_mesh(STATS);
 
     // Through both revoys: each took the other's frame off, so the bytes arrive as sent
     // (ten connections, as in Istio's TCP test).
@@ -818,6 +851,81 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     let mut s = tls_client(b"istio");
     s.write_all(b"ping").unwrap();
     assert_eq!(read_n(&mut s, 4), b"ping");
+}
+
+/// Istio's stats filter reports an open TCP connection whose peer it knows at every
+/// `tcp_reporting_duration` (istio/proxy `istio_stats.cc`: `onReportTimer` ->
+/// `reportHelper(false)`): opened once the exchange has told it the peer, labelled then, and
+/// the bytes moved since the report before; closed only when the connection closes. Here every
+/// 0.2 s, on both sidecars, while the test's connection stays open.
+#[test]
+fn an_open_tcp_connection_reports_its_bytes_every_tcp_reporting_duration() {
+    let m = tcp_mesh(
+        r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {tcp_reporting_duration: 0.2s}}}"#,
+    );
+    let total = |admin: u16, family: &str| -> u64 {
+        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1;
+        prometheus::series(&text, family)
+            .iter()
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .sum()
+    };
+    let mut conn = TcpStream::connect(("127.0.0.1", m.client_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(b"hello mesh").unwrap();
+    assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+    // The client's sidecar: reported opened with the peer's labels (Istio's golden for a
+    // client's open connection), and the app's 10 bytes each way, while the connection is open.
+    let (labels, _) = golden("tcp_client_connection_open.yaml.tmpl", "");
+    admin::wait_until("the client's report while open", || {
+        let text = http1::get(
+            None,
+            ([127, 0, 0, 1], m.client_admin).into(),
+            "/stats/prometheus",
+        )
+        .unwrap()
+        .1;
+        prometheus::series(&text, "istio_tcp_connections_opened_total")
+            .iter()
+            .any(|(l, v)| *l == labels && v == "1")
+            && total(m.client_admin, "istio_tcp_received_bytes_total") == 10
+            && total(m.client_admin, "istio_tcp_sent_bytes_total") == 10
+    });
+    admin::wait_until("the server's report while open", || {
+        total(m.server_admin, "istio_tcp_connections_opened_total") == 1
+            && total(m.server_admin, "istio_tcp_received_bytes_total") > 0
+    });
+    for admin in [m.client_admin, m.server_admin] {
+        assert_eq!(total(admin, "istio_tcp_connections_closed_total"), 0);
+    }
+
+    // Later bytes come with the next report, the connection still open.
+    conn.write_all(b"second").unwrap();
+    assert_eq!(read_n(&mut conn, 6), b"second");
+    admin::wait_until("the next report", || {
+        total(m.client_admin, "istio_tcp_received_bytes_total") == 16
+            && total(m.client_admin, "istio_tcp_sent_bytes_total") == 16
+    });
+    assert_eq!(
+        total(m.client_admin, "istio_tcp_connections_closed_total"),
+        0
+    );
+    let server_bytes = total(m.server_admin, "istio_tcp_received_bytes_total");
+
+    // Closed: reported once, nothing counted twice.
+    drop(conn);
+    for admin in [m.client_admin, m.server_admin] {
+        admin::wait_until("closed", || {
+            total(admin, "istio_tcp_connections_closed_total") == 1
+        });
+        assert_eq!(total(admin, "istio_tcp_connections_opened_total"), 1);
+    }
+    assert_eq!(total(m.client_admin, "istio_tcp_received_bytes_total"), 16);
+    assert_eq!(total(m.client_admin, "istio_tcp_sent_bytes_total"), 16);
+    assert!(total(m.server_admin, "istio_tcp_received_bytes_total") >= server_bytes);
 }
 
 /// An `Any`'s type URL and value (fields 1 and 2).

@@ -22,9 +22,11 @@ use crate::access_log::{Flags, Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
 use crate::stats::{Counter, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
+use istio_report::{IstioTcpReport, Target};
 
 #[cfg(target_os = "linux")]
 pub mod exchange;
+mod istio_report;
 mod splice;
 mod tunnel;
 
@@ -184,6 +186,7 @@ impl TcpProxy {
         };
         let activity = Activity::new(on_data);
         if self.config.tunneling.is_some() {
+            let tunnel = TunnelTarget::of(istio.as_ref(), &upstream);
             self.tunnelled(
                 upstream,
                 h2,
@@ -193,10 +196,14 @@ impl TcpProxy {
                 rec.as_deref_mut(),
             )
             .await;
+            tunnel.close(istio.as_ref(), &activity, flags_of(&rec));
             return self.log(rec, Some(&activity));
         }
-        match &mut upstream.stream {
+        let local_san = upstream.active.local_uri_san();
+        let mut target = Target::connected(&upstream.cluster, upstream.istio.as_deref(), local_san);
+        let report = match &mut upstream.stream {
             UpstreamIo::Plain(u) => {
+                let mut report = IstioTcpReport::new(istio.as_ref(), target, (None, None));
                 let (dr, dw) = downstream.split();
                 let (ur, uw) = u.split();
                 let rx = Tally::new(&self.stats.downstream_cx_rx_bytes_total, Some(&activity.rx))
@@ -205,32 +212,27 @@ impl TcpProxy {
                 let copy = async {
                     tokio::try_join!(pump(dr, uw, &activity, &rx), pump(ur, dw, &activity, &tx),)
                 };
-                self.run(copy, &activity, rec.as_deref_mut()).await;
-                if let Some(istio) = &istio {
-                    let target = Target::connected(&upstream, String::new());
-                    record_istio(istio, target, (None, None), Some(&activity), flags_of(&rec));
-                }
+                self.run(copy, &activity, rec.as_deref_mut(), report.as_mut())
+                    .await;
+                report
             }
             tls => {
                 let up_peer = upstream_exchange(istio.as_ref(), &upstream.mx, tls).await;
-                let upstream_san = tls.peer_uri_san();
+                target.peer_san = tls.peer_uri_san();
+                let mut report =
+                    IstioTcpReport::new(istio.as_ref(), target, (None, up_peer.clone()));
                 self.run(
-                    self.copy_exchanging(&mut downstream, None, tls, up_peer.clone(), &activity),
+                    self.copy_exchanging(&mut downstream, None, tls, up_peer, &activity),
                     &activity,
                     rec.as_deref_mut(),
+                    report.as_mut(),
                 )
                 .await;
-                if let Some(istio) = &istio {
-                    let target = Target::connected(&upstream, upstream_san);
-                    record_istio(
-                        istio,
-                        target,
-                        (None, up_peer),
-                        Some(&activity),
-                        flags_of(&rec),
-                    );
-                }
+                report
             }
+        };
+        if let Some(r) = report {
+            r.close(Some(&activity), flags_of(&rec));
         }
         self.log(rec, Some(&activity));
     }
@@ -266,6 +268,7 @@ impl TcpProxy {
         };
         let activity = Activity::new(on_data);
         if self.config.tunneling.is_some() {
+            let tunnel = TunnelTarget::of(istio.as_ref(), &upstream);
             self.tunnelled(
                 upstream,
                 h2,
@@ -275,35 +278,38 @@ impl TcpProxy {
                 rec.as_deref_mut(),
             )
             .await;
-        } else {
+            tunnel.close(istio.as_ref(), &activity, flags_of(&rec));
+            return self.log(rec, Some(&activity));
+        }
+        let local_san = upstream.active.local_uri_san();
+        let mut target = Target::connected(&upstream.cluster, upstream.istio.as_deref(), local_san);
+        let report = {
             let down_peer = match &istio {
                 Some(x) => downstream_exchange(x, &mut downstream).await,
                 None => None,
             };
             let up_peer =
                 upstream_exchange(istio.as_ref(), &upstream.mx, &mut upstream.stream).await;
-            let upstream_san = upstream.stream.peer_uri_san();
+            target.peer_san = upstream.stream.peer_uri_san();
+            let mut report =
+                IstioTcpReport::new(istio.as_ref(), target, (down_peer.clone(), up_peer.clone()));
             self.run(
                 self.copy_exchanging(
                     &mut downstream,
-                    down_peer.clone(),
+                    down_peer,
                     &mut upstream.stream,
-                    up_peer.clone(),
+                    up_peer,
                     &activity,
                 ),
                 &activity,
                 rec.as_deref_mut(),
+                report.as_mut(),
             )
             .await;
-            if let Some(istio) = &istio {
-                record_istio(
-                    istio,
-                    Target::connected(&upstream, upstream_san),
-                    (down_peer, up_peer),
-                    Some(&activity),
-                    flags_of(&rec),
-                );
-            }
+            report
+        };
+        if let Some(r) = report {
+            r.close(Some(&activity), flags_of(&rec));
         }
         self.log(rec, Some(&activity));
     }
@@ -369,6 +375,7 @@ impl TcpProxy {
                         self.copy_both(downstream, &mut stream, activity, false),
                         activity,
                         rec,
+                        None,
                     )
                     .await
                 }
@@ -387,6 +394,7 @@ impl TcpProxy {
                     self.copy_both(downstream, &mut upstream.stream, activity, t.use_post),
                     activity,
                     rec.as_deref_mut(),
+                    None,
                 )
                 .await
             }
@@ -482,12 +490,13 @@ impl TcpProxy {
     }
 
     /// Runs `copy` until it ends, the connection idles out, reaches its maximum duration or
-    /// its chain is retired.
+    /// its chain is retired; `report`'s periodic Istio reports are made meanwhile.
     async fn run(
         &self,
         copy: impl Future<Output = std::io::Result<((), ())>>,
         activity: &Activity<'_>,
         rec: Option<&mut Record>,
+        mut report: Option<&mut IstioTcpReport<'_>>,
     ) {
         let max_duration = async {
             match self.config.max_connection_duration {
@@ -495,21 +504,48 @@ impl TcpProxy {
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            r = copy => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "tcp_proxy: connection error");
+        let mut reports = report.as_ref().and_then(|r| r.every()).map(|every| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let idle = activity.idle(self.config.idle_timeout);
+        let retired = self.retired();
+        tokio::pin!(copy, max_duration, idle, retired);
+        loop {
+            tokio::select! {
+                r = &mut copy => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "tcp_proxy: connection error");
+                    }
+                }
+                _ = &mut idle => self.stats.idle_timeout.inc(),
+                _ = &mut max_duration => {
+                    self.stats.max_downstream_connection_duration.inc();
+                    if let Some(r) = rec {
+                        r.flags.set(ResponseFlag::DurationTimeout);
+                    }
+                }
+                _ = &mut retired => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
+                () = next_tick(&mut reports) => {
+                    if let Some(r) = report.as_deref_mut() {
+                        r.tick(activity);
+                    }
+                    continue;
                 }
             }
-            _ = activity.idle(self.config.idle_timeout) => self.stats.idle_timeout.inc(),
-            _ = max_duration => {
-                self.stats.max_downstream_connection_duration.inc();
-                if let Some(r) = rec {
-                    r.flags.set(ResponseFlag::DurationTimeout);
-                }
-            }
-            _ = self.retired() => tracing::debug!("tcp_proxy: chain retired by a listener update; connection closed after the drain time"),
+            return;
         }
+    }
+}
+
+/// Waits for the next periodic report (forever without any).
+async fn next_tick(reports: &mut Option<tokio::time::Interval>) {
+    match reports {
+        Some(t) => {
+            t.tick().await;
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -547,27 +583,6 @@ async fn upstream_exchange(
     Some(Peer::default())
 }
 
-/// Where a connection went, as Istio's TCP metrics label it.
-struct Target<'a> {
-    /// The cluster (`None` when none was found) and its `istio` metadata.
-    cluster: Option<(&'a str, Option<&'a crate::config::istio::IstioCluster>)>,
-    /// The upstream's certificate's first URI SAN (empty when unknown).
-    peer_san: String,
-    /// This side's upstream certificate's first URI SAN (empty when unknown).
-    local_san: String,
-}
-
-impl<'a> Target<'a> {
-    /// The cluster of `upstream`, connected, whose certificate names `peer_san`.
-    fn connected(upstream: &'a UpstreamConnection, peer_san: String) -> Target<'a> {
-        Target {
-            cluster: Some((&upstream.cluster, upstream.istio.as_deref())),
-            peer_san,
-            local_san: upstream.active.local_uri_san(),
-        }
-    }
-}
-
 /// The flags of a connection's record (none without one).
 fn flags_of(rec: &Option<Box<Record>>) -> Flags {
     rec.as_ref().map_or_else(Flags::default, |r| r.flags)
@@ -593,70 +608,48 @@ fn record_istio_unconnected(
         peer_san: String::new(),
         local_san: String::new(),
     };
-    let flags = rec.map_or_else(Flags::default, |r| r.flags);
-    record_istio(istio, target, (None, None), None, flags);
+    if let Some(r) = IstioTcpReport::new(Some(istio), target, (None, None)) {
+        r.close(None, rec.map_or_else(Flags::default, |r| r.flags));
+    }
 }
 
-/// Records a connection that ended in Istio's TCP metrics (`istio.stats` on its chain):
-/// opened and closed, and the bytes each way (`activity`; none when it never connected),
-/// labelled with what the exchange learned of the peer (the downstream's for an inbound
-/// listener, the upstream's for an outbound one) and the connection's `flags`.
-fn record_istio(
-    istio: &exchange::IstioFilters<'_>,
-    target: Target<'_>,
-    (down_peer, up_peer): (Option<Peer>, Option<Peer>),
-    activity: Option<&Activity<'_>>,
-    flags: Flags,
-) {
-    use crate::istio_metrics::{Ends, count, destination_service};
-    let Some(config) = istio.stats else { return };
-    let peer = if istio.inbound { down_peer } else { up_peer };
-    let peer = peer.as_ref().and_then(|p| p.get());
-    // Istio labels a connection once it has read the peer's metadata (reporting it opened
-    // then), else when it closes: flags set after the exchange do not show.
-    let flags = if peer.is_some() {
-        Flags::default()
-    } else {
-        flags
-    };
-    let (service_host, service_name) = destination_service(
-        String::new(),
-        target.cluster.map(|(name, _)| name),
-        "",
-        target.cluster.and_then(|(_, istio)| istio),
-    );
-    let ends = Ends {
-        server: istio.inbound,
-        local: &istio.local.workload,
-        peer,
-        peer_san: if istio.inbound {
-            &istio.sans.0
-        } else {
-            &target.peer_san
-        },
-        local_san: if istio.inbound {
-            &istio.sans.1
-        } else {
-            &target.local_san
-        },
-        service_host: &service_host,
-        service_name: &service_name,
-    };
-    let mut labels = ends.labels();
-    labels.extend([
-        ("request_protocol", "tcp".to_owned()),
-        ("response_flags", flags.render(false)),
-        ("connection_security_policy", ends.security_policy()),
-    ]);
-    let store = istio.store;
-    // Indices in `config::istio::stats::METRICS`.
-    count(store, config, 6, &labels, 1);
-    let (tx, rx) = activity.map_or((0, 0), |a| {
-        (a.tx.load(Ordering::Relaxed), a.rx.load(Ordering::Relaxed))
-    });
-    count(store, config, 8, &labels, tx);
-    count(store, config, 9, &labels, rx);
-    count(store, config, 7, &labels, 1);
+/// What a tunnelled connection's Istio TCP metrics need of its upstream, kept before the
+/// tunnel takes the connection (none without `istio.stats`). Such a connection exchanges no
+/// peer metadata, so, as in Istio, it is reported only when it closes.
+struct TunnelTarget(
+    Option<(
+        String,
+        Option<Box<crate::config::istio::IstioCluster>>,
+        String,
+    )>,
+);
+
+impl TunnelTarget {
+    fn of(istio: Option<&exchange::IstioFilters<'_>>, upstream: &UpstreamConnection) -> Self {
+        TunnelTarget(istio.filter(|i| i.stats.is_some()).map(|_| {
+            (
+                upstream.cluster.clone(),
+                upstream.istio.clone(),
+                upstream.active.local_uri_san(),
+            )
+        }))
+    }
+
+    /// Reports the closed connection with the bytes `activity` counted.
+    fn close(
+        self,
+        istio: Option<&exchange::IstioFilters<'_>>,
+        activity: &Activity<'_>,
+        flags: Flags,
+    ) {
+        let Some((cluster, meta, local_san)) = self.0 else {
+            return;
+        };
+        let target = Target::connected(&cluster, meta.as_deref(), local_san);
+        if let Some(r) = IstioTcpReport::new(istio, target, (None, None)) {
+            r.close(Some(activity), flags);
+        }
+    }
 }
 
 /// The last time bytes moved, shared by both directions, the bytes each way, and who is told
