@@ -38,7 +38,9 @@ pub enum Filter {
     Duration(Comparison),
     /// `not_health_check_filter`: the request is not a health check.
     NotHealthCheck,
-    /// `traceable_filter`: the request is traced; revoy traces nothing, so never.
+    /// `traceable_filter`: as Envoy's, the connection manager traces the request because a
+    /// service forced it (`x-envoy-force-trace` on an internal request, or an `x-request-id`
+    /// marked so); sampled and client-forced traces do not match.
     Traceable,
     /// `runtime_filter`: a sample of `numerator` in `denominator` records, chosen as Envoy
     /// chooses: by the request id's leading 32 bits (so every proxy a request passes keeps
@@ -85,7 +87,7 @@ impl Filter {
                 .duration()
                 .is_some_and(|d| c.holds(d.as_millis() as u64)),
             Filter::NotHealthCheck => !rec.health_check,
-            Filter::Traceable => false,
+            Filter::Traceable => rec.service_forced_trace,
             Filter::Runtime {
                 numerator,
                 denominator,

@@ -375,6 +375,9 @@ pub struct Record {
     pub attempts: u32,
     /// Whether the request was a health check (for `not_health_check_filter`).
     pub health_check: bool,
+    /// Whether the connection manager traces the request because a service forced it (for
+    /// `traceable_filter`).
+    pub service_forced_trace: bool,
     /// `%LOCAL_REPLY_BODY%`: the body of the local reply being formatted.
     pub local_reply_body: Option<String>,
     /// The request's dynamic metadata, for `%DYNAMIC_METADATA(..)%` (moved here from the
@@ -430,6 +433,7 @@ impl Record {
             upstream_transport_failure: None,
             attempts: 0,
             health_check: false,
+            service_forced_trace: false,
             local_reply_body: None,
             metadata: Default::default(),
             flags_out: None,

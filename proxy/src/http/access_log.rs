@@ -170,6 +170,8 @@ impl Pending {
         seen: &Seen<'_>,
     ) {
         self.trace = RequestTrace::begin(ctx, route, headers, seen);
+        let forced = self.trace.as_ref().is_some_and(|t| t.service_forced);
+        self.record().service_forced_trace = forced;
     }
 
     /// The request's trace, once decided.

@@ -3,7 +3,8 @@
 //! Envoy's answers to HTTP/1 requests hyper rejects before they reach the router: a malformed
 //! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
 //! connection gets the same. hyper writes its own bare 400; this wrapper swaps it for Envoy's
-//! bytes on the way out. When hyper takes a connection over from the HTTP/1.1 fast path, the
+//! bytes on the way out. hyper answers an HTTP/1.0 request in HTTP/1.0; Envoy refuses one it
+//! does not accept (`426`) in HTTP/1.1, so that status line is rewritten. When hyper takes a connection over from the HTTP/1.1 fast path, the
 //! wrapper also replays the bytes the fast path had read, and it passes what the client sends
 //! through [`Framing`], which applies Envoy's rule for `content-length` with
 //! `transfer-encoding` that hyper lacks.
@@ -29,6 +30,10 @@ const REJECTIONS: [(&[u8], &str); 3] = [
         "431 Request Header Fields Too Large",
     ),
 ];
+
+/// hyper's status line refusing an HTTP/1.0 request (`accept_http_10` off), and Envoy's.
+const HTTP10_REFUSED: &[u8] = b"HTTP/1.0 426 ";
+const HTTP11_REFUSED: &[u8] = b"HTTP/1.1 426 ";
 
 /// Envoy's 400 response for a request it cannot parse, with `date` taken from hyper's reply
 /// (or the current time).
@@ -161,6 +166,13 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
             let _ = self.poll_pending(cx)?;
             return Poll::Ready(Ok(buf.len()));
         }
+        if buf.starts_with(HTTP10_REFUSED) {
+            let mut head = buf.to_vec();
+            head[..HTTP11_REFUSED.len()].copy_from_slice(HTTP11_REFUSED);
+            self.pending = head;
+            let _ = self.poll_pending(cx)?;
+            return Poll::Ready(Ok(buf.len()));
+        }
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
@@ -189,6 +201,23 @@ mod tests {
         let mut out = String::new();
         io.read_to_string(&mut out).await.unwrap();
         assert_eq!(out, "hello world");
+    }
+
+    #[tokio::test]
+    async fn an_http10_refusal_goes_out_in_http11_as_envoys_does() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        let mut w = EnvoyErrors::new(a);
+        w.write_all(b"HTTP/1.0 426 Upgrade Required\r\ncontent-length: 16\r\n\r\n")
+            .await
+            .unwrap();
+        w.write_all(b"HTTP/1.0 200 OK\r\n\r\n").await.unwrap();
+        w.shutdown().await.unwrap();
+        let mut out = String::new();
+        b.read_to_string(&mut out).await.unwrap();
+        assert_eq!(
+            out,
+            "HTTP/1.1 426 Upgrade Required\r\ncontent-length: 16\r\n\r\nHTTP/1.0 200 OK\r\n\r\n"
+        );
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ use crate::config::tracing::{HcmTracing, Provider};
 use crate::route::Route;
 use crate::route::tracing::{RouteTracing, TagValue};
 use crate::trace::decision::{self, Decision};
+use crate::trace::request_id::Reason;
 use crate::trace::span::{Kind, Span, new_id};
 use crate::trace::{Exporter, context};
 
@@ -55,6 +56,9 @@ pub struct RequestTrace {
     upstream_cluster: Option<String>,
     /// The decision's `x-request-id`, when it changed (sent upstream and echoed).
     pub request_id: Option<HeaderValue>,
+    /// Whether a service forced the trace (`x-envoy-force-trace`, or an `x-request-id` marked
+    /// so): what an access log's `traceable_filter` matches, as in Envoy.
+    pub service_forced: bool,
     /// The route's decorator operation, sent back on an ingress response.
     decorated: Option<String>,
     /// Remove `x-envoy-decorator-operation` from the request (ingress) / set it (egress).
@@ -200,6 +204,7 @@ impl RequestTrace {
             upstream_answer: None,
             upstream_cluster: None,
             request_id,
+            service_forced: reason == Reason::ServiceForced,
             decorated,
             operation_header,
             request_tags,

@@ -1,7 +1,8 @@
 //! More cases against Envoy 1.40: a WebSocket upgrade, a retry on `5xx` that succeeds on its
 //! second attempt, a rewritten path (`X-ENVOY-ORIGINAL-PATH`), and which requests each
 //! access-log filter lets through (status code, duration, response flags, header, and/or,
-//! not-health-check, runtime sampling by request id). Every logger writes the same text
+//! not-health-check, runtime sampling by request id, traceable: a trace a service forced through
+//! the request id's mark, with random sampling off). Every logger writes the same text
 //! format, led by the case's name, to a file of its own; the files are compared line by line.
 //! One more logger writes the request headers the router adds or removes (route and virtual
 //! host `request_headers_to_add`/`_remove`, `x-envoy-expected-rq-timeout-ms`,
@@ -21,7 +22,7 @@ const CASE: &str = "%REQ(X-CASE)% %REQ(:AUTHORITY)% %REQ(:PATH)% %REQ(X-ENVOY-OR
 const HEADERS: &str = "%REQ(X-CASE)% %REQ(X-ROUTE-ADDED)% %REQ(X-VHOST-ADDED)% %REQ(X-DROP)% %REQ(X-ENVOY-EXPECTED-RQ-TIMEOUT-MS)% %REQ(X-ENVOY-ATTEMPT-COUNT)% %REQ(X-FORWARDED-PROTO)% %REQ(:AUTHORITY)% %REQ(HOST)% %REQ(X-ENVOY-ORIGINAL-HOST)%\n";
 
 /// The loggers: a name (its file) and its filter (YAML, or empty for none).
-const FILTERS: [(&str, &str); 9] = [
+const FILTERS: [(&str, &str); 10] = [
     ("all", ""),
     (
         "status",
@@ -46,6 +47,7 @@ const FILTERS: [(&str, &str); 9] = [
         "runtime",
         "{runtime_filter: {runtime_key: none, percent_sampled: {numerator: 50, denominator: HUNDRED}}}",
     ),
+    ("traceable", "{traceable_filter: {}}"),
 ];
 
 /// The upstream: `/flaky` answers 503 to the first request of each `x-run`/`x-case`, then
@@ -154,6 +156,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: http
           preserve_external_request_id: true
+          tracing: {{random_sampling: {{value: 0}}}}
           upgrade_configs: [{{upgrade_type: websocket}}]
           access_log: [{logs}]
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
@@ -283,6 +286,12 @@ fn run_cases(http: u16, run: &str) {
         case_request(http, run, "headers", "/hdrs", "x-drop: gone\r\n"),
         "HTTP/1.1 200",
     );
+    // The request id's trace mark (position 14): `a` a service forced the trace, `b` a
+    // client did; only the first passes `traceable_filter`.
+    for (case, mark) in [("forced", 'a'), ("client-forced", 'b')] {
+        let id = format!("x-request-id: 0000002a-aaaa-{mark}bbb-8ccc-dddddddddddd\r\n");
+        ok(case_request(http, run, case, "/ok", &id), "HTTP/1.1 200");
+    }
     websocket(http, run);
 }
 
@@ -297,7 +306,7 @@ fn observe_cases(
     let yaml = case_bootstrap(admin, http, upstream, dead, dir);
     let _proxy = start(&yaml, http);
     run_cases(http, run);
-    let want = [16, 1, 1, 3, 2, 1, 5, 16, 2, 16];
+    let want = [18, 1, 1, 3, 2, 1, 5, 18, 4, 1, 18];
     FILTERS
         .iter()
         .map(|(name, _)| *name)
@@ -363,7 +372,14 @@ fn access_log_cases_match_envoy() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(theirs[0].len(), 16, "Envoy's lines: {:#?}", theirs[0]);
+    assert_eq!(theirs[0].len(), 18, "Envoy's lines: {:#?}", theirs[0]);
+    let traceable = FILTERS.iter().position(|(n, _)| *n == "traceable").unwrap();
+    assert_eq!(theirs[traceable].len(), 1, "{:#?}", theirs[traceable]);
+    assert!(
+        theirs[traceable][0].starts_with("forced "),
+        "{:#?}",
+        theirs[traceable]
+    );
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
 }

@@ -94,7 +94,7 @@ fn no_default_value(default_value: &str, path: &str) -> Result<(), ConfigError> 
     Ok(())
 }
 
-#[allow(deprecated)] // DynamicMetadata is named to refuse it.
+#[allow(deprecated)] // The deprecated `dynamic_metadata` action is still served, as by Envoy.
 fn compile_action(
     ctx: &Context<'_>,
     a: &pb::rate_limit::Action,
