@@ -9,7 +9,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
-use super::access_log::{Handover, TunnelEnd, log_tunnel};
+use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::stats::ActiveUpgrade;
@@ -94,7 +94,11 @@ pub async fn forward(
             end = TunnelEnd {
                 received,
                 sent,
-                downstream_closed_first: down_done <= up_done,
+                closed_first: Some(if down_done <= up_done {
+                    Side::Downstream
+                } else {
+                    Side::Upstream
+                }),
             };
         }
         if let Some(log) = log {

@@ -1,4 +1,5 @@
-//! More cases against Envoy 1.40: a WebSocket upgrade, a retry on `5xx` that succeeds on its
+//! More cases against Envoy 1.40: WebSocket upgrades (closed by the client, and by the
+//! upstream: `UC`, logged when the tunnel closes), a retry on `5xx` that succeeds on its
 //! second attempt, a rewritten path (`X-ENVOY-ORIGINAL-PATH`), and which requests each
 //! access-log filter lets through (status code, duration, response flags, header, and/or,
 //! not-health-check, runtime sampling by request id). Every logger writes the same text
@@ -49,7 +50,8 @@ const FILTERS: [(&str, &str); 9] = [
 ];
 
 /// The upstream: `/flaky` answers 503 to the first request of each `x-run`/`x-case`, then
-/// 200; `/ws` accepts a WebSocket upgrade and echoes; `/slowok` answers after 1.1 s; anything
+/// 200; `/ws` accepts a WebSocket upgrade and echoes (`/wsclose`: eight bytes, then it
+/// closes); `/slowok` answers after 1.1 s; anything
 /// else is `200 hello world`.
 fn case_upstream() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
@@ -93,6 +95,14 @@ fn serve_case(mut s: TcpStream, seen: &Mutex<HashSet<String>>) {
                 b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
             );
             let _ = s.write_all(&buf);
+            if path.starts_with("/wsclose") {
+                let mut echo = [0u8; 8];
+                let taken = buf.len().min(8);
+                if s.read_exact(&mut echo[taken..]).is_ok() {
+                    let _ = s.write_all(&echo[taken..]);
+                }
+                return;
+            }
             while let Ok(n) = s.read(&mut chunk) {
                 if n == 0 || s.write_all(&chunk[..n]).is_err() {
                     return;
@@ -206,13 +216,14 @@ fn case_request(port: u16, run: &str, case: &str, path: &str, extra: &str) -> St
     out
 }
 
-/// A WebSocket upgrade: 101, eight bytes each way, then the client closes its side.
-fn websocket(port: u16, run: &str) {
-    let id = request_id(80);
+/// A WebSocket upgrade to `path` (case `case`, request id `n`): 101, eight bytes each way,
+/// then the client closes its side, or (`/wsclose`) reads until the upstream's close passes.
+fn websocket(port: u16, run: &str, case: &str, path: &str, n: u32) {
+    let id = request_id(n);
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let req = format!(
-        "GET /ws HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: websocket\r\n{id}connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: {case}\r\n{id}connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
     );
     s.write_all(req.as_bytes()).unwrap();
     let mut head = Vec::new();
@@ -234,7 +245,9 @@ fn websocket(port: u16, run: &str) {
     let mut echo = [0u8; 8];
     s.read_exact(&mut echo).unwrap();
     assert_eq!(&echo, b"ws-hello");
-    s.shutdown(Shutdown::Write).unwrap();
+    if path != "/wsclose" {
+        s.shutdown(Shutdown::Write).unwrap();
+    }
     let mut rest = Vec::new();
     let _ = s.read_to_end(&mut rest);
 }
@@ -283,7 +296,8 @@ fn run_cases(http: u16, run: &str) {
         case_request(http, run, "headers", "/hdrs", "x-drop: gone\r\n"),
         "HTTP/1.1 200",
     );
-    websocket(http, run);
+    websocket(http, run, "websocket", "/ws", 80);
+    websocket(http, run, "websocket-upstream-closes", "/wsclose", 81);
 }
 
 fn observe_cases(
@@ -297,7 +311,7 @@ fn observe_cases(
     let yaml = case_bootstrap(admin, http, upstream, dead, dir);
     let _proxy = start(&yaml, http);
     run_cases(http, run);
-    let want = [16, 1, 1, 3, 2, 1, 5, 16, 2, 16];
+    let want = [17, 1, 1, 4, 2, 1, 5, 17, 2, 17];
     FILTERS
         .iter()
         .map(|(name, _)| *name)
@@ -363,7 +377,7 @@ fn access_log_cases_match_envoy() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(theirs[0].len(), 16, "Envoy's lines: {:#?}", theirs[0]);
+    assert_eq!(theirs[0].len(), 17, "Envoy's lines: {:#?}", theirs[0]);
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
 }
