@@ -38,6 +38,8 @@ mod ports;
 mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "istio_filters/upgrade.rs"]
+mod upgrade;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock};
 
 pub use filter::Filter;
 pub use format::LogFormat;
-pub use record::{AttemptTarget, Flags, Record, ResponseFlag, UpstreamSans};
+pub use record::{AtTunnelEnd, AttemptTarget, Flags, Record, ResponseFlag, UpstreamSans};
 
 /// One configured access log: which records, how they read, and the file they go to.
 #[derive(Debug)]

@@ -323,8 +323,18 @@ pub struct RequestHead {
     pub headers: HeaderMap,
 }
 
+/// What waits for an upgraded request's stream to end (its tunnel to close) to act on the
+/// settled record then, as Envoy's access-log hooks (Istio's stats filter among them) see an
+/// upgrade once its stream ends. Handed to the record through [`Record::at_tunnel_end`].
+pub trait AtTunnelEnd: Send + std::fmt::Debug {
+    /// The stream ended: `Some` with its settled record, once its tunnel has closed; `None`
+    /// when the record never reached a tunnel (the upgrade was refused, or the request cut
+    /// short first), so the stream ended with its response.
+    fn ended(self: Box<Self>, rec: Option<&Record>);
+}
+
 /// One request's or connection's record.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Record {
     /// When the stream started (wall clock).
     pub start_time: SystemTime,
@@ -386,6 +396,9 @@ pub struct Record {
     /// Where the flags are published when the record is settled, for `istio.stats` (which
     /// labels its metrics with them once the request ends).
     pub flags_out: Option<Arc<OnceLock<Flags>>>,
+    /// An upgrade's: where what acts once its tunnel closes is handed in (see
+    /// [`AtTunnelEnd`]); the tunnel takes it when it writes the record.
+    pub at_tunnel_end: Option<tokio::sync::oneshot::Receiver<Box<dyn AtTunnelEnd>>>,
 }
 
 impl Record {
@@ -437,6 +450,7 @@ impl Record {
             local_reply_body: None,
             metadata: Default::default(),
             flags_out: None,
+            at_tunnel_end: None,
         }
     }
 

@@ -342,18 +342,30 @@ impl Logged {
     }
 }
 
-/// How a tunnel ended: bytes each way, and whether the downstream closed first.
+/// How a tunnel ended: bytes each way, and which side closed first.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct TunnelEnd {
     /// Bytes from the downstream.
     pub received: u64,
     /// Bytes to the downstream.
     pub sent: u64,
-    /// The downstream closed its side before the upstream did.
-    pub downstream_closed_first: bool,
+    /// The side that closed (or failed) first; `None` when the tunnel never formed.
+    pub closed_first: Option<Side>,
 }
 
-/// Writes an upgrade's record handed over by `handover` (if it was) with how its tunnel ended.
+/// One side of a tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Side {
+    /// The client's connection.
+    Downstream,
+    /// The upstream's connection.
+    Upstream,
+}
+
+/// Writes an upgrade's record handed over by `handover` (if it was) with how its tunnel ended,
+/// flagged as Envoy flags the stream then: `DC` when the downstream closed first, `UC` when the
+/// upstream did (a reset after the response started); then hands it to what waits for the
+/// tunnel's end ([`Record::at_tunnel_end`]).
 pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: TunnelEnd) {
     let Ok((mut rec, logs, trace)) = handover.await else {
         return;
@@ -361,15 +373,28 @@ pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: Tunne
     rec.end = Some(Instant::now());
     rec.bytes_received = end.received;
     rec.bytes_sent = end.sent;
-    if end.downstream_closed_first {
-        rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
-        rec.details = Some("downstream_remote_disconnect".to_owned());
+    match end.closed_first {
+        Some(Side::Downstream) => {
+            rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
+            rec.details = Some("downstream_remote_disconnect".to_owned());
+        }
+        Some(Side::Upstream) => {
+            rec.flags.set(ResponseFlag::UpstreamConnectionTermination);
+            rec.details =
+                Some("upstream_reset_after_response_started{connection_termination}".to_owned());
+        }
+        None => {}
     }
     rec.settle();
     if let Some(t) = trace {
         t.finish(&rec);
     }
     logs.log(&rec);
+    if let Some(waiting) = rec.at_tunnel_end.take()
+        && let Ok(w) = waiting.await
+    {
+        w.ended(Some(&rec));
+    }
 }
 
 impl http_body::Body for Logged {

@@ -380,6 +380,7 @@ async fn route_and_forward(
             attempt_target: None,
             grpc_messages: None,
             new_path: None,
+            tunnel: tunnel_log.is_some(),
         };
         if let Some(reply) = ctx.hcm.filters.decode(&mut filtered, encoders).await {
             // Envoy adds a forwarding route's response headers to a filter's local reply

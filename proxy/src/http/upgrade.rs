@@ -1,6 +1,7 @@
 //! WebSocket (and other `upgrade_configs`) forwarding: the upgrade request goes upstream on a
 //! fresh connection; after a `101` (a `2xx` for a forwarded CONNECT), both upgraded streams
-//! are spliced together.
+//! are spliced together. An HTTP/1 downstream's tunnel ends when either side closes (Envoy's
+//! HTTP/1 codec has no half-close); an HTTP/2 stream's once both have.
 
 use std::time::Instant;
 
@@ -9,7 +10,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
-use super::access_log::{Handover, TunnelEnd, log_tunnel};
+use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::stats::ActiveUpgrade;
@@ -95,12 +96,29 @@ pub async fn forward(
         if let (Ok(down), Ok(up)) = (downstream_upgrade.await, upstream_upgrade.await) {
             let (mut down_r, mut down_w) = tokio::io::split(TokioIo::new(down));
             let (mut up_r, mut up_w) = tokio::io::split(TokioIo::new(up));
-            let ((received, down_done), (sent, up_done)) =
-                tokio::join!(pump(&mut down_r, &mut up_w), pump(&mut up_r, &mut down_w));
+            let (mut received, mut sent) = (0, 0);
+            let down_to_up = pump(&mut down_r, &mut up_w, &mut received);
+            let up_to_down = pump(&mut up_r, &mut down_w, &mut sent);
+            let closed_first = if http1 {
+                // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
+                // stream, and both connections close (as they drop here).
+                tokio::select! {
+                    biased;
+                    _ = down_to_up => Side::Downstream,
+                    _ = up_to_down => Side::Upstream,
+                }
+            } else {
+                let (down_done, up_done) = tokio::join!(down_to_up, up_to_down);
+                if down_done <= up_done {
+                    Side::Downstream
+                } else {
+                    Side::Upstream
+                }
+            };
             end = TunnelEnd {
                 received,
                 sent,
-                downstream_closed_first: down_done <= up_done,
+                closed_first: Some(closed_first),
             };
         }
         if let Some(log) = log {
@@ -139,14 +157,14 @@ fn without_body(resp: Response<hyper::body::Incoming>) -> Response<Body> {
     Response::from_parts(parts, body::empty())
 }
 
-/// Copies `from` to `to` until `from` ends or either side fails, then shuts `to` down; the
-/// bytes copied and when reading ended.
+/// Copies `from` to `to` until `from` ends or either side fails, then shuts `to` down; counts
+/// the bytes copied in `copied` as they go, and answers when reading ended.
 async fn pump(
     from: &mut (impl AsyncRead + Unpin),
     to: &mut (impl AsyncWrite + Unpin),
-) -> (u64, Instant) {
+    copied: &mut u64,
+) -> Instant {
     let mut buf = vec![0u8; 16 * 1024];
-    let mut copied = 0;
     loop {
         match from.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -154,11 +172,11 @@ async fn pump(
                 if to.write_all(&buf[..n]).await.is_err() {
                     break;
                 }
-                copied += n as u64;
+                *copied += n as u64;
             }
         }
     }
     let ended = Instant::now();
     let _ = to.shutdown().await;
-    (copied, ended)
+    ended
 }

@@ -1,4 +1,6 @@
-//! More cases against Envoy 1.40: a WebSocket upgrade, a retry on `5xx` that succeeds on its
+//! More cases against Envoy 1.40: WebSocket upgrades, each logged when its tunnel closes
+//! (closed by the client: `DC`; by the upstream: `UC`; and, as Envoy's HTTP/1 codec has no
+//! half-close, ended by the first side to close while the other holds on), a retry on `5xx` that succeeds on its
 //! second attempt, a rewritten path (`X-ENVOY-ORIGINAL-PATH`), and which requests each
 //! access-log filter lets through (status code, duration, response flags, header, and/or,
 //! not-health-check, runtime sampling by request id, traceable: a trace a service forced through
@@ -51,7 +53,9 @@ const FILTERS: [(&str, &str); 10] = [
 ];
 
 /// The upstream: `/flaky` answers 503 to the first request of each `x-run`/`x-case`, then
-/// 200; `/ws` accepts a WebSocket upgrade and echoes; `/slowok` answers after 1.1 s; anything
+/// 200; `/ws` accepts a WebSocket upgrade and echoes (`/wsclose`: eight bytes, then it
+/// closes; `/wshold`: once the downstream's side ends it holds its connection open for a
+/// minute); `/slowok` answers after 1.1 s; anything
 /// else is `200 hello world`.
 fn case_upstream() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
@@ -95,7 +99,18 @@ fn serve_case(mut s: TcpStream, seen: &Mutex<HashSet<String>>) {
                 b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
             );
             let _ = s.write_all(&buf);
+            if path.starts_with("/wsclose") {
+                let mut echo = [0u8; 8];
+                let taken = buf.len().min(8);
+                if s.read_exact(&mut echo[taken..]).is_ok() {
+                    let _ = s.write_all(&echo[taken..]);
+                }
+                return;
+            }
             while let Ok(n) = s.read(&mut chunk) {
+                if n == 0 && path.starts_with("/wshold") {
+                    std::thread::sleep(Duration::from_secs(60));
+                }
                 if n == 0 || s.write_all(&chunk[..n]).is_err() {
                     return;
                 }
@@ -209,13 +224,16 @@ fn case_request(port: u16, run: &str, case: &str, path: &str, extra: &str) -> St
     out
 }
 
-/// A WebSocket upgrade: 101, eight bytes each way, then the client closes its side.
-fn websocket(port: u16, run: &str) {
-    let id = request_id(80);
+/// A WebSocket upgrade to `path` (case `case`, request id `n`): 101, eight bytes each way,
+/// then the client closes its side and reads to the end (`/ws`), closes its connection
+/// (`/wshold`), or reads until the upstream's close passes and keeps its connection, returned
+/// (`/wsclose`).
+fn websocket(port: u16, run: &str, case: &str, path: &str, n: u32) -> Option<TcpStream> {
+    let id = request_id(n);
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let req = format!(
-        "GET /ws HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: websocket\r\n{id}connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: h.test\r\nx-run: {run}\r\nx-case: {case}\r\n{id}connection: upgrade\r\nupgrade: websocket\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
     );
     s.write_all(req.as_bytes()).unwrap();
     let mut head = Vec::new();
@@ -237,13 +255,24 @@ fn websocket(port: u16, run: &str) {
     let mut echo = [0u8; 8];
     s.read_exact(&mut echo).unwrap();
     assert_eq!(&echo, b"ws-hello");
-    s.shutdown(Shutdown::Write).unwrap();
     let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
+    match path {
+        "/wshold" => None,
+        "/wsclose" => {
+            let _ = s.read_to_end(&mut rest);
+            Some(s)
+        }
+        _ => {
+            s.shutdown(Shutdown::Write).unwrap();
+            let _ = s.read_to_end(&mut rest);
+            None
+        }
+    }
 }
 
-/// The requests, in order; `run` tells the two proxies apart at the upstream.
-fn run_cases(http: u16, run: &str) {
+/// The requests, in order; `run` tells the two proxies apart at the upstream. The connections
+/// the client keeps are returned.
+fn run_cases(http: u16, run: &str) -> Vec<TcpStream> {
     let ok = |r: String, status: &str| assert!(r.starts_with(status), "{r}");
     ok(case_request(http, run, "ok", "/ok", ""), "HTTP/1.1 200");
     ok(
@@ -292,7 +321,14 @@ fn run_cases(http: u16, run: &str) {
         let id = format!("x-request-id: 0000002a-aaaa-{mark}bbb-8ccc-dddddddddddd\r\n");
         ok(case_request(http, run, case, "/ok", &id), "HTTP/1.1 200");
     }
-    websocket(http, run);
+    [
+        ("websocket", "/ws", 80),
+        ("websocket-upstream-closes", "/wsclose", 81),
+        ("websocket-client-leaves", "/wshold", 82),
+    ]
+    .into_iter()
+    .filter_map(|(case, path, n)| websocket(http, run, case, path, n))
+    .collect()
 }
 
 fn observe_cases(
@@ -305,8 +341,8 @@ fn observe_cases(
     let (admin, http) = (free_port(), free_port());
     let yaml = case_bootstrap(admin, http, upstream, dead, dir);
     let _proxy = start(&yaml, http);
-    run_cases(http, run);
-    let want = [18, 1, 1, 3, 2, 1, 5, 18, 4, 1, 18];
+    let _kept = run_cases(http, run);
+    let want = [20, 1, 1, 5, 2, 1, 5, 20, 4, 1, 20];
     FILTERS
         .iter()
         .map(|(name, _)| *name)
@@ -372,7 +408,7 @@ fn access_log_cases_match_envoy() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    assert_eq!(theirs[0].len(), 18, "Envoy's lines: {:#?}", theirs[0]);
+    assert_eq!(theirs[0].len(), 20, "Envoy's lines: {:#?}", theirs[0]);
     let traceable = FILTERS.iter().position(|(n, _)| *n == "traceable").unwrap();
     assert_eq!(theirs[traceable].len(), 1, "{:#?}", theirs[traceable]);
     assert!(

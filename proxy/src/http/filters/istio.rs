@@ -2,7 +2,7 @@
 //! (peer metadata in `x-envoy-peer-metadata` headers) and `istio.stats` (Istio's standard
 //! request metrics, labelled with what is known of both peers). What the exchange learns of a
 //! request's peers is kept in its [`Peers`], which the stats filter reads when the request
-//! ends.
+//! ends: with its response, or, for an upgraded (WebSocket) request, when its tunnel closes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -14,7 +14,7 @@ use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
-use crate::access_log::{AttemptTarget, Flags};
+use crate::access_log::{AtTunnelEnd, AttemptTarget, Flags, Record};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -263,7 +263,16 @@ impl IstioStats {
             .record
             .as_deref_mut()
             .map(|r| r.flags_out.get_or_insert_with(Arc::default).clone());
-        encoders.0.push(Encoder::IstioStats(Box::new(StatsRequest {
+        // An upgrade's stream ends when its tunnel closes: its record says how, then.
+        let tunnel = match req.record.as_deref_mut() {
+            Some(r) if req.tunnel => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                r.at_tunnel_end = Some(rx);
+                Some(tx)
+            }
+            _ => None,
+        };
+        let observed = Observed {
             config: self.config.clone(),
             store: self.store.clone(),
             metrics: self.metrics.clone(),
@@ -283,7 +292,11 @@ impl IstioStats {
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
-        })));
+            tunnel,
+        };
+        encoders
+            .0
+            .push(Encoder::IstioStats(StatsRequest(Some(Box::new(observed)))));
     }
 }
 
@@ -330,10 +343,41 @@ struct Answer {
     bytes: u64,
 }
 
-/// One request as `istio.stats` observes it; recorded when it ends (dropped with the
-/// response body, or with the request when it is cut short).
+/// One request as `istio.stats` observes it, recorded when it ends: when dropped with the
+/// response body (or with the request when it is cut short), or, for an upgrade, once its
+/// tunnel closes.
 #[derive(Debug)]
-pub(super) struct StatsRequest {
+pub(super) struct StatsRequest(Option<Box<Observed>>);
+
+impl StatsRequest {
+    /// See [`Observed::encode`].
+    pub(super) fn encode(&mut self, resp: &mut Response<Body>) {
+        if let Some(o) = &mut self.0 {
+            o.encode(resp);
+        }
+    }
+}
+
+impl Drop for StatsRequest {
+    fn drop(&mut self) {
+        let Some(mut observed) = self.0.take() else {
+            return;
+        };
+        match observed.tunnel.take() {
+            // The record, if it reached a tunnel, gives it back once the tunnel closes.
+            Some(tunnel) => {
+                if let Err(observed) = tunnel.send(observed) {
+                    observed.ended(None);
+                }
+            }
+            None => observed.record(None),
+        }
+    }
+}
+
+/// What `istio.stats` learns of one request.
+#[derive(Debug)]
+struct Observed {
     config: Arc<IstioStatsConfig>,
     store: Store,
     /// The filter's metric handles by label set.
@@ -362,12 +406,20 @@ pub(super) struct StatsRequest {
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
+    /// An upgrade's: where it waits for its tunnel to close.
+    tunnel: Option<tokio::sync::oneshot::Sender<Box<dyn AtTunnelEnd>>>,
 }
 
-impl StatsRequest {
+impl AtTunnelEnd for Observed {
+    fn ended(self: Box<Self>, rec: Option<&Record>) {
+        self.record(rec);
+    }
+}
+
+impl Observed {
     /// Notes the response's code, gRPC status and size; a gRPC response's trailers are
     /// read for its status as they pass.
-    pub(super) fn encode(&mut self, resp: &mut Response<Body>) {
+    fn encode(&mut self, resp: &mut Response<Body>) {
         if self.grpc && !http_body::Body::is_end_stream(resp.body()) {
             let status = self.trailer_status.clone();
             let body = std::mem::replace(resp.body_mut(), crate::body::empty());
@@ -397,8 +449,9 @@ impl StatsRequest {
 
     /// The labels of Istio's request metrics, in the order Istio's stats filter adds them,
     /// and how many of them name the reporter and the two ends (all that its gRPC message
-    /// counters carry, as Istio records them before adding the others).
-    fn labels(&self) -> (Vec<(&'static str, String)>, usize) {
+    /// counters carry, as Istio records them before adding the others). `flags`: the
+    /// stream's final response flags, when known.
+    fn labels(&self, flags: Option<&Flags>) -> (Vec<(&'static str, String)>, usize) {
         let upstream = self.upstream.as_ref().and_then(|t| t.sans());
         let picked = self
             .weighted
@@ -449,10 +502,7 @@ impl StatsRequest {
             ),
             (
                 "response_flags",
-                self.flags
-                    .as_ref()
-                    .and_then(|f| f.get())
-                    .map_or_else(|| "-".to_owned(), |f| f.render(false)),
+                flags.map_or_else(|| "-".to_owned(), |f| f.render(false)),
             ),
             ("connection_security_policy", ends.security_policy()),
         ]);
@@ -460,9 +510,14 @@ impl StatsRequest {
     }
 
     /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
-    /// filter counted them.
-    fn record(&self) {
-        let (labels, end_labels) = self.labels();
+    /// filter counted them. `tunnel`: an upgrade's record, settled when its tunnel closed,
+    /// whose flags, duration and bytes (the tunnel's both ways) describe the whole stream.
+    fn record(&self, tunnel: Option<&Record>) {
+        let flags = match tunnel {
+            Some(rec) => Some(&rec.flags),
+            None => self.flags.as_ref().and_then(|f| f.get()),
+        };
+        let (labels, end_labels) = self.labels(flags);
         if let Some(m) = self
             .messages
             .as_ref()
@@ -479,20 +534,19 @@ impl StatsRequest {
                 );
             }
         }
-        let ms = self.started.elapsed().as_millis() as u64;
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
-        metrics::record_http(
-            &self.metrics,
-            &self.store,
-            &self.config,
-            &labels,
-            [ms, self.request_bytes, response_bytes],
-        );
-    }
-}
-
-impl Drop for StatsRequest {
-    fn drop(&mut self) {
-        self.record();
+        let values = match tunnel {
+            Some(rec) => [
+                rec.duration().unwrap_or_default().as_millis() as u64,
+                self.request_bytes + rec.bytes_received,
+                response_bytes + rec.bytes_sent,
+            ],
+            None => [
+                self.started.elapsed().as_millis() as u64,
+                self.request_bytes,
+                response_bytes,
+            ],
+        };
+        metrics::record_http(&self.metrics, &self.store, &self.config, &labels, values);
     }
 }

@@ -175,6 +175,9 @@ pub struct FilterRequest<'a> {
     /// Set by a filter that rewrote the path (with query): the router sends the request with
     /// it and routes by it.
     pub new_path: Option<String>,
+    /// Whether the request asks for an upgrade whose record, if it is upgraded, its tunnel
+    /// writes when it closes (see [`Record::at_tunnel_end`]).
+    pub tunnel: bool,
 }
 
 impl FilterRequest<'_> {
@@ -277,7 +280,7 @@ enum Encoder {
     /// `istio.metadata_exchange`'s side of the response.
     PeerMetadata(Box<istio::PeerResponse>),
     /// `istio.stats`'s request, recorded when it ends.
-    IstioStats(Box<istio::StatsRequest>),
+    IstioStats(istio::StatsRequest),
     /// A Lua script's `envoy_on_response`, to run on the response.
     Lua(lua::Pending),
 }
