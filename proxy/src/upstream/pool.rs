@@ -944,6 +944,33 @@ mod tests {
     }
 
     #[test]
+    fn a_host_whose_first_address_refuses_is_reached_at_the_next() {
+        let (live, accepted) = keep_alive_upstream();
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = refused.local_addr().unwrap();
+        drop(refused);
+        let host = Arc::new(
+            Host::new(
+                closed,
+                String::new(),
+                1,
+                0,
+                Arc::default(),
+                crate::config::cluster::HealthStatus::Healthy,
+            )
+            .with_addresses(vec![closed, live].into()),
+        );
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        get(&runtime(), &host, &stats, 1024);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // Two attempts, one connection, no failure: as Envoy counts a Happy Eyeballs connect.
+        assert_eq!(host.stats.cx_total.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.upstream_cx_total().value(), 2);
+        assert_eq!(host.stats.cx_connect_fail.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.upstream_cx_active().value(), 1);
+    }
+
+    #[test]
     fn h1_requests_are_origin_form_with_host() {
         let req = Request::get("http://example.com:8080/a?b=1")
             .body(crate::body::empty())
