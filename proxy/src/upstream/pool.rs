@@ -346,8 +346,22 @@ async fn race(
     tokio::pin!(timer);
     let mut last_error = None;
     std::future::poll_fn(|cx| {
-        'poll: loop {
-            if next < addresses.len() && timer.as_mut().poll(cx).is_ready() {
+        loop {
+            // Whether the next address is due: its timer fired, or an attempt failed.
+            let mut due = next < addresses.len() && timer.as_mut().poll(cx).is_ready();
+            let mut i = 0;
+            while !due && i < running.len() {
+                match running[i].as_mut().poll(cx) {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(Ok(connected)) => return Poll::Ready(Ok(connected)),
+                    Poll::Ready(Err(e)) => {
+                        drop(running.remove(i));
+                        last_error = Some(e);
+                        due = next < addresses.len();
+                    }
+                }
+            }
+            if due {
                 host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
                 opts.stats.upstream_cx_total().inc();
                 running.push(start(addresses[next]));
@@ -355,36 +369,15 @@ async fn race(
                 timer
                     .as_mut()
                     .reset(tokio::time::Instant::now() + NEXT_ATTEMPT_DELAY);
+                // Polls the new attempt, the others and the re-armed timer again.
+                continue;
             }
-            let mut i = 0;
-            while i < running.len() {
-                match running[i].as_mut().poll(cx) {
-                    Poll::Pending => i += 1,
-                    Poll::Ready(Ok(connected)) => return Poll::Ready(Ok(connected)),
-                    Poll::Ready(Err(e)) => {
-                        drop(running.remove(i));
-                        last_error = Some(e);
-                        if next < addresses.len() {
-                            host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
-                            opts.stats.upstream_cx_total().inc();
-                            running.push(start(addresses[next]));
-                            next += 1;
-                            timer
-                                .as_mut()
-                                .reset(tokio::time::Instant::now() + NEXT_ATTEMPT_DELAY);
-                            // Polls the new attempt and the re-armed timer.
-                            continue 'poll;
-                        }
-                    }
-                }
+            if running.is_empty()
+                && let Some(e) = last_error.take()
+            {
+                return Poll::Ready(Err(e));
             }
-            return match last_error.take() {
-                Some(e) if running.is_empty() => Poll::Ready(Err(e)),
-                kept => {
-                    last_error = kept;
-                    Poll::Pending
-                }
-            };
+            return Poll::Pending;
         }
     })
     .await
@@ -956,11 +949,13 @@ mod tests {
     }
 
     #[test]
-    fn a_host_whose_first_address_refuses_is_reached_at_the_next() {
+    fn a_host_whose_first_addresses_refuse_is_reached_at_the_next() {
         let (live, accepted) = keep_alive_upstream();
-        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let closed = refused.local_addr().unwrap();
-        drop(refused);
+        let closed_port = || {
+            let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            refused.local_addr().unwrap()
+        };
+        let (closed, also_closed) = (closed_port(), closed_port());
         let host = Arc::new(
             Host::new(
                 closed,
@@ -970,14 +965,14 @@ mod tests {
                 Arc::default(),
                 crate::config::cluster::HealthStatus::Healthy,
             )
-            .with_addresses(vec![closed, live].into()),
+            .with_addresses(vec![closed, also_closed, live].into()),
         );
         let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
         get(&runtime(), &host, &stats, 1024);
         assert_eq!(accepted.load(Ordering::SeqCst), 1);
-        // Two attempts, one connection, no failure: as Envoy counts a Happy Eyeballs connect.
-        assert_eq!(host.stats.cx_total.load(Ordering::Relaxed), 2);
-        assert_eq!(stats.upstream_cx_total().value(), 2);
+        // Three attempts, one connection, no failure: as Envoy counts a Happy Eyeballs connect.
+        assert_eq!(host.stats.cx_total.load(Ordering::Relaxed), 3);
+        assert_eq!(stats.upstream_cx_total().value(), 3);
         assert_eq!(host.stats.cx_connect_fail.load(Ordering::Relaxed), 0);
         assert_eq!(stats.upstream_cx_active().value(), 1);
     }
