@@ -9,7 +9,7 @@
 //! additional address), a listener and a
 //! cluster warming past their initial fetch timeouts, a second EDS cluster, a change to one of
 //! the two assignments: SotW sends that one alone, a listener gaining and losing an additional
-//! address); after each step both clients must have
+//! address, an endpoint reached at its additional address); after each step both clients must have
 //! answered the version for every type pushed, and the test compares per type ACK vs NACK
 //! (and which resources a NACK names), the answers to the same requests (status, which
 //! upstream, body), the resource names of the dynamic `/config_dump` sections, how listener
@@ -94,6 +94,17 @@ fn assignment(name: &str, port: u16) -> String {
     format!(
         "{{\"@type\": {EDS}, cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: \
          {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}"
+    )
+}
+
+/// The endpoints of EDS service `name`: one at 127.0.0.1:`port` with the additional address
+/// 127.0.0.1:`additional`.
+fn dual_assignment(name: &str, port: u16, additional: u16) -> String {
+    format!(
+        "{{\"@type\": {EDS}, cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: \
+         {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
+         additional_addresses: [{{address: {{socket_address: {{address: 127.0.0.1, \
+         port_value: {additional}}}}}}}]}}}}]}}]}}"
     )
 }
 
@@ -713,6 +724,24 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             ],
             pushed: &[LDS],
             requests: &[("main", "/svc"), ("main", "/")],
+            known: &[],
+            unsettled: &[],
+        },
+        Step {
+            // Connections race the endpoint's addresses: the refused one loses to a.
+            what: "an EDS endpoint whose address refuses and whose additional address answers",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                dual_assignment("svc", free_port(), a),
+                assignment("svc2", b),
+                main(),
+                waiting(),
+                routes("v5", "svc"),
+            ],
+            pushed: &[EDS],
+            requests: &[("main", "/svc"), ("main", "/svc")],
             known: &[],
             unsettled: &[],
         },

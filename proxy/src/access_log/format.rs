@@ -335,7 +335,7 @@ impl Op {
             Op::UpstreamHost => addr(rec.upstream_host, Part::Full),
             Op::UpstreamCluster => text(rec.upstream_cluster.as_deref()),
             Op::UpstreamLocal(p) => addr(rec.upstream_local, *p),
-            Op::UpstreamRemote(p) => addr(rec.upstream_host, *p),
+            Op::UpstreamRemote(p) => addr(rec.upstream_remote.or(rec.upstream_host), *p),
             Op::UpstreamTransportFailureReason => text(
                 rec.upstream_transport_failure
                     .as_deref()

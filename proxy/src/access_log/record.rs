@@ -19,8 +19,14 @@ pub struct AttemptTarget {
     cluster: std::sync::OnceLock<Arc<str>>,
 }
 
-/// What [`AttemptTarget`] notes of an attempt.
-type Attempt = (SocketAddr, Option<SocketAddr>, Option<Arc<UpstreamSans>>);
+/// What [`AttemptTarget`] notes of an attempt: the host, the address its connection reached,
+/// the connection's local address and TLS identities.
+type Attempt = (
+    SocketAddr,
+    SocketAddr,
+    Option<SocketAddr>,
+    Option<Arc<UpstreamSans>>,
+);
 
 /// The first URI SANs of an upstream TLS connection's two certificates (empty when a
 /// certificate has none).
@@ -33,14 +39,17 @@ pub struct UpstreamSans {
 }
 
 impl AttemptTarget {
-    /// Notes an attempt to `host` on a connection from `local` (with `sans` over TLS).
+    /// Notes an attempt to `host` on a connection from `local` to `remote` (the host's
+    /// address, or one of its additional addresses), with `sans` over TLS.
     pub fn note(
         &self,
         host: SocketAddr,
+        remote: SocketAddr,
         local: Option<SocketAddr>,
         sans: Option<&Arc<UpstreamSans>>,
     ) {
-        *self.attempt.lock().expect("attempt target lock") = Some((host, local, sans.cloned()));
+        *self.attempt.lock().expect("attempt target lock") =
+            Some((host, remote, local, sans.cloned()));
     }
 
     /// Notes the cluster the router picked for the request (the first noted stays).
@@ -53,16 +62,17 @@ impl AttemptTarget {
         self.cluster.get().map(|c| &**c)
     }
 
-    /// The latest attempt's host and local address.
-    pub fn get(&self) -> Option<(SocketAddr, Option<SocketAddr>)> {
+    /// The latest attempt's host, the address its connection reached, and its local address.
+    pub fn get(&self) -> Option<(SocketAddr, SocketAddr, Option<SocketAddr>)> {
         let at = self.attempt.lock().expect("attempt target lock");
-        at.as_ref().map(|(host, local, _)| (*host, *local))
+        at.as_ref()
+            .map(|(host, remote, local, _)| (*host, *remote, *local))
     }
 
     /// The latest attempt's TLS identities (`None` before one, or in plaintext).
     pub fn sans(&self) -> Option<Arc<UpstreamSans>> {
         let at = self.attempt.lock().expect("attempt target lock");
-        at.as_ref().and_then(|(_, _, sans)| sans.clone())
+        at.as_ref().and_then(|(_, _, _, sans)| sans.clone())
     }
 }
 
@@ -366,6 +376,9 @@ pub struct Record {
     pub upstream_host: Option<SocketAddr>,
     /// The local address of the upstream connection.
     pub upstream_local: Option<SocketAddr>,
+    /// The address the upstream connection reached, when not the host's own (a host reached
+    /// at one of its additional addresses).
+    pub upstream_remote: Option<SocketAddr>,
     /// Where the upstream attempts note their host and connection, read by [`Record::settle`]
     /// (so an attempt cut short still shows them).
     pub attempt_target: Option<Arc<AttemptTarget>>,
@@ -386,20 +399,24 @@ pub struct Record {
 }
 
 impl Record {
-    /// Fills in, before the record is written, the upstream host and local address the last
-    /// attempt noted, where nothing else said them: a host already known (a connect failure's)
-    /// keeps its place, and takes the local address only when it is the noted host's. The
+    /// Fills in, before the record is written, the upstream host and the addresses of the
+    /// connection the last attempt noted, where nothing else said them: a host already known (a
+    /// connect failure's) keeps its place, and takes the addresses only when it is the noted
+    /// host's. The
     /// flags, final now, are published to [`Record::flags_out`].
     pub fn settle(&mut self) {
         if let Some(out) = &self.flags_out {
             let _ = out.set(self.flags);
         }
-        let Some((host, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
+        let Some((host, remote, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
             return;
         };
         let shown = *self.upstream_host.get_or_insert(host);
-        if shown == host && self.upstream_local.is_none() {
-            self.upstream_local = local;
+        if shown == host {
+            if self.upstream_local.is_none() {
+                self.upstream_local = local;
+            }
+            self.upstream_remote.get_or_insert(remote);
         }
     }
 
@@ -425,6 +442,7 @@ impl Record {
             route_name: None,
             upstream_cluster: None,
             upstream_host: None,
+            upstream_remote: None,
             upstream_local: None,
             attempt_target: None,
             upstream_transport_failure: None,
@@ -472,7 +490,7 @@ mod tests {
             "127.0.0.19:4000".parse().unwrap(),
         );
         let target = Arc::new(AttemptTarget::default());
-        target.note(a, Some(local), None);
+        target.note(a, a, Some(local), None);
         let mut cut_short = Record::new(Downstream::default());
         cut_short.attempt_target = Some(target.clone());
         cut_short.settle();

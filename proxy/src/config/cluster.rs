@@ -19,6 +19,10 @@ use super::ConfigError;
 use super::Context;
 use super::upstream_transport::UpstreamTransport;
 
+pub mod addresses;
+
+pub use addresses::{HappyEyeballs, SourceAddresses};
+
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 
@@ -62,8 +66,11 @@ pub struct ClusterConfig {
     /// `upstream_http_protocol_options` `auto_sni` / `auto_san_validation`: the server name of
     /// each TLS connection comes from the request it is made for.
     pub auto_sni: Option<AutoSni>,
-    /// `upstream_bind_config.source_address`.
-    pub source_address: Option<SocketAddr>,
+    /// `upstream_bind_config`'s source addresses.
+    pub source: SourceAddresses,
+    /// The order an endpoint's addresses are tried in
+    /// (`upstream_connection_options.happy_eyeballs_config`).
+    pub happy_eyeballs: HappyEyeballs,
     /// Circuit breaker thresholds: `[default, high]` priority.
     pub circuit_breakers: [Thresholds; 2],
     /// `common_lb_config.healthy_panic_threshold` in percent (default 50).
@@ -196,6 +203,9 @@ impl HealthStatus {
 pub struct EndpointConfig {
     /// Address (IP or name).
     pub address: EndpointAddress,
+    /// `endpoint.additional_addresses` (IP endpoints of STATIC and EDS clusters; empty
+    /// otherwise): connections race `address` and these (Happy Eyeballs).
+    pub additional: Box<[SocketAddr]>,
     /// `load_balancing_weight` (default 1).
     pub weight: u32,
     /// The locality's `priority`.
@@ -357,19 +367,22 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
         ),
         (
             c.upstream_bind_config.as_ref().is_some_and(|b| {
-                !b.extra_source_addresses.is_empty()
-                    || !b.additional_source_addresses.is_empty()
-                    || b.freebind.is_some_and(|f| f.value)
+                b.freebind.is_some_and(|f| f.value)
                     || !b.socket_options.is_empty()
+                    || b.extra_source_addresses
+                        .iter()
+                        .any(|e| e.socket_options.is_some())
                     || b.local_address_selector.is_some()
             }),
             "upstream_bind_config",
-            "only its source_address is applied by revoy (to hosts of its IP family); extra_source_addresses, additional_source_addresses, freebind, socket_options and local_address_selector are not, so a connection to a host of the other family leaves from the address the system picks",
+            "only its source addresses (source_address, extra_source_addresses, additional_source_addresses) are applied by revoy; freebind, socket_options and local_address_selector are not",
         ),
         (
-            c.upstream_connection_options.is_some(),
+            c.upstream_connection_options.as_ref().is_some_and(|o| {
+                o.tcp_keepalive.is_some() || o.set_local_interface_name_on_upstream_connections
+            }),
             "upstream_connection_options",
-            "upstream socket options (TCP keep-alive) are not set by revoy",
+            "upstream socket options (TCP keep-alive, the local interface name) are not set by revoy; only happy_eyeballs_config is applied",
         ),
         (
             c.upstream_config.is_some(),
@@ -419,6 +432,21 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
         warnings.skipped(format!("{path}.{field}"), *what);
+    }
+    if discovery(c).is_ok_and(|d| d.uses_dns()) {
+        let lles = c.load_assignment.iter().flat_map(|la| la.endpoints.iter());
+        for (i, lle) in lles.enumerate() {
+            for (j, lbe) in lle.lb_endpoints.iter().enumerate() {
+                if let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &lbe.host_identifier
+                    && !ep.additional_addresses.is_empty()
+                {
+                    warnings.skipped(
+                        format!("{path}.load_assignment.endpoints[{i}].lb_endpoints[{j}].endpoint.additional_addresses"),
+                        "a DNS cluster connects to the addresses its names resolve to: as in Envoy, additional_addresses are not used",
+                    );
+                }
+            }
+        }
     }
     let sockets = c
         .transport_socket
@@ -528,16 +556,8 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         _ => DnsLookupFamily::Auto,
     };
     let http = http_options(c)?;
-    let source_address = match c
-        .upstream_bind_config
-        .as_ref()
-        .and_then(|b| b.source_address.as_ref())
-    {
-        Some(sa) => {
-            Some(socket_address(sa).map_err(|e| e.within("upstream_bind_config.source_address"))?)
-        }
-        None => None,
-    };
+    let source = SourceAddresses::compile(c)?;
+    let happy_eyeballs = HappyEyeballs::compile(c)?;
     let panic_threshold = c
         .common_lb_config
         .as_ref()
@@ -563,7 +583,8 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         max_requests_per_connection: http.max_requests_per_connection,
         http1_trailers: http.http1_trailers,
         auto_sni: http.auto_sni,
-        source_address,
+        source,
+        happy_eyeballs,
         circuit_breakers: circuit_breakers(c),
         panic_threshold,
         added_via_api: false,
@@ -766,8 +787,14 @@ fn endpoints(
                     continue;
                 }
             };
+            let additional = match &address {
+                EndpointAddress::Ip(_) => addresses::additional_addresses(ep)
+                    .map_err(|e| e.within(&format!("{path}.endpoint")))?,
+                EndpointAddress::Dns { .. } => Box::default(),
+            };
             out.push(EndpointConfig {
                 address,
+                additional,
                 weight,
                 priority: lle.priority,
                 locality: locality.clone(),
@@ -1081,14 +1108,119 @@ load_assignment:
     }
 
     #[test]
-    fn an_upstream_bind_configs_extra_source_addresses_are_named_as_skipped() {
-        let c = cluster(
-            "name: c\nupstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}, extra_source_addresses: [{address: {address: '::6', port_value: 0}}]}\n",
+    fn extra_source_addresses_apply_and_only_what_is_not_is_named_as_skipped() {
+        let yaml = "name: c\nupstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}, extra_source_addresses: [{address: {address: '::6', port_value: 0}}]}\nupstream_connection_options: {happy_eyeballs_config: {first_address_family_version: V6, first_address_family_count: 2}}\n";
+        let mut warnings = crate::config::Warnings::new();
+        skipped_features(&cluster(yaml), "clusters[0]", &mut warnings);
+        assert_eq!(warnings.iter().count(), 0);
+        let c = compile(yaml).unwrap();
+        assert_eq!(c.source.first, Some("127.0.0.6:0".parse().unwrap()));
+        assert_eq!(c.source.other, Some("[::6]:0".parse().unwrap()));
+        assert_eq!(
+            c.happy_eyeballs,
+            HappyEyeballs {
+                first_family: addresses::FirstFamily::V6,
+                first_count: 2
+            }
+        );
+        let freebind = cluster(
+            "name: c\nupstream_bind_config: {source_address: {address: 127.0.0.6, port_value: 0}, freebind: true}\nupstream_connection_options: {tcp_keepalive: {}}\n",
         );
         let mut warnings = crate::config::Warnings::new();
-        skipped_features(&c, "clusters[0]", &mut warnings);
+        skipped_features(&freebind, "clusters[0]", &mut warnings);
         let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(paths, ["clusters[0].upstream_bind_config"]);
+        assert_eq!(
+            paths,
+            [
+                "clusters[0].upstream_bind_config",
+                "clusters[0].upstream_connection_options"
+            ]
+        );
+    }
+
+    #[test]
+    fn bind_configs_envoy_refuses_are_refused_with_its_words() {
+        let bind = |b: &str| compile(&format!("name: c\nupstream_bind_config: {b}\n")).unwrap_err();
+        let two_v4 = bind(
+            "{source_address: {address: 127.0.0.6, port_value: 0}, extra_source_addresses: [{address: {address: 127.0.0.7, port_value: 0}}]}",
+        );
+        assert_eq!(
+            two_v4.path,
+            "upstream_bind_config.extra_source_addresses[0].address"
+        );
+        assert!(
+            two_v4.message.starts_with(
+                "Cluster c's upstream binding config has two same IP version source addresses."
+            ),
+            "{two_v4}"
+        );
+        let no_source =
+            bind("{extra_source_addresses: [{address: {address: '::6', port_value: 0}}]}");
+        assert!(
+            no_source.message.contains("but no source_address"),
+            "{no_source}"
+        );
+        let both = bind(
+            "{source_address: {address: 127.0.0.6, port_value: 0}, extra_source_addresses: [{address: {address: '::6', port_value: 0}}], additional_source_addresses: [{address: '::7', port_value: 0}]}",
+        );
+        assert!(both.message.starts_with("Can't specify both"), "{both}");
+        let two = bind(
+            "{source_address: {address: 127.0.0.6, port_value: 0}, additional_source_addresses: [{address: '::6', port_value: 0}, {address: '::7', port_value: 0}]}",
+        );
+        assert!(
+            two.message.contains("more than one extra/additional"),
+            "{two}"
+        );
+    }
+
+    #[test]
+    fn additional_addresses_are_ips_of_static_endpoints_and_ignored_for_dns() {
+        let endpoint = |ty: &str, host: &str, extra: &str| {
+            format!(
+                "name: c\ntype: {ty}\nload_assignment: {{endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {host}, port_value: 80}}}}, additional_addresses: [{{address: {extra}}}]}}}}]}}]}}\n"
+            )
+        };
+        let c = compile(&endpoint(
+            "STATIC",
+            "127.0.0.1",
+            "{socket_address: {address: '::1', port_value: 81}}",
+        ))
+        .unwrap();
+        assert_eq!(&*c.endpoints[0].additional, ["[::1]:81".parse().unwrap()]);
+        let e = compile(&endpoint(
+            "STATIC",
+            "127.0.0.1",
+            "{socket_address: {address: localhost, port_value: 81}}",
+        ))
+        .unwrap_err();
+        assert_eq!(
+            e.path,
+            "load_assignment.endpoints[0].lb_endpoints[0].endpoint.additional_addresses[0].address.socket_address.address"
+        );
+        assert!(
+            e.message.starts_with("malformed IP address: localhost."),
+            "{e}"
+        );
+        let pipe = compile(&endpoint("STATIC", "127.0.0.1", "{pipe: {path: /tmp/p}}")).unwrap_err();
+        assert!(
+            pipe.path.ends_with("additional_addresses[0].address"),
+            "{pipe}"
+        );
+        let dns = endpoint(
+            "STRICT_DNS",
+            "backend",
+            "{socket_address: {address: '::1', port_value: 81}}",
+        );
+        assert!(compile(&dns).unwrap().endpoints[0].additional.is_empty());
+        let mut warnings = crate::config::Warnings::new();
+        skipped_features(&cluster(&dns), "clusters[0]", &mut warnings);
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "clusters[0].load_assignment.endpoints[0].lb_endpoints[0].endpoint.additional_addresses"
+            ]
+        );
     }
 
     #[test]
@@ -1283,7 +1415,8 @@ circuit_breakers:
                 port_override: None
             }
         );
-        assert_eq!(c.source_address, Some("127.0.0.6:0".parse().unwrap()));
+        assert_eq!(c.source.first, Some("127.0.0.6:0".parse().unwrap()));
+        assert_eq!(c.source.other, None);
         assert_eq!(c.circuit_breakers[0].max_connections, 10);
         assert_eq!(c.circuit_breakers[0].max_requests, 20);
         assert_eq!(c.circuit_breakers[0].max_pending_requests, 1024);

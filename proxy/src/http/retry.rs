@@ -102,6 +102,7 @@ impl Failure {
             UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some(Failure::Overflow),
             UpstreamError::ConnectFailure { .. }
+            | UpstreamError::BindFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
             | UpstreamError::TlsFailure { .. }
             | UpstreamError::TransportRefused { .. } => Some(Failure::Connect),

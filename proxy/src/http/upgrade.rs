@@ -35,7 +35,12 @@ pub async fn forward(
     let connect = req.method() == http::Method::CONNECT;
     let conn = cluster.connect(lb).await?;
     if let Some(t) = &lb.target {
-        t.note(conn.addr, conn.active.local(), conn.active.sans());
+        t.note(
+            conn.addr,
+            conn.active.remote(),
+            conn.active.local(),
+            conn.active.sans(),
+        );
     }
     let active = conn.active;
     let host = conn.addr;

@@ -423,6 +423,7 @@ impl TcpProxy {
                 Ok(u) => {
                     if let Some(r) = rec {
                         r.upstream_host = Some(u.addr);
+                        r.upstream_remote = Some(u.active.remote());
                         r.upstream_local = u.active.local();
                         r.attempts = attempts;
                     }

@@ -207,8 +207,8 @@ impl Cluster {
         let hosts = endpoints
             .iter()
             .filter_map(|e| match &e.address {
-                EndpointAddress::Ip(addr) => Some(
-                    Host::new(
+                EndpointAddress::Ip(addr) => {
+                    let host = Host::new(
                         *addr,
                         e.hostname.clone(),
                         e.weight,
@@ -216,8 +216,16 @@ impl Cluster {
                         e.locality.clone(),
                         e.health,
                     )
-                    .with_transport(self.transport(e.socket)),
-                ),
+                    .with_transport(self.transport(e.socket));
+                    Some(if e.additional.is_empty() {
+                        host
+                    } else {
+                        let all: Vec<SocketAddr> = std::iter::once(*addr)
+                            .chain(e.additional.iter().copied())
+                            .collect();
+                        host.with_addresses(self.config.happy_eyeballs.order(&all).into())
+                    })
+                }
                 EndpointAddress::Dns { .. } => None,
             })
             .collect();
@@ -273,7 +281,7 @@ impl Cluster {
             target,
             carries,
             timeout: self.config.connect_timeout,
-            source: self.config.source_address,
+            source: &self.config.source,
             idle_timeout: self.config.idle_timeout,
             max_requests: self.config.max_requests_per_connection,
             http1_trailers: self.config.http1_trailers,
@@ -448,6 +456,7 @@ impl Cluster {
             }
             Err(
                 UpstreamError::ConnectFailure { .. }
+                | UpstreamError::BindFailure { .. }
                 | UpstreamError::ConnectTimeout { .. }
                 | UpstreamError::TlsFailure { .. }
                 | UpstreamError::TransportRefused { .. },

@@ -19,6 +19,17 @@ pub enum UpstreamError {
         /// The socket error.
         source: std::io::Error,
     },
+    /// The socket could not be bound to the cluster's source address (one of another IP
+    /// version than the host's, say): a local connection failure.
+    #[error("connect to {host} failed: cannot bind to {source_address}: {source}")]
+    BindFailure {
+        /// The host tried.
+        host: SocketAddr,
+        /// The source address.
+        source_address: SocketAddr,
+        /// The socket error.
+        source: std::io::Error,
+    },
     /// No connection was attempted: the host's transport socket is one revoy does not
     /// implement (upstream TLS), and it is never replaced by plaintext.
     #[error("connection to {host} refused: {reason}")]
@@ -112,7 +123,9 @@ impl UpstreamError {
                 Some("remote connection failure")
             }
             UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
-            UpstreamError::TransportRefused { .. } => Some("local connection failure"),
+            UpstreamError::TransportRefused { .. } | UpstreamError::BindFailure { .. } => {
+                Some("local connection failure")
+            }
             UpstreamError::Reset { reason, .. } => Some(reason.as_str()),
         }
     }
@@ -144,6 +157,7 @@ impl UpstreamError {
             UpstreamError::RequestBody { .. } => "DPE",
             UpstreamError::Overflow => "UO",
             UpstreamError::ConnectFailure { .. }
+            | UpstreamError::BindFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
             | UpstreamError::TlsFailure { .. }
             | UpstreamError::TransportRefused { .. } => "UF",
@@ -161,12 +175,16 @@ impl UpstreamError {
     pub fn transport_failure_reason(&self) -> Option<String> {
         match self {
             UpstreamError::ConnectFailure { source, .. } => {
-                let text = source.to_string();
-                let text = text
-                    .split_once(" (os error")
-                    .map_or(text.as_str(), |(t, _)| t);
-                Some(format!("delayed connect error: {text}"))
+                Some(format!("delayed connect error: {}", os_error_text(source)))
             }
+            UpstreamError::BindFailure {
+                source_address,
+                source,
+                ..
+            } => Some(format!(
+                "failed to bind to {source_address}: {}",
+                os_error_text(source)
+            )),
             UpstreamError::TlsFailure { reason, .. } => Some(reason.clone()),
             UpstreamError::TransportRefused { reason, .. } => Some(reason.to_string()),
             _ => None,
@@ -177,6 +195,7 @@ impl UpstreamError {
     pub fn host(&self) -> Option<SocketAddr> {
         match self {
             UpstreamError::ConnectFailure { host, .. }
+            | UpstreamError::BindFailure { host, .. }
             | UpstreamError::TlsFailure { host, .. }
             | UpstreamError::ConnectTimeout { host }
             | UpstreamError::TransportRefused { host, .. }
@@ -222,6 +241,15 @@ impl UpstreamError {
             reason,
             detail: e.to_string(),
         }
+    }
+}
+
+/// A socket error's text without Rust's ` (os error N)` suffix, as Envoy words it.
+fn os_error_text(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match text.split_once(" (os error") {
+        Some((t, _)) => t.to_owned(),
+        None => text,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Hosts (one upstream address each) with their counters and connection pool.
+//! Hosts (one upstream endpoint each, at one address or several) with their counters and connection pool.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -85,8 +85,12 @@ impl HostTransport {
 /// One upstream address of a cluster.
 #[derive(Debug)]
 pub struct Host {
-    /// Where to connect.
+    /// Where to connect: the endpoint's `address`, which names the host (in `/clusters`,
+    /// stats and `%UPSTREAM_HOST%`).
     pub addr: SocketAddr,
+    /// Every address of an endpoint with `additional_addresses`, in the order Happy Eyeballs
+    /// tries them; empty (no allocation) for an endpoint with `addr` alone.
+    pub addresses: Box<[SocketAddr]>,
     /// The DNS name it was resolved from (empty for IP endpoints).
     pub hostname: String,
     /// Load balancing weight.
@@ -127,6 +131,7 @@ impl Host {
     ) -> Self {
         Host {
             addr,
+            addresses: Box::default(),
             hostname,
             weight,
             priority,
@@ -165,6 +170,7 @@ impl Host {
         }
         let twin = Arc::new(Host {
             addr: self.addr,
+            addresses: self.addresses.clone(),
             hostname: self.hostname.clone(),
             weight: self.weight,
             priority: self.priority,
@@ -190,6 +196,12 @@ impl Host {
         self
     }
 
+    /// The same host, reached at `addresses` (all of them, in the order they are tried).
+    pub fn with_addresses(mut self, addresses: Box<[SocketAddr]>) -> Self {
+        self.addresses = addresses;
+        self
+    }
+
     /// Whether the host takes traffic outside panic mode.
     pub fn is_healthy(&self) -> bool {
         matches!(self.health, HealthStatus::Healthy | HealthStatus::Degraded)
@@ -198,6 +210,7 @@ impl Host {
     /// Whether `other` has the same identity (so this host's pool and stats can stand for it).
     pub(crate) fn same_identity(&self, other: &Host) -> bool {
         self.addr == other.addr
+            && self.addresses == other.addresses
             && self.hostname == other.hostname
             && self.weight == other.weight
             && self.priority == other.priority

@@ -1,4 +1,5 @@
-//! Connections to one host: TCP connect (timeout, source address), a pool of idle HTTP/1.1
+//! Connections to one host: TCP connect (timeout, source address, Happy Eyeballs across an
+//! endpoint's addresses), a pool of idle HTTP/1.1
 //! connections and one multiplexed HTTP/2 connection. Each host has its own pool, so requests to
 //! different hosts never contend; the critical sections only push or pop a sender.
 //!
@@ -10,6 +11,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
@@ -23,6 +25,7 @@ use tokio::net::{TcpSocket, TcpStream};
 
 use crate::access_log::{AttemptTarget, UpstreamSans};
 use crate::body::Body;
+use crate::config::cluster::SourceAddresses;
 use crate::config::istio::alpn::AlpnList;
 
 use super::error::{ResetReason, UpstreamError};
@@ -37,7 +40,8 @@ use crate::tls::{Carries, ClientContext};
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ConnectOptions<'a> {
     pub timeout: Duration,
-    pub source: Option<SocketAddr>,
+    /// The cluster's source addresses (`upstream_bind_config`).
+    pub source: &'a SourceAddresses,
     pub idle_timeout: Option<Duration>,
     pub max_requests: Option<u32>,
     /// Forward an HTTP/1.1 response's trailers (`enable_trailers`).
@@ -65,6 +69,9 @@ pub struct ActiveConnection {
     requests: Requests,
     /// The socket's local address (`%UPSTREAM_LOCAL_ADDRESS%`), read once when it connected.
     local: Option<SocketAddr>,
+    /// The address it is connected to (`%UPSTREAM_REMOTE_ADDRESS%`): the host's, or one of its
+    /// additional addresses.
+    remote: SocketAddr,
     /// Over TLS, the two certificates' identities, read once when it connected.
     sans: Option<Arc<UpstreamSans>>,
 }
@@ -81,6 +88,11 @@ impl ActiveConnection {
     /// The connection's local address.
     pub fn local(&self) -> Option<SocketAddr> {
         self.local
+    }
+
+    /// The address the connection reached.
+    pub fn remote(&self) -> SocketAddr {
+        self.remote
     }
 
     /// Over TLS, the identities of the upstream's certificate and this side's.
@@ -185,6 +197,7 @@ struct H2Connection {
     sender: http2::SendRequest<Body>,
     requests: Arc<std::sync::atomic::AtomicU32>,
     local: Option<SocketAddr>,
+    remote: SocketAddr,
     sans: Option<Arc<UpstreamSans>>,
 }
 
@@ -247,69 +260,43 @@ impl Pool {
 pub struct UpstreamHost(pub SocketAddr);
 
 /// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
-/// charging connection stats.
+/// charging connection stats. A host with several addresses is connected to as Envoy's Happy
+/// Eyeballs does (see [`race`]); `connect_timeout` covers the whole of it.
 pub(crate) async fn connect(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
 ) -> Result<(UpstreamIo, ActiveConnection), UpstreamError> {
-    let addr = host.addr;
     if let HostTransport::Refused(reason) = &host.transport {
         host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
         opts.stats.upstream_cx_connect_fail().inc();
         opts.stats.fail_closed();
         return Err(UpstreamError::TransportRefused {
-            host: addr,
+            host: host.addr,
             reason: reason.clone(),
         });
     }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_total().inc();
     let started = std::time::Instant::now();
-    let fail = |e: UpstreamError| {
-        host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
-        opts.stats.upstream_cx_connect_fail().inc();
-        e
-    };
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()
-    } else {
-        TcpSocket::new_v6()
-    }
-    .map_err(|source| fail(UpstreamError::ConnectFailure { host: addr, source }))?;
-    if let Some(src) = opts.source.filter(|s| s.is_ipv4() == addr.is_ipv4()) {
-        socket
-            .bind(src)
-            .map_err(|source| fail(UpstreamError::ConnectFailure { host: addr, source }))?;
-    }
     // `connect_timeout` covers the TCP connect and the TLS handshake together, as in Envoy,
     // whose connection counts as connected once its transport socket is.
     let deadline = tokio::time::Instant::now() + opts.timeout;
-    let timed_out = || {
-        opts.stats.upstream_cx_connect_timeout().inc();
-        fail(UpstreamError::ConnectTimeout { host: addr })
+    let connected = if host.addresses.is_empty() {
+        attempt(host, opts, host.addr, deadline).await
+    } else {
+        // Boxed: rare, and its state would otherwise enlarge every connect.
+        Box::pin(race(host, opts, deadline)).await
     };
-    let stream = match tokio::time::timeout_at(deadline, socket.connect(addr)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(source)) => return Err(fail(UpstreamError::ConnectFailure { host: addr, source })),
-        Err(_) => return Err(timed_out()),
-    };
-    let _ = stream.set_nodelay(true);
-    let local = stream.local_addr().ok();
-    let stream = match &host.transport {
-        HostTransport::Tls(tls) => {
-            let name = host.server_name.as_deref().cloned();
-            match tokio::time::timeout_at(
-                deadline,
-                handshake(tls, opts.carries, host.alpn.as_ref(), stream, addr, name),
-            )
-            .await
-            {
-                Ok(Ok(s)) => UpstreamIo::Tls(Box::new(s)),
-                Ok(Err(e)) => return Err(fail(e)),
-                Err(_) => return Err(timed_out()),
+    let (stream, local, remote) = match connected {
+        Ok(c) => c,
+        Err(e) => {
+            if let UpstreamError::ConnectTimeout { .. } = e {
+                opts.stats.upstream_cx_connect_timeout().inc();
             }
+            host.stats.cx_connect_fail.fetch_add(1, Ordering::Relaxed);
+            opts.stats.upstream_cx_connect_fail().inc();
+            return Err(e);
         }
-        _ => UpstreamIo::Plain(stream),
     };
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_active().inc();
@@ -322,6 +309,7 @@ pub(crate) async fn connect(
         opened,
         requests: Requests::Own(0),
         local,
+        remote,
         sans: None,
     };
     if let UpstreamIo::Tls(_) = &stream {
@@ -331,6 +319,136 @@ pub(crate) async fn connect(
         }));
     }
     Ok((stream, active))
+}
+
+/// How long Happy Eyeballs waits for an attempt before starting the next (Envoy's 300 ms).
+const NEXT_ATTEMPT_DELAY: Duration = Duration::from_millis(300);
+
+/// A connected socket, its local address and the address it reached.
+type Connected = (UpstreamIo, Option<SocketAddr>, SocketAddr);
+
+/// Connects to a host with several addresses as Envoy's Happy Eyeballs: one attempt per
+/// address in [`Host::addresses`] order, the next starting 300 ms after the last began, or at
+/// once when an attempt fails; the first connected (TLS included) wins and the others are
+/// closed. Every attempt after the first counts in `cx_total` as in Envoy. When all fail, the
+/// last failure is the connection's.
+async fn race(
+    host: &Arc<Host>,
+    opts: ConnectOptions<'_>,
+    deadline: tokio::time::Instant,
+) -> Result<Connected, UpstreamError> {
+    let addresses = &host.addresses;
+    let start = |addr| Box::pin(attempt(host, opts, addr, deadline));
+    let mut running = Vec::with_capacity(addresses.len());
+    running.push(start(addresses[0]));
+    let mut next = 1;
+    let timer = tokio::time::sleep(NEXT_ATTEMPT_DELAY);
+    tokio::pin!(timer);
+    let mut last_error = None;
+    std::future::poll_fn(|cx| {
+        'poll: loop {
+            if next < addresses.len() && timer.as_mut().poll(cx).is_ready() {
+                host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
+                opts.stats.upstream_cx_total().inc();
+                running.push(start(addresses[next]));
+                next += 1;
+                timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + NEXT_ATTEMPT_DELAY);
+            }
+            let mut i = 0;
+            while i < running.len() {
+                match running[i].as_mut().poll(cx) {
+                    Poll::Pending => i += 1,
+                    Poll::Ready(Ok(connected)) => return Poll::Ready(Ok(connected)),
+                    Poll::Ready(Err(e)) => {
+                        drop(running.remove(i));
+                        last_error = Some(e);
+                        if next < addresses.len() {
+                            host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
+                            opts.stats.upstream_cx_total().inc();
+                            running.push(start(addresses[next]));
+                            next += 1;
+                            timer
+                                .as_mut()
+                                .reset(tokio::time::Instant::now() + NEXT_ATTEMPT_DELAY);
+                            // Polls the new attempt and the re-armed timer.
+                            continue 'poll;
+                        }
+                    }
+                }
+            }
+            return match last_error.take() {
+                Some(e) if running.is_empty() => Poll::Ready(Err(e)),
+                kept => {
+                    last_error = kept;
+                    Poll::Pending
+                }
+            };
+        }
+    })
+    .await
+}
+
+/// One connection attempt to `addr`, one of `host`'s addresses: TCP from the cluster's source
+/// address for its IP version, then TLS when the host's transport asks for it, by `deadline`.
+/// Failures name the host by its own address.
+async fn attempt(
+    host: &Host,
+    opts: ConnectOptions<'_>,
+    addr: SocketAddr,
+    deadline: tokio::time::Instant,
+) -> Result<Connected, UpstreamError> {
+    let name = host.addr;
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(|source| UpstreamError::ConnectFailure { host: name, source })?;
+    if let Some(src) = opts.source.for_host(addr) {
+        socket
+            .bind(src)
+            .map_err(|source| UpstreamError::BindFailure {
+                host: name,
+                source_address: src,
+                source,
+            })?;
+    }
+    let stream = match tokio::time::timeout_at(deadline, socket.connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(source)) => return Err(UpstreamError::ConnectFailure { host: name, source }),
+        Err(_) => return Err(UpstreamError::ConnectTimeout { host: name }),
+    };
+    let _ = stream.set_nodelay(true);
+    let local = stream.local_addr().ok();
+    let stream = match &host.transport {
+        HostTransport::Tls(tls) => {
+            let server_name = host.server_name.as_deref().cloned();
+            match tokio::time::timeout_at(
+                deadline,
+                handshake(
+                    tls,
+                    opts.carries,
+                    host.alpn.as_ref(),
+                    stream,
+                    addr,
+                    server_name,
+                ),
+            )
+            .await
+            {
+                Ok(Ok(s)) => UpstreamIo::Tls(Box::new(s)),
+                Ok(Err(UpstreamError::TlsFailure { reason, .. })) => {
+                    return Err(UpstreamError::TlsFailure { host: name, reason });
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(UpstreamError::ConnectTimeout { host: name }),
+            }
+        }
+        _ => UpstreamIo::Plain(stream),
+    };
+    Ok((stream, local, addr))
 }
 
 /// The TLS handshake on a connected socket, under `server_name` (else the context's) and
@@ -380,7 +498,7 @@ pub(crate) async fn send_h1(
             None => Box::pin(wait_for_h1(host, opts)).await?,
         };
         if let Some(t) = opts.target {
-            t.note(host.addr, conn.local(), conn.sans());
+            t.note(host.addr, conn.remote(), conn.local(), conn.sans());
         }
         let release = h1::Release {
             host: host.clone(),
@@ -514,10 +632,10 @@ pub(crate) async fn send_h2(
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
     loop {
-        let (mut sender, requests, (local, sans), fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, (local, remote, sans), fresh) = h2_sender(host, opts).await?;
         fresh_tried |= fresh;
         if let Some(t) = opts.target {
-            t.note(host.addr, local, sans.as_ref());
+            t.note(host.addr, remote, local, sans.as_ref());
         }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
@@ -552,7 +670,7 @@ pub(crate) async fn send_h2(
 type H2Sender = (
     http2::SendRequest<Body>,
     Arc<std::sync::atomic::AtomicU32>,
-    (Option<SocketAddr>, Option<Arc<UpstreamSans>>),
+    (Option<SocketAddr>, SocketAddr, Option<Arc<UpstreamSans>>),
     bool,
 );
 
@@ -566,7 +684,7 @@ async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sende
                 (
                     c.sender.clone(),
                     c.requests.clone(),
-                    (c.local, c.sans.clone()),
+                    (c.local, c.remote, c.sans.clone()),
                     false,
                 )
             })
@@ -590,7 +708,7 @@ async fn open_h2(
         return Ok(s);
     }
     let (stream, active) = connect(host, opts).await?;
-    let at = (active.local(), active.sans().cloned());
+    let at = (active.local(), active.remote(), active.sans().cloned());
     let (sender, requests) = start_h2(host, opts, stream, active).await?;
     Ok((sender, requests, at, true))
 }
@@ -611,6 +729,7 @@ async fn start_h2(
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;
     let local = active.local();
+    let remote = active.remote();
     let sans = active.sans().cloned();
     tokio::spawn(async move {
         let _ = conn.await;
@@ -620,6 +739,7 @@ async fn start_h2(
         sender: sender.clone(),
         requests: requests.clone(),
         local,
+        remote,
         sans,
     })));
     Ok((sender, requests))
@@ -755,7 +875,7 @@ mod tests {
     ) {
         let opts = ConnectOptions {
             timeout: Duration::from_secs(5),
-            source: None,
+            source: &SourceAddresses::NONE,
             idle_timeout: None,
             max_requests: None,
             http1_trailers: false,
@@ -833,6 +953,33 @@ mod tests {
         assert_eq!(host.pool().idle_http1(), 1, "the first thread's was closed");
         assert_eq!(stats.upstream_cx_active().value(), 1);
         assert_eq!(stats.upstream_cx_overflow().value(), 0);
+    }
+
+    #[test]
+    fn a_host_whose_first_address_refuses_is_reached_at_the_next() {
+        let (live, accepted) = keep_alive_upstream();
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let closed = refused.local_addr().unwrap();
+        drop(refused);
+        let host = Arc::new(
+            Host::new(
+                closed,
+                String::new(),
+                1,
+                0,
+                Arc::default(),
+                crate::config::cluster::HealthStatus::Healthy,
+            )
+            .with_addresses(vec![closed, live].into()),
+        );
+        let stats = Arc::new(ClusterStats::new(&crate::stats::Store::new(), "web"));
+        get(&runtime(), &host, &stats, 1024);
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        // Two attempts, one connection, no failure: as Envoy counts a Happy Eyeballs connect.
+        assert_eq!(host.stats.cx_total.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.upstream_cx_total().value(), 2);
+        assert_eq!(host.stats.cx_connect_fail.load(Ordering::Relaxed), 0);
+        assert_eq!(stats.upstream_cx_active().value(), 1);
     }
 
     #[test]

@@ -120,11 +120,21 @@ impl Netns {
     /// with 200 and the address it was reached at (its local address) as the body. It runs
     /// until the test process exits.
     pub fn upstream(&self, addr: &str) {
+        self.serve(addr, false);
+    }
+
+    /// Like [`Netns::upstream`], but the body also names the IP address the connection came
+    /// from: `<local address> from <peer IP>`.
+    pub fn upstream_showing_peer(&self, addr: &str) {
+        self.serve(addr, true);
+    }
+
+    fn serve(&self, addr: &str, show_peer: bool) {
         let addr: SocketAddr = addr.parse().expect("upstream address");
         let listener = self.enter(move || TcpListener::bind(addr).expect("bind upstream"));
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                std::thread::spawn(move || serve_own_address(conn));
+                std::thread::spawn(move || serve_own_address(conn, show_peer));
             }
         });
     }
@@ -244,8 +254,11 @@ pub fn run(program: &str, args: &[&str]) -> Result<(), String> {
     })
 }
 
-fn serve_own_address(mut conn: TcpStream) {
-    let body = conn.local_addr().map(|a| a.to_string()).unwrap_or_default();
+fn serve_own_address(mut conn: TcpStream, show_peer: bool) {
+    let mut body = conn.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    if show_peer && let Ok(peer) = conn.peer_addr() {
+        body = format!("{body} from {}", peer.ip());
+    }
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {

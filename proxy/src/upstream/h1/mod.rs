@@ -54,6 +54,11 @@ impl Connection {
         self.active.local()
     }
 
+    /// The address the connection reached.
+    pub(crate) fn remote(&self) -> SocketAddr {
+        self.active.remote()
+    }
+
     /// Over TLS, the two certificates' identities.
     pub(crate) fn sans(&self) -> Option<&std::sync::Arc<crate::access_log::UpstreamSans>> {
         self.active.sans()
