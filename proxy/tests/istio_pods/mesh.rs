@@ -5,7 +5,9 @@
 //! sockets are reached by path, from any network namespace). Each pod gets istio-init's
 //! iptables rules, its sidecar (revoy or Envoy) started as uid/gid 1337 in the pod's
 //! directory with pilot-agent's argv and the bootstrap pilot-agent renders, and the echo
-//! application as another uid.
+//! application as another uid. A dual-stack pod (a workload with more addresses) also gets its
+//! IPv6 address, a route to the IPv6 service range, istio-init's `ip6tables` rules and the
+//! `::6` it adds to `lo`, and its application listens on both families.
 //!
 //! Everything made is undone when the [`Cluster`] is dropped, also when a test fails:
 //! processes are killed (by their own PIDs), then the namespaces (with their interfaces and
@@ -19,7 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::config::{self, Mesh, Workload};
-use super::iptables::{self, Capture};
+use super::iptables::{self, Capture, Family};
 use crate::certs::Ca;
 use crate::netns::{self, Netns};
 
@@ -28,6 +30,10 @@ pub const PROXY_UID: u32 = 1337;
 
 /// Services' VIPs are in this range (routed out of `eth0`, never assigned to anyone).
 pub const SERVICE_RANGE: &str = "10.96.0.0/16";
+
+/// Services' IPv6 VIPs are in this range: a unique local one (`fd00::/8`), like the pods'
+/// `fd00:44::/64`, which exist only on the test's bridge.
+pub const SERVICE_RANGE_V6: &str = "fd00:96::/112";
 
 /// Hosts outside the mesh (no sidecar) are in this range, on the same bridge.
 pub const OUTSIDE_RANGE: &str = "10.44.0.128/25";
@@ -176,7 +182,7 @@ pub fn bootstrap(workload: &Workload) -> Value {
     .into();
     b["node"]["cluster"] = format!("{}.{ns}", workload.service_account).into();
     let meta = &mut b["node"]["metadata"];
-    meta["INSTANCE_IPS"] = workload.ip.clone().into();
+    meta["INSTANCE_IPS"] = workload.ips().collect::<Vec<_>>().join(",").into();
     if let (Some(meta), Value::Object(fields)) = (meta.as_object_mut(), workload.node_metadata()) {
         meta.extend(fields);
     }
@@ -212,6 +218,7 @@ pub fn bootstrap(workload: &Workload) -> Value {
 const STATS_INCLUDED: &[&str] = &[
     "listener.10.96.",
     "cluster.PassthroughCluster.",
+    "cluster.InboundPassthroughCluster.",
     "cluster.outbound|80||svc-b.",
     "cluster.inbound|",
     "http.inbound_0.0.0.0_",
@@ -316,14 +323,8 @@ impl Cluster {
         for ip in outside {
             index += 1;
             let ns = Netns::create(&format!("{tag}-x{index}"), &[]);
-            cluster.link(&ns, index, ip);
-            super::app::serve(
-                &ns,
-                "outside",
-                config::HTTP_PORT,
-                config::TCP_PORT,
-                config::FIRST_PORT,
-            );
+            cluster.link(&ns, index, &[ip]);
+            super::app::serve(&ns, "outside", false);
             cluster.outside.push((ns, (*ip).to_owned()));
         }
         let envoy_bin = envoy.map(|e| {
@@ -339,22 +340,41 @@ impl Cluster {
             index += 1;
             let pod = spec.workload.pod;
             let ns = Netns::create(&format!("{tag}-{pod}"), &[]);
-            cluster.link(&ns, index, &spec.workload.ip);
-            netns::run(
-                "ip",
-                &[
-                    "-n",
-                    ns.name(),
-                    "route",
-                    "add",
-                    SERVICE_RANGE,
-                    "dev",
-                    "eth0",
-                ],
-            )
-            .expect("route to the services");
+            let dual = spec.workload.dual_stack();
+            cluster.link(&ns, index, &spec.workload.ips().collect::<Vec<_>>());
+            let mut routes = vec![SERVICE_RANGE];
+            if dual {
+                routes.push(SERVICE_RANGE_V6);
+            }
+            for range in routes {
+                netns::run(
+                    "ip",
+                    &["-n", ns.name(), "route", "add", range, "dev", "eth0"],
+                )
+                .expect("route to the services");
+            }
             let ranges = iptables::ranges_rewrite(SERVICE_RANGE, OUTSIDE_RANGE);
-            iptables::apply(ns.name(), &iptables::rules(spec.capture, &ranges));
+            iptables::apply(
+                ns.name(),
+                Family::V4,
+                &iptables::rules(spec.capture, &ranges),
+            );
+            if dual {
+                assert_eq!(
+                    spec.capture,
+                    Capture::Redirect,
+                    "dual-stack pods have the injector's default capture"
+                );
+                iptables::apply(ns.name(), Family::V6, &iptables::ipv6_rules());
+                // What istio-init adds with IPv6 enabled (`configureIPv6Addresses`): the
+                // source address of the inbound clusters' IPv6 connections, which its rules
+                // exempt.
+                netns::run(
+                    "ip",
+                    &["-n", ns.name(), "-6", "addr", "add", "::6/128", "dev", "lo"],
+                )
+                .expect("::6 on lo");
+            }
             if spec.capture == Capture::Tproxy {
                 // What istio-iptables adds for TPROXY besides the rules: marked packets are
                 // delivered locally.
@@ -394,19 +414,14 @@ impl Cluster {
             };
             cluster.start_proxy(i, &binary, uid);
             let p = &cluster.pods[i];
-            super::app::serve(
-                &p.ns,
-                p.workload.pod,
-                config::HTTP_PORT,
-                config::TCP_PORT,
-                config::FIRST_PORT,
-            );
+            super::app::serve(&p.ns, p.workload.pod, dual);
         }
         cluster
     }
 
-    /// Joins `ns` to the bridge as `eth0` with address `ip`.
-    fn link(&self, ns: &Netns, index: usize, ip: &str) {
+    /// Joins `ns` to the bridge as `eth0` with addresses `ips` (an IPv4 one in a /24, an IPv6
+    /// one in a /64, usable at once: no duplicate address detection).
+    fn link(&self, ns: &Netns, index: usize, ips: &[&str]) {
         let veth = format!("v{index}");
         let hub = self.hub.name();
         for args in [
@@ -426,18 +441,20 @@ impl Cluster {
             ],
             vec!["-n", hub, "link", "set", &veth, "master", "br0"],
             vec!["-n", hub, "link", "set", &veth, "up"],
-            vec![
-                "-n",
-                ns.name(),
-                "addr",
-                "add",
-                &format!("{ip}/24"),
-                "dev",
-                "eth0",
-            ],
             vec!["-n", ns.name(), "link", "set", "eth0", "up"],
         ] {
             netns::run("ip", &args).expect("link a namespace to the bridge");
+        }
+        for ip in ips {
+            let (cidr, more) = match ip.contains(':') {
+                true => (format!("{ip}/64"), ["nodad"].as_slice()),
+                false => (format!("{ip}/24"), [].as_slice()),
+            };
+            let args: Vec<&str> = ["-n", ns.name(), "addr", "add", &cidr, "dev", "eth0"]
+                .into_iter()
+                .chain(more.iter().copied())
+                .collect();
+            netns::run("ip", &args).expect("an address on eth0");
         }
     }
 

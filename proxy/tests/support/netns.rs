@@ -22,10 +22,17 @@ use std::time::{Duration, Instant};
 /// `test` is recorded (`support/skip.rs`, which the test crate declares as `skip`), or under
 /// `CI=true` the test fails.
 pub fn tools_or_skip(test: &str) -> bool {
+    tools_or_skip_with(test, &[])
+}
+
+/// [`tools_or_skip`], with the programs `more` (each answering `--version`) needed too, such
+/// as `ip6tables`.
+pub fn tools_or_skip_with(test: &str, more: &[&str]) -> bool {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let mut missing: Vec<&str> = [("ip", "-V"), ("iptables", "--version")]
         .into_iter()
+        .chain(more.iter().map(|t| (*t, "--version")))
         .filter(|(t, version)| {
             !Command::new(t)
                 .arg(version)
@@ -43,7 +50,7 @@ pub fn tools_or_skip(test: &str) -> bool {
     crate::skip::skip(
         test,
         &format!("missing {}", missing.join(", ")),
-        "Run as root with iproute2 and iptables installed (`.ci/run` installs them).",
+        "Run as root with iproute2 and iptables (with ip6tables) installed (`.ci/run` installs them).",
     );
     false
 }
