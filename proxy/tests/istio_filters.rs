@@ -761,6 +761,14 @@ fn tcp_mesh(stats: &str) -> TcpMesh {
         Proxy::with_admin(&server, server_admin),
         Proxy::with_admin(&client, client_admin),
     ];
+    // The admin answers before the listeners accept: LIVE says they do (a probe connection
+    // would count in the metrics the tests read).
+    for admin in [server_admin, client_admin] {
+        admin::wait_until("LIVE", || {
+            http1::get(None, ([127, 0, 0, 1], admin).into(), "/ready")
+                .is_ok_and(|(status, body)| status == 200 && body.trim() == "LIVE")
+        });
+    }
     TcpMesh {
         dir,
         client_port,
