@@ -1112,22 +1112,28 @@ async fn failing_request_body_is_a_downstream_error_and_closes_the_connection() 
 
 #[tokio::test]
 async fn unsolicited_bytes_after_a_response_retire_the_connection() {
-    let up = Upstream::start(|mut peer| async move {
-        match peer.index {
-            1 => {
-                peer.request().await;
-                peer.send(format!("{OK}junk")).await;
+    let junk_sent = Arc::new(tokio::sync::Notify::new());
+    let sent = junk_sent.clone();
+    let up = Upstream::start(move |mut peer| {
+        let sent = sent.clone();
+        async move {
+            match peer.index {
+                1 => {
+                    peer.request().await;
+                    peer.send(format!("{OK}junk")).await;
+                }
+                2 => {
+                    peer.request().await;
+                    peer.send(OK).await;
+                    pause().await;
+                    peer.send("junk").await;
+                    sent.notify_one();
+                }
+                _ => {}
             }
-            2 => {
-                peer.request().await;
-                peer.send(OK).await;
-                pause().await;
-                peer.send("junk").await;
-            }
-            _ => {}
+            // A client that reused the connection would read the junk as its response head.
+            peer.serve(OK).await;
         }
-        // A client that reused the connection would read the junk as its response head.
-        peer.serve(OK).await;
     })
     .await;
     let client = Client::new(up.addr);
@@ -1139,7 +1145,10 @@ async fn unsolicited_bytes_after_a_response_retire_the_connection() {
         client.exchange(get("/")).await,
         (StatusCode::OK, "ok".into())
     );
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    // Once the junk is on its way (waited for, not slept on: on a busy machine it can come
+    // late), the idle connection it reached is not reused.
+    within("the junk sent", junk_sent.notified()).await;
+    pause().await;
     assert_eq!(
         client.exchange(get("/")).await,
         (StatusCode::OK, "ok".into())

@@ -579,7 +579,11 @@ fn restart(delta: bool) {
         .with_message("b", &assignment("b", b));
     plane.set(next);
     plane.ack(ROUTE_TYPE_URL, "2");
-    assert_eq!(conn.get("/").expect("GET").body, "upstream-b");
+    // The route may be acknowledged before `b`'s endpoints arrive (it answers 503 while `b`
+    // warms), so its answer is waited for, on the same connection.
+    eventually("upstream-b on the held connection", || {
+        (conn.get("/").expect("GET").body == "upstream-b").then_some(())
+    });
     let events = plane.server.events();
     assert!(
         events.iter().all(|e| e.verdict == Verdict::Ack),

@@ -635,8 +635,8 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             requests: &[("main", "/svc"), ("waiting", "/")],
             known: &[],
             // `waiting`'s RDS initial_fetch_timeout (1 s) may fire before or after this step's
-            // observation, in either proxy.
-            unsettled: &["stat http.waiting.rds.missing."],
+            // observation, in either proxy: then it is active, and in `/listeners`.
+            unsettled: &["stat http.waiting.rds.missing.", "listeners waiting "],
         },
         Step {
             // Envoy answers this CDS response only once `cold` is warm: after its EDS
