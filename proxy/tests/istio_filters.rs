@@ -13,6 +13,11 @@
 //! stats filter, says which flags a request gets, and revoy's `istio_requests_total` must
 //! carry those; likewise a TCP connection's in `istio_tcp_connections_*_total`.
 //!
+//! A gRPC call's messages (`istio_request_messages_total` / `istio_response_messages_total`,
+//! from grpc_stats' `emit_filter_state`): reported every `tcp_reporting_duration` while the
+//! call is open, as Istio's proxy reports them (its `TestStatsGrpcStream`), then the rest
+//! when it ends.
+//!
 //! `istio.alpn`: a TLS upstream records the ALPN list each ClientHello offers (read before
 //! the handshake, so whatever the server then picks), and answers with it: a request's
 //! upstream connection offers the override for the protocol it goes upstream in, in place of
@@ -28,6 +33,8 @@ mod certs;
 mod child;
 #[path = "support/gotemplate.rs"]
 mod gotemplate;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "differential/oracle.rs"]
@@ -936,6 +943,181 @@ fn an_open_tcp_connection_reports_its_bytes_every_tcp_reporting_duration() {
     assert_eq!(total(m.client_admin, "istio_tcp_received_bytes_total"), 16);
     assert_eq!(total(m.client_admin, "istio_tcp_sent_bytes_total"), 16);
     assert!(total(m.server_admin, "istio_tcp_received_bytes_total") >= server_bytes);
+}
+
+/// A gRPC frame holding `msg`.
+fn grpc_frame(msg: &[u8]) -> Vec<u8> {
+    let mut f = vec![0];
+    f.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    f.extend_from_slice(msg);
+    f
+}
+
+/// A bidirectional gRPC upstream (over HTTP/2), as Istio's test server answers its stream:
+/// the response's headers at once, then for each request message (a big-endian `u32` n) n
+/// response messages, and `grpc-status: 0` once the request ends.
+async fn bidi_upstream(request: h2_server::Request, mut respond: h2_server::Respond) {
+    let mut body = request.into_body();
+    let head = http::Response::builder()
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap();
+    let Ok(mut send) = respond.send_response(head, false) else {
+        return;
+    };
+    let mut buf = Vec::new();
+    while let Some(Ok(chunk)) = body.data().await {
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+        while buf.len() >= 5 {
+            let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+            if buf.len() < 5 + len {
+                break;
+            }
+            let n = u32::from_be_bytes(buf[5..5 + len].try_into().unwrap());
+            buf.drain(..5 + len);
+            for _ in 0..n {
+                let _ = send.send_data(grpc_frame(b"pong").into(), false);
+            }
+        }
+    }
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+    let _ = send.send_trailers(trailers);
+}
+
+/// Sends one request message per entry of `counts` (asking for that many answers) on an
+/// open chunked HTTP/1.1 request.
+fn send_messages(conn: &mut TcpStream, counts: &[u32]) {
+    for n in counts {
+        let frame = grpc_frame(&n.to_be_bytes());
+        write!(conn, "{:x}\r\n", frame.len()).unwrap();
+        conn.write_all(&frame).unwrap();
+        conn.write_all(b"\r\n").unwrap();
+    }
+}
+
+/// Istio's stats filter reports an open gRPC stream's messages every
+/// `tcp_reporting_duration` once the exchange has read the peer (istio/proxy
+/// `istio_stats.cc`: `decodeHeaders` arms the timer for gRPC, `onReportTimer` ->
+/// `reportHelper(false)`), with the reporter's and the ends' labels, the messages since the
+/// report before; and the rest when the stream ends (`log` -> `reportHelper(true)`). As
+/// Istio's `TestStatsGrpcStream`: a client sidecar and a server sidecar, each with grpc_stats
+/// (`emit_filter_state`) and `istio.stats` (here every 0.2 s); 3 messages asking for 1, 5 and
+/// 7 answers are counted on both sidecars while the stream stays open (3 and 13), then 5 more
+/// and the stream closed: 8 and 27 in all, not counted twice.
+#[test]
+fn an_open_grpc_stream_reports_its_messages_every_tcp_reporting_duration() {
+    const H2: &str = r#"typed_extension_protocol_options:
+  envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+    "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+    explicit_http_config: {http2_protocol_options: {}}"#;
+    let filters = |mx: &str| {
+        format!(
+            r#"{mx}, {{name: grpc_stats, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig, emit_filter_state: true}}}}, {{name: stats, typed_config: {{"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {{tcp_reporting_duration: 0.2s}}}}}}, "#
+        )
+    };
+    let h2_cluster = |name: &str, port: u16| {
+        let metadata = "metadata: {filter_metadata: {istio: {services: [{host: server.default.svc.cluster.local, name: server, namespace: default}]}}}";
+        bootstrap::cluster(name, port, &format!("{metadata}\n{H2}"))
+    };
+    let (client_admin, client_port) = (free_port(), free_port());
+    let (server_admin, server_port) = (free_port(), free_port());
+    let backend = h2_server::serve(bidi_upstream);
+    let client = node_bootstrap(
+        "client",
+        &node_metadata("client_node_metadata.json.tmpl"),
+        client_admin,
+        &hcm_listener(
+            "client",
+            "OUTBOUND",
+            client_port,
+            &filters(MX_OUTBOUND),
+            "{match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
+        ),
+        &h2_cluster("server-outbound-cluster", server_port),
+    );
+    let server = node_bootstrap(
+        "server",
+        &node_metadata("server_node_metadata.json.tmpl"),
+        server_admin,
+        &hcm_listener(
+            "server",
+            "INBOUND",
+            server_port,
+            &filters(MX_INBOUND),
+            "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
+        ),
+        &h2_cluster("server-inbound-cluster", backend),
+    );
+    let _client = listening(&client, &[client_port]);
+    let _server = listening(&server, &[server_port]);
+
+    // Each sidecar's message counters: one series, with the reporter's and the ends' labels
+    // (the first 20 of Istio's request goldens, as its message goldens have them).
+    let sides = [
+        (client_admin, "client_request_total.yaml.tmpl"),
+        (server_admin, "server_request_total.yaml.tmpl"),
+    ]
+    .map(|(admin, file)| {
+        let (mut labels, _) = golden(file, "");
+        labels.truncate(20);
+        (admin, labels)
+    });
+    let scrape = |admin: u16| {
+        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .unwrap()
+            .1
+    };
+    let counted = |admin: u16, labels: &[(String, String)], requests: &str, responses: &str| {
+        let text = scrape(admin);
+        [
+            ("istio_request_messages_total", requests),
+            ("istio_response_messages_total", responses),
+        ]
+        .iter()
+        .all(|(family, n)| {
+            prometheus::series(&text, family) == [(labels.to_vec(), (*n).to_owned())]
+        })
+    };
+
+    let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        conn,
+        "POST /svc.Echo/Bidi HTTP/1.1\r\nhost: server.test\r\ncontent-type: application/grpc\r\nte: trailers\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reader = conn.try_clone().unwrap();
+    let response = std::thread::spawn(move || {
+        let mut raw = Vec::new();
+        let _ = reader.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    send_messages(&mut conn, &[1, 5, 7]);
+    for (admin, labels) in &sides {
+        admin::wait_until("the messages reported while the stream is open", || {
+            counted(*admin, labels, "3", "13")
+        });
+        // The stream is still open: no request counted yet.
+        assert!(prometheus::series(&scrape(*admin), "istio_requests_total").is_empty());
+    }
+
+    send_messages(&mut conn, &[10, 1, 1, 1, 1]);
+    conn.write_all(b"0\r\n\r\n").unwrap();
+    let response = response.join().unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    for (admin, _) in &sides {
+        admin::wait_until("the stream counted", || {
+            prometheus::series(&scrape(*admin), "istio_requests_total")
+                .iter()
+                .any(|(_, v)| v == "1")
+        });
+    }
+    for (admin, labels) in &sides {
+        assert!(counted(*admin, labels, "8", "27"), "{}", scrape(*admin));
+    }
 }
 
 /// An `Any`'s type URL and value (fields 1 and 2).

@@ -3,10 +3,11 @@
 //! request metrics, labelled with what is known of both peers). What the exchange learns of a
 //! request's peers is kept in its [`Peers`], which the stats filter reads when the request
 //! ends: with its response, or, for an upgraded (WebSocket) request, when its tunnel closes.
+//! A gRPC call's message counts are reported while it is open too (see [`Ticker`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
 
@@ -24,6 +25,9 @@ use crate::route::action::ClusterSpecifier;
 use crate::route::{Action, Selected};
 use crate::stats::Store;
 use crate::stats::keyed::Keyed;
+
+/// Metric labels (name, value) in the order Istio adds them.
+type Labels = Vec<(&'static str, String)>;
 
 /// `x-envoy-peer-metadata-id`: the sender's node id.
 pub static PEER_ID: HeaderName = HeaderName::from_static("x-envoy-peer-metadata-id");
@@ -258,6 +262,30 @@ impl IstioStats {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("application/grpc"));
         let messages = grpc.then(|| req.grpc_messages.get_or_insert_with(Arc::default).clone());
+        let parties = Parties {
+            local: req.conn.shared.local_workload.clone(),
+            peers,
+            server: req.conn.drain_scope.inbound,
+            service_host,
+            service_name,
+            peer_san,
+            local_san,
+            upstream,
+            weighted,
+        };
+        // An open gRPC call reports its messages every `tcp_reporting_duration`, as Istio's.
+        let ticker = messages
+            .as_ref()
+            .zip(self.config.tcp_reporting)
+            .map(|(counts, every)| {
+                Ticker::start(
+                    every,
+                    parties.clone(),
+                    counts.clone(),
+                    self.config.clone(),
+                    self.store.clone(),
+                )
+            });
         // The request's flags, published by its record once it is settled.
         let flags = req
             .record
@@ -276,18 +304,11 @@ impl IstioStats {
             config: self.config.clone(),
             store: self.store.clone(),
             metrics: self.metrics.clone(),
-            local: req.conn.shared.local_workload.clone(),
-            peers,
-            server: req.conn.drain_scope.inbound,
+            parties,
             grpc,
-            service_host,
-            service_name,
-            peer_san,
-            local_san,
-            upstream,
-            weighted,
             trailer_status: Arc::default(),
             messages,
+            ticker,
             flags,
             started: Instant::now(),
             request_bytes: head_bytes(req.headers) + content_length(req.headers),
@@ -319,7 +340,7 @@ fn content_length(headers: &HeaderMap) -> u64 {
 
 /// What a weighted route's `destination_service` is found from once the router has picked
 /// its cluster: the Host header, the route's name, and the clusters.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Weighted {
     host: String,
     route_name: String,
@@ -382,25 +403,14 @@ struct Observed {
     store: Store,
     /// The filter's metric handles by label set.
     metrics: Arc<Keyed<HttpMetrics>>,
-    local: Arc<LocalWorkload>,
-    peers: Arc<Peers>,
-    /// An inbound listener's request: reported by the destination.
-    server: bool,
+    parties: Parties,
     grpc: bool,
-    service_host: String,
-    service_name: String,
-    /// The downstream's certificate's first URI SAN (inbound TLS).
-    peer_san: String,
-    /// This side's certificate's first URI SAN (inbound TLS).
-    local_san: String,
-    /// Where the router notes an outbound request's cluster and upstream connection.
-    upstream: Option<Arc<AttemptTarget>>,
-    /// Set for a route whose cluster the router picks (weighted).
-    weighted: Option<Weighted>,
     /// The `grpc-status` of the response's trailers.
     trailer_status: Arc<OnceLock<String>>,
     /// A gRPC call's message counts, as a grpc_stats filter leaves them.
     messages: Option<Arc<MessageCounts>>,
+    /// An open gRPC call's periodic reports of them.
+    ticker: Option<Ticker>,
     /// Where the request's record publishes its response flags when it is settled.
     flags: Option<Arc<OnceLock<Flags>>>,
     started: Instant,
@@ -447,42 +457,12 @@ impl Observed {
         });
     }
 
-    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them,
-    /// and how many of them name the reporter and the two ends (all that its gRPC message
-    /// counters carry, as Istio records them before adding the others). `flags`: the
-    /// stream's final response flags, when known.
-    fn labels(&self, flags: Option<&Flags>) -> (Vec<(&'static str, String)>, usize) {
-        let upstream = self.upstream.as_ref().and_then(|t| t.sans());
-        let picked = self
-            .weighted
-            .as_ref()
-            .zip(self.upstream.as_ref().and_then(|t| t.cluster()))
-            .map(|(w, cluster)| w.service(cluster));
-        let (service_host, service_name) = match &picked {
-            Some((host, name)) => (host.as_str(), name.as_str()),
-            None => (self.service_host.as_str(), self.service_name.as_str()),
-        };
-        let (peer_san, local_san) = match &upstream {
-            Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
-            None => (self.peer_san.as_str(), self.local_san.as_str()),
-        };
-        let ends = Ends {
-            server: self.server,
-            local: &self.local.workload,
-            peer: if self.server {
-                self.peers.downstream.get()
-            } else {
-                self.peers.upstream.get()
-            },
-            peer_san,
-            local_san,
-            service_host,
-            service_name,
-        };
-        let mut out = ends.labels();
-        let end_labels = out.len();
+    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them:
+    /// `ends` (the reporter's and the two ends', see [`Parties::ends`]) and then the request's
+    /// own. `flags`: the stream's final response flags, when known.
+    fn labels(&self, mut ends: Labels, flags: Option<&Flags>) -> Labels {
         let answer = self.response.as_ref();
-        out.extend([
+        ends.extend([
             (
                 "request_protocol",
                 if self.grpc { "grpc" } else { "http" }.to_owned(),
@@ -504,36 +484,31 @@ impl Observed {
                 "response_flags",
                 flags.map_or_else(|| "-".to_owned(), |f| f.render(false)),
             ),
-            ("connection_security_policy", ends.security_policy()),
+            ("connection_security_policy", self.parties.security_policy()),
         ]);
-        (out, end_labels)
+        ends
     }
 
     /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
-    /// filter counted them. `tunnel`: an upgrade's record, settled when its tunnel closed,
-    /// whose flags, duration and bytes (the tunnel's both ways) describe the whole stream.
+    /// filter counted them (those not reported while it was open). `tunnel`: an upgrade's
+    /// record, settled when its tunnel closed, whose flags, duration and bytes (the tunnel's
+    /// both ways) describe the whole stream.
     fn record(&self, tunnel: Option<&Record>) {
         let flags = match tunnel {
             Some(rec) => Some(&rec.flags),
             None => self.flags.as_ref().and_then(|f| f.get()),
         };
-        let (labels, end_labels) = self.labels(flags);
-        if let Some(m) = self
-            .messages
-            .as_ref()
-            .filter(|m| m.emitted.load(Ordering::Relaxed))
-        {
-            let ends = &labels[..end_labels];
-            for (i, n) in [(4, &m.request), (5, &m.response)] {
-                metrics::count(
-                    &self.store,
-                    &self.config,
-                    i,
-                    ends,
-                    n.load(Ordering::Relaxed),
-                );
-            }
+        // The ends as labelled at the first periodic report, else as known now (Istio's
+        // stats filter labels a stream's ends once).
+        let (ends, mut reported) = match &self.ticker {
+            Some(t) => t.stop(),
+            None => (None, (0, 0)),
+        };
+        let ends = ends.unwrap_or_else(|| self.parties.ends());
+        if let Some(m) = &self.messages {
+            report_messages(m, &mut reported, &ends, &self.store, &self.config);
         }
+        let labels = self.labels(ends, flags);
         let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
         let values = match tunnel {
             Some(rec) => [
@@ -548,5 +523,172 @@ impl Observed {
             ],
         };
         metrics::record_http(&self.metrics, &self.store, &self.config, &labels, values);
+    }
+}
+
+/// Who a request is between, as Istio's labels name them: what `istio.stats` learned when
+/// the request started, and where the exchange and the router note what they learn later.
+#[derive(Debug, Clone)]
+struct Parties {
+    local: Arc<LocalWorkload>,
+    peers: Arc<Peers>,
+    /// An inbound listener's request: reported by the destination.
+    server: bool,
+    service_host: String,
+    service_name: String,
+    /// The downstream's certificate's first URI SAN (inbound TLS).
+    peer_san: String,
+    /// This side's certificate's first URI SAN (inbound TLS).
+    local_san: String,
+    /// Where the router notes an outbound request's cluster and upstream connection.
+    upstream: Option<Arc<AttemptTarget>>,
+    /// Set for a route whose cluster the router picks (weighted).
+    weighted: Option<Weighted>,
+}
+
+impl Parties {
+    /// The peer, once the exchange has read it: the downstream for a server, the upstream
+    /// for a client (Istio's `peerInfoRead`).
+    fn peer(&self) -> Option<&Workload> {
+        if self.server {
+            self.peers.downstream.get()
+        } else {
+            self.peers.upstream.get()
+        }
+    }
+
+    /// The reporter's and the two ends' labels, as known now: all that Istio's gRPC message
+    /// counters carry, and the first of its request metrics' labels.
+    fn ends(&self) -> Labels {
+        let upstream = self.upstream.as_ref().and_then(|t| t.sans());
+        let picked = self
+            .weighted
+            .as_ref()
+            .zip(self.upstream.as_ref().and_then(|t| t.cluster()))
+            .map(|(w, cluster)| w.service(cluster));
+        let (service_host, service_name) = match &picked {
+            Some((host, name)) => (host.as_str(), name.as_str()),
+            None => (self.service_host.as_str(), self.service_name.as_str()),
+        };
+        let (peer_san, local_san) = match &upstream {
+            Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
+            None => (self.peer_san.as_str(), self.local_san.as_str()),
+        };
+        Ends {
+            server: self.server,
+            local: &self.local.workload,
+            peer: self.peer(),
+            peer_san,
+            local_san,
+            service_host,
+            service_name,
+        }
+        .labels()
+    }
+
+    /// `connection_security_policy`: a server's from its downstream's certificates, a
+    /// client's `unknown`.
+    fn security_policy(&self) -> String {
+        Ends {
+            server: self.server,
+            local: &self.local.workload,
+            peer: None,
+            peer_san: &self.peer_san,
+            local_san: &self.local_san,
+            service_host: "",
+            service_name: "",
+        }
+        .security_policy()
+    }
+}
+
+/// An open gRPC call's periodic message reports, as Istio's stats filter makes them
+/// (istio/proxy `istio_stats.cc`: a timer armed for gRPC requests, `onReportTimer` ->
+/// `reportHelper(false)`): every `tcp_reporting_duration`, once the exchange has read the
+/// peer, the call's ends are labelled (once, for all its metrics) and the messages counted
+/// since the report before are added; when the call ends the rest are (see
+/// [`Observed::record`]), so nothing is counted twice.
+#[derive(Debug)]
+struct Ticker {
+    reported: Arc<Mutex<Reported>>,
+    task: tokio::task::AbortHandle,
+}
+
+/// What the periodic reports have done.
+#[derive(Debug, Default)]
+struct Reported {
+    /// The ends' labels, once the peer was read at a report.
+    ends: Option<Labels>,
+    /// The request's and the response's messages reported so far.
+    messages: (u64, u64),
+    /// Set when the call ended: no report follows.
+    ended: bool,
+}
+
+/// Adds the messages of `counts` since those `reported` to Istio's message counters with
+/// `ends` (nothing unless a grpc_stats filter counts them, as Istio reads its filter state),
+/// and notes them reported.
+fn report_messages(
+    counts: &MessageCounts,
+    reported: &mut (u64, u64),
+    ends: &[(&'static str, String)],
+    store: &Store,
+    config: &IstioStatsConfig,
+) {
+    if !counts.emitted.load(Ordering::Relaxed) {
+        return;
+    }
+    let now = (
+        counts.request.load(Ordering::Relaxed),
+        counts.response.load(Ordering::Relaxed),
+    );
+    metrics::count(store, config, 4, ends, now.0 - reported.0);
+    metrics::count(store, config, 5, ends, now.1 - reported.1);
+    *reported = now;
+}
+
+impl Ticker {
+    /// Reports the call of `parties` every `every` until it ends.
+    fn start(
+        every: Duration,
+        parties: Parties,
+        counts: Arc<MessageCounts>,
+        config: Arc<IstioStatsConfig>,
+        store: Store,
+    ) -> Ticker {
+        let reported = Arc::new(Mutex::new(Reported::default()));
+        let shared = reported.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let mut guard = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let r = &mut *guard;
+                if r.ended {
+                    return;
+                }
+                if r.ends.is_none() && parties.peer().is_some() {
+                    r.ends = Some(parties.ends());
+                }
+                if let Some(ends) = &r.ends {
+                    report_messages(&counts, &mut r.messages, ends, &store, &config);
+                }
+            }
+        })
+        .abort_handle();
+        Ticker { reported, task }
+    }
+
+    /// Ends the reports; answers the ends' labels if a report made them, and the messages
+    /// reported (the request's, the response's).
+    fn stop(&self) -> (Option<Labels>, (u64, u64)) {
+        let mut r = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        r.ended = true;
+        (r.ends.take(), r.messages)
+    }
+}
+
+impl Drop for Ticker {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
