@@ -460,6 +460,36 @@ fn text(s: &str) -> PbValue {
 
 #[test]
 fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
+    exchange_and_requests_total_match_istios_goldens(
+        &format!("{MX_OUTBOUND}, {STATS}, "),
+        &format!("{MX_INBOUND}, {STATS}, "),
+    );
+}
+
+/// The metadata exchange and the stats filter as istiod up to about 1.17-1.21 configured them:
+/// Wasm filters running Istio's null-VM plugins (the exchange's config as in istioctl's
+/// `configdump.yaml`, the stats' as in PR 37071's listeners). The same on both sides, the
+/// listener's direction deciding which way each propagates and reports.
+const WASM_MX: &str = r#"{name: istio.metadata_exchange, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {vm_config: {runtime: envoy.wasm.runtime.null, code: {local: {inline_string: envoy.wasm.metadata_exchange}}}, configuration: {"@type": type.googleapis.com/envoy.tcp.metadataexchange.config.MetadataExchange}}}}"#;
+
+/// `istio.stats` as a Wasm filter of `kind` (`http` or `network`) with `root_id`.
+fn wasm_stats(kind: &str, root_id: &str) -> String {
+    format!(
+        r#"{{name: istio.stats, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.{kind}.wasm.v3.Wasm, config: {{root_id: {root_id}, vm_config: {{vm_id: {root_id}, runtime: envoy.wasm.runtime.null, code: {{local: {{inline_string: envoy.wasm.stats}}}}}}, configuration: {{"@type": type.googleapis.com/google.protobuf.StringValue, value: '{{"debug": "false", "stat_prefix": "istio"}}'}}}}}}}}"#
+    )
+}
+
+#[test]
+fn istios_wasm_plugins_exchange_and_report_as_the_native_filters() {
+    exchange_and_requests_total_match_istios_goldens(
+        &format!("{WASM_MX}, {}, ", wasm_stats("http", "stats_outbound")),
+        &format!("{WASM_MX}, {}, ", wasm_stats("http", "stats_inbound")),
+    );
+}
+
+/// A client and a server sidecar with `client_filters` and `server_filters` before their
+/// routers: the exchange's headers and each side's `istio_requests_total` are Istio's goldens.
+fn exchange_and_requests_total_match_istios_goldens(client_filters: &str, server_filters: &str) {
     let (client_admin, client_port) = (free_port(), free_port());
     let (server_admin, server_port, backend_port) = (free_port(), free_port(), free_port());
     let (capture_port, captured) = capturing_upstream();
@@ -471,7 +501,7 @@ fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
             "client",
             "OUTBOUND",
             client_port,
-            &format!("{MX_OUTBOUND}, {STATS}, "),
+            client_filters,
             "{match: {prefix: /capture}, route: {cluster: capture}}, {match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
         ),
         &(static_cluster(
@@ -488,7 +518,7 @@ fn peer_metadata_headers_and_istio_requests_total_match_istios_goldens() {
             "server",
             "INBOUND",
             server_port,
-            &format!("{MX_INBOUND}, {STATS}, "),
+            server_filters,
             "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
         ) + &hcm_listener(
             "staticreply",
@@ -796,33 +826,7 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
         server_admin,
         _proxies,
     } = tcp_mesh(STATS);
-
-    // Through both revoys: each took the other's frame off, so the bytes arrive as sent
-    // (ten connections, as in Istio's TCP test).
-    for _ in 0..10 {
-        let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
-        conn.set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        conn.write_all(b"hello mesh").unwrap();
-        assert_eq!(read_n(&mut conn, 10), b"hello mesh");
-    }
-    // Each side's istio_tcp_connections_opened_total: Istio's golden labels, peers from the
-    // exchange and principals from the mTLS certificates.
-    for (admin, file) in [
-        (client_admin, "tcp_client_connection_open.yaml.tmpl"),
-        (server_admin, "tcp_server_connection_open.yaml.tmpl"),
-    ] {
-        let (labels, value) = golden(file, "");
-        assert_eq!(value, "10");
-        admin::wait_until(file, || {
-            let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-                .unwrap()
-                .1;
-            prometheus::series(&text, "istio_tcp_connections_opened_total")
-                .iter()
-                .any(|(l, v)| *l == labels && v == "10")
-        });
-    }
+    ten_connections_match_istios_goldens(client_port, client_admin, server_admin);
 
     // A client of this test's own, speaking Istio's framing to the server revoy.
     let tls_client = |alpn: &[u8]| tls_to(&dir, "client", server_port, alpn);
@@ -868,6 +872,44 @@ fn tcp_metadata_exchange_frames_are_exchanged_after_istio_peer_exchange_alpn() {
     let mut s = tls_client(b"istio");
     s.write_all(b"ping").unwrap();
     assert_eq!(read_n(&mut s, 4), b"ping");
+}
+
+/// Ten connections through the client and server sidecars of a [`tcp_mesh`]: the bytes arrive
+/// as sent (each side took the other's frame off), and each side's
+/// `istio_tcp_connections_opened_total` has Istio's golden labels.
+fn ten_connections_match_istios_goldens(client_port: u16, client_admin: u16, server_admin: u16) {
+    // Through both revoys: each took the other's frame off, so the bytes arrive as sent
+    // (ten connections, as in Istio's TCP test).
+    for _ in 0..10 {
+        let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        conn.write_all(b"hello mesh").unwrap();
+        assert_eq!(read_n(&mut conn, 10), b"hello mesh");
+    }
+    // Each side's istio_tcp_connections_opened_total: Istio's golden labels, peers from the
+    // exchange and principals from the mTLS certificates.
+    for (admin, file) in [
+        (client_admin, "tcp_client_connection_open.yaml.tmpl"),
+        (server_admin, "tcp_server_connection_open.yaml.tmpl"),
+    ] {
+        let (labels, value) = golden(file, "");
+        assert_eq!(value, "10");
+        admin::wait_until(file, || {
+            let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+                .unwrap()
+                .1;
+            prometheus::series(&text, "istio_tcp_connections_opened_total")
+                .iter()
+                .any(|(l, v)| *l == labels && v == "10")
+        });
+    }
+}
+
+#[test]
+fn istios_wasm_tcp_stats_plugin_reports_as_the_native_filter() {
+    let m = tcp_mesh(&wasm_stats("network", "stats_outbound"));
+    ten_connections_match_istios_goldens(m.client_port, m.client_admin, m.server_admin);
 }
 
 /// Istio's stats filter reports an open TCP connection whose peer it knows at every

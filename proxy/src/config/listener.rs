@@ -233,6 +233,7 @@ fn compile_chain(
         let at = |e: proto::UnpackError| {
             ConfigError::new(format!("{fpath}.typed_config"), e.to_string())
         };
+        let mut wasm_stats = wasm_stats(any, &fpath, warnings)?;
         match proto::type_name_of(&any.type_url) {
             HCM => {
                 let hcm: HttpConnectionManager = proto::unpack(any).map_err(at)?;
@@ -331,6 +332,7 @@ fn compile_chain(
                     compiled.map_err(|e| e.within(&format!("{fpath}.typed_config")))?,
                 ));
             }
+            _ if wasm_stats.is_some() => istio_stats = wasm_stats.take().map(Arc::new),
             other
                 if super::fail_closed::filter_fails_closed(
                     &f.name,
@@ -725,6 +727,51 @@ fn egress_tracing(terminal: &mut Terminal) {
     }
 }
 
+/// `istio.stats` from a network Wasm filter running Istio's null-VM stats plugin (see
+/// [`super::istio::wasm`]); `None` for any other filter (another Wasm filter fails closed).
+fn wasm_stats(
+    any: &proto::pb::google::protobuf::Any,
+    fpath: &str,
+    warnings: &mut Warnings,
+) -> Result<Option<super::istio::stats::IstioStatsConfig>, ConfigError> {
+    use super::istio::wasm;
+    let at = format!("{fpath}.typed_config");
+    let before = warnings.len();
+    let compiled = wasm::compile(any, wasm::NETWORK_WASM, warnings);
+    warnings.prefix_since(before, &at);
+    Ok(match compiled.map_err(|e| e.within(&at))? {
+        Some(wasm::NullPlugin::Stats(c)) => Some(*c),
+        _ => None,
+    })
+}
+
+/// Resolves the Wasm metadata exchange's propagation by the listener's direction (see
+/// [`PeerMetadataConfig::by_listener_direction`](super::istio::peer_metadata::PeerMetadataConfig::by_listener_direction)):
+/// nothing sent upstream from an inbound listener, nothing answered downstream on an outbound one.
+fn wasm_exchange_direction(terminal: &mut Terminal, direction: i32) {
+    use super::http_filter::FilterKind;
+    use proto::pb::envoy::config::core::v3::TrafficDirection;
+    let Terminal::Http(hcm) = terminal else {
+        return;
+    };
+    let wasm = |f: &super::http_filter::HttpFilter| matches!(&f.kind, FilterKind::PeerMetadata(c) if c.by_listener_direction);
+    if !hcm.filters.filters.iter().any(wasm) {
+        return;
+    }
+    for f in &mut Arc::make_mut(hcm).filters.filters {
+        if let FilterKind::PeerMetadata(c) = &mut f.kind
+            && c.by_listener_direction
+        {
+            let c = Arc::make_mut(c);
+            if direction == TrafficDirection::Inbound as i32 {
+                c.upstream_propagation = None;
+            } else if direction == TrafficDirection::Outbound as i32 {
+                c.downstream_propagation = None;
+            }
+        }
+    }
+}
+
 /// Compiles one listener. `path` is its location (`static_resources.listeners[0]`).
 pub fn compile_listener(
     ctx: &Context<'_>,
@@ -777,6 +824,9 @@ pub fn compile_listener(
         for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {
             egress_tracing(&mut c.terminal);
         }
+    }
+    for (c, _) in chains.iter_mut().chain(default_chain.iter_mut()) {
+        wasm_exchange_direction(&mut c.terminal, l.traffic_direction);
     }
     if chains.is_empty() && default_chain.is_none() {
         return Err(ConfigError::new(

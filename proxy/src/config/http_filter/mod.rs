@@ -391,7 +391,7 @@ fn compile_kind(
 /// The Istio filter `any` configures (from istio/proxy, which stock Envoy lacks), or `None`
 /// when it is none revoy has.
 fn compile_istio(any: &Any, warnings: &mut Warnings) -> Result<Option<FilterKind>, ConfigError> {
-    use super::istio::{Fields, alpn, peer_metadata, stats};
+    use super::istio::{Fields, alpn, peer_metadata, stats, wasm};
     if let Some(fields) = Fields::of(any, alpn::FILTER_CONFIG) {
         return Ok(Some(FilterKind::IstioAlpn(Arc::new(alpn::compile(
             fields,
@@ -407,7 +407,11 @@ fn compile_istio(any: &Any, warnings: &mut Warnings) -> Result<Option<FilterKind
             fields, warnings,
         )?))));
     }
-    Ok(None)
+    Ok(match wasm::compile(any, wasm::HTTP_WASM, warnings)? {
+        Some(wasm::NullPlugin::MetadataExchange(c)) => Some(FilterKind::PeerMetadata(Arc::new(c))),
+        Some(wasm::NullPlugin::Stats(c)) => Some(FilterKind::IstioStats(Arc::from(c))),
+        None => None,
+    })
 }
 
 /// Compiles a `typed_per_filter_config` map. Entries for filters revoy lacks are left out:

@@ -9,6 +9,7 @@ pub mod authn;
 pub mod metadata_exchange;
 pub mod peer_metadata;
 pub mod stats;
+pub mod wasm;
 pub mod workload;
 
 use proto::pb::google::protobuf::Any;

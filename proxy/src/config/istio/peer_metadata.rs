@@ -85,6 +85,10 @@ pub struct PeerMetadataConfig {
     pub downstream_propagation: Option<Propagation>,
     /// This proxy's metadata on requests going upstream.
     pub upstream_propagation: Option<Propagation>,
+    /// The Wasm plugin's form (see [`super::wasm`]), which propagates by the listener's
+    /// direction: not upstream from an inbound listener, not downstream on an outbound one.
+    /// The listener's compile drops the propagation its direction rules out.
+    pub by_listener_direction: bool,
 }
 
 /// Compiles the filter's config.
@@ -143,6 +147,7 @@ pub fn compile(
         upstream_discovery: discovery(&proto.upstream_discovery, "upstream_discovery", warnings),
         downstream_propagation: propagation(&proto.downstream_propagation),
         upstream_propagation: propagation(&proto.upstream_propagation),
+        by_listener_direction: false,
     })
 }
 
