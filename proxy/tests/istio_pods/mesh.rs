@@ -220,6 +220,7 @@ const STATS_INCLUDED: &[&str] = &[
     "cluster.PassthroughCluster.",
     "cluster.InboundPassthroughCluster.",
     "cluster.outbound|80||svc-b.",
+    "cluster.outbound|31000||svc-b.",
     "cluster.inbound|",
     "http.inbound_0.0.0.0_",
 ];
