@@ -315,6 +315,13 @@ fn node_metadata(file: &str) -> String {
 /// istiod-shaped filters (istio/proxy `testdata/filters/{mx_native,stats}_{in,out}bound`).
 const MX_OUTBOUND: &str = r#"{name: mx_outbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {upstream_discovery: [{istio_headers: {}}, {workload_discovery: {}}], upstream_propagation: [{istio_headers: {}}]}}}"#;
 const MX_INBOUND: &str = r#"{name: mx_inbound, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/io.istio.http.peer_metadata.Config, value: {downstream_discovery: [{istio_headers: {}}], downstream_propagation: [{istio_headers: {}}]}}}"#;
+/// The admin on 127.0.0.1:`admin`'s `/stats/prometheus` text.
+fn scrape(admin: u16) -> String {
+    http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+        .unwrap()
+        .1
+}
+
 const STATS: &str = r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {}}}"#;
 
 /// An HCM listener (see `bootstrap::http_listener`) with its `traffic_direction`.
@@ -593,11 +600,6 @@ fn exchange_and_requests_total_match_istios_goldens(client_filters: &str, server
     }
 
     // Each side's istio_requests_total: the golden's labels, in its order.
-    let scrape = |admin: u16| {
-        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1
-    };
     let find = |admin: u16, golden: &[(String, String)]| {
         prometheus::series(&scrape(admin), "istio_requests_total")
             .into_iter()
@@ -896,9 +898,7 @@ fn ten_connections_match_istios_goldens(client_port: u16, client_admin: u16, ser
         let (labels, value) = golden(file, "");
         assert_eq!(value, "10");
         admin::wait_until(file, || {
-            let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-                .unwrap()
-                .1;
+            let text = scrape(admin);
             prometheus::series(&text, "istio_tcp_connections_opened_total")
                 .iter()
                 .any(|(l, v)| *l == labels && v == "10")
@@ -923,9 +923,7 @@ fn an_open_tcp_connection_reports_its_bytes_every_tcp_reporting_duration() {
         r#"{name: stats, typed_config: {"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {tcp_reporting_duration: 0.2s}}}"#,
     );
     let total = |admin: u16, family: &str| -> u64 {
-        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1;
+        let text = scrape(admin);
         prometheus::series(&text, family)
             .iter()
             .map(|(_, v)| v.parse::<u64>().unwrap())
@@ -1106,11 +1104,6 @@ fn an_open_grpc_stream_reports_its_messages_every_tcp_reporting_duration() {
         labels.truncate(20);
         (admin, labels)
     });
-    let scrape = |admin: u16| {
-        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1
-    };
     let counted = |admin: u16, labels: &[(String, String)], requests: &str, responses: &str| {
         let text = scrape(admin);
         [
@@ -1455,17 +1448,8 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
         );
     }
     let series = || {
-        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1;
+        let text = scrape(admin);
         prometheus::series(&text, "istio_requests_total")
-    };
-    let label = |labels: &[(String, String)], name: &str| {
-        labels
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.clone())
-            .unwrap_or_default()
     };
     admin::wait_until("the failing requests counted", || {
         series().len() == FAILING.len()
@@ -1473,10 +1457,10 @@ fn istio_requests_total_carries_the_response_flags_envoy_gives_a_request() {
     let mut seen: Vec<_> = series()
         .into_iter()
         .map(|(labels, value)| {
-            assert_eq!(label(&labels, "reporter"), "source");
+            assert_eq!(prometheus::label(&labels, "reporter"), "source");
             (
-                label(&labels, "response_code"),
-                label(&labels, "response_flags"),
+                prometheus::label(&labels, "response_code"),
+                prometheus::label(&labels, "response_flags"),
                 value,
             )
         })
@@ -1582,17 +1566,12 @@ fn istio_tcp_metrics_carry_the_response_flags_envoy_gives_a_connection() {
     let _client = Proxy::with_admin(&client, admin);
     // One connection, once the listener is up.
     admin::wait_until("revoy's tcp listener", || connect_until_closed(port));
-    let scrape = || {
-        http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1
-    };
     for family in [
         "istio_tcp_connections_opened_total",
         "istio_tcp_connections_closed_total",
     ] {
         admin::wait_until(family, || {
-            prometheus::series(&scrape(), family)
+            prometheus::series(&scrape(admin), family)
                 .iter()
                 .any(|(labels, v)| {
                     v == "1"

@@ -161,9 +161,7 @@ fn bucket_of(bounds: &[f64], value: f64) -> f64 {
 /// One histogram's cumulative buckets (`le`, count) for the series whose `response_flags` is
 /// `flags`, from the admin on `admin`.
 fn buckets(admin: u16, histogram: &str, flags: &str) -> Vec<(f64, u64)> {
-    let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-        .unwrap()
-        .1;
+    let text = super::scrape(admin);
     prometheus::series(&text, &format!("{histogram}_bucket"))
         .into_iter()
         .filter(|(labels, _)| {
@@ -245,22 +243,13 @@ fn an_upgrade_is_recorded_when_its_tunnel_closes_with_the_flags_envoy_gives_it()
         upgrade(port, path);
     }
     let series = || {
-        let text = http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
-            .unwrap()
-            .1;
-        let label = |labels: &[(String, String)], name: &str| {
-            labels
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.clone())
-                .unwrap_or_default()
-        };
+        let text = super::scrape(admin);
         let mut seen: Vec<_> = prometheus::series(&text, "istio_requests_total")
             .into_iter()
             .map(|(labels, value)| {
                 (
-                    label(&labels, "response_code"),
-                    label(&labels, "response_flags"),
+                    prometheus::label(&labels, "response_code"),
+                    prometheus::label(&labels, "response_flags"),
                     value,
                 )
             })
