@@ -262,6 +262,8 @@ pub fn additional_addresses(ep: &Endpoint) -> Result<Box<[SocketAddr]>, ConfigEr
 mod tests {
     use super::*;
 
+    /// Addresses are only ordered here, never connected to: loopback ones, told apart by
+    /// port within a family.
     fn addrs(list: &[&str]) -> Vec<SocketAddr> {
         list.iter().map(|a| a.parse().unwrap()).collect()
     }
@@ -270,20 +272,20 @@ mod tests {
     fn families_take_turns_led_by_the_first_address() {
         let he = HappyEyeballs::default();
         let input = addrs(&[
-            "10.0.0.1:1",
-            "10.0.0.2:1",
+            "127.0.0.1:1",
+            "127.0.0.2:1",
             "[::1]:1",
-            "[::2]:1",
-            "10.0.0.3:1",
+            "[::1]:2",
+            "127.0.0.3:1",
         ]);
         assert_eq!(
             he.order(&input),
             addrs(&[
-                "10.0.0.1:1",
+                "127.0.0.1:1",
                 "[::1]:1",
-                "10.0.0.2:1",
-                "[::2]:1",
-                "10.0.0.3:1"
+                "127.0.0.2:1",
+                "[::1]:2",
+                "127.0.0.3:1"
             ])
         );
         let one = addrs(&["[::1]:1"]);
@@ -292,20 +294,32 @@ mod tests {
 
     #[test]
     fn a_first_family_and_count_reorder_as_envoy() {
-        let input = addrs(&["10.0.0.1:1", "10.0.0.2:1", "[::1]:1", "[::2]:1", "[::3]:1"]);
+        let input = addrs(&[
+            "127.0.0.1:1",
+            "127.0.0.2:1",
+            "[::1]:1",
+            "[::1]:2",
+            "[::1]:3",
+        ]);
         let v6_twice = HappyEyeballs {
             first_family: FirstFamily::V6,
             first_count: 2,
         };
         assert_eq!(
             v6_twice.order(&input),
-            addrs(&["[::1]:1", "[::2]:1", "10.0.0.1:1", "[::3]:1", "10.0.0.2:1"])
+            addrs(&[
+                "[::1]:1",
+                "[::1]:2",
+                "127.0.0.1:1",
+                "[::1]:3",
+                "127.0.0.2:1"
+            ])
         );
         let absent = HappyEyeballs {
             first_family: FirstFamily::V6,
             first_count: 3,
         };
-        let v4 = addrs(&["10.0.0.1:1", "10.0.0.2:1"]);
+        let v4 = addrs(&["127.0.0.1:1", "127.0.0.2:1"]);
         assert_eq!(absent.order(&v4), v4);
         let neither = HappyEyeballs {
             first_family: FirstFamily::Neither,
@@ -313,7 +327,13 @@ mod tests {
         };
         assert_eq!(
             neither.order(&input),
-            addrs(&["10.0.0.1:1", "[::1]:1", "10.0.0.2:1", "[::2]:1", "[::3]:1"])
+            addrs(&[
+                "127.0.0.1:1",
+                "[::1]:1",
+                "127.0.0.2:1",
+                "[::1]:2",
+                "[::1]:3"
+            ])
         );
     }
 
