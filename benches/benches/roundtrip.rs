@@ -113,6 +113,7 @@ fn roundtrip(c: &mut Criterion) {
     let bins = Binaries {
         revoy,
         envoy: envoy.clone().unwrap_or_default(),
+        baseline: None,
     };
     let base_id = std::process::id() % 10_000 * 10 + 7;
     let mut contenders = vec![

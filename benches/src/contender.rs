@@ -29,6 +29,9 @@ pub enum Kind {
     /// The same revoy binary and config, its listeners, routes, clusters and endpoints
     /// delivered over ADS (SotW) by an in-process server instead of a static bootstrap.
     RevoyXds,
+    /// A second revoy binary (`--baseline`) on `revoy`'s config, started next to it wherever
+    /// it runs: an A/B of two builds in one run.
+    RevoyBase,
     /// Envoy, `--concurrency 1`.
     Envoy,
     /// haproxy, `nbthread 1`.
@@ -41,9 +44,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every contender, in report order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Revoy,
         Kind::RevoyXds,
+        Kind::RevoyBase,
         Kind::Envoy,
         Kind::Haproxy,
         Kind::Nginx,
@@ -55,6 +59,7 @@ impl Kind {
         match self {
             Kind::Revoy => "revoy",
             Kind::RevoyXds => "revoy-xds",
+            Kind::RevoyBase => "revoy-base",
             Kind::Envoy => "envoy",
             Kind::Haproxy => "haproxy",
             Kind::Nginx => "nginx",
@@ -91,6 +96,8 @@ pub struct Binaries {
     pub revoy: PathBuf,
     /// The Envoy binary.
     pub envoy: PathBuf,
+    /// The `revoy-base` contender's binary, if the run compares two builds.
+    pub baseline: Option<PathBuf>,
 }
 
 /// Envoy as the tests and benches find it (the same rule as `proxy/tests/differential/
@@ -168,7 +175,10 @@ impl Running {
         let dir = dir.join(format!("{}-{:?}", kind.name(), shape).to_lowercase());
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let http = free_port();
-        let h2 = if matches!(kind, Kind::Revoy | Kind::RevoyXds | Kind::Envoy) {
+        let h2 = if matches!(
+            kind,
+            Kind::Revoy | Kind::RevoyXds | Kind::RevoyBase | Kind::Envoy
+        ) {
             http
         } else {
             free_port()
@@ -198,7 +208,7 @@ impl Running {
         let access_log = (shape == Shape::AccessLog).then(|| dir.join("access.log"));
         let mut ads = None;
         let (program, args): (PathBuf, Vec<String>) = match kind {
-            Kind::Revoy | Kind::RevoyXds | Kind::Envoy => {
+            Kind::Revoy | Kind::RevoyXds | Kind::RevoyBase | Kind::Envoy => {
                 let mut text = match shape {
                     Shape::Standard => configs::envoy_standard(&listen, up),
                     Shape::Mesh => configs::envoy_mesh(&listen, up),
@@ -234,6 +244,12 @@ impl Running {
                         base_id.to_string(),
                     ]);
                     (bins.envoy.clone(), args)
+                } else if kind == Kind::RevoyBase {
+                    let baseline = bins.baseline.clone();
+                    (
+                        baseline.ok_or("revoy-base runs only with --baseline")?,
+                        args,
+                    )
                 } else {
                     (bins.revoy.clone(), args)
                 }

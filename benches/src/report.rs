@@ -381,6 +381,7 @@ fn bar_chart(out: &mut String, title: &str, bars: &[(&str, f64)], x: f64, y: f64
         let colour = match *name {
             "revoy" => "#d9480f",
             "revoy-xds" => "#f08c00",
+            "revoy-base" => "#ffa94d",
             _ => "#4c6ef5",
         };
         let _ = writeln!(

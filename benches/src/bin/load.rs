@@ -4,7 +4,11 @@
 //! and an SVG chart (`load.*`; the TLS scenarios in `tls.*`).
 //!
 //! `cargo run --release -p benches --bin load -- [--quick | --smoke] [--out DIR] [--revoy PATH]
-//! [--envoy PATH] [--no-build] [--no-pgo] [--build-only] [--only scenario,...|tls]`
+//! [--baseline PATH] [--envoy PATH] [--no-build] [--no-pgo] [--build-only]
+//! [--only scenario,...|tls]`
+//!
+//! `--baseline PATH` adds "revoy-base", that binary on revoy's config next to revoy wherever
+//! revoy runs: an A/B of two builds taking turns in one run.
 //!
 //! `--smoke` runs every scenario and contender once, briefly (the test suite runs it on a
 //! debug build to keep the command working); its figures mean nothing.
@@ -92,6 +96,8 @@ struct Options {
     plan: Option<Plan>,
     out: PathBuf,
     revoy: Option<PathBuf>,
+    /// `--baseline`: the `revoy-base` contender's binary.
+    baseline: Option<PathBuf>,
     envoy: Option<PathBuf>,
     build: bool,
     /// Measure the profile-guided build (else the plain release build).
@@ -166,6 +172,7 @@ fn parse_args() -> Result<Options, String> {
         plan: None,
         out: "benches/results".into(),
         revoy: None,
+        baseline: None,
         envoy: None,
         build: true,
         pgo: true,
@@ -191,6 +198,7 @@ fn parse_args() -> Result<Options, String> {
             "--build-only" => opts.build_only = true,
             "--out" => opts.out = value()?.into(),
             "--revoy" => opts.revoy = Some(value()?.into()),
+            "--baseline" => opts.baseline = Some(value()?.into()),
             "--envoy" => opts.envoy = Some(value()?.into()),
             "--only" => {
                 for name in value()?.split(',') {
@@ -204,8 +212,10 @@ fn parse_args() -> Result<Options, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if opts.build_only && (opts.revoy.is_some() || !opts.build) {
-        return Err("--build-only builds: it cannot go with --revoy or --no-build".into());
+    if opts.build_only && (opts.revoy.is_some() || opts.baseline.is_some() || !opts.build) {
+        return Err(
+            "--build-only builds: it cannot go with --revoy, --baseline or --no-build".into(),
+        );
     }
     if !opts.pgo && opts.revoy.is_some() {
         return Err("--no-pgo chooses what to build or find: it cannot go with --revoy".into());
@@ -304,6 +314,7 @@ fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
         revoy: binary.to_path_buf(),
         // Only revoy runs.
         envoy: PathBuf::new(),
+        baseline: None,
     };
     let mut bench = Bench::new(&plan, work);
     let standard = standard_scenarios(&SCENARIOS);
@@ -629,6 +640,15 @@ fn start_all(
     up: &Upstream,
     work: &Path,
 ) -> Result<Vec<Running>, String> {
+    // revoy-base goes wherever revoy goes, when there is one.
+    let kinds: Vec<Kind> = kinds
+        .iter()
+        .filter(|&&k| k != Kind::RevoyBase)
+        .flat_map(|&k| {
+            let base = (k == Kind::Revoy && bins.baseline.is_some()).then_some(Kind::RevoyBase);
+            std::iter::once(k).chain(base)
+        })
+        .collect();
     let mut running = Vec::new();
     for (i, &kind) in kinds.iter().enumerate() {
         // Envoys of different shapes never run at the same time.
@@ -831,6 +851,18 @@ fn targets(r: &Results, sizes: (Option<f64>, Option<f64>)) -> Vec<Target> {
         true,
         "x",
     );
+    if let Some(ab) = ratio(
+        "http1_small",
+        Kind::Revoy,
+        Kind::RevoyBase,
+        "cpu_us_per_req",
+    ) {
+        out.push((
+            "A/B: HTTP/1.1 small CPU/req, revoy / revoy-base (`--baseline`)".to_string(),
+            format!("{ab:.3}x"),
+            None,
+        ));
+    }
     let envoy_added = r.median("http1_small", Kind::Envoy, "added_p99_us");
     if envoy_added.is_some_and(|added| added <= 0.0) {
         out.push((
@@ -999,6 +1031,7 @@ fn run(opts: &Options) -> Result<(), String> {
     let bins = Binaries {
         revoy,
         envoy: envoy_binary(opts)?,
+        baseline: opts.baseline.clone(),
     };
     let started = Instant::now();
     let plan = opts.plan.clone().unwrap_or_else(Plan::full);
