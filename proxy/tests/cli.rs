@@ -144,6 +144,40 @@ fn validate_accepts_every_istio_bootstrap_golden() {
     assert!(with_tls > 0, "no golden uses TLS any more");
 }
 
+/// Every bootstrap in `examples/` is one that revoy serves with nothing skipped and that
+/// Envoy 1.40 accepts, as their comments say.
+#[test]
+fn the_examples_validate_in_revoy_and_envoy() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 2, "examples: {examples:?}");
+    let envoy =
+        oracle::envoy_or_skip("the Envoy half of cli::the_examples_validate_in_revoy_and_envoy");
+    for example in &examples {
+        let output = validate(revoy(), example, &[]);
+        let out = text(&output);
+        assert!(
+            output.status.success() && !out.contains("not implemented"),
+            "revoy --mode validate {}: {out}",
+            example.display()
+        );
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), example, &[]);
+            assert!(
+                output.status.success(),
+                "envoy --mode validate {}: {}",
+                example.display(),
+                text(&output)
+            );
+        }
+    }
+}
+
 /// One bad bootstrap: a one-line edit of `valid.yaml`, words revoy's error must contain (the
 /// field path among them), and whether Envoy 1.40 rejects it too (where it does not, revoy's
 /// stricter verdict is listed in the README's differences).

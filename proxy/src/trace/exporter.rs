@@ -32,9 +32,10 @@ struct Stats {
 struct Reports {
     /// `reports_sent`: the collector answered 202.
     sent: Counter,
-    /// `reports_dropped`: it answered something else.
+    /// `reports_dropped`: it answered something else, or was not reached (Envoy's async
+    /// client then answers with its router's 503 or 504).
     dropped: Counter,
-    /// `reports_failed`: the request failed.
+    /// `reports_failed`: the answer was cut off.
     failed: Counter,
     /// `reports_skipped_no_cluster`: the collector cluster does not exist.
     skipped_no_cluster: Counter,
@@ -45,9 +46,11 @@ struct Reports {
 pub enum Failure {
     /// The collector cluster does not exist (`reports_skipped_no_cluster`).
     NoCluster,
-    /// The collector answered other than 202 (`reports_dropped`).
+    /// The collector answered other than 202, or the status Envoy's router gives a request
+    /// it could not send (`reports_dropped`).
     Rejected(u16),
-    /// The request failed (`reports_failed`).
+    /// The request failed otherwise: an answer cut off, or one that could not be built
+    /// (`reports_failed`).
     Failed(String),
 }
 

@@ -112,18 +112,29 @@ impl Client {
             ..LbContext::default()
         };
         let exchange = async {
-            let resp = cluster.request(req, &lb).await.map_err(|e| failed(&e))?;
+            // Envoy's async client answers a request its router could not send (no
+            // connection, no healthy host) with the router's 503, which the reporter counts
+            // as a collector that refused the spans; only a stream reset after the answer
+            // began is a failure.
+            let resp = match cluster.request(req, &lb).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    tracing::debug!(error = %e, "zipkin collector not reached");
+                    return Err(Failure::Rejected(503));
+                }
+            };
             let status = resp.status();
-            let _ = resp.into_body().collect().await;
+            resp.into_body().collect().await.map_err(|e| failed(&e))?;
             if status == http::StatusCode::ACCEPTED {
                 Ok(())
             } else {
                 Err(Failure::Rejected(status.as_u16()))
             }
         };
-        // Envoy's `tracing.zipkin.request_timeout` default.
+        // Envoy's `tracing.zipkin.request_timeout` default; the async client answers a
+        // timed-out request with the router's 504.
         tokio::time::timeout(std::time::Duration::from_secs(5), exchange)
             .await
-            .map_err(|_| Failure::Failed("request timeout".into()))?
+            .unwrap_or(Err(Failure::Rejected(504)))
     }
 }

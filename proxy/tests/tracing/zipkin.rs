@@ -353,3 +353,46 @@ async fn zipkin_sampling_decisions_and_the_bootstrap_tracer_match_envoy() {
         compare(name, &envoy, &revoy);
     }
 }
+
+/// A Zipkin collector that is not there: every request still succeeds, and the exports are
+/// counted as Envoy 1.40 counts them. Envoy's async client answers a connection that fails
+/// with its router's 503, which the reporter counts in `reports_dropped` (a collector that
+/// answered other than 202); `reports_failed` is for a request that got no answer at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_zipkin_collector_counts_dropped_reports() {
+    let reports = [
+        "tracing.zipkin.reports_sent",
+        "tracing.zipkin.reports_dropped",
+        "tracing.zipkin.reports_failed",
+        "tracing.zipkin.reports_skipped_no_cluster",
+    ];
+    let tracing = zipkin_tracing("", "");
+    let zipkin = |which| {
+        super::dead_collector_stats(
+            which,
+            &tracing,
+            false,
+            "tracing.zipkin.spans_sent",
+            &reports,
+        )
+    };
+    let counted = |stats: &str| -> Vec<String> {
+        reports
+            .iter()
+            .chain(&["cluster.collector.upstream_cx_connect_fail"])
+            .map(|n| format!("{n} counted: {}", super::stat(stats, n).unwrap_or(0) > 0))
+            .collect()
+    };
+    let revoy = zipkin(Which::Revoy).await;
+    if oracle::envoy_or_skip("a_dead_zipkin_collector_counts_dropped_reports").is_none() {
+        let seen = counted(&revoy);
+        assert!(
+            seen.contains(&"tracing.zipkin.reports_dropped counted: true".to_string())
+                && seen.contains(&"tracing.zipkin.reports_failed counted: false".to_string()),
+            "{revoy}"
+        );
+        return;
+    }
+    let envoy = zipkin(Which::Envoy).await;
+    compare("dead Zipkin collector", &counted(&envoy), &counted(&revoy));
+}
