@@ -343,16 +343,18 @@ fn train(binary: &Path, up: &Upstream, work: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Proxy CPU spent during one run, seconds.
+/// Proxy CPU spent during one run, seconds: the total from the process's CPU clock
+/// (nanoseconds), the user/system split from `/proc`'s 10 ms ticks.
 #[derive(Clone, Copy)]
 struct Cpu {
     user: f64,
     sys: f64,
+    total: f64,
 }
 
 impl Cpu {
     fn total(self) -> f64 {
-        self.user + self.sys
+        self.total
     }
 }
 
@@ -361,19 +363,28 @@ fn with_cpu<T>(
     pid: Option<u32>,
     load: impl FnOnce() -> Result<T, String>,
 ) -> Result<(T, Option<Cpu>), String> {
-    let before = pid.and_then(procfs::cpu_times);
+    let sample = |pid| Some((procfs::cpu_times(pid)?, procfs::cpu_seconds(pid)?));
+    let before = pid.and_then(sample);
     let result = load()?;
-    let after = pid.and_then(procfs::cpu_times);
-    let cpu = before.zip(after).map(|((u0, s0), (u1, s1))| Cpu {
-        user: u1 - u0,
-        sys: s1 - s0,
-    });
+    let after = pid.and_then(sample);
+    let cpu = before
+        .zip(after)
+        .map(|(((u0, s0), t0), ((u1, s1), t1))| Cpu {
+            user: u1 - u0,
+            sys: s1 - s0,
+            total: t1 - t0,
+        });
     Ok((result, cpu))
 }
 
 fn record_cpu_share(results: &mut Results, scenario: &str, kind: Kind, cpu: Cpu) {
-    if cpu.total() > 0.0 {
-        results.record(scenario, kind, "sys_pct", 100.0 * cpu.sys / cpu.total());
+    if cpu.user + cpu.sys > 0.0 {
+        results.record(
+            scenario,
+            kind,
+            "sys_pct",
+            100.0 * cpu.sys / (cpu.user + cpu.sys),
+        );
     }
 }
 

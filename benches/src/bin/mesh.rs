@@ -318,8 +318,7 @@ impl<'a> Contender<'a> {
         self.sidecars
             .iter()
             .map(|&(row, pid)| {
-                procfs::cpu_times(pid)
-                    .map(|(user, sys)| user + sys)
+                procfs::cpu_seconds(pid)
                     .ok_or_else(|| format!("{} {row} (pid {pid}) is gone", self.kind.name()))
             })
             .collect()

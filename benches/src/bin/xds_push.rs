@@ -211,22 +211,25 @@ impl Results {
     }
 }
 
-/// The CPU time (user + system) of `pid`, in seconds.
+/// The CPU time (user + system) of `pid`, in seconds, to the nanosecond.
 fn cpu(pid: u32) -> f64 {
-    procfs::cpu_times(pid).map_or(f64::NAN, |(u, s)| u + s)
+    procfs::cpu_seconds(pid).unwrap_or(f64::NAN)
 }
 
-/// Waits until `pid` stops burning CPU (two 200 ms samples at most a clock tick apart, for
+/// What a proxy burns in 200 ms with nothing to do (timers, stats flushes): a settled proxy
+/// spends at most this between two samples.
+const IDLE_CPU: f64 = 0.010;
+
+/// Waits until `pid` stops burning CPU (two 200 ms samples at most [`IDLE_CPU`] apart, for
 /// at most 10 s) and answers its CPU time then: the end of an update's work, including what
 /// a proxy does after its ACK (Envoy's workers taking the new clusters, for one).
 fn settled_cpu(pid: u32) -> f64 {
-    let tick = 1.0 / procfs::ticks_per_second();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = cpu(pid);
     loop {
         thread::sleep(Duration::from_millis(200));
         let now = cpu(pid);
-        if now - last <= tick + 1e-9 || Instant::now() > deadline {
+        if now - last <= IDLE_CPU || Instant::now() > deadline {
             return now;
         }
         last = now;
