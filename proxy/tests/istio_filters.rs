@@ -333,15 +333,17 @@ fn hcm_listener(name: &str, direction: &str, port: u16, filters: &str, routes: &
     )
 }
 
+/// istiod's `istio` metadata of a cluster to `service` (its host and name).
+fn service_metadata((host, short): (&str, &str)) -> String {
+    format!(
+        "metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
+    )
+}
+
 /// A static cluster to 127.0.0.1:`port`, with istiod's `istio` metadata when `service` is
 /// given (its host and name).
 fn static_cluster(name: &str, port: u16, service: Option<(&str, &str)>) -> String {
-    let metadata = service.map_or(String::new(), |(host, short)| {
-        format!(
-            "metadata: {{filter_metadata: {{istio: {{services: [{{host: {host}, name: {short}, namespace: default}}]}}}}}}"
-        )
-    });
-    bootstrap::cluster(name, port, &metadata)
+    bootstrap::cluster(name, port, &service.map_or(String::new(), service_metadata))
 }
 
 fn node_bootstrap(id: &str, metadata: &str, admin: u16, listeners: &str, clusters: &str) -> String {
@@ -349,6 +351,81 @@ fn node_bootstrap(id: &str, metadata: &str, admin: u16, listeners: &str, cluster
         "node: {{id: {id}, cluster: test-cluster, metadata: {{{metadata}}}}}\n{}static_resources:\n  listeners:{listeners}\n  clusters:{clusters}\n",
         bootstrap::admin(admin)
     )
+}
+
+/// The service the server sidecar's clusters name (host, name).
+const SERVER_SERVICE: (&str, &str) = ("server.default.svc.cluster.local", "server");
+
+/// Istio proxy's two-sidecar set-up (its `TestStatsPayload` and `TestStatsGrpcStream`): a
+/// client revoy whose OUTBOUND listener sends `/` to the server revoy's INBOUND listener,
+/// which sends it on to a backend. Each node has the metadata of Istio's test node; the
+/// clusters to the server and to the backend carry [`SERVER_SERVICE`]'s `istio` metadata.
+struct Sidecars {
+    client_admin: u16,
+    client_port: u16,
+    server_admin: u16,
+    server_port: u16,
+    /// Extra fields (lines) of the clusters to the server and to the backend.
+    upstreams: &'static str,
+}
+
+impl Sidecars {
+    /// Free ports for both sidecars' admins and listeners, and `upstreams`: the extra fields of
+    /// the clusters to the server and to the backend.
+    fn new(upstreams: &'static str) -> Sidecars {
+        Sidecars {
+            client_admin: free_port(),
+            client_port: free_port(),
+            server_admin: free_port(),
+            server_port: free_port(),
+            upstreams,
+        }
+    }
+
+    /// The cluster `name` to 127.0.0.1:`port`, to the server's service.
+    fn upstream(&self, name: &str, port: u16) -> String {
+        let metadata = service_metadata(SERVER_SERVICE);
+        bootstrap::cluster(name, port, &format!("{metadata}\n{}", self.upstreams))
+    }
+
+    /// The client's bootstrap: `filters` (entries each followed by `, `) before its router,
+    /// `routes` (likewise) before its route of everything to the server, and `clusters`
+    /// besides the server's.
+    fn client(&self, filters: &str, routes: &str, clusters: &str) -> String {
+        node_bootstrap(
+            "client",
+            &node_metadata("client_node_metadata.json.tmpl"),
+            self.client_admin,
+            &hcm_listener(
+                "client",
+                "OUTBOUND",
+                self.client_port,
+                filters,
+                &format!(
+                    "{routes}{{match: {{prefix: /}}, route: {{cluster: server-outbound-cluster}}}}"
+                ),
+            ),
+            &(self.upstream("server-outbound-cluster", self.server_port) + clusters),
+        )
+    }
+
+    /// The server's bootstrap: `filters` (entries each followed by `, `) before its router,
+    /// everything routed to the backend on 127.0.0.1:`backend`, and `listeners` besides.
+    fn server(&self, filters: &str, backend: u16, listeners: &str) -> String {
+        node_bootstrap(
+            "server",
+            &node_metadata("server_node_metadata.json.tmpl"),
+            self.server_admin,
+            &(hcm_listener(
+                "server",
+                "INBOUND",
+                self.server_port,
+                filters,
+                "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
+            ) + listeners),
+            &self.upstream("server-inbound-cluster", backend),
+        )
+    }
 }
 
 /// An upstream that hands each request head it reads to the test and answers `200`.
@@ -497,54 +574,30 @@ fn istios_wasm_plugins_exchange_and_report_as_the_native_filters() {
 /// A client and a server sidecar with `client_filters` and `server_filters` before their
 /// routers: the exchange's headers and each side's `istio_requests_total` are Istio's goldens.
 fn exchange_and_requests_total_match_istios_goldens(client_filters: &str, server_filters: &str) {
-    let (client_admin, client_port) = (free_port(), free_port());
-    let (server_admin, server_port, backend_port) = (free_port(), free_port(), free_port());
+    let sidecars = Sidecars::new("");
+    let backend_port = free_port();
     let (capture_port, captured) = capturing_upstream();
-    let client = node_bootstrap(
-        "client",
-        &node_metadata("client_node_metadata.json.tmpl"),
-        client_admin,
-        &hcm_listener(
-            "client",
-            "OUTBOUND",
-            client_port,
-            client_filters,
-            "{match: {prefix: /capture}, route: {cluster: capture}}, {match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
-        ),
-        &(static_cluster(
-            "server-outbound-cluster",
-            server_port,
-            Some(("server.default.svc.cluster.local", "server")),
-        ) + &static_cluster("capture", capture_port, None)),
+    let client = sidecars.client(
+        client_filters,
+        "{match: {prefix: /capture}, route: {cluster: capture}}, ",
+        &static_cluster("capture", capture_port, None),
     );
-    let server = node_bootstrap(
-        "server",
-        &node_metadata("server_node_metadata.json.tmpl"),
-        server_admin,
-        &(hcm_listener(
-            "server",
-            "INBOUND",
-            server_port,
-            server_filters,
-            "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
-        ) + &hcm_listener(
+    let server = sidecars.server(
+        server_filters,
+        backend_port,
+        &hcm_listener(
             "staticreply",
             "UNSPECIFIED",
             backend_port,
             "",
             "{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: hello}}}",
-        )),
-        &static_cluster(
-            "server-inbound-cluster",
-            backend_port,
-            Some(("server.default.svc.cluster.local", "server")),
         ),
     );
-    let _client = Proxy::with_admin(&client, client_admin);
-    let _server = Proxy::with_admin(&server, server_admin);
+    let _client = Proxy::with_admin(&client, sidecars.client_admin);
+    let _server = Proxy::with_admin(&server, sidecars.server_admin);
 
     // What the client sends upstream: its node id and its workload, in Istio's format.
-    let (head, _) = exchange(client_port, "/capture", "");
+    let (head, _) = exchange(sidecars.client_port, "/capture", "");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let sent = captured.recv_timeout(Duration::from_secs(5)).unwrap();
     assert_eq!(header(&sent, "x-envoy-peer-metadata-id"), Some("client"));
@@ -583,17 +636,17 @@ fn exchange_and_requests_total_match_istios_goldens(client_filters: &str, server
         "x-envoy-peer-metadata-id: client\r\nx-envoy-peer-metadata: {}\r\n",
         header(&sent, "x-envoy-peer-metadata").unwrap()
     );
-    let (head, body) = exchange(server_port, "/", &client_headers);
+    let (head, body) = exchange(sidecars.server_port, "/", &client_headers);
     assert_eq!(body, "hello");
     assert_eq!(header(&head, "x-envoy-peer-metadata-id"), Some("server"));
     let answered = peer_metadata(header(&head, "x-envoy-peer-metadata").unwrap());
     assert!(answered.contains(&("WORKLOAD_NAME".to_owned(), text("ratings-v1"))));
-    let (head, _) = exchange(server_port, "/", "");
+    let (head, _) = exchange(sidecars.server_port, "/", "");
     assert_eq!(header(&head, "x-envoy-peer-metadata"), None);
 
     // Through both: the client's response no longer carries the server's headers.
     for _ in 0..3 {
-        let (head, body) = exchange(client_port, "/", "");
+        let (head, body) = exchange(sidecars.client_port, "/", "");
         assert_eq!(body, "hello");
         assert_eq!(header(&head, "x-envoy-peer-metadata"), None, "{head}");
         assert_eq!(header(&head, "x-envoy-peer-metadata-id"), None, "{head}");
@@ -607,16 +660,16 @@ fn exchange_and_requests_total_match_istios_goldens(client_filters: &str, server
     };
     let (client_labels, _) = golden("client_request_total.yaml.tmpl", "3");
     admin::wait_until("the client's three requests counted", || {
-        find(client_admin, &client_labels).is_some_and(|(_, v)| v == "3")
+        find(sidecars.client_admin, &client_labels).is_some_and(|(_, v)| v == "3")
     });
     // The server saw the three through the client and the direct one with the client's
     // metadata: four from productpage-v1 (the one without metadata is another series).
     let (server_labels, _) = golden("server_request_total.yaml.tmpl", "");
-    let server_series = || find(server_admin, &server_labels);
+    let server_series = || find(sidecars.server_admin, &server_labels);
     admin::wait_until("the server's requests counted", || {
         server_series().is_some_and(|(_, v)| v == "4")
     });
-    let text = scrape(client_admin);
+    let text = scrape(sidecars.client_admin);
     assert!(
         text.contains("# TYPE istio_requests_total counter\n"),
         "{text}"
@@ -756,11 +809,7 @@ fn tcp_mesh(stats: &str) -> TcpMesh {
             tcp_proxy("echo"),
             downstream_mtls(&server_cert, &ca, "[istio-peer-exchange, istio]"),
         ),
-        &static_cluster(
-            "echo",
-            echo,
-            Some(("server.default.svc.cluster.local", "server")),
-        ),
+        &static_cluster("echo", echo, Some(SERVER_SERVICE)),
     );
     let client = node_bootstrap(
         "client",
@@ -786,11 +835,7 @@ fn tcp_mesh(stats: &str) -> TcpMesh {
           alpn_protocols: [istio-peer-exchange, istio]
           tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]
           validation_context: {{trusted_ca: {{filename: {}}}}}"#,
-            static_cluster(
-                "mesh",
-                server_port,
-                Some(("server.default.svc.cluster.local", "server"))
-            ),
+            static_cluster("mesh", server_port, Some(SERVER_SERVICE)),
             client_cert.chain.display(),
             client_cert.key.display(),
             ca.display()
@@ -1057,47 +1102,18 @@ fn an_open_grpc_stream_reports_its_messages_every_tcp_reporting_duration() {
             r#"{mx}, {{name: grpc_stats, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig, emit_filter_state: true}}}}, {{name: stats, typed_config: {{"@type": type.googleapis.com/udpa.type.v1.TypedStruct, type_url: type.googleapis.com/stats.PluginConfig, value: {{tcp_reporting_duration: 0.2s}}}}}}, "#
         )
     };
-    let h2_cluster = |name: &str, port: u16| {
-        let metadata = "metadata: {filter_metadata: {istio: {services: [{host: server.default.svc.cluster.local, name: server, namespace: default}]}}}";
-        bootstrap::cluster(name, port, &format!("{metadata}\n{H2}"))
-    };
-    let (client_admin, client_port) = (free_port(), free_port());
-    let (server_admin, server_port) = (free_port(), free_port());
+    let sidecars = Sidecars::new(H2);
     let backend = h2_server::serve(bidi_upstream);
-    let client = node_bootstrap(
-        "client",
-        &node_metadata("client_node_metadata.json.tmpl"),
-        client_admin,
-        &hcm_listener(
-            "client",
-            "OUTBOUND",
-            client_port,
-            &filters(MX_OUTBOUND),
-            "{match: {prefix: /}, route: {cluster: server-outbound-cluster}}",
-        ),
-        &h2_cluster("server-outbound-cluster", server_port),
-    );
-    let server = node_bootstrap(
-        "server",
-        &node_metadata("server_node_metadata.json.tmpl"),
-        server_admin,
-        &hcm_listener(
-            "server",
-            "INBOUND",
-            server_port,
-            &filters(MX_INBOUND),
-            "{match: {prefix: /}, route: {cluster: server-inbound-cluster}}",
-        ),
-        &h2_cluster("server-inbound-cluster", backend),
-    );
-    let _client = listening(&client, &[client_port]);
-    let _server = listening(&server, &[server_port]);
+    let client = sidecars.client(&filters(MX_OUTBOUND), "", "");
+    let server = sidecars.server(&filters(MX_INBOUND), backend, "");
+    let _client = listening(&client, &[sidecars.client_port]);
+    let _server = listening(&server, &[sidecars.server_port]);
 
     // Each sidecar's message counters: one series, with the reporter's and the ends' labels
     // (the first 20 of Istio's request goldens, as its message goldens have them).
     let sides = [
-        (client_admin, "client_request_total.yaml.tmpl"),
-        (server_admin, "server_request_total.yaml.tmpl"),
+        (sidecars.client_admin, "client_request_total.yaml.tmpl"),
+        (sidecars.server_admin, "server_request_total.yaml.tmpl"),
     ]
     .map(|(admin, file)| {
         let (mut labels, _) = golden(file, "");
@@ -1116,7 +1132,7 @@ fn an_open_grpc_stream_reports_its_messages_every_tcp_reporting_duration() {
         })
     };
 
-    let mut conn = TcpStream::connect(("127.0.0.1", client_port)).unwrap();
+    let mut conn = TcpStream::connect(("127.0.0.1", sidecars.client_port)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     write!(

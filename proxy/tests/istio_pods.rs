@@ -163,17 +163,7 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
         Capture::PortsAndRanges,
         Capture::Tproxy,
     ];
-    let pods = mesh
-        .services
-        .iter()
-        .zip(sidecars)
-        .zip(captures)
-        .map(|((s, sidecar), capture)| PodSpec {
-            workload: s.endpoints[0].clone(),
-            sidecar,
-            capture,
-        })
-        .collect();
+    let pods = PodSpec::per_service(&mesh, &sidecars, &captures);
     Some(Cluster::start(
         tag,
         &mesh,

@@ -23,6 +23,8 @@
 //! package); without them the test's skip is reported after the summary, or fails under
 //! `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/netns.rs"]
@@ -89,44 +91,35 @@ fn bootstrap(log: &Path, reached: &Path) -> String {
                 )
             };
             format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 1s\n    {extra}\n    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}{additional}}}}}]}}]\n",
+                "\n  - name: {name}\n    type: STATIC\n    connect_timeout: 1s\n    {extra}\n    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}{additional}}}}}]}}]",
                 socket_address(address)
             )
         })
         .collect();
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: 15000}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: 127.0.0.1, port_value: 10000}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          access_log:
-          - name: envoy.access_loggers.file
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: {log}
-              log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %UPSTREAM_HOST% from %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\n"}}}}
-          - name: envoy.access_loggers.file
-            filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: dual.reached}}}}}}}}
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: {reached}
-              log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% reached %UPSTREAM_REMOTE_ADDRESS%\n"}}}}
-          http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}
-  clusters:
-{clusters}"#,
+    let access_log = format!(
+        r#"access_log:
+- name: envoy.access_loggers.file
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+    path: {log}
+    log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %UPSTREAM_HOST% from %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\n"}}}}
+- name: envoy.access_loggers.file
+  filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: dual.reached}}}}}}}}
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+    path: {reached}
+    log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% reached %UPSTREAM_REMOTE_ADDRESS%\n"}}}}"#,
         log = log.display(),
         reached = reached.display(),
-        routes = routes.join(", "),
-    )
+    );
+    let listener = bootstrap::http_listener(
+        "front",
+        10000,
+        &access_log,
+        "",
+        &format!("[{}]", routes.join(", ")),
+    );
+    bootstrap::with_admin(15000, &listener, &clusters)
 }
 
 /// The value of `field` in a `/config_dump` cluster, as JSON text.

@@ -15,6 +15,8 @@
 //! process install a seccomp filter; without them the test skips loudly, or fails under
 //! `CI=true`.
 
+#[path = "support/child.rs"]
+mod child;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "differential/oracle.rs"]
@@ -28,9 +30,11 @@ use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use child::Proxy;
 
 /// Bytes the client sends (not a multiple of any buffer or pipe size).
 const UP: usize = 3 * 1024 * 1024 + 17;
@@ -126,16 +130,6 @@ fn seccomp_or_skip() -> bool {
             );
             false
         }
-    }
-}
-
-/// Stops the proxy when dropped.
-struct Proxy(Child);
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

@@ -227,15 +227,7 @@ fn mesh_config() -> Mesh {
 /// Starts pods a and b with `sidecar` in both (and the hosts `outside`, no sidecar).
 fn start_cluster(tag: &str, sidecar: Sidecar, envoy: &Path, outside: &[&str]) -> Cluster {
     let mesh = mesh_config();
-    let pods = mesh
-        .services
-        .iter()
-        .map(|s| PodSpec {
-            workload: s.endpoints[0].clone(),
-            sidecar,
-            capture: Capture::Redirect,
-        })
-        .collect();
+    let pods = PodSpec::per_service(&mesh, &[sidecar; 2], &[Capture::Redirect; 2]);
     Cluster::start(tag, &mesh, pods, outside, Some(envoy))
 }
 

@@ -127,16 +127,7 @@ fn cluster(test: &str, tag: &str, first: Family, sidecars: [Sidecar; 2]) -> Opti
         return None;
     }
     let mesh = mesh(first, all_revoy(&sidecars));
-    let pods = mesh
-        .services
-        .iter()
-        .zip(sidecars)
-        .map(|(s, sidecar)| PodSpec {
-            workload: s.endpoints[0].clone(),
-            sidecar,
-            capture: Capture::Redirect,
-        })
-        .collect();
+    let pods = PodSpec::per_service(&mesh, &sidecars, &[Capture::Redirect; 2]);
     Some(Cluster::start(tag, &mesh, pods, &[], envoy.as_deref()))
 }
 

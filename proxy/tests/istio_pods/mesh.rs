@@ -57,6 +57,29 @@ pub struct PodSpec {
     pub capture: Capture,
 }
 
+impl PodSpec {
+    /// A pod for each service of `mesh`, in order: its first endpoint's workload, with the
+    /// sidecar and the capture at the same place in `sidecars` and `captures`.
+    pub fn per_service(mesh: &Mesh, sidecars: &[Sidecar], captures: &[Capture]) -> Vec<PodSpec> {
+        let services = mesh.services.len();
+        assert!(
+            sidecars.len() == services && captures.len() == services,
+            "{} sidecars and {} captures for {services} services: one of each per service",
+            sidecars.len(),
+            captures.len()
+        );
+        mesh.services
+            .iter()
+            .zip(sidecars.iter().zip(captures))
+            .map(|(s, (&sidecar, &capture))| PodSpec {
+                workload: s.endpoints[0].clone(),
+                sidecar,
+                capture,
+            })
+            .collect()
+    }
+}
+
 /// A process the cluster started, killed by its PID when dropped.
 pub struct Process {
     child: Child,
