@@ -189,7 +189,7 @@ struct BadInput {
     envoy_rejects: bool,
 }
 
-const BAD_INPUTS: [BadInput; 31] = [
+const BAD_INPUTS: [BadInput; 32] = [
     BadInput {
         name: "typo field",
         from: "    type: STATIC",
@@ -455,6 +455,16 @@ const BAD_INPUTS: [BadInput; 31] = [
         to: "  - name: l\n    address: {socket_address: {address: 127.0.0.1, port_value: 10002}}\n    filter_chains:\n    - filters:\n      - name: envoy.filters.network.tcp_proxy\n        typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: t, cluster: a}\n  clusters:",
         words: &["static_resources.listeners[1]", "duplicate listener name"],
         envoy_rejects: false,
+    },
+    BadInput {
+        name: "bootstrap bind config of one IP version twice",
+        from: "static_resources:",
+        to: "cluster_manager: {upstream_bind_config: {source_address: {address: 127.0.0.3, port_value: 0}, extra_source_addresses: [{address: {address: 127.0.0.4, port_value: 0}}]}}\nstatic_resources:",
+        words: &[
+            "cluster_manager.upstream_bind_config.extra_source_addresses[0].address",
+            "Bootstrap's upstream binding config has two same IP version source addresses",
+        ],
+        envoy_rejects: true,
     },
     BadInput {
         name: "invalid header name",

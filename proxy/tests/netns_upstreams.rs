@@ -39,25 +39,13 @@ fn contenders(test: &str) -> Option<[PathBuf; 2]> {
 /// A bootstrap with an HTTP listener at `listener` (with `listener_extra` under it) routing
 /// everything to the cluster `cluster`, whose YAML is `cluster_yaml`.
 fn bootstrap(listener: &str, listener_extra: &str, cluster_yaml: &str) -> String {
-    let (host, port) = listener.rsplit_once(':').expect("host:port");
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: 15000}}}}
-static_resources:
-  listeners:
-  - name: front
-    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
-{listener_extra}    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: front
-          http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: upstream}}}}]}}]}}
-  clusters:
-  - name: upstream
-{cluster_yaml}"#
+    netns::http_bootstrap(
+        "",
+        listener,
+        listener_extra,
+        "",
+        r#"{virtual_hosts: [{name: all, domains: ["*"], routes: [{match: {prefix: /}, route: {cluster: upstream}}]}]}"#,
+        &format!("  - name: upstream\n{cluster_yaml}"),
     )
 }
 

@@ -41,6 +41,7 @@ fn manager(yaml: &str) -> (ClusterManager, Store) {
         compile_cluster(
             &revoy::config::Context::new(&revoy::config::SystemIo),
             &decode(yaml),
+            revoy::config::cluster::SourceAddresses::NONE,
         )
         .unwrap(),
     ]);
@@ -415,6 +416,7 @@ async fn unchanged_cluster_keeps_state_across_updates() {
         compile_cluster(
             &revoy::config::Context::new(&revoy::config::SystemIo),
             &decode(&yaml),
+            revoy::config::cluster::SourceAddresses::NONE,
         )
         .unwrap(),
     ]);
@@ -423,6 +425,7 @@ async fn unchanged_cluster_keeps_state_across_updates() {
         compile_cluster(
             &revoy::config::Context::new(&revoy::config::SystemIo),
             &decode(&format!("{yaml}connect_timeout: 1s\n")),
+            revoy::config::cluster::SourceAddresses::NONE,
         )
         .unwrap(),
     ]);

@@ -227,6 +227,7 @@ impl Client {
             compile_cluster(
                 &revoy::config::Context::new(&revoy::config::SystemIo),
                 &config,
+                revoy::config::cluster::SourceAddresses::NONE,
             )
             .unwrap(),
         ]);

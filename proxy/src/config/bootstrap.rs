@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use proto::pb::envoy::config::bootstrap::v3::Bootstrap;
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
-use super::cluster::{ClusterConfig, compile_cluster};
+use super::cluster::{BootstrapBind, ClusterConfig, SourceAddresses, compile_cluster};
 use super::listener::{ListenerConfig, compile_listener, socket_addr};
 use super::tls::sds::{SecretRef, SecretSource};
 use super::tls::secret::{self, SecretValue};
@@ -23,6 +23,9 @@ pub struct BootstrapConfig {
     pub listeners: Vec<ListenerConfig>,
     /// Static clusters.
     pub clusters: Vec<ClusterConfig>,
+    /// `cluster_manager.upstream_bind_config`: the source addresses of every cluster without
+    /// an `upstream_bind_config` of its own (static or from CDS).
+    pub upstream_bind: BootstrapBind,
     /// The bootstrap itself, for `/config_dump` and `/server_info`.
     pub proto: proto::Encoded<Bootstrap>,
     /// How stat names split into tags (`stats_config`), for `/stats/prometheus`.
@@ -95,6 +98,14 @@ pub fn compile_bootstrap(
         }
         Ok(())
     };
+    let bootstrap_bind = b
+        .cluster_manager
+        .as_ref()
+        .and_then(|cm| cm.upstream_bind_config.as_ref());
+    if bootstrap_bind.is_some_and(SourceAddresses::has_unapplied) {
+        warnings.skipped(BootstrapBind::PATH, SourceAddresses::UNAPPLIED);
+    }
+    let upstream_bind = BootstrapBind::compile(bootstrap_bind);
     let mut clusters = Vec::with_capacity(sr.clusters.len());
     let mut seen = HashSet::new();
     for (i, c) in sr.clusters.iter().enumerate() {
@@ -105,7 +116,8 @@ pub fn compile_bootstrap(
                 format!("cluster manager: duplicate cluster '{}' found", c.name),
             ));
         }
-        let compiled = compile_cluster(ctx, c).map_err(|e| e.within(&path))?;
+        let compiled =
+            compile_cluster(ctx, c, upstream_bind.fallback(c)?).map_err(|e| e.within(&path))?;
         for socket in compiled.transport.sockets() {
             if let Socket::Tls(tls) = socket {
                 static_secret(tls.common.secrets(), &path)?;
@@ -197,6 +209,7 @@ pub fn compile_bootstrap(
         admin,
         listeners,
         clusters,
+        upstream_bind,
         stats_tags: std::sync::Arc::new(stats_tags(b, warnings)),
         stats_flush: super::stats_flush::stats_flush(b)?,
         histogram_buckets: super::stats_flush::histogram_buckets(ctx, b)?,

@@ -21,7 +21,7 @@ use super::upstream_transport::UpstreamTransport;
 
 pub mod addresses;
 
-pub use addresses::{HappyEyeballs, SourceAddresses};
+pub use addresses::{BootstrapBind, HappyEyeballs, SourceAddresses};
 
 /// The key of the upstream HTTP protocol options in `typed_extension_protocol_options`.
 pub const HTTP_PROTOCOL_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
@@ -366,16 +366,11 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
             "the load-balancing policy extensions are not implemented by revoy; lb_policy applies",
         ),
         (
-            c.upstream_bind_config.as_ref().is_some_and(|b| {
-                b.freebind.is_some_and(|f| f.value)
-                    || !b.socket_options.is_empty()
-                    || b.extra_source_addresses
-                        .iter()
-                        .any(|e| e.socket_options.is_some())
-                    || b.local_address_selector.is_some()
-            }),
+            c.upstream_bind_config
+                .as_ref()
+                .is_some_and(SourceAddresses::has_unapplied),
             "upstream_bind_config",
-            "only its source addresses (source_address, extra_source_addresses, additional_source_addresses) are applied by revoy; freebind, socket_options and local_address_selector are not",
+            SourceAddresses::UNAPPLIED,
         ),
         (
             c.upstream_connection_options.as_ref().is_some_and(|o| {
@@ -506,9 +501,15 @@ pub(crate) fn duration(
     Ok(Duration::new(d.seconds as u64, d.nanos as u32))
 }
 
-/// Compiles one Cluster. Errors name the field path relative to the cluster.
+/// Compiles one Cluster; `bootstrap_source` is the bootstrap's
+/// `cluster_manager.upstream_bind_config`, which a cluster without its own
+/// `upstream_bind_config` uses. Errors name the field path relative to the cluster.
 #[allow(deprecated)] // dns_refresh_rate and friends are still what Envoy configs use.
-pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, ConfigError> {
+pub fn compile_cluster(
+    ctx: &Context<'_>,
+    c: &Cluster,
+    bootstrap_source: SourceAddresses,
+) -> Result<ClusterConfig, ConfigError> {
     if c.name.is_empty() {
         return Err(ConfigError::new(
             "name",
@@ -553,10 +554,16 @@ pub fn compile_cluster(ctx: &Context<'_>, c: &Cluster) -> Result<ClusterConfig, 
         Ok(cluster::DnsLookupFamily::V6Only) => DnsLookupFamily::V6Only,
         Ok(cluster::DnsLookupFamily::V4Preferred) => DnsLookupFamily::V4Preferred,
         Ok(cluster::DnsLookupFamily::All) => DnsLookupFamily::All,
-        _ => DnsLookupFamily::Auto,
+        Ok(cluster::DnsLookupFamily::Auto) => DnsLookupFamily::Auto,
+        Err(_) => {
+            return Err(ConfigError::new(
+                "dns_lookup_family",
+                "value must be one of the defined enum values",
+            ));
+        }
     };
     let http = http_options(c)?;
-    let source = SourceAddresses::compile(c)?;
+    let source = SourceAddresses::compile(c, bootstrap_source)?;
     let happy_eyeballs = HappyEyeballs::compile(c)?;
     let panic_threshold = c
         .common_lb_config
@@ -1070,7 +1077,12 @@ load_assignment:
 "#;
         let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
         let c: Cluster = proto::Codec::new().decode(value, false).unwrap().message;
-        let cfg = compile_cluster(&Context::new(&crate::config::FakeIo::new()), &c).unwrap();
+        let cfg = compile_cluster(
+            &Context::new(&crate::config::FakeIo::new()),
+            &c,
+            SourceAddresses::NONE,
+        )
+        .unwrap();
         assert_eq!(cfg.endpoints.len(), 1);
         assert_eq!(
             cfg.unreachable_endpoints,
@@ -1086,7 +1098,11 @@ load_assignment:
     }
 
     fn compile(yaml: &str) -> Result<ClusterConfig, ConfigError> {
-        compile_cluster(&Context::new(&crate::config::FakeIo::new()), &cluster(yaml))
+        compile_cluster(
+            &Context::new(&crate::config::FakeIo::new()),
+            &cluster(yaml),
+            SourceAddresses::NONE,
+        )
     }
 
     #[test]
@@ -1135,6 +1151,33 @@ load_assignment:
                 "clusters[0].upstream_bind_config",
                 "clusters[0].upstream_connection_options"
             ]
+        );
+    }
+
+    #[test]
+    fn a_cluster_without_a_bind_config_of_its_own_takes_the_bootstrap_s() {
+        let bootstrap = SourceAddresses {
+            first: Some("127.0.0.3:0".parse().unwrap()),
+            other: None,
+        };
+        let with = |yaml: &str| {
+            compile_cluster(
+                &Context::new(&crate::config::FakeIo::new()),
+                &cluster(yaml),
+                bootstrap,
+            )
+            .unwrap()
+            .source
+        };
+        assert_eq!(with("name: c\n"), bootstrap);
+        assert_eq!(
+            with("name: c\nupstream_bind_config: {source_address: {address: 127.0.0.4, port_value: 0}}\n").first,
+            Some("127.0.0.4:0".parse().unwrap())
+        );
+        // One without source_address replaces the bootstrap's too (Envoy takes it whole).
+        assert_eq!(
+            with("name: c\nupstream_bind_config: {}\n"),
+            SourceAddresses::NONE
         );
     }
 
@@ -1280,6 +1323,18 @@ load_assignment:
         assert_eq!(c.connect_timeout, Duration::from_millis(250));
         assert_eq!(c.dns_refresh_rate, Duration::from_secs(10));
         assert_eq!(c.dns_lookup_family, DnsLookupFamily::V4Only);
+        let unknown = Cluster {
+            name: "api".into(),
+            dns_lookup_family: 9,
+            ..Default::default()
+        };
+        let e = compile_cluster(
+            &Context::new(&crate::config::FakeIo::new()),
+            &unknown,
+            SourceAddresses::NONE,
+        )
+        .unwrap_err();
+        assert_eq!(e.path, "dns_lookup_family");
         assert_eq!(
             c.endpoints[0].address,
             EndpointAddress::Dns {

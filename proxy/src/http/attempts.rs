@@ -404,7 +404,7 @@ fn attempt_end(sent: &Sent) -> AttemptEnd {
             host: resp
                 .extensions()
                 .get::<crate::upstream::UpstreamHost>()
-                .map(|h| h.0),
+                .map(|h| h.host),
             ..AttemptEnd::default()
         },
     }

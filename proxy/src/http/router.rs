@@ -653,9 +653,7 @@ async fn route_and_forward(
                 !cfg.suppress_envoy_headers,
             );
             let target = attempt_target.or_else(|| {
-                pending
-                    .is_some()
-                    .then(std::sync::Arc::<AttemptTarget>::default)
+                (pending.is_some() || response_rules).then(std::sync::Arc::<AttemptTarget>::default)
             });
             note!(|r| r.attempt_target.clone_from(&target));
             // Envoy's access logs read the request as the router leaves it.
@@ -700,13 +698,14 @@ async fn route_and_forward(
                         note!(|r| {
                             r.attempts = 1;
                             r.first_upstream_rx = Some(Instant::now());
-                            r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                            r.upstream_host =
+                                resp.extensions().get::<UpstreamHost>().map(|h| h.host);
                             r.details = Some("via_upstream".into())
                         });
                         if let Some(t) = pending.and_then(Pending::trace) {
                             t.attempt_ended(AttemptEnd {
                                 answer: Some((resp.status().as_u16(), resp.version())),
-                                host: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
+                                host: resp.extensions().get::<UpstreamHost>().map(|h| h.host),
                                 ..AttemptEnd::default()
                             });
                         }
@@ -815,6 +814,7 @@ async fn route_and_forward(
                 retries_exhausted: exhausted,
                 last_attempt_at,
                 timeouts,
+                lb,
                 ..
             } = exchange;
             note!(|r| {
@@ -839,14 +839,19 @@ async fn route_and_forward(
                     }
                 }
             });
+            // The failed attempt's host, which Envoy's formatters show (and the address of its
+            // connection, when it had one).
+            let mut failed_host = None;
             let mut resp = match outcome {
                 Outcome::Local(failure) => {
                     note!(|r| note_failure(r, &failure));
+                    failed_host = failure.why.host;
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::NotSent(failure) => {
                     *forwarded = false;
                     note!(|r| note_failure(r, &failure));
+                    failed_host = failure.why.host;
                     failure_reply(&failure, cfg.suppress_envoy_headers)
                 }
                 Outcome::DownstreamBodyFailed => {
@@ -859,7 +864,7 @@ async fn route_and_forward(
                 Outcome::Response(resp) => {
                     note!(|r| {
                         r.first_upstream_rx = Some(Instant::now());
-                        r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.0);
+                        r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.host);
                         r.details = Some("via_upstream".into())
                     });
                     let mut resp = match &limits {
@@ -877,9 +882,21 @@ async fn route_and_forward(
                 }
             };
             let status = resp.status().as_u16();
+            let reached = resp
+                .extensions()
+                .get::<UpstreamHost>()
+                .copied()
+                .or_else(|| {
+                    // A failed attempt's connection, if it had one (a timeout names no host).
+                    let noted = lb.target.as_deref().and_then(AttemptTarget::get);
+                    noted
+                        .filter(|(host, ..)| failed_host.is_none_or(|failed| failed == *host))
+                        .map(|(host, remote, _)| UpstreamHost { host, remote })
+                });
             let fmt = FormatContext {
                 upstream_cluster: Some(&cluster_name),
-                upstream_remote: resp.extensions().get::<UpstreamHost>().map(|h| h.0),
+                upstream_host: reached.map(|h| h.host).or(failed_host),
+                upstream_remote: reached.map(|h| h.remote),
                 request_headers: routed_view.as_ref(),
                 response_code: Some(status),
                 response_status: Some(status),

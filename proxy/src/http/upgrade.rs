@@ -45,7 +45,10 @@ pub async fn forward(
         );
     }
     let active = conn.active;
-    let host = conn.addr;
+    let host = UpstreamHost {
+        host: conn.addr,
+        remote: active.remote(),
+    };
     let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
         conn.stream,
     ))
@@ -132,7 +135,7 @@ pub async fn forward(
     });
     let (mut parts, _) = upstream_resp.into_parts();
     forwarding::mutate_response(&mut parts.headers, true);
-    parts.extensions.insert(UpstreamHost(host));
+    parts.extensions.insert(host);
     Ok(Response::from_parts(parts, body::empty()))
 }
 

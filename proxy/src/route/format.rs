@@ -252,8 +252,11 @@ pub struct FormatContext<'a> {
     pub hostname: Option<&'a str>,
     /// `UPSTREAM_CLUSTER`: the chosen upstream cluster's name.
     pub upstream_cluster: Option<&'a str>,
-    /// `UPSTREAM_HOST`, `UPSTREAM_REMOTE_ADDRESS*`: the upstream host the request went to
-    /// (the last attempt's).
+    /// `UPSTREAM_HOST`: the upstream host the request went to (the last attempt's), named by
+    /// its endpoint's `address`.
+    pub upstream_host: Option<SocketAddr>,
+    /// `UPSTREAM_REMOTE_ADDRESS*`: the address the last attempt's connection reached (the
+    /// host's own, or another of its addresses).
     pub upstream_remote: Option<SocketAddr>,
     /// `DOWNSTREAM_DIRECT_REMOTE_ADDRESS*`: the TCP peer of the downstream connection,
     /// regardless of `x-forwarded-for`. `None` falls back to `downstream_remote`.
@@ -473,9 +476,8 @@ fn render_fact(out: &mut String, fact: Fact, ctx: &FormatContext<'_>) {
         Fact::DownstreamLocalAddress => push_addr(out, ctx.downstream_local, Full),
         Fact::DownstreamLocalAddressWithoutPort => push_addr(out, ctx.downstream_local, Ip),
         Fact::DownstreamLocalPort => push_addr(out, ctx.downstream_local, Port),
-        Fact::UpstreamHost | Fact::UpstreamRemoteAddress => {
-            push_addr(out, ctx.upstream_remote, Full)
-        }
+        Fact::UpstreamHost => push_addr(out, ctx.upstream_host, Full),
+        Fact::UpstreamRemoteAddress => push_addr(out, ctx.upstream_remote, Full),
         Fact::UpstreamRemoteAddressWithoutPort => push_addr(out, ctx.upstream_remote, Ip),
         Fact::UpstreamRemotePort => push_addr(out, ctx.upstream_remote, Port),
         Fact::UpstreamLocalAddress => push_addr(out, ctx.upstream_local, Full),

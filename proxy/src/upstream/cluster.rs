@@ -223,13 +223,23 @@ impl Cluster {
                         let all: Vec<SocketAddr> = std::iter::once(*addr)
                             .chain(e.additional.iter().copied())
                             .collect();
-                        host.with_addresses(self.config.happy_eyeballs.order(&all).into())
+                        self.reached_at(host, &all)
                     })
                 }
                 EndpointAddress::Dns { .. } => None,
             })
             .collect();
         self.set_hosts(hosts);
+    }
+
+    /// `host` reached at `all` of its addresses (its own first), connected to as Envoy's
+    /// Happy Eyeballs when there are several, in the order of the cluster's
+    /// `happy_eyeballs_config`.
+    pub(crate) fn reached_at(&self, host: Host, all: &[SocketAddr]) -> Host {
+        if all.len() < 2 {
+            return host;
+        }
+        host.with_addresses(self.config.happy_eyeballs.order(all).into())
     }
 
     /// Installs a new host list, keeping the existing host (pool, stats) for every unchanged one.
@@ -430,7 +440,8 @@ impl Cluster {
             UpstreamProtocol::UseDownstream => Carries::Http1,
             UpstreamProtocol::Auto => Carries::Auto,
         };
-        let opts = self.connect_options(carries, ctx.target.as_deref());
+        let target = ctx.target.as_deref();
+        let opts = self.connect_options(carries, target);
         let result = match carries {
             Carries::Http2 => pool::send_h2(&host, opts, req).await,
             Carries::Auto => pool::send_auto(&host, opts, req).await,
@@ -440,7 +451,15 @@ impl Cluster {
         if ctx.report_host
             && let Ok(resp) = &mut result
         {
-            resp.extensions_mut().insert(pool::UpstreamHost(host.addr));
+            // The pool noted which of the host's addresses its connection reached.
+            let remote = match target.and_then(AttemptTarget::get) {
+                Some((noted, remote, _)) if noted == host.addr => remote,
+                _ => host.addr,
+            };
+            resp.extensions_mut().insert(pool::UpstreamHost {
+                host: host.addr,
+                remote,
+            });
         }
         let hs = &host.stats;
         match &result {

@@ -1,6 +1,10 @@
 //! STRICT_DNS and LOGICAL_DNS resolution with the system resolver, repeated every
 //! `dns_refresh_rate`. A failed lookup keeps the endpoint's previous addresses, like Envoy, and
-//! is counted in `update_failure` (a lookup that answered in `update_success`).
+//! is counted in `update_failure` (a lookup that answered in `update_success`). A STRICT_DNS
+//! endpoint becomes a host per address its name resolves to (of the families
+//! `dns_lookup_family` keeps); a LOGICAL_DNS one a single host named by the first address and
+//! reached at all of them with Happy Eyeballs, as Envoy's logical host keeps its whole
+//! address list (`dns_lookup_family: ALL` gives it both families).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Weak};
@@ -76,19 +80,20 @@ fn hosts(
             EndpointAddress::Ip(a) => a.ip().to_string(),
             EndpointAddress::Dns { host, .. } => host.clone(),
         };
-        let take = if logical { 1 } else { addrs.len() };
-        for addr in addrs.iter().take(take) {
-            out.push(
-                Host::new(
-                    *addr,
-                    name.clone(),
-                    ep.weight,
-                    ep.priority,
-                    ep.locality.clone(),
-                    ep.health,
-                )
-                .with_transport(cluster.transport(ep.socket)),
-            );
+        let host = |addr: SocketAddr| {
+            Host::new(
+                addr,
+                name.clone(),
+                ep.weight,
+                ep.priority,
+                ep.locality.clone(),
+                ep.health,
+            )
+            .with_transport(cluster.transport(ep.socket))
+        };
+        match addrs.first() {
+            Some(&first) if logical => out.push(cluster.reached_at(host(first), addrs)),
+            _ => out.extend(addrs.iter().map(|&addr| host(addr))),
         }
     }
     out

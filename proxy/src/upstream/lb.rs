@@ -33,10 +33,12 @@ pub struct LbContext {
     /// Hosts already tried (retries with `previous_hosts`): avoided when others exist.
     pub avoid: Vec<SocketAddr>,
     /// Attach the answering host to the response as an [`UpstreamHost`](super::UpstreamHost)
-    /// extension (costs allocations; asked for only when header formatters may need it).
+    /// extension (costs allocations; asked for only when header formatters may need it),
+    /// with the address its connection reached as `target` noted it (the host's own without
+    /// a `target`).
     pub report_host: bool,
     /// Where each attempt notes its host and connection when they are known (set when an
-    /// access log reads them).
+    /// access log or a response header formatter reads them).
     pub target: Option<Arc<super::AttemptTarget>>,
     /// The ALPN lists `istio.alpn` chose for the request's upstream TLS connections.
     pub alpn: Option<RequestAlpn>,

@@ -255,9 +255,16 @@ impl Pool {
     }
 }
 
-/// The upstream host that answered, attached to a response when `LbContext::report_host`.
+/// The upstream host that answered and the address its connection reached, attached to a
+/// response when `LbContext::report_host`.
 #[derive(Debug, Clone, Copy)]
-pub struct UpstreamHost(pub SocketAddr);
+pub struct UpstreamHost {
+    /// The host, named by its endpoint's `address` (`%UPSTREAM_HOST%`).
+    pub host: SocketAddr,
+    /// The address the connection reached (`%UPSTREAM_REMOTE_ADDRESS%`): the host's own, or
+    /// the one Happy Eyeballs connected to among its others.
+    pub remote: SocketAddr,
+}
 
 /// Opens a connection to `host` (TCP, then TLS when its transport socket asks for it),
 /// charging connection stats. A host with several addresses is connected to as Envoy's Happy

@@ -398,7 +398,12 @@ impl ProxyHandler {
         let mut warnings = Warnings::new();
         crate::config::cluster::skipped_features(&c, "", &mut warnings);
         log_warnings("cluster", &c.name, &warnings);
-        let mut cfg = compile_cluster(&Context::new(&*self.io), &c)
+        let source = process
+            .bootstrap
+            .upstream_bind
+            .fallback(&c)
+            .map_err(|e| located("cluster", &c.name, e))?;
+        let mut cfg = compile_cluster(&Context::new(&*self.io), &c, source)
             .map_err(|e| located("cluster", &c.name, e))?;
         cfg.added_via_api = true;
         // The record keeps these bytes too: one buffer for both.

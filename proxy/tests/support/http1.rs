@@ -25,6 +25,16 @@ pub fn get_with(
     path: &str,
     headers: &str,
 ) -> Result<(u16, String), String> {
+    get_head(source, addr, path, headers).map(|(status, _, body)| (status, body))
+}
+
+/// [`get_with`], answering the response head too (status line and headers, lower-cased).
+pub fn get_head(
+    source: Option<SocketAddr>,
+    addr: SocketAddr,
+    path: &str,
+    headers: &str,
+) -> Result<(u16, String, String), String> {
     let mut conn = match source {
         None => TcpStream::connect_timeout(&addr, Duration::from_secs(5)),
         Some(source) => {
@@ -60,7 +70,7 @@ pub fn get_with(
     if head.contains("\r\ntransfer-encoding: chunked") {
         body = dechunk(&body)?;
     }
-    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    Ok((status, head, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// Serves bodiless requests on `stream` until it ends: each request head (up to its blank

@@ -153,6 +153,14 @@ impl Netns {
         self.enter(move || crate::http1::get(source, addr, &path))
     }
 
+    /// Like [`Netns::get`] (from no set source), answering the response head too (status
+    /// line and headers, lower-cased) between the status and the body.
+    pub fn get_head(&self, addr: &str, path: &str) -> Result<(u16, String, String), String> {
+        let addr: SocketAddr = addr.parse().expect("address");
+        let path = path.to_owned();
+        self.enter(move || crate::http1::get_head(None, addr, &path, ""))
+    }
+
     /// Starts `binary` (revoy or Envoy) on `config` inside the namespace with `--concurrency
     /// 1`, and waits until its admin (`127.0.0.1:15000` inside the namespace) answers `/ready`
     /// with `LIVE`.
@@ -202,6 +210,40 @@ impl Netns {
 
 /// The proxies' admin address inside a namespace.
 pub const ADMIN: &str = "127.0.0.1:15000";
+
+/// A bootstrap for a proxy in a namespace: the admin at [`ADMIN`], `top` (more top-level
+/// fields, whole lines), an HTTP listener `front` at `listener` (`listener_extra`: more of
+/// its fields, whole lines indented by four) whose connection manager has `hcm_extra` (more
+/// fields, whole lines indented by ten) and `route_config` (a YAML flow value), and
+/// `clusters` (the cluster list's items, whole lines).
+pub fn http_bootstrap(
+    top: &str,
+    listener: &str,
+    listener_extra: &str,
+    hcm_extra: &str,
+    route_config: &str,
+    clusters: &str,
+) -> String {
+    let (host, port) = listener.rsplit_once(':').expect("host:port");
+    format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: 15000}}}}
+{top}static_resources:
+  listeners:
+  - name: front
+    address: {{socket_address: {{address: {host}, port_value: {port}}}}}
+{listener_extra}    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+{hcm_extra}          http_filters: [{{name: envoy.filters.http.router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config: {route_config}
+  clusters:
+{clusters}"#
+    )
+}
 
 impl Drop for Netns {
     fn drop(&mut self) {

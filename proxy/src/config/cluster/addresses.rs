@@ -39,17 +39,32 @@ impl SourceAddresses {
         }
     }
 
-    /// Compiles the cluster's `upstream_bind_config` (paths relative to the cluster).
+    /// The cluster's source addresses: its own `upstream_bind_config` when it has one (even
+    /// one without `source_address`: it replaces the bootstrap's whole, as in Envoy), else
+    /// `bootstrap`, the bootstrap's `cluster_manager.upstream_bind_config` (see
+    /// [`SourceAddresses::compile_bind`]). Paths are relative to the cluster.
+    pub fn compile(
+        c: &Cluster,
+        bootstrap: SourceAddresses,
+    ) -> Result<SourceAddresses, ConfigError> {
+        match &c.upstream_bind_config {
+            Some(bind) => Self::compile_bind(bind, &format!("Cluster {}", c.name))
+                .map_err(|e| e.within("upstream_bind_config")),
+            None => Ok(bootstrap),
+        }
+    }
+
+    /// Compiles a `BindConfig`'s source addresses with Envoy's checks and error texts, which
+    /// name the config as `whose` (`Cluster <name>`, or `Bootstrap` for the bootstrap's
+    /// `cluster_manager.upstream_bind_config`). Paths are relative to the `BindConfig`.
     #[allow(deprecated)] // additional_source_addresses is still accepted by Envoy.
-    pub fn compile(c: &Cluster) -> Result<SourceAddresses, ConfigError> {
-        const AT: &str = "upstream_bind_config";
-        let Some(bind) = &c.upstream_bind_config else {
-            return Ok(SourceAddresses::NONE);
-        };
-        let whose = format!("Cluster {}", c.name);
+    pub fn compile_bind(
+        bind: &core::BindConfig,
+        whose: &str,
+    ) -> Result<SourceAddresses, ConfigError> {
         if !bind.extra_source_addresses.is_empty() && !bind.additional_source_addresses.is_empty() {
             return Err(ConfigError::new(
-                AT,
+                "",
                 format!(
                     "Can't specify both `extra_source_addresses` and `additional_source_addresses` in the {whose}'s upstream binding config"
                 ),
@@ -57,42 +72,34 @@ impl SourceAddresses {
         }
         if bind.extra_source_addresses.len() > 1 || bind.additional_source_addresses.len() > 1 {
             return Err(ConfigError::new(
-                AT,
+                "",
                 format!(
                     "{whose}'s upstream binding config has more than one extra/additional source addresses. Only one extra/additional source can be supported in BindConfig's extra_source_addresses/additional_source_addresses field"
                 ),
             ));
         }
         let first = match &bind.source_address {
-            Some(sa) => Some(
-                super::socket_address(sa).map_err(|e| e.within(&format!("{AT}.source_address")))?,
-            ),
+            Some(sa) => Some(super::socket_address(sa).map_err(|e| e.within("source_address"))?),
             None => None,
         };
         let (other, at) = match (
             bind.extra_source_addresses.first(),
             bind.additional_source_addresses.first(),
         ) {
-            (Some(extra), _) => (
-                extra.address.as_ref(),
-                format!("{AT}.extra_source_addresses[0].address"),
-            ),
-            (None, Some(additional)) => (
-                Some(additional),
-                format!("{AT}.additional_source_addresses[0]"),
-            ),
+            (Some(extra), _) => (extra.address.as_ref(), "extra_source_addresses[0].address"),
+            (None, Some(additional)) => (Some(additional), "additional_source_addresses[0]"),
             (None, None) => return Ok(SourceAddresses { first, other: None }),
         };
         let Some(first) = first else {
             return Err(ConfigError::new(
-                AT,
+                "",
                 format!(
                     "{whose}'s upstream binding config has extra/additional source addresses but no source_address. Extra/additional addresses cannot be specified if source_address is not set."
                 ),
             ));
         };
-        let other = other.ok_or_else(|| ConfigError::new(&at, "value is required"))?;
-        let other = super::socket_address(other).map_err(|e| e.within(&at))?;
+        let other = other.ok_or_else(|| ConfigError::new(at, "value is required"))?;
+        let other = super::socket_address(other).map_err(|e| e.within(at))?;
         if other.is_ipv4() == first.is_ipv4() {
             return Err(ConfigError::new(
                 at,
@@ -105,6 +112,60 @@ impl SourceAddresses {
             first: Some(first),
             other: Some(other),
         })
+    }
+
+    /// Whether `bind` sets what revoy does not apply (`freebind`, `socket_options`, an extra
+    /// source address's own socket options, `local_address_selector`).
+    pub fn has_unapplied(bind: &core::BindConfig) -> bool {
+        bind.freebind.is_some_and(|f| f.value)
+            || !bind.socket_options.is_empty()
+            || bind
+                .extra_source_addresses
+                .iter()
+                .any(|e| e.socket_options.is_some())
+            || bind.local_address_selector.is_some()
+    }
+
+    /// What [`SourceAddresses::has_unapplied`] finds, as a skipped feature's message.
+    pub const UNAPPLIED: &str = "only its source addresses (source_address, extra_source_addresses, additional_source_addresses) are applied by revoy; freebind, socket_options and local_address_selector are not";
+}
+
+/// The bootstrap's `cluster_manager.upstream_bind_config`, compiled: the source addresses of
+/// the clusters without an `upstream_bind_config` of their own, or, when Envoy refuses it,
+/// its error (path from the document root). Envoy refuses only the clusters that use a bad
+/// one, so a cluster with its own bind config is still accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapBind(Result<SourceAddresses, ConfigError>);
+
+impl Default for BootstrapBind {
+    fn default() -> Self {
+        BootstrapBind(Ok(SourceAddresses::NONE))
+    }
+}
+
+impl BootstrapBind {
+    /// Where it sits in the bootstrap.
+    pub const PATH: &str = "cluster_manager.upstream_bind_config";
+
+    /// Compiles the bootstrap's bind config (`None`: it has none).
+    pub fn compile(bind: Option<&core::BindConfig>) -> BootstrapBind {
+        BootstrapBind(match bind {
+            Some(bind) => {
+                SourceAddresses::compile_bind(bind, "Bootstrap").map_err(|e| e.within(Self::PATH))
+            }
+            None => Ok(SourceAddresses::NONE),
+        })
+    }
+
+    /// The source addresses cluster `c` falls back on (what
+    /// [`super::compile_cluster`] takes): the bootstrap's, or its error when `c` has no bind
+    /// config of its own to use instead.
+    pub fn fallback(&self, c: &Cluster) -> Result<SourceAddresses, ConfigError> {
+        match (&self.0, &c.upstream_bind_config) {
+            (Ok(source), _) => Ok(*source),
+            (Err(_), Some(_)) => Ok(SourceAddresses::NONE),
+            (Err(e), None) => Err(e.clone()),
+        }
     }
 }
 
@@ -334,6 +395,53 @@ mod tests {
                 "[::1]:2",
                 "[::1]:3"
             ])
+        );
+    }
+
+    #[test]
+    fn a_bad_bootstrap_bind_config_refuses_only_the_clusters_that_use_it() {
+        let v4 = |ip: &str| core::SocketAddress {
+            address: ip.into(),
+            port_specifier: Some(core::socket_address::PortSpecifier::PortValue(0)),
+            ..Default::default()
+        };
+        let two_v4 = core::BindConfig {
+            source_address: Some(v4("127.0.0.3")),
+            extra_source_addresses: vec![core::ExtraSourceAddress {
+                address: Some(v4("127.0.0.4")),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let bad = BootstrapBind::compile(Some(&two_v4));
+        let bare = Cluster {
+            name: "c".into(),
+            ..Default::default()
+        };
+        let e = bad.fallback(&bare).unwrap_err();
+        assert_eq!(
+            e.path,
+            "cluster_manager.upstream_bind_config.extra_source_addresses[0].address"
+        );
+        assert!(
+            e.message
+                .starts_with("Bootstrap's upstream binding config has two same IP version"),
+            "{e}"
+        );
+        let own = Cluster {
+            upstream_bind_config: Some(core::BindConfig::default()),
+            ..bare.clone()
+        };
+        assert_eq!(bad.fallback(&own), Ok(SourceAddresses::NONE));
+        let good = BootstrapBind::compile(Some(&core::BindConfig {
+            extra_source_addresses: Vec::new(),
+            ..two_v4
+        }));
+        assert_eq!(
+            good.fallback(&bare)
+                .unwrap()
+                .for_host("127.0.0.1:80".parse().unwrap()),
+            Some("127.0.0.3:0".parse().unwrap())
         );
     }
 

@@ -157,6 +157,7 @@ fn addresses_protocol_and_upstream_facts() {
     let ctx = FormatContext {
         downstream_remote: Some("10.0.0.1:5555".parse().unwrap()),
         downstream_local: Some("127.0.0.1:19900".parse().unwrap()),
+        upstream_host: Some("127.0.0.1:8080".parse().unwrap()),
         upstream_remote: Some("[::1]:8080".parse().unwrap()),
         upstream_local: Some("127.0.0.6:4000".parse().unwrap()),
         upstream_cluster: Some("a"),
@@ -183,8 +184,11 @@ fn addresses_protocol_and_upstream_facts() {
         "127.0.0.1:19900|127.0.0.1|19900"
     );
     assert_eq!(
-        r("%UPSTREAM_HOST%|%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%|%UPSTREAM_REMOTE_PORT%"),
-        "[::1]:8080|::1|8080"
+        r(
+            "%UPSTREAM_HOST%|%UPSTREAM_REMOTE_ADDRESS%|%UPSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%|%UPSTREAM_REMOTE_PORT%"
+        ),
+        "127.0.0.1:8080|[::1]:8080|::1|8080",
+        "the host, and the address its connection reached"
     );
     assert_eq!(
         r("%UPSTREAM_LOCAL_ADDRESS%|%UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT%|%UPSTREAM_LOCAL_PORT%"),
