@@ -15,6 +15,11 @@ const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The HTTP/2 receive windows (stream and connection) offered to the control plane: Envoy's
+/// defaults for its gRPC clients (`initial_stream_window_size` and
+/// `initial_connection_window_size`, 256 MiB), so a large push is never held back waiting for
+/// window updates.
+const RECEIVE_WINDOW: u32 = 256 * 1024 * 1024;
 
 /// Where the control plane listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +68,8 @@ fn endpoint(uri: String) -> Result<Endpoint, Error> {
         .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .connect_timeout(CONNECT_TIMEOUT)
+        .initial_stream_window_size(RECEIVE_WINDOW)
+        .initial_connection_window_size(RECEIVE_WINDOW)
         .tcp_nodelay(true))
 }
 

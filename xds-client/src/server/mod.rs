@@ -129,7 +129,11 @@ impl Server {
             + 'static,
         IE: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        // A flow-control window that grows with the bandwidth-delay product, as gRPC-Go's
+        // (istiod's, go-control-plane's) does: a SotW request naming thousands of resources
+        // is not sent 64 KiB per round trip.
         tonic::transport::Server::builder()
+            .http2_adaptive_window(Some(true))
             .add_service(self.service())
             .add_service(SecretDiscoveryServiceServer::new(self.clone()))
             .serve_with_incoming(incoming)
