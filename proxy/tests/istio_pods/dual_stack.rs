@@ -22,8 +22,8 @@
 //! delay, its application seeing them from the other family's source address, and a's sidecar
 //! counts two upstream connections (one per address tried) and no connect failure, as Envoy
 //! counts a Happy Eyeballs connect. Before that, with HTTP/1.1, gRPC and TCP traffic running
-//! from a to svc-b's IPv6 VIP, the control plane pushes a added to svc-b's endpoints, a route
-//! change and a's removal, and no request fails (the IPv4 pods' live pushes).
+//! from a to svc-b's IPv6 VIP, the control plane pushes a route change, a added to svc-b's
+//! endpoints and a's removal, and no request fails (the IPv4 pods' live pushes).
 //!
 //! With revoy in both pods, Istio's own filters are in the config, and a's HTTP/1.1, gRPC and
 //! TCP calls to svc-b's IPv6 VIP are counted in both sidecars' Istio metrics with the labels
@@ -203,14 +203,16 @@ pub fn run(test: &str, tag: &str, first: Family, sidecars: [Sidecar; 2]) {
 }
 
 /// With HTTP/1.1, gRPC and TCP traffic running from a to svc-b's IPv6 VIP, the control plane
-/// pushes a added to svc-b's endpoints (a's sidecar then reaches its own pod, which Istio's
-/// rules capture again as inbound traffic), a route change and a's removal: no request fails.
+/// pushes a route change (svc-b's `/moved` to svc-a, while b alone serves svc-b, so that only
+/// the route sends it to a), a added to svc-b's endpoints (a's sidecar then reaches its own
+/// pod, which Istio's rules capture again as inbound traffic) and a's removal: no request
+/// fails.
 fn live_push(cluster: &Cluster, first: Family, sidecars: [Sidecar; 2]) {
     under_load(cluster, SVC_B_VIP_V6, |phase| {
         let mut mesh = mesh(first, all_revoy(&sidecars));
         let a = mesh.services[0].endpoints[0].clone();
-        endpoint_added(cluster, &mut mesh, SVC_B_VIP_V6, a, phase);
         route_change(cluster, &mut mesh, SVC_B_VIP_V6, phase);
+        endpoint_added(cluster, &mut mesh, SVC_B_VIP_V6, a, phase);
         endpoint_removed(cluster, &mut mesh, SVC_B_VIP_V6, phase);
     });
 }
