@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use common::*;
 use proto::pb::envoy::config::listener::v3::Listener;
+use proto::pb::envoy::service::discovery::v3::DiscoveryResponse;
+use xds_client::server::Server;
 use xds_client::server::files::{self, LoadError};
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
 
@@ -167,16 +169,23 @@ fn a_name_defined_in_two_files_names_both() {
     assert!(text.contains("`backend`"), "{text}");
 }
 
+/// A server of `dir` watching it, and a client that asked it for clusters and acknowledged
+/// the first answer (returned last).
+async fn watched(dir: &TempDir) -> (Server, files::DirWatch, Sotw, DiscoveryResponse) {
+    let (server, addr) = start(Some(files::load_dir(dir.path()).unwrap())).await;
+    let watch = files::watch(dir.path(), server.clone()).unwrap();
+    let mut c = Sotw::connect(addr, "w").await;
+    c.request(CLUSTER_TYPE_URL, &[], "", "", None).await;
+    let first = c.recv().await;
+    c.ack(&first, &[]).await;
+    (server, watch, c, first)
+}
+
 #[tokio::test]
 async fn a_change_is_reloaded_and_a_bad_one_keeps_the_previous_snapshot() {
     let dir = TempDir::new("watch");
     dir.write("c.yaml", &cluster_yaml("1s"));
-    let (server, addr) = start(Some(files::load_dir(dir.path()).unwrap())).await;
-    let _watch = files::watch(dir.path(), server.clone()).unwrap();
-    let mut c = Sotw::connect(addr, "w").await;
-    c.request(CLUSTER_TYPE_URL, &[], "", "", None).await;
-    let r1 = c.recv().await;
-    c.ack(&r1, &[]).await;
+    let (server, _watch, mut c, r1) = watched(&dir).await;
 
     dir.write("c.yaml", &cluster_yaml("3s"));
     let r2 = c.recv().await;
@@ -192,4 +201,40 @@ async fn a_change_is_reloaded_and_a_bad_one_keeps_the_previous_snapshot() {
     dir.write("c.yaml", &cluster_yaml("4s"));
     let r3 = c.recv().await;
     assert_ne!(r3.version_info, r2.version_info);
+}
+
+/// A cluster with istiod's `istio` metadata: a `google.protobuf.Struct`, whose map is encoded
+/// in no fixed order, so each load of it may get another version.
+const CLUSTER_WITH_METADATA: &str = r#"
+resources:
+- "@type": type.googleapis.com/envoy.config.cluster.v3.Cluster
+  name: meta
+  connect_timeout: 1s
+  metadata:
+    filter_metadata:
+      istio:
+        a: 1
+        b: 2
+        c: 3
+        d: 4
+        e: 5
+        f: 6
+"#;
+
+#[tokio::test]
+async fn reading_the_directory_is_no_change() {
+    let dir = TempDir::new("reads");
+    dir.write("c.yaml", CLUSTER_WITH_METADATA);
+    let (server, _watch, mut c, r1) = watched(&dir).await;
+
+    dir.write("c.yaml", &CLUSTER_WITH_METADATA.replace("1s", "2s"));
+    let r2 = c.recv().await;
+    assert_ne!(r2.version_info, r1.version_info);
+    c.ack(&r2, &[]).await;
+    // The reload read every file, and so does anyone else reading the directory: no reload
+    // follows (each would push the cluster again under a new version).
+    std::fs::read_to_string(dir.path().join("c.yaml")).unwrap();
+    tokio::time::sleep(files::DEBOUNCE * 3).await;
+    c.nothing().await;
+    assert_eq!(server.snapshot().unwrap().version(), r2.version_info);
 }

@@ -21,15 +21,22 @@
 //! svc-a (a new connection pool) reach the peer at its other address after the 300 ms attempt
 //! delay, its application seeing them from the other family's source address, and a's sidecar
 //! counts two upstream connections (one per address tried) and no connect failure, as Envoy
-//! counts a Happy Eyeballs connect.
+//! counts a Happy Eyeballs connect. Before that, with HTTP/1.1, gRPC and TCP traffic running
+//! from a to svc-b's IPv6 VIP, the control plane pushes a route change, a added to svc-b's
+//! endpoints and a's removal, and no request fails (the IPv4 pods' live pushes).
+//!
+//! With revoy in both pods, Istio's own filters are in the config, and a's HTTP/1.1, gRPC and
+//! TCP calls to svc-b's IPv6 VIP are counted in both sidecars' Istio metrics with the labels
+//! Istio gives them, as in the IPv4 pods (`istio_metrics`).
 
 use super::app::{self, Proto};
 use super::config::{self, Mesh, Mtls, Outbound, Service, Workload};
 use super::iptables::{self, Capture, Family};
 use super::mesh::{Cluster, PodSpec, Sidecar};
 use super::{
-    POD_A, POD_B, SVC_A_VIP, SVC_B_VIP, TCP_MESSAGE, addr, all_revoy, logs, mesh_call_from, netns,
-    oracle, stat, tcp_ok, workload,
+    POD_A, POD_B, SVC_A_VIP, SVC_B_VIP, TCP_MESSAGE, addr, all_revoy, endpoint_added,
+    endpoint_removed, istio_metrics, logs, mesh_call_from, netns, oracle, route_change, stat,
+    tcp_ok, under_load, workload,
 };
 
 const POD_A_V6: &str = "fd00:44::11";
@@ -177,7 +184,28 @@ pub fn run(test: &str, tag: &str, first: Family, sidecars: [Sidecar; 2]) {
             "one connection to {ip} made one upstream connection"
         );
     }
+    if all_revoy(&sidecars) {
+        // Istio's own filters, over svc-b's IPv6 VIP.
+        let services = mesh(first, true).services;
+        istio_metrics(&cluster, &services[1], SVC_B_VIP_V6, meshed);
+    }
+    live_push(&cluster, first, sidecars);
     happy_eyeballs(&cluster, first);
+}
+
+/// With HTTP/1.1, gRPC and TCP traffic running from a to svc-b's IPv6 VIP, the control plane
+/// pushes a route change (svc-b's `/moved` to svc-a, while b alone serves svc-b, so that only
+/// the route sends it to a), a added to svc-b's endpoints (a's sidecar then reaches its own
+/// pod, which Istio's rules capture again as inbound traffic) and a's removal: no request
+/// fails.
+fn live_push(cluster: &Cluster, first: Family, sidecars: [Sidecar; 2]) {
+    under_load(cluster, SVC_B_VIP_V6, |phase| {
+        let mut mesh = mesh(first, all_revoy(&sidecars));
+        let a = mesh.services[0].endpoints[0].clone();
+        route_change(cluster, &mut mesh, SVC_B_VIP_V6, phase);
+        endpoint_added(cluster, &mut mesh, SVC_B_VIP_V6, a, phase);
+        endpoint_removed(cluster, &mut mesh, SVC_B_VIP_V6, phase);
+    });
 }
 
 /// Drops, inside `pod`'s namespace, the SYNs sent to `ip`:`port` (`ip` of `family`, the

@@ -193,8 +193,10 @@ fn make_dir(root: &Path, dir: &Path) {
 /// and the two sockets where pilot-agent puts them by default (the golden's test points them
 /// elsewhere: `/tmp/XDS` and a `WORKLOAD_IDENTITY_SOCKET_FILE` of `test.sock`), and the stats
 /// the test reads included as pilot-agent renders a pod's `proxyStatsMatcher`
-/// `inclusionPrefixes` (appended to the inclusion list).
-pub fn bootstrap(workload: &Workload) -> Value {
+/// `inclusionPrefixes` (appended to the inclusion list); with `istio_filters`, the pod's
+/// [`STATS_FLUSH_INTERVAL`] annotation as pilot-agent renders it (Istio's
+/// `stats_flush_interval_golden.json`).
+pub fn bootstrap(workload: &Workload, istio_filters: bool) -> Value {
     let text = include_str!("../data/istio-bootstrap/default_golden.json");
     let mut b: Value = serde_json::from_str(text).expect("the golden bootstrap is JSON");
     let ns = config::NAMESPACE;
@@ -210,12 +212,20 @@ pub fn bootstrap(workload: &Workload) -> Value {
         meta.extend(fields);
     }
     meta["WORKLOAD_IDENTITY_SOCKET_FILE"] = "socket".into();
+    if istio_filters {
+        let annotation = "sidecar.istio.io/statsFlushInterval";
+        meta["ANNOTATIONS"] = serde_json::json!({ annotation: STATS_FLUSH_INTERVAL });
+        meta[annotation] = STATS_FLUSH_INTERVAL.into();
+    }
     meta["INTERCEPTION_MODE"] = if workload.tproxy {
         "TPROXY"
     } else {
         "REDIRECT"
     }
     .into();
+    if istio_filters {
+        b["stats_flush_interval"] = STATS_FLUSH_INTERVAL.into();
+    }
     let patterns = b["stats_config"]["stats_matcher"]["inclusion_list"]["patterns"]
         .as_array_mut()
         .expect("the golden's stats inclusion list");
@@ -236,6 +246,11 @@ pub fn bootstrap(workload: &Workload) -> Value {
     }
     b
 }
+
+/// The `sidecar.istio.io/statsFlushInterval` of the pods when Istio's own filters are in the
+/// config: the test reads Istio's histograms (request durations and sizes), which a flush
+/// brings up to date, and Envoy's default interval (5 s) would keep it waiting.
+const STATS_FLUSH_INTERVAL: &str = "1s";
 
 /// The stat prefixes the test reads (`proxyStatsMatcher.inclusionPrefixes`).
 const STATS_INCLUDED: &[&str] = &[
@@ -497,7 +512,7 @@ impl Cluster {
         write_json(
             &pod.dir.join("etc/istio/proxy"),
             "envoy-rev.json",
-            &bootstrap(&pod.workload),
+            &bootstrap(&pod.workload, mesh.istio_filters),
         );
         self.push(i, mesh);
         self.rotate(i);

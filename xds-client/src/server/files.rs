@@ -248,6 +248,9 @@ pub fn watch(dir: &Path, server: Server) -> Result<DirWatch, WatchError> {
         source,
     };
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.as_ref().is_ok_and(|e| is_read(&e.kind)) {
+            return;
+        }
         let _ = tx.send(event);
     })
     .map_err(watch_err)?;
@@ -268,6 +271,17 @@ pub fn watch(dir: &Path, server: Server) -> Result<DirWatch, WatchError> {
         _watcher: watcher,
         task,
     })
+}
+
+/// Whether `kind` only reads a file (opened, read, closed unwritten): the reload's own reads
+/// are such events, which must not start another reload.
+fn is_read(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => false,
+        EventKind::Access(_) => true,
+        _ => false,
+    }
 }
 
 /// Loads `dir` (off the async threads) and sets the snapshot if its content changed.
