@@ -74,6 +74,7 @@ resources:
   endpoints:
   - lb_endpoints:
     - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8080}}}
+      metadata: {filter_metadata: {istio: {workload: a, namespace: b, canonical: c, revision: d, version: e, cluster: f}, envoy.lb: {zone: z, rack: r}}}
 "#;
 
 #[test]
@@ -94,10 +95,15 @@ fn a_directory_loads_into_one_snapshot_versioned_by_content() {
     let addr = format!("{:?}", l.address);
     assert!(addr.contains("PortValue(10000)"), "{addr}");
     assert!(!snapshot.version().is_empty());
-    assert_eq!(
-        files::load_dir(dir.path()).unwrap().version(),
-        snapshot.version()
-    );
+    // Loaded again, unchanged files give the same versions, maps (metadata) included.
+    for _ in 0..3 {
+        let again = files::load_dir(dir.path()).unwrap();
+        assert_eq!(again.version(), snapshot.version());
+        assert_eq!(
+            again.resources(ENDPOINT_TYPE_URL)["backend"].version,
+            snapshot.resources(ENDPOINT_TYPE_URL)["backend"].version
+        );
+    }
     dir.write("d.yaml", &cluster_yaml("2s"));
     assert_ne!(
         files::load_dir(dir.path()).unwrap().version(),

@@ -15,6 +15,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use super::snapshot::Fnv;
 use super::{Server, Snapshot};
 use crate::ENDPOINT_TYPE_URL;
 
@@ -89,7 +90,7 @@ pub fn load_dir(dir: &Path) -> Result<Snapshot, LoadError> {
     for file in files {
         let text = std::fs::read_to_string(&file).map_err(read_err(&file))?;
         let format = Format::from_path(&file.to_string_lossy());
-        for (name, any) in decode_file(&codec, &file, &text, format)? {
+        for (name, any, version) in decode_file(&codec, &file, &text, format)? {
             let key = (any.type_url.clone(), name);
             if let Some(first) = origin.get(&key) {
                 return Err(LoadError::Duplicate {
@@ -99,7 +100,7 @@ pub fn load_dir(dir: &Path) -> Result<Snapshot, LoadError> {
                     second: file,
                 });
             }
-            snapshot.insert(&key.0, key.1.clone(), any);
+            snapshot.insert_versioned(&key.0, key.1.clone(), any, version);
             origin.insert(key, file.clone());
         }
     }
@@ -114,7 +115,7 @@ fn decode_file(
     file: &Path,
     text: &str,
     format: Format,
-) -> Result<Vec<(String, Any)>, LoadError> {
+) -> Result<Vec<(String, Any, String)>, LoadError> {
     let doc = Codec::parse_text(text, format).map_err(|source| LoadError::Parse {
         file: file.to_owned(),
         source,
@@ -151,13 +152,15 @@ fn decode_file(
 }
 
 /// One resource: its `@type`, its name (`cluster_name` for a ClusterLoadAssignment, `name`
-/// otherwise) and the message packed.
+/// otherwise), the message packed, and its version: a hash of the resource as written, since
+/// the packed bytes of a message with maps (metadata's `Struct`s) differ from one encoding to
+/// the next.
 fn decode_resource(
     codec: &Codec,
     file: &Path,
     path: &str,
     value: Value,
-) -> Result<(String, Any), LoadError> {
+) -> Result<(String, Any, String), LoadError> {
     let err = |field: &str, message: String| LoadError::Resource {
         file: file.to_owned(),
         path: join(path, field),
@@ -185,6 +188,8 @@ fn decode_resource(
         Some(Value::String(n)) if !n.is_empty() => n.clone(),
         _ => return Err(err(name_field, "missing (the resource's name)".into())),
     };
+    let mut version = Fnv::new();
+    version.write(value.to_string().as_bytes());
     let decoded = codec
         .decode_at::<Any>(value, false, path)
         .map_err(|e| match e {
@@ -199,7 +204,7 @@ fn decode_resource(
         tracing::warn!(file = %file.display(), path = %at, type_url = %unknown,
             "unknown extension type kept as an opaque TypedStruct");
     }
-    Ok((name, decoded.message))
+    Ok((name, decoded.message, version.hex()))
 }
 
 /// `a` + `.b` (or whichever is not empty).

@@ -67,10 +67,36 @@ impl Snapshot {
 
     /// Adds (or replaces) resource `name` of `type_url`; answers the one it replaced.
     pub fn insert(&mut self, type_url: &str, name: String, any: Any) -> Option<SnapshotResource> {
+        self.insert_resource(type_url, name, SnapshotResource::new(any))
+    }
+
+    /// Adds (or replaces) resource `name` of `type_url` with its version given, for a
+    /// resource whose encoding is not canonical (a `Struct` or another map encodes its entries
+    /// in no fixed order): the version of its source then keeps equal content at one version.
+    pub fn insert_versioned(
+        &mut self,
+        type_url: &str,
+        name: String,
+        any: Any,
+        version: String,
+    ) -> Option<SnapshotResource> {
+        let resource = SnapshotResource {
+            any: Arc::new(any),
+            version,
+        };
+        self.insert_resource(type_url, name, resource)
+    }
+
+    fn insert_resource(
+        &mut self,
+        type_url: &str,
+        name: String,
+        resource: SnapshotResource,
+    ) -> Option<SnapshotResource> {
         self.types
             .entry(type_url.to_owned())
             .or_default()
-            .insert(name, SnapshotResource::new(any))
+            .insert(name, resource)
     }
 
     /// Sets the version (e.g. to a hash of the content once every resource is in).
@@ -130,21 +156,21 @@ pub fn push_order<'a>(types: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> 
 
 /// 64-bit FNV-1a: a hash that stays the same across builds and runs (versions a client keeps
 /// and sends back in `initial_resource_versions` must still match after a server restart).
-struct Fnv(u64);
+pub(crate) struct Fnv(u64);
 
 impl Fnv {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Fnv(0xcbf2_9ce4_8422_2325)
     }
 
-    fn write(&mut self, bytes: &[u8]) {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
         for b in bytes {
             self.0 ^= u64::from(*b);
             self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
         }
     }
 
-    fn hex(&self) -> String {
+    pub(crate) fn hex(&self) -> String {
         format!("{:016x}", self.0)
     }
 }
