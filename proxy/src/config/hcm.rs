@@ -238,6 +238,14 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "no proxy-status header is added",
         ),
         (
+            hcm.http2_protocol_options
+                .as_ref()
+                .is_some_and(|o| o.allow_connect),
+            "http2_protocol_options.allow_connect",
+            "extended CONNECT (RFC 8441, WebSocket over HTTP/2) is not offered; a classic \
+             CONNECT on an HTTP/2 stream is tunnelled with or without it, as in Envoy",
+        ),
+        (
             hcm.stream_flush_timeout.is_some(),
             "stream_flush_timeout",
             NO_EFFECT,
