@@ -152,3 +152,52 @@ fn local_reply_config_matches_envoy() {
     );
     assert_same(&expected, &got);
 }
+
+/// Requests the codec refuses (bad request line, header characters, an unknown transfer
+/// coding, a lowercase method, headers over the limit, `content-length` with chunked framing).
+fn codec_cases() -> Vec<(usize, String)> {
+    let big = "x".repeat(70 * 1024);
+    let raw = [
+        "GET /a b c HTTP/1.1\r\nhost: replies\r\n\r\n".to_owned(),
+        "GET / HTTP/1.1\r\nhost: replies\r\nbad header: x\r\n\r\n".to_owned(),
+        "POST / HTTP/1.1\r\nhost: replies\r\ntransfer-encoding: gzip\r\n\r\n".to_owned(),
+        "get / HTTP/1.1\r\nhost: replies\r\n\r\n".to_owned(),
+        format!("GET / HTTP/1.1\r\nhost: replies\r\nx-big: {big}\r\n\r\n"),
+        "POST / HTTP/1.1\r\nhost: replies\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_owned(),
+    ];
+    [0, 1]
+        .into_iter()
+        .flat_map(|l| raw.iter().map(move |r| (l, r.clone())))
+        .collect()
+}
+
+#[test]
+fn codec_replies_are_mapped_like_envoys() {
+    let Some(envoy) = oracle::envoy_or_skip("codec_replies_are_mapped_like_envoys") else {
+        return;
+    };
+    let up = upstream();
+    let closed = free_port();
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port()];
+        let yaml = bootstrap(admin, ports, up, closed);
+        let _proxy = filter_diff::start(envoy, &yaml, 123, admin);
+        codec_cases()
+            .iter()
+            .map(|(l, raw)| {
+                let head = raw.lines().next().unwrap_or_default();
+                let shown = format!("{l} {:?}", &head[..head.len().min(40)]);
+                format!("{shown}\n{}", filter_diff::exchange(ports[*l], raw, KEPT))
+            })
+            .collect::<Vec<_>>()
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    // Envoy rewrites them: the JSON body format, the 5xx mapper's header.
+    assert!(
+        expected[0].contains("\"code\":400") && expected[2].contains("x-mapped: server-error"),
+        "{expected:#?}"
+    );
+    assert_same(&expected, &got);
+}
