@@ -60,9 +60,38 @@ fn bootstrap(admin: u16, ports: [u16; 4], up: u16) -> String {
     let ordered = format!(
         r#"{{name: first, typed_config: {{"@type": {FAULT}, abort: {{http_status: 429, percentage: {{numerator: 100}}}}}}}}, {{name: second, typed_config: {{"@type": {FAULT}, abort: {{http_status: 502, percentage: {{numerator: 100}}}}}}}}"#
     );
-    let listener = |name: &str, port: u16, filters: &str, routes: &str| {
-        format!(
-            r#"
+    with_upstream(
+        admin,
+        up,
+        &[
+            listener("fault", ports[0], &fault, &fault_routes),
+            listener("dormant", ports[1], &dormant, &dormant_routes),
+            listener("header", ports[2], &header, PLAIN),
+            listener("ordered", ports[3], &ordered, PLAIN),
+        ],
+    )
+}
+
+/// The health-check filter's type URL.
+const HC: &str = "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
+
+/// The health-check filter with `settings` (flow-style fields), taking requests for `path`
+/// for health checks.
+fn health_check(settings: &str, path: &str) -> String {
+    format!(
+        r#"{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {settings}, headers: [{{name: ":path", string_match: {{exact: {path}}}}}]}}}}"#
+    )
+}
+
+/// Routes sending everything to the cluster `up`.
+const PLAIN: &str = "[{match: {prefix: /}, route: {cluster: up}}]";
+
+/// A listener `name` on `port` whose connection manager (stats under `name`) runs `filters`
+/// (flow-style `http_filters` entries) before the router, with `routes` in a virtual host
+/// for every domain.
+fn listener(name: &str, port: u16, filters: &str, routes: &str) -> String {
+    format!(
+        r#"
   - name: {name}
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
@@ -77,22 +106,23 @@ fn bootstrap(admin: u16, ports: [u16; 4], up: u16) -> String {
             - name: all
               domains: ["*"]
               routes: {routes}"#
-        )
-    };
-    let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
+    )
+}
+
+/// A bootstrap with its admin on `admin`, `listeners`, and the cluster `up` on 127.0.0.1:`up`;
+/// its node's cluster is `front-proxy` (what health checks name).
+fn with_upstream(admin: u16, up: u16, listeners: &[String]) -> String {
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+        r#"node: {{id: hc-node, cluster: front-proxy}}
+admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
 static_resources:
-  listeners:{}{}{}{}
+  listeners:{}
   clusters:
   - name: up
     connect_timeout: 1s
     load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
 "#,
-        listener("fault", ports[0], &fault, &fault_routes),
-        listener("dormant", ports[1], &dormant, &dormant_routes),
-        listener("header", ports[2], &header, plain),
-        listener("ordered", ports[3], &ordered, plain),
+        listeners.concat()
     )
 }
 
@@ -329,33 +359,16 @@ fn buffer_filter_matches_envoy() {
         "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
     let run = |envoy: Option<&std::path::Path>| {
         let (admin, port) = (free_port(), free_port());
-        let yaml = format!(
-            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: buffer
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: buffer
-          http_filters: [{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}}
-              - {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}}
-              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#
+        let filter = format!(
+            r#"{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}"#
         );
+        let routes = format!(
+            r#"[
+              {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}},
+              {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}},
+              {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+        );
+        let yaml = with_upstream(admin, up, &[listener("buffer", port, &filter, &routes)]);
         let ready = || request(admin, "/ready", "").contains(" 200 ");
         let _proxy = match envoy {
             Some(path) => Proxy::envoy(path, &yaml, 42, ready),
@@ -428,52 +441,29 @@ fn health_check_filter_matches_envoy() {
         return;
     };
     let up = filter_diff::upstream();
-    const HC: &str =
-        "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        let listener = |name: &str, port: u16, hc: &str| {
-            format!(
-                r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {hc}, headers: [{{name: ":path", string_match: {{exact: /healthz}}}}]}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
-            )
+        let listener = |name: &str, port: u16, settings: &str| {
+            listener(name, port, &health_check(settings, "/healthz"), PLAIN)
         };
-        let yaml = format!(
-            r#"node: {{id: hc-node, cluster: front-proxy}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-            listener("local", ports[0], "pass_through_mode: false"),
-            listener("through", ports[1], "pass_through_mode: true"),
-            listener(
-                "healthy",
-                ports[2],
-                "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}"
-            ),
-            listener(
-                "missing",
-                ports[3],
-                "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}"
-            ),
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener("local", ports[0], "pass_through_mode: false"),
+                listener("through", ports[1], "pass_through_mode: true"),
+                listener(
+                    "healthy",
+                    ports[2],
+                    "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}",
+                ),
+                listener(
+                    "missing",
+                    ports[3],
+                    "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}",
+                ),
+            ],
         );
         let ready = || request(admin, "/ready", "").contains(" 200 ");
         let _proxy = match envoy {
@@ -503,38 +493,48 @@ static_resources:
     }
 }
 
-/// An upstream answering `200 ok`, except that it holds a request for `/hold` (telling
-/// `arrived`) until `release` says so.
-fn holding_upstream(arrived: mpsc::Sender<()>, release: mpsc::Receiver<()>) -> u16 {
+/// An HTTP/1.1 upstream writing what `answer` returns for each request's path (called on the
+/// connection's own thread, so it may block).
+fn scripted_upstream(answer: impl Fn(&str) -> &'static [u8] + Send + Sync + 'static) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
     let port = listener.local_addr().unwrap().port();
-    let release = Arc::new(Mutex::new(release));
+    let answer = Arc::new(answer);
     std::thread::spawn(move || {
         for mut s in listener.incoming().flatten() {
-            let (arrived, release) = (arrived.clone(), release.clone());
+            let answer = answer.clone();
             std::thread::spawn(move || {
                 s.set_read_timeout(Some(Duration::from_secs(30))).ok();
-                let mut seen = Vec::new();
+                let mut raw = Vec::new();
                 let mut buf = [0u8; 4096];
                 loop {
                     match s.read(&mut buf) {
                         Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
                     }
-                    if !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
                         continue;
-                    }
-                    if seen.starts_with(b"GET /hold ") {
-                        let _ = arrived.send(());
-                        let _ = release.lock().unwrap().recv();
-                    }
-                    seen.clear();
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+                    };
+                    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+                    raw.drain(..end + 4);
+                    let _ = s.write_all(answer(head.split(' ').nth(1).unwrap_or_default()));
                 }
             });
         }
     });
     port
+}
+
+/// An upstream answering `200 ok`, except that it holds a request for `/hold` (telling
+/// `arrived`) until `release` says so.
+fn holding_upstream(arrived: mpsc::Sender<()>, release: mpsc::Receiver<()>) -> u16 {
+    let release = Mutex::new(release);
+    scripted_upstream(move |path| {
+        if path == "/hold" {
+            let _ = arrived.send(());
+            let _ = release.lock().unwrap().recv();
+        }
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    })
 }
 
 /// Polls the admin on `admin` until stat `name` reads `value` (for up to 20 s).
@@ -560,43 +560,26 @@ fn fault_max_active_faults_matches_envoy() {
         let up = holding_upstream(arrived_tx, release_rx);
         let (admin, limited, held) = (free_port(), free_port(), free_port());
         let listener = |name: &str, port: u16, fault: &str| {
-            format!(
-                r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{{name: envoy.filters.http.fault, typed_config: {{"@type": {FAULT}, max_active_faults: 1, {fault}}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
-            )
+            let filter = format!(
+                r#"{{name: envoy.filters.http.fault, typed_config: {{"@type": {FAULT}, max_active_faults: 1, {fault}}}}}"#
+            );
+            listener(name, port, &filter, PLAIN)
         };
-        let yaml = format!(
-            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-            listener(
-                "limited",
-                limited,
-                "delay: {fixed_delay: 2s, percentage: {numerator: 100}}, abort: {http_status: 503, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]"
-            ),
-            listener(
-                "held",
-                held,
-                "delay: {fixed_delay: 0.2s, percentage: {numerator: 100}}"
-            ),
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener(
+                    "limited",
+                    limited,
+                    "delay: {fixed_delay: 2s, percentage: {numerator: 100}}, abort: {http_status: 503, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]",
+                ),
+                listener(
+                    "held",
+                    held,
+                    "delay: {fixed_delay: 0.2s, percentage: {numerator: 100}}",
+                ),
+            ],
         );
         let stat_names = |l: &str| {
             [
@@ -651,40 +634,16 @@ static_resources:
 /// An upstream answering health checks: `/healthz` 503 `down`, `/degraded` 200 `slow` with
 /// `x-envoy-degraded`, anything else 200 `ok`; each request's path is logged in `seen`.
 fn health_upstream(seen: Arc<Mutex<Vec<String>>>) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut s in listener.incoming().flatten() {
-            let seen = seen.clone();
-            std::thread::spawn(move || {
-                s.set_read_timeout(Some(Duration::from_secs(10))).ok();
-                let mut raw = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => raw.extend_from_slice(&buf[..n]),
-                    }
-                    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
-                    raw.drain(..end + 4);
-                    let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
-                    let answer: &[u8] = match path.as_str() {
-                        "/healthz" => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\ndown",
-                        "/degraded" => {
-                            b"HTTP/1.1 200 OK\r\nx-envoy-degraded: yes\r\ncontent-length: 4\r\n\r\nslow"
-                        }
-                        _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
-                    };
-                    seen.lock().unwrap().push(path);
-                    let _ = s.write_all(answer);
-                }
-            });
+    scripted_upstream(move |path| {
+        seen.lock().unwrap().push(path.to_owned());
+        match path {
+            "/healthz" => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\ndown",
+            "/degraded" => {
+                b"HTTP/1.1 200 OK\r\nx-envoy-degraded: yes\r\ncontent-length: 4\r\n\r\nslow"
+            }
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         }
-    });
-    port
+    })
 }
 
 #[test]
@@ -692,46 +651,33 @@ fn health_check_cache_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("health_check_cache_matches_envoy") else {
         return;
     };
-    const HC: &str =
-        "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
     let run = |envoy: Option<&std::path::Path>| {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let up = health_upstream(seen.clone());
         let admin = free_port();
         let ports = [free_port(), free_port(), free_port()];
-        let listener = |name: &str, port: u16, hc: &str, path: &str| {
-            format!(
-                r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, pass_through_mode: true, {hc} headers: [{{name: ":path", string_match: {{exact: {path}}}}}]}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
-            )
+        let listener = |name: &str, port: u16, settings: &str, path: &str| {
+            listener(name, port, &health_check(settings, path), PLAIN)
         };
         // A minute of cache: the windows start with the proxy, the cases take seconds.
-        let yaml = format!(
-            r#"node: {{id: hc-node, cluster: front-proxy}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-            listener("cached", ports[0], "cache_time: 60s,", "/healthz"),
-            listener("degraded", ports[1], "cache_time: 60s,", "/degraded"),
-            listener("uncached", ports[2], "", "/healthz"),
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener(
+                    "cached",
+                    ports[0],
+                    "pass_through_mode: true, cache_time: 60s",
+                    "/healthz",
+                ),
+                listener(
+                    "degraded",
+                    ports[1],
+                    "pass_through_mode: true, cache_time: 60s",
+                    "/degraded",
+                ),
+                listener("uncached", ports[2], "pass_through_mode: true", "/healthz"),
+            ],
         );
         filter_diff::observe_with(envoy, 48, &yaml, admin, || {
             let checks = [
