@@ -141,21 +141,28 @@ fn local_reply_config_matches_envoy() {
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
         let _proxy = filter_diff::start(envoy, &yaml, 122, admin);
-        filter_diff::answers(&ports, CASES, KEPT)
+        let mut seen = filter_diff::answers(&ports, CASES, KEPT);
+        seen.extend(codec_answers(&ports));
+        seen
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the mappers: the upstream's 503 became a 401.
+    // The cases must exercise the mappers: the upstream's 503 became a 401, and the codec's
+    // rejections took the JSON body format and the 5xx mapper's header.
+    let codec = &expected[CASES.len()..];
     assert!(
-        expected.iter().any(|l| l.contains("HTTP/1.1 401")),
+        expected.iter().any(|l| l.contains("HTTP/1.1 401"))
+            && codec[0].contains("\"code\":400")
+            && codec[2].contains("x-mapped: server-error"),
         "{expected:#?}"
     );
     assert_same(&expected, &got);
 }
 
-/// Requests the codec refuses (bad request line, header characters, an unknown transfer
-/// coding, a lowercase method, headers over the limit, `content-length` with chunked framing).
-fn codec_cases() -> Vec<(usize, String)> {
+/// What the listeners on `ports` answer to requests the codec refuses (bad request line,
+/// header characters, an unknown transfer coding, a lowercase method, headers over the limit,
+/// `content-length` with chunked framing).
+fn codec_answers(ports: &[u16; 2]) -> Vec<String> {
     let big = "x".repeat(70 * 1024);
     let raw = [
         "GET /a b c HTTP/1.1\r\nhost: replies\r\n\r\n".to_owned(),
@@ -165,39 +172,16 @@ fn codec_cases() -> Vec<(usize, String)> {
         format!("GET / HTTP/1.1\r\nhost: replies\r\nx-big: {big}\r\n\r\n"),
         "POST / HTTP/1.1\r\nhost: replies\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_owned(),
     ];
-    [0, 1]
-        .into_iter()
-        .flat_map(|l| raw.iter().map(move |r| (l, r.clone())))
-        .collect()
-}
-
-#[test]
-fn codec_replies_are_mapped_like_envoys() {
-    let Some(envoy) = oracle::envoy_or_skip("codec_replies_are_mapped_like_envoys") else {
-        return;
-    };
-    let up = upstream();
-    let closed = free_port();
-    let run = |envoy: Option<&std::path::Path>| {
-        let admin = free_port();
-        let ports = [free_port(), free_port()];
-        let yaml = bootstrap(admin, ports, up, closed);
-        let _proxy = filter_diff::start(envoy, &yaml, 123, admin);
-        codec_cases()
-            .iter()
-            .map(|(l, raw)| {
-                let head = raw.lines().next().unwrap_or_default();
-                let shown = format!("{l} {:?}", &head[..head.len().min(40)]);
-                format!("{shown}\n{}", filter_diff::exchange(ports[*l], raw, KEPT))
-            })
-            .collect::<Vec<_>>()
-    };
-    let expected = run(Some(&envoy));
-    let got = run(None);
-    // Envoy rewrites them: the JSON body format, the 5xx mapper's header.
-    assert!(
-        expected[0].contains("\"code\":400") && expected[2].contains("x-mapped: server-error"),
-        "{expected:#?}"
-    );
-    assert_same(&expected, &got);
+    let mut seen = Vec::new();
+    for (l, port) in ports.iter().enumerate() {
+        for raw in &raw {
+            let head = raw.lines().next().unwrap_or_default();
+            let shown = format!("{l} {:?}", &head[..head.len().min(40)]);
+            seen.push(format!(
+                "{shown}\n{}",
+                filter_diff::exchange(*port, raw, KEPT)
+            ));
+        }
+    }
+    seen
 }
