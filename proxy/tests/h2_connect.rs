@@ -16,6 +16,8 @@ use http::Request;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/filter_diff.rs"]
@@ -166,10 +168,8 @@ async fn http2_connect_tunnel_matches_envoy() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let up = tcp_upstream(seen.clone()).await;
         let (admin, port, closed) = (free_port(), free_port(), free_port());
-        let yaml = format!(
-            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
+        let listener = format!(
+            r#"
   - name: connect
     address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
@@ -196,18 +196,12 @@ static_resources:
               domains: ["*"]
               routes:
               - match: {{connect_matcher: {{}}}}
-                route: {{cluster: up, upgrade_configs: [{{upgrade_type: CONNECT, connect_config: {{}}}}]}}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-  - name: closed
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: closed, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {closed}}}}}}}}}]}}]}}
-"#,
+                route: {{cluster: up, upgrade_configs: [{{upgrade_type: CONNECT, connect_config: {{}}}}]}}"#,
             hcm = filter_diff::HCM,
             router = filter_diff::ROUTER,
         );
+        let clusters = bootstrap::cluster("up", up, "") + &bootstrap::cluster("closed", closed, "");
+        let yaml = bootstrap::with_admin(admin, &listener, &clusters);
         let _proxy = tokio::task::block_in_place(|| filter_diff::start(envoy, &yaml, 50, admin));
         let mut out = Vec::new();
         for (authority, client_closes) in [

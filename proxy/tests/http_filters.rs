@@ -13,6 +13,8 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/filter_diff.rs"]
@@ -26,10 +28,8 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const FAULT: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// The listeners: `fault` (the filter with a header-matched abort and header-controlled
 /// delays, routes overriding it), `dormant` (the filter `disabled`, enabled on one route),
@@ -87,42 +87,18 @@ fn health_check(settings: &str, path: &str) -> String {
 const PLAIN: &str = "[{match: {prefix: /}, route: {cluster: up}}]";
 
 /// A listener `name` on `port` whose connection manager (stats under `name`) runs `filters`
-/// (flow-style `http_filters` entries) before the router, with `routes` in a virtual host
-/// for every domain.
+/// (flow-style `http_filters` entries) before the router, with `routes` for every domain.
 fn listener(name: &str, port: u16, filters: &str, routes: &str) -> String {
-    format!(
-        r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: {routes}"#
-    )
+    bootstrap::http_listener(name, port, "", &format!("{filters}, "), routes)
 }
 
 /// A bootstrap with its admin on `admin`, `listeners`, and the cluster `up` on 127.0.0.1:`up`;
 /// its node's cluster is `front-proxy` (what health checks name).
 fn with_upstream(admin: u16, up: u16, listeners: &[String]) -> String {
+    let clusters = bootstrap::cluster("up", up, "");
     format!(
-        r#"node: {{id: hc-node, cluster: front-proxy}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-        listeners.concat()
+        "node: {{id: hc-node, cluster: front-proxy}}\n{}",
+        bootstrap::with_admin(admin, &listeners.concat(), &clusters)
     )
 }
 
