@@ -129,6 +129,9 @@ pub struct HcmConfig {
     pub stat_prefix: String,
     /// Downstream codec.
     pub codec: Codec,
+    /// `http2_protocol_options.allow_connect`: HTTP/2 clients may use extended CONNECT (RFC
+    /// 8441), which the connection manager serves as an HTTP/1 upgrade.
+    pub allow_connect: bool,
     /// The route table.
     pub routes: Routes,
     /// Trust the connection's peer address (edge) instead of `x-forwarded-for`.
@@ -236,14 +239,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.proxy_status_config.is_some(),
             "proxy_status_config",
             "no proxy-status header is added",
-        ),
-        (
-            hcm.http2_protocol_options
-                .as_ref()
-                .is_some_and(|o| o.allow_connect),
-            "http2_protocol_options.allow_connect",
-            "extended CONNECT (RFC 8441, WebSocket over HTTP/2) is not offered; a classic \
-             CONNECT on an HTTP/2 stream is tunnelled with or without it, as in Envoy",
         ),
         (
             hcm.stream_flush_timeout.is_some(),
@@ -499,6 +494,10 @@ pub fn compile_hcm(
             2 => Codec::Http2,
             _ => Codec::Auto,
         },
+        allow_connect: hcm
+            .http2_protocol_options
+            .as_ref()
+            .is_some_and(|o| o.allow_connect),
         routes,
         use_remote_address: hcm.use_remote_address.is_some_and(|b| b.value),
         xff_num_trusted_hops: hcm.xff_num_trusted_hops,

@@ -375,6 +375,9 @@ where
         .header_read_timeout(None)
         .preserve_header_case(false);
     builder.http2().timer(TokioTimer::new());
+    if ctx.hcm.config.allow_connect {
+        builder.http2().enable_connect_protocol();
+    }
     let builder = match codec {
         Codec::Http1 => builder.http1_only(),
         Codec::Http2 => builder.http2_only(),
@@ -413,6 +416,7 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let started = std::time::Instant::now();
+            let (req, extended_connect) = upgrade::from_extended_connect(req);
             let version = req.version();
             let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
@@ -433,6 +437,9 @@ where
                 body
             });
             let mut resp = router::handle(req, &ctx).await;
+            if extended_connect {
+                upgrade::to_extended_connect(&mut resp);
+            }
             // Envoy answers a request whose body is still arriving and closes the connection
             // after the response; its router then has no upstream service time to report
             // (revoy's own HTTP/1.1 path does the same in `h1::response::write`).
