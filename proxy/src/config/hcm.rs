@@ -129,6 +129,9 @@ pub struct HcmConfig {
     pub stat_prefix: String,
     /// Downstream codec.
     pub codec: Codec,
+    /// `http2_protocol_options.allow_connect`: HTTP/2 clients may use extended CONNECT (RFC
+    /// 8441), which the connection manager serves as an HTTP/1 upgrade.
+    pub allow_connect: bool,
     /// The route table.
     pub routes: Routes,
     /// Trust the connection's peer address (edge) instead of `x-forwarded-for`.
@@ -491,6 +494,10 @@ pub fn compile_hcm(
             2 => Codec::Http2,
             _ => Codec::Auto,
         },
+        allow_connect: hcm
+            .http2_protocol_options
+            .as_ref()
+            .is_some_and(|o| o.allow_connect),
         routes,
         use_remote_address: hcm.use_remote_address.is_some_and(|b| b.value),
         xff_num_trusted_hops: hcm.xff_num_trusted_hops,

@@ -44,16 +44,8 @@ pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, detai
         return;
     }
     let reason = status.canonical_reason().unwrap_or_default();
-    let mut rec = Record::new(Downstream {
-        remote: Some(ctx.down.peer),
-        direct_remote: Some(ctx.down.peer),
-        local: Some(ctx.local),
-        server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
-    });
-    rec.protocol = Some("HTTP/1.1");
-    rec.response_code = Some(status.as_u16());
+    let mut rec = codec_record(downstream_of(ctx), status, details);
     rec.flags.set(ResponseFlag::DownstreamProtocolError);
-    rec.details = Some(details.to_owned());
     rec.bytes_sent = reason.len() as u64;
     let mut headers = HeaderMap::new();
     headers.insert(
@@ -68,6 +60,28 @@ pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, detai
     rec.local_reply_body = Some(reason.to_owned());
     rec.end = Some(Instant::now());
     logs.log(&rec);
+}
+
+/// The connection's side as records see it: the peer (no `x-forwarded-for` read yet), the
+/// local address and the TLS SNI.
+pub(super) fn downstream_of(ctx: &ConnContext) -> Downstream {
+    Downstream {
+        remote: Some(ctx.down.peer),
+        direct_remote: Some(ctx.down.peer),
+        local: Some(ctx.local),
+        server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
+    }
+}
+
+/// The record of a request Envoy's HTTP/1 codec refused with `status`, before its response:
+/// `HTTP/1.1` and the codec's `details`, what `local_reply_config`'s mappers read (Envoy
+/// sets the `DPE` flag only after the reply, for the access logs).
+pub(super) fn codec_record(down: Downstream, status: http::StatusCode, details: &str) -> Record {
+    let mut rec = Record::new(down);
+    rec.protocol = Some("HTTP/1.1");
+    rec.response_code = Some(status.as_u16());
+    rec.details = Some(details.to_owned());
+    rec
 }
 
 /// A request being served whose record some access log or its span will read. Dropped before
@@ -96,12 +110,7 @@ impl Pending {
         {
             return None;
         }
-        let mut rec = Box::new(Record::new(Downstream {
-            remote: Some(ctx.down.peer),
-            direct_remote: Some(ctx.down.peer),
-            local: Some(ctx.local),
-            server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
-        }));
+        let mut rec = Box::new(Record::new(downstream_of(ctx)));
         rec.protocol = Some(super::trace::protocol_name(req.version()));
         rec.request = (!logs.is_empty() || local_reply).then(|| RequestHead {
             method: req.method().as_str().to_owned(),

@@ -11,23 +11,39 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::framing::Framing;
+use http::StatusCode;
 
-/// hyper's status lines for requests it rejects, and Envoy's reason text for each.
-const REJECTIONS: [(&[u8], &str); 3] = [
+use super::ConnContext;
+use super::access_log::codec_record;
+use super::framing::Framing;
+use super::local_reply::{LocalReply, local_reply, map};
+use super::reason::envoy_phrase;
+use crate::access_log::record::Downstream;
+use crate::config::local_reply::LocalReplyConfig;
+
+/// hyper's status lines for requests it rejects, and Envoy's status and response details for
+/// each.
+const REJECTIONS: [(&[u8], StatusCode, &str); 3] = [
     (
         b"HTTP/1.1 414 URI Too Long\r\n",
-        "431 Request Header Fields Too Large",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "http1.headers_too_large",
     ),
-    (b"HTTP/1.1 400 Bad Request\r\n", "400 Bad Request"),
+    (
+        b"HTTP/1.1 400 Bad Request\r\n",
+        StatusCode::BAD_REQUEST,
+        "http1.codec_error",
+    ),
     (
         b"HTTP/1.1 431 Request Header Fields Too Large\r\n",
-        "431 Request Header Fields Too Large",
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+        "http1.headers_too_large",
     ),
 ];
 
@@ -35,26 +51,64 @@ const REJECTIONS: [(&[u8], &str); 3] = [
 const HTTP10_REFUSED: &[u8] = b"HTTP/1.0 426 ";
 const HTTP11_REFUSED: &[u8] = b"HTTP/1.1 426 ";
 
-/// Envoy's 400 response for a request it cannot parse, with `date` taken from hyper's reply
-/// (or the current time).
-pub fn bad_request(date: Option<&[u8]>) -> Vec<u8> {
-    rejection("400 Bad Request", date)
+/// The connection manager's `local_reply_config` with the connection's side, which rewrite
+/// the codec's rejections: Envoy's codec answers them through the connection manager's local
+/// replies, mapped like any other.
+#[derive(Debug, Clone)]
+pub struct LocalReplies {
+    config: Arc<LocalReplyConfig>,
+    downstream: Downstream,
 }
 
-/// Envoy's local reply for a codec rejection: `status` is `<code> <reason>`, the body is the reason.
-fn rejection(status: &str, date: Option<&[u8]>) -> Vec<u8> {
-    let reason = status.split_once(' ').map_or(status, |(_, r)| r);
-    let mut out = format!(
-        "HTTP/1.1 {status}\r\ncontent-length: {}\r\ncontent-type: text/plain\r\n",
-        reason.len()
-    )
-    .into_bytes();
+impl LocalReplies {
+    /// The connection's, `None` when its connection manager has no `local_reply_config`.
+    pub fn of(ctx: &ConnContext) -> Option<LocalReplies> {
+        Some(LocalReplies {
+            config: ctx.hcm.config.local_reply.clone()?,
+            downstream: super::access_log::downstream_of(ctx),
+        })
+    }
+}
+
+/// Envoy's answer to a request its HTTP/1 codec refuses with `status` (`details` saying why,
+/// as its access logs do): the reason phrase as a `text/plain` body, rewritten by `local`'s
+/// `local_reply_config` when there is one, then `date` (hyper's, else now), `server` and
+/// `connection: close`.
+pub fn codec_reply(
+    local: Option<&LocalReplies>,
+    status: StatusCode,
+    details: &str,
+    date: Option<&[u8]>,
+) -> Vec<u8> {
+    let reason = envoy_phrase(status.as_u16());
+    let mut resp = local_reply(status, reason);
+    if let Some(local) = local {
+        let mut rec = codec_record(local.downstream.clone(), status, details);
+        resp = map(&local.config, resp, &mut rec);
+    }
+    let (parts, _) = resp.into_parts();
+    let text = parts
+        .extensions
+        .get::<LocalReply>()
+        .map(|l| l.text.clone())
+        .unwrap_or_default();
+    let code = parts.status.as_u16();
+    let mut out = format!("HTTP/1.1 {code} {}\r\n", envoy_phrase(code)).into_bytes();
+    for (name, value) in &parts.headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
+        out.extend_from_slice(b"content-length: 0\r\n");
+    }
     let now = httpdate::fmt_http_date(std::time::SystemTime::now());
     out.extend_from_slice(b"date: ");
     out.extend_from_slice(date.unwrap_or(now.as_bytes()));
     out.extend_from_slice(b"\r\n");
     out.extend_from_slice(b"server: envoy\r\nconnection: close\r\n\r\n");
-    out.extend_from_slice(reason.as_bytes());
+    out.extend_from_slice(text.as_bytes());
     out
 }
 
@@ -76,6 +130,8 @@ pub struct EnvoyErrors<I> {
     framing: Framing,
     /// What `framing` let through and hyper has not read yet.
     ready: BytesMut,
+    /// What rewrites the rejections, when the connection manager has a `local_reply_config`.
+    local: Option<LocalReplies>,
 }
 
 impl<I> EnvoyErrors<I> {
@@ -93,7 +149,14 @@ impl<I> EnvoyErrors<I> {
             replay,
             framing,
             ready: BytesMut::new(),
+            local: None,
         }
+    }
+
+    /// Rewrites the rejections with `local` (the connection manager's `local_reply_config`).
+    pub fn with_local_replies(mut self, local: Option<LocalReplies>) -> Self {
+        self.local = local;
+        self
     }
 }
 
@@ -158,11 +221,12 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         ready!(self.poll_pending(cx))?;
-        let hyper_rejection = REJECTIONS.iter().find(|(line, _)| buf.starts_with(line));
-        if let Some((_, status)) =
+        let hyper_rejection = REJECTIONS.iter().find(|(line, _, _)| buf.starts_with(line));
+        if let Some((_, status, details)) =
             hyper_rejection.filter(|_| header_value(buf, b"server").is_none())
         {
-            self.pending = rejection(status, header_value(buf, b"date"));
+            let date = header_value(buf, b"date");
+            self.pending = codec_reply(self.local.as_ref(), *status, details, date);
             let _ = self.poll_pending(cx)?;
             return Poll::Ready(Ok(buf.len()));
         }
@@ -234,7 +298,7 @@ mod tests {
         let mut out = Vec::new();
         b.read_to_end(&mut out).await.unwrap();
         let expected = [
-            bad_request(Some(b"Mon, 30 Nov 2026 12:00:00 GMT")),
+            b"HTTP/1.1 400 Bad Request\r\ncontent-length: 11\r\ncontent-type: text/plain\r\ndate: Mon, 30 Nov 2026 12:00:00 GMT\r\nserver: envoy\r\nconnection: close\r\n\r\nBad Request".to_vec(),
             b"HTTP/1.1 400 Bad Request\r\nserver: envoy\r\n\r\n".to_vec(),
         ]
         .concat();

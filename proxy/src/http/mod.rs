@@ -273,7 +273,8 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
 /// HTTP/2-only connection is closed silently (after reading what arrived, so the close is
 /// clean). Returns whether the connection may be served.
-async fn codec_accepts(stream: &mut TcpStream, codec: Codec, stats: &HcmStats) -> bool {
+async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) -> bool {
+    let stats = &ctx.hcm.stats;
     if codec == Codec::Auto {
         return true;
     }
@@ -301,7 +302,13 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, stats: &HcmStats) -
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
-            let _ = stream.write_all(&envoy_errors::bad_request(None)).await;
+            let reply = envoy_errors::codec_reply(
+                envoy_errors::LocalReplies::of(ctx).as_ref(),
+                http::StatusCode::BAD_REQUEST,
+                "http1.codec_error",
+                None,
+            );
+            let _ = stream.write_all(&reply).await;
             false
         }
         _ => true,
@@ -312,7 +319,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, stats: &HcmStats) -
 /// (`h1`), which hands unusual requests and HTTP/2 to hyper's server.
 pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     let codec = ctx.hcm.config.codec;
-    if !codec_accepts(&mut stream, codec, &ctx.hcm.stats).await {
+    if !codec_accepts(&mut stream, codec, &ctx).await {
         return;
     }
     // A guard rather than a wrapper future: an async wrapper would hold the connection's
@@ -368,6 +375,9 @@ where
         .header_read_timeout(None)
         .preserve_header_case(false);
     builder.http2().timer(TokioTimer::new());
+    if ctx.hcm.config.allow_connect {
+        builder.http2().enable_connect_protocol();
+    }
     let builder = match codec {
         Codec::Http1 => builder.http1_only(),
         Codec::Http2 => builder.http2_only(),
@@ -385,7 +395,17 @@ where
         crate::spawn::boxed(|| async move {
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
-                Some(Rejection::Reply(resp, details)) => {
+                Some(Rejection::Reply(mut resp, details)) => {
+                    // Envoy's codec and connection manager refuse through local replies,
+                    // which `local_reply_config` rewrites like any other.
+                    if let Some(config) = &ctx.hcm.config.local_reply {
+                        let mut rec = access_log::codec_record(
+                            access_log::downstream_of(&ctx),
+                            resp.status(),
+                            details.unwrap_or_default(),
+                        );
+                        resp = local_reply::map(config, resp, &mut rec);
+                    }
                     ctx.hcm.stats.rq_total.inc();
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
@@ -396,6 +416,7 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let started = std::time::Instant::now();
+            let (req, extended_connect) = upgrade::from_extended_connect(req);
             let version = req.version();
             let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
@@ -416,6 +437,9 @@ where
                 body
             });
             let mut resp = router::handle(req, &ctx).await;
+            if extended_connect {
+                upgrade::to_extended_connect(&mut resp);
+            }
             // Envoy answers a request whose body is still arriving and closes the connection
             // after the response; its router then has no upstream service time to report
             // (revoy's own HTTP/1.1 path does the same in `h1::response::write`).

@@ -17,6 +17,48 @@ use super::stats::ActiveUpgrade;
 use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError, UpstreamHost};
 
+/// An HTTP/2 extended CONNECT (RFC 8441: `CONNECT` with `:protocol`, offered under
+/// `http2_protocol_options.allow_connect`) as Envoy's codec turns it into an HTTP/1 upgrade:
+/// `GET` with `connection: upgrade` and `upgrade: <protocol>`, routed and forwarded like one.
+/// The second value says whether `req` was one (its response then goes through
+/// [`to_extended_connect`]).
+pub fn from_extended_connect<B>(mut req: Request<B>) -> (Request<B>, bool) {
+    if req.method() != http::Method::CONNECT {
+        return (req, false);
+    }
+    let Some(protocol) = req.extensions_mut().remove::<hyper::ext::Protocol>() else {
+        return (req, false);
+    };
+    let Ok(upgrade) = http::HeaderValue::from_str(protocol.as_str()) else {
+        return (req, false);
+    };
+    *req.method_mut() = http::Method::GET;
+    let headers = req.headers_mut();
+    headers.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("upgrade"),
+    );
+    headers.insert(http::header::UPGRADE, upgrade);
+    (req, true)
+}
+
+/// The response to an extended CONNECT as Envoy's codec writes it: a `101` becomes `200`
+/// (which opens the stream's tunnel), without `upgrade`, `connection` or `content-length: 0`.
+pub fn to_extended_connect(resp: &mut Response<Body>) {
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        *resp.status_mut() = StatusCode::OK;
+    }
+    let headers = resp.headers_mut();
+    headers.remove(http::header::UPGRADE);
+    headers.remove(http::header::CONNECTION);
+    if headers
+        .get(http::header::CONTENT_LENGTH)
+        .is_some_and(|v| v == "0")
+    {
+        headers.remove(http::header::CONTENT_LENGTH);
+    }
+}
+
 /// Forwards an upgrade request and, on `101 Switching Protocols` (any `2xx` to a CONNECT),
 /// tunnels the two connections.
 /// Any other answer is forwarded (a `2xx` or `3xx` one to an `Upgrade:` without its body, as

@@ -77,7 +77,10 @@ impl Fault {
         }
     }
 
-    /// Delays and/or aborts `req` as its settings (the route's, else the filter's) say.
+    /// Delays and/or aborts `req` as its settings (the route's, else the filter's) say. As
+    /// Envoy, `max_active_faults` is checked only when a fault is about to be injected (each
+    /// fault refused counts in `faults_overflow`), and a delay not followed by an abort stops
+    /// counting as active once it ends.
     pub(super) async fn decode(
         &self,
         req: &mut FilterRequest<'_>,
@@ -85,12 +88,6 @@ impl Fault {
         encoders: &mut Encoders,
     ) -> Option<Response<Body>> {
         let config = route_settings.unwrap_or(&*self.config);
-        if let Some(max) = config.max_active_faults
-            && self.stats.active_faults.value() >= max
-        {
-            self.stats.faults_overflow.inc();
-            return None;
-        }
         if !applies(config, req) {
             return None;
         }
@@ -100,22 +97,40 @@ impl Fault {
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
             .map(str::to_owned);
-        let mut active = false;
-        if let Some(delay) = delay_of(config, req.headers) {
+        if let Some(delay) = delay_of(config, req.headers)
+            && let Some(guard) = self.try_activate(config)
+        {
             self.count(config, true, downstream_cluster.as_deref());
-            self.activate(&mut active, encoders);
             req.note(ResponseFlag::DelayInjected, None);
             tracing::debug!(ms = delay.as_millis() as u64, "fault: delaying request");
             tokio::time::sleep(delay).await;
+            // Without an abort to follow, the guard drops here: the delay's fault has ended.
+            let abort = abort_of(config, req.headers)?;
+            return Some(self.abort(config, req, abort, guard, encoders, downstream_cluster));
         }
-        let (status, grpc) = abort_of(config, req.headers)?;
+        let abort = abort_of(config, req.headers)?;
+        let guard = self.try_activate(config)?;
+        Some(self.abort(config, req, abort, guard, encoders, downstream_cluster))
+    }
+
+    /// The abort's local reply, counted; the request's active fault (`guard`) is held until
+    /// the request ends.
+    fn abort(
+        &self,
+        config: &FaultConfig,
+        req: &mut FilterRequest<'_>,
+        (status, grpc): (StatusCode, Option<u16>),
+        guard: ActiveFault,
+        encoders: &mut Encoders,
+        downstream_cluster: Option<String>,
+    ) -> Response<Body> {
         self.count(config, false, downstream_cluster.as_deref());
-        self.activate(&mut active, encoders);
+        encoders.0.push(Encoder::ActiveFault { _guard: guard });
         req.note(ResponseFlag::FaultInjected, Some("fault_filter_abort"));
-        Some(match grpc {
+        match grpc {
             Some(g) => local_reply_with_grpc_status(status, "fault filter abort", g),
             None => local_reply(status, "fault filter abort"),
-        })
+        }
     }
 
     /// Counts one injected fault (`delay`, else an abort), and under the downstream cluster's
@@ -137,15 +152,17 @@ impl Fault {
         counters[i].inc();
     }
 
-    /// Counts the request in `active_faults` once, until it ends.
-    fn activate(&self, active: &mut bool, encoders: &mut Encoders) {
-        if !*active {
-            *active = true;
-            self.stats.active_faults.inc();
-            encoders.0.push(Encoder::ActiveFault {
-                _guard: ActiveFault(self.stats.active_faults.clone()),
-            });
+    /// Counts the request in `active_faults` until the returned guard drops, unless the
+    /// filter already has `max_active_faults` active (then counts `faults_overflow`).
+    fn try_activate(&self, config: &FaultConfig) -> Option<ActiveFault> {
+        if let Some(max) = config.max_active_faults
+            && self.stats.active_faults.value() >= max
+        {
+            self.stats.faults_overflow.inc();
+            return None;
         }
+        self.stats.active_faults.inc();
+        Some(ActiveFault(self.stats.active_faults.clone()))
     }
 }
 

@@ -136,10 +136,10 @@ impl HealthCheck {
             let stats = cluster.stats();
             let total = stats.membership_total().value();
             let healthy = stats.membership_healthy().value();
-            if total == 0 && *min == 0.0 {
+            if total == 0 && *min == 0 {
                 continue;
             }
-            if total == 0 || (healthy as f64) < total as f64 * min / 100.0 {
+            if total == 0 || healthy.saturating_mul(100) < total.saturating_mul(*min) {
                 return StatusCode::SERVICE_UNAVAILABLE;
             }
         }

@@ -218,7 +218,12 @@ async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ct
         http::StatusCode::BAD_REQUEST,
         "http1.content_length_and_chunked_not_allowed",
     );
-    let reply = super::envoy_errors::bad_request(None);
+    let reply = super::envoy_errors::codec_reply(
+        super::envoy_errors::LocalReplies::of(ctx).as_ref(),
+        http::StatusCode::BAD_REQUEST,
+        "http1.content_length_and_chunked_not_allowed",
+        None,
+    );
     if stream.write_all(&reply).await.is_ok() {
         let _ = stream.shutdown().await;
         reading.buf.clear();
@@ -302,6 +307,7 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
     );
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing);
+    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing)
+        .with_local_replies(super::envoy_errors::LocalReplies::of(&ctx));
     super::serve_io(io, ctx, codec).await;
 }
