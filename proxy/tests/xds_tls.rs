@@ -7,7 +7,8 @@
 //! terminates TLS in front of tcp_proxy (with `h2` ALPN), so both TLS ends are revoy's.
 //!
 //! Also: with `dynamic_resources`, start-up waits for the static listeners' SDS secrets as
-//! well as for the initial xDS configuration.
+//! well as for the initial xDS configuration; and a static listener whose secret outlasts its
+//! `initial_fetch_timeout` is not bound until the secret comes (unlike Envoy, #47309).
 
 #[path = "support/certs.rs"]
 mod certs;
@@ -15,6 +16,8 @@ mod certs;
 mod child;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "support/https.rs"]
+mod https;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/sds.rs"]
@@ -23,17 +26,23 @@ mod sds;
 mod xds;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use certs::{Ca, CertDir};
 use ports::free_port;
+use proto::pb::envoy::config::cluster::v3::Cluster;
+use proto::pb::envoy::config::listener::v3::Listener;
 use sds::{Sds, sds_cluster, sds_config};
 use xds::{
     NODE, Plane, admin_get, ads_bootstrap, body_of, eventually, inline_listener, ready, refused,
     start_revoy, stat,
 };
-use xds_client::LISTENER_TYPE_URL;
 use xds_client::server::Snapshot;
+use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// A revoy terminating TLS on `port` (certificate for `xds.test`, ALPN `h2`) and passing the
 /// bytes to the plaintext control plane on `plane`.
@@ -160,6 +169,67 @@ fn ads_over_tls_verifies_the_control_plane() {
     assert_eq!(stat(admin, "control_plane.connected_state"), Some(0));
 }
 
+/// A listener `tls` on `port` whose certificate comes over SDS (`secret`: its
+/// `SdsSecretConfig`) and whose route answers `body`, in flow-style YAML.
+fn tls_listener(port: u16, secret: &str, body: &str) -> String {
+    format!(
+        "{{name: tls, address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
+         filter_chains: [{{transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, \
+         common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}, \
+         filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: tls, http_filters: [{ROUTER}], \
+         route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: [{{match: {{prefix: /}}, \
+         direct_response: {{status: 200, body: {{inline_string: {body}}}}}}}]}}]}}}}}}]}}]}}"
+    )
+}
+
+/// [`tls_listener`] as the bootstrap's `static_resources.listeners`.
+fn sds_listener(port: u16, secret: &str, body: &str) -> String {
+    format!("\n  listeners:\n  - {}\n", tls_listener(port, secret, body))
+}
+
+/// Unlike Envoy (#47309, which then serves the listener without a certificate), a static
+/// listener whose SDS certificate has not come when its `initial_fetch_timeout` (1 s) passes
+/// is not bound: the server goes LIVE for the rest, and a connection to the listener's port is
+/// refused (nothing listens there, so the kernel answers the SYN with a reset: no TLS
+/// handshake can begin). Once the secret is served the listener is bound and serves HTTPS
+/// with it.
+#[test]
+fn static_listener_is_not_bound_until_its_late_secret_comes() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let sds = Sds::start(dir.path(), "sds");
+    let (admin, port) = (free_port(), free_port());
+    let secret =
+        sds_config("default").replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 1s");
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         node: {{id: {NODE}, cluster: xds-test}}\n\
+         static_resources:\n  clusters:{sds_cluster}{listener}",
+        sds_cluster = sds_cluster(sds.socket()),
+        listener = sds_listener(port, &secret, "late"),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    eventually("LIVE after the initial_fetch_timeout", || {
+        (ready(admin).0 == 200).then_some(())
+    });
+    assert!(
+        refused(port),
+        "the listener is bound without its certificate"
+    );
+
+    let issued = ca.server(&["late.test"]).issue();
+    let version = sds.put(&[sds::certificate("default", &issued)]);
+    sds.ack(NODE, &version);
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let answer = eventually("HTTPS with the late certificate", || {
+        https::get(port, &config, "late.test", "/").ok()
+    });
+    assert_eq!((answer.status, answer.body.as_str()), (200, "late"));
+    assert_eq!(answer.certificate, issued.cert_der);
+}
+
 /// Envoy's init manager: a bootstrap with `dynamic_resources` and a static TLS listener whose
 /// certificate comes over SDS is not LIVE once the initial xDS configuration is in while the
 /// certificate is not; the listener is bound, and the server LIVE, when it arrives.
@@ -172,23 +242,10 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
     plane.set(Snapshot::new("1"));
     let (admin, port) = (free_port(), free_port());
     let yaml = format!(
-        r#"{bootstrap}{sds_cluster}
-  listeners:
-  - name: tls
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}
-      filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: tls
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]}}
-"#,
-        bootstrap = ads_bootstrap(admin, plane.port, false),
-        sds_cluster = sds_cluster(sds.socket()),
-        secret = sds_config("default"),
+        "{}{}{}",
+        ads_bootstrap(admin, plane.port, false),
+        sds_cluster(sds.socket()),
+        sds_listener(port, &sds_config("default"), "ok"),
     );
     let _revoy = start_unready(&yaml, admin);
     plane.ack(LISTENER_TYPE_URL, "1");
@@ -206,5 +263,100 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
     assert!(
         !refused(port),
         "the listener is not bound with its certificate"
+    );
+}
+
+/// xDS resources waiting for their SDS secrets (from the `sds-grpc` cluster), as Envoy warms
+/// them: a listener from the initial LDS response whose certificate has not come when the LDS
+/// `initial_fetch_timeout` (1 s) passes is not bound (refused, unlike Envoy's #47309), while
+/// the server goes LIVE and a plain listener routing to cluster `tls-up` serves; `tls-up`, an
+/// xDS cluster added later whose validation context (`ROOTCA`) has not come, warms and is not
+/// used (the plain listener answers 503 as for no cluster). Once both secrets are served, the
+/// TLS listener serves HTTPS and `tls-up` reaches it over TLS.
+#[test]
+fn xds_listener_and_cluster_wait_for_their_secrets() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let sds = Sds::start(dir.path(), "sds");
+    let plane = Plane::start(free_port());
+    let (admin, port, front) = (free_port(), free_port(), free_port());
+    let listener = xds::decode::<Listener>(&tls_listener(port, &sds_config("default"), "warmed"));
+    // `validate_clusters: false`: the route names `tls-up` before CDS has it.
+    let plain = xds::listener_with(
+        "front",
+        front,
+        &format!(
+            "stat_prefix: front\nroute_config: {{validate_clusters: false, virtual_hosts: \
+             [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+            xds::to_cluster("tls-up")
+        ),
+    );
+    let snapshot = |version: &str| {
+        Snapshot::new(version)
+            .with_message("front", &plain)
+            .with_message("tls", &listener)
+    };
+    plane.set(snapshot("1"));
+    let yaml = format!(
+        "{}{}",
+        ads_bootstrap(admin, plane.port, false).replacen(
+            "lds_config: {ads: {}, initial_fetch_timeout: 0s",
+            "lds_config: {ads: {}, initial_fetch_timeout: 1s",
+            1
+        ),
+        sds_cluster(sds.socket()),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    eventually("LIVE after the LDS initial_fetch_timeout", || {
+        (ready(admin).0 == 200).then_some(())
+    });
+    assert!(
+        refused(port),
+        "the listener is active without its certificate"
+    );
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(1)
+    );
+    assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
+
+    let cluster = xds::decode::<Cluster>(&format!(
+        "{{name: tls-up, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: tls-up, \
+         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}, \
+         transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
+         sni: warmed.test, common_tls_context: {{validation_context_sds_secret_config: {}}}}}}}}}",
+        sds_config("ROOTCA")
+    ));
+    plane.set(snapshot("2").with_message("tls-up", &cluster));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(1));
+    assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
+    assert!(
+        refused(port),
+        "the listener is active without its certificate"
+    );
+
+    let issued = ca.server(&["warmed.test"]).issue();
+    let version = sds.put(&[
+        sds::certificate("default", &issued),
+        sds::trust("ROOTCA", ca.root_pem()),
+    ]);
+    sds.ack(NODE, &version);
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let answer = eventually("HTTPS once the certificate came", || {
+        https::get(port, &config, "warmed.test", "/").ok()
+    });
+    assert_eq!((answer.status, answer.body.as_str()), (200, "warmed"));
+    assert_eq!(answer.certificate, issued.cert_der);
+    let body = eventually("tls-up used once its validation context came", || {
+        xds::get(front, "/").ok().filter(|r| r.status == 200)
+    });
+    assert_eq!(body.body, "warmed");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(0));
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(0)
     );
 }
