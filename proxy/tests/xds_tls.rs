@@ -6,6 +6,9 @@
 //! The control plane is the repo's snapshot server in plaintext behind a first revoy that
 //! terminates TLS in front of tcp_proxy (with `h2` ALPN), so both TLS ends are revoy's.
 //!
+//! SDS over ADS (`sds_config: {ads: {}}`): a static listener's certificate comes from the ADS
+//! server and rotates with it, in revoy as in Envoy 1.40.
+//!
 //! Also: with `dynamic_resources`, start-up waits for the static listeners' SDS secrets as
 //! well as for the initial xDS configuration; and a static listener whose secret outlasts its
 //! `initial_fetch_timeout` is not bound until the secret comes (unlike Envoy, #47309).
@@ -18,10 +21,14 @@ mod child;
 mod http1;
 #[path = "support/https.rs"]
 mod https;
+#[path = "differential/oracle.rs"]
+mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/sds.rs"]
 mod sds;
+#[path = "support/skip.rs"]
+mod skip;
 #[path = "support/xds.rs"]
 mod xds;
 
@@ -359,4 +366,67 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
         stat(admin, "listener_manager.total_listeners_warming"),
         Some(0)
     );
+}
+
+/// `sds_config: {ads: {}}`: a static listener's certificate `edge` comes over the ADS stream;
+/// served HTTPS presents it, and once the control plane serves a new one, new handshakes
+/// present that. Envoy 1.40 on the same bootstrap and control plane does the same.
+#[test]
+fn sds_over_ads_serves_and_rotates_the_certificate() {
+    let envoy = oracle::envoy_or_skip("sds_over_ads_serves_and_rotates_the_certificate");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
+    let run = |who: &str, start: &dyn Fn(&str, u16, u16) -> child::Proxy| {
+        let plane = Plane::start(free_port());
+        let first = ca.server(&["edge.test"]).issue();
+        plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
+        let (admin, port) = (free_port(), free_port());
+        // Envoy's gRPC client needs the xDS cluster to say HTTP/2.
+        let yaml = format!(
+            "{}{}",
+            ads_bootstrap(admin, plane.port, false).replace(
+                "    load_assignment: {cluster_name: xds-grpc",
+                "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+                 {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+                 explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
+            ),
+            sds_listener(port, secret, "edge"),
+        );
+        let _proxy = start(&yaml, admin, port);
+        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+            https::get(port, &config, "edge.test", "/").ok()
+        });
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (200, "edge"),
+            "{who}"
+        );
+        assert_eq!(
+            answer.certificate, first.cert_der,
+            "{who}: the first certificate"
+        );
+
+        let second = ca.server(&["edge.test"]).issue();
+        plane.set(Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)));
+        eventually(
+            &format!("{who}: HTTPS with the rotated certificate"),
+            || {
+                https::get(port, &config, "edge.test", "/")
+                    .ok()
+                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+            },
+        );
+    };
+    let bound = |port: u16| move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    run("revoy", &|yaml, _, port| {
+        child::Proxy::start(yaml, bound(port))
+    });
+    if let Some(envoy) = envoy {
+        run("Envoy", &|yaml, admin, port| {
+            child::Proxy::envoy(&envoy, yaml, admin, bound(port))
+        });
+    }
 }
