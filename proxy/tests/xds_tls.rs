@@ -9,6 +9,10 @@
 //! SDS over ADS (`sds_config: {ads: {}}`): a static listener's certificate comes from the ADS
 //! server and rotates with it, in revoy as in Envoy 1.40.
 //!
+//! SDS from files (`path_config_source`): a file renamed over (revoy and Envoy 1.40) and a
+//! Kubernetes-style symlink swap (`..data` pointed at a new directory) change the certificate
+//! of new handshakes.
+//!
 //! Also: with `dynamic_resources`, start-up waits for the static listeners' SDS secrets as
 //! well as for the initial xDS configuration; and a static listener whose secret outlasts its
 //! `initial_fetch_timeout` is not bound until the secret comes (unlike Envoy, #47309).
@@ -179,12 +183,17 @@ fn ads_over_tls_verifies_the_control_plane() {
 /// A listener `tls` on `port` whose certificate comes over SDS (`secret`: its
 /// `SdsSecretConfig`) and whose route answers `body`, in flow-style YAML.
 fn tls_listener(port: u16, secret: &str, body: &str) -> String {
+    named_tls_listener("tls", port, secret, body)
+}
+
+/// [`tls_listener`] named `name` (its stat prefix too).
+fn named_tls_listener(name: &str, port: u16, secret: &str, body: &str) -> String {
     format!(
-        "{{name: tls, address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
+        "{{name: {name}, address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
          filter_chains: [{{transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
          {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, \
          common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}, \
-         filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: tls, http_filters: [{ROUTER}], \
+         filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: {name}, http_filters: [{ROUTER}], \
          route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: [{{match: {{prefix: /}}, \
          direct_response: {{status: 200, body: {{inline_string: {body}}}}}}}]}}]}}}}}}]}}]}}"
     )
@@ -429,4 +438,134 @@ fn sds_over_ads_serves_and_rotates_the_certificate() {
             child::Proxy::envoy(&envoy, yaml, admin, bound(port))
         });
     }
+}
+
+/// The `path_config_source` file of secret `name`: a `DiscoveryResponse` with a
+/// `tls_certificate` whose chain and key are the files `chain` and `key`.
+fn sds_file(name: &str, chain: &Path, key: &Path) -> String {
+    format!(
+        "version_info: v1\nresources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  \
+         name: {name}\n  tls_certificate: {{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}\n",
+        chain.display(),
+        key.display()
+    )
+}
+
+/// SDS from a file renamed over (the new one written beside it first): new handshakes present
+/// the certificate of the new file, in revoy as in Envoy 1.40.
+#[test]
+fn sds_file_renamed_over_changes_the_certificate() {
+    let envoy = oracle::envoy_or_skip("sds_file_renamed_over_changes_the_certificate");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let file = dir.path().join("edge-sds.yaml");
+    let secret = format!(
+        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+        file.display()
+    );
+    let mut round = 0;
+    let mut run = |who: &str, start: &dyn Fn(&str, u16, u16) -> child::Proxy| {
+        let issue = |round: usize| {
+            let issued = ca.server(&["edge.test"]).issue();
+            let files = issued.write_to(dir.path(), &format!("edge-{round}"));
+            let staged = dir.path().join("staged.yaml");
+            std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
+            std::fs::rename(&staged, &file).expect("rename over the SDS file");
+            issued
+        };
+        round += 1;
+        let first = issue(round);
+        let (admin, port) = (free_port(), free_port());
+        let yaml = format!(
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+             node: {{id: {NODE}, cluster: xds-test}}\n\
+             static_resources:{}",
+            sds_listener(port, &secret, "edge")
+        );
+        let _proxy = start(&yaml, admin, port);
+        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+            https::get(port, &config, "edge.test", "/").ok()
+        });
+        assert_eq!(
+            answer.certificate, first.cert_der,
+            "{who}: the first certificate"
+        );
+        round += 1;
+        let second = issue(round);
+        eventually(
+            &format!("{who}: HTTPS with the new file's certificate"),
+            || {
+                https::get(port, &config, "edge.test", "/")
+                    .ok()
+                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+            },
+        );
+    };
+    let bound = |port: u16| move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+    if let Some(envoy) = envoy {
+        run("Envoy", &|yaml, admin, port| {
+            child::Proxy::envoy(&envoy, yaml, admin, bound(port))
+        });
+    }
+    run("revoy", &|yaml, _, port| {
+        child::Proxy::start(yaml, bound(port))
+    });
+}
+
+/// SDS from a Kubernetes-mounted secret: `sds.yaml`, `cert.pem` and `key.pem` are symlinks
+/// through `..data` to a timestamped directory, and an update points `..data` at a new one
+/// (a symlink renamed over it). `sds.yaml` reads the same before and after, naming the same
+/// paths; new handshakes present the new certificate. Not compared with Envoy (the issue
+/// cites envoyproxy/envoy#39498 about such swaps).
+#[test]
+fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
+    use std::os::unix::fs::symlink;
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mount dir");
+    let sds = sds_file("edge", &mount.join("cert.pem"), &mount.join("key.pem"));
+    let version = |n: usize| {
+        let issued = ca.server(&["edge.test"]).issue();
+        let data = mount.join(format!("..2026_12_03_0{n}"));
+        std::fs::create_dir(&data).expect("data dir");
+        issued.write_to(&data, "cert");
+        std::fs::rename(data.join("cert.key"), data.join("key.pem")).expect("key name");
+        std::fs::write(data.join("sds.yaml"), &sds).expect("sds.yaml");
+        let link = mount.join("..data_tmp");
+        symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
+        std::fs::rename(&link, mount.join("..data")).expect("swap ..data");
+        issued
+    };
+    let first = version(1);
+    for file in ["sds.yaml", "cert.pem", "key.pem"] {
+        symlink(Path::new("..data").join(file), mount.join(file)).expect("symlink");
+    }
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let (admin, port) = (free_port(), free_port());
+    let secret = format!(
+        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+        mount.join("sds.yaml").display()
+    );
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         static_resources:{}",
+        sds_listener(port, &secret, "edge")
+    );
+    let _revoy = start_revoy(&yaml, admin);
+    let answer = eventually("HTTPS with the mounted certificate", || {
+        https::get(port, &config, "edge.test", "/").ok()
+    });
+    assert_eq!(answer.certificate, first.cert_der);
+
+    let second = version(2);
+    eventually("HTTPS with the swapped-in certificate", || {
+        https::get(port, &config, "edge.test", "/")
+            .ok()
+            .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+    });
 }
