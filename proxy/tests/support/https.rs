@@ -43,16 +43,17 @@ pub fn get(port: u16, config: &Arc<ClientConfig>, sni: &str, path: &str) -> Resu
         .unwrap_or_default();
     let resumed = matches!(conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
     let mut stream = StreamOwned::new(conn, tcp);
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n\r\n"
-    )
-    .map_err(|e| format!("write: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n\r\n");
+    let written = stream.write_all(request.as_bytes());
     let mut raw = Vec::new();
-    match stream.read_to_end(&mut raw) {
-        Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::UnexpectedEof && !raw.is_empty() => {}
-        Err(e) => return Err(format!("read: {e}")),
+    // A server that refused the handshake may have sent its alert and closed before the
+    // request went out: the alert is read even then.
+    match (stream.read_to_end(&mut raw), written) {
+        (Ok(_), Ok(())) => {}
+        (Err(e), Ok(())) if e.kind() == ErrorKind::UnexpectedEof && !raw.is_empty() => {}
+        (Err(e), _) if e.to_string().contains("alert") => return Err(format!("read: {e}")),
+        (Err(e), Ok(())) => return Err(format!("read: {e}")),
+        (_, Err(e)) => return Err(format!("write: {e}")),
     }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
