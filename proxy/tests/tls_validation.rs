@@ -1,6 +1,7 @@
-//! Downstream client-certificate validation on certificates the test makes, compared with
-//! Envoy 1.40 on the same bootstrap: CRLs (`validation_context.crl`) and the SAN types and
-//! matchers of `match_typed_subject_alt_names`. Each case connects a rustls client presenting
+//! Downstream TLS on certificates the test makes, compared with Envoy 1.40 on the same
+//! bootstrap: the server's key types and key encodings (ECDSA P-384; PKCS#1 RSA and SEC1 EC
+//! keys), and client-certificate validation: CRLs (`validation_context.crl`) and the SAN types
+//! and matchers of `match_typed_subject_alt_names`. Each case connects a rustls client presenting
 //! one certificate (or none) to a listener that requires one, and records what it got: the
 //! HTTP status, or the TLS alert it was refused with (or a close without one). Envoy's outcome
 //! must be the one the case expects (served or refused), and revoy's must equal Envoy's.
@@ -36,24 +37,24 @@ const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/en
 /// the listener should serve it.
 type Case<'a> = (Option<&'a str>, bool);
 
-/// A bootstrap with one TLS listener on `port` presenting `<dir>/server.pem`, requiring a
-/// client certificate and checking it against `<dir>/root.pem` plus `validation` (fields of
-/// the `validation_context`, flow style, each followed by a comma).
-fn bootstrap(admin: u16, port: u16, dir: &Path, validation: &str) -> String {
+/// A bootstrap with one TLS listener on `port` presenting `<dir>/server.pem` and
+/// `<dir>/server.key`; `downstream`
+/// adds fields to its `DownstreamTlsContext` and `common` to its `common_tls_context` (flow
+/// style, each followed by a comma).
+fn bootstrap(admin: u16, port: u16, dir: &Path, downstream: &str, common: &str) -> String {
     let path = |file: &str| dir.join(file).display().to_string();
     format!(
         "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
          static_resources:\n  listeners:\n  - {{name: tls, address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
          filter_chains: [{{transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
          {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, \
-         require_client_certificate: true, common_tls_context: {{tls_certificates: [{{certificate_chain: {{filename: {}}}, \
-         private_key: {{filename: {}}}}}], validation_context: {{{validation} trusted_ca: {{filename: {}}}}}}}}}}}, \
+         {downstream} common_tls_context: {{{common} tls_certificates: [{{certificate_chain: {{filename: {}}}, \
+         private_key: {{filename: {}}}}}]}}}}}}, \
          filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: tls, http_filters: [{ROUTER}], \
          route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: [{{match: {{prefix: /}}, \
          direct_response: {{status: 200}}}}]}}]}}}}}}]}}]}}\n",
         path("server.pem"),
         path("server.key"),
-        path("root.pem"),
     )
 }
 
@@ -70,7 +71,9 @@ fn observe(port: u16, dir: &Path, identity: Option<&str>) -> String {
     }
 }
 
-/// Runs `cases` against Envoy and revoy on [`bootstrap`] with `validation`; panics listing
+/// Runs `cases` against Envoy and revoy on [`bootstrap`] requiring a client certificate,
+/// checked against `<dir>/root.pem` plus `validation` (fields of the `validation_context`, flow
+/// style, each followed by a comma); panics listing
 /// every case where Envoy's outcome is not the expected one or revoy's is not Envoy's.
 fn compare(test: &str, dir: &Path, validation: &str, cases: &[Case]) {
     let Some(envoy) = oracle::envoy_or_skip(test) else {
@@ -78,7 +81,18 @@ fn compare(test: &str, dir: &Path, validation: &str, cases: &[Case]) {
     };
     let run = |start: &dyn Fn(&str, u16, u16) -> Proxy| {
         let (admin, port) = (free_port(), free_port());
-        let _proxy = start(&bootstrap(admin, port, dir, validation), admin, port);
+        let common = format!(
+            "validation_context: {{{validation} trusted_ca: {{filename: {}}}}},",
+            dir.join("root.pem").display()
+        );
+        let yaml = bootstrap(
+            admin,
+            port,
+            dir,
+            "require_client_certificate: true,",
+            &common,
+        );
+        let _proxy = start(&yaml, admin, port);
         cases
             .iter()
             .map(|(identity, _)| observe(port, dir, *identity))
@@ -135,4 +149,121 @@ fn crl_refuses_a_revoked_client_certificate() {
             (None, false),
         ],
     );
+}
+
+/// The contents of a DER TLV at the start of `der` and what follows it.
+fn tlv(der: &[u8]) -> (u8, &[u8], &[u8]) {
+    let (tag, first) = (der[0], der[1]);
+    let (len, start) = if first < 0x80 {
+        (usize::from(first), 2)
+    } else {
+        let n = usize::from(first & 0x7f);
+        let len = der[2..2 + n]
+            .iter()
+            .fold(0usize, |acc, b| acc << 8 | usize::from(*b));
+        (len, 2 + n)
+    };
+    (tag, &der[start..start + len], &der[start + len..])
+}
+
+/// A DER TLV of `tag` around `content`.
+fn wrap(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    match content.len() {
+        n if n < 0x80 => out.push(n as u8),
+        n if n < 0x100 => out.extend([0x81, n as u8]),
+        n => out.extend([0x82, (n >> 8) as u8, n as u8]),
+    }
+    out.extend_from_slice(content);
+    out
+}
+
+/// PEM of `der` under `label`.
+fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).expect("base64 is ASCII"))
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// The key a PKCS#8 PEM holds, as the PKCS#8 `privateKey` octets (PKCS#1's `RSAPrivateKey`
+/// for RSA, SEC1's `ECPrivateKey` without its curve for EC).
+fn pkcs8_inner(key_pem: &str) -> Vec<u8> {
+    use rustls::pki_types::{PrivateKeyDer, pem::PemObject};
+    let der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).expect("a PKCS#8 key");
+    let (_, info, _) = tlv(der.secret_der());
+    let (_, _version, rest) = tlv(info);
+    let (_, _algorithm, rest) = tlv(rest);
+    let (tag, key, _) = tlv(rest);
+    assert_eq!(tag, 0x04, "privateKey is an OCTET STRING");
+    key.to_vec()
+}
+
+/// A PKCS#1 (`RSA PRIVATE KEY`) PEM of the RSA key in the PKCS#8 PEM `key_pem`.
+fn pkcs1(key_pem: &str) -> String {
+    pem("RSA PRIVATE KEY", &pkcs8_inner(key_pem))
+}
+
+/// A SEC1 (`EC PRIVATE KEY`) PEM of the P-256 key in the PKCS#8 PEM `key_pem`, naming its
+/// curve (`[0] prime256v1`) as OpenSSL writes one.
+fn sec1_p256(key_pem: &str) -> String {
+    let inner = pkcs8_inner(key_pem);
+    let (_, fields, _) = tlv(&inner);
+    let (_, version, rest) = tlv(fields);
+    let (_, private, public) = tlv(rest);
+    let mut key = wrap(0x02, version);
+    key.extend(wrap(0x04, private));
+    key.extend(wrap(
+        0xa0,
+        &wrap(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07]),
+    ));
+    key.extend_from_slice(public);
+    pem("EC PRIVATE KEY", &wrap(0x30, &key))
+}
+
+/// The server certificates revoy and Envoy serve: ECDSA P-384 (PKCS#8 key), RSA 2048 with a
+/// PKCS#1 key, ECDSA P-256 with a SEC1 key. Each is presented to a client that trusts the CA
+/// and the request is served (no client certificate asked).
+#[test]
+fn p384_certificates_and_pkcs1_and_sec1_keys_are_served() {
+    let Some(envoy) = oracle::envoy_or_skip("p384_certificates_and_pkcs1_and_sec1_keys_are_served")
+    else {
+        return;
+    };
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let p384 = ca.server(&["server.test"]).p384().issue();
+    let rsa = ca.server(&["server.test"]).rsa2048().issue();
+    let ec = ca.server(&["server.test"]).issue();
+    let cases = [
+        ("p384", &p384, p384.key_pem.clone()),
+        ("pkcs1", &rsa, pkcs1(&rsa.key_pem)),
+        ("sec1", &ec, sec1_p256(&ec.key_pem)),
+    ];
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    for (name, issued, key) in cases {
+        issued.write_to(dir.path(), "server");
+        std::fs::write(dir.path().join("server.key"), &key).expect("write the key");
+        let bound = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
+        for who in ["Envoy", "revoy"] {
+            let (admin, port) = (free_port(), free_port());
+            let yaml = bootstrap(admin, port, dir.path(), "", "");
+            let _proxy = match who {
+                "Envoy" => Proxy::envoy(&envoy, &yaml, admin, bound(port)),
+                _ => Proxy::start(&yaml, bound(port)),
+            };
+            let answer = https::get(port, &config, "server.test", "/")
+                .unwrap_or_else(|e| panic!("{name}: {who}: {e}"));
+            assert_eq!(answer.status, 200, "{name}: {who}");
+            assert_eq!(answer.certificate, issued.cert_der, "{name}: {who}");
+        }
+    }
 }
