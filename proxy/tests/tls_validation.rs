@@ -267,3 +267,64 @@ fn p384_certificates_and_pkcs1_and_sec1_keys_are_served() {
         }
     }
 }
+
+/// `match_typed_subject_alt_names` by SAN type (DNS, URI, IP_ADDRESS, EMAIL) and matcher
+/// (exact, prefix, suffix, contains, safe_regex): a client certificate with a SAN of each type
+/// (`sans`) and one with a URI SAN only (`plain`, a workload of another namespace) are served
+/// or refused as Envoy decides; a refusal is `certificate_unknown` in both.
+#[test]
+fn san_matchers_by_type_and_kind_decide_as_envoy() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    server_kit(&ca, dir.path());
+    ca.workload("default", "sans")
+        .dns("client.test")
+        .ip([10, 1, 2, 3].into())
+        .email("me@example.test")
+        .issue()
+        .write_to(dir.path(), "sans");
+    ca.workload("other", "plain")
+        .issue()
+        .write_to(dir.path(), "plain");
+    let matchers = [
+        ("IP_ADDRESS", "{exact: 10.1.2.3}", true, false),
+        ("IP_ADDRESS", "{exact: 10.1.2.4}", false, false),
+        ("IP_ADDRESS", "{prefix: \"10.1.\"}", true, false),
+        ("EMAIL", "{exact: me@example.test}", true, false),
+        ("EMAIL", "{suffix: \"@example.test\"}", true, false),
+        ("EMAIL", "{suffix: \"@other.test\"}", false, false),
+        ("DNS", "{suffix: .test}", true, false),
+        ("DNS", "{contains: ient.te}", true, false),
+        ("DNS", "{contains: server}", false, false),
+        (
+            "DNS",
+            "{safe_regex: {regex: \"c[a-z]+\\\\.test\"}}",
+            true,
+            false,
+        ),
+        (
+            "DNS",
+            "{safe_regex: {regex: \"lient\\\\.test\"}}",
+            false,
+            false,
+        ),
+        (
+            "URI",
+            "{prefix: \"spiffe://cluster.local/ns/default/\"}",
+            true,
+            false,
+        ),
+        ("URI", "{suffix: /sa/sans}", true, false),
+        ("URI", "{contains: /ns/other/}", false, true),
+    ];
+    for (san_type, matcher, served, plain_served) in matchers {
+        compare(
+            "san_matchers_by_type_and_kind_decide_as_envoy",
+            dir.path(),
+            &format!(
+                "match_typed_subject_alt_names: [{{san_type: {san_type}, matcher: {matcher}}}],"
+            ),
+            &[(Some("sans"), served), (Some("plain"), plain_served)],
+        );
+    }
+}
