@@ -1,6 +1,6 @@
 //! Downstream TLS on certificates the test makes, compared with Envoy 1.40 on the same
 //! bootstrap: the server's key types and key encodings (ECDSA P-384; PKCS#1 RSA and SEC1 EC
-//! keys), and client-certificate validation: CRLs (`validation_context.crl`) and the SAN types
+//! keys), session resumption and its switches, and client-certificate validation: CRLs (`validation_context.crl`) and the SAN types
 //! and matchers of `match_typed_subject_alt_names`. Each case connects a rustls client presenting
 //! one certificate (or none) to a listener that requires one, and records what it got: the
 //! HTTP status, or the TLS alert it was refused with (or a close without one). Envoy's outcome
@@ -13,6 +13,8 @@
 mod certs;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/http1.rs"]
+mod http1;
 #[path = "support/https.rs"]
 mod https;
 #[path = "differential/oracle.rs"]
@@ -327,4 +329,107 @@ fn san_matchers_by_type_and_kind_decide_as_envoy() {
             &[(Some("sans"), served), (Some("plain"), plain_served)],
         );
     }
+}
+
+/// Whether each of two connections with one client session store resumed, and the
+/// listener's `ssl.session_reused` after them, for a client limited to `version`.
+fn resumption(
+    port: u16,
+    admin: u16,
+    dir: &Path,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> (bool, bool, u64) {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(dir.join("root.pem")).expect("root.pem"))
+        .expect("the root is a CA");
+    let config = Arc::new(
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_protocol_versions(&[version])
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    );
+    let resumed = || {
+        let answer = https::get(port, &config, "server.test", "/").expect("HTTPS");
+        assert_eq!(answer.status, 200);
+        answer.resumed
+    };
+    let (first, second) = (resumed(), resumed());
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], admin));
+    let (_, stats) = http1::get(None, addr, "/stats?filter=ssl.session_reused").expect("stats");
+    let reused = stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("listener.127.0.0.1_{port}.ssl.session_reused: ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    (first, second, reused)
+}
+
+/// Downstream session resumption: a second connection from the same client session store
+/// resumes (TLS 1.3 by ticket; TLS 1.2 by ticket or, without tickets, from the session cache)
+/// and `ssl.session_reused` counts it; `disable_stateless_session_resumption` stops TLS 1.3
+/// resumption, and with `disable_stateful_session_resumption` too TLS 1.2's. Each as Envoy
+/// 1.40 does.
+#[test]
+fn session_resumption_and_its_switches_as_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("session_resumption_and_its_switches_as_envoy") else {
+        return;
+    };
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    server_kit(&ca, dir.path());
+    let (v13, v12) = (&rustls::version::TLS13, &rustls::version::TLS12);
+    let cases = [
+        ("", v13, (false, true, 1)),
+        ("", v12, (false, true, 1)),
+        (
+            "disable_stateless_session_resumption: true,",
+            v13,
+            (false, false, 0),
+        ),
+        (
+            "disable_stateless_session_resumption: true,",
+            v12,
+            (false, true, 1),
+        ),
+        (
+            "disable_stateful_session_resumption: true,",
+            v12,
+            (false, true, 1),
+        ),
+        (
+            "disable_stateless_session_resumption: true, disable_stateful_session_resumption: true,",
+            v12,
+            (false, false, 0),
+        ),
+    ];
+    let bound = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
+    let mut wrong = Vec::new();
+    for (fields, version, expected) in cases {
+        let mut seen = Vec::new();
+        for who in ["Envoy", "revoy"] {
+            let (admin, port) = (free_port(), free_port());
+            let yaml = bootstrap(admin, port, dir.path(), fields, "");
+            let _proxy = match who {
+                "Envoy" => Proxy::envoy(&envoy, &yaml, admin, bound(port)),
+                _ => Proxy::start(&yaml, bound(port)),
+            };
+            seen.push(resumption(port, admin, dir.path(), version));
+        }
+        let label = format!("{fields:?} {:?}", version.version);
+        if seen[0] != expected {
+            wrong.push(format!(
+                "{label}: Envoy {:?}, the case expects {expected:?}",
+                seen[0]
+            ));
+        }
+        if seen[1] != seen[0] {
+            wrong.push(format!("{label}: revoy {:?}, Envoy {:?}", seen[1], seen[0]));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
