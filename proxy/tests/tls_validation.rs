@@ -24,7 +24,6 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 
-use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -81,7 +80,7 @@ fn compare(test: &str, dir: &Path, validation: &str, cases: &[Case]) {
     let Some(envoy) = oracle::envoy_or_skip(test) else {
         return;
     };
-    let run = |start: &dyn Fn(&str, u16, u16) -> Proxy| {
+    let run = |envoy: Option<&Path>| {
         let (admin, port) = (free_port(), free_port());
         let common = format!(
             "validation_context: {{{validation} trusted_ca: {{filename: {}}}}},",
@@ -94,15 +93,14 @@ fn compare(test: &str, dir: &Path, validation: &str, cases: &[Case]) {
             "require_client_certificate: true,",
             &common,
         );
-        let _proxy = start(&yaml, admin, port);
+        let _proxy = Proxy::serving(envoy, &yaml, admin, port);
         cases
             .iter()
             .map(|(identity, _)| observe(port, dir, *identity))
             .collect::<Vec<_>>()
     };
-    let bound = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
-    let from_envoy = run(&|yaml, admin, port| Proxy::envoy(&envoy, yaml, admin, bound(port)));
-    let from_revoy = run(&|yaml, _, port| Proxy::start(yaml, bound(port)));
+    let from_envoy = run(Some(&envoy));
+    let from_revoy = run(None);
     let mut wrong = Vec::new();
     for (((identity, served), envoy), revoy) in cases.iter().zip(&from_envoy).zip(&from_revoy) {
         if (envoy == "200") != *served {
@@ -254,14 +252,10 @@ fn p384_certificates_and_pkcs1_and_sec1_keys_are_served() {
     for (name, issued, key) in cases {
         issued.write_to(dir.path(), "server");
         std::fs::write(dir.path().join("server.key"), &key).expect("write the key");
-        let bound = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
-        for who in ["Envoy", "revoy"] {
+        for (who, proxy) in [("Envoy", Some(envoy.as_path())), ("revoy", None)] {
             let (admin, port) = (free_port(), free_port());
             let yaml = bootstrap(admin, port, dir.path(), "", "");
-            let _proxy = match who {
-                "Envoy" => Proxy::envoy(&envoy, &yaml, admin, bound(port)),
-                _ => Proxy::start(&yaml, bound(port)),
-            };
+            let _proxy = Proxy::serving(proxy, &yaml, admin, port);
             let answer = https::get(port, &config, "server.test", "/")
                 .unwrap_or_else(|e| panic!("{name}: {who}: {e}"));
             assert_eq!(answer.status, 200, "{name}: {who}");
@@ -407,17 +401,13 @@ fn session_resumption_and_its_switches_as_envoy() {
             (false, false, 0),
         ),
     ];
-    let bound = |port: u16| move || TcpStream::connect(("127.0.0.1", port)).is_ok();
     let mut wrong = Vec::new();
     for (fields, version, expected) in cases {
         let mut seen = Vec::new();
-        for who in ["Envoy", "revoy"] {
+        for proxy in [Some(envoy.as_path()), None] {
             let (admin, port) = (free_port(), free_port());
             let yaml = bootstrap(admin, port, dir.path(), fields, "");
-            let _proxy = match who {
-                "Envoy" => Proxy::envoy(&envoy, &yaml, admin, bound(port)),
-                _ => Proxy::start(&yaml, bound(port)),
-            };
+            let _proxy = Proxy::serving(proxy, &yaml, admin, port);
             seen.push(resumption(port, admin, dir.path(), version));
         }
         let label = format!("{fields:?} {:?}", version.version);

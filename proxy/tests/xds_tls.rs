@@ -388,7 +388,7 @@ fn sds_over_ads_serves_and_rotates_the_certificate() {
     ca.write_root_to(dir.path(), "root");
     let config = Arc::new(certs::client_config(dir.path(), None));
     let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
-    let run = |who: &str, start: &dyn Fn(&str, u16, u16) -> child::Proxy| {
+    let run = |who: &str, envoy: Option<&Path>| {
         let plane = Plane::start(free_port());
         let first = ca.server(&["edge.test"]).issue();
         plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
@@ -404,7 +404,7 @@ fn sds_over_ads_serves_and_rotates_the_certificate() {
             ),
             sds_listener(port, secret, "edge"),
         );
-        let _proxy = start(&yaml, admin, port);
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
         let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
             https::get(port, &config, "edge.test", "/").ok()
         });
@@ -429,14 +429,9 @@ fn sds_over_ads_serves_and_rotates_the_certificate() {
             },
         );
     };
-    let bound = |port: u16| move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-    run("revoy", &|yaml, _, port| {
-        child::Proxy::start(yaml, bound(port))
-    });
-    if let Some(envoy) = envoy {
-        run("Envoy", &|yaml, admin, port| {
-            child::Proxy::envoy(&envoy, yaml, admin, bound(port))
-        });
+    run("revoy", None);
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
     }
 }
 
@@ -467,7 +462,7 @@ fn sds_file_renamed_over_changes_the_certificate() {
         file.display()
     );
     let mut round = 0;
-    let mut run = |who: &str, start: &dyn Fn(&str, u16, u16) -> child::Proxy| {
+    let mut run = |who: &str, envoy: Option<&Path>| {
         let issue = |round: usize| {
             let issued = ca.server(&["edge.test"]).issue();
             let files = issued.write_to(dir.path(), &format!("edge-{round}"));
@@ -485,7 +480,7 @@ fn sds_file_renamed_over_changes_the_certificate() {
              static_resources:{}",
             sds_listener(port, &secret, "edge")
         );
-        let _proxy = start(&yaml, admin, port);
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
         let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
             https::get(port, &config, "edge.test", "/").ok()
         });
@@ -504,15 +499,10 @@ fn sds_file_renamed_over_changes_the_certificate() {
             },
         );
     };
-    let bound = |port: u16| move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-    if let Some(envoy) = envoy {
-        run("Envoy", &|yaml, admin, port| {
-            child::Proxy::envoy(&envoy, yaml, admin, bound(port))
-        });
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
     }
-    run("revoy", &|yaml, _, port| {
-        child::Proxy::start(yaml, bound(port))
-    });
+    run("revoy", None);
 }
 
 /// SDS from a Kubernetes-mounted secret: `sds.yaml`, `cert.pem` and `key.pem` are symlinks

@@ -25,8 +25,13 @@ pub struct Answer {
     pub resumed: bool,
 }
 
-/// GETs `path` from 127.0.0.1:`port` over TLS with `config`, sending the server name `sni`.
-pub fn get(port: u16, config: &Arc<ClientConfig>, sni: &str, path: &str) -> Result<Answer, String> {
+/// A TLS connection to 127.0.0.1:`port` with `config`, sending the server name `sni`, its
+/// handshake complete (reads time out after 10 s).
+pub fn connect(
+    port: u16,
+    config: &Arc<ClientConfig>,
+    sni: &str,
+) -> Result<StreamOwned<ClientConnection, TcpStream>, String> {
     let name = ServerName::try_from(sni.to_owned()).map_err(|e| e.to_string())?;
     let mut conn = ClientConnection::new(config.clone(), name).map_err(|e| e.to_string())?;
     let mut tcp = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
@@ -36,13 +41,19 @@ pub fn get(port: u16, config: &Arc<ClientConfig>, sni: &str, path: &str) -> Resu
         conn.complete_io(&mut tcp)
             .map_err(|e| format!("handshake: {e}"))?;
     }
+    Ok(StreamOwned::new(conn, tcp))
+}
+
+/// GETs `path` from 127.0.0.1:`port` over TLS with `config`, sending the server name `sni`.
+pub fn get(port: u16, config: &Arc<ClientConfig>, sni: &str, path: &str) -> Result<Answer, String> {
+    let mut stream = connect(port, config, sni)?;
+    let conn = &stream.conn;
     let certificate = conn
         .peer_certificates()
         .and_then(|c| c.first())
         .map(|c| c.to_vec())
         .unwrap_or_default();
     let resumed = matches!(conn.handshake_kind(), Some(rustls::HandshakeKind::Resumed));
-    let mut stream = StreamOwned::new(conn, tcp);
     let request = format!("GET {path} HTTP/1.1\r\nhost: {sni}\r\nconnection: close\r\n\r\n");
     let written = stream.write_all(request.as_bytes());
     let mut raw = Vec::new();
