@@ -227,6 +227,17 @@ fn static_listener_is_not_bound_until_its_late_secret_comes() {
         listener = sds_listener(port, &secret, "late"),
     );
     let _revoy = start_unready(&yaml, admin);
+    live_but_refused(admin, port);
+
+    let issued = ca.server(&["late.test"]).issue();
+    let version = sds.put(&[sds::certificate("default", &issued)]);
+    sds.ack(NODE, &version);
+    served_with(port, dir.path(), "late.test", "late", &issued);
+}
+
+/// Waits until the proxy with admin `admin` is LIVE (its warming timed out), then checks that
+/// its listener on `port` is not bound.
+fn live_but_refused(admin: u16, port: u16) {
     eventually("LIVE after the initial_fetch_timeout", || {
         (ready(admin).0 == 200).then_some(())
     });
@@ -234,15 +245,16 @@ fn static_listener_is_not_bound_until_its_late_secret_comes() {
         refused(port),
         "the listener is bound without its certificate"
     );
+}
 
-    let issued = ca.server(&["late.test"]).issue();
-    let version = sds.put(&[sds::certificate("default", &issued)]);
-    sds.ack(NODE, &version);
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let answer = eventually("HTTPS with the late certificate", || {
-        https::get(port, &config, "late.test", "/").ok()
+/// Waits until HTTPS to `port` for `sni` (trusting `<dir>/root.pem`) answers 200 with `body`,
+/// presenting `issued`.
+fn served_with(port: u16, dir: &Path, sni: &str, body: &str, issued: &certs::Issued) {
+    let config = Arc::new(certs::client_config(dir, None));
+    let answer = eventually("HTTPS with the certificate that came", || {
+        https::get(port, &config, sni, "/").ok()
     });
-    assert_eq!((answer.status, answer.body.as_str()), (200, "late"));
+    assert_eq!((answer.status, answer.body.as_str()), (200, body));
     assert_eq!(answer.certificate, issued.cert_der);
 }
 
@@ -324,13 +336,7 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
         sds_cluster(sds.socket()),
     );
     let _revoy = start_unready(&yaml, admin);
-    eventually("LIVE after the LDS initial_fetch_timeout", || {
-        (ready(admin).0 == 200).then_some(())
-    });
-    assert!(
-        refused(port),
-        "the listener is active without its certificate"
-    );
+    live_but_refused(admin, port);
     assert_eq!(
         stat(admin, "listener_manager.total_listeners_warming"),
         Some(1)
@@ -360,12 +366,7 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
         sds::trust("ROOTCA", ca.root_pem()),
     ]);
     sds.ack(NODE, &version);
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let answer = eventually("HTTPS once the certificate came", || {
-        https::get(port, &config, "warmed.test", "/").ok()
-    });
-    assert_eq!((answer.status, answer.body.as_str()), (200, "warmed"));
-    assert_eq!(answer.certificate, issued.cert_der);
+    served_with(port, dir.path(), "warmed.test", "warmed", &issued);
     let body = eventually("tls-up used once its validation context came", || {
         xds::get(front, "/").ok().filter(|r| r.status == 200)
     });
