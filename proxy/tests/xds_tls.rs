@@ -204,7 +204,7 @@ fn sds_listener(port: u16, secret: &str, body: &str) -> String {
     format!("\n  listeners:\n  - {}\n", tls_listener(port, secret, body))
 }
 
-/// Unlike Envoy (#47309, which then serves the listener without a certificate), a static
+/// Unlike Envoy (#47309: it binds the listener and closes each connection unanswered), a static
 /// listener whose SDS certificate has not come when its `initial_fetch_timeout` (1 s) passes
 /// is not bound: the server goes LIVE for the rest, and a connection to the listener's port is
 /// refused (nothing listens there, so the kernel answers the SYN with a reset: no TLS
