@@ -218,7 +218,8 @@ fn static_secrets_ready(
 /// one start-up part, done when every listener has its secrets or its shortest
 /// `initial_fetch_timeout` has passed and the static clusters' secrets have come (or timed
 /// out). A listener whose secrets are late stays unbound after that (connections to its port
-/// are refused) until they arrive, unlike Envoy (#47309), which binds it and closes each connection unanswered.
+/// are refused) until they arrive, unlike Envoy (#47309), which binds it and closes each
+/// connection unanswered.
 fn warm_static_listeners(
     process: &Arc<crate::process::Process>,
     warming: Vec<crate::config::listener::ListenerConfig>,
