@@ -214,9 +214,12 @@ fn static_secrets_ready(
         .all(|r| process.shared.secrets.cell(r).is_ready())
 }
 
-/// Binds each static listener in `warming` once its secrets have arrived or the shortest
-/// `initial_fetch_timeout` among them passed, then waits for the static clusters' secrets:
-/// one start-up part.
+/// Binds each static listener in `warming` once its secrets have arrived, and never before:
+/// one start-up part, done when every listener has its secrets or its shortest
+/// `initial_fetch_timeout` has passed and the static clusters' secrets have come (or timed
+/// out). A listener whose secrets are late stays unbound after that (connections to its port
+/// are refused) until they arrive, unlike Envoy (#47309), which binds it and closes each
+/// connection unanswered.
 fn warm_static_listeners(
     process: &Arc<crate::process::Process>,
     warming: Vec<crate::config::listener::ListenerConfig>,
@@ -233,6 +236,8 @@ fn warm_static_listeners(
                 }
             };
             rt.block_on(async {
+                let start = tokio::time::Instant::now();
+                let mut pending = Vec::new();
                 for cfg in warming {
                     let refs: Vec<_> = cfg
                         .chains
@@ -243,30 +248,40 @@ fn warm_static_listeners(
                         .collect();
                     let timeout = refs.iter().filter_map(|r| r.initial_fetch_timeout).min();
                     let cells: Vec<_> = refs.iter().map(|r| process.shared.secrets.cell(r)).collect();
-                    let all = async {
+                    let name = cfg.name.clone();
+                    let process = process.clone();
+                    let bound = tokio::spawn(async move {
                         for cell in &cells {
                             cell.ready().await;
                         }
-                    };
-                    let arrived = match timeout {
-                        Some(t) => tokio::time::timeout(t, all).await.is_ok(),
-                        None => {
-                            all.await;
-                            true
+                        let name = cfg.name.clone();
+                        if let Err(e) = process.applier.upsert_listener(cfg) {
+                            tracing::error!(listener = %name, error = %e, "a warmed static listener could not be started");
                         }
-                    };
-                    if !arrived {
-                        tracing::warn!(listener = %cfg.name, "initial_fetch_timeout: SDS secrets did not come; the listener starts without them");
-                    }
-                    let name = cfg.name.clone();
-                    if let Err(e) = process.applier.upsert_listener(cfg) {
-                        tracing::error!(listener = %name, error = %e, "a warmed static listener could not be started");
+                    });
+                    pending.push((name, bound, timeout));
+                }
+                for (name, bound, timeout) in &mut pending {
+                    match timeout {
+                        Some(t) => {
+                            if tokio::time::timeout_at(start + *t, bound).await.is_err() {
+                                tracing::warn!(listener = %name, "initial_fetch_timeout: SDS secrets did not come; the listener is bound once they do");
+                            }
+                        }
+                        None => {
+                            let _ = bound.await;
+                        }
                     }
                 }
                 let clusters = crate::xds::sds::static_cluster_secrets(&process);
                 crate::xds::sds::secrets_arrived(&process, &clusters).await;
                 process.lifecycle.part_done();
-                tracing::info!("the static listeners' and clusters' secrets arrived");
+                tracing::info!("the static listeners' and clusters' secrets arrived or timed out");
+                for (_, bound, _) in pending {
+                    if !bound.is_finished() {
+                        let _ = bound.await;
+                    }
+                }
             });
         })
         .map_err(|e| tracing::error!(error = %e, "cannot start the warming thread"))

@@ -921,3 +921,97 @@ fn udp_listener_is_refused_by_name() {
         assert!(message.contains(words), "missing {words:?} in:\n{message}");
     }
 }
+
+/// TLS settings revoy cannot honour are configuration errors naming the field (the README's
+/// clear refusals): `ocsp_staple_policy` other than `LENIENT_STAPLING` on a listener's
+/// `DownstreamTlsContext`, and `allow_renegotiation: true` on a cluster's
+/// `UpstreamTlsContext`. Envoy 1.40 accepts each but `MUST_STAPLE` without an OCSP response
+/// ("Required OCSP response is missing from TLS context").
+#[test]
+fn tls_settings_revoy_cannot_honour_are_refused_by_name() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tls-downstream");
+    let downstream = |fields: &str| {
+        format!(
+            "    - transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": \
+             type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, {fields}\
+             common_tls_context: {{tls_certificates: [{{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}]}}}}}}\n      filters:",
+            data.join("server.pem").display(),
+            data.join("server.key").display(),
+        )
+    };
+    let upstream = |fields: &str| {
+        format!(
+            "  - name: a\n    transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{\"@type\": \
+             type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, {fields}}}}}"
+        )
+    };
+    let cases = [
+        (
+            "ocsp_strict.yaml",
+            valid_yaml().replacen(
+                "    - filters:",
+                &downstream("ocsp_staple_policy: STRICT_STAPLING, "),
+                1,
+            ),
+            "static_resources.listeners[0].filter_chains[0].transport_socket.typed_config.ocsp_staple_policy",
+            true,
+        ),
+        (
+            "ocsp_must.yaml",
+            valid_yaml().replacen(
+                "    - filters:",
+                &downstream("ocsp_staple_policy: MUST_STAPLE, "),
+                1,
+            ),
+            "static_resources.listeners[0].filter_chains[0].transport_socket.typed_config.ocsp_staple_policy",
+            false,
+        ),
+        (
+            "renegotiation.yaml",
+            valid_yaml().replacen(
+                "  - name: a\n    type: STATIC",
+                &format!(
+                    "{}\n    type: STATIC",
+                    upstream("allow_renegotiation: true")
+                ),
+                1,
+            ),
+            "static_resources.clusters[0].transport_socket.typed_config.allow_renegotiation",
+            true,
+        ),
+    ];
+    let envoy = oracle::envoy_or_skip("cli::tls_settings_revoy_cannot_honour_are_refused_by_name");
+    for (file, yaml, field, envoy_accepts) in cases {
+        let config = scratch(file, &yaml);
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), &config, &[]);
+            assert_eq!(
+                output.status.success(),
+                envoy_accepts,
+                "{file}: Envoy's verdict changed:\n{}",
+                text(&output)
+            );
+        }
+        let output = validate(revoy(), &config, &[]);
+        let message = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{file}: {message}");
+        assert!(
+            message.contains(field),
+            "{file}: missing {field:?} in:\n{message}"
+        );
+    }
+    let lenient = scratch(
+        "ocsp_lenient.yaml",
+        &valid_yaml().replacen(
+            "    - filters:",
+            &downstream("ocsp_staple_policy: LENIENT_STAPLING, "),
+            1,
+        ),
+    );
+    let output = validate(revoy(), &lenient, &[]);
+    assert!(
+        output.status.success(),
+        "LENIENT_STAPLING: {}",
+        text(&output)
+    );
+}

@@ -225,6 +225,7 @@ fn certificates_from_an_intermediate_verify_with_their_chain() {
         cert_pem: workload.cert_pem.clone(),
         cert_der: workload.cert_der.clone(),
         key_pem: workload.key_pem.clone(),
+        serial: workload.serial.clone(),
     };
     let e = verify_client(&root, &leaf_alone).unwrap_err();
     assert_eq!(

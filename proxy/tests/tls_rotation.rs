@@ -25,6 +25,8 @@ mod certs;
 mod child;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "support/https.rs"]
+mod https;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/sds.rs"]
@@ -41,7 +43,7 @@ use std::time::{Duration, Instant};
 use certs::{Ca, CertDir, Issued};
 use child::Proxy;
 use ports::free_port;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, pem::PemObject};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 use sds::{Sds, sds_cluster, sds_config};
 
@@ -186,23 +188,19 @@ struct Https {
 impl Https {
     /// Connects to 127.0.0.1:`port` as a client for `rotate.test` and completes the handshake.
     fn open(port: u16, config: &Arc<ClientConfig>) -> Result<Https, String> {
-        let name = ServerName::try_from("rotate.test").expect("server name");
-        let mut conn = ClientConnection::new(config.clone(), name).map_err(|e| e.to_string())?;
-        let mut tcp =
-            TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
-        tcp.set_read_timeout(Some(WAIT))
+        let stream = https::connect(port, config, "rotate.test")?;
+        stream
+            .sock
+            .set_read_timeout(Some(WAIT))
             .map_err(|e| e.to_string())?;
-        while conn.is_handshaking() {
-            conn.complete_io(&mut tcp)
-                .map_err(|e| format!("handshake: {e}"))?;
-        }
-        let certificate = conn
+        let certificate = stream
+            .conn
             .peer_certificates()
             .and_then(|c| c.first())
             .ok_or("no certificate presented")?
             .to_vec();
         Ok(Https {
-            reader: BufReader::new(StreamOwned::new(conn, tcp)),
+            reader: BufReader::new(stream),
             certificate,
         })
     }

@@ -3,7 +3,9 @@
 //! clusters and route configurations they name, pushed to revoy over Delta ADS as istiod does
 //! (node metadata, `initial_fetch_timeout: 0s`). Every resource must be accepted — Istio's own
 //! filters (metadata exchange, stats Wasm, ALPN) are noted, not fatal — and revoy must become
-//! LIVE with every listener active.
+//! LIVE with every listener active. The listeners' TLS certificates (`default`, `ROOTCA`) come
+//! over SDS from the `sds-grpc` static cluster, as pilot-agent serves them: as in Envoy, a
+//! listener is not active (nor the server LIVE) without them.
 
 #[path = "support/istio_listeners.rs"]
 mod istio_listeners;
@@ -18,12 +20,16 @@ use serde_json::Value;
 use xds_client::server::Snapshot;
 use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict};
 
+#[path = "support/certs.rs"]
+mod certs;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/sds.rs"]
+mod sds;
 #[path = "support/xds.rs"]
 mod xds;
 use ports::free_port;
@@ -101,6 +107,10 @@ fn istio_sidecar_listeners_over_delta_ads_are_all_accepted() {
     let plane = Plane::start(xds_port);
     let (snapshot, listeners) = istio_snapshot();
     plane.set(snapshot);
+    let dir = certs::CertDir::new();
+    let ca = certs::Ca::new("cluster.local");
+    let sds = sds::Sds::start(dir.path(), "sds");
+    sds.serve_mesh(&ca.workload("default", "productpage").issue(), &ca);
     // As pilot-agent's bootstrap: Delta ADS, the node once, Istio's node metadata.
     let yaml = ads_bootstrap(admin, xds_port, true)
         .replace(
@@ -113,6 +123,7 @@ fn istio_sidecar_listeners_over_delta_ads_are_all_accepted() {
             "    api_type: DELTA_GRPC",
             "    api_type: DELTA_GRPC\n    set_node_on_first_message_only: true",
         );
+    let yaml = format!("{yaml}{}", sds::sds_cluster(sds.socket()));
     assert!(yaml.contains("ISTIO_VERSION") && yaml.contains("first_message_only"));
     let _revoy = start_revoy(&yaml, admin);
     for type_url in [CLUSTER_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL] {

@@ -6,8 +6,16 @@
 //! The control plane is the repo's snapshot server in plaintext behind a first revoy that
 //! terminates TLS in front of tcp_proxy (with `h2` ALPN), so both TLS ends are revoy's.
 //!
+//! SDS over ADS (`sds_config: {ads: {}}`): a static listener's certificate comes from the ADS
+//! server and rotates with it, in revoy as in Envoy 1.40.
+//!
+//! SDS from files (`path_config_source`): a file renamed over (revoy and Envoy 1.40) and a
+//! Kubernetes-style symlink swap (`..data` pointed at a new directory) change the certificate
+//! of new handshakes.
+//!
 //! Also: with `dynamic_resources`, start-up waits for the static listeners' SDS secrets as
-//! well as for the initial xDS configuration.
+//! well as for the initial xDS configuration; and a static listener whose secret outlasts its
+//! `initial_fetch_timeout` is not bound until the secret comes (unlike Envoy, #47309).
 
 #[path = "support/certs.rs"]
 mod certs;
@@ -15,25 +23,37 @@ mod certs;
 mod child;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "support/https.rs"]
+mod https;
+#[path = "differential/oracle.rs"]
+mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/sds.rs"]
 mod sds;
+#[path = "support/skip.rs"]
+mod skip;
 #[path = "support/xds.rs"]
 mod xds;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use certs::{Ca, CertDir};
 use ports::free_port;
+use proto::pb::envoy::config::cluster::v3::Cluster;
+use proto::pb::envoy::config::listener::v3::Listener;
 use sds::{Sds, sds_cluster, sds_config};
 use xds::{
     NODE, Plane, admin_get, ads_bootstrap, body_of, eventually, inline_listener, ready, refused,
     start_revoy, stat,
 };
-use xds_client::LISTENER_TYPE_URL;
 use xds_client::server::Snapshot;
+use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
 /// A revoy terminating TLS on `port` (certificate for `xds.test`, ALPN `h2`) and passing the
 /// bytes to the plaintext control plane on `plane`.
@@ -160,6 +180,84 @@ fn ads_over_tls_verifies_the_control_plane() {
     assert_eq!(stat(admin, "control_plane.connected_state"), Some(0));
 }
 
+/// A listener `tls` on `port` whose certificate comes over SDS (`secret`: its
+/// `SdsSecretConfig`) and whose route answers `body`, in flow-style YAML.
+fn tls_listener(port: u16, secret: &str, body: &str) -> String {
+    named_tls_listener("tls", port, secret, body)
+}
+
+/// [`tls_listener`] named `name` (its stat prefix too).
+fn named_tls_listener(name: &str, port: u16, secret: &str, body: &str) -> String {
+    format!(
+        "{{name: {name}, address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}, \
+         filter_chains: [{{transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, \
+         common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}, \
+         filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, stat_prefix: {name}, http_filters: [{ROUTER}], \
+         route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: [{{match: {{prefix: /}}, \
+         direct_response: {{status: 200, body: {{inline_string: {body}}}}}}}]}}]}}}}}}]}}]}}"
+    )
+}
+
+/// [`tls_listener`] as the bootstrap's `static_resources.listeners`.
+fn sds_listener(port: u16, secret: &str, body: &str) -> String {
+    format!("\n  listeners:\n  - {}\n", tls_listener(port, secret, body))
+}
+
+/// Unlike Envoy (#47309: it binds the listener and closes each connection unanswered), a static
+/// listener whose SDS certificate has not come when its `initial_fetch_timeout` (1 s) passes
+/// is not bound: the server goes LIVE for the rest, and a connection to the listener's port is
+/// refused (nothing listens there, so the kernel answers the SYN with a reset: no TLS
+/// handshake can begin). Once the secret is served the listener is bound and serves HTTPS
+/// with it.
+#[test]
+fn static_listener_is_not_bound_until_its_late_secret_comes() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let sds = Sds::start(dir.path(), "sds");
+    let (admin, port) = (free_port(), free_port());
+    let secret =
+        sds_config("default").replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 1s");
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         node: {{id: {NODE}, cluster: xds-test}}\n\
+         static_resources:\n  clusters:{sds_cluster}{listener}",
+        sds_cluster = sds_cluster(sds.socket()),
+        listener = sds_listener(port, &secret, "late"),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    live_but_refused(admin, port);
+
+    let issued = ca.server(&["late.test"]).issue();
+    let version = sds.put(&[sds::certificate("default", &issued)]);
+    sds.ack(NODE, &version);
+    served_with(port, dir.path(), "late.test", "late", &issued);
+}
+
+/// Waits until the proxy with admin `admin` is LIVE (its warming timed out), then checks that
+/// its listener on `port` is not bound.
+fn live_but_refused(admin: u16, port: u16) {
+    eventually("LIVE after the initial_fetch_timeout", || {
+        (ready(admin).0 == 200).then_some(())
+    });
+    assert!(
+        refused(port),
+        "the listener is bound without its certificate"
+    );
+}
+
+/// Waits until HTTPS to `port` for `sni` (trusting `<dir>/root.pem`) answers 200 with `body`,
+/// presenting `issued`.
+fn served_with(port: u16, dir: &Path, sni: &str, body: &str, issued: &certs::Issued) {
+    let config = Arc::new(certs::client_config(dir, None));
+    let answer = eventually("HTTPS with the certificate that came", || {
+        https::get(port, &config, sni, "/").ok()
+    });
+    assert_eq!((answer.status, answer.body.as_str()), (200, body));
+    assert_eq!(answer.certificate, issued.cert_der);
+}
+
 /// Envoy's init manager: a bootstrap with `dynamic_resources` and a static TLS listener whose
 /// certificate comes over SDS is not LIVE once the initial xDS configuration is in while the
 /// certificate is not; the listener is bound, and the server LIVE, when it arrives.
@@ -172,23 +270,10 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
     plane.set(Snapshot::new("1"));
     let (admin, port) = (free_port(), free_port());
     let yaml = format!(
-        r#"{bootstrap}{sds_cluster}
-  listeners:
-  - name: tls
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - transport_socket: {{name: envoy.transport_sockets.tls, typed_config: {{"@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.DownstreamTlsContext, common_tls_context: {{tls_certificate_sds_secret_configs: [{secret}]}}}}}}
-      filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: tls
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]}}
-"#,
-        bootstrap = ads_bootstrap(admin, plane.port, false),
-        sds_cluster = sds_cluster(sds.socket()),
-        secret = sds_config("default"),
+        "{}{}{}",
+        ads_bootstrap(admin, plane.port, false),
+        sds_cluster(sds.socket()),
+        sds_listener(port, &sds_config("default"), "ok"),
     );
     let _revoy = start_unready(&yaml, admin);
     plane.ack(LISTENER_TYPE_URL, "1");
@@ -207,4 +292,271 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
         !refused(port),
         "the listener is not bound with its certificate"
     );
+}
+
+/// xDS resources waiting for their SDS secrets (from the `sds-grpc` cluster), as Envoy warms
+/// them: a listener from the initial LDS response whose certificate has not come when the LDS
+/// `initial_fetch_timeout` (1 s) passes is not bound (refused, unlike Envoy's #47309), while
+/// the server goes LIVE and a plain listener routing to cluster `tls-up` serves; `tls-up`, an
+/// xDS cluster added later whose validation context (`ROOTCA`) has not come, warms and is not
+/// used (the plain listener answers 503 as for no cluster). Once both secrets are served, the
+/// TLS listener serves HTTPS and `tls-up` reaches it over TLS.
+#[test]
+fn xds_listener_and_cluster_wait_for_their_secrets() {
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let sds = Sds::start(dir.path(), "sds");
+    let plane = Plane::start(free_port());
+    let (admin, port, front) = (free_port(), free_port(), free_port());
+    let listener = xds::decode::<Listener>(&tls_listener(port, &sds_config("default"), "warmed"));
+    // `validate_clusters: false`: the route names `tls-up` before CDS has it.
+    let plain = xds::listener_with(
+        "front",
+        front,
+        &format!(
+            "stat_prefix: front\nroute_config: {{validate_clusters: false, virtual_hosts: \
+             [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+            xds::to_cluster("tls-up")
+        ),
+    );
+    let snapshot = |version: &str| {
+        Snapshot::new(version)
+            .with_message("front", &plain)
+            .with_message("tls", &listener)
+    };
+    plane.set(snapshot("1"));
+    let yaml = format!(
+        "{}{}",
+        ads_bootstrap(admin, plane.port, false).replacen(
+            "lds_config: {ads: {}, initial_fetch_timeout: 0s",
+            "lds_config: {ads: {}, initial_fetch_timeout: 1s",
+            1
+        ),
+        sds_cluster(sds.socket()),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    live_but_refused(admin, port);
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(1)
+    );
+    assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
+
+    let cluster = xds::decode::<Cluster>(&format!(
+        "{{name: tls-up, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: tls-up, \
+         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}, \
+         transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
+         sni: warmed.test, common_tls_context: {{validation_context_sds_secret_config: {}}}}}}}}}",
+        sds_config("ROOTCA")
+    ));
+    plane.set(snapshot("2").with_message("tls-up", &cluster));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(1));
+    assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
+    assert!(
+        refused(port),
+        "the listener is active without its certificate"
+    );
+
+    let issued = ca.server(&["warmed.test"]).issue();
+    let version = sds.put(&[
+        sds::certificate("default", &issued),
+        sds::trust("ROOTCA", ca.root_pem()),
+    ]);
+    sds.ack(NODE, &version);
+    served_with(port, dir.path(), "warmed.test", "warmed", &issued);
+    let body = eventually("tls-up used once its validation context came", || {
+        xds::get(front, "/").ok().filter(|r| r.status == 200)
+    });
+    assert_eq!(body.body, "warmed");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(0));
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_warming"),
+        Some(0)
+    );
+}
+
+/// `sds_config: {ads: {}}`: a static listener's certificate `edge` comes over the ADS stream;
+/// served HTTPS presents it, and once the control plane serves a new one, new handshakes
+/// present that. Envoy 1.40 on the same bootstrap and control plane does the same.
+#[test]
+fn sds_over_ads_serves_and_rotates_the_certificate() {
+    let envoy = oracle::envoy_or_skip("sds_over_ads_serves_and_rotates_the_certificate");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
+    let run = |who: &str, envoy: Option<&Path>| {
+        let plane = Plane::start(free_port());
+        let first = ca.server(&["edge.test"]).issue();
+        plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
+        let (admin, port) = (free_port(), free_port());
+        // Envoy's gRPC client needs the xDS cluster to say HTTP/2.
+        let yaml = format!(
+            "{}{}",
+            ads_bootstrap(admin, plane.port, false).replace(
+                "    load_assignment: {cluster_name: xds-grpc",
+                "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+                 {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+                 explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
+            ),
+            sds_listener(port, secret, "edge"),
+        );
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
+        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+            https::get(port, &config, "edge.test", "/").ok()
+        });
+        assert_eq!(
+            (answer.status, answer.body.as_str()),
+            (200, "edge"),
+            "{who}"
+        );
+        assert_eq!(
+            answer.certificate, first.cert_der,
+            "{who}: the first certificate"
+        );
+
+        let second = ca.server(&["edge.test"]).issue();
+        plane.set(Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)));
+        eventually(
+            &format!("{who}: HTTPS with the rotated certificate"),
+            || {
+                https::get(port, &config, "edge.test", "/")
+                    .ok()
+                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+            },
+        );
+    };
+    run("revoy", None);
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
+    }
+}
+
+/// The `path_config_source` file of secret `name`: a `DiscoveryResponse` with a
+/// `tls_certificate` whose chain and key are the files `chain` and `key`.
+fn sds_file(name: &str, chain: &Path, key: &Path) -> String {
+    format!(
+        "version_info: v1\nresources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  \
+         name: {name}\n  tls_certificate: {{certificate_chain: {{filename: {}}}, private_key: {{filename: {}}}}}\n",
+        chain.display(),
+        key.display()
+    )
+}
+
+/// SDS from a file renamed over (the new one written beside it first): new handshakes present
+/// the certificate of the new file, in revoy as in Envoy 1.40.
+#[test]
+fn sds_file_renamed_over_changes_the_certificate() {
+    let envoy = oracle::envoy_or_skip("sds_file_renamed_over_changes_the_certificate");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let file = dir.path().join("edge-sds.yaml");
+    let secret = format!(
+        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+        file.display()
+    );
+    let mut round = 0;
+    let mut run = |who: &str, envoy: Option<&Path>| {
+        let issue = |round: usize| {
+            let issued = ca.server(&["edge.test"]).issue();
+            let files = issued.write_to(dir.path(), &format!("edge-{round}"));
+            let staged = dir.path().join("staged.yaml");
+            std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
+            std::fs::rename(&staged, &file).expect("rename over the SDS file");
+            issued
+        };
+        round += 1;
+        let first = issue(round);
+        let (admin, port) = (free_port(), free_port());
+        let yaml = format!(
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+             node: {{id: {NODE}, cluster: xds-test}}\n\
+             static_resources:{}",
+            sds_listener(port, &secret, "edge")
+        );
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
+        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+            https::get(port, &config, "edge.test", "/").ok()
+        });
+        assert_eq!(
+            answer.certificate, first.cert_der,
+            "{who}: the first certificate"
+        );
+        round += 1;
+        let second = issue(round);
+        eventually(
+            &format!("{who}: HTTPS with the new file's certificate"),
+            || {
+                https::get(port, &config, "edge.test", "/")
+                    .ok()
+                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+            },
+        );
+    };
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
+    }
+    run("revoy", None);
+}
+
+/// SDS from a Kubernetes-mounted secret: `sds.yaml`, `cert.pem` and `key.pem` are symlinks
+/// through `..data` to a timestamped directory, and an update points `..data` at a new one
+/// (a symlink renamed over it). `sds.yaml` reads the same before and after, naming the same
+/// paths; new handshakes present the new certificate. Not compared with Envoy (the issue
+/// cites envoyproxy/envoy#39498 about such swaps).
+#[test]
+fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
+    use std::os::unix::fs::symlink;
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).expect("mount dir");
+    let sds = sds_file("edge", &mount.join("cert.pem"), &mount.join("key.pem"));
+    let version = |n: usize| {
+        let issued = ca.server(&["edge.test"]).issue();
+        let data = mount.join(format!("..2026_12_03_0{n}"));
+        std::fs::create_dir(&data).expect("data dir");
+        issued.write_to(&data, "cert");
+        std::fs::rename(data.join("cert.key"), data.join("key.pem")).expect("key name");
+        std::fs::write(data.join("sds.yaml"), &sds).expect("sds.yaml");
+        let link = mount.join("..data_tmp");
+        symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
+        std::fs::rename(&link, mount.join("..data")).expect("swap ..data");
+        issued
+    };
+    let first = version(1);
+    for file in ["sds.yaml", "cert.pem", "key.pem"] {
+        symlink(Path::new("..data").join(file), mount.join(file)).expect("symlink");
+    }
+    let config = Arc::new(certs::client_config(dir.path(), None));
+    let (admin, port) = (free_port(), free_port());
+    let secret = format!(
+        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+        mount.join("sds.yaml").display()
+    );
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         static_resources:{}",
+        sds_listener(port, &secret, "edge")
+    );
+    let _revoy = start_revoy(&yaml, admin);
+    let answer = eventually("HTTPS with the mounted certificate", || {
+        https::get(port, &config, "edge.test", "/").ok()
+    });
+    assert_eq!(answer.certificate, first.cert_der);
+
+    let second = version(2);
+    eventually("HTTPS with the swapped-in certificate", || {
+        https::get(port, &config, "edge.test", "/")
+            .ok()
+            .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+    });
 }

@@ -167,7 +167,9 @@ pub fn server_context(
         full_scan: spec.full_scan_certs_on_sni_mismatch,
     }));
     config.alpn_protocols = spec.common.alpn.clone();
-    if !spec.tickets && !spec.session_cache {
+    // TLS 1.3 resumes by ticket only, as in BoringSSL (Envoy): without stateless resumption
+    // no ticket is sent, though rustls could send ones naming the session cache.
+    if !spec.tickets {
         config.send_tls13_tickets = 0;
     }
     let first = Sessions::new(&config, spec.tickets, spec.session_cache);

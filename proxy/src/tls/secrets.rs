@@ -109,6 +109,22 @@ impl SecretStore {
         cell
     }
 
+    /// Whether the secret `name` from `source` holds `proto` now (as delivered, its files read
+    /// in): a delivery of the same content changes nothing, as Envoy's hash of a secret and
+    /// its files decides.
+    pub fn holds(
+        &self,
+        name: &str,
+        source: &SecretSource,
+        proto: &proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret,
+    ) -> bool {
+        let cells = self.cells.lock().expect("secret store lock");
+        cells
+            .get(&(name.to_owned(), source.clone()))
+            .and_then(|cell| cell.current())
+            .is_some_and(|now| now.proto == *proto)
+    }
+
     /// Stores a secret's new value (a cell is made if nothing asked for it yet).
     pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) {
         let cell = {

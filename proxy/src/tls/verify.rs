@@ -139,14 +139,31 @@ pub fn verify(
             return Err((VerifyFailure::Chain, chain_error(e)));
         }
     }
-    let app = CertificateError::ApplicationVerificationFailure;
     if !v.sans.is_empty() && !sans_match(v, end_entity) {
-        return Err((VerifyFailure::San, app));
+        return Err((VerifyFailure::San, unmatched(Unmatched::San)));
     }
     if (!v.spki.is_empty() || !v.hashes.is_empty()) && !pins_match(v, end_entity) {
-        return Err((VerifyFailure::Pin, app));
+        return Err((VerifyFailure::Pin, unmatched(Unmatched::Pin)));
     }
     Ok(())
+}
+
+/// What a peer certificate that verified up its chain failed to match.
+#[derive(Debug, thiserror::Error)]
+enum Unmatched {
+    /// No configured subject alternative name matcher.
+    #[error("no subject alternative name of the certificate matches")]
+    San,
+    /// No configured SPKI or certificate hash.
+    #[error("the certificate matches no configured SPKI or hash")]
+    Pin,
+}
+
+/// The refusal of a certificate that matched no SAN or pin: refused with the alert
+/// `certificate_unknown`, as BoringSSL (Envoy) refuses it; rustls' own
+/// `ApplicationVerificationFailure` would send `access_denied`.
+fn unmatched(what: Unmatched) -> CertificateError {
+    CertificateError::Other(rustls::OtherError(Arc::new(what)))
 }
 
 /// The rustls error (so the alert: `certificate_expired`, `unknown_ca`, ...) for a chain that
@@ -357,10 +374,7 @@ impl ServerCertVerifier for ServerVerifier {
                 .map_err(|r| refuse(&self.checks.stats, r))?;
         }
         if self.name_san && !names(end_entity, server_name) {
-            let failure = (
-                VerifyFailure::San,
-                CertificateError::ApplicationVerificationFailure,
-            );
+            let failure = (VerifyFailure::San, unmatched(Unmatched::San));
             return Err(refuse(&self.checks.stats, failure));
         }
         Ok(ServerCertVerified::assertion())

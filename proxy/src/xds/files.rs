@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use notify::Watcher;
 use proto::pb::envoy::service::discovery::v3::DiscoveryResponse;
-use xds_client::{Handler, Resource, Update};
+use xds_client::{Handler, Resource, SECRET_TYPE_URL, Update};
 
 /// How long changes settle before the file is read (an editor's write is several events).
 const SETTLE: Duration = Duration::from_millis(100);
@@ -59,8 +59,9 @@ pub enum FileError {
     },
 }
 
-/// Reads `path` as a `DiscoveryResponse` of `type_url` resources.
-pub fn read(path: &Path, type_url: &str) -> Result<(String, Vec<Resource>), FileError> {
+/// Reads `path` as a `DiscoveryResponse` of `type_url` resources: its version, a digest of
+/// its text and its resources.
+pub fn read(path: &Path, type_url: &str) -> Result<(String, String, Vec<Resource>), FileError> {
     let text = std::fs::read_to_string(path).map_err(|source| FileError::Read {
         path: path.to_owned(),
         source,
@@ -100,7 +101,7 @@ pub fn read(path: &Path, type_url: &str) -> Result<(String, Vec<Resource>), File
             value,
         });
     }
-    Ok((version, resources))
+    Ok((version, content_version(&text), resources))
 }
 
 /// A version for a file that names none: a digest of its text.
@@ -111,7 +112,10 @@ fn content_version(text: &str) -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Applies `path` now and on every change, until the process ends.
+/// Applies `path` now and on every change, until the process ends: a text unchanged since
+/// the last version applied is skipped, except SDS's, whose secrets may name files (a
+/// Kubernetes symlink swap changes those, not the text; the secret handler skips a secret whose
+/// files read the same).
 pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<dyn Handler>) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let dir = path
@@ -139,10 +143,11 @@ pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<dyn Handler>) {
         let mut last = None;
         loop {
             match read(&path, type_url) {
-                Ok((version, resources)) => {
-                    if last.as_ref() != Some(&version) {
-                        known = apply(&handler, type_url, &version, resources, &known);
-                        last = Some(version);
+                Ok((version, digest, resources)) => {
+                    let seen = (version, digest);
+                    if type_url == SECRET_TYPE_URL || last.as_ref() != Some(&seen) {
+                        known = apply(&handler, type_url, &seen.0, resources, &known);
+                        last = Some(seen);
                     }
                 }
                 Err(e) => tracing::error!("{e}; the previous version keeps serving"),

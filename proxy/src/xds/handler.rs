@@ -69,6 +69,9 @@ pub struct State {
     warming_listeners: Waiting<ListenerConfig>,
     /// RDS names each dynamic listener (active or warming) uses.
     listener_routes: BTreeMap<String, Vec<String>>,
+    /// Listeners whose warming ended (their route configurations came or timed out, or the
+    /// LDS phase timed out) still waiting for their SDS secrets: never active without them.
+    listeners_awaiting_secrets: BTreeMap<String, ListenerConfig>,
     /// Clusters waiting for their endpoints.
     warming_clusters: Waiting<ClusterConfig>,
     /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
@@ -93,9 +96,11 @@ pub struct State {
 }
 
 impl State {
-    /// Names of the listeners waiting for route configurations.
+    /// Names of the listeners waiting for route configurations or secrets.
     pub fn warming_listener_names(&self) -> impl Iterator<Item = &String> {
-        self.warming_listeners.keys()
+        self.warming_listeners
+            .keys()
+            .chain(self.listeners_awaiting_secrets.keys())
     }
 
     /// Names of the clusters waiting for endpoints or secrets.
@@ -239,8 +244,9 @@ impl ProxyHandler {
                 st.lds_received = true;
                 let warming = st.warming_listeners.take();
                 for (name, cfg) in warming {
-                    self.activate_listener(&process, &mut st, &name, cfg);
+                    self.activate_with_secrets(&process, &mut st, &name, cfg);
                 }
+                self.publish_warming_listeners(&st);
             }
             Phase::Done => {}
         }
@@ -543,8 +549,9 @@ impl ProxyHandler {
             }
             match self.compile_listener(ctx, process, st, &r) {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
-                Ok((cfg, rds_timeout)) => {
+                Ok((cfg, timeout)) => {
                     let name = cfg.name.clone();
+                    st.listeners_awaiting_secrets.remove(&name);
                     st.stats_to_release
                         .remove(&format!("{}.", cfg.stat_prefix()));
                     let routes = rds_names(&cfg);
@@ -572,12 +579,9 @@ impl ProxyHandler {
                         }
                     } else {
                         st.warming_listeners.insert(name.clone(), cfg);
-                        if let Some(timer) = self.arm_warming_timeout(
-                            Warming::Listener,
-                            &name,
-                            &r.version,
-                            rds_timeout,
-                        ) {
+                        if let Some(timer) =
+                            self.arm_warming_timeout(Warming::Listener, &name, &r.version, timeout)
+                        {
                             st.warming_listeners.set_timer(&name, timer);
                         }
                         st.listeners.accept_warming(&name, &r.version, r.value);
@@ -590,6 +594,7 @@ impl ProxyHandler {
                 continue;
             }
             st.warming_listeners.remove(&name);
+            st.listeners_awaiting_secrets.remove(&name);
             st.listener_routes.remove(&name);
             if let Some(prefix) = process.applier.stat_prefix_of(&name) {
                 st.stats_to_release.insert(format!("{prefix}."));
@@ -609,9 +614,7 @@ impl ProxyHandler {
         if rejected.is_empty() {
             st.lds_version = u.version_info;
         }
-        self.stats
-            .warming_listeners
-            .set(st.warming_listeners.len() as u64);
+        self.publish_warming_listeners(st);
         Applied { rejected }
     }
 
@@ -636,7 +639,8 @@ impl ProxyHandler {
         let cfg = compile_listener(ctx, &l, Some(&known), &mut warnings)
             .map_err(|e| located("listener", &l.name, e))?;
         log_warnings("listener", &l.name, &warnings);
-        Ok((cfg, rds_fetch_timeout(&l)))
+        let timeout = warming_timeout(process, &l, &cfg);
+        Ok((cfg, timeout))
     }
 
     /// After `timeout`, uses the cluster or listener `name` as it is if it still warms at
@@ -706,11 +710,9 @@ impl ProxyHandler {
                         UpdateStats::new(&process.shared.stats, prefix).timed_out();
                     }
                 }
-                tracing::warn!(listener = %name, "initial_fetch_timeout: a route configuration did not come; the listener starts without");
-                self.activate_listener(&process, st, name, cfg);
-                self.stats
-                    .warming_listeners
-                    .set(st.warming_listeners.len() as u64);
+                tracing::warn!(listener = %name, "initial_fetch_timeout: route configurations or SDS secrets did not come; the listener starts without the routes");
+                self.activate_with_secrets(&process, st, name, cfg);
+                self.publish_warming_listeners(st);
             }
         }
         self.advance(st);
@@ -725,6 +727,32 @@ impl ProxyHandler {
             }
             ListenerChange::Rebound => self.stats.listener_modified.inc(),
         }
+    }
+
+    /// Activates `cfg` once its secrets have arrived: now, or when they do (held in
+    /// `listeners_awaiting_secrets` meanwhile), so a listener whose warming timed out is never
+    /// active without its certificates (unlike Envoy's, #47309).
+    fn activate_with_secrets(
+        &self,
+        process: &Arc<Process>,
+        st: &mut State,
+        name: &str,
+        cfg: ListenerConfig,
+    ) {
+        if secrets_ready(process, &listener_secrets(&cfg)) {
+            self.activate_listener(process, st, name, cfg);
+        } else {
+            tracing::warn!(listener = %name, "SDS secrets have not come; the listener is active once they do");
+            st.listeners_awaiting_secrets.insert(name.to_owned(), cfg);
+        }
+    }
+
+    /// Sets `listener_manager.total_listeners_warming`: the listeners waiting for route
+    /// configurations or secrets.
+    fn publish_warming_listeners(&self, st: &State) {
+        self.stats
+            .warming_listeners
+            .set((st.warming_listeners.len() + st.listeners_awaiting_secrets.len()) as u64);
     }
 
     fn activate_listener(
@@ -877,9 +905,18 @@ impl ProxyHandler {
                 self.activate_listener(process, st, &name, cfg);
             }
         }
-        self.stats
-            .warming_listeners
-            .set(st.warming_listeners.len() as u64);
+        let held: Vec<String> = st
+            .listeners_awaiting_secrets
+            .iter()
+            .filter(|(_, cfg)| secrets_ready(process, &listener_secrets(cfg)))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in held {
+            if let Some(cfg) = st.listeners_awaiting_secrets.remove(&name) {
+                self.activate_listener(process, st, &name, cfg);
+            }
+        }
+        self.publish_warming_listeners(st);
     }
 
     /// Adds `cfg` to `ready` when the secrets of its TLS contexts have arrived (answering
@@ -1088,6 +1125,19 @@ const DEFAULT_FETCH_TIMEOUT: Option<Duration> = Some(Duration::from_secs(15));
 
 /// How long listener `l` may warm waiting for its route configurations: the longest
 /// `initial_fetch_timeout` of its RDS config sources (`None`, for ever, if one is 0).
+/// How long listener `cfg` (compiled from `l`) warms at most, as Envoy's listener init
+/// manager waits for its targets: the longest `initial_fetch_timeout` of its RDS
+/// subscriptions and of the SDS secrets it still lacks (`None`: for ever, as any of them
+/// without one waits). After it the listener is used once its secrets are in.
+fn warming_timeout(process: &Process, l: &ListenerProto, cfg: &ListenerConfig) -> Option<Duration> {
+    listener_secrets(cfg)
+        .iter()
+        .filter(|r| !process.shared.secrets.cell(r).is_ready())
+        .fold(rds_fetch_timeout(l), |longest, r| {
+            longest.zip(r.initial_fetch_timeout).map(|(a, b)| a.max(b))
+        })
+}
+
 fn rds_fetch_timeout(l: &ListenerProto) -> Option<Duration> {
     let mut longest = Some(Duration::ZERO);
     for chain in l.filter_chains.iter().chain(&l.default_filter_chain) {
@@ -1148,7 +1198,8 @@ fn rds_stat_prefixes(process: &Process, st: &State, name: &str) -> Vec<String> {
     let configs = active
         .iter()
         .map(|l| &**l.config())
-        .chain(st.warming_listeners.values());
+        .chain(st.warming_listeners.values())
+        .chain(st.listeners_awaiting_secrets.values());
     let prefixes: BTreeSet<String> = configs.flat_map(|l| rds_prefixes_of(l, name)).collect();
     prefixes.into_iter().collect()
 }

@@ -56,6 +56,9 @@ impl Handler for SecretHandler {
                         .map_err(|e| format!("secret '{}': {e}", r.name))
                 });
             match compiled {
+                Ok((proto, _)) if self.store.holds(&r.name, &self.source, &proto) => {
+                    tracing::debug!(secret = %r.name, version = %r.version, "secret unchanged");
+                }
                 Ok((proto, value)) => {
                     tracing::info!(secret = %r.name, version = %r.version, source = ?self.source, "secret applied");
                     self.store.set(

@@ -22,9 +22,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256, PKCS_ECDSA_P384_SHA384,
-    PKCS_RSA_SHA256, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, KeyUsagePurpose,
+    PKCS_ECDSA_P256_SHA256, PKCS_ECDSA_P384_SHA384, PKCS_RSA_SHA256, RevocationReason,
+    RevokedCertParams, SanType, SerialNumber,
 };
 
 const HOUR: Duration = Duration::from_secs(3_600);
@@ -140,6 +141,33 @@ impl Ca {
         &self.root_pem
     }
 
+    /// A certificate revocation list signed by this CA, revoking `revoked` (issued by it), PEM;
+    /// current from an hour ago for a day.
+    pub fn crl(&self, revoked: &[&Issued]) -> String {
+        let now = SystemTime::now();
+        let params = CertificateRevocationListParams {
+            this_update: (now - HOUR).into(),
+            next_update: (now + DAY).into(),
+            crl_number: serial(),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|issued| RevokedCertParams {
+                    serial_number: issued.serial.clone(),
+                    revocation_time: (now - HOUR).into(),
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&self.issuer)
+            .expect("sign the CRL")
+            .pem()
+            .expect("the CRL as PEM")
+    }
+
     /// Writes [`Ca::root_pem`] to `<dir>/<name>.pem` and returns the path.
     pub fn write_root_to(&self, dir: &Path, name: &str) -> PathBuf {
         write(dir, &format!("{name}.pem"), &self.root_pem)
@@ -190,6 +218,20 @@ impl Leaf<'_> {
         self
     }
 
+    /// With the IP address `ip` added to its subject alternative names.
+    pub fn ip(mut self, ip: std::net::IpAddr) -> Self {
+        self.sans.push(SanType::IpAddress(ip));
+        self
+    }
+
+    /// With the email address `email` added to its subject alternative names.
+    pub fn email(mut self, email: &str) -> Self {
+        self.sans.push(SanType::Rfc822Name(
+            email.try_into().expect("an email address is IA5"),
+        ));
+        self
+    }
+
     /// Valid for the usual length, but that window ended a day ago.
     pub fn expired(mut self) -> Self {
         self.when = When::Past;
@@ -225,7 +267,8 @@ impl Leaf<'_> {
                 .push(DnType::CommonName, cn.as_str());
         }
         params.subject_alt_names = self.sans;
-        params.serial_number = Some(serial());
+        let serial = serial();
+        params.serial_number = Some(serial.clone());
         params.is_ca = IsCa::ExplicitNoCa;
         params.use_authority_key_identifier_extension = true;
         params.key_usages = match self.key {
@@ -260,6 +303,7 @@ impl Leaf<'_> {
             cert_der: cert.der().to_vec(),
             cert_pem,
             key_pem: key.serialize_pem(),
+            serial,
         }
     }
 }
@@ -275,6 +319,8 @@ pub struct Issued {
     /// The certificate, then the intermediates up to (not including) the root, PEM: what a
     /// TLS peer presents (`certificate_chain`, Istio's `cert-chain.pem`).
     pub chain_pem: String,
+    /// Its serial number (what a CRL names).
+    pub serial: SerialNumber,
 }
 
 /// Where [`Issued::write_to`] put the files.

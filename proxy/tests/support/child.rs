@@ -28,6 +28,16 @@ impl Proxy {
         Proxy::spawn(command, ready)
     }
 
+    /// Starts the Envoy at `envoy`, or revoy without one, on `yaml`, ready once
+    /// 127.0.0.1:`port` accepts (`admin` is Envoy's base id).
+    pub fn serving(envoy: Option<&Path>, yaml: &str, admin: u16, port: u16) -> Proxy {
+        let bound = || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        match envoy {
+            Some(envoy) => Proxy::envoy(envoy, yaml, admin, bound),
+            None => Proxy::start(yaml, bound),
+        }
+    }
+
     /// Starts revoy on `yaml`, ready once its admin on 127.0.0.1:`admin` accepts.
     pub fn with_admin(yaml: &str, admin: u16) -> Proxy {
         Proxy::start(yaml, || {
