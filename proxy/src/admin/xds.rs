@@ -1,8 +1,9 @@
 //! What xDS delivered, for admin: the dynamic sections of `/config_dump` (every resource with
 //! its version, update time, client status and — for every type, not only listeners as in
-//! Envoy — its last rejection), `/init_dump`, and revoy's own `/xds` (each stream's state and
-//! the last pushes with their ACK or NACK).
+//! Envoy — its last rejection; a listener's old version while it drains), `/init_dump`, and
+//! revoy's own `/xds` (each stream's state and the last pushes with their ACK or NACK).
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use proto::pb::envoy::admin::v3::{
@@ -18,7 +19,7 @@ use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_T
 
 use crate::xds::Xds;
 use crate::xds::handler::{Phase, any};
-use crate::xds::records::{Record, Status};
+use crate::xds::records::{Record, Serving, Status};
 
 /// A protobuf timestamp (millisecond precision, as Envoy's).
 pub fn timestamp(t: SystemTime) -> Timestamp {
@@ -61,28 +62,45 @@ pub fn fill_dump(
     xds.handler.with_state(|st| {
         listeners.version_info = st.lds_version.clone();
         clusters.version_info = st.cds_version.clone();
+        let dump_state = |s: &Serving| DynamicListenerState {
+            version_info: s.version.to_string(),
+            listener: Some(any(LISTENER_TYPE_URL, &s.value)),
+            last_updated: Some(timestamp(s.at)),
+        };
+        let mut dynamic: BTreeMap<&str, DynamicListener> = BTreeMap::new();
         for (name, r) in st.listeners.iter() {
-            let state = r.value.as_ref().map(|v| DynamicListenerState {
-                version_info: r.version.to_string(),
-                listener: Some(any(LISTENER_TYPE_URL, v)),
-                last_updated: Some(timestamp(r.last_updated)),
-            });
-            let warming = r.status == Status::Warming;
             // An update warming while the previous version serves: both are shown.
-            let serving = r.serving.as_ref().map(|s| DynamicListenerState {
-                version_info: s.version.to_string(),
-                listener: Some(any(LISTENER_TYPE_URL, &s.value)),
-                last_updated: Some(timestamp(s.at)),
-            });
-            listeners.dynamic_listeners.push(DynamicListener {
-                name: name.clone(),
-                active_state: if warming { serving } else { state.clone() },
-                warming_state: if warming { state } else { None },
-                draining_state: None,
-                error_state: error_state(LISTENER_TYPE_URL, r),
-                client_status: client_status(r),
-            });
+            let warming = (r.status == Status::Warming)
+                .then(|| {
+                    r.value.as_ref().map(|v| DynamicListenerState {
+                        version_info: r.version.to_string(),
+                        listener: Some(any(LISTENER_TYPE_URL, v)),
+                        last_updated: Some(timestamp(r.last_updated)),
+                    })
+                })
+                .flatten();
+            dynamic.insert(
+                name,
+                DynamicListener {
+                    name: name.clone(),
+                    active_state: r.active().as_ref().map(dump_state),
+                    warming_state: warming,
+                    draining_state: None,
+                    error_state: error_state(LISTENER_TYPE_URL, r),
+                    client_status: client_status(r),
+                },
+            );
         }
+        // A removed listener still draining has an entry of its own, with no client status
+        // (as in Envoy).
+        for (name, s) in st.draining_listeners.shown() {
+            let entry = dynamic.entry(name).or_insert_with(|| DynamicListener {
+                name: name.clone(),
+                ..Default::default()
+            });
+            entry.draining_state = Some(dump_state(s));
+        }
+        listeners.dynamic_listeners.extend(dynamic.into_values());
         for (_, r) in st.clusters.iter() {
             let dynamic = DynamicCluster {
                 version_info: r.version.to_string(),

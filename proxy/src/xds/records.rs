@@ -51,6 +51,21 @@ pub struct Record {
     pub serving: Option<Box<Serving>>,
 }
 
+impl Record {
+    /// The version serving (`/config_dump`'s active state): while an update warms, the
+    /// version it replaces; else the accepted version, if any.
+    pub fn active(&self) -> Option<Serving> {
+        if self.status == Status::Warming {
+            return self.serving.as_deref().cloned();
+        }
+        self.value.as_ref().map(|value| Serving {
+            version: self.version.clone(),
+            value: value.clone(),
+            at: self.last_updated,
+        })
+    }
+}
+
 /// The version of a resource that serves while a newer one warms.
 #[derive(Debug, Clone)]
 pub struct Serving {

@@ -254,6 +254,8 @@ pub struct XdsStats {
     pub listener_in_place_updated: Counter,
     /// `listener_manager.total_listeners_warming`.
     pub warming_listeners: Gauge,
+    /// `listener_manager.total_listeners_draining`.
+    pub draining_listeners: Gauge,
     /// `control_plane.connected_state`.
     pub connected_state: Gauge,
     /// `control_plane.rate_limit_enforced`.
@@ -284,6 +286,7 @@ impl XdsStats {
             listener_removed: c("listener_manager.listener_removed"),
             listener_in_place_updated: c("listener_manager.listener_in_place_updated"),
             warming_listeners: g("listener_manager.total_listeners_warming"),
+            draining_listeners: g("listener_manager.total_listeners_draining"),
             connected_state: g("control_plane.connected_state"),
             rate_limit_enforced: c("control_plane.rate_limit_enforced"),
             pending_requests: g("control_plane.pending_requests"),
