@@ -559,6 +559,12 @@ fn script(a: u16, b: u16) -> Vec<Step> {
                      update_success=0 version=0",
                 ),
                 ("delta: stat cluster_manager.cds.update_attempt", "+1", "+2"),
+                ("clusters fresh*", "", r#" hosts="127.0.0.1":a"#),
+                (
+                    "config_dump dynamic_endpoint_configs",
+                    r#""other"="127.0.0.1":b "svc"="127.0.0.1":b"#,
+                    r#""fresh"="127.0.0.1":a "other"="127.0.0.1":b "svc"="127.0.0.1":b"#,
+                ),
             ],
             unsettled: &[],
         },
@@ -794,6 +800,40 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             known: &[],
             unsettled: &[],
         },
+        Step {
+            // Over Delta the server removes the route configuration `main` still uses (SotW
+            // sends nothing: RDS is not full-state); nothing is awaited.
+            what: "a route configuration in use removed",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc", b),
+                assignment("svc2", b),
+                buffered_main("[{name: renamed, filters: [{}]}]"),
+                waiting(),
+            ],
+            pushed: &[],
+            requests: &[("main", "/svc"), ("main", "/")],
+            known: &[],
+            unsettled: &[],
+        },
+        Step {
+            // Over Delta the server removes the assignment of `svc`, still a cluster.
+            what: "an endpoint assignment in use removed",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                assignment("svc2", b),
+                buffered_main("[{name: renamed, filters: [{}]}]"),
+                waiting(),
+            ],
+            pushed: &[],
+            requests: &[("main", "/svc"), ("main", "/")],
+            known: &[],
+            unsettled: &[],
+        },
     ]
 }
 
@@ -850,7 +890,7 @@ async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, Str
         };
         obs.insert(key, value);
     }
-    let (_, dump) = side.admin("/config_dump").await;
+    let (_, dump) = side.admin("/config_dump?include_eds").await;
     let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
     for config in dump["configs"].as_array().into_iter().flatten() {
         let kind = config["@type"].as_str().unwrap_or("");
@@ -888,10 +928,60 @@ async fn observe(side: &Side, requests: &[(&str, &str)]) -> BTreeMap<String, Str
                 let names = dump_names(side, &config[section], "cluster");
                 obs.insert(format!("config_dump {section}"), names);
             }
+        } else if kind.ends_with("EndpointsConfigDump") {
+            // Each dynamic assignment with its endpoints' addresses.
+            let mut assignments: Vec<String> = config["dynamic_endpoint_configs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    let c = &e["endpoint_config"];
+                    let endpoints: Vec<String> = c["endpoints"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .flat_map(|l| l["lb_endpoints"].as_array().into_iter().flatten())
+                        .map(|l| {
+                            let a = &l["endpoint"]["address"]["socket_address"];
+                            format!("{}:{}", a["address"], a["port_value"])
+                        })
+                        .collect();
+                    format!("{}={}", c["cluster_name"], endpoints.join(","))
+                })
+                .collect();
+            assignments.sort();
+            obs.insert(
+                "config_dump dynamic_endpoint_configs".into(),
+                assignments.join(" "),
+            );
         } else if kind.ends_with("RoutesConfigDump") {
             let names = dump_names(side, &config["dynamic_route_configs"], "route_config");
             obs.insert("config_dump dynamic_route_configs".into(), names);
         }
+    }
+    // Each dynamic cluster's hosts in `/clusters` (EDS ones as their assignments made them).
+    let (_, clusters) = side.admin("/clusters?format=json").await;
+    let clusters: Value = serde_json::from_str(&clusters).unwrap_or(Value::Null);
+    for c in clusters["cluster_statuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let name = c["name"].as_str().unwrap_or("?");
+        if name == "xds" {
+            continue;
+        }
+        let mut hosts: Vec<String> = c["host_statuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|h| {
+                let a = &h["address"]["socket_address"];
+                format!("{}:{}", a["address"], a["port_value"])
+            })
+            .collect();
+        hosts.sort();
+        obs.insert(format!("clusters {name} hosts"), hosts.join(" "));
     }
     // Each listener's additional addresses, by family (their ports are the kernel's).
     let (_, listeners) = side.admin("/listeners?format=json").await;
@@ -1117,6 +1207,12 @@ async fn differential(test: &str, delta: bool) {
             sides.iter().zip(verdicts).zip(&mut seen).zip(&mut attempts)
         {
             *seen = observe(side, step.requests).await;
+            // The echo upstreams' ports by name, so known differences can name them.
+            for value in seen.values_mut() {
+                *value = value
+                    .replace(&format!("\":{a}"), "\":a")
+                    .replace(&format!("\":{b}"), "\":b");
+            }
             seen.retain(|field, _| !step.unsettled.iter().any(|u| field.starts_with(u)));
             attempts_per_step(seen, attempts);
             seen.extend(verdicts);

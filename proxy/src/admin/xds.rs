@@ -6,17 +6,19 @@
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use proto::pack;
 use proto::pb::envoy::admin::v3::{
     ClientResourceStatus, ClustersConfigDump, EndpointsConfigDump, ListenersConfigDump,
     RoutesConfigDump, UpdateFailureState,
     clusters_config_dump::DynamicCluster,
-    endpoints_config_dump::DynamicEndpointConfig,
+    endpoints_config_dump::{DynamicEndpointConfig, StaticEndpointConfig},
     listeners_config_dump::{DynamicListener, DynamicListenerState},
     routes_config_dump::DynamicRouteConfig,
 };
 use proto::pb::google::protobuf::Timestamp;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
 
+use crate::process::Process;
 use crate::xds::Xds;
 use crate::xds::handler::{Phase, any};
 use crate::xds::records::{Record, Serving, Status};
@@ -35,6 +37,7 @@ fn client_status(r: &Record) -> i32 {
         Status::Acked => ClientResourceStatus::Acked,
         Status::Nacked => ClientResourceStatus::Nacked,
         Status::Warming => ClientResourceStatus::Requested,
+        Status::DoesNotExist => ClientResourceStatus::DoesNotExist,
     }) as i32
 }
 
@@ -47,14 +50,12 @@ fn error_state(type_url: &str, r: &Record) -> Option<UpdateFailureState> {
     })
 }
 
-/// Adds the dynamic listeners, clusters, route configurations (and endpoint assignments when
-/// `eds` is given) to the dump's sections.
+/// Adds the dynamic listeners, clusters and route configurations to the dump's sections.
 pub fn fill_dump(
     xds: Option<&Xds>,
     listeners: &mut ListenersConfigDump,
     clusters: &mut ClustersConfigDump,
     routes: &mut RoutesConfigDump,
-    eds: Option<&mut EndpointsConfigDump>,
 ) {
     let Some(xds) = xds else {
         return;
@@ -124,18 +125,39 @@ pub fn fill_dump(
                 client_status: client_status(r),
             });
         }
-        if let Some(eds) = eds {
-            for (_, r) in st.endpoints.iter() {
-                eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
-                    version_info: r.version.to_string(),
-                    endpoint_config: r.value.as_ref().map(|v| any(ENDPOINT_TYPE_URL, v)),
-                    last_updated: Some(timestamp(r.last_updated)),
-                    error_state: error_state(ENDPOINT_TYPE_URL, r),
-                    client_status: client_status(r),
-                });
-            }
-        }
     });
+}
+
+/// `/config_dump?include_eds`: as Envoy, every cluster's hosts as an assignment (the
+/// bootstrap's clusters static, those from CDS dynamic); an EDS cluster's entry carries its
+/// assignment's last rejection and client status (revoy's own, as for the other types).
+pub fn endpoints_dump(process: &Process, xds: Option<&Xds>) -> EndpointsConfigDump {
+    let mut dump = EndpointsConfigDump::default();
+    for (dynamic, cla) in process.shared.clusters.assignments() {
+        if !dynamic {
+            dump.static_endpoint_configs.push(StaticEndpointConfig {
+                endpoint_config: Some(pack(&cla)),
+                last_updated: None,
+            });
+            continue;
+        }
+        let (error_state, client_status) = xds
+            .and_then(|x| {
+                x.handler.with_state(|st| {
+                    st.endpoints
+                        .get(&cla.cluster_name)
+                        .map(|r| (error_state(ENDPOINT_TYPE_URL, r), client_status(r)))
+                })
+            })
+            .unwrap_or_default();
+        dump.dynamic_endpoint_configs.push(DynamicEndpointConfig {
+            endpoint_config: Some(pack(&cla)),
+            error_state,
+            client_status,
+            ..Default::default()
+        });
+    }
+    dump
 }
 
 /// `/init_dump`: what start-up still waits for (Envoy lists its unready init targets).

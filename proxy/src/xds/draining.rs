@@ -41,10 +41,13 @@ impl Draining {
     /// versions of one name draining, the oldest (Envoy fills the dump from its newest
     /// draining listener to its oldest, each overwriting the last).
     pub fn shown(&self) -> impl Iterator<Item = (&String, &Serving)> {
-        self.entries.iter().enumerate().filter_map(|(i, (_, name, s))| {
-            let first = !self.entries[..i].iter().any(|(_, n, _)| n == name);
-            first.then_some((name, s))
-        })
+        self.entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, name, s))| {
+                let first = !self.entries[..i].iter().any(|(_, n, _)| n == name);
+                first.then_some((name, s))
+            })
     }
 }
 

@@ -515,12 +515,30 @@ impl ProxyHandler {
         }
         process.shared.clusters.apply(warmed, &[]);
         for name in u.removed {
-            st.endpoints.remove(&name);
-            for user in st.eds_users.get(&name).into_iter().flat_map(Users::iter) {
+            // Envoy's EDS takes the removal of an assignment its clusters use as an update
+            // without it (`update_empty`): their hosts stay.
+            let users: Vec<String> = st
+                .eds_users
+                .get(&name)
+                .map(|u| u.iter().cloned().collect())
+                .unwrap_or_default();
+            if users.is_empty() {
+                st.endpoints.remove(&name);
+                continue;
+            }
+            tracing::warn!(service = %name, "the server removed an endpoint assignment still in use; its clusters keep their hosts, as in Envoy");
+            for user in &users {
                 if let Some(cluster) = process.shared.clusters.get(user) {
-                    cluster.set_endpoints(&[]);
+                    let stat_name = &cluster.config().observability_name;
+                    UpdateStats::eds_empty(
+                        &process.shared.stats,
+                        stat_name,
+                        &u.version_info,
+                        Instant::now(),
+                    );
                 }
             }
+            st.endpoints.set_status(&name, Status::DoesNotExist);
         }
         self.publish_cluster_gauges(process, st);
         Applied { rejected }
@@ -786,7 +804,10 @@ impl ProxyHandler {
         name: &str,
         cfg: ListenerConfig,
     ) {
-        let old = st.listeners.get(name).and_then(|r| r.serving.as_deref().cloned());
+        let old = st
+            .listeners
+            .get(name)
+            .and_then(|r| r.serving.as_deref().cloned());
         match process.applier.upsert_listener(cfg) {
             Ok(change) => {
                 if let Some(new) = st.listeners.get(name).and_then(|r| r.value.clone()) {
@@ -903,6 +924,15 @@ impl ProxyHandler {
             }
         }
         for name in u.removed {
+            // Envoy's RDS ignores a removal of a configuration it subscribes to (the table
+            // keeps serving) and counts the update as applied.
+            if let Some(prefix) = st.rds_started.get(&name) {
+                tracing::warn!(route_config = %name, "the server removed a route configuration still in use; it keeps serving, as in Envoy");
+                UpdateStats::new(&process.shared.stats, prefix)
+                    .accepted(&u.version_info, Instant::now());
+                st.routes.set_status(&name, Status::DoesNotExist);
+                continue;
+            }
             process.applier.remove_route(&name);
             st.routes.remove(&name);
         }

@@ -29,6 +29,9 @@ pub enum Status {
     Nacked,
     /// Accepted but waiting for what it refers to (endpoints, route configurations).
     Warming,
+    /// The server said it does not exist (a Delta removal of a route configuration or an
+    /// endpoint assignment still in use); its last accepted version, if any, still serves.
+    DoesNotExist,
 }
 
 /// One resource's record. What few records have (a rejection, a version still serving
