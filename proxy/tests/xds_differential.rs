@@ -10,11 +10,14 @@
 //! cluster warming past their initial fetch timeouts, a second EDS cluster, a change to one of
 //! the two assignments: SotW sends that one alone, a listener gaining and losing an additional
 //! address, an endpoint reached at its additional address, a listener-level field changed, a
-//! filter chain alone changed); after each step both clients must have
+//! filter chain alone changed, over Delta a route configuration and an endpoint assignment in
+//! use removed (both kept, as Envoy does), an invalid endpoint assignment (NACKed, the
+//! previous endpoints kept)); after each step both clients must have
 //! answered the version for every type pushed, and the test compares per type ACK vs NACK
 //! (and which resources a NACK names), the answers to the same requests (status, which
 //! upstream, body), the resource names of the dynamic `/config_dump` sections (and the version
-//! of each draining listener), how listener updates were taken
+//! of each draining listener; with `include_eds`, each cluster's endpoints), each cluster's
+//! hosts in `/clusters`, how listener updates were taken
 //! (`listener_manager.listener_modified` / `_in_place_updated`), how many old listeners drain
 //! (`listener_manager.total_listeners_draining`) and each listener's additional addresses in
 //! `/listeners`.
@@ -832,6 +835,37 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             pushed: &[],
             requests: &[("main", "/svc"), ("main", "/")],
             known: &[],
+            unsettled: &[],
+        },
+        Step {
+            // An endpoint of weight 0 breaks the assignment's constraints: NACKed, and `svc`
+            // keeps the endpoints it had (b), in `/clusters` and for requests.
+            what: "an invalid endpoint assignment",
+            resources: vec![
+                svc(),
+                cold(),
+                eds_cluster("svc2"),
+                format!(
+                    "{{\"@type\": {EDS}, cluster_name: svc, endpoints: [{{lb_endpoints: [{{\
+                     load_balancing_weight: 0, endpoint: {{address: {{socket_address: \
+                     {{address: 127.0.0.1, port_value: {a}}}}}}}}}]}}]}}"
+                ),
+                assignment("svc2", b),
+                buffered_main("[{name: renamed, filters: [{}]}]"),
+                waiting(),
+            ],
+            pushed: &[EDS],
+            requests: &[("main", "/svc"), ("main", "/svc")],
+            // The remaining difference of proto constraints (as for the cluster above): Envoy
+            // rejects the whole response, so every EDS subscription counts the rejection;
+            // revoy rejects the one assignment (over Delta with its two attempts).
+            known: &[
+                ("stat cluster.cold.update_attempt", "+1", "+0"),
+                ("stat cluster.cold.update_rejected", "1", "0"),
+                ("stat cluster.svc2.update_attempt", "+1", "+0"),
+                ("stat cluster.svc2.update_rejected", "1", "0"),
+                ("delta: stat cluster.svc.update_attempt", "+1", "+2"),
+            ],
             unsettled: &[],
         },
     ]
