@@ -1206,3 +1206,140 @@ fn an_ipv4_compat_change_alone_keeps_the_socket() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     no_failures(running);
 }
+
+/// Envoy's draining listeners: a removed listener, and a listener replaced whole (a
+/// listener-level field changed), show their old version in `/config_dump`'s
+/// `draining_state` and count in `listener_manager.total_listeners_draining` until the drain
+/// time (`--drain-time-s`) has passed, then go, as in Envoy 1.40 (probed with it: same
+/// entries, the gauge back to 0 after the drain time; `tests/xds_differential.rs` compares
+/// the entries and the gauge step by step). A connection held on the removed listener is
+/// told to close at its next response.
+#[test]
+fn removed_and_replaced_listeners_drain_for_the_drain_time() {
+    let a = upstream("upstream-a");
+    let (port, gone) = (free_port(), free_port());
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let _revoy = start_revoy_with(
+        &ads_bootstrap(admin, xds, false),
+        admin,
+        &["--drain-time-s", "2"],
+    );
+    let main = |limit: Option<u32>| {
+        let mut l = inline_listener("main", port, &to_cluster("a"));
+        l.per_connection_buffer_limit_bytes =
+            limit.map(|value| proto::pb::google::protobuf::UInt32Value { value });
+        l
+    };
+    plane.set(
+        Snapshot::new("1")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &main(None))
+            .with_message("gone", &inline_listener("gone", gone, &to_cluster("a"))),
+    );
+    wait_live(admin);
+    let mut held = Conn::open(gone).expect("connect");
+    assert_eq!(held.get("/").expect("GET").body, "upstream-a");
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_draining"),
+        Some(0)
+    );
+
+    plane.set(
+        Snapshot::new("2")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &main(Some(65536))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "2");
+    let removed = dumped_listener(admin, "gone");
+    assert_eq!(removed["draining_state"]["version_info"], "1", "{removed}");
+    assert!(removed.get("active_state").is_none(), "{removed}");
+    assert!(removed.get("client_status").is_none(), "{removed}");
+    let replaced = dumped_listener(admin, "main");
+    assert_eq!(replaced["active_state"]["version_info"], "2", "{replaced}");
+    assert_eq!(
+        replaced["draining_state"]["version_info"], "1",
+        "{replaced}"
+    );
+    assert_eq!(
+        replaced["draining_state"]["listener"]["name"], "main",
+        "{replaced}"
+    );
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_draining"),
+        Some(2)
+    );
+    // Envoy updates in place only when the filter chains alone changed.
+    assert_eq!(stat(admin, "listener_manager.listener_modified"), Some(1));
+    assert_eq!(
+        stat(admin, "listener_manager.listener_in_place_updated"),
+        Some(0)
+    );
+    let r = held
+        .get("/")
+        .expect("GET on the removed listener's connection");
+    assert!(r.closes(), "{r:?}");
+
+    eventually("the drains to end", || {
+        (stat(admin, "listener_manager.total_listeners_draining") == Some(0)).then_some(())
+    });
+    assert!(
+        dynamic_listeners(admin).iter().all(|l| l["name"] != "gone"),
+        "the removed listener is still dumped after its drain"
+    );
+    let main = dumped_listener(admin, "main");
+    assert!(main.get("draining_state").is_none(), "{main}");
+    assert_eq!(main["active_state"]["version_info"], "2", "{main}");
+}
+
+/// Over Delta, the server's removal of a route configuration a listener still uses is
+/// ignored, as Envoy's RDS does (Envoy 1.40 compared in `tests/xds_differential.rs`): the
+/// table keeps serving and stays in `/routes`; `/config_dump` shows it with `client_status`
+/// `DOES_NOT_EXIST` (revoy's own: Envoy fills no client status).
+#[test]
+fn a_route_configuration_removed_over_delta_keeps_serving() {
+    let a = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(true);
+    let with_routes = |version: &str, routes: bool| {
+        let s = Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &rds_listener("main", port, "main", "r"));
+        if routes {
+            s.with_message("r", &route_config("r", &to_cluster("a")))
+        } else {
+            s
+        }
+    };
+    plane.set(with_routes("1", true));
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let (_, tables) = admin_get(admin, "/routes");
+    assert!(
+        tables.contains("\"r\""),
+        "the RDS table is not in /routes: {tables}"
+    );
+    let dumped = |admin: u16| {
+        let (_, dump) = admin_get(admin, "/config_dump?resource=dynamic_route_configs");
+        let dump: serde_json::Value = serde_json::from_str(&dump).expect("config_dump json");
+        dump["configs"][0].clone()
+    };
+    assert_eq!(dumped(admin)["client_status"], "ACKED");
+
+    plane.set(with_routes("2", false));
+    plane.ack(ROUTE_TYPE_URL, "2");
+    let entry = dumped(admin);
+    assert_eq!(entry["client_status"], "DOES_NOT_EXIST", "{entry}");
+    assert_eq!(entry["route_config"]["name"], "r", "{entry}");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let (_, tables) = admin_get(admin, "/routes");
+    assert!(
+        tables.contains("\"r\""),
+        "the removed table left /routes: {tables}"
+    );
+
+    // Sent again, it is ACKED again.
+    plane.set(with_routes("3", true));
+    plane.ack(ROUTE_TYPE_URL, "3");
+    assert_eq!(dumped(admin)["client_status"], "ACKED");
+}

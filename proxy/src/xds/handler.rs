@@ -452,6 +452,9 @@ impl ProxyHandler {
             // An unchanged assignment still ends its clusters' warming (a cluster's new
             // version waits for the control plane to send it again).
             let unchanged = st.endpoints.unchanged(&r.name, &r.value);
+            if unchanged {
+                st.endpoints.resent(&r.name);
+            }
             if unchanged && !users.iter().any(|u| st.warming_clusters.contains_key(u)) {
                 for name in &counted {
                     UpdateStats::eds_unchanged(&process.shared.stats, name, &u.version_info, since);
@@ -880,6 +883,7 @@ impl ProxyHandler {
             let since = Instant::now();
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
             if st.routes.unchanged(&r.name, &r.value) {
+                st.routes.resent(&r.name);
                 for p in &prefixes {
                     UpdateStats::new(&process.shared.stats, p).accepted(&u.version_info, since);
                 }

@@ -162,6 +162,16 @@ impl Records {
         }
     }
 
+    /// `name` was sent again unchanged: one the server had said does not exist is acknowledged
+    /// again.
+    pub fn resent(&mut self, name: &str) {
+        if let Some(r) = self.by_name.get_mut(name)
+            && r.status == Status::DoesNotExist
+        {
+            r.status = Status::Acked;
+        }
+    }
+
     /// Records that `version` of `name` was rejected; the accepted version, if any, stays.
     pub fn reject(&mut self, name: &str, version: &str, value: Bytes, reason: &str) {
         let error = Box::new(ErrorState {
