@@ -1343,3 +1343,64 @@ fn a_route_configuration_removed_over_delta_keeps_serving() {
     plane.ack(ROUTE_TYPE_URL, "3");
     assert_eq!(dumped(admin)["client_status"], "ACKED");
 }
+
+/// An upstream on 127.0.0.1 answering one request: it says when the request has arrived
+/// (the first receiver), and answers 200 `slow` once the sender is used (or dropped).
+fn held_upstream() -> (
+    u16,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    use std::io::{BufRead, Write};
+    let port = free_port();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind upstream");
+    let (arrived_tx, arrived) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let Ok((conn, _)) = listener.accept() else {
+            return;
+        };
+        let mut reader = std::io::BufReader::new(conn.try_clone().expect("clone"));
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+            line.clear();
+        }
+        let _ = arrived_tx.send(());
+        let _ = release_rx.recv();
+        let mut conn = conn;
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow");
+    });
+    (port, arrived, release)
+}
+
+/// A request in flight to a cluster that CDS removes completes with the upstream's answer
+/// (Envoy keeps a removed cluster's connections until their requests end); the next request
+/// gets 503 (no cluster).
+#[test]
+fn a_request_in_flight_to_a_removed_cluster_completes() {
+    let (slow, arrived, release) = held_upstream();
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let listener = inline_listener("main", port, &to_cluster("slow"));
+    plane.set(
+        Snapshot::new("1")
+            .with_message("slow", &static_cluster("slow", slow))
+            .with_message("main", &listener),
+    );
+    wait_live(admin);
+    let request = std::thread::spawn(move || {
+        let mut conn = Conn::open(port).expect("connect");
+        conn.get("/").expect("the in-flight request")
+    });
+    arrived
+        .recv_timeout(WAIT)
+        .expect("the request reached the upstream");
+    plane.set(Snapshot::new("2").with_message("main", &listener));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.cluster_removed"), Some(1));
+    release.send(()).expect("release the upstream");
+    let r = request.join().expect("request thread");
+    assert_eq!((r.status, r.body.as_str()), (200, "slow"), "{r:?}");
+    let after = get(port, "/").expect("GET after the removal");
+    assert_eq!(after.status, 503, "{after:?}");
+}
