@@ -123,7 +123,9 @@ mod tests {
         };
         assert!(in_place(&encoded(&old), &encoded(&chains)));
         let level = ListenerProto {
-            per_connection_buffer_limit_bytes: Some(5000),
+            per_connection_buffer_limit_bytes: Some(proto::pb::google::protobuf::UInt32Value {
+                value: 5000,
+            }),
             ..old.clone()
         };
         assert!(!in_place(&encoded(&old), &encoded(&level)));
