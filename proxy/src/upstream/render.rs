@@ -187,7 +187,6 @@ pub(crate) fn assignment(c: &Cluster) -> ClusterLoadAssignment {
                         region: h.locality.region.clone(),
                         zone: h.locality.zone.clone(),
                         sub_zone: h.locality.sub_zone.clone(),
-                        ..Default::default()
                     }),
                     priority: h.priority,
                     load_balancing_weight: Some(UInt32Value { value: 0 }),
