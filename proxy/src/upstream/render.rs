@@ -6,10 +6,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
-use proto::pb::envoy::config::core::v3::{
-    Address, HealthStatus as CoreHealth, Locality as LocalityProto, SocketAddress, address,
-    socket_address,
-};
+use proto::pb::envoy::config::core::v3::{HealthStatus as CoreHealth, Locality as LocalityProto};
 use proto::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
     cluster_load_assignment::Policy, endpoint::AdditionalAddress, lb_endpoint,
@@ -20,6 +17,7 @@ use proto::pb::google::protobuf::UInt32Value;
 use super::cluster::Cluster;
 use super::host::Host;
 use crate::config::cluster::{Discovery, HealthStatus};
+use crate::config::listener::address_proto;
 
 fn cluster_hosts(c: &Cluster) -> Vec<Arc<Host>> {
     let mut hosts = c.host_set().hosts().to_vec();
@@ -208,18 +206,6 @@ pub(crate) fn assignment(c: &Cluster) -> ClusterLoadAssignment {
     }
 }
 
-fn socket_address(addr: std::net::SocketAddr) -> Address {
-    Address {
-        address: Some(address::Address::SocketAddress(SocketAddress {
-            address: addr.ip().to_string(),
-            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                addr.port(),
-            ))),
-            ..Default::default()
-        })),
-    }
-}
-
 fn lb_endpoint(h: &Host) -> LbEndpoint {
     let health = match h.health {
         HealthStatus::Healthy => CoreHealth::Healthy,
@@ -231,14 +217,14 @@ fn lb_endpoint(h: &Host) -> LbEndpoint {
         .iter()
         .filter(|a| **a != h.addr)
         .map(|a| AdditionalAddress {
-            address: Some(socket_address(*a)),
+            address: Some(address_proto(*a)),
         })
         .collect();
     LbEndpoint {
         health_status: health as i32,
         load_balancing_weight: Some(UInt32Value { value: h.weight }),
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
-            address: Some(socket_address(h.addr)),
+            address: Some(address_proto(h.addr)),
             additional_addresses,
             hostname: h.hostname.clone(),
             health_check_config: Some(Default::default()),
