@@ -377,6 +377,9 @@ struct Step {
     unsettled: &'static [&'static str],
 }
 
+/// `main`'s renamed filter chain in the last steps.
+const RENAMED: &str = "[{name: renamed, filters: [{}]}]";
+
 /// Marks a known difference of the Delta run only.
 const DELTA_ONLY: &str = "delta: ";
 
@@ -391,16 +394,6 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             0,
             "additional_addresses: [{address: {socket_address: {address: '::1', port_value: 0}}}],",
             &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
-        )
-    };
-    // `main` with a listener-level field set, its filter chains `chains` (`{}` stands for
-    // its connection manager).
-    let buffered_main = |chains: &str| {
-        listener(
-            "main",
-            0,
-            "per_connection_buffer_limit_bytes: 65536,",
-            &chains.replace("{}", &hcm("main", &rds("routes"))),
         )
     };
     let side = || {
@@ -469,6 +462,25 @@ fn script(a: u16, b: u16) -> Vec<Step> {
         ("main", "/"),
         ("side", "/"),
     ];
+    // The clusters and listeners of the last steps: `svc`, `cold`, `svc2`, the assignments
+    // (service, port), `main` with a listener-level field and the filter chains `chains`
+    // (`{}` stands for its connection manager), `waiting`, and the route configuration
+    // when `with_routes`.
+    let late = |assignments: &[(&str, u16)], chains: &str, with_routes: bool| {
+        let mut r = vec![svc(), cold(), eds_cluster("svc2")];
+        r.extend(assignments.iter().map(|(n, p)| assignment(n, *p)));
+        r.push(listener(
+            "main",
+            0,
+            "per_connection_buffer_limit_bytes: 65536,",
+            &chains.replace("{}", &hcm("main", &rds("routes"))),
+        ));
+        r.push(waiting());
+        if with_routes {
+            r.push(routes("v5", "svc"));
+        }
+        r
+    };
     vec![
         Step {
             what: "valid initial config",
@@ -770,16 +782,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
         Step {
             // A listener-level field: a full update, the old listener drains.
             what: "a listener-level field changes",
-            resources: vec![
-                svc(),
-                cold(),
-                eds_cluster("svc2"),
-                assignment("svc", b),
-                assignment("svc2", b),
-                buffered_main("[{filters: [{}]}]"),
-                waiting(),
-                routes("v5", "svc"),
-            ],
+            resources: late(&[("svc", b), ("svc2", b)], "[{filters: [{}]}]", true),
             pushed: &[LDS],
             requests: &[("main", "/svc")],
             known: &[],
@@ -788,16 +791,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
         Step {
             // Only the filter chains: in place, no listener drains.
             what: "a listener's filter chain alone changes",
-            resources: vec![
-                svc(),
-                cold(),
-                eds_cluster("svc2"),
-                assignment("svc", b),
-                assignment("svc2", b),
-                buffered_main("[{name: renamed, filters: [{}]}]"),
-                waiting(),
-                routes("v5", "svc"),
-            ],
+            resources: late(&[("svc", b), ("svc2", b)], RENAMED, true),
             pushed: &[LDS],
             requests: &[("main", "/svc")],
             known: &[],
@@ -807,15 +801,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             // Over Delta the server removes the route configuration `main` still uses (SotW
             // sends nothing: RDS is not full-state); nothing is awaited.
             what: "a route configuration in use removed",
-            resources: vec![
-                svc(),
-                cold(),
-                eds_cluster("svc2"),
-                assignment("svc", b),
-                assignment("svc2", b),
-                buffered_main("[{name: renamed, filters: [{}]}]"),
-                waiting(),
-            ],
+            resources: late(&[("svc", b), ("svc2", b)], RENAMED, false),
             pushed: &[],
             requests: &[("main", "/svc"), ("main", "/")],
             known: &[],
@@ -824,14 +810,7 @@ fn script(a: u16, b: u16) -> Vec<Step> {
         Step {
             // Over Delta the server removes the assignment of `svc`, still a cluster.
             what: "an endpoint assignment in use removed",
-            resources: vec![
-                svc(),
-                cold(),
-                eds_cluster("svc2"),
-                assignment("svc2", b),
-                buffered_main("[{name: renamed, filters: [{}]}]"),
-                waiting(),
-            ],
+            resources: late(&[("svc2", b)], RENAMED, false),
             pushed: &[],
             requests: &[("main", "/svc"), ("main", "/")],
             known: &[],
@@ -841,19 +820,15 @@ fn script(a: u16, b: u16) -> Vec<Step> {
             // An endpoint of weight 0 breaks the assignment's constraints: NACKed, and `svc`
             // keeps the endpoints it had (b), in `/clusters` and for requests.
             what: "an invalid endpoint assignment",
-            resources: vec![
-                svc(),
-                cold(),
-                eds_cluster("svc2"),
-                format!(
+            resources: [
+                late(&[("svc2", b)], RENAMED, false),
+                vec![format!(
                     "{{\"@type\": {EDS}, cluster_name: svc, endpoints: [{{lb_endpoints: [{{\
                      load_balancing_weight: 0, endpoint: {{address: {{socket_address: \
                      {{address: 127.0.0.1, port_value: {a}}}}}}}}}]}}]}}"
-                ),
-                assignment("svc2", b),
-                buffered_main("[{name: renamed, filters: [{}]}]"),
-                waiting(),
-            ],
+                )],
+            ]
+            .concat(),
             pushed: &[EDS],
             requests: &[("main", "/svc"), ("main", "/svc")],
             // The remaining difference of proto constraints (as for the cluster above): Envoy
