@@ -736,7 +736,10 @@ fn delta_removals_rebinds_and_rejected_updates() {
     // Worker accept loops stop asynchronously (as Envoy's workers do after its ACK).
     eventually("the removed listener refuses", || refused(p2).then_some(()));
     assert_eq!(stat(admin, "cluster_manager.cluster_removed"), Some(1));
-    assert!(dynamic_listeners(admin).iter().all(|l| l["name"] != "two"));
+    // It drains (for the default 600 s drain time): its old version alone is dumped.
+    let two = dumped_listener(admin, "two");
+    assert!(two.get("active_state").is_none(), "{two}");
+    assert_eq!(two["draining_state"]["listener"]["name"], "two", "{two}");
 
     // Rebound: listener one moves to p3.
     plane.set(
@@ -903,8 +906,9 @@ fn an_updated_eds_cluster_serves_its_old_version_until_its_endpoints_come_again(
     assert_eq!(get(port, "/").expect("GET").status, 503);
 }
 
-/// Over Delta, an EDS cluster's endpoints follow their assignment, and an assignment removed
-/// leaves the cluster without hosts (503) until one comes back.
+/// Over Delta, an EDS cluster's endpoints follow their assignment; an assignment removed is
+/// taken as Envoy's EDS takes it, an update without it (`update_empty`): the cluster keeps
+/// its hosts (compared with Envoy in `tests/xds_differential.rs`) until another comes.
 #[test]
 fn delta_endpoint_updates_and_removal() {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
@@ -924,7 +928,8 @@ fn delta_endpoint_updates_and_removal() {
     assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
     plane.set(base("3"));
     plane.ack(ENDPOINT_TYPE_URL, "3");
-    assert_eq!(get(port, "/").expect("GET").status, 503);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-b"));
+    assert_eq!(stat(admin, "cluster.svc.update_empty"), Some(1));
     plane.set(base("4").with_message("svc", &assignment("svc", a)));
     plane.ack(ENDPOINT_TYPE_URL, "4");
     assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
@@ -1205,4 +1210,321 @@ fn an_ipv4_compat_change_alone_keeps_the_socket() {
     assert_eq!(body_of_v6(p).as_deref(), Ok("upstream-a"));
     std::thread::sleep(std::time::Duration::from_millis(100));
     no_failures(running);
+}
+
+/// Envoy's draining listeners: a removed listener, and a listener replaced whole (a
+/// listener-level field changed), show their old version in `/config_dump`'s
+/// `draining_state` and count in `listener_manager.total_listeners_draining` until the drain
+/// time (`--drain-time-s`) has passed, then go, as in Envoy 1.40 (probed with it: same
+/// entries, the gauge back to 0 after the drain time; `tests/xds_differential.rs` compares
+/// the entries and the gauge step by step). A connection held on the removed listener is
+/// told to close at its next response.
+#[test]
+fn removed_and_replaced_listeners_drain_for_the_drain_time() {
+    let a = upstream("upstream-a");
+    let (port, gone) = (free_port(), free_port());
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let _revoy = start_revoy_with(
+        &ads_bootstrap(admin, xds, false),
+        admin,
+        &["--drain-time-s", "2"],
+    );
+    let main = |limit: Option<u32>| {
+        let mut l = inline_listener("main", port, &to_cluster("a"));
+        l.per_connection_buffer_limit_bytes =
+            limit.map(|value| proto::pb::google::protobuf::UInt32Value { value });
+        l
+    };
+    plane.set(
+        Snapshot::new("1")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &main(None))
+            .with_message("gone", &inline_listener("gone", gone, &to_cluster("a"))),
+    );
+    wait_live(admin);
+    let mut held = Conn::open(gone).expect("connect");
+    assert_eq!(held.get("/").expect("GET").body, "upstream-a");
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_draining"),
+        Some(0)
+    );
+
+    plane.set(
+        Snapshot::new("2")
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &main(Some(65536))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "2");
+    let removed = dumped_listener(admin, "gone");
+    assert_eq!(removed["draining_state"]["version_info"], "1", "{removed}");
+    assert!(removed.get("active_state").is_none(), "{removed}");
+    assert!(removed.get("client_status").is_none(), "{removed}");
+    let replaced = dumped_listener(admin, "main");
+    assert_eq!(replaced["active_state"]["version_info"], "2", "{replaced}");
+    assert_eq!(
+        replaced["draining_state"]["version_info"], "1",
+        "{replaced}"
+    );
+    assert_eq!(
+        replaced["draining_state"]["listener"]["name"], "main",
+        "{replaced}"
+    );
+    assert_eq!(
+        stat(admin, "listener_manager.total_listeners_draining"),
+        Some(2)
+    );
+    // Envoy updates in place only when the filter chains alone changed.
+    assert_eq!(stat(admin, "listener_manager.listener_modified"), Some(1));
+    assert_eq!(
+        stat(admin, "listener_manager.listener_in_place_updated"),
+        Some(0)
+    );
+    let r = held
+        .get("/")
+        .expect("GET on the removed listener's connection");
+    assert!(r.closes(), "{r:?}");
+
+    eventually("the drains to end", || {
+        (stat(admin, "listener_manager.total_listeners_draining") == Some(0)).then_some(())
+    });
+    assert!(
+        dynamic_listeners(admin).iter().all(|l| l["name"] != "gone"),
+        "the removed listener is still dumped after its drain"
+    );
+    let main = dumped_listener(admin, "main");
+    assert!(main.get("draining_state").is_none(), "{main}");
+    assert_eq!(main["active_state"]["version_info"], "2", "{main}");
+}
+
+/// Over Delta, the server's removal of a route configuration a listener still uses is
+/// ignored, as Envoy's RDS does (Envoy 1.40 compared in `tests/xds_differential.rs`): the
+/// table keeps serving and stays in `/routes`; `/config_dump` shows it with `client_status`
+/// `DOES_NOT_EXIST` (revoy's own: Envoy fills no client status).
+#[test]
+fn a_route_configuration_removed_over_delta_keeps_serving() {
+    let a = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(true);
+    let with_routes = |version: &str, routes: bool| {
+        let s = Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &rds_listener("main", port, "main", "r"));
+        if routes {
+            s.with_message("r", &route_config("r", &to_cluster("a")))
+        } else {
+            s
+        }
+    };
+    plane.set(with_routes("1", true));
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let (_, tables) = admin_get(admin, "/routes");
+    assert!(
+        tables.contains("\"r\""),
+        "the RDS table is not in /routes: {tables}"
+    );
+    let dumped = |admin: u16| {
+        let (_, dump) = admin_get(admin, "/config_dump?resource=dynamic_route_configs");
+        let dump: serde_json::Value = serde_json::from_str(&dump).expect("config_dump json");
+        dump["configs"][0].clone()
+    };
+    assert_eq!(dumped(admin)["client_status"], "ACKED");
+
+    plane.set(with_routes("2", false));
+    plane.ack(ROUTE_TYPE_URL, "2");
+    let entry = dumped(admin);
+    assert_eq!(entry["client_status"], "DOES_NOT_EXIST", "{entry}");
+    assert_eq!(entry["route_config"]["name"], "r", "{entry}");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let (_, tables) = admin_get(admin, "/routes");
+    assert!(
+        tables.contains("\"r\""),
+        "the removed table left /routes: {tables}"
+    );
+
+    // Sent again, it is ACKED again.
+    plane.set(with_routes("3", true));
+    plane.ack(ROUTE_TYPE_URL, "3");
+    assert_eq!(dumped(admin)["client_status"], "ACKED");
+}
+
+/// An upstream on 127.0.0.1 answering one request: it says when the request has arrived
+/// (the first receiver), and answers 200 `slow` once the sender is used (or dropped).
+fn held_upstream() -> (
+    u16,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::Sender<()>,
+) {
+    use std::io::{BufRead, Write};
+    let port = free_port();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind upstream");
+    let (arrived_tx, arrived) = std::sync::mpsc::channel();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let Ok((conn, _)) = listener.accept() else {
+            return;
+        };
+        let mut reader = std::io::BufReader::new(conn.try_clone().expect("clone"));
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+            line.clear();
+        }
+        let _ = arrived_tx.send(());
+        let _ = release_rx.recv();
+        let mut conn = conn;
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow");
+    });
+    (port, arrived, release)
+}
+
+/// A request in flight to a cluster that CDS removes completes with the upstream's answer
+/// (Envoy keeps a removed cluster's connections until their requests end); the next request
+/// gets 503 (no cluster).
+#[test]
+fn a_request_in_flight_to_a_removed_cluster_completes() {
+    let (slow, arrived, release) = held_upstream();
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let listener = inline_listener("main", port, &to_cluster("slow"));
+    plane.set(
+        Snapshot::new("1")
+            .with_message("slow", &static_cluster("slow", slow))
+            .with_message("main", &listener),
+    );
+    wait_live(admin);
+    let request = std::thread::spawn(move || {
+        let mut conn = Conn::open(port).expect("connect");
+        conn.get("/").expect("the in-flight request")
+    });
+    arrived
+        .recv_timeout(WAIT)
+        .expect("the request reached the upstream");
+    plane.set(Snapshot::new("2").with_message("main", &listener));
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.cluster_removed"), Some(1));
+    release.send(()).expect("release the upstream");
+    let r = request.join().expect("request thread");
+    assert_eq!((r.status, r.body.as_str()), (200, "slow"), "{r:?}");
+    let after = get(port, "/").expect("GET after the removal");
+    assert_eq!(after.status, 503, "{after:?}");
+}
+
+/// One HTTP/2 frame: type, flags, stream id, payload.
+fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = payload.len() as u32;
+    let mut f = len.to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend(stream.to_be_bytes());
+    f.extend(payload);
+    f
+}
+
+/// Reads the next HTTP/2 frame from `conn`.
+fn h2_read(conn: &mut std::net::TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    use std::io::Read;
+    let mut head = [0u8; 9];
+    conn.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    let mut payload = vec![0; len];
+    conn.read_exact(&mut payload)?;
+    Ok((head[3], head[4], stream, payload))
+}
+
+/// An HTTP/2 client whose connection's filter chain changes over LDS while a stream is in
+/// flight: the stream completes (200 and its body), and the connection gets a GOAWAY with no
+/// error (HTTP/1.1 gets `connection: close`; Envoy drains such a connection the same way).
+#[test]
+fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() {
+    use std::io::Write;
+    const HEADERS: u8 = 1;
+    const DATA: u8 = 0;
+    const SETTINGS: u8 = 4;
+    const PING: u8 = 6;
+    const GOAWAY: u8 = 7;
+    let (slow, arrived, release) = held_upstream();
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let listener = |prefix: &str| {
+        listener_with(
+            "main",
+            port,
+            &format!(
+                "stat_prefix: {prefix}\nroute_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+                to_cluster("slow")
+            ),
+        )
+    };
+    let snapshot = |version: &str, prefix: &str| {
+        Snapshot::new(version)
+            .with_message("slow", &static_cluster("slow", slow))
+            .with_message("main", &listener(prefix))
+    };
+    plane.set(snapshot("1", "before"));
+    wait_live(admin);
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    conn.set_read_timeout(Some(WAIT)).expect("timeout");
+    let mut block = Vec::new();
+    for (n, v) in [
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "xds"),
+        (":path", "/"),
+    ] {
+        // A literal header field without indexing, new name (RFC 7541 6.2.2).
+        block.push(0);
+        block.push(n.len() as u8);
+        block.extend(n.as_bytes());
+        block.push(v.len() as u8);
+        block.extend(v.as_bytes());
+    }
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(SETTINGS, 0, 0, &[]));
+    out.extend(h2_frame(HEADERS, 0x1 | 0x4, 1, &block));
+    conn.write_all(&out).expect("write the request");
+    arrived
+        .recv_timeout(WAIT)
+        .expect("the stream reached the upstream");
+
+    plane.set(snapshot("2", "after"));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(
+        stat(admin, "listener_manager.listener_in_place_updated"),
+        Some(1)
+    );
+    release.send(()).expect("release the upstream");
+    let (mut status, mut body, mut goaway, mut ended) = (None, Vec::<u8>::new(), None, false);
+    while !(ended && goaway.is_some()) {
+        let (kind, flags, stream, payload) = h2_read(&mut conn).expect("a frame");
+        match kind {
+            SETTINGS if flags & 0x1 == 0 => conn
+                .write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
+                .expect("settings ack"),
+            PING if flags & 0x1 == 0 => conn
+                .write_all(&h2_frame(PING, 0x1, 0, &payload))
+                .expect("ping ack"),
+            // `:status: 200` is index 8 of the static table.
+            HEADERS if stream == 1 => {
+                status = Some(payload.first() == Some(&0x88));
+                ended |= flags & 0x1 != 0;
+            }
+            DATA if stream == 1 => {
+                body.extend(&payload);
+                ended |= flags & 0x1 != 0;
+            }
+            GOAWAY => {
+                let code = u32::from_be_bytes(payload[4..8].try_into().expect("goaway code"));
+                goaway = Some(code);
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        status,
+        Some(true),
+        "the in-flight stream's status is not 200"
+    );
+    assert_eq!(body, b"slow");
+    assert_eq!(goaway, Some(0), "a GOAWAY with NO_ERROR");
 }

@@ -2,8 +2,8 @@
 //! proto3-JSON codec, so every nested Any carries its `@type`.
 
 use proto::pb::envoy::admin::v3::{
-    BootstrapConfigDump, ClustersConfigDump, ConfigDump, EndpointsConfigDump, ListenersConfigDump,
-    RoutesConfigDump, clusters_config_dump::StaticCluster, listeners_config_dump::StaticListener,
+    BootstrapConfigDump, ClustersConfigDump, ConfigDump, ListenersConfigDump, RoutesConfigDump,
+    clusters_config_dump::StaticCluster, listeners_config_dump::StaticListener,
     routes_config_dump::StaticRouteConfig,
 };
 use proto::pb::envoy::config::listener::v3::filter::ConfigType;
@@ -81,14 +81,10 @@ pub fn render(process: &Process, xds: Option<&Xds>, req: &AdminRequest) -> serde
         }
     }
     let (mut clusters, mut listeners) = (clusters, listeners);
-    let mut eds = req.has("include_eds").then(EndpointsConfigDump::default);
-    super::xds::fill_dump(
-        xds,
-        &mut listeners,
-        &mut clusters,
-        &mut routes,
-        eds.as_mut(),
-    );
+    super::xds::fill_dump(xds, &mut listeners, &mut clusters, &mut routes);
+    let eds = req
+        .has("include_eds")
+        .then(|| super::xds::endpoints_dump(process, xds));
     // Envoy's order: bootstrap, clusters, endpoints, listeners, routes, secrets.
     let mut configs = vec![pack(&bootstrap), pack(&clusters)];
     if let Some(eds) = eds {

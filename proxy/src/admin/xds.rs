@@ -1,24 +1,27 @@
 //! What xDS delivered, for admin: the dynamic sections of `/config_dump` (every resource with
 //! its version, update time, client status and — for every type, not only listeners as in
-//! Envoy — its last rejection), `/init_dump`, and revoy's own `/xds` (each stream's state and
-//! the last pushes with their ACK or NACK).
+//! Envoy — its last rejection; a listener's old version while it drains), `/init_dump`, and
+//! revoy's own `/xds` (each stream's state and the last pushes with their ACK or NACK).
 
+use std::collections::BTreeMap;
 use std::time::SystemTime;
 
+use proto::pack;
 use proto::pb::envoy::admin::v3::{
     ClientResourceStatus, ClustersConfigDump, EndpointsConfigDump, ListenersConfigDump,
     RoutesConfigDump, UpdateFailureState,
     clusters_config_dump::DynamicCluster,
-    endpoints_config_dump::DynamicEndpointConfig,
+    endpoints_config_dump::{DynamicEndpointConfig, StaticEndpointConfig},
     listeners_config_dump::{DynamicListener, DynamicListenerState},
     routes_config_dump::DynamicRouteConfig,
 };
 use proto::pb::google::protobuf::Timestamp;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL};
 
+use crate::process::Process;
 use crate::xds::Xds;
 use crate::xds::handler::{Phase, any};
-use crate::xds::records::{Record, Status};
+use crate::xds::records::{Record, Serving, Status};
 
 /// A protobuf timestamp (millisecond precision, as Envoy's).
 pub fn timestamp(t: SystemTime) -> Timestamp {
@@ -34,6 +37,7 @@ fn client_status(r: &Record) -> i32 {
         Status::Acked => ClientResourceStatus::Acked,
         Status::Nacked => ClientResourceStatus::Nacked,
         Status::Warming => ClientResourceStatus::Requested,
+        Status::DoesNotExist => ClientResourceStatus::DoesNotExist,
     }) as i32
 }
 
@@ -46,14 +50,12 @@ fn error_state(type_url: &str, r: &Record) -> Option<UpdateFailureState> {
     })
 }
 
-/// Adds the dynamic listeners, clusters, route configurations (and endpoint assignments when
-/// `eds` is given) to the dump's sections.
+/// Adds the dynamic listeners, clusters and route configurations to the dump's sections.
 pub fn fill_dump(
     xds: Option<&Xds>,
     listeners: &mut ListenersConfigDump,
     clusters: &mut ClustersConfigDump,
     routes: &mut RoutesConfigDump,
-    eds: Option<&mut EndpointsConfigDump>,
 ) {
     let Some(xds) = xds else {
         return;
@@ -61,28 +63,45 @@ pub fn fill_dump(
     xds.handler.with_state(|st| {
         listeners.version_info = st.lds_version.clone();
         clusters.version_info = st.cds_version.clone();
+        let dump_state = |s: &Serving| DynamicListenerState {
+            version_info: s.version.to_string(),
+            listener: Some(any(LISTENER_TYPE_URL, &s.value)),
+            last_updated: Some(timestamp(s.at)),
+        };
+        let mut dynamic: BTreeMap<&str, DynamicListener> = BTreeMap::new();
         for (name, r) in st.listeners.iter() {
-            let state = r.value.as_ref().map(|v| DynamicListenerState {
-                version_info: r.version.to_string(),
-                listener: Some(any(LISTENER_TYPE_URL, v)),
-                last_updated: Some(timestamp(r.last_updated)),
-            });
-            let warming = r.status == Status::Warming;
             // An update warming while the previous version serves: both are shown.
-            let serving = r.serving.as_ref().map(|s| DynamicListenerState {
-                version_info: s.version.to_string(),
-                listener: Some(any(LISTENER_TYPE_URL, &s.value)),
-                last_updated: Some(timestamp(s.at)),
-            });
-            listeners.dynamic_listeners.push(DynamicListener {
-                name: name.clone(),
-                active_state: if warming { serving } else { state.clone() },
-                warming_state: if warming { state } else { None },
-                draining_state: None,
-                error_state: error_state(LISTENER_TYPE_URL, r),
-                client_status: client_status(r),
-            });
+            let warming = (r.status == Status::Warming)
+                .then(|| {
+                    r.value.as_ref().map(|v| DynamicListenerState {
+                        version_info: r.version.to_string(),
+                        listener: Some(any(LISTENER_TYPE_URL, v)),
+                        last_updated: Some(timestamp(r.last_updated)),
+                    })
+                })
+                .flatten();
+            dynamic.insert(
+                name,
+                DynamicListener {
+                    name: name.clone(),
+                    active_state: r.active().as_ref().map(dump_state),
+                    warming_state: warming,
+                    draining_state: None,
+                    error_state: error_state(LISTENER_TYPE_URL, r),
+                    client_status: client_status(r),
+                },
+            );
         }
+        // A removed listener still draining has an entry of its own, with no client status
+        // (as in Envoy).
+        for (name, s) in st.draining_listeners.shown() {
+            let entry = dynamic.entry(name).or_insert_with(|| DynamicListener {
+                name: name.clone(),
+                ..Default::default()
+            });
+            entry.draining_state = Some(dump_state(s));
+        }
+        listeners.dynamic_listeners.extend(dynamic.into_values());
         for (_, r) in st.clusters.iter() {
             let dynamic = DynamicCluster {
                 version_info: r.version.to_string(),
@@ -106,18 +125,39 @@ pub fn fill_dump(
                 client_status: client_status(r),
             });
         }
-        if let Some(eds) = eds {
-            for (_, r) in st.endpoints.iter() {
-                eds.dynamic_endpoint_configs.push(DynamicEndpointConfig {
-                    version_info: r.version.to_string(),
-                    endpoint_config: r.value.as_ref().map(|v| any(ENDPOINT_TYPE_URL, v)),
-                    last_updated: Some(timestamp(r.last_updated)),
-                    error_state: error_state(ENDPOINT_TYPE_URL, r),
-                    client_status: client_status(r),
-                });
-            }
-        }
     });
+}
+
+/// `/config_dump?include_eds`: as Envoy, every cluster's hosts as an assignment (the
+/// bootstrap's clusters static, those from CDS dynamic); an EDS cluster's entry carries its
+/// assignment's last rejection and client status (revoy's own, as for the other types).
+pub fn endpoints_dump(process: &Process, xds: Option<&Xds>) -> EndpointsConfigDump {
+    let mut dump = EndpointsConfigDump::default();
+    for (dynamic, cla) in process.shared.clusters.assignments() {
+        if !dynamic {
+            dump.static_endpoint_configs.push(StaticEndpointConfig {
+                endpoint_config: Some(pack(&cla)),
+                last_updated: None,
+            });
+            continue;
+        }
+        let (error_state, client_status) = xds
+            .and_then(|x| {
+                x.handler.with_state(|st| {
+                    st.endpoints
+                        .get(&cla.cluster_name)
+                        .map(|r| (error_state(ENDPOINT_TYPE_URL, r), client_status(r)))
+                })
+            })
+            .unwrap_or_default();
+        dump.dynamic_endpoint_configs.push(DynamicEndpointConfig {
+            endpoint_config: Some(pack(&cla)),
+            error_state,
+            client_status,
+            ..Default::default()
+        });
+    }
+    dump
 }
 
 /// `/init_dump`: what start-up still waits for (Envoy lists its unready init targets).

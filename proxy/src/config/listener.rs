@@ -134,6 +134,19 @@ impl ListenerConfig {
     }
 }
 
+/// A socket address as an `Address` proto (what admin and ext_authz report).
+pub fn address_proto(addr: SocketAddr) -> Address {
+    Address {
+        address: Some(address::Address::SocketAddress(
+            proto::pb::envoy::config::core::v3::SocketAddress {
+                address: addr.ip().to_string(),
+                port_specifier: Some(PortSpecifier::PortValue(u32::from(addr.port()))),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
 /// Resolves a listener `Address` to a socket address (IP literals only, like Envoy).
 pub fn socket_addr(addr: Option<&Address>, path: &str) -> Result<SocketAddr, ConfigError> {
     let Some(address::Address::SocketAddress(sa)) = addr.and_then(|a| a.address.as_ref()) else {

@@ -187,4 +187,18 @@ impl ClusterManager {
         }
         serde_json::json!({ "cluster_statuses": statuses })
     }
+
+    /// Each cluster's hosts as an assignment (`/config_dump?include_eds`, see
+    /// [`render::assignment`]), with whether the cluster came over xDS, by cluster name.
+    pub fn assignments(
+        &self,
+    ) -> Vec<(
+        bool,
+        proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment,
+    )> {
+        self.clusters()
+            .iter()
+            .map(|c| (c.config().added_via_api, render::assignment(c)))
+            .collect()
+    }
 }

@@ -1,12 +1,23 @@
-//! The admin `/clusters` output: Envoy's text lines and its `ClusterStatuses` JSON.
+//! The admin `/clusters` output: Envoy's text lines and its `ClusterStatuses` JSON; and each
+//! cluster's hosts as `/config_dump?include_eds` shows them.
 
 use std::fmt::Write;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 
+use proto::pb::envoy::config::core::v3::{HealthStatus as CoreHealth, Locality as LocalityProto};
+use proto::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints,
+    cluster_load_assignment::Policy, endpoint::AdditionalAddress, lb_endpoint,
+};
+
+use proto::pb::google::protobuf::UInt32Value;
+
 use super::cluster::Cluster;
 use super::host::Host;
+use crate::config::cluster::{Discovery, HealthStatus};
+use crate::config::listener::address_proto;
 
 fn cluster_hosts(c: &Cluster) -> Vec<Arc<Host>> {
     let mut hosts = c.host_set().hosts().to_vec();
@@ -146,4 +157,79 @@ fn host_json(h: &Host) -> Value {
     }
     m.insert("locality".into(), Value::Object(locality));
     Value::Object(m)
+}
+
+/// The cluster's hosts as Envoy's `/config_dump?include_eds` shows them: a
+/// ClusterLoadAssignment named by its EDS service (else the cluster), one LocalityLbEndpoints
+/// per priority and locality in the order their hosts come, each host with its weight and
+/// coarse health, the default overprovisioning factor.
+pub(crate) fn assignment(c: &Cluster) -> ClusterLoadAssignment {
+    let cluster_name = match &c.config().discovery {
+        Discovery::Eds { service_name } => service_name.clone(),
+        _ => c.name().to_owned(),
+    };
+    let mut hosts = cluster_hosts(c);
+    hosts.sort_by_key(|h| h.priority);
+    let mut endpoints: Vec<LocalityLbEndpoints> = Vec::new();
+    let mut groups: Vec<(u32, Arc<crate::config::cluster::Locality>)> = Vec::new();
+    for h in &hosts {
+        let i = match groups
+            .iter()
+            .position(|(p, l)| *p == h.priority && **l == *h.locality)
+        {
+            Some(i) => i,
+            None => {
+                groups.push((h.priority, h.locality.clone()));
+                endpoints.push(LocalityLbEndpoints {
+                    locality: Some(LocalityProto {
+                        region: h.locality.region.clone(),
+                        zone: h.locality.zone.clone(),
+                        sub_zone: h.locality.sub_zone.clone(),
+                    }),
+                    priority: h.priority,
+                    load_balancing_weight: Some(UInt32Value { value: 0 }),
+                    ..Default::default()
+                });
+                endpoints.len() - 1
+            }
+        };
+        endpoints[i].lb_endpoints.push(lb_endpoint(h));
+    }
+    ClusterLoadAssignment {
+        cluster_name,
+        endpoints,
+        policy: Some(Policy {
+            overprovisioning_factor: Some(UInt32Value { value: 140 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn lb_endpoint(h: &Host) -> LbEndpoint {
+    let health = match h.health {
+        HealthStatus::Healthy => CoreHealth::Healthy,
+        HealthStatus::Degraded => CoreHealth::Degraded,
+        HealthStatus::Unhealthy | HealthStatus::Draining => CoreHealth::Unhealthy,
+    };
+    let additional_addresses = h
+        .addresses
+        .iter()
+        .filter(|a| **a != h.addr)
+        .map(|a| AdditionalAddress {
+            address: Some(address_proto(*a)),
+        })
+        .collect();
+    LbEndpoint {
+        health_status: health as i32,
+        load_balancing_weight: Some(UInt32Value { value: h.weight }),
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+            address: Some(address_proto(h.addr)),
+            additional_addresses,
+            hostname: h.hostname.clone(),
+            health_check_config: Some(Default::default()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
 }

@@ -67,7 +67,7 @@ cluster_block! {
     /// subscription's start and each outcome after it.
     Counter true update_attempt;
     /// `update_empty`: EDS updates without the cluster's assignment (Envoy keeps the counter
-    /// for every cluster; revoy's EDS never delivers one, as Envoy's SotW and Delta muxes).
+    /// for every cluster): a Delta removal of the assignment, its hosts kept.
     Counter true update_empty;
     /// `update_failure`: DNS lookups that failed (the endpoint's last addresses kept).
     Counter true update_failure;

@@ -21,7 +21,8 @@ use xds_client::{
     ROUTE_TYPE_URL, Rejected, Resource, SECRET_TYPE_URL, Update,
 };
 
-use super::records::{Records, Status};
+use super::draining::{self, Draining};
+use super::records::{Records, Serving, Status};
 use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
 use crate::apply::ListenerChange;
@@ -65,6 +66,8 @@ pub struct State {
     pub routes: Records,
     /// Endpoint assignment records, by service name.
     pub endpoints: Records,
+    /// Old versions of listeners replaced whole or removed, while they drain.
+    pub draining_listeners: Draining,
     /// Listeners waiting for their route configurations.
     warming_listeners: Waiting<ListenerConfig>,
     /// RDS names each dynamic listener (active or warming) uses.
@@ -460,6 +463,9 @@ impl ProxyHandler {
             // An unchanged assignment still ends its clusters' warming (a cluster's new
             // version waits for the control plane to send it again).
             let unchanged = st.endpoints.unchanged(&r.name, &r.value);
+            if unchanged {
+                st.endpoints.resent(&r.name);
+            }
             if unchanged && !users.iter().any(|u| st.warming_clusters.contains_key(u)) {
                 for name in &counted {
                     UpdateStats::eds_unchanged(&process.shared.stats, name, &u.version_info, since);
@@ -523,12 +529,30 @@ impl ProxyHandler {
         }
         process.shared.clusters.apply(warmed, &[]);
         for name in u.removed {
-            st.endpoints.remove(&name);
-            for user in st.eds_users.get(&name).into_iter().flat_map(Users::iter) {
+            // Envoy's EDS takes the removal of an assignment its clusters use as an update
+            // without it (`update_empty`): their hosts stay.
+            let users: Vec<String> = st
+                .eds_users
+                .get(&name)
+                .map(|u| u.iter().cloned().collect())
+                .unwrap_or_default();
+            if users.is_empty() {
+                st.endpoints.remove(&name);
+                continue;
+            }
+            tracing::warn!(service = %name, "the server removed an endpoint assignment still in use; its clusters keep their hosts, as in Envoy");
+            for user in &users {
                 if let Some(cluster) = process.shared.clusters.get(user) {
-                    cluster.set_endpoints(&[]);
+                    let stat_name = &cluster.config().observability_name;
+                    UpdateStats::eds_empty(
+                        &process.shared.stats,
+                        stat_name,
+                        &u.version_info,
+                        Instant::now(),
+                    );
                 }
             }
+            st.endpoints.set_status(&name, Status::DoesNotExist);
         }
         self.publish_cluster_gauges(process, st);
         Applied { rejected }
@@ -566,9 +590,10 @@ impl ProxyHandler {
                     }
                     if ready {
                         st.warming_listeners.remove(&name);
+                        let old = st.listeners.get(&name).and_then(|r| r.active());
                         match process.applier.upsert_listener(cfg) {
                             Ok(change) => {
-                                self.count_listener_change(change);
+                                self.listener_changed(process, st, &name, change, old, &r.value);
                                 st.listeners
                                     .accept(&name, &r.version, r.value, Status::Acked);
                             }
@@ -599,7 +624,11 @@ impl ProxyHandler {
             if let Some(prefix) = process.applier.stat_prefix_of(&name) {
                 st.stats_to_release.insert(format!("{prefix}."));
             }
+            let old = st.listeners.get(&name).and_then(|r| r.active());
             let was_active = process.applier.remove_listener(&name);
+            if let Some(old) = old.filter(|_| was_active) {
+                self.drain_listener(process, st, &name, old);
+            }
             if st.listeners.remove(&name) || was_active {
                 self.stats.listener_removed.inc();
             }
@@ -718,6 +747,55 @@ impl ProxyHandler {
         self.advance(st);
     }
 
+    /// Counts how listener `name` was updated from `old` (the version serving until then) to
+    /// `new`, and starts the drain of `old` when the update replaced it whole. The applier
+    /// keeps a listener's sockets whenever its addresses stay; Envoy updates in place only
+    /// when the filter chains alone changed ([`draining::in_place`]), so that decides.
+    fn listener_changed(
+        &self,
+        process: &Arc<Process>,
+        st: &mut State,
+        name: &str,
+        change: ListenerChange,
+        old: Option<Serving>,
+        new: &Bytes,
+    ) {
+        let change = match (&old, change) {
+            (Some(old), ListenerChange::InPlace) if !draining::in_place(&old.value, new) => {
+                ListenerChange::Rebound
+            }
+            _ => change,
+        };
+        self.count_listener_change(change);
+        if let (Some(old), ListenerChange::Rebound) = (old, change) {
+            self.drain_listener(process, st, name, old);
+        }
+    }
+
+    /// Keeps `old`, a version of listener `name` replaced whole or removed, as draining for
+    /// the drain time (`--drain-time-s`), as Envoy keeps its draining listeners.
+    fn drain_listener(&self, process: &Arc<Process>, st: &mut State, name: &str, old: Serving) {
+        let id = st.draining_listeners.add(name, old);
+        self.stats
+            .draining_listeners
+            .set(st.draining_listeners.count() as u64);
+        let Some(me) = self.me() else {
+            return;
+        };
+        let me = Arc::downgrade(&me);
+        let drain_time = Duration::from_secs(process.options.drain_time_s);
+        tokio::spawn(async move {
+            tokio::time::sleep(drain_time).await;
+            if let Some(me) = me.upgrade() {
+                let mut st = me.state.lock().expect("xds state");
+                st.draining_listeners.end(id);
+                me.stats
+                    .draining_listeners
+                    .set(st.draining_listeners.count() as u64);
+            }
+        });
+    }
+
     fn count_listener_change(&self, change: ListenerChange) {
         match change {
             ListenerChange::Added => self.stats.listener_added.inc(),
@@ -762,9 +840,15 @@ impl ProxyHandler {
         name: &str,
         cfg: ListenerConfig,
     ) {
+        let old = st
+            .listeners
+            .get(name)
+            .and_then(|r| r.serving.as_deref().cloned());
         match process.applier.upsert_listener(cfg) {
             Ok(change) => {
-                self.count_listener_change(change);
+                if let Some(new) = st.listeners.get(name).and_then(|r| r.value.clone()) {
+                    self.listener_changed(process, st, name, change, old, &new);
+                }
                 st.listeners.set_status(name, Status::Acked);
             }
             Err(e) => {
@@ -832,6 +916,7 @@ impl ProxyHandler {
             let since = Instant::now();
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
             if st.routes.unchanged(&r.name, &r.value) {
+                st.routes.resent(&r.name);
                 for p in &prefixes {
                     UpdateStats::new(&process.shared.stats, p).accepted(&u.version_info, since);
                 }
@@ -876,6 +961,15 @@ impl ProxyHandler {
             }
         }
         for name in u.removed {
+            // Envoy's RDS ignores a removal of a configuration it subscribes to (the table
+            // keeps serving) and counts the update as applied.
+            if let Some(prefix) = st.rds_started.get(&name) {
+                tracing::warn!(route_config = %name, "the server removed a route configuration still in use; it keeps serving, as in Envoy");
+                UpdateStats::new(&process.shared.stats, prefix)
+                    .accepted(&u.version_info, Instant::now());
+                st.routes.set_status(&name, Status::DoesNotExist);
+                continue;
+            }
             process.applier.remove_route(&name);
             st.routes.remove(&name);
         }

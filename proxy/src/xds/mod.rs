@@ -3,6 +3,7 @@
 //! ([`crate::apply`]). Runs on its own thread and runtime, so a large push never takes a
 //! data-path worker.
 
+pub mod draining;
 pub mod files;
 pub mod handler;
 pub mod records;

@@ -29,6 +29,9 @@ pub enum Status {
     Nacked,
     /// Accepted but waiting for what it refers to (endpoints, route configurations).
     Warming,
+    /// The server said it does not exist (a Delta removal of a route configuration or an
+    /// endpoint assignment still in use); its last accepted version, if any, still serves.
+    DoesNotExist,
 }
 
 /// One resource's record. What few records have (a rejection, a version still serving
@@ -49,6 +52,21 @@ pub struct Record {
     /// While `value` warms as an update of a resource already serving: the version still
     /// serving (`/config_dump` shows both, as Envoy's active and warming listener states).
     pub serving: Option<Box<Serving>>,
+}
+
+impl Record {
+    /// The version serving (`/config_dump`'s active state): while an update warms, the
+    /// version it replaces; else the accepted version, if any.
+    pub fn active(&self) -> Option<Serving> {
+        if self.status == Status::Warming {
+            return self.serving.as_deref().cloned();
+        }
+        self.value.as_ref().map(|value| Serving {
+            version: self.version.clone(),
+            value: value.clone(),
+            at: self.last_updated,
+        })
+    }
 }
 
 /// The version of a resource that serves while a newer one warms.
@@ -141,6 +159,16 @@ impl Records {
             if status != Status::Warming {
                 r.serving = None;
             }
+        }
+    }
+
+    /// `name` was sent again unchanged: one the server had said does not exist is acknowledged
+    /// again.
+    pub fn resent(&mut self, name: &str) {
+        if let Some(r) = self.by_name.get_mut(name)
+            && r.status == Status::DoesNotExist
+        {
+            r.status = Status::Acked;
         }
     }
 

@@ -80,11 +80,29 @@ impl UpdateStats {
     /// whose stat name is `cluster` as they were: applied, without a rebuild
     /// (`update_no_rebuild`).
     pub fn eds_unchanged(store: &Store, cluster: &str, version_info: &str, since: Instant) {
+        UpdateStats::eds_accepted_as(store, cluster, version_info, since, "update_no_rebuild");
+    }
+
+    /// An EDS update, whose applying began at `since`, that removed the assignment of the
+    /// cluster whose stat name is `cluster` (over Delta): applied as one without it
+    /// (`update_empty`), the hosts kept, as Envoy's EDS does.
+    pub fn eds_empty(store: &Store, cluster: &str, version_info: &str, since: Instant) {
+        UpdateStats::eds_accepted_as(store, cluster, version_info, since, "update_empty");
+    }
+
+    /// An EDS update of `cluster` applied, counted in its block's counter `also` too.
+    fn eds_accepted_as(
+        store: &Store,
+        cluster: &str,
+        version_info: &str,
+        since: Instant,
+        also: &str,
+    ) {
         let block = ClusterStats::block(store, cluster);
         UpdateStats::in_block(store, &block).accepted(version_info, since);
         block
-            .named_counter("update_no_rebuild")
-            .expect("the cluster layout has update_no_rebuild")
+            .named_counter(also)
+            .unwrap_or_else(|| panic!("the cluster layout has {also}"))
             .inc();
     }
 
@@ -254,6 +272,8 @@ pub struct XdsStats {
     pub listener_in_place_updated: Counter,
     /// `listener_manager.total_listeners_warming`.
     pub warming_listeners: Gauge,
+    /// `listener_manager.total_listeners_draining`.
+    pub draining_listeners: Gauge,
     /// `control_plane.connected_state`.
     pub connected_state: Gauge,
     /// `control_plane.rate_limit_enforced`.
@@ -284,6 +304,7 @@ impl XdsStats {
             listener_removed: c("listener_manager.listener_removed"),
             listener_in_place_updated: c("listener_manager.listener_in_place_updated"),
             warming_listeners: g("listener_manager.total_listeners_warming"),
+            draining_listeners: g("listener_manager.total_listeners_draining"),
             connected_state: g("control_plane.connected_state"),
             rate_limit_enforced: c("control_plane.rate_limit_enforced"),
             pending_requests: g("control_plane.pending_requests"),

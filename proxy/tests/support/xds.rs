@@ -160,8 +160,14 @@ static_resources:
 /// set to a level, revoy logs at that level to `$TMPDIR/revoy-xds-<admin>.log` (a debugging
 /// aid).
 pub fn start_revoy(yaml: &str, admin: u16) -> crate::child::Proxy {
+    start_revoy_with(yaml, admin, &[])
+}
+
+/// [`start_revoy`] with the extra command-line arguments `args`.
+pub fn start_revoy_with(yaml: &str, admin: u16, args: &[&str]) -> crate::child::Proxy {
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_revoy"));
     command.args(["--config-yaml", yaml, "--concurrency", "1"]);
+    command.args(args);
     match std::env::var("XDS_TEST_LOG") {
         Ok(level) => {
             let path = std::env::temp_dir().join(format!("revoy-xds-{admin}.log"));

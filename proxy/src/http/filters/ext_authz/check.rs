@@ -1,18 +1,17 @@
 //! The `CheckRequest` of one request: its peers, HTTP attributes, the body read for it, and
 //! the route's context extensions (Envoy's `CheckRequestUtils::createHttpCheck`).
 
-use std::net::SocketAddr;
 use std::pin::Pin;
 
 use bytes::Bytes;
 use http::{Response, StatusCode, Version};
 use http_body::Body as _;
-use proto::pb::envoy::config::core::v3::{Address, SocketAddress, address, socket_address};
 use proto::pb::envoy::service::auth::v3::{AttributeContext, CheckRequest, attribute_context};
 
 use super::super::FilterRequest;
 use crate::body::Body;
 use crate::config::http_filter::ext_authz::{BufferSettings, ExtAuthzConfig, Service};
+use crate::config::listener::address_proto;
 use crate::http::buffered_body::replay_then;
 use crate::http::local_reply::local_reply;
 
@@ -139,7 +138,7 @@ pub(super) fn request(
         .unwrap_or_default()
         .to_owned();
     let source = attribute_context::Peer {
-        address: Some(address(conn.down.peer)),
+        address: Some(address_proto(conn.down.peer)),
         service,
         principal: tls
             .and_then(|t| t.peer())
@@ -152,7 +151,7 @@ pub(super) fn request(
         ..Default::default()
     };
     let destination = attribute_context::Peer {
-        address: Some(address(conn.local)),
+        address: Some(address_proto(conn.local)),
         principal: tls
             .and_then(|t| t.local_uri_sans().first().cloned())
             .unwrap_or_default(),
@@ -207,18 +206,6 @@ fn protocol(v: Version) -> &'static str {
         Version::HTTP_2 => "HTTP/2",
         Version::HTTP_3 => "HTTP/3",
         _ => "HTTP/1.1",
-    }
-}
-
-fn address(a: SocketAddr) -> Address {
-    Address {
-        address: Some(address::Address::SocketAddress(SocketAddress {
-            address: a.ip().to_string(),
-            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(
-                a.port(),
-            ))),
-            ..Default::default()
-        })),
     }
 }
 
