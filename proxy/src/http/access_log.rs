@@ -421,11 +421,17 @@ impl http_body::Body for Logged {
                 }
             }
             Poll::Ready(None) => this.write(true, None),
-            Poll::Ready(Some(Err(_))) => {
+            Poll::Ready(Some(Err(e))) => {
+                // A stream limit resets the stream as Envoy's connection manager does: a
+                // local reset, logged without the client's `DC`.
+                let limit = super::stream_limits::limit_of(e);
                 if let Some(rec) = this.rec.as_mut() {
-                    rec.flags.set(ResponseFlag::UpstreamConnectionTermination);
+                    match limit {
+                        Some(limit) => limit.note(rec),
+                        None => rec.flags.set(ResponseFlag::UpstreamConnectionTermination),
+                    }
                 }
-                this.write(false, None);
+                this.write(limit.is_some(), None);
             }
             Poll::Pending => {}
         }

@@ -150,7 +150,8 @@ impl UpstreamError {
         }
     }
 
-    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`, `DPE`).
+    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`, `UPE`, `DPE`), as
+    /// Envoy's router maps a stream reset reason to a flag.
     pub fn response_flag(&self) -> &'static str {
         match self {
             UpstreamError::NoHealthyUpstream => "UH",
@@ -165,7 +166,14 @@ impl UpstreamError {
                 reason: ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset,
                 ..
             } => "UR",
-            UpstreamError::Reset { .. } => "UC",
+            UpstreamError::Reset {
+                reason: ResetReason::ProtocolError,
+                ..
+            } => "UPE",
+            UpstreamError::Reset {
+                reason: ResetReason::ConnectionTermination,
+                ..
+            } => "UC",
         }
     }
 

@@ -1,0 +1,185 @@
+//! Response flags against Envoy 1.40, one request each, logged by a connection manager with
+//! `stream_idle_timeout: 1s`: an upstream answering a garbage status line (`UPE`), an
+//! upstream holding the request past the idle timeout (`SI`, 504), one stalling its body
+//! after the head (`SI`, the stream reset), a route whose `idle_timeout: 0s` turns the idle
+//! timeout off, a route's `max_stream_duration` (`DT`), a circuit breaker with no room for a
+//! pending request (`UO`), a cluster without endpoints (`UH`), header-controlled fault delay
+//! and abort (`DI,FI`), and an ext_authz denial (`UAEX`). The lines and the connection
+//! manager's `downstream_rq_idle_timeout` are compared.
+
+use super::*;
+
+/// Each line: the path (the case), then what the cases differ in.
+const FLAGS: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_FLAGS_LONG% %RESPONSE_CODE_DETAILS% %UPSTREAM_CLUSTER% %UPSTREAM_REQUEST_ATTEMPT_COUNT%\n";
+
+/// The upstream (also the authorization service, under `/check`): `/garbage` answers a
+/// status line that is no HTTP, `/hold` answers after 2.5 s, `/stall` sends its head and
+/// half its body, then the rest after 2.5 s; `/check/deny...` is `403`; anything else `200`.
+fn flags_upstream() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_flags(s));
+        }
+    });
+    port
+}
+
+fn serve_flags(mut s: TcpStream) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match s.read(&mut chunk) {
+                Ok(n) if n > 0 => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    continue;
+                }
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end + 4);
+        let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+        let hold = Duration::from_millis(2500);
+        let reply: &[u8] = if path.starts_with("/check/deny") {
+            b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n"
+        } else if path.starts_with("/garbage") {
+            b"HTPT/1.1 200 OK\r\ncontent-length: 0\r\n\r\n"
+        } else if path.starts_with("/stall") {
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello ");
+            std::thread::sleep(hold);
+            b"world\n"
+        } else {
+            if path.starts_with("/hold") {
+                std::thread::sleep(hold);
+            }
+            b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n"
+        };
+        if s.write_all(reply).is_err() {
+            return;
+        }
+    }
+}
+
+fn flags_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
+    let log = logger(&dir.join("flags.log"), &text(FLAGS));
+    let endpoint = format!(
+        "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}"
+    );
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: http
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: flags
+          stream_idle_timeout: 1s
+          access_log: [{log}]
+          http_filters:
+          - {{name: envoy.filters.http.fault, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, delay: {{header_delay: {{}}, percentage: {{numerator: 100}}}}, abort: {{header_abort: {{}}, percentage: {{numerator: 100}}}}}}}}
+          - {{name: envoy.filters.http.ext_authz, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz, http_service: {{server_uri: {{uri: "http://authz.local", cluster: up, timeout: 1s}}, path_prefix: /check}}}}}}
+          - {{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - {{match: {{prefix: /noidle}}, route: {{cluster: up, idle_timeout: 0s, prefix_rewrite: /hold}}}}
+              - {{match: {{prefix: /duration}}, route: {{cluster: up, max_stream_duration: {{max_stream_duration: 0.5s}}, prefix_rewrite: /hold}}}}
+              - {{match: {{prefix: /overflow}}, route: {{cluster: full}}}}
+              - {{match: {{prefix: /empty}}, route: {{cluster: empty}}}}
+              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
+  clusters:
+  - {{name: up, connect_timeout: 1s, load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{endpoint}]}}]}}}}
+  - {{name: full, connect_timeout: 1s, circuit_breakers: {{thresholds: [{{max_pending_requests: 0}}]}}, load_assignment: {{cluster_name: full, endpoints: [{{lb_endpoints: [{endpoint}]}}]}}}}
+  - {{name: empty, connect_timeout: 1s, load_assignment: {{cluster_name: empty}}}}
+"#
+    )
+}
+
+/// The requests: a path, extra header lines, and the status line's start.
+const REQUESTS: [(&str, &str, &str); 10] = [
+    ("/ok", "", "HTTP/1.1 200"),
+    ("/garbage", "", "HTTP/1.1 502"),
+    ("/hold", "", "HTTP/1.1 504"),
+    ("/stall", "", "HTTP/1.1 200"),
+    ("/noidle", "", "HTTP/1.1 200"),
+    ("/duration", "", "HTTP/1.1 504"),
+    ("/overflow", "", "HTTP/1.1 503"),
+    ("/empty", "", "HTTP/1.1 503"),
+    (
+        "/fault",
+        "x-envoy-fault-delay-request: 100\r\nx-envoy-fault-abort-request: 503\r\n",
+        "HTTP/1.1 503",
+    ),
+    ("/deny", "", "HTTP/1.1 403"),
+];
+
+/// Runs the requests through the proxy `start` brings up; its lines and its
+/// `downstream_rq_idle_timeout`.
+fn observe_flags(
+    dir: &Path,
+    upstream: u16,
+    start: impl FnOnce(&str, u16) -> Proxy,
+) -> (Vec<String>, String) {
+    let (admin, http) = (free_port(), free_port());
+    let _proxy = start(&flags_bootstrap(admin, http, upstream, dir), http);
+    for (path, extra, status) in REQUESTS {
+        let raw =
+            format!("GET {path} HTTP/1.1\r\nhost: h.test\r\n{extra}connection: close\r\n\r\n");
+        let answer = send_raw(http, raw.as_bytes());
+        assert!(answer.starts_with(status), "{path}: {answer}");
+    }
+    let lines = read_lines(&dir.join("flags.log"), REQUESTS.len());
+    let mut s = TcpStream::connect(("127.0.0.1", admin)).expect("admin accepts");
+    s.write_all(b"GET /stats?filter=downstream_rq_idle_timeout HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+        .unwrap();
+    let mut stats = String::new();
+    let _ = s.read_to_string(&mut stats);
+    let stat = stats
+        .lines()
+        .find(|l| l.starts_with("http.flags.downstream_rq_idle_timeout"))
+        .unwrap_or("missing")
+        .to_owned();
+    (lines, stat)
+}
+
+#[test]
+fn response_flags_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("response_flags_match_envoy") else {
+        return;
+    };
+    let upstream = flags_upstream();
+    let flush = ["--file-flush-interval-msec", "50"];
+    let envoy_dir = log_dir("flags-envoy");
+    let theirs = observe_flags(&envoy_dir, upstream, |yaml, http| {
+        let mut c = Command::new(&envoy);
+        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+            .args(["--base-id", "4713", "--disable-hot-restart"])
+            .args(flush);
+        Proxy::spawn(c, || wait_port(http))
+    });
+    let revoy_dir = log_dir("flags-revoy");
+    let ours = observe_flags(&revoy_dir, upstream, |yaml, http| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
+        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+            .args(flush);
+        Proxy::spawn(c, || wait_port(http))
+    });
+    assert_eq!(
+        theirs.0.len(),
+        REQUESTS.len(),
+        "Envoy's lines: {:#?}",
+        theirs.0
+    );
+    assert_eq!(ours, theirs, "revoy (left) and Envoy (right)");
+    let _ = std::fs::remove_dir_all(&envoy_dir);
+    let _ = std::fs::remove_dir_all(&revoy_dir);
+}
