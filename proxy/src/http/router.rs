@@ -393,7 +393,14 @@ async fn route_and_forward(
             // Envoy's stream info has the route's cluster from the moment the route is
             // chosen, so a filter's reply is logged with it.
             if let Some(Action::Forward(fwd)) = selected.as_ref().map(|s| &s.route.action) {
-                let req = routing(&method, &host_full, &path, &route_headers, https, random_value);
+                let req = routing(
+                    &method,
+                    &host_full,
+                    &path,
+                    &route_headers,
+                    https,
+                    random_value,
+                );
                 if let Some(picked) = fwd.pick_cluster(&req)
                     && ctx.shared.clusters.get(&picked.name).is_some()
                 {
@@ -887,9 +894,7 @@ async fn route_and_forward(
                         r.details = Some("via_upstream".into())
                     });
                     let mut resp = match &limits {
-                        Some(l) => {
-                            resp.map(|b| l.wrap(body::boxed(b), &ctx.hcm))
-                        }
+                        Some(l) => resp.map(|b| l.wrap(body::boxed(b), &ctx.hcm)),
                         None => resp.map(body::boxed),
                     };
                     forwarding::mutate_response(resp.headers_mut(), false);

@@ -20,15 +20,15 @@ use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
 use http::{HeaderMap, Response, StatusCode};
 
+use super::Hcm;
 use super::grpc_timeout::{self, GRPC_TIMEOUT};
 use super::local_reply::{
     GRPC_DEADLINE_EXCEEDED, is_grpc, local_reply, local_reply_with_grpc_status,
 };
-use crate::body::{Body, BoxError};
-use crate::route::action::{Forward, StreamTimeouts};
-use super::Hcm;
 use super::stats::HcmStats;
 use crate::access_log::{Record, ResponseFlag};
+use crate::body::{Body, BoxError};
+use crate::route::action::{Forward, StreamTimeouts};
 
 /// Which limit ended a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
