@@ -23,6 +23,8 @@ mod cases;
 mod certs;
 #[path = "support/child.rs"]
 mod child;
+#[path = "access_log/extras.rs"]
+mod extras;
 #[path = "access_log/flags.rs"]
 mod flags;
 #[path = "access_log/flush.rs"]
