@@ -380,22 +380,12 @@ fn access_log_cases_match_envoy() {
         return;
     };
     let (upstream, dead) = (case_upstream(), free_port());
-    let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("cases-envoy");
     let mut theirs = observe_cases(&envoy_dir, "envoy", upstream, dead, |yaml, http| {
-        let mut c = Command::new(&envoy);
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(["--base-id", "4712", "--disable-hot-restart"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
+        envoy_proxy(&envoy, yaml, "4712", http)
     });
     let revoy_dir = log_dir("cases-revoy");
-    let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, |yaml, http| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
-    });
+    let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, revoy_proxy);
     for logs in [&mut theirs, &mut ours] {
         let headers = logs.last_mut().expect("the headers log");
         *headers = mask_time_left(headers);

@@ -16,32 +16,8 @@ const NO_CHAIN: &str = "%RESPONSE_FLAGS% %RESPONSE_FLAGS_LONG% %RESPONSE_CODE% %
 /// The upstream: `/trailers` answers a chunked body with trailers `x-t` and `grpc-status:
 /// 5`; `/grpc/N` answers `grpc-status: N` in its head; anything else `200 hello world`.
 fn extras_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve_extras(s));
-        }
-    });
-    port
-}
-
-fn serve_extras(mut s: TcpStream) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
-        let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+    head_upstream(|head, s| {
+        let path = head.split(' ').nth(1).unwrap_or("");
         let reply = if path == "/trailers" {
             "HTTP/1.1 200 OK\r\ncontent-type: application/grpc\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\nx-t: trailer-value\r\ngrpc-status: 5\r\n\r\n".to_owned()
         } else if let Some(code) = path.strip_prefix("/grpc/") {
@@ -51,10 +27,8 @@ fn serve_extras(mut s: TcpStream) {
         } else {
             "HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n".to_owned()
         };
-        if s.write_all(reply.as_bytes()).is_err() {
-            return;
-        }
-    }
+        s.write_all(reply.as_bytes()).is_ok()
+    })
 }
 
 /// The loggers of the connection manager: a name (its file) and its `typed_config` after
@@ -88,19 +62,9 @@ fn extras_loggers(dir: &Path) -> String {
 
 fn extras_bootstrap(admin: u16, http: u16, nochain: u16, upstream: u16, dir: &Path) -> String {
     let listener_log = logger(&dir.join("nochain.log"), &text(NO_CHAIN));
+    let head = hcm_bootstrap_head(admin, http, "extras");
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: extras
-          http_protocol_options: {{enable_trailers: true}}
+        r#"{head}          http_protocol_options: {{enable_trailers: true}}
           access_log: [{loggers}]
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
@@ -182,22 +146,12 @@ fn access_log_extras_match_envoy() {
         return;
     };
     let upstream = extras_upstream();
-    let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("extras-envoy");
     let theirs = observe_extras(&envoy_dir, upstream, |yaml, http| {
-        let mut c = Command::new(&envoy);
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(["--base-id", "4714", "--disable-hot-restart"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
+        envoy_proxy(&envoy, yaml, "4714", http)
     });
     let revoy_dir = log_dir("extras-revoy");
-    let ours = observe_extras(&revoy_dir, upstream, |yaml, http| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
-    });
+    let ours = observe_extras(&revoy_dir, upstream, revoy_proxy);
     let mut failures = Vec::new();
     for (((name, n), e), r) in FILES.iter().zip(&theirs).zip(&ours) {
         if e.len() != *n {

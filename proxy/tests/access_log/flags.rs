@@ -16,32 +16,8 @@ const FLAGS: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_FLA
 /// status line that is no HTTP, `/hold` answers after 2.5 s, `/stall` sends its head and
 /// half its body, then the rest after 2.5 s; `/check/deny...` is `403`; anything else `200`.
 fn flags_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve_flags(s));
-        }
-    });
-    port
-}
-
-fn serve_flags(mut s: TcpStream) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
-        let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+    head_upstream(|head, s| {
+        let path = head.split(' ').nth(1).unwrap_or("");
         let hold = Duration::from_millis(2500);
         let reply: &[u8] = if path.starts_with("/check/deny") {
             b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\n\r\n"
@@ -57,10 +33,8 @@ fn serve_flags(mut s: TcpStream) {
             }
             b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n"
         };
-        if s.write_all(reply).is_err() {
-            return;
-        }
-    }
+        s.write_all(reply).is_ok()
+    })
 }
 
 fn flags_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
@@ -68,19 +42,9 @@ fn flags_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
     let endpoint = format!(
         "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}"
     );
+    let head = hcm_bootstrap_head(admin, http, "flags");
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: flags
-          stream_idle_timeout: 1s
+        r#"{head}          stream_idle_timeout: 1s
           access_log: [{log}]
           http_filters:
           - {{name: envoy.filters.http.fault, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, delay: {{header_delay: {{}}, percentage: {{numerator: 100}}}}, abort: {{header_abort: {{}}, percentage: {{numerator: 100}}}}}}}}
@@ -157,22 +121,12 @@ fn response_flags_match_envoy() {
         return;
     };
     let upstream = flags_upstream();
-    let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("flags-envoy");
     let theirs = observe_flags(&envoy_dir, upstream, |yaml, http| {
-        let mut c = Command::new(&envoy);
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(["--base-id", "4713", "--disable-hot-restart"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
+        envoy_proxy(&envoy, yaml, "4713", http)
     });
     let revoy_dir = log_dir("flags-revoy");
-    let ours = observe_flags(&revoy_dir, upstream, |yaml, http| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
-    });
+    let ours = observe_flags(&revoy_dir, upstream, revoy_proxy);
     assert_eq!(
         theirs.0.len(),
         REQUESTS.len(),
