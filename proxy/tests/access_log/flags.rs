@@ -2,10 +2,12 @@
 //! `stream_idle_timeout: 1s`: an upstream answering a garbage status line (`UPE`), an
 //! upstream holding the request past the idle timeout (`SI`, 504), one stalling its body
 //! after the head (`SI`, the stream reset), a route whose `idle_timeout: 0s` turns the idle
-//! timeout off, a route's `max_stream_duration` (`DT`), a circuit breaker with no room for a
+//! timeout off, a route's `max_stream_duration` (no flag: Envoy sets `DT` only on
+//! tcp_proxy), a circuit breaker with no room for a
 //! pending request (`UO`), a cluster without endpoints (`UH`), header-controlled fault delay
-//! and abort (`DI,FI`), and an ext_authz denial (`UAEX`). The lines and the connection
-//! manager's `downstream_rq_idle_timeout` are compared.
+//! and abort (`DI,FI`), an ext_authz denial (`UAEX`), and request bodies that stall past the
+//! idle timeout (408) or trickle in within it (each byte restarts it). The lines and the
+//! connection manager's `downstream_rq_idle_timeout` are compared.
 
 use super::*;
 
@@ -101,7 +103,16 @@ fn observe_flags(
         let answer = send_raw(http, raw.as_bytes());
         assert!(answer.starts_with(status), "{path}: {answer}");
     }
-    let lines = read_lines(&dir.join("flags.log"), REQUESTS.len());
+    // A request body still arriving: a pause past the idle timeout ends the request (408, the
+    // request unfinished), pauses shorter than it restart the timer each time.
+    for (path, pauses, status) in [
+        ("/upload/stalled", &[2000][..], "HTTP/1.1 408"),
+        ("/upload/trickle", &[600, 600, 600][..], "HTTP/1.1 200"),
+    ] {
+        let answer = trickle(http, path, pauses);
+        assert!(answer.starts_with(status), "{path}: {answer}");
+    }
+    let lines = read_lines(&dir.join("flags.log"), REQUESTS.len() + 2);
     let mut s = TcpStream::connect(("127.0.0.1", admin)).expect("admin accepts");
     s.write_all(b"GET /stats?filter=downstream_rq_idle_timeout HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
         .unwrap();
@@ -113,6 +124,25 @@ fn observe_flags(
         .unwrap_or("missing")
         .to_owned();
     (lines, stat)
+}
+
+/// A POST to `path` whose body comes a byte at a time: one at once, then one after each of
+/// `pauses` (milliseconds); the answer, read to its end.
+fn trickle(http: u16, path: &str, pauses: &[u64]) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: h.test\r\ncontent-length: {}\r\nconnection: close\r\n\r\nx",
+        pauses.len() + 1
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    for ms in pauses {
+        std::thread::sleep(Duration::from_millis(*ms));
+        let _ = s.write_all(b"x");
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
 }
 
 #[test]
@@ -129,7 +159,7 @@ fn response_flags_match_envoy() {
     let ours = observe_flags(&revoy_dir, upstream, revoy_proxy);
     assert_eq!(
         theirs.0.len(),
-        REQUESTS.len(),
+        REQUESTS.len() + 2,
         "Envoy's lines: {:#?}",
         theirs.0
     );
