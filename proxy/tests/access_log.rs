@@ -29,6 +29,8 @@ mod extras;
 mod flags;
 #[path = "access_log/flush.rs"]
 mod flush;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
