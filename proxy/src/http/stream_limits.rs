@@ -168,9 +168,11 @@ impl StreamLimits {
         crate::body::boxed(Limited {
             inner: body,
             hcm: Arc::clone(hcm),
-            idle: self.idle,
-            idle_timer: self.idle.map(|i| Box::pin(sleep(i))),
-            deadline: self.deadline.map(|d| Box::pin(sleep_until(d))),
+            limits: *self,
+            moved: false,
+            armed: false,
+            idle_timer: None,
+            deadline: None,
         })
     }
 }
@@ -283,10 +285,18 @@ impl StreamLimits {
 }
 
 /// A body cut off by an idle timer (reset on every frame) and an absolute deadline.
+///
+/// The timers are made the first time the body has to wait (a body whose frames are all at
+/// hand never arms one), and the idle timer is restarted when the body waits again after a
+/// frame.
 struct Limited {
     inner: Body,
     hcm: Arc<Hcm>,
-    idle: Option<Duration>,
+    limits: StreamLimits,
+    /// A frame went by since the idle timer was last (re)started.
+    moved: bool,
+    /// The timers were made.
+    armed: bool,
     idle_timer: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
 }
@@ -310,11 +320,19 @@ impl HttpBody for Limited {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.idle) {
-                timer.as_mut().reset(Instant::now() + idle);
-            }
+            this.moved = true;
             return Poll::Ready(frame);
         }
+        if !this.armed {
+            this.armed = true;
+            this.idle_timer = this.limits.idle.map(|i| Box::pin(sleep(i)));
+            this.deadline = this.limits.deadline.map(|d| Box::pin(sleep_until(d)));
+        } else if let (true, Some(timer), Some(idle)) =
+            (this.moved, this.idle_timer.as_mut(), this.limits.idle)
+        {
+            timer.as_mut().reset(Instant::now() + idle);
+        }
+        this.moved = false;
         if this
             .deadline
             .as_mut()
