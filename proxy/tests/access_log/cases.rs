@@ -136,18 +136,7 @@ fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -
         )
     };
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          preserve_external_request_id: true
+        r#"{head}          preserve_external_request_id: true
           tracing: {{random_sampling: {{value: 0}}}}
           upgrade_configs: [{{upgrade_type: websocket}}]
           access_log: [{logs}]
@@ -171,6 +160,7 @@ static_resources:
               - {{name: teapot, match: {{prefix: /teapot}}, direct_response: {{status: 418}}}}
   clusters:{up}{dead_c}
 "#,
+        head = hcm_bootstrap_head(admin, http, "http"),
         logs = logs.join(", "),
         up = cluster("up", upstream),
         dead_c = cluster("dead", dead),
