@@ -23,8 +23,14 @@ mod cases;
 mod certs;
 #[path = "support/child.rs"]
 mod child;
+#[path = "access_log/extras.rs"]
+mod extras;
+#[path = "access_log/flags.rs"]
+mod flags;
 #[path = "access_log/flush.rs"]
 mod flush;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -56,52 +62,17 @@ const TCP: &str = "%UPSTREAM_HOST% %UPSTREAM_CLUSTER% %BYTES_RECEIVED% %BYTES_SE
 /// The upstream: `/slow` answers after 1.5 s, `/reset` closes without answering, anything
 /// else is `200` with `hello world\n`.
 fn http_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve_upstream(s));
-        }
-    });
-    port
-}
-
-fn serve_upstream(mut s: TcpStream) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(0, |v| v.trim().parse().unwrap_or(0));
-        while buf.len() < end + 4 + length {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                _ => return,
-            }
-        }
-        buf.drain(..end + 4 + length);
+    head_upstream(|head, s| {
+        let head = head.to_ascii_lowercase();
         if head.starts_with("get /reset") {
-            return;
+            return false;
         }
         if head.starts_with("get /slow") {
             std::thread::sleep(Duration::from_millis(1500));
         }
-        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n";
-        if s.write_all(reply).is_err() {
-            return;
-        }
-    }
+        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n")
+            .is_ok()
+    })
 }
 
 /// A TCP upstream that echoes what it reads.
@@ -174,18 +145,7 @@ fn bootstrap(p: &Ports, upstream: u16, echo: u16, dead: u16, dir: &Path) -> Stri
         )
     };
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          access_log: [{logs}]
+        r#"{head}          access_log: [{logs}]
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
             validate_clusters: false
@@ -201,8 +161,7 @@ static_resources:
               - {{name: direct, match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: abc}}}}}}{tcp}{tcp_dead}
   clusters:{up}{echo_c}{dead_c}
 "#,
-        admin = p.admin,
-        http = p.http,
+        head = hcm_bootstrap_head(p.admin, p.http, "http"),
         tcp = tcp_listener("tcp", p.tcp, "echo"),
         tcp_dead = tcp_listener("tcp_dead", p.tcp_dead, "dead"),
         up = cluster("up", upstream),
@@ -383,6 +342,91 @@ fn wait_port(port: u16) -> bool {
     TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
+/// Envoy on `yaml` (hot-restart base id `base_id`), its files flushed every 50 ms, once it
+/// accepts on `http`.
+fn envoy_proxy(envoy: &Path, yaml: &str, base_id: &str, http: u16) -> Proxy {
+    let mut c = Command::new(envoy);
+    c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--base-id", base_id, "--disable-hot-restart"])
+        .args(["--file-flush-interval-msec", "50"]);
+    Proxy::spawn(c, || wait_port(http))
+}
+
+/// revoy on `yaml`, its files flushed every 50 ms, once it accepts on `http`.
+fn revoy_proxy(yaml: &str, http: u16) -> Proxy {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
+    c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+        .args(["--file-flush-interval-msec", "50"]);
+    Proxy::spawn(c, || wait_port(http))
+}
+
+/// The start of a bootstrap: the admin, and a listener on `http` whose connection manager
+/// (`stat_prefix`) the caller goes on to configure at its indentation.
+fn hcm_bootstrap_head(admin: u16, http: u16, stat_prefix: &str) -> String {
+    format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: http
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {stat_prefix}
+"#
+    )
+}
+
+/// An upstream on a port of its own: on each connection, every request's head is read (its
+/// `content-length` body skipped) and handed to `answer` (the head as sent, and the
+/// connection), which replies and says whether to go on with the connection.
+fn head_upstream(answer: fn(&str, &mut TcpStream) -> bool) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            std::thread::spawn(move || serve_heads(s, answer));
+        }
+    });
+    port
+}
+
+fn serve_heads(mut s: TcpStream, answer: fn(&str, &mut TcpStream) -> bool) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match s.read(&mut chunk) {
+                Ok(n) if n > 0 => {
+                    buf.extend_from_slice(&chunk[..n]);
+                    continue;
+                }
+                _ => return,
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length").then(|| v.trim())
+            })
+            .map_or(0, |v| v.parse().unwrap_or(0));
+        while buf.len() < end + 4 + length {
+            match s.read(&mut chunk) {
+                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                _ => return,
+            }
+        }
+        buf.drain(..end + 4 + length);
+        if !answer(&head, &mut s) {
+            return;
+        }
+    }
+}
+
 /// Masks what differs from run to run in Istio's line: times, durations, request ids and
 /// ports.
 fn mask_istio(line: &str) -> String {
@@ -420,24 +464,12 @@ fn access_logs_match_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("access_logs_match_envoy") else {
         return;
     };
-    let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("envoy");
     let theirs = observe(&envoy_dir, |yaml| {
-        let mut c = Command::new(&envoy);
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(["--base-id", "4711", "--disable-hot-restart"])
-            .args(flush);
-        let http = port_of(yaml);
-        Proxy::spawn(c, || wait_port(http))
+        envoy_proxy(&envoy, yaml, "4711", port_of(yaml))
     });
     let revoy_dir = log_dir("revoy");
-    let ours = observe(&revoy_dir, |yaml| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(flush);
-        let http = port_of(yaml);
-        Proxy::spawn(c, || wait_port(http))
-    });
+    let ours = observe(&revoy_dir, |yaml| revoy_proxy(yaml, port_of(yaml)));
     assert_eq!(
         theirs.text.len(),
         12,

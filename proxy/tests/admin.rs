@@ -43,6 +43,7 @@ static_resources:
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
             name: local
+            validate_clusters: false
             virtual_hosts:
             - name: web
               domains: ["web.example", "web.example:*"]
@@ -50,6 +51,12 @@ static_resources:
               - name: api
                 match: {{prefix: /api}}
                 route: {{cluster: backend, prefix_rewrite: /v2}}
+              - name: gone
+                match: {{prefix: /gone}}
+                route: {{cluster: missing}}
+              - name: hostless
+                match: {{prefix: /hostless}}
+                route: {{cluster: empty}}
               - name: hello
                 match: {{prefix: /}}
                 direct_response: {{status: 200, body: {{inline_string: hi}}}}
@@ -57,6 +64,7 @@ static_resources:
   - name: backend
     connect_timeout: 1s
     load_assignment: {{cluster_name: backend, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 9}}}}}}}}]}}]}}
+  - {{name: empty, connect_timeout: 1s, load_assignment: {{cluster_name: empty}}}}
 "#
     );
     let child = Proxy::start(&yaml, || raw(admin, "GET", "/ready").0 == 200);
@@ -229,6 +237,47 @@ fn routes_explain_a_decision() {
     let (_, tables) = get(&r, "/routes");
     assert!(tables.contains("\"web.example:*\""));
     assert_eq!(get(&r, "/routes?route_config=missing").0, 404);
+}
+
+/// Where the decision answers without an upstream, the explanation carries the status, flag
+/// and details of the access-log line (those `tests/access_log.rs` and
+/// `tests/access_log/flags.rs` compare with Envoy's): no route, a missing cluster, a cluster
+/// without hosts, a direct response.
+#[test]
+fn routes_explanations_carry_the_access_log_outcome() {
+    let r = start();
+    let outcome = |path: &str| {
+        let (_, body) = get(&r, &format!("/routes?host=web.example&path={path}"));
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["decisions"][0]["access_log"].clone()
+    };
+    let expect = |code: u16, flags: Option<&str>, long: Option<&str>, details: &str| serde_json::json!({"response_code": code, "response_flags": flags, "response_flags_long": long, "response_code_details": details});
+    assert_eq!(outcome("/api/x"), serde_json::Value::Null);
+    assert_eq!(
+        outcome("/gone"),
+        expect(503, Some("NC"), Some("NoClusterFound"), "cluster_not_found")
+    );
+    assert_eq!(
+        outcome("/hostless"),
+        expect(
+            503,
+            Some("UH"),
+            Some("NoHealthyUpstream"),
+            "no_healthy_upstream"
+        )
+    );
+    assert_eq!(outcome("/"), expect(200, None, None, "direct_response"));
+    let (_, body) = get(&r, "/routes?host=nobody&path=/");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["decisions"][0]["access_log"],
+        expect(404, Some("NR"), Some("NoRouteFound"), "route_not_found")
+    );
+    let (_, text) = get(&r, "/routes?host=web.example&path=/hostless&format=text");
+    assert!(
+        text.contains("access log: 503 UH no_healthy_upstream\n"),
+        "{text}"
+    );
 }
 
 /// `/server_info` says DRAINING while health checks fail, as Envoy 1.40's does (its body is not

@@ -3,7 +3,9 @@
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{AdminRequest, AdminResponse, json, text};
+use crate::config::cluster::Discovery;
 use crate::process::Process;
+use crate::route::explain::ClusterState;
 use crate::route::{RouteRequest, RouteTable, explain};
 
 /// Renders `/routes` (all tables) or `/routes?host=..&path=..` (the decision, explained, for
@@ -54,7 +56,7 @@ pub fn render(process: &Process, req: &AdminRequest) -> AdminResponse {
         .is_some_and(|v| v == "https");
     let explanations: Vec<_> = selected
         .iter()
-        .map(|t| explain::explain(t, &route_req))
+        .map(|t| explain::explain(t, &route_req, |name| cluster_state(process, name)))
         .collect();
     if req.param("format") == Some("text") {
         text(
@@ -69,5 +71,18 @@ pub fn render(process: &Process, req: &AdminRequest) -> AdminResponse {
         json(
             &serde_json::json!({ "request": {"host": host, "path": path, "method": method.as_str()}, "decisions": explanations }),
         )
+    }
+}
+
+/// What the cluster manager knows of cluster `name`: missing, without hosts to pick (an
+/// original-destination cluster always has one, the request's destination), or ready.
+fn cluster_state(process: &Process, name: &str) -> ClusterState {
+    match process.shared.clusters.get(name) {
+        None => ClusterState::Missing,
+        Some(c) if matches!(c.config().discovery, Discovery::OriginalDst { .. }) => {
+            ClusterState::Ready
+        }
+        Some(c) if c.host_set().hosts().is_empty() => ClusterState::NoHosts,
+        Some(_) => ClusterState::Ready,
     }
 }

@@ -475,6 +475,27 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
             );
         }
     }
+    let typed_common = c
+        .typed_extension_protocol_options
+        .get(HTTP_PROTOCOL_OPTIONS)
+        .and_then(|any| proto::unpack::<HttpProtocolOptions>(any).ok())
+        .and_then(|t| t.common_http_protocol_options);
+    let max_stream_duration = [
+        (
+            typed_common.as_ref(),
+            format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]."),
+        ),
+        (c.common_http_protocol_options.as_ref(), String::new()),
+    ];
+    for (_, at) in max_stream_duration
+        .iter()
+        .filter(|(o, _)| o.is_some_and(|o| o.max_stream_duration.is_some()))
+    {
+        warnings.skipped(
+            format!("{path}.{at}common_http_protocol_options.max_stream_duration"),
+            "an upstream stream's time limit is not implemented by revoy (no UMSDR); the route's timeouts apply",
+        );
+    }
     let thresholds = c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds);
     for (i, t) in thresholds.enumerate() {
         if t.retry_budget
@@ -1119,6 +1140,25 @@ load_assignment:
         ));
         assert!(
             found[1].contains("clusters[0].dns_resolvers: "),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn an_upstream_max_stream_duration_is_reported_as_skipped() {
+        let c = cluster(
+            "name: c\ncommon_http_protocol_options: {max_stream_duration: 1s}\ntyped_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, common_http_protocol_options: {max_stream_duration: 2s}}}\n",
+        );
+        let mut warnings = crate::config::Warnings::new();
+        skipped_features(&c, "clusters[0]", &mut warnings);
+        let found: Vec<String> = warnings.iter().map(ToString::to_string).collect();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].contains("clusters[0].typed_extension_protocol_options[\"envoy.extensions.upstreams.http.v3.HttpProtocolOptions\"].common_http_protocol_options.max_stream_duration: "),
+            "{found:?}"
+        );
+        assert!(
+            found[1].contains("clusters[0].common_http_protocol_options.max_stream_duration: "),
             "{found:?}"
         );
     }

@@ -23,6 +23,7 @@ use crate::access_log::record::{Downstream, RequestHead};
 use crate::access_log::{AccessLogs, Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::Route;
+use crate::upstream::ResetReason;
 
 /// What the request body has brought so far.
 #[derive(Debug, Default)]
@@ -430,11 +431,22 @@ impl http_body::Body for Logged {
                 }
             }
             Poll::Ready(None) => this.write(true, None),
-            Poll::Ready(Some(Err(_))) => {
+            Poll::Ready(Some(Err(e))) => {
+                // A stream limit or the upstream's reset ends the stream, which is reset
+                // downstream as Envoy resets it: logged without the client's `DC`.
                 if let Some(rec) = this.rec.as_mut() {
-                    rec.flags.set(ResponseFlag::UpstreamConnectionTermination);
+                    match super::stream_limits::limit_of(e) {
+                        Some(limit) => limit.note(rec),
+                        None => {
+                            let reason = ResetReason::of_body_error(&**e);
+                            if let Some(flag) = ResponseFlag::from_short(reason.response_flag()) {
+                                rec.flags.set(flag);
+                            }
+                            rec.details = Some(reason.details_after_response_started());
+                        }
+                    }
                 }
-                this.write(false, None);
+                this.write(true, None);
             }
             Poll::Pending => {}
         }

@@ -16,7 +16,7 @@ use super::local_reply::local_reply;
 use super::mirror;
 use super::path::PathVerdict;
 use super::retry::{self, RetryState};
-use super::stream_limits::StreamLimits;
+use super::stream_limits::{BodyActivity, Limit, StreamLimits};
 use super::timeouts::Timeouts;
 use super::trace::{AttemptEnd, Seen};
 use crate::access_log::{Record, ResponseFlag};
@@ -390,6 +390,23 @@ async fn route_and_forward(
                 .extensions()
                 .get::<super::local_reply::LocalReply>()
                 .is_some();
+            // Envoy's stream info has the route's cluster from the moment the route is
+            // chosen, so a filter's reply is logged with it.
+            if let Some(Action::Forward(fwd)) = selected.as_ref().map(|s| &s.route.action) {
+                let req = routing(
+                    &method,
+                    &host_full,
+                    &path,
+                    &route_headers,
+                    https,
+                    random_value,
+                );
+                if let Some(picked) = fwd.pick_cluster(&req)
+                    && ctx.shared.clusters.get(&picked.name).is_some()
+                {
+                    note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*picked.name)));
+                }
+            }
             return match selected {
                 Some(s) if local && matches!(s.route.action, Action::Forward(_)) => {
                     let fmt = FormatContext {
@@ -733,6 +750,7 @@ async fn route_and_forward(
             let start = Instant::now();
             let limits = StreamLimits::of(
                 fwd,
+                cfg.stream_idle_timeout,
                 cfg.max_stream_duration,
                 req.headers_mut(),
                 tokio::time::Instant::from_std(stream_start),
@@ -745,7 +763,19 @@ async fn route_and_forward(
                 req.headers_mut()
                     .insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
             }
-            let (parts, downstream_body) = req.into_parts();
+            let (parts, mut downstream_body) = req.into_parts();
+            let head_limit = limits
+                .as_ref()
+                .and_then(|l| l.head_deadline(timeouts.global));
+            // Only an idle timer that may fire before the response head watches the body.
+            let body_activity = match head_limit {
+                Some((_, Limit::Idle)) if !http_body::Body::is_end_stream(&downstream_body) => {
+                    let (watched, activity) = BodyActivity::watch(downstream_body);
+                    downstream_body = watched;
+                    Some(activity)
+                }
+                _ => None,
+            };
             let needs_copy = retry.is_some() || !fwd.mirror_policies.is_empty();
             let body = if needs_copy {
                 let limit = fwd
@@ -793,21 +823,22 @@ async fn route_and_forward(
             };
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
-            let (outcome, attempts) = match limits.as_ref().and_then(StreamLimits::head_deadline) {
-                Some((at, why)) => {
-                    match tokio::time::timeout_at(at, exchange.run(parts, body)).await {
+            let (outcome, attempts) = match (limits.as_ref(), head_limit) {
+                (Some(l), Some(first)) => {
+                    match l
+                        .head_wait(exchange.run(parts, body), first, body_activity.as_ref())
+                        .await
+                    {
                         Ok(done) => done,
-                        Err(_) => {
-                            note!(|r| {
-                                let (flag, details) = why.log_facts();
-                                r.flags.set(flag);
-                                r.details = Some(details.into())
-                            });
-                            return why.reply();
+                        Err(why) => {
+                            why.count(&ctx.hcm.stats);
+                            note!(|r| why.note(r));
+                            let body_ended = body_activity.as_ref().is_none_or(BodyActivity::ended);
+                            return why.reply(body_ended);
                         }
                     }
                 }
-                None => exchange.run(parts, body).await,
+                _ => exchange.run(parts, body).await,
             };
             // Done with the exchange (and its borrow of the request's record).
             let super::attempts::Exchange {
@@ -868,7 +899,7 @@ async fn route_and_forward(
                         r.details = Some("via_upstream".into())
                     });
                     let mut resp = match &limits {
-                        Some(l) => resp.map(|b| l.wrap(body::boxed(b))),
+                        Some(l) => resp.map(|b| l.wrap(body::boxed(b), &ctx.hcm)),
                         None => resp.map(body::boxed),
                     };
                     forwarding::mutate_response(resp.headers_mut(), false);

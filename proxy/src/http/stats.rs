@@ -30,6 +30,10 @@ pub struct HcmStats {
     pub upgrades_active: Gauge,
     /// `downstream_rq_ws_on_non_ws_route`: upgrades refused (403) by the route or manager.
     pub upgrades_refused: Counter,
+    /// `downstream_rq_idle_timeout`: requests ended by their stream idle timeout.
+    pub rq_idle_timeout: Counter,
+    /// `downstream_rq_max_duration_reached`: requests ended by their time limit.
+    pub rq_max_duration_reached: Counter,
     /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
     pub cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
@@ -115,6 +119,8 @@ impl HcmStats {
             upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
             upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
+            rq_idle_timeout: store.counter(&name("downstream_rq_idle_timeout")),
+            rq_max_duration_reached: store.counter(&name("downstream_rq_max_duration_reached")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
         }

@@ -1,12 +1,16 @@
-//! A stream's limits: the route's `idle_timeout` (Envoy's stream idle timeout for the route)
-//! and its time limit: the route's `max_stream_duration` (or, with
-//! `grpc_timeout_header_max`, the request's `grpc-timeout`), else the connection manager's.
-//! Before the response head they end the request with Envoy's local replies (504 `stream
-//! timeout`; 504 `downstream duration timeout`, gRPC DEADLINE_EXCEEDED); afterwards they cut
-//! the response body, which resets the downstream stream as Envoy does.
+//! A stream's limits: its idle timeout (the route's `idle_timeout`, else the connection
+//! manager's `stream_idle_timeout`; 0 disables either) and its time limit: the route's
+//! `max_stream_duration` (or, with `grpc_timeout_header_max`, the request's `grpc-timeout`),
+//! else the connection manager's. Before the response head they end the request with Envoy's
+//! local replies (504 `stream timeout`; 504 `downstream duration timeout`, gRPC
+//! DEADLINE_EXCEEDED); afterwards they cut the response body, which resets the downstream
+//! stream as Envoy does. The idle timer before the response head is armed only when it could
+//! fire before the route timeout, and restarted by the request body's frames.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -16,17 +20,20 @@ use tokio::time::{Instant, Sleep, sleep, sleep_until};
 
 use http::{HeaderMap, Response, StatusCode};
 
+use super::Hcm;
 use super::grpc_timeout::{self, GRPC_TIMEOUT};
 use super::local_reply::{
     GRPC_DEADLINE_EXCEEDED, is_grpc, local_reply, local_reply_with_grpc_status,
 };
+use super::stats::HcmStats;
+use crate::access_log::{Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::action::{Forward, StreamTimeouts};
 
 /// Which limit ended a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Limit {
-    /// The route's `idle_timeout`.
+    /// The route's `idle_timeout` or the connection manager's `stream_idle_timeout`.
     Idle,
     /// The stream's time limit (`max_stream_duration` or `grpc-timeout`).
     Duration,
@@ -41,19 +48,33 @@ impl Limit {
         }
     }
 
-    /// The response flag and `%RESPONSE_CODE_DETAILS%` access logs give it.
-    pub fn log_facts(self) -> (crate::access_log::ResponseFlag, &'static str) {
-        use crate::access_log::ResponseFlag as F;
+    /// Notes it in a request's record as Envoy's connection manager does: `SI` and
+    /// `stream_idle_timeout`, or (no flag; `DT` is tcp_proxy's) `max_duration_timeout`.
+    pub fn note(self, rec: &mut Record) {
         match self {
-            Limit::Idle => (F::StreamIdleTimeout, "stream_idle_timeout"),
-            Limit::Duration => (F::DurationTimeout, "max_duration_timeout"),
+            Limit::Idle => {
+                rec.flags.set(ResponseFlag::StreamIdleTimeout);
+                rec.details = Some("stream_idle_timeout".into());
+            }
+            Limit::Duration => rec.details = Some("max_duration_timeout".into()),
         }
     }
 
-    /// Envoy's local reply when it fires before the response head: 504, and for a gRPC
-    /// request past its time limit DEADLINE_EXCEEDED (other limits map from the 504).
-    pub fn reply(self) -> Response<Body> {
+    /// Counts it in the connection manager's `downstream_rq_idle_timeout` or
+    /// `downstream_rq_max_duration_reached`.
+    pub fn count(self, stats: &HcmStats) {
         match self {
+            Limit::Idle => stats.rq_idle_timeout.inc(),
+            Limit::Duration => stats.rq_max_duration_reached.inc(),
+        }
+    }
+
+    /// Envoy's local reply when it fires before the response head: 504 (an idle timeout
+    /// before the request body ended: 408), and for a gRPC request past its time limit
+    /// DEADLINE_EXCEEDED (other limits map from the status).
+    pub fn reply(self, request_ended: bool) -> Response<Body> {
+        match self {
+            Limit::Idle if !request_ended => local_reply(StatusCode::REQUEST_TIMEOUT, self.text()),
             Limit::Idle => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
             Limit::Duration => local_reply_with_grpc_status(
                 StatusCode::GATEWAY_TIMEOUT,
@@ -73,16 +94,21 @@ pub struct StreamLimits {
 
 impl StreamLimits {
     /// The limits of a stream that started at `start` on route `fwd`, under the connection
-    /// manager's `max_stream_duration` `hcm_max`; `None` when it has none. On a route with
+    /// manager's `stream_idle_timeout` `hcm_idle` and `max_stream_duration` `hcm_max`; `None`
+    /// when it has none. On a route with
     /// `max_stream_duration`, a gRPC request's `grpc-timeout` is set to its time limit, as
     /// Envoy tells the upstream.
     pub fn of(
         fwd: &Forward,
+        hcm_idle: Option<Duration>,
         hcm_max: Option<Duration>,
         headers: &mut HeaderMap,
         start: Instant,
     ) -> Option<StreamLimits> {
-        let idle = fwd.idle_timeout();
+        let idle = match fwd.idle_timeout() {
+            Some(route) => Some(route).filter(|i| !i.is_zero()),
+            None => hcm_idle,
+        };
         let route = match fwd.stream_timeouts.as_deref() {
             Some(StreamTimeouts::Duration(d)) => Some(d),
             _ => None,
@@ -120,9 +146,14 @@ impl StreamLimits {
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 
-    /// When the wait for the response head must end, and the limit that fires first then.
-    pub fn head_deadline(&self) -> Option<(Instant, Limit)> {
-        let idle_at = self.idle.map(|i| Instant::now() + i);
+    /// When the wait for the response head must end, and the limit that fires first then,
+    /// under the route timeout `global` (which starts now): an idle timeout not shorter than
+    /// it cannot fire first, so it arms no timer.
+    pub fn head_deadline(&self, global: Option<Duration>) -> Option<(Instant, Limit)> {
+        let idle_at = self
+            .idle
+            .filter(|i| global.is_none_or(|g| *i < g))
+            .map(|i| Instant::now() + i);
         match (idle_at, self.deadline) {
             (Some(i), Some(d)) if d <= i => Some((d, Limit::Duration)),
             (Some(i), _) => Some((i, Limit::Idle)),
@@ -131,21 +162,141 @@ impl StreamLimits {
         }
     }
 
-    /// Wraps a response body so that it fails when idle too long or past the deadline.
-    pub fn wrap(&self, body: Body) -> Body {
+    /// Wraps a response body so that it fails when idle too long or past the deadline
+    /// (counted in `hcm`'s stats).
+    pub fn wrap(&self, body: Body, hcm: &Arc<Hcm>) -> Body {
         crate::body::boxed(Limited {
             inner: body,
-            idle: self.idle,
-            idle_timer: self.idle.map(|i| Box::pin(sleep(i))),
-            deadline: self.deadline.map(|d| Box::pin(sleep_until(d))),
+            hcm: Arc::clone(hcm),
+            limits: *self,
+            moved: false,
+            armed: false,
+            idle_timer: None,
+            deadline: None,
         })
     }
 }
 
+/// When a request body last moved, in milliseconds after its head wait began: what restarts
+/// the idle timer before the response head.
+#[derive(Debug, Clone)]
+pub struct BodyActivity {
+    since: Instant,
+    /// Milliseconds after `since` of the last frame, with [`ENDED`] set once the body ended.
+    last_ms: Arc<AtomicU64>,
+}
+
+/// The bit of [`BodyActivity::last_ms`] set once the body ended.
+const ENDED: u64 = 1 << 63;
+
+impl BodyActivity {
+    /// Watches `body`: each of its frames is noted. The head wait starts now.
+    pub fn watch(body: Body) -> (Body, BodyActivity) {
+        let activity = BodyActivity {
+            since: Instant::now(),
+            last_ms: Arc::default(),
+        };
+        let touched = Touched {
+            inner: body,
+            activity: activity.clone(),
+        };
+        (crate::body::boxed(touched), activity)
+    }
+
+    /// When the request body last moved (the head wait's start if it never did).
+    fn last(&self) -> Instant {
+        let ms = self.last_ms.load(Ordering::Relaxed) & !ENDED;
+        self.since + Duration::from_millis(ms)
+    }
+
+    /// Whether the request body ended (Envoy answers an idle timeout before it with 408).
+    pub fn ended(&self) -> bool {
+        self.last_ms.load(Ordering::Relaxed) & ENDED != 0
+    }
+}
+
+/// A request body whose frames are noted in a [`BodyActivity`].
+struct Touched {
+    inner: Body,
+    activity: BodyActivity,
+}
+
+impl HttpBody for Touched {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if frame.is_ready() {
+            let a = &self.activity;
+            let ms = a.since.elapsed().as_millis() as u64;
+            let ended = match &frame {
+                Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
+                _ => true,
+            };
+            a.last_ms
+                .store(if ended { ms | ENDED } else { ms }, Ordering::Relaxed);
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl StreamLimits {
+    /// Runs `wait` (the exchange up to the response head) until the limit `first` fires at
+    /// `at`: an idle timeout is pushed back by the request body's activity (`body`, when it
+    /// was watched), up to the stream's time limit. `Err` names the limit that fired.
+    pub async fn head_wait<F: Future>(
+        &self,
+        wait: F,
+        (mut at, mut first): (Instant, Limit),
+        body: Option<&BodyActivity>,
+    ) -> Result<F::Output, Limit> {
+        let mut wait = std::pin::pin!(wait);
+        loop {
+            tokio::select! {
+                biased;
+                done = &mut wait => return Ok(done),
+                () = sleep_until(at) => {}
+            }
+            let (Limit::Idle, Some(idle), Some(body)) = (first, self.idle, body) else {
+                return Err(first);
+            };
+            let idle_at = body.last() + idle;
+            if idle_at <= Instant::now() {
+                return Err(Limit::Idle);
+            }
+            (at, first) = match self.deadline {
+                Some(d) if d <= idle_at => (d, Limit::Duration),
+                _ => (idle_at, Limit::Idle),
+            };
+        }
+    }
+}
+
 /// A body cut off by an idle timer (reset on every frame) and an absolute deadline.
+///
+/// The timers are made the first time the body has to wait (a body whose frames are all at
+/// hand never arms one), and the idle timer is restarted when the body waits again after a
+/// frame.
 struct Limited {
     inner: Body,
-    idle: Option<Duration>,
+    hcm: Arc<Hcm>,
+    limits: StreamLimits,
+    /// A frame went by since the idle timer was last (re)started.
+    moved: bool,
+    /// The timers were made.
+    armed: bool,
     idle_timer: Option<Pin<Box<Sleep>>>,
     deadline: Option<Pin<Box<Sleep>>>,
 }
@@ -153,6 +304,11 @@ struct Limited {
 #[derive(Debug, thiserror::Error)]
 #[error("{}", .0.text())]
 struct LimitReached(Limit);
+
+/// The limit that cut a response body, when `e` is that body's error.
+pub fn limit_of(e: &BoxError) -> Option<Limit> {
+    e.downcast_ref::<LimitReached>().map(|l| l.0)
+}
 
 impl HttpBody for Limited {
     type Data = Bytes;
@@ -164,16 +320,25 @@ impl HttpBody for Limited {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.idle) {
-                timer.as_mut().reset(Instant::now() + idle);
-            }
+            this.moved = true;
             return Poll::Ready(frame);
         }
+        if !this.armed {
+            this.armed = true;
+            this.idle_timer = this.limits.idle.map(|i| Box::pin(sleep(i)));
+            this.deadline = this.limits.deadline.map(|d| Box::pin(sleep_until(d)));
+        } else if let (true, Some(timer), Some(idle)) =
+            (this.moved, this.idle_timer.as_mut(), this.limits.idle)
+        {
+            timer.as_mut().reset(Instant::now() + idle);
+        }
+        this.moved = false;
         if this
             .deadline
             .as_mut()
             .is_some_and(|d| d.as_mut().poll(cx).is_ready())
         {
+            Limit::Duration.count(&this.hcm.stats);
             return Poll::Ready(Some(Err(LimitReached(Limit::Duration).into())));
         }
         if this
@@ -181,6 +346,7 @@ impl HttpBody for Limited {
             .as_mut()
             .is_some_and(|t| t.as_mut().poll(cx).is_ready())
         {
+            Limit::Idle.count(&this.hcm.stats);
             return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
         }
         Poll::Pending

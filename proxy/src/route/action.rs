@@ -279,7 +279,8 @@ pub struct Forward {
 /// The forwarding settings few routes have.
 #[derive(Debug, Clone, Default)]
 pub struct MoreSettings {
-    /// `idle_timeout`: `None` when unset or 0.
+    /// `idle_timeout`: `None` when unset (the connection manager's `stream_idle_timeout`
+    /// applies), zero when set to 0 (no idle timeout on this route).
     pub idle_timeout: Option<Duration>,
     /// Hash policies, in order.
     pub hash_policies: Vec<HashPolicy>,
@@ -353,7 +354,7 @@ impl Forward {
             .any(|u| u.terminate_connect && u.upgrade_type == "connect")
     }
 
-    /// `idle_timeout`: `None` when unset or 0.
+    /// `idle_timeout`: `None` when unset, zero when disabled on this route.
     pub fn idle_timeout(&self) -> Option<Duration> {
         self.more.as_ref()?.idle_timeout
     }

@@ -133,10 +133,73 @@ pub struct Explanation {
     pub status: Option<u16>,
     /// Routes tried before the winner (or all routes, when none matched).
     pub skipped: Vec<Skipped>,
+    /// What Envoy's access log carries for a request the decision answers without an
+    /// upstream (no route, a missing cluster, a cluster without hosts, a direct response or
+    /// redirect); `None` when the request goes upstream.
+    pub access_log: Option<LoggedOutcome>,
 }
 
-/// Explains how `table` routes `req`.
-pub fn explain(table: &RouteTable, req: &RouteRequest<'_>) -> Explanation {
+/// A request's status, response flag and `%RESPONSE_CODE_DETAILS%` as Envoy logs them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct LoggedOutcome {
+    /// `%RESPONSE_CODE%`.
+    pub response_code: u16,
+    /// `%RESPONSE_FLAGS%` (`None`: `-`).
+    pub response_flags: Option<&'static str>,
+    /// `%RESPONSE_FLAGS_LONG%` (`None`: `-`).
+    pub response_flags_long: Option<&'static str>,
+    /// `%RESPONSE_CODE_DETAILS%`.
+    pub response_code_details: &'static str,
+}
+
+impl LoggedOutcome {
+    /// `NR`, `route_not_found`, 404.
+    const NO_ROUTE: LoggedOutcome = LoggedOutcome {
+        response_code: 404,
+        response_flags: Some("NR"),
+        response_flags_long: Some("NoRouteFound"),
+        response_code_details: "route_not_found",
+    };
+
+    /// `NC`, `cluster_not_found`, with the route's `cluster_not_found_response_code`.
+    fn no_cluster(code: u16) -> LoggedOutcome {
+        LoggedOutcome {
+            response_code: code,
+            response_flags: Some("NC"),
+            response_flags_long: Some("NoClusterFound"),
+            response_code_details: "cluster_not_found",
+        }
+    }
+
+    /// A direct response or redirect with `code`: no flag, `direct_response`.
+    fn direct(code: u16) -> LoggedOutcome {
+        LoggedOutcome {
+            response_code: code,
+            response_flags: None,
+            response_flags_long: None,
+            response_code_details: "direct_response",
+        }
+    }
+}
+
+/// What the cluster manager knows of a cluster a decision names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClusterState {
+    /// No cluster of that name.
+    Missing,
+    /// The cluster has no hosts to pick (Envoy: `UH`, `no_healthy_upstream`).
+    NoHosts,
+    /// The request would be sent to one of its hosts.
+    Ready,
+}
+
+/// Explains how `table` routes `req`, asking `cluster` what the cluster manager knows of the
+/// cluster picked.
+pub fn explain(
+    table: &RouteTable,
+    req: &RouteRequest<'_>,
+    cluster: impl Fn(&str) -> ClusterState,
+) -> Explanation {
     let mut e = Explanation {
         route_config: table.name().to_owned(),
         virtual_host: None,
@@ -151,6 +214,7 @@ pub fn explain(table: &RouteTable, req: &RouteRequest<'_>) -> Explanation {
         location: None,
         status: None,
         skipped: Vec::new(),
+        access_log: Some(LoggedOutcome::NO_ROUTE),
     };
     let Some((vh, domain, kind)) = table.find_virtual_host(req) else {
         return e;
@@ -200,12 +264,27 @@ pub fn explain(table: &RouteTable, req: &RouteRequest<'_>) -> Explanation {
             e.rewritten_host = sel
                 .rewritten_host(req, picked.as_ref().and_then(|p| p.weighted))
                 .map(|h| h.into_owned());
+            let not_found = LoggedOutcome::no_cluster(f.cluster_not_found_response_code.as_u16());
+            e.access_log = match e.cluster.as_deref().map(cluster) {
+                None | Some(ClusterState::Missing) => Some(not_found),
+                Some(ClusterState::NoHosts) => Some(LoggedOutcome {
+                    response_code: 503,
+                    response_flags: Some("UH"),
+                    response_flags_long: Some("NoHealthyUpstream"),
+                    response_code_details: "no_healthy_upstream",
+                }),
+                Some(ClusterState::Ready) => None,
+            };
         }
         Action::Redirect(r) => {
             e.location = sel.redirect_location(req);
             e.status = Some(r.status.as_u16());
+            e.access_log = Some(LoggedOutcome::direct(r.status.as_u16()));
         }
-        Action::DirectResponse(d) => e.status = Some(d.status.as_u16()),
+        Action::DirectResponse(d) => {
+            e.status = Some(d.status.as_u16());
+            e.access_log = Some(LoggedOutcome::direct(d.status.as_u16()));
+        }
         Action::NonForwarding => {}
     }
     e
@@ -251,6 +330,14 @@ impl Explanation {
         if let Some(s) = self.status {
             out.push_str(&format!("status: {s}\n"));
         }
+        if let Some(o) = &self.access_log {
+            out.push_str(&format!(
+                "access log: {} {} {}\n",
+                o.response_code,
+                o.response_flags.unwrap_or("-"),
+                o.response_code_details
+            ));
+        }
         out
     }
 }
@@ -279,7 +366,8 @@ mod tests {
         let t = table();
         let h = HeaderMap::new();
         let req = RouteRequest::new(&Method::GET, "www.example.com", "/api/x", &h);
-        let e = explain(&t, &req);
+        let e = explain(&t, &req, |_| ClusterState::Ready);
+        assert_eq!(e.access_log, None);
         assert_eq!(e.virtual_host.as_deref(), Some("web"));
         assert_eq!(e.domain.as_deref(), Some("*.example.com"));
         assert_eq!(e.domain_kind, Some(DomainKind::Suffix));
@@ -309,9 +397,36 @@ mod tests {
     fn explains_no_virtual_host() {
         let t = table();
         let h = HeaderMap::new();
-        let e = explain(&t, &RouteRequest::new(&Method::GET, "other.org", "/", &h));
+        let e = explain(
+            &t,
+            &RouteRequest::new(&Method::GET, "other.org", "/", &h),
+            |_| ClusterState::Ready,
+        );
         assert_eq!(e.virtual_host, None);
         assert!(e.to_text().contains("404"));
+        assert_eq!(e.access_log, Some(LoggedOutcome::NO_ROUTE));
+    }
+
+    #[test]
+    fn explains_what_the_access_log_carries() {
+        let t = table();
+        let h = HeaderMap::new();
+        let req = RouteRequest::new(&Method::GET, "www.example.com", "/exact", &h);
+        let missing = explain(&t, &req, |_| ClusterState::Missing);
+        assert_eq!(missing.access_log, Some(LoggedOutcome::no_cluster(503)));
+        let empty = explain(&t, &req, |_| ClusterState::NoHosts);
+        let o = empty.access_log.clone().unwrap();
+        assert_eq!(
+            (o.response_code, o.response_flags, o.response_code_details),
+            (503, Some("UH"), "no_healthy_upstream")
+        );
+        assert!(
+            empty
+                .to_text()
+                .contains("access log: 503 UH no_healthy_upstream\n"),
+            "{}",
+            empty.to_text()
+        );
     }
 
     #[test]

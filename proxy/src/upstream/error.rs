@@ -97,6 +97,55 @@ impl ResetReason {
     }
 }
 
+impl ResetReason {
+    /// Envoy's response flag for a stream reset for this reason (its router's
+    /// `streamResetReasonToResponseFlag`).
+    pub fn response_flag(self) -> &'static str {
+        match self {
+            ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset => "UR",
+            ResetReason::ProtocolError => "UPE",
+            ResetReason::ConnectionTermination => "UC",
+        }
+    }
+
+    /// Why an upstream response body failed with `e` after its head came: an HTTP/2 stream
+    /// reset by the peer; an HTTP/1.1 body cut short by the connection's close or broken
+    /// framing (a protocol error to Envoy's codec); else the connection ended.
+    pub fn of_body_error(e: &(dyn std::error::Error + 'static)) -> ResetReason {
+        let mut cur = Some(e);
+        while let Some(err) = cur {
+            if let Some(h2) = err.downcast_ref::<h2::Error>() {
+                return ResetReason::of_h2(h2);
+            }
+            if let Some(h1) = err.downcast_ref::<super::h1::BodyError>() {
+                return match h1 {
+                    super::h1::BodyError::Io(_) => ResetReason::ConnectionTermination,
+                    _ => ResetReason::ProtocolError,
+                };
+            }
+            cur = err.source();
+        }
+        ResetReason::ConnectionTermination
+    }
+
+    fn of_h2(h2: &h2::Error) -> ResetReason {
+        match h2.reason() {
+            Some(h2::Reason::REFUSED_STREAM) => ResetReason::RemoteRefusedStreamReset,
+            Some(_) if h2.is_remote() && !h2.is_go_away() => ResetReason::RemoteReset,
+            _ => ResetReason::ConnectionTermination,
+        }
+    }
+
+    /// Envoy's `%RESPONSE_CODE_DETAILS%` for a reset after the response head:
+    /// `upstream_reset_after_response_started{remote_reset}`.
+    pub fn details_after_response_started(self) -> String {
+        format!(
+            "upstream_reset_after_response_started{{{}}}",
+            self.as_str().replace(' ', "_")
+        )
+    }
+}
+
 impl std::fmt::Display for ResetReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -150,7 +199,8 @@ impl UpstreamError {
         }
     }
 
-    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`, `DPE`).
+    /// Envoy's response flag for access logs (`UH`, `UF`, `UO`, `UC`, `UR`, `UPE`, `DPE`), as
+    /// Envoy's router maps a stream reset reason to a flag.
     pub fn response_flag(&self) -> &'static str {
         match self {
             UpstreamError::NoHealthyUpstream => "UH",
@@ -161,11 +211,7 @@ impl UpstreamError {
             | UpstreamError::ConnectTimeout { .. }
             | UpstreamError::TlsFailure { .. }
             | UpstreamError::TransportRefused { .. } => "UF",
-            UpstreamError::Reset {
-                reason: ResetReason::RemoteReset | ResetReason::RemoteRefusedStreamReset,
-                ..
-            } => "UR",
-            UpstreamError::Reset { .. } => "UC",
+            UpstreamError::Reset { reason, .. } => reason.response_flag(),
         }
     }
 
@@ -228,11 +274,7 @@ impl UpstreamError {
         let reason = if e.is_parse() {
             ResetReason::ProtocolError
         } else if let Some(h2) = find_h2(e) {
-            match h2.reason() {
-                Some(h2::Reason::REFUSED_STREAM) => ResetReason::RemoteRefusedStreamReset,
-                Some(_) if h2.is_remote() && !h2.is_go_away() => ResetReason::RemoteReset,
-                _ => ResetReason::ConnectionTermination,
-            }
+            ResetReason::of_h2(h2)
         } else {
             ResetReason::ConnectionTermination
         };
@@ -253,8 +295,9 @@ fn os_error_text(e: &std::io::Error) -> String {
     }
 }
 
-fn find_h2(e: &hyper::Error) -> Option<&h2::Error> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+/// The HTTP/2 error `e` is or stems from.
+fn find_h2<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e h2::Error> {
+    let mut cur = Some(e);
     while let Some(err) = cur {
         if let Some(h2) = err.downcast_ref::<h2::Error>() {
             return Some(h2);

@@ -12,7 +12,6 @@
 
 use super::*;
 
-use std::collections::HashSet;
 use std::sync::Mutex;
 
 /// Each line: the case, then what the cases differ in.
@@ -58,15 +57,7 @@ const FILTERS: [(&str, &str); 10] = [
 /// minute); `/slowok` answers after 1.1 s; anything
 /// else is `200 hello world`.
 fn case_upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    let seen: &'static Mutex<HashSet<String>> = Box::leak(Box::default());
-    std::thread::spawn(move || {
-        for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve_case(s, seen));
-        }
-    });
-    port
+    head_upstream(answer_case)
 }
 
 fn header<'a>(head: &'a str, name: &str) -> &'a str {
@@ -78,62 +69,48 @@ fn header<'a>(head: &'a str, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
-fn serve_case(mut s: TcpStream, seen: &Mutex<HashSet<String>>) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
+/// The requests whose `x-run`/`x-case` `/flaky` has seen (and answered 503).
+static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn answer_case(head: &str, s: &mut TcpStream) -> bool {
+    let path = head.split(' ').nth(1).unwrap_or("");
+    if path.starts_with("/ws") {
+        let _ = s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+        );
+        let mut chunk = [0u8; 4096];
+        if path.starts_with("/wsclose") {
+            let mut echo = [0u8; 8];
+            if s.read_exact(&mut echo).is_ok() {
+                let _ = s.write_all(&echo);
             }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        buf.drain(..end + 4);
-        let path = head.split(' ').nth(1).unwrap_or("");
-        if path.starts_with("/ws") {
-            let _ = s.write_all(
-                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
-            );
-            let _ = s.write_all(&buf);
-            if path.starts_with("/wsclose") {
-                let mut echo = [0u8; 8];
-                let taken = buf.len().min(8);
-                if s.read_exact(&mut echo[taken..]).is_ok() {
-                    let _ = s.write_all(&echo[taken..]);
-                }
-                return;
-            }
-            while let Ok(n) = s.read(&mut chunk) {
-                if n == 0 && path.starts_with("/wshold") {
-                    std::thread::sleep(Duration::from_secs(60));
-                }
-                if n == 0 || s.write_all(&chunk[..n]).is_err() {
-                    return;
-                }
-            }
-            return;
+            return false;
         }
-        if path.starts_with("/flaky") {
-            let key = format!("{}/{}", header(&head, "x-run"), header(&head, "x-case"));
-            if seen.lock().unwrap().insert(key) {
-                let _ = s.write_all(
-                    b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nnope",
-                );
-                continue;
+        while let Ok(n) = s.read(&mut chunk) {
+            if n == 0 && path.starts_with("/wshold") {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+            if n == 0 || s.write_all(&chunk[..n]).is_err() {
+                return false;
             }
         }
-        if path.starts_with("/slowok") {
-            std::thread::sleep(Duration::from_millis(1100));
-        }
-        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n";
-        if s.write_all(reply).is_err() {
-            return;
+        return false;
+    }
+    if path.starts_with("/flaky") {
+        let key = format!("{}/{}", header(head, "x-run"), header(head, "x-case"));
+        let mut seen = SEEN.lock().unwrap();
+        if !seen.contains(&key) {
+            seen.push(key);
+            return s
+                .write_all(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nnope")
+                .is_ok();
         }
     }
+    if path.starts_with("/slowok") {
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n")
+        .is_ok()
 }
 
 fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -> String {
@@ -159,18 +136,7 @@ fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -
         )
     };
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          preserve_external_request_id: true
+        r#"{head}          preserve_external_request_id: true
           tracing: {{random_sampling: {{value: 0}}}}
           upgrade_configs: [{{upgrade_type: websocket}}]
           access_log: [{logs}]
@@ -194,6 +160,7 @@ static_resources:
               - {{name: teapot, match: {{prefix: /teapot}}, direct_response: {{status: 418}}}}
   clusters:{up}{dead_c}
 "#,
+        head = hcm_bootstrap_head(admin, http, "http"),
         logs = logs.join(", "),
         up = cluster("up", upstream),
         dead_c = cluster("dead", dead),
@@ -380,22 +347,12 @@ fn access_log_cases_match_envoy() {
         return;
     };
     let (upstream, dead) = (case_upstream(), free_port());
-    let flush = ["--file-flush-interval-msec", "50"];
     let envoy_dir = log_dir("cases-envoy");
     let mut theirs = observe_cases(&envoy_dir, "envoy", upstream, dead, |yaml, http| {
-        let mut c = Command::new(&envoy);
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(["--base-id", "4712", "--disable-hot-restart"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
+        envoy_proxy(&envoy, yaml, "4712", http)
     });
     let revoy_dir = log_dir("cases-revoy");
-    let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, |yaml, http| {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_revoy"));
-        c.args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
-            .args(flush);
-        Proxy::spawn(c, || wait_port(http))
-    });
+    let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, revoy_proxy);
     for logs in [&mut theirs, &mut ours] {
         let headers = logs.last_mut().expect("the headers log");
         *headers = mask_time_left(headers);

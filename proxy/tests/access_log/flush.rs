@@ -9,18 +9,7 @@ const INTERVAL_MS: u64 = 4000;
 
 fn flush_bootstrap(admin: u16, http: u16, log: &Path) -> String {
     format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: http
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: http
-          access_log: [{logger}]
+        r#"{head}          access_log: [{logger}]
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
           route_config:
             virtual_hosts:
@@ -29,6 +18,7 @@ static_resources:
               routes:
               - {{match: {{prefix: /}}, direct_response: {{status: 200}}}}
 "#,
+        head = hcm_bootstrap_head(admin, http, "http"),
         logger = logger(log, &text("%REQ(:PATH)%\n")),
     )
 }

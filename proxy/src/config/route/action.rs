@@ -273,7 +273,7 @@ pub(super) fn forward<'p>(
             mirrors.into()
         },
         more: MoreSettings {
-            idle_timeout: nonzero(ra.idle_timeout.as_ref()),
+            idle_timeout: ra.idle_timeout.as_ref().map(duration),
             hash_policies: ra
                 .hash_policy
                 .iter()

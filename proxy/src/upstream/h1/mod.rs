@@ -31,7 +31,7 @@ use super::io::UpstreamIo;
 use super::pool::{self, ActiveConnection};
 
 use body::Reader;
-pub use body::ResponseBody;
+pub use body::{BodyError, ResponseBody};
 use decode::{DecodeError, Head};
 use encode::BodyFraming;
 
