@@ -161,8 +161,6 @@ pub struct HcmConfig {
     pub strip_port: StripPort,
     /// `stream_idle_timeout` (default 5 min; `None` disables).
     pub stream_idle_timeout: Option<Duration>,
-    /// `request_timeout` (`None` disables, the default).
-    pub request_timeout: Option<Duration>,
     /// Router filter `suppress_envoy_headers`.
     pub suppress_envoy_headers: bool,
     /// `internal_address_config.cidr_ranges`: peers whose requests are internal (none by
@@ -249,6 +247,13 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.request_headers_timeout.is_some(),
             "request_headers_timeout",
             "no timeout applies to receiving a request's headers",
+        ),
+        (
+            hcm.request_timeout
+                .as_ref()
+                .is_some_and(|d| d.seconds != 0 || d.nanos != 0),
+            "request_timeout",
+            "no timeout applies to receiving a whole request (0, the default, disables it in Envoy too)",
         ),
         (
             hcm.drain_timeout.is_some(),
@@ -538,7 +543,6 @@ pub fn compile_hcm(
             }
         },
         stream_idle_timeout: idle,
-        request_timeout: hcm.request_timeout.as_ref().and_then(duration),
         internal_ranges,
         normalize_path: hcm.normalize_path.is_some_and(|b| b.value),
         merge_slashes: hcm.merge_slashes,
@@ -606,6 +610,12 @@ mod tests {
         compiled.unwrap();
         let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
         assert_eq!(paths, ["request_headers_timeout"], "via is implemented");
+        let (compiled, warnings) = compile("request_timeout: 5s");
+        compiled.unwrap();
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["request_timeout"]);
+        let (_, warnings) = compile("request_timeout: 0s");
+        assert!(warnings.is_empty(), "0 disables it, as in Envoy");
         let (compiled, _) = compile(
             "original_ip_detection_extensions: [{name: x, typed_config: {'@type': type.googleapis.com/envoy.extensions.http.original_ip_detection.xff.v3.XffConfig}}]",
         );
