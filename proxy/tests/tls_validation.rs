@@ -275,7 +275,7 @@ fn san_matchers_by_type_and_kind_decide_as_envoy() {
     server_kit(&ca, dir.path());
     ca.workload("default", "sans")
         .dns("client.test")
-        .ip([10, 1, 2, 3].into())
+        .ip([127, 1, 2, 3].into())
         .email("me@example.test")
         .issue()
         .write_to(dir.path(), "sans");
@@ -283,9 +283,9 @@ fn san_matchers_by_type_and_kind_decide_as_envoy() {
         .issue()
         .write_to(dir.path(), "plain");
     let matchers = [
-        ("IP_ADDRESS", "{exact: 10.1.2.3}", true, false),
-        ("IP_ADDRESS", "{exact: 10.1.2.4}", false, false),
-        ("IP_ADDRESS", "{prefix: \"10.1.\"}", true, false),
+        ("IP_ADDRESS", "{exact: 127.1.2.3}", true, false),
+        ("IP_ADDRESS", "{exact: 127.1.2.4}", false, false),
+        ("IP_ADDRESS", "{prefix: \"127.1.\"}", true, false),
         ("EMAIL", "{exact: me@example.test}", true, false),
         ("EMAIL", "{suffix: \"@example.test\"}", true, false),
         ("EMAIL", "{suffix: \"@other.test\"}", false, false),

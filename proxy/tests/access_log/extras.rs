@@ -78,7 +78,7 @@ fn extras_bootstrap(admin: u16, http: u16, nochain: u16, upstream: u16, dir: &Pa
     address: {{socket_address: {{address: 127.0.0.1, port_value: {nochain}}}}}
     access_log: [{listener_log}]
     filter_chains:
-    - filter_chain_match: {{source_prefix_ranges: [{{address_prefix: 10.0.0.0, prefix_len: 8}}]}}
+    - filter_chain_match: {{source_prefix_ranges: [{{address_prefix: 127.0.0.2, prefix_len: 32}}]}}
       filters:
       - name: tcp
         typed_config:
