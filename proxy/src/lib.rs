@@ -20,6 +20,7 @@ pub mod loggers;
 pub mod logging;
 pub mod memory;
 pub mod process;
+pub mod process_stats;
 pub mod rbac;
 pub mod route;
 pub mod router_check;

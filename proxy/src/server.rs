@@ -171,6 +171,13 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     }
     let stats = &process.shared.stats;
     stats.gauge("server.concurrency").set(workers as u64);
+    crate::process_stats::publish(
+        stats,
+        process.bootstrap.clusters.len(),
+        process.bootstrap.listeners.len(),
+        workers,
+        process.bootstrap.dynamic.is_some(),
+    );
     let warming: Vec<_> = warming.into_iter().cloned().collect();
     // LIVE once the static listeners' and clusters' secrets and, with `dynamic_resources`,
     // the initial xDS configuration are in, as after Envoy's init manager.

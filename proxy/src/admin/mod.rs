@@ -351,6 +351,13 @@ fn clusters(process: &Process, req: &AdminRequest) -> AdminResponse {
     }
 }
 
+/// A gauge at `value` made for one rendering of the stats (its value is known only then).
+fn detached_gauge(value: u64) -> crate::stats::Metric {
+    let g = crate::stats::Gauge::default();
+    g.set(value);
+    crate::stats::Metric::Gauge(g)
+}
+
 /// The `filter` parameter as a regex (`None` when absent or empty), or Envoy's 400 answer.
 fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse> {
     match req.param("filter").filter(|f| !f.is_empty()) {
@@ -385,12 +392,16 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
     let mut metrics = process.shared.stats.snapshot();
     metrics.push((
         "server.uptime".into(),
-        Metric::Gauge({
-            let g = crate::stats::Gauge::default();
-            g.set(process.started.elapsed().as_secs());
-            g
-        }),
+        detached_gauge(process.started.elapsed().as_secs()),
     ));
+    for cluster in process.shared.clusters.clusters() {
+        metrics.extend(
+            cluster
+                .circuit_breaker_gauges()
+                .into_iter()
+                .map(|(name, value)| (name, detached_gauge(value))),
+        );
+    }
     metrics.sort_by(|a, b| a.0.cmp(&b.0));
     let mut histograms = process.shared.stats.histogram_views();
     let mut texts = if prometheus && !req.has("text_readouts") {

@@ -280,6 +280,8 @@ pub struct Thresholds {
     pub max_retries: u32,
     /// `retry_budget`, which replaces `max_retries` when set.
     pub retry_budget: Option<RetryBudget>,
+    /// `track_remaining`: the `remaining_*` gauges are listed.
+    pub track_remaining: bool,
 }
 
 /// A retry budget: concurrent retries as a share of the requests active or pending.
@@ -314,6 +316,7 @@ impl Default for Thresholds {
             max_requests: 1024,
             max_retries: 3,
             retry_budget: None,
+            track_remaining: false,
         }
     }
 }
@@ -1070,6 +1073,7 @@ fn circuit_breakers(c: &Cluster) -> [Thresholds; 2] {
         if let Some(v) = &t.max_retries {
             slot.max_retries = v.value;
         }
+        slot.track_remaining = t.track_remaining;
         if let Some(b) = &t.retry_budget {
             slot.retry_budget = Some(RetryBudget {
                 percent: b.budget_percent.as_ref().map_or(20.0, |p| p.value),

@@ -9,7 +9,7 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 
 use crate::body::{Body, BoxError};
-use crate::stats::{Connections, Counter, Gauge, Histogram, Store};
+use crate::stats::{Block, Connections, Counter, Gauge, Histogram, Slot, Store};
 
 /// Resolved handles for one connection manager's stats.
 #[derive(Debug, Clone)]
@@ -41,7 +41,44 @@ pub struct HcmStats {
     /// `downstream_rq_time`: from a request's head to the end of its stream (its response's
     /// last byte, or the stream cut short).
     pub rq_time: Histogram,
+    /// `downstream_rq_completed`: responses sent (those counted in a class).
+    pub rq_completed: Counter,
+    /// Holds the manager's [`ZEROS`].
+    _zeros: Block,
 }
+
+/// `http.<prefix>.*` stats Envoy lists for every connection manager that stay 0 in revoy,
+/// which never has their events: no HTTP/3, no overload manager, no internal redirects, no
+/// premature-reset protection, Envoy's flow-control events, `request_timeout`,
+/// `request_headers_timeout` and `delayed_close_timeout` not enforced,
+/// `original_ip_detection_extensions` refused; and the tracing counters of a manager that
+/// does not trace (one that traces counts them).
+static ZEROS: [Slot; 24] = [
+    Slot::counter("downstream_cx_delayed_close_timeout"),
+    Slot::gauge("downstream_cx_http1_soft_drain"),
+    Slot::gauge("downstream_cx_http3_active"),
+    Slot::counter("downstream_cx_http3_total"),
+    Slot::counter("downstream_cx_overload_disable_keepalive"),
+    Slot::counter("downstream_flow_control_paused_reading_total"),
+    Slot::counter("downstream_flow_control_resumed_reading_total"),
+    Slot::counter("downstream_rq_header_timeout"),
+    Slot::counter("downstream_rq_http3_total"),
+    Slot::counter("downstream_rq_overload_close"),
+    Slot::counter("downstream_rq_rejected_via_ip_detection"),
+    Slot::counter("downstream_rq_timeout"),
+    Slot::counter("downstream_rq_too_many_premature_resets"),
+    Slot::counter("passthrough_internal_redirect_bad_location"),
+    Slot::counter("passthrough_internal_redirect_no_route"),
+    Slot::counter("passthrough_internal_redirect_predicate"),
+    Slot::counter("passthrough_internal_redirect_too_many_redirects"),
+    Slot::counter("passthrough_internal_redirect_unsafe_scheme"),
+    Slot::counter("rq_overload_local_reply"),
+    Slot::counter("tracing.client_enabled"),
+    Slot::counter("tracing.health_check"),
+    Slot::counter("tracing.not_traceable"),
+    Slot::counter("tracing.random_sampling"),
+    Slot::counter("tracing.service_forced"),
+];
 
 /// A request's `downstream_rq_time`, recorded when dropped: where revoy's own HTTP/1.1 path
 /// has written the response (or given up on it).
@@ -123,6 +160,8 @@ impl HcmStats {
             rq_max_duration_reached: store.counter(&name("downstream_rq_max_duration_reached")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
+            rq_completed: store.counter(&name("downstream_rq_completed")),
+            _zeros: store.block_with_zeros(&format!("http.{prefix}."), &[], &ZEROS),
         }
     }
 
@@ -156,6 +195,7 @@ impl HcmStats {
     pub fn response(&self, status: u16) {
         if let Some(c) = self.rq_class.get(usize::from(status / 100).wrapping_sub(1)) {
             c.inc();
+            self.rq_completed.inc();
         }
     }
 }

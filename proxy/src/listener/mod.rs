@@ -25,7 +25,7 @@ use crate::config::listener::{ChainConfig, ListenAddress, ListenerConfig, Termin
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
-use crate::stats::{Connections, Counter, Store};
+use crate::stats::{self, Block, Connections, Counter, Store};
 use crate::tls::stats::TlsStats;
 use crate::tls::{ContextCertificates, PeerTls, SecretStore, ServerStream};
 use crate::upstream::LbContext;
@@ -187,7 +187,20 @@ pub struct Listener {
     fail_closed: Option<Counter>,
     /// Its `envoy.filters.listener.local_ratelimit`.
     rate_limit: Option<limits::ListenerRateLimiter>,
+    /// Holds the listener's [`ZEROS`].
+    _zeros: Block,
 }
+
+/// `listener.<address>.*` stats Envoy lists for every listener that stay 0 in revoy, which
+/// never has their events: no overload manager (its connection rejections and global
+/// limit), no per-listener connection limit from the runtime, no
+/// `transport_socket_connect_timeout`.
+static ZEROS: [stats::Slot; 4] = [
+    stats::Slot::counter("downstream_cx_overflow"),
+    stats::Slot::counter("downstream_cx_overload_reject"),
+    stats::Slot::counter("downstream_cx_transport_socket_connect_timeout"),
+    stats::Slot::counter("downstream_global_cx_overflow"),
+];
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
@@ -252,6 +265,7 @@ impl Listener {
             chains: config.chains.iter().map(chain).collect(),
             default_chain: config.default_chain.as_ref().map(chain),
             cx: Connections::timed(stats, &prefix),
+            _zeros: stats.block_with_zeros(&format!("{prefix}."), &[], &ZEROS),
             cx_destroy: stats.counter(&format!("{prefix}.downstream_cx_destroy")),
             no_filter_chain: stats.counter(&format!("{prefix}.no_filter_chain_match")),
             pre_cx_timeout: stats.counter(&format!("{prefix}.downstream_pre_cx_timeout")),

