@@ -72,7 +72,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"http\.[^.]+\.(downstream_cx_destroy.*|downstream_cx_http[12]_active|downstream_cx_idle_timeout|downstream_cx_max_duration_reached|downstream_cx_max_requests_reached|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_http[12]_total|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|no_cluster|no_route|rq_direct_response|rq_redirect|rq_total|rq_reset_after_downstream_response_started)",
+        r"http\.[^.]+\.(downstream_cx_destroy.*|downstream_cx_http[12]_active|downstream_cx_idle_timeout|downstream_cx_max_duration_reached|downstream_cx_max_requests_reached|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
         "events revoy has but does not count yet",
     ),
     (
@@ -349,8 +349,13 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".membership_degraded")
                         || n.ends_with(".downstream_rq_completed") && n.starts_with("http.")
                         || n.ends_with(".downstream_rq_2xx") && n.starts_with("http.")
+                        || n.ends_with(".downstream_rq_http1_total") && n.starts_with("http.")
+                        || n.ends_with(".rq_total") && n.starts_with("http.")
+                        || n.ends_with(".rq_direct_response") && n.starts_with("http.")
+                        || n.ends_with(".no_route") && n.starts_with("http.")
                 })
-                .filter(|n| !n.contains("remaining_cx_pools") && !n.starts_with("http.admin."))
+                .filter(|n| !n.contains("remaining_cx_pools"))
+                .filter(|n| !n.starts_with("http.admin.") && !n.starts_with("http.async-client."))
                 .cloned(),
         );
         // What remains under `max_connections` depends on how many connections each pool

@@ -50,6 +50,11 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
     let stats = &ctx.hcm.stats;
     stats.rq_total.inc();
     stats.rq_active.inc();
+    if req.version() == http::Version::HTTP_2 {
+        stats.rq_http2_total.inc();
+    } else {
+        stats.rq_http1_total.inc();
+    }
     let request_id = {
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
         // A clone of a header value parsed from the request allocates: only when needed. A
@@ -254,6 +259,9 @@ async fn route_and_forward(
     };
     let protocol = super::trace::protocol_name(req.version());
     let Some(table) = table else {
+        let router = &ctx.hcm.stats.router;
+        router.total.inc();
+        router.no_route.inc();
         if let Some(p) = pending.as_deref_mut() {
             let host = authority(&req);
             let seen = Seen {
@@ -446,7 +454,10 @@ async fn route_and_forward(
     if reselect {
         selected = table.select(&route_req);
     }
+    let router = &ctx.hcm.stats.router;
+    router.total.inc();
     let Some(selected) = selected else {
+        router.no_route.inc();
         note!(|r| {
             r.flags.set(ResponseFlag::NoRouteFound);
             r.details = Some("route_not_found".into())
@@ -485,6 +496,7 @@ async fn route_and_forward(
     };
     match &selected.route.action {
         Action::DirectResponse(dr) => {
+            router.direct_response.inc();
             note!(|r| r.details = Some("direct_response".into()));
             let mut resp = Response::new(if dr.body.is_empty() {
                 body::empty()
@@ -525,6 +537,7 @@ async fn route_and_forward(
             resp
         }
         Action::NonForwarding => {
+            router.no_route.inc();
             note!(|r| {
                 r.flags.set(ResponseFlag::NoRouteFound);
                 r.details = Some("route_not_found".into())
@@ -532,6 +545,7 @@ async fn route_and_forward(
             local_reply(StatusCode::NOT_FOUND, "")
         }
         Action::Redirect(r) => {
+            router.redirect.inc();
             note!(|l| l.details = Some("direct_response".into()));
             let location = selected.redirect_location(&route_req).unwrap_or_default();
             let mut resp = local_reply(r.status, "");
@@ -549,6 +563,7 @@ async fn route_and_forward(
         }
         Action::Forward(fwd) => {
             let Some(picked) = fwd.pick_cluster(&route_req) else {
+                router.no_cluster.inc();
                 note!(|r| {
                     r.flags.set(ResponseFlag::NoClusterFound);
                     r.details = Some("cluster_not_found".into())
@@ -563,6 +578,7 @@ async fn route_and_forward(
             let cluster_name = picked.name;
             let weighted = picked.weighted;
             let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
+                router.no_cluster.inc();
                 note!(|r| {
                     r.flags.set(ResponseFlag::NoClusterFound);
                     r.details = Some("cluster_not_found".into())

@@ -43,8 +43,29 @@ pub struct HcmStats {
     pub rq_time: Histogram,
     /// `downstream_rq_completed`: responses sent (those counted in a class).
     pub rq_completed: Counter,
+    /// `downstream_rq_http1_total`: requests over HTTP/1.x that reached routing.
+    pub rq_http1_total: Counter,
+    /// `downstream_rq_http2_total`: requests over HTTP/2 that reached routing.
+    pub rq_http2_total: Counter,
+    /// The router's `http.<prefix>.*` stats.
+    pub router: RouterStats,
     /// Holds the manager's [`ZEROS`].
     _zeros: Block,
+}
+
+/// The router filter's stats, under the connection manager's prefix.
+#[derive(Clone, Debug)]
+pub struct RouterStats {
+    /// `rq_total`: requests the router decided (after the other filters let them through).
+    pub total: Counter,
+    /// `no_route`: requests no route matched.
+    pub no_route: Counter,
+    /// `no_cluster`: requests whose route's cluster does not exist.
+    pub no_cluster: Counter,
+    /// `rq_direct_response`: requests answered by a route's `direct_response`.
+    pub direct_response: Counter,
+    /// `rq_redirect`: requests answered by a route's `redirect`.
+    pub redirect: Counter,
 }
 
 /// `http.<prefix>.*` stats Envoy lists for every connection manager that stay 0 in revoy,
@@ -161,6 +182,15 @@ impl HcmStats {
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
             rq_completed: store.counter(&name("downstream_rq_completed")),
+            rq_http1_total: store.counter(&name("downstream_rq_http1_total")),
+            rq_http2_total: store.counter(&name("downstream_rq_http2_total")),
+            router: RouterStats {
+                total: store.counter(&name("rq_total")),
+                no_route: store.counter(&name("no_route")),
+                no_cluster: store.counter(&name("no_cluster")),
+                direct_response: store.counter(&name("rq_direct_response")),
+                redirect: store.counter(&name("rq_redirect")),
+            },
             _zeros: store.block_with_zeros(&format!("http.{prefix}."), &[], &ZEROS),
         }
     }

@@ -749,7 +749,7 @@ impl Store {
         }
         // A name both counted and listed as a zero shows the counted metric.
         out.sort_by(|a, b| a.0.cmp(&b.0).then(is_zero(&a.1).cmp(&is_zero(&b.1))));
-        out.dedup_by(|later, first| later.0 == first.0);
+        out.dedup_by(|later, first| later.0 == first.0 && is_zero(&later.1));
         out
     }
 
