@@ -389,7 +389,7 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
     if process.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
         process.shared.stats.flush_histograms();
     }
-    let mut metrics = process.shared.stats.snapshot();
+    let mut metrics = process.shared.stats.snapshot_with(!req.has("usedonly"));
     metrics.push((
         "server.uptime".into(),
         detached_gauge(process.started.elapsed().as_secs()),
@@ -399,7 +399,15 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
             cluster
                 .circuit_breaker_gauges()
                 .into_iter()
-                .map(|(name, value)| (name, detached_gauge(value))),
+                .map(|(name, value)| {
+                    // A breaker that never opened was never written (Envoy's `usedonly`).
+                    let metric = if value == 0 {
+                        crate::stats::Metric::Gauge(crate::stats::Gauge::default())
+                    } else {
+                        detached_gauge(value)
+                    };
+                    (name, metric)
+                }),
         );
     }
     metrics.sort_by(|a, b| a.0.cmp(&b.0));

@@ -718,6 +718,12 @@ impl Store {
 
     /// A sorted copy of every metric, for rendering.
     pub fn snapshot(&self) -> Vec<(String, Metric)> {
+        self.snapshot_with(true)
+    }
+
+    /// A sorted copy of every metric, the blocks' zeros only when `zeros` (they are never
+    /// used, so a `usedonly` rendering need not make them: some fifty per cluster).
+    pub fn snapshot_with(&self, zeros: bool) -> Vec<(String, Metric)> {
         let blocks: Vec<Arc<Values>> = {
             let blocks = self.blocks.lock().expect("stats lock");
             blocks.iter().map(|b| b.0.clone()).collect()
@@ -739,7 +745,7 @@ impl Store {
                     out.push((format!("{}{}", b.prefix, slot.name), metric));
                 }
             }
-            for slot in b.zeros {
+            for slot in b.zeros.iter().filter(|_| zeros) {
                 let metric = match slot.kind {
                     Kind::Counter => Metric::Counter(zero_counter.clone()),
                     Kind::Gauge => Metric::Gauge(zero_gauge.clone()),
@@ -986,6 +992,9 @@ mod tests {
         );
         s.reset_counters();
         assert_eq!(s.snapshot().len(), 3);
+        // Without the zeros (a `usedonly` rendering): the counted metric stays.
+        let names: Vec<String> = s.snapshot_with(false).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["cluster.z.rq_active", "cluster.z.rq_total"]);
     }
 
     #[test]
