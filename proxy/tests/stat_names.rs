@@ -191,7 +191,7 @@ fn breakers() -> Case {
       cluster_name: cb
       endpoints:
       - lb_endpoints:
-        - {{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}, load_balancing_weight: 3}}
+        - {{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}, load_balancing_weight: 5}}
         - {{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up2}}}}}}}, load_balancing_weight: 5}}
   - name: secure
     connect_timeout: 1s

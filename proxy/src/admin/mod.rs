@@ -389,7 +389,8 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
     if process.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
         process.shared.stats.flush_histograms();
     }
-    let mut metrics = process.shared.stats.snapshot_with(!req.has("usedonly"));
+    let used_only = req.has("usedonly");
+    let mut metrics = process.shared.stats.snapshot_with(!used_only);
     metrics.push((
         "server.uptime".into(),
         detached_gauge(process.started.elapsed().as_secs()),
@@ -399,8 +400,9 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
             cluster
                 .circuit_breaker_gauges()
                 .into_iter()
+                // A gauge at 0 was never written (Envoy's `usedonly` leaves it out).
+                .filter(|(_, value)| !used_only || *value != 0)
                 .map(|(name, value)| {
-                    // A breaker that never opened was never written (Envoy's `usedonly`).
                     let metric = if value == 0 {
                         crate::stats::Metric::Gauge(crate::stats::Gauge::default())
                     } else {
@@ -439,7 +441,7 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
         _ => {}
     }
     let sel = Selection {
-        used_only: req.has("usedonly"),
+        used_only,
         filter: filter.as_ref(),
         matcher: process.bootstrap.stats_matcher.as_ref(),
     };
