@@ -131,6 +131,11 @@ impl Applier {
         let _ = self.workers.set(workers);
     }
 
+    /// How many workers serve the listeners (0 before they are set).
+    pub fn worker_count(&self) -> usize {
+        self.workers.get().map_or(0, Vec::len)
+    }
+
     /// Adds or replaces the listener named `config.name`.
     pub fn upsert_listener(&self, config: ListenerConfig) -> Result<ListenerChange, ListenerError> {
         let mut state = self.state.lock().expect("applier state");

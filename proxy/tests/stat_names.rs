@@ -1,6 +1,7 @@
 //! The stat names Envoy 1.40 lists, revoy lists too: both run the same bootstraps (the
-//! embedded example, and one with circuit breakers tracking what remains, weighted hosts, a
-//! TLS cluster and a tcp_proxy listener), take the same requests, and every name in Envoy's
+//! embedded example; one with circuit breakers tracking what remains, weighted hosts, a
+//! TLS cluster and a tcp_proxy listener; one whose listener and EDS cluster come over ADS
+//! from xds-client's snapshot server), take the same requests, and every name in Envoy's
 //! `/stats` must be in revoy's, except the families in [`NOT_IN_REVOY`], each with its reason.
 //! Values that must agree are compared too (circuit breakers, `max_host_weight`,
 //! membership, the managers' counts of static resources, responses), and the Prometheus
@@ -29,6 +30,11 @@ use std::path::Path;
 
 use child::Proxy;
 use ports::free_port;
+use proto::Codec;
+use proto::pb::google::protobuf::Any;
+use serde_json::{Value, json};
+use xds_client::server::{Server, Snapshot};
+use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL};
 
 /// Envoy's stats revoy does not list, as regexes over the whole name, with the reason. Each
 /// must still be missing from revoy somewhere in this test (else it is stale and fails).
@@ -96,6 +102,14 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
     (
         r"cluster\.[^.]+\.(ssl\.ocsp_staple_.*|client_ssl_socket_factory\..*)",
         "not kept for an upstream TLS context (OCSP staples are a listener's; SDS readiness is not counted)",
+    ),
+    (
+        r"cluster\.[^.]+\.http2\..*",
+        "the HTTP/2 codec's stats (nghttp2's, oghttp2's); revoy's codec (h2) keeps none",
+    ),
+    (
+        r"cluster\.xds_cluster\.(internal\.)?upstream_rq_(200|2xx|completed)",
+        "the ADS stream's response: revoy's xDS client does not charge its stream's status to the cluster",
     ),
     (
         r"dns\.cares\..*",
@@ -235,6 +249,103 @@ fn breakers() -> Case {
     }
 }
 
+/// A message of `value`'s `@type`, as the snapshot server holds it.
+fn pack(codec: &Codec, value: Value) -> Any {
+    codec.decode::<Any>(value, false).expect("resource").message
+}
+
+/// A listener and an EDS cluster over ADS (SotW) from xds-client's snapshot server on `rt`
+/// (which must outlive the case): the listener routes to the cluster, whose two endpoints
+/// (weights 4 and 6, so `max_host_weight` is 6) answer.
+fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
+    let (admin, port) = (free_port(), free_port());
+    let (up, up2) = (upstream(), upstream());
+    let codec = Codec::new();
+    let server = Server::new();
+    let (xds, _) = rt
+        .block_on(server.serve_tcp("127.0.0.1:0"))
+        .expect("ADS server listens");
+    let listener = json!({
+        "@type": LISTENER_TYPE_URL,
+        "name": "front",
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "hcm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                "stat_prefix": "front",
+                "route_config": {"virtual_hosts": [{
+                    "name": "all", "domains": ["*"],
+                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]
+                }]},
+                "http_filters": [{"name": "router", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+            }
+        }]}]
+    });
+    let cluster = json!({
+        "@type": CLUSTER_TYPE_URL,
+        "name": "backend",
+        "connect_timeout": "1s",
+        "type": "EDS",
+        "eds_cluster_config": {"eds_config": {"ads": {}, "resource_api_version": "V3"}}
+    });
+    let endpoint = |port: u16, weight: u32| {
+        json!({"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}},
+               "load_balancing_weight": weight})
+    };
+    let endpoints = json!({
+        "@type": ENDPOINT_TYPE_URL,
+        "cluster_name": "backend",
+        "endpoints": [{"lb_endpoints": [endpoint(up, 4), endpoint(up2, 6)]}]
+    });
+    server.set(
+        Snapshot::new("1")
+            .with(LISTENER_TYPE_URL, "front", pack(&codec, listener))
+            .with(CLUSTER_TYPE_URL, "backend", pack(&codec, cluster))
+            .with(ENDPOINT_TYPE_URL, "backend", pack(&codec, endpoints)),
+    );
+    let xds_port = xds.port();
+    let yaml = format!(
+        r#"node: {{id: stat-names, cluster: test}}
+{admin_block}dynamic_resources:
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
+  lds_config: {{ads: {{}}, resource_api_version: V3}}
+  cds_config: {{ads: {{}}, resource_api_version: V3}}
+static_resources:
+  clusters:
+  - name: xds_cluster
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: xds_cluster
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {xds_port}}}}}}}}}]}}]
+"#,
+        admin_block = bootstrap::admin(admin),
+    );
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    Case {
+        name: "xds",
+        yaml,
+        admin,
+        listen: port,
+        requests: Box::new(move || {
+            // Keeps the server (its snapshot) as long as the case.
+            let _server = &server;
+            for _ in 0..2 {
+                let (status, body) = http1::get(None, addr, "/").expect("GET through front");
+                assert_eq!((status, body.as_str()), (200, "up"));
+            }
+        }),
+    }
+}
+
 /// What one proxy showed after a case's requests.
 struct Seen {
     /// `/stats`: every counter and gauge by name, histograms as `None`.
@@ -318,7 +429,8 @@ fn revoy_lists_the_stats_envoy_lists() {
         .collect();
     let mut used = vec![false; allowed.len()];
     let mut unexplained = Vec::new();
-    for case in [example(), breakers()] {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for case in [example(), breakers(), over_xds(&rt)] {
         let e = observe(&case, Some(&envoy));
         let r = observe(&case, None);
         for name in e.stats.keys().filter(|n| !r.stats.contains_key(*n)) {
@@ -384,6 +496,11 @@ fn revoy_lists_the_stats_envoy_lists() {
             if let Some(theirs) = r.types.get(family) {
                 assert_eq!(theirs, kind, "{}: # TYPE {family}", case.name);
             }
+        }
+        if case.name == "xds" {
+            let line = r#"envoy_cluster_max_host_weight{envoy_cluster_name="backend"} 6"#;
+            assert!(e.samples.contains(line), "Envoy: {line}");
+            assert!(r.samples.contains(line), "revoy: {line}");
         }
         if case.name == "breakers" {
             for line in [

@@ -767,6 +767,10 @@ impl ProxyHandler {
             _ => change,
         };
         self.count_listener_change(change);
+        // Envoy creates the listener on every worker (an in-place update too).
+        self.stats
+            .listener_create_success
+            .add(process.applier.worker_count() as u64);
         if let (Some(old), ListenerChange::Rebound) = (old, change) {
             self.drain_listener(process, st, name, old);
         }

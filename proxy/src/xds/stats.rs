@@ -270,6 +270,9 @@ pub struct XdsStats {
     pub listener_removed: Counter,
     /// `listener_manager.listener_in_place_updated`.
     pub listener_in_place_updated: Counter,
+    /// `listener_manager.listener_create_success`: listeners created on a worker, one per
+    /// worker for each listener added or updated.
+    pub listener_create_success: Counter,
     /// `listener_manager.total_listeners_warming`.
     pub warming_listeners: Gauge,
     /// `listener_manager.total_listeners_draining`.
@@ -303,6 +306,7 @@ impl XdsStats {
             listener_modified: c("listener_manager.listener_modified"),
             listener_removed: c("listener_manager.listener_removed"),
             listener_in_place_updated: c("listener_manager.listener_in_place_updated"),
+            listener_create_success: c("listener_manager.listener_create_success"),
             warming_listeners: g("listener_manager.total_listeners_warming"),
             draining_listeners: g("listener_manager.total_listeners_draining"),
             connected_state: g("control_plane.connected_state"),
