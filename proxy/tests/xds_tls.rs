@@ -560,3 +560,251 @@ fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
             .filter(|a| a.status == 200 && a.certificate == second.cert_der)
     });
 }
+
+/// A TLS upstream presenting `server` and requiring a client certificate from `ca`; answers
+/// `client=<its URI SAN>`. Counts (in the answer's second half) the connections closed before
+/// sending a byte: a proxy failing closed opens the TCP connection and closes it unspoken.
+fn mtls_upstream(server: &certs::Issued, ca: &Ca) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.root_pem().as_bytes()).expect("root"))
+        .expect("root added");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let chain = CertificateDer::pem_slice_iter(server.chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).expect("key");
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .expect("certificate"),
+    );
+    let unspoken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let port = free_port();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind upstream");
+    let counted = unspoken.clone();
+    std::thread::spawn(move || {
+        for mut tcp in listener.incoming().flatten() {
+            let (config, counted) = (config.clone(), counted.clone());
+            std::thread::spawn(move || {
+                tcp.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                if tcp.peek(&mut [0u8; 1]).is_ok_and(|n| n == 0) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+                let mut conn = rustls::ServerConnection::new(config).expect("server connection");
+                while conn.is_handshaking() {
+                    if conn.complete_io(&mut tcp).is_err() {
+                        return;
+                    }
+                }
+                let client = conn
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| revoy::tls::x509::parse(c).ok())
+                    .and_then(|info| info.uri_sans().next().map(str::to_owned))
+                    .unwrap_or_else(|| "none".into());
+                let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+                http1::answer_heads(&mut stream, |_| http1::ok(&format!("client={client}")));
+            });
+        }
+    });
+    (port, unspoken)
+}
+
+/// The connection manager fields of listener `front`: every request to cluster `tls-up`,
+/// logged to `log` as `%RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%`.
+fn front_hcm(log: &Path) -> String {
+    format!(
+        "stat_prefix: front\n\
+         access_log: [{{name: log, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, \
+         path: {}, log_format: {{text_format_source: {{inline_string: \"%RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\\n\"}}}}}}}}]\n\
+         route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+        log.display(),
+        xds::to_cluster("tls-up")
+    )
+}
+
+/// Cluster `tls-up` (flow-style YAML): the TLS upstream on `port` (`up.test`), presenting the
+/// SDS secret `default` and trusting `ROOTCA`, both from `sds-grpc` with an
+/// `initial_fetch_timeout` of 1 s.
+fn late_secrets_cluster(port: u16) -> String {
+    let late = |name: &str| {
+        sds_config(name).replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 1s")
+    };
+    format!(
+        "{{name: tls-up, type: STATIC, connect_timeout: 2s, load_assignment: {{cluster_name: tls-up, \
+         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}, \
+         transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
+         sni: up.test, common_tls_context: {{tls_certificate_sds_secret_configs: [{}], \
+         validation_context_sds_secret_config: {}}}}}}}}}",
+        late("default"),
+        late("ROOTCA")
+    )
+}
+
+/// What a proxy did with a request to a cluster whose secrets had not come.
+#[derive(Debug, PartialEq)]
+struct FailedClosed {
+    status: u16,
+    body: String,
+    /// The access log line: flags and transport failure reason.
+    logged: String,
+    /// `client_ssl_socket_factory.upstream_context_secrets_not_ready`.
+    not_ready: Option<u64>,
+    /// `upstream_cx_connect_fail`.
+    connect_fail: Option<u64>,
+    /// Handshakes counted in `ssl.handshake` and `ssl.connection_error` (0 when absent, as
+    /// Envoy has no `ssl.*` stats before the context exists).
+    handshakes: (u64, u64),
+    /// Connections the upstream saw closed before a byte.
+    unspoken: usize,
+}
+
+/// Asks `front` once, with cluster `tls-up` lacking its secrets, and what followed.
+fn fail_closed(
+    admin: u16,
+    front: u16,
+    log: &Path,
+    unspoken: &std::sync::atomic::AtomicUsize,
+) -> FailedClosed {
+    let (status, body) = http1::get(None, ([127, 0, 0, 1], front).into(), "/").expect("GET");
+    let logged = eventually("the access log line", || {
+        std::fs::read_to_string(log)
+            .ok()
+            .and_then(|l| l.lines().next().map(str::to_owned))
+    });
+    let unspoken = eventually("the upstream to see the connection close", || {
+        let n = unspoken.load(std::sync::atomic::Ordering::SeqCst);
+        (n > 0).then_some(n)
+    });
+    let count = |name: &str| stat(admin, &format!("cluster.tls-up.{name}"));
+    FailedClosed {
+        status,
+        body,
+        logged,
+        not_ready: count("client_ssl_socket_factory.upstream_context_secrets_not_ready"),
+        connect_fail: count("upstream_cx_connect_fail"),
+        handshakes: (
+            count("ssl.handshake").unwrap_or(0),
+            count("ssl.connection_error").unwrap_or(0),
+        ),
+        unspoken,
+    }
+}
+
+/// A cluster whose SDS secrets (its client certificate and its trust) have not come when
+/// their `initial_fetch_timeout` (1 s) passes is used, as in Envoy, but fails closed: each
+/// connection is opened and closed before a byte is sent (no plaintext, no handshake without
+/// the client certificate), the request is answered 503 `UF` with Envoy's transport failure
+/// reason, and `client_ssl_socket_factory.upstream_context_secrets_not_ready` counts it. Once
+/// the secrets come, the cluster reaches the upstream over mutual TLS without a restart. For a
+/// static bootstrap cluster and for one from CDS (`initial_fetch_timeout: 1s`), in revoy as in
+/// Envoy 1.40.
+#[test]
+fn a_cluster_whose_secrets_time_out_fails_closed_until_they_come() {
+    let envoy =
+        oracle::envoy_or_skip("a_cluster_whose_secrets_time_out_fails_closed_until_they_come");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    let workload = ca.workload("default", "front").issue();
+    let (upstream, unspoken) = mtls_upstream(&ca.server(&["up.test"]).issue(), &ca);
+    let mut runs = 0;
+    let mut run = |who: &str, envoy: Option<&Path>, from_cds: bool| {
+        runs += 1;
+        unspoken.store(0, std::sync::atomic::Ordering::SeqCst);
+        let sds = Sds::start(dir.path(), &format!("sds-{runs}"));
+        let log = dir.path().join(format!("access-{runs}.log"));
+        let (admin, front) = (free_port(), free_port());
+        let plane = from_cds.then(|| Plane::start(free_port()));
+        let yaml = if let Some(plane) = &plane {
+            let snapshot = Snapshot::new("1")
+                .with_message(
+                    "front",
+                    &xds::listener_with("front", front, &front_hcm(&log)),
+                )
+                .with_message(
+                    "tls-up",
+                    &xds::decode::<Cluster>(&late_secrets_cluster(upstream)),
+                );
+            plane.set(snapshot);
+            format!(
+                "{}{}",
+                ads_bootstrap(admin, plane.port, false)
+                    .replace(
+                        "cds_config: {ads: {}, initial_fetch_timeout: 0s",
+                        "cds_config: {ads: {}, initial_fetch_timeout: 1s",
+                    )
+                    .replace(
+                        "    load_assignment: {cluster_name: xds-grpc",
+                        "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+                         {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+                         explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
+                    ),
+                sds_cluster(sds.socket()),
+            )
+        } else {
+            let listener = format!(
+                "{{name: front, address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}, \
+                 filter_chains: [{{filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, http_filters: [{ROUTER}], {}}}}}]}}]}}",
+                front_hcm(&log).replace('\n', ", ")
+            );
+            format!(
+                "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+                 node: {{id: {NODE}, cluster: xds-test}}\n\
+                 static_resources:\n  listeners:\n  - {listener}\n  clusters:\n  - {}{}\n",
+                late_secrets_cluster(upstream),
+                sds_cluster(sds.socket()),
+            )
+        };
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, front);
+        let failed = fail_closed(admin, front, &log, &unspoken);
+
+        let version = sds.serve_mesh(&workload, &ca);
+        sds.ack(NODE, &version);
+        let answer = eventually(&format!("{who}: tls-up used once its secrets came"), || {
+            xds::get(front, "/").ok().filter(|r| r.status == 200)
+        });
+        assert_eq!(
+            answer.body, "client=spiffe://cluster.local/ns/default/sa/front",
+            "{who}"
+        );
+        failed
+    };
+    for from_cds in [false, true] {
+        let revoy = run("revoy", None, from_cds);
+        assert_eq!(
+            revoy,
+            FailedClosed {
+                status: 503,
+                body: "upstream connect error or disconnect/reset before headers. reset reason: \
+                       remote connection failure"
+                    .into(),
+                logged: "UF TLS_error:_Secret_is_not_supplied_by_SDS".into(),
+                not_ready: Some(1),
+                connect_fail: Some(1),
+                handshakes: (0, 0),
+                unspoken: 1,
+            },
+            "from CDS: {from_cds}"
+        );
+        if let Some(envoy) = &envoy {
+            assert_eq!(
+                run("Envoy", Some(envoy), from_cds),
+                revoy,
+                "from CDS: {from_cds}"
+            );
+        }
+    }
+}

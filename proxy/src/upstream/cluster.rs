@@ -478,6 +478,7 @@ impl Cluster {
                 | UpstreamError::BindFailure { .. }
                 | UpstreamError::ConnectTimeout { .. }
                 | UpstreamError::TlsFailure { .. }
+                | UpstreamError::SecretsNotReady { .. }
                 | UpstreamError::TransportRefused { .. },
             ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);

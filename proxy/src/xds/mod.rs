@@ -156,7 +156,7 @@ pub(crate) fn transport(
                 TlsConnect {
                     config: ctx.config(Carries::Http2),
                     server_name: ctx.server_name(*addr),
-                    observer: Some(Arc::new(ctx.stats.clone())),
+                    observer: Some(Arc::new(ctx)),
                 },
             ))
         }

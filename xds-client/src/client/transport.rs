@@ -34,9 +34,12 @@ pub enum Transport {
     Tls(std::net::SocketAddr, TlsConnect),
 }
 
-/// Told how each TLS handshake with the control plane went (the proxy counts its `ssl.*`
-/// stats).
+/// Asked before each TLS handshake with the control plane and told how it went (the proxy
+/// counts its `ssl.*` stats, and refuses while its TLS context lacks an SDS secret).
 pub trait HandshakeObserver: Send + Sync + std::fmt::Debug {
+    /// Whether a handshake may start; when not, the TCP connection is closed before a byte
+    /// is sent and the connect fails (to be tried again with back-off).
+    fn may_handshake(&self) -> bool;
     /// A handshake completed.
     fn completed(&self, connection: &tokio_rustls::rustls::CommonState);
     /// A handshake failed.
@@ -50,7 +53,7 @@ pub struct TlsConnect {
     pub config: Arc<tokio_rustls::rustls::ClientConfig>,
     /// The server name sent and checked.
     pub server_name: tokio_rustls::rustls::pki_types::ServerName<'static>,
-    /// Told of each handshake.
+    /// Asked before and told after each handshake.
     pub observer: Option<Arc<dyn HandshakeObserver>>,
 }
 
@@ -94,6 +97,11 @@ pub(super) async fn connect(transport: &Transport) -> Result<Channel, Error> {
                 async move {
                     let tcp = tokio::net::TcpStream::connect(address).await?;
                     tcp.set_nodelay(true)?;
+                    if tls.observer.as_ref().is_some_and(|o| !o.may_handshake()) {
+                        return Err(std::io::Error::other(
+                            "the TLS context is not ready: its SDS secrets have not arrived",
+                        ));
+                    }
                     let stream = tokio_rustls::TlsConnector::from(tls.config)
                         .connect(tls.server_name, tcp)
                         .await;
