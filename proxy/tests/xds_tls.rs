@@ -506,6 +506,47 @@ fn sds_file_renamed_over_changes_the_certificate() {
     run("revoy", None);
 }
 
+/// A directory mounted as Kubernetes mounts a Secret or ConfigMap: each file is a symlink
+/// through `..data` to a timestamped directory, and an update writes a new directory and points
+/// `..data` at it (a symlink renamed over it), so the files' own directory sees one move.
+struct KubeMount {
+    dir: std::path::PathBuf,
+    versions: usize,
+}
+
+impl KubeMount {
+    /// The mount `<parent>/<name>`, holding `files` (name, content).
+    fn new(parent: &Path, name: &str, files: &[(&str, &str)]) -> KubeMount {
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).expect("mount dir");
+        let mut mount = KubeMount { dir, versions: 0 };
+        mount.update(files);
+        for (file, _) in files {
+            std::os::unix::fs::symlink(Path::new("..data").join(file), mount.dir.join(file))
+                .expect("symlink");
+        }
+        mount
+    }
+
+    /// Swaps in a version holding `files`.
+    fn update(&mut self, files: &[(&str, &str)]) {
+        self.versions += 1;
+        let data = self.dir.join(format!("..2026_12_03_{:02}", self.versions));
+        std::fs::create_dir(&data).expect("data dir");
+        for (file, content) in files {
+            std::fs::write(data.join(file), content).expect("mounted file");
+        }
+        let link = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
+        std::fs::rename(&link, self.dir.join("..data")).expect("swap ..data");
+    }
+
+    /// The path of the mounted `file`.
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.join(file)
+    }
+}
+
 /// SDS from a Kubernetes-mounted secret: `sds.yaml`, `cert.pem` and `key.pem` are symlinks
 /// through `..data` to a timestamped directory, and an update points `..data` at a new one
 /// (a symlink renamed over it). `sds.yaml` reads the same before and after, naming the same
@@ -513,34 +554,30 @@ fn sds_file_renamed_over_changes_the_certificate() {
 /// cites envoyproxy/envoy#39498 about such swaps).
 #[test]
 fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
-    use std::os::unix::fs::symlink;
     let dir = CertDir::new();
     let ca = Ca::new("cluster.local");
     ca.write_root_to(dir.path(), "root");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mount dir");
-    let sds = sds_file("edge", &mount.join("cert.pem"), &mount.join("key.pem"));
-    let version = |n: usize| {
-        let issued = ca.server(&["edge.test"]).issue();
-        let data = mount.join(format!("..2026_12_03_0{n}"));
-        std::fs::create_dir(&data).expect("data dir");
-        issued.write_to(&data, "cert");
-        std::fs::rename(data.join("cert.key"), data.join("key.pem")).expect("key name");
-        std::fs::write(data.join("sds.yaml"), &sds).expect("sds.yaml");
-        let link = mount.join("..data_tmp");
-        symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
-        std::fs::rename(&link, mount.join("..data")).expect("swap ..data");
-        issued
-    };
-    let first = version(1);
-    for file in ["sds.yaml", "cert.pem", "key.pem"] {
-        symlink(Path::new("..data").join(file), mount.join(file)).expect("symlink");
-    }
+    let sds_path = dir.path().join("mount");
+    let sds = sds_file(
+        "edge",
+        &sds_path.join("cert.pem"),
+        &sds_path.join("key.pem"),
+    );
+    let first = ca.server(&["edge.test"]).issue();
+    let mut mount = KubeMount::new(
+        dir.path(),
+        "mount",
+        &[
+            ("sds.yaml", &sds),
+            ("cert.pem", &first.chain_pem),
+            ("key.pem", &first.key_pem),
+        ],
+    );
     let config = Arc::new(certs::client_config(dir.path(), None));
     let (admin, port) = (free_port(), free_port());
     let secret = format!(
         "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
-        mount.join("sds.yaml").display()
+        mount.path("sds.yaml").display()
     );
     let yaml = format!(
         "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
@@ -553,12 +590,164 @@ fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
     });
     assert_eq!(answer.certificate, first.cert_der);
 
-    let second = version(2);
+    let second = ca.server(&["edge.test"]).issue();
+    mount.update(&[
+        ("sds.yaml", &sds),
+        ("cert.pem", &second.chain_pem),
+        ("key.pem", &second.key_pem),
+    ]);
     eventually("HTTPS with the swapped-in certificate", || {
         https::get(port, &config, "edge.test", "/")
             .ok()
             .filter(|a| a.status == 200 && a.certificate == second.cert_der)
     });
+}
+
+/// The `path_config_source` file of secret `name` with the issued chain and key inline.
+fn inline_sds_file(name: &str, issued: &certs::Issued) -> String {
+    format!(
+        "version_info: v1\nresources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  \
+         name: {name}\n  tls_certificate: {{certificate_chain: {{inline_string: {}}}, private_key: {{inline_string: {}}}}}\n",
+        serde_json::to_string(&issued.chain_pem).expect("JSON string"),
+        serde_json::to_string(&issued.key_pem).expect("JSON string"),
+    )
+}
+
+/// Runs a static HTTPS listener whose certificate is the SDS secret `edge` (`secret`: its
+/// `SdsSecretConfig`), in revoy or Envoy; checks that it presents `first`, calls `rotate`, and
+/// waits until new handshakes present `second`.
+fn rotates(
+    who: &str,
+    envoy: Option<&Path>,
+    dir: &Path,
+    secret: &str,
+    first: &certs::Issued,
+    rotate: impl FnOnce() -> certs::Issued,
+) {
+    let config = Arc::new(certs::client_config(dir, None));
+    let (admin, port) = (free_port(), free_port());
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         node: {{id: {NODE}, cluster: xds-test}}\n\
+         static_resources:{}",
+        sds_listener(port, secret, "edge")
+    );
+    let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
+    let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+        https::get(port, &config, "edge.test", "/").ok()
+    });
+    assert_eq!(
+        answer.certificate, first.cert_der,
+        "{who}: the first certificate"
+    );
+    let second = rotate();
+    eventually(
+        &format!("{who}: HTTPS with the rotated certificate"),
+        || {
+            https::get(port, &config, "edge.test", "/")
+                .ok()
+                .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+        },
+    );
+}
+
+/// `path_config_source.watched_directory`: the SDS file is reached through a symlink in a
+/// directory of its own (`conf/sds.yaml` -> `../cm/sds.yaml`) and `cm` is a Kubernetes
+/// ConfigMap mount; a `..data` swap in `cm` (a new `sds.yaml` with a new certificate inline)
+/// changes nothing in `conf`, and is seen only through `watched_directory: {path: cm}`. New
+/// handshakes present the new certificate, in revoy as in Envoy 1.40.
+#[test]
+fn sds_path_config_source_watched_directory_sees_a_configmap_swap() {
+    let envoy =
+        oracle::envoy_or_skip("sds_path_config_source_watched_directory_sees_a_configmap_swap");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let mut runs = 0;
+    let mut run = |who: &str, envoy: Option<&Path>| {
+        runs += 1;
+        let first = ca.server(&["edge.test"]).issue();
+        let mut cm = KubeMount::new(
+            dir.path(),
+            &format!("cm-{runs}"),
+            &[("sds.yaml", &inline_sds_file("edge", &first))],
+        );
+        let conf = dir.path().join(format!("conf-{runs}"));
+        std::fs::create_dir(&conf).expect("conf dir");
+        std::os::unix::fs::symlink(cm.path("sds.yaml"), conf.join("sds.yaml")).expect("symlink");
+        let secret = format!(
+            "{{name: edge, sds_config: {{path_config_source: {{path: {}, watched_directory: {{path: {}}}}}}}}}",
+            conf.join("sds.yaml").display(),
+            cm.dir.display()
+        );
+        rotates(who, envoy, dir.path(), &secret, &first, || {
+            let second = ca.server(&["edge.test"]).issue();
+            cm.update(&[("sds.yaml", &inline_sds_file("edge", &second))]);
+            second
+        });
+    };
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
+    }
+    run("revoy", None);
+}
+
+/// `TlsCertificate.watched_directory` in an SDS secret naming files: the secret (a plain SDS
+/// file) names `certs/cert.pem` and `certs/key.pem`, symlinks into `mount`, a Kubernetes Secret
+/// mount; a `..data` swap there changes nothing in `certs` or in the SDS file's directory, and
+/// is seen only through `watched_directory: {path: mount}`. New handshakes present the new
+/// certificate, in revoy as in Envoy 1.40.
+#[test]
+fn tls_certificate_watched_directory_rotates_an_sds_secrets_files() {
+    let envoy =
+        oracle::envoy_or_skip("tls_certificate_watched_directory_rotates_an_sds_secrets_files");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    let mut runs = 0;
+    let mut run = |who: &str, envoy: Option<&Path>| {
+        runs += 1;
+        let first = ca.server(&["edge.test"]).issue();
+        let mut mount = KubeMount::new(
+            dir.path(),
+            &format!("mount-{runs}"),
+            &[("cert.pem", &first.chain_pem), ("key.pem", &first.key_pem)],
+        );
+        let certs = dir.path().join(format!("certs-{runs}"));
+        std::fs::create_dir(&certs).expect("certs dir");
+        for file in ["cert.pem", "key.pem"] {
+            std::os::unix::fs::symlink(mount.path(file), certs.join(file)).expect("symlink");
+        }
+        let sds = dir.path().join(format!("sds-{runs}.yaml"));
+        std::fs::write(
+            &sds,
+            sds_file("edge", &certs.join("cert.pem"), &certs.join("key.pem")).replace(
+                "tls_certificate: {",
+                &format!(
+                    "tls_certificate: {{watched_directory: {{path: {}}}, ",
+                    mount.dir.display()
+                ),
+            ),
+        )
+        .expect("sds file");
+        let secret = format!(
+            "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+            sds.display()
+        );
+        rotates(who, envoy, dir.path(), &secret, &first, || {
+            let second = ca.server(&["edge.test"]).issue();
+            mount.update(&[
+                ("cert.pem", &second.chain_pem),
+                ("key.pem", &second.key_pem),
+            ]);
+            second
+        });
+    };
+    if let Some(envoy) = &envoy {
+        run("Envoy", Some(envoy));
+    }
+    run("revoy", None);
 }
 
 /// A TLS upstream presenting `server` and requiring a client certificate from `ca`; answers

@@ -13,6 +13,7 @@ use proto::pb::envoy::config::core::v3::{
 use proto::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 
 use super::ConfigError;
+use super::watched_file::WatchedFile;
 
 /// Envoy's default `initial_fetch_timeout`.
 const DEFAULT_INITIAL_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -58,7 +59,7 @@ pub enum Source {
     /// The ADS stream.
     Ads,
     /// A file holding a `DiscoveryResponse`, watched for changes.
-    Path(PathBuf),
+    Path(WatchedFile),
 }
 
 /// A subscription's source and how long start-up waits for its first answer (`None`: for
@@ -130,8 +131,11 @@ fn subscription(
     #[allow(deprecated)] // `path` is deprecated in favour of `path_config_source`; still used.
     let source = match &cs.config_source_specifier {
         Some(ConfigSourceSpecifier::Ads(_)) => Source::Ads,
-        Some(ConfigSourceSpecifier::Path(p)) => Source::Path(PathBuf::from(p)),
-        Some(ConfigSourceSpecifier::PathConfigSource(p)) => Source::Path(PathBuf::from(&p.path)),
+        Some(ConfigSourceSpecifier::Path(p)) => Source::Path(WatchedFile::path(p)),
+        Some(ConfigSourceSpecifier::PathConfigSource(p)) => Source::Path(
+            super::watched_file::compile(p)
+                .map_err(|e| e.within(&format!("{path}.path_config_source")))?,
+        ),
         Some(ConfigSourceSpecifier::ApiConfigSource(_)) => {
             return Err(ConfigError::new(
                 format!("{path}.api_config_source"),
