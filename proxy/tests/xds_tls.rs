@@ -616,7 +616,8 @@ fn inline_sds_file(name: &str, issued: &certs::Issued) -> String {
 
 /// Runs a static HTTPS listener whose certificate is the SDS secret `edge` (`secret`: its
 /// `SdsSecretConfig`), in revoy or Envoy; checks that it presents `first`, calls `rotate`, and
-/// waits until new handshakes present `second`.
+/// waits until new handshakes present what it returns, while a connection made before still
+/// serves.
 fn rotates(
     who: &str,
     envoy: Option<&Path>,
@@ -641,6 +642,7 @@ fn rotates(
         answer.certificate, first.cert_der,
         "{who}: the first certificate"
     );
+    let mut held = https::connect(port, &config, "edge.test").expect("a connection held");
     let second = rotate();
     eventually(
         &format!("{who}: HTTPS with the rotated certificate"),
@@ -650,6 +652,18 @@ fn rotates(
                 .filter(|a| a.status == 200 && a.certificate == second.cert_der)
         },
     );
+    // The connection made before the rotation still serves.
+    use std::io::{Read, Write};
+    held.write_all(b"GET / HTTP/1.1\r\nhost: edge.test\r\n\r\n")
+        .expect("a request on the held connection");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !raw.ends_with(b"edge") {
+        let n = held.read(&mut chunk).expect("the held connection answers");
+        assert!(n > 0, "{who}: the held connection closed");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    assert!(raw.starts_with(b"HTTP/1.1 200"), "{who}");
 }
 
 /// `path_config_source.watched_directory`: the SDS file is reached through a symlink in a
