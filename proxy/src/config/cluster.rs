@@ -463,6 +463,9 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
         let Ok(tls) = proto::unpack::<UpstreamTlsContext>(any) else {
             continue;
         };
+        for (field, what) in super::tls::unacted::upstream(&tls) {
+            warnings.skipped(format!("{path}.{at}.typed_config.{field}"), what);
+        }
         let Some(params) = tls.common_tls_context.and_then(|c| c.tls_params) else {
             continue;
         };
