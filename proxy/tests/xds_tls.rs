@@ -383,57 +383,35 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
 /// present that. Envoy 1.40 on the same bootstrap and control plane does the same.
 #[test]
 fn sds_over_ads_serves_and_rotates_the_certificate() {
-    let envoy = oracle::envoy_or_skip("sds_over_ads_serves_and_rotates_the_certificate");
-    let dir = CertDir::new();
-    let ca = Ca::new("cluster.local");
-    ca.write_root_to(dir.path(), "root");
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
-    let run = |who: &str, envoy: Option<&Path>| {
-        let plane = Plane::start(free_port());
-        let first = ca.server(&["edge.test"]).issue();
-        plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
-        let (admin, port) = (free_port(), free_port());
-        // Envoy's gRPC client needs the xDS cluster to say HTTP/2.
-        let yaml = format!(
-            "{}{}",
-            ads_bootstrap(admin, plane.port, false).replace(
-                "    load_assignment: {cluster_name: xds-grpc",
-                "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
-                 {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
-                 explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
-            ),
-            sds_listener(port, secret, "edge"),
-        );
-        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
-        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
-            https::get(port, &config, "edge.test", "/").ok()
-        });
-        assert_eq!(
-            (answer.status, answer.body.as_str()),
-            (200, "edge"),
-            "{who}"
-        );
-        assert_eq!(
-            answer.certificate, first.cert_der,
-            "{who}: the first certificate"
-        );
-
-        let second = ca.server(&["edge.test"]).issue();
-        plane.set(Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)));
-        eventually(
-            &format!("{who}: HTTPS with the rotated certificate"),
-            || {
-                https::get(port, &config, "edge.test", "/")
-                    .ok()
-                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
-            },
-        );
-    };
-    run("revoy", None);
-    if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
-    }
+    envoy_then_revoy(
+        "sds_over_ads_serves_and_rotates_the_certificate",
+        |who, envoy, dir, ca, _| {
+            let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
+            let plane = Plane::start(free_port());
+            let first = ca.server(&["edge.test"]).issue();
+            plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
+            // Envoy's gRPC client needs the xDS cluster to say HTTP/2.
+            let bootstrap = |admin, port| {
+                format!(
+                    "{}{}",
+                    ads_bootstrap(admin, plane.port, false).replace(
+                        "    load_assignment: {cluster_name: xds-grpc",
+                        "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+                         {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+                         explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
+                    ),
+                    sds_listener(port, secret, "edge"),
+                )
+            };
+            rotates(who, envoy, dir, bootstrap, &first, || {
+                let second = ca.server(&["edge.test"]).issue();
+                plane.set(
+                    Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)),
+                );
+                second
+            });
+        },
+    );
 }
 
 /// The `path_config_source` file of secret `name`: a `DiscoveryResponse` with a
@@ -452,58 +430,33 @@ fn sds_file(name: &str, chain: &Path, key: &Path) -> String {
 /// the certificate of the new file, in revoy as in Envoy 1.40.
 #[test]
 fn sds_file_renamed_over_changes_the_certificate() {
-    let envoy = oracle::envoy_or_skip("sds_file_renamed_over_changes_the_certificate");
-    let dir = CertDir::new();
-    let ca = Ca::new("cluster.local");
-    ca.write_root_to(dir.path(), "root");
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let file = dir.path().join("edge-sds.yaml");
-    let secret = format!(
-        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
-        file.display()
+    envoy_then_revoy(
+        "sds_file_renamed_over_changes_the_certificate",
+        |who, envoy, dir, ca, run| {
+            let file = dir.join(format!("edge-sds-{run}.yaml"));
+            let issue = |round: usize| {
+                let issued = ca.server(&["edge.test"]).issue();
+                let files = issued.write_to(dir, &format!("edge-{run}-{round}"));
+                let staged = dir.join("staged.yaml");
+                std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
+                std::fs::rename(&staged, &file).expect("rename over the SDS file");
+                issued
+            };
+            let first = issue(1);
+            let secret = format!(
+                "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+                file.display()
+            );
+            rotates(
+                who,
+                envoy,
+                dir,
+                |admin, port| sds_bootstrap(admin, port, &secret),
+                &first,
+                || issue(2),
+            );
+        },
     );
-    let mut round = 0;
-    let mut run = |who: &str, envoy: Option<&Path>| {
-        let issue = |round: usize| {
-            let issued = ca.server(&["edge.test"]).issue();
-            let files = issued.write_to(dir.path(), &format!("edge-{round}"));
-            let staged = dir.path().join("staged.yaml");
-            std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
-            std::fs::rename(&staged, &file).expect("rename over the SDS file");
-            issued
-        };
-        round += 1;
-        let first = issue(round);
-        let (admin, port) = (free_port(), free_port());
-        let yaml = format!(
-            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
-             node: {{id: {NODE}, cluster: xds-test}}\n\
-             static_resources:{}",
-            sds_listener(port, &secret, "edge")
-        );
-        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
-        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
-            https::get(port, &config, "edge.test", "/").ok()
-        });
-        assert_eq!(
-            answer.certificate, first.cert_der,
-            "{who}: the first certificate"
-        );
-        round += 1;
-        let second = issue(round);
-        eventually(
-            &format!("{who}: HTTPS with the new file's certificate"),
-            || {
-                https::get(port, &config, "edge.test", "/")
-                    .ok()
-                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
-            },
-        );
-    };
-    if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
-    }
-    run("revoy", None);
 }
 
 /// A directory mounted as Kubernetes mounts a Secret or ConfigMap: each file is a symlink
@@ -614,30 +567,41 @@ fn inline_sds_file(name: &str, issued: &certs::Issued) -> String {
     )
 }
 
-/// Runs a static HTTPS listener whose certificate is the SDS secret `edge` (`secret`: its
-/// `SdsSecretConfig`), in revoy or Envoy; checks that it presents `first`, calls `rotate`, and
+/// A bootstrap with admin on `admin` and a static HTTPS listener on `port` whose certificate
+/// is the SDS secret `edge` (`secret`: its `SdsSecretConfig`), answering `edge`.
+fn sds_bootstrap(admin: u16, port: u16, secret: &str) -> String {
+    format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         node: {{id: {NODE}, cluster: xds-test}}\n\
+         static_resources:{}",
+        sds_listener(port, secret, "edge")
+    )
+}
+
+/// Runs revoy or Envoy on `bootstrap(admin, port)`, whose HTTPS listener on `port` answers
+/// `edge` with the SDS secret `edge`; checks that it presents `first`, calls `rotate`, and
 /// waits until new handshakes present what it returns, while a connection made before still
 /// serves.
 fn rotates(
     who: &str,
     envoy: Option<&Path>,
     dir: &Path,
-    secret: &str,
+    bootstrap: impl FnOnce(u16, u16) -> String,
     first: &certs::Issued,
     rotate: impl FnOnce() -> certs::Issued,
 ) {
     let config = Arc::new(certs::client_config(dir, None));
     let (admin, port) = (free_port(), free_port());
-    let yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
-         node: {{id: {NODE}, cluster: xds-test}}\n\
-         static_resources:{}",
-        sds_listener(port, secret, "edge")
-    );
+    let yaml = bootstrap(admin, port);
     let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
     let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
         https::get(port, &config, "edge.test", "/").ok()
     });
+    assert_eq!(
+        (answer.status, answer.body.as_str()),
+        (200, "edge"),
+        "{who}"
+    );
     assert_eq!(
         answer.certificate, first.cert_der,
         "{who}: the first certificate"
@@ -666,102 +630,116 @@ fn rotates(
     assert!(raw.starts_with(b"HTTP/1.1 200"), "{who}");
 }
 
-/// `path_config_source.watched_directory`: the SDS file is reached through a symlink in a
-/// directory of its own (`conf/sds.yaml` -> `../cm/sds.yaml`) and `cm` is a Kubernetes
-/// ConfigMap mount; a `..data` swap in `cm` (a new `sds.yaml` with a new certificate inline)
-/// changes nothing in `conf`, and is seen only through `watched_directory: {path: cm}`. New
-/// handshakes present the new certificate, in revoy as in Envoy 1.40.
-#[test]
-fn sds_path_config_source_watched_directory_sees_a_configmap_swap() {
-    let envoy =
-        oracle::envoy_or_skip("sds_path_config_source_watched_directory_sees_a_configmap_swap");
+/// Runs `case` with Envoy 1.40 (when there is one), then with revoy: it gets who runs, the
+/// Envoy binary (`None`: revoy), a directory holding the CA's `root.pem`, the CA, and the run's
+/// number (for names of its own).
+fn envoy_then_revoy(test: &str, mut case: impl FnMut(&str, Option<&Path>, &Path, &Ca, usize)) {
+    let envoy = oracle::envoy_or_skip(test);
     let dir = CertDir::new();
     let ca = Ca::new("cluster.local");
     ca.write_root_to(dir.path(), "root");
-    let mut runs = 0;
-    let mut run = |who: &str, envoy: Option<&Path>| {
-        runs += 1;
-        let first = ca.server(&["edge.test"]).issue();
-        let mut cm = KubeMount::new(
-            dir.path(),
-            &format!("cm-{runs}"),
-            &[("sds.yaml", &inline_sds_file("edge", &first))],
-        );
-        let conf = dir.path().join(format!("conf-{runs}"));
-        std::fs::create_dir(&conf).expect("conf dir");
-        std::os::unix::fs::symlink(cm.path("sds.yaml"), conf.join("sds.yaml")).expect("symlink");
-        let secret = format!(
-            "{{name: edge, sds_config: {{path_config_source: {{path: {}, watched_directory: {{path: {}}}}}}}}}",
-            conf.join("sds.yaml").display(),
-            cm.dir.display()
-        );
-        rotates(who, envoy, dir.path(), &secret, &first, || {
-            let second = ca.server(&["edge.test"]).issue();
-            cm.update(&[("sds.yaml", &inline_sds_file("edge", &second))]);
-            second
-        });
-    };
     if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
+        case("Envoy", Some(envoy), dir.path(), &ca, 1);
     }
-    run("revoy", None);
+    case("revoy", None, dir.path(), &ca, 2);
+}
+
+/// `path_config_source.watched_directory`: the SDS file is reached through a symlink in a
+/// directory of its own (`links/sds.yaml` -> `../mount/sds.yaml`) and `mount` is a Kubernetes
+/// ConfigMap mount; a `..data` swap in `mount` (a new `sds.yaml` with a new certificate inline)
+/// changes nothing in `links`, and is seen only through `watched_directory: {path: mount}`. New
+/// handshakes present the new certificate, in revoy as in Envoy 1.40.
+#[test]
+fn sds_path_config_source_watched_directory_sees_a_configmap_swap() {
+    envoy_then_revoy(
+        "sds_path_config_source_watched_directory_sees_a_configmap_swap",
+        |who, envoy, dir, ca, run| {
+            let files =
+                |issued: &certs::Issued| vec![("sds.yaml", inline_sds_file("edge", issued))];
+            rotates_through_mount(who, envoy, dir, ca, run, files, |links, mount| {
+                format!(
+                    "{{name: edge, sds_config: {{path_config_source: {{path: {}, watched_directory: {{path: {}}}}}}}}}",
+                    links.join("sds.yaml").display(),
+                    mount.display()
+                )
+            });
+        },
+    );
 }
 
 /// `TlsCertificate.watched_directory` in an SDS secret naming files: the secret (a plain SDS
-/// file) names `certs/cert.pem` and `certs/key.pem`, symlinks into `mount`, a Kubernetes Secret
-/// mount; a `..data` swap there changes nothing in `certs` or in the SDS file's directory, and
+/// file) names `links/cert.pem` and `links/key.pem`, symlinks into `mount`, a Kubernetes Secret
+/// mount; a `..data` swap there changes nothing in `links` or in the SDS file's directory, and
 /// is seen only through `watched_directory: {path: mount}`. New handshakes present the new
 /// certificate, in revoy as in Envoy 1.40.
 #[test]
 fn tls_certificate_watched_directory_rotates_an_sds_secrets_files() {
-    let envoy =
-        oracle::envoy_or_skip("tls_certificate_watched_directory_rotates_an_sds_secrets_files");
-    let dir = CertDir::new();
-    let ca = Ca::new("cluster.local");
-    ca.write_root_to(dir.path(), "root");
-    let mut runs = 0;
-    let mut run = |who: &str, envoy: Option<&Path>| {
-        runs += 1;
-        let first = ca.server(&["edge.test"]).issue();
-        let mut mount = KubeMount::new(
-            dir.path(),
-            &format!("mount-{runs}"),
-            &[("cert.pem", &first.chain_pem), ("key.pem", &first.key_pem)],
-        );
-        let certs = dir.path().join(format!("certs-{runs}"));
-        std::fs::create_dir(&certs).expect("certs dir");
-        for file in ["cert.pem", "key.pem"] {
-            std::os::unix::fs::symlink(mount.path(file), certs.join(file)).expect("symlink");
-        }
-        let sds = dir.path().join(format!("sds-{runs}.yaml"));
-        std::fs::write(
-            &sds,
-            sds_file("edge", &certs.join("cert.pem"), &certs.join("key.pem")).replace(
-                "tls_certificate: {",
-                &format!(
-                    "tls_certificate: {{watched_directory: {{path: {}}}, ",
-                    mount.dir.display()
-                ),
-            ),
-        )
-        .expect("sds file");
-        let secret = format!(
-            "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
-            sds.display()
-        );
-        rotates(who, envoy, dir.path(), &secret, &first, || {
-            let second = ca.server(&["edge.test"]).issue();
-            mount.update(&[
-                ("cert.pem", &second.chain_pem),
-                ("key.pem", &second.key_pem),
-            ]);
-            second
-        });
-    };
-    if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
+    envoy_then_revoy(
+        "tls_certificate_watched_directory_rotates_an_sds_secrets_files",
+        |who, envoy, dir, ca, run| {
+            let files = |issued: &certs::Issued| {
+                vec![
+                    ("cert.pem", issued.chain_pem.clone()),
+                    ("key.pem", issued.key_pem.clone()),
+                ]
+            };
+            rotates_through_mount(who, envoy, dir, ca, run, files, |certs, mount| {
+                let sds = dir.join(format!("sds-{run}.yaml"));
+                let text = sds_file("edge", &certs.join("cert.pem"), &certs.join("key.pem"))
+                    .replace(
+                        "tls_certificate: {",
+                        &format!(
+                            "tls_certificate: {{watched_directory: {{path: {}}}, ",
+                            mount.display()
+                        ),
+                    );
+                std::fs::write(&sds, text).expect("sds file");
+                format!(
+                    "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+                    sds.display()
+                )
+            });
+        },
+    );
+}
+
+/// [`rotates`] through a Kubernetes mount that only a `watched_directory` sees: the `files` of
+/// each certificate are mounted in `<dir>/mount-<run>` and reached through symlinks in
+/// `<dir>/links-<run>`, where the mount's `..data` swap changes nothing; `secret(links, mount)`
+/// is the listener's `SdsSecretConfig`. The rotation mounts the files of a new certificate.
+fn rotates_through_mount(
+    who: &str,
+    envoy: Option<&Path>,
+    dir: &Path,
+    ca: &Ca,
+    run: usize,
+    files: impl Fn(&certs::Issued) -> Vec<(&'static str, String)>,
+    secret: impl FnOnce(&Path, &Path) -> String,
+) {
+    let first = ca.server(&["edge.test"]).issue();
+    let mounted = files(&first);
+    fn as_refs<'a>(files: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+        files.iter().map(|(n, c)| (*n, c.as_str())).collect()
     }
-    run("revoy", None);
+    let mut mount = KubeMount::new(dir, &format!("mount-{run}"), &as_refs(&mounted));
+    let links = dir.join(format!("links-{run}"));
+    std::fs::create_dir(&links).expect("links dir");
+    for (file, _) in &mounted {
+        std::os::unix::fs::symlink(mount.path(file), links.join(file)).expect("symlink");
+    }
+    let secret = secret(&links, &mount.dir);
+    rotates(
+        who,
+        envoy,
+        dir,
+        |admin, port| sds_bootstrap(admin, port, &secret),
+        &first,
+        || {
+            let second = ca.server(&["edge.test"]).issue();
+            mount.update(&as_refs(&files(&second)));
+            second
+        },
+    );
 }
 
 /// A TLS upstream presenting `server` and requiring a client certificate from `ca`; answers
