@@ -644,27 +644,33 @@ fn envoy_then_revoy(test: &str, mut case: impl FnMut(&str, Option<&Path>, &Path,
     case("revoy", None, dir.path(), &ca, 2);
 }
 
-/// `path_config_source.watched_directory`: the SDS file is reached through a symlink in a
-/// directory of its own (`links/sds.yaml` -> `../mount/sds.yaml`) and `mount` is a Kubernetes
-/// ConfigMap mount; a `..data` swap in `mount` (a new `sds.yaml` with a new certificate inline)
-/// changes nothing in `links`, and is seen only through `watched_directory: {path: mount}`. New
-/// handshakes present the new certificate, in revoy as in Envoy 1.40.
+/// `path_config_source.watched_directory` and `poll_interval`: the SDS file is reached through
+/// a symlink in a directory of its own (`links/sds.yaml` -> `../mount/sds.yaml`) and `mount` is
+/// a Kubernetes ConfigMap mount; a `..data` swap in `mount` (a new `sds.yaml` with a new
+/// certificate inline) changes nothing in `links`, and is seen only through
+/// `watched_directory: {path: mount}`, or by reading the file every `poll_interval` (100 ms).
+/// New handshakes present the new certificate, in revoy as in Envoy 1.40.
 #[test]
-fn sds_path_config_source_watched_directory_sees_a_configmap_swap() {
-    envoy_then_revoy(
-        "sds_path_config_source_watched_directory_sees_a_configmap_swap",
-        |who, envoy, dir, ca, run| {
-            let files =
-                |issued: &certs::Issued| vec![("sds.yaml", inline_sds_file("edge", issued))];
-            rotates_through_mount(who, envoy, dir, ca, run, files, |links, mount| {
-                format!(
-                    "{{name: edge, sds_config: {{path_config_source: {{path: {}, watched_directory: {{path: {}}}}}}}}}",
-                    links.join("sds.yaml").display(),
-                    mount.display()
-                )
-            });
-        },
-    );
+fn sds_path_config_source_watched_directory_or_poll_sees_a_configmap_swap() {
+    for poll in [false, true] {
+        envoy_then_revoy(
+            "sds_path_config_source_watched_directory_or_poll_sees_a_configmap_swap",
+            |who, envoy, dir, ca, run| {
+                let files =
+                    |issued: &certs::Issued| vec![("sds.yaml", inline_sds_file("edge", issued))];
+                rotates_through_mount(who, envoy, dir, ca, run, files, |links, mount| {
+                    let trigger = match poll {
+                        true => "poll_interval: 0.1s".to_owned(),
+                        false => format!("watched_directory: {{path: {}}}", mount.display()),
+                    };
+                    format!(
+                        "{{name: edge, sds_config: {{path_config_source: {{path: {}, {trigger}}}}}}}",
+                        links.join("sds.yaml").display(),
+                    )
+                });
+            },
+        );
+    }
 }
 
 /// `TlsCertificate.watched_directory` in an SDS secret naming files: the secret (a plain SDS
