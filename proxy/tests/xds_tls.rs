@@ -447,14 +447,8 @@ fn sds_file_renamed_over_changes_the_certificate() {
                 "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
                 file.display()
             );
-            rotates(
-                who,
-                envoy,
-                dir,
-                |admin, port| sds_bootstrap(admin, port, &secret),
-                &first,
-                || issue(2),
-            );
+            let bootstrap = |admin, port| sds_bootstrap(admin, port, &secret);
+            rotates(who, envoy, dir, bootstrap, &first, || issue(2));
         },
     );
 }
@@ -734,18 +728,12 @@ fn rotates_through_mount(
         std::os::unix::fs::symlink(mount.path(file), links.join(file)).expect("symlink");
     }
     let secret = secret(&links, &mount.dir);
-    rotates(
-        who,
-        envoy,
-        dir,
-        |admin, port| sds_bootstrap(admin, port, &secret),
-        &first,
-        || {
-            let second = ca.server(&["edge.test"]).issue();
-            mount.update(&as_refs(&files(&second)));
-            second
-        },
-    );
+    let bootstrap = |admin, port| sds_bootstrap(admin, port, &secret);
+    rotates(who, envoy, dir, bootstrap, &first, || {
+        let second = ca.server(&["edge.test"]).issue();
+        mount.update(&as_refs(&files(&second)));
+        second
+    });
 }
 
 /// A TLS upstream presenting `server` and requiring a client certificate from `ca`; answers
