@@ -78,7 +78,7 @@ pub struct State {
     /// Clusters waiting for their endpoints.
     warming_clusters: Waiting<ClusterConfig>,
     /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
-    clusters_awaiting_secrets: BTreeMap<String, ClusterConfig>,
+    clusters_awaiting_secrets: Waiting<ClusterConfig>,
     /// EDS clusters by service name.
     eds_users: HashMap<String, Users>,
     /// The service name each EDS cluster uses.
@@ -233,7 +233,7 @@ impl ProxyHandler {
                 self.stats.cds.timed_out();
                 st.cds_received = true;
                 let mut warming = st.warming_clusters.take();
-                warming.append(&mut st.clusters_awaiting_secrets);
+                warming.append(&mut st.clusters_awaiting_secrets.take());
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
@@ -682,15 +682,27 @@ impl ProxyHandler {
         version: &str,
         timeout: Option<Duration>,
     ) -> Option<tokio::task::AbortHandle> {
+        let (name, version) = (name.to_owned(), version.to_owned());
+        self.after(timeout, move |me| {
+            me.warming_timed_out(kind, &name, &version)
+        })
+    }
+
+    /// Runs `then` on this handler once `timeout` has passed (`None`: never), if the proxy
+    /// still runs; the handle cancels it.
+    fn after(
+        &self,
+        timeout: Option<Duration>,
+        then: impl FnOnce(&ProxyHandler) + Send + 'static,
+    ) -> Option<tokio::task::AbortHandle> {
         let (Some(timeout), Some(me)) = (timeout, self.me()) else {
             return None;
         };
         let me = Arc::downgrade(&me);
-        let (name, version) = (name.to_owned(), version.to_owned());
         let task = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(me) = me.upgrade() {
-                me.warming_timed_out(kind, &name, &version);
+                then(&me);
             }
         });
         Some(task.abort_handle())
@@ -1029,9 +1041,38 @@ impl ProxyHandler {
             Status::Acked
         } else {
             self.await_secrets(process, &secrets);
-            st.clusters_awaiting_secrets.insert(cfg.name.clone(), cfg);
+            let name = cfg.name.clone();
+            st.clusters_awaiting_secrets.insert(name.clone(), cfg);
+            let timeout = secrets_timeout(process, &secrets);
+            let waited = name.clone();
+            if let Some(timer) =
+                self.after(timeout, move |me| me.cluster_secrets_timed_out(&waited))
+            {
+                st.clusters_awaiting_secrets.set_timer(&name, timer);
+            }
             Status::Warming
         }
+    }
+
+    /// Uses cluster `name` without the secrets it still awaits, its wait over: as Envoy's
+    /// cluster warming ends on its SDS subscriptions' `initial_fetch_timeout`, its connections
+    /// then fail closed until they come ([`crate::tls::ClientContext::may_handshake`]). A new
+    /// version of the cluster, or its secrets coming, cancels the timer that calls it.
+    fn cluster_secrets_timed_out(&self, name: &str) {
+        let Some(process) = self.process.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let st = &mut *st;
+        let Some(cfg) = st.clusters_awaiting_secrets.remove(name) else {
+            return;
+        };
+        tracing::warn!(cluster = %name, "initial_fetch_timeout: SDS secrets did not come; the cluster is used, its connections refused until they do");
+        st.clusters.set_status(name, Status::Acked);
+        process.shared.clusters.apply(vec![cfg], &[]);
+        self.publish_cluster_gauges(&process, st);
+        self.activate_ready_listeners(&process, st);
+        self.advance(st);
     }
 
     /// Looks at what warms again once every one of `secrets` has arrived.
@@ -1063,9 +1104,13 @@ impl ProxyHandler {
         let st = &mut *st;
         let ready: Vec<String> = st
             .clusters_awaiting_secrets
-            .iter()
-            .filter(|(_, cfg)| secrets_ready(&process, &cluster_secrets(cfg)))
-            .map(|(name, _)| name.clone())
+            .keys()
+            .filter(|name| {
+                st.clusters_awaiting_secrets
+                    .get(name)
+                    .is_some_and(|cfg| secrets_ready(&process, &cluster_secrets(cfg)))
+            })
+            .cloned()
             .collect();
         let mut warmed = Vec::new();
         for name in ready {
@@ -1102,6 +1147,17 @@ pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
         })
         .flat_map(|t| t.common.secrets().into_iter().cloned())
         .collect()
+}
+
+/// How long a cluster waits for the ones of `secrets` that have not arrived: the longest of
+/// their `initial_fetch_timeout`s (`None`, for ever, when one has none).
+fn secrets_timeout(process: &Process, secrets: &[SecretRef]) -> Option<Duration> {
+    secrets
+        .iter()
+        .filter(|r| !process.shared.secrets.cell(r).is_ready())
+        .try_fold(Duration::ZERO, |longest, r| {
+            r.initial_fetch_timeout.map(|t| longest.max(t))
+        })
 }
 
 /// Whether every one of `secrets` has arrived (asking subscribes to it).
