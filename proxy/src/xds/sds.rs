@@ -81,12 +81,14 @@ fn deliver(
     let ctx = Context::new(&io);
     let mut proto = raw.clone();
     crate::config::tls::secret::inline_files(&ctx, &mut proto);
-    let value = crate::config::tls::secret::compile(&ctx, &proto)
-        .map_err(|e| format!("secret '{name}': {e}"))?;
+    // What the store holds compiled once: a poll or a watch reading the same again costs no
+    // compile.
     if store.holds(name, source, &proto) {
         tracing::debug!(secret = %name, %version, "secret unchanged");
         return Ok(());
     }
+    let value = crate::config::tls::secret::compile(&ctx, &proto)
+        .map_err(|e| format!("secret '{name}': {e}"))?;
     tracing::info!(secret = %name, %version, ?source, "secret applied");
     store.set(
         name,
