@@ -246,6 +246,12 @@ fn steady_rss(pid: u32, since: Instant) -> f64 {
     procfs::status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0
 }
 
+/// How long a proxy's idle CPU is read over before a churn: one stats flush period (Envoy's
+/// default `stats_flush_interval`, which revoy keeps), so each window holds exactly one flush
+/// whatever its phase (a one-second window showed 0.5 or 13 ms/s for the same revoy, as it
+/// missed or caught the flush).
+const IDLE_WINDOW: Duration = Duration::from_secs(5);
+
 /// How long after an update its RSS is read.
 const RSS_AFTER: Duration = Duration::from_secs(3);
 
@@ -456,8 +462,8 @@ impl Bench {
         let updates = self.plan.updates();
         let tag = if load_port.is_some() { "load" } else { "churn" };
         let idle_from = cpu(pid);
-        thread::sleep(Duration::from_secs(1));
-        let idle_ms_per_s = (cpu(pid) - idle_from) * 1000.0;
+        thread::sleep(IDLE_WINDOW);
+        let idle_ms_per_s = (cpu(pid) - idle_from) * 1000.0 / IDLE_WINDOW.as_secs_f64();
         let load = load_port.map(|port| {
             let url = format!("http://127.0.0.1:{port}/");
             let seconds = self.plan.churn.as_secs().max(1) as u32;
