@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use benches::clients::{self, Latency};
 use benches::contender::{Kind, installed_envoy};
 use benches::procfs;
-use benches::report::format_value;
+use benches::report::{ChartPanel, format_value, svg_page};
 use benches::stats::{median, quantile};
 use benches::upstream::{self, Upstream};
 use benches::xds::{Launch, Mesh, Proxy};
@@ -591,6 +591,36 @@ const METRICS: [(&str, &str); 20] = [
     ("errors", "errors"),
 ];
 
+/// `xds.svg`: per push, the time to the last ACK and the RSS after; per churn, the CPU per
+/// update and the update-to-ACK median; revoy's bars beside Envoy's.
+fn svg_chart(results: &Results) -> String {
+    let panel = |scenario: &str, metric: &str, better: &str| ChartPanel {
+        title: format!("{scenario}: {} ({better} is better)", title(metric)),
+        bars: [Kind::Revoy, Kind::Envoy]
+            .into_iter()
+            .filter_map(|k| Some((k.name(), results.get(scenario, k, metric)?)))
+            .collect(),
+    };
+    let rows: Vec<Vec<ChartPanel>> = results
+        .order
+        .iter()
+        .map(|scenario| {
+            if scenario.starts_with("push_") {
+                vec![
+                    panel(scenario, "ack_ms", "lower"),
+                    panel(scenario, "rss_mib", "lower"),
+                ]
+            } else {
+                vec![
+                    panel(scenario, "cpu_ms_per_update", "lower"),
+                    panel(scenario, "ack_p50_ms", "lower"),
+                ]
+            }
+        })
+        .collect();
+    svg_page(&rows)
+}
+
 fn title(metric: &str) -> &str {
     METRICS
         .iter()
@@ -936,8 +966,16 @@ fn run(opts: &Options) -> Result<Vec<String>, String> {
     let json_path = opts.out.join("xds.json");
     let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
     fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let svg_path = opts.out.join("xds.svg");
+    fs::write(&svg_path, svg_chart(&bench.results))
+        .map_err(|e| format!("{}: {e}", svg_path.display()))?;
     println!("{md}");
-    eprintln!("wrote {} and {}", md_path.display(), json_path.display());
+    eprintln!(
+        "wrote {}, {} and {}",
+        md_path.display(),
+        json_path.display(),
+        svg_path.display()
+    );
     Ok(errors)
 }
 
