@@ -10,7 +10,9 @@
 //! pod's endpoint.
 //!
 //! What every run must see is the same list, whatever sidecars the pods run (Envoy's in
-//! `envoy_in_every_pod` is the reference): an in-flight request to c completes, keep-alive
+//! `envoy_in_every_pod` is the reference): an in-flight request to c completes (one from
+//! outside the mesh, one from a through its sidecar over mTLS), so do a's new requests to
+//! svc-c (c alone) while c drains, keep-alive
 //! HTTP/1.1 clients get `connection: close` and HTTP/2 clients a GOAWAY with NO_ERROR, new
 //! connections to c's draining inbound listener are still served but closed, c's own outbound
 //! calls keep working, and after the kill new connections are refused; a's HTTP/1.1, gRPC and
@@ -35,9 +37,11 @@ pub const EXPECTED: &[&str] = &[
     "keep-alive HTTP/2 before the drain: 200 from c, GOAWAY None",
     "drain: 200",
     "in-flight request: 200 from c, connection: close",
+    "a's in-flight request to svc-c: 200 from c",
     "keep-alive HTTP/1.1 after the drain: 200 from c, connection: close",
     "keep-alive HTTP/2 after the drain: 200 from c, GOAWAY Some(0)",
     "new connection while draining: 200 from c, connection: close",
+    "a's new request to svc-c while draining: 200 from c",
     "c's outbound call while draining: 200 from a",
     "new connection after the kill: refused",
 ];
@@ -112,6 +116,16 @@ fn admin_post(cluster: &Cluster, pod: &str, path: &str) -> String {
     }
 }
 
+/// A's HTTP/1.1 request for `path` to svc-c (served by c alone), through its sidecar over
+/// mTLS: `<status> from <pod>`.
+fn from_a_to_svc_c(cluster: &Cluster, path: &str) -> String {
+    let to = crate::addr(crate::SVC_C_VIP, 80);
+    match app::request(cluster.ns("a"), Proto::H1, to, "svc-c", path) {
+        Ok((status, body)) => format!("{status} from {}", field(&body, "Hostname").unwrap_or("?")),
+        Err(e) => format!("error: {e}"),
+    }
+}
+
 /// Waits (up to 20 s) until the echo holds the request for `/held/<key>`.
 fn wait_held(key: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -150,7 +164,11 @@ pub fn terminate_c(cluster: &Cluster, key: &str) -> (Vec<String>, [u32; 3]) {
             let path = format!("{}{key}", app::HELD);
             let mut held = keep_alive(cluster, to_c);
             let in_flight = s.spawn(move || seen(held.get(&path)));
+            let mesh_key = format!("{key}-mesh");
+            let mesh_path = format!("{}{mesh_key}", app::HELD);
+            let mesh_in_flight = s.spawn(move || from_a_to_svc_c(cluster, &mesh_path));
             wait_held(key);
+            wait_held(&mesh_key);
             phase.set("c drains (pilot-agent)");
             let drained = Instant::now();
             out.push(format!(
@@ -158,9 +176,14 @@ pub fn terminate_c(cluster: &Cluster, key: &str) -> (Vec<String>, [u32; 3]) {
                 admin_post(cluster, "c", "/drain_listeners?inboundonly&graceful")
             ));
             app::release(key);
+            app::release(&mesh_key);
             out.push(format!(
                 "in-flight request: {}",
                 in_flight.join().expect("the in-flight request")
+            ));
+            out.push(format!(
+                "a's in-flight request to svc-c: {}",
+                mesh_in_flight.join().expect("a's in-flight request")
             ));
             out.push(format!(
                 "keep-alive HTTP/1.1 after the drain: {}",
@@ -173,6 +196,10 @@ pub fn terminate_c(cluster: &Cluster, key: &str) -> (Vec<String>, [u32; 3]) {
             out.push(format!(
                 "new connection while draining: {}",
                 seen(keep_alive(cluster, to_c).get("/new"))
+            ));
+            out.push(format!(
+                "a's new request to svc-c while draining: {}",
+                from_a_to_svc_c(cluster, "/new")
             ));
             let outbound = app::request(
                 cluster.ns("c"),
