@@ -248,6 +248,24 @@ fn start_cluster(
     Cluster::start(tag, &mesh, pods, outside, Some(envoy))
 }
 
+/// Whether both sidecars of `cluster` counted the readiness request in Istio's
+/// `istio_requests_total` (so Istio's filters are in their config and at work).
+fn istio_stats_reported(cluster: &Cluster) -> Result<(), String> {
+    for pod in ["a", "b"] {
+        let (_, body) = cluster
+            .pod(pod)
+            .ns
+            .get(None, netns::ADMIN, "/stats/prometheus")
+            .map_err(|e| format!("{pod}'s /stats/prometheus: {e}"))?;
+        if !body.contains("istio_requests_total{") {
+            return Err(format!(
+                "revoy-istio: {pod}'s sidecar reports no istio_requests_total"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The PID of `pod`'s sidecar: the process whose working directory is the pod's directory
 /// (the harness starts it there, and nothing else).
 fn sidecar_pid(pod: &Pod) -> Result<u32, String> {
@@ -566,6 +584,9 @@ fn run(opts: &Options) -> Result<(), String> {
     let mut response_bytes = serde_json::Map::new();
     for c in &contenders {
         response_bytes.insert(c.kind.name().into(), json!(c.ready()?));
+    }
+    if let Some(pods) = &istio_pods {
+        istio_stats_reported(pods)?;
     }
     if opts.hold {
         return hold(&contenders);
