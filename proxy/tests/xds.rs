@@ -12,6 +12,8 @@ use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_T
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/ports.rs"]
@@ -1410,39 +1412,12 @@ fn a_request_in_flight_to_a_removed_cluster_completes() {
     assert_eq!(after.status, 503, "{after:?}");
 }
 
-/// One HTTP/2 frame: type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = len.to_be_bytes()[1..].to_vec();
-    f.extend([kind, flags]);
-    f.extend(stream.to_be_bytes());
-    f.extend(payload);
-    f
-}
-
-/// Reads the next HTTP/2 frame from `conn`.
-fn h2_read(conn: &mut std::net::TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
-    use std::io::Read;
-    let mut head = [0u8; 9];
-    conn.read_exact(&mut head)?;
-    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0; len];
-    conn.read_exact(&mut payload)?;
-    Ok((head[3], head[4], stream, payload))
-}
-
 /// An HTTP/2 client whose connection's filter chain changes over LDS while a stream is in
 /// flight: the stream completes (200 and its body), and the connection gets a GOAWAY with no
 /// error (HTTP/1.1 gets `connection: close`; Envoy drains such a connection the same way).
 #[test]
 fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() {
     use std::io::Write;
-    const HEADERS: u8 = 1;
-    const DATA: u8 = 0;
-    const SETTINGS: u8 = 4;
-    const PING: u8 = 6;
-    const GOAWAY: u8 = 7;
     let (slow, arrived, release) = held_upstream();
     let port = free_port();
     let (plane, _revoy, admin) = start(false);
@@ -1465,23 +1440,8 @@ fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() 
     wait_live(admin);
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     conn.set_read_timeout(Some(WAIT)).expect("timeout");
-    let mut block = Vec::new();
-    for (n, v) in [
-        (":method", "GET"),
-        (":scheme", "http"),
-        (":authority", "xds"),
-        (":path", "/"),
-    ] {
-        // A literal header field without indexing, new name (RFC 7541 6.2.2).
-        block.push(0);
-        block.push(n.len() as u8);
-        block.extend(n.as_bytes());
-        block.push(v.len() as u8);
-        block.extend(v.as_bytes());
-    }
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(h2_frame(SETTINGS, 0, 0, &[]));
-    out.extend(h2_frame(HEADERS, 0x1 | 0x4, 1, &block));
+    let mut out = h2_frames::preface();
+    out.extend(h2_frames::get(1, "xds", "/"));
     conn.write_all(&out).expect("write the request");
     arrived
         .recv_timeout(WAIT)
@@ -1494,37 +1454,15 @@ fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() 
         Some(1)
     );
     release.send(()).expect("release the upstream");
-    let (mut status, mut body, mut goaway, mut ended) = (None, Vec::<u8>::new(), None, false);
-    while !(ended && goaway.is_some()) {
-        let (kind, flags, stream, payload) = h2_read(&mut conn).expect("a frame");
-        match kind {
-            SETTINGS if flags & 0x1 == 0 => conn
-                .write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
-                .expect("settings ack"),
-            PING if flags & 0x1 == 0 => conn
-                .write_all(&h2_frame(PING, 0x1, 0, &payload))
-                .expect("ping ack"),
-            // `:status: 200` is index 8 of the static table.
-            HEADERS if stream == 1 => {
-                status = Some(payload.first() == Some(&0x88));
-                ended |= flags & 0x1 != 0;
-            }
-            DATA if stream == 1 => {
-                body.extend(&payload);
-                ended |= flags & 0x1 != 0;
-            }
-            GOAWAY => {
-                let code = u32::from_be_bytes(payload[4..8].try_into().expect("goaway code"));
-                goaway = Some(code);
-            }
-            _ => {}
-        }
-    }
+    let mut reader = h2_frames::Reader::new(&mut conn);
+    let seen = reader
+        .until(1, |s, goaway| s.ended && goaway.is_some())
+        .expect("the stream's frames and a GOAWAY");
     assert_eq!(
-        status,
+        seen.ok,
         Some(true),
         "the in-flight stream's status is not 200"
     );
-    assert_eq!(body, b"slow");
-    assert_eq!(goaway, Some(0), "a GOAWAY with NO_ERROR");
+    assert_eq!(seen.body, b"slow");
+    assert_eq!(reader.goaway, Some(0), "a GOAWAY with NO_ERROR");
 }
