@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+use tokio_util::sync::{
+    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+};
 
 /// `--drain-strategy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +163,11 @@ impl Retirement {
     /// Completes when the drain time has ended.
     pub fn ended(&self) -> WaitForCancellationFuture<'_> {
         self.ended.cancelled()
+    }
+
+    /// [`Retirement::ended`] for a task of its own (an upgraded connection's tunnel).
+    pub fn ended_owned(&self) -> WaitForCancellationFutureOwned {
+        self.ended.clone().cancelled_owned()
     }
 }
 

@@ -1729,14 +1729,16 @@ const DRAIN_TIME_S: &str = "2";
 /// How long a held connection is watched for its close: the drain time and ample room.
 const CLOSE_DEADLINE: Duration = Duration::from_secs(15);
 
-/// The listeners of the drain test: `drain_http` (a direct response `body`, HTTP/1.1 and
-/// HTTP/2 by `codec_type: AUTO`) and `drain_tcp` (tcp_proxy to the echo at `echo`, stat
-/// prefix `prefix`).
-fn drain_listeners(body: &str, prefix: &str, echo: u16) -> Vec<String> {
+/// The listeners of the drain test: `drain_http` (a direct response `body` on `/`, WebSocket
+/// upgrades of `/ws` to the echo at `ws`; HTTP/1.1 and HTTP/2 by `codec_type: AUTO`) and
+/// `drain_tcp` (tcp_proxy to the echo at `echo`, stat prefix `prefix`), with their clusters.
+fn drain_listeners(body: &str, prefix: &str, echo: u16, ws: u16) -> Vec<String> {
+    let routes = format!("[{}, {}]", to_cluster("/ws", "ws"), direct("/", 200, body));
     let hcm = format!(
         "{{name: envoy.filters.network.http_connection_manager, typed_config: {{\"@type\": {HCM}, \
-         stat_prefix: drain, codec_type: AUTO, {}, http_filters: [{ROUTER}]}}}}",
-        inline_routes(&format!("[{}]", direct("/", 200, body)))
+         stat_prefix: drain, codec_type: AUTO, upgrade_configs: [{{upgrade_type: websocket}}], \
+         {}, http_filters: [{ROUTER}]}}}}",
+        inline_routes(&routes)
     );
     let tcp = format!(
         "{{name: envoy.filters.network.tcp_proxy, typed_config: {{\"@type\": \
@@ -1745,9 +1747,38 @@ fn drain_listeners(body: &str, prefix: &str, echo: u16) -> Vec<String> {
     );
     vec![
         static_cluster("echo", echo, ""),
+        static_cluster("ws", ws, ""),
         http_listener("drain_http", &hcm),
         listener("drain_tcp", 0, "", &format!("[{{filters: [{tcp}]}}]")),
     ]
+}
+
+/// A WebSocket upgraded through `port` (`/ws`), its first frame (the echo's JSON) read.
+async fn websocket_through(port: u16) -> TcpStream {
+    let mut s = BufReader::new(
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect ws"),
+    );
+    s.get_mut()
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: xdsdiff\r\nconnection: upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .expect("write upgrade");
+    let mut line = String::new();
+    s.read_line(&mut line).await.expect("status line");
+    assert!(line.starts_with("HTTP/1.1 101"), "upgrade refused: {line}");
+    while line != "\r\n" {
+        line.clear();
+        s.read_line(&mut line).await.expect("header");
+    }
+    differential::websocket::read_frame(&mut s)
+        .await
+        .expect("first frame");
+    assert!(s.buffer().is_empty());
+    s.into_inner()
 }
 
 /// One HTTP/1.1 keep-alive GET of `/` on `stream`: its status and whether the proxy said
@@ -1853,12 +1884,13 @@ struct Held {
     h1_idle: BufReader<TcpStream>,
     h1_asks: BufReader<TcpStream>,
     h2_idle: TcpStream,
+    websocket: TcpStream,
     tcp: BufReader<TcpStream>,
 }
 
 impl Held {
-    /// Opens them, each having had one exchange: HTTP/1.1 keep-alive twice, HTTP/2, and a
-    /// line through the TCP proxy.
+    /// Opens them, each having had one exchange: HTTP/1.1 keep-alive twice, HTTP/2, a
+    /// WebSocket, and a line through the TCP proxy.
     async fn open(side: &Side) -> Held {
         let http = bound_port(side, "drain_http").await;
         let tcp_port = bound_port(side, "drain_tcp").await;
@@ -1878,6 +1910,7 @@ impl Held {
             h1_idle: h1.pop().unwrap(),
             h1_asks,
             h2_idle: h2_connection(http).await,
+            websocket: websocket_through(http).await,
             tcp,
         }
     }
@@ -1889,6 +1922,7 @@ impl Held {
         let idle = [
             watch(self.h1_idle.into_inner(), false),
             watch(self.h2_idle, true),
+            watch(self.websocket, false),
             watch(self.tcp.into_inner(), false),
         ];
         let mut asks = self.h1_asks;
@@ -1898,9 +1932,14 @@ impl Held {
         };
         let asked = asked + &until_closed(asks.into_inner(), false).await;
         let mut seen = vec![format!("HTTP/1.1 request in the drain: {asked}")];
-        for (what, task) in ["HTTP/1.1 idle", "HTTP/2 idle", "TCP proxy idle"]
-            .into_iter()
-            .zip(idle)
+        for (what, task) in [
+            "HTTP/1.1 idle",
+            "HTTP/2 idle",
+            "WebSocket idle",
+            "TCP proxy idle",
+        ]
+        .into_iter()
+        .zip(idle)
         {
             seen.push(format!("{what}: {}", task.await.expect("watcher")));
         }
@@ -1912,7 +1951,7 @@ impl Held {
 /// (and `--drain-strategy immediate`, so the request in the drain is told at once): Envoy and
 /// revoy alike answer a request in the drain with `connection: close`, and close every
 /// connection still open when the drain time ends — HTTP/1.1 and HTTP/2 idle keep-alive
-/// connections (no GOAWAY) and TCP proxy connections.
+/// connections (no GOAWAY), an upgraded WebSocket and TCP proxy connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xds_drain_end_closes_connections() {
     let Some(envoy) = oracle::envoy_or_skip("xds_drain_end_closes_connections") else {
@@ -1920,6 +1959,7 @@ async fn xds_drain_end_closes_connections() {
     };
     let mut upstreams = Upstreams::default();
     let echo = upstreams.tcp_echo("echo").await;
+    let ws = upstreams.http_echo("ws").await;
     let (server, port, task) = serve_ads().await;
     let args = [
         "--drain-time-s",
@@ -1934,14 +1974,14 @@ async fn xds_drain_end_closes_connections() {
         // Each listener's one filter chain changed: an update in place.
         (
             "changed in place",
-            drain_listeners("two", "drain_tcp_2", echo),
+            drain_listeners("two", "drain_tcp_2", echo, ws),
         ),
     ];
     for (n, (what, after)) in updates.into_iter().enumerate() {
         let before = format!("d{n}a");
         server.set(snapshot(
             &before,
-            &drain_listeners("one", "drain_tcp", echo),
+            &drain_listeners("one", "drain_tcp", echo, ws),
         ));
         for side in &sides {
             assert_eq!(
