@@ -18,6 +18,8 @@ mod h2_frames;
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "../../xds-client/tests/support/relay.rs"]
+mod relay;
 #[path = "support/xds.rs"]
 mod xds;
 
@@ -1465,4 +1467,174 @@ fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() 
     );
     assert_eq!(seen.body, b"slow");
     assert_eq!(reader.goaway, Some(0), "a GOAWAY with NO_ERROR");
+}
+
+/// `/xds`'s push entry of `type_url` at `version`, once it is logged.
+fn push_entry(admin: u16, type_url: &str, version: &str) -> serde_json::Value {
+    eventually("the push in /xds", || {
+        xds_status(admin)["pushes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["type_url"] == type_url && p["version"] == version)
+            .cloned()
+    })
+}
+
+/// The names of a push entry's list `field`, sorted.
+fn listed(push: &serde_json::Value, field: &str) -> Vec<String> {
+    let mut names: Vec<String> = push[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("{field} in {push}"))
+        .iter()
+        .map(|n| n.as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Each push in `/xds` tells which resources it added, changed (a new version of a name
+/// revoy held), left unchanged, removed and rejected (with the reason).
+fn push_log(delta: bool) {
+    let up = upstream("upstream-a");
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let (plane, _revoy, admin) = start(delta);
+    let body = |b: &str| {
+        format!(
+            "[{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: {b}}}}}}}]"
+        )
+    };
+    let bad_routes = "[{match: {safe_regex: {regex: \"((\"}}, route: {cluster: svc}}]".to_owned();
+    // Cluster `svc` and `listeners` (name, port, routes).
+    let snapshot = |version: &str, listeners: &[(&str, u16, String)]| {
+        let mut snap = Snapshot::new(version).with_message("svc", &static_cluster("svc", up));
+        for (name, port, routes) in listeners {
+            snap = snap.with_message(*name, &inline_listener(name, *port, routes));
+        }
+        snap
+    };
+    plane.set(snapshot(
+        "1",
+        &[
+            ("same", ports[0], body("same")),
+            ("edited", ports[1], body("v1")),
+        ],
+    ));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    let first = push_entry(admin, LISTENER_TYPE_URL, "1");
+    assert_eq!(listed(&first, "added"), ["edited", "same"], "{first}");
+    assert_eq!(first["changed_count"], 0, "{first}");
+
+    plane.set(snapshot(
+        "2",
+        &[
+            ("same", ports[0], body("same")),
+            ("edited", ports[1], body("v2")),
+            ("new", ports[2], body("new")),
+            ("bad", ports[3], bad_routes),
+        ],
+    ));
+    assert!(matches!(
+        plane.verdict(LISTENER_TYPE_URL, "2"),
+        Verdict::Nack(_)
+    ));
+    let second = push_entry(admin, LISTENER_TYPE_URL, "2");
+    assert_eq!(listed(&second, "added"), ["new"], "{second}");
+    assert_eq!(listed(&second, "changed"), ["edited"], "{second}");
+    // SotW repeats every listener; the Delta server sends only those that changed.
+    let unchanged = if delta { 0 } else { 1 };
+    assert_eq!(second["unchanged_count"], unchanged, "{second}");
+    let rejected = second["rejected"].as_array().expect("rejected");
+    assert_eq!(rejected.len(), 1, "{second}");
+    assert_eq!(rejected[0]["name"], "bad");
+    let reason = rejected[0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("safe_regex"), "no field path: {reason}");
+    assert_eq!(second["verdict"], "NACK");
+    assert_eq!(body_of(ports[1]).as_deref(), Some("v2"));
+
+    plane.set(snapshot(
+        "3",
+        &[
+            ("same", ports[0], body("same")),
+            ("new", ports[2], body("new")),
+        ],
+    ));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    let third = push_entry(admin, LISTENER_TYPE_URL, "3");
+    // `bad` too over SotW (absent now); the Delta server removes what it had sent.
+    let removed = listed(&third, "removed");
+    assert!(removed.contains(&"edited".to_owned()), "{third}");
+    assert_eq!(
+        (
+            third["added_count"].as_u64(),
+            third["changed_count"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{third}"
+    );
+    assert_eq!(third["rejected_count"], 0, "{third}");
+}
+
+/// [`push_log`] over SotW.
+#[test]
+fn the_push_log_tells_added_changed_removed_and_rejected_sotw() {
+    push_log(false);
+}
+
+/// [`push_log`] over Delta.
+#[test]
+fn the_push_log_tells_added_changed_removed_and_rejected_delta() {
+    push_log(true);
+}
+
+/// `ads_config` over `google_grpc` (which Envoy accepts too): revoy reaches the control
+/// plane at its `target_uri` as over `envoy_grpc`, and serves what it pushes.
+#[test]
+fn google_grpc_reaches_the_control_plane() {
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let plane = Plane::start(xds);
+    let yaml = ads_bootstrap(admin, xds, false).replace(
+        "{envoy_grpc: {cluster_name: xds-grpc}}",
+        &format!("{{google_grpc: {{target_uri: \"127.0.0.1:{xds}\", stat_prefix: ads}}}}"),
+    );
+    assert!(yaml.contains("google_grpc"));
+    let _revoy = start_revoy(&yaml, admin);
+    let routes =
+        "[{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: google}}}]";
+    plane.set(Snapshot::new("1").with_message("l", &inline_listener("l", port, routes)));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("google"));
+}
+
+/// The xDS cluster's `connection_keepalive` (as a pilot-agent bootstrap may set it on
+/// `xds-grpc`) is the ADS channel's: PINGs at its interval; a control plane that falls silent
+/// without closing is dropped after its timeout, a new stream opens, and a later push applies.
+#[test]
+fn the_xds_clusters_keep_alive_finds_a_silent_control_plane() {
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let plane = Plane::start(xds);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let relay = runtime.block_on(relay::Relay::start(([127, 0, 0, 1], xds).into()));
+    let keep_alive = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {connection_keepalive: {interval: 0.1s, timeout: 0.3s}}}\n";
+    let yaml = ads_bootstrap(admin, relay.address.port(), false).replace(
+        "    connect_timeout: 1s\n",
+        &format!("    connect_timeout: 1s\n{keep_alive}"),
+    );
+    assert!(yaml.contains("connection_keepalive"));
+    let _revoy = start_revoy(&yaml, admin);
+    let answering = |body: &str| {
+        format!(
+            "[{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: {body}}}}}}}]"
+        )
+    };
+    plane.set(Snapshot::new("1").with_message("l", &inline_listener("l", port, &answering("one"))));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    eventually("keep-alive PINGs", || (relay.pings() >= 2).then_some(()));
+    let streams = || xds_status(admin)["stream"]["streams"].as_u64();
+    assert_eq!(streams(), Some(1));
+    relay.silence();
+    eventually("a new stream", || (streams() >= Some(2)).then_some(()));
+    plane.set(Snapshot::new("2").with_message("l", &inline_listener("l", port, &answering("two"))));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(body_of(port).as_deref(), Some("two"));
 }
