@@ -37,6 +37,8 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "access_log/timeouts.rs"]
+mod timeouts;
 #[path = "access_log/tls.rs"]
 mod tls;
 

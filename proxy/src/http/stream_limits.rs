@@ -5,12 +5,12 @@
 //! local replies (504 `stream timeout`; 504 `downstream duration timeout`, gRPC
 //! DEADLINE_EXCEEDED); afterwards they cut the response body, which resets the downstream
 //! stream as Envoy does. The idle timer before the response head is armed only when it could
-//! fire before the route timeout, and restarted by the request body's frames.
+//! fire before the route timeout; before and after the response head, the request body's
+//! frames restart it (see [`BodyActivity`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use http::{HeaderMap, Response, StatusCode};
 
 use super::Hcm;
+use super::body_activity::BodyActivity;
 use super::grpc_timeout::{self, GRPC_TIMEOUT};
 use super::local_reply::{
     GRPC_DEADLINE_EXCEEDED, is_grpc, local_reply, local_reply_with_grpc_status,
@@ -146,6 +147,11 @@ impl StreamLimits {
         (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
     }
 
+    /// Whether the stream has an idle timeout.
+    pub fn idles(&self) -> bool {
+        self.idle.is_some()
+    }
+
     /// When the wait for the response head must end, and the limit that fires first then,
     /// under the route timeout `global` (which starts now): an idle timeout not shorter than
     /// it cannot fire first, so it arms no timer.
@@ -163,92 +169,19 @@ impl StreamLimits {
     }
 
     /// Wraps a response body so that it fails when idle too long or past the deadline
-    /// (counted in `hcm`'s stats).
-    pub fn wrap(&self, body: Body, hcm: &Arc<Hcm>) -> Body {
+    /// (counted in `hcm`'s stats). The request body's frames (`request`, when it was still
+    /// arriving) keep the stream from being idle too.
+    pub fn wrap(&self, body: Body, hcm: &Arc<Hcm>, request: Option<BodyActivity>) -> Body {
         crate::body::boxed(Limited {
             inner: body,
             hcm: Arc::clone(hcm),
             limits: *self,
+            request,
             moved: false,
             armed: false,
             idle_timer: None,
             deadline: None,
         })
-    }
-}
-
-/// When a request body last moved, in milliseconds after its head wait began: what restarts
-/// the idle timer before the response head.
-#[derive(Debug, Clone)]
-pub struct BodyActivity {
-    since: Instant,
-    /// Milliseconds after `since` of the last frame, with [`ENDED`] set once the body ended.
-    last_ms: Arc<AtomicU64>,
-}
-
-/// The bit of [`BodyActivity::last_ms`] set once the body ended.
-const ENDED: u64 = 1 << 63;
-
-impl BodyActivity {
-    /// Watches `body`: each of its frames is noted. The head wait starts now.
-    pub fn watch(body: Body) -> (Body, BodyActivity) {
-        let activity = BodyActivity {
-            since: Instant::now(),
-            last_ms: Arc::default(),
-        };
-        let touched = Touched {
-            inner: body,
-            activity: activity.clone(),
-        };
-        (crate::body::boxed(touched), activity)
-    }
-
-    /// When the request body last moved (the head wait's start if it never did).
-    fn last(&self) -> Instant {
-        let ms = self.last_ms.load(Ordering::Relaxed) & !ENDED;
-        self.since + Duration::from_millis(ms)
-    }
-
-    /// Whether the request body ended (Envoy answers an idle timeout before it with 408).
-    pub fn ended(&self) -> bool {
-        self.last_ms.load(Ordering::Relaxed) & ENDED != 0
-    }
-}
-
-/// A request body whose frames are noted in a [`BodyActivity`].
-struct Touched {
-    inner: Body,
-    activity: BodyActivity,
-}
-
-impl HttpBody for Touched {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        if frame.is_ready() {
-            let a = &self.activity;
-            let ms = a.since.elapsed().as_millis() as u64;
-            let ended = match &frame {
-                Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
-                _ => true,
-            };
-            a.last_ms
-                .store(if ended { ms | ENDED } else { ms }, Ordering::Relaxed);
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -288,11 +221,14 @@ impl StreamLimits {
 ///
 /// The timers are made the first time the body has to wait (a body whose frames are all at
 /// hand never arms one), and the idle timer is restarted when the body waits again after a
-/// frame.
+/// frame. When it fires, the request body's last frame is looked at: one since pushes it
+/// back (Envoy restarts it on request frames too).
 struct Limited {
     inner: Body,
     hcm: Arc<Hcm>,
     limits: StreamLimits,
+    /// The request body's activity, when it had not ended by the response head.
+    request: Option<BodyActivity>,
     /// A frame went by since the idle timer was last (re)started.
     moved: bool,
     /// The timers were made.
@@ -341,13 +277,18 @@ impl HttpBody for Limited {
             Limit::Duration.count(&this.hcm.stats);
             return Poll::Ready(Some(Err(LimitReached(Limit::Duration).into())));
         }
-        if this
-            .idle_timer
-            .as_mut()
-            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
-        {
-            Limit::Idle.count(&this.hcm.stats);
-            return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
+        while let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.limits.idle) {
+            if timer.as_mut().poll(cx).is_pending() {
+                break;
+            }
+            let since_request = this.request.as_ref().map(|r| r.last() + idle);
+            match since_request {
+                Some(at) if at > Instant::now() => timer.as_mut().reset(at),
+                _ => {
+                    Limit::Idle.count(&this.hcm.stats);
+                    return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
+                }
+            }
         }
         Poll::Pending
     }
