@@ -807,11 +807,14 @@ async fn route_and_forward(
                 .as_ref()
                 .and_then(|l| l.head_deadline(timeouts.global));
             // A body still to come restarts the idle timer (before and after the response
-            // head); the request timeout may watch it already.
-            let body_activity = match (&limits, activity) {
+            // head), and decides the status of the cluster's `max_stream_duration` reply;
+            // the request timeout may watch it already.
+            let watch = limits.as_ref().is_some_and(StreamLimits::idles)
+                || cluster.config().max_stream_duration.is_some();
+            let body_activity = match activity {
                 _ if http_body::Body::is_end_stream(&downstream_body) => None,
-                (_, Some(a)) => Some(a.clone()),
-                (Some(l), None) if l.idles() => {
+                Some(a) => Some(a.clone()),
+                None if watch => {
                     let (watched, activity) = BodyActivity::watch(downstream_body);
                     downstream_body = watched;
                     Some(activity)
@@ -862,6 +865,7 @@ async fn route_and_forward(
                 retries_exhausted: false,
                 last_attempt_at: Duration::ZERO,
                 pending: pending.as_deref_mut(),
+                request_body: body_activity.clone(),
             };
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
@@ -873,7 +877,7 @@ async fn route_and_forward(
                     {
                         Ok(done) => done,
                         Err(why) => {
-                            why.count(&ctx.hcm.stats);
+                            why.count(&ctx.hcm.stats, None);
                             note!(|r| why.note(r));
                             let body_ended = body_activity.as_ref().is_none_or(BodyActivity::ended);
                             return why.reply(body_ended);
@@ -940,10 +944,16 @@ async fn route_and_forward(
                         r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.host);
                         r.details = Some("via_upstream".into())
                     });
-                    let mut resp = match &limits {
-                        Some(l) => {
-                            resp.map(|b| l.wrap(body::boxed(b), &ctx.hcm, body_activity.clone()))
-                        }
+                    // The cluster's `max_stream_duration` runs from the last attempt's start.
+                    let upstream_end = cluster
+                        .config()
+                        .max_stream_duration
+                        .map(|d| tokio::time::Instant::from_std(start) + last_attempt_at + d);
+                    let mut resp = match &StreamLimits::with_upstream(limits, upstream_end) {
+                        Some(l) => resp.map(|b| {
+                            let stats = (&ctx.hcm, cluster.stats());
+                            l.wrap(body::boxed(b), stats, body_activity.clone())
+                        }),
                         None => resp.map(body::boxed),
                     };
                     forwarding::mutate_response(resp.headers_mut(), false);

@@ -30,6 +30,7 @@ use super::stats::HcmStats;
 use crate::access_log::{Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::action::{Forward, StreamTimeouts};
+use crate::upstream::ClusterStats;
 
 /// Which limit ended a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,9 @@ pub enum Limit {
     Idle,
     /// The stream's time limit (`max_stream_duration` or `grpc-timeout`).
     Duration,
+    /// The upstream stream's time limit (its cluster's `max_stream_duration`), reached after
+    /// the response head (before it, the router answers; see `attempts`).
+    Upstream,
 }
 
 impl Limit {
@@ -46,6 +50,7 @@ impl Limit {
         match self {
             Limit::Idle => "stream timeout",
             Limit::Duration => "downstream duration timeout",
+            Limit::Upstream => "upstream max stream duration reached",
         }
     }
 
@@ -58,15 +63,26 @@ impl Limit {
                 rec.details = Some("stream_idle_timeout".into());
             }
             Limit::Duration => rec.details = Some("max_duration_timeout".into()),
+            Limit::Upstream => {
+                rec.flags
+                    .set(ResponseFlag::UpstreamMaxStreamDurationReached);
+                rec.details = Some("upstream_max_stream_duration_reached".into());
+            }
         }
     }
 
     /// Counts it in the connection manager's `downstream_rq_idle_timeout` or
-    /// `downstream_rq_max_duration_reached`.
-    pub fn count(self, stats: &HcmStats) {
+    /// `downstream_rq_max_duration_reached`, or the cluster's
+    /// `upstream_rq_max_duration_reached` (`upstream`).
+    pub fn count(self, stats: &HcmStats, upstream: Option<&ClusterStats>) {
         match self {
             Limit::Idle => stats.rq_idle_timeout.inc(),
             Limit::Duration => stats.rq_max_duration_reached.inc(),
+            Limit::Upstream => {
+                if let Some(c) = upstream {
+                    c.upstream_rq_max_duration_reached().inc();
+                }
+            }
         }
     }
 
@@ -76,7 +92,7 @@ impl Limit {
     pub fn reply(self, request_ended: bool) -> Response<Body> {
         match self {
             Limit::Idle if !request_ended => local_reply(StatusCode::REQUEST_TIMEOUT, self.text()),
-            Limit::Idle => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
+            Limit::Idle | Limit::Upstream => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
             Limit::Duration => local_reply_with_grpc_status(
                 StatusCode::GATEWAY_TIMEOUT,
                 self.text(),
@@ -91,6 +107,8 @@ impl Limit {
 pub struct StreamLimits {
     idle: Option<Duration>,
     deadline: Option<Instant>,
+    /// When the upstream stream reaches its cluster's `max_stream_duration`.
+    upstream: Option<Instant>,
 }
 
 impl StreamLimits {
@@ -144,7 +162,25 @@ impl StreamLimits {
             headers.insert(&GRPC_TIMEOUT, grpc_timeout::encode(t));
         }
         let deadline = limit.map(|t| start + t);
-        (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
+        (idle.is_some() || deadline.is_some()).then_some(StreamLimits {
+            idle,
+            deadline,
+            upstream: None,
+        })
+    }
+
+    /// `limits` with the upstream stream's own time limit ending `at` (`None`: it has none)
+    /// for the response body; `None` when there is no limit at all.
+    pub fn with_upstream(limits: Option<StreamLimits>, at: Option<Instant>) -> Option<Self> {
+        match (limits, at) {
+            (Some(l), upstream) => Some(StreamLimits { upstream, ..l }),
+            (None, Some(at)) => Some(StreamLimits {
+                idle: None,
+                deadline: None,
+                upstream: Some(at),
+            }),
+            (None, None) => None,
+        }
     }
 
     /// Whether the stream has an idle timeout.
@@ -168,14 +204,28 @@ impl StreamLimits {
         }
     }
 
-    /// Wraps a response body so that it fails when idle too long or past the deadline
-    /// (counted in `hcm`'s stats). The request body's frames (`request`, when it was still
-    /// arriving) keep the stream from being idle too.
-    pub fn wrap(&self, body: Body, hcm: &Arc<Hcm>, request: Option<BodyActivity>) -> Body {
+    /// Wraps a response body so that it fails when idle too long or past a deadline
+    /// (counted in `hcm`'s stats, the upstream's limit in its cluster's `cluster`). The
+    /// request body's frames (`request`, when it was still arriving) keep the stream from
+    /// being idle too.
+    pub fn wrap(
+        &self,
+        body: Body,
+        (hcm, cluster): (&Arc<Hcm>, &Arc<ClusterStats>),
+        request: Option<BodyActivity>,
+    ) -> Body {
+        // One timer for both deadlines: the earlier.
+        let deadline = match (self.deadline, self.upstream) {
+            (Some(d), Some(u)) if u < d => Some((u, Limit::Upstream)),
+            (None, Some(u)) => Some((u, Limit::Upstream)),
+            (d, _) => d.map(|d| (d, Limit::Duration)),
+        };
         crate::body::boxed(Limited {
             inner: body,
             hcm: Arc::clone(hcm),
-            limits: *self,
+            cluster: self.upstream.map(|_| Arc::clone(cluster)),
+            idle: self.idle,
+            deadline_at: deadline,
             request,
             moved: false,
             armed: false,
@@ -226,7 +276,11 @@ impl StreamLimits {
 struct Limited {
     inner: Body,
     hcm: Arc<Hcm>,
-    limits: StreamLimits,
+    /// The upstream's cluster stats, when its `max_stream_duration` limits the body.
+    cluster: Option<Arc<ClusterStats>>,
+    idle: Option<Duration>,
+    /// The earlier deadline and its limit.
+    deadline_at: Option<(Instant, Limit)>,
     /// The request body's activity, when it had not ended by the response head.
     request: Option<BodyActivity>,
     /// A frame went by since the idle timer was last (re)started.
@@ -261,10 +315,10 @@ impl HttpBody for Limited {
         }
         if !this.armed {
             this.armed = true;
-            this.idle_timer = this.limits.idle.map(|i| Box::pin(sleep(i)));
-            this.deadline = this.limits.deadline.map(|d| Box::pin(sleep_until(d)));
+            this.idle_timer = this.idle.map(|i| Box::pin(sleep(i)));
+            this.deadline = this.deadline_at.map(|(d, _)| Box::pin(sleep_until(d)));
         } else if let (true, Some(timer), Some(idle)) =
-            (this.moved, this.idle_timer.as_mut(), this.limits.idle)
+            (this.moved, this.idle_timer.as_mut(), this.idle)
         {
             timer.as_mut().reset(Instant::now() + idle);
         }
@@ -273,11 +327,12 @@ impl HttpBody for Limited {
             .deadline
             .as_mut()
             .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+            && let Some((_, limit)) = this.deadline_at
         {
-            Limit::Duration.count(&this.hcm.stats);
-            return Poll::Ready(Some(Err(LimitReached(Limit::Duration).into())));
+            limit.count(&this.hcm.stats, this.cluster.as_deref());
+            return Poll::Ready(Some(Err(LimitReached(limit).into())));
         }
-        while let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.limits.idle) {
+        while let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.idle) {
             if timer.as_mut().poll(cx).is_pending() {
                 break;
             }
@@ -285,7 +340,7 @@ impl HttpBody for Limited {
             match since_request {
                 Some(at) if at > Instant::now() => timer.as_mut().reset(at),
                 _ => {
-                    Limit::Idle.count(&this.hcm.stats);
+                    Limit::Idle.count(&this.hcm.stats, None);
                     return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
                 }
             }

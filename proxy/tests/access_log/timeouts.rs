@@ -6,16 +6,19 @@
 //! it (the timeout was disarmed once the request was whole: 200), and, once the response head
 //! has gone out, a request body trickling in slower than the idle timeout allows in total but
 //! faster than it between frames (each frame restarts the idle timer: 200, the whole body)
-//! and one stalling past it (`SI`, the stream reset). The lines and the connection manager's
-//! `downstream_rq_timeout`, `downstream_rq_header_timeout` and `downstream_rq_idle_timeout`
-//! are compared.
+//! and one stalling past it (`SI`, the stream reset). Under `/umsdr`, a cluster whose
+//! `max_stream_duration` (0.5 s) ends an upstream stream: before the response head (504,
+//! `UMSDR`; 408 while the request body is still arriving) and after it (the response cut).
+//! The lines, the connection manager's `downstream_rq_timeout`, `downstream_rq_header_timeout`
+//! and `downstream_rq_idle_timeout` and the cluster's `upstream_rq_max_duration_reached` are
+//! compared.
 
 use super::*;
 
 const FORMAT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %UPSTREAM_CLUSTER% %UPSTREAM_REQUEST_ATTEMPT_COUNT%\n";
 
 /// An upstream answering each request after its whole body (`.../hold`: 2 s later), except
-/// `/echo...`, whose head (with `content-length: 5`) goes out at once and its body `done\n`
+/// paths with `/echo`, whose head (with `content-length: 5`) goes out at once and its body `done\n`
 /// once the request body is all in.
 fn upstream() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
@@ -50,7 +53,7 @@ fn serve(mut s: TcpStream) {
                 k.eq_ignore_ascii_case("content-length").then(|| v.trim())
             })
             .map_or(0, |v| v.parse().unwrap_or(0));
-        let echo = path.starts_with("/echo");
+        let echo = path.contains("/echo");
         if echo
             && s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
                 .is_err()
@@ -81,6 +84,9 @@ fn serve(mut s: TcpStream) {
 fn bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
     let log = logger(&dir.join("timeouts.log"), &text(FORMAT));
     let head = hcm_bootstrap_head(admin, http, "timeouts");
+    let endpoint = format!(
+        "{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}"
+    );
     format!(
         r#"{head}          stream_idle_timeout: 1s
           request_timeout: 1.5s
@@ -95,26 +101,26 @@ fn bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
               domains: ["*"]
               routes:
               - {{match: {{prefix: /noidle}}, route: {{cluster: up, idle_timeout: 0s}}}}
+              - {{match: {{prefix: /umsdr}}, route: {{cluster: short, idle_timeout: 0s}}}}
               - {{match: {{prefix: /}}, route: {{cluster: up}}}}
   clusters:
-  - {{name: up, connect_timeout: 1s, load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}}}
+  - {{name: up, connect_timeout: 1s, load_assignment: {{cluster_name: up, endpoints: [{endpoint}]}}}}
+  - {{name: short, connect_timeout: 1s, typed_extension_protocol_options: {{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {{"@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, common_http_protocol_options: {{max_stream_duration: 0.5s}}, explicit_http_config: {{http_protocol_options: {{}}}}}}}}, load_assignment: {{cluster_name: short, endpoints: [{endpoint}]}}}}
 "#
     )
 }
 
-/// The connection manager's stats named `names`, one `name: value` line each.
-fn hcm_stats(admin: u16, names: &[&str]) -> Vec<String> {
+/// The stats named `names`, one `name: value` line each.
+fn named_stats(admin: u16, names: &[&str]) -> Vec<String> {
     let mut s = TcpStream::connect(("127.0.0.1", admin)).expect("admin accepts");
-    s.write_all(
-        b"GET /stats?filter=http.timeouts. HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
-    )
-    .unwrap();
+    s.write_all(b"GET /stats HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+        .unwrap();
     let mut stats = String::new();
     let _ = s.read_to_string(&mut stats);
     names
         .iter()
         .map(|n| {
-            let name = format!("http.timeouts.{n}:");
+            let name = format!("{n}:");
             stats
                 .lines()
                 .find(|l| l.starts_with(&name))
@@ -132,11 +138,14 @@ fn observe_timeouts(
 ) -> (Vec<String>, Vec<String>) {
     let (admin, http) = (free_port(), free_port());
     let _proxy = start(&bootstrap(admin, http, upstream, dir), http);
-    let uploads: [(&str, &[u64], &str); 4] = [
+    let uploads: [(&str, &[u64], &str); 7] = [
         ("/read", &[400, 400, 400, 400, 400], "HTTP/1.1 408"),
         ("/noidle/hold", &[], "HTTP/1.1 200"),
         ("/echo/trickle", &[600, 600, 600], "HTTP/1.1 200"),
         ("/echo/stalled", &[2000], "HTTP/1.1 200"),
+        ("/umsdr/hold", &[], "HTTP/1.1 504"),
+        ("/umsdr/read", &[400, 400], "HTTP/1.1 408"),
+        ("/umsdr/echo", &[600, 600], "HTTP/1.1 200"),
     ];
     for (path, pauses, status) in uploads {
         let answer = flags::trickle(http, path, pauses);
@@ -153,13 +162,14 @@ fn observe_timeouts(
         partial.starts_with("HTTP/1.1 408") && partial.ends_with("\r\n\r\nrequest header timeout"),
         "partial head: {partial}"
     );
-    let lines = read_lines(&dir.join("timeouts.log"), 6);
-    let stats = hcm_stats(
+    let lines = read_lines(&dir.join("timeouts.log"), 9);
+    let stats = named_stats(
         admin,
         &[
-            "downstream_rq_timeout",
-            "downstream_rq_header_timeout",
-            "downstream_rq_idle_timeout",
+            "http.timeouts.downstream_rq_timeout",
+            "http.timeouts.downstream_rq_header_timeout",
+            "http.timeouts.downstream_rq_idle_timeout",
+            "cluster.short.upstream_rq_max_duration_reached",
         ],
     );
     (lines, stats)
@@ -177,7 +187,7 @@ fn request_timeouts_match_envoy() {
     });
     let revoy_dir = log_dir("timeouts-revoy");
     let ours = observe_timeouts(&revoy_dir, upstream, revoy_proxy);
-    assert_eq!(theirs.0.len(), 6, "Envoy's lines: {:#?}", theirs.0);
+    assert_eq!(theirs.0.len(), 9, "Envoy's lines: {:#?}", theirs.0);
     assert_eq!(ours, theirs, "revoy (left) and Envoy (right)");
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
