@@ -387,19 +387,16 @@ async fn route_and_forward(
     let mut attempt_target = None;
     if !ctx.hcm.filters.is_empty() {
         // Envoy's stream info has the route's cluster from the moment the route is chosen, so
-        // a request the request timeout ends while a filter holds it is logged with it.
+        // a filter's reply is logged with it, and so is a request the request timeout ends
+        // while a filter holds it.
+        let note_cluster = |r: &mut Record, headers: &http::HeaderMap| {
+            let req = routing(&method, &host_full, &path, headers, https, random_value);
+            note_route_cluster(r, selected, &req, ctx);
+        };
         if activity.is_some()
             && let Some(p) = pending.as_deref_mut()
         {
-            let req = routing(
-                &method,
-                &host_full,
-                &path,
-                &route_headers,
-                https,
-                random_value,
-            );
-            note_route_cluster(p.record(), selected, &req, ctx);
+            note_cluster(p.record(), &route_headers);
         }
         let version = req.version();
         let mut filtered = FilterRequest {
@@ -430,18 +427,8 @@ async fn route_and_forward(
                 .extensions()
                 .get::<super::local_reply::LocalReply>()
                 .is_some();
-            // Envoy's stream info has the route's cluster from the moment the route is
-            // chosen, so a filter's reply is logged with it.
             if let Some(p) = pending.as_deref_mut() {
-                let req = routing(
-                    &method,
-                    &host_full,
-                    &path,
-                    &route_headers,
-                    https,
-                    random_value,
-                );
-                note_route_cluster(p.record(), selected, &req, ctx);
+                note_cluster(p.record(), &route_headers);
             }
             return match selected {
                 Some(s) if local && matches!(s.route.action, Action::Forward(_)) => {

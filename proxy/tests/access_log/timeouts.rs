@@ -21,38 +21,13 @@ const FORMAT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CO
 /// paths with `/echo`, whose head (with `content-length: 5`) goes out at once and its body `done\n`
 /// once the request body is all in.
 fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve(s));
-        }
-    });
-    port
+    spawn_upstream(serve)
 }
 
 fn serve(mut s: TcpStream) {
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+    while let Some((head, length)) = read_head(&mut s, &mut buf) {
         let path = head.split(' ').nth(1).unwrap_or("").to_owned();
-        let length: usize = head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length").then(|| v.trim())
-            })
-            .map_or(0, |v| v.parse().unwrap_or(0));
         let echo = path.contains("/echo");
         if echo
             && s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
@@ -60,13 +35,9 @@ fn serve(mut s: TcpStream) {
         {
             return;
         }
-        while buf.len() < end + 4 + length {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                _ => return,
-            }
+        if !read_body(&mut s, &mut buf, length) {
+            return;
         }
-        buf.drain(..end + 4 + length);
         if path.ends_with("/hold") {
             std::thread::sleep(Duration::from_secs(2));
         }
