@@ -9,6 +9,8 @@
 //! and one stalling past it (`SI`, the stream reset). Under `/umsdr`, a cluster whose
 //! `max_stream_duration` (0.5 s) ends an upstream stream: before the response head (504,
 //! `UMSDR`; 408 while the request body is still arriving) and after it (the response cut).
+//! On a second listener, whose `request_timeout` is the shorter, a head still arriving gets
+//! the request timeout's 408.
 //! The lines, the connection manager's `downstream_rq_timeout`, `downstream_rq_header_timeout`
 //! and `downstream_rq_idle_timeout` and the cluster's `upstream_rq_max_duration_reached` are
 //! compared.
@@ -52,8 +54,12 @@ fn serve(mut s: TcpStream) {
     }
 }
 
-fn bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
+/// The bootstrap: the cases' listener on `http`, and on `slow` one whose `request_timeout`
+/// (0.5 s) is shorter than its `request_headers_timeout` (2 s), logging to `slowhead.log`.
+fn bootstrap(admin: u16, (http, slow): (u16, u16), upstream: u16, dir: &Path) -> String {
     let log = logger(&dir.join("timeouts.log"), &text(FORMAT));
+    let slow_log = logger(&dir.join("slowhead.log"), &text(FORMAT));
+    let router = r#"{name: r, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}"#;
     let head = hcm_bootstrap_head(admin, http, "timeouts");
     let endpoint = format!(
         "{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}"
@@ -65,7 +71,7 @@ fn bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
           access_log: [{log}]
           http_filters:
           - {{name: envoy.filters.http.fault, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, delay: {{header_delay: {{}}, percentage: {{numerator: 100}}}}}}}}
-          - {{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}
+          - {router}
           route_config:
             virtual_hosts:
             - name: all
@@ -74,6 +80,19 @@ fn bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
               - {{match: {{prefix: /noidle}}, route: {{cluster: up, idle_timeout: 0s}}}}
               - {{match: {{prefix: /umsdr}}, route: {{cluster: short, idle_timeout: 0s}}}}
               - {{match: {{prefix: /}}, route: {{cluster: up}}}}
+  - name: slowhead
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {slow}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: slowhead
+          request_timeout: 0.5s
+          request_headers_timeout: 2s
+          access_log: [{slow_log}]
+          http_filters: [{router}]
+          route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: up}}}}]}}]}}
   clusters:
   - {{name: up, connect_timeout: 1s, load_assignment: {{cluster_name: up, endpoints: [{endpoint}]}}}}
   - {{name: short, connect_timeout: 1s, typed_extension_protocol_options: {{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {{"@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, common_http_protocol_options: {{max_stream_duration: 0.5s}}, explicit_http_config: {{http_protocol_options: {{}}}}}}}}, load_assignment: {{cluster_name: short, endpoints: [{endpoint}]}}}}
@@ -107,8 +126,8 @@ fn observe_timeouts(
     upstream: u16,
     start: impl FnOnce(&str, u16) -> Proxy,
 ) -> (Vec<String>, Vec<String>) {
-    let (admin, http) = (free_port(), free_port());
-    let _proxy = start(&bootstrap(admin, http, upstream, dir), http);
+    let (admin, http, slow) = (free_port(), free_port(), free_port());
+    let _proxy = start(&bootstrap(admin, (http, slow), upstream, dir), http);
     let uploads: [(&str, &[u64], &str); 7] = [
         ("/read", &[400, 400, 400, 400, 400], "HTTP/1.1 408"),
         ("/noidle/hold", &[], "HTTP/1.1 200"),
@@ -133,13 +152,23 @@ fn observe_timeouts(
         partial.starts_with("HTTP/1.1 408") && partial.ends_with("\r\n\r\nrequest header timeout"),
         "partial head: {partial}"
     );
-    let lines = read_lines(&dir.join("timeouts.log"), 9);
+    // Under a request timeout shorter than the headers timeout, a head still arriving gets
+    // the request timeout's 408.
+    let partial = send_raw(slow, b"GET /partial HTTP/1.1\r\nhost: h.test\r\n");
+    assert!(
+        partial.starts_with("HTTP/1.1 408") && partial.ends_with("\r\n\r\nrequest timeout"),
+        "partial head under request_timeout: {partial}"
+    );
+    let mut lines = read_lines(&dir.join("timeouts.log"), 9);
+    lines.extend(read_lines(&dir.join("slowhead.log"), 1));
     let stats = named_stats(
         admin,
         &[
             "http.timeouts.downstream_rq_timeout",
             "http.timeouts.downstream_rq_header_timeout",
             "http.timeouts.downstream_rq_idle_timeout",
+            "http.slowhead.downstream_rq_timeout",
+            "http.slowhead.downstream_rq_header_timeout",
             "cluster.short.upstream_rq_max_duration_reached",
         ],
     );
@@ -158,7 +187,7 @@ fn request_timeouts_match_envoy() {
     });
     let revoy_dir = log_dir("timeouts-revoy");
     let ours = observe_timeouts(&revoy_dir, upstream, revoy_proxy);
-    assert_eq!(theirs.0.len(), 9, "Envoy's lines: {:#?}", theirs.0);
+    assert_eq!(theirs.0.len(), 10, "Envoy's lines: {:#?}", theirs.0);
     assert_eq!(ours, theirs, "revoy (left) and Envoy (right)");
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
