@@ -3,6 +3,7 @@
 
 mod access_log;
 mod attempts;
+mod body_activity;
 pub(crate) mod buffered_body;
 mod connect;
 mod envoy_errors;
@@ -16,6 +17,7 @@ pub mod local_reply;
 mod mirror;
 mod path;
 mod reason;
+mod request_timeout;
 mod retry;
 mod router;
 mod stats;
