@@ -40,13 +40,34 @@ pub(super) type Handover = (Box<Record>, AccessLogs, Option<RequestTrace>);
 /// `status` with the reason as body, then closed): no request headers, `HTTP/1.1`, the `DPE`
 /// flag and the codec's `details` (`http1.codec_error`, `http1.headers_too_large`, ...).
 pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, details: &str) {
+    let reason = status.canonical_reason().unwrap_or_default();
+    log_head_reply(
+        ctx,
+        status,
+        details,
+        reason,
+        Some(ResponseFlag::DownstreamProtocolError),
+    );
+}
+
+/// Writes the access-log line of a request answered before its head came whole (`status`
+/// with the body `reason`, then closed): no request headers, `HTTP/1.1`, `flag` and
+/// `details`.
+pub(super) fn log_head_reply(
+    ctx: &ConnContext,
+    status: http::StatusCode,
+    details: &str,
+    reason: &str,
+    flag: Option<ResponseFlag>,
+) {
     let logs = &ctx.hcm.config.access_logs;
     if logs.is_empty() {
         return;
     }
-    let reason = status.canonical_reason().unwrap_or_default();
     let mut rec = codec_record(downstream_of(ctx), status, details);
-    rec.flags.set(ResponseFlag::DownstreamProtocolError);
+    if let Some(flag) = flag {
+        rec.flags.set(flag);
+    }
     rec.bytes_sent = reason.len() as u64;
     let mut headers = HeaderMap::new();
     headers.insert(
@@ -359,7 +380,8 @@ pub(super) struct TunnelEnd {
     pub received: u64,
     /// Bytes to the downstream.
     pub sent: u64,
-    /// The side that closed (or failed) first; `None` when the tunnel never formed.
+    /// The side that closed (or failed) first; `None` when the tunnel never formed or its
+    /// filter chain's drain ended it.
     pub closed_first: Option<Side>,
 }
 

@@ -80,8 +80,19 @@ pub fn codec_reply(
     details: &str,
     date: Option<&[u8]>,
 ) -> Vec<u8> {
-    let reason = envoy_phrase(status.as_u16());
-    let mut resp = local_reply(status, reason);
+    head_reply(local, status, envoy_phrase(status.as_u16()), details, date)
+}
+
+/// Envoy's local reply `text` with `status` to a request whose head never came whole (no
+/// request headers for `local`'s mappers), written as [`codec_reply`] writes its.
+pub fn head_reply(
+    local: Option<&LocalReplies>,
+    status: StatusCode,
+    text: &str,
+    details: &str,
+    date: Option<&[u8]>,
+) -> Vec<u8> {
+    let mut resp = local_reply(status, text);
     if let Some(local) = local {
         let mut rec = codec_record(local.downstream.clone(), status, details);
         resp = map(&local.config, resp, &mut rec);

@@ -34,6 +34,10 @@ pub struct HcmStats {
     pub rq_idle_timeout: Counter,
     /// `downstream_rq_max_duration_reached`: requests ended by their time limit.
     pub rq_max_duration_reached: Counter,
+    /// `downstream_rq_timeout`: requests ended by the connection manager's `request_timeout`.
+    pub rq_timeout: Counter,
+    /// `downstream_rq_header_timeout`: requests ended by `request_headers_timeout`.
+    pub rq_header_timeout: Counter,
     /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
     pub cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
@@ -121,6 +125,8 @@ impl HcmStats {
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
             rq_idle_timeout: store.counter(&name("downstream_rq_idle_timeout")),
             rq_max_duration_reached: store.counter(&name("downstream_rq_max_duration_reached")),
+            rq_timeout: store.counter(&name("downstream_rq_timeout")),
+            rq_header_timeout: store.counter(&name("downstream_rq_header_timeout")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
         }

@@ -9,6 +9,7 @@ use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
@@ -66,13 +67,15 @@ pub fn to_extended_connect(resp: &mut Response<Body>) {
 /// refused the upgrade; what the client sends next is not a request).
 /// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
 /// the tunnel as active while it runs; `log`, when access logs keep a record, gets it back
-/// once the response is sent, and the tunnel writes it when it closes.
+/// once the response is sent, and the tunnel writes it when it closes. The tunnel closes both
+/// connections when `drained` completes (its filter chain's drain ended).
 pub async fn forward(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
     upgrade: ActiveUpgrade,
     log: Option<oneshot::Receiver<Handover>>,
+    drained: WaitForCancellationFutureOwned,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let http1 = req.version() <= http::Version::HTTP_11;
@@ -149,26 +152,32 @@ pub async fn forward(
             let (mut received, mut sent) = (0, 0);
             let down_to_up = pump(&mut down_r, &mut up_w, &mut received);
             let up_to_down = pump(&mut up_r, &mut down_w, &mut sent);
-            let closed_first = if http1 {
-                // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
-                // stream, and both connections close (as they drop here).
-                tokio::select! {
-                    biased;
-                    _ = down_to_up => Side::Downstream,
-                    _ = up_to_down => Side::Upstream,
-                }
-            } else {
-                let (down_done, up_done) = tokio::join!(down_to_up, up_to_down);
-                if down_done <= up_done {
-                    Side::Downstream
+            let tunnel = async {
+                if http1 {
+                    // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
+                    // stream, and both connections close (as they drop here).
+                    tokio::select! {
+                        biased;
+                        _ = down_to_up => Side::Downstream,
+                        _ = up_to_down => Side::Upstream,
+                    }
                 } else {
-                    Side::Upstream
+                    let (down_done, up_done) = tokio::join!(down_to_up, up_to_down);
+                    if down_done <= up_done {
+                        Side::Downstream
+                    } else {
+                        Side::Upstream
+                    }
                 }
+            };
+            let closed_first = tokio::select! {
+                side = tunnel => Some(side),
+                () = drained => None,
             };
             end = TunnelEnd {
                 received,
                 sent,
-                closed_first: Some(closed_first),
+                closed_first,
             };
         }
         if let Some(log) = log {

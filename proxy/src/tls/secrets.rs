@@ -115,10 +115,12 @@ impl SecretCell {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    fn set(&self, delivered: Delivered) {
-        self.current.store(Some(Arc::new(delivered)));
+    /// Stores a new value; whether it replaced one.
+    fn set(&self, delivered: Delivered) -> bool {
+        let replaced = self.current.swap(Some(Arc::new(delivered))).is_some();
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.arrived.send_replace(true);
+        replaced
     }
 }
 
@@ -166,9 +168,10 @@ impl SecretStore {
             .is_some_and(|now| now.proto == *proto)
     }
 
-    /// Stores a secret's new value (a cell is made if nothing asked for it yet).
-    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) {
-        self.delivered(name, source).set(delivered);
+    /// Stores a secret's new value (a cell is made if nothing asked for it yet); whether it
+    /// replaced a value.
+    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) -> bool {
+        self.delivered(name, source).set(delivered)
     }
 
     /// The cell of the secret `name` from `source`, made if nothing asked for it yet (without

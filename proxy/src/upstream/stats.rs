@@ -105,6 +105,9 @@ cluster_block! {
     Gauge true upstream_rq_active;
     /// `upstream_rq_completed`.
     Counter true upstream_rq_completed;
+    /// `upstream_rq_max_duration_reached`: upstream streams ended by the cluster's
+    /// `max_stream_duration` (charged by the router).
+    Counter true upstream_rq_max_duration_reached;
     /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
     /// one to be released when `max_connections` is reached).
     Gauge true upstream_rq_pending_active;

@@ -37,21 +37,30 @@ impl SecretHandler {
 impl Handler for SecretHandler {
     fn apply(&self, update: Update) -> Applied {
         let mut rejected = Vec::new();
+        let (mut added, mut changed) = (Vec::new(), Vec::new());
         if update.type_url != SECRET_TYPE_URL {
             rejected.extend(update.resources.into_iter().map(|r| Rejected {
                 name: r.name,
                 reason: format!("an SDS stream carries secrets, not {}", update.type_url),
             }));
-            return Applied { rejected };
+            return Applied::rejecting(rejected);
         }
         for r in update.resources {
             let delivered = Secret::decode(r.value.clone())
                 .map_err(|e| format!("secret '{}': cannot decode: {e}", r.name))
                 .and_then(|raw| {
-                    deliver(&self.store, &self.source, &r.name, &r.version, &raw).map(|()| raw)
+                    deliver(&self.store, &self.source, &r.name, &r.version, &raw)
+                        .map(|stored| (raw, stored))
                 });
             match delivered {
-                Ok(raw) => follow_files(&self.store, &self.source, &r.name, &r.version, raw),
+                Ok((raw, stored)) => {
+                    match stored {
+                        Some(true) => changed.push(r.name.clone()),
+                        Some(false) => added.push(r.name.clone()),
+                        None => {}
+                    }
+                    follow_files(&self.store, &self.source, &r.name, &r.version, raw);
+                }
                 Err(reason) => {
                     tracing::warn!(secret = %r.name, version = %r.version, "rejected: {reason}; the previous version keeps serving");
                     rejected.push(Rejected {
@@ -64,19 +73,24 @@ impl Handler for SecretHandler {
         for name in update.removed {
             tracing::info!(secret = %name, "secret removed by the server; its last version keeps serving");
         }
-        Applied { rejected }
+        Applied {
+            rejected,
+            added,
+            changed,
+        }
     }
 }
 
 /// Reads the files `raw` names (as Envoy holds an SDS secret: `inline_files`), compiles it and
-/// stores it unless it is what the store holds already.
+/// stores it unless it is what the store holds already; answers whether it was stored
+/// (`Some`), replacing a value (`Some(true)`).
 fn deliver(
     store: &SecretStore,
     source: &SecretSource,
     name: &str,
     version: &str,
     raw: &Secret,
-) -> Result<(), String> {
+) -> Result<Option<bool>, String> {
     let io = SystemIo;
     let ctx = Context::new(&io);
     let mut proto = raw.clone();
@@ -85,12 +99,12 @@ fn deliver(
     // compile.
     if store.holds(name, source, &proto) {
         tracing::debug!(secret = %name, %version, "secret unchanged");
-        return Ok(());
+        return Ok(None);
     }
     let value = crate::config::tls::secret::compile(&ctx, &proto)
         .map_err(|e| format!("secret '{name}': {e}"))?;
     tracing::info!(secret = %name, %version, ?source, "secret applied");
-    store.set(
+    let replaced = store.set(
         name,
         source,
         Delivered {
@@ -100,7 +114,7 @@ fn deliver(
             proto,
         },
     );
-    Ok(())
+    Ok(Some(replaced))
 }
 
 /// Reads the files of the delivered secret `raw` again whenever its watched directories change
