@@ -36,29 +36,24 @@ struct Received {
 /// the request's span.
 pub(super) type Handover = (Box<Record>, AccessLogs, Option<RequestTrace>);
 
-/// Writes the access-log line Envoy writes for a request its HTTP/1 codec refused (answered
-/// `status` with the reason as body, then closed): no request headers, `HTTP/1.1`, the `DPE`
-/// flag and the codec's `details` (`http1.codec_error`, `http1.headers_too_large`, ...).
-pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, details: &str) {
+/// Writes the access-log line Envoy writes for a request its HTTP/1 codec refused, once its
+/// answer (as `local_reply_config` left it: `status`, `headers`, a body of `body_len` bytes)
+/// is written and the connection closes: no request headers, `HTTP/1.1`, the `DPE` flag and
+/// the codec's `details` (`http1.codec_error`, `http1.headers_too_large`, `low_version`, ...);
+/// no `%LOCAL_REPLY_BODY%`, as in Envoy.
+pub(super) fn log_codec_error(
+    ctx: &ConnContext,
+    (status, headers, body_len): (http::StatusCode, &HeaderMap, u64),
+    details: &str,
+) {
     let logs = &ctx.hcm.config.access_logs;
     if logs.is_empty() {
         return;
     }
-    let reason = status.canonical_reason().unwrap_or_default();
     let mut rec = codec_record(downstream_of(ctx), status, details);
     rec.flags.set(ResponseFlag::DownstreamProtocolError);
-    rec.bytes_sent = reason.len() as u64;
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_LENGTH,
-        HeaderValue::from(reason.len()),
-    );
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain"),
-    );
-    rec.response_headers = Some(headers);
-    rec.local_reply_body = Some(reason.to_owned());
+    rec.bytes_sent = body_len;
+    rec.response_headers = Some(headers.clone());
     rec.end = Some(Instant::now());
     logs.log(&rec);
 }

@@ -303,7 +303,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
             let reply = envoy_errors::codec_reply(
-                envoy_errors::LocalReplies::of(ctx).as_ref(),
+                Some(ctx),
                 http::StatusCode::BAD_REQUEST,
                 "http1.codec_error",
                 None,
@@ -409,7 +409,9 @@ where
                     ctx.hcm.stats.rq_total.inc();
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
-                        access_log::log_codec_error(&ctx, resp.status(), details);
+                        let len = http_body::Body::size_hint(resp.body()).exact();
+                        let answer = (resp.status(), resp.headers(), len.unwrap_or_default());
+                        access_log::log_codec_error(&ctx, answer, details);
                     }
                     return Ok(resp);
                 }
@@ -500,23 +502,6 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
-        if let Some((status, details)) = e.downcast_ref::<hyper::Error>().and_then(codec_error) {
-            access_log::log_codec_error(&ctx, status, details);
-        }
     }
 }
 
-/// The status and Envoy's response details for a request hyper's HTTP/1 server refused to
-/// parse (it has answered it; [`envoy_errors`] gave the answer Envoy's bytes).
-fn codec_error(e: &hyper::Error) -> Option<(http::StatusCode, &'static str)> {
-    if e.is_parse_too_large() {
-        Some((
-            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "http1.headers_too_large",
-        ))
-    } else if e.is_parse() {
-        Some((http::StatusCode::BAD_REQUEST, "http1.codec_error"))
-    } else {
-        None
-    }
-}

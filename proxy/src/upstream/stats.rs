@@ -57,7 +57,9 @@ cluster_block! {
     Counter false init_fetch_timeout;
     /// `membership_change`.
     Counter true membership_change;
-    /// `membership_healthy`.
+    /// `membership_degraded`: hosts whose health is DEGRADED.
+    Gauge true membership_degraded;
+    /// `membership_healthy`: hosts whose health is HEALTHY (or UNKNOWN).
     Gauge true membership_healthy;
     /// `membership_total`.
     Gauge true membership_total;

@@ -213,13 +213,8 @@ async fn exchange<S: Downstream>(
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
     ctx.hcm.stats.response(400);
-    super::access_log::log_codec_error(
-        ctx,
-        http::StatusCode::BAD_REQUEST,
-        "http1.content_length_and_chunked_not_allowed",
-    );
     let reply = super::envoy_errors::codec_reply(
-        super::envoy_errors::LocalReplies::of(ctx).as_ref(),
+        Some(ctx),
         http::StatusCode::BAD_REQUEST,
         "http1.content_length_and_chunked_not_allowed",
         None,
@@ -308,6 +303,6 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         Some(ctx.hcm.stats.clone()),
     );
     let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing)
-        .with_local_replies(super::envoy_errors::LocalReplies::of(&ctx));
+        .with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;
 }
