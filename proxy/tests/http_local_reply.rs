@@ -183,8 +183,12 @@ fn local_reply_config_matches_envoy() {
         expected.iter().any(|l| l.contains("HTTP/1.1 401"))
             && codec[0].contains("\"code\":400")
             && codec[2].contains("x-mapped: server-error")
-            && codec.iter().any(|l| l.contains("426 DPE") && l.contains("low_version"))
-            && codec.iter().any(|l| l.contains("501 DPE") && l.contains("server-error")),
+            && codec
+                .iter()
+                .any(|l| l.contains("426 DPE") && l.contains("low_version"))
+            && codec
+                .iter()
+                .any(|l| l.contains("501 DPE") && l.contains("server-error")),
         "{expected:#?}"
     );
     assert_same(&expected, &got);

@@ -635,7 +635,8 @@ fn lua_utilities_and_body_chunks_match_envoy() {
     let expected = run(Some(&envoy));
     let got = run(None);
     for mark in [
-        "x-b64: aGVsbG8Ad29ybGQ/Pn4= []",
+        // The echo upstream lower-cases what it saw.
+        "x-b64: agvsbg8ad29ybgq/pn4= []",
         "x-req-chunks: [hello world] true",
         "UPSTREAM SAW",
         "errors: 0",
@@ -646,4 +647,49 @@ fn lua_utilities_and_body_chunks_match_envoy() {
         );
     }
     filter_diff::assert_same(&expected, &got);
+}
+
+/// Envoy's handle methods revoy lacks, each called from a script.
+const LACKING: &str = r#"function envoy_on_request(h)
+  local calls = {
+    function() return h:verifySignature("sha256", nil, "", 0, "", 0) end,
+    function() return h:importPublicKey("", 0) end,
+    function() return h:setUpstreamOverrideHost("127.0.0.1:1") end,
+    function() return h:streamInfo():filterState() end,
+    function() return h:headers():setHttp1ReasonPhrase("Fine") end,
+  }
+  local seen = {}
+  for _, call in ipairs(calls) do
+    local ok, e = pcall(call)
+    seen[#seen + 1] = tostring(ok) .. " " .. string.match(tostring(e), "([%w]+%(%) is not supported by revoy)")
+  end
+  h:headers():add("x-lacking", table.concat(seen, "; "))
+end"#;
+
+/// A handle method Envoy has and revoy lacks is a Lua error naming it, never a silent `nil`
+/// (revoy only: Envoy has them).
+#[test]
+fn lua_methods_revoy_lacks_are_errors_naming_them() {
+    let up = echo::upstream();
+    let (admin, port) = (free_port(), free_port());
+    let listener = bootstrap::http_listener(
+        "lacking",
+        port,
+        "",
+        &lua_filter(&default_source(LACKING)),
+        &plain(),
+    );
+    let yaml = bootstrap::with_admin(admin, &listener, &bootstrap::cluster("up", up, ""));
+    let _proxy = filter_diff::start(None, &yaml, 136, admin);
+    let seen = filter_diff::exchange(port, &get("/", ""), KEPT);
+    assert!(
+        seen.contains(
+            "x-lacking: false verifysignature() is not supported by revoy; \
+             false importpublickey() is not supported by revoy; \
+             false setupstreamoverridehost() is not supported by revoy; \
+             false filterstate() is not supported by revoy; \
+             false sethttp1reasonphrase() is not supported by revoy"
+        ),
+        "{seen}"
+    );
 }

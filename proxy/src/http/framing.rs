@@ -218,11 +218,7 @@ impl Framing {
             Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
             Err(httparse::Error::Version) => {
                 match unsupported_version(&self.held) {
-                    Some(true) => self.refuse(
-                        StatusCode::UPGRADE_REQUIRED,
-                        "low_version",
-                        out,
-                    ),
+                    Some(true) => self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out),
                     // The version is judged once the request line is whole, as Envoy's
                     // codec does.
                     None if self.held.len() <= self.max_head => {}

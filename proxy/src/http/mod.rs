@@ -504,4 +504,3 @@ where
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
     }
 }
-

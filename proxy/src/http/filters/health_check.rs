@@ -135,8 +135,7 @@ impl HealthCheck {
             };
             let stats = cluster.stats();
             let total = stats.membership_total().value();
-            let healthy =
-                stats.membership_healthy().value() + stats.membership_degraded().value();
+            let healthy = stats.membership_healthy().value() + stats.membership_degraded().value();
             if total == 0 && *min == 0 {
                 continue;
             }

@@ -302,7 +302,7 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
     );
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing)
-        .with_context(ctx.clone());
+    let io =
+        super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;
 }

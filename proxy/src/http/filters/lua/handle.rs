@@ -6,10 +6,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
-use base64::Engine as _;
 use mlua::{Lua, MetaMethod, Table, UserData, UserDataMethods, Value, Variadic};
 
 use super::{BodyState, ReadError};
@@ -264,7 +264,9 @@ impl UserData for Handle {
         });
         methods.add_method("timestamp", |_, _, resolution: Option<i64>| {
             if resolution.is_some_and(|r| r != MILLISECOND) {
-                return Err(mlua::Error::runtime("timestamp format must be MILLISECOND."));
+                return Err(mlua::Error::runtime(
+                    "timestamp format must be MILLISECOND.",
+                ));
             }
             Ok(since_epoch().as_millis() as f64)
         });
