@@ -322,6 +322,10 @@ impl Framing {
 /// is a method, a target and a version Envoy's codec answers 426 (`HTTP/` and a digit, a dot
 /// and a digit); `None` while the line is not whole.
 fn unsupported_version(head: &[u8]) -> Option<bool> {
+    // The HTTP/2 connection preface is hyper's to serve (or refuse).
+    if head.starts_with(b"PRI * HTTP/2.0") {
+        return Some(false);
+    }
     let line = &head[..head.iter().position(|b| *b == b'\n')?];
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let mut parts = line.split(|b| *b == b' ');
@@ -406,6 +410,7 @@ mod tests {
             "GET / HTTX/1.1",
             "GET / HTTP/1",
             "GET /a b HTTP/1.1",
+            "PRI * HTTP/2.0",
         ] {
             let head = format!("{line}\r\n\r\n");
             let mut f = Framing::new(false, 64 * 1024, None);
