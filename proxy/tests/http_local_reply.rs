@@ -14,6 +14,8 @@
 mod child;
 #[path = "support/filter_diff.rs"]
 mod filter_diff;
+#[path = "support/log_lines.rs"]
+mod log_lines;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -22,9 +24,9 @@ mod ports;
 mod skip;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use filter_diff::{Case, HCM, ROUTER, assert_same, upstream};
+use log_lines::read_lines;
 use ports::free_port;
 
 const FAULT: &str = "{name: envoy.filters.http.fault, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, abort: {http_status: 500, percentage: {numerator: 100}}, headers: [{name: x-fault, present_match: true}]}}";
@@ -205,19 +207,6 @@ fn start(envoy: Option<&Path>, yaml: &str, admin: u16) -> child::Proxy {
         command.args(["--base-id", "122", "--disable-hot-restart"]);
     }
     child::Proxy::spawn(command, || filter_diff::ready(admin))
-}
-
-/// The lines of the file at `path` once it has `want` of them (or after 10 s).
-fn read_lines(path: &Path, want: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        if lines.len() >= want || Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Requests the codec refuses: a bad request line, header characters, an unknown transfer
