@@ -211,8 +211,8 @@ fn start(envoy: Option<&Path>, yaml: &str, admin: u16) -> child::Proxy {
 
 /// Requests the codec refuses: a bad request line, header characters, an unknown transfer
 /// coding, a lowercase method, headers over the limit, `content-length` with chunked framing,
-/// a version Envoy's codec does not serve.
-const CODEC_REQUESTS: [&str; 7] = [
+/// versions Envoy's codec does not serve (HTTP/1.0 without `accept_http_10`).
+const CODEC_REQUESTS: [&str; 8] = [
     "GET /a b c HTTP/1.1\r\nhost: replies\r\n\r\n",
     "GET / HTTP/1.1\r\nhost: replies\r\nbad header: x\r\n\r\n",
     "POST / HTTP/1.1\r\nhost: replies\r\ntransfer-encoding: gzip\r\n\r\n",
@@ -220,6 +220,7 @@ const CODEC_REQUESTS: [&str; 7] = [
     "GET / HTTP/1.1\r\nhost: replies\r\nx-big: {big}\r\n\r\n",
     "POST / HTTP/1.1\r\nhost: replies\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
     "GET / HTTP/9.1\r\nhost: replies\r\n\r\n",
+    "GET / HTTP/1.0\r\nhost: replies\r\n\r\n",
 ];
 
 /// What the listeners on `ports` answer to [`CODEC_REQUESTS`].

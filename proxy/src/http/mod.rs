@@ -157,6 +157,7 @@ struct StreamReset;
 /// Envoy's codec-level rejections that hyper lets through:
 /// - 400: a method with lowercase letters, an HTTP/1 method Envoy's codec does not know, or an
 ///   authority-form target on anything but CONNECT;
+/// - 426: an HTTP/1.0 request without `accept_http_10`;
 /// - 501: an HTTP/1 request with a `transfer-encoding` other than one `chunked` and no
 ///   `content-length`;
 /// - headers over `max_request_headers_kb` or `max_headers_count`: 431 on HTTP/1, a stream
@@ -195,6 +196,12 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
             "Bad Request",
             Some("http1.codec_error"),
         )
+    } else if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
+        (
+            http::StatusCode::UPGRADE_REQUIRED,
+            "Upgrade Required",
+            Some("low_version"),
+        )
     } else if unsupported_coding {
         (
             http::StatusCode::NOT_IMPLEMENTED,
@@ -217,6 +224,11 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         return None;
     };
     let mut resp = local_reply::local_reply(status, text);
+    // Set here (hyper would add it as it writes) so that the access log sees it.
+    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+    if let Ok(date) = http::HeaderValue::from_str(&now) {
+        resp.headers_mut().insert(http::header::DATE, date);
+    }
     forwarding::set_server(cfg, resp.headers_mut());
     resp.headers_mut().insert(
         http::header::CONNECTION,
@@ -396,6 +408,9 @@ where
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
                 Some(Rejection::Reply(mut resp, details)) => {
+                    // As on every response: an HTTP/1.0 client's connection then closes
+                    // without hyper adding `keep-alive` to the `close`.
+                    *resp.version_mut() = req.version();
                     // Envoy's codec and connection manager refuse through local replies,
                     // which `local_reply_config` rewrites like any other.
                     if let Some(config) = &ctx.hcm.config.local_reply {
