@@ -3,11 +3,12 @@
 //! Envoy's answers to HTTP/1 requests hyper rejects before they reach the router: a malformed
 //! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
 //! connection gets the same. hyper writes its own bare 400; this wrapper swaps it for Envoy's
-//! bytes on the way out (and logs it as Envoy does). hyper answers an HTTP/1.0 request in HTTP/1.0; Envoy refuses one it
-//! does not accept (`426`) in HTTP/1.1, so that status line is rewritten. When hyper takes a connection over from the HTTP/1.1 fast path, the
-//! wrapper also replays the bytes the fast path had read, and it passes what the client sends
-//! through [`Framing`], which applies Envoy's rule for `content-length` with
-//! `transfer-encoding` that hyper lacks.
+//! bytes on the way out, and logs it as Envoy does. hyper answers an HTTP/1.0 request in
+//! HTTP/1.0; Envoy refuses one it does not accept (`426`) in HTTP/1.1, so that status line is
+//! rewritten. When hyper takes a connection over from the HTTP/1.1 fast path, the wrapper also
+//! replays the bytes the fast path had read, and it passes what the client sends through
+//! [`Framing`], which applies Envoy's rules for `content-length` with `transfer-encoding` and
+//! for versions that hyper lacks.
 
 use std::io;
 use std::pin::Pin;
