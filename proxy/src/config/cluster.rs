@@ -932,20 +932,24 @@ pub struct AutoSni {
     pub san_validation: bool,
 }
 
+/// A cluster's `typed_extension_protocol_options` HTTP options, if it has them.
+pub(crate) fn typed_http_options(c: &Cluster) -> Result<Option<HttpProtocolOptions>, ConfigError> {
+    c.typed_extension_protocol_options
+        .get(HTTP_PROTOCOL_OPTIONS)
+        .map(|any| {
+            proto::unpack::<HttpProtocolOptions>(any).map_err(|e| {
+                ConfigError::new(
+                    format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]"),
+                    e.to_string(),
+                )
+            })
+        })
+        .transpose()
+}
+
 #[allow(deprecated)]
 fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
-    let typed = match c
-        .typed_extension_protocol_options
-        .get(HTTP_PROTOCOL_OPTIONS)
-    {
-        Some(any) => Some(proto::unpack::<HttpProtocolOptions>(any).map_err(|e| {
-            ConfigError::new(
-                format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]"),
-                e.to_string(),
-            )
-        })?),
-        None => None,
-    };
+    let typed = typed_http_options(c)?;
     let upstream_options = typed
         .as_ref()
         .and_then(|t| t.upstream_http_protocol_options.as_ref());

@@ -354,7 +354,8 @@ pub(super) struct TunnelEnd {
     pub received: u64,
     /// Bytes to the downstream.
     pub sent: u64,
-    /// The side that closed (or failed) first; `None` when the tunnel never formed.
+    /// The side that closed (or failed) first; `None` when the tunnel never formed or its
+    /// filter chain's drain ended it.
     pub closed_first: Option<Side>,
 }
 

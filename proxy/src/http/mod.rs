@@ -51,9 +51,9 @@ pub struct Hcm {
     pub stats: HcmStats,
     /// Its HTTP filters before the router.
     pub filters: filters::Chain,
-    /// A listener update changed or removed its filter chain: its connections close at their
-    /// next response.
-    pub draining: std::sync::atomic::AtomicBool,
+    /// Set when a listener update changed or removed its filter chain: its connections close
+    /// at their next response, and the rest when the drain time ends.
+    pub retirement: crate::drain::Retirement,
     /// `http.<stat_prefix>.tracing.*` (client_enabled, health_check, not_traceable,
     /// random_sampling, service_forced), when it traces.
     tracing_stats: Option<[crate::stats::Counter; 4]>,
@@ -82,7 +82,7 @@ impl Hcm {
             config,
             stats,
             filters,
-            draining: std::sync::atomic::AtomicBool::new(false),
+            retirement: crate::drain::Retirement::default(),
             tracing_stats,
             tracer: std::sync::OnceLock::new(),
         }
@@ -135,8 +135,7 @@ impl ConnContext {
     /// Whether the connection should be told to close with its current response (a failed
     /// health check or a draining listener, see [`crate::drain`]).
     fn drain_close(&self) -> bool {
-        self.hcm.draining.load(std::sync::atomic::Ordering::Relaxed)
-            || self.shared.drain().close_connection(self.drain_scope)
+        self.hcm.retirement.draining() || self.shared.drain().close_connection(self.drain_scope)
     }
 }
 

@@ -695,11 +695,16 @@ async fn route_and_forward(
                 if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
                     t.attempt_started(req.headers_mut(), 1);
                 }
+                // A tunnel runs in a task of its own: it closes when its chain's drain ends.
+                let drained = ctx.hcm.retirement.ended_owned();
                 let tunnel = if connect && fwd.terminates_connect() {
-                    Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
+                    Box::pin(super::connect::terminate(
+                        req, &cluster, &lb, active, drained,
+                    ))
+                    .await
                 } else {
                     Box::pin(super::upgrade::forward(
-                        req, &cluster, &lb, active, tunnel_log,
+                        req, &cluster, &lb, active, tunnel_log, drained,
                     ))
                     .await
                 };

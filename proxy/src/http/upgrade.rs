@@ -10,6 +10,7 @@ use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{Mutex, oneshot};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
@@ -67,13 +68,15 @@ pub fn to_extended_connect(resp: &mut Response<Body>) {
 /// refused the upgrade; what the client sends next is not a request).
 /// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
 /// the tunnel as active while it runs; `log`, when access logs keep a record, gets it back
-/// once the response is sent, and the tunnel writes it when it closes.
+/// once the response is sent, and the tunnel writes it when it closes. The tunnel closes both
+/// connections when `drained` completes (its filter chain's drain ended).
 pub async fn forward(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
     upgrade: ActiveUpgrade,
     log: Option<oneshot::Receiver<Handover>>,
+    drained: WaitForCancellationFutureOwned,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let http1 = req.version() <= http::Version::HTTP_11;
@@ -149,34 +152,40 @@ pub async fn forward(
             let (mut up_r, up_w) = tokio::io::split(TokioIo::new(up));
             let (down_w, up_w) = (Mutex::new(down_w), Mutex::new(up_w));
             let (mut received, mut sent) = (0, 0);
-            let closed_first = if http1 {
-                // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
-                // stream, and both connections close (as they drop here).
-                tokio::select! {
-                    biased;
-                    _ = pump(&mut down_r, &up_w, &mut received) => Side::Downstream,
-                    _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
-                }
-            } else {
-                // An HTTP/2 stream to an HTTP/1 upstream, as Envoy's codecs run it: the
-                // client's END_STREAM is not passed on (the upstream's codec has no
-                // half-close), and the tunnel ends when the upstream closes (the stream ends
-                // with it) or when the stream is reset or its connection goes.
-                let down_to_up = async {
-                    if copy(&mut down_r, &up_w, &mut received).await {
-                        gone(&down_w).await;
+            let tunnel = async {
+                if http1 {
+                    // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
+                    // stream, and both connections close (as they drop here).
+                    tokio::select! {
+                        biased;
+                        _ = pump(&mut down_r, &up_w, &mut received) => Side::Downstream,
+                        _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
                     }
-                };
-                tokio::select! {
-                    biased;
-                    () = down_to_up => Side::Downstream,
-                    _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
+                } else {
+                    // An HTTP/2 stream to an HTTP/1 upstream, as Envoy's codecs run it: the
+                    // client's END_STREAM is not passed on (the upstream's codec has no
+                    // half-close), and the tunnel ends when the upstream closes (the stream
+                    // ends with it) or when the stream is reset or its connection goes.
+                    let down_to_up = async {
+                        if copy(&mut down_r, &up_w, &mut received).await {
+                            gone(&down_w).await;
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        () = down_to_up => Side::Downstream,
+                        _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
+                    }
                 }
+            };
+            let closed_first = tokio::select! {
+                side = tunnel => Some(side),
+                () = drained => None,
             };
             end = TunnelEnd {
                 received,
                 sent,
-                closed_first: Some(closed_first),
+                closed_first,
             };
         }
         if let Some(log) = log {

@@ -74,10 +74,12 @@ impl SecretCell {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    fn set(&self, delivered: Delivered) {
-        self.current.store(Some(Arc::new(delivered)));
+    /// Stores a new value; whether it replaced one.
+    fn set(&self, delivered: Delivered) -> bool {
+        let replaced = self.current.swap(Some(Arc::new(delivered))).is_some();
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.arrived.send_replace(true);
+        replaced
     }
 }
 
@@ -125,8 +127,9 @@ impl SecretStore {
             .is_some_and(|now| now.proto == *proto)
     }
 
-    /// Stores a secret's new value (a cell is made if nothing asked for it yet).
-    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) {
+    /// Stores a secret's new value (a cell is made if nothing asked for it yet); whether it
+    /// replaced a value.
+    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) -> bool {
         let cell = {
             let mut cells = self.cells.lock().expect("secret store lock");
             cells
@@ -134,7 +137,7 @@ impl SecretStore {
                 .or_insert_with(|| Arc::new(SecretCell::new(name, source)))
                 .clone()
         };
-        cell.set(delivered);
+        cell.set(delivered)
     }
 
     /// The names wanted from `source` that some context still uses (or that arrived), sorted.

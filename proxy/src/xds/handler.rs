@@ -22,7 +22,7 @@ use xds_client::{
 };
 
 use super::draining::{self, Draining};
-use super::records::{Records, Serving, Status};
+use super::records::{Changes, Records, Serving, Status};
 use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
 use crate::apply::ListenerChange;
@@ -297,6 +297,7 @@ impl ProxyHandler {
     fn apply_clusters(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let since = Instant::now();
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         let mut changed = 0;
         let mut upserts = Vec::new();
         for r in u.resources {
@@ -342,6 +343,7 @@ impl ProxyHandler {
                             self.use_or_await_secrets(process, st, cfg, &mut upserts)
                         }
                     };
+                    changes.note(&st.clusters, &name);
                     st.clusters.accept(&name, &r.version, r.value, status);
                     if existed {
                         self.stats.cluster_modified.inc();
@@ -388,7 +390,7 @@ impl ProxyHandler {
             st.cds_version = u.version_info;
         }
         self.publish_cluster_gauges(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     /// Compiles a cluster; answers it with its EDS `initial_fetch_timeout` (how long it may warm).
@@ -436,6 +438,7 @@ impl ProxyHandler {
 
     fn apply_endpoints(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         let mut warmed = Vec::new();
         for r in u.resources {
             let since = Instant::now();
@@ -516,6 +519,9 @@ impl ProxyHandler {
                     cluster.set_endpoints(&eps);
                 }
             }
+            if !unchanged {
+                changes.note(&st.endpoints, &r.name);
+            }
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
             for name in &counted {
@@ -555,7 +561,7 @@ impl ProxyHandler {
             st.endpoints.set_status(&name, Status::DoesNotExist);
         }
         self.publish_cluster_gauges(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     fn apply_listeners(
@@ -567,6 +573,7 @@ impl ProxyHandler {
     ) -> Applied {
         let since = Instant::now();
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
                 continue;
@@ -594,6 +601,7 @@ impl ProxyHandler {
                         match process.applier.upsert_listener(cfg) {
                             Ok(change) => {
                                 self.listener_changed(process, st, &name, change, old, &r.value);
+                                changes.note(&st.listeners, &name);
                                 st.listeners
                                     .accept(&name, &r.version, r.value, Status::Acked);
                             }
@@ -609,6 +617,7 @@ impl ProxyHandler {
                         {
                             st.warming_listeners.set_timer(&name, timer);
                         }
+                        changes.note(&st.listeners, &name);
                         st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
@@ -644,7 +653,7 @@ impl ProxyHandler {
             st.lds_version = u.version_info;
         }
         self.publish_warming_listeners(st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     fn compile_listener(
@@ -912,6 +921,7 @@ impl ProxyHandler {
         u: Update,
     ) -> Applied {
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         for r in u.resources {
             let since = Instant::now();
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
@@ -944,6 +954,7 @@ impl ProxyHandler {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
                     process.applier.upsert_route(table);
+                    changes.note(&st.routes, &r.name);
                     st.routes
                         .accept(&r.name, &r.version, r.value, Status::Acked);
                 }
@@ -974,7 +985,7 @@ impl ProxyHandler {
             st.routes.remove(&name);
         }
         self.activate_ready_listeners(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     /// Activates the warming listeners whose route configurations and secrets have arrived.
@@ -1128,8 +1139,8 @@ impl Handler for ProxyHandler {
                 super::sds::SecretHandler::new(process.shared.secrets.clone(), SecretSource::Ads)
                     .apply(update)
             }
-            other => Applied {
-                rejected: update
+            other => Applied::rejecting(
+                update
                     .resources
                     .iter()
                     .map(|r| Rejected {
@@ -1137,7 +1148,7 @@ impl Handler for ProxyHandler {
                         reason: format!("revoy does not handle resources of type {other}"),
                     })
                     .collect(),
-            },
+            ),
         };
         self.advance(&mut st);
         // Only a large update frees enough to be worth a pass over the xDS thread's heap (which

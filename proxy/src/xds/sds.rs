@@ -37,12 +37,13 @@ impl SecretHandler {
 impl Handler for SecretHandler {
     fn apply(&self, update: Update) -> Applied {
         let mut rejected = Vec::new();
+        let (mut added, mut changed) = (Vec::new(), Vec::new());
         if update.type_url != SECRET_TYPE_URL {
             rejected.extend(update.resources.into_iter().map(|r| Rejected {
                 name: r.name,
                 reason: format!("an SDS stream carries secrets, not {}", update.type_url),
             }));
-            return Applied { rejected };
+            return Applied::rejecting(rejected);
         }
         let io = SystemIo;
         let ctx = Context::new(&io);
@@ -61,7 +62,8 @@ impl Handler for SecretHandler {
                 }
                 Ok((proto, value)) => {
                     tracing::info!(secret = %r.name, version = %r.version, source = ?self.source, "secret applied");
-                    self.store.set(
+                    let name = r.name.clone();
+                    let replaced = self.store.set(
                         &r.name,
                         &self.source,
                         Delivered {
@@ -71,6 +73,11 @@ impl Handler for SecretHandler {
                             proto,
                         },
                     );
+                    if replaced {
+                        changed.push(name);
+                    } else {
+                        added.push(name);
+                    }
                 }
                 Err(reason) => {
                     tracing::warn!(secret = %r.name, version = %r.version, "rejected: {reason}; the previous version keeps serving");
@@ -84,7 +91,11 @@ impl Handler for SecretHandler {
         for name in update.removed {
             tracing::info!(secret = %name, "secret removed by the server; its last version keeps serving");
         }
-        Applied { rejected }
+        Applied {
+            rejected,
+            added,
+            changed,
+        }
     }
 }
 
