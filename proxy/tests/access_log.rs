@@ -31,6 +31,8 @@ mod flags;
 mod flush;
 #[path = "support/h2_server.rs"]
 mod h2_server;
+#[path = "support/log_lines.rs"]
+mod log_lines;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -41,6 +43,7 @@ mod skip;
 mod timeouts;
 #[path = "access_log/tls.rs"]
 mod tls;
+use log_lines::read_lines;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -236,18 +239,6 @@ fn settled_file_stats(admin: u16) -> BTreeMap<String, u64> {
             return stats;
         }
         std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn read_lines(path: &Path, want: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        if lines.len() >= want || Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

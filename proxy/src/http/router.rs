@@ -234,13 +234,6 @@ async fn route_and_forward(
     }
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
-    if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
-        note!(|r| r.details = Some("low_version".into()));
-        let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return resp;
-    }
     let connect = req.method() == http::Method::CONNECT;
     // An HTTP/1.1 CONNECT names its authority in the request line, which Envoy's codec takes
     // as `:authority`; it needs no Host header.

@@ -271,9 +271,13 @@ impl Cluster {
             }
             let set = HostSet::new(merged, self.config.panic_threshold);
             self.stats.membership_total().set(set.hosts().len() as u64);
+            let count = |status| set.hosts().iter().filter(|h| h.health == status).count();
             self.stats
                 .membership_healthy()
-                .set(set.healthy_count() as u64);
+                .set(count(HealthStatus::Healthy) as u64);
+            self.stats
+                .membership_degraded()
+                .set(count(HealthStatus::Degraded) as u64);
             self.stats.membership_change().inc();
             self.hosts.store(Arc::new(set));
         }

@@ -57,7 +57,9 @@ cluster_block! {
     Counter false init_fetch_timeout;
     /// `membership_change`.
     Counter true membership_change;
-    /// `membership_healthy`.
+    /// `membership_degraded`: hosts whose health is DEGRADED.
+    Gauge true membership_degraded;
+    /// `membership_healthy`: hosts whose health is HEALTHY (or UNKNOWN).
     Gauge true membership_healthy;
     /// `membership_total`.
     Gauge true membership_total;
@@ -344,7 +346,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 32);
+        assert_eq!(names().len(), 33);
         assert!(
             !names()
                 .iter()
@@ -355,12 +357,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 33);
+        assert_eq!(names().len(), 34);
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 33);
+        assert_eq!(names().len(), 34);
     }
 
     #[test]

@@ -209,12 +209,12 @@ impl HeadTimeout {
         let status = http::StatusCode::REQUEST_TIMEOUT;
         stats.rq_total.inc();
         stats.response(status.as_u16());
-        super::access_log::log_head_reply(ctx, status, details, text, None);
         let reply = super::envoy_errors::head_reply(
-            super::envoy_errors::LocalReplies::of(ctx).as_ref(),
+            Some(ctx),
             status,
             text,
             details,
+            super::access_log::HeadReply::Timeout(text),
             None,
         );
         if stream.write_all(&reply).await.is_ok() {
@@ -283,13 +283,8 @@ async fn exchange<S: Downstream>(
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
     ctx.hcm.stats.response(400);
-    super::access_log::log_codec_error(
-        ctx,
-        http::StatusCode::BAD_REQUEST,
-        "http1.content_length_and_chunked_not_allowed",
-    );
     let reply = super::envoy_errors::codec_reply(
-        super::envoy_errors::LocalReplies::of(ctx).as_ref(),
+        Some(ctx),
         http::StatusCode::BAD_REQUEST,
         "http1.content_length_and_chunked_not_allowed",
         None,
@@ -377,7 +372,7 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
     );
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing)
-        .with_local_replies(super::envoy_errors::LocalReplies::of(&ctx));
+    let io =
+        super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;
 }
