@@ -346,7 +346,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 33);
+        assert_eq!(names().len(), 34);
         assert!(
             !names()
                 .iter()
@@ -357,12 +357,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 34);
+        assert_eq!(names().len(), 35);
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 34);
+        assert_eq!(names().len(), 35);
     }
 
     #[test]
