@@ -32,6 +32,9 @@ pub enum Kind {
     /// A second revoy binary (`--baseline`) on `revoy`'s config, started next to it wherever
     /// it runs: an A/B of two builds in one run.
     RevoyBase,
+    /// revoy with Istio's own filters (`istio.alpn`, the metadata exchanges, `istio.stats`) in
+    /// its config, which stock Envoy lacks: the mesh bench's `--istio-filters` sidecars.
+    RevoyIstio,
     /// Envoy, `--concurrency 1`.
     Envoy,
     /// haproxy, `nbthread 1`.
@@ -44,10 +47,11 @@ pub enum Kind {
 
 impl Kind {
     /// Every contender, in report order.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Revoy,
         Kind::RevoyXds,
         Kind::RevoyBase,
+        Kind::RevoyIstio,
         Kind::Envoy,
         Kind::Haproxy,
         Kind::Nginx,
@@ -60,6 +64,7 @@ impl Kind {
             Kind::Revoy => "revoy",
             Kind::RevoyXds => "revoy-xds",
             Kind::RevoyBase => "revoy-base",
+            Kind::RevoyIstio => "revoy-istio",
             Kind::Envoy => "envoy",
             Kind::Haproxy => "haproxy",
             Kind::Nginx => "nginx",
@@ -150,6 +155,9 @@ impl Running {
             (Shape::Tls, _) => Some(up.pki.client(PROXY_NAME)?),
             _ => None,
         };
+        if kind == Kind::RevoyIstio {
+            return Err("revoy-istio runs only in the mesh bench (`--istio-filters`)".into());
+        }
         if kind == Kind::Direct {
             let http = if shape == Shape::Tls {
                 up.https.port()
@@ -286,7 +294,7 @@ impl Running {
                     vec!["-p".into(), prefix.clone(), "-c".into(), config],
                 )
             }
-            Kind::Direct => unreachable!("handled above"),
+            Kind::Direct | Kind::RevoyIstio => unreachable!("handled above"),
         };
         let log = dir.join("output.log");
         let out = fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;

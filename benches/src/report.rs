@@ -469,30 +469,46 @@ pub fn svg_chart(results: &Results) -> String {
         .map(String::as_str)
         .partition(|s| !is_memory(s));
     order.extend(memory);
+    let rows: Vec<Vec<ChartPanel>> = order
+        .into_iter()
+        .filter_map(|scenario| {
+            let pair = chart_pair(results, scenario)?;
+            Some(
+                pair.into_iter()
+                    .map(|(metric, title)| ChartPanel {
+                        title: format!("{scenario}: {title}"),
+                        bars: Kind::ALL
+                            .iter()
+                            .filter_map(|&k| Some((k.name(), results.median(scenario, k, metric)?)))
+                            .collect(),
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    svg_page(&rows)
+}
+
+/// One bar chart of an SVG page: its title and a (contender, value) bar each.
+pub struct ChartPanel {
+    /// The chart's title line.
+    pub title: String,
+    /// The bars, top to bottom.
+    pub bars: Vec<(&'static str, f64)>,
+}
+
+/// An SVG page of bar charts, a row each, up to two side by side.
+pub fn svg_page(rows: &[Vec<ChartPanel>]) -> String {
     let mut body = String::new();
     let mut y = 10.0;
-    for scenario in order {
-        let Some(pair) = chart_pair(results, scenario) else {
-            continue;
-        };
-        let mut rows = 0;
-        for (i, (metric, title)) in pair.into_iter().enumerate() {
-            let bars: Vec<(&str, f64)> = Kind::ALL
-                .iter()
-                .filter_map(|&k| Some((k.name(), results.median(scenario, k, metric)?)))
-                .collect();
-            rows = rows.max(bars.len());
+    for row in rows {
+        let mut height = 0;
+        for (i, panel) in row.iter().enumerate() {
+            height = height.max(panel.bars.len());
             let x = 10.0 + i as f64 * 500.0;
-            bar_chart(
-                &mut body,
-                &format!("{scenario}: {title}"),
-                &bars,
-                x,
-                y,
-                480.0,
-            );
+            bar_chart(&mut body, &panel.title, &panel.bars, x, y, 480.0);
         }
-        y += TITLE_HEIGHT + rows as f64 * BAR_HEIGHT + 20.0;
+        y += TITLE_HEIGHT + height as f64 * BAR_HEIGHT + 20.0;
     }
     format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"{y:.0}\" font-family=\"sans-serif\">\n\

@@ -384,13 +384,13 @@ fn mesh_smoke_run_measures_every_contender_and_sidecar() {
             other => problems.push(format!("{path}: {other:?}")),
         }
     };
-    for contender in ["revoy", "envoy", "direct"] {
+    for contender in ["revoy", "envoy", "revoy-istio", "direct"] {
         expect_above(0.0, "mesh_1000rps", contender, "rps");
         expect_above(0.0, "mesh_1000rps", contender, "p99_us");
         expect_above(0.0, "mesh_saturation", contender, "rps");
         expect_above(-1.0, "mesh_saturation", contender, "errors");
     }
-    for contender in ["revoy", "envoy"] {
+    for contender in ["revoy", "envoy", "revoy-istio"] {
         expect_above(f64::MIN, "mesh_1000rps", contender, "added_p99_us");
         for sidecar in MESH_SIDECARS {
             let row = |scenario: &str| format!("{scenario}_{sidecar}");
@@ -401,8 +401,10 @@ fn mesh_smoke_run_measures_every_contender_and_sidecar() {
             expect_above(0.0, &row("mesh_memory"), contender, "peak_rss_mib");
         }
     }
-    if number(medians, "/mesh_saturation/revoy/errors") != Some(0.0) {
-        problems.push("revoy's sidecars failed requests".into());
+    for contender in ["revoy", "revoy-istio"] {
+        if number(medians, &format!("/mesh_saturation/{contender}/errors")) != Some(0.0) {
+            problems.push(format!("{contender}'s sidecars failed requests"));
+        }
     }
     // The added-latency target may lack a ratio: in one short run direct's p99 can come out
     // above Envoy's.

@@ -98,7 +98,7 @@ impl State {
 pub struct Applier {
     /// What the listeners it builds serve with, and where it publishes route tables.
     shared: Arc<Shared>,
-    /// `--drain-time-s`: how long a retired chain's TCP connections may go on.
+    /// `--drain-time-s`: how long a retired chain's connections may go on.
     drain_time: Duration,
     /// The active listeners, as last published.
     listeners: Arc<ActiveListeners>,
@@ -235,8 +235,9 @@ impl Applier {
         Ok(change)
     }
 
-    /// Removes the listener named `name`: it stops accepting and its connections close at
-    /// their next response. Returns whether it existed.
+    /// Removes the listener named `name`: it stops accepting, its connections close at their
+    /// next response, and those left when the drain time ends are closed. Returns whether it
+    /// existed.
     pub fn remove_listener(&self, name: &str) -> bool {
         let mut state = self.state.lock().expect("applier state");
         let Some(i) = state.slots.iter().position(|(n, _)| n == name) else {

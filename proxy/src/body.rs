@@ -190,6 +190,53 @@ impl http_body::Body for Unsized {
     }
 }
 
+/// `first` (one data frame, none when empty), then `rest`: a body some of which was read
+/// already.
+pub fn prefixed(first: Bytes, rest: Body) -> Body {
+    Prefixed {
+        first: (!first.is_empty()).then_some(first),
+        rest,
+    }
+    .boxed_unsync()
+}
+
+/// See [`prefixed`].
+struct Prefixed {
+    first: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let me = self.get_mut();
+        if let Some(first) = me.first.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+        }
+        Pin::new(&mut me.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let first = self.first.as_ref().map_or(0, |b| b.len() as u64);
+        let rest = self.rest.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(rest.lower() + first);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint
+    }
+}
+
 /// `body` unchanged, keeping `held` alive until the body is dropped (per-request state that
 /// lasts as long as its response).
 pub fn holding<T: Send + Unpin + 'static>(body: Body, held: T) -> Body {

@@ -8,12 +8,20 @@
 //! `graceful` or `skip_exit`) tells connections per `--drain-strategy`: `immediate` at once,
 //! `gradual` (the default) with a chance that grows from 0 to 1 over `--drain-time-s`.
 //! Connections are told on their next response; idle ones are left alone.
+//!
+//! A filter chain that a listener update changed or removed drains on its own
+//! ([`Retirement`]): its connections are told on their next response from the start, and
+//! whatever is left of them is closed when `--drain-time-s` ends, idle ones included, as
+//! Envoy 1.40 closes the connections of its draining listeners and filter chains.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
+use tokio_util::sync::{
+    CancellationToken, WaitForCancellationFuture, WaitForCancellationFutureOwned,
+};
 
 /// `--drain-strategy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,6 +132,45 @@ impl Drain {
     }
 }
 
+/// The drain of one filter chain that a listener update changed or removed.
+#[derive(Debug, Default)]
+pub struct Retirement {
+    /// The drain started: connections close at their next response.
+    draining: AtomicBool,
+    /// Cancelled when the drain time ends: the remaining connections close.
+    ended: CancellationToken,
+}
+
+impl Retirement {
+    /// Starts the drain; it ends `drain_time` from now. Called on a tokio runtime (the
+    /// applier's callers: xDS's), whose timer ends it.
+    pub fn start(&self, drain_time: Duration) {
+        if self.draining.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let ended = self.ended.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(drain_time).await;
+            ended.cancel();
+        });
+    }
+
+    /// Whether the drain started.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Completes when the drain time has ended.
+    pub fn ended(&self) -> WaitForCancellationFuture<'_> {
+        self.ended.cancelled()
+    }
+
+    /// [`Retirement::ended`] for a task of its own (an upgraded connection's tunnel).
+    pub fn ended_owned(&self) -> WaitForCancellationFutureOwned {
+        self.ended.clone().cancelled_owned()
+    }
+}
+
 /// Envoy's gradual drain: with `elapsed` whole seconds of a `drain_time` drain gone, close when
 /// `elapsed > random % drain_time` (so never in the first second, always once it is over).
 fn gradual(elapsed: Duration, drain_time: Duration, rng: &mut impl Rng) -> bool {
@@ -137,6 +184,8 @@ fn gradual(elapsed: Duration, drain_time: Duration, rng: &mut impl Rng) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::future::Future;
+    use std::task::Poll;
 
     const INBOUND: Scope = Scope {
         inbound: true,
@@ -186,6 +235,20 @@ mod tests {
         assert!((0..200).all(|_| !gradual(Duration::from_millis(900), ten, &mut rng)));
         assert!((0..200).all(|_| gradual(Duration::from_secs(10), ten, &mut rng)));
         assert!(gradual(Duration::ZERO, Duration::ZERO, &mut rng));
+    }
+
+    #[tokio::test]
+    async fn a_retirement_tells_at_once_and_ends_after_the_drain_time() {
+        let long = Retirement::default();
+        assert!(!long.draining());
+        long.start(Duration::from_secs(600));
+        assert!(long.draining(), "connections are told from the start");
+        let mut ended = std::pin::pin!(long.ended());
+        let polled = std::future::poll_fn(|cx| Poll::Ready(ended.as_mut().poll(cx).is_ready()));
+        assert!(!polled.await, "the drain has not ended");
+        let short = Retirement::default();
+        short.start(Duration::ZERO);
+        short.ended().await;
     }
 
     #[test]

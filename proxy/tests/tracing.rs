@@ -234,6 +234,7 @@ async fn opentelemetry_spans_match_envoy() {
         ("/nothing", ""),
         ("/empty", ""),
         ("/ok", "x-client-trace-id: abc\r\n"),
+        ("/ok", "x-envoy-force-trace: true\r\n"),
         ("/ok%2Fx", ""),
         ("/retry", ""),
     ];
@@ -247,7 +248,7 @@ async fn opentelemetry_spans_match_envoy() {
             "stat_prefix: ingress\n          path_with_escaped_slashes_action: REJECT_REQUEST",
         )
     };
-    let configs: [(&str, String, &Edit<'_>); 5] = [
+    let configs: [(&str, String, &Edit<'_>); 7] = [
         (
             "spawn_upstream_span",
             otel_tracing(
@@ -260,6 +261,17 @@ async fn opentelemetry_spans_match_envoy() {
             "random sampling 0",
             otel_tracing("random_sampling: {value: 0},")
                 .replace("{random_sampling: {value: 100}, ", "{"),
+            &|y| y,
+        ),
+        (
+            "client sampling 0, random sampling 0",
+            otel_tracing("client_sampling: {value: 0}, random_sampling: {value: 0},")
+                .replace("{random_sampling: {value: 100}, ", "{"),
+            &|y| y,
+        ),
+        (
+            "overall sampling 0",
+            otel_tracing("overall_sampling: {value: 0},"),
             &|y| y,
         ),
         (
@@ -280,6 +292,18 @@ async fn opentelemetry_spans_match_envoy() {
         }
         runs.push((name, envoy, revoy));
     }
+    // The sampling settings decide something here: `x-client-trace-id` is sampled under the
+    // default client_sampling and not under 0; overall_sampling 0 unsamples what random
+    // sampling 100 picked.
+    let envoy_of = |n: &str| &runs.iter().find(|(name, ..)| *name == n).expect(n).1;
+    assert_ne!(
+        envoy_of("random sampling 0"),
+        envoy_of("client sampling 0, random sampling 0")
+    );
+    assert_ne!(
+        envoy_of("one span per request"),
+        envoy_of("overall sampling 0")
+    );
     for (name, envoy, revoy) in runs {
         compare(name, &envoy, &revoy);
     }

@@ -12,10 +12,14 @@ use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_T
 
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
 #[path = "support/http1.rs"]
 mod http1;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "../../xds-client/tests/support/relay.rs"]
+mod relay;
 #[path = "support/xds.rs"]
 mod xds;
 
@@ -1410,39 +1414,12 @@ fn a_request_in_flight_to_a_removed_cluster_completes() {
     assert_eq!(after.status, 503, "{after:?}");
 }
 
-/// One HTTP/2 frame: type, flags, stream id, payload.
-fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = payload.len() as u32;
-    let mut f = len.to_be_bytes()[1..].to_vec();
-    f.extend([kind, flags]);
-    f.extend(stream.to_be_bytes());
-    f.extend(payload);
-    f
-}
-
-/// Reads the next HTTP/2 frame from `conn`.
-fn h2_read(conn: &mut std::net::TcpStream) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
-    use std::io::Read;
-    let mut head = [0u8; 9];
-    conn.read_exact(&mut head)?;
-    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-    let mut payload = vec![0; len];
-    conn.read_exact(&mut payload)?;
-    Ok((head[3], head[4], stream, payload))
-}
-
 /// An HTTP/2 client whose connection's filter chain changes over LDS while a stream is in
 /// flight: the stream completes (200 and its body), and the connection gets a GOAWAY with no
 /// error (HTTP/1.1 gets `connection: close`; Envoy drains such a connection the same way).
 #[test]
 fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() {
     use std::io::Write;
-    const HEADERS: u8 = 1;
-    const DATA: u8 = 0;
-    const SETTINGS: u8 = 4;
-    const PING: u8 = 6;
-    const GOAWAY: u8 = 7;
     let (slow, arrived, release) = held_upstream();
     let port = free_port();
     let (plane, _revoy, admin) = start(false);
@@ -1465,23 +1442,8 @@ fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() 
     wait_live(admin);
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     conn.set_read_timeout(Some(WAIT)).expect("timeout");
-    let mut block = Vec::new();
-    for (n, v) in [
-        (":method", "GET"),
-        (":scheme", "http"),
-        (":authority", "xds"),
-        (":path", "/"),
-    ] {
-        // A literal header field without indexing, new name (RFC 7541 6.2.2).
-        block.push(0);
-        block.push(n.len() as u8);
-        block.extend(n.as_bytes());
-        block.push(v.len() as u8);
-        block.extend(v.as_bytes());
-    }
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend(h2_frame(SETTINGS, 0, 0, &[]));
-    out.extend(h2_frame(HEADERS, 0x1 | 0x4, 1, &block));
+    let mut out = h2_frames::preface();
+    out.extend(h2_frames::get(1, "xds", "/"));
     conn.write_all(&out).expect("write the request");
     arrived
         .recv_timeout(WAIT)
@@ -1494,37 +1456,185 @@ fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() 
         Some(1)
     );
     release.send(()).expect("release the upstream");
-    let (mut status, mut body, mut goaway, mut ended) = (None, Vec::<u8>::new(), None, false);
-    while !(ended && goaway.is_some()) {
-        let (kind, flags, stream, payload) = h2_read(&mut conn).expect("a frame");
-        match kind {
-            SETTINGS if flags & 0x1 == 0 => conn
-                .write_all(&h2_frame(SETTINGS, 0x1, 0, &[]))
-                .expect("settings ack"),
-            PING if flags & 0x1 == 0 => conn
-                .write_all(&h2_frame(PING, 0x1, 0, &payload))
-                .expect("ping ack"),
-            // `:status: 200` is index 8 of the static table.
-            HEADERS if stream == 1 => {
-                status = Some(payload.first() == Some(&0x88));
-                ended |= flags & 0x1 != 0;
-            }
-            DATA if stream == 1 => {
-                body.extend(&payload);
-                ended |= flags & 0x1 != 0;
-            }
-            GOAWAY => {
-                let code = u32::from_be_bytes(payload[4..8].try_into().expect("goaway code"));
-                goaway = Some(code);
-            }
-            _ => {}
-        }
-    }
+    let mut reader = h2_frames::Reader::new(&mut conn);
+    let seen = reader
+        .until(1, |s, goaway| s.ended && goaway.is_some())
+        .expect("the stream's frames and a GOAWAY");
     assert_eq!(
-        status,
+        seen.ok,
         Some(true),
         "the in-flight stream's status is not 200"
     );
-    assert_eq!(body, b"slow");
-    assert_eq!(goaway, Some(0), "a GOAWAY with NO_ERROR");
+    assert_eq!(seen.body, b"slow");
+    assert_eq!(reader.goaway, Some(0), "a GOAWAY with NO_ERROR");
+}
+
+/// `/xds`'s push entry of `type_url` at `version`, once it is logged.
+fn push_entry(admin: u16, type_url: &str, version: &str) -> serde_json::Value {
+    eventually("the push in /xds", || {
+        xds_status(admin)["pushes"]
+            .as_array()?
+            .iter()
+            .find(|p| p["type_url"] == type_url && p["version"] == version)
+            .cloned()
+    })
+}
+
+/// The names of a push entry's list `field`, sorted.
+fn listed(push: &serde_json::Value, field: &str) -> Vec<String> {
+    let mut names: Vec<String> = push[field]
+        .as_array()
+        .unwrap_or_else(|| panic!("{field} in {push}"))
+        .iter()
+        .map(|n| n.as_str().unwrap_or_default().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Each push in `/xds` tells which resources it added, changed (a new version of a name
+/// revoy held), left unchanged, removed and rejected (with the reason).
+fn push_log(delta: bool) {
+    let up = upstream("upstream-a");
+    let ports = [free_port(), free_port(), free_port(), free_port()];
+    let (plane, _revoy, admin) = start(delta);
+    let body = |b: &str| {
+        format!(
+            "[{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: {b}}}}}}}]"
+        )
+    };
+    let bad_routes = "[{match: {safe_regex: {regex: \"((\"}}, route: {cluster: svc}}]".to_owned();
+    // Cluster `svc` and `listeners` (name, port, routes).
+    let snapshot = |version: &str, listeners: &[(&str, u16, String)]| {
+        let mut snap = Snapshot::new(version).with_message("svc", &static_cluster("svc", up));
+        for (name, port, routes) in listeners {
+            snap = snap.with_message(*name, &inline_listener(name, *port, routes));
+        }
+        snap
+    };
+    plane.set(snapshot(
+        "1",
+        &[
+            ("same", ports[0], body("same")),
+            ("edited", ports[1], body("v1")),
+        ],
+    ));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    let first = push_entry(admin, LISTENER_TYPE_URL, "1");
+    assert_eq!(listed(&first, "added"), ["edited", "same"], "{first}");
+    assert_eq!(first["changed_count"], 0, "{first}");
+
+    plane.set(snapshot(
+        "2",
+        &[
+            ("same", ports[0], body("same")),
+            ("edited", ports[1], body("v2")),
+            ("new", ports[2], body("new")),
+            ("bad", ports[3], bad_routes),
+        ],
+    ));
+    assert!(matches!(
+        plane.verdict(LISTENER_TYPE_URL, "2"),
+        Verdict::Nack(_)
+    ));
+    let second = push_entry(admin, LISTENER_TYPE_URL, "2");
+    assert_eq!(listed(&second, "added"), ["new"], "{second}");
+    assert_eq!(listed(&second, "changed"), ["edited"], "{second}");
+    // SotW repeats every listener; the Delta server sends only those that changed.
+    let unchanged = if delta { 0 } else { 1 };
+    assert_eq!(second["unchanged_count"], unchanged, "{second}");
+    let rejected = second["rejected"].as_array().expect("rejected");
+    assert_eq!(rejected.len(), 1, "{second}");
+    assert_eq!(rejected[0]["name"], "bad");
+    let reason = rejected[0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("safe_regex"), "no field path: {reason}");
+    assert_eq!(second["verdict"], "NACK");
+    assert_eq!(body_of(ports[1]).as_deref(), Some("v2"));
+
+    plane.set(snapshot(
+        "3",
+        &[
+            ("same", ports[0], body("same")),
+            ("new", ports[2], body("new")),
+        ],
+    ));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    let third = push_entry(admin, LISTENER_TYPE_URL, "3");
+    // `bad` too over SotW (absent now); the Delta server removes what it had sent.
+    let removed = listed(&third, "removed");
+    assert!(removed.contains(&"edited".to_owned()), "{third}");
+    assert_eq!(
+        (
+            third["added_count"].as_u64(),
+            third["changed_count"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{third}"
+    );
+    assert_eq!(third["rejected_count"], 0, "{third}");
+}
+
+/// [`push_log`] over SotW.
+#[test]
+fn the_push_log_tells_added_changed_removed_and_rejected_sotw() {
+    push_log(false);
+}
+
+/// [`push_log`] over Delta.
+#[test]
+fn the_push_log_tells_added_changed_removed_and_rejected_delta() {
+    push_log(true);
+}
+
+/// `ads_config` over `google_grpc` (which Envoy accepts too): revoy reaches the control
+/// plane at its `target_uri` as over `envoy_grpc`, and serves what it pushes.
+#[test]
+fn google_grpc_reaches_the_control_plane() {
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let plane = Plane::start(xds);
+    let yaml = ads_bootstrap(admin, xds, false).replace(
+        "{envoy_grpc: {cluster_name: xds-grpc}}",
+        &format!("{{google_grpc: {{target_uri: \"127.0.0.1:{xds}\", stat_prefix: ads}}}}"),
+    );
+    assert!(yaml.contains("google_grpc"));
+    let _revoy = start_revoy(&yaml, admin);
+    let routes =
+        "[{match: {prefix: /}, direct_response: {status: 200, body: {inline_string: google}}}]";
+    plane.set(Snapshot::new("1").with_message("l", &inline_listener("l", port, routes)));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    wait_live(admin);
+    assert_eq!(body_of(port).as_deref(), Some("google"));
+}
+
+/// The xDS cluster's `connection_keepalive` (as a pilot-agent bootstrap may set it on
+/// `xds-grpc`) is the ADS channel's: PINGs at its interval; a control plane that falls silent
+/// without closing is dropped after its timeout, a new stream opens, and a later push applies.
+#[test]
+fn the_xds_clusters_keep_alive_finds_a_silent_control_plane() {
+    let (admin, xds, port) = (free_port(), free_port(), free_port());
+    let plane = Plane::start(xds);
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let relay = runtime.block_on(relay::Relay::start(([127, 0, 0, 1], xds).into()));
+    let keep_alive = "    typed_extension_protocol_options:\n      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:\n        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions\n        explicit_http_config: {http2_protocol_options: {connection_keepalive: {interval: 0.1s, timeout: 0.3s}}}\n";
+    let yaml = ads_bootstrap(admin, relay.address.port(), false).replace(
+        "    connect_timeout: 1s\n",
+        &format!("    connect_timeout: 1s\n{keep_alive}"),
+    );
+    assert!(yaml.contains("connection_keepalive"));
+    let _revoy = start_revoy(&yaml, admin);
+    let answering = |body: &str| {
+        format!(
+            "[{{match: {{prefix: /}}, direct_response: {{status: 200, body: {{inline_string: {body}}}}}}}]"
+        )
+    };
+    plane.set(Snapshot::new("1").with_message("l", &inline_listener("l", port, &answering("one"))));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    eventually("keep-alive PINGs", || (relay.pings() >= 2).then_some(()));
+    let streams = || xds_status(admin)["stream"]["streams"].as_u64();
+    assert_eq!(streams(), Some(1));
+    relay.silence();
+    eventually("a new stream", || (streams() >= Some(2)).then_some(()));
+    plane.set(Snapshot::new("2").with_message("l", &inline_listener("l", port, &answering("two"))));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    assert_eq!(body_of(port).as_deref(), Some("two"));
 }

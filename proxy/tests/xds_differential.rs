@@ -42,7 +42,7 @@ mod skip;
 
 mod differential {
     pub mod oracle;
-    // The TCP and TLS echoes are not used here.
+    // The TLS echo is not used here.
     #[allow(dead_code)]
     pub mod upstream;
     pub mod websocket;
@@ -1156,16 +1156,8 @@ async fn differential(test: &str, delta: bool) {
     let mut upstreams = Upstreams::default();
     let a = upstreams.http_echo("a").await;
     let b = upstreams.http_echo("b").await;
-    let server = Server::new();
-    let (addr, task) = server
-        .serve_tcp(("127.0.0.1", free_port()))
-        .await
-        .expect("serve ADS");
-    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
-    let sides = [
-        Side::start("envoy", &envoy, addr.port(), delta, &[]),
-        Side::start("revoy", &revoy, addr.port(), delta, &[]),
-    ];
+    let (server, port, task) = serve_ads().await;
+    let sides = both_sides(&envoy, port, delta, &[]);
     let protocol = if delta {
         Protocol::Delta
     } else {
@@ -1552,6 +1544,30 @@ async fn answered(server: &Server, node: &str, type_url: &str, version: &str) ->
         .unwrap_or_else(|| panic!("{node} did not answer {type_url} {version}"))
 }
 
+/// An ADS server on 127.0.0.1 for the clients of a test: the server, its port, its task.
+async fn serve_ads() -> (
+    Server,
+    u16,
+    tokio::task::JoinHandle<xds_client::server::ServeResult>,
+) {
+    let server = Server::new();
+    let (addr, task) = server
+        .serve_tcp(("127.0.0.1", free_port()))
+        .await
+        .expect("serve ADS");
+    (server, addr.port(), task)
+}
+
+/// Envoy (`envoy`, the binary) and revoy, in that order, each on an ADS bootstrap pointing at
+/// 127.0.0.1:`port` (Delta when `delta`) with the extra arguments `args`.
+fn both_sides(envoy: &Path, port: u16, delta: bool, args: &[&str]) -> [Side; 2] {
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    [
+        Side::start("envoy", envoy, port, delta, args),
+        Side::start("revoy", &revoy, port, delta, args),
+    ]
+}
+
 /// Waits until `side` has bound listener `name`; answers its port.
 async fn bound_port(side: &Side, name: &str) -> u16 {
     let deadline = Instant::now() + ANSWER_DEADLINE;
@@ -1646,32 +1662,12 @@ async fn xds_updates_under_load() {
     };
     let mut upstreams = Upstreams::default();
     let a = upstreams.http_echo("a").await;
-    let server = Server::new();
-    let (addr, task) = server
-        .serve_tcp(("127.0.0.1", free_port()))
-        .await
-        .expect("serve ADS");
+    let (server, port, task) = serve_ads().await;
     let (initial, _) = load_snapshot(0, a);
     server.set(initial);
-    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
-    let sides = [
-        // A drain time shorter than the load, so Envoy's drains of replaced filter chains and
-        // listeners end (closing what they drained) while the load runs.
-        Side::start(
-            "envoy",
-            &envoy,
-            addr.port(),
-            false,
-            &["--drain-time-s", "1"],
-        ),
-        Side::start(
-            "revoy",
-            &revoy,
-            addr.port(),
-            false,
-            &["--drain-time-s", "1"],
-        ),
-    ];
+    // A drain time shorter than the load, so Envoy's drains of replaced filter chains and
+    // listeners end (closing what they drained) while the load runs.
+    let sides = both_sides(&envoy, port, false, &["--drain-time-s", "1"]);
     for side in &sides {
         for type_url in [CDS, LDS, RDS] {
             assert_eq!(
@@ -1722,4 +1718,311 @@ async fn xds_updates_under_load() {
         "revoy failed or reset requests under updates:\n{}",
         sides[1].log_tail()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drain end: the connections a listener removal or a filter-chain change leaves.
+
+/// The drain time both proxies run with in [`xds_drain_end_closes_connections`].
+const DRAIN_TIME_S: &str = "2";
+
+/// How long a held connection is watched for its close: the drain time and ample room.
+const CLOSE_DEADLINE: Duration = Duration::from_secs(15);
+
+/// The listeners of the drain test: `drain_http` (a direct response `body` on `/`, WebSocket
+/// upgrades of `/ws` to the echo at `ws`; HTTP/1.1 and HTTP/2 by `codec_type: AUTO`) and
+/// `drain_tcp` (tcp_proxy to the echo at `echo`, stat prefix `prefix`), with their clusters.
+fn drain_listeners(body: &str, prefix: &str, echo: u16, ws: u16) -> Vec<String> {
+    let routes = format!("[{}, {}]", to_cluster("/ws", "ws"), direct("/", 200, body));
+    let hcm = format!(
+        "{{name: envoy.filters.network.http_connection_manager, typed_config: {{\"@type\": {HCM}, \
+         stat_prefix: drain, codec_type: AUTO, upgrade_configs: [{{upgrade_type: websocket}}], \
+         {}, http_filters: [{ROUTER}]}}}}",
+        inline_routes(&routes)
+    );
+    let tcp = format!(
+        "{{name: envoy.filters.network.tcp_proxy, typed_config: {{\"@type\": \
+         type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, \
+         stat_prefix: {prefix}, cluster: echo}}}}"
+    );
+    vec![
+        static_cluster("echo", echo, ""),
+        static_cluster("ws", ws, ""),
+        http_listener("drain_http", &hcm),
+        listener("drain_tcp", 0, "", &format!("[{{filters: [{tcp}]}}]")),
+    ]
+}
+
+/// A WebSocket upgraded through `port` (`/ws`), its first frame (the echo's JSON) read.
+async fn websocket_through(port: u16) -> TcpStream {
+    let mut s = BufReader::new(
+        TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect ws"),
+    );
+    s.get_mut()
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: xdsdiff\r\nconnection: upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .expect("write upgrade");
+    let mut line = String::new();
+    s.read_line(&mut line).await.expect("status line");
+    assert!(line.starts_with("HTTP/1.1 101"), "upgrade refused: {line}");
+    while line != "\r\n" {
+        line.clear();
+        s.read_line(&mut line).await.expect("header");
+    }
+    differential::websocket::read_frame(&mut s)
+        .await
+        .expect("first frame");
+    assert!(s.buffer().is_empty());
+    s.into_inner()
+}
+
+/// One HTTP/1.1 keep-alive GET of `/` on `stream`: its status and whether the proxy said
+/// `connection: close`.
+async fn keep_alive_get(stream: &mut BufReader<TcpStream>) -> std::io::Result<(u16, bool)> {
+    stream
+        .get_mut()
+        .write_all(b"GET / HTTP/1.1\r\nhost: xdsdiff\r\n\r\n")
+        .await?;
+    let (status, close, _) = read_response(stream).await?;
+    Ok((status, close))
+}
+
+/// An HTTP/2 frame header: payload length, type, flags, stream id.
+fn h2_frame(length: usize, kind: u8, flags: u8, stream: u32) -> Vec<u8> {
+    let mut f = (length as u32).to_be_bytes()[1..].to_vec();
+    f.extend([kind, flags]);
+    f.extend(stream.to_be_bytes());
+    f
+}
+
+/// An HTTP/2 (prior knowledge) connection to `port` with one GET of `/` answered; the
+/// stream, past the response.
+async fn h2_connection(port: u16) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect h2");
+    let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    hello.extend(h2_frame(0, 4, 0, 0));
+    // :method GET, :scheme http, :path / (static table), :authority xdsdiff (literal).
+    let block = [&[0x82, 0x86, 0x84, 0x41, 7][..], b"xdsdiff"].concat();
+    hello.extend(h2_frame(block.len(), 1, 0x5, 1));
+    hello.extend(block);
+    stream.write_all(&hello).await.expect("write h2 request");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (kind, flags, id, _) = read_h2_frame(&mut stream, deadline)
+            .await
+            .expect("h2 response");
+        if kind == 4 && flags & 1 == 0 {
+            stream.write_all(&h2_frame(0, 4, 1, 0)).await.expect("ack");
+        }
+        if id == 1 && (kind == 0 || kind == 1) && flags & 1 != 0 {
+            return stream;
+        }
+    }
+}
+
+/// Reads one HTTP/2 frame by `deadline`: type, flags, stream id, payload.
+async fn read_h2_frame(
+    stream: &mut TcpStream,
+    deadline: Instant,
+) -> std::io::Result<(u8, u8, u32, Vec<u8>)> {
+    let read = async {
+        let mut head = [0u8; 9];
+        stream.read_exact(&mut head).await?;
+        let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let mut payload = vec![0; length];
+        stream.read_exact(&mut payload).await?;
+        let id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        Ok((head[3], head[4], id, payload))
+    };
+    tokio::time::timeout_at(deadline.into(), read)
+        .await
+        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+}
+
+/// Watches a held connection until the proxy closes it or [`CLOSE_DEADLINE`] passes: what
+/// it saw (`closed`, `reset`, `open`), after a GOAWAY for an HTTP/2 one that got one.
+async fn until_closed(mut stream: TcpStream, h2: bool) -> String {
+    let deadline = Instant::now() + CLOSE_DEADLINE;
+    let mut seen = String::new();
+    let end = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => "closed",
+        std::io::ErrorKind::TimedOut => "open",
+        _ => "reset",
+    };
+    if h2 {
+        loop {
+            match read_h2_frame(&mut stream, deadline).await {
+                Ok((7, ..)) => seen.push_str("GOAWAY, "),
+                Ok((kind, flags, _, payload)) if (kind == 4 || kind == 6) && flags & 1 == 0 => {
+                    let ack = [h2_frame(payload.len(), kind, 1, 0), payload].concat();
+                    let _ = stream.write_all(&ack).await;
+                }
+                Ok(_) => {}
+                Err(e) => return seen + end(e),
+            }
+        }
+    }
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout_at(deadline.into(), stream.read(&mut byte)).await;
+    match read {
+        Ok(Ok(0)) => "closed".into(),
+        Ok(Ok(_)) => "sent bytes".into(),
+        Ok(Err(_)) => "reset".into(),
+        Err(_) => "open".into(),
+    }
+}
+
+/// The connections held on one proxy's drain listeners before the update.
+struct Held {
+    h1_idle: BufReader<TcpStream>,
+    h1_asks: BufReader<TcpStream>,
+    h2_idle: TcpStream,
+    websocket: TcpStream,
+    tcp: BufReader<TcpStream>,
+}
+
+impl Held {
+    /// Opens them, each having had one exchange: HTTP/1.1 keep-alive twice, HTTP/2, a
+    /// WebSocket, and a line through the TCP proxy.
+    async fn open(side: &Side) -> Held {
+        let http = bound_port(side, "drain_http").await;
+        let tcp_port = bound_port(side, "drain_tcp").await;
+        let mut h1 = Vec::new();
+        for _ in 0..2 {
+            let mut s = BufReader::new(TcpStream::connect(("127.0.0.1", http)).await.unwrap());
+            assert_eq!(keep_alive_get(&mut s).await.unwrap(), (200, false));
+            h1.push(s);
+        }
+        let mut tcp = BufReader::new(TcpStream::connect(("127.0.0.1", tcp_port)).await.unwrap());
+        tcp.get_mut().write_all(b"hi\n").await.unwrap();
+        let mut line = String::new();
+        tcp.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "echo:hi\n", "{}: through the TCP proxy", side.name);
+        let h1_asks = h1.pop().unwrap();
+        Held {
+            h1_idle: h1.pop().unwrap(),
+            h1_asks,
+            h2_idle: h2_connection(http).await,
+            websocket: websocket_through(http).await,
+            tcp,
+        }
+    }
+
+    /// Once the update is acknowledged: a request on `h1_asks`, then every connection watched
+    /// until it closes; what each saw.
+    async fn after_update(self) -> Vec<String> {
+        let watch = |s: TcpStream, h2| tokio::spawn(until_closed(s, h2));
+        let idle = [
+            watch(self.h1_idle.into_inner(), false),
+            watch(self.h2_idle, true),
+            watch(self.websocket, false),
+            watch(self.tcp.into_inner(), false),
+        ];
+        let mut asks = self.h1_asks;
+        let asked = match keep_alive_get(&mut asks).await {
+            Ok((status, close)) => format!("{status} connection: close {close}, then "),
+            Err(e) => format!("no answer ({e}), "),
+        };
+        let asked = asked + &until_closed(asks.into_inner(), false).await;
+        let mut seen = vec![format!("HTTP/1.1 request in the drain: {asked}")];
+        for (what, task) in [
+            "HTTP/1.1 idle",
+            "HTTP/2 idle",
+            "WebSocket idle",
+            "TCP proxy idle",
+        ]
+        .into_iter()
+        .zip(idle)
+        {
+            seen.push(format!("{what}: {}", task.await.expect("watcher")));
+        }
+        seen
+    }
+}
+
+/// A listener removed and a filter chain changed in place, each with `--drain-time-s 2`
+/// (and `--drain-strategy immediate`, so the request in the drain is told at once): Envoy and
+/// revoy alike answer a request in the drain with `connection: close`, and close every
+/// connection still open when the drain time ends — HTTP/1.1 and HTTP/2 idle keep-alive
+/// connections (no GOAWAY), an upgraded WebSocket and TCP proxy connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_drain_end_closes_connections() {
+    let Some(envoy) = oracle::envoy_or_skip("xds_drain_end_closes_connections") else {
+        return;
+    };
+    let mut upstreams = Upstreams::default();
+    let echo = upstreams.tcp_echo("echo").await;
+    let ws = upstreams.http_echo("ws").await;
+    let (server, port, task) = serve_ads().await;
+    let args = [
+        "--drain-time-s",
+        DRAIN_TIME_S,
+        "--drain-strategy",
+        "immediate",
+    ];
+    let sides = both_sides(&envoy, port, false, &args);
+    let updates: [(&str, Vec<String>); 2] = [
+        // Both listeners gone.
+        ("removed", vec![static_cluster("echo", echo, "")]),
+        // Each listener's one filter chain changed: an update in place.
+        (
+            "changed in place",
+            drain_listeners("two", "drain_tcp_2", echo, ws),
+        ),
+    ];
+    for (n, (what, after)) in updates.into_iter().enumerate() {
+        let before = format!("d{n}a");
+        server.set(snapshot(
+            &before,
+            &drain_listeners("one", "drain_tcp", echo, ws),
+        ));
+        for side in &sides {
+            assert_eq!(
+                answered(&server, side.name, LDS, &before).await,
+                Verdict::Ack
+            );
+        }
+        let mut held = Vec::new();
+        for side in &sides {
+            held.push(Held::open(side).await);
+        }
+        let version = format!("d{n}b");
+        server.set(snapshot(&version, &after));
+        for side in &sides {
+            assert_eq!(
+                answered(&server, side.name, LDS, &version).await,
+                Verdict::Ack
+            );
+        }
+        let watched: Vec<_> = held
+            .into_iter()
+            .map(|h| tokio::spawn(h.after_update()))
+            .collect();
+        let mut seen = Vec::new();
+        for w in watched {
+            seen.push(w.await.expect("watch"));
+        }
+        for (side, s) in sides.iter().zip(&seen) {
+            report(&format!("listener {what}, {}: {s:?}", side.name));
+        }
+        assert_eq!(
+            seen[1], seen[0],
+            "listener {what}: revoy (right) vs Envoy (left)"
+        );
+        assert!(
+            seen[1]
+                .iter()
+                .all(|s| s.ends_with(": closed") || s.ends_with("then closed")),
+            "listener {what}: revoy left connections open: {:?}",
+            seen[1]
+        );
+    }
+    task.abort();
 }

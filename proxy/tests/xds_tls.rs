@@ -383,57 +383,29 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
 /// present that. Envoy 1.40 on the same bootstrap and control plane does the same.
 #[test]
 fn sds_over_ads_serves_and_rotates_the_certificate() {
-    let envoy = oracle::envoy_or_skip("sds_over_ads_serves_and_rotates_the_certificate");
-    let dir = CertDir::new();
-    let ca = Ca::new("cluster.local");
-    ca.write_root_to(dir.path(), "root");
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
-    let run = |who: &str, envoy: Option<&Path>| {
-        let plane = Plane::start(free_port());
-        let first = ca.server(&["edge.test"]).issue();
-        plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
-        let (admin, port) = (free_port(), free_port());
-        // Envoy's gRPC client needs the xDS cluster to say HTTP/2.
-        let yaml = format!(
-            "{}{}",
-            ads_bootstrap(admin, plane.port, false).replace(
-                "    load_assignment: {cluster_name: xds-grpc",
-                "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
-                 {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
-                 explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
-            ),
-            sds_listener(port, secret, "edge"),
-        );
-        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
-        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
-            https::get(port, &config, "edge.test", "/").ok()
-        });
-        assert_eq!(
-            (answer.status, answer.body.as_str()),
-            (200, "edge"),
-            "{who}"
-        );
-        assert_eq!(
-            answer.certificate, first.cert_der,
-            "{who}: the first certificate"
-        );
-
-        let second = ca.server(&["edge.test"]).issue();
-        plane.set(Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)));
-        eventually(
-            &format!("{who}: HTTPS with the rotated certificate"),
-            || {
-                https::get(port, &config, "edge.test", "/")
-                    .ok()
-                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
-            },
-        );
-    };
-    run("revoy", None);
-    if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
-    }
+    envoy_then_revoy(
+        "sds_over_ads_serves_and_rotates_the_certificate",
+        |who, envoy, dir, ca, _| {
+            let secret = "{name: edge, sds_config: {ads: {}, resource_api_version: V3}}";
+            let plane = Plane::start(free_port());
+            let first = ca.server(&["edge.test"]).issue();
+            plane.set(Snapshot::new("1").with_message("edge", &sds::certificate("edge", &first)));
+            let bootstrap = |admin, port| {
+                format!(
+                    "{}{}",
+                    ads_h2_bootstrap(admin, plane.port),
+                    sds_listener(port, secret, "edge"),
+                )
+            };
+            rotates(who, envoy, dir, bootstrap, &first, || {
+                let second = ca.server(&["edge.test"]).issue();
+                plane.set(
+                    Snapshot::new("2").with_message("edge", &sds::certificate("edge", &second)),
+                );
+                second
+            });
+        },
+    );
 }
 
 /// The `path_config_source` file of secret `name`: a `DiscoveryResponse` with a
@@ -452,58 +424,79 @@ fn sds_file(name: &str, chain: &Path, key: &Path) -> String {
 /// the certificate of the new file, in revoy as in Envoy 1.40.
 #[test]
 fn sds_file_renamed_over_changes_the_certificate() {
-    let envoy = oracle::envoy_or_skip("sds_file_renamed_over_changes_the_certificate");
-    let dir = CertDir::new();
-    let ca = Ca::new("cluster.local");
-    ca.write_root_to(dir.path(), "root");
-    let config = Arc::new(certs::client_config(dir.path(), None));
-    let file = dir.path().join("edge-sds.yaml");
-    let secret = format!(
-        "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
-        file.display()
+    envoy_then_revoy(
+        "sds_file_renamed_over_changes_the_certificate",
+        |who, envoy, dir, ca, run| {
+            let file = dir.join(format!("edge-sds-{run}.yaml"));
+            let issue = |round: usize| {
+                let issued = ca.server(&["edge.test"]).issue();
+                let files = issued.write_to(dir, &format!("edge-{run}-{round}"));
+                let staged = dir.join("staged.yaml");
+                std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
+                std::fs::rename(&staged, &file).expect("rename over the SDS file");
+                issued
+            };
+            let first = issue(1);
+            let secret = format!(
+                "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+                file.display()
+            );
+            let bootstrap = |admin, port| sds_bootstrap(admin, port, &secret);
+            rotates(who, envoy, dir, bootstrap, &first, || issue(2));
+        },
     );
-    let mut round = 0;
-    let mut run = |who: &str, envoy: Option<&Path>| {
-        let issue = |round: usize| {
-            let issued = ca.server(&["edge.test"]).issue();
-            let files = issued.write_to(dir.path(), &format!("edge-{round}"));
-            let staged = dir.path().join("staged.yaml");
-            std::fs::write(&staged, sds_file("edge", &files.chain, &files.key)).expect("write");
-            std::fs::rename(&staged, &file).expect("rename over the SDS file");
-            issued
-        };
-        round += 1;
-        let first = issue(round);
-        let (admin, port) = (free_port(), free_port());
-        let yaml = format!(
-            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
-             node: {{id: {NODE}, cluster: xds-test}}\n\
-             static_resources:{}",
-            sds_listener(port, &secret, "edge")
-        );
-        let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
-        let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
-            https::get(port, &config, "edge.test", "/").ok()
-        });
-        assert_eq!(
-            answer.certificate, first.cert_der,
-            "{who}: the first certificate"
-        );
-        round += 1;
-        let second = issue(round);
-        eventually(
-            &format!("{who}: HTTPS with the new file's certificate"),
-            || {
-                https::get(port, &config, "edge.test", "/")
-                    .ok()
-                    .filter(|a| a.status == 200 && a.certificate == second.cert_der)
-            },
-        );
-    };
-    if let Some(envoy) = &envoy {
-        run("Envoy", Some(envoy));
+}
+
+/// [`ads_bootstrap`] (state of the world) whose `xds-grpc` cluster says HTTP/2, as Envoy's gRPC
+/// client needs.
+fn ads_h2_bootstrap(admin: u16, plane: u16) -> String {
+    ads_bootstrap(admin, plane, false).replace(
+        "    load_assignment: {cluster_name: xds-grpc",
+        "    typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+         {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+         explicit_http_config: {http2_protocol_options: {}}}}\n    load_assignment: {cluster_name: xds-grpc",
+    )
+}
+
+/// A directory mounted as Kubernetes mounts a Secret or ConfigMap: each file is a symlink
+/// through `..data` to a timestamped directory, and an update writes a new directory and points
+/// `..data` at it (a symlink renamed over it), so the files' own directory sees one move.
+struct KubeMount {
+    dir: std::path::PathBuf,
+    versions: usize,
+}
+
+impl KubeMount {
+    /// The mount `<parent>/<name>`, holding `files` (name, content).
+    fn new(parent: &Path, name: &str, files: &[(&str, &str)]) -> KubeMount {
+        let dir = parent.join(name);
+        std::fs::create_dir(&dir).expect("mount dir");
+        let mut mount = KubeMount { dir, versions: 0 };
+        mount.update(files);
+        for (file, _) in files {
+            std::os::unix::fs::symlink(Path::new("..data").join(file), mount.dir.join(file))
+                .expect("symlink");
+        }
+        mount
     }
-    run("revoy", None);
+
+    /// Swaps in a version holding `files`.
+    fn update(&mut self, files: &[(&str, &str)]) {
+        self.versions += 1;
+        let data = self.dir.join(format!("..2026_12_03_{:02}", self.versions));
+        std::fs::create_dir(&data).expect("data dir");
+        for (file, content) in files {
+            std::fs::write(data.join(file), content).expect("mounted file");
+        }
+        let link = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
+        std::fs::rename(&link, self.dir.join("..data")).expect("swap ..data");
+    }
+
+    /// The path of the mounted `file`.
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.join(file)
+    }
 }
 
 /// SDS from a Kubernetes-mounted secret: `sds.yaml`, `cert.pem` and `key.pem` are symlinks
@@ -513,34 +506,30 @@ fn sds_file_renamed_over_changes_the_certificate() {
 /// cites envoyproxy/envoy#39498 about such swaps).
 #[test]
 fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
-    use std::os::unix::fs::symlink;
     let dir = CertDir::new();
     let ca = Ca::new("cluster.local");
     ca.write_root_to(dir.path(), "root");
-    let mount = dir.path().join("mount");
-    std::fs::create_dir(&mount).expect("mount dir");
-    let sds = sds_file("edge", &mount.join("cert.pem"), &mount.join("key.pem"));
-    let version = |n: usize| {
-        let issued = ca.server(&["edge.test"]).issue();
-        let data = mount.join(format!("..2026_12_03_0{n}"));
-        std::fs::create_dir(&data).expect("data dir");
-        issued.write_to(&data, "cert");
-        std::fs::rename(data.join("cert.key"), data.join("key.pem")).expect("key name");
-        std::fs::write(data.join("sds.yaml"), &sds).expect("sds.yaml");
-        let link = mount.join("..data_tmp");
-        symlink(data.file_name().expect("name"), &link).expect("..data_tmp");
-        std::fs::rename(&link, mount.join("..data")).expect("swap ..data");
-        issued
-    };
-    let first = version(1);
-    for file in ["sds.yaml", "cert.pem", "key.pem"] {
-        symlink(Path::new("..data").join(file), mount.join(file)).expect("symlink");
-    }
+    let sds_path = dir.path().join("mount");
+    let sds = sds_file(
+        "edge",
+        &sds_path.join("cert.pem"),
+        &sds_path.join("key.pem"),
+    );
+    let first = ca.server(&["edge.test"]).issue();
+    let mut mount = KubeMount::new(
+        dir.path(),
+        "mount",
+        &[
+            ("sds.yaml", &sds),
+            ("cert.pem", &first.chain_pem),
+            ("key.pem", &first.key_pem),
+        ],
+    );
     let config = Arc::new(certs::client_config(dir.path(), None));
     let (admin, port) = (free_port(), free_port());
     let secret = format!(
         "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
-        mount.join("sds.yaml").display()
+        mount.path("sds.yaml").display()
     );
     let yaml = format!(
         "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
@@ -553,10 +542,439 @@ fn sds_file_kubernetes_symlink_swap_changes_the_certificate() {
     });
     assert_eq!(answer.certificate, first.cert_der);
 
-    let second = version(2);
+    let second = ca.server(&["edge.test"]).issue();
+    mount.update(&[
+        ("sds.yaml", &sds),
+        ("cert.pem", &second.chain_pem),
+        ("key.pem", &second.key_pem),
+    ]);
     eventually("HTTPS with the swapped-in certificate", || {
         https::get(port, &config, "edge.test", "/")
             .ok()
             .filter(|a| a.status == 200 && a.certificate == second.cert_der)
     });
+}
+
+/// The `path_config_source` file of secret `name` with the issued chain and key inline.
+fn inline_sds_file(name: &str, issued: &certs::Issued) -> String {
+    format!(
+        "version_info: v1\nresources:\n\
+         - \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  \
+         name: {name}\n  tls_certificate: {{certificate_chain: {{inline_string: {}}}, private_key: {{inline_string: {}}}}}\n",
+        serde_json::to_string(&issued.chain_pem).expect("JSON string"),
+        serde_json::to_string(&issued.key_pem).expect("JSON string"),
+    )
+}
+
+/// A bootstrap with admin on `admin` and a static HTTPS listener on `port` whose certificate
+/// is the SDS secret `edge` (`secret`: its `SdsSecretConfig`), answering `edge`.
+fn sds_bootstrap(admin: u16, port: u16, secret: &str) -> String {
+    format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+         node: {{id: {NODE}, cluster: xds-test}}\n\
+         static_resources:{}",
+        sds_listener(port, secret, "edge")
+    )
+}
+
+/// Runs revoy or Envoy on `bootstrap(admin, port)`, whose HTTPS listener on `port` answers
+/// `edge` with the SDS secret `edge`; checks that it presents `first`, calls `rotate`, and
+/// waits until new handshakes present what it returns, while a connection made before still
+/// serves.
+fn rotates(
+    who: &str,
+    envoy: Option<&Path>,
+    dir: &Path,
+    bootstrap: impl FnOnce(u16, u16) -> String,
+    first: &certs::Issued,
+    rotate: impl FnOnce() -> certs::Issued,
+) {
+    let config = Arc::new(certs::client_config(dir, None));
+    let (admin, port) = (free_port(), free_port());
+    let yaml = bootstrap(admin, port);
+    let _proxy = child::Proxy::serving(envoy, &yaml, admin, port);
+    let answer = eventually(&format!("{who}: HTTPS with the first certificate"), || {
+        https::get(port, &config, "edge.test", "/").ok()
+    });
+    assert_eq!(
+        (answer.status, answer.body.as_str()),
+        (200, "edge"),
+        "{who}"
+    );
+    assert_eq!(
+        answer.certificate, first.cert_der,
+        "{who}: the first certificate"
+    );
+    let mut held = https::connect(port, &config, "edge.test").expect("a connection held");
+    let second = rotate();
+    eventually(
+        &format!("{who}: HTTPS with the rotated certificate"),
+        || {
+            https::get(port, &config, "edge.test", "/")
+                .ok()
+                .filter(|a| a.status == 200 && a.certificate == second.cert_der)
+        },
+    );
+    // The connection made before the rotation still serves.
+    use std::io::{Read, Write};
+    held.write_all(b"GET / HTTP/1.1\r\nhost: edge.test\r\n\r\n")
+        .expect("a request on the held connection");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !raw.ends_with(b"edge") {
+        let n = held.read(&mut chunk).expect("the held connection answers");
+        assert!(n > 0, "{who}: the held connection closed");
+        raw.extend_from_slice(&chunk[..n]);
+    }
+    assert!(raw.starts_with(b"HTTP/1.1 200"), "{who}");
+}
+
+/// Runs `case` with Envoy 1.40 (when there is one), then with revoy: it gets who runs, the
+/// Envoy binary (`None`: revoy), a directory holding the CA's `root.pem`, the CA, and the run's
+/// number (for names of its own).
+fn envoy_then_revoy(test: &str, mut case: impl FnMut(&str, Option<&Path>, &Path, &Ca, usize)) {
+    let envoy = oracle::envoy_or_skip(test);
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    ca.write_root_to(dir.path(), "root");
+    if let Some(envoy) = &envoy {
+        case("Envoy", Some(envoy), dir.path(), &ca, 1);
+    }
+    case("revoy", None, dir.path(), &ca, 2);
+}
+
+/// `path_config_source.watched_directory` and `poll_interval`: the SDS file is reached through
+/// a symlink in a directory of its own (`links/sds.yaml` -> `../mount/sds.yaml`) and `mount` is
+/// a Kubernetes ConfigMap mount; a `..data` swap in `mount` (a new `sds.yaml` with a new
+/// certificate inline) changes nothing in `links`, and is seen only through
+/// `watched_directory: {path: mount}`, or by reading the file every `poll_interval` (100 ms).
+/// New handshakes present the new certificate, in revoy as in Envoy 1.40.
+#[test]
+fn sds_path_config_source_watched_directory_or_poll_sees_a_configmap_swap() {
+    for poll in [false, true] {
+        envoy_then_revoy(
+            "sds_path_config_source_watched_directory_or_poll_sees_a_configmap_swap",
+            |who, envoy, dir, ca, run| {
+                let files =
+                    |issued: &certs::Issued| vec![("sds.yaml", inline_sds_file("edge", issued))];
+                rotates_through_mount(who, envoy, dir, ca, run, files, |links, mount| {
+                    let trigger = match poll {
+                        true => "poll_interval: 0.1s".to_owned(),
+                        false => format!("watched_directory: {{path: {}}}", mount.display()),
+                    };
+                    format!(
+                        "{{name: edge, sds_config: {{path_config_source: {{path: {}, {trigger}}}}}}}",
+                        links.join("sds.yaml").display(),
+                    )
+                });
+            },
+        );
+    }
+}
+
+/// `TlsCertificate.watched_directory` in an SDS secret naming files: the secret (a plain SDS
+/// file) names `links/cert.pem` and `links/key.pem`, symlinks into `mount`, a Kubernetes Secret
+/// mount; a `..data` swap there changes nothing in `links` or in the SDS file's directory, and
+/// is seen only through `watched_directory: {path: mount}`. New handshakes present the new
+/// certificate, in revoy as in Envoy 1.40.
+#[test]
+fn tls_certificate_watched_directory_rotates_an_sds_secrets_files() {
+    envoy_then_revoy(
+        "tls_certificate_watched_directory_rotates_an_sds_secrets_files",
+        |who, envoy, dir, ca, run| {
+            let files = |issued: &certs::Issued| {
+                vec![
+                    ("cert.pem", issued.chain_pem.clone()),
+                    ("key.pem", issued.key_pem.clone()),
+                ]
+            };
+            rotates_through_mount(who, envoy, dir, ca, run, files, |certs, mount| {
+                let sds = dir.join(format!("sds-{run}.yaml"));
+                let text = sds_file("edge", &certs.join("cert.pem"), &certs.join("key.pem"))
+                    .replace(
+                        "tls_certificate: {",
+                        &format!(
+                            "tls_certificate: {{watched_directory: {{path: {}}}, ",
+                            mount.display()
+                        ),
+                    );
+                std::fs::write(&sds, text).expect("sds file");
+                format!(
+                    "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+                    sds.display()
+                )
+            });
+        },
+    );
+}
+
+/// [`rotates`] through a Kubernetes mount that only a `watched_directory` sees: the `files` of
+/// each certificate are mounted in `<dir>/mount-<run>` and reached through symlinks in
+/// `<dir>/links-<run>`, where the mount's `..data` swap changes nothing; `secret(links, mount)`
+/// is the listener's `SdsSecretConfig`. The rotation mounts the files of a new certificate.
+fn rotates_through_mount(
+    who: &str,
+    envoy: Option<&Path>,
+    dir: &Path,
+    ca: &Ca,
+    run: usize,
+    files: impl Fn(&certs::Issued) -> Vec<(&'static str, String)>,
+    secret: impl FnOnce(&Path, &Path) -> String,
+) {
+    let first = ca.server(&["edge.test"]).issue();
+    let mounted = files(&first);
+    fn as_refs<'a>(files: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+        files.iter().map(|(n, c)| (*n, c.as_str())).collect()
+    }
+    let mut mount = KubeMount::new(dir, &format!("mount-{run}"), &as_refs(&mounted));
+    let links = dir.join(format!("links-{run}"));
+    std::fs::create_dir(&links).expect("links dir");
+    for (file, _) in &mounted {
+        std::os::unix::fs::symlink(mount.path(file), links.join(file)).expect("symlink");
+    }
+    let secret = secret(&links, &mount.dir);
+    let bootstrap = |admin, port| sds_bootstrap(admin, port, &secret);
+    rotates(who, envoy, dir, bootstrap, &first, || {
+        let second = ca.server(&["edge.test"]).issue();
+        mount.update(&as_refs(&files(&second)));
+        second
+    });
+}
+
+/// A TLS upstream presenting `server` and requiring a client certificate from `ca`; answers
+/// `client=<its URI SAN>`. Counts (in the answer's second half) the connections closed before
+/// sending a byte: a proxy failing closed opens the TCP connection and closes it unspoken.
+fn mtls_upstream(server: &certs::Issued, ca: &Ca) -> (u16, Arc<std::sync::atomic::AtomicUsize>) {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca.root_pem().as_bytes()).expect("root"))
+        .expect("root added");
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .expect("verifier");
+    let chain = CertificateDer::pem_slice_iter(server.chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(server.key_pem.as_bytes()).expect("key");
+    let config = Arc::new(
+        rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .expect("certificate"),
+    );
+    let unspoken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let port = free_port();
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind upstream");
+    let counted = unspoken.clone();
+    std::thread::spawn(move || {
+        for mut tcp in listener.incoming().flatten() {
+            let (config, counted) = (config.clone(), counted.clone());
+            std::thread::spawn(move || {
+                tcp.set_read_timeout(Some(Duration::from_secs(5))).ok();
+                if tcp.peek(&mut [0u8; 1]).is_ok_and(|n| n == 0) {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    return;
+                }
+                let mut conn = rustls::ServerConnection::new(config).expect("server connection");
+                while conn.is_handshaking() {
+                    if conn.complete_io(&mut tcp).is_err() {
+                        return;
+                    }
+                }
+                let client = conn
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(|c| revoy::tls::x509::parse(c).ok())
+                    .and_then(|info| info.uri_sans().next().map(str::to_owned))
+                    .unwrap_or_else(|| "none".into());
+                let mut stream = rustls::Stream::new(&mut conn, &mut tcp);
+                http1::answer_heads(&mut stream, |_| http1::ok(&format!("client={client}")));
+            });
+        }
+    });
+    (port, unspoken)
+}
+
+/// The connection manager fields of listener `front`: every request to cluster `tls-up`,
+/// logged to `log` as `%RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%`.
+fn front_hcm(log: &Path) -> String {
+    format!(
+        "stat_prefix: front\n\
+         access_log: [{{name: log, typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, \
+         path: {}, log_format: {{text_format_source: {{inline_string: \"%RESPONSE_FLAGS% %UPSTREAM_TRANSPORT_FAILURE_REASON%\\n\"}}}}}}}}]\n\
+         route_config: {{virtual_hosts: [{{name: all, domains: [\"*\"], routes: {}}}]}}",
+        log.display(),
+        xds::to_cluster("tls-up")
+    )
+}
+
+/// Cluster `tls-up` (flow-style YAML): the TLS upstream on `port` (`up.test`), presenting the
+/// SDS secret `default` and trusting `ROOTCA`, both from `sds-grpc` with an
+/// `initial_fetch_timeout` of 1 s.
+fn late_secrets_cluster(port: u16) -> String {
+    let late = |name: &str| {
+        sds_config(name).replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 1s")
+    };
+    format!(
+        "{{name: tls-up, type: STATIC, connect_timeout: 2s, load_assignment: {{cluster_name: tls-up, \
+         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}, \
+         transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
+         sni: up.test, common_tls_context: {{tls_certificate_sds_secret_configs: [{}], \
+         validation_context_sds_secret_config: {}}}}}}}}}",
+        late("default"),
+        late("ROOTCA")
+    )
+}
+
+/// What a proxy did with a request to a cluster whose secrets had not come.
+#[derive(Debug, PartialEq)]
+struct FailedClosed {
+    status: u16,
+    body: String,
+    /// The access log line: flags and transport failure reason.
+    logged: String,
+    /// `client_ssl_socket_factory.upstream_context_secrets_not_ready`.
+    not_ready: Option<u64>,
+    /// `upstream_cx_connect_fail`.
+    connect_fail: Option<u64>,
+    /// Handshakes counted in `ssl.handshake` and `ssl.connection_error` (0 when absent, as
+    /// Envoy has no `ssl.*` stats before the context exists).
+    handshakes: (u64, u64),
+    /// Connections the upstream saw closed before a byte.
+    unspoken: usize,
+}
+
+/// Asks `front` once, with cluster `tls-up` lacking its secrets, and what followed.
+fn fail_closed(
+    admin: u16,
+    front: u16,
+    log: &Path,
+    unspoken: &std::sync::atomic::AtomicUsize,
+) -> FailedClosed {
+    let (status, body) = http1::get(None, ([127, 0, 0, 1], front).into(), "/").expect("GET");
+    let logged = eventually("the access log line", || {
+        std::fs::read_to_string(log)
+            .ok()
+            .and_then(|l| l.lines().next().map(str::to_owned))
+    });
+    let unspoken = eventually("the upstream to see the connection close", || {
+        let n = unspoken.load(std::sync::atomic::Ordering::SeqCst);
+        (n > 0).then_some(n)
+    });
+    let count = |name: &str| stat(admin, &format!("cluster.tls-up.{name}"));
+    FailedClosed {
+        status,
+        body,
+        logged,
+        not_ready: count("client_ssl_socket_factory.upstream_context_secrets_not_ready"),
+        connect_fail: count("upstream_cx_connect_fail"),
+        handshakes: (
+            count("ssl.handshake").unwrap_or(0),
+            count("ssl.connection_error").unwrap_or(0),
+        ),
+        unspoken,
+    }
+}
+
+/// A cluster whose SDS secrets (its client certificate and its trust) have not come when
+/// their `initial_fetch_timeout` (1 s) passes is used, as in Envoy, but fails closed: each
+/// connection is opened and closed before a byte is sent (no plaintext, no handshake without
+/// the client certificate), the request is answered 503 `UF` with Envoy's transport failure
+/// reason, and `client_ssl_socket_factory.upstream_context_secrets_not_ready` counts it. Once
+/// the secrets come, the cluster reaches the upstream over mutual TLS without a restart. For a
+/// static bootstrap cluster and for one from CDS (whose `cds_config` waits for ever: the
+/// secrets' own timeout ends the cluster's warming), in revoy as in Envoy 1.40.
+#[test]
+fn a_cluster_whose_secrets_time_out_fails_closed_until_they_come() {
+    let envoy =
+        oracle::envoy_or_skip("a_cluster_whose_secrets_time_out_fails_closed_until_they_come");
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    let workload = ca.workload("default", "front").issue();
+    let (upstream, unspoken) = mtls_upstream(&ca.server(&["up.test"]).issue(), &ca);
+    let mut runs = 0;
+    let mut run = |who: &str, envoy: Option<&Path>, from_cds: bool| {
+        runs += 1;
+        unspoken.store(0, std::sync::atomic::Ordering::SeqCst);
+        let sds = Sds::start(dir.path(), &format!("sds-{runs}"));
+        let log = dir.path().join(format!("access-{runs}.log"));
+        let (admin, front) = (free_port(), free_port());
+        let plane = from_cds.then(|| Plane::start(free_port()));
+        let yaml = if let Some(plane) = &plane {
+            let snapshot = Snapshot::new("1")
+                .with_message(
+                    "front",
+                    &xds::listener_with("front", front, &front_hcm(&log)),
+                )
+                .with_message(
+                    "tls-up",
+                    &xds::decode::<Cluster>(&late_secrets_cluster(upstream)),
+                );
+            plane.set(snapshot);
+            format!(
+                "{}{}",
+                ads_h2_bootstrap(admin, plane.port),
+                sds_cluster(sds.socket()),
+            )
+        } else {
+            let listener = format!(
+                "{{name: front, address: {{socket_address: {{address: 127.0.0.1, port_value: {front}}}}}, \
+                 filter_chains: [{{filters: [{{name: hcm, typed_config: {{\"@type\": {HCM}, http_filters: [{ROUTER}], {}}}}}]}}]}}",
+                front_hcm(&log).replace('\n', ", ")
+            );
+            format!(
+                "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n\
+                 node: {{id: {NODE}, cluster: xds-test}}\n\
+                 static_resources:\n  listeners:\n  - {listener}\n  clusters:\n  - {}{}\n",
+                late_secrets_cluster(upstream),
+                sds_cluster(sds.socket()),
+            )
+        };
+        let _proxy = child::Proxy::serving(envoy, &yaml, admin, front);
+        let failed = fail_closed(admin, front, &log, &unspoken);
+
+        let version = sds.serve_mesh(&workload, &ca);
+        sds.ack(NODE, &version);
+        let answer = eventually(&format!("{who}: tls-up used once its secrets came"), || {
+            xds::get(front, "/").ok().filter(|r| r.status == 200)
+        });
+        assert_eq!(
+            answer.body, "client=spiffe://cluster.local/ns/default/sa/front",
+            "{who}"
+        );
+        failed
+    };
+    for from_cds in [false, true] {
+        let revoy = run("revoy", None, from_cds);
+        assert_eq!(
+            revoy,
+            FailedClosed {
+                status: 503,
+                body: "upstream connect error or disconnect/reset before headers. reset reason: \
+                       remote connection failure"
+                    .into(),
+                logged: "UF TLS_error:_Secret_is_not_supplied_by_SDS".into(),
+                not_ready: Some(1),
+                connect_fail: Some(1),
+                handshakes: (0, 0),
+                unspoken: 1,
+            },
+            "from CDS: {from_cds}"
+        );
+        if let Some(envoy) = &envoy {
+            assert_eq!(
+                run("Envoy", Some(envoy), from_cds),
+                revoy,
+                "from CDS: {from_cds}"
+            );
+        }
+    }
 }

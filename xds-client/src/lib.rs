@@ -63,11 +63,27 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// The handler's answer to an [`Update`]: the resources it rejected (none means ACK).
+/// The handler's answer to an [`Update`]: the resources it rejected (none means ACK), and of
+/// those it applied, which were new and which replaced another version (the push log's
+/// added and changed; the rest were identical to what it held).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Applied {
     /// Rejected resources; the others were applied.
     pub rejected: Vec<Rejected>,
+    /// Resources applied that the handler held no version of.
+    pub added: Vec<String>,
+    /// Resources applied that replaced a different version the handler held.
+    pub changed: Vec<String>,
+}
+
+impl Applied {
+    /// An answer that rejects `rejected` and says nothing of what changed.
+    pub fn rejecting(rejected: Vec<Rejected>) -> Applied {
+        Applied {
+            rejected,
+            ..Applied::default()
+        }
+    }
 }
 
 /// Events the proxy turns into stats (`control_plane.*`).
@@ -110,6 +126,29 @@ pub enum Verdict {
 /// 64 times over, would hold tens of megabytes of names.
 pub const PUSH_NAMES: usize = 100;
 
+/// Some resource names, counted: the first [`PUSH_NAMES`] of them and how many there were.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names {
+    /// The first [`PUSH_NAMES`] names.
+    pub first: Vec<String>,
+    /// How many there were.
+    pub count: usize,
+}
+
+impl Names {
+    /// Keeps the first [`PUSH_NAMES`] of `names` and counts them all.
+    pub fn of<'a>(names: impl IntoIterator<Item = &'a String>) -> Names {
+        let mut kept = Names::default();
+        for name in names {
+            if kept.count < PUSH_NAMES {
+                kept.first.push(name.clone());
+            }
+            kept.count += 1;
+        }
+        kept
+    }
+}
+
 /// One response received and how it was answered (the push log, newest first in [`Status`]).
 #[derive(Debug, Clone)]
 pub struct Push {
@@ -121,15 +160,22 @@ pub struct Push {
     pub version: String,
     /// Its nonce.
     pub nonce: String,
-    /// Names of the resources it carried (the first [`PUSH_NAMES`]).
-    pub resources: Vec<String>,
-    /// How many resources it carried.
-    pub resource_count: usize,
-    /// Names it removed (Delta, or absent from a SotW full-state response; the first
-    /// [`PUSH_NAMES`]).
-    pub removed: Vec<String>,
-    /// How many it removed.
-    pub removed_count: usize,
+    /// The resources it carried.
+    pub resources: Names,
+    /// Those applied that were new.
+    pub added: Names,
+    /// Those applied as a new version of a resource already held.
+    pub changed: Names,
+    /// How many were identical to the version held (a SotW response repeats every resource
+    /// of a full-state type).
+    pub unchanged: usize,
+    /// The names it removed (Delta, or absent from a SotW full-state response), none when
+    /// the response was refused whole.
+    pub removed: Names,
+    /// The resources rejected, each with its reason (the first [`PUSH_NAMES`]).
+    pub rejected: Vec<Rejected>,
+    /// How many were rejected.
+    pub rejected_count: usize,
     /// The answer.
     pub verdict: Verdict,
     /// How long the handler took.

@@ -128,7 +128,7 @@ async fn responses_deliver_versions_and_removals_and_are_acked_by_nonce() {
         status.pushes[0].verdict,
         Verdict::Nack("d: Cluster.type: unsupported".into())
     );
-    assert_eq!(status.pushes[1].removed, ["a", "b"]);
+    assert_eq!(status.pushes[1].removed.first, ["a", "b"]);
     client.stop();
 }
 

@@ -57,7 +57,7 @@ async fn ack_carries_version_and_nonce() {
     assert_eq!(status.types[0].nonce, "n1");
     assert_eq!(status.pushes.len(), 1);
     assert_eq!(status.pushes[0].verdict, Verdict::Ack);
-    assert_eq!(status.pushes[0].resources, ["a", "b"]);
+    assert_eq!(status.pushes[0].resources.first, ["a", "b"]);
     client.stop();
 }
 

@@ -1,5 +1,8 @@
-//! Transports (unix socket), connection retries, a refused call and the rate limit.
+//! Transports (unix socket), connection retries, a refused call, the rate limit, and HTTP/2
+//! keep-alive finding a silent server.
 
+#[path = "support/relay.rs"]
+mod relay;
 mod support;
 
 use std::collections::BTreeSet;
@@ -12,7 +15,7 @@ use proto::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
 use support::{PATIENCE, QUIET, Server, config, listener, response, start};
-use xds_client::client::{Mode, RateLimit};
+use xds_client::client::{KeepAlive, Mode, RateLimit, Transport};
 use xds_client::{
     CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Event, LISTENER_TYPE_URL, ROUTE_TYPE_URL, SECRET_TYPE_URL,
 };
@@ -150,4 +153,41 @@ async fn a_refused_call_is_not_a_stream_and_is_tried_again() {
         client.stop();
         server.abort();
     }
+}
+
+#[tokio::test]
+async fn keep_alive_pings_find_a_silent_server_and_the_stream_comes_back() {
+    let mut server = Server::tcp().await;
+    let Transport::Tcp(address) = server.transport.clone() else {
+        unreachable!("a TCP server");
+    };
+    let relay = relay::Relay::start(address).await;
+    let mut config = config(Transport::Tcp(relay.address), Mode::Sotw);
+    config.keep_alive = Some(KeepAlive {
+        interval: Duration::from_millis(100),
+        timeout: Duration::from_millis(300),
+    });
+    let (client, _recorder, mut probe) = start(config);
+    client.subscribe_wildcard(LISTENER_TYPE_URL);
+    let mut stream = server.sotw_stream().await;
+    assert_eq!(stream.recv().await.type_url, LISTENER_TYPE_URL);
+    assert_eq!(probe.event().await, Event::Connected);
+    // PINGs arrive while the stream is idle.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while relay.pings() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no keep-alive PINGs"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The server falls silent without closing: an unanswered PING drops the connection, and
+    // a new stream resubscribes.
+    relay.silence();
+    assert_eq!(probe.event().await, Event::Disconnected);
+    assert_eq!(probe.event().await, Event::Connected);
+    let mut again = server.sotw_stream().await;
+    assert_eq!(again.recv().await.type_url, LISTENER_TYPE_URL);
+    drop(stream);
+    client.stop();
 }

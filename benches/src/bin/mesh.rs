@@ -3,17 +3,22 @@
 //! test builds them (`proxy/tests/istio_pods/`, reused here as it is): pod a's application
 //! (h2load, run as the application's uid in a's namespace, so iptables captures its traffic
 //! like an application's) calls svc-b's VIP; a's sidecar routes it over Istio mTLS to pod b,
-//! whose sidecar hands it to b's echo application. Three contenders take turns: revoy
+//! whose sidecar hands it to b's echo application. Four contenders take turns: revoy
 //! sidecars in both pods, Envoy sidecars in both pods (a second cluster, idle while the first
-//! is measured), and "direct": the same client and echo application in two hosts on the same
-//! bridge with no sidecar and no capture.
+//! is measured), both on the config istiod renders without Istio's own filters (stock Envoy
+//! lacks them); `revoy-istio`, revoy sidecars whose config has them (`istio.alpn`, the
+//! metadata exchanges, `istio.stats`, as istiod configures a sidecar: a third cluster), so the
+//! report shows the proxy's own cost apart from the filters'; and "direct": the same client
+//! and echo application in two hosts on the same bridge with no sidecar and no capture.
 //!
 //! Each request POSTs 1 KiB; each contender runs paced at 1,000 requests/s (latency, and each
 //! sidecar's CPU per second) and closed-loop at saturation (each sidecar's CPU per request),
 //! 3 rounds, the contenders' order changing every round (`benches::order`, balanced); medians go to `mesh.md` and `mesh.json`.
 //!
 //! `cargo run --release -p benches --bin mesh -- [--smoke] [--no-build] [--envoy PATH]
-//! [--out DIR] [--hold]`
+//! [--out DIR] [--hold] [--no-istio-filters]`
+//!
+//! `--no-istio-filters` leaves the `revoy-istio` contender out.
 //!
 //! `--hold` measures nothing: it starts the pods, prints how to reach them (namespaces,
 //! sidecar PIDs, the URL) and keeps them up until its standard input closes, for profiling a
@@ -127,6 +132,8 @@ struct Options {
     out: PathBuf,
     /// Start the pods, print how to reach them, and wait for standard input to close.
     hold: bool,
+    /// Whether the `revoy-istio` contender runs.
+    istio_filters: bool,
 }
 
 fn parse_args() -> Result<Options, String> {
@@ -136,6 +143,7 @@ fn parse_args() -> Result<Options, String> {
         envoy: None,
         out: workspace_root().join("benches/results"),
         hold: false,
+        istio_filters: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -146,6 +154,7 @@ fn parse_args() -> Result<Options, String> {
             "--envoy" => opts.envoy = Some(value()?.into()),
             "--out" => opts.out = value()?.into(),
             "--hold" => opts.hold = true,
+            "--no-istio-filters" => opts.istio_filters = false,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -196,8 +205,9 @@ fn revoy_binary(opts: &Options) -> Result<(PathBuf, String), String> {
     Ok((revoy, how.to_owned()))
 }
 
-/// Pods a (svc-a, PERMISSIVE) and b (svc-b, STRICT), the injector's default capture.
-fn mesh_config() -> Mesh {
+/// Pods a (svc-a, PERMISSIVE) and b (svc-b, STRICT), the injector's default capture; Istio's
+/// own filters in the config of revoy sidecars when `istio_filters`.
+fn mesh_config(istio_filters: bool) -> Mesh {
     let service = |name, vip: &str, pod, ip: &str, mtls| Service {
         name,
         vip: vip.to_owned(),
@@ -219,16 +229,41 @@ fn mesh_config() -> Mesh {
         outbound: Outbound::AllowAny,
         splits: Vec::new(),
         path_routes: Vec::new(),
-        // The same config for revoy and Envoy sidecars: stock Envoy lacks Istio's filters.
-        istio_filters: false,
+        istio_filters,
+        declared_http: false,
     }
 }
 
-/// Starts pods a and b with `sidecar` in both (and the hosts `outside`, no sidecar).
-fn start_cluster(tag: &str, sidecar: Sidecar, envoy: &Path, outside: &[&str]) -> Cluster {
-    let mesh = mesh_config();
+/// Starts pods a and b with `sidecar` in both (and the hosts `outside`, no sidecar), with
+/// Istio's own filters in a revoy sidecar's config when `istio_filters`.
+fn start_cluster(
+    tag: &str,
+    sidecar: Sidecar,
+    istio_filters: bool,
+    envoy: &Path,
+    outside: &[&str],
+) -> Cluster {
+    let mesh = mesh_config(istio_filters);
     let pods = PodSpec::per_service(&mesh, &[sidecar; 2], &[Capture::Redirect; 2]);
     Cluster::start(tag, &mesh, pods, outside, Some(envoy))
+}
+
+/// Whether both sidecars of `cluster` counted the readiness request in Istio's
+/// `istio_requests_total` (so Istio's filters are in their config and at work).
+fn istio_stats_reported(cluster: &Cluster) -> Result<(), String> {
+    for pod in ["a", "b"] {
+        let (_, body) = cluster
+            .pod(pod)
+            .ns
+            .get(None, netns::ADMIN, "/stats/prometheus")
+            .map_err(|e| format!("{pod}'s /stats/prometheus: {e}"))?;
+        if !body.contains("istio_requests_total{") {
+            return Err(format!(
+                "revoy-istio: {pod}'s sidecar reports no istio_requests_total"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The PID of `pod`'s sidecar: the process whose working directory is the pod's directory
@@ -529,18 +564,29 @@ fn run(opts: &Options) -> Result<(), String> {
     let revoy_pods = start_cluster(
         "mbr",
         Sidecar::Revoy,
+        false,
         &envoy,
         &[DIRECT_CLIENT, DIRECT_SERVER],
     );
-    let envoy_pods = start_cluster("mbe", Sidecar::Envoy, &envoy, &[]);
-    let contenders = [
+    let envoy_pods = start_cluster("mbe", Sidecar::Envoy, false, &envoy, &[]);
+    let istio_pods = opts.istio_filters.then(|| {
+        eprintln!("starting pods with revoy sidecars and Istio's filters...");
+        start_cluster("mbi", Sidecar::Revoy, true, &envoy, &[])
+    });
+    let mut contenders = vec![
         Contender::mesh(Kind::Revoy, &revoy_pods)?,
         Contender::mesh(Kind::Envoy, &envoy_pods)?,
         Contender::direct(&revoy_pods),
     ];
+    if let Some(pods) = &istio_pods {
+        contenders.push(Contender::mesh(Kind::RevoyIstio, pods)?);
+    }
     let mut response_bytes = serde_json::Map::new();
     for c in &contenders {
         response_bytes.insert(c.kind.name().into(), json!(c.ready()?));
+    }
+    if let Some(pods) = &istio_pods {
+        istio_stats_reported(pods)?;
     }
     if opts.hold {
         return hold(&contenders);
@@ -618,7 +664,10 @@ fn run(opts: &Options) -> Result<(), String> {
          req/s over {PACED_CONNECTIONS} HTTP/1.1 connections, {} s) and then closed-loop \
          ({SATURATION_CONNECTIONS} connections, {} s), in a balanced order that changes every round; medians of \
          the rounds. Every request POSTs {PAYLOAD_BYTES} bytes; the echo's answer body, in bytes: \
-         {} (direct's carries no `x-forwarded-client-cert`). Sidecars: `--concurrency 2` each (pilot-agent's argv).\n\n\
+         {} (direct's carries no `x-forwarded-client-cert`). Sidecars: `--concurrency 2` each (pilot-agent's argv). \
+         revoy and Envoy run the config istiod renders without Istio's own filters (stock Envoy \
+         lacks them); revoy-istio (unless `--no-istio-filters`) is revoy with them (`istio.alpn`, the metadata exchanges, \
+         `istio.stats`), so revoy-istio over revoy is the filters' cost.\n\n\
          {}\n#### Targets (revoy / Envoy, same run)\n\n{}",
         machine(),
         plan.rounds,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use benches::clients::{self, Latency};
 use benches::contender::{Kind, installed_envoy};
 use benches::procfs;
-use benches::report::format_value;
+use benches::report::{ChartPanel, format_value, svg_page};
 use benches::stats::{median, quantile};
 use benches::upstream::{self, Upstream};
 use benches::xds::{Launch, Mesh, Proxy};
@@ -246,6 +246,12 @@ fn steady_rss(pid: u32, since: Instant) -> f64 {
     procfs::status_kib(pid, "VmRSS").unwrap_or(0) as f64 / 1024.0
 }
 
+/// How long a proxy's idle CPU is read over before a churn: one stats flush period (Envoy's
+/// default `stats_flush_interval`, which revoy keeps), so each window holds exactly one flush
+/// whatever its phase (a one-second window showed 0.5 or 13 ms/s for the same revoy, as it
+/// missed or caught the flush).
+const IDLE_WINDOW: Duration = Duration::from_secs(5);
+
 /// How long after an update its RSS is read.
 const RSS_AFTER: Duration = Duration::from_secs(3);
 
@@ -456,8 +462,8 @@ impl Bench {
         let updates = self.plan.updates();
         let tag = if load_port.is_some() { "load" } else { "churn" };
         let idle_from = cpu(pid);
-        thread::sleep(Duration::from_secs(1));
-        let idle_ms_per_s = (cpu(pid) - idle_from) * 1000.0;
+        thread::sleep(IDLE_WINDOW);
+        let idle_ms_per_s = (cpu(pid) - idle_from) * 1000.0 / IDLE_WINDOW.as_secs_f64();
         let load = load_port.map(|port| {
             let url = format!("http://127.0.0.1:{port}/");
             let seconds = self.plan.churn.as_secs().max(1) as u32;
@@ -584,6 +590,36 @@ const METRICS: [(&str, &str); 20] = [
     ("requests", "load requests"),
     ("errors", "errors"),
 ];
+
+/// `xds.svg`: per push, the time to the last ACK and the RSS after; per churn, the CPU per
+/// update and the update-to-ACK median; revoy's bars beside Envoy's.
+fn svg_chart(results: &Results) -> String {
+    let panel = |scenario: &str, metric: &str, better: &str| ChartPanel {
+        title: format!("{scenario}: {} ({better} is better)", title(metric)),
+        bars: [Kind::Revoy, Kind::Envoy]
+            .into_iter()
+            .filter_map(|k| Some((k.name(), results.get(scenario, k, metric)?)))
+            .collect(),
+    };
+    let rows: Vec<Vec<ChartPanel>> = results
+        .order
+        .iter()
+        .map(|scenario| {
+            if scenario.starts_with("push_") {
+                vec![
+                    panel(scenario, "ack_ms", "lower"),
+                    panel(scenario, "rss_mib", "lower"),
+                ]
+            } else {
+                vec![
+                    panel(scenario, "cpu_ms_per_update", "lower"),
+                    panel(scenario, "ack_p50_ms", "lower"),
+                ]
+            }
+        })
+        .collect();
+    svg_page(&rows)
+}
 
 fn title(metric: &str) -> &str {
     METRICS
@@ -930,8 +966,16 @@ fn run(opts: &Options) -> Result<Vec<String>, String> {
     let json_path = opts.out.join("xds.json");
     let text = serde_json::to_string_pretty(&json).map_err(|e| e.to_string())?;
     fs::write(&json_path, text).map_err(|e| format!("{}: {e}", json_path.display()))?;
+    let svg_path = opts.out.join("xds.svg");
+    fs::write(&svg_path, svg_chart(&bench.results))
+        .map_err(|e| format!("{}: {e}", svg_path.display()))?;
     println!("{md}");
-    eprintln!("wrote {} and {}", md_path.display(), json_path.display());
+    eprintln!(
+        "wrote {}, {} and {}",
+        md_path.display(),
+        json_path.display(),
+        svg_path.display()
+    );
     Ok(errors)
 }
 

@@ -42,11 +42,27 @@ fn text(status: u16, body: impl Into<String>) -> AdminResponse {
     }
 }
 
+/// A JSON answer indented as Envoy prints its protobuf-backed admin answers (`/config_dump`,
+/// `/clusters`, `/server_info`, ...): one space per level.
 fn json(value: &serde_json::Value) -> AdminResponse {
+    let mut body = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
+    let mut ser = serde_json::Serializer::with_formatter(&mut body, formatter);
+    serde::Serialize::serialize(value, &mut ser).expect("a JSON value serializes");
+    body.push(b'\n');
     AdminResponse {
         status: 200,
         content_type: JSON,
-        body: serde_json::to_string_pretty(value).unwrap_or_default() + "\n",
+        body: String::from_utf8(body).expect("serde_json writes UTF-8"),
+    }
+}
+
+/// A JSON answer on one line, as Envoy prints `/stats?format=json`.
+fn compact_json(value: &serde_json::Value) -> AdminResponse {
+    AdminResponse {
+        status: 200,
+        content_type: JSON,
+        body: value.to_string(),
     }
 }
 
@@ -459,7 +475,7 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
         );
     }
     match req.param("format") {
-        Some("json") => json(&crate::stats::render_json(
+        Some("json") => compact_json(&crate::stats::render_json(
             &metrics,
             &texts,
             &histograms,

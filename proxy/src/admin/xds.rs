@@ -190,7 +190,9 @@ pub fn init_dump(xds: Option<&Xds>) -> serde_json::Value {
     })
 }
 
-/// `/xds`: the stream's state, each type's subscription, and the last pushes, newest first.
+/// `/xds`: the stream's state, each type's subscription, and the last pushes, newest first,
+/// each with the resources it added, changed, left unchanged, removed and rejected (with the
+/// reason).
 pub fn render(xds: Option<&Xds>) -> serde_json::Value {
     let Some(xds) = xds else {
         return serde_json::json!({"error": "no dynamic_resources in the bootstrap"});
@@ -231,15 +233,27 @@ pub fn render(xds: Option<&Xds>) -> serde_json::Value {
                 xds_client::Verdict::Ack => ("ACK", None),
                 xds_client::Verdict::Nack(r) => ("NACK", Some(r.clone())),
             };
+            let rejected: Vec<_> = p
+                .rejected
+                .iter()
+                .map(|r| serde_json::json!({"name": r.name, "reason": r.reason}))
+                .collect();
             serde_json::json!({
                 "at": httpdate::fmt_http_date(p.at),
                 "type_url": p.type_url,
                 "version": p.version,
                 "nonce": p.nonce,
-                "resources": p.resources,
-                "resource_count": p.resource_count,
-                "removed": p.removed,
-                "removed_count": p.removed_count,
+                "resources": p.resources.first,
+                "resource_count": p.resources.count,
+                "added": p.added.first,
+                "added_count": p.added.count,
+                "changed": p.changed.first,
+                "changed_count": p.changed.count,
+                "unchanged_count": p.unchanged,
+                "removed": p.removed.first,
+                "removed_count": p.removed.count,
+                "rejected": rejected,
+                "rejected_count": p.rejected_count,
                 "verdict": verdict,
                 "reason": reason,
                 "apply_ms": p.apply_time.as_secs_f64() * 1000.0,

@@ -56,6 +56,9 @@ pub struct ClusterConfig {
     pub dns_lookup_family: DnsLookupFamily,
     /// The HTTP protocol spoken to the hosts.
     pub protocol: UpstreamProtocol,
+    /// `common_http_protocol_options.max_stream_duration`: each upstream stream's time limit
+    /// (`UMSDR` when reached); `None` when unset or 0.
+    pub max_stream_duration: Option<Duration>,
     /// `common_http_protocol_options.idle_timeout` (default 1 h; `None` when set to 0).
     pub idle_timeout: Option<Duration>,
     /// `max_requests_per_connection`, if limited.
@@ -466,6 +469,9 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
         let Ok(tls) = proto::unpack::<UpstreamTlsContext>(any) else {
             continue;
         };
+        for (field, what) in super::tls::unacted::upstream(&tls) {
+            warnings.skipped(format!("{path}.{at}.typed_config.{field}"), what);
+        }
         let Some(params) = tls.common_tls_context.and_then(|c| c.tls_params) else {
             continue;
         };
@@ -477,27 +483,6 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
                 super::tls::provider::left_out_message(&name),
             );
         }
-    }
-    let typed_common = c
-        .typed_extension_protocol_options
-        .get(HTTP_PROTOCOL_OPTIONS)
-        .and_then(|any| proto::unpack::<HttpProtocolOptions>(any).ok())
-        .and_then(|t| t.common_http_protocol_options);
-    let max_stream_duration = [
-        (
-            typed_common.as_ref(),
-            format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]."),
-        ),
-        (c.common_http_protocol_options.as_ref(), String::new()),
-    ];
-    for (_, at) in max_stream_duration
-        .iter()
-        .filter(|(o, _)| o.is_some_and(|o| o.max_stream_duration.is_some()))
-    {
-        warnings.skipped(
-            format!("{path}.{at}common_http_protocol_options.max_stream_duration"),
-            "an upstream stream's time limit is not implemented by revoy (no UMSDR); the route's timeouts apply",
-        );
     }
     let thresholds = c.circuit_breakers.iter().flat_map(|cb| &cb.thresholds);
     for (i, t) in thresholds.enumerate() {
@@ -611,6 +596,7 @@ pub fn compile_cluster(
         dns_lookup_family,
         protocol: http.protocol,
         idle_timeout: http.idle_timeout,
+        max_stream_duration: http.max_stream_duration,
         max_requests_per_connection: http.max_requests_per_connection,
         http1_trailers: http.http1_trailers,
         auto_sni: http.auto_sni,
@@ -919,6 +905,7 @@ fn socket_address(sa: &core::SocketAddress) -> Result<SocketAddr, ConfigError> {
 struct HttpSettings {
     protocol: UpstreamProtocol,
     idle_timeout: Option<Duration>,
+    max_stream_duration: Option<Duration>,
     max_requests_per_connection: Option<u32>,
     http1_trailers: bool,
     auto_sni: Option<AutoSni>,
@@ -935,20 +922,24 @@ pub struct AutoSni {
     pub san_validation: bool,
 }
 
+/// A cluster's `typed_extension_protocol_options` HTTP options, if it has them.
+pub(crate) fn typed_http_options(c: &Cluster) -> Result<Option<HttpProtocolOptions>, ConfigError> {
+    c.typed_extension_protocol_options
+        .get(HTTP_PROTOCOL_OPTIONS)
+        .map(|any| {
+            proto::unpack::<HttpProtocolOptions>(any).map_err(|e| {
+                ConfigError::new(
+                    format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]"),
+                    e.to_string(),
+                )
+            })
+        })
+        .transpose()
+}
+
 #[allow(deprecated)]
 fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
-    let typed = match c
-        .typed_extension_protocol_options
-        .get(HTTP_PROTOCOL_OPTIONS)
-    {
-        Some(any) => Some(proto::unpack::<HttpProtocolOptions>(any).map_err(|e| {
-            ConfigError::new(
-                format!("typed_extension_protocol_options[\"{HTTP_PROTOCOL_OPTIONS}\"]"),
-                e.to_string(),
-            )
-        })?),
-        None => None,
-    };
+    let typed = typed_http_options(c)?;
     let upstream_options = typed
         .as_ref()
         .and_then(|t| t.upstream_http_protocol_options.as_ref());
@@ -1029,6 +1020,13 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
         }
         None => Some(DEFAULT_IDLE_TIMEOUT),
     };
+    let max_stream_duration = match common.and_then(|o| o.max_stream_duration.as_ref()) {
+        Some(d) => {
+            let d = duration(d, "common_http_protocol_options.max_stream_duration")?;
+            (!d.is_zero()).then_some(d)
+        }
+        None => None,
+    };
     let max_requests_per_connection = common
         .and_then(|o| o.max_requests_per_connection.as_ref())
         .or(c.max_requests_per_connection.as_ref())
@@ -1051,6 +1049,7 @@ fn http_options(c: &Cluster) -> Result<HttpSettings, ConfigError> {
     Ok(HttpSettings {
         protocol,
         idle_timeout,
+        max_stream_duration,
         max_requests_per_connection,
         http1_trailers: http1.is_some_and(|o| o.enable_trailers),
         auto_sni,
@@ -1149,22 +1148,21 @@ load_assignment:
     }
 
     #[test]
-    fn an_upstream_max_stream_duration_is_reported_as_skipped() {
-        let c = cluster(
-            "name: c\ncommon_http_protocol_options: {max_stream_duration: 1s}\ntyped_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, common_http_protocol_options: {max_stream_duration: 2s}}}\n",
+    fn an_upstream_max_stream_duration_is_read_from_the_typed_options_first() {
+        let both = "name: c\ncommon_http_protocol_options: {max_stream_duration: 1s}\ntyped_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, common_http_protocol_options: {max_stream_duration: 2s}}}\n";
+        let http = http_options(&cluster(both)).unwrap();
+        assert_eq!(http.max_stream_duration, Some(Duration::from_secs(2)));
+        let deprecated = "name: c\ncommon_http_protocol_options: {max_stream_duration: 1s}\n";
+        let http = http_options(&cluster(deprecated)).unwrap();
+        assert_eq!(http.max_stream_duration, Some(Duration::from_secs(1)));
+        let zero = "name: c\ncommon_http_protocol_options: {max_stream_duration: 0s}\n";
+        assert_eq!(
+            http_options(&cluster(zero)).unwrap().max_stream_duration,
+            None
         );
         let mut warnings = crate::config::Warnings::new();
-        skipped_features(&c, "clusters[0]", &mut warnings);
-        let found: Vec<String> = warnings.iter().map(ToString::to_string).collect();
-        assert_eq!(found.len(), 2, "{found:?}");
-        assert!(
-            found[0].contains("clusters[0].typed_extension_protocol_options[\"envoy.extensions.upstreams.http.v3.HttpProtocolOptions\"].common_http_protocol_options.max_stream_duration: "),
-            "{found:?}"
-        );
-        assert!(
-            found[1].contains("clusters[0].common_http_protocol_options.max_stream_duration: "),
-            "{found:?}"
-        );
+        skipped_features(&cluster(both), "clusters[0]", &mut warnings);
+        assert!(warnings.is_empty(), "it is enforced");
     }
 
     #[test]

@@ -13,6 +13,11 @@ use proto::pb::envoy::config::core::v3::{
 use proto::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
 
 use super::ConfigError;
+use super::watched_file::WatchedFile;
+
+mod keep_alive;
+
+pub use keep_alive::KeepAlive;
 
 /// Envoy's default `initial_fetch_timeout`.
 const DEFAULT_INITIAL_FETCH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -50,6 +55,8 @@ pub struct AdsConfig {
     pub set_node_on_first_message_only: bool,
     /// `rate_limit_settings`: `(max_tokens, fill_rate)`, Envoy's defaults filled in.
     pub rate_limit: Option<(u32, f64)>,
+    /// HTTP/2 keep-alive on the channel.
+    pub keep_alive: KeepAlive,
 }
 
 /// Where one type's resources come from.
@@ -58,7 +65,7 @@ pub enum Source {
     /// The ADS stream.
     Ads,
     /// A file holding a `DiscoveryResponse`, watched for changes.
-    Path(PathBuf),
+    Path(WatchedFile),
 }
 
 /// A subscription's source and how long start-up waits for its first answer (`None`: for
@@ -130,8 +137,11 @@ fn subscription(
     #[allow(deprecated)] // `path` is deprecated in favour of `path_config_source`; still used.
     let source = match &cs.config_source_specifier {
         Some(ConfigSourceSpecifier::Ads(_)) => Source::Ads,
-        Some(ConfigSourceSpecifier::Path(p)) => Source::Path(PathBuf::from(p)),
-        Some(ConfigSourceSpecifier::PathConfigSource(p)) => Source::Path(PathBuf::from(&p.path)),
+        Some(ConfigSourceSpecifier::Path(p)) => Source::Path(WatchedFile::path(p)),
+        Some(ConfigSourceSpecifier::PathConfigSource(p)) => Source::Path(
+            super::watched_file::compile(p)
+                .map_err(|e| e.within(&format!("{path}.path_config_source")))?,
+        ),
         Some(ConfigSourceSpecifier::ApiConfigSource(_)) => {
             return Err(ConfigError::new(
                 format!("{path}.api_config_source"),
@@ -177,17 +187,28 @@ fn ads_config(b: &Bootstrap, a: &ApiConfigSource) -> Result<AdsConfig, ConfigErr
             ));
         }
     };
-    let (target, cluster) = match &service.target_specifier {
-        Some(TargetSpecifier::EnvoyGrpc(e)) => (
-            cluster_target(b, &e.cluster_name)
-                .map_err(|e| e.within("grpc_services[0].envoy_grpc.cluster_name"))?,
-            Some(e.cluster_name.clone()),
-        ),
-        Some(TargetSpecifier::GoogleGrpc(g)) => (
-            uri_target(&g.target_uri)
-                .map_err(|e| e.within("grpc_services[0].google_grpc.target_uri"))?,
-            None,
-        ),
+    let (target, cluster, keep_alive) = match &service.target_specifier {
+        Some(TargetSpecifier::EnvoyGrpc(e)) => {
+            let at = "grpc_services[0].envoy_grpc.cluster_name";
+            let target = cluster_target(b, &e.cluster_name).map_err(|e| e.within(at))?;
+            let keep_alive = static_cluster(b, &e.cluster_name)
+                .map(keep_alive::of_cluster)
+                .transpose()
+                .map_err(|err| {
+                    err.within(&format!("static_resources.clusters['{}']", e.cluster_name))
+                })?
+                .unwrap_or(KeepAlive::Default);
+            (target, Some(e.cluster_name.clone()), keep_alive)
+        }
+        Some(TargetSpecifier::GoogleGrpc(g)) => {
+            let at = "grpc_services[0].google_grpc";
+            google_grpc_supported(g).map_err(|e| e.within(at))?;
+            let target =
+                uri_target(&g.target_uri).map_err(|e| e.within(&format!("{at}.target_uri")))?;
+            let keep_alive =
+                keep_alive::of_channel_args(g.channel_args.as_ref()).map_err(|e| e.within(at))?;
+            (target, None, keep_alive)
+        }
         None => {
             return Err(ConfigError::new(
                 "grpc_services[0]",
@@ -207,21 +228,78 @@ fn ads_config(b: &Bootstrap, a: &ApiConfigSource) -> Result<AdsConfig, ConfigErr
         delta,
         set_node_on_first_message_only: a.set_node_on_first_message_only,
         rate_limit,
+        keep_alive,
     })
+}
+
+/// Refuses what a `google_grpc` service asks for that revoy's plaintext channel cannot do:
+/// TLS or Google credentials (reach a TLS control plane through `envoy_grpc` and a cluster
+/// with an `UpstreamTlsContext`), call credentials, and credential plugins. Local
+/// credentials (plaintext to a local address or socket) are what it does.
+fn google_grpc_supported(
+    g: &proto::pb::envoy::config::core::v3::grpc_service::GoogleGrpc,
+) -> Result<(), ConfigError> {
+    use proto::pb::envoy::config::core::v3::grpc_service::google_grpc::channel_credentials::CredentialSpecifier;
+    let refused = "is not implemented by revoy's ADS client; use envoy_grpc with a static cluster (its UpstreamTlsContext for TLS)";
+    match g
+        .channel_credentials
+        .as_ref()
+        .and_then(|c| c.credential_specifier.as_ref())
+    {
+        Some(CredentialSpecifier::SslCredentials(_)) => {
+            return Err(ConfigError::new(
+                "channel_credentials.ssl_credentials",
+                format!("TLS on a google_grpc channel {refused}"),
+            ));
+        }
+        Some(CredentialSpecifier::GoogleDefault(_)) => {
+            return Err(ConfigError::new(
+                "channel_credentials.google_default",
+                format!("Google default credentials {refused}"),
+            ));
+        }
+        Some(CredentialSpecifier::LocalCredentials(_)) | None => {}
+    }
+    for (present, field) in [
+        (!g.call_credentials.is_empty(), "call_credentials"),
+        (
+            !g.channel_credentials_plugin.is_empty(),
+            "channel_credentials_plugin",
+        ),
+        (
+            !g.call_credentials_plugin.is_empty(),
+            "call_credentials_plugin",
+        ),
+        (
+            !g.credentials_factory_name.is_empty(),
+            "credentials_factory_name",
+        ),
+    ] {
+        if present {
+            return Err(ConfigError::new(field, format!("{field} {refused}")));
+        }
+    }
+    Ok(())
+}
+
+/// The bootstrap's static cluster `name`.
+fn static_cluster<'b>(
+    b: &'b Bootstrap,
+    name: &str,
+) -> Option<&'b proto::pb::envoy::config::cluster::v3::Cluster> {
+    b.static_resources
+        .as_ref()
+        .and_then(|s| s.clusters.iter().find(|c| c.name == name))
 }
 
 /// The address of the static cluster `name`'s first endpoint: a socket address or a pipe.
 pub fn cluster_target(b: &Bootstrap, name: &str) -> Result<ControlPlane, ConfigError> {
-    let cluster = b
-        .static_resources
-        .as_ref()
-        .and_then(|s| s.clusters.iter().find(|c| c.name == name))
-        .ok_or_else(|| {
-            ConfigError::new(
-                "",
-                format!("'{name}' is not a static cluster of the bootstrap"),
-            )
-        })?;
+    let cluster = static_cluster(b, name).ok_or_else(|| {
+        ConfigError::new(
+            "",
+            format!("'{name}' is not a static cluster of the bootstrap"),
+        )
+    })?;
     let address = cluster
         .load_assignment
         .as_ref()
@@ -362,6 +440,58 @@ dynamic_resources:
             Some(DEFAULT_INITIAL_FETCH_TIMEOUT)
         );
         assert_eq!(d.lds, None);
+    }
+
+    #[test]
+    fn google_grpc_credentials_revoy_lacks_are_refused_by_path() {
+        let google = |fields: &str| {
+            format!(
+                "dynamic_resources:\n  ads_config:\n    api_type: GRPC\n    grpc_services: [{{ google_grpc: {{ target_uri: \"127.0.0.1:18000\", stat_prefix: x, {fields} }} }}]\n"
+            )
+        };
+        let e = compile_dynamic(&bootstrap(&google(
+            "channel_credentials: {ssl_credentials: {}}",
+        )))
+        .expect_err("TLS credentials");
+        assert_eq!(
+            e.path,
+            "dynamic_resources.ads_config.grpc_services[0].google_grpc.channel_credentials.ssl_credentials"
+        );
+        let e = compile_dynamic(&bootstrap(&google("call_credentials: [{access_token: t}]")))
+            .expect_err("call credentials");
+        assert!(e.path.ends_with("google_grpc.call_credentials"), "{e}");
+        let local = keep_alive_of(&google(
+            "channel_credentials: {local_credentials: {}}, channel_args: {args: {grpc.keepalive_time_ms: {int_value: 1000}}}",
+        ));
+        assert_eq!(local, every(1, 20), "local credentials are plaintext");
+    }
+
+    /// The ADS channel's keep-alive under the bootstrap `yaml`.
+    fn keep_alive_of(yaml: &str) -> KeepAlive {
+        compile_dynamic(&bootstrap(yaml))
+            .expect("compiles")
+            .expect("present")
+            .ads
+            .expect("ads")
+            .keep_alive
+    }
+
+    /// A PING every `interval` seconds, `timeout` seconds to answer.
+    fn every(interval: u64, timeout: u64) -> KeepAlive {
+        KeepAlive::Every {
+            interval: Duration::from_secs(interval),
+            timeout: Duration::from_secs(timeout),
+        }
+    }
+
+    #[test]
+    fn the_xds_clusters_keep_alive_is_the_channels() {
+        let yaml = ISTIO_LIKE.replace(
+            "    type: STATIC\n",
+            "    type: STATIC\n    http2_protocol_options: {connection_keepalive: {interval: 30s, timeout: 10s}}\n",
+        );
+        assert_ne!(yaml, ISTIO_LIKE);
+        assert_eq!(keep_alive_of(&yaml), every(30, 10));
     }
 
     #[test]

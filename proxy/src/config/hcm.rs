@@ -161,6 +161,12 @@ pub struct HcmConfig {
     pub strip_port: StripPort,
     /// `stream_idle_timeout` (default 5 min; `None` disables).
     pub stream_idle_timeout: Option<Duration>,
+    /// `request_timeout`: the whole request must be received within it (`None`: unset or
+    /// 0, disabled).
+    pub request_timeout: Option<Duration>,
+    /// `request_headers_timeout`: a request's head must be received within it once its first
+    /// byte came (`None`: unset or 0, disabled; enforced on the HTTP/1.1 fast path).
+    pub request_headers_timeout: Option<Duration>,
     /// Router filter `suppress_envoy_headers`.
     pub suppress_envoy_headers: bool,
     /// `internal_address_config.cidr_ranges`: peers whose requests are internal (none by
@@ -242,18 +248,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.stream_flush_timeout.is_some(),
             "stream_flush_timeout",
             NO_EFFECT,
-        ),
-        (
-            hcm.request_headers_timeout.is_some(),
-            "request_headers_timeout",
-            "no timeout applies to receiving a request's headers",
-        ),
-        (
-            hcm.request_timeout
-                .as_ref()
-                .is_some_and(|d| d.seconds != 0 || d.nanos != 0),
-            "request_timeout",
-            "no timeout applies to receiving a whole request (0, the default, disables it in Envoy too)",
         ),
         (
             hcm.drain_timeout.is_some(),
@@ -543,6 +537,10 @@ pub fn compile_hcm(
             }
         },
         stream_idle_timeout: idle,
+        request_timeout: crate::config::route::nonzero(hcm.request_timeout.as_ref()),
+        request_headers_timeout: crate::config::route::nonzero(
+            hcm.request_headers_timeout.as_ref(),
+        ),
         internal_ranges,
         normalize_path: hcm.normalize_path.is_some_and(|b| b.value),
         merge_slashes: hcm.merge_slashes,
@@ -607,15 +605,22 @@ mod tests {
     #[test]
     fn fields_revoy_does_not_act_on_are_named() {
         let (compiled, warnings) = compile("via: proxy\nrequest_headers_timeout: 5s");
-        compiled.unwrap();
-        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(paths, ["request_headers_timeout"], "via is implemented");
+        assert!(
+            warnings.is_empty(),
+            "via and request_headers_timeout are implemented"
+        );
+        assert_eq!(
+            compiled.unwrap().request_headers_timeout,
+            Some(Duration::from_secs(5))
+        );
         let (compiled, warnings) = compile("request_timeout: 5s");
-        compiled.unwrap();
-        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
-        assert_eq!(paths, ["request_timeout"]);
-        let (_, warnings) = compile("request_timeout: 0s");
-        assert!(warnings.is_empty(), "0 disables it, as in Envoy");
+        assert!(warnings.is_empty(), "request_timeout is enforced");
+        assert_eq!(
+            compiled.unwrap().request_timeout,
+            Some(Duration::from_secs(5))
+        );
+        let (compiled, _) = compile("request_timeout: 0s");
+        assert_eq!(compiled.unwrap().request_timeout, None, "0 disables it");
         let (compiled, _) = compile(
             "original_ip_detection_extensions: [{name: x, typed_config: {'@type': type.googleapis.com/envoy.extensions.http.original_ip_detection.xff.v3.XffConfig}}]",
         );

@@ -412,6 +412,9 @@ fn compile_chain(
                 );
             }
         }
+        for (field, what) in super::tls::unacted::downstream(ctx) {
+            warnings.skipped(format!("{at}.{field}"), what);
+        }
         for (field, what) in tls_unimplemented(ctx) {
             warnings.fails_closed(
                 format!("{path}.transport_socket.typed_config.{field}"),

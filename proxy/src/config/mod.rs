@@ -26,6 +26,7 @@ pub mod tls;
 pub mod token_bucket;
 pub mod tracing;
 pub mod upstream_transport;
+pub mod watched_file;
 
 use std::fmt;
 

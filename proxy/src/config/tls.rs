@@ -12,6 +12,7 @@ pub mod provider;
 pub mod sds;
 pub mod secret;
 pub mod source;
+pub mod unacted;
 pub mod upstream;
 pub mod validation;
 
@@ -87,6 +88,69 @@ mod tests {
         let pem = String::from_utf8(io.read_file("/certs/server.pem").unwrap()).unwrap();
         let io = io.with_env("CERT", &pem);
         assert!(build(&io, &context(env, file("server.key"))).is_ok());
+    }
+
+    /// Fields that would change what a handshake presents, checks or allows, which revoy
+    /// lacks, are refused by their path rather than ignored.
+    #[test]
+    fn tls_fields_revoy_lacks_are_refused_by_path() {
+        use proto::pb::envoy::config::core::v3::TypedExtensionConfig;
+        use proto::pb::envoy::extensions::transport_sockets::tls::v3::{
+            TlsParameters, UpstreamTlsContext,
+        };
+        let io = certs();
+        let mut tls = context(file("server.pem"), file("server.key"));
+        let common = tls.common_tls_context.as_mut().unwrap();
+        common.custom_tls_certificate_selector = Some(TypedExtensionConfig::default());
+        let e = build(&io, &tls).unwrap_err();
+        assert_eq!(e.path, "common_tls_context.custom_tls_certificate_selector");
+
+        let mut tls = context(file("server.pem"), file("server.key"));
+        tls.common_tls_context.as_mut().unwrap().tls_params = Some(TlsParameters {
+            compliance_policies: vec![0],
+            ..Default::default()
+        });
+        let e = build(&io, &tls).unwrap_err();
+        assert_eq!(e.path, "common_tls_context.tls_params.compliance_policies");
+
+        let mut tls = context(file("server.pem"), file("server.key"));
+        tls.common_tls_context
+            .as_mut()
+            .unwrap()
+            .validation_context_type = Some(ValidationContextType::ValidationContext(
+            CertificateValidationContext {
+                trusted_ca: Some(file("server.pem")),
+                require_signed_certificate_timestamp: Some(
+                    proto::pb::google::protobuf::BoolValue { value: true },
+                ),
+                ..Default::default()
+            },
+        ));
+        let e = build(&io, &tls).unwrap_err();
+        assert_eq!(
+            e.path,
+            "common_tls_context.validation_context.require_signed_certificate_timestamp"
+        );
+
+        for (field, upstream) in [
+            (
+                "auto_host_sni",
+                UpstreamTlsContext {
+                    auto_host_sni: true,
+                    ..Default::default()
+                },
+            ),
+            (
+                "auto_sni_san_validation",
+                UpstreamTlsContext {
+                    auto_sni_san_validation: true,
+                    ..Default::default()
+                },
+            ),
+        ] {
+            let e = super::upstream::compile(&Context::new(&io), &upstream).unwrap_err();
+            assert_eq!(e.path, field);
+        }
     }
 
     #[test]

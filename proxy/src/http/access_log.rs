@@ -36,29 +36,39 @@ struct Received {
 /// the request's span.
 pub(super) type Handover = (Box<Record>, AccessLogs, Option<RequestTrace>);
 
-/// Writes the access-log line Envoy writes for a request its HTTP/1 codec refused (answered
-/// `status` with the reason as body, then closed): no request headers, `HTTP/1.1`, the `DPE`
-/// flag and the codec's `details` (`http1.codec_error`, `http1.headers_too_large`, ...).
-pub(super) fn log_codec_error(ctx: &ConnContext, status: http::StatusCode, details: &str) {
+/// Which answer to a request whose head never came whole is logged: a refusal of the HTTP/1
+/// codec, or the connection manager's timeout on the head.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum HeadReply<'a> {
+    /// The codec refused the head: the `DPE` flag, no `%LOCAL_REPLY_BODY%`, as in Envoy.
+    Codec,
+    /// `request_headers_timeout` or `request_timeout` ended it: no flag, the reply's text as
+    /// `%LOCAL_REPLY_BODY%`.
+    Timeout(&'a str),
+}
+
+/// Writes the access-log line Envoy writes for a request answered before its head came whole,
+/// once its answer (as `local_reply_config` left it: `status`, `headers`, a body of `body_len`
+/// bytes) is written
+/// and the connection closes: no request headers, `HTTP/1.1`, and `details` (the codec's
+/// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's).
+pub(super) fn log_head_reply(
+    ctx: &ConnContext,
+    (status, headers, body_len): (http::StatusCode, &HeaderMap, u64),
+    details: &str,
+    kind: HeadReply,
+) {
     let logs = &ctx.hcm.config.access_logs;
     if logs.is_empty() {
         return;
     }
-    let reason = status.canonical_reason().unwrap_or_default();
     let mut rec = codec_record(downstream_of(ctx), status, details);
-    rec.flags.set(ResponseFlag::DownstreamProtocolError);
-    rec.bytes_sent = reason.len() as u64;
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_LENGTH,
-        HeaderValue::from(reason.len()),
-    );
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain"),
-    );
-    rec.response_headers = Some(headers);
-    rec.local_reply_body = Some(reason.to_owned());
+    match kind {
+        HeadReply::Codec => rec.flags.set(ResponseFlag::DownstreamProtocolError),
+        HeadReply::Timeout(text) => rec.local_reply_body = Some(text.to_owned()),
+    }
+    rec.bytes_sent = body_len;
+    rec.response_headers = Some(headers.clone());
     rec.end = Some(Instant::now());
     logs.log(&rec);
 }
@@ -359,7 +369,8 @@ pub(super) struct TunnelEnd {
     pub received: u64,
     /// Bytes to the downstream.
     pub sent: u64,
-    /// The side that closed (or failed) first; `None` when the tunnel never formed.
+    /// The side that closed (or failed) first; `None` when the tunnel never formed or its
+    /// filter chain's drain ended it.
     pub closed_first: Option<Side>,
 }
 

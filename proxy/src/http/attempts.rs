@@ -1,6 +1,8 @@
 //! Sends a request to a cluster under the router's timeouts and retry policy: one attempt when
 //! the route has no retry policy (the body streams through), else as many as Envoy would make
 //! (the body replayed from memory), with per-try timeouts and jittered back-off in between.
+//! The cluster's `max_stream_duration` limits each attempt too: one reaching it before its
+//! response head is reset (retried as a reset) and answered with Envoy's `UMSDR` reply.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -10,6 +12,7 @@ use http::{Request, Response, StatusCode};
 use tokio::time::{Instant, timeout_at};
 
 use super::access_log::Pending;
+use super::body_activity::BodyActivity;
 use super::buffered_body::Replay;
 use super::local_reply::UPSTREAM_TIMEOUT;
 use super::retry::{Failure, RetryState, Verdict};
@@ -99,6 +102,26 @@ impl LocalFailure {
         }
     }
 
+    /// Envoy's answer when an attempt reached the cluster's `max_stream_duration` before its
+    /// response head: 408 while the request body was still arriving, else 504.
+    fn max_stream_duration(request_ended: bool) -> Self {
+        LocalFailure {
+            status: if request_ended {
+                StatusCode::GATEWAY_TIMEOUT
+            } else {
+                StatusCode::REQUEST_TIMEOUT
+            },
+            body: "upstream max stream duration reached".to_owned(),
+            overloaded: false,
+            why: Why {
+                flag: ResponseFlag::UpstreamMaxStreamDurationReached,
+                details: "upstream_max_stream_duration_reached".to_owned(),
+                host: None,
+                transport_failure: None,
+            },
+        }
+    }
+
     /// Envoy's answer when attempt number `attempt` fails with `e` (it says so when earlier
     /// ones were retried).
     pub fn of(e: &UpstreamError, attempt: u32) -> Self {
@@ -154,10 +177,21 @@ pub struct Exchange<'a> {
     pub last_attempt_at: Duration,
     /// The request's record and trace, told of each attempt (its upstream span).
     pub pending: Option<&'a mut Pending>,
+    /// The request body's activity, when it was still arriving as the exchange began.
+    pub request_body: Option<BodyActivity>,
 }
 
-/// What one attempt's send came to: the deadline passed, or the cluster's answer.
-type Sent = Result<Result<Response<UpstreamBody>, UpstreamError>, tokio::time::error::Elapsed>;
+/// Which deadline of an attempt passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expired {
+    /// The route's timeout (per try, or global).
+    Timeout,
+    /// The cluster's `max_stream_duration`.
+    MaxStreamDuration,
+}
+
+/// What one attempt's send came to: a deadline passed, or the cluster's answer.
+type Sent = Result<Result<Response<UpstreamBody>, UpstreamError>, Expired>;
 
 impl Exchange<'_> {
     /// Runs the exchange; returns the outcome and the number of attempts made. Borrows the
@@ -193,6 +227,13 @@ impl Exchange<'_> {
             let result = self.send(req, attempt, self.last_attempt_at, global).await;
             let mut end = attempt_end(&result);
             let (retriable, failed_host, outcome) = match result {
+                Err(Expired::MaxStreamDuration) => {
+                    let r = self
+                        .retry
+                        .as_ref()
+                        .is_some_and(|s| s.retriable_failure(Failure::Reset));
+                    (r, None, Ok(self.max_stream_duration()))
+                }
                 Err(_) if global.is_some_and(|g| Instant::now() >= g) => {
                     self.attempt_ended(end);
                     return (self.global_timeout(), attempt);
@@ -288,9 +329,21 @@ impl Exchange<'_> {
             self.timeouts
                 .set_headers(req.headers_mut(), elapsed, self.send_expected_timeout);
         }
-        let per_try = self.per_try_deadline(global);
-        match per_try.or(global) {
-            Some(d) => timeout_at(d, self.cluster.attempt(req, &self.lb)).await,
+        let route = self.per_try_deadline(global).or(global);
+        let stream = self
+            .cluster
+            .config()
+            .max_stream_duration
+            .map(|d| Instant::now() + d);
+        let (deadline, expired) = match (route, stream) {
+            (Some(r), Some(s)) if s < r => (Some(s), Expired::MaxStreamDuration),
+            (None, Some(s)) => (Some(s), Expired::MaxStreamDuration),
+            (r, _) => (r, Expired::Timeout),
+        };
+        match deadline {
+            Some(d) => timeout_at(d, self.cluster.attempt(req, &self.lb))
+                .await
+                .map_err(|_| expired),
             None => Ok(self.cluster.attempt(req, &self.lb).await),
         }
     }
@@ -305,6 +358,7 @@ impl Exchange<'_> {
         let result = self.send(req, 1, Duration::ZERO, global).await;
         self.attempt_ended(attempt_end(&result));
         let outcome = match result {
+            Err(Expired::MaxStreamDuration) => return self.max_stream_duration(),
             Err(_) if global.is_some_and(|g| Instant::now() >= g) => return self.global_timeout(),
             Err(_) => {
                 self.cluster.stats().upstream_rq_per_try_timeout().inc();
@@ -349,6 +403,11 @@ impl Exchange<'_> {
     fn finish(&self, mut outcome: Result<Outcome, ()>, start: Instant) -> Outcome {
         let stats = self.cluster.stats();
         let status = match &mut outcome {
+            Ok(Outcome::Local(f))
+                if f.why.flag == ResponseFlag::UpstreamMaxStreamDurationReached =>
+            {
+                return outcome.unwrap_or_else(|()| Outcome::Local(LocalFailure::timeout()));
+            }
             Ok(Outcome::Response(resp)) => {
                 resp.body_mut()
                     .time(stats, start.into_std(), self.lb.internal);
@@ -359,6 +418,18 @@ impl Exchange<'_> {
         };
         stats.charge_status(status, self.lb.internal);
         outcome.unwrap_or_else(|()| Outcome::Local(LocalFailure::timeout()))
+    }
+
+    /// An attempt reached the cluster's `max_stream_duration` before its response head:
+    /// counted in `upstream_rq_max_duration_reached`; Envoy answers without charging a status
+    /// to the cluster.
+    fn max_stream_duration(&self) -> Outcome {
+        self.cluster
+            .stats()
+            .upstream_rq_max_duration_reached()
+            .inc();
+        let ended = self.request_body.as_ref().is_none_or(BodyActivity::ended);
+        Outcome::Local(LocalFailure::max_stream_duration(ended))
     }
 
     fn global_timeout(&self) -> Outcome {
@@ -389,8 +460,11 @@ impl Drop for RetryHold<'_> {
 /// retried).
 fn attempt_end(sent: &Sent) -> AttemptEnd {
     match sent {
-        Err(_) => AttemptEnd {
-            flag: Some(ResponseFlag::UpstreamRequestTimeout),
+        Err(expired) => AttemptEnd {
+            flag: Some(match expired {
+                Expired::Timeout => ResponseFlag::UpstreamRequestTimeout,
+                Expired::MaxStreamDuration => ResponseFlag::UpstreamMaxStreamDurationReached,
+            }),
             ..AttemptEnd::default()
         },
         Ok(Err(e)) => AttemptEnd {

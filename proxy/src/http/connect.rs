@@ -8,6 +8,7 @@
 use http::{Request, Response, header};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::stats::ActiveUpgrade;
 use crate::body::{self, Body};
@@ -25,12 +26,14 @@ pub fn well_formed(req: &Request<Body>) -> bool {
 
 /// Connects to the cluster and answers `200`; the tunnel runs on its own task once the client
 /// connection has switched. `Err` when no upstream connection could be made (the caller
-/// answers it, as for any request). `upgrade` counts the tunnel as active while it runs.
+/// answers it, as for any request). `upgrade` counts the tunnel as active while it runs; the
+/// tunnel closes when `drained` completes (its filter chain's drain ended).
 pub async fn terminate(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
     upgrade: ActiveUpgrade,
+    drained: WaitForCancellationFutureOwned,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream = hyper::upgrade::on(&mut req);
     let http2 = req.version() == http::Version::HTTP_2;
@@ -40,10 +43,16 @@ pub async fn terminate(
         let _active = (active, upgrade);
         if let Ok(down) = downstream.await {
             let mut down = TokioIo::new(down);
-            if http2 {
-                http2_tunnel(down, upstream).await;
-            } else {
-                let _ = tokio::io::copy_bidirectional(&mut down, &mut upstream).await;
+            let tunnel = async {
+                if http2 {
+                    http2_tunnel(down, upstream).await;
+                } else {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut upstream).await;
+                }
+            };
+            tokio::select! {
+                () = tunnel => {}
+                () = drained => {}
             }
         }
     });

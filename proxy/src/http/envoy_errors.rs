@@ -3,11 +3,12 @@
 //! Envoy's answers to HTTP/1 requests hyper rejects before they reach the router: a malformed
 //! request gets `400` with the body `Bad Request`, and an HTTP/2 preface on an HTTP/1-only
 //! connection gets the same. hyper writes its own bare 400; this wrapper swaps it for Envoy's
-//! bytes on the way out. hyper answers an HTTP/1.0 request in HTTP/1.0; Envoy refuses one it
-//! does not accept (`426`) in HTTP/1.1, so that status line is rewritten. When hyper takes a connection over from the HTTP/1.1 fast path, the
-//! wrapper also replays the bytes the fast path had read, and it passes what the client sends
-//! through [`Framing`], which applies Envoy's rule for `content-length` with
-//! `transfer-encoding` that hyper lacks.
+//! bytes on the way out, and logs it as Envoy does. hyper answers an HTTP/1.0 request in
+//! HTTP/1.0; Envoy refuses one it does not accept (`426`) in HTTP/1.1, so that status line is
+//! rewritten. When hyper takes a connection over from the HTTP/1.1 fast path, the wrapper also
+//! replays the bytes the fast path had read, and it passes what the client sends through
+//! [`Framing`], which applies Envoy's rules for `content-length` with `transfer-encoding` and
+//! for versions that hyper lacks.
 
 use std::io;
 use std::pin::Pin;
@@ -17,15 +18,13 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use http::StatusCode;
+use http::{HeaderValue, StatusCode};
 
 use super::ConnContext;
-use super::access_log::codec_record;
+use super::access_log::{HeadReply, codec_record, downstream_of, log_head_reply};
 use super::framing::Framing;
 use super::local_reply::{LocalReply, local_reply, map};
 use super::reason::envoy_phrase;
-use crate::access_log::record::Downstream;
-use crate::config::local_reply::LocalReplyConfig;
 
 /// hyper's status lines for requests it rejects, and Envoy's status and response details for
 /// each.
@@ -51,40 +50,38 @@ const REJECTIONS: [(&[u8], StatusCode, &str); 3] = [
 const HTTP10_REFUSED: &[u8] = b"HTTP/1.0 426 ";
 const HTTP11_REFUSED: &[u8] = b"HTTP/1.1 426 ";
 
-/// The connection manager's `local_reply_config` with the connection's side, which rewrite
-/// the codec's rejections: Envoy's codec answers them through the connection manager's local
-/// replies, mapped like any other.
-#[derive(Debug, Clone)]
-pub struct LocalReplies {
-    config: Arc<LocalReplyConfig>,
-    downstream: Downstream,
-}
-
-impl LocalReplies {
-    /// The connection's, `None` when its connection manager has no `local_reply_config`.
-    pub fn of(ctx: &ConnContext) -> Option<LocalReplies> {
-        Some(LocalReplies {
-            config: ctx.hcm.config.local_reply.clone()?,
-            downstream: super::access_log::downstream_of(ctx),
-        })
-    }
-}
-
 /// Envoy's answer to a request its HTTP/1 codec refuses with `status` (`details` saying why,
-/// as its access logs do): the reason phrase as a `text/plain` body, rewritten by `local`'s
-/// `local_reply_config` when there is one, then `date` (hyper's, else now), `server` and
-/// `connection: close`.
+/// as its access logs do): the reason phrase as a `text/plain` body, rewritten by the
+/// connection manager's `local_reply_config` when there is one, then `date` (hyper's, else
+/// now), `server` and `connection: close`. With the connection's `ctx`, the access logs get
+/// the line Envoy writes for it, with the answer as sent.
 pub fn codec_reply(
-    local: Option<&LocalReplies>,
+    ctx: Option<&ConnContext>,
     status: StatusCode,
     details: &str,
     date: Option<&[u8]>,
 ) -> Vec<u8> {
     let reason = envoy_phrase(status.as_u16());
-    let mut resp = local_reply(status, reason);
-    if let Some(local) = local {
-        let mut rec = codec_record(local.downstream.clone(), status, details);
-        resp = map(&local.config, resp, &mut rec);
+    head_reply(ctx, status, reason, details, HeadReply::Codec, date)
+}
+
+/// Envoy's local reply `text` with `status` to a request whose head never came whole (no
+/// request headers for the mappers), written and logged (as `kind` says) as [`codec_reply`]
+/// writes and logs its.
+pub(super) fn head_reply(
+    ctx: Option<&ConnContext>,
+    status: StatusCode,
+    text: &str,
+    details: &str,
+    kind: HeadReply,
+    date: Option<&[u8]>,
+) -> Vec<u8> {
+    let mut resp = local_reply(status, text);
+    if let Some(ctx) = ctx
+        && let Some(config) = &ctx.hcm.config.local_reply
+    {
+        let mut rec = codec_record(downstream_of(ctx), status, details);
+        resp = map(config, resp, &mut rec);
     }
     let (parts, _) = resp.into_parts();
     let text = parts
@@ -92,22 +89,33 @@ pub fn codec_reply(
         .get::<LocalReply>()
         .map(|l| l.text.clone())
         .unwrap_or_default();
+    let mut headers = parts.headers;
+    if !headers.contains_key(http::header::CONTENT_LENGTH) {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(0));
+    }
+    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+    let date = HeaderValue::from_bytes(date.unwrap_or(now.as_bytes()))
+        .unwrap_or_else(|_| HeaderValue::from_str(&now).expect("an HTTP date is a header value"));
+    headers.insert(http::header::DATE, date);
+    headers.insert(http::header::SERVER, HeaderValue::from_static("envoy"));
+    headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    if let Some(ctx) = ctx {
+        log_head_reply(
+            ctx,
+            (parts.status, &headers, text.len() as u64),
+            details,
+            kind,
+        );
+    }
     let code = parts.status.as_u16();
     let mut out = format!("HTTP/1.1 {code} {}\r\n", envoy_phrase(code)).into_bytes();
-    for (name, value) in &parts.headers {
+    for (name, value) in &headers {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    if !parts.headers.contains_key(http::header::CONTENT_LENGTH) {
-        out.extend_from_slice(b"content-length: 0\r\n");
-    }
-    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
-    out.extend_from_slice(b"date: ");
-    out.extend_from_slice(date.unwrap_or(now.as_bytes()));
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(b"server: envoy\r\nconnection: close\r\n\r\n");
     out.extend_from_slice(text.as_bytes());
     out
 }
@@ -130,8 +138,9 @@ pub struct EnvoyErrors<I> {
     framing: Framing,
     /// What `framing` let through and hyper has not read yet.
     ready: BytesMut,
-    /// What rewrites the rejections, when the connection manager has a `local_reply_config`.
-    local: Option<LocalReplies>,
+    /// The connection, whose `local_reply_config` rewrites the rejections and whose access
+    /// logs record them (HTTP/1 only).
+    ctx: Option<Arc<ConnContext>>,
 }
 
 impl<I> EnvoyErrors<I> {
@@ -149,13 +158,14 @@ impl<I> EnvoyErrors<I> {
             replay,
             framing,
             ready: BytesMut::new(),
-            local: None,
+            ctx: None,
         }
     }
 
-    /// Rewrites the rejections with `local` (the connection manager's `local_reply_config`).
-    pub fn with_local_replies(mut self, local: Option<LocalReplies>) -> Self {
-        self.local = local;
+    /// Rewrites the rejections with `ctx`'s `local_reply_config` and logs them in its access
+    /// logs.
+    pub fn with_context(mut self, ctx: Arc<ConnContext>) -> Self {
+        self.ctx = Some(ctx);
         self
     }
 }
@@ -222,11 +232,16 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
     ) -> Poll<io::Result<usize>> {
         ready!(self.poll_pending(cx))?;
         let hyper_rejection = REJECTIONS.iter().find(|(line, _, _)| buf.starts_with(line));
-        if let Some((_, status, details)) =
+        if let Some(&(_, status, details)) =
             hyper_rejection.filter(|_| header_value(buf, b"server").is_none())
         {
+            // A head the request follower refused reaches hyper as one it answers 400.
+            let (status, details) = match self.framing.refusal() {
+                Some(refusal) if status == StatusCode::BAD_REQUEST => refusal,
+                _ => (status, details),
+            };
             let date = header_value(buf, b"date");
-            self.pending = codec_reply(self.local.as_ref(), *status, details, date);
+            self.pending = codec_reply(self.ctx.as_deref(), status, details, date);
             let _ = self.poll_pending(cx)?;
             return Poll::Ready(Ok(buf.len()));
         }

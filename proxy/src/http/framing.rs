@@ -7,21 +7,26 @@
 //! - a request whose `transfer-encoding` does not end in `chunked` (`gzip`), which hyper answers
 //!   400: Envoy's codec answers 501, as it does any coding but a single `chunked`. Such a head
 //!   goes on with a `transfer-encoding: chunked` line added, so hyper parses it and the
-//!   connection manager's early checks answer Envoy's 501.
+//!   connection manager's early checks answer Envoy's 501;
+//! - a request line whose version is `HTTP/<digit>.<digit>` but not `HTTP/1.0` or `HTTP/1.1`
+//!   (`HTTP/9.1`, `HTTP/2.0`), which hyper answers 400: Envoy's codec answers 426
+//!   (`low_version`), as it does an HTTP/1.0 request it does not accept.
 //!
 //! The bytes pass through on their way to hyper: bodies at once (their framing followed, so
 //! the next head is found), each head held until it is whole, then handed on as it was, without
 //! its `content-length` lines (`allow_chunked_length`), with a `chunked` coding added, or
-//! replaced by a line hyper's parser refuses, so hyper answers the 400 (made Envoy's by `envoy_errors`) and closes. Anything this
+//! replaced by a line hyper's parser refuses, so hyper answers the 400 (made Envoy's, with the
+//! status and details of [`Framing::refusal`], by `envoy_errors`) and closes. Anything this
 //! does not follow (an upgrade, CONNECT, a head it cannot parse, an HTTP/2 preface) ends the
 //! following: the rest passes untouched.
 
 use bytes::BytesMut;
+use http::StatusCode;
 
 use super::HcmStats;
 
-/// What hyper's parser refuses (a control character in the method) in place of an ambiguous
-/// head.
+/// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
+/// codec refuses.
 const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
 
 /// Where in the request stream the next byte is.
@@ -54,8 +59,10 @@ pub(super) struct Framing {
     /// A head longer than this is handed on as it is and the following ends (hyper and the
     /// connection manager's limits refuse it).
     max_head: usize,
-    /// Where a refused request is counted (a 400, as Envoy counts it).
+    /// Where a refused request is counted (under its status, as Envoy counts it).
     stats: Option<HcmStats>,
+    /// Envoy's status and response details for the head refused, once one is.
+    refusal: Option<(StatusCode, &'static str)>,
 }
 
 impl Framing {
@@ -71,6 +78,7 @@ impl Framing {
             held: Vec::new(),
             max_head,
             stats,
+            refusal: None,
         }
     }
 
@@ -82,7 +90,13 @@ impl Framing {
             held: Vec::new(),
             max_head: 0,
             stats: None,
+            refusal: None,
         }
+    }
+
+    /// Envoy's status and response details for the head this refused (hyper answers it 400).
+    pub(super) fn refusal(&self) -> Option<(StatusCode, &'static str)> {
+        self.refusal
     }
 
     /// Whether everything passes untouched from here on.
@@ -202,6 +216,16 @@ impl Framing {
         let len = match req.parse(&self.held) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
+            Err(httparse::Error::Version) => {
+                match unsupported_version(&self.held) {
+                    Some(true) => self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out),
+                    // The version is judged once the request line is whole, as Envoy's
+                    // codec does.
+                    None if self.held.len() <= self.max_head => {}
+                    _ => self.end(out),
+                }
+                return None;
+            }
             _ => {
                 self.end(out);
                 return None;
@@ -247,13 +271,11 @@ impl Framing {
                 out.extend_from_slice(&head[at..]);
                 State::ChunkSize
             } else {
-                // Nothing after it goes on: hyper refuses this and closes.
-                if let Some(stats) = &self.stats {
-                    stats.rq_total.inc();
-                    stats.response(400);
-                }
-                out.extend_from_slice(REFUSED_HEAD);
-                self.state = State::Refused;
+                self.refuse(
+                    StatusCode::BAD_REQUEST,
+                    "http1.content_length_and_chunked_not_allowed",
+                    out,
+                );
                 return None;
             }
         } else if codings > 0 && !ends_chunked {
@@ -279,6 +301,40 @@ impl Framing {
         };
         (!rest.is_empty()).then_some(rest)
     }
+}
+
+impl Framing {
+    /// Refuses the held head as Envoy's codec does (`status`, `details`): hyper gets a line
+    /// it answers 400, and nothing after it goes on.
+    fn refuse(&mut self, status: StatusCode, details: &'static str, out: &mut BytesMut) {
+        if let Some(stats) = &self.stats {
+            stats.rq_total.inc();
+            stats.response(status.as_u16());
+        }
+        out.extend_from_slice(REFUSED_HEAD);
+        self.held.clear();
+        self.state = State::Refused;
+        self.refusal = Some((status, details));
+    }
+}
+
+/// Whether the request line at the start of `head`, which httparse refused for its version,
+/// is a method, a target and a version Envoy's codec answers 426 (`HTTP/` and a digit, a dot
+/// and a digit); `None` while the line is not whole.
+fn unsupported_version(head: &[u8]) -> Option<bool> {
+    // The HTTP/2 connection preface is hyper's to serve (or refuse).
+    if head.starts_with(b"PRI * HTTP/2.0") {
+        return Some(false);
+    }
+    let line = &head[..head.iter().position(|b| *b == b'\n')?];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|b| *b == b' ');
+    let version = parts.nth(2).filter(|_| parts.next().is_none());
+    Some(matches!(
+        version,
+        Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor])
+            if major.is_ascii_digit() && minor.is_ascii_digit()
+    ))
 }
 
 /// The size of a chunk-size line (hex digits, then extensions, `\r` and whitespace ignored).
@@ -328,6 +384,39 @@ mod tests {
                 String::from_utf8_lossy(&all),
                 "cut at {cut}"
             );
+        }
+    }
+
+    #[test]
+    fn an_unknown_version_is_refused_426_once_its_line_is_whole() {
+        let all = [GET, b"GET / HTTP/9.1\r\nHost: x\r\n\r\n", GET].concat();
+        for cut in 1..all.len() {
+            let (a, b) = all.split_at(cut);
+            let mut f = Framing::new(false, 64 * 1024, None);
+            let mut out = BytesMut::new();
+            f.feed(a, &mut out);
+            f.feed(b, &mut out);
+            let expected = [GET, REFUSED_HEAD].concat();
+            assert_eq!(&out[..], &expected[..], "cut at {cut}");
+            assert_eq!(
+                f.refusal(),
+                Some((StatusCode::UPGRADE_REQUIRED, "low_version"))
+            );
+        }
+        // Not a digit, a dot and a digit: hyper's 400, as Envoy's codec answers.
+        for line in [
+            "GET / HTTP/1.10",
+            "GET / HTTP/x.y",
+            "GET / HTTX/1.1",
+            "GET / HTTP/1",
+            "GET /a b HTTP/1.1",
+            "PRI * HTTP/2.0",
+        ] {
+            let head = format!("{line}\r\n\r\n");
+            let mut f = Framing::new(false, 64 * 1024, None);
+            assert_eq!(through(false, &[head.as_bytes()]), head, "{line}");
+            f.feed(head.as_bytes(), &mut BytesMut::new());
+            assert_eq!(f.refusal(), None, "{line}");
         }
     }
 

@@ -3,6 +3,7 @@
 
 mod access_log;
 mod attempts;
+mod body_activity;
 pub(crate) mod buffered_body;
 mod connect;
 mod envoy_errors;
@@ -16,6 +17,7 @@ pub mod local_reply;
 mod mirror;
 mod path;
 mod reason;
+mod request_timeout;
 mod retry;
 mod router;
 mod stats;
@@ -51,9 +53,9 @@ pub struct Hcm {
     pub stats: HcmStats,
     /// Its HTTP filters before the router.
     pub filters: filters::Chain,
-    /// A listener update changed or removed its filter chain: its connections close at their
-    /// next response.
-    pub draining: std::sync::atomic::AtomicBool,
+    /// Set when a listener update changed or removed its filter chain: its connections close
+    /// at their next response, and the rest when the drain time ends.
+    pub retirement: crate::drain::Retirement,
     /// `http.<stat_prefix>.tracing.*` (client_enabled, health_check, not_traceable,
     /// random_sampling, service_forced), when it traces.
     tracing_stats: Option<[crate::stats::Counter; 4]>,
@@ -82,7 +84,7 @@ impl Hcm {
             config,
             stats,
             filters,
-            draining: std::sync::atomic::AtomicBool::new(false),
+            retirement: crate::drain::Retirement::default(),
             tracing_stats,
             tracer: std::sync::OnceLock::new(),
         }
@@ -135,8 +137,7 @@ impl ConnContext {
     /// Whether the connection should be told to close with its current response (a failed
     /// health check or a draining listener, see [`crate::drain`]).
     fn drain_close(&self) -> bool {
-        self.hcm.draining.load(std::sync::atomic::Ordering::Relaxed)
-            || self.shared.drain().close_connection(self.drain_scope)
+        self.hcm.retirement.draining() || self.shared.drain().close_connection(self.drain_scope)
     }
 }
 
@@ -157,6 +158,7 @@ struct StreamReset;
 /// Envoy's codec-level rejections that hyper lets through:
 /// - 400: a method with lowercase letters, an HTTP/1 method Envoy's codec does not know, or an
 ///   authority-form target on anything but CONNECT;
+/// - 426: an HTTP/1.0 request without `accept_http_10`;
 /// - 501: an HTTP/1 request with a `transfer-encoding` other than one `chunked` and no
 ///   `content-length`;
 /// - headers over `max_request_headers_kb` or `max_headers_count`: 431 on HTTP/1, a stream
@@ -195,6 +197,12 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
             "Bad Request",
             Some("http1.codec_error"),
         )
+    } else if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
+        (
+            http::StatusCode::UPGRADE_REQUIRED,
+            "Upgrade Required",
+            Some("low_version"),
+        )
     } else if unsupported_coding {
         (
             http::StatusCode::NOT_IMPLEMENTED,
@@ -217,6 +225,11 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         return None;
     };
     let mut resp = local_reply::local_reply(status, text);
+    // Set here (hyper would add it as it writes) so that the access log sees it.
+    let now = httpdate::fmt_http_date(std::time::SystemTime::now());
+    if let Ok(date) = http::HeaderValue::from_str(&now) {
+        resp.headers_mut().insert(http::header::DATE, date);
+    }
     forwarding::set_server(cfg, resp.headers_mut());
     resp.headers_mut().insert(
         http::header::CONNECTION,
@@ -303,7 +316,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
             let reply = envoy_errors::codec_reply(
-                envoy_errors::LocalReplies::of(ctx).as_ref(),
+                Some(ctx),
                 http::StatusCode::BAD_REQUEST,
                 "http1.codec_error",
                 None,
@@ -396,6 +409,9 @@ where
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
                 Some(Rejection::Reply(mut resp, details)) => {
+                    // As on every response: an HTTP/1.0 client's connection then closes
+                    // without hyper adding `keep-alive` to the `close`.
+                    *resp.version_mut() = req.version();
                     // Envoy's codec and connection manager refuse through local replies,
                     // which `local_reply_config` rewrites like any other.
                     if let Some(config) = &ctx.hcm.config.local_reply {
@@ -409,7 +425,14 @@ where
                     ctx.hcm.stats.rq_total.inc();
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
-                        access_log::log_codec_error(&ctx, resp.status(), details);
+                        let len = http_body::Body::size_hint(resp.body()).exact();
+                        let answer = (resp.status(), resp.headers(), len.unwrap_or_default());
+                        access_log::log_head_reply(
+                            &ctx,
+                            answer,
+                            details,
+                            access_log::HeadReply::Codec,
+                        );
                     }
                     return Ok(resp);
                 }
@@ -500,23 +523,5 @@ where
     };
     if let Err(e) = result {
         tracing::debug!(peer = %ctx.down.peer, error = %e, "downstream connection ended with an error");
-        if let Some((status, details)) = e.downcast_ref::<hyper::Error>().and_then(codec_error) {
-            access_log::log_codec_error(&ctx, status, details);
-        }
-    }
-}
-
-/// The status and Envoy's response details for a request hyper's HTTP/1 server refused to
-/// parse (it has answered it; [`envoy_errors`] gave the answer Envoy's bytes).
-fn codec_error(e: &hyper::Error) -> Option<(http::StatusCode, &'static str)> {
-    if e.is_parse_too_large() {
-        Some((
-            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "http1.headers_too_large",
-        ))
-    } else if e.is_parse() {
-        Some((http::StatusCode::BAD_REQUEST, "http1.codec_error"))
-    } else {
-        None
     }
 }

@@ -105,6 +105,7 @@ impl Failure {
             | UpstreamError::BindFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
             | UpstreamError::TlsFailure { .. }
+            | UpstreamError::SecretsNotReady { .. }
             | UpstreamError::TransportRefused { .. } => Some(Failure::Connect),
             UpstreamError::Reset {
                 reason: ResetReason::RemoteRefusedStreamReset,

@@ -9,14 +9,16 @@ use http::{Request, Response, StatusCode, Uri};
 use super::ConnContext;
 use super::access_log::Pending;
 use super::attempts::{Exchange, LocalFailure, Outcome, RequestBody};
+use super::body_activity::BodyActivity;
 use super::buffered_body::{self, Buffered};
 use super::filters::{Encoders, FilterRequest};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::mirror;
 use super::path::PathVerdict;
+use super::request_timeout::RequestTimeout;
 use super::retry::{self, RetryState};
-use super::stream_limits::{BodyActivity, Limit, StreamLimits};
+use super::stream_limits::StreamLimits;
 use super::timeouts::Timeouts;
 use super::trace::{AttemptEnd, Seen};
 use crate::access_log::{Record, ResponseFlag};
@@ -88,16 +90,39 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
                 || req.method() == http::Method::CONNECT);
         let mut forwarded = false;
         let mut metadata = DynamicMetadata::default();
-        let mut resp = route_and_forward(
-            req,
-            ctx,
-            facts,
-            &mut forwarded,
-            pending.as_mut(),
-            tunnel_log,
-            (&mut encoders, &mut metadata),
-        )
-        .await;
+        let request_timeout = RequestTimeout::arm(
+            ctx.hcm.config.request_timeout,
+            &mut req,
+            !ctx.hcm.filters.is_empty(),
+        );
+        let activity = request_timeout.as_ref().map(RequestTimeout::activity);
+        // A closure, so that each arm builds the (large) future in place.
+        let routed = || {
+            route_and_forward(
+                req,
+                ctx,
+                facts,
+                &mut forwarded,
+                pending.as_mut(),
+                tunnel_log,
+                (&mut encoders, &mut metadata, activity),
+            )
+        };
+        let routed = match &request_timeout {
+            Some(t) => tokio::select! {
+                biased;
+                resp = routed() => Ok(resp),
+                ended = t.fired() => Err(ended),
+            },
+            None => Ok(routed().await),
+        };
+        let mut resp = match routed {
+            Ok(resp) => resp,
+            Err(ended) => {
+                stats.rq_timeout.inc();
+                RequestTimeout::reply(ended, pending.as_mut().map(Pending::record))
+            }
+        };
         if closes_unread && !forwarded {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -200,7 +225,7 @@ async fn route_and_forward(
     forwarded: &mut bool,
     mut pending: Option<&mut Pending>,
     tunnel_log: Option<tokio::sync::oneshot::Receiver<super::access_log::Handover>>,
-    (encoders, metadata): (&mut Encoders, &mut DynamicMetadata),
+    (encoders, metadata, activity): (&mut Encoders, &mut DynamicMetadata, Option<&BodyActivity>),
 ) -> Response<Body> {
     // Notes what access logs and spans read (nothing when the connection manager has
     // neither).
@@ -214,13 +239,6 @@ async fn route_and_forward(
     }
     let stream_start = Instant::now();
     let cfg = &ctx.hcm.config;
-    if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
-        note!(|r| r.details = Some("low_version".into()));
-        let mut resp = local_reply(StatusCode::UPGRADE_REQUIRED, "Upgrade Required");
-        resp.headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        return resp;
-    }
     let connect = req.method() == http::Method::CONNECT;
     // An HTTP/1.1 CONNECT names its authority in the request line, which Envoy's codec takes
     // as `:authority`; it needs no Host header.
@@ -369,6 +387,18 @@ async fn route_and_forward(
     let mut upstream_alpn = None;
     let mut attempt_target = None;
     if !ctx.hcm.filters.is_empty() {
+        // Envoy's stream info has the route's cluster from the moment the route is chosen, so
+        // a filter's reply is logged with it, and so is a request the request timeout ends
+        // while a filter holds it.
+        let note_cluster = |r: &mut Record, headers: &http::HeaderMap| {
+            let req = routing(&method, &host_full, &path, headers, https, random_value);
+            note_route_cluster(r, selected, &req, ctx);
+        };
+        if activity.is_some()
+            && let Some(p) = pending.as_deref_mut()
+        {
+            note_cluster(p.record(), &route_headers);
+        }
         let version = req.version();
         let mut filtered = FilterRequest {
             headers: &mut route_headers,
@@ -398,22 +428,8 @@ async fn route_and_forward(
                 .extensions()
                 .get::<super::local_reply::LocalReply>()
                 .is_some();
-            // Envoy's stream info has the route's cluster from the moment the route is
-            // chosen, so a filter's reply is logged with it.
-            if let Some(Action::Forward(fwd)) = selected.as_ref().map(|s| &s.route.action) {
-                let req = routing(
-                    &method,
-                    &host_full,
-                    &path,
-                    &route_headers,
-                    https,
-                    random_value,
-                );
-                if let Some(picked) = fwd.pick_cluster(&req)
-                    && ctx.shared.clusters.get(&picked.name).is_some()
-                {
-                    note!(|r| r.upstream_cluster = Some(std::sync::Arc::from(&*picked.name)));
-                }
+            if let Some(p) = pending.as_deref_mut() {
+                note_cluster(p.record(), &route_headers);
             }
             return match selected {
                 Some(s) if local && matches!(s.route.action, Action::Forward(_)) => {
@@ -439,6 +455,9 @@ async fn route_and_forward(
             set_path(&mut req, &p);
             path = p;
         }
+    }
+    if let Some(a) = activity {
+        a.filtered();
     }
     // The filters may have changed the headers the route's actions read, and written
     // metadata a route chosen again matches on.
@@ -718,11 +737,16 @@ async fn route_and_forward(
                 if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
                     t.attempt_started(req.headers_mut(), 1);
                 }
+                // A tunnel runs in a task of its own: it closes when its chain's drain ends.
+                let drained = ctx.hcm.retirement.ended_owned();
                 let tunnel = if connect && fwd.terminates_connect() {
-                    Box::pin(super::connect::terminate(req, &cluster, &lb, active)).await
+                    Box::pin(super::connect::terminate(
+                        req, &cluster, &lb, active, drained,
+                    ))
+                    .await
                 } else {
                     Box::pin(super::upgrade::forward(
-                        req, &cluster, &lb, active, tunnel_log,
+                        req, &cluster, &lb, active, tunnel_log, drained,
                     ))
                     .await
                 };
@@ -783,9 +807,15 @@ async fn route_and_forward(
             let head_limit = limits
                 .as_ref()
                 .and_then(|l| l.head_deadline(timeouts.global));
-            // Only an idle timer that may fire before the response head watches the body.
-            let body_activity = match head_limit {
-                Some((_, Limit::Idle)) if !http_body::Body::is_end_stream(&downstream_body) => {
+            // A body still to come restarts the idle timer (before and after the response
+            // head), and decides the status of the cluster's `max_stream_duration` reply;
+            // the request timeout may watch it already.
+            let watch = limits.as_ref().is_some_and(StreamLimits::idles)
+                || cluster.config().max_stream_duration.is_some();
+            let body_activity = match activity {
+                _ if http_body::Body::is_end_stream(&downstream_body) => None,
+                Some(a) => Some(a.clone()),
+                None if watch => {
                     let (watched, activity) = BodyActivity::watch(downstream_body);
                     downstream_body = watched;
                     Some(activity)
@@ -836,6 +866,7 @@ async fn route_and_forward(
                 retries_exhausted: false,
                 last_attempt_at: Duration::ZERO,
                 pending: pending.as_deref_mut(),
+                request_body: body_activity.clone(),
             };
             // The exchange future is built inside each arm: a local moved into the timeout
             // would keep its own slot in this future's state next to the moved copy.
@@ -847,7 +878,7 @@ async fn route_and_forward(
                     {
                         Ok(done) => done,
                         Err(why) => {
-                            why.count(&ctx.hcm.stats);
+                            why.count(&ctx.hcm.stats, None);
                             note!(|r| why.note(r));
                             let body_ended = body_activity.as_ref().is_none_or(BodyActivity::ended);
                             return why.reply(body_ended);
@@ -914,8 +945,16 @@ async fn route_and_forward(
                         r.upstream_host = resp.extensions().get::<UpstreamHost>().map(|h| h.host);
                         r.details = Some("via_upstream".into())
                     });
-                    let mut resp = match &limits {
-                        Some(l) => resp.map(|b| l.wrap(body::boxed(b), &ctx.hcm)),
+                    // The cluster's `max_stream_duration` runs from the last attempt's start.
+                    let upstream_end = cluster
+                        .config()
+                        .max_stream_duration
+                        .map(|d| tokio::time::Instant::from_std(start) + last_attempt_at + d);
+                    let mut resp = match &StreamLimits::with_upstream(limits, upstream_end) {
+                        Some(l) => resp.map(|b| {
+                            let stats = (&ctx.hcm, cluster.stats());
+                            l.wrap(body::boxed(b), stats, body_activity.clone())
+                        }),
                         None => resp.map(body::boxed),
                     };
                     forwarding::mutate_response(resp.headers_mut(), false);
@@ -1003,6 +1042,21 @@ fn auto_host(cluster: &ClusterConfig) -> Option<String> {
     match &ep.address {
         EndpointAddress::Dns { host, .. } => Some(host.clone()),
         EndpointAddress::Ip(_) => None,
+    }
+}
+
+/// Notes in `r` the cluster the forwarding route `selected` picks for `req`, when it exists.
+fn note_route_cluster(
+    r: &mut Record,
+    selected: Option<Selected<'_>>,
+    req: &RouteRequest<'_>,
+    ctx: &ConnContext,
+) {
+    if let Some(Action::Forward(fwd)) = selected.as_ref().map(|s| &s.route.action)
+        && let Some(picked) = fwd.pick_cluster(req)
+        && ctx.shared.clusters.get(&picked.name).is_some()
+    {
+        r.upstream_cluster = Some(std::sync::Arc::from(&*picked.name));
     }
 }
 

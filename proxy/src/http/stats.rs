@@ -34,6 +34,10 @@ pub struct HcmStats {
     pub rq_idle_timeout: Counter,
     /// `downstream_rq_max_duration_reached`: requests ended by their time limit.
     pub rq_max_duration_reached: Counter,
+    /// `downstream_rq_timeout`: requests ended by the connection manager's `request_timeout`.
+    pub rq_timeout: Counter,
+    /// `downstream_rq_header_timeout`: requests ended by `request_headers_timeout`.
+    pub rq_header_timeout: Counter,
     /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
     pub cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
@@ -70,11 +74,11 @@ pub struct RouterStats {
 
 /// `http.<prefix>.*` stats Envoy lists for every connection manager that stay 0 in revoy,
 /// which never has their events: no HTTP/3, no overload manager, no internal redirects, no
-/// premature-reset protection, Envoy's flow-control events, `request_timeout`,
-/// `request_headers_timeout` and `delayed_close_timeout` not enforced,
+/// premature-reset protection, Envoy's flow-control events, `delayed_close_timeout` not
+/// enforced,
 /// `original_ip_detection_extensions` refused; and the tracing counters of a manager that
 /// does not trace (one that traces counts them).
-static ZEROS: [Slot; 24] = [
+static ZEROS: [Slot; 22] = [
     Slot::counter("downstream_cx_delayed_close_timeout"),
     Slot::gauge("downstream_cx_http1_soft_drain"),
     Slot::gauge("downstream_cx_http3_active"),
@@ -82,11 +86,9 @@ static ZEROS: [Slot; 24] = [
     Slot::counter("downstream_cx_overload_disable_keepalive"),
     Slot::counter("downstream_flow_control_paused_reading_total"),
     Slot::counter("downstream_flow_control_resumed_reading_total"),
-    Slot::counter("downstream_rq_header_timeout"),
     Slot::counter("downstream_rq_http3_total"),
     Slot::counter("downstream_rq_overload_close"),
     Slot::counter("downstream_rq_rejected_via_ip_detection"),
-    Slot::counter("downstream_rq_timeout"),
     Slot::counter("downstream_rq_too_many_premature_resets"),
     Slot::counter("passthrough_internal_redirect_bad_location"),
     Slot::counter("passthrough_internal_redirect_no_route"),
@@ -179,6 +181,8 @@ impl HcmStats {
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
             rq_idle_timeout: store.counter(&name("downstream_rq_idle_timeout")),
             rq_max_duration_reached: store.counter(&name("downstream_rq_max_duration_reached")),
+            rq_timeout: store.counter(&name("downstream_rq_timeout")),
+            rq_header_timeout: store.counter(&name("downstream_rq_header_timeout")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
             rq_completed: store.counter(&name("downstream_rq_completed")),

@@ -5,12 +5,12 @@
 //! local replies (504 `stream timeout`; 504 `downstream duration timeout`, gRPC
 //! DEADLINE_EXCEEDED); afterwards they cut the response body, which resets the downstream
 //! stream as Envoy does. The idle timer before the response head is armed only when it could
-//! fire before the route timeout, and restarted by the request body's frames.
+//! fire before the route timeout; before and after the response head, the request body's
+//! frames restart it (see [`BodyActivity`]).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use http::{HeaderMap, Response, StatusCode};
 
 use super::Hcm;
+use super::body_activity::BodyActivity;
 use super::grpc_timeout::{self, GRPC_TIMEOUT};
 use super::local_reply::{
     GRPC_DEADLINE_EXCEEDED, is_grpc, local_reply, local_reply_with_grpc_status,
@@ -29,6 +30,7 @@ use super::stats::HcmStats;
 use crate::access_log::{Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::action::{Forward, StreamTimeouts};
+use crate::upstream::ClusterStats;
 
 /// Which limit ended a stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +39,9 @@ pub enum Limit {
     Idle,
     /// The stream's time limit (`max_stream_duration` or `grpc-timeout`).
     Duration,
+    /// The upstream stream's time limit (its cluster's `max_stream_duration`), reached after
+    /// the response head (before it, the router answers; see `attempts`).
+    Upstream,
 }
 
 impl Limit {
@@ -45,6 +50,7 @@ impl Limit {
         match self {
             Limit::Idle => "stream timeout",
             Limit::Duration => "downstream duration timeout",
+            Limit::Upstream => "upstream max stream duration reached",
         }
     }
 
@@ -57,15 +63,26 @@ impl Limit {
                 rec.details = Some("stream_idle_timeout".into());
             }
             Limit::Duration => rec.details = Some("max_duration_timeout".into()),
+            Limit::Upstream => {
+                rec.flags
+                    .set(ResponseFlag::UpstreamMaxStreamDurationReached);
+                rec.details = Some("upstream_max_stream_duration_reached".into());
+            }
         }
     }
 
     /// Counts it in the connection manager's `downstream_rq_idle_timeout` or
-    /// `downstream_rq_max_duration_reached`.
-    pub fn count(self, stats: &HcmStats) {
+    /// `downstream_rq_max_duration_reached`, or the cluster's
+    /// `upstream_rq_max_duration_reached` (`upstream`).
+    pub fn count(self, stats: &HcmStats, upstream: Option<&ClusterStats>) {
         match self {
             Limit::Idle => stats.rq_idle_timeout.inc(),
             Limit::Duration => stats.rq_max_duration_reached.inc(),
+            Limit::Upstream => {
+                if let Some(c) = upstream {
+                    c.upstream_rq_max_duration_reached().inc();
+                }
+            }
         }
     }
 
@@ -75,7 +92,7 @@ impl Limit {
     pub fn reply(self, request_ended: bool) -> Response<Body> {
         match self {
             Limit::Idle if !request_ended => local_reply(StatusCode::REQUEST_TIMEOUT, self.text()),
-            Limit::Idle => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
+            Limit::Idle | Limit::Upstream => local_reply(StatusCode::GATEWAY_TIMEOUT, self.text()),
             Limit::Duration => local_reply_with_grpc_status(
                 StatusCode::GATEWAY_TIMEOUT,
                 self.text(),
@@ -90,6 +107,8 @@ impl Limit {
 pub struct StreamLimits {
     idle: Option<Duration>,
     deadline: Option<Instant>,
+    /// When the upstream stream reaches its cluster's `max_stream_duration`.
+    upstream: Option<Instant>,
 }
 
 impl StreamLimits {
@@ -143,7 +162,30 @@ impl StreamLimits {
             headers.insert(&GRPC_TIMEOUT, grpc_timeout::encode(t));
         }
         let deadline = limit.map(|t| start + t);
-        (idle.is_some() || deadline.is_some()).then_some(StreamLimits { idle, deadline })
+        (idle.is_some() || deadline.is_some()).then_some(StreamLimits {
+            idle,
+            deadline,
+            upstream: None,
+        })
+    }
+
+    /// `limits` with the upstream stream's own time limit ending `at` (`None`: it has none)
+    /// for the response body; `None` when there is no limit at all.
+    pub fn with_upstream(limits: Option<StreamLimits>, at: Option<Instant>) -> Option<Self> {
+        match (limits, at) {
+            (Some(l), upstream) => Some(StreamLimits { upstream, ..l }),
+            (None, Some(at)) => Some(StreamLimits {
+                idle: None,
+                deadline: None,
+                upstream: Some(at),
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// Whether the stream has an idle timeout.
+    pub fn idles(&self) -> bool {
+        self.idle.is_some()
     }
 
     /// When the wait for the response head must end, and the limit that fires first then,
@@ -162,93 +204,34 @@ impl StreamLimits {
         }
     }
 
-    /// Wraps a response body so that it fails when idle too long or past the deadline
-    /// (counted in `hcm`'s stats).
-    pub fn wrap(&self, body: Body, hcm: &Arc<Hcm>) -> Body {
+    /// Wraps a response body so that it fails when idle too long or past a deadline
+    /// (counted in `hcm`'s stats, the upstream's limit in its cluster's `cluster`). The
+    /// request body's frames (`request`, when it was still arriving) keep the stream from
+    /// being idle too.
+    pub fn wrap(
+        &self,
+        body: Body,
+        (hcm, cluster): (&Arc<Hcm>, &Arc<ClusterStats>),
+        request: Option<BodyActivity>,
+    ) -> Body {
+        // One timer for both deadlines: the earlier.
+        let deadline = match (self.deadline, self.upstream) {
+            (Some(d), Some(u)) if u < d => Some((u, Limit::Upstream)),
+            (None, Some(u)) => Some((u, Limit::Upstream)),
+            (d, _) => d.map(|d| (d, Limit::Duration)),
+        };
         crate::body::boxed(Limited {
             inner: body,
             hcm: Arc::clone(hcm),
-            limits: *self,
+            cluster: self.upstream.map(|_| Arc::clone(cluster)),
+            idle: self.idle,
+            deadline_at: deadline,
+            request,
             moved: false,
             armed: false,
             idle_timer: None,
             deadline: None,
         })
-    }
-}
-
-/// When a request body last moved, in milliseconds after its head wait began: what restarts
-/// the idle timer before the response head.
-#[derive(Debug, Clone)]
-pub struct BodyActivity {
-    since: Instant,
-    /// Milliseconds after `since` of the last frame, with [`ENDED`] set once the body ended.
-    last_ms: Arc<AtomicU64>,
-}
-
-/// The bit of [`BodyActivity::last_ms`] set once the body ended.
-const ENDED: u64 = 1 << 63;
-
-impl BodyActivity {
-    /// Watches `body`: each of its frames is noted. The head wait starts now.
-    pub fn watch(body: Body) -> (Body, BodyActivity) {
-        let activity = BodyActivity {
-            since: Instant::now(),
-            last_ms: Arc::default(),
-        };
-        let touched = Touched {
-            inner: body,
-            activity: activity.clone(),
-        };
-        (crate::body::boxed(touched), activity)
-    }
-
-    /// When the request body last moved (the head wait's start if it never did).
-    fn last(&self) -> Instant {
-        let ms = self.last_ms.load(Ordering::Relaxed) & !ENDED;
-        self.since + Duration::from_millis(ms)
-    }
-
-    /// Whether the request body ended (Envoy answers an idle timeout before it with 408).
-    pub fn ended(&self) -> bool {
-        self.last_ms.load(Ordering::Relaxed) & ENDED != 0
-    }
-}
-
-/// A request body whose frames are noted in a [`BodyActivity`].
-struct Touched {
-    inner: Body,
-    activity: BodyActivity,
-}
-
-impl HttpBody for Touched {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let frame = Pin::new(&mut self.inner).poll_frame(cx);
-        if frame.is_ready() {
-            let a = &self.activity;
-            let ms = a.since.elapsed().as_millis() as u64;
-            let ended = match &frame {
-                Poll::Ready(Some(Ok(_))) => self.inner.is_end_stream(),
-                _ => true,
-            };
-            a.last_ms
-                .store(if ended { ms | ENDED } else { ms }, Ordering::Relaxed);
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
@@ -288,11 +271,18 @@ impl StreamLimits {
 ///
 /// The timers are made the first time the body has to wait (a body whose frames are all at
 /// hand never arms one), and the idle timer is restarted when the body waits again after a
-/// frame.
+/// frame. When it fires, the request body's last frame is looked at: one since pushes it
+/// back (Envoy restarts it on request frames too).
 struct Limited {
     inner: Body,
     hcm: Arc<Hcm>,
-    limits: StreamLimits,
+    /// The upstream's cluster stats, when its `max_stream_duration` limits the body.
+    cluster: Option<Arc<ClusterStats>>,
+    idle: Option<Duration>,
+    /// The earlier deadline and its limit.
+    deadline_at: Option<(Instant, Limit)>,
+    /// The request body's activity, when it had not ended by the response head.
+    request: Option<BodyActivity>,
     /// A frame went by since the idle timer was last (re)started.
     moved: bool,
     /// The timers were made.
@@ -325,10 +315,10 @@ impl HttpBody for Limited {
         }
         if !this.armed {
             this.armed = true;
-            this.idle_timer = this.limits.idle.map(|i| Box::pin(sleep(i)));
-            this.deadline = this.limits.deadline.map(|d| Box::pin(sleep_until(d)));
+            this.idle_timer = this.idle.map(|i| Box::pin(sleep(i)));
+            this.deadline = this.deadline_at.map(|(d, _)| Box::pin(sleep_until(d)));
         } else if let (true, Some(timer), Some(idle)) =
-            (this.moved, this.idle_timer.as_mut(), this.limits.idle)
+            (this.moved, this.idle_timer.as_mut(), this.idle)
         {
             timer.as_mut().reset(Instant::now() + idle);
         }
@@ -337,17 +327,23 @@ impl HttpBody for Limited {
             .deadline
             .as_mut()
             .is_some_and(|d| d.as_mut().poll(cx).is_ready())
+            && let Some((_, limit)) = this.deadline_at
         {
-            Limit::Duration.count(&this.hcm.stats);
-            return Poll::Ready(Some(Err(LimitReached(Limit::Duration).into())));
+            limit.count(&this.hcm.stats, this.cluster.as_deref());
+            return Poll::Ready(Some(Err(LimitReached(limit).into())));
         }
-        if this
-            .idle_timer
-            .as_mut()
-            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
-        {
-            Limit::Idle.count(&this.hcm.stats);
-            return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
+        while let (Some(timer), Some(idle)) = (this.idle_timer.as_mut(), this.idle) {
+            if timer.as_mut().poll(cx).is_pending() {
+                break;
+            }
+            let since_request = this.request.as_ref().map(|r| r.last() + idle);
+            match since_request {
+                Some(at) if at > Instant::now() => timer.as_mut().reset(at),
+                _ => {
+                    Limit::Idle.count(&this.hcm.stats, None);
+                    return Poll::Ready(Some(Err(LimitReached(Limit::Idle).into())));
+                }
+            }
         }
         Poll::Pending
     }

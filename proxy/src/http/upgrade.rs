@@ -1,14 +1,16 @@
 //! WebSocket (and other `upgrade_configs`) forwarding: the upgrade request goes upstream on a
 //! fresh connection; after a `101` (a `2xx` for a forwarded CONNECT), both upgraded streams
 //! are spliced together. An HTTP/1 downstream's tunnel ends when either side closes (Envoy's
-//! HTTP/1 codec has no half-close); an HTTP/2 stream's once both have.
+//! HTTP/1 codec has no half-close); an HTTP/2 stream's when the upstream closes or the stream
+//! is reset (its END_STREAM is not passed on to the HTTP/1 upstream, as in Envoy).
 
-use std::time::Instant;
+use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::oneshot;
+use tokio::sync::{Mutex, oneshot};
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
@@ -66,13 +68,15 @@ pub fn to_extended_connect(resp: &mut Response<Body>) {
 /// refused the upgrade; what the client sends next is not a request).
 /// `Err` when no upstream connection could be made; the caller answers it. `upgrade` counts
 /// the tunnel as active while it runs; `log`, when access logs keep a record, gets it back
-/// once the response is sent, and the tunnel writes it when it closes.
+/// once the response is sent, and the tunnel writes it when it closes. The tunnel closes both
+/// connections when `drained` completes (its filter chain's drain ended).
 pub async fn forward(
     mut req: Request<Body>,
     cluster: &Cluster,
     lb: &LbContext,
     upgrade: ActiveUpgrade,
     log: Option<oneshot::Receiver<Handover>>,
+    drained: WaitForCancellationFutureOwned,
 ) -> Result<Response<Body>, UpstreamError> {
     let downstream_upgrade = hyper::upgrade::on(&mut req);
     let http1 = req.version() <= http::Version::HTTP_11;
@@ -144,31 +148,44 @@ pub async fn forward(
         let _active = (active, upgrade);
         let mut end = TunnelEnd::default();
         if let (Ok(down), Ok(up)) = (downstream_upgrade.await, upstream_upgrade.await) {
-            let (mut down_r, mut down_w) = tokio::io::split(TokioIo::new(down));
-            let (mut up_r, mut up_w) = tokio::io::split(TokioIo::new(up));
+            let (mut down_r, down_w) = tokio::io::split(TokioIo::new(down));
+            let (mut up_r, up_w) = tokio::io::split(TokioIo::new(up));
+            let (down_w, up_w) = (Mutex::new(down_w), Mutex::new(up_w));
             let (mut received, mut sent) = (0, 0);
-            let down_to_up = pump(&mut down_r, &mut up_w, &mut received);
-            let up_to_down = pump(&mut up_r, &mut down_w, &mut sent);
-            let closed_first = if http1 {
-                // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
-                // stream, and both connections close (as they drop here).
-                tokio::select! {
-                    biased;
-                    _ = down_to_up => Side::Downstream,
-                    _ = up_to_down => Side::Upstream,
-                }
-            } else {
-                let (down_done, up_done) = tokio::join!(down_to_up, up_to_down);
-                if down_done <= up_done {
-                    Side::Downstream
+            let tunnel = async {
+                if http1 {
+                    // Envoy's HTTP/1 codec has no half-close: the first side to close ends the
+                    // stream, and both connections close (as they drop here).
+                    tokio::select! {
+                        biased;
+                        _ = pump(&mut down_r, &up_w, &mut received) => Side::Downstream,
+                        _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
+                    }
                 } else {
-                    Side::Upstream
+                    // An HTTP/2 stream to an HTTP/1 upstream, as Envoy's codecs run it: the
+                    // client's END_STREAM is not passed on (the upstream's codec has no
+                    // half-close), and the tunnel ends when the upstream closes (the stream
+                    // ends with it) or when the stream is reset or its connection goes.
+                    let down_to_up = async {
+                        if copy(&mut down_r, &up_w, &mut received).await {
+                            gone(&down_w).await;
+                        }
+                    };
+                    tokio::select! {
+                        biased;
+                        () = down_to_up => Side::Downstream,
+                        _ = pump(&mut up_r, &down_w, &mut sent) => Side::Upstream,
+                    }
                 }
+            };
+            let closed_first = tokio::select! {
+                side = tunnel => Some(side),
+                () = drained => None,
             };
             end = TunnelEnd {
                 received,
                 sent,
-                closed_first: Some(closed_first),
+                closed_first,
             };
         }
         if let Some(log) = log {
@@ -208,25 +225,50 @@ fn without_body(resp: Response<hyper::body::Incoming>) -> Response<Body> {
 }
 
 /// Copies `from` to `to` until `from` ends or either side fails, then shuts `to` down; counts
-/// the bytes copied in `copied` as they go, and answers when reading ended.
-async fn pump(
+/// the bytes copied in `copied` as they go.
+async fn pump<W: AsyncWrite + Unpin>(
     from: &mut (impl AsyncRead + Unpin),
-    to: &mut (impl AsyncWrite + Unpin),
+    to: &Mutex<W>,
     copied: &mut u64,
-) -> Instant {
+) {
+    copy(from, to, copied).await;
+    let _ = to.lock().await.shutdown().await;
+}
+
+/// Copies `from` to `to` until `from` ends or either side fails, counting the bytes copied in
+/// `copied` as they go; whether `from` ended cleanly.
+async fn copy<W: AsyncWrite + Unpin>(
+    from: &mut (impl AsyncRead + Unpin),
+    to: &Mutex<W>,
+    copied: &mut u64,
+) -> bool {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         match from.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) => return true,
+            Err(_) => return false,
             Ok(n) => {
-                if to.write_all(&buf[..n]).await.is_err() {
-                    break;
+                if to.lock().await.write_all(&buf[..n]).await.is_err() {
+                    return false;
                 }
                 *copied += n as u64;
             }
         }
     }
-    let ended = Instant::now();
-    let _ = to.shutdown().await;
-    ended
+}
+
+/// How often an HTTP/2 stream whose client ended its side is checked for a reset or a lost
+/// connection: nothing else tells (hyper's upgraded stream reports them only to a write).
+const STREAM_CHECK: Duration = Duration::from_millis(100);
+
+/// Answers once writing to the HTTP/2 stream `to` fails: the client reset the stream, or its
+/// connection went.
+async fn gone<W: AsyncWrite + Unpin>(to: &Mutex<W>) {
+    let mut check = tokio::time::interval(STREAM_CHECK);
+    loop {
+        check.tick().await;
+        if to.lock().await.flush().await.is_err() {
+            return;
+        }
+    }
 }

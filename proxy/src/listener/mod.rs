@@ -157,12 +157,11 @@ impl ChainKind {
 
 impl Chain {
     /// The chain was changed or removed by a listener update: its HTTP connections close at
-    /// their next response, its TCP connections after `drain_time`.
+    /// their next response, and whatever is left of them (idle ones too) and its TCP
+    /// connections after `drain_time`, as in Envoy.
     fn drain(&self, drain_time: Duration) {
         match &self.kind {
-            ChainKind::Http(hcm, _) => hcm
-                .draining
-                .store(true, std::sync::atomic::Ordering::Relaxed),
+            ChainKind::Http(hcm, _) => hcm.retirement.start(drain_time),
             ChainKind::Tcp(proxy, _) => proxy.retire(drain_time),
             ChainKind::Refused => {}
         }
@@ -311,7 +310,8 @@ impl Listener {
     }
 
     /// Drains every chain that `next` (the listener replacing this one, if any) does not
-    /// keep: HTTP connections close at their next response, TCP ones after `drain_time`.
+    /// keep: HTTP connections close at their next response, and every connection left
+    /// (HTTP or TCP) after `drain_time`.
     pub fn retire(&self, next: Option<&Listener>, drain_time: Duration) {
         for c in self.chains() {
             let kept = next.is_some_and(|n| n.chains().any(|k| Arc::ptr_eq(k, c)));
@@ -537,29 +537,39 @@ impl Listener {
                     },
                     rate_limiter: std::sync::OnceLock::new(),
                 };
-                match tls {
-                    None => {
-                        if let Some(admitted) = &checked
-                            && crate::spawn::boxed(|| first_bytes(&stream)).await
-                        {
-                            admitted.count();
+                let serve = async {
+                    match tls {
+                        None => {
+                            if let Some(admitted) = &checked
+                                && crate::spawn::boxed(|| first_bytes(&stream)).await
+                            {
+                                admitted.count();
+                            }
+                            // Boxed: a TLS connection's task would otherwise keep room for it.
+                            crate::spawn::boxed(|| http::serve(stream, Arc::new(ctx(None)))).await
                         }
-                        // Boxed: a TLS connection's task would otherwise keep room for it.
-                        crate::spawn::boxed(|| http::serve(stream, Arc::new(ctx(None)))).await
+                        // Boxed: the handshake and a TLS stream are kilobytes, and every
+                        // plaintext connection's task would otherwise be sized for them.
+                        Some(tls) => {
+                            // The handshake and the RBAC filters boxed apart: their state
+                            // (kilobytes) and what they leave on the way are freed when they
+                            // end instead of sizing the future an established connection keeps.
+                            let established = crate::spawn::boxed(|| {
+                                establish_tls(tls, stream, peer, &rbac, |peer_tls| {
+                                    let peer_tls = peer_tls.with_server_name(sni);
+                                    Arc::new(ctx(Some(Arc::new(peer_tls))))
+                                })
+                            });
+                            crate::spawn::boxed(|| serve_tls(established)).await
+                        }
                     }
-                    // Boxed: the handshake and a TLS stream are kilobytes, and every
-                    // plaintext connection's task would otherwise be sized for them.
-                    Some(tls) => {
-                        // The handshake and the RBAC filters boxed apart: their state
-                        // (kilobytes) and what they leave on the way are freed when they end
-                        // instead of sizing the future an established connection keeps.
-                        let established = crate::spawn::boxed(|| {
-                            establish_tls(tls, stream, peer, &rbac, |peer_tls| {
-                                let peer_tls = peer_tls.with_server_name(sni);
-                                Arc::new(ctx(Some(Arc::new(peer_tls))))
-                            })
-                        });
-                        crate::spawn::boxed(|| serve_tls(established)).await
+                };
+                // A drained chain's connections that are left when its drain time ends are
+                // closed, idle ones included (HTTP/2 without a GOAWAY), as Envoy closes them.
+                tokio::select! {
+                    () = serve => {}
+                    () = hcm.retirement.ended() => {
+                        tracing::debug!(listener = %self.config.name, %peer, "filter chain drained; connection closed");
                     }
                 }
             }

@@ -41,10 +41,11 @@ pub type OnData<'a> = Option<&'a (dyn Fn() + Sync)>;
 pub struct TcpProxy {
     config: TcpProxyConfig,
     stats: TcpStats,
-    /// When a listener update changed or removed the chain: the moment its connections end.
-    retired_at: tokio::sync::watch::Sender<Option<tokio::time::Instant>>,
     /// Holds the proxy's [`ZEROS`].
     _zeros: Block,
+    /// Set when a listener update changed or removed the chain: its connections end when the
+    /// drain time does.
+    retirement: crate::drain::Retirement,
 }
 
 #[derive(Debug)]
@@ -89,29 +90,14 @@ impl TcpProxy {
             },
             _zeros: store.block_with_zeros(&p, &[], &ZEROS),
             config,
-            retired_at: tokio::sync::watch::Sender::new(None),
+            retirement: crate::drain::Retirement::default(),
         }
     }
 
     /// Ends this proxy's connections `after` from now (its chain was changed or removed by a
     /// listener update; new connections use the new chain).
     pub fn retire(&self, after: std::time::Duration) {
-        self.retired_at
-            .send_replace(Some(tokio::time::Instant::now() + after));
-    }
-
-    /// Completes when the proxy was retired and its drain time has passed.
-    async fn retired(&self) {
-        let mut rx = self.retired_at.subscribe();
-        let deadline = loop {
-            if let Some(at) = *rx.borrow_and_update() {
-                break at;
-            }
-            if rx.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::time::sleep_until(deadline).await;
+        self.retirement.start(after);
     }
 
     /// The compiled configuration.
@@ -524,7 +510,7 @@ impl TcpProxy {
             t
         });
         let idle = activity.idle(self.config.idle_timeout);
-        let retired = self.retired();
+        let retired = self.retirement.ended();
         tokio::pin!(copy, max_duration, idle, retired);
         loop {
             tokio::select! {

@@ -56,6 +56,18 @@ impl LiveCertificates {
         }
     }
 
+    /// Whether each SDS secret has arrived as a certificate (always, for certificates
+    /// written in the config or none).
+    pub fn ready(&self) -> bool {
+        match self {
+            LiveCertificates::None | LiveCertificates::Static(_) => true,
+            LiveCertificates::Sds(cells) => cells.iter().all(|cell| {
+                cell.current()
+                    .is_some_and(|d| matches!(d.value, SecretValue::Certificate(_)))
+            }),
+        }
+    }
+
     /// Every certificate with where it came from, in configured order; `None` until each SDS
     /// secret has arrived as a certificate (Envoy builds no context before that, so `/certs`
     /// does not list it).

@@ -44,6 +44,17 @@ pub struct ContextCertificates {
 }
 
 impl ContextCertificates {
+    /// Whether every SDS secret the context names has arrived and is in force (a validation
+    /// secret that does not compile merged with its default is not): until then Envoy has no
+    /// TLS context to handshake with.
+    pub fn ready(&self) -> bool {
+        self.presented.ready()
+            && self
+                .validation
+                .as_ref()
+                .is_none_or(|v| v.current().is_some())
+    }
+
     /// The certificates presented (with where each came from) and the trusted CA
     /// certificates (with where they came from), once every SDS secret the context names has
     /// arrived; `None` before, when Envoy has not built the context yet.
@@ -223,6 +234,9 @@ pub struct ClientContext {
     pub sni: Option<ServerName<'static>>,
     /// `cluster.<name>.ssl.*`.
     pub stats: TlsStats,
+    /// `cluster.<name>.client_ssl_socket_factory.upstream_context_secrets_not_ready`:
+    /// connections closed before their handshake because a secret had not arrived.
+    secrets_not_ready: crate::stats::Counter,
     /// What it presents and trusts, for `/certs`.
     pub certificates: ContextCertificates,
 }
@@ -296,12 +310,27 @@ impl ClientContext {
             max_session_keys: spec.max_session_keys,
             configs: PerGeneration::new(rotating_secrets(&spec.common, store), first),
             sni,
+            secrets_not_ready: stats
+                .scoped_counter("client_ssl_socket_factory.upstream_context_secrets_not_ready"),
             stats,
             certificates: ContextCertificates {
                 presented,
                 validation,
             },
         })
+    }
+
+    /// Whether a handshake may start: every SDS secret the context names is in force. When
+    /// one is not (its `initial_fetch_timeout` passed without it), Envoy's cluster has no TLS
+    /// context and its transport socket closes each connection before sending a byte
+    /// (`NotReadySslSocket`); so does revoy, never handshaking without the client certificate
+    /// or the trust it was told to use. Counts the refusal.
+    pub fn may_handshake(&self) -> bool {
+        let ready = self.certificates.ready();
+        if !ready {
+            self.secrets_not_ready.inc();
+        }
+        ready
     }
 
     /// The configuration for a connection that carries `what`, starting now.
@@ -343,6 +372,22 @@ impl ClientContext {
         self.sni
             .clone()
             .unwrap_or_else(|| ServerName::IpAddress(addr.ip().into()))
+    }
+}
+
+/// The control plane's connections (an xDS or SDS cluster with TLS): counted in its
+/// `ssl.*`, refused while a secret is missing, as a cluster's.
+impl xds_client::client::HandshakeObserver for ClientContext {
+    fn may_handshake(&self) -> bool {
+        ClientContext::may_handshake(self)
+    }
+
+    fn completed(&self, connection: &rustls::CommonState) {
+        self.stats.handshake_done(connection);
+    }
+
+    fn failed(&self, error: &std::io::Error) {
+        self.stats.handshake_failed(error);
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::config::tls::sds::{SecretRef, SecretSource};
 use crate::config::tls::secret::SecretValue;
+use proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret;
 
 /// One secret as it is now, with what `/config_dump` shows of it.
 #[derive(Debug)]
@@ -23,7 +24,7 @@ pub struct Delivered {
     pub updated: SystemTime,
     /// The `Secret` proto as delivered, with an SDS secret's files read in as Envoy does
     /// (private keys included: `/config_dump` redacts them).
-    pub proto: proto::pb::envoy::extensions::transport_sockets::tls::v3::Secret,
+    pub proto: Secret,
 }
 
 /// One named secret from one source.
@@ -39,6 +40,30 @@ pub struct SecretCell {
     /// Bumped on each change; consumers that derive values from the secret cache by it.
     generation: AtomicU64,
     arrived: watch::Sender<bool>,
+    /// What reads the secret's files again when they change, while the cell lives.
+    follower: Mutex<Option<Follower>>,
+}
+
+/// A task reading again the files a delivered secret names when they change; ended when the
+/// secret is forgotten or delivered naming other files.
+#[derive(Debug)]
+pub struct Follower {
+    /// The secret as delivered, its files not read in.
+    raw: Secret,
+    task: tokio::task::AbortHandle,
+}
+
+impl Follower {
+    /// `task` follows the files of `raw`.
+    pub fn new(raw: Secret, task: tokio::task::AbortHandle) -> Self {
+        Follower { raw, task }
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl SecretCell {
@@ -50,7 +75,23 @@ impl SecretCell {
             current: ArcSwapOption::empty(),
             generation: AtomicU64::new(0),
             arrived: watch::Sender::new(false),
+            follower: Mutex::new(None),
         }
+    }
+
+    /// Whether the files of `raw` (a secret as delivered) are followed already.
+    pub fn follows(&self, raw: &Secret) -> bool {
+        self.follower
+            .lock()
+            .expect("secret follower lock")
+            .as_ref()
+            .is_some_and(|f| f.raw == *raw)
+    }
+
+    /// Follows the secret's files with `follower` from now on (`None`: not at all), ending the
+    /// previous one.
+    pub fn follow(&self, follower: Option<Follower>) {
+        *self.follower.lock().expect("secret follower lock") = follower;
     }
 
     /// The secret now, if it has arrived.
@@ -74,10 +115,12 @@ impl SecretCell {
         let _ = rx.wait_for(|ready| *ready).await;
     }
 
-    fn set(&self, delivered: Delivered) {
-        self.current.store(Some(Arc::new(delivered)));
+    /// Stores a new value; whether it replaced one.
+    fn set(&self, delivered: Delivered) -> bool {
+        let replaced = self.current.swap(Some(Arc::new(delivered))).is_some();
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.arrived.send_replace(true);
+        replaced
     }
 }
 
@@ -125,16 +168,20 @@ impl SecretStore {
             .is_some_and(|now| now.proto == *proto)
     }
 
-    /// Stores a secret's new value (a cell is made if nothing asked for it yet).
-    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) {
-        let cell = {
-            let mut cells = self.cells.lock().expect("secret store lock");
-            cells
-                .entry((name.to_owned(), source.clone()))
-                .or_insert_with(|| Arc::new(SecretCell::new(name, source)))
-                .clone()
-        };
-        cell.set(delivered);
+    /// Stores a secret's new value (a cell is made if nothing asked for it yet); whether it
+    /// replaced a value.
+    pub fn set(&self, name: &str, source: &SecretSource, delivered: Delivered) -> bool {
+        self.delivered(name, source).set(delivered)
+    }
+
+    /// The cell of the secret `name` from `source`, made if nothing asked for it yet (without
+    /// subscribing: it is being delivered).
+    pub fn delivered(&self, name: &str, source: &SecretSource) -> Arc<SecretCell> {
+        let mut cells = self.cells.lock().expect("secret store lock");
+        cells
+            .entry((name.to_owned(), source.clone()))
+            .or_insert_with(|| Arc::new(SecretCell::new(name, source)))
+            .clone()
     }
 
     /// The names wanted from `source` that some context still uses (or that arrived), sorted.

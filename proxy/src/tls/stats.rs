@@ -63,7 +63,10 @@ const SIGALGS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct TlsStats {
     store: Store,
+    /// `<scope>ssl.`.
     prefix: Arc<str>,
+    /// `<scope>`: `listener.<address>.` or `cluster.<name>.`.
+    scope: Arc<str>,
     /// `versions.*`, `ciphers.*`, `curves.*`, `sigalgs.*`.
     negotiated: Arc<[Negotiated; 4]>,
     /// `ssl.handshake`: completed handshakes.
@@ -98,8 +101,15 @@ impl TlsStats {
             fail_verify_cert_hash: c("fail_verify_cert_hash"),
             store: store.clone(),
             prefix: prefix.into(),
+            scope: scope.into(),
             negotiated: Arc::new(KINDS.map(Negotiated::new)),
         }
+    }
+
+    /// The counter `<scope><name>`, beside `ssl.*` (the socket factory's
+    /// `client_ssl_socket_factory.*`).
+    pub fn scoped_counter(&self, name: &str) -> Counter {
+        self.store.counter(&format!("{}{name}", self.scope))
     }
 
     fn count_negotiated(&self, kind: usize, name: &'static str) {
@@ -211,16 +221,6 @@ pub fn curve_name(g: NamedGroup) -> &'static str {
         NamedGroup::secp256r1 => "P-256",
         NamedGroup::secp384r1 => "P-384",
         _ => "unknown",
-    }
-}
-
-impl xds_client::client::HandshakeObserver for TlsStats {
-    fn completed(&self, connection: &CommonState) {
-        self.handshake_done(connection);
-    }
-
-    fn failed(&self, error: &std::io::Error) {
-        self.handshake_failed(error);
     }
 }
 

@@ -280,9 +280,13 @@ impl Cluster {
                 let max_weight = set.hosts().iter().map(|h| h.weight).max().unwrap_or(0);
                 self.stats.max_host_weight().set(u64::from(max_weight));
             }
+            let count = |status| set.hosts().iter().filter(|h| h.health == status).count();
             self.stats
                 .membership_healthy()
-                .set(set.healthy_count() as u64);
+                .set(count(HealthStatus::Healthy) as u64);
+            self.stats
+                .membership_degraded()
+                .set(count(HealthStatus::Degraded) as u64);
             self.stats.membership_change().inc();
             self.hosts.store(Arc::new(set));
         }
@@ -487,6 +491,7 @@ impl Cluster {
                 | UpstreamError::BindFailure { .. }
                 | UpstreamError::ConnectTimeout { .. }
                 | UpstreamError::TlsFailure { .. }
+                | UpstreamError::SecretsNotReady { .. }
                 | UpstreamError::TransportRefused { .. },
             ) => {
                 hs.rq_error.fetch_add(1, Ordering::Relaxed);

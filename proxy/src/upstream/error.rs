@@ -2,6 +2,10 @@
 
 use std::net::SocketAddr;
 
+/// Envoy's transport failure reason for a connection whose TLS context's SDS secrets have not
+/// arrived.
+pub const SECRETS_NOT_READY: &str = "TLS_error: Secret is not supplied by SDS";
+
 /// A failure to get a response (or a connection) from a cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -46,6 +50,14 @@ pub enum UpstreamError {
         host: SocketAddr,
         /// Envoy's transport failure reason (`TLS_error:...`).
         reason: String,
+    },
+    /// The host's TLS context lacks an SDS secret (its `initial_fetch_timeout` passed without
+    /// it): the TCP connection was closed before a byte was sent, as Envoy's transport socket
+    /// for a context whose secrets are not ready closes it.
+    #[error("connection to {host} closed: {}", SECRETS_NOT_READY)]
+    SecretsNotReady {
+        /// The host tried.
+        host: SocketAddr,
     },
     /// The TCP connection did not complete within `connect_timeout`.
     #[error("connect to {host} timed out")]
@@ -168,9 +180,9 @@ impl UpstreamError {
         match self {
             UpstreamError::NoHealthyUpstream | UpstreamError::RequestBody { .. } => None,
             UpstreamError::Overflow => Some("overflow"),
-            UpstreamError::ConnectFailure { .. } | UpstreamError::TlsFailure { .. } => {
-                Some("remote connection failure")
-            }
+            UpstreamError::ConnectFailure { .. }
+            | UpstreamError::TlsFailure { .. }
+            | UpstreamError::SecretsNotReady { .. } => Some("remote connection failure"),
             UpstreamError::ConnectTimeout { .. } => Some("connection timeout"),
             UpstreamError::TransportRefused { .. } | UpstreamError::BindFailure { .. } => {
                 Some("local connection failure")
@@ -181,6 +193,8 @@ impl UpstreamError {
 
     /// The body of Envoy's local reply for this failure (status 503), e.g.
     /// `upstream connect error or disconnect/reset before headers. reset reason: remote connection failure`.
+    /// A failed handshake's body names its transport failure reason; a connection closed for
+    /// want of SDS secrets names none (Envoy 1.40 answers so).
     pub fn local_reply_body(&self) -> String {
         match (self, self.reset_reason()) {
             (UpstreamError::RequestBody { .. }, _) => "Bad Request".to_owned(),
@@ -210,6 +224,7 @@ impl UpstreamError {
             | UpstreamError::BindFailure { .. }
             | UpstreamError::ConnectTimeout { .. }
             | UpstreamError::TlsFailure { .. }
+            | UpstreamError::SecretsNotReady { .. }
             | UpstreamError::TransportRefused { .. } => "UF",
             UpstreamError::Reset { reason, .. } => reason.response_flag(),
         }
@@ -233,6 +248,7 @@ impl UpstreamError {
             )),
             UpstreamError::TlsFailure { reason, .. } => Some(reason.clone()),
             UpstreamError::TransportRefused { reason, .. } => Some(reason.to_string()),
+            UpstreamError::SecretsNotReady { .. } => Some(SECRETS_NOT_READY.to_owned()),
             _ => None,
         }
     }
@@ -245,6 +261,7 @@ impl UpstreamError {
             | UpstreamError::TlsFailure { host, .. }
             | UpstreamError::ConnectTimeout { host }
             | UpstreamError::TransportRefused { host, .. }
+            | UpstreamError::SecretsNotReady { host }
             | UpstreamError::Reset { host, .. } => Some(*host),
             _ => None,
         }

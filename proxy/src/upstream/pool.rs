@@ -423,6 +423,10 @@ async fn attempt(
     let _ = stream.set_nodelay(true);
     let local = stream.local_addr().ok();
     let stream = match &host.transport {
+        HostTransport::Tls(tls) if !tls.may_handshake() => {
+            drop(stream);
+            return Err(UpstreamError::SecretsNotReady { host: name });
+        }
         HostTransport::Tls(tls) => {
             let server_name = host.server_name.as_deref().cloned();
             match tokio::time::timeout_at(

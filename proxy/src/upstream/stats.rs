@@ -59,7 +59,9 @@ cluster_block! {
     Gauge true max_host_weight;
     /// `membership_change`.
     Counter true membership_change;
-    /// `membership_healthy`.
+    /// `membership_degraded`: hosts whose health is DEGRADED.
+    Gauge true membership_degraded;
+    /// `membership_healthy`: hosts whose health is HEALTHY (or UNKNOWN).
     Gauge true membership_healthy;
     /// `membership_total`.
     Gauge true membership_total;
@@ -107,6 +109,9 @@ cluster_block! {
     Gauge true upstream_rq_active;
     /// `upstream_rq_completed`.
     Counter true upstream_rq_completed;
+    /// `upstream_rq_max_duration_reached`: upstream streams ended by the cluster's
+    /// `max_stream_duration` (charged by the router).
+    Counter true upstream_rq_max_duration_reached;
     /// `upstream_rq_pending_active`: requests waiting for a connection (one being opened, or
     /// one to be released when `max_connections` is reached).
     Gauge true upstream_rq_pending_active;
@@ -145,7 +150,7 @@ cluster_block! {
 /// codec's errors revoy's codec does not have; and no request at `HIGH` routing priority,
 /// so that priority's circuit breakers never open (the default priority's are made when the
 /// admin renders stats, from the live counts: [`crate::upstream::Cluster`]).
-static ZEROS: [Slot; 46] = [
+static ZEROS: [Slot; 44] = [
     Slot::counter("assignment_stale"),
     Slot::counter("assignment_timeout_received"),
     Slot::counter("assignment_use_cached"),
@@ -172,7 +177,6 @@ static ZEROS: [Slot; 46] = [
     Slot::counter("lb_zone_routing_all_directly"),
     Slot::counter("lb_zone_routing_cross_zone"),
     Slot::counter("lb_zone_routing_sampled"),
-    Slot::gauge("membership_degraded"),
     Slot::gauge("membership_excluded"),
     Slot::counter("upstream_cx_connect_with_0_rtt"),
     Slot::counter("upstream_cx_http3_total"),
@@ -189,7 +193,6 @@ static ZEROS: [Slot; 46] = [
     Slot::gauge("upstream_queue_overloaded"),
     Slot::counter("upstream_rq_0rtt"),
     Slot::counter("upstream_rq_maintenance_mode"),
-    Slot::counter("upstream_rq_max_duration_reached"),
     Slot::counter("upstream_rq_retry_backoff_ratelimited"),
     Slot::gauge("warming_state"),
 ];
@@ -400,7 +403,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 33 + ZEROS.len());
+        assert_eq!(names().len(), 35 + ZEROS.len());
         assert!(
             !names()
                 .iter()
@@ -411,12 +414,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 34 + ZEROS.len());
+        assert_eq!(names().len(), 36 + ZEROS.len());
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 34 + ZEROS.len());
+        assert_eq!(names().len(), 36 + ZEROS.len());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! `path_config_source` for LDS, CDS and SDS: a file holding a `DiscoveryResponse` (YAML or JSON,
 //! `resources` as `@type` Anys), read at start and again whenever it changes — written in
 //! place, renamed over, or swapped by a symlink as Kubernetes mounts do (the directory is
-//! watched, not the file). Each version goes through the same handler as an ADS response;
+//! watched, not the file: its own, or the `watched_directory`), or at each `poll_interval`. Each version goes through the same handler as an ADS response;
 //! a file that does not decode keeps the previous version serving.
 
 use std::collections::BTreeSet;
@@ -12,6 +12,8 @@ use std::time::Duration;
 use notify::Watcher;
 use proto::pb::envoy::service::discovery::v3::DiscoveryResponse;
 use xds_client::{Handler, Resource, SECRET_TYPE_URL, Update};
+
+use crate::config::watched_file::{Trigger, WatchedFile};
 
 /// How long changes settle before the file is read (an editor's write is several events).
 const SETTLE: Duration = Duration::from_millis(100);
@@ -112,33 +114,82 @@ fn content_version(text: &str) -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Applies `path` now and on every change, until the process ends: a text unchanged since
-/// the last version applied is skipped, except SDS's, whose secrets may name files (a
-/// Kubernetes symlink swap changes those, not the text; the secret handler skips a secret whose
-/// files read the same).
-pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<dyn Handler>) {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .map_or_else(|| PathBuf::from("."), Path::to_owned);
-    let watcher = notify::recommended_watcher(move |_event| {
-        let _ = tx.send(());
-    })
-    .and_then(|mut w| {
-        w.watch(&dir, notify::RecursiveMode::NonRecursive)?;
-        Ok(w)
-    });
-    let watcher = match watcher {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::error!(dir = %dir.display(), error = %e, "cannot watch; the file is read once");
+/// What makes files be read again: a change in one of some directories (each burst of events
+/// settled into one), or the tick of a poll.
+pub(super) struct Changes {
+    /// Kept for as long as the directories are watched.
+    _watcher: Option<notify::RecommendedWatcher>,
+    events: tokio::sync::mpsc::UnboundedReceiver<()>,
+    poll: Option<tokio::time::Interval>,
+}
+
+impl Changes {
+    /// Changes in `dirs` (a directory that cannot be watched is logged, and never changes),
+    /// or every `poll`.
+    pub(super) fn new(dirs: &[PathBuf], poll: Option<Duration>) -> Self {
+        let (tx, events) = tokio::sync::mpsc::unbounded_channel();
+        let watcher = if dirs.is_empty() {
             None
+        } else {
+            match notify::recommended_watcher(move |_event| {
+                let _ = tx.send(());
+            }) {
+                Ok(mut w) => {
+                    for dir in dirs {
+                        if let Err(e) = w.watch(dir, notify::RecursiveMode::NonRecursive) {
+                            tracing::error!(dir = %dir.display(), error = %e, "cannot watch; changes there are not seen");
+                        }
+                    }
+                    Some(w)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot watch files; they are read once");
+                    None
+                }
+            }
+        };
+        let poll = poll.map(|every| {
+            let mut interval = tokio::time::interval(every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            interval.reset();
+            interval
+        });
+        Changes {
+            _watcher: watcher,
+            events,
+            poll,
         }
+    }
+
+    /// Waits for the next change; `false` when none can come any more.
+    pub(super) async fn next(&mut self) -> bool {
+        let changed = match &mut self.poll {
+            Some(poll) => {
+                poll.tick().await;
+                return true;
+            }
+            None => self.events.recv().await.is_some(),
+        };
+        if changed {
+            tokio::time::sleep(SETTLE).await;
+            while self.events.try_recv().is_ok() {}
+        }
+        changed
+    }
+}
+
+/// Applies `file` now and on every change (see [`Changes`]), until the process ends: a text
+/// unchanged since the last version applied is skipped, except SDS's, whose secrets may name
+/// files (a Kubernetes symlink swap changes those, not the text; the secret handler skips a
+/// secret whose files read the same).
+pub fn watch(file: WatchedFile, type_url: &'static str, handler: Arc<dyn Handler>) {
+    let poll = match file.trigger {
+        Trigger::Poll(every) => Some(every),
+        _ => None,
     };
+    let mut changes = Changes::new(file.directory().as_slice(), poll);
+    let path = file.path;
     tokio::spawn(async move {
-        // The watcher lives as long as the task.
-        let _watcher = watcher;
         let mut known = BTreeSet::new();
         let mut last = None;
         loop {
@@ -152,11 +203,9 @@ pub fn watch(path: PathBuf, type_url: &'static str, handler: Arc<dyn Handler>) {
                 }
                 Err(e) => tracing::error!("{e}; the previous version keeps serving"),
             }
-            if rx.recv().await.is_none() {
+            if !changes.next().await {
                 return;
             }
-            tokio::time::sleep(SETTLE).await;
-            while rx.try_recv().is_ok() {}
         }
     });
 }

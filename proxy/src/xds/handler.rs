@@ -22,7 +22,7 @@ use xds_client::{
 };
 
 use super::draining::{self, Draining};
-use super::records::{Records, Serving, Status};
+use super::records::{Changes, Records, Serving, Status};
 use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
 use crate::apply::ListenerChange;
@@ -78,7 +78,7 @@ pub struct State {
     /// Clusters waiting for their endpoints.
     warming_clusters: Waiting<ClusterConfig>,
     /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
-    clusters_awaiting_secrets: BTreeMap<String, ClusterConfig>,
+    clusters_awaiting_secrets: Waiting<ClusterConfig>,
     /// EDS clusters by service name.
     eds_users: HashMap<String, Users>,
     /// The service name each EDS cluster uses.
@@ -233,7 +233,7 @@ impl ProxyHandler {
                 self.stats.cds.timed_out();
                 st.cds_received = true;
                 let mut warming = st.warming_clusters.take();
-                warming.append(&mut st.clusters_awaiting_secrets);
+                warming.append(&mut st.clusters_awaiting_secrets.take());
                 for name in warming.keys() {
                     st.clusters.set_status(name, Status::Acked);
                 }
@@ -297,6 +297,7 @@ impl ProxyHandler {
     fn apply_clusters(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let since = Instant::now();
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         let mut changed = 0;
         let mut upserts = Vec::new();
         for r in u.resources {
@@ -342,6 +343,7 @@ impl ProxyHandler {
                             self.use_or_await_secrets(process, st, cfg, &mut upserts)
                         }
                     };
+                    changes.note(&st.clusters, &name);
                     st.clusters.accept(&name, &r.version, r.value, status);
                     if existed {
                         self.stats.cluster_modified.inc();
@@ -388,7 +390,7 @@ impl ProxyHandler {
             st.cds_version = u.version_info;
         }
         self.publish_cluster_gauges(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     /// Compiles a cluster; answers it with its EDS `initial_fetch_timeout` (how long it may warm).
@@ -436,6 +438,7 @@ impl ProxyHandler {
 
     fn apply_endpoints(&self, process: &Arc<Process>, st: &mut State, u: Update) -> Applied {
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         let mut warmed = Vec::new();
         for r in u.resources {
             let since = Instant::now();
@@ -516,6 +519,9 @@ impl ProxyHandler {
                     cluster.set_endpoints(&eps);
                 }
             }
+            if !unchanged {
+                changes.note(&st.endpoints, &r.name);
+            }
             st.endpoints
                 .accept(&r.name, &r.version, r.value, Status::Acked);
             for name in &counted {
@@ -555,7 +561,7 @@ impl ProxyHandler {
             st.endpoints.set_status(&name, Status::DoesNotExist);
         }
         self.publish_cluster_gauges(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     fn apply_listeners(
@@ -567,6 +573,7 @@ impl ProxyHandler {
     ) -> Applied {
         let since = Instant::now();
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
                 continue;
@@ -594,6 +601,7 @@ impl ProxyHandler {
                         match process.applier.upsert_listener(cfg) {
                             Ok(change) => {
                                 self.listener_changed(process, st, &name, change, old, &r.value);
+                                changes.note(&st.listeners, &name);
                                 st.listeners
                                     .accept(&name, &r.version, r.value, Status::Acked);
                             }
@@ -609,6 +617,7 @@ impl ProxyHandler {
                         {
                             st.warming_listeners.set_timer(&name, timer);
                         }
+                        changes.note(&st.listeners, &name);
                         st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
@@ -644,7 +653,7 @@ impl ProxyHandler {
             st.lds_version = u.version_info;
         }
         self.publish_warming_listeners(st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     fn compile_listener(
@@ -682,15 +691,27 @@ impl ProxyHandler {
         version: &str,
         timeout: Option<Duration>,
     ) -> Option<tokio::task::AbortHandle> {
+        let (name, version) = (name.to_owned(), version.to_owned());
+        self.after(timeout, move |me| {
+            me.warming_timed_out(kind, &name, &version)
+        })
+    }
+
+    /// Runs `then` on this handler once `timeout` has passed (`None`: never), if the proxy
+    /// still runs; the handle cancels it.
+    fn after(
+        &self,
+        timeout: Option<Duration>,
+        then: impl FnOnce(&ProxyHandler) + Send + 'static,
+    ) -> Option<tokio::task::AbortHandle> {
         let (Some(timeout), Some(me)) = (timeout, self.me()) else {
             return None;
         };
         let me = Arc::downgrade(&me);
-        let (name, version) = (name.to_owned(), version.to_owned());
         let task = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(me) = me.upgrade() {
-                me.warming_timed_out(kind, &name, &version);
+                then(&me);
             }
         });
         Some(task.abort_handle())
@@ -916,6 +937,7 @@ impl ProxyHandler {
         u: Update,
     ) -> Applied {
         let mut rejected = Vec::new();
+        let mut changes = Changes::default();
         for r in u.resources {
             let since = Instant::now();
             let prefixes: Vec<String> = st.rds_started.get(&r.name).cloned().into_iter().collect();
@@ -948,6 +970,7 @@ impl ProxyHandler {
                 Err(reason) => reject(&mut st.routes, &mut rejected, r, reason),
                 Ok(table) => {
                     process.applier.upsert_route(table);
+                    changes.note(&st.routes, &r.name);
                     st.routes
                         .accept(&r.name, &r.version, r.value, Status::Acked);
                 }
@@ -978,7 +1001,7 @@ impl ProxyHandler {
             st.routes.remove(&name);
         }
         self.activate_ready_listeners(process, st);
-        Applied { rejected }
+        changes.answer(rejected)
     }
 
     /// Activates the warming listeners whose route configurations and secrets have arrived.
@@ -1033,9 +1056,38 @@ impl ProxyHandler {
             Status::Acked
         } else {
             self.await_secrets(process, &secrets);
-            st.clusters_awaiting_secrets.insert(cfg.name.clone(), cfg);
+            let name = cfg.name.clone();
+            st.clusters_awaiting_secrets.insert(name.clone(), cfg);
+            let timeout = secrets_timeout(process, &secrets);
+            let waited = name.clone();
+            if let Some(timer) =
+                self.after(timeout, move |me| me.cluster_secrets_timed_out(&waited))
+            {
+                st.clusters_awaiting_secrets.set_timer(&name, timer);
+            }
             Status::Warming
         }
+    }
+
+    /// Uses cluster `name` without the secrets it still awaits, its wait over: as Envoy's
+    /// cluster warming ends on its SDS subscriptions' `initial_fetch_timeout`, its connections
+    /// then fail closed until they come ([`crate::tls::ClientContext::may_handshake`]). A new
+    /// version of the cluster, or its secrets coming, cancels the timer that calls it.
+    fn cluster_secrets_timed_out(&self, name: &str) {
+        let Some(process) = self.process.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let st = &mut *st;
+        let Some(cfg) = st.clusters_awaiting_secrets.remove(name) else {
+            return;
+        };
+        tracing::warn!(cluster = %name, "initial_fetch_timeout: SDS secrets did not come; the cluster is used, its connections refused until they do");
+        st.clusters.set_status(name, Status::Acked);
+        process.shared.clusters.apply(vec![cfg], &[]);
+        self.publish_cluster_gauges(&process, st);
+        self.activate_ready_listeners(&process, st);
+        self.advance(st);
     }
 
     /// Looks at what warms again once every one of `secrets` has arrived.
@@ -1067,9 +1119,13 @@ impl ProxyHandler {
         let st = &mut *st;
         let ready: Vec<String> = st
             .clusters_awaiting_secrets
-            .iter()
-            .filter(|(_, cfg)| secrets_ready(&process, &cluster_secrets(cfg)))
-            .map(|(name, _)| name.clone())
+            .keys()
+            .filter(|name| {
+                st.clusters_awaiting_secrets
+                    .get(name)
+                    .is_some_and(|cfg| secrets_ready(&process, &cluster_secrets(cfg)))
+            })
+            .cloned()
             .collect();
         let mut warmed = Vec::new();
         for name in ready {
@@ -1108,6 +1164,17 @@ pub(crate) fn cluster_secrets(cfg: &ClusterConfig) -> Vec<SecretRef> {
         .collect()
 }
 
+/// How long a cluster waits for the ones of `secrets` that have not arrived: the longest of
+/// their `initial_fetch_timeout`s (`None`, for ever, when one has none).
+fn secrets_timeout(process: &Process, secrets: &[SecretRef]) -> Option<Duration> {
+    secrets
+        .iter()
+        .filter(|r| !process.shared.secrets.cell(r).is_ready())
+        .try_fold(Duration::ZERO, |longest, r| {
+            r.initial_fetch_timeout.map(|t| longest.max(t))
+        })
+}
+
 /// Whether every one of `secrets` has arrived (asking subscribes to it).
 fn secrets_ready(process: &Process, secrets: &[SecretRef]) -> bool {
     secrets
@@ -1132,8 +1199,8 @@ impl Handler for ProxyHandler {
                 super::sds::SecretHandler::new(process.shared.secrets.clone(), SecretSource::Ads)
                     .apply(update)
             }
-            other => Applied {
-                rejected: update
+            other => Applied::rejecting(
+                update
                     .resources
                     .iter()
                     .map(|r| Rejected {
@@ -1141,7 +1208,7 @@ impl Handler for ProxyHandler {
                         reason: format!("revoy does not handle resources of type {other}"),
                     })
                     .collect(),
-            },
+            ),
         };
         self.advance(&mut st);
         // Only a large update frees enough to be worth a pass over the xDS thread's heap (which

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use xds_client::client::{self, Client, Mode, RateLimit, TlsConnect, Transport};
 
-use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, Source};
+use crate::config::dynamic::{AdsConfig, ControlPlane, DynamicConfig, KeepAlive, Source};
 use crate::config::upstream_transport::Socket;
 use crate::process::Process;
 use crate::tls::stats::TlsStats;
@@ -156,7 +156,7 @@ pub(crate) fn transport(
                 TlsConnect {
                     config: ctx.config(Carries::Http2),
                     server_name: ctx.server_name(*addr),
-                    observer: Some(Arc::new(ctx.stats.clone())),
+                    observer: Some(Arc::new(ctx)),
                 },
             ))
         }
@@ -177,5 +177,10 @@ fn client_config(process: &Process, ads: &AdsConfig) -> Result<client::Config, S
         fill_rate,
     });
     config.push_log_len = PUSH_LOG_LEN;
+    config.keep_alive = match ads.keep_alive {
+        KeepAlive::Default => Some(client::KeepAlive::default()),
+        KeepAlive::Off => None,
+        KeepAlive::Every { interval, timeout } => Some(client::KeepAlive { interval, timeout }),
+    };
     Ok(config)
 }

@@ -80,6 +80,36 @@ pub struct Serving {
     pub at: SystemTime,
 }
 
+/// What one update applied, for the push log: the names that were new and those that
+/// replaced an accepted version.
+#[derive(Debug, Default)]
+pub struct Changes {
+    added: Vec<String>,
+    changed: Vec<String>,
+}
+
+impl Changes {
+    /// Notes that a version of `name` is being accepted into `records` (before it is): added
+    /// when they hold no accepted version of it, else changed.
+    pub fn note(&mut self, records: &Records, name: &str) {
+        let held = records.get(name).is_some_and(|r| r.value.is_some());
+        if held {
+            self.changed.push(name.to_owned());
+        } else {
+            self.added.push(name.to_owned());
+        }
+    }
+
+    /// The handler's answer: these changes, and `rejected`.
+    pub fn answer(self, rejected: Vec<xds_client::Rejected>) -> xds_client::Applied {
+        xds_client::Applied {
+            rejected,
+            added: self.added,
+            changed: self.changed,
+        }
+    }
+}
+
 /// The records of one resource type, by name.
 #[derive(Debug, Default)]
 pub struct Records {

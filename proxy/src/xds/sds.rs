@@ -5,7 +5,6 @@
 //! does not compile is NACKed by name; the previous version keeps serving.
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -16,10 +15,11 @@ use xds_client::{Applied, Handler, Rejected, SECRET_TYPE_URL, Update};
 
 use crate::config::dynamic::cluster_target;
 use crate::config::tls::sds::SecretSource;
+use crate::config::watched_file::WatchedFile;
 use crate::config::{Context, SystemIo};
 use crate::process::Process;
 use crate::tls::SecretStore;
-use crate::tls::secrets::Delivered;
+use crate::tls::secrets::{Delivered, Follower};
 
 /// Applies the secrets of one source to the store.
 pub struct SecretHandler {
@@ -37,40 +37,29 @@ impl SecretHandler {
 impl Handler for SecretHandler {
     fn apply(&self, update: Update) -> Applied {
         let mut rejected = Vec::new();
+        let (mut added, mut changed) = (Vec::new(), Vec::new());
         if update.type_url != SECRET_TYPE_URL {
             rejected.extend(update.resources.into_iter().map(|r| Rejected {
                 name: r.name,
                 reason: format!("an SDS stream carries secrets, not {}", update.type_url),
             }));
-            return Applied { rejected };
+            return Applied::rejecting(rejected);
         }
-        let io = SystemIo;
-        let ctx = Context::new(&io);
         for r in update.resources {
-            let compiled = Secret::decode(r.value.clone())
+            let delivered = Secret::decode(r.value.clone())
                 .map_err(|e| format!("secret '{}': cannot decode: {e}", r.name))
-                .and_then(|mut s| {
-                    crate::config::tls::secret::inline_files(&ctx, &mut s);
-                    crate::config::tls::secret::compile(&ctx, &s)
-                        .map(|value| (s, value))
-                        .map_err(|e| format!("secret '{}': {e}", r.name))
+                .and_then(|raw| {
+                    deliver(&self.store, &self.source, &r.name, &r.version, &raw)
+                        .map(|stored| (raw, stored))
                 });
-            match compiled {
-                Ok((proto, _)) if self.store.holds(&r.name, &self.source, &proto) => {
-                    tracing::debug!(secret = %r.name, version = %r.version, "secret unchanged");
-                }
-                Ok((proto, value)) => {
-                    tracing::info!(secret = %r.name, version = %r.version, source = ?self.source, "secret applied");
-                    self.store.set(
-                        &r.name,
-                        &self.source,
-                        Delivered {
-                            value,
-                            version: r.version,
-                            updated: SystemTime::now(),
-                            proto,
-                        },
-                    );
+            match delivered {
+                Ok((raw, stored)) => {
+                    match stored {
+                        Some(true) => changed.push(r.name.clone()),
+                        Some(false) => added.push(r.name.clone()),
+                        None => {}
+                    }
+                    follow_files(&self.store, &self.source, &r.name, &r.version, raw);
                 }
                 Err(reason) => {
                     tracing::warn!(secret = %r.name, version = %r.version, "rejected: {reason}; the previous version keeps serving");
@@ -84,8 +73,87 @@ impl Handler for SecretHandler {
         for name in update.removed {
             tracing::info!(secret = %name, "secret removed by the server; its last version keeps serving");
         }
-        Applied { rejected }
+        Applied {
+            rejected,
+            added,
+            changed,
+        }
     }
+}
+
+/// Reads the files `raw` names (as Envoy holds an SDS secret: `inline_files`), compiles it and
+/// stores it unless it is what the store holds already; answers whether it was stored
+/// (`Some`), replacing a value (`Some(true)`).
+fn deliver(
+    store: &SecretStore,
+    source: &SecretSource,
+    name: &str,
+    version: &str,
+    raw: &Secret,
+) -> Result<Option<bool>, String> {
+    let io = SystemIo;
+    let ctx = Context::new(&io);
+    let mut proto = raw.clone();
+    crate::config::tls::secret::inline_files(&ctx, &mut proto);
+    // What the store holds compiled once: a poll or a watch reading the same again costs no
+    // compile.
+    if store.holds(name, source, &proto) {
+        tracing::debug!(secret = %name, %version, "secret unchanged");
+        return Ok(None);
+    }
+    let value = crate::config::tls::secret::compile(&ctx, &proto)
+        .map_err(|e| format!("secret '{name}': {e}"))?;
+    tracing::info!(secret = %name, %version, ?source, "secret applied");
+    let replaced = store.set(
+        name,
+        source,
+        Delivered {
+            value,
+            version: version.to_owned(),
+            updated: SystemTime::now(),
+            proto,
+        },
+    );
+    Ok(Some(replaced))
+}
+
+/// Reads the files of the delivered secret `raw` again whenever its watched directories change
+/// ([`watched_directories`](crate::config::tls::secret::watched_directories): its
+/// `watched_directory`, else the files' own), as Envoy rotates an SDS secret's files: new
+/// handshakes get what they hold now. Files that do not compile leave the previous version
+/// serving. A secret naming no file is not followed.
+fn follow_files(
+    store: &Arc<SecretStore>,
+    source: &SecretSource,
+    name: &str,
+    version: &str,
+    raw: Secret,
+) {
+    let cell = store.delivered(name, source);
+    if cell.follows(&raw) {
+        return;
+    }
+    let dirs = crate::config::tls::secret::watched_directories(&raw);
+    if dirs.is_empty() {
+        cell.follow(None);
+        return;
+    }
+    let mut changes = super::files::Changes::new(&dirs, None);
+    let (store, source, name, version) = (
+        store.clone(),
+        source.clone(),
+        name.to_owned(),
+        version.to_owned(),
+    );
+    let followed = raw.clone();
+    let task = tokio::spawn(async move {
+        while changes.next().await {
+            if let Err(reason) = deliver(&store, &source, &name, &version, &followed) {
+                tracing::warn!(secret = %name, "its files changed: {reason}; the previous version keeps serving");
+            }
+        }
+    });
+    cell.follow(Some(Follower::new(raw, task.abort_handle())));
 }
 
 /// Follows the store's wanted secrets for as long as the process runs: subscribes their names
@@ -95,7 +163,7 @@ pub fn follow(process: Arc<Process>, ads: Option<Client>) {
     tokio::spawn(async move {
         let mut wanted = process.shared.secrets.watch_wanted();
         let mut streams: HashMap<SecretSource, Client> = HashMap::new();
-        let mut files: HashSet<PathBuf> = HashSet::new();
+        let mut files: HashSet<WatchedFile> = HashSet::new();
         loop {
             process.shared.secrets.prune();
             for source in process.shared.secrets.sources() {
@@ -125,13 +193,13 @@ pub fn follow(process: Arc<Process>, ads: Option<Client>) {
                             c.subscribe(SECRET_TYPE_URL, names);
                         }
                     }
-                    SecretSource::File(path) => {
-                        if files.insert(path.clone()) {
+                    SecretSource::File(file) => {
+                        if files.insert(file.clone()) {
                             let handler = Arc::new(SecretHandler::new(
                                 process.shared.secrets.clone(),
                                 source.clone(),
                             ));
-                            super::files::watch(path.clone(), SECRET_TYPE_URL, handler);
+                            super::files::watch(file.clone(), SECRET_TYPE_URL, handler);
                         }
                     }
                 }

@@ -64,6 +64,11 @@ impl<T> Waiting<T> {
         self.entries.get(name).map(|(v, _)| v)
     }
 
+    /// What waits under `name`, to change.
+    pub fn get_mut(&mut self, name: &str) -> Option<&mut T> {
+        self.entries.get_mut(name).map(|(v, _)| v)
+    }
+
     /// Whether `name` waits.
     pub fn contains_key(&self, name: &str) -> bool {
         self.entries.contains_key(name)

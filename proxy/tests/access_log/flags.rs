@@ -152,7 +152,7 @@ fn observe_flags(
 
 /// A POST to `path` whose body comes a byte at a time: one at once, then one after each of
 /// `pauses` (milliseconds); the answer, read to its end.
-fn trickle(http: u16, path: &str, pauses: &[u64]) -> String {
+pub(super) fn trickle(http: u16, path: &str, pauses: &[u64]) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", http)).expect("proxy accepts");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let head = format!(

@@ -4,9 +4,11 @@
 //! and h2c on one port, gRPC over h2c, a TCP echo, a server-first TCP port), answering
 //! `Key=Value` lines, and clients for each protocol.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -43,6 +45,40 @@ fn set_thread_ids(id: u32) {
         );
         assert_eq!(libc::syscall(libc::SYS_setresgid, id, id, id), 0);
         assert_eq!(libc::syscall(libc::SYS_setresuid, id, id, id), 0);
+    }
+}
+
+/// The path prefix of requests the echo holds: `/held/<key>` is answered once [`release`]
+/// is called with `<key>` (a test's own key, as tests share the process).
+pub const HELD: &str = "/held/";
+
+/// Held requests by key: whether one arrived, and whether they are released.
+static HELD_KEYS: Mutex<Option<HashMap<String, (bool, bool)>>> = Mutex::new(None);
+
+/// Runs `f` on the held requests' state of `key`.
+fn held<T>(key: &str, f: impl FnOnce(&mut (bool, bool)) -> T) -> T {
+    let mut keys = HELD_KEYS.lock().unwrap_or_else(|e| e.into_inner());
+    f(keys
+        .get_or_insert_with(HashMap::new)
+        .entry(key.to_owned())
+        .or_default())
+}
+
+/// Whether a request for `/held/<key>` reached an echo.
+pub fn arrived(key: &str) -> bool {
+    held(key, |(arrived, _)| *arrived)
+}
+
+/// Lets the echo answer the requests for `/held/<key>`, those held and those to come.
+pub fn release(key: &str) {
+    held(key, |(_, released)| *released = true);
+}
+
+/// Marks a request for `/held/<key>` as arrived and waits until [`release`]d.
+async fn hold(key: &str) {
+    held(key, |(arrived, _)| *arrived = true);
+    while !held(key, |(_, released)| *released) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -141,6 +177,9 @@ async fn echo(
         local.map(|l| l.port()).unwrap_or(0),
         header("x-forwarded-client-cert").unwrap_or_default(),
     );
+    if let Some(key) = req.uri().path().strip_prefix(HELD) {
+        hold(key).await;
+    }
     let _ = req.into_body().collect().await;
     if !grpc {
         return Ok(Response::new(Full::new(Bytes::from(text)).boxed()));

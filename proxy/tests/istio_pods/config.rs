@@ -30,8 +30,9 @@
 //! inbound clusters bound to 127.0.0.6 with `::6` as `extra_source_addresses`.
 //!
 //! Istio's own filters (`istio.alpn`, `istio.metadata_exchange`, `istio.stats`) stock Envoy
-//! lacks, so they are in the config only when [`Mesh::istio_filters`] says so (every pod runs
-//! revoy). They are placed as istiod places them today (istio/istio
+//! lacks, so they are in the config only of a pod that runs revoy, when
+//! [`Mesh::istio_filters`] says so; without them a pod's clusters offer `istio` alone, as
+//! istiod's do with the exchange off (`ALPNInMesh`). They are placed as istiod places them today (istio/istio
 //! `pilot/pkg/networking/core/listener_builder.go`, `networkfilter.go`, `cluster_builder.go`,
 //! `pilot/pkg/xds/filters/filters.go`): outbound HTTP `istio.metadata_exchange` (upstream
 //! discovery and propagation), `grpc_stats`, `istio.alpn`, `fault`, `cors`, `istio.stats`;
@@ -41,7 +42,9 @@
 //! `istio-peer-exchange`; outbound TCP `istio.stats`, with the exchange as every outbound
 //! cluster's upstream filter. The inbound HTTP port then takes the chains istiod gives a port
 //! whose protocol it sniffs: HTTP only for the `istio-http/*` ALPNs `istio.alpn` offers, TCP for
-//! other mTLS, so the chain a request reaches tells which ALPN its client offered.
+//! other mTLS, so the chain a request reaches tells which ALPN its client offered — unless
+//! [`Mesh::declared_http`] says the port is declared HTTP, whose one chain takes every Istio
+//! mTLS ALPN.
 
 use serde_json::{Value, json};
 
@@ -196,8 +199,14 @@ pub struct Mesh {
     /// VirtualService-style path routes: `(service, path prefix, to)` sends the service's
     /// requests under the prefix to service `to`.
     pub path_routes: Vec<(&'static str, &'static str, &'static str)>,
-    /// Whether the config has Istio's own filters (only for pods that all run revoy).
+    /// Whether the config of the pods that run revoy has Istio's own filters (stock Envoy
+    /// lacks them: a pod that runs Envoy gets the config istiod renders with them off).
     pub istio_filters: bool,
+    /// Whether the services' HTTP port is declared HTTP (named `http`): istiod's inbound chain
+    /// for it then takes every Istio mTLS ALPN to the connection manager. Else its protocol is
+    /// sniffed, which with Istio's filters splits it into an HTTP chain for the `istio-http/*`
+    /// ALPNs `istio.alpn` offers and a TCP chain for any other mTLS.
+    pub declared_http: bool,
 }
 
 /// The path a split sends half to each service.
@@ -220,9 +229,8 @@ pub const FAULT_STATUS: u16 = 418;
 pub const CORS_ORIGIN: &str = "https://app.example";
 
 /// The xDS resources for `workload`: `(file name, {resources: [...]})` documents for the
-/// `revoy xds-server` directory of its pod.
-pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)> {
-    let istio = mesh.istio_filters;
+/// `revoy xds-server` directory of its pod, with Istio's own filters when `istio`.
+pub fn resources(mesh: &Mesh, workload: &Workload, istio: bool) -> Vec<(&'static str, Value)> {
     let dual = workload.dual_stack();
     let mut listeners = vec![
         virtual_outbound(mesh.outbound, dual),
@@ -239,7 +247,8 @@ pub fn resources(mesh: &Mesh, workload: &Workload) -> Vec<(&'static str, Value)>
             endpoints.push(load_assignment(service, port));
         }
     }
-    listeners.push(virtual_inbound(workload, istio));
+    let sniffed = istio && !mesh.declared_http;
+    listeners.push(virtual_inbound(workload, istio, sniffed));
     let served: Vec<&Service> = mesh
         .services
         .iter()
@@ -298,8 +307,14 @@ const MTLS_HTTP_ALPN: [&str; 5] = [
     "istio-h2",
 ];
 
-/// The ALPN values Istio's outbound mTLS clusters offer, and its TCP inbound chains match.
+/// The ALPN values Istio's outbound mTLS clusters offer with the metadata exchange on
+/// (`ALPNInMeshWithMxc`), and its TCP inbound chains match.
 const MTLS_TCP_ALPN: [&str; 2] = ["istio-peer-exchange", "istio"];
+
+/// The ALPN Istio's outbound mTLS clusters offer with the metadata exchange off
+/// (`ALPNInMesh`): a proxy without the exchange must not offer `istio-peer-exchange`, or a
+/// server with it would start the exchange on the connection.
+const MTLS_NO_MX_ALPN: [&str; 1] = ["istio"];
 
 /// The ALPN values the inbound HTTP chain of a port whose protocol istiod sniffs matches
 /// (`mtlsHTTPALPNs`): only what `istio.alpn` offers.
@@ -826,21 +841,23 @@ fn inbound_hcm(port: u16, istio: bool) -> Value {
     })
 }
 
-/// `virtualInbound`'s chains for the application's ports. With Istio's filters, the HTTP
-/// port's mTLS chains are those of a port whose protocol istiod sniffs: the connection
-/// manager for the `istio-http/*` ALPNs, a TCP proxy for any other mTLS.
-fn virtual_inbound(workload: &Workload, istio: bool) -> Value {
+/// `virtualInbound`'s chains for the application's ports, with Istio's filters when `istio`.
+/// When `sniffed`, the HTTP port's mTLS chains are those of a port whose protocol istiod
+/// sniffs: the connection manager for the `istio-http/*` ALPNs, a TCP proxy for any other
+/// mTLS.
+fn virtual_inbound(workload: &Workload, istio: bool, sniffed: bool) -> Value {
     let mut chains = vec![json!({
         "name": "virtualInbound-blackhole",
         "filter_chain_match": { "destination_port": 15006 },
         "filters": [tcp_proxy("BlackHoleCluster")],
     })];
     let name = |port: u16| format!("0.0.0.0_{port}");
-    let (http_alpn, tcp_alpn): (&[&str], &[&str]) = if istio {
-        (&ISTIO_HTTP_ALPN, &DOWNSTREAM_MX_ALPN)
+    let http_alpn: &[&str] = if sniffed {
+        &ISTIO_HTTP_ALPN
     } else {
-        (&MTLS_HTTP_ALPN, &[])
+        &MTLS_HTTP_ALPN
     };
+    let tcp_alpn: &[&str] = if istio { &DOWNSTREAM_MX_ALPN } else { &[] };
     chains.push(json!({
         "name": name(HTTP_PORT),
         "filter_chain_match": {
@@ -851,7 +868,7 @@ fn virtual_inbound(workload: &Workload, istio: bool) -> Value {
         "filters": [inbound_hcm(HTTP_PORT, istio)],
         "transport_socket": inbound_tls(&["h2", "http/1.1"]),
     }));
-    if istio {
+    if sniffed {
         chains.push(json!({
             "name": name(HTTP_PORT),
             "filter_chain_match": { "destination_port": HTTP_PORT, "transport_protocol": "tls" },
@@ -1023,7 +1040,7 @@ fn outbound_cluster(service: &Service, port: u16, istio: bool) -> Value {
                         "@type": UPSTREAM_TLS,
                         "common_tls_context": mesh_tls(
                             service.service_accounts().into_iter().map(|sa| json!({ "exact": spiffe(sa) })).collect(),
-                            &MTLS_TCP_ALPN,
+                            if istio { &MTLS_TCP_ALPN } else { &MTLS_NO_MX_ALPN },
                         ),
                         "sni": format!("outbound_.{port}_._.{}", service.host()),
                     },

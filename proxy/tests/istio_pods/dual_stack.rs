@@ -119,6 +119,7 @@ fn mesh(first: Family, istio_filters: bool) -> Mesh {
         splits: Vec::new(),
         path_routes: Vec::new(),
         istio_filters,
+        declared_http: false,
     }
 }
 

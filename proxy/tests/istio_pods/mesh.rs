@@ -94,6 +94,21 @@ impl Drop for Process {
 }
 
 impl Process {
+    /// Ends it with SIGKILL (it is reaped when dropped), as pilot-agent ends its proxy
+    /// (`cmd.Process.Kill()`).
+    pub fn kill(&self) {
+        let pid = i32::try_from(self.child.id()).expect("a PID");
+        // SAFETY: a signal to our own child, which is not reaped before `self` drops.
+        let rc = unsafe { libc::kill(pid, libc::SIGKILL) };
+        assert_eq!(
+            rc,
+            0,
+            "kill {}: {}",
+            self.what,
+            std::io::Error::last_os_error()
+        );
+    }
+
     /// Whether it is still running (else a description of how it ended).
     fn check(&mut self) -> Result<(), String> {
         match self.child.try_wait() {
@@ -130,6 +145,12 @@ impl Pod {
         self.dir.join("control-plane/sds")
     }
 
+    /// Whether its config has Istio's own filters: when `mesh` has them and its sidecar is
+    /// revoy (stock Envoy lacks them).
+    pub fn istio_filters(&self, mesh: &Mesh) -> bool {
+        mesh.istio_filters && self.sidecar == Sidecar::Revoy
+    }
+
     /// The proxy's log so far (stdout and stderr).
     pub fn proxy_log(&self) -> String {
         ["proxy.out", "proxy.err"]
@@ -152,6 +173,8 @@ pub struct Cluster {
     pub hub: Netns,
     /// The mesh CA.
     pub ca: Ca,
+    /// Whether the revoy pods' config has Istio's own filters ([`Mesh::istio_filters`]).
+    pub istio_filters: bool,
     root: TempDir,
 }
 
@@ -356,6 +379,7 @@ impl Cluster {
             control_plane,
             hub,
             ca: Ca::new(config::TRUST_DOMAIN),
+            istio_filters: mesh.istio_filters,
             root,
         };
         let mut index = 0;
@@ -512,7 +536,7 @@ impl Cluster {
         write_json(
             &pod.dir.join("etc/istio/proxy"),
             "envoy-rev.json",
-            &bootstrap(&pod.workload, mesh.istio_filters),
+            &bootstrap(&pod.workload, pod.istio_filters(mesh)),
         );
         self.push(i, mesh);
         self.rotate(i);
@@ -521,7 +545,7 @@ impl Cluster {
     /// Serves pod `i` the resources of `mesh` (the control plane reloads and pushes them).
     pub fn push(&self, i: usize, mesh: &Mesh) {
         let pod = &self.pods[i];
-        for (file, doc) in config::resources(mesh, &pod.workload) {
+        for (file, doc) in config::resources(mesh, &pod.workload, pod.istio_filters(mesh)) {
             write_json(&pod.xds_dir(), file, &doc);
         }
     }

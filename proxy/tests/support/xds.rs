@@ -415,7 +415,14 @@ pub struct Conn {
 impl Conn {
     /// Connects to 127.0.0.1:`port`.
     pub fn open(port: u16) -> std::io::Result<Conn> {
-        let stream = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), WAIT)?;
+        Conn::over(TcpStream::connect_timeout(
+            &SocketAddr::from(([127, 0, 0, 1], port)),
+            WAIT,
+        )?)
+    }
+
+    /// The client of a connection made elsewhere (in another network namespace, say).
+    pub fn over(stream: TcpStream) -> std::io::Result<Conn> {
         stream.set_read_timeout(Some(WAIT))?;
         Ok(Conn {
             reader: BufReader::new(stream.try_clone()?),

@@ -7,7 +7,7 @@ use std::time::{Instant, SystemTime};
 use proto::pb::google::rpc::Status as RpcStatus;
 
 use super::protocol::Progress;
-use crate::{Handler, Push, Rejected, Resource, Update, Verdict};
+use crate::{Applied, Handler, Names, Push, Rejected, Resource, Update, Verdict};
 
 /// gRPC's INVALID_ARGUMENT, the code of a NACK's `error_detail`.
 const INVALID_ARGUMENT: i32 = 3;
@@ -67,31 +67,50 @@ pub(super) fn deliver(
     progress: &mut Progress,
 ) -> Outcome {
     progress.nonce.clone_from(&incoming.nonce);
-    let mut names: Vec<String> = incoming.resources.iter().map(|r| r.name.clone()).collect();
-    names.extend(incoming.refused.iter().map(|r| r.name.clone()));
-    let push = |verdict: Verdict, apply_time| Push {
-        at: incoming.at,
-        type_url: incoming.type_url.clone(),
-        version: incoming.version_info.clone(),
-        nonce: incoming.nonce.clone(),
-        resources: names.iter().take(crate::PUSH_NAMES).cloned().collect(),
-        resource_count: names.len(),
-        removed: incoming
-            .removed
-            .iter()
-            .take(crate::PUSH_NAMES)
-            .cloned()
-            .collect(),
-        removed_count: incoming.removed.len(),
-        verdict,
-        apply_time,
+    let names: Vec<&String> = incoming
+        .resources
+        .iter()
+        .map(|r| &r.name)
+        .chain(incoming.refused.iter().map(|r| &r.name))
+        .collect();
+    let push = |verdict: Verdict, answer: &Applied, removed: &[String], apply_time| {
+        let rejected: Vec<&Rejected> = incoming.refused.iter().chain(&answer.rejected).collect();
+        Push {
+            at: incoming.at,
+            type_url: incoming.type_url.clone(),
+            version: incoming.version_info.clone(),
+            nonce: incoming.nonce.clone(),
+            resources: Names::of(names.iter().copied()),
+            added: Names::of(&answer.added),
+            changed: Names::of(&answer.changed),
+            unchanged: names
+                .len()
+                .saturating_sub(rejected.len() + answer.added.len() + answer.changed.len()),
+            removed: Names::of(removed),
+            rejected: rejected
+                .iter()
+                .take(crate::PUSH_NAMES)
+                .map(|r| (*r).clone())
+                .collect(),
+            rejected_count: rejected.len(),
+            verdict,
+            apply_time,
+        }
     };
     if let Some(name) = duplicate(&incoming) {
-        let verdict = Verdict::Nack(format!("duplicate resource name: {name}"));
+        let reason = format!("duplicate resource name: {name}");
+        let verdict = Verdict::Nack(reason.clone());
+        // Refused whole: nothing applied, nothing removed.
+        let answer = Applied::rejecting(vec![Rejected {
+            name: name.to_owned(),
+            reason,
+        }]);
+        let mut push = push(verdict.clone(), &answer, &[], Default::default());
+        push.unchanged = 0;
         return Outcome {
             delivered: false,
             applied: Vec::new(),
-            push: push(verdict.clone(), Default::default()),
+            push,
             verdict,
         };
     }
@@ -128,7 +147,7 @@ pub(super) fn deliver(
     Outcome {
         delivered: true,
         applied,
-        push: push(verdict.clone(), apply_time),
+        push: push(verdict.clone(), &answer, &incoming.removed, apply_time),
         verdict,
     }
 }
@@ -136,7 +155,6 @@ pub(super) fn deliver(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Applied;
 
     struct AcceptAll;
 
@@ -146,28 +164,119 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_large_push_is_logged_with_its_counts_and_the_first_names() {
-        let resource = |i: usize| Resource {
-            name: format!("c{i:04}"),
+    fn resource(name: &str) -> Resource {
+        Resource {
+            name: name.into(),
             version: "1".into(),
             value: bytes::Bytes::new(),
-        };
-        let incoming = Incoming {
+        }
+    }
+
+    fn incoming(
+        resources: Vec<Resource>,
+        refused: Vec<Rejected>,
+        removed: Vec<String>,
+    ) -> Incoming {
+        Incoming {
             type_url: crate::CLUSTER_TYPE_URL.into(),
             version_info: "1".into(),
             nonce: "n".into(),
-            resources: (0..250).map(resource).collect(),
-            refused: Vec::new(),
-            removed: (0..120).map(|i| format!("gone{i}")).collect(),
+            resources,
+            refused,
+            removed,
             at: SystemTime::now(),
-        };
-        let outcome = deliver(incoming, &AcceptAll, &mut Progress::default());
+        }
+    }
+
+    #[test]
+    fn a_large_push_is_logged_with_its_counts_and_the_first_names() {
+        let resources = (0..250).map(|i| resource(&format!("c{i:04}"))).collect();
+        let removed = (0..120).map(|i| format!("gone{i}")).collect();
+        let outcome = deliver(
+            incoming(resources, Vec::new(), removed),
+            &AcceptAll,
+            &mut Progress::default(),
+        );
         assert_eq!(outcome.verdict, Verdict::Ack);
         let push = outcome.push;
-        assert_eq!((push.resource_count, push.removed_count), (250, 120));
-        assert_eq!(push.resources.len(), crate::PUSH_NAMES);
-        assert_eq!(push.resources[0], "c0000");
-        assert_eq!(push.removed.len(), crate::PUSH_NAMES);
+        assert_eq!((push.resources.count, push.removed.count), (250, 120));
+        assert_eq!(push.resources.first.len(), crate::PUSH_NAMES);
+        assert_eq!(push.resources.first[0], "c0000");
+        assert_eq!(push.removed.first.len(), crate::PUSH_NAMES);
+        assert_eq!(
+            push.unchanged, 250,
+            "the handler named nothing added or changed"
+        );
+    }
+
+    /// Adds `a`, changes `b`, rejects `bad`, leaves `same` as it was.
+    struct Classifying;
+
+    impl Handler for Classifying {
+        fn apply(&self, _update: Update) -> Applied {
+            Applied {
+                rejected: vec![Rejected {
+                    name: "bad".into(),
+                    reason: "field: wrong".into(),
+                }],
+                added: vec!["a".into()],
+                changed: vec!["b".into()],
+            }
+        }
+    }
+
+    #[test]
+    fn the_log_tells_added_changed_unchanged_removed_and_rejected() {
+        let refused = vec![Rejected {
+            name: "unreadable".into(),
+            reason: "cannot decode".into(),
+        }];
+        let outcome = deliver(
+            incoming(
+                ["a", "b", "same", "bad"].map(resource).into(),
+                refused,
+                vec!["gone".into()],
+            ),
+            &Classifying,
+            &mut Progress::default(),
+        );
+        let push = outcome.push;
+        assert_eq!(push.added.first, ["a"]);
+        assert_eq!(push.changed.first, ["b"]);
+        assert_eq!(push.unchanged, 1);
+        assert_eq!(push.removed.first, ["gone"]);
+        let rejected: Vec<_> = push
+            .rejected
+            .iter()
+            .map(|r| (&*r.name, &*r.reason))
+            .collect();
+        assert_eq!(
+            rejected,
+            [("unreadable", "cannot decode"), ("bad", "field: wrong")]
+        );
+        assert_eq!(push.rejected_count, 2);
+        assert!(matches!(push.verdict, Verdict::Nack(_)));
+    }
+
+    #[test]
+    fn a_response_refused_whole_applies_and_removes_nothing() {
+        let outcome = deliver(
+            incoming(
+                ["a", "a"].map(resource).into(),
+                Vec::new(),
+                vec!["gone".into()],
+            ),
+            &Classifying,
+            &mut Progress::default(),
+        );
+        assert!(!outcome.delivered);
+        let push = outcome.push;
+        assert_eq!(
+            (push.added.count, push.changed.count, push.unchanged),
+            (0, 0, 0)
+        );
+        assert_eq!(push.removed.count, 0);
+        assert_eq!(push.rejected[0].name, "a");
+        assert_eq!(push.rejected[0].reason, "duplicate resource name: a");
     }
 }

@@ -142,7 +142,8 @@ impl<P: Protocol> Engine<P> {
 
     /// One stream, from connecting to its end.
     async fn session(&mut self) -> End {
-        let channel = match transport::connect(&self.config.transport).await {
+        let channel = match transport::connect(&self.config.transport, self.config.keep_alive).await
+        {
             Ok(channel) => channel,
             Err(error) => {
                 return End::Disconnected {
@@ -337,7 +338,8 @@ fn log_verdict(push: &crate::Push) {
     match &push.verdict {
         Verdict::Ack => debug!(
             type_url = %push.type_url, version = %push.version, nonce = %push.nonce,
-            resources = push.resources.len(), removed = push.removed.len(), "xDS: ACK"
+            resources = push.resources.count, added = push.added.count,
+            changed = push.changed.count, removed = push.removed.count, "xDS: ACK"
         ),
         Verdict::Nack(reason) => warn!(
             type_url = %push.type_url, version = %push.version, nonce = %push.nonce,

@@ -30,7 +30,7 @@ use tokio::task::AbortHandle;
 pub use backoff::Backoff;
 pub use rate_limit::RateLimit;
 pub use resource_name::{NameError, name_of as resource_name};
-pub use transport::{HandshakeObserver, TlsConnect, Transport};
+pub use transport::{HandshakeObserver, KeepAlive, TlsConnect, Transport};
 
 use engine::Engine;
 use shared::Shared;
@@ -78,6 +78,8 @@ pub struct Config {
     pub push_log_len: usize,
     /// Back-off between streams.
     pub backoff: Backoff,
+    /// HTTP/2 keep-alive on the channel; `None` sends no PINGs.
+    pub keep_alive: Option<KeepAlive>,
 }
 
 impl Config {
@@ -85,7 +87,7 @@ impl Config {
     pub const DEFAULT_PUSH_LOG_LEN: usize = 32;
 
     /// A config with Envoy's defaults: the node on every request, no rate limit, back-off
-    /// from 500 ms to 30 s.
+    /// from 500 ms to 30 s; and revoy's default keep-alive ([`KeepAlive::default`]).
     pub fn new(transport: Transport, mode: Mode, node: Node) -> Self {
         Config {
             transport,
@@ -96,6 +98,7 @@ impl Config {
             rate_limit: None,
             push_log_len: Self::DEFAULT_PUSH_LOG_LEN,
             backoff: Backoff::default(),
+            keep_alive: Some(KeepAlive::default()),
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The gRPC channel to the control plane: HTTP/2 over TCP (plaintext or TLS) or a unix
-//! socket, with HTTP/2 keep-alive.
+//! socket, with HTTP/2 keep-alive ([`KeepAlive`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,10 +9,27 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint, Error, Uri};
 
-/// How often an HTTP/2 PING checks an idle connection.
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(30);
-/// How long a PING may go unanswered before the connection is dropped.
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 keep-alive on the channel: a PING every `interval` (the stream idle or not), and
+/// the connection dropped (the stream then re-established) when one goes unanswered for
+/// `timeout` — the xDS cluster's `http2_protocol_options.connection_keepalive`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// How often a PING is sent.
+    pub interval: Duration,
+    /// How long a PING may go unanswered.
+    pub timeout: Duration,
+}
+
+impl Default for KeepAlive {
+    /// revoy's own when the bootstrap sets none (Envoy then sends no PINGs): every 30 s, 10 s
+    /// to answer, so a control plane that vanished without a FIN is noticed.
+    fn default() -> Self {
+        KeepAlive {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The HTTP/2 receive windows (stream and connection) offered to the control plane: Envoy's
@@ -34,9 +51,12 @@ pub enum Transport {
     Tls(std::net::SocketAddr, TlsConnect),
 }
 
-/// Told how each TLS handshake with the control plane went (the proxy counts its `ssl.*`
-/// stats).
+/// Asked before each TLS handshake with the control plane and told how it went (the proxy
+/// counts its `ssl.*` stats, and refuses while its TLS context lacks an SDS secret).
 pub trait HandshakeObserver: Send + Sync + std::fmt::Debug {
+    /// Whether a handshake may start; when not, the TCP connection is closed before a byte
+    /// is sent and the connect fails (to be tried again with back-off).
+    fn may_handshake(&self) -> bool;
     /// A handshake completed.
     fn completed(&self, connection: &tokio_rustls::rustls::CommonState);
     /// A handshake failed.
@@ -50,7 +70,7 @@ pub struct TlsConnect {
     pub config: Arc<tokio_rustls::rustls::ClientConfig>,
     /// The server name sent and checked.
     pub server_name: tokio_rustls::rustls::pki_types::ServerName<'static>,
-    /// Told of each handshake.
+    /// Asked before and told after each handshake.
     pub observer: Option<Arc<dyn HandshakeObserver>>,
 }
 
@@ -62,11 +82,15 @@ impl PartialEq for TlsConnect {
 
 impl Eq for TlsConnect {}
 
-fn endpoint(uri: String) -> Result<Endpoint, Error> {
-    Ok(Endpoint::from_shared(uri)?
-        .http2_keep_alive_interval(KEEP_ALIVE_INTERVAL)
-        .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
-        .keep_alive_while_idle(true)
+fn endpoint(uri: String, keep_alive: Option<KeepAlive>) -> Result<Endpoint, Error> {
+    let mut endpoint = Endpoint::from_shared(uri)?;
+    if let Some(k) = keep_alive {
+        endpoint = endpoint
+            .http2_keep_alive_interval(k.interval)
+            .keep_alive_timeout(k.timeout)
+            .keep_alive_while_idle(true);
+    }
+    Ok(endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .initial_stream_window_size(RECEIVE_WINDOW)
         .initial_connection_window_size(RECEIVE_WINDOW)
@@ -74,16 +98,23 @@ fn endpoint(uri: String) -> Result<Endpoint, Error> {
 }
 
 /// Connects a channel.
-pub(super) async fn connect(transport: &Transport) -> Result<Channel, Error> {
+pub(super) async fn connect(
+    transport: &Transport,
+    keep_alive: Option<KeepAlive>,
+) -> Result<Channel, Error> {
     match transport {
-        Transport::Tcp(address) => endpoint(format!("http://{address}"))?.connect().await,
+        Transport::Tcp(address) => {
+            endpoint(format!("http://{address}"), keep_alive)?
+                .connect()
+                .await
+        }
         Transport::Unix(path) => {
             let path = path.clone();
             let connector = tower::service_fn(move |_: Uri| {
                 let path = path.clone();
                 async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
             });
-            endpoint("http://localhost".to_string())?
+            endpoint("http://localhost".to_string(), keep_alive)?
                 .connect_with_connector(connector)
                 .await
         }
@@ -94,6 +125,11 @@ pub(super) async fn connect(transport: &Transport) -> Result<Channel, Error> {
                 async move {
                     let tcp = tokio::net::TcpStream::connect(address).await?;
                     tcp.set_nodelay(true)?;
+                    if tls.observer.as_ref().is_some_and(|o| !o.may_handshake()) {
+                        return Err(std::io::Error::other(
+                            "the TLS context is not ready: its SDS secrets have not arrived",
+                        ));
+                    }
                     let stream = tokio_rustls::TlsConnector::from(tls.config)
                         .connect(tls.server_name, tcp)
                         .await;
@@ -106,7 +142,7 @@ pub(super) async fn connect(transport: &Transport) -> Result<Channel, Error> {
                     Ok::<_, std::io::Error>(TokioIo::new(stream?))
                 }
             });
-            endpoint(format!("http://{address}"))?
+            endpoint(format!("http://{address}"), keep_alive)?
                 .connect_with_connector(connector)
                 .await
         }

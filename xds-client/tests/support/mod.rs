@@ -302,7 +302,7 @@ impl Handler for Recorder {
             })
             .collect();
         let _ = self.updates.send(update);
-        Applied { rejected }
+        Applied::rejecting(rejected)
     }
 
     fn event(&self, event: Event) {

@@ -100,6 +100,27 @@ pub fn compile(
             "certificates from a certificate provider are not implemented by revoy",
         ));
     }
+    for (set, field) in [
+        (
+            c.custom_tls_certificate_selector.is_some(),
+            "custom_tls_certificate_selector",
+        ),
+        (
+            c.tls_certificate_certificate_provider.is_some(),
+            "tls_certificate_certificate_provider",
+        ),
+        (
+            c.tls_certificate_certificate_provider_instance.is_some(),
+            "tls_certificate_certificate_provider_instance",
+        ),
+    ] {
+        if set {
+            return Err(ConfigError::new(
+                field,
+                "certificates chosen or provided by an extension are not implemented by revoy",
+            ));
+        }
+    }
     if c.custom_handshaker.is_some() {
         return Err(ConfigError::new(
             "custom_handshaker",

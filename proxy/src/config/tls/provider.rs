@@ -144,6 +144,12 @@ pub fn compile(params: Option<&TlsParameters>, side: Side) -> Result<Params, Con
 }
 
 fn build(p: &TlsParameters, side: Side) -> Result<Params, ConfigError> {
+    if !p.compliance_policies.is_empty() {
+        return Err(ConfigError::new(
+            "compliance_policies",
+            "compliance policies (FIPS_202205) are not implemented by revoy",
+        ));
+    }
     let min = if p.tls_minimum_protocol_version == 0 {
         3
     } else {

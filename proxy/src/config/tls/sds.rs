@@ -2,7 +2,6 @@
 //! from (the bootstrap's static secrets, the ADS stream, a separate SDS stream such as Istio's
 //! `sds-grpc` cluster, or a watched file).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3::{
@@ -12,6 +11,7 @@ use proto::pb::envoy::extensions::transport_sockets::tls::v3::SdsSecretConfig;
 
 use crate::config::ConfigError;
 use crate::config::dynamic::initial_fetch_timeout;
+use crate::config::watched_file::WatchedFile;
 
 /// Where a secret comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,7 +29,7 @@ pub enum SecretSource {
         delta: bool,
     },
     /// A file holding a `DiscoveryResponse` with the secret, watched for changes.
-    File(PathBuf),
+    File(WatchedFile),
 }
 
 /// A secret a TLS context uses, by name and source.
@@ -61,10 +61,11 @@ pub fn compile(c: &SdsSecretConfig) -> Result<SecretRef, ConfigError> {
     #[allow(deprecated)] // `path` is deprecated in favour of `path_config_source`; still used.
     let source = match &cs.config_source_specifier {
         Some(ConfigSourceSpecifier::Ads(_)) => SecretSource::Ads,
-        Some(ConfigSourceSpecifier::Path(p)) => SecretSource::File(PathBuf::from(p)),
-        Some(ConfigSourceSpecifier::PathConfigSource(p)) => {
-            SecretSource::File(PathBuf::from(&p.path))
-        }
+        Some(ConfigSourceSpecifier::Path(p)) => SecretSource::File(WatchedFile::path(p)),
+        Some(ConfigSourceSpecifier::PathConfigSource(p)) => SecretSource::File(
+            crate::config::watched_file::compile(p)
+                .map_err(|e| e.within("sds_config.path_config_source"))?,
+        ),
         Some(ConfigSourceSpecifier::ApiConfigSource(a)) => {
             let at = "sds_config.api_config_source";
             let delta = match ApiType::try_from(a.api_type) {

@@ -25,6 +25,18 @@ pub fn compile(ctx: &Context<'_>, tls: &UpstreamTlsContext) -> Result<ClientTls,
             "TLS renegotiation is not implemented by revoy (rustls never renegotiates)",
         ));
     }
+    for (set, field) in [
+        (tls.auto_host_sni, "auto_host_sni"),
+        (tls.auto_sni_san_validation, "auto_sni_san_validation"),
+    ] {
+        if set {
+            return Err(ConfigError::new(
+                field,
+                "not implemented by revoy; the cluster's upstream_http_protocol_options \
+                 auto_sni and auto_san_validation are",
+            ));
+        }
+    }
     let common = common::compile(
         ctx,
         &tls.common_tls_context.clone().unwrap_or_default(),

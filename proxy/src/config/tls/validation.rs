@@ -136,6 +136,15 @@ pub fn compile(
             "a CA from a certificate provider",
         );
     }
+    if v.require_signed_certificate_timestamp
+        .as_ref()
+        .is_some_and(|b| b.value)
+    {
+        return unimplemented(
+            "require_signed_certificate_timestamp",
+            "requiring signed certificate timestamps",
+        );
+    }
     if v.allow_expired_certificate {
         return unimplemented(
             "allow_expired_certificate",

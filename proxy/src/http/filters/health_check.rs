@@ -127,7 +127,7 @@ impl HealthCheck {
     }
 
     /// 200, or 503 when a cluster of `cluster_min_healthy_percentages` is missing or has
-    /// too few healthy hosts.
+    /// too few healthy hosts (degraded ones count as healthy, as in Envoy).
     fn min_healthy_status(&self, req: &FilterRequest<'_>) -> StatusCode {
         for (name, min) in &self.config.min_healthy {
             let Some(cluster) = req.conn.shared.clusters.get(name) else {
@@ -135,7 +135,7 @@ impl HealthCheck {
             };
             let stats = cluster.stats();
             let total = stats.membership_total().value();
-            let healthy = stats.membership_healthy().value();
+            let healthy = stats.membership_healthy().value() + stats.membership_degraded().value();
             if total == 0 && *min == 0 {
                 continue;
             }

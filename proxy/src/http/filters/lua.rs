@@ -76,6 +76,10 @@ impl States {
             }
         }
         let lua = mlua::Lua::new();
+        if let Err(e) = handle::define_globals(&lua) {
+            tracing::error!("script load error: {}", config::message(&e));
+            return None;
+        }
         match LuaScript::run_top_level(&lua, &script.source) {
             Ok(()) => Some(lua),
             Err(e) => {
@@ -267,6 +271,9 @@ enum BodyState {
     Read(Bytes, Option<HeaderMap>),
     /// Replaced by the script (`setBytes`).
     Replaced(Bytes, Option<HeaderMap>),
+    /// Being iterated by `bodyChunks()`: the chunks read so far (as the script left them),
+    /// then the rest still to come.
+    Streamed(Vec<Bytes>, Body),
 }
 
 impl BodyState {
@@ -297,6 +304,15 @@ impl BodyState {
                 crate::body::without_length(with_trailers(bytes, trailers))
             }
             BodyState::Read(bytes, trailers) => with_trailers(bytes, trailers),
+            // Passed on as it came, the chunks as the script left them.
+            BodyState::Streamed(chunks, rest) => {
+                let body = crate::body::prefixed(chunks.concat().into(), rest);
+                if headers.contains_key(header::CONTENT_LENGTH) {
+                    body
+                } else {
+                    crate::body::without_length(body)
+                }
+            }
             BodyState::Replaced(bytes, trailers) => {
                 headers.remove(header::TRANSFER_ENCODING);
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));

@@ -102,6 +102,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     // Counted under its codec once the first bytes tell which it is, as Envoy's codec is made.
     let mut counted = false;
     loop {
+        // When the head being read must be whole, from its first bytes (see `HeadTimeout`).
+        let mut head_deadline = None;
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
@@ -128,6 +130,9 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     Head::Ambiguous => NotServed::Refuse,
                 };
                 match next {
+                    NotServed::ReadMore if head_deadline.is_none() => {
+                        head_deadline = HeadTimeout::arm(&ctx.hcm.config);
+                    }
                     NotServed::ReadMore => {}
                     NotServed::HandOff => {
                         return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
@@ -140,7 +145,16 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     }
                 }
             }
-            if !read_more(&mut stream, &mut reading).await {
+            let more = match head_deadline {
+                Some((at, timeout)) => tokio::select! {
+                    more = read_more(&mut stream, &mut reading) => more,
+                    () = tokio::time::sleep_until(at) => {
+                        return crate::spawn::boxed(|| timeout.answer(stream, reading, &ctx)).await;
+                    }
+                },
+                None => read_more(&mut stream, &mut reading).await,
+            };
+            if !more {
                 return;
             }
         };
@@ -151,6 +165,62 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             crate::spawn::boxed(|| exchange(&mut stream, &mut reading, request, asked, &ctx));
         if !exchanged.await {
             return;
+        }
+    }
+}
+
+/// Which of the connection manager's timeouts ends a request whose head is too slow: both run
+/// from the head's first bytes, as Envoy arms them when its codec starts a request.
+#[derive(Debug, Clone, Copy)]
+enum HeadTimeout {
+    /// `request_headers_timeout`.
+    Headers,
+    /// `request_timeout`, when it is the shorter.
+    Request,
+}
+
+impl HeadTimeout {
+    /// The deadline and the timeout of a head whose first bytes just came; `None` when
+    /// neither is set.
+    fn arm(cfg: &crate::config::hcm::HcmConfig) -> Option<(tokio::time::Instant, HeadTimeout)> {
+        let (limit, which) = match (cfg.request_headers_timeout, cfg.request_timeout) {
+            (Some(h), Some(r)) if r < h => (r, HeadTimeout::Request),
+            (Some(h), _) => (h, HeadTimeout::Headers),
+            (None, Some(r)) => (r, HeadTimeout::Request),
+            (None, None) => return None,
+        };
+        Some((tokio::time::Instant::now() + limit, which))
+    }
+
+    /// Envoy's answer: 408 with its text, counted and logged (no request headers, no
+    /// flag), then the connection closes.
+    async fn answer<S: Downstream>(self, mut stream: S, mut reading: Reading, ctx: &ConnContext) {
+        let stats = &ctx.hcm.stats;
+        let (text, details) = match self {
+            HeadTimeout::Headers => {
+                stats.rq_header_timeout.inc();
+                ("request header timeout", "request_header_timeout")
+            }
+            HeadTimeout::Request => {
+                stats.rq_timeout.inc();
+                ("request timeout", "request_overall_timeout")
+            }
+        };
+        let status = http::StatusCode::REQUEST_TIMEOUT;
+        stats.rq_total.inc();
+        stats.response(status.as_u16());
+        let reply = super::envoy_errors::head_reply(
+            Some(ctx),
+            status,
+            text,
+            details,
+            super::access_log::HeadReply::Timeout(text),
+            None,
+        );
+        if stream.write_all(&reply).await.is_ok() {
+            let _ = stream.shutdown().await;
+            reading.buf.clear();
+            linger(&mut stream, &mut reading.buf).await;
         }
     }
 }
@@ -213,13 +283,8 @@ async fn exchange<S: Downstream>(
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
     ctx.hcm.stats.response(400);
-    super::access_log::log_codec_error(
-        ctx,
-        http::StatusCode::BAD_REQUEST,
-        "http1.content_length_and_chunked_not_allowed",
-    );
     let reply = super::envoy_errors::codec_reply(
-        super::envoy_errors::LocalReplies::of(ctx).as_ref(),
+        Some(ctx),
         http::StatusCode::BAD_REQUEST,
         "http1.content_length_and_chunked_not_allowed",
         None,
@@ -307,7 +372,7 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
     );
-    let io = super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing)
-        .with_local_replies(super::envoy_errors::LocalReplies::of(&ctx));
+    let io =
+        super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;
 }

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use base64::Engine as _;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -37,9 +38,11 @@ pub(super) struct Flow {
     pub(super) clear_route: bool,
     /// The request's dynamic metadata, moved in while the script runs.
     pub(super) metadata: DynamicMetadata,
-    /// How many times the script waited (`body()`, `httpCall()`, `trailers()`): header
-    /// objects got before a wait are dead after it, as in Envoy.
+    /// How many times the script waited (`body()`, `bodyChunks()`, `httpCall()`,
+    /// `trailers()`): header objects got before a wait are dead after it, as in Envoy.
     waits: u32,
+    /// Whether `bodyChunks()` let the headers go on: they can no longer change.
+    headers_continued: bool,
 }
 
 /// A request's pseudo-headers, in Envoy's order.
@@ -76,6 +79,7 @@ impl Flow {
             clear_route: false,
             metadata: std::mem::take(req.metadata),
             waits: 0,
+            headers_continued: false,
         }
     }
 
@@ -92,6 +96,7 @@ impl Flow {
             clear_route: false,
             metadata: std::mem::take(metadata),
             waits: 0,
+            headers_continued: false,
         }
     }
 
@@ -107,6 +112,7 @@ impl Flow {
             clear_route: self.clear_route,
             metadata: std::mem::take(&mut self.metadata),
             waits: self.waits,
+            headers_continued: self.headers_continued,
         }
     }
 }
@@ -194,11 +200,16 @@ impl Handle {
             let mut f = lock(flow);
             match &mut f.body {
                 BodyState::Unread(b) if http_body::Body::is_end_stream(b) => return Ok(false),
-                BodyState::Unread(b) => std::mem::replace(b, crate::body::empty()),
+                BodyState::Unread(b) => (Vec::new(), std::mem::replace(b, crate::body::empty())),
+                BodyState::Streamed(chunks, rest) => (
+                    std::mem::take(chunks),
+                    std::mem::replace(rest, crate::body::empty()),
+                ),
                 _ => return Ok(true),
             }
         };
-        let read = BodyState::read(body).await;
+        let (chunks, body) = body;
+        let read = BodyState::read(crate::body::prefixed(chunks.concat().into(), body)).await;
         let mut f = lock(flow);
         f.waits += 1;
         match read {
@@ -241,9 +252,46 @@ impl UserData for Handle {
                     .then_some(BodyBuffer { flow }))
             }
         });
-        methods.add_method("bodyChunks", |_, _, ()| -> mlua::Result<()> {
-            Err(unsupported("bodyChunks()"))
+        methods.add_method("bodyChunks", |lua, this, ()| {
+            let flow = this.flow.clone();
+            lua.create_async_function(move |_, _: Variadic<Value>| {
+                let flow = flow.clone();
+                async move { next_chunk(&flow).await }
+            })
         });
+        methods.add_method("base64Escape", |_, _, input: mlua::LuaString| {
+            Ok(base64::engine::general_purpose::STANDARD.encode(input.as_bytes()))
+        });
+        methods.add_method("timestamp", |_, _, resolution: Option<i64>| {
+            if resolution.is_some_and(|r| r != MILLISECOND) {
+                return Err(mlua::Error::runtime(
+                    "timestamp format must be MILLISECOND.",
+                ));
+            }
+            Ok(since_epoch().as_millis() as f64)
+        });
+        methods.add_method("timestampString", |_, _, resolution: Option<i64>| {
+            let now = since_epoch();
+            match resolution.unwrap_or(MILLISECOND) {
+                MILLISECOND => Ok(now.as_millis().to_string()),
+                MICROSECOND => Ok(now.as_micros().to_string()),
+                _ => Err(mlua::Error::runtime(
+                    "timestamp format must be MILLISECOND or MICROSECOND.",
+                )),
+            }
+        });
+        for name in [
+            "connectionStreamInfo",
+            "importPublicKey",
+            "verifySignature",
+            "setUpstreamOverrideHost",
+            "virtualHost",
+            "route",
+        ] {
+            methods.add_method(name, move |_, _, _: Variadic<Value>| -> mlua::Result<()> {
+                Err(unsupported(&format!("{name}()")))
+            });
+        }
         methods.add_async_method("trailers", |_, this, ()| {
             let flow = this.flow.clone();
             async move {
@@ -455,6 +503,9 @@ impl Headers {
             .transpose()?;
         let trailers = self.trailers;
         self.with(|map, flow| {
+            if flow.headers_continued && !trailers {
+                return Err(mlua::Error::runtime("header map can no longer be modified"));
+            }
             if name.starts_with(':') {
                 return set_pseudo(flow, name, value, trailers);
             }
@@ -479,6 +530,7 @@ impl Flow {
             clear_route: false,
             metadata: DynamicMetadata::default(),
             waits: 0,
+            headers_continued: false,
         }
     }
 }
@@ -571,6 +623,12 @@ impl UserData for Headers {
                 map.remove(n);
             })
         });
+        methods.add_method(
+            "setHttp1ReasonPhrase",
+            |_, _, _: Variadic<Value>| -> mlua::Result<()> {
+                Err(unsupported("setHttp1ReasonPhrase()"))
+            },
+        );
         methods.add_meta_method(MetaMethod::Pairs, |lua, this, ()| {
             let entries: Vec<(String, Vec<u8>)> = this.with(|map, flow| {
                 let pseudo: Vec<(String, Vec<u8>)> =
@@ -623,7 +681,7 @@ impl BodyBuffer {
     fn bytes(&self) -> Bytes {
         match &lock(&self.flow).body {
             BodyState::Read(b, _) | BodyState::Replaced(b, _) => b.clone(),
-            BodyState::Unread(_) => Bytes::new(),
+            BodyState::Unread(_) | BodyState::Streamed(..) => Bytes::new(),
         }
     }
 }
@@ -632,29 +690,139 @@ impl UserData for BodyBuffer {
     fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
         methods.add_method("length", |_, this, ()| Ok(this.bytes().len()));
         methods.add_method("getBytes", |lua, this, (index, length): (i64, i64)| {
-            let bytes = this.bytes();
-            let range = usize::try_from(index)
-                .ok()
-                .zip(usize::try_from(length).ok())
-                .filter(|(i, l)| i.checked_add(*l).is_some_and(|end| end <= bytes.len()));
-            let Some((i, l)) = range else {
-                return Err(mlua::Error::runtime(
-                    "index/length must be >= 0 and (index + length) must be <= buffer size",
-                ));
-            };
-            lua.create_string(&bytes[i..i + l])
+            lua.create_string(byte_range(&this.bytes(), index, length)?)
         });
         methods.add_method("setBytes", |_, this, data: mlua::LuaString| {
             let mut f = lock(&this.flow);
             let trailers =
                 match std::mem::replace(&mut f.body, BodyState::Unread(crate::body::empty())) {
                     BodyState::Read(_, t) | BodyState::Replaced(_, t) => t,
-                    BodyState::Unread(_) => None,
+                    BodyState::Unread(_) | BodyState::Streamed(..) => None,
                 };
             f.body = BodyState::Replaced(Bytes::copy_from_slice(&data.as_bytes()), trailers);
             Ok(())
         });
     }
+}
+
+/// `EnvoyTimestampResolution.MILLISECOND`.
+const MILLISECOND: i64 = 0;
+/// `EnvoyTimestampResolution.MICROSECOND`.
+const MICROSECOND: i64 = 1;
+
+/// The globals Envoy defines in every script's state: `EnvoyTimestampResolution`.
+pub(super) fn define_globals(lua: &Lua) -> mlua::Result<()> {
+    let resolution = lua.create_table()?;
+    resolution.set("MILLISECOND", MILLISECOND)?;
+    resolution.set("MICROSECOND", MICROSECOND)?;
+    lua.globals().set("EnvoyTimestampResolution", resolution)
+}
+
+/// The time since the Unix epoch (zero for a clock set before it).
+fn since_epoch() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// The next step of a `bodyChunks()` iteration: the next chunk of the body as it arrives,
+/// or nothing once it ended (at once, without waiting, for a stream without a body). The
+/// headers go on before the first chunk is waited for, so they can no longer change; a chunk
+/// lives until the script waits again. What the script does not read streams on after it.
+async fn next_chunk(flow: &Arc<Mutex<Flow>>) -> mlua::Result<Option<Chunk>> {
+    let (chunks, mut rest) = {
+        let mut f = lock(flow);
+        match std::mem::replace(&mut f.body, BodyState::Unread(crate::body::empty())) {
+            BodyState::Unread(rest) if http_body::Body::is_end_stream(&rest) => {
+                f.body = BodyState::Unread(rest);
+                return Ok(None);
+            }
+            BodyState::Unread(rest) => {
+                f.headers_continued = true;
+                (Vec::new(), rest)
+            }
+            BodyState::Streamed(chunks, rest) => (chunks, rest),
+            done => {
+                f.body = done;
+                return Ok(None);
+            }
+        }
+    };
+    let frame = rest.frame().await;
+    let mut f = lock(flow);
+    f.waits += 1;
+    let data = match frame {
+        Some(Ok(frame)) => match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                f.body = BodyState::Read(chunks.concat().into(), frame.into_trailers().ok());
+                return Ok(None);
+            }
+        },
+        None => {
+            f.body = BodyState::Read(chunks.concat().into(), None);
+            return Ok(None);
+        }
+        Some(Err(_)) => {
+            f.body = BodyState::Streamed(chunks, rest);
+            return Err(mlua::Error::runtime("the body failed while it was read"));
+        }
+    };
+    let mut chunks = chunks;
+    chunks.push(data);
+    f.body = BodyState::Streamed(chunks, rest);
+    Ok(Some(Chunk {
+        flow: flow.clone(),
+        made_after: f.waits,
+    }))
+}
+
+/// A chunk `bodyChunks()` yields: a buffer over the chunk last read.
+struct Chunk {
+    flow: Arc<Mutex<Flow>>,
+    /// The flow's `waits` when the chunk was read.
+    made_after: u32,
+}
+
+impl Chunk {
+    /// Runs `f` on the chunk; a chunk read before the script last waited is dead.
+    fn with<R>(&self, f: impl FnOnce(&mut Bytes) -> mlua::Result<R>) -> mlua::Result<R> {
+        let mut flow = lock(&self.flow);
+        let live = flow.waits == self.made_after;
+        match &mut flow.body {
+            BodyState::Streamed(chunks, _) if live => f(chunks.last_mut().expect("a chunk")),
+            _ => Err(mlua::Error::runtime("object used outside of proper scope")),
+        }
+    }
+}
+
+impl UserData for Chunk {
+    fn add_methods<M: UserDataMethods<Self>>(methods: &mut M) {
+        methods.add_method("length", |_, this, ()| this.with(|b| Ok(b.len())));
+        methods.add_method("getBytes", |lua, this, (index, length): (i64, i64)| {
+            this.with(|bytes| lua.create_string(byte_range(bytes, index, length)?))
+        });
+        methods.add_method("setBytes", |_, this, data: mlua::LuaString| {
+            this.with(|b| {
+                *b = Bytes::copy_from_slice(&data.as_bytes());
+                Ok(())
+            })
+        });
+    }
+}
+
+/// `getBytes(index, length)`'s bytes of `bytes`, or Envoy's error.
+fn byte_range(bytes: &[u8], index: i64, length: i64) -> mlua::Result<&[u8]> {
+    usize::try_from(index)
+        .ok()
+        .zip(usize::try_from(length).ok())
+        .filter(|(i, l)| i.checked_add(*l).is_some_and(|end| end <= bytes.len()))
+        .map(|(i, l)| &bytes[i..i + l])
+        .ok_or_else(|| {
+            mlua::Error::runtime(
+                "index/length must be >= 0 and (index + length) must be <= buffer size",
+            )
+        })
 }
 
 /// `streamInfo()` and `connection()`.
@@ -669,6 +837,21 @@ impl UserData for Info {
         methods.add_method("downstreamDirectRemoteAddress", |_, this, ()| {
             Ok(this.0.peer.to_string())
         });
+        methods.add_method("downstreamDirectLocalAddress", |_, this, ()| {
+            Ok(this.0.local.to_string())
+        });
+        for name in [
+            "routeName",
+            "virtualClusterName",
+            "downstreamRemoteAddress",
+            "dynamicTypedMetadata",
+            "filterState",
+            "drainConnectionUponCompletion",
+        ] {
+            methods.add_method(name, move |_, _, _: Variadic<Value>| -> mlua::Result<()> {
+                Err(unsupported(&format!("{name}()")))
+            });
+        }
         methods.add_method("requestedServerName", |_, this, ()| {
             Ok(this.0.server_name.clone().unwrap_or_default())
         });
