@@ -644,9 +644,10 @@ fn envoy_then_revoy(test: &str, mut case: impl FnMut(&str, Option<&Path>, &Path,
 }
 
 /// `path_config_source.watched_directory` and `poll_interval`: the SDS file is reached through
-/// a symlink in a directory of its own (`links/sds.yaml` -> `../mount/sds.yaml`) and `mount` is
-/// a Kubernetes ConfigMap mount; a `..data` swap in `mount` (a new `sds.yaml` with a new
-/// certificate inline) changes nothing in `links`, and is seen only through
+/// a symlink in a directory of its own (`links/sds.yaml`, relative, to `sds.yaml` in the
+/// sibling directory `mount`) and `mount` is a Kubernetes ConfigMap mount; a `..data` swap
+/// in `mount` (a new `sds.yaml` with a new certificate inline) changes nothing in `links`,
+/// and is seen only through
 /// `watched_directory: {path: mount}`, or by reading the file every `poll_interval` (100 ms).
 /// New handshakes present the new certificate, in revoy as in Envoy 1.40.
 #[test]

@@ -651,10 +651,11 @@ fn start_all(
     up: &Upstream,
     work: &Path,
 ) -> Result<Vec<Running>, String> {
-    // revoy-base goes wherever revoy goes, when there is one.
+    // revoy-base goes wherever revoy goes, when there is one; revoy-istio is the mesh
+    // bench's alone.
     let kinds: Vec<Kind> = kinds
         .iter()
-        .filter(|&&k| k != Kind::RevoyBase)
+        .filter(|&&k| !matches!(k, Kind::RevoyBase | Kind::RevoyIstio))
         .flat_map(|&k| {
             let base = (k == Kind::Revoy && bins.baseline.is_some()).then_some(Kind::RevoyBase);
             std::iter::once(k).chain(base)
