@@ -413,16 +413,12 @@ impl Applier {
             .set(state.slots.len() as u64);
     }
 
-    /// Publishes the RDS route tables as the new snapshot, and has every worker refresh its
-    /// cached copy at once, so an idle worker does not keep removed tables alive.
+    /// Publishes the RDS route tables as the new snapshot (which drops the workers' handles
+    /// on the old one's tables).
     fn publish_routes(&self, state: &State) {
         self.shared.snapshot.store(Snapshot {
             routes: state.routes.clone(),
         });
-        for rt in self.workers.get().into_iter().flatten() {
-            let shared = self.shared.clone();
-            rt.spawn(async move { shared.snapshot.with(|_| ()) });
-        }
     }
 }
 

@@ -30,6 +30,7 @@ pub mod snapshot;
 pub mod spawn;
 pub mod stats;
 pub mod tcp;
+pub mod thread_handles;
 pub mod timer_anchor;
 pub mod tls;
 pub mod trace;

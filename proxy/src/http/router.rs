@@ -28,7 +28,7 @@ use crate::config::hcm::{Routes, StripPort, Underscores};
 use crate::route::action::{HostRewrite, upgrade_allowed};
 use crate::route::metadata::DynamicMetadata;
 use crate::route::policy::compute_hash;
-use crate::route::{Action, FormatContext, RouteRequest, Selected};
+use crate::route::{Action, FormatContext, RouteRequest, RouteTable, Selected};
 use crate::upstream::{AttemptTarget, LbContext, UpstreamHost};
 
 /// The header the router sets on responses from upstream: the upstream's time in ms.
@@ -271,9 +271,15 @@ async fn route_and_forward(
     } else {
         facts.upgrade.as_ref().map(|u| u.to_str().unwrap_or(""))
     };
-    let table = match &cfg.routes {
-        Routes::Static(t) => Some(t.clone()),
-        Routes::Rds(name) => ctx.shared.snapshot.with(|s| s.route_table(name).cloned()),
+    // An RDS table is held through this worker's handle on it; a static one is borrowed
+    // from the connection manager's config, which the connection holds.
+    let rds_table;
+    let table: Option<&RouteTable> = match &cfg.routes {
+        Routes::Static(t) => Some(t),
+        Routes::Rds(name) => {
+            rds_table = ctx.shared.snapshot.route_table(name);
+            rds_table.as_deref().map(|t| -> &RouteTable { t })
+        }
     };
     let protocol = super::trace::protocol_name(req.version());
     let Some(table) = table else {
@@ -596,7 +602,7 @@ async fn route_and_forward(
             };
             let cluster_name = picked.name;
             let weighted = picked.weighted;
-            let Some(cluster) = ctx.shared.clusters.get(&cluster_name) else {
+            let Some(cluster) = ctx.shared.clusters.handle(&cluster_name) else {
                 router.no_cluster.inc();
                 note!(|r| {
                     r.flags.set(ResponseFlag::NoClusterFound);

@@ -411,7 +411,7 @@ impl TcpProxy {
     ) -> Option<(UpstreamConnection, bool)> {
         self.stats.downstream_cx_total.inc();
         let name = self.pick_cluster();
-        let Some(cluster) = clusters.get(name) else {
+        let Some(cluster) = clusters.handle(name) else {
             tracing::debug!(cluster = name, "tcp_proxy: unknown cluster");
             self.stats.downstream_cx_no_route.inc();
             if let Some(r) = rec {

@@ -1,7 +1,7 @@
 //! The cluster manager: clusters by name, their hosts (static, DNS, original destination),
 //! load balancing, connection pools and stats.
 //!
-//! The data path calls [`ClusterManager::get`] then [`Cluster::request`] (HTTP) or
+//! The data path calls [`ClusterManager::handle`] then [`Cluster::request`] (HTTP) or
 //! [`Cluster::connect`] (TCP). Config updates call [`ClusterManager::update`] (the bootstrap) and [`ClusterManager::apply`] (CDS, EDS); a cluster whose
 //! configuration did not change keeps its hosts, pools and DNS task.
 
@@ -25,6 +25,7 @@ use arc_swap::ArcSwap;
 
 use crate::config::cluster::ClusterConfig;
 use crate::stats::Store;
+use crate::thread_handles::{Local, ThreadHandles};
 use crate::tls::SecretStore;
 
 /// Where the pool notes an attempt's host (an access-log type: [`LbContext`] carries it).
@@ -49,6 +50,8 @@ struct Inner {
     store: Store,
     secrets: Arc<SecretStore>,
     clusters: ArcSwap<HashMap<String, Arc<Cluster>>>,
+    /// The workers' handles on `clusters`, cleared after every swap.
+    handles: ThreadHandles<Cluster>,
     updating: Mutex<()>,
 }
 
@@ -61,6 +64,7 @@ impl ClusterManager {
                 store: stats,
                 secrets,
                 clusters: ArcSwap::from_pointee(HashMap::new()),
+                handles: ThreadHandles::default(),
                 updating: Mutex::new(()),
             }),
         }
@@ -76,7 +80,7 @@ impl ClusterManager {
             .into_iter()
             .map(|cfg| (cfg.name.clone(), self.reuse_or_build(&current, cfg)))
             .collect();
-        self.inner.clusters.store(Arc::new(next));
+        self.store(next);
     }
 
     /// Adds or replaces `upserts` and removes `removals` in one swap (a CDS or EDS response):
@@ -99,10 +103,15 @@ impl ClusterManager {
                     .filter(|old| !Arc::ptr_eq(old, &cluster)),
             );
         }
-        self.inner.clusters.store(Arc::new(next));
+        self.store(next);
         for old in retired {
             old.retire();
         }
+    }
+
+    fn store(&self, next: HashMap<String, Arc<Cluster>>) {
+        self.inner.clusters.store(Arc::new(next));
+        self.inner.handles.clear();
     }
 
     fn reuse_or_build(
@@ -124,6 +133,12 @@ impl ClusterManager {
     /// The cluster named `name`.
     pub fn get(&self, name: &str) -> Option<Arc<Cluster>> {
         self.inner.clusters.load().get(name).cloned()
+    }
+
+    /// This worker's handle on the cluster named `name`, for the data path: holding it for a
+    /// request or connection writes no reference count another worker writes.
+    pub fn handle(&self, name: &str) -> Option<Arc<Local<Cluster>>> {
+        self.inner.handles.get(name, || self.get(name))
     }
 
     /// How many clusters there are.
