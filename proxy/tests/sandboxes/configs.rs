@@ -1,0 +1,745 @@
+//! The sandboxes' bootstraps, copied from envoyproxy/envoy `examples/` (each names its file)
+//! and rewritten alike: every address loopback, the ports free ones (`@ADMIN@` the admin,
+//! `@P0@` and `@P1@` the listeners in the sandbox's order, `@UP@` the test backend, `@AUTHZ@`
+//! the test's authorization service, each filled by [`fill`]), DNS clusters STATIC on those
+//! ports, and the router's `typed_config` written out where the sandbox left it empty.
+
+/// `template` with every `@NAME@` of `ports` replaced by its port.
+pub fn fill(template: &str, ports: &[(&str, u16)]) -> String {
+    ports.iter().fold(template.to_owned(), |t, (name, port)| {
+        t.replace(&format!("@{name}@"), &port.to_string())
+    })
+}
+
+/// envoyproxy/envoy `examples/gzip/gzip-envoy.yaml`: the service listener (`@P0@`) and the
+/// one proxying the admin's `/stats/prometheus` (`@P1@`).
+pub const GZIP: &str = r#"# From envoyproxy/envoy examples/gzip/gzip-envoy.yaml (rewritten: loopback, free ports,
+# STATIC clusters, the router's typed_config).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: service
+          http_filters:
+          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              response_direction_config:
+                common_config:
+                  min_content_length: 100
+                  content_type:
+                  - application/json
+                disable_on_etag_header: true
+              compressor_library:
+                name: text_optimized
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip
+                  memory_level: 3
+                  window_bits: 10
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P1@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/stats/prometheus"
+                route:
+                  cluster: envoy-stats
+          http_filters:
+          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              response_direction_config:
+                common_config:
+                  min_content_length: 100
+                  content_type:
+                  - text/plain
+                disable_on_etag_header: true
+              compressor_library:
+                name: text_optimized
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip
+                  memory_level: 3
+                  window_bits: 10
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: envoy-stats
+    connect_timeout: 0.25s
+    type: STATIC
+    load_assignment:
+      cluster_name: envoy-stats
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @ADMIN@
+  - name: service
+    connect_timeout: 0.25s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/brotli/brotli-envoy.yaml`, its listeners as in [`GZIP`]. The
+/// listeners' TLS transport socket (a self-signed certificate inline) is left out: the test's
+/// client speaks plain HTTP/1.1, and TLS is not what this sandbox shows.
+pub const BROTLI: &str = r#"# From envoyproxy/envoy examples/brotli/brotli-envoy.yaml (rewritten: loopback, free ports,
+# STATIC clusters, the router's typed_config; the listeners' TLS transport socket left out).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: service
+          http_filters:
+          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              response_direction_config:
+                common_config:
+                  min_content_length: 100
+                  content_type:
+                    - application/json
+                disable_on_etag_header: true
+              compressor_library:
+                name: text_optimized
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.compression.brotli.compressor.v3.Brotli
+                  window_bits: 10
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P1@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/stats/prometheus"
+                route:
+                  cluster: envoy-stats
+          http_filters:
+          - name: envoy.filters.http.compressor
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor
+              response_direction_config:
+                common_config:
+                  min_content_length: 100
+                  content_type:
+                    - text/plain
+                disable_on_etag_header: true
+              compressor_library:
+                name: text_optimized
+                typed_config:
+                  "@type": type.googleapis.com/envoy.extensions.compression.brotli.compressor.v3.Brotli
+                  window_bits: 10
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: envoy-stats
+    connect_timeout: 0.25s
+    type: STATIC
+    load_assignment:
+      cluster_name: envoy-stats
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @ADMIN@
+  - name: service
+    connect_timeout: 0.25s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/local_ratelimit/envoy.yaml`: the listener proxying the admin's
+/// `/stats/prometheus`, enforced (`@P0@`), and the service's, whose `filter_enforced` is
+/// `{}`, 0 % (`@P1@`).
+pub const LOCAL_RATELIMIT: &str = r#"# From envoyproxy/envoy examples/local_ratelimit/envoy.yaml (rewritten: loopback, free ports,
+# STATIC clusters).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/stats/prometheus"
+                route:
+                  cluster: envoy-stat
+          http_filters:
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: http_local_rate_limiter
+              token_bucket:
+                max_tokens: 2
+                tokens_per_fill: 2
+                fill_interval: 5s
+              filter_enabled:
+                runtime_key: local_rate_limit_enabled
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              filter_enforced:
+                runtime_key: local_rate_limit_enforced
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              response_headers_to_add:
+              - append_action: OVERWRITE_IF_EXISTS_OR_ADD
+                header:
+                  key: x-local-rate-limit
+                  value: 'true'
+              local_rate_limit_per_downstream_connection: false
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P1@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: service
+          http_filters:
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: http_local_rate_limiter
+              token_bucket:
+                max_tokens: 2
+                tokens_per_fill: 2
+                fill_interval: 5s
+              filter_enabled:
+                runtime_key: local_rate_limit_enabled
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              filter_enforced:
+                runtime_key: local_rate_limit_enforced
+                default_value: {}
+              response_headers_to_add:
+              - append_action: OVERWRITE_IF_EXISTS_OR_ADD
+                header:
+                  key: x-local-rate-limit
+                  value: 'true'
+              local_rate_limit_per_downstream_connection: false
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: envoy-stat
+    connect_timeout: 0.25s
+    type: STATIC
+    load_assignment:
+      cluster_name: envoy-stat
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @ADMIN@
+  - name: service
+    connect_timeout: 0.25s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/ext_authz/config/http-service.yaml`: the filter asking the HTTP
+/// authorization service (`@AUTHZ@`) before the upstream (`@UP@`).
+pub const EXT_AUTHZ_HTTP: &str = r#"# From envoyproxy/envoy examples/ext_authz/config/http-service.yaml (rewritten: loopback,
+# free ports, STATIC clusters, the router's typed_config, an admin).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: upstream
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: upstream-service
+          http_filters:
+          - name: envoy.filters.http.ext_authz
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz
+              transport_api_version: V3
+              http_service:
+                server_uri:
+                  uri: ext_authz
+                  cluster: ext_authz-http-service
+                  timeout:  0.250s
+                authorization_response:
+                  allowed_upstream_headers:
+                    patterns:
+                    - exact: x-current-user
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+
+  clusters:
+  - name: upstream-service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: upstream-service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+
+  - name: ext_authz-http-service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: ext_authz-http-service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @AUTHZ@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/fault-injection/envoy.yaml`, its runtime given as a static layer
+/// (`@RUNTIME@`, the keys the sandbox's `enable_*_fault_injection.sh` write to its disk
+/// layer).
+pub const FAULT_INJECTION: &str = r#"# From envoyproxy/envoy examples/fault-injection/envoy.yaml (rewritten: loopback, free ports,
+# a STATIC cluster, no stdout access log, an admin; the disk runtime layer replaced by a
+# static layer holding the keys the sandbox writes).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: service
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: /
+                route:
+                  cluster: local_service
+          http_filters:
+          - name: envoy.filters.http.fault
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+              abort:
+                http_status: 503
+                percentage:
+                  numerator: 0
+                  denominator: HUNDRED
+              delay:
+                fixed_delay: 3s
+                percentage:
+                  numerator: 0
+                  denominator: HUNDRED
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: local_service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: local_service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+layered_runtime:
+  layers:
+  - name: static_layer_0
+    static_layer: @RUNTIME@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/csrf/samesite/envoy.yaml`: the cors and csrf filters, a
+/// virtual host's policies and routes disabling, shadowing and widening csrf.
+pub const CSRF_SAMESITE: &str = r#"# From envoyproxy/envoy examples/csrf/samesite/envoy.yaml (rewritten: loopback, free ports,
+# a STATIC cluster, no stdout access log).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: www
+              domains:
+              - "*"
+              typed_per_filter_config:
+                envoy.filters.http.cors:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.CorsPolicy
+                  allow_origin_string_match:
+                  - safe_regex:
+                      regex: \*
+                  filter_enabled:
+                    default_value:
+                      numerator: 100
+                      denominator: HUNDRED
+                envoy.filters.http.csrf:
+                  "@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy
+                  filter_enabled:
+                    default_value:
+                      numerator: 100
+                      denominator: HUNDRED
+                    runtime_key: csrf.www.enabled
+                  shadow_enabled:
+                    default_value:
+                      numerator: 0
+                      denominator: HUNDRED
+                    runtime_key: csrf.www.shadow_enabled
+              routes:
+              - match:
+                  prefix: "/csrf/disabled"
+                route:
+                  cluster: generic_service
+                typed_per_filter_config:
+                  envoy.filters.http.csrf:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy
+                    filter_enabled:
+                      default_value:
+                        numerator: 0
+                        denominator: HUNDRED
+              - match:
+                  prefix: "/csrf/shadow"
+                route:
+                  cluster: generic_service
+                typed_per_filter_config:
+                  envoy.filters.http.csrf:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy
+                    filter_enabled:
+                      default_value:
+                        numerator: 0
+                        denominator: HUNDRED
+                    shadow_enabled:
+                      default_value:
+                        numerator: 100
+                        denominator: HUNDRED
+              - match:
+                  prefix: "/csrf/additional_origin"
+                route:
+                  cluster: generic_service
+                typed_per_filter_config:
+                  envoy.filters.http.csrf:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy
+                    filter_enabled:
+                      default_value:
+                        numerator: 100
+                        denominator: HUNDRED
+                    additional_origins:
+                    - safe_regex:
+                        regex: .*
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: generic_service
+          http_filters:
+          - name: envoy.filters.http.cors
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors
+          - name: envoy.filters.http.csrf
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy
+              filter_enabled:
+                default_value:
+                  numerator: 0
+                  denominator: HUNDRED
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: generic_service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: generic_service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/envoy `examples/rbac/envoy.yaml`: the HTTP RBAC filter as a matcher tree
+/// (deny unless the `referer` is Envoy's docs).
+pub const RBAC: &str = r#"# From envoyproxy/envoy examples/rbac/envoy.yaml (rewritten: loopback, free ports, a STATIC
+# cluster).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: service
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: local_service
+          http_filters:
+          - name: envoy.filters.http.rbac
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC
+              matcher:
+                matcher_list:
+                  matchers:
+                  - predicate:
+                      not_matcher:
+                        single_predicate:
+                          input:
+                            name: envoy.matching.inputs.request_headers
+                            typed_config:
+                              "@type": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput
+                              header_name: referer
+                          value_match:
+                            safe_regex:
+                              google_re2: {}
+                              regex: https?://(www.)?envoyproxy.io/docs/envoy.*
+                    on_match:
+                      action:
+                        name: action
+                        typed_config:
+                          "@type": type.googleapis.com/envoy.config.rbac.v3.Action
+                          name: illegal-referer
+                          action: DENY
+                on_no_match:
+                  action:
+                    name: action
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.config.rbac.v3.Action
+                      name: all-pass
+                      action: ALLOW
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+
+  clusters:
+  - name: local_service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: local_service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
