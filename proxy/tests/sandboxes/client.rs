@@ -104,6 +104,39 @@ fn dechunk(mut rest: &[u8]) -> Vec<u8> {
     data
 }
 
+/// Whether `response` (bytes read so far) holds a whole response: its head, then its body as
+/// the head frames it (none for a HEAD); `None` when only the end of the connection ends it.
+fn complete(response: &[u8], head_only: bool) -> Option<bool> {
+    let Some(split) = response.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return Some(false);
+    };
+    if head_only {
+        return Some(true);
+    }
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    let body = &response[split + 4..];
+    if head.contains("\r\ntransfer-encoding: chunked") {
+        return Some(body.ends_with(b"0\r\n\r\n"));
+    }
+    let length = head.lines().find_map(|l| l.strip_prefix("content-length:"))?;
+    Some(body.len() >= length.trim().parse::<usize>().ok()?)
+}
+
+/// Reads one response from `conn`, up to its end as framed: a proxy may delay closing after
+/// a local reply (Envoy's `delayed_close_timeout`), and waiting for that would let a rate
+/// limiter's bucket refill between requests.
+fn read_response(conn: &mut TcpStream, head_only: bool) -> Vec<u8> {
+    let mut response = Vec::new();
+    let mut buf = [0u8; 16384];
+    while complete(&response, head_only) != Some(true) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => response.extend_from_slice(&buf[..n]),
+        }
+    }
+    response
+}
+
 /// Sends `case` to 127.0.0.1:`port` and returns the status line, the kept headers (sorted)
 /// and the body decoded from its `content-encoding` as `case.shown` says.
 pub fn send(port: u16, case: &Case) -> String {
@@ -130,8 +163,7 @@ pub fn send(port: u16, case: &Case) -> String {
     };
     conn.set_read_timeout(Some(Duration::from_secs(15))).ok();
     conn.write_all(&raw).unwrap();
-    let mut response = Vec::new();
-    let _ = conn.read_to_end(&mut response);
+    let response = read_response(&mut conn, case.method == "HEAD");
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
