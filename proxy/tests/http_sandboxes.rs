@@ -23,8 +23,14 @@
 use std::path::Path;
 use std::process::Command;
 
+#[path = "sandboxes/backends.rs"]
+mod backends;
 #[path = "support/child.rs"]
 mod child;
+#[path = "sandboxes/client.rs"]
+mod client;
+#[path = "sandboxes/configs.rs"]
+mod configs;
 #[path = "support/filter_diff.rs"]
 mod filter_diff;
 #[path = "differential/oracle.rs"]
@@ -33,12 +39,6 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
-#[path = "sandboxes/backends.rs"]
-mod backends;
-#[path = "sandboxes/client.rs"]
-mod client;
-#[path = "sandboxes/configs.rs"]
-mod configs;
 
 use backends::Service;
 use client::{Body, Case, Shown, case};
@@ -48,7 +48,8 @@ use ports::free_port;
 /// The index of the admin in a case's `listener` (0 and 1 are the sandbox's listeners).
 const ADMIN: usize = 2;
 
-/// One sandbox: its bootstrap (filled with the ports), the requests, the stats compared.
+/// One sandbox: its bootstrap (filled with the ports), the requests, and the stats compared
+/// (every stat whose name contains one of `stats`).
 struct Sandbox<'a> {
     yaml: &'a str,
     cases: &'a [Case],
@@ -90,8 +91,28 @@ fn observe(
             )
         })
         .collect();
-    seen.push(filter_diff::stats(admin, sandbox.stats));
+    seen.push(stats(admin, sandbox.stats));
     seen
+}
+
+/// The admin's counters and gauges whose names contain one of `marks` and whose values are
+/// not 0, as `name: value` lines (which stats exist at 0 is `stat_names.rs`'s comparison);
+/// the compressors' byte totals left out (the admin pages a sandbox compresses differ in
+/// size).
+fn stats(admin: u16, marks: &[&str]) -> String {
+    let all = client::send(admin, &case(ADMIN, "GET", "/stats", ""));
+    let lines: Vec<&str> = all
+        .lines()
+        .filter(|l| {
+            let Some((name, value)) = l.split_once(": ") else {
+                return false;
+            };
+            marks.iter().any(|m| name.contains(m))
+                && !name.ends_with("compressed_bytes")
+                && value.parse::<u64>().is_ok_and(|v| v != 0)
+        })
+        .collect();
+    lines.join("\n")
 }
 
 /// Compares `sandbox` on Envoy and revoy; returns Envoy's observations.
@@ -121,26 +142,6 @@ const fn page(listener: usize, method: &'static str, headers: &'static str) -> C
     }
 }
 
-/// The compressor's counters for `coding` (the byte totals left out: the admin pages the
-/// second listener compresses differ in size).
-fn compressor_stats(coding: &str) -> Vec<String> {
-    [
-        "compressed",
-        "not_compressed",
-        "no_accept_header",
-        "header_identity",
-        "header_gzip",
-        "header_br",
-        "header_wildcard",
-        "header_not_valid",
-        "content_length_too_small",
-        "not_compressed_etag",
-    ]
-    .iter()
-    .map(|s| format!("http.ingress_http.compressor.text_optimized.{coding}.{s}"))
-    .collect()
-}
-
 const GZIP_CASES: &[Case] = &[
     case(0, "GET", "/file.json", "accept-encoding: gzip\r\n"),
     case(0, "GET", "/file.txt", "accept-encoding: gzip\r\n"),
@@ -152,19 +153,23 @@ const GZIP_CASES: &[Case] = &[
 
 #[test]
 fn gzip_sandbox_matches_envoy() {
-    let stats = compressor_stats("gzip");
-    let stats: Vec<&str> = stats.iter().map(String::as_str).collect();
     let sandbox = Sandbox {
         yaml: configs::GZIP,
         cases: GZIP_CASES,
-        stats: &stats,
+        stats: &[".compressor."],
     };
     let Some(expected) = compare("gzip_sandbox_matches_envoy", 131, &sandbox, false) else {
         return;
     };
     // What verify.sh checks: the JSON file and the proxied admin page compressed.
-    assert!(expected[0].contains("content-encoding: gzip"), "{expected:#?}");
-    assert!(expected[5].contains("content-encoding: gzip"), "{expected:#?}");
+    assert!(
+        expected[0].contains("content-encoding: gzip"),
+        "{expected:#?}"
+    );
+    assert!(
+        expected[5].contains("content-encoding: gzip"),
+        "{expected:#?}"
+    );
 }
 
 const BROTLI_CASES: &[Case] = &[
@@ -177,18 +182,22 @@ const BROTLI_CASES: &[Case] = &[
 
 #[test]
 fn brotli_sandbox_matches_envoy() {
-    let stats = compressor_stats("br");
-    let stats: Vec<&str> = stats.iter().map(String::as_str).collect();
     let sandbox = Sandbox {
         yaml: configs::BROTLI,
         cases: BROTLI_CASES,
-        stats: &stats,
+        stats: &[".compressor."],
     };
     let Some(expected) = compare("brotli_sandbox_matches_envoy", 132, &sandbox, false) else {
         return;
     };
-    assert!(expected[0].contains("content-encoding: br"), "{expected:#?}");
-    assert!(expected[4].contains("content-encoding: br"), "{expected:#?}");
+    assert!(
+        expected[0].contains("content-encoding: br"),
+        "{expected:#?}"
+    );
+    assert!(
+        expected[4].contains("content-encoding: br"),
+        "{expected:#?}"
+    );
 }
 
 const LOCAL_RATELIMIT_CASES: &[Case] = &[
@@ -214,15 +223,14 @@ fn local_ratelimit_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::LOCAL_RATELIMIT,
         cases: LOCAL_RATELIMIT_CASES,
-        stats: &[
-            "http_local_rate_limiter.http_local_rate_limit.enabled",
-            "http_local_rate_limiter.http_local_rate_limit.enforced",
-            "http_local_rate_limiter.http_local_rate_limit.rate_limited",
-            "http_local_rate_limiter.http_local_rate_limit.ok",
-        ],
+        stats: &["http_local_rate_limit."],
     };
-    let Some(expected) = compare("local_ratelimit_sandbox_matches_envoy", 133, &sandbox, false)
-    else {
+    let Some(expected) = compare(
+        "local_ratelimit_sandbox_matches_envoy",
+        133,
+        &sandbox,
+        false,
+    ) else {
         return;
     };
     // The enforced listener's third request is limited (two tokens).
@@ -242,14 +250,10 @@ fn ext_authz_http_sandbox_matches_envoy() {
         yaml: configs::EXT_AUTHZ_HTTP,
         cases: EXT_AUTHZ_CASES,
         stats: &[
-            "http.ingress_http.ext_authz.ok",
-            "http.ingress_http.ext_authz.denied",
-            "http.ingress_http.ext_authz.error",
-            "http.ingress_http.ext_authz.disabled",
-            "http.ingress_http.ext_authz.failure_mode_allowed",
-            "cluster.ext_authz-http-service.upstream_rq_200",
-            "cluster.ext_authz-http-service.upstream_rq_403",
-            "cluster.upstream-service.upstream_rq_200",
+            ".ext_authz.",
+            "upstream_rq_2",
+            "upstream_rq_4",
+            "upstream_rq_total",
         ],
     };
     let Some(expected) = compare("ext_authz_http_sandbox_matches_envoy", 134, &sandbox, true)
@@ -257,12 +261,20 @@ fn ext_authz_http_sandbox_matches_envoy() {
         return;
     };
     assert!(expected[0].contains(" 403 "), "{expected:#?}");
-    assert!(expected[1].contains("x-current-user: user1"), "{expected:#?}");
+    assert!(
+        expected[1].contains("x-current-user: user1"),
+        "{expected:#?}"
+    );
 }
 
 const CSRF_CASES: &[Case] = &[
     case(0, "GET", "/", ""),
-    case(0, "POST", "/csrf/disabled", "origin: http://example.com\r\n"),
+    case(
+        0,
+        "POST",
+        "/csrf/disabled",
+        "origin: http://example.com\r\n",
+    ),
     case(0, "POST", "/csrf/shadow", "origin: http://example.com\r\n"),
     case(0, "POST", "/csrf/enabled", "origin: http://example.com\r\n"),
     case(
@@ -280,13 +292,7 @@ fn csrf_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::CSRF_SAMESITE,
         cases: CSRF_CASES,
-        stats: &[
-            "http.ingress_http.csrf.missing_source_origin",
-            "http.ingress_http.csrf.request_invalid",
-            "http.ingress_http.csrf.request_valid",
-            "http.ingress_http.cors.origin_valid",
-            "http.ingress_http.cors.origin_invalid",
-        ],
+        stats: &[".csrf.", ".cors."],
     };
     let Some(expected) = compare("csrf_sandbox_matches_envoy", 135, &sandbox, false) else {
         return;
@@ -298,12 +304,8 @@ fn csrf_sandbox_matches_envoy() {
     );
 }
 
-/// The fault filter's counters.
-const FAULT_STATS: &[&str] = &[
-    "http.ingress_http.fault.aborts_injected",
-    "http.ingress_http.fault.delays_injected",
-    "http.ingress_http.fault.active_faults",
-];
+/// The fault filter's stats.
+const FAULT_STATS: &[&str] = &[".fault."];
 
 #[test]
 fn fault_injection_sandbox_matches_envoy() {
@@ -336,10 +338,16 @@ fn fault_injection_sandbox_matches_envoy() {
         envoy_abort[0].contains(" 503 ") && envoy_abort[0].contains("fault filter abort"),
         "{envoy_abort:#?}"
     );
-    assert!(envoy_abort[1].contains("aborts_injected: 1"), "{envoy_abort:#?}");
+    assert!(
+        envoy_abort[1].contains("aborts_injected: 1"),
+        "{envoy_abort:#?}"
+    );
     let envoy_delay = run(Some(&envoy), delay);
     assert!(envoy_delay[0].contains(" 200 "), "{envoy_delay:#?}");
-    assert!(envoy_delay[1].contains("delays_injected: 1"), "{envoy_delay:#?}");
+    assert!(
+        envoy_delay[1].contains("delays_injected: 1"),
+        "{envoy_delay:#?}"
+    );
     assert_same(&expected, &run(None, abort));
     assert_same(&expected, &run(None, delay));
 }
@@ -362,7 +370,7 @@ fn rbac_sandbox_matcher_tree_is_refused() {
     let sandbox = Sandbox {
         yaml: configs::RBAC,
         cases: &cases,
-        stats: &["http.ingress_http.rbac.allowed", "http.ingress_http.rbac.denied"],
+        stats: &[".rbac."],
     };
     // Envoy answers as the sandbox's verify.sh expects.
     let expected = observe(Some(&envoy), 137, &sandbox, &backend, None);
@@ -375,7 +383,11 @@ fn rbac_sandbox_matcher_tree_is_refused() {
     // naming the field, rather than serving without the filter's decisions.
     let yaml = configs::fill(
         configs::RBAC,
-        &[("ADMIN", free_port()), ("P0", free_port()), ("UP", backend.port)],
+        &[
+            ("ADMIN", free_port()),
+            ("P0", free_port()),
+            ("UP", backend.port),
+        ],
     );
     let out = Command::new(env!("CARGO_BIN_EXE_revoy"))
         .args(["--mode", "validate", "--config-yaml", &yaml])

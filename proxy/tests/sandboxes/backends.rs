@@ -155,9 +155,11 @@ fn serve(answer: fn(&Request) -> Vec<u8>) -> Service {
 
 /// A response with `status`, `headers` (each ending with CRLF) and `body`.
 fn response(status: &str, headers: &str, body: &[u8]) -> Vec<u8> {
-    let mut out =
-        format!("HTTP/1.1 {status}\r\n{headers}content-length: {}\r\n\r\n", body.len())
-            .into_bytes();
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
     out.extend_from_slice(body);
     out
 }
@@ -174,9 +176,8 @@ pub fn backend() -> Service {
             "/file.txt" => response("200 OK", "content-type: text/plain\r\n", &file_body()),
             "/upload" => {
                 let decoded = match req.header("content-encoding") {
-                    Some("gzip") => gunzipped_len(&req.body).map_or(String::new(), |n| {
-                        format!("decompressed-size: {n}\r\n")
-                    }),
+                    Some("gzip") => gunzipped_len(&req.body)
+                        .map_or(String::new(), |n| format!("decompressed-size: {n}\r\n")),
                     _ => String::new(),
                 };
                 let headers = format!("transferred-size: {}\r\n{decoded}", req.body.len());

@@ -118,7 +118,9 @@ fn complete(response: &[u8], head_only: bool) -> Option<bool> {
     if head.contains("\r\ntransfer-encoding: chunked") {
         return Some(body.ends_with(b"0\r\n\r\n"));
     }
-    let length = head.lines().find_map(|l| l.strip_prefix("content-length:"))?;
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))?;
     Some(body.len() >= length.trim().parse::<usize>().ok()?)
 }
 
@@ -150,7 +152,10 @@ pub fn send(port: u16, case: &Case) -> String {
     };
     let length = match case.body {
         Body::Empty => String::new(),
-        Body::Gzipped => format!("content-encoding: gzip\r\ncontent-length: {}\r\n", body.len()),
+        Body::Gzipped => format!(
+            "content-encoding: gzip\r\ncontent-length: {}\r\n",
+            body.len()
+        ),
     };
     let mut raw = format!(
         "{} {} HTTP/1.1\r\nhost: localhost\r\n{}{length}connection: close\r\n\r\n",
@@ -191,9 +196,7 @@ pub fn send(port: u16, case: &Case) -> String {
     };
     let shown_body = match (decode(value("content-encoding"), &data), case.shown) {
         (None, _) => format!("{} bytes that do not decode", data.len()),
-        (Some(d), Shown::Whole) if d == super::backends::file_body() => {
-            "the file body".to_owned()
-        }
+        (Some(d), Shown::Whole) if d == super::backends::file_body() => "the file body".to_owned(),
         (Some(d), Shown::Whole) => String::from_utf8_lossy(&d).into_owned(),
         (Some(d), Shown::Decodes) if d.len() < 64 => String::from_utf8_lossy(&d).into_owned(),
         (Some(_), Shown::Decodes) => "a page of its own".to_owned(),
