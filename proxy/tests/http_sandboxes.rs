@@ -7,7 +7,8 @@
 //! - gzip, brotli: `/file.json` compressed, `/file.txt` not (content type), an upload passed
 //!   on compressed, the admin's `/stats/prometheus` directly and through the second listener.
 //! - local_ratelimit: five HEADs and three GETs on each listener (two tokens per 5 s;
-//!   enforced on one, counted only on the other), the admin directly between.
+//!   enforced on one, counted only on the other), the admin directly between; and its
+//!   `ratelimit-envoy.yaml`, a route's descriptor with a bucket of its own.
 //! - ext_authz (`config/http-service.yaml`): no token, a known one, an unknown one, against
 //!   the sandbox's authorization service (`sandboxes/backends.rs`).
 //! - fault-injection: its runtime keys in a static layer: none, the abort's, the delay's
@@ -235,6 +236,35 @@ fn local_ratelimit_sandbox_matches_envoy() {
     };
     // The enforced listener's third request is limited (two tokens).
     assert!(expected[10].contains(" 429 "), "{expected:#?}");
+}
+
+const LOCAL_RATELIMIT_DESCRIPTOR_CASES: &[Case] = &[
+    case(1, "GET", "/", ""),
+    case(1, "GET", "/", ""),
+    case(1, "GET", "/", ""),
+    case(1, "GET", "/", ""),
+    case(1, "HEAD", "/", ""),
+    page(0, "HEAD", ""),
+    page(0, "HEAD", ""),
+    page(0, "HEAD", ""),
+];
+
+#[test]
+fn local_ratelimit_descriptors_sandbox_matches_envoy() {
+    let sandbox = Sandbox {
+        yaml: configs::LOCAL_RATELIMIT_DESCRIPTORS,
+        cases: LOCAL_RATELIMIT_DESCRIPTOR_CASES,
+        stats: &["http_local_rate_limit."],
+    };
+    let Some(expected) = compare(
+        "local_ratelimit_descriptors_sandbox_matches_envoy",
+        138,
+        &sandbox,
+        false,
+    ) else {
+        return;
+    };
+    assert!(expected[7].contains(" 429 "), "{expected:#?}");
 }
 
 const EXT_AUTHZ_CASES: &[Case] = &[

@@ -384,6 +384,163 @@ admin:
       port_value: @ADMIN@
 "#;
 
+/// envoyproxy/envoy `examples/local_ratelimit/ratelimit-envoy.yaml`: as
+/// [`LOCAL_RATELIMIT`], the service's listener (`@P1@`) enforced with descriptor buckets
+/// (its route's `generic_key` `test1`: three tokens) beside the default one.
+pub const LOCAL_RATELIMIT_DESCRIPTORS: &str = r#"# From envoyproxy/envoy examples/local_ratelimit/ratelimit-envoy.yaml (rewritten: loopback,
+# free ports, STATIC clusters).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/stats/prometheus"
+                route:
+                  cluster: envoy-stat
+          http_filters:
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: http_local_rate_limiter
+              token_bucket:
+                max_tokens: 2
+                tokens_per_fill: 2
+                fill_interval: 5s
+              filter_enabled:
+                runtime_key: local_rate_limit_enabled
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              filter_enforced:
+                runtime_key: local_rate_limit_enforced
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              response_headers_to_add:
+                - append: false
+                  header:
+                    key: x-local-rate-limit
+                    value: 'true'
+              local_rate_limit_per_downstream_connection: false
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P1@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: service
+                  rate_limits:
+                  - actions:
+                    - generic_key:
+                        descriptor_value: test1
+          http_filters:
+          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: http_local_rate_limiter
+              token_bucket:
+                max_tokens: 2
+                tokens_per_fill: 2
+                fill_interval: 2s
+              filter_enabled:
+                runtime_key: local_rate_limit_enabled
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              filter_enforced:
+                runtime_key: local_rate_limit_enforced
+                default_value:
+                  numerator: 100
+                  denominator: HUNDRED
+              response_headers_to_add:
+                - append: false
+                  header:
+                    key: x-local-rate-limit
+                    value: 'true'
+              local_rate_limit_per_downstream_connection: false
+              descriptors:
+              - entries:
+                - key: generic_key
+                  value: test1
+                token_bucket:
+                  max_tokens: 3
+                  tokens_per_fill: 3
+                  fill_interval: 5s
+              - entries:
+                - key: generic_key
+                  value: test2
+                token_bucket:
+                  max_tokens: 5
+                  tokens_per_fill: 5
+                  fill_interval: 5s
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: envoy-stat
+    connect_timeout: 0.25s
+    type: STATIC
+    load_assignment:
+      cluster_name: envoy-stat
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @ADMIN@
+  - name: service
+    connect_timeout: 0.25s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
 /// envoyproxy/envoy `examples/ext_authz/config/http-service.yaml`: the filter asking the HTTP
 /// authorization service (`@AUTHZ@`) before the upstream (`@UP@`).
 pub const EXT_AUTHZ_HTTP: &str = r#"# From envoyproxy/envoy examples/ext_authz/config/http-service.yaml (rewritten: loopback,
