@@ -9,8 +9,9 @@
 //! - local_ratelimit: five HEADs and three GETs on each listener (two tokens per 5 s;
 //!   enforced on one, counted only on the other), the admin directly between; and its
 //!   `ratelimit-envoy.yaml`, a route's descriptor with a bucket of its own.
-//! - ext_authz (`config/http-service.yaml`): no token, a known one, an unknown one, against
-//!   the sandbox's authorization service (`sandboxes/backends.rs`).
+//! - ext_authz (`config/http-service.yaml`, `config/grpc-service/v3.yaml`): no token, a known
+//!   one, an unknown one, against the sandbox's authorization services
+//!   (`sandboxes/backends.rs`).
 //! - fault-injection: its runtime keys in a static layer: none, the abort's, the delay's
 //!   (nested, and its duration shortened through `fixed_duration_ms`).
 //! - csrf (`samesite`): the cors and csrf filters on the routes its `verify.sh` posts to.
@@ -116,11 +117,17 @@ fn stats(admin: u16, marks: &[&str]) -> String {
     lines.join("\n")
 }
 
-/// Compares `sandbox` on Envoy and revoy; returns Envoy's observations.
-fn compare(test: &str, base_id: u16, sandbox: &Sandbox, authz: bool) -> Option<Vec<String>> {
+/// Compares `sandbox` on Envoy and revoy, with the authorization service `authz` starts if
+/// any; returns Envoy's observations.
+fn compare(
+    test: &str,
+    base_id: u16,
+    sandbox: &Sandbox,
+    authz: Option<fn() -> Service>,
+) -> Option<Vec<String>> {
     let envoy = oracle::envoy_or_skip(test)?;
     let backend = backends::backend();
-    let authz = authz.then(backends::authz);
+    let authz = authz.map(|start| start());
     let expected = observe(Some(&envoy), base_id, sandbox, &backend, authz.as_ref());
     let got = observe(None, base_id, sandbox, &backend, authz.as_ref());
     assert_same(&expected, &got);
@@ -159,7 +166,7 @@ fn gzip_sandbox_matches_envoy() {
         cases: GZIP_CASES,
         stats: &[".compressor."],
     };
-    let Some(expected) = compare("gzip_sandbox_matches_envoy", 131, &sandbox, false) else {
+    let Some(expected) = compare("gzip_sandbox_matches_envoy", 131, &sandbox, None) else {
         return;
     };
     // What verify.sh checks: the JSON file and the proxied admin page compressed.
@@ -188,7 +195,7 @@ fn brotli_sandbox_matches_envoy() {
         cases: BROTLI_CASES,
         stats: &[".compressor."],
     };
-    let Some(expected) = compare("brotli_sandbox_matches_envoy", 132, &sandbox, false) else {
+    let Some(expected) = compare("brotli_sandbox_matches_envoy", 132, &sandbox, None) else {
         return;
     };
     assert!(
@@ -226,12 +233,8 @@ fn local_ratelimit_sandbox_matches_envoy() {
         cases: LOCAL_RATELIMIT_CASES,
         stats: &["http_local_rate_limit."],
     };
-    let Some(expected) = compare(
-        "local_ratelimit_sandbox_matches_envoy",
-        133,
-        &sandbox,
-        false,
-    ) else {
+    let Some(expected) = compare("local_ratelimit_sandbox_matches_envoy", 133, &sandbox, None)
+    else {
         return;
     };
     // The enforced listener's third request is limited (two tokens).
@@ -260,7 +263,7 @@ fn local_ratelimit_descriptors_sandbox_matches_envoy() {
         "local_ratelimit_descriptors_sandbox_matches_envoy",
         138,
         &sandbox,
-        false,
+        None,
     ) else {
         return;
     };
@@ -286,8 +289,39 @@ fn ext_authz_http_sandbox_matches_envoy() {
             "upstream_rq_total",
         ],
     };
-    let Some(expected) = compare("ext_authz_http_sandbox_matches_envoy", 134, &sandbox, true)
-    else {
+    let Some(expected) = compare(
+        "ext_authz_http_sandbox_matches_envoy",
+        134,
+        &sandbox,
+        Some(backends::authz),
+    ) else {
+        return;
+    };
+    assert!(expected[0].contains(" 403 "), "{expected:#?}");
+    assert!(
+        expected[1].contains("x-current-user: user1"),
+        "{expected:#?}"
+    );
+}
+
+#[test]
+fn ext_authz_grpc_sandbox_matches_envoy() {
+    let sandbox = Sandbox {
+        yaml: configs::EXT_AUTHZ_GRPC,
+        cases: EXT_AUTHZ_CASES,
+        stats: &[
+            ".ext_authz.",
+            "upstream_rq_2",
+            "upstream_rq_4",
+            "upstream_rq_total",
+        ],
+    };
+    let Some(expected) = compare(
+        "ext_authz_grpc_sandbox_matches_envoy",
+        139,
+        &sandbox,
+        Some(backends::grpc_authz),
+    ) else {
         return;
     };
     assert!(expected[0].contains(" 403 "), "{expected:#?}");
@@ -324,7 +358,7 @@ fn csrf_sandbox_matches_envoy() {
         cases: CSRF_CASES,
         stats: &[".csrf.", ".cors."],
     };
-    let Some(expected) = compare("csrf_sandbox_matches_envoy", 135, &sandbox, false) else {
+    let Some(expected) = compare("csrf_sandbox_matches_envoy", 135, &sandbox, None) else {
         return;
     };
     assert!(expected[3].contains(" 403 "), "{expected:#?}");

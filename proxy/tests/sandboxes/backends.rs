@@ -204,3 +204,106 @@ pub fn authz() -> Service {
         }
     })
 }
+
+/// The ext_authz sandbox's gRPC authorization service (`auth/grpc-service`, its v3 server):
+/// a `Bearer` token it knows is OK with the request header `x-current-user` set to its user;
+/// anything else is PERMISSION_DENIED with no HTTP response of its own. It logs each check's
+/// method, path, host and headers (the request id left out).
+pub fn grpc_authz() -> Service {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("service binds");
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let log = Log::default();
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            let _ = tonic::transport::Server::builder()
+                .add_service(grpc::AuthorizationServer::new(grpc::Users(seen)))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
+                .await;
+        });
+    });
+    Service { port, log }
+}
+
+/// The gRPC authorization service's implementation.
+mod grpc {
+    use proto::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+    pub use proto::pb::envoy::service::auth::v3::authorization_server::{
+        Authorization, AuthorizationServer,
+    };
+    use proto::pb::envoy::service::auth::v3::{
+        CheckRequest, CheckResponse, OkHttpResponse, check_response,
+    };
+    use proto::pb::google::rpc::Status;
+
+    /// The service, logging to its log.
+    pub struct Users(pub super::Log);
+
+    // The sandbox's service sets the deprecated `append: false`, as here.
+    #[allow(deprecated)]
+    #[tonic::async_trait]
+    impl Authorization for Users {
+        async fn check(
+            &self,
+            req: tonic::Request<CheckRequest>,
+        ) -> Result<tonic::Response<CheckResponse>, tonic::Status> {
+            let http = req
+                .into_inner()
+                .attributes
+                .and_then(|a| a.request)
+                .and_then(|r| r.http)
+                .unwrap_or_default();
+            let mut headers: Vec<String> = http
+                .headers
+                .iter()
+                .filter(|(n, _)| n.as_str() != "x-request-id")
+                .map(|(n, v)| format!("{n}: {v}"))
+                .collect();
+            headers.sort();
+            self.0.lock().unwrap().push(format!(
+                "check {} {} {} [{}]",
+                http.method,
+                http.path,
+                http.host,
+                headers.join("; ")
+            ));
+            let user = match http.headers.get("authorization").map(String::as_str) {
+                Some("Bearer token1") => Some("user1"),
+                Some("Bearer token2") => Some("user2"),
+                _ => None,
+            };
+            let resp = match user {
+                Some(user) => CheckResponse {
+                    status: Some(Status::default()),
+                    http_response: Some(check_response::HttpResponse::OkResponse(OkHttpResponse {
+                        headers: vec![HeaderValueOption {
+                            header: Some(HeaderValue {
+                                key: "x-current-user".into(),
+                                value: user.into(),
+                                ..Default::default()
+                            }),
+                            append: Some(proto::pb::google::protobuf::BoolValue { value: false }),
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                },
+                None => CheckResponse {
+                    status: Some(Status {
+                        code: 7,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            };
+            Ok(tonic::Response::new(resp))
+        }
+    }
+}

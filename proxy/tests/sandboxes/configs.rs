@@ -620,6 +620,83 @@ admin:
       port_value: @ADMIN@
 "#;
 
+/// envoyproxy/envoy `examples/ext_authz/config/grpc-service/v3.yaml`: the filter asking the
+/// gRPC authorization service (`@AUTHZ@`, HTTP/2) before the upstream (`@UP@`).
+pub const EXT_AUTHZ_GRPC: &str = r#"# From envoyproxy/envoy examples/ext_authz/config/grpc-service/v3.yaml (rewritten: loopback,
+# free ports, STATIC clusters, the router's typed_config, an admin).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: auto
+          stat_prefix: ingress_http
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: upstream
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: upstream-service
+          http_filters:
+          - name: envoy.filters.http.ext_authz
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz
+              grpc_service:
+                envoy_grpc:
+                  cluster_name: ext_authz-grpc-service
+                timeout: 0.250s
+              transport_api_version: V3
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+
+  clusters:
+  - name: upstream-service
+    connect_timeout: 0.250s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    load_assignment:
+      cluster_name: upstream-service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+
+  - name: ext_authz-grpc-service
+    connect_timeout: 0.250s
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    http2_protocol_options: {}
+    load_assignment:
+      cluster_name: ext_authz-grpc-service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @AUTHZ@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
 /// envoyproxy/envoy `examples/fault-injection/envoy.yaml`, its runtime given as a static layer
 /// (`@RUNTIME@`, the keys the sandbox's `enable_*_fault_injection.sh` write to its disk
 /// layer).
