@@ -4,8 +4,9 @@
 //! the headers the filter touches, the body (decoded from its `content-encoding`), what the
 //! backend and the authorization service saw, and the filter's stats.
 //!
-//! - gzip, brotli: `/file.json` compressed, `/file.txt` not (content type), an upload passed
-//!   on compressed, the admin's `/stats/prometheus` directly and through the second listener.
+//! - gzip, brotli, zstd: `/file.json` compressed, `/file.txt` not (content type), an upload
+//!   passed on compressed (gzip), the admin's `/stats/prometheus` directly and through the
+//!   second listener; brotli's and zstd's listeners over TLS, as in the sandboxes.
 //! - local_ratelimit: five HEADs and three GETs on each listener (two tokens per 5 s;
 //!   enforced on one, counted only on the other), the admin directly between; and its
 //!   `ratelimit-envoy.yaml`, a route's descriptor with a bucket of its own.
@@ -41,6 +42,8 @@ mod oracle;
 mod ports;
 #[path = "support/skip.rs"]
 mod skip;
+#[path = "differential/tls.rs"]
+mod tls;
 
 use backends::Service;
 use client::{Body, Case, Shown, case};
@@ -50,12 +53,13 @@ use ports::free_port;
 /// The index of the admin in a case's `listener` (0 and 1 are the sandbox's listeners).
 const ADMIN: usize = 2;
 
-/// One sandbox: its bootstrap (filled with the ports), the requests, and the stats compared
-/// (every stat whose name contains one of `stats`).
+/// One sandbox: its bootstrap (filled with the ports), the requests, the stats compared
+/// (every stat whose name contains one of `stats`), and its listeners that serve TLS.
 struct Sandbox<'a> {
     yaml: &'a str,
     cases: &'a [Case],
     stats: &'a [&'a str],
+    tls: &'a [usize],
 }
 
 /// Starts Envoy (`envoy`, as `base_id`) or revoy on `sandbox`'s bootstrap, sends its cases in
@@ -85,7 +89,7 @@ fn observe(
         .cases
         .iter()
         .map(|c| {
-            let answer = client::send(ports[c.listener], c);
+            let answer = client::send(ports[c.listener], c, sandbox.tls.contains(&c.listener));
             let authz_saw = authz.map(Service::take).unwrap_or_default();
             format!(
                 "{c:?}\n{answer}\nauthz saw: {authz_saw:#?}\nbackend saw: {:#?}",
@@ -102,7 +106,7 @@ fn observe(
 /// the compressors' byte totals left out (the admin pages a sandbox compresses differ in
 /// size).
 fn stats(admin: u16, marks: &[&str]) -> String {
-    let all = client::send(admin, &case(ADMIN, "GET", "/stats", ""));
+    let all = client::send(admin, &case(ADMIN, "GET", "/stats", ""), false);
     let lines: Vec<&str> = all
         .lines()
         .filter(|l| {
@@ -164,6 +168,7 @@ fn gzip_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::GZIP,
         cases: GZIP_CASES,
+        tls: &[],
         stats: &[".compressor."],
     };
     let Some(expected) = compare("gzip_sandbox_matches_envoy", 131, &sandbox, None) else {
@@ -188,14 +193,23 @@ const BROTLI_CASES: &[Case] = &[
     page(1, "GET", "accept-encoding: br\r\n"),
 ];
 
-#[test]
-fn brotli_sandbox_matches_envoy() {
+/// A sandbox whose listeners serve TLS (`template`'s placeholder filled with the sandbox's
+/// transport socket), compared; Envoy's observations.
+fn compare_tls(test: &str, base_id: u16, template: &str, cases: &[Case]) -> Option<Vec<String>> {
+    let yaml = template.replace("@TLS@", configs::SANDBOX_TLS);
     let sandbox = Sandbox {
-        yaml: configs::BROTLI,
-        cases: BROTLI_CASES,
+        yaml: &yaml,
+        cases,
+        tls: &[0, 1],
         stats: &[".compressor."],
     };
-    let Some(expected) = compare("brotli_sandbox_matches_envoy", 132, &sandbox, None) else {
+    compare(test, base_id, &sandbox, None)
+}
+
+#[test]
+fn brotli_sandbox_matches_envoy() {
+    let test = "brotli_sandbox_matches_envoy";
+    let Some(expected) = compare_tls(test, 132, configs::BROTLI, BROTLI_CASES) else {
         return;
     };
     assert!(
@@ -204,6 +218,29 @@ fn brotli_sandbox_matches_envoy() {
     );
     assert!(
         expected[4].contains("content-encoding: br"),
+        "{expected:#?}"
+    );
+}
+
+const ZSTD_CASES: &[Case] = &[
+    case(0, "GET", "/file.json", "accept-encoding: zstd\r\n"),
+    case(0, "GET", "/file.txt", "accept-encoding: zstd\r\n"),
+    page(ADMIN, "GET", "accept-encoding: zstd\r\n"),
+    page(1, "GET", "accept-encoding: zstd\r\n"),
+];
+
+#[test]
+fn zstd_sandbox_matches_envoy() {
+    let test = "zstd_sandbox_matches_envoy";
+    let Some(expected) = compare_tls(test, 140, configs::ZSTD, ZSTD_CASES) else {
+        return;
+    };
+    assert!(
+        expected[0].contains("content-encoding: zstd"),
+        "{expected:#?}"
+    );
+    assert!(
+        expected[3].contains("content-encoding: zstd"),
         "{expected:#?}"
     );
 }
@@ -231,6 +268,7 @@ fn local_ratelimit_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::LOCAL_RATELIMIT,
         cases: LOCAL_RATELIMIT_CASES,
+        tls: &[],
         stats: &["http_local_rate_limit."],
     };
     let Some(expected) = compare("local_ratelimit_sandbox_matches_envoy", 133, &sandbox, None)
@@ -257,6 +295,7 @@ fn local_ratelimit_descriptors_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::LOCAL_RATELIMIT_DESCRIPTORS,
         cases: LOCAL_RATELIMIT_DESCRIPTOR_CASES,
+        tls: &[],
         stats: &["http_local_rate_limit."],
     };
     let Some(expected) = compare(
@@ -282,6 +321,7 @@ fn ext_authz_http_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::EXT_AUTHZ_HTTP,
         cases: EXT_AUTHZ_CASES,
+        tls: &[],
         stats: &[
             ".ext_authz.",
             "upstream_rq_2",
@@ -309,6 +349,7 @@ fn ext_authz_grpc_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::EXT_AUTHZ_GRPC,
         cases: EXT_AUTHZ_CASES,
+        tls: &[],
         stats: &[
             ".ext_authz.",
             "upstream_rq_2",
@@ -356,6 +397,7 @@ fn csrf_sandbox_matches_envoy() {
     let sandbox = Sandbox {
         yaml: configs::CSRF_SAMESITE,
         cases: CSRF_CASES,
+        tls: &[],
         stats: &[".csrf.", ".cors."],
     };
     let Some(expected) = compare("csrf_sandbox_matches_envoy", 135, &sandbox, None) else {
@@ -383,6 +425,7 @@ fn fault_injection_sandbox_matches_envoy() {
         let sandbox = Sandbox {
             yaml: &yaml,
             cases: &cases,
+            tls: &[],
             stats: FAULT_STATS,
         };
         observe(envoy, 136, &sandbox, &backend, None)
@@ -423,6 +466,7 @@ fn rbac_sandbox_matcher_tree_is_refused() {
     let sandbox = Sandbox {
         yaml: configs::RBAC,
         cases: &cases,
+        tls: &[],
         stats: &[".rbac."],
     };
     // Envoy answers as the sandbox's verify.sh expects.

@@ -3,7 +3,10 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::ServerName;
 
 /// What a request carries as its body.
 #[derive(Clone, Copy, Debug)]
@@ -83,6 +86,10 @@ fn decode(coding: &str, data: &[u8]) -> Option<Vec<u8>> {
         "br" => brotli::Decompressor::new(data, 4096)
             .read_to_end(&mut out)
             .ok()?,
+        "zstd" => zstd::stream::read::Decoder::new(data)
+            .ok()?
+            .read_to_end(&mut out)
+            .ok()?,
         _ => return None,
     };
     Some(out)
@@ -127,7 +134,7 @@ fn complete(response: &[u8], head_only: bool) -> Option<bool> {
 /// Reads one response from `conn`, up to its end as framed: a proxy may delay closing after
 /// a local reply (Envoy's `delayed_close_timeout`), and waiting for that would let a rate
 /// limiter's bucket refill between requests.
-fn read_response(conn: &mut TcpStream, head_only: bool) -> Vec<u8> {
+fn read_response(conn: &mut impl Read, head_only: bool) -> Vec<u8> {
     let mut response = Vec::new();
     let mut buf = [0u8; 16384];
     while complete(&response, head_only) != Some(true) {
@@ -139,9 +146,10 @@ fn read_response(conn: &mut TcpStream, head_only: bool) -> Vec<u8> {
     response
 }
 
-/// Sends `case` to 127.0.0.1:`port` and returns the status line, the kept headers (sorted)
+/// Sends `case` to 127.0.0.1:`port` (over TLS when `tls`, any certificate accepted: the
+/// sandboxes' own are self-signed) and returns the status line, the kept headers (sorted)
 /// and the body decoded from its `content-encoding` as `case.shown` says.
-pub fn send(port: u16, case: &Case) -> String {
+pub fn send(port: u16, case: &Case, tls: bool) -> String {
     let body = match case.body {
         Body::Empty => Vec::new(),
         Body::Gzipped => {
@@ -167,8 +175,20 @@ pub fn send(port: u16, case: &Case) -> String {
         return "connection refused".to_owned();
     };
     conn.set_read_timeout(Some(Duration::from_secs(15))).ok();
-    conn.write_all(&raw).unwrap();
-    let response = read_response(&mut conn, case.method == "HEAD");
+    let head_only = case.method == "HEAD";
+    let response = if tls {
+        let config = Arc::new(crate::tls::accept_any(b"").unwrap());
+        let name = ServerName::try_from("localhost").unwrap();
+        let session = rustls::ClientConnection::new(config, name).unwrap();
+        let mut stream = rustls::StreamOwned::new(session, conn);
+        if let Err(e) = stream.write_all(&raw) {
+            return format!("TLS: {e}");
+        }
+        read_response(&mut stream, head_only)
+    } else {
+        conn.write_all(&raw).unwrap();
+        read_response(&mut conn, head_only)
+    };
     let split = response
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
