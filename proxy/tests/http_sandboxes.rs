@@ -63,7 +63,8 @@ struct Sandbox<'a> {
 }
 
 /// Starts Envoy (`envoy`, as `base_id`) or revoy on `sandbox`'s bootstrap, sends its cases in
-/// order and returns, per case, the answer and what `services` saw meanwhile; then the stats.
+/// order and returns, per case, the answer and what the backend and the authorization service
+/// saw meanwhile; then the stats.
 fn observe(
     envoy: Option<&Path>,
     base_id: u16,
