@@ -273,6 +273,50 @@ impl<T: Send + Unpin + 'static> http_body::Body for Holding<T> {
     }
 }
 
+/// `body` unchanged, keeping `held` alive until the body's last frame is handed out (or the
+/// body is dropped first): per-request state that ends with the response's end, as Envoy's
+/// ends when the stream completes, not when the connection lets the body go.
+pub fn holding_until_end<T: Send + Unpin + 'static>(body: Body, held: T) -> Body {
+    let held = (!http_body::Body::is_end_stream(&body)).then_some(held);
+    ReleasedAtEnd { inner: body, held }.boxed_unsync()
+}
+
+/// See [`holding_until_end`].
+struct ReleasedAtEnd<T> {
+    inner: Body,
+    held: Option<T>,
+}
+
+impl<T: Send + Unpin + 'static> http_body::Body for ReleasedAtEnd<T> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.held = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +334,20 @@ mod tests {
         assert!(body.collect().await.is_err());
         assert!(failed.get());
         assert!(!Failed::default().get());
+    }
+
+    #[tokio::test]
+    async fn held_state_ends_with_the_last_frame() {
+        let held = Arc::new(());
+        let mut body = holding_until_end(full(Bytes::from_static(b"ok")), held.clone());
+        assert_eq!(Arc::strong_count(&held), 2);
+        assert!(body.frame().await.is_some());
+        // The body is still alive; what it held is not.
+        assert_eq!(Arc::strong_count(&held), 1);
+        drop(holding_until_end(empty(), held.clone()));
+        let unread = holding_until_end(full(Bytes::from_static(b"ok")), held.clone());
+        drop(unread);
+        assert_eq!(Arc::strong_count(&held), 1);
     }
 
     #[tokio::test]

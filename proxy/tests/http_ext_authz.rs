@@ -302,7 +302,7 @@ async fn http_authz(
     let mut headers: Vec<String> = head
         .headers
         .iter()
-        .filter(|(n, _)| !["x-request-id", "x-envoy-expected-rq-timeout-ms"].contains(&n.as_str()))
+        .filter(|(n, _)| n.as_str() != "x-request-id")
         .map(|(n, v)| format!("{n}={}", v.to_str().unwrap_or("?")))
         .collect();
     headers.sort();

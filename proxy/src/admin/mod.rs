@@ -126,20 +126,25 @@ async fn serve(stream: TcpStream, process: Arc<Process>, xds: Arc<OnceLock<Xds>>
                 "connection: close\r\n"
             }
         );
-        let chunk = if resp.body.is_empty() {
+        // A HEAD is answered with the head alone, as Envoy's connection manager answers it.
+        let head_only = req.method == "HEAD";
+        let chunk = if resp.body.is_empty() || head_only {
             String::new()
         } else {
             format!("{:x}\r\n", resp.body.len())
         };
-        let end: &[u8] = if resp.body.is_empty() {
+        let end: &[u8] = if head_only {
+            b""
+        } else if resp.body.is_empty() {
             b"0\r\n\r\n"
         } else {
             b"\r\n0\r\n\r\n"
         };
+        let body: &[u8] = if head_only { b"" } else { resp.body.as_bytes() };
         let out = reader.get_mut();
         if out.write_all(head.as_bytes()).await.is_err()
             || out.write_all(chunk.as_bytes()).await.is_err()
-            || out.write_all(resp.body.as_bytes()).await.is_err()
+            || out.write_all(body).await.is_err()
             || out.write_all(end).await.is_err()
         {
             return;

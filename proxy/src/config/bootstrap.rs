@@ -48,6 +48,8 @@ pub struct BootstrapConfig {
     pub tracer: Option<std::sync::Arc<super::tracing::Provider>>,
     /// How tracers batch spans (`layered_runtime` keys).
     pub trace_flush: super::tracing::FlushSettings,
+    /// The static runtime layers, which xDS resources' compiles read as the bootstrap's did.
+    pub runtime: std::sync::Arc<super::runtime::StaticRuntime>,
 }
 
 /// One of `static_resources.secrets`.
@@ -66,6 +68,10 @@ pub fn compile_bootstrap(
     warnings: &mut Warnings,
 ) -> Result<BootstrapConfig, ConfigError> {
     let first = warnings.len();
+    let runtime = std::sync::Arc::new(super::runtime::StaticRuntime::from_layers(
+        b.layered_runtime.as_ref(),
+    ));
+    ctx.use_runtime(runtime.clone());
     let admin = b
         .admin
         .as_ref()
@@ -197,6 +203,7 @@ pub fn compile_bootstrap(
         None => None,
     };
     Ok(BootstrapConfig {
+        runtime,
         tracer,
         trace_flush: super::tracing::FlushSettings::from_runtime(b.layered_runtime.as_ref()),
         unimplemented: warnings

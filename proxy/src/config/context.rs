@@ -1,12 +1,13 @@
 //! What a compile takes from outside the protos: files (`filename` data sources), environment
 //! variables (`environment_variable` data sources, `%ENVIRONMENT(..)%`) and the host name
 //! (`%HOSTNAME%`), access-log files opened as Envoy opens them at load, all through an injected [`ConfigIo`], so compiling stays pure and testable.
-//! The [`Context`] also shares compiled regexes within one compile.
+//! The [`Context`] also shares compiled regexes within one compile, and carries the
+//! bootstrap's static runtime (the keys that override configured values).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use super::ConfigError;
 use crate::route::format::Machine;
@@ -131,6 +132,7 @@ type RegexCache = [HashMap<String, regex::Regex>; 2];
 pub struct Context<'io> {
     io: &'io dyn ConfigIo,
     regexes: RefCell<RegexCache>,
+    runtime: RefCell<Arc<super::runtime::StaticRuntime>>,
 }
 
 impl<'io> Context<'io> {
@@ -139,7 +141,18 @@ impl<'io> Context<'io> {
         Context {
             io,
             regexes: RefCell::default(),
+            runtime: RefCell::default(),
         }
+    }
+
+    /// Compiles from here on read `runtime` (the bootstrap's static layers; empty until set).
+    pub fn use_runtime(&self, runtime: Arc<super::runtime::StaticRuntime>) {
+        *self.runtime.borrow_mut() = runtime;
+    }
+
+    /// The static runtime compiles read.
+    pub fn runtime(&self) -> Arc<super::runtime::StaticRuntime> {
+        self.runtime.borrow().clone()
     }
 
     /// The I/O this compile does.

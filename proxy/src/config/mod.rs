@@ -20,6 +20,7 @@ pub mod metadata_matcher;
 pub mod network_limits;
 pub mod rbac;
 pub mod route;
+pub mod runtime;
 pub mod stats_flush;
 pub mod tcp_proxy;
 pub mod tls;

@@ -1,6 +1,8 @@
 //! TLS client side for cases that reach a TLS filter chain. The proxies serve the test
 //! certificate in `certs/`; the client accepts any certificate (the cases compare routing and
 //! headers, not PKI), offers the case's SNI and ALPN.
+// A test binary that includes this module may use only its client configuration.
+#![allow(dead_code)]
 
 use std::sync::Arc;
 
@@ -19,6 +21,19 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     sni: Option<&str>,
     alpn: &[u8],
 ) -> Result<TlsStream<S>, String> {
+    let config = accept_any(alpn)?;
+    let name = match sni {
+        Some(host) => ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?,
+        None => ServerName::from(std::net::IpAddr::from([127, 0, 0, 1])),
+    };
+    TlsConnector::from(Arc::new(config))
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("tls handshake: {e}"))
+}
+
+/// A client configuration accepting any server certificate and offering `alpn` (if any).
+pub fn accept_any(alpn: &[u8]) -> Result<rustls::ClientConfig, String> {
     let provider = Arc::new(ring::default_provider());
     let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -29,14 +44,7 @@ pub async fn connect<S: AsyncRead + AsyncWrite + Unpin>(
     if !alpn.is_empty() {
         config.alpn_protocols = vec![alpn.to_vec()];
     }
-    let name = match sni {
-        Some(host) => ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?,
-        None => ServerName::from(std::net::IpAddr::from([127, 0, 0, 1])),
-    };
-    TlsConnector::from(Arc::new(config))
-        .connect(name, stream)
-        .await
-        .map_err(|e| format!("tls handshake: {e}"))
+    Ok(config)
 }
 
 /// Accepts every server certificate but still checks handshake signatures (TLS 1.3 ones of

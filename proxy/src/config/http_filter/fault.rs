@@ -1,4 +1,5 @@
-//! `envoy.filters.http.fault` (`HTTPFault`) -> [`FaultConfig`].
+//! `envoy.filters.http.fault` (`HTTPFault`) -> [`FaultConfig`], with the runtime keys that
+//! override its percentages, status, delay and limit read from the bootstrap's static layers.
 
 use std::time::Duration;
 
@@ -6,6 +7,7 @@ use proto::pb::envoy::extensions::filters::common::fault::v3::fault_delay::Fault
 use proto::pb::envoy::extensions::filters::http::fault::v3::{HttpFault, fault_abort::ErrorType};
 
 use crate::config::route::matchers::{fractional, header_matchers};
+use crate::config::runtime::StaticRuntime;
 use crate::config::{ConfigError, Context};
 use crate::route::matcher::{FractionalPercent, HeaderMatcher};
 
@@ -68,8 +70,30 @@ pub enum AbortError {
     Header,
 }
 
+/// `name`, or `default` when it is empty (the `*_runtime` fields name the keys).
+fn key<'a>(name: &'a str, default: &'a str) -> &'a str {
+    if name.is_empty() { default } else { name }
+}
+
+/// The share of requests the runtime's `key` gives, else `configured`: Envoy reads an integer
+/// value as a percentage (over 100: every request), anything else leaves the configured one.
+fn runtime_percent(
+    rt: &StaticRuntime,
+    key: &str,
+    configured: FractionalPercent,
+) -> FractionalPercent {
+    match rt.number(key) {
+        Some(n) if n >= 0.0 && n.fract() == 0.0 => FractionalPercent {
+            numerator: n.min(100.0) as u32,
+            denominator: 100,
+        },
+        _ => configured,
+    }
+}
+
 /// Compiles an `HTTPFault`.
 pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigError> {
+    let rt = ctx.runtime();
     if f.response_rate_limit.is_some() {
         return Err(ConfigError::new(
             "response_rate_limit",
@@ -81,9 +105,13 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         .as_ref()
         .map(|d| {
             let duration = match &d.fault_delay_secifier {
-                Some(FaultDelaySecifier::FixedDelay(t)) => {
-                    DelaySource::Fixed(crate::config::route::duration(t))
-                }
+                Some(FaultDelaySecifier::FixedDelay(t)) => DelaySource::Fixed(
+                    rt.integer(key(
+                        &f.delay_duration_runtime,
+                        "fault.http.delay.fixed_duration_ms",
+                    ))
+                    .map_or_else(|| crate::config::route::duration(t), Duration::from_millis),
+                ),
                 Some(FaultDelaySecifier::HeaderDelay(_)) => DelaySource::Header,
                 None => {
                     return Err(ConfigError::new(
@@ -94,7 +122,14 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
             };
             Ok(Delay {
                 duration,
-                percentage: d.percentage.as_ref().map_or(NONE, fractional),
+                percentage: runtime_percent(
+                    &rt,
+                    key(
+                        &f.delay_percent_runtime,
+                        "fault.http.delay.fixed_delay_percent",
+                    ),
+                    d.percentage.as_ref().map_or(NONE, fractional),
+                ),
             })
         })
         .transpose()?;
@@ -103,16 +138,28 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         .as_ref()
         .map(|a| {
             let error = match a.error_type {
-                Some(ErrorType::HttpStatus(s)) if (200..600).contains(&s) => {
-                    AbortError::Http(s as u16)
-                }
+                Some(ErrorType::HttpStatus(s)) if (200..600).contains(&s) => AbortError::Http(
+                    rt.integer(key(
+                        &f.abort_http_status_runtime,
+                        "fault.http.abort.http_status",
+                    ))
+                    .filter(|s| (200..600).contains(s))
+                    .map_or(s as u16, |s| s as u16),
+                ),
                 Some(ErrorType::HttpStatus(s)) => {
                     return Err(ConfigError::new(
                         "abort.http_status",
                         format!("value must be inside range [200, 600), got {s}"),
                     ));
                 }
-                Some(ErrorType::GrpcStatus(s)) => AbortError::Grpc(s),
+                Some(ErrorType::GrpcStatus(s)) => AbortError::Grpc(
+                    rt.integer(key(
+                        &f.abort_grpc_status_runtime,
+                        "fault.http.abort.grpc_status",
+                    ))
+                    .and_then(|s| u32::try_from(s).ok())
+                    .unwrap_or(s),
+                ),
                 Some(ErrorType::HeaderAbort(_)) => AbortError::Header,
                 None => {
                     return Err(ConfigError::new(
@@ -123,7 +170,11 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
             };
             Ok(Abort {
                 error,
-                percentage: a.percentage.as_ref().map_or(NONE, fractional),
+                percentage: runtime_percent(
+                    &rt,
+                    key(&f.abort_percent_runtime, "fault.http.abort.abort_percent"),
+                    a.percentage.as_ref().map_or(NONE, fractional),
+                ),
             })
         })
         .transpose()?;
@@ -133,7 +184,12 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         upstream_cluster: f.upstream_cluster.clone(),
         headers: header_matchers(ctx, &f.headers)?,
         downstream_nodes: f.downstream_nodes.clone(),
-        max_active_faults: f.max_active_faults.map(|v| u64::from(v.value)),
+        max_active_faults: rt
+            .integer(key(
+                &f.max_active_faults_runtime,
+                "fault.http.max_active_faults",
+            ))
+            .or(f.max_active_faults.map(|v| u64::from(v.value))),
         disable_downstream_cluster_stats: f.disable_downstream_cluster_stats,
     })
 }

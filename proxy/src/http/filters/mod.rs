@@ -250,9 +250,9 @@ pub struct Encoders(Vec<Encoder>, compressor::Registry);
 /// One filter's per-request state.
 #[derive(Debug)]
 enum Encoder {
-    /// An injected fault, counted in `fault.active_faults` until the request ends.
+    /// An injected fault, counted in `fault.active_faults` until the response ends.
     ActiveFault {
-        /// Released when the request ends.
+        /// Released with the response's last frame.
         _guard: fault::ActiveFault,
     },
     /// A compressor filter's request, its response to compress.
@@ -553,6 +553,20 @@ impl Encoders {
         }
         for e in self.0.iter_mut().rev() {
             e.encode(&mut resp, &mut self.1, metadata).await;
+        }
+        // Injected faults end with the response's last frame, as Envoy's `active_faults`
+        // drops when the stream completes; the rest lives as long as the body.
+        let (faults, rest): (Vec<Encoder>, Vec<Encoder>) = std::mem::take(&mut self.0)
+            .into_iter()
+            .partition(|e| matches!(e, Encoder::ActiveFault { .. }));
+        self.0 = rest;
+        let resp = if faults.is_empty() {
+            resp
+        } else {
+            resp.map(|b| crate::body::holding_until_end(b, faults))
+        };
+        if self.0.is_empty() {
+            return resp;
         }
         resp.map(|b| crate::body::holding(b, self))
     }

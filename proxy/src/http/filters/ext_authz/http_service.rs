@@ -70,9 +70,16 @@ pub(super) async fn check(
     else {
         return (Decision::Error, None);
     };
-    // Envoy's HTTP client marks its own requests internal.
+    // Envoy's HTTP client marks its own requests internal, and its router tells the service
+    // the call's timeout as for any routed request.
     req.headers_mut()
         .insert("x-envoy-internal", http::HeaderValue::from_static("true"));
+    if !timeout.is_zero() {
+        req.headers_mut().insert(
+            "x-envoy-expected-rq-timeout-ms",
+            http::HeaderValue::from(timeout.as_millis() as u64),
+        );
+    }
     for (name, value) in &target.headers_to_add {
         req.headers_mut().insert(name, value.clone());
     }
