@@ -534,8 +534,8 @@ fn header_to_metadata_config(
         .clone()
 }
 
-/// Whether a filter's runtime fraction admits this request: its default, as revoy has no
-/// runtime layer.
+/// Whether a filter's runtime fraction admits this request: its default (a fraction's
+/// runtime key is not read).
 fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
     f.default.enabled(rand::random())
 }
@@ -556,14 +556,14 @@ impl Encoders {
         }
         // Injected faults end with the response's last frame, as Envoy's `active_faults`
         // drops when the stream completes; the rest lives as long as the body.
-        let (faults, rest): (Vec<Encoder>, Vec<Encoder>) = std::mem::take(&mut self.0)
-            .into_iter()
-            .partition(|e| matches!(e, Encoder::ActiveFault { .. }));
-        self.0 = rest;
-        let resp = if faults.is_empty() {
-            resp
-        } else {
+        let is_fault = |e: &Encoder| matches!(e, Encoder::ActiveFault { .. });
+        let resp = if self.0.iter().any(is_fault) {
+            let (faults, rest): (Vec<Encoder>, Vec<Encoder>) =
+                std::mem::take(&mut self.0).into_iter().partition(is_fault);
+            self.0 = rest;
             resp.map(|b| crate::body::holding_until_end(b, faults))
+        } else {
+            resp
         };
         if self.0.is_empty() {
             return resp;
