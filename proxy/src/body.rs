@@ -78,17 +78,24 @@ impl Finished {
 pub fn tracked(body: Body) -> (Body, Finished) {
     let flag = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
     let finished = Finished(flag.clone());
-    let body = UntilEnd { inner: body, flag }.boxed_unsync();
+    let body = at_end(body, move || flag.store(true, Ordering::Relaxed));
     (body, finished)
 }
 
-/// See [`tracked`].
-struct UntilEnd {
-    inner: Body,
-    flag: Arc<AtomicBool>,
+/// `body` unchanged, running `then` once when its last frame is handed out (never when the
+/// body is dropped first, nor when it starts ended).
+fn at_end<F: FnOnce() + Send + Unpin + 'static>(body: Body, then: F) -> Body {
+    let then = (!http_body::Body::is_end_stream(&body)).then_some(then);
+    AtEnd { inner: body, then }.boxed_unsync()
 }
 
-impl http_body::Body for UntilEnd {
+/// See [`at_end`].
+struct AtEnd<F> {
+    inner: Body,
+    then: Option<F>,
+}
+
+impl<F: FnOnce() + Send + Unpin + 'static> http_body::Body for AtEnd<F> {
     type Data = Bytes;
     type Error = BoxError;
 
@@ -104,8 +111,8 @@ impl http_body::Body for UntilEnd {
             Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || this.inner.is_end_stream(),
             _ => false,
         };
-        if ended {
-            this.flag.store(true, Ordering::Relaxed);
+        if ended && let Some(then) = this.then.take() {
+            then();
         }
         polled
     }
@@ -277,44 +284,7 @@ impl<T: Send + Unpin + 'static> http_body::Body for Holding<T> {
 /// body is dropped first): per-request state that ends with the response's end, as Envoy's
 /// ends when the stream completes, not when the connection lets the body go.
 pub fn holding_until_end<T: Send + Unpin + 'static>(body: Body, held: T) -> Body {
-    let held = (!http_body::Body::is_end_stream(&body)).then_some(held);
-    ReleasedAtEnd { inner: body, held }.boxed_unsync()
-}
-
-/// See [`holding_until_end`].
-struct ReleasedAtEnd<T> {
-    inner: Body,
-    held: Option<T>,
-}
-
-impl<T: Send + Unpin + 'static> http_body::Body for ReleasedAtEnd<T> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        let ended = match &polled {
-            Poll::Ready(None) => true,
-            Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || this.inner.is_end_stream(),
-            _ => false,
-        };
-        if ended {
-            this.held = None;
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
+    at_end(body, move || drop(held))
 }
 
 #[cfg(test)]
