@@ -18,6 +18,8 @@ use std::time::Duration;
 mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/codings.rs"]
+mod codings;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -25,6 +27,7 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 use child::Proxy;
+use codings::decode;
 use ports::free_port;
 
 const COMPRESSOR: &str =
@@ -87,26 +90,6 @@ fn encode(coding: &str, data: &[u8]) -> Vec<u8> {
         "zstd" => zstd::encode_all(data, 3).unwrap(),
         other => panic!("no coding {other}"),
     }
-}
-
-/// `data` decoded from `coding` (empty: as is); `None` when it does not decode.
-fn decode(coding: &str, data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    match coding {
-        "" => return Some(data.to_vec()),
-        "gzip" => flate2::read::MultiGzDecoder::new(data)
-            .read_to_end(&mut out)
-            .ok()?,
-        "br" => brotli::Decompressor::new(data, 4096)
-            .read_to_end(&mut out)
-            .ok()?,
-        "zstd" => zstd::stream::read::Decoder::new(data)
-            .ok()?
-            .read_to_end(&mut out)
-            .ok()?,
-        _ => return None,
-    };
-    Some(out)
 }
 
 /// The upstream. A GET answers `body_of(n)` as the query says (`n`, `ct`, `etag`, `wetag`,

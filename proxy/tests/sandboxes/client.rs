@@ -75,26 +75,6 @@ const KEPT: &[&str] = &[
     "x-current-user",
 ];
 
-/// `data` decoded from `coding` (`None` when it does not decode).
-fn decode(coding: &str, data: &[u8]) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
-    match coding {
-        "" => return Some(data.to_vec()),
-        "gzip" => flate2::read::MultiGzDecoder::new(data)
-            .read_to_end(&mut out)
-            .ok()?,
-        "br" => brotli::Decompressor::new(data, 4096)
-            .read_to_end(&mut out)
-            .ok()?,
-        "zstd" => zstd::stream::read::Decoder::new(data)
-            .ok()?
-            .read_to_end(&mut out)
-            .ok()?,
-        _ => return None,
-    };
-    Some(out)
-}
-
 /// The data of a chunked body.
 fn dechunk(mut rest: &[u8]) -> Vec<u8> {
     let mut data = Vec::new();
@@ -214,7 +194,10 @@ pub fn send(port: u16, case: &Case, tls: bool) -> String {
     } else {
         rest.to_vec()
     };
-    let shown_body = match (decode(value("content-encoding"), &data), case.shown) {
+    let shown_body = match (
+        crate::codings::decode(value("content-encoding"), &data),
+        case.shown,
+    ) {
         (None, _) => format!("{} bytes that do not decode", data.len()),
         (Some(d), Shown::Whole) if d == super::backends::file_body() => "the file body".to_owned(),
         (Some(d), Shown::Whole) => String::from_utf8_lossy(&d).into_owned(),
