@@ -1,6 +1,7 @@
 //! The stat names Envoy 1.40 lists, revoy lists too: both run the same bootstraps (the
 //! embedded example; one with circuit breakers tracking what remains, weighted hosts, a
-//! TLS cluster and a tcp_proxy listener; one whose listener and EDS cluster come over ADS
+//! TLS cluster, a tcp_proxy listener and a listener with ext_authz, local_ratelimit, fault
+//! and RBAC filters; one whose listener and EDS cluster come over ADS
 //! from xds-client's snapshot server), take the same requests, and every name in Envoy's
 //! `/stats` must be in revoy's, except the families in [`NOT_IN_REVOY`], each with its reason.
 //! Values that must agree are compared too (circuit breakers, `max_host_weight`,
@@ -181,9 +182,26 @@ fn breakers() -> Case {
         "",
         "[{match: {prefix: /}, route: {cluster: cb}}]",
     );
+    // Filters whose stats exist from their config on, before any request reaches them.
+    let guarded = bootstrap::http_listener(
+        "guarded",
+        free_port(),
+        "",
+        concat!(
+            r#"{name: authz, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.ext_authz.v3.ExtAuthz, "#,
+            r#"http_service: {server_uri: {uri: "http://cb", cluster: cb, timeout: 1s}}}}, "#,
+            r#"{name: limit, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit, "#,
+            r#"stat_prefix: lrl, token_bucket: {max_tokens: 5, fill_interval: 1s}}}, "#,
+            r#"{name: fault, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault, "#,
+            r#"abort: {http_status: 503, percentage: {numerator: 0}}}}, "#,
+            r#"{name: rbac, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, "#,
+            r#"rules: {action: ALLOW, policies: {all: {permissions: [{any: true}], principals: [{any: true}]}}}}}, "#,
+        ),
+        "[{match: {prefix: /}, route: {cluster: cb}}]",
+    );
     let yaml = format!(
         r#"{admin_block}static_resources:
-  listeners:{web}
+  listeners:{web}{guarded}
   - name: raw
     address: {{socket_address: {{address: 127.0.0.1, port_value: {tcp}}}}}
     filter_chains:

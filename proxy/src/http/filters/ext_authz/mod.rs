@@ -20,7 +20,7 @@ use crate::config::http_filter::ext_authz::{
 };
 use crate::http::local_reply::local_reply;
 use crate::stats::keyed::Keyed;
-use crate::stats::{Counter, Store};
+use crate::stats::{Block, Counter, Slot, Store};
 
 static FAILURE_MODE_ALLOWED: HeaderName =
     HeaderName::from_static("x-envoy-auth-failure-mode-allowed");
@@ -44,6 +44,8 @@ struct Stats {
     denied: Counter,
     error: Counter,
     failure_mode_allowed: Counter,
+    /// Holds the filter's [`ZEROS`].
+    _zeros: Block,
     store: Store,
     /// `ext_authz.[<stat_prefix>.]`, the counters' names under a cluster's prefix.
     own: String,
@@ -51,6 +53,19 @@ struct Stats {
     /// nothing holds).
     by_cluster: Keyed<Arc<ClusterCounters>>,
 }
+
+/// The filter's stats Envoy 1.40 lists that stay 0 in revoy, which never has their events:
+/// `shadow_mode`, header mutation rules and filter state are configuration errors, header
+/// limits are not enforced, and an answer Envoy calls invalid is a failed check (`error`).
+static ZEROS: [Slot; 7] = [
+    Slot::counter("filter_state_name_collision"),
+    Slot::counter("invalid"),
+    Slot::counter("omitted_response_headers"),
+    Slot::counter("request_header_limits_reached"),
+    Slot::counter("response_header_limits_reached"),
+    Slot::counter("shadow_denied"),
+    Slot::counter("shadow_error"),
+];
 
 /// `cluster.<name>.ext_authz.[<stat_prefix>.]{ok,denied,error,failure_mode_allowed}`.
 #[derive(Debug)]
@@ -127,6 +142,7 @@ impl ExtAuthz {
                 denied: counter("denied"),
                 error: counter("error"),
                 failure_mode_allowed: counter("failure_mode_allowed"),
+                _zeros: store.block_with_zeros(&format!("http.{stat_prefix}.{own}"), &[], &ZEROS),
                 store: store.clone(),
                 own,
                 by_cluster: Keyed::default(),
