@@ -1,7 +1,7 @@
 //! The stat names Envoy 1.40 lists, revoy lists too: both run the same bootstraps (the
 //! embedded example; one with circuit breakers tracking what remains, weighted hosts, a
-//! TLS cluster, a tcp_proxy listener and a listener with ext_authz, local_ratelimit, fault
-//! and RBAC filters; one whose listener and EDS cluster come over ADS
+//! TLS cluster, a tcp_proxy listener and a listener with ext_authz, local_ratelimit, fault,
+//! RBAC, cors, csrf, compressor, health_check, buffer, lua, grpc_web and grpc_stats filters; one whose listener and EDS cluster come over ADS
 //! from xds-client's snapshot server), take the same requests, and every name in Envoy's
 //! `/stats` must be in revoy's, except the families in [`NOT_IN_REVOY`], each with its reason.
 //! Values that must agree are compared too (circuit breakers, `max_host_weight`,
@@ -47,6 +47,14 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
     (
         r"http\.async-client\..*",
         "Envoy's async client's router; revoy's own calls count in their cluster",
+    ),
+    (
+        r"http\.[^.]+\.health_check\..*",
+        "revoy's health_check filter keeps no stats (its answers show in the connection manager's)",
+    ),
+    (
+        r"lua\.lua_vm_count",
+        "revoy pools Lua states per script instead of one per worker, and does not count them",
     ),
     (
         r"listener\..+\.http\.[^.]+\.downstream_rq_(\dxx|completed)",
@@ -182,7 +190,8 @@ fn breakers() -> Case {
         "",
         "[{match: {prefix: /}, route: {cluster: cb}}]",
     );
-    // Filters whose stats exist from their config on, before any request reaches them.
+    // Filters whose stats exist from their config on, before any request reaches them (no
+    // request is sent to this listener).
     let guarded = bootstrap::http_listener(
         "guarded",
         free_port(),
@@ -196,6 +205,18 @@ fn breakers() -> Case {
             r#"abort: {http_status: 503, percentage: {numerator: 0}}}}, "#,
             r#"{name: rbac, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, "#,
             r#"rules: {action: ALLOW, policies: {all: {permissions: [{any: true}], principals: [{any: true}]}}}}}, "#,
+            r#"{name: cors, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors}}, "#,
+            r#"{name: csrf, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.csrf.v3.CsrfPolicy, "#,
+            r#"filter_enabled: {default_value: {numerator: 100}}}}, "#,
+            r#"{name: gzip, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.compressor.v3.Compressor, "#,
+            r#"compressor_library: {name: gzip, typed_config: {"@type": type.googleapis.com/envoy.extensions.compression.gzip.compressor.v3.Gzip}}}}, "#,
+            r#"{name: hc, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.health_check.v3.HealthCheck, "#,
+            r#"pass_through_mode: false, headers: [{name: ":path", string_match: {exact: /hc}}]}}, "#,
+            r#"{name: buffer, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer, max_request_bytes: 1024}}, "#,
+            r#"{name: lua, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua, "#,
+            r#"default_source_code: {inline_string: "function envoy_on_request(h) end"}}}, "#,
+            r#"{name: gw, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.grpc_web.v3.GrpcWeb}}, "#,
+            r#"{name: gs, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3.FilterConfig}}, "#,
         ),
         "[{match: {prefix: /}, route: {cluster: cb}}]",
     );
