@@ -1,8 +1,9 @@
 //! The stat names Envoy 1.40 lists, revoy lists too: both run the same bootstraps (the
 //! embedded example; one with circuit breakers tracking what remains, weighted hosts, a
 //! TLS cluster, a tcp_proxy listener and a listener with ext_authz, local_ratelimit, fault,
-//! RBAC, cors, csrf, compressor, health_check, buffer, lua, grpc_web and grpc_stats filters; one whose listener and EDS cluster come over ADS
-//! from xds-client's snapshot server), take the same requests, and every name in Envoy's
+//! RBAC, cors, csrf, compressor, health_check, buffer, lua, grpc_web and grpc_stats
+//! filters; one whose listener and EDS cluster come over ADS from xds-client's snapshot
+//! server), take the same requests, and every name in Envoy's
 //! `/stats` must be in revoy's, except the families in [`NOT_IN_REVOY`], each with its reason.
 //! Values that must agree are compared too (circuit breakers, `max_host_weight`,
 //! membership, the managers' counts of static resources, responses), and the Prometheus
