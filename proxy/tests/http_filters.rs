@@ -411,6 +411,17 @@ fn checked(port: u16, method: &str, path: &str) -> String {
     format!("{method} {path}: {status}\n{}\n{body}", kept.join("\n"))
 }
 
+/// The health_check filters' counters (the checks each answered itself, and why), sorted.
+fn health_check_counters(admin: u16) -> String {
+    let stats = request(admin, "/stats", "");
+    let mut counted: Vec<&str> = stats
+        .lines()
+        .filter(|l| l.contains(".health_check."))
+        .collect();
+    counted.sort();
+    counted.join("\n")
+}
+
 #[test]
 fn health_check_filter_matches_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("health_check_filter_matches_envoy") else {
@@ -456,6 +467,7 @@ fn health_check_filter_matches_envoy() {
             seen.push(checked(*port, "GET", "/healthz"));
             seen.push(checked(*port, "GET", "/other"));
         }
+        seen.push(health_check_counters(admin));
         seen
     };
     let expected = run(Some(&envoy));
@@ -463,6 +475,11 @@ fn health_check_filter_matches_envoy() {
     assert!(
         expected[0].contains("front-proxy"),
         "the health check names the proxy's cluster: {expected:#?}"
+    );
+    let counted = expected.last().expect("stats");
+    assert!(
+        counted.contains("http.missing.health_check.failed_cluster_not_found: 1"),
+        "the counters are compared: {counted}"
     );
     for (e, g) in expected.iter().zip(&got) {
         assert_eq!(g, e, "revoy (left) differs from Envoy (right)");
@@ -753,6 +770,7 @@ fn health_check_cache_matches_envoy() {
             round(&mut out);
             out.push(checked(admin, "POST", "/healthcheck/ok"));
             round(&mut out);
+            out.push(health_check_counters(admin));
             out
         })
     };
@@ -763,6 +781,12 @@ fn health_check_cache_matches_envoy() {
             == r#"upstream saw ["/healthz", "/other", "/degraded", "/other", "/healthz", "/other"]"#
             && expected[13] == r#"upstream saw ["/other", "/other", "/healthz", "/other"]"#,
         "the first check goes upstream, the second is cached: {expected:#?}"
+    );
+    let counted = expected.last().expect("stats");
+    assert!(
+        counted.contains("http.degraded.health_check.degraded: 1")
+            && counted.contains("http.cached.health_check.cached_response: 2"),
+        "the counters are compared: {counted}"
     );
     filter_diff::assert_same(&expected, &got);
 }

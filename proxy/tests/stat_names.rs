@@ -50,10 +50,6 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "Envoy's async client's router; revoy's own calls count in their cluster",
     ),
     (
-        r"http\.[^.]+\.health_check\..*",
-        "revoy's health_check filter keeps no stats (its answers show in the connection manager's)",
-    ),
-    (
         r"lua\.lua_vm_count",
         "revoy pools Lua states per script instead of one per worker, and does not count them",
     ),

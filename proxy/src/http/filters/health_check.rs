@@ -12,6 +12,7 @@ use crate::access_log::ResponseFlag;
 use crate::body::Body;
 use crate::config::http_filter::health_check::HealthCheckConfig;
 use crate::http::local_reply::local_reply;
+use crate::stats::{Counter, Store};
 
 static HEALTHCHECKED_CLUSTER: HeaderName =
     HeaderName::from_static("x-envoy-upstream-healthchecked-cluster");
@@ -25,6 +26,30 @@ pub(super) struct HealthCheck {
     /// The last upstream answer to a health check, kept until the cache window it arrived in
     /// ends (windows of `cache_time` from the filter's creation, as Envoy's timer).
     cache: Option<Arc<Cache>>,
+    stats: Stats,
+}
+
+/// `http.<prefix>.health_check.*`: the checks the filter answered itself (one passed
+/// upstream counts in none).
+#[derive(Debug)]
+struct Stats {
+    request_total: Counter,
+    ok: Counter,
+    /// Answered with a failure: the proxy failing, a cached failure, a cluster's health.
+    failed: Counter,
+    cached_response: Counter,
+    failed_cluster_not_found: Counter,
+    failed_cluster_empty: Counter,
+    failed_cluster_unhealthy: Counter,
+    /// Answered with `x-envoy-degraded`.
+    degraded: Counter,
+}
+
+/// Why `cluster_min_healthy_percentages` failed a check.
+enum ClusterFailure {
+    NotFound,
+    Empty,
+    Unhealthy,
 }
 
 #[derive(Debug)]
@@ -57,9 +82,24 @@ pub(super) enum Answer {
 }
 
 impl HealthCheck {
-    /// The filter with `config`.
-    pub(super) fn new(config: &Arc<HealthCheckConfig>) -> HealthCheck {
+    /// The filter with `config`, its stats under `http.<stat_prefix>.health_check.`.
+    pub(super) fn new(
+        config: &Arc<HealthCheckConfig>,
+        store: &Store,
+        stat_prefix: &str,
+    ) -> HealthCheck {
+        let counter = |n: &str| store.counter(&format!("http.{stat_prefix}.health_check.{n}"));
         HealthCheck {
+            stats: Stats {
+                request_total: counter("request_total"),
+                ok: counter("ok"),
+                failed: counter("failed"),
+                cached_response: counter("cached_response"),
+                failed_cluster_not_found: counter("failed_cluster_not_found"),
+                failed_cluster_empty: counter("failed_cluster_empty"),
+                failed_cluster_unhealthy: counter("failed_cluster_unhealthy"),
+                degraded: counter("degraded"),
+            },
             config: config.clone(),
             cache: config.cache_time.map(|_| {
                 Arc::new(Cache {
@@ -108,13 +148,35 @@ impl HealthCheck {
         // Envoy answers once the whole request has arrived.
         let body = std::mem::replace(req.body, crate::body::empty());
         let _ = http_body_util::BodyExt::collect(body).await;
+        let stats = &self.stats;
+        stats.request_total.inc();
         let (status, degraded) = if failing {
             (StatusCode::SERVICE_UNAVAILABLE, false)
         } else if let Some(c) = cached {
+            stats.cached_response.inc();
             c
         } else {
-            (self.min_healthy_status(req), false)
+            match self.min_healthy_failure(req) {
+                None => (StatusCode::OK, false),
+                Some(why) => {
+                    match why {
+                        ClusterFailure::NotFound => &stats.failed_cluster_not_found,
+                        ClusterFailure::Empty => &stats.failed_cluster_empty,
+                        ClusterFailure::Unhealthy => &stats.failed_cluster_unhealthy,
+                    }
+                    .inc();
+                    (StatusCode::SERVICE_UNAVAILABLE, false)
+                }
+            }
         };
+        if status.is_success() {
+            stats.ok.inc();
+        } else {
+            stats.failed.inc();
+        }
+        if degraded {
+            stats.degraded.inc();
+        }
         if failing || !status.is_success() {
             req.note(ResponseFlag::FailedLocalHealthCheck, None);
         }
@@ -126,12 +188,13 @@ impl HealthCheck {
         Some(resp)
     }
 
-    /// 200, or 503 when a cluster of `cluster_min_healthy_percentages` is missing or has
-    /// too few healthy hosts (degraded ones count as healthy, as in Envoy).
-    fn min_healthy_status(&self, req: &FilterRequest<'_>) -> StatusCode {
+    /// Why a cluster of `cluster_min_healthy_percentages` fails the check (missing, or with
+    /// too few healthy hosts: degraded ones count as healthy, as in Envoy); `None` when all
+    /// pass.
+    fn min_healthy_failure(&self, req: &FilterRequest<'_>) -> Option<ClusterFailure> {
         for (name, min) in &self.config.min_healthy {
             let Some(cluster) = req.conn.shared.clusters.get(name) else {
-                return StatusCode::SERVICE_UNAVAILABLE;
+                return Some(ClusterFailure::NotFound);
             };
             let stats = cluster.stats();
             let total = stats.membership_total().value();
@@ -139,11 +202,14 @@ impl HealthCheck {
             if total == 0 && *min == 0 {
                 continue;
             }
-            if total == 0 || healthy.saturating_mul(100) < total.saturating_mul(*min) {
-                return StatusCode::SERVICE_UNAVAILABLE;
+            if total == 0 {
+                return Some(ClusterFailure::Empty);
+            }
+            if healthy.saturating_mul(100) < total.saturating_mul(*min) {
+                return Some(ClusterFailure::Unhealthy);
             }
         }
-        StatusCode::OK
+        None
     }
 }
 

@@ -315,7 +315,7 @@ impl Chain {
                         Kind::RateLimit(ratelimit::RateLimit::new(c, store))
                     }
                     FilterKind::HealthCheck(c) => {
-                        Kind::HealthCheck(health_check::HealthCheck::new(c))
+                        Kind::HealthCheck(health_check::HealthCheck::new(c, store, stat_prefix))
                     }
                     FilterKind::ExtAuthz(c) => {
                         Kind::ExtAuthz(ext_authz::ExtAuthz::new(c, store, stat_prefix))
