@@ -411,12 +411,21 @@ fn checked(port: u16, method: &str, path: &str) -> String {
     format!("{method} {path}: {status}\n{}\n{body}", kept.join("\n"))
 }
 
-/// The health_check filters' counters (the checks each answered itself, and why), sorted.
+/// The health_check filters' counters (the checks each answered itself, and why) and the
+/// connection managers' response counts, sorted.
 fn health_check_counters(admin: u16) -> String {
     let stats = request(admin, "/stats", "");
     let mut counted: Vec<&str> = stats
         .lines()
-        .filter(|l| l.contains(".health_check."))
+        .filter(|l| {
+            l.contains(".health_check.")
+                || l.starts_with("http.") && !l.starts_with("http.admin.") && {
+                    let name = l.split(':').next().unwrap_or("");
+                    name.ends_with(".downstream_rq_2xx")
+                        || name.ends_with(".downstream_rq_5xx")
+                        || name.ends_with(".downstream_rq_completed")
+                }
+        })
         .collect();
     counted.sort();
     counted.join("\n")

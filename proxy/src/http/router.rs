@@ -137,12 +137,15 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         if grpc {
             resp = super::local_reply::grpc_local_reply(resp);
         }
+        let health_check = encoders.health_check();
         let mut resp = match pending.as_mut() {
             Some(p) => encoders.encode(resp, &mut p.record().metadata).await,
             None => encoders.encode(resp, &mut metadata).await,
         };
         forwarding::set_server(&ctx.hcm.config, resp.headers_mut());
-        stats.response(resp.status().as_u16());
+        if !health_check {
+            stats.response(resp.status().as_u16());
+        }
         let id = match pending.as_ref().and_then(Pending::traced_request_id) {
             Some(packed) if id.is_some() => Some(packed.clone()),
             _ => id,

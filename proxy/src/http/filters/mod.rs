@@ -541,6 +541,17 @@ fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
 }
 
 impl Encoders {
+    /// Whether a health_check filter took the request for a health check: Envoy's connection
+    /// manager then leaves its response out of `downstream_rq_<class>` and `_completed`.
+    pub fn health_check(&self) -> bool {
+        self.0.iter().any(|e| {
+            matches!(
+                e,
+                Encoder::HealthCheck(health_check::Answer::HealthCheck { .. })
+            )
+        })
+    }
+
     /// Hands `resp` to the filters that act on responses, last filter first (they may write
     /// the request's `metadata`), and keeps what they hold alive until its body ends.
     pub async fn encode(
