@@ -418,13 +418,16 @@ fn health_check_counters(admin: u16) -> String {
     let mut counted: Vec<&str> = stats
         .lines()
         .filter(|l| {
-            l.contains(".health_check.")
-                || l.starts_with("http.") && !l.starts_with("http.admin.") && {
-                    let name = l.split(':').next().unwrap_or("");
-                    name.ends_with(".downstream_rq_2xx")
-                        || name.ends_with(".downstream_rq_5xx")
-                        || name.ends_with(".downstream_rq_completed")
-                }
+            let name = l.split(':').next().unwrap_or("");
+            let responses = [
+                "downstream_rq_2xx",
+                "downstream_rq_5xx",
+                "downstream_rq_completed",
+            ];
+            name.contains(".health_check.")
+                || name.starts_with("http.")
+                    && !name.starts_with("http.admin.")
+                    && responses.iter().any(|r| name.ends_with(&format!(".{r}")))
         })
         .collect();
     counted.sort();
