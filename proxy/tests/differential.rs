@@ -600,9 +600,49 @@ async fn filter_chains() {
             .listener(6)
             .h2()
             .expect("upstream.header.x-chain", "h2c"),
+        Case::trickled(
+            "application protocol http/1.1 from a request line in two pieces",
+            &[
+                b"GET / HT",
+                b"TP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            ],
+        )
+        .listener(6)
+        .expect("status", "200"),
+        Case::raw(
+            "application protocol http/1.0",
+            b"GET / HTTP/1.0\r\nHost: x\r\n\r\n",
+        )
+        .listener(6),
+        Case::raw(
+            "http/1.0 keep-alive",
+            b"GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n",
+        )
+        .listener(6)
+        .expect("response.header.connection", "keep-alive"),
+        Case::raw(
+            "http/1.0 given default_host_for_http_10",
+            b"GET / HTTP/1.0\r\n\r\n",
+        )
+        .listener(6)
+        .expect("status", "200"),
+        Case::raw("http/1.0 without a host", b"GET / HTTP/1.0\r\n\r\n")
+            .listener(7)
+            .expect("status", "400"),
+        Case::raw(
+            "not HTTP: no application protocol, no chain",
+            b"HELLO WORLD\r\n",
+        )
+        .listener(6)
+        .expect("error", "reset"),
         Case::get("source type loopback", "/")
             .listener(4)
             .expect("upstream.header.x-chain", "loopback"),
+        Case::admin(
+            "inspector stats",
+            "GET",
+            "/stats?filter=^(tls|http)_inspector\\.[a-z0-9_]*(found|large|error)$",
+        ),
     ];
     run("filter_chains", &cases).await;
 }

@@ -174,6 +174,9 @@ pub struct HcmConfig {
     pub internal_ranges: Vec<Cidr>,
     /// `http_protocol_options.accept_http_10`.
     pub accept_http_10: bool,
+    /// `http_protocol_options.default_host_for_http_10`: the `Host` an HTTP/1.0 request
+    /// without one is given (without it such a request is refused with 400, as in Envoy).
+    pub default_host_for_http_10: Option<http::HeaderValue>,
     /// `http_protocol_options.enable_trailers`: HTTP/1 clients' request trailers are forwarded
     /// and response trailers written to them; without it (Envoy's default) both are dropped.
     pub http1_trailers: bool,
@@ -565,6 +568,19 @@ pub fn compile_hcm(
             .http_protocol_options
             .as_ref()
             .is_some_and(|o| o.accept_http_10),
+        default_host_for_http_10: match hcm
+            .http_protocol_options
+            .as_ref()
+            .map(|o| o.default_host_for_http_10.as_str())
+        {
+            None | Some("") => None,
+            Some(host) => Some(http::HeaderValue::from_str(host).map_err(|_| {
+                ConfigError::new(
+                    "http_protocol_options.default_host_for_http_10",
+                    format!("{host:?} is not a valid Host header value"),
+                )
+            })?),
+        },
         http1_trailers: hcm
             .http_protocol_options
             .as_ref()

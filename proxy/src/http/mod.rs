@@ -439,8 +439,22 @@ where
                 Some(Rejection::ResetStream) => return Err(StreamReset),
             }
             let started = std::time::Instant::now();
-            let (req, extended_connect) = upgrade::from_extended_connect(req);
+            let (mut req, extended_connect) = upgrade::from_extended_connect(req);
             let version = req.version();
+            // Envoy's HTTP/1.0 connection: kept when the request asks `keep-alive` (and the
+            // response says so), else closed after the response, which says `close`.
+            let keep_alive_10 = (version == http::Version::HTTP_10).then(|| {
+                req.headers()
+                    .get_all(http::header::CONNECTION)
+                    .iter()
+                    .any(|v| crate::wire::has_token(v.as_bytes(), b"keep-alive"))
+            });
+            if version == http::Version::HTTP_10
+                && !req.headers().contains_key(http::header::HOST)
+                && let Some(host) = &ctx.hcm.config.default_host_for_http_10
+            {
+                req.headers_mut().insert(http::header::HOST, host.clone());
+            }
             let head = req.method() == http::Method::HEAD;
             let drop_trailers = version < http::Version::HTTP_2 && !ctx.hcm.config.http1_trailers;
             // Envoy's HTTP/1 codec drops a chunked request's trailers unless `enable_trailers`.
@@ -485,6 +499,15 @@ where
                 } else {
                     goaway.notify_one();
                 }
+            }
+            if let Some(keep_alive) = keep_alive_10
+                && !resp.headers().contains_key(http::header::CONNECTION)
+            {
+                let value = if keep_alive { "keep-alive" } else { "close" };
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static(value),
+                );
             }
             reason::set_envoy_phrase(&mut resp);
             // Every response carries the request's version, local replies included: for an

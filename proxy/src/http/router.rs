@@ -244,8 +244,9 @@ async fn route_and_forward(
     let cfg = &ctx.hcm.config;
     let connect = req.method() == http::Method::CONNECT;
     // An HTTP/1.1 CONNECT names its authority in the request line, which Envoy's codec takes
-    // as `:authority`; it needs no Host header.
-    if req.version() == http::Version::HTTP_11
+    // as `:authority`; it needs no Host header. An HTTP/1.0 request without one was given
+    // `default_host_for_http_10` when there is one.
+    if req.version() < http::Version::HTTP_2
         && !connect
         && !req.headers().contains_key(header::HOST)
     {

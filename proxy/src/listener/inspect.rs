@@ -1,5 +1,5 @@
 //! Listener-filter inspection of a connection's first bytes, without consuming them:
-//! TLS ClientHello (SNI, ALPN) and HTTP/2 prior-knowledge preface.
+//! the TLS inspector (ClientHello: SNI, ALPN) and the HTTP inspector (`http_inspect.rs`).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+
+use super::http_inspect::{HttpVerdict, http_verdict};
+use crate::stats::{Counter, Histogram, Store};
 
 /// What peeking at the first bytes revealed.
 #[derive(Debug, Default, Clone)]
@@ -29,81 +32,194 @@ pub enum Unfinished {
     Closed,
     /// `listener_filters_timeout` passed (`downstream_pre_cx_timeout`).
     TimedOut,
-    /// The TLS inspector's limit was reached with the ClientHello still incomplete.
+    /// An inspector's limit was reached undecided: the TLS inspector's with the ClientHello
+    /// incomplete (`tls_inspector.client_hello_too_large`), the HTTP inspector's with the
+    /// request line unfinished (`http_inspector.read_error`).
     TooLarge,
 }
-
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Envoy's default (and largest) `max_client_hello_size`: what the TLS inspector peeks at most.
 const MAX_CLIENT_HELLO: usize = 16 * 1024;
 
-/// Peeks at the connection's first bytes until the inspectors can decide (the TLS inspector
-/// needs a whole record header, and a whole first record when it is a TLS one, as Envoy's
-/// BoringSSL-based inspector does) or the client closes, waiting at most `timeout` (`None`: no
-/// limit), and classifies the stream.
-pub async fn inspect(
-    stream: &TcpStream,
-    tls: bool,
-    http: bool,
-    timeout: Option<Duration>,
-) -> Result<Inspected, Unfinished> {
-    let mut buf = vec![0u8; MAX_CLIENT_HELLO];
-    let peeked = peek_until_decided(stream, &mut buf, tls);
-    let n = match timeout {
-        Some(limit) => tokio::time::timeout(limit, peeked)
-            .await
-            .map_err(|_| Unfinished::TimedOut)?,
-        None => peeked.await,
-    }
-    .unwrap_or(0);
-    let data = &buf[..n];
-    if data.is_empty() {
-        return Err(Unfinished::Closed);
-    }
-    let mut out = Inspected {
-        transport_protocol: "raw_buffer",
-        ..Default::default()
-    };
-    match tls.then(|| tls_verdict(data, buf.len())) {
-        Some(TlsVerdict::TooLarge) => return Err(Unfinished::TooLarge),
-        Some(TlsVerdict::Tls) => {
-            out.transport_protocol = "tls";
-            if let Some((sni, alpn)) = parse_client_hello(data) {
-                out.server_name = sni;
-                out.application_protocols = alpn;
-            }
-            return Ok(out);
-        }
-        Some(TlsVerdict::NeedMore | TlsVerdict::NotTls) | None => {}
-    }
-    if http {
-        if data.starts_with(&H2_PREFACE[..data.len().min(H2_PREFACE.len())]) {
-            out.application_protocols.push("h2c".into());
-        } else if data.windows(7).any(|w| w == b"HTTP/1.") {
-            out.application_protocols.push("http/1.1".into());
-        }
-    }
-    Ok(out)
+/// What Envoy's HTTP inspector reads at most while a request line is unfinished.
+const MAX_REQUEST_LINE: usize = 64 * 1024;
+
+/// The `tls_inspector.*` and `http_inspector.*` stats Envoy keeps (one set for the whole
+/// server, shared by every listener with the inspector).
+pub struct InspectorStats {
+    tls: Option<TlsStats>,
+    http: Option<HttpStats>,
 }
 
-/// Peeks into `buf` until the TLS inspector (when `tls`) has what it needs, the buffer is
-/// full, or the client closed (0, also when it closed its side before sending enough). Waits
-/// for more bytes between peeks: a peek that finds too few clears the socket's readiness, so
-/// the next wait ends only when more data (or the client's close) arrives.
-async fn peek_until_decided(stream: &TcpStream, buf: &mut [u8], tls: bool) -> io::Result<usize> {
+struct TlsStats {
+    tls_found: Counter,
+    tls_not_found: Counter,
+    alpn_found: Counter,
+    alpn_not_found: Counter,
+    sni_found: Counter,
+    sni_not_found: Counter,
+    client_hello_too_large: Counter,
+    bytes_processed: Histogram,
+}
+
+struct HttpStats {
+    http10_found: Counter,
+    http11_found: Counter,
+    http2_found: Counter,
+    http_not_found: Counter,
+    read_error: Counter,
+}
+
+impl InspectorStats {
+    /// The stats of the inspectors a listener runs (`tls`, `http`).
+    pub fn new(store: &Store, tls: bool, http: bool) -> InspectorStats {
+        let tls = tls.then(|| {
+            let c = |name: &str| store.counter(&format!("tls_inspector.{name}"));
+            TlsStats {
+                tls_found: c("tls_found"),
+                tls_not_found: c("tls_not_found"),
+                alpn_found: c("alpn_found"),
+                alpn_not_found: c("alpn_not_found"),
+                sni_found: c("sni_found"),
+                sni_not_found: c("sni_not_found"),
+                client_hello_too_large: c("client_hello_too_large"),
+                bytes_processed: store.histogram("tls_inspector.bytes_processed"),
+            }
+        });
+        let http = http.then(|| {
+            let c = |name: &str| store.counter(&format!("http_inspector.{name}"));
+            HttpStats {
+                http10_found: c("http10_found"),
+                http11_found: c("http11_found"),
+                http2_found: c("http2_found"),
+                http_not_found: c("http_not_found"),
+                read_error: c("read_error"),
+            }
+        });
+        InspectorStats { tls, http }
+    }
+
+    /// Runs the inspectors on the connection's first bytes, waiting at most `timeout` (`None`:
+    /// no limit), and classifies the stream.
+    pub async fn inspect(
+        &self,
+        stream: &TcpStream,
+        timeout: Option<Duration>,
+    ) -> Result<Inspected, Unfinished> {
+        let mut buf = vec![0u8; MAX_CLIENT_HELLO];
+        let peeked = peek_until_decided(stream, &mut buf, |d| self.needs_more(d));
+        let n = match timeout {
+            Some(limit) => tokio::time::timeout(limit, peeked)
+                .await
+                .map_err(|_| Unfinished::TimedOut)?,
+            None => peeked.await,
+        }
+        .unwrap_or(0);
+        let data = &buf[..n];
+        if data.is_empty() {
+            return Err(Unfinished::Closed);
+        }
+        let mut out = Inspected {
+            transport_protocol: "raw_buffer",
+            ..Default::default()
+        };
+        if let Some(stats) = &self.tls {
+            match tls_verdict(data, MAX_CLIENT_HELLO) {
+                TlsVerdict::TooLarge => {
+                    stats.client_hello_too_large.inc();
+                    stats.bytes_processed.record(n as u64);
+                    return Err(Unfinished::TooLarge);
+                }
+                TlsVerdict::Tls => {
+                    stats.tls_found.inc();
+                    out.transport_protocol = "tls";
+                    if let Some((sni, alpn)) = parse_client_hello(data) {
+                        out.server_name = sni;
+                        out.application_protocols = alpn;
+                    }
+                    let found = |yes: bool, found: &Counter, not: &Counter| {
+                        if yes { found.inc() } else { not.inc() }
+                    };
+                    found(
+                        out.server_name.is_some(),
+                        &stats.sni_found,
+                        &stats.sni_not_found,
+                    );
+                    found(
+                        !out.application_protocols.is_empty(),
+                        &stats.alpn_found,
+                        &stats.alpn_not_found,
+                    );
+                    stats.bytes_processed.record(tls_bytes_read(data) as u64);
+                    return Ok(out);
+                }
+                TlsVerdict::NeedMore | TlsVerdict::NotTls => {
+                    stats.tls_not_found.inc();
+                    stats.bytes_processed.record(tls_bytes_read(data) as u64);
+                }
+            }
+        }
+        if let Some(stats) = &self.http {
+            match http_verdict(data) {
+                HttpVerdict::Found(protocol) => {
+                    match protocol {
+                        "h2c" => &stats.http2_found,
+                        "http/1.1" => &stats.http11_found,
+                        _ => &stats.http10_found,
+                    }
+                    .inc();
+                    out.application_protocols.push(protocol.into());
+                }
+                HttpVerdict::NotHttp => stats.http_not_found.inc(),
+                HttpVerdict::NeedMore => {
+                    stats.read_error.inc();
+                    return Err(Unfinished::TooLarge);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether an inspector needs more than `d` to decide (and has room to read it).
+    fn needs_more(&self, d: &[u8]) -> bool {
+        let tls = self.tls.as_ref().map(|_| tls_verdict(d, MAX_CLIENT_HELLO));
+        match tls {
+            Some(TlsVerdict::NeedMore) => true,
+            Some(TlsVerdict::Tls | TlsVerdict::TooLarge) => false,
+            Some(TlsVerdict::NotTls) | None => {
+                self.http.is_some()
+                    && d.len() < MAX_REQUEST_LINE
+                    && http_verdict(d) == HttpVerdict::NeedMore
+            }
+        }
+    }
+}
+
+/// Peeks into `buf` until the inspectors have what they need (`needs_more` says no) or the
+/// client closed (0, also when it closed its side before sending enough), growing `buf` to
+/// [`MAX_REQUEST_LINE`] when it fills up undecided. Waits for more bytes between peeks: a
+/// peek that finds too few clears the socket's readiness, so the next wait ends only when
+/// more data (or the client's close) arrives.
+async fn peek_until_decided(
+    stream: &TcpStream,
+    buf: &mut Vec<u8>,
+    needs_more: impl Fn(&[u8]) -> bool,
+) -> io::Result<usize> {
     loop {
         let ready = stream.ready(Interest::READABLE).await?;
         let peeked = stream.try_io(Interest::READABLE, || {
             let n = peek(stream, buf)?;
-            let more = n > 0 && tls && tls_verdict(&buf[..n], buf.len()) == TlsVerdict::NeedMore;
-            if more {
+            if n > 0 && n < buf.len() && needs_more(&buf[..n]) {
                 Err(io::ErrorKind::WouldBlock.into())
             } else {
                 Ok(n)
             }
         });
         match peeked {
+            // Full and undecided: the bytes are there, peek again with room for more.
+            Ok(n) if n == buf.len() && n < MAX_REQUEST_LINE && needs_more(&buf[..n]) => {
+                buf.resize(MAX_REQUEST_LINE, 0);
+            }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock && ready.is_read_closed() => {
                 return Ok(0);
             }
@@ -170,6 +286,16 @@ fn tls_verdict(d: &[u8], limit: usize) -> TlsVerdict {
     } else {
         TlsVerdict::NotTls
     }
+}
+
+/// What BoringSSL reads of `d` before the TLS inspector's verdict: the record header, and
+/// the record when the header announces a TLS one.
+fn tls_bytes_read(d: &[u8]) -> usize {
+    let whole = match d.get(..5) {
+        Some(h) if h[1] == 3 => 5 + usize::from(u16::from_be_bytes([h[3], h[4]])),
+        _ => 5,
+    };
+    whole.min(d.len())
 }
 
 fn be16(d: &[u8], at: usize) -> Option<usize> {

@@ -2,6 +2,7 @@
 //! hand the connection to the chain's terminal filter (HTTP connection manager or tcp_proxy).
 
 mod active;
+mod http_inspect;
 mod inspect;
 mod limits;
 mod original_dst;
@@ -182,6 +183,8 @@ pub struct Listener {
     /// `downstream_listener_filter_remote_close`: connections the client closed while the
     /// listener filters waited for bytes.
     listener_filter_remote_close: Counter,
+    /// Its TLS and HTTP inspectors' stats.
+    inspectors: inspect::InspectorStats,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
     fail_closed: Option<Counter>,
     /// Its `envoy.filters.listener.local_ratelimit`.
@@ -270,6 +273,11 @@ impl Listener {
             pre_cx_timeout: stats.counter(&format!("{prefix}.downstream_pre_cx_timeout")),
             listener_filter_remote_close: stats
                 .counter(&format!("{prefix}.downstream_listener_filter_remote_close")),
+            inspectors: inspect::InspectorStats::new(
+                stats,
+                config.filters.tls_inspector,
+                config.filters.http_inspector,
+            ),
             fail_closed: config
                 .chains
                 .iter()
@@ -436,9 +444,7 @@ impl Listener {
         let inspected = if needs_peek {
             // Boxed while it runs, as every phase a connection leaves behind: the task is
             // sized for its largest state and kept while the connection lives.
-            let inspecting = crate::spawn::boxed(|| {
-                inspect::inspect(&stream, f.tls_inspector, f.http_inspector, f.timeout)
-            });
+            let inspecting = crate::spawn::boxed(|| self.inspectors.inspect(&stream, f.timeout));
             match inspecting.await {
                 Ok(inspected) => inspected,
                 Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {

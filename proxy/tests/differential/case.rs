@@ -15,6 +15,9 @@ pub enum Proto {
     H2,
 }
 
+/// The pause between the pieces of a [`Case::trickled`] request.
+pub const TRICKLE: Duration = Duration::from_millis(100);
+
 /// What the case sends.
 #[derive(Clone, Debug)]
 pub enum Kind {
@@ -26,8 +29,9 @@ pub enum Kind {
     WebSocket(String),
     /// A TCP connection that sends one line and reads one line.
     Tcp(String),
-    /// Raw bytes written to the connection; the response is parsed as HTTP/1.x.
-    Raw(Vec<u8>),
+    /// Raw bytes written to the connection, in pieces [`TRICKLE`] apart; the response is
+    /// parsed as HTTP/1.x.
+    Raw(Vec<Vec<u8>>),
     /// Raw bytes holding several HTTP/1.x requests written at once; every response is read
     /// until the connection closes or goes quiet.
     Conversation(Vec<u8>),
@@ -195,7 +199,14 @@ impl Case {
 
     /// Raw bytes on an HTTP listener.
     pub fn raw(name: &'static str, bytes: &[u8]) -> Case {
-        Case::new(name, Kind::Raw(bytes.to_vec()), "", "")
+        Case::trickled(name, &[bytes])
+    }
+
+    /// Raw bytes on an HTTP listener, written in `pieces` [`TRICKLE`] apart (a request line
+    /// cut short, as a slow client or a busy machine delivers it).
+    pub fn trickled(name: &'static str, pieces: &[&[u8]]) -> Case {
+        let pieces = pieces.iter().map(|p| p.to_vec()).collect();
+        Case::new(name, Kind::Raw(pieces), "", "")
     }
 
     /// Several raw requests sent at once on one connection (pipelined).

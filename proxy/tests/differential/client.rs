@@ -368,7 +368,7 @@ async fn observe_once(
             }
             None => tcp(stream, line, case.watch_close).await,
         },
-        Kind::Raw(bytes) => raw(stream, bytes).await,
+        Kind::Raw(pieces) => raw(stream, pieces).await,
         Kind::Conversation(bytes) => conversation(stream, bytes).await,
     }
 }
@@ -823,9 +823,16 @@ async fn tcp<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
 
 async fn raw<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
-    bytes: &[u8],
+    pieces: &[Vec<u8>],
 ) -> Result<Observation, String> {
-    stream.write_all(bytes).await.map_err(|e| e.to_string())?;
+    for (i, piece) in pieces.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(super::case::TRICKLE).await;
+        }
+        stream.write_all(piece).await.map_err(|e| e.to_string())?;
+        stream.flush().await.map_err(|e| e.to_string())?;
+    }
+    let bytes = &pieces.concat();
     let mut data = Vec::new();
     let mut buf = [0u8; 4096];
     let ending = loop {
