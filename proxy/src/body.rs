@@ -244,42 +244,6 @@ impl http_body::Body for Prefixed {
     }
 }
 
-/// `body` unchanged, keeping `held` alive until the body is dropped (per-request state that
-/// lasts as long as its response).
-pub fn holding<T: Send + Unpin + 'static>(body: Body, held: T) -> Body {
-    Holding {
-        inner: body,
-        _held: held,
-    }
-    .boxed_unsync()
-}
-
-/// See [`holding`].
-struct Holding<T> {
-    inner: Body,
-    _held: T,
-}
-
-impl<T: Send + Unpin + 'static> http_body::Body for Holding<T> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
 /// `body` unchanged, keeping `held` alive until the body's last frame is handed out (or the
 /// body is dropped first): per-request state that ends with the response's end, as Envoy's
 /// ends when the stream completes, not when the connection lets the body go.

@@ -5,6 +5,7 @@
 
 pub mod file;
 pub mod filter;
+mod flags_out;
 pub mod format;
 pub mod record;
 
@@ -12,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 pub use filter::Filter;
+pub use flags_out::FlagsOut;
 pub use format::LogFormat;
 pub use record::{AtTunnelEnd, AttemptTarget, Flags, Record, ResponseFlag, UpstreamSans};
 

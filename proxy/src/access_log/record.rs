@@ -3,7 +3,7 @@
 //! access log will read it.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderMap;
@@ -408,7 +408,7 @@ pub struct Record {
     pub metadata: crate::route::metadata::DynamicMetadata,
     /// Where the flags are published when the record is settled, for `istio.stats` (which
     /// labels its metrics with them once the request ends).
-    pub flags_out: Option<Arc<OnceLock<Flags>>>,
+    pub flags_out: Option<Arc<super::FlagsOut>>,
     /// An upgrade's: where what acts once its tunnel closes is handed in (see
     /// [`AtTunnelEnd`]); the tunnel takes it when it writes the record.
     pub at_tunnel_end: Option<tokio::sync::oneshot::Receiver<Box<dyn AtTunnelEnd>>>,
@@ -422,7 +422,7 @@ impl Record {
     /// flags, final now, are published to [`Record::flags_out`].
     pub fn settle(&mut self) {
         if let Some(out) = &self.flags_out {
-            let _ = out.set(self.flags);
+            out.publish(self.flags);
         }
         let Some((host, remote, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
             return;
@@ -528,7 +528,7 @@ mod tests {
 
     #[test]
     fn settling_publishes_the_flags_set_until_then() {
-        let out = Arc::new(OnceLock::new());
+        let out = Arc::new(crate::access_log::FlagsOut::default());
         let mut rec = Record::new(Downstream::default());
         rec.flags_out = Some(out.clone());
         rec.flags.set(ResponseFlag::NoHealthyUpstream);

@@ -15,7 +15,7 @@ use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
-use crate::access_log::{AtTunnelEnd, AttemptTarget, Flags, Record};
+use crate::access_log::{AtTunnelEnd, AttemptTarget, Flags, FlagsOut, Record};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -391,7 +391,12 @@ impl Drop for StatsRequest {
                     observed.ended(None);
                 }
             }
-            None => observed.record(None),
+            // Recorded once the request's flags are final, as Istio's proxy records from its
+            // access-log hook: the record settles when the response has ended.
+            None => match observed.flags.take() {
+                Some(out) => out.when_settled(move |flags| observed.record(None, flags)),
+                None => observed.record(None, None),
+            },
         }
     }
 }
@@ -412,7 +417,7 @@ struct Observed {
     /// An open gRPC call's periodic reports of them.
     ticker: Option<Ticker>,
     /// Where the request's record publishes its response flags when it is settled.
-    flags: Option<Arc<OnceLock<Flags>>>,
+    flags: Option<Arc<FlagsOut>>,
     started: Instant,
     request_bytes: u64,
     response: Option<Answer>,
@@ -422,7 +427,7 @@ struct Observed {
 
 impl AtTunnelEnd for Observed {
     fn ended(self: Box<Self>, rec: Option<&Record>) {
-        self.record(rec);
+        self.record(rec, None);
     }
 }
 
@@ -492,12 +497,9 @@ impl Observed {
     /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
     /// filter counted them (those not reported while it was open). `tunnel`: an upgrade's
     /// record, settled when its tunnel closed, whose flags, duration and bytes (the tunnel's
-    /// both ways) describe the whole stream.
-    fn record(&self, tunnel: Option<&Record>) {
-        let flags = match tunnel {
-            Some(rec) => Some(&rec.flags),
-            None => self.flags.as_ref().and_then(|f| f.get()),
-        };
+    /// both ways) describe the whole stream; else `settled`: the request's final flags.
+    fn record(&self, tunnel: Option<&Record>, settled: Option<&Flags>) {
+        let flags = tunnel.map(|rec| &rec.flags).or(settled);
         // The ends as labelled at the first periodic report, else as known now (Istio's
         // stats filter labels a stream's ends once).
         let (ends, mut reported) = match &self.ticker {

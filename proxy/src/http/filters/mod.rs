@@ -252,7 +252,7 @@ pub struct Encoders(Vec<Encoder>, compressor::Registry);
 enum Encoder {
     /// An injected fault, counted in `fault.active_faults` until the response ends.
     ActiveFault {
-        /// Released with the response's last frame.
+        /// Released with the other encoders.
         _guard: fault::ActiveFault,
     },
     /// A compressor filter's request, its response to compress.
@@ -565,21 +565,10 @@ impl Encoders {
         for e in self.0.iter_mut().rev() {
             e.encode(&mut resp, &mut self.1, metadata).await;
         }
-        // Injected faults end with the response's last frame, as Envoy's `active_faults`
-        // drops when the stream completes; the rest lives as long as the body.
-        let is_fault = |e: &Encoder| matches!(e, Encoder::ActiveFault { .. });
-        let resp = if self.0.iter().any(is_fault) {
-            let (faults, rest): (Vec<Encoder>, Vec<Encoder>) =
-                std::mem::take(&mut self.0).into_iter().partition(is_fault);
-            self.0 = rest;
-            resp.map(|b| crate::body::holding_until_end(b, faults))
-        } else {
-            resp
-        };
-        if self.0.is_empty() {
-            return resp;
-        }
-        resp.map(|b| crate::body::holding(b, self))
+        // Every filter's state ends with the response's last frame (or with its body, when
+        // that is dropped first), as Envoy destroys a stream's filters when it completes: an
+        // injected fault stops counting in `active_faults`, `istio.stats` records.
+        resp.map(|b| crate::body::holding_until_end(b, self))
     }
 }
 
