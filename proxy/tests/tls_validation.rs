@@ -423,3 +423,83 @@ fn session_resumption_and_its_switches_as_envoy() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// A client certificate chooser that presents nothing and keeps the CA names the server's
+/// certificate request listed.
+#[derive(Debug, Default)]
+struct HintsSeen(std::sync::Mutex<Option<Vec<Vec<u8>>>>);
+
+impl rustls::client::ResolvesClientCert for HintsSeen {
+    fn resolve(
+        &self,
+        root_hint_subjects: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        *self.0.lock().unwrap() = Some(root_hint_subjects.iter().map(|s| s.to_vec()).collect());
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// The CA names a listener trusting two CAs (one file) lists in its certificate request, over
+/// TLS 1.2 and 1.3: Envoy lists the trusted CAs' subjects, and revoy must list the same.
+#[test]
+fn certificate_requests_name_the_trusted_cas_as_envoy() {
+    let test = "certificate_requests_name_the_trusted_cas_as_envoy";
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let dir = CertDir::new();
+    let ca = Ca::new("cluster.local");
+    server_kit(&ca, dir.path());
+    let other = Ca::new("other.example");
+    let both = format!("{}{}", ca.root_pem(), other.root_pem());
+    std::fs::write(dir.path().join("both.pem"), both).expect("write both.pem");
+    let common = format!(
+        "validation_context: {{trusted_ca: {{filename: {}}}}},",
+        dir.path().join("both.pem").display()
+    );
+    let versions = [&rustls::version::TLS12, &rustls::version::TLS13];
+    let run = |proxy: Option<&Path>| {
+        let (admin, port) = (free_port(), free_port());
+        let yaml = bootstrap(
+            admin,
+            port,
+            dir.path(),
+            "require_client_certificate: true,",
+            &common,
+        );
+        let _proxy = Proxy::serving(proxy, &yaml, admin, port);
+        versions
+            .iter()
+            .map(|version| {
+                let seen = Arc::new(HintsSeen::default());
+                let versioned = rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_protocol_versions(&[version])
+                .expect("version")
+                .with_root_certificates(certs::roots(dir.path()))
+                .with_client_cert_resolver(seen.clone());
+                drop(https::get(port, &Arc::new(versioned), "server.test", "/"));
+                seen.0.lock().unwrap().take()
+            })
+            .collect::<Vec<_>>()
+    };
+    let from_envoy = run(Some(&envoy));
+    for names in &from_envoy {
+        assert_eq!(
+            names.as_ref().map(Vec::len),
+            Some(2),
+            "HARNESS: Envoy asked for a certificate naming both CAs"
+        );
+    }
+    assert_eq!(
+        run(None),
+        from_envoy,
+        "revoy (left) differs from Envoy (right)"
+    );
+}

@@ -163,6 +163,7 @@ pub fn server_context(
         Some(validation) => builder.with_client_cert_verifier(Arc::new(verify::ClientVerifier {
             validation: validation.clone(),
             mandatory: spec.require_client_certificate,
+            hints: verify::CaNames::default(),
             checks: verify::Checks {
                 stats,
                 provider: params.provider.clone(),

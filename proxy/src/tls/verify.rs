@@ -278,6 +278,36 @@ impl Checks {
     }
 }
 
+/// The subjects of the trusted CAs a listener's certificate requests name: every distinct
+/// list its validation context has had, kept until the verifier goes, since rustls borrows
+/// the list from the verifier while the CAs may change under it (SDS).
+#[derive(Debug, Default)]
+pub struct CaNames(std::sync::Mutex<Vec<Box<[DistinguishedName]>>>);
+
+impl CaNames {
+    /// `names`, from a copy that lives as long as `self`.
+    fn lend(&self, names: &[DistinguishedName]) -> &[DistinguishedName] {
+        let mut kept = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let same = |last: &[DistinguishedName]| {
+            last.len() == names.len()
+                && last
+                    .iter()
+                    .zip(names)
+                    .all(|(a, b)| a.as_ref() == b.as_ref())
+        };
+        if kept.last().is_none_or(|last| !same(last)) {
+            kept.push(names.into());
+        }
+        let last: *const [DistinguishedName] = &**kept.last().expect("just kept");
+        // SAFETY: the boxed lists are never removed nor changed while `self` lives, and a
+        // box's contents stay where they are when the vector around it grows.
+        unsafe { &*last }
+    }
+}
+
 /// Verifies clients for a listener's chain.
 #[derive(Debug)]
 pub struct ClientVerifier {
@@ -285,6 +315,8 @@ pub struct ClientVerifier {
     pub validation: Arc<LiveValidation>,
     /// `require_client_certificate`.
     pub mandatory: bool,
+    /// The CA names its certificate requests list.
+    pub hints: CaNames,
     /// Signature checks, and where failures are counted.
     pub checks: Checks,
 }
@@ -303,7 +335,12 @@ impl ClientCertVerifier for ClientVerifier {
     }
 
     fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
+        let current = self.validation.current();
+        let names = current
+            .as_ref()
+            .and_then(|v| v.trusted.as_ref())
+            .map_or(&[][..], |t| &t.subjects);
+        self.hints.lend(names)
     }
 
     fn verify_client_cert(

@@ -345,15 +345,12 @@ impl Issued {
 /// `<dir>/<identity>.pem` with `<dir>/<identity>.key`, or no certificate without `identity`.
 pub fn client_config(dir: &Path, identity: Option<&str>) -> rustls::ClientConfig {
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-    let mut roots = rustls::RootCertStore::empty();
-    let root = CertificateDer::from_pem_file(dir.join("root.pem")).expect("root.pem");
-    roots.add(root).expect("the root is a CA");
     let builder = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .expect("versions")
-    .with_root_certificates(roots);
+    .with_root_certificates(roots(dir));
     let Some(file) = identity else {
         return builder.with_no_client_auth();
     };
@@ -365,6 +362,15 @@ pub fn client_config(dir: &Path, identity: Option<&str>) -> rustls::ClientConfig
     builder
         .with_client_auth_cert(chain, key)
         .expect("certificate and key match")
+}
+
+/// A store holding `<dir>/root.pem`.
+pub fn roots(dir: &Path) -> rustls::RootCertStore {
+    use rustls::pki_types::{CertificateDer, pem::PemObject};
+    let mut roots = rustls::RootCertStore::empty();
+    let root = CertificateDer::from_pem_file(dir.join("root.pem")).expect("root.pem");
+    roots.add(root).expect("the root is a CA");
+    roots
 }
 
 /// A fresh directory under the system's temporary directory, removed (with its files) when

@@ -47,6 +47,8 @@ pub struct TrustedCa {
     pub anchors: Arc<Vec<rustls::pki_types::TrustAnchor<'static>>>,
     /// The CA certificates themselves (for `/certs`).
     pub certificates: Vec<CertificateDer<'static>>,
+    /// Their subjects: the CA names a listener's certificate request lists, as Envoy's does.
+    pub subjects: Vec<rustls::DistinguishedName>,
     /// Where they came from (a file, or `<inline>`).
     pub origin: String,
 }
@@ -167,6 +169,10 @@ pub fn compile(
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             Some(TrustedCa {
+                subjects: anchors
+                    .iter()
+                    .map(|a| rustls::DistinguishedName::in_sequence(a.subject.as_ref()))
+                    .collect(),
                 anchors: Arc::new(anchors),
                 certificates,
                 origin: origin(Some(ca)),
