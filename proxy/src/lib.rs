@@ -24,6 +24,7 @@ pub mod process_stats;
 pub mod rbac;
 pub mod route;
 pub mod router_check;
+pub mod runtime;
 pub mod server;
 pub mod shared;
 pub mod snapshot;

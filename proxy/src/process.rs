@@ -130,6 +130,7 @@ pub fn build_process(bootstrap: BootstrapConfig, options: Options) -> Process {
     let local_workload = crate::config::istio::workload::LocalWorkload::from_node(
         &crate::load::effective_node(bootstrap.proto.decode().node.as_ref(), &options),
     );
+    let runtime = Arc::new(crate::runtime::LiveRuntime::new(&bootstrap.runtime, &stats));
     let shared = Arc::new(Shared::new(
         stats,
         clusters,
@@ -137,6 +138,7 @@ pub fn build_process(bootstrap: BootstrapConfig, options: Options) -> Process {
         tracers,
         drain,
         local_workload,
+        runtime,
     ));
     Process {
         applier: Applier::new(shared.clone(), drain_time),

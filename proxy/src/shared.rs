@@ -29,6 +29,8 @@ pub struct Shared {
     /// This proxy's Istio workload (from the node's metadata), which Istio's filters send
     /// and report.
     pub local_workload: Arc<LocalWorkload>,
+    /// The runtime (the bootstrap's layers and the admin layer's overrides).
+    pub runtime: Arc<crate::runtime::LiveRuntime>,
 }
 
 impl Shared {
@@ -40,6 +42,7 @@ impl Shared {
         tracers: Tracers,
         drain: Arc<Drain>,
         local_workload: LocalWorkload,
+        runtime: Arc<crate::runtime::LiveRuntime>,
     ) -> Shared {
         Shared {
             stats,
@@ -49,6 +52,7 @@ impl Shared {
             tracers,
             drain,
             local_workload: Arc::new(local_workload),
+            runtime,
         }
     }
 

@@ -663,8 +663,6 @@ const ADMIN_LISTING_NOT_COMPARED: &[&str] = &[
     "/memory/tcmalloc",
     "/peak_heap_dump",
     "/reopen_logs",
-    "/runtime",
-    "/runtime_modify",
     "/stats/recentlookups",
     "/stats/recentlookups/clear",
     "/stats/recentlookups/disable",
@@ -1522,6 +1520,55 @@ async fn healthcheck_fail() {
 }
 
 /// Every admin endpoint Envoy's `/help` marks POST-only refuses GET with 405; a POST to those
+/// The runtime: `/runtime` lists the layers and values, `/runtime_modify` (query or form)
+/// sets and removes admin-layer overrides, and a route's `runtime_fraction` (Envoy's traffic
+/// shifting) and the fault filter's keys follow them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runtime() {
+    let modify = |name: &'static str, query: &str| {
+        Case::admin(name, "POST", &format!("/runtime_modify?{query}")).expect("body", "OK\n")
+    };
+    let stats = "/stats?filter=^runtime\\.(num_keys|num_layers|admin_overrides_active)$";
+    let cases = [
+        Case::admin("the layers and values", "GET", "/runtime"),
+        Case::get("a static 0: the second route", "/")
+            .same_connection(4)
+            .expect("body", "b"),
+        modify("an override to 100", "routing.shift.a=100&new.key=x"),
+        Case::get("the override: the first route", "/")
+            .same_connection(4)
+            .expect("body", "a"),
+        Case::admin("the layers and values with overrides", "GET", "/runtime"),
+        Case::admin("runtime stats with overrides", "GET", stats),
+        Case::raw(
+            "an override as a form value",
+            b"POST /runtime_modify HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 17\r\nConnection: close\r\n\r\nrouting.shift.a=0",
+        )
+        .at_admin()
+        .expect("body", "OK\n"),
+        Case::get("the form's override: the second route", "/")
+            .same_connection(4)
+            .expect("body", "b"),
+        Case::get("no abort at the configured 0 percent", "/")
+            .listener(1)
+            .expect("body", "through"),
+        modify(
+            "the fault's abort at 100 percent, status 418",
+            "fault.http.abort.abort_percent=100&fault.http.abort.http_status=418",
+        ),
+        Case::get("the runtime's abort", "/")
+            .listener(1)
+            .expect("status", "418"),
+        modify("overrides removed", "routing.shift.a=&new.key=&fault.http.abort.abort_percent=&fault.http.abort.http_status="),
+        Case::get("no abort again", "/")
+            .listener(1)
+            .expect("body", "through"),
+        Case::admin("the layers and values after removal", "GET", "/runtime"),
+        Case::admin("runtime stats after removal", "GET", stats),
+    ];
+    run("runtime", &cases).await;
+}
+
 /// revoy serves without a state of their own (profilers, runtime, lookups) answers as Envoy's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_post_only() {

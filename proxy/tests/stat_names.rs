@@ -58,10 +58,6 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "the connection manager's response classes are kept per manager, not per listener too",
     ),
     (
-        r"runtime\..*",
-        "revoy has no runtime loader (`/runtime` answers 404)",
-    ),
-    (
         r"(server\.|)(main_thread|worker_\d+|workers)\.watchdog_(mega_)?miss",
         "revoy has no watchdog",
     ),

@@ -172,6 +172,7 @@ pub const ENDPOINTS: &[Endpoint] = &[
             ("format", "Format to use; One of (json, text)"),
         ],
     ),
+    ep("/runtime", false, "print runtime values", &[]),
     ep(
         "/runtime_modify",
         true,

@@ -44,6 +44,23 @@ fn text(status: u16, body: impl Into<String>) -> AdminResponse {
 
 /// A JSON answer indented as Envoy prints its protobuf-backed admin answers (`/config_dump`,
 /// `/clusters`, `/server_info`, ...): one space per level.
+/// `/runtime_modify?key=value...` (or form values): Envoy's usage without any, its refusal
+/// without an admin layer, else the admin layer's overrides set or removed.
+fn runtime_modify(req: &AdminRequest, process: &Process) -> AdminResponse {
+    if req.params.is_empty() {
+        return text(
+            400,
+            "usage: /runtime_modify?key1=value1&key2=value2&keyN=valueN\n       \
+             or send the parameters as form values\n\
+             use an empty value to remove a previously added override",
+        );
+    }
+    match process.shared.runtime.modify(&req.params) {
+        Ok(()) => text(200, "OK\n"),
+        Err(e) => text(503, e.to_string()),
+    }
+}
+
 fn json(value: &serde_json::Value) -> AdminResponse {
     let mut body = Vec::new();
     let formatter = serde_json::ser::PrettyFormatter::with_indent(b" ");
@@ -234,7 +251,8 @@ pub fn handle(
         "/cpuprofiler" => unsupported::cpu_profiler(req),
         "/heapprofiler" => unsupported::heap_profiler(),
         "/allocprofiler" => unsupported::alloc_profiler(req),
-        "/runtime_modify" => unsupported::runtime_modify(req, process),
+        "/runtime" => json(&process.shared.runtime.listing()),
+        "/runtime_modify" => runtime_modify(req, process),
         "/stats/recentlookups/clear"
         | "/stats/recentlookups/disable"
         | "/stats/recentlookups/enable" => unsupported::recent_lookups(&req.path),

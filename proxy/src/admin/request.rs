@@ -24,18 +24,10 @@ impl AdminRequest {
     /// Parses a request line's target into path and parameters.
     pub fn from_target(method: &str, target: &str) -> Self {
         let (path, query) = target.split_once('?').unwrap_or((target, ""));
-        let params = query
-            .split('&')
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                (percent_decode(k), percent_decode(v))
-            })
-            .collect();
         AdminRequest {
             method: method.to_owned(),
             path: percent_decode(path),
-            params,
+            params: parameters(query),
             keep_alive: true,
             http10: false,
         }
@@ -55,12 +47,25 @@ impl AdminRequest {
     }
 }
 
+/// `k=v&k2=v2` (a query, or a form body) as decoded pairs.
+fn parameters(encoded: &str) -> Vec<(String, String)> {
+    encoded
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (percent_decode(k), percent_decode(v))
+        })
+        .collect()
+}
+
 /// Decodes `%XX` escapes (and nothing else: `+` stays `+`, as regexes need it).
 pub fn percent_decode(s: &str) -> String {
     crate::route::matcher::percent_decode(s).into_owned()
 }
 
-/// Reads one request (line, headers, and any body, which is discarded).
+/// Reads one request (line, headers, and any body: a form's values join the parameters, as
+/// Envoy's admin takes them; another body is discarded).
 pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
     let mut line = String::new();
     if reader.read_line(&mut line).await.ok()? == 0 {
@@ -76,6 +81,7 @@ pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
     req.keep_alive = version == "HTTP/1.1";
     req.http10 = version == "HTTP/1.0";
     let mut content_length = 0usize;
+    let mut form = false;
     loop {
         let mut h = String::new();
         if reader.read_line(&mut h).await.ok()? == 0 {
@@ -89,6 +95,10 @@ pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
             let value = value.trim();
             if name.eq_ignore_ascii_case("content-length") {
                 content_length = value.parse().unwrap_or(0);
+            } else if name.eq_ignore_ascii_case("content-type") {
+                form = value
+                    .to_ascii_lowercase()
+                    .starts_with("application/x-www-form-urlencoded");
             } else if name.eq_ignore_ascii_case("connection") {
                 req.keep_alive = !value.eq_ignore_ascii_case("close");
             }
@@ -97,6 +107,10 @@ pub async fn read(reader: &mut BufReader<TcpStream>) -> Option<AdminRequest> {
     if content_length > 0 {
         let mut body = vec![0u8; content_length.min(1 << 20)];
         reader.read_exact(&mut body).await.ok()?;
+        if form {
+            req.params
+                .extend(parameters(String::from_utf8_lossy(&body).trim_end()));
+        }
     }
     Some(req)
 }

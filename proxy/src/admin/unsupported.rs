@@ -4,7 +4,6 @@
 //! profiler and has no heap profiler), and with a 501 naming what is missing otherwise.
 
 use super::{AdminRequest, AdminResponse, text};
-use crate::process::Process;
 
 const ENABLE_USAGE: &str = "?enable=<y|n>\n";
 
@@ -38,36 +37,6 @@ pub fn alloc_profiler(req: &AdminRequest) -> AdminResponse {
         None => text(400, ENABLE_USAGE),
         Some(true) => text(501, "revoy has no allocation profiler"),
         Some(false) => text(400, "Allocation profiler is not started"),
-    }
-}
-
-/// `/runtime_modify?key=value...`: Envoy's usage without parameters, and its refusal when the
-/// bootstrap has no admin runtime layer; revoy applies no runtime overrides at all, so with
-/// such a layer it says so.
-pub fn runtime_modify(req: &AdminRequest, process: &Process) -> AdminResponse {
-    use proto::pb::envoy::config::bootstrap::v3::runtime_layer::LayerSpecifier;
-    if req.params.is_empty() {
-        return text(
-            400,
-            "usage: /runtime_modify?key1=value1&key2=value2&keyN=valueN\n       \
-             or send the parameters as form values\n\
-             use an empty value to remove a previously added override",
-        );
-    }
-    let admin_layer = process
-        .bootstrap
-        .proto
-        .decode()
-        .layered_runtime
-        .is_some_and(|r| {
-            r.layers
-                .iter()
-                .any(|l| matches!(l.layer_specifier, Some(LayerSpecifier::AdminLayer(_))))
-        });
-    if admin_layer {
-        text(501, "revoy does not apply runtime overrides")
-    } else {
-        text(503, "No admin layer specified")
     }
 }
 

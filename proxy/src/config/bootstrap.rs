@@ -68,10 +68,9 @@ pub fn compile_bootstrap(
     warnings: &mut Warnings,
 ) -> Result<BootstrapConfig, ConfigError> {
     let first = warnings.len();
-    let runtime = std::sync::Arc::new(super::runtime::StaticRuntime::from_layers(
+    let runtime = std::sync::Arc::new(super::runtime::StaticRuntime::compile(
         b.layered_runtime.as_ref(),
-    ));
-    ctx.use_runtime(runtime.clone());
+    )?);
     let admin = b
         .admin
         .as_ref()

@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use super::ConfigError;
 use crate::route::format::Machine;
@@ -132,7 +132,6 @@ type RegexCache = [HashMap<String, regex::Regex>; 2];
 pub struct Context<'io> {
     io: &'io dyn ConfigIo,
     regexes: RefCell<RegexCache>,
-    runtime: RefCell<Arc<super::runtime::StaticRuntime>>,
 }
 
 impl<'io> Context<'io> {
@@ -141,18 +140,7 @@ impl<'io> Context<'io> {
         Context {
             io,
             regexes: RefCell::default(),
-            runtime: RefCell::default(),
         }
-    }
-
-    /// Compiles from here on read `runtime` (the bootstrap's static layers; empty until set).
-    pub fn use_runtime(&self, runtime: Arc<super::runtime::StaticRuntime>) {
-        *self.runtime.borrow_mut() = runtime;
-    }
-
-    /// The static runtime compiles read.
-    pub fn runtime(&self) -> Arc<super::runtime::StaticRuntime> {
-        self.runtime.borrow().clone()
     }
 
     /// The I/O this compile does.

@@ -363,6 +363,11 @@ async fn route_and_forward(
         .get(&forwarding::X_FORWARDED_PROTO)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
     let random_value: u64 = rand::random();
+    // Route `runtime_fraction`s read the runtime as it is when the request is routed.
+    let runtime = ctx.shared.runtime.snapshot();
+    let runtime = runtime
+        .as_deref()
+        .map(|s| s as &dyn crate::route::matcher::Runtime);
     let method = req.method().clone();
     // Routing reads the request headers while the forward path rewrites them: they are moved
     // out for routing and put back before the rewrite (no copy unless a mirror or response
@@ -375,6 +380,7 @@ async fn route_and_forward(
         &route_headers,
         https,
         random_value,
+        runtime,
     );
     let scheme = if https { "https" } else { "http" };
     let seen = Seen {
@@ -401,7 +407,15 @@ async fn route_and_forward(
         // a filter's reply is logged with it, and so is a request the request timeout ends
         // while a filter holds it.
         let note_cluster = |r: &mut Record, headers: &http::HeaderMap| {
-            let req = routing(&method, &host_full, &path, headers, https, random_value);
+            let req = routing(
+                &method,
+                &host_full,
+                &path,
+                headers,
+                https,
+                random_value,
+                runtime,
+            );
             note_route_cluster(r, selected, &req, ctx);
         };
         if activity.is_some()
@@ -478,6 +492,7 @@ async fn route_and_forward(
         &route_headers,
         https,
         random_value,
+        runtime,
     );
     route_req.metadata = Some(&*metadata);
     if reselect {
@@ -849,6 +864,7 @@ async fn route_and_forward(
                         let mut mirror_req = RouteRequest::new(&method, &host_full, &path, view);
                         mirror_req.https = https;
                         mirror_req.random_value = random_value;
+                        mirror_req.runtime = runtime;
                         mirror::spawn(&fwd.mirror_policies, &mirror_req, &parts, &replay, &how);
                         RequestBody::Replay(replay)
                     }
@@ -1035,10 +1051,12 @@ fn routing<'a>(
     headers: &'a http::HeaderMap,
     https: bool,
     random_value: u64,
+    runtime: Option<&'a dyn crate::route::matcher::Runtime>,
 ) -> RouteRequest<'a> {
     let mut r = RouteRequest::new(method, host, path, headers);
     r.https = https;
     r.random_value = random_value;
+    r.runtime = runtime;
     r
 }
 

@@ -1189,7 +1189,6 @@ impl Handler for ProxyHandler {
         };
         let mut st = self.state.lock().expect("xds state");
         let ctx = Context::new(&*self.io);
-        ctx.use_runtime(process.bootstrap.runtime.clone());
         let size = update.resources.len() + update.removed.len();
         let applied = match update.type_url.as_str() {
             CLUSTER_TYPE_URL => self.apply_clusters(&process, &mut st, update),

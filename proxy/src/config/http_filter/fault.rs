@@ -1,5 +1,5 @@
-//! `envoy.filters.http.fault` (`HTTPFault`) -> [`FaultConfig`], with the runtime keys that
-//! override its percentages, status, delay and limit read from the bootstrap's static layers.
+//! `envoy.filters.http.fault` (`HTTPFault`) -> [`FaultConfig`], with the names of the runtime
+//! keys that override its percentages, statuses, delay and limit (read per request).
 
 use std::time::Duration;
 
@@ -7,7 +7,6 @@ use proto::pb::envoy::extensions::filters::common::fault::v3::fault_delay::Fault
 use proto::pb::envoy::extensions::filters::http::fault::v3::{HttpFault, fault_abort::ErrorType};
 
 use crate::config::route::matchers::{fractional, header_matchers};
-use crate::config::runtime::StaticRuntime;
 use crate::config::{ConfigError, Context};
 use crate::route::matcher::{FractionalPercent, HeaderMatcher};
 
@@ -29,6 +28,25 @@ pub struct FaultConfig {
     pub max_active_faults: Option<u64>,
     /// `disable_downstream_cluster_stats`: no stats per `x-envoy-downstream-service-cluster`.
     pub disable_downstream_cluster_stats: bool,
+    /// The runtime keys that override the values above, read per request.
+    pub keys: FaultKeys,
+}
+
+/// The runtime keys of a fault configuration (the `*_runtime` fields, else Envoy's defaults).
+#[derive(Debug, Clone)]
+pub struct FaultKeys {
+    /// The delay's percentage (`fault.http.delay.fixed_delay_percent`).
+    pub delay_percent: String,
+    /// The delay's duration in ms (`fault.http.delay.fixed_duration_ms`).
+    pub delay_duration: String,
+    /// The abort's percentage (`fault.http.abort.abort_percent`).
+    pub abort_percent: String,
+    /// The abort's HTTP status (`fault.http.abort.http_status`).
+    pub abort_http_status: String,
+    /// The abort's gRPC status (`fault.http.abort.grpc_status`).
+    pub abort_grpc_status: String,
+    /// `max_active_faults` (`fault.http.max_active_faults`).
+    pub max_active_faults: String,
 }
 
 /// A delay to inject.
@@ -71,29 +89,12 @@ pub enum AbortError {
 }
 
 /// `name`, or `default` when it is empty (the `*_runtime` fields name the keys).
-fn key<'a>(name: &'a str, default: &'a str) -> &'a str {
-    if name.is_empty() { default } else { name }
-}
-
-/// The share of requests the runtime's `key` gives, else `configured`: Envoy reads an integer
-/// value as a percentage (over 100: every request), anything else leaves the configured one.
-fn runtime_percent(
-    rt: &StaticRuntime,
-    key: &str,
-    configured: FractionalPercent,
-) -> FractionalPercent {
-    match rt.number(key) {
-        Some(n) if n >= 0.0 && n.fract() == 0.0 => FractionalPercent {
-            numerator: n.min(100.0) as u32,
-            denominator: 100,
-        },
-        _ => configured,
-    }
+fn key(name: &str, default: &str) -> String {
+    if name.is_empty() { default } else { name }.to_owned()
 }
 
 /// Compiles an `HTTPFault`.
 pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigError> {
-    let rt = ctx.runtime();
     if f.response_rate_limit.is_some() {
         return Err(ConfigError::new(
             "response_rate_limit",
@@ -105,13 +106,9 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         .as_ref()
         .map(|d| {
             let duration = match &d.fault_delay_secifier {
-                Some(FaultDelaySecifier::FixedDelay(t)) => DelaySource::Fixed(
-                    rt.integer(key(
-                        &f.delay_duration_runtime,
-                        "fault.http.delay.fixed_duration_ms",
-                    ))
-                    .map_or_else(|| crate::config::route::duration(t), Duration::from_millis),
-                ),
+                Some(FaultDelaySecifier::FixedDelay(t)) => {
+                    DelaySource::Fixed(crate::config::route::duration(t))
+                }
                 Some(FaultDelaySecifier::HeaderDelay(_)) => DelaySource::Header,
                 None => {
                     return Err(ConfigError::new(
@@ -122,14 +119,7 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
             };
             Ok(Delay {
                 duration,
-                percentage: runtime_percent(
-                    &rt,
-                    key(
-                        &f.delay_percent_runtime,
-                        "fault.http.delay.fixed_delay_percent",
-                    ),
-                    d.percentage.as_ref().map_or(NONE, fractional),
-                ),
+                percentage: d.percentage.as_ref().map_or(NONE, fractional),
             })
         })
         .transpose()?;
@@ -138,28 +128,16 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         .as_ref()
         .map(|a| {
             let error = match a.error_type {
-                Some(ErrorType::HttpStatus(s)) if (200..600).contains(&s) => AbortError::Http(
-                    rt.integer(key(
-                        &f.abort_http_status_runtime,
-                        "fault.http.abort.http_status",
-                    ))
-                    .filter(|s| (200..600).contains(s))
-                    .map_or(s as u16, |s| s as u16),
-                ),
+                Some(ErrorType::HttpStatus(s)) if (200..600).contains(&s) => {
+                    AbortError::Http(s as u16)
+                }
                 Some(ErrorType::HttpStatus(s)) => {
                     return Err(ConfigError::new(
                         "abort.http_status",
                         format!("value must be inside range [200, 600), got {s}"),
                     ));
                 }
-                Some(ErrorType::GrpcStatus(s)) => AbortError::Grpc(
-                    rt.integer(key(
-                        &f.abort_grpc_status_runtime,
-                        "fault.http.abort.grpc_status",
-                    ))
-                    .and_then(|s| u32::try_from(s).ok())
-                    .unwrap_or(s),
-                ),
+                Some(ErrorType::GrpcStatus(s)) => AbortError::Grpc(s),
                 Some(ErrorType::HeaderAbort(_)) => AbortError::Header,
                 None => {
                     return Err(ConfigError::new(
@@ -170,11 +148,7 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
             };
             Ok(Abort {
                 error,
-                percentage: runtime_percent(
-                    &rt,
-                    key(&f.abort_percent_runtime, "fault.http.abort.abort_percent"),
-                    a.percentage.as_ref().map_or(NONE, fractional),
-                ),
+                percentage: a.percentage.as_ref().map_or(NONE, fractional),
             })
         })
         .transpose()?;
@@ -184,13 +158,22 @@ pub fn compile(ctx: &Context<'_>, f: &HttpFault) -> Result<FaultConfig, ConfigEr
         upstream_cluster: f.upstream_cluster.clone(),
         headers: header_matchers(ctx, &f.headers)?,
         downstream_nodes: f.downstream_nodes.clone(),
-        max_active_faults: rt
-            .integer(key(
-                &f.max_active_faults_runtime,
-                "fault.http.max_active_faults",
-            ))
-            .or(f.max_active_faults.map(|v| u64::from(v.value))),
+        max_active_faults: f.max_active_faults.map(|v| u64::from(v.value)),
         disable_downstream_cluster_stats: f.disable_downstream_cluster_stats,
+        keys: FaultKeys {
+            delay_percent: key(
+                &f.delay_percent_runtime,
+                "fault.http.delay.fixed_delay_percent",
+            ),
+            delay_duration: key(
+                &f.delay_duration_runtime,
+                "fault.http.delay.fixed_duration_ms",
+            ),
+            abort_percent: key(&f.abort_percent_runtime, "fault.http.abort.abort_percent"),
+            abort_http_status: key(&f.abort_http_status_runtime, "fault.http.abort.http_status"),
+            abort_grpc_status: key(&f.abort_grpc_status_runtime, "fault.http.abort.grpc_status"),
+            max_active_faults: key(&f.max_active_faults_runtime, "fault.http.max_active_faults"),
+        },
     })
 }
 

@@ -8,9 +8,10 @@ use http::{HeaderMap, HeaderName, Response, StatusCode};
 use super::{Encoder, Encoders, FilterRequest};
 use crate::access_log::ResponseFlag;
 use crate::body::Body;
-use crate::config::http_filter::fault::{AbortError, DelaySource, FaultConfig};
+use crate::config::http_filter::fault::{AbortError, DelaySource, FaultConfig, FaultKeys};
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
-use crate::route::matcher::FractionalPercent;
+use crate::route::matcher::{FractionalPercent, Runtime};
+use crate::runtime::Snapshot;
 use crate::stats::keyed::Keyed;
 use crate::stats::{Counter, Gauge, Store};
 
@@ -91,25 +92,27 @@ impl Fault {
         if !applies(config, req) {
             return None;
         }
+        let runtime = req.conn.shared.runtime.snapshot();
+        let rt = Overrides(runtime.as_deref(), &config.keys);
         let downstream_cluster = req
             .headers
             .get(&DOWNSTREAM_CLUSTER)
             .and_then(|v| v.to_str().ok())
             .filter(|v| !v.is_empty())
             .map(str::to_owned);
-        if let Some(delay) = delay_of(config, req.headers)
-            && let Some(guard) = self.try_activate(config)
+        if let Some(delay) = delay_of(config, req.headers, &rt)
+            && let Some(guard) = self.try_activate(config, &rt)
         {
             self.count(config, true, downstream_cluster.as_deref());
             req.note(ResponseFlag::DelayInjected, None);
             tracing::debug!(ms = delay.as_millis() as u64, "fault: delaying request");
             tokio::time::sleep(delay).await;
             // Without an abort to follow, the guard drops here: the delay's fault has ended.
-            let abort = abort_of(config, req.headers)?;
+            let abort = abort_of(config, req.headers, &rt)?;
             return Some(self.abort(config, req, abort, guard, encoders, downstream_cluster));
         }
-        let abort = abort_of(config, req.headers)?;
-        let guard = self.try_activate(config)?;
+        let abort = abort_of(config, req.headers, &rt)?;
+        let guard = self.try_activate(config, &rt)?;
         Some(self.abort(config, req, abort, guard, encoders, downstream_cluster))
     }
 
@@ -154,8 +157,9 @@ impl Fault {
 
     /// Counts the request in `active_faults` until the returned guard drops, unless the
     /// filter already has `max_active_faults` active (then counts `faults_overflow`).
-    fn try_activate(&self, config: &FaultConfig) -> Option<ActiveFault> {
-        if let Some(max) = config.max_active_faults
+    fn try_activate(&self, config: &FaultConfig, rt: &Overrides<'_>) -> Option<ActiveFault> {
+        let max = config.max_active_faults;
+        if let Some(max) = rt.integer(&rt.1.max_active_faults).or(max)
             && self.stats.active_faults.value() >= max
         {
             self.stats.faults_overflow.inc();
@@ -194,8 +198,29 @@ fn applies(config: &FaultConfig, req: &FilterRequest<'_>) -> bool {
     config.headers.iter().all(|h| h.matches(&route_req))
 }
 
-/// The delay to inject, if any: enabled by its percentage and longer than 0 ms.
-fn delay_of(config: &FaultConfig, headers: &HeaderMap) -> Option<Duration> {
+/// The runtime as the fault filter reads it (its snapshot, when it has values) and the keys
+/// of the request's fault settings.
+struct Overrides<'a>(Option<&'a Snapshot>, &'a FaultKeys);
+
+impl Overrides<'_> {
+    /// Envoy's `getInteger(key, default)`, without the default.
+    fn integer(&self, key: &str) -> Option<u64> {
+        self.0?.integer(key)
+    }
+
+    /// Envoy's `featureEnabled(key, percentage)`: the key's value, else `percentage`.
+    fn sampled(&self, key: &str, percentage: FractionalPercent) -> bool {
+        let random = rand::random();
+        match self.0 {
+            Some(s) => s.feature_enabled(key, percentage, random),
+            None => percentage.enabled(random),
+        }
+    }
+}
+
+/// The delay to inject, if any: enabled by its percentage and longer than 0 ms, the runtime's
+/// values overriding the settings' (and the request's headers').
+fn delay_of(config: &FaultConfig, headers: &HeaderMap, rt: &Overrides<'_>) -> Option<Duration> {
     let delay = config.delay.as_ref()?;
     let (duration, percentage) = match delay.duration {
         DelaySource::Fixed(d) => (Some(d), delay.percentage),
@@ -204,14 +229,22 @@ fn delay_of(config: &FaultConfig, headers: &HeaderMap) -> Option<Duration> {
             from_header(delay.percentage, headers, &DELAY_PERCENTAGE),
         ),
     };
-    if !sampled(percentage) {
+    if !rt.sampled(&rt.1.delay_percent, percentage) {
         return None;
     }
+    let duration = duration.map(|d| {
+        rt.integer(&rt.1.delay_duration)
+            .map_or(d, Duration::from_millis)
+    });
     duration.filter(|d| d.as_millis() > 0)
 }
 
 /// The abort to inject, if any: its HTTP status, and the gRPC status for gRPC requests.
-fn abort_of(config: &FaultConfig, headers: &HeaderMap) -> Option<(StatusCode, Option<u16>)> {
+fn abort_of(
+    config: &FaultConfig,
+    headers: &HeaderMap,
+    rt: &Overrides<'_>,
+) -> Option<(StatusCode, Option<u16>)> {
     let abort = config.abort.as_ref()?;
     let (http, grpc, percentage) = match abort.error {
         AbortError::Http(s) => (Some(s), None, abort.percentage),
@@ -224,9 +257,19 @@ fn abort_of(config: &FaultConfig, headers: &HeaderMap) -> Option<(StatusCode, Op
             from_header(abort.percentage, headers, &ABORT_PERCENTAGE),
         ),
     };
-    if !sampled(percentage) {
+    if !rt.sampled(&rt.1.abort_percent, percentage) {
         return None;
     }
+    let http = http.map(|s| {
+        rt.integer(&rt.1.abort_http_status)
+            .filter(|s| (200..600).contains(s))
+            .map_or(s, |s| s as u16)
+    });
+    let grpc = grpc.map(|g| {
+        rt.integer(&rt.1.abort_grpc_status)
+            .and_then(|g| u32::try_from(g).ok())
+            .unwrap_or(g)
+    });
     let grpc = grpc.map(|g| g.min(u32::from(u16::MAX)) as u16);
     match (http, grpc) {
         (Some(s), g) => Some((StatusCode::from_u16(s).ok()?, g)),
@@ -254,8 +297,4 @@ fn from_header(
         },
         None => configured,
     }
-}
-
-fn sampled(p: FractionalPercent) -> bool {
-    p.enabled(rand::random())
 }
