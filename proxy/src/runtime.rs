@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use arc_swap::ArcSwap;
 
-use crate::config::runtime::{LayerKind, RuntimeValue, StaticRuntime};
+use crate::config::runtime::{LayerKind, RuntimeFlag, RuntimeValue, StaticRuntime};
 use crate::route::matcher::FractionalPercent;
 use crate::stats::{Counter, Gauge, Store};
 
@@ -123,6 +123,17 @@ impl LiveRuntime {
         self.any
             .load(Ordering::Relaxed)
             .then(|| self.current.load_full())
+    }
+
+    /// Whether `flag` is on: the runtime's boolean at its key (Envoy's `getBoolean`), else
+    /// its default. Nothing is loaded for an unset flag or an empty runtime.
+    pub fn flag(&self, flag: &RuntimeFlag) -> bool {
+        if flag.key.is_empty() {
+            return flag.default;
+        }
+        self.snapshot()
+            .and_then(|s| s.values.get(&flag.key)?.value.boolean)
+            .unwrap_or(flag.default)
     }
 
     /// `/runtime_modify`: sets (or, with an empty value, removes) admin-layer overrides and

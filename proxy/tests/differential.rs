@@ -1559,6 +1559,18 @@ async fn runtime() {
         Case::get("the runtime's abort", "/")
             .listener(1)
             .expect("status", "418"),
+        Case::get("compressed, the flag's default", "/")
+            .listener(2)
+            .header("accept-encoding", "gzip")
+            .expect("response.header.content-encoding", "gzip"),
+        Case::get("rate limited, the fraction's default", "/")
+            .listener(2)
+            .expect("status", "429"),
+        modify("the limit and the compressor off", "rl.enabled=0&gzip.on=false"),
+        Case::get("neither limited nor compressed", "/")
+            .listener(2)
+            .header("accept-encoding", "gzip")
+            .expect("status", "200"),
         modify("overrides removed", "routing.shift.a=&new.key=&fault.http.abort.abort_percent=&fault.http.abort.http_status="),
         Case::get("no abort again", "/")
             .listener(1)

@@ -8,6 +8,8 @@
 use std::time::Duration;
 
 use proto::pb::envoy::config::core::v3::RuntimeFeatureFlag;
+
+use super::runtime::RuntimeFlag;
 use proto::pb::envoy::extensions::filters::listener::local_ratelimit::v3::LocalRateLimit as ListenerLocalRateLimit;
 use proto::pb::envoy::extensions::filters::network::connection_limit::v3::ConnectionLimit;
 use proto::pb::envoy::extensions::filters::network::local_ratelimit::v3::LocalRateLimit;
@@ -72,8 +74,8 @@ pub struct ListenerRateLimit {
     pub stat_prefix: String,
     /// `token_bucket`.
     pub bucket: TokenBucketSpec,
-    /// `runtime_enabled`'s default (revoy has no runtime; true when unset).
-    pub enabled: bool,
+    /// `runtime_enabled` (on when unset).
+    pub enabled: RuntimeFlag,
 }
 
 /// A compiled network `LocalRateLimit`: each new connection takes a token or is closed.
@@ -85,8 +87,8 @@ pub struct NetworkRateLimit {
     pub bucket: TokenBucketSpec,
     /// `share_key`: filters with the same key and bucket share one bucket (empty: never shared).
     pub share_key: String,
-    /// `runtime_enabled`'s default (revoy has no runtime; true when unset).
-    pub enabled: bool,
+    /// `runtime_enabled` (on when unset).
+    pub enabled: RuntimeFlag,
 }
 
 /// A compiled `ConnectionLimit`: at most `max_connections` open connections through the filter.
@@ -99,8 +101,8 @@ pub struct ConnectionLimitConfig {
     pub max_connections: u64,
     /// `delay`: how long a connection over the limit is held (unread) before it is closed.
     pub delay: Option<Duration>,
-    /// `runtime_enabled`'s default (revoy has no runtime; true when unset).
-    pub enabled: bool,
+    /// `runtime_enabled` (on when unset).
+    pub enabled: RuntimeFlag,
 }
 
 /// Compiles a network `LocalRateLimit`; errors name fields relative to the message.
@@ -247,10 +249,10 @@ fn stat_prefix(s: &str) -> Result<String, ConfigError> {
     Ok(s.to_owned())
 }
 
-/// A `RuntimeFeatureFlag`'s default value (true when the flag is unset, as in Envoy).
-fn feature_flag(flag: Option<&RuntimeFeatureFlag>, path: &str) -> Result<bool, ConfigError> {
+/// A `RuntimeFeatureFlag` (on when unset, as in Envoy); its key and default are required.
+fn feature_flag(flag: Option<&RuntimeFeatureFlag>, path: &str) -> Result<RuntimeFlag, ConfigError> {
     let Some(flag) = flag else {
-        return Ok(true);
+        return Ok(RuntimeFlag::on());
     };
     if flag.runtime_key.is_empty() {
         return Err(ConfigError::new(
@@ -258,9 +260,14 @@ fn feature_flag(flag: Option<&RuntimeFeatureFlag>, path: &str) -> Result<bool, C
             "value length must be at least 1 characters",
         ));
     }
-    flag.default_value
+    let default = flag
+        .default_value
         .map(|b| b.value)
-        .ok_or_else(|| ConfigError::new(format!("{path}.default_value"), "value is required"))
+        .ok_or_else(|| ConfigError::new(format!("{path}.default_value"), "value is required"))?;
+    Ok(RuntimeFlag {
+        key: flag.runtime_key.clone(),
+        default,
+    })
 }
 
 #[cfg(test)]
@@ -282,7 +289,13 @@ mod tests {
         let c = compile_rate_limit(&p).unwrap();
         assert_eq!(c.bucket.max_tokens, 2);
         assert_eq!(c.share_key, "k");
-        assert!(!c.enabled);
+        assert_eq!(
+            c.enabled,
+            RuntimeFlag {
+                key: "rk".into(),
+                default: false
+            }
+        );
         let p: LocalRateLimit = decode("{stat_prefix: s}");
         assert_eq!(compile_rate_limit(&p).unwrap_err().path, "token_bucket");
         let p: LocalRateLimit = decode("{token_bucket: {max_tokens: 2, fill_interval: 1s}}");
@@ -362,7 +375,7 @@ mod tests {
         let c = compile_listener_rate_limit(&p).unwrap();
         assert_eq!(
             (c.stat_prefix.as_str(), c.bucket.max_tokens, c.enabled),
-            ("l", 3, true)
+            ("l", 3, RuntimeFlag::on())
         );
         let p: ListenerLocalRateLimit = decode("{stat_prefix: l}");
         assert_eq!(
@@ -383,7 +396,7 @@ mod tests {
         let c = compile_connection_limit(&p).unwrap();
         assert_eq!(c.max_connections, 2);
         assert_eq!(c.delay, Some(Duration::from_millis(250)));
-        assert!(c.enabled);
+        assert_eq!(c.enabled, RuntimeFlag::on());
         let p: ConnectionLimit = decode("{stat_prefix: c, max_connections: 2, delay: 0s}");
         assert_eq!(compile_connection_limit(&p).unwrap().delay, None);
         let p: ConnectionLimit = decode("{stat_prefix: c}");

@@ -54,6 +54,25 @@ impl RuntimeValue {
     }
 }
 
+/// A `RuntimeFeatureFlag`: on or off by the runtime's boolean at `key`, else `default`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeFlag {
+    /// The runtime key (empty: the flag was not set, and `default` holds).
+    pub key: String,
+    /// `default_value`.
+    pub default: bool,
+}
+
+impl RuntimeFlag {
+    /// An unset flag: always on, as Envoy takes it.
+    pub fn on() -> RuntimeFlag {
+        RuntimeFlag {
+            key: String::new(),
+            default: true,
+        }
+    }
+}
+
 /// What a layer is.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LayerKind {

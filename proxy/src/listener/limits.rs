@@ -10,14 +10,16 @@ use crate::access_log::record::{Downstream, Record};
 use crate::config::network_limits::{
     ConnectionLimitConfig, ListenerRateLimit, NetworkLimit, NetworkRateLimitService,
 };
+use crate::config::runtime::RuntimeFlag;
 use crate::http::filters::rls::{self, Verdict};
 use crate::limits::{Descriptor, SharedBuckets, TokenBucket};
+use crate::runtime::LiveRuntime;
 use crate::stats::{Counter, Gauge, Store};
 use crate::upstream::ClusterManager;
 
 /// A listener's `envoy.filters.listener.local_ratelimit`: its bucket and counter.
 pub struct ListenerRateLimiter {
-    enabled: bool,
+    enabled: RuntimeFlag,
     bucket: TokenBucket,
     rate_limited: Counter,
 }
@@ -26,7 +28,7 @@ impl ListenerRateLimiter {
     /// The limiter of `config`, its counter resolved in `stats`.
     pub fn new(config: &ListenerRateLimit, stats: &Store) -> Self {
         ListenerRateLimiter {
-            enabled: config.enabled,
+            enabled: config.enabled.clone(),
             bucket: TokenBucket::new(config.bucket),
             rate_limited: stats.counter(&format!(
                 "listener_local_ratelimit.{}.rate_limited",
@@ -35,9 +37,10 @@ impl ListenerRateLimiter {
         }
     }
 
-    /// Whether an accepted socket may go on (it took a token); else the caller closes it.
-    pub fn admit(&self) -> bool {
-        if !self.enabled || self.bucket.try_take() {
+    /// Whether an accepted socket may go on (it took a token, or `runtime` has the limit
+    /// off); else the caller closes it.
+    pub fn admit(&self, runtime: &LiveRuntime) -> bool {
+        if !runtime.flag(&self.enabled) || self.bucket.try_take() {
             return true;
         }
         self.rate_limited.inc();
@@ -51,7 +54,7 @@ pub struct NetworkLimiters(Vec<Limiter>);
 
 enum Limiter {
     Rate {
-        enabled: bool,
+        enabled: RuntimeFlag,
         bucket: Arc<TokenBucket>,
         rate_limited: Counter,
     },
@@ -176,7 +179,7 @@ impl NetworkLimiters {
             .iter()
             .map(|l| match l {
                 NetworkLimit::RateLimit(r) => Limiter::Rate {
-                    enabled: r.enabled,
+                    enabled: r.enabled.clone(),
                     bucket: shared.get(&r.share_key, r.bucket),
                     rate_limited: stats
                         .counter(&format!("local_rate_limit.{}.rate_limited", r.stat_prefix)),
@@ -200,10 +203,11 @@ impl NetworkLimiters {
     /// caller closes it (after a `connection_limit`'s `delay`, which this waits out holding
     /// the connection's place, as Envoy does); else the connection's places in the limits.
     /// A rate limit service is called through `clusters`, about a connection from
-    /// `downstream()` (made only then).
+    /// `downstream()` (made only then); `runtime` turns limits on and off.
     pub async fn admit(
         &self,
         clusters: &ClusterManager,
+        runtime: &LiveRuntime,
         downstream: impl Fn() -> Downstream,
     ) -> Option<Admitted<'_>> {
         let mut admitted = Admitted(Vec::new());
@@ -214,7 +218,7 @@ impl NetworkLimiters {
                     bucket,
                     rate_limited,
                 } => {
-                    if *enabled && !bucket.try_take() {
+                    if runtime.flag(enabled) && !bucket.try_take() {
                         rate_limited.inc();
                         tracing::debug!("local_rate_limit: rate limiting connection");
                         return None;
@@ -229,7 +233,7 @@ impl NetworkLimiters {
                     }
                 }
                 Limiter::Connections(c) => {
-                    if !c.config.enabled {
+                    if !runtime.flag(&c.config.enabled) {
                         continue;
                     }
                     c.active.inc();

@@ -387,7 +387,11 @@ impl Listener {
             let listeners = listeners.load_full();
             if let Some(target) = handoff_target(&listeners, to, self) {
                 // The accepting listener's filters run before the hand-off, as in Envoy.
-                if self.rate_limit.as_ref().is_some_and(|r| !r.admit()) {
+                if self
+                    .rate_limit
+                    .as_ref()
+                    .is_some_and(|r| !r.admit(&shared.runtime))
+                {
                     return;
                 }
                 return target
@@ -432,7 +436,11 @@ impl Listener {
     ) {
         let destination = original.unwrap_or(local);
         let f = &self.config.filters;
-        let rate_limited = || self.rate_limit.as_ref().is_some_and(|r| !r.admit());
+        let rate_limited = || {
+            self.rate_limit
+                .as_ref()
+                .is_some_and(|r| !r.admit(&shared.runtime))
+        };
         if f.rate_limit_first && rate_limited() {
             return;
         }
@@ -506,7 +514,11 @@ impl Listener {
             local: Some(destination),
             server_name: inspected.server_name.as_deref().map(Into::into),
         };
-        let Some(_admitted) = chain.limits.admit(&shared.clusters, downstream).await else {
+        let Some(_admitted) = chain
+            .limits
+            .admit(&shared.clusters, &shared.runtime, downstream)
+            .await
+        else {
             chain.kind.count_refused();
             self.cx_destroy.inc();
             return;

@@ -2,6 +2,8 @@
 //! `compressor_library` (gzip, brotli, zstd) -> [`CompressorConfig`].
 
 use proto::pb::envoy::config::core::v3::{RuntimeFeatureFlag, TypedExtensionConfig};
+
+use crate::config::runtime::RuntimeFlag;
 use proto::pb::envoy::extensions::compression::brotli::compressor::v3::{
     Brotli as BrotliProto, brotli::EncoderMode,
 };
@@ -60,8 +62,8 @@ pub struct CompressorConfig {
 /// What both directions check before compressing.
 #[derive(Debug, Clone)]
 pub struct Direction {
-    /// `common_config.enabled`'s default value (revoy has no runtime to override it).
-    pub enabled: bool,
+    /// `common_config.enabled` (on when unset).
+    pub enabled: RuntimeFlag,
     /// `min_content_length` (0 or unset: 30): a shorter `content-length` is not compressed.
     pub min_content_length: u64,
     /// `content_type` (Envoy's list when empty), lower-cased: what is compressed.
@@ -315,9 +317,12 @@ fn direction(c: &CommonDirectionConfig, at: &str) -> Result<Direction, ConfigErr
     })
 }
 
-/// A runtime feature flag's default (unset: enabled).
-fn enabled(flag: Option<&RuntimeFeatureFlag>) -> bool {
-    flag.and_then(|f| f.default_value).is_none_or(|v| v.value)
+/// A runtime feature flag (unset, or without a default: on).
+fn enabled(flag: Option<&RuntimeFeatureFlag>) -> RuntimeFlag {
+    flag.map_or_else(RuntimeFlag::on, |f| RuntimeFlag {
+        key: f.runtime_key.clone(),
+        default: f.default_value.is_none_or(|v| v.value),
+    })
 }
 
 /// Envoy's minimum content length: 0 and unset mean 30.

@@ -148,17 +148,18 @@ impl Compress {
     ) {
         let accept_encoding = joined(req.headers, &ACCEPT_ENCODING);
         let response = &self.config.response;
+        let runtime = &req.conn.shared.runtime;
         let (enabled, remove_accept) = match route {
             Some(CompressorPerRouteConfig::Disabled) => (false, false),
             Some(CompressorPerRouteConfig::Overrides {
                 response_enabled,
                 remove_accept_encoding_header,
             }) => (
-                response_enabled.unwrap_or(response.common.enabled),
+                response_enabled.unwrap_or_else(|| runtime.flag(&response.common.enabled)),
                 remove_accept_encoding_header.unwrap_or(response.remove_accept_encoding_header),
             ),
             None => (
-                response.common.enabled,
+                runtime.flag(&response.common.enabled),
                 response.remove_accept_encoding_header,
             ),
         };
@@ -180,7 +181,7 @@ impl Compress {
         let body_follows = !http_body::Body::is_end_stream(req.body);
         let compress = match &self.config.request {
             Some(dir) => {
-                dir.enabled
+                req.conn.shared.runtime.flag(&dir.enabled)
                     && body_follows
                     && !is_upgrade(req.headers)
                     && min_length(dir, req.headers, &self.request)

@@ -14,6 +14,7 @@ use super::{Encoder, Encoders, FilterRequest, sampled};
 use crate::body::{self, Body};
 use crate::config::http_filter::cors::CorsPolicy;
 use crate::route::Action;
+use crate::runtime::Snapshot;
 use crate::stats::{Counter, Store};
 
 static REQUEST_METHOD: HeaderName = HeaderName::from_static("access-control-request-method");
@@ -76,8 +77,9 @@ impl Cors {
             policies.extend(route.legacy_cors::<CorsPolicy>());
         }
         let policies = Policies(policies);
-        let enabled = policies.enabled();
-        if !enabled && !policies.shadow_enabled() {
+        let runtime = req.conn.shared.runtime.snapshot();
+        let enabled = policies.enabled(runtime.as_deref());
+        if !enabled && !policies.shadow_enabled(runtime.as_deref()) {
             return None;
         }
         let origin = req
@@ -201,17 +203,21 @@ impl Policies<'_> {
     }
 
     /// The most specific policy's `filter_enabled` (enabled when unset).
-    fn enabled(&self) -> bool {
-        self.0
-            .first()
-            .is_some_and(|p| p.filter_enabled.as_ref().is_none_or(sampled))
+    fn enabled(&self, runtime: Option<&Snapshot>) -> bool {
+        self.0.first().is_some_and(|p| {
+            p.filter_enabled
+                .as_ref()
+                .is_none_or(|f| sampled(runtime, f))
+        })
     }
 
     /// The most specific policy's `shadow_enabled` (off when unset).
-    fn shadow_enabled(&self) -> bool {
-        self.0
-            .first()
-            .is_some_and(|p| p.shadow_enabled.as_ref().is_some_and(sampled))
+    fn shadow_enabled(&self, runtime: Option<&Snapshot>) -> bool {
+        self.0.first().is_some_and(|p| {
+            p.shadow_enabled
+                .as_ref()
+                .is_some_and(|f| sampled(runtime, f))
+        })
     }
 
     /// Whether the most specific non-empty `allow_origin_string_match` admits `origin` (or

@@ -42,8 +42,13 @@ impl Csrf {
         route_policy: Option<&CsrfConfig>,
     ) -> Option<Response<Body>> {
         let policy = route_policy.unwrap_or(&self.config);
-        let enabled = sampled(&policy.filter_enabled);
-        let shadow = policy.shadow_enabled.as_ref().is_some_and(sampled);
+        let runtime = req.conn.shared.runtime.snapshot();
+        let runtime = runtime.as_deref();
+        let enabled = sampled(runtime, &policy.filter_enabled);
+        let shadow = policy
+            .shadow_enabled
+            .as_ref()
+            .is_some_and(|f| sampled(runtime, f));
         if !enabled && !shadow {
             return None;
         }

@@ -14,6 +14,7 @@ use crate::body::Body;
 use crate::config::http_filter::local_ratelimit::LocalRateLimitConfig;
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
 use crate::limits::{LocalLimiter, TokenBucket};
+use crate::route::matcher::RuntimeFraction;
 use crate::route::rate_limit::Descriptor;
 use crate::route::rate_limit::DescriptorSource;
 use crate::stats::{Counter, Store};
@@ -88,7 +89,9 @@ impl LocalRateLimit {
         } else {
             &config.limiter
         };
-        let decision = decide(config, limiter, stats, rand::random, || {
+        let runtime = req.conn.shared.runtime.snapshot();
+        let sampled = |f: &RuntimeFraction| super::sampled(runtime.as_deref(), f);
+        let decision = decide(config, limiter, stats, sampled, || {
             req.rate_limit_descriptors(&source)
         })?;
         if let Some(bucket) = decision.headers_from {
@@ -146,21 +149,16 @@ struct LocalDecision {
 }
 
 /// Decides for a request: `None` when the filter is not enabled for it (`filter_enabled`
-/// unset, or its fraction not drawn; each fraction draws its own `random` value, as Envoy's
-/// runtime does). `descriptors` is asked only when the configuration has descriptors to match
+/// unset, or its fraction not drawn; `sampled` draws each fraction, as Envoy's runtime does). `descriptors` is asked only when the configuration has descriptors to match
 /// them against.
 fn decide(
     config: &LocalRateLimitConfig,
     limiter: &LocalLimiter,
     stats: &LocalStats,
-    random: impl Fn() -> u64,
+    sampled: impl Fn(&RuntimeFraction) -> bool,
     descriptors: impl FnOnce() -> Vec<Descriptor>,
 ) -> Option<LocalDecision> {
-    if !config
-        .filter_enabled
-        .as_ref()
-        .is_some_and(|f| f.default.enabled(random()))
-    {
+    if !config.filter_enabled.as_ref().is_some_and(&sampled) {
         return None;
     }
     stats.enabled.inc();
@@ -176,10 +174,7 @@ fn decide(
         LocalVerdict::Pass
     } else {
         stats.rate_limited.inc();
-        let enforced = config
-            .filter_enforced
-            .as_ref()
-            .is_some_and(|f| f.default.enabled(random()));
+        let enforced = config.filter_enforced.as_ref().is_some_and(&sampled);
         if enforced {
             stats.enforced.inc();
             LocalVerdict::Refused
@@ -257,7 +252,8 @@ mod tests {
         let stats = LocalStats::new(&store, &c.stat_prefix);
         (0..n)
             .map(|_| {
-                decide(c, &c.limiter, &stats, || 0, Vec::new).map(|d| format!("{:?}", d.verdict))
+                decide(c, &c.limiter, &stats, |f| f.default.enabled(0), Vec::new)
+                    .map(|d| format!("{:?}", d.verdict))
             })
             .collect()
     }

@@ -534,10 +534,19 @@ fn header_to_metadata_config(
         .clone()
 }
 
-/// Whether a filter's runtime fraction admits this request: its default (a fraction's
-/// runtime key is not read).
-fn sampled(f: &crate::route::matcher::RuntimeFraction) -> bool {
-    f.default.enabled(rand::random())
+/// Whether a filter's runtime fraction admits this request, as Envoy's `featureEnabled`
+/// decides: the runtime's value for its key (`runtime`: the request's snapshot, when the
+/// runtime has values), else its default.
+fn sampled(
+    runtime: Option<&crate::runtime::Snapshot>,
+    f: &crate::route::matcher::RuntimeFraction,
+) -> bool {
+    use crate::route::matcher::Runtime;
+    let random = rand::random();
+    match runtime {
+        Some(s) => s.feature_enabled(&f.key, f.default, random),
+        None => f.default.enabled(random),
+    }
 }
 
 impl Encoders {
