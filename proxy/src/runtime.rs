@@ -210,10 +210,7 @@ mod tests {
     use crate::route::matcher::Runtime;
 
     fn live(yaml: &str) -> LiveRuntime {
-        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
-        let b: proto::pb::envoy::config::bootstrap::v3::Bootstrap =
-            proto::Codec::new().decode(value, false).unwrap().message;
-        let layers = StaticRuntime::compile(b.layered_runtime.as_ref()).unwrap();
+        let layers = crate::config::runtime::from_bootstrap_yaml(yaml).unwrap();
         LiveRuntime::new(&layers, &Store::default())
     }
 

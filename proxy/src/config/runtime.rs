@@ -223,15 +223,23 @@ fn fraction(s: &proto::pb::google::protobuf::Struct) -> RuntimeValue {
     }
 }
 
+/// Compiles the `layered_runtime` of a bootstrap written in YAML (for tests).
+#[cfg(test)]
+pub(crate) fn from_bootstrap_yaml(yaml: &str) -> Result<StaticRuntime, ConfigError> {
+    let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).expect("YAML");
+    let b: proto::pb::envoy::config::bootstrap::v3::Bootstrap = proto::Codec::new()
+        .decode(value, false)
+        .expect("a bootstrap")
+        .message;
+    StaticRuntime::compile(b.layered_runtime.as_ref())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn runtime(yaml: &str) -> StaticRuntime {
-        let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
-        let b: proto::pb::envoy::config::bootstrap::v3::Bootstrap =
-            proto::Codec::new().decode(value, false).unwrap().message;
-        StaticRuntime::compile(b.layered_runtime.as_ref()).unwrap()
+        from_bootstrap_yaml(yaml).unwrap()
     }
 
     #[test]
@@ -283,14 +291,7 @@ mod tests {
 
     #[test]
     fn refuses_what_envoy_refuses() {
-        let fails = |yaml: &str| {
-            let value = proto::Codec::parse_text(yaml, proto::Format::Yaml).unwrap();
-            let b: proto::pb::envoy::config::bootstrap::v3::Bootstrap =
-                proto::Codec::new().decode(value, false).unwrap().message;
-            StaticRuntime::compile(b.layered_runtime.as_ref())
-                .unwrap_err()
-                .to_string()
-        };
+        let fails = |yaml: &str| from_bootstrap_yaml(yaml).unwrap_err().to_string();
         assert!(fails("layered_runtime: {layers: [{name: a, admin_layer: {}}, {name: a, admin_layer: {}}]}").contains("Duplicate layer name: a"));
         assert!(fails("layered_runtime: {layers: [{name: a, admin_layer: {}}, {name: b, admin_layer: {}}]}").contains("Too many admin layers"));
         assert!(
