@@ -638,6 +638,15 @@ async fn filter_chains() {
         Case::get("source type loopback", "/")
             .listener(4)
             .expect("upstream.header.x-chain", "loopback"),
+        Case::get(
+            "http_inspector disabled for the port: no application protocol",
+            "/",
+        )
+        .listener(8)
+        .expect("upstream.header.x-chain", "default"),
+        Case::get("http_inspector not disabled for the port", "/")
+            .listener(9)
+            .expect("upstream.header.x-chain", "http11"),
         Case::admin(
             "inspector stats",
             "GET",

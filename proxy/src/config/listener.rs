@@ -12,6 +12,7 @@ use proto::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy as T
 use proto::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
 
 use super::filter_chain_match::ChainMatch;
+use super::filter_disabled::FilterDisabled;
 use super::hcm::{HcmConfig, compile_hcm};
 pub use super::listen_address::ListenAddress;
 use super::listen_address::{compile_addresses, is_udp};
@@ -79,6 +80,22 @@ pub struct ListenerFilters {
     /// `continue_on_listener_filters_timeout`: at the timeout, pick a chain with what is known
     /// (else the connection is closed).
     pub continue_on_timeout: bool,
+    /// Each filter's `filter_disabled`: the connections it skips.
+    pub disabled: DisabledOn,
+}
+
+/// The `filter_disabled` of each listener filter revoy runs (`None`: it runs on every
+/// connection).
+#[derive(Debug, Clone, Default)]
+pub struct DisabledOn {
+    /// `original_dst`'s (matched against the port the connection came to).
+    pub original_dst: Option<FilterDisabled>,
+    /// `tls_inspector`'s (against the original destination's port, after `original_dst`).
+    pub tls_inspector: Option<FilterDisabled>,
+    /// `http_inspector`'s.
+    pub http_inspector: Option<FilterDisabled>,
+    /// `local_ratelimit`'s.
+    pub rate_limit: Option<FilterDisabled>,
 }
 
 /// A compiled listener.
@@ -548,6 +565,11 @@ fn compile_listener_filters(
         };
         let extension = typed.map(proto::extension_type).unwrap_or_default();
         let type_name = extension.as_str();
+        let disabled = f
+            .filter_disabled
+            .as_ref()
+            .map(|p| FilterDisabled::compile(p, &format!("listener_filters[{i}].filter_disabled")))
+            .transpose()?;
         if let Some(any) =
             typed.filter(|_| type_name == super::network_limits::LISTENER_LOCAL_RATE_LIMIT)
         {
@@ -557,6 +579,7 @@ fn compile_listener_filters(
                 .map_err(|e| e.within(&at))?;
             out.rate_limit_first = !(out.tls_inspector || out.http_inspector);
             out.rate_limit = Some(compiled);
+            out.disabled.rate_limit = disabled;
             continue;
         }
         let from_ecds = matches!(
@@ -568,19 +591,22 @@ fn compile_listener_filters(
                 if t.ends_with("original_dst.v3.OriginalDst")
                     || n == "envoy.filters.listener.original_dst" =>
             {
-                out.original_dst = true
+                out.original_dst = true;
+                out.disabled.original_dst = disabled;
             }
             (t, n)
                 if t.ends_with("tls_inspector.v3.TlsInspector")
                     || n == "envoy.filters.listener.tls_inspector" =>
             {
-                out.tls_inspector = true
+                out.tls_inspector = true;
+                out.disabled.tls_inspector = disabled;
             }
             (t, n)
                 if t.ends_with("http_inspector.v3.HttpInspector")
                     || n == "envoy.filters.listener.http_inspector" =>
             {
-                out.http_inspector = true
+                out.http_inspector = true;
+                out.disabled.http_inspector = disabled;
             }
             _ if from_ecds || super::fail_closed::filter_fails_closed(&f.name, type_name) => {
                 let what = format!(

@@ -10,6 +10,7 @@ pub mod context;
 pub mod dynamic;
 pub mod fail_closed;
 pub mod filter_chain_match;
+pub mod filter_disabled;
 pub mod hcm;
 pub mod http_filter;
 pub mod istio;

@@ -99,15 +99,19 @@ impl InspectorStats {
         InspectorStats { tls, http }
     }
 
-    /// Runs the inspectors on the connection's first bytes, waiting at most `timeout` (`None`:
-    /// no limit), and classifies the stream.
+    /// Runs the inspectors on the connection's first bytes (`(tls, http)`: which of them run
+    /// on this connection, as their `filter_disabled` says), waiting at most `timeout`
+    /// (`None`: no limit), and classifies the stream.
     pub async fn inspect(
         &self,
         stream: &TcpStream,
+        (tls, http): (bool, bool),
         timeout: Option<Duration>,
     ) -> Result<Inspected, Unfinished> {
+        let tls = self.tls.as_ref().filter(|_| tls);
+        let http = self.http.as_ref().filter(|_| http);
         let mut buf = vec![0u8; MAX_CLIENT_HELLO];
-        let peeked = peek_until_decided(stream, &mut buf, |d| self.needs_more(d));
+        let peeked = peek_until_decided(stream, &mut buf, |d| needs_more(tls, http, d));
         let n = match timeout {
             Some(limit) => tokio::time::timeout(limit, peeked)
                 .await
@@ -123,7 +127,7 @@ impl InspectorStats {
             transport_protocol: "raw_buffer",
             ..Default::default()
         };
-        if let Some(stats) = &self.tls {
+        if let Some(stats) = tls {
             match tls_verdict(data, MAX_CLIENT_HELLO) {
                 TlsVerdict::TooLarge => {
                     stats.client_hello_too_large.inc();
@@ -159,7 +163,7 @@ impl InspectorStats {
                 }
             }
         }
-        if let Some(stats) = &self.http {
+        if let Some(stats) = http {
             match http_verdict(data) {
                 HttpVerdict::Found(protocol) => {
                     match protocol {
@@ -179,18 +183,16 @@ impl InspectorStats {
         }
         Ok(out)
     }
+}
 
-    /// Whether an inspector needs more than `d` to decide (and has room to read it).
-    fn needs_more(&self, d: &[u8]) -> bool {
-        let tls = self.tls.as_ref().map(|_| tls_verdict(d, MAX_CLIENT_HELLO));
-        match tls {
-            Some(TlsVerdict::NeedMore) => true,
-            Some(TlsVerdict::Tls | TlsVerdict::TooLarge) => false,
-            Some(TlsVerdict::NotTls) | None => {
-                self.http.is_some()
-                    && d.len() < MAX_REQUEST_LINE
-                    && http_verdict(d) == HttpVerdict::NeedMore
-            }
+/// Whether a running inspector (`tls`, `http`) needs more than `d` to decide (and has room
+/// to read it).
+fn needs_more(tls: Option<&TlsStats>, http: Option<&HttpStats>, d: &[u8]) -> bool {
+    match tls.map(|_| tls_verdict(d, MAX_CLIENT_HELLO)) {
+        Some(TlsVerdict::NeedMore) => true,
+        Some(TlsVerdict::Tls | TlsVerdict::TooLarge) => false,
+        Some(TlsVerdict::NotTls) | None => {
+            http.is_some() && d.len() < MAX_REQUEST_LINE && http_verdict(d) == HttpVerdict::NeedMore
         }
     }
 }

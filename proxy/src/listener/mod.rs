@@ -22,6 +22,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 
 use crate::config::filter_chain_match::{self, ConnectionFacts};
+use crate::config::filter_disabled::runs;
 use crate::config::listener::{ChainConfig, ListenAddress, ListenerConfig, Terminal};
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::rbac::network::{self as network_rbac, NetworkRbac};
@@ -378,7 +379,10 @@ impl Listener {
             Some(local) => local,
             None => stream.local_addr().unwrap_or(self.config.address),
         };
-        let original = (self.config.filters.original_dst || self.config.use_original_dst)
+        let f = &self.config.filters;
+        let original_dst_runs =
+            f.original_dst && runs(f.disabled.original_dst.as_ref(), local.port());
+        let original = (original_dst_runs || self.config.use_original_dst)
             .then(|| original_dst(&stream, local))
             .flatten();
         if self.config.use_original_dst
@@ -387,11 +391,7 @@ impl Listener {
             let listeners = listeners.load_full();
             if let Some(target) = handoff_target(&listeners, to, self) {
                 // The accepting listener's filters run before the hand-off, as in Envoy.
-                if self
-                    .rate_limit
-                    .as_ref()
-                    .is_some_and(|r| !r.admit(&shared.runtime))
-                {
+                if self.rate_limited(to.port(), &shared) {
                     return;
                 }
                 return target
@@ -401,6 +401,14 @@ impl Listener {
         }
         self.serve_on(stream, peer, &shared, Some(&worker), local, original)
             .await
+    }
+
+    /// Whether the listener's `local_ratelimit` (when it runs for `port`) refuses the socket.
+    fn rate_limited(&self, port: u16, shared: &Shared) -> bool {
+        let disabled = self.config.filters.disabled.rate_limit.as_ref();
+        self.rate_limit
+            .as_ref()
+            .is_some_and(|r| runs(disabled, port) && !r.admit(&shared.runtime))
     }
 
     /// Writes the listener's access logs for a connection no filter chain took (`NR`).
@@ -436,15 +444,17 @@ impl Listener {
     ) {
         let destination = original.unwrap_or(local);
         let f = &self.config.filters;
-        let rate_limited = || {
-            self.rate_limit
-                .as_ref()
-                .is_some_and(|r| !r.admit(&shared.runtime))
-        };
+        let rate_limited = || self.rate_limited(destination.port(), shared);
         if f.rate_limit_first && rate_limited() {
             return;
         }
-        let needs_peek = f.tls_inspector || f.http_inspector;
+        // The inspectors that run here: configured, and not disabled for the port.
+        let port = destination.port();
+        let inspectors = (
+            f.tls_inspector && runs(f.disabled.tls_inspector.as_ref(), port),
+            f.http_inspector && runs(f.disabled.http_inspector.as_ref(), port),
+        );
+        let needs_peek = inspectors.0 || inspectors.1;
         let plain = || inspect::Inspected {
             transport_protocol: "raw_buffer",
             ..Default::default()
@@ -452,7 +462,8 @@ impl Listener {
         let inspected = if needs_peek {
             // Boxed while it runs, as every phase a connection leaves behind: the task is
             // sized for its largest state and kept while the connection lives.
-            let inspecting = crate::spawn::boxed(|| self.inspectors.inspect(&stream, f.timeout));
+            let inspecting =
+                crate::spawn::boxed(|| self.inspectors.inspect(&stream, inspectors, f.timeout));
             match inspecting.await {
                 Ok(inspected) => inspected,
                 Err(inspect::Unfinished::TimedOut) if f.continue_on_timeout => {
