@@ -29,6 +29,8 @@ mod extras;
 mod flags;
 #[path = "access_log/flush.rs"]
 mod flush;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
 #[path = "support/h2_server.rs"]
 mod h2_server;
 #[path = "support/log_lines.rs"]
