@@ -653,6 +653,15 @@ pub(crate) async fn send_h2(
             continue;
         }
         match sender.try_send_request(req).await {
+            Ok(resp) if over_header_count(&resp) => {
+                requests.fetch_add(1, Ordering::Relaxed);
+                // Dropped: the stream is reset.
+                return Err(UpstreamError::Reset {
+                    host: host.addr,
+                    reason: ResetReason::RemoteReset,
+                    detail: "response headers over max_headers_count".into(),
+                });
+            }
             Ok(resp) => {
                 requests.fetch_add(1, Ordering::Relaxed);
                 return Ok(resp.map(UpstreamBody::http2));
@@ -667,6 +676,13 @@ pub(crate) async fn send_h2(
             },
         }
     }
+}
+
+/// Whether an HTTP/2 response head carries more headers than Envoy's codec takes
+/// (`max_headers_count`, its `:status` counted). Envoy's codec resets such a stream, and its
+/// router reports that reset as the upstream's (`UR`, `remote_reset`).
+fn over_header_count<B>(resp: &http::Response<B>) -> bool {
+    resp.headers().len() + 1 > crate::wire::MAX_HEADERS
 }
 
 /// The host's usable HTTP/2 connection: its sender, its stream count, its local address and
