@@ -5,7 +5,9 @@
 //! `max_headers_count` (Envoy's codec resets the stream and its router reports the reset as
 //! the upstream's: 503 `UR` `remote_reset`), a body longer than its `content-length` in one
 //! DATA frame and trailers with an uppercase name (after the response head: `UPE`
-//! `upstream_reset_after_response_started{protocol_error}`), a GOAWAY whose last stream is
+//! `upstream_reset_after_response_started{protocol_error}`), heads by size: a 59,000-byte
+//! value (200), a 65,600-byte one (a field Envoy's decoder refuses: 502 `UPE`), two 31,000-byte
+//! ones (over `max_response_headers_kb`'s 60 KiB: 503 `UR` `remote_reset`), a GOAWAY whose last stream is
 //! below the request's (503 `UR` `remote_refused_stream_reset`) and a DATA frame on stream 0
 //! (a connection error: 502 `UPE`). Envoy 1.40 reports none of these
 //! as `LR`: its HTTP/2 client codec's messaging errors are protocol errors, and no upstream a
@@ -19,25 +21,64 @@ use h2_frames::{DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, SETTINGS, frame,
 
 const FORMAT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %UPSTREAM_CLUSTER% %UPSTREAM_REQUEST_ATTEMPT_COUNT%\n";
 
-/// A header block of literal fields without indexing, each name and value shorter than 127
-/// bytes (RFC 7541 6.2.2), names as given (uppercase ones too).
+/// A header block of literal fields without indexing (RFC 7541 6.2.2), names as given
+/// (uppercase ones too).
 fn block(fields: &[(&str, &str)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (n, v) in fields {
         out.push(0);
-        out.push(n.len() as u8);
-        out.extend(n.as_bytes());
-        out.push(v.len() as u8);
-        out.extend(v.as_bytes());
+        for s in [n, v] {
+            string(&mut out, s.as_bytes());
+        }
     }
     out
 }
+
+/// A string literal, not Huffman-coded: its length as a 7-bit-prefix integer (RFC 7541 5.1).
+fn string(out: &mut Vec<u8>, s: &[u8]) {
+    let mut len = s.len();
+    if len < 127 {
+        out.push(len as u8);
+    } else {
+        out.push(127);
+        len -= 127;
+        while len >= 128 {
+            out.push((len % 128) as u8 | 0x80);
+            len /= 128;
+        }
+        out.push(len as u8);
+    }
+    out.extend(s);
+}
+
+/// A response head of `fields` on stream `s`, ending it: HEADERS, then CONTINUATIONs, each
+/// within the smallest frame size a peer takes.
+fn long_head(s: u32, fields: &[(&str, &str)]) -> Vec<u8> {
+    let block = block(fields);
+    let pieces: Vec<&[u8]> = block.chunks(16_384).collect();
+    let mut out = Vec::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        let (kind, mut flags) = if i == 0 {
+            (HEADERS, END_STREAM)
+        } else {
+            (CONTINUATION, 0)
+        };
+        if i + 1 == pieces.len() {
+            flags |= END_HEADERS;
+        }
+        out.extend(frame(kind, flags, s, piece));
+    }
+    out
+}
+
+/// CONTINUATION.
+const CONTINUATION: u8 = 9;
 
 /// The cases: the route prefix (and cluster name), the frames the upstream answers a request
 /// on stream `s` with, and the status line's start the client gets.
 type Case = (&'static str, fn(u32) -> Vec<u8>, &'static str);
 
-const CASES: [Case; 9] = [
+const CASES: [Case; 12] = [
     (
         "/h2conn",
         |s| {
@@ -128,6 +169,24 @@ const CASES: [Case; 9] = [
         "HTTP/1.1 200",
     ),
     (
+        "/h2smallfield",
+        |s| long_head(s, &[(":status", "200"), ("x-a", &"a".repeat(59_000))]),
+        "HTTP/1.1 200",
+    ),
+    (
+        "/h2fieldsize",
+        |s| long_head(s, &[(":status", "200"), ("x-a", &"a".repeat(65_600))]),
+        "HTTP/1.1 502",
+    ),
+    (
+        "/h2headsize",
+        |s| {
+            let half = "b".repeat(31_000);
+            long_head(s, &[(":status", "200"), ("x-a", &half), ("x-b", &half)])
+        },
+        "HTTP/1.1 503",
+    ),
+    (
         "/h2goaway",
         |_| frame(GOAWAY, 0, 0, &[0; 8]),
         "HTTP/1.1 503",
@@ -193,7 +252,11 @@ fn observe(dir: &Path, upstreams: &[u16], start: impl FnOnce(&str, u16) -> Proxy
     for (path, _, status) in CASES {
         let raw = format!("GET {path} HTTP/1.1\r\nhost: h.test\r\nconnection: close\r\n\r\n");
         let answer = send_raw(http, raw.as_bytes());
-        assert!(answer.starts_with(status), "{path}: {answer}");
+        assert!(
+            answer.starts_with(status),
+            "{path}: {}",
+            &answer[..answer.len().min(200)]
+        );
     }
     read_lines(&dir.join("h2up.log"), CASES.len())
 }
