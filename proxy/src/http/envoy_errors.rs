@@ -172,6 +172,12 @@ pub struct EnvoyErrors<I> {
     inject: Vec<u8>,
     /// An HTTP/1 head timed out: its reply goes out and hyper reads the end of the stream.
     closed: bool,
+    /// `ready` holds bytes `inbound` rewrote, and so has followed already.
+    ready_followed: bool,
+    /// A header block began in what `inbound` rewrote.
+    began: bool,
+    /// A timed-out stream whose late header block hyper refuses: its RST_STREAM is dropped.
+    refused: Option<u32>,
 }
 
 impl<I> EnvoyErrors<I> {
@@ -197,6 +203,9 @@ impl<I> EnvoyErrors<I> {
             outbound: Outbound::default(),
             inject: Vec::new(),
             closed: false,
+            ready_followed: false,
+            began: false,
+            refused: None,
         }
     }
 
@@ -291,7 +300,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
                 }
                 continue;
             }
-            if me.framing.is_off() {
+            let rewriting = me.inbound.rewriting();
+            if me.framing.is_off() && !rewriting {
                 return Pin::new(&mut me.io).poll_read(cx, buf);
             }
             let mut scratch = [0u8; 8192];
@@ -302,6 +312,11 @@ impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
                 if me.ready.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
+            } else if rewriting {
+                let (refused, began) = me.inbound.rewrite(read.filled(), &mut me.ready);
+                me.refused = refused.or(me.refused);
+                me.began |= began;
+                me.ready_followed = true;
             } else {
                 me.framing.feed(read.filled(), &mut me.ready);
             }
@@ -328,12 +343,18 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncRead for EnvoyErrors<I> {
         }
         let before = buf.filled().len();
         let read = me.read_on(cx, buf);
+        // Bytes `inbound` rewrote come to hyper only through `ready`.
+        let followed = me.ready_followed;
         let began = match read {
-            Poll::Ready(Ok(())) if me.inbound.following() => {
+            Poll::Ready(Ok(())) if me.inbound.following() && !followed => {
                 me.inbound.feed(&buf.filled()[before..])
             }
             _ => false,
         };
+        if me.ready.is_empty() {
+            me.ready_followed = false;
+        }
+        let began = began | std::mem::take(&mut me.began);
         me.follow_head(began);
         if read.is_pending()
             && let Poll::Ready(which) = me.timer.poll_fired(cx)
@@ -355,6 +376,13 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
         self.settle_inject();
         ready!(self.poll_pending(cx))?;
         if self.inbound.is_http2() {
+            if self.outbound.room() == 0
+                && let Some(stream) = self.refused
+                && let Some(n) = super::h2_head::swallowed_reset(buf, stream)
+            {
+                self.refused = None;
+                return Poll::Ready(Ok(n));
+            }
             // Up to the end of hyper's frame while a reply waits to go between two.
             let n = match self.outbound.room() {
                 room if room > 0 && !self.inject.is_empty() => room.min(buf.len()),

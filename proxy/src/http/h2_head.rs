@@ -96,7 +96,24 @@ pub(super) struct Inbound {
     http2_only: bool,
     /// The stream whose header block has begun and not ended.
     open: Option<u32>,
+    /// A stream answered 408 whose header block has not ended yet (see [`Inbound::rewrite`]).
+    expired: Option<Expired>,
 }
+
+/// A timed-out stream whose header block may still end.
+#[derive(Debug)]
+struct Expired {
+    /// The stream.
+    stream: u32,
+    /// How many bytes of the frame header being read hyper had before the timeout.
+    passed: usize,
+    /// Whether the current frame ends the block: the refusing frame follows its payload.
+    ending: bool,
+}
+
+/// A header block fragment hyper's codec refuses after decoding the block (a
+/// connection-specific field: a malformed request, a stream error).
+const REFUSING_FIELD: &[u8] = b"\x00\x0aconnection\x05close";
 
 impl Inbound {
     /// Follows a connection from its first byte: HTTP/2 when it starts with the preface, or
@@ -106,6 +123,7 @@ impl Inbound {
             side: Side::Preface(0),
             http2_only,
             open: None,
+            expired: None,
         }
     }
 
@@ -141,16 +159,7 @@ impl Inbound {
         let Side::Frames(frames) = &mut self.side else {
             return false;
         };
-        let (open, mut began) = (&mut self.open, false);
-        frames.feed(bytes, |kind, flags, stream| match kind {
-            HEADERS if flags & END_HEADERS == 0 => {
-                *open = Some(stream);
-                began = true;
-            }
-            CONTINUATION if flags & END_HEADERS != 0 => *open = None,
-            _ => {}
-        });
-        began
+        follow(frames, &mut self.open, bytes)
     }
 
     /// The stream whose header block is not whole yet.
@@ -158,10 +167,127 @@ impl Inbound {
         self.open
     }
 
-    /// Forgets the open header block (its timeout was answered).
+    /// The open header block's timeout was answered: its stream, if the block ends later, is
+    /// refused (see [`Inbound::rewrite`]).
     pub(super) fn answered(&mut self) {
-        self.open = None;
+        let passed = match &self.side {
+            Side::Frames(frames) => frames.have,
+            _ => 0,
+        };
+        self.expired = self.open.take().map(|stream| Expired {
+            stream,
+            passed,
+            ending: false,
+        });
     }
+
+    /// Whether what the client sends must go through [`Inbound::rewrite`].
+    pub(super) fn rewriting(&self) -> bool {
+        self.expired.is_some()
+    }
+
+    /// Takes bytes hyper is to read while a timed-out stream's header block may still end,
+    /// and appends what hyper reads instead: the same, except that the CONTINUATION ending
+    /// that block does not end it, and one more CONTINUATION follows, ending it with a
+    /// connection-specific field. Envoy ignores a block that ends after its stream's 408;
+    /// hyper's codec decodes it (HPACK state stays in step with the client's) and refuses the
+    /// request as malformed, so the request never reaches the router. Frame headers are held
+    /// here until whole, so the END_HEADERS flag can be cleared. Returns whether the
+    /// refusing frame went out (its stream then gets hyper's RST_STREAM, see
+    /// [`swallowed_reset`]), and whether a new header block began.
+    pub(super) fn rewrite(
+        &mut self,
+        mut bytes: &[u8],
+        out: &mut bytes::BytesMut,
+    ) -> (Option<u32>, bool) {
+        let (mut refused, mut began) = (None, false);
+        let Side::Frames(frames) = &mut self.side else {
+            out.extend_from_slice(bytes);
+            return (None, false);
+        };
+        while !bytes.is_empty() {
+            let Some(expired) = &mut self.expired else {
+                began |= follow(frames, &mut self.open, bytes);
+                out.extend_from_slice(bytes);
+                break;
+            };
+            if frames.left > 0 {
+                let n = frames.left.min(bytes.len());
+                out.extend_from_slice(&bytes[..n]);
+                frames.left -= n;
+                bytes = &bytes[n..];
+                if frames.left == 0 && expired.ending {
+                    refused = Some(refuse(out, expired.stream));
+                    self.expired = None;
+                }
+                continue;
+            }
+            let n = (9 - frames.have).min(bytes.len());
+            frames.head[frames.have..frames.have + n].copy_from_slice(&bytes[..n]);
+            frames.have += n;
+            bytes = &bytes[n..];
+            if frames.have < 9 {
+                continue;
+            }
+            let mut head = frames.head;
+            frames.have = 0;
+            frames.left = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+            let (kind, flags) = (head[3], head[4]);
+            let passed = std::mem::take(&mut expired.passed);
+            if kind == CONTINUATION && stream == expired.stream && flags & END_HEADERS != 0 {
+                if passed <= 4 {
+                    head[4] &= !END_HEADERS;
+                    expired.ending = true;
+                } else {
+                    self.expired = None;
+                }
+            } else if kind == HEADERS && flags & END_HEADERS == 0 {
+                self.open = Some(stream);
+                began = true;
+            }
+            out.extend_from_slice(&head[passed..]);
+            if frames.left == 0
+                && let Some(expired) = self.expired.take_if(|e| e.ending)
+            {
+                refused = Some(refuse(out, expired.stream));
+            }
+        }
+        (refused, began)
+    }
+}
+
+/// Follows `bytes` through `frames`, noting in `open` the stream whose header block has begun
+/// and not ended; whether a block began.
+fn follow(frames: &mut Frames, open: &mut Option<u32>, bytes: &[u8]) -> bool {
+    let mut began = false;
+    frames.feed(bytes, |kind, flags, stream| match kind {
+        HEADERS if flags & END_HEADERS == 0 => {
+            *open = Some(stream);
+            began = true;
+        }
+        CONTINUATION if flags & END_HEADERS != 0 => *open = None,
+        _ => {}
+    });
+    began
+}
+
+/// Appends the CONTINUATION that ends `stream`'s header block with [`REFUSING_FIELD`];
+/// returns the stream.
+fn refuse(out: &mut bytes::BytesMut, stream: u32) -> u32 {
+    let mut f = Vec::with_capacity(9 + REFUSING_FIELD.len());
+    frame(&mut f, CONTINUATION, END_HEADERS, stream, REFUSING_FIELD);
+    out.extend_from_slice(&f);
+    stream
+}
+
+/// How many bytes at the start of `buf`, which hyper is writing from a frame boundary, are
+/// its RST_STREAM for the `refused` stream (see [`Inbound::rewrite`]): Envoy sends nothing
+/// more on a stream it answered 408, so that frame is dropped.
+pub(super) fn swallowed_reset(buf: &[u8], refused: u32) -> Option<usize> {
+    let head = buf.get(..9)?;
+    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+    (head[..4] == [0, 0, 4, RST_STREAM] && stream == refused && buf.len() >= 13).then_some(13)
 }
 
 /// Follows what hyper writes on an HTTP/2 connection, so bytes of our own go out between its
@@ -288,6 +414,42 @@ mod tests {
         }
         assert_eq!(watch.open(), None);
         assert!(watch.is_http2());
+    }
+
+    #[test]
+    fn a_block_ending_after_its_timeout_is_refused_and_its_reset_dropped() {
+        let mut watch = Inbound::new(true);
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(headers(1, END_STREAM));
+        assert!(watch.feed(&bytes));
+        watch.answered();
+        assert!(watch.rewriting() && watch.open().is_none());
+        let mut late = Vec::new();
+        frame(&mut late, CONTINUATION, END_HEADERS, 1, b"\x84");
+        late.extend(headers(3, END_STREAM | END_HEADERS));
+        let mut out = bytes::BytesMut::new();
+        // A byte at a time: frame headers are held until whole.
+        let mut refused = None;
+        for b in &late {
+            refused = refused.or(watch.rewrite(std::slice::from_ref(b), &mut out).0);
+        }
+        assert_eq!(refused, Some(1));
+        assert!(!watch.rewriting());
+        let mut seen = Vec::new();
+        Frames::default().feed(&out, |k, f, s| seen.push((k, f, s)));
+        assert_eq!(
+            seen,
+            [
+                (CONTINUATION, 0, 1),
+                (CONTINUATION, END_HEADERS, 1),
+                (HEADERS, END_STREAM | END_HEADERS, 3)
+            ]
+        );
+        let mut reset = Vec::new();
+        frame(&mut reset, RST_STREAM, 0, 1, &1u32.to_be_bytes());
+        assert_eq!(swallowed_reset(&reset, 1), Some(13));
+        assert_eq!(swallowed_reset(&reset, 3), None);
+        assert_eq!(swallowed_reset(&reset[..9], 1), None);
     }
 
     #[test]

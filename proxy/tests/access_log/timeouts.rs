@@ -14,7 +14,9 @@
 //! The same head timeouts on the connections hyper serves: an HTTP/1 connection after a
 //! chunked request (which the fast path hands over), and an HTTP/2 stream (h2c) whose HEADERS
 //! frame lacks END_HEADERS and whose CONTINUATION never comes (Envoy answers on the stream:
-//! HEADERS, DATA ending it, RST_STREAM, and the connection stays open), on both listeners.
+//! HEADERS, DATA ending it, RST_STREAM, and the connection stays open), on both listeners,
+//! and one whose CONTINUATION comes after that answer (Envoy serves nothing more on the
+//! stream, and the next stream as usual).
 //! The lines, the connection manager's `downstream_rq_timeout`, `downstream_rq_header_timeout`
 //! and `downstream_rq_idle_timeout` and the cluster's `upstream_rq_max_duration_reached` are
 //! compared.
@@ -97,12 +99,16 @@ fn handed_over_partial_head(http: u16) -> String {
     format!("{head}\r\n\r\n{}{rest}", String::from_utf8_lossy(&buf))
 }
 
-/// An h2c connection whose HEADERS frame on stream 1 (END_STREAM, no END_HEADERS) is never
-/// continued: the frames the proxy sends on stream 1 until it resets it (type, flags, and
-/// a DATA frame's payload). Nothing else is sent, not even a SETTINGS acknowledgement: only
-/// a CONTINUATION may follow the HEADERS frame.
-fn h2_unfinished_headers(http: u16) -> Vec<String> {
-    use h2_frames::{DATA, END_STREAM, HEADERS, frame, literal_block, preface, read};
+/// An h2c connection whose HEADERS frame on stream 1 (END_STREAM, no END_HEADERS) is not
+/// continued in time: the frames the proxy sends on stream 1 until it resets it (type,
+/// flags, and a DATA frame's payload). Nothing else is sent before, not even a SETTINGS
+/// acknowledgement: only a CONTINUATION may follow the HEADERS frame. With `late`, the
+/// CONTINUATION ending the block comes after the reset, then a GET of `/late` on stream 3:
+/// also what comes on stream 1 after the reset (Envoy: nothing) and stream 3's body.
+fn h2_unfinished_headers(http: u16, late: bool) -> Vec<String> {
+    use h2_frames::{
+        DATA, END_HEADERS, END_STREAM, HEADERS, frame, get, literal_block, preface, read,
+    };
     let mut s = TcpStream::connect(("127.0.0.1", http)).expect("proxy accepts");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let block = literal_block(&[
@@ -115,20 +121,35 @@ fn h2_unfinished_headers(http: u16) -> Vec<String> {
     hello.extend(frame(HEADERS, END_STREAM, 1, &block));
     s.write_all(&hello).unwrap();
     let mut seen = Vec::new();
+    let mut reset = false;
+    let mut late_body = Vec::new();
     loop {
         let (kind, flags, stream, payload) =
-            read(&mut s).unwrap_or_else(|e| panic!("a frame before the reset: {e} after {seen:?}"));
+            read(&mut s).unwrap_or_else(|e| panic!("a frame: {e} after {seen:?}"));
         match kind {
+            DATA if stream == 3 => {
+                late_body.extend(payload);
+                if flags & END_STREAM != 0 {
+                    seen.push(format!("stream 3: {}", String::from_utf8_lossy(&late_body)));
+                    return seen;
+                }
+            }
             _ if stream != 1 => {}
             DATA => seen.push(format!(
                 "DATA {flags} {}",
                 String::from_utf8_lossy(&payload)
             )),
-            3 => {
+            3 if !reset => {
                 seen.push(format!("RST_STREAM {payload:?}"));
-                return seen;
+                if !late {
+                    return seen;
+                }
+                reset = true;
+                let mut more = frame(9, END_HEADERS, 1, &literal_block(&[("x-late", "1")]));
+                more.extend(get(3, "h.test", "/late"));
+                s.write_all(&more).unwrap();
             }
-            _ => seen.push(format!("frame {kind} {flags}")),
+            _ => seen.push(format!("frame {kind} {flags} on stream 1")),
         }
     }
 }
@@ -243,11 +264,13 @@ fn observe_timeouts(
         answer.starts_with("HTTP/1.1 200") && answer.ends_with("\r\n\r\nrequest header timeout"),
         "a partial head after a chunked request: {answer}"
     );
-    let frames = h2_unfinished_headers(http);
-    let slow_frames = h2_unfinished_headers(slow);
-    let mut lines = read_lines(&dir.join("timeouts.log"), 12);
+    let frames = h2_unfinished_headers(http, false);
+    let late_frames = h2_unfinished_headers(http, true);
+    let slow_frames = h2_unfinished_headers(slow, false);
+    let mut lines = read_lines(&dir.join("timeouts.log"), 14);
     lines.extend(read_lines(&dir.join("slowhead.log"), 2));
     lines.extend(frames);
+    lines.extend(late_frames);
     lines.extend(slow_frames);
     let stats = named_stats(
         admin,
@@ -275,7 +298,7 @@ fn request_timeouts_match_envoy() {
     });
     let revoy_dir = log_dir("timeouts-revoy");
     let ours = observe_timeouts(&revoy_dir, upstream, revoy_proxy);
-    assert_eq!(theirs.0.len(), 14 + 6, "Envoy's lines: {:#?}", theirs.0);
+    assert_eq!(theirs.0.len(), 16 + 10, "Envoy's lines: {:#?}", theirs.0);
     assert_eq!(ours, theirs, "revoy (left) and Envoy (right)");
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);
