@@ -212,6 +212,11 @@ impl<I> EnvoyErrors<I> {
     /// Rewrites the rejections with `ctx`'s `local_reply_config`, logs them in its access
     /// logs, and enforces its head timeouts.
     pub fn with_context(mut self, ctx: Arc<ConnContext>) -> Self {
+        let cfg = &ctx.hcm.config;
+        if cfg.request_headers_timeout.is_none() && cfg.request_timeout.is_none() {
+            // No head timeout: HTTP/2 frames need no following.
+            self.inbound = Inbound::off();
+        }
         self.ctx = Some(ctx);
         self
     }

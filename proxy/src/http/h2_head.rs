@@ -127,6 +127,16 @@ impl Inbound {
         }
     }
 
+    /// Follows nothing (no head timeout to enforce).
+    pub(super) fn off() -> Inbound {
+        Inbound {
+            side: Side::Off,
+            http2_only: false,
+            open: None,
+            expired: None,
+        }
+    }
+
     /// Whether the connection speaks HTTP/2 (what hyper writes is frames).
     pub(super) fn is_http2(&self) -> bool {
         match self.side {
