@@ -5,8 +5,10 @@
 //! answers 408 on that stream when the block is still not whole: HEADERS, DATA with the text
 //! and END_STREAM, then RST_STREAM (NO_ERROR), the connection left open. [`Inbound`] follows
 //! the client's frames to see such a block; [`Outbound`] follows the server's, so that
-//! [`reply_frames`] go out between two of hyper's frames. A connection opened with the preface
-//! that never sends a HEADERS frame has no stream, and no timer, in Envoy either.
+//! [`reply_frames`] go out between two of hyper's frames; a block that ends after its 408 is
+//! rewritten so that hyper's codec refuses the request ([`Inbound::rewrite`]). A connection
+//! opened with the preface that never sends a HEADERS frame has no stream, and no timer, in
+//! Envoy either.
 
 use http::{HeaderMap, StatusCode};
 
@@ -202,9 +204,9 @@ impl Inbound {
     /// connection-specific field. Envoy ignores a block that ends after its stream's 408;
     /// hyper's codec decodes it (HPACK state stays in step with the client's) and refuses the
     /// request as malformed, so the request never reaches the router. Frame headers are held
-    /// here until whole, so the END_HEADERS flag can be cleared. Returns whether the
-    /// refusing frame went out (its stream then gets hyper's RST_STREAM, see
-    /// [`swallowed_reset`]), and whether a new header block began.
+    /// here until whole, so the END_HEADERS flag can be cleared. Returns the stream whose
+    /// refusing frame went out (it then gets hyper's RST_STREAM, see [`swallowed_reset`]),
+    /// and whether a new header block began.
     pub(super) fn rewrite(
         &mut self,
         mut bytes: &[u8],
