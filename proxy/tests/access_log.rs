@@ -29,8 +29,12 @@ mod extras;
 mod flags;
 #[path = "access_log/flush.rs"]
 mod flush;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
 #[path = "support/h2_server.rs"]
 mod h2_server;
+#[path = "access_log/h2_upstream.rs"]
+mod h2_upstream;
 #[path = "support/log_lines.rs"]
 mod log_lines;
 #[path = "differential/oracle.rs"]

@@ -45,12 +45,25 @@ pub(super) enum HeadReply<'a> {
     /// `request_headers_timeout` or `request_timeout` ended it: no flag, the reply's text as
     /// `%LOCAL_REPLY_BODY%`.
     Timeout(&'a str),
+    /// As `Timeout`, for an HTTP/2 stream whose header block never came whole.
+    StreamTimeout(&'a str),
+}
+
+impl HeadReply<'_> {
+    /// The protocol the request came in, as the record shows it.
+    pub(super) fn protocol(&self) -> &'static str {
+        match self {
+            HeadReply::StreamTimeout(_) => "HTTP/2",
+            HeadReply::Codec | HeadReply::Timeout(_) => "HTTP/1.1",
+        }
+    }
 }
 
 /// Writes the access-log line Envoy writes for a request answered before its head came whole,
 /// once its answer (as `local_reply_config` left it: `status`, `headers`, a body of `body_len`
 /// bytes) is written
-/// and the connection closes: no request headers, `HTTP/1.1`, and `details` (the codec's
+/// and the connection closes: no request headers, `HTTP/1.1` (`HTTP/2` for a stream's header
+/// block), and `details` (the codec's
 /// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's).
 pub(super) fn log_head_reply(
     ctx: &ConnContext,
@@ -63,9 +76,12 @@ pub(super) fn log_head_reply(
         return;
     }
     let mut rec = codec_record(downstream_of(ctx), status, details);
+    rec.protocol = Some(kind.protocol());
     match kind {
         HeadReply::Codec => rec.flags.set(ResponseFlag::DownstreamProtocolError),
-        HeadReply::Timeout(text) => rec.local_reply_body = Some(text.to_owned()),
+        HeadReply::Timeout(text) | HeadReply::StreamTimeout(text) => {
+            rec.local_reply_body = Some(text.to_owned())
+        }
     }
     rec.bytes_sent = body_len;
     rec.response_headers = Some(headers.clone());

@@ -23,6 +23,8 @@ use http::{HeaderValue, StatusCode};
 use super::ConnContext;
 use super::access_log::{HeadReply, codec_record, downstream_of, log_head_reply};
 use super::framing::Framing;
+use super::h2_head::{Inbound, Outbound, reply_frames};
+use super::head_timeout::{HeadTimeout, HeadTimer};
 use super::local_reply::{LocalReply, local_reply, map};
 use super::reason::envoy_phrase;
 
@@ -76,11 +78,37 @@ pub(super) fn head_reply(
     kind: HeadReply,
     date: Option<&[u8]>,
 ) -> Vec<u8> {
+    let (status, headers, text) = head_answer(ctx, status, text, details, kind, date);
+    let code = status.as_u16();
+    let mut out = format!("HTTP/1.1 {code} {}\r\n", envoy_phrase(code)).into_bytes();
+    for (name, value) in &headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// The status, headers and body of [`head_reply`]'s answer, logged: `local_reply_config`
+/// applied, then `date` (the given one, else now), `server` and, on HTTP/1, `connection:
+/// close`.
+fn head_answer(
+    ctx: Option<&ConnContext>,
+    status: StatusCode,
+    text: &str,
+    details: &str,
+    kind: HeadReply,
+    date: Option<&[u8]>,
+) -> (StatusCode, http::HeaderMap, String) {
     let mut resp = local_reply(status, text);
     if let Some(ctx) = ctx
         && let Some(config) = &ctx.hcm.config.local_reply
     {
         let mut rec = codec_record(downstream_of(ctx), status, details);
+        rec.protocol = Some(kind.protocol());
         resp = map(config, resp, &mut rec);
     }
     let (parts, _) = resp.into_parts();
@@ -98,7 +126,9 @@ pub(super) fn head_reply(
         .unwrap_or_else(|_| HeaderValue::from_str(&now).expect("an HTTP date is a header value"));
     headers.insert(http::header::DATE, date);
     headers.insert(http::header::SERVER, HeaderValue::from_static("envoy"));
-    headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    if !matches!(kind, HeadReply::StreamTimeout(_)) {
+        headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Some(ctx) = ctx {
         log_head_reply(
             ctx,
@@ -107,17 +137,7 @@ pub(super) fn head_reply(
             kind,
         );
     }
-    let code = parts.status.as_u16();
-    let mut out = format!("HTTP/1.1 {code} {}\r\n", envoy_phrase(code)).into_bytes();
-    for (name, value) in &headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(text.as_bytes());
-    out
+    (parts.status, headers, text)
 }
 
 fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
@@ -139,18 +159,37 @@ pub struct EnvoyErrors<I> {
     /// What `framing` let through and hyper has not read yet.
     ready: BytesMut,
     /// The connection, whose `local_reply_config` rewrites the rejections and whose access
-    /// logs record them (HTTP/1 only).
+    /// logs record them, and whose head timeouts the wrapper enforces.
     ctx: Option<Arc<ConnContext>>,
+    /// The head timeouts of the head being read: an HTTP/1 head `framing` holds, or an
+    /// HTTP/2 header block `inbound` sees open.
+    timer: HeadTimer,
+    /// Follows the client's HTTP/2 frames (off at once on HTTP/1).
+    inbound: Inbound,
+    /// Follows hyper's HTTP/2 frames.
+    outbound: Outbound,
+    /// A timed-out stream's reply, waiting for a boundary between hyper's frames.
+    inject: Vec<u8>,
+    /// An HTTP/1 head timed out: its reply goes out and hyper reads the end of the stream.
+    closed: bool,
+    /// `ready` holds bytes `inbound` rewrote, and so has followed already.
+    ready_followed: bool,
+    /// A header block began in what `inbound` rewrote.
+    began: bool,
+    /// A timed-out stream whose late header block hyper refuses: its RST_STREAM is dropped.
+    refused: Option<u32>,
 }
 
 impl<I> EnvoyErrors<I> {
     /// Wraps an HTTP/2 connection `io`.
     pub fn new(io: I) -> Self {
-        Self::replaying(BytesMut::new(), io, Framing::off())
+        let mut wrapped = Self::replaying(BytesMut::new(), io, Framing::off());
+        wrapped.inbound = Inbound::new(true);
+        wrapped
     }
 
     /// Wraps `io`, whose next reads return `replay` first, and whose HTTP/1 requests go
-    /// through `framing`.
+    /// through `framing` (or which turns out HTTP/2 with its preface).
     pub fn replaying(replay: BytesMut, io: I, framing: Framing) -> Self {
         EnvoyErrors {
             io,
@@ -159,12 +198,25 @@ impl<I> EnvoyErrors<I> {
             framing,
             ready: BytesMut::new(),
             ctx: None,
+            timer: HeadTimer::default(),
+            inbound: Inbound::new(false),
+            outbound: Outbound::default(),
+            inject: Vec::new(),
+            closed: false,
+            ready_followed: false,
+            began: false,
+            refused: None,
         }
     }
 
-    /// Rewrites the rejections with `ctx`'s `local_reply_config` and logs them in its access
-    /// logs.
+    /// Rewrites the rejections with `ctx`'s `local_reply_config`, logs them in its access
+    /// logs, and enforces its head timeouts.
     pub fn with_context(mut self, ctx: Arc<ConnContext>) -> Self {
+        let cfg = &ctx.hcm.config;
+        if cfg.request_headers_timeout.is_none() && cfg.request_timeout.is_none() {
+            // No head timeout: HTTP/2 frames need no following.
+            self.inbound = Inbound::off();
+        }
         self.ctx = Some(ctx);
         self
     }
@@ -183,13 +235,60 @@ impl<I: AsyncWrite + Unpin> EnvoyErrors<I> {
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let me = &mut *self;
+impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
+    /// Moves a timed-out stream's reply to the bytes to write once hyper's last frame is
+    /// whole.
+    fn settle_inject(&mut self) {
+        if !self.inject.is_empty() && self.outbound.room() == 0 {
+            self.pending.append(&mut self.inject);
+        }
+    }
+
+    /// Arms the head timer while a head is arriving, disarms it once none is; `began` when a
+    /// new HTTP/2 header block began in what was just read.
+    fn follow_head(&mut self, began: bool) {
+        let Some(ctx) = &self.ctx else {
+            return;
+        };
+        if began {
+            self.timer.stop();
+        }
+        if self.framing.head_in_progress() || self.inbound.open().is_some() {
+            self.timer.start(&ctx.hcm.config);
+        } else {
+            self.timer.stop();
+        }
+    }
+
+    /// Answers a head that timed out (`which`) as Envoy does: an HTTP/2 stream's reply goes
+    /// out between hyper's frames and the connection stays; an HTTP/1 reply goes out and the
+    /// connection ends.
+    fn time_out(&mut self, which: HeadTimeout) {
+        let Some(ctx) = self.ctx.clone() else {
+            return;
+        };
+        let (text, details) = which.fire(&ctx.hcm.stats);
+        let status = StatusCode::REQUEST_TIMEOUT;
+        if let Some(stream) = self.inbound.open() {
+            self.inbound.answered();
+            let kind = HeadReply::StreamTimeout(text);
+            let (status, headers, body) =
+                head_answer(Some(&ctx), status, text, details, kind, None);
+            self.inject
+                .extend(reply_frames(stream, status, &headers, body.as_bytes()));
+            self.settle_inject();
+        } else {
+            self.framing.stop();
+            self.closed = true;
+            let kind = HeadReply::Timeout(text);
+            let reply = head_reply(Some(&ctx), status, text, details, kind, None);
+            self.pending.extend(reply);
+        }
+    }
+
+    /// Reads what hyper is to read next, through the request follower.
+    fn read_on(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let me = self;
         loop {
             if !me.ready.is_empty() {
                 let n = me.ready.len().min(buf.remaining());
@@ -206,7 +305,8 @@ impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
                 }
                 continue;
             }
-            if me.framing.is_off() {
+            let rewriting = me.inbound.rewriting();
+            if me.framing.is_off() && !rewriting {
                 return Pin::new(&mut me.io).poll_read(cx, buf);
             }
             let mut scratch = [0u8; 8192];
@@ -217,6 +317,11 @@ impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
                 if me.ready.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
+            } else if rewriting {
+                let (refused, began) = me.inbound.rewrite(read.filled(), &mut me.ready);
+                me.refused = refused.or(me.refused);
+                me.began |= began;
+                me.ready_followed = true;
             } else {
                 me.framing.feed(read.filled(), &mut me.ready);
             }
@@ -224,13 +329,75 @@ impl<I: AsyncRead + Unpin> AsyncRead for EnvoyErrors<I> {
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
+impl<I: AsyncRead + AsyncWrite + Unpin> AsyncRead for EnvoyErrors<I> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let me = &mut *self;
+        me.settle_inject();
+        if me.closed {
+            // The end of the stream, once the reply is out.
+            ready!(me.poll_pending(cx))?;
+            return Poll::Ready(Ok(()));
+        }
+        if !me.pending.is_empty() {
+            // A timed-out stream's reply; hyper's next write waits for it too.
+            let _ = me.poll_pending(cx)?;
+        }
+        let before = buf.filled().len();
+        let read = me.read_on(cx, buf);
+        // Bytes `inbound` rewrote come to hyper only through `ready`.
+        let followed = me.ready_followed;
+        let began = match read {
+            Poll::Ready(Ok(())) if me.inbound.following() && !followed => {
+                me.inbound.feed(&buf.filled()[before..])
+            }
+            _ => false,
+        };
+        if me.ready.is_empty() {
+            me.ready_followed = false;
+        }
+        let began = began | std::mem::take(&mut me.began);
+        me.follow_head(began);
+        if read.is_pending()
+            && let Poll::Ready(which) = me.timer.poll_fired(cx)
+        {
+            me.time_out(which);
+            // Woken again to write the reply (HTTP/1: then to end the stream).
+            cx.waker().wake_by_ref();
+        }
+        read
+    }
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.settle_inject();
         ready!(self.poll_pending(cx))?;
+        if self.inbound.is_http2() {
+            if self.outbound.room() == 0
+                && let Some(stream) = self.refused
+                && let Some(n) = super::h2_head::swallowed_reset(buf, stream)
+            {
+                self.refused = None;
+                return Poll::Ready(Ok(n));
+            }
+            // Up to the end of hyper's frame while a reply waits to go between two.
+            let n = match self.outbound.room() {
+                room if room > 0 && !self.inject.is_empty() => room.min(buf.len()),
+                _ => buf.len(),
+            };
+            let me = &mut *self;
+            let n = ready!(Pin::new(&mut me.io).poll_write(cx, &buf[..n]))?;
+            me.outbound.wrote(&buf[..n]);
+            return Poll::Ready(Ok(n));
+        }
         let hyper_rejection = REJECTIONS.iter().find(|(line, _, _)| buf.starts_with(line));
         if let Some(&(_, status, details)) =
             hyper_rejection.filter(|_| header_value(buf, b"server").is_none())
@@ -256,6 +423,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.settle_inject();
         ready!(self.poll_pending(cx))?;
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -285,7 +453,7 @@ mod tests {
     #[tokio::test]
     async fn an_http10_refusal_goes_out_in_http11_as_envoys_does() {
         let (a, mut b) = tokio::io::duplex(1024);
-        let mut w = EnvoyErrors::new(a);
+        let mut w = EnvoyErrors::replaying(BytesMut::new(), a, Framing::off());
         w.write_all(b"HTTP/1.0 426 Upgrade Required\r\ncontent-length: 16\r\n\r\n")
             .await
             .unwrap();
@@ -302,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn hyper_400_becomes_envoys_and_other_writes_pass() {
         let (a, mut b) = tokio::io::duplex(1024);
-        let mut w = EnvoyErrors::new(a);
+        let mut w = EnvoyErrors::replaying(BytesMut::new(), a, Framing::off());
         w.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 30 Nov 2026 12:00:00 GMT\r\n\r\n")
             .await
             .unwrap();

@@ -99,6 +99,17 @@ impl Framing {
         self.refusal
     }
 
+    /// Whether a head has begun and is held until it is whole.
+    pub(super) fn head_in_progress(&self) -> bool {
+        self.state == State::Head && !self.held.is_empty()
+    }
+
+    /// Passes nothing more to hyper (the connection is being closed).
+    pub(super) fn stop(&mut self) {
+        self.held.clear();
+        self.state = State::Refused;
+    }
+
     /// Whether everything passes untouched from here on.
     pub(super) fn is_off(&self) -> bool {
         self.state == State::Off

@@ -12,6 +12,8 @@ pub mod forwarding;
 mod framing;
 mod grpc_timeout;
 mod h1;
+mod h2_head;
+mod head_timeout;
 mod int_value;
 pub mod local_reply;
 mod mirror;
@@ -343,8 +345,11 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
         // Boxed (once per connection): hyper's server is kilobytes that an HTTP/1 connection's
         // task would otherwise carry.
         Codec::Http2 => {
-            crate::spawn::boxed(|| serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec))
-                .await
+            crate::spawn::boxed(|| {
+                let io = envoy_errors::EnvoyErrors::new(stream).with_context(ctx.clone());
+                serve_io(io, ctx, codec)
+            })
+            .await
         }
         Codec::Http1 | Codec::Auto => h1::serve(stream, ctx, codec).await,
     }
@@ -368,7 +373,8 @@ pub fn serve_tls(
     }
     match codec {
         Codec::Http2 => Either::Left(crate::spawn::boxed(|| {
-            serve_io(envoy_errors::EnvoyErrors::new(stream), ctx, codec)
+            let io = envoy_errors::EnvoyErrors::new(stream).with_context(ctx.clone());
+            serve_io(io, ctx, codec)
         })),
         Codec::Http1 | Codec::Auto => Either::Right(h1::serve(stream, ctx, codec)),
     }

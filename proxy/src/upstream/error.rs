@@ -121,7 +121,7 @@ impl ResetReason {
     }
 
     /// Why an upstream response body failed with `e` after its head came: an HTTP/2 stream
-    /// reset by the peer; an HTTP/1.1 body cut short by the connection's close or broken
+    /// reset by the peer, or by h2 for what the peer sent; an HTTP/1.1 body cut short by the connection's close or broken
     /// framing (a protocol error to Envoy's codec); else the connection ended.
     pub fn of_body_error(e: &(dyn std::error::Error + 'static)) -> ResetReason {
         let mut cur = Some(e);
@@ -140,10 +140,19 @@ impl ResetReason {
         ResetReason::ConnectionTermination
     }
 
+    /// An HTTP/2 stream's end: refused by the peer (REFUSED_STREAM, or a GOAWAY whose last
+    /// stream is below it: h2 gives a stream the GOAWAY's error only then, and those it
+    /// processed the connection's close) or reset by it; reset (or its connection closed)
+    /// by h2 itself for what the peer sent (malformed response headers, a body longer than
+    /// its `content-length`, a frame the protocol forbids), which Envoy 1.40's codec calls a
+    /// protocol error (`UPE`, not `LR`); else the connection ended.
     fn of_h2(h2: &h2::Error) -> ResetReason {
         match h2.reason() {
             Some(h2::Reason::REFUSED_STREAM) => ResetReason::RemoteRefusedStreamReset,
+            Some(_) if h2.is_remote() && h2.is_go_away() => ResetReason::RemoteRefusedStreamReset,
             Some(_) if h2.is_remote() && !h2.is_go_away() => ResetReason::RemoteReset,
+            Some(h2::Reason::NO_ERROR | h2::Reason::CANCEL) => ResetReason::ConnectionTermination,
+            Some(_) if h2.is_library() => ResetReason::ProtocolError,
             _ => ResetReason::ConnectionTermination,
         }
     }

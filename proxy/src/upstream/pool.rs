@@ -653,6 +653,15 @@ pub(crate) async fn send_h2(
             continue;
         }
         match sender.try_send_request(req).await {
+            Ok(resp) if let Some(reason) = head_refusal(&resp) => {
+                requests.fetch_add(1, Ordering::Relaxed);
+                // Dropped: the stream is reset.
+                return Err(UpstreamError::Reset {
+                    host: host.addr,
+                    reason,
+                    detail: "response headers over Envoy's limits".into(),
+                });
+            }
             Ok(resp) => {
                 requests.fetch_add(1, Ordering::Relaxed);
                 return Ok(resp.map(UpstreamBody::http2));
@@ -667,6 +676,37 @@ pub(crate) async fn send_h2(
             },
         }
     }
+}
+
+/// The largest header field Envoy's HTTP/2 client codec decodes: a response with a longer
+/// one is a protocol error (Envoy 1.40 takes a 62,000-byte value and refuses a 65,600-byte
+/// one).
+const MAX_H2_FIELD: usize = 64 * 1024;
+
+/// The response head size Envoy's HTTP/2 client codec takes (`max_response_headers_kb`
+/// unset: 60 KiB, names and values with `:status`).
+const MAX_H2_HEAD: usize = 60 * 1024;
+
+/// How large a header list revoy's HTTP/2 client lets through to [`head_refusal`], which
+/// applies Envoy's limits (h2 refuses a larger one as a protocol error).
+const H2_HEADER_LIST: u32 = 1024 * 1024;
+
+/// Why Envoy's codec would refuse an HTTP/2 response head: a header field over
+/// [`MAX_H2_FIELD`] is a protocol error; more headers than `max_headers_count` (its
+/// `:status` counted) or more than [`MAX_H2_HEAD`] bytes and Envoy's codec resets the
+/// stream, which its router reports as the upstream's reset (`UR`, `remote_reset`).
+fn head_refusal<B>(resp: &http::Response<B>) -> Option<ResetReason> {
+    let headers = resp.headers();
+    let mut size = ":status".len() + 3;
+    for (name, value) in headers {
+        let (n, v) = (name.as_str().len(), value.len());
+        if n > MAX_H2_FIELD || v > MAX_H2_FIELD {
+            return Some(ResetReason::ProtocolError);
+        }
+        size += n + v;
+    }
+    (headers.len() + 1 > crate::wire::MAX_HEADERS || size > MAX_H2_HEAD)
+        .then_some(ResetReason::RemoteReset)
 }
 
 /// The host's usable HTTP/2 connection: its sender, its stream count, its local address and
@@ -729,6 +769,7 @@ async fn start_h2(
     let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
     active.requests = Requests::Shared(requests.clone());
     let (sender, conn) = http2::Builder::new(crate::spawn::Executor)
+        .max_header_list_size(H2_HEADER_LIST)
         .handshake::<_, Body>(TokioIo::new(stream))
         .await
         .map_err(|e| UpstreamError::from_hyper(host.addr, &e))?;

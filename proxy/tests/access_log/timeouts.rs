@@ -11,6 +11,12 @@
 //! `UMSDR`; 408 while the request body is still arriving) and after it (the response cut).
 //! On a second listener, whose `request_timeout` is the shorter, a head still arriving gets
 //! the request timeout's 408.
+//! The same head timeouts on the connections hyper serves: an HTTP/1 connection after a
+//! chunked request (which the fast path hands over), and an HTTP/2 stream (h2c) whose HEADERS
+//! frame lacks END_HEADERS and whose CONTINUATION never comes (Envoy answers on the stream:
+//! HEADERS, DATA ending it, RST_STREAM, and the connection stays open), on both listeners,
+//! and one whose CONTINUATION comes after that answer (Envoy serves nothing more on the
+//! stream, and the next stream as usual).
 //! The lines, the connection manager's `downstream_rq_timeout`, `downstream_rq_header_timeout`
 //! and `downstream_rq_idle_timeout` and the cluster's `upstream_rq_max_duration_reached` are
 //! compared.
@@ -19,9 +25,9 @@ use super::*;
 
 const FORMAT: &str = "%REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %UPSTREAM_CLUSTER% %UPSTREAM_REQUEST_ATTEMPT_COUNT%\n";
 
-/// An upstream answering each request after its whole body (`.../hold`: 2 s later), except
-/// paths with `/echo`, whose head (with `content-length: 5`) goes out at once and its body `done\n`
-/// once the request body is all in.
+/// An upstream answering each request after its whole body (`.../hold`: 2 s later; a
+/// chunked one read up to its last chunk), except paths with `/echo`, whose head (with
+/// `content-length: 5`) goes out at once and its body `done\n` once the request body is all in.
 fn upstream() -> u16 {
     spawn_upstream(serve)
 }
@@ -37,7 +43,7 @@ fn serve(mut s: TcpStream) {
         {
             return;
         }
-        if !read_body(&mut s, &mut buf, length) {
+        if !read_body(&mut s, &mut buf, length) || !read_chunks(&mut s, &mut buf, &head) {
             return;
         }
         if path.ends_with("/hold") {
@@ -50,6 +56,100 @@ fn serve(mut s: TcpStream) {
         };
         if s.write_all(reply).is_err() {
             return;
+        }
+    }
+}
+
+/// Reads and drops a chunked body (the test's chunks: no extensions, no trailers) when `head`
+/// announces one; whether it all came.
+fn read_chunks(s: &mut TcpStream, buf: &mut Vec<u8>, head: &str) -> bool {
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return true;
+    }
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+            buf.drain(..end + 5);
+            return true;
+        }
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return false,
+        }
+    }
+}
+
+/// A chunked POST (which the fast path hands to hyper's server), answered, then on the same
+/// connection a head that never ends: everything the proxy sent.
+fn handed_over_partial_head(http: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"POST /chunked HTTP/1.1\r\nhost: h.test\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        .unwrap();
+    let mut buf = Vec::new();
+    let (head, length) = read_head(&mut s, &mut buf).expect("the chunked request's answer");
+    assert!(read_body(&mut s, &mut buf, length), "its body");
+    s.write_all(b"GET /partial HTTP/1.1\r\nhost: h.test\r\n")
+        .unwrap();
+    let mut rest = String::new();
+    let _ = s.read_to_string(&mut rest);
+    format!("{head}\r\n\r\n{}{rest}", String::from_utf8_lossy(&buf))
+}
+
+/// An h2c connection whose HEADERS frame on stream 1 (END_STREAM, no END_HEADERS) is not
+/// continued in time: the frames the proxy sends on stream 1 until it resets it (type,
+/// flags, and a DATA frame's payload). Nothing else is sent before, not even a SETTINGS
+/// acknowledgement: only a CONTINUATION may follow the HEADERS frame. With `late`, the
+/// CONTINUATION ending the block comes after the reset, then a GET of `/late` on stream 3:
+/// also what comes on stream 1 after the reset (Envoy: nothing) and stream 3's body.
+fn h2_unfinished_headers(http: u16, late: bool) -> Vec<String> {
+    use h2_frames::{
+        DATA, END_HEADERS, END_STREAM, HEADERS, frame, get, literal_block, preface, read,
+    };
+    let mut s = TcpStream::connect(("127.0.0.1", http)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let block = literal_block(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "h.test"),
+        (":path", "/h2"),
+    ]);
+    let mut hello = preface();
+    hello.extend(frame(HEADERS, END_STREAM, 1, &block));
+    s.write_all(&hello).unwrap();
+    let mut seen = Vec::new();
+    let mut reset = false;
+    let mut late_body = Vec::new();
+    loop {
+        let (kind, flags, stream, payload) =
+            read(&mut s).unwrap_or_else(|e| panic!("a frame: {e} after {seen:?}"));
+        match kind {
+            DATA if stream == 3 => {
+                late_body.extend(payload);
+                if flags & END_STREAM != 0 {
+                    seen.push(format!("stream 3: {}", String::from_utf8_lossy(&late_body)));
+                    return seen;
+                }
+            }
+            _ if stream != 1 => {}
+            DATA => seen.push(format!(
+                "DATA {flags} {}",
+                String::from_utf8_lossy(&payload)
+            )),
+            3 if !reset => {
+                seen.push(format!("RST_STREAM {payload:?}"));
+                if !late {
+                    return seen;
+                }
+                reset = true;
+                let mut more = frame(9, END_HEADERS, 1, &literal_block(&[("x-late", "1")]));
+                more.extend(get(3, "h.test", "/late"));
+                s.write_all(&more).unwrap();
+            }
+            _ => seen.push(format!("frame {kind} {flags} on stream 1")),
         }
     }
 }
@@ -159,8 +259,19 @@ fn observe_timeouts(
         partial.starts_with("HTTP/1.1 408") && partial.ends_with("\r\n\r\nrequest timeout"),
         "partial head under request_timeout: {partial}"
     );
-    let mut lines = read_lines(&dir.join("timeouts.log"), 9);
-    lines.extend(read_lines(&dir.join("slowhead.log"), 1));
+    let answer = handed_over_partial_head(http);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("\r\n\r\nrequest header timeout"),
+        "a partial head after a chunked request: {answer}"
+    );
+    let frames = h2_unfinished_headers(http, false);
+    let late_frames = h2_unfinished_headers(http, true);
+    let slow_frames = h2_unfinished_headers(slow, false);
+    let mut lines = read_lines(&dir.join("timeouts.log"), 14);
+    lines.extend(read_lines(&dir.join("slowhead.log"), 2));
+    lines.extend(frames);
+    lines.extend(late_frames);
+    lines.extend(slow_frames);
     let stats = named_stats(
         admin,
         &[
@@ -187,7 +298,7 @@ fn request_timeouts_match_envoy() {
     });
     let revoy_dir = log_dir("timeouts-revoy");
     let ours = observe_timeouts(&revoy_dir, upstream, revoy_proxy);
-    assert_eq!(theirs.0.len(), 10, "Envoy's lines: {:#?}", theirs.0);
+    assert_eq!(theirs.0.len(), 16 + 10, "Envoy's lines: {:#?}", theirs.0);
     assert_eq!(ours, theirs, "revoy (left) and Envoy (right)");
     let _ = std::fs::remove_dir_all(&envoy_dir);
     let _ = std::fs::remove_dir_all(&revoy_dir);

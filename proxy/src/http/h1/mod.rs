@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
+use super::head_timeout::HeadTimeout;
 use crate::config::hcm::Codec;
 use crate::wire::{give_back, has_token, take_buffer, with_room};
 use inbound::Inbound;
@@ -102,7 +103,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     // Counted under its codec once the first bytes tell which it is, as Envoy's codec is made.
     let mut counted = false;
     loop {
-        // When the head being read must be whole, from its first bytes (see `HeadTimeout`).
+        // When the head being read must be whole, from its first bytes (see [`HeadTimeout`]).
         let mut head_deadline = None;
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
@@ -149,7 +150,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                 Some((at, timeout)) => tokio::select! {
                     more = read_more(&mut stream, &mut reading) => more,
                     () = tokio::time::sleep_until(at) => {
-                        return crate::spawn::boxed(|| timeout.answer(stream, reading, &ctx)).await;
+                        return crate::spawn::boxed(|| head_timed_out(timeout, stream, reading, &ctx)).await;
                     }
                 },
                 None => read_more(&mut stream, &mut reading).await,
@@ -169,59 +170,27 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     }
 }
 
-/// Which of the connection manager's timeouts ends a request whose head is too slow: both run
-/// from the head's first bytes, as Envoy arms them when its codec starts a request.
-#[derive(Debug, Clone, Copy)]
-enum HeadTimeout {
-    /// `request_headers_timeout`.
-    Headers,
-    /// `request_timeout`, when it is the shorter.
-    Request,
-}
-
-impl HeadTimeout {
-    /// The deadline and the timeout of a head whose first bytes just came; `None` when
-    /// neither is set.
-    fn arm(cfg: &crate::config::hcm::HcmConfig) -> Option<(tokio::time::Instant, HeadTimeout)> {
-        let (limit, which) = match (cfg.request_headers_timeout, cfg.request_timeout) {
-            (Some(h), Some(r)) if r < h => (r, HeadTimeout::Request),
-            (Some(h), _) => (h, HeadTimeout::Headers),
-            (None, Some(r)) => (r, HeadTimeout::Request),
-            (None, None) => return None,
-        };
-        Some((tokio::time::Instant::now() + limit, which))
-    }
-
-    /// Envoy's answer: 408 with its text, counted and logged (no request headers, no
-    /// flag), then the connection closes.
-    async fn answer<S: Downstream>(self, mut stream: S, mut reading: Reading, ctx: &ConnContext) {
-        let stats = &ctx.hcm.stats;
-        let (text, details) = match self {
-            HeadTimeout::Headers => {
-                stats.rq_header_timeout.inc();
-                ("request header timeout", "request_header_timeout")
-            }
-            HeadTimeout::Request => {
-                stats.rq_timeout.inc();
-                ("request timeout", "request_overall_timeout")
-            }
-        };
-        let status = http::StatusCode::REQUEST_TIMEOUT;
-        stats.rq_total.inc();
-        stats.response(status.as_u16());
-        let reply = super::envoy_errors::head_reply(
-            Some(ctx),
-            status,
-            text,
-            details,
-            super::access_log::HeadReply::Timeout(text),
-            None,
-        );
-        if stream.write_all(&reply).await.is_ok() {
-            let _ = stream.shutdown().await;
-            reading.buf.clear();
-            linger(&mut stream, &mut reading.buf).await;
-        }
+/// Envoy's answer to a head `which` timed out: 408 with its text, counted and logged (no
+/// request headers, no flag), then the connection closes.
+async fn head_timed_out<S: Downstream>(
+    which: HeadTimeout,
+    mut stream: S,
+    mut reading: Reading,
+    ctx: &ConnContext,
+) {
+    let (text, details) = which.fire(&ctx.hcm.stats);
+    let reply = super::envoy_errors::head_reply(
+        Some(ctx),
+        http::StatusCode::REQUEST_TIMEOUT,
+        text,
+        details,
+        super::access_log::HeadReply::Timeout(text),
+        None,
+    );
+    if stream.write_all(&reply).await.is_ok() {
+        let _ = stream.shutdown().await;
+        reading.buf.clear();
+        linger(&mut stream, &mut reading.buf).await;
     }
 }
 
