@@ -330,6 +330,13 @@ impl Default for Thresholds {
 #[allow(deprecated)] // dns_resolvers and friends are still what Envoy configs use.
 pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings) {
     const SYSTEM_RESOLVER: &str = "revoy resolves names with the system resolver (getaddrinfo: /etc/hosts, then the servers of /etc/resolv.conf); this resolver setting has no effect";
+    #[allow(deprecated)]
+    let common = typed_http_options(c)
+        .ok()
+        .flatten()
+        .and_then(|t| t.common_http_protocol_options)
+        .or(c.common_http_protocol_options);
+    let common = common.as_ref();
     let skipped = [
         (
             c.typed_dns_resolver_config.is_some(),
@@ -429,6 +436,23 @@ pub fn skipped_features(c: &Cluster, path: &str, warnings: &mut super::Warnings)
             c.cleanup_interval.is_some(),
             "cleanup_interval",
             "ORIGINAL_DST hosts are cleaned up on revoy's own schedule",
+        ),
+        (
+            common.is_some_and(|o| o.max_connection_duration.is_some()),
+            "common_http_protocol_options.max_connection_duration",
+            "upstream connections are not drained after a duration by revoy",
+        ),
+        (
+            common.is_some_and(|o| {
+                o.max_headers_count.is_some() || o.max_response_headers_kb.is_some()
+            }),
+            "common_http_protocol_options.max_headers_count",
+            "upstream response heads are held to Envoy's default limits (100 headers, 60 KiB)",
+        ),
+        (
+            common.is_some_and(|o| o.headers_with_underscores_action != 0),
+            "common_http_protocol_options.headers_with_underscores_action",
+            "upstream response headers with underscores are allowed, as by default",
         ),
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {

@@ -226,6 +226,7 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
         );
     }
     const NO_EFFECT: &str = "not implemented by revoy; it has no effect";
+    let common = hcm.common_http_protocol_options.as_ref();
     let skipped = [
         (
             hcm.add_user_agent.is_some_and(|b| b.value),
@@ -312,6 +313,21 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.http1_safe_max_connection_duration,
             "http1_safe_max_connection_duration",
             NO_EFFECT,
+        ),
+        (
+            common.is_some_and(|o| o.idle_timeout.is_some()),
+            "common_http_protocol_options.idle_timeout",
+            "idle downstream connections are not closed by revoy",
+        ),
+        (
+            common.is_some_and(|o| o.max_connection_duration.is_some()),
+            "common_http_protocol_options.max_connection_duration",
+            "downstream connections are not drained after a duration by revoy",
+        ),
+        (
+            common.is_some_and(|o| o.max_requests_per_connection.is_some()),
+            "common_http_protocol_options.max_requests_per_connection",
+            "downstream connections are not closed after a number of requests by revoy",
         ),
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
@@ -643,6 +659,19 @@ mod tests {
         assert_eq!(
             compiled.unwrap_err().path,
             "original_ip_detection_extensions"
+        );
+        let (_, warnings) = compile(
+            "common_http_protocol_options: {idle_timeout: 1s, max_connection_duration: 2s, max_requests_per_connection: 3, max_headers_count: 50}",
+        );
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "common_http_protocol_options.idle_timeout",
+                "common_http_protocol_options.max_connection_duration",
+                "common_http_protocol_options.max_requests_per_connection",
+            ],
+            "max_headers_count is implemented"
         );
     }
 }
