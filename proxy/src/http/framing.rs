@@ -23,7 +23,10 @@
 use bytes::BytesMut;
 use http::StatusCode;
 
+use std::sync::Arc;
+
 use super::HcmStats;
+use super::wire_meter::H1Wire;
 
 /// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
 /// codec refuses.
@@ -63,6 +66,9 @@ pub(super) struct Framing {
     stats: Option<HcmStats>,
     /// Envoy's status and response details for the head refused, once one is.
     refusal: Option<(StatusCode, &'static str)>,
+    /// Where each request's head and body bytes (with their chunk framing) are noted, for
+    /// its wire bytes.
+    meter: Option<Arc<H1Wire>>,
 }
 
 impl Framing {
@@ -79,7 +85,14 @@ impl Framing {
             max_head,
             stats,
             refusal: None,
+            meter: None,
         }
+    }
+
+    /// Notes each request's head and body bytes (with their chunk framing) in `meter`.
+    pub(super) fn metered(mut self, meter: Option<Arc<H1Wire>>) -> Framing {
+        self.meter = meter;
+        self
     }
 
     /// Follows nothing (an HTTP/2 connection).
@@ -91,6 +104,7 @@ impl Framing {
             max_head: 0,
             stats: None,
             refusal: None,
+            meter: None,
         }
     }
 
@@ -140,6 +154,9 @@ impl Framing {
                 }
                 State::Body(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    if let Some(m) = &self.meter {
+                        m.read_body(n as u64);
+                    }
                     out.extend_from_slice(&input[..n]);
                     input = &input[n..];
                     self.state = if n as u64 == left {
@@ -155,6 +172,9 @@ impl Framing {
                 }
                 State::ChunkData(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    if let Some(m) = &self.meter {
+                        m.read_body(n as u64);
+                    }
                     out.extend_from_slice(&input[..n]);
                     input = &input[n..];
                     self.state = if n as u64 == left {
@@ -167,6 +187,9 @@ impl Framing {
                     let b = input[0];
                     out.extend_from_slice(&input[..1]);
                     input = &input[1..];
+                    if let Some(m) = &self.meter {
+                        m.read_body(1);
+                    }
                     self.chunk_byte(b);
                     if self.state == State::Head && !input.is_empty() {
                         self.held.extend_from_slice(input);
@@ -231,6 +254,10 @@ impl Framing {
                 return None;
             }
         };
+        if let Some(m) = &self.meter {
+            let name_values = req.headers.iter().map(|h| h.name.len() + h.value.len());
+            m.read_head(len, req.headers.len(), name_values.sum());
+        }
         let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
             (Vec::new(), None, 0, true, req.method == Some("CONNECT"));
         let mut ends_chunked = false;

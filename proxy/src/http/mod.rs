@@ -25,6 +25,7 @@ mod stream_limits;
 mod timeouts;
 mod trace;
 mod upgrade;
+pub mod wire_meter;
 mod xfcc;
 
 pub use stats::HcmStats;
@@ -64,6 +65,16 @@ pub struct Hcm {
 }
 
 impl Hcm {
+    /// Whether its requests keep an access-log record while they are served: for access
+    /// logs, tracing, `local_reply_config` (whose mappers read it) or `istio.stats` (which
+    /// reads its flags and wire bytes).
+    pub fn keeps_records(&self) -> bool {
+        !self.config.access_logs.is_empty()
+            || self.config.tracing.is_some()
+            || self.config.local_reply.is_some()
+            || self.filters.has_istio_stats()
+    }
+
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
         let stats = HcmStats::new(store, &config.stat_prefix);
@@ -131,6 +142,10 @@ pub struct ConnContext {
     /// The connection's own local rate limit buckets
     /// (`local_rate_limit_per_downstream_connection`), made on first use.
     pub rate_limiter: std::sync::OnceLock<Box<crate::limits::LocalLimiter>>,
+    /// Where an HTTP/1 connection's reader and writer note the message in flight for its
+    /// stream's wire bytes; set when the connection manager keeps records
+    /// ([`Hcm::keeps_records`]).
+    pub wire: Option<Arc<wire_meter::H1Wire>>,
 }
 
 impl ConnContext {
@@ -525,6 +540,12 @@ where
             // and ends the stream.
             if head && version == http::Version::HTTP_2 {
                 resp = resp.map(|_| crate::body::empty());
+            }
+            // The HTTP/1 head hyper writes, for the stream's wire bytes.
+            if version < http::Version::HTTP_2
+                && let Some(meter) = &ctx.wire
+            {
+                h1::note_head(&mut resp, head, meter);
             }
             Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started)))
         })

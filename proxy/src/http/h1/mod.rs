@@ -5,7 +5,7 @@
 //! (see [`request::parse`]) hands the connection, with the bytes read so far, to hyper's server
 //! for the rest of its life, so every unusual case keeps hyper's handling and Envoy's replies.
 
-mod date;
+pub(super) mod date;
 mod inbound;
 mod request;
 mod response;
@@ -20,10 +20,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
+use super::wire_meter::H1Wire;
 use crate::config::hcm::Codec;
 use crate::wire::{give_back, has_token, take_buffer, with_room};
 use inbound::Inbound;
 use request::Head;
+pub(super) use response::note_head;
 
 /// What a client asked of the response to its request.
 pub(super) struct Asked {
@@ -39,6 +41,8 @@ pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
     body: Inbound,
+    /// Where the request's bytes read are noted, for its wire bytes.
+    meter: Option<Arc<H1Wire>>,
 }
 
 /// A downstream connection the fast path serves: plaintext TCP, or TLS over it.
@@ -96,6 +100,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
         body: Inbound::default(),
+        meter: ctx.wire.clone(),
     };
     // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
     let mut codec = codec;
@@ -116,19 +121,20 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
                 // connection's future while a hand-off below runs.
-                let next = match request::parse(&mut reading.buf, &ctx.hcm.config) {
-                    Head::Partial => NotServed::ReadMore,
-                    Head::Served {
-                        request,
-                        asked,
-                        inbound,
-                    } => {
-                        reading.body = inbound;
-                        break (request, asked);
-                    }
-                    Head::HandOff => NotServed::HandOff,
-                    Head::Ambiguous => NotServed::Refuse,
-                };
+                let next =
+                    match request::parse(&mut reading.buf, &ctx.hcm.config, ctx.wire.as_deref()) {
+                        Head::Partial => NotServed::ReadMore,
+                        Head::Served {
+                            request,
+                            asked,
+                            inbound,
+                        } => {
+                            reading.body = inbound;
+                            break (request, asked);
+                        }
+                        Head::HandOff => NotServed::HandOff,
+                        Head::Ambiguous => NotServed::Refuse,
+                    };
                 match next {
                     NotServed::ReadMore if head_deadline.is_none() => {
                         head_deadline = HeadTimeout::arm(&ctx.hcm.config);
@@ -265,7 +271,7 @@ async fn exchange<S: Downstream>(
         reading,
         response,
         &asked,
-        ctx.hcm.config.http1_trailers,
+        (ctx.hcm.config.http1_trailers, ctx.wire.as_deref()),
     )
     .await
     {
@@ -346,7 +352,10 @@ async fn read_more<S: Downstream>(stream: &mut S, reading: &mut Reading) -> bool
 async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
     loop {
         if reading.body.incomplete() {
-            reading.body.take_from(&mut reading.buf).await;
+            reading
+                .body
+                .take_from(&mut reading.buf, reading.meter.as_deref())
+                .await;
             if !reading.buf.is_empty() {
                 continue;
             }
@@ -371,7 +380,8 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.allow_chunked_length,
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
-    );
+    )
+    .metered(ctx.wire.clone());
     let io =
         super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;

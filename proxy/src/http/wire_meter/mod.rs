@@ -1,0 +1,220 @@
+//! Envoy's bytes meter of an HTTP stream on its downstream connection (what
+//! `%DOWNSTREAM_WIRE_BYTES_*%`, `%DOWNSTREAM_HEADER_BYTES_*%` and Istio's request and response
+//! sizes read). HTTP/1 carries one stream at a time, so its reader and writer note the message
+//! in flight in the connection's [`H1Wire`]: the request's head as read (fast path or
+//! [`super::framing`] before hyper) and its chunk framing, the response's head as written (the
+//! fast path's, or the one hyper's encoder writes, computed by the same rules). HTTP/2 frames
+//! are hidden inside h2: a stream counts 9 bytes per frame and its header blocks as an HPACK
+//! encoder writes them on a fresh connection ([`hpack`]).
+
+mod hpack;
+
+use hpack::Encoder;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use http::{HeaderMap, Request, Response, header};
+
+use crate::access_log::record::WireBytes;
+
+/// HTTP/2's frame header.
+const FRAME_HEADER: u64 = 9;
+
+/// The largest DATA frame payload hyper's h2 sends (the default SETTINGS_MAX_FRAME_SIZE).
+const MAX_FRAME: u64 = 16_384;
+
+/// What an HTTP/1 connection's reader and writer note of the message in flight.
+#[derive(Debug, Default)]
+pub struct H1Wire {
+    rx_head: AtomicU64,
+    rx_headers: AtomicU64,
+    rx_body: AtomicU64,
+    tx_head: AtomicU64,
+    tx_headers: AtomicU64,
+    tx_chunked: AtomicBool,
+}
+
+impl H1Wire {
+    /// A request head of `len` bytes was read, with `fields` header fields of `name_values`
+    /// bytes of names and values: Envoy's codec counts 3 bytes more per field as its header
+    /// bytes (`:`, CRLF).
+    pub(super) fn read_head(&self, len: usize, fields: usize, name_values: usize) {
+        self.rx_head.store(len as u64, Ordering::Relaxed);
+        self.rx_headers
+            .store((name_values + 3 * fields) as u64, Ordering::Relaxed);
+        self.rx_body.store(0, Ordering::Relaxed);
+    }
+
+    /// `n` bytes of the request's body (or of its chunk framing) were read.
+    pub(super) fn read_body(&self, n: u64) {
+        self.rx_body.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A response head `head` is written: its status line, its fields and the blank line;
+    /// `chunked`: its body goes in chunks.
+    pub(super) fn wrote_head(&self, head: &[u8], chunked: bool) {
+        let status_line = head
+            .iter()
+            .position(|b| *b == b'\n')
+            .map_or(head.len(), |i| i + 1);
+        self.tx_head.store(head.len() as u64, Ordering::Relaxed);
+        self.tx_headers.store(
+            head.len().saturating_sub(status_line + 2) as u64,
+            Ordering::Relaxed,
+        );
+        self.tx_chunked.store(chunked, Ordering::Relaxed);
+    }
+}
+
+/// One stream's meter, kept with its access-log record while it is served.
+#[derive(Debug)]
+pub(super) struct StreamWire {
+    /// The connection's notes, on HTTP/1.
+    h1: Option<Arc<H1Wire>>,
+    /// The request's head (HTTP/2: its HEADERS frame).
+    rx_head: u64,
+    /// The request's header bytes.
+    rx_headers: u64,
+    /// The response's HEADERS frame (HTTP/2).
+    tx_head: u64,
+    /// The response body's framing so far: chunk lines, or DATA frame headers.
+    tx_framing: u64,
+}
+
+impl StreamWire {
+    /// The meter of `req`, as it came from the client (before the connection manager changes
+    /// its headers); `h1`: the connection's notes, for HTTP/1.
+    pub(super) fn start<B>(req: &Request<B>, h1: &Arc<H1Wire>) -> StreamWire {
+        if req.version() == http::Version::HTTP_2 {
+            let uri = req.uri();
+            let path = uri.path_and_query().map_or("/", |p| p.as_str());
+            let authority = uri.authority().map_or("", |a| a.as_str());
+            let scheme = uri.scheme_str().unwrap_or("http");
+            let pseudo: [(&str, &[u8]); 4] = [
+                (":method", req.method().as_str().as_bytes()),
+                (":scheme", scheme.as_bytes()),
+                (":authority", authority.as_bytes()),
+                (":path", path.as_bytes()),
+            ];
+            let frame = FRAME_HEADER + hpack::block_len(Encoder::Client, &pseudo, req.headers());
+            return StreamWire {
+                h1: None,
+                rx_head: frame,
+                rx_headers: frame,
+                tx_head: 0,
+                tx_framing: 0,
+            };
+        }
+        // The response head noted is the last stream's until this one's is written.
+        h1.wrote_head(&[], false);
+        StreamWire {
+            rx_head: h1.rx_head.load(Ordering::Relaxed),
+            rx_headers: h1.rx_headers.load(Ordering::Relaxed),
+            h1: Some(h1.clone()),
+            tx_head: 0,
+            tx_framing: 0,
+        }
+    }
+
+    /// Notes the response head about to be sent: HTTP/2's HEADERS frame, with the `date` and
+    /// `content-length` hyper adds when absent (HTTP/1's writer notes its own head).
+    pub(super) fn respond<B: http_body::Body>(&mut self, resp: &Response<B>) {
+        if self.h1.is_some() {
+            return;
+        }
+        let status = resp.status();
+        let pseudo: [(&str, &[u8]); 1] = [(":status", status.as_str().as_bytes())];
+        let headers = resp.headers();
+        let mut added = 0;
+        if !headers.contains_key(header::DATE) {
+            added += super::h1::date::with(|d| hpack::field_len(Encoder::Envoy, "date", d));
+        }
+        if !headers.contains_key(header::CONTENT_LENGTH)
+            && let Some(n) = resp.body().size_hint().exact()
+        {
+            let mut digits = [0u8; 20];
+            let len = decimal(n, &mut digits);
+            added += hpack::field_len(Encoder::Envoy, "content-length", len);
+        }
+        self.tx_head = FRAME_HEADER + hpack::block_len(Encoder::Envoy, &pseudo, headers) + added;
+    }
+
+    /// A response data frame of `len` bytes is sent.
+    pub(super) fn sent_data(&mut self, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let len = len as u64;
+        self.tx_framing += match &self.h1 {
+            Some(h1) if h1.tx_chunked.load(Ordering::Relaxed) => {
+                // `<hex size>\r\n` ... `\r\n`
+                u64::from(len.ilog(16) + 1) + 4
+            }
+            Some(_) => 0,
+            None => FRAME_HEADER * len.div_ceil(MAX_FRAME),
+        };
+    }
+
+    /// The response body ended: with `trailers`, or, when `end_frame`, after its last data
+    /// frame went out without the end of the stream (HTTP/2 then sends an empty DATA frame).
+    pub(super) fn sent_end(&mut self, trailers: Option<&HeaderMap>, end_frame: bool) {
+        self.tx_framing += match &self.h1 {
+            Some(h1) if h1.tx_chunked.load(Ordering::Relaxed) => {
+                // `0\r\n`, the trailer fields, `\r\n`.
+                5 + trailers.map_or(0, |t| {
+                    t.iter()
+                        .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
+                        .sum()
+                })
+            }
+            Some(_) => 0,
+            None => match trailers {
+                Some(t) => FRAME_HEADER + hpack::block_len(Encoder::Envoy, &[], t),
+                None if end_frame => FRAME_HEADER,
+                None => 0,
+            },
+        };
+    }
+
+    /// The stream's wire bytes, given its body bytes each way and the request's data frames.
+    pub(super) fn bytes(
+        &self,
+        body_received: u64,
+        frames_received: u64,
+        body_sent: u64,
+    ) -> WireBytes {
+        match &self.h1 {
+            Some(h1) => {
+                let tx_head = h1.tx_head.load(Ordering::Relaxed);
+                // The body as read off the connection, what the stream's consumer took or
+                // not.
+                WireBytes {
+                    received: self.rx_head + h1.rx_body.load(Ordering::Relaxed),
+                    sent: tx_head + body_sent + self.tx_framing,
+                    header_received: self.rx_headers,
+                    header_sent: h1.tx_headers.load(Ordering::Relaxed),
+                }
+            }
+            None => WireBytes {
+                received: self.rx_head + body_received + FRAME_HEADER * frames_received,
+                sent: self.tx_head + body_sent + self.tx_framing,
+                header_received: self.rx_headers,
+                header_sent: self.tx_head,
+            },
+        }
+    }
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
