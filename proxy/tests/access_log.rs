@@ -43,6 +43,8 @@ mod skip;
 mod timeouts;
 #[path = "access_log/tls.rs"]
 mod tls;
+#[path = "access_log/wire.rs"]
+mod wire;
 use log_lines::read_lines;
 
 use std::collections::BTreeMap;

@@ -231,7 +231,10 @@ impl Pending {
         rec.response_code = Some(status);
         let mut wire = self.wire.take();
         if let Some(w) = wire.as_mut() {
-            w.respond(&resp);
+            // An HTTP/1 upstream's response (the version the upstream answered in, still).
+            let h1_upstream = rec.details.as_deref() == Some("via_upstream")
+                && resp.version() <= http::Version::HTTP_11;
+            w.respond(&resp, h1_upstream);
         }
         // A record only istio.stats reads needs no copy of the headers.
         if !self.logs.is_empty() || trace.is_some() {

@@ -80,6 +80,9 @@ pub(super) struct StreamWire {
     tx_head: u64,
     /// The response body's framing so far: chunk lines, or DATA frame headers.
     tx_framing: u64,
+    /// HTTP/2: the stream ends in an empty DATA frame of its own, as Envoy ends a response
+    /// an HTTP/1 upstream sent (its codec tells the end apart from the last data).
+    end_apart: bool,
 }
 
 impl StreamWire {
@@ -104,6 +107,7 @@ impl StreamWire {
                 rx_headers: frame,
                 tx_head: 0,
                 tx_framing: 0,
+                end_apart: false,
             };
         }
         // The response head noted is the last stream's until this one's is written.
@@ -114,15 +118,18 @@ impl StreamWire {
             h1: Some(h1.clone()),
             tx_head: 0,
             tx_framing: 0,
+            end_apart: false,
         }
     }
 
     /// Notes the response head about to be sent: HTTP/2's HEADERS frame, with the `date` and
     /// `content-length` hyper adds when absent (HTTP/1's writer notes its own head).
-    pub(super) fn respond<B: http_body::Body>(&mut self, resp: &Response<B>) {
+    /// `h1_upstream`: the response came from an HTTP/1 upstream.
+    pub(super) fn respond<B: http_body::Body>(&mut self, resp: &Response<B>, h1_upstream: bool) {
         if self.h1.is_some() {
             return;
         }
+        self.end_apart = h1_upstream;
         let status = resp.status();
         let pseudo: [(&str, &[u8]); 1] = [(":status", status.as_str().as_bytes())];
         let headers = resp.headers();
@@ -171,7 +178,7 @@ impl StreamWire {
             Some(_) => 0,
             None => match trailers {
                 Some(t) => FRAME_HEADER + hpack::block_len(Encoder::Envoy, &[], t),
-                None if end_frame => FRAME_HEADER,
+                None if end_frame || self.end_apart => FRAME_HEADER,
                 None => 0,
             },
         };
