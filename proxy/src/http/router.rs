@@ -62,7 +62,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         let wire = ctx
             .wire
             .as_ref()
-            .map(|w| super::wire_meter::StreamWire::start(&req, w));
+            .map(|w| super::wire_meter::StreamWire::start(&req, w, ctx.hcm.config.http1_trailers));
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
         // A clone of a header value parsed from the request allocates: only when needed. A
         // forced trace (the header survives only on internal requests) echoes the id too.

@@ -2,7 +2,8 @@
 //! `%DOWNSTREAM_WIRE_BYTES_SENT%`) and header bytes (`%DOWNSTREAM_HEADER_BYTES_*%`) against
 //! Envoy 1.40: HTTP/1.1 GETs (to an upstream and to a direct response), a POST with a
 //! `content-length`, a chunked POST (hyper's side of revoy), a keep-alive connection's second
-//! request, a chunked response, and HTTP/2 GETs and a POST (curl, prior knowledge).
+//! request, two pipelined requests, a chunked response, and HTTP/2 GETs and a POST (curl,
+//! prior knowledge).
 
 use super::*;
 
@@ -97,6 +98,23 @@ fn exchange(port: u16, requests: &[&[u8]]) {
     }
 }
 
+/// Writes `requests` at once on one connection (pipelined) and reads until each has its
+/// `hello world\n` answer.
+fn pipelined(port: u16, requests: &[&[u8]]) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(&requests.concat()).unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let answers = |got: &[u8]| got.windows(12).filter(|w| w == b"hello world\n").count();
+    while answers(&got) < requests.len() {
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => got.extend_from_slice(&chunk[..n]),
+            _ => panic!("the proxy closed: {}", String::from_utf8_lossy(&got)),
+        }
+    }
+}
+
 /// An HTTP/2 request by curl (prior knowledge, one connection each), `data` as its body.
 fn curl_h2(port: u16, path: &str, data: Option<&str>) {
     let mut c = Command::new("curl");
@@ -120,7 +138,7 @@ fn curl_h2(port: u16, path: &str, data: Option<&str>) {
 }
 
 /// The requests, in order; how many lines they log.
-const LINES: usize = 11;
+const LINES: usize = 13;
 
 fn observe_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
     let (admin, http) = (free_port(), free_port());
@@ -146,6 +164,14 @@ fn observe_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
         ],
     );
     exchange(http, &[b"GET /up/chunked HTTP/1.1\r\nhost: h.test\r\n\r\n"]);
+    // Pipelined: the second request's bytes arrive with the first's.
+    pipelined(
+        http,
+        &[
+            b"POST /up/pipe-1 HTTP/1.1\r\nhost: h.test\r\ncontent-length: 3\r\n\r\nabc",
+            b"GET /up/pipe-2 HTTP/1.1\r\nhost: h.test\r\nx-second: yes\r\n\r\n",
+        ],
+    );
     // Chunked: hyper serves this connection on revoy's side, the next request too.
     exchange(
         http,
@@ -203,7 +229,7 @@ fn wire_bytes_match_envoy() {
         if r.contains(" HTTP/2 ") {
             assert!(h2_sent_close(r, e), "line {i}:\n{r}\n{e}");
         } else {
-            assert_eq!(r, e, "line {i}");
+            assert_eq!(r, e, "line {i}\n{ours:#?}\n{theirs:#?}");
         }
     }
     let _ = std::fs::remove_dir_all(&envoy_dir);

@@ -10,7 +10,6 @@ use http_body::{Frame, SizeHint};
 use tokio::sync::mpsc;
 
 use crate::body::{Body, BoxError};
-use crate::http::wire_meter::H1Wire;
 
 /// Chunks of body that may wait between the connection's reader and the request's consumer
 /// (each at most one read): the client is not read further until the consumer takes them.
@@ -47,16 +46,12 @@ impl Inbound {
 
     /// Moves the body bytes at the front of `buf` into the request, waiting until the consumer
     /// takes the previous chunks. Cancel-safe: nothing leaves `buf` before it is handed over.
-    /// The bytes taken are noted in `meter`.
-    pub(super) async fn take_from(&mut self, buf: &mut BytesMut, meter: Option<&H1Wire>) {
+    pub(super) async fn take_from(&mut self, buf: &mut BytesMut) {
         let n = buf
             .len()
             .min(usize::try_from(self.left).unwrap_or(usize::MAX));
         if n == 0 {
             return;
-        }
-        if let Some(m) = meter {
-            m.read_body(n as u64);
         }
         let handed = match &self.to {
             Some(to) => match to.reserve().await {

@@ -41,7 +41,7 @@ pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
     body: Inbound,
-    /// Where the request's bytes read are noted, for its wire bytes.
+    /// Where the bytes read while a request is in flight are noted, for its wire bytes.
     meter: Option<Arc<H1Wire>>,
 }
 
@@ -352,18 +352,21 @@ async fn read_more<S: Downstream>(stream: &mut S, reading: &mut Reading) -> bool
 async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
     loop {
         if reading.body.incomplete() {
-            reading
-                .body
-                .take_from(&mut reading.buf, reading.meter.as_deref())
-                .await;
+            reading.body.take_from(&mut reading.buf).await;
             if !reading.buf.is_empty() {
                 continue;
             }
         } else if reading.buf.len() >= reading.limit {
             std::future::pending::<()>().await;
         }
-        if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
-            return;
+        match stream.read_buf(with_room(&mut reading.buf)).await {
+            // Read while the request is the connection's: its bytes, as Envoy charges them.
+            Ok(n) if n > 0 => {
+                if let Some(m) = &reading.meter {
+                    m.read_body(n as u64);
+                }
+            }
+            _ => return,
         }
     }
 }

@@ -134,17 +134,15 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&H1Wire>)
         };
         headers.append(name, parsed_value(head.slice(value)));
     }
+    // What the buffer holds past the head came with it: the stream's, as Envoy's codec
+    // charges the bytes it dispatches (a pipelined request's too).
     if let Some(m) = meter {
         m.read_head(len, count, header_bytes);
+        m.read_body(buf.len() as u64);
     }
     let (body, inbound) = match body_len {
         0 => (body::empty(), Inbound::default()),
-        n if buf.len() >= n => {
-            if let Some(m) = meter {
-                m.read_body(n as u64);
-            }
-            (body::full(buf.split_to(n).freeze()), Inbound::default())
-        }
+        n if buf.len() >= n => (body::full(buf.split_to(n).freeze()), Inbound::default()),
         n => {
             let (inbound, body) = Inbound::arriving(n as u64);
             (body, inbound)

@@ -505,6 +505,7 @@ mod tests {
             buf: bytes::BytesMut::new(),
             limit: 1024,
             body: Default::default(),
+            meter: None,
         };
         assert!(
             !write(

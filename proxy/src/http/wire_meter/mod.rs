@@ -83,12 +83,15 @@ pub(super) struct StreamWire {
     /// HTTP/2: the stream ends in an empty DATA frame of its own, as Envoy ends a response
     /// an HTTP/1 upstream sent (its codec tells the end apart from the last data).
     end_apart: bool,
+    /// HTTP/1: a chunked response's trailers are written (`enable_trailers`).
+    h1_trailers: bool,
 }
 
 impl StreamWire {
     /// The meter of `req`, as it came from the client (before the connection manager changes
-    /// its headers); `h1`: the connection's notes, for HTTP/1.
-    pub(super) fn start<B>(req: &Request<B>, h1: &Arc<H1Wire>) -> StreamWire {
+    /// its headers); `h1`: the connection's notes, for HTTP/1, whose chunked responses carry
+    /// their trailers when `h1_trailers` (`enable_trailers`).
+    pub(super) fn start<B>(req: &Request<B>, h1: &Arc<H1Wire>, h1_trailers: bool) -> StreamWire {
         if req.version() == http::Version::HTTP_2 {
             let uri = req.uri();
             let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -108,6 +111,7 @@ impl StreamWire {
                 tx_head: 0,
                 tx_framing: 0,
                 end_apart: false,
+                h1_trailers,
             };
         }
         // The response head noted is the last stream's until this one's is written.
@@ -119,6 +123,7 @@ impl StreamWire {
             tx_head: 0,
             tx_framing: 0,
             end_apart: false,
+            h1_trailers,
         }
     }
 
@@ -168,8 +173,8 @@ impl StreamWire {
     pub(super) fn sent_end(&mut self, trailers: Option<&HeaderMap>, end_frame: bool) {
         self.tx_framing += match &self.h1 {
             Some(h1) if h1.tx_chunked.load(Ordering::Relaxed) => {
-                // `0\r\n`, the trailer fields, `\r\n`.
-                5 + trailers.map_or(0, |t| {
+                // `0\r\n`, the trailer fields (when written), `\r\n`.
+                5 + trailers.filter(|_| self.h1_trailers).map_or(0, |t| {
                     t.iter()
                         .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
                         .sum()
@@ -223,5 +228,70 @@ fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
         if n == 0 {
             return &buf[at..];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(version: http::Version) -> Request<()> {
+        let mut req = Request::new(());
+        *req.version_mut() = version;
+        req
+    }
+
+    #[test]
+    fn an_http1_stream_is_its_head_body_and_chunk_framing_each_way() {
+        let conn = Arc::new(H1Wire::default());
+        conn.read_head(40, 2, 20);
+        conn.read_body(10);
+        let mut wire = StreamWire::start(&request(http::Version::HTTP_11), &conn, false);
+        let head = b"HTTP/1.1 200 OK\r\na: b\r\n\r\n";
+        conn.wrote_head(head, true);
+        // `ff\r\n` + 255 bytes + `\r\n`, then `0\r\n\r\n`.
+        wire.sent_data(255);
+        wire.sent_end(None, true);
+        assert_eq!(
+            wire.bytes(10, 1, 255),
+            WireBytes {
+                received: 50,
+                sent: head.len() as u64 + 255 + 6 + 5,
+                header_received: 26,
+                header_sent: 6,
+            }
+        );
+    }
+
+    #[test]
+    fn the_next_http1_stream_starts_without_the_last_response_head() {
+        let conn = Arc::new(H1Wire::default());
+        conn.wrote_head(b"HTTP/1.1 200 OK\r\n\r\n", false);
+        let wire = StreamWire::start(&request(http::Version::HTTP_11), &conn, false);
+        assert_eq!(wire.bytes(0, 0, 0).sent, 0);
+    }
+
+    #[test]
+    fn http2_data_goes_in_frames_of_at_most_16_kib_each_with_its_header() {
+        let conn = Arc::new(H1Wire::default());
+        let mut wire = StreamWire::start(&request(http::Version::HTTP_2), &conn, false);
+        wire.sent_data(20_000);
+        // An end after the last data frame went out: an empty DATA frame of its own.
+        wire.sent_end(None, true);
+        let bytes = wire.bytes(5, 1, 20_000);
+        assert_eq!(bytes.sent, 20_000 + 3 * FRAME_HEADER);
+        assert_eq!(
+            bytes.received,
+            bytes.header_received + 5 + FRAME_HEADER,
+            "the request's HEADERS frame and one DATA frame"
+        );
+    }
+
+    #[test]
+    fn decimal_writes_the_digits() {
+        let mut buf = [0u8; 20];
+        assert_eq!(decimal(0, &mut buf), b"0");
+        assert_eq!(decimal(1_000, &mut buf), b"1000");
+        assert_eq!(decimal(u64::MAX, &mut buf), b"18446744073709551615");
     }
 }
