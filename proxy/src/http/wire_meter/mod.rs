@@ -1,9 +1,10 @@
 //! Envoy's bytes meter of an HTTP stream on its downstream connection (what
 //! `%DOWNSTREAM_WIRE_BYTES_*%`, `%DOWNSTREAM_HEADER_BYTES_*%` and Istio's request and response
 //! sizes read). HTTP/1 carries one stream at a time, so its reader and writer note the message
-//! in flight in the connection's [`H1Wire`]: the request's head as read (fast path or
-//! [`super::framing`] before hyper) and its chunk framing, the response's head as written (the
-//! fast path's, or the one hyper's encoder writes, computed by the same rules). HTTP/2 frames
+//! in flight in the connection's [`H1Wire`]: the request's head and what is read while it is
+//! the connection's current request (fast path), or its head and body with their chunk framing
+//! ([`super::framing`], before hyper); the response's head as written (the fast path's, or the
+//! one hyper's encoder writes, computed by the same rules). HTTP/2 frames
 //! are hidden inside h2: a stream counts 9 bytes per frame and its header blocks as an HPACK
 //! encoder writes them on a fresh connection ([`hpack`]).
 
@@ -46,7 +47,8 @@ impl H1Wire {
         self.rx_body.store(0, Ordering::Relaxed);
     }
 
-    /// `n` bytes of the request's body (or of its chunk framing) were read.
+    /// `n` more bytes of the current request were read (body, chunk framing, or on the fast
+    /// path anything read while it is current).
     pub(super) fn read_body(&self, n: u64) {
         self.rx_body.fetch_add(n, Ordering::Relaxed);
     }
