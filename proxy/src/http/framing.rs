@@ -26,7 +26,7 @@ use http::StatusCode;
 use std::sync::Arc;
 
 use super::HcmStats;
-use super::wire_meter::H1Wire;
+use super::wire_meter::ConnWire;
 
 /// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
 /// codec refuses.
@@ -68,7 +68,7 @@ pub(super) struct Framing {
     refusal: Option<(StatusCode, &'static str)>,
     /// Where each request's head and body bytes (with their chunk framing) are noted, for
     /// its wire bytes.
-    meter: Option<Arc<H1Wire>>,
+    meter: Option<Arc<ConnWire>>,
 }
 
 impl Framing {
@@ -90,7 +90,7 @@ impl Framing {
     }
 
     /// Notes each request's head and body bytes (with their chunk framing) in `meter`.
-    pub(super) fn metered(mut self, meter: Option<Arc<H1Wire>>) -> Framing {
+    pub(super) fn metered(mut self, meter: Option<Arc<ConnWire>>) -> Framing {
         self.meter = meter;
         self
     }

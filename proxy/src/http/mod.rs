@@ -142,10 +142,10 @@ pub struct ConnContext {
     /// The connection's own local rate limit buckets
     /// (`local_rate_limit_per_downstream_connection`), made on first use.
     pub rate_limiter: std::sync::OnceLock<Box<crate::limits::LocalLimiter>>,
-    /// Where an HTTP/1 connection's reader and writer note the message in flight for its
-    /// stream's wire bytes; set when the connection manager keeps records
+    /// The connection's notes for its streams' wire bytes (an HTTP/1 message in flight, an
+    /// HTTP/2 connection's HPACK tables); set when the connection manager keeps records
     /// ([`Hcm::keeps_records`]).
-    pub wire: Option<Arc<wire_meter::H1Wire>>,
+    pub wire: Option<Arc<wire_meter::ConnWire>>,
 }
 
 impl ConnContext {

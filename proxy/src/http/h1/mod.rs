@@ -20,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
-use super::wire_meter::H1Wire;
+use super::wire_meter::ConnWire;
 use crate::config::hcm::Codec;
 use crate::wire::{give_back, has_token, take_buffer, with_room};
 use inbound::Inbound;
@@ -42,7 +42,7 @@ pub(super) struct Reading {
     limit: usize,
     body: Inbound,
     /// Where the bytes read while a request is in flight are noted, for its wire bytes.
-    meter: Option<Arc<H1Wire>>,
+    meter: Option<Arc<ConnWire>>,
 }
 
 /// A downstream connection the fast path serves: plaintext TCP, or TLS over it.

@@ -13,7 +13,7 @@ use super::Asked;
 use super::inbound::Inbound;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
-use crate::http::wire_meter::H1Wire;
+use crate::http::wire_meter::ConnWire;
 use crate::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
 
 /// Room in the header map for what the connection manager adds before forwarding
@@ -52,7 +52,7 @@ pub(super) enum Head {
 /// request's `content-length` lines are removed under `allow_chunked_length` (so hyper, which
 /// would close the connection after such a request, sees a plain chunked one). A served head
 /// is noted in `meter`, when the connection keeps one.
-pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&H1Wire>) -> Head {
+pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&ConnWire>) -> Head {
     let max_head = cfg.max_request_headers_kb as usize * 1024;
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);

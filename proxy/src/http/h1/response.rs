@@ -14,7 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::date;
 use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
-use crate::http::wire_meter::H1Wire;
+use crate::http::wire_meter::ConnWire;
 use crate::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the body goes on the wire.
@@ -185,7 +185,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
 
 /// Notes in `meter` the head hyper's HTTP/1 server is about to write for `resp` (a response
 /// to a HEAD request when `head`): the same head this path writes, by the same rules.
-pub(in crate::http) fn note_head(resp: &mut Response<Body>, head: bool, meter: &H1Wire) {
+pub(in crate::http) fn note_head(resp: &mut Response<Body>, head: bool, meter: &ConnWire) {
     let method = if head { Method::HEAD } else { Method::GET };
     let encoded = encode(resp, &method, false);
     meter.wrote_head(&encoded.head, encoded.framing == Framing::Chunked);
@@ -244,7 +244,7 @@ pub(super) async fn write<S: super::Downstream>(
     reading: &mut super::Reading,
     mut resp: Response<Body>,
     asked: &super::Asked,
-    (trailers, meter): (bool, Option<&H1Wire>),
+    (trailers, meter): (bool, Option<&ConnWire>),
 ) -> bool {
     // Envoy answers a request whose body is still arriving and closes the connection after
     // the response (`connection: close`); its router then has no upstream service time to

@@ -1,8 +1,11 @@
-//! The size of an HTTP/2 header block as an HPACK encoder writes it on a fresh connection
-//! (RFC 7541): each field a static-table index when the table has it whole, else a literal
-//! with incremental indexing, its name indexed when the static table has the name, and each
-//! string Huffman-coded when that is shorter. What a connection's dynamic table saves on
-//! later streams is not known here (hyper's h2 does not say what it read or wrote).
+//! The size of an HTTP/2 header block as an HPACK encoder writes it (RFC 7541): each field an
+//! index when the static table or the encoder's dynamic table has it whole, else a literal
+//! (its name indexed when a table has the name) added to the dynamic table unless the encoder
+//! leaves it out, each string Huffman-coded when that is shorter. hyper's h2 does not say what
+//! it read or wrote, so the encoder's dynamic table is followed here as the fields pass.
+
+use std::collections::VecDeque;
+use std::hash::Hasher;
 
 use http::HeaderMap;
 
@@ -114,38 +117,71 @@ fn string_len(s: &[u8]) -> u64 {
     int_len(coded as usize, 7) + coded
 }
 
-/// Whose encoder writes a header block: the fields each leaves out of its dynamic table go as
-/// literals without indexing, whose name index has a 4-bit prefix (RFC 7541 6.2.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Encoder {
-    /// A client's (nghttp2's choice, curl's encoder: paths, lengths and validators).
-    Client,
-    /// Envoy's (its `date` is not indexed, as measured against Envoy 1.40).
-    Envoy,
+/// The fields an encoder leaves out of its dynamic table, sent as literals without indexing
+/// (their name index has a 4-bit prefix, RFC 7541 6.2.2): nghttp2's choice, which curl's
+/// encoder and Envoy 1.40's both show (paths, lengths and validators).
+fn unindexed(name: &str) -> bool {
+    matches!(
+        name,
+        ":path"
+            | "content-length"
+            | "location"
+            | "set-cookie"
+            | "etag"
+            | "if-modified-since"
+            | "if-none-match"
+            | "last-modified"
+    )
 }
 
-impl Encoder {
-    /// Whether this encoder leaves `name` out of its dynamic table.
-    fn unindexed(self, name: &str) -> bool {
-        match self {
-            Encoder::Client => matches!(
-                name,
-                ":path"
-                    | "content-length"
-                    | "location"
-                    | "set-cookie"
-                    | "etag"
-                    | "if-modified-since"
-                    | "if-none-match"
-                    | "last-modified"
-            ),
-            Encoder::Envoy => name == "date",
+/// The dynamic table's default size (SETTINGS_HEADER_TABLE_SIZE).
+const TABLE_SIZE: usize = 4096;
+
+/// One encoder's dynamic table on a connection, as it fills from the fields it sends: each
+/// entry the hashes of its name and of its name and value, and its RFC 7541 size, newest
+/// first. Hashes, not text: the table allocates only as it first grows.
+#[derive(Debug, Default)]
+pub(super) struct Table {
+    entries: VecDeque<(u64, u64, usize)>,
+    size: usize,
+}
+
+impl Table {
+    /// The 0-based position of the newest entry whose name (`by_name`) or name and value
+    /// hash to `hash`.
+    fn find(&self, hash: u64, by_name: bool) -> Option<usize> {
+        self.entries
+            .iter()
+            .position(|(n, f, _)| if by_name { *n == hash } else { *f == hash })
+    }
+
+    /// Adds a field of `size` bytes (RFC 7541 4.1), evicting the oldest to make room.
+    fn insert(&mut self, name: u64, field: u64, size: usize) {
+        while self.size + size > TABLE_SIZE {
+            let Some((_, _, evicted)) = self.entries.pop_back() else {
+                break;
+            };
+            self.size -= evicted;
+        }
+        if size <= TABLE_SIZE {
+            self.entries.push_front((name, field, size));
+            self.size += size;
         }
     }
 }
 
-/// The bytes of one field (`name` lowercase) in a header block `by` writes.
-pub(super) fn field_len(by: Encoder, name: &str, value: &[u8]) -> u64 {
+fn hash_of(parts: &[&[u8]]) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    for p in parts {
+        h.write(p);
+        h.write_u8(0xff);
+    }
+    h.finish()
+}
+
+/// The bytes of one field (`name` lowercase) in a header block of the encoder whose dynamic
+/// table is `table` (which it fills).
+pub(super) fn field_len(table: &mut Table, name: &str, value: &[u8]) -> u64 {
     let mut by_name = None;
     for (i, (n, v)) in STATIC.iter().enumerate() {
         if *n == name {
@@ -155,19 +191,30 @@ pub(super) fn field_len(by: Encoder, name: &str, value: &[u8]) -> u64 {
             by_name.get_or_insert(i + 1);
         }
     }
-    match by_name {
-        Some(index) if by.unindexed(name) => int_len(index, 4) + string_len(value),
-        Some(index) => int_len(index, 6) + string_len(value),
-        None => 1 + string_len(name.as_bytes()) + string_len(value),
+    let name_hash = hash_of(&[name.as_bytes()]);
+    let field_hash = hash_of(&[name.as_bytes(), value]);
+    if let Some(at) = table.find(field_hash, false) {
+        return int_len(STATIC.len() + 1 + at, 7);
     }
+    let index = by_name.or_else(|| table.find(name_hash, true).map(|at| STATIC.len() + 1 + at));
+    let unindexed = unindexed(name);
+    let name_len = match index {
+        Some(index) => int_len(index, if unindexed { 4 } else { 6 }),
+        None => 1 + string_len(name.as_bytes()),
+    };
+    if !unindexed {
+        table.insert(name_hash, field_hash, name.len() + value.len() + 32);
+    }
+    name_len + string_len(value)
 }
 
-/// The bytes of a header block `by` writes of the pseudo-headers `pseudo` and then `headers`.
-pub(super) fn block_len(by: Encoder, pseudo: &[(&str, &[u8])], headers: &HeaderMap) -> u64 {
-    let pseudo: u64 = pseudo.iter().map(|(n, v)| field_len(by, n, v)).sum();
+/// The bytes of a header block of the pseudo-headers `pseudo` and then `headers`, from the
+/// encoder whose dynamic table is `table`.
+pub(super) fn block_len(table: &mut Table, pseudo: &[(&str, &[u8])], headers: &HeaderMap) -> u64 {
+    let pseudo: u64 = pseudo.iter().map(|(n, v)| field_len(table, n, v)).sum();
     let regular: u64 = headers
         .iter()
-        .map(|(n, v)| field_len(by, n.as_str(), v.as_bytes()))
+        .map(|(n, v)| field_len(table, n.as_str(), v.as_bytes()))
         .sum();
     pseudo + regular
 }
@@ -177,30 +224,71 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rfc_7541_c_4_1_first_request_with_huffman() {
-        // C.4.1: `:method GET`, `:scheme http`, `:path /`, `:authority www.example.com` is
-        // 17 bytes (the authority literal indexed by name, Huffman-coded to 12 bytes).
-        let pseudo: [(&str, &[u8]); 4] = [
-            (":method", b"GET"),
-            (":scheme", b"http"),
-            (":path", b"/"),
-            (":authority", b"www.example.com"),
-        ];
-        assert_eq!(block_len(Encoder::Client, &pseudo, &HeaderMap::new()), 17);
+    fn rfc_7541_c_4_requests_with_huffman_on_one_connection() {
+        let mut table = Table::default();
+        let mut request =
+            |path: &'static [u8], scheme: &'static [u8], extra: Option<(&str, &str)>| {
+                let pseudo: [(&str, &[u8]); 4] = [
+                    (":method", b"GET"),
+                    (":scheme", scheme),
+                    (":path", path),
+                    (":authority", b"www.example.com"),
+                ];
+                let mut h = HeaderMap::new();
+                if let Some((n, v)) = extra {
+                    h.insert(
+                        http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                        v.parse().unwrap(),
+                    );
+                }
+                block_len(&mut table, &pseudo, &h)
+            };
+        // C.4.1: the authority a literal indexed by name, Huffman-coded to 12 bytes.
+        assert_eq!(request(b"/", b"http", None), 17);
+        // C.4.2: the authority from the dynamic table now.
+        assert_eq!(
+            request(b"/", b"http", Some(("cache-control", "no-cache"))),
+            12
+        );
+        // C.4.3: the authority one entry further down, a new name literal.
+        assert_eq!(
+            request(
+                b"/index.html",
+                b"https",
+                Some(("custom-key", "custom-value"))
+            ),
+            24
+        );
     }
 
     #[test]
-    fn rfc_7541_c_6_1_first_response_with_huffman() {
-        // C.6.1: `:status 302`, `cache-control private`, `date ...`, `location ...` is 54
-        // bytes ...
+    fn rfc_7541_c_6_1_first_response_with_huffman_but_location_unindexed() {
+        // C.6.1 is 54 bytes with every field indexed; `location` left out of the table takes
+        // 2 bytes for its name index (46) with a 4-bit prefix.
         let mut h = HeaderMap::new();
         h.insert("cache-control", "private".parse().unwrap());
         h.insert("date", "Mon, 21 Oct 2013 20:13:21 GMT".parse().unwrap());
         h.insert("location", "https://www.example.com".parse().unwrap());
-        // ... with every field indexed. A client leaves `location` out of its table and
-        // Envoy `date`: their name indexes (46, 33) then take 2 bytes with a 4-bit prefix.
-        assert_eq!(block_len(Encoder::Client, &[(":status", b"302")], &h), 55);
-        assert_eq!(block_len(Encoder::Envoy, &[(":status", b"302")], &h), 55);
+        let mut table = Table::default();
+        assert_eq!(block_len(&mut table, &[(":status", b"302")], &h), 55);
+        // The same response again: `:status 302`, `cache-control` and `date` are indexed.
+        assert_eq!(
+            block_len(&mut table, &[(":status", b"302")], &h),
+            3 + 2 + 1 + 17
+        );
+    }
+
+    #[test]
+    fn the_oldest_entries_make_room_for_new_ones() {
+        let mut table = Table::default();
+        let long = "v".repeat(2000);
+        field_len(&mut table, "x-a", long.as_bytes());
+        field_len(&mut table, "x-b", long.as_bytes());
+        assert_eq!(table.entries.len(), 2);
+        field_len(&mut table, "x-c", long.as_bytes());
+        assert_eq!(table.entries.len(), 2);
+        assert!(table.size <= TABLE_SIZE);
+        assert_eq!(field_len(&mut table, "x-c", long.as_bytes()), 1);
     }
 
     #[test]

@@ -1,19 +1,17 @@
 //! Envoy's bytes meter of an HTTP stream on its downstream connection (what
 //! `%DOWNSTREAM_WIRE_BYTES_*%`, `%DOWNSTREAM_HEADER_BYTES_*%` and Istio's request and response
 //! sizes read). HTTP/1 carries one stream at a time, so its reader and writer note the message
-//! in flight in the connection's [`H1Wire`]: the request's head and what is read while it is
+//! in flight in the connection's [`ConnWire`]: the request's head and what is read while it is
 //! the connection's current request (fast path), or its head and body with their chunk framing
 //! ([`super::framing`], before hyper); the response's head as written (the fast path's, or the
 //! one hyper's encoder writes, computed by the same rules). HTTP/2 frames
 //! are hidden inside h2: a stream counts 9 bytes per frame and its header blocks as an HPACK
-//! encoder writes them on a fresh connection ([`hpack`]).
+//! encoder writes them ([`hpack`]), each side's dynamic table followed per connection.
 
 mod hpack;
 
-use hpack::Encoder;
-
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use http::{HeaderMap, Request, Response, header};
 
@@ -25,18 +23,49 @@ const FRAME_HEADER: u64 = 9;
 /// The largest DATA frame payload hyper's h2 sends (the default SETTINGS_MAX_FRAME_SIZE).
 const MAX_FRAME: u64 = 16_384;
 
-/// What an HTTP/1 connection's reader and writer note of the message in flight.
+/// A connection's notes for its streams' meters: what an HTTP/1 connection's reader and
+/// writer note of the message in flight; the two HPACK dynamic tables of an HTTP/2
+/// connection (the client's encoder's, Envoy's).
 #[derive(Debug, Default)]
-pub struct H1Wire {
+pub struct ConnWire {
     rx_head: AtomicU64,
     rx_headers: AtomicU64,
     rx_body: AtomicU64,
     tx_head: AtomicU64,
     tx_headers: AtomicU64,
     tx_chunked: AtomicBool,
+    tables: Mutex<[hpack::Table; 2]>,
 }
 
-impl H1Wire {
+/// Which of an HTTP/2 connection's encoders writes a header block.
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    /// The client's (requests).
+    Client = 0,
+    /// This proxy's (responses).
+    Proxy = 1,
+}
+
+impl ConnWire {
+    /// The bytes of a header block `side` sends: `pseudo` then `headers`, then `extra`.
+    fn block(
+        &self,
+        side: Side,
+        pseudo: &[(&str, &[u8])],
+        headers: &HeaderMap,
+        extra: &[(&str, &[u8])],
+    ) -> u64 {
+        let mut tables = self.tables.lock().unwrap_or_else(PoisonError::into_inner);
+        let table = &mut tables[side as usize];
+        hpack::block_len(table, pseudo, headers)
+            + extra
+                .iter()
+                .map(|(n, v)| hpack::field_len(table, n, v))
+                .sum::<u64>()
+    }
+}
+
+impl ConnWire {
     /// A request head of `len` bytes was read, with `fields` header fields of `name_values`
     /// bytes of names and values: Envoy's codec counts 3 bytes more per field as its header
     /// bytes (`:`, CRLF).
@@ -72,8 +101,10 @@ impl H1Wire {
 /// One stream's meter, kept with its access-log record while it is served.
 #[derive(Debug)]
 pub(super) struct StreamWire {
-    /// The connection's notes, on HTTP/1.
-    h1: Option<Arc<H1Wire>>,
+    /// The connection's notes.
+    conn: Arc<ConnWire>,
+    /// The stream is HTTP/2's.
+    h2: bool,
     /// The request's head (HTTP/2: its HEADERS frame).
     rx_head: u64,
     /// The request's header bytes.
@@ -91,9 +122,13 @@ pub(super) struct StreamWire {
 
 impl StreamWire {
     /// The meter of `req`, as it came from the client (before the connection manager changes
-    /// its headers); `h1`: the connection's notes, for HTTP/1, whose chunked responses carry
-    /// their trailers when `h1_trailers` (`enable_trailers`).
-    pub(super) fn start<B>(req: &Request<B>, h1: &Arc<H1Wire>, h1_trailers: bool) -> StreamWire {
+    /// its headers); `conn`: the connection's notes; an HTTP/1 connection's chunked responses
+    /// carry their trailers when `h1_trailers` (`enable_trailers`).
+    pub(super) fn start<B>(
+        req: &Request<B>,
+        conn: &Arc<ConnWire>,
+        h1_trailers: bool,
+    ) -> StreamWire {
         if req.version() == http::Version::HTTP_2 {
             let uri = req.uri();
             let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -105,9 +140,10 @@ impl StreamWire {
                 (":authority", authority.as_bytes()),
                 (":path", path.as_bytes()),
             ];
-            let frame = FRAME_HEADER + hpack::block_len(Encoder::Client, &pseudo, req.headers());
+            let frame = FRAME_HEADER + conn.block(Side::Client, &pseudo, req.headers(), &[]);
             return StreamWire {
-                h1: None,
+                conn: conn.clone(),
+                h2: true,
                 rx_head: frame,
                 rx_headers: frame,
                 tx_head: 0,
@@ -117,11 +153,12 @@ impl StreamWire {
             };
         }
         // The response head noted is the last stream's until this one's is written.
-        h1.wrote_head(&[], false);
+        conn.wrote_head(&[], false);
         StreamWire {
-            rx_head: h1.rx_head.load(Ordering::Relaxed),
-            rx_headers: h1.rx_headers.load(Ordering::Relaxed),
-            h1: Some(h1.clone()),
+            rx_head: conn.rx_head.load(Ordering::Relaxed),
+            rx_headers: conn.rx_headers.load(Ordering::Relaxed),
+            conn: conn.clone(),
+            h2: false,
             tx_head: 0,
             tx_framing: 0,
             end_apart: false,
@@ -133,25 +170,34 @@ impl StreamWire {
     /// `content-length` hyper adds when absent (HTTP/1's writer notes its own head).
     /// `h1_upstream`: the response came from an HTTP/1 upstream.
     pub(super) fn respond<B: http_body::Body>(&mut self, resp: &Response<B>, h1_upstream: bool) {
-        if self.h1.is_some() {
+        if !self.h2 {
             return;
         }
         self.end_apart = h1_upstream;
         let status = resp.status();
         let pseudo: [(&str, &[u8]); 1] = [(":status", status.as_str().as_bytes())];
         let headers = resp.headers();
-        let mut added = 0;
-        if !headers.contains_key(header::DATE) {
-            added += super::h1::date::with(|d| hpack::field_len(Encoder::Envoy, "date", d));
-        }
-        if !headers.contains_key(header::CONTENT_LENGTH)
-            && let Some(n) = resp.body().size_hint().exact()
-        {
-            let mut digits = [0u8; 20];
-            let len = decimal(n, &mut digits);
-            added += hpack::field_len(Encoder::Envoy, "content-length", len);
-        }
-        self.tx_head = FRAME_HEADER + hpack::block_len(Encoder::Envoy, &pseudo, headers) + added;
+        let mut digits = [0u8; 20];
+        let length = (!headers.contains_key(header::CONTENT_LENGTH))
+            .then(|| resp.body().size_hint().exact())
+            .flatten()
+            .map(|n| decimal(n, &mut digits));
+        let block = super::h1::date::with(|d| {
+            let mut added: [(&str, &[u8]); 2] = [("", b""); 2];
+            let mut n = 0;
+            for field in [
+                length.map(|l| ("content-length", l)),
+                (!headers.contains_key(header::DATE)).then_some(("date", d)),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                added[n] = field;
+                n += 1;
+            }
+            self.conn.block(Side::Proxy, &pseudo, headers, &added[..n])
+        });
+        self.tx_head = FRAME_HEADER + block;
     }
 
     /// A response data frame of `len` bytes is sent.
@@ -160,34 +206,34 @@ impl StreamWire {
             return;
         }
         let len = len as u64;
-        self.tx_framing += match &self.h1 {
-            Some(h1) if h1.tx_chunked.load(Ordering::Relaxed) => {
-                // `<hex size>\r\n` ... `\r\n`
-                u64::from(len.ilog(16) + 1) + 4
-            }
-            Some(_) => 0,
-            None => FRAME_HEADER * len.div_ceil(MAX_FRAME),
+        self.tx_framing += if self.h2 {
+            FRAME_HEADER * len.div_ceil(MAX_FRAME)
+        } else if self.conn.tx_chunked.load(Ordering::Relaxed) {
+            // `<hex size>\r\n` ... `\r\n`
+            u64::from(len.ilog(16) + 1) + 4
+        } else {
+            0
         };
     }
 
     /// The response body ended: with `trailers`, or, when `end_frame`, after its last data
     /// frame went out without the end of the stream (HTTP/2 then sends an empty DATA frame).
     pub(super) fn sent_end(&mut self, trailers: Option<&HeaderMap>, end_frame: bool) {
-        self.tx_framing += match &self.h1 {
-            Some(h1) if h1.tx_chunked.load(Ordering::Relaxed) => {
-                // `0\r\n`, the trailer fields (when written), `\r\n`.
-                5 + trailers.filter(|_| self.h1_trailers).map_or(0, |t| {
-                    t.iter()
-                        .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
-                        .sum()
-                })
-            }
-            Some(_) => 0,
-            None => match trailers {
-                Some(t) => FRAME_HEADER + hpack::block_len(Encoder::Envoy, &[], t),
+        self.tx_framing += if self.h2 {
+            match trailers {
+                Some(t) => FRAME_HEADER + self.conn.block(Side::Proxy, &[], t, &[]),
                 None if end_frame || self.end_apart => FRAME_HEADER,
                 None => 0,
-            },
+            }
+        } else if self.conn.tx_chunked.load(Ordering::Relaxed) {
+            // `0\r\n`, the trailer fields (when written), `\r\n`.
+            5 + trailers.filter(|_| self.h1_trailers).map_or(0, |t| {
+                t.iter()
+                    .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
+                    .sum()
+            })
+        } else {
+            0
         };
     }
 
@@ -198,24 +244,21 @@ impl StreamWire {
         frames_received: u64,
         body_sent: u64,
     ) -> WireBytes {
-        match &self.h1 {
-            Some(h1) => {
-                let tx_head = h1.tx_head.load(Ordering::Relaxed);
-                // The body as read off the connection, what the stream's consumer took or
-                // not.
-                WireBytes {
-                    received: self.rx_head + h1.rx_body.load(Ordering::Relaxed),
-                    sent: tx_head + body_sent + self.tx_framing,
-                    header_received: self.rx_headers,
-                    header_sent: h1.tx_headers.load(Ordering::Relaxed),
-                }
-            }
-            None => WireBytes {
+        if self.h2 {
+            return WireBytes {
                 received: self.rx_head + body_received + FRAME_HEADER * frames_received,
                 sent: self.tx_head + body_sent + self.tx_framing,
                 header_received: self.rx_headers,
                 header_sent: self.tx_head,
-            },
+            };
+        }
+        // The body as read off the connection, what the stream's consumer took or not.
+        let conn = &self.conn;
+        WireBytes {
+            received: self.rx_head + conn.rx_body.load(Ordering::Relaxed),
+            sent: conn.tx_head.load(Ordering::Relaxed) + body_sent + self.tx_framing,
+            header_received: self.rx_headers,
+            header_sent: conn.tx_headers.load(Ordering::Relaxed),
         }
     }
 }
@@ -245,7 +288,7 @@ mod tests {
 
     #[test]
     fn an_http1_stream_is_its_head_body_and_chunk_framing_each_way() {
-        let conn = Arc::new(H1Wire::default());
+        let conn = Arc::new(ConnWire::default());
         conn.read_head(40, 2, 20);
         conn.read_body(10);
         let mut wire = StreamWire::start(&request(http::Version::HTTP_11), &conn, false);
@@ -267,7 +310,7 @@ mod tests {
 
     #[test]
     fn the_next_http1_stream_starts_without_the_last_response_head() {
-        let conn = Arc::new(H1Wire::default());
+        let conn = Arc::new(ConnWire::default());
         conn.wrote_head(b"HTTP/1.1 200 OK\r\n\r\n", false);
         let wire = StreamWire::start(&request(http::Version::HTTP_11), &conn, false);
         assert_eq!(wire.bytes(0, 0, 0).sent, 0);
@@ -275,7 +318,7 @@ mod tests {
 
     #[test]
     fn http2_data_goes_in_frames_of_at_most_16_kib_each_with_its_header() {
-        let conn = Arc::new(H1Wire::default());
+        let conn = Arc::new(ConnWire::default());
         let mut wire = StreamWire::start(&request(http::Version::HTTP_2), &conn, false);
         wire.sent_data(20_000);
         // An end after the last data frame went out: an empty DATA frame of its own.
