@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use super::ConnContext;
 use super::trace::{RequestTrace, Seen};
 use super::wire_meter::StreamWire;
-use crate::access_log::record::{Downstream, RequestHead};
+use crate::access_log::record::{Downstream, RequestHead, WireBytes};
 use crate::access_log::{AccessLogs, Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::Route;
@@ -54,12 +54,14 @@ pub(super) enum HeadReply<'a> {
 /// once its answer (as `local_reply_config` left it: `status`, `headers`, a body of `body_len`
 /// bytes) is written
 /// and the connection closes: no request headers, `HTTP/1.1`, and `details` (the codec's
-/// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's).
+/// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's);
+/// `wire`: the exchange's bytes on the connection.
 pub(super) fn log_head_reply(
     ctx: &ConnContext,
     (status, headers, body_len): (http::StatusCode, &HeaderMap, u64),
     details: &str,
     kind: HeadReply,
+    wire: WireBytes,
 ) {
     let logs = &ctx.hcm.config.access_logs;
     if logs.is_empty() {
@@ -71,6 +73,7 @@ pub(super) fn log_head_reply(
         HeadReply::Timeout(text) => rec.local_reply_body = Some(text.to_owned()),
     }
     rec.bytes_sent = body_len;
+    rec.downstream_wire = wire;
     rec.response_headers = Some(headers.clone());
     rec.end = Some(Instant::now());
     logs.log(&rec);

@@ -99,14 +99,6 @@ pub(super) fn head_reply(
     headers.insert(http::header::DATE, date);
     headers.insert(http::header::SERVER, HeaderValue::from_static("envoy"));
     headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    if let Some(ctx) = ctx {
-        log_head_reply(
-            ctx,
-            (parts.status, &headers, text.len() as u64),
-            details,
-            kind,
-        );
-    }
     let code = parts.status.as_u16();
     let mut out = format!("HTTP/1.1 {code} {}\r\n", envoy_phrase(code)).into_bytes();
     for (name, value) in &headers {
@@ -116,6 +108,19 @@ pub(super) fn head_reply(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    if let Some(ctx) = ctx {
+        let wire = ctx.wire.as_ref().map_or_else(Default::default, |w| {
+            w.wrote_head(&out, false);
+            w.answered(text.len() as u64)
+        });
+        log_head_reply(
+            ctx,
+            (parts.status, &headers, text.len() as u64),
+            details,
+            kind,
+            wire,
+        );
+    }
     out.extend_from_slice(text.as_bytes());
     out
 }

@@ -69,6 +69,9 @@ pub(super) struct Framing {
     /// Where each request's head and body bytes (with their chunk framing) are noted, for
     /// its wire bytes.
     meter: Option<Arc<ConnWire>>,
+    /// Everything passing untouched is noted too: it follows a head this could not follow,
+    /// which hyper refuses.
+    meter_rest: bool,
 }
 
 impl Framing {
@@ -86,6 +89,7 @@ impl Framing {
             stats,
             refusal: None,
             meter: None,
+            meter_rest: false,
         }
     }
 
@@ -105,6 +109,7 @@ impl Framing {
             stats: None,
             refusal: None,
             meter: None,
+            meter_rest: false,
         }
     }
 
@@ -121,11 +126,25 @@ impl Framing {
     /// The client closed (or the head is not one to follow): a head still held goes to hyper
     /// as it is, and so does everything after it.
     pub(super) fn end(&mut self, out: &mut BytesMut) {
+        if self.state == State::Head && !self.held.is_empty() {
+            // A head not followed further: its bytes (and what follows) are the request
+            // hyper answers, no header bytes parsed, as Envoy's codec counts a head it
+            // refuses.
+            self.note_refused_head();
+            self.meter_rest = true;
+        }
         if self.state != State::Refused {
             out.extend_from_slice(&self.held);
             self.state = State::Off;
         }
         self.held.clear();
+    }
+
+    /// Notes the held head as a request's whole head, with no header bytes.
+    fn note_refused_head(&self) {
+        if let Some(m) = &self.meter {
+            m.read_head(self.held.len(), 0, 0);
+        }
     }
 
     /// Takes bytes the client sent and appends what hyper is to read.
@@ -144,6 +163,9 @@ impl Framing {
         while !input.is_empty() {
             match self.state {
                 State::Off => {
+                    if let Some(m) = self.meter.as_ref().filter(|_| self.meter_rest) {
+                        m.read_body(input.len() as u64);
+                    }
                     out.extend_from_slice(input);
                     return None;
                 }
@@ -241,7 +263,10 @@ impl Framing {
             Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
             Err(httparse::Error::Version) => {
                 match unsupported_version(&self.held) {
-                    Some(true) => self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out),
+                    Some(true) => {
+                        self.note_refused_head();
+                        self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out);
+                    }
                     // The version is judged once the request line is whole, as Envoy's
                     // codec does.
                     None if self.held.len() <= self.max_head => {}

@@ -330,6 +330,9 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
+            if let Some(w) = &ctx.wire {
+                w.read_head(n, 0, 0);
+            }
             let reply = envoy_errors::codec_reply(
                 Some(ctx),
                 http::StatusCode::BAD_REQUEST,
@@ -441,12 +444,18 @@ where
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();
-                        let answer = (resp.status(), resp.headers(), len.unwrap_or_default());
+                        let len = len.unwrap_or_default();
+                        // The head hyper writes, for the exchange's wire bytes.
+                        let wire = ctx.wire.as_ref().map_or_else(Default::default, |w| {
+                            h1::note_head(&mut resp, req.method() == http::Method::HEAD, w);
+                            w.answered(len)
+                        });
                         access_log::log_head_reply(
                             &ctx,
-                            answer,
+                            (resp.status(), resp.headers(), len),
                             details,
                             access_log::HeadReply::Codec,
+                            wire,
                         );
                     }
                     return Ok(resp);

@@ -215,6 +215,10 @@ impl HeadTimeout {
         let status = http::StatusCode::REQUEST_TIMEOUT;
         stats.rq_total.inc();
         stats.response(status.as_u16());
+        // What came of the head is the exchange's, no header bytes (its headers never ended).
+        if let Some(w) = &ctx.wire {
+            w.read_head(reading.buf.len(), 0, 0);
+        }
         let reply = super::envoy_errors::head_reply(
             Some(ctx),
             status,
@@ -289,6 +293,14 @@ async fn exchange<S: Downstream>(
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
     ctx.hcm.stats.response(400);
+    // Everything read is the exchange's; its headers were whole, so they count.
+    if let Some(w) = &ctx.wire {
+        let mut fields = [httparse::EMPTY_HEADER; crate::wire::MAX_HEADERS];
+        let mut parsed = httparse::Request::new(&mut fields);
+        let _ = parsed.parse(&reading.buf);
+        let name_values = parsed.headers.iter().map(|h| h.name.len() + h.value.len());
+        w.read_head(reading.buf.len(), parsed.headers.len(), name_values.sum());
+    }
     let reply = super::envoy_errors::codec_reply(
         Some(ctx),
         http::StatusCode::BAD_REQUEST,

@@ -96,6 +96,18 @@ impl ConnWire {
         );
         self.tx_chunked.store(chunked, Ordering::Relaxed);
     }
+
+    /// The wire bytes of a request the connection answered before any stream began (a head
+    /// its codec refused, or one too slow to come): what was read of it, and the answer
+    /// whose head was noted last, with a `body`-byte body.
+    pub(super) fn answered(&self, body: u64) -> WireBytes {
+        WireBytes {
+            received: self.rx_head.load(Ordering::Relaxed) + self.rx_body.load(Ordering::Relaxed),
+            sent: self.tx_head.load(Ordering::Relaxed) + body,
+            header_received: self.rx_headers.load(Ordering::Relaxed),
+            header_sent: self.tx_headers.load(Ordering::Relaxed),
+        }
+    }
 }
 
 /// One stream's meter, kept with its access-log record while it is served.
