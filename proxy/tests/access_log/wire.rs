@@ -2,8 +2,9 @@
 //! `%DOWNSTREAM_WIRE_BYTES_SENT%`) and header bytes (`%DOWNSTREAM_HEADER_BYTES_*%`) against
 //! Envoy 1.40: HTTP/1.1 GETs (to an upstream and to a direct response), a POST with a
 //! `content-length`, a chunked POST (hyper's side of revoy), a keep-alive connection's second
-//! request, two pipelined requests, a chunked response, and HTTP/2 GETs and a POST (curl,
-//! prior knowledge).
+//! request, two pipelined requests, a chunked response, HTTP/2 GETs and a POST (curl, prior
+//! knowledge), a request no route takes, and requests the HTTP/1 codec refuses (a malformed
+//! header line, both framings, a head over the size limit).
 
 use super::*;
 
@@ -63,7 +64,7 @@ fn wire_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
               domains: ["*"]
               routes:
               - {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: abc}}}}}}
-              - {{match: {{prefix: /}}, route: {{cluster: up}}}}
+              - {{match: {{prefix: /up}}, route: {{cluster: up}}}}
   clusters:
   - {{name: up, connect_timeout: 1s, load_assignment: {{cluster_name: up, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {upstream}}}}}}}}}]}}]}}}}
 "#,
@@ -138,7 +139,7 @@ fn curl_h2(port: u16, path: &str, data: Option<&str>) {
 }
 
 /// The requests, in order; how many lines they log.
-const LINES: usize = 13;
+const LINES: usize = 17;
 
 fn observe_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
     let (admin, http) = (free_port(), free_port());
@@ -183,6 +184,23 @@ fn observe_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
     curl_h2(http, "/up/h2", None);
     curl_h2(http, "/direct/h2", None);
     curl_h2(http, "/up/h2-post", Some("0123456789"));
+    // No route: a local reply.
+    let answer = send_raw(
+        http,
+        b"GET /nothing HTTP/1.1\r\nhost: h.test\r\nconnection: close\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+    // Refused by the codec: what was read of each and the reply; header bytes only once the
+    // headers were whole (both framings).
+    let refused: [&[u8]; 3] = [
+        b"GET /bad HTTP/1.1\r\nhost: h.test\r\nuser-agent: test/1\r\nx-k;\r\n\r\n",
+        b"POST /both HTTP/1.1\r\nhost: h.test\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+        &[b"GET /big HTTP/1.1\r\nhost: h.test\r\nx-big: ".as_slice(), &[b'a'; 70_000], b"\r\n\r\n"].concat(),
+    ];
+    for raw in refused {
+        let answer = send_raw(http, raw);
+        assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    }
     read_lines(&dir.join("wire.log"), LINES)
 }
 
@@ -201,6 +219,21 @@ fn h2_sent_close(ours: &str, theirs: &str) -> bool {
             .zip(&t)
             .enumerate()
             .all(|(i, (a, b))| a == b || ((i == 7 || i == 9) && near(i)))
+}
+
+/// A head over the size limit is refused once the proxy has read past the limit (60 KiB
+/// here): how far past depends on its reads (Envoy read all 70,044 bytes the client sent,
+/// revoy 64 KiB), so `%DOWNSTREAM_WIRE_BYTES_RECEIVED%` (the 7th field) of that line is
+/// checked to be over the limit and then masked.
+fn mask_head_too_large(line: &str) -> String {
+    if !line.contains(" 431 ") {
+        return line.to_owned();
+    }
+    let mut fields: Vec<&str> = line.split(' ').collect();
+    let received: u64 = fields[6].parse().unwrap_or_else(|_| panic!("{line}"));
+    assert!(received > 60 * 1024, "{line}");
+    fields[6] = "OVER";
+    fields.join(" ")
 }
 
 #[test]
@@ -229,7 +262,7 @@ fn wire_bytes_match_envoy() {
         if r.contains(" HTTP/2 ") {
             assert!(h2_sent_close(r, e), "line {i}:\n{r}\n{e}");
         } else {
-            assert_eq!(r, e, "line {i}\n{ours:#?}\n{theirs:#?}");
+            assert_eq!(mask_head_too_large(r), mask_head_too_large(e), "line {i}");
         }
     }
     let _ = std::fs::remove_dir_all(&envoy_dir);
