@@ -47,6 +47,8 @@ mod prometheus;
 mod skip;
 #[path = "istio_filters/upgrade.rs"]
 mod upgrade;
+#[path = "istio_filters/wire.rs"]
+mod wire;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

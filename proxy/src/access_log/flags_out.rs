@@ -1,22 +1,22 @@
-//! Where a request's record publishes its final response flags, for what must wait for them
-//! (`istio.stats` records a request once its flags are final, as Istio's proxy does from its
-//! access-log hook).
+//! Where a request's record publishes its final response flags and wire bytes, for what must
+//! wait for them (`istio.stats` records a request once they are final, as Istio's proxy does
+//! from its access-log hook).
 
 use std::sync::Mutex;
 
-use super::Flags;
+use super::record::Settled;
 
-/// A waiter for the flags: `None` when the record went away without settling.
-type Waiter = Box<dyn FnOnce(Option<&Flags>) + Send>;
+/// A waiter for what the record publishes: `None` when it went away without settling.
+type Waiter = Box<dyn FnOnce(Option<&Settled>) + Send>;
 
-/// The flags once published, or those waiting for them. Dropped unpublished (the record went
+/// What the record published, or those waiting for it. Dropped unpublished (the record went
 /// away without settling), it runs its waiters without flags.
 #[derive(Default)]
 pub struct FlagsOut(Mutex<State>);
 
 enum State {
     Waiting(Vec<Waiter>),
-    Settled(Flags),
+    Settled(Settled),
 }
 
 impl Default for State {
@@ -32,41 +32,41 @@ impl std::fmt::Debug for FlagsOut {
 }
 
 impl FlagsOut {
-    /// Publishes the final flags (the first time only) and runs the waiters.
-    pub fn publish(&self, flags: Flags) {
+    /// Publishes the final flags and bytes (the first time only) and runs the waiters.
+    pub fn publish(&self, settled: Settled) {
         let waiters = {
             let mut state = self.0.lock().expect("flags lock");
             match &mut *state {
                 State::Settled(_) => return,
                 State::Waiting(w) => {
                     let w = std::mem::take(w);
-                    *state = State::Settled(flags);
+                    *state = State::Settled(settled);
                     w
                 }
             }
         };
         for w in waiters {
-            w(Some(&flags));
+            w(Some(&settled));
         }
     }
 
-    /// The flags, once published.
-    pub fn get(&self) -> Option<Flags> {
+    /// What was published, once it was.
+    pub fn get(&self) -> Option<Settled> {
         match &*self.0.lock().expect("flags lock") {
-            State::Settled(flags) => Some(*flags),
+            State::Settled(settled) => Some(*settled),
             State::Waiting(_) => None,
         }
     }
 
-    /// Runs `then` with the flags: now when they are published, else when they are (or with
-    /// `None` if the record goes away first).
-    pub fn when_settled(&self, then: impl FnOnce(Option<&Flags>) + Send + 'static) {
+    /// Runs `then` with what the record publishes: now when it has, else when it does (or
+    /// with `None` if the record goes away first).
+    pub fn when_settled(&self, then: impl FnOnce(Option<&Settled>) + Send + 'static) {
         let mut state = self.0.lock().expect("flags lock");
         match &mut *state {
-            State::Settled(flags) => {
-                let flags = *flags;
+            State::Settled(settled) => {
+                let settled = *settled;
                 drop(state);
-                then(Some(&flags));
+                then(Some(&settled));
             }
             State::Waiting(w) => w.push(Box::new(then)),
         }
@@ -89,20 +89,23 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-    use crate::access_log::ResponseFlag;
+    use crate::access_log::{Flags, ResponseFlag};
 
     #[test]
     fn a_waiter_runs_once_the_flags_are_published() {
         let out = FlagsOut::default();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let s = seen.clone();
-        out.when_settled(move |f| s.lock().unwrap().push(f.map(|f| f.render(false))));
+        out.when_settled(move |f| s.lock().unwrap().push(f.map(|f| f.flags.render(false))));
         assert!(seen.lock().unwrap().is_empty());
         let mut flags = Flags::default();
         flags.set(ResponseFlag::NoRouteFound);
-        out.publish(flags);
+        out.publish(Settled {
+            flags,
+            wire: Default::default(),
+        });
         let s = seen.clone();
-        out.when_settled(move |f| s.lock().unwrap().push(f.map(|f| f.render(false))));
+        out.when_settled(move |f| s.lock().unwrap().push(f.map(|f| f.flags.render(false))));
         assert_eq!(
             *seen.lock().unwrap(),
             vec![Some("NR".to_owned()), Some("NR".to_owned())]

@@ -378,6 +378,8 @@ pub struct Record {
     pub bytes_received: u64,
     /// Response body bytes (HTTP) or bytes to the downstream (TCP).
     pub bytes_sent: u64,
+    /// The stream's bytes as they crossed the downstream connection (HTTP).
+    pub downstream_wire: WireBytes,
     /// The route's name.
     pub route_name: Option<Arc<str>>,
     /// The upstream cluster chosen.
@@ -406,12 +408,38 @@ pub struct Record {
     /// The request's dynamic metadata, for `%DYNAMIC_METADATA(..)%` (moved here from the
     /// filters once the request is routed; response filters write it here).
     pub metadata: crate::route::metadata::DynamicMetadata,
-    /// Where the flags are published when the record is settled, for `istio.stats` (which
-    /// labels its metrics with them once the request ends).
+    /// Where the flags and wire bytes are published when the record is settled, for
+    /// `istio.stats` (which labels its metrics with the flags and records the bytes once the
+    /// request ends).
     pub flags_out: Option<Arc<super::FlagsOut>>,
     /// An upgrade's: where what acts once its tunnel closes is handed in (see
     /// [`AtTunnelEnd`]); the tunnel takes it when it writes the record.
     pub at_tunnel_end: Option<tokio::sync::oneshot::Receiver<Box<dyn AtTunnelEnd>>>,
+}
+
+/// A stream's bytes as they crossed its connection, Envoy's bytes meter
+/// (`%DOWNSTREAM_WIRE_BYTES_*%`, `%DOWNSTREAM_HEADER_BYTES_*%`): HTTP/1's whole message
+/// (request or status line, headers, body with its chunk framing), HTTP/2's stream frames
+/// with their 9-byte headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireBytes {
+    /// Every byte of the stream received.
+    pub received: u64,
+    /// Every byte of the stream sent.
+    pub sent: u64,
+    /// The header bytes received.
+    pub header_received: u64,
+    /// The header bytes sent.
+    pub header_sent: u64,
+}
+
+/// What a settled record publishes through [`Record::flags_out`].
+#[derive(Debug, Clone, Copy)]
+pub struct Settled {
+    /// The final response flags.
+    pub flags: Flags,
+    /// The stream's downstream wire bytes.
+    pub wire: WireBytes,
 }
 
 impl Record {
@@ -422,7 +450,10 @@ impl Record {
     /// flags, final now, are published to [`Record::flags_out`].
     pub fn settle(&mut self) {
         if let Some(out) = &self.flags_out {
-            out.publish(self.flags);
+            out.publish(Settled {
+                flags: self.flags,
+                wire: self.downstream_wire,
+            });
         }
         let Some((host, remote, local)) = self.attempt_target.as_ref().and_then(|t| t.get()) else {
             return;
@@ -455,6 +486,7 @@ impl Record {
             flags: Flags::default(),
             bytes_received: 0,
             bytes_sent: 0,
+            downstream_wire: WireBytes::default(),
             route_name: None,
             upstream_cluster: None,
             upstream_host: None,
@@ -527,14 +559,17 @@ mod tests {
     }
 
     #[test]
-    fn settling_publishes_the_flags_set_until_then() {
+    fn settling_publishes_the_flags_and_wire_bytes_set_until_then() {
         let out = Arc::new(crate::access_log::FlagsOut::default());
         let mut rec = Record::new(Downstream::default());
         rec.flags_out = Some(out.clone());
         rec.flags.set(ResponseFlag::NoHealthyUpstream);
+        rec.downstream_wire.sent = 7;
         assert!(out.get().is_none());
         rec.settle();
-        assert_eq!(out.get().map(|f| f.render(false)).as_deref(), Some("UH"));
+        let settled = out.get().expect("published");
+        assert_eq!(settled.flags.render(false), "UH");
+        assert_eq!(settled.wire.sent, 7);
     }
 
     #[test]

@@ -19,7 +19,8 @@ use tokio::sync::oneshot;
 
 use super::ConnContext;
 use super::trace::{RequestTrace, Seen};
-use crate::access_log::record::{Downstream, RequestHead};
+use super::wire_meter::StreamWire;
+use crate::access_log::record::{Downstream, RequestHead, WireBytes};
 use crate::access_log::{AccessLogs, Record, ResponseFlag};
 use crate::body::{Body, BoxError};
 use crate::route::Route;
@@ -29,6 +30,8 @@ use crate::upstream::ResetReason;
 #[derive(Debug, Default)]
 struct Received {
     bytes: AtomicU64,
+    /// Its data frames.
+    frames: AtomicU64,
     done: OnceLock<Instant>,
 }
 
@@ -64,12 +67,14 @@ impl HeadReply<'_> {
 /// bytes) is written
 /// and the connection closes: no request headers, `HTTP/1.1` (`HTTP/2` for a stream's header
 /// block), and `details` (the codec's
-/// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's).
+/// `http1.codec_error`, `http1.headers_too_large`, `low_version`, ..., or the timeout's);
+/// `wire`: the exchange's bytes on the connection.
 pub(super) fn log_head_reply(
     ctx: &ConnContext,
     (status, headers, body_len): (http::StatusCode, &HeaderMap, u64),
     details: &str,
     kind: HeadReply,
+    wire: WireBytes,
 ) {
     let logs = &ctx.hcm.config.access_logs;
     if logs.is_empty() {
@@ -84,6 +89,7 @@ pub(super) fn log_head_reply(
         }
     }
     rec.bytes_sent = body_len;
+    rec.downstream_wire = wire;
     rec.response_headers = Some(headers.clone());
     rec.end = Some(Instant::now());
     logs.log(&rec);
@@ -120,21 +126,24 @@ pub(super) struct Pending {
     tunnel: Option<oneshot::Sender<Handover>>,
     /// The request's trace, once routing decided it.
     trace: Option<RequestTrace>,
+    /// The stream's wire bytes so far.
+    wire: Option<StreamWire>,
 }
 
 impl Pending {
     /// Starts the record of `req` (its headers as the connection manager leaves them, when an
     /// access log reads them) and counts its body; `None` when the connection manager has
     /// neither access logs, tracing, `local_reply_config` (whose mappers read the record) nor
-    /// `istio.stats` (which reads its flags).
-    pub(super) fn start(ctx: &ConnContext, req: &mut Request<Body>) -> Option<Pending> {
+    /// `istio.stats` (which reads its flags). `wire`: the stream's meter, started before the
+    /// connection manager changed the request.
+    pub(super) fn start(
+        ctx: &ConnContext,
+        req: &mut Request<Body>,
+        wire: Option<StreamWire>,
+    ) -> Option<Pending> {
         let logs = &ctx.hcm.config.access_logs;
         let local_reply = ctx.hcm.config.local_reply.is_some();
-        if logs.is_empty()
-            && ctx.hcm.config.tracing.is_none()
-            && !local_reply
-            && !ctx.hcm.filters.has_istio_stats()
-        {
+        if !ctx.hcm.keeps_records() {
             return None;
         }
         let mut rec = Box::new(Record::new(downstream_of(ctx)));
@@ -180,6 +189,7 @@ impl Pending {
             received,
             tunnel: None,
             trace: None,
+            wire,
         })
     }
 
@@ -238,6 +248,13 @@ impl Pending {
         }
         let status = resp.status().as_u16();
         rec.response_code = Some(status);
+        let mut wire = self.wire.take();
+        if let Some(w) = wire.as_mut() {
+            // An HTTP/1 upstream's response (the version the upstream answered in, still).
+            let h1_upstream = rec.details.as_deref() == Some("via_upstream")
+                && resp.version() <= http::Version::HTTP_11;
+            w.respond(&resp, h1_upstream);
+        }
         // A record only istio.stats reads needs no copy of the headers.
         if !self.logs.is_empty() || trace.is_some() {
             rec.response_headers = Some(resp.headers().clone());
@@ -261,6 +278,7 @@ impl Pending {
                 expected,
                 tunnel,
                 trace,
+                wire,
             }
             .boxed_unsync()
         })
@@ -275,7 +293,7 @@ impl Drop for Pending {
             if rec.details.is_none() {
                 rec.details = Some("downstream_remote_disconnect".to_owned());
             }
-            take_received(&mut rec, &self.received);
+            take_received(&mut rec, &self.received, self.wire.as_ref());
             rec.settle();
             if let Some(t) = self.trace.take() {
                 t.finish(&rec);
@@ -285,9 +303,15 @@ impl Drop for Pending {
     }
 }
 
-fn take_received(rec: &mut Record, received: &Received) {
+/// Notes in `rec` what the request body brought and, with the stream's meter, its wire bytes
+/// (the response body's as counted in the record so far).
+fn take_received(rec: &mut Record, received: &Received, wire: Option<&StreamWire>) {
     rec.bytes_received = received.bytes.load(Ordering::Relaxed);
     rec.last_downstream_rx = received.done.get().copied();
+    if let Some(w) = wire {
+        let frames = received.frames.load(Ordering::Relaxed);
+        rec.downstream_wire = w.bytes(rec.bytes_received, frames, rec.bytes_sent);
+    }
 }
 
 /// A request body counted as it arrives.
@@ -312,6 +336,7 @@ impl http_body::Body for Counted {
                     this.received
                         .bytes
                         .fetch_add(d.len() as u64, Ordering::Relaxed);
+                    this.received.frames.fetch_add(1, Ordering::Relaxed);
                 }
                 if frame.is_trailers() || http_body::Body::is_end_stream(&this.inner) {
                     let _ = this.received.done.set(Instant::now());
@@ -346,6 +371,8 @@ struct Logged {
     tunnel: Option<oneshot::Sender<Handover>>,
     /// The span to finish with the record.
     trace: Option<RequestTrace>,
+    /// The stream's wire bytes so far.
+    wire: Option<StreamWire>,
 }
 
 impl Logged {
@@ -361,7 +388,7 @@ impl Logged {
         if !complete {
             rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
         }
-        take_received(&mut rec, &self.received);
+        take_received(&mut rec, &self.received, self.wire.as_ref());
         rec.settle();
         let logs = std::mem::take(&mut self.logs);
         let trace = self.trace.take();
@@ -410,6 +437,9 @@ pub(super) async fn log_tunnel(handover: oneshot::Receiver<Handover>, end: Tunne
     rec.end = Some(Instant::now());
     rec.bytes_received = end.received;
     rec.bytes_sent = end.sent;
+    // The tunnel's bytes are the stream's, after its heads.
+    rec.downstream_wire.received += end.received;
+    rec.downstream_wire.sent += end.sent;
     match end.closed_first {
         Some(Side::Downstream) => {
             rec.flags.set(ResponseFlag::DownstreamConnectionTermination);
@@ -450,14 +480,28 @@ impl http_body::Body for Logged {
                     && let Some(rec) = this.rec.as_mut()
                 {
                     rec.bytes_sent += d.len() as u64;
+                    if let Some(w) = this.wire.as_mut() {
+                        w.sent_data(d.len());
+                    }
                 }
                 if let Some(t) = frame.trailers_ref() {
+                    if let Some(w) = this.wire.as_mut() {
+                        w.sent_end(Some(t), false);
+                    }
                     this.write(true, Some(t.clone()));
                 } else if http_body::Body::is_end_stream(&this.inner) {
+                    if let Some(w) = this.wire.as_mut() {
+                        w.sent_end(None, false);
+                    }
                     this.write(true, None);
                 }
             }
-            Poll::Ready(None) => this.write(true, None),
+            Poll::Ready(None) => {
+                if let Some(w) = this.wire.as_mut() {
+                    w.sent_end(None, true);
+                }
+                this.write(true, None);
+            }
             Poll::Ready(Some(Err(e))) => {
                 // A stream limit or the upstream's reset ends the stream, which is reset
                 // downstream as Envoy resets it: logged without the client's `DC`.

@@ -88,12 +88,25 @@ pub(super) fn head_reply(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
+    if let Some(ctx) = ctx {
+        let wire = ctx.wire.as_ref().map_or_else(Default::default, |w| {
+            w.wrote_head(&out, false);
+            w.answered(text.len() as u64)
+        });
+        log_head_reply(
+            ctx,
+            (status, &headers, text.len() as u64),
+            details,
+            kind,
+            wire,
+        );
+    }
     out.extend_from_slice(text.as_bytes());
     out
 }
 
-/// The status, headers and body of [`head_reply`]'s answer, logged: `local_reply_config`
-/// applied, then `date` (the given one, else now), `server` and, on HTTP/1, `connection:
+/// The status, headers and body of [`head_reply`]'s answer (not logged: the caller logs
+/// it with the bytes it writes): `local_reply_config` applied, then `date` (the given one, else now), `server` and, on HTTP/1, `connection:
 /// close`.
 fn head_answer(
     ctx: Option<&ConnContext>,
@@ -128,14 +141,6 @@ fn head_answer(
     headers.insert(http::header::SERVER, HeaderValue::from_static("envoy"));
     if !matches!(kind, HeadReply::StreamTimeout(_)) {
         headers.insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    if let Some(ctx) = ctx {
-        log_head_reply(
-            ctx,
-            (parts.status, &headers, text.len() as u64),
-            details,
-            kind,
-        );
     }
     (parts.status, headers, text)
 }
@@ -274,6 +279,8 @@ impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
             let kind = HeadReply::StreamTimeout(text);
             let (status, headers, body) =
                 head_answer(Some(&ctx), status, text, details, kind, None);
+            let answered = (status, &headers, body.len() as u64);
+            log_head_reply(&ctx, answered, details, kind, Default::default());
             self.inject
                 .extend(reply_frames(stream, status, &headers, body.as_bytes()));
             self.settle_inject();

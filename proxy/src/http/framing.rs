@@ -23,7 +23,10 @@
 use bytes::BytesMut;
 use http::StatusCode;
 
+use std::sync::Arc;
+
 use super::HcmStats;
+use super::wire_meter::ConnWire;
 
 /// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
 /// codec refuses.
@@ -63,6 +66,12 @@ pub(super) struct Framing {
     stats: Option<HcmStats>,
     /// Envoy's status and response details for the head refused, once one is.
     refusal: Option<(StatusCode, &'static str)>,
+    /// Where each request's head and body bytes (with their chunk framing) are noted, for
+    /// its wire bytes.
+    meter: Option<Arc<ConnWire>>,
+    /// Everything passing untouched is noted too: it follows a head this could not follow,
+    /// which hyper refuses.
+    meter_rest: bool,
 }
 
 impl Framing {
@@ -79,7 +88,15 @@ impl Framing {
             max_head,
             stats,
             refusal: None,
+            meter: None,
+            meter_rest: false,
         }
+    }
+
+    /// Notes each request's head and body bytes (with their chunk framing) in `meter`.
+    pub(super) fn metered(mut self, meter: Option<Arc<ConnWire>>) -> Framing {
+        self.meter = meter;
+        self
     }
 
     /// Follows nothing (an HTTP/2 connection).
@@ -91,6 +108,8 @@ impl Framing {
             max_head: 0,
             stats: None,
             refusal: None,
+            meter: None,
+            meter_rest: false,
         }
     }
 
@@ -118,11 +137,25 @@ impl Framing {
     /// The client closed (or the head is not one to follow): a head still held goes to hyper
     /// as it is, and so does everything after it.
     pub(super) fn end(&mut self, out: &mut BytesMut) {
+        if self.state == State::Head && !self.held.is_empty() {
+            // A head not followed further: its bytes (and what follows) are the request
+            // hyper answers, no header bytes parsed, as Envoy's codec counts a head it
+            // refuses.
+            self.note_refused_head();
+            self.meter_rest = true;
+        }
         if self.state != State::Refused {
             out.extend_from_slice(&self.held);
             self.state = State::Off;
         }
         self.held.clear();
+    }
+
+    /// Notes the held head as a request's whole head, with no header bytes.
+    fn note_refused_head(&self) {
+        if let Some(m) = &self.meter {
+            m.read_head(self.held.len(), 0, 0);
+        }
     }
 
     /// Takes bytes the client sent and appends what hyper is to read.
@@ -141,6 +174,9 @@ impl Framing {
         while !input.is_empty() {
             match self.state {
                 State::Off => {
+                    if let Some(m) = self.meter.as_ref().filter(|_| self.meter_rest) {
+                        m.read_body(input.len() as u64);
+                    }
                     out.extend_from_slice(input);
                     return None;
                 }
@@ -151,6 +187,9 @@ impl Framing {
                 }
                 State::Body(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    if let Some(m) = &self.meter {
+                        m.read_body(n as u64);
+                    }
                     out.extend_from_slice(&input[..n]);
                     input = &input[n..];
                     self.state = if n as u64 == left {
@@ -166,6 +205,9 @@ impl Framing {
                 }
                 State::ChunkData(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
+                    if let Some(m) = &self.meter {
+                        m.read_body(n as u64);
+                    }
                     out.extend_from_slice(&input[..n]);
                     input = &input[n..];
                     self.state = if n as u64 == left {
@@ -178,6 +220,9 @@ impl Framing {
                     let b = input[0];
                     out.extend_from_slice(&input[..1]);
                     input = &input[1..];
+                    if let Some(m) = &self.meter {
+                        m.read_body(1);
+                    }
                     self.chunk_byte(b);
                     if self.state == State::Head && !input.is_empty() {
                         self.held.extend_from_slice(input);
@@ -229,7 +274,10 @@ impl Framing {
             Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
             Err(httparse::Error::Version) => {
                 match unsupported_version(&self.held) {
-                    Some(true) => self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out),
+                    Some(true) => {
+                        self.note_refused_head();
+                        self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out);
+                    }
                     // The version is judged once the request line is whole, as Envoy's
                     // codec does.
                     None if self.held.len() <= self.max_head => {}
@@ -242,6 +290,10 @@ impl Framing {
                 return None;
             }
         };
+        if let Some(m) = &self.meter {
+            let name_values = req.headers.iter().map(|h| h.name.len() + h.value.len());
+            m.read_head(len, req.headers.len(), name_values.sum());
+        }
         let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
             (Vec::new(), None, 0, true, req.method == Some("CONNECT"));
         let mut ends_chunked = false;

@@ -27,6 +27,7 @@ mod stream_limits;
 mod timeouts;
 mod trace;
 mod upgrade;
+pub mod wire_meter;
 mod xfcc;
 
 pub use stats::HcmStats;
@@ -66,6 +67,16 @@ pub struct Hcm {
 }
 
 impl Hcm {
+    /// Whether its requests keep an access-log record while they are served: for access
+    /// logs, tracing, `local_reply_config` (whose mappers read it) or `istio.stats` (which
+    /// reads its flags and wire bytes).
+    pub fn keeps_records(&self) -> bool {
+        !self.config.access_logs.is_empty()
+            || self.config.tracing.is_some()
+            || self.config.local_reply.is_some()
+            || self.filters.has_istio_stats()
+    }
+
     /// Resolves the stats handles of `config`.
     pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
         let stats = HcmStats::new(store, &config.stat_prefix);
@@ -133,6 +144,10 @@ pub struct ConnContext {
     /// The connection's own local rate limit buckets
     /// (`local_rate_limit_per_downstream_connection`), made on first use.
     pub rate_limiter: std::sync::OnceLock<Box<crate::limits::LocalLimiter>>,
+    /// The connection's notes for its streams' wire bytes (an HTTP/1 message in flight, an
+    /// HTTP/2 connection's HPACK tables); set when the connection manager keeps records
+    /// ([`Hcm::keeps_records`]).
+    pub wire: Option<Arc<wire_meter::ConnWire>>,
 }
 
 impl ConnContext {
@@ -317,6 +332,9 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
+            if let Some(w) = &ctx.wire {
+                w.read_head(n, 0, 0);
+            }
             let reply = envoy_errors::codec_reply(
                 Some(ctx),
                 http::StatusCode::BAD_REQUEST,
@@ -432,12 +450,18 @@ where
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();
-                        let answer = (resp.status(), resp.headers(), len.unwrap_or_default());
+                        let len = len.unwrap_or_default();
+                        // The head hyper writes, for the exchange's wire bytes.
+                        let wire = ctx.wire.as_ref().map_or_else(Default::default, |w| {
+                            h1::note_head(&mut resp, req.method() == http::Method::HEAD, w);
+                            w.answered(len)
+                        });
                         access_log::log_head_reply(
                             &ctx,
-                            answer,
+                            (resp.status(), resp.headers(), len),
                             details,
                             access_log::HeadReply::Codec,
+                            wire,
                         );
                     }
                     return Ok(resp);
@@ -531,6 +555,12 @@ where
             // and ends the stream.
             if head && version == http::Version::HTTP_2 {
                 resp = resp.map(|_| crate::body::empty());
+            }
+            // The HTTP/1 head hyper writes, for the stream's wire bytes.
+            if version < http::Version::HTTP_2
+                && let Some(meter) = &ctx.wire
+            {
+                h1::note_head(&mut resp, head, meter);
             }
             Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started)))
         })

@@ -58,6 +58,11 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         stats.rq_http1_total.inc();
     }
     let request_id = {
+        // The stream's meter reads the request as it came.
+        let wire = ctx
+            .wire
+            .as_ref()
+            .map(|w| super::wire_meter::StreamWire::start(&req, w, ctx.hcm.config.http1_trailers));
         let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
         // A clone of a header value parsed from the request allocates: only when needed. A
         // forced trace (the header survives only on internal requests) echoes the id too.
@@ -75,7 +80,7 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
         // Declared before the record, so dropped after it: a request cut short publishes
         // its flags (`DC`) before istio.stats's encoder records them.
         let mut encoders = Encoders::default();
-        let mut pending = Pending::start(ctx, &mut req);
+        let mut pending = Pending::start(ctx, &mut req, wire);
         let tunnel_log = match pending.as_mut() {
             Some(p) if facts.upgrade.is_some() => Some(p.hand_to_tunnel()),
             _ => None,

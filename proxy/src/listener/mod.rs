@@ -565,6 +565,7 @@ impl Listener {
                         modify_only: self.config.drain_modify_only,
                     },
                     rate_limiter: std::sync::OnceLock::new(),
+                    wire: hcm.keeps_records().then(Arc::default),
                 };
                 let serve = async {
                     match tls {

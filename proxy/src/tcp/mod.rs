@@ -150,6 +150,9 @@ impl TcpProxy {
         if let Some(a) = activity {
             rec.bytes_received = a.rx.load(Ordering::Relaxed);
             rec.bytes_sent = a.tx.load(Ordering::Relaxed);
+            // A connection's wire bytes are its bytes each way, no headers (as Envoy's).
+            rec.downstream_wire.received = rec.bytes_received;
+            rec.downstream_wire.sent = rec.bytes_sent;
         }
         self.config.access_logs.log(&rec);
     }

@@ -15,6 +15,7 @@ use super::grpc_stats::MessageCounts;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
+use crate::access_log::record::Settled;
 use crate::access_log::{AtTunnelEnd, AttemptTarget, Flags, FlagsOut, Record};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
@@ -311,7 +312,6 @@ impl IstioStats {
             ticker,
             flags,
             started: Instant::now(),
-            request_bytes: head_bytes(req.headers) + content_length(req.headers),
             response: None,
             tunnel,
         };
@@ -319,23 +319,6 @@ impl IstioStats {
             .0
             .push(Encoder::IstioStats(StatsRequest(Some(Box::new(observed)))));
     }
-}
-
-/// The bytes of a header block as HTTP/1 writes it (`name: value\r\n` each).
-fn head_bytes(headers: &HeaderMap) -> u64 {
-    headers
-        .iter()
-        .map(|(n, v)| (n.as_str().len() + v.len() + 4) as u64)
-        .sum()
-}
-
-/// The `content-length` of a message, 0 when absent.
-fn content_length(headers: &HeaderMap) -> u64 {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// What a weighted route's `destination_service` is found from once the router has picked
@@ -361,7 +344,6 @@ impl Weighted {
 struct Answer {
     code: u16,
     grpc_status: Option<String>,
-    bytes: u64,
 }
 
 /// One request as `istio.stats` observes it, recorded when it ends: when dropped with the
@@ -394,7 +376,7 @@ impl Drop for StatsRequest {
             // Recorded once the request's flags are final, as Istio's proxy records from its
             // access-log hook: the record settles when the response has ended.
             None => match observed.flags.take() {
-                Some(out) => out.when_settled(move |flags| observed.record(None, flags)),
+                Some(out) => out.when_settled(move |settled| observed.record(None, settled)),
                 None => observed.record(None, None),
             },
         }
@@ -416,10 +398,10 @@ struct Observed {
     messages: Option<Arc<MessageCounts>>,
     /// An open gRPC call's periodic reports of them.
     ticker: Option<Ticker>,
-    /// Where the request's record publishes its response flags when it is settled.
+    /// Where the request's record publishes its response flags and downstream wire bytes
+    /// when it is settled.
     flags: Option<Arc<FlagsOut>>,
     started: Instant,
-    request_bytes: u64,
     response: Option<Answer>,
     /// An upgrade's: where it waits for its tunnel to close.
     tunnel: Option<tokio::sync::oneshot::Sender<Box<dyn AtTunnelEnd>>>,
@@ -458,7 +440,6 @@ impl Observed {
                 .get("grpc-status")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
-            bytes: head_bytes(resp.headers()) + content_length(resp.headers()),
         });
     }
 
@@ -497,9 +478,13 @@ impl Observed {
     /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
     /// filter counted them (those not reported while it was open). `tunnel`: an upgrade's
     /// record, settled when its tunnel closed, whose flags, duration and bytes (the tunnel's
-    /// both ways) describe the whole stream; else `settled`: the request's final flags.
-    fn record(&self, tunnel: Option<&Record>, settled: Option<&Flags>) {
-        let flags = tunnel.map(|rec| &rec.flags).or(settled);
+    /// both ways) describe the whole stream; else `settled`: what the request's record
+    /// published when it settled.
+    fn record(&self, tunnel: Option<&Record>, settled: Option<&Settled>) {
+        let (flags, wire) = match tunnel {
+            Some(rec) => (Some(&rec.flags), Some(rec.downstream_wire)),
+            None => (settled.map(|s| &s.flags), settled.map(|s| s.wire)),
+        };
         // The ends as labelled at the first periodic report, else as known now (Istio's
         // stats filter labels a stream's ends once).
         let (ends, mut reported) = match &self.ticker {
@@ -511,19 +496,14 @@ impl Observed {
             report_messages(m, &mut reported, &ends, &self.store, &self.config);
         }
         let labels = self.labels(ends, flags);
-        let response_bytes = self.response.as_ref().map_or(0, |a| a.bytes);
-        let values = match tunnel {
-            Some(rec) => [
-                rec.duration().unwrap_or_default().as_millis() as u64,
-                self.request_bytes + rec.bytes_received,
-                response_bytes + rec.bytes_sent,
-            ],
-            None => [
-                self.started.elapsed().as_millis() as u64,
-                self.request_bytes,
-                response_bytes,
-            ],
+        // The stream's downstream wire bytes, as Istio's stats filter reads Envoy's bytes
+        // meter (an upgrade's include its tunnel's).
+        let wire = wire.unwrap_or_default();
+        let duration = match tunnel {
+            Some(rec) => rec.duration().unwrap_or_default(),
+            None => self.started.elapsed(),
         };
+        let values = [duration.as_millis() as u64, wire.received, wire.sent];
         metrics::record_http(&self.metrics, &self.store, &self.config, &labels, values);
     }
 }

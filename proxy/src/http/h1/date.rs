@@ -12,6 +12,11 @@ thread_local! {
 
 /// Appends the current date to `out`.
 pub(super) fn extend(out: &mut Vec<u8>) {
+    with(|text| out.extend_from_slice(text));
+}
+
+/// Calls `f` with the current date.
+pub(in crate::http) fn with<R>(f: impl FnOnce(&[u8]) -> R) -> R {
     let now = SystemTime::now();
     let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     CACHED.with_borrow_mut(|(at, text)| {
@@ -22,8 +27,8 @@ pub(super) fn extend(out: &mut Vec<u8>) {
             }
             *at = second;
         }
-        out.extend_from_slice(text);
-    });
+        f(text)
+    })
 }
 
 #[cfg(test)]

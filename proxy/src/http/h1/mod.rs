@@ -5,7 +5,7 @@
 //! (see [`request::parse`]) hands the connection, with the bytes read so far, to hyper's server
 //! for the rest of its life, so every unusual case keeps hyper's handling and Envoy's replies.
 
-mod date;
+pub(super) mod date;
 mod inbound;
 mod request;
 mod response;
@@ -21,10 +21,12 @@ use tokio::net::TcpStream;
 
 use super::ConnContext;
 use super::head_timeout::HeadTimeout;
+use super::wire_meter::ConnWire;
 use crate::config::hcm::Codec;
 use crate::wire::{give_back, has_token, take_buffer, with_room};
 use inbound::Inbound;
 use request::Head;
+pub(super) use response::note_head;
 
 /// What a client asked of the response to its request.
 pub(super) struct Asked {
@@ -40,6 +42,8 @@ pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
     body: Inbound,
+    /// Where the bytes read while a request is in flight are noted, for its wire bytes.
+    meter: Option<Arc<ConnWire>>,
 }
 
 /// A downstream connection the fast path serves: plaintext TCP, or TLS over it.
@@ -97,6 +101,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
         body: Inbound::default(),
+        meter: ctx.wire.clone(),
     };
     // The codec is chosen once: after the first request, hyper takes over as HTTP/1 only.
     let mut codec = codec;
@@ -117,19 +122,20 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
                 // connection's future while a hand-off below runs.
-                let next = match request::parse(&mut reading.buf, &ctx.hcm.config) {
-                    Head::Partial => NotServed::ReadMore,
-                    Head::Served {
-                        request,
-                        asked,
-                        inbound,
-                    } => {
-                        reading.body = inbound;
-                        break (request, asked);
-                    }
-                    Head::HandOff => NotServed::HandOff,
-                    Head::Ambiguous => NotServed::Refuse,
-                };
+                let next =
+                    match request::parse(&mut reading.buf, &ctx.hcm.config, ctx.wire.as_deref()) {
+                        Head::Partial => NotServed::ReadMore,
+                        Head::Served {
+                            request,
+                            asked,
+                            inbound,
+                        } => {
+                            reading.body = inbound;
+                            break (request, asked);
+                        }
+                        Head::HandOff => NotServed::HandOff,
+                        Head::Ambiguous => NotServed::Refuse,
+                    };
                 match next {
                     NotServed::ReadMore if head_deadline.is_none() => {
                         head_deadline = HeadTimeout::arm(&ctx.hcm.config);
@@ -179,6 +185,10 @@ async fn head_timed_out<S: Downstream>(
     ctx: &ConnContext,
 ) {
     let (text, details) = which.fire(&ctx.hcm.stats);
+    // What came of the head is the exchange's, no header bytes (its headers never ended).
+    if let Some(w) = &ctx.wire {
+        w.read_head(reading.buf.len(), 0, 0);
+    }
     let reply = super::envoy_errors::head_reply(
         Some(ctx),
         http::StatusCode::REQUEST_TIMEOUT,
@@ -234,7 +244,7 @@ async fn exchange<S: Downstream>(
         reading,
         response,
         &asked,
-        ctx.hcm.config.http1_trailers,
+        (ctx.hcm.config.http1_trailers, ctx.wire.as_deref()),
     )
     .await
     {
@@ -252,6 +262,14 @@ async fn exchange<S: Downstream>(
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
     ctx.hcm.stats.response(400);
+    // Everything read is the exchange's; its headers were whole, so they count.
+    if let Some(w) = &ctx.wire {
+        let mut fields = [httparse::EMPTY_HEADER; crate::wire::MAX_HEADERS];
+        let mut parsed = httparse::Request::new(&mut fields);
+        let _ = parsed.parse(&reading.buf);
+        let name_values = parsed.headers.iter().map(|h| h.name.len() + h.value.len());
+        w.read_head(reading.buf.len(), parsed.headers.len(), name_values.sum());
+    }
     let reply = super::envoy_errors::codec_reply(
         Some(ctx),
         http::StatusCode::BAD_REQUEST,
@@ -322,8 +340,14 @@ async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
         } else if reading.buf.len() >= reading.limit {
             std::future::pending::<()>().await;
         }
-        if !matches!(stream.read_buf(with_room(&mut reading.buf)).await, Ok(n) if n > 0) {
-            return;
+        match stream.read_buf(with_room(&mut reading.buf)).await {
+            // Read while the request is the connection's: its bytes, as Envoy charges them.
+            Ok(n) if n > 0 => {
+                if let Some(m) = &reading.meter {
+                    m.read_body(n as u64);
+                }
+            }
+            _ => return,
         }
     }
 }
@@ -340,7 +364,8 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
         cfg.allow_chunked_length,
         cfg.max_request_headers_kb as usize * 1024,
         Some(ctx.hcm.stats.clone()),
-    );
+    )
+    .metered(ctx.wire.clone());
     let io =
         super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
     super::serve_io(io, ctx, codec).await;

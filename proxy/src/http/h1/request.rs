@@ -13,6 +13,7 @@ use super::Asked;
 use super::inbound::Inbound;
 use crate::body::{self, Body};
 use crate::config::hcm::HcmConfig;
+use crate::http::wire_meter::ConnWire;
 use crate::wire::{HeaderSpans, MAX_HEADERS, parsed_value};
 
 /// Room in the header map for what the connection manager adds before forwarding
@@ -49,8 +50,9 @@ pub(super) enum Head {
 /// is left for the connection's reader to stream into the request ([`Inbound`]). Otherwise
 /// `buf` is untouched so the connection can be handed off with it, except that a chunked
 /// request's `content-length` lines are removed under `allow_chunked_length` (so hyper, which
-/// would close the connection after such a request, sees a plain chunked one).
-pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
+/// would close the connection after such a request, sees a plain chunked one). A served head
+/// is noted in `meter`, when the connection keeps one.
+pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&ConnWire>) -> Head {
     let max_head = cfg.max_request_headers_kb as usize * 1024;
     let mut slots = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut []);
@@ -131,6 +133,12 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig) -> Head {
             return Head::HandOff;
         };
         headers.append(name, parsed_value(head.slice(value)));
+    }
+    // What the buffer holds past the head came with it: the stream's, as Envoy's codec
+    // charges the bytes it dispatches (a pipelined request's too).
+    if let Some(m) = meter {
+        m.read_head(len, count, header_bytes);
+        m.read_body(buf.len() as u64);
     }
     let (body, inbound) = match body_len {
         0 => (body::empty(), Inbound::default()),
@@ -238,7 +246,7 @@ mod tests {
 
     async fn served_body(bytes: &[u8]) -> (Bytes, BytesMut) {
         let mut buf = BytesMut::from(bytes);
-        let Head::Served { request, .. } = parse(&mut buf, &cfg()) else {
+        let Head::Served { request, .. } = parse(&mut buf, &cfg(), None) else {
             panic!("not served: {}", String::from_utf8_lossy(bytes));
         };
         let body = request.into_body().collect().await.unwrap().to_bytes();
@@ -247,7 +255,7 @@ mod tests {
 
     fn handed_off(bytes: &[u8]) -> bool {
         let mut buf = BytesMut::from(bytes);
-        let off = matches!(parse(&mut buf, &cfg()), Head::HandOff);
+        let off = matches!(parse(&mut buf, &cfg(), None), Head::HandOff);
         off && buf == bytes
     }
 
@@ -268,7 +276,7 @@ mod tests {
             BytesMut::from(&b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nhello"[..]);
         let Head::Served {
             request, inbound, ..
-        } = parse(&mut buf, &cfg())
+        } = parse(&mut buf, &cfg(), None)
         else {
             panic!("not served");
         };
@@ -300,7 +308,7 @@ mod tests {
             b"POST /a HTTP/1.1\r\nContent-Length: x\r\nTransfer-Encoding: gzip\r\n\r\n",
         ] {
             let mut buf = BytesMut::from(req);
-            assert!(matches!(parse(&mut buf, &cfg()), Head::Ambiguous));
+            assert!(matches!(parse(&mut buf, &cfg(), None), Head::Ambiguous));
         }
         let allowing = HcmConfig {
             allow_chunked_length: true,
@@ -309,7 +317,7 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..],
         );
-        assert!(matches!(parse(&mut buf, &allowing), Head::HandOff));
+        assert!(matches!(parse(&mut buf, &allowing, None), Head::HandOff));
         assert_eq!(
             buf,
             &b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello"[..]
@@ -317,6 +325,6 @@ mod tests {
         let mut buf = BytesMut::from(
             &b"POST /a HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"[..],
         );
-        assert!(matches!(parse(&mut buf, &allowing), Head::Ambiguous));
+        assert!(matches!(parse(&mut buf, &allowing, None), Head::Ambiguous));
     }
 }

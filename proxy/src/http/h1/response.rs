@@ -14,6 +14,7 @@ use tokio::io::AsyncWriteExt;
 use super::date;
 use crate::body::{Body, BoxError};
 use crate::http::reason::envoy_phrase;
+use crate::http::wire_meter::ConnWire;
 use crate::wire::{ends_in_chunked, put_chunk_start, put_chunked_end, put_field};
 
 /// How the body goes on the wire.
@@ -182,6 +183,14 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     }
 }
 
+/// Notes in `meter` the head hyper's HTTP/1 server is about to write for `resp` (a response
+/// to a HEAD request when `head`): the same head this path writes, by the same rules.
+pub(in crate::http) fn note_head(resp: &mut Response<Body>, head: bool, meter: &ConnWire) {
+    let method = if head { Method::HEAD } else { Method::GET };
+    let encoded = encode(resp, &method, false);
+    meter.wrote_head(&encoded.head, encoded.framing == Framing::Chunked);
+}
+
 /// The values of one header joined by `, ` on one line, as hyper writes them.
 fn join<'a>(values: impl IntoIterator<Item = &'a HeaderValue>) -> Vec<u8> {
     let mut joined = Vec::new();
@@ -235,7 +244,7 @@ pub(super) async fn write<S: super::Downstream>(
     reading: &mut super::Reading,
     mut resp: Response<Body>,
     asked: &super::Asked,
-    trailers: bool,
+    (trailers, meter): (bool, Option<&ConnWire>),
 ) -> bool {
     // Envoy answers a request whose body is still arriving and closes the connection after
     // the response (`connection: close`); its router then has no upstream service time to
@@ -246,6 +255,9 @@ pub(super) async fn write<S: super::Downstream>(
             .remove(&crate::http::router::UPSTREAM_SERVICE_TIME);
     }
     let encoded = encode(&mut resp, &asked.method, asked.close || unfinished);
+    if let Some(m) = meter {
+        m.wrote_head(&encoded.head, encoded.framing == Framing::Chunked);
+    }
     let mut body = resp.into_body();
     let mut out = encoded.head;
     let mut remaining = match encoded.framing {
@@ -493,8 +505,18 @@ mod tests {
             buf: bytes::BytesMut::new(),
             limit: 1024,
             body: Default::default(),
+            meter: None,
         };
-        assert!(!write(&mut server, &mut reading, resp, &asked, enable_trailers).await);
+        assert!(
+            !write(
+                &mut server,
+                &mut reading,
+                resp,
+                &asked,
+                (enable_trailers, None)
+            )
+            .await
+        );
         drop(server);
         let mut out = String::new();
         tokio::io::AsyncReadExt::read_to_string(&mut client, &mut out)
