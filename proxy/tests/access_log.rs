@@ -430,6 +430,22 @@ fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, usize)> {
     }
 }
 
+/// Reads and drops a chunked body (the tests' chunks: no extensions, no trailers) from `buf`
+/// and `s`; whether it all came.
+fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
+            buf.drain(..end + 5);
+            return true;
+        }
+        match s.read(&mut chunk) {
+            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+            _ => return false,
+        }
+    }
+}
+
 /// Reads and drops a `length`-byte body from `buf` and `s`; whether it all came.
 fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, length: usize) -> bool {
     let mut chunk = [0u8; 4096];

@@ -37,21 +37,6 @@ fn wire_upstream() -> u16 {
     })
 }
 
-/// Reads and drops a chunked body (without trailers) from `buf` and `s`; whether it all came.
-fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 4096];
-    loop {
-        if let Some(end) = buf.windows(5).position(|w| w == b"0\r\n\r\n") {
-            buf.drain(..end + 5);
-            return true;
-        }
-        match s.read(&mut chunk) {
-            Ok(n) if n > 0 => buf.extend_from_slice(&chunk[..n]),
-            _ => return false,
-        }
-    }
-}
-
 fn wire_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
     let log = logger(&dir.join("wire.log"), &text(WIRE));
     format!(
