@@ -346,6 +346,12 @@ async fn actions() {
         Case::get("direct_response without body", "/teapot")
             .host("actions.test")
             .expect("status", "418"),
+        Case::get("direct 201: location, the request's URL", "/created/x?y=1")
+            .host("actions.test")
+            .expect("response.header.location", "http://actions.test/created/x?y=1"),
+        Case::get("direct 3xx: location, the request's URL", "/moved")
+            .host("actions.test")
+            .expect("status", "301"),
         Case::get("connect failure 503", "/closed")
             .host("actions.test")
             .expect("status", "503"),

@@ -571,7 +571,9 @@ async fn route_and_forward(
                 resp.headers_mut()
                     .insert(header::CONTENT_LENGTH, HeaderValue::from(dr.body.len()));
             }
-            if dr.status.is_redirection()
+            // Envoy's router adds the request's URL as `location` to a 201 or 3xx (RFC 7231
+            // 7.1.2).
+            if (dr.status.is_redirection() || dr.status == StatusCode::CREATED)
                 && let Ok(v) = HeaderValue::from_str(&Selected::request_url(&route_req))
             {
                 resp.headers_mut().insert(header::LOCATION, v);
