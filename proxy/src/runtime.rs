@@ -14,7 +14,7 @@ use crate::stats::{Counter, Gauge, Store};
 
 /// The merged values, a later layer's winning, each with what every layer says of it.
 #[derive(Debug, Default)]
-pub struct Snapshot {
+struct Snapshot {
     values: HashMap<String, Entry>,
 }
 
@@ -25,33 +25,22 @@ struct Entry {
     layer_values: Vec<String>,
 }
 
-impl crate::route::matcher::Runtime for Snapshot {
+impl crate::route::matcher::Runtime for LiveRuntime {
     /// Envoy's `featureEnabled`: the key's fractional percent, else its integer as a percent
     /// (over 100: always), else `default`.
     fn feature_enabled(&self, key: &str, default: FractionalPercent, random_value: u64) -> bool {
-        let value = (!key.is_empty())
-            .then(|| self.values.get(key))
-            .flatten()
-            .map(|e| &e.value);
-        let percent = match value {
-            Some(RuntimeValue {
+        self.value(key, |v| match v {
+            RuntimeValue {
                 fraction: Some(f), ..
-            }) => *f,
-            Some(RuntimeValue { uint: Some(n), .. }) if *n > 100 => return true,
-            Some(RuntimeValue { uint: Some(n), .. }) => FractionalPercent {
-                numerator: *n as u32,
+            } => Some(*f),
+            RuntimeValue { uint: Some(n), .. } => Some(FractionalPercent {
+                numerator: (*n).min(100) as u32,
                 denominator: 100,
-            },
-            _ => default,
-        };
-        percent.enabled(random_value)
-    }
-}
-
-impl Snapshot {
-    /// Envoy's `getInteger`: the key's non-negative integer (a number truncated), if any.
-    pub fn integer(&self, key: &str) -> Option<u64> {
-        self.values.get(key)?.value.uint
+            }),
+            _ => None,
+        })
+        .unwrap_or(default)
+        .enabled(random_value)
     }
 }
 
@@ -117,23 +106,24 @@ impl LiveRuntime {
         live
     }
 
-    /// The snapshot, when it holds any value (`None`: every key has its default, and a
-    /// request pays nothing for the runtime).
-    pub fn snapshot(&self) -> Option<Arc<Snapshot>> {
-        self.any
-            .load(Ordering::Relaxed)
-            .then(|| self.current.load_full())
+    /// The current snapshot's value at `key`, read without taking a reference on the
+    /// snapshot (nothing is loaded when the runtime is empty).
+    fn value<T>(&self, key: &str, read: impl FnOnce(&RuntimeValue) -> Option<T>) -> Option<T> {
+        if key.is_empty() || !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        read(&self.current.load().values.get(key)?.value)
     }
 
     /// Whether `flag` is on: the runtime's boolean at its key (Envoy's `getBoolean`), else
-    /// its default. Nothing is loaded for an unset flag or an empty runtime.
+    /// its default.
     pub fn flag(&self, flag: &RuntimeFlag) -> bool {
-        if flag.key.is_empty() {
-            return flag.default;
-        }
-        self.snapshot()
-            .and_then(|s| s.values.get(&flag.key)?.value.boolean)
-            .unwrap_or(flag.default)
+        self.value(&flag.key, |v| v.boolean).unwrap_or(flag.default)
+    }
+
+    /// Envoy's `getInteger`: the key's non-negative integer (a number truncated), if any.
+    pub fn integer(&self, key: &str) -> Option<u64> {
+        self.value(key, |v| v.uint)
     }
 
     /// `/runtime_modify`: sets (or, with an empty value, removes) admin-layer overrides and
@@ -224,7 +214,7 @@ mod tests {
         let rt = live(
             "layered_runtime: {layers: [{name: s, static_layer: {k: 0}}, {name: a, admin_layer: {}}]}",
         );
-        let enabled = |rt: &LiveRuntime, r| rt.snapshot().unwrap().feature_enabled("k", HALF, r);
+        let enabled = |rt: &LiveRuntime, r| rt.feature_enabled("k", HALF, r);
         assert!(!enabled(&rt, 10));
         rt.modify(&[("k".into(), "100".into())]).unwrap();
         assert!(enabled(&rt, 99));
@@ -243,7 +233,7 @@ mod tests {
         let rt = live(
             "layered_runtime: {layers: [{name: s, static_layer: {big: 500, f: {numerator: 1, denominator: TEN_THOUSAND}, t: hello}}]}",
         );
-        let s = rt.snapshot().unwrap();
+        let s = &rt;
         assert!(s.feature_enabled("big", HALF, 99));
         assert!(s.feature_enabled("f", HALF, 10_000));
         assert!(!s.feature_enabled("f", HALF, 1));
@@ -255,6 +245,7 @@ mod tests {
     fn without_an_admin_layer_nothing_is_modified() {
         let rt = live("layered_runtime: {layers: [{name: s, static_layer: {}}]}");
         assert!(rt.modify(&[("k".into(), "1".into())]).is_err());
-        assert!(rt.snapshot().is_none());
+        assert!(rt.feature_enabled("k", HALF, 10), "k: its default");
+        assert_eq!(rt.integer("k"), None);
     }
 }

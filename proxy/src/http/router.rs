@@ -369,10 +369,7 @@ async fn route_and_forward(
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"https"));
     let random_value: u64 = rand::random();
     // Route `runtime_fraction`s read the runtime as it is when the request is routed.
-    let runtime = ctx.shared.runtime.snapshot();
-    let runtime = runtime
-        .as_deref()
-        .map(|s| s as &dyn crate::route::matcher::Runtime);
+    let runtime = Some(&*ctx.shared.runtime as &dyn crate::route::matcher::Runtime);
     let method = req.method().clone();
     // Routing reads the request headers while the forward path rewrites them: they are moved
     // out for routing and put back before the rewrite (no copy unless a mirror or response

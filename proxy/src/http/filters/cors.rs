@@ -14,7 +14,7 @@ use super::{Encoder, Encoders, FilterRequest, sampled};
 use crate::body::{self, Body};
 use crate::config::http_filter::cors::CorsPolicy;
 use crate::route::Action;
-use crate::runtime::Snapshot;
+use crate::runtime::LiveRuntime;
 use crate::stats::{Counter, Store};
 
 static REQUEST_METHOD: HeaderName = HeaderName::from_static("access-control-request-method");
@@ -77,9 +77,9 @@ impl Cors {
             policies.extend(route.legacy_cors::<CorsPolicy>());
         }
         let policies = Policies(policies);
-        let runtime = req.conn.shared.runtime.snapshot();
-        let enabled = policies.enabled(runtime.as_deref());
-        if !enabled && !policies.shadow_enabled(runtime.as_deref()) {
+        let runtime = &req.conn.shared.runtime;
+        let enabled = policies.enabled(runtime);
+        if !enabled && !policies.shadow_enabled(runtime) {
             return None;
         }
         let origin = req
@@ -203,7 +203,7 @@ impl Policies<'_> {
     }
 
     /// The most specific policy's `filter_enabled` (enabled when unset).
-    fn enabled(&self, runtime: Option<&Snapshot>) -> bool {
+    fn enabled(&self, runtime: &LiveRuntime) -> bool {
         self.0.first().is_some_and(|p| {
             p.filter_enabled
                 .as_ref()
@@ -212,7 +212,7 @@ impl Policies<'_> {
     }
 
     /// The most specific policy's `shadow_enabled` (off when unset).
-    fn shadow_enabled(&self, runtime: Option<&Snapshot>) -> bool {
+    fn shadow_enabled(&self, runtime: &LiveRuntime) -> bool {
         self.0.first().is_some_and(|p| {
             p.shadow_enabled
                 .as_ref()

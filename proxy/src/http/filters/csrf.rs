@@ -42,8 +42,7 @@ impl Csrf {
         route_policy: Option<&CsrfConfig>,
     ) -> Option<Response<Body>> {
         let policy = route_policy.unwrap_or(&self.config);
-        let runtime = req.conn.shared.runtime.snapshot();
-        let runtime = runtime.as_deref();
+        let runtime = &req.conn.shared.runtime;
         let enabled = sampled(runtime, &policy.filter_enabled);
         let shadow = policy
             .shadow_enabled

@@ -11,7 +11,7 @@ use crate::body::Body;
 use crate::config::http_filter::fault::{AbortError, DelaySource, FaultConfig, FaultKeys};
 use crate::http::local_reply::{local_reply, local_reply_with_grpc_status};
 use crate::route::matcher::{FractionalPercent, Runtime};
-use crate::runtime::Snapshot;
+use crate::runtime::LiveRuntime;
 use crate::stats::keyed::Keyed;
 use crate::stats::{Counter, Gauge, Store};
 
@@ -92,8 +92,7 @@ impl Fault {
         if !applies(config, req) {
             return None;
         }
-        let runtime = req.conn.shared.runtime.snapshot();
-        let rt = Overrides(runtime.as_deref(), &config.keys);
+        let rt = Overrides(&req.conn.shared.runtime, &config.keys);
         let downstream_cluster = req
             .headers
             .get(&DOWNSTREAM_CLUSTER)
@@ -198,23 +197,18 @@ fn applies(config: &FaultConfig, req: &FilterRequest<'_>) -> bool {
     config.headers.iter().all(|h| h.matches(&route_req))
 }
 
-/// The runtime as the fault filter reads it (its snapshot, when it has values) and the keys
-/// of the request's fault settings.
-struct Overrides<'a>(Option<&'a Snapshot>, &'a FaultKeys);
+/// The runtime and the keys of the request's fault settings.
+struct Overrides<'a>(&'a LiveRuntime, &'a FaultKeys);
 
 impl Overrides<'_> {
     /// Envoy's `getInteger(key, default)`, without the default.
     fn integer(&self, key: &str) -> Option<u64> {
-        self.0?.integer(key)
+        self.0.integer(key)
     }
 
     /// Envoy's `featureEnabled(key, percentage)`: the key's value, else `percentage`.
     fn sampled(&self, key: &str, percentage: FractionalPercent) -> bool {
-        let random = rand::random();
-        match self.0 {
-            Some(s) => s.feature_enabled(key, percentage, random),
-            None => percentage.enabled(random),
-        }
+        self.0.feature_enabled(key, percentage, rand::random())
     }
 }
 

@@ -89,8 +89,8 @@ impl LocalRateLimit {
         } else {
             &config.limiter
         };
-        let runtime = req.conn.shared.runtime.snapshot();
-        let sampled = |f: &RuntimeFraction| super::sampled(runtime.as_deref(), f);
+        let runtime = &req.conn.shared.runtime;
+        let sampled = |f: &RuntimeFraction| super::sampled(runtime, f);
         let decision = decide(config, limiter, stats, sampled, || {
             req.rate_limit_descriptors(&source)
         })?;

@@ -535,18 +535,13 @@ fn header_to_metadata_config(
 }
 
 /// Whether a filter's runtime fraction admits this request, as Envoy's `featureEnabled`
-/// decides: the runtime's value for its key (`runtime`: the request's snapshot, when the
-/// runtime has values), else its default.
+/// decides: the runtime's value for its key, else its default.
 fn sampled(
-    runtime: Option<&crate::runtime::Snapshot>,
+    runtime: &crate::runtime::LiveRuntime,
     f: &crate::route::matcher::RuntimeFraction,
 ) -> bool {
     use crate::route::matcher::Runtime;
-    let random = rand::random();
-    match runtime {
-        Some(s) => s.feature_enabled(&f.key, f.default, random),
-        None => f.default.enabled(random),
-    }
+    runtime.feature_enabled(&f.key, f.default, rand::random())
 }
 
 impl Encoders {
