@@ -88,7 +88,14 @@ pub fn exchange(port: u16, raw: &str, kept: &[&str]) -> String {
         .filter_map(|l| {
             let (name, value) = l.split_once(':')?;
             let name = name.to_ascii_lowercase();
-            (name != "x-envoy-upstream-service-time" && kept.iter().any(|k| name.starts_with(k)))
+            // A duration: whether it is there is compared, not its value.
+            let value = if name == "x-envoy-upstream-service-time" {
+                " <present>"
+            } else {
+                value
+            };
+            kept.iter()
+                .any(|k| name.starts_with(k))
                 .then(|| format!("{name}:{value}"))
         })
         .collect();

@@ -88,7 +88,15 @@ pub(super) async fn check(
         ..LbContext::default()
     };
     let exchange = async {
-        let resp = cluster.request(req, &lb).await.ok()?;
+        let sent = std::time::Instant::now();
+        let mut resp = cluster.request(req, &lb).await.ok()?;
+        // The router of Envoy's HTTP client adds its upstream service time to the service's
+        // response, and a denial hands the response's headers to the client.
+        let service_time = sent.elapsed().as_millis() as u64;
+        resp.headers_mut().insert(
+            &crate::http::router::UPSTREAM_SERVICE_TIME,
+            http::HeaderValue::from(service_time),
+        );
         let (head, body) = resp.into_parts();
         let body = body.collect().await.ok()?.to_bytes();
         Some((head, body))
