@@ -1,6 +1,7 @@
 //! The runtime as the data path reads it: the bootstrap's layers (`config::runtime`) merged
 //! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer, as Envoy's
-//! loader does. Route `runtime_fraction` matchers read it per request; `/runtime` lists it.
+//! loader does. Route `runtime_fraction` matchers, the fault filter's keys, the filters'
+//! fractions and feature flags read it per request or connection; `/runtime` lists it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
