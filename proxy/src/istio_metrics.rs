@@ -31,104 +31,93 @@ pub struct Ends<'a> {
 }
 
 /// `v`, or `default` when empty.
-fn or(v: &str, default: &str) -> String {
-    if v.is_empty() { default } else { v }.to_owned()
+fn or<'v>(v: &'v str, default: &'v str) -> &'v str {
+    if v.is_empty() { default } else { v }
 }
 
 impl Ends<'_> {
-    /// The reporter and the source and destination labels.
+    /// The reporter and the source and destination labels, owned.
     pub fn labels(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::with_capacity(20);
+        self.visit(&mut |name, value| out.push((name, value.to_owned())));
+        out
+    }
+
+    /// Hands `f` the reporter and the source and destination labels (name, value), in
+    /// Istio's order, without making them.
+    pub fn visit(&self, f: &mut dyn FnMut(&'static str, &str)) {
         let local = self.local;
         let none = Workload::default();
         let p = self.peer.unwrap_or(&none);
-        let peer_namespace = namespace_of(self.peer_san)
-            .map(str::to_owned)
-            .unwrap_or_else(|| p.namespace.clone());
-        let mut out = vec![(
+        let peer_namespace = namespace_of(self.peer_san).unwrap_or(&p.namespace);
+        f(
             "reporter",
-            if self.server { "destination" } else { "source" }.to_owned(),
-        )];
+            if self.server { "destination" } else { "source" },
+        );
         if self.server {
-            out.extend([
-                ("source_workload", or(&p.workload, UNKNOWN)),
-                ("source_canonical_service", or(&p.canonical_name, UNKNOWN)),
-                (
-                    "source_canonical_revision",
-                    or(&p.canonical_revision, "latest"),
-                ),
-                ("source_workload_namespace", or(&peer_namespace, UNKNOWN)),
-                ("source_principal", or(self.peer_san, UNKNOWN)),
-                ("source_app", or(&p.app, UNKNOWN)),
-                ("source_version", or(&p.version, UNKNOWN)),
-                ("source_cluster", or(&p.cluster, UNKNOWN)),
-                ("destination_workload", local.workload.clone()),
-                ("destination_workload_namespace", local.namespace.clone()),
-                ("destination_principal", or(self.local_san, UNKNOWN)),
-                ("destination_app", local.app.clone()),
-                ("destination_version", local.version.clone()),
-                (
-                    "destination_service",
-                    or(self.service_host, &local.canonical_name),
-                ),
-                (
-                    "destination_canonical_service",
-                    local.canonical_name.clone(),
-                ),
-                (
-                    "destination_canonical_revision",
-                    local.canonical_revision.clone(),
-                ),
-                (
-                    "destination_service_name",
-                    or(self.service_name, &local.canonical_name),
-                ),
-                ("destination_service_namespace", local.namespace.clone()),
-                ("destination_cluster", local.cluster.clone()),
-            ]);
+            f("source_workload", or(&p.workload, UNKNOWN));
+            f("source_canonical_service", or(&p.canonical_name, UNKNOWN));
+            f(
+                "source_canonical_revision",
+                or(&p.canonical_revision, "latest"),
+            );
+            f("source_workload_namespace", or(peer_namespace, UNKNOWN));
+            f("source_principal", or(self.peer_san, UNKNOWN));
+            f("source_app", or(&p.app, UNKNOWN));
+            f("source_version", or(&p.version, UNKNOWN));
+            f("source_cluster", or(&p.cluster, UNKNOWN));
+            f("destination_workload", &local.workload);
+            f("destination_workload_namespace", &local.namespace);
+            f("destination_principal", or(self.local_san, UNKNOWN));
+            f("destination_app", &local.app);
+            f("destination_version", &local.version);
+            f(
+                "destination_service",
+                or(self.service_host, &local.canonical_name),
+            );
+            f("destination_canonical_service", &local.canonical_name);
+            f("destination_canonical_revision", &local.canonical_revision);
+            f(
+                "destination_service_name",
+                or(self.service_name, &local.canonical_name),
+            );
+            f("destination_service_namespace", &local.namespace);
+            f("destination_cluster", &local.cluster);
         } else {
-            out.extend([
-                ("source_workload", local.workload.clone()),
-                ("source_canonical_service", local.canonical_name.clone()),
-                (
-                    "source_canonical_revision",
-                    local.canonical_revision.clone(),
-                ),
-                ("source_workload_namespace", local.namespace.clone()),
-                ("source_principal", or(self.local_san, UNKNOWN)),
-                ("source_app", local.app.clone()),
-                ("source_version", local.version.clone()),
-                ("source_cluster", local.cluster.clone()),
-                ("destination_workload", or(&p.workload, UNKNOWN)),
-                (
-                    "destination_workload_namespace",
-                    or(&peer_namespace, UNKNOWN),
-                ),
-                ("destination_principal", or(self.peer_san, UNKNOWN)),
-                ("destination_app", or(&p.app, UNKNOWN)),
-                ("destination_version", or(&p.version, UNKNOWN)),
-                ("destination_service", or(self.service_host, UNKNOWN)),
-                (
-                    "destination_canonical_service",
-                    or(&p.canonical_name, UNKNOWN),
-                ),
-                (
-                    "destination_canonical_revision",
-                    or(&p.canonical_revision, "latest"),
-                ),
-                ("destination_service_name", or(self.service_name, UNKNOWN)),
-                (
-                    "destination_service_namespace",
-                    or(&peer_namespace, UNKNOWN),
-                ),
-                ("destination_cluster", or(&p.cluster, UNKNOWN)),
-            ]);
+            f("source_workload", &local.workload);
+            f("source_canonical_service", &local.canonical_name);
+            f("source_canonical_revision", &local.canonical_revision);
+            f("source_workload_namespace", &local.namespace);
+            f("source_principal", or(self.local_san, UNKNOWN));
+            f("source_app", &local.app);
+            f("source_version", &local.version);
+            f("source_cluster", &local.cluster);
+            f("destination_workload", or(&p.workload, UNKNOWN));
+            f(
+                "destination_workload_namespace",
+                or(peer_namespace, UNKNOWN),
+            );
+            f("destination_principal", or(self.peer_san, UNKNOWN));
+            f("destination_app", or(&p.app, UNKNOWN));
+            f("destination_version", or(&p.version, UNKNOWN));
+            f("destination_service", or(self.service_host, UNKNOWN));
+            f(
+                "destination_canonical_service",
+                or(&p.canonical_name, UNKNOWN),
+            );
+            f(
+                "destination_canonical_revision",
+                or(&p.canonical_revision, "latest"),
+            );
+            f("destination_service_name", or(self.service_name, UNKNOWN));
+            f("destination_service_namespace", or(peer_namespace, UNKNOWN));
+            f("destination_cluster", or(&p.cluster, UNKNOWN));
         }
-        out
     }
 
     /// `connection_security_policy`: a server knows whether both sides presented
     /// certificates; a client reports `unknown`.
-    pub fn security_policy(&self) -> String {
+    pub fn security_policy(&self) -> &'static str {
         if !self.server {
             UNKNOWN
         } else if !self.peer_san.is_empty() && !self.local_san.is_empty() {
@@ -136,7 +125,6 @@ impl Ends<'_> {
         } else {
             "none"
         }
-        .to_owned()
     }
 }
 
@@ -233,26 +221,34 @@ pub struct HttpMetrics {
     histograms: [Option<Histogram>; 3],
 }
 
+/// Hands a visitor a metric's labels (name, value), always the same names in the same order.
+pub type VisitLabels<'a> = dyn Fn(&mut dyn FnMut(&'static str, &str)) + 'a;
+
 /// Counts a request in `istio_requests_total` and records `values` (duration, request bytes,
-/// response bytes) in the three histograms, all with `labels`; a label set's handles are made
-/// once and kept in `cache`, so a request neither names nor looks up its metrics again.
+/// response bytes) in the three histograms, all with the labels `labels` visits; a label
+/// set's handles are made once and kept in `cache`, so a request neither names nor looks up
+/// its metrics again, and makes only its key.
 pub fn record_http(
     cache: &Keyed<HttpMetrics>,
     store: &Store,
     config: &IstioStatsConfig,
-    labels: &[(&'static str, String)],
+    labels: &VisitLabels<'_>,
     values: [u64; 3],
 ) {
     // The label names come in a fixed order: their values alone tell label sets apart.
-    let key = labels
-        .iter()
-        .map(|(_, v)| v.as_str())
-        .collect::<Vec<_>>()
-        .join("\u{0}");
-    let metrics = cache.get(&key, || HttpMetrics {
-        requests: kept(config, 0, labels).map(|t| store.tagged_counter(&name(0), &t)),
-        histograms: [1, 2, 3]
-            .map(|i| kept(config, i, labels).map(|t| store.tagged_histogram(&name(i), &t))),
+    let mut key = String::with_capacity(512);
+    labels(&mut |_, value| {
+        key.push_str(value);
+        key.push('\0');
+    });
+    let metrics = cache.get(&key, || {
+        let mut owned = Vec::with_capacity(24);
+        labels(&mut |name, value| owned.push((name, value.to_owned())));
+        HttpMetrics {
+            requests: kept(config, 0, &owned).map(|t| store.tagged_counter(&name(0), &t)),
+            histograms: [1, 2, 3]
+                .map(|i| kept(config, i, &owned).map(|t| store.tagged_histogram(&name(i), &t))),
+        }
     });
     if let Some(requests) = &metrics.requests {
         requests.inc();
@@ -294,6 +290,7 @@ mod tests {
             service_name: "",
         };
         let labels = ends.labels();
+        assert_eq!(labels.len(), 20);
         assert_eq!(labels[0], ("reporter", "destination".to_owned()));
         assert_eq!(
             labels[3],

@@ -82,7 +82,7 @@ pub struct ClusterConfig {
     pub added_via_api: bool,
     /// Its `istio` filter metadata as Istio's filters read it (the destination service,
     /// whether metadata exchange skips it).
-    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
+    pub istio: Option<std::sync::Arc<crate::config::istio::IstioCluster>>,
     /// Its `envoy.filters.network.upstream.metadata_exchange` filter (`filters`).
     pub metadata_exchange: Option<Arc<crate::config::istio::metadata_exchange::TcpExchange>>,
     /// The original proto, for `/config_dump` and change detection.
@@ -633,7 +633,7 @@ pub fn compile_cluster(
             .metadata
             .as_ref()
             .and_then(|m| m.filter_metadata.get("istio"))
-            .map(|m| Box::new(crate::config::istio::IstioCluster::from_metadata(m))),
+            .map(|m| std::sync::Arc::new(crate::config::istio::IstioCluster::from_metadata(m))),
         metadata_exchange: upstream_exchange(c)?,
         proto: proto::Encoded::new(c),
     })

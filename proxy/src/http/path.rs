@@ -115,6 +115,14 @@ fn merge_slashes(path: &str) -> String {
     out
 }
 
+/// Whether no rule can change `path` (nothing escaped, no backslash, no dot segment, no
+/// double slash), as most paths are: they are routed as they came, without a copy.
+fn untouched(path: &str) -> bool {
+    !path.bytes().any(|b| b == b'%' || b == b'\\')
+        && !path.contains("//")
+        && !path.split('/').any(|s| s == "." || s == "..")
+}
+
 /// Applies the connection manager's path rules to `path_and_query`.
 pub fn normalize(cfg: &HcmConfig, path_and_query: &str) -> PathVerdict {
     if !cfg.normalize_path && !cfg.merge_slashes && cfg.escaped_slashes == EscapedSlashes::Keep {
@@ -124,7 +132,7 @@ pub fn normalize(cfg: &HcmConfig, path_and_query: &str) -> PathVerdict {
         Some(i) => path_and_query.split_at(i),
         None => (path_and_query, ""),
     };
-    if !path.starts_with('/') {
+    if !path.starts_with('/') || untouched(path) {
         return PathVerdict::Continue(None);
     }
     let mut current = path.to_owned();
@@ -161,6 +169,16 @@ pub fn normalize(cfg: &HcmConfig, path_and_query: &str) -> PathVerdict {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_paths_no_rule_changes_are_untouched() {
+        for path in ["/", "/a/b.c/d", "/a/.hidden/..x", "/a/b/"] {
+            assert!(untouched(path), "{path}");
+        }
+        for path in ["/a/./b", "/a/..", "/.", "/a//b", "/a%41", "/a\\b"] {
+            assert!(!untouched(path), "{path}");
+        }
+    }
 
     #[test]
     fn dot_segments_per_rfc3986() {

@@ -147,11 +147,12 @@ mod tests {
     fn local() -> LocalWorkload {
         LocalWorkload {
             id: "client".into(),
+            id_header: None,
             workload: Workload {
                 workload: "productpage-v1".into(),
                 ..Default::default()
             },
-            header: String::new(),
+            header: http::HeaderValue::from_static(""),
         }
     }
 

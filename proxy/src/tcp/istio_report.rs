@@ -148,7 +148,10 @@ impl<'a> IstioTcpReport<'a> {
         labels.extend([
             ("request_protocol", "tcp".to_owned()),
             ("response_flags", flags.render(false)),
-            ("connection_security_policy", ends.security_policy()),
+            (
+                "connection_security_policy",
+                ends.security_policy().to_owned(),
+            ),
         ]);
         self.labels = Some(labels);
         self.add(OPENED, 1);

@@ -622,7 +622,7 @@ fn record_istio_unconnected(
 struct TunnelTarget(
     Option<(
         String,
-        Option<Box<crate::config::istio::IstioCluster>>,
+        Option<std::sync::Arc<crate::config::istio::IstioCluster>>,
         String,
     )>,
 );

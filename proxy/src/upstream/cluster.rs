@@ -44,7 +44,7 @@ pub struct UpstreamConnection {
     /// The cluster's name.
     pub cluster: String,
     /// The cluster's `istio` metadata.
-    pub istio: Option<Box<crate::config::istio::IstioCluster>>,
+    pub istio: Option<std::sync::Arc<crate::config::istio::IstioCluster>>,
 }
 
 /// A cluster: configuration, hosts and per-cluster state that survives config updates that

@@ -14,14 +14,27 @@ const VERSION: &str = "version";
 
 /// This proxy as Istio's filters describe it: the node's id and workload, and the
 /// `x-envoy-peer-metadata` value it sends (base64 of the exchanged Struct).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct LocalWorkload {
     /// `node.id` (`x-envoy-peer-metadata-id`).
     pub id: String,
+    /// The id as the header value sent, when it can be one.
+    pub id_header: Option<http::HeaderValue>,
     /// The workload of `node.metadata`.
     pub workload: Workload,
     /// `x-envoy-peer-metadata`.
-    pub header: String,
+    pub header: http::HeaderValue,
+}
+
+impl Default for LocalWorkload {
+    fn default() -> Self {
+        LocalWorkload {
+            id: String::new(),
+            id_header: None,
+            workload: Workload::default(),
+            header: http::HeaderValue::from_static(""),
+        }
+    }
 }
 
 impl LocalWorkload {
@@ -36,8 +49,9 @@ impl LocalWorkload {
         let header = base64::engine::general_purpose::STANDARD.encode(workload.to_struct_bytes());
         LocalWorkload {
             id: node.id.clone(),
+            id_header: http::HeaderValue::from_str(&node.id).ok(),
             workload,
-            header,
+            header: http::HeaderValue::from_str(&header).expect("base64 is a header value"),
         }
     }
 }
@@ -292,8 +306,9 @@ mod tests {
     fn an_exchange_frame_carries_the_workload_after_its_header() {
         let local = LocalWorkload {
             id: "sidecar~10.0.0.1~a.b~b.svc.cluster.local".into(),
+            id_header: None,
             workload: Workload::from_struct(&node()),
-            header: String::new(),
+            header: http::HeaderValue::from_static(""),
         };
         let frame = exchange_frame(&local);
         assert_eq!(frame[..4], 0x3D23_0467u32.to_be_bytes());

@@ -9,14 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Response, header};
+use http::{HeaderMap, HeaderName, Response, header};
 
 use super::grpc_stats::MessageCounts;
+use super::peer_cache::PeerCache;
 use super::{Encoder, Encoders, FilterRequest};
 use http_body_util::BodyExt;
 
 use crate::access_log::record::Settled;
-use crate::access_log::{AtTunnelEnd, AttemptTarget, Flags, FlagsOut, Record};
+use crate::access_log::{AtTunnelEnd, AttemptTarget, FlagsOut, Record};
 use crate::body::Body;
 use crate::config::istio::peer_metadata::{Discovery, PeerMetadataConfig, Propagation};
 use crate::config::istio::stats::IstioStatsConfig;
@@ -39,9 +40,9 @@ pub static PEER_METADATA: HeaderName = HeaderName::from_static("x-envoy-peer-met
 #[derive(Debug, Default)]
 pub struct Peers {
     /// The downstream peer, from the request.
-    downstream: OnceLock<Workload>,
+    downstream: OnceLock<Arc<Workload>>,
     /// The upstream peer, from the response.
-    upstream: OnceLock<Workload>,
+    upstream: OnceLock<Arc<Workload>>,
     /// Whether the request carried `x-envoy-peer-metadata-id` / `x-envoy-peer-metadata`
     /// (this proxy answers with its own only then).
     received_id: AtomicBool,
@@ -56,32 +57,44 @@ impl FilterRequest<'_> {
 
     /// The name of the cluster the chosen route sends to, when the route names it (or a
     /// header does).
-    fn route_cluster(&self) -> Option<String> {
+    fn route_cluster(&self) -> Option<&str> {
         cluster_of(self.route?, self.headers)
     }
 }
 
 /// The cluster `route` forwards to: its name, or the header naming it.
-fn cluster_of(route: Selected<'_>, headers: &HeaderMap) -> Option<String> {
+fn cluster_of<'r>(route: Selected<'r>, headers: &'r HeaderMap) -> Option<&'r str> {
     let Action::Forward(fwd) = &route.route.action else {
         return None;
     };
     match &fwd.cluster {
-        ClusterSpecifier::Name(n) => Some(n.clone()),
-        ClusterSpecifier::Header(h) => headers.get(h)?.to_str().ok().map(str::to_owned),
+        ClusterSpecifier::Name(n) => Some(n),
+        ClusterSpecifier::Header(h) => headers.get(h)?.to_str().ok(),
         ClusterSpecifier::Weighted(_) => None,
     }
 }
 
 /// `istio.metadata_exchange`.
 #[derive(Debug)]
-pub(super) struct PeerMetadata(pub(super) Arc<PeerMetadataConfig>);
+pub(super) struct PeerMetadata {
+    config: Arc<PeerMetadataConfig>,
+    /// The peers its requests and responses described, decoded.
+    known: Arc<PeerCache>,
+}
 
 impl PeerMetadata {
+    /// The filter for `config`.
+    pub(super) fn new(config: &Arc<PeerMetadataConfig>) -> Self {
+        PeerMetadata {
+            config: config.clone(),
+            known: Arc::default(),
+        }
+    }
+
     /// Discovers the downstream peer (removing its headers) and sends this proxy's metadata
     /// upstream; leaves an encoder for the response's side of both.
     pub(super) fn decode(&self, req: &mut FilterRequest<'_>, encoders: &mut Encoders) {
-        let config = &self.0;
+        let config = &self.config;
         let peers = req.peers();
         let local = req.conn.shared.local_workload.clone();
         if !config.downstream_discovery.is_empty() {
@@ -91,7 +104,12 @@ impl PeerMetadata {
             peers
                 .received_metadata
                 .store(req.headers.contains_key(&PEER_METADATA), Ordering::Relaxed);
-            discover(&config.downstream_discovery, req.headers, &peers.downstream);
+            discover(
+                &config.downstream_discovery,
+                req.headers,
+                &self.known,
+                &peers.downstream,
+            );
         }
         let skip = skips_exchange(req);
         if let Some(p) = config.upstream_propagation
@@ -104,6 +122,7 @@ impl PeerMetadata {
                 .0
                 .push(Encoder::PeerMetadata(Box::new(PeerResponse {
                     config: config.clone(),
+                    known: self.known.clone(),
                     peers,
                     local,
                     skip_external: skip.external,
@@ -127,7 +146,7 @@ fn skips_exchange(req: &FilterRequest<'_>) -> Skip {
             disabled: false,
         };
     };
-    let cluster = req.conn.shared.clusters.get(&name);
+    let cluster = req.conn.shared.clusters.get(name);
     let istio = cluster.as_ref().and_then(|c| c.config().istio.clone());
     Skip {
         external: name == "PassthroughCluster" || istio.as_ref().is_some_and(|i| i.external),
@@ -137,12 +156,17 @@ fn skips_exchange(req: &FilterRequest<'_>) -> Skip {
 
 /// Runs `methods` in order on `headers` until one finds the peer (into `peer`); the
 /// exchange's headers are removed when one of the methods reads them.
-fn discover(methods: &[Discovery], headers: &mut HeaderMap, peer: &OnceLock<Workload>) {
+fn discover(
+    methods: &[Discovery],
+    headers: &mut HeaderMap,
+    known: &PeerCache,
+    peer: &OnceLock<Arc<Workload>>,
+) {
     for m in methods {
         if *m == Discovery::IstioHeaders
             && let Some(found) = headers
                 .get(&PEER_METADATA)
-                .and_then(|v| Workload::from_header(v.as_bytes()))
+                .and_then(|v| known.workload(v.as_bytes()))
         {
             let _ = peer.set(found);
             break;
@@ -156,11 +180,11 @@ fn discover(methods: &[Discovery], headers: &mut HeaderMap, peer: &OnceLock<Work
 
 /// Sets this proxy's exchange headers (the id and the metadata, each when asked).
 fn inject(local: &LocalWorkload, headers: &mut HeaderMap, id: bool, metadata: bool) {
-    if id && let Ok(v) = HeaderValue::from_str(&local.id) {
-        headers.insert(PEER_ID.clone(), v);
+    if id && let Some(v) = &local.id_header {
+        headers.insert(PEER_ID.clone(), v.clone());
     }
-    if metadata && let Ok(v) = HeaderValue::from_str(&local.header) {
-        headers.insert(PEER_METADATA.clone(), v);
+    if metadata {
+        headers.insert(PEER_METADATA.clone(), local.header.clone());
     }
 }
 
@@ -168,6 +192,7 @@ fn inject(local: &LocalWorkload, headers: &mut HeaderMap, id: bool, metadata: bo
 #[derive(Debug)]
 pub(super) struct PeerResponse {
     config: Arc<PeerMetadataConfig>,
+    known: Arc<PeerCache>,
     peers: Arc<Peers>,
     local: Arc<LocalWorkload>,
     skip_external: bool,
@@ -181,6 +206,7 @@ impl PeerResponse {
         discover(
             &self.config.upstream_discovery,
             resp.headers_mut(),
+            &self.known,
             &self.peers.upstream,
         );
         if let Some(Propagation {
@@ -232,7 +258,6 @@ impl IstioStats {
         };
         let cluster = req.route_cluster();
         let istio = cluster
-            .as_deref()
             .and_then(|c| req.conn.shared.clusters.get(c))
             .and_then(|c| c.config().istio.clone());
         let route_name = req.route.map(|r| r.route.name.as_str()).unwrap_or("");
@@ -244,7 +269,7 @@ impl IstioStats {
                 clusters: req.conn.shared.clusters.clone(),
             });
         let (service_host, service_name) =
-            metrics::destination_service(host, cluster.as_deref(), route_name, istio.as_deref());
+            metrics::destination_service(host, cluster, route_name, istio.as_deref());
         let (peer_san, local_san) = match &req.conn.down.tls {
             Some(tls) => (
                 tls.peer()
@@ -443,38 +468,6 @@ impl Observed {
         });
     }
 
-    /// The labels of Istio's request metrics, in the order Istio's stats filter adds them:
-    /// `ends` (the reporter's and the two ends', see [`Parties::ends`]) and then the request's
-    /// own. `flags`: the stream's final response flags, when known.
-    fn labels(&self, mut ends: Labels, flags: Option<&Flags>) -> Labels {
-        let answer = self.response.as_ref();
-        ends.extend([
-            (
-                "request_protocol",
-                if self.grpc { "grpc" } else { "http" }.to_owned(),
-            ),
-            ("response_code", answer.map_or(0, |a| a.code).to_string()),
-            (
-                "grpc_response_status",
-                if self.grpc {
-                    self.trailer_status
-                        .get()
-                        .cloned()
-                        .or_else(|| answer.and_then(|a| a.grpc_status.clone()))
-                        .unwrap_or_default()
-                } else {
-                    String::new()
-                },
-            ),
-            (
-                "response_flags",
-                flags.map_or_else(|| "-".to_owned(), |f| f.render(false)),
-            ),
-            ("connection_security_policy", self.parties.security_policy()),
-        ]);
-        ends
-    }
-
     /// Records the request in Istio's metrics; a gRPC call's messages too when a grpc_stats
     /// filter counted them (those not reported while it was open). `tunnel`: an upgrade's
     /// record, settled when its tunnel closed, whose flags, duration and bytes (the tunnel's
@@ -487,15 +480,39 @@ impl Observed {
         };
         // The ends as labelled at the first periodic report, else as known now (Istio's
         // stats filter labels a stream's ends once).
-        let (ends, mut reported) = match &self.ticker {
+        let (mut ends, mut reported) = match &self.ticker {
             Some(t) => t.stop(),
             None => (None, (0, 0)),
         };
-        let ends = ends.unwrap_or_else(|| self.parties.ends());
         if let Some(m) = &self.messages {
-            report_messages(m, &mut reported, &ends, &self.store, &self.config);
+            let ends = ends.get_or_insert_with(|| self.parties.ends());
+            report_messages(m, &mut reported, ends, &self.store, &self.config);
         }
-        let labels = self.labels(ends, flags);
+        let answer = self.response.as_ref();
+        let code = answer.map_or(0, |a| a.code).to_string();
+        let grpc_status = match self.grpc {
+            true => self
+                .trailer_status
+                .get()
+                .map(String::as_str)
+                .or_else(|| answer.and_then(|a| a.grpc_status.as_deref()))
+                .unwrap_or_default(),
+            false => "",
+        };
+        let flags = flags.map_or_else(|| "-".to_owned(), |f| f.render(false));
+        // The labels in the order Istio's stats filter adds them: the reporter's and the
+        // two ends' (see [`Parties::visit_ends`]), then the request's own.
+        let labels = |f: &mut dyn FnMut(&'static str, &str)| {
+            match &ends {
+                Some(ends) => ends.iter().for_each(|(name, value)| f(name, value)),
+                None => self.parties.visit_ends(f),
+            }
+            f("request_protocol", if self.grpc { "grpc" } else { "http" });
+            f("response_code", &code);
+            f("grpc_response_status", grpc_status);
+            f("response_flags", &flags);
+            f("connection_security_policy", self.parties.security_policy());
+        };
         // The stream's downstream wire bytes, as Istio's stats filter reads Envoy's bytes
         // meter (an upgrade's include its tunnel's).
         let wire = wire.unwrap_or_default();
@@ -533,15 +550,25 @@ impl Parties {
     /// for a client (Istio's `peerInfoRead`).
     fn peer(&self) -> Option<&Workload> {
         if self.server {
-            self.peers.downstream.get()
+            self.peers.downstream.get().map(|w| &**w)
         } else {
-            self.peers.upstream.get()
+            self.peers.upstream.get().map(|w| &**w)
         }
     }
 
     /// The reporter's and the two ends' labels, as known now: all that Istio's gRPC message
     /// counters carry, and the first of its request metrics' labels.
     fn ends(&self) -> Labels {
+        self.with_ends(|ends| ends.labels())
+    }
+
+    /// Hands `f` the labels [`Parties::ends`] makes, without making them.
+    fn visit_ends(&self, f: &mut dyn FnMut(&'static str, &str)) {
+        self.with_ends(|ends| ends.visit(f));
+    }
+
+    /// Runs `g` on the two ends as known now.
+    fn with_ends<R>(&self, g: impl FnOnce(&Ends<'_>) -> R) -> R {
         let upstream = self.upstream.as_ref().and_then(|t| t.sans());
         let picked = self
             .weighted
@@ -556,7 +583,7 @@ impl Parties {
             Some(sans) => (sans.peer.as_str(), sans.local.as_str()),
             None => (self.peer_san.as_str(), self.local_san.as_str()),
         };
-        Ends {
+        g(&Ends {
             server: self.server,
             local: &self.local.workload,
             peer: self.peer(),
@@ -564,13 +591,12 @@ impl Parties {
             local_san,
             service_host,
             service_name,
-        }
-        .labels()
+        })
     }
 
     /// `connection_security_policy`: a server's from its downstream's certificates, a
     /// client's `unknown`.
-    fn security_policy(&self) -> String {
+    fn security_policy(&self) -> &'static str {
         Ends {
             server: self.server,
             local: &self.local.workload,

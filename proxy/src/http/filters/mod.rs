@@ -47,6 +47,7 @@ mod istio;
 mod jwt_authn;
 mod local_ratelimit;
 mod lua;
+mod peer_cache;
 mod ratelimit;
 mod rbac;
 pub mod rls;
@@ -350,9 +351,7 @@ impl Chain {
                     }
                     FilterKind::HeaderToMetadata(c) => Kind::HeaderToMetadata(c.clone()),
                     FilterKind::IstioAlpn(c) => Kind::IstioAlpn(c.clone()),
-                    FilterKind::PeerMetadata(c) => {
-                        Kind::PeerMetadata(istio::PeerMetadata(c.clone()))
-                    }
+                    FilterKind::PeerMetadata(c) => Kind::PeerMetadata(istio::PeerMetadata::new(c)),
                     FilterKind::IstioStats(c) => Kind::IstioStats(istio::IstioStats::new(c, store)),
                 },
             })
