@@ -16,8 +16,8 @@
 //! - the idle timeout: an HTTP/1.1 connection drains, says `connection: close` on the response
 //!   to a request in the drain and stays open, its idle timer firing again after that request,
 //!   and closes a second after the drain ends (Envoy's delayed close); one that never sent a
-//!   byte closes at once; an HTTP/2 connection gets a GOAWAY (2^31-1) when it fires and its
-//!   final GOAWAY when the drain ends;
+//!   byte closes at once (also with the HTTP2 codec); an HTTP/2 connection gets a GOAWAY
+//!   (2^31-1) when it fires and its final GOAWAY when the drain ends;
 //! - the duration: the same drain from the connection's start, a response in progress then
 //!   saying `connection: close`; a response still in progress when the drain ends closes the
 //!   connection a second after it; on HTTP/2 a stream in progress finishes after the final
@@ -77,7 +77,7 @@ fn upstream() -> u16 {
 }
 
 /// The listeners, each with its connection manager's settings (one client each).
-const LISTENERS: [(&str, &str); 8] = [
+const LISTENERS: [(&str, &str); 9] = [
     (
         "h1_idle",
         "common_http_protocol_options: {idle_timeout: 1s}\ndrain_timeout: 2s",
@@ -109,6 +109,10 @@ const LISTENERS: [(&str, &str); 8] = [
     (
         "h2_requests",
         "codec_type: HTTP2\ncommon_http_protocol_options: {max_requests_per_connection: 2}\ndrain_timeout: 1s",
+    ),
+    (
+        "h2_silent",
+        "codec_type: HTTP2\ncommon_http_protocol_options: {idle_timeout: 1s}",
     ),
 ];
 
@@ -357,7 +361,7 @@ impl H2 {
 
 /// The clients, in [`LISTENERS`]' order: what each saw.
 fn clients(ports: &[u16]) -> Vec<Vec<String>> {
-    let run: [fn(u16) -> Vec<String>; 8] = [
+    let run: [fn(u16) -> Vec<String>; 9] = [
         |port| {
             // Idle from the first response: the drain starts at 1 s, a request in it is
             // answered with `connection: close` on a connection that stays open, whose idle
@@ -421,6 +425,9 @@ fn clients(ports: &[u16]) -> Vec<Vec<String>> {
             c.read(5, 5.0);
             c.until_closed(5.0)
         },
+        // Never a byte to an HTTP/2-only connection manager: closed when the idle timeout
+        // fires, without a GOAWAY.
+        |port| H1::connect(port).until_closed(4.0),
     ];
     let handles: Vec<_> = run
         .into_iter()
@@ -469,6 +476,7 @@ fn connection_limits_match_envoy() {
         "h1_idle: GET /in-drain: 200, connection: close",
         "h1_idle: closed at 4s",
         "h1_silent: closed at 1s",
+        "h2_silent: closed at 1s",
         "h1_busy: closed at 4s",
         "h1_requests: GET /second: 200, connection: close",
         "h2_idle: GOAWAY last=2147483647 code=0 at 1s",

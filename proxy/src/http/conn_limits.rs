@@ -291,6 +291,24 @@ impl Drop for StreamEnd {
     }
 }
 
+/// Completes when the idle timeout or the duration (counted then) closes `ctx`'s connection,
+/// which has sent nothing yet; never when neither is set.
+pub(super) async fn silent_until_closed(ctx: &ConnContext) {
+    let limits = &ctx.hcm.config.connection_limits;
+    let mut timer = LimitTimer::default();
+    loop {
+        timer.until(ctx.limits.next_deadline(limits, None)).await;
+        let now = Instant::now();
+        if ctx
+            .limits
+            .advance(limits, now, &ctx.hcm.stats, false)
+            .close_now
+        {
+            return;
+        }
+    }
+}
+
 /// The one timer a connection's limits need, kept across waits: it is reset only when the
 /// deadline it should fire at comes before the one it has; one that fires early (a later idle
 /// period moved the idle deadline on) is reset then. A connection served back to back thus

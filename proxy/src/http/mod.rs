@@ -306,14 +306,19 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Envoy's reaction to a connection that speaks the wrong protocol for the codec: an HTTP/2
 /// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
 /// HTTP/2-only connection is closed silently (after reading what arrived, so the close is
-/// clean). Returns whether the connection may be served.
+/// clean); one that sends nothing is closed by its limits. Returns whether the connection may
+/// be served.
 async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) -> bool {
     let stats = &ctx.hcm.stats;
     if codec == Codec::Auto {
         return true;
     }
     let mut buf = [0u8; 24];
-    let n = stream.peek(&mut buf).await.unwrap_or(0);
+    let n = tokio::select! {
+        n = stream.peek(&mut buf) => n.unwrap_or(0),
+        // The idle timeout or the duration closes a connection that sends nothing.
+        () = conn_limits::silent_until_closed(ctx) => return false,
+    };
     let head = &buf[..n];
     // Envoy makes the connection's codec, and counts it, when the first bytes arrive, even
     // when the codec then refuses them; HTTP/1 connections it serves count in `h1`.
