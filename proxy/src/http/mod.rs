@@ -399,9 +399,15 @@ pub fn serve_tls(
         ctx.hcm.stats.cx_http2_total.inc();
     }
     match codec {
-        Codec::Http2 => Either::Left(crate::spawn::boxed(|| {
+        Codec::Http2 => Either::Left(crate::spawn::boxed(|| async move {
+            // The idle timeout or the duration closes a connection that sends nothing.
+            let first_bytes = std::future::poll_fn(|cx| h1::Downstream::poll_readable(&stream, cx));
+            tokio::select! {
+                _ = first_bytes => {}
+                () = conn_limits::silent_until_closed(&ctx) => return,
+            }
             let io = envoy_errors::EnvoyErrors::new(stream).with_context(ctx.clone());
-            serve_io(io, ctx, codec, true)
+            serve_io(io, ctx, codec, true).await
         })),
         Codec::Http1 | Codec::Auto => Either::Right(h1::serve(stream, ctx, codec)),
     }
