@@ -105,6 +105,24 @@ pub struct ClientCertDetails {
     pub json: bool,
 }
 
+/// A downstream connection's limits (`common_http_protocol_options`), and how long the drain
+/// they start lasts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// `idle_timeout`: a connection without streams for this long starts draining (default
+    /// 1 h; `None` when 0).
+    pub idle_timeout: Option<Duration>,
+    /// `max_connection_duration`: a connection this old starts draining (`None`: unset or 0).
+    pub max_connection_duration: Option<Duration>,
+    /// `max_requests_per_connection`: the request that reaches it closes an HTTP/1
+    /// connection after its response and starts an HTTP/2 connection's drain (`None`: unset
+    /// or 0).
+    pub max_requests: Option<u32>,
+    /// `drain_timeout` (default 5 s): from the start of a drain to its end, when an HTTP/2
+    /// connection gets its final GOAWAY and any connection closes once its streams are done.
+    pub drain_timeout: Duration,
+}
+
 /// Where the route table comes from.
 #[derive(Debug, Clone)]
 pub enum Routes {
@@ -197,6 +215,8 @@ pub struct HcmConfig {
     pub max_stream_duration: Option<std::time::Duration>,
     /// `max_request_headers_kb` (default 60).
     pub max_request_headers_kb: u32,
+    /// The connection's own limits from `common_http_protocol_options` and `drain_timeout`.
+    pub connection_limits: ConnectionLimits,
     /// `tracing`: `None` when the connection manager does not trace.
     pub tracing: Option<Arc<super::tracing::HcmTracing>>,
     /// `request_id_extension`.
@@ -205,8 +225,8 @@ pub struct HcmConfig {
     pub local_reply: Option<Arc<super::local_reply::LocalReplyConfig>>,
 }
 
-/// Records the connection manager's settings that revoy does not act on (none of them has a
-/// security effect).
+/// Records the connection manager's settings that revoy does not act on, or not everywhere
+/// (none of them has a security effect).
 fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
     if let Some(t) = &hcm.tracing {
         super::tracing::skip_metadata_tags(&t.custom_tags, "tracing.custom_tags", warnings);
@@ -225,8 +245,15 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "per-request x-forwarded-client-cert rules are not implemented by revoy: the header is removed from every request, as SANITIZE does",
         );
     }
+    if hcm.drain_timeout.is_some() {
+        warnings.note(
+            "drain_timeout",
+            "it times the drains the connection's own limits start (common_http_protocol_options); \
+             an HTTP/2 connection the server's drain tells (/healthcheck/fail, /drain_listeners, a \
+             listener update) gets its final GOAWAY after a PING round trip instead",
+        );
+    }
     const NO_EFFECT: &str = "not implemented by revoy; it has no effect";
-    let common = hcm.common_http_protocol_options.as_ref();
     let skipped = [
         (
             hcm.add_user_agent.is_some_and(|b| b.value),
@@ -252,11 +279,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             hcm.stream_flush_timeout.is_some(),
             "stream_flush_timeout",
             NO_EFFECT,
-        ),
-        (
-            hcm.drain_timeout.is_some(),
-            "drain_timeout",
-            "a draining HTTP/2 connection is closed by revoy's own schedule",
         ),
         (
             hcm.drain_timeout_jitter.is_some(),
@@ -314,21 +336,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "http1_safe_max_connection_duration",
             NO_EFFECT,
         ),
-        (
-            common.is_some_and(|o| o.idle_timeout.is_some()),
-            "common_http_protocol_options.idle_timeout",
-            "idle downstream connections are not closed by revoy",
-        ),
-        (
-            common.is_some_and(|o| o.max_connection_duration.is_some()),
-            "common_http_protocol_options.max_connection_duration",
-            "downstream connections are not drained after a duration by revoy",
-        ),
-        (
-            common.is_some_and(|o| o.max_requests_per_connection.is_some()),
-            "common_http_protocol_options.max_requests_per_connection",
-            "downstream connections are not closed after a number of requests by revoy",
-        ),
     ];
     for (_, field, what) in skipped.iter().filter(|(set, _, _)| *set) {
         warnings.skipped(*field, *what);
@@ -385,6 +392,57 @@ fn forward_client_cert(hcm: &HttpConnectionManager) -> ForwardClientCert {
         4 => ForwardClientCert::AlwaysForwardOnly,
         _ => ForwardClientCert::Sanitize,
     }
+}
+
+/// A Duration checked as Envoy checks every Duration of its config, the error at `path` with
+/// Envoy's text.
+fn checked_duration(
+    d: &proto::pb::google::protobuf::Duration,
+    path: &str,
+) -> Result<Duration, ConfigError> {
+    /// The largest seconds Envoy takes: their nanoseconds fit in an `int64`.
+    const MAX_SECONDS: i64 = i64::MAX / 1_000_000_000 - 1;
+    let invalid = |why: &str| ConfigError::new(path, format!("Invalid duration: {why}"));
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(invalid("Expected positive duration"));
+    }
+    if d.nanos >= 1_000_000_000 {
+        return Err(invalid("Duration out-of-range according to Protobuf"));
+    }
+    if d.seconds > MAX_SECONDS {
+        return Err(invalid("Duration out-of-range"));
+    }
+    Ok(Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+/// `common_http_protocol_options`' `idle_timeout` (Envoy's default 1 h), `max_connection_duration`
+/// and `max_requests_per_connection`, and `drain_timeout` (default 5 s).
+fn connection_limits(hcm: &HttpConnectionManager) -> Result<ConnectionLimits, ConfigError> {
+    const COMMON: &str = "common_http_protocol_options";
+    let common = hcm.common_http_protocol_options.as_ref();
+    let optional = |d: Option<&proto::pb::google::protobuf::Duration>, field: &str| {
+        d.map(|d| checked_duration(d, &format!("{COMMON}.{field}")))
+            .transpose()
+    };
+    let idle = optional(common.and_then(|o| o.idle_timeout.as_ref()), "idle_timeout")?;
+    let max_duration = optional(
+        common.and_then(|o| o.max_connection_duration.as_ref()),
+        "max_connection_duration",
+    )?;
+    let drain_timeout = hcm
+        .drain_timeout
+        .as_ref()
+        .map(|d| checked_duration(d, "drain_timeout"))
+        .transpose()?;
+    Ok(ConnectionLimits {
+        idle_timeout: Some(idle.unwrap_or(Duration::from_secs(3600))).filter(|d| !d.is_zero()),
+        max_connection_duration: max_duration.filter(|d| !d.is_zero()),
+        max_requests: common
+            .and_then(|o| o.max_requests_per_connection.as_ref())
+            .map(|v| v.value)
+            .filter(|&n| n > 0),
+        drain_timeout: drain_timeout.unwrap_or(Duration::from_secs(5)),
+    })
 }
 
 fn duration(d: &proto::pb::google::protobuf::Duration) -> Option<Duration> {
@@ -580,6 +638,7 @@ pub fn compile_hcm(
                 .and_then(|o| o.max_stream_duration.as_ref()),
         ),
         max_request_headers_kb: hcm.max_request_headers_kb.as_ref().map_or(60, |v| v.value),
+        connection_limits: connection_limits(hcm)?,
         accept_http_10: hcm
             .http_protocol_options
             .as_ref()
@@ -660,18 +719,93 @@ mod tests {
             compiled.unwrap_err().path,
             "original_ip_detection_extensions"
         );
-        let (_, warnings) = compile(
-            "common_http_protocol_options: {idle_timeout: 1s, max_connection_duration: 2s, max_requests_per_connection: 3, max_headers_count: 50}",
+        let (compiled, warnings) = compile(
+            "common_http_protocol_options: {idle_timeout: 1s, max_connection_duration: 2s, max_requests_per_connection: 3, max_headers_count: 50}\ndrain_timeout: 0.5s",
         );
         let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
         assert_eq!(
             paths,
-            [
-                "common_http_protocol_options.idle_timeout",
-                "common_http_protocol_options.max_connection_duration",
-                "common_http_protocol_options.max_requests_per_connection",
-            ],
-            "max_headers_count is implemented"
+            ["drain_timeout"],
+            "the connection limits are implemented; drain_timeout is noted (their drains only)"
         );
+        assert_eq!(
+            compiled.unwrap().connection_limits,
+            ConnectionLimits {
+                idle_timeout: Some(Duration::from_secs(1)),
+                max_connection_duration: Some(Duration::from_secs(2)),
+                max_requests: Some(3),
+                drain_timeout: Duration::from_millis(500),
+            }
+        );
+    }
+
+    #[test]
+    fn connection_limits_default_as_envoys() {
+        let (compiled, _) = compile("");
+        assert_eq!(
+            compiled.unwrap().connection_limits,
+            ConnectionLimits {
+                idle_timeout: Some(Duration::from_secs(3600)),
+                max_connection_duration: None,
+                max_requests: None,
+                drain_timeout: Duration::from_secs(5),
+            }
+        );
+        let (compiled, _) = compile(
+            "common_http_protocol_options: {idle_timeout: 0s, max_connection_duration: 0s, max_requests_per_connection: 0}",
+        );
+        let limits = compiled.unwrap().connection_limits;
+        assert_eq!(
+            (
+                limits.idle_timeout,
+                limits.max_connection_duration,
+                limits.max_requests
+            ),
+            (None, None, None),
+            "0 turns each off"
+        );
+    }
+
+    #[test]
+    fn invalid_connection_limits_are_refused_as_by_envoy() {
+        // Envoy 1.40's texts (`--mode validate`), each at the field's path.
+        for (extra, path, message) in [
+            (
+                "common_http_protocol_options: {idle_timeout: -1s}",
+                "common_http_protocol_options.idle_timeout",
+                "Invalid duration: Expected positive duration",
+            ),
+            (
+                "common_http_protocol_options: {max_connection_duration: -0.5s}",
+                "common_http_protocol_options.max_connection_duration",
+                "Invalid duration: Expected positive duration",
+            ),
+            (
+                "common_http_protocol_options: {max_connection_duration: 9223372036s}",
+                "common_http_protocol_options.max_connection_duration",
+                "Invalid duration: Duration out-of-range",
+            ),
+            (
+                "drain_timeout: -1s",
+                "drain_timeout",
+                "Invalid duration: Expected positive duration",
+            ),
+        ] {
+            let err = compile(extra).0.unwrap_err();
+            assert_eq!((err.path.as_str(), err.message.as_str()), (path, message));
+        }
+        // Decoding normalises a Duration's nanos; one that is not normal is refused too.
+        let unnormal = proto::pb::google::protobuf::Duration {
+            seconds: 1,
+            nanos: 1_000_000_000,
+        };
+        assert_eq!(
+            checked_duration(&unnormal, "drain_timeout")
+                .unwrap_err()
+                .message,
+            "Invalid duration: Duration out-of-range according to Protobuf"
+        );
+        let (compiled, _) = compile("common_http_protocol_options: {idle_timeout: 9223372035s}");
+        assert!(compiled.is_ok(), "the largest duration Envoy takes");
     }
 }

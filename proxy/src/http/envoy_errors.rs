@@ -9,6 +9,12 @@
 //! replays the bytes the fast path had read, and it passes what the client sends through
 //! [`Framing`], which applies Envoy's rules for `content-length` with `transfer-encoding` and
 //! for versions that hyper lacks.
+//!
+//! It also times the end of a drain the connection's limits started (see
+//! [`super::conn_limits`]) as Envoy does: on HTTP/2, h2's graceful shutdown (a GOAWAY for
+//! stream 2^31-1, then a PING whose answer brings its final GOAWAY) has its PING held until
+//! the drain ends, and hyper's shutdown of a connection whose drain ended waits for Envoy's
+//! delayed close.
 
 use std::io;
 use std::pin::Pin;
@@ -22,6 +28,7 @@ use http::{HeaderValue, StatusCode};
 
 use super::ConnContext;
 use super::access_log::{HeadReply, codec_record, downstream_of, log_head_reply};
+use super::conn_limits::DELAYED_CLOSE;
 use super::framing::Framing;
 use super::h2_head::{Inbound, Outbound, reply_frames};
 use super::head_timeout::{HeadTimeout, HeadTimer};
@@ -183,6 +190,10 @@ pub struct EnvoyErrors<I> {
     began: bool,
     /// A timed-out stream whose late header block hyper refuses: its RST_STREAM is dropped.
     refused: Option<u32>,
+    /// h2's shutdown PING, held while the connection's drain lasts (see [`Self::hold_ping`]).
+    held_ping: Option<[u8; 17]>,
+    /// The delayed close of a connection whose drain ended, once hyper shuts it down.
+    closing: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<I> EnvoyErrors<I> {
@@ -211,6 +222,8 @@ impl<I> EnvoyErrors<I> {
             ready_followed: false,
             began: false,
             refused: None,
+            held_ping: None,
+            closing: None,
         }
     }
 
@@ -219,8 +232,8 @@ impl<I> EnvoyErrors<I> {
     pub fn with_context(mut self, ctx: Arc<ConnContext>) -> Self {
         let cfg = &ctx.hcm.config;
         if cfg.request_headers_timeout.is_none() && cfg.request_timeout.is_none() {
-            // No head timeout: HTTP/2 frames need no following.
-            self.inbound = Inbound::off();
+            // No head timeout: the client's HTTP/2 frames need no following.
+            self.inbound = self.inbound.preface_only();
         }
         self.ctx = Some(ctx);
         self
@@ -241,11 +254,63 @@ impl<I: AsyncWrite + Unpin> EnvoyErrors<I> {
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
-    /// Moves a timed-out stream's reply to the bytes to write once hyper's last frame is
-    /// whole.
+    /// Moves a timed-out stream's reply, or h2's shutdown PING once the drain it was held for
+    /// ended, to the bytes to write once hyper's last frame is whole.
     fn settle_inject(&mut self) {
+        if self.held_ping.is_some()
+            && self.ctx.as_ref().is_some_and(|c| c.limits.drain_ended())
+            && let Some(ping) = self.held_ping.take()
+        {
+            self.inject.extend_from_slice(&ping);
+        }
         if !self.inject.is_empty() && self.outbound.room() == 0 {
             self.pending.append(&mut self.inject);
+        }
+    }
+
+    /// How much of `buf`, which hyper writes on an HTTP/2 connection, to write now so that
+    /// h2's shutdown PING is held while the connection drains (`Some(0)`: `buf` begins with
+    /// it, and it is taken). h2's graceful shutdown sends a GOAWAY (last stream 2^31-1) and
+    /// that PING, and its final GOAWAY once the client answers: Envoy sends its final GOAWAY
+    /// when `drain_timeout` ends, so the PING goes out then ([`Self::settle_inject`]).
+    fn hold_ping(&mut self, buf: &[u8]) -> Option<usize> {
+        let draining = self
+            .ctx
+            .as_ref()
+            .is_some_and(|c| c.limits.draining() && !c.limits.drain_ended());
+        if !draining || self.held_ping.is_some() {
+            return None;
+        }
+        let at = self.outbound.shutdown_ping(buf)?;
+        if at == 0 {
+            let mut ping = [0; 17];
+            ping.copy_from_slice(&buf[..17]);
+            self.held_ping = Some(ping);
+        }
+        Some(at)
+    }
+
+    /// Envoy's delayed close of a connection whose drain ended: before the connection shuts
+    /// down, the client has up to [`DELAYED_CLOSE`] to close first (what it sends meanwhile
+    /// is read and dropped). Ready when the shutdown may go on.
+    fn poll_delayed_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if !self.ctx.as_ref().is_some_and(|c| c.limits.drain_ended()) {
+            return Poll::Ready(Ok(()));
+        }
+        ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        let timer = self
+            .closing
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(DELAYED_CLOSE)));
+        loop {
+            if timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut sink = [0u8; 1024];
+            let mut read = ReadBuf::new(&mut sink);
+            match ready!(Pin::new(&mut self.io).poll_read(cx, &mut read)) {
+                Ok(()) if !read.filled().is_empty() => {}
+                _ => return Poll::Ready(Ok(())),
+            }
         }
     }
 
@@ -395,10 +460,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
                 self.refused = None;
                 return Poll::Ready(Ok(n));
             }
+            let n = match self.hold_ping(buf) {
+                Some(0) => return Poll::Ready(Ok(17)),
+                Some(before) => before,
+                None => buf.len(),
+            };
             // Up to the end of hyper's frame while a reply waits to go between two.
             let n = match self.outbound.room() {
-                room if room > 0 && !self.inject.is_empty() => room.min(buf.len()),
-                _ => buf.len(),
+                room if room > 0 && !self.inject.is_empty() => room.min(n),
+                _ => n,
             };
             let me = &mut *self;
             let n = ready!(Pin::new(&mut me.io).poll_write(cx, &buf[..n]))?;
@@ -436,7 +506,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.settle_inject();
         ready!(self.poll_pending(cx))?;
+        ready!(self.poll_delayed_close(cx))?;
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }

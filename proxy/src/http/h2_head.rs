@@ -20,6 +20,8 @@ const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 /// RST_STREAM.
 const RST_STREAM: u8 = 0x3;
+/// PING.
+const PING: u8 = 0x6;
 /// CONTINUATION.
 const CONTINUATION: u8 = 0x9;
 /// The END_STREAM flag.
@@ -84,6 +86,8 @@ enum Side {
     Preface(usize),
     /// In frames.
     Frames(Frames),
+    /// In frames, not followed (no head timeout to enforce).
+    Unfollowed,
     /// Not HTTP/2.
     Off,
 }
@@ -96,6 +100,8 @@ pub(super) struct Inbound {
     /// Whether the connection is HTTP/2 before its preface has come (hyper's HTTP/2-only
     /// server writes its SETTINGS at once).
     http2_only: bool,
+    /// Whether the frames after the preface are followed.
+    frames: bool,
     /// The stream whose header block has begun and not ended.
     open: Option<u32>,
     /// A stream answered 408 whose header block has not ended yet (see [`Inbound::rewrite`]).
@@ -124,18 +130,18 @@ impl Inbound {
         Inbound {
             side: Side::Preface(0),
             http2_only,
+            frames: true,
             open: None,
             expired: None,
         }
     }
 
-    /// Follows nothing (no head timeout to enforce).
-    pub(super) fn off() -> Inbound {
+    /// Follows only the preface, which says whether the connection is HTTP/2 (no head timeout
+    /// to enforce).
+    pub(super) fn preface_only(self) -> Inbound {
         Inbound {
-            side: Side::Off,
-            http2_only: false,
-            open: None,
-            expired: None,
+            frames: false,
+            ..self
         }
     }
 
@@ -143,14 +149,14 @@ impl Inbound {
     pub(super) fn is_http2(&self) -> bool {
         match self.side {
             Side::Preface(_) => self.http2_only,
-            Side::Frames(_) => true,
+            Side::Frames(_) | Side::Unfollowed => true,
             Side::Off => false,
         }
     }
 
     /// Whether the client's bytes are still followed.
     pub(super) fn following(&self) -> bool {
-        self.side != Side::Off
+        matches!(self.side, Side::Preface(_) | Side::Frames(_))
     }
 
     /// Takes bytes hyper is about to read; whether a header block began in them.
@@ -162,10 +168,12 @@ impl Inbound {
                 return false;
             }
             bytes = &bytes[n..];
-            self.side = if had + n == PREFACE.len() {
+            self.side = if had + n < PREFACE.len() {
+                Side::Preface(had + n)
+            } else if self.frames {
                 Side::Frames(Frames::default())
             } else {
-                Side::Preface(had + n)
+                Side::Unfollowed
             };
         }
         let Side::Frames(frames) = &mut self.side else {
@@ -307,7 +315,34 @@ pub(super) fn swallowed_reset(buf: &[u8], refused: u32) -> Option<usize> {
 #[derive(Debug, Default)]
 pub(super) struct Outbound(Frames);
 
+/// The PING with which h2 starts a graceful shutdown (its `Ping::SHUTDOWN` payload), framed:
+/// h2 sends its final GOAWAY once the client answers it.
+const SHUTDOWN_PING: [u8; 17] = [
+    0, 0, 8, PING, 0, 0, 0, 0, 0, 0x0b, 0x7b, 0xa2, 0xf0, 0x8b, 0x9b, 0xfe, 0x54,
+];
+
 impl Outbound {
+    /// Where h2's shutdown PING begins in `buf`, which hyper is about to write, when it is
+    /// there whole.
+    pub(super) fn shutdown_ping(&self, buf: &[u8]) -> Option<usize> {
+        let Frames { head, have, left } = &self.0;
+        let mut at = if *have > 0 {
+            let rest = 9 - have;
+            let mut whole = *head;
+            whole[*have..].copy_from_slice(buf.get(..rest)?);
+            rest + u32::from_be_bytes([0, whole[0], whole[1], whole[2]]) as usize
+        } else {
+            *left
+        };
+        while let Some(frame) = buf.get(at..at + 9) {
+            if buf[at..].starts_with(&SHUTDOWN_PING) {
+                return Some(at);
+            }
+            at += 9 + u32::from_be_bytes([0, frame[0], frame[1], frame[2]]) as usize;
+        }
+        None
+    }
+
     /// Takes bytes written.
     pub(super) fn wrote(&mut self, bytes: &[u8]) {
         self.0.feed(bytes, |_, _, _| {});
@@ -465,6 +500,16 @@ mod tests {
     }
 
     #[test]
+    fn a_preface_only_watch_knows_http2_and_follows_no_frame() {
+        let mut watch = Inbound::new(false).preface_only();
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(headers(1, END_STREAM));
+        assert!(!watch.feed(&bytes), "no header block is followed");
+        assert!(watch.is_http2() && !watch.following());
+        assert_eq!(watch.open(), None);
+    }
+
+    #[test]
     fn http1_turns_the_watch_off() {
         let mut watch = Inbound::new(false);
         assert!(!watch.feed(b"POST / HTTP/1.1\r\n"));
@@ -482,6 +527,32 @@ mod tests {
         assert_eq!(out.room(), 1);
         out.wrote(&f[9..]);
         assert_eq!(out.room(), 0);
+    }
+
+    #[test]
+    fn the_shutdown_ping_is_found_between_frames() {
+        let mut bytes = headers(1, END_HEADERS);
+        let mut goaway = Vec::new();
+        frame(
+            &mut goaway,
+            0x7,
+            0,
+            0,
+            &[0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+        );
+        bytes.extend(&goaway);
+        bytes.extend(SHUTDOWN_PING);
+        let out = Outbound::default();
+        assert_eq!(out.shutdown_ping(&bytes), Some(10 + 17));
+        assert_eq!(out.shutdown_ping(&bytes[..30]), None, "not whole");
+        let mut out = Outbound::default();
+        out.wrote(&bytes[..4]);
+        assert_eq!(out.shutdown_ping(&bytes[4..]), Some(10 + 17 - 4));
+        out.wrote(&bytes[4..12]);
+        assert_eq!(out.shutdown_ping(&bytes[12..]), Some(10 + 17 - 12));
+        let mut user = SHUTDOWN_PING;
+        user[16] ^= 1;
+        assert_eq!(Outbound::default().shutdown_ping(&user), None);
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod access_log;
 mod attempts;
 mod body_activity;
 pub(crate) mod buffered_body;
+mod conn_limits;
 mod connect;
 mod envoy_errors;
 pub mod filters;
@@ -30,6 +31,7 @@ mod upgrade;
 pub mod wire_meter;
 mod xfcc;
 
+pub use conn_limits::ConnLimits;
 pub use stats::HcmStats;
 
 use std::future::Future;
@@ -148,6 +150,8 @@ pub struct ConnContext {
     /// HTTP/2 connection's HPACK tables); set when the connection manager keeps records
     /// ([`Hcm::keeps_records`]).
     pub wire: Option<Arc<wire_meter::ConnWire>>,
+    /// Where the connection stands against its limits (idle timeout, duration, requests).
+    pub limits: ConnLimits,
 }
 
 impl ConnContext {
@@ -302,14 +306,19 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// Envoy's reaction to a connection that speaks the wrong protocol for the codec: an HTTP/2
 /// preface on an HTTP/1-only connection gets a 400, anything but the preface on an
 /// HTTP/2-only connection is closed silently (after reading what arrived, so the close is
-/// clean). Returns whether the connection may be served.
+/// clean); one that sends nothing is closed by its limits. Returns whether the connection may
+/// be served.
 async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) -> bool {
     let stats = &ctx.hcm.stats;
     if codec == Codec::Auto {
         return true;
     }
     let mut buf = [0u8; 24];
-    let n = stream.peek(&mut buf).await.unwrap_or(0);
+    let n = tokio::select! {
+        n = stream.peek(&mut buf) => n.unwrap_or(0),
+        // The idle timeout or the duration closes a connection that sends nothing.
+        () = conn_limits::silent_until_closed(ctx) => return false,
+    };
     let head = &buf[..n];
     // Envoy makes the connection's codec, and counts it, when the first bytes arrive, even
     // when the codec then refuses them; HTTP/1 connections it serves count in `h1`.
@@ -365,7 +374,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
         Codec::Http2 => {
             crate::spawn::boxed(|| {
                 let io = envoy_errors::EnvoyErrors::new(stream).with_context(ctx.clone());
-                serve_io(io, ctx, codec)
+                serve_io(io, ctx, codec, true)
             })
             .await
         }
@@ -390,16 +399,23 @@ pub fn serve_tls(
         ctx.hcm.stats.cx_http2_total.inc();
     }
     match codec {
-        Codec::Http2 => Either::Left(crate::spawn::boxed(|| {
+        Codec::Http2 => Either::Left(crate::spawn::boxed(|| async move {
+            // The idle timeout or the duration closes a connection that sends nothing.
+            let first_bytes = std::future::poll_fn(|cx| h1::Downstream::poll_readable(&stream, cx));
+            tokio::select! {
+                _ = first_bytes => {}
+                () = conn_limits::silent_until_closed(&ctx) => return,
+            }
             let io = envoy_errors::EnvoyErrors::new(stream).with_context(ctx.clone());
-            serve_io(io, ctx, codec)
+            serve_io(io, ctx, codec, true).await
         })),
         Codec::Http1 | Codec::Auto => Either::Right(h1::serve(stream, ctx, codec)),
     }
 }
 
-/// Serves a connection with hyper's server.
-async fn serve_io<I>(io: I, ctx: Arc<ConnContext>, codec: Codec)
+/// Serves a connection with hyper's server (`http2`: it speaks HTTP/2), and runs its limits
+/// (see [`conn_limits`]).
+async fn serve_io<I>(io: I, ctx: Arc<ConnContext>, codec: Codec, http2: bool)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -424,9 +440,13 @@ where
     // An HTTP/2 stream answered while the server drains asks for the connection's GOAWAY.
     let goaway = Arc::new(tokio::sync::Notify::new());
     let svc_goaway = goaway.clone();
+    // An HTTP/2 stream that reaches the request limit starts the connection's drain.
+    let drain = Arc::new(tokio::sync::Notify::new());
+    let svc_drain = drain.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
         let goaway = svc_goaway.clone();
+        let drain = svc_drain.clone();
         // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
         // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
         crate::spawn::boxed(|| async move {
@@ -467,6 +487,14 @@ where
                     return Ok(resp);
                 }
                 Some(Rejection::ResetStream) => return Err(StreamReset),
+            }
+            let (stream, reached) = conn_limits::StreamEnd::start(ctx.clone());
+            if reached {
+                if req.version() < http::Version::HTTP_2 {
+                    ctx.limits.close_after_response();
+                } else if ctx.limits.start_drain(tokio::time::Instant::now()) {
+                    drain.notify_one();
+                }
             }
             let started = std::time::Instant::now();
             let (mut req, extended_connect) = upgrade::from_extended_connect(req);
@@ -530,6 +558,16 @@ where
                     goaway.notify_one();
                 }
             }
+            // The connection's own limits: a draining or closing HTTP/1 connection says so.
+            if version < http::Version::HTTP_2
+                && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                && ctx.limits.draining()
+            {
+                resp.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             if let Some(keep_alive) = keep_alive_10
                 && !resp.headers().contains_key(http::header::CONNECTION)
             {
@@ -562,20 +600,66 @@ where
             {
                 h1::note_head(&mut resp, head, meter);
             }
-            Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started)))
+            Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started, stream)))
         })
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
     let mut told = false;
+    let mut shut = false;
+    let mut timer = conn_limits::LimitTimer::default();
+    // Once the drain ended: when the connection is cut if it has no stream left by then.
+    let mut cut_at = None;
+    let limits = &ctx.hcm.config.connection_limits;
     let result = loop {
+        let now = tokio::time::Instant::now();
+        let deadline = match cut_at {
+            Some(cut) => Some(cut),
+            None => ctx.limits.next_deadline(limits, Some(now)),
+        };
         tokio::select! {
             // First, so the GOAWAY goes out before the response that asked for it.
             biased;
             () = goaway.notified(), if !told => {
                 told = true;
                 ctx.hcm.stats.cx_drain_close.inc();
-                conn.as_mut().graceful_shutdown();
+                if !shut {
+                    shut = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            () = drain.notified() => {
+                if http2 && !shut {
+                    shut = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+            () = timer.until(deadline) => {
+                let now = tokio::time::Instant::now();
+                if cut_at.is_some() {
+                    // h2 ends the connection itself once the client answered the shutdown
+                    // PING and its streams are done; a client that never answers is cut
+                    // when it has no stream left, as Envoy closes it.
+                    if !ctx.limits.busy() {
+                        break Ok(());
+                    }
+                    cut_at = Some(now + conn_limits::DELAYED_CLOSE);
+                    continue;
+                }
+                let due = ctx.limits.advance(limits, now, &ctx.hcm.stats, true);
+                if due.drain_started && http2 && !shut {
+                    shut = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                if due.drain_ended {
+                    // HTTP/1: hyper closes the connection now, or after the response in
+                    // progress; HTTP/2: the held PING goes out, h2 sends its final GOAWAY.
+                    if !shut {
+                        shut = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    cut_at = Some(now + 2 * conn_limits::DELAYED_CLOSE);
+                }
             }
             result = conn.as_mut() => break result,
         }

@@ -24,6 +24,14 @@ pub struct HcmStats {
     pub rq_class: [Counter; 5],
     /// `downstream_cx_drain_close`: connections told to close because the server drains.
     pub cx_drain_close: Counter,
+    /// `downstream_cx_idle_timeout`: connections whose idle timeout fired (once per idle period).
+    pub cx_idle_timeout: Counter,
+    /// `downstream_cx_max_duration_reached`: connections that reached
+    /// `max_connection_duration`.
+    pub cx_max_duration_reached: Counter,
+    /// `downstream_cx_max_requests_reached`: requests at or over
+    /// `max_requests_per_connection`.
+    pub cx_max_requests_reached: Counter,
     /// `downstream_cx_upgrades_total`: upgrades and CONNECTs allowed to go on.
     pub upgrades_total: Counter,
     /// `downstream_cx_upgrades_active`: those not finished yet (tunnels still open).
@@ -111,6 +119,17 @@ pub struct RqTimer<'a> {
     since: Instant,
 }
 
+impl RqTimer<'_> {
+    /// Records the request's time now; the instant it ended.
+    pub fn end(self) -> Instant {
+        let now = Instant::now();
+        self.histogram
+            .record(now.saturating_duration_since(self.since).as_millis() as u64);
+        std::mem::forget(self);
+        now
+    }
+}
+
 impl Drop for RqTimer<'_> {
     fn drop(&mut self) {
         self.histogram
@@ -119,11 +138,13 @@ impl Drop for RqTimer<'_> {
 }
 
 /// A response body that records `downstream_rq_time` when dropped: hyper drops a body once
-/// it has sent it, or when the stream ends without it.
+/// it has sent it, or when the stream ends without it. The stream ends for the connection's
+/// limits then too.
 struct Timed {
     inner: Body,
     histogram: Histogram,
     since: Instant,
+    _stream: super::conn_limits::StreamEnd,
 }
 
 impl Drop for Timed {
@@ -176,6 +197,9 @@ impl HcmStats {
             rq_class: [1, 2, 3, 4, 5]
                 .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
+            cx_idle_timeout: store.counter(&name("downstream_cx_idle_timeout")),
+            cx_max_duration_reached: store.counter(&name("downstream_cx_max_duration_reached")),
+            cx_max_requests_reached: store.counter(&name("downstream_cx_max_requests_reached")),
             upgrades_total: store.counter(&name("downstream_cx_upgrades_total")),
             upgrades_active: store.gauge(&name("downstream_cx_upgrades_active")),
             upgrades_refused: store.counter(&name("downstream_rq_ws_on_non_ws_route")),
@@ -208,12 +232,18 @@ impl HcmStats {
     }
 
     /// `body`, recording the `downstream_rq_time` of a request that began at `since` when
-    /// it is dropped (sent, or abandoned).
-    pub fn timed_body(&self, body: Body, since: Instant) -> Body {
+    /// it is dropped (sent, or abandoned), and ending `stream` then.
+    pub(super) fn timed_body(
+        &self,
+        body: Body,
+        since: Instant,
+        stream: super::conn_limits::StreamEnd,
+    ) -> Body {
         Timed {
             inner: body,
             histogram: self.rq_time.clone(),
             since,
+            _stream: stream,
         }
         .boxed_unsync()
     }

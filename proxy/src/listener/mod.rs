@@ -554,6 +554,7 @@ impl Listener {
         }
         match &chain.kind {
             ChainKind::Http(hcm, tls) => {
+                let accepted = tokio::time::Instant::now();
                 let ctx = |tls| ConnContext {
                     hcm: hcm.clone(),
                     shared: shared.clone(),
@@ -566,6 +567,7 @@ impl Listener {
                     },
                     rate_limiter: std::sync::OnceLock::new(),
                     wire: hcm.keeps_records().then(Arc::default),
+                    limits: http::ConnLimits::new(accepted),
                 };
                 let serve = async {
                     match tls {

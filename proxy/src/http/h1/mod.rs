@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::ConnContext;
+use super::conn_limits::{DELAYED_CLOSE, Http1Close, LimitTimer};
 use super::head_timeout::HeadTimeout;
 use super::wire_meter::ConnWire;
 use crate::config::hcm::Codec;
@@ -34,6 +35,8 @@ pub(super) struct Asked {
     method: http::Method,
     /// `connection: close`: the connection closes after the response.
     close: bool,
+    /// The response says `connection: close` though the connection stays open (it drains).
+    notice: bool,
 }
 
 /// The connection's read side: bytes read and not yet parsed, how many may wait there, and the
@@ -107,6 +110,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     let mut codec = codec;
     // Counted under its codec once the first bytes tell which it is, as Envoy's codec is made.
     let mut counted = false;
+    let mut limit_timer = LimitTimer::default();
     loop {
         // When the head being read must be whole, from its first bytes (see [`HeadTimeout`]).
         let mut head_deadline = None;
@@ -114,7 +118,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
                     ctx.hcm.stats.cx_http2_total.inc();
-                    return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
+                    return Box::pin(hand_off(stream, reading.buf, ctx, codec, true)).await;
                 }
                 if !counted {
                     ctx.hcm.stats.cx_http1_total.inc();
@@ -131,6 +135,10 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                             inbound,
                         } => {
                             reading.body = inbound;
+                            let limits = &ctx.hcm.config.connection_limits;
+                            if ctx.limits.stream_started(limits, &ctx.hcm.stats) {
+                                ctx.limits.close_after_response();
+                            }
                             break (request, asked);
                         }
                         Head::HandOff => NotServed::HandOff,
@@ -142,7 +150,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                     }
                     NotServed::ReadMore => {}
                     NotServed::HandOff => {
-                        return Box::pin(hand_off(stream, reading.buf, ctx, codec)).await;
+                        return Box::pin(hand_off(stream, reading.buf, ctx, codec, false)).await;
                     }
                     // Boxed, as a request is: a rare state an idle connection need not keep
                     // room for.
@@ -159,6 +167,28 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         return crate::spawn::boxed(|| head_timed_out(timeout, stream, reading, &ctx)).await;
                     }
                 },
+                None if reading.buf.is_empty() => {
+                    match between_requests(
+                        &mut stream,
+                        &mut reading,
+                        &ctx,
+                        &mut limit_timer,
+                        counted,
+                    )
+                    .await
+                    {
+                        Between::Read(more) => more,
+                        Between::Close => return,
+                        // Boxed, as a request is: a rare state an idle connection need not
+                        // keep room for.
+                        Between::DelayedClose => {
+                            return crate::spawn::boxed(|| async move {
+                                delayed_close(&mut stream, &mut reading.buf).await;
+                            })
+                            .await;
+                        }
+                    }
+                }
                 None => read_more(&mut stream, &mut reading).await,
             };
             if !more {
@@ -204,6 +234,65 @@ async fn head_timed_out<S: Downstream>(
     }
 }
 
+/// How a wait for the next request ended.
+enum Between {
+    /// Bytes came (`true`), or the client closed (`false`).
+    Read(bool),
+    /// The connection closes now (an idle timeout or the duration before any byte came).
+    Close,
+    /// The connection's drain ended: it closes after the delayed close.
+    DelayedClose,
+}
+
+/// Waits for the client's next bytes on a connection with no request in progress, firing its
+/// limits' timers meanwhile (see [`super::conn_limits`]); `codec` says whether the client has
+/// sent anything yet.
+async fn between_requests<S: Downstream>(
+    stream: &mut S,
+    reading: &mut Reading,
+    ctx: &ConnContext,
+    timer: &mut LimitTimer,
+    codec: bool,
+) -> Between {
+    let limits = &ctx.hcm.config.connection_limits;
+    loop {
+        let deadline = ctx.limits.next_deadline(limits, None);
+        tokio::select! {
+            biased;
+            more = read_more(stream, reading) => return Between::Read(more),
+            () = timer.until(deadline) => {}
+        }
+        let now = tokio::time::Instant::now();
+        let due = ctx.limits.advance(limits, now, &ctx.hcm.stats, codec);
+        if due.close_now {
+            return Between::Close;
+        }
+        if due.drain_ended {
+            return Between::DelayedClose;
+        }
+    }
+}
+
+/// Envoy's delayed close of a connection whose drain ended: the client has up to
+/// [`DELAYED_CLOSE`] to close first (what it sends meanwhile is read and dropped), then the
+/// connection closes.
+async fn delayed_close<S: Downstream>(stream: &mut S, buf: &mut BytesMut) {
+    // What the last response left held in the stream (TLS) goes out first.
+    if stream.flush().await.is_err() {
+        return;
+    }
+    let client_closes = async {
+        loop {
+            buf.clear();
+            if !matches!(stream.read_buf(with_room(buf)).await, Ok(n) if n > 0) {
+                return;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DELAYED_CLOSE, client_closes).await;
+    let _ = stream.shutdown().await;
+}
+
 /// What the fast path does with a head it did not serve.
 enum NotServed {
     /// The head is not whole yet.
@@ -223,8 +312,8 @@ async fn exchange<S: Downstream>(
     asked: Asked,
     ctx: &ConnContext,
 ) -> bool {
-    // Records `downstream_rq_time` when dropped: the response written.
-    let _timer = ctx.hcm.stats.time_request();
+    // Records `downstream_rq_time` when dropped or ended: the response written.
+    let timer = ctx.hcm.stats.time_request();
     let response = tokio::select! {
         biased;
         response = super::router::handle(request, ctx) => response,
@@ -235,20 +324,37 @@ async fn exchange<S: Downstream>(
     if drain {
         ctx.hcm.stats.cx_drain_close.inc();
     }
+    // The connection's own limits: a duration reached, or a drain ended, while the request
+    // was in progress counts from when it happened.
+    let limits = &ctx.hcm.config.connection_limits;
+    if ctx.limits.timed_while_busy(limits) {
+        let now = tokio::time::Instant::now();
+        ctx.limits.advance(limits, now, &ctx.hcm.stats, true);
+    }
+    let limit = ctx.limits.http1_close();
+    let client_close = asked.close;
     let asked = Asked {
-        close: asked.close || drain,
+        close: asked.close || drain || matches!(limit, Http1Close::Now | Http1Close::Delayed),
+        notice: limit == Http1Close::Notice,
         ..asked
     };
-    if response::write(
+    let kept = response::write(
         stream,
         reading,
         response,
         &asked,
         (ctx.hcm.config.http1_trailers, ctx.wire.as_deref()),
     )
-    .await
-    {
+    .await;
+    ctx.limits
+        .stream_ended(limits, tokio::time::Instant::from_std(timer.end()));
+    if kept {
         return true;
+    }
+    // A drain that ended closes as Envoy's does, unless the client asked to close.
+    if limit == Http1Close::Delayed && !client_close && !drain && !reading.body.incomplete() {
+        delayed_close(stream, &mut reading.buf).await;
+        return false;
     }
     let _ = stream.shutdown().await;
     if reading.body.incomplete() {
@@ -357,8 +463,15 @@ fn may_be_h2_preface(buf: &[u8]) -> bool {
     super::H2_PREFACE.starts_with(&buf[..buf.len().min(super::H2_PREFACE.len())])
 }
 
-/// Serves the rest of the connection with hyper, starting with the bytes in `buf`.
-async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>, codec: Codec) {
+/// Serves the rest of the connection with hyper, starting with the bytes in `buf` (the HTTP/2
+/// preface when `http2`).
+async fn hand_off<S: Downstream>(
+    stream: S,
+    buf: BytesMut,
+    ctx: Arc<ConnContext>,
+    codec: Codec,
+    http2: bool,
+) {
     let cfg = &ctx.hcm.config;
     let framing = super::framing::Framing::new(
         cfg.allow_chunked_length,
@@ -368,5 +481,5 @@ async fn hand_off<S: Downstream>(stream: S, buf: BytesMut, ctx: Arc<ConnContext>
     .metered(ctx.wire.clone());
     let io =
         super::envoy_errors::EnvoyErrors::replaying(buf, stream, framing).with_context(ctx.clone());
-    super::serve_io(io, ctx, codec).await;
+    super::serve_io(io, ctx, codec, http2).await;
 }

@@ -151,6 +151,7 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&ConnWire
     let asked = Asked {
         method: method.clone(),
         close,
+        notice: false,
     };
     let mut request = Request::new(body);
     *request.method_mut() = method;

@@ -45,8 +45,9 @@ enum Len {
     Unknown,
 }
 
-/// Encodes the head of `resp` to a `method` request (`close` when the client asked to close).
-fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
+/// Encodes the head of `resp` to a `method` request (`close` when the connection closes after
+/// it; `notice` when it says `connection: close` and the connection stays open).
+fn encode(resp: &mut Response<Body>, method: &Method, close: bool, notice: bool) -> Encoded {
     let status = resp.status();
     if close {
         // The client's close is echoed, as hyper's server does.
@@ -84,6 +85,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
     let mut framing = None;
     let mut last = close;
     let mut wrote_date = false;
+    let mut noticed = !notice;
     let headers = resp.headers();
     // Values of one name are adjacent in the iteration; `first` marks the first of them.
     let mut previous: Option<&HeaderName> = None;
@@ -125,8 +127,12 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
                 put_field(&mut out, name.as_str(), &joined);
             }
             header::CONNECTION if first => {
-                let joined = join(headers.get_all(name));
+                let mut joined = join(headers.get_all(name));
                 last |= super::has_token(&joined, b"close");
+                if !noticed && !super::has_token(&joined, b"close") {
+                    joined.extend_from_slice(b", close");
+                }
+                noticed = true;
                 put_field(&mut out, name.as_str(), &joined);
             }
             header::TRAILER if may_have_body && first => {
@@ -171,6 +177,9 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
         date::extend(&mut out);
         out.extend_from_slice(b"\r\n");
     }
+    if !noticed {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
     out.extend_from_slice(b"\r\n");
     Encoded {
         head: out,
@@ -187,7 +196,7 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool) -> Encoded {
 /// to a HEAD request when `head`): the same head this path writes, by the same rules.
 pub(in crate::http) fn note_head(resp: &mut Response<Body>, head: bool, meter: &ConnWire) {
     let method = if head { Method::HEAD } else { Method::GET };
-    let encoded = encode(resp, &method, false);
+    let encoded = encode(resp, &method, false, false);
     meter.wrote_head(&encoded.head, encoded.framing == Framing::Chunked);
 }
 
@@ -254,7 +263,12 @@ pub(super) async fn write<S: super::Downstream>(
         resp.headers_mut()
             .remove(&crate::http::router::UPSTREAM_SERVICE_TIME);
     }
-    let encoded = encode(&mut resp, &asked.method, asked.close || unfinished);
+    let encoded = encode(
+        &mut resp,
+        &asked.method,
+        asked.close || unfinished,
+        asked.notice,
+    );
     if let Some(m) = meter {
         m.wrote_head(&encoded.head, encoded.framing == Framing::Chunked);
     }
@@ -372,7 +386,7 @@ mod tests {
 
     fn head_of(resp: Response<Body>, method: Method, close: bool) -> (String, Encoded) {
         let mut resp = resp;
-        let encoded = encode(&mut resp, &method, close);
+        let encoded = encode(&mut resp, &method, close, false);
         let text = String::from_utf8(encoded.head.clone()).unwrap();
         let without_date = text
             .lines()
@@ -482,6 +496,20 @@ mod tests {
         assert!(enc.last, "an upstream close ends the connection too");
     }
 
+    #[test]
+    fn a_drain_notice_says_close_and_keeps_the_connection() {
+        let mut resp = response(200, body::empty(), &[]);
+        let enc = encode(&mut resp, &Method::GET, false, true);
+        let head = String::from_utf8(enc.head).unwrap();
+        assert!(head.ends_with("\r\nconnection: close\r\n\r\n"), "{head}");
+        assert!(!enc.last);
+        let mut resp = response(200, body::empty(), &[("connection", "x-a")]);
+        let enc = encode(&mut resp, &Method::GET, false, true);
+        let head = String::from_utf8(enc.head).unwrap();
+        assert!(head.contains("\r\nconnection: x-a, close\r\n"), "{head}");
+        assert!(!enc.last);
+    }
+
     /// What the client reads of a chunked `ok` body ending in an `x-sum: 42` trailer.
     async fn written_with_trailers(enable_trailers: bool) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -500,6 +528,7 @@ mod tests {
         let asked = super::super::Asked {
             method: Method::GET,
             close: true,
+            notice: false,
         };
         let mut reading = super::super::Reading {
             buf: bytes::BytesMut::new(),
@@ -540,14 +569,14 @@ mod tests {
     #[test]
     fn a_date_is_added_unless_present() {
         let mut resp = response(200, body::empty(), &[]);
-        let enc = encode(&mut resp, &Method::GET, false);
+        let enc = encode(&mut resp, &Method::GET, false, false);
         assert!(String::from_utf8_lossy(&enc.head).contains("\r\ndate: "));
         let mut resp = response(
             200,
             body::empty(),
             &[("date", "Sun, 06 Nov 1994 08:49:37 GMT")],
         );
-        let enc = encode(&mut resp, &Method::GET, false);
+        let enc = encode(&mut resp, &Method::GET, false, false);
         let text = String::from_utf8_lossy(&enc.head).into_owned();
         assert_eq!(text.matches("date: ").count(), 1, "{text}");
     }
