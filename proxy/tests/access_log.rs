@@ -47,6 +47,8 @@ mod skip;
 mod timeouts;
 #[path = "access_log/tls.rs"]
 mod tls;
+#[path = "access_log/upstream_wire.rs"]
+mod upstream_wire;
 #[path = "access_log/wire.rs"]
 mod wire;
 use log_lines::read_lines;
@@ -408,7 +410,7 @@ fn serve_heads(mut s: TcpStream, answer: fn(&str, &mut TcpStream) -> bool) {
 
 /// Reads the next request head from `s` into `buf`: the head (without its blank line) and its
 /// `content-length`, the head taken out of `buf`; `None` once the connection ends.
-fn read_head(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, usize)> {
+fn read_head(s: &mut impl Read, buf: &mut Vec<u8>) -> Option<(String, usize)> {
     let mut chunk = [0u8; 4096];
     loop {
         if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -447,7 +449,7 @@ fn read_chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 }
 
 /// Reads and drops a `length`-byte body from `buf` and `s`; whether it all came.
-fn read_body(s: &mut TcpStream, buf: &mut Vec<u8>, length: usize) -> bool {
+fn read_body(s: &mut impl Read, buf: &mut Vec<u8>, length: usize) -> bool {
     let mut chunk = [0u8; 4096];
     while buf.len() < length {
         match s.read(&mut chunk) {

@@ -6,7 +6,7 @@ use std::fmt::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::record::Record;
+use super::record::{Record, WireBytes};
 use crate::route::format::scan::{Compiled, scan};
 use crate::route::format::{Machine, clock};
 
@@ -72,6 +72,10 @@ enum Op {
     DownstreamWireSent,
     DownstreamHeaderReceived,
     DownstreamHeaderSent,
+    UpstreamWireSent,
+    UpstreamWireReceived,
+    UpstreamHeaderSent,
+    UpstreamHeaderReceived,
     Duration,
     RequestDuration,
     ResponseDuration,
@@ -274,6 +278,13 @@ fn push_truncated(out: &mut String, s: &str, max: Option<usize>) {
     out.push_str(truncated(s, max));
 }
 
+/// One of the request's upstream wire byte counts; `-` when nothing counted them.
+fn upstream_wire(rec: &Record, count: fn(&WireBytes) -> u64) -> Value {
+    rec.upstream_wire
+        .as_ref()
+        .map_or(Value::Missing, |w| Value::Num(count(w)))
+}
+
 fn millis(d: Option<Duration>) -> Value {
     d.map_or(Value::Missing, |d| Value::Num(d.as_millis() as u64))
 }
@@ -336,6 +347,10 @@ impl Op {
             Op::DownstreamWireSent => Value::Num(rec.downstream_wire.sent),
             Op::DownstreamHeaderReceived => Value::Num(rec.downstream_wire.header_received),
             Op::DownstreamHeaderSent => Value::Num(rec.downstream_wire.header_sent),
+            Op::UpstreamWireSent => upstream_wire(rec, |w| w.sent),
+            Op::UpstreamWireReceived => upstream_wire(rec, |w| w.received),
+            Op::UpstreamHeaderSent => upstream_wire(rec, |w| w.header_sent),
+            Op::UpstreamHeaderReceived => upstream_wire(rec, |w| w.header_received),
             Op::Duration => millis(rec.duration()),
             Op::RequestDuration => millis(rec.request_duration()),
             Op::ResponseDuration => millis(rec.response_duration()),
@@ -471,6 +486,10 @@ fn compile(
         "DOWNSTREAM_WIRE_BYTES_SENT" => Op::DownstreamWireSent,
         "DOWNSTREAM_HEADER_BYTES_RECEIVED" => Op::DownstreamHeaderReceived,
         "DOWNSTREAM_HEADER_BYTES_SENT" => Op::DownstreamHeaderSent,
+        "UPSTREAM_WIRE_BYTES_SENT" => Op::UpstreamWireSent,
+        "UPSTREAM_WIRE_BYTES_RECEIVED" => Op::UpstreamWireReceived,
+        "UPSTREAM_HEADER_BYTES_SENT" => Op::UpstreamHeaderSent,
+        "UPSTREAM_HEADER_BYTES_RECEIVED" => Op::UpstreamHeaderReceived,
         "DURATION" => Op::Duration,
         "REQUEST_DURATION" => Op::RequestDuration,
         "RESPONSE_DURATION" => Op::ResponseDuration,

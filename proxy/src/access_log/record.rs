@@ -3,6 +3,7 @@
 //! access log will read it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,6 +18,64 @@ pub struct AttemptTarget {
     attempt: Mutex<Option<Attempt>>,
     /// The cluster the router picked.
     cluster: std::sync::OnceLock<Arc<str>>,
+    /// The request's bytes on its upstream connections, every attempt's.
+    wire: UpstreamWire,
+}
+
+/// A request's bytes as they crossed its upstream HTTP/1.1 connections, Envoy's upstream
+/// bytes meter (`%UPSTREAM_WIRE_BYTES_*%`, `%UPSTREAM_HEADER_BYTES_*%`): the request written
+/// (request line, headers, body with its chunk framing), every byte read while it was the
+/// connection's, and each head's header bytes. Attempts add up, as Envoy's router carries the
+/// meter from one attempt to the next.
+#[derive(Debug, Default)]
+pub struct UpstreamWire {
+    sent: AtomicU64,
+    received: AtomicU64,
+    header_sent: AtomicU64,
+    header_received: AtomicU64,
+    /// An attempt went where nothing meters its bytes (an HTTP/2 connection, an upgrade's
+    /// tunnel): the operators print `-` rather than a wrong count.
+    unmetered: AtomicBool,
+}
+
+impl UpstreamWire {
+    /// A request head of `head` bytes was written, `headers` of them its header bytes.
+    pub fn wrote_head(&self, head: usize, headers: usize) {
+        self.sent.fetch_add(head as u64, Ordering::Relaxed);
+        self.header_sent
+            .fetch_add(headers as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes of the request's body (with their framing) were written.
+    pub fn wrote(&self, n: usize) {
+        self.sent.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// `n` bytes were read from the connection while the request was its own.
+    pub fn read(&self, n: usize) {
+        self.received.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// A response head with `headers` header bytes was read.
+    pub fn read_head(&self, headers: usize) {
+        self.header_received
+            .fetch_add(headers as u64, Ordering::Relaxed);
+    }
+
+    /// An attempt's bytes went uncounted.
+    pub fn unmetered(&self) {
+        self.unmetered.store(true, Ordering::Relaxed);
+    }
+
+    /// The counts, `None` when an attempt went uncounted.
+    fn bytes(&self) -> Option<WireBytes> {
+        (!self.unmetered.load(Ordering::Relaxed)).then(|| WireBytes {
+            received: self.received.load(Ordering::Relaxed),
+            sent: self.sent.load(Ordering::Relaxed),
+            header_received: self.header_received.load(Ordering::Relaxed),
+            header_sent: self.header_sent.load(Ordering::Relaxed),
+        })
+    }
 }
 
 /// What [`AttemptTarget`] notes of an attempt: the host, the address its connection reached,
@@ -67,6 +126,11 @@ impl AttemptTarget {
         let at = self.attempt.lock().expect("attempt target lock");
         at.as_ref()
             .map(|(host, remote, local, _)| (*host, *remote, *local))
+    }
+
+    /// The meter of the request's bytes on its upstream connections.
+    pub fn wire(&self) -> &UpstreamWire {
+        &self.wire
     }
 
     /// The latest attempt's TLS identities (`None` before one, or in plaintext).
@@ -380,6 +444,9 @@ pub struct Record {
     pub bytes_sent: u64,
     /// The stream's bytes as they crossed the downstream connection (HTTP).
     pub downstream_wire: WireBytes,
+    /// The request's bytes as they crossed its upstream connections (HTTP; zero when it
+    /// had none); `None` when nothing counted them (TCP, an HTTP/2 upstream, an upgrade).
+    pub upstream_wire: Option<WireBytes>,
     /// The route's name.
     pub route_name: Option<Arc<str>>,
     /// The upstream cluster chosen.
@@ -444,11 +511,14 @@ pub struct Settled {
 
 impl Record {
     /// Fills in, before the record is written, the upstream host and the addresses of the
-    /// connection the last attempt noted, where nothing else said them: a host already known (a
-    /// connect failure's) keeps its place, and takes the addresses only when it is the noted
-    /// host's. The
-    /// flags, final now, are published to [`Record::flags_out`].
+    /// connection the last attempt noted, where nothing else said them, and the request's
+    /// upstream wire bytes: a host already known (a connect failure's) keeps its place, and
+    /// takes the addresses only when it is the noted host's. The flags, final now, are
+    /// published to [`Record::flags_out`].
     pub fn settle(&mut self) {
+        if let Some(t) = &self.attempt_target {
+            self.upstream_wire = t.wire.bytes();
+        }
         if let Some(out) = &self.flags_out {
             out.publish(Settled {
                 flags: self.flags,
@@ -487,6 +557,7 @@ impl Record {
             bytes_received: 0,
             bytes_sent: 0,
             downstream_wire: WireBytes::default(),
+            upstream_wire: Some(WireBytes::default()),
             route_name: None,
             upstream_cluster: None,
             upstream_host: None,

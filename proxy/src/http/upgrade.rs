@@ -89,6 +89,8 @@ pub async fn forward(
             conn.active.local(),
             conn.active.sans(),
         );
+        // The tunnel's bytes go uncounted.
+        t.wire().unmetered();
     }
     let active = conn.active;
     let host = UpstreamHost {

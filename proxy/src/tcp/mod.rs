@@ -135,12 +135,15 @@ impl TcpProxy {
         if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
             return None;
         }
-        Some(Box::new(Record::new(Downstream {
+        let mut rec = Box::new(Record::new(Downstream {
             remote: peer,
             direct_remote: peer,
             local,
             server_name: sni.map(Into::into),
-        })))
+        }));
+        // Nothing meters a proxied connection's upstream wire bytes: `-`, not a wrong count.
+        rec.upstream_wire = None;
+        Some(rec)
     }
 
     /// Writes the record of a connection that ended, with the bytes `activity` counted.

@@ -298,7 +298,7 @@ impl Cluster {
     fn connect_options<'a>(
         &'a self,
         carries: Carries,
-        target: Option<&'a AttemptTarget>,
+        target: Option<&'a Arc<AttemptTarget>>,
     ) -> ConnectOptions<'a> {
         ConnectOptions {
             target,
@@ -453,7 +453,7 @@ impl Cluster {
             UpstreamProtocol::UseDownstream => Carries::Http1,
             UpstreamProtocol::Auto => Carries::Auto,
         };
-        let target = ctx.target.as_deref();
+        let target = ctx.target.as_ref();
         let opts = self.connect_options(carries, target);
         let result = match carries {
             Carries::Http2 => pool::send_h2(&host, opts, req).await,
@@ -465,7 +465,7 @@ impl Cluster {
             && let Ok(resp) = &mut result
         {
             // The pool noted which of the host's addresses its connection reached.
-            let remote = match target.and_then(AttemptTarget::get) {
+            let remote = match target.and_then(|t| t.get()) {
                 Some((noted, remote, _)) if noted == host.addr => remote,
                 _ => host.addr,
             };

@@ -53,8 +53,9 @@ pub(crate) struct ConnectOptions<'a> {
     pub stats: &'a Arc<ClusterStats>,
     /// What the connections carry (the ALPN a TLS host is offered when its context names none).
     pub carries: Carries,
-    /// Where to note the host and connection each request goes out on (for access logs).
-    pub target: Option<&'a AttemptTarget>,
+    /// Where to note the host and connection each request goes out on, and its bytes on
+    /// them (for access logs).
+    pub target: Option<&'a Arc<AttemptTarget>>,
 }
 
 /// Keeps a connection counted in `cx_active` / `upstream_cx_active` while alive; when it
@@ -510,8 +511,11 @@ pub(crate) async fn send_h1(
         };
         // Boxed: the exchange's state would otherwise sit in every request's future, HTTP/2
         // streams included, which tokio and hyper move by value.
-        match crate::spawn::boxed(|| h1::exchange(conn, req, reused, release, opts.http1_trailers))
-            .await
+        let meter = opts.target.cloned();
+        match crate::spawn::boxed(|| {
+            h1::exchange(conn, req, reused, release, opts.http1_trailers, meter)
+        })
+        .await
         {
             Ok(resp) => return Ok(resp.map(UpstreamBody::http1)),
             // A reused connection closed before the request was written: use another.
@@ -640,6 +644,8 @@ pub(crate) async fn send_h2(
         fresh_tried |= fresh;
         if let Some(t) = opts.target {
             t.note(host.addr, remote, local, sans.as_ref());
+            // h2 keeps its frames to itself: the stream's bytes go uncounted.
+            t.wire().unmetered();
         }
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);

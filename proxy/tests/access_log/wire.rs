@@ -13,7 +13,7 @@ const WIRE: &str = "%REQ(:METHOD)% %REQ(:PATH)% %PROTOCOL% %RESPONSE_CODE% %BYTE
 
 /// The upstream: reads each request whole (`content-length` or chunked), then answers
 /// `/up/chunked` with a chunked body and anything else with `hello world\n`.
-fn wire_upstream() -> u16 {
+pub(super) fn wire_upstream() -> u16 {
     spawn_upstream(|mut s| {
         let mut buf = Vec::new();
         while let Some((head, length)) = read_head(&mut s, &mut buf) {
@@ -59,7 +59,7 @@ fn wire_bootstrap(admin: u16, http: u16, upstream: u16, dir: &Path) -> String {
 
 /// Writes each of `requests` on one connection, reading the answer to each (`answers` bytes
 /// long in all, or until the proxy closes) before the next.
-fn exchange(port: u16, requests: &[&[u8]]) {
+pub(super) fn exchange(port: u16, requests: &[&[u8]]) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     for req in requests {

@@ -148,6 +148,28 @@ fn durations_and_counts() {
 }
 
 #[test]
+fn upstream_wire_bytes_settle_from_the_attempts_meter_or_render_a_dash() {
+    let ops = "%UPSTREAM_WIRE_BYTES_SENT% %UPSTREAM_WIRE_BYTES_RECEIVED% %UPSTREAM_HEADER_BYTES_SENT% %UPSTREAM_HEADER_BYTES_RECEIVED%";
+    let mut rec = record();
+    assert_eq!(text(ops, &rec), "0 0 0 0", "no upstream connection");
+    let target = std::sync::Arc::new(crate::access_log::AttemptTarget::default());
+    target.wire().wrote_head(40, 20);
+    target.wire().wrote(5);
+    target.wire().read(30);
+    target.wire().read_head(12);
+    rec.attempt_target = Some(target.clone());
+    rec.settle();
+    assert_eq!(text(ops, &rec), "45 30 20 12");
+    target.wire().unmetered();
+    rec.settle();
+    assert_eq!(text(ops, &rec), "- - - -", "an attempt nothing counted");
+    assert_eq!(
+        json(vec![("sent", "%UPSTREAM_WIRE_BYTES_SENT%")], &rec, false),
+        "{\"sent\":null}\n"
+    );
+}
+
+#[test]
 fn flags_details_and_transport_failures() {
     let mut rec = record();
     rec.flags.set(ResponseFlag::UpstreamRetryLimitExceeded);

@@ -2,6 +2,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Instant;
 
@@ -11,6 +12,7 @@ use tokio_util::io::poll_read_buf;
 
 use super::decode::{Chunked, DecodeError, Framing};
 use super::{Connection, Release};
+use crate::access_log::AttemptTarget;
 use crate::upstream::pool::ActiveConnection;
 use crate::upstream::stats::ClusterStats;
 
@@ -60,17 +62,21 @@ pub struct ResponseBody {
     /// Since when `upstream_rq_time` counts, and whether the request was internal: recorded
     /// when the body ends.
     timing: Option<(Instant, bool)>,
+    /// Counts the bytes read, for access logs.
+    meter: Option<Arc<AttemptTarget>>,
 }
 
 impl ResponseBody {
     /// A body delimited by `framing`, starting with the bytes in `buf`. `release` is set when
-    /// the connection may carry another request after this body; `trailers` keeps its trailers.
+    /// the connection may carry another request after this body; `trailers` keeps its trailers;
+    /// `meter` counts what is read.
     pub(super) fn new(
         reader: Reader,
         mut buf: BytesMut,
         framing: Framing,
         release: Option<Release>,
         trailers: bool,
+        meter: Option<Arc<AttemptTarget>>,
     ) -> Self {
         let (state, ready) = match framing {
             Framing::Empty => (State::Done, None),
@@ -90,6 +96,7 @@ impl ResponseBody {
             release,
             trailers,
             timing: None,
+            meter,
         };
         if matches!(body.state, State::Done) {
             body.finish();
@@ -146,11 +153,15 @@ impl ResponseBody {
         if self.buf.capacity() - self.buf.len() < want.min(4096) {
             self.buf.reserve(want);
         }
-        match self.reader.as_mut() {
+        let read = match self.reader.as_mut() {
             Some(Reader::Pooled(conn)) => poll_read_buf(Pin::new(&mut conn.io), cx, &mut self.buf),
             Some(Reader::Half { read, .. }) => poll_read_buf(Pin::new(read), cx, &mut self.buf),
             None => Poll::Ready(Ok(0)),
+        };
+        if let (Poll::Ready(Ok(n)), Some(meter)) = (&read, &self.meter) {
+            meter.wire().read(*n);
         }
+        read
     }
 
     /// The next frame from the buffered bytes, if they hold one (or the end).

@@ -54,6 +54,8 @@ pub(super) enum Framing {
 pub(super) struct Head {
     /// Status, version and the end-to-end headers.
     pub response: Response<()>,
+    /// Its header bytes as Envoy's codec counts them: each field's name and value, plus 3.
+    pub header_bytes: usize,
     close: bool,
     keep_alive: bool,
     transfer: Transfer,
@@ -183,6 +185,7 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
     let head = buf.split_to(len).freeze();
     let mut parsed = Head {
         response: Response::new(()),
+        header_bytes: 0,
         close: false,
         keep_alive: false,
         transfer: Transfer::Absent,
@@ -190,6 +193,7 @@ fn parse_head(buf: &mut BytesMut, folding: bool) -> Result<Option<Head>, Refused
     };
     let mut headers = HeaderMap::with_capacity(count + EXTRA_HEADERS);
     for (name, value) in spans.iter() {
+        parsed.header_bytes += name.len() + value.len() + 3;
         let name = HeaderName::from_bytes(&head[name])
             .map_err(|_| DecodeError::Head("invalid header name"))?;
         let folded = (folding && head[value.clone()].contains(&b'\n'))

@@ -22,6 +22,8 @@ use http_body::{Body as _, Frame};
 use http_body_util::BodyExt;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
+use crate::access_log::AttemptTarget;
+use crate::access_log::record::UpstreamWire;
 use crate::body::{Body, BoxError};
 use crate::wire::with_room;
 
@@ -123,13 +125,15 @@ impl From<UpstreamError> for Failed {
 
 /// Sends `req` (origin-form, with its Host header) on `conn` and returns the response head;
 /// the body streams from the connection. `reused` says the connection carried requests before;
-/// `trailers` keeps the response's trailers (else its body ends without them).
+/// `trailers` keeps the response's trailers (else its body ends without them); `meter`, when
+/// access logs read them, counts the request's bytes on the connection.
 pub(crate) async fn exchange(
     mut conn: Connection,
     req: Request<Body>,
     reused: bool,
     release: Release,
     trailers: bool,
+    meter: Option<Arc<AttemptTarget>>,
 ) -> Result<Response<ResponseBody>, Failed> {
     let addr = release.host.addr;
     let (mut parts, mut body) = req.into_parts();
@@ -137,6 +141,7 @@ pub(crate) async fn exchange(
     let framing = encode::framing(&mut parts.headers, body.is_end_stream(), &body.size_hint());
     let mut out = Vec::with_capacity(256);
     encode::head(&parts, &mut out);
+    let head_len = out.len();
     conn.active.count_request();
     let mut buf = BytesMut::new();
     if framing == BodyFraming::None {
@@ -146,8 +151,9 @@ pub(crate) async fn exchange(
                 unsent: reused.then(|| Request::from_parts(parts, body)),
             });
         }
+        wrote_head(meter.as_deref(), &out, head_len);
     } else {
-        let mut sender = BodySender::new(framing, trailers);
+        let mut sender = BodySender::new(framing, trailers, meter.clone());
         if let Some(frame) = poll_now(body.frame()) {
             sender.queue(frame).map_err(request_body)?;
         }
@@ -158,6 +164,7 @@ pub(crate) async fn exchange(
             .write_all(&out)
             .await
             .map_err(|e| terminated(addr, &e))?;
+        wrote_head(meter.as_deref(), &out, head_len);
         // Boxed: most requests have no body, and inline this state would enlarge every
         // request's future (which tokio and hyper move around).
         let streamed = Box::pin(send_body(
@@ -178,10 +185,10 @@ pub(crate) async fn exchange(
                 head_request,
                 trailers,
             };
-            return Ok(respond(reader, buf, head, body, None, addr)?);
+            return Ok(respond(reader, buf, head, body, None, addr, meter)?);
         }
     }
-    let head = read_head(&mut conn.io, &mut buf, addr).await?;
+    let head = read_head(&mut conn.io, &mut buf, addr, wire(meter.as_deref())).await?;
     let body = Delimit {
         head_request,
         trailers,
@@ -193,7 +200,25 @@ pub(crate) async fn exchange(
         body,
         Some(release),
         addr,
+        meter,
     )?)
+}
+
+/// The meter's counts of the request's bytes, when it has one.
+fn wire(meter: Option<&AttemptTarget>) -> Option<&UpstreamWire> {
+    meter.map(AttemptTarget::wire)
+}
+
+/// Counts the written `out`: a request head of `head_len` bytes (its request line and blank
+/// line are not header bytes), then the start of its body.
+fn wrote_head(meter: Option<&AttemptTarget>, out: &[u8], head_len: usize) {
+    let Some(wire) = wire(meter) else { return };
+    let request_line = out
+        .iter()
+        .position(|b| *b == b'\n')
+        .map_or(head_len, |i| i + 1);
+    wire.wrote_head(head_len, head_len.saturating_sub(request_line + 2));
+    wire.wrote(out.len() - head_len);
 }
 
 /// Streams the request body until it ends, reading meanwhile: returns the response head
@@ -216,10 +241,15 @@ async fn send_body(
                 sender.queue(frame).map_err(request_body)?;
             }
             read = rd.read_buf(with_room(buf)) => {
-                if read.map_err(|e| terminated(addr, &e))? == 0 {
+                let n = read.map_err(|e| terminated(addr, &e))?;
+                if n == 0 {
                     return Err(closed_before_head(addr));
                 }
-                if let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))? {
+                let wire = wire(sender.meter.as_deref());
+                if let Some(w) = wire {
+                    w.read(n);
+                }
+                if let Some(head) = final_head(buf, wire).map_err(|e| protocol(addr, &e))? {
                     return Ok(Some(head));
                 }
             }
@@ -239,15 +269,17 @@ async fn write_some<W: AsyncWrite + Unpin>(
     }
 }
 
-/// Reads until a final (non-1xx) response head is complete.
+/// Reads until a final (non-1xx) response head is complete, counting what it reads in
+/// `wire`.
 async fn read_head(
     io: &mut UpstreamIo,
     buf: &mut BytesMut,
     addr: SocketAddr,
+    wire: Option<&UpstreamWire>,
 ) -> Result<Head, UpstreamError> {
     loop {
         if !buf.is_empty()
-            && let Some(head) = final_head(buf).map_err(|e| protocol(addr, &e))?
+            && let Some(head) = final_head(buf, wire).map_err(|e| protocol(addr, &e))?
         {
             return Ok(head);
         }
@@ -258,14 +290,24 @@ async fn read_head(
         if n == 0 {
             return Err(closed_before_head(addr));
         }
+        if let Some(w) = wire {
+            w.read(n);
+        }
     }
 }
 
 /// The final response head at the start of `buf`, skipping interim 1xx responses (Envoy
-/// does not forward them by default).
-fn final_head(buf: &mut BytesMut) -> Result<Option<Head>, DecodeError> {
+/// does not forward them by default); each head's header bytes are counted in `wire`.
+fn final_head(
+    buf: &mut BytesMut,
+    wire: Option<&UpstreamWire>,
+) -> Result<Option<Head>, DecodeError> {
     loop {
-        match decode::response_head(buf)? {
+        let head = decode::response_head(buf)?;
+        if let (Some(head), Some(wire)) = (&head, wire) {
+            wire.read_head(head.header_bytes);
+        }
+        match head {
             Some(head) if head.status() == StatusCode::SWITCHING_PROTOCOLS => {
                 return Err(DecodeError::Head(
                     "101 response to a request without upgrade",
@@ -292,6 +334,7 @@ fn respond(
     body: Delimit,
     release: Option<Release>,
     addr: SocketAddr,
+    meter: Option<Arc<AttemptTarget>>,
 ) -> Result<Response<ResponseBody>, UpstreamError> {
     let framing = head
         .framing(body.head_request)
@@ -299,7 +342,7 @@ fn respond(
     let release = release.filter(|_| head.keeps_alive(framing));
     Ok(head
         .response
-        .map(|()| ResponseBody::new(reader, buf, framing, release, body.trailers)))
+        .map(|()| ResponseBody::new(reader, buf, framing, release, body.trailers, meter)))
 }
 
 /// Polls `fut` once, without a real waker: its output if it is ready right away.
@@ -325,16 +368,19 @@ struct BodySender {
     done: bool,
     /// Encoded bytes not written yet.
     pending: Option<Framed>,
+    /// Counts the bytes written, for access logs.
+    meter: Option<Arc<AttemptTarget>>,
 }
 
 impl BodySender {
-    fn new(framing: BodyFraming, trailers: bool) -> Self {
+    fn new(framing: BodyFraming, trailers: bool, meter: Option<Arc<AttemptTarget>>) -> Self {
         BodySender {
             framing,
             trailers,
             sent: 0,
             done: false,
             pending: None,
+            meter,
         }
     }
 
@@ -352,8 +398,12 @@ impl BodySender {
 
     /// Accounts for one write of the pending bytes.
     fn wrote(&mut self, written: io::Result<usize>) -> io::Result<()> {
-        if written? == 0 {
+        let n = written?;
+        if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
+        }
+        if let Some(w) = wire(self.meter.as_deref()) {
+            w.wrote(n);
         }
         self.pending.take_if(|p| !p.has_remaining());
         Ok(())
@@ -408,10 +458,14 @@ impl BodySender {
     /// not reused, so a failure only ends the sending.
     async fn rest<W: AsyncWrite + Unpin>(mut self, mut wr: W, mut body: Body) {
         loop {
-            if let Some(mut framed) = self.pending.take()
-                && wr.write_all_buf(&mut framed).await.is_err()
-            {
-                return;
+            if let Some(mut framed) = self.pending.take() {
+                let n = framed.remaining();
+                if wr.write_all_buf(&mut framed).await.is_err() {
+                    return;
+                }
+                if let Some(w) = wire(self.meter.as_deref()) {
+                    w.wrote(n);
+                }
             }
             if self.done {
                 return;
