@@ -5,12 +5,13 @@
 //! client's chunks as they came, so several chunks read at once are framed differently), a
 //! chunked response, a keep-alive connection's second request (on the same upstream
 //! connection), a GET and a POST to an upstream over TLS (plaintext bytes, as Envoy's codec
-//! counts them), a direct response (no upstream) and a dead upstream (`503`, no connection).
+//! counts them), a request retried once (both attempts' bytes), a direct response (no upstream) and a dead upstream (`503`, no connection).
 
 use super::wire::{exchange, wire_upstream};
 use super::*;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use certs::{Ca, Issued};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
@@ -57,10 +58,26 @@ fn tls_upstream(cert: &Issued) -> u16 {
 /// The logger's line.
 const UPSTREAM_WIRE: &str = "%REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %UPSTREAM_WIRE_BYTES_SENT% %UPSTREAM_WIRE_BYTES_RECEIVED% %UPSTREAM_HEADER_BYTES_SENT% %UPSTREAM_HEADER_BYTES_RECEIVED% %UPSTREAM_LOCAL_ADDRESS%\n";
 
-/// The ports of the upstreams: plaintext, over TLS, and one nothing listens on.
+/// An upstream that answers its first request `503` and the others `hello world\n`.
+fn retried_upstream() -> u16 {
+    static ANSWERED: AtomicBool = AtomicBool::new(false);
+    ANSWERED.store(false, Ordering::Relaxed);
+    head_upstream(|_, s| {
+        let reply: &[u8] = if ANSWERED.swap(true, Ordering::Relaxed) {
+            b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\nhello world\n"
+        } else {
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
+        };
+        s.write_all(reply).is_ok()
+    })
+}
+
+/// The ports of the upstreams: plaintext, over TLS, one that fails its first request, and
+/// one nothing listens on.
 struct Upstreams {
     plain: u16,
     tls: u16,
+    retried: u16,
     dead: u16,
 }
 
@@ -87,18 +104,20 @@ fn upstream_wire_bootstrap(admin: u16, http: u16, up: &Upstreams, dir: &Path) ->
               - {{match: {{prefix: /direct}}, direct_response: {{status: 200, body: {{inline_string: abc}}}}}}
               - {{match: {{prefix: /dead}}, route: {{cluster: dead}}}}
               - {{match: {{prefix: /tls}}, route: {{cluster: tls}}}}
+              - {{match: {{prefix: /retried}}, route: {{cluster: retried, retry_policy: {{retry_on: 5xx, num_retries: 1}}}}}}
               - {{match: {{prefix: /up}}, route: {{cluster: up}}}}
   clusters:
-{up}{dead}{tls}"#,
+{up}{dead}{tls}{retried}"#,
         head = hcm_bootstrap_head(admin, http, "upstream_wire"),
         up = cluster("up", up.plain, ""),
         dead = cluster("dead", up.dead, ""),
         tls = cluster("tls", up.tls, &tls),
+        retried = cluster("retried", up.retried, ""),
     )
 }
 
 /// The requests, in order; how many lines they log.
-const LINES: usize = 10;
+const LINES: usize = 11;
 
 fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
     let ca = Ca::new("cluster.local");
@@ -106,6 +125,7 @@ fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<S
     let up = Upstreams {
         plain: wire_upstream(),
         tls: tls_upstream(&ca.server(&["up.test"]).issue()),
+        retried: retried_upstream(),
         dead: free_port(),
     };
     let (admin, http) = (free_port(), free_port());
@@ -138,6 +158,8 @@ fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<S
             b"POST /tls/post HTTP/1.1\r\nhost: h.test\r\ncontent-length: 10\r\n\r\n0123456789",
         ],
     );
+    // Retried once: both attempts' bytes.
+    exchange(http, &[b"GET /retried HTTP/1.1\r\nhost: h.test\r\n\r\n"]);
     exchange(http, &[b"GET /direct HTTP/1.1\r\nhost: h.test\r\n\r\n"]);
     let answer = send_raw(
         http,
