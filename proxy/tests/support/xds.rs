@@ -330,12 +330,12 @@ pub fn to_cluster(cluster: &str) -> String {
     format!("[{{match: {{prefix: \"/\"}}, route: {{cluster: {cluster}}}}}]")
 }
 
-/// An HTTP/1.1 upstream on 127.0.0.1 (a port from the suite's allocator) that answers every
-/// request with 200 and its name as the body, keeping connections alive. It runs until the
-/// test process exits.
+/// An HTTP/1.1 upstream on 127.0.0.1 that answers every request with 200 and its name as the
+/// body, keeping connections alive. It runs until the test process exits, so it binds a port
+/// the kernel picks (no other process can take it between a choice and the bind).
 pub fn upstream(name: &str) -> u16 {
-    let port = crate::ports::free_port();
-    let listener = TcpListener::bind(("127.0.0.1", port)).expect("bind upstream");
+    let listener = TcpListener::bind(("127.0.0.1", 0)).expect("bind upstream");
+    let port = listener.local_addr().expect("upstream address").port();
     let name = name.to_owned();
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
