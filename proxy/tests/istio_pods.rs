@@ -45,8 +45,6 @@ mod http1;
 mod netns;
 #[path = "differential/oracle.rs"]
 mod oracle;
-#[path = "support/ports.rs"]
-mod ports;
 #[path = "support/prometheus.rs"]
 mod prometheus;
 #[path = "support/skip.rs"]
