@@ -281,15 +281,7 @@ async fn delayed_close<S: Downstream>(stream: &mut S, buf: &mut BytesMut) {
     if stream.flush().await.is_err() {
         return;
     }
-    let client_closes = async {
-        loop {
-            buf.clear();
-            if !matches!(stream.read_buf(with_room(buf)).await, Ok(n) if n > 0) {
-                return;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DELAYED_CLOSE, client_closes).await;
+    read_until_closed(stream, buf, DELAYED_CLOSE).await;
     let _ = stream.shutdown().await;
 }
 
@@ -397,6 +389,15 @@ const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
 /// a socket with unread bytes resets the connection, which can destroy the answer before the
 /// client reads it.
 async fn linger<S: Downstream>(stream: &mut S, buf: &mut BytesMut) {
+    read_until_closed(stream, buf, LINGER).await;
+}
+
+/// Reads and drops what the client sends until it closes (or fails) or `limit` passes.
+async fn read_until_closed<S: Downstream>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    limit: std::time::Duration,
+) {
     let drain = async {
         loop {
             buf.clear();
@@ -405,7 +406,7 @@ async fn linger<S: Downstream>(stream: &mut S, buf: &mut BytesMut) {
             }
         }
     };
-    let _ = tokio::time::timeout(LINGER, drain).await;
+    let _ = tokio::time::timeout(limit, drain).await;
 }
 
 /// Reads more of the client's bytes; `false` when it closed (or the read failed). With nothing
