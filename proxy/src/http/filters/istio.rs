@@ -489,7 +489,9 @@ impl Observed {
             report_messages(m, &mut reported, ends, &self.store, &self.config);
         }
         let answer = self.response.as_ref();
-        let code = answer.map_or(0, |a| a.code).to_string();
+        // A status's text from http's static table; 0 when no response came.
+        let status = answer.and_then(|a| http::StatusCode::from_u16(a.code).ok());
+        let code = status.as_ref().map_or("0", http::StatusCode::as_str);
         let grpc_status = match self.grpc {
             true => self
                 .trailer_status
@@ -508,7 +510,7 @@ impl Observed {
                 None => self.parties.visit_ends(f),
             }
             f("request_protocol", if self.grpc { "grpc" } else { "http" });
-            f("response_code", &code);
+            f("response_code", code);
             f("grpc_response_status", grpc_status);
             f("response_flags", &flags);
             f("connection_security_policy", self.parties.security_policy());
