@@ -5,10 +5,14 @@
 //!
 //! Like the counters, histograms live in blocks: a fixed list of names under one prefix (a
 //! cluster's five), the prefix once and the histograms in one allocation.
+//!
+//! A flush visits only the blocks recorded into since the previous one (they put themselves on
+//! a [`Pending`] list at their first value of a period) and those the previous flush gave an
+//! interval, so its cost follows what traffic touched, not how many clusters exist.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use super::circllhist::{self, Bin, DECADES, PER_DECADE};
 
@@ -38,12 +42,14 @@ impl Shard {
     #[inline]
     fn record(&self, value: u64) {
         let bin = circllhist::bin_of(value);
+        // SeqCst, as the loads of `count` and `add_to` and the block's `dirty` flag: see
+        // `Values::record`. (On x86 every read-modify-write is already a full barrier.)
         if bin == 0 {
-            self.zero.fetch_add(1, Ordering::Relaxed);
+            self.zero.fetch_add(1, Ordering::SeqCst);
             return;
         }
         let i = usize::from(bin) - 1;
-        self.decade(i / PER_DECADE)[i % PER_DECADE].fetch_add(1, Ordering::Relaxed);
+        self.decade(i / PER_DECADE)[i % PER_DECADE].fetch_add(1, Ordering::SeqCst);
     }
 
     fn decade(&self, d: usize) -> &Decade {
@@ -78,14 +84,14 @@ impl Shard {
         });
         let binned: u64 = decades
             .flat_map(|d| d.iter())
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|c| c.load(Ordering::SeqCst))
             .sum();
-        self.zero.load(Ordering::Relaxed) + binned
+        self.zero.load(Ordering::SeqCst) + binned
     }
 
     /// Adds this shard's counts to `totals` (indexed by bin).
     fn add_to(&self, totals: &mut [u64]) {
-        totals[0] += self.zero.load(Ordering::Relaxed);
+        totals[0] += self.zero.load(Ordering::SeqCst);
         for (d, cell) in self.decades.iter().enumerate() {
             let p = cell.load(Ordering::Acquire);
             if p.is_null() {
@@ -94,7 +100,7 @@ impl Shard {
             // SAFETY: as in `decade`.
             let decade = unsafe { &*p };
             for (i, c) in decade.iter().enumerate() {
-                totals[1 + d * PER_DECADE + i] += c.load(Ordering::Relaxed);
+                totals[1 + d * PER_DECADE + i] += c.load(Ordering::SeqCst);
             }
         }
     }
@@ -184,9 +190,60 @@ pub(super) struct Values {
     settings: Arc<BucketSettings>,
     /// How many thread slots a histogram's shards have (the workers and one more).
     slots: Arc<AtomicUsize>,
-    /// Whether any of its histograms has a value: a stats flush passes over the others (most
-    /// of an Istio sidecar's thousands of clusters never see a request).
-    recorded: std::sync::atomic::AtomicBool,
+    /// Whether the block is on `pending` for the next flush.
+    dirty: AtomicBool,
+    /// The list the block puts itself on when recorded into.
+    pending: Arc<Pending>,
+    /// The block itself, for `pending`.
+    me: Weak<Values>,
+}
+
+/// The blocks recorded into since the last stats flush, each once.
+#[derive(Debug, Default)]
+pub(super) struct Pending(Mutex<Vec<Weak<Values>>>);
+
+impl Pending {
+    /// Takes the blocks listed so far (those still alive).
+    fn take(&self) -> Vec<Arc<Values>> {
+        std::mem::take(&mut *self.0.lock().expect("histogram lock"))
+            .into_iter()
+            .filter_map(|b| b.upgrade())
+            .collect()
+    }
+}
+
+/// What a stats flush merges: the blocks recorded into since the previous flush, and those the
+/// previous flush left an interval in (it must become empty if nothing came since).
+#[derive(Debug, Default)]
+pub(super) struct FlushSet {
+    pending: Arc<Pending>,
+    with_interval: Mutex<Vec<Weak<Values>>>,
+}
+
+impl FlushSet {
+    /// The list blocks made for this set put themselves on.
+    pub(super) fn pending(&self) -> Arc<Pending> {
+        self.pending.clone()
+    }
+
+    /// A stats flush: every histogram's values since the last one become its interval and
+    /// join its cumulative view; the blocks not visited keep an empty interval.
+    pub(super) fn flush(&self) {
+        let mut with_interval = self.with_interval.lock().expect("histogram lock");
+        let recorded = self.pending.take();
+        let mut totals = vec![0u64; circllhist::BINS];
+        let fresh: std::collections::HashSet<*const Values> =
+            recorded.iter().map(Arc::as_ptr).collect();
+        for b in std::mem::take(&mut *with_interval) {
+            if let Some(b) = b.upgrade().filter(|b| !fresh.contains(&Arc::as_ptr(b))) {
+                b.flush_with(&mut totals);
+            }
+        }
+        for b in &recorded {
+            b.flush_with(&mut totals);
+        }
+        *with_interval = recorded.iter().map(Arc::downgrade).collect();
+    }
 }
 
 /// A block of histograms under one prefix. Cheap to clone; every clone is the same block.
@@ -221,11 +278,13 @@ impl Histogram {
 }
 
 impl Values {
-    pub(super) fn new(
+    fn new(
         prefix: &str,
         names: &'static [&'static str],
         settings: Arc<BucketSettings>,
         slots: Arc<AtomicUsize>,
+        pending: Arc<Pending>,
+        me: Weak<Values>,
     ) -> Self {
         Values {
             prefix: prefix.into(),
@@ -237,13 +296,10 @@ impl Values {
                 .collect(),
             settings,
             slots,
-            recorded: std::sync::atomic::AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            pending,
+            me,
         }
-    }
-
-    /// Whether any of the block's histograms has a value.
-    pub(super) fn recorded(&self) -> bool {
-        self.recorded.load(Ordering::Relaxed)
     }
 
     pub(super) fn names(&self) -> &'static [&'static str] {
@@ -253,12 +309,28 @@ impl Values {
     #[inline]
     fn record(&self, index: usize, value: u64) {
         let shards = self.histos[index].shards.get_or_init(|| {
-            self.recorded.store(true, Ordering::Relaxed);
             let n = self.slots.load(Ordering::Relaxed).max(1);
             (0..n).map(|_| Shard::default()).collect()
         });
         let slot = SHARD.with(Cell::get);
         shards.get(slot).unwrap_or(&shards[0]).record(value);
+        // After the value: a flush clears the flag before it reads the values, so either it
+        // sees this value or this load sees the flag cleared and lists the block again.
+        if !self.dirty.load(Ordering::SeqCst) {
+            self.list_for_flush();
+        }
+    }
+
+    /// Puts the block on the next flush's list, once per flush period.
+    #[cold]
+    fn list_for_flush(&self) {
+        if !self.dirty.swap(true, Ordering::SeqCst) {
+            self.pending
+                .0
+                .lock()
+                .expect("histogram lock")
+                .push(self.me.clone());
+        }
     }
 
     /// Merges every histogram's shards: the interval becomes what was recorded since the
@@ -271,6 +343,7 @@ impl Values {
     /// [`Values::flush`] with `totals` (`circllhist::BINS` long) as scratch space: one buffer
     /// for a whole stats flush rather than one per block.
     pub(super) fn flush_with(&self, totals: &mut [u64]) {
+        self.dirty.store(false, Ordering::SeqCst);
         for h in &self.histos {
             let mut merged = h.merged.lock().expect("histogram lock");
             let Some(shards) = h.shards.get() else {
@@ -340,8 +413,11 @@ impl HistogramBlock {
         names: &'static [&'static str],
         settings: Arc<BucketSettings>,
         slots: Arc<AtomicUsize>,
+        pending: Arc<Pending>,
     ) -> Self {
-        HistogramBlock(Arc::new(Values::new(prefix, names, settings, slots)))
+        HistogramBlock(Arc::new_cyclic(|me| {
+            Values::new(prefix, names, settings, slots, pending, me.clone())
+        }))
     }
 
     /// The histogram at `index` of the block's names.
@@ -396,6 +472,7 @@ mod tests {
             &NAMES,
             Arc::default(),
             Arc::new(AtomicUsize::new(slots)),
+            Arc::default(),
         )
     }
 
@@ -426,6 +503,48 @@ mod tests {
         let v = view(&b, 0);
         assert!(v.interval().is_empty() && v.used());
         assert_eq!(v.name, "x.a_ms");
+    }
+
+    #[test]
+    fn a_flush_set_merges_recorded_blocks_and_empties_their_intervals_later() {
+        static NAMES: [&str; 1] = ["t_ms"];
+        let set = FlushSet::default();
+        let make = |prefix| {
+            HistogramBlock::values(
+                prefix,
+                &NAMES,
+                Arc::default(),
+                Arc::new(AtomicUsize::new(1)),
+                set.pending(),
+            )
+        };
+        let (a, b) = (make("a."), make("b."));
+        a.get(0).record(3);
+        a.get(0).record(4);
+        set.flush();
+        assert_eq!(circllhist::count(view(&a, 0).interval()), 2);
+        assert!(!view(&b, 0).used());
+        // Listed once per period however many values come.
+        assert!(set.pending.0.lock().unwrap().is_empty());
+        b.get(0).record(7);
+        b.get(0).record(8);
+        assert_eq!(set.pending.0.lock().unwrap().len(), 1);
+        set.flush();
+        // `a` had nothing new: its interval is emptied though it was not recorded into.
+        let va = view(&a, 0);
+        assert!(va.interval().is_empty() && va.used());
+        assert_eq!(circllhist::count(va.cumulative()), 2);
+        assert_eq!(circllhist::count(view(&b, 0).interval()), 2);
+        a.get(0).record(5);
+        set.flush();
+        assert_eq!(circllhist::count(view(&a, 0).interval()), 1);
+        assert_eq!(circllhist::count(view(&a, 0).cumulative()), 3);
+        assert!(view(&b, 0).interval().is_empty());
+        // A block dropped while listed is skipped.
+        let c = make("c.");
+        c.get(0).record(1);
+        drop(c);
+        set.flush();
     }
 
     #[test]
@@ -465,10 +584,16 @@ mod tests {
             (StringMatcher::Prefix("x.".into(), false), vec![7.0]),
         ]));
         static NAMES: [&str; 2] = ["a_ms", "b_ms"];
-        let b = HistogramBlock::values("x.", &NAMES, settings, Arc::default());
+        let b = HistogramBlock::values("x.", &NAMES, settings, Arc::default(), Arc::default());
         let bounds: Vec<Vec<f64>> = b.0.views().map(|v| v.bounds.to_vec()).collect();
         assert_eq!(bounds, [vec![7.0], vec![1.0, 10.0]]);
-        let d = HistogramBlock::values("y.", &NAMES[..1], Arc::default(), Arc::default());
+        let d = HistogramBlock::values(
+            "y.",
+            &NAMES[..1],
+            Arc::default(),
+            Arc::default(),
+            Arc::default(),
+        );
         assert_eq!(
             d.0.views().next().map(|v| v.bounds.len()),
             Some(circllhist::DEFAULT_BUCKETS.len())

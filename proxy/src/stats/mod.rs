@@ -514,6 +514,8 @@ struct Histograms {
     settings: Mutex<Arc<BucketSettings>>,
     /// Thread slots per histogram: the workers, and one for every other thread.
     slots: Arc<AtomicUsize>,
+    /// The blocks the next flush visits.
+    flush: histogram::FlushSet,
 }
 
 impl Store {
@@ -660,7 +662,13 @@ impl Store {
             return b.clone();
         }
         let settings = self.histograms.settings.lock().expect("stats lock").clone();
-        let b = HistogramBlock::values(prefix, names, settings, self.histograms.slots.clone());
+        let b = HistogramBlock::values(
+            prefix,
+            names,
+            settings,
+            self.histograms.slots.clone(),
+            self.histograms.flush.pending(),
+        );
         blocks.insert(prefix.into(), b.clone());
         b
     }
@@ -683,7 +691,13 @@ impl Store {
             return b.clone().single();
         }
         let settings = self.histograms.settings.lock().expect("stats lock").clone();
-        let b = HistogramBlock::values(name, &SINGLE, settings, Arc::new(AtomicUsize::new(1)));
+        let b = HistogramBlock::values(
+            name,
+            &SINGLE,
+            settings,
+            Arc::new(AtomicUsize::new(1)),
+            self.histograms.flush.pending(),
+        );
         blocks.insert(name.into(), b.clone());
         b.single()
     }
@@ -691,18 +705,7 @@ impl Store {
     /// A stats flush: every histogram's values since the last one become its interval and
     /// join its cumulative view.
     pub fn flush_histograms(&self) {
-        let blocks: Vec<HistogramBlock> = {
-            let blocks = self.histograms.blocks.lock().expect("stats lock");
-            blocks
-                .values()
-                .filter(|b| b.0.recorded())
-                .cloned()
-                .collect()
-        };
-        let mut totals = vec![0u64; circllhist::BINS];
-        for b in blocks {
-            b.0.flush_with(&mut totals);
-        }
+        self.histograms.flush.flush();
     }
 
     /// Every histogram as the last flush left it, sorted by name.
