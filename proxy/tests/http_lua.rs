@@ -414,10 +414,23 @@ fn lua_filter_matches_envoy() {
         let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
         let yaml = bootstrap(admin, &ports, up);
         let _proxy = filter_diff::start(envoy, &yaml, 131, admin);
-        observe(&ports, admin)
+        let seen = observe(&ports, admin);
+        let vms = filter_diff::stat_lines(admin, &["lua.lua_vm_count"]);
+        (seen, vms[0].clone())
     };
-    let expected = run(Some(&envoy));
-    let got = run(None);
+    let (expected, envoy_vms) = run(Some(&envoy));
+    let (got, revoy_vms) = run(None);
+    // Lua states alive: Envoy keeps one per script per thread from the start, revoy a pool
+    // per script that grows with the requests running a script at once (one at a time here).
+    let count = |line: &str| -> u64 {
+        let value = line.strip_prefix("lua.lua_vm_count: ").unwrap_or("absent");
+        value.parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    let (envoy_vms, revoy_vms) = (count(&envoy_vms), count(&revoy_vms));
+    assert!(
+        revoy_vms > 0 && revoy_vms <= envoy_vms,
+        "lua_vm_count: revoy {revoy_vms}, Envoy {envoy_vms}"
+    );
     // The cases must exercise the scripts: a local reply, a rewritten body, a call's answer,
     // a rewritten path routed again, a body beyond the buffer limit.
     for mark in [

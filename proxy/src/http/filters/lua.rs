@@ -9,7 +9,8 @@
 //! revoy's requests move between threads while they wait, so each script has a small pool of
 //! states instead: a request borrows one for a coroutine and gives it back, so globals are
 //! shared by the requests that happen to reuse a state. A request the filter has no entry
-//! point for borrows nothing.
+//! point for borrows nothing. The gauge `lua.lua_vm_count` counts the states alive (Envoy's
+//! counts its one per script per thread, the main thread's included).
 //!
 //! The handle API is in [`handle`], `streamInfo():dynamicMetadata()` in
 //! [`dynamic_metadata`]. Not supported (a Lua error saying so, never silently ignored):
@@ -32,7 +33,7 @@ use crate::config::http_filter::lua::{
     ON_RESPONSE, PerRouteScript,
 };
 use crate::route::metadata::DynamicMetadata;
-use crate::stats::{Counter, Store};
+use crate::stats::{Counter, Gauge, Store};
 use handle::{Flow, Handle, StreamCtx};
 
 /// Idle states kept per script.
@@ -51,9 +52,45 @@ pub(super) struct Lua {
     errors: Counter,
 }
 
+/// The gauge of the Lua states alive, process-wide (Envoy's name).
+const VM_COUNT: &str = "lua.lua_vm_count";
+
+/// A Lua state, counted in [`VM_COUNT`] while it lives.
+struct Vm {
+    lua: mlua::Lua,
+    count: Gauge,
+}
+
+impl Vm {
+    fn new(count: &Gauge) -> Vm {
+        count.inc();
+        Vm {
+            lua: mlua::Lua::new(),
+            count: count.clone(),
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        self.count.dec();
+    }
+}
+
+impl std::ops::Deref for Vm {
+    type Target = mlua::Lua;
+
+    fn deref(&self) -> &mlua::Lua {
+        &self.lua
+    }
+}
+
 /// Idle Lua states, by script (a per-route script's entry goes when its route does).
-#[derive(Default)]
-struct States(Mutex<Vec<(Weak<LuaScript>, Vec<mlua::Lua>)>>);
+struct States {
+    idle: Mutex<Vec<(Weak<LuaScript>, Vec<Vm>)>>,
+    /// [`VM_COUNT`].
+    count: Gauge,
+}
 
 impl std::fmt::Debug for States {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -62,10 +99,17 @@ impl std::fmt::Debug for States {
 }
 
 impl States {
+    fn new(store: &Store) -> States {
+        States {
+            idle: Mutex::default(),
+            count: store.gauge(VM_COUNT),
+        }
+    }
+
     /// An idle state of `script`, or a new one with its top level run.
-    fn take(&self, script: &Arc<LuaScript>) -> Option<mlua::Lua> {
+    fn take(&self, script: &Arc<LuaScript>) -> Option<Vm> {
         {
-            let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            let mut all = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             all.retain(|(s, _)| s.strong_count() > 0);
             if let Some((_, idle)) = all
                 .iter_mut()
@@ -75,7 +119,7 @@ impl States {
                 return Some(lua);
             }
         }
-        let lua = mlua::Lua::new();
+        let lua = Vm::new(&self.count);
         if let Err(e) = handle::define_globals(&lua) {
             tracing::error!("script load error: {}", config::message(&e));
             return None;
@@ -90,8 +134,8 @@ impl States {
     }
 
     /// Gives `lua` back to `script`'s idle states.
-    fn give_back(&self, script: &Arc<LuaScript>, lua: mlua::Lua) {
-        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+    fn give_back(&self, script: &Arc<LuaScript>, lua: Vm) {
+        let mut all = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         match all
             .iter_mut()
             .find(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(script)))
@@ -128,7 +172,7 @@ impl Lua {
         Lua {
             name,
             config: config.clone(),
-            states: States::default(),
+            states: States::new(store),
             executions: counter("executions"),
             errors: counter("errors"),
         }
@@ -335,4 +379,42 @@ fn with_trailers(bytes: Bytes, trailers: Option<HeaderMap>) -> Body {
             trailers
         )))),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vm_gauge_counts_the_states_alive_in_and_out_of_the_pool() {
+        let store = Store::new();
+        let states = States::new(&store);
+        let gauge = store.gauge(VM_COUNT);
+        let script = Arc::new(LuaScript::load("x = 1").expect("a script"));
+        assert_eq!(gauge.value(), 0, "no state before a request needs one");
+        let a = states.take(&script).expect("a state");
+        let b = states.take(&script).expect("a second state");
+        assert_eq!(gauge.value(), 2);
+        states.give_back(&script, a);
+        states.give_back(&script, b);
+        assert_eq!(gauge.value(), 2, "idle states are kept");
+        let reused = states.take(&script).expect("an idle state");
+        assert_eq!(gauge.value(), 2, "taken from the pool, not made");
+        drop(reused);
+        assert_eq!(gauge.value(), 1, "a state dropped mid-request is gone");
+        let many: Vec<Vm> = (0..IDLE_STATES + 3)
+            .map(|_| states.take(&script).expect("a state"))
+            .collect();
+        assert_eq!(gauge.value(), (IDLE_STATES + 3) as u64);
+        for vm in many {
+            states.give_back(&script, vm);
+        }
+        assert_eq!(
+            gauge.value(),
+            IDLE_STATES as u64,
+            "the pool keeps at most its idle limit"
+        );
+        drop(states);
+        assert_eq!(gauge.value(), 0);
+    }
 }
