@@ -569,6 +569,25 @@ async fn xff() {
         Case::get("skip_xff_append", "/")
             .listener(3)
             .header("x-forwarded-for", "203.0.113.7"),
+        Case::get("add_user_agent, no user-agent", "/")
+            .listener(4)
+            .expect("upstream.header.user-agent", "test-cluster")
+            .expect(
+                "upstream.header.x-envoy-downstream-service-node",
+                "test-node",
+            ),
+        Case::get("add_user_agent, client's user-agent and cluster", "/")
+            .listener(4)
+            .header("user-agent", "curl/8.5.0")
+            .header("x-envoy-downstream-service-cluster", "web")
+            .expect("upstream.header.user-agent", "curl/8.5.0")
+            .expect(
+                "upstream.header.x-envoy-downstream-service-cluster",
+                "test-cluster",
+            ),
+        Case::get("add_user_agent, empty user-agent", "/")
+            .listener(4)
+            .header("user-agent", ""),
     ];
     run("xff", &cases).await;
 }

@@ -17,6 +17,13 @@
 //!   (nested, and its duration shortened through `fixed_duration_ms`).
 //! - csrf (`samesite`): the cors and csrf filters on the routes its `verify.sh` posts to.
 //! - rbac: a matcher tree, which revoy refuses (see its test).
+//! - grpc-bridge (envoyproxy/examples, where it moved): its client-side proxy (HTTP/1.1 in
+//!   through `grpc_http1_bridge`) in front of its server-side proxy in front of its KV service
+//!   (`sandboxes/grpc_kv.rs`), both proxies Envoy, then both revoy: the client's calls (set,
+//!   get, a key never set, a method the service lacks, a failure after headers), what the
+//!   service saw, and both proxies' request stats (the bridge has none of its own since Envoy
+//!   1.19); then the same chain with HTTP/2 between the proxies (the sandbox's HTTP/1.1 hop
+//!   drops the service's trailers before they reach the bridge).
 //!
 //! The cors and lua sandboxes are compared in `http_cors.rs` and `http_lua.rs`.
 //!
@@ -38,6 +45,10 @@ mod codings;
 mod configs;
 #[path = "support/filter_diff.rs"]
 mod filter_diff;
+#[path = "sandboxes/grpc_kv.rs"]
+mod grpc_kv;
+#[path = "support/h2_server.rs"]
+mod h2_server;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -486,5 +497,114 @@ fn rbac_sandbox_matcher_tree_is_refused() {
     assert!(
         stderr.contains("matcher") && stderr.contains("RBAC matcher trees are not implemented"),
         "{stderr}"
+    );
+}
+
+/// The grpc-bridge sandbox's calls: (method, message) as its client sends them, `set foo bar`
+/// and `get foo` (its `verify.sh`), then a key never set, a method the service lacks, and the
+/// test service's failure after headers.
+fn grpc_bridge_calls() -> Vec<(&'static str, Vec<u8>)> {
+    let key = |k: &str| grpc_kv::encode_string(1, k);
+    vec![
+        (
+            "Set",
+            [key("foo"), grpc_kv::encode_string(2, "bar")].concat(),
+        ),
+        ("Get", key("foo")),
+        ("Get", key("missing")),
+        ("Delete", key("foo")),
+        ("Fail", key("foo")),
+    ]
+}
+
+/// Runs the grpc-bridge sandbox's chain with Envoy (`envoy`, both proxies) or revoy: a new KV
+/// service, the server-side proxy in front of it, the client-side proxy (`client`, its
+/// bootstrap) in front of that. Returns, per call, what the client got and what the service
+/// saw; then each proxy's request stats.
+fn grpc_bridge(envoy: Option<&Path>, client: &str) -> Vec<String> {
+    let kv = grpc_kv::kv();
+    let (server_admin, server_port) = (free_port(), free_port());
+    let server_yaml = configs::fill(
+        configs::GRPC_BRIDGE_SERVER,
+        &[
+            ("ADMIN", server_admin),
+            ("P0", server_port),
+            ("UP", kv.port),
+        ],
+    );
+    let _server = filter_diff::start(envoy, &server_yaml, 141, server_admin);
+    let (client_admin, client_port) = (free_port(), free_port());
+    let client_yaml = configs::fill(
+        client,
+        &[
+            ("ADMIN", client_admin),
+            ("P0", client_port),
+            ("UP", server_port),
+        ],
+    );
+    let _client = filter_diff::start(envoy, &client_yaml, 142, client_admin);
+    let mut seen: Vec<String> = grpc_bridge_calls()
+        .iter()
+        .map(|(method, message)| {
+            let answer = grpc_kv::send(client_port, method, message);
+            format!("{method}\n{answer}\nservice saw: {:#?}", kv.take())
+        })
+        .collect();
+    seen.push(request_stats(client_admin, "egress_http", "backend-proxy"));
+    seen.push(request_stats(
+        server_admin,
+        "ingress_http",
+        "backend_grpc_service",
+    ));
+    seen
+}
+
+/// A proxy's request stats: its connection manager's (`prefix`) `downstream_rq_*` and its
+/// cluster's `upstream_rq_*`, and any gRPC stats (as [`stats`] gives them); the per-listener
+/// copies `listener.<address>.http.<prefix>.*` left out (revoy has none: README, stats).
+fn request_stats(admin: u16, prefix: &str, cluster: &str) -> String {
+    let manager = format!("http.{prefix}.downstream_rq_");
+    let upstream = format!("cluster.{cluster}.upstream_rq_");
+    let all = stats(admin, &[&manager, &upstream, ".grpc."]);
+    let lines: Vec<&str> = all
+        .lines()
+        .filter(|l| !l.starts_with("listener."))
+        .collect();
+    lines.join("\n")
+}
+
+#[test]
+fn grpc_bridge_sandbox_matches_envoy() {
+    let Some(envoy) = oracle::envoy_or_skip("grpc_bridge_sandbox_matches_envoy") else {
+        return;
+    };
+    let expected = grpc_bridge(Some(&envoy), configs::GRPC_BRIDGE_CLIENT);
+    assert_same(&expected, &grpc_bridge(None, configs::GRPC_BRIDGE_CLIENT));
+    // What verify.sh checks: `get foo` answers `bar` (GetResponse field 1).
+    assert!(
+        expected[1].contains(" 200 ") && expected[1].contains(r"\x00\x00\x00\x00\x05\n\x03bar"),
+        "{expected:#?}"
+    );
+    // The sandbox's proxies speak HTTP/1.1 to each other: the server-side proxy drops the
+    // service's trailers, so the bridge has none to read and a failure reaches the client as a
+    // 200 without `grpc-status`.
+    assert!(
+        expected[4].contains(" 200 ") && !expected[4].contains("grpc-status"),
+        "{expected:#?}"
+    );
+    // With HTTP/2 between the proxies (not the sandbox's config), the trailers reach the
+    // bridge: the failure after headers becomes a 503 with its status in headers, and a
+    // trailers-only answer stays a 200 with its status in headers.
+    let h2 = configs::GRPC_BRIDGE_CLIENT
+        .replace("http_protocol_options: {}", "http2_protocol_options: {}");
+    let expected = grpc_bridge(Some(&envoy), &h2);
+    assert_same(&expected, &grpc_bridge(None, &h2));
+    assert!(
+        expected[4].contains(" 503 ") && expected[4].contains("grpc-status: 5"),
+        "{expected:#?}"
+    );
+    assert!(
+        expected[3].contains(" 200 ") && expected[3].contains("grpc-status: 12"),
+        "{expected:#?}"
     );
 }

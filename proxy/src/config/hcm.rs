@@ -158,6 +158,10 @@ pub struct HcmConfig {
     pub xff_num_trusted_hops: u32,
     /// Do not append the peer address to `x-forwarded-for`.
     pub skip_xff_append: bool,
+    /// `add_user_agent`: requests name the proxy's cluster in
+    /// `x-envoy-downstream-service-cluster` (and in `user-agent` when they have none) and its
+    /// node in `x-envoy-downstream-service-node`.
+    pub add_user_agent: bool,
     /// Value of the `server` response header.
     pub server_name: http::HeaderValue,
     /// `strip_trailing_host_dot`: a host's trailing dot is removed before routing.
@@ -255,11 +259,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
     }
     const NO_EFFECT: &str = "not implemented by revoy; it has no effect";
     let skipped = [
-        (
-            hcm.add_user_agent.is_some_and(|b| b.value),
-            "add_user_agent",
-            "no user-agent or x-envoy-downstream-service-cluster is added",
-        ),
         (
             hcm.scheme_header_transformation.is_some(),
             "scheme_header_transformation",
@@ -578,6 +577,7 @@ pub fn compile_hcm(
         use_remote_address: hcm.use_remote_address.is_some_and(|b| b.value),
         xff_num_trusted_hops: hcm.xff_num_trusted_hops,
         skip_xff_append: hcm.skip_xff_append,
+        add_user_agent: hcm.add_user_agent.is_some_and(|b| b.value),
         server_name: if hcm.server_name.is_empty() {
             http::HeaderValue::from_static("envoy")
         } else {

@@ -1,6 +1,6 @@
 //! The HTTP connection manager's own header rules (Envoy's `mutateRequestHeaders` and
 //! response counterpart): hop-by-hop removal, `x-forwarded-for`/`-proto`, `x-request-id`,
-//! `x-envoy-internal`, and the `server` header.
+//! `x-envoy-internal`, `add_user_agent`'s headers, and the `server` header.
 
 use bytes::Bytes;
 use std::net::{IpAddr, SocketAddr};
@@ -10,6 +10,7 @@ use http::header::{self, Entry, HeaderMap, HeaderName, HeaderValue};
 
 use crate::config::hcm::{HcmConfig, ServerHeader, Underscores};
 use crate::tls::PeerTls;
+use crate::trace::LocalInfo;
 use crate::wire::{has_token, strip_hop_by_hop};
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -18,6 +19,10 @@ pub static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-
 static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static X_ENVOY_INTERNAL: HeaderName = HeaderName::from_static("x-envoy-internal");
 static X_ENVOY_EXTERNAL_ADDRESS: HeaderName = HeaderName::from_static("x-envoy-external-address");
+static X_ENVOY_DOWNSTREAM_SERVICE_CLUSTER: HeaderName =
+    HeaderName::from_static("x-envoy-downstream-service-cluster");
+static X_ENVOY_DOWNSTREAM_SERVICE_NODE: HeaderName =
+    HeaderName::from_static("x-envoy-downstream-service-node");
 
 /// `x-envoy-*` request headers Envoy removes from external (edge) requests.
 const INTERNAL_ONLY: [&str; 19] = [
@@ -180,8 +185,14 @@ fn new_request_id() -> HeaderValue {
     id
 }
 
-/// Applies the connection manager's request rules to `headers`.
-pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMap) -> RequestFacts {
+/// Applies the connection manager's request rules to `headers` (`local`: the proxy's node,
+/// for `add_user_agent`).
+pub fn mutate_request(
+    cfg: &HcmConfig,
+    down: &Downstream,
+    local: &LocalInfo,
+    headers: &mut HeaderMap,
+) -> RequestFacts {
     let upgrade = upgrade_requested(headers);
     strip_hop_by_hop(headers);
     append_via(cfg, headers);
@@ -255,6 +266,9 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         }
         (client, internal)
     };
+    if cfg.add_user_agent {
+        add_user_agent(local, headers);
+    }
     let edge_external = cfg.use_remote_address && !internal;
     if cfg.generate_request_id {
         match headers.entry(&X_REQUEST_ID) {
@@ -271,6 +285,29 @@ pub fn mutate_request(cfg: &HcmConfig, down: &Downstream, headers: &mut HeaderMa
         client,
         internal,
         upgrade,
+    }
+}
+
+/// `add_user_agent`, after the internal headers are cleaned as in Envoy: the proxy's cluster
+/// (empty when unset, as Envoy sends it) replaces `x-envoy-downstream-service-cluster` and
+/// becomes the `user-agent` of a request with none or an empty one; its node id, when set,
+/// replaces `x-envoy-downstream-service-node`.
+fn add_user_agent(local: &LocalInfo, headers: &mut HeaderMap) {
+    let Ok(cluster) = HeaderValue::from_str(&local.cluster) else {
+        return;
+    };
+    if headers
+        .get(header::USER_AGENT)
+        .is_none_or(HeaderValue::is_empty)
+    {
+        headers.insert(header::USER_AGENT, cluster.clone());
+    }
+    headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_CLUSTER, cluster);
+    if let Some(node) = (!local.node_id.is_empty())
+        .then(|| HeaderValue::from_str(&local.node_id).ok())
+        .flatten()
+    {
+        headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_NODE, node);
     }
 }
 

@@ -63,7 +63,12 @@ pub async fn handle(mut req: Request<Body>, ctx: &ConnContext) -> Response<Body>
             .wire
             .as_ref()
             .map(|w| super::wire_meter::StreamWire::start(&req, w, ctx.hcm.config.http1_trailers));
-        let facts = forwarding::mutate_request(&ctx.hcm.config, &ctx.down, req.headers_mut());
+        let facts = forwarding::mutate_request(
+            &ctx.hcm.config,
+            &ctx.down,
+            &ctx.shared.tracers.local,
+            req.headers_mut(),
+        );
         // A clone of a header value parsed from the request allocates: only when needed. A
         // forced trace (the header survives only on internal requests) echoes the id too.
         let id = if ctx.hcm.config.always_set_request_id_in_response

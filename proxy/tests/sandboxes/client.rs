@@ -114,7 +114,7 @@ fn complete(response: &[u8], head_only: bool) -> Option<bool> {
 /// Reads one response from `conn`, up to its end as framed: a proxy may delay closing after
 /// a local reply (Envoy's `delayed_close_timeout`), and waiting for that would let a rate
 /// limiter's bucket refill between requests.
-fn read_response(conn: &mut impl Read, head_only: bool) -> Vec<u8> {
+pub fn read_response(conn: &mut impl Read, head_only: bool) -> Vec<u8> {
     let mut response = Vec::new();
     let mut buf = [0u8; 16384];
     while complete(&response, head_only) != Some(true) {

@@ -1,8 +1,9 @@
-//! The sandboxes' bootstraps, copied from envoyproxy/envoy `examples/` (each names its file)
-//! and rewritten alike: every address loopback, the ports free ones (`@ADMIN@` the admin,
-//! `@P0@` and `@P1@` the listeners in the sandbox's order, `@UP@` the test backend, `@AUTHZ@`
-//! the test's authorization service, each filled by [`fill`]), DNS clusters STATIC on those
-//! ports, and the router's `typed_config` written out where the sandbox left it empty.
+//! The sandboxes' bootstraps, copied from envoyproxy/envoy `examples/` or envoyproxy/examples,
+//! where they moved (each names its file), and rewritten alike: every address loopback, the
+//! ports free ones (`@ADMIN@` the admin, `@P0@` and `@P1@` the listeners in the sandbox's
+//! order, `@UP@` the test backend or the next proxy of a chain, `@AUTHZ@` the test's
+//! authorization service, each filled by [`fill`]), DNS clusters STATIC on those ports, and the
+//! router's `typed_config` written out where the sandbox left it empty.
 
 /// `template` with every `@NAME@` of `ports` replaced by its port.
 pub fn fill(template: &str, ports: &[(&str, u16)]) -> String {
@@ -1151,6 +1152,139 @@ static_resources:
                 address: 127.0.0.1
                 port_value: @UP@
 
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/examples `grpc-bridge/client/envoy-proxy.yaml` (at
+/// 7b6984256bb7335d34aaf09c47a628423a9273a1; the sandbox moved there from envoyproxy/envoy
+/// `examples/`): the client-side proxy, HTTP/1.1 in through `grpc_http1_bridge`, out to the
+/// server-side proxy (`@UP@`) over HTTP/1.1.
+pub const GRPC_BRIDGE_CLIENT: &str = r#"# From envoyproxy/examples grpc-bridge/client/envoy-proxy.yaml (rewritten: loopback, free
+# ports, a STATIC cluster, an admin).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          add_user_agent: true
+          access_log:
+          - name: envoy.access_loggers.stdout
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
+          stat_prefix: egress_http
+          common_http_protocol_options:
+            idle_timeout: 0.840s
+          use_remote_address: true
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - grpc
+              routes:
+              - match:
+                  prefix: "/"
+                route:
+                  cluster: backend-proxy
+          http_filters:
+          - name: envoy.filters.http.grpc_http1_bridge
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.grpc_http1_bridge.v3.Config
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: backend-proxy
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: {}
+    load_assignment:
+      cluster_name: backend-proxy
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
+admin:
+  address:
+    socket_address:
+      address: 127.0.0.1
+      port_value: @ADMIN@
+"#;
+
+/// envoyproxy/examples `grpc-bridge/server/envoy-proxy.yaml` (at
+/// 7b6984256bb7335d34aaf09c47a628423a9273a1): the server-side proxy, routing gRPC requests to
+/// the KV service (`@UP@`) over HTTP/2.
+pub const GRPC_BRIDGE_SERVER: &str = r#"# From envoyproxy/examples grpc-bridge/server/envoy-proxy.yaml (rewritten: loopback, free
+# ports, a STATIC cluster, an admin).
+static_resources:
+  listeners:
+  - address:
+      socket_address:
+        address: 127.0.0.1
+        port_value: @P0@
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          codec_type: AUTO
+          stat_prefix: ingress_http
+          access_log:
+          - name: envoy.access_loggers.stdout
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog
+          route_config:
+            name: local_route
+            virtual_hosts:
+            - name: backend
+              domains:
+              - "*"
+              routes:
+              - match:
+                  prefix: "/"
+                  grpc: {}
+                route:
+                  cluster: backend_grpc_service
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: backend_grpc_service
+    type: STATIC
+    lb_policy: ROUND_ROBIN
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http2_protocol_options: {}
+    load_assignment:
+      cluster_name: backend_grpc_service
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address:
+                address: 127.0.0.1
+                port_value: @UP@
 admin:
   address:
     socket_address:

@@ -57,11 +57,14 @@ pub(super) async fn encode(resp: &mut Response<Body>) {
     *resp.body_mut() = unsized_body(data, failure);
 }
 
-/// `data` (then `failure`, if the body broke) as a body that does not announce its length.
+/// `data` (then `failure`, if the body broke) as a body that announces neither its length nor
+/// its end until read: an empty response without trailers goes on as Envoy's does, its head
+/// sent before its end (chunked over HTTP/1.1), not as an empty body's `content-length: 0`.
 fn unsized_body(data: Bytes, failure: Option<BoxError>) -> Body {
     crate::body::boxed(Read {
         data: (!data.is_empty()).then_some(data),
         failure,
+        ended: false,
     })
 }
 
@@ -69,6 +72,8 @@ fn unsized_body(data: Bytes, failure: Option<BoxError>) -> Body {
 struct Read {
     data: Option<Bytes>,
     failure: Option<BoxError>,
+    /// Read to its end.
+    ended: bool,
 }
 
 impl http_body::Body for Read {
@@ -84,10 +89,11 @@ impl http_body::Body for Read {
             Some(d) => Some(Ok(Frame::data(d))),
             None => this.failure.take().map(Err),
         };
+        this.ended = next.is_none();
         std::task::Poll::Ready(next)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.data.is_none() && self.failure.is_none()
+        self.ended
     }
 }
