@@ -1,5 +1,6 @@
-//! Envoy's drain decisions: whether a connection should be told to close (HTTP/1.1
-//! `connection: close`, an HTTP/2 GOAWAY) because the server failed its health checks
+//! Envoy's drain decisions: whether a connection should start its drain (the one its
+//! connection limits start, `crate::http::conn_limits`: HTTP/1.1 `connection: close` while it
+//! lasts, HTTP/2 GOAWAYs at its start and end) because the server failed its health checks
 //! (`/healthcheck/fail`) or its listener is draining (`/drain_listeners`).
 //!
 //! As in Envoy 1.40 (each probed): a failed health check tells every connection at once,
@@ -7,10 +8,11 @@
 //! drain (`/drain_listeners`, with or without
 //! `graceful` or `skip_exit`) tells connections per `--drain-strategy`: `immediate` at once,
 //! `gradual` (the default) with a chance that grows from 0 to 1 over `--drain-time-s`.
-//! Connections are told on their next response; idle ones are left alone.
+//! A connection not draining yet is told at its next response; idle ones are left alone, as
+//! Envoy 1.40 leaves them, also once `/drain_listeners` stopped their listener.
 //!
 //! A filter chain that a listener update changed or removed drains on its own
-//! ([`Retirement`]): its connections are told on their next response from the start, and
+//! ([`Retirement`]): its connections are told at their next response from the start, and
 //! whatever is left of them is closed when `--drain-time-s` ends, idle ones included, as
 //! Envoy 1.40 closes the connections of its draining listeners and filter chains.
 

@@ -16,6 +16,9 @@
 //!   the requests that come. At its end a connection closes once its streams are done, after
 //!   Envoy's delayed close: up to [`DELAYED_CLOSE`] waiting for the client to close first; no
 //!   timer fires any more then.
+//! - The server's drains (`/healthcheck/fail`, `/drain_listeners`, a listener update; see
+//!   [`crate::drain`]) start the same drain at a response of a connection not draining yet,
+//!   as Envoy's `drainClose` check does (`super::ConnContext::server_drain`).
 //! - The request that reaches `max_requests_per_connection` (and each one after it) counts
 //!   `downstream_cx_max_requests_reached`; on HTTP/1 its response says `connection: close` and
 //!   the connection closes after it, on HTTP/2 the drain starts.

@@ -155,10 +155,18 @@ pub struct ConnContext {
 }
 
 impl ConnContext {
-    /// Whether the connection should be told to close with its current response (a failed
-    /// health check or a draining listener, see [`crate::drain`]).
-    fn drain_close(&self) -> bool {
-        self.hcm.retirement.draining() || self.shared.drain().close_connection(self.drain_scope)
+    /// Envoy's check on each response: when the server drains (a failed health check, a
+    /// draining listener or filter chain, see [`crate::drain`]) and the connection does not
+    /// drain yet, the connection's drain starts (the one its limits start, see
+    /// [`conn_limits`]), counted in `downstream_cx_drain_close`; whether it started now.
+    fn server_drain(&self) -> bool {
+        let told = self.hcm.retirement.draining()
+            || self.shared.drain().close_connection(self.drain_scope);
+        if !told || !self.limits.start_drain(tokio::time::Instant::now()) {
+            return false;
+        }
+        self.hcm.stats.cx_drain_close.inc();
+        true
     }
 }
 
@@ -437,15 +445,12 @@ where
         Codec::Auto => builder,
     };
     let svc_ctx = ctx.clone();
-    // An HTTP/2 stream answered while the server drains asks for the connection's GOAWAY.
-    let goaway = Arc::new(tokio::sync::Notify::new());
-    let svc_goaway = goaway.clone();
-    // An HTTP/2 stream that reaches the request limit starts the connection's drain.
+    // An HTTP/2 stream that reaches the request limit, or is answered while the server
+    // drains, starts the connection's drain: its first GOAWAY goes out.
     let drain = Arc::new(tokio::sync::Notify::new());
     let svc_drain = drain.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
-        let goaway = svc_goaway.clone();
         let drain = svc_drain.clone();
         // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
         // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
@@ -545,20 +550,14 @@ where
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // A draining server tells the connection on this response, as Envoy does: HTTP/1
-            // with `connection: close` (hyper's server then closes), HTTP/2 with a GOAWAY.
-            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS && ctx.drain_close() {
-                if version < http::Version::HTTP_2 {
-                    ctx.hcm.stats.cx_drain_close.inc();
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
-                } else {
-                    goaway.notify_one();
-                }
+            // A draining server starts the connection's drain on this response, as Envoy does.
+            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                && ctx.server_drain()
+                && version == http::Version::HTTP_2
+            {
+                drain.notify_one();
             }
-            // The connection's own limits: a draining or closing HTTP/1 connection says so.
+            // A draining or closing HTTP/1 connection says so (hyper's server then closes).
             if version < http::Version::HTTP_2
                 && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
                 && ctx.limits.draining()
@@ -605,7 +604,6 @@ where
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut told = false;
     let mut shut = false;
     let mut timer = conn_limits::LimitTimer::default();
     // Once the drain ended: when the connection is cut if it has no stream left by then.
@@ -620,14 +618,6 @@ where
         tokio::select! {
             // First, so the GOAWAY goes out before the response that asked for it.
             biased;
-            () = goaway.notified(), if !told => {
-                told = true;
-                ctx.hcm.stats.cx_drain_close.inc();
-                if !shut {
-                    shut = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
             () = drain.notified() => {
                 if http2 && !shut {
                     shut = true;
