@@ -273,6 +273,8 @@ fn observe(envoy: Option<&Path>, scenario: &Scenario) -> Vec<String> {
         seen.extend(events.into_iter().map(|e| format!("{name}: {e}")));
     }
     seen.extend(counters);
+    let stopped = stat(admin, "listener_manager.listener_stopped");
+    seen.push(format!("listener_manager.listener_stopped: {stopped:?}"));
     drop(proxy);
     let _ = std::fs::remove_dir_all(&dir);
     seen
@@ -319,6 +321,7 @@ fn healthcheck_fail_drains_like_envoy() {
             "h1 idle: still open at 5.5s",
             "outbound h1: closed at 3s",
             "http.inbound.downstream_cx_drain_close: Some(3)",
+            "listener_manager.listener_stopped: Some(0)",
         ],
     );
 }
@@ -343,6 +346,7 @@ fn graceful_immediate_drain_like_envoy() {
             "h2: stream 5: ended",
             "h1 idle: still open at 5.5s",
             "h2 idle: still open at 5.5s",
+            "listener_manager.listener_stopped: Some(2)",
         ],
     );
 }
@@ -390,6 +394,7 @@ fn inbound_only_drain_like_envoy() {
             "outbound h1: GET /two: 200",
             "outbound h1: still open at 5.5s",
             "http.outbound.downstream_cx_drain_close: Some(0)",
+            "listener_manager.listener_stopped: Some(1)",
         ],
     );
 }
