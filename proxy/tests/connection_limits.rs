@@ -13,8 +13,9 @@
 //! start, half a second from where rounding would change. Covered, over HTTP/1.1 and HTTP/2
 //! (h2c, with the AUTO codec and with HTTP2):
 //!
-//! - the idle timeout: an HTTP/1.1 connection drains, says `connection: close` on the response
-//!   to a request in the drain and stays open, its idle timer firing again after that request,
+//! - the idle timeout: an HTTP/1.1 connection (on revoy's fast path, and one hyper serves)
+//!   drains, says `connection: close` on the responses to requests in the drain and stays
+//!   open, its idle timer firing again after that request,
 //!   and closes a second after the drain ends (Envoy's delayed close); one that never sent a
 //!   byte closes at once (also with the HTTP2 codec); an HTTP/2 connection gets a GOAWAY
 //!   (2^31-1) when it fires and its final GOAWAY when the drain ends;
@@ -79,9 +80,13 @@ fn upstream() -> u16 {
 }
 
 /// The listeners, each with its connection manager's settings (one client each).
-const LISTENERS: [(&str, &str); 9] = [
+const LISTENERS: [(&str, &str); 10] = [
     (
         "h1_idle",
+        "common_http_protocol_options: {idle_timeout: 1s}\ndrain_timeout: 2s",
+    ),
+    (
+        "h1_idle_hyper",
         "common_http_protocol_options: {idle_timeout: 1s}\ndrain_timeout: 2s",
     ),
     (
@@ -137,7 +142,7 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
 
 /// The clients, in [`LISTENERS`]' order: what each saw.
 fn clients(ports: &[u16]) -> Vec<Vec<String>> {
-    let run: [fn(u16) -> Vec<String>; 9] = [
+    let run: [fn(u16) -> Vec<String>; 10] = [
         |port| {
             // Idle from the first response: the drain starts at 1 s, a request in it is
             // answered with `connection: close` on a connection that stays open, whose idle
@@ -147,6 +152,16 @@ fn clients(ports: &[u16]) -> Vec<Vec<String>> {
             c.get("/");
             c.seen.at(1.5);
             c.get("/in-drain");
+            c.until_closed(6.0)
+        },
+        |port| {
+            // The same with absolute-form targets, which revoy's hyper server serves.
+            let mut c = H1::connect(port);
+            c.get("http://limits/");
+            c.seen.at(1.5);
+            c.get("http://limits/in-drain");
+            c.seen.at(2.0);
+            c.get("http://limits/in-drain-again");
             c.until_closed(6.0)
         },
         // Never a byte: closed when the idle timeout fires.
@@ -251,6 +266,8 @@ fn connection_limits_match_envoy() {
     for needle in [
         "h1_idle: GET /in-drain: 200, connection: close",
         "h1_idle: closed at 4s",
+        "h1_idle_hyper: GET http://limits/in-drain-again: 200, connection: close",
+        "h1_idle_hyper: closed at 4s",
         "h1_silent: closed at 1s",
         "h2_silent: closed at 1s",
         "h1_busy: closed at 4s",

@@ -127,7 +127,7 @@ fn post(admin: u16, path: &str) {
 type Client = fn(u16, Instant, &Barrier, f64, f64) -> Vec<String>;
 
 /// The clients, each with the listener it connects to (`true`: inbound).
-const CLIENTS: [(&str, bool, Client); 6] = [
+const CLIENTS: [(&str, bool, Client); 7] = [
     ("h1", true, |port, start, ready, at, end| {
         let mut c = H1::connect(port);
         c.seen = Seen::from(start);
@@ -137,6 +137,18 @@ const CLIENTS: [(&str, bool, Client); 6] = [
         c.get("/two");
         c.seen.at(at + 0.5);
         c.get("/three");
+        c.until_closed(end)
+    }),
+    // Absolute-form targets: revoy's fast path hands the connection to hyper's server.
+    ("h1 absolute", true, |port, start, ready, at, end| {
+        let mut c = H1::connect(port);
+        c.seen = Seen::from(start);
+        c.get("http://limits/");
+        ready.wait();
+        c.seen.at(at);
+        c.get("http://limits/two");
+        c.seen.at(at + 0.5);
+        c.get("http://limits/three");
         c.until_closed(end)
     }),
     ("h1 idle", true, |port, start, ready, _, end| {
@@ -320,7 +332,8 @@ fn healthcheck_fail_drains_like_envoy() {
             "h2: closed at 3s",
             "h1 idle: still open at 5.5s",
             "outbound h1: closed at 3s",
-            "http.inbound.downstream_cx_drain_close: Some(3)",
+            "http.inbound.downstream_cx_drain_close: Some(4)",
+            "h1 absolute: GET http://limits/three: 200, connection: close",
             "listener_manager.listener_stopped: Some(0)",
         ],
     );

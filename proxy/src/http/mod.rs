@@ -550,22 +550,30 @@ where
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // A draining server starts the connection's drain on this response, as Envoy does.
-            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
-                && ctx.server_drain()
-                && version == http::Version::HTTP_2
-            {
+            let upgraded = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+            // A draining server starts the connection's drain on this response, as Envoy does
+            // (the loop serving the connection then times its end).
+            if !upgraded && ctx.server_drain() {
                 drain.notify_one();
             }
-            // A draining or closing HTTP/1 connection says so (hyper's server then closes).
-            if version < http::Version::HTTP_2
-                && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
-                && ctx.limits.draining()
-            {
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
+            // A draining or closing HTTP/1 connection says so: with the header, hyper's server
+            // closes after the response; an HTTP/1.1 one that drains gets it in the head on
+            // its way out and stays open, as Envoy's.
+            let mut notice = false;
+            if version < http::Version::HTTP_2 && !upgraded {
+                match ctx.limits.http1_close() {
+                    conn_limits::Http1Close::Keep => {}
+                    conn_limits::Http1Close::Notice if version == http::Version::HTTP_11 => {
+                        ctx.limits.notice_next_head();
+                        notice = true;
+                    }
+                    _ => {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                }
             }
             if let Some(keep_alive) = keep_alive_10
                 && !resp.headers().contains_key(http::header::CONNECTION)
@@ -593,11 +601,19 @@ where
             if head && version == http::Version::HTTP_2 {
                 resp = resp.map(|_| crate::body::empty());
             }
-            // The HTTP/1 head hyper writes, for the stream's wire bytes.
+            // The HTTP/1 head hyper writes, for the stream's wire bytes (with a drain's notice,
+            // which goes in on its way out).
             if version < http::Version::HTTP_2
                 && let Some(meter) = &ctx.wire
             {
+                let close = http::HeaderValue::from_static("close");
+                if notice {
+                    resp.headers_mut().insert(http::header::CONNECTION, close);
+                }
                 h1::note_head(&mut resp, head, meter);
+                if notice {
+                    resp.headers_mut().remove(http::header::CONNECTION);
+                }
             }
             Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started, stream)))
         })
@@ -618,6 +634,7 @@ where
         tokio::select! {
             // First, so the GOAWAY goes out before the response that asked for it.
             biased;
+            // An HTTP/2 connection's drain starts with its first GOAWAY; either's end is timed.
             () = drain.notified() => {
                 if http2 && !shut {
                     shut = true;
