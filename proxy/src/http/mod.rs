@@ -58,8 +58,8 @@ pub struct Hcm {
     pub stats: HcmStats,
     /// Its HTTP filters before the router.
     pub filters: filters::Chain,
-    /// Set when a listener update changed or removed its filter chain: its connections close
-    /// at their next response, and the rest when the drain time ends.
+    /// Set when a listener update changed or removed its filter chain: its connections start
+    /// their drain at a response (per `--drain-strategy`), and close when the drain time ends.
     pub retirement: crate::drain::Retirement,
     /// `http.<stat_prefix>.tracing.*` (client_enabled, health_check, not_traceable,
     /// random_sampling, service_forced), when it traces.
@@ -160,8 +160,9 @@ impl ConnContext {
     /// drain yet, the connection's drain starts (the one its limits start, see
     /// [`conn_limits`]), counted in `downstream_cx_drain_close`; whether it started now.
     fn server_drain(&self) -> bool {
-        let told = self.hcm.retirement.draining()
-            || self.shared.drain().close_connection(self.drain_scope);
+        let drain = self.shared.drain();
+        let told =
+            drain.close_retired(&self.hcm.retirement) || drain.close_connection(self.drain_scope);
         if !told || !self.limits.start_drain(tokio::time::Instant::now()) {
             return false;
         }
