@@ -270,8 +270,9 @@ impl Applier {
         existed
     }
 
-    /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`, quit).
-    pub fn stop_listeners(&self, inbound_only: bool) {
+    /// Stops accepting on every listener, or only on inbound ones (`/drain_listeners`, quit);
+    /// how many listeners it stopped.
+    pub fn stop_listeners(&self, inbound_only: bool) -> usize {
         let mut state = self.state.lock().expect("applier state");
         let stopped: Vec<_> = state
             .slots
@@ -283,6 +284,7 @@ impl Applier {
             slot.stop();
             state.forget_unstarted(slot);
         }
+        stopped.len()
     }
 
     /// The workers start (the server's first LIVE): every listener bound so far starts

@@ -34,8 +34,9 @@ pub struct Process {
 
 impl Process {
     /// `/drain_listeners`: starts draining every listener (or only the inbound ones), so their
-    /// connections are told to close; stops them accepting at once, after `--drain-time-s`
-    /// when `graceful`, or never when `skip_exit` (Envoy 1.40's behaviour, which leaves
+    /// connections drain from their next response; stops them accepting at once, after
+    /// `--drain-time-s` when `graceful`, or never when `skip_exit`, counting each listener
+    /// stopped in `listener_manager.listener_stopped` (Envoy 1.40's behaviour, which leaves
     /// `/ready` and `server.state` as they are).
     pub fn drain_listeners(self: &Arc<Self>, inbound_only: bool, graceful: bool, skip_exit: bool) {
         self.lifecycle.drain.start(inbound_only);
@@ -47,11 +48,19 @@ impl Process {
             let delay = std::time::Duration::from_secs(self.options.drain_time_s);
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
-                process.applier.stop_listeners(inbound_only);
+                process.stop_listeners(inbound_only);
             });
         } else {
-            self.applier.stop_listeners(inbound_only);
+            self.stop_listeners(inbound_only);
         }
+    }
+
+    fn stop_listeners(&self, inbound_only: bool) {
+        let stopped = self.applier.stop_listeners(inbound_only);
+        self.shared
+            .stats
+            .counter("listener_manager.listener_stopped")
+            .add(stopped as u64);
     }
 
     /// Every route table: inline ones of the listeners' connection managers, then RDS ones.

@@ -31,13 +31,15 @@ static CLUSTER_MANAGER: [Slot; 6] = [
 ];
 
 /// `listener_manager.*` that stay 0 until xDS counts them (a static listener is never
-/// modified, updated in place, removed or warming), and those revoy never has: a
-/// listener's creation failing on a worker (revoy fails to start instead), workers pinned.
-static LISTENER_MANAGER: [Slot; 7] = [
+/// modified, updated in place, removed or warming) or `/drain_listeners` stops a listener,
+/// and those revoy never has: a listener's creation failing on a worker (revoy fails to
+/// start instead), workers pinned.
+static LISTENER_MANAGER: [Slot; 8] = [
     Slot::counter("listener_create_failure"),
     Slot::counter("listener_in_place_updated"),
     Slot::counter("listener_modified"),
     Slot::counter("listener_removed"),
+    Slot::counter("listener_stopped"),
     Slot::gauge("total_listeners_draining"),
     Slot::gauge("total_listeners_warming"),
     Slot::gauge("workers_pinned"),

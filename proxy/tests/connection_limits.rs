@@ -5,16 +5,17 @@
 //! `downstream_cx_idle_timeout`, `downstream_cx_max_duration_reached` and
 //! `downstream_cx_max_requests_reached`.
 //!
-//! What a client sees is kept in order: each response (its status, and whether it says
-//! `connection: close`), each GOAWAY (last stream and code) and the connection's close. What
-//! the proxy does on its own timers (a GOAWAY, the close) also carries the second it came at,
-//! rounded: every timeout is a whole second (1 s, and Envoy's 1 s delayed close) and the
+//! What a client sees is kept in order (see `support/drain_clients.rs`): each response (its
+//! status, and whether it says `connection: close`), each GOAWAY (last stream and code) and
+//! the connection's close. What the proxy does on its own timers (a GOAWAY, the close) also
+//! carries the second it came at, rounded: every timeout is a whole second (1 s, and Envoy's 1 s delayed close) and the
 //! clients' steps are placed so that those events fall on whole seconds from the connection's
 //! start, half a second from where rounding would change. Covered, over HTTP/1.1 and HTTP/2
 //! (h2c, with the AUTO codec and with HTTP2):
 //!
-//! - the idle timeout: an HTTP/1.1 connection drains, says `connection: close` on the response
-//!   to a request in the drain and stays open, its idle timer firing again after that request,
+//! - the idle timeout: an HTTP/1.1 connection (on revoy's fast path, and one hyper serves)
+//!   drains, says `connection: close` on the responses to requests in the drain and stays
+//!   open, its idle timer firing again after that request,
 //!   and closes a second after the drain ends (Envoy's delayed close); one that never sent a
 //!   byte closes at once (also with the HTTP2 codec); an HTTP/2 connection gets a GOAWAY
 //!   (2^31-1) when it fires and its final GOAWAY when the drain ends;
@@ -37,6 +38,8 @@ mod admin;
 mod bootstrap;
 #[path = "support/child.rs"]
 mod child;
+#[path = "support/drain_clients.rs"]
+mod drain_clients;
 #[path = "support/h2_frames.rs"]
 mod h2_frames;
 #[path = "support/http1.rs"]
@@ -48,12 +51,12 @@ mod ports;
 #[path = "support/skip.rs"]
 mod skip;
 
-use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::time::{Duration, Instant};
+use std::net::TcpListener;
+use std::time::Duration;
 
 use admin::stat;
 use child::Proxy;
+use drain_clients::{H1, H2};
 use ports::free_port;
 
 /// An upstream answering `200 ok`, after `<ms>` milliseconds for `/slow/<ms>`.
@@ -77,9 +80,13 @@ fn upstream() -> u16 {
 }
 
 /// The listeners, each with its connection manager's settings (one client each).
-const LISTENERS: [(&str, &str); 9] = [
+const LISTENERS: [(&str, &str); 10] = [
     (
         "h1_idle",
+        "common_http_protocol_options: {idle_timeout: 1s}\ndrain_timeout: 2s",
+    ),
+    (
+        "h1_idle_hyper",
         "common_http_protocol_options: {idle_timeout: 1s}\ndrain_timeout: 2s",
     ),
     (
@@ -133,235 +140,9 @@ fn bootstrap(admin: u16, ports: &[u16], up: u16) -> String {
     bootstrap::with_admin(admin, &listeners, &bootstrap::cluster("up", up, ""))
 }
 
-/// What one client saw, from the moment it connected.
-struct Seen {
-    start: Instant,
-    events: Vec<String>,
-}
-
-impl Seen {
-    fn new() -> Seen {
-        Seen {
-            start: Instant::now(),
-            events: Vec::new(),
-        }
-    }
-
-    /// Seconds since the connection began.
-    fn now(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
-    }
-
-    /// Waits until `secs` after the connection began.
-    fn at(&self, secs: f64) {
-        let until = self.start + Duration::from_secs_f64(secs);
-        std::thread::sleep(until.saturating_duration_since(Instant::now()));
-    }
-
-    /// Notes what the client saw.
-    fn saw(&mut self, what: String) {
-        self.events.push(what);
-    }
-
-    /// Notes what the proxy did on its own, with the second it came at.
-    fn timed(&mut self, what: &str) {
-        let secs = self.now().round();
-        self.events.push(format!("{what} at {secs}s"));
-    }
-}
-
-/// An HTTP/1.1 client.
-struct H1 {
-    conn: TcpStream,
-    buf: Vec<u8>,
-    seen: Seen,
-}
-
-impl H1 {
-    fn connect(port: u16) -> H1 {
-        let conn = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
-        H1 {
-            conn,
-            buf: Vec::new(),
-            seen: Seen::new(),
-        }
-    }
-
-    /// Sends a GET of `path` and notes its response: status, and whether it says
-    /// `connection: close`.
-    fn get(&mut self, path: &str) {
-        write!(self.conn, "GET {path} HTTP/1.1\r\nhost: limits\r\n\r\n").unwrap();
-        self.conn
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .unwrap();
-        let (head, body_at) = loop {
-            if let Some(end) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break (
-                    String::from_utf8_lossy(&self.buf[..end]).to_ascii_lowercase(),
-                    end + 4,
-                );
-            }
-            if !self.fill() {
-                self.seen.saw(format!("GET {path}: no response"));
-                return;
-            }
-        };
-        let length: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map_or(0, |v| v.trim().parse().unwrap());
-        while self.buf.len() < body_at + length {
-            assert!(self.fill(), "response body cut short");
-        }
-        self.buf.drain(..body_at + length);
-        let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
-        let close = head.lines().any(|l| l == "connection: close");
-        self.seen.saw(format!(
-            "GET {path}: {status}{}",
-            if close { ", connection: close" } else { "" }
-        ));
-    }
-
-    /// Reads more; `false` at the end of the stream.
-    fn fill(&mut self) -> bool {
-        let mut chunk = [0u8; 4096];
-        match self.conn.read(&mut chunk) {
-            Ok(0) | Err(_) => false,
-            Ok(n) => {
-                self.buf.extend_from_slice(&chunk[..n]);
-                true
-            }
-        }
-    }
-
-    /// Waits (until `secs`) for the proxy to close the connection, and notes when it did.
-    fn until_closed(mut self, secs: f64) -> Vec<String> {
-        let until = self.seen.start + Duration::from_secs_f64(secs);
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.seen.saw(format!("still open at {secs}s"));
-                break;
-            }
-            self.conn.set_read_timeout(Some(left)).unwrap();
-            let mut chunk = [0u8; 1024];
-            match self.conn.read(&mut chunk) {
-                Ok(0) => {
-                    self.seen.timed("closed");
-                    break;
-                }
-                Ok(n) => self
-                    .seen
-                    .saw(format!("unexpected bytes: {:?}", &chunk[..n])),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
-                Err(e) => {
-                    self.seen.timed(&format!("failed ({:?})", e.kind()));
-                    break;
-                }
-            }
-        }
-        self.seen.events
-    }
-}
-
-/// An HTTP/2 (prior knowledge) client.
-struct H2 {
-    conn: TcpStream,
-    seen: Seen,
-    closed: bool,
-}
-
-impl H2 {
-    fn connect(port: u16) -> H2 {
-        let mut conn = TcpStream::connect(("127.0.0.1", port)).expect("proxy accepts");
-        conn.write_all(&h2_frames::preface()).unwrap();
-        H2 {
-            conn,
-            seen: Seen::new(),
-            closed: false,
-        }
-    }
-
-    /// Opens stream `id` with a GET of `path`.
-    fn get(&mut self, id: u32, path: &str) {
-        self.conn
-            .write_all(&h2_frames::get(id, "limits", path))
-            .unwrap();
-    }
-
-    /// Reads frames until stream `id` ends (any stream when 0) or, at the latest, until `secs`,
-    /// noting responses, GOAWAYs and the close; answers SETTINGS and PING.
-    fn read(&mut self, id: u32, secs: f64) {
-        let until = self.seen.start + Duration::from_secs_f64(secs);
-        while !self.closed {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            self.conn.set_read_timeout(Some(left)).unwrap();
-            let (kind, flags, stream, payload) = match h2_frames::read(&mut self.conn) {
-                Ok(frame) => frame,
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
-                    return;
-                }
-                Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                    self.closed = true;
-                    self.seen.timed("closed");
-                    return;
-                }
-                Err(e) => {
-                    self.closed = true;
-                    self.seen.timed(&format!("failed ({:?})", e.kind()));
-                    return;
-                }
-            };
-            let reply = match kind {
-                h2_frames::SETTINGS if flags & 1 == 0 => {
-                    Some(h2_frames::frame(h2_frames::SETTINGS, 1, 0, &[]))
-                }
-                h2_frames::PING if flags & 1 == 0 => {
-                    Some(h2_frames::frame(h2_frames::PING, 1, 0, &payload))
-                }
-                _ => None,
-            };
-            if let Some(reply) = reply {
-                let _ = self.conn.write_all(&reply);
-            }
-            match kind {
-                h2_frames::HEADERS if payload.first() != Some(&0x88) => {
-                    self.seen.saw(format!("stream {stream}: not 200"));
-                }
-                h2_frames::GOAWAY => {
-                    let word =
-                        |at: usize| u32::from_be_bytes(payload[at..at + 4].try_into().unwrap());
-                    let what = format!("GOAWAY last={} code={}", word(0) & 0x7fff_ffff, word(4));
-                    self.seen.timed(&what);
-                }
-                _ => {}
-            }
-            let data = matches!(kind, h2_frames::HEADERS | h2_frames::DATA);
-            if data && flags & h2_frames::END_STREAM != 0 {
-                self.seen.saw(format!("stream {stream}: ended"));
-                if stream == id || id == 0 {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Reads until the proxy closes the connection (until `secs` at the latest).
-    fn until_closed(mut self, secs: f64) -> Vec<String> {
-        self.read(u32::MAX, secs);
-        if !self.closed {
-            self.seen.saw(format!("still open at {secs}s"));
-        }
-        self.seen.events
-    }
-}
-
 /// The clients, in [`LISTENERS`]' order: what each saw.
 fn clients(ports: &[u16]) -> Vec<Vec<String>> {
-    let run: [fn(u16) -> Vec<String>; 9] = [
+    let run: [fn(u16) -> Vec<String>; 10] = [
         |port| {
             // Idle from the first response: the drain starts at 1 s, a request in it is
             // answered with `connection: close` on a connection that stays open, whose idle
@@ -371,6 +152,16 @@ fn clients(ports: &[u16]) -> Vec<Vec<String>> {
             c.get("/");
             c.seen.at(1.5);
             c.get("/in-drain");
+            c.until_closed(6.0)
+        },
+        |port| {
+            // The same with absolute-form targets, which revoy's hyper server serves.
+            let mut c = H1::connect(port);
+            c.get("http://limits/");
+            c.seen.at(1.5);
+            c.get("http://limits/in-drain");
+            c.seen.at(2.0);
+            c.get("http://limits/in-drain-again");
             c.until_closed(6.0)
         },
         // Never a byte: closed when the idle timeout fires.
@@ -475,6 +266,8 @@ fn connection_limits_match_envoy() {
     for needle in [
         "h1_idle: GET /in-drain: 200, connection: close",
         "h1_idle: closed at 4s",
+        "h1_idle_hyper: GET http://limits/in-drain-again: 200, connection: close",
+        "h1_idle_hyper: closed at 4s",
         "h1_silent: closed at 1s",
         "h2_silent: closed at 1s",
         "h1_busy: closed at 4s",

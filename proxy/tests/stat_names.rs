@@ -94,7 +94,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet (a filter chain missing its ECDS config counts revoy's `downstream_cx_fail_closed`)",
     ),
     (
-        r"cluster_manager\.cluster_updated|listener_manager\.(listener_stopped|total_filter_chains_draining)",
+        r"cluster_manager\.cluster_updated|listener_manager\.total_filter_chains_draining",
         "events revoy has but does not count yet",
     ),
     (

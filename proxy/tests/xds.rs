@@ -42,6 +42,17 @@ fn start(delta: bool) -> (Plane, Proxy, u16) {
     (plane, revoy, admin)
 }
 
+/// [`start`] over SotW with `--drain-strategy immediate`: the connections of a changed or
+/// removed filter chain are told at their next response (under the default gradual strategy
+/// not in the drain's first second, as in Envoy).
+fn start_draining_at_once() -> (Plane, Proxy, u16) {
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let args = ["--drain-strategy", "immediate"];
+    let revoy = start_revoy_with(&ads_bootstrap(admin, xds, false), admin, &args);
+    (plane, revoy, admin)
+}
+
 /// Waits until `/ready` says LIVE.
 fn wait_live(admin: u16) {
     eventually("LIVE", || {
@@ -419,13 +430,13 @@ fn route_endpoint_and_cluster_changes_apply_live() {
 }
 
 /// A listener's changed filter chain: the open connection is told to close at its next
-/// response, new connections get the new configuration, none is refused meanwhile; an
+/// response (`--drain-strategy immediate`), new connections get the new configuration, none is refused meanwhile; an
 /// unchanged listener's connections are left alone; a removed listener stops accepting.
 #[test]
 fn listener_changes_apply_live() {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
     let (port, other) = (free_port(), free_port());
-    let (plane, _revoy, admin) = start(false);
+    let (plane, _revoy, admin) = start_draining_at_once();
     let snapshot = |version: &str, route_to: &str, with_other: bool| {
         let s = Snapshot::new(version)
             .with_message("a", &static_cluster("a", a))
@@ -1222,7 +1233,7 @@ fn an_ipv4_compat_change_alone_keeps_the_socket() {
 /// time (`--drain-time-s`) has passed, then go, as in Envoy 1.40 (probed with it: same
 /// entries, the gauge back to 0 after the drain time; `tests/xds_differential.rs` compares
 /// the entries and the gauge step by step). A connection held on the removed listener is
-/// told to close at its next response.
+/// told to close at its next response (`--drain-strategy immediate`).
 #[test]
 fn removed_and_replaced_listeners_drain_for_the_drain_time() {
     let a = upstream("upstream-a");
@@ -1232,7 +1243,7 @@ fn removed_and_replaced_listeners_drain_for_the_drain_time() {
     let _revoy = start_revoy_with(
         &ads_bootstrap(admin, xds, false),
         admin,
-        &["--drain-time-s", "2"],
+        &["--drain-time-s", "2", "--drain-strategy", "immediate"],
     );
     let main = |limit: Option<u32>| {
         let mut l = inline_listener("main", port, &to_cluster("a"));
@@ -1416,13 +1427,14 @@ fn a_request_in_flight_to_a_removed_cluster_completes() {
 
 /// An HTTP/2 client whose connection's filter chain changes over LDS while a stream is in
 /// flight: the stream completes (200 and its body), and the connection gets a GOAWAY with no
-/// error (HTTP/1.1 gets `connection: close`; Envoy drains such a connection the same way).
+/// error (HTTP/1.1 gets `connection: close`; Envoy drains such a connection the same way),
+/// under `--drain-strategy immediate`.
 #[test]
 fn an_h2_connection_of_a_changed_chain_gets_a_goaway_and_its_stream_completes() {
     use std::io::Write;
     let (slow, arrived, release) = held_upstream();
     let port = free_port();
-    let (plane, _revoy, admin) = start(false);
+    let (plane, _revoy, admin) = start_draining_at_once();
     let listener = |prefix: &str| {
         listener_with(
             "main",

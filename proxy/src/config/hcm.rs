@@ -249,14 +249,6 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
             "per-request x-forwarded-client-cert rules are not implemented by revoy: the header is removed from every request, as SANITIZE does",
         );
     }
-    if hcm.drain_timeout.is_some() {
-        warnings.note(
-            "drain_timeout",
-            "it times the drains the connection's own limits start (common_http_protocol_options); \
-             an HTTP/2 connection the server's drain tells (/healthcheck/fail, /drain_listeners, a \
-             listener update) gets its final GOAWAY after a PING round trip instead",
-        );
-    }
     const NO_EFFECT: &str = "not implemented by revoy; it has no effect";
     let skipped = [
         (

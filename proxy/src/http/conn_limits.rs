@@ -16,6 +16,9 @@
 //!   the requests that come. At its end a connection closes once its streams are done, after
 //!   Envoy's delayed close: up to [`DELAYED_CLOSE`] waiting for the client to close first; no
 //!   timer fires any more then.
+//! - The server's drains (`/healthcheck/fail`, `/drain_listeners`, a listener update; see
+//!   [`crate::drain`]) start the same drain at a response of a connection not draining yet,
+//!   as Envoy's `drainClose` check does (`super::ConnContext::server_drain`).
 //! - The request that reaches `max_requests_per_connection` (and each one after it) counts
 //!   `downstream_cx_max_requests_reached`; on HTTP/1 its response says `connection: close` and
 //!   the connection closes after it, on HTTP/2 the drain starts.
@@ -68,6 +71,9 @@ pub struct ConnLimits {
     state: AtomicU8,
     /// Nanoseconds from `opened` to the start of the drain.
     drain_started: AtomicU64,
+    /// The next HTTP/1.1 response head hyper writes gets the drain's `connection: close`
+    /// on its way out (see [`ConnLimits::notice_next_head`]).
+    notice: AtomicBool,
 }
 
 /// What [`ConnLimits::advance`] found due.
@@ -107,6 +113,7 @@ impl ConnLimits {
             duration_fired: AtomicBool::new(false),
             state: AtomicU8::new(OPEN),
             drain_started: AtomicU64::new(0),
+            notice: AtomicBool::new(false),
         }
     }
 
@@ -178,6 +185,18 @@ impl ConnLimits {
             CLOSING_DELAYED => Http1Close::Delayed,
             _ => Http1Close::Now,
         }
+    }
+
+    /// A response hyper serves over HTTP/1.1 while the connection drains: hyper would close a
+    /// connection whose response says `connection: close`, so the notice goes into the head
+    /// on its way out instead ([`super::envoy_errors`]), and the connection stays open.
+    pub(super) fn notice_next_head(&self) {
+        self.notice.store(true, Relaxed);
+    }
+
+    /// Whether the response head being written gets the drain's notice (taken once).
+    pub(super) fn take_head_notice(&self) -> bool {
+        self.notice.load(Relaxed) && self.notice.swap(false, Relaxed)
     }
 
     /// Whether anything can fall due while a stream is in progress (the duration, or the end

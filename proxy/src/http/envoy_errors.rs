@@ -14,7 +14,9 @@
 //! [`super::conn_limits`]) as Envoy does: on HTTP/2, h2's graceful shutdown (a GOAWAY for
 //! stream 2^31-1, then a PING whose answer brings its final GOAWAY) has its PING held until
 //! the drain ends, and hyper's shutdown of a connection whose drain ended waits for Envoy's
-//! delayed close.
+//! delayed close. On HTTP/1.1, a response head written while the connection drains gets the
+//! drain's `connection: close` here, on its way out: given to hyper, the header would have it
+//! close the connection, which Envoy keeps serving until the drain ends.
 
 use std::io;
 use std::pin::Pin;
@@ -158,6 +160,16 @@ fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
         let (n, v) = line.split_at(line.iter().position(|b| *b == b':')?);
         n.eq_ignore_ascii_case(name).then(|| v[1..].trim_ascii())
     })
+}
+
+/// `head` (a response head, and whatever hyper wrote after it) with `connection: close` after
+/// its status line.
+fn with_close(head: &[u8]) -> Vec<u8> {
+    let at = head
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .map_or(head.len(), |i| i + 2);
+    [&head[..at], b"connection: close\r\n", &head[at..]].concat()
 }
 
 /// Wraps a connection so hyper's own 400 replies become Envoy's.
@@ -475,6 +487,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
             me.outbound.wrote(&buf[..n]);
             return Poll::Ready(Ok(n));
         }
+        if let Some(ctx) = &self.ctx
+            && buf.starts_with(b"HTTP/1.1 ")
+            && !buf.starts_with(b"HTTP/1.1 1")
+            && ctx.limits.take_head_notice()
+        {
+            self.pending = with_close(buf);
+            let _ = self.poll_pending(cx)?;
+            return Poll::Ready(Ok(buf.len()));
+        }
         let hyper_rejection = REJECTIONS.iter().find(|(line, _, _)| buf.starts_with(line));
         if let Some(&(_, status, details)) =
             hyper_rejection.filter(|_| header_value(buf, b"server").is_none())
@@ -517,6 +538,14 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn a_drain_notice_follows_the_status_line() {
+        assert_eq!(
+            with_close(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"),
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+        );
+    }
 
     #[tokio::test]
     async fn replayed_bytes_come_before_the_connection() {

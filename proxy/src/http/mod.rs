@@ -58,8 +58,8 @@ pub struct Hcm {
     pub stats: HcmStats,
     /// Its HTTP filters before the router.
     pub filters: filters::Chain,
-    /// Set when a listener update changed or removed its filter chain: its connections close
-    /// at their next response, and the rest when the drain time ends.
+    /// Set when a listener update changed or removed its filter chain: its connections start
+    /// their drain at a response (per `--drain-strategy`), and close when the drain time ends.
     pub retirement: crate::drain::Retirement,
     /// `http.<stat_prefix>.tracing.*` (client_enabled, health_check, not_traceable,
     /// random_sampling, service_forced), when it traces.
@@ -155,10 +155,19 @@ pub struct ConnContext {
 }
 
 impl ConnContext {
-    /// Whether the connection should be told to close with its current response (a failed
-    /// health check or a draining listener, see [`crate::drain`]).
-    fn drain_close(&self) -> bool {
-        self.hcm.retirement.draining() || self.shared.drain().close_connection(self.drain_scope)
+    /// Envoy's check on each response: when the server drains (a failed health check, a
+    /// draining listener or filter chain, see [`crate::drain`]) and the connection does not
+    /// drain yet, the connection's drain starts (the one its limits start, see
+    /// [`conn_limits`]), counted in `downstream_cx_drain_close`; whether it started now.
+    fn server_drain(&self) -> bool {
+        let drain = self.shared.drain();
+        let told =
+            drain.close_retired(&self.hcm.retirement) || drain.close_connection(self.drain_scope);
+        if !told || !self.limits.start_drain(tokio::time::Instant::now()) {
+            return false;
+        }
+        self.hcm.stats.cx_drain_close.inc();
+        true
     }
 }
 
@@ -437,15 +446,12 @@ where
         Codec::Auto => builder,
     };
     let svc_ctx = ctx.clone();
-    // An HTTP/2 stream answered while the server drains asks for the connection's GOAWAY.
-    let goaway = Arc::new(tokio::sync::Notify::new());
-    let svc_goaway = goaway.clone();
-    // An HTTP/2 stream that reaches the request limit starts the connection's drain.
+    // An HTTP/2 stream that reaches the request limit, or is answered while the server
+    // drains, starts the connection's drain: its first GOAWAY goes out.
     let drain = Arc::new(tokio::sync::Notify::new());
     let svc_drain = drain.clone();
     let service = service_fn(move |req| {
         let ctx = svc_ctx.clone();
-        let goaway = svc_goaway.clone();
         let drain = svc_drain.clone();
         // Boxed: hyper's HTTP/2 server moves the service future into a task per stream (twice,
         // see `spawn`), and the whole request's future is kilobytes; a box moves as a pointer.
@@ -545,28 +551,30 @@ where
                     http::HeaderValue::from_static("close"),
                 );
             }
-            // A draining server tells the connection on this response, as Envoy does: HTTP/1
-            // with `connection: close` (hyper's server then closes), HTTP/2 with a GOAWAY.
-            if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS && ctx.drain_close() {
-                if version < http::Version::HTTP_2 {
-                    ctx.hcm.stats.cx_drain_close.inc();
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
-                } else {
-                    goaway.notify_one();
-                }
+            let upgraded = resp.status() == http::StatusCode::SWITCHING_PROTOCOLS;
+            // A draining server starts the connection's drain on this response, as Envoy does
+            // (the loop serving the connection then times its end).
+            if !upgraded && ctx.server_drain() {
+                drain.notify_one();
             }
-            // The connection's own limits: a draining or closing HTTP/1 connection says so.
-            if version < http::Version::HTTP_2
-                && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS
-                && ctx.limits.draining()
-            {
-                resp.headers_mut().insert(
-                    http::header::CONNECTION,
-                    http::HeaderValue::from_static("close"),
-                );
+            // A draining or closing HTTP/1 connection says so: with the header, hyper's server
+            // closes after the response; an HTTP/1.1 one that drains gets it in the head on
+            // its way out and stays open, as Envoy's.
+            let mut notice = false;
+            if version < http::Version::HTTP_2 && !upgraded {
+                match ctx.limits.http1_close() {
+                    conn_limits::Http1Close::Keep => {}
+                    conn_limits::Http1Close::Notice if version == http::Version::HTTP_11 => {
+                        ctx.limits.notice_next_head();
+                        notice = true;
+                    }
+                    _ => {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
+                }
             }
             if let Some(keep_alive) = keep_alive_10
                 && !resp.headers().contains_key(http::header::CONNECTION)
@@ -594,18 +602,25 @@ where
             if head && version == http::Version::HTTP_2 {
                 resp = resp.map(|_| crate::body::empty());
             }
-            // The HTTP/1 head hyper writes, for the stream's wire bytes.
+            // The HTTP/1 head hyper writes, for the stream's wire bytes (with a drain's notice,
+            // which goes in on its way out).
             if version < http::Version::HTTP_2
                 && let Some(meter) = &ctx.wire
             {
+                let close = http::HeaderValue::from_static("close");
+                if notice {
+                    resp.headers_mut().insert(http::header::CONNECTION, close);
+                }
                 h1::note_head(&mut resp, head, meter);
+                if notice {
+                    resp.headers_mut().remove(http::header::CONNECTION);
+                }
             }
             Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started, stream)))
         })
     });
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     tokio::pin!(conn);
-    let mut told = false;
     let mut shut = false;
     let mut timer = conn_limits::LimitTimer::default();
     // Once the drain ended: when the connection is cut if it has no stream left by then.
@@ -620,14 +635,7 @@ where
         tokio::select! {
             // First, so the GOAWAY goes out before the response that asked for it.
             biased;
-            () = goaway.notified(), if !told => {
-                told = true;
-                ctx.hcm.stats.cx_drain_close.inc();
-                if !shut {
-                    shut = true;
-                    conn.as_mut().graceful_shutdown();
-                }
-            }
+            // An HTTP/2 connection's drain starts with its first GOAWAY; either's end is timed.
             () = drain.notified() => {
                 if http2 && !shut {
                     shut = true;

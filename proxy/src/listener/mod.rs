@@ -158,9 +158,9 @@ impl ChainKind {
 }
 
 impl Chain {
-    /// The chain was changed or removed by a listener update: its HTTP connections close at
-    /// their next response, and whatever is left of them (idle ones too) and its TCP
-    /// connections after `drain_time`, as in Envoy.
+    /// The chain was changed or removed by a listener update: its HTTP connections start
+    /// their drain at a response (per `--drain-strategy`), and whatever is left of them (idle
+    /// ones too) and its TCP connections close after `drain_time`, as in Envoy.
     fn drain(&self, drain_time: Duration) {
         match &self.kind {
             ChainKind::Http(hcm, _) => hcm.retirement.start(drain_time),
@@ -319,8 +319,8 @@ impl Listener {
     }
 
     /// Drains every chain that `next` (the listener replacing this one, if any) does not
-    /// keep: HTTP connections close at their next response, and every connection left
-    /// (HTTP or TCP) after `drain_time`.
+    /// keep: HTTP connections start their drain at a response, and every connection left
+    /// (HTTP or TCP) closes after `drain_time`.
     pub fn retire(&self, next: Option<&Listener>, drain_time: Duration) {
         for c in self.chains() {
             let kept = next.is_some_and(|n| n.chains().any(|k| Arc::ptr_eq(k, c)));

