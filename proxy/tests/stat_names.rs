@@ -50,10 +50,6 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "Envoy's async client's router; revoy's own calls count in their cluster",
     ),
     (
-        r"lua\.lua_vm_count",
-        "revoy pools Lua states per script instead of one per worker, and does not count them",
-    ),
-    (
         r"listener\..+\.http\.[^.]+\.downstream_rq_(\dxx|completed)",
         "the connection manager's response classes are kept per manager, not per listener too",
     ),
