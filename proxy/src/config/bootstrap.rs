@@ -69,6 +69,7 @@ pub fn compile_bootstrap(
 ) -> Result<BootstrapConfig, ConfigError> {
     let first = warnings.len();
     let runtime = std::sync::Arc::new(super::runtime::StaticRuntime::compile(
+        ctx,
         b.layered_runtime.as_ref(),
     )?);
     let admin = b

@@ -1,11 +1,19 @@
 //! The runtime as the data path reads it: the bootstrap's layers (`config::runtime`) merged
-//! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer, as Envoy's
-//! loader does. Route `runtime_fraction` matchers, the fault filter's keys, the filters'
-//! fractions and feature flags read it per request or connection; `/runtime` lists it.
+//! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer or a disk
+//! layer's symlink is swapped, as Envoy's loader does. Disk layers' directories are read at
+//! each load (`disk`): a layer whose directory is missing is left out, one that fails to read
+//! is left out and counted in `runtime.load_error`. Route `runtime_fraction` matchers, the
+//! fault filter's keys, the filters' fractions and feature flags read it per request or
+//! connection; `/runtime` lists it.
 
+mod disk;
+mod watch;
+
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use arc_swap::ArcSwap;
 
@@ -16,13 +24,15 @@ use crate::stats::{Counter, Gauge, Store};
 /// The merged values, a later layer's winning, each with what every layer says of it.
 #[derive(Debug, Default)]
 struct Snapshot {
+    /// The layers loaded (a disk layer whose directory is missing or unreadable is not).
+    layers: Vec<String>,
     values: HashMap<String, Entry>,
 }
 
 #[derive(Debug)]
 struct Entry {
     value: RuntimeValue,
-    /// Each layer's text for the key (empty where the layer does not set it).
+    /// Each loaded layer's text for the key (empty where the layer does not set it).
     layer_values: Vec<String>,
 }
 
@@ -57,8 +67,12 @@ struct RuntimeStats {
     num_layers: Gauge,
     admin_overrides_active: Gauge,
     load_success: Counter,
-    /// Envoy's stats for what revoy never has (no disk layers, no deprecated features).
-    _zeros: [Counter; 4],
+    load_error: Counter,
+    /// Loads that found more than one disk layer (Envoy's test, whatever the layers are).
+    override_dir_exists: Counter,
+    override_dir_not_exists: Counter,
+    /// Envoy's stats for what revoy never has (no deprecated features).
+    _zero: Counter,
     _zero_gauge: Gauge,
 }
 
@@ -66,25 +80,31 @@ struct RuntimeStats {
 #[derive(Debug)]
 pub struct LiveRuntime {
     layers: StaticRuntime,
-    /// The admin layer's overrides, when the bootstrap has an admin layer.
-    admin: Option<Mutex<BTreeMap<String, RuntimeValue>>>,
+    /// The node's cluster, a subdirectory of disk layers with `append_service_cluster`.
+    service_cluster: String,
+    /// Whether the bootstrap has an admin layer (else nothing may be modified).
+    admin: bool,
+    /// The admin layer's overrides; held while a snapshot is made, so loads are serialized.
+    overrides: Mutex<BTreeMap<String, RuntimeValue>>,
     current: ArcSwap<Snapshot>,
     /// Whether the snapshot has any value (else requests skip loading it).
     any: AtomicBool,
     stats: RuntimeStats,
+    /// The watch on the disk layers' symlinks, once started.
+    watch: OnceLock<watch::SymlinkWatch>,
 }
 
 impl LiveRuntime {
-    /// The runtime of the bootstrap's `layers`, its stats in `store`.
-    pub fn new(layers: &StaticRuntime, store: &Store) -> LiveRuntime {
+    /// The runtime of the bootstrap's `layers` for a node of cluster `service_cluster`, its
+    /// stats in `store`, loaded twice as Envoy 1.40 loads it at start-up (its
+    /// `runtime.load_success` is 2 before anything changes).
+    pub fn new(layers: &StaticRuntime, service_cluster: &str, store: &Store) -> LiveRuntime {
         let c = |name: &str| store.counter(&format!("runtime.{name}"));
         let g = |name: &str| store.gauge(&format!("runtime.{name}"));
         let live = LiveRuntime {
-            admin: layers
-                .layers
-                .iter()
-                .any(|l| l.kind == LayerKind::Admin)
-                .then(Mutex::default),
+            admin: layers.layers.iter().any(|l| l.kind == LayerKind::Admin),
+            service_cluster: service_cluster.to_owned(),
+            overrides: Mutex::default(),
             layers: layers.clone(),
             current: ArcSwap::default(),
             any: AtomicBool::new(false),
@@ -93,18 +113,59 @@ impl LiveRuntime {
                 num_layers: g("num_layers"),
                 admin_overrides_active: g("admin_overrides_active"),
                 load_success: c("load_success"),
-                _zeros: [
-                    c("load_error"),
-                    c("override_dir_exists"),
-                    c("override_dir_not_exists"),
-                    c("deprecated_feature_use"),
-                ],
+                load_error: c("load_error"),
+                override_dir_exists: c("override_dir_exists"),
+                override_dir_not_exists: c("override_dir_not_exists"),
+                _zero: c("deprecated_feature_use"),
                 _zero_gauge: g("deprecated_feature_seen_since_process_start"),
             },
+            watch: OnceLock::new(),
         };
-        live.stats.num_layers.set(layers.layers.len() as u64);
-        live.load(&BTreeMap::new());
+        live.reload();
+        live.reload();
         live
+    }
+
+    /// Starts watching the disk layers' symlinks: each rename onto one reloads the runtime
+    /// once per disk layer with that `symlink_root` (Envoy adds a watch per layer). A watch
+    /// that cannot start is logged, and its layers are read only at start-up.
+    pub fn watch_disk_layers(self: &Arc<Self>) {
+        let roots: Vec<&str> = self
+            .layers
+            .layers
+            .iter()
+            .filter_map(|l| match &l.kind {
+                LayerKind::Disk(d) => Some(d.symlink_root.as_str()),
+                _ => None,
+            })
+            .collect();
+        if roots.is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        match watch::SymlinkWatch::start(&roots, move |times| {
+            if let Some(live) = weak.upgrade() {
+                for _ in 0..times {
+                    live.reload();
+                }
+            }
+        }) {
+            Ok(w) => {
+                let _ = self.watch.set(w);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot watch the runtime's disk layers; they are not read again")
+            }
+        }
+    }
+
+    /// Reads the disk layers again and publishes the new snapshot.
+    pub fn reload(&self) {
+        let overrides = self
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.load(&overrides);
     }
 
     /// The current snapshot's value at `key`, read without taking a reference on the
@@ -130,8 +191,13 @@ impl LiveRuntime {
     /// `/runtime_modify`: sets (or, with an empty value, removes) admin-layer overrides and
     /// publishes the new snapshot.
     pub fn modify(&self, changes: &[(String, String)]) -> Result<(), NoAdminLayer> {
-        let admin = self.admin.as_ref().ok_or(NoAdminLayer)?;
-        let mut overrides = admin.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.admin {
+            return Err(NoAdminLayer);
+        }
+        let mut overrides = self
+            .overrides
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for (key, value) in changes {
             if value.is_empty() {
                 overrides.remove(key);
@@ -146,18 +212,42 @@ impl LiveRuntime {
         Ok(())
     }
 
-    /// Merges the layers (with `overrides` as the admin layer) into a new snapshot.
+    /// Merges the layers (with `overrides` as the admin layer, the disk layers read now) into
+    /// a new snapshot, counted as Envoy counts its loads.
     fn load(&self, overrides: &BTreeMap<String, RuntimeValue>) {
-        let n = self.layers.layers.len();
-        let mut values: HashMap<String, Entry> = HashMap::new();
-        for (i, layer) in self.layers.layers.iter().enumerate() {
-            let layer_values: Box<dyn Iterator<Item = (&String, &RuntimeValue)>> = match &layer.kind
-            {
-                LayerKind::Static(v) => Box::new(v.iter()),
-                LayerKind::Admin => Box::new(overrides.iter()),
-                LayerKind::NotRead => Box::new(std::iter::empty()),
+        let (mut disk_layers, mut errors) = (0, 0);
+        let mut loaded: Vec<(&str, Cow<'_, HashMap<String, RuntimeValue>>)> = Vec::new();
+        for layer in &self.layers.layers {
+            let values = match &layer.kind {
+                LayerKind::Static(v) => Cow::Borrowed(v),
+                LayerKind::Admin => Cow::Owned(overrides.clone().into_iter().collect()),
+                LayerKind::Disk(d) => {
+                    let dir = d.path(&self.service_cluster);
+                    let dir = Path::new(&dir);
+                    if !dir.is_dir() {
+                        continue;
+                    }
+                    match disk::read_layer(dir) {
+                        Ok(values) => {
+                            disk_layers += 1;
+                            Cow::Owned(values)
+                        }
+                        Err(e) => {
+                            errors += 1;
+                            tracing::debug!(layer = %layer.name, error = %e, "error loading runtime values from disk");
+                            continue;
+                        }
+                    }
+                }
             };
-            for (key, value) in layer_values {
+            loaded.push((&layer.name, values));
+        }
+        let n = loaded.len();
+        let mut values: HashMap<String, Entry> = HashMap::new();
+        let mut layers = Vec::with_capacity(n);
+        for (i, (name, layer_values)) in loaded.into_iter().enumerate() {
+            layers.push(name.to_owned());
+            for (key, value) in layer_values.iter() {
                 let entry = values.entry(key.clone()).or_insert_with(|| Entry {
                     value: value.clone(),
                     layer_values: vec![String::new(); n],
@@ -166,10 +256,20 @@ impl LiveRuntime {
                 entry.layer_values[i].clone_from(&value.raw);
             }
         }
+        self.stats.num_layers.set(n as u64);
         self.stats.num_keys.set(values.len() as u64);
+        if errors == 0 {
+            self.stats.load_success.inc();
+        } else {
+            self.stats.load_error.inc();
+        }
+        if disk_layers > 1 {
+            self.stats.override_dir_exists.inc();
+        } else {
+            self.stats.override_dir_not_exists.inc();
+        }
         self.any.store(!values.is_empty(), Ordering::Relaxed);
-        self.current.store(Arc::new(Snapshot { values }));
-        self.stats.load_success.inc();
+        self.current.store(Arc::new(Snapshot { layers, values }));
     }
 
     /// `/runtime`: the layers' names and every key's final value and per-layer values.
@@ -189,7 +289,7 @@ impl LiveRuntime {
             })
             .collect();
         serde_json::json!({
-            "layers": self.layers.layers.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+            "layers": snapshot.layers,
             "entries": entries,
         })
     }
@@ -202,7 +302,7 @@ mod tests {
 
     fn live(yaml: &str) -> LiveRuntime {
         let layers = crate::config::runtime::from_bootstrap_yaml(yaml).unwrap();
-        LiveRuntime::new(&layers, &Store::default())
+        LiveRuntime::new(&layers, "svc", &Store::default())
     }
 
     const HALF: FractionalPercent = FractionalPercent {
