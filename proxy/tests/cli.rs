@@ -895,8 +895,8 @@ fn lax_forms_get_envoys_verdict() {
 
 /// Runtime layers at validation: a disk layer whose `symlink_root` sits in a directory that
 /// does not exist is refused by both (Envoy cannot watch it), with Envoy's message; an RTDS
-/// layer, which Envoy accepts, is refused by revoy naming `rtds_layer` (a known difference in
-/// the README) rather than read as an empty layer.
+/// layer over ADS without `dynamic_resources.ads_config`, which Envoy's validation accepts
+/// but its start-up refuses with this message, is refused by revoy already at validation.
 #[test]
 fn runtime_layers_get_envoys_verdict_or_are_refused_by_name() {
     let missing = std::env::temp_dir().join("revoy-cli-no-such-dir/current");
@@ -921,7 +921,7 @@ fn runtime_layers_get_envoys_verdict_or_are_refused_by_name() {
             "runtime_rtds.yaml",
             with_layer("{name: r, rtds_layer: {name: r, rtds_config: {ads: {}}}}"),
             true,
-            "layered_runtime.layers[0].rtds_layer: RTDS runtime layers are not supported",
+            "layered_runtime: ADS must be configured to support an ADS config source",
         ),
     ];
     let envoy =

@@ -2,12 +2,15 @@
 //! values typed as Envoy types them (text, boolean, number, non-negative integer, fractional
 //! percent), which the live runtime (`crate::runtime`) merges with the admin layer's
 //! overrides; disk layers' directories, which the live runtime reads at each load (see
-//! [`DiskLayer`]), and how a file there becomes a key and a value. RTDS layers are refused.
+//! [`DiskLayer`]), and how a file there becomes a key and a value; RTDS layers by the resource
+//! they subscribe to over ADS, whose `layer` Struct compiles as a static layer's does
+//! ([`compile_layer`]).
 
 use std::collections::HashMap;
 
 use proto::pb::envoy::config::bootstrap::v3::LayeredRuntime;
 use proto::pb::envoy::config::bootstrap::v3::runtime_layer::{self, LayerSpecifier};
+use proto::pb::envoy::config::core::v3::config_source::ConfigSourceSpecifier;
 use proto::pb::google::protobuf::Value;
 use proto::pb::google::protobuf::value::Kind;
 
@@ -181,6 +184,17 @@ pub enum LayerKind {
     Admin,
     /// `disk_layer`: the files under a directory, read at each load.
     Disk(DiskLayer),
+    /// `rtds_layer`: a `Runtime` resource served over ADS (empty until it arrives).
+    Rtds(RtdsLayer),
+}
+
+/// An `rtds_layer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RtdsLayer {
+    /// The resource's name (`rtds_layer.name`).
+    pub name: String,
+    /// How long start-up waits for it (`rtds_config.initial_fetch_timeout`; `None`: forever).
+    pub initial_fetch_timeout: Option<std::time::Duration>,
 }
 
 /// A `disk_layer`: where its files are, and the symlink whose swap makes them be read again.
@@ -225,7 +239,8 @@ impl StaticRuntime {
     /// Compiles `runtime` as Envoy loads it: layer names unique, at most one admin layer, a
     /// static layer's objects flattened into `a.b` keys unless they are fractional percents,
     /// lists and nulls refused, a disk layer's `symlink_root` in a directory that exists (Envoy
-    /// cannot watch it otherwise). An RTDS layer is refused: revoy does not subscribe to it.
+    /// cannot watch it otherwise), an RTDS layer's config source `ads` (the only one revoy
+    /// subscribes through).
     pub fn compile(
         ctx: &Context<'_>,
         runtime: Option<&LayeredRuntime>,
@@ -247,11 +262,7 @@ impl StaticRuntime {
             }
             let kind = match &layer.layer_specifier {
                 Some(LayerSpecifier::StaticLayer(s)) => {
-                    let mut values = HashMap::new();
-                    for (key, value) in &s.fields {
-                        walk(&mut values, key, value).map_err(|e| e.within(&path))?;
-                    }
-                    LayerKind::Static(values)
+                    LayerKind::Static(compile_layer(s).map_err(|e| e.within(&path))?)
                 }
                 Some(LayerSpecifier::AdminLayer(_)) if admin => {
                     return Err(ConfigError::new(
@@ -266,11 +277,25 @@ impl StaticRuntime {
                 Some(LayerSpecifier::DiskLayer(d)) => {
                     LayerKind::Disk(disk_layer(ctx, d).map_err(|e| e.within(&path))?)
                 }
-                Some(LayerSpecifier::RtdsLayer(_)) => {
-                    return Err(ConfigError::new(
-                        format!("{path}.rtds_layer"),
-                        "RTDS runtime layers are not supported by revoy",
-                    ));
+                Some(LayerSpecifier::RtdsLayer(r)) => {
+                    match r
+                        .rtds_config
+                        .as_ref()
+                        .map(|c| (c, c.config_source_specifier.as_ref()))
+                    {
+                        Some((c, Some(ConfigSourceSpecifier::Ads(_)))) => {
+                            LayerKind::Rtds(RtdsLayer {
+                                name: r.name.clone(),
+                                initial_fetch_timeout: super::dynamic::initial_fetch_timeout(c),
+                            })
+                        }
+                        _ => {
+                            return Err(ConfigError::new(
+                                format!("{path}.rtds_layer.rtds_config"),
+                                "revoy serves RTDS layers only over ADS (ads: {} with dynamic_resources.ads_config)",
+                            ));
+                        }
+                    }
                 }
                 None => return Err(ConfigError::new(&path, "layer specifier not set")),
             };
@@ -280,6 +305,31 @@ impl StaticRuntime {
             });
         }
         Ok(out)
+    }
+}
+
+/// A static layer's (or an RTDS resource's) values: its objects flattened into `a.b` keys
+/// unless they are fractional percents, lists and nulls refused, as Envoy's `ProtoLayer`.
+pub fn compile_layer(
+    s: &proto::pb::google::protobuf::Struct,
+) -> Result<HashMap<String, RuntimeValue>, ConfigError> {
+    let mut values = HashMap::new();
+    for (key, value) in &s.fields {
+        walk(&mut values, key, value)?;
+    }
+    Ok(values)
+}
+
+impl StaticRuntime {
+    /// The RTDS layers, in order.
+    pub fn rtds_layers(&self) -> Vec<&RtdsLayer> {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.kind {
+                LayerKind::Rtds(r) => Some(r),
+                _ => None,
+            })
+            .collect()
     }
 }
 
@@ -491,7 +541,7 @@ mod tests {
     }
 
     #[test]
-    fn disk_layers_need_their_symlinks_directory_and_rtds_is_refused() {
+    fn disk_layers_need_their_symlinks_directory_and_rtds_layers_ads() {
         let r = runtime(
             "layered_runtime: {layers: [{name: d, disk_layer: {symlink_root: /srv/current, subdirectory: envoy, append_service_cluster: true}}]}",
         );
@@ -502,9 +552,11 @@ mod tests {
         let fails = |yaml: &str| from_bootstrap_yaml(yaml).unwrap_err().to_string();
         assert!(fails("layered_runtime: {layers: [{name: d, disk_layer: {symlink_root: /nowhere/current}}]}")
             .contains("unable to add filesystem watch for file /nowhere/current"));
-        assert!(
-            fails("layered_runtime: {layers: [{name: r, rtds_layer: {name: r}}]}")
-                .contains("layered_runtime.layers[0].rtds_layer")
+        assert!(fails("layered_runtime: {layers: [{name: r, rtds_layer: {name: r, rtds_config: {path: /x}}}]}")
+            .contains("layered_runtime.layers[0].rtds_layer.rtds_config"));
+        let r = runtime(
+            "layered_runtime: {layers: [{name: r, rtds_layer: {name: res, rtds_config: {ads: {}}}}]}",
         );
+        assert_eq!(r.rtds_layers()[0].name, "res");
     }
 }

@@ -1,6 +1,7 @@
 //! The runtime as the data path reads it: the bootstrap's layers (`config::runtime`) merged
-//! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer or a disk
-//! layer's symlink is swapped, as Envoy's loader does. Disk layers' directories are read at
+//! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer, a disk
+//! layer's symlink is swapped or an RTDS layer arrives over xDS (`crate::xds`), as Envoy's
+//! loader does. Disk layers' directories are read at
 //! each load (`disk`): a layer whose directory is missing is left out, one that fails to read
 //! is left out and counted in `runtime.load_error`. Route `runtime_fraction` matchers, the
 //! fault filter's keys, the filters' fractions and feature flags read it per request or
@@ -76,6 +77,15 @@ struct RuntimeStats {
     _zero_gauge: Gauge,
 }
 
+/// What changes while the process runs, besides the disk layers.
+#[derive(Debug, Default)]
+struct Changing {
+    /// The admin layer's overrides.
+    overrides: BTreeMap<String, RuntimeValue>,
+    /// Each RTDS layer's values, by resource name, once received.
+    rtds: HashMap<String, HashMap<String, RuntimeValue>>,
+}
+
 /// The live runtime.
 #[derive(Debug)]
 pub struct LiveRuntime {
@@ -84,8 +94,9 @@ pub struct LiveRuntime {
     service_cluster: String,
     /// Whether the bootstrap has an admin layer (else nothing may be modified).
     admin: bool,
-    /// The admin layer's overrides; held while a snapshot is made, so loads are serialized.
-    overrides: Mutex<BTreeMap<String, RuntimeValue>>,
+    /// The admin layer's overrides and the RTDS layers' values; held while a snapshot is
+    /// made, so loads are serialized.
+    changing: Mutex<Changing>,
     current: ArcSwap<Snapshot>,
     /// Whether the snapshot has any value (else requests skip loading it).
     any: AtomicBool,
@@ -104,7 +115,7 @@ impl LiveRuntime {
         let live = LiveRuntime {
             admin: layers.layers.iter().any(|l| l.kind == LayerKind::Admin),
             service_cluster: service_cluster.to_owned(),
-            overrides: Mutex::default(),
+            changing: Mutex::default(),
             layers: layers.clone(),
             current: ArcSwap::default(),
             any: AtomicBool::new(false),
@@ -161,11 +172,24 @@ impl LiveRuntime {
 
     /// Reads the disk layers again and publishes the new snapshot.
     pub fn reload(&self) {
-        let overrides = self
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        self.load(&overrides);
+        let changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        self.load(&changing);
+    }
+
+    /// The bootstrap's RTDS layers.
+    pub fn rtds_layers(&self) -> Vec<&crate::config::runtime::RtdsLayer> {
+        self.layers.rtds_layers()
+    }
+
+    /// Sets the values of the RTDS layer `name` (`None`: the resource was removed, the layer
+    /// is empty again) and publishes the new snapshot.
+    pub fn set_rtds(&self, name: &str, values: Option<HashMap<String, RuntimeValue>>) {
+        let mut changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
+        match values {
+            Some(values) => changing.rtds.insert(name.to_owned(), values),
+            None => changing.rtds.remove(name),
+        };
+        self.load(&changing);
     }
 
     /// The current snapshot's value at `key`, read without taking a reference on the
@@ -194,33 +218,36 @@ impl LiveRuntime {
         if !self.admin {
             return Err(NoAdminLayer);
         }
-        let mut overrides = self
-            .overrides
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut changing = self.changing.lock().unwrap_or_else(PoisonError::into_inner);
         for (key, value) in changes {
             if value.is_empty() {
-                overrides.remove(key);
+                changing.overrides.remove(key);
             } else {
-                overrides.insert(key.clone(), RuntimeValue::parse(value.clone()));
+                changing
+                    .overrides
+                    .insert(key.clone(), RuntimeValue::parse(value.clone()));
             }
         }
         self.stats
             .admin_overrides_active
-            .set(u64::from(!overrides.is_empty()));
-        self.load(&overrides);
+            .set(u64::from(!changing.overrides.is_empty()));
+        self.load(&changing);
         Ok(())
     }
 
-    /// Merges the layers (with `overrides` as the admin layer, the disk layers read now) into
-    /// a new snapshot, counted as Envoy counts its loads.
-    fn load(&self, overrides: &BTreeMap<String, RuntimeValue>) {
+    /// Merges the layers (the admin and RTDS layers from `changing`, the disk layers read now)
+    /// into a new snapshot, counted as Envoy counts its loads.
+    fn load(&self, changing: &Changing) {
         let (mut disk_layers, mut errors) = (0, 0);
         let mut loaded: Vec<(&str, Cow<'_, HashMap<String, RuntimeValue>>)> = Vec::new();
         for layer in &self.layers.layers {
             let values = match &layer.kind {
                 LayerKind::Static(v) => Cow::Borrowed(v),
-                LayerKind::Admin => Cow::Owned(overrides.clone().into_iter().collect()),
+                LayerKind::Admin => Cow::Owned(changing.overrides.clone().into_iter().collect()),
+                LayerKind::Rtds(r) => match changing.rtds.get(&r.name) {
+                    Some(values) => Cow::Borrowed(values),
+                    None => Cow::Owned(HashMap::new()),
+                },
                 LayerKind::Disk(d) => {
                     let dir = d.path(&self.service_cluster);
                     let dir = Path::new(&dir);
