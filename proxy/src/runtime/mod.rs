@@ -1,11 +1,11 @@
 //! The runtime as the data path reads it: the bootstrap's layers (`config::runtime`) merged
 //! into one snapshot, swapped whole when `/runtime_modify` changes the admin layer, a disk
 //! layer's symlink is swapped or an RTDS layer arrives over xDS (`crate::xds`), as Envoy's
-//! loader does. Disk layers' directories are read at
-//! each load (`disk`): a layer whose directory is missing is left out, one that fails to read
-//! is left out and counted in `runtime.load_error`. Route `runtime_fraction` matchers, the
-//! fault filter's keys, the filters' fractions and feature flags read it per request or
-//! connection; `/runtime` lists it.
+//! loader does. Disk layers' directories are read at each load (`disk`): a layer whose
+//! directory is missing is left out, one that fails to read is left out and counted in
+//! `runtime.load_error`. Route `runtime_fraction` matchers, the fault filter's keys, the
+//! filters' fractions and feature flags read it per request or connection; `/runtime` lists
+//! it.
 
 mod disk;
 mod watch;
@@ -367,6 +367,24 @@ mod tests {
         assert!(!s.feature_enabled("f", HALF, 1));
         assert!(s.feature_enabled("t", HALF, 49), "text: the default");
         assert!(!s.feature_enabled("", HALF, 50));
+    }
+
+    #[test]
+    fn an_rtds_layer_is_empty_until_set_and_after_removal() {
+        let rt = live(
+            "layered_runtime: {layers: [{name: s, static_layer: {k: 0}}, {name: r, rtds_layer: {name: res, rtds_config: {ads: {}}}}]}",
+        );
+        assert_eq!(rt.listing()["layers"], serde_json::json!(["s", "r"]));
+        assert!(!rt.feature_enabled("k", HALF, 10));
+        let values = [("k".to_owned(), RuntimeValue::parse("100".to_owned()))];
+        rt.set_rtds("res", Some(values.into_iter().collect()));
+        assert!(rt.feature_enabled("k", HALF, 99));
+        assert_eq!(
+            rt.listing()["entries"]["k"]["layer_values"],
+            serde_json::json!(["0", "100"])
+        );
+        rt.set_rtds("res", None);
+        assert!(!rt.feature_enabled("k", HALF, 10));
     }
 
     #[test]

@@ -230,6 +230,7 @@ impl ProxyHandler {
         }
     }
 
+    /// Sets the server's state (`server.state`, `/ready`), while the process runs.
     fn set_server_state(&self, state: crate::lifecycle::ServerState) {
         if let Some(process) = self.process.upgrade() {
             process.lifecycle.set_state(state);
