@@ -1,8 +1,8 @@
-//! The runtime's RTDS layers over ADS, compared with Envoy 1.40: each proxy on the same
-//! bootstrap (a static layer, an RTDS layer, an admin layer; a static listener whose route
-//! `runtime_fraction` reads `routing.a`) against an in-test control plane of its own. At each
-//! step the two must show the same `/ready`, `/runtime`, `runtime.*` load and subscription
-//! stats and route:
+//! The runtime's RTDS layers over ADS (state of the world, then Delta), compared with Envoy
+//! 1.40: each proxy on the same bootstrap (a static layer, an RTDS layer, an admin layer; a
+//! static listener whose route `runtime_fraction` reads `routing.a`) against an in-test
+//! control plane of its own. At each step the two must show the same `/ready`, `/runtime`,
+//! `runtime.*` load and subscription stats and route:
 //!
 //! 1. no `Runtime` resource yet: start-up waits for the layer (not LIVE), the layer is listed
 //!    empty;
@@ -40,7 +40,10 @@ const RUNTIME: &str = "type.googleapis.com/envoy.service.runtime.v3.Runtime";
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
 
-fn bootstrap(admin: u16, port: u16, plane: u16) -> String {
+/// The bootstrap: ADS to the plane on `plane` (Delta when `delta`), admin on `admin`, the
+/// listener on `port`.
+fn bootstrap(admin: u16, port: u16, plane: u16, delta: bool) -> String {
+    let api = if delta { "DELTA_GRPC" } else { "GRPC" };
     format!(
         r#"node: {{id: {NODE}, cluster: c}}
 admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}
@@ -51,7 +54,7 @@ layered_runtime:
   - {{name: admin, admin_layer: {{}}}}
 dynamic_resources:
   ads_config:
-    api_type: GRPC
+    api_type: {api}
     transport_api_version: V3
     grpc_services: [{{envoy_grpc: {{cluster_name: xds-grpc}}}}]
 static_resources:
@@ -136,11 +139,12 @@ fn verdict(v: Verdict) -> String {
     }
 }
 
-/// Runs Envoy (`envoy`) or revoy through the steps against a control plane of its own.
-fn run(envoy: Option<&Path>) -> Vec<Seen> {
+/// Runs Envoy (`envoy`) or revoy through the steps against a control plane of its own, over
+/// Delta xDS when `delta`.
+fn run(envoy: Option<&Path>, delta: bool) -> Vec<Seen> {
     let plane = Plane::start(free_port());
     let (admin, port) = (free_port(), free_port());
-    let yaml = bootstrap(admin, port, plane.port);
+    let yaml = bootstrap(admin, port, plane.port, delta);
     let admin_up = || std::net::TcpStream::connect(("127.0.0.1", admin)).is_ok();
     let _proxy = match envoy {
         Some(envoy) => child::Proxy::envoy(envoy, &yaml, 133, admin_up),
@@ -167,16 +171,23 @@ fn rtds_layers_match_envoy() {
     let Some(envoy) = oracle::envoy_or_skip("rtds_layers_match_envoy") else {
         return;
     };
-    let theirs = run(Some(&envoy));
-    let ours = run(None);
-    for (step, (theirs, ours)) in theirs.iter().zip(&ours).enumerate() {
-        assert_eq!(
-            ours,
-            theirs,
-            "step {}: revoy (left) and Envoy (right)",
-            step + 1
-        );
+    for delta in [false, true] {
+        let theirs = run(Some(&envoy), delta);
+        let ours = run(None, delta);
+        for (step, (theirs, ours)) in theirs.iter().zip(&ours).enumerate() {
+            assert_eq!(
+                ours,
+                theirs,
+                "delta {delta}, step {}: revoy (left) and Envoy (right)",
+                step + 1
+            );
+        }
+        check_envoy(&theirs);
     }
+}
+
+/// What Envoy showed is what the steps are meant to show.
+fn check_envoy(theirs: &[Seen]) {
     assert_eq!(
         theirs[0].ready.0, 503,
         "not LIVE before the layer: {:?}",
