@@ -136,10 +136,14 @@ pub fn build_process(bootstrap: BootstrapConfig, options: Options) -> Process {
         clusters.clone(),
     );
     let lifecycle = Lifecycle::new(&stats, drain.clone());
-    let local_workload = crate::config::istio::workload::LocalWorkload::from_node(
-        &crate::load::effective_node(bootstrap.proto.decode().node.as_ref(), &options),
-    );
-    let runtime = Arc::new(crate::runtime::LiveRuntime::new(&bootstrap.runtime, &stats));
+    let node = crate::load::effective_node(bootstrap.proto.decode().node.as_ref(), &options);
+    let local_workload = crate::config::istio::workload::LocalWorkload::from_node(&node);
+    let runtime = Arc::new(crate::runtime::LiveRuntime::new(
+        &bootstrap.runtime,
+        &node.cluster,
+        &stats,
+    ));
+    runtime.watch_disk_layers();
     let shared = Arc::new(Shared::new(
         stats,
         clusters,

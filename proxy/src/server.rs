@@ -66,7 +66,11 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     let process = Arc::new(build_process(bootstrap, options));
     crate::access_log::file::init(flush, &process.shared.stats);
     process.shared.stats.set_workers(workers);
-    process.lifecycle.set_state(ServerState::Initializing);
+    // With RTDS layers the server stays PRE_INITIALIZING until they arrive, as Envoy's (the
+    // xDS handler moves it on).
+    if process.shared.runtime.rtds_layers().is_empty() {
+        process.lifecycle.set_state(ServerState::Initializing);
+    }
     // Listeners are bound from here on, and listen once the workers start (the first LIVE).
     let weak = Arc::downgrade(&process);
     process.lifecycle.on_workers_start(move || {

@@ -893,6 +893,60 @@ fn lax_forms_get_envoys_verdict() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Runtime layers at validation: a disk layer whose `symlink_root` sits in a directory that
+/// does not exist is refused by both (Envoy cannot watch it), with Envoy's message; an RTDS
+/// layer over ADS without `dynamic_resources.ads_config`, which Envoy's validation accepts
+/// but its start-up refuses with this message, is refused by revoy already at validation.
+#[test]
+fn runtime_layers_get_envoys_verdict_or_are_refused_by_name() {
+    let missing = std::env::temp_dir().join("revoy-cli-no-such-dir/current");
+    let with_layer = |layer: &str| {
+        valid_yaml().replacen(
+            "static_resources:",
+            &format!("node: {{id: v1, cluster: c}}\nlayered_runtime: {{layers: [{layer}]}}\nstatic_resources:"),
+            1,
+        )
+    };
+    let cases = [
+        (
+            "runtime_disk_no_parent.yaml",
+            with_layer(&format!(
+                "{{name: d, disk_layer: {{symlink_root: {}, subdirectory: envoy}}}}",
+                missing.display()
+            )),
+            false,
+            "layered_runtime.layers[0].disk_layer.symlink_root: unable to add filesystem watch for file",
+        ),
+        (
+            "runtime_rtds.yaml",
+            with_layer("{name: r, rtds_layer: {name: r, rtds_config: {ads: {}}}}"),
+            true,
+            "layered_runtime: ADS must be configured to support an ADS config source",
+        ),
+    ];
+    let envoy =
+        oracle::envoy_or_skip("cli::runtime_layers_get_envoys_verdict_or_are_refused_by_name");
+    for (name, yaml, envoy_accepts, revoy_says) in cases {
+        let config = scratch(name, &yaml);
+        if let Some(envoy) = &envoy {
+            let output = validate(envoy_command(envoy), &config, &[]);
+            assert_eq!(
+                output.status.success(),
+                envoy_accepts,
+                "{name}: Envoy's verdict changed:\n{}",
+                text(&output)
+            );
+        }
+        let output = validate(revoy(), &config, &[]);
+        let message = text(&output);
+        assert_eq!(output.status.code(), Some(1), "{name}: {message}");
+        assert!(
+            message.contains(revoy_says),
+            "{name}: missing {revoy_says:?} in:\n{message}"
+        );
+    }
+}
+
 /// A UDP listener (udp_proxy): Envoy serves it; revoy, which has no UDP, refuses the config
 /// naming the field and the reason (a known difference in the README).
 #[test]

@@ -168,6 +168,11 @@ pub fn init_dump(xds: Option<&Xds>) -> serde_json::Value {
     xds.handler.with_state(|st| {
         let mut targets = Vec::new();
         match st.phase() {
+            Some(Phase::Runtime) => {
+                for name in st.pending_rtds_names() {
+                    targets.push(serde_json::json!({"name": format!("RTDS {name}"), "state": "waiting for the initial RTDS response"}));
+                }
+            }
             Some(Phase::Clusters) => {
                 targets.push(serde_json::json!({"name": "CDS", "state": "waiting for the initial CDS response and its endpoints"}));
                 for c in st.warming_cluster_names() {

@@ -69,8 +69,20 @@ pub fn compile_bootstrap(
 ) -> Result<BootstrapConfig, ConfigError> {
     let first = warnings.len();
     let runtime = std::sync::Arc::new(super::runtime::StaticRuntime::compile(
+        ctx,
         b.layered_runtime.as_ref(),
     )?);
+    if !runtime.rtds_layers().is_empty()
+        && b.dynamic_resources
+            .as_ref()
+            .and_then(|d| d.ads_config.as_ref())
+            .is_none()
+    {
+        return Err(ConfigError::new(
+            "layered_runtime",
+            "ADS must be configured to support an ADS config source (an rtds_layer's ads: {} needs dynamic_resources.ads_config)",
+        ));
+    }
     let admin = b
         .admin
         .as_ref()

@@ -23,6 +23,8 @@ pub trait ConfigIo {
     /// Opens the access-log file at `path` for appending (created when missing), as Envoy
     /// does when it loads a file access log; the error says why it cannot be.
     fn open_log(&self, path: &str) -> io::Result<()>;
+    /// Whether `path` is a directory (following symlinks).
+    fn is_dir(&self, path: &str) -> bool;
 }
 
 /// The real file system and process environment, as the binary uses them.
@@ -56,6 +58,10 @@ impl ConfigIo for SystemIo {
     fn open_log(&self, path: &str) -> io::Result<()> {
         crate::access_log::file::open(std::path::Path::new(path)).map(drop)
     }
+
+    fn is_dir(&self, path: &str) -> bool {
+        std::path::Path::new(path).is_dir()
+    }
 }
 
 /// An in-memory file system, environment and host name, for tests.
@@ -65,6 +71,7 @@ pub struct FakeIo {
     env: HashMap<String, String>,
     hostname: String,
     unopenable: HashMap<String, io::ErrorKind>,
+    dirs: Vec<String>,
 }
 
 impl FakeIo {
@@ -88,6 +95,12 @@ impl FakeIo {
     /// Makes opening the access-log file at `path` fail with `kind` (every other opens).
     pub fn with_unopenable_log(mut self, path: &str, kind: io::ErrorKind) -> Self {
         self.unopenable.insert(path.to_owned(), kind);
+        self
+    }
+
+    /// Adds a directory at `path`.
+    pub fn with_dir(mut self, path: &str) -> Self {
+        self.dirs.push(path.to_owned());
         self
     }
 
@@ -120,6 +133,10 @@ impl ConfigIo for FakeIo {
             None => Ok(()),
         }
     }
+
+    fn is_dir(&self, path: &str) -> bool {
+        self.dirs.iter().any(|d| d == path)
+    }
 }
 
 /// Compiled regexes by pattern: unanchored, anchored.
@@ -146,6 +163,11 @@ impl<'io> Context<'io> {
     /// The I/O this compile does.
     pub fn io(&self) -> &'io dyn ConfigIo {
         self.io
+    }
+
+    /// Whether `path` is a directory.
+    pub fn is_dir(&self, path: &str) -> bool {
+        self.io.is_dir(path)
     }
 
     /// `re` compiled by [`compile_regex`](super::route::compile_regex), or the copy compiled

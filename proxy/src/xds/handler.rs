@@ -43,10 +43,12 @@ const LARGE_UPDATE: usize = 64;
 /// How often the stats of removed resources still held at their removal are looked at again.
 const STATS_SWEEP: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Where start-up stands (Envoy's init order: clusters and their endpoints, then listeners
-/// and their route configurations, then LIVE).
+/// Where start-up stands (Envoy's init order: the runtime's RTDS layers, then clusters and
+/// their endpoints, then listeners and their route configurations, then LIVE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
+    /// Waiting for the first answer for each RTDS layer.
+    Runtime,
     /// Waiting for the first CDS response and the endpoints of the clusters it named.
     Clusters,
     /// Waiting for the first LDS response and the route configurations its listeners name.
@@ -66,6 +68,10 @@ pub struct State {
     pub routes: Records,
     /// Endpoint assignment records, by service name.
     pub endpoints: Records,
+    /// RTDS layer records.
+    pub runtimes: Records,
+    /// The RTDS layers start-up still waits for.
+    rtds_pending: BTreeSet<String>,
     /// Old versions of listeners replaced whole or removed, while they drain.
     pub draining_listeners: Draining,
     /// Listeners waiting for their route configurations.
@@ -117,6 +123,11 @@ impl State {
     pub fn phase(&self) -> Option<Phase> {
         self.phase
     }
+
+    /// The RTDS layers start-up still waits for.
+    pub fn pending_rtds_names(&self) -> impl Iterator<Item = &String> {
+        self.rtds_pending.iter()
+    }
 }
 
 /// Applies xDS updates to the proxy.
@@ -157,8 +168,9 @@ impl ProxyHandler {
         f(&self.state.lock().expect("xds state"))
     }
 
-    /// Starts the initial fetch (clusters first when CDS is dynamic, else listeners), and
-    /// the sweep that drops the stats of removed resources once nothing holds them.
+    /// Starts the initial fetch (the runtime's RTDS layers first, then clusters when CDS is
+    /// dynamic, else listeners), and the sweep that drops the stats of removed resources once
+    /// nothing holds them.
     pub fn begin(self: &Arc<Self>) {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
@@ -173,21 +185,73 @@ impl ProxyHandler {
             }
         });
         let mut st = self.state.lock().expect("xds state");
+        let rtds: Vec<(String, Option<Duration>)> = self
+            .process
+            .upgrade()
+            .map(|p| {
+                p.shared
+                    .runtime
+                    .rtds_layers()
+                    .iter()
+                    .map(|l| (l.name.clone(), l.initial_fetch_timeout))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if rtds.is_empty() {
+            self.start_clusters(&mut st);
+        } else {
+            // Envoy waits for RTDS while its cluster manager initializes, before its init
+            // manager starts: the server stays PRE_INITIALIZING until then.
+            st.phase = Some(Phase::Runtime);
+            st.rtds_pending = rtds.iter().map(|(name, _)| name.clone()).collect();
+            self.for_each_rtds(UpdateStats::started);
+            self.subscribe(
+                super::rtds::RUNTIME_TYPE_URL,
+                rtds.iter().map(|(name, _)| name.clone()).collect(),
+            );
+            // Each layer is its own init target in Envoy: start-up waits for the slowest.
+            let timeout = rtds
+                .iter()
+                .map(|(_, t)| *t)
+                .reduce(|a, b| a.zip(b).map(|(a, b)| a.max(b)))
+                .flatten();
+            self.arm_timeout(Phase::Runtime, timeout);
+        }
+        self.advance(&mut st);
+    }
+
+    /// Counts `count` in the RTDS subscriptions' stats, once per RTDS layer.
+    fn for_each_rtds(&self, count: impl Fn(&UpdateStats)) {
+        if let Some(process) = self.process.upgrade() {
+            let stats = super::rtds::stats(&process.shared.stats);
+            for _ in process.shared.runtime.rtds_layers() {
+                count(&stats);
+            }
+        }
+    }
+
+    /// Sets the server's state (`server.state`, `/ready`), while the process runs.
+    fn set_server_state(&self, state: crate::lifecycle::ServerState) {
+        if let Some(process) = self.process.upgrade() {
+            process.lifecycle.set_state(state);
+        }
+    }
+
+    /// Starts the clusters' phase: CDS subscribed when it is dynamic.
+    fn start_clusters(&self, st: &mut State) {
+        st.phase = Some(Phase::Clusters);
         match &self.config.cds {
             Some(sub) => {
-                st.phase = Some(Phase::Clusters);
                 self.stats.cds.started();
                 if sub.source == Source::Ads {
                     self.subscribe_wildcard(CLUSTER_TYPE_URL);
                 }
-                self.arm_timeout(Phase::Clusters, sub.initial_fetch_timeout);
+                if let Some(me) = self.me() {
+                    me.arm_timeout(Phase::Clusters, sub.initial_fetch_timeout);
+                }
             }
-            None => {
-                st.cds_received = true;
-                st.phase = Some(Phase::Clusters);
-            }
+            None => st.cds_received = true,
         }
-        self.advance(&mut st);
     }
 
     fn subscribe_wildcard(&self, type_url: &str) {
@@ -229,6 +293,12 @@ impl ProxyHandler {
             "initial_fetch_timeout: going on with what has arrived"
         );
         match phase {
+            Phase::Runtime => {
+                let stats = super::rtds::stats(&process.shared.stats);
+                for _ in std::mem::take(&mut st.rtds_pending) {
+                    stats.timed_out();
+                }
+            }
             Phase::Clusters => {
                 self.stats.cds.timed_out();
                 st.cds_received = true;
@@ -258,6 +328,10 @@ impl ProxyHandler {
 
     /// Moves start-up on when its phase's resources have arrived and warmed.
     fn advance(&self, st: &mut State) {
+        if st.phase == Some(Phase::Runtime) && st.rtds_pending.is_empty() {
+            self.set_server_state(crate::lifecycle::ServerState::Initializing);
+            self.start_clusters(st);
+        }
         if st.phase == Some(Phase::Clusters)
             && st.cds_received
             && st.warming_clusters.is_empty()
@@ -1199,6 +1273,16 @@ impl Handler for ProxyHandler {
                 super::sds::SecretHandler::new(process.shared.secrets.clone(), SecretSource::Ads)
                     .apply(update)
             }
+            super::rtds::RUNTIME_TYPE_URL => {
+                let st = &mut *st;
+                super::rtds::apply(
+                    &process.shared.runtime,
+                    &mut st.runtimes,
+                    &mut st.rtds_pending,
+                    (&super::rtds::stats(&process.shared.stats), self.ads_delta()),
+                    update,
+                )
+            }
             other => Applied::rejecting(
                 update
                     .resources
@@ -1234,6 +1318,7 @@ impl Handler for ProxyHandler {
                     }
                 }
                 self.count_rds_and_eds_disconnected();
+                self.for_each_rtds(UpdateStats::disconnected);
             }
             Event::RateLimited => self.stats.rate_limit_enforced.inc(),
             Event::Queued(queued) => self.stats.pending_requests.set(queued as u64),

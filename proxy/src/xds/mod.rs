@@ -7,6 +7,7 @@ pub mod draining;
 pub mod files;
 pub mod handler;
 pub mod records;
+pub mod rtds;
 pub mod sds;
 mod stats;
 mod waiting;
