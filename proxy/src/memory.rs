@@ -186,45 +186,84 @@ fn configure_allocator() {
     }
 }
 
-/// Whether a [`release_free_heap_soon`] is pending.
-static HEAP_RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
-/// Whether a [`release_code_pages_soon`] is pending.
-static CODE_RELEASE_PENDING: AtomicBool = AtomicBool::new(false);
+/// The pending [`release_free_heap_soon`].
+static HEAP_RELEASE: AfterQuiet = AfterQuiet::new();
+/// The pending [`release_code_pages_soon`].
+static CODE_RELEASE: AfterQuiet = AfterQuiet::new();
 
-/// Gives the heap this thread freed back to the OS a second from now (once for any number of
-/// calls meanwhile). Meant for a current-thread tokio runtime (the xDS thread's), whose tasks
-/// run on the calling thread; does nothing outside a runtime. mimalloc purges freed pages only
-/// when the thread that freed them allocates or frees again, and the xDS thread sleeps between
+/// How long a release waits with no new request for it.
+const QUIET: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Gives the heap this thread freed back to the OS once a second has passed without another
+/// call. Meant for a current-thread tokio runtime (the xDS thread's), whose tasks run on the
+/// calling thread; does nothing outside a runtime. mimalloc purges freed pages only when the
+/// thread that freed them allocates or frees again, and the xDS thread sleeps between
 /// updates: after a 10,000-cluster push it kept about 40 MB of freed pages (the decoded
 /// responses) resident for good.
 pub fn release_free_heap_soon() {
-    release_soon(&HEAP_RELEASE_PENDING, || {
+    HEAP_RELEASE.request(|| {
         // SAFETY: only returns this thread's free heap pages to the OS.
         unsafe { mi_collect(true) }
     });
 }
 
-/// Drops the executable's code pages a second from now (once for any number of calls
-/// meanwhile), so the code that decoded and compiled an xDS update (megabytes, scattered over
-/// the executable) does not stay in the resident set after it ran; the data path faults back
-/// its own, grouped, code. Does nothing outside a tokio runtime.
+/// Drops the executable's code pages once a second has passed without another call, so the
+/// code that decoded and compiled an xDS update (megabytes, scattered over the executable)
+/// does not stay in the resident set after it ran; the data path faults back its own,
+/// grouped, code. While updates keep coming (an EDS churn) the pages stay: dropping them every
+/// second had each next update fault them back. Does nothing outside a tokio runtime.
 pub fn release_code_pages_soon() {
-    release_soon(&CODE_RELEASE_PENDING, drop_code_pages);
+    CODE_RELEASE.request(drop_code_pages);
 }
 
-/// Runs `release` on the current runtime a second from now, unless one is already pending.
-fn release_soon(pending: &'static AtomicBool, release: fn()) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    if pending.swap(true, Ordering::AcqRel) {
-        return;
+/// A release run on the current runtime once [`QUIET`] has passed since the last request.
+struct AfterQuiet {
+    /// Whether a task waits to run it.
+    pending: AtomicBool,
+    /// When it is due: each request pushes it back.
+    due: std::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
+impl AfterQuiet {
+    const fn new() -> AfterQuiet {
+        AfterQuiet {
+            pending: AtomicBool::new(false),
+            due: std::sync::Mutex::new(None),
+        }
     }
-    runtime.spawn(async move {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        pending.store(false, Ordering::Release);
-        release();
-    });
+
+    /// Sets when the release is due, if `due` is given; answers when it was due before.
+    fn set_due(&self, due: Option<tokio::time::Instant>) -> Option<tokio::time::Instant> {
+        let mut slot = self
+            .due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = *slot;
+        if due.is_some() {
+            *slot = due;
+        }
+        before
+    }
+
+    /// Asks for `release` a quiet second from now, on the current runtime.
+    fn request(&'static self, release: fn()) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        self.set_due(Some(tokio::time::Instant::now() + QUIET));
+        if self.pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        runtime.spawn(async move {
+            while let Some(due) = self.set_due(None)
+                && due > tokio::time::Instant::now()
+            {
+                tokio::time::sleep_until(due).await;
+            }
+            self.pending.store(false, Ordering::Release);
+            release();
+        });
+    }
 }
 
 /// Start-up is over: freed pages now stay for mimalloc's default delay (1 s in mimalloc 3),
@@ -330,6 +369,46 @@ fn executable_code_mappings() -> Vec<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    static QUIET_TEST: AfterQuiet = AfterQuiet::new();
+    static RELEASED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn count_release() {
+        RELEASED.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_waits_for_a_quiet_second_and_runs_once() {
+        use tokio::time::{Duration, advance};
+        let released = || RELEASED.load(Ordering::Relaxed);
+        // Settles the spawned task at the paused clock's current time.
+        async fn settle() {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        }
+        QUIET_TEST.request(count_release);
+        advance(Duration::from_millis(800)).await;
+        settle().await;
+        QUIET_TEST.request(count_release);
+        advance(Duration::from_millis(400)).await;
+        settle().await;
+        assert_eq!(
+            released(),
+            0,
+            "a second after the first request, not after the last"
+        );
+        advance(Duration::from_millis(700)).await;
+        settle().await;
+        assert_eq!(released(), 1, "a quiet second after the last request");
+        advance(Duration::from_secs(5)).await;
+        settle().await;
+        assert_eq!(released(), 1, "once for both requests");
+        QUIET_TEST.request(count_release);
+        advance(Duration::from_millis(1100)).await;
+        settle().await;
+        assert_eq!(released(), 2, "a later request releases again");
+    }
 
     #[test]
     fn blocks_have_the_layouts_alignment_through_realloc() {
