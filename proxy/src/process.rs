@@ -95,9 +95,15 @@ impl Process {
 fn local_info(bootstrap: &BootstrapConfig, options: &Options) -> crate::trace::LocalInfo {
     let node = bootstrap.proto.decode().node.unwrap_or_default();
     let pick = |flag: &Option<String>, node: String| flag.clone().unwrap_or(node);
+    let node_id = pick(&options.service_node, node.id);
+    let cluster = pick(&options.service_cluster, node.cluster);
     crate::trace::LocalInfo {
-        node_id: pick(&options.service_node, node.id),
-        cluster: pick(&options.service_cluster, node.cluster),
+        cluster_header: http::HeaderValue::from_str(&cluster).ok(),
+        node_header: (!node_id.is_empty())
+            .then(|| http::HeaderValue::from_str(&node_id).ok())
+            .flatten(),
+        node_id,
+        cluster,
         zone: pick(
             &options.service_zone,
             node.locality.map(|l| l.zone).unwrap_or_default(),

@@ -293,7 +293,7 @@ pub fn mutate_request(
 /// becomes the `user-agent` of a request with none or an empty one; its node id, when set,
 /// replaces `x-envoy-downstream-service-node`.
 fn add_user_agent(local: &LocalInfo, headers: &mut HeaderMap) {
-    let Ok(cluster) = HeaderValue::from_str(&local.cluster) else {
+    let Some(cluster) = &local.cluster_header else {
         return;
     };
     if headers
@@ -302,12 +302,9 @@ fn add_user_agent(local: &LocalInfo, headers: &mut HeaderMap) {
     {
         headers.insert(header::USER_AGENT, cluster.clone());
     }
-    headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_CLUSTER, cluster);
-    if let Some(node) = (!local.node_id.is_empty())
-        .then(|| HeaderValue::from_str(&local.node_id).ok())
-        .flatten()
-    {
-        headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_NODE, node);
+    headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_CLUSTER, cluster.clone());
+    if let Some(node) = &local.node_header {
+        headers.insert(&X_ENVOY_DOWNSTREAM_SERVICE_NODE, node.clone());
     }
 }
 

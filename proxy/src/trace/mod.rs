@@ -30,6 +30,10 @@ pub struct LocalInfo {
     pub zone: String,
     /// The machine's address (Zipkin's `localEndpoint`).
     pub address: Option<IpAddr>,
+    /// `cluster` as a header value (`add_user_agent`), when it is a valid one.
+    pub cluster_header: Option<http::HeaderValue>,
+    /// `node_id` as a header value (`add_user_agent`), when set and a valid one.
+    pub node_header: Option<http::HeaderValue>,
 }
 
 /// The running tracers, one per distinct provider, started on first use.
