@@ -133,27 +133,11 @@ type Client = fn(u16, Instant, &Barrier, f64, f64) -> Vec<String>;
 /// The clients, each with the listener it connects to (`true`: inbound).
 const CLIENTS: [(&str, bool, Client); 7] = [
     ("h1", true, |port, start, ready, at, end| {
-        let mut c = H1::connect(port);
-        c.seen = Seen::from(start);
-        c.get("/");
-        ready.wait();
-        c.seen.at(at);
-        c.get("/two");
-        c.seen.at(at + 0.5);
-        c.get("/three");
-        c.until_closed(end)
+        h1_three_requests(port, start, ready, at, end, "")
     }),
     // Absolute-form targets: revoy's fast path hands the connection to hyper's server.
     ("h1 absolute", true, |port, start, ready, at, end| {
-        let mut c = H1::connect(port);
-        c.seen = Seen::from(start);
-        c.get("http://limits/");
-        ready.wait();
-        c.seen.at(at);
-        c.get("http://limits/two");
-        c.seen.at(at + 0.5);
-        c.get("http://limits/three");
-        c.until_closed(end)
+        h1_three_requests(port, start, ready, at, end, "http://limits")
     }),
     ("h1 idle", true, |port, start, ready, _, end| {
         let mut c = H1::connect(port);
@@ -207,6 +191,27 @@ const CLIENTS: [(&str, bool, Client); 7] = [
         c.until_closed(end)
     }),
 ];
+
+/// An HTTP/1.1 client's request before the drain, then two during it (at `at` and half a
+/// second later), each path after `base`; what it saw until the connection closed.
+fn h1_three_requests(
+    port: u16,
+    start: Instant,
+    ready: &Barrier,
+    at: f64,
+    end: f64,
+    base: &str,
+) -> Vec<String> {
+    let mut c = H1::connect(port);
+    c.seen = Seen::from(start);
+    c.get(&format!("{base}/"));
+    ready.wait();
+    c.seen.at(at);
+    c.get(&format!("{base}/two"));
+    c.seen.at(at + 0.5);
+    c.get(&format!("{base}/three"));
+    c.until_closed(end)
+}
 
 /// Starts a proxy (Envoy when given) on the bootstrap `yaml` with `args`; ready once its
 /// admin on 127.0.0.1:`admin` accepts.
