@@ -130,10 +130,7 @@ impl Drain {
             (Some(s), None) | (None, Some(s)) => *s,
             (None, None) => return false,
         };
-        match self.strategy {
-            Strategy::Immediate => true,
-            Strategy::Gradual => gradual(started.elapsed(), self.drain_time, &mut rand::rng()),
-        }
+        self.told(started, self.drain_time)
     }
 
     /// Whether a connection of a chain that `retirement` drains should start its drain now:
@@ -142,9 +139,15 @@ impl Drain {
         let Some((started, drain_time)) = retirement.started.get() else {
             return false;
         };
+        self.told(*started, *drain_time)
+    }
+
+    /// Whether a connection of a drain that began at `started` and lasts `drain_time` is told
+    /// now, per `--drain-strategy`.
+    fn told(&self, started: Instant, drain_time: Duration) -> bool {
         match self.strategy {
             Strategy::Immediate => true,
-            Strategy::Gradual => gradual(started.elapsed(), *drain_time, &mut rand::rng()),
+            Strategy::Gradual => gradual(started.elapsed(), drain_time, &mut rand::rng()),
         }
     }
 }
