@@ -34,6 +34,8 @@ mod http1;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
 
@@ -74,8 +76,13 @@ struct Scenario {
 
 /// The listener `name` (`direction` its `traffic_direction`) on 127.0.0.1:`port`, answering
 /// `200 ok` itself; `server` is its connection manager's `server_name` (changing it changes
-/// the filter chain).
+/// the filter chain), its `stat_prefix` the listener's name.
 fn listener(name: &str, direction: &str, port: u16, server: &str) -> String {
+    prefixed_listener(name, name, direction, port, server)
+}
+
+/// [`listener`] with the connection manager's `stat_prefix` given.
+fn prefixed_listener(name: &str, prefix: &str, direction: &str, port: u16, server: &str) -> String {
     format!(
         r#"
 - "@type": type.googleapis.com/envoy.config.listener.v3.Listener
@@ -87,7 +94,7 @@ fn listener(name: &str, direction: &str, port: u16, server: &str) -> String {
     - name: hcm
       typed_config:
         "@type": {HCM}
-        stat_prefix: {name}
+        stat_prefix: {prefix}
         drain_timeout: 1s
         server_name: {server}
         route_config: {{name: {name}, virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]}}]}}
@@ -486,4 +493,141 @@ fn changed_filter_chain_drains_gradually_like_envoy() {
             "http.inbound.downstream_cx_drain_close: Some(0)",
         ],
     );
+}
+
+/// What one proxy lists of three listeners' stats (`a` and `b` sharing the connection
+/// manager `stat_prefix` `shared`, `c` alone with `solo`) while `a` and `c`, removed from the
+/// LDS file, drain for 2 s with a connection to `a` left open, once their drain ended, and
+/// once they are back and have had a request each: for each listener and prefix, whether
+/// `/stats` lists anything under it, and some values in `/stats` and `/stats/prometheus`.
+fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
+    let admin = free_port();
+    let ports = [
+        ("a", "shared", free_port()),
+        ("b", "shared", free_port()),
+        ("c", "solo", free_port()),
+    ];
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("revoy-drain-stats-{}-{admin}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("lds.yaml");
+    let lds = |version: &str, names: &[&str]| {
+        let listeners: String = ports
+            .iter()
+            .filter(|(name, _, _)| names.contains(name))
+            .map(|(name, prefix, port)| prefixed_listener(name, prefix, "OUTBOUND", *port, "one"))
+            .collect();
+        format!("version_info: \"{version}\"\nresources:{listeners}\n")
+    };
+    write_file(&file, &lds("1", &["a", "b", "c"]));
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+        file.display()
+    );
+    let proxy = start(
+        envoy,
+        &yaml,
+        admin,
+        &["--drain-time-s", "2", "--drain-strategy", "immediate"],
+    );
+    let listening = |names: &[&str]| {
+        // One listener at a time, so each counts one probe connection.
+        for (_, _, port) in ports.iter().filter(|(name, _, _)| names.contains(name)) {
+            admin::wait_until("the listeners", || {
+                TcpStream::connect(("127.0.0.1", *port)).is_ok()
+            });
+        }
+        // Let the probes' connections go.
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let request = |name: &str| {
+        let (_, _, port) = ports.iter().find(|(n, _, _)| *n == name).unwrap();
+        let mut c = H1::connect(*port);
+        c.get("/");
+        c
+    };
+    let look = |phase: &str| {
+        let mut seen = Vec::new();
+        let stats = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats")
+            .expect("/stats")
+            .1;
+        let prom = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .expect("/stats/prometheus")
+            .1;
+        for (name, _, port) in &ports {
+            let prefix = format!("listener.127.0.0.1_{port}.");
+            let listed = stats.lines().any(|l| l.starts_with(&prefix));
+            let total = stat(admin, &format!("{prefix}downstream_cx_total"));
+            seen.push(format!(
+                "{phase}: listener {name}: listed {listed}, downstream_cx_total {total:?}"
+            ));
+        }
+        for prefix in ["shared", "solo"] {
+            let listed = stats
+                .lines()
+                .any(|l| l.starts_with(&format!("http.{prefix}.")));
+            let total = stat(admin, &format!("http.{prefix}.downstream_rq_total"));
+            let family = prometheus::series(&prom, "envoy_http_downstream_rq_total");
+            let series: Vec<&String> = family
+                .iter()
+                .filter(|(labels, _)| {
+                    prometheus::label(labels, "envoy_http_conn_manager_prefix") == prefix
+                })
+                .map(|(_, value)| value)
+                .collect();
+            seen.push(format!(
+                "{phase}: http.{prefix}: listed {listed}, downstream_rq_total {total:?}, prometheus {series:?}"
+            ));
+        }
+        seen
+    };
+    listening(&["a", "b", "c"]);
+    drop([request("a"), request("b"), request("c")]);
+    let held = request("a");
+    let mut seen = look("before");
+    let removed = Instant::now();
+    write_file(&file, &lds("2", &["b"]));
+    Seen::from(removed).at(1.0);
+    seen.extend(look("draining"));
+    Seen::from(removed).at(3.5);
+    seen.extend(look("drained"));
+    let closed = held
+        .until_closed(60.0)
+        .last()
+        .is_some_and(|e| e.starts_with("closed"));
+    seen.push(format!("the connection left open on a closed: {closed}"));
+    write_file(&file, &lds("3", &["a", "b", "c"]));
+    listening(&["a", "c"]);
+    drop([request("a"), request("c")]);
+    seen.extend(look("back"));
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
+/// A listener removed through LDS keeps its stats listed while it drains; once the drain
+/// ends its `listener.<address>.*` go, and its connection manager's `http.<stat_prefix>.*`
+/// too unless another listener's connection manager has the same `stat_prefix` (then they
+/// stay, with the values the removed one counted); added back, its stats start again from 0.
+#[test]
+fn removed_listener_stats_like_envoy() {
+    let test = "removed_listener_stats_like_envoy";
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let expected = observe_stats(Some(&envoy));
+    for needle in [
+        "draining: http.solo: listed true, downstream_rq_total Some(1), prometheus [\"1\"]",
+        "drained: http.solo: listed false, downstream_rq_total None, prometheus []",
+        "drained: http.shared: listed true, downstream_rq_total Some(3), prometheus [\"3\"]",
+        "back: http.solo: listed true, downstream_rq_total Some(1), prometheus [\"1\"]",
+        "back: listener a: listed true, downstream_cx_total Some(2)",
+    ] {
+        assert!(
+            expected.iter().any(|l| l == needle),
+            "{test}: Envoy did not show {needle}: {expected:#?}"
+        );
+    }
+    let actual = observe_stats(None);
+    assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
 }
