@@ -19,6 +19,10 @@ use crate::snapshot::Snapshot;
 /// How soon a drained listener's stats that closing connections still held are tried again.
 const RELEASE_RETRY: Duration = Duration::from_millis(250);
 
+/// How many times a drained listener's stats are tried before those still held (by something
+/// that outlives its connections) are left listed, as Envoy lists a stat another scope holds.
+const RELEASE_TRIES: u32 = 40;
+
 /// What applying a listener did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListenerChange {
@@ -260,8 +264,9 @@ impl Applier {
     /// Drains every chain of `old`, a listener removed or replaced whole, and keeps it until
     /// the drain time ends, as Envoy keeps a draining listener and the stats made in its
     /// scopes; then drops its stats ([`ListenerConfig::stat_prefixes`]) that no active or
-    /// draining listener makes, trying again every [`RELEASE_RETRY`] while closing
-    /// connections still hold some. Called on a tokio runtime (xDS's), whose timer ends it.
+    /// draining listener makes, trying again every [`RELEASE_RETRY`] (at most
+    /// [`RELEASE_TRIES`] times) while closing connections still hold some. Called on a tokio
+    /// runtime (xDS's), whose timer ends it.
     fn drain_whole(&self, old: Arc<Listener>) {
         old.retire(None, self.drain_time);
         self.draining
@@ -280,7 +285,7 @@ impl Applier {
                 .retain(|l| !Arc::ptr_eq(l, &old));
             let mut prefixes = old.config().stat_prefixes();
             drop(old);
-            loop {
+            for _ in 0..RELEASE_TRIES {
                 let mut kept = draining.lock().expect("draining listeners").clone();
                 kept.extend(active.load_full().iter().cloned());
                 let in_use: BTreeSet<String> = kept
