@@ -6,7 +6,7 @@
 //! listener sockets are bound but not listening, so a client is refused, as by Envoy, whose
 //! workers take their listeners only then.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -15,6 +15,13 @@ use crate::listener::{ActiveListeners, Listener, Slot, accept_loop, listen};
 use crate::route::RouteTable;
 use crate::shared::Shared;
 use crate::snapshot::Snapshot;
+
+/// How soon a drained listener's stats that closing connections still held are tried again.
+const RELEASE_RETRY: Duration = Duration::from_millis(250);
+
+/// How many times a drained listener's stats are tried before those still held (by something
+/// that outlives its connections) are left listed, as Envoy lists a stat another scope holds.
+const RELEASE_TRIES: u32 = 40;
 
 /// What applying a listener did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +113,8 @@ pub struct Applier {
     /// The token buckets network rate limits share by `share_key`.
     buckets: crate::limits::SharedBuckets,
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
+    /// The listeners removed or replaced whole whose drain time has not ended.
+    draining: Arc<Mutex<Vec<Arc<Listener>>>>,
 }
 
 impl Applier {
@@ -118,6 +127,7 @@ impl Applier {
             state: Mutex::default(),
             buckets: crate::limits::SharedBuckets::default(),
             workers: OnceLock::new(),
+            draining: Arc::default(),
         }
     }
 
@@ -215,7 +225,7 @@ impl Applier {
                     Some((old_slot, old)) => {
                         old_slot.stop();
                         state.forget_unstarted(&old_slot);
-                        old.retire(None, self.drain_time);
+                        self.drain_whole(old);
                         let entry = state
                             .slots
                             .iter_mut()
@@ -246,9 +256,50 @@ impl Applier {
         let (_, slot) = state.slots.remove(i);
         slot.stop();
         state.forget_unstarted(&slot);
-        slot.current().retire(None, self.drain_time);
         self.publish_listeners(&state);
+        self.drain_whole(slot.current());
         true
+    }
+
+    /// Drains every chain of `old`, a listener removed or replaced whole, and keeps it until
+    /// the drain time ends, as Envoy keeps a draining listener and the stats made in its
+    /// scopes; then drops its stats ([`ListenerConfig::stat_prefixes`]) that no active or
+    /// draining listener makes, trying again every [`RELEASE_RETRY`] (at most
+    /// [`RELEASE_TRIES`] times) while closing connections still hold some. Called on a tokio
+    /// runtime (xDS's), whose timer ends it.
+    fn drain_whole(&self, old: Arc<Listener>) {
+        old.retire(None, self.drain_time);
+        self.draining
+            .lock()
+            .expect("draining listeners")
+            .push(old.clone());
+        let draining = self.draining.clone();
+        let active = self.listeners.clone();
+        let stats = self.shared.stats.clone();
+        let drain_time = self.drain_time;
+        tokio::spawn(async move {
+            tokio::time::sleep(drain_time).await;
+            draining
+                .lock()
+                .expect("draining listeners")
+                .retain(|l| !Arc::ptr_eq(l, &old));
+            let mut prefixes = old.config().stat_prefixes();
+            drop(old);
+            for _ in 0..RELEASE_TRIES {
+                let mut kept = draining.lock().expect("draining listeners").clone();
+                kept.extend(active.load_full().iter().cloned());
+                let in_use: BTreeSet<String> = kept
+                    .iter()
+                    .flat_map(|l| l.config().stat_prefixes())
+                    .collect();
+                drop(kept);
+                prefixes.retain(|p| !in_use.contains(p) && stats.release(p));
+                if prefixes.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(RELEASE_RETRY).await;
+            }
+        });
     }
 
     /// Adds or replaces the RDS route table named by `table`.
@@ -310,16 +361,6 @@ impl Applier {
             .addresses()
             .map(|a| slot.local_address(a).unwrap_or(a.address))
             .collect()
-    }
-
-    /// The stat prefix (`listener.<stats name>`) of the active listener `name`.
-    pub fn stat_prefix_of(&self, name: &str) -> Option<String> {
-        let state = self.state.lock().expect("applier state");
-        state
-            .slots
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, s)| s.current().config().stat_prefix())
     }
 
     /// Binds `address`, one of `listener`'s addresses, on every worker (one socket when the

@@ -10,7 +10,9 @@
 //! and whether they say `connection: close`, GOAWAYs, the close, the proxy's own moves with
 //! the second they came at), the listeners' `downstream_cx_drain_close` and
 //! `listener_manager.listener_stopped`. The clients speak HTTP/1.1 (on revoy's fast path, and
-//! with absolute-form targets on a connection hyper serves) and h2c.
+//! with absolute-form targets on a connection hyper serves), HTTP/1.0 (with and without
+//! `connection: keep-alive`, on connections begun both ways) and h2c. A listener removed
+//! through LDS is also compared for the stats it leaves listed.
 //!
 //! The trigger comes as soon as each connection has had its first exchange; the requests that
 //! meet the drain come at a whole second (so the drain they start ends, and the delayed close
@@ -34,6 +36,8 @@ mod http1;
 mod oracle;
 #[path = "support/ports.rs"]
 mod ports;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 #[path = "support/skip.rs"]
 mod skip;
 
@@ -63,19 +67,28 @@ enum Trigger {
     ChainChanged,
 }
 
-/// One drain: how it starts, the proxies' `--drain-time-s` and other extra arguments, and
-/// when the requests that meet it come (seconds from the start).
+/// One drain: how it starts, the proxies' `--drain-time-s` and other extra arguments, when
+/// the requests that meet it come (seconds from the start), and whether the clients of
+/// [`HTTP10_CLOSE`] run (only where the drain tells every connection: a response to such a
+/// request outside a drain closes the connection at once in revoy, and in Envoy after its
+/// delayed close).
 struct Scenario {
     trigger: Trigger,
     drain_time: &'static str,
     args: &'static [&'static str],
     requests_at: f64,
+    http10_close: bool,
 }
 
 /// The listener `name` (`direction` its `traffic_direction`) on 127.0.0.1:`port`, answering
 /// `200 ok` itself; `server` is its connection manager's `server_name` (changing it changes
-/// the filter chain).
+/// the filter chain), its `stat_prefix` the listener's name.
 fn listener(name: &str, direction: &str, port: u16, server: &str) -> String {
+    prefixed_listener(name, name, direction, port, server)
+}
+
+/// [`listener`] with the connection manager's `stat_prefix` given.
+fn prefixed_listener(name: &str, prefix: &str, direction: &str, port: u16, server: &str) -> String {
     format!(
         r#"
 - "@type": type.googleapis.com/envoy.config.listener.v3.Listener
@@ -87,9 +100,10 @@ fn listener(name: &str, direction: &str, port: u16, server: &str) -> String {
     - name: hcm
       typed_config:
         "@type": {HCM}
-        stat_prefix: {name}
+        stat_prefix: {prefix}
         drain_timeout: 1s
         server_name: {server}
+        http_protocol_options: {{accept_http_10: true}}
         route_config: {{name: {name}, virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]}}]}}
         http_filters: [{ROUTER}]"#
     )
@@ -131,7 +145,7 @@ fn post(admin: u16, path: &str) {
 type Client = fn(u16, Instant, &Barrier, f64, f64) -> Vec<String>;
 
 /// The clients, each with the listener it connects to (`true`: inbound).
-const CLIENTS: [(&str, bool, Client); 7] = [
+const CLIENTS: [(&str, bool, Client); 9] = [
     ("h1", true, |port, start, ready, at, end| {
         h1_three_requests(port, start, ready, at, end, "")
     }),
@@ -139,6 +153,18 @@ const CLIENTS: [(&str, bool, Client); 7] = [
     ("h1 absolute", true, |port, start, ready, at, end| {
         h1_three_requests(port, start, ready, at, end, "http://limits")
     }),
+    // HTTP/1.0 (which revoy's fast path hands to hyper at its first request), on a connection
+    // begun in origin form and in absolute form.
+    ("h1.0 keep-alive", true, |port, start, ready, at, end| {
+        h1_0_three_requests(port, start, ready, at, end, "")
+    }),
+    (
+        "h1.0 keep-alive absolute",
+        true,
+        |port, start, ready, at, end| {
+            h1_0_three_requests(port, start, ready, at, end, "http://limits")
+        },
+    ),
     ("h1 idle", true, |port, start, ready, _, end| {
         let mut c = H1::connect(port);
         c.seen = Seen::from(start);
@@ -192,6 +218,17 @@ const CLIENTS: [(&str, bool, Client); 7] = [
     }),
 ];
 
+/// Clients whose HTTP/1.0 request does not ask `keep-alive`: connected before the drain,
+/// their one request meets it (each with the listener it connects to, `true`: inbound).
+const HTTP10_CLOSE: [(&str, bool, Client); 2] = [
+    ("h1.0", true, |port, start, ready, at, end| {
+        h1_0_once(port, start, ready, at, end, "")
+    }),
+    ("h1.0 absolute", true, |port, start, ready, at, end| {
+        h1_0_once(port, start, ready, at, end, "http://limits")
+    }),
+];
+
 /// An HTTP/1.1 client's request before the drain, then two during it (at `at` and half a
 /// second later), each path after `base`; what it saw until the connection closed.
 fn h1_three_requests(
@@ -202,14 +239,56 @@ fn h1_three_requests(
     end: f64,
     base: &str,
 ) -> Vec<String> {
+    three_requests(port, (start, ready, at, end), base, "HTTP/1.1", "")
+}
+
+/// [`h1_three_requests`] in HTTP/1.0, each request asking `connection: keep-alive`.
+fn h1_0_three_requests(
+    port: u16,
+    start: Instant,
+    ready: &Barrier,
+    at: f64,
+    end: f64,
+    base: &str,
+) -> Vec<String> {
+    let keep_alive = "connection: keep-alive\r\n";
+    three_requests(port, (start, ready, at, end), base, "HTTP/1.0", keep_alive)
+}
+
+/// [`h1_three_requests`] with the requests in `version` with `headers`.
+fn three_requests(
+    port: u16,
+    (start, ready, at, end): (Instant, &Barrier, f64, f64),
+    base: &str,
+    version: &str,
+    headers: &str,
+) -> Vec<String> {
     let mut c = H1::connect(port);
     c.seen = Seen::from(start);
-    c.get(&format!("{base}/"));
+    c.get_as(&format!("{base}/"), version, headers);
     ready.wait();
     c.seen.at(at);
-    c.get(&format!("{base}/two"));
+    c.get_as(&format!("{base}/two"), version, headers);
     c.seen.at(at + 0.5);
-    c.get(&format!("{base}/three"));
+    c.get_as(&format!("{base}/three"), version, headers);
+    c.until_closed(end)
+}
+
+/// An HTTP/1.0 client connected before the drain whose one request, at `at` (its path after
+/// `base`), does not ask `keep-alive`; what it saw until the connection closed.
+fn h1_0_once(
+    port: u16,
+    start: Instant,
+    ready: &Barrier,
+    at: f64,
+    end: f64,
+    base: &str,
+) -> Vec<String> {
+    let mut c = H1::connect(port);
+    c.seen = Seen::from(start);
+    ready.wait();
+    c.seen.at(at);
+    c.get_as(&format!("{base}/"), "HTTP/1.0", "");
     c.until_closed(end)
 }
 
@@ -259,9 +338,11 @@ fn observe(envoy: Option<&Path>, scenario: &Scenario) -> Vec<String> {
     let at = scenario.requests_at;
     let end = at + 4.5;
     let begin = Instant::now();
-    let ready = Arc::new(Barrier::new(CLIENTS.len() + 1));
-    let clients: Vec<_> = CLIENTS
-        .iter()
+    let http10_close = HTTP10_CLOSE.iter().filter(|_| scenario.http10_close);
+    let all: Vec<_> = CLIENTS.iter().chain(http10_close).collect();
+    let ready = Arc::new(Barrier::new(all.len() + 1));
+    let clients: Vec<_> = all
+        .into_iter()
         .map(|&(name, to_inbound, client)| {
             let port = if to_inbound { inbound } else { outbound };
             let ready = ready.clone();
@@ -321,8 +402,9 @@ fn compare(test: &str, scenario: Scenario, needles: &[&str]) {
 /// `/healthcheck/fail` (the default gradual strategy: a failed health check tells every
 /// connection at once): each connection's next response starts its drain of `drain_timeout`,
 /// inbound and outbound alike; HTTP/1.1 says `connection: close` and keeps serving, closed a
-/// second after the drain ends; HTTP/2 gets GOAWAY 2^31-1, still serves, gets its final GOAWAY
-/// when the drain ends and is closed a second later; idle connections are left open.
+/// second after the drain ends; so does HTTP/1.0, whether or not its request asked
+/// `keep-alive`; HTTP/2 gets GOAWAY 2^31-1, still serves, gets its final GOAWAY when the drain
+/// ends and is closed a second later; idle connections are left open.
 #[test]
 fn healthcheck_fail_drains_like_envoy() {
     compare(
@@ -332,6 +414,7 @@ fn healthcheck_fail_drains_like_envoy() {
             trigger: Trigger::Admin("/healthcheck/fail"),
             args: &[],
             requests_at: 1.0,
+            http10_close: true,
         },
         &[
             "h1: GET /three: 200, connection: close",
@@ -341,9 +424,17 @@ fn healthcheck_fail_drains_like_envoy() {
             "h2: closed at 3s",
             "h1 idle: still open at 5.5s",
             "outbound h1: closed at 3s",
-            "http.inbound.downstream_cx_drain_close: Some(4)",
+            "http.inbound.downstream_cx_drain_close: Some(8)",
             "h1 absolute: GET http://limits/three: 200, connection: close",
             "listener_manager.listener_stopped: Some(0)",
+            "h1.0 keep-alive: GET /: 200, connection: keep-alive",
+            "h1.0 keep-alive: GET /two: 200, connection: close",
+            "h1.0 keep-alive: GET /three: 200, connection: close",
+            "h1.0 keep-alive: closed at 3s",
+            "h1.0 keep-alive absolute: GET http://limits/three: 200, connection: close",
+            "h1.0: GET /: 200, connection: close",
+            "h1.0: closed at 3s",
+            "h1.0 absolute: closed at 3s",
         ],
     );
 }
@@ -360,6 +451,7 @@ fn graceful_immediate_drain_like_envoy() {
             trigger: Trigger::Admin("/drain_listeners?graceful"),
             args: &["--drain-strategy", "immediate"],
             requests_at: 1.0,
+            http10_close: true,
         },
         &[
             "h1 new: GET /: 200, connection: close",
@@ -385,6 +477,7 @@ fn graceful_gradual_drain_like_envoy() {
             trigger: Trigger::Admin("/drain_listeners?graceful"),
             args: &[],
             requests_at: 3.0,
+            http10_close: true,
         },
         &[
             "h1 new: refused",
@@ -393,6 +486,8 @@ fn graceful_gradual_drain_like_envoy() {
             "h2: GOAWAY last=5 code=0 at 4s",
             "outbound h1: closed at 5s",
             "h1 idle: still open at 7.5s",
+            "h1.0 keep-alive: closed at 5s",
+            "h1.0: closed at 5s",
         ],
     );
 }
@@ -408,6 +503,7 @@ fn inbound_only_drain_like_envoy() {
             trigger: Trigger::Admin("/drain_listeners?inboundonly"),
             args: &["--drain-strategy", "immediate"],
             requests_at: 1.0,
+            http10_close: true,
         },
         &[
             "h1 new: refused",
@@ -432,6 +528,7 @@ fn removed_listener_drains_like_envoy() {
             trigger: Trigger::ListenerRemoved,
             args: &["--drain-strategy", "immediate"],
             requests_at: 1.0,
+            http10_close: true,
         },
         &[
             "h1 new: refused",
@@ -454,6 +551,7 @@ fn changed_filter_chain_drains_like_envoy() {
             trigger: Trigger::ChainChanged,
             args: &["--drain-strategy", "immediate"],
             requests_at: 1.0,
+            http10_close: true,
         },
         &[
             "h1 new: GET /two: 200",
@@ -476,6 +574,7 @@ fn changed_filter_chain_drains_gradually_like_envoy() {
             trigger: Trigger::ChainChanged,
             args: &[],
             requests_at: 0.4,
+            http10_close: false,
         },
         &[
             "h1: GET /three: 200",
@@ -486,4 +585,141 @@ fn changed_filter_chain_drains_gradually_like_envoy() {
             "http.inbound.downstream_cx_drain_close: Some(0)",
         ],
     );
+}
+
+/// What one proxy lists of three listeners' stats (`a` and `b` sharing the connection
+/// manager `stat_prefix` `shared`, `c` alone with `solo`) while `a` and `c`, removed from the
+/// LDS file, drain for 2 s with a connection to `a` left open, once their drain ended, and
+/// once they are back and have had a request each: for each listener and prefix, whether
+/// `/stats` lists anything under it, and some values in `/stats` and `/stats/prometheus`.
+fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
+    let admin = free_port();
+    let ports = [
+        ("a", "shared", free_port()),
+        ("b", "shared", free_port()),
+        ("c", "solo", free_port()),
+    ];
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("revoy-drain-stats-{}-{admin}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("lds.yaml");
+    let lds = |version: &str, names: &[&str]| {
+        let listeners: String = ports
+            .iter()
+            .filter(|(name, _, _)| names.contains(name))
+            .map(|(name, prefix, port)| prefixed_listener(name, prefix, "OUTBOUND", *port, "one"))
+            .collect();
+        format!("version_info: \"{version}\"\nresources:{listeners}\n")
+    };
+    write_file(&file, &lds("1", &["a", "b", "c"]));
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+        file.display()
+    );
+    let proxy = start(
+        envoy,
+        &yaml,
+        admin,
+        &["--drain-time-s", "2", "--drain-strategy", "immediate"],
+    );
+    let listening = |names: &[&str]| {
+        // One listener at a time, so each counts one probe connection.
+        for (_, _, port) in ports.iter().filter(|(name, _, _)| names.contains(name)) {
+            admin::wait_until("the listeners", || {
+                TcpStream::connect(("127.0.0.1", *port)).is_ok()
+            });
+        }
+        // Let the probes' connections go.
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let request = |name: &str| {
+        let (_, _, port) = ports.iter().find(|(n, _, _)| *n == name).unwrap();
+        let mut c = H1::connect(*port);
+        c.get("/");
+        c
+    };
+    let look = |phase: &str| {
+        let mut seen = Vec::new();
+        let stats = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats")
+            .expect("/stats")
+            .1;
+        let prom = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
+            .expect("/stats/prometheus")
+            .1;
+        for (name, _, port) in &ports {
+            let prefix = format!("listener.127.0.0.1_{port}.");
+            let listed = stats.lines().any(|l| l.starts_with(&prefix));
+            let total = stat(admin, &format!("{prefix}downstream_cx_total"));
+            seen.push(format!(
+                "{phase}: listener {name}: listed {listed}, downstream_cx_total {total:?}"
+            ));
+        }
+        for prefix in ["shared", "solo"] {
+            let listed = stats
+                .lines()
+                .any(|l| l.starts_with(&format!("http.{prefix}.")));
+            let total = stat(admin, &format!("http.{prefix}.downstream_rq_total"));
+            let family = prometheus::series(&prom, "envoy_http_downstream_rq_total");
+            let series: Vec<&String> = family
+                .iter()
+                .filter(|(labels, _)| {
+                    prometheus::label(labels, "envoy_http_conn_manager_prefix") == prefix
+                })
+                .map(|(_, value)| value)
+                .collect();
+            seen.push(format!(
+                "{phase}: http.{prefix}: listed {listed}, downstream_rq_total {total:?}, prometheus {series:?}"
+            ));
+        }
+        seen
+    };
+    listening(&["a", "b", "c"]);
+    drop([request("a"), request("b"), request("c")]);
+    let held = request("a");
+    let mut seen = look("before");
+    let removed = Instant::now();
+    write_file(&file, &lds("2", &["b"]));
+    Seen::from(removed).at(1.0);
+    seen.extend(look("draining"));
+    Seen::from(removed).at(3.5);
+    seen.extend(look("drained"));
+    let closed = held
+        .until_closed(60.0)
+        .last()
+        .is_some_and(|e| e.starts_with("closed"));
+    seen.push(format!("the connection left open on a closed: {closed}"));
+    write_file(&file, &lds("3", &["a", "b", "c"]));
+    listening(&["a", "c"]);
+    drop([request("a"), request("c")]);
+    seen.extend(look("back"));
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
+/// A listener removed through LDS keeps its stats listed while it drains; once the drain
+/// ends its `listener.<address>.*` go, and its connection manager's `http.<stat_prefix>.*`
+/// too unless another listener's connection manager has the same `stat_prefix` (then they
+/// stay, with the values the removed one counted); added back, its stats start again from 0.
+#[test]
+fn removed_listener_stats_like_envoy() {
+    let test = "removed_listener_stats_like_envoy";
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let expected = observe_stats(Some(&envoy));
+    for needle in [
+        "draining: http.solo: listed true, downstream_rq_total Some(1), prometheus [\"1\"]",
+        "drained: http.solo: listed false, downstream_rq_total None, prometheus []",
+        "drained: http.shared: listed true, downstream_rq_total Some(3), prometheus [\"3\"]",
+        "back: http.solo: listed true, downstream_rq_total Some(1), prometheus [\"1\"]",
+        "back: listener a: listed true, downstream_cx_total Some(2)",
+    ] {
+        assert!(
+            expected.iter().any(|l| l == needle),
+            "{test}: Envoy did not show {needle}: {expected:#?}"
+        );
+    }
+    let actual = observe_stats(None);
+    assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
 }

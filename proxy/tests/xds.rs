@@ -971,13 +971,17 @@ fn initial_fetch_timeout_goes_live_without_a_control_plane() {
     assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
 }
 
-/// The stats of a removed cluster and a removed listener are dropped once nothing holds them
-/// (no unbounded growth as resources come and go); those of the ones left stay.
+/// The stats of a removed cluster are dropped once nothing holds them, a removed listener's
+/// once its drain time (`--drain-time-s 1`) has ended (no unbounded growth as resources come
+/// and go); those of the ones left stay.
 #[test]
 fn removed_resources_free_their_stats() {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
     let (port, extra) = (free_port(), free_port());
-    let (plane, _revoy, admin) = start(false);
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let args = ["--drain-time-s", "1"];
+    let _revoy = start_revoy_with(&ads_bootstrap(admin, xds, false), admin, &args);
     let snapshot = |version: &str, with_extra: bool| {
         let s = Snapshot::new(version)
             .with_message("a", &eds_cluster("a"))

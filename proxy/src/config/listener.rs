@@ -1,5 +1,6 @@
 //! `Listener` -> [`ListenerConfig`]: bind address, listener filters, filter chains.
 
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -148,6 +149,20 @@ impl ListenerConfig {
     /// Stats prefix `listener.<stats_name>`.
     pub fn stat_prefix(&self) -> String {
         format!("listener.{}", self.stats_name)
+    }
+
+    /// The prefixes of the stats Envoy makes in the listener's own scopes, which go with the
+    /// listener once nothing else makes them: `listener.<stats_name>.`, and each chain's
+    /// `http.<stat_prefix>.` (connection manager) or `tcp.<stat_prefix>.` (tcp_proxy).
+    pub fn stat_prefixes(&self) -> BTreeSet<String> {
+        let chains = self.chains.iter().chain(&self.default_chain);
+        let terminals = chains.map(|c| match &c.terminal {
+            Terminal::Http(h) => format!("http.{}.", h.stat_prefix),
+            Terminal::Tcp(t) => format!("tcp.{}.", t.stat_prefix),
+        });
+        std::iter::once(format!("{}.", self.stat_prefix()))
+            .chain(terminals)
+            .collect()
     }
 }
 

@@ -30,7 +30,7 @@ use http::{HeaderValue, StatusCode};
 
 use super::ConnContext;
 use super::access_log::{HeadReply, codec_record, downstream_of, log_head_reply};
-use super::conn_limits::DELAYED_CLOSE;
+use super::conn_limits::{DELAYED_CLOSE, Http1Close};
 use super::framing::Framing;
 use super::h2_head::{Inbound, Outbound, reply_frames};
 use super::head_timeout::{HeadTimeout, HeadTimer};
@@ -163,13 +163,29 @@ fn header_value<'a>(head: &'a [u8], name: &[u8]) -> Option<&'a [u8]> {
 }
 
 /// `head` (a response head, and whatever hyper wrote after it) with `connection: close` after
-/// its status line.
+/// its status line, in place of the head's `connection: keep-alive`.
 fn with_close(head: &[u8]) -> Vec<u8> {
     let at = head
         .windows(2)
         .position(|w| w == b"\r\n")
         .map_or(head.len(), |i| i + 2);
-    [&head[..at], b"connection: close\r\n", &head[at..]].concat()
+    let mut rest = head[at..].to_vec();
+    // An HTTP/1.0 head says `keep-alive` so that hyper keeps the connection: the drain's
+    // `close` replaces it.
+    const KEEP_ALIVE: &[u8] = b"connection: keep-alive\r\n";
+    let end = rest
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(rest.len(), |i| i + 2);
+    let line_start = |i: usize| i == 0 || rest[i - 1] == b'\n';
+    if let Some(i) = rest[..end]
+        .windows(KEEP_ALIVE.len())
+        .enumerate()
+        .position(|(i, w)| line_start(i) && w.eq_ignore_ascii_case(KEEP_ALIVE))
+    {
+        rest.drain(i..i + KEEP_ALIVE.len());
+    }
+    [&head[..at], b"connection: close\r\n", &rest].concat()
 }
 
 /// Wraps a connection so hyper's own 400 replies become Envoy's.
@@ -206,6 +222,10 @@ pub struct EnvoyErrors<I> {
     held_ping: Option<[u8; 17]>,
     /// The delayed close of a connection whose drain ended, once hyper shuts it down.
     closing: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// A response to an HTTP/1.0 request that did not ask `keep-alive` went out while the
+    /// connection drained: hyper's shutdown after it waits for the drain's end, as Envoy
+    /// keeps a draining connection whatever the request asked.
+    close_at_drain_end: bool,
 }
 
 impl<I> EnvoyErrors<I> {
@@ -236,6 +256,7 @@ impl<I> EnvoyErrors<I> {
             refused: None,
             held_ping: None,
             closing: None,
+            close_at_drain_end: false,
         }
     }
 
@@ -304,19 +325,28 @@ impl<I: AsyncRead + AsyncWrite + Unpin> EnvoyErrors<I> {
 
     /// Envoy's delayed close of a connection whose drain ended: before the connection shuts
     /// down, the client has up to [`DELAYED_CLOSE`] to close first (what it sends meanwhile
-    /// is read and dropped). Ready when the shutdown may go on.
+    /// is read and dropped). A connection hyper shuts down after an HTTP/1.0 response while
+    /// it drains ([`Self::close_at_drain_end`]) waits for the drain's end first (the loop
+    /// serving the connection polls it again then), unless the client closes. Ready when the
+    /// shutdown may go on.
     fn poll_delayed_close(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if !self.ctx.as_ref().is_some_and(|c| c.limits.drain_ended()) {
+        let Some(ctx) = &self.ctx else {
+            return Poll::Ready(Ok(()));
+        };
+        let ended = ctx.limits.drain_ended();
+        if !ended && !self.close_at_drain_end {
             return Poll::Ready(Ok(()));
         }
         ready!(Pin::new(&mut self.io).poll_flush(cx))?;
-        let timer = self
-            .closing
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(DELAYED_CLOSE)));
-        loop {
+        if ended {
+            let timer = self
+                .closing
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(DELAYED_CLOSE)));
             if timer.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(Ok(()));
             }
+        }
+        loop {
             let mut sink = [0u8; 1024];
             let mut read = ReadBuf::new(&mut sink);
             match ready!(Pin::new(&mut self.io).poll_read(cx, &mut read)) {
@@ -487,11 +517,21 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for EnvoyErrors<I> {
             me.outbound.wrote(&buf[..n]);
             return Poll::Ready(Ok(n));
         }
-        if let Some(ctx) = &self.ctx
-            && buf.starts_with(b"HTTP/1.1 ")
-            && !buf.starts_with(b"HTTP/1.1 1")
-            && ctx.limits.take_head_notice()
+        // A response head (not 1xx): it may get the drain's notice
+        // (`ConnLimits::notice_next_head`); an HTTP/1.0 one that does not, while the
+        // connection drains, has hyper's shutdown wait for the drain's end.
+        let draining_head = self.ctx.as_ref().filter(|_| {
+            (buf.starts_with(b"HTTP/1.1 ") || buf.starts_with(b"HTTP/1.0 "))
+                && buf.get(9) != Some(&b'1')
+        });
+        let notice =
+            draining_head.map(|ctx| (ctx.limits.take_head_notice(), ctx.limits.http1_close()));
+        if let Some((false, Http1Close::Notice)) = notice
+            && buf.starts_with(b"HTTP/1.0 ")
         {
+            self.close_at_drain_end = true;
+        }
+        if let Some((true, _)) = notice {
             self.pending = with_close(buf);
             let _ = self.poll_pending(cx)?;
             return Poll::Ready(Ok(buf.len()));
@@ -544,6 +584,15 @@ mod tests {
         assert_eq!(
             with_close(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"),
             b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+        );
+        assert_eq!(
+            with_close(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok"),
+            b"HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+        );
+        assert_eq!(
+            with_close(b"HTTP/1.0 200 OK\r\ncontent-length: 22\r\n\r\nconnection: keep-alive"),
+            b"HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 22\r\n\r\nconnection: keep-alive",
+            "only the head's"
         );
     }
 

@@ -558,13 +558,17 @@ where
                 drain.notify_one();
             }
             // A draining or closing HTTP/1 connection says so: with the header, hyper's server
-            // closes after the response; an HTTP/1.1 one that drains gets it in the head on
-            // its way out and stays open, as Envoy's.
+            // closes after the response; an HTTP/1.1 one that drains, or an HTTP/1.0 one
+            // whose request asked `keep-alive` (which its response then says), gets it in
+            // the head on its way out and stays open, as Envoy's. Hyper closes an HTTP/1.0
+            // one that did not ask once the drain ends (`envoy_errors`), as Envoy closes it.
             let mut notice = false;
             if version < http::Version::HTTP_2 && !upgraded {
                 match ctx.limits.http1_close() {
                     conn_limits::Http1Close::Keep => {}
-                    conn_limits::Http1Close::Notice if version == http::Version::HTTP_11 => {
+                    conn_limits::Http1Close::Notice
+                        if version == http::Version::HTTP_11 || keep_alive_10 == Some(true) =>
+                    {
                         ctx.limits.notice_next_head();
                         notice = true;
                     }
@@ -608,12 +612,15 @@ where
                 && let Some(meter) = &ctx.wire
             {
                 let close = http::HeaderValue::from_static("close");
-                if notice {
-                    resp.headers_mut().insert(http::header::CONNECTION, close);
-                }
+                let before = notice
+                    .then(|| resp.headers_mut().insert(http::header::CONNECTION, close))
+                    .flatten();
                 h1::note_head(&mut resp, head, meter);
                 if notice {
-                    resp.headers_mut().remove(http::header::CONNECTION);
+                    match before {
+                        Some(value) => resp.headers_mut().insert(http::header::CONNECTION, value),
+                        None => resp.headers_mut().remove(http::header::CONNECTION),
+                    };
                 }
             }
             Ok(resp.map(|b| ctx.hcm.stats.timed_body(b, started, stream)))

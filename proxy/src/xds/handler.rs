@@ -89,7 +89,8 @@ pub struct State {
     eds_users: HashMap<String, Users>,
     /// The service name each EDS cluster uses.
     eds_service_of: HashMap<String, String>,
-    /// Stat prefixes of removed clusters and listeners, dropped once nothing holds them.
+    /// Stat prefixes of removed clusters, dropped once nothing holds them (a removed
+    /// listener's go when its drain ends: `crate::apply`).
     stats_to_release: BTreeSet<String>,
     /// The RDS subscriptions started: route configuration name -> the stat prefix
     /// (`http.<prefix>.rds.<name>`) of the connection manager that asked first (Envoy shares
@@ -657,8 +658,6 @@ impl ProxyHandler {
                 Ok((cfg, timeout)) => {
                     let name = cfg.name.clone();
                     st.listeners_awaiting_secrets.remove(&name);
-                    st.stats_to_release
-                        .remove(&format!("{}.", cfg.stat_prefix()));
                     let routes = rds_names(&cfg);
                     st.listener_routes.insert(name.clone(), routes.clone());
                     let secrets = listener_secrets(&cfg);
@@ -704,9 +703,6 @@ impl ProxyHandler {
             st.warming_listeners.remove(&name);
             st.listeners_awaiting_secrets.remove(&name);
             st.listener_routes.remove(&name);
-            if let Some(prefix) = process.applier.stat_prefix_of(&name) {
-                st.stats_to_release.insert(format!("{prefix}."));
-            }
             let old = st.listeners.get(&name).and_then(|r| r.active());
             let was_active = process.applier.remove_listener(&name);
             if let Some(old) = old.filter(|_| was_active) {
@@ -1356,8 +1352,8 @@ impl ProxyHandler {
     }
 }
 
-/// Drops the stats of removed clusters and listeners that nothing holds any more; those still
-/// held (by requests or connections in flight) are tried again at the next update.
+/// Drops the stats of removed clusters that nothing holds any more; those still held (by
+/// requests or connections in flight) are tried again at the next sweep.
 fn release_stats(process: &Process, st: &mut State) {
     st.stats_to_release
         .retain(|prefix| process.shared.stats.release(prefix));

@@ -80,10 +80,17 @@ impl H1 {
         })
     }
 
-    /// Sends a GET of `path` and notes its response: status, and whether it says
-    /// `connection: close`.
+    /// Sends an HTTP/1.1 GET of `path` and notes its response: status, and whether it says
+    /// `connection: close` (or `keep-alive`).
     pub fn get(&mut self, path: &str) {
-        if write!(self.conn, "GET {path} HTTP/1.1\r\nhost: limits\r\n\r\n").is_err() {
+        self.get_as(path, "HTTP/1.1", "");
+    }
+
+    /// [`H1::get`] in `version` (`HTTP/1.0` or `HTTP/1.1`) with `headers` (whole lines, each
+    /// ending in `\r\n`).
+    pub fn get_as(&mut self, path: &str, version: &str, headers: &str) {
+        let head = format!("GET {path} {version}\r\nhost: limits\r\n{headers}\r\n");
+        if self.conn.write_all(head.as_bytes()).is_err() {
             self.seen.saw(format!("GET {path}: not sent"));
             return;
         }
@@ -111,11 +118,11 @@ impl H1 {
         }
         self.buf.drain(..body_at + length);
         let status = head.split(' ').nth(1).unwrap_or("?").to_owned();
-        let close = head.lines().any(|l| l == "connection: close");
-        self.seen.saw(format!(
-            "GET {path}: {status}{}",
-            if close { ", connection: close" } else { "" }
-        ));
+        let connection = head
+            .lines()
+            .find(|l| l.starts_with("connection:"))
+            .map_or_else(String::new, |l| format!(", {l}"));
+        self.seen.saw(format!("GET {path}: {status}{connection}"));
     }
 
     /// Reads more; `false` at the end of the stream.
