@@ -7,8 +7,8 @@
 //! whatever `--drain-strategy`, except on listeners with `drain_type: MODIFY_ONLY`; a listener
 //! drain (`/drain_listeners`, with or without
 //! `graceful` or `skip_exit`) tells connections per `--drain-strategy`: `immediate` at once,
-//! `gradual` (the default) with a chance that grows from 0 to 1 over `--drain-time-s` (Envoy's
-//! reaches 1 at about half of it: see `gradual`).
+//! `gradual` (the default) with a chance that grows from 0 to 1 over the first half of
+//! `--drain-time-s`, as measured on Envoy 1.40 (see `gradual`).
 //! A connection not draining yet is told at its next response; idle ones are left alone, as
 //! Envoy 1.40 leaves them, also once `/drain_listeners` stopped their listener.
 //!
@@ -188,15 +188,16 @@ impl Retirement {
     }
 }
 
-/// The gradual drain: with `elapsed` whole seconds of a `drain_time` drain gone, close when
-/// `elapsed > random % drain_time` (so never in the first second, always once it is over).
-/// Envoy 1.40 measures faster, about `elapsed / ⌈drain_time / 2⌉` (README).
+/// The gradual drain as Envoy 1.40 behaves: with `elapsed` whole seconds of a `drain_time`
+/// drain gone, close with the chance `elapsed / ⌈drain_time / 2⌉` (never in the first second,
+/// always from half the drain time on). Measured on Envoy, not read from its source, which
+/// predicts `⌈elapsed⌉ / drain_time` (README, "gradual").
 fn gradual(elapsed: Duration, drain_time: Duration, rng: &mut impl Rng) -> bool {
-    let total = drain_time.as_secs();
-    if total == 0 {
+    let half = drain_time.as_secs().div_ceil(2);
+    if half == 0 {
         return true;
     }
-    elapsed.as_secs() > rng.random_range(0..total)
+    elapsed.as_secs() > rng.random_range(0..half)
 }
 
 #[cfg(test)]
@@ -247,11 +248,16 @@ mod tests {
     }
 
     #[test]
-    fn gradual_never_closes_in_the_first_second_and_always_after_the_drain() {
+    fn gradual_never_closes_in_the_first_second_and_always_from_half_the_drain() {
         let mut rng = rand::rng();
         let ten = Duration::from_secs(10);
+        let seven = Duration::from_secs(7);
+        let secs = Duration::from_secs;
         assert!((0..200).all(|_| !gradual(Duration::from_millis(900), ten, &mut rng)));
-        assert!((0..200).all(|_| gradual(Duration::from_secs(10), ten, &mut rng)));
+        assert!((0..200).all(|_| gradual(secs(5), ten, &mut rng)));
+        assert!((0..200).all(|_| gradual(secs(4), seven, &mut rng)));
+        assert!(!(0..200).all(|_| gradual(secs(3), seven, &mut rng)));
+        assert!((0..200).all(|_| !gradual(Duration::from_millis(600), secs(1), &mut rng)));
         assert!(gradual(Duration::ZERO, Duration::ZERO, &mut rng));
     }
 
