@@ -11,6 +11,8 @@ mod envoy_errors;
 pub mod filters;
 pub mod forwarding;
 mod framing;
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing;
 mod grpc_timeout;
 mod h1;
 mod h2_head;
