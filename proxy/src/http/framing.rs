@@ -35,6 +35,11 @@ use super::wire_meter::ConnWire;
 /// codec refuses.
 const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
 
+/// How much longer than the limit on its names and values a held head may grow: room for
+/// the request line and each line's separators, so that a head within the limit is judged
+/// whole however its bytes arrive.
+const HEAD_SLACK: usize = 8 * 1024;
+
 /// Where in the request stream the next byte is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -64,8 +69,8 @@ pub(super) struct Framing {
     held: Vec<u8>,
     /// `max_request_headers_kb` in bytes: a head whose header names and values (as Envoy's
     /// codec counts them) take more is refused 431 before any framing rule. A head is held up
-    /// to twice this; a longer one is handed on as it is and the following ends (hyper's
-    /// limits refuse it).
+    /// to [`HEAD_SLACK`] more; a longer one is handed on as it is and the following ends
+    /// (hyper and the connection manager's limits refuse it).
     max_head: usize,
     /// Where a refused request is counted (under its status, as Envoy counts it).
     stats: Option<HcmStats>,
@@ -274,7 +279,7 @@ impl Framing {
     fn head(&mut self, out: &mut BytesMut) -> Option<Vec<u8>> {
         let mut headers = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut headers);
-        let hold = self.max_head.saturating_mul(2);
+        let hold = self.max_head.saturating_add(HEAD_SLACK);
         let len = match req.parse(&self.held) {
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) if self.held.len() <= hold => return None,
