@@ -9,6 +9,8 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod drain;
+#[cfg(fuzzing)]
+pub mod fuzzing;
 pub mod http;
 pub mod istio_metrics;
 pub mod jwt;

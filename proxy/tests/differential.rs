@@ -750,6 +750,12 @@ fn with_request_trailer(name: &'static str, path: &str) -> Case {
     Case::raw(name, request.as_bytes())
 }
 
+/// `request_line`, headers over 60 KiB, then `rest` (the last header lines and what follows).
+fn oversized_with(request_line: &str, rest: &str) -> Vec<u8> {
+    let filler = "a".repeat(62 * 1024);
+    format!("{request_line}\r\nHost: x\r\nx-filler: {filler}\r\n{rest}").into_bytes()
+}
+
 fn oversized_headers() -> Vec<u8> {
     let filler = "a".repeat(8 * 1024);
     let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
@@ -879,6 +885,13 @@ async fn protocols() {
             .listener(6),
         Case::raw("two content-lengths differ", b"POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!"),
         Case::raw("headers over 60 KiB", &oversized_headers()),
+        // Found by fuzzing: the size limit comes before the framing and version rules (431).
+        Case::raw("headers over 60 KiB with content-length and chunked", &oversized_with("POST / HTTP/1.1", "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"))
+            .expect("status", "431"),
+        Case::raw("headers over 60 KiB with a gzip coding", &oversized_with("POST / HTTP/1.1", "Transfer-Encoding: gzip\r\n\r\n"))
+            .expect("status", "431"),
+        Case::raw("http/1.0 with headers over 60 KiB", &oversized_with("GET / HTTP/1.0", "\r\n"))
+            .expect("status", "431"),
         Case::raw("keep-alive then close", b"GET /first HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
         Case::raw("CONNECT without upgrade config", b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"),
         Case::raw("response trailers to an http/1.1 client", b"GET /t HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nX-Echo-Trailer: x-sum=42\r\nConnection: close\r\n\r\n")

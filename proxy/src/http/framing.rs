@@ -1,5 +1,5 @@
 //! Follows the HTTP/1 requests a client sends on a connection hyper's server serves, to apply
-//! two of Envoy's codec rules hyper lacks:
+//! Envoy's codec rules hyper lacks:
 //! - a request with both `content-length` and `transfer-encoding`, which hyper takes as
 //!   chunked (and then closes the connection): Envoy's codec answers it 400 and closes, or,
 //!   under `allow_chunked_length`, takes it as chunked without its `content-length` and keeps
@@ -10,7 +10,10 @@
 //!   connection manager's early checks answer Envoy's 501;
 //! - a request line whose version is `HTTP/<digit>.<digit>` but not `HTTP/1.0` or `HTTP/1.1`
 //!   (`HTTP/9.1`, `HTTP/2.0`), which hyper answers 400: Envoy's codec answers 426
-//!   (`low_version`), as it does an HTTP/1.0 request it does not accept.
+//!   (`low_version`), as it does an HTTP/1.0 request it does not accept;
+//! - a head whose header names and values exceed `max_request_headers_kb`, which Envoy's codec
+//!   answers 431 before it judges the version or the framing (hyper and the connection
+//!   manager would see those first).
 //!
 //! The bytes pass through on their way to hyper: bodies at once (their framing followed, so
 //! the next head is found), each head held until it is whole, then handed on as it was, without
@@ -31,6 +34,11 @@ use super::wire_meter::ConnWire;
 /// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
 /// codec refuses.
 const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
+
+/// How much longer than the limit on its names and values a held head may grow: room for
+/// the request line and each line's separators, so that a head within the limit is judged
+/// whole however its bytes arrive.
+const HEAD_SLACK: usize = 8 * 1024;
 
 /// Where in the request stream the next byte is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,8 +67,10 @@ pub(super) struct Framing {
     allow_chunked_length: bool,
     /// The head (or chunk-size line) read so far.
     held: Vec<u8>,
-    /// A head longer than this is handed on as it is and the following ends (hyper and the
-    /// connection manager's limits refuse it).
+    /// `max_request_headers_kb` in bytes: a head whose header names and values (as Envoy's
+    /// codec counts them) take more is refused 431 before any framing rule. A head is held up
+    /// to [`HEAD_SLACK`] more; a longer one is handed on as it is and the following ends
+    /// (hyper and the connection manager's limits refuse it).
     max_head: usize,
     /// Where a refused request is counted (under its status, as Envoy counts it).
     stats: Option<HcmStats>,
@@ -269,18 +279,22 @@ impl Framing {
     fn head(&mut self, out: &mut BytesMut) -> Option<Vec<u8>> {
         let mut headers = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut headers);
+        let hold = self.max_head.saturating_add(HEAD_SLACK);
         let len = match req.parse(&self.held) {
             Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if self.held.len() <= self.max_head => return None,
+            Ok(httparse::Status::Partial) if self.held.len() <= hold => return None,
             Err(httparse::Error::Version) => {
-                match unsupported_version(&self.held) {
-                    Some(true) => {
+                // The version is judged once the head is whole and within the limit, as
+                // Envoy's codec does.
+                match (unsupported_version(&self.held), head_end(&self.held)) {
+                    (Some(true), Some(end)) if field_bytes(&self.held[..end]) > self.max_head => {
+                        self.too_large(out);
+                    }
+                    (Some(true), Some(_)) => {
                         self.note_refused_head();
                         self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out);
                     }
-                    // The version is judged once the request line is whole, as Envoy's
-                    // codec does.
-                    None if self.held.len() <= self.max_head => {}
+                    (None | Some(true), None) if self.held.len() <= hold => {}
                     _ => self.end(out),
                 }
                 return None;
@@ -290,6 +304,11 @@ impl Framing {
                 return None;
             }
         };
+        let fields = req.headers.iter().map(|h| h.name.len() + h.value.len());
+        if fields.sum::<usize>() > self.max_head {
+            self.too_large(out);
+            return None;
+        }
         if let Some(m) = &self.meter {
             let name_values = req.headers.iter().map(|h| h.name.len() + h.value.len());
             m.read_head(len, req.headers.len(), name_values.sum());
@@ -367,6 +386,17 @@ impl Framing {
 }
 
 impl Framing {
+    /// Refuses the held head for headers over the limit (431), as Envoy's codec does while it
+    /// reads them, before it judges the version and the framing at the head's end.
+    fn too_large(&mut self, out: &mut BytesMut) {
+        self.note_refused_head();
+        self.refuse(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "http1.headers_too_large",
+            out,
+        );
+    }
+
     /// Refuses the held head as Envoy's codec does (`status`, `details`): hyper gets a line
     /// it answers 400, and nothing after it goes on.
     fn refuse(&mut self, status: StatusCode, details: &'static str, out: &mut BytesMut) {
@@ -398,6 +428,28 @@ fn unsupported_version(head: &[u8]) -> Option<bool> {
         Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor])
             if major.is_ascii_digit() && minor.is_ascii_digit()
     ))
+}
+
+/// Where the head at the start of `d` ends (after its blank line), once it has.
+fn head_end(d: &[u8]) -> Option<usize> {
+    let at = d.windows(2).position(|w| w == b"\n\n" || w == b"\n\r")?;
+    match &d[at + 1..] {
+        [b'\n', ..] => Some(at + 2),
+        [b'\r', b'\n', ..] => Some(at + 3),
+        _ => head_end(&d[at + 2..]).map(|end| at + 2 + end),
+    }
+}
+
+/// The bytes of a whole head's header names and values (lines after the request line,
+/// values without their surrounding whitespace), as Envoy's codec counts them.
+fn field_bytes(head: &[u8]) -> usize {
+    head.split(|b| *b == b'\n')
+        .skip(1)
+        .filter_map(|line| {
+            let colon = line.iter().position(|b| *b == b':')?;
+            Some(colon + line[colon + 1..].trim_ascii().len())
+        })
+        .sum()
 }
 
 /// The size of a chunk-size line (hex digits, then extensions, `\r` and whitespace ignored).
@@ -451,7 +503,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_version_is_refused_426_once_its_line_is_whole() {
+    fn an_unknown_version_is_refused_426_once_its_head_is_whole() {
         let all = [GET, b"GET / HTTP/9.1\r\nHost: x\r\n\r\n", GET].concat();
         for cut in 1..all.len() {
             let (a, b) = all.split_at(cut);
@@ -481,6 +533,51 @@ mod tests {
             f.feed(head.as_bytes(), &mut BytesMut::new());
             assert_eq!(f.refusal(), None, "{line}");
         }
+    }
+
+    #[test]
+    fn headers_over_the_limit_are_refused_431_before_the_framing_however_they_arrive() {
+        // Found by fuzzing (`http1_framing`): a whole head over the limit in one read was
+        // refused for its framing (400) or its version (426), or given a chunked line, where
+        // in pieces it passed on untouched; Envoy's codec answers 431 first.
+        let filler = format!("x: {}\r\n", "a".repeat(100));
+        for (line, coding) in [
+            (
+                "POST / HTTP/1.1",
+                "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            ),
+            ("POST / HTTP/1.1", "Transfer-Encoding: gzip\r\n"),
+            ("GET / HTTP/9.1", ""),
+            ("GET / HTTP/1.1", ""),
+        ] {
+            let head = format!("{line}\r\nHost: x\r\n{filler}{coding}\r\n0\r\n\r\n");
+            for cut in [head.len(), 64, 1] {
+                let mut f = Framing::new(false, 100, None);
+                let mut out = BytesMut::new();
+                for piece in head.as_bytes().chunks(cut) {
+                    f.feed(piece, &mut out);
+                }
+                assert_eq!(
+                    &out[..],
+                    REFUSED_HEAD,
+                    "{line} {coding}, in pieces of {cut}"
+                );
+                assert_eq!(
+                    f.refusal(),
+                    Some((
+                        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        "http1.headers_too_large"
+                    )),
+                    "{line} {coding}, in pieces of {cut}"
+                );
+            }
+        }
+        // Within the limit the framing rules apply.
+        let head =
+            "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let mut f = Framing::new(false, 100, None);
+        f.feed(head.as_bytes(), &mut BytesMut::new());
+        assert_eq!(f.refusal().map(|r| r.0), Some(StatusCode::BAD_REQUEST));
     }
 
     #[test]

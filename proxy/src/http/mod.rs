@@ -11,6 +11,8 @@ mod envoy_errors;
 pub mod filters;
 pub mod forwarding;
 mod framing;
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing;
 mod grpc_timeout;
 mod h1;
 mod h2_head;
@@ -188,11 +190,11 @@ struct StreamReset;
 /// Envoy's codec-level rejections that hyper lets through:
 /// - 400: a method with lowercase letters, an HTTP/1 method Envoy's codec does not know, or an
 ///   authority-form target on anything but CONNECT;
+/// - headers over `max_request_headers_kb` or `max_headers_count`: 431 on HTTP/1, a stream
+///   reset on HTTP/2;
 /// - 426: an HTTP/1.0 request without `accept_http_10`;
 /// - 501: an HTTP/1 request with a `transfer-encoding` other than one `chunked` and no
-///   `content-length`;
-/// - headers over `max_request_headers_kb` or `max_headers_count`: 431 on HTTP/1, a stream
-///   reset on HTTP/2.
+///   `content-length`.
 fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection> {
     let authority_form = req.uri().scheme().is_none()
         && req.uri().authority().is_some()
@@ -227,6 +229,20 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
             "Bad Request",
             Some("http1.codec_error"),
         )
+    } else if too_large && req.version() == http::Version::HTTP_2 {
+        return Some(Rejection::ResetStream);
+    } else if too_large {
+        // Envoy's codec counts the headers as it reads them, before it judges the version
+        // and the codings at the head's end.
+        (
+            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "Request Header Fields Too Large",
+            Some(if too_many {
+                "http1.too_many_headers"
+            } else {
+                "http1.headers_too_large"
+            }),
+        )
     } else if req.version() < http::Version::HTTP_11 && !cfg.accept_http_10 {
         (
             http::StatusCode::UPGRADE_REQUIRED,
@@ -238,18 +254,6 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
             http::StatusCode::NOT_IMPLEMENTED,
             "Not Implemented",
             Some("http1.invalid_transfer_encoding"),
-        )
-    } else if too_large && req.version() == http::Version::HTTP_2 {
-        return Some(Rejection::ResetStream);
-    } else if too_large {
-        (
-            http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            "Request Header Fields Too Large",
-            Some(if too_many {
-                "http1.too_many_headers"
-            } else {
-                "http1.headers_too_large"
-            }),
         )
     } else {
         return None;

@@ -185,6 +185,21 @@ impl InspectorStats {
     }
 }
 
+/// What the inspectors make of a connection's first bytes `d` (never empty), as
+/// [`InspectorStats::inspect`] decides (for the fuzz targets): the TLS inspector's verdict,
+/// the ClientHello's SNI and ALPN when it found one, the bytes it read, and the HTTP
+/// inspector's verdict.
+#[cfg(fuzzing)]
+pub(crate) fn inspect_for_fuzzing(d: &[u8]) -> String {
+    let tls = tls_verdict(d, MAX_CLIENT_HELLO);
+    let hello = (tls == TlsVerdict::Tls).then(|| parse_client_hello(d));
+    format!(
+        "{tls:?} {hello:?} {} {:?}",
+        tls_bytes_read(d),
+        http_verdict(d)
+    )
+}
+
 /// Whether a running inspector (`tls`, `http`) needs more than `d` to decide (and has room
 /// to read it).
 fn needs_more(tls: Option<&TlsStats>, http: Option<&HttpStats>, d: &[u8]) -> bool {

@@ -9,6 +9,8 @@ mod original_dst;
 mod slot;
 
 pub use active::ActiveListeners;
+#[cfg(fuzzing)]
+pub(crate) use inspect::inspect_for_fuzzing;
 pub use inspect::parse_client_hello;
 pub use original_dst::original_dst;
 pub use slot::{Slot, accept_loop};

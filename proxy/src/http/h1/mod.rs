@@ -29,6 +29,21 @@ use inbound::Inbound;
 use request::Head;
 pub(super) use response::note_head;
 
+/// What the fast path makes of the request head at the start of `buf` (for the fuzz targets):
+/// `partial`, `served`, `ambiguous` or `handoff`.
+#[cfg(fuzzing)]
+pub(super) fn parse_head_for_fuzzing(
+    buf: &mut BytesMut,
+    cfg: &crate::config::hcm::HcmConfig,
+) -> &'static str {
+    match request::parse(buf, cfg, None) {
+        Head::Partial => "partial",
+        Head::Served { .. } => "served",
+        Head::Ambiguous => "ambiguous",
+        Head::HandOff => "handoff",
+    }
+}
+
 /// What a client asked of the response to its request.
 pub(super) struct Asked {
     /// The request method (a HEAD response has no body).
