@@ -99,10 +99,17 @@ impl Codec {
     /// files, the files of every `@type` / `type_url` named in the document, and their imports.
     /// Much smaller than [`Codec::new`]; decode the document with it, then drop it.
     pub fn for_document(root: &str, value: &Value) -> Self {
+        Self::for_document_releasing(root, value, |_| {})
+    }
+
+    /// Like [`Codec::for_document`]; `release` gets the embedded descriptor set once the
+    /// pool's files are copied out of it and before the pool is built (a process's resident
+    /// peak when it decodes its bootstrap), to give its pages back to the OS.
+    pub fn for_document_releasing(root: &str, value: &Value, release: fn(&'static [u8])) -> Self {
         let mut names = vec![root.to_owned()];
         collect_type_names(value, &mut names);
         Codec {
-            pool: crate::pool::build_for(Some(&names)),
+            pool: crate::pool::build_for(Some(&names), release),
         }
     }
 

@@ -12,8 +12,8 @@ use prost_types::FileDescriptorProto;
 
 static ENVOY_FDS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/envoy_types.bin"));
 
-/// The embedded FileDescriptorSet (a few MB, read only while a pool is built), so a process
-/// can hand its pages back to the OS once start-up is over.
+/// The embedded FileDescriptorSet (hundreds of KB, read only while a pool is built), so a
+/// process can hand its pages back to the OS once it is not reading it.
 pub fn embedded_descriptors() -> &'static [u8] {
     ENVOY_FDS
 }
@@ -129,12 +129,13 @@ fn all_files() -> Files {
 
 /// Builds a pool holding every Envoy message (for rendering arbitrary config dumps).
 pub(crate) fn build() -> DescriptorPool {
-    build_for(None)
+    build_for(None, |_| {})
 }
 
 /// Builds a pool holding `roots` (fully qualified message names) and everything they import;
-/// `None` means every file.
-pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
+/// `None` means every file. `release` gets the embedded set once the chosen files are copied
+/// out of it, before the pool is built.
+pub(crate) fn build_for(roots: Option<&[String]>, release: fn(&'static [u8])) -> DescriptorPool {
     let files = all_files();
     let wanted: Vec<usize> = match roots {
         None => (0..files.sources.len()).collect(),
@@ -180,6 +181,12 @@ pub(crate) fn build_for(roots: Option<&[String]>) -> DescriptorPool {
             .map(|(f, _)| f.encoded())
             .collect(),
     };
-    DescriptorPool::decode(chosen.encode_to_vec().as_slice())
+    let encoded = chosen.encode_to_vec();
+    // Building the pool is a process's resident peak when it decodes its bootstrap: the
+    // index of every file (megabytes of names) goes first, and the embedded set's pages if
+    // the caller releases them.
+    drop((chosen, files));
+    release(ENVOY_FDS);
+    DescriptorPool::decode(encoded.as_slice())
         .expect("a dependency-closed subset of envoy-types' descriptors is valid")
 }

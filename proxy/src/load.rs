@@ -163,7 +163,14 @@ pub fn load(opts: &Options) -> Result<Loaded, LoadError> {
     } else {
         opts.config_path.clone()
     };
-    let codec = Codec::for_document(&<Bootstrap as prost::Name>::full_name(), &doc);
+    // The process's resident peak is building the descriptor pool below: before it, give
+    // back the pages that reading and parsing the text touched (code, freed heap).
+    crate::memory::release_idle_pages();
+    let codec = Codec::for_document_releasing(
+        &<Bootstrap as prost::Name>::full_name(),
+        &doc,
+        crate::memory::drop_pages,
+    );
     let decoded = decode_in_parts(&codec, doc, opts.allow_unknown_static())
         .map_err(|source| LoadError::Decode { origin, source })?;
     Ok(Loaded {

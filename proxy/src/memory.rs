@@ -304,8 +304,9 @@ unsafe extern "C" {
     fn mi_option_get(option: i32) -> libc::c_long;
 }
 
-/// Drops the whole pages inside a read-only static byte slice.
-fn drop_pages(bytes: &'static [u8]) {
+/// Drops the whole pages inside a static byte slice of the executable's read-only data (the
+/// embedded descriptor set, once a pool is built from it): never heap or writable memory.
+pub(crate) fn drop_pages(bytes: &'static [u8]) {
     let page = 4096usize;
     let start = (bytes.as_ptr() as usize).div_ceil(page) * page;
     let end = (bytes.as_ptr() as usize + bytes.len()) / page * page;
