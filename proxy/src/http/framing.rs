@@ -304,14 +304,17 @@ impl Framing {
                 return None;
             }
         };
-        let fields = req.headers.iter().map(|h| h.name.len() + h.value.len());
-        if fields.sum::<usize>() > self.max_head {
+        let name_values: usize = req
+            .headers
+            .iter()
+            .map(|h| h.name.len() + h.value.len())
+            .sum();
+        if name_values > self.max_head {
             self.too_large(out);
             return None;
         }
         if let Some(m) = &self.meter {
-            let name_values = req.headers.iter().map(|h| h.name.len() + h.value.len());
-            m.read_head(len, req.headers.len(), name_values.sum());
+            m.read_head(len, req.headers.len(), name_values);
         }
         let (mut lengths, mut length, mut codings, mut chunked_only, mut opaque) =
             (Vec::new(), None, 0, true, req.method == Some("CONNECT"));
