@@ -719,7 +719,6 @@ fn admin_listing(case: Case) -> Case {
         .fold(case, |case, path| case.ignore(&format!("help.{path}")))
 }
 
-/// A request whose headers exceed Envoy's default `max_request_headers_kb` (60).
 /// A GET whose upstream answers with status `code`.
 fn upstream_status(name: &'static str, code: u16) -> Case {
     let raw =
@@ -756,6 +755,7 @@ fn oversized_with(request_line: &str, rest: &str) -> Vec<u8> {
     format!("{request_line}\r\nHost: x\r\nx-filler: {filler}\r\n{rest}").into_bytes()
 }
 
+/// A request whose headers exceed Envoy's default `max_request_headers_kb` (60).
 fn oversized_headers() -> Vec<u8> {
     let filler = "a".repeat(8 * 1024);
     let mut request = "GET / HTTP/1.1\r\nHost: x\r\n".to_string();
@@ -764,6 +764,25 @@ fn oversized_headers() -> Vec<u8> {
     }
     request.push_str("\r\n");
     request.into_bytes()
+}
+
+/// A GET of exactly `len` bytes up to and including its blank line (`Host`,
+/// `Connection: close`), padded in its URL or in an `x-pad` header: Envoy's codec measures a
+/// head against `max_request_headers_kb` whole, request line and line ends included.
+fn head_of(len: usize, version: &str, pad_in_url: bool) -> Vec<u8> {
+    let (line, fields) = (
+        format!("GET / {version}\r\n"),
+        "Host: x\r\nConnection: close\r\n",
+    );
+    let head = if pad_in_url {
+        let pad = "p".repeat(len - line.len() - fields.len() - 2);
+        format!("GET /{pad} {version}\r\n{fields}\r\n")
+    } else {
+        let pad = "p".repeat(len - line.len() - fields.len() - "x-pad: \r\n".len() - 2);
+        format!("{line}{fields}x-pad: {pad}\r\n\r\n")
+    };
+    assert_eq!(head.len(), len);
+    head.into_bytes()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -959,6 +978,28 @@ async fn protocols() {
         Case::raw("bare LF line endings", b"GET / HTTP/1.1\nHost: x\nConnection: close\n\n"),
         Case::get("headers under max_request_headers_kb", "/").listener(3).header("x-big", &"b".repeat(4000)),
         Case::get("headers over max_request_headers_kb", "/").listener(3).header("x-big", &"b".repeat(9000)),
+        // Listener 3's limit is 8 KiB, measured over the whole head as Envoy's codec does.
+        Case::raw("head of exactly max_request_headers_kb", &head_of(8192, "HTTP/1.1", true)).listener(3)
+            .expect("status", "200"),
+        Case::raw("head one byte over max_request_headers_kb by its URL", &head_of(8193, "HTTP/1.1", true)).listener(3)
+            .expect("status", "431"),
+        Case::raw("head one byte over max_request_headers_kb, its names and values within it", &head_of(8193, "HTTP/1.1", false)).listener(3)
+            .expect("status", "431"),
+        Case::raw("http/1.0 head one byte over max_request_headers_kb", &head_of(8193, "HTTP/1.0", false)).listener(3)
+            .expect("status", "431"),
+        Case::raw("part of a head filling max_request_headers_kb", &head_of(8193, "HTTP/1.1", false)[..8192]).listener(3)
+            .expect("status", "431"),
+        Case::raw("part of a head just under max_request_headers_kb", &head_of(8193, "HTTP/1.1", false)[..8191]).listener(3)
+            .expect("error", "timeout"),
+        {
+            let head = head_of(8192, "HTTP/1.1", false);
+            Case::trickled("head of exactly max_request_headers_kb in three pieces", &[&head[..40], &head[40..8191], &head[8191..]])
+        }.listener(3)
+            .expect("status", "200"),
+        conversation("head over max_request_headers_kb after a chunked request", &[
+            &b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n"[..],
+            &head_of(8193, "HTTP/1.1", false),
+        ].concat(), "200 /a, 431 -", "yes").listener(3),
         Case::get("headers over max_headers_count", "/").listener(3)
             .header("x-1", "1").header("x-2", "2").header("x-3", "3").header("x-4", "4")
             .header("x-5", "5").header("x-6", "6").header("x-7", "7").header("x-8", "8"),

@@ -11,9 +11,10 @@
 //! - a request line whose version is `HTTP/<digit>.<digit>` but not `HTTP/1.0` or `HTTP/1.1`
 //!   (`HTTP/9.1`, `HTTP/2.0`), which hyper answers 400: Envoy's codec answers 426
 //!   (`low_version`), as it does an HTTP/1.0 request it does not accept;
-//! - a head whose header names and values exceed `max_request_headers_kb`, which Envoy's codec
+//! - a head longer than `max_request_headers_kb` (request line, headers and line ends, as
+//!   Envoy's codec counts it), or a part of one that already fills it, which Envoy's codec
 //!   answers 431 before it judges the version or the framing (hyper and the connection
-//!   manager would see those first).
+//!   manager would see those first, and count only names and values).
 //!
 //! The bytes pass through on their way to hyper: bodies at once (their framing followed, so
 //! the next head is found), each head held until it is whole, then handed on as it was, without
@@ -29,16 +30,12 @@ use http::StatusCode;
 use std::sync::Arc;
 
 use super::HcmStats;
+use super::head_scan::HeadScan;
 use super::wire_meter::ConnWire;
 
 /// What hyper's parser refuses (a control character in the method) in place of a head Envoy's
 /// codec refuses.
 const REFUSED_HEAD: &[u8] = b"\x01\r\n\r\n";
-
-/// How much longer than the limit on its names and values a held head may grow: room for
-/// the request line and each line's separators, so that a head within the limit is judged
-/// whole however its bytes arrive.
-const HEAD_SLACK: usize = 8 * 1024;
 
 /// Where in the request stream the next byte is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +64,10 @@ pub(super) struct Framing {
     allow_chunked_length: bool,
     /// The head (or chunk-size line) read so far.
     held: Vec<u8>,
-    /// `max_request_headers_kb` in bytes: a head whose header names and values (as Envoy's
-    /// codec counts them) take more is refused 431 before any framing rule. A head is held up
-    /// to [`HEAD_SLACK`] more; a longer one is handed on as it is and the following ends
-    /// (hyper and the connection manager's limits refuse it).
+    /// When the held head is parsed again.
+    scan: HeadScan,
+    /// `max_request_headers_kb` in bytes: a longer head, or a part of one that fills it, is
+    /// refused 431 before any framing rule.
     max_head: usize,
     /// Where a refused request is counted (under its status, as Envoy counts it).
     stats: Option<HcmStats>,
@@ -95,6 +92,7 @@ impl Framing {
             state: State::Head,
             allow_chunked_length,
             held: Vec::new(),
+            scan: HeadScan::default(),
             max_head,
             stats,
             refusal: None,
@@ -115,6 +113,7 @@ impl Framing {
             state: State::Off,
             allow_chunked_length: false,
             held: Vec::new(),
+            scan: HeadScan::default(),
             max_head: 0,
             stats: None,
             refusal: None,
@@ -277,24 +276,34 @@ impl Framing {
     /// is, without its lengths, or refused) and the state follows its body. Returns the bytes
     /// after a whole head.
     fn head(&mut self, out: &mut BytesMut) -> Option<Vec<u8>> {
+        if !self.scan.due(&self.held, self.max_head) {
+            return None;
+        }
         let mut headers = [httparse::EMPTY_HEADER; 128];
         let mut req = httparse::Request::new(&mut headers);
-        let hold = self.max_head.saturating_add(HEAD_SLACK);
+        let (max, held) = (self.max_head, self.held.len());
         let len = match req.parse(&self.held) {
+            Ok(httparse::Status::Complete(len)) if len > max => {
+                self.too_large(out);
+                return None;
+            }
             Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) if self.held.len() <= hold => return None,
+            Ok(httparse::Status::Partial) if held >= max => {
+                self.too_large(out);
+                return None;
+            }
+            Ok(httparse::Status::Partial) => return None,
             Err(httparse::Error::Version) => {
                 // The version is judged once the head is whole and within the limit, as
                 // Envoy's codec does.
                 match (unsupported_version(&self.held), head_end(&self.held)) {
-                    (Some(true), Some(end)) if field_bytes(&self.held[..end]) > self.max_head => {
-                        self.too_large(out);
-                    }
+                    (Some(true), Some(end)) if end > max => self.too_large(out),
                     (Some(true), Some(_)) => {
                         self.note_refused_head();
                         self.refuse(StatusCode::UPGRADE_REQUIRED, "low_version", out);
                     }
-                    (None | Some(true), None) if self.held.len() <= hold => {}
+                    (None | Some(true), None) if held >= max => self.too_large(out),
+                    (None | Some(true), None) => {}
                     _ => self.end(out),
                 }
                 return None;
@@ -309,10 +318,6 @@ impl Framing {
             .iter()
             .map(|h| h.name.len() + h.value.len())
             .sum();
-        if name_values > self.max_head {
-            self.too_large(out);
-            return None;
-        }
         if let Some(m) = &self.meter {
             m.read_head(len, req.headers.len(), name_values);
         }
@@ -346,6 +351,7 @@ impl Framing {
         }
         let rest = self.held.split_off(len);
         let head = std::mem::take(&mut self.held);
+        self.scan.reset();
         self.state = if !lengths.is_empty() && codings > 0 {
             if self.allow_chunked_length && codings == 1 && chunked_only {
                 let mut at = 0;
@@ -389,8 +395,8 @@ impl Framing {
 }
 
 impl Framing {
-    /// Refuses the held head for headers over the limit (431), as Envoy's codec does while it
-    /// reads them, before it judges the version and the framing at the head's end.
+    /// Refuses the held head for being over the limit (431), as Envoy's codec does while it
+    /// reads it, before it judges the version and the framing at the head's end.
     fn too_large(&mut self, out: &mut BytesMut) {
         self.note_refused_head();
         self.refuse(
@@ -441,18 +447,6 @@ fn head_end(d: &[u8]) -> Option<usize> {
         [b'\r', b'\n', ..] => Some(at + 3),
         _ => head_end(&d[at + 2..]).map(|end| at + 2 + end),
     }
-}
-
-/// The bytes of a whole head's header names and values (lines after the request line,
-/// values without their surrounding whitespace), as Envoy's codec counts them.
-fn field_bytes(head: &[u8]) -> usize {
-    head.split(|b| *b == b'\n')
-        .skip(1)
-        .filter_map(|line| {
-            let colon = line.iter().position(|b| *b == b':')?;
-            Some(colon + line[colon + 1..].trim_ascii().len())
-        })
-        .sum()
 }
 
 /// The size of a chunk-size line (hex digits, then extensions, `\r` and whitespace ignored).

@@ -16,6 +16,7 @@ pub(crate) mod fuzzing;
 mod grpc_timeout;
 mod h1;
 mod h2_head;
+mod head_scan;
 mod head_timeout;
 mod int_value;
 pub mod local_reply;

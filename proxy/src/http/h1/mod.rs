@@ -21,6 +21,7 @@ use tokio::net::TcpStream;
 
 use super::ConnContext;
 use super::conn_limits::{DELAYED_CLOSE, Http1Close, LimitTimer};
+use super::head_scan::HeadScan;
 use super::head_timeout::HeadTimeout;
 use super::wire_meter::ConnWire;
 use crate::config::hcm::Codec;
@@ -59,6 +60,8 @@ pub(super) struct Asked {
 pub(super) struct Reading {
     buf: BytesMut,
     limit: usize,
+    /// When the head being read is parsed again.
+    scan: HeadScan,
     body: Inbound,
     /// Where the bytes read while a request is in flight are noted, for its wire bytes.
     meter: Option<Arc<ConnWire>>,
@@ -118,6 +121,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
     let mut reading = Reading {
         buf: BytesMut::new(),
         limit: ctx.hcm.config.max_request_headers_kb as usize * 1024,
+        scan: HeadScan::default(),
         body: Inbound::default(),
         meter: ctx.wire.clone(),
     };
@@ -141,7 +145,9 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
                 // connection's future while a hand-off below runs.
-                let next =
+                let next = if !reading.scan.due(&reading.buf, reading.limit) {
+                    NotServed::ReadMore
+                } else {
                     match request::parse(&mut reading.buf, &ctx.hcm.config, ctx.wire.as_deref()) {
                         Head::Partial => NotServed::ReadMore,
                         Head::Served {
@@ -149,6 +155,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                             asked,
                             inbound,
                         } => {
+                            reading.scan.reset();
                             reading.body = inbound;
                             let limits = &ctx.hcm.config.connection_limits;
                             if ctx.limits.stream_started(limits, &ctx.hcm.stats) {
@@ -158,7 +165,8 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
                         }
                         Head::HandOff => NotServed::HandOff,
                         Head::Ambiguous => NotServed::Refuse,
-                    };
+                    }
+                };
                 match next {
                     NotServed::ReadMore if head_deadline.is_none() => {
                         head_deadline = HeadTimeout::arm(&ctx.hcm.config);

@@ -61,8 +61,10 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&ConnWire
         buf,
         &mut slots,
     ) {
-        Ok(httparse::Status::Complete(len)) => len,
-        Ok(httparse::Status::Partial) if buf.len() <= max_head => return Head::Partial,
+        // A head longer than `max_request_headers_kb`, or a part of one that fills it, is
+        // Envoy's codec's to refuse (431): the hand-off's framing follower answers it.
+        Ok(httparse::Status::Complete(len)) if len <= max_head => len,
+        Ok(httparse::Status::Partial) if buf.len() < max_head => return Head::Partial,
         _ => return Head::HandOff,
     };
     let (Some(method), Some(path), Some(1)) = (parsed.method, parsed.path, parsed.version) else {
@@ -91,7 +93,7 @@ pub(super) fn parse(buf: &mut BytesMut, cfg: &HcmConfig, meter: Option<&ConnWire
             unusual = true;
         }
     }
-    if header_bytes > max_head || parsed.headers.len() > cfg.max_headers_count as usize {
+    if parsed.headers.len() > cfg.max_headers_count as usize {
         return Head::HandOff;
     }
     if lengths > 0 && codings > 0 {

@@ -533,6 +533,7 @@ mod tests {
         let mut reading = super::super::Reading {
             buf: bytes::BytesMut::new(),
             limit: 1024,
+            scan: Default::default(),
             body: Default::default(),
             meter: None,
         };
