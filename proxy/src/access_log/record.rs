@@ -62,13 +62,19 @@ impl UpstreamWire {
             .fetch_add(headers as u64, Ordering::Relaxed);
     }
 
+    /// A request head written in pieces ended: `headers` of its bytes were header bytes.
+    pub fn wrote_headers(&self, headers: usize) {
+        self.header_sent
+            .fetch_add(headers as u64, Ordering::Relaxed);
+    }
+
     /// An attempt's bytes went uncounted.
     pub fn unmetered(&self) {
         self.unmetered.store(true, Ordering::Relaxed);
     }
 
     /// The counts, `None` when an attempt went uncounted.
-    fn bytes(&self) -> Option<WireBytes> {
+    pub(crate) fn bytes(&self) -> Option<WireBytes> {
         (!self.unmetered.load(Ordering::Relaxed)).then(|| WireBytes {
             received: self.received.load(Ordering::Relaxed),
             sent: self.sent.load(Ordering::Relaxed),
@@ -444,8 +450,9 @@ pub struct Record {
     pub bytes_sent: u64,
     /// The stream's bytes as they crossed the downstream connection (HTTP).
     pub downstream_wire: WireBytes,
-    /// The request's bytes as they crossed its upstream connections (HTTP; zero when it
-    /// had none); `None` when nothing counted them (TCP, an HTTP/2 upstream, an upgrade).
+    /// The request's (or TCP connection's) bytes as they crossed its upstream connections
+    /// (zero when it had none); `None` when nothing counted them (an HTTP/2 upstream, a TCP
+    /// connection tunnelled over HTTP).
     pub upstream_wire: Option<WireBytes>,
     /// The route's name.
     pub route_name: Option<Arc<str>>,

@@ -31,6 +31,7 @@ mod stream_limits;
 mod timeouts;
 mod trace;
 mod upgrade;
+mod upgrade_wire;
 pub mod wire_meter;
 mod xfcc;
 

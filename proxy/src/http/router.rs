@@ -771,6 +771,10 @@ async fn route_and_forward(
                 if let Some(t) = pending.as_deref_mut().and_then(Pending::trace) {
                     t.attempt_started(req.headers_mut(), 1);
                 }
+                if selected.virtual_host.include_request_attempt_count {
+                    req.headers_mut()
+                        .insert(&ATTEMPT_COUNT, HeaderValue::from_static("1"));
+                }
                 // A tunnel runs in a task of its own: it closes when its chain's drain ends.
                 let drained = ctx.hcm.retirement.ended_owned();
                 let tunnel = if connect && fwd.terminates_connect() {

@@ -44,6 +44,9 @@ pub struct Seen<'a> {
 pub struct RequestTrace {
     exporter: Option<Arc<Exporter>>,
     cfg: Arc<HcmTracing>,
+    /// Whether a tracer (the connection manager's `provider`, or the bootstrap's) takes the
+    /// trace: without one, Envoy's null tracer sends no context upstream.
+    has_tracer: bool,
     provider_is_zipkin: bool,
     /// The request's B3 came as the single `b3` header.
     b3_single: bool,
@@ -105,6 +108,7 @@ impl RequestTrace {
             .as_deref()
             .or(ctx.shared.tracers.default_provider());
         let zipkin = matches!(provider, Some(Provider::Zipkin(_)));
+        let has_tracer = provider.is_some();
         // An egress span is CLIENT, except on OpenTelemetry with upstream spans (the upstream
         // span is the client then), as in Envoy 1.40.
         let kind = if cfg.egress && (zipkin || !cfg.spawn_upstream_span) {
@@ -197,6 +201,7 @@ impl RequestTrace {
         Some(RequestTrace {
             exporter,
             cfg,
+            has_tracer,
             provider_is_zipkin: zipkin,
             b3_single,
             span,
@@ -239,6 +244,9 @@ impl RequestTrace {
 
     /// Writes the context of the request's span, or of the current attempt's (`attempt`).
     fn inject(&self, headers: &mut HeaderMap, attempt: bool) {
+        if !self.has_tracer {
+            return;
+        }
         let carrier = match (&self.upstream, attempt) {
             (Some(up), true) => up,
             _ => &self.span,

@@ -16,6 +16,7 @@ use super::access_log::{Handover, Side, TunnelEnd, log_tunnel};
 use super::forwarding;
 use super::local_reply::local_reply;
 use super::stats::ActiveUpgrade;
+use super::upgrade_wire::MeteredIo;
 use crate::body::{self, Body};
 use crate::upstream::{Cluster, LbContext, UpstreamError, UpstreamHost};
 
@@ -89,18 +90,15 @@ pub async fn forward(
             conn.active.local(),
             conn.active.sans(),
         );
-        // The tunnel's bytes go uncounted.
-        t.wire().unmetered();
     }
     let active = conn.active;
     let host = UpstreamHost {
         host: conn.addr,
         remote: active.remote(),
     };
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(
-        conn.stream,
-    ))
-    .await
+    let io = MeteredIo::new(conn.stream, lb.target.clone());
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
     {
         Ok(pair) => pair,
         Err(e) => {
@@ -124,6 +122,12 @@ pub async fn forward(
             ));
         }
     };
+    if let Some(t) = &lb.target {
+        // As the upstream codec counts a response head's header bytes.
+        let headers = upstream_resp.headers().iter();
+        t.wire()
+            .read_head(headers.map(|(n, v)| n.as_str().len() + v.len() + 3).sum());
+    }
     // A CONNECT is accepted with any 2xx, an `Upgrade:` only with 101.
     let upgraded = if connect {
         upstream_resp.status().is_success()

@@ -135,14 +135,12 @@ impl TcpProxy {
         if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
             return None;
         }
-        let mut rec = Box::new(Record::new(Downstream {
+        let rec = Box::new(Record::new(Downstream {
             remote: peer,
             direct_remote: peer,
             local,
             server_name: sni.map(Into::into),
         }));
-        // Nothing meters a proxied connection's upstream wire bytes: `-`, not a wrong count.
-        rec.upstream_wire = None;
         Some(rec)
     }
 
@@ -153,11 +151,25 @@ impl TcpProxy {
         if let Some(a) = activity {
             rec.bytes_received = a.rx.load(Ordering::Relaxed);
             rec.bytes_sent = a.tx.load(Ordering::Relaxed);
-            // A connection's wire bytes are its bytes each way, no headers (as Envoy's).
+            // A connection's wire bytes are its bytes each way, no headers, on both of its
+            // connections (as Envoy's); with no upstream connection, none went upstream.
             rec.downstream_wire.received = rec.bytes_received;
             rec.downstream_wire.sent = rec.bytes_sent;
+            if let Some(up) = &mut rec.upstream_wire {
+                up.sent = rec.bytes_received;
+                up.received = rec.bytes_sent;
+            }
         }
         self.config.access_logs.log(&rec);
+    }
+
+    /// Writes the record of a connection tunnelled over HTTP: its upstream wire bytes print
+    /// `-`, where Envoy 1.40 counts the CONNECT's heads and every tunnelled byte twice.
+    fn log_tunnelled(&self, mut rec: Option<Box<Record>>, activity: &Activity<'_>) {
+        if let Some(r) = &mut rec {
+            r.upstream_wire = None;
+        }
+        self.log(rec, Some(activity));
     }
 
     /// Proxies a plaintext `downstream` until both directions end, an error occurs or a
@@ -202,7 +214,7 @@ impl TcpProxy {
             )
             .await;
             tunnel.close(istio.as_ref(), &activity, flags_of(&rec));
-            return self.log(rec, Some(&activity));
+            return self.log_tunnelled(rec, &activity);
         }
         let local_san = upstream.active.local_uri_san();
         let mut target = Target::connected(&upstream.cluster, upstream.istio.as_deref(), local_san);
@@ -284,7 +296,7 @@ impl TcpProxy {
             )
             .await;
             tunnel.close(istio.as_ref(), &activity, flags_of(&rec));
-            return self.log(rec, Some(&activity));
+            return self.log_tunnelled(rec, &activity);
         }
         let local_san = upstream.active.local_uri_san();
         let mut target = Target::connected(&upstream.cluster, upstream.istio.as_deref(), local_san);

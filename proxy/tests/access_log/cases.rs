@@ -8,7 +8,9 @@
 //! format, led by the case's name, to a file of its own; the files are compared line by line.
 //! One more logger writes the request headers the router adds or removes (route and virtual
 //! host `request_headers_to_add`/`_remove`, `x-envoy-expected-rq-timeout-ms`,
-//! `x-envoy-attempt-count`, set again by a retry), which Envoy's `%REQ(..)%` reads.
+//! `x-envoy-attempt-count`, set again by a retry), which Envoy's `%REQ(..)%` reads, and
+//! another each request's wire bytes, downstream and upstream (a WebSocket's heads and tunnel
+//! bytes included).
 
 use super::*;
 
@@ -21,6 +23,10 @@ const CASE: &str = "%REQ(X-CASE)% %REQ(:AUTHORITY)% %REQ(:PATH)% %REQ(X-ENVOY-OR
 /// `request_headers_to_add`/`_remove` at each level, `x-envoy-expected-rq-timeout-ms`,
 /// `x-envoy-attempt-count`), as Envoy's access logs read them.
 const HEADERS: &str = "%REQ(X-CASE)% %REQ(X-ROUTE-ADDED)% %REQ(X-VHOST-ADDED)% %REQ(X-DROP)% %REQ(X-ENVOY-EXPECTED-RQ-TIMEOUT-MS)% %REQ(X-ENVOY-ATTEMPT-COUNT)% %REQ(X-FORWARDED-PROTO)% %REQ(:AUTHORITY)% %REQ(HOST)% %REQ(X-ENVOY-ORIGINAL-HOST)%\n";
+
+/// The `wire` logger's lines: each request's bytes on its downstream and upstream
+/// connections (an upgrade's: its heads and its tunnel's bytes, counted when it closes).
+const WIRE: &str = "%REQ(X-CASE)% %DOWNSTREAM_WIRE_BYTES_RECEIVED% %DOWNSTREAM_WIRE_BYTES_SENT% %DOWNSTREAM_HEADER_BYTES_RECEIVED% %DOWNSTREAM_HEADER_BYTES_SENT% %UPSTREAM_WIRE_BYTES_SENT% %UPSTREAM_WIRE_BYTES_RECEIVED% %UPSTREAM_HEADER_BYTES_SENT% %UPSTREAM_HEADER_BYTES_RECEIVED%\n";
 
 /// The loggers: a name (its file) and its filter (YAML, or empty for none).
 const FILTERS: [(&str, &str); 10] = [
@@ -129,6 +135,7 @@ fn case_bootstrap(admin: u16, http: u16, upstream: u16, dead: u16, dir: &Path) -
             )
         })
         .chain(std::iter::once(logger(&dir.join("headers.log"), &text(HEADERS))))
+        .chain(std::iter::once(logger(&dir.join("wire.log"), &text(WIRE))))
         .collect();
     let cluster = |name: &str, port: u16| {
         format!(
@@ -309,11 +316,11 @@ fn observe_cases(
     let yaml = case_bootstrap(admin, http, upstream, dead, dir);
     let _proxy = start(&yaml, http);
     let _kept = run_cases(http, run);
-    let want = [20, 1, 1, 5, 2, 1, 5, 20, 4, 1, 20];
+    let want = [20, 1, 1, 5, 2, 1, 5, 20, 4, 1, 20, 20];
     FILTERS
         .iter()
         .map(|(name, _)| *name)
-        .chain(["headers"])
+        .chain(["headers", "wire"])
         .zip(want)
         .map(|(name, n)| read_lines(&dir.join(format!("{name}.log")), n))
         .collect()
@@ -339,6 +346,23 @@ fn mask_time_left(lines: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// The wire line of a response whose `x-envoy-upstream-service-time` takes as many digits
+/// as the proxy took milliseconds (a retry after its back-off, a slow upstream): its
+/// downstream bytes sent and header bytes sent are masked.
+fn mask_service_time(lines: &[String]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| {
+            let mut fields: Vec<&str> = l.split(' ').collect();
+            if matches!(fields[0], "retry" | "slow") {
+                fields[2] = "SENT";
+                fields[4] = "HEADERS";
+            }
+            fields.join(" ")
+        })
+        .collect()
+}
+
 /// The lines carry no times or downstream ports, so each file is compared whole: which
 /// requests each filter let through, and what their lines say.
 #[test]
@@ -354,11 +378,16 @@ fn access_log_cases_match_envoy() {
     let revoy_dir = log_dir("cases-revoy");
     let mut ours = observe_cases(&revoy_dir, "revoy", upstream, dead, revoy_proxy);
     for logs in [&mut theirs, &mut ours] {
-        let headers = logs.last_mut().expect("the headers log");
+        let headers = &mut logs[FILTERS.len()];
         *headers = mask_time_left(headers);
+        let wire = &mut logs[FILTERS.len() + 1];
+        *wire = mask_service_time(wire);
     }
     let mut failures = Vec::new();
-    let names = FILTERS.iter().map(|(name, _)| *name).chain(["headers"]);
+    let names = FILTERS
+        .iter()
+        .map(|(name, _)| *name)
+        .chain(["headers", "wire"]);
     for ((name, e), r) in names.zip(&theirs).zip(&ours) {
         if e != r {
             failures.push(format!("{name}:\n  envoy: {e:#?}\n  revoy: {r:#?}"));

@@ -79,7 +79,12 @@ fn encode(resp: &mut Response<Body>, method: &Method, close: bool, notice: bool)
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(status.as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(envoy_phrase(status.as_u16()).as_bytes());
+        // An interim head (a `101` hyper writes for an upgrade) keeps hyper's phrase.
+        let phrase = match status.canonical_reason() {
+            Some(phrase) if status.is_informational() => phrase,
+            _ => envoy_phrase(status.as_u16()),
+        };
+        out.extend_from_slice(phrase.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
     let mut framing = None;
