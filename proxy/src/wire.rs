@@ -1,7 +1,9 @@
 //! HTTP wire helpers shared by the connection manager (`http/`) and the upstream client
 //! (`upstream/`), so neither imports the other: comma-separated header values, where a parsed
-//! head's headers sit, room in a read buffer, and the connection-scoped headers that never
-//! cross the proxy.
+//! head's headers sit, room in a read buffer, the connection-scoped headers that never
+//! cross the proxy, and the size of an HTTP/2 header block ([`hpack`]).
+
+pub mod hpack;
 
 use std::cell::RefCell;
 use std::io::Write as _;

@@ -3,7 +3,7 @@
 //! access log will read it.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -22,20 +22,18 @@ pub struct AttemptTarget {
     wire: UpstreamWire,
 }
 
-/// A request's bytes as they crossed its upstream HTTP/1.1 connections, Envoy's upstream
-/// bytes meter (`%UPSTREAM_WIRE_BYTES_*%`, `%UPSTREAM_HEADER_BYTES_*%`): the request written
-/// (request line, headers, body with its chunk framing), every byte read while it was the
-/// connection's, and each head's header bytes. Attempts add up, as Envoy's router carries the
-/// meter from one attempt to the next.
+/// A request's bytes as they crossed its upstream connections, Envoy's upstream bytes meter
+/// (`%UPSTREAM_WIRE_BYTES_*%`, `%UPSTREAM_HEADER_BYTES_*%`): over HTTP/1.1 the request
+/// written (request line, headers, body with its chunk framing), every byte read while it was
+/// the connection's, and each head's header bytes; over HTTP/2 its frames as Envoy's codec
+/// counts them (`upstream/h2_wire.rs`). Attempts add up, as Envoy's router carries the meter
+/// from one attempt to the next.
 #[derive(Debug, Default)]
 pub struct UpstreamWire {
     sent: AtomicU64,
     received: AtomicU64,
     header_sent: AtomicU64,
     header_received: AtomicU64,
-    /// An attempt went where nothing meters its bytes (an HTTP/2 connection, an upgrade's
-    /// tunnel): the operators print `-` rather than a wrong count.
-    unmetered: AtomicBool,
 }
 
 impl UpstreamWire {
@@ -68,19 +66,14 @@ impl UpstreamWire {
             .fetch_add(headers as u64, Ordering::Relaxed);
     }
 
-    /// An attempt's bytes went uncounted.
-    pub fn unmetered(&self) {
-        self.unmetered.store(true, Ordering::Relaxed);
-    }
-
-    /// The counts, `None` when an attempt went uncounted.
-    pub(crate) fn bytes(&self) -> Option<WireBytes> {
-        (!self.unmetered.load(Ordering::Relaxed)).then(|| WireBytes {
+    /// The counts.
+    pub(crate) fn bytes(&self) -> WireBytes {
+        WireBytes {
             received: self.received.load(Ordering::Relaxed),
             sent: self.sent.load(Ordering::Relaxed),
             header_received: self.header_received.load(Ordering::Relaxed),
             header_sent: self.header_sent.load(Ordering::Relaxed),
-        })
+        }
     }
 }
 
@@ -524,7 +517,7 @@ impl Record {
     /// published to [`Record::flags_out`].
     pub fn settle(&mut self) {
         if let Some(t) = &self.attempt_target {
-            self.upstream_wire = t.wire.bytes();
+            self.upstream_wire = Some(t.wire.bytes());
         }
         if let Some(out) = &self.flags_out {
             out.publish(Settled {

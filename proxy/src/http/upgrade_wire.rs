@@ -99,7 +99,7 @@ mod tests {
             .unwrap();
         let mut got = [0u8; 64];
         let n = io.read(&mut got).await.unwrap();
-        let wire = target.wire().bytes().expect("metered");
+        let wire = target.wire().bytes();
         assert_eq!(wire.sent, (first.len() + second.len()) as u64);
         assert_eq!(
             wire.header_sent,

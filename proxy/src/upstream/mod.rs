@@ -10,6 +10,7 @@ pub mod dns;
 mod error;
 pub mod grpc;
 mod h1;
+mod h2_wire;
 mod host;
 mod io;
 mod lb;

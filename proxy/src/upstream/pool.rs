@@ -30,6 +30,7 @@ use crate::config::istio::alpn::AlpnList;
 
 use super::error::{ResetReason, UpstreamError};
 use super::h1;
+use super::h2_wire::{H2Meter, H2Tables};
 use super::host::{Host, HostTransport};
 use super::io::UpstreamIo;
 use super::response::UpstreamBody;
@@ -200,6 +201,8 @@ struct H2Connection {
     local: Option<SocketAddr>,
     remote: SocketAddr,
     sans: Option<Arc<UpstreamSans>>,
+    /// Its HPACK tables, for its streams' wire bytes.
+    tables: Arc<H2Tables>,
 }
 
 /// A host's pooled HTTP connections.
@@ -637,16 +640,22 @@ pub(crate) async fn send_h2(
     opts: ConnectOptions<'_>,
     req: Request<Body>,
 ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    // Envoy's codec ends the body of an HTTP/1 client's request in a DATA frame of its own.
+    let end_apart = req.version() < Version::HTTP_2;
+    let host_at = opts
+        .target
+        .and_then(|_| req.headers().keys().position(|k| k == HOST));
     let mut req = to_h2(req, host.addr);
     let mut fresh_tried = false;
+    let mut metered = false;
     loop {
-        let (mut sender, requests, (local, remote, sans), fresh) = h2_sender(host, opts).await?;
+        let (mut sender, requests, (local, remote, sans), fresh, tables) =
+            h2_sender(host, opts).await?;
         fresh_tried |= fresh;
-        if let Some(t) = opts.target {
+        let meter = opts.target.map(|t| {
             t.note(host.addr, remote, local, sans.as_ref());
-            // h2 keeps its frames to itself: the stream's bytes go uncounted.
-            t.wire().unmetered();
-        }
+            H2Meter::new(t.clone(), tables)
+        });
         if sender.ready().await.is_err() {
             host.pool().h2.store(None);
             if fresh_tried {
@@ -657,6 +666,10 @@ pub(crate) async fn send_h2(
                 });
             }
             continue;
+        }
+        if let Some(m) = meter.as_ref().filter(|_| !metered) {
+            req = m.send(req, end_apart, host_at);
+            metered = true;
         }
         match sender.try_send_request(req).await {
             Ok(resp) if let Some(reason) = head_refusal(&resp) => {
@@ -670,7 +683,10 @@ pub(crate) async fn send_h2(
             }
             Ok(resp) => {
                 requests.fetch_add(1, Ordering::Relaxed);
-                return Ok(resp.map(UpstreamBody::http2));
+                if let Some(m) = &meter {
+                    m.received_head(resp.status(), resp.headers());
+                }
+                return Ok(resp.map(|b| UpstreamBody::http2(b, meter)));
             }
             Err(mut e) => match e.take_message() {
                 // The connection went away (GOAWAY/close) before the stream started.
@@ -716,12 +732,13 @@ fn head_refusal<B>(resp: &http::Response<B>) -> Option<ResetReason> {
 }
 
 /// The host's usable HTTP/2 connection: its sender, its stream count, its local address and
-/// TLS identities, and whether it was opened for this request.
+/// TLS identities, whether it was opened for this request, and its HPACK tables.
 type H2Sender = (
     http2::SendRequest<Body>,
     Arc<std::sync::atomic::AtomicU32>,
     (Option<SocketAddr>, SocketAddr, Option<Arc<UpstreamSans>>),
     bool,
+    Arc<H2Tables>,
 );
 
 async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sender, UpstreamError> {
@@ -736,6 +753,7 @@ async fn h2_sender(host: &Arc<Host>, opts: ConnectOptions<'_>) -> Result<H2Sende
                     c.requests.clone(),
                     (c.local, c.remote, c.sans.clone()),
                     false,
+                    c.tables.clone(),
                 )
             })
     };
@@ -759,18 +777,25 @@ async fn open_h2(
     }
     let (stream, active) = connect(host, opts).await?;
     let at = (active.local(), active.remote(), active.sans().cloned());
-    let (sender, requests) = start_h2(host, opts, stream, active).await?;
-    Ok((sender, requests, at, true))
+    let (sender, requests, tables) = start_h2(host, opts, stream, active).await?;
+    Ok((sender, requests, at, true, tables))
 }
 
 /// Starts HTTP/2 on a connected socket and makes it the host's HTTP/2 connection; answers
-/// its sender and stream count.
+/// its sender, stream count and HPACK tables.
 async fn start_h2(
     host: &Arc<Host>,
     opts: ConnectOptions<'_>,
     stream: UpstreamIo,
     mut active: ActiveConnection,
-) -> Result<(http2::SendRequest<Body>, Arc<std::sync::atomic::AtomicU32>), UpstreamError> {
+) -> Result<
+    (
+        http2::SendRequest<Body>,
+        Arc<std::sync::atomic::AtomicU32>,
+        Arc<H2Tables>,
+    ),
+    UpstreamError,
+> {
     opts.stats.upstream_cx_http2_total().inc();
     let requests = Arc::new(std::sync::atomic::AtomicU32::new(0));
     active.requests = Requests::Shared(requests.clone());
@@ -786,14 +811,16 @@ async fn start_h2(
         let _ = conn.await;
         drop(active);
     });
+    let tables = Arc::new(H2Tables::default());
     host.pool().h2.store(Some(Arc::new(H2Connection {
         sender: sender.clone(),
         requests: requests.clone(),
         local,
         remote,
         sans,
+        tables: tables.clone(),
     })));
-    Ok((sender, requests))
+    Ok((sender, requests, tables))
 }
 
 /// Sends `req` over HTTP/2 or HTTP/1.1 as the host's TLS handshake decides (`auto_config`:

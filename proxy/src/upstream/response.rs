@@ -10,6 +10,7 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1;
+use super::h2_wire::H2Meter;
 use super::stats::ClusterStats;
 use crate::body::BoxError;
 
@@ -21,7 +22,7 @@ pub struct UpstreamBody(Inner);
 /// and inline it would make that future (moved on every HTTP/2 stream spawn) larger.
 enum Inner {
     Http1(Box<h1::ResponseBody>),
-    Http2(Incoming, Option<Box<Timing>>),
+    Http2(Incoming, Option<Box<Timing>>, Option<Box<H2Meter>>),
 }
 
 /// What an HTTP/2 body records when it ends: its cluster's `upstream_rq_time` since `since`.
@@ -43,8 +44,9 @@ impl UpstreamBody {
         UpstreamBody(Inner::Http1(Box::new(body)))
     }
 
-    pub(crate) fn http2(body: Incoming) -> Self {
-        UpstreamBody(Inner::Http2(body, None))
+    /// An HTTP/2 response's body, its frames counted in `meter`.
+    pub(super) fn http2(body: Incoming, meter: Option<H2Meter>) -> Self {
+        UpstreamBody(Inner::Http2(body, None, meter.map(Box::new)))
     }
 
     /// Records the cluster's `upstream_rq_time` (from `since`; under `internal.` or
@@ -54,7 +56,7 @@ impl UpstreamBody {
     pub fn time(&mut self, stats: &Arc<ClusterStats>, since: Instant, internal: bool) {
         match &mut self.0 {
             Inner::Http1(b) => b.time(stats, since, internal),
-            Inner::Http2(b, timing) => {
+            Inner::Http2(b, timing, _) => {
                 let t = Timing {
                     stats: stats.clone(),
                     since,
@@ -89,8 +91,11 @@ impl http_body::Body for UpstreamBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut self.get_mut().0 {
             Inner::Http1(b) => Pin::new(&mut **b).poll_frame(cx).map_err(Into::into),
-            Inner::Http2(b, timing) => {
+            Inner::Http2(b, timing, meter) => {
                 let polled = Pin::new(&mut *b).poll_frame(cx);
+                if let (Poll::Ready(Some(Ok(frame))), Some(m)) = (&polled, meter) {
+                    m.received(frame);
+                }
                 let ended = match &polled {
                     Poll::Ready(None) => true,
                     Poll::Ready(Some(Ok(frame))) => frame.is_trailers() || b.is_end_stream(),
@@ -107,14 +112,14 @@ impl http_body::Body for UpstreamBody {
     fn is_end_stream(&self) -> bool {
         match &self.0 {
             Inner::Http1(b) => b.is_end_stream(),
-            Inner::Http2(b, _) => b.is_end_stream(),
+            Inner::Http2(b, ..) => b.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.0 {
             Inner::Http1(b) => b.size_hint(),
-            Inner::Http2(b, _) => b.size_hint(),
+            Inner::Http2(b, ..) => b.size_hint(),
         }
     }
 }

@@ -5,9 +5,13 @@
 //! client's chunks as they came, so several chunks read at once are framed differently), a
 //! chunked response, a keep-alive connection's second request (on the same upstream
 //! connection), a GET and a POST to an upstream over TLS (plaintext bytes, as Envoy's codec
-//! counts them), a request retried once (both attempts' bytes), a direct response (no upstream) and a dead upstream (`503`, no connection).
+//! counts them), a request retried once (both attempts' bytes), a direct response (no
+//! upstream) and a dead upstream (`503`, no connection); and over an HTTP/2 upstream
+//! connection: a GET and a POST from an HTTP/1.1 client on one connection (the second
+//! request's header block smaller as the HPACK tables fill; the POST's body ended by a DATA
+//! frame of its own) and a POST from an HTTP/2 client (its body ending with its last frame).
 
-use super::wire::{exchange, wire_upstream};
+use super::wire::{curl_h2_with, exchange, wire_upstream};
 use super::*;
 
 use std::sync::Arc;
@@ -55,6 +59,25 @@ fn tls_upstream(cert: &Issued) -> u16 {
     port
 }
 
+/// An HTTP/2 upstream: reads each request's body, then answers `200` with `hello world\n`
+/// (a HEADERS frame, then one DATA frame ending the stream).
+fn h2_upstream() -> u16 {
+    super::h2_server::serve(|request, mut respond| async move {
+        let mut body = request.into_body();
+        while let Some(Ok(chunk)) = body.data().await {
+            let _ = body.flow_control().release_capacity(chunk.len());
+        }
+        let head = http::Response::builder()
+            .status(200)
+            .header("content-length", "12")
+            .body(())
+            .unwrap();
+        if let Ok(mut send) = respond.send_response(head, false) {
+            let _ = send.send_data(bytes::Bytes::from_static(b"hello world\n"), true);
+        }
+    })
+}
+
 /// The logger's line.
 const UPSTREAM_WIRE: &str = "%REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% %RESPONSE_FLAGS% %UPSTREAM_WIRE_BYTES_SENT% %UPSTREAM_WIRE_BYTES_RECEIVED% %UPSTREAM_HEADER_BYTES_SENT% %UPSTREAM_HEADER_BYTES_RECEIVED% %UPSTREAM_LOCAL_ADDRESS%\n";
 
@@ -79,6 +102,7 @@ struct Upstreams {
     tls: u16,
     retried: u16,
     dead: u16,
+    h2: u16,
 }
 
 fn upstream_wire_bootstrap(admin: u16, http: u16, up: &Upstreams, dir: &Path) -> String {
@@ -94,6 +118,7 @@ fn upstream_wire_bootstrap(admin: u16, http: u16, up: &Upstreams, dir: &Path) ->
     };
     format!(
         r#"{head}          codec_type: AUTO
+          preserve_external_request_id: true
           access_log: [{log}]
           http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router, suppress_envoy_headers: true}}}}]
           route_config:
@@ -106,18 +131,24 @@ fn upstream_wire_bootstrap(admin: u16, http: u16, up: &Upstreams, dir: &Path) ->
               - {{match: {{prefix: /tls}}, route: {{cluster: tls}}}}
               - {{match: {{prefix: /retried}}, route: {{cluster: retried, retry_policy: {{retry_on: 5xx, num_retries: 1}}}}}}
               - {{match: {{prefix: /up}}, route: {{cluster: up}}}}
+              - {{match: {{prefix: /h2}}, route: {{cluster: h2}}}}
   clusters:
-{up}{dead}{tls}{retried}"#,
+{up}{dead}{tls}{retried}{h2}"#,
         head = hcm_bootstrap_head(admin, http, "upstream_wire"),
         up = cluster("up", up.plain, ""),
         dead = cluster("dead", up.dead, ""),
         tls = cluster("tls", up.tls, &tls),
         retried = cluster("retried", up.retried, ""),
+        h2 = cluster(
+            "h2",
+            up.h2,
+            "typed_extension_protocol_options: {envoy.extensions.upstreams.http.v3.HttpProtocolOptions: {\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, explicit_http_config: {http2_protocol_options: {}}}}, "
+        ),
     )
 }
 
 /// The requests, in order; how many lines they log.
-const LINES: usize = 11;
+const LINES: usize = 14;
 
 fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<String> {
     let ca = Ca::new("cluster.local");
@@ -127,6 +158,7 @@ fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<S
         tls: tls_upstream(&ca.server(&["up.test"]).issue()),
         retried: retried_upstream(),
         dead: free_port(),
+        h2: h2_upstream(),
     };
     let (admin, http) = (free_port(), free_port());
     let _proxy = start(&upstream_wire_bootstrap(admin, http, &up, dir));
@@ -166,6 +198,19 @@ fn observe_upstream_wire(dir: &Path, start: impl FnOnce(&str) -> Proxy) -> Vec<S
         b"GET /dead HTTP/1.1\r\nhost: h.test\r\nconnection: close\r\n\r\n",
     );
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    exchange(
+        http,
+        &[
+            b"GET /h2/first HTTP/1.1\r\nhost: h.test\r\nuser-agent: test/1\r\nx-request-id: 0000002a-aaaa-4bbb-8ccc-dddddddddddd\r\n\r\n",
+            b"POST /h2/post HTTP/1.1\r\nhost: h.test\r\ncontent-length: 10\r\nx-request-id: 0000002b-aaaa-4bbb-8ccc-dddddddddddd\r\n\r\n0123456789",
+        ],
+    );
+    curl_h2_with(
+        http,
+        "/h2/h2-post",
+        Some("0123456789"),
+        &["x-request-id: 0000002c-aaaa-4bbb-8ccc-dddddddddddd"],
+    );
     let lines = read_lines(&dir.join("upstream-wire.log"), LINES);
     assert_eq!(
         upstream_connection(&lines[4]),

@@ -103,6 +103,11 @@ fn pipelined(port: u16, requests: &[&[u8]]) {
 
 /// An HTTP/2 request by curl (prior knowledge, one connection each), `data` as its body.
 fn curl_h2(port: u16, path: &str, data: Option<&str>) {
+    curl_h2_with(port, path, data, &[]);
+}
+
+/// [`curl_h2`] with `headers` (`name: value`) added.
+pub(super) fn curl_h2_with(port: u16, path: &str, data: Option<&str>, headers: &[&str]) {
     let mut c = Command::new("curl");
     c.args([
         "-s",
@@ -115,6 +120,9 @@ fn curl_h2(port: u16, path: &str, data: Option<&str>) {
     .args(["-w", "%{http_code}", "-H", "user-agent: test/1"]);
     if let Some(d) = data {
         c.args(["--data-raw", d]);
+    }
+    for h in headers {
+        c.args(["-H", h]);
     }
     let out = c
         .arg(format!("http://127.0.0.1:{port}{path}"))

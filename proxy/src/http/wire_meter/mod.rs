@@ -8,14 +8,13 @@
 //! are hidden inside h2: a stream counts 9 bytes per frame and its header blocks as an HPACK
 //! encoder writes them ([`hpack`]), each side's dynamic table followed per connection.
 
-mod hpack;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use http::{HeaderMap, Request, Response, header};
 
 use crate::access_log::record::WireBytes;
+use crate::wire::hpack;
 
 /// HTTP/2's frame header.
 const FRAME_HEADER: u64 = 9;

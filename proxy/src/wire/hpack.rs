@@ -141,7 +141,7 @@ const TABLE_SIZE: usize = 4096;
 /// entry the hashes of its name and of its name and value, and its RFC 7541 size, newest
 /// first. Hashes, not text: the table allocates only as it first grows.
 #[derive(Debug, Default)]
-pub(super) struct Table {
+pub(crate) struct Table {
     entries: VecDeque<(u64, u64, usize)>,
     size: usize,
 }
@@ -181,7 +181,7 @@ fn hash_of(parts: &[&[u8]]) -> u64 {
 
 /// The bytes of one field (`name` lowercase) in a header block of the encoder whose dynamic
 /// table is `table` (which it fills).
-pub(super) fn field_len(table: &mut Table, name: &str, value: &[u8]) -> u64 {
+pub(crate) fn field_len(table: &mut Table, name: &str, value: &[u8]) -> u64 {
     let mut by_name = None;
     for (i, (n, v)) in STATIC.iter().enumerate() {
         if *n == name {
@@ -210,11 +210,21 @@ pub(super) fn field_len(table: &mut Table, name: &str, value: &[u8]) -> u64 {
 
 /// The bytes of a header block of the pseudo-headers `pseudo` and then `headers`, from the
 /// encoder whose dynamic table is `table`.
-pub(super) fn block_len(table: &mut Table, pseudo: &[(&str, &[u8])], headers: &HeaderMap) -> u64 {
+pub(crate) fn block_len(table: &mut Table, pseudo: &[(&str, &[u8])], headers: &HeaderMap) -> u64 {
+    let fields = headers.iter().map(|(n, v)| (n.as_str(), v.as_bytes()));
+    fields_len(table, pseudo, fields)
+}
+
+/// [`block_len`] of `fields` in the order given.
+pub(crate) fn fields_len<'a>(
+    table: &mut Table,
+    pseudo: &[(&str, &[u8])],
+    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> u64 {
     let pseudo: u64 = pseudo.iter().map(|(n, v)| field_len(table, n, v)).sum();
-    let regular: u64 = headers
-        .iter()
-        .map(|(n, v)| field_len(table, n.as_str(), v.as_bytes()))
+    let regular: u64 = fields
+        .into_iter()
+        .map(|(n, v)| field_len(table, n, v))
         .sum();
     pseudo + regular
 }
