@@ -18,13 +18,7 @@ use http_body::{Frame, SizeHint};
 
 use super::AttemptTarget;
 use crate::body::{Body, BoxError};
-use crate::wire::hpack::{self, Table};
-
-/// HTTP/2's frame header.
-const FRAME_HEADER: u64 = 9;
-
-/// The largest DATA frame payload (the default SETTINGS_MAX_FRAME_SIZE).
-const MAX_FRAME: u64 = 16_384;
+use crate::wire::hpack::{self, FRAME_HEADER, Table, data_frames_len};
 
 /// The two HPACK dynamic tables of one upstream HTTP/2 connection.
 #[derive(Debug, Default)]
@@ -168,8 +162,7 @@ impl http_body::Body for MeteredRequestBody {
         match &polled {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref().filter(|d| !d.is_empty()) {
-                    let len = data.len() as u64;
-                    wire.wrote((len + FRAME_HEADER * len.div_ceil(MAX_FRAME)) as usize);
+                    wire.wrote(data_frames_len(data.len() as u64) as usize);
                     me.data = true;
                 } else if let Some(trailers) = frame.trailers_ref() {
                     let n = me.meter.tables.frame(Side::Proxy, &[], trailers) as usize;

@@ -2,12 +2,24 @@
 //! index when the static table or the encoder's dynamic table has it whole, else a literal
 //! (its name indexed when a table has the name) added to the dynamic table unless the encoder
 //! leaves it out, each string Huffman-coded when that is shorter. hyper's h2 does not say what
-//! it read or wrote, so the encoder's dynamic table is followed here as the fields pass.
+//! it read or wrote, so the encoder's dynamic table is followed here as the fields pass; the
+//! frames around the blocks and the data are sized here too.
 
 use std::collections::VecDeque;
 use std::hash::Hasher;
 
 use http::HeaderMap;
+
+/// HTTP/2's frame header.
+pub(crate) const FRAME_HEADER: u64 = 9;
+
+/// The largest DATA frame payload h2 sends (the default SETTINGS_MAX_FRAME_SIZE).
+pub(crate) const MAX_FRAME: u64 = 16_384;
+
+/// The bytes of `len` bytes of data sent in DATA frames as large as they may be.
+pub(crate) fn data_frames_len(len: u64) -> u64 {
+    len + FRAME_HEADER * len.div_ceil(MAX_FRAME)
+}
 
 /// RFC 7541 Appendix A: the static table, `(name, value)` at index `i + 1`.
 const STATIC: [(&str, &str); 61] = [

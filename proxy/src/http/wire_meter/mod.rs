@@ -14,13 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use http::{HeaderMap, Request, Response, header};
 
 use crate::access_log::record::WireBytes;
-use crate::wire::hpack;
-
-/// HTTP/2's frame header.
-const FRAME_HEADER: u64 = 9;
-
-/// The largest DATA frame payload hyper's h2 sends (the default SETTINGS_MAX_FRAME_SIZE).
-const MAX_FRAME: u64 = 16_384;
+use crate::wire::hpack::{self, FRAME_HEADER, MAX_FRAME};
 
 /// A connection's notes for its streams' meters: what an HTTP/1 connection's reader and
 /// writer note of the message in flight; the two HPACK dynamic tables of an HTTP/2
