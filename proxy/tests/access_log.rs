@@ -70,7 +70,7 @@ const TEXT: &str = "%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%
 /// pilot/pkg/model/telemetry_logging.go).
 const ISTIO: &str = "[%START_TIME%] \"%REQ(:METHOD)% %REQ(X-ENVOY-ORIGINAL-PATH?:PATH)% %PROTOCOL%\" %RESPONSE_CODE% %RESPONSE_FLAGS% %RESPONSE_CODE_DETAILS% %CONNECTION_TERMINATION_DETAILS% \"%UPSTREAM_TRANSPORT_FAILURE_REASON%\" %BYTES_RECEIVED% %BYTES_SENT% %DURATION% %RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)% \"%REQ(X-FORWARDED-FOR)%\" \"%REQ(USER-AGENT)%\" \"%REQ(X-REQUEST-ID)%\" \"%REQ(:AUTHORITY)%\" \"%UPSTREAM_HOST%\" %UPSTREAM_CLUSTER_RAW% %UPSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_LOCAL_ADDRESS% %DOWNSTREAM_REMOTE_ADDRESS% %REQUESTED_SERVER_NAME% %ROUTE_NAME%\n";
 
-const TCP: &str = "%UPSTREAM_HOST% %UPSTREAM_CLUSTER% %BYTES_RECEIVED% %BYTES_SENT% %DOWNSTREAM_WIRE_BYTES_RECEIVED% %DOWNSTREAM_WIRE_BYTES_SENT% %DOWNSTREAM_HEADER_BYTES_RECEIVED% %DOWNSTREAM_HEADER_BYTES_SENT% %RESPONSE_FLAGS% %PROTOCOL% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %UPSTREAM_REQUEST_ATTEMPT_COUNT% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT%\n";
+const TCP: &str = "%UPSTREAM_HOST% %UPSTREAM_CLUSTER% %BYTES_RECEIVED% %BYTES_SENT% %DOWNSTREAM_WIRE_BYTES_RECEIVED% %DOWNSTREAM_WIRE_BYTES_SENT% %DOWNSTREAM_HEADER_BYTES_RECEIVED% %DOWNSTREAM_HEADER_BYTES_SENT% %RESPONSE_FLAGS% %PROTOCOL% %RESPONSE_CODE% %RESPONSE_CODE_DETAILS% %UPSTREAM_REQUEST_ATTEMPT_COUNT% %DOWNSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %UPSTREAM_LOCAL_ADDRESS_WITHOUT_PORT% %UPSTREAM_WIRE_BYTES_SENT% %UPSTREAM_WIRE_BYTES_RECEIVED% %UPSTREAM_HEADER_BYTES_SENT% %UPSTREAM_HEADER_BYTES_RECEIVED%\n";
 
 /// The upstream: `/slow` answers after 1.5 s, `/reset` closes without answering, anything
 /// else is `200` with `hello world\n`.
@@ -524,6 +524,10 @@ fn access_logs_match_envoy() {
     }
     assert_eq!(ours.istio.len(), theirs.istio.len());
     assert_eq!(theirs.tcp.len(), 2, "{:#?}", theirs.tcp);
+    // The echoed connection's 9 bytes each way count on its upstream connection too (no
+    // header bytes); the dead upstream's none.
+    assert!(theirs.tcp[0].ends_with(" 9 9 0 0"), "{:#?}", theirs.tcp);
+    assert!(theirs.tcp[1].ends_with(" 0 0 0 0"), "{:#?}", theirs.tcp);
     for (i, (e, r)) in theirs.tcp.iter().zip(&ours.tcp).enumerate() {
         assert_eq!(r, e, "tcp line {i}");
     }
