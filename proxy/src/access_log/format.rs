@@ -54,11 +54,20 @@ enum Piece {
     Op(Op, Option<usize>),
 }
 
+/// The formatter extensions a format's `formatters` enable.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Formatters {
+    /// `envoy.formatter.req_without_query`: `%REQ_WITHOUT_QUERY(X?Y):Z%`.
+    pub req_without_query: bool,
+}
+
 /// A command operator.
 #[derive(Debug, Clone, PartialEq)]
 enum Op {
     StartTime(String),
     Req(Lookup),
+    /// A request header's value without its query string.
+    ReqWithoutQuery(Lookup),
     Resp(Lookup),
     Trailer(Lookup),
     Protocol,
@@ -125,8 +134,17 @@ enum Value {
 impl Template {
     /// Parses `format` with Envoy's grammar; errors name the operator at fault.
     pub fn parse(format: &str, machine: &dyn Machine) -> Result<Template, String> {
+        Template::parse_with(format, machine, Formatters::default())
+    }
+
+    /// [`Template::parse`] with the operators of `formatters` too.
+    pub fn parse_with(
+        format: &str,
+        machine: &dyn Machine,
+        formatters: Formatters,
+    ) -> Result<Template, String> {
         let pieces = scan(format, Piece::Text, |c| {
-            let op = compile(c.name, c.param, c.length, machine)?;
+            let op = compile(c.name, c.param, c.length, machine, formatters)?;
             Ok(Compiled::Piece(Piece::Op(op, c.length)))
         })?;
         Ok(Template(pieces))
@@ -315,15 +333,13 @@ impl Op {
     fn value(&self, rec: &Record) -> Value {
         match self {
             Op::StartTime(f) => Value::Str(clock::format(rec.start_time, f)),
-            Op::Req(l) => match &rec.request {
-                None => Value::Missing,
-                Some(req) => l.find(|name| match name {
-                    ":method" => Some(req.method.as_str()),
-                    ":path" => Some(req.path.as_str()),
-                    ":authority" | "host" => Some(req.authority.as_str()),
-                    ":scheme" => Some(req.scheme),
-                    _ => req.headers.get(name)?.to_str().ok(),
-                }),
+            Op::Req(l) => request_header(rec, l),
+            Op::ReqWithoutQuery(l) => match request_header(rec, l) {
+                Value::Str(v) => match v.split_once('?') {
+                    Some((without, _)) => Value::Str(without.to_owned()),
+                    None => Value::Str(v),
+                },
+                other => other,
             },
             Op::Resp(l) => {
                 let status = rec.response_code.map(|c| c.to_string());
@@ -380,6 +396,20 @@ impl Op {
     }
 }
 
+/// The request header (or pseudo-header) `l` looks up.
+fn request_header(rec: &Record, l: &Lookup) -> Value {
+    match &rec.request {
+        None => Value::Missing,
+        Some(req) => l.find(|name| match name {
+            ":method" => Some(req.method.as_str()),
+            ":path" => Some(req.path.as_str()),
+            ":authority" | "host" => Some(req.authority.as_str()),
+            ":scheme" => Some(req.scheme),
+            _ => req.headers.get(name)?.to_str().ok(),
+        }),
+    }
+}
+
 /// The request's metadata in `namespace` at `path` (the whole namespace when `path` is
 /// empty): a string as text, anything else as JSON.
 fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
@@ -422,9 +452,18 @@ fn compile(
     param: Option<&str>,
     length: Option<usize>,
     machine: &dyn Machine,
+    formatters: Formatters,
 ) -> Result<Op, String> {
     match name {
         "REQ" => return lookup(name, param).map(Op::Req),
+        "REQ_WITHOUT_QUERY" if formatters.req_without_query => {
+            return lookup(name, param).map(Op::ReqWithoutQuery);
+        }
+        "REQ_WITHOUT_QUERY" => {
+            return Err(format!(
+                "Not supported field in StreamInfo: {name} (it needs the envoy.formatter.req_without_query formatter)"
+            ));
+        }
         "RESP" => return lookup(name, param).map(Op::Resp),
         "TRAILER" => return lookup(name, param).map(Op::Trailer),
         "START_TIME" => {

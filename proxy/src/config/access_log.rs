@@ -17,7 +17,7 @@ use proto::pb::google::protobuf as gpb;
 
 use super::{ConfigError, Context, Warnings};
 use crate::access_log::filter::Comparison;
-use crate::access_log::format::{JsonValue, Template};
+use crate::access_log::format::{Formatters, JsonValue, Template};
 use crate::access_log::{AccessLog, AccessLogs, Filter, LogFormat, ResponseFlag};
 
 const FILE: &str = "envoy.extensions.access_loggers.file.v3.FileAccessLog";
@@ -137,26 +137,33 @@ fn file_format(ctx: &Context<'_>, f: &FileAccessLog) -> Result<LogFormat, Config
     Ok(match &f.access_log_format {
         None => LogFormat::default_text(ctx),
         Some(F::LogFormat(s)) => substitution(ctx, s).map_err(|e| e.within("log_format"))?,
-        Some(F::Format(text)) => text_format(ctx, text, false, "format")?,
+        Some(F::Format(text)) => text_format(ctx, text, false, NONE, "format")?,
         Some(F::JsonFormat(s)) => {
-            json_format(ctx, s, false).map_err(|e| e.within("json_format"))?
+            json_format(ctx, s, false, NONE).map_err(|e| e.within("json_format"))?
         }
         Some(F::TypedJsonFormat(s)) => {
-            json_format(ctx, s, false).map_err(|e| e.within("typed_json_format"))?
+            json_format(ctx, s, false, NONE).map_err(|e| e.within("typed_json_format"))?
         }
     })
 }
+
+/// No formatter extensions (formats outside a `SubstitutionFormatString` have none).
+const NONE: Formatters = Formatters {
+    req_without_query: false,
+};
 
 fn text_format(
     ctx: &Context<'_>,
     text: &str,
     omit_empty: bool,
+    formatters: Formatters,
     field: &str,
 ) -> Result<LogFormat, ConfigError> {
     if text.is_empty() {
         return Ok(LogFormat::default_text(ctx));
     }
-    let template = Template::parse(text, ctx).map_err(|m| ConfigError::new(field, m))?;
+    let template =
+        Template::parse_with(text, ctx, formatters).map_err(|m| ConfigError::new(field, m))?;
     Ok(LogFormat::Text {
         template,
         omit_empty,
@@ -169,31 +176,42 @@ pub(super) fn substitution(
     ctx: &Context<'_>,
     s: &SubstitutionFormatString,
 ) -> Result<LogFormat, ConfigError> {
-    if let Some(f) = s.formatters.first() {
-        return Err(ConfigError::new(
-            "formatters[0]",
-            format!(
-                "formatter extension '{}' ({}) is not implemented by revoy",
-                f.name,
-                f.typed_config
-                    .as_ref()
-                    .map_or("", |a| proto::type_name_of(&a.type_url))
-            ),
-        ));
+    let mut formatters = NONE;
+    for (i, f) in s.formatters.iter().enumerate() {
+        let type_name = f
+            .typed_config
+            .as_ref()
+            .map_or("", |a| proto::type_name_of(&a.type_url));
+        match type_name {
+            "envoy.extensions.formatter.req_without_query.v3.ReqWithoutQuery" => {
+                formatters.req_without_query = true;
+            }
+            _ => {
+                return Err(ConfigError::new(
+                    format!("formatters[{i}]"),
+                    format!(
+                        "formatter extension '{}' ({type_name}) is not implemented by revoy",
+                        f.name
+                    ),
+                ));
+            }
+        }
     }
     use substitution_format_string::Format as F;
     let omit = s.omit_empty_values;
     match &s.format {
         None => Ok(LogFormat::default_text(ctx)),
-        Some(F::TextFormat(t)) => text_format(ctx, t, omit, "text_format"),
+        Some(F::TextFormat(t)) => text_format(ctx, t, omit, formatters, "text_format"),
         Some(F::TextFormatSource(src)) => {
             let bytes = super::tls::source::data(ctx, Some(src), "text_format_source")?;
             let text = String::from_utf8(bytes).map_err(|_| {
                 ConfigError::new("text_format_source", "the format is not valid UTF-8")
             })?;
-            text_format(ctx, &text, omit, "text_format_source")
+            text_format(ctx, &text, omit, formatters, "text_format_source")
         }
-        Some(F::JsonFormat(j)) => json_format(ctx, j, omit).map_err(|e| e.within("json_format")),
+        Some(F::JsonFormat(j)) => {
+            json_format(ctx, j, omit, formatters).map_err(|e| e.within("json_format"))
+        }
     }
 }
 
@@ -201,9 +219,10 @@ fn json_format(
     ctx: &Context<'_>,
     s: &gpb::Struct,
     omit_empty: bool,
+    formatters: Formatters,
 ) -> Result<LogFormat, ConfigError> {
     Ok(LogFormat::Json {
-        members: json_members(ctx, s)?,
+        members: json_members(ctx, s, formatters)?,
         omit_empty,
     })
 }
@@ -211,6 +230,7 @@ fn json_format(
 fn json_members(
     ctx: &Context<'_>,
     s: &gpb::Struct,
+    formatters: Formatters,
 ) -> Result<Vec<(String, JsonValue)>, ConfigError> {
     use gpb::value::Kind;
     let mut keys: Vec<&String> = s.fields.keys().collect();
@@ -219,12 +239,13 @@ fn json_members(
         .map(|k| {
             let value = match &s.fields[k].kind {
                 Some(Kind::StringValue(t)) => JsonValue::Template(
-                    Template::parse(t, ctx).map_err(|m| ConfigError::new(k.as_str(), m))?,
+                    Template::parse_with(t, ctx, formatters)
+                        .map_err(|m| ConfigError::new(k.as_str(), m))?,
                 ),
                 Some(Kind::NumberValue(n)) => JsonValue::Constant(number(*n)),
                 Some(Kind::BoolValue(b)) => JsonValue::Constant(b.to_string()),
                 Some(Kind::StructValue(inner)) => {
-                    JsonValue::Object(json_members(ctx, inner).map_err(|e| e.within(k))?)
+                    JsonValue::Object(json_members(ctx, inner, formatters).map_err(|e| e.within(k))?)
                 }
                 Some(Kind::NullValue(_)) | None => JsonValue::Constant("null".to_owned()),
                 Some(Kind::ListValue(_)) => {

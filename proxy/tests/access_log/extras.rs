@@ -1,7 +1,8 @@
 //! More of the access log against Envoy 1.40: `%TRAILER(..)%` (an HTTP/1 upstream's chunked
 //! trailers, `enable_trailers` on both sides), the file logger's `typed_json_format`,
 //! `grpc_status_filter` (its statuses, and `exclude`) over gRPC statuses in headers, in
-//! trailers and mapped from the HTTP status, and a listener's `access_log` for a connection no
+//! trailers and mapped from the HTTP status, `%REQ_WITHOUT_QUERY()%` under its formatter
+//! extension, and a listener's `access_log` for a connection no
 //! filter chain took (`NR`, `filter_chain_not_found`). Each logger writes a file of its own;
 //! the files are compared whole.
 
@@ -52,6 +53,10 @@ fn extras_loggers(dir: &Path) -> String {
             ", typed_config",
             ", filter: {grpc_status_filter: {statuses: [NOT_FOUND, UNIMPLEMENTED, OK]}}, typed_config",
         ),
+        file(
+            "noquery",
+            "log_format: {text_format_source: {inline_string: \"%REQ_WITHOUT_QUERY(:PATH)% %REQ_WITHOUT_QUERY(X-ENVOY-ORIGINAL-PATH?:PATH):4% %REQ_WITHOUT_QUERY(X-NONE)% %REQ(:PATH)%\\n\"}, formatters: [{name: envoy.formatter.req_without_query, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.formatter.req_without_query.v3.ReqWithoutQuery}}]}",
+        ),
         file("grpc_ex", &plain).replace(
             ", typed_config",
             ", filter: {grpc_status_filter: {statuses: [NOT_FOUND], exclude: true}}, typed_config",
@@ -99,22 +104,24 @@ fn extras_bootstrap(admin: u16, http: u16, nochain: u16, upstream: u16, dir: &Pa
 }
 
 /// The requests: a path and the status line's start.
-const PATHS: [(&str, &str); 6] = [
+const PATHS: [(&str, &str); 7] = [
     ("/trailers", "HTTP/1.1 200"),
     ("/grpc/0", "HTTP/1.1 200"),
     ("/grpc/5", "HTTP/1.1 200"),
     ("/grpc/12", "HTTP/1.1 200"),
     ("/ok", "HTTP/1.1 200"),
+    ("/ok?x=1&y=2", "HTTP/1.1 200"),
     ("/none", "HTTP/1.1 404"),
 ];
 
 /// The files, in this order, and how many lines each should end with on Envoy.
-const FILES: [(&str, usize); 5] = [
-    ("trailers", 6),
-    ("typed", 6),
+const FILES: [(&str, usize); 6] = [
+    ("trailers", 7),
+    ("typed", 7),
     ("grpc", 5),
-    ("grpc_ex", 4),
+    ("grpc_ex", 5),
     ("nochain", 1),
+    ("noquery", 7),
 ];
 
 fn observe_extras(

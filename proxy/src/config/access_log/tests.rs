@@ -127,23 +127,23 @@ fn a_logger_without_typed_config_is_an_error() {
 }
 
 #[test]
-fn a_formatter_extension_is_an_error_naming_it() {
+fn a_formatter_extension_revoy_lacks_is_an_error_naming_it() {
     let mut f = file("/tmp/x");
     f.access_log_format = Some(file_access_log::AccessLogFormat::LogFormat(
         SubstitutionFormatString {
             formatters: vec![proto::pb::envoy::config::core::v3::TypedExtensionConfig {
-                name: "envoy.formatter.req_without_query".into(),
-                typed_config: None,
+                name: "envoy.formatter.cel".into(),
+                typed_config: Some(proto::pb::google::protobuf::Any {
+                    type_url: "type.googleapis.com/envoy.extensions.formatter.cel.v3.Cel".into(),
+                    value: Vec::new(),
+                }),
             }],
             ..Default::default()
         },
     ));
     let e = compile(&[log(any(&f), None)]).unwrap_err();
     assert_eq!(e.path, "[0].typed_config.log_format.formatters[0]");
-    assert!(
-        e.message.contains("envoy.formatter.req_without_query"),
-        "{e}"
-    );
+    assert!(e.message.contains("envoy.formatter.cel"), "{e}");
 }
 
 #[test]
