@@ -178,14 +178,23 @@ fn with_close(head: &[u8]) -> Vec<u8> {
         .position(|w| w == b"\r\n\r\n")
         .map_or(rest.len(), |i| i + 2);
     let line_start = |i: usize| i == 0 || rest[i - 1] == b'\n';
+    let mut end = if rest.starts_with(b"\r\n") { 0 } else { end };
     if let Some(i) = rest[..end]
         .windows(KEEP_ALIVE.len())
         .enumerate()
         .position(|(i, w)| line_start(i) && w.eq_ignore_ascii_case(KEEP_ALIVE))
     {
         rest.drain(i..i + KEEP_ALIVE.len());
+        end -= KEEP_ALIVE.len();
     }
-    [&head[..at], b"connection: close\r\n", &rest].concat()
+    // Last among the headers, where Envoy's codec writes it.
+    [
+        &head[..at],
+        &rest[..end],
+        b"connection: close\r\n",
+        &rest[end..],
+    ]
+    .concat()
 }
 
 /// Wraps a connection so hyper's own 400 replies become Envoy's.
@@ -580,19 +589,24 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
-    fn a_drain_notice_follows_the_status_line() {
+    fn a_drain_notice_is_the_last_header() {
         assert_eq!(
             with_close(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"),
-            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
         );
         assert_eq!(
-            with_close(b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\nok"),
-            b"HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok"
+            with_close(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok"),
+            b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
         );
         assert_eq!(
             with_close(b"HTTP/1.0 200 OK\r\ncontent-length: 22\r\n\r\nconnection: keep-alive"),
-            b"HTTP/1.0 200 OK\r\nconnection: close\r\ncontent-length: 22\r\n\r\nconnection: keep-alive",
+            b"HTTP/1.0 200 OK\r\ncontent-length: 22\r\nconnection: close\r\n\r\nconnection: keep-alive",
             "only the head's"
+        );
+        assert_eq!(
+            with_close(b"HTTP/1.1 204 No Content\r\n\r\n"),
+            b"HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n",
+            "a head without headers"
         );
     }
 
