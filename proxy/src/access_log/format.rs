@@ -59,6 +59,8 @@ enum Piece {
 pub struct Formatters {
     /// `envoy.formatter.req_without_query`: `%REQ_WITHOUT_QUERY(X?Y):Z%`.
     pub req_without_query: bool,
+    /// `envoy.formatter.metadata`: `%METADATA(TYPE:NAMESPACE:KEY...):Z%`.
+    pub metadata: bool,
 }
 
 /// A command operator.
@@ -429,6 +431,28 @@ fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
     }
 }
 
+/// `%DYNAMIC_METADATA(NS:KEY...)%` of `param` (`NS:KEY...`).
+fn dynamic_metadata(param: &str) -> Op {
+    let mut parts = param.split(':').map(str::to_owned);
+    let namespace = parts.next().unwrap_or_default();
+    Op::DynamicMetadata(namespace, parts.collect())
+}
+
+/// `%METADATA(TYPE:NS:KEY...)%`: the request's dynamic metadata (`DYNAMIC`); revoy keeps no
+/// other kind for access logs.
+fn typed_metadata(param: Option<&str>) -> Result<Op, String> {
+    let param = param.unwrap_or_default();
+    match param.split_once(':') {
+        Some(("DYNAMIC", rest)) if !rest.is_empty() => Ok(dynamic_metadata(rest)),
+        Some((kind @ ("CLUSTER" | "ROUTE" | "UPSTREAM_HOST" | "LISTENER" | "VIRTUAL_HOST"), _)) => {
+            Err(format!(
+                "%METADATA({kind}:...)% is not supported by revoy: it keeps no {kind} metadata for access logs"
+            ))
+        }
+        _ => Err(format!("Invalid METADATA parameters: '{param}'")),
+    }
+}
+
 fn lookup(name: &str, param: Option<&str>) -> Result<Lookup, String> {
     let param = param
         .filter(|p| !p.is_empty())
@@ -459,9 +483,10 @@ fn compile(
         "REQ_WITHOUT_QUERY" if formatters.req_without_query => {
             return lookup(name, param).map(Op::ReqWithoutQuery);
         }
-        "REQ_WITHOUT_QUERY" => {
+        "METADATA" if formatters.metadata => return typed_metadata(param),
+        "REQ_WITHOUT_QUERY" | "METADATA" => {
             return Err(format!(
-                "Not supported field in StreamInfo: {name} (it needs the envoy.formatter.req_without_query formatter)"
+                "Not supported field in StreamInfo: {name} (it needs its formatter extension in `formatters`)"
             ));
         }
         "RESP" => return lookup(name, param).map(Op::Resp),
@@ -488,9 +513,7 @@ fn compile(
             let param = param
                 .filter(|p| !p.is_empty())
                 .ok_or_else(|| format!("{name} requires parameters"))?;
-            let mut parts = param.split(':').map(str::to_owned);
-            let namespace = parts.next().unwrap_or_default();
-            return Ok(Op::DynamicMetadata(namespace, parts.collect()));
+            return Ok(dynamic_metadata(param));
         }
         "FILTER_STATE"
         | "CLUSTER_METADATA"

@@ -150,6 +150,7 @@ fn file_format(ctx: &Context<'_>, f: &FileAccessLog) -> Result<LogFormat, Config
 /// No formatter extensions (formats outside a `SubstitutionFormatString` have none).
 const NONE: Formatters = Formatters {
     req_without_query: false,
+    metadata: false,
 };
 
 fn text_format(
@@ -186,6 +187,7 @@ pub(super) fn substitution(
             "envoy.extensions.formatter.req_without_query.v3.ReqWithoutQuery" => {
                 formatters.req_without_query = true;
             }
+            "envoy.extensions.formatter.metadata.v3.Metadata" => formatters.metadata = true,
             _ => {
                 return Err(ConfigError::new(
                     format!("formatters[{i}]"),

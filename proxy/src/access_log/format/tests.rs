@@ -286,3 +286,25 @@ fn dynamic_metadata_renders_strings_as_text_and_the_rest_as_json() {
         "{\"a\":{\"n\":42,\"s\":\"hello\"},\"n\":42,\"s\":\"he\",\"m\":null}\n"
     );
 }
+
+#[test]
+fn formatter_operators_need_their_extension_and_metadata_other_than_dynamic_is_refused() {
+    let io = FakeIo::new();
+    let ctx = Context::new(&io);
+    let all = Formatters {
+        req_without_query: true,
+        metadata: true,
+    };
+    for op in ["%REQ_WITHOUT_QUERY(:PATH)%", "%METADATA(DYNAMIC:a:k)%"] {
+        let e = Template::parse(op, &ctx).unwrap_err();
+        assert!(
+            e.starts_with("Not supported field in StreamInfo"),
+            "{op}: {e}"
+        );
+        assert!(Template::parse_with(op, &ctx, all).is_ok(), "{op}");
+    }
+    let e = Template::parse_with("%METADATA(ROUTE:a:k)%", &ctx, all).unwrap_err();
+    assert!(e.contains("ROUTE"), "{e}");
+    let e = Template::parse_with("%METADATA(DYNAMIC)%", &ctx, all).unwrap_err();
+    assert!(e.contains("Invalid METADATA"), "{e}");
+}
