@@ -8,6 +8,8 @@
 pub(super) struct HeadScan {
     /// How many of the head's bytes there were at its last parse (0: not parsed yet).
     parsed: usize,
+    /// How many of them have been searched for a blank line.
+    scanned: usize,
 }
 
 impl HeadScan {
@@ -17,10 +19,14 @@ impl HeadScan {
     /// codec refuses it then), and whenever it has doubled since the last parse (so a malformed
     /// header is still found while the head grows).
     pub(super) fn due(&mut self, head: &[u8], limit: usize) -> bool {
+        // Only the bytes new since the last look (and the two before them, where a blank
+        // line may have begun) are searched.
+        let ended = ends_a_head(&head[self.scanned.saturating_sub(2).min(head.len())..]);
+        self.scanned = head.len();
         let due = self.parsed == 0
             || head.len() >= limit
             || head.len() >= self.parsed.saturating_mul(2)
-            || ends_a_head(&head[self.parsed.saturating_sub(2).min(head.len())..]);
+            || ended;
         if due {
             self.parsed = head.len();
         }
@@ -29,7 +35,7 @@ impl HeadScan {
 
     /// Starts over at the next head.
     pub(super) fn reset(&mut self) {
-        self.parsed = 0;
+        *self = HeadScan::default();
     }
 }
 
@@ -72,6 +78,18 @@ mod tests {
             "{parses} parses of a {} byte head",
             head.len()
         );
+    }
+
+    #[test]
+    fn each_byte_is_searched_for_a_blank_line_about_once() {
+        let head = vec![b'a'; 100_000];
+        let mut scan = HeadScan::default();
+        let mut searched = 0;
+        for end in 1..=head.len() {
+            searched += end - scan.scanned.saturating_sub(2).min(end);
+            scan.due(&head[..end], 1 << 20);
+        }
+        assert!(searched <= 3 * head.len(), "{searched} bytes searched");
     }
 
     #[test]
