@@ -50,10 +50,6 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "Envoy's async client's router; revoy's own calls count in their cluster",
     ),
     (
-        r"listener\..+\.http\.[^.]+\.downstream_rq_(\dxx|completed)",
-        "the connection manager's response classes are kept per manager, not per listener too",
-    ),
-    (
         r"(server\.|)(main_thread|worker_\d+|workers)\.watchdog_(mega_)?miss",
         "revoy has no watchdog",
     ),
@@ -355,6 +351,56 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
     }
 }
 
+/// Two listeners whose connection managers share the stat prefix `shared` (one with
+/// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
+/// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
+/// which also counts the 431 its codec answers before routing.
+fn shared_prefix() -> Case {
+    let (admin, one, two) = (free_port(), free_port(), free_port());
+    let listener = |name: &str, port: u16, settings: &str| {
+        format!(
+            r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: shared{settings}
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: [
+              {{match: {{prefix: /gone}}, direct_response: {{status: 404}}}},
+              {{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]"#
+        )
+    };
+    let listeners =
+        listener("one", one, "\n          max_request_headers_kb: 1") + &listener("two", two, "");
+    let yaml = bootstrap::with_admin(admin, &listeners, "");
+    let (one, two): (SocketAddr, SocketAddr) =
+        (([127, 0, 0, 1], one).into(), ([127, 0, 0, 1], two).into());
+    Case {
+        name: "shared",
+        yaml,
+        admin,
+        listen: two.port(),
+        requests: Box::new(move || {
+            for (addr, path, want) in [(one, "/", 200), (one, "/gone", 404), (two, "/", 200)] {
+                let (status, _) = http1::get(None, addr, path).expect("GET");
+                assert_eq!(status, want, "GET {path} on {addr}");
+            }
+            let mut s = TcpStream::connect(one).expect("one accepts");
+            let big = "a".repeat(2048);
+            s.write_all(format!("GET / HTTP/1.1\r\nhost: x\r\nbig: {big}\r\n\r\n").as_bytes())
+                .expect("sent");
+            let mut answer = [0u8; 12];
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 431");
+        }),
+    }
+}
+
 /// What one proxy showed after a case's requests.
 struct Seen {
     /// `/stats`: every counter and gauge by name, histograms as `None`.
@@ -439,7 +485,7 @@ fn revoy_lists_the_stats_envoy_lists() {
     let mut used = vec![false; allowed.len()];
     let mut unexplained = Vec::new();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    for case in [example(), breakers(), over_xds(&rt)] {
+    for case in [example(), breakers(), over_xds(&rt), shared_prefix()] {
         let e = observe(&case, Some(&envoy));
         let r = observe(&case, None);
         for name in e.stats.keys().filter(|n| !r.stats.contains_key(*n)) {
@@ -472,9 +518,16 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".rq_total") && n.starts_with("http.")
                         || n.ends_with(".rq_direct_response") && n.starts_with("http.")
                         || n.ends_with(".no_route") && n.starts_with("http.")
+                        || n.starts_with("listener.")
+                            && n.contains(".http.")
+                            && (n.ends_with(".downstream_rq_completed") || n.ends_with("xx"))
                 })
                 .filter(|n| !n.contains("remaining_cx_pools"))
-                .filter(|n| !n.starts_with("http.admin.") && !n.starts_with("http.async-client."))
+                .filter(|n| {
+                    !n.starts_with("http.admin.")
+                        && !n.starts_with("listener.admin.")
+                        && !n.starts_with("http.async-client.")
+                })
                 .cloned(),
         );
         // What remains under `max_connections` depends on how many connections each pool
@@ -504,6 +557,18 @@ fn revoy_lists_the_stats_envoy_lists() {
         for (family, kind) in &e.types {
             if let Some(theirs) = r.types.get(family) {
                 assert_eq!(theirs, kind, "{}: # TYPE {family}", case.name);
+            }
+        }
+        if case.name == "shared" {
+            // The listeners' copies, tagged by listener address, manager prefix and class.
+            let copies: Vec<&String> = e
+                .samples
+                .iter()
+                .filter(|l| l.starts_with("envoy_listener_http_downstream_rq_"))
+                .collect();
+            assert_eq!(copies.len(), 12, "Envoy: {copies:#?}");
+            for line in copies {
+                assert!(r.samples.contains(line), "revoy: {line}");
             }
         }
         if case.name == "xds" {

@@ -411,6 +411,7 @@ impl Framing {
     fn refuse(&mut self, status: StatusCode, details: &'static str, out: &mut BytesMut) {
         if let Some(stats) = &self.stats {
             stats.rq_total.inc();
+            stats.rq_http1_total.inc();
             stats.response(status.as_u16());
         }
         out.extend_from_slice(REFUSED_HEAD);

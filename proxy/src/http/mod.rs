@@ -82,9 +82,10 @@ impl Hcm {
             || self.filters.has_istio_stats()
     }
 
-    /// Resolves the stats handles of `config`.
-    pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
-        let stats = HcmStats::new(store, &config.stat_prefix);
+    /// Resolves the stats handles of `config`, on the listener whose stats are under
+    /// `listener` (its `listener.<address>`).
+    pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store, listener: &str) -> Self {
+        let stats = HcmStats::new(store, &config.stat_prefix, listener);
         let filters = filters::Chain::new(&config.filters, store, &config.stat_prefix);
         let tracing_stats = config.tracing.as_ref().map(|_| {
             let p = &config.stat_prefix;
@@ -478,6 +479,11 @@ where
                         resp = local_reply::map(config, resp, &mut rec);
                     }
                     ctx.hcm.stats.rq_total.inc();
+                    if req.version() == http::Version::HTTP_2 {
+                        ctx.hcm.stats.rq_http2_total.inc();
+                    } else {
+                        ctx.hcm.stats.rq_http1_total.inc();
+                    }
                     ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();

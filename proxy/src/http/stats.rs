@@ -55,9 +55,16 @@ pub struct HcmStats {
     pub rq_time: Histogram,
     /// `downstream_rq_completed`: responses sent (those counted in a class).
     pub rq_completed: Counter,
-    /// `downstream_rq_http1_total`: requests over HTTP/1.x that reached routing.
+    /// The listener's copies of `downstream_rq_1xx` .. `downstream_rq_5xx` and
+    /// `downstream_rq_completed`, under `listener.<address>.http.<prefix>.`: Envoy charges a
+    /// response to both scopes, so two listeners sharing a prefix share `http.<prefix>.*`
+    /// but each keeps its own copy.
+    listener_class: [Counter; 5],
+    /// See `listener_class`.
+    listener_completed: Counter,
+    /// `downstream_rq_http1_total`: requests over HTTP/1.x, those the codec refused too.
     pub rq_http1_total: Counter,
-    /// `downstream_rq_http2_total`: requests over HTTP/2 that reached routing.
+    /// `downstream_rq_http2_total`: requests over HTTP/2 (those refused with a reply too).
     pub rq_http2_total: Counter,
     /// The router's `http.<prefix>.*` stats.
     pub router: RouterStats,
@@ -186,16 +193,22 @@ impl Drop for ActiveUpgrade {
 }
 
 impl HcmStats {
-    /// Resolves the handles under `http.<prefix>.`.
-    pub fn new(store: &Store, prefix: &str) -> Self {
+    /// Resolves the handles under `http.<prefix>.`, and the listener's copies under
+    /// `<listener>.http.<prefix>.` (`listener` is the listener's `listener.<address>`).
+    pub fn new(store: &Store, prefix: &str, listener: &str) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
+        let classes = |scope: &str| {
+            [1, 2, 3, 4, 5].map(|c| store.counter(&format!("{scope}.downstream_rq_{c}xx")))
+        };
+        let listener_scope = format!("{listener}.http.{prefix}");
         HcmStats {
+            listener_class: classes(&listener_scope),
+            listener_completed: store.counter(&format!("{listener_scope}.downstream_rq_completed")),
             cx: Connections::timed(store, &format!("http.{prefix}")),
             rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
-            rq_class: [1, 2, 3, 4, 5]
-                .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
+            rq_class: classes(&format!("http.{prefix}")),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
             cx_idle_timeout: store.counter(&name("downstream_cx_idle_timeout")),
             cx_max_duration_reached: store.counter(&name("downstream_cx_max_duration_reached")),
@@ -255,11 +268,15 @@ impl HcmStats {
         ActiveUpgrade(self.upgrades_active.clone())
     }
 
-    /// Counts a response with `status` in its class.
+    /// Counts a response with `status` in its class, in the manager's scope and the
+    /// listener's.
     pub fn response(&self, status: u16) {
-        if let Some(c) = self.rq_class.get(usize::from(status / 100).wrapping_sub(1)) {
+        let class = usize::from(status / 100).wrapping_sub(1);
+        if let (Some(c), Some(l)) = (self.rq_class.get(class), self.listener_class.get(class)) {
             c.inc();
+            l.inc();
             self.rq_completed.inc();
+            self.listener_completed.inc();
         }
     }
 }

@@ -209,8 +209,10 @@ static ZEROS: [stats::Slot; 4] = [
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
-    /// from `previous` (the listener it replaces) are kept with their state; new rate limits
-    /// with a `share_key` take their bucket from `buckets`.
+    /// from `previous` (the listener it replaces) are kept with their state, unless the
+    /// listener's stats name changed (its address or `stat_prefix`): a chain counts into its
+    /// listener's scope (`listener.<address>.http.<prefix>.*`, TLS), and Envoy replaces such
+    /// a listener whole; new rate limits with a `share_key` take their bucket from `buckets`.
     pub fn new(
         config: Arc<ListenerConfig>,
         stats: &Store,
@@ -219,6 +221,7 @@ impl Listener {
         previous: Option<&Listener>,
     ) -> Self {
         let prefix = config.stat_prefix();
+        let previous = previous.filter(|p| p.config().stats_name == config.stats_name);
         let tls = |c: &ChainConfig| {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
@@ -243,7 +246,7 @@ impl Listener {
             } else {
                 match &c.terminal {
                     Terminal::Http(h) => {
-                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats)), tls(c))
+                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats, &prefix)), tls(c))
                     }
                     Terminal::Tcp(t) => ChainKind::Tcp(
                         Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)),

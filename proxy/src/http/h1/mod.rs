@@ -379,6 +379,7 @@ async fn exchange<S: Downstream>(
 /// Envoy's 400 and closes the connection.
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
     ctx.hcm.stats.rq_total.inc();
+    ctx.hcm.stats.rq_http1_total.inc();
     ctx.hcm.stats.response(400);
     // Everything read is the exchange's; its headers were whole, so they count.
     if let Some(w) = &ctx.wire {
