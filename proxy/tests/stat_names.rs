@@ -42,10 +42,6 @@ use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL};
 /// must still be missing from revoy somewhere in this test (else it is stale and fails).
 const NOT_IN_REVOY: &[(&str, &str)] = &[
     (
-        r"(http|listener)\.admin\..*",
-        "revoy's admin server keeps no stats",
-    ),
-    (
         r"http\.async-client\..*",
         "Envoy's async client's router; revoy's own calls count in their cluster",
     ),

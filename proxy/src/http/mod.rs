@@ -35,7 +35,7 @@ pub mod wire_meter;
 mod xfcc;
 
 pub use conn_limits::ConnLimits;
-pub use stats::HcmStats;
+pub use stats::{HcmStats, ResponseClasses};
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -20,8 +20,9 @@ pub struct HcmStats {
     pub rq_total: Counter,
     /// `downstream_rq_active`.
     pub rq_active: Gauge,
-    /// `downstream_rq_1xx` .. `downstream_rq_5xx`.
-    pub rq_class: [Counter; 5],
+    /// `downstream_rq_1xx` .. `downstream_rq_5xx` and `downstream_rq_completed`, here and in
+    /// the listener's scope.
+    pub responses: ResponseClasses,
     /// `downstream_cx_drain_close`: connections told to close because the server drains.
     pub cx_drain_close: Counter,
     /// `downstream_cx_idle_timeout`: connections whose idle timeout fired (once per idle period).
@@ -53,15 +54,6 @@ pub struct HcmStats {
     /// `downstream_rq_time`: from a request's head to the end of its stream (its response's
     /// last byte, or the stream cut short).
     pub rq_time: Histogram,
-    /// `downstream_rq_completed`: responses sent (those counted in a class).
-    pub rq_completed: Counter,
-    /// The listener's copies of `downstream_rq_1xx` .. `downstream_rq_5xx` and
-    /// `downstream_rq_completed`, under `listener.<address>.http.<prefix>.`: Envoy charges a
-    /// response to both scopes, so two listeners sharing a prefix share `http.<prefix>.*`
-    /// but each keeps its own copy.
-    listener_class: [Counter; 5],
-    /// See `listener_class`.
-    listener_completed: Counter,
     /// `downstream_rq_http1_total`: requests over HTTP/1.x, those the codec refused too.
     pub rq_http1_total: Counter,
     /// `downstream_rq_http2_total`: requests over HTTP/2 (those refused with a reply too).
@@ -70,6 +62,50 @@ pub struct HcmStats {
     pub router: RouterStats,
     /// Holds the manager's [`ZEROS`].
     _zeros: Block,
+}
+
+/// A connection manager's count of the responses it sent, by class (`downstream_rq_1xx` ..
+/// `downstream_rq_5xx`) and in all (`downstream_rq_completed`), under `http.<prefix>.` and
+/// the listener's copies under `listener.<address>.http.<prefix>.`: Envoy charges a response
+/// to both scopes, so two listeners sharing a prefix share `http.<prefix>.*` but each keeps
+/// its own copy.
+#[derive(Debug, Clone)]
+pub struct ResponseClasses {
+    classes: [Counter; 5],
+    completed: Counter,
+    listener_classes: [Counter; 5],
+    listener_completed: Counter,
+}
+
+impl ResponseClasses {
+    /// Resolves the handles of manager `prefix` on the listener whose stats are under
+    /// `listener` (its `listener.<address>`).
+    pub fn new(store: &Store, prefix: &str, listener: &str) -> Self {
+        let classes = |scope: &str| {
+            [1, 2, 3, 4, 5].map(|c| store.counter(&format!("{scope}.downstream_rq_{c}xx")))
+        };
+        let (manager, listener) = (
+            format!("http.{prefix}"),
+            format!("{listener}.http.{prefix}"),
+        );
+        ResponseClasses {
+            classes: classes(&manager),
+            completed: store.counter(&format!("{manager}.downstream_rq_completed")),
+            listener_classes: classes(&listener),
+            listener_completed: store.counter(&format!("{listener}.downstream_rq_completed")),
+        }
+    }
+
+    /// Counts a response with `status` in its class, in both scopes.
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).wrapping_sub(1);
+        if let (Some(c), Some(l)) = (self.classes.get(class), self.listener_classes.get(class)) {
+            c.inc();
+            l.inc();
+            self.completed.inc();
+            self.listener_completed.inc();
+        }
+    }
 }
 
 /// The router filter's stats, under the connection manager's prefix.
@@ -197,18 +233,12 @@ impl HcmStats {
     /// `<listener>.http.<prefix>.` (`listener` is the listener's `listener.<address>`).
     pub fn new(store: &Store, prefix: &str, listener: &str) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
-        let classes = |scope: &str| {
-            [1, 2, 3, 4, 5].map(|c| store.counter(&format!("{scope}.downstream_rq_{c}xx")))
-        };
-        let listener_scope = format!("{listener}.http.{prefix}");
         HcmStats {
-            listener_class: classes(&listener_scope),
-            listener_completed: store.counter(&format!("{listener_scope}.downstream_rq_completed")),
+            responses: ResponseClasses::new(store, prefix, listener),
             cx: Connections::timed(store, &format!("http.{prefix}")),
             rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
-            rq_class: classes(&format!("http.{prefix}")),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
             cx_idle_timeout: store.counter(&name("downstream_cx_idle_timeout")),
             cx_max_duration_reached: store.counter(&name("downstream_cx_max_duration_reached")),
@@ -222,7 +252,6 @@ impl HcmStats {
             rq_header_timeout: store.counter(&name("downstream_rq_header_timeout")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
-            rq_completed: store.counter(&name("downstream_rq_completed")),
             rq_http1_total: store.counter(&name("downstream_rq_http1_total")),
             rq_http2_total: store.counter(&name("downstream_rq_http2_total")),
             router: RouterStats {
@@ -271,12 +300,6 @@ impl HcmStats {
     /// Counts a response with `status` in its class, in the manager's scope and the
     /// listener's.
     pub fn response(&self, status: u16) {
-        let class = usize::from(status / 100).wrapping_sub(1);
-        if let (Some(c), Some(l)) = (self.rq_class.get(class), self.listener_class.get(class)) {
-            c.inc();
-            l.inc();
-            self.rq_completed.inc();
-            self.listener_completed.inc();
-        }
+        self.responses.count(status);
     }
 }
