@@ -137,6 +137,7 @@ fn admin_stats_count_as_envoys() {
         "listener.admin.http.admin.downstream_rq_4xx",
         "listener.admin.main_thread.downstream_cx_total",
         "listener.admin.downstream_cx_destroy",
+        "http.admin.downstream_cx_destroy",
         "http.admin.downstream_cx_http1_total",
     ] {
         assert!(

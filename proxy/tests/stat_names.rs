@@ -70,7 +70,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"http\.[^.]+\.(downstream_cx_destroy.*|downstream_cx_http[12]_active|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
+        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_http[12]_active|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
         "events revoy has but does not count yet",
     ),
     (
@@ -78,7 +78,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"listener\..+\.(downstream_listener_filter_error|downstream_pre_cx_active|(network_)?extension_config_missing)",
+        r"listener\..+\.(downstream_listener_filter_error|(network_)?extension_config_missing)",
         "events revoy has but does not count yet (a filter chain missing its ECDS config counts revoy's `downstream_cx_fail_closed`)",
     ),
     (
@@ -350,14 +350,20 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
 /// Two listeners whose connection managers share the stat prefix `shared` (one with
 /// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
 /// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
-/// which also counts the 431 its codec answers before routing.
+/// which also counts the 431 its codec answers before routing; and a third listener, with
+/// a TLS inspector, holding a connection that sends nothing (in `downstream_pre_cx_active`).
 fn shared_prefix() -> Case {
-    let (admin, one, two) = (free_port(), free_port(), free_port());
+    let (admin, one, two, three) = (free_port(), free_port(), free_port(), free_port());
     let listener = |name: &str, port: u16, settings: &str| {
+        let filters = if name == "three" {
+            "\n    listener_filters: [{name: tls, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}}]"
+        } else {
+            ""
+        };
         format!(
             r#"
   - name: {name}
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}{filters}
     filter_chains:
     - filters:
       - name: hcm
@@ -371,11 +377,14 @@ fn shared_prefix() -> Case {
               {{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]"#
         )
     };
-    let listeners =
-        listener("one", one, "\n          max_request_headers_kb: 1") + &listener("two", two, "");
+    let listeners = listener("one", one, "\n          max_request_headers_kb: 1")
+        + &listener("two", two, "")
+        + &listener("three", three, "");
     let yaml = bootstrap::with_admin(admin, &listeners, "");
     let (one, two): (SocketAddr, SocketAddr) =
         (([127, 0, 0, 1], one).into(), ([127, 0, 0, 1], two).into());
+    // The connections held open while the stats are read (one per proxy).
+    let held = std::sync::Mutex::new(Vec::new());
     Case {
         name: "shared",
         yaml,
@@ -393,6 +402,8 @@ fn shared_prefix() -> Case {
             let mut answer = [0u8; 12];
             s.read_exact(&mut answer).expect("answered");
             assert_eq!(&answer, b"HTTP/1.1 431");
+            let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");
+            held.lock().expect("held").push(waiting);
         }),
     }
 }
@@ -514,6 +525,8 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".rq_total") && n.starts_with("http.")
                         || n.ends_with(".rq_direct_response") && n.starts_with("http.")
                         || n.ends_with(".no_route") && n.starts_with("http.")
+                        || n.ends_with(".downstream_pre_cx_active")
+                        || n.ends_with(".downstream_cx_destroy") && n.starts_with("http.")
                         || n.starts_with("listener.")
                             && n.contains(".http.")
                             && (n.ends_with(".downstream_rq_completed") || n.ends_with("xx"))
@@ -527,12 +540,17 @@ fn revoy_lists_the_stats_envoy_lists() {
                 .cloned(),
         );
         // What remains under `max_connections` depends on how many connections each pool
-        // keeps open: compared with the open ones added back.
+        // keeps open, and the connections closed on whether the proxy has seen the client
+        // close yet: compared with the open ones added back.
         let plus_open = |seen: &Seen, name: &str| {
             let open = name
                 .strip_suffix("circuit_breakers.default.remaining_cx")
                 .map(|c| {
                     value(seen, &format!("{c}upstream_cx_active")).expect("upstream_cx_active")
+                })
+                .or_else(|| {
+                    let manager = name.strip_suffix("downstream_cx_destroy")?;
+                    value(seen, &format!("{manager}downstream_cx_active"))
                 });
             value(seen, name).map(|v| v + open.unwrap_or(0))
         };
@@ -556,16 +574,24 @@ fn revoy_lists_the_stats_envoy_lists() {
             }
         }
         if case.name == "shared" {
-            // The listeners' copies, tagged by listener address, manager prefix and class.
+            // The three listeners' copies, tagged by listener address, manager prefix and class.
             let copies: Vec<&String> = e
                 .samples
                 .iter()
                 .filter(|l| l.starts_with("envoy_listener_http_downstream_rq_"))
                 .collect();
-            assert_eq!(copies.len(), 12, "Envoy: {copies:#?}");
+            assert_eq!(copies.len(), 18, "Envoy: {copies:#?}");
             for line in copies {
                 assert!(r.samples.contains(line), "revoy: {line}");
             }
+            // The held connection, in its listener's filters (compared above).
+            let waiting: Vec<&String> = e
+                .stats
+                .iter()
+                .filter(|(n, v)| n.ends_with(".downstream_pre_cx_active") && **v == Some(1))
+                .map(|(n, _)| n)
+                .collect();
+            assert_eq!(waiting.len(), 1, "Envoy: {waiting:?}");
         }
         if case.name == "xds" {
             let line = r#"envoy_cluster_max_host_weight{envoy_cluster_name="backend"} 6"#;

@@ -72,6 +72,8 @@ pub struct AdminStats {
     accepted: Histogram,
     /// `http.admin.downstream_cx_{total,active,length_ms}`.
     manager: Connections,
+    /// `http.admin.downstream_cx_destroy`.
+    manager_cx_destroy: Counter,
     /// `http.admin.downstream_cx_http1_total`: connections that sent a request.
     cx_http1_total: Counter,
     /// `http.admin.downstream_rq_total`.
@@ -97,6 +99,7 @@ impl AdminStats {
             cx_destroy: store.counter("listener.admin.downstream_cx_destroy"),
             accepted: store.histogram("listener.admin.connections_accepted_per_socket_event"),
             manager: Connections::timed(store, "http.admin"),
+            manager_cx_destroy: store.counter("http.admin.downstream_cx_destroy"),
             cx_http1_total: store.counter("http.admin.downstream_cx_http1_total"),
             rq_total: store.counter("http.admin.downstream_rq_total"),
             rq_http1_total: store.counter("http.admin.downstream_rq_http1_total"),
@@ -156,6 +159,7 @@ impl<'a> AdminConnection<'a> {
 impl Drop for AdminConnection<'_> {
     fn drop(&mut self) {
         self.stats.cx_destroy.inc();
+        self.stats.manager_cx_destroy.inc();
     }
 }
 

@@ -382,7 +382,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     // A guard rather than a wrapper future: an async wrapper would hold the connection's
     // future twice (as its argument and as what it awaits), doubling every connection's task.
     let hcm = ctx.hcm.clone();
-    let _open = hcm.stats.cx.open();
+    let _open = hcm.stats.open();
     match codec {
         // Boxed (once per connection): hyper's server is kilobytes that an HTTP/1 connection's
         // task would otherwise carry.
@@ -399,7 +399,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
 
 /// Serves one TLS downstream connection until it closes; ALPN (`h2`, `http/1.1`) picks the
 /// codec, and HTTP/1 takes the fast path as over plaintext. The caller counts the connection
-/// open (`hcm.stats.cx`) while it awaits: an `async fn` would keep its arguments beside the
+/// open (`hcm.stats.open()`) while it awaits: an `async fn` would keep its arguments beside the
 /// future it awaits, which holds them too.
 pub fn serve_tls(
     stream: crate::tls::ServerStream,

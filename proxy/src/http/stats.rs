@@ -9,13 +9,15 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 
 use crate::body::{Body, BoxError};
-use crate::stats::{Block, Connections, Counter, Gauge, Histogram, Slot, Store};
+use crate::stats::{Block, Connections, Counter, Gauge, Histogram, Open, Slot, Store};
 
 /// Resolved handles for one connection manager's stats.
 #[derive(Debug, Clone)]
 pub struct HcmStats {
-    /// `downstream_cx_total` and `downstream_cx_active`.
-    pub cx: Connections,
+    /// `downstream_cx_total` and `downstream_cx_active` (see [`HcmStats::open`]).
+    cx: Connections,
+    /// `downstream_cx_destroy`: connections closed, whoever closed them.
+    cx_destroy: Counter,
     /// `downstream_rq_total`.
     pub rq_total: Counter,
     /// `downstream_rq_active`.
@@ -217,6 +219,21 @@ impl http_body::Body for Timed {
     }
 }
 
+/// A connection counted open in its manager's stats (`downstream_cx_total`,
+/// `downstream_cx_active`) until dropped, when it counts in `downstream_cx_destroy` and its
+/// length is recorded.
+#[derive(Debug)]
+pub struct OpenConnection<'a> {
+    _open: Open<'a>,
+    destroy: &'a Counter,
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.destroy.inc();
+    }
+}
+
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
 /// or with the request when nothing is tunnelled).
 #[derive(Debug)]
@@ -236,6 +253,7 @@ impl HcmStats {
         HcmStats {
             responses: ResponseClasses::new(store, prefix, listener),
             cx: Connections::timed(store, &format!("http.{prefix}")),
+            cx_destroy: store.counter(&name("downstream_cx_destroy")),
             rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
@@ -262,6 +280,15 @@ impl HcmStats {
                 redirect: store.counter(&name("rq_redirect")),
             },
             _zeros: store.block_with_zeros(&format!("http.{prefix}."), &[], &ZEROS),
+        }
+    }
+
+    /// Counts a connection open; it closes when the guard drops (also when its task is
+    /// cancelled).
+    pub fn open(&self) -> OpenConnection<'_> {
+        OpenConnection {
+            _open: self.cx.open(),
+            destroy: &self.cx_destroy,
         }
     }
 
