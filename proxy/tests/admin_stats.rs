@@ -139,6 +139,7 @@ fn admin_stats_count_as_envoys() {
         "listener.admin.downstream_cx_destroy",
         "http.admin.downstream_cx_destroy",
         "http.admin.downstream_cx_http1_total",
+        "http.admin.downstream_cx_protocol_error",
     ] {
         assert!(
             compared.iter().any(|n| *n == name),

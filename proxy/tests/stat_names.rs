@@ -70,7 +70,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_http[12]_active|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
+        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_http[12]_active|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
         "events revoy has but does not count yet",
     ),
     (
@@ -350,7 +350,8 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
 /// Two listeners whose connection managers share the stat prefix `shared` (one with
 /// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
 /// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
-/// which also counts the 431 its codec answers before routing; and a third listener, with
+/// which also counts the 431 and 400 its codec answers before routing (and
+/// `downstream_cx_protocol_error`); and a third listener, with
 /// a TLS inspector, holding a connection that sends nothing (in `downstream_pre_cx_active`).
 fn shared_prefix() -> Case {
     let (admin, one, two, three) = (free_port(), free_port(), free_port(), free_port());
@@ -402,6 +403,11 @@ fn shared_prefix() -> Case {
             let mut answer = [0u8; 12];
             s.read_exact(&mut answer).expect("answered");
             assert_eq!(&answer, b"HTTP/1.1 431");
+            // A request line no HTTP/1 parser takes: the codec's 400.
+            let mut s = TcpStream::connect(two).expect("two accepts");
+            s.write_all(b"GARBAGE\r\n\r\n").expect("sent");
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 400");
             let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");
             held.lock().expect("held").push(waiting);
         }),
@@ -526,6 +532,7 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".rq_direct_response") && n.starts_with("http.")
                         || n.ends_with(".no_route") && n.starts_with("http.")
                         || n.ends_with(".downstream_pre_cx_active")
+                        || n.ends_with(".downstream_cx_protocol_error") && n.starts_with("http.")
                         || n.ends_with(".downstream_cx_destroy") && n.starts_with("http.")
                         || n.starts_with("listener.")
                             && n.contains(".http.")

@@ -134,7 +134,7 @@ async fn serve(
     while let Some(req) = request::read(&mut reader).await {
         let counted = connection.request();
         if req.http10 {
-            counted.head(426);
+            counted.refused(426);
             // Envoy's admin refuses HTTP/1.0, as its connection manager does by default.
             let answer = format!(
                 "HTTP/1.1 426 Upgrade Required\r\ncontent-length: 16\r\ncontent-type: text/plain\r\ndate: {}\r\nserver: envoy\r\nconnection: close\r\n\r\nUpgrade Required",

@@ -74,6 +74,8 @@ pub struct AdminStats {
     manager: Connections,
     /// `http.admin.downstream_cx_destroy`.
     manager_cx_destroy: Counter,
+    /// `http.admin.downstream_cx_protocol_error`: HTTP/1.0 requests refused (426).
+    protocol_error: Counter,
     /// `http.admin.downstream_cx_http1_total`: connections that sent a request.
     cx_http1_total: Counter,
     /// `http.admin.downstream_rq_total`.
@@ -100,6 +102,7 @@ impl AdminStats {
             accepted: store.histogram("listener.admin.connections_accepted_per_socket_event"),
             manager: Connections::timed(store, "http.admin"),
             manager_cx_destroy: store.counter("http.admin.downstream_cx_destroy"),
+            protocol_error: store.counter("http.admin.downstream_cx_protocol_error"),
             cx_http1_total: store.counter("http.admin.downstream_cx_http1_total"),
             rq_total: store.counter("http.admin.downstream_rq_total"),
             rq_http1_total: store.counter("http.admin.downstream_rq_http1_total"),
@@ -173,6 +176,12 @@ pub struct AdminStream<'a> {
 }
 
 impl AdminStream<'_> {
+    /// Counts the request as refused by the codec with `status` (Envoy's codec error).
+    pub fn refused(&self, status: u16) {
+        self.stats.protocol_error.inc();
+        self.head(status);
+    }
+
     /// Counts the response's status in its class when its head goes out; once, whoever
     /// calls it first (`/stats` before it renders, as Envoy streams its head first and so
     /// counts the request in what it shows).

@@ -356,6 +356,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
             stats.cx_http1_total.inc();
+            stats.refused_by_http1_codec(400);
             if let Some(w) = &ctx.wire {
                 w.read_head(n, 0, 0);
             }
@@ -478,13 +479,13 @@ where
                         );
                         resp = local_reply::map(config, resp, &mut rec);
                     }
-                    ctx.hcm.stats.rq_total.inc();
                     if req.version() == http::Version::HTTP_2 {
+                        ctx.hcm.stats.rq_total.inc();
                         ctx.hcm.stats.rq_http2_total.inc();
+                        ctx.hcm.stats.response(resp.status().as_u16());
                     } else {
-                        ctx.hcm.stats.rq_http1_total.inc();
+                        ctx.hcm.stats.refused_by_http1_codec(resp.status().as_u16());
                     }
-                    ctx.hcm.stats.response(resp.status().as_u16());
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();
                         let len = len.unwrap_or_default();

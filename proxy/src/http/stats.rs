@@ -18,6 +18,9 @@ pub struct HcmStats {
     cx: Connections,
     /// `downstream_cx_destroy`: connections closed, whoever closed them.
     cx_destroy: Counter,
+    /// `downstream_cx_protocol_error`: requests the HTTP/1 codec refused (see
+    /// [`HcmStats::refused_by_http1_codec`]).
+    cx_protocol_error: Counter,
     /// `downstream_rq_total`.
     pub rq_total: Counter,
     /// `downstream_rq_active`.
@@ -254,6 +257,7 @@ impl HcmStats {
             responses: ResponseClasses::new(store, prefix, listener),
             cx: Connections::timed(store, &format!("http.{prefix}")),
             cx_destroy: store.counter(&name("downstream_cx_destroy")),
+            cx_protocol_error: store.counter(&name("downstream_cx_protocol_error")),
             rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
@@ -322,6 +326,16 @@ impl HcmStats {
         self.upgrades_total.inc();
         self.upgrades_active.inc();
         ActiveUpgrade(self.upgrades_active.clone())
+    }
+
+    /// Counts a request the HTTP/1 codec refused with `status` before routing (over the
+    /// header limits, ambiguous framing, a version, method, target or transfer coding it does
+    /// not take), as Envoy's codec error: a request, a protocol error and the response.
+    pub fn refused_by_http1_codec(&self, status: u16) {
+        self.rq_total.inc();
+        self.rq_http1_total.inc();
+        self.cx_protocol_error.inc();
+        self.response(status);
     }
 
     /// Counts a response with `status` in its class, in the manager's scope and the

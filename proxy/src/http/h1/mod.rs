@@ -378,9 +378,7 @@ async fn exchange<S: Downstream>(
 /// Answers a request framed by both `content-length` and `transfer-encoding: chunked` with
 /// Envoy's 400 and closes the connection.
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
-    ctx.hcm.stats.rq_total.inc();
-    ctx.hcm.stats.rq_http1_total.inc();
-    ctx.hcm.stats.response(400);
+    ctx.hcm.stats.refused_by_http1_codec(400);
     // Everything read is the exchange's; its headers were whole, so they count.
     if let Some(w) = &ctx.wire {
         let mut fields = [httparse::EMPTY_HEADER; crate::wire::MAX_HEADERS];
