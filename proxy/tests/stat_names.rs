@@ -66,7 +66,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "revoy has no overload manager",
     ),
     (
-        r"cluster\.[^.]+\.(upstream_cx_destroy.*|upstream_cx_[rt]x_bytes_(total|buffered)|upstream_cx_close_notify|upstream_cx_idle_timeout|upstream_cx_max_requests|upstream_cx_protocol_error|upstream_rq_cancelled|upstream_rq_[rt]x_reset.*|upstream_rq_active_overflow|upstream_rq_per_try_idle_timeout|lb_healthy_panic|bind_errors|original_dst_host_invalid|upstream_cx_connect_attempts_exceeded|default\.total_match_count)",
+        r"cluster\.[^.]+\.(upstream_cx_destroy_.*|upstream_cx_[rt]x_bytes_(total|buffered)|upstream_cx_close_notify|upstream_cx_idle_timeout|upstream_cx_max_requests|upstream_cx_protocol_error|upstream_rq_cancelled|upstream_rq_[rt]x_reset.*|upstream_rq_active_overflow|upstream_rq_per_try_idle_timeout|lb_healthy_panic|bind_errors|original_dst_host_invalid|upstream_cx_connect_attempts_exceeded|default\.total_match_count)",
         "events revoy has but does not count yet",
     ),
     (
@@ -351,7 +351,8 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
 /// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
 /// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
 /// which also counts the 431 and 400 its codec answers before routing (and
-/// `downstream_cx_protocol_error`); and a third listener, with
+/// `downstream_cx_protocol_error`) and a 503 from cluster `dead`, whose connection fails (in
+/// `upstream_cx_destroy`); and a third listener, with
 /// a TLS inspector, holding a connection that sends nothing (in `downstream_pre_cx_active`).
 fn shared_prefix() -> Case {
     let (admin, one, two, three) = (free_port(), free_port(), free_port(), free_port());
@@ -375,13 +376,15 @@ fn shared_prefix() -> Case {
           route_config:
             virtual_hosts: [{{name: all, domains: ["*"], routes: [
               {{match: {{prefix: /gone}}, direct_response: {{status: 404}}}},
+              {{match: {{prefix: /dead}}, route: {{cluster: dead}}}},
               {{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]"#
         )
     };
     let listeners = listener("one", one, "\n          max_request_headers_kb: 1")
         + &listener("two", two, "")
         + &listener("three", three, "");
-    let yaml = bootstrap::with_admin(admin, &listeners, "");
+    // Nothing listens on port 1: its connection fails (503).
+    let yaml = bootstrap::with_admin(admin, &listeners, &bootstrap::cluster("dead", 1, ""));
     let (one, two): (SocketAddr, SocketAddr) =
         (([127, 0, 0, 1], one).into(), ([127, 0, 0, 1], two).into());
     // The connections held open while the stats are read (one per proxy).
@@ -392,7 +395,12 @@ fn shared_prefix() -> Case {
         admin,
         listen: two.port(),
         requests: Box::new(move || {
-            for (addr, path, want) in [(one, "/", 200), (one, "/gone", 404), (two, "/", 200)] {
+            for (addr, path, want) in [
+                (one, "/", 200),
+                (one, "/gone", 404),
+                (two, "/", 200),
+                (two, "/dead", 503),
+            ] {
                 let (status, _) = http1::get(None, addr, path).expect("GET");
                 assert_eq!(status, want, "GET {path} on {addr}");
             }
@@ -534,6 +542,11 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".downstream_pre_cx_active")
                         || n.ends_with(".downstream_cx_protocol_error") && n.starts_with("http.")
                         || n.ends_with(".downstream_cx_destroy") && n.starts_with("http.")
+                        // The ADS stream's connection is revoy's xDS client's, not counted in
+                        // its cluster (as its response, see NOT_IN_REVOY).
+                        || n.ends_with(".upstream_cx_destroy")
+                            && n.starts_with("cluster.")
+                            && *n != "cluster.xds_cluster.upstream_cx_destroy"
                         || n.starts_with("listener.")
                             && n.contains(".http.")
                             && (n.ends_with(".downstream_rq_completed") || n.ends_with("xx"))
@@ -558,6 +571,10 @@ fn revoy_lists_the_stats_envoy_lists() {
                 .or_else(|| {
                     let manager = name.strip_suffix("downstream_cx_destroy")?;
                     value(seen, &format!("{manager}downstream_cx_active"))
+                })
+                .or_else(|| {
+                    let cluster = name.strip_suffix("upstream_cx_destroy")?;
+                    value(seen, &format!("{cluster}upstream_cx_active"))
                 });
             value(seen, name).map(|v| v + open.unwrap_or(0))
         };
