@@ -140,6 +140,7 @@ fn admin_stats_count_as_envoys() {
         "http.admin.downstream_cx_destroy",
         "http.admin.downstream_cx_http1_total",
         "http.admin.downstream_cx_protocol_error",
+        "http.admin.downstream_cx_http1_active",
     ] {
         assert!(
             compared.iter().any(|n| *n == name),

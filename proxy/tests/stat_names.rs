@@ -70,7 +70,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_http[12]_active|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
+        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
         "events revoy has but does not count yet",
     ),
     (
@@ -94,8 +94,8 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "not kept for an upstream TLS context (OCSP staples are a listener's; SDS readiness is not counted)",
     ),
     (
-        r"cluster\.[^.]+\.http2\..*",
-        "the HTTP/2 codec's stats (nghttp2's, oghttp2's); revoy's codec (h2) keeps none",
+        r"(cluster\.[^.]+\.)?http2\..*",
+        "the HTTP/2 codecs' stats (nghttp2's, oghttp2's), upstream and downstream; revoy's codec (h2) keeps none",
     ),
     (
         r"cluster\.xds_cluster\.(internal\.)?upstream_rq_(200|2xx|completed)",
@@ -352,7 +352,8 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
 /// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
 /// which also counts the 431 and 400 its codec answers before routing (and
 /// `downstream_cx_protocol_error`) and a 503 from cluster `dead`, whose connection fails (in
-/// `upstream_cx_destroy`); and a third listener, with
+/// `upstream_cx_destroy`), and an h2c connection held open (`downstream_cx_http2_active`);
+/// and a third listener, with
 /// a TLS inspector, holding a connection that sends nothing (in `downstream_pre_cx_active`).
 fn shared_prefix() -> Case {
     let (admin, one, two, three) = (free_port(), free_port(), free_port(), free_port());
@@ -417,7 +418,14 @@ fn shared_prefix() -> Case {
             s.read_exact(&mut answer).expect("answered");
             assert_eq!(&answer, b"HTTP/1.1 400");
             let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");
-            held.lock().expect("held").push(waiting);
+            // An h2c connection (the preface and an empty SETTINGS frame), held open.
+            let mut h2c = TcpStream::connect(one).expect("one accepts");
+            h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                .expect("sent");
+            let mut frame = [0u8; 9];
+            h2c.read_exact(&mut frame).expect("the server's SETTINGS");
+            assert_eq!(frame[3], 4, "a SETTINGS frame");
+            held.lock().expect("held").extend([waiting, h2c]);
         }),
     }
 }
@@ -542,6 +550,8 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".downstream_pre_cx_active")
                         || n.ends_with(".downstream_cx_protocol_error") && n.starts_with("http.")
                         || n.ends_with(".downstream_cx_destroy") && n.starts_with("http.")
+                        || n.ends_with(".downstream_cx_http1_active") && n.starts_with("http.")
+                        || n.ends_with(".downstream_cx_http2_active") && n.starts_with("http.")
                         // The ADS stream's connection is revoy's xDS client's, not counted in
                         // its cluster (as its response, see NOT_IN_REVOY).
                         || n.ends_with(".upstream_cx_destroy")
@@ -572,10 +582,20 @@ fn revoy_lists_the_stats_envoy_lists() {
                     let manager = name.strip_suffix("downstream_cx_destroy")?;
                     value(seen, &format!("{manager}downstream_cx_active"))
                 })
+                // An HTTP/1 connection closing leaves `http1_active` for `destroy` (the
+                // only HTTP/2 connection stays open).
                 .or_else(|| {
-                    let cluster = name.strip_suffix("upstream_cx_destroy")?;
-                    value(seen, &format!("{cluster}upstream_cx_active"))
+                    let manager = name.strip_suffix("downstream_cx_http1_active")?;
+                    value(seen, &format!("{manager}downstream_cx_destroy"))
                 });
+            // How many connections a cluster of several hosts opens depends on where its
+            // load balancer sent each request: its closed and open ones must add up to
+            // its total, as Envoy's do (0 left over in both).
+            if let Some(cluster) = name.strip_suffix("upstream_cx_destroy") {
+                let total = value(seen, &format!("{cluster}upstream_cx_total"))?;
+                let active = value(seen, &format!("{cluster}upstream_cx_active"))?;
+                return (value(seen, name)? + active).checked_sub(total);
+            }
             value(seen, name).map(|v| v + open.unwrap_or(0))
         };
         for name in &same {
@@ -616,6 +636,12 @@ fn revoy_lists_the_stats_envoy_lists() {
                 .map(|(n, _)| n)
                 .collect();
             assert_eq!(waiting.len(), 1, "Envoy: {waiting:?}");
+            let h2 = "http.shared.downstream_cx_http2_active";
+            assert_eq!(value(&e, h2), Some(1), "Envoy: {h2}");
+            // One host, one refused connection.
+            let dead = "cluster.dead.upstream_cx_destroy";
+            assert_eq!(value(&e, dead), Some(1), "Envoy: {dead}");
+            assert_eq!(value(&r, dead), Some(1), "revoy: {dead}");
         }
         if case.name == "xds" {
             let line = r#"envoy_cluster_max_host_weight{envoy_cluster_name="backend"} 6"#;

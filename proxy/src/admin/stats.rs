@@ -78,6 +78,8 @@ pub struct AdminStats {
     protocol_error: Counter,
     /// `http.admin.downstream_cx_http1_total`: connections that sent a request.
     cx_http1_total: Counter,
+    /// `http.admin.downstream_cx_http1_active`: those still open.
+    cx_http1_active: Gauge,
     /// `http.admin.downstream_rq_total`.
     rq_total: Counter,
     /// `http.admin.downstream_rq_http1_total`.
@@ -104,6 +106,7 @@ impl AdminStats {
             manager_cx_destroy: store.counter("http.admin.downstream_cx_destroy"),
             protocol_error: store.counter("http.admin.downstream_cx_protocol_error"),
             cx_http1_total: store.counter("http.admin.downstream_cx_http1_total"),
+            cx_http1_active: store.gauge("http.admin.downstream_cx_http1_active"),
             rq_total: store.counter("http.admin.downstream_rq_total"),
             rq_http1_total: store.counter("http.admin.downstream_rq_http1_total"),
             rq_active: store.gauge("http.admin.downstream_rq_active"),
@@ -146,6 +149,7 @@ impl<'a> AdminConnection<'a> {
         let stats = self.stats;
         if self.requests == 0 {
             stats.cx_http1_total.inc();
+            stats.cx_http1_active.inc();
         }
         self.requests += 1;
         stats.rq_total.inc();
@@ -163,6 +167,9 @@ impl Drop for AdminConnection<'_> {
     fn drop(&mut self) {
         self.stats.cx_destroy.inc();
         self.stats.manager_cx_destroy.inc();
+        if self.requests > 0 {
+            self.stats.cx_http1_active.dec();
+        }
     }
 }
 

@@ -35,7 +35,7 @@ pub mod wire_meter;
 mod xfcc;
 
 pub use conn_limits::ConnLimits;
-pub use stats::{HcmStats, ResponseClasses};
+pub use stats::{CodecCounted, HcmStats, ResponseClasses};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -156,6 +156,8 @@ pub struct ConnContext {
     pub wire: Option<Arc<wire_meter::ConnWire>>,
     /// Where the connection stands against its limits (idle timeout, duration, requests).
     pub limits: ConnLimits,
+    /// The codec it was counted under, active while the context lives.
+    pub codec: stats::CodecCounted,
 }
 
 impl ConnContext {
@@ -338,7 +340,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
     // Envoy makes the connection's codec, and counts it, when the first bytes arrive, even
     // when the codec then refuses them; HTTP/1 connections it serves count in `h1`.
     if n > 0 && codec == Codec::Http2 {
-        stats.cx_http2_total.inc();
+        stats.codec(true, &ctx.codec);
     }
     match codec {
         Codec::Http2 if H2_PREFACE.starts_with(head) => true,
@@ -355,7 +357,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
             false
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
-            stats.cx_http1_total.inc();
+            stats.codec(false, &ctx.codec);
             stats.refused_by_http1_codec(400);
             if let Some(w) = &ctx.wire {
                 w.read_head(n, 0, 0);
@@ -412,7 +414,7 @@ pub fn serve_tls(
         _ => ctx.hcm.config.codec,
     };
     if codec == Codec::Http2 {
-        ctx.hcm.stats.cx_http2_total.inc();
+        ctx.hcm.stats.codec(true, &ctx.codec);
     }
     match codec {
         Codec::Http2 => Either::Left(crate::spawn::boxed(|| async move {

@@ -52,10 +52,15 @@ pub struct HcmStats {
     pub rq_timeout: Counter,
     /// `downstream_rq_header_timeout`: requests ended by `request_headers_timeout`.
     pub rq_header_timeout: Counter,
-    /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
-    pub cx_http1_total: Counter,
+    /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1 (see
+    /// [`HcmStats::codec`]).
+    cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
-    pub cx_http2_total: Counter,
+    cx_http2_total: Counter,
+    /// `downstream_cx_http1_active`: those HTTP/1 connections still open.
+    cx_http1_active: Gauge,
+    /// `downstream_cx_http2_active`: those HTTP/2 connections still open.
+    cx_http2_active: Gauge,
     /// `downstream_rq_time`: from a request's head to the end of its stream (its response's
     /// last byte, or the stream cut short).
     pub rq_time: Histogram,
@@ -237,6 +242,19 @@ impl Drop for OpenConnection<'_> {
     }
 }
 
+/// The codec a connection was counted under: it stays in `downstream_cx_http1_active` or
+/// `downstream_cx_http2_active` until this drops with the connection's context.
+#[derive(Debug, Default)]
+pub struct CodecCounted(std::sync::OnceLock<Gauge>);
+
+impl Drop for CodecCounted {
+    fn drop(&mut self) {
+        if let Some(active) = self.0.get() {
+            active.dec();
+        }
+    }
+}
+
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
 /// or with the request when nothing is tunnelled).
 #[derive(Debug)]
@@ -274,6 +292,8 @@ impl HcmStats {
             rq_header_timeout: store.counter(&name("downstream_rq_header_timeout")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
+            cx_http1_active: store.gauge(&name("downstream_cx_http1_active")),
+            cx_http2_active: store.gauge(&name("downstream_cx_http2_active")),
             rq_http1_total: store.counter(&name("downstream_rq_http1_total")),
             rq_http2_total: store.counter(&name("downstream_rq_http2_total")),
             router: RouterStats {
@@ -284,6 +304,20 @@ impl HcmStats {
                 redirect: store.counter(&name("rq_redirect")),
             },
             _zeros: store.block_with_zeros(&format!("http.{prefix}."), &[], &ZEROS),
+        }
+    }
+
+    /// Counts a connection whose codec turned out HTTP/2 (`http2`) or HTTP/1, as Envoy counts
+    /// it when it makes the codec at the first bytes; active until `counted` drops.
+    pub fn codec(&self, http2: bool, counted: &CodecCounted) {
+        let (total, active) = if http2 {
+            (&self.cx_http2_total, &self.cx_http2_active)
+        } else {
+            (&self.cx_http1_total, &self.cx_http1_active)
+        };
+        total.inc();
+        if counted.0.set(active.clone()).is_ok() {
+            active.inc();
         }
     }
 

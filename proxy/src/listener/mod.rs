@@ -594,6 +594,7 @@ impl Listener {
                     rate_limiter: std::sync::OnceLock::new(),
                     wire: hcm.keeps_records().then(Arc::default),
                     limits: http::ConnLimits::new(accepted),
+                    codec: http::CodecCounted::default(),
                 };
                 let serve = async {
                     match tls {

@@ -136,11 +136,11 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
-                    ctx.hcm.stats.cx_http2_total.inc();
+                    ctx.hcm.stats.codec(true, &ctx.codec);
                     return Box::pin(hand_off(stream, reading.buf, ctx, codec, true)).await;
                 }
                 if !counted {
-                    ctx.hcm.stats.cx_http1_total.inc();
+                    ctx.hcm.stats.codec(false, &ctx.codec);
                     counted = true;
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
