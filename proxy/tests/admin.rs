@@ -160,15 +160,20 @@ fn stats_answer_pilot_agents_raw_queries() {
         body,
         "http.inbound.downstream_rq_2xx: 1\nhttp.inbound.downstream_rq_total: 1\n"
     );
-    let (_, json) = get(&r, "/stats?format=json&filter=downstream_rq_total");
+    // `inbound`: the admin's own `http.admin.downstream_rq_total` would come first.
+    let (_, json) = get(&r, "/stats?format=json&filter=inbound.downstream_rq_total");
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v["stats"][0]["name"], "http.inbound.downstream_rq_total");
     assert_eq!(v["stats"][0]["value"], 1);
     let (_, prom) = get(&r, "/stats/prometheus");
     // Envoy's tag extraction: the connection manager's stat prefix becomes a label.
+    // The admin's own series (`admin`) comes first in the family.
     assert!(prom.contains(
         "# TYPE envoy_http_downstream_rq_total counter\n\
-         envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"inbound\"} 1\n"
+         envoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"admin\"} "
+    ));
+    assert!(prom.contains(
+        "\nenvoy_http_downstream_rq_total{envoy_http_conn_manager_prefix=\"inbound\"} 1\n"
     ));
     assert_eq!(get(&r, "/stats?filter=(unclosed").0, 400);
     assert_eq!(raw(r.admin, "POST", "/reset_counters").0, 200);

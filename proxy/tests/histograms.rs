@@ -38,9 +38,9 @@ use ports::free_port;
 /// How long the upstream holds each request.
 const HOLD: Duration = Duration::from_millis(30);
 
-/// Envoy's own admin listener and connection manager (`listener.admin.*`, `http.admin.*`)
-/// and its overload manager's histogram: revoy's admin server keeps no stats, and revoy
-/// has no overload manager (as with their counters).
+/// The admin listener's and connection manager's histograms (`listener.admin.*`,
+/// `http.admin.*`: each proxy records the admin requests it is polled with, which differ)
+/// and Envoy's overload manager's (revoy has no overload manager, as with its counters).
 fn envoy_only(name: &str) -> bool {
     name.contains("admin") || name.contains("overload")
 }

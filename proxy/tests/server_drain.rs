@@ -591,7 +591,8 @@ fn changed_filter_chain_drains_gradually_like_envoy() {
 /// manager `stat_prefix` `shared`, `c` alone with `solo`) while `a` and `c`, removed from the
 /// LDS file, drain for 2 s with a connection to `a` left open, once their drain ended, and
 /// once they are back and have had a request each: for each listener and prefix, whether
-/// `/stats` lists anything under it, and some values in `/stats` and `/stats/prometheus`.
+/// `/stats` lists anything under it, and some values in `/stats` and `/stats/prometheus`
+/// (a listener's copy of its connection manager's `downstream_rq_completed` too).
 fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
     let admin = free_port();
     let ports = [
@@ -646,12 +647,17 @@ fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
         let prom = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats/prometheus")
             .expect("/stats/prometheus")
             .1;
-        for (name, _, port) in &ports {
+        for (name, manager, port) in &ports {
             let prefix = format!("listener.127.0.0.1_{port}.");
             let listed = stats.lines().any(|l| l.starts_with(&prefix));
             let total = stat(admin, &format!("{prefix}downstream_cx_total"));
+            // The listener's copy of its connection manager's responses.
+            let completed = stat(
+                admin,
+                &format!("{prefix}http.{manager}.downstream_rq_completed"),
+            );
             seen.push(format!(
-                "{phase}: listener {name}: listed {listed}, downstream_cx_total {total:?}"
+                "{phase}: listener {name}: listed {listed}, downstream_cx_total {total:?}, http.{manager}.downstream_rq_completed {completed:?}"
             ));
         }
         for prefix in ["shared", "solo"] {
@@ -713,7 +719,8 @@ fn removed_listener_stats_like_envoy() {
         "drained: http.solo: listed false, downstream_rq_total None, prometheus []",
         "drained: http.shared: listed true, downstream_rq_total Some(3), prometheus [\"3\"]",
         "back: http.solo: listed true, downstream_rq_total Some(1), prometheus [\"1\"]",
-        "back: listener a: listed true, downstream_cx_total Some(2)",
+        "back: listener a: listed true, downstream_cx_total Some(2), http.shared.downstream_rq_completed Some(1)",
+        "drained: listener a: listed false, downstream_cx_total None, http.shared.downstream_rq_completed None",
     ] {
         assert!(
             expected.iter().any(|l| l == needle),

@@ -42,16 +42,8 @@ use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL};
 /// must still be missing from revoy somewhere in this test (else it is stale and fails).
 const NOT_IN_REVOY: &[(&str, &str)] = &[
     (
-        r"(http|listener)\.admin\..*",
-        "revoy's admin server keeps no stats",
-    ),
-    (
         r"http\.async-client\..*",
         "Envoy's async client's router; revoy's own calls count in their cluster",
-    ),
-    (
-        r"listener\..+\.http\.[^.]+\.downstream_rq_(\dxx|completed)",
-        "the connection manager's response classes are kept per manager, not per listener too",
     ),
     (
         r"(server\.|)(main_thread|worker_\d+|workers)\.watchdog_(mega_)?miss",
@@ -74,11 +66,11 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "revoy has no overload manager",
     ),
     (
-        r"cluster\.[^.]+\.(upstream_cx_destroy.*|upstream_cx_[rt]x_bytes_(total|buffered)|upstream_cx_close_notify|upstream_cx_idle_timeout|upstream_cx_max_requests|upstream_cx_protocol_error|upstream_rq_cancelled|upstream_rq_[rt]x_reset.*|upstream_rq_active_overflow|upstream_rq_per_try_idle_timeout|lb_healthy_panic|bind_errors|original_dst_host_invalid|upstream_cx_connect_attempts_exceeded|default\.total_match_count)",
+        r"cluster\.[^.]+\.(upstream_cx_destroy_.*|upstream_cx_[rt]x_bytes_(total|buffered)|upstream_cx_close_notify|upstream_cx_idle_timeout|upstream_cx_max_requests|upstream_cx_protocol_error|upstream_rq_cancelled|upstream_rq_[rt]x_reset.*|upstream_rq_active_overflow|upstream_rq_per_try_idle_timeout|lb_healthy_panic|bind_errors|original_dst_host_invalid|upstream_cx_connect_attempts_exceeded|default\.total_match_count)",
         "events revoy has but does not count yet",
     ),
     (
-        r"http\.[^.]+\.(downstream_cx_destroy.*|downstream_cx_http[12]_active|downstream_cx_protocol_error|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
+        r"http\.[^.]+\.(downstream_cx_destroy_.*|downstream_cx_[rt]x_bytes_(total|buffered)|downstream_cx_ssl_(active|total)|downstream_rq_failed_path_normalization|downstream_rq_non_relative_path|downstream_rq_redirected_with_normalized_path|downstream_rq_response_before_rq_complete|downstream_rq_[rt]x_reset|downstream_rq_too_large|rs_too_large|rq_reset_after_downstream_response_started)",
         "events revoy has but does not count yet",
     ),
     (
@@ -86,7 +78,7 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "events revoy has but does not count yet",
     ),
     (
-        r"listener\..+\.(downstream_listener_filter_error|downstream_pre_cx_active|(network_)?extension_config_missing)",
+        r"listener\..+\.(downstream_listener_filter_error|(network_)?extension_config_missing)",
         "events revoy has but does not count yet (a filter chain missing its ECDS config counts revoy's `downstream_cx_fail_closed`)",
     ),
     (
@@ -102,8 +94,8 @@ const NOT_IN_REVOY: &[(&str, &str)] = &[
         "not kept for an upstream TLS context (OCSP staples are a listener's; SDS readiness is not counted)",
     ),
     (
-        r"cluster\.[^.]+\.http2\..*",
-        "the HTTP/2 codec's stats (nghttp2's, oghttp2's); revoy's codec (h2) keeps none",
+        r"(cluster\.[^.]+\.)?http2\..*",
+        "the HTTP/2 codecs' stats (nghttp2's, oghttp2's), upstream and downstream; revoy's codec (h2) keeps none",
     ),
     (
         r"cluster\.xds_cluster\.(internal\.)?upstream_rq_(200|2xx|completed)",
@@ -355,6 +347,89 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
     }
 }
 
+/// Two listeners whose connection managers share the stat prefix `shared` (one with
+/// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
+/// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
+/// which also counts the 431 and 400 its codec answers before routing (and
+/// `downstream_cx_protocol_error`) and a 503 from cluster `dead`, whose connection fails (in
+/// `upstream_cx_destroy`), and an h2c connection held open (`downstream_cx_http2_active`);
+/// and a third listener, with
+/// a TLS inspector, holding a connection that sends nothing (in `downstream_pre_cx_active`).
+fn shared_prefix() -> Case {
+    let (admin, one, two, three) = (free_port(), free_port(), free_port(), free_port());
+    let listener = |name: &str, port: u16, settings: &str| {
+        let filters = if name == "three" {
+            "\n    listener_filters: [{name: tls, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector}}]"
+        } else {
+            ""
+        };
+        format!(
+            r#"
+  - name: {name}
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}{filters}
+    filter_chains:
+    - filters:
+      - name: hcm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: shared{settings}
+          http_filters: [{{name: r, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}]
+          route_config:
+            virtual_hosts: [{{name: all, domains: ["*"], routes: [
+              {{match: {{prefix: /gone}}, direct_response: {{status: 404}}}},
+              {{match: {{prefix: /dead}}, route: {{cluster: dead}}}},
+              {{match: {{prefix: /}}, direct_response: {{status: 200}}}}]}}]"#
+        )
+    };
+    let listeners = listener("one", one, "\n          max_request_headers_kb: 1")
+        + &listener("two", two, "")
+        + &listener("three", three, "");
+    // Nothing listens on port 1: its connection fails (503).
+    let yaml = bootstrap::with_admin(admin, &listeners, &bootstrap::cluster("dead", 1, ""));
+    let (one, two): (SocketAddr, SocketAddr) =
+        (([127, 0, 0, 1], one).into(), ([127, 0, 0, 1], two).into());
+    // The connections held open while the stats are read (one per proxy).
+    let held = std::sync::Mutex::new(Vec::new());
+    Case {
+        name: "shared",
+        yaml,
+        admin,
+        listen: two.port(),
+        requests: Box::new(move || {
+            for (addr, path, want) in [
+                (one, "/", 200),
+                (one, "/gone", 404),
+                (two, "/", 200),
+                (two, "/dead", 503),
+            ] {
+                let (status, _) = http1::get(None, addr, path).expect("GET");
+                assert_eq!(status, want, "GET {path} on {addr}");
+            }
+            let mut s = TcpStream::connect(one).expect("one accepts");
+            let big = "a".repeat(2048);
+            s.write_all(format!("GET / HTTP/1.1\r\nhost: x\r\nbig: {big}\r\n\r\n").as_bytes())
+                .expect("sent");
+            let mut answer = [0u8; 12];
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 431");
+            // A request line no HTTP/1 parser takes: the codec's 400.
+            let mut s = TcpStream::connect(two).expect("two accepts");
+            s.write_all(b"GARBAGE\r\n\r\n").expect("sent");
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 400");
+            let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");
+            // An h2c connection (the preface and an empty SETTINGS frame), held open.
+            let mut h2c = TcpStream::connect(one).expect("one accepts");
+            h2c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+                .expect("sent");
+            let mut frame = [0u8; 9];
+            h2c.read_exact(&mut frame).expect("the server's SETTINGS");
+            assert_eq!(frame[3], 4, "a SETTINGS frame");
+            held.lock().expect("held").extend([waiting, h2c]);
+        }),
+    }
+}
+
 /// What one proxy showed after a case's requests.
 struct Seen {
     /// `/stats`: every counter and gauge by name, histograms as `None`.
@@ -439,7 +514,7 @@ fn revoy_lists_the_stats_envoy_lists() {
     let mut used = vec![false; allowed.len()];
     let mut unexplained = Vec::new();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    for case in [example(), breakers(), over_xds(&rt)] {
+    for case in [example(), breakers(), over_xds(&rt), shared_prefix()] {
         let e = observe(&case, Some(&envoy));
         let r = observe(&case, None);
         for name in e.stats.keys().filter(|n| !r.stats.contains_key(*n)) {
@@ -472,19 +547,55 @@ fn revoy_lists_the_stats_envoy_lists() {
                         || n.ends_with(".rq_total") && n.starts_with("http.")
                         || n.ends_with(".rq_direct_response") && n.starts_with("http.")
                         || n.ends_with(".no_route") && n.starts_with("http.")
+                        || n.ends_with(".downstream_pre_cx_active")
+                        || n.ends_with(".downstream_cx_protocol_error") && n.starts_with("http.")
+                        || n.ends_with(".downstream_cx_destroy") && n.starts_with("http.")
+                        || n.ends_with(".downstream_cx_http1_active") && n.starts_with("http.")
+                        || n.ends_with(".downstream_cx_http2_active") && n.starts_with("http.")
+                        // The ADS stream's connection is revoy's xDS client's, not counted in
+                        // its cluster (as its response, see NOT_IN_REVOY).
+                        || n.ends_with(".upstream_cx_destroy")
+                            && n.starts_with("cluster.")
+                            && *n != "cluster.xds_cluster.upstream_cx_destroy"
+                        || n.starts_with("listener.")
+                            && n.contains(".http.")
+                            && (n.ends_with(".downstream_rq_completed") || n.ends_with("xx"))
                 })
                 .filter(|n| !n.contains("remaining_cx_pools"))
-                .filter(|n| !n.starts_with("http.admin.") && !n.starts_with("http.async-client."))
+                .filter(|n| {
+                    !n.starts_with("http.admin.")
+                        && !n.starts_with("listener.admin.")
+                        && !n.starts_with("http.async-client.")
+                })
                 .cloned(),
         );
         // What remains under `max_connections` depends on how many connections each pool
-        // keeps open: compared with the open ones added back.
+        // keeps open, and the connections closed on whether the proxy has seen the client
+        // close yet: compared with the open ones added back.
         let plus_open = |seen: &Seen, name: &str| {
             let open = name
                 .strip_suffix("circuit_breakers.default.remaining_cx")
                 .map(|c| {
                     value(seen, &format!("{c}upstream_cx_active")).expect("upstream_cx_active")
+                })
+                .or_else(|| {
+                    let manager = name.strip_suffix("downstream_cx_destroy")?;
+                    value(seen, &format!("{manager}downstream_cx_active"))
+                })
+                // An HTTP/1 connection closing leaves `http1_active` for `destroy` (the
+                // only HTTP/2 connection stays open).
+                .or_else(|| {
+                    let manager = name.strip_suffix("downstream_cx_http1_active")?;
+                    value(seen, &format!("{manager}downstream_cx_destroy"))
                 });
+            // How many connections a cluster of several hosts opens depends on where its
+            // load balancer sent each request: its closed and open ones must add up to
+            // its total, as Envoy's do (0 left over in both).
+            if let Some(cluster) = name.strip_suffix("upstream_cx_destroy") {
+                let total = value(seen, &format!("{cluster}upstream_cx_total"))?;
+                let active = value(seen, &format!("{cluster}upstream_cx_active"))?;
+                return (value(seen, name)? + active).checked_sub(total);
+            }
             value(seen, name).map(|v| v + open.unwrap_or(0))
         };
         for name in &same {
@@ -505,6 +616,32 @@ fn revoy_lists_the_stats_envoy_lists() {
             if let Some(theirs) = r.types.get(family) {
                 assert_eq!(theirs, kind, "{}: # TYPE {family}", case.name);
             }
+        }
+        if case.name == "shared" {
+            // The three listeners' copies, tagged by listener address, manager prefix and class.
+            let copies: Vec<&String> = e
+                .samples
+                .iter()
+                .filter(|l| l.starts_with("envoy_listener_http_downstream_rq_"))
+                .collect();
+            assert_eq!(copies.len(), 18, "Envoy: {copies:#?}");
+            for line in copies {
+                assert!(r.samples.contains(line), "revoy: {line}");
+            }
+            // The held connection, in its listener's filters (compared above).
+            let waiting: Vec<&String> = e
+                .stats
+                .iter()
+                .filter(|(n, v)| n.ends_with(".downstream_pre_cx_active") && **v == Some(1))
+                .map(|(n, _)| n)
+                .collect();
+            assert_eq!(waiting.len(), 1, "Envoy: {waiting:?}");
+            let h2 = "http.shared.downstream_cx_http2_active";
+            assert_eq!(value(&e, h2), Some(1), "Envoy: {h2}");
+            // One host, one refused connection.
+            let dead = "cluster.dead.upstream_cx_destroy";
+            assert_eq!(value(&e, dead), Some(1), "Envoy: {dead}");
+            assert_eq!(value(&r, dead), Some(1), "revoy: {dead}");
         }
         if case.name == "xds" {
             let line = r#"envoy_cluster_max_host_weight{envoy_cluster_name="backend"} 6"#;

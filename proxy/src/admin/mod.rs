@@ -7,6 +7,7 @@ mod help;
 mod request;
 mod routes;
 mod secrets;
+mod stats;
 mod unsupported;
 mod xds;
 
@@ -17,6 +18,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use self::stats::{AdminConnection, AdminStats, AdminStream};
 use crate::lifecycle::ServerState;
 use crate::process::Process;
 use crate::xds::Xds;
@@ -105,22 +107,34 @@ pub fn spawn(listener: std::net::TcpListener, process: Arc<Process>, xds: Arc<On
                     .set_nonblocking(true)
                     .expect("nonblocking admin socket");
                 let listener = tokio::net::TcpListener::from_std(listener).expect("admin listener");
+                let stats = Arc::new(AdminStats::new(&process.shared.stats));
                 loop {
                     let Ok((stream, _)) = listener.accept().await else {
                         continue;
                     };
-                    let (process, xds) = (process.clone(), xds.clone());
-                    tokio::spawn(async move { serve(stream, process, xds).await });
+                    let (process, xds, stats) = (process.clone(), xds.clone(), stats.clone());
+                    tokio::spawn(async move {
+                        let mut connection = stats.connection();
+                        serve(stream, process, xds, &mut connection).await;
+                    });
                 }
             });
         })
         .expect("spawn admin thread");
 }
 
-async fn serve(stream: TcpStream, process: Arc<Process>, xds: Arc<OnceLock<Xds>>) {
+/// Answers the requests of one connection, counted in `connection`.
+async fn serve(
+    stream: TcpStream,
+    process: Arc<Process>,
+    xds: Arc<OnceLock<Xds>>,
+    connection: &mut AdminConnection<'_>,
+) {
     let mut reader = BufReader::new(stream);
     while let Some(req) = request::read(&mut reader).await {
+        let counted = connection.request();
         if req.http10 {
+            counted.refused(426);
             // Envoy's admin refuses HTTP/1.0, as its connection manager does by default.
             let answer = format!(
                 "HTTP/1.1 426 Upgrade Required\r\ncontent-length: 16\r\ncontent-type: text/plain\r\ndate: {}\r\nserver: envoy\r\nconnection: close\r\n\r\nUpgrade Required",
@@ -129,7 +143,8 @@ async fn serve(stream: TcpStream, process: Arc<Process>, xds: Arc<OnceLock<Xds>>
             let _ = reader.get_mut().write_all(answer.as_bytes()).await;
             return;
         }
-        let (resp, effect) = handle(&req, &process, xds.get());
+        let (resp, effect) = handle(&req, &process, xds.get(), &counted);
+        counted.head(resp.status);
         // Envoy's admin streams every answer, so its bodies go out chunked.
         let head = format!(
             "HTTP/1.1 {} {}\r\ncontent-type: {}\r\ncache-control: no-cache, max-age=0\r\nx-content-type-options: nosniff\r\ndate: {}\r\nserver: envoy\r\ntransfer-encoding: chunked\r\n{}\r\n",
@@ -190,11 +205,12 @@ fn reason(status: u16) -> &'static str {
     }
 }
 
-/// Answers one admin request (`xds`: xDS's state, once started).
-pub fn handle(
+/// Answers one admin request (`xds`: xDS's state, once started), counted in `counted`.
+fn handle(
     req: &AdminRequest,
     process: &Arc<Process>,
     xds: Option<&Xds>,
+    counted: &AdminStream<'_>,
 ) -> (AdminResponse, Effect) {
     let Some(ep) = help::ENDPOINTS.iter().find(|e| e.path == req.path) else {
         return (
@@ -222,8 +238,8 @@ pub fn handle(
         "/routes" => routes::render(process, req),
         "/xds" => json(&xds::render(xds)),
         "/init_dump" => json(&xds::init_dump(xds)),
-        "/stats" => stats(process, req, false),
-        "/stats/prometheus" => stats(process, req, true),
+        "/stats" => stats(process, req, Some(counted)),
+        "/stats/prometheus" => stats(process, req, None),
         "/hot_restart_version" => text(200, "disabled"),
         "/memory" => json(&crate::memory::admin_json()),
         "/quitquitquit" => return (text(200, "OK\n"), Effect::Quit(0)),
@@ -410,8 +426,15 @@ fn name_filter(req: &AdminRequest) -> Result<Option<regex::Regex>, AdminResponse
 /// `/stats` (text or `format=json`) and `/stats/prometheus`, with Envoy's `filter`,
 /// `usedonly`, `type` (`Counters`, `Gauges`, `TextReadouts`, `Histograms`; anything else:
 /// all), `histogram_buckets`, and for Prometheus `text_readouts` (present: shown, whatever
-/// its value, as in Envoy).
-fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminResponse {
+/// its value, as in Envoy). `/stats` is given its own stream (`streamed`): Envoy sends its
+/// head before rendering, so its 200 counts in the stats it shows; Prometheus's answer is
+/// rendered first and does not.
+fn stats(
+    process: &Process,
+    req: &AdminRequest,
+    streamed: Option<&AdminStream<'_>>,
+) -> AdminResponse {
+    let prometheus = streamed.is_none();
     use crate::stats::{BucketsMode, Metric, Selection};
     let filter = match name_filter(req) {
         Ok(filter) => filter,
@@ -425,6 +448,9 @@ fn stats(process: &Process, req: &AdminRequest, prometheus: bool) -> AdminRespon
             Err(usage) => return text(400, usage),
         }
     };
+    if let Some(stream) = streamed {
+        stream.head(200);
+    }
     if process.bootstrap.stats_flush == crate::config::stats_flush::StatsFlush::OnAdmin {
         process.shared.stats.flush_histograms();
     }

@@ -376,7 +376,7 @@ mod tests {
 
     fn stats() -> (crate::stats::Store, HcmStats) {
         let store = crate::stats::Store::new();
-        let stats = HcmStats::new(&store, "t");
+        let stats = HcmStats::new(&store, "t", "listener.l");
         (store, stats)
     }
 

@@ -308,7 +308,13 @@ impl Framing {
                 }
                 return None;
             }
-            _ => {
+            Err(e) => {
+                // hyper's parser (httparse too) refuses it as well and answers, 431 for too
+                // many headers and 400 otherwise: a codec error, as Envoy's codec counts it.
+                if let Some(stats) = &self.stats {
+                    let too_many = e == httparse::Error::TooManyHeaders;
+                    stats.refused_by_http1_codec(if too_many { 431 } else { 400 });
+                }
                 self.end(out);
                 return None;
             }
@@ -410,8 +416,7 @@ impl Framing {
     /// it answers 400, and nothing after it goes on.
     fn refuse(&mut self, status: StatusCode, details: &'static str, out: &mut BytesMut) {
         if let Some(stats) = &self.stats {
-            stats.rq_total.inc();
-            stats.response(status.as_u16());
+            stats.refused_by_http1_codec(status.as_u16());
         }
         out.extend_from_slice(REFUSED_HEAD);
         self.held.clear();

@@ -36,7 +36,7 @@ pub mod wire_meter;
 mod xfcc;
 
 pub use conn_limits::ConnLimits;
-pub use stats::HcmStats;
+pub use stats::{CodecCounted, HcmStats, ResponseClasses};
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -83,9 +83,10 @@ impl Hcm {
             || self.filters.has_istio_stats()
     }
 
-    /// Resolves the stats handles of `config`.
-    pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store) -> Self {
-        let stats = HcmStats::new(store, &config.stat_prefix);
+    /// Resolves the stats handles of `config`, on the listener whose stats are under
+    /// `listener` (its `listener.<address>`).
+    pub fn new(config: Arc<HcmConfig>, store: &crate::stats::Store, listener: &str) -> Self {
+        let stats = HcmStats::new(store, &config.stat_prefix, listener);
         let filters = filters::Chain::new(&config.filters, store, &config.stat_prefix);
         let tracing_stats = config.tracing.as_ref().map(|_| {
             let p = &config.stat_prefix;
@@ -156,6 +157,8 @@ pub struct ConnContext {
     pub wire: Option<Arc<wire_meter::ConnWire>>,
     /// Where the connection stands against its limits (idle timeout, duration, requests).
     pub limits: ConnLimits,
+    /// The codec it was counted under, active while the context lives.
+    pub codec: stats::CodecCounted,
 }
 
 impl ConnContext {
@@ -338,7 +341,7 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
     // Envoy makes the connection's codec, and counts it, when the first bytes arrive, even
     // when the codec then refuses them; HTTP/1 connections it serves count in `h1`.
     if n > 0 && codec == Codec::Http2 {
-        stats.cx_http2_total.inc();
+        stats.codec(true, &ctx.codec);
     }
     match codec {
         Codec::Http2 if H2_PREFACE.starts_with(head) => true,
@@ -355,7 +358,8 @@ async fn codec_accepts(stream: &mut TcpStream, codec: Codec, ctx: &ConnContext) 
             false
         }
         Codec::Http1 if n >= 14 && head.starts_with(&H2_PREFACE[..14]) => {
-            stats.cx_http1_total.inc();
+            stats.codec(false, &ctx.codec);
+            stats.refused_by_http1_codec(400);
             if let Some(w) = &ctx.wire {
                 w.read_head(n, 0, 0);
             }
@@ -382,7 +386,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
     // A guard rather than a wrapper future: an async wrapper would hold the connection's
     // future twice (as its argument and as what it awaits), doubling every connection's task.
     let hcm = ctx.hcm.clone();
-    let _open = hcm.stats.cx.open();
+    let _open = hcm.stats.open();
     match codec {
         // Boxed (once per connection): hyper's server is kilobytes that an HTTP/1 connection's
         // task would otherwise carry.
@@ -399,7 +403,7 @@ pub async fn serve(mut stream: TcpStream, ctx: Arc<ConnContext>) {
 
 /// Serves one TLS downstream connection until it closes; ALPN (`h2`, `http/1.1`) picks the
 /// codec, and HTTP/1 takes the fast path as over plaintext. The caller counts the connection
-/// open (`hcm.stats.cx`) while it awaits: an `async fn` would keep its arguments beside the
+/// open (`hcm.stats.open()`) while it awaits: an `async fn` would keep its arguments beside the
 /// future it awaits, which holds them too.
 pub fn serve_tls(
     stream: crate::tls::ServerStream,
@@ -411,7 +415,7 @@ pub fn serve_tls(
         _ => ctx.hcm.config.codec,
     };
     if codec == Codec::Http2 {
-        ctx.hcm.stats.cx_http2_total.inc();
+        ctx.hcm.stats.codec(true, &ctx.codec);
     }
     match codec {
         Codec::Http2 => Either::Left(crate::spawn::boxed(|| async move {
@@ -478,8 +482,13 @@ where
                         );
                         resp = local_reply::map(config, resp, &mut rec);
                     }
-                    ctx.hcm.stats.rq_total.inc();
-                    ctx.hcm.stats.response(resp.status().as_u16());
+                    if req.version() == http::Version::HTTP_2 {
+                        ctx.hcm.stats.rq_total.inc();
+                        ctx.hcm.stats.rq_http2_total.inc();
+                        ctx.hcm.stats.response(resp.status().as_u16());
+                    } else {
+                        ctx.hcm.stats.refused_by_http1_codec(resp.status().as_u16());
+                    }
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();
                         let len = len.unwrap_or_default();

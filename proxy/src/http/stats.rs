@@ -9,19 +9,25 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 
 use crate::body::{Body, BoxError};
-use crate::stats::{Block, Connections, Counter, Gauge, Histogram, Slot, Store};
+use crate::stats::{Block, Connections, Counter, Gauge, Histogram, Open, Slot, Store};
 
 /// Resolved handles for one connection manager's stats.
 #[derive(Debug, Clone)]
 pub struct HcmStats {
-    /// `downstream_cx_total` and `downstream_cx_active`.
-    pub cx: Connections,
+    /// `downstream_cx_total` and `downstream_cx_active` (see [`HcmStats::open`]).
+    cx: Connections,
+    /// `downstream_cx_destroy`: connections closed, whoever closed them.
+    cx_destroy: Counter,
+    /// `downstream_cx_protocol_error`: requests the HTTP/1 codec refused (see
+    /// [`HcmStats::refused_by_http1_codec`]).
+    cx_protocol_error: Counter,
     /// `downstream_rq_total`.
     pub rq_total: Counter,
     /// `downstream_rq_active`.
     pub rq_active: Gauge,
-    /// `downstream_rq_1xx` .. `downstream_rq_5xx`.
-    pub rq_class: [Counter; 5],
+    /// `downstream_rq_1xx` .. `downstream_rq_5xx` and `downstream_rq_completed`, here and in
+    /// the listener's scope.
+    pub responses: ResponseClasses,
     /// `downstream_cx_drain_close`: connections told to close because the server drains.
     pub cx_drain_close: Counter,
     /// `downstream_cx_idle_timeout`: connections whose idle timeout fired (once per idle period).
@@ -46,23 +52,70 @@ pub struct HcmStats {
     pub rq_timeout: Counter,
     /// `downstream_rq_header_timeout`: requests ended by `request_headers_timeout`.
     pub rq_header_timeout: Counter,
-    /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1.
-    pub cx_http1_total: Counter,
+    /// `downstream_cx_http1_total`: connections whose codec turned out HTTP/1 (see
+    /// [`HcmStats::codec`]).
+    cx_http1_total: Counter,
     /// `downstream_cx_http2_total`: connections whose codec turned out HTTP/2.
-    pub cx_http2_total: Counter,
+    cx_http2_total: Counter,
+    /// `downstream_cx_http1_active`: those HTTP/1 connections still open.
+    cx_http1_active: Gauge,
+    /// `downstream_cx_http2_active`: those HTTP/2 connections still open.
+    cx_http2_active: Gauge,
     /// `downstream_rq_time`: from a request's head to the end of its stream (its response's
     /// last byte, or the stream cut short).
     pub rq_time: Histogram,
-    /// `downstream_rq_completed`: responses sent (those counted in a class).
-    pub rq_completed: Counter,
-    /// `downstream_rq_http1_total`: requests over HTTP/1.x that reached routing.
+    /// `downstream_rq_http1_total`: requests over HTTP/1.x, those the codec refused too.
     pub rq_http1_total: Counter,
-    /// `downstream_rq_http2_total`: requests over HTTP/2 that reached routing.
+    /// `downstream_rq_http2_total`: requests over HTTP/2 (those refused with a reply too).
     pub rq_http2_total: Counter,
     /// The router's `http.<prefix>.*` stats.
     pub router: RouterStats,
     /// Holds the manager's [`ZEROS`].
     _zeros: Block,
+}
+
+/// A connection manager's count of the responses it sent, by class (`downstream_rq_1xx` ..
+/// `downstream_rq_5xx`) and in all (`downstream_rq_completed`), under `http.<prefix>.` and
+/// the listener's copies under `listener.<address>.http.<prefix>.`: Envoy charges a response
+/// to both scopes, so two listeners sharing a prefix share `http.<prefix>.*` but each keeps
+/// its own copy.
+#[derive(Debug, Clone)]
+pub struct ResponseClasses {
+    classes: [Counter; 5],
+    completed: Counter,
+    listener_classes: [Counter; 5],
+    listener_completed: Counter,
+}
+
+impl ResponseClasses {
+    /// Resolves the handles of manager `prefix` on the listener whose stats are under
+    /// `listener` (its `listener.<address>`).
+    pub fn new(store: &Store, prefix: &str, listener: &str) -> Self {
+        let classes = |scope: &str| {
+            [1, 2, 3, 4, 5].map(|c| store.counter(&format!("{scope}.downstream_rq_{c}xx")))
+        };
+        let (manager, listener) = (
+            format!("http.{prefix}"),
+            format!("{listener}.http.{prefix}"),
+        );
+        ResponseClasses {
+            classes: classes(&manager),
+            completed: store.counter(&format!("{manager}.downstream_rq_completed")),
+            listener_classes: classes(&listener),
+            listener_completed: store.counter(&format!("{listener}.downstream_rq_completed")),
+        }
+    }
+
+    /// Counts a response with `status` in its class, in both scopes.
+    pub fn count(&self, status: u16) {
+        let class = usize::from(status / 100).wrapping_sub(1);
+        if let (Some(c), Some(l)) = (self.classes.get(class), self.listener_classes.get(class)) {
+            c.inc();
+            l.inc();
+            self.completed.inc();
+            self.listener_completed.inc();
+        }
+    }
 }
 
 /// The router filter's stats, under the connection manager's prefix.
@@ -174,6 +227,34 @@ impl http_body::Body for Timed {
     }
 }
 
+/// A connection counted open in its manager's stats (`downstream_cx_total`,
+/// `downstream_cx_active`) until dropped, when it counts in `downstream_cx_destroy` and its
+/// length is recorded.
+#[derive(Debug)]
+pub struct OpenConnection<'a> {
+    _open: Open<'a>,
+    destroy: &'a Counter,
+}
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.destroy.inc();
+    }
+}
+
+/// The codec a connection was counted under: it stays in `downstream_cx_http1_active` or
+/// `downstream_cx_http2_active` until this drops with the connection's context.
+#[derive(Debug, Default)]
+pub struct CodecCounted(std::sync::OnceLock<Gauge>);
+
+impl Drop for CodecCounted {
+    fn drop(&mut self) {
+        if let Some(active) = self.0.get() {
+            active.dec();
+        }
+    }
+}
+
 /// One allowed upgrade in `downstream_cx_upgrades_active`, until dropped (with the tunnel,
 /// or with the request when nothing is tunnelled).
 #[derive(Debug)]
@@ -186,16 +267,18 @@ impl Drop for ActiveUpgrade {
 }
 
 impl HcmStats {
-    /// Resolves the handles under `http.<prefix>.`.
-    pub fn new(store: &Store, prefix: &str) -> Self {
+    /// Resolves the handles under `http.<prefix>.`, and the listener's copies under
+    /// `<listener>.http.<prefix>.` (`listener` is the listener's `listener.<address>`).
+    pub fn new(store: &Store, prefix: &str, listener: &str) -> Self {
         let name = |s: &str| format!("http.{prefix}.{s}");
         HcmStats {
+            responses: ResponseClasses::new(store, prefix, listener),
             cx: Connections::timed(store, &format!("http.{prefix}")),
+            cx_destroy: store.counter(&name("downstream_cx_destroy")),
+            cx_protocol_error: store.counter(&name("downstream_cx_protocol_error")),
             rq_time: store.histogram(&name("downstream_rq_time")),
             rq_total: store.counter(&name("downstream_rq_total")),
             rq_active: store.gauge(&name("downstream_rq_active")),
-            rq_class: [1, 2, 3, 4, 5]
-                .map(|c| store.counter(&name(&format!("downstream_rq_{c}xx")))),
             cx_drain_close: store.counter(&name("downstream_cx_drain_close")),
             cx_idle_timeout: store.counter(&name("downstream_cx_idle_timeout")),
             cx_max_duration_reached: store.counter(&name("downstream_cx_max_duration_reached")),
@@ -209,7 +292,8 @@ impl HcmStats {
             rq_header_timeout: store.counter(&name("downstream_rq_header_timeout")),
             cx_http1_total: store.counter(&name("downstream_cx_http1_total")),
             cx_http2_total: store.counter(&name("downstream_cx_http2_total")),
-            rq_completed: store.counter(&name("downstream_rq_completed")),
+            cx_http1_active: store.gauge(&name("downstream_cx_http1_active")),
+            cx_http2_active: store.gauge(&name("downstream_cx_http2_active")),
             rq_http1_total: store.counter(&name("downstream_rq_http1_total")),
             rq_http2_total: store.counter(&name("downstream_rq_http2_total")),
             router: RouterStats {
@@ -220,6 +304,29 @@ impl HcmStats {
                 redirect: store.counter(&name("rq_redirect")),
             },
             _zeros: store.block_with_zeros(&format!("http.{prefix}."), &[], &ZEROS),
+        }
+    }
+
+    /// Counts a connection whose codec turned out HTTP/2 (`http2`) or HTTP/1, as Envoy counts
+    /// it when it makes the codec at the first bytes; active until `counted` drops.
+    pub fn codec(&self, http2: bool, counted: &CodecCounted) {
+        let (total, active) = if http2 {
+            (&self.cx_http2_total, &self.cx_http2_active)
+        } else {
+            (&self.cx_http1_total, &self.cx_http1_active)
+        };
+        total.inc();
+        if counted.0.set(active.clone()).is_ok() {
+            active.inc();
+        }
+    }
+
+    /// Counts a connection open; it closes when the guard drops (also when its task is
+    /// cancelled).
+    pub fn open(&self) -> OpenConnection<'_> {
+        OpenConnection {
+            _open: self.cx.open(),
+            destroy: &self.cx_destroy,
         }
     }
 
@@ -255,11 +362,19 @@ impl HcmStats {
         ActiveUpgrade(self.upgrades_active.clone())
     }
 
-    /// Counts a response with `status` in its class.
+    /// Counts a request the HTTP/1 codec refused with `status` before routing (over the
+    /// header limits, ambiguous framing, a version, method, target or transfer coding it does
+    /// not take), as Envoy's codec error: a request, a protocol error and the response.
+    pub fn refused_by_http1_codec(&self, status: u16) {
+        self.rq_total.inc();
+        self.rq_http1_total.inc();
+        self.cx_protocol_error.inc();
+        self.response(status);
+    }
+
+    /// Counts a response with `status` in its class, in the manager's scope and the
+    /// listener's.
     pub fn response(&self, status: u16) {
-        if let Some(c) = self.rq_class.get(usize::from(status / 100).wrapping_sub(1)) {
-            c.inc();
-            self.rq_completed.inc();
-        }
+        self.responses.count(status);
     }
 }

@@ -29,7 +29,7 @@ use crate::config::listener::{ChainConfig, ListenAddress, ListenerConfig, Termin
 use crate::http::{self, ConnContext, Hcm, forwarding::Downstream};
 use crate::rbac::network::{self as network_rbac, NetworkRbac};
 use crate::shared::Shared;
-use crate::stats::{self, Block, Connections, Counter, Store};
+use crate::stats::{self, Block, Connections, Counter, Gauge, Store};
 use crate::tls::stats::TlsStats;
 use crate::tls::{ContextCertificates, PeerTls, SecretStore, ServerStream};
 use crate::upstream::LbContext;
@@ -152,7 +152,7 @@ impl ChainKind {
     /// chain, before any of them runs).
     fn count_refused(&self) {
         match self {
-            ChainKind::Http(hcm, _) => drop(hcm.stats.cx.open()),
+            ChainKind::Http(hcm, _) => drop(hcm.stats.open()),
             ChainKind::Tcp(proxy, _) => proxy.count_refused(),
             ChainKind::Refused => {}
         }
@@ -172,6 +172,23 @@ impl Chain {
     }
 }
 
+/// A socket counted in its listener's `downstream_pre_cx_active` until dropped, when its
+/// listener filters have finished (or it was closed).
+struct PreConnection<'a>(&'a Gauge);
+
+impl<'a> PreConnection<'a> {
+    fn new(active: &'a Gauge) -> Self {
+        active.inc();
+        PreConnection(active)
+    }
+}
+
+impl Drop for PreConnection<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// A listener with its chains' runtime state and stats handles.
 pub struct Listener {
     config: Arc<ListenerConfig>,
@@ -186,6 +203,8 @@ pub struct Listener {
     /// `downstream_listener_filter_remote_close`: connections the client closed while the
     /// listener filters waited for bytes.
     listener_filter_remote_close: Counter,
+    /// `downstream_pre_cx_active`: sockets whose inspecting listener filters are running.
+    pre_cx_active: Gauge,
     /// Its TLS and HTTP inspectors' stats.
     inspectors: inspect::InspectorStats,
     /// `downstream_cx_fail_closed` (revoy's own), when some chain refuses its connections.
@@ -209,8 +228,10 @@ static ZEROS: [stats::Slot; 4] = [
 
 impl Listener {
     /// Prepares a compiled listener for serving (resolves stats handles). Chains unchanged
-    /// from `previous` (the listener it replaces) are kept with their state; new rate limits
-    /// with a `share_key` take their bucket from `buckets`.
+    /// from `previous` (the listener it replaces) are kept with their state, unless the
+    /// listener's stats name changed (its address or `stat_prefix`): a chain counts into its
+    /// listener's scope (`listener.<address>.http.<prefix>.*`, TLS), and Envoy replaces such
+    /// a listener whole; new rate limits with a `share_key` take their bucket from `buckets`.
     pub fn new(
         config: Arc<ListenerConfig>,
         stats: &Store,
@@ -219,6 +240,7 @@ impl Listener {
         previous: Option<&Listener>,
     ) -> Self {
         let prefix = config.stat_prefix();
+        let previous = previous.filter(|p| p.config().stats_name == config.stats_name);
         let tls = |c: &ChainConfig| {
             let spec = c.tls.as_ref()?;
             let stats = TlsStats::new(stats, &format!("{prefix}."));
@@ -243,7 +265,7 @@ impl Listener {
             } else {
                 match &c.terminal {
                     Terminal::Http(h) => {
-                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats)), tls(c))
+                        ChainKind::Http(Arc::new(Hcm::new(h.clone(), stats, &prefix)), tls(c))
                     }
                     Terminal::Tcp(t) => ChainKind::Tcp(
                         Arc::new(crate::tcp::TcpProxy::new((**t).clone(), stats)),
@@ -276,6 +298,7 @@ impl Listener {
             pre_cx_timeout: stats.counter(&format!("{prefix}.downstream_pre_cx_timeout")),
             listener_filter_remote_close: stats
                 .counter(&format!("{prefix}.downstream_listener_filter_remote_close")),
+            pre_cx_active: stats.gauge(&format!("{prefix}.downstream_pre_cx_active")),
             inspectors: inspect::InspectorStats::new(
                 stats,
                 config.filters.tls_inspector,
@@ -462,6 +485,7 @@ impl Listener {
             ..Default::default()
         };
         let inspected = if needs_peek {
+            let _inspecting = PreConnection::new(&self.pre_cx_active);
             // Boxed while it runs, as every phase a connection leaves behind: the task is
             // sized for its largest state and kept while the connection lives.
             let inspecting =
@@ -570,6 +594,7 @@ impl Listener {
                     rate_limiter: std::sync::OnceLock::new(),
                     wire: hcm.keeps_records().then(Arc::default),
                     limits: http::ConnLimits::new(accepted),
+                    codec: http::CodecCounted::default(),
                 };
                 let serve = async {
                     match tls {
@@ -775,7 +800,7 @@ async fn serve_tls(
 ) {
     if let Some((tls_stream, ctx)) = established.await {
         let hcm = ctx.hcm.clone();
-        let _open = hcm.stats.cx.open();
+        let _open = hcm.stats.open();
         http::serve_tls(tls_stream, ctx).await
     }
 }

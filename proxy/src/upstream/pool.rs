@@ -149,7 +149,39 @@ impl Drop for ActiveConnection {
         self.stats.rq_per_cx().record(u64::from(self.requests()));
         self.host.stats.cx_active.fetch_sub(1, Ordering::Relaxed);
         self.stats.upstream_cx_active().dec();
+        self.stats.upstream_cx_destroy().inc();
         self.host.pool().wake_a_waiter();
+    }
+}
+
+/// Connection attempts counted in `upstream_cx_total` that end in `upstream_cx_destroy` when
+/// this drops, unless they connected: failed, given up with their request, or lost a race.
+struct Ended<'a> {
+    stats: &'a ClusterStats,
+    attempts: u64,
+}
+
+impl<'a> Ended<'a> {
+    fn after(stats: &'a ClusterStats, attempts: u64) -> Self {
+        Ended { stats, attempts }
+    }
+
+    /// One more attempt.
+    fn add(&mut self) {
+        self.attempts += 1;
+    }
+
+    /// The attempts connected: none ends here.
+    fn defuse(mut self) {
+        self.attempts = 0;
+    }
+}
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        if self.attempts > 0 {
+            self.stats.upstream_cx_destroy().add(self.attempts);
+        }
     }
 }
 
@@ -288,6 +320,7 @@ pub(crate) async fn connect(
     }
     host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_total().inc();
+    let connecting = Ended::after(opts.stats, 1);
     let started = std::time::Instant::now();
     // `connect_timeout` covers the TCP connect and the TLS handshake together, as in Envoy,
     // whose connection counts as connected once its transport socket is.
@@ -309,6 +342,7 @@ pub(crate) async fn connect(
             return Err(e);
         }
     };
+    connecting.defuse();
     host.stats.cx_active.fetch_add(1, Ordering::Relaxed);
     opts.stats.upstream_cx_active().inc();
     let opened = std::time::Instant::now();
@@ -352,6 +386,8 @@ async fn race(
     let start = |addr| Box::pin(attempt(host, opts, addr, deadline));
     let mut running = Vec::with_capacity(addresses.len());
     running.push(start(addresses[0]));
+    // The attempts after the first end here whichever wins (the caller counts one).
+    let mut others = Ended::after(opts.stats, 0);
     let mut next = 1;
     let timer = tokio::time::sleep(NEXT_ATTEMPT_DELAY);
     tokio::pin!(timer);
@@ -375,6 +411,7 @@ async fn race(
             if due {
                 host.stats.cx_total.fetch_add(1, Ordering::Relaxed);
                 opts.stats.upstream_cx_total().inc();
+                others.add();
                 running.push(start(addresses[next]));
                 next += 1;
                 timer

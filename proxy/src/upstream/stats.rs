@@ -92,6 +92,9 @@ cluster_block! {
     Counter true upstream_cx_connect_fail;
     /// `upstream_cx_connect_timeout`.
     Counter true upstream_cx_connect_timeout;
+    /// `upstream_cx_destroy`: connections ended, each attempt that failed or lost a race
+    /// included (with `upstream_cx_active` it adds up to `upstream_cx_total`, as Envoy's).
+    Counter true upstream_cx_destroy;
     /// `upstream_cx_fail_closed` (revoy's own, from its first count): connections never
     /// made because the host's transport socket is one revoy does not implement.
     Counter false upstream_cx_fail_closed;
@@ -403,7 +406,7 @@ mod tests {
         let store = Store::new();
         let s = ClusterStats::new(&store, "web");
         let names = || -> Vec<String> { store.snapshot().into_iter().map(|(n, _)| n).collect() };
-        assert_eq!(names().len(), 35 + ZEROS.len());
+        assert_eq!(names().len(), 36 + ZEROS.len());
         assert!(
             !names()
                 .iter()
@@ -414,12 +417,12 @@ mod tests {
             store.counter("cluster.web.upstream_cx_fail_closed").value(),
             1
         );
-        assert_eq!(names().len(), 36 + ZEROS.len());
+        assert_eq!(names().len(), 37 + ZEROS.len());
         // A second version of the cluster shares the first one's stats.
         let again = ClusterStats::new(&store, "web");
         again.upstream_rq_total().inc();
         assert_eq!(s.upstream_rq_total().value(), 1);
-        assert_eq!(names().len(), 36 + ZEROS.len());
+        assert_eq!(names().len(), 37 + ZEROS.len());
     }
 
     #[test]

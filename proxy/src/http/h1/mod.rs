@@ -136,11 +136,11 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
                 if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
-                    ctx.hcm.stats.cx_http2_total.inc();
+                    ctx.hcm.stats.codec(true, &ctx.codec);
                     return Box::pin(hand_off(stream, reading.buf, ctx, codec, true)).await;
                 }
                 if !counted {
-                    ctx.hcm.stats.cx_http1_total.inc();
+                    ctx.hcm.stats.codec(false, &ctx.codec);
                     counted = true;
                 }
                 // Decided in a statement of its own: the parsed head is not kept in the
@@ -378,8 +378,7 @@ async fn exchange<S: Downstream>(
 /// Answers a request framed by both `content-length` and `transfer-encoding: chunked` with
 /// Envoy's 400 and closes the connection.
 async fn refuse_ambiguous<S: Downstream>(mut stream: S, mut reading: Reading, ctx: &ConnContext) {
-    ctx.hcm.stats.rq_total.inc();
-    ctx.hcm.stats.response(400);
+    ctx.hcm.stats.refused_by_http1_codec(400);
     // Everything read is the exchange's; its headers were whole, so they count.
     if let Some(w) = &ctx.wire {
         let mut fields = [httparse::EMPTY_HEADER; crate::wire::MAX_HEADERS];
