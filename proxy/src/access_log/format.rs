@@ -70,6 +70,12 @@ enum Op {
     Req(Lookup),
     /// A request header's value without its query string.
     ReqWithoutQuery(Lookup),
+    /// `%FILTER_STATE(KEY[:PLAIN|:TYPED])%` of a key revoy sets; `plain`: as a bare string,
+    /// else as JSON (a quoted string in text).
+    FilterState {
+        key: &'static str,
+        plain: bool,
+    },
     Resp(Lookup),
     Trailer(Lookup),
     Protocol,
@@ -152,6 +158,13 @@ impl Template {
         Ok(Template(pieces))
     }
 
+    /// Whether an operator reads filter state.
+    fn reads_filter_state(&self) -> bool {
+        self.0
+            .iter()
+            .any(|p| matches!(p, Piece::Op(Op::FilterState { .. }, _)))
+    }
+
     /// Renders as text: a missing value is `-` (empty when `omit_empty`).
     pub fn render_text(&self, rec: &Record, omit_empty: bool, out: &mut String) {
         for piece in &self.0 {
@@ -195,7 +208,25 @@ impl Template {
     }
 }
 
+impl JsonValue {
+    fn reads_filter_state(&self) -> bool {
+        match self {
+            JsonValue::Template(t) => t.reads_filter_state(),
+            JsonValue::Constant(_) => false,
+            JsonValue::Object(members) => members.iter().any(|(_, v)| v.reads_filter_state()),
+        }
+    }
+}
+
 impl LogFormat {
+    /// Whether the format reads filter state (`%FILTER_STATE()%`).
+    pub fn reads_filter_state(&self) -> bool {
+        match self {
+            LogFormat::Text { template, .. } => template.reads_filter_state(),
+            LogFormat::Json { members, .. } => members.iter().any(|(_, v)| v.reads_filter_state()),
+        }
+    }
+
     /// Envoy's default text format.
     pub fn default_text(machine: &dyn Machine) -> LogFormat {
         LogFormat::Text {
@@ -336,6 +367,14 @@ impl Op {
         match self {
             Op::StartTime(f) => Value::Str(clock::format(rec.start_time, f)),
             Op::Req(l) => request_header(rec, l),
+            Op::FilterState { key, plain } => {
+                let tls = rec.downstream.peer_tls.as_deref();
+                match tls.and_then(|t| t.filter_state(key)) {
+                    None => Value::Missing,
+                    Some(v) if *plain => Value::Str(v.to_owned()),
+                    Some(v) => Value::Json(serde_json::Value::from(v).to_string()),
+                }
+            }
             Op::ReqWithoutQuery(l) => match request_header(rec, l) {
                 Value::Str(v) => match v.split_once('?') {
                     Some((without, _)) => Value::Str(without.to_owned()),
@@ -431,6 +470,35 @@ fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
     }
 }
 
+/// `%FILTER_STATE(KEY[:PLAIN|:TYPED])%`: revoy's only filter state is what `istio_authn`
+/// sets; any other key, and a field of an object, are configuration errors.
+fn filter_state(param: Option<&str>) -> Result<Op, String> {
+    use crate::config::istio::authn::{LOCAL_PRINCIPAL, PEER_PRINCIPAL};
+    let param = param
+        .filter(|p| !p.is_empty())
+        .ok_or("FILTER_STATE requires parameters")?;
+    let mut parts = param.split(':');
+    let name = parts.next().unwrap_or_default();
+    let plain = match (parts.next(), parts.next()) {
+        (None | Some("TYPED"), None) => false,
+        (Some("PLAIN"), None) => true,
+        _ => {
+            return Err(format!(
+                "%FILTER_STATE({param})%: revoy renders filter state whole, as JSON or PLAIN"
+            ));
+        }
+    };
+    let key = [PEER_PRINCIPAL, LOCAL_PRINCIPAL]
+        .into_iter()
+        .find(|k| *k == name)
+        .ok_or_else(|| {
+            format!(
+                "%FILTER_STATE({name})% is not supported by revoy: its only filter state is istio_authn's {PEER_PRINCIPAL} and {LOCAL_PRINCIPAL}"
+            )
+        })?;
+    Ok(Op::FilterState { key, plain })
+}
+
 /// `%DYNAMIC_METADATA(NS:KEY...)%` of `param` (`NS:KEY...`).
 fn dynamic_metadata(param: &str) -> Op {
     let mut parts = param.split(':').map(str::to_owned);
@@ -515,11 +583,8 @@ fn compile(
                 .ok_or_else(|| format!("{name} requires parameters"))?;
             return Ok(dynamic_metadata(param));
         }
-        "FILTER_STATE"
-        | "CLUSTER_METADATA"
-        | "UPSTREAM_METADATA"
-        | "ROUTE_METADATA"
-        | "UPSTREAM_FILTER_STATE" => {
+        "FILTER_STATE" => return filter_state(param),
+        "CLUSTER_METADATA" | "UPSTREAM_METADATA" | "ROUTE_METADATA" | "UPSTREAM_FILTER_STATE" => {
             return Err(format!(
                 "%{name}% is not supported by revoy: it keeps no {} for access logs",
                 if name.contains("FILTER_STATE") {

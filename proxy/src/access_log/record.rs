@@ -379,6 +379,9 @@ pub struct Downstream {
     pub local: Option<SocketAddr>,
     /// The TLS SNI.
     pub server_name: Option<Arc<str>>,
+    /// The connection's TLS session, whose filter state `istio_authn` sets (HTTP streams
+    /// over TLS).
+    pub peer_tls: Option<Arc<crate::tls::PeerTls>>,
 }
 
 /// What a request looked like when it was logged: pseudo-headers and headers.

@@ -447,6 +447,7 @@ impl Listener {
             direct_remote: Some(peer),
             local: Some(local),
             server_name: sni.map(Into::into),
+            peer_tls: None,
         });
         rec.flags.set(crate::access_log::ResponseFlag::NoRouteFound);
         rec.details = Some("filter_chain_not_found".to_owned());
@@ -550,6 +551,7 @@ impl Listener {
             direct_remote: Some(peer),
             local: Some(destination),
             server_name: inspected.server_name.as_deref().map(Into::into),
+            peer_tls: None,
         };
         let Some(_admitted) = chain
             .limits

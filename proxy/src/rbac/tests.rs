@@ -1,7 +1,6 @@
 use std::net::SocketAddr;
 
 use http::{HeaderMap, Method};
-use rustls::pki_types::CertificateDer;
 
 use super::*;
 use crate::config::{Context, FakeIo, Warnings};
@@ -174,18 +173,7 @@ fn metadata_and_filter_state_are_absent() {
 
 /// A self-signed certificate with these SANs and common name, as a TLS connection's peer.
 fn peer(uris: &[&str], dns: &[&str], cn: &str) -> crate::tls::PeerTls {
-    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
-    let mut params =
-        CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>()).unwrap();
-    for u in uris {
-        params
-            .subject_alt_names
-            .push(SanType::URI(u.to_string().try_into().unwrap()));
-    }
-    params.distinguished_name.push(DnType::CommonName, cn);
-    let key = KeyPair::generate().unwrap();
-    let der = CertificateDer::from(params.self_signed(&key).unwrap().der().to_vec());
-    crate::tls::PeerTls::new(Some(&[der]), None)
+    crate::tls::peer::test_peer(uris, dns, cn)
 }
 
 #[test]

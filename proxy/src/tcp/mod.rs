@@ -140,6 +140,7 @@ impl TcpProxy {
             direct_remote: peer,
             local,
             server_name: sni.map(Into::into),
+            peer_tls: None,
         }));
         Some(rec)
     }

@@ -123,3 +123,21 @@ impl PeerTls {
         self.xfcc[usize::from(json)].get_or_init(|| build(self))
     }
 }
+
+/// A client's self-signed certificate with these URI and DNS SANs and common name, as a
+/// completed handshake's [`PeerTls`] (for tests of what reads a connection's TLS).
+#[cfg(test)]
+pub(crate) fn test_peer(uris: &[&str], dns: &[&str], cn: &str) -> PeerTls {
+    use rcgen::{CertificateParams, DnType, KeyPair, SanType};
+    let mut params =
+        CertificateParams::new(dns.iter().map(|d| d.to_string()).collect::<Vec<_>>()).unwrap();
+    for u in uris {
+        params
+            .subject_alt_names
+            .push(SanType::URI(u.to_string().try_into().unwrap()));
+    }
+    params.distinguished_name.push(DnType::CommonName, cn);
+    let key = KeyPair::generate().unwrap();
+    let der = CertificateDer::from(params.self_signed(&key).unwrap().der().to_vec());
+    PeerTls::new(Some(&[der]), None)
+}

@@ -36,6 +36,7 @@ fn record() -> Record {
         direct_remote: None,
         local: Some("127.0.0.11:80".parse().unwrap()),
         server_name: None,
+        peer_tls: None,
     });
     rec.start_time = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
     rec.end = Some(rec.start + Duration::from_millis(12));
@@ -239,7 +240,7 @@ fn operator_errors_name_the_operator() {
     assert!(
         parse("%FILTER_STATE(a)%")
             .unwrap_err()
-            .contains("%FILTER_STATE% is not supported by revoy")
+            .contains("%FILTER_STATE(a)% is not supported by revoy")
     );
     assert_eq!(
         parse("%DYNAMIC_METADATA()%").unwrap_err(),
@@ -307,4 +308,38 @@ fn formatter_operators_need_their_extension_and_metadata_other_than_dynamic_is_r
     assert!(e.contains("ROUTE"), "{e}");
     let e = Template::parse_with("%METADATA(DYNAMIC)%", &ctx, all).unwrap_err();
     assert!(e.contains("Invalid METADATA"), "{e}");
+}
+
+/// Envoy 1.40 renders a string filter state (`envoy.string`, as `istio_authn` sets its
+/// principals) quoted as JSON by default and with `:TYPED`, bare with `:PLAIN`, truncating
+/// what it renders, and as a JSON string alone in a JSON member (probed with Envoy's
+/// `set_filter_state` filter).
+#[test]
+fn filter_state_renders_istio_authn_principals_as_envoy_renders_a_string() {
+    let spiffe = "spiffe://cluster.local/ns/a/sa/b";
+    let mut rec = record();
+    let tls = crate::tls::peer::test_peer(&[spiffe], &[], "b").with_istio_authn(true);
+    rec.downstream.peer_tls = Some(std::sync::Arc::new(tls));
+    let ops = "%FILTER_STATE(io.istio.peer_principal)% %FILTER_STATE(io.istio.peer_principal:PLAIN)% %FILTER_STATE(io.istio.peer_principal:TYPED)% %FILTER_STATE(io.istio.peer_principal:PLAIN):10% %FILTER_STATE(io.istio.peer_principal):10%";
+    assert_eq!(
+        text(ops, &rec),
+        format!("\"{spiffe}\" {spiffe} \"{spiffe}\" spiffe://c \"spiffe://")
+    );
+    let members = vec![
+        ("d", "%FILTER_STATE(io.istio.peer_principal)%"),
+        ("mixed", "x=%FILTER_STATE(io.istio.peer_principal)%"),
+        ("p", "%FILTER_STATE(io.istio.peer_principal:PLAIN)%"),
+    ];
+    assert_eq!(
+        json(members, &rec, false),
+        format!("{{\"d\":\"{spiffe}\",\"mixed\":\"x=\\\"{spiffe}\\\"\",\"p\":\"{spiffe}\"}}\n")
+    );
+    rec.downstream.peer_tls = None;
+    assert_eq!(text("%FILTER_STATE(io.istio.local_principal)%", &rec), "-");
+    for bad in [
+        "%FILTER_STATE(envoy.string.key)%",
+        "%FILTER_STATE(io.istio.peer_principal:FIELD:x)%",
+    ] {
+        assert!(parse(bad).is_err(), "{bad}");
+    }
 }
