@@ -37,6 +37,8 @@ mod gotemplate;
 mod h2_server;
 #[path = "support/http1.rs"]
 mod http1;
+#[path = "support/log_lines.rs"]
+mod log_lines;
 #[path = "differential/oracle.rs"]
 mod oracle;
 #[path = "support/ports.rs"]
@@ -1246,9 +1248,17 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         "{safe_regex: {regex: '.*/ns/default/.*'}}",
     );
     let tls = downstream_mtls(&server, &ca, "[]");
+    // Each chain logs the principals as `%FILTER_STATE()%` reads them, into a file of its own.
+    let log = |name: &str| {
+        format!(
+            r#"{{name: {name}, typed_config: {{"@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog, path: {}, log_format: {{text_format_source: {{inline_string: "%FILTER_STATE(io.istio.peer_principal:PLAIN)% %FILTER_STATE(io.istio.local_principal)%\n"}}}}}}}}"#,
+            dir.path().join(format!("{name}.log")).display()
+        )
+    };
     let hcm = |prefix: &str| {
         format!(
-            r#"{{name: hcm, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, stat_prefix: {prefix}, http_filters: [{deny_other}, {allow_default}, {{name: router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: app}}}}]}}]}}}}}}"#
+            r#"{{name: hcm, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager, stat_prefix: {prefix}, access_log: [{}], http_filters: [{deny_other}, {allow_default}, {{name: router, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}}}], route_config: {{virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: /}}, route: {{cluster: app}}}}]}}]}}}}}}"#,
+            log(prefix)
         )
     };
     let network_allow = format!(
@@ -1260,7 +1270,10 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
             "\n  - name: {name}\n    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}\n    filter_chains:\n    - filters: [{filters}]{tls}"
         )
     };
-    let tcp_proxy = r#"{name: tcp, typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: echo, cluster: echo}}"#;
+    let tcp_proxy = format!(
+        r#"{{name: tcp, typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy, stat_prefix: echo, cluster: echo, access_log: [{}]}}}}"#,
+        log("tcp")
+    );
     let listeners = [
         listener(
             "with_authn",
@@ -1277,7 +1290,22 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
     ]
     .concat();
     let config = node_bootstrap("server", "", admin, &listeners, &clusters);
-    let _revoy = listening(&config, &[with_authn, without_authn, tcp]);
+    let ports = [with_authn, without_authn, tcp];
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_revoy"));
+    command.args([
+        "--config-yaml",
+        &config,
+        "--concurrency",
+        "1",
+        "-l",
+        "error",
+    ]);
+    command.args(["--file-flush-interval-msec", "50"]);
+    let _revoy = Proxy::spawn(command, || {
+        ports
+            .iter()
+            .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+    });
 
     let connect = |port: u16, identity: &str| tls_to(&dir, identity, port, b"");
     let status = |port: u16, identity: &str| {
@@ -1316,6 +1344,28 @@ fn istio_authn_principals_are_what_authorization_policies_match() {
         !echoes("web"),
         "another service account's connection is closed"
     );
+
+    // The principals as `%FILTER_STATE()%` renders a string object in Envoy 1.40 (bare with
+    // `PLAIN`, JSON-quoted by default): the client's and this side's SPIFFE identities.
+    let id = |ns: &str, sa: &str| format!("spiffe://cluster.local/ns/{ns}/sa/{sa}");
+    let line = |ns: &str, sa: &str| format!("{} \"{}\"", id(ns, sa), id("default", "server"));
+    let lines =
+        |name: &str, n: usize| log_lines::read_lines(&dir.path().join(format!("{name}.log")), n);
+    assert_eq!(
+        lines("with_authn", 3),
+        [
+            line("default", "sleep"),
+            line("default", "web"),
+            line("other", "intruder")
+        ]
+    );
+    assert_eq!(
+        lines("without_authn", 1),
+        ["- -"],
+        "no istio_authn, no filter state"
+    );
+    // The connection the network RBAC closed never reached tcp_proxy, and logs nothing.
+    assert_eq!(lines("tcp", 1), [line("default", "sleep")]);
 }
 
 /// Requests that never get an upstream's answer, with the status and the flags Envoy gives

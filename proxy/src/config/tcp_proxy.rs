@@ -134,16 +134,6 @@ pub fn compile_tcp_proxy(
     let access_logs = super::access_log::compile_access_logs(ctx, &p.access_log, warnings);
     warnings.prefix_since(before, "access_log");
     let access_logs = access_logs.map_err(|e| e.within("access_log"))?;
-    if let Some(i) = access_logs
-        .logs()
-        .iter()
-        .position(|l| l.format.reads_filter_state())
-    {
-        return Err(ConfigError::new(
-            format!("access_log[{i}]"),
-            "%FILTER_STATE()% is not supported by revoy in a tcp_proxy's access log (its records do not carry the connection's filter state)",
-        ));
-    }
     Ok(TcpProxyConfig {
         tunneling,
         stat_prefix: p.stat_prefix.clone(),
@@ -270,33 +260,5 @@ mod tests {
         let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
         p.stat_prefix.clear();
         assert_eq!(compile(&p).unwrap_err().path, "stat_prefix");
-    }
-
-    #[test]
-    fn filter_state_in_an_access_log_is_refused() {
-        use proto::pb::envoy::config::accesslog::v3::{AccessLog, access_log::ConfigType};
-        use proto::pb::envoy::extensions::access_loggers::file::v3::{
-            FileAccessLog, file_access_log::AccessLogFormat,
-        };
-        let file = FileAccessLog {
-            path: "/dev/null".into(),
-            access_log_format: Some(AccessLogFormat::Format(
-                "%FILTER_STATE(io.istio.peer_principal:PLAIN)%\n".into(),
-            )),
-        };
-        let mut p = proxy(Some(tcp_proxy::ClusterSpecifier::Cluster("db".into())));
-        p.access_log = vec![AccessLog {
-            name: "l".into(),
-            config_type: Some(ConfigType::TypedConfig(proto::pb::google::protobuf::Any {
-                type_url:
-                    "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
-                        .into(),
-                value: prost::Message::encode_to_vec(&file),
-            })),
-            ..Default::default()
-        }];
-        let e = compile(&p).unwrap_err();
-        assert_eq!(e.path, "access_log[0]");
-        assert!(e.message.contains("FILTER_STATE"), "{e}");
     }
 }

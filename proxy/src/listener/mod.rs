@@ -664,7 +664,11 @@ impl Listener {
                         })
                         .await
                     }
-                    Some(tls) if !rbac.filters.is_empty() || chain.istio_stats.is_some() => {
+                    Some(tls)
+                        if !rbac.filters.is_empty()
+                            || chain.istio_stats.is_some()
+                            || proxy.reads_filter_state() =>
+                    {
                         crate::spawn::boxed(|| async {
                             let Some((mut s, peer_tls)) = tls.accept_recording(stream, peer).await
                             else {
@@ -689,12 +693,14 @@ impl Listener {
                                     .cloned()
                                     .unwrap_or_default(),
                             );
+                            let peer_tls = proxy.reads_filter_state().then(|| Arc::new(peer_tls));
                             proxy
                                 .serve_tls(
                                     *s,
                                     &shared.clusters,
                                     lb,
                                     sni,
+                                    peer_tls,
                                     on_data,
                                     Some(istio(sans)),
                                 )
@@ -707,7 +713,15 @@ impl Listener {
                             if let Some(s) = tls.accept(stream, peer).await {
                                 let istio = istio(Default::default());
                                 proxy
-                                    .serve_tls(*s, &shared.clusters, lb, sni, None, Some(istio))
+                                    .serve_tls(
+                                        *s,
+                                        &shared.clusters,
+                                        lb,
+                                        sni,
+                                        None,
+                                        None,
+                                        Some(istio),
+                                    )
                                     .await;
                             }
                         })

@@ -9,6 +9,7 @@
 //! space); where a pipe cannot be created or splice is refused, they are copied through a buffer.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,7 @@ use crate::access_log::record::Downstream;
 use crate::access_log::{Flags, Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
 use crate::stats::{Block, Counter, Slot, Store};
+use crate::tls::PeerTls;
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 use istio_report::{IstioTcpReport, Target};
 
@@ -122,14 +124,26 @@ impl TcpProxy {
         }
     }
 
+    /// Whether an access log reads the connection's filter state (`%FILTER_STATE()%`): its
+    /// TLS session is then kept for the record.
+    pub fn reads_filter_state(&self) -> bool {
+        self.config
+            .access_logs
+            .logs()
+            .iter()
+            .any(|l| l.format.reads_filter_state())
+    }
+
     /// The record of a connection from `peer` to `local` (`sni`: what the listener's
-    /// tls_inspector read), when this proxy has access logs or its chain `istio.stats`
-    /// (`istio`), which labels its metrics with the record's flags.
+    /// tls_inspector read; `peer_tls`: its TLS session, when a log reads its filter state),
+    /// when this proxy has access logs or its chain `istio.stats` (`istio`), which labels its
+    /// metrics with the record's flags.
     fn record(
         &self,
         peer: Option<SocketAddr>,
         local: Option<SocketAddr>,
         sni: Option<&str>,
+        peer_tls: Option<Arc<PeerTls>>,
         istio: Option<&exchange::IstioFilters<'_>>,
     ) -> Option<Box<Record>> {
         if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
@@ -140,7 +154,7 @@ impl TcpProxy {
             direct_remote: peer,
             local,
             server_name: sni.map(Into::into),
-            peer_tls: None,
+            peer_tls,
         }));
         Some(rec)
     }
@@ -189,6 +203,7 @@ impl TcpProxy {
             downstream.peer_addr().ok(),
             ctx.original_dst.or(downstream.local_addr().ok()),
             sni,
+            None,
             istio.as_ref(),
         );
         let ends = tunnel::Endpoints {
@@ -256,13 +271,19 @@ impl TcpProxy {
     }
 
     /// Proxies a `downstream` whose TLS revoy terminated (a chain with a
-    /// `DownstreamTlsContext` in front of tcp_proxy); `sni` as for [`TcpProxy::serve`].
+    /// `DownstreamTlsContext` in front of tcp_proxy); `sni` as for [`TcpProxy::serve`];
+    /// `peer_tls`: the session's certificates, when an access log reads its filter state.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the listener's facts about one connection, each used once"
+    )]
     pub async fn serve_tls(
         &self,
         mut downstream: tokio_rustls::server::TlsStream<TcpStream>,
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
+        peer_tls: Option<Arc<PeerTls>>,
         on_data: OnData<'_>,
         istio: Option<exchange::IstioFilters<'_>>,
     ) {
@@ -271,6 +292,7 @@ impl TcpProxy {
             tcp.peer_addr().ok(),
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
+            peer_tls,
             istio.as_ref(),
         );
         let ends = tunnel::Endpoints {
