@@ -9,6 +9,7 @@ pub mod body;
 pub mod cli;
 pub mod config;
 pub mod drain;
+pub mod filter_state;
 #[cfg(fuzzing)]
 pub mod fuzzing;
 pub mod http;

@@ -473,7 +473,7 @@ fn metadata(rec: &Record, namespace: &str, path: &[String]) -> Value {
 /// `%FILTER_STATE(KEY[:PLAIN|:TYPED])%`: revoy's only filter state is what `istio_authn`
 /// sets; any other key, and a field of an object, are configuration errors.
 fn filter_state(param: Option<&str>) -> Result<Op, String> {
-    use crate::config::istio::authn::{LOCAL_PRINCIPAL, PEER_PRINCIPAL};
+    let keys = crate::filter_state::KEYS;
     let param = param
         .filter(|p| !p.is_empty())
         .ok_or("FILTER_STATE requires parameters")?;
@@ -488,14 +488,12 @@ fn filter_state(param: Option<&str>) -> Result<Op, String> {
             ));
         }
     };
-    let key = [PEER_PRINCIPAL, LOCAL_PRINCIPAL]
-        .into_iter()
-        .find(|k| *k == name)
-        .ok_or_else(|| {
-            format!(
-                "%FILTER_STATE({name})% is not supported by revoy: its only filter state is istio_authn's {PEER_PRINCIPAL} and {LOCAL_PRINCIPAL}"
-            )
-        })?;
+    let key = keys.into_iter().find(|k| *k == name).ok_or_else(|| {
+        format!(
+            "%FILTER_STATE({name})% is not supported by revoy: its only filter state is istio_authn's {}",
+            keys.join(" and ")
+        )
+    })?;
     Ok(Op::FilterState { key, plain })
 }
 

@@ -381,7 +381,7 @@ pub struct Downstream {
     pub server_name: Option<Arc<str>>,
     /// The connection's TLS session, whose filter state `istio_authn` sets (HTTP streams
     /// over TLS).
-    pub peer_tls: Option<Arc<crate::tls::PeerTls>>,
+    pub peer_tls: Option<Arc<dyn crate::filter_state::FilterState>>,
 }
 
 /// What a request looked like when it was logged: pseudo-headers and headers.

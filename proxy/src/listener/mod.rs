@@ -693,7 +693,9 @@ impl Listener {
                                     .cloned()
                                     .unwrap_or_default(),
                             );
-                            let peer_tls = proxy.reads_filter_state().then(|| Arc::new(peer_tls));
+                            let peer_tls = proxy.reads_filter_state().then(|| {
+                                Arc::new(peer_tls) as Arc<dyn crate::filter_state::FilterState>
+                            });
                             proxy
                                 .serve_tls(
                                     *s,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::config::filter_chain_match::Cidr;
 use crate::config::rbac::rules::{Action, Permission, Policy, Principal, Rules};
+use crate::filter_state::FilterState;
 use crate::route::matcher::{HeaderMatcher, StringMatcher, header_value, strip_query};
 
 use super::Facts;

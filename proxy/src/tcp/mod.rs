@@ -21,8 +21,8 @@ use tokio::net::tcp::{ReadHalf, WriteHalf};
 use crate::access_log::record::Downstream;
 use crate::access_log::{Flags, Record, ResponseFlag};
 use crate::config::tcp_proxy::{TcpProxyConfig, TcpRoute};
+use crate::filter_state::FilterState;
 use crate::stats::{Block, Counter, Slot, Store};
-use crate::tls::PeerTls;
 use crate::upstream::{ClusterManager, LbContext, UpstreamConnection, UpstreamIo};
 use istio_report::{IstioTcpReport, Target};
 
@@ -143,7 +143,7 @@ impl TcpProxy {
         peer: Option<SocketAddr>,
         local: Option<SocketAddr>,
         sni: Option<&str>,
-        peer_tls: Option<Arc<PeerTls>>,
+        peer_tls: Option<Arc<dyn FilterState>>,
         istio: Option<&exchange::IstioFilters<'_>>,
     ) -> Option<Box<Record>> {
         if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
@@ -283,7 +283,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
-        peer_tls: Option<Arc<PeerTls>>,
+        peer_tls: Option<Arc<dyn FilterState>>,
         on_data: OnData<'_>,
         istio: Option<exchange::IstioFilters<'_>>,
     ) {

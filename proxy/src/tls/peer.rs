@@ -55,26 +55,6 @@ impl PeerTls {
         self
     }
 
-    /// The connection's filter state `key`, as `istio_authn` sets it: once the peer presented
-    /// a certificate, the first `spiffe://` URI SAN of the peer's certificate
-    /// (`io.istio.peer_principal`) and of this side's (`io.istio.local_principal`).
-    pub fn filter_state(&self, key: &str) -> Option<&str> {
-        use crate::config::istio::authn::{LOCAL_PRINCIPAL, PEER_PRINCIPAL};
-        if !self.istio_authn || !self.presented() {
-            return None;
-        }
-        let spiffe = |s: &&str| s.starts_with("spiffe://");
-        match key {
-            PEER_PRINCIPAL => self.peer()?.uri_sans().find(spiffe),
-            LOCAL_PRINCIPAL => self
-                .local_uri_sans()
-                .iter()
-                .map(String::as_str)
-                .find(spiffe),
-            _ => None,
-        }
-    }
-
     /// The same, with the SNI the client sent as the listener's tls_inspector read it (Envoy's
     /// requested server name: the handshake alone does not set it).
     pub fn with_server_name(mut self, sni: Option<&str>) -> Self {
@@ -121,6 +101,28 @@ impl PeerTls {
     /// form, built by `build` the first time.
     pub fn xfcc(&self, json: bool, build: impl FnOnce(&PeerTls) -> String) -> &str {
         self.xfcc[usize::from(json)].get_or_init(|| build(self))
+    }
+}
+
+impl crate::filter_state::FilterState for PeerTls {
+    /// The connection's filter state `key`, as `istio_authn` sets it: once the peer presented
+    /// a certificate, the first `spiffe://` URI SAN of the peer's certificate
+    /// (`io.istio.peer_principal`) and of this side's (`io.istio.local_principal`).
+    fn filter_state(&self, key: &str) -> Option<&str> {
+        use crate::filter_state::{LOCAL_PRINCIPAL, PEER_PRINCIPAL};
+        if !self.istio_authn || !self.presented() {
+            return None;
+        }
+        let spiffe = |s: &&str| s.starts_with("spiffe://");
+        match key {
+            PEER_PRINCIPAL => self.peer()?.uri_sans().find(spiffe),
+            LOCAL_PRINCIPAL => self
+                .local_uri_sans()
+                .iter()
+                .map(String::as_str)
+                .find(spiffe),
+            _ => None,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! certificate completes, the first `spiffe://` URI SAN of the peer's certificate and of this
 //! side's become the connection's filter state `io.istio.peer_principal` and
 //! `io.istio.local_principal`, which istiod's RBAC rules for AuthorizationPolicy `principals`
-//! and `namespaces` match (`crate::tls::PeerTls::filter_state` reads them).
+//! and `namespaces` match (`crate::filter_state` names them; `crate::tls::PeerTls` holds them).
 
 use serde_json::Value;
 
@@ -13,15 +13,9 @@ use crate::config::ConfigError;
 /// The message's fully qualified name.
 pub const CONFIG: &str = "io.istio.network.authn.Config";
 
-/// The filter-state key of the peer's principal.
-pub const PEER_PRINCIPAL: &str = "io.istio.peer_principal";
-
-/// The filter-state key of this side's principal.
-pub const LOCAL_PRINCIPAL: &str = "io.istio.local_principal";
-
 /// Whether `key` is one the filter sets (the only filter state revoy has).
 pub fn sets(key: &str) -> bool {
-    key == PEER_PRINCIPAL || key == LOCAL_PRINCIPAL
+    crate::filter_state::KEYS.contains(&key)
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
