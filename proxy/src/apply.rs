@@ -16,12 +16,13 @@ use crate::route::RouteTable;
 use crate::shared::Shared;
 use crate::snapshot::Snapshot;
 
-/// How soon a drained listener's stats that closing connections still held are tried again.
-const RELEASE_RETRY: Duration = Duration::from_millis(250);
+/// How soon a drained listener's stats that closing connections still held are tried again
+/// (the connections the drain closes at its end let go of them within a few milliseconds).
+const RELEASE_RETRY: Duration = Duration::from_millis(25);
 
 /// How many times a drained listener's stats are tried before those still held (by something
 /// that outlives its connections) are left listed, as Envoy lists a stat another scope holds.
-const RELEASE_TRIES: u32 = 40;
+const RELEASE_TRIES: u32 = 400;
 
 /// What applying a listener did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +114,8 @@ pub struct Applier {
     /// The token buckets network rate limits share by `share_key`.
     buckets: crate::limits::SharedBuckets,
     workers: OnceLock<Vec<tokio::runtime::Handle>>,
-    /// The listeners removed or replaced whole whose drain time has not ended.
+    /// The listeners removed, replaced whole or updated in place (dropping chains) whose drain
+    /// time has not ended.
     draining: Arc<Mutex<Vec<Arc<Listener>>>>,
 }
 
@@ -202,7 +204,7 @@ impl Applier {
                     sockets.extend(self.bind_address(slot, &listener, *address)?);
                 }
                 let old = slot.replace(listener.clone());
-                old.retire(Some(&listener), self.drain_time);
+                self.drain(old, Some(&listener));
                 for address in before.iter().filter(|a| !kept(a, &after)) {
                     slot.stop_address(*address);
                     state.forget_unstarted_address(slot, *address);
@@ -225,7 +227,7 @@ impl Applier {
                     Some((old_slot, old)) => {
                         old_slot.stop();
                         state.forget_unstarted(&old_slot);
-                        self.drain_whole(old);
+                        self.drain(old, None);
                         let entry = state
                             .slots
                             .iter_mut()
@@ -257,18 +259,27 @@ impl Applier {
         slot.stop();
         state.forget_unstarted(&slot);
         self.publish_listeners(&state);
-        self.drain_whole(slot.current());
+        self.drain(slot.current(), None);
         true
     }
 
-    /// Drains every chain of `old`, a listener removed or replaced whole, and keeps it until
-    /// the drain time ends, as Envoy keeps a draining listener and the stats made in its
-    /// scopes; then drops its stats ([`ListenerConfig::stat_prefixes`]) that no active or
-    /// draining listener makes, trying again every [`RELEASE_RETRY`] (at most
-    /// [`RELEASE_TRIES`] times) while closing connections still hold some. Called on a tokio
-    /// runtime (xDS's), whose timer ends it.
-    fn drain_whole(&self, old: Arc<Listener>) {
-        old.retire(None, self.drain_time);
+    /// Drains the chains of `old` that `next` (the listener updating it in place, if any)
+    /// does not keep, and keeps `old` until the drain time ends, as Envoy keeps a draining
+    /// listener or filter chain and the stats made in its scopes; then drops its stats
+    /// ([`ListenerConfig::stat_prefixes`]) that no active or draining listener makes (for an
+    /// update in place, those of the chains it dropped), trying again every [`RELEASE_RETRY`]
+    /// (at most [`RELEASE_TRIES`] times) while closing connections still hold some. Called on
+    /// a tokio runtime (xDS's), whose timer ends it.
+    fn drain(&self, old: Arc<Listener>, next: Option<&Listener>) {
+        old.retire(next, self.drain_time);
+        let mut prefixes = old.config().stat_prefixes();
+        if let Some(next) = next {
+            let made = next.config().stat_prefixes();
+            prefixes.retain(|p| !made.contains(p));
+            if prefixes.is_empty() {
+                return;
+            }
+        }
         self.draining
             .lock()
             .expect("draining listeners")
@@ -283,7 +294,6 @@ impl Applier {
                 .lock()
                 .expect("draining listeners")
                 .retain(|l| !Arc::ptr_eq(l, &old));
-            let mut prefixes = old.config().stat_prefixes();
             drop(old);
             for _ in 0..RELEASE_TRIES {
                 let mut kept = draining.lock().expect("draining listeners").clone();

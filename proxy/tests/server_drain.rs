@@ -12,7 +12,8 @@
 //! `listener_manager.listener_stopped`. The clients speak HTTP/1.1 (on revoy's fast path, and
 //! with absolute-form targets on a connection hyper serves), HTTP/1.0 (with and without
 //! `connection: keep-alive`, on connections begun both ways) and h2c. A listener removed
-//! through LDS is also compared for the stats it leaves listed.
+//! through LDS is also compared for the stats it leaves listed, and one updated in place for
+//! the stats of the filter chains it dropped.
 //!
 //! The trigger comes as soon as each connection has had its first exchange; the requests that
 //! meet the drain come at a whole second (so the drain they start ends, and the delayed close
@@ -728,5 +729,203 @@ fn removed_listener_stats_like_envoy() {
         );
     }
     let actual = observe_stats(None);
+    assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
+}
+
+/// A filter chain of listener `l` for connections from `source`: a connection manager with
+/// `stat_prefix: prefix` (after a network RBAC filter allowing all, when `rbac` is given), or,
+/// with `tcp`, network local rate limit and connection limit filters then a `tcp_proxy` to
+/// cluster `c`, all with the stat prefix `prefix`.
+fn source_chain(source: &str, prefix: &str, rbac: Option<&str>, tcp: bool) -> String {
+    let matched = format!(
+        "filter_chain_match: {{source_prefix_ranges: [{{address_prefix: {source}, prefix_len: 32}}]}}"
+    );
+    let rbac = rbac.map_or_else(String::new, |rbac| {
+        format!(
+            r#"
+    - name: rbac
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC
+        stat_prefix: {rbac}
+        rules: {{action: ALLOW, policies: {{all: {{permissions: [{{any: true}}], principals: [{{any: true}}]}}}}}}"#
+        )
+    });
+    let terminal = if tcp {
+        format!(
+            r#"
+    - name: rate
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit
+        stat_prefix: {prefix}
+        token_bucket: {{max_tokens: 100, fill_interval: 1s}}
+    - name: limit
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.connection_limit.v3.ConnectionLimit
+        stat_prefix: {prefix}
+        max_connections: 100
+    - name: tcp
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+        stat_prefix: {prefix}
+        cluster: c"#
+        )
+    } else {
+        format!(
+            r#"
+    - name: hcm
+      typed_config:
+        "@type": {HCM}
+        stat_prefix: {prefix}
+        route_config: {{name: {prefix}, virtual_hosts: [{{name: all, domains: ["*"], routes: [{{match: {{prefix: "/"}}, direct_response: {{status: 200, body: {{inline_string: ok}}}}}}]}}]}}
+        http_filters: [{ROUTER}]"#
+        )
+    };
+    format!("\n  - {matched}\n    filters:{rbac}{terminal}")
+}
+
+/// What one proxy's `/stats` shows of the chains listener `l` drops in an update in place
+/// and adds back: per prefix, whether any stat under it is listed and one of its values.
+fn observe_dropped_chain_stats(envoy: Option<&Path>) -> Vec<String> {
+    let admin = free_port();
+    let port = free_port();
+    let dead = free_port();
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("revoy-chain-stats-{}-{admin}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("lds.yaml");
+    let keep = source_chain("127.0.0.1", "keep", None, false);
+    let gone = source_chain("127.0.0.2", "gone", Some("gone_rbac."), false);
+    let tgone = source_chain("127.0.0.3", "tgone", None, true);
+    let lds = |version: &str, chains: &[&str]| {
+        format!(
+            "version_info: \"{version}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n  name: l\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}\n  filter_chains:{}\n",
+            chains.concat()
+        )
+    };
+    write_file(&file, &lds("1", &[&keep, &gone, &tgone]));
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\nstatic_resources: {{clusters: [{{name: c, connect_timeout: 1s, load_assignment: {{cluster_name: c, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {dead}}}}}}}}}]}}]}}}}]}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+        file.display()
+    );
+    let proxy = start(
+        envoy,
+        &yaml,
+        admin,
+        &["--drain-time-s", "2", "--drain-strategy", "immediate"],
+    );
+    admin::wait_until("the listener", || {
+        TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+    // A connection from `source`, which picks the chain; it asks one request (a TCP chain's
+    // upstream refuses it) and reads until the proxy closes.
+    let connect = |source: [u8; 4]| {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket
+            .bind(&std::net::SocketAddr::from((source, 0)).into())
+            .expect("bind the source");
+        socket
+            .connect(&std::net::SocketAddr::from(([127, 0, 0, 1], port)).into())
+            .expect("connect");
+        let mut stream = TcpStream::from(socket);
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let _ = stream.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n");
+        let _ = stream.read_to_end(&mut Vec::new());
+    };
+    let values = [
+        ("http.keep.", "http.keep.downstream_rq_total"),
+        ("http.gone.", "http.gone.downstream_rq_total"),
+        ("gone_rbac.rbac.", "gone_rbac.rbac.allowed"),
+        ("tcp.tgone.", "tcp.tgone.downstream_cx_total"),
+        (
+            "local_rate_limit.tgone.",
+            "local_rate_limit.tgone.rate_limited",
+        ),
+        (
+            "connection_limit.tgone.",
+            "connection_limit.tgone.limited_connections",
+        ),
+    ];
+    let look = |phase: &str| {
+        let stats = crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats")
+            .expect("/stats")
+            .1;
+        let listener = format!("listener.127.0.0.1_{port}.");
+        let copies = [
+            (
+                format!("{listener}http.keep."),
+                format!("{listener}http.keep.downstream_rq_completed"),
+            ),
+            (
+                format!("{listener}http.gone."),
+                format!("{listener}http.gone.downstream_rq_completed"),
+            ),
+        ];
+        let all = values
+            .iter()
+            .map(|(p, v)| (p.to_string(), v.to_string()))
+            .chain(copies);
+        all.map(|(prefix, value)| {
+            let listed = stats.lines().any(|l| l.starts_with(&prefix));
+            let value = stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{value}: ")))
+                .map(str::to_owned);
+            let prefix = prefix.replace(&port.to_string(), "<port>");
+            format!("{phase}: {prefix} listed {listed}, {value:?}")
+        })
+        .collect::<Vec<_>>()
+    };
+    connect([127, 0, 0, 1]);
+    connect([127, 0, 0, 2]);
+    connect([127, 0, 0, 3]);
+    let mut seen = look("before");
+    let dropped = Instant::now();
+    write_file(&file, &lds("2", &[&keep]));
+    Seen::from(dropped).at(1.0);
+    seen.extend(look("draining"));
+    Seen::from(dropped).at(3.5);
+    seen.extend(look("drained"));
+    write_file(&file, &lds("3", &[&keep, &gone, &tgone]));
+    admin::wait_until("the chains back", || {
+        crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats")
+            .is_ok_and(|(_, s)| s.contains("tcp.tgone."))
+    });
+    seen.extend(look("back"));
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
+/// A listener updated in place keeps the stats of the chains it dropped while they drain;
+/// once the drain ends those made in the chains' scopes go (the connection manager's
+/// `http.<prefix>.` and its `listener.<address>.http.<prefix>.` copy, `tcp.<prefix>.`, the
+/// network RBAC, local rate limit and connection limit filters'), and the kept chain's stay;
+/// added back, the chains' stats start again from 0.
+#[test]
+fn dropped_chain_stats_like_envoy() {
+    let test = "dropped_chain_stats_like_envoy";
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let expected = observe_dropped_chain_stats(Some(&envoy));
+    for needle in [
+        "before: http.gone. listed true, Some(\"1\")",
+        "draining: tcp.tgone. listed true, Some(\"1\")",
+        "drained: http.gone. listed false, None",
+        "drained: tcp.tgone. listed false, None",
+        "drained: http.keep. listed true, Some(\"1\")",
+        "back: http.gone. listed true, Some(\"0\")",
+        "drained: listener.127.0.0.1_<port>.http.gone. listed false, None",
+        "drained: gone_rbac.rbac. listed false, None",
+    ] {
+        assert!(
+            expected.iter().any(|l| l == needle),
+            "{test}: Envoy did not show {needle}: {expected:#?}"
+        );
+    }
+    let actual = observe_dropped_chain_stats(None);
     assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
 }

@@ -152,17 +152,50 @@ impl ListenerConfig {
     }
 
     /// The prefixes of the stats Envoy makes in the listener's own scopes, which go with the
-    /// listener once nothing else makes them: `listener.<stats_name>.`, and each chain's
-    /// `http.<stat_prefix>.` (connection manager) or `tcp.<stat_prefix>.` (tcp_proxy).
+    /// listener once nothing else makes them: `listener.<stats_name>.`, its listener rate
+    /// limit's, and each chain's ([`ChainConfig::stat_prefixes`]).
     pub fn stat_prefixes(&self) -> BTreeSet<String> {
+        let listener = format!("{}.", self.stat_prefix());
+        let rate_limit = self
+            .filters
+            .rate_limit
+            .as_ref()
+            .map(|r| format!("listener_local_ratelimit.{}.", r.stat_prefix));
         let chains = self.chains.iter().chain(&self.default_chain);
-        let terminals = chains.map(|c| match &c.terminal {
-            Terminal::Http(h) => format!("http.{}.", h.stat_prefix),
-            Terminal::Tcp(t) => format!("tcp.{}.", t.stat_prefix),
-        });
-        std::iter::once(format!("{}.", self.stat_prefix()))
-            .chain(terminals)
+        let chains: Vec<String> = chains.flat_map(|c| c.stat_prefixes(&listener)).collect();
+        std::iter::once(listener)
+            .chain(rate_limit)
+            .chain(chains)
             .collect()
+    }
+}
+
+impl ChainConfig {
+    /// The prefixes of the stats Envoy makes in the chain's scope, which go with the chain
+    /// (when an update drops it, after its drain) once nothing else makes them: its network
+    /// filters' (`<stat_prefix>rbac.`, `local_rate_limit.<p>.`, `connection_limit.<p>.`,
+    /// `ratelimit.<p>.`) and its terminal's: `tcp.<stat_prefix>.`, or a connection manager's
+    /// `http.<stat_prefix>.` and its copy under `listener` (`listener.<stats_name>.`).
+    pub fn stat_prefixes(&self, listener: &str) -> Vec<String> {
+        use super::network_limits::NetworkLimit;
+        let mut prefixes: Vec<String> = self
+            .rbac
+            .iter()
+            .map(|r| format!("{}rbac.", r.stat_prefix))
+            .collect();
+        prefixes.extend(self.limits.iter().map(|l| match l {
+            NetworkLimit::RateLimit(r) => format!("local_rate_limit.{}.", r.stat_prefix),
+            NetworkLimit::ConnectionLimit(c) => format!("connection_limit.{}.", c.stat_prefix),
+            NetworkLimit::Service(s) => format!("ratelimit.{}.", s.stat_prefix),
+        }));
+        match &self.terminal {
+            Terminal::Http(h) => {
+                prefixes.push(format!("http.{}.", h.stat_prefix));
+                prefixes.push(format!("{listener}http.{}.", h.stat_prefix));
+            }
+            Terminal::Tcp(t) => prefixes.push(format!("tcp.{}.", t.stat_prefix)),
+        }
+        prefixes
     }
 }
 
