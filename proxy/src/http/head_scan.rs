@@ -10,6 +10,10 @@ pub(super) struct HeadScan {
     parsed: usize,
     /// How many of them have been searched for a blank line.
     scanned: usize,
+    /// Where the request line begins, once seen: the first byte that is not a line end
+    /// (parsers skip the blank lines before it, so only a blank line after it may end the
+    /// head).
+    start: Option<usize>,
 }
 
 impl HeadScan {
@@ -20,8 +24,17 @@ impl HeadScan {
     /// header is still found while the head grows).
     pub(super) fn due(&mut self, head: &[u8], limit: usize) -> bool {
         // Only the bytes new since the last look (and the two before them, where a blank
-        // line may have begun) are searched.
-        let ended = ends_a_head(&head[self.scanned.saturating_sub(2).min(head.len())..]);
+        // line may have begun) are searched, and none before the request line.
+        let new = self.scanned.min(head.len());
+        if self.start.is_none() {
+            self.start = head[new..]
+                .iter()
+                .position(|b| !matches!(b, b'\r' | b'\n'))
+                .map(|i| new + i);
+        }
+        let ended = self.start.is_some_and(|start| {
+            ends_a_head(&head[self.scanned.saturating_sub(2).max(start).min(head.len())..])
+        });
         self.scanned = head.len();
         let due = self.parsed == 0
             || head.len() >= limit
@@ -90,6 +103,24 @@ mod tests {
             scan.due(&head[..end], 1 << 20);
         }
         assert!(searched <= 3 * head.len(), "{searched} bytes searched");
+    }
+
+    #[test]
+    fn blank_lines_before_the_request_line_sent_a_byte_at_a_time_are_parsed_rarely() {
+        for line_end in [&b"\n"[..], b"\r\n"] {
+            let head = line_end.repeat(30_000);
+            let (parses, _) = parses_byte_by_byte(&head, 1 << 20);
+            assert!(parses <= 17, "{parses} parses of {} line ends", 30_000);
+        }
+        let mut head = b"\r\n\r\n\r\nGET / HTTP/1.1\r\nhost: x\r\n".to_vec();
+        let (_, at_end) = parses_byte_by_byte(&head, 1024);
+        assert!(
+            !at_end,
+            "the blank lines before the request line end nothing"
+        );
+        head.extend_from_slice(b"\r\n");
+        let (_, at_end) = parses_byte_by_byte(&head, 1024);
+        assert!(at_end, "the blank line after the headers ends the head");
     }
 
     #[test]
