@@ -350,7 +350,8 @@ fn over_xds(rt: &tokio::runtime::Runtime) -> Case {
 /// Two listeners whose connection managers share the stat prefix `shared` (one with
 /// `max_request_headers_kb: 1`), each answering `/` with a 200 and `/gone` with a 404: both
 /// count into `http.shared.*`, each into its own `listener.<address>.http.shared.*` too,
-/// which also counts the 431 and 400 its codec answers before routing (and
+/// which also counts the 431s (a head too large, too many header fields) and the 400 its
+/// codec answers before routing, and the 400 the manager answers a QUERY (only the codec's in
 /// `downstream_cx_protocol_error`) and a 503 from cluster `dead`, whose connection fails (in
 /// `upstream_cx_destroy`), and an h2c connection held open (`downstream_cx_http2_active`);
 /// and a third listener, with
@@ -415,6 +416,21 @@ fn shared_prefix() -> Case {
             // A request line no HTTP/1 parser takes: the codec's 400.
             let mut s = TcpStream::connect(two).expect("two accepts");
             s.write_all(b"GARBAGE\r\n\r\n").expect("sent");
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 400");
+            // More header fields than the codec takes (Envoy's default max_headers_count,
+            // 100): its 431.
+            let mut s = TcpStream::connect(two).expect("two accepts");
+            let many: String = (0..110).map(|i| format!("x-h{i}: v\r\n")).collect();
+            s.write_all(format!("GET / HTTP/1.1\r\nhost: x\r\n{many}\r\n").as_bytes())
+                .expect("sent");
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 431");
+            // A QUERY, which the connection manager (not its codec) refuses: a 400 that is no
+            // protocol error.
+            let mut s = TcpStream::connect(two).expect("two accepts");
+            s.write_all(b"QUERY / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+                .expect("sent");
             s.read_exact(&mut answer).expect("answered");
             assert_eq!(&answer, b"HTTP/1.1 400");
             let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");

@@ -279,7 +279,9 @@ impl Framing {
         if !self.scan.due(&self.held, self.max_head) {
             return None;
         }
-        let mut headers = [httparse::EMPTY_HEADER; 128];
+        // As many fields as hyper's parser behind takes: a head with more is refused here,
+        // where it is counted as Envoy's codec counts it.
+        let mut headers = [httparse::EMPTY_HEADER; crate::wire::MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         let (max, held) = (self.max_head, self.held.len());
         let len = match req.parse(&self.held) {

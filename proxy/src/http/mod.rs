@@ -486,8 +486,11 @@ where
                         ctx.hcm.stats.rq_total.inc();
                         ctx.hcm.stats.rq_http2_total.inc();
                         ctx.hcm.stats.response(resp.status().as_u16());
-                    } else {
+                    } else if details.is_some() {
                         ctx.hcm.stats.refused_by_http1_codec(resp.status().as_u16());
+                    } else {
+                        // The connection manager's own refusal (a QUERY), not its codec's.
+                        ctx.hcm.stats.refused_http1(resp.status().as_u16());
                     }
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();

@@ -366,9 +366,15 @@ impl HcmStats {
     /// header limits, ambiguous framing, a version, method, target or transfer coding it does
     /// not take), as Envoy's codec error: a request, a protocol error and the response.
     pub fn refused_by_http1_codec(&self, status: u16) {
+        self.refused_http1(status);
+        self.cx_protocol_error.inc();
+    }
+
+    /// Counts an HTTP/1 request the connection manager refused with `status` before routing
+    /// (a `QUERY`): a request and the response, not a protocol error.
+    pub fn refused_http1(&self, status: u16) {
         self.rq_total.inc();
         self.rq_http1_total.inc();
-        self.cx_protocol_error.inc();
         self.response(status);
     }
 
