@@ -16,13 +16,19 @@ use crate::route::RouteTable;
 use crate::shared::Shared;
 use crate::snapshot::Snapshot;
 
-/// How soon a drained listener's stats that closing connections still held are tried again
-/// (the connections the drain closes at its end let go of them within a few milliseconds).
+/// How soon a drained listener's stats that closing connections still held are first tried
+/// again (the connections the drain closes at its end let go of them within a few
+/// milliseconds); each later try waits twice as long as the one before, up to
+/// [`RELEASE_RETRY_MAX`].
 const RELEASE_RETRY: Duration = Duration::from_millis(25);
 
-/// How many times a drained listener's stats are tried before those still held (by something
-/// that outlives its connections) are left listed, as Envoy lists a stat another scope holds.
-const RELEASE_TRIES: u32 = 400;
+/// The longest wait between two tries of a drained listener's stats.
+const RELEASE_RETRY_MAX: Duration = Duration::from_millis(250);
+
+/// How many times a drained listener's stats are tried (about 10 s in all) before those still
+/// held (by something that outlives its connections) are left listed, as Envoy lists a stat
+/// another scope holds.
+const RELEASE_TRIES: u32 = 44;
 
 /// What applying a listener did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,8 +273,9 @@ impl Applier {
     /// does not keep, and keeps `old` until the drain time ends, as Envoy keeps a draining
     /// listener or filter chain and the stats made in its scopes; then drops its stats
     /// ([`ListenerConfig::stat_prefixes`]) that no active or draining listener makes (for an
-    /// update in place, those of the chains it dropped), trying again every [`RELEASE_RETRY`]
-    /// (at most [`RELEASE_TRIES`] times) while closing connections still hold some. Called on
+    /// update in place, those of the chains it dropped), trying again after [`RELEASE_RETRY`],
+    /// then less often (at most [`RELEASE_TRIES`] times) while closing connections still hold
+    /// some. Called on
     /// a tokio runtime (xDS's), whose timer ends it.
     fn drain(&self, old: Arc<Listener>, next: Option<&Listener>) {
         old.retire(next, self.drain_time);
@@ -295,6 +302,7 @@ impl Applier {
                 .expect("draining listeners")
                 .retain(|l| !Arc::ptr_eq(l, &old));
             drop(old);
+            let mut wait = RELEASE_RETRY;
             for _ in 0..RELEASE_TRIES {
                 let mut kept = draining.lock().expect("draining listeners").clone();
                 kept.extend(active.load_full().iter().cloned());
@@ -307,7 +315,8 @@ impl Applier {
                 if prefixes.is_empty() {
                     return;
                 }
-                tokio::time::sleep(RELEASE_RETRY).await;
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(RELEASE_RETRY_MAX);
             }
         });
     }

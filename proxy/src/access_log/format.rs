@@ -61,6 +61,10 @@ pub struct Formatters {
     pub req_without_query: bool,
     /// `envoy.formatter.metadata`: `%METADATA(TYPE:NAMESPACE:KEY...):Z%`.
     pub metadata: bool,
+    /// `%FILTER_STATE()%`: the format is rendered with the connection's filter state (access
+    /// logs and local replies; a network rate limit's descriptors are rendered before it is
+    /// set).
+    pub filter_state: bool,
 }
 
 /// A command operator.
@@ -581,7 +585,12 @@ fn compile(
                 .ok_or_else(|| format!("{name} requires parameters"))?;
             return Ok(dynamic_metadata(param));
         }
-        "FILTER_STATE" => return filter_state(param),
+        "FILTER_STATE" if formatters.filter_state => return filter_state(param),
+        "FILTER_STATE" => {
+            return Err(format!(
+                "%{name}% is not supported by revoy here: it has filter state only for access log and local reply formats"
+            ));
+        }
         "CLUSTER_METADATA" | "UPSTREAM_METADATA" | "ROUTE_METADATA" | "UPSTREAM_FILTER_STATE" => {
             return Err(format!(
                 "%{name}% is not supported by revoy: it keeps no {} for access logs",

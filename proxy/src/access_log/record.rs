@@ -447,8 +447,8 @@ pub struct Record {
     /// The stream's bytes as they crossed the downstream connection (HTTP).
     pub downstream_wire: WireBytes,
     /// The request's (or TCP connection's) bytes as they crossed its upstream connections
-    /// (zero when it had none); `None` when nothing counted them (an HTTP/2 upstream, a TCP
-    /// connection tunnelled over HTTP).
+    /// (zero when it had none); `None` when nothing counted them (a TCP connection tunnelled
+    /// over HTTP).
     pub upstream_wire: Option<WireBytes>,
     /// The route's name.
     pub route_name: Option<Arc<str>>,

@@ -147,10 +147,12 @@ fn file_format(ctx: &Context<'_>, f: &FileAccessLog) -> Result<LogFormat, Config
     })
 }
 
-/// No formatter extensions (formats outside a `SubstitutionFormatString` have none).
+/// What every access-log and local-reply format has: the connection's filter state, and no
+/// formatter extension (formats outside a `SubstitutionFormatString` have none).
 const NONE: Formatters = Formatters {
     req_without_query: false,
     metadata: false,
+    filter_state: true,
 };
 
 fn text_format(

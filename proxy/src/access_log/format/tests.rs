@@ -6,9 +6,14 @@ use crate::access_log::record::{Downstream, RequestHead};
 use crate::config::Context;
 use crate::config::context::FakeIo;
 
+/// An access log's format (which has the connection's filter state).
 fn parse(format: &str) -> Result<Template, String> {
     let io = FakeIo::new().with_env("ZONE", "eu-1").with_hostname("box");
-    Template::parse(format, &Context::new(&io))
+    let log = Formatters {
+        filter_state: true,
+        ..Formatters::default()
+    };
+    Template::parse_with(format, &Context::new(&io), log)
 }
 
 fn text(format: &str, rec: &Record) -> String {
@@ -295,6 +300,7 @@ fn formatter_operators_need_their_extension_and_metadata_other_than_dynamic_is_r
     let all = Formatters {
         req_without_query: true,
         metadata: true,
+        filter_state: true,
     };
     for op in ["%REQ_WITHOUT_QUERY(:PATH)%", "%METADATA(DYNAMIC:a:k)%"] {
         let e = Template::parse(op, &ctx).unwrap_err();
@@ -342,4 +348,16 @@ fn filter_state_renders_istio_authn_principals_as_envoy_renders_a_string() {
     ] {
         assert!(parse(bad).is_err(), "{bad}");
     }
+    // A format rendered without the connection's filter state (a network rate limit's
+    // descriptor) refuses the operator rather than render it empty.
+    let io = FakeIo::new();
+    let e = Template::parse(
+        "%FILTER_STATE(io.istio.peer_principal)%",
+        &Context::new(&io),
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("only for access log and local reply formats"),
+        "{e}"
+    );
 }
