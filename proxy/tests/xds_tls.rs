@@ -447,6 +447,57 @@ fn sds_file_renamed_over_changes_the_certificate() {
     );
 }
 
+/// An SDS file must hold exactly the one secret read from it, as Envoy's SDS requires
+/// (`Unexpected SDS secrets length: 2`, `Unexpected SDS secret (expecting edge): other`):
+/// while it holds `edge` and another secret, or only another, no handshake gets a
+/// certificate from it; once it holds `edge` alone, new handshakes present it — in revoy as in
+/// Envoy 1.40.
+#[test]
+fn sds_file_must_hold_exactly_its_one_secret() {
+    envoy_then_revoy(
+        "sds_file_must_hold_exactly_its_one_secret",
+        |who, envoy, dir, ca, run| {
+            let file = dir.join(format!("edge-one-{run}.yaml"));
+            let put = |text: &str| {
+                let staged = dir.join("staged.yaml");
+                std::fs::write(&staged, text).expect("write");
+                std::fs::rename(&staged, &file).expect("rename over the SDS file");
+            };
+            let issued = ca.server(&["edge.test"]).issue();
+            let other = inline_sds_file("other", &issued);
+            let other_item = other.split_once("resources:\n").expect("an item").1;
+            put(&format!("{}{other_item}", inline_sds_file("edge", &issued)));
+            let secret = format!(
+                "{{name: edge, sds_config: {{path_config_source: {{path: {}}}}}}}",
+                file.display()
+            );
+            let config = Arc::new(certs::client_config(dir, None));
+            let (admin, port) = (free_port(), free_port());
+            let yaml = sds_bootstrap(admin, port, &secret);
+            let _proxy = match envoy {
+                Some(envoy) => child::Proxy::envoy_with_admin(envoy, &yaml, admin),
+                None => child::Proxy::with_admin(&yaml, admin),
+            };
+            let refused = |what: &str| {
+                let deadline = Instant::now() + Duration::from_millis(1500);
+                while Instant::now() < deadline {
+                    let answer = https::get(port, &config, "edge.test", "/");
+                    assert!(answer.is_err(), "{who}: HTTPS answered while {what}");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            };
+            refused("the file held two secrets");
+            put(&other);
+            refused("the file held another secret");
+            put(&inline_sds_file("edge", &issued));
+            let answer = eventually(&format!("{who}: HTTPS once the file holds edge"), || {
+                https::get(port, &config, "edge.test", "/").ok()
+            });
+            assert_eq!(answer.certificate, issued.cert_der, "{who}");
+        },
+    );
+}
+
 /// [`ads_bootstrap`] (state of the world) whose `xds-grpc` cluster says HTTP/2, as Envoy's gRPC
 /// client needs.
 fn ads_h2_bootstrap(admin: u16, plane: u16) -> String {

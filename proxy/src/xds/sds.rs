@@ -45,7 +45,11 @@ impl Handler for SecretHandler {
             }));
             return Applied::rejecting(rejected);
         }
-        for r in update.resources {
+        let mut resources = update.resources;
+        if matches!(self.source, SecretSource::File(_)) {
+            rejected = one_secret_per_file(&mut resources, &self.store.names(&self.source));
+        }
+        for r in resources {
             let delivered = Secret::decode(r.value.clone())
                 .map_err(|e| format!("secret '{}': cannot decode: {e}", r.name))
                 .and_then(|raw| {
@@ -77,6 +81,38 @@ impl Handler for SecretHandler {
             rejected,
             added,
             changed,
+        }
+    }
+}
+
+/// Envoy's rule for an SDS file (each secret read from a file reads the whole file): it must
+/// hold exactly one secret, named as the secret read from it. Answers why for each secret the
+/// file is read for (`wanted`) that it does not serve: `Unexpected SDS secrets length: N` for
+/// every one when the file holds several (then `resources` is emptied: none is applied),
+/// `Unexpected SDS secret (expecting W): R` for each other than the one it holds (which is
+/// stored all the same, for a secret of its name read from the file later).
+fn one_secret_per_file(
+    resources: &mut Vec<xds_client::Resource>,
+    wanted: &[String],
+) -> Vec<Rejected> {
+    let refuse = |name: &String, reason: String| Rejected {
+        name: name.clone(),
+        reason,
+    };
+    match resources.as_slice() {
+        [] => Vec::new(),
+        [held] => wanted
+            .iter()
+            .filter(|w| **w != held.name)
+            .map(|w| {
+                let reason = format!("Unexpected SDS secret (expecting {w}): {}", held.name);
+                refuse(w, reason)
+            })
+            .collect(),
+        several => {
+            let reason = format!("Unexpected SDS secrets length: {}", several.len());
+            resources.clear();
+            wanted.iter().map(|w| refuse(w, reason.clone())).collect()
         }
     }
 }
