@@ -12,8 +12,9 @@
 //! `listener_manager.listener_stopped`. The clients speak HTTP/1.1 (on revoy's fast path, and
 //! with absolute-form targets on a connection hyper serves), HTTP/1.0 (with and without
 //! `connection: keep-alive`, on connections begun both ways) and h2c. A listener removed
-//! through LDS is also compared for the stats it leaves listed, and one updated in place for
-//! the stats of the filter chains it dropped.
+//! through LDS is also compared for the stats it leaves listed, one updated in place for the
+//! stats of the filter chains it dropped, and one replaced in the same update by a listener of
+//! another name on its address.
 //!
 //! The trigger comes as soon as each connection has had its first exchange; the requests that
 //! meet the drain come at a whole second (so the drain they start ends, and the delayed close
@@ -927,5 +928,77 @@ fn dropped_chain_stats_like_envoy() {
         );
     }
     let actual = observe_dropped_chain_stats(None);
+    assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
+}
+
+/// What a proxy serves on one port whose listener an LDS update replaces with another of a
+/// different name (the first removed in the same update): the body each answer carries, and
+/// the LDS rejections counted.
+fn observe_moved_address(envoy: Option<&Path>) -> Vec<String> {
+    let admin = free_port();
+    let port = free_port();
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("revoy-moved-{}-{admin}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let file = dir.join("lds.yaml");
+    let lds = |version: &str, name: &str| {
+        format!(
+            "version_info: \"{version}\"\nresources:{}\n",
+            listener(name, "OUTBOUND", port, name)
+        )
+    };
+    write_file(&file, &lds("1", "first"));
+    let yaml = format!(
+        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+        file.display()
+    );
+    let proxy = start(envoy, &yaml, admin, &["--drain-time-s", "1"]);
+    // The `server` header names the listener that answered.
+    let server = || {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .ok()?;
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).ok()?;
+        answer
+            .lines()
+            .find_map(|l| l.strip_prefix("server: "))
+            .map(str::to_owned)
+    };
+    let mut seen = Vec::new();
+    admin::wait_until("the first listener", || server().is_some());
+    seen.push(format!("before: {:?}", server()));
+    write_file(&file, &lds("2", "second"));
+    admin::wait_until("the second listener, or a rejection", || {
+        server().as_deref() == Some("second")
+            || stat(admin, "listener_manager.lds.update_rejected").unwrap_or(0) > 0
+    });
+    seen.push(format!("after: {:?}", server()));
+    for name in [
+        "listener_manager.lds.update_rejected",
+        "listener_manager.listener_removed",
+        "listener_manager.listener_added",
+    ] {
+        seen.push(format!("{name}: {:?}", stat(admin, name)));
+    }
+    drop(proxy);
+    let _ = std::fs::remove_dir_all(&dir);
+    seen
+}
+
+/// An LDS update that removes a listener and adds another of a different name on its address
+/// is applied whole, removals first, as Envoy's: the new listener takes the address.
+#[test]
+fn address_moved_to_a_new_listener_like_envoy() {
+    let test = "address_moved_to_a_new_listener_like_envoy";
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
+        return;
+    };
+    let expected = observe_moved_address(Some(&envoy));
+    assert!(
+        expected.iter().any(|l| l == "after: Some(\"second\")"),
+        "{test}: Envoy did not serve the second listener: {expected:#?}"
+    );
+    let actual = observe_moved_address(None);
     assert_eq!(actual, expected, "{test}: revoy (left) and Envoy (right)");
 }

@@ -649,6 +649,24 @@ impl ProxyHandler {
         let since = Instant::now();
         let mut rejected = Vec::new();
         let mut changes = Changes::default();
+        // Removals first, as Envoy's LDS applies them: a listener of this update may take the
+        // address of one it removes.
+        for name in u.removed {
+            if process.bootstrap.listeners.iter().any(|l| l.name == name) {
+                continue;
+            }
+            st.warming_listeners.remove(&name);
+            st.listeners_awaiting_secrets.remove(&name);
+            st.listener_routes.remove(&name);
+            let old = st.listeners.get(&name).and_then(|r| r.active());
+            let was_active = process.applier.remove_listener(&name);
+            if let Some(old) = old.filter(|_| was_active) {
+                self.drain_listener(process, st, &name, old);
+            }
+            if st.listeners.remove(&name) || was_active {
+                self.stats.listener_removed.inc();
+            }
+        }
         for r in u.resources {
             if st.listeners.unchanged(&r.name, &r.value) {
                 continue;
@@ -694,22 +712,6 @@ impl ProxyHandler {
                         st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
-            }
-        }
-        for name in u.removed {
-            if process.bootstrap.listeners.iter().any(|l| l.name == name) {
-                continue;
-            }
-            st.warming_listeners.remove(&name);
-            st.listeners_awaiting_secrets.remove(&name);
-            st.listener_routes.remove(&name);
-            let old = st.listeners.get(&name).and_then(|r| r.active());
-            let was_active = process.applier.remove_listener(&name);
-            if let Some(old) = old.filter(|_| was_active) {
-                self.drain_listener(process, st, &name, old);
-            }
-            if st.listeners.remove(&name) || was_active {
-                self.stats.listener_removed.inc();
             }
         }
         st.lds_received = true;
