@@ -448,11 +448,17 @@ fn unsupported_version(head: &[u8]) -> Option<bool> {
 
 /// Where the head at the start of `d` ends (after its blank line), once it has.
 fn head_end(d: &[u8]) -> Option<usize> {
-    let at = d.windows(2).position(|w| w == b"\n\n" || w == b"\n\r")?;
-    match &d[at + 1..] {
-        [b'\n', ..] => Some(at + 2),
-        [b'\r', b'\n', ..] => Some(at + 3),
-        _ => head_end(&d[at + 2..]).map(|end| at + 2 + end),
+    let mut from = 0;
+    loop {
+        let at = from
+            + d[from..]
+                .windows(2)
+                .position(|w| w == b"\n\n" || w == b"\n\r")?;
+        match &d[at + 1..] {
+            [b'\n', ..] => return Some(at + 2),
+            [b'\r', b'\n', ..] => return Some(at + 3),
+            _ => from = at + 2,
+        }
     }
 }
 
@@ -590,6 +596,21 @@ mod tests {
         // in one read overflowed the thread's stack.
         let all = GET.repeat(20_000);
         assert_eq!(through(false, &[&all]), String::from_utf8_lossy(&all));
+    }
+
+    #[test]
+    fn a_head_of_many_line_ends_that_end_nothing_is_looked_at_without_recursion() {
+        // `\n\r` not followed by `\n` used to make the search for the head's end recurse
+        // once each: a head of an unknown version full of them overflowed the stack and took
+        // the process down.
+        let mut head = b"GET / HTTP/9.1\r\n".to_vec();
+        head.extend(b"X\n\r".repeat(300_000));
+        assert_eq!(head_end(&head), None);
+        head.extend_from_slice(b"\n");
+        assert_eq!(head_end(&head), Some(head.len()));
+        let mut f = Framing::new(false, 2 << 20, None);
+        f.feed(&head, &mut BytesMut::new());
+        assert_eq!(f.refusal().map(|r| r.0), Some(StatusCode::UPGRADE_REQUIRED));
     }
 
     #[test]
