@@ -64,6 +64,9 @@ pub(super) struct Framing {
     allow_chunked_length: bool,
     /// The head (or chunk-size line) read so far.
     held: Vec<u8>,
+    /// Whether the last byte of a chunk-size line, a chunk's line end or the trailers was a
+    /// `\r` (hyper takes only CRLF line ends there).
+    cr: bool,
     /// When the held head is parsed again.
     scan: HeadScan,
     /// `max_request_headers_kb` in bytes: a longer head, or a part of one that fills it, is
@@ -92,6 +95,7 @@ impl Framing {
             state: State::Head,
             allow_chunked_length,
             held: Vec::new(),
+            cr: false,
             scan: HeadScan::default(),
             max_head,
             stats,
@@ -113,6 +117,7 @@ impl Framing {
             state: State::Off,
             allow_chunked_length: false,
             held: Vec::new(),
+            cr: false,
             scan: HeadScan::default(),
             max_head: 0,
             stats: None,
@@ -243,11 +248,21 @@ impl Framing {
         None
     }
 
-    /// One byte of a chunk-size line, a chunk's line end or the trailer section.
+    /// One byte of a chunk-size line, a chunk's line end or the trailer section. A line end
+    /// that is not CRLF, or anything but CRLF after a chunk's data, is where hyper (which
+    /// reads the request behind) stops agreeing on where the body ends: nothing is followed
+    /// (nor rewritten) from there on.
     fn chunk_byte(&mut self, b: u8) {
+        let after_cr = std::mem::replace(&mut self.cr, b == b'\r');
+        if b == b'\n' && !after_cr {
+            self.held.clear();
+            self.state = State::Off;
+            return;
+        }
         self.state = match (self.state, b) {
             (State::ChunkEnd, b'\n') => State::ChunkSize,
-            (State::ChunkEnd, _) => State::ChunkEnd,
+            (State::ChunkEnd, b'\r') if !after_cr => State::ChunkEnd,
+            (State::ChunkEnd, _) => State::Off,
             (State::ChunkSize, b'\n') => {
                 let line = std::mem::take(&mut self.held);
                 match chunk_size(&line) {
@@ -611,6 +626,27 @@ mod tests {
         let mut f = Framing::new(false, 2 << 20, None);
         f.feed(&head, &mut BytesMut::new());
         assert_eq!(f.refusal().map(|r| r.0), Some(StatusCode::UPGRADE_REQUIRED));
+    }
+
+    #[test]
+    fn a_bare_line_feed_in_chunked_framing_ends_the_following() {
+        // hyper takes the line after `0\r\n\n` for a trailer (it wants CRLF): were the
+        // follower to take `/b` for a request, it would read `/c`'s head as `/b`'s body and
+        // rewrite `/c`'s body as a head. Nothing is changed from the bare LF on.
+        let smuggled = b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\nGET /b HTTP/1.1\r\nHost: x\r\nContent-Length: 49\r\n\r\nPOST /c HTTP/1.1\r\nHost: x\r\nContent-Length: 58\r\n\r\nGET /d HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\nPADDINGPADDING";
+        assert_eq!(
+            through(false, &[smuggled]),
+            String::from_utf8_lossy(smuggled)
+        );
+        for bare in [
+            &b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\r\n0\r\n\r\n"[..],
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\n0\r\n\r\n",
+            b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXY0\r\n\r\n",
+        ] {
+            let mut f = Framing::new(false, 64 * 1024, None);
+            f.feed(bare, &mut BytesMut::new());
+            assert_eq!(f.state, State::Off, "{}", String::from_utf8_lossy(bare));
+        }
     }
 
     #[test]
