@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use proto::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use xds_client::server::Snapshot;
 use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL, ROUTE_TYPE_URL, Verdict};
 
@@ -919,6 +920,60 @@ fn an_updated_eds_cluster_serves_its_old_version_until_its_endpoints_come_again(
     plane.set(base("3", &tls).with_message("svc", &assignment("svc", a)));
     plane.ack(ENDPOINT_TYPE_URL, "3");
     assert_eq!(get(port, "/").expect("GET").status, 503);
+}
+
+/// A new EDS cluster and a new listener that wait for their first assignment and route
+/// configuration without a timeout (`initial_fetch_timeout: 0s`, as istiod sends them) do not
+/// wait for ever when those are rejected: as Envoy's EDS and RDS let start-up go on after a
+/// rejected update (`onConfigUpdateFailed`), revoy goes LIVE with the cluster (no hosts: 503)
+/// and the listener (no routes: 404), and serves once good versions come.
+#[test]
+fn rejected_first_assignment_and_routes_do_not_block_start_up() {
+    let a = upstream("upstream-a");
+    let port = free_port();
+    let (plane, _revoy, admin) = start(false);
+    let cluster: proto::pb::envoy::config::cluster::v3::Cluster = decode(
+        "{name: svc, type: EDS, connect_timeout: 1s, eds_cluster_config: {service_name: svc, \
+         eds_config: {ads: {}, resource_api_version: V3, initial_fetch_timeout: 0s}}}",
+    );
+    let listener = listener_with(
+        "main",
+        port,
+        "stat_prefix: main\nrds: {route_config_name: routes, config_source: {ads: {}, \
+         resource_api_version: V3, initial_fetch_timeout: 0s}}",
+    );
+    let bad_assignment: ClusterLoadAssignment = decode(
+        "{cluster_name: svc, endpoints: [{lb_endpoints: [{endpoint: {address: \
+         {socket_address: {address: not-an-ip, port_value: 1}}}}]}]}",
+    );
+    let snapshot = |version: &str, assignment: &ClusterLoadAssignment, routes: &str| {
+        Snapshot::new(version)
+            .with_message("svc", &cluster)
+            .with_message("svc", assignment)
+            .with_message("main", &listener)
+            .with_message("routes", &route_config("routes", routes))
+    };
+    plane.set(snapshot(
+        "1",
+        &bad_assignment,
+        "[{match: {safe_regex: {regex: \"[\"}}, route: {cluster: svc}}]",
+    ));
+    wait_live(admin);
+    assert!(matches!(
+        plane.verdict(ENDPOINT_TYPE_URL, "1"),
+        Verdict::Nack(_)
+    ));
+    assert!(matches!(
+        plane.verdict(ROUTE_TYPE_URL, "1"),
+        Verdict::Nack(_)
+    ));
+    assert_eq!(get(port, "/").expect("GET").status, 404);
+    plane.set(snapshot("2", &bad_assignment, &to_cluster("svc")));
+    plane.ack(ROUTE_TYPE_URL, "2");
+    assert_eq!(get(port, "/").expect("GET").status, 503);
+    plane.set(snapshot("3", &assignment("svc", a), &to_cluster("svc")));
+    plane.ack(ENDPOINT_TYPE_URL, "3");
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
 }
 
 /// Over Delta, an EDS cluster's endpoints follow their assignment; an assignment removed is

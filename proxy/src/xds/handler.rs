@@ -581,6 +581,19 @@ impl ProxyHandler {
                     UpdateStats::of_cluster(&process.shared.stats, name).rejected(self.ads_delta());
                 }
                 reject(&mut st.endpoints, &mut rejected, r, reason);
+                // As Envoy's EDS lets start-up go on after a rejected update, the clusters
+                // warming for this assignment end their warming with the one held, if any,
+                // rather than wait for ever (`initial_fetch_timeout: 0s`).
+                for user in &users {
+                    if let Some(mut cfg) = st.warming_clusters.remove(user) {
+                        if let Some(endpoints) = held_assignment(st, &cfg) {
+                            cfg.endpoints = endpoints;
+                        }
+                        tracing::warn!(cluster = %user, "its endpoint assignment was rejected; the cluster is used with the assignment held, if any");
+                        let status = self.use_or_await_secrets(process, st, cfg, &mut warmed);
+                        st.clusters.set_status(user, status);
+                    }
+                }
                 continue;
             }
             for (user, mut cfg, eps) in compiled {
@@ -679,9 +692,7 @@ impl ProxyHandler {
                     let routes = rds_names(&cfg);
                     st.listener_routes.insert(name.clone(), routes.clone());
                     let secrets = listener_secrets(&cfg);
-                    let ready = routes
-                        .iter()
-                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
+                    let ready = routes.iter().all(|n| route_answered(st, n))
                         && secrets_ready(process, &secrets);
                     if !secrets_ready(process, &secrets) {
                         self.await_secrets(process, &secrets);
@@ -1076,20 +1087,22 @@ impl ProxyHandler {
         changes.answer(rejected)
     }
 
-    /// Activates the warming listeners whose route configurations and secrets have arrived.
+    /// Activates the warming listeners whose route configurations have been answered and whose
+    /// secrets have arrived. A route configuration is answered once a version of it was
+    /// accepted, or rejected: as Envoy's RDS lets start-up go on after a rejected update, its
+    /// listener starts without it (404 until a good one comes) rather than wait for ever.
     fn activate_ready_listeners(&self, process: &Arc<Process>, st: &mut State) {
         let ready: Vec<String> = st
             .warming_listeners
             .keys()
             .filter(|l| {
-                st.listener_routes.get(*l).is_none_or(|names| {
-                    names
-                        .iter()
-                        .all(|n| st.routes.get(n).is_some_and(|r| r.value.is_some()))
-                }) && st
-                    .warming_listeners
-                    .get(l)
-                    .is_none_or(|cfg| secrets_ready(process, &listener_secrets(cfg)))
+                st.listener_routes
+                    .get(*l)
+                    .is_none_or(|names| names.iter().all(|n| route_answered(st, n)))
+                    && st
+                        .warming_listeners
+                        .get(l)
+                        .is_none_or(|cfg| secrets_ready(process, &listener_secrets(cfg)))
             })
             .cloned()
             .collect();
@@ -1421,6 +1434,14 @@ fn reject(records: &mut Records, rejected: &mut Vec<Rejected>, r: Resource, reas
         name: r.name,
         reason,
     });
+}
+
+/// Whether route configuration `name` was answered: a version of it accepted, or rejected (a
+/// listener waiting for it then starts, see `activate_ready_listeners`).
+fn route_answered(st: &State, name: &str) -> bool {
+    st.routes
+        .get(name)
+        .is_some_and(|r| r.value.is_some() || r.error.is_some())
 }
 
 /// A compile error of the resource `kind` `name`, with its field path.
