@@ -433,6 +433,15 @@ fn shared_prefix() -> Case {
                 .expect("sent");
             s.read_exact(&mut answer).expect("answered");
             assert_eq!(&answer, b"HTTP/1.1 400");
+            // A POST whose first segment is its `P` alone: HTTP/1.1 all the same (only the
+            // whole HTTP/2 preface says HTTP/2).
+            let mut s = TcpStream::connect(two).expect("two accepts");
+            s.write_all(b"P").expect("sent");
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            s.write_all(b"OST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n")
+                .expect("sent");
+            s.read_exact(&mut answer).expect("answered");
+            assert_eq!(&answer, b"HTTP/1.1 200");
             let waiting = TcpStream::connect(("127.0.0.1", three)).expect("three accepts");
             // An h2c connection (the preface and an empty SETTINGS frame), held open.
             let mut h2c = TcpStream::connect(one).expect("one accepts");

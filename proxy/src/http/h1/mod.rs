@@ -478,9 +478,11 @@ async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
     }
 }
 
-/// Whether the bytes read so far are (the start of) the HTTP/2 connection preface.
+/// Whether the bytes read so far begin with the whole HTTP/2 connection preface. Only the
+/// whole preface says HTTP/2, as in Envoy's codec choice: a first read of `P` may be the start
+/// of a `POST`.
 fn may_be_h2_preface(buf: &[u8]) -> bool {
-    super::H2_PREFACE.starts_with(&buf[..buf.len().min(super::H2_PREFACE.len())])
+    buf.starts_with(super::H2_PREFACE)
 }
 
 /// Serves the rest of the connection with hyper, starting with the bytes in `buf` (the HTTP/2
