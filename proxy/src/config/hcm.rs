@@ -243,6 +243,20 @@ fn skipped_features(hcm: &HttpConnectionManager, warnings: &mut Warnings) {
     {
         warnings.skipped("tracing.provider", super::tracing::skipped_tracer(name));
     }
+    if hcm
+        .common_http_protocol_options
+        .as_ref()
+        .and_then(|o| o.max_headers_count.as_ref())
+        .is_some_and(|v| v.value as usize > crate::wire::MAX_HEADERS)
+    {
+        warnings.skipped(
+            "common_http_protocol_options.max_headers_count",
+            format!(
+                "revoy's HTTP/1 codec takes at most {} header fields: a request with more is refused 431",
+                crate::wire::MAX_HEADERS
+            ),
+        );
+    }
     if hcm.forward_client_cert_matcher.is_some() {
         warnings.skipped(
             "forward_client_cert_matcher",
@@ -728,6 +742,15 @@ mod tests {
                 drain_timeout: Duration::from_millis(500),
             }
         );
+    }
+
+    #[test]
+    fn more_header_fields_than_the_codec_takes_are_named() {
+        let (_, warnings) = compile("common_http_protocol_options: {max_headers_count: 100}");
+        assert!(warnings.is_empty(), "100 is what the codec takes");
+        let (_, warnings) = compile("common_http_protocol_options: {max_headers_count: 200}");
+        let paths: Vec<&str> = warnings.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(paths, ["common_http_protocol_options.max_headers_count"]);
     }
 
     #[test]
