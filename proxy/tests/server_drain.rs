@@ -311,6 +311,49 @@ fn start(envoy: Option<&Path>, yaml: &str, admin: u16, args: &[&str]) -> Proxy {
     Proxy::spawn(command, || TcpStream::connect(("127.0.0.1", admin)).is_ok())
 }
 
+/// A proxy (Envoy when `envoy` is given, else revoy) whose listeners come from an LDS file
+/// (`path_config_source`) in a directory of its own; the directory goes when it drops.
+struct FileLds {
+    dir: PathBuf,
+    file: PathBuf,
+    proxy: Option<Proxy>,
+}
+
+impl FileLds {
+    /// Starts it with its admin on `admin`, `first` in the LDS file, `statics` (the
+    /// bootstrap's `static_resources` line, or "") and the command-line `args`.
+    fn start(
+        envoy: Option<&Path>,
+        admin: u16,
+        first: &str,
+        statics: &str,
+        args: &[&str],
+    ) -> FileLds {
+        let dir = std::env::temp_dir().join(format!("revoy-lds-{}-{admin}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        let file = dir.join("lds.yaml");
+        write_file(&file, first);
+        let yaml = format!(
+            "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\n{statics}dynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
+            file.display()
+        );
+        let proxy = Some(start(envoy, &yaml, admin, args));
+        FileLds { dir, file, proxy }
+    }
+
+    /// Replaces the LDS file with `text`.
+    fn write(&self, text: &str) {
+        write_file(&self.file, text);
+    }
+}
+
+impl Drop for FileLds {
+    fn drop(&mut self) {
+        drop(self.proxy.take());
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// What one proxy did in `scenario`: every client's events, then the listeners' stats.
 fn observe(envoy: Option<&Path>, scenario: &Scenario) -> Vec<String> {
     let admin = free_port();
@@ -602,10 +645,6 @@ fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
         ("b", "shared", free_port()),
         ("c", "solo", free_port()),
     ];
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("revoy-drain-stats-{}-{admin}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let file = dir.join("lds.yaml");
     let lds = |version: &str, names: &[&str]| {
         let listeners: String = ports
             .iter()
@@ -614,15 +653,11 @@ fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
             .collect();
         format!("version_info: \"{version}\"\nresources:{listeners}\n")
     };
-    write_file(&file, &lds("1", &["a", "b", "c"]));
-    let yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
-        file.display()
-    );
-    let proxy = start(
+    let proxy = FileLds::start(
         envoy,
-        &yaml,
         admin,
+        &lds("1", &["a", "b", "c"]),
+        "",
         &["--drain-time-s", "2", "--drain-strategy", "immediate"],
     );
     let listening = |names: &[&str]| {
@@ -686,7 +721,7 @@ fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
     let held = request("a");
     let mut seen = look("before");
     let removed = Instant::now();
-    write_file(&file, &lds("2", &["b"]));
+    proxy.write(&lds("2", &["b"]));
     Seen::from(removed).at(1.0);
     seen.extend(look("draining"));
     Seen::from(removed).at(3.5);
@@ -696,12 +731,10 @@ fn observe_stats(envoy: Option<&Path>) -> Vec<String> {
         .last()
         .is_some_and(|e| e.starts_with("closed"));
     seen.push(format!("the connection left open on a closed: {closed}"));
-    write_file(&file, &lds("3", &["a", "b", "c"]));
+    proxy.write(&lds("3", &["a", "b", "c"]));
     listening(&["a", "c"]);
     drop([request("a"), request("c")]);
     seen.extend(look("back"));
-    drop(proxy);
-    let _ = std::fs::remove_dir_all(&dir);
     seen
 }
 
@@ -790,10 +823,6 @@ fn observe_dropped_chain_stats(envoy: Option<&Path>) -> Vec<String> {
     let admin = free_port();
     let port = free_port();
     let dead = free_port();
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("revoy-chain-stats-{}-{admin}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let file = dir.join("lds.yaml");
     let keep = source_chain("127.0.0.1", "keep", None, false);
     let gone = source_chain("127.0.0.2", "gone", Some("gone_rbac."), false);
     let tgone = source_chain("127.0.0.3", "tgone", None, true);
@@ -803,15 +832,14 @@ fn observe_dropped_chain_stats(envoy: Option<&Path>) -> Vec<String> {
             chains.concat()
         )
     };
-    write_file(&file, &lds("1", &[&keep, &gone, &tgone]));
-    let yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\nstatic_resources: {{clusters: [{{name: c, connect_timeout: 1s, load_assignment: {{cluster_name: c, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {dead}}}}}}}}}]}}]}}}}]}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
-        file.display()
+    let statics = format!(
+        "static_resources: {{clusters: [{{name: c, connect_timeout: 1s, load_assignment: {{cluster_name: c, endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {dead}}}}}}}}}]}}]}}}}]}}\n"
     );
-    let proxy = start(
+    let proxy = FileLds::start(
         envoy,
-        &yaml,
         admin,
+        &lds("1", &[&keep, &gone, &tgone]),
+        &statics,
         &["--drain-time-s", "2", "--drain-strategy", "immediate"],
     );
     admin::wait_until("the listener", || {
@@ -884,19 +912,17 @@ fn observe_dropped_chain_stats(envoy: Option<&Path>) -> Vec<String> {
     connect([127, 0, 0, 3]);
     let mut seen = look("before");
     let dropped = Instant::now();
-    write_file(&file, &lds("2", &[&keep]));
+    proxy.write(&lds("2", &[&keep]));
     Seen::from(dropped).at(1.0);
     seen.extend(look("draining"));
     Seen::from(dropped).at(3.5);
     seen.extend(look("drained"));
-    write_file(&file, &lds("3", &[&keep, &gone, &tgone]));
+    proxy.write(&lds("3", &[&keep, &gone, &tgone]));
     admin::wait_until("the chains back", || {
         crate::http1::get(None, ([127, 0, 0, 1], admin).into(), "/stats")
             .is_ok_and(|(_, s)| s.contains("tcp.tgone."))
     });
     seen.extend(look("back"));
-    drop(proxy);
-    let _ = std::fs::remove_dir_all(&dir);
     seen
 }
 
@@ -937,22 +963,19 @@ fn dropped_chain_stats_like_envoy() {
 fn observe_moved_address(envoy: Option<&Path>) -> Vec<String> {
     let admin = free_port();
     let port = free_port();
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("revoy-moved-{}-{admin}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("mkdir");
-    let file = dir.join("lds.yaml");
     let lds = |version: &str, name: &str| {
         format!(
             "version_info: \"{version}\"\nresources:{}\n",
             listener(name, "OUTBOUND", port, name)
         )
     };
-    write_file(&file, &lds("1", "first"));
-    let yaml = format!(
-        "admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}}}\nnode: {{id: drain, cluster: drain}}\ndynamic_resources:\n  lds_config: {{path_config_source: {{path: {}}}, initial_fetch_timeout: 0s}}\n",
-        file.display()
+    let proxy = FileLds::start(
+        envoy,
+        admin,
+        &lds("1", "first"),
+        "",
+        &["--drain-time-s", "1"],
     );
-    let proxy = start(envoy, &yaml, admin, &["--drain-time-s", "1"]);
     // The `server` header names the listener that answered.
     let server = || {
         let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
@@ -968,7 +991,7 @@ fn observe_moved_address(envoy: Option<&Path>) -> Vec<String> {
     let mut seen = Vec::new();
     admin::wait_until("the first listener", || server().is_some());
     seen.push(format!("before: {:?}", server()));
-    write_file(&file, &lds("2", "second"));
+    proxy.write(&lds("2", "second"));
     admin::wait_until("the second listener, or a rejection", || {
         server().as_deref() == Some("second")
             || stat(admin, "listener_manager.lds.update_rejected").unwrap_or(0) > 0
@@ -981,8 +1004,6 @@ fn observe_moved_address(envoy: Option<&Path>) -> Vec<String> {
     ] {
         seen.push(format!("{name}: {:?}", stat(admin, name)));
     }
-    drop(proxy);
-    let _ = std::fs::remove_dir_all(&dir);
     seen
 }
 
