@@ -24,7 +24,7 @@
 //! does not follow (an upgrade, CONNECT, a head it cannot parse, an HTTP/2 preface) ends the
 //! following: the rest passes untouched.
 
-use bytes::BytesMut;
+use bytes::{Buf, BufMut, BytesMut};
 use http::StatusCode;
 
 use std::sync::Arc;
@@ -63,7 +63,7 @@ pub(super) struct Framing {
     state: State,
     allow_chunked_length: bool,
     /// The head (or chunk-size line) read so far.
-    held: Vec<u8>,
+    held: BytesMut,
     /// Whether the last byte of a chunk-size line, a chunk's line end or the trailers was a
     /// `\r` (hyper takes only CRLF line ends there).
     cr: bool,
@@ -94,7 +94,7 @@ impl Framing {
         Framing {
             state: State::Head,
             allow_chunked_length,
-            held: Vec::new(),
+            held: BytesMut::new(),
             cr: false,
             scan: HeadScan::default(),
             max_head,
@@ -116,7 +116,7 @@ impl Framing {
         Framing {
             state: State::Off,
             allow_chunked_length: false,
-            held: Vec::new(),
+            held: BytesMut::new(),
             cr: false,
             scan: HeadScan::default(),
             max_head: 0,
@@ -175,37 +175,36 @@ impl Framing {
     /// Takes bytes the client sent and appends what hyper is to read.
     pub(super) fn feed(&mut self, input: &[u8], out: &mut BytesMut) {
         // A loop, not recursion: each whole head hands back what follows it, and a read may
-        // carry hundreds of pipelined requests.
-        let mut rest = self.step(input, out);
+        // carry hundreds of pipelined requests. What follows is handed back without a copy
+        // (and becomes the next held head as it is), so a buffer of many requests costs
+        // work linear in its size.
+        let mut rest = self.step(BytesMut::from(input), out);
         while let Some(more) = rest {
-            rest = self.step(&more, out);
+            rest = self.step(more, out);
         }
     }
 
     /// Takes bytes up to the end of the next whole head (or all of them); returns what follows
     /// that head, still to be fed.
-    fn step(&mut self, mut input: &[u8], out: &mut BytesMut) -> Option<Vec<u8>> {
+    fn step(&mut self, mut input: BytesMut, out: &mut BytesMut) -> Option<BytesMut> {
         while !input.is_empty() {
             match self.state {
                 State::Off => {
                     if let Some(m) = self.meter.as_ref().filter(|_| self.meter_rest) {
                         m.read_body(input.len() as u64);
                     }
-                    out.extend_from_slice(input);
+                    out.extend_from_slice(&input);
                     return None;
                 }
                 State::Refused => return None,
-                State::Head => {
-                    self.held.extend_from_slice(input);
-                    return self.head(out);
-                }
+                State::Head => return self.hold(input, out),
                 State::Body(left) => {
                     let n = input.len().min(left.try_into().unwrap_or(usize::MAX));
                     if let Some(m) = &self.meter {
                         m.read_body(n as u64);
                     }
                     out.extend_from_slice(&input[..n]);
-                    input = &input[n..];
+                    input.advance(n);
                     self.state = if n as u64 == left {
                         State::Head
                     } else {
@@ -213,8 +212,7 @@ impl Framing {
                     };
                     // What follows a body is a head: held from here.
                     if self.state == State::Head && !input.is_empty() {
-                        self.held.extend_from_slice(input);
-                        return self.head(out);
+                        return self.hold(input, out);
                     }
                 }
                 State::ChunkData(left) => {
@@ -223,7 +221,7 @@ impl Framing {
                         m.read_body(n as u64);
                     }
                     out.extend_from_slice(&input[..n]);
-                    input = &input[n..];
+                    input.advance(n);
                     self.state = if n as u64 == left {
                         State::ChunkEnd
                     } else {
@@ -232,20 +230,29 @@ impl Framing {
                 }
                 State::ChunkSize | State::ChunkEnd | State::Trailers(_) => {
                     let b = input[0];
-                    out.extend_from_slice(&input[..1]);
-                    input = &input[1..];
+                    out.put_u8(b);
+                    input.advance(1);
                     if let Some(m) = &self.meter {
                         m.read_body(1);
                     }
                     self.chunk_byte(b);
                     if self.state == State::Head && !input.is_empty() {
-                        self.held.extend_from_slice(input);
-                        return self.head(out);
+                        return self.hold(input, out);
                     }
                 }
             }
         }
         None
+    }
+
+    /// Holds `input` as (more of) the head being read, and looks at it.
+    fn hold(&mut self, input: BytesMut, out: &mut BytesMut) -> Option<BytesMut> {
+        if self.held.is_empty() {
+            self.held = input;
+        } else {
+            self.held.extend_from_slice(&input);
+        }
+        self.head(out)
     }
 
     /// One byte of a chunk-size line, a chunk's line end or the trailer section. A line end
@@ -273,7 +280,7 @@ impl Framing {
             }
             (State::ChunkSize, _) => {
                 if self.held.len() < 256 {
-                    self.held.push(b);
+                    self.held.put_u8(b);
                     State::ChunkSize
                 } else {
                     State::Off
@@ -290,7 +297,7 @@ impl Framing {
     /// Looks at the held head: while incomplete it stays held; once whole it goes out (as it
     /// is, without its lengths, or refused) and the state follows its body. Returns the bytes
     /// after a whole head.
-    fn head(&mut self, out: &mut BytesMut) -> Option<Vec<u8>> {
+    fn head(&mut self, out: &mut BytesMut) -> Option<BytesMut> {
         if !self.scan.due(&self.held, self.max_head) {
             return None;
         }
