@@ -175,10 +175,9 @@ impl Framing {
     /// Takes bytes the client sent and appends what hyper is to read.
     pub(super) fn feed(&mut self, input: &[u8], out: &mut BytesMut) {
         // A loop, not recursion: each whole head hands back what follows it, and a read may
-        // carry hundreds of pipelined requests. What follows is handed back without a copy
-        // (and becomes the next held head as it is), so a buffer of many requests costs
-        // work linear in its size.
-        let mut rest = self.step(BytesMut::from(input), out);
+        // carry hundreds of pipelined requests. A read is followed as it is borrowed; what
+        // follows a whole head is handed back without a copy (see [`Input`]).
+        let mut rest = self.step(input, out);
         while let Some(more) = rest {
             rest = self.step(more, out);
         }
@@ -186,7 +185,7 @@ impl Framing {
 
     /// Takes bytes up to the end of the next whole head (or all of them); returns what follows
     /// that head, still to be fed.
-    fn step(&mut self, mut input: BytesMut, out: &mut BytesMut) -> Option<BytesMut> {
+    fn step(&mut self, mut input: impl Input, out: &mut BytesMut) -> Option<BytesMut> {
         while !input.is_empty() {
             match self.state {
                 State::Off => {
@@ -204,7 +203,7 @@ impl Framing {
                         m.read_body(n as u64);
                     }
                     out.extend_from_slice(&input[..n]);
-                    input.advance(n);
+                    input.skip(n);
                     self.state = if n as u64 == left {
                         State::Head
                     } else {
@@ -221,7 +220,7 @@ impl Framing {
                         m.read_body(n as u64);
                     }
                     out.extend_from_slice(&input[..n]);
-                    input.advance(n);
+                    input.skip(n);
                     self.state = if n as u64 == left {
                         State::ChunkEnd
                     } else {
@@ -231,7 +230,7 @@ impl Framing {
                 State::ChunkSize | State::ChunkEnd | State::Trailers(_) => {
                     let b = input[0];
                     out.put_u8(b);
-                    input.advance(1);
+                    input.skip(1);
                     if let Some(m) = &self.meter {
                         m.read_body(1);
                     }
@@ -246,9 +245,9 @@ impl Framing {
     }
 
     /// Holds `input` as (more of) the head being read, and looks at it.
-    fn hold(&mut self, input: BytesMut, out: &mut BytesMut) -> Option<BytesMut> {
+    fn hold(&mut self, input: impl Input, out: &mut BytesMut) -> Option<BytesMut> {
         if self.held.is_empty() {
-            self.held = input;
+            self.held = input.into_held();
         } else {
             self.held.extend_from_slice(&input);
         }
@@ -466,6 +465,36 @@ fn unsupported_version(head: &[u8]) -> Option<bool> {
         Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor])
             if major.is_ascii_digit() && minor.is_ascii_digit()
     ))
+}
+
+/// What [`Framing::step`] reads: a read's bytes, borrowed, or what followed a whole head,
+/// owned, which becomes the next held head as it is (so a buffer of many pipelined requests is
+/// not copied once per request).
+trait Input: std::ops::Deref<Target = [u8]> {
+    /// Drops the first `n` bytes.
+    fn skip(&mut self, n: usize);
+    /// The bytes as the held head.
+    fn into_held(self) -> BytesMut;
+}
+
+impl Input for &[u8] {
+    fn skip(&mut self, n: usize) {
+        *self = &self[n..];
+    }
+
+    fn into_held(self) -> BytesMut {
+        BytesMut::from(self)
+    }
+}
+
+impl Input for BytesMut {
+    fn skip(&mut self, n: usize) {
+        self.advance(n);
+    }
+
+    fn into_held(self) -> BytesMut {
+        self
+    }
 }
 
 /// Where the head at the start of `d` ends (after its blank line), once it has.

@@ -135,7 +135,7 @@ pub(super) async fn serve<S: Downstream>(mut stream: S, ctx: Arc<ConnContext>, c
         let mut head_deadline = None;
         let (request, asked) = loop {
             if !reading.buf.is_empty() {
-                if codec == Codec::Auto && may_be_h2_preface(&reading.buf) {
+                if codec == Codec::Auto && starts_with_h2_preface(&reading.buf) {
                     ctx.hcm.stats.codec(true, &ctx.codec);
                     return Box::pin(hand_off(stream, reading.buf, ctx, codec, true)).await;
                 }
@@ -478,10 +478,10 @@ async fn client_gone<S: Downstream>(stream: &mut S, reading: &mut Reading) {
     }
 }
 
-/// Whether the bytes read so far begin with the whole HTTP/2 connection preface. Only the
+/// Whether the bytes read so far begin with the whole HTTP/2 connection preface: only the
 /// whole preface says HTTP/2, as in Envoy's codec choice: a first read of `P` may be the start
 /// of a `POST`.
-fn may_be_h2_preface(buf: &[u8]) -> bool {
+fn starts_with_h2_preface(buf: &[u8]) -> bool {
     buf.starts_with(super::H2_PREFACE)
 }
 
