@@ -372,7 +372,7 @@ impl Op {
             Op::StartTime(f) => Value::Str(clock::format(rec.start_time, f)),
             Op::Req(l) => request_header(rec, l),
             Op::FilterState { key, plain } => {
-                let tls = rec.downstream.peer_tls.as_deref();
+                let tls = rec.downstream.filter_state.as_deref();
                 match tls.and_then(|t| t.filter_state(key)) {
                     None => Value::Missing,
                     Some(v) if *plain => Value::Str(v.to_owned()),

@@ -379,9 +379,9 @@ pub struct Downstream {
     pub local: Option<SocketAddr>,
     /// The TLS SNI.
     pub server_name: Option<Arc<str>>,
-    /// The connection's TLS session, whose filter state `istio_authn` sets (HTTP streams
-    /// over TLS).
-    pub peer_tls: Option<Arc<dyn crate::filter_state::FilterState>>,
+    /// The connection's filter state (its TLS session, whose principals `istio_authn` sets),
+    /// when a log reads it.
+    pub filter_state: Option<Arc<dyn crate::filter_state::FilterState>>,
 }
 
 /// What a request looked like when it was logged: pseudo-headers and headers.

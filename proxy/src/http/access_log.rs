@@ -103,7 +103,7 @@ pub(super) fn downstream_of(ctx: &ConnContext) -> Downstream {
         direct_remote: Some(ctx.down.peer),
         local: Some(ctx.local),
         server_name: ctx.down.tls.as_ref().and_then(|t| t.server_name().cloned()),
-        peer_tls: ctx.down.tls.clone().map(|t| t as _),
+        filter_state: ctx.down.tls.clone().map(|t| t as _),
     }
 }
 

@@ -447,7 +447,7 @@ impl Listener {
             direct_remote: Some(peer),
             local: Some(local),
             server_name: sni.map(Into::into),
-            peer_tls: None,
+            filter_state: None,
         });
         rec.flags.set(crate::access_log::ResponseFlag::NoRouteFound);
         rec.details = Some("filter_chain_not_found".to_owned());
@@ -551,7 +551,7 @@ impl Listener {
             direct_remote: Some(peer),
             local: Some(destination),
             server_name: inspected.server_name.as_deref().map(Into::into),
-            peer_tls: None,
+            filter_state: None,
         };
         let Some(_admitted) = chain
             .limits
@@ -693,7 +693,7 @@ impl Listener {
                                     .cloned()
                                     .unwrap_or_default(),
                             );
-                            let peer_tls = proxy.reads_filter_state().then(|| {
+                            let filter_state = proxy.reads_filter_state().then(|| {
                                 Arc::new(peer_tls) as Arc<dyn crate::filter_state::FilterState>
                             });
                             proxy
@@ -702,7 +702,7 @@ impl Listener {
                                     &shared.clusters,
                                     lb,
                                     sni,
-                                    peer_tls,
+                                    filter_state,
                                     on_data,
                                     Some(istio(sans)),
                                 )

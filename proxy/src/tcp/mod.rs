@@ -135,7 +135,7 @@ impl TcpProxy {
     }
 
     /// The record of a connection from `peer` to `local` (`sni`: what the listener's
-    /// tls_inspector read; `peer_tls`: its TLS session, when a log reads its filter state),
+    /// tls_inspector read; `filter_state`: its TLS session, when a log reads its filter state),
     /// when this proxy has access logs or its chain `istio.stats` (`istio`), which labels its
     /// metrics with the record's flags.
     fn record(
@@ -143,7 +143,7 @@ impl TcpProxy {
         peer: Option<SocketAddr>,
         local: Option<SocketAddr>,
         sni: Option<&str>,
-        peer_tls: Option<Arc<dyn FilterState>>,
+        filter_state: Option<Arc<dyn FilterState>>,
         istio: Option<&exchange::IstioFilters<'_>>,
     ) -> Option<Box<Record>> {
         if self.config.access_logs.is_empty() && istio.is_none_or(|i| i.stats.is_none()) {
@@ -154,7 +154,7 @@ impl TcpProxy {
             direct_remote: peer,
             local,
             server_name: sni.map(Into::into),
-            peer_tls,
+            filter_state,
         }));
         Some(rec)
     }
@@ -272,7 +272,7 @@ impl TcpProxy {
 
     /// Proxies a `downstream` whose TLS revoy terminated (a chain with a
     /// `DownstreamTlsContext` in front of tcp_proxy); `sni` as for [`TcpProxy::serve`];
-    /// `peer_tls`: the session's certificates, when an access log reads its filter state.
+    /// `filter_state`: the session's, when an access log reads it.
     #[expect(
         clippy::too_many_arguments,
         reason = "the listener's facts about one connection, each used once"
@@ -283,7 +283,7 @@ impl TcpProxy {
         clusters: &ClusterManager,
         ctx: LbContext,
         sni: Option<&str>,
-        peer_tls: Option<Arc<dyn FilterState>>,
+        filter_state: Option<Arc<dyn FilterState>>,
         on_data: OnData<'_>,
         istio: Option<exchange::IstioFilters<'_>>,
     ) {
@@ -292,7 +292,7 @@ impl TcpProxy {
             tcp.peer_addr().ok(),
             ctx.original_dst.or(tcp.local_addr().ok()),
             sni,
-            peer_tls,
+            filter_state,
             istio.as_ref(),
         );
         let ends = tunnel::Endpoints {

@@ -41,7 +41,7 @@ fn record() -> Record {
         direct_remote: None,
         local: Some("127.0.0.11:80".parse().unwrap()),
         server_name: None,
-        peer_tls: None,
+        filter_state: None,
     });
     rec.start_time = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
     rec.end = Some(rec.start + Duration::from_millis(12));
@@ -325,7 +325,7 @@ fn filter_state_renders_istio_authn_principals_as_envoy_renders_a_string() {
     let spiffe = "spiffe://cluster.local/ns/a/sa/b";
     let mut rec = record();
     let tls = crate::tls::peer::test_peer(&[spiffe], &[], "b").with_istio_authn(true);
-    rec.downstream.peer_tls = Some(std::sync::Arc::new(tls));
+    rec.downstream.filter_state = Some(std::sync::Arc::new(tls));
     let ops = "%FILTER_STATE(io.istio.peer_principal)% %FILTER_STATE(io.istio.peer_principal:PLAIN)% %FILTER_STATE(io.istio.peer_principal:TYPED)% %FILTER_STATE(io.istio.peer_principal:PLAIN):10% %FILTER_STATE(io.istio.peer_principal):10%";
     assert_eq!(
         text(ops, &rec),
@@ -340,7 +340,7 @@ fn filter_state_renders_istio_authn_principals_as_envoy_renders_a_string() {
         json(members, &rec, false),
         format!("{{\"d\":\"{spiffe}\",\"mixed\":\"x=\\\"{spiffe}\\\"\",\"p\":\"{spiffe}\"}}\n")
     );
-    rec.downstream.peer_tls = None;
+    rec.downstream.filter_state = None;
     assert_eq!(text("%FILTER_STATE(io.istio.local_principal)%", &rec), "-");
     for bad in [
         "%FILTER_STATE(envoy.string.key)%",
