@@ -275,8 +275,7 @@ impl Applier {
     /// ([`ListenerConfig::stat_prefixes`]) that no active or draining listener makes (for an
     /// update in place, those of the chains it dropped), trying again after [`RELEASE_RETRY`],
     /// then less often (at most [`RELEASE_TRIES`] times) while closing connections still hold
-    /// some. Called on
-    /// a tokio runtime (xDS's), whose timer ends it.
+    /// some. Called on a tokio runtime (xDS's), whose timer ends it.
     fn drain(&self, old: Arc<Listener>, next: Option<&Listener>) {
         old.retire(next, self.drain_time);
         let mut prefixes = old.config().stat_prefixes();
