@@ -114,7 +114,22 @@ pub fn wrk(
         args.extend(["-s".to_string(), script.to_string_lossy().into_owned()]);
     }
     args.push(url.to_string());
-    parse_wrk(&run("wrk", &args)?)
+    counted("wrk", url, &run("wrk", &args)?, parse_wrk)
+}
+
+/// `parse`'s reading of a load client's `summary`, which is also printed on stderr when the
+/// client counted errors, so a run's log says what they were (socket errors, status codes).
+fn counted(
+    program: &str,
+    url: &str,
+    summary: &str,
+    parse: fn(&str) -> Result<Throughput, String>,
+) -> Result<Throughput, String> {
+    let result = parse(summary)?;
+    if result.errors > 0 {
+        eprintln!("{program} {url}: {} errors:\n{summary}", result.errors);
+    }
+    Ok(result)
 }
 
 /// Parses wrk's summary.
@@ -177,7 +192,7 @@ pub fn h2load(
     ];
     args.extend_from_slice(extra);
     args.push(url.to_string());
-    parse_h2load(&run("h2load", &args)?)
+    counted("h2load", url, &run("h2load", &args)?, parse_h2load)
 }
 
 /// Parses h2load's summary.

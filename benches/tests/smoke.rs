@@ -95,7 +95,33 @@ fn smoke_run(binary: &str, args: &[&OsStr]) -> PathBuf {
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );
+    // What the run logged (a load client's errors among it) shows with a failing check.
+    eprint!("{}", String::from_utf8_lossy(&run.stderr));
     out
+}
+
+/// What a report cell's errors make a problem. Every error of revoy's is one. Another
+/// contender (Envoy, haproxy, nginx, direct) may lose a request or a connection on a loaded
+/// machine, and the smoke run only checks that the bench measures it: there a problem is an
+/// error count of 1 % of its requests per second or more (a smoke run lasts a second), or
+/// any error where the cell has no request rate. Errors let through are printed.
+fn error_problem(scenario: &str, contender: &str, cell: &Value) -> Option<String> {
+    let errors = cell.get("errors").and_then(Value::as_f64)?;
+    if errors == 0.0 {
+        return None;
+    }
+    let rate = ["rps", "handshakes_s"]
+        .iter()
+        .find_map(|metric| cell.get(metric).and_then(Value::as_f64));
+    let ours = contender.starts_with("revoy");
+    let problem = format!("{scenario}/{contender}: {errors} errors");
+    match rate {
+        Some(rate) if !ours && errors < rate / 100.0 => {
+            eprintln!("let through: {problem} at {rate} requests/s");
+            None
+        }
+        _ => Some(problem),
+    }
 }
 
 /// The JSON report `file` in `dir`.
@@ -170,13 +196,12 @@ fn tls_problems(json: &Value) -> Vec<String> {
     }
     for (scenario, cells) in medians.as_object().expect("medians by scenario") {
         for (contender, cell) in cells.as_object().expect("cells by contender") {
-            for metric in ["errors", "resumed"] {
-                if let Some(n) = cell.get(metric).and_then(Value::as_f64)
-                    && n != 0.0
-                {
-                    problems.push(format!("{scenario}/{contender}: {n} {metric}"));
-                }
+            if let Some(n) = cell.get("resumed").and_then(Value::as_f64)
+                && n != 0.0
+            {
+                problems.push(format!("{scenario}/{contender}: {n} resumed"));
             }
+            problems.extend(error_problem(scenario, contender, cell));
         }
     }
     for contender in PROXIES.iter().chain(&["direct"]) {
@@ -284,11 +309,7 @@ fn smoke_run_measures_every_scenario_and_contender() {
     }
     for (scenario, cells) in medians.as_object().expect("medians by scenario") {
         for (contender, cell) in cells.as_object().expect("cells by contender") {
-            if let Some(errors) = cell.get("errors").and_then(Value::as_f64)
-                && errors != 0.0
-            {
-                problems.push(format!("{scenario}/{contender}: {errors} errors"));
-            }
+            problems.extend(error_problem(scenario, contender, cell));
         }
     }
     for target in json["targets"].as_array().expect("targets") {
