@@ -66,9 +66,10 @@ pub fn run(bootstrap: BootstrapConfig, options: Options) -> Result<i32, StartErr
     let process = Arc::new(build_process(bootstrap, options));
     crate::access_log::file::init(flush, &process.shared.stats);
     process.shared.stats.set_workers(workers);
-    // With RTDS layers the server stays PRE_INITIALIZING until they arrive, as Envoy's (the
+    // With `dynamic_resources` the server stays PRE_INITIALIZING while its RTDS layers, CDS
+    // and the clusters' endpoints come, as Envoy's while its cluster manager initializes (the
     // xDS handler moves it on).
-    if process.shared.runtime.rtds_layers().is_empty() {
+    if process.bootstrap.dynamic.is_none() {
         process.lifecycle.set_state(ServerState::Initializing);
     }
     // Listeners are bound from here on, and listen once the workers start (the first LIVE).

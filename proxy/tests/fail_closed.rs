@@ -393,8 +393,8 @@ static_resources:
     let _revoy = Proxy::start(&yaml, || admin(admin_port, "/ready").0 != 0);
     assert!(TcpStream::connect(("127.0.0.1", listener)).is_err());
     let (status, body) = admin(admin_port, "/ready");
-    assert_eq!((status, body.trim()), (503, "INITIALIZING"));
-    assert_eq!(stat(admin_port, "server.state"), Some(3));
+    assert_eq!((status, body.trim()), (503, "PRE_INITIALIZING"));
+    assert_eq!(stat(admin_port, "server.state"), Some(2));
     assert_eq!(stat(admin_port, "server.live"), Some(0));
 }
 

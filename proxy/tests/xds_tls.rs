@@ -176,7 +176,7 @@ fn ads_over_tls_verifies_the_control_plane() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let (status, body) = admin_get(admin, "/ready");
-    assert_eq!((status, body.trim()), (503, "INITIALIZING"));
+    assert_eq!((status, body.trim()), (503, "PRE_INITIALIZING"));
     assert_eq!(stat(admin, "control_plane.connected_state"), Some(0));
 }
 
@@ -295,7 +295,7 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
 }
 
 /// xDS resources waiting for their SDS secrets (from the `sds-grpc` cluster), as Envoy warms
-/// them: a listener from the initial LDS response whose certificate has not come when the LDS
+/// them: a listener from the initial LDS response whose certificate has not come when its SDS
 /// `initial_fetch_timeout` (1 s) passes is not bound (refused, unlike Envoy's #47309), while
 /// the server goes LIVE and a plain listener routing to cluster `tls-up` serves; `tls-up`, an
 /// xDS cluster added later whose validation context (`ROOTCA`) has not come, warms and is not
@@ -309,7 +309,9 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
     let sds = Sds::start(dir.path(), "sds");
     let plane = Plane::start(free_port());
     let (admin, port, front) = (free_port(), free_port(), free_port());
-    let listener = xds::decode::<Listener>(&tls_listener(port, &sds_config("default"), "warmed"));
+    let certificate =
+        sds_config("default").replace("initial_fetch_timeout: 0s", "initial_fetch_timeout: 1s");
+    let listener = xds::decode::<Listener>(&tls_listener(port, &certificate, "warmed"));
     // `validate_clusters: false`: the route names `tls-up` before CDS has it.
     let plain = xds::listener_with(
         "front",
@@ -328,11 +330,7 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
     plane.set(snapshot("1"));
     let yaml = format!(
         "{}{}",
-        ads_bootstrap(admin, plane.port, false).replacen(
-            "lds_config: {ads: {}, initial_fetch_timeout: 0s",
-            "lds_config: {ads: {}, initial_fetch_timeout: 1s",
-            1
-        ),
+        ads_bootstrap(admin, plane.port, false),
         sds_cluster(sds.socket()),
     );
     let _revoy = start_unready(&yaml, admin);

@@ -286,7 +286,14 @@ impl ProxyHandler {
             return;
         };
         let mut st = self.state.lock().expect("xds state");
-        if st.phase != Some(phase) {
+        // Like Envoy's subscriptions, the CDS and LDS timers end at the first response: what
+        // it named warms on its own EDS, RDS and SDS timeouts.
+        let answered = match phase {
+            Phase::Clusters => st.cds_received,
+            Phase::Listeners => st.lds_received,
+            Phase::Runtime | Phase::Done => false,
+        };
+        if st.phase != Some(phase) || answered {
             return;
         }
         tracing::warn!(
@@ -300,27 +307,14 @@ impl ProxyHandler {
                     stats.timed_out();
                 }
             }
+            // Nothing warms before the first response: start-up goes on without.
             Phase::Clusters => {
                 self.stats.cds.timed_out();
                 st.cds_received = true;
-                let mut warming = st.warming_clusters.take();
-                warming.append(&mut st.clusters_awaiting_secrets.take());
-                for name in warming.keys() {
-                    st.clusters.set_status(name, Status::Acked);
-                }
-                process
-                    .shared
-                    .clusters
-                    .apply(warming.into_values().collect(), &[]);
             }
             Phase::Listeners => {
                 self.stats.lds.timed_out();
                 st.lds_received = true;
-                let warming = st.warming_listeners.take();
-                for (name, cfg) in warming {
-                    self.activate_with_secrets(&process, &mut st, &name, cfg);
-                }
-                self.publish_warming_listeners(&st);
             }
             Phase::Done => {}
         }
@@ -330,7 +324,6 @@ impl ProxyHandler {
     /// Moves start-up on when its phase's resources have arrived and warmed.
     fn advance(&self, st: &mut State) {
         if st.phase == Some(Phase::Runtime) && st.rtds_pending.is_empty() {
-            self.set_server_state(crate::lifecycle::ServerState::Initializing);
             self.start_clusters(st);
         }
         if st.phase == Some(Phase::Clusters)
@@ -339,6 +332,8 @@ impl ProxyHandler {
             && st.clusters_awaiting_secrets.is_empty()
         {
             st.phase = Some(Phase::Listeners);
+            // Envoy's init manager starts once its cluster manager has initialized.
+            self.set_server_state(crate::lifecycle::ServerState::Initializing);
             match &self.config.lds {
                 Some(sub) => {
                     self.stats.lds.started();

@@ -46,19 +46,6 @@ impl<T> Waiting<T> {
         Some(value)
     }
 
-    /// Everything stops waiting.
-    pub fn take(&mut self) -> BTreeMap<String, T> {
-        std::mem::take(&mut self.entries)
-            .into_iter()
-            .map(|(name, (value, timer))| {
-                if let Some(timer) = timer {
-                    timer.abort();
-                }
-                (name, value)
-            })
-            .collect()
-    }
-
     /// What waits under `name`.
     pub fn get(&self, name: &str) -> Option<&T> {
         self.entries.get(name).map(|(v, _)| v)
@@ -111,8 +98,9 @@ mod tests {
         let timer = tokio::spawn(std::future::pending::<()>());
         waiting.insert("d".to_owned(), 2);
         waiting.set_timer("d", timer.abort_handle());
-        assert_eq!(waiting.take().into_values().collect::<Vec<_>>(), [2]);
+        waiting.insert("d".to_owned(), 3);
         assert!(timer.await.expect_err("aborted").is_cancelled());
+        assert_eq!(waiting.remove("d"), Some(3));
         assert!(waiting.is_empty());
     }
 }
