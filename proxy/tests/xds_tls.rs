@@ -50,7 +50,7 @@ use xds::{
     start_revoy, stat,
 };
 use xds_client::server::Snapshot;
-use xds_client::{CLUSTER_TYPE_URL, LISTENER_TYPE_URL};
+use xds_client::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, LISTENER_TYPE_URL};
 
 const HCM: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const ROUTER: &str = "{name: r, typed_config: {\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}";
@@ -298,9 +298,10 @@ fn live_waits_for_static_listener_secrets_with_dynamic_resources() {
 /// them: a listener from the initial LDS response whose certificate has not come when its SDS
 /// `initial_fetch_timeout` (1 s) passes is not bound (refused, unlike Envoy's #47309), while
 /// the server goes LIVE and a plain listener routing to cluster `tls-up` serves; `tls-up`, an
-/// xDS cluster added later whose validation context (`ROOTCA`) has not come, warms and is not
-/// used (the plain listener answers 503 as for no cluster). Once both secrets are served, the
-/// TLS listener serves HTTPS and `tls-up` reaches it over TLS.
+/// EDS cluster added later whose validation context (`ROOTCA`) has not come, warms with its
+/// endpoints in hand and is not used (the plain listener answers 503 as for no cluster), and
+/// takes the assignment that replaces them meanwhile. Once both secrets are served, the TLS
+/// listener serves HTTPS and `tls-up` reaches it over TLS at its latest endpoint.
 #[test]
 fn xds_listener_and_cluster_wait_for_their_secrets() {
     let dir = CertDir::new();
@@ -342,15 +343,30 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
     assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
 
     let cluster = xds::decode::<Cluster>(&format!(
-        "{{name: tls-up, type: STATIC, connect_timeout: 1s, load_assignment: {{cluster_name: tls-up, \
-         endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}}}]}}]}}, \
+        "{{name: tls-up, type: EDS, connect_timeout: 1s, eds_cluster_config: {{eds_config: \
+         {{ads: {{}}, resource_api_version: V3}}}}, \
          transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
          {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
          sni: warmed.test, common_tls_context: {{validation_context_sds_secret_config: {}}}}}}}}}",
         sds_config("ROOTCA")
     ));
-    plane.set(snapshot("2").with_message("tls-up", &cluster));
+    // First an endpoint where nothing listens, then, while the secret is awaited, the TLS
+    // listener.
+    let nothing = free_port();
+    plane.set(
+        snapshot("2")
+            .with_message("tls-up", &cluster)
+            .with_message("tls-up", &xds::assignment("tls-up", nothing)),
+    );
     plane.ack(CLUSTER_TYPE_URL, "2");
+    plane.ack(ENDPOINT_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(1));
+    plane.set(
+        snapshot("3")
+            .with_message("tls-up", &cluster)
+            .with_message("tls-up", &xds::assignment("tls-up", port)),
+    );
+    plane.ack(ENDPOINT_TYPE_URL, "3");
     assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(1));
     assert_eq!(xds::get(front, "/").map(|r| r.status), Ok(503));
     assert!(

@@ -554,17 +554,9 @@ impl ProxyHandler {
             };
             let mut compiled = Vec::new();
             let mut failure = None;
-            for user in &users {
-                let cfg = match st.warming_clusters.get(user) {
-                    Some(cfg) => cfg.clone(),
-                    None if unchanged => continue,
-                    None => match process.shared.clusters.get(user) {
-                        Some(c) => c.config().clone(),
-                        None => continue,
-                    },
-                };
+            for (user, target, cfg) in assignment_targets(process, st, &users, unchanged) {
                 match compile_assignment(&cla, &cfg) {
-                    Ok(eps) => compiled.push((user.clone(), cfg, eps)),
+                    Ok(eps) => compiled.push((user, target, cfg, eps)),
                     Err(e) => {
                         failure = Some(located("cluster load assignment", &r.name, e));
                         break;
@@ -591,15 +583,24 @@ impl ProxyHandler {
                 }
                 continue;
             }
-            for (user, mut cfg, eps) in compiled {
-                if st.warming_clusters.remove(&user).is_some() {
-                    cfg.endpoints = eps;
-                    let status = self.use_or_await_secrets(process, st, cfg, &mut warmed);
-                    st.clusters.set_status(&user, status);
-                } else if let Some(waiting) = st.clusters_awaiting_secrets.get_mut(&user) {
-                    waiting.endpoints = eps;
-                } else if let Some(cluster) = process.shared.clusters.get(&user) {
-                    cluster.set_endpoints(&eps);
+            for (user, target, mut cfg, eps) in compiled {
+                match target {
+                    Target::Warming => {
+                        st.warming_clusters.remove(&user);
+                        cfg.endpoints = eps;
+                        let status = self.use_or_await_secrets(process, st, cfg, &mut warmed);
+                        st.clusters.set_status(&user, status);
+                    }
+                    Target::AwaitingSecrets => {
+                        if let Some(waiting) = st.clusters_awaiting_secrets.get_mut(&user) {
+                            waiting.endpoints = eps;
+                        }
+                    }
+                    Target::Serving => {
+                        if let Some(cluster) = process.shared.clusters.get(&user) {
+                            cluster.set_endpoints(&eps);
+                        }
+                    }
                 }
             }
             if !unchanged {
@@ -1498,9 +1499,45 @@ fn rds_names(l: &ListenerConfig) -> Vec<String> {
         .collect()
 }
 
-/// Removes `cluster` from the users of the service name it used, if any. When the cluster was
-/// `removed` and was the service's last user, its assignment is forgotten too (the
-/// subscription ends; a cluster added again waits for a fresh one, as in Envoy).
+/// Which version of an EDS cluster an endpoint assignment goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target {
+    /// The version waiting for its endpoints: they end its warming.
+    Warming,
+    /// The version with endpoints in hand waiting for its SDS secrets: they replace those.
+    AwaitingSecrets,
+    /// The version serving: its hosts change now.
+    Serving,
+}
+
+/// The versions of `users` (the clusters of one service) an endpoint assignment goes to, each
+/// with the config it is compiled against: the new version (warming or awaiting its secrets)
+/// and the one serving, as each of Envoy's cluster versions has its own EDS subscription. An
+/// `unchanged` assignment only ends warming.
+fn assignment_targets(
+    process: &Process,
+    st: &State,
+    users: &[String],
+    unchanged: bool,
+) -> Vec<(String, Target, ClusterConfig)> {
+    let mut targets = Vec::new();
+    for user in users {
+        if let Some(cfg) = st.warming_clusters.get(user) {
+            targets.push((user.clone(), Target::Warming, cfg.clone()));
+        }
+        if unchanged {
+            continue;
+        }
+        if let Some(cfg) = st.clusters_awaiting_secrets.get(user) {
+            targets.push((user.clone(), Target::AwaitingSecrets, cfg.clone()));
+        }
+        if let Some(c) = process.shared.clusters.get(user) {
+            targets.push((user.clone(), Target::Serving, c.config().clone()));
+        }
+    }
+    targets
+}
+
 /// The endpoints of the assignment held for `cfg`'s EDS service, compiled for it (what a
 /// cluster that waited in vain for its endpoints starts with, as Envoy's EDS cache).
 fn held_assignment(st: &State, cfg: &ClusterConfig) -> Option<Vec<EndpointConfig>> {
@@ -1512,6 +1549,9 @@ fn held_assignment(st: &State, cfg: &ClusterConfig) -> Option<Vec<EndpointConfig
     compile_assignment(&cla, cfg).ok()
 }
 
+/// Removes `cluster` from the users of the service name it used, if any. When the cluster was
+/// `removed` and was the service's last user, its assignment is forgotten too (the
+/// subscription ends; a cluster added again waits for a fresh one, as in Envoy).
 fn forget_eds_user(st: &mut State, cluster: &str, removed: bool) {
     let Some(service) = st.eds_service_of.remove(cluster) else {
         return;
