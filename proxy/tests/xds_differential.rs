@@ -36,7 +36,10 @@
 //! `xds_fetch_timeouts_cover_the_first_response_only` starts both with 1 s CDS and LDS
 //! `initial_fetch_timeout`s and compares `/ready`, the `init_fetch_timeout` counters and what
 //! warms, past those timeouts, while a cluster waits for its endpoints and a listener for its
-//! routes.
+//! routes. `xds_route_configurations_follow_their_listeners` compares, step by step, a
+//! listener's answers and the route configurations `/config_dump` lists while an update of it
+//! that names another route configuration warms, and after the drain time once listeners stop
+//! using them.
 //!
 //! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
 //! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
@@ -2188,5 +2191,102 @@ async fn xds_fetch_timeouts_cover_the_first_response_only() {
     }
     let main = bound_port(&sides[1], "main").await;
     assert_eq!(get(main, "/").await.map(|(status, _)| status), Ok(200));
+    task.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Route configurations follow the listener versions that use them.
+
+/// The route configurations `side`'s `/config_dump` lists.
+async fn dumped_routes(side: &Side) -> String {
+    let (_, dump) = side.admin("/config_dump").await;
+    let dump: Value = serde_json::from_str(&dump).unwrap_or(Value::Null);
+    let section = dump["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c["@type"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(".RoutesConfigDump"))
+        })
+        .map_or(Value::Null, |c| c["dynamic_route_configs"].clone());
+    dump_names(side, &section, "route_config")
+}
+
+/// A listener update that warms (it names route configuration `r-new`, not sent yet) leaves
+/// the version serving on its route configuration, whose updates still apply; a route
+/// configuration no listener uses any longer (its listener removed, or replaced by one naming
+/// another) leaves `/config_dump` once the drain time (1 s) has passed. Both as Envoy 1.40,
+/// step by step: the answers of `main`, and the route configurations listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_route_configurations_follow_their_listeners() {
+    let Some(envoy) = oracle::envoy_or_skip("xds_route_configurations_follow_their_listeners")
+    else {
+        return;
+    };
+    let (server, port, task) = serve_ads().await;
+    let sides = both_sides(&envoy, port, false, &["--drain-time-s", "1"]);
+    let routes =
+        |name: &str, body: &str| route_config(name, &format!("[{}]", direct("/", 200, body)));
+    let steps = [
+        (
+            "two listeners",
+            vec![RDS],
+            vec![
+                http_listener("main", &hcm("main", &rds("r-main"))),
+                http_listener("other", &hcm("other", &rds("r-other"))),
+                routes("r-main", "main-1"),
+                routes("r-other", "other-1"),
+            ],
+        ),
+        (
+            "main warms on r-new, r-main changes, other removed",
+            vec![LDS, RDS],
+            vec![
+                http_listener("main", &hcm("main", &rds("r-new"))),
+                routes("r-main", "main-2"),
+            ],
+        ),
+        (
+            "r-main changes again while main warms",
+            vec![RDS],
+            vec![
+                http_listener("main", &hcm("main", &rds("r-new"))),
+                routes("r-main", "main-3"),
+            ],
+        ),
+        (
+            "r-new comes",
+            vec![RDS],
+            vec![
+                http_listener("main", &hcm("main", &rds("r-new"))),
+                routes("r-main", "main-3"),
+                routes("r-new", "new-4"),
+            ],
+        ),
+    ];
+    for (n, (what, types, resources)) in steps.into_iter().enumerate() {
+        let version = format!("r{n}");
+        server.set(snapshot(&version, &resources));
+        let mut seen = Vec::new();
+        for side in &sides {
+            for type_url in &types {
+                assert_eq!(
+                    answered(&server, side.name, type_url, &version).await,
+                    Verdict::Ack,
+                    "{}: {what}",
+                    side.name
+                );
+            }
+            let main = bound_port(side, "main").await;
+            let answer = get(main, "/").await;
+            // Past the drain time of what the step replaced or removed.
+            tokio::time::sleep(Duration::from_millis(2000)).await;
+            seen.push((answer, dumped_routes(side).await));
+        }
+        report(&format!("{what}: envoy {:?}, revoy {:?}", seen[0], seen[1]));
+        assert_eq!(seen[0], seen[1], "{what}: Envoy (left) vs revoy (right)");
+    }
     task.abort();
 }

@@ -76,8 +76,15 @@ pub struct State {
     pub draining_listeners: Draining,
     /// Listeners waiting for their route configurations.
     warming_listeners: Waiting<ListenerConfig>,
-    /// RDS names each dynamic listener (active or warming) uses.
+    /// RDS names each dynamic listener's latest version (active or warming) uses.
     listener_routes: BTreeMap<String, Vec<String>>,
+    /// RDS names the serving version of each dynamic listener uses (while an update warms,
+    /// the version it replaces still serves with them).
+    serving_routes: BTreeMap<String, Vec<String>>,
+    /// Route configurations no listener uses any longer, dropped once the drain time has
+    /// passed (the versions and chains that used them have drained by then, as Envoy drops a
+    /// route configuration with the last connection manager that holds it).
+    unused_routes: BTreeSet<String>,
     /// Listeners whose warming ended (their route configurations came or timed out, or the
     /// LDS phase timed out) still waiting for their SDS secrets: never active without them.
     listeners_awaiting_secrets: BTreeMap<String, ListenerConfig>,
@@ -667,6 +674,7 @@ impl ProxyHandler {
             st.warming_listeners.remove(&name);
             st.listeners_awaiting_secrets.remove(&name);
             st.listener_routes.remove(&name);
+            st.serving_routes.remove(&name);
             let old = st.listeners.get(&name).and_then(|r| r.active());
             let was_active = process.applier.remove_listener(&name);
             if let Some(old) = old.filter(|_| was_active) {
@@ -698,6 +706,7 @@ impl ProxyHandler {
                         let old = st.listeners.get(&name).and_then(|r| r.active());
                         match process.applier.upsert_listener(cfg) {
                             Ok(change) => {
+                                st.serving_routes.insert(name.clone(), routes);
                                 self.listener_changed(process, st, &name, change, old, &r.value);
                                 changes.note(&st.listeners, &name);
                                 st.listeners
@@ -841,6 +850,7 @@ impl ProxyHandler {
                 }
                 tracing::warn!(listener = %name, "initial_fetch_timeout: route configurations or SDS secrets did not come; the listener starts without the routes");
                 self.activate_with_secrets(&process, st, name, cfg);
+                self.resubscribe_routes(&process, st);
                 self.publish_warming_listeners(st);
             }
         }
@@ -948,8 +958,10 @@ impl ProxyHandler {
             .listeners
             .get(name)
             .and_then(|r| r.serving.as_deref().cloned());
+        let routes = rds_names(&cfg);
         match process.applier.upsert_listener(cfg) {
             Ok(change) => {
+                st.serving_routes.insert(name.to_owned(), routes);
                 if let Some(new) = st.listeners.get(name).and_then(|r| r.value.clone()) {
                     self.listener_changed(process, st, name, change, old, &new);
                 }
@@ -980,13 +992,39 @@ impl ProxyHandler {
         sub.is_some_and(|s| s.source == Source::Ads) && self.ads_delta()
     }
 
-    /// Starts the stats of RDS subscriptions new since the last call.
-    fn resubscribe_routes(&self, process: &Process, st: &mut State) {
-        let mut names: BTreeSet<String> = st.listener_routes.values().flatten().cloned().collect();
+    /// The route configurations in use: those the static listeners, and the serving and the
+    /// latest version of each dynamic listener, name.
+    fn routes_in_use(&self, process: &Process, st: &State) -> BTreeSet<String> {
+        let mut names: BTreeSet<String> = st
+            .listener_routes
+            .values()
+            .chain(st.serving_routes.values())
+            .flatten()
+            .cloned()
+            .collect();
         for l in &process.bootstrap.listeners {
             names.extend(rds_names(l));
         }
+        names
+    }
+
+    /// Subscribes to the route configurations in use (starting the stats of those new since
+    /// the last call), and drops those no longer in use once the drain time has passed.
+    fn resubscribe_routes(&self, process: &Process, st: &mut State) {
+        let names = self.routes_in_use(process, st);
         st.rds_started.retain(|name, _| names.contains(name));
+        let unused: Vec<String> = st
+            .routes
+            .iter()
+            .map(|(name, _)| name)
+            .filter(|name| !names.contains(*name) && !st.unused_routes.contains(*name))
+            .cloned()
+            .collect();
+        if !unused.is_empty() {
+            st.unused_routes.extend(unused.iter().cloned());
+            let drain_time = Duration::from_secs(process.options.drain_time_s);
+            self.after(Some(drain_time), move |me| me.drop_unused_routes(&unused));
+        }
         for name in &names {
             if st.rds_started.contains_key(name) {
                 continue;
@@ -1102,23 +1140,44 @@ impl ProxyHandler {
             })
             .cloned()
             .collect();
-        for name in ready {
-            if let Some(cfg) = st.warming_listeners.remove(&name) {
-                self.activate_listener(process, st, &name, cfg);
-            }
-        }
         let held: Vec<String> = st
             .listeners_awaiting_secrets
             .iter()
             .filter(|(_, cfg)| secrets_ready(process, &listener_secrets(cfg)))
             .map(|(name, _)| name.clone())
             .collect();
+        let activated = !ready.is_empty() || !held.is_empty();
+        for name in ready {
+            if let Some(cfg) = st.warming_listeners.remove(&name) {
+                self.activate_listener(process, st, &name, cfg);
+            }
+        }
         for name in held {
             if let Some(cfg) = st.listeners_awaiting_secrets.remove(&name) {
                 self.activate_listener(process, st, &name, cfg);
             }
         }
+        if activated {
+            // The versions they replace no longer hold their route configurations.
+            self.resubscribe_routes(process, st);
+        }
         self.publish_warming_listeners(st);
+    }
+
+    /// Drops those of `names` still not in use: their tables and records (`/config_dump`).
+    fn drop_unused_routes(&self, names: &[String]) {
+        let Some(process) = self.process.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        let in_use = self.routes_in_use(&process, &st);
+        for name in names {
+            st.unused_routes.remove(name);
+            if !in_use.contains(name) {
+                process.applier.remove_route(name);
+                st.routes.remove(name);
+            }
+        }
     }
 
     /// Adds `cfg` to `ready` when the secrets of its TLS contexts have arrived (answering
