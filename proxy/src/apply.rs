@@ -154,6 +154,37 @@ impl Applier {
         self.workers.get().map_or(0, Vec::len)
     }
 
+    /// Whether `config` could be applied now: no other listener has one of its addresses,
+    /// and each address its listener does not hold yet can be bound (tried and let go), as
+    /// Envoy binds a listener when it comes, before it warms.
+    pub fn check_listener(&self, config: &ListenerConfig) -> Result<(), ListenerError> {
+        let state = self.state.lock().expect("applier state");
+        duplicate_address(&state, config)?;
+        if !config.bind_to_port {
+            return Ok(());
+        }
+        let held: Vec<ListenAddress> = state
+            .slots
+            .iter()
+            .find(|(n, _)| *n == config.name)
+            .map(|(_, s)| addresses(s.current().config()))
+            .unwrap_or_default();
+        let reuse_port = self.worker_count() > 1;
+        for address in addresses(config) {
+            if address.address.port() == 0 || held.iter().any(|h| h.same_socket(&address)) {
+                continue;
+            }
+            crate::listener::bind_socket(address, reuse_port, config.transparent).map_err(
+                |source| ListenerError::Bind {
+                    name: config.name.clone(),
+                    address: address.address,
+                    source,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     /// Adds or replaces the listener named `config.name`.
     pub fn upsert_listener(&self, config: ListenerConfig) -> Result<ListenerChange, ListenerError> {
         let mut state = self.state.lock().expect("applier state");
@@ -163,30 +194,7 @@ impl Applier {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| s.clone());
-        // Envoy's duplicate-address rule, over every address of each listener: another
-        // listener with one of the same addresses is a duplicate unless the new one binds it
-        // with port 0 (the kernel picks a port per socket); a listener that does not bind
-        // (`bind_to_port: false`, used through `use_original_dst`) must not share an address
-        // either, or which one gets the connections is ambiguous.
-        for address in config.addresses().map(|a| a.address) {
-            if config.bind_to_port && address.port() == 0 {
-                continue;
-            }
-            let holder = state.slots.iter().find(|(n, s)| {
-                *n != name
-                    && s.current()
-                        .config()
-                        .addresses()
-                        .any(|a| a.address == address)
-            });
-            if let Some((other, _)) = holder {
-                return Err(ListenerError::DuplicateAddress {
-                    name,
-                    other: other.clone(),
-                    address,
-                });
-            }
-        }
+        duplicate_address(&state, &config)?;
         let previous = existing.as_ref().map(|s| s.current());
         let listener = Arc::new(Listener::new(
             Arc::new(config),
@@ -485,6 +493,34 @@ impl Applier {
 
 /// A listener's addresses, each once: the same address configured twice is bound once (Envoy
 /// binds it twice, with SO_REUSEPORT, which serves the same).
+/// Envoy's duplicate-address rule, over every address of each listener: another listener with
+/// one of `config`'s addresses is a duplicate unless `config` binds it with port 0 (the kernel
+/// picks a port per socket); a listener that does not bind (`bind_to_port: false`, used
+/// through `use_original_dst`) must not share an address either, or which one gets the
+/// connections is ambiguous.
+fn duplicate_address(state: &State, config: &ListenerConfig) -> Result<(), ListenerError> {
+    for address in config.addresses().map(|a| a.address) {
+        if config.bind_to_port && address.port() == 0 {
+            continue;
+        }
+        let holder = state.slots.iter().find(|(n, s)| {
+            *n != config.name
+                && s.current()
+                    .config()
+                    .addresses()
+                    .any(|a| a.address == address)
+        });
+        if let Some((other, _)) = holder {
+            return Err(ListenerError::DuplicateAddress {
+                name: config.name.clone(),
+                other: other.clone(),
+                address,
+            });
+        }
+    }
+    Ok(())
+}
+
 fn addresses(config: &ListenerConfig) -> Vec<ListenAddress> {
     let mut all: Vec<ListenAddress> = Vec::new();
     for a in config.addresses() {

@@ -536,6 +536,57 @@ fn a_new_listener_warms_until_its_routes_arrive() {
     assert!(listeners.contains("late::"), "{listeners}");
 }
 
+/// revoy binds a listener when it comes (one whose address is taken is NACKed, as Envoy's:
+/// `tests/xds_differential.rs`) but listens once it has warmed. When another process takes
+/// the address meanwhile, the warmed listener cannot be applied: `/config_dump` shows the
+/// rejection and no active version, and once the address is free the same listener sent again
+/// is taken (Envoy holds its socket from the start, so there it serves).
+#[test]
+fn a_listener_whose_address_is_taken_while_it_warms_is_taken_when_sent_again() {
+    let a = upstream("upstream-a");
+    let (port, late, other) = (free_port(), free_port(), free_port());
+    let (plane, _revoy, admin) = start(false);
+    let base = |version: &str| {
+        Snapshot::new(version)
+            .with_message("a", &static_cluster("a", a))
+            .with_message("main", &inline_listener("main", port, &to_cluster("a")))
+            .with_message("late", &rds_listener("late", late, "late", "late-routes"))
+    };
+    let routes = route_config("late-routes", &to_cluster("a"));
+    plane.set(base("1"));
+    plane.ack(LISTENER_TYPE_URL, "1");
+    let holder = std::net::TcpListener::bind(("127.0.0.1", late)).expect("take the address");
+    plane.set(base("2").with_message("late-routes", &routes));
+    plane.ack(ROUTE_TYPE_URL, "2");
+    let l = eventually_dumped(admin, "late", |l| l["error_state"].is_object());
+    let details = l["error_state"]["details"].as_str().unwrap_or_default();
+    assert!(details.contains("cannot bind listener 'late'"), "{l}");
+    assert!(l["active_state"].is_null(), "{l}");
+    assert!(l["warming_state"].is_null(), "{l}");
+    drop(holder);
+    plane.set(
+        base("3")
+            .with_message("late-routes", &routes)
+            .with_message("other", &inline_listener("other", other, &to_cluster("a"))),
+    );
+    plane.ack(LISTENER_TYPE_URL, "3");
+    assert_eq!(body_of(late).as_deref(), Some("upstream-a"));
+    assert!(dumped_listener(admin, "late")["active_state"].is_object());
+}
+
+/// The dynamic listener `name` of `/config_dump` once `done` holds for it.
+fn eventually_dumped(
+    admin: u16,
+    name: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    eventually(&format!("listener {name} in /config_dump"), || {
+        dynamic_listeners(admin)
+            .into_iter()
+            .find(|l| l["name"] == name && done(l))
+    })
+}
+
 fn restart(delta: bool) {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
     let port = free_port();

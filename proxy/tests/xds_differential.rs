@@ -39,7 +39,9 @@
 //! routes. `xds_route_configurations_follow_their_listeners` compares, step by step, a
 //! listener's answers and the route configurations `/config_dump` lists while an update of it
 //! that names another route configuration warms, and after the drain time once listeners stop
-//! using them.
+//! using them. `xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again` gives
+//! each its own control plane and a listener on an address the test holds: both NACK it, and
+//! take it once the address is free and the listener sent again.
 //!
 //! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
 //! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
@@ -2289,4 +2291,54 @@ async fn xds_route_configurations_follow_their_listeners() {
         assert_eq!(seen[0], seen[1], "{what}: Envoy (left) vs revoy (right)");
     }
     task.abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// A listener whose address is taken.
+
+/// A listener (waiting for its route configuration) on an address another process holds is
+/// rejected when it comes, naming the listener, as Envoy binds at once; once the address is
+/// free, the same listener sent again is taken and serves. Each proxy has its own control
+/// plane and address (the two must not share a port).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again() {
+    let Some(envoy) = oracle::envoy_or_skip(
+        "xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again",
+    ) else {
+        return;
+    };
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    let mut seen = Vec::new();
+    for (name, program) in [("envoy", envoy.as_path()), ("revoy", revoy.as_path())] {
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
+        let taken = holder.local_addr().expect("held port").port();
+        let main = listener(
+            "main",
+            taken,
+            "",
+            &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
+        );
+        let (server, port, task) = serve_ads().await;
+        server.set(snapshot("b0", std::slice::from_ref(&main)));
+        let side = Side::start(name, program, port, false, &[]);
+        let first = answered(&server, name, LDS, "b0").await;
+        drop(holder);
+        let routes = route_config("routes", &format!("[{}]", direct("/", 200, "bound")));
+        let other = http_listener("other", &hcm("other", &rds("routes")));
+        server.set(snapshot("b1", &[main, other, routes]));
+        let second = answered(&server, name, LDS, "b1").await;
+        let answer = get(bound_port(&side, "main").await, "/").await;
+        let first = match first {
+            Verdict::Nack(detail) => {
+                assert!(detail.contains("main"), "{name}: {detail}");
+                report(&format!("{name}: {detail}"));
+                "NACK".to_owned()
+            }
+            Verdict::Ack => "ACK".to_owned(),
+        };
+        seen.push((first, second, answer));
+        task.abort();
+    }
+    assert_eq!(seen[0], seen[1], "Envoy (left) vs revoy (right)");
+    assert_eq!(seen[1].0, "NACK");
 }

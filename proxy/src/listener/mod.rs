@@ -364,26 +364,7 @@ impl Listener {
         address: ListenAddress,
         reuse_port: bool,
     ) -> std::io::Result<socket2::Socket> {
-        let addr = address.address;
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(addr),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        if reuse_port {
-            socket.set_reuse_port(true)?;
-        }
-        if addr.is_ipv6() {
-            socket.set_only_v6(!address.ipv4_compat)?;
-        }
-        if let Some(on) = self.config.transparent {
-            set_transparent(&socket, addr, on)?;
-        }
-        socket.set_nonblocking(true)?;
-        socket.set_tcp_nodelay(true)?;
-        socket.bind(&addr.into())?;
-        Ok(socket)
+        bind_socket(address, reuse_port, self.config.transparent)
     }
 
     /// Serves one accepted connection; `bound_local`: its local address when the accepting
@@ -877,6 +858,36 @@ fn set_transparent(socket: &socket2::Socket, addr: SocketAddr, on: bool) -> std:
 pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListener> {
     socket.listen(1024)?;
     tokio::net::TcpListener::from_std(socket.into())
+}
+
+/// A non-blocking TCP socket bound to `address` (not listening), with `SO_REUSEADDR`,
+/// `SO_REUSEPORT` when `reuse_port`, `IP_TRANSPARENT` as `transparent` says, `IPV6_V6ONLY`
+/// unless the address takes IPv4 too, and `TCP_NODELAY` for the connections it accepts.
+pub fn bind_socket(
+    address: ListenAddress,
+    reuse_port: bool,
+    transparent: Option<bool>,
+) -> std::io::Result<socket2::Socket> {
+    let addr = address.address;
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    if addr.is_ipv6() {
+        socket.set_only_v6(!address.ipv4_compat)?;
+    }
+    if let Some(on) = transparent {
+        set_transparent(&socket, addr, on)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.set_tcp_nodelay(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 #[cfg(test)]

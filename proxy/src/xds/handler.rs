@@ -692,40 +692,54 @@ impl ProxyHandler {
                 Err(reason) => reject(&mut st.listeners, &mut rejected, r, reason),
                 Ok((cfg, timeout)) => {
                     let name = cfg.name.clone();
-                    st.listeners_awaiting_secrets.remove(&name);
                     let routes = rds_names(&cfg);
-                    st.listener_routes.insert(name.clone(), routes.clone());
                     let secrets = listener_secrets(&cfg);
-                    let ready = routes.iter().all(|n| route_answered(st, n))
-                        && secrets_ready(process, &secrets);
-                    if !secrets_ready(process, &secrets) {
+                    let secrets_in = secrets_ready(process, &secrets);
+                    let ready = secrets_in && routes.iter().all(|n| route_answered(st, n));
+                    let old = st.listeners.get(&name).and_then(|r| r.active());
+                    // Bound as it comes, as Envoy binds a listener before it warms: one that
+                    // cannot be is rejected, and what was there before it stays.
+                    let taken = if ready {
+                        process.applier.upsert_listener(cfg).map(Taken::Active)
+                    } else {
+                        let checked = process.applier.check_listener(&cfg);
+                        checked.map(|()| Taken::Warming(Box::new(cfg)))
+                    };
+                    let taken = match taken {
+                        Ok(taken) => taken,
+                        Err(e) => {
+                            let reason = format!("error adding listener '{name}': {e}");
+                            reject(&mut st.listeners, &mut rejected, r, reason);
+                            continue;
+                        }
+                    };
+                    st.listeners_awaiting_secrets.remove(&name);
+                    st.listener_routes.insert(name.clone(), routes.clone());
+                    if !secrets_in {
                         self.await_secrets(process, &secrets);
                     }
-                    if ready {
-                        st.warming_listeners.remove(&name);
-                        let old = st.listeners.get(&name).and_then(|r| r.active());
-                        match process.applier.upsert_listener(cfg) {
-                            Ok(change) => {
-                                st.serving_routes.insert(name.clone(), routes);
-                                self.listener_changed(process, st, &name, change, old, &r.value);
-                                changes.note(&st.listeners, &name);
-                                st.listeners
-                                    .accept(&name, &r.version, r.value, Status::Acked);
-                            }
-                            Err(e) => {
-                                let reason = format!("error adding listener '{name}': {e}");
-                                reject(&mut st.listeners, &mut rejected, r, reason);
-                            }
+                    match taken {
+                        Taken::Active(change) => {
+                            st.warming_listeners.remove(&name);
+                            st.serving_routes.insert(name.clone(), routes);
+                            self.listener_changed(process, st, &name, change, old, &r.value);
+                            changes.note(&st.listeners, &name);
+                            st.listeners
+                                .accept(&name, &r.version, r.value, Status::Acked);
                         }
-                    } else {
-                        st.warming_listeners.insert(name.clone(), cfg);
-                        if let Some(timer) =
-                            self.arm_warming_timeout(Warming::Listener, &name, &r.version, timeout)
-                        {
-                            st.warming_listeners.set_timer(&name, timer);
+                        Taken::Warming(cfg) => {
+                            st.warming_listeners.insert(name.clone(), *cfg);
+                            if let Some(timer) = self.arm_warming_timeout(
+                                Warming::Listener,
+                                &name,
+                                &r.version,
+                                timeout,
+                            ) {
+                                st.warming_listeners.set_timer(&name, timer);
+                            }
+                            changes.note(&st.listeners, &name);
+                            st.listeners.accept_warming(&name, &r.version, r.value);
                         }
-                        changes.note(&st.listeners, &name);
-                        st.listeners.accept_warming(&name, &r.version, r.value);
                     }
                 }
             }
@@ -968,15 +982,14 @@ impl ProxyHandler {
                 st.listeners.set_status(name, Status::Acked);
             }
             Err(e) => {
-                tracing::error!(listener = %name, error = %e, "a warmed listener could not be applied");
-                if let Some(value) = st.listeners.get(name).and_then(|r| r.value.clone()) {
-                    let version = st
-                        .listeners
-                        .get(name)
-                        .map(|r| r.version.to_string())
-                        .unwrap_or_default();
-                    st.listeners.reject(name, &version, value, &e.to_string());
-                }
+                // Its address was taken while it warmed (it was bound when it came).
+                tracing::error!(listener = %name, error = %e, "a warmed listener could not be applied; the version before it, if any, serves on");
+                let reason = format!("error adding listener '{name}': {e}");
+                st.listeners.failed(name, &reason);
+                match st.serving_routes.get(name).cloned() {
+                    Some(routes) => st.listener_routes.insert(name.to_owned(), routes),
+                    None => st.listener_routes.remove(name),
+                };
             }
         }
     }
@@ -1556,6 +1569,14 @@ fn rds_names(l: &ListenerConfig) -> Vec<String> {
             Terminal::Tcp(_) => None,
         })
         .collect()
+}
+
+/// How an accepted listener was taken.
+enum Taken {
+    /// Applied: it serves.
+    Active(ListenerChange),
+    /// It warms (its route configurations or secrets have not all come).
+    Warming(Box<ListenerConfig>),
 }
 
 /// Which version of an EDS cluster an endpoint assignment goes to.

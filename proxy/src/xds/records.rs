@@ -225,6 +225,36 @@ impl Records {
         r.status = Status::Nacked;
     }
 
+    /// The accepted version of `name` could not be put in use: it is recorded as rejected
+    /// with `reason`, and the version serving before it, if any, is in force again (sent
+    /// again, the failed version is tried anew).
+    pub fn failed(&mut self, name: &str, reason: &str) {
+        let Some(r) = self.by_name.get_mut(name) else {
+            return;
+        };
+        let Some(value) = r.value.take() else {
+            return;
+        };
+        r.error = Some(Box::new(ErrorState {
+            version: r.version.to_string(),
+            reason: reason.to_owned(),
+            at: SystemTime::now(),
+            value,
+        }));
+        match r.serving.take() {
+            Some(serving) => {
+                r.version = serving.version;
+                r.value = Some(serving.value);
+                r.last_updated = serving.at;
+                r.status = Status::Acked;
+            }
+            None => {
+                r.version = "".into();
+                r.status = Status::Nacked;
+            }
+        }
+    }
+
     /// Forgets `name`; answers whether it had an accepted version.
     pub fn remove(&mut self, name: &str) -> bool {
         self.by_name.remove(name).is_some_and(|r| r.value.is_some())
