@@ -1078,9 +1078,9 @@ fn initial_fetch_timeout_goes_live_without_a_control_plane() {
     assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
 }
 
-/// The stats of a removed cluster are dropped once nothing holds them, a removed listener's
-/// once its drain time (`--drain-time-s 1`) has ended (no unbounded growth as resources come
-/// and go); those of the ones left stay.
+/// The stats of a removed cluster (serving, or still warming) are dropped once nothing holds
+/// them, a removed listener's once its drain time (`--drain-time-s 1`) has ended (no
+/// unbounded growth as resources come and go); those of the ones left stay.
 #[test]
 fn removed_resources_free_their_stats() {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
@@ -1113,12 +1113,17 @@ fn removed_resources_free_their_stats() {
     let listener_stat = format!("listener.127.0.0.1_{extra}.downstream_cx_total");
     assert_eq!(stat(admin, "cluster.gone.upstream_rq_total"), Some(1));
     assert_eq!(stat(admin, &listener_stat), Some(1));
+    // A cluster that never gets its endpoints, removed while it warms.
+    plane.set(snapshot("1b", true).with_message("never", &eds_cluster("never")));
+    plane.ack(CLUSTER_TYPE_URL, "1b");
+    assert_eq!(stat(admin, "cluster.never.update_attempt"), Some(1));
 
     plane.set(snapshot("2", false));
     plane.ack(CLUSTER_TYPE_URL, "2");
     plane.ack(LISTENER_TYPE_URL, "2");
-    eventually("the removed cluster's and listener's stats dropped", || {
+    eventually("the removed clusters' and listener's stats dropped", || {
         (stat(admin, "cluster.gone.upstream_rq_total").is_none()
+            && stat(admin, "cluster.never.update_attempt").is_none()
             && stat(admin, &listener_stat).is_none())
         .then_some(())
     });

@@ -92,6 +92,8 @@ pub struct State {
     warming_clusters: Waiting<ClusterConfig>,
     /// Clusters (endpoints in hand) waiting for the SDS secrets of their TLS contexts.
     clusters_awaiting_secrets: Waiting<ClusterConfig>,
+    /// The SDS secrets (name, source) a wait is running for.
+    secret_waits: BTreeSet<(String, SecretSource)>,
     /// EDS clusters by service name.
     eds_users: HashMap<String, Users>,
     /// The service name each EDS cluster uses.
@@ -435,12 +437,27 @@ impl ProxyHandler {
             if process.bootstrap.clusters.iter().any(|c| c.name == name) {
                 continue;
             }
-            if let Some(c) = process.shared.clusters.get(&name) {
-                st.stats_to_release
-                    .insert(format!("cluster.{}.", c.config().observability_name));
+            // The versions serving and warming (whose subscription stats exist already).
+            let mut versions: Vec<String> = process
+                .shared
+                .clusters
+                .get(&name)
+                .map(|c| c.config().observability_name.clone())
+                .into_iter()
+                .collect();
+            versions.extend(
+                st.warming_clusters
+                    .remove(&name)
+                    .map(|c| c.observability_name),
+            );
+            versions.extend(
+                st.clusters_awaiting_secrets
+                    .remove(&name)
+                    .map(|c| c.observability_name),
+            );
+            for stat_name in versions {
+                st.stats_to_release.insert(format!("cluster.{stat_name}."));
             }
-            st.warming_clusters.remove(&name);
-            st.clusters_awaiting_secrets.remove(&name);
             forget_eds_user(st, &name, true);
             if st.clusters.remove(&name) {
                 self.stats.cluster_removed.inc();
@@ -716,7 +733,7 @@ impl ProxyHandler {
                     st.listeners_awaiting_secrets.remove(&name);
                     st.listener_routes.insert(name.clone(), routes.clone());
                     if !secrets_in {
-                        self.await_secrets(process, &secrets);
+                        self.await_secrets(process, st, &secrets);
                     }
                     match taken {
                         Taken::Active(change) => {
@@ -1208,7 +1225,7 @@ impl ProxyHandler {
             ready.push(cfg);
             Status::Acked
         } else {
-            self.await_secrets(process, &secrets);
+            self.await_secrets(process, st, &secrets);
             let name = cfg.name.clone();
             st.clusters_awaiting_secrets.insert(name.clone(), cfg);
             let timeout = secrets_timeout(process, &secrets);
@@ -1243,24 +1260,31 @@ impl ProxyHandler {
         self.advance(st);
     }
 
-    /// Looks at what warms again once every one of `secrets` has arrived.
-    fn await_secrets(&self, process: &Process, secrets: &[SecretRef]) {
+    /// Looks at what warms again as each of `secrets` not there yet arrives: one wait per
+    /// secret, however many listeners and clusters (and versions of them) await it.
+    fn await_secrets(&self, process: &Process, st: &mut State, secrets: &[SecretRef]) {
         let Some(me) = self.me() else {
             return;
         };
-        let cells: Vec<_> = secrets
-            .iter()
-            .map(|r| process.shared.secrets.cell(r))
-            .collect();
-        let me = Arc::downgrade(&me);
-        tokio::spawn(async move {
-            for cell in &cells {
+        for r in secrets {
+            let cell = process.shared.secrets.cell(r);
+            let key = (r.name.clone(), r.source.clone());
+            if cell.is_ready() || !st.secret_waits.insert(key.clone()) {
+                continue;
+            }
+            let me = Arc::downgrade(&me);
+            tokio::spawn(async move {
                 cell.ready().await;
-            }
-            if let Some(me) = me.upgrade() {
-                me.secrets_arrived();
-            }
-        });
+                if let Some(me) = me.upgrade() {
+                    me.state
+                        .lock()
+                        .expect("xds state")
+                        .secret_waits
+                        .remove(&key);
+                    me.secrets_arrived();
+                }
+            });
+        }
     }
 
     /// Uses the listeners and clusters whose secrets have all arrived.
@@ -1452,8 +1476,6 @@ enum Warming {
 /// Envoy's default `initial_fetch_timeout`.
 const DEFAULT_FETCH_TIMEOUT: Option<Duration> = Some(Duration::from_secs(15));
 
-/// How long listener `l` may warm waiting for its route configurations: the longest
-/// `initial_fetch_timeout` of its RDS config sources (`None`, for ever, if one is 0).
 /// How long listener `cfg` (compiled from `l`) warms at most, as Envoy's listener init
 /// manager waits for its targets: the longest `initial_fetch_timeout` of its RDS
 /// subscriptions and of the SDS secrets it still lacks (`None`: for ever, as any of them
@@ -1467,6 +1489,8 @@ fn warming_timeout(process: &Process, l: &ListenerProto, cfg: &ListenerConfig) -
         })
 }
 
+/// How long listener `l` may warm waiting for its route configurations: the longest
+/// `initial_fetch_timeout` of its RDS config sources (`None`, for ever, if one is 0).
 fn rds_fetch_timeout(l: &ListenerProto) -> Option<Duration> {
     let mut longest = Some(Duration::ZERO);
     for chain in l.filter_chains.iter().chain(&l.default_filter_chain) {
