@@ -36,7 +36,7 @@
 //! `xds_fetch_timeouts_cover_the_first_response_only` starts both with 1 s CDS and LDS
 //! `initial_fetch_timeout`s and compares `/ready`, the `init_fetch_timeout` counters and what
 //! warms, past those timeouts, while a cluster waits for its endpoints and a listener for its
-//! routes. `xds_route_configurations_follow_their_listeners` compares, step by step, a
+//! routes. `xds_route_configurations_follow_their_listeners_*` compares, step by step, a
 //! listener's answers and the route configurations `/config_dump` lists while an update of it
 //! that names another route configuration warms, and after the drain time once listeners stop
 //! using them. `xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again` gives
@@ -2220,15 +2220,14 @@ async fn dumped_routes(side: &Side) -> String {
 /// the version serving on its route configuration, whose updates still apply; a route
 /// configuration no listener uses any longer (its listener removed, or replaced by one naming
 /// another) leaves `/config_dump` once the drain time (1 s) has passed. Both as Envoy 1.40,
-/// step by step: the answers of `main`, and the route configurations listed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn xds_route_configurations_follow_their_listeners() {
-    let Some(envoy) = oracle::envoy_or_skip("xds_route_configurations_follow_their_listeners")
-    else {
+/// step by step: the answers of `main`, and the route configurations listed; over SotW
+/// (`delta` false) or Delta.
+async fn route_configurations_follow_their_listeners(test: &str, delta: bool) {
+    let Some(envoy) = oracle::envoy_or_skip(test) else {
         return;
     };
     let (server, port, task) = serve_ads().await;
-    let sides = both_sides(&envoy, port, false, &["--drain-time-s", "1"]);
+    let sides = both_sides(&envoy, port, delta, &["--drain-time-s", "1"]);
     let routes =
         |name: &str, body: &str| route_config(name, &format!("[{}]", direct("/", 200, body)));
     let steps = [
@@ -2291,6 +2290,24 @@ async fn xds_route_configurations_follow_their_listeners() {
         assert_eq!(seen[0], seen[1], "{what}: Envoy (left) vs revoy (right)");
     }
     task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_route_configurations_follow_their_listeners_sotw() {
+    route_configurations_follow_their_listeners(
+        "xds_route_configurations_follow_their_listeners_sotw",
+        false,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_route_configurations_follow_their_listeners_delta() {
+    route_configurations_follow_their_listeners(
+        "xds_route_configurations_follow_their_listeners_delta",
+        true,
+    )
+    .await;
 }
 
 // ---------------------------------------------------------------------------------------------
