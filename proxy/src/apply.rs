@@ -491,8 +491,6 @@ impl Applier {
     }
 }
 
-/// A listener's addresses, each once: the same address configured twice is bound once (Envoy
-/// binds it twice, with SO_REUSEPORT, which serves the same).
 /// Envoy's duplicate-address rule, over every address of each listener: another listener with
 /// one of `config`'s addresses is a duplicate unless `config` binds it with port 0 (the kernel
 /// picks a port per socket); a listener that does not bind (`bind_to_port: false`, used
@@ -521,6 +519,8 @@ fn duplicate_address(state: &State, config: &ListenerConfig) -> Result<(), Liste
     Ok(())
 }
 
+/// A listener's addresses, each once: the same address configured twice is bound once (Envoy
+/// binds it twice, with SO_REUSEPORT, which serves the same).
 fn addresses(config: &ListenerConfig) -> Vec<ListenAddress> {
     let mut all: Vec<ListenAddress> = Vec::new();
     for a in config.addresses() {
