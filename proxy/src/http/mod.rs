@@ -180,11 +180,20 @@ impl ConnContext {
 
 /// A request Envoy's codecs refuse before routing.
 enum Rejection {
-    /// Answer with this local reply and close the connection; on HTTP/1, with the response
-    /// details of Envoy's codec error (which its access logs show), when it is one.
-    Reply(http::Response<crate::body::Body>, Option<&'static str>),
+    /// Answer with this local reply and close the connection.
+    Reply(http::Response<crate::body::Body>, RefusedBy),
     /// Reset the HTTP/2 stream without a response.
     ResetStream,
+}
+
+/// What refused a request before routing.
+#[derive(Debug, Clone, Copy)]
+enum RefusedBy {
+    /// Envoy's codec, with its error's response details (its access logs show them on
+    /// HTTP/1): a protocol error.
+    Codec(&'static str),
+    /// The connection manager (an HTTP/1 `QUERY`): not a protocol error.
+    Manager,
 }
 
 /// The stream was reset because the request broke a codec limit.
@@ -225,14 +234,14 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
     let too_many = req.headers().len() > cfg.max_headers_count as usize;
     let too_large = header_bytes > cfg.max_request_headers_kb as usize * 1024 || too_many;
     let unknown_method = http1 && !known_http1_method(req.method().as_str());
-    let (status, text, details) = if unknown_method && req.method().as_str() == "QUERY" {
+    let (status, text, refused) = if unknown_method && req.method().as_str() == "QUERY" {
         // Envoy's codec knows QUERY but the connection manager refuses it, without a body.
-        (http::StatusCode::BAD_REQUEST, "", None)
+        (http::StatusCode::BAD_REQUEST, "", RefusedBy::Manager)
     } else if lowercase_method || unknown_method || authority_form {
         (
             http::StatusCode::BAD_REQUEST,
             "Bad Request",
-            Some("http1.codec_error"),
+            RefusedBy::Codec("http1.codec_error"),
         )
     } else if too_large && req.version() == http::Version::HTTP_2 {
         return Some(Rejection::ResetStream);
@@ -242,7 +251,7 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         (
             http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             "Request Header Fields Too Large",
-            Some(if too_many {
+            RefusedBy::Codec(if too_many {
                 "http1.too_many_headers"
             } else {
                 "http1.headers_too_large"
@@ -252,13 +261,13 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         (
             http::StatusCode::UPGRADE_REQUIRED,
             "Upgrade Required",
-            Some("low_version"),
+            RefusedBy::Codec("low_version"),
         )
     } else if unsupported_coding {
         (
             http::StatusCode::NOT_IMPLEMENTED,
             "Not Implemented",
-            Some("http1.invalid_transfer_encoding"),
+            RefusedBy::Codec("http1.invalid_transfer_encoding"),
         )
     } else {
         return None;
@@ -274,7 +283,7 @@ fn reject_early<B>(req: &http::Request<B>, cfg: &HcmConfig) -> Option<Rejection>
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
     );
-    Some(Rejection::Reply(resp, details.filter(|_| http1)))
+    Some(Rejection::Reply(resp, refused))
 }
 
 /// Whether Envoy 1.40's HTTP/1 codec accepts `method`: the methods of the http-parser table,
@@ -468,7 +477,12 @@ where
         crate::spawn::boxed(|| async move {
             match reject_early(&req, &ctx.hcm.config) {
                 None => {}
-                Some(Rejection::Reply(mut resp, details)) => {
+                Some(Rejection::Reply(mut resp, refused)) => {
+                    let http1 = req.version() < http::Version::HTTP_2;
+                    let details = match refused {
+                        RefusedBy::Codec(details) if http1 => Some(details),
+                        _ => None,
+                    };
                     // As on every response: an HTTP/1.0 client's connection then closes
                     // without hyper adding `keep-alive` to the `close`.
                     *resp.version_mut() = req.version();
@@ -482,15 +496,16 @@ where
                         );
                         resp = local_reply::map(config, resp, &mut rec);
                     }
-                    if req.version() == http::Version::HTTP_2 {
-                        ctx.hcm.stats.rq_total.inc();
-                        ctx.hcm.stats.rq_http2_total.inc();
-                        ctx.hcm.stats.response(resp.status().as_u16());
-                    } else if details.is_some() {
-                        ctx.hcm.stats.refused_by_http1_codec(resp.status().as_u16());
-                    } else {
-                        // The connection manager's own refusal (a QUERY), not its codec's.
-                        ctx.hcm.stats.refused_http1(resp.status().as_u16());
+                    match refused {
+                        _ if !http1 => {
+                            ctx.hcm.stats.rq_total.inc();
+                            ctx.hcm.stats.rq_http2_total.inc();
+                            ctx.hcm.stats.response(resp.status().as_u16());
+                        }
+                        RefusedBy::Codec(_) => {
+                            ctx.hcm.stats.refused_by_http1_codec(resp.status().as_u16());
+                        }
+                        RefusedBy::Manager => ctx.hcm.stats.refused_http1(resp.status().as_u16()),
                     }
                     if let Some(details) = details {
                         let len = http_body::Body::size_hint(resp.body()).exact();
