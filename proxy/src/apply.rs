@@ -51,7 +51,9 @@ pub enum ListenerChange {
 #[derive(Debug, thiserror::Error)]
 pub enum ListenerError {
     /// Another listener already listens on the address.
-    #[error("error adding listener '{name}': listener '{other}' already listens on {address}")]
+    #[error(
+        "error adding listener: '{name}' has duplicate address '{address}' as existing listener '{other}'"
+    )]
     DuplicateAddress {
         /// The listener.
         name: String,
@@ -163,24 +165,28 @@ impl Applier {
         if !config.bind_to_port {
             return Ok(());
         }
+        // The sockets an update keeps (the same binding and transparency).
         let held: Vec<ListenAddress> = state
             .slots
             .iter()
             .find(|(n, _)| *n == config.name)
-            .map(|(_, s)| addresses(s.current().config()))
+            .map(|(_, s)| s.current())
+            .filter(|old| {
+                old.config().bind_to_port && old.config().transparent == config.transparent
+            })
+            .map(|old| addresses(old.config()))
             .unwrap_or_default();
-        let reuse_port = self.worker_count() > 1;
         for address in addresses(config) {
             if address.address.port() == 0 || held.iter().any(|h| h.same_socket(&address)) {
                 continue;
             }
-            crate::listener::bind_socket(address, reuse_port, config.transparent).map_err(
-                |source| ListenerError::Bind {
+            crate::listener::bind_socket(address, true, config.transparent).map_err(|source| {
+                ListenerError::Bind {
                     name: config.name.clone(),
                     address: address.address,
                     source,
-                },
-            )?;
+                }
+            })?;
         }
         Ok(())
     }
@@ -410,14 +416,16 @@ impl Applier {
         };
         let mut sockets = Vec::with_capacity(count);
         for worker in 0..count.min(workers.len()) {
-            let socket =
-                listener
-                    .bind(address, count > 1)
-                    .map_err(|source| ListenerError::Bind {
-                        name: cfg.name.clone(),
-                        address: address.address,
-                        source,
-                    })?;
+            // SO_REUSEPORT on every fixed port, one worker or several, as Envoy's
+            // `enable_reuse_port` (on by default): a listener on 10.0.0.1:80 binds beside
+            // one on 0.0.0.0:80.
+            let socket = listener
+                .bind(address, address.address.port() != 0)
+                .map_err(|source| ListenerError::Bind {
+                    name: cfg.name.clone(),
+                    address: address.address,
+                    source,
+                })?;
             let bound = socket
                 .local_addr()
                 .ok()

@@ -856,7 +856,8 @@ fn delta_removals_rebinds_and_rejected_updates() {
 }
 
 /// An active listener updated to use a route configuration that has not arrived keeps
-/// serving its previous version until the new one warms (Envoy's listener warming).
+/// serving its previous version until the new one warms (Envoy's listener warming), a
+/// rejected update meanwhile included.
 #[test]
 fn an_updated_listener_serves_its_old_version_while_the_new_one_warms() {
     let (a, b) = (upstream("upstream-a"), upstream("upstream-b"));
@@ -881,6 +882,24 @@ fn an_updated_listener_serves_its_old_version_while_the_new_one_warms() {
         main["active_state"].is_object(),
         "the serving version is not shown: {main}"
     );
+    // A rejected update meanwhile changes neither what serves nor what the dump says serves.
+    plane.set(snapshot("2b", "routes-2").with_message(
+        "main",
+        &inline_listener(
+            "main",
+            port,
+            "[{match: {safe_regex: {regex: \"[\"}}, route: {cluster: a}}]",
+        ),
+    ));
+    assert!(matches!(
+        plane.verdict(LISTENER_TYPE_URL, "2b"),
+        Verdict::Nack(_)
+    ));
+    assert_eq!(body_of(port).as_deref(), Some("upstream-a"));
+    let main = dumped_listener(admin, "main");
+    assert_eq!(main["active_state"]["version_info"], "1", "{main}");
+    assert_eq!(main["warming_state"]["version_info"], "2", "{main}");
+    assert!(main["error_state"].is_object(), "{main}");
     plane.set(
         snapshot("3", "routes-2")
             .with_message("routes-2", &route_config("routes-2", &to_cluster("b"))),
@@ -1128,6 +1147,65 @@ fn removed_resources_free_their_stats() {
         .then_some(())
     });
     assert_eq!(stat(admin, "cluster.a.upstream_rq_total"), Some(1));
+}
+
+/// The route configurations `/config_dump` lists.
+fn dumped_route_names(admin: u16) -> Vec<String> {
+    let (status, body) = admin_get(admin, "/config_dump?resource=dynamic_route_configs");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("config_dump is JSON");
+    let mut names: Vec<String> = v["configs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["route_config"]["name"].as_str().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+/// A route configuration no listener uses leaves a drain time (`--drain-time-s 4`) after the
+/// last listener using it went: one used again meanwhile and then left again stays a whole
+/// drain time from then (the first drop, now stale, does not take it).
+#[test]
+fn a_route_configuration_used_again_waits_a_whole_drain_time() {
+    let (main, other) = (free_port(), free_port());
+    let (admin, xds) = (free_port(), free_port());
+    let plane = Plane::start(xds);
+    let _revoy = start_revoy_with(
+        &ads_bootstrap(admin, xds, false),
+        admin,
+        &["--drain-time-s", "4"],
+    );
+    let direct = "[{match: {prefix: /}, direct_response: {status: 200}}]";
+    let snapshot = |version: &str, with_other: bool| {
+        let s = Snapshot::new(version)
+            .with_message("main", &rds_listener("main", main, "main", "r-main"))
+            .with_message("r-main", &route_config("r-main", direct))
+            .with_message("r-other", &route_config("r-other", direct));
+        if with_other {
+            s.with_message("other", &rds_listener("other", other, "other", "r-other"))
+        } else {
+            s
+        }
+    };
+    plane.set(snapshot("1", true));
+    wait_live(admin);
+    assert_eq!(dumped_route_names(admin), ["r-main", "r-other"]);
+    let first_left = std::time::Instant::now();
+    plane.set(snapshot("2", false));
+    plane.ack(LISTENER_TYPE_URL, "2");
+    plane.set(snapshot("3", true));
+    plane.ack(LISTENER_TYPE_URL, "3");
+    std::thread::sleep(std::time::Duration::from_millis(1500).saturating_sub(first_left.elapsed()));
+    plane.set(snapshot("4", false));
+    plane.ack(LISTENER_TYPE_URL, "4");
+    // Past the first drop's time (4 s after version 2), before the second's (4 s after 4).
+    std::thread::sleep(std::time::Duration::from_millis(4750).saturating_sub(first_left.elapsed()));
+    assert_eq!(dumped_route_names(admin), ["r-main", "r-other"]);
+    eventually("r-other dropped", || {
+        (dumped_route_names(admin) == ["r-main"]).then_some(())
+    });
 }
 
 /// The per-subscription stats Envoy keeps besides CDS and LDS: each route configuration's

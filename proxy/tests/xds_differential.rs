@@ -2329,12 +2329,7 @@ async fn xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again(
     for (name, program) in [("envoy", envoy.as_path()), ("revoy", revoy.as_path())] {
         let holder = std::net::TcpListener::bind("127.0.0.1:0").expect("hold a port");
         let taken = holder.local_addr().expect("held port").port();
-        let main = listener(
-            "main",
-            taken,
-            "",
-            &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
-        );
+        let main = main_on(taken);
         let (server, port, task) = serve_ads().await;
         server.set(snapshot("b0", std::slice::from_ref(&main)));
         let side = Side::start(name, program, port, false, &[]);
@@ -2345,17 +2340,52 @@ async fn xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again(
         server.set(snapshot("b1", &[main, other, routes]));
         let second = answered(&server, name, LDS, "b1").await;
         let answer = get(bound_port(&side, "main").await, "/").await;
-        let first = match first {
+        // Two listeners on one free address, both waiting for route configuration `late`:
+        // the second is a duplicate of the first, which warms.
+        let free = free_port();
+        let warming = |n: &str| {
+            listener(
+                n,
+                free,
+                "",
+                &format!("[{{filters: [{}]}}]", hcm(n, &rds("late"))),
+            )
+        };
+        server.set(snapshot(
+            "b2",
+            &[
+                main_on(taken),
+                warming("warm-a"),
+                warming("warm-b"),
+                route_config("routes", &format!("[{}]", direct("/", 200, "bound"))),
+            ],
+        ));
+        let third = answered(&server, name, LDS, "b2").await;
+        let verdicts = [first, third].map(|verdict| match verdict {
             Verdict::Nack(detail) => {
-                assert!(detail.contains("main"), "{name}: {detail}");
                 report(&format!("{name}: {detail}"));
-                "NACK".to_owned()
+                detail
             }
             Verdict::Ack => "ACK".to_owned(),
-        };
-        seen.push((first, second, answer));
+        });
+        assert!(verdicts[0].contains("main"), "{name}: {}", verdicts[0]);
+        assert!(
+            verdicts[1].contains("'warm-b' has duplicate address"),
+            "{name}: {}",
+            verdicts[1]
+        );
+        seen.push((second, answer));
         task.abort();
     }
     assert_eq!(seen[0], seen[1], "Envoy (left) vs revoy (right)");
-    assert_eq!(seen[1].0, "NACK");
+}
+
+/// Listener `main` on 127.0.0.1:`port`, its routes from RDS `routes`.
+fn main_on(port: u16) -> String {
+    listener(
+        "main",
+        port,
+        "",
+        &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
+    )
 }

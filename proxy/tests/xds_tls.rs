@@ -392,6 +392,55 @@ fn xds_listener_and_cluster_wait_for_their_secrets() {
     );
 }
 
+/// An EDS cluster moving to another service with TLS (plaintext to mTLS, as a mesh
+/// migration does): while the new version awaits its validation context, the version serving
+/// keeps its own endpoints, as each of Envoy's cluster versions has its own EDS subscription;
+/// the new service's endpoints are never reached in plaintext.
+#[test]
+fn a_cluster_version_awaiting_its_secrets_leaves_the_serving_one_its_endpoints() {
+    let dir = CertDir::new();
+    let sds = Sds::start(dir.path(), "sds");
+    let plane = Plane::start(free_port());
+    let (admin, front, nothing) = (free_port(), free_port(), free_port());
+    let a = xds::upstream("upstream-a");
+    let plain = xds::eds_cluster("svc");
+    let tls = xds::decode::<Cluster>(&format!(
+        "{{name: svc, type: EDS, connect_timeout: 1s, eds_cluster_config: {{service_name: svc-tls, \
+         eds_config: {{ads: {{}}, resource_api_version: V3}}}}, \
+         transport_socket: {{name: envoy.transport_sockets.tls, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext, \
+         common_tls_context: {{validation_context_sds_secret_config: {}}}}}}}}}",
+        sds_config("ROOTCA")
+    ));
+    let base = |version: &str| {
+        Snapshot::new(version)
+            .with_message("svc", &xds::assignment("svc", a))
+            .with_message(
+                "front",
+                &inline_listener("front", front, &xds::to_cluster("svc")),
+            )
+    };
+    plane.set(base("1").with_message("svc", &plain));
+    let yaml = format!(
+        "{}{}",
+        ads_bootstrap(admin, plane.port, false),
+        sds_cluster(sds.socket()),
+    );
+    let _revoy = start_unready(&yaml, admin);
+    eventually("LIVE", || (ready(admin).0 == 200).then_some(()));
+    assert_eq!(body_of(front).as_deref(), Some("upstream-a"));
+
+    plane.set(
+        base("2")
+            .with_message("svc", &tls)
+            .with_message("svc-tls", &xds::assignment("svc-tls", nothing)),
+    );
+    plane.ack(CLUSTER_TYPE_URL, "2");
+    plane.ack(ENDPOINT_TYPE_URL, "2");
+    assert_eq!(stat(admin, "cluster_manager.warming_clusters"), Some(1));
+    assert_eq!(body_of(front).as_deref(), Some("upstream-a"));
+}
+
 /// `sds_config: {ads: {}}`: a static listener's certificate `edge` comes over the ADS stream;
 /// served HTTPS presents it, and once the control plane serves a new one, new handshakes
 /// present that. Envoy 1.40 on the same bootstrap and control plane does the same.

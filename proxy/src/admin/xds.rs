@@ -70,8 +70,10 @@ pub fn fill_dump(
         };
         let mut dynamic: BTreeMap<&str, DynamicListener> = BTreeMap::new();
         for (name, r) in st.listeners.iter() {
-            // An update warming while the previous version serves: both are shown.
-            let warming = (r.status == Status::Warming)
+            // An update warming while the previous version serves: both are shown (and a
+            // rejection since, as its error state).
+            let warming = st
+                .listener_warms(name)
                 .then(|| {
                     r.value.as_ref().map(|v| DynamicListenerState {
                         version_info: r.version.to_string(),

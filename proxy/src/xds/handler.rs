@@ -25,7 +25,7 @@ use super::draining::{self, Draining};
 use super::records::{Changes, Records, Serving, Status};
 use super::stats::{Reloads, UpdateStats, XdsStats};
 use super::waiting::Waiting;
-use crate::apply::ListenerChange;
+use crate::apply::{ListenerChange, ListenerError};
 use crate::config::cluster::{
     ClusterConfig, Discovery, EndpointConfig, compile_assignment, compile_cluster,
 };
@@ -81,10 +81,14 @@ pub struct State {
     /// RDS names the serving version of each dynamic listener uses (while an update warms,
     /// the version it replaces still serves with them).
     serving_routes: BTreeMap<String, Vec<String>>,
-    /// Route configurations no listener uses any longer, dropped once the drain time has
-    /// passed (the versions and chains that used them have drained by then, as Envoy drops a
-    /// route configuration with the last connection manager that holds it).
-    unused_routes: BTreeSet<String>,
+    /// Route configurations no listener uses any longer, each with the number of the drop
+    /// that ends it once the drain time has passed (the versions and chains that used them
+    /// have drained by then, as Envoy drops a route configuration, and its subscription, with
+    /// the last connection manager that holds it); one used again leaves the map, which
+    /// cancels its drop.
+    unused_routes: BTreeMap<String, u64>,
+    /// The number the next drop of unused route configurations gets.
+    next_route_drop: u64,
     /// Listeners whose warming ended (their route configurations came or timed out, or the
     /// LDS phase timed out) still waiting for their SDS secrets: never active without them.
     listeners_awaiting_secrets: BTreeMap<String, ListenerConfig>,
@@ -120,6 +124,12 @@ impl State {
         self.warming_listeners
             .keys()
             .chain(self.listeners_awaiting_secrets.keys())
+    }
+
+    /// Whether listener `name` has a version waiting for route configurations or secrets.
+    pub fn listener_warms(&self, name: &str) -> bool {
+        self.warming_listeners.contains_key(name)
+            || self.listeners_awaiting_secrets.contains_key(name)
     }
 
     /// Names of the clusters waiting for endpoints or secrets.
@@ -578,7 +588,7 @@ impl ProxyHandler {
             };
             let mut compiled = Vec::new();
             let mut failure = None;
-            for (user, target, cfg) in assignment_targets(process, st, &users, unchanged) {
+            for (user, target, cfg) in assignment_targets(process, st, &r.name, &users, unchanged) {
                 match compile_assignment(&cla, &cfg) {
                     Ok(eps) => compiled.push((user, target, cfg, eps)),
                     Err(e) => {
@@ -716,17 +726,23 @@ impl ProxyHandler {
                     let old = st.listeners.get(&name).and_then(|r| r.active());
                     // Bound as it comes, as Envoy binds a listener before it warms: one that
                     // cannot be is rejected, and what was there before it stays.
-                    let taken = if ready {
-                        process.applier.upsert_listener(cfg).map(Taken::Active)
-                    } else {
-                        let checked = process.applier.check_listener(&cfg);
-                        checked.map(|()| Taken::Warming(Box::new(cfg)))
+                    let taken = match warming_duplicate(st, &cfg) {
+                        Some(e) => Err(e),
+                        None if ready => process.applier.upsert_listener(cfg).map(Taken::Active),
+                        None => {
+                            let checked = process.applier.check_listener(&cfg);
+                            checked.map(|()| Taken::Warming(Box::new(cfg)))
+                        }
                     };
                     let taken = match taken {
                         Ok(taken) => taken,
                         Err(e) => {
-                            let reason = format!("error adding listener '{name}': {e}");
-                            reject(&mut st.listeners, &mut rejected, r, reason);
+                            reject(
+                                &mut st.listeners,
+                                &mut rejected,
+                                r,
+                                listener_error(&name, &e),
+                            );
                             continue;
                         }
                     };
@@ -1001,8 +1017,7 @@ impl ProxyHandler {
             Err(e) => {
                 // Its address was taken while it warmed (it was bound when it came).
                 tracing::error!(listener = %name, error = %e, "a warmed listener could not be applied; the version before it, if any, serves on");
-                let reason = format!("error adding listener '{name}': {e}");
-                st.listeners.failed(name, &reason);
+                st.listeners.failed(name, &listener_error(name, &e));
                 match st.serving_routes.get(name).cloned() {
                     Some(routes) => st.listener_routes.insert(name.to_owned(), routes),
                     None => st.listener_routes.remove(name),
@@ -1041,21 +1056,28 @@ impl ProxyHandler {
     /// Subscribes to the route configurations in use (starting the stats of those new since
     /// the last call), and drops those no longer in use once the drain time has passed.
     fn resubscribe_routes(&self, process: &Process, st: &mut State) {
-        let names = self.routes_in_use(process, st);
-        st.rds_started.retain(|name, _| names.contains(name));
+        let in_use = self.routes_in_use(process, st);
+        st.unused_routes.retain(|name, _| !in_use.contains(name));
         let unused: Vec<String> = st
             .routes
             .iter()
             .map(|(name, _)| name)
-            .filter(|name| !names.contains(*name) && !st.unused_routes.contains(*name))
+            .filter(|name| !in_use.contains(*name) && !st.unused_routes.contains_key(*name))
             .cloned()
             .collect();
         if !unused.is_empty() {
-            st.unused_routes.extend(unused.iter().cloned());
+            let drop = st.next_route_drop;
+            st.next_route_drop += 1;
+            st.unused_routes
+                .extend(unused.iter().map(|name| (name.clone(), drop)));
             let drain_time = Duration::from_secs(process.options.drain_time_s);
-            self.after(Some(drain_time), move |me| me.drop_unused_routes(&unused));
+            self.after(Some(drain_time), move |me| me.drop_unused_routes(drop));
         }
-        for name in &names {
+        // Those awaiting their drop stay subscribed until then.
+        let mut names = in_use.clone();
+        names.extend(st.unused_routes.keys().cloned());
+        st.rds_started.retain(|name, _| names.contains(name));
+        for name in &in_use {
             if st.rds_started.contains_key(name) {
                 continue;
             }
@@ -1194,20 +1216,29 @@ impl ProxyHandler {
         self.publish_warming_listeners(st);
     }
 
-    /// Drops those of `names` still not in use: their tables and records (`/config_dump`).
-    fn drop_unused_routes(&self, names: &[String]) {
+    /// Drops the route configurations of drop `drop` still unused: their tables, records
+    /// (`/config_dump`) and subscriptions.
+    fn drop_unused_routes(&self, drop: u64) {
         let Some(process) = self.process.upgrade() else {
             return;
         };
         let mut st = self.state.lock().expect("xds state");
-        let in_use = self.routes_in_use(&process, &st);
-        for name in names {
-            st.unused_routes.remove(name);
-            if !in_use.contains(name) {
-                process.applier.remove_route(name);
-                st.routes.remove(name);
-            }
+        let st = &mut *st;
+        let ended: Vec<String> = st
+            .unused_routes
+            .iter()
+            .filter(|(_, d)| **d == drop)
+            .map(|(name, _)| name.clone())
+            .collect();
+        if ended.is_empty() {
+            return;
         }
+        for name in &ended {
+            st.unused_routes.remove(name);
+            process.applier.remove_route(name);
+            st.routes.remove(name);
+        }
+        self.resubscribe_routes(&process, st);
     }
 
     /// Adds `cfg` to `ready` when the secrets of its TLS contexts have arrived (answering
@@ -1595,6 +1626,40 @@ fn rds_names(l: &ListenerConfig) -> Vec<String> {
         .collect()
 }
 
+/// Why listener `name` could not be added, in Envoy's words where it has them.
+fn listener_error(name: &str, e: &ListenerError) -> String {
+    match e {
+        ListenerError::DuplicateAddress { .. } => e.to_string(),
+        _ => format!("error adding listener '{name}': {e}"),
+    }
+}
+
+/// Envoy's duplicate-address rule against the listeners warming (the applier checks the
+/// active ones): another listener waiting for its route configurations or secrets with one of
+/// `cfg`'s addresses, unless `cfg` binds it with port 0.
+fn warming_duplicate(st: &State, cfg: &ListenerConfig) -> Option<ListenerError> {
+    let waiting = st
+        .warming_listeners
+        .values()
+        .chain(st.listeners_awaiting_secrets.values())
+        .filter(|other| other.name != cfg.name);
+    for other in waiting {
+        for address in cfg.addresses().map(|a| a.address) {
+            if cfg.bind_to_port && address.port() == 0 {
+                continue;
+            }
+            if other.addresses().any(|a| a.address == address) {
+                return Some(ListenerError::DuplicateAddress {
+                    name: cfg.name.clone(),
+                    other: other.name.clone(),
+                    address,
+                });
+            }
+        }
+    }
+    None
+}
+
 /// How an accepted listener was taken.
 enum Taken {
     /// Applied: it serves.
@@ -1614,28 +1679,41 @@ enum Target {
     Serving,
 }
 
-/// The versions of `users` (the clusters of one service) an endpoint assignment goes to, each
-/// with the config it is compiled against: the new version (warming or awaiting its secrets)
-/// and the one serving, as each of Envoy's cluster versions has its own EDS subscription. An
-/// `unchanged` assignment only ends warming.
+/// The versions of `users` (the clusters of EDS service `service`) an endpoint assignment
+/// goes to, each with the config it is compiled against: the new version (warming or
+/// awaiting its secrets) and the one serving, those of them subscribed to `service`, as each
+/// of Envoy's cluster versions has its own EDS subscription (a version of another service, or
+/// not of EDS, never takes it: the plaintext version serving while one with TLS awaits its
+/// secrets is not pointed at the new endpoints). An `unchanged` assignment only ends warming.
 fn assignment_targets(
     process: &Process,
     st: &State,
+    service: &str,
     users: &[String],
     unchanged: bool,
 ) -> Vec<(String, Target, ClusterConfig)> {
+    let of_service = |cfg: &ClusterConfig| matches!(&cfg.discovery, Discovery::Eds { service_name } if service_name == service);
     let mut targets = Vec::new();
     for user in users {
-        if let Some(cfg) = st.warming_clusters.get(user) {
+        if let Some(cfg) = st.warming_clusters.get(user).filter(|c| of_service(c)) {
             targets.push((user.clone(), Target::Warming, cfg.clone()));
         }
         if unchanged {
             continue;
         }
-        if let Some(cfg) = st.clusters_awaiting_secrets.get(user) {
+        if let Some(cfg) = st
+            .clusters_awaiting_secrets
+            .get(user)
+            .filter(|c| of_service(c))
+        {
             targets.push((user.clone(), Target::AwaitingSecrets, cfg.clone()));
         }
-        if let Some(c) = process.shared.clusters.get(user) {
+        if let Some(c) = process
+            .shared
+            .clusters
+            .get(user)
+            .filter(|c| of_service(c.config()))
+        {
             targets.push((user.clone(), Target::Serving, c.config().clone()));
         }
     }

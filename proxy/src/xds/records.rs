@@ -58,7 +58,9 @@ impl Record {
     /// The version serving (`/config_dump`'s active state): while an update warms, the
     /// version it replaces; else the accepted version, if any.
     pub fn active(&self) -> Option<Serving> {
-        if self.status == Status::Warming {
+        // A version kept as serving serves until the one warming is put in use, whatever
+        // was rejected since.
+        if self.status == Status::Warming || self.serving.is_some() {
             return self.serving.as_deref().cloned();
         }
         self.value.as_ref().map(|value| Serving {
