@@ -41,7 +41,9 @@
 //! that names another route configuration warms, and after the drain time once listeners stop
 //! using them. `xds_a_listener_that_cannot_bind_is_rejected_then_taken_when_sent_again` gives
 //! each its own control plane and a listener on an address the test holds: both NACK it, and
-//! take it once the address is free and the listener sent again.
+//! take it once the address is free and the listener sent again (and both NACK a second
+//! warming listener on one address). `xds_a_first_cds_response_refused_whole_lets_start_up_go_on`
+//! serves each a CDS response naming a cluster twice: both NACK it, count it and go on to LDS.
 //!
 //! Listeners bind port 0 (both proxies get the same snapshot and must not share a port); the
 //! tests find the kernel's port through `/listeners?format=json`. Envoy comes from `ENVOY_BIN`
@@ -69,6 +71,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use proto::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use proto::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -191,17 +199,13 @@ fn regex_route(regex: &str) -> String {
 }
 
 /// A snapshot of version `version` holding `resources` (YAML documents with `@type`, named by
-/// `name`, or `cluster_name` for endpoints), decoded with one shared codec (building its
-/// descriptor pool takes long in a debug build; the load test makes 101 snapshots).
+/// `name`, or `cluster_name` for endpoints).
 fn snapshot(version: &str, resources: &[String]) -> Snapshot {
-    static CODEC: std::sync::OnceLock<proto::Codec> = std::sync::OnceLock::new();
-    let codec = CODEC.get_or_init(proto::Codec::new);
     let mut snap = Snapshot::new(version);
-    for (i, text) in resources.iter().enumerate() {
-        let value = proto::Codec::parse_text(text, proto::Format::Yaml)
-            .unwrap_or_else(|e| panic!("resource {i} of {version}: {e}\n{text}"));
-        let type_url = value["@type"].as_str().expect("@type").to_owned();
-        let name_field = if type_url == EDS {
+    for text in resources {
+        let any = any_of(text);
+        let value = proto::Codec::parse_text(text, proto::Format::Yaml).expect("YAML");
+        let name_field = if any.type_url == EDS {
             "cluster_name"
         } else {
             "name"
@@ -210,13 +214,23 @@ fn snapshot(version: &str, resources: &[String]) -> Snapshot {
             .as_str()
             .expect("resource name")
             .to_owned();
-        let any = codec
-            .decode_at::<proto::pb::google::protobuf::Any>(value, false, "")
-            .unwrap_or_else(|e| panic!("resource {i} of {version}: {e}\n{text}"))
-            .message;
-        snap.insert(&type_url, name, any);
+        snap.insert(&any.type_url.clone(), name, any);
     }
     snap
+}
+
+/// The resource `text` (a YAML document with `@type`) packed in an Any, decoded with one shared
+/// codec (building its descriptor pool takes long in a debug build; the load test makes 101
+/// snapshots).
+fn any_of(text: &str) -> proto::pb::google::protobuf::Any {
+    static CODEC: std::sync::OnceLock<proto::Codec> = std::sync::OnceLock::new();
+    let codec = CODEC.get_or_init(proto::Codec::new);
+    let value = proto::Codec::parse_text(text, proto::Format::Yaml)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    codec
+        .decode_at::<proto::pb::google::protobuf::Any>(value, false, "")
+        .unwrap_or_else(|e| panic!("{e}\n{text}"))
+        .message
 }
 
 fn scratch_dir(label: &str) -> PathBuf {
@@ -2388,4 +2402,104 @@ fn main_on(port: u16) -> String {
         "",
         &format!("[{{filters: [{}]}}]", hcm("main", &rds("routes"))),
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// A response refused whole.
+
+/// An ADS server (state of the world) that answers the first CDS request with one response
+/// naming cluster `dup` twice, and keeps the type URL of every request it gets.
+#[derive(Clone, Default)]
+struct Duplicating {
+    asked: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Duplicating {
+    type StreamAggregatedResourcesStream =
+        tokio_stream::wrappers::ReceiverStream<Result<DiscoveryResponse, tonic::Status>>;
+    type DeltaAggregatedResourcesStream =
+        tokio_stream::wrappers::ReceiverStream<Result<DeltaDiscoveryResponse, tonic::Status>>;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: tonic::Request<tonic::Streaming<DiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::StreamAggregatedResourcesStream>, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let asked = self.asked.clone();
+        let mut requests = request.into_inner();
+        let cluster = any_of(&static_cluster("dup", 1, ""));
+        tokio::spawn(async move {
+            let mut answered = false;
+            while let Ok(Some(r)) = requests.message().await {
+                asked.lock().expect("asked").push(r.type_url.clone());
+                if r.type_url == CDS && !answered {
+                    answered = true;
+                    let response = DiscoveryResponse {
+                        version_info: "d1".into(),
+                        type_url: CDS.into(),
+                        nonce: "n1".into(),
+                        resources: vec![cluster.clone(), cluster.clone()],
+                        ..Default::default()
+                    };
+                    let _ = tx.send(Ok(response)).await;
+                }
+            }
+        });
+        Ok(tonic::Response::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: tonic::Request<tonic::Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("state of the world only"))
+    }
+}
+
+/// A first CDS response that names a cluster twice is refused whole (NACKed, nothing
+/// applied), and, as Envoy's CDS takes a rejected update (`onConfigUpdateFailed`), start-up
+/// goes on to LDS although `initial_fetch_timeout` is 0 (revoy used to wait for ever); both
+/// count it in `cluster_manager.cds.update_rejected`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn xds_a_first_cds_response_refused_whole_lets_start_up_go_on() {
+    let Some(envoy) =
+        oracle::envoy_or_skip("xds_a_first_cds_response_refused_whole_lets_start_up_go_on")
+    else {
+        return;
+    };
+    let revoy = PathBuf::from(env!("CARGO_BIN_EXE_revoy"));
+    let mut seen = Vec::new();
+    for (name, program) in [("envoy", envoy.as_path()), ("revoy", revoy.as_path())] {
+        let server = Duplicating::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the ADS server");
+        let port = listener.local_addr().expect("ADS address").port();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let task = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AggregatedDiscoveryServiceServer::new(server.clone()))
+                .serve_with_incoming(incoming),
+        );
+        let side = Side::start(name, program, port, false, &[]);
+        let deadline = Instant::now() + ANSWER_DEADLINE;
+        let asked_lds = loop {
+            let asked = server.asked.lock().expect("asked").clone();
+            if asked.iter().any(|t| t == LDS) || Instant::now() > deadline {
+                break asked.iter().any(|t| t == LDS);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let (_, stats) = side
+            .admin("/stats?filter=cluster_manager.cds.update_rejected")
+            .await;
+        report(&format!("{name}: asked LDS {asked_lds}, {}", stats.trim()));
+        seen.push((asked_lds, stats.trim().to_owned()));
+        task.abort();
+    }
+    assert_eq!(seen[0], seen[1], "Envoy (left) vs revoy (right)");
+    assert!(seen[1].0, "revoy never asked for listeners");
 }

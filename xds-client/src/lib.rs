@@ -109,6 +109,9 @@ pub enum Event {
 pub trait Handler: Send + Sync + 'static {
     /// Applies `update`; answers which resources were rejected.
     fn apply(&self, update: Update) -> Applied;
+    /// `update` was refused whole for `reason` (it names a resource twice) and NACKed without
+    /// being applied: what waited for it may go on.
+    fn refused(&self, _update: &Update, _reason: &str) {}
     /// A stream or rate-limit event.
     fn event(&self, _event: Event) {}
 }

@@ -583,6 +583,7 @@ impl ProxyHandler {
                 Ok(cla) => cla,
                 Err(reason) => {
                     reject(&mut st.endpoints, &mut rejected, r, reason);
+                    self.assignment_rejected(process, st, &users, &mut warmed);
                     continue;
                 }
             };
@@ -602,19 +603,7 @@ impl ProxyHandler {
                     UpdateStats::of_cluster(&process.shared.stats, name).rejected(self.ads_delta());
                 }
                 reject(&mut st.endpoints, &mut rejected, r, reason);
-                // As Envoy's EDS lets start-up go on after a rejected update, the clusters
-                // warming for this assignment end their warming with the one held, if any,
-                // rather than wait for ever (`initial_fetch_timeout: 0s`).
-                for user in &users {
-                    if let Some(mut cfg) = st.warming_clusters.remove(user) {
-                        if let Some(endpoints) = held_assignment(st, &cfg) {
-                            cfg.endpoints = endpoints;
-                        }
-                        tracing::warn!(cluster = %user, "its endpoint assignment was rejected; the cluster is used with the assignment held, if any");
-                        let status = self.use_or_await_secrets(process, st, cfg, &mut warmed);
-                        st.clusters.set_status(user, status);
-                    }
-                }
+                self.assignment_rejected(process, st, &users, &mut warmed);
                 continue;
             }
             for (user, target, mut cfg, eps) in compiled {
@@ -680,6 +669,85 @@ impl ProxyHandler {
         }
         self.publish_cluster_gauges(process, st);
         changes.answer(rejected)
+    }
+
+    /// An endpoint assignment of `users` was rejected: as Envoy's EDS lets start-up go on
+    /// after a rejected update, those of them warming for it end their warming with the
+    /// assignment held, if any (into `warmed` when their secrets are in), rather than wait for
+    /// ever (`initial_fetch_timeout: 0s`).
+    fn assignment_rejected(
+        &self,
+        process: &Arc<Process>,
+        st: &mut State,
+        users: &[String],
+        warmed: &mut Vec<ClusterConfig>,
+    ) {
+        for user in users {
+            if let Some(mut cfg) = st.warming_clusters.remove(user) {
+                if let Some(endpoints) = held_assignment(st, &cfg) {
+                    cfg.endpoints = endpoints;
+                }
+                tracing::warn!(cluster = %user, "its endpoint assignment was rejected; the cluster is used with the assignment held, if any");
+                let status = self.use_or_await_secrets(process, st, cfg, warmed);
+                st.clusters.set_status(user, status);
+            }
+        }
+    }
+
+    /// A response refused whole (it names a resource twice): nothing of it applies, and, as
+    /// Envoy's subscriptions take such an update (`onConfigUpdateFailed`), it is counted as
+    /// rejected and what waited for it goes on: start-up past CDS or LDS, listeners past the
+    /// route configurations it held, clusters past the endpoints.
+    fn refused_whole(&self, process: &Arc<Process>, st: &mut State, u: &Update, reason: &str) {
+        let since = Instant::now();
+        match u.type_url.as_str() {
+            CLUSTER_TYPE_URL => {
+                let delta = self.over_delta(self.config.cds.as_ref());
+                self.stats.cds.finish(&u.version_info, false, delta, since);
+                st.cds_received = true;
+            }
+            LISTENER_TYPE_URL => {
+                let delta = self.over_delta(self.config.lds.as_ref());
+                self.stats.lds.finish(&u.version_info, false, delta, since);
+                st.lds_received = true;
+            }
+            ROUTE_TYPE_URL => {
+                for r in &u.resources {
+                    if let Some(prefix) = st.rds_started.get(&r.name) {
+                        UpdateStats::new(&process.shared.stats, prefix).finish(
+                            &u.version_info,
+                            false,
+                            self.ads_delta(),
+                            since,
+                        );
+                    }
+                    if !route_answered(st, &r.name) {
+                        st.routes
+                            .reject(&r.name, &r.version, r.value.clone(), reason);
+                    }
+                }
+                self.activate_ready_listeners(process, st);
+            }
+            ENDPOINT_TYPE_URL => {
+                let mut warmed = Vec::new();
+                for r in &u.resources {
+                    let users: Vec<String> = st
+                        .eds_users
+                        .get(&r.name)
+                        .map(|u| u.iter().cloned().collect())
+                        .unwrap_or_default();
+                    if st.endpoints.get(&r.name).is_none() {
+                        st.endpoints
+                            .reject(&r.name, &r.version, r.value.clone(), reason);
+                    }
+                    self.assignment_rejected(process, st, &users, &mut warmed);
+                }
+                process.shared.clusters.apply(warmed, &[]);
+                self.publish_cluster_gauges(process, st);
+            }
+            _ => {}
+        }
+        self.advance(st);
     }
 
     fn apply_listeners(
@@ -1391,6 +1459,14 @@ fn secrets_ready(process: &Process, secrets: &[SecretRef]) -> bool {
 }
 
 impl Handler for ProxyHandler {
+    fn refused(&self, update: &Update, reason: &str) {
+        let Some(process) = self.process.upgrade() else {
+            return;
+        };
+        let mut st = self.state.lock().expect("xds state");
+        self.refused_whole(&process, &mut st, update, reason);
+    }
+
     fn apply(&self, update: Update) -> Applied {
         let Some(process) = self.process.upgrade() else {
             return Applied::default();

@@ -99,6 +99,15 @@ pub(super) fn deliver(
     };
     if let Some(name) = duplicate(&incoming) {
         let reason = format!("duplicate resource name: {name}");
+        handler.refused(
+            &Update {
+                type_url: incoming.type_url.clone(),
+                version_info: incoming.version_info.clone(),
+                resources: incoming.resources.clone(),
+                removed: Vec::new(),
+            },
+            &reason,
+        );
         let verdict = Verdict::Nack(reason.clone());
         // Refused whole: nothing applied, nothing removed.
         let answer = Applied::rejecting(vec![Rejected {
@@ -258,16 +267,36 @@ mod tests {
         assert!(matches!(push.verdict, Verdict::Nack(_)));
     }
 
+    /// Must not be applied; keeps what it is told was refused whole.
+    #[derive(Default)]
+    struct Refusals(std::sync::Mutex<Vec<String>>);
+
+    impl Handler for Refusals {
+        fn apply(&self, _update: Update) -> Applied {
+            panic!("a refused update was applied")
+        }
+
+        fn refused(&self, update: &Update, reason: &str) {
+            let told = format!("{} resources: {reason}", update.resources.len());
+            self.0.lock().expect("refusals").push(told);
+        }
+    }
+
     #[test]
     fn a_response_refused_whole_applies_and_removes_nothing() {
+        let handler = Refusals::default();
         let outcome = deliver(
             incoming(
                 ["a", "a"].map(resource).into(),
                 Vec::new(),
                 vec!["gone".into()],
             ),
-            &Classifying,
+            &handler,
             &mut Progress::default(),
+        );
+        assert_eq!(
+            *handler.0.lock().expect("refusals"),
+            ["2 resources: duplicate resource name: a"]
         );
         assert!(!outcome.delivered);
         let push = outcome.push;
