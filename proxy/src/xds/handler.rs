@@ -1086,6 +1086,10 @@ impl ProxyHandler {
                 // Its address was taken while it warmed (it was bound when it came).
                 tracing::error!(listener = %name, error = %e, "a warmed listener could not be applied; the version before it, if any, serves on");
                 st.listeners.failed(name, &listener_error(name, &e));
+                // Nor is it held: a new Delta stream gets it again.
+                if let Some(client) = self.client.get() {
+                    client.forget(LISTENER_TYPE_URL, name);
+                }
                 match st.serving_routes.get(name).cloned() {
                     Some(routes) => st.listener_routes.insert(name.to_owned(), routes),
                     None => st.listener_routes.remove(name),

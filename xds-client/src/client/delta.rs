@@ -59,6 +59,12 @@ impl Protocol for Delta {
         .into_inner())
     }
 
+    fn forget(&mut self, type_url: &str, name: &str) {
+        if let Some(state) = self.types.get_mut(type_url) {
+            state.held.remove(name);
+        }
+    }
+
     fn new_stream(&mut self, subscriptions: &Subscriptions) -> Vec<DeltaDiscoveryRequest> {
         for state in self.types.values_mut() {
             state.progress.nonce.clear();
@@ -194,5 +200,62 @@ impl Protocol for Delta {
 
     fn progress(&self, type_url: &str) -> Option<&Progress> {
         self.types.get(type_url).map(|s| &s.progress)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::pb::envoy::service::discovery::v3::Resource as DeltaResource;
+    use proto::pb::google::protobuf::Any;
+
+    use super::super::subscriptions::Change;
+    use super::*;
+    use crate::{Applied, LISTENER_TYPE_URL, Update};
+
+    struct AcceptAll;
+
+    impl Handler for AcceptAll {
+        fn apply(&self, _update: Update) -> Applied {
+            Applied::default()
+        }
+    }
+
+    /// The `initial_resource_versions` a new stream sends for listeners.
+    fn claimed(delta: &mut Delta, subscriptions: &Subscriptions) -> Vec<String> {
+        let requests = delta.new_stream(subscriptions);
+        let mut names: Vec<String> = requests
+            .iter()
+            .flat_map(|r| r.initial_resource_versions.keys().cloned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_forgotten_resource_is_not_claimed_on_a_new_stream() {
+        let mut subscriptions = Subscriptions::default();
+        subscriptions.apply(Change::Wildcard(LISTENER_TYPE_URL.into()));
+        let mut delta = Delta::default();
+        let listener = |name: &str| DeltaResource {
+            name: name.into(),
+            version: "v1".into(),
+            resource: Some(Any {
+                type_url: LISTENER_TYPE_URL.into(),
+                value: Vec::new(),
+            }),
+            ..Default::default()
+        };
+        let response = DeltaDiscoveryResponse {
+            type_url: LISTENER_TYPE_URL.into(),
+            nonce: "n1".into(),
+            resources: vec![listener("a"), listener("b")],
+            ..Default::default()
+        };
+        delta
+            .respond(response, &subscriptions, &AcceptAll)
+            .expect("an answer");
+        assert_eq!(claimed(&mut delta, &subscriptions), ["a", "b"]);
+        delta.forget(LISTENER_TYPE_URL, "b");
+        assert_eq!(claimed(&mut delta, &subscriptions), ["a"]);
     }
 }

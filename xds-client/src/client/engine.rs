@@ -131,6 +131,7 @@ impl<P: Protocol> Engine<P> {
                 () = &mut sleep => return true,
                 change = self.changes.recv() => match change {
                     None => return false,
+                    Some(Change::Forget(type_url, name)) => self.protocol.forget(&type_url, &name),
                     Some(change) => {
                         self.subscriptions.apply(change);
                         self.publish();
@@ -237,6 +238,10 @@ impl<P: Protocol> Engine<P> {
 
     /// Applies a subscription change on a stream: sends the request it needs, if any.
     fn change(&mut self, outgoing: &mut Outgoing<P::Request>, change: Change) {
+        if let Change::Forget(type_url, name) = &change {
+            self.protocol.forget(type_url, name);
+            return;
+        }
         if let Some(before) = self.subscriptions.apply(change)
             && let Some(now) = self.subscriptions.get(&before.type_url)
             && let Some(request) = self.protocol.changed(now, &before)

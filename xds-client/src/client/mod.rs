@@ -142,6 +142,14 @@ impl Client {
             .send(Change::Names(type_url.to_string(), names));
     }
 
+    /// Stops claiming to hold the applied version of resource `name` of `type_url` (the proxy
+    /// could not put it in use after all), so that a new Delta stream gets it again.
+    pub fn forget(&self, type_url: &str, name: &str) {
+        let _ = self
+            .changes
+            .send(Change::Forget(type_url.to_string(), name.to_string()));
+    }
+
     /// Connection state, per-type subscriptions and the push log (newest first).
     pub fn status(&self) -> Status {
         self.shared.status()

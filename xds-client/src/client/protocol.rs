@@ -87,4 +87,8 @@ pub(super) trait Protocol: Default + Send + Sync + 'static {
 
     /// The progress of a type, once a request or response of it went by.
     fn progress(&self, type_url: &str) -> Option<&Progress>;
+
+    /// Stops claiming to hold resource `name` of `type_url` (Delta's
+    /// `initial_resource_versions`); nothing to do over SotW.
+    fn forget(&mut self, _type_url: &str, _name: &str) {}
 }

@@ -59,6 +59,7 @@ impl Subscriptions {
     pub(super) fn apply(&mut self, change: Change) -> Option<Subscription> {
         let type_url = match &change {
             Change::Wildcard(type_url) | Change::Names(type_url, _) => type_url.clone(),
+            Change::Forget(..) => return None,
         };
         let subscription = self.entry(&type_url);
         let before = subscription.clone();
@@ -70,6 +71,7 @@ impl Subscriptions {
                     subscription.revision += 1;
                 }
             }
+            Change::Forget(..) => {}
         }
         (*subscription != before).then_some(before)
     }
@@ -82,6 +84,9 @@ pub(super) enum Change {
     Wildcard(String),
     /// Set the names of the type.
     Names(String, BTreeSet<String>),
+    /// Stop claiming to hold the version of resource `.1` of type `.0` that was applied (the
+    /// proxy could not put it in use after all): a new stream asks for it again.
+    Forget(String, String),
 }
 
 #[cfg(test)]
