@@ -163,15 +163,8 @@ pub(super) fn deliver(
 
 #[cfg(test)]
 mod tests {
+    use super::super::AcceptAll;
     use super::*;
-
-    struct AcceptAll;
-
-    impl Handler for AcceptAll {
-        fn apply(&self, _update: Update) -> Applied {
-            Applied::default()
-        }
-    }
 
     fn resource(name: &str) -> Resource {
         Resource {

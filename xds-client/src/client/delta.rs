@@ -208,17 +208,10 @@ mod tests {
     use proto::pb::envoy::service::discovery::v3::Resource as DeltaResource;
     use proto::pb::google::protobuf::Any;
 
+    use super::super::AcceptAll;
     use super::super::subscriptions::Change;
     use super::*;
-    use crate::{Applied, LISTENER_TYPE_URL, Update};
-
-    struct AcceptAll;
-
-    impl Handler for AcceptAll {
-        fn apply(&self, _update: Update) -> Applied {
-            Applied::default()
-        }
-    }
+    use crate::LISTENER_TYPE_URL;
 
     /// The `initial_resource_versions` a new stream sends for listeners.
     fn claimed(delta: &mut Delta, subscriptions: &Subscriptions) -> Vec<String> {

@@ -161,3 +161,14 @@ impl Client {
         self.shared.disconnected();
     }
 }
+
+/// A handler that applies everything it is given, for the protocols' tests.
+#[cfg(test)]
+struct AcceptAll;
+
+#[cfg(test)]
+impl crate::Handler for AcceptAll {
+    fn apply(&self, _update: crate::Update) -> crate::Applied {
+        crate::Applied::default()
+    }
+}

@@ -228,17 +228,10 @@ mod tests {
     use prost::Message;
     use proto::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
+    use super::super::AcceptAll;
     use super::super::subscriptions::Change;
     use super::*;
-    use crate::{Applied, CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL, Update};
-
-    struct AcceptAll;
-
-    impl Handler for AcceptAll {
-        fn apply(&self, _update: Update) -> Applied {
-            Applied::default()
-        }
-    }
+    use crate::{CLUSTER_TYPE_URL, ENDPOINT_TYPE_URL};
 
     fn names(list: &[&str]) -> BTreeSet<String> {
         list.iter().map(|n| n.to_string()).collect()
