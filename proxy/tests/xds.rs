@@ -524,6 +524,22 @@ fn a_new_listener_warms_until_its_routes_arrive() {
         200,
         "a listener warming after start-up is not start-up"
     );
+    // A rejected update meanwhile: the first version still warms, and nothing is active.
+    plane.set(base("2b").with_message(
+        "late",
+        &inline_listener(
+            "late",
+            late,
+            "[{match: {safe_regex: {regex: \"[\"}}, route: {cluster: a}}]",
+        ),
+    ));
+    assert!(matches!(
+        plane.verdict(LISTENER_TYPE_URL, "2b"),
+        Verdict::Nack(_)
+    ));
+    let l = dumped_listener(admin, "late");
+    assert!(l["warming_state"].is_object(), "{l}");
+    assert!(l["active_state"].is_null(), "{l}");
 
     plane.set(base("3").with_message(
         "late-routes",

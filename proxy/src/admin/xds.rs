@@ -112,7 +112,7 @@ pub fn fill_dump(
                 error_state: error_state(CLUSTER_TYPE_URL, r),
                 client_status: client_status(r),
             };
-            if r.status == Status::Warming {
+            if r.warming {
                 clusters.dynamic_warming_clusters.push(dynamic);
             } else {
                 clusters.dynamic_active_clusters.push(dynamic);

@@ -582,6 +582,10 @@ impl ProxyHandler {
             let cla: ClusterLoadAssignment = match decode(&r, "cluster load assignment") {
                 Ok(cla) => cla,
                 Err(reason) => {
+                    for name in &counted {
+                        UpdateStats::of_cluster(&process.shared.stats, name)
+                            .rejected(self.ads_delta());
+                    }
                     reject(&mut st.endpoints, &mut rejected, r, reason);
                     self.assignment_rejected(process, st, &users, &mut warmed);
                     continue;
@@ -695,32 +699,32 @@ impl ProxyHandler {
     }
 
     /// A response refused whole (it names a resource twice): nothing of it applies, and, as
-    /// Envoy's subscriptions take such an update (`onConfigUpdateFailed`), it is counted as
-    /// rejected and what waited for it goes on: start-up past CDS or LDS, listeners past the
-    /// route configurations it held, clusters past the endpoints.
+    /// Envoy's mux tells every subscription of the type (`onConfigUpdateFailed`, before any
+    /// update was attempted: one attempt, one rejection each), it is counted as rejected and
+    /// what waited for it goes on: start-up past the RTDS layers, CDS or LDS; listeners past
+    /// the route configurations it names, clusters past the endpoints it names.
     fn refused_whole(&self, process: &Arc<Process>, st: &mut State, u: &Update, reason: &str) {
-        let since = Instant::now();
         match u.type_url.as_str() {
             CLUSTER_TYPE_URL => {
-                let delta = self.over_delta(self.config.cds.as_ref());
-                self.stats.cds.finish(&u.version_info, false, delta, since);
+                self.stats.cds.rejected(false);
                 st.cds_received = true;
             }
             LISTENER_TYPE_URL => {
-                let delta = self.over_delta(self.config.lds.as_ref());
-                self.stats.lds.finish(&u.version_info, false, delta, since);
+                self.stats.lds.rejected(false);
                 st.lds_received = true;
             }
+            super::rtds::RUNTIME_TYPE_URL => {
+                let stats = super::rtds::stats(&process.shared.stats);
+                for _ in process.shared.runtime.rtds_layers() {
+                    stats.rejected(false);
+                }
+                st.rtds_pending.clear();
+            }
             ROUTE_TYPE_URL => {
+                for prefix in st.rds_started.values() {
+                    UpdateStats::new(&process.shared.stats, prefix).rejected(false);
+                }
                 for r in &u.resources {
-                    if let Some(prefix) = st.rds_started.get(&r.name) {
-                        UpdateStats::new(&process.shared.stats, prefix).finish(
-                            &u.version_info,
-                            false,
-                            self.ads_delta(),
-                            since,
-                        );
-                    }
                     if !route_answered(st, &r.name) {
                         st.routes
                             .reject(&r.name, &r.version, r.value.clone(), reason);
@@ -729,6 +733,21 @@ impl ProxyHandler {
                 self.activate_ready_listeners(process, st);
             }
             ENDPOINT_TYPE_URL => {
+                for cluster in st.eds_service_of.keys() {
+                    let stat_name = process
+                        .shared
+                        .clusters
+                        .get(cluster)
+                        .map(|c| c.config().observability_name.clone())
+                        .or_else(|| {
+                            st.warming_clusters
+                                .get(cluster)
+                                .map(|c| c.observability_name.clone())
+                        });
+                    if let Some(stat_name) = stat_name {
+                        UpdateStats::of_cluster(&process.shared.stats, &stat_name).rejected(false);
+                    }
+                }
                 let mut warmed = Vec::new();
                 for r in &u.resources {
                     let users: Vec<String> = st

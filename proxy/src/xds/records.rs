@@ -45,8 +45,11 @@ pub struct Record {
     pub value: Option<Bytes>,
     /// When the version in force was applied.
     pub last_updated: SystemTime,
-    /// Its status.
+    /// Its status (the client status `/config_dump` shows: a rejection since makes it
+    /// NACKED).
     pub status: Status,
+    /// Whether `value` warms, not yet in use (a rejection since leaves it warming).
+    pub warming: bool,
     /// The last rejection since the version in force, if any.
     pub error: Option<Box<ErrorState>>,
     /// While `value` warms as an update of a resource already serving: the version still
@@ -60,7 +63,7 @@ impl Record {
     pub fn active(&self) -> Option<Serving> {
         // A version kept as serving serves until the one warming is put in use, whatever
         // was rejected since.
-        if self.status == Status::Warming || self.serving.is_some() {
+        if self.warming || self.serving.is_some() {
             return self.serving.as_deref().cloned();
         }
         self.value.as_ref().map(|value| Serving {
@@ -158,6 +161,7 @@ impl Records {
                 last_updated: SystemTime::now(),
                 error: None,
                 status,
+                warming: status == Status::Warming,
                 serving: None,
             },
         );
@@ -171,7 +175,7 @@ impl Records {
             .get(name)
             .and_then(|r| match (&r.serving, &r.value) {
                 (Some(serving), _) => Some(serving.clone()),
-                (None, Some(v)) if r.status != Status::Warming => Some(Box::new(Serving {
+                (None, Some(v)) if !r.warming => Some(Box::new(Serving {
                     version: r.version.clone(),
                     value: v.clone(),
                     at: r.last_updated,
@@ -188,7 +192,8 @@ impl Records {
     pub fn set_status(&mut self, name: &str, status: Status) {
         if let Some(r) = self.by_name.get_mut(name) {
             r.status = status;
-            if status != Status::Warming {
+            r.warming = status == Status::Warming;
+            if !r.warming {
                 r.serving = None;
             }
         }
@@ -221,6 +226,7 @@ impl Records {
                 last_updated: SystemTime::now(),
                 error: None,
                 status: Status::Nacked,
+                warming: false,
                 serving: None,
             });
         r.error = Some(error);
@@ -243,6 +249,7 @@ impl Records {
             at: SystemTime::now(),
             value,
         }));
+        r.warming = false;
         match r.serving.take() {
             Some(serving) => {
                 r.version = serving.version;
