@@ -161,7 +161,7 @@ impl Applier {
     /// Envoy binds a listener when it comes, before it warms.
     pub fn check_listener(&self, config: &ListenerConfig) -> Result<(), ListenerError> {
         let state = self.state.lock().expect("applier state");
-        duplicate_address(&state, config)?;
+        duplicate_of_active(&state, config)?;
         if !config.bind_to_port {
             return Ok(());
         }
@@ -180,7 +180,7 @@ impl Applier {
             if address.address.port() == 0 || held.iter().any(|h| h.same_socket(&address)) {
                 continue;
             }
-            crate::listener::bind_socket(address, true, config.transparent).map_err(|source| {
+            crate::listener::bind_socket(address, config.transparent).map_err(|source| {
                 ListenerError::Bind {
                     name: config.name.clone(),
                     address: address.address,
@@ -200,7 +200,7 @@ impl Applier {
             .iter()
             .find(|(n, _)| *n == name)
             .map(|(_, s)| s.clone());
-        duplicate_address(&state, &config)?;
+        duplicate_of_active(&state, &config)?;
         let previous = existing.as_ref().map(|s| s.current());
         let listener = Arc::new(Listener::new(
             Arc::new(config),
@@ -416,11 +416,8 @@ impl Applier {
         };
         let mut sockets = Vec::with_capacity(count);
         for worker in 0..count.min(workers.len()) {
-            // SO_REUSEPORT on every fixed port, one worker or several, as Envoy's
-            // `enable_reuse_port` (on by default): a listener on 10.0.0.1:80 binds beside
-            // one on 0.0.0.0:80.
             let socket = listener
-                .bind(address, address.address.port() != 0)
+                .bind(address)
                 .map_err(|source| ListenerError::Bind {
                     name: cfg.name.clone(),
                     address: address.address,
@@ -499,28 +496,35 @@ impl Applier {
     }
 }
 
-/// Envoy's duplicate-address rule, over every address of each listener: another listener with
-/// one of `config`'s addresses is a duplicate unless `config` binds it with port 0 (the kernel
-/// picks a port per socket); a listener that does not bind (`bind_to_port: false`, used
-/// through `use_original_dst`) must not share an address either, or which one gets the
-/// connections is ambiguous.
-fn duplicate_address(state: &State, config: &ListenerConfig) -> Result<(), ListenerError> {
-    for address in config.addresses().map(|a| a.address) {
-        if config.bind_to_port && address.port() == 0 {
-            continue;
-        }
-        let holder = state.slots.iter().find(|(n, s)| {
-            *n != config.name
-                && s.current()
-                    .config()
-                    .addresses()
-                    .any(|a| a.address == address)
-        });
-        if let Some((other, _)) = holder {
+/// The active listeners' configs, against [`duplicate_address`].
+fn duplicate_of_active(state: &State, config: &ListenerConfig) -> Result<(), ListenerError> {
+    let active: Vec<Arc<Listener>> = state.slots.iter().map(|(_, s)| s.current()).collect();
+    duplicate_address(config, active.iter().map(|l| &**l.config()))
+}
+
+/// Envoy's duplicate-address rule, over every address of each listener: another of `others`
+/// (listeners of other names) with one of `config`'s addresses is a duplicate unless `config`
+/// binds it with port 0 (the kernel picks a port per socket); a listener that does not bind
+/// (`bind_to_port: false`, used through `use_original_dst`) must not share an address either,
+/// or which one gets the connections is ambiguous.
+pub fn duplicate_address<'a>(
+    config: &ListenerConfig,
+    others: impl IntoIterator<Item = &'a ListenerConfig>,
+) -> Result<(), ListenerError> {
+    let fixed: Vec<std::net::SocketAddr> = config
+        .addresses()
+        .map(|a| a.address)
+        .filter(|a| !config.bind_to_port || a.port() != 0)
+        .collect();
+    for other in others.into_iter().filter(|o| o.name != config.name) {
+        if let Some(address) = fixed
+            .iter()
+            .find(|address| other.addresses().any(|a| a.address == **address))
+        {
             return Err(ListenerError::DuplicateAddress {
                 name: config.name.clone(),
-                other: other.clone(),
-                address,
+                other: other.name.clone(),
+                address: *address,
             });
         }
     }

@@ -355,16 +355,10 @@ impl Listener {
         }
     }
 
-    /// Binds one of the listener's addresses (SO_REUSEADDR, like Envoy; SO_REUSEPORT when
-    /// several workers each accept on their own socket; IPV6_V6ONLY on an IPv6 socket unless
-    /// the address is `ipv4_compat`, as in Envoy; TCP_NODELAY, which Linux copies to every
-    /// socket it accepts), not listening yet: see [`listen`].
-    pub fn bind(
-        &self,
-        address: ListenAddress,
-        reuse_port: bool,
-    ) -> std::io::Result<socket2::Socket> {
-        bind_socket(address, reuse_port, self.config.transparent)
+    /// Binds one of the listener's addresses with its transparency ([`bind_socket`]), not
+    /// listening yet: see [`listen`].
+    pub fn bind(&self, address: ListenAddress) -> std::io::Result<socket2::Socket> {
+        bind_socket(address, self.config.transparent)
     }
 
     /// Serves one accepted connection; `bound_local`: its local address when the accepting
@@ -861,13 +855,15 @@ pub fn listen(socket: socket2::Socket) -> std::io::Result<tokio::net::TcpListene
 }
 
 /// A non-blocking TCP socket bound to `address` (not listening), with `SO_REUSEADDR`,
-/// `SO_REUSEPORT` when `reuse_port`, `IP_TRANSPARENT` as `transparent` says, `IPV6_V6ONLY`
-/// unless the address takes IPv4 too, and `TCP_NODELAY` for the connections it accepts.
+/// `SO_REUSEPORT` on a fixed port (each worker binds its own socket; as Envoy's default
+/// `enable_reuse_port`, one worker or several, so a listener on 127.0.0.2:80 binds beside one
+/// on 0.0.0.0:80), `IP_TRANSPARENT` as `transparent` says, `IPV6_V6ONLY` unless the address
+/// takes IPv4 too, and `TCP_NODELAY` for the connections it accepts.
 pub fn bind_socket(
     address: ListenAddress,
-    reuse_port: bool,
     transparent: Option<bool>,
 ) -> std::io::Result<socket2::Socket> {
+    let reuse_port = address.address.port() != 0;
     let addr = address.address;
     let socket = socket2::Socket::new(
         socket2::Domain::for_address(addr),

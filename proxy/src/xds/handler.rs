@@ -554,18 +554,7 @@ impl ProxyHandler {
             // Each user cluster's EDS stats (`cluster.<name>.update_*`).
             let counted: Vec<String> = users
                 .iter()
-                .filter_map(|u| {
-                    st.warming_clusters
-                        .get(u)
-                        .map(|c| c.observability_name.clone())
-                        .or_else(|| {
-                            process
-                                .shared
-                                .clusters
-                                .get(u)
-                                .map(|c| c.config().observability_name.clone())
-                        })
-                })
+                .filter_map(|u| eds_stat_name(process, st, u))
                 .collect();
             // An unchanged assignment still ends its clusters' warming (a cluster's new
             // version waits for the control plane to send it again).
@@ -734,17 +723,7 @@ impl ProxyHandler {
             }
             ENDPOINT_TYPE_URL => {
                 for cluster in st.eds_service_of.keys() {
-                    let stat_name = process
-                        .shared
-                        .clusters
-                        .get(cluster)
-                        .map(|c| c.config().observability_name.clone())
-                        .or_else(|| {
-                            st.warming_clusters
-                                .get(cluster)
-                                .map(|c| c.observability_name.clone())
-                        });
-                    if let Some(stat_name) = stat_name {
+                    if let Some(stat_name) = eds_stat_name(process, st, cluster) {
                         UpdateStats::of_cluster(&process.shared.stats, &stat_name).rejected(false);
                     }
                 }
@@ -1733,30 +1712,29 @@ fn listener_error(name: &str, e: &ListenerError) -> String {
     }
 }
 
-/// Envoy's duplicate-address rule against the listeners warming (the applier checks the
-/// active ones): another listener waiting for its route configurations or secrets with one of
-/// `cfg`'s addresses, unless `cfg` binds it with port 0.
+/// Envoy's duplicate-address rule ([`crate::apply::duplicate_address`]) against the listeners
+/// waiting for their route configurations or secrets (the applier checks the active ones).
 fn warming_duplicate(st: &State, cfg: &ListenerConfig) -> Option<ListenerError> {
     let waiting = st
         .warming_listeners
         .values()
-        .chain(st.listeners_awaiting_secrets.values())
-        .filter(|other| other.name != cfg.name);
-    for other in waiting {
-        for address in cfg.addresses().map(|a| a.address) {
-            if cfg.bind_to_port && address.port() == 0 {
-                continue;
-            }
-            if other.addresses().any(|a| a.address == address) {
-                return Some(ListenerError::DuplicateAddress {
-                    name: cfg.name.clone(),
-                    other: other.name.clone(),
-                    address,
-                });
-            }
-        }
-    }
-    None
+        .chain(st.listeners_awaiting_secrets.values());
+    crate::apply::duplicate_address(cfg, waiting).err()
+}
+
+/// The name EDS cluster `cluster`'s subscription stats go under (`cluster.<name>.update_*`):
+/// its version warming, else the one serving.
+fn eds_stat_name(process: &Process, st: &State, cluster: &str) -> Option<String> {
+    st.warming_clusters
+        .get(cluster)
+        .map(|c| c.observability_name.clone())
+        .or_else(|| {
+            process
+                .shared
+                .clusters
+                .get(cluster)
+                .map(|c| c.config().observability_name.clone())
+        })
 }
 
 /// How an accepted listener was taken.
